@@ -1,0 +1,249 @@
+"""One frozen config for BERT and ALBERT, with presets and the Hugging Face mapping.
+
+A model is a stack of `depth = num_hidden_layers * inner_group_num` transformer
+blocks. BERT gives every block its own weights. ALBERT shares them: there are
+`num_hidden_groups` groups of `inner_group_num` blocks each, and layer `i` runs
+group `int(i / (num_hidden_layers / num_hidden_groups))` (Hugging Face's rule).
+Parameters are stored stacked on a leading axis of size `num_param_layers`, and
+`layer_param_index[d]` says which slice block `d` uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+_DTYPES = ("float32", "bfloat16")
+_ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
+_MODEL_TYPES = ("bert", "albert")
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Architecture and numerics of a BERT or ALBERT encoder.
+
+  Hashable, so it can be passed to `jax.jit` as a static argument.
+  `embedding_size=None` means `hidden_size`; `num_hidden_groups=None` means one
+  group per layer (no sharing, BERT).
+  """
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  embedding_size: int | None = None
+  hidden_act: str = "gelu"
+  hidden_dropout_prob: float = 0.1
+  attention_probs_dropout_prob: float = 0.1
+  classifier_dropout_prob: float | None = None
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02
+  num_hidden_groups: int | None = None
+  inner_group_num: int = 1
+  model_type: str = "bert"
+  use_pooler: bool = True
+  num_labels: int = 2
+  pad_token_id: int = 0
+  dtype: str = "float32"
+  attention_impl: str = "xla"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                 "inner_group_num", "num_labels"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive int")
+    if self.model_type not in _MODEL_TYPES:
+      raise ValueError(f"model_type={self.model_type!r} must be one of {_MODEL_TYPES}")
+    if self.hidden_act not in _ACTIVATIONS:
+      raise ValueError(f"hidden_act={self.hidden_act!r} must be one of {_ACTIVATIONS}")
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"dtype={self.dtype!r} must be one of {_DTYPES}")
+    if self.attention_impl not in _ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {_ATTENTION_IMPLS}")
+    if self.hidden_size % self.num_attention_heads:
+      raise ValueError(
+          f"hidden_size={self.hidden_size} must be divisible by "
+          f"num_attention_heads={self.num_attention_heads}")
+    groups = self.groups
+    if not 1 <= groups <= self.num_hidden_layers:
+      raise ValueError(
+          f"num_hidden_groups={groups} must be in [1, num_hidden_layers={self.num_hidden_layers}]")
+    if self.model_type == "bert" and (groups != self.num_hidden_layers or self.inner_group_num != 1):
+      raise ValueError(
+          f"model_type='bert' has no layer sharing: got num_hidden_groups={groups}, "
+          f"inner_group_num={self.inner_group_num}; use model_type='albert'")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+
+  # Derived structure -------------------------------------------------------
+
+  @property
+  def embed_dim(self) -> int:
+    """Width of the token embeddings (ALBERT's E)."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def has_embedding_projection(self) -> bool:
+    """ALBERT always maps E -> H; BERT only when factorised."""
+    return self.model_type == "albert" or self.embed_dim != self.hidden_size
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  @property
+  def groups(self) -> int:
+    return self.num_hidden_groups or self.num_hidden_layers
+
+  @property
+  def depth(self) -> int:
+    """Number of transformer blocks a forward pass runs."""
+    return self.num_hidden_layers * self.inner_group_num
+
+  @property
+  def num_param_layers(self) -> int:
+    """Size of the stacked-parameter axis."""
+    return self.groups * self.inner_group_num
+
+  @property
+  def layer_param_index(self) -> tuple[int, ...]:
+    """For each block d in [0, depth), the index of its parameters in the stack."""
+    index = []
+    for i in range(self.num_hidden_layers):
+      group = int(i / (self.num_hidden_layers / self.groups))
+      index.extend(group * self.inner_group_num + j for j in range(self.inner_group_num))
+    return tuple(index)
+
+  @property
+  def classifier_dropout(self) -> float:
+    p = self.classifier_dropout_prob
+    if p is None:
+      p = 0.1 if self.model_type == "albert" else self.hidden_dropout_prob
+    return p
+
+  def replace(self, **changes: Any) -> BertConfig:
+    return dataclasses.replace(self, **changes)
+
+  # Presets -----------------------------------------------------------------
+
+  @classmethod
+  def preset(cls, name: str, **overrides: Any) -> BertConfig:
+    """A named architecture (see `PRESETS`), with any field overridden."""
+    if name not in PRESETS:
+      raise ValueError(f"preset {name=!r} is unknown; expected one of {sorted(PRESETS)}")
+    return cls(**{**PRESETS[name], **overrides})
+
+  # Hugging Face mapping ----------------------------------------------------
+
+  @classmethod
+  def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> BertConfig:
+    """Builds a config from a Hugging Face `config.json` dictionary."""
+    model_type = hf.get("model_type")
+    if model_type not in _MODEL_TYPES:
+      raise ValueError(f"model_type={model_type!r} in config.json is not supported; "
+                       f"expected one of {_MODEL_TYPES}")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+      raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not "
+                       "supported; expected 'absolute'")
+    num_labels = hf.get("num_labels") or len(hf.get("id2label") or {}) or 2
+    kwargs = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        hidden_act=hf.get("hidden_act", "gelu"),
+        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
+        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        initializer_range=hf.get("initializer_range", 0.02),
+        model_type=model_type,
+        num_labels=num_labels,
+        pad_token_id=hf.get("pad_token_id") if hf.get("pad_token_id") is not None else 0,
+    )
+    if model_type == "albert":
+      kwargs.update(
+          embedding_size=hf.get("embedding_size", 128),
+          num_hidden_groups=hf.get("num_hidden_groups", 1),
+          inner_group_num=hf.get("inner_group_num", 1),
+          classifier_dropout_prob=hf.get("classifier_dropout_prob", 0.1),
+      )
+    else:
+      kwargs["classifier_dropout_prob"] = hf.get("classifier_dropout")
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+  def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
+    """The Hugging Face `config.json` dictionary for this config."""
+    hf: dict[str, Any] = dict(
+        model_type=self.model_type,
+        vocab_size=self.vocab_size,
+        hidden_size=self.hidden_size,
+        num_hidden_layers=self.num_hidden_layers,
+        num_attention_heads=self.num_attention_heads,
+        intermediate_size=self.intermediate_size,
+        hidden_act=self.hidden_act,
+        hidden_dropout_prob=self.hidden_dropout_prob,
+        attention_probs_dropout_prob=self.attention_probs_dropout_prob,
+        max_position_embeddings=self.max_position_embeddings,
+        type_vocab_size=self.type_vocab_size,
+        layer_norm_eps=self.layer_norm_eps,
+        initializer_range=self.initializer_range,
+        pad_token_id=self.pad_token_id,
+        position_embedding_type="absolute",
+        num_labels=self.num_labels,
+        id2label={str(i): f"LABEL_{i}" for i in range(self.num_labels)},
+        label2id={f"LABEL_{i}": i for i in range(self.num_labels)},
+    )
+    if self.model_type == "albert":
+      hf.update(embedding_size=self.embed_dim, num_hidden_groups=self.groups,
+                inner_group_num=self.inner_group_num,
+                classifier_dropout_prob=self.classifier_dropout)
+    else:
+      if self.embed_dim != self.hidden_size:
+        raise ValueError(
+            f"a BERT config with embedding_size={self.embed_dim} != hidden_size="
+            f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert'")
+      hf["classifier_dropout"] = self.classifier_dropout_prob
+    if architectures:
+      hf["architectures"] = list(architectures)
+    return hf
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Devlin et al. 2019.
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                      intermediate_size=3072),
+    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                       intermediate_size=4096),
+    # Turc et al. 2019 ("Well-read students"): the small BERT family.
+    "bert-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=512),
+    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=1024),
+    "bert-small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
+                       intermediate_size=2048),
+    "bert-medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                        intermediate_size=2048),
+    # Lan et al. 2020.
+    "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128,
+                        hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, num_hidden_groups=1, hidden_act="gelu_new",
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "albert-large": dict(model_type="albert", vocab_size=30000, embedding_size=128,
+                         hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                         intermediate_size=4096, num_hidden_groups=1, hidden_act="gelu_new",
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    # For tests: small enough to compile and run in a second on a CPU.
+    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, max_position_embeddings=128),
+}
