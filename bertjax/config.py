@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
-_DTYPES = ("float32", "bfloat16")
+_DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
 _ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
 _MODEL_TYPES = ("bert", "albert")
 
@@ -238,11 +238,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128,
                         hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                         intermediate_size=3072, num_hidden_groups=1, hidden_act="gelu_new",
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        classifier_dropout_prob=0.1),
     "albert-large": dict(model_type="albert", vocab_size=30000, embedding_size=128,
                          hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                          intermediate_size=4096, num_hidden_groups=1, hidden_act="gelu_new",
-                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                         classifier_dropout_prob=0.1),
     # For tests: small enough to compile and run in a second on a CPU.
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128),

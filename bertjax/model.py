@@ -41,7 +41,13 @@ def activation(name: str):
 
 
 def compute_dtype(config: BertConfig):
-  return jnp.bfloat16 if config.dtype == "bfloat16" else jnp.float32
+  """Matmul dtype; parameters stay float32 (master weights) whatever it is."""
+  return {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[config.dtype]
+
+
+def accum_dtype(config: BertConfig):
+  """Embedding sums and logits: float32, or float64 in float64 mode."""
+  return jnp.promote_types(compute_dtype(config), jnp.float32)
 
 
 def _init(config: BertConfig):
@@ -62,7 +68,8 @@ class Embeddings(nn.Module):
   def __call__(self, input_ids, token_type_ids, deterministic: bool = True):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    embed = lambda n, name: nn.Embed(n, cfg.embed_dim, embedding_init=_init(cfg), name=name)
+    embed = lambda n, name: nn.Embed(n, cfg.embed_dim, embedding_init=_init(cfg),
+                                     dtype=accum_dtype(cfg), name=name)
     seq_len = input_ids.shape[1]
     # Same summation order as Hugging Face: (word + type) + position.
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
@@ -163,7 +170,7 @@ class MLMHead(nn.Module):
     x = _layer_norm(cfg, "LayerNorm")(x)
     bias = self.param("bias", nn.initializers.zeros, (cfg.vocab_size,))
     logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(dtype))
-    return logits.astype(jnp.float32) + bias
+    return logits.astype(accum_dtype(cfg)) + bias
 
 
 class Classifier(nn.Module):
@@ -179,4 +186,4 @@ class Classifier(nn.Module):
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
     x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), dtype=compute_dtype(cfg),
                  name="dense")(x)
-    return x.astype(jnp.float32)
+    return x.astype(accum_dtype(cfg))

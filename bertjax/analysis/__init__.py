@@ -1,0 +1,1 @@
+"""Analyses: attention statistics and patterns, ablation and pruning, probing, geometry."""

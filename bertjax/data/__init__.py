@@ -1,0 +1,1 @@
+"""Data: pretraining corpora and examples, UD CoNLL-U, GLUE and cloze sets."""

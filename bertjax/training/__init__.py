@@ -1,0 +1,1 @@
+"""Training: train state, losses and steps, loop, schedules, checkpoints, stacking, sharding."""
