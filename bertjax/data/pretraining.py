@@ -1,0 +1,616 @@
+"""Pretraining examples (NSP, SOP, full sentences) and dynamically masked MLM batches.
+
+Examples are built once from a `TokenizedCorpus` and a seed, following Google's
+``create_pretraining_data.py``: a document is cut into chunks of whole sentences
+up to a target length (the full length, or with probability ``short_seq_prob`` a
+random shorter one); each chunk is split at a random sentence boundary into
+segments A and B. An example stores only the token ranges of its segments, not
+the tokens. Objectives:
+
+* ``"nsp"`` (BERT): with probability 1/2, B is replaced by text from a random
+  sentence of another document (label 1 = random, 0 = is next, as Hugging Face's
+  ``next_sentence_label``); the sentences not used go back into the document.
+* ``"sop"`` (ALBERT): with probability 1/2, A and B swap places (label 1 =
+  swapped).
+* ``"none"`` (RoBERTa's FULL-SENTENCES): one segment of whole sentences packed up
+  to the target length, crossing document boundaries with an extra ``[SEP]``
+  between documents.
+
+A chunk of a single sentence is split inside that sentence (at a random word
+boundary), so that both labels stay equally likely (Google's script forces
+"random" there); corpora of one-sentence documents are better read with
+``format="lines"`` or as larger documents.
+Pairs are truncated to ``max_seq_len - 3`` tokens by removing tokens, one at a
+time, from the front or back (coin flip) of the longer segment.
+
+Masking is dynamic: `PretrainingIterator` masks each batch when it is drawn, with
+a generator seeded by (seed, step, row), so batch k is a pure function of (seed,
+k) and a host's shard is exactly its slice of the global batch. Of the maskable
+tokens (not special, not padding) of a sequence, ``mask_prob`` are selected (an
+exact count per sequence, stochastically rounded so that the expected rate is
+exact): single tokens (``"token"``), whole words (``"whole_word"``: every subword
+of a chosen word), or SpanBERT spans (``"span"``: spans of whole words with
+lengths from a geometric distribution, p = 0.2, truncated at 10 words and
+renormalised, mean 3.8). Selected tokens become ``[MASK]`` (80%), a random
+non-special token (10%) or stay unchanged (10%); per token for ``"token"`` and
+``"whole_word"``, per span for ``"span"`` (as SpanBERT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+
+import numpy as np
+
+from bertjax.data.corpus import SPECIAL_TOKENS, TokenizedCorpus
+
+OBJECTIVES = ("nsp", "sop", "none")
+MASKINGS = ("token", "whole_word", "span")
+LABEL_KEYS = {"nsp": "next_sentence_labels", "sop": "sop_labels"}
+
+# Stream tags for np.random.SeedSequence, so that each use gets independent numbers.
+_BUILD, _SHUFFLE, _MASK = 0, 1, 2
+
+
+def _rng(*keys: int) -> np.random.Generator:
+  return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) for k in keys])))
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingConfig:
+  """How examples are built and masked.
+
+  Attributes:
+    max_seq_len: tokens per sequence, ``[CLS]`` and ``[SEP]`` included.
+    objective: ``"nsp"``, ``"sop"`` or ``"none"`` (see the module docstring).
+    short_seq_prob: probability that an example targets a random shorter length.
+    masking: ``"token"``, ``"whole_word"`` or ``"span"``.
+    mask_prob: fraction of the maskable tokens of each sequence that is selected.
+    mask_token_prob: fraction of the selected tokens replaced by ``[MASK]``.
+    random_token_prob: fraction replaced by a random token; the rest stay unchanged.
+    max_predictions_per_seq: P, the width of ``mlm_positions``; None means
+      ``ceil(mask_prob * max_seq_len)``, which the per-sequence count never exceeds.
+    span_p: the geometric parameter of span lengths (in words).
+    max_span_len: the longest span, in words.
+  """
+
+  max_seq_len: int = 128
+  objective: str = "nsp"
+  short_seq_prob: float = 0.1
+  masking: str = "token"
+  mask_prob: float = 0.15
+  mask_token_prob: float = 0.8
+  random_token_prob: float = 0.1
+  max_predictions_per_seq: int | None = None
+  span_p: float = 0.2
+  max_span_len: int = 10
+
+  def __post_init__(self):
+    if self.objective not in OBJECTIVES:
+      raise ValueError(f"{self.objective=} must be one of {OBJECTIVES}")
+    if self.masking not in MASKINGS:
+      raise ValueError(f"{self.masking=} must be one of {MASKINGS}")
+    min_len = 3 if self.objective == "none" else 5
+    if self.max_seq_len < min_len:
+      raise ValueError(f"{self.max_seq_len=} must be >= {min_len} for {self.objective=}")
+    if not 0 < self.mask_prob < 1:
+      raise ValueError(f"{self.mask_prob=} must be in (0, 1)")
+    if not 0 <= self.short_seq_prob <= 1:
+      raise ValueError(f"{self.short_seq_prob=} must be in [0, 1]")
+    if not (
+      self.mask_token_prob >= 0
+      and self.random_token_prob >= 0
+      and self.mask_token_prob + self.random_token_prob <= 1
+    ):
+      raise ValueError(
+        f"{self.mask_token_prob=} and {self.random_token_prob=} must be >= 0 and sum to <= 1"
+      )
+    if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
+      raise ValueError(f"{self.max_predictions_per_seq=} must be >= 1")
+    if not 0 < self.span_p <= 1:
+      raise ValueError(f"{self.span_p=} must be in (0, 1]")
+    if self.max_span_len < 1:
+      raise ValueError(f"{self.max_span_len=} must be >= 1")
+
+  @property
+  def num_predictions(self) -> int:
+    """P, the number of prediction slots per sequence."""
+    if self.max_predictions_per_seq is not None:
+      return self.max_predictions_per_seq
+    return math.ceil(self.mask_prob * self.max_seq_len)
+
+  def span_length_probs(self) -> np.ndarray:
+    """(max_span_len,) probabilities of span lengths 1..max_span_len (truncated geometric)."""
+    p = self.span_p * (1 - self.span_p) ** np.arange(self.max_span_len)
+    return p / p.sum()
+
+
+# ---------------------------------------------------------------------------
+# Example building
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingExamples:
+  """Examples as token ranges into a token stream.
+
+  Attributes:
+    segments: int64 (N, 4) ``[a_start, a_end, b_start, b_end)`` into ``ids``, in the
+      order the segments appear in the sequence (B empty without a pair objective).
+    labels: int32 (N,) NSP / SOP label; -1 without a pair objective.
+    documents: int64 (N, 2) document index of segments A and B.
+    ids: int32 the token stream: the corpus' ids (with a ``[SEP]`` between documents
+      for ``objective="none"``).
+    word_ids: int32 word ids aligned with ``ids`` (-1 at inserted separators).
+    objective: the objective the examples were built for.
+  """
+
+  segments: np.ndarray
+  labels: np.ndarray
+  documents: np.ndarray
+  ids: np.ndarray
+  word_ids: np.ndarray
+  objective: str
+
+  def __len__(self) -> int:
+    return int(self.segments.shape[0])
+
+  def fingerprint(self) -> int:
+    """A checksum of the example ranges, to check that a restored state fits."""
+    return zlib.crc32(self.segments.tobytes()) ^ zlib.crc32(self.labels.tobytes())
+
+
+def _target_length(rng: np.random.Generator, max_tokens: int, short_seq_prob: float) -> int:
+  if max_tokens > 2 and rng.random() < short_seq_prob:
+    return int(rng.integers(2, max_tokens + 1))
+  return max_tokens
+
+
+def _truncate_pair(a0, a1, b0, b1, max_tokens, rng):
+  """Google's truncate_seq_pair on ranges: trims the longer segment, front or back."""
+  while (a1 - a0) + (b1 - b0) > max_tokens:
+    front = rng.random() < 0.5
+    if a1 - a0 > b1 - b0:
+      a0, a1 = (a0 + 1, a1) if front else (a0, a1 - 1)
+    else:
+      b0, b1 = (b0 + 1, b1) if front else (b0, b1 - 1)
+  return a0, a1, b0, b1
+
+
+def _inner_split(word_ids: np.ndarray, lo: int, hi: int, rng: np.random.Generator) -> int:
+  """A random word start in (lo, hi), or a random token there if the text is one word."""
+  starts = lo + 1 + np.flatnonzero(word_ids[lo + 1 : hi] != word_ids[lo : hi - 1])
+  return int(rng.choice(starts)) if starts.shape[0] else int(rng.integers(lo + 1, hi))
+
+
+def _pair_examples(corpus: TokenizedCorpus, config: PretrainingConfig, rng: np.random.Generator):
+  """NSP / SOP examples, Google-style (see the module docstring)."""
+  sent, docs = corpus.sentence_offsets, corpus.doc_offsets
+  num_docs = corpus.num_documents
+  if config.objective == "nsp" and num_docs < 2:
+    raise ValueError(
+      f"NSP needs at least 2 documents for random next segments; corpus has {num_docs}"
+    )
+  max_tokens = config.max_seq_len - 3
+  words = corpus.word_ids
+  rows, labels, doc_pairs = [], [], []
+  for d in range(num_docs):
+    s_lo, s_hi = int(docs[d]), int(docs[d + 1])
+    target = _target_length(rng, max_tokens, config.short_seq_prob)
+    start = s = s_lo
+    while s < s_hi:
+      if s == s_hi - 1 or sent[s + 1] - sent[start] >= target:
+        n = s - start + 1
+        lo, hi = int(sent[start]), int(sent[s + 1])
+        if n >= 2 or hi - lo >= 2:
+          a_sents = int(rng.integers(1, n)) if n >= 2 else 1
+          # The A/B boundary: a sentence boundary, or a word boundary inside a lone sentence.
+          split = int(sent[start + a_sents]) if n >= 2 else _inner_split(words, lo, hi, rng)
+          label, d_b = 0, d
+          if config.objective == "nsp" and rng.random() < 0.5:
+            label = 1
+            a0, a1 = lo, (split if n >= 2 else hi)
+            target_b = max(1, target - (a1 - a0))
+            d_b = int(rng.integers(num_docs - 1))
+            d_b += d_b >= d
+            r = int(rng.integers(docs[d_b], docs[d_b + 1]))
+            r_end = r + 1
+            while r_end < docs[d_b + 1] and sent[r_end] - sent[r] < target_b:
+              r_end += 1
+            b0, b1 = int(sent[r]), int(sent[r_end])
+            if n >= 2:  # the sentences after A go back into the document
+              s = start + a_sents - 1
+          else:
+            a0, a1, b0, b1 = lo, split, split, hi
+            if config.objective == "sop" and rng.random() < 0.5:
+              label = 1
+              a0, a1, b0, b1 = b0, b1, a0, a1
+          rows.append(_truncate_pair(a0, a1, b0, b1, max_tokens, rng))
+          labels.append(label)
+          doc_pairs.append((d, d_b))
+        start = s + 1
+        target = _target_length(rng, max_tokens, config.short_seq_prob)
+      s += 1
+  return rows, labels, doc_pairs
+
+
+def _full_sentence_examples(corpus: TokenizedCorpus, config: PretrainingConfig, rng):
+  """RoBERTa FULL-SENTENCES: whole sentences packed across documents, [SEP] between them."""
+  sep = corpus.special_ids["[SEP]"]
+  doc_tok = corpus.doc_token_offsets
+  interior = doc_tok[1:-1]
+  ids = np.insert(corpus.ids, interior, sep).astype(np.int32)
+  word_ids = np.insert(corpus.word_ids, interior, -1).astype(np.int32)
+  # Sentence starts in stream coordinates; a separator ends its document's last piece.
+  cuts = corpus.sentence_offsets + np.searchsorted(interior, corpus.sentence_offsets, side="right")
+  stream_doc_starts = doc_tok[:-1] + np.arange(len(doc_tok) - 1)
+  max_tokens = config.max_seq_len - 2
+  total = int(ids.shape[0])
+  rows, start = [], 0
+  while start < total:
+    target = _target_length(rng, max_tokens, config.short_seq_prob)
+    j = np.searchsorted(cuts, start + target, side="right") - 1
+    end = int(cuts[j]) if cuts[j] > start else min(start + target, total)
+    rows.append((start, end, end, end))
+    start = end
+  rows_arr = np.asarray(rows, np.int64).reshape(-1, 4)
+  doc_a = np.searchsorted(stream_doc_starts, rows_arr[:, 0], side="right") - 1
+  doc_b = np.searchsorted(stream_doc_starts, rows_arr[:, 1] - 1, side="right") - 1
+  return rows_arr, np.stack([doc_a, doc_b], 1), ids, word_ids
+
+
+def build_examples(
+  corpus: TokenizedCorpus, config: PretrainingConfig, seed: int
+) -> PretrainingExamples:
+  """Builds the pretraining examples of a corpus, deterministically from a seed.
+
+  Args:
+    corpus: a tokenized corpus.
+    config: the objective, ``max_seq_len`` and ``short_seq_prob`` matter here.
+    seed: a non-negative integer.
+
+  Returns:
+    The examples, in corpus order.
+  """
+  if corpus.num_tokens == 0:
+    raise ValueError("corpus has no tokens")
+  rng = _rng(seed, _BUILD)
+  if config.objective == "none":
+    rows, docs, ids, word_ids = _full_sentence_examples(corpus, config, rng)
+    labels = np.full(len(rows), -1, np.int32)
+  else:
+    rows, labels, docs = _pair_examples(corpus, config, rng)
+    rows = np.asarray(rows, np.int64).reshape(-1, 4)
+    labels = np.asarray(labels, np.int32)
+    docs = np.asarray(docs, np.int64).reshape(-1, 2)
+    ids, word_ids = corpus.ids, corpus.word_ids
+  return PretrainingExamples(rows, labels, docs, ids, word_ids, config.objective)
+
+
+# ---------------------------------------------------------------------------
+# Masking
+# ---------------------------------------------------------------------------
+
+
+def _words(cand: np.ndarray, word_ids: np.ndarray):
+  """Splits candidate positions into words: (starts, sizes, contiguous-with-next)."""
+  new = np.ones(cand.shape[0], bool)
+  new[1:] = (word_ids[cand[1:]] != word_ids[cand[:-1]]) | (cand[1:] != cand[:-1] + 1)
+  starts = np.flatnonzero(new)
+  sizes = np.diff(np.append(starts, cand.shape[0]))
+  ends = cand[starts + sizes - 1]
+  joined = np.zeros(starts.shape[0], bool)
+  joined[:-1] = cand[starts[1:]] == ends[:-1] + 1
+  return starts, sizes, joined
+
+
+def select_mask_positions(
+  word_ids: np.ndarray, maskable: np.ndarray, config: PretrainingConfig, rng: np.random.Generator
+) -> list[np.ndarray]:
+  """Chooses the positions of one sequence to predict.
+
+  Args:
+    word_ids: (T,) word id per position; subwords of a word share one.
+    maskable: (T,) bool, False at special tokens and padding.
+    config: masking, mask_prob, span_p, max_span_len, num_predictions.
+    rng: the generator to draw from.
+
+  Returns:
+    Groups of positions (sorted int arrays): single tokens, words or spans, in the
+    order chosen. Their total size is ``floor(mask_prob * n + u)``, u ~ U(0, 1),
+    capped at P, where n is the number of maskable positions (a word or span that
+    would overshoot is skipped or, for spans, shortened; spans also stop at an
+    already chosen word and at special tokens: they never overlap or cross them).
+  """
+  cand = np.flatnonzero(maskable)  # (n,)
+  budget = min(math.floor(config.mask_prob * cand.shape[0] + rng.random()), config.num_predictions)
+  if budget == 0:
+    return []
+  if config.masking == "token":
+    return [np.sort(rng.choice(cand, budget, replace=False))]
+  starts, sizes, joined = _words(cand, word_ids)
+  groups, covered = [], 0
+  if config.masking == "whole_word":
+    for w in rng.permutation(starts.shape[0]):
+      if covered + sizes[w] <= budget:
+        groups.append(cand[starts[w] : starts[w] + sizes[w]])
+        covered += sizes[w]
+        if covered == budget:
+          break
+    return groups
+  cdf = np.cumsum(config.span_length_probs())
+  taken = np.zeros(starts.shape[0], bool)
+  for _ in range(20 * budget + 20):
+    if covered == budget:
+      break
+    length = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")) + 1
+    w = first = int(rng.integers(starts.shape[0]))
+    size = 0
+    while w - first < length and w < starts.shape[0] and not taken[w]:
+      if covered + size + sizes[w] > budget:
+        break
+      size += sizes[w]
+      w += 1
+      if not joined[w - 1]:  # the next word is across a [SEP] or padding
+        break
+    if size:
+      taken[first:w] = True
+      groups.append(cand[starts[first] : starts[first] + size])
+      covered += size
+  return groups
+
+
+def mask_sequence(
+  input_ids: np.ndarray,
+  word_ids: np.ndarray,
+  maskable: np.ndarray,
+  config: PretrainingConfig,
+  rng: np.random.Generator,
+  *,
+  mask_id: int,
+  random_ids: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Masks one sequence.
+
+  Args:
+    input_ids: (T,) original token ids.
+    word_ids: (T,) word ids (see `select_mask_positions`).
+    maskable: (T,) bool.
+    config: the masking configuration.
+    rng: the generator to draw from.
+    mask_id: the ``[MASK]`` id.
+    random_ids: (V',) the ids random replacements are drawn from.
+
+  Returns:
+    ``(masked_ids (T,), positions (p,))`` with p <= P, positions sorted.
+  """
+  groups = select_mask_positions(word_ids, maskable, config, rng)
+  masked = input_ids.copy()
+  if not groups:
+    return masked, np.zeros(0, np.int64)
+  positions = np.concatenate(groups)  # (p,)
+  if config.masking == "span":  # one replacement decision per span, as SpanBERT
+    u = np.repeat(rng.random(len(groups)), [len(g) for g in groups])
+  else:
+    u = rng.random(positions.shape[0])
+  to_mask = u < config.mask_token_prob
+  to_random = ~to_mask & (u < config.mask_token_prob + config.random_token_prob)
+  masked[positions[to_mask]] = mask_id
+  masked[positions[to_random]] = random_ids[
+    rng.integers(random_ids.shape[0], size=int(to_random.sum()))
+  ]
+  # The budget is capped at P, so nothing is cut here; kept as a guard.
+  return masked, np.sort(positions)[: config.num_predictions]
+
+
+# ---------------------------------------------------------------------------
+# The iterator
+# ---------------------------------------------------------------------------
+
+
+class PretrainingIterator:
+  """Deterministic, checkpointable iterator over dynamically masked batches.
+
+  Batch k (global step k) is a pure function of (seed, k): epoch ``e = k //
+  steps_per_epoch`` visits the examples in the order of a permutation seeded by
+  (seed, e) (the last incomplete batch of an epoch is dropped), and row r of the
+  global batch is masked with a generator seeded by (seed, k, r). With
+  ``num_shards`` hosts, host ``shard_index`` yields rows ``[shard_index * b,
+  (shard_index + 1) * b)`` of every global batch, ``b = batch_size // num_shards``.
+
+  Each batch is a dict of numpy arrays: ``input_ids`` int32 (b, T),
+  ``attention_mask`` int32 (b, T), ``token_type_ids`` int32 (b, T),
+  ``mlm_positions`` int32 (b, P), ``mlm_ids`` int32 (b, P) (original ids),
+  ``mlm_weights`` float32 (b, P) and, for NSP / SOP, ``next_sentence_labels`` /
+  ``sop_labels`` int32 (b,).
+  """
+
+  def __init__(
+    self,
+    corpus: TokenizedCorpus,
+    config: PretrainingConfig,
+    *,
+    batch_size: int,
+    seed: int = 0,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    examples: PretrainingExamples | None = None,
+  ):
+    """Builds the examples (unless given) and starts at step 0.
+
+    Args:
+      corpus: the tokenized corpus.
+      config: example building and masking configuration.
+      batch_size: the global batch size (all shards together).
+      seed: a non-negative integer seeding example building, shuffling and masking.
+      shard_index: this host's shard, in ``[0, num_shards)``.
+      num_shards: the number of hosts; must divide ``batch_size``.
+      examples: prebuilt examples (from `build_examples` with the same config).
+    """
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+      raise ValueError(f"{seed=} must be a non-negative integer")
+    if num_shards < 1 or not 0 <= shard_index < num_shards:
+      raise ValueError(f"{shard_index=} must be in [0, {num_shards=})")
+    if batch_size < 1 or batch_size % num_shards:
+      raise ValueError(f"{batch_size=} must be a positive multiple of {num_shards=}")
+    self.corpus, self.config, self.seed = corpus, config, int(seed)
+    self.batch_size, self.shard_index, self.num_shards = batch_size, shard_index, num_shards
+    self.examples = examples if examples is not None else build_examples(corpus, config, seed)
+    if self.examples.objective != config.objective:
+      raise ValueError(f"{self.examples.objective=} does not match {config.objective=}")
+    if len(self.examples) < batch_size:
+      raise ValueError(f"{batch_size=} exceeds the {len(self.examples)} examples of the corpus")
+    special = corpus.special_ids
+    self._cls, self._sep, self._pad = special["[CLS]"], special["[SEP]"], special["[PAD]"]
+    self._mask = special["[MASK]"]
+    self._special = np.asarray([special[t] for t in SPECIAL_TOKENS], np.int32)
+    self._random_ids = np.setdiff1d(np.arange(corpus.vocab_size), self._special).astype(np.int32)
+    self._step = 0
+    self._perm_cache: tuple[int, np.ndarray] | None = None
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return len(self.examples) // self.batch_size
+
+  @property
+  def step(self) -> int:
+    """The global step of the next batch."""
+    return self._step
+
+  @property
+  def epoch(self) -> int:
+    return self._step // self.steps_per_epoch
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if self._perm_cache is None or self._perm_cache[0] != epoch:
+      self._perm_cache = (epoch, _rng(self.seed, _SHUFFLE, epoch).permutation(len(self.examples)))
+    return self._perm_cache[1]
+
+  def example_indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """This shard's example indices at a step and their rows in the global batch."""
+    if step < 0:
+      raise ValueError(f"{step=} must be >= 0")
+    epoch, i = divmod(step, self.steps_per_epoch)
+    b = self.batch_size // self.num_shards
+    rows = np.arange(self.shard_index * b, (self.shard_index + 1) * b)
+    return self._permutation(epoch)[i * self.batch_size + rows], rows
+
+  def unmasked_batch(self, step: int) -> dict[str, np.ndarray]:
+    """The batch at a step before masking, with ``word_ids`` (b, T) (-1 at special tokens)."""
+    indices, rows = self.example_indices(step)
+    ex, t = self.examples, self.config.max_seq_len
+    b = indices.shape[0]
+    input_ids = np.full((b, t), self._pad, np.int32)
+    word_ids = np.full((b, t), -1, np.int32)
+    type_ids = np.zeros((b, t), np.int32)
+    attention = np.zeros((b, t), np.int32)
+    for r, (a0, a1, b0, b1) in enumerate(ex.segments[indices]):
+      la, lb = a1 - a0, b1 - b0
+      n = la + 2 + (lb + 1 if lb else 0)
+      input_ids[r, 0] = self._cls
+      input_ids[r, 1 : 1 + la] = ex.ids[a0:a1]
+      word_ids[r, 1 : 1 + la] = ex.word_ids[a0:a1]
+      input_ids[r, 1 + la] = self._sep
+      if lb:
+        input_ids[r, 2 + la : 2 + la + lb] = ex.ids[b0:b1]
+        word_ids[r, 2 + la : 2 + la + lb] = ex.word_ids[b0:b1]
+        input_ids[r, n - 1] = self._sep
+        type_ids[r, 2 + la : n] = 1
+      attention[r, :n] = 1
+    out = {
+      "input_ids": input_ids,
+      "attention_mask": attention,
+      "token_type_ids": type_ids,
+      "word_ids": word_ids,
+      "example_index": indices.astype(np.int64),
+      "global_row": rows,
+    }
+    if ex.objective in LABEL_KEYS:
+      out[LABEL_KEYS[ex.objective]] = ex.labels[indices]
+    return out
+
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """The masked batch at a global step (a pure function of seed and step)."""
+    raw = self.unmasked_batch(step)
+    ids, word_ids = raw["input_ids"], raw["word_ids"]
+    b, p = ids.shape[0], self.config.num_predictions
+    maskable = (raw["attention_mask"] == 1) & ~np.isin(ids, self._special)
+    masked = np.empty_like(ids)
+    positions = np.zeros((b, p), np.int32)
+    weights = np.zeros((b, p), np.float32)
+    for r in range(b):
+      rng = _rng(self.seed, _MASK, step, raw["global_row"][r])
+      masked[r], pos = mask_sequence(
+        ids[r],
+        word_ids[r],
+        maskable[r],
+        self.config,
+        rng,
+        mask_id=self._mask,
+        random_ids=self._random_ids,
+      )
+      positions[r, : pos.shape[0]] = pos
+      weights[r, : pos.shape[0]] = 1.0
+    out = {
+      "input_ids": masked,
+      "attention_mask": raw["attention_mask"],
+      "token_type_ids": raw["token_type_ids"],
+      "mlm_positions": positions,
+      "mlm_ids": np.where(weights > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32),
+      "mlm_weights": weights,
+    }
+    if self.examples.objective in LABEL_KEYS:
+      key = LABEL_KEYS[self.examples.objective]
+      out[key] = raw[key]
+    return out
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    out = self.batch(self._step)
+    self._step += 1
+    return out
+
+  def state(self) -> dict:
+    """The position as a small JSON-serialisable dict."""
+    return {
+      "version": 1,
+      "seed": self.seed,
+      "step": self._step,
+      "batch_size": self.batch_size,
+      "num_examples": len(self.examples),
+      "fingerprint": self.examples.fingerprint(),
+      "config": dataclasses.asdict(self.config),
+    }
+
+  def set_state(self, state: dict) -> None:
+    """Continues from a `state`; the next batch is the one that followed it."""
+    mine = self.state()
+    for key in ("version", "seed", "batch_size", "num_examples", "fingerprint", "config"):
+      if state.get(key) != mine[key]:
+        raise ValueError(
+          f"state {key}={state.get(key)!r} does not match this iterator's {mine[key]!r}"
+        )
+    if not isinstance(state["step"], int) or state["step"] < 0:
+      raise ValueError(f"state step={state['step']!r} must be a non-negative integer")
+    self._step = state["step"]
+
+  @classmethod
+  def restore(
+    cls, corpus: TokenizedCorpus, state: dict, *, shard_index: int = 0, num_shards: int = 1
+  ) -> PretrainingIterator:
+    """A new iterator positioned at a saved `state` (config, seed and batch size from it)."""
+    config = PretrainingConfig(**state["config"])
+    it = cls(
+      corpus,
+      config,
+      batch_size=state["batch_size"],
+      seed=state["seed"],
+      shard_index=shard_index,
+      num_shards=num_shards,
+    )
+    it.set_state(state)
+    return it
