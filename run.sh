@@ -22,6 +22,10 @@ setup() {
     # The CPU build of torch first, pinned, so nothing pulls the CUDA wheels.
     "$PY" -m pip install -q "torch==2.13.0" >&2
     "$PY" -m pip install -q -e ".[hf,data,plots,models,dev]" >&2
+    # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for
+    # the pruned-checkpoint test and the Flax peer benchmark; not on sys.path.
+    "$PY" -m pip install -q --no-deps --upgrade --target "$VENV/hf4" \
+      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" >&2
     echo "$want" > "$stamp"
   fi
   export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}

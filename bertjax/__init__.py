@@ -12,6 +12,7 @@ from bertjax.functional import (
     mlm_logits,
     nsp_logits,
     pool,
+    prune_heads,
     run_layers,
     sop_logits,
     token_classify,
@@ -25,5 +26,5 @@ __version__ = "0.1.0"
 __all__ = [
     "PRESETS", "Batch", "BertConfig", "BertOutput", "Tokenizer", "check_inputs", "classify",
     "count_params", "embed", "forward", "from_hf", "hf_state_dict", "init", "minilm_path",
-    "mlm_logits", "nsp_logits", "pool", "run_layers", "sop_logits", "to_hf", "token_classify",
+    "mlm_logits", "nsp_logits", "pool", "prune_heads", "run_layers", "sop_logits", "to_hf", "token_classify",
 ]

@@ -50,6 +50,8 @@ class BertConfig:
   pad_token_id: int = 0
   dtype: str = "float32"
   attention_impl: str = "xla"
+  # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
+  pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -78,6 +80,14 @@ class BertConfig:
       raise ValueError(
           f"model_type='bert' has no layer sharing: got num_hidden_groups={groups}, "
           f"inner_group_num={self.inner_group_num}; use model_type='albert'")
+    for layer, heads in self.pruned_heads:
+      if self.model_type != "bert":
+        raise ValueError("pruned_heads is supported for model_type='bert' only (ALBERT layers "
+                         "share weights: use head masks)")
+      if not 0 <= layer < self.num_hidden_layers or any(
+          not 0 <= h < self.num_attention_heads for h in heads):
+        raise ValueError(f"pruned_heads entry {(layer, heads)} is out of range for "
+                         f"{self.num_hidden_layers} layers x {self.num_attention_heads} heads")
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
@@ -120,6 +130,15 @@ class BertConfig:
       group = int(i / (self.num_hidden_layers / self.groups))
       index.extend(group * self.inner_group_num + j for j in range(self.inner_group_num))
     return tuple(index)
+
+  @property
+  def is_pruned(self) -> bool:
+    return any(heads for _, heads in self.pruned_heads)
+
+  def kept_heads(self, layer: int) -> tuple[int, ...]:
+    """Original indices of the heads layer `layer` still has."""
+    removed = dict(self.pruned_heads).get(layer, ())
+    return tuple(h for h in range(self.num_attention_heads) if h not in removed)
 
   @property
   def classifier_dropout(self) -> float:
@@ -170,6 +189,8 @@ class BertConfig:
         num_labels=num_labels,
         pad_token_id=hf.get("pad_token_id") if hf.get("pad_token_id") is not None else 0,
     )
+    pruned = {int(k): tuple(sorted(set(v))) for k, v in (hf.get("pruned_heads") or {}).items()}
+    kwargs["pruned_heads"] = tuple(sorted((k, v) for k, v in pruned.items() if v))
     if model_type == "albert":
       kwargs.update(
           embedding_size=hf.get("embedding_size", 128),
@@ -214,6 +235,8 @@ class BertConfig:
             f"a BERT config with embedding_size={self.embed_dim} != hidden_size="
             f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert'")
       hf["classifier_dropout"] = self.classifier_dropout_prob
+    if self.is_pruned:
+      hf["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
     if architectures:
       hf["architectures"] = list(architectures)
     return hf

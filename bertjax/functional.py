@@ -64,6 +64,9 @@ def init(config: BertConfig, rng: int | jax.Array = 0, heads: tuple[str, ...] = 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
+  if config.is_pruned:
+    full = config.replace(pruned_heads=())
+    return prune_heads(full, _init(full, key, heads), dict(config.pruned_heads))[1]
   k_emb, k_layers, k_pool, k_heads = jax.random.split(key, 4)
   ids = jnp.zeros((1, 2), jnp.int32)
   x = jnp.zeros((1, 2, config.hidden_size), compute_dtype(config))
@@ -242,6 +245,10 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     layer_mask = layer_mask[start:stop]
   keys = None if deterministic else jax.random.split(rng, stop - start)
 
+  if config.is_pruned:
+    return _run_pruned_layers(params, config, hidden, key_mask, kv_lengths, start, stop,
+                              head_mask, head_ablation, layer_mask, output_hidden_states,
+                              output_attentions, deterministic, keys)
   stacked = params["encoder"]["layers"]
   index = np.asarray(config.layer_param_index)
   shared = not np.array_equal(index, np.arange(config.num_param_layers))
@@ -254,8 +261,7 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     y, probs = layer.apply(
         {"params": layer_params}, h, key_mask, kv_lengths, hm, head_ablation,
         output_attentions, deterministic, rngs=None if key is None else {"dropout": key})
-    if lm is not None:
-      y = (lm * y + (1 - lm) * h).astype(y.dtype)
+    y = _mix(y, h, lm)
     outs = (y if output_hidden_states else None, probs if output_attentions else None)
     return y, outs
 
@@ -263,6 +269,75 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
   last, (hidden_states, attentions) = jax.lax.scan(
       body, hidden, (blocks, layer_xs, head_mask, layer_mask, keys))
   return last, hidden_states, attentions
+
+
+def _mix(y, h, lm):
+  return y if lm is None else (lm * y + (1 - lm) * h).astype(y.dtype)
+
+
+def _run_pruned_layers(params, config, hidden, key_mask, kv_lengths, start, stop, head_mask,
+                       head_ablation, layer_mask, output_hidden_states, output_attentions,
+                       deterministic, keys):
+  """Layers with different head counts cannot share a scan: an unrolled loop."""
+  layers = params["encoder"]["layers"]
+  h, states, maps = hidden, [], []
+  for i, d in enumerate(range(start, stop)):
+    kept = np.asarray(config.kept_heads(d), np.int32)
+    hm = None if head_mask is None else head_mask[i][..., kept]
+    y, probs = EncoderLayer(config, len(kept)).apply(
+        {"params": layers[d]}, h, key_mask, kv_lengths, hm, head_ablation, output_attentions,
+        deterministic, rngs=None if keys is None else {"dropout": keys[i]})
+    h = _mix(y, h, None if layer_mask is None else layer_mask[i])
+    states.append(h)
+    if output_attentions:  # pruned heads show as all-zero maps
+      batch, _, seq, _ = probs.shape
+      full = jnp.zeros((batch, config.num_attention_heads, seq, seq), probs.dtype)
+      maps.append(full.at[:, kept].set(probs))
+  stack = lambda xs: jnp.stack(xs) if xs else None
+  return h, stack(states) if output_hidden_states else None, stack(maps)
+
+
+def prune_heads(config: BertConfig, params: Params,
+                heads_to_prune: dict[int, list[int]]) -> tuple[BertConfig, Params]:
+  """Physically removes attention heads, so the model gets smaller and faster.
+
+  Args:
+    config: a BERT config (ALBERT layers share weights; use head masks there).
+    params: its parameters (stacked, or already pruned).
+    heads_to_prune: layer -> original indices of heads to remove (adds to any
+      already removed).
+
+  Returns:
+    `(config, params)` where `config.pruned_heads` records every removed head
+    (exported as Hugging Face `pruned_heads`) and `params["encoder"]["layers"]`
+    is a list of per-layer parameter dicts when head counts differ. Head masks
+    and attention maps keep the original `(layers, heads)` indexing.
+  """
+  if config.model_type != "bert":
+    raise ValueError("prune_heads supports model_type='bert' only; ALBERT layers share weights")
+  removed = {layer: set(heads) for layer, heads in config.pruned_heads}
+  for layer, heads in heads_to_prune.items():
+    heads = [int(h) for h in heads]
+    if not 0 <= layer < config.num_hidden_layers or any(
+        not 0 <= h < config.num_attention_heads for h in heads):
+      raise ValueError(f"heads_to_prune[{layer}]={heads} is out of range for "
+                       f"{config.num_hidden_layers} layers x {config.num_attention_heads} heads")
+    removed.setdefault(int(layer), set()).update(heads)
+  new_config = config.replace(pruned_heads=tuple(
+      (layer, tuple(sorted(heads))) for layer, heads in sorted(removed.items()) if heads))
+  layers = params["encoder"]["layers"]
+  if not isinstance(layers, list):
+    layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(config.num_hidden_layers)]
+  pruned = []
+  for layer, p in enumerate(layers):
+    old = config.kept_heads(layer)
+    local = np.asarray([old.index(h) for h in new_config.kept_heads(layer)], np.int32)
+    a = dict(p["attention"])
+    for name in ("query", "key", "value"):
+      a[name] = {"kernel": a[name]["kernel"][:, local], "bias": a[name]["bias"][local]}
+    a["output"] = {"kernel": a["output"]["kernel"][local], "bias": a["output"]["bias"]}
+    pruned.append({**p, "attention": a})
+  return new_config, {**params, "encoder": {**params["encoder"], "layers": pruned}}
 
 
 def pool(params: Params, config: BertConfig, last_hidden_state) -> jax.Array | None:

@@ -27,13 +27,13 @@ _KINDS: dict[str, _Kind] = {
     "plain": (lambda a, c: a, lambda a, c: a),
     "linear": (lambda a, c: a.T, lambda a, c: a.T),
     # query/key/value kernels: ours (H, N, D), torch (N*D, H).
+    # (N varies per layer in a pruned model, hence the -1.)
     "qkv": (lambda a, c: a.reshape(a.shape[0], -1).T,
-            lambda a, c: a.T.reshape(a.shape[1], c.num_attention_heads, c.head_dim)),
-    "qkv_bias": (lambda a, c: a.reshape(-1),
-                 lambda a, c: a.reshape(c.num_attention_heads, c.head_dim)),
+            lambda a, c: a.T.reshape(a.shape[1], -1, c.head_dim)),
+    "qkv_bias": (lambda a, c: a.reshape(-1), lambda a, c: a.reshape(-1, c.head_dim)),
     # attention output kernel: ours (N, D, H), torch (H, N*D).
     "out": (lambda a, c: a.reshape(-1, a.shape[-1]).T,
-            lambda a, c: a.T.reshape(c.num_attention_heads, c.head_dim, a.shape[0])),
+            lambda a, c: a.T.reshape(-1, c.head_dim, a.shape[0])),
 }
 
 # Within one encoder layer: our path, BERT suffix, ALBERT suffix, kind.
@@ -251,9 +251,14 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
       flat[path] = array
     else:
       per_layer.setdefault(path, [None] * config.num_param_layers)[layer] = array
-  for path, arrays in per_layer.items():
-    flat[path] = np.stack(arrays)
-  return _unflatten({k: jnp.asarray(v) for k, v in flat.items()})
+  params = _unflatten({k: jnp.asarray(v) for k, v in flat.items()})
+  layer_trees = [_unflatten({path[2:]: jnp.asarray(arrays[i]) for path, arrays in per_layer.items()})
+                 for i in range(config.num_param_layers)]
+  if config.is_pruned:  # head counts differ between layers: a list, not a stack
+    params["encoder"] = {"layers": layer_trees}
+  else:
+    params["encoder"] = {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layer_trees)}
+  return params
 
 
 def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -261,15 +266,25 @@ def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tu
   from bertjax.functional import init
 
   abstract = jax.eval_shape(lambda: init(config, 0, heads))
-  return {name: tuple(_KINDS[kind][0](np.zeros(_leaf_shape(abstract, path, layer)), config).shape)
+  def shape(path, layer):
+    layers = abstract["encoder"]["layers"]
+    if layer is not None and not isinstance(layers, list):
+      return _leaf(abstract, path, None).shape[1:]  # drop the stacked axis
+    return _leaf(abstract, path, layer).shape
+
+  return {name: tuple(_KINDS[kind][0](np.zeros(shape(path, layer)), config).shape)
           for name, path, layer, kind in _name_map(config, heads, config.use_pooler)}
 
 
-def _leaf_shape(tree, path, layer):
-  leaf = tree
+def _leaf(tree, path, layer):
+  """The array at `path`; for a layer parameter, that layer's slice (stacked or listed)."""
+  if layer is not None:
+    layers = tree["encoder"]["layers"]
+    if isinstance(layers, list):
+      tree, path, layer = layers[layer], path[2:], None
   for key in path:
-    leaf = leaf[key]
-  return leaf.shape[1:] if layer is not None else leaf.shape
+    tree = tree[key]
+  return tree if layer is None else tree[layer]
 
 
 def _unflatten(flat: dict[tuple[str, ...], Any]) -> Params:
@@ -295,10 +310,7 @@ def hf_state_dict(config: BertConfig, params: Params) -> tuple[dict[str, np.ndar
   with_prefix = bool(heads)
   state = {}
   for name, path, layer, kind in _name_map(config, heads, pooler):
-    leaf = params
-    for key in path:
-      leaf = leaf[key]
-    array = np.asarray(leaf if layer is None else leaf[layer], np.float32)
+    array = np.asarray(_leaf(params, path, layer), np.float32)
     if not with_prefix:
       name = name.split(".", 1)[1]
     state[name] = np.ascontiguousarray(_KINDS[kind][0](array, config))

@@ -83,21 +83,28 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Multi-head self-attention with its output projection, residual and LayerNorm."""
+  """Multi-head self-attention with its output projection, residual and LayerNorm.
+
+  `num_heads` below `config.num_attention_heads` is a physically pruned layer.
+  """
 
   config: BertConfig
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, key_mask, kv_lengths, head_mask, head_ablation: str,
                output_attentions: bool, deterministic: bool):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    n, d = cfg.num_attention_heads, cfg.head_dim
+    n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
+    d = cfg.head_dim
     proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), dtype=dtype, name=name)
     q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)  # (B, T, N, D)
 
     attention_dropout = cfg.attention_probs_dropout_prob > 0 and not deterministic
-    if attention_dropout or output_attentions:
+    if n == 0:  # every head pruned: the block adds only the output bias
+      out, probs = q, jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
+    elif attention_dropout or output_attentions:
       # Maps are needed (returned, or dropped out as BERT does): reference path.
       out, probs = kernels.attention(
           q, k, v, key_mask=key_mask, head_mask=head_mask, ablation=head_ablation,
@@ -126,13 +133,14 @@ class EncoderLayer(nn.Module):
   """One post-LN transformer block: attention, then the feed-forward network."""
 
   config: BertConfig
+  num_heads: int | None = None
 
   @nn.compact
   def __call__(self, x, key_mask, kv_lengths, head_mask=None, head_ablation: str = "scale",
                output_attentions: bool = False, deterministic: bool = True):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    h, probs = SelfAttention(cfg, name="attention")(
+    h, probs = SelfAttention(cfg, self.num_heads, name="attention")(
         x, key_mask, kv_lengths, head_mask, head_ablation, output_attentions, deterministic)
     y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), dtype=dtype,
                  name="intermediate")(h)
