@@ -2,6 +2,7 @@
 
 from bertjax.config import PRESETS, BertConfig
 from bertjax.functional import (
+    attention_statistics,
     BertOutput,
     check_inputs,
     classify,
@@ -24,7 +25,7 @@ from bertjax.tokenization import Batch, Tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "PRESETS", "Batch", "BertConfig", "BertOutput", "Tokenizer", "check_inputs", "classify",
+    "PRESETS", "Batch", "attention_statistics", "BertConfig", "BertOutput", "Tokenizer", "check_inputs", "classify",
     "count_params", "embed", "forward", "from_hf", "hf_state_dict", "init", "minilm_path",
     "mlm_logits", "nsp_logits", "pool", "prune_heads", "run_layers", "sop_logits", "to_hf", "token_classify",
 ]

@@ -271,6 +271,59 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
   return last, hidden_states, attentions
 
 
+def attention_statistics(params: Params, config: BertConfig, input_ids, attention_mask=None,
+                         token_type_ids=None, *, special_mask=None, head_mask=None,
+                         head_ablation: str = "scale") -> dict[str, jax.Array]:
+  """Per-layer, per-head attention statistics without materialising attention maps.
+
+  With `config.attention_impl` "pallas" (or "auto" on GPU/TPU) they are
+  accumulated inside the fused kernel; with "xla" they come from the maps of
+  one layer at a time. Each is averaged over the real query tokens of a
+  sequence, for the distribution that mixes the values (see
+  `kernels.attention_with_stats`).
+
+  Args:
+    special_mask: bool (batch, seq): keys whose received mass is reported as
+      "special" (e.g. [SEP] positions).
+
+  Returns:
+    A dict of float32 `(depth, batch, heads)` arrays: "entropy" (nats),
+    "first" (mass on the first token, [CLS]), "special", "self", "prev", "next".
+  """
+  check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, None, head_ablation)
+  if config.is_pruned:
+    raise ValueError("attention_statistics does not support pruned models; use head masks")
+  if special_mask is not None and tuple(np.shape(special_mask)) != tuple(np.shape(input_ids)):
+    raise ValueError(f"special_mask shape {tuple(np.shape(special_mask))} must equal input_ids "
+                     f"shape {tuple(np.shape(input_ids))}")
+  return _attention_statistics(params, config, input_ids, attention_mask, token_type_ids,
+                               special_mask, head_mask, head_ablation)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 7))
+def _attention_statistics(params, config, input_ids, attention_mask, token_type_ids,
+                          special_mask, head_mask, head_ablation):
+  x = embed(params, config, input_ids, token_type_ids)
+  key_mask = (jnp.ones(input_ids.shape, bool) if attention_mask is None
+              else attention_mask.astype(bool))
+  kv_lengths = key_mask.sum(-1).astype(jnp.int32)
+  if head_mask is not None and head_mask.ndim == 3:
+    head_mask = jnp.swapaxes(head_mask, 0, 1)
+  stacked = params["encoder"]["layers"]
+  index = jnp.asarray(config.layer_param_index)
+  layer = EncoderLayer(config)
+
+  def body(h, xs):
+    block, hm = xs
+    layer_params = jax.tree.map(lambda a: a[index[block]], stacked)
+    y, stats = layer.apply({"params": layer_params}, h, key_mask, kv_lengths, hm, head_ablation,
+                           False, True, True, special_mask)
+    return y, stats
+
+  _, stats = jax.lax.scan(body, x, (jnp.arange(config.depth), head_mask))
+  return stats
+
+
 def _mix(y, h, lm):
   return y if lm is None else (lm * y + (1 - lm) * h).astype(y.dtype)
 

@@ -93,7 +93,8 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, key_mask, kv_lengths, head_mask, head_ablation: str,
-               output_attentions: bool, deterministic: bool):
+               output_attentions: bool, deterministic: bool, output_stats: bool = False,
+               special_mask=None):
     cfg = self.config
     dtype = compute_dtype(cfg)
     n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
@@ -104,6 +105,14 @@ class SelfAttention(nn.Module):
     attention_dropout = cfg.attention_probs_dropout_prob > 0 and not deterministic
     if n == 0:  # every head pruned: the block adds only the output bias
       out, probs = q, jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
+    elif output_stats:
+      # Per-head statistics instead of maps ("probs" carries them): computed inside
+      # the fused kernel when the config selects it, from the maps otherwise.
+      impl = "xla" if cfg.attention_impl == "xla" else cfg.attention_impl
+      lengths = dict(key_mask=key_mask) if impl == "xla" else dict(kv_lengths=kv_lengths)
+      out, probs = kernels.attention_with_stats(
+          q, k, v, head_mask=head_mask, ablation=head_ablation, special_mask=special_mask,
+          impl=impl, **lengths)
     elif attention_dropout or output_attentions:
       # Maps are needed (returned, or dropped out as BERT does): reference path.
       out, probs = kernels.attention(
@@ -137,11 +146,13 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, key_mask, kv_lengths, head_mask=None, head_ablation: str = "scale",
-               output_attentions: bool = False, deterministic: bool = True):
+               output_attentions: bool = False, deterministic: bool = True,
+               output_stats: bool = False, special_mask=None):
     cfg = self.config
     dtype = compute_dtype(cfg)
     h, probs = SelfAttention(cfg, self.num_heads, name="attention")(
-        x, key_mask, kv_lengths, head_mask, head_ablation, output_attentions, deterministic)
+        x, key_mask, kv_lengths, head_mask, head_ablation, output_attentions, deterministic,
+        output_stats, special_mask)
     y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), dtype=dtype,
                  name="intermediate")(h)
     y = activation(cfg.hidden_act)(y)
