@@ -1,0 +1,279 @@
+"""Geometry of contextual representations, per layer.
+
+Ethayarajh (2019), "How Contextual are Contextualized Word Representations?":
+anisotropy (mean cosine between random token pairs), self-similarity of a word
+type across its contexts and intra-sentence similarity, each also adjusted by
+the anisotropy baseline (raw - baseline) and computed again after mean-centring
+each layer. Kornblith et al. (2019): linear CKA between feature matrices, between
+all layer pairs of one model, and between the same layers of two models.
+
+Representations are stacked as ``reps (layers, n_tokens, dim)``; tokens are
+grouped by int (or hashable) ``word_ids`` and ``sentence_ids`` of shape
+``(n_tokens,)``. Every function returns NumPy arrays of shape ``(layers,)``
+unless stated.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_HI = jax.lax.Precision.HIGHEST
+_EPS = 1e-12
+
+
+def _check_reps(reps) -> jax.Array:
+  reps = jnp.asarray(reps, jnp.float32)
+  if reps.ndim != 3:
+    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
+  return reps
+
+
+def _group_ids(ids, n: int, name: str) -> tuple[np.ndarray, int]:
+  """Dense ``0..k-1`` ids for arbitrary labels ``(n,)``."""
+  ids = np.asarray(ids)
+  if ids.shape != (n,):
+    raise ValueError(f"{name} shape {ids.shape} must be ({n},) to match reps")
+  _, dense = np.unique(ids, return_inverse=True)
+  dense = dense.reshape(-1)
+  return dense, int(dense.max()) + 1 if n else 0
+
+
+def center(reps) -> jax.Array:
+  """Subtracts each layer's mean token vector: ``(layers, n, dim)``."""
+  reps = _check_reps(reps)
+  return reps - reps.mean(axis=1, keepdims=True)
+
+
+def _unit(x: jax.Array) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), _EPS)
+
+
+def random_pairs(n: int, num_pairs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """``num_pairs`` uniformly random index pairs ``(i, j)`` with ``i != j`` from ``range(n)``."""
+  if n < 2:
+    raise ValueError(f"{n=} must be >= 2 to draw pairs")
+  if num_pairs < 1:
+    raise ValueError(f"{num_pairs=} must be positive")
+  rng = np.random.default_rng(seed)
+  i = rng.integers(0, n, num_pairs)
+  j = rng.integers(0, n - 1, num_pairs)
+  return i, j + (j >= i)
+
+
+@jax.jit
+def _pair_cosine(reps, i, j):
+  u = _unit(reps)
+  return jnp.mean(jnp.sum(u[:, i] * u[:, j], -1), axis=1)  # (layers,)
+
+
+@jax.jit
+def _all_pairs_cosine(reps):
+  u = _unit(reps)  # (layers, n, dim)
+  n = u.shape[1]
+  s = u.sum(1)
+  diag = jnp.sum(u * u, (1, 2))  # ~n (exactly n unless zero vectors)
+  return (jnp.sum(s * s, -1) - diag) / (n * (n - 1))
+
+
+def anisotropy(
+  reps, num_pairs: int | None = 1000, seed: int = 0, centered: bool = False
+) -> np.ndarray:
+  """Mean cosine similarity between random pairs of distinct tokens, per layer.
+
+  Args:
+    reps: ``(layers, n_tokens, dim)``.
+    num_pairs: random pairs (the same pairs for every layer); None averages over
+      all ``n (n - 1)`` ordered pairs exactly.
+    seed: NumPy seed for the pairs.
+    centered: mean-centre each layer first.
+
+  Returns:
+    ``(layers,)``.
+  """
+  reps = center(reps) if centered else _check_reps(reps)
+  if num_pairs is None:
+    if reps.shape[1] < 2:
+      raise ValueError(f"need >= 2 tokens, got {reps.shape[1]}")
+    return np.asarray(_all_pairs_cosine(reps))
+  i, j = random_pairs(reps.shape[1], num_pairs, seed)
+  return np.asarray(_pair_cosine(reps, jnp.asarray(i), jnp.asarray(j)))
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _self_sim(reps, ids, num_groups, keep):
+  u = _unit(reps)  # (layers, n, dim)
+  seg = jax.vmap(lambda x: jax.ops.segment_sum(x, ids, num_groups))(u)  # (layers, k, dim)
+  sq = jax.vmap(lambda x: jax.ops.segment_sum(jnp.sum(x * x, -1), ids, num_groups))(u)
+  k = jnp.bincount(ids, length=num_groups).astype(jnp.float32)  # (k,)
+  pair_mean = (jnp.sum(seg * seg, -1) - sq) / jnp.maximum(k * (k - 1), 1.0)  # (layers, k)
+  return jnp.sum(pair_mean * keep, -1) / jnp.maximum(keep.sum(), 1.0)
+
+
+def self_similarity(
+  reps, word_ids: Sequence[Any], min_count: int = 2, centered: bool = False
+) -> np.ndarray:
+  """Mean pairwise cosine between a word type's occurrences, averaged over types.
+
+  Args:
+    reps: ``(layers, n_tokens, dim)``.
+    word_ids: the type of every token ``(n_tokens,)`` (ints or strings).
+    min_count: only types with at least this many occurrences (>= 2) count.
+    centered: mean-centre each layer first.
+
+  Returns:
+    ``(layers,)``; nan when no type occurs ``min_count`` times.
+  """
+  if min_count < 2:
+    raise ValueError(f"{min_count=} must be >= 2 (a pair is needed)")
+  reps = center(reps) if centered else _check_reps(reps)
+  ids, k = _group_ids(word_ids, reps.shape[1], "word_ids")
+  counts = np.bincount(ids, minlength=k)
+  keep = counts >= min_count
+  if not keep.any():
+    return np.full(reps.shape[0], np.nan)
+  return np.asarray(_self_sim(reps, jnp.asarray(ids), k, jnp.asarray(keep, jnp.float32)))
+
+
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def _intra(reps, ids, num_groups):
+  counts = jnp.bincount(ids, length=num_groups).astype(jnp.float32)  # (k,)
+  seg = jax.vmap(lambda x: jax.ops.segment_sum(x, ids, num_groups))(reps)
+  mean = seg / counts[None, :, None]  # (layers, k, dim)
+  cos = jnp.sum(_unit(reps) * _unit(mean)[:, ids], -1)  # (layers, n)
+  per_sent = jax.vmap(lambda c: jax.ops.segment_sum(c, ids, num_groups))(cos) / counts
+  return per_sent.mean(-1)
+
+
+def intra_sentence_similarity(
+  reps, sentence_ids: Sequence[Any], centered: bool = False
+) -> np.ndarray:
+  """Mean cosine between each token and its sentence's mean vector.
+
+  Averaged over the tokens of a sentence, then over sentences.
+
+  Args:
+    reps: ``(layers, n_tokens, dim)``.
+    sentence_ids: the sentence of every token ``(n_tokens,)``.
+    centered: mean-centre each layer (over all tokens) first.
+
+  Returns:
+    ``(layers,)``.
+  """
+  reps = center(reps) if centered else _check_reps(reps)
+  ids, k = _group_ids(sentence_ids, reps.shape[1], "sentence_ids")
+  return np.asarray(_intra(reps, jnp.asarray(ids), k))
+
+
+def contextuality(
+  reps,
+  word_ids: Sequence[Any],
+  sentence_ids: Sequence[Any],
+  num_pairs: int | None = 1000,
+  seed: int = 0,
+  min_count: int = 2,
+) -> dict[str, np.ndarray]:
+  """All of Ethayarajh's measures, raw, anisotropy-adjusted and after centring.
+
+  Returns:
+    A dict of ``(layers,)`` arrays: ``anisotropy``, ``self_similarity``,
+    ``self_similarity_adjusted`` (raw - anisotropy), ``intra_sentence``,
+    ``intra_sentence_adjusted``, and each of these again with a ``_centered``
+    suffix, computed on mean-centred representations.
+  """
+  out = {}
+  for suffix, c in (("", False), ("_centered", True)):
+    base = anisotropy(reps, num_pairs, seed, centered=c)
+    selfsim = self_similarity(reps, word_ids, min_count, centered=c)
+    intra = intra_sentence_similarity(reps, sentence_ids, centered=c)
+    out["anisotropy" + suffix] = base
+    out["self_similarity" + suffix] = selfsim
+    out["self_similarity_adjusted" + suffix] = selfsim - base
+    out["intra_sentence" + suffix] = intra
+    out["intra_sentence_adjusted" + suffix] = intra - base
+  return out
+
+
+# ----------------------------------------------------------------------------
+# Linear CKA
+
+
+def _center_cols(x: jax.Array) -> jax.Array:
+  return x - x.mean(axis=-2, keepdims=True)
+
+
+def _hsic(x: jax.Array, y: jax.Array) -> jax.Array:
+  """``||x^T y||_F^2`` for centred ``(n, dx)``, ``(n, dy)``; the cheaper of two forms."""
+  n, dx, dy = x.shape[0], x.shape[1], y.shape[1]
+  if n < dx * dy / (dx + dy):  # Gram form: O(n^2 (dx + dy)) vs feature form O(n dx dy)
+    kx = jnp.matmul(x, x.T, precision=_HI)
+    ky = jnp.matmul(y, y.T, precision=_HI)
+    return jnp.sum(kx * ky)
+  c = jnp.matmul(x.T, y, precision=_HI)  # (dx, dy)
+  return jnp.sum(c * c)
+
+
+@jax.jit
+def _cka(x, y):
+  x, y = _center_cols(x), _center_cols(y)
+  return _hsic(x, y) / jnp.sqrt(_hsic(x, x) * _hsic(y, y))
+
+
+def linear_cka(x, y) -> float:
+  """Linear CKA between ``x (n, dx)`` and ``y (n, dy)`` (same n examples, any widths).
+
+  ``CKA = ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)`` with column-centred
+  ``Xc, Yc``; invariant to orthogonal transforms and isotropic scaling.
+  """
+  x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+  if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
+    raise ValueError(f"x shape {x.shape} and y shape {y.shape} must be (n, dx) and (n, dy)")
+  if x.shape[0] < 2:
+    raise ValueError(f"need >= 2 examples, got {x.shape[0]}")
+  return float(_cka(x, y))
+
+
+@jax.jit
+def _cka_matrix(a, b):
+  a, b = _center_cols(a), _center_cols(b)
+  self_a = jax.vmap(lambda x: jnp.sqrt(_hsic(x, x)))(a)  # (la,)
+  self_b = jax.vmap(lambda y: jnp.sqrt(_hsic(y, y)))(b)  # (lb,)
+  # lax.map over a's layers keeps one row of cross products in memory at a time
+  cross = jax.lax.map(lambda x: jax.vmap(lambda y: _hsic(x, y))(b), a)  # (la, lb)
+  return cross / (self_a[:, None] * self_b[None, :])
+
+
+def cka_matrix(reps_a, reps_b=None) -> np.ndarray:
+  """Linear CKA between every pair of layers.
+
+  Args:
+    reps_a: ``(layers_a, n, dim_a)``.
+    reps_b: ``(layers_b, n, dim_b)`` of another model on the same n tokens, or
+      None for ``reps_a`` against itself.
+
+  Returns:
+    ``(layers_a, layers_b)``.
+  """
+  a = _check_reps(reps_a)
+  b = a if reps_b is None else _check_reps(reps_b)
+  if a.shape[1] != b.shape[1]:
+    raise ValueError(f"reps_a shape {a.shape} and reps_b shape {b.shape} must share n_tokens")
+  return np.asarray(_cka_matrix(a, b))
+
+
+def cka_same_layers(reps_a, reps_b) -> np.ndarray:
+  """Linear CKA between layer l of one model and layer l of another: ``(layers,)``."""
+  a, b = _check_reps(reps_a), _check_reps(reps_b)
+  if a.shape[:2] != b.shape[:2]:
+    raise ValueError(
+      f"reps_a shape {a.shape} and reps_b shape {b.shape} must share (layers, n_tokens)"
+    )
+  return np.asarray(_cka_same_layers(a, b))
+
+
+_cka_same_layers = jax.jit(jax.vmap(_cka))

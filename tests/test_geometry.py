@@ -1,0 +1,140 @@
+"""Anisotropy, self-similarity, intra-sentence similarity and CKA vs plain NumPy."""
+
+import numpy as np
+import pytest
+from scipy.stats import ortho_group
+
+from bertjax.analysis import geometry
+
+L, N, D = 3, 120, 24
+
+
+def np_cos(a, b):
+  return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def np_cka(x, y):
+  """Kornblith et al. eq. (3) with explicit centring matrices (float64)."""
+  n = len(x)
+  h = np.eye(n) - np.ones((n, n)) / n
+  k, l_ = x @ x.T, y @ y.T
+  hsic = lambda a, b: np.trace(a @ h @ b @ h)
+  return hsic(k, l_) / np.sqrt(hsic(k, k) * hsic(l_, l_))
+
+
+@pytest.fixture(scope="module")
+def reps():
+  rng = np.random.default_rng(0)
+  common = rng.normal(size=D) * np.array([0.0, 1.0, 4.0])[:, None]  # growing shared direction
+  x = rng.normal(size=(L, N, D)) + common[:, None, :]
+  words = rng.integers(0, 15, N)
+  x[1:] += 2.0 * rng.normal(size=(15, D))[words]  # word identity in upper layers
+  sents = np.repeat(np.arange(12), 10)
+  return x.astype(np.float32), words, sents
+
+
+def test_anisotropy_matches_numpy(reps):
+  x, _, _ = reps
+  i, j = geometry.random_pairs(N, 500, seed=7)
+  assert np.all(i != j)
+  got = geometry.anisotropy(x, num_pairs=500, seed=7)
+  np.testing.assert_allclose(got, [np_cos(x[l, i], x[l, j]).mean() for l in range(L)], atol=1e-5)
+  assert got[2] > got[1] > got[0]  # the shared direction makes it anisotropic
+  full = geometry.anisotropy(x, num_pairs=None)
+  want = []
+  for l in range(L):
+    u = x[l] / np.linalg.norm(x[l], axis=-1, keepdims=True)
+    c = u @ u.T
+    want.append(c[~np.eye(N, dtype=bool)].mean())
+  np.testing.assert_allclose(full, want, atol=1e-5)
+  xc = x - x.mean(1, keepdims=True)
+  np.testing.assert_allclose(
+    geometry.anisotropy(x, 500, seed=7, centered=True),
+    [np_cos(xc[l, i], xc[l, j]).mean() for l in range(L)],
+    atol=1e-5,
+  )
+  # same seed, same pairs; different seed, different pairs
+  np.testing.assert_array_equal(geometry.anisotropy(x, 500, seed=7), got)
+  assert not np.array_equal(geometry.anisotropy(x, 500, seed=8), got)
+
+
+def test_self_and_intra_sentence_similarity_match_numpy(reps):
+  x, words, sents = reps
+  for centered in (False, True):
+    xx = x - x.mean(1, keepdims=True) if centered else x
+    want_self, want_intra = [], []
+    for l in range(L):
+      per_type = []
+      for w in np.unique(words):
+        occ = xx[l, words == w]
+        if len(occ) < 3:
+          continue
+        u = occ / np.linalg.norm(occ, axis=-1, keepdims=True)
+        c = u @ u.T
+        per_type.append(c[~np.eye(len(occ), dtype=bool)].mean())
+      want_self.append(np.mean(per_type))
+      want_intra.append(
+        np.mean(
+          [np_cos(xx[l, sents == s], xx[l, sents == s].mean(0)).mean() for s in np.unique(sents)]
+        )
+      )
+    got_self = geometry.self_similarity(x, words, min_count=3, centered=centered)
+    np.testing.assert_allclose(got_self, want_self, atol=1e-5)
+    got_intra = geometry.intra_sentence_similarity(x, sents, centered=centered)
+    np.testing.assert_allclose(got_intra, want_intra, atol=1e-5)
+  # string word types work the same as ints
+  names = np.array([f"w{w}" for w in words])
+  np.testing.assert_allclose(
+    geometry.self_similarity(x, names), geometry.self_similarity(x, words), atol=1e-6
+  )
+  summary = geometry.contextuality(x, words, sents, num_pairs=300)
+  np.testing.assert_allclose(
+    summary["self_similarity_adjusted"],
+    summary["self_similarity"] - summary["anisotropy"],
+    atol=1e-7,
+  )
+  np.testing.assert_allclose(
+    summary["intra_sentence_adjusted_centered"],
+    summary["intra_sentence_centered"] - summary["anisotropy_centered"],
+    atol=1e-7,
+  )
+  assert summary["self_similarity"][1] > summary["self_similarity"][0]
+  with pytest.raises(ValueError, match=r"word_ids shape \(5,\)"):
+    geometry.self_similarity(x, words[:5])
+
+
+@pytest.mark.parametrize("n", [40, 300])  # Gram form and feature form
+def test_linear_cka(n):
+  rng = np.random.default_rng(1)
+  x = rng.normal(size=(n, 20))
+  y = x @ rng.normal(size=(20, 12)) + 0.5 * rng.normal(size=(n, 12))
+  assert geometry.linear_cka(x, y) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert geometry.linear_cka(x, x) == pytest.approx(1.0, abs=1e-6)
+  q = ortho_group.rvs(20, random_state=2)
+  assert geometry.linear_cka(x @ q * 3.7, y) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert geometry.linear_cka(x, y * 0.01) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert geometry.linear_cka(x, rng.normal(size=(n, 12))) < np_cka(x, y) - 0.2
+
+
+def test_cka_matrix_and_same_layers(reps):
+  x, _, _ = reps
+  mat = geometry.cka_matrix(x)
+  assert mat.shape == (L, L)
+  want = np.array(
+    [[np_cka(x[a].astype(float), x[b].astype(float)) for b in range(L)] for a in range(L)]
+  )
+  np.testing.assert_allclose(mat, want, atol=1e-5)
+  np.testing.assert_allclose(np.diag(mat), 1.0, atol=1e-5)
+  np.testing.assert_allclose(mat, mat.T, atol=1e-6)
+  rng = np.random.default_rng(3)
+  q = ortho_group.rvs(D, random_state=4)
+  other = (x @ q * 2.0 + 0.3 * rng.normal(size=x.shape)).astype(np.float32)
+  other = other[:, :, :16]  # a narrower second model
+  same = geometry.cka_same_layers(x, other)
+  np.testing.assert_allclose(
+    same, [np_cka(x[l].astype(float), other[l].astype(float)) for l in range(L)], atol=1e-5
+  )
+  cross = geometry.cka_matrix(x, other)
+  np.testing.assert_allclose(np.diag(cross), same, atol=1e-5)
+  with pytest.raises(ValueError, match="n_tokens"):
+    geometry.cka_matrix(x, other[:, :10])

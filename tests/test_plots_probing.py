@@ -1,0 +1,44 @@
+"""The probing figures are valid PNG files of sensible size."""
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from bertjax.analysis import plots_probing
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(path):
+  assert path.read_bytes()[:8] == PNG_MAGIC
+  img = matplotlib.image.imread(path)
+  assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+  assert img[..., :3].std() > 0  # not blank
+
+
+def test_all_figures(tmp_path):
+  rng = np.random.default_rng(0)
+  layers = 7
+  task, control = rng.uniform(0.6, 0.95, layers), rng.uniform(0.3, 0.6, layers)
+  check_png(plots_probing.plot_probing(task, tmp_path / "pos.png", control, task_name="UPOS"))
+  check_png(plots_probing.plot_probing(task, tmp_path / "pos_only.png"))
+  check_png(
+    plots_probing.plot_structural(
+      {"UUAS": task, "DSpr.": control, "root acc.": task * 0.9}, tmp_path / "sub" / "s.png"
+    )
+  )
+  summary = {"anisotropy": control, "self_similarity": task, "anisotropy_centered": control / 10}
+  check_png(plots_probing.plot_contextuality(summary, tmp_path / "ctx.png"))
+  check_png(plots_probing.plot_cka(rng.uniform(size=(layers, layers)), tmp_path / "cka.png"))
+  w = rng.uniform(size=layers)
+  check_png(plots_probing.plot_mix_weights(w / w.sum(), tmp_path / "mix.png", gamma=1.3))
+
+
+def test_bad_input_is_named(tmp_path):
+  with pytest.raises(ValueError, match="must end in .png"):
+    plots_probing.plot_probing([0.5, 0.6], tmp_path / "x.pdf")
+  with pytest.raises(ValueError, match=r"control_accuracy shape \(3,\)"):
+    plots_probing.plot_probing([0.5, 0.6], tmp_path / "x.png", [0.1, 0.2, 0.3])
+  with pytest.raises(ValueError, match="different numbers of layers"):
+    plots_probing.plot_layer_curves({"a": [1, 2], "b": [1, 2, 3]}, tmp_path / "x.png")
+  assert not list(tmp_path.iterdir())  # nothing written half-way
