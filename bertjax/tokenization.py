@@ -94,7 +94,7 @@ class Tokenizer:
       tok = BertWordPieceTokenizer(str(path / "vocab.txt"),
                                    lowercase=settings.get("do_lower_case", True))._tokenizer
     elif (path / "spiece.model").exists():
-      tok = _sentencepiece_tokenizer(path / "spiece.model")
+      tok = _sentencepiece_tokenizer(path)
     else:
       raise FileNotFoundError(f"no tokenizer.json, vocab.txt or spiece.model in {path}")
     tok.no_padding()
@@ -156,16 +156,14 @@ class Tokenizer:
     return out
 
 
-def _sentencepiece_tokenizer(model_file: pathlib.Path):
-  """An ALBERT-style SentencePiece tokenizer with [CLS] A [SEP] B [SEP] post-processing."""
-  from tokenizers import processors
-  from tokenizers.implementations import SentencePieceUnigramTokenizer
+def _sentencepiece_tokenizer(directory: pathlib.Path):
+  """ALBERT's SentencePiece model as a `tokenizers.Tokenizer`.
 
-  tok = SentencePieceUnigramTokenizer.from_spm(str(model_file))._tokenizer
-  cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-  if cls_id is None or sep_id is None:
-    raise ValueError(f"{model_file} has no [CLS]/[SEP] pieces; not an ALBERT SentencePiece model")
-  tok.post_processor = processors.TemplateProcessing(
-      single="[CLS]:0 $A:0 [SEP]:0", pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
-      special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
-  return tok
+  The conversion (normaliser, Metaspace pre-tokeniser, [CLS] A [SEP] B [SEP]
+  template) is the one transformers applies, so ids match `AlbertTokenizer`.
+  """
+  try:
+    import transformers
+  except ImportError as e:
+    raise ImportError("reading spiece.model needs transformers (pip install 'bertjax[hf]')") from e
+  return transformers.AlbertTokenizer.from_pretrained(str(directory)).backend_tokenizer

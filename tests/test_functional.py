@@ -341,3 +341,26 @@ def test_tokenizer_word_alignment(minilm_dir):
   assert batch.attention_mask[1].sum() == 3  # [CLS] hi [SEP]
   with pytest.raises(ValueError, match="max_length=4"):
     tok.encode(["a rather long sentence indeed"], max_length=4)
+
+
+@pytest.mark.hf
+def test_albert_sentencepiece_tokenizer_matches_transformers(tmp_path, data_dir):
+  """A SentencePiece model trained here; ids and word alignment as transformers' AlbertTokenizer."""
+  spm = pytest.importorskip("sentencepiece")
+  transformers = pytest.importorskip("transformers")
+  lines = (data_dir / "tinyshakespeare" / "input.txt").read_text().splitlines()[:3000]
+  (tmp_path / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()))
+  spm.SentencePieceTrainer.train(
+      input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "spiece"), vocab_size=500,
+      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
+      eos_id=-1, pad_piece="<pad>", unk_piece="<unk>", minloglevel=2)
+  tok = bertjax.Tokenizer.from_pretrained(tmp_path)
+  text = ["First Citizen: before we proceed any further, hear me speak.", "All: Speak, speak."]
+  ours = tok.encode(text)
+  theirs = transformers.AlbertTokenizer.from_pretrained(str(tmp_path))(text)["input_ids"]
+  for row, ids in zip(ours.input_ids, theirs):
+    assert row[:len(ids)].tolist() == ids
+  assert tok.pad_id == 0 and tok.mask_id is not None
+  words = tok.encode_words([["First", "Citizen", "speaks"]])
+  spans = words.word_spans(0)
+  assert len(spans) == 3 and spans[0][0] == 1 and any(e - s > 1 for s, e in spans)
