@@ -1,0 +1,198 @@
+"""Pretraining train-step throughput: bertjax vs transformers `BertForPreTraining`; GPU MFU.
+
+Run: ./run.sh bench bench_train_step              (CPU: 4-layer 256-wide BERT vs PyTorch)
+     ./run.sh bench bench_train_step --mfu        (GPU: BERT-base, bf16, fused attention, MFU)
+     ./run.sh bench bench_train_step --smoke      (a few seconds; checks the script runs)
+
+CPU mode: the same config (4 layers, hidden 256, 4 heads, vocab 30522), the same
+batch (32 x 128, 20 masked positions per sequence, NSP labels), AdamW, dropout
+on, one optimizer step each; both warmed up, timed in interleaved rounds,
+median reported, compile time separate. Ours gathers the masked positions
+before the vocabulary projection; transformers projects every token (its
+`BertForPreTraining` API), which is part of what is being compared.
+
+MFU mode: model FLOPs per step = 6 x (non-embedding parameters) x tokens +
+attention (12 x layers x seq^2 x hidden x batch, forward + backward) + the MLM
+head on the gathered positions, divided by step time and by the bf16 matmul
+peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import bertjax
+from bertjax.training.optim import make_optimizer
+from bertjax.training.state import create_train_state
+from bertjax.training.step import make_train_step
+
+RESULTS = pathlib.Path(__file__).parent / "results"
+
+
+def make_batch(config, batch: int, seq: int, predictions: int, seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
+  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
+                                for _ in range(batch)]), axis=1).astype(np.int32)
+  return {
+      "input_ids": ids, "attention_mask": np.ones_like(ids),
+      "token_type_ids": (np.arange(seq) >= seq // 2).astype(np.int32)[None].repeat(batch, 0),
+      "mlm_positions": positions,
+      "mlm_ids": np.take_along_axis(ids, positions, 1),
+      "mlm_weights": np.ones(positions.shape, np.float32),
+      "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32),
+  }
+
+
+def ours_step(config, batch):
+  params = bertjax.init(config, 0, heads=("mlm", "nsp"))
+  tx = make_optimizer("adamw", 1e-4)
+  step = make_train_step(config, tx, task="pretrain", objective="nsp", donate=True)
+  state = create_train_state(params, tx, 0)
+  device_batch = jax.tree.map(jnp.asarray, batch)
+  holder = {"state": state}
+
+  def run():
+    holder["state"], metrics = step(holder["state"], device_batch)
+    jax.block_until_ready(metrics["loss"])
+
+  t0 = time.perf_counter()
+  run()
+  return run, time.perf_counter() - t0
+
+
+def torch_step(config, batch):
+  import torch
+  import transformers
+
+  hf = transformers.BertConfig(**{k: v for k, v in config.to_hf_dict().items()
+                                  if k not in ("id2label", "label2id")})
+  model = transformers.BertForPreTraining(hf).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+  labels = np.full(batch["input_ids"].shape, -100, np.int64)
+  np.put_along_axis(labels, batch["mlm_positions"], batch["mlm_ids"], 1)
+  inputs = dict(input_ids=torch.tensor(batch["input_ids"]).long(),
+                attention_mask=torch.tensor(batch["attention_mask"]).long(),
+                token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
+                labels=torch.tensor(labels),
+                next_sentence_label=torch.tensor(batch["next_sentence_labels"]).long())
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    loss = model(**inputs).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+  return run
+
+
+def matmul_peak_tflops(dtype=jnp.bfloat16, n: int = 8192, repeats: int = 20) -> float:
+  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  f = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(f(a, b))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a, b))
+    times.append(time.perf_counter() - t0)
+  return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def model_flops(config, batch: int, seq: int, predictions: int) -> float:
+  params = jax.eval_shape(lambda: bertjax.init(config, 0, heads=("mlm", "nsp")))
+  total = bertjax.count_params(params)
+  emb = bertjax.count_params(params["embeddings"])
+  tokens = batch * seq
+  dense = 6 * (total - emb) * tokens
+  attention = 12 * config.num_hidden_layers * seq * seq * config.hidden_size * batch
+  decoder = 6 * config.vocab_size * config.embed_dim * batch * predictions
+  return dense + attention + decoder
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--batch", type=int, default=32)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--predictions", type=int, default=20)
+  parser.add_argument("--rounds", type=int, default=10)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--mfu", action="store_true",
+                      help="GPU: BERT-base, bf16, fused attention; model-FLOPs utilisation")
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
+  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+  args = parser.parse_args(argv)
+  med = statistics.median
+  machine = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+             "jax": jax.__version__, "device": jax.devices()[0].device_kind}
+
+  if args.mfu:
+    config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", attention_impl="pallas",
+                                       attention_probs_dropout_prob=0.0)
+    if args.smoke:
+      config = bertjax.BertConfig.preset("tiny", attention_probs_dropout_prob=0.0)
+      args.batch, args.seq, args.rounds = 4, 32, 2
+    batch = make_batch(config, args.batch, args.seq, args.predictions)
+    run, compile_s = ours_step(config, batch)
+    for _ in range(args.warmup):
+      run()
+    times = []
+    for _ in range(args.rounds):
+      t0 = time.perf_counter()
+      run()
+      times.append(time.perf_counter() - t0)
+    peak = matmul_peak_tflops(n=1024 if args.smoke else 8192)
+    achieved = model_flops(config, args.batch, args.seq, args.predictions) / med(times) / 1e12
+    label = "tiny (smoke)" if args.smoke else "bert-base bf16 pallas"
+    result = {"machine": machine, "config": label, "batch": args.batch,
+              "seq": args.seq, "median_step_s": med(times), "compile_s": compile_s,
+              "model_tflops": achieved, "matmul_peak_tflops": peak, "mfu": achieved / peak}
+    name = "train_step_gpu_mfu"
+  else:
+    config = bertjax.BertConfig.preset("bert-mini", vocab_size=30522)
+    if args.smoke:
+      config = bertjax.BertConfig.preset("tiny")
+      args.batch, args.seq, args.rounds, args.predictions = 2, 16, 2, 3
+    batch = make_batch(config, args.batch, args.seq, args.predictions)
+    ours, compile_s = ours_step(config, batch)
+    theirs = torch_step(config, batch)
+    for _ in range(args.warmup):
+      ours(), theirs()
+    t_ours, t_torch = [], []
+    for _ in range(args.rounds):
+      for fn, acc in ((ours, t_ours), (theirs, t_torch)):
+        t0 = time.perf_counter()
+        fn()
+        acc.append(time.perf_counter() - t0)
+    import torch
+
+    tokens = args.batch * args.seq
+    result = {"machine": {**machine, "torch": torch.__version__}, "config": "bert-mini (4x256)",
+              "batch": args.batch, "seq": args.seq, "predictions": args.predictions,
+              "bertjax": {"median_step_s": med(t_ours), "tokens_per_s": tokens / med(t_ours),
+                          "compile_s": compile_s},
+              "torch_BertForPreTraining": {"median_step_s": med(t_torch),
+                                           "tokens_per_s": tokens / med(t_torch)},
+              "speedup_vs_torch": med(t_torch) / med(t_ours)}
+    name = "train_step_cpu"
+  print(json.dumps(result, indent=2))
+  if not args.smoke:
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+  return result
+
+
+if __name__ == "__main__":
+  main()
