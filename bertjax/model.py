@@ -108,7 +108,7 @@ class SelfAttention(nn.Module):
     elif output_stats:
       # Per-head statistics instead of maps ("probs" carries them): computed inside
       # the fused kernel when the config selects it, from the maps otherwise.
-      impl = "xla" if cfg.attention_impl == "xla" else cfg.attention_impl
+      impl = "xla" if cfg.attention_impl in ("xla", "cudnn") else cfg.attention_impl
       lengths = dict(key_mask=key_mask) if impl == "xla" else dict(kv_lengths=kv_lengths)
       out, probs = kernels.attention_with_stats(
           q, k, v, head_mask=head_mask, ablation=head_ablation, special_mask=special_mask,

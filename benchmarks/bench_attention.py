@@ -1,0 +1,260 @@
+"""Benchmark of bertjax's fused attention against cuDNN, XLA and JAX's Pallas `mha`.
+
+Run (GPU):     .venv/bin/python benchmarks/bench_attention.py --out benchmarks/results
+Check (CPU):   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_attention.py --smoke --out /tmp/b
+
+bfloat16, head_dim 64; shapes batch 256 x seq 128 and batch 64 x seq 512 with 12 and 16
+heads; forward and forward+backward; full batches and padded batches (lengths uniform in
+[T/4, T] from a fixed seed). Implementations, side by side in one process:
+
+* `bertjax_pallas`: `kernels.attention(impl="pallas", kv_lengths=...)` (skips padded blocks).
+* `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` with sequence lengths.
+* `xla`: `jax.nn.dot_product_attention(implementation="xla")` with sequence lengths.
+* `jax_pallas_mha`: `jax.experimental.pallas.ops.gpu.attention.mha`; padding expressed as
+  segment ids (it cannot skip padded blocks).
+
+FLOPs count only real tokens: forward = 4 * heads * head_dim * sum_b len_b**2 (QK^T and PV,
+2 flops per multiply-add); forward+backward = 3.5 x forward (the backward's five matmuls:
+QK^T recomputed, dV, dP, dQ, dK). Each timing is the median of `--iters` runs after
+`--warmup` runs, every run blocked on its result; compile time is measured separately
+(lower + compile). The fraction of peak divides by a measured bf16 matmul rate.
+Writes `attention_<device>.json` and `.md` under `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kernels
+
+FULL_SHAPES = [(256, 128, 12), (256, 128, 16), (64, 512, 12), (64, 512, 16)]  # (B, T, H)
+SMOKE_SHAPES = [(2, 64, 2)]
+HEAD_DIM = 64
+IMPLS = ("bertjax_pallas", "cudnn", "xla", "jax_pallas_mha")
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default="benchmarks/results", help="output directory")
+  parser.add_argument(
+    "--smoke",
+    action="store_true",
+    help="tiny shapes, few iterations; runs on CPU in interpret mode",
+  )
+  parser.add_argument("--iters", type=int, default=None, help="timed runs (default 50; smoke 2)")
+  parser.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 5; smoke 1)")
+  parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS}")
+  parser.add_argument("--seed", type=int, default=0, help="seed of inputs and padded lengths")
+  parser.add_argument(
+    "--matmul-size",
+    type=int,
+    default=None,
+    help="n of the n x n x n bf16 matmul used as peak (default 8192; smoke 256)",
+  )
+  parser.add_argument(
+    "--blocks",
+    default=None,
+    help="bertjax BlockSizes as block_q,block_k,block_q_bwd,block_k_bwd (default: per backend)",
+  )
+  return parser.parse_args(argv)
+
+
+def _time(fn, args, warmup, iters):
+  """(compile seconds, median run seconds, all run seconds) of a jitted fn."""
+  start = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  compile_s = time.perf_counter() - start
+  for _ in range(warmup):
+    jax.block_until_ready(compiled(*args))
+  runs = []
+  for _ in range(iters):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    runs.append(time.perf_counter() - start)
+  return compile_s, statistics.median(runs), runs
+
+
+def matmul_peak(n, warmup, iters):
+  """Measured bf16 matmul TFLOP/s on an n x n x n product."""
+  a = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+  b = jax.random.normal(jax.random.key(2), (n, n), jnp.bfloat16)
+  _, median, _ = _time(lambda x, y: x @ y, (a, b), warmup, iters)
+  return 2 * n**3 / median / 1e12
+
+
+def make_attention(impl, seq, lengths, padded, interpret, blocks=None):
+  """fn(q, k, v) -> out for one implementation, or raises if unavailable here."""
+  on_gpu = jax.default_backend() == "gpu"
+  lens = jnp.asarray(lengths, jnp.int32) if padded else None
+  if impl == "bertjax_pallas":
+    return lambda q, k, v: kernels.attention(
+      q, k, v, kv_lengths=lens, impl="pallas", interpret=interpret, block_sizes=blocks
+    )
+  if impl in ("cudnn", "xla"):
+    if impl == "cudnn" and not on_gpu:
+      raise RuntimeError("cudnn needs a GPU")
+    return lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, query_seq_lengths=lens, key_value_seq_lengths=lens, implementation=impl
+    )
+  if impl == "jax_pallas_mha":
+    from jax.experimental.pallas.ops.gpu import attention as jax_attention  # guarded by caller
+
+    segments = None
+    if padded:
+      segments = (jnp.arange(seq)[None, :] < lens[:, None]).astype(jnp.int32)  # (B, T)
+    kwargs = {}
+    if interpret:
+      small = jax_attention.BlockSizes(
+        block_q=32, block_k=32, block_q_dkv=32, block_kv_dkv=32, block_q_dq=32, block_kv_dq=32
+      )
+      kwargs = {"interpret": True, "block_sizes": small}
+    sm_scale = 1.0 / HEAD_DIM**0.5
+    return lambda q, k, v: jax_attention.mha(q, k, v, segments, sm_scale=sm_scale, **kwargs)
+  raise ValueError(f"{impl=} must be one of {IMPLS}")
+
+
+def with_backward(fn, cot):
+  """fn(q, k, v) -> (dq, dk, dv) of sum(out * cot): forward plus backward."""
+
+  def loss(q, k, v):
+    return jnp.sum(fn(q, k, v).astype(jnp.float32) * cot)
+
+  return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def run(args):
+  smoke = args.smoke
+  iters = args.iters or (2 if smoke else 50)
+  warmup = args.warmup or (1 if smoke else 5)
+  shapes = SMOKE_SHAPES if smoke else FULL_SHAPES
+  interpret = jax.default_backend() == "cpu"
+  impls = [name for name in args.impls.split(",") if name]
+  for name in impls:
+    if name not in IMPLS:
+      raise ValueError(f"impl {name!r} must be one of {IMPLS}")
+  blocks = None
+  if args.blocks:
+    bq, bk, bq_bwd, bk_bwd = (int(x) for x in args.blocks.split(","))
+    blocks = kernels.BlockSizes(block_q=bq, block_k=bk, block_q_bwd=bq_bwd, block_k_bwd=bk_bwd)
+  device = jax.devices()[0]
+  peak = matmul_peak(args.matmul_size or (256 if smoke else 8192), warmup, max(iters, 3))
+  print(f"device: {device.device_kind}; bf16 matmul peak {peak:.1f} TFLOP/s", flush=True)
+
+  rng = np.random.default_rng(args.seed)
+  rows = []
+  for batch, seq, heads in shapes:
+    key = jax.random.key(args.seed)
+    q, k, v, cot = (
+      jax.random.normal(kk, (batch, seq, heads, HEAD_DIM), jnp.bfloat16)
+      for kk in jax.random.split(key, 4)
+    )
+    cot = cot.astype(jnp.float32)
+    padded_lengths = rng.integers(seq // 4, seq + 1, size=batch)
+    for padded in (False, True):
+      lengths = padded_lengths if padded else np.full(batch, seq)
+      fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths.astype(np.float64) ** 2))
+      for impl in impls:
+        for mode in ("fwd", "fwd+bwd"):
+          row = {
+            "impl": impl,
+            "batch": batch,
+            "seq": seq,
+            "heads": heads,
+            "head_dim": HEAD_DIM,
+            "padded": padded,
+            "mode": mode,
+            "real_tokens": int(lengths.sum()),
+          }
+          try:
+            fn = make_attention(impl, seq, lengths, padded, interpret, blocks)
+            if mode == "fwd+bwd":
+              fn = with_backward(fn, cot)
+            compile_s, median, _ = _time(fn, (q, k, v), warmup, iters)
+            flops = fwd_flops * (3.5 if mode == "fwd+bwd" else 1.0)
+            tflops = flops / median / 1e12
+            row.update(ms=median * 1e3, compile_s=compile_s, tflops=tflops, frac_peak=tflops / peak)
+          except Exception as e:  # noqa: BLE001 (one unavailable impl must not stop the run)
+            row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+          rows.append(row)
+          print(_row_line(row), flush=True)
+  return {
+    "device_kind": device.device_kind,
+    "backend": jax.default_backend(),
+    "jax_version": jax.__version__,
+    "host": platform.node(),
+    "smoke": smoke,
+    "iters": iters,
+    "warmup": warmup,
+    "bertjax_block_sizes": str(blocks or kernels.BlockSizes.get_default()),
+    "matmul_peak_tflops": peak,
+    "flop_formula": "fwd = 4*H*D*sum_b len_b^2 (real tokens only); fwd+bwd = 3.5*fwd",
+    "rows": rows,
+  }
+
+
+def _row_line(row):
+  shape = (
+    f"B={row['batch']} T={row['seq']} H={row['heads']} {'padded' if row['padded'] else 'full'}"
+  )
+  if "error" in row:
+    return f"{row['impl']:>15} {row['mode']:>8} {shape}: {row['error']}"
+  return (
+    f"{row['impl']:>15} {row['mode']:>8} {shape}: {row['ms']:.3f} ms, "
+    f"{row['tflops']:.2f} TFLOP/s ({100 * row['frac_peak']:.1f}% of matmul peak), "
+    f"compile {row['compile_s']:.1f} s"
+  )
+
+
+def markdown(result):
+  lines = [
+    f"# Attention benchmark on {result['device_kind']}",
+    "",
+    (
+      f"jax {result['jax_version']}, bf16, head_dim {HEAD_DIM}; median of {result['iters']} "
+      f"runs; measured bf16 matmul peak {result['matmul_peak_tflops']:.1f} TFLOP/s; "
+      f"FLOPs: {result['flop_formula']}."
+    ),
+    "",
+    "| shape (B x T x H) | batch | mode | impl | ms | TFLOP/s | % peak | compile s |",
+    "|---|---|---|---|---:|---:|---:|---:|",
+  ]
+  for r in result["rows"]:
+    shape = f"{r['batch']} x {r['seq']} x {r['heads']}"
+    kind = "padded" if r["padded"] else "full"
+    if "error" in r:
+      lines.append(
+        f"| {shape} | {kind} | {r['mode']} | {r['impl']} | n/a | | | {r['error'][:60]} |"
+      )
+    else:
+      lines.append(
+        f"| {shape} | {kind} | {r['mode']} | {r['impl']} | {r['ms']:.3f} | "
+        f"{r['tflops']:.2f} | {100 * r['frac_peak']:.1f} | {r['compile_s']:.1f} |"
+      )
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  result = run(args)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  stem = "attention_" + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower()
+  if result["smoke"]:
+    stem += "_smoke"
+  (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+  (out / f"{stem}.md").write_text(markdown(result))
+  print(f"wrote {out / stem}.json and .md")
+
+
+if __name__ == "__main__":
+  main()

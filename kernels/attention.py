@@ -1,0 +1,453 @@
+"""`kernels.attention`: one attention function, several implementations.
+
+* `impl="xla"`: the pure-jnp reference below (einsum + softmax in float32, or float64 when
+  the inputs are float64); the only one that can return the probabilities.
+* `impl="pallas"`: the fused kernels: `kernels.flash_attention` (Triton-style; compiled on
+  GPU) or `kernels.flash_attention_tpu` (Mosaic layout; compiled on TPU), chosen by
+  `kernel_variant` (None: by backend); either runs anywhere in interpret mode. Padding is
+  right padding given by `kv_lengths`; an arbitrary `key_mask` is converted with
+  `kv_lengths = key_mask.sum(-1)`, i.e. pallas ASSUMES a right-padding mask (this cannot be
+  checked under jit; use `impl="xla"` for any other mask).
+* `impl="cudnn"`: `jax.nn.dot_product_attention(..., implementation="cudnn")`, GPU only, for
+  comparison ("scale" head masks only, applied to the output; no segment ids).
+* `impl="auto"`: pallas on GPU and TPU unless probabilities are requested; xla on CPU (and
+  for `attention_with_stats` on TPU, which has no TPU statistics kernel yet).
+
+Note: the package attribute `kernels.attention` is this function, which shadows this module;
+import names from it with `from kernels.attention import ...`.
+
+Query rows that are padding (index >= kv_length, or key_mask False) produce zeros in every
+implementation, so outputs and gradients are finite and comparable across implementations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from kernels import flash_attention as fa
+from kernels import flash_attention_stats as fa_stats
+from kernels import flash_attention_tpu as fa_tpu
+
+IMPLS = ("auto", "xla", "pallas", "cudnn")
+ABLATIONS = ("scale", "uniform")
+
+
+def _compute_dtype(dtype):
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask):
+  """(batch, q, k) bool of allowed keys and (batch, q) bool of real query rows."""
+  k_idx = jnp.arange(seq_k)
+  q_idx = jnp.arange(seq_q)
+  allowed = jnp.ones((batch, seq_q, seq_k), bool)
+  row_real = jnp.ones((batch, seq_q), bool)
+  if kv_lengths is not None:
+    lengths = jnp.asarray(kv_lengths)
+    allowed = allowed & (k_idx[None, None, :] < lengths[:, None, None])
+    row_real = row_real & (q_idx[None, :] < lengths[:, None])
+  if key_mask is not None:
+    key_mask = jnp.asarray(key_mask, bool)
+    allowed = allowed & key_mask[:, None, :]
+    if seq_q == seq_k:
+      row_real = row_real & key_mask
+  if segment_ids is not None:
+    seg = jnp.asarray(segment_ids)
+    allowed = allowed & (seg[:, :, None] == seg[:, None, :])
+  return allowed, row_real
+
+
+def _attention_distributions(
+  q, k, v, *, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale
+):
+  """Softmax A, uniform U, the mixed attention, real-row mask; all (batch, heads, q, k)."""
+  batch, seq_q, heads, head_dim = q.shape
+  seq_k = k.shape[1]
+  dtype = _compute_dtype(q.dtype)
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  allowed, row_real = _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask)
+  allowed = allowed[:, None]  # (B, 1, Tq, Tk)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dtype), k.astype(dtype)) * scale
+  logits = jnp.where(allowed, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnorm = jnp.where(allowed, jnp.exp(logits - jax.lax.stop_gradient(row_max)), 0.0)
+  denom = unnorm.sum(axis=-1, keepdims=True)
+  probs = unnorm / jnp.where(denom > 0, denom, 1.0)  # (B, H, Tq, Tk)
+  count = allowed.sum(axis=-1, keepdims=True).astype(dtype)
+  uniform = allowed.astype(dtype) / jnp.maximum(count, 1.0)
+  xi = jnp.ones((batch, heads), dtype) if head_mask is None else head_mask.astype(dtype)
+  xi = xi[:, :, None, None]  # (B, H, 1, 1)
+  if ablation == "scale":
+    mixed = xi * probs
+    mixing = probs  # the distribution that mixes the values, before scaling
+  else:
+    mixed = xi * probs + (1.0 - xi) * uniform
+    mixing = mixed
+  real = row_real[:, None, :, None]  # (B, 1, Tq, 1)
+  return probs * real, mixed * real, mixing * real, row_real
+
+
+def reference_attention(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  scale=None,
+  return_probs=False,
+):
+  """Pure-jnp attention: the reference every other implementation is tested against.
+
+  Args:
+    q: `(batch, seq_q, heads, head_dim)`.
+    k: `(batch, seq_k, heads, head_dim)`.
+    v: `(batch, seq_k, heads, head_dim)`.
+    kv_lengths: int `(batch,)` or None.
+    segment_ids: int `(batch, seq)` or None (requires seq_q == seq_k).
+    key_mask: bool `(batch, seq_k)` (True = real key) or None.
+    head_mask: float `(batch, heads)` or None (already broadcast).
+    ablation: "scale" or "uniform".
+    scale: logit scale; None means `1 / sqrt(head_dim)`.
+    return_probs: also return the attention actually used, `(batch, heads, seq_q, seq_k)`.
+
+  Returns:
+    out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.
+  """
+  _, mixed, _, _ = _attention_distributions(
+    q,
+    k,
+    v,
+    kv_lengths=kv_lengths,
+    segment_ids=segment_ids,
+    key_mask=key_mask,
+    head_mask=head_mask,
+    ablation=ablation,
+    scale=scale,
+  )
+  out = jnp.einsum("bhqk,bkhd->bqhd", mixed, v.astype(mixed.dtype)).astype(q.dtype)
+  return (out, mixed) if return_probs else out
+
+
+def reference_statistics(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  special_mask=None,
+  scale=None,
+):
+  """Statistics of the full attention maps, averaged over real query rows: `(batch, heads)`."""
+  _, _, p, row_real = _attention_distributions(
+    q,
+    k,
+    v,
+    kv_lengths=kv_lengths,
+    segment_ids=segment_ids,
+    key_mask=key_mask,
+    head_mask=head_mask,
+    ablation=ablation,
+    scale=scale,
+  )
+  p = jax.lax.stop_gradient(p).astype(jnp.float32)  # (B, H, Tq, Tk)
+  seq_q, seq_k = p.shape[-2:]
+  offset = jnp.arange(seq_k)[None, :] - jnp.arange(seq_q)[:, None]  # (Tq, Tk)
+  special = (
+    jnp.zeros((p.shape[0], seq_k))
+    if special_mask is None
+    else jnp.asarray(special_mask, jnp.float32)
+  )
+  per_row = {
+    "entropy": -jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0).sum(-1),
+    "first": p[..., 0],
+    "special": (p * special[:, None, None, :]).sum(-1),
+    "self": jnp.where(offset == 0, p, 0.0).sum(-1),
+    "prev": jnp.where(offset == -1, p, 0.0).sum(-1),
+    "next": jnp.where(offset == 1, p, 0.0).sum(-1),
+  }
+  real = row_real[:, None, :].astype(jnp.float32)  # (B, 1, Tq)
+  denom = jnp.maximum(real.sum(-1), 1.0)
+  return {name: (x * real).sum(-1) / denom for name, x in per_row.items()}
+
+
+def _validate(
+  q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl, special_mask=None
+):
+  """Checks shapes and options before any compute; returns head_mask as (batch, heads)."""
+  if impl not in IMPLS:
+    raise ValueError(f"{impl=} must be one of {IMPLS}")
+  if ablation not in ABLATIONS:
+    raise ValueError(f"{ablation=} must be one of {ABLATIONS}")
+  if q.ndim != 4:
+    raise ValueError(f"{q.shape=} must be (batch, seq, heads, head_dim)")
+  batch, seq, heads, head_dim = q.shape
+  if k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != (heads, head_dim):
+    raise ValueError(
+      f"{k.shape=} and {v.shape=} must be (batch, seq_k, heads, head_dim) matching {q.shape=}"
+    )
+  for name, value in (("q", q), ("k", k), ("v", v)):
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      raise ValueError(f"{name}.dtype={value.dtype} must be floating")
+  if kv_lengths is not None and jnp.shape(kv_lengths) != (batch,):
+    raise ValueError(f"kv_lengths.shape={jnp.shape(kv_lengths)} must be ({batch},)")
+  if segment_ids is not None and (jnp.shape(segment_ids) != (batch, seq) or k.shape[1] != seq):
+    raise ValueError(
+      f"segment_ids.shape={jnp.shape(segment_ids)} must be ({batch}, {seq}) "
+      f"with equal q and k lengths, got {k.shape[1]=}"
+    )
+  if key_mask is not None and jnp.shape(key_mask) != (batch, k.shape[1]):
+    raise ValueError(f"key_mask.shape={jnp.shape(key_mask)} must be ({batch}, {k.shape[1]})")
+  if special_mask is not None and jnp.shape(special_mask) != (batch, k.shape[1]):
+    raise ValueError(
+      f"special_mask.shape={jnp.shape(special_mask)} must be ({batch}, {k.shape[1]})"
+    )
+  if head_mask is None:
+    return None
+  head_mask = jnp.asarray(head_mask)
+  if not jnp.issubdtype(head_mask.dtype, jnp.floating):
+    raise ValueError(f"head_mask.dtype={head_mask.dtype} must be floating")
+  if head_mask.shape == (heads,):
+    return jnp.broadcast_to(head_mask[None, :], (batch, heads))
+  if head_mask.shape == (batch, heads):
+    return head_mask
+  raise ValueError(f"head_mask.shape={head_mask.shape} must be ({heads},) or ({batch}, {heads})")
+
+
+def _resolve_impl(impl, return_probs, stats=False):
+  if impl != "auto":
+    return impl
+  if return_probs:
+    return "xla"
+  backend = jax.default_backend()
+  return "pallas" if backend == "gpu" or (backend == "tpu" and not stats) else "xla"
+
+
+KERNEL_VARIANTS = ("triton", "tpu")
+
+
+def _pallas_variant(interpret, variant, stats=False):
+  """(interpret, variant): None picks by backend; interpret=None means True on CPU."""
+  backend = jax.default_backend()
+  interpret = backend == "cpu" if interpret is None else interpret
+  if variant is None:
+    variant = "tpu" if backend == "tpu" else "triton"
+  if variant not in KERNEL_VARIANTS:
+    raise ValueError(f"{variant=} must be one of {KERNEL_VARIANTS} or None")
+  if not interpret and (backend, variant) not in (("gpu", "triton"), ("tpu", "tpu")):
+    raise ValueError(f"compiled pallas {variant=} cannot run on backend={backend!r}")
+  if stats and variant == "tpu":
+    raise NotImplementedError(
+      "attention_with_stats has no TPU pallas kernel yet: use impl='xla' (or 'auto' on TPU)"
+    )
+  return interpret, variant
+
+
+def _pallas_args(q, k, kv_lengths, key_mask):
+  if k.shape[1] != q.shape[1]:
+    raise ValueError(f"impl='pallas' needs equal q and k lengths, got {q.shape[1]=}, {k.shape[1]=}")
+  if key_mask is not None:
+    # Assumes right padding (documented): the mask's count is the length.
+    mask_lengths = jnp.asarray(key_mask, bool).sum(-1).astype(jnp.int32)
+    kv_lengths = mask_lengths if kv_lengths is None else jnp.minimum(kv_lengths, mask_lengths)
+  return kv_lengths
+
+
+def attention(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  scale=None,
+  return_probs=False,
+  impl="auto",
+  interpret=None,
+  block_sizes=None,
+  backward="pallas",
+  kernel_variant=None,
+):
+  """Multi-head attention on `(batch, seq, heads, head_dim)` inputs.
+
+  Args:
+    q: queries `(batch, seq_q, heads, head_dim)`.
+    k: keys `(batch, seq_k, heads, head_dim)` (seq_k == seq_q for pallas).
+    v: values, shaped like k.
+    kv_lengths: int `(batch,)`: keys at index >= kv_lengths[b] are right padding.
+    segment_ids: int `(batch, seq)`: packed sequences; queries see keys of their segment.
+    key_mask: bool `(batch, seq_k)`, True = real key. Any mask with xla; pallas assumes it is
+      a right-padding mask and uses `key_mask.sum(-1)` as lengths.
+    head_mask: float `(heads,)` or `(batch, heads)`: xi per head, differentiable.
+    ablation: "scale" (out = xi * A V) or "uniform" (A -> xi A + (1 - xi) U).
+    scale: logit scale; None means `1 / sqrt(head_dim)`.
+    return_probs: with impl "xla" (or "auto"), also return the attention used,
+      `(batch, heads, seq_q, seq_k)` (xi * A in scale mode, the mixture in uniform mode).
+    impl: "auto", "xla", "pallas" or "cudnn".
+    interpret: Pallas interpret mode; None means True when the default backend is CPU.
+    block_sizes: `BlockSizes` for pallas; None means the backend default.
+    backward: pallas gradient: "pallas" (fused kernels) or "reference" (vjp of xla; Triton
+      variant only).
+    kernel_variant: pallas kernels: "triton", "tpu", or None (by backend).
+
+  Returns:
+    `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)` with return_probs.
+    Padded query rows are zero.
+  """
+  head_mask = _validate(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl)
+  impl = _resolve_impl(impl, return_probs)
+  if return_probs and impl != "xla":
+    raise ValueError(f"return_probs=True needs impl='xla' (or 'auto'), got {impl=}")
+  if backward not in ("pallas", "reference"):
+    raise ValueError(f"{backward=} must be 'pallas' or 'reference'")
+  if impl == "xla":
+    return reference_attention(
+      q,
+      k,
+      v,
+      kv_lengths=kv_lengths,
+      segment_ids=segment_ids,
+      key_mask=key_mask,
+      head_mask=head_mask,
+      ablation=ablation,
+      scale=scale,
+      return_probs=return_probs,
+    )
+  if impl == "cudnn":
+    return _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale)
+  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+  interpret, variant = _pallas_variant(interpret, kernel_variant)
+  kwargs = {
+    "kv_lengths": kv_lengths,
+    "segment_ids": segment_ids,
+    "head_mask": head_mask,
+    "ablation": ablation,
+    "scale": scale,
+    "block_sizes": block_sizes,
+    "interpret": interpret,
+  }
+  if variant == "tpu":
+    if backward != "pallas":
+      raise ValueError(f"{backward=} is not available for the TPU kernels, only 'pallas'")
+    return fa_tpu.flash_attention_tpu(q, k, v, **kwargs)
+  return fa.flash_attention(q, k, v, backward=backward, **kwargs)
+
+
+def _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale):
+  if jax.default_backend() != "gpu":
+    raise ValueError(f"impl='cudnn' needs a GPU, the backend is {jax.default_backend()!r}")
+  if ablation != "scale" and head_mask is not None:
+    raise ValueError(f"impl='cudnn' supports only ablation='scale' head masks, got {ablation=}")
+  if segment_ids is not None:
+    raise ValueError("impl='cudnn' does not support segment_ids; use 'pallas' or 'xla'")
+  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+  lengths = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+  out = jax.nn.dot_product_attention(
+    q,
+    k,
+    v,
+    scale=scale,
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation="cudnn",
+  )
+  if lengths is not None:
+    real = jnp.arange(q.shape[1])[None, :] < lengths[:, None]  # (B, T)
+    out = jnp.where(real[:, :, None, None], out, 0)
+  if head_mask is not None:
+    out = out * head_mask[:, None, :, None].astype(out.dtype)
+  return out
+
+
+def attention_with_stats(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  special_mask=None,
+  scale=None,
+  impl="auto",
+  interpret=None,
+  block_sizes=None,
+  kernel_variant=None,
+):
+  """Attention output plus per-head statistics of the attention, without T x T maps (pallas).
+
+  The statistics describe the distribution that mixes the values (the softmax A before
+  scaling in "scale" mode; `xi A + (1 - xi) U` in "uniform" mode), per query row, averaged
+  over the real query rows (index < kv_length): "entropy" (nats), "first" (mass on key 0,
+  [CLS]), "special" (mass on keys where `special_mask` is True; zeros without it), "self"
+  (key == query), "prev" (key == query - 1), "next" (key == query + 1). They are not
+  differentiable.
+
+  Args: as `attention`, plus `special_mask` bool `(batch, seq)`.
+
+  Returns:
+    `(out, stats)`: out `(batch, seq, heads, head_dim)`; stats a dict of float32
+    `(batch, heads)` arrays.
+  """
+  head_mask = _validate(
+    q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl, special_mask
+  )
+  impl = _resolve_impl(impl, False, stats=True)
+  if impl == "cudnn":
+    raise ValueError("attention_with_stats supports impl 'xla' and 'pallas', got impl='cudnn'")
+  if impl == "xla":
+    out = reference_attention(
+      q,
+      k,
+      v,
+      kv_lengths=kv_lengths,
+      segment_ids=segment_ids,
+      key_mask=key_mask,
+      head_mask=head_mask,
+      ablation=ablation,
+      scale=scale,
+    )
+    stats = reference_statistics(
+      q,
+      k,
+      v,
+      kv_lengths=kv_lengths,
+      segment_ids=segment_ids,
+      key_mask=key_mask,
+      head_mask=head_mask,
+      ablation=ablation,
+      special_mask=special_mask,
+      scale=scale,
+    )
+    return out, stats
+  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+  interpret, _ = _pallas_variant(interpret, kernel_variant, stats=True)
+  return fa_stats.attention_statistics_pallas(
+    q,
+    k,
+    v,
+    kv_lengths=kv_lengths,
+    segment_ids=segment_ids,
+    head_mask=head_mask,
+    ablation=ablation,
+    special_mask=special_mask,
+    scale=scale,
+    block_sizes=block_sizes,
+    interpret=interpret,
+  )

@@ -1,0 +1,587 @@
+"""Fused (flash) attention in Pallas with padding, packing, head ablation and statistics.
+
+Layout follows `jax.nn.dot_product_attention`: q, k, v are `(batch, seq, heads, head_dim)`.
+The grid runs over `(batch, heads, q-blocks)`; each program keeps its query block on chip
+and loops over key blocks (Triton style). Per sequence only `cdiv(kv_length, block_k)` key
+blocks are visited: blocks past a sequence's length are skipped, not masked, in the
+forward and in both backward kernels. Query rows at or past `kv_length` are padding and
+produce zeros (so their gradients are zero too).
+
+Head ablation with `xi` of shape `(batch, heads)` is applied in the epilogue:
+
+* `"scale"` (Michel et al. 2019): `out = xi * (A @ V)`.
+* `"uniform"` (Kovaleva et al. 2019): `out = xi * (A @ V) + (1 - xi) * mean(V over allowed
+  keys)`, i.e. the attention is `xi * A + (1 - xi) * U`; the sum of V over the allowed keys
+  is accumulated alongside the softmax.
+
+Both are exact and differentiable with respect to q, k, v and xi (`jax.custom_vjp` with a
+Pallas backward: one small kernel for `delta = dO . O` and `d xi`, one kernel for dk/dv
+looping over query blocks, one for dq looping over key blocks).
+
+`kernels.flash_attention_stats.attention_statistics_pallas` runs a second pass over the keys
+that reuses the forward's log-sum-exp and reduces each query row's attention distribution
+to scalars (entropy, mass on [CLS], on special tokens, on self, previous and next token)
+without writing a T x T map.
+
+The kernels target the Triton lowering on GPU (compiled calls always pass Triton compiler
+params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
+mode. Inputs are padded to a multiple of the blocks along the sequence and to a power of two
+(>= 16) along head_dim. A TPU (Mosaic) variant is not written yet: `kernels.attention`
+refuses compiled pallas on TPU with a clear error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+# Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+STAT_NAMES = ("entropy", "first", "special", "self", "prev", "next")
+
+Ablation = Literal["scale", "uniform"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Static tile sizes of the attention kernels.
+
+  Attributes:
+    block_q: query rows per program in the forward and statistics kernels.
+    block_k: keys per loop step in the forward and statistics kernels.
+    block_q_bwd: query rows per step in the backward kernels.
+    block_k_bwd: keys per step in the backward kernels.
+    num_warps: Triton warps per program (GPU only; None picks by head_dim).
+    num_stages: Triton software pipelining stages (GPU only).
+  """
+
+  block_q: int = 64
+  block_k: int = 64
+  block_q_bwd: int = 64
+  block_k_bwd: int = 64
+  num_warps: int | None = None
+  num_stages: int = 2
+
+  def __post_init__(self):
+    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+      value = getattr(self, name)
+      if value < 16 or value & (value - 1):
+        raise ValueError(f"BlockSizes.{name}={value} must be a power of two >= 16")
+
+  @classmethod
+  def get_default(cls, backend: str | None = None) -> BlockSizes:
+    """Default block sizes for `backend` ("gpu", "tpu", "cpu"; None: the default backend)."""
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm"):
+      return cls(block_q=64, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
+    if backend == "tpu":
+      return cls(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=128)
+    # CPU interpret mode: small tiles keep the emulated loops short for short sequences.
+    return cls(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32)
+
+  def clipped(self, seq_len: int) -> BlockSizes:
+    """Shrinks blocks to the next power of two >= seq_len (at least 16)."""
+    cap = max(16, pl.next_power_of_2(seq_len))
+    return dataclasses.replace(
+      self,
+      block_q=min(self.block_q, cap),
+      block_k=min(self.block_k, cap),
+      block_q_bwd=min(self.block_q_bwd, cap),
+      block_k_bwd=min(self.block_k_bwd, cap),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Static configuration shared by the forward and backward kernels."""
+
+  scale: float
+  ablation: str
+  block_sizes: BlockSizes
+  has_segments: bool
+  interpret: bool
+  backward: str  # "pallas" | "reference"
+
+  @property
+  def uniform(self) -> bool:
+    return self.ablation == "uniform"
+
+
+def _dot(a, b, *, trans_a=False, trans_b=False):
+  """2-D matmul with float32 accumulation; float32 inputs use full (IEEE) precision."""
+  if a.dtype != b.dtype:
+    a = a.astype(b.dtype)
+  dims = (((0,) if trans_a else (1,), (1,) if trans_b else (0,)), ((), ()))
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _slice(start, size):
+  return pl.ds(pl.multiple_of(start, size), size)
+
+
+def _allowed(q_idx, k_idx, length, seg_q, seg_k):
+  """(bq, bk) bool: key is real (index < length) and, when packed, in the query's segment."""
+  mask = (k_idx < length)[None, :]
+  if seg_q is not None:
+    mask = mask & (seg_q[:, None] == seg_k[None, :])
+  return jnp.broadcast_to(mask, (q_idx.shape[0], k_idx.shape[0]))
+
+
+def _pallas_call(kernel, cfg: _Config, head_dim: int, **kwargs):
+  """pl.pallas_call with Triton compiler params when compiled (JAX's GPU default is Mosaic)."""
+  compiler_params = None
+  if not cfg.interpret:
+    from jax.experimental.pallas import triton as plgpu  # GPU-only module, imported lazily
+
+    num_warps = cfg.block_sizes.num_warps or (4 if head_dim <= 64 else 8)
+    compiler_params = plgpu.CompilerParams(
+      num_warps=num_warps, num_stages=cfg.block_sizes.num_stages
+    )
+  return pl.pallas_call(kernel, interpret=cfg.interpret, compiler_params=compiler_params, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# Forward.
+
+
+def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
+  """One (batch, head, q-block) program: online softmax over the sequence's key blocks."""
+  refs = list(refs)
+  q_ref, k_ref, v_ref, len_ref, xi_ref = refs[:5]
+  refs = refs[5:]
+  segq_ref = segk_ref = None
+  if cfg.has_segments:
+    segq_ref, segk_ref = refs[:2]
+    refs = refs[2:]
+  o_ref = refs.pop(0)
+  block_q, head_dim = q_ref.shape
+  block_k = cfg.block_sizes.block_k
+  length = len_ref[()]
+  xi = xi_ref[()]
+  q_start = pl.program_id(2) * block_q
+  q_idx = q_start + jnp.arange(block_q)
+  q = q_ref[...]
+  seg_q = segq_ref[...] if cfg.has_segments else None
+
+  def body(j, carry):
+    acc, m_prev, l_prev = carry[:3]
+    k_slice = _slice(j * block_k, block_k)
+    k_idx = j * block_k + jnp.arange(block_k)
+    seg_k = segk_ref[k_slice] if cfg.has_segments else None
+    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k)
+    s = _dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale  # (bq, bk)
+    s = jnp.where(allowed, s, MASK_VALUE)
+    m_next = jnp.maximum(m_prev, s.max(axis=-1))
+    correction = jnp.exp(m_prev - m_next)
+    p = jnp.where(allowed, jnp.exp(s - m_next[:, None]), 0.0)
+    v = v_ref[k_slice, :]
+    acc = acc * correction[:, None] + _dot(p, v)
+    l_next = l_prev * correction + p.sum(axis=-1)
+    if not cfg.uniform:
+      return acc, m_next, l_next
+    # Uniform ablation: the sum of V and the count over the allowed keys, per query row.
+    vsum, count = carry[3:]
+    vsum = vsum + _dot(allowed.astype(jnp.float32), v)
+    count = count + allowed.astype(jnp.float32).sum(axis=-1)
+    return acc, m_next, l_next, vsum, count
+
+  zeros_row = jnp.zeros((block_q,), jnp.float32)
+  zeros_tile = jnp.zeros((block_q, head_dim), jnp.float32)
+  init = (zeros_tile, zeros_row + MASK_VALUE, zeros_row)
+  if cfg.uniform:
+    init += (zeros_tile, zeros_row)
+  # Query blocks wholly past the length and key blocks past it are skipped.
+  num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
+  acc, m, l, *uniform_sums = lax.fori_loop(0, num_k, body, init)
+
+  row_real = (q_idx < length)[:, None]
+  o_attn = jnp.where(row_real & (l[:, None] > 0), acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
+  out = xi * o_attn
+  if cfg.uniform:
+    vsum, count = uniform_sums
+    v_mean = jnp.where(row_real, vsum / jnp.maximum(count, 1.0)[:, None], 0.0)
+    out = out + (1.0 - xi) * v_mean
+  o_ref[...] = out.astype(o_ref.dtype)
+  if with_residuals:
+    lse_ref, oa_ref = refs[:2]
+    lse_ref[...] = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), 0.0)
+    oa_ref[...] = o_attn.astype(oa_ref.dtype)
+    if cfg.uniform:
+      vmean_ref, count_ref = refs[2:4]
+      vmean_ref[...] = v_mean
+      count_ref[...] = count
+
+
+def _common_specs(cfg: _Config, seq_pad: int, head_dim: int, block_q: int):
+  """BlockSpecs of (q, k, v, lengths, xi[, seg_q, seg_k]) on a (batch, heads, q-blocks) grid."""
+  q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+  kv_spec = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  specs = [
+    q_spec,
+    kv_spec,
+    kv_spec,
+    pl.BlockSpec((None,), lambda b, h, i: (b,)),
+    pl.BlockSpec((None, None), lambda b, h, i: (b, h)),
+  ]
+  if cfg.has_segments:
+    specs += [
+      pl.BlockSpec((None, block_q), lambda b, h, i: (b, i)),
+      pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
+    ]
+  return specs
+
+
+def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool):
+  batch, seq_pad, heads, head_dim = q.shape
+  block_q = cfg.block_sizes.block_q
+  grid = (batch, heads, seq_pad // block_q)
+  in_specs = _common_specs(cfg, seq_pad, head_dim, block_q)
+  args = [q, k, v, lengths, xi] + ([seg, seg] if cfg.has_segments else [])
+  row_spec = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
+  tile_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+  out_specs = [tile_spec]
+  if with_residuals:
+    rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
+    out_shape += [rows, jax.ShapeDtypeStruct(q.shape, q.dtype)]  # lse, o_attn
+    out_specs += [row_spec, tile_spec]
+    if cfg.uniform:
+      out_shape += [jax.ShapeDtypeStruct(q.shape, jnp.float32), rows]  # v_mean, count
+      out_specs += [tile_spec, row_spec]
+  kernel = functools.partial(_fwd_kernel, cfg=cfg, with_residuals=with_residuals)
+  return _pallas_call(
+    kernel,
+    cfg,
+    head_dim,
+    grid=grid,
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    name="bertjax_attention_fwd",
+  )(*args)
+
+
+# ----------------------------------------------------------------------------------------
+# Backward.
+
+
+def _bwd_pre_kernel(*refs, cfg: _Config):
+  """delta_i = dO_i . O_attn_i and the per-row contribution to d xi."""
+  if cfg.uniform:
+    do_ref, oa_ref, vmean_ref, len_ref, delta_ref, dxi_ref = refs
+  else:
+    do_ref, oa_ref, len_ref, delta_ref, dxi_ref = refs
+  block_q = do_ref.shape[0]
+  q_idx = pl.program_id(2) * block_q + jnp.arange(block_q)
+  row_real = q_idx < len_ref[()]
+  do = do_ref[...].astype(jnp.float32)
+  oa = oa_ref[...].astype(jnp.float32)
+  delta = jnp.where(row_real, (do * oa).sum(axis=-1), 0.0)
+  delta_ref[...] = delta
+  if cfg.uniform:
+    dxi = jnp.where(row_real, (do * (oa - vmean_ref[...])).sum(axis=-1), 0.0)
+  else:
+    dxi = delta
+  dxi_ref[...] = dxi
+
+
+def _dkv_kernel(*refs, cfg: _Config):
+  """One (batch, head, k-block) program: loops over the real query blocks for dK, dV."""
+  refs = list(refs)
+  q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
+  refs = refs[8:]
+  segq_ref = segk_ref = coef_ref = None
+  if cfg.has_segments:
+    segq_ref, segk_ref = refs[:2]
+    refs = refs[2:]
+  if cfg.uniform:
+    coef_ref = refs.pop(0)
+  dk_ref, dv_ref = refs
+  block_k, head_dim = k_ref.shape
+  block_q = cfg.block_sizes.block_q_bwd
+  length = len_ref[()]
+  xi = xi_ref[()]
+  k_start = pl.program_id(2) * block_k
+  k_idx = k_start + jnp.arange(block_k)
+  k = k_ref[...]
+  v = v_ref[...]
+  seg_k = segk_ref[...] if cfg.has_segments else None
+
+  def body(i, carry):
+    dk, dv = carry
+    q_slice = _slice(i * block_q, block_q)
+    q_idx = i * block_q + jnp.arange(block_q)
+    seg_q = segq_ref[q_slice] if cfg.has_segments else None
+    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k) & (q_idx < length)[:, None]
+    q = q_ref[q_slice, :]
+    do = do_ref[q_slice, :]
+    s = _dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
+    p = jnp.where(allowed, jnp.exp(s - lse_ref[q_slice][:, None]), 0.0)
+    # The attention that mixes V: xi * A (+ (1 - xi) / n_i on allowed keys in uniform mode).
+    p_mix = xi * p
+    if cfg.uniform:
+      p_mix = p_mix + jnp.where(allowed, coef_ref[q_slice][:, None], 0.0)
+    dv = dv + _dot(p_mix, do, trans_a=True)
+    dp = _dot(do, v, trans_b=True)  # (bq, bk)
+    ds = p * (dp - delta_ref[q_slice][:, None])
+    dk = dk + _dot(ds, q, trans_a=True)
+    return dk, dv
+
+  zeros = jnp.zeros((block_k, head_dim), jnp.float32)
+  num_q = jnp.where(k_start < length, pl.cdiv(length, block_q), 0)
+  dk, dv = lax.fori_loop(0, num_q, body, (zeros, zeros))
+  dk_ref[...] = (dk * (xi * cfg.scale)).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(*refs, cfg: _Config):
+  """One (batch, head, q-block) program: loops over the real key blocks for dQ."""
+  refs = list(refs)
+  q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
+  refs = refs[8:]
+  segq_ref = segk_ref = None
+  if cfg.has_segments:
+    segq_ref, segk_ref = refs[:2]
+    refs = refs[2:]
+  (dq_ref,) = refs
+  block_q, head_dim = q_ref.shape
+  block_k = cfg.block_sizes.block_k_bwd
+  length = len_ref[()]
+  xi = xi_ref[()]
+  q_start = pl.program_id(2) * block_q
+  q_idx = q_start + jnp.arange(block_q)
+  q = q_ref[...]
+  do = do_ref[...]
+  lse = lse_ref[...]
+  delta = delta_ref[...]
+  seg_q = segq_ref[...] if cfg.has_segments else None
+  row_real = (q_idx < length)[:, None]
+
+  def body(j, dq):
+    k_slice = _slice(j * block_k, block_k)
+    k_idx = j * block_k + jnp.arange(block_k)
+    seg_k = segk_ref[k_slice] if cfg.has_segments else None
+    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k) & row_real
+    k = k_ref[k_slice, :]
+    s = _dot(q, k, trans_b=True) * cfg.scale
+    p = jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
+    dp = _dot(do, v_ref[k_slice, :], trans_b=True)
+    ds = p * (dp - delta[:, None])
+    return dq + _dot(ds, k)
+
+  num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
+  dq = lax.fori_loop(0, num_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
+  dq_ref[...] = (dq * (xi * cfg.scale)).astype(dq_ref.dtype)
+
+
+def _bwd_call(cfg: _Config, residuals, dout):
+  q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count = residuals
+  batch, seq_pad, heads, head_dim = q.shape
+  bs = cfg.block_sizes
+  seg_args = [seg, seg] if cfg.has_segments else []
+  row_q = pl.BlockSpec((None, None, bs.block_q_bwd), lambda b, h, i: (b, h, i))
+  tile_q = pl.BlockSpec((None, bs.block_q_bwd, None, head_dim), lambda b, h, i: (b, i, h, 0))
+  len_spec = pl.BlockSpec((None,), lambda b, h, i: (b,))
+  xi_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
+  rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
+
+  # 1) delta and d xi per row.
+  pre_args = [dout, o_attn] + ([v_mean] if cfg.uniform else []) + [lengths]
+  pre_specs = [tile_q, tile_q] + ([tile_q] if cfg.uniform else []) + [len_spec]
+  delta, dxi_rows = _pallas_call(
+    functools.partial(_bwd_pre_kernel, cfg=cfg),
+    cfg,
+    head_dim,
+    grid=(batch, heads, seq_pad // bs.block_q_bwd),
+    in_specs=pre_specs,
+    out_specs=[row_q, row_q],
+    out_shape=[rows, rows],
+    name="bertjax_attention_bwd_pre",
+  )(*pre_args)
+  dxi = dxi_rows.sum(axis=-1)
+
+  # 2) dK, dV: grid over key blocks, loop over query blocks.
+  full_tile = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, j: (b, 0, h, 0))
+  tile_k = pl.BlockSpec((None, bs.block_k_bwd, None, head_dim), lambda b, h, j: (b, j, h, 0))
+  full_row = pl.BlockSpec((None, None, seq_pad), lambda b, h, j: (b, h, 0))
+  dkv_specs = [full_tile, tile_k, tile_k, full_tile, full_row, full_row, len_spec, xi_spec]
+  dkv_args = [q, k, v, dout, lse, delta, lengths, xi] + seg_args
+  if cfg.has_segments:
+    dkv_specs += [
+      pl.BlockSpec((None, seq_pad), lambda b, h, j: (b, 0)),
+      pl.BlockSpec((None, bs.block_k_bwd), lambda b, h, j: (b, j)),
+    ]
+  if cfg.uniform:
+    # (1 - xi) / n_i: the uniform part's weight on each allowed key of real query row i.
+    coef = jnp.where(count > 0, (1.0 - xi)[:, :, None] / jnp.maximum(count, 1.0), 0.0)
+    dkv_args.append(coef)
+    dkv_specs.append(full_row)
+  dk, dv = _pallas_call(
+    functools.partial(_dkv_kernel, cfg=cfg),
+    cfg,
+    head_dim,
+    grid=(batch, heads, seq_pad // bs.block_k_bwd),
+    in_specs=dkv_specs,
+    out_specs=[tile_k, tile_k],
+    out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+    name="bertjax_attention_bwd_dkv",
+  )(*dkv_args)
+
+  # 3) dQ: grid over query blocks, loop over key blocks.
+  full_kv = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  dq_specs = [tile_q, full_kv, full_kv, tile_q, row_q, row_q, len_spec, xi_spec]
+  if cfg.has_segments:
+    dq_specs += [
+      pl.BlockSpec((None, bs.block_q_bwd), lambda b, h, i: (b, i)),
+      pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
+    ]
+  dq = _pallas_call(
+    functools.partial(_dq_kernel, cfg=cfg),
+    cfg,
+    head_dim,
+    grid=(batch, heads, seq_pad // bs.block_q_bwd),
+    in_specs=dq_specs,
+    out_specs=tile_q,
+    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    name="bertjax_attention_bwd_dq",
+  )(q, k, v, dout, lse, delta, lengths, xi, *seg_args)
+  return dq, dk, dv, dxi.astype(xi.dtype)
+
+
+# ----------------------------------------------------------------------------------------
+# custom_vjp wrapper on padded inputs.
+
+
+def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi):
+  from kernels.attention import reference_attention  # pylint: disable=g-import-not-at-top
+
+  return reference_attention(
+    q,
+    k,
+    v,
+    kv_lengths=lengths,
+    segment_ids=seg,
+    head_mask=xi,
+    ablation=cfg.ablation,
+    scale=cfg.scale,
+  )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(cfg: _Config, q, k, v, lengths, seg, xi):
+  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False)
+  return out
+
+
+def _flash_fwd(cfg: _Config, q, k, v, lengths, seg, xi):
+  out, lse, o_attn, *uniform_res = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=True)
+  v_mean, count = uniform_res if cfg.uniform else (None, None)
+  return out, (q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count)
+
+
+def _flash_bwd(cfg: _Config, residuals, dout):
+  q, k, v, lengths, seg, xi = residuals[:6]
+  if cfg.backward == "reference":
+    _, vjp = jax.vjp(
+      lambda q_, k_, v_, xi_: _reference_padded(cfg, q_, k_, v_, lengths, seg, xi_), q, k, v, xi
+    )
+    dq, dk, dv, dxi = vjp(dout)
+  else:
+    dq, dk, dv, dxi = _bwd_call(cfg, residuals, dout)
+  return dq, dk, dv, None, None, dxi
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _prepare(q, k, v, kv_lengths, segment_ids, head_mask, block_sizes, *extra_rows):
+  """Pads the sequence to a multiple of every block and fills defaults."""
+  batch, seq, heads, _ = q.shape
+  bs = block_sizes.clipped(seq)
+  multiple = max(bs.block_q, bs.block_k, bs.block_q_bwd, bs.block_k_bwd)
+  seq_pad = pl.cdiv(seq, multiple) * multiple
+  lengths = (
+    jnp.full((batch,), seq, jnp.int32)
+    if kv_lengths is None
+    else jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, seq)
+  )
+  xi = jnp.ones((batch, heads), jnp.float32) if head_mask is None else head_mask
+
+  def pad_seq(x):
+    if x is None or seq_pad == seq:
+      return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, seq_pad - seq)
+    return jnp.pad(x, widths)
+
+  seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+  padded = [pad_seq(x) for x in (q, k, v, seg, *extra_rows)]
+  return bs, seq_pad, lengths, xi, padded
+
+
+def _pad_head_dim(x):
+  """Zero-pads head_dim to a power of two >= 16 (Triton tiles); zeros change no logit."""
+  head_dim = x.shape[-1]
+  padded = max(16, pl.next_power_of_2(head_dim))
+  if padded == head_dim:
+    return x
+  return jnp.pad(x, [(0, 0)] * 3 + [(0, padded - head_dim)])
+
+
+def flash_attention(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  head_mask=None,
+  ablation: Ablation = "scale",
+  scale: float | None = None,
+  block_sizes: BlockSizes | None = None,
+  interpret: bool = False,
+  backward: str = "pallas",
+):
+  """Fused attention on `(batch, seq, heads, head_dim)` inputs (validated by the caller).
+
+  Args:
+    q: queries `(batch, seq, heads, head_dim)`; k and v have the same shape.
+    k: keys.
+    v: values.
+    kv_lengths: int `(batch,)` real lengths (right padding); None means full length.
+    segment_ids: int `(batch, seq)` packed-sequence ids, or None.
+    head_mask: float `(batch, heads)` xi, or None (all ones).
+    ablation: "scale" or "uniform" (see the module docstring).
+    scale: logit scale; None means `1 / sqrt(head_dim)`.
+    block_sizes: tile sizes; None means `BlockSizes.get_default()`.
+    interpret: run the kernels in Pallas interpret mode.
+    backward: "pallas" (default) or "reference" (`jax.vjp` of the pure-jnp reference).
+
+  Returns:
+    `(batch, seq, heads, head_dim)` in the dtype of q; rows at or past kv_length are zero.
+  """
+  seq, head_dim = q.shape[1], q.shape[3]
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  block_sizes = block_sizes or BlockSizes.get_default()
+  q, k, v = (_pad_head_dim(x) for x in (q, k, v))
+  bs, _, lengths, xi, (qp, kp, vp, seg) = _prepare(
+    q, k, v, kv_lengths, segment_ids, head_mask, block_sizes
+  )
+  cfg = _Config(
+    scale=scale,
+    ablation=ablation,
+    block_sizes=bs,
+    has_segments=segment_ids is not None,
+    interpret=interpret,
+    backward=backward,
+  )
+  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32))
+  return out[:, :seq, :, :head_dim]
