@@ -1,0 +1,639 @@
+"""Head and layer ablation, head importance, iterative pruning and attention overrides.
+
+Everything here is a function of `(params, config, batches, metric_fn)`:
+
+* A **batch** is a mapping (or a dataclass such as `bertjax.Batch`) with
+  `input_ids` (B, T) and optionally `attention_mask`, `token_type_ids` and any
+  extra arrays a metric needs (`labels` ...). Padding must be right padding.
+* A **metric function** `metric_fn(params, config, batch, last_hidden_state,
+  pooled) -> (total, count)` is pure JAX; totals and counts are summed over
+  batches and the reported value is `sum(total) / sum(count)`. It is a static
+  argument of `jax.jit`, so pass the same function object each time (a
+  module-level function, not a fresh lambda) to reuse compilations. The batch it
+  receives also holds `BASELINE_KEY`: the unablated last hidden state, so a
+  metric can compare an ablated model with the intact one
+  (`mean_embedding_cosine`).
+
+Ablation sweeps (Michel et al. 2019; Kovaleva et al. 2019) vectorise over masks
+with `jax.vmap`, chunked by `jax.lax.map(..., batch_size=chunk_size)` so memory
+stays bounded, and reuse the unablated computation below the ablated layer:
+every mask whose first modified block is `l` starts from the stored input of
+block `l` of the intact forward pass. Head importance is `jax.grad` of the loss
+with respect to the head mask; overrides (Raganato et al. 2020) replace chosen
+heads' attention with fixed positional patterns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import kernels
+from bertjax.config import BertConfig
+from bertjax.functional import BertOutput, embed, pool, run_layers
+from bertjax.model import activation, compute_dtype
+
+Params = dict[str, Any]
+MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
+MODES = ("scale", "uniform")
+STRATEGIES = ("prefix", "vmap", "loop")
+BASELINE_KEY = "baseline_last_hidden_state"
+
+
+# Batches --------------------------------------------------------------------
+
+
+def as_batch(batch) -> dict[str, jax.Array]:
+  """A batch as a dict of arrays with `input_ids`, `attention_mask` and `token_type_ids`."""
+  if dataclasses.is_dataclass(batch):
+    batch = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+  if not isinstance(batch, Mapping):
+    raise TypeError(f"a batch must be a mapping or a dataclass, got {type(batch).__name__}")
+  if "input_ids" not in batch:
+    raise ValueError(f"a batch needs 'input_ids'; got keys {sorted(batch)}")
+  ids = np.asarray(batch["input_ids"])
+  if ids.ndim != 2:
+    raise ValueError(f"input_ids must be (batch, seq); got shape {ids.shape}")
+  out = {k: jnp.asarray(v) for k, v in batch.items()
+         if v is not None and k != BASELINE_KEY and isinstance(v, (np.ndarray, jax.Array))}
+  if batch.get("attention_mask") is None:
+    out["attention_mask"] = jnp.ones(ids.shape, jnp.int32)
+  if batch.get("token_type_ids") is None:
+    out["token_type_ids"] = jnp.zeros(ids.shape, jnp.int32)
+  return out
+
+
+def _check_masks(config: BertConfig, head_masks, layer_masks):
+  head_masks = np.asarray(head_masks, np.float32)
+  shape = (config.depth, config.num_attention_heads)
+  if head_masks.ndim != 3 or head_masks.shape[1:] != shape:
+    raise ValueError(f"head_masks shape {head_masks.shape} must be (masks, layers, heads)="
+                     f"(M, {shape[0]}, {shape[1]})")
+  if layer_masks is None:
+    layer_masks = np.ones(head_masks.shape[:2], np.float32)
+  layer_masks = np.asarray(layer_masks, np.float32)
+  if layer_masks.shape != head_masks.shape[:2]:
+    raise ValueError(f"layer_masks shape {layer_masks.shape} must be (masks, layers)="
+                     f"{head_masks.shape[:2]}")
+  return head_masks, layer_masks
+
+
+def first_modified_layer(head_masks, layer_masks=None) -> np.ndarray:
+  """(M,) index of the first block a mask changes (`depth` for an all-ones mask)."""
+  head_masks = np.asarray(head_masks)
+  changed = (head_masks != 1).any(-1)  # (M, depth)
+  if layer_masks is not None:
+    changed |= np.asarray(layer_masks) != 1
+  depth = head_masks.shape[1]
+  return np.where(changed.any(-1), changed.argmax(-1), depth)
+
+
+# Metrics --------------------------------------------------------------------
+
+
+def classification_loss(params, config, batch, last_hidden_state, pooled):
+  """Cross-entropy of the `classifier` head on `batch["labels"]` (B,): (sum, count)."""
+  from bertjax.functional import classify
+
+  logits = classify(params, config, pooled).astype(jnp.float32 if config.dtype != "float64"
+                                                    else jnp.float64)
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, batch["labels"][:, None].astype(jnp.int32), -1)[:, 0]
+  return nll.sum(), jnp.asarray(nll.shape[0], nll.dtype)
+
+
+def classification_accuracy(params, config, batch, last_hidden_state, pooled):
+  """Accuracy of the `classifier` head on `batch["labels"]` (B,): (correct, count)."""
+  from bertjax.functional import classify
+
+  pred = classify(params, config, pooled).argmax(-1)
+  correct = (pred == batch["labels"]).astype(jnp.float32)
+  return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
+
+
+def mlm_loss(params, config, batch, last_hidden_state, pooled):
+  """Masked-LM cross-entropy on `batch["labels"]` (B, T), -100 = not predicted: (sum, count)."""
+  from bertjax.functional import mlm_logits
+
+  labels = batch["labels"].astype(jnp.int32)
+  logits = mlm_logits(params, config, last_hidden_state)
+  logp = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)))
+  keep = labels >= 0
+  nll = -jnp.take_along_axis(logp, jnp.where(keep, labels, 0)[..., None], -1)[..., 0]
+  return jnp.where(keep, nll, 0).sum(), keep.sum().astype(nll.dtype)
+
+
+def token_reconstruction_loss(params, config, batch, last_hidden_state, pooled):
+  """Cross-entropy of each real input token from its own final state: (sum, count).
+
+  Logits are the final hidden state times the word-embedding matrix (the tied
+  decoder without the MLM transform), so it needs no task head: a
+  self-supervised, differentiable loss for checkpoints without an MLM head
+  (sentence encoders). Needs `embedding_size == hidden_size`.
+  """
+  word = params["embeddings"]["word_embeddings"]["embedding"]
+  if word.shape[-1] != last_hidden_state.shape[-1]:
+    raise ValueError(f"word embeddings width {word.shape[-1]} != hidden width "
+                     f"{last_hidden_state.shape[-1]} (ALBERT); use mlm_loss")
+  dtype = jnp.promote_types(last_hidden_state.dtype, jnp.float32)
+  logits = jnp.einsum("bth,vh->btv", last_hidden_state, word.astype(last_hidden_state.dtype))
+  logp = jax.nn.log_softmax(logits.astype(dtype))
+  nll = -jnp.take_along_axis(logp, batch["input_ids"][..., None].astype(jnp.int32), -1)[..., 0]
+  keep = batch["attention_mask"] > 0
+  return jnp.where(keep, nll, 0).sum(), keep.sum().astype(dtype)
+
+
+def _mean_pool(hidden, mask):
+  m = mask.astype(hidden.dtype)[..., None]
+  return (hidden * m).sum(1) / jnp.maximum(m.sum(1), 1)
+
+
+def mean_embedding_cosine(params, config, batch, last_hidden_state, pooled):
+  """Cosine of the mean-pooled sentence embedding to the unablated one: (sum, count).
+
+  Needs no task head (a sentence-transformers style metric); 1 means unchanged.
+  """
+  mask = batch["attention_mask"]
+  a = _mean_pool(last_hidden_state.astype(jnp.float32), mask)
+  b = _mean_pool(batch[BASELINE_KEY].astype(jnp.float32), mask)
+  cos = (a * b).sum(-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-12)
+  return cos.sum(), jnp.asarray(cos.shape[0], jnp.float32)
+
+
+# Evaluating many masks -------------------------------------------------------
+
+
+def _metric(params, config, batch, last, metric_fn):
+  total, count = metric_fn(params, config, batch, last, pool(params, config, last))
+  return jnp.asarray(total), jnp.asarray(count)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn"))
+def _baseline(params, config, batch, *, metric_fn):
+  """Intact forward: block inputs (depth + 1, B, T, H), last state, metric."""
+  x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+  last, hidden, _ = run_layers(params, config, x, batch["attention_mask"],
+                               output_hidden_states=True)
+  inputs = jnp.concatenate([x[None], hidden])  # inputs[l] = input of block l
+  batch = {**batch, BASELINE_KEY: last}
+  return inputs, last, _metric(params, config, batch, last, metric_fn)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "mode", "chunk_size"))
+def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *, start, mode,
+                    metric_fn, chunk_size):
+  """Blocks `start ..` from `hidden_in` for each of M masks, chunked vmap: (M,), (M,)."""
+
+  def one(masks):
+    hm, lm = masks
+    last, _, _ = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
+                            head_mask=hm, head_ablation=mode, layer_mask=lm)
+    return _metric(params, config, batch, last, metric_fn)
+
+  return jax.lax.map(one, (head_masks, layer_masks), batch_size=chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "mode"))
+def _full_metric(params, config, batch, head_mask, layer_mask, *, mode, metric_fn):
+  """One full forward pass with one mask (the naive loop's step)."""
+  x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+  last, _, _ = run_layers(params, config, x, batch["attention_mask"], head_mask=head_mask,
+                          head_ablation=mode, layer_mask=layer_mask)
+  return _metric(params, config, batch, last, metric_fn)
+
+
+def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, strategy):
+  """Per mask set, (totals (M,), counts (M,)) on one batch, plus the baseline's."""
+  inputs, last, base = _baseline(params, config, batch, metric_fn=metric_fn)
+  batch = {**batch, BASELINE_KEY: last}
+  results = [None] * len(mask_sets)
+  # Mask sets of one mode run together, so each (mode, start) is one vmapped program.
+  for mode in dict.fromkeys(mode for mode, _, _ in mask_sets):
+    which = [i for i, (m, _, _) in enumerate(mask_sets) if m == mode]
+    head_masks = np.concatenate([mask_sets[i][1] for i in which])
+    layer_masks = np.concatenate([mask_sets[i][2] for i in which])
+    m = len(head_masks)
+    totals, counts = np.zeros(m), np.zeros(m)
+    if strategy == "loop":
+      for i in range(m):
+        t, c = _full_metric(params, config, batch, jnp.asarray(head_masks[i]),
+                            jnp.asarray(layer_masks[i]), mode=mode, metric_fn=metric_fn)
+        totals[i], counts[i] = float(t), float(c)
+    else:
+      starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
+                else np.zeros(m, int))
+      for start in np.unique(starts):
+        idx = np.flatnonzero(starts == start)
+        t, c = _suffix_metrics(params, config, batch, inputs[start], jnp.asarray(head_masks[idx]),
+                               jnp.asarray(layer_masks[idx]), start=int(start), mode=mode,
+                               metric_fn=metric_fn, chunk_size=chunk_size)
+        totals[idx], counts[idx] = np.asarray(t, np.float64), np.asarray(c, np.float64)
+    offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
+    for k, i in enumerate(which):
+      results[i] = (totals[offsets[k]:offsets[k + 1]], counts[offsets[k]:offsets[k + 1]])
+  return (float(base[0]), float(base[1])), results
+
+
+def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy):
+  if strategy not in STRATEGIES:
+    raise ValueError(f"{strategy=!r} must be one of {STRATEGIES}")
+  if not isinstance(chunk_size, int) or chunk_size < 1:
+    raise ValueError(f"{chunk_size=!r} must be a positive int")
+  for mode, _, _ in mask_sets:
+    if mode not in MODES:
+      raise ValueError(f"mode={mode!r} must be one of {MODES}")
+  base = np.zeros(2)
+  sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
+  n_batches = 0
+  for batch in batches:
+    (bt, bc), results = _evaluate_batch(params, config, as_batch(batch), metric_fn, mask_sets,
+                                        chunk_size, strategy)
+    base += (bt, bc)
+    for acc, (t, c) in zip(sums, results):
+      acc += np.stack([t, c])
+    n_batches += 1
+  if n_batches == 0:
+    raise ValueError("batches is empty")
+  return base[0] / base[1], [acc[0] / acc[1] for acc in sums]
+
+
+def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn,
+                   head_masks, layer_masks=None, *, mode: str = "scale", chunk_size: int = 16,
+                   strategy: str = "prefix") -> tuple[float, np.ndarray]:
+  """The metric under each of M arbitrary masks, summed over batches.
+
+  Args:
+    params: model parameters.
+    config: the architecture.
+    batches: an iterable of batches (iterated once).
+    metric_fn: `(params, config, batch, last_hidden_state, pooled) -> (total, count)`.
+    head_masks: float (M, layers, heads).
+    layer_masks: float (M, layers) or None (all ones).
+    mode: "scale" (Michel) or "uniform" (Kovaleva) head ablation.
+    chunk_size: masks evaluated at once (vmap width); bounds memory.
+    strategy: "prefix" (share the intact blocks below each mask's first modified
+      block, vmap the rest), "vmap" (vmap whole forward passes), "loop" (one
+      jitted forward pass per mask; the naive reference).
+
+  Returns:
+    `(baseline, values)`: the intact model's metric and (M,) values.
+  """
+  head_masks, layer_masks = _check_masks(config, head_masks, layer_masks)
+  base, (values,) = _evaluate(params, config, batches, metric_fn,
+                              [(mode, head_masks, layer_masks)], chunk_size, strategy)
+  return float(base), values
+
+
+@dataclasses.dataclass(frozen=True)
+class AblationResult:
+  """Metric values of one ablation mode; `heads[l, h]` = head h of layer l ablated."""
+
+  mode: str
+  baseline: float
+  heads: np.ndarray  # (layers, heads): one head ablated
+  layers: np.ndarray  # (layers,): every head of the layer ablated
+  keep_one: np.ndarray  # (layers, heads): all heads of layer l but h ablated (Michel Table 2)
+  layer_skip: np.ndarray  # (layers,): the whole block skipped (identity); same in every mode
+
+
+def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers", "keep_one",
+                                                              "layer_skip")):
+  """The masks of `ablation_sweep`: dict name -> (head_masks (M, L, N), layer_masks (M, L))."""
+  depth, n = config.depth, config.num_attention_heads
+  unknown = set(include) - {"heads", "layers", "keep_one", "layer_skip"}
+  if unknown:
+    raise ValueError(f"include={sorted(unknown)} has unknown entries; expected "
+                     "'heads', 'layers', 'keep_one', 'layer_skip'")
+  ones_l = lambda m: np.ones((m, depth), np.float32)
+  out = {}
+  eye = np.eye(depth * n, dtype=np.float32).reshape(depth * n, depth, n)
+  if "heads" in include:
+    out["heads"] = (1 - eye, ones_l(depth * n))
+  if "keep_one" in include:
+    keep = np.ones((depth * n, depth, n), np.float32)
+    for l in range(depth):
+      keep[l * n:(l + 1) * n, l] = np.eye(n)
+    out["keep_one"] = (keep, ones_l(depth * n))
+  if "layers" in include:
+    lay = np.ones((depth, depth, n), np.float32)
+    lay[np.arange(depth), np.arange(depth)] = 0
+    out["layers"] = (lay, ones_l(depth))
+  if "layer_skip" in include:
+    out["layer_skip"] = (np.ones((depth, depth, n), np.float32), 1 - np.eye(depth, dtype=np.float32))
+  return out
+
+
+def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn, *,
+                   modes: Sequence[str] = MODES,
+                   include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
+                   chunk_size: int = 16, strategy: str = "prefix") -> dict[str, AblationResult]:
+  """Every single head, every whole layer, and "keep only one head" ablated, in each mode.
+
+  One pass over `batches` evaluates every mask of every mode; with
+  `strategy="prefix"` blocks `0 .. l-1` run once per batch (the intact forward)
+  and only blocks `l ..` run, vmapped, for the masks of layer `l`.
+
+  Args:
+    params, config, batches, metric_fn: as `evaluate_masks`.
+    modes: a subset of ("scale", "uniform").
+    include: which families of masks to evaluate ("layer_skip" is evaluated once,
+      in the first mode, since skipping a block does not depend on the mode).
+    chunk_size: masks per vmap chunk.
+    strategy: "prefix", "vmap" or "loop" (see `evaluate_masks`).
+
+  Returns:
+    mode -> `AblationResult`; families not included are filled with NaN.
+  """
+  if not modes or set(modes) - set(MODES):
+    raise ValueError(f"modes={tuple(modes)} must be a non-empty subset of {MODES}")
+  masks = sweep_masks(config, include)
+  names, sets = [], []
+  for i, mode in enumerate(modes):
+    for name, (hm, lm) in masks.items():
+      if name == "layer_skip" and i > 0:
+        continue
+      names.append((mode, name))
+      sets.append((mode, hm, lm))
+  base, values = _evaluate(params, config, batches, metric_fn, sets, chunk_size, strategy)
+  got = dict(zip(names, values))
+  depth, n = config.depth, config.num_attention_heads
+  nan = lambda *s: np.full(s, np.nan)
+  skip = got.get((modes[0], "layer_skip"), nan(depth))
+  return {mode: AblationResult(
+      mode=mode, baseline=float(base),
+      heads=got.get((mode, "heads"), nan(depth * n)).reshape(depth, n),
+      layers=got.get((mode, "layers"), nan(depth)),
+      keep_one=got.get((mode, "keep_one"), nan(depth * n)).reshape(depth, n),
+      layer_skip=skip) for mode in modes}
+
+
+# Head importance (Michel et al. 2019) ----------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "mode", "per_example"))
+def _importance_batch(params, config, batch, xi, *, loss_fn, mode, per_example):
+  batch_size = batch["input_ids"].shape[0]
+
+  def loss(mask):
+    x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+    last, _, _ = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
+                            head_ablation=mode)
+    total, count = _metric(params, config, {**batch, BASELINE_KEY: last}, last, loss_fn)
+    return (total if per_example else total / count), count
+
+  mask = jnp.broadcast_to(xi, (batch_size, *xi.shape)) if per_example else xi
+  grad, count = jax.grad(loss, has_aux=True)(mask)
+  grad = jnp.abs(grad)
+  return (grad.sum(0) if per_example else grad), count
+
+
+def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_fn: MetricFn, *,
+                    head_mask=None, mode: str = "scale", per_example: bool = True,
+                    normalize_layers: bool = True, exponent: float = 2.0) -> np.ndarray:
+  """Michel et al.'s head importance `I_h = E_x |dL(x)/dxi_h|` at the mask `head_mask`.
+
+  With `per_example=True` (the paper's definition) the mask is broadcast to one
+  copy per example, so one backward pass gives every example's gradient;
+  `I = sum_x |d total_x / dxi| / sum count`, which for one loss term per
+  example (classification) is exactly the mean over examples of
+  |dL_x/dxi|. With `per_example=False` (their released code) it is the mean
+  over batches of |d(batch-mean loss)/dxi|.
+
+  Args:
+    params, config, batches: as `evaluate_masks` (batches iterated once).
+    loss_fn: a differentiable metric `(params, config, batch, last, pooled) -> (total, count)`.
+    head_mask: float (layers, heads) at which to differentiate; None means all ones.
+    mode: "scale" or "uniform" (how xi enters the model).
+    per_example: see above.
+    normalize_layers: divide each layer's scores by their `exponent`-norm (Michel).
+    exponent: the norm's exponent.
+
+  Returns:
+    float64 (layers, heads).
+  """
+  if mode not in MODES:
+    raise ValueError(f"{mode=!r} must be one of {MODES}")
+  shape = (config.depth, config.num_attention_heads)
+  xi = jnp.ones(shape, compute_dtype(config)) if head_mask is None else jnp.asarray(head_mask)
+  if xi.shape != shape:
+    raise ValueError(f"head_mask shape {xi.shape} must be (layers, heads)={shape}")
+  xi = xi.astype(compute_dtype(config))
+  total, denom = np.zeros(shape), 0.0
+  for batch in batches:
+    g, count = _importance_batch(params, config, as_batch(batch), xi, loss_fn=loss_fn, mode=mode,
+                                 per_example=per_example)
+    total += np.asarray(g, np.float64)
+    denom += float(count) if per_example else 1.0
+  if denom == 0:
+    raise ValueError("batches is empty (or every count is zero)")
+  importance = total / denom
+  if normalize_layers:
+    norm = (importance ** exponent).sum(-1, keepdims=True) ** (1 / exponent)
+    importance = importance / (norm + 1e-20)
+  return importance
+
+
+@dataclasses.dataclass(frozen=True)
+class PruningResult:
+  """An iterative pruning run: the metric against the fraction of heads masked."""
+
+  fractions: np.ndarray  # (steps + 1,), 0 first
+  metrics: np.ndarray  # (steps + 1,)
+  masks: np.ndarray  # (steps + 1, layers, heads)
+
+
+def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, loss_fn: MetricFn,
+                      metric_fn: MetricFn | None = None, *, step: float = 0.1,
+                      max_fraction: float = 0.9, mode: str = "scale",
+                      per_example: bool = True, chunk_size: int = 16) -> PruningResult:
+  """Michel et al.'s pruning: mask the least important `step` of all heads, re-estimate, repeat.
+
+  Importance is re-estimated at the current mask after each step (already
+  masked heads are excluded); the metric is recorded before the first step and
+  after each one, until `max_fraction` of the heads are masked.
+
+  Args:
+    params, config: the model.
+    batches: a sequence of batches (iterated once per step, twice per step with
+      a separate `metric_fn`).
+    loss_fn: differentiable loss for importance.
+    metric_fn: what to record (None means `loss_fn`).
+    step: fraction of all heads masked per step, in (0, 1].
+    max_fraction: stop once this fraction is masked.
+    mode: "scale" or "uniform".
+    per_example: see `head_importance`.
+    chunk_size: passed to `evaluate_masks`.
+
+  Returns:
+    A `PruningResult`.
+  """
+  if not 0 < step <= 1:
+    raise ValueError(f"{step=} must be in (0, 1]")
+  if not 0 < max_fraction <= 1:
+    raise ValueError(f"{max_fraction=} must be in (0, 1]")
+  batches = list(batches)
+  metric_fn = metric_fn or loss_fn
+  shape = (config.depth, config.num_attention_heads)
+  total = shape[0] * shape[1]
+  per_step = max(1, round(step * total))
+  limit = int(max_fraction * total + 1e-9)  # floor
+  mask = np.ones(shape, np.float32)
+  fractions, metrics, masks = [], [], []
+  while True:
+    _, (value,) = evaluate_masks(params, config, batches, metric_fn, mask[None], mode=mode,
+                                 chunk_size=chunk_size)
+    pruned = int((mask == 0).sum())
+    fractions.append(pruned / total)
+    metrics.append(float(value))
+    masks.append(mask.copy())
+    if pruned >= limit:
+      break
+    importance = head_importance(params, config, batches, loss_fn, head_mask=mask, mode=mode,
+                                 per_example=per_example, normalize_layers=True)
+    importance = np.where(mask == 0, np.inf, importance).ravel()
+    order = np.argsort(importance, kind="stable")[:min(per_step, limit - pruned)]
+    mask.ravel()[order] = 0.0
+  return PruningResult(np.asarray(fractions), np.asarray(metrics), np.stack(masks))
+
+
+# Attention overrides (Raganato et al. 2020) ----------------------------------
+
+PATTERNS = ("prev", "next", "first", "self", "left", "right", "uniform")
+
+
+def override_codes(config: BertConfig, overrides: Mapping[tuple[int, int], str]) -> np.ndarray:
+  """int32 (layers, heads): the index into `PATTERNS` of each overridden head, -1 elsewhere."""
+  codes = np.full((config.depth, config.num_attention_heads), -1, np.int32)
+  for key, pattern in overrides.items():
+    layer, head = key
+    if not (0 <= layer < config.depth and 0 <= head < config.num_attention_heads):
+      raise ValueError(f"override (layer, head)={key} is outside ({config.depth}, "
+                       f"{config.num_attention_heads})")
+    if pattern not in PATTERNS:
+      raise ValueError(f"override pattern {pattern!r} for {key} must be one of {PATTERNS}")
+    codes[layer, head] = PATTERNS.index(pattern)
+  return codes
+
+
+def positional_patterns(lengths, seq_len: int) -> jax.Array:
+  """The fixed maps of `PATTERNS` for right-padded sequences: (P, B, T, T), rows sum to 1.
+
+  For a sequence of n real tokens: "prev" i -> max(i-1, 0), "next" i -> min(i+1, n-1),
+  "first" i -> 0, "self" i -> i, "left" uniform over 0..i, "right" uniform over
+  i..n-1, "uniform" over 0..n-1. Padded query rows are zero.
+  """
+  n = jnp.asarray(lengths)[:, None, None]  # (B, 1, 1)
+  i = jnp.arange(seq_len)[None, :, None]
+  j = jnp.arange(seq_len)[None, None, :]
+  real_k = j < n
+  maps = [j == jnp.maximum(i - 1, 0), j == jnp.minimum(i + 1, n - 1), j == 0, j == i,
+          (j <= i) & real_k, (j >= i) & real_k, real_k & (i >= 0)]
+  maps = jnp.stack([jnp.broadcast_to(m, (n.shape[0], seq_len, seq_len)) for m in maps])
+  maps = maps.astype(jnp.float32)
+  maps = maps / jnp.maximum(maps.sum(-1, keepdims=True), 1.0)
+  return maps * (i < n)[None]
+
+
+def _layer_norm(x, p, eps):
+  mean = x.mean(-1, keepdims=True)
+  var = jnp.maximum((x * x).mean(-1, keepdims=True) - mean * mean, 0)  # as flax's fast variance
+  return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def layer_with_overrides(p: Params, config: BertConfig, x, attention_mask, codes, patterns):
+  """One encoder block from its parameters, with heads' attention replaced: (y, probs).
+
+  Args:
+    p: one layer's parameters.
+    config: the architecture.
+    x: (B, T, H) block input.
+    attention_mask: (B, T), right padding.
+    codes: int (N,) pattern index per head, -1 to keep the model's attention.
+    patterns: (P, B, T, T) from `positional_patterns`.
+
+  Returns:
+    The block output (B, T, H) and the attention used (B, N, T, T).
+  """
+  dtype = compute_dtype(config)
+  a = p["attention"]
+  x = x.astype(dtype)
+  proj = lambda name: (jnp.einsum("bth,hnd->btnd", x, a[name]["kernel"].astype(dtype))
+                       + a[name]["bias"].astype(dtype))
+  q, k, v = proj("query"), proj("key"), proj("value")  # (B, T, N, D)
+  _, probs = kernels.reference_attention(q, k, v, key_mask=attention_mask.astype(bool),
+                                         return_probs=True)  # (B, N, T, T)
+  codes = jnp.asarray(codes)
+  fixed = jnp.moveaxis(patterns[jnp.maximum(codes, 0)], 0, 1).astype(probs.dtype)  # (B, N, T, T)
+  probs = jnp.where((codes >= 0)[None, :, None, None], fixed, probs)
+  ctx = jnp.einsum("bnqk,bknd->bqnd", probs, v.astype(probs.dtype)).astype(dtype)
+  h = jnp.einsum("btnd,ndh->bth", ctx, a["output"]["kernel"].astype(dtype)) + a["output"]["bias"]
+  h = _layer_norm((x + h).astype(jnp.promote_types(dtype, jnp.float32)), a["LayerNorm"],
+                  config.layer_norm_eps).astype(dtype)
+  y = h @ p["intermediate"]["kernel"].astype(dtype) + p["intermediate"]["bias"]
+  y = activation(config.hidden_act)(y)
+  y = y @ p["output"]["kernel"].astype(dtype) + p["output"]["bias"]
+  y = _layer_norm((h + y).astype(jnp.promote_types(dtype, jnp.float32)), p["LayerNorm"],
+                  config.layer_norm_eps).astype(dtype)
+  return y, probs
+
+
+def forward_with_overrides(params: Params, config: BertConfig, input_ids, attention_mask=None,
+                           token_type_ids=None, *, overrides=None,
+                           output_hidden_states: bool = False,
+                           output_attentions: bool = False) -> BertOutput:
+  """`forward` with chosen heads' attention replaced by fixed positional patterns.
+
+  Args:
+    params, config, input_ids, attention_mask, token_type_ids: as `bertjax.forward`
+      (right padding).
+    overrides: {(layer, head): pattern name} (see `PATTERNS`) or an int
+      (layers, heads) array from `override_codes` (data, so one compilation serves
+      every override set); None overrides nothing.
+    output_hidden_states, output_attentions: as `forward`.
+
+  Returns:
+    A `BertOutput`; with no override it equals `forward` to float rounding.
+  """
+  if isinstance(params["encoder"]["layers"], list):
+    raise ValueError("forward_with_overrides needs stacked (unpruned) layers; use head masks "  # noqa: TRY004
+                     "on a model pruned by prune_heads")
+  ids = jnp.asarray(input_ids)
+  mask = jnp.ones(ids.shape, jnp.int32) if attention_mask is None else jnp.asarray(attention_mask)
+  types = jnp.zeros_like(ids) if token_type_ids is None else jnp.asarray(token_type_ids)
+  if overrides is None:
+    codes = np.full((config.depth, config.num_attention_heads), -1, np.int32)
+  elif isinstance(overrides, Mapping):
+    codes = override_codes(config, overrides)
+  else:
+    codes = np.asarray(overrides, np.int32)
+    if codes.shape != (config.depth, config.num_attention_heads):
+      raise ValueError(f"overrides shape {codes.shape} must be (layers, heads)="
+                       f"({config.depth}, {config.num_attention_heads})")
+  return _forward_overrides(params, config, ids, mask, types, jnp.asarray(codes),
+                            output_hidden_states, output_attentions)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 6, 7))
+def _forward_overrides(params, config, ids, mask, types, codes, output_hidden_states,
+                       output_attentions):
+  x = embed(params, config, ids, types)
+  patterns = positional_patterns(mask.sum(-1), ids.shape[1])
+  stacked = params["encoder"]["layers"]
+  index = jnp.asarray(config.layer_param_index)
+
+  def body(h, xs):
+    block, code = xs
+    p = jax.tree.map(lambda a: a[index[block]], stacked)
+    y, probs = layer_with_overrides(p, config, h, mask, code, patterns)
+    return y, (y if output_hidden_states else None, probs if output_attentions else None)
+
+  last, (hidden, maps) = jax.lax.scan(body, x, (jnp.arange(config.depth), codes))
+  return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last),
+                    hidden_states=None if hidden is None else jnp.concatenate([x[None], hidden]),
+                    attentions=maps)

@@ -1,0 +1,244 @@
+"""Ablation sweeps, head importance, pruning and attention overrides, against independent references."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis import ablation as ab
+
+CONFIG = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, vocab_size=101, num_labels=3)
+DEPTH, HEADS = CONFIG.depth, CONFIG.num_attention_heads
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = bertjax.init(CONFIG, 3, heads=("classifier",))
+  # Non-trivial weights everywhere (biases, LayerNorms), so a dropped term cannot pass.
+  rng = np.random.default_rng(2)  # NumPy noise: no per-shape compilation
+  return jax.tree.map(lambda x: x + 0.08 * rng.standard_normal(x.shape).astype(np.float32), p)
+
+
+def _batch(seed=0, batch=3, seq=9):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1, CONFIG.vocab_size, (batch, seq)).astype(np.int32)
+  mask = np.ones((batch, seq), np.int32)
+  mask[1, 6:] = 0
+  mask[-1, 3:] = 0
+  labels = rng.integers(0, CONFIG.num_labels, batch).astype(np.int32)
+  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids),
+          "labels": labels}
+
+
+BATCHES = [_batch(0), _batch(1)]  # one shape: one compilation per program
+
+
+@functools.partial(jax.jit, static_argnames=("config", "mode"))
+def _losses(params, config, batch, head_mask, layer_mask, mode="scale"):
+  """Per-example loss through bertjax.forward itself (the reference), one compilation per mode."""
+  out = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], head_mask=head_mask, head_ablation=mode,
+                        layer_mask=layer_mask)
+  logp = jax.nn.log_softmax(bertjax.classify(params, config, out.pooler_output))
+  return -jnp.take_along_axis(logp, batch["labels"][:, None], -1)[:, 0]
+
+
+def _loss_by_forward(params, config, batch, head_mask=None, layer_mask=None, head_ablation="scale"):
+  dtype = jnp.float64 if config.dtype == "float64" else jnp.float32
+  hm = jnp.ones((config.depth, config.num_attention_heads), dtype) if head_mask is None else head_mask
+  lm = jnp.ones(config.depth, dtype) if layer_mask is None else layer_mask
+  return np.asarray(_losses(params, config, batch, jnp.asarray(hm, dtype), jnp.asarray(lm, dtype),
+                            mode=head_ablation))
+
+
+def test_mask_ablation_equals_weight_surgery(params):
+  """Scale 0 == zeroing the head's output-projection slice; uniform == the head's map made uniform."""
+  layer, head = 1, 2
+  xi = np.ones((DEPTH, HEADS), np.float32)
+  xi[layer, head] = 0
+  _, (scale,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, xi[None])
+  surgery = jax.tree.map(lambda a: a, params)
+  kernel = params["encoder"]["layers"]["attention"]["output"]["kernel"]
+  surgery["encoder"]["layers"]["attention"]["output"]["kernel"] = kernel.at[layer, head].set(0)
+  losses = np.concatenate([_loss_by_forward(surgery, CONFIG, b) for b in BATCHES])
+  np.testing.assert_allclose(scale, losses.mean(), rtol=1e-5)
+  # Uniform: replace the head's attention by a uniform map by hand (the override path).
+  _, (uni,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, xi[None],
+                                mode="uniform")
+  by_hand = []
+  for b in BATCHES:
+    out = ab.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
+                                    b["token_type_ids"], overrides={(layer, head): "uniform"})
+    logp = jax.nn.log_softmax(bertjax.classify(params, CONFIG, out.pooler_output))
+    by_hand.append(-np.asarray(jnp.take_along_axis(logp, b["labels"][:, None], -1)).ravel())
+  np.testing.assert_allclose(uni, np.concatenate(by_hand).mean(), rtol=1e-5)
+  assert abs(uni - scale) > 1e-4
+
+
+@pytest.mark.parametrize("mode", ["scale", "uniform"])
+def test_sweep_with_prefix_reuse_equals_naive_loop(params, mode):
+  prefix = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_loss, modes=(mode,),
+                             chunk_size=3)[mode]
+  loop = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_loss, modes=(mode,),
+                           strategy="loop")[mode]
+  for name in ("heads", "layers", "keep_one", "layer_skip"):
+    np.testing.assert_allclose(getattr(prefix, name), getattr(loop, name), rtol=1e-6, atol=1e-6)
+  assert prefix.baseline == loop.baseline
+  # ... and the loop agrees with bertjax.forward itself.
+  xi = np.ones((DEPTH, HEADS), np.float32)
+  xi[2, 1] = 0
+  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=mode)
+                         for b in BATCHES]).mean()
+  np.testing.assert_allclose(prefix.heads[2, 1], want, rtol=1e-5)
+  lm = np.ones(DEPTH, np.float32)
+  lm[0] = 0
+  want = np.concatenate([_loss_by_forward(params, CONFIG, b, layer_mask=lm)
+                         for b in BATCHES]).mean()
+  np.testing.assert_allclose(prefix.layer_skip[0], want, rtol=1e-5)
+  # Keep-one with only head h of layer l left == mask of ones but that row.
+  xi = np.ones((DEPTH, HEADS), np.float32)
+  xi[1] = 0
+  xi[1, 3] = 1
+  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=mode)
+                         for b in BATCHES]).mean()
+  np.testing.assert_allclose(prefix.keep_one[1, 3], want, rtol=1e-5)
+  assert np.ptp(prefix.heads) > 1e-4
+
+
+def test_arbitrary_masks_and_strategies_agree(params):
+  rng = np.random.default_rng(0)
+  masks = (rng.uniform(size=(5, DEPTH, HEADS)) > 0.3).astype(np.float32)
+  masks[0] = 1
+  masks[1, :2] = 1  # first modified block is 2
+  results = [ab.evaluate_masks(params, CONFIG, iter(BATCHES), ab.classification_loss, masks,
+                               strategy=s, chunk_size=2) for s in ab.STRATEGIES]
+  for base, values in results[1:]:
+    assert base == results[0][0]
+    np.testing.assert_allclose(values, results[0][1], atol=1e-6)
+  assert results[0][1][0] == results[0][0]  # the all-ones mask is the baseline
+  assert ab.first_modified_layer(masks)[0] == DEPTH
+  with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, np.ones((3, 4)))
+  with pytest.raises(ValueError, match="strategy='fast'"):
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, masks, strategy="fast")
+
+
+def test_embedding_cosine_metric_needs_no_head(params):
+  result = ab.ablation_sweep(params, CONFIG, BATCHES, ab.mean_embedding_cosine, modes=("scale",),
+                             include=("heads",))["scale"]
+  np.testing.assert_allclose(result.baseline, 1.0, atol=1e-6)
+  assert (result.heads < 1).all() and (result.heads > 0).all()
+  assert np.isnan(result.layers).all()
+
+
+@pytest.mark.parametrize("per_example", [True, False])
+def test_importance_matches_finite_differences(params, per_example):
+  """|dL/dxi| by jax.grad at xi = 1 vs central differences, in float64."""
+  batch = BATCHES[0]
+  with jax.enable_x64(True):
+    config = CONFIG.replace(dtype="float64")
+    p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+    got = ab.head_importance(p64, config, [batch], ab.classification_loss,
+                             per_example=per_example, normalize_layers=False)
+    eps = 1e-5
+    # All 2 * L * N perturbed masks at once: d loss_b / d xi by central differences.
+    steps = eps * np.eye(DEPTH * HEADS).reshape(-1, DEPTH, HEADS)
+    masks = jnp.asarray(np.concatenate([1 + steps, 1 - steps]))
+    ones = jnp.ones(DEPTH, jnp.float64)
+    losses = jax.vmap(lambda xi: _losses(p64, config, batch, xi, ones))(masks)  # (2LN, B)
+    grads = np.asarray((losses[:DEPTH * HEADS] - losses[DEPTH * HEADS:]) / (2 * eps))
+    grads = grads.reshape(DEPTH, HEADS, -1)
+    want = np.abs(grads).mean(-1) if per_example else np.abs(grads.mean(-1))
+  assert want.max() > 1e-3
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
+  normed = ab.head_importance(params, CONFIG, [batch], ab.classification_loss,
+                              per_example=per_example)
+  np.testing.assert_allclose(np.linalg.norm(normed, axis=-1), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(normed, want / np.linalg.norm(want, axis=-1, keepdims=True),
+                             rtol=2e-3)
+
+
+def test_iterative_pruning(params):
+  result = ab.iterative_pruning(params, CONFIG, BATCHES, ab.classification_loss,
+                                ab.classification_accuracy, step=0.25, max_fraction=0.5)
+  np.testing.assert_allclose(result.fractions, [0, 0.25, 0.5])
+  pruned = (result.masks == 0).sum((1, 2))
+  assert pruned.tolist() == [0, 3, 6]
+  assert (result.masks[2] <= result.masks[1]).all()  # masks only shrink
+  # The first step removes the heads least important at the full mask.
+  imp = ab.head_importance(params, CONFIG, BATCHES, ab.classification_loss).ravel()
+  assert set(np.flatnonzero(result.masks[1].ravel() == 0)) == set(np.argsort(imp)[:3])
+  _, (acc,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_accuracy,
+                                result.masks[2][None])
+  assert result.metrics[2] == acc
+
+
+def test_no_override_equals_forward(params):
+  b = BATCHES[0]
+  want = bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                         output_hidden_states=True, output_attentions=True)
+  got = ab.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
+                                  b["token_type_ids"], output_hidden_states=True,
+                                  output_attentions=True)
+  m = b["attention_mask"].astype(bool)
+  np.testing.assert_allclose(np.asarray(got.hidden_states)[:, m],
+                             np.asarray(want.hidden_states)[:, m], atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got.attentions), np.asarray(want.attentions), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(got.pooler_output), np.asarray(want.pooler_output),
+                             atol=1e-5)
+
+
+def test_previous_token_override_by_hand(params):
+  """Head 1 of block 0 attends to the previous token: recompute block 0 with NumPy."""
+  b = BATCHES[0]
+  ids, mask = b["input_ids"], b["attention_mask"]
+  got = ab.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
+                                  output_hidden_states=True, output_attentions=True)
+  p = jax.tree.map(lambda a: np.asarray(a[0], np.float64), params["encoder"]["layers"])
+  a = p["attention"]
+  x = np.asarray(bertjax.embed(params, CONFIG, ids), np.float64)
+  q = np.einsum("bth,hnd->btnd", x, a["query"]["kernel"]) + a["query"]["bias"]
+  k = np.einsum("bth,hnd->btnd", x, a["key"]["kernel"]) + a["key"]["bias"]
+  v = np.einsum("bth,hnd->btnd", x, a["value"]["kernel"]) + a["value"]["bias"]
+  s = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
+  s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
+  probs = np.exp(s - s.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  T = ids.shape[1]
+  prev = np.zeros((T, T))
+  prev[0, 0] = 1
+  prev[np.arange(1, T), np.arange(T - 1)] = 1
+  probs[:, 1] = prev
+  ctx = np.einsum("bnqk,bknd->bqnd", probs, v)
+  h = np.einsum("bqnd,ndh->bqh", ctx, a["output"]["kernel"]) + a["output"]["bias"]
+  ln = lambda z, q: (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True)
+                                                              + CONFIG.layer_norm_eps) * q["scale"] + q["bias"]
+  from scipy.special import erf
+  h = ln(x + h, a["LayerNorm"])
+  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
+  y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
+  y = ln(h + y @ p["output"]["kernel"] + p["output"]["bias"], p["LayerNorm"])
+  m = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(got.hidden_states[1])[m], y[m], atol=2e-5)
+  np.testing.assert_allclose(np.asarray(got.attentions[0, 0, 1]), prev, atol=0)
+  # Padded rows are zero; the previous token of a short sequence stays inside it.
+  assert np.asarray(got.attentions[0, 2, 1])[3:].sum() == 0
+  plain = bertjax.forward(params, CONFIG, ids, mask).last_hidden_state
+  assert np.abs(np.asarray(plain)[m] - np.asarray(got.last_hidden_state)[m]).max() > 1e-3
+
+
+def test_patterns_and_bad_overrides():
+  maps = np.asarray(ab.positional_patterns(np.array([4]), 6))[:, 0]  # (P, T, T)
+  np.testing.assert_allclose(maps[:, :4].sum(-1), 1.0)
+  assert maps[:, 4:].sum() == 0 and maps[:, :, 4:].sum() == 0
+  by = dict(zip(ab.PATTERNS, maps))
+  assert by["next"][3, 3] == 1 and by["next"][1, 2] == 1 and by["first"][2, 0] == 1
+  np.testing.assert_allclose(by["left"][2, :3], 1 / 3)
+  np.testing.assert_allclose(by["right"][1, 1:4], 1 / 3)
+  with pytest.raises(ValueError, match="'diagonal'"):
+    ab.override_codes(CONFIG, {(0, 0): "diagonal"})
+  with pytest.raises(ValueError, match=r"\(5, 0\)"):
+    ab.override_codes(CONFIG, {(5, 0): "prev"})

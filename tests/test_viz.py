@@ -1,0 +1,52 @@
+"""Figures are written as real PNGs of sensible size, and bad input is named."""
+
+import numpy as np
+import pytest
+
+from bertjax import viz
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _is_png(path):
+  data = path.read_bytes()
+  return data[:8] == PNG and len(data) > 2000
+
+
+def test_head_heatmap(tmp_path):
+  values = np.random.default_rng(0).normal(size=(6, 12))
+  values[0, 0] = np.nan
+  path = viz.head_heatmap(values, tmp_path / "sub" / "effect.png", title="effect", center=0.0,
+                          cmap="RdBu")
+  assert path == tmp_path / "sub" / "effect.png" and _is_png(path)
+  with pytest.raises(ValueError, match=r"values shape \(12,\) must be \(layers, heads\)"):
+    viz.head_heatmap(values[0], tmp_path / "x.png")
+  with pytest.raises(ValueError, match="must end in .png"):
+    viz.head_heatmap(values, tmp_path / "x.pdf")
+
+
+def test_pattern_heatmap_and_type_ratios(tmp_path):
+  codes = np.random.default_rng(1).integers(0, 5, (6, 12))
+  assert _is_png(viz.pattern_heatmap(codes, tmp_path / "types.png"))
+  ratios = np.random.default_rng(2).dirichlet(np.ones(5), 6)
+  assert _is_png(viz.type_ratios(ratios, tmp_path / "ratios.png"))
+  with pytest.raises(ValueError, match=r"codes in \[0, 7\]"):
+    viz.pattern_heatmap(np.array([[0, 7]]), tmp_path / "bad.png")
+
+
+def test_attention_grid(tmp_path):
+  maps = np.random.default_rng(3).dirichlet(np.ones(9), (2, 4, 9))
+  tokens = ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
+  path = viz.attention_grid(maps, tokens, tmp_path / "grid.png", heads=[0, 3], title="sentence")
+  assert _is_png(path)
+  with pytest.raises(ValueError, match="10 tokens but maps are 9 wide"):
+    viz.attention_grid(maps, ["t"] * 10, tmp_path / "bad.png")
+
+
+def test_pruning_curve(tmp_path):
+  x = np.linspace(0, 0.9, 10)
+  path = viz.pruning_curve({"importance": (x, 1 - x ** 2), "random": (x, 1 - x)},
+                           tmp_path / "curve.png", baseline=1.0, ylabel="accuracy")
+  assert _is_png(path)
+  with pytest.raises(ValueError, match="curves is empty"):
+    viz.pruning_curve({}, tmp_path / "bad.png")
