@@ -1,0 +1,383 @@
+"""Fine-tuning for sequence classification (single sentences and pairs) and token classification.
+
+Data comes as dicts of NumPy arrays, padded to one length so that one compiled
+step serves the whole run: ``input_ids``, ``attention_mask``, ``token_type_ids``
+(N, T) and ``labels`` ((N,) int class ids, (N,) float targets for regression, or
+(N, T) int tags with -100 where there is no label). Loaders build them from
+local TSV/JSONL tables, BLiMP acceptability pairs, UD treebanks (POS tags on the
+first subword of each word) and GLUE through tensorflow-datasets.
+
+The model starts from a Hugging Face directory (`from_hf`, task heads dropped and
+a fresh head added) or from random initialisation of a given config.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.config import BertConfig
+from bertjax.functional import HEADS, classify, forward, init, token_classify
+from bertjax.training import optim
+from bertjax.training.losses import IGNORE_INDEX
+from bertjax.training.state import create_train_state
+from bertjax.training.step import make_train_step
+
+TASKS = ("classification", "token_classification")
+_HEAD = {"classification": "classifier", "token_classification": "token_classifier"}
+GLUE = {  # name -> (text key, pair key or None, number of labels, eval split)
+    "sst2": ("sentence", None, 2, "validation"),
+    "mrpc": ("sentence1", "sentence2", 2, "validation"),
+    "rte": ("sentence1", "sentence2", 2, "validation"),
+}
+
+
+# Metrics ----------------------------------------------------------------------
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+  """Ranks with ties averaged (for Spearman)."""
+  order = np.argsort(x, kind="mergesort")
+  ranks = np.empty(len(x), np.float64)
+  ranks[order] = np.arange(len(x), dtype=np.float64)
+  _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+  sums = np.zeros(len(counts))
+  np.add.at(sums, inverse, ranks)
+  return sums[inverse] / counts[inverse]
+
+
+def pearson(x, y) -> float:
+  """Pearson correlation (nan when either side is constant)."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  x, y = x - x.mean(), y - y.mean()
+  denom = np.sqrt((x * x).sum() * (y * y).sum())
+  return float((x * y).sum() / denom) if denom > 0 else float("nan")
+
+
+def spearman(x, y) -> float:
+  """Spearman rank correlation."""
+  return pearson(_ranks(np.asarray(x)), _ranks(np.asarray(y)))
+
+
+def classification_metrics(preds, labels, num_labels: int) -> dict[str, float]:
+  """Accuracy, F1 (of class 1 when binary, else macro) and Matthews correlation.
+
+  Args:
+    preds: int predicted classes.
+    labels: int gold classes (same shape).
+    num_labels: the number of classes.
+  """
+  preds, labels = np.asarray(preds).ravel(), np.asarray(labels).ravel()
+  cm = np.zeros((num_labels, num_labels), np.float64)  # rows gold, columns predicted
+  np.add.at(cm, (labels, preds), 1)
+  tp = np.diag(cm)
+  prec_den, rec_den = cm.sum(0), cm.sum(1)
+  f1s = np.where(prec_den + rec_den > 0, 2 * tp / np.maximum(prec_den + rec_den, 1e-12), 0.0)
+  f1 = float(f1s[1]) if num_labels == 2 else float(f1s.mean())
+  # Gorodkin's multi-class MCC; equals the binary formula for two classes.
+  n, c = cm.sum(), tp.sum()
+  t, p = rec_den, prec_den
+  denom = np.sqrt((n * n - (p * p).sum()) * (n * n - (t * t).sum()))
+  mcc = float((c * n - (t * p).sum()) / denom) if denom > 0 else 0.0
+  return {"accuracy": float(c / max(n, 1)), "f1": f1, "matthews": mcc}
+
+
+def regression_metrics(preds, targets) -> dict[str, float]:
+  """Pearson, Spearman and mean squared error."""
+  preds, targets = np.asarray(preds, np.float64).ravel(), np.asarray(targets, np.float64).ravel()
+  return {"pearson": pearson(preds, targets), "spearman": spearman(preds, targets),
+          "mse": float(np.mean((preds - targets) ** 2))}
+
+
+# Data -------------------------------------------------------------------------
+
+
+def load_table(path: str | pathlib.Path, text_column: str, label_column: str,
+               pair_column: str | None = None, *, regression: bool = False
+               ) -> tuple[list[str], list[str] | None, np.ndarray]:
+  """Reads a TSV (header row) or JSONL file of labelled sentences or pairs.
+
+  Args:
+    path: ``.tsv``/``.txt`` (tab-separated, first row the column names) or ``.jsonl``.
+    text_column, label_column, pair_column: column names.
+    regression: labels are floats, else ints (or strings, mapped to ids in sorted order).
+
+  Returns:
+    `(texts, pairs or None, labels)`.
+  """
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"table {path} does not exist")
+  if path.suffix == ".jsonl":
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+  else:
+    with open(path, encoding="utf-8", newline="") as f:
+      rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  if not rows:
+    raise ValueError(f"table {path} has no rows")
+  for col in (text_column, label_column) + ((pair_column,) if pair_column else ()):
+    if col not in rows[0]:
+      raise ValueError(f"column {col!r} is not in {path}; columns: {sorted(rows[0])}")
+  texts = [str(r[text_column]) for r in rows]
+  pairs = [str(r[pair_column]) for r in rows] if pair_column else None
+  raw = [r[label_column] for r in rows]
+  if regression:
+    labels = np.asarray([float(v) for v in raw], np.float32)
+  else:
+    try:
+      labels = np.asarray([int(v) for v in raw], np.int32)
+    except ValueError:
+      names = sorted(set(map(str, raw)))
+      labels = np.asarray([names.index(str(v)) for v in raw], np.int32)
+  return texts, pairs, labels
+
+
+def load_blimp(paths: str | pathlib.Path | Sequence[str | pathlib.Path]
+               ) -> tuple[list[str], None, np.ndarray]:
+  """BLiMP minimal pairs as acceptability data: ``sentence_good`` -> 1, ``sentence_bad`` -> 0."""
+  if isinstance(paths, (str, pathlib.Path)):
+    paths = [paths]
+  texts, labels = [], []
+  for path in paths:
+    for line in pathlib.Path(path).read_text(encoding="utf-8").splitlines():
+      if not line.strip():
+        continue
+      row = json.loads(line)
+      texts += [row["sentence_good"], row["sentence_bad"]]
+      labels += [1, 0]
+  if not texts:
+    raise ValueError(f"no BLiMP examples in {list(map(str, paths))}")
+  return texts, None, np.asarray(labels, np.int32)
+
+
+def encode_classification(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None,
+                          labels, *, max_len: int = 128) -> dict[str, np.ndarray]:
+  """Tokenizes (and truncates to `max_len`) sentences or pairs into padded arrays with labels."""
+  if len(texts) != len(labels) or (pairs is not None and len(pairs) != len(texts)):
+    raise ValueError(f"{len(texts)} texts, {None if pairs is None else len(pairs)} pairs and "
+                     f"{len(labels)} labels must have the same length")
+  inner = tokenizer.tokenizer
+  inner.enable_truncation(max_len)
+  try:
+    batch = tokenizer.encode(list(texts), None if pairs is None else list(pairs),
+                             max_length=max_len)
+  finally:
+    inner.no_truncation()
+  return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+          "token_type_ids": batch.token_type_ids, "labels": np.asarray(labels)}
+
+
+def load_ud_pos(path: str | pathlib.Path, tokenizer, *, max_len: int = 128, field: str = "upos",
+                eval_fraction: float = 0.1, max_sentences: int | None = None, seed: int = 0):
+  """UD POS tagging: each word's tag on its first subword, -100 on the other tokens.
+
+  Sentences longer than `max_len` subwords are dropped.
+
+  Returns:
+    `(train, eval, labels)`: two data dicts and the tag names (the label ids' order).
+  """
+  from bertjax.data import conllu
+
+  sentences = conllu.read_conllu(path, max_sentences=max_sentences)
+  vocab = conllu.build_vocab(sentences, field)
+  words = [list(s.forms) for s in sentences]
+  lengths = [len(e.ids) for e in tokenizer.tokenizer.encode_batch(words, is_pretokenized=True)]
+  keep = [i for i, n in enumerate(lengths) if n <= max_len]
+  batch = tokenizer.encode_words([words[i] for i in keep], max_length=max_len)
+  labels = np.full(batch.input_ids.shape, IGNORE_INDEX, np.int32)
+  first = batch.first_subword()  # (N, W)
+  for row, i in enumerate(keep):
+    tags = vocab.encode(getattr(sentences[i], field))
+    pos = first[row, : len(tags)]
+    ok = pos >= 0
+    labels[row, pos[ok]] = tags[ok]
+  data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+          "token_type_ids": batch.token_type_ids, "labels": labels}
+  train, evaluation = split(data, eval_fraction, seed=seed)
+  return train, evaluation, list(vocab.labels)
+
+
+def load_glue(name: str, tokenizer, *, max_len: int = 128, data_dir: str | None = None,
+              max_examples: int | None = None):
+  """A GLUE task (``sst2``, ``mrpc``, ``rte``) through `tensorflow_datasets.load`.
+
+  Returns:
+    `(train, eval, labels)` with the validation split as eval.
+  """
+  if name not in GLUE:
+    raise ValueError(f"GLUE task {name=!r} must be one of {sorted(GLUE)}")
+  import tensorflow_datasets as tfds
+
+  text_key, pair_key, num_labels, eval_split = GLUE[name]
+  out = []
+  for split_name in ("train", eval_split):
+    ds = tfds.load(f"glue/{name}", split=split_name, data_dir=data_dir)
+    texts, pairs, labels = [], [], []
+    for ex in tfds.as_numpy(ds):
+      if max_examples is not None and len(texts) >= max_examples:
+        break
+      texts.append(ex[text_key].decode("utf-8"))
+      if pair_key:
+        pairs.append(ex[pair_key].decode("utf-8"))
+      labels.append(int(ex["label"]))
+    out.append(encode_classification(tokenizer, texts, pairs if pair_key else None,
+                                     np.asarray(labels, np.int32), max_len=max_len))
+  return out[0], out[1], [str(i) for i in range(num_labels)]
+
+
+def split(data: dict[str, np.ndarray], eval_fraction: float, *, seed: int = 0):
+  """A seeded random split into `(train, eval)`."""
+  if not 0 < eval_fraction < 1:
+    raise ValueError(f"{eval_fraction=} must be in (0, 1)")
+  n = len(data["labels"])
+  perm = np.random.default_rng(seed).permutation(n)
+  k = max(1, round(n * eval_fraction))
+  pick = lambda idx: {key: v[np.sort(idx)] for key, v in data.items()}
+  return pick(perm[k:]), pick(perm[:k])
+
+
+# Model ------------------------------------------------------------------------
+
+
+def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path | None = None,
+                  config: BertConfig | None = None, seed: int = 0):
+  """A model with a fresh task head: from a Hugging Face directory or random.
+
+  Args:
+    task: "classification" or "token_classification".
+    num_labels: outputs of the head (1 for regression).
+    init_from: a Hugging Face directory (its task heads are dropped).
+    config: the architecture for random initialisation (when no `init_from`).
+    seed: the head's (and random model's) initialisation seed.
+
+  Returns:
+    `(config, params)`.
+  """
+  from bertjax.hf import from_hf
+
+  if task not in TASKS:
+    raise ValueError(f"{task=!r} must be one of {TASKS}")
+  if (init_from is None) == (config is None):
+    raise ValueError("give exactly one of init_from (a Hugging Face directory) or config")
+  head = _HEAD[task]
+  if init_from is not None:
+    config, params = from_hf(init_from)
+    config = config.replace(num_labels=num_labels)
+    params = {k: v for k, v in params.items() if k not in HEADS}
+    if "pooler" not in params and task == "classification":
+      params["pooler"] = init(config, seed)["pooler"]
+    params[head] = init(config, seed, heads=(head,))[head]
+  else:
+    config = config.replace(num_labels=num_labels)
+    params = init(config, seed, heads=(head,))
+  return config, params
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+  """Fine-tuning hyper-parameters (see `loop.TrainConfig` for their meaning)."""
+
+  steps: int = 500
+  batch_size: int = 32
+  accumulation_steps: int = 1
+  optimizer: str = "adamw"
+  learning_rate: float = 2e-5
+  warmup_steps: int = 0
+  decay: str = "linear"
+  clip_norm: float | None = 1.0
+  weight_decay: float = 0.01
+  dtype: str = "float32"
+  seed: int = 0
+  eval_every: int = 0
+  eval_batch_size: int = 64
+
+
+def predict(params, config: BertConfig, data: dict[str, np.ndarray], task: str, *,
+            batch_size: int = 64) -> np.ndarray:
+  """Logits for every example: (N, C) or (N, T, C); the last batch is padded (one compile)."""
+  @jax.jit
+  def logits_fn(p, ids, mask, types):
+    out = forward(p, config, ids, mask, types)
+    if task == "classification":
+      return classify(p, config, out.pooler_output)
+    return token_classify(p, config, out.last_hidden_state)
+
+  n = len(data["labels"])
+  chunks = []
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size) % n
+    part = logits_fn(params, data["input_ids"][idx], data["attention_mask"][idx],
+                     data["token_type_ids"][idx])
+    chunks.append(np.asarray(part)[: min(batch_size, n - start)])
+  return np.concatenate(chunks)
+
+
+def evaluate(params, config: BertConfig, data: dict[str, np.ndarray], task: str, *,
+             batch_size: int = 64) -> dict[str, float]:
+  """Task metrics on `data`: classification or regression metrics, token accuracy/F1."""
+  logits = predict(params, config, data, task, batch_size=batch_size).astype(np.float32)
+  labels = data["labels"]
+  if task == "classification" and logits.shape[-1] == 1:
+    return regression_metrics(logits[:, 0], labels)
+  preds = logits.argmax(-1)
+  if task == "token_classification":
+    keep = labels != IGNORE_INDEX
+    preds, labels = preds[keep], labels[keep]
+  return classification_metrics(preds, labels, logits.shape[-1])
+
+
+def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
+             eval_data: dict[str, np.ndarray] | None, *, task: str,
+             hp: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:
+  """Fine-tunes and evaluates.
+
+  Batches are drawn from a seeded permutation per epoch (batch k is a pure
+  function of seed and k).
+
+  Returns:
+    Dict with "metrics" (final eval), "eval_history", "history" (per-step loss),
+    "params" and "config".
+  """
+  if task not in TASKS:
+    raise ValueError(f"{task=!r} must be one of {TASKS}")
+  n = len(train_data["labels"])
+  if n < hp.batch_size:
+    raise ValueError(f"batch_size={hp.batch_size} exceeds the {n} training examples")
+  schedule = optim.learning_rate_schedule(hp.learning_rate, hp.steps, hp.warmup_steps, hp.decay)
+  tx = optim.make_optimizer(hp.optimizer, schedule, weight_decay=hp.weight_decay,
+                            clip_norm=hp.clip_norm)
+  state = create_train_state(params, tx, hp.seed)
+  step_fn = make_train_step(config.replace(dtype=hp.dtype), tx, schedule, task=task,
+                            accumulation_steps=hp.accumulation_steps)
+  per_epoch = n // hp.batch_size
+  history, eval_history = [], []
+  perm, perm_epoch = None, -1
+  for k in range(hp.steps):
+    epoch, i = divmod(k, per_epoch)
+    if epoch != perm_epoch:
+      perm = np.random.default_rng([hp.seed, epoch]).permutation(n)
+      perm_epoch = epoch
+    idx = perm[i * hp.batch_size:(i + 1) * hp.batch_size]
+    batch = {key: v[idx] for key, v in train_data.items()}
+    state, m = step_fn(state, batch)
+    m = jax.device_get(m)
+    if not m["finite"]:
+      raise FloatingPointError(f"non-finite fine-tuning loss={float(m['loss'])} at step {k + 1}")
+    history.append({"step": k + 1, "loss": float(m["loss"]),
+                    "learning_rate": float(m["learning_rate"])})
+    if eval_data is not None and hp.eval_every and (k + 1) % hp.eval_every == 0:
+      eval_history.append({"step": k + 1, **evaluate(state.params, config, eval_data, task,
+                                                      batch_size=hp.eval_batch_size)})
+  metrics = (evaluate(state.params, config, eval_data, task, batch_size=hp.eval_batch_size)
+             if eval_data is not None else {})
+  return {"metrics": metrics, "eval_history": eval_history, "history": history,
+          "final_loss": history[-1]["loss"], "steps": hp.steps,
+          "params": jax.tree.map(jnp.asarray, state.params), "config": config}
