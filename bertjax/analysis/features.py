@@ -1,0 +1,388 @@
+"""Word features from every layer of a model, in one forward pass per batch.
+
+``extract_word_features`` tokenises sentences given as word lists (e.g. UD
+tokens), sorts them by subword length and groups them into buckets whose
+sequence length is rounded up by ``bucket_width`` (so the
+number of compiled shapes stays small) and whose batch size fills a token
+budget; each bucket runs ``bertjax.forward(..., output_hidden_states=True)``
+once, and ``probing.pool_subwords`` pools subwords to words (first or mean
+subword). Words come back in corpus order as ``(layers + 1, n_words, hidden)``,
+layer 0 being the embedding output.
+
+With ``cache_dir`` the features are written to a ``.npy`` file keyed by a hash
+of the model parameters and config, the token ids, the pooling and the dtype;
+the next call with the same key memory-maps that file and runs no model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import bertjax
+from bertjax.analysis import probing
+
+POOLINGS = ("first", "mean")
+DTYPES = ("float32", "float16")
+CACHE_VERSION = 1
+
+
+@dataclasses.dataclass
+class WordFeatures:
+  """Per-word hidden states of every layer.
+
+  Attributes:
+    features: ``(layers + 1, n_words, hidden)``, embeddings first, words in corpus
+      order (a read-only memory map when loaded from the cache).
+    sentence_index: the sentence of each word ``(n_words,)``.
+    word_index: each word's position within its sentence ``(n_words,)``.
+    offsets: index of each sentence's first word ``(num_sentences + 1,)``.
+    pooling: ``"first"`` or ``"mean"``.
+    num_tokens: real subword tokens (special tokens included) over all sentences.
+    padded_tokens: batch cells computed (``batch * seq`` summed over batches).
+    num_batches: forward calls made (0 when loaded from the cache).
+    shapes: the distinct ``(batch, seq)`` shapes run (each compiles once).
+    missing_words: words that produced no subword (their features are zero).
+    seconds: wall time of the model part (forward + pooling + copy to host).
+    from_cache: True when loaded from ``cache_path`` without running the model.
+    cache_path: the ``.npy`` file, or None without a cache.
+  """
+
+  features: np.ndarray
+  sentence_index: np.ndarray
+  word_index: np.ndarray
+  offsets: np.ndarray
+  pooling: str
+  num_tokens: int
+  padded_tokens: int
+  num_batches: int = 0
+  shapes: tuple[tuple[int, int], ...] = ()
+  missing_words: int = 0
+  seconds: float = 0.0
+  from_cache: bool = False
+  cache_path: pathlib.Path | None = None
+
+  @property
+  def num_layers(self) -> int:
+    return self.features.shape[0]
+
+  @property
+  def padding_waste(self) -> float:
+    """Share of computed batch cells that were padding."""
+    return 1.0 - self.num_tokens / max(self.padded_tokens, 1)
+
+  @property
+  def tokens_per_second(self) -> float:
+    """Real tokens per second of model time (nan when loaded from the cache)."""
+    return self.num_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+  def sentence(self, i: int) -> np.ndarray:
+    """The features of sentence ``i``: ``(layers + 1, n_i, hidden)``."""
+    if not 0 <= i < len(self.offsets) - 1:
+      raise IndexError(f"sentence {i=} outside [0, {len(self.offsets) - 1})")
+    return self.features[:, self.offsets[i] : self.offsets[i + 1]]
+
+  def summary(self) -> dict[str, Any]:
+    """JSON-serialisable statistics of the extraction."""
+    return {
+      "layers": int(self.features.shape[0]),
+      "words": int(self.features.shape[1]),
+      "hidden": int(self.features.shape[2]),
+      "sentences": int(len(self.offsets) - 1),
+      "pooling": self.pooling,
+      "tokens": int(self.num_tokens),
+      "padded_tokens": int(self.padded_tokens),
+      "padding_waste": float(self.padding_waste),
+      "batches": int(self.num_batches),
+      "shapes": [list(s) for s in self.shapes],
+      "missing_words": int(self.missing_words),
+      "seconds": float(self.seconds),
+      "tokens_per_second": float(self.tokens_per_second),
+      "from_cache": bool(self.from_cache),
+    }
+
+
+def _word_lists(sentences: Sequence[Any]) -> list[list[str]]:
+  out = []
+  for i, s in enumerate(sentences):
+    words = s.forms if hasattr(s, "forms") else s
+    if isinstance(words, str):
+      raise TypeError(f"sentences[{i}] is a string; give each sentence as a list of words")
+    words = list(words)
+    if not words:
+      raise ValueError(f"sentences[{i}] has no words")
+    out.append(words)
+  return out
+
+
+def _round_up(x: int, m: int) -> int:
+  return m * math.ceil(x / m)
+
+
+def bucket_width(length: int, length_multiple: int = 8) -> int:
+  """The padded length of a sequence: a multiple of ``length_multiple`` up to 64, then
+  of an eighth of the next power of two (80, 96, ..., 128, 160, ..., 256, 320, ...),
+  so padding stays under ~20% of long sequences and at most ~20 widths exist up to 512."""
+  if length_multiple < 1:
+    raise ValueError(f"{length_multiple=} must be >= 1")
+  length = max(int(length), 1)
+  step = max(length_multiple, (1 << (length - 1).bit_length()) // 8)
+  return _round_up(length, step)
+
+
+def plan_batches(
+  lengths: Sequence[int], max_tokens: int = 4096, length_multiple: int = 8,
+  row_multiple: int = 8,
+) -> list[tuple[np.ndarray, int, int]]:
+  """Groups sequences into length buckets under a token budget.
+
+  Sequences are sorted by length; each batch pads to the bucket width (its
+  longest member rounded up by ``bucket_width``) and holds at most
+  ``max_tokens // width`` rows. A bucket's last, partial batch gets its row
+  count rounded up to a multiple of ``row_multiple``, so there are at most two
+  compiled shapes per width.
+
+  Args:
+    lengths: subword length of every sequence.
+    max_tokens: batch cells (rows x width) per batch.
+    length_multiple: the width granularity of short sequences (see ``bucket_width``).
+    row_multiple: a partial batch's rows are rounded up to a multiple of this.
+
+  Returns:
+    ``[(indices, rows, width), ...]``: the sequences of each batch, the padded
+    row count (>= ``len(indices)``) and width.
+  """
+  if length_multiple < 1 or row_multiple < 1:
+    raise ValueError(f"{length_multiple=} and {row_multiple=} must be >= 1")
+  lengths = np.asarray(lengths, np.int64)
+  order = np.argsort(lengths, kind="stable")
+  widths = np.asarray([bucket_width(n, length_multiple) for n in lengths[order]], np.int64)
+  if widths.size and max_tokens < widths.max():
+    raise ValueError(f"{max_tokens=} is smaller than the widest bucket ({widths.max()} tokens)")
+  plan, start = [], 0
+  while start < len(order):
+    width = widths[start]
+    cap = max(1, max_tokens // width)
+    stop = start
+    while stop < len(order) and widths[stop] == width and stop - start < cap:
+      stop += 1
+    n = stop - start
+    rows = min(cap, _round_up(n, row_multiple))
+    plan.append((order[start:stop], int(rows), int(width)))
+    start = stop
+  return plan
+
+
+def _hash_params(params: Any, config: Any) -> str:
+  h = hashlib.sha256(repr(config).encode())
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    a = np.asarray(leaf)
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(str((a.shape, a.dtype)).encode())
+    h.update(np.ascontiguousarray(a).tobytes())
+  return h.hexdigest()
+
+
+def cache_key(params: Any, config: Any, encodings: Sequence[tuple[np.ndarray, np.ndarray]],
+              pooling: str, dtype: str, model_id: str | None = None) -> str:
+  """The cache key: a hash of model (or ``model_id``), token ids, word alignment, pooling, dtype."""
+  h = hashlib.sha256(f"v{CACHE_VERSION}|{pooling}|{dtype}|".encode())
+  h.update((model_id if model_id is not None else _hash_params(params, config)).encode())
+  for ids, words in encodings:
+    h.update(np.asarray(len(ids), np.int64).tobytes())
+    h.update(np.asarray(ids, np.int32).tobytes())
+    h.update(np.asarray(words, np.int32).tobytes())
+  return h.hexdigest()[:24]
+
+
+def _encode_all(tokenizer, sentences: list[list[str]], max_length: int):
+  """Per-sentence (ids, word_ids) without padding."""
+  out = []
+  chunk = 256
+  for start in range(0, len(sentences), chunk):
+    batch = tokenizer.encode_words(sentences[start : start + chunk], max_length=max_length)
+    n = batch.attention_mask.sum(1)
+    for b in range(len(n)):
+      out.append((batch.input_ids[b, : n[b]].copy(), batch.word_ids[b, : n[b]].copy()))
+  return out
+
+
+def _sentence_index(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  counts = np.diff(offsets)
+  sent = np.repeat(np.arange(len(counts)), counts)
+  word = np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
+  return sent.astype(np.int32), word.astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_words", "pooling", "dtype"))
+def _extract(params, config, ids, mask, word_ids, num_words, pooling, dtype):
+  """One compiled program per bucket shape: forward with all hidden states, then pooling."""
+  hidden = bertjax.forward(params, config, ids, mask, jnp.zeros_like(ids),
+                           output_hidden_states=True).hidden_states  # (L+1, rows, width, H)
+  # probing.pool_subwords' jitted core, traced into this program (no host round trip).
+  pooled, present = probing._pool(hidden, word_ids, num_words, pooling)
+  return pooled.astype(dtype), present  # (L+1, rows, num_words, H), (rows, num_words)
+
+
+def extract_word_features(
+  params: Any,
+  config: Any,
+  tokenizer: Any,
+  sentences: Sequence[Any],
+  *,
+  pooling: str = "first",
+  dtype: str = "float32",
+  max_tokens: int = 4096,
+  length_multiple: int = 8,
+  cache_dir: str | os.PathLike | None = None,
+  model_id: str | None = None,
+  progress: bool = True,
+) -> WordFeatures:
+  """Hidden states of every layer pooled to words, one forward pass per length bucket.
+
+  Args:
+    params: model parameters (``bertjax.from_hf`` or ``bertjax.init``).
+    config: the model's ``BertConfig``.
+    tokenizer: a ``bertjax.Tokenizer``.
+    sentences: word lists, or objects with ``forms`` (e.g. ``conllu.Sentence``).
+    pooling: ``"first"`` subword or ``"mean"`` of a word's subwords.
+    dtype: ``"float32"`` or ``"float16"`` for the returned features.
+    max_tokens: batch cells (rows x padded length) per forward call.
+    length_multiple: padded-length granularity (see ``bucket_width``; bounds compilations).
+    cache_dir: directory of the on-disk cache, or None for no cache.
+    model_id: a name standing for the model in the cache key (skips hashing the
+      parameters); the caller must change it whenever the weights change.
+    progress: show a tqdm progress bar.
+
+  Returns:
+    A ``WordFeatures``.
+  """
+  if pooling not in POOLINGS:
+    raise ValueError(f"{pooling=} must be one of {POOLINGS}")
+  if dtype not in DTYPES:
+    raise ValueError(f"{dtype=} must be one of {DTYPES}")
+  words = _word_lists(sentences)
+  if not words:
+    raise ValueError("sentences is empty")
+  max_len = config.max_position_embeddings
+  lengths_words = np.asarray([len(w) for w in words])
+  offsets = np.concatenate([[0], np.cumsum(lengths_words)]).astype(np.int64)
+  sent_idx, word_idx = _sentence_index(offsets)
+  encodings = _encode_all(tokenizer, words, max_len)
+  lengths = np.asarray([len(ids) for ids, _ in encodings])
+  too_long = np.flatnonzero(lengths > max_len)
+  if too_long.size:
+    raise ValueError(f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
+                     f"max_position_embeddings={max_len}")
+  plan = plan_batches(lengths, max_tokens, length_multiple)
+  stats = {"num_tokens": int(lengths.sum()),
+           "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
+           "shapes": tuple(sorted({(rows, width) for _, rows, width in plan}))}
+  shape = (config.depth + 1, int(offsets[-1]), config.hidden_size)
+
+  path = None
+  if cache_dir is not None:
+    key = cache_key(params, config, encodings, pooling, dtype, model_id)
+    path = pathlib.Path(cache_dir) / f"features-{key}.npy"
+    if path.exists():
+      feats = np.load(path, mmap_mode="r")
+      if feats.shape == shape and feats.dtype == np.dtype(dtype):
+        return WordFeatures(feats, sent_idx, word_idx, offsets, pooling, **stats,
+                            from_cache=True, cache_path=path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+  else:
+    out = np.empty(shape, dtype)
+
+  bar = None
+  if progress:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=stats["num_tokens"], unit="tok", desc="features", leave=False)
+  missing = 0
+  t0 = time.perf_counter()
+  try:
+    for idx, rows, width in plan:
+      ids = np.full((rows, width), tokenizer.pad_id, np.int32)
+      mask = np.zeros((rows, width), np.int32)
+      wids = np.full((rows, width), -1, np.int32)
+      for r, s in enumerate(idx):
+        sid, sw = encodings[s]
+        ids[r, : len(sid)], mask[r, : len(sid)], wids[r, : len(sid)] = sid, 1, sw
+      num_words = bucket_width(int(lengths_words[idx].max()), length_multiple)
+      bertjax.check_inputs(config, ids, mask)
+      pooled, present = _extract(params, config, ids, mask, wids, num_words, pooling, dtype)
+      pooled, present = np.asarray(pooled), np.asarray(present)  # (L+1, rows, num_words, H)
+      n = lengths_words[idx]  # words of each real row
+      rows_of = np.repeat(np.arange(len(idx)), n)
+      words_of = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+      out[:, offsets[idx][rows_of] + words_of] = pooled[:, rows_of, words_of]
+      missing += int(n.sum() - present[rows_of, words_of].sum())
+      if bar is not None:
+        bar.update(int(lengths[idx].sum()))
+    seconds = time.perf_counter() - t0
+  except BaseException:
+    if path is not None:
+      del out
+      tmp.unlink(missing_ok=True)
+    raise
+  finally:
+    if bar is not None:
+      bar.close()
+  if path is not None:
+    out.flush()
+    del out
+    os.replace(tmp, path)
+    (path.with_suffix(".json")).write_text(json.dumps(
+      {"pooling": pooling, "dtype": dtype, "shape": list(shape), "sentences": len(words)}))
+    out = np.load(path, mmap_mode="r")
+  return WordFeatures(out, sent_idx, word_idx, offsets, pooling, **stats, num_batches=len(plan),
+                      missing_words=missing, seconds=seconds, cache_path=path)
+
+
+def forward_throughput(
+  params: Any, config: Any, tokenizer: Any, sentences: Sequence[Any], *,
+  max_tokens: int = 4096, length_multiple: int = 8, repeats: int = 1,
+) -> dict[str, float]:
+  """Plain forward throughput (last hidden state only) on the batches extraction would run.
+
+  Every shape is compiled before timing; the figure to compare with
+  ``WordFeatures.tokens_per_second``.
+
+  Returns:
+    ``{"tokens", "seconds", "tokens_per_second"}`` (real tokens, best of ``repeats``).
+  """
+  words = _word_lists(sentences)
+  encodings = _encode_all(tokenizer, words, config.max_position_embeddings)
+  lengths = np.asarray([len(ids) for ids, _ in encodings])
+  batches = []
+  for idx, rows, width in plan_batches(lengths, max_tokens, length_multiple):
+    ids = np.full((rows, width), tokenizer.pad_id, np.int32)
+    mask = np.zeros((rows, width), np.int32)
+    for r, s in enumerate(idx):
+      ids[r, : lengths[s]], mask[r, : lengths[s]] = encodings[s][0], 1
+    batches.append((ids, mask))
+  run = lambda ids, mask: bertjax.forward(params, config, ids, mask, np.zeros_like(ids))
+  for ids, mask in {b[0].shape: b for b in batches}.values():
+    jax.block_until_ready(run(ids, mask).last_hidden_state)
+  best = math.inf
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    for ids, mask in batches:
+      np.asarray(run(ids, mask).last_hidden_state)
+    best = min(best, time.perf_counter() - t0)
+  return {"tokens": int(lengths.sum()), "seconds": best,
+          "tokens_per_second": float(lengths.sum() / best)}
