@@ -1,0 +1,1070 @@
+"""The BERTology report: `bertjax report` and `./run.sh demo`.
+
+`build_report` loads a BERT or ALBERT checkpoint (the built-in all-MiniLM-L6-v2
+by default), runs the analyses of `bertjax.analysis` on the project's own
+sentences (`bertjax/resources/sentences.tsv`) or, with `data_dir`, on UD English
+EWT, and writes `index.html` (its PNG figures beside it) and `report.json`
+(every number the page shows).
+
+Sections: attention to [CLS], [SEP] and punctuation and attention entropy
+(Clark et al. 2019); attention pattern types (Kovaleva et al. 2019); head and
+layer ablation and head importance with a pruning curve (Michel et al. 2019) on
+a negation-detection task scored without downloads; anisotropy (Ethayarajh
+2019); a POS probe when UD data is present; raw vs effective attention (Brunner
+et al. 2020).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.resources
+import json
+import os
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import bertjax
+from bertjax.analysis import ablation, attention, geometry, probing
+from bertjax.hub import DEFAULT_MODEL
+
+SENTENCE_COLUMNS = ("sentence", "negated", "question", "phenomenon")
+PROBE_KEY = "report_task_probe"  # where the task classifier rides inside the params pytree
+
+TASK_NAME = "negation detection from the sentence embedding"
+TASK_WHY = (
+    "Every sentence of the project's own set is labelled negated (it contains not, n't, never, "
+    "no, nobody, nothing, none, neither, nor or nowhere) or affirmative, so the task needs no "
+    "download. A logistic-regression head is fitted on the frozen model's mean-pooled final "
+    "layer (the sentence embedding all-MiniLM-L6-v2 is used through) of a stratified training "
+    "split and scored on the held-out split. The head stays fixed while heads and layers are "
+    "ablated, so every change in held-out cross-entropy and accuracy is the encoder's doing. "
+    "Negation is a property sentence-embedding models are known to blur (their training pulls "
+    "'X' and 'not X' together), so how well it survives to the last layer, and which heads "
+    "carry it there, is a question worth asking of this model; questions vs statements "
+    "would be decided by the final '?' alone.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+  """One labelled sentence of the project's own set."""
+
+  text: str
+  negated: int
+  question: int
+  phenomenon: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportSettings:
+  """Sizes of the analyses; `reduced()` for the CI test.
+
+  Attributes:
+    max_sentences: how many of the built-in sentences to use (spread over the
+      file), or None for all.
+    max_text_sentences: with `data_dir`, how many UD sentences the attention
+      and geometry analyses read.
+    batch_size: sentences per forward call.
+    test_fraction: held-out share of the task sentences (stratified by label).
+    probe_steps, probe_l2: the task and negation probes' full-batch Adam steps and
+      L2 weight.
+    prune_step, prune_max: Michel et al.'s pruning: fraction of heads masked per
+      step, and where to stop.
+    pos_sentences: UD sentences for the POS probe (split by sentence).
+    pos_probe_steps: its most optimisation steps (early stopping on a held-out split).
+    anisotropy_pairs: random token pairs per layer.
+    passage_tokens: approximate length of the passages for effective attention
+      (at least twice the head dimension: only on sequences longer than the head
+      dimension does it differ from raw attention).
+    passages: how many passages the effective-attention statistics average over.
+    example_heads: heads shown raw vs effective.
+    ablation_strategy: `ablation.evaluate_masks`'s strategy.
+    ablation_chunk_size: masks evaluated at once; None means 1 on CPU (fastest
+      there) and 16 on accelerators.
+    seed: the seed of every split and sample.
+  """
+
+  max_sentences: int | None = None
+  max_text_sentences: int = 400
+  batch_size: int = 64
+  test_fraction: float = 0.3
+  probe_steps: int = 500
+  probe_l2: float = 0.1
+  prune_step: float = 0.1
+  prune_max: float = 0.9
+  pos_sentences: int = 2000
+  pos_probe_steps: int = 1500
+  anisotropy_pairs: int = 5000
+  passage_tokens: int = 64
+  passages: int = 8
+  example_heads: int = 4
+  ablation_strategy: str = "prefix"
+  ablation_chunk_size: int | None = None
+  seed: int = 0
+
+  @classmethod
+  def reduced(cls) -> ReportSettings:
+    """A few sentences and steps: the whole report in well under a minute or two."""
+    return cls(max_sentences=60, max_text_sentences=40, batch_size=32, probe_steps=150,
+               prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
+               anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
+               ablation_strategy="vmap")
+
+
+# Inputs -----------------------------------------------------------------------
+
+
+def sentences_path() -> pathlib.Path:
+  """The project's own labelled sentences (`bertjax/resources/sentences.tsv`)."""
+  return pathlib.Path(str(importlib.resources.files("bertjax") / "resources" / "sentences.tsv"))
+
+
+def load_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
+  """Reads a sentences TSV with the columns of `SENTENCE_COLUMNS`.
+
+  Raises:
+    ValueError: naming the line, for a missing column, a label outside {0, 1}
+      or an empty sentence.
+  """
+  path = pathlib.Path(path) if path is not None else sentences_path()
+  with open(path, newline="", encoding="utf-8") as f:
+    reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    missing = set(SENTENCE_COLUMNS) - set(reader.fieldnames or ())
+    if missing:
+      raise ValueError(f"{path} lacks the columns {sorted(missing)}; header is {reader.fieldnames}")
+    out = []
+    for line, row in enumerate(reader, start=2):
+      text = (row["sentence"] or "").strip()
+      if not text:
+        raise ValueError(f"{path}:{line}: empty sentence")
+      flags = {}
+      for name in ("negated", "question"):
+        if row[name] not in ("0", "1"):
+          raise ValueError(f"{path}:{line}: {name}={row[name]!r} must be 0 or 1")
+        flags[name] = int(row[name])
+      out.append(Sentence(text, flags["negated"], flags["question"], row["phenomenon"].strip()))
+  if not out:
+    raise ValueError(f"{path} has no sentences")
+  return out
+
+
+def default_data_dir() -> pathlib.Path | None:
+  """`$BERTJAX_DATA_DIR`, else `../shared/data` (from the working directory or the repository)."""
+  env = os.environ.get("BERTJAX_DATA_DIR")
+  if env:  # set, it is the only place looked at
+    return pathlib.Path(env) if pathlib.Path(env).is_dir() else None
+  candidates = [pathlib.Path.cwd().parent / "shared" / "data",
+                pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"]
+  return next((p for p in candidates if p.is_dir()), None)
+
+
+def _ud_files(data_dir: pathlib.Path) -> list[pathlib.Path]:
+  """UD English EWT CoNLL-U files under `data_dir`, train first, then dev, then test."""
+  files = sorted((data_dir / "ud_english_ewt").glob("*.conllu")) if data_dir else []
+  rank = lambda p: (0 if "train" in p.name else 1 if "dev" in p.name else 2, p.name)
+  return sorted(files, key=rank)
+
+
+def _spread(n: int, k: int | None) -> np.ndarray:
+  """`k` indices spread evenly over `range(n)` (all of them when k is None or >= n)."""
+  if k is None or k >= n:
+    return np.arange(n)
+  return np.unique(np.linspace(0, n - 1, k).round().astype(int))
+
+
+def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
+  """Train and test indices with each label split in the same proportion."""
+  rng = np.random.default_rng(seed)
+  train, test = [], []
+  for value in np.unique(labels):
+    idx = rng.permutation(np.flatnonzero(labels == value))
+    k = max(1, round(test_fraction * len(idx)))
+    test.append(idx[:k])
+    train.append(idx[k:])
+  return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+def _batches(tok: bertjax.Tokenizer, texts=None, words=None, pairs=None, *, batch_size: int,
+             max_length: int, extra: dict[str, np.ndarray] | None = None):
+  """Length-sorted padded batches: a list of `(indices, batch dict)`.
+
+  Give `texts` (with optional `pairs`) or `words` (pre-split). Padded lengths
+  are multiples of 8, so few shapes compile. `extra` arrays (n, ...) are sliced
+  into each batch (e.g. labels).
+  """
+  items = texts if texts is not None else words
+
+  def encode(idx, pad_to=None) -> bertjax.Batch:
+    if texts is None:
+      return tok.encode_words([words[i] for i in idx], max_length=max_length, pad_to=pad_to)
+    second = None if pairs is None else [pairs[i] for i in idx]
+    return tok.encode([texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to)
+
+  lengths = encode(range(len(items))).attention_mask.sum(-1)
+  order = np.argsort(lengths, kind="stable")
+  out = []
+  for start in range(0, len(order), batch_size):
+    idx = np.sort(order[start:start + batch_size])
+    width = min(_round_up(int(lengths[idx].max()), 8), max_length)
+    b = encode(idx, pad_to=width)
+    batch = {"input_ids": b.input_ids, "attention_mask": b.attention_mask,
+             "token_type_ids": b.token_type_ids, "word_ids": b.word_ids}
+    for name, values in (extra or {}).items():
+      batch[name] = np.asarray(values)[idx]
+    out.append((idx, batch))
+  return out
+
+
+def _plain(batch: dict) -> dict:
+  """The model inputs (and labels) of a batch, without `word_ids`."""
+  return {k: v for k, v in batch.items() if k != "word_ids"}
+
+
+# The scoring task ---------------------------------------------------------------
+
+
+@jax.jit
+def _mean_pool(hidden, mask):
+  """Mean over real tokens of (..., B, T, H) states: (..., B, H)."""
+  m = mask.astype(hidden.dtype)[..., None]
+  return (hidden * m).sum(-2) / jnp.maximum(m.sum(-2), 1)
+
+
+def _task_logits(params, last_hidden_state, attention_mask):
+  p = params[PROBE_KEY]
+  x = _mean_pool(last_hidden_state.astype(jnp.float32), attention_mask)
+  return ((x - p["mean"]) / p["scale"]) @ p["w"] + p["b"]
+
+
+def task_loss(params, config, batch, last_hidden_state, pooled):
+  """Cross-entropy of the report's task head on `batch["labels"]`: (sum, count)."""
+  logp = jax.nn.log_softmax(_task_logits(params, last_hidden_state, batch["attention_mask"]))
+  nll = -jnp.take_along_axis(logp, batch["labels"][:, None].astype(jnp.int32), -1)[:, 0]
+  return nll.sum(), jnp.asarray(nll.shape[0], jnp.float32)
+
+
+def task_accuracy(params, config, batch, last_hidden_state, pooled):
+  """Accuracy of the report's task head on `batch["labels"]`: (correct, count)."""
+  pred = _task_logits(params, last_hidden_state, batch["attention_mask"]).argmax(-1)
+  correct = (pred == batch["labels"]).astype(jnp.float32)
+  return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
+
+
+def _sentence_embeddings(params, config, batches, n: int) -> np.ndarray:
+  """Mean-pooled hidden states of every layer, embeddings first: (layers + 1, n, H)."""
+  out = np.zeros((config.depth + 1, n, config.hidden_size), np.float32)
+  for idx, batch in batches:
+    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], output_hidden_states=True)
+    out[:, idx] = np.asarray(_mean_pool(o.hidden_states, jnp.asarray(batch["attention_mask"])))
+  return out
+
+
+def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: ReportSettings,
+             log: Callable[[str], None]) -> tuple[dict, dict]:
+  """Fits the negation heads (one per layer) and returns `(results, task)`.
+
+  `task` holds the parameters with the final layer's head under `PROBE_KEY` and
+  the held-out and training batches for the ablation analyses.
+  """
+  texts = [s.text for s in sentences]
+  labels = np.asarray([s.negated for s in sentences], np.int32)
+  if len(np.unique(labels)) < 2:
+    raise ValueError(f"the task needs negated and affirmative sentences; labels are all "
+                     f"{labels[0]}")
+  train, test = _stratified_split(labels, settings.test_fraction, settings.seed)
+  batches = _batches(tok, texts, batch_size=settings.batch_size,
+                     max_length=config.max_position_embeddings)
+  feats = _sentence_embeddings(params, config, batches, len(texts))  # (L + 1, n, H)
+  mean = feats[:, train].mean(1, keepdims=True)
+  scale = feats[:, train].std(1, keepdims=True) + 1e-6
+  z = (feats - mean) / scale
+  probe = probing.fit_probe(
+      z[:, train], labels[train], num_classes=2,
+      config=probing.ProbeConfig(l2=settings.probe_l2, max_steps=settings.probe_steps,
+                                 patience=None, seed=settings.seed))
+  logits = np.asarray(probe.logits(z[:, test]), np.float64)  # (L + 1, n_test, 2)
+  logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+  nll = -np.take_along_axis(logp, labels[test][None, :, None], -1)[..., 0].mean(-1)
+  acc = probe.accuracy(z[:, test], labels[test])
+  log(f"negation probe held-out accuracy by layer: {np.round(acc, 3).tolist()}")
+  head = jax.tree.map(lambda a: np.asarray(a[-1]), probe.params)
+  task_params = {**params, PROBE_KEY: {
+      "mean": jnp.asarray(mean[-1, 0]), "scale": jnp.asarray(scale[-1, 0]),
+      "w": jnp.asarray(head["w"]), "b": jnp.asarray(head["b"])}}
+  split = lambda idx: [_plain(b) for _, b in _batches(
+      tok, [texts[i] for i in idx], batch_size=settings.batch_size,
+      max_length=config.max_position_embeddings, extra={"labels": labels[idx]})]
+  results = {
+      "name": TASK_NAME, "why": TASK_WHY,
+      "classifier": (f"logistic regression (linear probe, L2 {settings.probe_l2}, "
+                     f"{settings.probe_steps} full-batch Adam steps) on standardised mean-pooled "
+                     "states"),
+      "num_train": len(train), "num_test": len(test),
+      "test_negated_fraction": float(labels[test].mean()),
+      "majority_accuracy": float(max(labels[test].mean(), 1 - labels[test].mean())),
+      "probe_accuracy_by_layer": acc.tolist(), "probe_loss_by_layer": nll.tolist(),
+      "test_accuracy": float(acc[-1]), "test_loss": float(nll[-1]),
+  }
+  return results, {"params": task_params, "train": split(train), "test": split(test)}
+
+
+# Analyses -----------------------------------------------------------------------
+
+
+def clark_section(params, config, tok, batches) -> dict:
+  """Clark et al.'s attention mass on [CLS], [SEP], punctuation; entropy per head."""
+  stats = attention.clark_statistics(params, config, [_plain(b) for _, b in batches],
+                                     sep_id=tok.sep_id, punct_ids=attention.punctuation_ids(tok))
+  out = {name: np.asarray(v) for name, v in stats.items()}
+  out["by_layer"] = {name: v.mean(-1) for name, v in out.items()}
+  return out
+
+
+def _example_maps(params, config, tok, batch, special_ids):
+  """For each pattern type found in one batch, its most typical (layer, sequence, head) map."""
+  maps = np.asarray(bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                                    batch["token_type_ids"], output_attentions=True).attentions)
+  special = np.isin(batch["input_ids"], special_ids)
+  feats = attention.pattern_features(maps, special, batch["attention_mask"],
+                                     batch["token_type_ids"])
+  codes = attention.classify_patterns(feats)  # (L, B, N)
+  # The most typical example of each type: the one with the strongest feature of its kind.
+  v, d = feats["vertical"], feats["diagonal"]
+  scores = {"vertical": v, "diagonal": d, "vertical+diagonal": v + d,
+            "block": np.nan_to_num(feats["block"], nan=-1.0), "heterogeneous": -(v + d)}
+  examples = {}
+  for code, name in enumerate(attention.PATTERN_TYPES):
+    found = np.argwhere(codes == code)
+    if len(found):
+      best = found[np.argmax([scores[name][tuple(f)] for f in found])]
+      l, b, h = (int(x) for x in best)
+      n = int(batch["attention_mask"][b].sum())
+      examples[name] = {"layer": l, "sequence": b, "head": h, "map": maps[l, b, h, :n, :n],
+                        "tokens": tok.convert_ids_to_tokens(batch["input_ids"][b, :n])}
+  return examples
+
+
+def pattern_section(params, config, tok, pair_batches) -> dict:
+  """Kovaleva et al.'s pattern types of every head on sentence pairs."""
+  special_ids = [tok.cls_id, tok.sep_id]
+  counts = attention.pattern_types(params, config, [_plain(b) for _, b in pair_batches],
+                                   special_ids=special_ids)
+  examples = _example_maps(params, config, tok, pair_batches[len(pair_batches) // 2][1],
+                           special_ids)
+  return {"counts": counts.counts, "per_layer": counts.per_layer, "overall": counts.overall,
+          "dominant": counts.dominant, "examples": examples}
+
+
+def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
+  """Head and layer ablation, head importance and the pruning curve on the task."""
+  params, train, test = task["params"], task["train"], task["test"]
+  chunk = settings.ablation_chunk_size or (1 if jax.default_backend() == "cpu" else 16)
+  # Every single head, every layer's heads together, every block skipped: the
+  # held-out loss under each mask. "prefix" runs the intact blocks below a mask's
+  # first change once; "vmap" compiles fewer programs (better for tiny runs).
+  loss = ablation.ablation_sweep(params, config, test, task_loss, modes=("scale",),
+                                 include=("heads", "layers", "layer_skip"), chunk_size=chunk,
+                                 strategy=settings.ablation_strategy)["scale"]
+  # Accuracy of the layer masks only: per head it moves in steps of 1 / n_test.
+  layer_masks = ablation.sweep_masks(config, ("layers", "layer_skip"))
+  head_masks = np.concatenate([layer_masks["layers"][0], layer_masks["layer_skip"][0]])
+  base_acc, layer_acc = ablation.evaluate_masks(
+      params, config, test, task_accuracy, head_masks,
+      np.concatenate([layer_masks["layers"][1], layer_masks["layer_skip"][1]]), strategy="vmap",
+      chunk_size=chunk)
+  log(f"ablation: baseline loss {loss.baseline:.4f}, accuracy {base_acc:.4f}")
+  importance = ablation.head_importance(params, config, train, task_loss)
+  # Michel et al.: mask the least important heads step by step, re-estimating
+  # importance (on the training split) each time; score each mask on held-out data.
+  pruning = ablation.iterative_pruning(params, config, train, task_loss, step=settings.prune_step,
+                                       max_fraction=settings.prune_max, chunk_size=chunk)
+  evaluate = lambda fn: ablation.evaluate_masks(params, config, test, fn, pruning.masks,
+                                                strategy=settings.ablation_strategy,
+                                                chunk_size=chunk)[1]
+  prune_acc, prune_loss = evaluate(task_accuracy), evaluate(task_loss)
+  log(f"pruning: {len(pruning.fractions) - 1} steps, held-out accuracy "
+      f"{np.round(prune_acc, 3).tolist()}")
+  delta = (loss.heads - loss.baseline).ravel()
+  return {
+      "baseline_loss": loss.baseline, "baseline_accuracy": base_acc,
+      "head_loss": loss.heads,
+      "layer_heads_loss": loss.layers, "layer_heads_accuracy": layer_acc[:config.depth],
+      "layer_skip_loss": loss.layer_skip, "layer_skip_accuracy": layer_acc[config.depth:],
+      "importance": importance,
+      "importance_vs_ablation_spearman": _spearman(importance.ravel(), delta),
+      "pruning_fraction": pruning.fractions, "pruning_accuracy": prune_acc,
+      "pruning_loss": prune_loss, "pruning_masks": pruning.masks,
+  }
+
+
+def _spearman(a, b) -> float:
+  """Spearman rank correlation of two float vectors (ties, unlikely here, ranked by position)."""
+  rank = lambda x: np.argsort(np.argsort(np.asarray(x), kind="stable"), kind="stable")
+  value = np.corrcoef(rank(a), rank(b))[0, 1]
+  return float(value) if np.isfinite(value) else 0.0  # a constant vector: no rank order
+
+
+def _token_states(params, config, batches, special_ids) -> np.ndarray:
+  """Hidden states of every real, non-special token: (layers + 1, n_tokens, H)."""
+  parts = []
+  for _, batch in batches:
+    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], output_hidden_states=True)
+    keep = np.asarray(batch["attention_mask"], bool) & ~np.isin(batch["input_ids"], special_ids)
+    parts.append(np.asarray(o.hidden_states)[:, keep])
+  return np.concatenate(parts, 1)
+
+
+def anisotropy_section(params, config, tok, batches, settings: ReportSettings) -> dict:
+  """Ethayarajh's anisotropy: mean cosine of random token pairs, per layer."""
+  reps = _token_states(params, config, batches, [tok.cls_id, tok.sep_id, tok.pad_id])
+  return {"num_tokens": int(reps.shape[1]),
+          "anisotropy": geometry.anisotropy(reps, settings.anisotropy_pairs, settings.seed),
+          "anisotropy_centered": geometry.anisotropy(reps, settings.anisotropy_pairs,
+                                                     settings.seed, centered=True)}
+
+
+def pos_section(params, config, tok, ud_files, settings: ReportSettings, progress: bool) -> dict:
+  """A linear UPOS probe on every layer, with its control task (`probing_run`)."""
+  from bertjax.analysis import probing_run
+  from bertjax.data import conllu
+
+  sentences = []
+  for path in ud_files:
+    sentences += conllu.read_conllu(path, max_sentences=settings.pos_sentences - len(sentences))
+    if len(sentences) >= settings.pos_sentences:
+      break
+  suite = probing_run.SuiteConfig(
+      tasks=("upos",), structural=False, seed=settings.seed,
+      probe=dataclasses.replace(probing_run.SuiteConfig().probe,
+                                max_steps=settings.pos_probe_steps))
+  out = probing_run.run_probing_suite(params, config, tok, sentences, suite=suite,
+                                      progress=progress)
+  upos = out["upos"]
+  return {"files": [p.name for p in ud_files], "num_sentences": len(sentences),
+          "num_train_words": upos["train_size"], "num_test_words": upos["test_size"],
+          "num_tags": upos["num_classes"], "accuracy": np.asarray(upos["accuracy"]),
+          "control_accuracy": np.asarray(upos["control_accuracy"]),
+          "selectivity": np.asarray(upos["selectivity"]), "best_layer": upos["best_layer"]}
+
+
+def _passages(sentences: Sequence[str], tok, target: int, count: int) -> list[str]:
+  """Consecutive sentences joined into passages of about `target` tokens."""
+  lengths = tok.encode(list(sentences)).attention_mask.sum(-1) - 2
+  out, current, size = [], [], 2
+  for text, n in zip(sentences, lengths):
+    current.append(text)
+    size += int(n)
+    if size >= target:
+      out.append(" ".join(current))
+      current, size = [], 2
+      if len(out) == count:
+        break
+  if current and len(out) < count:
+    out.append(" ".join(current))
+  return out
+
+
+def effective_section(params, config, tok, passages: Sequence[str], clark: dict,
+                      settings: ReportSettings) -> dict:
+  """Brunner et al.'s effective attention: statistics over passages, maps of a few heads."""
+  batches = _batches(tok, list(passages), batch_size=8, max_length=config.max_position_embeddings)
+  stats = attention.effective_attention_statistics(
+      params, config, [_plain(b) for _, b in batches], cls_id=tok.cls_id, sep_id=tok.sep_id)
+  # The heads whose raw attention sits most on [CLS] + [SEP]: where Brunner et al.
+  # found raw and effective attention to differ most.
+  score = (clark["cls"] + clark["sep"]).ravel()
+  heads = [divmod(int(i), config.num_attention_heads)
+           for i in np.argsort(-score)[:settings.example_heads]]
+  idx, batch = batches[0]
+  o = bertjax.forward(params, config, batch["input_ids"][:1], batch["attention_mask"][:1],
+                      batch["token_type_ids"][:1], output_attentions=True,
+                      output_hidden_states=True)
+  n = int(batch["attention_mask"][0].sum())
+  maps, hidden = np.asarray(o.attentions), np.asarray(o.hidden_states)
+  examples = []
+  for layer, head in heads:
+    t = attention.head_value_outputs(params, config, layer, hidden[layer, 0, :n])
+    raw = maps[layer, 0, :, :n, :n]
+    eff = attention.effective_attention(raw, t)
+    examples.append({"layer": layer, "head": head, "raw": raw[head], "effective": eff[head]})
+  lengths = np.concatenate([b["attention_mask"].sum(-1) for _, b in batches])
+  return {"num_passages": len(passages), "mean_passage_tokens": float(np.mean(lengths)),
+          "head_dim": config.head_dim, "stats": stats, "examples": examples,
+          "example_tokens": tok.convert_ids_to_tokens(batch["input_ids"][0, :n]),
+          "example_text": passages[int(idx[0])]}
+
+
+# Figures --------------------------------------------------------------------------
+
+
+def _map_panels(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path, *,
+                title: str = "", columns: int | None = None) -> pathlib.Path:
+  """Attention maps side by side, each with its own title and token labels."""
+  import matplotlib
+
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+
+  columns = columns or len(panels)
+  rows = -(-len(panels) // columns)
+  fig, axes = plt.subplots(rows, columns, squeeze=False, figsize=(3.3 * columns, 3.4 * rows))
+  for ax in axes.ravel()[len(panels):]:
+    ax.axis("off")
+  for ax, (name, grid, tokens) in zip(axes.ravel(), panels):
+    grid = np.asarray(grid)
+    top = max(float(np.abs(grid).max()), 1e-9)
+    if grid.min() < -1e-6:  # effective attention can be negative: a diverging scale
+      ax.imshow(grid, cmap="RdBu_r", vmin=-top, vmax=top)
+    else:
+      ax.imshow(grid, cmap="Blues", vmin=0, vmax=top)
+    n = len(tokens)
+    ticks = range(n) if n <= 40 else []
+    ax.set_xticks(ticks)
+    ax.set_yticks(ticks)
+    if n <= 40:
+      size = 6 if n <= 24 else 4
+      ax.set_xticklabels(tokens, rotation=90, fontsize=size)
+      ax.set_yticklabels(tokens, fontsize=size)
+    ax.set_title(name, fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout(rect=(0, 0, 1, 0.97))
+  path = pathlib.Path(path)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
+def _layer_bars(series: dict[str, Sequence[float]], path, *, ylabel: str, title: str,
+                baseline: float | None = None) -> pathlib.Path:
+  """Grouped bars per layer; a symmetric-log axis when the values span decades."""
+  import matplotlib
+
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+
+  values = {k: np.asarray(v, np.float64) for k, v in series.items()}
+  layers = len(next(iter(values.values())))
+  width = 0.8 / len(values)
+  fig, ax = plt.subplots(figsize=(1.6 + 0.75 * layers, 3.6))
+  for i, (name, v) in enumerate(values.items()):
+    ax.bar(np.arange(layers) + (i - (len(values) - 1) / 2) * width, v, width, label=name)
+  if baseline is not None:
+    ax.axhline(baseline, color="grey", ls="--", lw=1, label="intact model")
+  small = [np.abs(v[v != 0]).min() for v in values.values() if (v != 0).any()]
+  big = max(np.abs(v).max() for v in values.values())
+  if small and big > 50 * min(small) and big > 1:
+    ax.set_yscale("symlog", linthresh=max(min(small), 1e-3))
+  ax.axhline(0, color="black", lw=0.6)
+  ax.set_xticks(range(layers))
+  ax.set_xlabel("layer")
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(alpha=0.3, axis="y")
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+  path = pathlib.Path(path)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
+def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
+  """Every PNG of the report, written into `out`; returns section key -> file name."""
+  from bertjax import viz
+  from bertjax.analysis import plots_probing
+
+  figs: dict[str, pathlib.Path] = {}
+  clark = results["clark"]
+  layer = lambda name: clark["by_layer"][name]
+  figs["clark_layers"] = plots_probing.plot_layer_curves(
+      {"[CLS]": layer("cls"), "[SEP]": layer("sep"), "punctuation": layer("punct")},
+      out / "clark_layers.png", ylabel="mean attention mass", embeddings_first=False,
+      title="Attention to special tokens and punctuation (mean over heads)")
+  figs["entropy_heads"] = viz.head_heatmap(clark["entropy"], out / "entropy_heads.png",
+                                           title="Attention entropy", cbar_label="nats")
+  figs["entropy_layers"] = plots_probing.plot_layer_curves(
+      {"mean entropy": layer("entropy")}, out / "entropy_layers.png", ylabel="nats",
+      embeddings_first=False, title="Attention entropy by layer (mean over heads)")
+  pat = results["patterns"]
+  figs["pattern_layers"] = viz.type_ratios(pat["per_layer"], out / "pattern_layers.png")
+  figs["pattern_heads"] = viz.pattern_heatmap(pat["dominant"], out / "pattern_heads.png",
+                                              title="Most frequent pattern of each head")
+  if pat["examples"]:
+    figs["pattern_examples"] = _map_panels(
+        [(f"{name}: layer {e['layer']}, head {e['head']}", e["map"], e["tokens"])
+         for name, e in pat["examples"].items()], out / "pattern_examples.png",
+        title="One example map of each pattern type found")
+  task = results["task"]
+  figs["task_layers"] = plots_probing.plot_layer_curves(
+      {"held-out accuracy": task["probe_accuracy_by_layer"],
+       "majority class": [task["majority_accuracy"]] * len(task["probe_accuracy_by_layer"])},
+      out / "task_layers.png", ylabel="accuracy",
+      title="Negation probe on the mean-pooled states of each layer")
+  ab = results["ablation"]
+  figs["ablation_heads"] = viz.head_heatmap(
+      np.asarray(ab["head_loss"]) - ab["baseline_loss"], out / "ablation_heads.png",
+      title="Held-out loss change when one head is ablated", cbar_label="delta cross-entropy",
+      cmap="RdBu_r", center=0.0, annotate=False)
+  figs["ablation_layers"] = _layer_bars(
+      {"all heads of the layer masked": np.asarray(ab["layer_heads_loss"]) - ab["baseline_loss"],
+       "whole layer skipped": np.asarray(ab["layer_skip_loss"]) - ab["baseline_loss"]},
+      out / "ablation_layers.png", ylabel="delta held-out cross-entropy",
+      title="Layer ablation: loss change")
+  figs["ablation_layers_acc"] = _layer_bars(
+      {"all heads of the layer masked": ab["layer_heads_accuracy"],
+       "whole layer skipped": ab["layer_skip_accuracy"]},
+      out / "ablation_layers_acc.png", ylabel="held-out accuracy",
+      title="Layer ablation: accuracy", baseline=ab["baseline_accuracy"])
+  figs["importance"] = viz.head_heatmap(ab["importance"], out / "importance.png",
+                                        title="Head importance (Michel et al., layer-normalised)",
+                                        cbar_label="importance", cmap="magma")
+  figs["pruning"] = viz.pruning_curve(
+      {"held-out accuracy": (ab["pruning_fraction"], ab["pruning_accuracy"])},
+      out / "pruning.png", ylabel="accuracy", baseline=ab["baseline_accuracy"],
+      title="Iterative pruning by importance")
+  figs["pruning_loss"] = viz.pruning_curve(
+      {"held-out cross-entropy": (ab["pruning_fraction"], ab["pruning_loss"])},
+      out / "pruning_loss.png", ylabel="cross-entropy", baseline=ab["baseline_loss"],
+      title="Iterative pruning by importance: loss")
+  an = results["anisotropy"]
+  figs["anisotropy"] = plots_probing.plot_layer_curves(
+      {"raw": an["anisotropy"], "mean-centred": an["anisotropy_centered"]},
+      out / "anisotropy.png", ylabel="mean cosine of random token pairs",
+      title="Anisotropy by layer")
+  pos = results["pos"]
+  if pos.get("available"):
+    figs["pos"] = plots_probing.plot_probing(pos["accuracy"], out / "pos.png",
+                                             pos["control_accuracy"], task_name="UPOS")
+  eff = results["effective"]
+  panels = []
+  for e in eff["examples"]:
+    panels.append((f"layer {e['layer']}, head {e['head']}: raw", e["raw"], eff["example_tokens"]))
+    panels.append((f"layer {e['layer']}, head {e['head']}: effective", e["effective"],
+                   eff["example_tokens"]))
+  figs["effective"] = _map_panels(panels, out / "effective.png", columns=2,
+                                  title="Raw vs effective attention (one passage)")
+  return {k: p.name for k, p in figs.items()}
+
+
+# HTML and JSON --------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.7em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.88em}
+th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+figure{display:inline-block;margin:.6em 1em .6em 0;vertical-align:top}
+figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
+.note{background:#fff7e0;border-left:4px solid #e0a800;padding:.5em .8em}
+.meta td{text-align:left}
+"""
+
+
+def _fmt(x, digits: int = 3) -> str:
+  if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+    return str(int(x))
+  if isinstance(x, (float, np.floating)):
+    return f"{float(x):.{digits}f}"
+  return html_escape(str(x))
+
+
+def html_escape(text: str) -> str:
+  import html
+
+  return html.escape(text, quote=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 3) -> str:
+  head = "".join(f"<th>{html_escape(h)}</th>" for h in headers)
+  body = "".join("<tr>" + "".join(f"<td>{_fmt(v, digits)}</td>" for v in row) + "</tr>"
+                 for row in rows)
+  return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fig(figs: dict, key: str, caption: str) -> str:
+  if key not in figs:
+    return ""
+  return (f'<figure><img src="{figs[key]}" alt="{html_escape(caption)}">'
+          f"<figcaption>{html_escape(caption)}</figcaption></figure>")
+
+
+def _layer_rows(columns: dict[str, Sequence[float]], first: int = 0) -> list[list[Any]]:
+  n = len(next(iter(columns.values())))
+  return [[i + first] + [columns[k][i] for k in columns] for i in range(n)]
+
+
+def _top_heads(grid, k: int, largest: bool = True) -> str:
+  grid = np.asarray(grid)
+  order = np.argsort(-grid.ravel() if largest else grid.ravel(), kind="stable")[:k]
+  return ", ".join(f"L{i // grid.shape[1]}H{i % grid.shape[1]} ({grid.ravel()[i]:+.3f})"
+                   for i in order)
+
+
+def render_html(r: dict, figs: dict[str, str]) -> str:
+  """The report page from the results of `build_report` and its figure file names."""
+  m, t = r["model"], r["text"]
+  parts = [("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>BERTology report: {html_escape(m['name'])}</title><style>{_CSS}</style>"
+            f"</head><body><h1>BERTology report: {html_escape(m['name'])}</h1>")]
+  meta = [("model", m["name"]), ("directory", m["path"]), ("type", m["model_type"]),
+          ("layers x heads", f"{m['layers']} x {m['heads']}"), ("hidden size", m["hidden_size"]),
+          ("parameters", f"{m['parameters']:,}"), ("text analysed", t["description"]),
+          ("run time", (f"{r['timing']['total_seconds']:.1f} s ({r['run']['mode']} mode, "
+                        f"{r['run']['backend']})")), ("generated", r["run"]["finished"])]
+  parts.append("<table class='meta'>" + "".join(
+      f"<tr><th>{html_escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in meta) + "</table>")
+  parts.append("<p>Every number on this page is in <code>report.json</code> beside it. "
+               "Layers are numbered from 0 (the first encoder block); where a curve includes "
+               "the embedding output it is layer 0 and the blocks are 1.."
+               f"{m['layers']}.</p>")
+  if t.get("phenomena"):
+    parts.append("<h2>The text</h2><p>" + html_escape(t["about"]) + "</p>")
+    parts.append(_table(["phenomenon", "sentences", "negated", "questions"],
+                        [[k, *v] for k, v in t["phenomena"].items()]))
+
+  c = r["clark"]
+  parts.append(
+      "<h2>1. Where attention goes (Clark et al. 2019)</h2><p>For every real query token, the "
+      "attention mass a head puts on [CLS], on [SEP] tokens and on punctuation, and the entropy "
+      "of its attention distribution, averaged over all tokens of the text. Clark et al. found "
+      "BERT's middle layers attending heavily to [SEP] (a no-op when a head's function does not "
+      "apply) and early layers attending broadly (high entropy).</p>")
+  parts.append(_fig(figs, "clark_layers", "Mass on [CLS], [SEP] and punctuation by layer"))
+  parts.append(_fig(figs, "entropy_layers", "Attention entropy by layer"))
+  parts.append(_fig(figs, "entropy_heads", "Attention entropy by layer and head"))
+  bl = c["by_layer"]
+  parts.append(_table(["layer", "[CLS]", "[SEP]", "punctuation", "self", "previous", "next",
+                       "entropy (nats)"],
+                      _layer_rows({k: bl[k] for k in ("cls", "sep", "punct", "self", "prev",
+                                                      "next", "entropy")})))
+
+  p = r["patterns"]
+  names = list(attention.PATTERN_TYPES)
+  parts.append(
+      "<h2>2. Attention pattern types (Kovaleva et al. 2019)</h2><p>Every head's map of every "
+      f"input ({p['num_inputs']} sentence pairs: consecutive sentences of the text, so the "
+      "block pattern can occur) is classified into Kovaleva et al.'s five types by a decision "
+      "list over three features: mass on [CLS]/[SEP] (vertical), mass on the diagonal band "
+      "(offsets -1, 0, +1), and the share of token-to-token mass inside the query's own "
+      "sentence (block). Thresholds: " + html_escape(p["thresholds"]) + ".</p>")
+  parts.append(_fig(figs, "pattern_layers", "Pattern types per layer"))
+  parts.append(_fig(figs, "pattern_heads", "Most frequent type of each head"))
+  parts.append(_table(["", *names], [["all layers", *p["overall"]]] +
+                      [[f"layer {i}", *row] for i, row in enumerate(p["per_layer"])]))
+  missing = [n for n in names if n not in p["examples"]]
+  parts.append(_fig(figs, "pattern_examples", "One example map of each type (the most typical "
+                    "one in one batch)"))
+  if missing:
+    parts.append(f"<p>No example of {html_escape(', '.join(missing))} occurred in the batch "
+                 "the examples were drawn from.</p>")
+
+  task, ab = r["task"], r["ablation"]
+  parts.append(
+      f"<h2>3. The scoring task: {html_escape(task['name'])}</h2><p>{html_escape(task['why'])}"
+      f"</p><p>Classifier: {html_escape(task['classifier'])}. {task['num_train']} training and "
+      f"{task['num_test']} held-out sentences ({100 * task['test_negated_fraction']:.0f}% of the "
+      "held-out ones negated). The same probe fitted on every layer's mean-pooled states shows "
+      "where negation is linearly readable: held-out accuracy "
+      f"{task['probe_accuracy_by_layer'][0]:.3f} on the embeddings, best "
+      f"{max(task['probe_accuracy_by_layer']):.3f} (layer "
+      f"{int(np.argmax(task['probe_accuracy_by_layer']))}), {task['test_accuracy']:.3f} on the "
+      "final layer.</p>")
+  parts.append(_fig(figs, "task_layers", "Negation probe accuracy by layer"))
+  parts.append(_table(["", "value"], [
+      ["held-out accuracy (final layer; the ablation baseline)", task["test_accuracy"]],
+      ["held-out cross-entropy (final layer)", task["test_loss"]],
+      ["majority-class accuracy", task["majority_accuracy"]]]))
+  parts.append(_table(["layer (0 = embeddings)", "held-out accuracy", "held-out cross-entropy"],
+                      _layer_rows({"a": task["probe_accuracy_by_layer"],
+                                   "l": task["probe_loss_by_layer"]})))
+
+  parts.append(
+      "<h2>4. Head and layer ablation (Michel et al. 2019)</h2><p>Each head is ablated in turn "
+      "(its output multiplied by 0) and the fixed negation head is scored on the held-out "
+      f"sentences. Baseline: cross-entropy {ab['baseline_loss']:.4f}, accuracy "
+      f"{ab['baseline_accuracy']:.4f}. Red cells: ablating that head hurts. Most harmful single "
+      f"heads: {html_escape(_top_heads(np.asarray(ab['head_loss']) - ab['baseline_loss'], 3))}; "
+      "most helpful to remove: "
+      f"{html_escape(_top_heads(np.asarray(ab['head_loss']) - ab['baseline_loss'], 3, False))}. "
+      "The layer chart masks all heads of one layer (the feed-forward part still runs) or skips "
+      "the whole block (its output becomes its input); skipping the last block hands the fixed "
+      "head a representation it was not fitted on, so expect a large loss there.</p>")
+  parts.append(_fig(figs, "ablation_heads", "Loss change per ablated head"))
+  parts.append(_fig(figs, "ablation_layers", "Layer ablation: loss change"))
+  parts.append(_fig(figs, "ablation_layers_acc", "Layer ablation: accuracy"))
+  parts.append(_table(["layer", "loss, heads masked", "accuracy, heads masked",
+                       "loss, layer skipped", "accuracy, layer skipped"],
+                      _layer_rows({"a": ab["layer_heads_loss"], "b": ab["layer_heads_accuracy"],
+                                   "c": ab["layer_skip_loss"], "d": ab["layer_skip_accuracy"]})))
+
+  parts.append(
+      "<h2>5. Head importance and pruning (Michel et al. 2019)</h2><p>Importance of head h is "
+      "E<sub>x</sub>|dL(x)/d&xi;<sub>h</sub>| for a mask variable &xi; on the head's output "
+      "(one backward pass over the training split), normalised per layer. Pruning masks the "
+      f"least important {100 * r['settings']['prune_step']:.0f}% of all heads, re-estimates "
+      "importance and repeats; each mask is scored on the held-out split. Spearman correlation "
+      "between importance and the single-head ablation loss change: "
+      f"{ab['importance_vs_ablation_spearman']:.3f}. Best held-out accuracy along the curve: "
+      f"{max(ab['pruning_accuracy']):.3f} with "
+      f"{100 * ab['pruning_fraction'][int(np.argmax(ab['pruning_accuracy']))]:.0f}% of the heads "
+      "masked.</p>")
+  parts.append(_fig(figs, "importance", "Head importance"))
+  parts.append(_fig(figs, "pruning", "Pruning curve: accuracy"))
+  parts.append(_fig(figs, "pruning_loss", "Pruning curve: loss"))
+  parts.append(_table(["heads pruned (%)", "held-out accuracy", "held-out cross-entropy"],
+                      [[100 * f, a, l] for f, a, l in zip(ab["pruning_fraction"],
+                                                          ab["pruning_accuracy"],
+                                                          ab["pruning_loss"])], 3))
+
+  an = r["anisotropy"]
+  parts.append(
+      "<h2>6. Anisotropy (Ethayarajh 2019)</h2><p>Mean cosine similarity between the "
+      f"representations of random pairs of tokens ({an['num_tokens']} real, non-special tokens "
+      "of the text), per layer. High values mean the representations occupy a narrow cone; "
+      "Ethayarajh used it as the baseline against which to read contextual similarity. The "
+      "mean-centred curve removes the common direction.</p>")
+  parts.append(_fig(figs, "anisotropy", "Anisotropy by layer"))
+  parts.append(_table(["layer (0 = embeddings)", "anisotropy", "mean-centred"],
+                      _layer_rows({"a": an["anisotropy"], "c": an["anisotropy_centered"]})))
+
+  pos = r["pos"]
+  parts.append("<h2>7. Part-of-speech probe (UD English EWT)</h2>")
+  if pos.get("available"):
+    parts.append(
+        f"<p>A linear probe on each layer's first-subword word vectors predicts the UPOS tag "
+        f"({pos['num_tags']} tags) of {pos['num_test_words']} held-out words "
+        f"({pos['num_sentences']} sentences of {html_escape(', '.join(pos['files']))}, split "
+        "by sentence). The control task (Hewitt &amp; Liang 2019) gives each word type a "
+        "random tag; selectivity is the difference. Best layer: "
+        f"{pos['best_layer']}.</p>")
+    parts.append(_fig(figs, "pos", "UPOS probe accuracy by layer"))
+    parts.append(_table(["layer (0 = embeddings)", "accuracy", "control", "selectivity"],
+                        _layer_rows({"a": pos["accuracy"], "c": pos["control_accuracy"],
+                                     "s": pos["selectivity"]})))
+  else:
+    parts.append(f"<p class='note'>Not available: {html_escape(pos['reason'])}</p>")
+
+  eff = r["effective"]
+  st = eff["stats"]
+  parts.append(
+      "<h2>8. Raw vs effective attention (Brunner et al. 2020)</h2><p>A head's output is "
+      "A&middot;T with T = (E W<sub>V</sub> + b<sub>V</sub>) W<sub>O</sub>; any component of an "
+      "attention row in the left null space of T changes nothing, so it cannot be read as "
+      "'what the head uses'. Effective attention removes it. The null space exists only when a "
+      f"sequence is longer than the head dimension ({eff['head_dim']}), so this section reads "
+      f"{eff['num_passages']} passages of consecutive sentences (about "
+      f"{eff['mean_passage_tokens']:.0f} tokens). The example heads are those with the most raw "
+      "attention on [CLS] + [SEP]; effective attention can be negative (red).</p>")
+  parts.append(_fig(figs, "effective", "Raw vs effective attention"))
+  rows = []
+  for d in range(len(st["raw"]["cls"])):
+    rows.append([d, np.mean(st["raw"]["cls"][d]), np.mean(st["effective"]["cls"][d]),
+                 np.mean(st["raw"]["sep"][d]), np.mean(st["effective"]["sep"][d]),
+                 np.mean(st["effective"]["raw_corr"][d])])
+  parts.append(_table(["layer", "raw [CLS]", "effective [CLS]", "raw [SEP]", "effective [SEP]",
+                       "corr(raw, effective)"], rows))
+  parts.append("<h2>Run time</h2>" + _table(
+      ["stage", "seconds"], [[k, v] for k, v in r["timing"].items()], 1))
+  parts.append("</body></html>")
+  return "\n".join(x for x in parts if x)
+
+
+def _jsonable(x):
+  if isinstance(x, dict):
+    return {str(k): _jsonable(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_jsonable(v) for v in x]
+  if isinstance(x, (np.ndarray, jax.Array)):
+    return _jsonable(np.asarray(x).tolist())
+  if isinstance(x, (np.floating, float)):
+    return round(float(x), 6)
+  if isinstance(x, (np.integer, np.bool_)):
+    return x.item()
+  return x
+
+
+# The pipeline ------------------------------------------------------------------------
+
+
+def _single_thread_blas():
+  """Limits NumPy's BLAS to one thread: its thread pool thrashes on small shared machines."""
+  import contextlib
+
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:  # threadpoolctl comes with scikit-learn; without it nothing changes
+    return contextlib.nullcontext()
+  return threadpool_limits(limits=1, user_api="blas")
+
+
+def build_report(model_dir: str | os.PathLike | None = None,
+                 out_dir: str | os.PathLike = "out/report",
+                 data_dir: str | os.PathLike | None = None, reduced: bool = False,
+                 progress: bool = True, settings: ReportSettings | None = None) -> dict:
+  """Analyses a BERT or ALBERT checkpoint and writes the HTML report.
+
+  Args:
+    model_dir: a Hugging Face BERT or ALBERT directory (weights, config and
+      tokenizer files); None means the built-in all-MiniLM-L6-v2.
+    out_dir: where `index.html`, `report.json` and the PNG figures go (created).
+    data_dir: the real data sets (`ud_english_ewt/*.conllu` ...). Given, the
+      attention and geometry analyses read UD sentences instead of the project's
+      own; None looks for them (`default_data_dir`) only for the POS probe.
+    reduced: a small, fast run (`ReportSettings.reduced()`), for tests.
+    progress: print progress lines.
+    settings: explicit sizes (overrides `reduced`).
+
+  Returns:
+    The results (as written to `report.json`), with `files`: the paths written.
+
+  Raises:
+    FileNotFoundError: `model_dir` or an explicit `data_dir` does not exist.
+    ValueError: the checkpoint is physically pruned (the analyses need every head).
+  """
+  start = time.perf_counter()
+  settings = settings or (ReportSettings.reduced() if reduced else ReportSettings())
+  timing: dict[str, float] = {}
+  clock = [start]
+
+  def log(message: str) -> None:
+    if progress:
+      print(f"[report {time.perf_counter() - start:6.1f}s] {message}", flush=True)
+
+  def lap(name: str) -> None:
+    now = time.perf_counter()
+    timing[name] = now - clock[0]
+    clock[0] = now
+    log(f"{name} done ({timing[name]:.1f}s)")
+
+  if model_dir is None:
+    model_path, model_name = bertjax.minilm_path(), DEFAULT_MODEL
+  else:
+    model_path = pathlib.Path(model_dir)
+    if not model_path.is_dir():
+      raise FileNotFoundError(f"model_dir={str(model_path)!r} is not a directory")
+    model_name = model_path.resolve().name
+  explicit_data = data_dir is not None
+  if explicit_data and not pathlib.Path(data_dir).is_dir():
+    raise FileNotFoundError(f"data_dir={str(data_dir)!r} is not a directory")
+  data_path = pathlib.Path(data_dir) if explicit_data else default_data_dir()
+  ud_files = _ud_files(data_path) if data_path is not None else []
+  out = pathlib.Path(out_dir)
+
+  with _single_thread_blas():
+    log(f"loading {model_name} from {model_path}")
+    config, params = bertjax.from_hf(model_path)
+    if config.is_pruned:
+      raise ValueError(f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
+                       " the report needs every head")
+    tok = bertjax.Tokenizer.from_pretrained(model_path)
+    max_len = min(config.max_position_embeddings, tok.model_max_length)
+    own = load_sentences()
+    own = [own[i] for i in _spread(len(own), settings.max_sentences)]
+    own_texts = [s.text for s in own]
+    if explicit_data and ud_files:
+      from bertjax.data import conllu
+
+      ud = conllu.read_conllu(ud_files[0], max_sentences=settings.max_text_sentences)
+      ud = [s for s in ud if len(tok.encode_words([s.forms]).input_ids[0]) <= max_len]
+      words = [list(s.forms) for s in ud]
+      texts = [" ".join(w) for w in words]
+      batches = _batches(tok, words=words, batch_size=settings.batch_size, max_length=max_len)
+      text = {"source": "ud", "num_sentences": len(ud),
+              "description": f"{len(ud)} UD English EWT sentences ({ud_files[0].name})"}
+    else:
+      if explicit_data:
+        log(f"no ud_english_ewt/*.conllu under {data_path}; using the built-in sentences")
+      texts = own_texts
+      batches = _batches(tok, texts, batch_size=settings.batch_size, max_length=max_len)
+      phenomena: dict[str, list[int]] = {}
+      for s in own:
+        row = phenomena.setdefault(s.phenomenon, [0, 0, 0])
+        row[0] += 1
+        row[1] += s.negated
+        row[2] += s.question
+      text = {"source": "builtin", "num_sentences": len(own), "phenomena": phenomena,
+              "description": f"{len(own)} of the project's own sentences "
+                             "(bertjax/resources/sentences.tsv)",
+              "about": "A few hundred English sentences written for this project: "
+                       "declaratives, questions (including negated ones), negation, long-distance "
+                       "subject-verb agreement across prepositional phrases and relative clauses, "
+                       "punctuation-heavy sentences, relative clauses, coordination, passives, "
+                       "conditionals, comparatives, indirect questions and imperatives."}
+    text["num_tokens"] = int(sum(b["attention_mask"].sum() for _, b in batches))
+    lap("setup")
+
+    log(f"negation task: fitting probes on {len(own)} sentences")
+    task_results, task = fit_task(params, config, tok, own, settings, log)
+    lap("task")
+    log("Clark et al. attention statistics")
+    clark = clark_section(params, config, tok, batches)
+    lap("clark")
+    log("Kovaleva et al. pattern types")
+    pair_batches = _batches(tok, texts[:-1], pairs=texts[1:], batch_size=settings.batch_size,
+                            max_length=max_len)
+    patterns = pattern_section(params, config, tok, pair_batches)
+    patterns["num_inputs"] = len(texts) - 1
+    patterns["thresholds"] = ", ".join(
+        f"{k} {v}" for k, v in dataclasses.asdict(attention.PatternThresholds()).items())
+    lap("patterns")
+    log(f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
+        "layers), importance and pruning")
+    abl = ablation_section(task, config, settings, log)
+    lap("ablation")
+    log("anisotropy")
+    aniso = anisotropy_section(params, config, tok, batches, settings)
+    lap("anisotropy")
+    if ud_files:
+      log(f"POS probe on {ud_files[0].parent}")
+      pos = {"available": True, **pos_section(params, config, tok, ud_files, settings, progress)}
+    else:
+      where = data_path or "../shared/data"
+      pos = {"available": False,
+             "reason": f"no UD English EWT CoNLL-U files under {where}/ud_english_ewt "
+                       "(pass --data-dir to point at the data sets)"}
+      log(f"POS probe skipped: {pos['reason']}")
+    lap("pos")
+    log("effective attention")
+    # Longer than the head dimension, or effective attention equals raw attention.
+    target = min(max(settings.passage_tokens, 2 * config.head_dim), max_len - 16)
+    passages = _passages(texts, tok, target, settings.passages)
+    eff = effective_section(params, config, tok, passages, clark, settings)
+    lap("effective")
+
+    results = {
+        "model": {"name": model_name, "path": str(model_path), "model_type": config.model_type,
+                  "layers": config.depth, "heads": config.num_attention_heads,
+                  "hidden_size": config.hidden_size,
+                  "parameters": int(bertjax.count_params(params))},
+        "text": text, "settings": dataclasses.asdict(settings), "clark": clark,
+        "patterns": patterns, "task": task_results, "ablation": abl, "anisotropy": aniso,
+        "pos": pos, "effective": eff,
+        "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
+                "backend": jax.default_backend(), "jax_version": jax.__version__},
+    }
+    figs = write_figures(results, out)
+    lap("figures")
+  timing["total_seconds"] = time.perf_counter() - start
+  results["timing"] = timing
+  results["run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+  results["figures"] = figs
+  results = _jsonable(results)
+  (out / "report.json").write_text(json.dumps(results, indent=1, allow_nan=False))
+  (out / "index.html").write_text(render_html(results, figs), encoding="utf-8")
+  results["files"] = [str(out / "index.html"), str(out / "report.json"),
+                      *(str(out / f) for f in figs.values())]
+  log(f"wrote {out / 'index.html'} ({timing['total_seconds']:.1f}s)")
+  return results

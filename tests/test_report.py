@@ -1,0 +1,202 @@
+"""The main job: `bertjax report` in reduced mode, on MiniLM and on random-weight checkpoints."""
+
+import json
+import math
+import pathlib
+import shutil
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax import cli, report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_png(path: pathlib.Path) -> None:
+  """A PNG whose every chunk's CRC is right, that starts with IHDR and ends with IEND."""
+  data = path.read_bytes()
+  assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+  pos, names = 8, []
+  while pos < len(data):
+    (length,) = struct.unpack(">I", data[pos:pos + 4])
+    name = data[pos + 4:pos + 8]
+    body = data[pos + 8:pos + 8 + length]
+    (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+    assert zlib.crc32(name + body) == crc, f"{path}: bad CRC in chunk {name!r}"
+    names.append(name)
+    pos += 12 + length
+  assert names[0] == b"IHDR" and names[-1] == b"IEND", f"{path}: chunks {names[:3]}...{names[-2:]}"
+  width, height = struct.unpack(">II", data[16:24])
+  assert width > 50 and height > 50, f"{path}: {width}x{height}"
+
+
+def _numbers(x, where="report"):
+  """Yields (where, number) for every number in a JSON tree."""
+  if isinstance(x, dict):
+    for k, v in x.items():
+      yield from _numbers(v, f"{where}.{k}")
+  elif isinstance(x, list):
+    for i, v in enumerate(x):
+      yield from _numbers(v, f"{where}[{i}]")
+  elif isinstance(x, (int, float)) and not isinstance(x, bool):
+    yield where, x
+
+
+def _check_outputs(out: pathlib.Path, results: dict) -> dict:
+  html = (out / "index.html").read_text()
+  saved = json.loads((out / "report.json").read_text())
+  assert saved["model"] == results["model"]
+  assert saved["model"]["name"] in html
+  figures = saved["figures"]
+  assert figures, "no figures"
+  for name in figures.values():
+    _check_png(out / name)
+    assert f'src="{name}"' in html, f"{name} is not shown in index.html"
+  assert sorted(p.name for p in out.glob("*.png")) == sorted(figures.values())
+  bad = [(w, v) for w, v in _numbers(saved) if not math.isfinite(v)]
+  assert not bad, f"non-finite numbers: {bad[:5]}"
+  return saved
+
+
+def _check_consistency(r: dict) -> None:
+  layers, heads = r["model"]["layers"], r["model"]["heads"]
+  task, ab = r["task"], r["ablation"]
+  # The ablation baseline is the unablated metric, computed by another path.
+  assert ab["baseline_loss"] == pytest.approx(task["test_loss"], abs=1e-4)
+  assert ab["baseline_accuracy"] == pytest.approx(task["test_accuracy"], abs=1e-6)
+  assert len(task["probe_accuracy_by_layer"]) == layers + 1
+  assert task["probe_accuracy_by_layer"][-1] == task["test_accuracy"]
+  assert 0 <= task["majority_accuracy"] <= 1 and task["majority_accuracy"] >= 0.5
+  assert np.shape(ab["head_loss"]) == (layers, heads) == np.shape(ab["importance"])
+  assert np.shape(ab["layer_skip_loss"]) == (layers,) == np.shape(ab["layer_heads_accuracy"])
+  acc = np.asarray(ab["layer_heads_accuracy"] + ab["layer_skip_accuracy"])
+  assert ((acc >= 0) & (acc <= 1)).all()
+  # The pruning curve starts at the intact model and masks more heads at every step.
+  fractions = np.asarray(ab["pruning_fraction"])
+  assert fractions[0] == 0 and (np.diff(fractions) > 0).all()
+  assert ab["pruning_accuracy"][0] == pytest.approx(ab["baseline_accuracy"], abs=1e-6)
+  assert ab["pruning_loss"][0] == pytest.approx(ab["baseline_loss"], abs=1e-4)
+  masks = np.asarray(ab["pruning_masks"])
+  np.testing.assert_allclose(1 - masks.mean((1, 2)), fractions, atol=1e-6)
+  assert np.isclose(np.asarray(ab["importance"]), 0).sum() < layers * heads
+  # Importance is layer-normalised (unit 2-norm per layer).
+  np.testing.assert_allclose(np.linalg.norm(ab["importance"], axis=1), 1, atol=1e-4)
+
+  clark = r["clark"]
+  mass = sum(np.asarray(clark[k]) for k in ("cls", "sep", "punct"))
+  assert (mass <= 1 + 1e-5).all() and (mass >= 0).all()
+  for k in ("cls", "sep", "punct", "self", "prev", "next"):
+    np.testing.assert_allclose(clark["by_layer"][k], np.mean(clark[k], -1), atol=1e-5)
+  assert (np.asarray(clark["entropy"]) >= -1e-6).all()
+
+  pat = r["patterns"]
+  counts = np.asarray(pat["counts"])
+  assert counts.shape == (layers, heads, 5)
+  assert (counts.sum(-1) == pat["num_inputs"]).all()
+  assert sum(pat["overall"]) == pytest.approx(1, abs=1e-5)
+  np.testing.assert_allclose(np.sum(pat["per_layer"], -1), 1, atol=1e-5)
+
+  an = r["anisotropy"]
+  assert len(an["anisotropy"]) == layers + 1
+  assert all(-1 <= v <= 1 for v in an["anisotropy"] + an["anisotropy_centered"])
+
+  if r["pos"]["available"]:
+    pos = r["pos"]
+    assert len(pos["accuracy"]) == layers + 1
+    assert all(0 <= v <= 1 for v in pos["accuracy"])
+    np.testing.assert_allclose(np.subtract(pos["accuracy"], pos["control_accuracy"]),
+                               pos["selectivity"], atol=1e-5)
+  else:
+    assert r["pos"]["reason"]
+
+  eff = r["effective"]
+  corr = np.asarray(eff["stats"]["effective"]["raw_corr"])
+  assert corr.shape == (layers, heads) and (np.abs(corr) <= 1 + 1e-6).all()
+  for e in eff["examples"]:
+    raw, effective = np.asarray(e["raw"]), np.asarray(e["effective"])
+    assert raw.shape == effective.shape == (len(eff["example_tokens"]),) * 2
+    np.testing.assert_allclose(raw.sum(-1), 1, atol=1e-3)
+
+  stages = {k: v for k, v in r["timing"].items() if k != "total_seconds"}
+  assert r["timing"]["total_seconds"] >= sum(stages.values()) - 1e-3
+
+
+@pytest.fixture(scope="module")
+def minilm_report(minilm_dir, tmp_path_factory):
+  out = tmp_path_factory.mktemp("report")
+  return out, report.build_report(None, out, reduced=True, progress=False)
+
+
+def test_reduced_report_on_minilm(minilm_report):
+  out, results = minilm_report
+  saved = _check_outputs(out, results)
+  assert saved["model"]["name"] == "all-MiniLM-L6-v2"
+  assert (saved["model"]["layers"], saved["model"]["heads"]) == (6, 12)
+  _check_consistency(saved)
+  html = (out / "index.html").read_text()
+  for title in ("Clark et al.", "Kovaleva et al.", "Michel et al.", "Ethayarajh",
+                "Brunner et al.", "negation", "Run time"):
+    assert title in html
+
+
+def test_sentences_are_labelled():
+  sentences = report.load_sentences()
+  assert len(sentences) >= 300
+  assert len({s.text for s in sentences}) == len(sentences), "duplicate sentences"
+  for s in sentences:
+    assert s.question == int(s.text.endswith("?")), s
+  negated = [s.negated for s in sentences]
+  assert 0.25 < np.mean(negated) < 0.5
+  assert {"declarative", "question", "negation", "agreement", "punctuation",
+          "relative_clause"} <= {s.phenomenon for s in sentences}
+
+
+def test_bad_sentences_file(tmp_path):
+  bad = tmp_path / "s.tsv"
+  bad.write_text("sentence\tnegated\tquestion\tphenomenon\nIt rains.\t2\t0\tdeclarative\n")
+  with pytest.raises(ValueError, match="negated='2'"):
+    report.load_sentences(bad)
+  bad.write_text("sentence\tnegated\nIt rains.\t0\n")
+  with pytest.raises(ValueError, match="lacks the columns"):
+    report.load_sentences(bad)
+
+
+def test_report_help(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["report", "--help"])
+  assert e.value.code == 0
+  text = capsys.readouterr().out
+  for flag in ("--model", "--out", "--data-dir", "--reduced"):
+    assert flag in text
+
+
+def test_missing_model_dir(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nowhere"):
+    report.build_report(tmp_path / "nowhere", tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("model_type", ["bert", pytest.param("albert", marks=pytest.mark.slow)])
+def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypatch):
+  """`bertjax report --model PATH` on a random-weight Hugging Face directory."""
+  extra = ({"model_type": "albert", "embedding_size": 32, "num_hidden_groups": 1,
+            "hidden_act": "gelu_new"} if model_type == "albert" else {})
+  config = bertjax.BertConfig.preset("tiny", vocab_size=30522, **extra)
+  model = tmp_path / f"random-{model_type}"
+  bertjax.to_hf(config, bertjax.init(config, 0), model)
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+    if (minilm_dir / name).exists():
+      shutil.copy(minilm_dir / name, model / name)
+  monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))  # no POS probe: faster
+  out = tmp_path / "out"
+  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced",
+                   "--quiet"]) == 0
+  saved = json.loads((out / "report.json").read_text())
+  assert saved["model"]["name"] == model.name and saved["model"]["model_type"] == model_type
+  assert (saved["model"]["layers"], saved["model"]["heads"]) == (2, 4)
+  _check_outputs(out, saved)
+  _check_consistency(saved)
+  assert not saved["pos"]["available"]
