@@ -276,7 +276,9 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
     head_masks: float (M, layers, heads).
     layer_masks: float (M, layers) or None (all ones).
     mode: "scale" (Michel) or "uniform" (Kovaleva) head ablation.
-    chunk_size: masks evaluated at once (vmap width); bounds memory.
+    chunk_size: masks evaluated at once (vmap width); bounds memory. On CPU small
+      chunks are fastest (all-MiniLM-L6-v2, batch 32 x 48: chunk 1 took 17 s, 4 took
+      22 s, 12 took 33 s); accelerators favour wide ones.
     strategy: "prefix" (share the intact blocks below each mask's first modified
       block, vmap the rest), "vmap" (vmap whole forward passes), "loop" (one
       jitted forward pass per mask; the naive reference).
