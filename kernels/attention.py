@@ -1,7 +1,9 @@
 """`kernels.attention`: one attention function, several implementations.
 
-* `impl="xla"`: the pure-jnp reference below (einsum + softmax in float32, or float64 when
-  the inputs are float64); the only one that can return the probabilities.
+* `impl="xla"`: plain XLA ops, float32 (float64 when the inputs are float64). With
+  `return_probs=True`, the pure-jnp reference below (the only implementation that returns
+  the probabilities); otherwise `kernels.xla_attention`, the same function with a
+  flash-style hand-written backward (about half the `T x T` memory passes of autodiff).
 * `impl="pallas"`: the fused kernels: `kernels.flash_attention` (Triton-style; compiled on
   GPU) or `kernels.flash_attention_tpu` (Mosaic layout; compiled on TPU), chosen by
   `kernel_variant` (None: by backend); either runs anywhere in interpret mode. Padding is
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 from kernels import flash_attention as fa
 from kernels import flash_attention_stats as fa_stats
 from kernels import flash_attention_tpu as fa_tpu
+from kernels.xla_attention import xla_attention
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
 ABLATIONS = ("scale", "uniform")
@@ -314,7 +317,7 @@ def attention(
     raise ValueError(f"return_probs=True needs impl='xla' (or 'auto'), got {impl=}")
   if backward not in ("pallas", "reference"):
     raise ValueError(f"{backward=} must be 'pallas' or 'reference'")
-  if impl == "xla":
+  if impl == "xla" and return_probs:
     return reference_attention(
       q,
       k,
@@ -326,6 +329,14 @@ def attention(
       ablation=ablation,
       scale=scale,
       return_probs=return_probs,
+    )
+  if impl == "xla":
+    allowed, row_real = _allowed_mask(
+      q.shape[0], q.shape[1], k.shape[1], kv_lengths, segment_ids, key_mask
+    )
+    return xla_attention(
+      q, k, v, allowed=allowed, row_real=row_real, head_mask=head_mask, ablation=ablation,
+      scale=scale,
     )
   if impl == "cudnn":
     return _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale)

@@ -93,20 +93,25 @@ def test_prepare_model_from_hf_adds_fresh_head(minilm_dir):
     F.prepare_model("classification", 2)
 
 
-def test_glue_through_tfds_mock_data(tokenizer):
+@pytest.mark.parametrize("task, pair", [("sst2", False), ("mrpc", True)])
+def test_glue_through_tfds_mock_data(tokenizer, task, pair):
+  """The real tfds GLUE builder, offline: `mock_data` fakes the records, not the loader."""
   tfds = pytest.importorskip("tensorflow_datasets")
-  try:
-    import tensorflow  # noqa: F401  (tfds's GLUE builder imports it)
-  except ImportError:
-    pytest.skip("tensorflow_datasets imports, but its GLUE builder needs tensorflow, which "
-                "is not installed")
+  pytest.importorskip("tensorflow", reason="tfds's GLUE builder reads through tf.data")
   with tfds.testing.mock_data(num_examples=12):
-    train, evaluation, labels = F.load_glue("mrpc", tokenizer, max_len=32)
-  assert train["input_ids"].shape == (12, train["input_ids"].shape[1])
-  assert train["input_ids"].shape[1] <= 32 and labels == ["0", "1"]
-  assert evaluation["input_ids"].shape[0] == 12
-  assert (train["input_ids"][:, 0] == tokenizer.tokenizer.token_to_id("[CLS]")).all()
-  assert set(np.unique(train["token_type_ids"])) <= {0, 1}
+    train, evaluation, labels = F.load_glue(task, tokenizer, max_len=32)
+  cls, sep = (tokenizer.tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]"))
+  for data in (train, evaluation):
+    ids, mask, types = data["input_ids"], data["attention_mask"], data["token_type_ids"]
+    assert ids.shape[0] == 12 and 4 <= ids.shape[1] <= 32
+    assert mask.shape == types.shape == ids.shape
+    assert (ids[:, 0] == cls).all()
+    lengths = mask.sum(1)
+    assert (ids[np.arange(12), lengths - 1] == sep).all()  # every row ends in [SEP]
+    assert ((ids == sep) & (mask > 0)).sum(1).tolist() == [2 if pair else 1] * 12
+    assert set(np.unique(types[mask > 0])) == ({0, 1} if pair else {0})
+    assert set(np.unique(data["labels"])) <= {0, 1} and data["labels"].shape == (12,)
+  assert labels == ["0", "1"]
 
 
 def test_finetune_help_lists_options(capsys):

@@ -1,0 +1,279 @@
+"""ALBERT's two parameter reductions vs BERT: parameters, MLM loss and step time.
+
+    ./run.sh experiment albert_sharing
+    .venv/bin/python experiments/albert_sharing.py [--smoke] [--out DIR] [--data-dir DIR]
+
+Lan et al. 2020 (ALBERT) shrink BERT with cross-layer parameter sharing and a factorised
+embedding (vocabulary -> E -> H, E << H): ALBERT-base has 12M parameters to BERT-base's
+108M (~1/9). At the same depth and width it is somewhat worse (their Tables 3 and 4:
+sharing all layers costs ~1.5-2.5 points on average, a 128-wide embedding much less), and
+sharing saves memory, not compute: every layer still runs.
+
+What it measures: four models of the same depth and width (6 layers, 128 wide, 4 heads,
+FFN 512, GELU, dropout 0.1 for all, so only the two reductions differ):
+
+* `bert`: BERT;
+* `albert`: all 6 layers share one parameter set, embeddings E = 32 (128/4; ALBERT-base
+  has 128/768);
+* `shared_only`: sharing, E = H (ALBERT always projects E -> H, so it keeps an H x H map);
+* `factorized_only`: E = 32, no sharing (`num_hidden_groups` = 6).
+
+Each is trained with `bertjax.training.loop.pretrain` on the same data and budget:
+WikiText-2 `valid.txt` (the copy in ../shared/data has no train split), an 8k WordPiece
+vocabulary trained on it, RoBERTa-style FULL-SENTENCES segments of 64 tokens (MLM only),
+batch 32, AdamW at 1e-3, 10% warm-up then linear decay, 120 steps, the same data order,
+masks and dropout keys. Reported: parameter counts (also at base size, from the presets),
+held-out MLM loss and accuracy on 16 x 32 `test.txt` segments with fixed masks, the
+training curves, and the median train-step time (compile excluded, from the loop's
+per-step timing; the machine is shared, so the load average is recorded). The scale is
+what a shared 2-core CPU trains four times in ~10 minutes; at 120 steps the models are
+early in training, so the held-out loss is set beside what token frequencies alone give
+(the unigram loss), and the quality finding is "n/a" while no model beats it.
+
+`--smoke` runs 2-layer, 32-wide models for 6 steps on the first 400 lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import common
+import jax
+import numpy as np
+from stacking import load_wikitext, smoke_compilation_cache, trailing_mean, train_run
+
+NAME = "albert_sharing"
+PAPER = "Lan et al. 2020"
+VARIANTS = ("bert", "albert", "shared_only", "factorized_only")
+# Lan et al. 2020, Table 1 (millions): BERT-base 108M, ALBERT-base 12M.
+PAPER_BASE_RATIO = 12 / 108
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """Model, data and optimisation sizes of one run of the experiment."""
+
+  layers: int
+  hidden: int
+  heads: int
+  ffn: int
+  embedding: int
+  vocab: int
+  seq_len: int
+  batch: int
+  steps: int
+  lr: float
+  warmup: int
+  max_lines: int | None
+  eval_batches: int
+  window: int
+
+
+FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, embedding=32, vocab=8000, seq_len=64,
+             batch=32, steps=120, lr=1e-3, warmup=12, max_lines=None, eval_batches=16, window=20)
+SMOKE = Scale(layers=2, hidden=32, heads=2, ffn=64, embedding=8, vocab=300, seq_len=32, batch=8,
+              steps=6, lr=1e-3, warmup=1, max_lines=400, eval_batches=2, window=3)
+
+
+def model_configs(sc: Scale, vocab_size: int) -> dict[str, Any]:
+  """The four models: BERT, ALBERT (shared + factorised) and the two single reductions."""
+  import bertjax
+
+  shared = {"vocab_size": vocab_size, "hidden_size": sc.hidden, "num_hidden_layers": sc.layers,
+            "num_attention_heads": sc.heads, "intermediate_size": sc.ffn,
+            "max_position_embeddings": sc.seq_len, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+  albert = {**shared, "model_type": "albert"}
+  return {
+      "bert": bertjax.BertConfig(**shared),
+      "albert": bertjax.BertConfig(**albert, embedding_size=sc.embedding, num_hidden_groups=1),
+      "shared_only": bertjax.BertConfig(**albert, embedding_size=sc.hidden, num_hidden_groups=1),
+      "factorized_only": bertjax.BertConfig(**albert, embedding_size=sc.embedding,
+                                            num_hidden_groups=sc.layers),
+  }
+
+
+def count_params(config, heads: tuple[str, ...] = ()) -> dict[str, int]:
+  """Parameter counts by part (no arrays are allocated: `jax.eval_shape`).
+
+  Returns:
+    `embeddings` (with ALBERT's E -> H projection), `encoder` (the stored, possibly shared,
+    layers), `pooler`, each head, `model` (embeddings + encoder + pooler, what Hugging
+    Face's `BertModel` / `AlbertModel` count) and `total`.
+  """
+  import bertjax
+
+  shapes = jax.eval_shape(lambda: bertjax.init(config, 0, heads))
+  out = {k: int(sum(np.prod(x.shape) for x in jax.tree.leaves(v))) for k, v in shapes.items()}
+  out["model"] = out["embeddings"] + out["encoder"] + out.get("pooler", 0)
+  out["total"] = sum(v for k, v in out.items() if k != "model")
+  return out
+
+
+def base_size_counts() -> dict[str, Any]:
+  """BERT-base and ALBERT-base (the presets, each with its own vocabulary), as in Table 1."""
+  import bertjax
+
+  bert = count_params(bertjax.BertConfig.preset("bert-base"))["model"]
+  albert = count_params(bertjax.BertConfig.preset("albert-base"))["model"]
+  return {"bert_base": bert, "albert_base": albert, "ratio": albert / bert,
+          "paper_ratio": PAPER_BASE_RATIO}
+
+
+def quality_verdict(heldout: dict[str, float], unigram: float | None = None) -> str:
+  """Whether the held-out losses order as Lan et al. report.
+
+  'n/a' when no model beats the unigram loss (token frequencies alone) by 0.1 nats: the
+  models have not yet learned what depth, sharing or embedding width could change. Else
+  'yes' if ALBERT is worse than BERT and sharing costs more than factorising, 'partly' if
+  one of the two holds, 'no' if neither.
+  """
+  if unigram is not None and unigram - min(heldout.values()) < 0.1:
+    return "n/a"
+  worse = heldout["albert"] > heldout["bert"]
+  ordered = heldout["shared_only"] - heldout["bert"] > heldout["factorized_only"] - heldout["bert"]
+  return "yes" if worse and ordered else "partly" if worse or ordered else "no"
+
+
+def compute_verdict(step_ratio: float) -> str:
+  """'yes' if a shared model's step takes >= 0.85x BERT's, 'partly' >= 0.7x, else 'no'."""
+  return "yes" if step_ratio >= 0.85 else "partly" if step_ratio >= 0.7 else "no"
+
+
+def param_verdict(base_ratio: float, small_ratio: float) -> str:
+  """'yes' if the base-size ratio is within 0.02 of 12/108 and ALBERT is smaller here too."""
+  near = abs(base_ratio - PAPER_BASE_RATIO) <= 0.02
+  return "yes" if near and small_ratio < 1 else "partly" if base_ratio < 0.5 else "no"
+
+
+def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -> list[str]:
+  import matplotlib.pyplot as plt
+
+  names = []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for v in VARIANTS:
+    r = runs[v]
+    steps = np.arange(1, len(r["mlm_loss"]) + 1)
+    ax.plot(steps, trailing_mean(r["mlm_loss"], window),
+            label=f"{v} ({params[v]['total'] / 1e6:.2f}M params)")
+  ax.set(xlabel="step", ylabel=f"training MLM loss ({window}-step trailing mean)",
+         title="BERT vs ALBERT reductions: same data, steps and schedule")
+  ax.legend(fontsize=8)
+  names.append(common.savefig(fig, out, f"{NAME}_loss_vs_steps"))
+
+  fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+  x = np.arange(len(VARIANTS))
+  panels = [([params[v]["total"] / 1e6 for v in VARIANTS], "parameters (M, with MLM head)"),
+            ([runs[v]["heldout"]["mlm_loss"] for v in VARIANTS], "held-out MLM loss (nats)"),
+            ([runs[v]["median_step_s"] for v in VARIANTS], "median train step (s)")]
+  for ax, (vals, label) in zip(axes, panels):
+    ax.bar(x, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"])
+    ax.set_xticks(x, VARIANTS, rotation=20, fontsize=8)
+    ax.set(ylabel=label, title=label.split(" (")[0])
+    if "loss" in label:
+      lo = min(vals)
+      ax.set_ylim(lo - 0.2, max(vals) + 0.1)
+  fig.suptitle("Parameters, held-out MLM loss and step time per model")
+  names.append(common.savefig(fig, out, f"{NAME}_summary"))
+  return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = common.parser(__doc__).parse_args(argv)
+  t_start = time.perf_counter()
+  from bertjax.training import loop
+
+  sc = SMOKE if args.smoke else FULL
+  if args.smoke:
+    smoke_compilation_cache()
+  timings: dict[str, float] = {}
+  with common.timed(timings, "data"):
+    data = load_wikitext(common.data_dir(args.data_dir), vocab=sc.vocab, seq_len=sc.seq_len,
+                         eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
+                         max_lines=sc.max_lines)
+  configs = model_configs(sc, data.corpus.vocab_size)
+  params = {v: count_params(c, ("mlm",)) for v, c in configs.items()}
+  base = base_size_counts()
+  train = loop.TrainConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
+                           warmup_steps=sc.warmup, decay="linear", seed=args.seed)
+  load_start = os.getloadavg()
+  runs: dict[str, dict] = {}
+  with common.timed(timings, "training"):
+    for v in VARIANTS:
+      r = train_run(v, configs[v], data, train, data.eval_batches)
+      r["median_step_s"] = float(np.median(r["loop_step_s"][1:]))  # the first one compiles
+      runs[v] = r
+  load_end = os.getloadavg()
+
+  heldout = {v: runs[v]["heldout"]["mlm_loss"] for v in VARIANTS}
+  step = {v: runs[v]["median_step_s"] for v in VARIANTS}
+  small_ratio = params["albert"]["total"] / params["bert"]["total"]
+  shared_step = step["shared_only"] / step["bert"]
+  figures = _figures(args.out, runs, params, sc.window)
+  d = {v: heldout[v] - heldout["bert"] for v in VARIANTS}
+  unigram = data.stats["unigram_heldout_mlm_loss"]
+  findings = [
+      common.finding(
+          PAPER, "ALBERT has far fewer parameters than BERT of the same depth and width "
+          "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
+          f"presets: ALBERT-base {base['albert_base'] / 1e6:.1f}M vs BERT-base "
+          f"{base['bert_base'] / 1e6:.1f}M = 1/{1 / base['ratio']:.1f}; here ({sc.layers} "
+          f"layers x {sc.hidden}, vocab {data.corpus.vocab_size}, with MLM head): ALBERT "
+          f"{params['albert']['total'] / 1e6:.2f}M vs BERT {params['bert']['total'] / 1e6:.2f}M "
+          f"= 1/{1 / small_ratio:.1f} (sharing only {params['shared_only']['total'] / 1e6:.2f}M, "
+          f"factorising only {params['factorized_only']['total'] / 1e6:.2f}M). Rule: yes if the "
+          "base ratio is within 0.02 of 12/108.", param_verdict(base["ratio"], small_ratio)),
+      common.finding(
+          PAPER, "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
+          "layers costs more than factorising the embedding (Tables 3-4).",
+          f"held-out MLM loss after {sc.steps} steps (fixed masks): BERT {heldout['bert']:.3f}, "
+          f"ALBERT {heldout['albert']:.3f} ({d['albert']:+.3f}), sharing only "
+          f"{heldout['shared_only']:.3f} ({d['shared_only']:+.3f}), factorising only "
+          f"{heldout['factorized_only']:.3f} ({d['factorized_only']:+.3f}); token frequencies "
+          f"alone give {unigram:.3f}, BERT's accuracy "
+          f"{runs['bert']['heldout']['mlm_accuracy']:.1%}."
+          " Rule: n/a if no model beats the unigram loss by 0.1 nats (too early to tell); else "
+          "yes if ALBERT is worse and sharing costs more than factorising, partly if one holds.",
+          quality_verdict(heldout, unigram)),
+      common.finding(
+          PAPER, "Sharing parameters does not reduce per-step compute (every layer still runs).",
+          f"median train step: BERT {step['bert'] * 1e3:.0f} ms, sharing only "
+          f"{step['shared_only'] * 1e3:.0f} ms ({shared_step:.2f}x), ALBERT "
+          f"{step['albert'] * 1e3:.0f} ms ({step['albert'] / step['bert']:.2f}x), factorising "
+          f"only {step['factorized_only'] * 1e3:.0f} ms; shared CPU, load "
+          f"{load_start[0]:.1f}->{load_end[0]:.1f}. Rule: yes if sharing-only >= 0.85x BERT.",
+          compute_verdict(shared_step)),
+  ]
+  results = {
+      "data": data.stats,
+      "params": params,
+      "base_size": base,
+      "param_ratio_albert_vs_bert": small_ratio,
+      "heldout": {v: runs[v]["heldout"] for v in VARIANTS},
+      "heldout_minus_bert": d,
+      "median_step_s": step,
+      "step_ratio_vs_bert": {v: step[v] / step["bert"] for v in VARIANTS},
+      "compile_s": {v: runs[v]["compile_s"] for v in VARIANTS},
+      "approach": ("one process, runs in the order " + ", ".join(VARIANTS) + "; step time = the "
+                   "loop's own per-step time (data loading excluded), median over steps, "
+                   "first step (compile) excluded"),
+      "loadavg": {"start": load_start, "end": load_end},
+      "runs": runs,
+      "timings_s": timings,
+  }
+  settings = {**dataclasses.asdict(sc), "seed": args.seed,
+              "objective": "none (MLM only, RoBERTa FULL-SENTENCES)",
+              "train": dataclasses.asdict(train),
+              "model_configs": {v: dataclasses.asdict(c) for v, c in configs.items()}}
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

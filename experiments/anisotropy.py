@@ -1,0 +1,299 @@
+"""How contextual are all-MiniLM-L6-v2's word representations? Ethayarajh (2019), layer by layer.
+
+Run:
+  ./run.sh experiment anisotropy            # the full run (~40 s CPU; 1-3 min wall)
+  .venv/bin/python experiments/anisotropy.py [--smoke]
+
+What it measures, on which model and data, and why:
+  Ethayarajh (2019, "How Contextual are Contextualized Word Representations?") found that
+  contextual representations are anisotropic (two random words have a clearly positive
+  cosine similarity), more so in upper layers, and that upper layers are more context-specific:
+  the same word in different contexts is less similar to itself (self-similarity falls with
+  depth, even after subtracting the anisotropy baseline), and that a static embedding (the
+  first principal component of a word's occurrences) explains little of their variance.
+  This script measures, for every layer (0 = embeddings) of the real all-MiniLM-L6-v2:
+
+  * anisotropy: mean cosine of random pairs of word tokens (distinct positions), raw and
+    after mean-centring each layer (`bertjax.analysis.geometry.anisotropy`);
+  * self-similarity: mean pairwise cosine between occurrences of the same (lower-cased)
+    word type in different contexts, over types seen >= `--min-count` times;
+  * intra-sentence similarity: mean cosine between a word and its sentence's mean vector;
+  * each of these minus the anisotropy baseline ("adjusted", Ethayarajh Sec. 3.3)
+    (`geometry.contextuality`);
+  * maximum explainable variance (MEV): the share of the variance of a word type's
+    occurrence matrix explained by its first principal component (sigma_1^2 / sum
+    sigma_i^2, uncentred), averaged over types, and its anisotropy-adjusted version
+    (minus the MEV of as many random word tokens; see `max_explainable_variance`).
+
+  Data: the sentences of UD English EWT v2.16 dev (2,001 sentences, ~25k words; the
+  treebank's word segmentation, each word represented by its first subword).
+
+  `--smoke` uses a tiny random-weight model (MiniLM's vocabulary) and 40 sentences; its
+  numbers are not findings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+
+import common
+import numpy as np
+
+NAME = "anisotropy"
+PAPER = "Ethayarajh 2019"
+
+
+def mev(occurrences: np.ndarray) -> np.ndarray:
+  """Maximum explainable variance of occurrence matrices: sigma_1^2 / sum_i sigma_i^2.
+
+  Args:
+    occurrences: (..., n, dim), n representations of one word (uncentred, as Ethayarajh).
+
+  Returns:
+    (...,) the share of the (uncentred) variance along the first principal direction.
+  """
+  x = np.asarray(occurrences, np.float64)
+  if x.ndim < 2 or x.shape[-2] < 2:
+    raise ValueError(f"occurrences must be (..., n >= 2, dim), got shape {x.shape}")
+  s = np.linalg.svd(x, compute_uv=False)  # (..., min(n, dim))
+  return s[..., 0] ** 2 / np.maximum(np.sum(s**2, -1), 1e-300)
+
+
+def max_explainable_variance(reps: np.ndarray, word_ids: Sequence, min_count: int = 5,
+                             max_occurrences: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
+  """Per-layer MEV averaged over word types, and its random-token baseline.
+
+  Args:
+    reps: (layers, n_tokens, dim).
+    word_ids: (n_tokens,) the type of every token.
+    min_count: types with fewer occurrences are skipped.
+    max_occurrences: at most this many occurrences per type (a seeded sample), to bound cost.
+    seed: the sampling seed.
+
+  Returns:
+    {"mev", "baseline", "adjusted"}: (layers,) each; "baseline" is the MEV of random sets
+    of tokens of the same sizes (Ethayarajh's anisotropy adjustment); "types": how many.
+  """
+  reps = np.asarray(reps)
+  if reps.ndim != 3:
+    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
+  if min_count < 2:
+    raise ValueError(f"{min_count=} must be >= 2")
+  ids = np.asarray(word_ids)
+  if ids.shape != reps.shape[1:2]:
+    raise ValueError(f"word_ids shape {ids.shape} must be ({reps.shape[1]},)")
+  rng = np.random.default_rng(seed)
+  _, dense, counts = np.unique(ids, return_inverse=True, return_counts=True)
+  order = np.argsort(dense, kind="stable")
+  starts = np.concatenate([[0], np.cumsum(counts)])
+  values, baseline = [], []
+  for k in np.flatnonzero(counts >= min_count):
+    members = order[starts[k]:starts[k + 1]]
+    if len(members) > max_occurrences:
+      members = rng.choice(members, max_occurrences, replace=False)
+    values.append(mev(reps[:, np.sort(members)]))
+    baseline.append(mev(reps[:, np.sort(rng.choice(reps.shape[1], len(members), replace=False))]))
+  if not values:
+    nan = np.full(reps.shape[0], np.nan)
+    return {"mev": nan, "baseline": nan, "adjusted": nan, "types": 0}
+  m, b = np.mean(values, 0), np.mean(baseline, 0)
+  return {"mev": m, "baseline": b, "adjusted": m - b, "types": len(values)}
+
+
+def trend(values: Sequence[float]) -> float:
+  """Spearman rank correlation between layer index and value (ties averaged); nan if constant."""
+  v = np.asarray(values, np.float64)
+  if v.size < 2 or np.ptp(v) == 0:
+    return float("nan")
+  rank = lambda a: np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
+  return float(np.corrcoef(rank(np.arange(v.size)), rank(v))[0, 1])
+
+
+def anisotropic_rule(raw: Sequence[float], threshold: float = 0.1) -> str:
+  """"yes": mean cosine >= `threshold` in every contextual layer; "partly": in some."""
+  above = np.asarray(raw) >= threshold
+  return "yes" if above.all() else "partly" if above.any() else "no"
+
+
+def rises_rule(values: Sequence[float], falls: bool = False) -> str:
+  """"yes": last layer beyond the first and Spearman trend >= 0.5 in that direction;
+  "partly": last beyond first, or most layer-to-layer steps go that way; "no" otherwise.
+  `falls` flips the direction."""
+  v = -np.asarray(values, np.float64) if falls else np.asarray(values, np.float64)
+  if v[-1] > v[0] and trend(v) >= 0.5:
+    return "yes"
+  return "partly" if v[-1] > v[0] or np.mean(np.diff(v) > 0) > 0.5 else "no"
+
+
+def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
+  """"yes": adjusted MEV < `limit` in every contextual layer; "partly": in some."""
+  below = np.asarray(adjusted) < limit
+  return "yes" if below.all() else "partly" if below.any() else "no"
+
+
+def _model(args):
+  """(config, params, tokenizer, name): MiniLM, or a tiny random model for --smoke."""
+  import bertjax
+
+  if not args.smoke:
+    return (*common.minilm(), "all-MiniLM-L6-v2")
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+
+
+def _figures(out, m: dict, model_name: str) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  layers = np.arange(len(m["anisotropy"]))
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  ax = axes[0]
+  ax.plot(layers, m["anisotropy"], marker="o", label="random-pair cosine (raw)")
+  ax.plot(layers, m["anisotropy_centered"], marker="s", label="after mean-centring")
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set(title="Anisotropy", ylabel="mean cosine similarity")
+  ax = axes[1]
+  ax.plot(layers, m["self_similarity"], marker="o", label="self-similarity")
+  ax.plot(layers, m["intra_sentence"], marker="s", label="intra-sentence similarity")
+  ax.plot(layers, m["mev"], marker="^", label="MEV (1st PC share)")
+  ax.plot(layers, m["anisotropy"], ls="--", color="gray", label="anisotropy baseline")
+  ax.set(title="Raw measures", ylabel="cosine / variance share")
+  ax = axes[2]
+  ax.plot(layers, m["self_similarity_adjusted"], marker="o", label="self-similarity - baseline")
+  ax.plot(layers, m["intra_sentence_adjusted"], marker="s",
+          label="intra-sentence - baseline")
+  ax.plot(layers, m["mev_adjusted"], marker="^", label="MEV - random-token MEV")
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set(title="Anisotropy-adjusted", ylabel="adjusted value")
+  for ax in axes:
+    ax.set(xlabel="layer (0 = embeddings)", xticks=layers)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words")
+  figs = [common.savefig(fig, out, f"{NAME}_by_layer")]
+
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  for key, label in (("self_similarity_centered", "self-similarity"),
+                     ("intra_sentence_centered", "intra-sentence similarity")):
+    ax.plot(layers, m[key], marker="o", label=label)
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set(xlabel="layer (0 = embeddings)", ylabel="mean cosine (mean-centred vectors)",
+         title="Self- and intra-sentence similarity after mean-centring", xticks=layers)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  figs.append(common.savefig(fig, out, f"{NAME}_centred"))
+  return figs
+
+
+def _single_thread_blas():
+  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:  # comes with scikit-learn; without it nothing changes
+    return contextlib.nullcontext()
+  return threadpool_limits(limits=1, user_api="blas")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  with _single_thread_blas():
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+  p = common.parser(__doc__)
+  p.add_argument("--sentences", type=int, default=None,
+                 help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
+  p.add_argument("--pairs", type=int, default=20000,
+                 help="random word pairs for anisotropy (default: 20000)")
+  p.add_argument("--min-count", type=int, default=5,
+                 help="a word type needs this many occurrences for self-similarity and MEV "
+                      "(default: 5, as Ethayarajh)")
+  args = p.parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+
+  from bertjax.analysis import features, geometry
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir)
+  path = common.ud_file(data, "dev")
+  sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
+  min_count = 2 if args.smoke else args.min_count
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = _model(args)
+  common.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
+  with common.timed(timings, "features"):
+    wf = features.extract_word_features(params, config, tok, sentences, progress=False)
+    reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
+  types = np.asarray([w.lower() for s in sentences for w in s.forms])
+  with common.timed(timings, "contextuality"):
+    m = geometry.contextuality(reps, types, wf.sentence_index, num_pairs=args.pairs,
+                               seed=args.seed, min_count=min_count)
+  with common.timed(timings, "mev"):
+    mv = max_explainable_variance(reps, types, min_count, seed=args.seed)
+  m = {k: np.asarray(v, np.float64) for k, v in m.items()}
+  m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
+  counts = np.unique(types, return_counts=True)[1]
+
+  ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
+  last = len(m["anisotropy"]) - 1
+  a, ss = m["anisotropy"], m["self_similarity_adjusted"]
+  summary = {"trend_anisotropy": trend(a[ctx]), "trend_self_similarity": trend(m["self_similarity"][ctx]),
+             "trend_self_similarity_adjusted": trend(ss[ctx]),
+             "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
+             "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
+             "types_min_count": int((counts >= min_count).sum()), "mev_types": mv["types"]}
+  per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
+  findings = [
+    common.finding(
+      PAPER, "Contextual word representations are anisotropic: two random words have a mean "
+      "cosine similarity well above 0.",
+      f"mean cosine of {args.pairs} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
+      f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
+      "Rule: yes if >= 0.1 in every layer 1-L, partly if in some.",
+      anisotropic_rule(a[ctx])),
+    common.finding(
+      PAPER, "Representations grow more anisotropic in upper layers.",
+      f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
+      f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
+      f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}. Rule: yes if last > "
+      "layer 1 and trend >= 0.5, partly if last > layer 1 or most steps rise.",
+      rises_rule(a[ctx])),
+    common.finding(
+      PAPER, "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
+      "a word across contexts falls with depth.",
+      f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
+      f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
+      f"{summary['types_min_count']} types seen >= {min_count} times). Rule: yes if adjusted "
+      "last < layer 1 and trend <= -0.5, partly if last < layer 1 or most steps fall.",
+      rises_rule(ss[ctx], falls=True)),
+    common.finding(
+      PAPER, "A static embedding explains little of a word's contextual representations: on "
+      "average < 5% of their variance (the maximum explainable variance, MEV).",
+      f"MEV (1st PC share) layers 1-{last}: {per_layer(m['mev'][ctx])}; minus random-token MEV: "
+      f"{per_layer(m['mev_adjusted'][ctx])} ({mv['types']} types, <= 64 occurrences each). Rule "
+      "(on the lower, adjusted MEV): yes if < 0.05 in every layer 1-L, partly if in some.",
+      mev_rule(m["mev_adjusted"][ctx])),
+  ]
+  figures = _figures(args.out, m, model_name)
+  for f in findings:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  settings = {"model": model_name, "data": str(path.relative_to(data)),
+              "sentences": len(sentences), "words": int(reps.shape[1]), "pooling": wf.pooling,
+              "pairs": args.pairs, "min_count": min_count, "mev_max_occurrences": 64,
+              "seed": args.seed, "word_types": "lower-cased UD word forms"}
+  results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,566 @@
+"""Revealing the Dark Secrets of BERT (Kovaleva et al. 2019) on a fine-tuned all-MiniLM-L6-v2.
+
+Run:
+  ./run.sh experiment dark_secrets
+  .venv/bin/python experiments/dark_secrets.py [--smoke] [--out DIR] [--data-dir DIR] [--seed N]
+
+Question: do Kovaleva et al.'s four headline observations hold for a small real encoder
+(all-MiniLM-L6-v2: 6 layers x 12 heads) fine-tuned on a real classification task?
+
+1. Attention maps fall into a few repeated pattern types (vertical, diagonal,
+   vertical+diagonal, block) with vertical the commonest; measured per layer and overall
+   with `attention.pattern_types`, before and after fine-tuning.
+2. Disabling single heads or whole layers of the fine-tuned classifier can *improve* its
+   accuracy (their Figs. 6-7): every head and every layer disabled in "uniform" mode (their
+   method: the map becomes uniform over the real tokens), every layer also in "scale" mode
+   (the heads' outputs zeroed, Michel et al.) and skipped outright, by
+   `ablation.ablation_sweep`, scored by held-out accuracy. (Single heads in "scale" mode
+   would double the run's longest step and are left out.)
+3. Fine-tuning changes the last layers' attention most (their Fig. 3): per-head cosine of
+   the attention maps before vs after fine-tuning and per-layer linear CKA of the hidden
+   states (`attention.attention_change`).
+4. Fine-tuning from random initialisation does "disturbingly well" next to fine-tuning the
+   pre-trained weights on the same task with the same budget (their Table 1).
+
+Task: BLiMP acceptability classification (Warstadt et al. 2020) over the phenomena in
+`DATA/blimp/*.jsonl` (here anaphor number agreement, determiner-noun agreement and
+subject-verb agreement): each minimal pair gives a grammatical sentence (label 1) and an
+ungrammatical one (label 0). Why: it needs no download, it is the closest local analogue of
+CoLA (the acceptability task of Kovaleva et al.'s GLUE set), and because the two sentences
+of a pair differ in one word, bag-of-words cues cannot solve it, so it tests what
+pre-training adds. The held-out split is by minimal pair (both sentences of a pair fall on
+the same side), so the classes are exactly balanced and chance is 50%.
+
+The full run (about 5-7 minutes on a 2-core CPU) fine-tunes twice (pre-trained and random
+initialisation, same steps, batch size, learning rate and seed) and analyses the held-out
+sentences. `--smoke` swaps the model for a tiny random BERT with MiniLM's vocabulary and a
+few dozen sentences (seconds; its numbers are not findings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import common
+import numpy as np
+
+PAPER = "Kovaleva et al. 2019"
+NAME = "dark_secrets"
+SIZES: dict[str, dict[str, Any]] = {
+    # eval_pairs * 2 must be a multiple of eval_batch (one compiled shape for every batch).
+    "full": {"eval_pairs": 200, "train_pairs": None, "steps": 160, "batch_size": 16,
+             "learning_rate": 1e-4, "warmup_steps": 16, "eval_batch": 100,
+             "analysis_sentences": 200, "max_len": 64, "ablation_strategy": "prefix"},
+    # "vmap" compiles one ablation program per mode instead of one per (mode, layer).
+    "smoke": {"eval_pairs": 12, "train_pairs": 32, "steps": 4, "batch_size": 8,
+              "learning_rate": 1e-3, "warmup_steps": 0, "eval_batch": 24,
+              "analysis_sentences": 24, "max_len": 64, "ablation_strategy": "vmap"},
+}
+SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "max_position_embeddings": 64}
+LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
+
+
+# Data -----------------------------------------------------------------------------------
+
+
+def load_blimp_task(blimp_dir: pathlib.Path, tokenizer, *, max_len: int):
+  """Every BLiMP phenomenon file in `blimp_dir` as acceptability data.
+
+  Returns:
+    `(data, pair_ids, phenomenon, names)`: padded arrays with `labels` (1 grammatical,
+    0 ungrammatical), the (N,) minimal-pair index of each sentence, the (N,) phenomenon
+    index of each sentence, and the phenomenon names (file stems, sorted).
+  """
+  from bertjax.training import finetune as ft
+
+  files = sorted(pathlib.Path(blimp_dir).glob("*.jsonl"))
+  if not files:
+    raise FileNotFoundError(f"no BLiMP *.jsonl files under {blimp_dir}")
+  texts, labels, pairs, phen = [], [], [], []
+  for k, path in enumerate(files):
+    t, _, y = ft.load_blimp(path)  # good, bad, good, bad, ...
+    offset = (pairs[-1] + 1) if pairs else 0
+    texts += t
+    labels.append(y)
+    pairs += list(offset + np.arange(len(t)) // 2)
+    phen += [k] * len(t)
+  data = ft.encode_classification(tokenizer, texts, None, np.concatenate(labels), max_len=max_len)
+  return data, np.asarray(pairs), np.asarray(phen), [p.stem for p in files]
+
+
+def split_by_pair(pair_ids, eval_pairs: int, train_pairs: int | None, *, seed: int):
+  """Sentence indices `(train, eval)` with every minimal pair wholly on one side.
+
+  Args:
+    pair_ids: (N,) pair index of each sentence.
+    eval_pairs: pairs held out.
+    train_pairs: pairs to train on (None: all the others).
+    seed: the permutation's seed.
+  """
+  pair_ids = np.asarray(pair_ids)
+  unique = np.unique(pair_ids)
+  train_pairs = len(unique) - eval_pairs if train_pairs is None else train_pairs
+  if eval_pairs < 1 or train_pairs < 1 or eval_pairs + train_pairs > len(unique):
+    raise ValueError(f"{eval_pairs=} and {train_pairs=} must be >= 1 and fit in the "
+                     f"{len(unique)} minimal pairs")
+  perm = np.random.default_rng(seed).permutation(unique)
+  held, train = perm[:eval_pairs], perm[eval_pairs:eval_pairs + train_pairs]
+  return np.flatnonzero(np.isin(pair_ids, train)), np.flatnonzero(np.isin(pair_ids, held))
+
+
+def subset(data: dict[str, np.ndarray], idx) -> dict[str, np.ndarray]:
+  """The rows `idx` of every array of a data dict."""
+  return {k: v[idx] for k, v in data.items()}
+
+
+def batches(data: dict[str, np.ndarray], size: int, limit: int | None = None) -> list[dict]:
+  """The first `limit` (default all) rows of `data` in consecutive batches of `size`."""
+  n = len(data["labels"]) if limit is None else min(limit, len(data["labels"]))
+  if size < 1 or n < 1:
+    raise ValueError(f"batch {size=} and the {n} rows must both be >= 1")
+  return [{k: v[i:min(i + size, n)] for k, v in data.items()} for i in range(0, n, size)]
+
+
+# Measurements ---------------------------------------------------------------------------
+
+
+def pattern_summary(params, config, data_batches: Sequence[dict], special_ids) -> dict[str, Any]:
+  """Kovaleva et al.'s pattern types: counts (layers, heads, 5), ratios per layer and overall."""
+  from bertjax.analysis import attention
+
+  counts = attention.pattern_types(params, config, data_batches, special_ids=special_ids)
+  overall = counts.overall
+  repeated = float(overall[:4].sum())  # every type but "heterogeneous"
+  return {"types": list(attention.PATTERN_TYPES), "counts": counts.counts,
+          "per_layer": counts.per_layer, "overall": overall, "dominant": counts.dominant,
+          "repeated_share": repeated,
+          "commonest_repeated": attention.PATTERN_TYPES[int(np.argmax(overall[:4]))]}
+
+
+def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "prefix"):
+  """Held-out accuracy with each head, each layer, or each whole block disabled.
+
+  Heads and layers are disabled in "uniform" mode (Kovaleva et al.'s method: the map
+  becomes uniform over the real tokens); whole layers also in "scale" mode (the heads'
+  outputs zeroed, Michel et al.); "layer_skip" replaces a block by the identity. Single
+  heads in "scale" mode are left out: they would double the run's longest step.
+
+  Returns:
+    mode -> `ablation.AblationResult`; families not evaluated are NaN.
+  """
+  from bertjax.analysis import ablation
+
+  sweep = lambda mode, include: ablation.ablation_sweep(
+      params, config, data_batches, ablation.classification_accuracy, modes=(mode,),
+      include=include, chunk_size=1, strategy=strategy)[mode]
+  return {"uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
+          "scale": sweep("scale", ("layers",))}
+
+
+def improvements(result, *, higher_is_better: bool = True) -> dict[str, Any]:
+  """What disabling does relative to the intact baseline (positive delta = better).
+
+  Families of `result` that were not evaluated (all NaN) are left out.
+
+  Returns:
+    For heads (layers, heads), layers (layers,) and skipped blocks (layers,): the deltas
+    ("delta_heads", ...), how many improve on the baseline strictly ("heads_improving", ...)
+    and the largest delta ("best_head_delta", ...); and the "baseline".
+  """
+  sign = 1.0 if higher_is_better else -1.0
+  eps = 1e-9  # a tie is not an improvement
+  out: dict[str, Any] = {"baseline": result.baseline}
+  for family, values in (("head", result.heads), ("layer", result.layers),
+                         ("layer_skip", result.layer_skip)):
+    values = np.asarray(values, np.float64)
+    if np.isnan(values).all():
+      continue
+    delta = sign * (values - result.baseline)
+    out[f"delta_{family}s"] = delta
+    out[f"{family}s_improving"] = int((delta > eps).sum())
+    out[f"best_{family}_delta"] = float(np.max(delta))
+  return out
+
+
+def layer_means(per_head) -> np.ndarray:
+  """(layers,) mean over heads of a (layers, heads) array."""
+  return np.asarray(per_head, np.float64).mean(-1)
+
+
+# Verdicts (stated rules, applied to the numbers) ----------------------------------------
+
+
+def patterns_verdict(before: dict, after: dict) -> str:
+  """"yes" if on both models repeated types cover >= half the maps and vertical is the
+  commonest repeated type; "no" if repeated types cover < 25% on both; else "partly"."""
+  ok = [p["repeated_share"] >= 0.5 and p["commonest_repeated"] == "vertical"
+        for p in (before, after)]
+  if all(ok):
+    return "yes"
+  if all(p["repeated_share"] < 0.25 for p in (before, after)):
+    return "no"
+  return "partly"
+
+
+def ablation_verdict(acc: dict, standard_error: float) -> str:
+  """"yes" if some head and some layer improve accuracy over the baseline and at least one
+  gain exceeds one binomial standard error of the baseline; "no" if none improves;
+  else "partly"."""
+  heads, layers = acc["heads_improving"], acc["layers_improving"]
+  if heads == 0 and layers == 0:
+    return "no"
+  best = max(acc["best_head_delta"], acc["best_layer_delta"])
+  return "yes" if heads > 0 and layers > 0 and best > standard_error else "partly"
+
+
+def change_verdict(layer_cosine) -> str:
+  """"yes" if the least-similar layer is in the top third and the top third's mean cosine is
+  below the rest's; "no" if neither; "partly" if one."""
+  cos = np.asarray(layer_cosine, np.float64)
+  k = max(1, round(len(cos) * LAST_FRACTION))
+  conditions = [int(np.argmin(cos)) >= len(cos) - k, cos[-k:].mean() < cos[:-k].mean()]
+  return "yes" if all(conditions) else ("partly" if any(conditions) else "no")
+
+
+def random_init_verdict(acc_random: float, acc_pretrained: float,
+                        chance: float) -> tuple[str, float]:
+  """`(holds, ratio)`, ratio = random's accuracy above chance / pre-trained's.
+
+  "yes" if ratio >= 0.5, "partly" if >= 0.2, "no" below; "n/a" when the pre-trained model
+  itself is at or below chance (nothing to compare with).
+  """
+  gain = acc_pretrained - chance
+  if gain <= 0:
+    return "n/a", float("nan")
+  ratio = (acc_random - chance) / gain
+  return ("yes" if ratio >= 0.5 else "partly" if ratio >= 0.2 else "no"), float(ratio)
+
+
+# Figures --------------------------------------------------------------------------------
+
+
+def _plt():
+  import matplotlib
+
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+def figure_patterns(before: dict, after: dict, out) -> str:
+  """Stacked pattern-type ratios per layer (and overall), before and after fine-tuning."""
+  plt = _plt()
+  types = before["types"]
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True, layout="constrained")
+  for ax, (label, p) in zip(axes, (("pre-trained", before), ("fine-tuned", after))):
+    ratios = np.vstack([p["per_layer"], p["overall"][None]])
+    x = np.arange(len(ratios))
+    bottom = np.zeros(len(ratios))
+    for k, name in enumerate(types):
+      ax.bar(x, ratios[:, k], bottom=bottom, label=name, color=plt.get_cmap("tab10")(k))
+      bottom += ratios[:, k]
+    ax.set_xticks(x, [str(i) for i in range(len(ratios) - 1)] + ["all"])
+    ax.set_xlabel("layer")
+    ax.set_title(f"{label} (repeated types {100 * p['repeated_share']:.0f}%)")
+  axes[0].set_ylabel("fraction of attention maps")
+  axes[1].legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+  fig.suptitle("Attention pattern types per layer (Kovaleva et al. Fig. 2 style)")
+  return common.savefig(fig, out, f"{NAME}_patterns")
+
+
+def figure_ablation(acc: dict[str, dict], out) -> str:
+  """Accuracy change per disabled head ("uniform") and per disabled layer (every mode)."""
+  plt = _plt()
+  u = acc["uniform"]
+  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.5, 3.9), gridspec_kw={"width_ratios": [3, 2]},
+                               layout="constrained")
+  d = 100 * u["delta_heads"]
+  # One badly hurt head would wash out the rest: saturate beyond the 95th percentile.
+  span = max(float(np.percentile(np.abs(d), 95)), 0.5)
+  extend = "both" if np.abs(d).max() > span else "neither"
+  im = a0.imshow(d, cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
+  for (l, h), v in np.ndenumerate(d):
+    a0.text(h, l, f"{v:+.1f}" if v else "0", ha="center", va="center", fontsize=6,
+            color="w" if abs(v) > 0.7 * span else "k")
+  a0.set_xticks(range(d.shape[1]))
+  a0.set_yticks(range(d.shape[0]))
+  a0.set_xlabel("head")
+  a0.set_ylabel("layer")
+  a0.set_title(f"one head disabled (uniform attention); intact accuracy "
+               f"{100 * u['baseline']:.1f}%", fontsize=9)
+  fig.colorbar(im, ax=a0, label="accuracy change (points)", extend=extend)
+  depth = len(u["delta_layers"])
+  bars = [("all heads uniform", u["delta_layers"]), ("all heads zeroed (scale)",
+                                                     acc["scale"]["delta_layers"]),
+          ("block skipped", u["delta_layer_skips"])]
+  width = 0.8 / len(bars)
+  for k, (label, values) in enumerate(bars):
+    a1.bar(np.arange(depth) + k * width, 100 * np.asarray(values), width, label=label)
+  a1.axhline(0, color="k", lw=0.8)
+  a1.set_xticks(np.arange(depth) + width * (len(bars) - 1) / 2, [str(i) for i in range(depth)])
+  a1.set_xlabel("layer disabled")
+  a1.set_ylabel("accuracy change (points)")
+  a1.set_title("one layer disabled", fontsize=9)
+  a1.grid(axis="y", alpha=0.3)
+  a1.legend(fontsize=7)
+  fig.suptitle("Disabling heads and layers of the fine-tuned classifier "
+               "(above 0 / blue = better than intact; Kovaleva et al. Figs. 6-7)")
+  return common.savefig(fig, out, f"{NAME}_ablation")
+
+
+def figure_change(cosine, cka, out) -> str:
+  """Per-head cosine of attention maps before vs after fine-tuning, and per-layer means/CKA."""
+  plt = _plt()
+  cosine = np.asarray(cosine)
+  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]},
+                               layout="constrained")
+  im = a0.imshow(cosine, cmap="viridis", vmin=min(0.5, float(cosine.min())), vmax=1.0,
+                 aspect="auto")
+  for (l, h), v in np.ndenumerate(cosine):
+    a0.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=5.5, color="w")
+  a0.set_xticks(range(cosine.shape[1]))
+  a0.set_yticks(range(cosine.shape[0]))
+  a0.set_xlabel("head")
+  a0.set_ylabel("layer")
+  a0.set_title("cosine of attention maps, pre-trained vs fine-tuned", fontsize=9)
+  fig.colorbar(im, ax=a0, label="cosine similarity")
+  layers = np.arange(cosine.shape[0])
+  a1.plot(layers, layer_means(cosine), marker="o", label="attention-map cosine (mean of heads)")
+  a1.plot(layers, np.asarray(cka)[1:], marker="s", label="CKA of the layer's output")
+  a1.set_xticks(layers)
+  a1.set_xlabel("layer")
+  a1.set_ylabel("similarity")
+  a1.set_title(f"per layer (embeddings' CKA {float(cka[0]):.3f})", fontsize=9)
+  a1.grid(alpha=0.3)
+  a1.legend(fontsize=7)
+  fig.suptitle("What fine-tuning changes (Kovaleva et al. Fig. 3)")
+  return common.savefig(fig, out, f"{NAME}_change")
+
+
+def figure_training(runs: dict[str, dict], chance: float, out) -> str:
+  """Training loss of both initialisations and their held-out accuracy."""
+  plt = _plt()
+  fig, (a0, a1) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [3, 2]},
+                               layout="constrained")
+  for label, run in runs.items():
+    loss = np.asarray(run["loss"])
+    w = max(1, len(loss) // 20)
+    smooth = np.convolve(loss, np.ones(w) / w, mode="valid")
+    a0.plot(np.arange(len(smooth)) + w, smooth, label=f"{label} (moving mean of {w})")
+  a0.set_xlabel("step")
+  a0.set_ylabel("training cross-entropy")
+  a0.set_title("fine-tuning loss", fontsize=9)
+  a0.grid(alpha=0.3)
+  a0.legend(fontsize=7)
+  labels = list(runs)
+  acc = [100 * runs[k]["metrics"]["accuracy"] for k in labels]
+  a1.bar(labels, acc, color=["tab:blue", "tab:orange"][:len(labels)])
+  a1.axhline(100 * chance, color="grey", ls="--", lw=1, label="chance")
+  for i, v in enumerate(acc):
+    a1.text(i, v + 1, f"{v:.1f}", ha="center", fontsize=8)
+  a1.set_ylim(0, 105)
+  a1.set_ylabel("held-out accuracy (%)")
+  a1.set_title("same task, steps and learning rate", fontsize=9)
+  a1.legend(fontsize=7)
+  fig.suptitle("Pre-trained vs random initialisation (Kovaleva et al. Table 1)")
+  return common.savefig(fig, out, f"{NAME}_training")
+
+
+# The run --------------------------------------------------------------------------------
+
+
+def _model(smoke: bool, seed: int):
+  """(architecture, pre-trained params with a fresh classifier, tokenizer, init description)."""
+  import bertjax
+  from bertjax.training import finetune as ft
+
+  if smoke:  # a tiny random BERT with MiniLM's vocabulary stands in for the pre-trained one
+    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+    tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **SMOKE_MODEL)
+    cfg, params = ft.prepare_model("classification", 2, config=tiny, seed=seed + 1000)
+    return tiny, cfg, params, tok, "tiny random BERT (smoke stand-in)"
+  config, _, tok = common.minilm()
+  cfg, params = ft.prepare_model("classification", 2, init_from=bertjax.minilm_path(), seed=seed)
+  return config, cfg, params, tok, "all-MiniLM-L6-v2"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """Runs the experiment and writes `dark_secrets.json` and its figures."""
+  args = common.parser(__doc__).parse_args(argv)
+  t_start = time.perf_counter()
+  cache = _compilation_cache()
+  try:
+    _run(args, t_start)
+  finally:
+    shutil.rmtree(cache, ignore_errors=True)
+
+
+def _compilation_cache() -> str:
+  """A throw-away persistent JAX cache: the second fine-tuning reuses the first's compiled step.
+
+  `finetune` builds a fresh jitted step per call; the random-initialised run has the same
+  program, so with the cache it skips a compilation (about 10-30 s on a 2-core CPU).
+  """
+  import jax
+
+  path = tempfile.mkdtemp(prefix="dark_secrets_jax_cache_")
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path
+
+
+def _run(args, t_start: float) -> None:
+  """The experiment proper (see the module docstring)."""
+  from bertjax.analysis import attention
+  from bertjax.training import finetune as ft
+
+  size = SIZES["smoke" if args.smoke else "full"]
+  timings: dict[str, float] = {}
+  data_root = common.data_dir(args.data_dir)
+
+  with common.timed(timings, "load"):
+    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed)
+    data, pair_ids, phen, phen_names = load_blimp_task(data_root / "blimp", tok,
+                                                       max_len=size["max_len"])
+    train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"],
+                                        seed=args.seed)
+    train, held = subset(data, train_idx), subset(data, eval_idx)
+    held_phen = phen[eval_idx]
+  chance = float(max(held["labels"].mean(), 1 - held["labels"].mean()))
+  common.log(f"{model_name}; BLiMP {phen_names}: {len(train_idx)} train / {len(eval_idx)} "
+             f"held-out sentences, length {data['input_ids'].shape[1]}")
+  hp = ft.FinetuneConfig(steps=size["steps"], batch_size=size["batch_size"],
+                         learning_rate=size["learning_rate"], warmup_steps=size["warmup_steps"],
+                         seed=args.seed, eval_batch_size=size["eval_batch"])
+
+  runs: dict[str, dict] = {}
+  with common.timed(timings, "finetune_pretrained"):
+    tuned = ft.finetune(config, pre_params, train, held, task="classification", hp=hp)
+  with common.timed(timings, "finetune_random"):
+    _, rnd_params = ft.prepare_model("classification", 2, config=arch, seed=args.seed)
+    rnd = ft.finetune(config, rnd_params, train, held, task="classification", hp=hp)
+  for label, run in (("pre-trained", tuned), ("random init", rnd)):
+    logits = ft.predict(run["params"], config, held, "classification",
+                        batch_size=size["eval_batch"])
+    correct = logits.argmax(-1) == held["labels"]
+    runs[label] = {"metrics": run["metrics"], "final_loss": run["final_loss"],
+                   "loss": [h["loss"] for h in run["history"]],
+                   "accuracy_by_phenomenon": {name: float(correct[held_phen == k].mean())
+                                              for k, name in enumerate(phen_names)}}
+    common.log(f"{label}: held-out {run['metrics']}")
+  params = tuned["params"]
+
+  held_batches = batches(held, size["eval_batch"])
+  analysis = batches(held, size["eval_batch"], size["analysis_sentences"])
+  special = [tok.cls_id, tok.sep_id]
+  with common.timed(timings, "patterns"):
+    before = pattern_summary(pre_params, config, analysis, special)
+    after = pattern_summary(params, config, analysis, special)
+  with common.timed(timings, "attention_change"):
+    change = attention.attention_change(pre_params, params, config, analysis)
+  with common.timed(timings, "ablation"):
+    sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
+  acc = {m: improvements(r) for m, r in sweeps.items()}
+  n_eval = len(held["labels"])
+  base_acc = acc["uniform"]["baseline"]
+  se = float(np.sqrt(base_acc * (1 - base_acc) / n_eval))
+
+  # Verdicts.
+  layer_cos = layer_means(change.cosine)
+  k_last = max(1, round(config.depth * LAST_FRACTION))
+  acc_pre = runs["pre-trained"]["metrics"]["accuracy"]
+  acc_rnd = runs["random init"]["metrics"]["accuracy"]
+  rnd_holds, rnd_ratio = random_init_verdict(acc_rnd, acc_pre, chance)
+  gain_text = (f"random gets {rnd_ratio:.2f} of the pre-trained gain over chance"
+               if np.isfinite(rnd_ratio) else "pre-trained at chance: nothing to compare")
+  u, sc = acc["uniform"], acc["scale"]
+  n_heads = config.depth * config.num_attention_heads
+  pct = lambda x: f"{100 * x:.0f}%"
+  findings = [
+      common.finding(
+          PAPER, "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
+          "vertical is the commonest.",
+          f"{model_name} on BLiMP sentences: repeated types "
+          f"{pct(before['repeated_share'])} of maps before fine-tuning, "
+          f"{pct(after['repeated_share'])} after (vertical "
+          f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
+          f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
+          f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
+          "single sentences",
+          patterns_verdict(before, after)),
+      common.finding(
+          PAPER, "Disabling some single heads or whole layers improves the fine-tuned model.",
+          f"uniform mode: {u['heads_improving']}/{n_heads} heads and {u['layers_improving']}/"
+          f"{config.depth} layers beat the baseline accuracy {100 * base_acc:.1f}% (best "
+          f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
+          f"{100 * se:.1f}, {n_eval} sentences); {sc['layers_improving']} layers in scale mode, "
+          f"{u['layer_skips_improving']} skipped blocks",
+          ablation_verdict(u, se)),
+      common.finding(
+          PAPER, "Fine-tuning changes the attention of the last layers most.",
+          "mean cosine of attention maps before/after by layer "
+          + ", ".join(f"{c:.2f}" for c in layer_cos)
+          + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
+          f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
+          + ", ".join(f"{c:.2f}" for c in change.cka),
+          change_verdict(layer_cos)),
+      common.finding(
+          PAPER, "Fine-tuning from random initialisation does disturbingly well compared with "
+          "pre-trained weights.",
+          f"BLiMP acceptability, {hp.steps} steps x {hp.batch_size}: random init "
+          f"{100 * acc_rnd:.1f}% vs pre-trained {100 * acc_pre:.1f}% (chance {100 * chance:.0f}%; "
+          f"{gain_text})",
+          rnd_holds),
+  ]
+  for f in findings:
+    common.log(f"[{f['holds']}] {f['measured']}")
+
+  with common.timed(timings, "figures"):
+    figures = [figure_patterns(before, after, args.out), figure_ablation(acc, args.out),
+               figure_change(change.cosine, change.cka, args.out),
+               figure_training(runs, chance, args.out)]
+
+  drop = ("counts", "dominant")
+  results = {
+      "task": {"name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
+               "phenomena": phen_names, "train_sentences": len(train_idx),
+               "eval_sentences": n_eval, "chance": chance,
+               "eval_per_phenomenon": {n: int((held_phen == k).sum())
+                                       for k, n in enumerate(phen_names)}},
+      "finetune": runs,
+      "patterns": {"before": {k: v for k, v in before.items() if k not in drop},
+                   "after": {k: v for k, v in after.items() if k not in drop},
+                   "dominant_before": before["dominant"], "dominant_after": after["dominant"],
+                   "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum())},
+      "ablation": {"metric": "held-out accuracy", **acc, "accuracy_standard_error": se},
+      "attention_change": {"cosine": change.cosine, "layer_cosine": layer_cos, "cka": change.cka,
+                           "last_layers": k_last},
+      "random_vs_pretrained": {"ratio_of_gain_over_chance": rnd_ratio if np.isfinite(rnd_ratio)
+                               else None, "accuracy_random": acc_rnd,
+                               "accuracy_pretrained": acc_pre},
+      "timings_s": timings,
+  }
+  settings = {"model": model_name, "model_config": {k: getattr(arch, k) for k in (
+      "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
+              "task": "BLiMP acceptability, split by minimal pair", **size, "seed": args.seed,
+              "ablation": "accuracy; uniform: every head, every layer, block skips; scale: every "
+                          "layer", "pattern_thresholds": dataclasses.asdict(
+                              attention.PatternThresholds()),
+              "analysis": "held-out sentences (patterns and change: the first "
+                          f"{size['analysis_sentences']})"}
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

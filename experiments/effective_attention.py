@@ -1,0 +1,491 @@
+"""Are attention weights identifiable? Raw vs effective attention in all-MiniLM-L6-v2.
+
+Run:
+  ./run.sh experiment effective_attention            # the full run (~1.5 min CPU; 3-6 min wall)
+  .venv/bin/python experiments/effective_attention.py [--smoke]
+
+What it measures, on which model and data, and why:
+  Brunner et al. (2020, "On Identifiability in Transformers") show that a head's output
+  `A_h T_h` (T_h = (E W_V^h + b_V^h) W_O^h, an n x H matrix of rank <= d_head) does not
+  determine its attention map A_h once the sequence is longer than the head dimension:
+  any component of a row of A_h in the left null space of T_h (dimension n - rank(T_h))
+  changes nothing. Removing it gives "effective attention", which they find puts far less
+  weight on [SEP], [CLS] and punctuation than raw attention, so raw attention weights are a
+  poor account of what a head uses. This script, on the real all-MiniLM-L6-v2 (6 layers x
+  12 heads, d_head = 32), measures for every layer and head:
+
+  * the null-space dimension as a function of sequence length n = 8..256: dim = n -
+    rank(T_h), checked against max(0, n - d_head) (`attention.left_null_space`), and the
+    null basis checked to annihilate T_h;
+  * that effective attention gives the same head output as raw attention (A_eff T = A T)
+    and, through the block's residual, LayerNorm and feed-forward (rebuilt in NumPy), the
+    model's own next hidden state;
+  * the Pearson correlation of raw and effective attention per passage, against its length
+    (Brunner et al. Fig. 3a), and that of the attention a token receives with its position;
+  * the attention mass on [CLS], [SEP] and punctuation, raw vs effective
+    (`attention.effective_attention_statistics`, plus punctuation here).
+
+  Data: passages of consecutive sentences of UD English EWT v2.16 dev (their word forms,
+  re-tokenised by MiniLM's WordPiece), cut to exactly n tokens including [CLS] at the start
+  and [SEP] at the end, so that every passage of the main set (n = 128) is longer than
+  d_head.
+
+  `--smoke` uses a tiny random-weight model (2 heads of 16) and a handful of short passages;
+  its numbers are not findings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+
+import common
+import numpy as np
+
+NAME = "effective_attention"
+PAPER = "Brunner et al. 2020"
+KINDS = ("raw", "effective")
+CLASS_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
+
+
+def token_stream(tok, sentences) -> list[np.ndarray]:
+  """Each sentence's WordPiece ids, without [CLS]/[SEP]."""
+  out = []
+  for start in range(0, len(sentences), 256):
+    batch = tok.encode_words([s.forms for s in sentences[start:start + 256]])
+    for ids, mask in zip(batch.input_ids, batch.attention_mask):
+      out.append(np.asarray(ids[1:int(mask.sum()) - 1], np.int32))
+  return out
+
+
+def make_passages(stream: Sequence[np.ndarray], length: int, count: int, cls_id: int,
+                  sep_id: int, seed: int = 0) -> np.ndarray:
+  """`count` passages of exactly `length` tokens: [CLS], consecutive sentences, [SEP].
+
+  Each starts at a random sentence (seeded) and takes the following sentences until
+  `length - 2` word pieces are filled (the last one is cut).
+
+  Returns:
+    (count, length) int32 ids.
+  """
+  if length < 3:
+    raise ValueError(f"{length=} must be >= 3 ([CLS], a token, [SEP])")
+  total = sum(len(s) for s in stream)
+  if total < length:
+    raise ValueError(f"the sentences hold {total} tokens, fewer than {length=}")
+  rng = np.random.default_rng(seed)
+  out = np.empty((count, length), np.int32)
+  for c in range(count):
+    i, body = int(rng.integers(len(stream))), []
+    while sum(len(b) for b in body) < length - 2:
+      body.append(stream[i % len(stream)])
+      i += 1
+    out[c] = np.concatenate([[cls_id], np.concatenate(body)[:length - 2], [sep_id]])
+  return out
+
+
+def expected_null_dim(length: int, head_dim: int) -> int:
+  """Brunner et al.'s rule: rank(T) = min(n, d_head) for generic inputs, so dim = max(0, n - d)."""
+  return max(0, length - head_dim)
+
+
+def pearson(x, y) -> float:
+  """Pearson correlation of two arrays (flattened); nan when either is constant."""
+  x, y = np.ravel(np.asarray(x, np.float64)), np.ravel(np.asarray(y, np.float64))
+  x, y = x - x.mean(), y - y.mean()
+  den = np.sqrt((x * x).sum() * (y * y).sum())
+  return float((x * y).sum() / den) if den > 0 else float("nan")
+
+
+def _activation(name: str):
+  from scipy.special import erf
+
+  if name == "gelu":
+    return lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2)))
+  if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    return lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+  if name == "relu":
+    return lambda x: np.maximum(x, 0)
+  raise ValueError(f"hidden_act={name!r} is not rebuilt here (gelu, gelu_new, relu)")
+
+
+def _layer_norm(x, p, eps):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def block_output(params, config, block: int, hidden, attn, t) -> np.ndarray:
+  """A BERT block's output rebuilt in float64 from its heads' `A_h @ T_h` (post-LayerNorm BERT).
+
+  Args:
+    params, config: the model.
+    block: the block index.
+    hidden: (n, H) the block's input E.
+    attn: (N, n, n) attention maps (raw or effective).
+    t: (N, n, H) `attention.head_value_outputs`.
+
+  Returns:
+    (n, H): LN(h + FFN(h)) with h = LN(E + sum_h A_h T_h + b_O).
+  """
+  import jax
+
+  i = config.layer_param_index[block]
+  p = jax.tree.map(lambda x: np.asarray(x[i], np.float64), params["encoder"]["layers"])
+  e = np.asarray(hidden, np.float64)
+  y = (np.asarray(attn, np.float64) @ t).sum(0) + p["attention"]["output"]["bias"]  # (n, H)
+  h = _layer_norm(e + y, p["attention"]["LayerNorm"], config.layer_norm_eps)
+  f = _activation(config.hidden_act)(h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"])
+  f = f @ p["output"]["kernel"] + p["output"]["bias"]
+  return _layer_norm(h + f, p["LayerNorm"], config.layer_norm_eps)
+
+
+def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
+            punct_ids: np.ndarray, rebuild: int | None = None,
+            null_space: bool = True) -> dict[str, np.ndarray]:
+  """Per (passage, layer, head): null-space dimension, checks, correlations and token masses.
+
+  Args:
+    params, config: the model.
+    ids: (P, n) passages of one length, no padding.
+    cls_id, sep_id, punct_ids: the token classes whose attention mass is measured.
+    rebuild: rebuild the block output for only the first this many passages (None: all).
+    null_space: compute each head's left null space (the costliest part; the length sweep
+      needs it, the token-mass statistics do not).
+
+  Returns:
+    name -> (P, layers, heads) arrays: with `null_space`, "rank", "null_dim",
+    "null_residual" (max |U^T T| / max |T| over the null basis U); "output_error" (max |A_eff T - A T| / max |A T|),
+    "corr" (Pearson of the raw and effective map), "{raw,effective}_{cls,sep,punct}"
+    (mean mass a query puts on them); and (P, layers): "block_error_{raw,effective}" (max
+    abs difference of the rebuilt block output from the model's next hidden state; 0 for
+    passages past `rebuild`).
+  """
+  import bertjax
+  from bertjax.analysis import attention
+
+  ids = np.asarray(ids, np.int32)
+  out = bertjax.forward(params, config, ids, np.ones_like(ids), np.zeros_like(ids),
+                        output_attentions=True, output_hidden_states=True)
+  maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
+  p_count, n = ids.shape
+  shape = (p_count, config.depth, config.num_attention_heads)
+  names = ("rank", "null_dim", "null_residual") if null_space else ()
+  r = {k: np.zeros(shape) for k in (*names, "output_error", "corr")}
+  classes = {"cls": ids == cls_id, "sep": ids == sep_id, "punct": np.isin(ids, punct_ids)}
+  for kind in KINDS:
+    for c in classes:
+      r[f"{kind}_{c}"] = np.zeros(shape)
+  for kind in KINDS:
+    r[f"block_error_{kind}"] = np.zeros(shape[:2])
+  for i in range(p_count):
+    for d in range(config.depth):
+      raw = maps[d, i].astype(np.float64)  # (N, n, n)
+      t = attention.head_value_outputs(params, config, d, hidden[d, i])  # (N, n, H)
+      eff = attention.effective_attention(raw, t)
+      for h in range(config.num_attention_heads):
+        if null_space:
+          null = attention.left_null_space(t[h])  # (n, n - rank)
+          r["null_dim"][i, d, h] = null.shape[-1]
+          r["rank"][i, d, h] = n - null.shape[-1]
+          residual = np.abs(null.T @ t[h]).max() / np.abs(t[h]).max() if null.size else 0.0
+          r["null_residual"][i, d, h] = residual
+        head_out = raw[h] @ t[h]
+        r["output_error"][i, d, h] = (np.abs(eff[h] @ t[h] - head_out).max()
+                                      / np.abs(head_out).max())
+        r["corr"][i, d, h] = pearson(raw[h], eff[h])
+      for kind, a in (("raw", raw), ("effective", eff)):
+        for c, m in classes.items():
+          r[f"{kind}_{c}"][i, d] = a[..., m[i]].sum(-1).mean(-1)
+        if rebuild is None or i < rebuild:
+          rebuilt = block_output(params, config, d, hidden[d, i], a, t)
+          r[f"block_error_{kind}"][i, d] = np.abs(rebuilt - hidden[d + 1, i]).max()
+  return r
+
+
+def null_space_rule(lengths: Sequence[int], null_dims: dict[int, np.ndarray],
+                    head_dim: int) -> str:
+  """"yes": every head at every length has dim = max(0, n - d_head); "partly": dim > 0 for every
+  head with n > d_head (rank below d_head somewhere); "no": a head with n > d_head has none."""
+  exact = all(np.all(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths)
+  if exact:
+    return "yes"
+  longer = [n for n in lengths if n > head_dim]
+  return "partly" if longer and all(np.all(null_dims[n] > 0) for n in longer) else "no"
+
+
+def special_rule(raw: float, effective: float) -> str:
+  """"yes": effective mass <= half the raw mass; "partly": lower; "no": not lower."""
+  if effective <= 0.5 * raw:
+    return "yes"
+  return "partly" if effective < raw else "no"
+
+
+def _model(args):
+  """(config, params, tokenizer, name): MiniLM, or a tiny random model for --smoke."""
+  import bertjax
+
+  if not args.smoke:
+    return (*common.minilm(), "all-MiniLM-L6-v2")
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+
+
+def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  figs = []
+  depth = main["raw_cls"].shape[1]
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  ax = axes[0]
+  dims = [sweep[n]["null_dim"].ravel() for n in lengths]
+  ax.plot(lengths, [d.mean() for d in dims], "o", ms=7, label="measured (mean over heads)")
+  ax.vlines(lengths, [d.min() for d in dims], [d.max() for d in dims], color="tab:blue",
+            label="min-max over heads and passages")
+  grid = np.arange(0, max(lengths) + 1)
+  ax.plot(grid, [expected_null_dim(n, head_dim) for n in grid], "k--", lw=1,
+          label=f"max(0, n - d_head), d_head = {head_dim}")
+  ax.set(xlabel="sequence length n (tokens)", ylabel="dim of left null space of T_h",
+         title="Null-space dimension: non-identifiable when n > d_head")
+  ax.legend(fontsize=8)
+  ax = axes[1]
+  for d in range(depth):
+    ax.plot(lengths, [sweep[n]["corr"][:, d].mean() for n in lengths], marker="o",
+            label=f"layer {d + 1}")
+  ax.axvline(head_dim, color="gray", ls=":", label="n = d_head")
+  ax.set(xlabel="sequence length n (tokens)", ylabel="Pearson r (mean over heads, passages)",
+         title="Correlation of raw and effective attention vs length")
+  ax.legend(fontsize=7, ncol=2)
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  fig.suptitle(f"Brunner et al. (2020) on {model_name}")
+  figs.append(common.savefig(fig, out, f"{NAME}_null_space"))
+
+  layers = np.arange(1, depth + 1)
+  fig, axes = plt.subplots(1, 4, figsize=(19, 4.3), layout="constrained")
+  for ax, c in zip(axes, ("cls", "sep", "punct")):
+    for kind, style in (("raw", "-o"), ("effective", "--s")):
+      ax.plot(layers, main[f"{kind}_{c}"].mean((0, 2)), style, label=kind)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(xlabel="layer", title=f"attention mass on {CLASS_NAMES[c]}", xticks=layers)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  axes[0].set_ylabel("mean mass per query (mean over heads)")
+  ax = axes[3]
+  for kind, style in (("raw", "-o"), ("effective", "--s")):
+    ax.plot(layers, np.nanmean(lib[kind]["position_corr"], -1), style, label=kind)
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set(xlabel="layer", ylabel="Pearson r (mean over heads)", xticks=layers,
+         title="corr(attention received, token position)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.suptitle(f"Raw vs effective attention by layer ({model_name}, "
+               f"{main['raw_cls'].shape[0]} passages of {main['length']} tokens)")
+  figs.append(common.savefig(fig, out, f"{NAME}_special"))
+
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
+  for ax, c in zip(axes, ("cls", "sep", "punct")):
+    raw, eff = main[f"raw_{c}"].mean(0), main[f"effective_{c}"].mean(0)  # (layers, heads)
+    sc = ax.scatter(raw.ravel(), eff.ravel(), c=np.repeat(layers, raw.shape[1]), cmap="viridis",
+                    s=18)
+    top = max(raw.max(), eff.max(), 1e-3)
+    ax.plot([min(0, eff.min()), top], [min(0, eff.min()), top], "k--", lw=0.8, label="y = x")
+    ax.set(xlabel="raw attention mass", ylabel="effective attention mass",
+           title=f"mass on {CLASS_NAMES[c]}, one point per head")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+  fig.colorbar(sc, ax=axes, label="layer")
+  fig.suptitle("Each head's attention to token classes, raw vs effective (Brunner Fig. 3b/c)")
+  figs.append(common.savefig(fig, out, f"{NAME}_heads"))
+
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), layout="constrained")
+  top = float(np.abs(example["effective"]).max())
+  im = axes[0].imshow(example["raw"], cmap="Blues", vmin=0)
+  fig.colorbar(im, ax=axes[0], shrink=0.8, label="attention weight")
+  im = axes[1].imshow(example["effective"], cmap="RdBu_r", vmin=-top, vmax=top)
+  fig.colorbar(im, ax=axes[1], shrink=0.8, label="effective weight")
+  axes[0].set_title(f"raw, layer {example['layer'] + 1}, head {example['head'] + 1}")
+  axes[1].set_title("effective (negative = red)")
+  for ax in axes[:2]:
+    ax.set(xlabel="key position", ylabel="query position")
+  for kind in KINDS:
+    axes[2].plot(np.asarray(example[kind]).mean(0), label=kind)
+  axes[2].set(xlabel="key position ([CLS] = 0, [SEP] = last)", ylabel="mean attention received",
+              title="attention received by each position")
+  axes[2].grid(alpha=0.3)
+  axes[2].legend(fontsize=8)
+  fig.suptitle(f"One passage of {len(example['raw'])} tokens; the head with the most raw "
+               "[CLS]+[SEP] mass")
+  figs.append(common.savefig(fig, out, f"{NAME}_example"))
+  return figs
+
+
+def _single_thread_blas():
+  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:  # comes with scikit-learn; without it nothing changes
+    return contextlib.nullcontext()
+  return threadpool_limits(limits=1, user_api="blas")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  with _single_thread_blas():
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+  p = common.parser(__doc__)
+  p.add_argument("--passages", type=int, default=32,
+                 help="passages in the main set (default: 32; --smoke: 4)")
+  p.add_argument("--length", type=int, default=128,
+                 help="tokens per main-set passage, [CLS] and [SEP] included (default: 128)")
+  p.add_argument("--sweep-passages", type=int, default=3,
+                 help="passages per length in the length sweep (default: 3)")
+  args = p.parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+
+  from bertjax.analysis import attention
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir)
+  path = common.ud_file(data, "dev")
+  sentences = conllu.read_conllu(path, max_sentences=60 if args.smoke else None)
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = _model(args)
+  head_dim = config.head_dim
+  if args.smoke:
+    lengths, length, count, per_len = [8, 16, 24, 32, 48], 40, 4, 2
+  else:
+    lengths = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
+    length, count, per_len = args.length, args.passages, args.sweep_passages
+  if length <= head_dim:
+    raise ValueError(f"--length {length} must exceed d_head={head_dim} (else effective = raw)")
+  stream = token_stream(tok, sentences)
+  punct = attention.punctuation_ids(tok)
+  kw = {"cls_id": tok.cls_id, "sep_id": tok.sep_id, "punct_ids": punct, "rebuild": 1}
+
+  common.log(f"length sweep {lengths}, {per_len} passages each ({model_name}, d_head={head_dim})")
+  sweep = {}
+  with common.timed(timings, "length sweep"):
+    for n in lengths:
+      sweep[n] = analyse(params, config, make_passages(stream, n, per_len, tok.cls_id, tok.sep_id,
+                                                       args.seed + n), **kw)
+  common.log(f"main set: {count} passages of {length} tokens")
+  ids = make_passages(stream, length, count, tok.cls_id, tok.sep_id, args.seed)
+  batches = [{"input_ids": ids[i:i + 8], "attention_mask": np.ones_like(ids[i:i + 8]),
+              "token_type_ids": np.zeros_like(ids[i:i + 8])} for i in range(0, count, 8)]
+  with common.timed(timings, "effective_attention_statistics"):
+    lib = attention.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
+                                                   sep_id=tok.sep_id)
+  with common.timed(timings, "per-head analysis"):
+    main_r = analyse(params, config, ids, **kw, null_space=False)
+  main_r["length"] = length
+
+  # The library's [CLS]/[SEP] statistics and ours must agree (same passages, same maps).
+  agree = max(float(np.abs(lib[k][c] - main_r[f"{k}_{c}"].mean(0)).max())
+              for k in KINDS for c in ("cls", "sep"))
+  special = {k: float((main_r[f"{k}_cls"] + main_r[f"{k}_sep"]).mean()) for k in KINDS}
+  per_class = {f"{k}_{c}": float(main_r[f"{k}_{c}"].mean()) for k in KINDS
+               for c in ("cls", "sep", "punct")}
+  heads_lower = float(np.mean((main_r["effective_cls"] + main_r["effective_sep"]).mean(0)
+                              < (main_r["raw_cls"] + main_r["raw_sep"]).mean(0)))
+  null_dims = {n: sweep[n]["null_dim"] for n in lengths}
+  ranks = {n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max())) for n in lengths}
+  all_runs = [sweep[n] for n in lengths] + [main_r]
+  out_err = max(float(r["output_error"].max()) for r in all_runs)
+  null_res = max(float(sweep[n]["null_residual"].max()) for n in lengths)
+  block_err = {k: max(float(r[f"block_error_{k}"].max()) for r in all_runs) for k in KINDS}
+  corr_by_len = {n: float(sweep[n]["corr"].mean()) for n in lengths}
+  long = [n for n in lengths if n > head_dim]
+  summary = {
+    "head_dim": head_dim, "lengths": lengths, "rank_min_max": ranks,
+    "null_dim_mean": {n: float(null_dims[n].mean()) for n in lengths},
+    "null_dim_expected": {n: expected_null_dim(n, head_dim) for n in lengths},
+    "null_dim_matches": {n: float(np.mean(null_dims[n] == expected_null_dim(n, head_dim)))
+                         for n in lengths},
+    "max_null_residual": null_res, "max_relative_head_output_error": out_err,
+    "max_block_output_error": block_err, "corr_raw_effective_by_length": corr_by_len,
+    "special_mass": special, "mass": per_class, "heads_with_lower_effective_special": heads_lower,
+    "library_vs_direct_max_difference": agree,
+    "position_corr_mean": {k: float(np.nanmean(lib[k]["position_corr"])) for k in KINDS},
+    "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"]))}
+
+  # An example: the head with the most raw [CLS]+[SEP] mass, on a short passage.
+  layer, head = divmod(int(np.argmax((main_r["raw_cls"] + main_r["raw_sep"]).mean(0))),
+                       config.num_attention_heads)
+  ex_ids = make_passages(stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id,
+                         tok.sep_id, args.seed + 1)
+  import bertjax
+
+  o = bertjax.forward(params, config, ex_ids, output_attentions=True, output_hidden_states=True)
+  raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
+  t = attention.head_value_outputs(params, config, layer, np.asarray(o.hidden_states)[layer, 0])
+  example = {"layer": layer, "head": head, "raw": raw[head],
+             "effective": attention.effective_attention(raw, t)[head],
+             "tokens": tok.convert_ids_to_tokens(ex_ids[0])}
+
+  findings = [
+    common.finding(
+      PAPER, "Attention weights are not identifiable once the sequence is longer than the head "
+      "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
+      f"d_head {head_dim}; null-space dim = max(0, n - {head_dim}) for "
+      f"{100 * np.mean([np.mean(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths]):.0f}% "
+      f"of heads x passages over n = {lengths[0]}..{lengths[-1]} (rank range "
+      f"{min(r[0] for r in ranks.values())}-{max(r[1] for r in ranks.values())}); raw/effective "
+      f"correlation {corr_by_len[lengths[0]]:.3f} at n={lengths[0]} -> {corr_by_len[long[-1]]:.3f} "
+      f"at n={long[-1]}. Rule: yes if every head matches max(0, n - d_head), partly if dim > 0 "
+      "whenever n > d_head.",
+      null_space_rule(lengths, null_dims, head_dim)),
+    common.finding(
+      PAPER, "Attention can change without changing the output: effective attention (raw minus "
+      "its null-space part) gives the same head output.",
+      f"max relative |A_eff T - A T| {out_err:.1e} (float64); block output rebuilt from effective "
+      f"attention vs the model's hidden state: max abs error {block_err['effective']:.1e} (raw: "
+      f"{block_err['raw']:.1e}). Rule: yes if both < 1e-4.",
+      "yes" if out_err < 1e-4 and block_err["effective"] < 1e-4 else "no"),
+    common.finding(
+      PAPER, "Effective attention puts much less weight on [CLS] and [SEP] than raw attention.",
+      f"mean mass per query on [CLS]+[SEP] over {config.depth * config.num_attention_heads} heads, "
+      f"{count} passages of {length} tokens: raw {special['raw']:.3f}, effective "
+      f"{special['effective']:.3f} ([CLS] {per_class['raw_cls']:.3f} -> "
+      f"{per_class['effective_cls']:.3f}, [SEP] {per_class['raw_sep']:.3f} -> "
+      f"{per_class['effective_sep']:.3f}; punctuation {per_class['raw_punct']:.3f} -> "
+      f"{per_class['effective_punct']:.3f}); lower in {100 * heads_lower:.0f}% of heads. Rule: "
+      "yes if effective <= half of raw, partly if lower.",
+      special_rule(special["raw"], special["effective"])),
+  ]
+  figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name)
+  for f in findings:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  settings = {"model": model_name, "data": str(path.relative_to(data)),
+              "sentences": len(sentences), "main_passages": count, "main_length": length,
+              "sweep_lengths": lengths, "sweep_passages_per_length": per_len, "seed": args.seed,
+              "null_space_rtol": 1e-10, "passages": "[CLS] + consecutive EWT dev sentences' "
+              "word pieces (cut) + [SEP], one segment"}
+  per_head = lambda r: {k: r[k].mean(0) for k in r if isinstance(r[k], np.ndarray)}
+  results = {"summary": summary, "library_statistics": lib, "main_per_head": per_head(main_r),
+             "sweep": {n: {"null_dim": sweep[n]["null_dim"].mean(0),
+                           "rank": sweep[n]["rank"].mean(0), "corr": sweep[n]["corr"].mean(0),
+                           "special_raw": (sweep[n]["raw_cls"] + sweep[n]["raw_sep"]).mean(0),
+                           "special_effective": (sweep[n]["effective_cls"]
+                                                 + sweep[n]["effective_sep"]).mean(0)}
+                       for n in lengths},
+             "example": {"layer_index": layer, "head_index": head, "numbering": "0-based",
+                         "tokens": example["tokens"]},
+             "timings": timings}
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

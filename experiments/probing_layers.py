@@ -1,0 +1,334 @@
+"""Where is syntax strongest? Probing every layer of all-MiniLM-L6-v2 on UD English EWT.
+
+Run:
+  ./run.sh experiment probing_layers            # the full run (~2.5 min CPU; 4-8 min wall)
+  .venv/bin/python experiments/probing_layers.py [--smoke]
+
+What it measures, on which model and data, and why:
+  Tenney et al. (2019, "BERT Rediscovers the Classical NLP Pipeline"), Lin et al. (2019)
+  and Hewitt & Manning (2019) report that syntactic information is strongest in the middle
+  layers of BERT, not the last, and that part-of-speech (surface) information peaks lower
+  than dependency structure; Hewitt & Liang (2019) ask whether a probe's accuracy reflects
+  the representation or the probe's own capacity, and answer with control tasks.
+  This script runs bertjax's probing suite (`bertjax.analysis.probing_run.run_probing_suite`)
+  on every layer (0 = embeddings) of the real all-MiniLM-L6-v2 checkpoint:
+
+  * linear probes for UPOS (per word) and for dependency relations (edge probing on
+    [h_head; h_dep]), each with a Hewitt & Liang control task (every word type gets a
+    random label) and its selectivity = task accuracy - control accuracy;
+  * Hewitt & Manning's structural probes: distance (UUAS, DSpr.) and depth (root
+    accuracy, NSpr.), punctuation excluded from UUAS and root accuracy;
+  * Tenney's "expected layer" of each task (see `expected_layer`).
+
+  Data: UD English EWT v2.16 *dev* (2,001 sentences; the only split in ../shared/data).
+  Its sentences are split, sentence-disjoint and seeded, into 70% train (probe fitting),
+  10% validation (early stopping) and 20% test; every score reported is on the test
+  sentences. Words are the first subword's vector.
+
+  `--smoke` uses a tiny random-weight model (MiniLM's vocabulary) and 40 sentences; its
+  numbers are not findings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+
+import common
+import numpy as np
+
+NAME = "probing_layers"
+PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
+# The syntactic measures whose peak layer is compared with the middle of the network.
+SYNTACTIC = ("deprel", "uuas", "dspr", "root_acc", "nspr")
+LABELS = {"upos": "UPOS accuracy", "deprel": "dep. relation accuracy", "uuas": "UUAS (distance)",
+          "dspr": "DSpr. (distance)", "root_acc": "root accuracy (depth)", "nspr": "NSpr. (depth)"}
+
+
+def expected_layer(scores: Sequence[float]) -> float:
+  """Tenney et al.'s expected layer of a task, from per-layer probe scores.
+
+  Tenney et al. use the score differences Δ_l = s_l - s_{l-1} of cumulative (scalar-mixed)
+  probes, which cannot get worse with depth, and report E[l] = Σ_l l Δ_l / Σ_l Δ_l. We fit
+  one probe per layer, so we make the scores cumulative the same way: s*_l = max_{k<=l}
+  s_k (the best layer so far), Δ_l = s*_l - s*_{l-1} >= 0 for l = 1..L.
+
+  Args:
+    scores: (layers,) scores, layer 0 first (the embeddings).
+
+  Returns:
+    E[l] in [1, L]; nan when no layer improves on layer 0.
+  """
+  s = np.asarray(scores, np.float64)
+  if s.ndim != 1 or s.size < 2:
+    raise ValueError(f"scores must be a per-layer vector of >= 2 layers, got shape {s.shape}")
+  delta = np.diff(np.maximum.accumulate(s))  # (L,) for layers 1..L
+  total = delta.sum()
+  if total <= 0:
+    return float("nan")
+  return float(np.sum(np.arange(1, s.size) * delta) / total)
+
+
+def middle_layers(num_layers: int) -> tuple[int, int]:
+  """The middle third of the transformer blocks 1..L (inclusive bounds), at least one layer."""
+  last = num_layers - 1
+  lo, hi = max(1, round(last / 3)), max(1, round(2 * last / 3))
+  return lo, hi
+
+
+def syntax_peaks_rule(peaks: dict[str, int], num_layers: int) -> str:
+  """"yes": every syntactic measure peaks in the middle third; "partly": most peak before the
+  last layer; "no": otherwise."""
+  lo, hi = middle_layers(num_layers)
+  last = num_layers - 1
+  in_middle = sum(lo <= p <= hi for p in peaks.values())
+  before_last = sum(p < last for p in peaks.values())
+  if in_middle == len(peaks):
+    return "yes"
+  return "partly" if before_last > len(peaks) / 2 else "no"
+
+
+def pos_lower_rule(e_pos: float, e_syntax: dict[str, float], margin: float = 0.1) -> str:
+  """"yes": UPOS's expected layer is below every syntactic one by >= `margin` layers;
+  "partly": below their mean; "no" otherwise."""
+  values = [v for v in e_syntax.values() if np.isfinite(v)]
+  if not np.isfinite(e_pos) or not values:
+    return "no"
+  if all(e_pos <= v - margin for v in values):
+    return "yes"
+  return "partly" if e_pos < np.mean(values) else "no"
+
+
+def selectivity_rule(selectivity: dict[str, float], strong: float = 0.2,
+                     weak: float = 0.05) -> str:
+  """"yes": every task's selectivity at its best layer >= `strong`; "partly": any >= `weak`."""
+  values = list(selectivity.values())
+  if all(v >= strong for v in values):
+    return "yes"
+  return "partly" if any(v >= weak for v in values) else "no"
+
+
+def mlp_rule(linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float,
+             tolerance: float = 0.02) -> str:
+  """"yes": the MLP probe is less selective and about as accurate (within `tolerance`);
+  "partly": only less selective; "no": not less selective."""
+  if mlp_sel >= linear_sel:
+    return "no"
+  return "yes" if mlp_acc >= linear_acc - tolerance else "partly"
+
+
+def _model(args):
+  """(config, params, tokenizer, name): MiniLM, or a tiny random model for --smoke."""
+  import bertjax
+
+  if not args.smoke:
+    return (*common.minilm(), "all-MiniLM-L6-v2")
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+
+
+def _suite(args):
+  from bertjax.analysis import probing, probing_run, structural
+
+  if not args.smoke:
+    return probing_run.SuiteConfig(
+      tasks=("upos", "deprel"), mlp=args.mlp, control=True, structural=True,
+      structural_max_sentences=args.structural_sentences, seed=args.seed)
+  return probing_run.SuiteConfig(
+    tasks=("upos", "deprel"), mlp=args.mlp, control=True, structural=True,
+    probe=probing.ProbeConfig(learning_rate=1e-2, max_steps=20, batch_size=256, eval_every=10),
+    structural_config=structural.StructuralConfig(rank=8, max_steps=20, batch_size=8,
+                                                  eval_every=10),
+    anisotropy_pairs=200, seed=args.seed)
+
+
+def _curves(r: dict) -> dict[str, np.ndarray]:
+  s = r["structural"]
+  return {"upos": r["upos"]["accuracy"], "deprel": r["deprel"]["accuracy"],
+          "uuas": s["distance"]["uuas"], "dspr": s["distance"]["spearman"],
+          "root_acc": s["depth"]["root_accuracy"], "nspr": s["depth"]["spearman"]}
+
+
+def _figures(out, curves, expected, r, model_name) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  layers = np.arange(len(curves["upos"]))
+  figs = []
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for key, ys in curves.items():
+    line, = ax.plot(layers, ys, marker="o", label=LABELS[key])
+    best = int(np.nanargmax(ys))
+    ax.plot(best, ys[best], marker="*", ms=14, color=line.get_color())
+  ax.set(xlabel="layer (0 = embeddings)", ylabel="score on EWT test sentences",
+         title=f"Probes by layer ({model_name}); ★ = best layer", xticks=layers)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+  figs.append(common.savefig(fig, out, f"{NAME}_scores"))
+
+  fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+  for ax, task in zip(axes, ("upos", "deprel")):
+    t = r[task]
+    ax.plot(layers, t["accuracy"], marker="o", label="task accuracy")
+    ax.plot(layers, t["control_accuracy"], marker="s", label="control-task accuracy")
+    ax.bar(layers, t["selectivity"], alpha=0.35, color="tab:green", label="selectivity")
+    if task == "upos" and "upos_mlp" in r:
+      m = r["upos_mlp"]
+      ax.plot(layers, m["accuracy"], "--o", color="tab:blue", mfc="none", label="MLP probe")
+      ax.plot(layers, m["control_accuracy"], "--s", color="tab:orange", mfc="none",
+              label="MLP control task")
+    ax.set(xlabel="layer (0 = embeddings)", title=f"{LABELS[task]}: selectivity",
+           xticks=layers)
+    ax.grid(alpha=0.3)
+  axes[0].set_ylabel("accuracy / selectivity")
+  axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=3)
+  fig.suptitle("Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
+               "selectivity = task - control)")
+  figs.append(common.savefig(fig, out, f"{NAME}_selectivity"))
+
+  fig, ax = plt.subplots(figsize=(6.5, 3.6))
+  keys = list(expected)
+  vals = [expected[k] for k in keys]
+  ax.barh(range(len(keys)), np.nan_to_num(vals), color=["tab:blue"] + ["tab:orange"] * (len(keys) - 1))
+  for i, v in enumerate(vals):
+    ax.text(np.nan_to_num(v) + 0.03, i, f"{v:.2f}", va="center", fontsize=8)
+  ax.set_yticks(range(len(keys)), [LABELS[k] for k in keys])
+  ax.set(xlabel="expected layer E[l] (running-best gains)", xlim=(0, len(layers) - 0.5),
+         title="Tenney's expected layer: POS (blue) vs syntax (orange)")
+  ax.grid(alpha=0.3, axis="x")
+  ax.invert_yaxis()
+  figs.append(common.savefig(fig, out, f"{NAME}_expected_layer"))
+  return figs
+
+
+def _single_thread_blas():
+  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:  # comes with scikit-learn; without it nothing changes
+    return contextlib.nullcontext()
+  return threadpool_limits(limits=1, user_api="blas")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  with _single_thread_blas():
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+  p = common.parser(__doc__)
+  p.add_argument("--sentences", type=int, default=None,
+                 help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
+  p.add_argument("--structural-sentences", type=int, default=1200,
+                 help="at most this many sentences (<= 40 words) for the structural probes")
+  p.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=True,
+                 help="also fit an MLP UPOS probe with its control task, for Hewitt & Liang's "
+                      "linear-vs-MLP selectivity comparison (default: on)")
+  args = p.parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+
+  from bertjax.analysis import probing_run
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir)
+  n_sent = args.sentences or (40 if args.smoke else None)
+  path = common.ud_file(data, "dev")
+  sentences = conllu.read_conllu(path, max_sentences=n_sent)
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = _model(args)
+  suite = _suite(args)
+  common.log(f"probing {model_name} on {len(sentences)} sentences of {path.name}")
+  with common.timed(timings, "probing suite"):
+    r = probing_run.run_probing_suite(params, config, tok, sentences, suite=suite,
+                                      model_name=model_name)
+
+  curves = {k: np.asarray(v, np.float64) for k, v in _curves(r).items()}
+  num_layers = len(curves["upos"])
+  lo, hi = middle_layers(num_layers)
+  peaks = {k: int(np.argmax(v)) for k, v in curves.items()}
+  expected = {k: expected_layer(v) for k, v in curves.items()}
+  best_sel = {t: float(np.max(r[t]["selectivity"])) for t in ("upos", "deprel")}
+  sel_at_best = {t: float(r[t]["selectivity"][r[t]["best_layer"]]) for t in ("upos", "deprel")}
+  last = num_layers - 1
+  drop = {k: float(v[peaks[k]] - v[last]) for k, v in curves.items()}
+  summary = {"peak_layer": peaks, "expected_layer": expected, "middle_layers": [lo, hi],
+             "drop_from_peak_to_last": drop, "selectivity_at_best_layer": sel_at_best,
+             "max_selectivity": best_sel,
+             "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"]))
+                                       for t in ("upos", "deprel")}}
+  if "upos_mlp" in r:
+    summary["mlp_selectivity_at_best_layer"] = float(
+      r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]])
+
+  fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
+  syn_peaks = {k: peaks[k] for k in SYNTACTIC}
+  findings = [
+    common.finding(
+      PAPERS, "Syntactic information (dependency labels, tree distance and depth) peaks in the "
+      "middle layers, not the last.",
+      f"best layer of {last}: " + "; ".join(fmt(k) for k in SYNTACTIC)
+      + f". Rule: yes if all 5 peak in the middle layers {lo}-{hi}, partly if most peak "
+      "before the last.",
+      syntax_peaks_rule(syn_peaks, num_layers)),
+    common.finding(
+      "Tenney et al. 2019", "POS (surface) information sits lower in the network than "
+      "syntactic structure (expected layer of POS < that of parsing tasks).",
+      f"expected layer E[l]: UPOS {expected['upos']:.2f} vs "
+      + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC)
+      + f"; UPOS peaks at L{peaks['upos']}. Rule: yes if UPOS's E[l] is below every syntactic "
+      "one by >= 0.1 layer, partly if below their mean.",
+      pos_lower_rule(expected["upos"], {k: expected[k] for k in SYNTACTIC})),
+    common.finding(
+      "Hewitt & Liang 2019", "Linear probes are selective: high accuracy on the linguistic task, "
+      "much lower on a control task of random word-type labels.",
+      "selectivity at the best layer: " + ", ".join(
+        f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
+        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})" for t in ("upos", "deprel"))
+      + ". Rule: yes if both >= 20 pts, partly if either >= 5.",
+      selectivity_rule(sel_at_best)),
+  ]
+  if "upos_mlp" in r:
+    lin, mlp = sel_at_best["upos"], summary["mlp_selectivity_at_best_layer"]
+    findings.append(common.finding(
+      "Hewitt & Liang 2019", "MLP probes reach similar accuracy but are less selective than "
+      "linear probes.",
+      f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
+      f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs {100 * r['upos_mlp']['best_accuracy']:.1f})."
+      " Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of (or above) the "
+      "linear probe's, partly if only less selective.",
+      mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"])))
+
+  figures = _figures(args.out, curves, expected, r, model_name)
+  for f in findings:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  settings = {"model": model_name, "data": str(path.relative_to(data)),
+              "sentences": len(sentences), "split": "sentence-disjoint split of EWT dev: "
+              f"{r['splits']}", "suite": probing_run._jsonable(suite),
+              "structural_sentences": r["structural"]["sentences"]}
+  results = {"summary": summary, "curves": curves,
+             "upos": _strip(r["upos"]), "deprel": _strip(r["deprel"]),
+             "structural": r["structural"], "anisotropy": r["anisotropy"],
+             "features": r["features"], "splits": r["splits"],
+             "suite_seconds": r["seconds"], "timings": timings}
+  if "upos_mlp" in r:
+    results["upos_mlp"] = _strip(r["upos_mlp"])
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  return 0
+
+
+def _strip(task: dict) -> dict:
+  """A task's results without its label list (`num_classes` stays)."""
+  return {k: v for k, v in task.items() if k != "labels"}
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,433 @@
+"""What does BERT look at? Clark et al. 2019 on all-MiniLM-L6-v2 and UD English EWT.
+
+Run:
+  ./run.sh experiment what_bert_looks_at
+  .venv/bin/python experiments/what_bert_looks_at.py [--smoke]
+
+What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads) over the UD English EWT
+dev sentences (gold words, heads and relations; the model reads the gold words, tokenised
+into WordPieces):
+
+(a) Where attention goes, by layer (`attention.clark_statistics`): the mass each query token
+    puts on [CLS], on [SEP], on punctuation, on itself and on the previous and next token,
+    and the attention entropy, averaged over every real token. Clark et al. found BERT-base's
+    middle layers put most of their attention on [SEP] and its early layers attend broadly.
+    all-MiniLM-L6-v2 is a 6-layer model distilled (MiniLM) and then trained for sentence
+    embeddings, so we report what it does rather than expect the same layers.
+
+(b) Clark et al.'s attention-based probe: word-level attention (sum over a word's subword
+    keys, mean over its subword queries, as `attention.word_attention`; [CLS], [SEP] and the
+    word itself are excluded from the prediction), and for every frequent dependency relation
+    the accuracy of the best single head at predicting the dependent's syntactic head as the
+    word the dependent attends to most (dependent -> head), and the dependent as the word the
+    head attends to most (head -> dependent), against the best fixed-offset baseline (the
+    best relative position per relation, Clark's Table 1). The best head and offset are
+    chosen on the even-numbered sentences and scored on the odd ones (held out); the
+    in-sample numbers (chosen and scored on all, as Clark et al.) are reported too.
+
+Relations are UD's without subtypes, except nmod:poss, reported as "poss" (Clark's poss).
+
+`--smoke` runs a tiny random-weight model (MiniLM's tokenizer vocabulary) on 24 sentences.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import common
+
+NAME = "what_bert_looks_at"
+PAPER = "Clark et al. 2019"
+CLARK_RELATIONS = ("nsubj", "obj", "iobj", "amod", "det", "case", "advmod", "aux", "nmod",
+                   "obl", "compound", "mark", "cc", "conj", "poss", "nummod", "cop", "advcl",
+                   "xcomp", "ccomp", "acl", "appos", "expl", "flat", "fixed", "parataxis")
+MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
+
+
+def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
+  """The sizes of a run: the full one, or the seconds-long smoke one."""
+  if smoke:
+    return {"model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
+            "max_sentences": 24, "max_tokens": 128, "batch_size": 16, "min_count": 3,
+            "seed": seed}
+  return {"model": "all-MiniLM-L6-v2", "max_sentences": None, "max_tokens": 128,
+          "batch_size": 32, "min_count": 100, "seed": seed}
+
+
+def smoke_model(tok):
+  """A tiny random-weight BERT over MiniLM's vocabulary: (config, params)."""
+  import bertjax
+
+  config = bertjax.BertConfig.preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=2,
+                                     max_position_embeddings=512)
+  return config, bertjax.init(config, 0)
+
+
+def relation(deprel: str) -> str:
+  """The relation label used here: UD's without subtype, nmod:poss as "poss"."""
+  from bertjax.data.conllu import base_deprel
+
+  return "poss" if deprel == "nmod:poss" else base_deprel(deprel)
+
+
+# Word-level attention and the probe ---------------------------------------------------------
+
+
+def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
+  """Word-level maps (..., num_words, num_words) of one sequence, without special tokens.
+
+  The same quantity as `bertjax.analysis.attention.word_attention(..., keep_special=False)`
+  (attention to a word: sum over its subword keys; from a word: mean over its subword
+  queries), computed with matrix products: that function's three-operand `np.einsum`
+  takes ~0.6 s per sentence for 72 maps here. Words the tokenizer gave no subword are
+  all-zero rows and columns.
+
+  Args:
+    attn: (..., T, T) maps.
+    word_ids: (T,) word index per position, -1 for special tokens and padding.
+    attention_mask: (T,) 1 for real tokens.
+    num_words: the sentence's number of words.
+  """
+  word_ids = np.asarray(word_ids)
+  real = np.asarray(attention_mask, bool) & (word_ids >= 0)
+  member = np.zeros((word_ids.shape[0], num_words))
+  member[np.flatnonzero(real), word_ids[real]] = 1.0  # (T, W)
+  mean_q = (member / np.maximum(member.sum(0), 1)).T  # (W, T)
+  return mean_q @ np.asarray(attn, np.float64) @ member
+
+
+def predictions(maps) -> np.ndarray:
+  """int (..., W): for each word, the other word it attends to most (itself excluded)."""
+  maps = np.array(maps, np.float64)
+  w = maps.shape[-1]
+  maps[..., np.arange(w), np.arange(w)] = -np.inf
+  return maps.argmax(-1)
+
+
+def arc_hits(pred, heads) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per-arc hits of every head's predictions for one sentence.
+
+  Args:
+    pred: int (heads, W) from `predictions`, flattened over (layer, head).
+    heads: int (W,) gold heads, 1-based, 0 for the root.
+
+  Returns:
+    `(arcs, dep_to_head, head_to_dep)`: the indices of the non-root words (A,), and bool
+    (A, heads) arrays: whether the dependent's top word is its head, and whether the head's
+    top word is the dependent.
+  """
+  heads = np.asarray(heads)
+  arcs = np.flatnonzero(heads > 0)
+  gov = heads[arcs] - 1
+  return arcs, (pred[:, arcs] == gov[None]).T, (pred[:, gov] == arcs[None]).T
+
+
+def best_offset(offsets, select) -> tuple[int, float]:
+  """The most frequent offset among `offsets[select]` (ties: smallest |k|, then k): (k, share)."""
+  o = np.asarray(offsets)[np.asarray(select, bool)]
+  if o.size == 0:
+    return 0, 0.0
+  ks = np.arange(-MAX_OFFSET, MAX_OFFSET + 1)
+  counts = np.array([(o == k).sum() for k in ks])
+  order = np.lexsort((ks, np.abs(ks), -counts))
+  return int(ks[order[0]]), float(counts[order[0]] / o.size)
+
+
+def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[str],
+                config_shape: tuple[int, int]) -> dict[str, dict]:
+  """Best head (each direction) and best offset per relation, held out and in sample.
+
+  Args:
+    rels: (A,) relation of each arc.
+    offsets: (A,) head position minus dependent position.
+    split: (A,) 0 = selection half, 1 = evaluation half.
+    dep_hits, head_hits: bool (A, layers * heads) from `arc_hits`.
+    relations: the relations to report ("all" means every arc given).
+    config_shape: (layers, heads).
+  """
+  rels, offsets, split = np.asarray(rels), np.asarray(offsets), np.asarray(split)
+  out = {}
+  for rel in relations:
+    sel = np.ones(len(rels), bool) if rel == "all" else rels == rel
+    a, b = sel & (split == 0), sel & (split == 1)
+    row = {"count": int(sel.sum()), "count_select": int(a.sum()), "count_eval": int(b.sum())}
+    for name, hits in (("dep_to_head", dep_hits), ("head_to_dep", head_hits)):
+      acc_all = hits[sel].mean(0)
+      acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
+      best = int(np.argmax(acc_sel))
+      row[name] = {
+          "head": list(np.unravel_index(best, config_shape)),
+          "select_accuracy": float(acc_sel[best]),
+          "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
+          "in_sample_head": list(np.unravel_index(int(np.argmax(acc_all)), config_shape)),
+          "in_sample_accuracy": float(acc_all.max()),
+          "per_head_in_sample": acc_all.reshape(config_shape)}
+    k, _ = best_offset(offsets, a)
+    k_all, share_all = best_offset(offsets, sel)
+    row["baseline"] = {"offset": k, "accuracy": float((offsets[b] == k).mean()) if b.any()
+                       else float("nan"),
+                       "in_sample_offset": k_all, "in_sample_accuracy": share_all}
+    out[rel] = row
+  return out
+
+
+def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_tokens: int):
+  """Length-sorted padded batches of pre-split sentences: a list of (indices, batch dict)."""
+  lengths = tok.encode_words(words).attention_mask.sum(-1)
+  order = [i for i in np.argsort(lengths, kind="stable") if lengths[i] <= max_tokens]
+  out = []
+  for start in range(0, len(order), batch_size):
+    idx = np.sort(order[start:start + batch_size])
+    width = int(-(-lengths[idx].max() // 8) * 8)
+    b = tok.encode_words([words[i] for i in idx], pad_to=width)
+    out.append((idx, {"input_ids": b.input_ids, "attention_mask": b.attention_mask,
+                      "token_type_ids": b.token_type_ids, "word_ids": b.word_ids}))
+  return out
+
+
+# Figures ------------------------------------------------------------------------------------
+
+
+def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
+  """Attention by layer, [SEP] mass per head, and the probe's bar chart."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = []
+  by = r["clark"]["by_layer"]
+  layers = np.arange(1, len(by["sep"]) + 1)
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
+  for key, style in (("cls", "o-"), ("sep", "s-"), ("punct", "^-"), ("self", "x--"),
+                     ("prev", "<--"), ("next", ">--")):
+    axes[0].plot(layers, by[key], style, label=f"[{key.upper()}]" if key in ("cls", "sep")
+                 else key)
+  axes[0].set_xlabel("layer")
+  axes[0].set_ylabel("mean attention mass (over tokens and heads)")
+  axes[0].set_title("Where attention goes, by layer")
+  axes[0].set_xticks(layers)
+  axes[0].legend(fontsize=8)
+  axes[1].plot(layers, by["entropy"], "o-", color="tab:purple", label="attention")
+  axes[1].plot(layers, r["clark"]["uniform_entropy"] * np.ones(len(layers)), "k:",
+               label="uniform over the sentence")
+  axes[1].set_xlabel("layer")
+  axes[1].set_ylabel("mean entropy (nats)")
+  axes[1].set_title("Attention entropy by layer")
+  axes[1].set_xticks(layers)
+  axes[1].legend(fontsize=8)
+  sep = np.asarray(r["clark"]["sep"])
+  im = axes[2].imshow(sep, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+  axes[2].set_xlabel("head")
+  axes[2].set_ylabel("layer")
+  axes[2].set_yticks(range(sep.shape[0]), [str(i + 1) for i in range(sep.shape[0])])
+  axes[2].set_xticks(range(sep.shape[1]))
+  axes[2].set_title("Attention mass on [SEP], per head")
+  fig.colorbar(im, ax=axes[2], label="mean mass on [SEP]")
+  names.append(common.savefig(fig, out, f"{NAME}_special_tokens"))
+
+  t = r["probe"]["relations"]
+  rels = [x for x in ("all", *relations) if x in t]
+  x = np.arange(len(rels))
+  fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rels) + 2), 4.5))
+  ax.bar(x - 0.27, [t[k]["dep_to_head"]["accuracy"] for k in rels], 0.27,
+         label="best head, dependent -> head")
+  ax.bar(x, [t[k]["head_to_dep"]["accuracy"] for k in rels], 0.27,
+         label="best head, head -> dependent")
+  ax.bar(x + 0.27, [t[k]["baseline"]["accuracy"] for k in rels], 0.27, color="gray",
+         label="best fixed offset")
+  ax.set_xticks(x, [f"{k}\n({t[k]['count_eval']})" for k in rels], fontsize=7)
+  ax.set_xlabel("relation (held-out arcs)")
+  ax.set_ylabel("held-out accuracy")
+  ax.set_ylim(0, 1)
+  ax.set_title("Attention-based dependency probe: best single head vs fixed offset "
+               "(chosen on even sentences, scored on odd)")
+  ax.legend(fontsize=8)
+  names.append(common.savefig(fig, out, f"{NAME}_relations"))
+
+  shown = [x for x in ("all", *relations) if x in t][:8]
+  fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), squeeze=False, constrained_layout=True)
+  for ax, rel in zip(axes.ravel(), shown):
+    grid = np.asarray(t[rel]["dep_to_head"]["per_head_in_sample"])
+    im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1)
+    ax.set_title(f"{rel}: dependent -> head (n={t[rel]['count']})", fontsize=9)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(grid.shape[0]), [str(i + 1) for i in range(grid.shape[0])])
+    ax.set_xticks(range(grid.shape[1]))
+    ax.tick_params(labelsize=7)
+    fig.colorbar(im, ax=ax, label="accuracy")
+  for ax in axes.ravel()[len(shown):]:
+    ax.axis("off")
+  fig.suptitle("Per-head accuracy of the attention probe (all sentences)")
+  names.append(common.savefig(fig, out, f"{NAME}_heads"))
+  return names
+
+
+# The run ------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+  args = common.parser(__doc__).parse_args(argv)
+  start = time.perf_counter()
+  import jax
+
+  import bertjax
+  from bertjax.analysis import attention
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir)
+  s = run_settings(args.smoke, args.seed)
+  timings: dict[str, float] = {}
+  with common.timed(timings, "load"):
+    if args.smoke:
+      tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+      config, params = smoke_model(tok)
+    else:
+      config, params, tok = common.minilm()
+    path = common.ud_file(data, "dev")
+    ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
+    words = [list(x.forms) for x in ud]
+    batches = make_batches(tok, words, s["batch_size"], s["max_tokens"])
+    used = np.sort(np.concatenate([idx for idx, _ in batches]))
+  depth, n_heads = config.depth, config.num_attention_heads
+  shape = (depth, n_heads)
+  plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]
+
+  with common.timed(timings, "clark"):
+    stats = attention.clark_statistics(params, config, plain, sep_id=tok.sep_id,
+                                       punct_ids=attention.punctuation_ids(tok))
+    # Entropy of uniform attention over each sequence, token-weighted like the statistics.
+    n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
+    uniform_entropy = float((n_tok * np.log(n_tok)).sum() / n_tok.sum())
+    clark = {k: np.asarray(v) for k, v in stats.items()}
+    clark["by_layer"] = {k: v.mean(-1) for k, v in clark.items()}
+    clark["uniform_entropy"] = uniform_entropy
+    common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
+
+  with common.timed(timings, "probe"):
+    rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
+    check = []  # word_maps vs bertjax's word_attention on a few sentences
+    for idx, b in batches:
+      maps = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                                        b["token_type_ids"], output_attentions=True).attentions)
+      for row, i in enumerate(idx):
+        sent = ud[i]
+        m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
+        if len(check) < 3 and sent.num_words <= 30:
+          ref, groups = attention.word_attention(maps[:, row], b["word_ids"][row],
+                                                 b["attention_mask"][row], keep_special=False)
+          check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
+        pred = predictions(m).reshape(depth * n_heads, -1)
+        heads = sent.heads_array()
+        arcs, dh, hd = arc_hits(pred, heads)
+        rels += [relation(sent.deprels[a]) for a in arcs]
+        offsets.append(heads[arcs] - 1 - arcs)
+        split.append(np.full(len(arcs), i % 2))
+        dep_hits.append(dh)
+        head_hits.append(hd)
+    rels = np.asarray(rels)
+    offsets, split = np.concatenate(offsets), np.concatenate(split)
+    dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
+    counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
+    frequent = [r for r in sorted(counts, key=lambda r: -counts[r])
+                if counts[r] >= s["min_count"] and r not in ("punct", "root")]
+    keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
+    table = probe_table(rels[keep], offsets[keep], split[keep], dep_hits[keep], head_hits[keep],
+                        ["all"], shape)
+    table.update(probe_table(rels, offsets, split, dep_hits, head_hits,
+                             [*frequent, *(["punct"] if "punct" in counts else [])], shape))
+    common.log("best head (held-out, dep->head) vs offset: " + ", ".join(
+        f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
+        for r in ["all", *frequent]))
+
+  # Findings: each `holds` follows the stated rule from the numbers above. --------------
+  findings = []
+  sep, ent = clark["by_layer"]["sep"], clark["by_layer"]["entropy"]
+  peak = int(np.argmax(sep))
+  inner = slice(1, max(depth - 1, 2))
+  masses = {name: float(clark["by_layer"][key][inner].mean())
+            for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))}
+  sink = max(masses, key=masses.get)
+  sink_mass = masses[sink]
+  middle = depth / 3 <= peak < 2 * depth / 3 or (depth < 3 and 0 < peak < depth - 1)
+  findings.append(common.finding(
+      PAPER, "Heads in the middle layers put most of their attention on [SEP] (BERT-base: "
+      "layers 6-10 give it over half).",
+      f"mean [SEP] mass by layer {np.round(sep, 3).tolist()} (layers 1-{depth}); peak at layer "
+      f"{peak + 1} ({sep[peak]:.2f}); [CLS] {np.round(clark['by_layer']['cls'], 3).tolist()}, "
+      f"punctuation {np.round(clark['by_layer']['punct'], 3).tolist()}; the token taking most "
+      f"attention in layers 2-{depth - 1} is {sink} ({sink_mass:.2f} on average). Rule: yes if "
+      "the peak "
+      "is in the middle third of the layers and above 0.25, partly if only one of the two.",
+      "yes" if middle and sep[peak] > 0.25 else "partly" if middle or sep[peak] > 0.25 else "no"))
+  first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
+  findings.append(common.finding(
+      PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
+      f"mean entropy by layer {np.round(ent, 2).tolist()} nats (uniform attention: "
+      f"{uniform_entropy:.2f}); first half {first_half:.2f} vs second half {second_half:.2f}. "
+      "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
+      "second's, partly if only one of the two.",
+      "yes" if int(np.argmax(ent)) == 0 and first_half > second_half else
+      "partly" if int(np.argmax(ent)) == 0 or first_half > second_half else "no"))
+  margins = {r: table[r]["dep_to_head"]["accuracy"] - table[r]["baseline"]["accuracy"]
+             for r in frequent}
+  # The direction of each relation is chosen on the selection half too, then scored held out.
+  direction = {r: max(("dep_to_head", "head_to_dep"), key=lambda d: table[r][d]["select_accuracy"])
+               for r in frequent}
+  chosen = {r: table[r][direction[r]]["accuracy"] for r in frequent}
+  margins_any = {r: chosen[r] - table[r]["baseline"]["accuracy"] for r in frequent}
+  beat = [r for r, m in margins_any.items() if m >= 0.05]
+  share = len(beat) / max(len(frequent), 1)
+  best = sorted(frequent, key=lambda r: -chosen[r])[:4]
+  findings.append(common.finding(
+      PAPER, "Particular heads track particular dependency relations well, well above a "
+      "fixed-offset baseline.",
+      f"the best single head (head and direction chosen on even sentences) beats the best fixed "
+      f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
+      f"relations ({', '.join(beat) or 'none'}); best: " + ", ".join(
+          f"{r} {chosen[r]:.2f} vs {table[r]['baseline']['accuracy']:.2f}" for r in best)
+      + ". Rule: yes if >=2/3 of the relations, partly if >=1/3.",
+      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no"))
+  overall = table["all"]["dep_to_head"]["accuracy"]
+  findings.append(common.finding(
+      PAPER, "No single head does well at syntax overall.",
+      f"the best single head over all non-punctuation arcs predicts the head for "
+      f"{overall:.2f} of held-out arcs (best fixed offset "
+      f"{table['all']['baseline']['accuracy']:.2f}). Rule: yes if below 0.5, partly if below 0.7.",
+      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no"))
+
+  results = {
+      "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
+               "tokens": int(n_tok.sum()), "arcs": len(rels), "relation_counts": counts},
+      "clark": clark,
+      "probe": {"relations": table, "frequent": frequent,
+                "margin_dep_to_head_vs_offset": margins,
+                "direction_chosen": direction, "accuracy_chosen_direction": chosen,
+                "margin_chosen_direction_vs_offset": margins_any,
+                "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0},
+  }
+  results["timings_s"] = timings
+  figs = figures(results, args.out, frequent)
+  common.write_results(NAME, args.out, results, findings=findings, settings={
+      **s, "data": f"UD English EWT {path.name}", "layers": depth, "heads": n_heads,
+      "backend": jax.default_backend(), "max_offset": MAX_OFFSET,
+      "indexing": "layer and head indices in results are 0-based; figures and findings "
+                  "number layers from 1",
+      "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
+      "prediction": "argmax of word-level attention over the sentence's other words "
+                    "([CLS], [SEP] and the word itself excluded)",
+      "clark_relations_of_interest": CLARK_RELATIONS},
+      smoke=args.smoke, seconds=time.perf_counter() - start, figures=figs)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,118 @@
+"""Consistency checks of `experiments/dark_secrets.py` (Kovaleva et al. 2019) on a tiny model.
+
+The smoke run itself is covered by `test_experiments.py`; here the script's own pieces are
+checked against independent computations: the minimal-pair split, the ablation baseline
+against `finetune.evaluate` and a hand-written loss, one ablated head against a direct
+masked forward pass, the pattern ratios, and the verdict rules.
+"""
+
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import dark_secrets as ds
+
+import bertjax
+from bertjax.analysis.ablation import AblationResult
+from bertjax.training import finetune as ft
+
+
+@pytest.fixture(scope="module")
+def task(data_dir, minilm_dir):
+  """Held-out BLiMP sentences and a tiny random classifier with MiniLM's vocabulary."""
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
+  data, pairs, phen, names = ds.load_blimp_task(data_dir / "blimp", tok, max_len=64)
+  _, held_idx = ds.split_by_pair(pairs, 8, 16, seed=3)
+  held = ds.subset(data, held_idx)
+  tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **ds.SMOKE_MODEL)
+  config, params = ft.prepare_model("classification", 2, config=tiny, seed=7)
+  # Larger weights than the initialiser's, so heads differ and the classifier is not constant.
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(
+      lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params)
+  return {"tok": tok, "data": data, "pairs": pairs, "phen": phen, "names": names,
+          "held": held, "config": config, "params": params}
+
+
+def test_split_keeps_minimal_pairs_together(task):
+  pairs = task["pairs"]
+  train, held = ds.split_by_pair(pairs, 20, 50, seed=1)
+  assert len(held) == 40 and len(train) == 100
+  assert not set(pairs[train]) & set(pairs[held])
+  labels = task["data"]["labels"]
+  for idx in (train, held):
+    assert np.bincount(pairs[idx]).max() == 2 and labels[idx].mean() == 0.5
+  assert len(task["names"]) == len(set(task["phen"].tolist()))
+  with pytest.raises(ValueError, match="eval_pairs"):
+    ds.split_by_pair(pairs, len(np.unique(pairs)), None, seed=0)
+
+
+def test_ablation_matches_direct_computation(task):
+  config, params, held = task["config"], task["params"], task["held"]
+  sweeps = ds.ablate(params, config, ds.batches(held, 8), strategy="vmap")
+  u, s = sweeps["uniform"], sweeps["scale"]
+  assert u.baseline == pytest.approx(
+      ft.evaluate(params, config, held, "classification")["accuracy"], abs=1e-7)
+  assert s.baseline == u.baseline
+  assert np.isnan(s.heads).all() and np.isfinite(u.heads).all()
+
+  def accuracy(head_mask, mode):
+    out = bertjax.forward(params, config, held["input_ids"], held["attention_mask"],
+                          held["token_type_ids"], head_mask=head_mask, head_ablation=mode)
+    logits = bertjax.classify(params, config, out.pooler_output)
+    return float((np.asarray(logits).argmax(-1) == held["labels"]).mean())
+
+  ones = jnp.ones((config.depth, config.num_attention_heads))
+  assert u.heads[1, 0] == pytest.approx(accuracy(ones.at[1, 0].set(0.0), "uniform"), abs=1e-7)
+  assert s.layers[0] == pytest.approx(accuracy(ones.at[0].set(0.0), "scale"), abs=1e-7)
+  acc = ds.improvements(s)
+  assert "delta_heads" not in acc and acc["delta_layers"].shape == (config.depth,)
+
+
+def test_pattern_ratios_sum_to_one(task):
+  config, params, held = task["config"], task["params"], task["held"]
+  tok = task["tok"]
+  p = ds.pattern_summary(params, config, ds.batches(held, 8), [tok.cls_id, tok.sep_id])
+  np.testing.assert_allclose(p["per_layer"].sum(-1), 1.0, atol=1e-12)
+  assert p["overall"].sum() == pytest.approx(1.0)
+  assert p["counts"].sum() == config.depth * config.num_attention_heads * len(held["labels"])
+  assert p["repeated_share"] == pytest.approx(1.0 - p["overall"][-1])
+  assert p["overall"][p["types"].index("block")] == 0  # single sentences have one segment
+
+
+def test_improvements_and_verdict_rules():
+  res = AblationResult(mode="uniform", baseline=0.8,
+                       heads=np.array([[0.8, 0.85], [0.7, 0.81]]), layers=np.array([0.79, 0.9]),
+                       keep_one=np.full((2, 2), np.nan), layer_skip=np.array([0.8, 0.6]))
+  acc = ds.improvements(res, higher_is_better=True)
+  assert (acc["heads_improving"], acc["layers_improving"],
+          acc["layer_skips_improving"]) == (2, 1, 0)
+  assert acc["best_head_delta"] == pytest.approx(0.05)
+  assert acc["layer_skips_improving"] == 0 and acc["best_layer_skip_delta"] == pytest.approx(0)
+  loss = ds.improvements(res, higher_is_better=False)
+  assert loss["heads_improving"] == 1 and loss["delta_heads"][1, 0] == pytest.approx(0.1)
+  assert ds.ablation_verdict(acc, standard_error=0.02) == "yes"
+  assert ds.ablation_verdict(acc, standard_error=0.2) == "partly"
+  assert ds.ablation_verdict({**acc, "layers_improving": 0}, standard_error=0.02) == "partly"
+  assert ds.ablation_verdict({**acc, "heads_improving": 0, "layers_improving": 0}, 0.02) == "no"
+
+  assert ds.change_verdict([0.9, 0.9, 0.9, 0.9, 0.8, 0.7]) == "yes"
+  assert ds.change_verdict([0.6, 0.9, 0.9, 0.9, 0.8, 0.7]) == "partly"
+  assert ds.change_verdict([0.7, 0.9, 0.9, 0.9, 0.95, 0.95]) == "no"
+
+  assert ds.random_init_verdict(0.8, 0.9, 0.5) == ("yes", pytest.approx(0.75))
+  assert ds.random_init_verdict(0.6, 0.9, 0.5)[0] == "partly"
+  assert ds.random_init_verdict(0.5, 0.9, 0.5)[0] == "no"
+  assert ds.random_init_verdict(0.6, 0.5, 0.5)[0] == "n/a"
+
+  vertical = {"repeated_share": 0.6, "commonest_repeated": "vertical"}
+  assert ds.patterns_verdict(vertical, vertical) == "yes"
+  assert ds.patterns_verdict(vertical, {**vertical, "commonest_repeated": "diagonal"}) == "partly"
+  few = {"repeated_share": 0.1, "commonest_repeated": "vertical"}
+  assert ds.patterns_verdict(few, few) == "no"

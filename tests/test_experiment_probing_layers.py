@@ -1,0 +1,72 @@
+"""Checks of `experiments/probing_layers.py`: Tenney's expected layer, the verdict rules, and
+the committed results' internal consistency (the smoke run is in test_experiments.py)."""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import probing_layers as pl
+
+RESULTS = REPO / "experiments" / "results" / "probing_layers.json"
+
+
+def test_expected_layer_hand_example():
+  # running best 0.5, 0.7, 0.9, 0.9: gains 0.2 (layer 1), 0.2 (layer 2), 0 (layer 3)
+  assert pl.expected_layer([0.5, 0.7, 0.9, 0.8]) == pytest.approx(1.5)
+  assert pl.expected_layer([0.0, 1.0, 2.0, 3.0]) == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+  assert pl.expected_layer([0.0, 0.0, 0.0, 3.0]) == pytest.approx(3.0)
+  assert np.isnan(pl.expected_layer([0.9, 0.8, 0.7]))  # nothing improves on layer 0
+
+
+def test_expected_layer_is_tenneys_formula_for_monotone_scores():
+  rng = np.random.default_rng(0)
+  s = np.cumsum(rng.uniform(0, 1, 8))
+  delta = np.diff(s)
+  want = np.sum(np.arange(1, 8) * delta) / delta.sum()
+  assert pl.expected_layer(s) == pytest.approx(want)
+
+
+def test_expected_layer_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="scores"):
+    pl.expected_layer([0.5])
+  with pytest.raises(ValueError, match="scores"):
+    pl.expected_layer(np.zeros((2, 3)))
+
+
+def test_rules():
+  assert pl.middle_layers(7) == (2, 4)  # 6 blocks: the middle third is 2-4
+  assert pl.syntax_peaks_rule({"a": 2, "b": 4}, 7) == "yes"
+  assert pl.syntax_peaks_rule({"a": 2, "b": 5, "c": 1}, 7) == "partly"
+  assert pl.syntax_peaks_rule({"a": 6, "b": 6, "c": 3}, 7) == "no"
+  assert pl.pos_lower_rule(1.0, {"a": 1.2, "b": 2.0}) == "yes"
+  assert pl.pos_lower_rule(1.15, {"a": 1.2, "b": 2.0}) == "partly"  # within the 0.1 margin
+  assert pl.pos_lower_rule(3.0, {"a": 1.2, "b": 2.0}) == "no"
+  assert pl.selectivity_rule({"upos": 0.3, "deprel": 0.25}) == "yes"
+  assert pl.selectivity_rule({"upos": 0.3, "deprel": 0.01}) == "partly"
+  assert pl.selectivity_rule({"upos": -0.1, "deprel": 0.01}) == "no"
+  assert pl.mlp_rule(0.3, 0.2, 0.93, 0.94) == "yes"
+  assert pl.mlp_rule(0.3, 0.2, 0.93, 0.80) == "partly"
+  assert pl.mlp_rule(0.3, 0.4, 0.93, 0.94) == "no"
+
+
+def test_committed_results_are_consistent():
+  if not RESULTS.exists():
+    pytest.skip(f"{RESULTS} not written yet (./run.sh experiment probing_layers)")
+  doc = json.loads(RESULTS.read_text())
+  r = doc["results"]
+  curves = {k: np.asarray(v, float) for k, v in r["curves"].items()}
+  assert np.allclose(curves["upos"], r["upos"]["accuracy"])
+  assert np.allclose(r["upos"]["selectivity"],
+                     np.subtract(r["upos"]["accuracy"], r["upos"]["control_accuracy"]))
+  for key, ys in curves.items():
+    assert r["summary"]["peak_layer"][key] == int(np.argmax(ys))
+    e = r["summary"]["expected_layer"][key]
+    assert (e is None and np.isnan(pl.expected_layer(ys))) or e == pytest.approx(
+      pl.expected_layer(ys))
+  peaks = {k: r["summary"]["peak_layer"][k] for k in pl.SYNTACTIC}
+  assert doc["findings"][0]["holds"] == pl.syntax_peaks_rule(peaks, len(curves["upos"]))
