@@ -276,10 +276,10 @@ def markdown(r):
     lines += ["", "Speed-up over the loop: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
               + f"; max |sweep - loop| = {r['max_abs_diff']:.2e}."]
   probe = r["negation_probe"]
-  lines += ["", "Head importance (per-example |dL/dxi|) against one forward pass over the same "
-            "data computing the same loss (medians of interleaved repeats; compile apart). Task: "
-            f"negation probe ({probe['positives']} of {probe['sentences']} sentences negated; "
-            f"train accuracy {probe['train_accuracy']:.3f}).", "",
+  lines += ["", ("Head importance (per-example |dL/dxi|) against one forward pass over the same "
+                 "data computing the same loss (medians of interleaved repeats; compile apart). "
+                 f"Task: negation probe ({probe['positives']} of {probe['sentences']} sentences "
+                 f"negated; train accuracy {probe['train_accuracy']:.3f})."), "",
             "| criterion | importance | forward + loss | ratio | compile (imp / fwd) |",
             "|---|---|---|---|---|"]
   for name, x in r["importance"].items():

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from test_report import _check_png, _numbers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -22,7 +21,7 @@ SCRIPTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py")
                  if p.stem not in ("common", "findings") and not p.stem.startswith("_"))
 
 sys.path.insert(0, str(REPO / "experiments"))
-import findings  # noqa: E402
+import findings
 
 
 def run_smoke(name: str, out: pathlib.Path, data_dir: pathlib.Path, *extra: str) -> dict:
@@ -31,7 +30,7 @@ def run_smoke(name: str, out: pathlib.Path, data_dir: pathlib.Path, *extra: str)
              MPLBACKEND="Agg")
   cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", "--out", str(out),
          "--data-dir", str(data_dir), *extra]
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
   return json.loads((out / f"{name}.json").read_text())
 
@@ -56,7 +55,7 @@ def test_smoke_run_writes_valid_results(name, tmp_path, data_dir):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help_names_the_run_command(name):
   proc = subprocess.run([sys.executable, str(REPO / "experiments" / f"{name}.py"), "--help"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
+                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr
   assert "--smoke" in proc.stdout and f"{name}.py" in proc.stdout
 

@@ -487,7 +487,7 @@ def test_xla_custom_backward_equals_reference_autodiff(ablation, masking):
     np.testing.assert_allclose(lean(q, k, v, xi), ref(q, k, v, xi), atol=1e-14)
     grads = [jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums=(0, 1, 2, 3))(q, k, v, xi)
              for f in (lean, ref)]
-    for name, got, want in zip("q k v xi".split(), *grads):
+    for name, got, want in zip(("q", "k", "v", "xi"), *grads):
       assert got.dtype == jnp.float64, name
       np.testing.assert_allclose(got, want, atol=1e-13, err_msg=name)
 

@@ -271,3 +271,49 @@ def test_pretrain_main_end_to_end(setup):
   assert len((out / "metrics.jsonl").read_text().splitlines()) == 16
   config, params = __import__("bertjax").from_hf(out / "hf")
   assert config.num_hidden_layers == 2 and "mlm" in params
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_multihost_pretrain_matches_single_process(setup):
+  """`bertjax pretrain` as two processes (jax.distributed over localhost, 2 CPU devices
+  each, mesh 2x2, stacking, an Orbax checkpoint) gives the single process's losses."""
+  root, text, env = setup
+  code = ("import sys; from bertjax.training.commands import pretrain_main; "
+          "sys.exit(pretrain_main(sys.argv[1:]))")
+  common = ["--corpus", str(text), "--corpus-format", "wikitext", "--max-lines", "400",
+            "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",
+            "--batch-size", "8", "--lr", "1e-3", "--warmup", "2", "--steps", "6",
+            "--stacking", "1:3,2", "--checkpoint-every", "3", "--no-progress"]
+  single = root / "single"
+  proc = subprocess.run([sys.executable, "-c", code, *common, "--output-dir", str(single)],
+                        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  multi = root / "multi"
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", code, *common, "--output-dir", str(multi), "--mesh-shape", "2x2"],
+      env=dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(i), XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=400) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  want = _read_losses(single / "metrics.jsonl")
+  got = _read_losses(multi / "metrics.jsonl")
+  assert len(got) == len(want) == 6
+  np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+  summary = json.loads((multi / "summary.json").read_text())
+  assert summary["num_hidden_layers"] == 2 and summary["last_checkpoint"] == 6
+  assert sorted(int(p.name) for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
+
+
+def _read_losses(path) -> list[float]:
+  return [json.loads(line)["loss"] for line in path.read_text().splitlines()]

@@ -118,6 +118,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   from bertjax.training import loop, sharding
 
   sharding.maybe_initialize_distributed()
+  import jax  # after the distributed start, which must come first
   out = pathlib.Path(args.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   vocab_dir = out / "vocab"
@@ -163,8 +164,9 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     export_hf(out / "checkpoints", args.export_hf)
     C.save_tokenizer(tokenizer, args.export_hf)
     summary["exported_to"] = args.export_hf
-  (out / "summary.json").write_text(json.dumps(summary, indent=2))
-  print(json.dumps(summary, indent=2))
+  if jax.process_index() == 0:  # multi-host: one writer
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
   return 0
 
 

@@ -214,12 +214,14 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
 
   history: list[dict] = []
   jsonl = None
-  if out_dir is not None:
+  # With several processes (multi-host) only process 0 writes logs and shows progress.
+  primary = jax.process_index() == 0
+  if out_dir is not None and primary:
     path = out_dir / "metrics.jsonl"
     history = [r for r in _read_jsonl(path) if r["step"] <= step] if restored else []
     path.write_text("".join(json.dumps(r) + "\n" for r in history))
     jsonl = open(path, "a")  # noqa: SIM115 (closed in the finally below)
-  events = EventWriter(out_dir / "tensorboard") if out_dir is not None else None
+  events = EventWriter(out_dir / "tensorboard") if out_dir is not None and primary else None
 
   steps_cache: dict[tuple, Any] = {}
 
@@ -240,7 +242,7 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
 
   state = place(state)
   bar = None
-  if train.progress:
+  if train.progress and primary:
     from tqdm.auto import tqdm
     bar = tqdm(total=train.steps, initial=step, desc="pretrain", dynamic_ncols=True)
 
@@ -254,14 +256,14 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
         stage += 1
         state = place(state.replace(params=p, opt_state=o))
         log.info("step %d: stacked to %d layers", step, new_cfg.num_hidden_layers)
-      batch = next(data)
+      batch = next(data)  # the global batch (every process iterates the same data)
+      tokens = int(np.asarray(batch["attention_mask"]).sum())
       t0 = time.perf_counter()
       if mesh is not None:
         batch = sharding.shard_batch(batch, mesh)
       state, metrics = step_fn(configs[stage], state)(state, batch)
       metrics = jax.device_get(metrics)
       dt = time.perf_counter() - t0
-      tokens = int(np.asarray(jax.device_get(batch["attention_mask"])).sum())
       tokens_total += tokens
       if not metrics["finite"]:
         if ckpt is not None:

@@ -101,28 +101,57 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(AXES))
 
 
+def _put_global(x: Any, sharding: NamedSharding) -> jax.Array:
+  """`x` (the same value on every process) as a global array with `sharding`."""
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:  # already global: reshard
+    return jax.jit(lambda a: a, out_shardings=sharding)(x)
+  if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+    data = _put_global(np.asarray(jax.random.key_data(x)), NamedSharding(sharding.mesh, P()))
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+  x = np.asarray(x)
+  # Each process fills only its addressable shards (device_put cannot reach the others).
+  return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
 def shard_state(state: Any, mesh: Mesh) -> tuple[Any, Any]:
-  """Places a train state on the mesh; returns `(state, shardings)`."""
+  """Places a train state on the mesh; returns `(state, shardings)`.
+
+  With several processes every process must pass the same state (same seed).
+  """
   shardings = state_shardings(state, mesh)
-  return jax.device_put(state, shardings), shardings
+  return jax.tree.map(_put_global, state, shardings), shardings
 
 
-def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh, *,
+                per_process: bool = False) -> dict[str, jax.Array]:
   """Places a host batch on the mesh, split on the batch axis.
 
-  With several processes each host passes its own rows (its shard of the
-  global batch, in process order).
+  Args:
+    batch: host arrays with the batch on the leading axis.
+    mesh: the mesh (`make_mesh`).
+    per_process: with several processes, True means `batch` holds only this
+      process's rows (its contiguous share of the global batch, in process order);
+      False means every process holds the same global batch and takes its share.
   """
   sharding = batch_sharding(mesh)
   size = mesh.shape["data"] * mesh.shape["fsdp"]
+  count, index = jax.process_count(), jax.process_index()
 
   def put(x):
     x = np.asarray(x)
-    if jax.process_count() == 1:
+    if count == 1:
       if x.shape[0] % size:
         raise ValueError(f"batch size {x.shape[0]} must be divisible by the {size} devices "
                          "of the mesh")
       return jax.device_put(x, sharding)
+    if not per_process:
+      if x.shape[0] % count:
+        raise ValueError(f"global batch size {x.shape[0]} must be divisible by the {count} "
+                         "processes")
+      rows = x.shape[0] // count
+      x = x[index * rows:(index + 1) * rows]
     return jax.make_array_from_process_local_data(sharding, x)
 
   return {k: put(v) for k, v in batch.items()}
