@@ -31,10 +31,11 @@ of a pair differ in one word, bag-of-words cues cannot solve it, so it tests wha
 pre-training adds. The held-out split is by minimal pair (both sentences of a pair fall on
 the same side), so the classes are exactly balanced and chance is 50%.
 
-The full run (about 5-7 minutes on a 2-core CPU) fine-tunes twice (pre-trained and random
-initialisation, same steps, batch size, learning rate and seed) and analyses the held-out
-sentences. `--smoke` swaps the model for a tiny random BERT with MiniLM's vocabulary and a
-few dozen sentences (seconds; its numbers are not findings).
+The full run (about 3 minutes of CPU time; 7-8 minutes wall on a busy 2-core machine)
+fine-tunes twice (pre-trained and random initialisation, same steps, batch size, learning
+rate and seed) and analyses the held-out sentences. `--smoke` swaps the model for a tiny
+random BERT with MiniLM's vocabulary and a few dozen sentences (about 30 s of CPU time,
+mostly compiling the train step; its numbers are not findings).
 """
 
 from __future__ import annotations

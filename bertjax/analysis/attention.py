@@ -148,7 +148,7 @@ def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = 
   for u, positions in enumerate(units):
     member[positions, u] = 1.0
   mean_q = (member / np.maximum(member.sum(0), 1)).T  # (W, T)
-  maps = np.einsum("wq,...qk,ku->...wu", mean_q, np.asarray(attn, np.float64), member)
+  maps = mean_q @ np.asarray(attn, np.float64) @ member  # two matmuls, broadcast over `...`
   return maps, np.asarray(labels, np.int32)
 
 
