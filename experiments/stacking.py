@@ -532,12 +532,23 @@ def _fmt(r: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = common.parser(__doc__).parse_args(argv)
+  parser = common.parser(__doc__)
+  parser.add_argument("--steps", type=int, default=None,
+                      help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)")
+  parser.add_argument("--repeats", type=int, choices=(1, 2), default=None,
+                      help=f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})")
+  args = parser.parse_args(argv)
   t_start = time.perf_counter()
   import bertjax
   from bertjax.training import loop
 
   sc = SMOKE if args.smoke else FULL
+  if args.steps is not None:
+    if args.steps < 10:
+      raise ValueError(f"--steps={args.steps} must be >= 10")
+    sc = dataclasses.replace(sc, steps=args.steps, warmup=max(1, args.steps // 10))
+  if args.repeats is not None:
+    sc = dataclasses.replace(sc, repeats=args.repeats)
   if args.smoke:
     smoke_compilation_cache()
   timings: dict[str, float] = {}
