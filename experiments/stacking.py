@@ -15,8 +15,9 @@ What it measures: a 6-layer, 128-wide BERT (4 heads, FFN 512) trained with the
 vocabulary trained on the training text (a small vocabulary keeps the output layer
 cheap, so the encoder dominates the step), RoBERTa-style FULL-SENTENCES segments of 64
 tokens (objective "none": MLM only, no NSP), batch 32, AdamW at 1e-3, 10% warm-up then
-linear decay, 200 steps (~3 epochs). The scale is what a 2-core CPU shared with other
-jobs trains six times in ~15 minutes. Two runs with the same data order, masks,
+linear decay, 1000 steps (~15 epochs; at 200, the first committed scale, both models were
+still at the unigram stage). The scale is what an idle 2-core CPU trains four times in
+~15 minutes (`--steps` changes it). Two runs with the same data order, masks,
 dropout keys, batch, optimizer and schedule:
 
 * baseline: 6 layers from step 0;
@@ -89,7 +90,7 @@ class Scale:
 
 
 FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, vocab=8000, seq_len=64, batch=32,
-             steps=200, lr=1e-3, warmup=20, max_lines=None, eval_batches=16, window=20,
+             steps=1000, lr=1e-3, warmup=100, max_lines=None, eval_batches=16, window=20,
              repeats=2, rounds=20, shallow=3, shallow_fraction=0.5)
 SMOKE = Scale(layers=2, hidden=32, heads=2, ffn=64, vocab=300, seq_len=32, batch=8, steps=8,
               lr=1e-3, warmup=1, max_lines=400, eval_batches=2, window=3, repeats=1, rounds=3,
