@@ -21,7 +21,7 @@ still at the unigram stage). The scale is what an idle 2-core CPU trains four ti
 dropout keys, batch, optimizer and schedule:
 
 * baseline: 6 layers from step 0;
-* stacked: `TrainConfig.stacking="3:100,6"`, 3 layers for half the steps, then stacked
+* stacked: `TrainConfig.stacking="3:500,6"`, 3 layers for half the steps, then stacked
   to 6 (layers and Adam moments copied, schedule continued).
 
 Wall clock: the machine is shared, so (1) both run in one process, in the order
