@@ -50,13 +50,16 @@ class BertConfig:
   pad_token_id: int = 0
   dtype: str = "float32"
   attention_impl: str = "xla"
+  # Blocks per iteration of the layer scan (1: a rolled loop, compile time flat in depth;
+  # depth: fully unrolled, which lets XLA fuse across blocks). Numerics are unchanged.
+  scan_unroll: int = 1
   # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                  "intermediate_size", "max_position_embeddings", "type_vocab_size",
-                 "inner_group_num", "num_labels"):
+                 "inner_group_num", "num_labels", "scan_unroll"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")

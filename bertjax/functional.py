@@ -267,7 +267,8 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
 
   layer_xs = None if shared else jax.tree.map(lambda a: a[start:stop], stacked)
   last, (hidden_states, attentions) = jax.lax.scan(
-      body, hidden, (blocks, layer_xs, head_mask, layer_mask, keys))
+      body, hidden, (blocks, layer_xs, head_mask, layer_mask, keys),
+      unroll=min(config.scan_unroll, max(stop - start, 1)))
   return last, hidden_states, attentions
 
 

@@ -206,6 +206,30 @@ def test_forward_jits_with_static_config_and_vmaps_over_masks(params):
   np.testing.assert_allclose(np.asarray(sweep[1]), np.asarray(single.last_hidden_state), atol=1e-5)
 
 
+def test_scan_unroll_changes_nothing_but_the_program(params):
+  # Unrolled blocks compute the same function: outputs, every hidden state, dropout draws
+  # (per-block keys) and the head-mask gradient; a partial range runs with any unroll.
+  ids, mask, types = _batch(11)
+  key = jax.random.key(3)
+  xi = jnp.ones((3, 4)).at[1, 2].set(0.5)
+
+  def run(config):
+    out = bertjax.forward(params, config, ids, mask, types, head_mask=xi,
+                          output_hidden_states=True, deterministic=False, rng=key)
+    grad = jax.grad(lambda m: jnp.sum(bertjax.forward(
+        params, config, ids, mask, types, head_mask=m).last_hidden_state ** 2))(xi)
+    x = bertjax.embed(params, config, ids, types)
+    tail = bertjax.run_layers(params, config, x, mask, start=1, stop=3)[0]
+    return out.hidden_states, grad, tail
+
+  rolled = run(CONFIG)
+  for unroll in (2, 3, 8):
+    for a, b in zip(rolled, run(CONFIG.replace(scan_unroll=unroll))):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="scan_unroll"):
+    CONFIG.replace(scan_unroll=0)
+
+
 def test_dropout():
   config = CONFIG
   params = bertjax.init(config, 0)
