@@ -54,6 +54,11 @@ def parse_args(argv=None):
   parser.add_argument("--iters", type=int, default=None, help="timed runs (default 50; smoke 2)")
   parser.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 5; smoke 1)")
   parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma list from {IMPLS}")
+  parser.add_argument(
+    "--shapes",
+    default=None,
+    help="comma list of BxTxH shapes (default: the four full shapes; smoke 2x64x2)",
+  )
   parser.add_argument("--seed", type=int, default=0, help="seed of inputs and padded lengths")
   parser.add_argument(
     "--matmul-size",
@@ -123,10 +128,10 @@ def make_attention(impl, seq, lengths, padded, interpret, blocks=None):
   raise ValueError(f"{impl=} must be one of {IMPLS}")
 
 
-def with_backward(fn, cot):
-  """fn(q, k, v) -> (dq, dk, dv) of sum(out * cot): forward plus backward."""
+def with_backward(fn):
+  """fn(q, k, v, cot) -> (dq, dk, dv) of sum(out * cot): forward plus backward."""
 
-  def loss(q, k, v):
+  def loss(q, k, v, cot):
     return jnp.sum(fn(q, k, v).astype(jnp.float32) * cot)
 
   return jax.grad(loss, argnums=(0, 1, 2))
@@ -137,6 +142,8 @@ def run(args):
   iters = args.iters or (2 if smoke else 50)
   warmup = args.warmup or (1 if smoke else 5)
   shapes = SMOKE_SHAPES if smoke else FULL_SHAPES
+  if args.shapes:
+    shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
   interpret = jax.default_backend() == "cpu"
   impls = [name for name in args.impls.split(",") if name]
   for name in impls:
@@ -177,9 +184,10 @@ def run(args):
           }
           try:
             fn = make_attention(impl, seq, lengths, padded, interpret, blocks)
-            if mode == "fwd+bwd":
-              fn = with_backward(fn, cot)
-            compile_s, median, _ = _time(fn, (q, k, v), warmup, iters)
+            args_ = (q, k, v)
+            if mode == "fwd+bwd":  # the cotangent is an argument, not a folded constant
+              fn, args_ = with_backward(fn), (q, k, v, cot)
+            compile_s, median, _ = _time(fn, args_, warmup, iters)
             flops = fwd_flops * (3.5 if mode == "fwd+bwd" else 1.0)
             tflops = flops / median / 1e12
             row.update(ms=median * 1e3, compile_s=compile_s, tflops=tflops, frac_peak=tflops / peak)

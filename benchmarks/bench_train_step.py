@@ -54,11 +54,12 @@ def make_batch(config, batch: int, seq: int, predictions: int, seed: int = 0) ->
   }
 
 
-def ours_step(config, batch):
+def ours_step(config, batch, prng_impl=None):
   params = bertjax.init(config, 0, heads=("mlm", "nsp"))
   tx = make_optimizer("adamw", 1e-4)
   step = make_train_step(config, tx, task="pretrain", objective="nsp", donate=True)
-  state = create_train_state(params, tx, 0)
+  key = jax.random.key(0) if prng_impl is None else jax.random.key(0, impl=prng_impl)
+  state = create_train_state(params, tx, key)
   device_batch = jax.tree.map(jnp.asarray, batch)
   holder = {"state": state}
 
@@ -97,17 +98,35 @@ def torch_step(config, batch):
   return run
 
 
-def matmul_peak_tflops(dtype=jnp.bfloat16, n: int = 8192, repeats: int = 20) -> float:
+def matmul_peak_tflops(dtype=jnp.bfloat16, n: int = 8192, trials: int = 7,
+                       calls: int = 10) -> float:
+  """Measured n x n x n matmul rate: `calls` products back to back per timing, best median."""
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   f = jax.jit(lambda x, y: x @ y)
   jax.block_until_ready(f(a, b))
   times = []
-  for _ in range(repeats):
+  for _ in range(trials):
     t0 = time.perf_counter()
-    jax.block_until_ready(f(a, b))
-    times.append(time.perf_counter() - t0)
+    outs = [f(a, b) for _ in range(calls)]
+    jax.block_until_ready(outs)
+    times.append((time.perf_counter() - t0) / calls)
   return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def profile(run, out: pathlib.Path, steps: int = 3) -> None:
+  """A JAX profiler trace of `steps` train steps; the Perfetto JSON copied to `out`."""
+  import shutil
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+      for _ in range(steps):
+        run()
+    out.mkdir(parents=True, exist_ok=True)
+    for path in pathlib.Path(tmp).rglob("*"):
+      if path.is_file() and (path.name.endswith(".json.gz") or path.suffix == ".pb"):
+        shutil.copy(path, out / path.name)
 
 
 def model_flops(config, batch: int, seq: int, predictions: int) -> float:
@@ -131,6 +150,11 @@ def main(argv=None) -> dict:
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--mfu", action="store_true",
                       help="GPU: BERT-base, bf16, fused attention; model-FLOPs utilisation")
+  parser.add_argument("--variants", default="pallas:threefry:256,pallas:unsafe_rbg:256",
+                      help="--mfu: comma list of attention_impl:prng_impl:batch[:nodrop]"
+                           "[:unrollN] (nodrop: no hidden dropout; unrollN: scan_unroll=N)")
+  parser.add_argument("--profile", default=None,
+                      help="--mfu: write a profiler trace of the last variant to this folder")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
   args = parser.parse_args(argv)
@@ -139,26 +163,56 @@ def main(argv=None) -> dict:
              "jax": jax.__version__, "device": jax.devices()[0].device_kind}
 
   if args.mfu:
-    config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", attention_impl="pallas",
-                                       attention_probs_dropout_prob=0.0)
+    variants = [v for v in args.variants.split(",") if v]
     if args.smoke:
-      config = bertjax.BertConfig.preset("tiny", attention_probs_dropout_prob=0.0)
-      args.batch, args.seq, args.rounds = 4, 32, 2
-    batch = make_batch(config, args.batch, args.seq, args.predictions)
-    run, compile_s = ours_step(config, batch)
-    for _ in range(args.warmup):
-      run()
-    times = []
-    for _ in range(args.rounds):
-      t0 = time.perf_counter()
-      run()
-      times.append(time.perf_counter() - t0)
-    peak = matmul_peak_tflops(n=1024 if args.smoke else 8192)
-    achieved = model_flops(config, args.batch, args.seq, args.predictions) / med(times) / 1e12
-    label = "tiny (smoke)" if args.smoke else "bert-base bf16 pallas"
-    result = {"machine": machine, "config": label, "batch": args.batch,
-              "seq": args.seq, "median_step_s": med(times), "compile_s": compile_s,
-              "model_tflops": achieved, "matmul_peak_tflops": peak, "mfu": achieved / peak}
+      variants, args.rounds = variants[:2], 2
+    peak_n = 1024 if args.smoke else 8192
+    peaks = [matmul_peak_tflops(n=peak_n)]
+    rows = []
+    for spec in variants:
+      impl, prng, size, *rest = spec.split(":")
+      dropout = 0.0 if "nodrop" in rest else 0.1
+      unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
+      overrides = dict(attention_impl=impl, attention_probs_dropout_prob=0.0,
+                       hidden_dropout_prob=dropout, scan_unroll=unroll)
+      if args.smoke:
+        config = bertjax.BertConfig.preset("tiny", **overrides)
+        batch_size, seq = 4, 32
+      else:
+        config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", **overrides)
+        batch_size, seq = int(size), args.seq
+      batch = make_batch(config, batch_size, seq, args.predictions)
+      run, compile_s = ours_step(config, batch, None if prng == "threefry" else prng)
+      for _ in range(args.warmup):
+        run()
+      times = []
+      for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+      if args.profile and spec == variants[-1]:
+        profile(run, pathlib.Path(args.profile))
+      flops = model_flops(config, batch_size, seq, args.predictions)
+      row = {"variant": spec, "attention_impl": impl, "prng_impl": prng, "batch": batch_size,
+             "seq": seq, "hidden_dropout": dropout, "scan_unroll": unroll,
+             "median_step_s": med(times),
+             "min_step_s": min(times), "compile_s": compile_s, "model_tflop_per_step": flops / 1e12,
+             "model_tflops": flops / med(times) / 1e12,
+             "tokens_per_s": batch_size * seq / med(times)}
+      rows.append(row)
+      print(f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
+            f"{row['model_tflops']:.1f} TFLOP/s, compile {compile_s:.1f} s", flush=True)
+    peaks.append(matmul_peak_tflops(n=peak_n))
+    peak = max(peaks)
+    for row in rows:
+      row["mfu"] = row["model_tflops"] / peak
+    label = "tiny (smoke)" if args.smoke else "bert-base bf16"
+    result = {"machine": machine, "config": label, "seq": args.seq,
+              "predictions_per_sequence": args.predictions, "rounds": args.rounds,
+              "matmul_peak_tflops_measured": peaks, "matmul_peak_tflops": peak,
+              "flop_formula": "6 x non-embedding params x tokens + 12 x layers x seq^2 x hidden "
+                              "x batch (attention, fwd+bwd) + 6 x vocab x E x masked positions",
+              "variants": rows, "best": max(rows, key=lambda r: r["mfu"])}
     name = "train_step_gpu_mfu"
   else:
     config = bertjax.BertConfig.preset("bert-mini", vocab_size=30522)

@@ -1,0 +1,46 @@
+"""The GPU benchmark scripts' CPU smoke modes, so that they keep running between GPU sessions.
+
+Each runs as its users run it (a subprocess, `--smoke`, interpret-mode kernels) and must
+write results whose numbers agree with each other.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+
+def _run(script, *args):
+  proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args], cwd=REPO,
+                        env=ENV, capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  return proc.stdout
+
+
+def test_gpu_ablation_benchmark_smoke(tmp_path):
+  _run("bench_ablation_gpu.py", "--smoke", "--out", str(tmp_path), "--scan-unroll", "2")
+  doc = json.loads((tmp_path / "ablation_gpu_cpu_unroll2_smoke.json").read_text())
+  heads = np.asarray(doc["head_ablation"])
+  assert heads.shape == (doc["layers"], doc["heads"]) and doc["attention_impl"] == "pallas"
+  # The metric is a cosine to the unablated model: 1 at baseline, <= 1 under ablation.
+  assert abs(doc["baseline"] - 1) < 1e-6 and np.all(heads <= 1 + 1e-6)
+  assert doc["max_abs_diff_vs_loop"] < 1e-5
+  assert doc["prefix_chunk12"]["vs_forward"] > 0 and doc["importance"]["ratio"] > 0
+
+
+def test_mfu_benchmark_smoke(tmp_path):
+  out = _run("bench_train_step.py", "--mfu", "--smoke", "--variants",
+             "pallas:threefry:4,xla:unsafe_rbg:4:nodrop:unroll2")
+  doc = json.loads(out[out.index("{"):])
+  rows = doc["variants"]
+  assert [r["variant"] for r in rows] == ["pallas:threefry:4", "xla:unsafe_rbg:4:nodrop:unroll2"]
+  assert rows[1]["scan_unroll"] == 2 and rows[1]["hidden_dropout"] == 0.0
+  for r in rows:
+    assert 0 < r["mfu"] < 1
+    np.testing.assert_allclose(r["model_tflops"], r["model_tflop_per_step"] / r["median_step_s"])
