@@ -137,7 +137,8 @@ def machine() -> dict[str, Any]:
 
 def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
                   findings: Sequence[dict[str, str]], settings: dict[str, Any], smoke: bool,
-                  seconds: float, figures: Sequence[str] = ()) -> pathlib.Path:
+                  seconds: float, figures: Sequence[str] = (), stem: str | None = None
+                  ) -> pathlib.Path:
   """Writes `out/NAME.json` and returns its path.
 
   Args:
@@ -149,6 +150,7 @@ def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
     smoke: whether this was a `--smoke` run (such files never reach the README).
     seconds: the wall time of the whole run.
     figures: the PNG file names written beside the JSON.
+    stem: the file's name without `.json` when not `name` (a second scale of one experiment).
   """
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +162,7 @@ def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
          "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]),
          "machine": machine(), "seconds": seconds, "settings": settings,
          "findings": list(findings), "figures": list(figures), "results": results}
-  path = out / f"{name}.json"
+  path = out / f"{stem or name}.json"
   tmp = path.with_suffix(".json.tmp")
   tmp.write_text(json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
   tmp.replace(path)

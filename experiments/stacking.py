@@ -92,6 +92,11 @@ class Scale:
 FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, vocab=8000, seq_len=64, batch=32,
              steps=1000, lr=1e-3, warmup=100, max_lines=None, eval_batches=16, window=20,
              repeats=2, rounds=20, shallow=3, shallow_fraction=0.5)
+# A 12-layer model for a GPU (`--scale gpu`), stacked 6 -> 12 halfway; 600 steps of 64 x 128
+# tokens are ~20 epochs of the 228k-token training text (more would only memorise it).
+GPU = Scale(layers=12, hidden=256, heads=4, ffn=1024, vocab=8000, seq_len=128, batch=64,
+            steps=600, lr=5e-4, warmup=60, max_lines=None, eval_batches=8, window=20,
+            repeats=2, rounds=20, shallow=6, shallow_fraction=0.5)
 SMOKE = Scale(layers=2, hidden=32, heads=2, ffn=64, vocab=300, seq_len=32, batch=8, steps=8,
               lr=1e-3, warmup=1, max_lines=400, eval_batches=2, window=3, repeats=1, rounds=3,
               shallow=1, shallow_fraction=0.5)
@@ -456,7 +461,8 @@ def compare(baseline: dict, stacked: dict, window: int, step_price: dict[int, fl
 # Figures --------------------------------------------------------------------
 
 
-def _figures(out, runs: list[dict], window: int, target: float, base_total: float) -> list[str]:
+def _figures(out, runs: list[dict], window: int, target: float, base_total: float,
+             prefix: str = NAME) -> list[str]:
   import matplotlib.pyplot as plt
 
   colors = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
@@ -474,7 +480,7 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
          ylabel=f"training MLM loss ({window}-step trailing mean)",
          title="Progressive stacking vs full depth: MLM loss against wall-clock time")
   ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{NAME}_loss_vs_time"))
+  names.append(common.savefig(fig, out, f"{prefix}_loss_vs_time"))
 
   fig, ax = plt.subplots(figsize=(7, 4.5))
   seen = set()
@@ -492,7 +498,7 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
   ax.set(xlabel="step", ylabel="training MLM loss (faint: per step; solid: trailing mean)",
          title="MLM loss against steps (dotted: stacking)")
   ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{NAME}_loss_vs_steps"))
+  names.append(common.savefig(fig, out, f"{prefix}_loss_vs_steps"))
 
   fig, ax = plt.subplots(figsize=(7, 4))
   for r in runs:
@@ -503,7 +509,7 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
   ax.set(xlabel="step", ylabel="step time incl. compile (s, log)",
          title="Per-step time of every run (spikes: compiles and machine load)")
   ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{NAME}_step_time"))
+  names.append(common.savefig(fig, out, f"{prefix}_step_time"))
   return names
 
 
@@ -538,12 +544,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)")
   parser.add_argument("--repeats", type=int, choices=(1, 2), default=None,
                       help=f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})")
+  parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
+                      help="cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked "
+                           "6 -> 12 (results and figures named stacking_gpu*)")
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
   import bertjax
   from bertjax.training import loop
 
-  sc = SMOKE if args.smoke else FULL
+  sc = SMOKE if args.smoke else GPU if args.scale == "gpu" else FULL
+  prefix = NAME if args.scale == "cpu" else f"{NAME}_gpu"
+  where = "" if args.scale == "cpu" else f"on {jax.devices()[0].device_kind}, "
   if args.steps is not None:
     if args.steps < 10:
       raise ValueError(f"--steps={args.steps} must be >= 10")
@@ -625,7 +636,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   base_total = float(np.mean([b["total_s"] for b in base]))
   figures = _figures(args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"],
-                     base_total)
+                     base_total, prefix)
   hb, hs = base[0]["heldout"]["mlm_loss"], stack[0]["heldout"]["mlm_loss"]
   gap = hs - hb
   unigram = data.stats["unigram_heldout_mlm_loss"]
@@ -642,7 +653,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   findings = [common.finding(
       PAPER, "Progressive stacking reaches the full-depth model's loss in less wall-clock "
       f"time (issue #6: <= {TARGET_RATIO}x the baseline's time).",
-      f"{config.num_hidden_layers}-layer {config.hidden_size}-wide BERT, {sc.steps} steps on "
+      f"{where}{config.num_hidden_layers}-layer {config.hidden_size}-wide BERT, {sc.steps} "
+      "steps on "
       f"WikiText-2, schedule {schedule}: time to reach the baseline's final smoothed MLM loss "
       f"{per_repeat[0]['target_smoothed_mlm_loss']:.3f} / baseline time = {rep}; "
       f"priced at median step times of all runs {_fmt(priced['ratio'])} "
@@ -704,7 +716,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "RoBERTa FULL-SENTENCES)", "optimizer": "adamw", "decay": "linear",
               "train": dataclasses.asdict(train), "model_config": dataclasses.asdict(config)}
   common.write_results(NAME, args.out, results, findings=findings, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
+                       stem=prefix)
   return 0
 
 
