@@ -250,6 +250,7 @@ def main(argv=None):
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   name = "ablation_smoke" if args.smoke else f"ablation_{report['device'].lower().replace(' ', '_')}"
+  name += "_importance" if args.importance_only else ""
   (out / f"{name}.json").write_text(json.dumps(report, indent=1))
   (out / f"{name}.md").write_text(markdown(report))
   print((out / f"{name}.md").read_text())
@@ -264,6 +265,8 @@ def markdown(r):
            "| method | passes | wall (s) | compile (s) | peak RSS after (MiB) |",
            "|---|---|---|---|---|"]
   keys = [k for k in r if k.startswith("prefix_chunk")] + ["loop"]
+  if not any(k in r for k in keys):  # --importance-only
+    lines = lines[:-3]
   for key in keys:
     label = ("naive loop (one jitted forward per mask)" if key == "loop" else
              f"sweep, prefix reuse, vmap chunk {key.removeprefix('prefix_chunk')}")

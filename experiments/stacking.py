@@ -2,6 +2,7 @@
 
     ./run.sh experiment stacking
     .venv/bin/python experiments/stacking.py [--smoke] [--out DIR] [--data-dir DIR]
+    .venv/bin/python experiments/stacking.py --scale gpu     (on a GPU: stacking_gpu.json)
 
 Gong et al. 2019 ("Efficient Training of BERT by Progressively Stacking") train a
 shallow BERT, copy its layers on top of themselves, and keep training; the deep model
@@ -39,6 +40,11 @@ smoothed loss. Held-out MLM loss of both final models is measured on 16 x 32 `te
 segments with fixed masks, beside the loss of token frequencies alone (the unigram stage
 every model passes first). If the 0.8x criterion fails, one variation of the shallow
 stage's length is tried and reported beside it.
+
+`--scale gpu` runs the same comparison, ABBA, for a 12-layer, 256-wide BERT (4 heads, FFN
+1024) stacked 6 -> 12 at step 300 of 600 (schedule 6:300,12), sequences of 128, batch 64,
+AdamW at 5e-4 (the training text allows ~20 epochs of this before it is memorised), and
+writes `stacking_gpu.json` and `stacking_gpu_*.png`; the committed one ran on an H100.
 
 `--smoke` runs a 2-layer, 32-wide model for 8 steps on the first 400 lines, with JAX's
 persistent compilation cache in the temporary directory (compiles dominate it). Full runs

@@ -248,6 +248,7 @@ def test_pretrain_help_lists_options(capsys):
               "--optimizer", "--lr", "--warmup", "--decay", "--clip", "--weight-decay",
               "--dtype", "--steps", "--stacking", "--reset-moments", "--output-dir",
               "--checkpoint-every", "--keep", "--resume", "--seed", "--mesh-shape",
+              "--scan-unroll", "--attention-impl",
               "(default: 0.0001)", "(default: nsp)"):
     assert opt in out, opt
 
@@ -261,7 +262,7 @@ def test_pretrain_main_end_to_end(setup):
           "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",
           "--batch-size", "8", "--lr", "1e-3", "--warmup", "3", "--steps", "16",
           "--stacking", "1:6,2", "--checkpoint-every", "8", "--output-dir", str(out),
-          "--export-hf", str(out / "hf"), "--no-progress"]
+          "--export-hf", str(out / "hf"), "--no-progress", "--scan-unroll", "2"]
   proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=REPO,
                         check=False, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
