@@ -36,7 +36,7 @@ cmd=${1:-help}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  test) setup; exec "$PY" -m pytest -q "$@" ;;
+  test) setup; exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" "$@" ;;
   demo) setup; exec "$PY" -m bertjax.cli report "$@" ;;
   report|pretrain|finetune) setup; exec "$PY" -m bertjax.cli "$cmd" "$@" ;;
   bench) setup; name=${1:?usage: ./run.sh bench NAME}; shift; exec "$PY" "benchmarks/$name.py" "$@" ;;

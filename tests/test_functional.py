@@ -223,7 +223,8 @@ def test_scan_unroll_changes_nothing_but_the_program(params):
     return out.hidden_states, grad, tail
 
   rolled = run(CONFIG)
-  for unroll in (2, 3, 8):
+  # 2: a remainder block on the 3-block model; 8: more than the depth (clipped to it).
+  for unroll in (2, 8):
     for a, b in zip(rolled, run(CONFIG.replace(scan_unroll=unroll))):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="scan_unroll"):
