@@ -85,8 +85,8 @@ class ReportSettings:
     passages: how many passages the effective-attention statistics average over.
     example_heads: heads shown raw vs effective.
     ablation_strategy: `ablation.evaluate_masks`'s strategy.
-    ablation_chunk_size: masks evaluated at once; None means 1 on CPU (fastest
-      there) and 16 on accelerators.
+    ablation_chunk_size: masks evaluated at once; None means
+      `ablation.default_chunk_size()` (1 on CPU, fastest there; 16 on accelerators).
     seed: the seed of every split and sample.
   """
 
@@ -369,7 +369,7 @@ def pattern_section(params, config, tok, pair_batches) -> dict:
 def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
   """Head and layer ablation, head importance and the pruning curve on the task."""
   params, train, test = task["params"], task["train"], task["test"]
-  chunk = settings.ablation_chunk_size or (1 if jax.default_backend() == "cpu" else 16)
+  chunk = settings.ablation_chunk_size or ablation.default_chunk_size()
   # Every single head, every layer's heads together, every block skipped: the
   # held-out loss under each mask. "prefix" runs the intact blocks below a mask's
   # first change once; "vmap" compiles fewer programs (better for tiny runs).

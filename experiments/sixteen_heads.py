@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
     tparams, train, test = task["params"], task["train"], task["test"]
 
-  chunk = 1 if jax.default_backend() == "cpu" else 16
+  chunk = ablation.default_chunk_size()
   with common.timed(timings, "importance"):
     imp_raw = ablation.head_importance(tparams, config, train, report.task_loss,
                                        normalize_layers=False)

@@ -113,8 +113,11 @@ def test_arbitrary_masks_and_strategies_agree(params):
   masks = (rng.uniform(size=(5, DEPTH, HEADS)) > 0.3).astype(np.float32)
   masks[0] = 1
   masks[1, :2] = 1  # first modified block is 2
+  # Chunks of 2 (a remainder of 1 for 5 masks), and the backend's default (1 on CPU).
+  assert ab.default_chunk_size() == 1
   results = [ab.evaluate_masks(params, CONFIG, iter(BATCHES), ab.classification_loss, masks,
-                               strategy=s, chunk_size=2) for s in ab.STRATEGIES]
+                               strategy=s, chunk_size=None if s == "vmap" else 2)
+             for s in ab.STRATEGIES]
   for base, values in results[1:]:
     assert base == results[0][0]
     np.testing.assert_allclose(values, results[0][1], atol=1e-6)
@@ -122,6 +125,8 @@ def test_arbitrary_masks_and_strategies_agree(params):
   assert ab.first_modified_layer(masks)[0] == DEPTH
   with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
     ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, np.ones((3, 4)))
+  with pytest.raises(ValueError, match="chunk_size=0 must be a positive int"):
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, masks, chunk_size=0)
   with pytest.raises(ValueError, match="strategy='fast'"):
     ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, masks, strategy="fast")
 
