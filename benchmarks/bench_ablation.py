@@ -261,12 +261,11 @@ def markdown(r):
            (f"{r['sentences']} UD EWT dev sentences, {r['batches']} batches, shapes {r['shapes']}; "
            f"{r['real_tokens']} real / {r['padded_tokens']} padded tokens; device {r['device']}"
            + (f"; metric: {r['metric']} (baseline {r['baseline']:.4f})." if "baseline" in r
-              else ".")), "",
-           "| method | passes | wall (s) | compile (s) | peak RSS after (MiB) |",
-           "|---|---|---|---|---|"]
+              else "."))]
   keys = [k for k in r if k.startswith("prefix_chunk")] + ["loop"]
-  if not any(k in r for k in keys):  # --importance-only
-    lines = lines[:-3]
+  if any(k in r for k in keys):  # not --importance-only
+    lines += ["", "| method | passes | wall (s) | compile (s) | peak RSS after (MiB) |",
+              "|---|---|---|---|---|"]
   for key in keys:
     label = ("naive loop (one jitted forward per mask)" if key == "loop" else
              f"sweep, prefix reuse, vmap chunk {key.removeprefix('prefix_chunk')}")

@@ -65,11 +65,6 @@ def _program(args) -> dict:
 
 
 def _model_config(args, vocab_size: int | None):
-  config, params = _base_model_config(args, vocab_size)
-  return config.replace(**_program(args)), params
-
-
-def _base_model_config(args, vocab_size: int | None):
   import bertjax
   if args.init_from:
     config, params = bertjax.from_hf(args.init_from)
@@ -155,6 +150,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     corpus = C.load_corpus(args.corpus, tokenizer, format=args.corpus_format,
                            max_lines=args.max_lines)
   config, params = _model_config(args, None if args.init_from else corpus.vocab_size)
+  config = config.replace(**_program(args))
   if config.vocab_size < corpus.vocab_size:
     raise SystemExit(f"pretrain: the model's vocab_size={config.vocab_size} is smaller than the "
                      f"tokenizer's {corpus.vocab_size}")
