@@ -1,7 +1,9 @@
-"""The `bertjax` command: `bertjax report`, and `pretrain` / `finetune` where installed.
+"""The `bertjax` command: `bertjax report`, `bertjax data`, and `pretrain` / `finetune`.
 
 Run as `bertjax report [--model PATH] [--out DIR] [--data-dir DIR] [--reduced]`
-or `python -m bertjax.cli report ...` (what `./run.sh demo` does).
+or `python -m bertjax.cli report ...` (what `./run.sh demo` does);
+`bertjax data list` and `bertjax data fetch NAME|all [--to DIR]` list and download the
+real data sets (`bertjax.data.fetch`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,89 @@ def _run_report(args) -> int:
   return 0
 
 
+def _data_parser(sub) -> None:
+  from bertjax.data import fetch
+
+  names = ", ".join(fetch.DATASETS)
+  p = sub.add_parser(
+      "data", help="list the real data sets and where they are; download them",
+      description="The real data sets the experiments, tests and report read. Each is looked "
+                  "up in --data-dir DIR when given; else in $BERTJAX_DATA_DIR (or the user "
+                  f"cache, {fetch.user_cache_dir()}), then in ../shared/data beside the "
+                  "repository.")
+  data_sub = p.add_subparsers(dest="data_command", metavar="{list,fetch}", required=True)
+  ls = data_sub.add_parser(
+      "list", help="each data set: licence, size, source, and whether and where it is present",
+      description="Lists each data set with its licence, size and public source, and whether "
+                  "(and where) it is present and verified against the package's SHA-256 sums.")
+  ls.add_argument("--data-dir", default=None, metavar="DIR",
+                  help="look only in DIR (default: the search path printed at the top)")
+  ls.set_defaults(run=_run_data_list)
+  fe = data_sub.add_parser(
+      "fetch", help="download data sets from their public sources, verified",
+      description="Downloads data sets from their canonical public sources (pinned commits), "
+                  "verifies every file's SHA-256 sum, and moves a set into place only when it "
+                  "is complete. Prints each set's licence: check it fits your use.")
+  fe.add_argument("names", nargs="+", metavar="NAME", help=f"data sets: {names}, or all")
+  fe.add_argument("--to", default=None, metavar="DIR",
+                  help="the data directory to fill (default: $BERTJAX_DATA_DIR, else "
+                       f"{fetch.user_cache_dir()})")
+  fe.add_argument("--mirror", default=None, metavar="URL",
+                  help="fetch from URL/NAME/FILE instead of the public sources (a copy laid "
+                       "out as a data directory, e.g. file:///path/to/data; default: "
+                       "$BERTJAX_DATA_MIRROR)")
+  fe.add_argument("--force", action="store_true",
+                  help="download again even when a verified copy is present")
+  fe.add_argument("--quiet", action="store_true", help="no progress bars")
+  fe.set_defaults(run=_run_data_fetch)
+
+
+def _run_data_list(args) -> int:
+  from bertjax.data import fetch
+
+  try:
+    rows = fetch.describe(args.data_dir)
+    places = fetch.search_path(args.data_dir)
+  except fetch.DataError as e:
+    return _user_error(e)
+  print("data directories, in the order they are searched:")
+  for i, place in enumerate(places, 1):
+    print(f"  {i}. {place}{'' if place.is_dir() else ' (does not exist)'}")
+  print(f"`bertjax data fetch NAME|all` writes to {args.data_dir or fetch.default_dir()}\n")
+  width = max(len(r["name"]) for r in rows)
+  for r in rows:
+    where = {"ok": f"present: {r['path']}", "missing": "not present",
+             "incomplete": f"incomplete: {r['path']}",
+             "modified": f"modified (sums differ): {r['path']}"}[r["status"]]
+    print(f"{r['name']:<{width}}  {fetch.human_size(r['size']):>8}  {where}")
+    print(f"{'':<{width}}  {r['title']}")
+    print(f"{'':<{width}}  licence: {r['license']}")
+    print(f"{'':<{width}}  source:  {r['homepage']}")
+    print(f"{'':<{width}}  files:   {r['source']}" + (f"/{r['archive']}" if r["archive"] else ""))
+  return 0
+
+
+def _run_data_fetch(args) -> int:
+  from bertjax.data import fetch
+
+  try:
+    names = fetch.resolve_names(args.names)
+    for name in names:
+      fetch.fetch_one(fetch.DATASETS[name], args.to, mirror=args.mirror, force=args.force,
+                      progress=not args.quiet)
+  except fetch.DataError as e:
+    return _user_error(e)
+  print(f"done: {len(names)} data set{'s' if len(names) > 1 else ''} in "
+        f"{args.to or fetch.default_dir()}")
+  return 0
+
+
+def _user_error(e: Exception) -> int:
+  """A user error: one line on stderr, exit status 1 (no traceback)."""
+  print(f"bertjax: error: {e}", file=sys.stderr)
+  return 1
+
+
 _TRAINING = ("pretrain", "finetune")
 
 
@@ -69,6 +154,7 @@ def parser() -> argparse.ArgumentParser:
                               description="BERT and ALBERT in pure JAX for BERTology research.")
   sub = p.add_subparsers(dest="command", metavar="COMMAND")
   _report_parser(sub)
+  _data_parser(sub)
   _training_parsers(sub)
   return p
 
