@@ -138,3 +138,94 @@ def test_cka_matrix_and_same_layers(reps):
   np.testing.assert_allclose(np.diag(cross), same, atol=1e-5)
   with pytest.raises(ValueError, match="n_tokens"):
     geometry.cka_matrix(x, other[:, :10])
+
+
+# Maximum explainable variance ------------------------------------------------------------
+
+
+def _occurrences(seed, n, d=40, shift=3.0):
+  """Anisotropic occurrences: a shared offset plus noise, as contextual representations."""
+  rng = np.random.default_rng(seed)
+  return rng.normal(size=(n, d)) + shift * rng.normal(size=d)
+
+
+@pytest.mark.parametrize("n", [2, 5, 37, 150])  # fewer and more occurrences than dimensions
+def test_mev_definitions_match_sklearn(n):
+  from sklearn.decomposition import PCA, TruncatedSVD
+
+  x = _occurrences(n, n)
+  # The paper's first released code: TruncatedSVD(n_components=100) (here at most min(n, d) - 1).
+  k = min(100, x.shape[1] - 1)
+  svd = TruncatedSVD(n_components=k, n_iter=10, random_state=0).fit(x)
+  assert geometry.mev(x) == pytest.approx(svd.explained_variance_ratio_[0], rel=1e-9, abs=1e-12)
+  assert geometry.mev(x, "truncated_svd") == geometry.mev(x)
+  pca = PCA(n_components=1).fit(x)
+  assert geometry.mev(x, "pca") == pytest.approx(pca.explained_variance_ratio_[0], rel=1e-9)
+  s = np.linalg.svd(x, compute_uv=False)
+  assert geometry.mev(x, "uncentred") == pytest.approx(s[0] ** 2 / np.sum(s**2), rel=1e-12)
+  # Anisotropic occurrences: the uncentred share is large, TruncatedSVD's small.
+  assert geometry.mev(x, "uncentred") > 0.7
+  assert geometry.mev(x) < 0.1
+
+
+def test_mev_batched_and_edge_cases():
+  from sklearn.decomposition import PCA, TruncatedSVD
+
+  x = np.stack([_occurrences(s, 9) for s in range(4)]).reshape(2, 2, 9, 40)
+  for d in geometry.MEV_DEFINITIONS:
+    got = geometry.mev(x, d)
+    assert got.shape == (2, 2)
+    np.testing.assert_allclose(got[1, 0], geometry.mev(x[1, 0], d), rtol=1e-12)
+  want = [TruncatedSVD(8, random_state=0).fit(m).explained_variance_ratio_[0] for m in x[0]]
+  np.testing.assert_allclose(geometry.mev(x[0]), want, rtol=1e-9)
+  want = [PCA(1).fit(m).explained_variance_ratio_[0] for m in x[0]]
+  np.testing.assert_allclose(geometry.mev(x[0], "pca"), want, rtol=1e-9)
+  line = np.outer([1.0, 2.0, -3.0], np.arange(1.0, 7.0)) + 5.0  # variance along one direction
+  assert geometry.mev(line, "pca") == pytest.approx(1.0)
+  assert geometry.mev(np.eye(4, 6), "uncentred") == pytest.approx(0.25)  # orthonormal: 1 / n
+  same = np.ones((3, 4))  # no variance: undefined for the centred definitions
+  assert np.isnan(geometry.mev(same)) and np.isnan(geometry.mev(same, "pca"))
+  assert geometry.mev(same, "uncentred") == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="occurrences"):
+    geometry.mev(np.ones((1, 4)))
+  with pytest.raises(ValueError, match="definition='svd'"):
+    geometry.mev(x, "svd")
+
+
+def test_max_explainable_variance_types_and_baseline_counts(monkeypatch):
+  rng = np.random.default_rng(5)
+  layers, d = 2, 12
+  counts = {"a": 6, "b": 9, "c": 3, "p": 7}  # "c" is below min_count, "p" is unmeasured
+  ids = np.array([w for w, c in counts.items() for _ in range(c)] + [f"x{i}" for i in range(40)])
+  rng.shuffle(ids)
+  reps = rng.normal(size=(layers, len(ids), d)) + rng.normal(size=d)
+  measured = ids != "p"
+  for definition in geometry.MEV_DEFINITIONS:
+    got = geometry.max_explainable_variance(reps, ids, min_count=5, seed=3,
+                                            definition=definition, measured=measured)
+    assert got["types"] == 2 and got["occurrences"] == 15 and got["definition"] == definition
+    want = np.mean([geometry.mev(reps[:, ids == w], definition) for w in ("a", "b")], 0)
+    np.testing.assert_allclose(got["mev"], want, rtol=1e-12)
+    # The baseline: for each measured type in order, as many random tokens (same seed, same
+    # draws) as it has occurrences.
+    draw = np.random.default_rng(3)
+    base = [geometry.mev(reps[:, np.sort(draw.choice(len(ids), counts[w], replace=False))],
+                         definition) for w in ("a", "b")]
+    np.testing.assert_allclose(got["baseline"], np.mean(base, 0), rtol=1e-12)
+    np.testing.assert_allclose(got["adjusted"], got["mev"] - got["baseline"])
+  capped = geometry.max_explainable_variance(reps, ids, min_count=5, max_occurrences=6)
+  assert capped["occurrences"] == 6 + 6 + 6  # "p" measured now; "b" and "p" sampled down to 6
+  empty = geometry.max_explainable_variance(reps, ids, min_count=50)
+  assert empty["types"] == 0 and np.isnan(empty["mev"]).all()
+  sizes = []  # every MEV call's number of occurrences: type, then its baseline, in turn
+  real_mev = geometry.mev
+  monkeypatch.setattr(geometry, "mev", lambda x, d: sizes.append(x.shape[-2]) or real_mev(x, d))
+  geometry.max_explainable_variance(reps, ids, min_count=5, measured=measured)
+  assert sizes == [6, 6, 9, 9]
+  monkeypatch.undo()
+  with pytest.raises(ValueError, match="definition='pca '"):
+    geometry.max_explainable_variance(reps, ids, definition="pca ")
+  with pytest.raises(ValueError, match="measured shape"):
+    geometry.max_explainable_variance(reps, ids, measured=measured[:-1])
+  with pytest.raises(ValueError, match="min_count=1"):
+    geometry.max_explainable_variance(reps, ids, min_count=1)

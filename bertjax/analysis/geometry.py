@@ -4,8 +4,11 @@ Ethayarajh (2019), "How Contextual are Contextualized Word Representations?":
 anisotropy (mean cosine between random token pairs), self-similarity of a word
 type across its contexts and intra-sentence similarity, each also adjusted by
 the anisotropy baseline (raw - baseline) and computed again after mean-centring
-each layer. Kornblith et al. (2019): linear CKA between feature matrices, between
-all layer pairs of one model, and between the same layers of two models.
+each layer; the maximum explainable variance (MEV) of a word's occurrences under
+the three definitions found in the paper and its released code (`mev`,
+`max_explainable_variance`). Kornblith et al. (2019): linear CKA between feature
+matrices, between all layer pairs of one model, and between the same layers of
+two models.
 
 Representations are stacked as ``reps (layers, n_tokens, dim)``; tokens are
 grouped by int (or hashable) ``word_ids`` and ``sentence_ids`` of shape
@@ -197,6 +200,157 @@ def contextuality(
     out["intra_sentence" + suffix] = intra
     out["intra_sentence_adjusted" + suffix] = intra - base
   return out
+
+
+# ----------------------------------------------------------------------------
+# Maximum explainable variance (Ethayarajh 2019, Sec. 4.4)
+
+MEV_DEFINITIONS = ("truncated_svd", "pca", "uncentred")
+
+
+def mev(occurrences, definition: str = "truncated_svd") -> np.ndarray:
+  """Maximum explainable variance of occurrence matrices: the first component's share.
+
+  Ethayarajh (2019) asks how much of the variance of a word's contextual
+  representations its first principal component (a static embedding) explains.
+  The paper's Definition 3 writes it as ``sigma_1^2 / sum_i sigma_i^2`` of the
+  occurrence matrix, but the numbers it reports come from its released code
+  (github.com/kawine/contextual, ``analyze.py``, ``variance_explained_by_pc``),
+  which changed between commits. The three readings:
+
+  * ``"truncated_svd"`` (default): the first released commit (84d2f97, Dec 2019),
+    ``TruncatedSVD(n_components=100).fit(X).explained_variance_ratio_[0]``, the
+    code behind ``bert/variance_explained.csv``: the direction ``v`` is the top
+    right singular vector of the *uncentred* ``X``, but the share is
+    ``var(X v) / sum_j var(X[:, j])``, with variances about the mean. For
+    anisotropic occurrences ``v`` is close to their mean direction, along which
+    they vary little, so the values are small (0.00-0.09 for BERT in that file).
+  * ``"pca"``: the later commit (c10c992, Apr 2020), ``PCA(n_components=1)``:
+    the top eigenvalue of the covariance over its trace (``X`` mean-centred).
+  * ``"uncentred"``: Definition 3 as written, ``sigma_1^2 / sum_i sigma_i^2`` of
+    the raw ``X`` (the second moment about 0, not the variance); dominated by the
+    mean direction, so large (0.7-0.9) for anisotropic representations.
+
+  Computed exactly in float64 with a full SVD; sklearn's ``TruncatedSVD`` uses a
+  randomised SVD (``random_state=None`` in the paper's code), which agrees to
+  rounding on the first component.
+
+  Args:
+    occurrences: ``(..., n, dim)``, ``n >= 2`` representations of one word.
+    definition: one of `MEV_DEFINITIONS`.
+
+  Returns:
+    ``(...,)`` float64 in ``[0, 1]``; nan where the occurrences have no variance
+    (``"truncated_svd"``, ``"pca"``) or are all zero (``"uncentred"``).
+  """
+  if definition not in MEV_DEFINITIONS:
+    raise ValueError(f"definition={definition!r} must be one of {MEV_DEFINITIONS}")
+  x = np.asarray(occurrences, np.float64)
+  if x.ndim < 2 or x.shape[-2] < 2:
+    raise ValueError(f"occurrences must be (..., n >= 2, dim), got shape {x.shape}")
+  if definition == "uncentred":
+    s = np.linalg.svd(x, compute_uv=False)  # (..., min(n, dim))
+    top, total = s[..., 0] ** 2, np.sum(s**2, -1)
+  else:
+    xc = x - x.mean(-2, keepdims=True)
+    total = np.sum(xc**2, (-2, -1))  # n * sum_j var(X[:, j])
+    if definition == "pca":
+      top = np.linalg.svd(xc, compute_uv=False)[..., 0] ** 2  # n * top covariance eigenvalue
+    else:
+      v = np.linalg.svd(x, full_matrices=False)[2][..., 0, :]  # (..., dim) uncentred direction
+      top = np.sum(np.einsum("...nd,...d->...n", xc, v) ** 2, -1)  # n * var(X v)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.where(total > 0, top / np.where(total > 0, total, 1.0), np.nan)
+
+
+def max_explainable_variance(
+  reps,
+  word_ids: Sequence[Any],
+  min_count: int = 5,
+  max_occurrences: int | None = None,
+  seed: int = 0,
+  definition: str = "truncated_svd",
+  measured=None,
+) -> dict[str, Any]:
+  """Per-layer MEV averaged over word types, and its random-token (anisotropy) baseline.
+
+  Follows Ethayarajh (2019) and ``variance_explained_by_pc`` in
+  github.com/kawine/contextual: every type seen at least ``min_count`` times
+  (the paper: 5), all its occurrences (unless ``max_occurrences``), the MEV of
+  each type averaged over types, then ``adjusted = mev - baseline``. Where
+  bertjax differs: the baseline here is, for every measured type, the MEV (same
+  ``definition``) of as many tokens drawn uniformly at random from all tokens,
+  averaged the same way, so baseline and measurement share their sample sizes
+  (MEV of ``n`` random vectors grows as ``n`` shrinks: it is at least ``1 /
+  (n - 1)`` for ``"pca"``); the paper's baseline (``explore_embedding_space``) is
+  one MEV of 1,000 random words, one from each of 1,000 random sentences.
+
+  Args:
+    reps: ``(layers, n_tokens, dim)``.
+    word_ids: ``(n_tokens,)`` the type of every token.
+    min_count: types with fewer occurrences are skipped (>= 2).
+    max_occurrences: at most this many occurrences per type (a seeded sample),
+      to bound cost; None uses all, as the paper.
+    seed: NumPy seed of the samples; the same seed draws the same samples for
+      every ``definition``.
+    definition: ``"truncated_svd"`` (the paper's released numbers), ``"pca"``
+      or ``"uncentred"``; see `mev`.
+    measured: optional bool ``(n_tokens,)``: only these tokens' types are
+      measured (e.g. the paper leaves punctuation out); the baseline still draws
+      from every token.
+
+  Returns:
+    ``{"mev", "baseline", "adjusted"}``: ``(layers,)`` float64 each (nan-aware
+    means over types); ``"types"``: how many types; ``"occurrences"``: their
+    total occurrences used; ``"definition"``.
+  """
+  reps = np.asarray(reps)
+  if reps.ndim != 3:
+    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
+  if min_count < 2:
+    raise ValueError(f"{min_count=} must be >= 2")
+  if max_occurrences is not None and max_occurrences < min_count:
+    raise ValueError(f"{max_occurrences=} must be None or >= {min_count=}")
+  if definition not in MEV_DEFINITIONS:
+    raise ValueError(f"definition={definition!r} must be one of {MEV_DEFINITIONS}")
+  n = reps.shape[1]
+  ids, k = _group_ids(word_ids, n, "word_ids")
+  keep = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
+  if keep.shape != (n,):
+    raise ValueError(f"measured shape {keep.shape} must be ({n},) to match reps")
+  ids = np.where(keep, ids, k)  # unmeasured tokens: one extra group, never reported
+  counts = np.bincount(ids, minlength=k + 1)[:k]
+  order = np.argsort(ids, kind="stable")
+  starts = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=k + 1))])
+  rng = np.random.default_rng(seed)
+  values, baseline, used = [], [], 0
+  for t in np.flatnonzero(counts >= min_count):
+    members = order[starts[t] : starts[t + 1]]
+    if max_occurrences is not None and len(members) > max_occurrences:
+      members = rng.choice(members, max_occurrences, replace=False)
+    random_tokens = rng.choice(n, len(members), replace=False)
+    values.append(mev(reps[:, np.sort(members)], definition))
+    baseline.append(mev(reps[:, np.sort(random_tokens)], definition))
+    used += len(members)
+  if not values:
+    nan = np.full(reps.shape[0], np.nan)
+    return {
+      "mev": nan,
+      "baseline": nan,
+      "adjusted": nan,
+      "types": 0,
+      "occurrences": 0,
+      "definition": definition,
+    }
+  m, b = np.nanmean(values, 0), np.nanmean(baseline, 0)
+  return {
+    "mev": m,
+    "baseline": b,
+    "adjusted": m - b,
+    "types": len(values),
+    "occurrences": used,
+    "definition": definition,
+  }
 
 
 # ----------------------------------------------------------------------------
