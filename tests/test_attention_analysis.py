@@ -37,8 +37,10 @@ def _batch(seed, batch=3, seq=20):
 BATCHES = [_batch(0), _batch(1)]
 
 
-def test_clark_statistics_match_numpy_from_full_maps(params):
-  got = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, punct_ids=PUNCT)
+@pytest.mark.parametrize("smoothing", [0.0, 1e-4])  # kernel statistics path; maps path
+def test_clark_statistics_token_weighted_match_numpy_from_full_maps(params, smoothing):
+  got = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, punct_ids=PUNCT,
+                            weighting="token", entropy_smoothing=smoothing)
   sums = {k: 0.0 for k in at.CLARK_NAMES}
   count = 0
   for b in BATCHES:
@@ -54,11 +56,150 @@ def test_clark_statistics_match_numpy_from_full_maps(params):
       sums["self"] += np.trace(a, axis1=-2, axis2=-1)
       sums["prev"] += np.trace(a, offset=-1, axis1=-2, axis2=-1)
       sums["next"] += np.trace(a, offset=1, axis1=-2, axis2=-1)
-      sums["entropy"] += -(a * np.log(np.where(a > 0, a, 1))).sum((-1, -2))
+      p = (1 - smoothing) * a + smoothing / n
+      sums["entropy"] += -(p * np.log(np.where(p > 0, p, 1))).sum((-1, -2))
       count += n
   for name in at.CLARK_NAMES:
     np.testing.assert_allclose(got[name], sums[name] / count, atol=2e-5, err_msg=name)
   assert got["punct"].max() > 0.01 and got["sep"].max() > 0.01
+
+
+def test_clark_statistics_paths_agree_and_check_arguments(params):
+  kw = {"sep_id": SEP, "punct_ids": PUNCT}
+  for weighting in at.WEIGHTINGS:
+    kernel = at.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
+                                 entropy_smoothing=0.0, **kw)
+    maps = at.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
+                               entropy_smoothing=1e-12, **kw)
+    for name in at.CLARK_NAMES:
+      np.testing.assert_allclose(kernel[name], maps[name], atol=2e-5, err_msg=name)
+  doc = at.clark_statistics(params, CONFIG, BATCHES, **kw)  # the defaults: Clark's
+  tok = at.clark_statistics(params, CONFIG, BATCHES, weighting="token", **kw)
+  assert np.abs(doc["sep"] - tok["sep"]).max() > 1e-3  # the weighting matters here
+  with pytest.raises(ValueError, match="weighting='tokens'"):
+    at.clark_statistics(params, CONFIG, BATCHES, weighting="tokens", **kw)
+  with pytest.raises(ValueError, match="entropy_smoothing=1.5"):
+    at.clark_statistics(params, CONFIG, BATCHES, entropy_smoothing=1.5, **kw)
+  with pytest.raises(ValueError, match="empty"):
+    at.clark_statistics(params, CONFIG, [], **kw)
+  assert at.uniform_entropy([4, 16]) == pytest.approx((np.log(4) + np.log(16)) / 2)
+  assert at.uniform_entropy([4, 16], "token") == pytest.approx(
+      (4 * np.log(4) + 16 * np.log(16)) / 20)
+  with pytest.raises(ValueError, match="lengths"):
+    at.uniform_entropy([3, 0])
+
+
+# Clark et al.'s General_Analysis.ipynb on transformers' maps ------------------------------
+
+HF_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", ".", ",", "!", "##."] + [f"w{i}" for i in range(40)]
+
+
+def _clark_documents(seed=7):
+  """Token lists of different lengths: single sentences and one segment pair, as Clark's data."""
+  rng = np.random.default_rng(seed)
+  words = HF_VOCAB[4:]
+  docs = []
+  for n in (5, 9, 30, 17, 12, 3, 24):
+    body = list(rng.choice(words, n - 2))
+    if n == 30:
+      body[12] = "[SEP]"
+    docs.append(["[CLS]", *body, "[SEP]"])
+  return docs
+
+
+def clark_notebook(docs_attns):
+  """Clark et al.'s `General_Analysis.ipynb` (clarkkev/attention-analysis), cells 5 and 7,
+  as released: tokens are strings, `attns` (layers, heads, n, n) per document."""
+  n_docs = len(docs_attns)
+  shape = docs_attns[0][1].shape[:2]
+  avg_attns = {k: np.zeros(shape) for k in ["self", "right", "left", "sep", "cls", "punct"]}
+  for tokens, attns in docs_attns:
+    n_tokens = attns.shape[-1]
+    seps, clss, puncts = (np.zeros(n_tokens) for _ in range(3))
+    for position, token in enumerate(tokens):
+      if token == "[SEP]":
+        seps[position] = 1
+      if token == "[CLS]":
+        clss[position] = 1
+      if token == "." or token == ",":
+        puncts[position] = 1
+    selectors = {
+        "self": np.eye(n_tokens, n_tokens),
+        "right": np.eye(n_tokens, n_tokens, 1),
+        "left": np.eye(n_tokens, n_tokens, -1),
+        "sep": np.tile(seps[np.newaxis], [n_tokens, 1]),
+        "cls": np.tile(clss[np.newaxis], [n_tokens, 1]),
+        "punct": np.tile(puncts[np.newaxis], [n_tokens, 1]),
+    }
+    for key, selector in selectors.items():
+      avg_attns[key] += ((attns * selector[np.newaxis, np.newaxis]).sum(-1).sum(-1)
+                         / (n_docs * n_tokens))
+  uniform_attn_entropy = 0
+  entropies = np.zeros(shape)
+  for _, attns in docs_attns:
+    attns = 0.9999 * attns + (0.0001 / attns.shape[-1])  # smooth to avoid NaNs
+    uniform_attn_entropy -= np.log(1.0 / attns.shape[-1])
+    entropies -= (attns * np.log(attns)).sum(-1).mean(-1)
+  return ({"cls": avg_attns["cls"], "sep": avg_attns["sep"], "punct": avg_attns["punct"],
+           "self": avg_attns["self"], "prev": avg_attns["left"], "next": avg_attns["right"],
+           "entropy": entropies / n_docs}, uniform_attn_entropy / n_docs)
+
+
+@pytest.mark.hf
+def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  import bertjax
+
+  torch.manual_seed(0)
+  hf_config = transformers.BertConfig(
+      vocab_size=len(HF_VOCAB), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+      intermediate_size=64, max_position_embeddings=64, attn_implementation="eager")
+  model = transformers.BertModel(hf_config).eval()
+  with torch.no_grad():  # sharper attention than the 0.02 initialisation gives
+    for name, p in model.named_parameters():
+      if "attention.self.query.weight" in name or "attention.self.key.weight" in name:
+        p.normal_(0.0, 0.4)
+  model.save_pretrained(tmp_path)
+  config, params = bertjax.from_hf(tmp_path)
+  index = {t: i for i, t in enumerate(HF_VOCAB)}
+  docs = _clark_documents()
+  reference = []
+  for tokens in docs:  # one document at a time, unpadded, segment ids 0: extract_attention.py
+    ids = torch.tensor([[index[t] for t in tokens]])
+    with torch.no_grad():
+      out = model(ids, token_type_ids=torch.zeros_like(ids), output_attentions=True)
+    reference.append((tokens, torch.stack(out.attentions)[:, 0].double().numpy()))
+  want, want_uniform = clark_notebook(reference)
+
+  batches = []
+  for group in (docs[:4], docs[4:]):  # right-padded batches of mixed lengths
+    width = max(map(len, group)) + 3
+    ids = np.zeros((len(group), width), np.int32)
+    mask = np.zeros_like(ids)
+    for r, tokens in enumerate(group):
+      ids[r, :len(tokens)] = [index[t] for t in tokens]
+      mask[r, :len(tokens)] = 1
+    batches.append({"input_ids": ids, "attention_mask": mask})
+  punct = np.asarray([index["."], index[","]], np.int32)
+  got = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct)
+  for name in at.CLARK_NAMES:
+    np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
+  lengths = [len(d) for d in docs]
+  assert at.uniform_entropy(lengths) == pytest.approx(want_uniform, rel=1e-12)
+  assert want["sep"].max() > 0.05 and want["punct"].max() > 0.05  # not a vacuous check
+  # The kernel path (unsmoothed entropy) is within the stated bound of the notebook's.
+  kernel = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
+                               entropy_smoothing=0.0)
+  for name in at.CLARK_NAMES:
+    tol = 2e-3 if name == "entropy" else 1e-5
+    np.testing.assert_allclose(kernel[name], want[name], atol=tol, err_msg=name)
+  # Token weighting: every query row of every document counts once.
+  tok = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
+                            weighting="token")
+  sep_rows = sum(a[..., [t == "[SEP]" for t in tokens]].sum((-1, -2)) for tokens, a in reference)
+  np.testing.assert_allclose(tok["sep"], sep_rows / sum(lengths), atol=1e-5)
+  assert np.abs(tok["sep"] - got["sep"]).max() > 1e-3
 
 
 def test_punctuation_ids_from_tokenizer(minilm_dir):
@@ -67,6 +208,8 @@ def test_punctuation_ids_from_tokenizer(minilm_dir):
   tokens = set(tok.convert_ids_to_tokens(ids))
   assert {",", ".", "!", "?", "##.", "("} <= tokens
   assert not tokens & {"the", "[CLS]", "[SEP]", "a", "1"}
+  clark = at.clark_punctuation_ids(tok)
+  assert tok.convert_ids_to_tokens(clark) == [",", "."] and set(clark) <= set(ids.tolist())
 
 
 def test_word_attention():
@@ -187,7 +330,7 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
 
 def test_effective_attention_statistics(params):
   stats = at.effective_attention_statistics(params, CONFIG, BATCHES, cls_id=CLS, sep_id=SEP)
-  clark = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP)
+  clark = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, weighting="token")
   np.testing.assert_allclose(stats["raw"]["cls"], clark["cls"], atol=2e-5)
   np.testing.assert_allclose(stats["raw"]["sep"], clark["sep"], atol=2e-5)
   for kind in ("raw", "effective"):

@@ -6,9 +6,11 @@ of attention maps is ever held (one batch's maps at most). Batches are mappings
 `token_type_ids`, `word_ids`; padding is right padding.
 
 * `clark_statistics`: mass on [CLS], [SEP], punctuation, self, previous and next
-  token, and entropy, per layer and head, averaged over every real query token of
-  the data set. It runs the kernel statistics path (`bertjax.attention_statistics`;
-  fused on GPU) twice per batch ([SEP] then punctuation as the "special" keys).
+  token, and entropy, per layer and head, as Clark et al.'s released notebook
+  computes them (per document first, then over documents; "." and "," as
+  punctuation, `clark_punctuation_ids`; smoothed entropy), or token-weighted over
+  the whole data set. Unsmoothed, it runs the kernel statistics path
+  (`bertjax.attention_statistics`; fused on GPU, no maps held) twice per batch.
 * `word_attention`: Clark et al.'s word-level maps (sum over a word's subword
   keys, mean over its subword queries).
 * `pattern_types`: Kovaleva et al.'s five pattern classes, from three features of
@@ -36,6 +38,9 @@ from bertjax.functional import attention_statistics, forward
 
 Params = dict[str, Any]
 CLARK_NAMES = ("cls", "sep", "punct", "self", "prev", "next", "entropy")
+CLARK_PUNCTUATION = (".", ",")  # General_Analysis.ipynb: token == "." or token == ","
+CLARK_ENTROPY_SMOOTHING = 1e-4  # General_Analysis.ipynb: 0.9999 * attns + 0.0001 / n_tokens
+WEIGHTINGS = ("document", "token")
 PATTERN_TYPES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
 
@@ -48,7 +53,12 @@ def _is_punct(text: str) -> bool:
 
 
 def punctuation_ids(tokenizer) -> np.ndarray:
-  """Sorted ids of the vocabulary entries made only of punctuation (a "##" prefix ignored)."""
+  """Sorted ids of the vocabulary entries made only of punctuation (a "##" prefix ignored).
+
+  A broader set than Clark et al.'s ("." and ",", `clark_punctuation_ids`): every
+  vocabulary entry of Unicode punctuation or ASCII symbols (~185 in BERT's
+  uncased vocabulary).
+  """
   vocab = tokenizer.tokenizer.get_vocab()
   special = set(tokenizer.special_ids)
   ids = [i for tok, i in vocab.items()
@@ -57,55 +67,146 @@ def punctuation_ids(tokenizer) -> np.ndarray:
   return np.asarray(sorted(ids), np.int32)
 
 
+def clark_punctuation_ids(tokenizer) -> np.ndarray:
+  """Ids of the tokens Clark et al. count as punctuation: "." and "," (`CLARK_PUNCTUATION`).
+
+  Their notebook (clarkkev/attention-analysis, `General_Analysis.ipynb`) tests
+  `token == "." or token == ","`; entries missing from the vocabulary are skipped.
+  """
+  vocab = tokenizer.tokenizer.get_vocab()
+  return np.asarray(sorted(vocab[t] for t in CLARK_PUNCTUATION if t in vocab), np.int32)
+
+
 # Clark et al. 2019 ------------------------------------------------------------
 
 
-def _token_weighted(stat, lengths):
-  """Sum over sequences of a per-sequence mean (layers, B, heads) times its token count."""
-  return np.einsum("dbn,b->dn", np.asarray(stat, np.float64), lengths)
+def _maps_statistics(maps, ids, mask, sep_id: int, punct_ids, smoothing: float):
+  """Per-sequence means over real query rows, (depth, B, heads) each, from full maps.
+
+  `maps` (depth, B, heads, T, T); on real keys the entropy is that of
+  `(1 - smoothing) * a + smoothing / n` (n: the sequence's real tokens).
+  """
+  real = np.asarray(mask, bool)  # (B, T)
+  n = real.sum(-1).astype(np.float64)  # (B,)
+  rows = real / np.maximum(n, 1)[:, None]  # (B, T): mean over real query rows
+  keys = {"sep": real & (ids == sep_id), "punct": real & np.isin(ids, punct_ids)}
+  out = {name: [] for name in CLARK_NAMES}
+  uniform = (smoothing / np.maximum(n, 1))[:, None, None, None] * real[:, None, None, :]
+  for a in maps:  # one layer at a time: (B, heads, T, T)
+    a = np.asarray(a, np.float64) * real[:, None, None, :]
+    per_row = {
+      "cls": a[..., 0],
+      "sep": (a * keys["sep"][:, None, None, :]).sum(-1),
+      "punct": (a * keys["punct"][:, None, None, :]).sum(-1),
+      "self": np.diagonal(a, 0, -2, -1),
+      "prev": np.pad(np.diagonal(a, -1, -2, -1), ((0, 0), (0, 0), (1, 0))),
+      "next": np.pad(np.diagonal(a, 1, -2, -1), ((0, 0), (0, 0), (0, 1))),
+    }
+    p = (1 - smoothing) * a + uniform  # (B, heads, T, T); zero on padded keys
+    per_row["entropy"] = -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)
+    for name, v in per_row.items():  # v: (B, heads, T) with T query rows
+      out[name].append(np.einsum("bnt,bt->bn", v, rows))
+  return {name: np.stack(v) for name, v in out.items()}
 
 
 def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, sep_id: int,
-                     punct_ids: Sequence[int] = ()) -> dict[str, np.ndarray]:
+                     punct_ids: Sequence[int] = (), weighting: str = "document",
+                     entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING) -> dict[str, np.ndarray]:
   """Clark et al.'s per-head attention statistics over a data set.
 
-  Each statistic is a query row's attention mass (entropy: its entropy in nats),
-  averaged over every real query token of every sequence (token-weighted, as
-  Clark et al.): "cls" on position 0 (the [CLS] token), "sep" on [SEP] tokens,
-  "punct" on punctuation tokens, "self", "prev" (key = query - 1; 0 for the first
-  query), "next" (key = query + 1; 0 for the last).
+  Follows "Computing Average Attention to Particular Tokens/Positions" and
+  "Computing Attention Head Entropies" in Clark et al.'s released notebook
+  (github.com/clarkkev/attention-analysis, `General_Analysis.ipynb`): for every
+  document (sequence), each statistic of a query row is averaged over *all* its
+  real query rows ([CLS] and [SEP] rows included); then, with
+  `weighting="document"` (the notebook's), over documents, each counting once.
+  `weighting="token"` averages over every real query token of the data set
+  instead (long sequences count more). The statistics: "cls", mass on position 0
+  (the notebook: on tokens equal to "[CLS]"; the same where [CLS] comes only
+  first); "sep", on [SEP] tokens; "punct", on `punct_ids` (the notebook: "." and
+  ",", `clark_punctuation_ids`); "self"; "prev" (key = query - 1, the notebook's
+  "left"; 0 for the first query); "next" (key = query + 1, "right"; 0 for the
+  last); "entropy", of each row in nats, after the notebook's smoothing `(1 -
+  entropy_smoothing) * a + entropy_smoothing / n` (n: the document's tokens).
+
+  Where bertjax differs: the notebook reads float16 maps of BERT-base on 1,000
+  Wikipedia segment pairs of up to 128 tokens; here, the maps are the model's
+  float32 ones on whatever `batches` hold. With `entropy_smoothing > 0` the
+  statistics come from the attention maps (`bertjax.forward(...,
+  output_attentions=True)`, one batch at a time); with 0 from the kernel
+  statistics path (`bertjax.attention_statistics`, no maps), whose entropy is
+  unsmoothed (it differs from the smoothed one by at most `eps log(n) + h(eps)`
+  nats, h the binary entropy: < 0.002 for eps = 1e-4, n <= 512).
 
   Args:
     params, config: the model.
     batches: iterable of batches.
     sep_id: the [SEP] id.
-    punct_ids: ids counted as punctuation (`punctuation_ids(tokenizer)`); empty
-      skips the second pass and reports zeros.
+    punct_ids: ids counted as punctuation: `clark_punctuation_ids(tokenizer)` for
+      Clark's, `punctuation_ids(tokenizer)` for every punctuation entry; empty
+      reports zeros (and skips the kernel path's second pass).
+    weighting: "document" (mean of per-sequence means, Clark's) or "token" (mean
+      over all real query tokens).
+    entropy_smoothing: Clark's 1e-4 by default; 0 for the plain entropy (and the
+      kernel path).
 
   Returns:
     name -> float64 (layers, heads) for the names in `CLARK_NAMES`.
   """
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting={weighting!r} must be one of {WEIGHTINGS}")
+  if not 0 <= entropy_smoothing < 1:
+    raise ValueError(f"entropy_smoothing={entropy_smoothing} must be in [0, 1)")
   punct_ids = np.asarray(punct_ids, np.int32)
   sums = {name: np.zeros((config.depth, config.num_attention_heads)) for name in CLARK_NAMES}
-  tokens = 0.0
+  count = 0.0
   for batch in batches:
     b = as_batch(batch)
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
     lengths = mask.sum(-1).astype(np.float64)  # (B,)
-    stats = attention_statistics(params, config, b["input_ids"], b["attention_mask"],
+    # Per-sequence weights: 1 per non-empty document, or its number of real tokens.
+    weight = (lengths > 0).astype(np.float64) if weighting == "document" else lengths
+    if entropy_smoothing > 0:
+      maps = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                     output_attentions=True).attentions  # (L, B, N, T, T)
+      stats = _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
+    else:
+      out = attention_statistics(params, config, b["input_ids"], b["attention_mask"],
                                  b["token_type_ids"], special_mask=jnp.asarray(ids == sep_id))
-    for ours, theirs in (("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
-                         ("next", "next"), ("entropy", "entropy")):
-      sums[ours] += _token_weighted(stats[theirs], lengths)
-    if punct_ids.size:
-      stats = attention_statistics(params, config, b["input_ids"], b["attention_mask"],
-                                   b["token_type_ids"],
-                                   special_mask=jnp.asarray(np.isin(ids, punct_ids)))
-      sums["punct"] += _token_weighted(stats["special"], lengths)
-    tokens += lengths.sum()
-  if tokens == 0:
+      stats = {ours: out[theirs] for ours, theirs in (
+          ("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
+          ("next", "next"), ("entropy", "entropy"))}
+      stats["punct"] = np.zeros_like(stats["cls"])
+      if punct_ids.size:
+        stats["punct"] = attention_statistics(
+            params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+            special_mask=jnp.asarray(np.isin(ids, punct_ids)))["special"]
+    for name in CLARK_NAMES:  # (layers, B, heads) per-sequence means, weighted over B
+      per_seq = np.nan_to_num(np.asarray(stats[name], np.float64))  # empty rows: 0 x weight 0
+      sums[name] += np.einsum("dbn,b->dn", per_seq, weight)
+    count += weight.sum()
+  if count == 0:
     raise ValueError("batches is empty (no real tokens)")
-  return {name: s / tokens for name, s in sums.items()}
+  return {name: s / count for name, s in sums.items()}
+
+
+def uniform_entropy(lengths, weighting: str = "document") -> float:
+  """Entropy (nats) of uniform attention, averaged as `clark_statistics` averages.
+
+  Clark et al.'s reference line: the mean over documents of `log(n)`, n the
+  document's tokens ("document"); or over tokens, `sum n log n / sum n`
+  ("token").
+
+  Args:
+    lengths: (documents,) real tokens per sequence (all > 0).
+    weighting: "document" or "token".
+  """
+  if weighting not in WEIGHTINGS:
+    raise ValueError(f"weighting={weighting!r} must be one of {WEIGHTINGS}")
+  n = np.asarray(lengths, np.float64).ravel()
+  if n.size == 0 or (n <= 0).any():
+    raise ValueError(f"lengths must be positive token counts, got {n.tolist()[:8]}")
+  return float(np.log(n).mean() if weighting == "document" else (n * np.log(n)).sum() / n.sum())
 
 
 def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = True):
