@@ -1,7 +1,9 @@
-"""bertjax: BERT and ALBERT in pure JAX for BERTology research."""
+"""bertjax: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA and DistilBERT in pure JAX for BERTology."""
 
 from bertjax.config import PRESETS, BertConfig
+from bertjax.families import FAMILIES, MODEL_TYPES
 from bertjax.functional import (
+    LayersOutput,
     attention_statistics,
     BertOutput,
     check_inputs,
@@ -9,23 +11,30 @@ from bertjax.functional import (
     count_params,
     embed,
     forward,
+    head_input,
+    head_logits,
     init,
     mlm_logits,
     nsp_logits,
     pool,
     prune_heads,
+    rtd_logits,
     run_layers,
     sop_logits,
     token_classify,
 )
-from bertjax.hf import from_hf, hf_state_dict, to_hf
+from bertjax.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
+from bertjax.model import SITES, site_shape
 from bertjax.hub import minilm_path
 from bertjax.tokenization import Batch, Tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PRESETS", "Batch", "attention_statistics", "BertConfig", "BertOutput", "Tokenizer", "check_inputs", "classify",
-    "count_params", "embed", "forward", "from_hf", "hf_state_dict", "init", "minilm_path",
-    "mlm_logits", "nsp_logits", "pool", "prune_heads", "run_layers", "sop_logits", "to_hf", "token_classify",
+    "FAMILIES", "MODEL_TYPES", "PRESETS", "SITES", "Batch", "BertConfig", "BertOutput",
+    "LayersOutput", "Tokenizer", "attention_statistics", "check_inputs", "classify",
+    "count_params", "embed", "forward", "from_hf", "head_input", "head_logits", "hf_state_dict",
+    "init", "minilm_path", "mlm_logits", "nsp_logits", "pool", "prune_heads",
+    "resolve_model_path", "rtd_logits", "run_layers", "site_shape", "sop_logits", "to_hf",
+    "token_classify",
 ]

@@ -1,4 +1,8 @@
-"""One frozen config for BERT and ALBERT, with presets and the Hugging Face mapping.
+"""One frozen config for every encoder family, with presets and the Hugging Face mapping.
+
+The family (`model_type`: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) is
+a row of `bertjax.families`; this config holds the sizes and numerics, and its
+Hugging Face mapping reads the row's key names.
 
 A model is a stack of `depth = num_hidden_layers * inner_group_num` transformer
 blocks. BERT gives every block its own weights. ALBERT shares them: there are
@@ -13,19 +17,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bertjax.families import FAMILIES, MODEL_TYPES, Family, family
+
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
 _ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
-_MODEL_TYPES = ("bert", "albert")
 
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-  """Architecture and numerics of a BERT or ALBERT encoder.
+  """Architecture and numerics of an encoder of any family in `bertjax.families`.
 
   Hashable, so it can be passed to `jax.jit` as a static argument.
   `embedding_size=None` means `hidden_size`; `num_hidden_groups=None` means one
-  group per layer (no sharing, BERT).
+  group per layer (no sharing, BERT); `type_vocab_size=0` means no token-type
+  embeddings (DistilBERT).
   """
 
   vocab_size: int = 30522
@@ -46,7 +52,11 @@ class BertConfig:
   inner_group_num: int = 1
   model_type: str = "bert"
   use_pooler: bool = True
+  # DistilBERT's fixed sinusoidal position table (not trained).
+  sinusoidal_positions: bool = False
   num_labels: int = 2
+  # Class names of the classifier heads, index -> name (Hugging Face `id2label`).
+  label_names: tuple[str, ...] | None = None
   pad_token_id: int = 0
   dtype: str = "float32"
   attention_impl: str = "xla"
@@ -58,13 +68,26 @@ class BertConfig:
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                 "intermediate_size", "max_position_embeddings",
                  "inner_group_num", "num_labels", "scan_unroll"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
-    if self.model_type not in _MODEL_TYPES:
-      raise ValueError(f"model_type={self.model_type!r} must be one of {_MODEL_TYPES}")
+    if self.model_type not in MODEL_TYPES:
+      raise ValueError(f"model_type={self.model_type!r} must be one of {MODEL_TYPES}")
+    fam = self.family
+    if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < int(fam.token_types):
+      raise ValueError(f"type_vocab_size={self.type_vocab_size!r} must be an int >= "
+                       f"{int(fam.token_types)} for model_type={self.model_type!r}")
+    if not fam.token_types and self.type_vocab_size:
+      raise ValueError(f"model_type={self.model_type!r} has no token-type embeddings; got "
+                       f"type_vocab_size={self.type_vocab_size}")
+    if self.label_names is not None and len(self.label_names) != self.num_labels:
+      raise ValueError(f"label_names={self.label_names} must name num_labels={self.num_labels} "
+                       "classes")
+    if self.max_length < 1:
+      raise ValueError(f"max_position_embeddings={self.max_position_embeddings} leaves no usable "
+                       f"positions after pad_token_id={self.pad_token_id} ({self.model_type})")
     if self.hidden_act not in _ACTIVATIONS:
       raise ValueError(f"hidden_act={self.hidden_act!r} must be one of {_ACTIVATIONS}")
     if self.dtype not in _DTYPES:
@@ -79,14 +102,14 @@ class BertConfig:
     if not 1 <= groups <= self.num_hidden_layers:
       raise ValueError(
           f"num_hidden_groups={groups} must be in [1, num_hidden_layers={self.num_hidden_layers}]")
-    if self.model_type == "bert" and (groups != self.num_hidden_layers or self.inner_group_num != 1):
+    if not fam.shared_layers and (groups != self.num_hidden_layers or self.inner_group_num != 1):
       raise ValueError(
-          f"model_type='bert' has no layer sharing: got num_hidden_groups={groups}, "
+          f"model_type={self.model_type!r} has no layer sharing: got num_hidden_groups={groups}, "
           f"inner_group_num={self.inner_group_num}; use model_type='albert'")
     for layer, heads in self.pruned_heads:
-      if self.model_type != "bert":
-        raise ValueError("pruned_heads is supported for model_type='bert' only (ALBERT layers "
-                         "share weights: use head masks)")
+      if fam.shared_layers:
+        raise ValueError(f"pruned_heads is not supported for model_type={self.model_type!r} "
+                         "(its layers share weights: use head masks)")
       if not 0 <= layer < self.num_hidden_layers or any(
           not 0 <= h < self.num_attention_heads for h in heads):
         raise ValueError(f"pruned_heads entry {(layer, heads)} is out of range for "
@@ -98,13 +121,33 @@ class BertConfig:
   # Derived structure -------------------------------------------------------
 
   @property
+  def family(self) -> Family:
+    """This model's row of the family table."""
+    return family(self.model_type)
+
+  @property
+  def has_pooler(self) -> bool:
+    """Whether the model has a pooler: the family has one and `use_pooler` keeps it."""
+    return self.use_pooler and self.family.pooler is not None
+
+  @property
+  def position_offset(self) -> int:
+    """Index of the first position embedding a real token uses (RoBERTa: pad_token_id + 1)."""
+    return self.pad_token_id + 1 if self.family.positions == "after_padding" else 0
+
+  @property
+  def max_length(self) -> int:
+    """The longest input the position table allows."""
+    return self.max_position_embeddings - self.position_offset
+
+  @property
   def embed_dim(self) -> int:
     """Width of the token embeddings (ALBERT's E)."""
     return self.embedding_size or self.hidden_size
 
   @property
   def has_embedding_projection(self) -> bool:
-    """ALBERT always maps E -> H; BERT only when factorised."""
+    """ALBERT always maps E -> H; other families only when factorised (E != H)."""
     return self.model_type == "albert" or self.embed_dim != self.hidden_size
 
   @property
@@ -147,7 +190,7 @@ class BertConfig:
   def classifier_dropout(self) -> float:
     p = self.classifier_dropout_prob
     if p is None:
-      p = 0.1 if self.model_type == "albert" else self.hidden_dropout_prob
+      p = self.family.config_defaults.get("classifier_dropout_prob", self.hidden_dropout_prob)
     return p
 
   def replace(self, **changes: Any) -> BertConfig:
@@ -166,78 +209,63 @@ class BertConfig:
 
   @classmethod
   def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> BertConfig:
-    """Builds a config from a Hugging Face `config.json` dictionary."""
+    """Builds a config from a Hugging Face `config.json` dictionary of any supported family."""
     model_type = hf.get("model_type")
-    if model_type not in _MODEL_TYPES:
+    if model_type not in FAMILIES:
       raise ValueError(f"model_type={model_type!r} in config.json is not supported; "
-                       f"expected one of {_MODEL_TYPES}")
+                       f"expected one of {MODEL_TYPES}")
+    fam = FAMILIES[model_type]
     if hf.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not "
                        "supported; expected 'absolute'")
-    num_labels = hf.get("num_labels") or len(hf.get("id2label") or {}) or 2
-    kwargs = dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        num_hidden_layers=hf["num_hidden_layers"],
-        num_attention_heads=hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
-        hidden_act=hf.get("hidden_act", "gelu"),
-        hidden_dropout_prob=hf.get("hidden_dropout_prob", 0.1),
-        attention_probs_dropout_prob=hf.get("attention_probs_dropout_prob", 0.1),
-        max_position_embeddings=hf.get("max_position_embeddings", 512),
-        type_vocab_size=hf.get("type_vocab_size", 2),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        initializer_range=hf.get("initializer_range", 0.02),
-        model_type=model_type,
-        num_labels=num_labels,
-        pad_token_id=hf.get("pad_token_id") if hf.get("pad_token_id") is not None else 0,
-    )
+    if hf.get("tie_word_embeddings") is False:
+      raise ValueError("tie_word_embeddings=False is not supported: every family here ties the "
+                       "MLM decoder to the word embeddings")
+    kwargs: dict[str, Any] = {"model_type": model_type}
+    for field in fam.config_fields:
+      value = hf.get(fam.config_keys.get(field, field))
+      if value is not None:
+        kwargs[field] = value
+    for field, value in fam.config_defaults.items():
+      kwargs.setdefault(field, value)
+    labels = hf.get("id2label") or {}
+    kwargs["num_labels"] = hf.get("num_labels") or len(labels) or 2
+    if labels and len(labels) == kwargs["num_labels"]:
+      names = tuple(str(labels.get(str(i), labels.get(i, f"LABEL_{i}")))
+                    for i in range(len(labels)))
+      if names != tuple(f"LABEL_{i}" for i in range(len(labels))):
+        kwargs["label_names"] = names
     pruned = {int(k): tuple(sorted(set(v))) for k, v in (hf.get("pruned_heads") or {}).items()}
     kwargs["pruned_heads"] = tuple(sorted((k, v) for k, v in pruned.items() if v))
-    if model_type == "albert":
-      kwargs.update(
-          embedding_size=hf.get("embedding_size", 128),
-          num_hidden_groups=hf.get("num_hidden_groups", 1),
-          inner_group_num=hf.get("inner_group_num", 1),
-          classifier_dropout_prob=hf.get("classifier_dropout_prob", 0.1),
-      )
-    else:
-      kwargs["classifier_dropout_prob"] = hf.get("classifier_dropout")
     kwargs.update(overrides)
     return cls(**kwargs)
 
+  def label_name(self, i: int) -> str:
+    return self.label_names[i] if self.label_names else f"LABEL_{i}"
+
   def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:
     """The Hugging Face `config.json` dictionary for this config."""
-    hf: dict[str, Any] = dict(
-        model_type=self.model_type,
-        vocab_size=self.vocab_size,
-        hidden_size=self.hidden_size,
-        num_hidden_layers=self.num_hidden_layers,
-        num_attention_heads=self.num_attention_heads,
-        intermediate_size=self.intermediate_size,
-        hidden_act=self.hidden_act,
-        hidden_dropout_prob=self.hidden_dropout_prob,
-        attention_probs_dropout_prob=self.attention_probs_dropout_prob,
-        max_position_embeddings=self.max_position_embeddings,
-        type_vocab_size=self.type_vocab_size,
-        layer_norm_eps=self.layer_norm_eps,
-        initializer_range=self.initializer_range,
-        pad_token_id=self.pad_token_id,
-        position_embedding_type="absolute",
-        num_labels=self.num_labels,
-        id2label={str(i): f"LABEL_{i}" for i in range(self.num_labels)},
-        label2id={f"LABEL_{i}": i for i in range(self.num_labels)},
-    )
-    if self.model_type == "albert":
-      hf.update(embedding_size=self.embed_dim, num_hidden_groups=self.groups,
-                inner_group_num=self.inner_group_num,
-                classifier_dropout_prob=self.classifier_dropout)
-    else:
-      if self.embed_dim != self.hidden_size:
-        raise ValueError(
-            f"a BERT config with embedding_size={self.embed_dim} != hidden_size="
-            f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert'")
-      hf["classifier_dropout"] = self.classifier_dropout_prob
+    fam = self.family
+    if self.has_embedding_projection and "embedding_size" not in fam.config_fields:
+      raise ValueError(
+          f"a {self.model_type} config with embedding_size={self.embed_dim} != hidden_size="
+          f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert' or "
+          "'electra'")
+    for field in sorted(set(fam.config_defaults) - set(fam.config_fields)):
+      if getattr(self, field) != fam.config_defaults[field]:
+        raise ValueError(f"{field}={getattr(self, field)!r} has no Hugging Face equivalent for "
+                         f"model_type={self.model_type!r} (it is fixed at "
+                         f"{fam.config_defaults[field]!r})")
+    values = dict(embedding_size=self.embed_dim, num_hidden_groups=self.groups,
+                  classifier_dropout_prob=(self.classifier_dropout if fam.shared_layers
+                                           else self.classifier_dropout_prob))
+    hf: dict[str, Any] = {"model_type": self.model_type}
+    for field in fam.config_fields:
+      hf[fam.config_keys.get(field, field)] = values.get(field, getattr(self, field))
+    hf["position_embedding_type"] = "absolute"
+    hf.update(num_labels=self.num_labels,
+              id2label={str(i): self.label_name(i) for i in range(self.num_labels)},
+              label2id={self.label_name(i): i for i in range(self.num_labels)})
     if self.is_pruned:
       hf["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
     if architectures:
@@ -271,6 +299,16 @@ PRESETS: dict[str, dict[str, Any]] = {
                          intermediate_size=4096, num_hidden_groups=1, hidden_act="gelu_new",
                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                          classifier_dropout_prob=0.1),
+    # Liu et al. 2019.
+    "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514,
+                         type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    # Clark et al. 2020 (the discriminators).
+    "electra-small": dict(model_type="electra", embedding_size=128, hidden_size=256,
+                          num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024),
+    "electra-base": dict(model_type="electra", embedding_size=768),
+    # Sanh et al. 2019.
+    "distilbert-base": dict(model_type="distilbert", num_hidden_layers=6, type_vocab_size=0,
+                            classifier_dropout_prob=0.2),
     # For tests: small enough to compile and run in a second on a CPU.
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128),

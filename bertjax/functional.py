@@ -3,17 +3,22 @@
 `forward` runs embeddings, then the stack of encoder blocks under `lax.scan`
 (layer parameters stacked on a leading axis; ALBERT blocks index their shared
 group), then the pooler. Interventions are data: a head mask `(depth, heads)`
-or `(batch, depth, heads)` and a layer mask `(depth,)` are scanned inputs, so
-`jax.grad` gives head importance and `jax.vmap` gives ablation sweeps.
+or `(batch, depth, heads)`, a layer mask `(depth,)` and patches of named sites
+(`capture=` / `patch=`, see `bertjax.model.SITES`) are scanned inputs, so
+`jax.grad` gives head importance and attribution patching, and `jax.vmap`
+gives ablation and patching sweeps.
 
 The lower-level pieces (`embed`, `run_layers`, `pool`) are public too: analyses
-that ablate layer `l` reuse the activations below it instead of recomputing them.
+that intervene at block `l` reuse the activations below it instead of
+recomputing them. There is one block (`model.EncoderLayer`) and one loop over
+blocks (`run_layers`); pruned models, attention statistics, overrides and
+patches all go through them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -21,10 +26,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import BertConfig
-from bertjax.model import Classifier, Embeddings, EncoderLayer, MLMHead, Pooler, compute_dtype
+from bertjax.families import HEADS
+from bertjax.model import (
+    BLOCK_SITES,
+    SITES,
+    Classifier,
+    Embeddings,
+    EncoderLayer,
+    MLMHead,
+    Pooler,
+    RTDHead,
+    Sites,
+    compute_dtype,
+    mix,
+    site_shape,
+)
 
 Params = dict[str, Any]
-HEADS = ("mlm", "nsp", "sop", "classifier", "token_classifier")
 ABLATIONS = ("scale", "uniform")
 
 
@@ -36,6 +54,16 @@ class BertOutput:
   pooler_output: jax.Array | None = None  # (B, H)
   hidden_states: jax.Array | None = None  # (depth + 1, B, T, H), embeddings first
   attentions: jax.Array | None = None  # (depth, B, N, T, T)
+  cache: dict[str, jax.Array] | None = None  # captured sites, stacked over depth
+
+
+class LayersOutput(NamedTuple):
+  """What `run_layers` returns for blocks `start .. stop-1`."""
+
+  last: jax.Array  # (B, T, H): the output of block stop-1
+  hidden_states: jax.Array | None  # (stop-start, B, T, H) when asked
+  attentions: jax.Array | None  # (stop-start, B, N, T, T) when asked
+  cache: dict[str, jax.Array]  # captured sites, (stop-start, ...) each
 
 
 # Initialisation -------------------------------------------------------------
@@ -47,17 +75,19 @@ def init(config: BertConfig, rng: int | jax.Array = 0, heads: tuple[str, ...] = 
   Args:
     config: the architecture.
     rng: a seed or a JAX PRNG key.
-    heads: any of "mlm", "nsp", "sop", "classifier" (`config.num_labels` outputs),
-      "token_classifier".
+    heads: any of the family's heads (`config.family.heads`): "mlm", "nsp"
+      (BERT), "sop" (ALBERT), "rtd" (ELECTRA), "classifier" (`config.num_labels`
+      outputs), "token_classifier".
 
   Returns:
     The parameter pytree: `embeddings`, `encoder/layers` (stacked on a leading
-    axis of size `config.num_param_layers`), `pooler` when `config.use_pooler`,
+    axis of size `config.num_param_layers`), `pooler` when `config.has_pooler`,
     and one entry per head.
   """
-  unknown = set(heads) - set(HEADS)
+  unknown = set(heads) - set(config.family.heads)
   if unknown:
-    raise ValueError(f"heads={sorted(unknown)} are unknown; expected a subset of {HEADS}")
+    raise ValueError(f"heads={sorted(unknown)} are not heads of a {config.model_type} model; "
+                     f"expected a subset of {tuple(config.family.heads)}")
   key = jax.random.key(rng) if isinstance(rng, int) else rng
   return _init(config, key, tuple(sorted(heads)))
 
@@ -76,22 +106,32 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   layer_init = lambda k: EncoderLayer(config).init(k, x, mask, lengths)["params"]
   layer_keys = jax.random.split(k_layers, config.num_param_layers)
   params["encoder"] = {"layers": jax.vmap(layer_init)(layer_keys)}
-  if config.use_pooler:
+  if config.has_pooler:
     params["pooler"] = Pooler(config).init(k_pool, x)["params"]
   for head, k in zip(heads, jax.random.split(k_heads, max(len(heads), 1))):
     if head == "mlm":
       word = params["embeddings"]["word_embeddings"]["embedding"]
-      params[head] = MLMHead(config).init(k, x, word)["params"]
+      params[head] = _head_module(config, head).init(k, x, word)["params"]
     else:
-      params[head] = _classifier(config, head).init(k, x[:, 0])["params"]
+      params[head] = _head_module(config, head).init(k, x[:, 0])["params"]
   return params
 
 
-def _classifier(config: BertConfig, head: str) -> Classifier:
+def _head_module(config: BertConfig, head: str):
+  spec = config.family.heads[head]
+  if head == "mlm":
+    return MLMHead(config, spec.act)
+  if head == "rtd":
+    return RTDHead(config)
+  if head == "nsp":
+    return Classifier(config, 2, 0.0)
+  dropout = config.classifier_dropout
+  if head == "token_classifier" and config.model_type == "distilbert":
+    dropout = config.hidden_dropout_prob  # DistilBertForTokenClassification uses `dropout`
+  two_layer = any(path[0] == "pre" for path, _, _ in spec.tensors)
   # Hugging Face sizes ALBERT's SOP head by num_labels too (2 in every released model).
-  outputs = 2 if head == "nsp" else config.num_labels
-  dropout = 0.0 if head == "nsp" else config.classifier_dropout
-  return Classifier(config, outputs, dropout)
+  return Classifier(config, config.num_labels, dropout, pre_act=spec.act if two_layer else None,
+                    pre_dropout=config.model_type != "distilbert")
 
 
 # Input checks ---------------------------------------------------------------
@@ -101,12 +141,34 @@ def _concrete(x) -> bool:
   return x is not None and not isinstance(x, jax.core.Tracer)
 
 
+def _check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
+  unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
+  if unknown:
+    raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
+  for site, entry in (patch or {}).items():
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+      raise ValueError(f"patch[{site!r}] must be a (value, weight) pair; got {type(entry).__name__}")
+    shape = site_shape(config, site, batch, seq_len)
+    for what, array in zip(("value", "weight"), entry):
+      got = tuple(np.shape(array))
+      try:
+        ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
+      except ValueError:
+        ok = False
+      if not ok:
+        raise ValueError(f"patch[{site!r}] {what} shape {got} does not broadcast to the site's "
+                         f"stacked shape {shape} ({SITES[site][0]}"
+                         f"{'' if site == 'embeddings' else ', after depth'})")
+
+
 def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None,
-                 head_mask=None, layer_mask=None, head_ablation: str = "scale") -> None:
+                 head_mask=None, layer_mask=None, head_ablation: str = "scale", *,
+                 capture=(), patch=None) -> None:
   """Raises ValueError, naming the value, for inputs the model would silently mishandle.
 
-  Shapes are always checked; values (token ids, token types) when the arrays are
-  concrete, i.e. outside a user's `jit`.
+  Shapes are always checked; values (token ids, token types, padding side) when
+  the arrays are concrete, i.e. outside a user's `jit` (see `checked_forward`
+  for the same checks under `jit`).
   """
   ids_shape = tuple(np.shape(input_ids))
   if len(ids_shape) != 2:
@@ -114,7 +176,11 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
   if not jnp.issubdtype(jnp.result_type(input_ids), jnp.integer):
     raise ValueError(f"input_ids must be integers; got dtype {jnp.result_type(input_ids)}")
   batch, seq_len = ids_shape
-  if seq_len > config.max_position_embeddings:
+  if seq_len > config.max_length:
+    if config.position_offset:
+      raise ValueError(f"{seq_len=} must be <= {config.max_length} (max_position_embeddings="
+                       f"{config.max_position_embeddings} minus the {config.position_offset} "
+                       f"positions {config.model_type} reserves for padding)")
     raise ValueError(f"{seq_len=} must be <= max_position_embeddings="
                      f"{config.max_position_embeddings}")
   if seq_len == 0:
@@ -133,6 +199,7 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
                        f"(batch, layers, heads)=({batch}, {depth}, {heads})")
   if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
     raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
+  _check_sites(config, capture, patch, batch, seq_len)
   if _concrete(input_ids):
     ids = np.asarray(input_ids)
     lo, hi = int(ids.min()), int(ids.max())
@@ -142,9 +209,17 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
                        f"[0, {config.vocab_size})")
   if _concrete(token_type_ids):
     types = np.asarray(token_type_ids)
-    if types.min() < 0 or types.max() >= config.type_vocab_size:
-      raise ValueError(f"token_type_ids in [{types.min()}, {types.max()}] must lie in "
-                       f"[0, {config.type_vocab_size})")
+    if types.min() < 0 or types.max() >= max(config.type_vocab_size, 1):
+      what = (f"lie in [0, {config.type_vocab_size})" if config.type_vocab_size
+              else f"be 0 ({config.model_type} has no token types)")
+      raise ValueError(f"token_type_ids in [{types.min()}, {types.max()}] must {what}")
+  if _concrete(attention_mask) and config.attention_impl not in ("xla",):
+    mask = np.asarray(attention_mask) > 0
+    lengths = mask.sum(-1)
+    if (mask != (np.arange(seq_len)[None] < lengths[:, None])).any():
+      raise ValueError(f"attention_impl={config.attention_impl!r} takes right padding only "
+                       "(real tokens first); this attention_mask has padding elsewhere: use "
+                       "attention_impl='xla' or pad on the right")
 
 
 # The forward pass -----------------------------------------------------------
@@ -153,8 +228,8 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
 def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
             token_type_ids=None, *, head_mask=None, head_ablation: str = "scale",
             layer_mask=None, output_hidden_states: bool = False,
-            output_attentions: bool = False, deterministic: bool = True,
-            rng: jax.Array | None = None) -> BertOutput:
+            output_attentions: bool = False, capture=(), patch=None,
+            deterministic: bool = True, rng: jax.Array | None = None) -> BertOutput:
   """Runs the encoder (and pooler) on a batch.
 
   Args:
@@ -170,62 +245,127 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
     layer_mask: float (layers,): a block's output becomes `m * block(x) + (1 - m) * x`,
       so 0 skips it (identity).
     output_hidden_states: also return every block's output, embeddings first.
-    output_attentions: also return the attention maps (the reference path computes them).
+    output_attentions: also return the attention maps (the map path computes them).
+    capture: site names (`bertjax.SITES`) to return in `out.cache`, stacked over depth.
+    patch: {site: (value, weight)}: each site becomes `weight * value + (1 - weight) * own`;
+      value and weight broadcast to the site's stacked shape (`bertjax.site_shape`).
+      Differentiable in both; vmap over them for sweeps. Applied after head masks.
     deterministic: False enables dropout; then `rng` is required.
     rng: PRNG key for dropout.
 
   Returns:
     A `BertOutput`.
   """
+  capture = _capture_tuple(capture)
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
-               head_ablation)
+               head_ablation, capture=capture, patch=patch)
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
-                  layer_mask, rng, head_ablation, output_hidden_states, output_attentions,
-                  deterministic)
+                  layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
+                  deterministic, capture)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10, 11))
+def _capture_tuple(capture) -> tuple[str, ...]:
+  if isinstance(capture, str):
+    capture = (capture,)
+  return tuple(sorted(set(capture)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13))
 def _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
-             rng, head_ablation, output_hidden_states, output_attentions, deterministic):
+             rng, patch, head_ablation, output_hidden_states, output_attentions, deterministic,
+             capture):
   rng_embed, rng_layers = (None, None) if rng is None else jax.random.split(rng)
-  x = embed(params, config, input_ids, token_type_ids, deterministic=deterministic, rng=rng_embed)
-  last, hidden, attentions = run_layers(
+  patch = patch or {}
+  x = embed(params, config, input_ids, token_type_ids, deterministic=deterministic,
+            rng=rng_embed, patch=patch.get("embeddings"))
+  layers = run_layers(
       params, config, x, attention_mask, head_mask=head_mask, head_ablation=head_ablation,
       layer_mask=layer_mask, output_hidden_states=output_hidden_states,
-      output_attentions=output_attentions, deterministic=deterministic, rng=rng_layers)
+      output_attentions=output_attentions, capture=tuple(c for c in capture if c != "embeddings"),
+      patch={k: v for k, v in patch.items() if k != "embeddings"},
+      deterministic=deterministic, rng=rng_layers)
+  cache = dict(layers.cache)
+  if "embeddings" in capture:
+    cache["embeddings"] = x
   return BertOutput(
-      last_hidden_state=last,
-      pooler_output=pool(params, config, last),
-      hidden_states=None if hidden is None else jnp.concatenate([x[None], hidden]),
-      attentions=attentions)
+      last_hidden_state=layers.last,
+      pooler_output=pool(params, config, layers.last),
+      hidden_states=(None if layers.hidden_states is None
+                     else jnp.concatenate([x[None], layers.hidden_states])),
+      attentions=layers.attentions,
+      cache=cache if capture else None)
 
 
 def embed(params: Params, config: BertConfig, input_ids, token_type_ids=None, *,
-          deterministic: bool = True, rng: jax.Array | None = None) -> jax.Array:
-  """The embedding block's output (batch, seq, hidden): the input of block 0."""
+          deterministic: bool = True, rng: jax.Array | None = None, patch=None) -> jax.Array:
+  """The embedding block's output (batch, seq, hidden): the input of block 0.
+
+  `patch` is the `embeddings` site's `(value, weight)`, if any.
+  """
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(input_ids)
   rngs = None if deterministic else {"dropout": rng}
-  return Embeddings(config).apply({"params": params["embeddings"]}, input_ids, token_type_ids,
-                                  deterministic=deterministic, rngs=rngs)
+  x = Embeddings(config).apply({"params": params["embeddings"]}, input_ids, token_type_ids,
+                               deterministic=deterministic, rngs=rngs)
+  return x if patch is None else mix(x, *patch)
+
+
+def _split_patch(config: BertConfig, patch, start: int, stop: int):
+  """Block-site patches as (scanned, constant) dicts keyed by (site, 0 value | 1 weight).
+
+  Arrays whose leading (depth) axis has size `config.depth` are sliced to the
+  blocks run and scanned; those broadcast over depth (leading size 1 or fewer
+  axes) stay constant, so a weight like `(1, 1, 1, N, 1)` is never copied per block.
+  """
+  scanned, const = {}, {}
+  for site, entry in patch.items():
+    if site not in BLOCK_SITES:
+      raise ValueError(f"run_layers patches block sites {BLOCK_SITES}; got {site!r}")
+    rank = len(SITES[site][0].split()) + 1
+    for i, array in enumerate(entry):
+      array = jnp.asarray(array)
+      array = array.reshape((1,) * (rank - array.ndim) + array.shape)
+      if array.shape[0] == config.depth and config.depth > 1:
+        scanned[(site, i)] = array[start:stop]
+      else:
+        const[(site, i)] = array[0]
+  return scanned, const
 
 
 def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, *,
                start: int = 0, stop: int | None = None, head_mask=None,
                head_ablation: str = "scale", layer_mask=None,
                output_hidden_states: bool = False, output_attentions: bool = False,
-               deterministic: bool = True, rng: jax.Array | None = None):
+               capture=(), patch=None, deterministic: bool = True,
+               rng: jax.Array | None = None) -> LayersOutput:
   """Runs encoder blocks `start .. stop-1` on `hidden` (the input of block `start`).
 
-  `head_mask` and `layer_mask` cover all `config.depth` blocks (as in `forward`);
-  only the slice for the blocks run is used.
+  `head_mask`, `layer_mask` and `patch` cover all `config.depth` blocks (as in
+  `forward`); only the slice for the blocks run is used. `capture` and `patch`
+  take block sites (every site but "embeddings").
 
   Returns:
-    `(last, hidden_states, attentions)`: the output of block `stop-1`; when
-    asked, every block's output `(stop-start, B, T, H)` and attention maps
-    `(stop-start, B, N, T, T)`, else None.
+    A `LayersOutput` `(last, hidden_states, attentions, cache)`: the output of
+    block `stop-1`; when asked, every block's output `(stop-start, B, T, H)` and
+    attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
+  """
+  return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
+                     head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
+                     output_hidden_states=output_hidden_states,
+                     output_attentions=output_attentions, capture=_capture_tuple(capture),
+                     patch=patch, deterministic=deterministic, rng=rng)
+
+
+def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=None,
+                head_mask=None, head_ablation="scale", layer_mask=None,
+                output_hidden_states=False, output_attentions=False, capture=(), patch=None,
+                deterministic=True, rng=None, stats=False, special_mask=None) -> LayersOutput:
+  """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones.
+
+  With `stats`, each block returns per-head attention statistics (the
+  `attentions` field holds their dict) instead of maps.
   """
   stop = config.depth if stop is None else stop
   if not 0 <= start <= stop <= config.depth:
@@ -236,40 +376,70 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
   else:
     key_mask = attention_mask.astype(bool)
   kv_lengths = key_mask.sum(-1).astype(jnp.int32)
-  blocks = jnp.arange(start, stop)
   if head_mask is not None:
     # Blocks lead the scanned axis: (L, N) or (L, B, N).
+    head_mask = jnp.asarray(head_mask)
     head_mask = head_mask if head_mask.ndim == 2 else jnp.swapaxes(head_mask, 0, 1)
     head_mask = head_mask[start:stop]
   if layer_mask is not None:
-    layer_mask = layer_mask[start:stop]
+    layer_mask = jnp.asarray(layer_mask)[start:stop]
   keys = None if deterministic else jax.random.split(rng, stop - start)
+  scanned, const = _split_patch(config, patch or {}, start, stop)
+  want_maps = output_attentions or stats
+
+  def block(layer_params, h, hm, lm, key, patch_slices, kept=None):
+    arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight
+    block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
+    sites = Sites(capture, block_patch, hm, head_ablation, lm, kept=kept,
+                  num_heads=config.num_attention_heads)
+    n = None if kept is None else len(kept)
+    y, maps = EncoderLayer(config, n).apply(
+        {"params": layer_params}, h, key_mask, kv_lengths, sites, output_attentions,
+        deterministic, special_mask, stats, rngs=None if key is None else {"dropout": key})
+    return y, (y if output_hidden_states else None, maps if want_maps else None,
+               sites.captured)
 
   if config.is_pruned:
-    return _run_pruned_layers(params, config, hidden, key_mask, kv_lengths, start, stop,
-                              head_mask, head_ablation, layer_mask, output_hidden_states,
-                              output_attentions, deterministic, keys)
+    if stats:
+      raise ValueError("attention statistics do not support pruned models; use head masks")
+    return _run_pruned(params, config, hidden, start, stop, head_mask, layer_mask, keys,
+                       scanned, block)
   stacked = params["encoder"]["layers"]
   index = np.asarray(config.layer_param_index)
   shared = not np.array_equal(index, np.arange(config.num_param_layers))
-  layer = EncoderLayer(config)
 
   def body(h, xs):
-    block, layer_params, hm, lm, key = xs
+    block_index, layer_params, hm, lm, key, patch_slices = xs
     if shared:  # ALBERT: the block indexes its group's weights.
-      layer_params = jax.tree.map(lambda a: a[jnp.asarray(index)[block]], stacked)
-    y, probs = layer.apply(
-        {"params": layer_params}, h, key_mask, kv_lengths, hm, head_ablation,
-        output_attentions, deterministic, rngs=None if key is None else {"dropout": key})
-    y = _mix(y, h, lm)
-    outs = (y if output_hidden_states else None, probs if output_attentions else None)
-    return y, outs
+      layer_params = jax.tree.map(lambda a: a[jnp.asarray(index)[block_index]], stacked)
+    return block(layer_params, h, hm, lm, key, patch_slices)
 
   layer_xs = None if shared else jax.tree.map(lambda a: a[start:stop], stacked)
-  last, (hidden_states, attentions) = jax.lax.scan(
-      body, hidden, (blocks, layer_xs, head_mask, layer_mask, keys),
+  last, (states, maps, cache) = jax.lax.scan(
+      body, hidden, (jnp.arange(start, stop), layer_xs, head_mask, layer_mask, keys, scanned),
       unroll=min(config.scan_unroll, max(stop - start, 1)))
-  return last, hidden_states, attentions
+  return LayersOutput(last, states, maps, cache)
+
+
+def _run_pruned(params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block):
+  """Blocks with different head counts cannot share a scan: the same block, unrolled."""
+  layers = params["encoder"]["layers"]
+  h, outs = hidden, []
+  for i, d in enumerate(range(start, stop)):
+    kept = config.kept_heads(d)
+    hm = None if head_mask is None else head_mask[i][..., np.asarray(kept, np.int32)]
+    lm = None if layer_mask is None else layer_mask[i]
+    h, out = block(layers[d], h, hm, lm, None if keys is None else keys[i],
+                   {k: v[i] for k, v in scanned.items()}, kept=kept)
+    states, maps, cache = out
+    if maps is not None:  # pruned heads show as all-zero maps
+      full = jnp.zeros(maps.shape[:1] + (config.num_attention_heads,) + maps.shape[2:], maps.dtype)
+      maps = full.at[:, np.asarray(kept, np.int32)].set(maps)
+    outs.append((states, maps, cache))
+  stack = lambda xs: None if not xs or xs[0] is None else jnp.stack(xs)
+  states, maps, caches = zip(*outs) if outs else ((), (), ())
+  cache = {k: jnp.stack([c[k] for c in caches]) for k in (caches[0] if caches else {})}
+  return LayersOutput(h, stack(list(states)), stack(list(maps)), cache)
 
 
 def attention_statistics(params: Params, config: BertConfig, input_ids, attention_mask=None,
@@ -305,50 +475,8 @@ def attention_statistics(params: Params, config: BertConfig, input_ids, attentio
 def _attention_statistics(params, config, input_ids, attention_mask, token_type_ids,
                           special_mask, head_mask, head_ablation):
   x = embed(params, config, input_ids, token_type_ids)
-  key_mask = (jnp.ones(input_ids.shape, bool) if attention_mask is None
-              else attention_mask.astype(bool))
-  kv_lengths = key_mask.sum(-1).astype(jnp.int32)
-  if head_mask is not None and head_mask.ndim == 3:
-    head_mask = jnp.swapaxes(head_mask, 0, 1)
-  stacked = params["encoder"]["layers"]
-  index = jnp.asarray(config.layer_param_index)
-  layer = EncoderLayer(config)
-
-  def body(h, xs):
-    block, hm = xs
-    layer_params = jax.tree.map(lambda a: a[index[block]], stacked)
-    y, stats = layer.apply({"params": layer_params}, h, key_mask, kv_lengths, hm, head_ablation,
-                           False, True, True, special_mask)
-    return y, stats
-
-  _, stats = jax.lax.scan(body, x, (jnp.arange(config.depth), head_mask))
-  return stats
-
-
-def _mix(y, h, lm):
-  return y if lm is None else (lm * y + (1 - lm) * h).astype(y.dtype)
-
-
-def _run_pruned_layers(params, config, hidden, key_mask, kv_lengths, start, stop, head_mask,
-                       head_ablation, layer_mask, output_hidden_states, output_attentions,
-                       deterministic, keys):
-  """Layers with different head counts cannot share a scan: an unrolled loop."""
-  layers = params["encoder"]["layers"]
-  h, states, maps = hidden, [], []
-  for i, d in enumerate(range(start, stop)):
-    kept = np.asarray(config.kept_heads(d), np.int32)
-    hm = None if head_mask is None else head_mask[i][..., kept]
-    y, probs = EncoderLayer(config, len(kept)).apply(
-        {"params": layers[d]}, h, key_mask, kv_lengths, hm, head_ablation, output_attentions,
-        deterministic, rngs=None if keys is None else {"dropout": keys[i]})
-    h = _mix(y, h, None if layer_mask is None else layer_mask[i])
-    states.append(h)
-    if output_attentions:  # pruned heads show as all-zero maps
-      batch, _, seq, _ = probs.shape
-      full = jnp.zeros((batch, config.num_attention_heads, seq, seq), probs.dtype)
-      maps.append(full.at[:, kept].set(probs))
-  stack = lambda xs: jnp.stack(xs) if xs else None
-  return h, stack(states) if output_hidden_states else None, stack(maps)
+  return _run_blocks(params, config, x, attention_mask, head_mask=head_mask,
+                     head_ablation=head_ablation, stats=True, special_mask=special_mask).attentions
 
 
 def prune_heads(config: BertConfig, params: Params,
@@ -356,7 +484,8 @@ def prune_heads(config: BertConfig, params: Params,
   """Physically removes attention heads, so the model gets smaller and faster.
 
   Args:
-    config: a BERT config (ALBERT layers share weights; use head masks there).
+    config: a config of a family without shared layers (ALBERT layers share
+      weights; use head masks there).
     params: its parameters (stacked, or already pruned).
     heads_to_prune: layer -> original indices of heads to remove (adds to any
       already removed).
@@ -364,11 +493,12 @@ def prune_heads(config: BertConfig, params: Params,
   Returns:
     `(config, params)` where `config.pruned_heads` records every removed head
     (exported as Hugging Face `pruned_heads`) and `params["encoder"]["layers"]`
-    is a list of per-layer parameter dicts when head counts differ. Head masks
-    and attention maps keep the original `(layers, heads)` indexing.
+    is a list of per-layer parameter dicts when head counts differ. Head masks,
+    attention maps and captured sites keep the original `(layers, heads)` indexing.
   """
-  if config.model_type != "bert":
-    raise ValueError("prune_heads supports model_type='bert' only; ALBERT layers share weights")
+  if config.family.shared_layers:
+    raise ValueError(f"prune_heads does not support model_type={config.model_type!r}: its "
+                     "layers share weights; use head masks")
   removed = {layer: set(heads) for layer, heads in config.pruned_heads}
   for layer, heads in heads_to_prune.items():
     heads = [int(h) for h in heads]
@@ -411,45 +541,97 @@ def _head_params(params: Params, head: str) -> Params:
   return params[head]
 
 
+def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic: bool = True,
+                rng: jax.Array | None = None) -> jax.Array:
+  if head not in config.family.heads:
+    raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
+                     f"{tuple(config.family.heads)}")
+  rngs = None if deterministic else {"dropout": rng}
+  module = _head_module(config, head)
+  if head == "mlm":
+    word = params["embeddings"]["word_embeddings"]["embedding"]
+    return module.apply({"params": _head_params(params, head)}, x, word)
+  if head == "rtd":
+    return module.apply({"params": _head_params(params, head)}, x)
+  return module.apply({"params": _head_params(params, head)}, x, deterministic=deterministic,
+                      rngs=rngs)
+
+
+def head_input(config: BertConfig, out: BertOutput, head: str) -> jax.Array:
+  """What `head` reads from a forward output: the pooler output, the first token, or all."""
+  if head not in config.family.heads:
+    raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
+                     f"{tuple(config.family.heads)}")
+  reads = config.family.heads[head].reads
+  if reads == "pooled":
+    if out.pooler_output is None:
+      raise ValueError(f"the {head!r} head reads the pooler output, and this model has no pooler")
+    return out.pooler_output
+  return out.last_hidden_state[:, 0] if reads == "first" else out.last_hidden_state
+
+
+def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, *,
+                deterministic: bool = True, rng: jax.Array | None = None) -> jax.Array:
+  """A task head's logits from `forward`'s output, for any family.
+
+  Each head reads what its Hugging Face class reads: BERT's and ALBERT's
+  classifiers the pooler output; RoBERTa's, ELECTRA's and DistilBERT's the first
+  token's final state; MLM, RTD and token classifiers every token.
+
+  Args:
+    params: parameters with the head.
+    config: the architecture.
+    out: `forward`'s output.
+    head: "mlm" (B, T, vocab), "nsp" (B, 2), "sop" (B, num_labels), "rtd" (B, T),
+      "classifier" (B, num_labels) or "token_classifier" (B, T, num_labels).
+    deterministic, rng: dropout inside the head (training).
+
+  Returns:
+    The logits.
+  """
+  return _apply_head(head, params, config, head_input(config, out, head), deterministic, rng)
+
+
 def mlm_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
   """Masked-LM logits (..., vocab) from hidden states (..., hidden); decoder tied to embeddings.
 
   Pass only the gathered masked positions (batch, predictions, hidden) to avoid
   a full-vocabulary projection of every token.
   """
-  head = _head_params(params, "mlm")
-  word = params["embeddings"]["word_embeddings"]["embedding"]
-  return MLMHead(config).apply({"params": head}, hidden, word)
+  return _apply_head("mlm", params, config, hidden)
 
 
-def _classify(head: str, params: Params, config: BertConfig, x, deterministic: bool,
-              rng: jax.Array | None) -> jax.Array:
-  rngs = None if deterministic else {"dropout": rng}
-  return _classifier(config, head).apply({"params": _head_params(params, head)}, x,
-                                         deterministic=deterministic, rngs=rngs)
+def rtd_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
+  """ELECTRA replaced-token-detection logits (...,) from hidden states (..., hidden); > 0 = replaced."""
+  return _apply_head("rtd", params, config, hidden)
 
 
 def nsp_logits(params: Params, config: BertConfig, pooled) -> jax.Array:
   """Next-sentence-prediction logits (batch, 2) from the pooler output; 0 = is next."""
-  return _classify("nsp", params, config, pooled, True, None)
+  return _apply_head("nsp", params, config, pooled)
 
 
 def sop_logits(params: Params, config: BertConfig, pooled, *, deterministic: bool = True,
                rng: jax.Array | None = None) -> jax.Array:
   """ALBERT sentence-order-prediction logits (batch, 2) from the pooler output."""
-  return _classify("sop", params, config, pooled, deterministic, rng)
+  return _apply_head("sop", params, config, pooled, deterministic, rng)
 
 
-def classify(params: Params, config: BertConfig, pooled, *, deterministic: bool = True,
+def classify(params: Params, config: BertConfig, x, *, deterministic: bool = True,
              rng: jax.Array | None = None) -> jax.Array:
-  """Sequence-classification logits (batch, num_labels) from the pooler output."""
-  return _classify("classifier", params, config, pooled, deterministic, rng)
+  """Sequence-classification logits (batch, num_labels) from what the family's head reads.
+
+  `x` is the pooler output for BERT and ALBERT and the first token's final state
+  for RoBERTa, XLM-R, ELECTRA and DistilBERT (`head_input(config, out,
+  "classifier")` gives the right one; `head_logits` does both steps).
+  """
+  return _apply_head("classifier", params, config, x, deterministic, rng)
 
 
 def token_classify(params: Params, config: BertConfig, hidden, *, deterministic: bool = True,
                    rng: jax.Array | None = None) -> jax.Array:
   """Token-classification logits (batch, seq, num_labels) from the last hidden state."""
-  return _classify("token_classifier", params, config, hidden, deterministic, rng)
+  return _apply_head("token_classifier", params, config, hidden, deterministic, rng)
 
 
 def count_params(params: Params) -> int:

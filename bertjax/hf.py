@@ -1,13 +1,17 @@
-"""Hugging Face checkpoints in and out: `config.json` + `model.safetensors` (or `pytorch_model.bin`).
+"""Hugging Face checkpoints in and out, for every family in `bertjax.families`.
 
-Explicit name maps, one entry per tensor: our parameter path, the Hugging Face
-name, and how the array is laid out on each side. Torch `nn.Linear` stores
-`(out, in)`; we store `(in, out)` and split heads onto their own axis.
+`config.json` + `model.safetensors` (or `pytorch_model.bin`, or either sharded
+with an `.index.json`), from a directory or a hub id through the
+`huggingface_hub` cache. Explicit name maps, one entry per tensor: our
+parameter path, the Hugging Face name (from the family's row), and how the
+array is laid out on each side. Torch `nn.Linear` stores `(out, in)`; we store
+`(in, out)` and split heads onto their own axis.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import warnings
 from typing import Any, Callable
@@ -17,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import BertConfig
-from bertjax.functional import HEADS, Params
+from bertjax.families import HEADS, LAYER_KINDS, LAYER_PATHS
+from bertjax.functional import Params
 
 # How a tensor is stored here vs in torch; `to_hf` and `from_hf` are inverses.
 # Each kind maps (our array, config) -> torch array and back.
@@ -36,50 +41,15 @@ _KINDS: dict[str, _Kind] = {
             lambda a, c: a.T.reshape(-1, c.head_dim, a.shape[0])),
 }
 
-# Within one encoder layer: our path, BERT suffix, ALBERT suffix, kind.
-_LAYER_MAP = [
-    (("attention", "query", "kernel"), "attention.self.query.weight", "attention.query.weight", "qkv"),
-    (("attention", "query", "bias"), "attention.self.query.bias", "attention.query.bias", "qkv_bias"),
-    (("attention", "key", "kernel"), "attention.self.key.weight", "attention.key.weight", "qkv"),
-    (("attention", "key", "bias"), "attention.self.key.bias", "attention.key.bias", "qkv_bias"),
-    (("attention", "value", "kernel"), "attention.self.value.weight", "attention.value.weight", "qkv"),
-    (("attention", "value", "bias"), "attention.self.value.bias", "attention.value.bias", "qkv_bias"),
-    (("attention", "output", "kernel"), "attention.output.dense.weight", "attention.dense.weight", "out"),
-    (("attention", "output", "bias"), "attention.output.dense.bias", "attention.dense.bias", "plain"),
-    (("attention", "LayerNorm", "scale"), "attention.output.LayerNorm.weight", "attention.LayerNorm.weight", "plain"),
-    (("attention", "LayerNorm", "bias"), "attention.output.LayerNorm.bias", "attention.LayerNorm.bias", "plain"),
-    (("intermediate", "kernel"), "intermediate.dense.weight", "ffn.weight", "linear"),
-    (("intermediate", "bias"), "intermediate.dense.bias", "ffn.bias", "plain"),
-    (("output", "kernel"), "output.dense.weight", "ffn_output.weight", "linear"),
-    (("output", "bias"), "output.dense.bias", "ffn_output.bias", "plain"),
-    (("LayerNorm", "scale"), "output.LayerNorm.weight", "full_layer_layer_norm.weight", "plain"),
-    (("LayerNorm", "bias"), "output.LayerNorm.bias", "full_layer_layer_norm.bias", "plain"),
-]
-
-_ARCHITECTURES = {
-    ("bert", ()): "BertModel",
-    ("bert", ("mlm",)): "BertForMaskedLM",
-    ("bert", ("mlm", "nsp")): "BertForPreTraining",
-    ("bert", ("nsp",)): "BertForNextSentencePrediction",
-    ("bert", ("classifier",)): "BertForSequenceClassification",
-    ("bert", ("token_classifier",)): "BertForTokenClassification",
-    ("albert", ()): "AlbertModel",
-    ("albert", ("mlm",)): "AlbertForMaskedLM",
-    ("albert", ("mlm", "sop")): "AlbertForPreTraining",
-    ("albert", ("classifier",)): "AlbertForSequenceClassification",
-    ("albert", ("token_classifier",)): "AlbertForTokenClassification",
-}
-# Architectures built without a pooler (`add_pooling_layer=False`).
-_NO_POOLER = {"BertForMaskedLM", "BertForTokenClassification", "AlbertForMaskedLM",
-              "AlbertForTokenClassification"}
-
-
 def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
   """(hf_name, our_path, param_layer or None, kind) for every tensor of the model."""
-  albert = config.model_type == "albert"
-  base = "albert." if albert else "bert."
+  fam = config.family
+  base = fam.prefix + "."
   entries = []
-  for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+  tables = ["word_embeddings", "position_embeddings"]
+  if config.type_vocab_size:
+    tables.append("token_type_embeddings")
+  for table in tables:
     entries.append((f"{base}embeddings.{table}.weight", ("embeddings", table, "embedding"), None,
                     "plain"))
   for ours, theirs in (("scale", "weight"), ("bias", "bias")):
@@ -87,77 +57,71 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
                     None, "plain"))
   if config.has_embedding_projection:
     for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
-      entries.append((f"{base}encoder.embedding_hidden_mapping_in.{theirs}",
-                      ("embeddings", "projection", ours), None, kind))
+      entries.append((f"{base}{fam.projection}.{theirs}", ("embeddings", "projection", ours),
+                      None, kind))
   for p in range(config.num_param_layers):
-    if albert:
-      g, j = divmod(p, config.inner_group_num)
-      prefix = f"{base}encoder.albert_layer_groups.{g}.albert_layers.{j}."
-    else:
-      prefix = f"{base}encoder.layer.{p}."
-    for path, bert_name, albert_name, kind in _LAYER_MAP:
-      entries.append((prefix + (albert_name if albert else bert_name),
-                      ("encoder", "layers") + path, p, kind))
+    g, j = divmod(p, config.inner_group_num)
+    prefix = base + fam.layer_prefix.format(i=p, g=g, j=j)
+    for path, name, kind in zip(LAYER_PATHS, fam.layer_names, LAYER_KINDS):
+      entries.append((prefix + name, ("encoder", "layers") + path, p, kind))
   if pooler:
-    pooler_name = f"{base}pooler" if albert else f"{base}pooler.dense"
     for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
-      entries.append((f"{pooler_name}.{theirs}", ("pooler", "dense", ours), None, kind))
-  dense = lambda hf, path: [(f"{hf}.weight", path + ("kernel",), None, "linear"),
-                            (f"{hf}.bias", path + ("bias",), None, "plain")]
+      entries.append((f"{base}{fam.pooler}.{theirs}", ("pooler", "dense", ours), None, kind))
   for head in heads:
-    if head == "mlm":
-      mlm = "predictions" if albert else "cls.predictions"
-      transform = mlm if albert else f"{mlm}.transform"
-      entries += dense(f"{transform}.dense", ("mlm", "dense"))
-      entries += [(f"{transform}.LayerNorm.weight", ("mlm", "LayerNorm", "scale"), None, "plain"),
-                  (f"{transform}.LayerNorm.bias", ("mlm", "LayerNorm", "bias"), None, "plain"),
-                  (f"{mlm}.bias", ("mlm", "bias"), None, "plain")]
-    elif head == "nsp":
-      entries += dense("cls.seq_relationship", ("nsp", "dense"))
-    elif head == "sop":
-      entries += dense("sop_classifier.classifier", ("sop", "dense"))
-    else:
-      entries += dense("classifier", (head, "dense"))
+    entries += [(name, (head,) + sub, None, kind) for sub, name, kind in fam.heads[head].tensors]
   return entries
 
 
 def _tied_names(config: BertConfig) -> set[str]:
-  mlm = "predictions" if config.model_type == "albert" else "cls.predictions"
-  return {f"{mlm}.decoder.weight", f"{mlm}.decoder.bias"}
+  return {name for head in config.family.heads.values() for name in head.tied}
 
 
-def _architecture(config: BertConfig, heads: tuple[str, ...]) -> str:
-  key = (config.model_type, tuple(sorted(heads)))
-  if key not in _ARCHITECTURES:
-    raise ValueError(f"heads={list(key[1])} on a {config.model_type} model have no Hugging Face "
-                     f"class; supported: {sorted(h for t, h in _ARCHITECTURES if t == key[0])}")
-  return _ARCHITECTURES[key]
+def _head_names(config: BertConfig) -> set[str]:
+  return {name for head in config.family.heads.values() for name in head.names + head.tied}
 
 
 # Reading --------------------------------------------------------------------
 
 
+def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+  from safetensors import safe_open
+
+  state = {}
+  with safe_open(str(file), framework="numpy") as f:
+    for name in f.keys():
+      try:
+        state[name] = f.get_tensor(name)
+      except (TypeError, ValueError):  # bfloat16 has no NumPy dtype: go through torch.
+        with safe_open(str(file), framework="pt") as g:
+          state[name] = g.get_tensor(name).float().numpy()
+  return state
+
+
+def _read_torch(file: pathlib.Path) -> dict[str, np.ndarray]:
+  import torch
+
+  raw = torch.load(str(file), map_location="cpu", weights_only=True)
+  return {k: v.float().numpy() for k, v in raw.items()}
+
+
 def _read_state_dict(path: pathlib.Path) -> dict[str, np.ndarray]:
-  safetensors_file = path / "model.safetensors"
-  if safetensors_file.exists():
-    from safetensors import safe_open
-
-    state = {}
-    with safe_open(str(safetensors_file), framework="numpy") as f:
-      for name in f.keys():
-        try:
-          state[name] = f.get_tensor(name)
-        except (TypeError, ValueError):  # bfloat16 has no NumPy dtype: go through torch.
-          with safe_open(str(safetensors_file), framework="pt") as g:
-            state[name] = g.get_tensor(name).float().numpy()
-    return state
-  torch_file = path / "pytorch_model.bin"
-  if torch_file.exists():
-    import torch
-
-    raw = torch.load(str(torch_file), map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() for k, v in raw.items()}
-  raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {path}")
+  """Every tensor of a checkpoint directory: one file, or shards listed by an index."""
+  for single, read in (("model.safetensors", _read_safetensors),
+                       ("pytorch_model.bin", _read_torch)):
+    if (path / single).exists():
+      return read(path / single)
+    index = path / f"{single}.index.json"
+    if index.exists():
+      weight_map = json.loads(index.read_text()).get("weight_map") or {}
+      shards = sorted(set(weight_map.values()))
+      missing = [s for s in shards if not (path / s).exists()]
+      if not shards or missing:
+        raise FileNotFoundError(f"{index} lists shards {missing or shards} that are not in {path}")
+      state = {}
+      for shard in shards:
+        state.update(read(path / shard))
+      return state
+  raise FileNotFoundError(f"no model.safetensors, pytorch_model.bin or their .index.json in {path}")
 
 
 def _normalise_name(name: str) -> str:
@@ -169,15 +133,51 @@ def _normalise_name(name: str) -> str:
   return name
 
 
-def from_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[BertConfig, Params]:
-  """Loads a Hugging Face BERT or ALBERT directory.
+_HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "merges.txt"]
 
-  Reads `config.json` and `model.safetensors` (or `pytorch_model.bin`), with or
-  without the `bert.`/`albert.` prefix and with task heads (MLM, NSP, SOP,
-  sequence and token classification) when present.
+
+def resolve_model_path(name: str | os.PathLike) -> pathlib.Path:
+  """A model directory from a path or a Hugging Face hub id ("org/name").
+
+  A hub id is looked up in the `huggingface_hub` cache (`$HF_HOME/hub`), and
+  downloaded into it when the network is allowed (`HF_HUB_OFFLINE` unset).
+
+  Raises:
+    FileNotFoundError: neither a directory nor a cached (or downloadable) hub
+      model; the message names the id and the cache directory.
+  """
+  path = pathlib.Path(name).expanduser()
+  if path.is_dir():
+    return path
+  text = str(name)
+  if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+    raise FileNotFoundError(f"model directory {text!r} does not exist")
+  try:
+    import huggingface_hub
+    from huggingface_hub import constants
+  except ImportError as e:
+    raise FileNotFoundError(f"{text!r} is not a directory, and reading hub ids needs "
+                            "huggingface_hub (pip install 'bertjax[hf]')") from e
+  try:
+    return pathlib.Path(huggingface_hub.snapshot_download(text, allow_patterns=_HUB_FILES))
+  except Exception as e:  # noqa: BLE001 (offline, not cached, unknown repo, no network)
+    offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
+    raise FileNotFoundError(
+        f"{text!r} is neither a model directory nor a model in the Hugging Face cache at "
+        f"{constants.HF_HUB_CACHE}, and it could not be downloaded{offline}: "
+        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+
+
+def from_hf(path: str | os.PathLike, **config_overrides: Any) -> tuple[BertConfig, Params]:
+  """Loads a Hugging Face model of any family in `bertjax.families`.
+
+  Reads `config.json` and `model.safetensors` (or `pytorch_model.bin`, or their
+  shards), with or without the base-model prefix (`bert.`, `roberta.` ...) and
+  with the task heads present (see `Family.heads`).
 
   Args:
-    path: the model directory.
+    path: a model directory, or a hub id resolved through the `huggingface_hub`
+      cache (see `resolve_model_path`).
     **config_overrides: fields of `BertConfig` to set, e.g. `dtype="bfloat16"`,
       `attention_impl="pallas"`.
 
@@ -188,48 +188,47 @@ def from_hf(path: str | pathlib.Path, **config_overrides: Any) -> tuple[BertConf
     ValueError: unknown `model_type`, or missing, unexpected or mis-shaped
       tensors (all of them listed).
   """
-  path = pathlib.Path(path)
+  path = resolve_model_path(path)
   config_file = path / "config.json"
   if not config_file.exists():
     raise FileNotFoundError(f"no config.json in {path}")
   hf_config = json.loads(config_file.read_text())
   config = BertConfig.from_hf_dict(hf_config)
+  fam = config.family
   state = {_normalise_name(k): v for k, v in _read_state_dict(path).items()}
 
-  base = "albert." if config.model_type == "albert" else "bert."
-  if not any(k.startswith(base) for k in state):
-    state = {(k if _is_head_name(k) else base + k): v for k, v in state.items()}
-  heads = _detect_heads(state, hf_config)
-  pooler = any(k.startswith(f"{base}pooler") for k in state)
+  base = fam.prefix + "."
+  head_names = _head_names(config)
+  if not any(k.startswith(base) for k in state):  # a base model saved without its prefix
+    state = {(k if k in head_names else base + k): v for k, v in state.items()}
+  heads = _detect_heads(config, state, hf_config)
+  pooler = fam.pooler is not None and any(k.startswith(f"{base}{fam.pooler}.") for k in state)
   config = config.replace(use_pooler=pooler, **config_overrides)
-  for head_weight in ("classifier.weight", "sop_classifier.classifier.weight"):
-    if head_weight in state:
-      config = config.replace(num_labels=state[head_weight].shape[0])
+  for head in ("classifier", "token_classifier", "sop"):
+    if head in heads:
+      labels = state[fam.heads[head].names[-2]].shape[0]  # the last dense layer's weight
+      if labels != config.num_labels:
+        config = config.replace(num_labels=labels, label_names=None)
   params = _params_from_state(config, heads, state)
   return config, params
 
 
-def _is_head_name(name: str) -> bool:
-  return name.split(".")[0] in ("cls", "predictions", "sop_classifier", "classifier")
-
-
-def _detect_heads(state: dict[str, np.ndarray], hf_config: dict[str, Any]) -> tuple[str, ...]:
-  heads = []
-  if any(k.startswith(("cls.predictions.", "predictions.")) for k in state):
-    heads.append("mlm")
-  if any(k.startswith("cls.seq_relationship.") for k in state):
-    heads.append("nsp")
-  if any(k.startswith("sop_classifier.") for k in state):
-    heads.append("sop")
-  if "classifier.weight" in state:
-    archs = " ".join(hf_config.get("architectures") or [])
-    heads.append("token_classifier" if "TokenClassification" in archs else "classifier")
+def _detect_heads(config: BertConfig, state: dict[str, np.ndarray],
+                  hf_config: dict[str, Any]) -> tuple[str, ...]:
+  fam = config.family
+  heads = [h for h, spec in fam.heads.items() if all(n in state for n in spec.names)]
+  if "classifier" in heads and "token_classifier" in heads:
+    if set(fam.heads["classifier"].names) != set(fam.heads["token_classifier"].names):
+      heads.remove("token_classifier")  # its tensors are part of the two-layer classifier
+    else:  # same tensor names (BERT, ALBERT): the architecture tells
+      archs = " ".join(hf_config.get("architectures") or [])
+      heads.remove("classifier" if "TokenClassification" in archs else "token_classifier")
   return tuple(heads)
 
 
 def _params_from_state(config: BertConfig, heads: tuple[str, ...],
                        state: dict[str, np.ndarray]) -> Params:
-  entries = _name_map(config, heads, config.use_pooler)
+  entries = _name_map(config, heads, config.has_pooler)
   expected = {name for name, *_ in entries}
   ignorable = _tied_names(config) | {k for k in state if k.endswith("position_ids")}
   missing = sorted(expected - set(state))
@@ -273,7 +272,7 @@ def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tu
     return _leaf(abstract, path, layer).shape
 
   return {name: tuple(_KINDS[kind][0](np.zeros(shape(path, layer)), config).shape)
-          for name, path, layer, kind in _name_map(config, heads, config.use_pooler)}
+          for name, path, layer, kind in _name_map(config, heads, config.has_pooler)}
 
 
 def _leaf(tree, path, layer):
@@ -303,8 +302,8 @@ def _unflatten(flat: dict[tuple[str, ...], Any]) -> Params:
 def hf_state_dict(config: BertConfig, params: Params) -> tuple[dict[str, np.ndarray], str]:
   """Our parameters as a Hugging Face state dict (float32 NumPy) and the architecture name."""
   heads = tuple(h for h in HEADS if h in params)
-  arch = _architecture(config, heads)
-  pooler = "pooler" in params and arch not in _NO_POOLER
+  arch = config.family.architecture(heads)
+  pooler = "pooler" in params and arch not in config.family.no_pooler
   if "pooler" in params and not pooler:
     warnings.warn(f"{arch} has no pooler in Hugging Face; the pooler is not written")
   with_prefix = bool(heads)
@@ -317,26 +316,71 @@ def hf_state_dict(config: BertConfig, params: Params) -> tuple[dict[str, np.ndar
   return state, arch
 
 
-def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path) -> None:
-  """Writes `config.json` (with `model_type` and `architectures`) and `model.safetensors`.
+_UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def _parse_size(size: int | str | None) -> int | None:
+  if size is None or isinstance(size, int):
+    return size
+  text = str(size).strip().upper()
+  for unit, factor in sorted(_UNITS.items(), key=lambda u: -len(u[0])):
+    if text.endswith(unit):
+      return int(float(text[: -len(unit)]) * factor)
+  raise ValueError(f"max_shard_size={size!r} must be an int (bytes) or like '500MB', '2GB'")
+
+
+def _shards(state: dict[str, np.ndarray], limit: int | None) -> list[dict[str, np.ndarray]]:
+  """Tensors split into shards of at most `limit` bytes each (a larger tensor alone)."""
+  if limit is None or sum(a.nbytes for a in state.values()) <= limit:
+    return [state]
+  shards, current, size = [], {}, 0
+  for name, array in state.items():
+    if current and size + array.nbytes > limit:
+      shards.append(current)
+      current, size = {}, 0
+    current[name] = array
+    size += array.nbytes
+  return shards + [current]
+
+
+def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
+          max_shard_size: int | str | None = "5GB") -> None:
+  """Writes `config.json` (with `model_type` and `architectures`) and the weights.
 
   The result loads in `transformers` with no missing or unexpected keys. The
-  architecture follows the heads present in `params`.
+  architecture follows the heads present in `params`. Weights above
+  `max_shard_size` (bytes, or a string like "500MB"; None never shards) are
+  written as `model-0000i-of-0000n.safetensors` shards with a
+  `model.safetensors.index.json`, as the hub's larger models are.
   """
   from safetensors.numpy import save_file
 
+  limit = _parse_size(max_shard_size)
   state, arch = hf_state_dict(config, params)
   hf_config = config.to_hf_dict([arch])
-  if "classifier" in params or "token_classifier" in params:
-    head = params.get("classifier", params.get("token_classifier"))
-    labels = head["dense"]["kernel"].shape[-1]
-    hf_config.update(num_labels=labels, id2label={str(i): f"LABEL_{i}" for i in range(labels)},
-                     label2id={f"LABEL_{i}": i for i in range(labels)})
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
+  umask = os.umask(0)
+  os.umask(umask)
+  shards = _shards(state, limit)
+  names = (["model.safetensors"] if len(shards) == 1 else
+           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+  files = {}
   # Write to temporaries, then rename: a crash never leaves a half-written model.
-  tmp_weights, tmp_config = path / "model.safetensors.tmp", path / "config.json.tmp"
-  save_file(state, str(tmp_weights), metadata={"format": "pt"})
-  tmp_config.write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-  tmp_weights.replace(path / "model.safetensors")
-  tmp_config.replace(path / "config.json")
+  for name, shard in zip(names, shards):
+    tmp = path / f"{name}.tmp"
+    save_file(shard, str(tmp), metadata={"format": "pt"})
+    files[name] = tmp
+  if len(shards) > 1:
+    index = {"metadata": {"total_size": int(sum(a.nbytes for a in state.values()))},
+             "weight_map": {k: n for n, shard in zip(names, shards) for k in shard}}
+    files["model.safetensors.index.json"] = path / "model.safetensors.index.json.tmp"
+    files["model.safetensors.index.json"].write_text(json.dumps(index, indent=2) + "\n")
+  files["config.json"] = path / "config.json.tmp"
+  files["config.json"].write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+  for name, tmp in files.items():
+    os.chmod(tmp, 0o666 & ~umask)  # readable by others, as a plain file would be
+    tmp.replace(path / name)
+  stale = ["model.safetensors"] if len(shards) > 1 else ["model.safetensors.index.json"]
+  for name in stale:  # a previous export of the other layout would shadow this one
+    (path / name).unlink(missing_ok=True)

@@ -1,9 +1,15 @@
-"""Flax modules of the BERT/ALBERT encoder and its task heads.
+"""Flax modules of the encoder (every family) and its task heads, with named sites.
 
 Modules here compute one piece each; `functional.py` composes them into a
 model whose layer parameters are stacked on a leading axis and run under
 `lax.scan`. Attention goes through `kernels.attention`, so the same layer runs
 on the reference einsum or the fused Pallas kernel.
+
+Every internal of a block is a named *site* (`SITES`): the block passes each
+through `Sites.visit`, which records it when captured and replaces it when
+patched (`weight * value + (1 - weight) * own`). Head masks and layer masks are
+edits of the same sites (`head_out` and `out`), so analyses never re-implement
+the layer.
 
 Parameter layout of one encoder layer (shapes for hidden H, heads N, head dim D,
 intermediate I); per-head axes are explicit so that head masks, pruning and
@@ -17,12 +23,141 @@ effective attention index heads directly:
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 import kernels
 from bertjax.config import BertConfig
+
+# Site name -> (axes after depth, what it is). "embeddings" has no depth axis.
+SITES = {
+    "embeddings": ("batch seq hidden", "the embedding output (after LayerNorm, projection)"),
+    "q": ("batch seq heads head_dim", "query projection with bias, before scaling"),
+    "k": ("batch seq heads head_dim", "key projection with bias"),
+    "v": ("batch seq heads head_dim", "value projection with bias"),
+    "probs": ("batch heads seq seq", "attention probabilities (needs the map path)"),
+    "head_out": ("batch seq heads head_dim",
+                 "each head's context sum_j probs_ij v_j after any head mask"),
+    "attn_out": ("batch seq hidden", "attention output projection (with bias), before residual"),
+    "mid": ("batch seq hidden", "LayerNorm(x + attn_out)"),
+    "ffn_act": ("batch seq intermediate", "the FFN's hidden activation"),
+    "ffn_out": ("batch seq hidden", "the FFN's output projection, before residual"),
+    "out": ("batch seq hidden", "the block's output (= hidden_states[1:])"),
+}
+BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
+# Sites with a head axis, and where it sits in one block's array.
+HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1}
+
+
+def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int, ...]:
+  """The stacked shape of `site` for a (batch, seq) input: depth first, except embeddings."""
+  if site not in SITES:
+    raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
+  sizes = dict(batch=batch, seq=seq, hidden=config.hidden_size, heads=config.num_attention_heads,
+               head_dim=config.head_dim, intermediate=config.intermediate_size)
+  shape = tuple(sizes[a] for a in SITES[site][0].split())
+  return shape if site == "embeddings" else (config.depth,) + shape
+
+
+def mix(own, value, weight):
+  """`weight * value + (1 - weight) * own` in `own`'s dtype."""
+  dtype = own.dtype
+  weight = jnp.asarray(weight)
+  return (weight * jnp.asarray(value) + (1 - weight) * own).astype(dtype)
+
+
+class Sites:
+  """One block's view of the interventions: what to capture, patch and mask.
+
+  Built fresh for each traced block (inside the layer scan); `visit` returns the
+  site's (possibly replaced) value and records it when captured.
+
+  Attributes:
+    capture: names of sites to record.
+    patch: site -> (value, weight), already sliced to this block.
+    head_mask: float (N,) or (B, N) for this block, or None.
+    head_ablation: "scale" (head_out * xi) or "uniform" (the attention becomes
+      xi * A + (1 - xi) * U, i.e. head_out mixes with the mean value of the real keys).
+    layer_mask: float scalar for this block, or None (out = m * out + (1 - m) * x).
+    kept: original indices of this block's heads when it is pruned, else None.
+    num_heads: the unpruned head count (captures are scattered back to it).
+  """
+
+  def __init__(self, capture=(), patch=None, head_mask=None, head_ablation="scale",
+               layer_mask=None, kept=None, num_heads=None):
+    self.capture = frozenset(capture)
+    self.patch = patch or {}
+    self.head_mask = head_mask
+    self.head_ablation = head_ablation
+    self.layer_mask = layer_mask
+    self.kept = kept
+    self.num_heads = num_heads
+    self.captured: dict[str, jax.Array] = {}
+
+  def needs(self, name: str) -> bool:
+    return name in self.capture or name in self.patch
+
+  def visit(self, name: str, value):
+    if name in self.patch:
+      target, weight = self.patch[name]
+      if self.kept is not None and name in HEAD_AXIS:
+        target, weight = self._kept_heads(name, target), self._kept_heads(name, weight)
+      value = mix(value, target, weight)
+    if name in self.capture:
+      self.captured[name] = self._all_heads(name, value)
+    return value
+
+  def _kept_heads(self, name, x):
+    # Patch arrays are indexed by original heads; a pruned block keeps some of them.
+    x = jnp.asarray(x)
+    axis = HEAD_AXIS[name] - (4 - x.ndim)
+    if axis < 0 or x.shape[axis] == 1:
+      return x
+    return jnp.take(x, jnp.asarray(self.kept, jnp.int32), axis=axis)
+
+  def _all_heads(self, name, x):
+    # Captures of a pruned block show removed heads as zeros.
+    if self.kept is None or name not in HEAD_AXIS:
+      return x
+    axis = HEAD_AXIS[name]
+    shape = list(x.shape)
+    shape[axis] = self.num_heads
+    full = jnp.zeros(shape, x.dtype)
+    index = [slice(None)] * x.ndim
+    index[axis] = jnp.asarray(self.kept, jnp.int32)
+    return full.at[tuple(index)].set(x)
+
+  def mask_heads(self, head_out, v, key_mask):
+    """Applies the head mask to head_out (B, T, N, D), the context of each head."""
+    xi = self.head_mask
+    if xi is None:
+      return head_out
+    xi = jnp.asarray(xi)
+    xi = (xi[None, None, :, None] if xi.ndim == 1 else xi[:, None, :, None]).astype(head_out.dtype)
+    if self.head_ablation == "scale":
+      return head_out * xi
+    # Uniform attention over the real keys: every query's context is their mean value.
+    acc = jnp.promote_types(v.dtype, jnp.float32)
+    m = key_mask.astype(acc)[:, :, None, None]  # (B, T, 1, 1)
+    mean_v = (v.astype(acc) * m).sum(1, keepdims=True) / jnp.maximum(m.sum(1, keepdims=True), 1)
+    return (xi * head_out + (1 - xi) * mean_v.astype(head_out.dtype)).astype(head_out.dtype)
+
+  def mask_maps(self, probs, key_mask):
+    """The attention Hugging Face returns under this head mask: xi A, or xi A + (1 - xi) U."""
+    xi = self.head_mask
+    if xi is None:
+      return probs
+    xi = jnp.asarray(xi)
+    xi = (xi[None, :, None, None] if xi.ndim == 1 else xi[:, :, None, None]).astype(probs.dtype)
+    if self.head_ablation == "scale":
+      return xi * probs
+    real = key_mask.astype(probs.dtype)[:, None, None, :]
+    uniform = real / jnp.maximum(real.sum(-1, keepdims=True), 1)
+    return xi * probs + (1 - xi) * uniform
 
 
 def activation(name: str):
@@ -59,6 +194,24 @@ def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config), name=name)
 
 
+def sinusoidal_table(positions: int, dim: int) -> np.ndarray:
+  """DistilBERT's fixed table: sin on even, cos on odd columns of pos / 10000^(2(j//2)/dim)."""
+  angle = np.arange(positions)[:, None] / np.power(10000, 2 * (np.arange(dim) // 2) / dim)[None]
+  table = np.empty((positions, dim), np.float32)
+  table[:, 0::2] = np.sin(angle[:, 0::2])
+  table[:, 1::2] = np.cos(angle[:, 1::2])
+  return table
+
+
+def position_ids(config: BertConfig, input_ids):
+  """(B, T) position ids: 0.. (BERT); RoBERTa counts real tokens from pad_token_id + 1."""
+  if config.family.positions == "after_padding":
+    # As transformers' create_position_ids_from_input_ids: padding is input_ids == pad.
+    real = (input_ids != config.pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(real, axis=1) * real + config.pad_token_id
+  return jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+
+
 class Embeddings(nn.Module):
   """Word + token-type + position embeddings, LayerNorm, dropout, and E->H projection."""
 
@@ -68,13 +221,18 @@ class Embeddings(nn.Module):
   def __call__(self, input_ids, token_type_ids, deterministic: bool = True):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    embed = lambda n, name: nn.Embed(n, cfg.embed_dim, embedding_init=_init(cfg),
-                                     dtype=accum_dtype(cfg), name=name)
-    seq_len = input_ids.shape[1]
+    embed = lambda n, name, init=None: nn.Embed(
+        n, cfg.embed_dim, embedding_init=init or _init(cfg), dtype=accum_dtype(cfg), name=name)
     # Same summation order as Hugging Face: (word + type) + position.
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
-    x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
-    x = x + embed(cfg.max_position_embeddings, "position_embeddings")(jnp.arange(seq_len))[None]
+    if cfg.type_vocab_size:
+      x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
+    if cfg.sinusoidal_positions:
+      table = lambda *_: jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
+      positions = embed(cfg.max_position_embeddings, "position_embeddings", table)
+      x = x + jax.lax.stop_gradient(positions(position_ids(cfg, input_ids)))  # fixed, not trained
+    else:
+      x = x + embed(cfg.max_position_embeddings, "position_embeddings")(position_ids(cfg, input_ids))
     x = _layer_norm(cfg, "LayerNorm")(x.astype(dtype))
     x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     if cfg.has_embedding_projection:
@@ -86,56 +244,68 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention with its output projection, residual and LayerNorm.
 
   `num_heads` below `config.num_attention_heads` is a physically pruned layer.
+  Returns `(mid, maps)`: maps are the attention Hugging Face reports (after the
+  head mask) when `output_attentions`, the per-head statistics in stats mode,
+  else None.
   """
 
   config: BertConfig
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, kv_lengths, head_mask, head_ablation: str,
-               output_attentions: bool, deterministic: bool, output_stats: bool = False,
-               special_mask=None):
+  def __call__(self, x, key_mask, kv_lengths, sites: Sites, output_attentions: bool = False,
+               deterministic: bool = True, stats_special_mask=None, stats: bool = False):
     cfg = self.config
     dtype = compute_dtype(cfg)
     n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     d = cfg.head_dim
     proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), dtype=dtype, name=name)
-    q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)  # (B, T, N, D)
+    q = sites.visit("q", proj("query")(x))  # (B, T, N, D)
+    k = sites.visit("k", proj("key")(x))
+    v = sites.visit("v", proj("value")(x))
 
-    attention_dropout = cfg.attention_probs_dropout_prob > 0 and not deterministic
+    dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+    maps = None
     if n == 0:  # every head pruned: the block adds only the output bias
-      out, probs = q, jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
-    elif output_stats:
-      # Per-head statistics instead of maps ("probs" carries them): computed inside
-      # the fused kernel when the config selects it, from the maps otherwise.
+      head_out = q
+      maps = jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
+    elif stats:
+      # Per-head statistics instead of maps, inside the fused kernel when the config
+      # selects it; the head mask acts inside the kernel so the statistics see it.
       impl = "xla" if cfg.attention_impl in ("xla", "cudnn") else cfg.attention_impl
       lengths = dict(key_mask=key_mask) if impl == "xla" else dict(kv_lengths=kv_lengths)
-      out, probs = kernels.attention_with_stats(
-          q, k, v, head_mask=head_mask, ablation=head_ablation, special_mask=special_mask,
-          impl=impl, **lengths)
-    elif attention_dropout or output_attentions:
-      # Maps are needed (returned, or dropped out as BERT does): reference path.
-      out, probs = kernels.attention(
-          q, k, v, key_mask=key_mask, head_mask=head_mask, ablation=head_ablation,
-          impl="xla", return_probs=True)
-      if attention_dropout:
-        dropped = nn.Dropout(cfg.attention_probs_dropout_prob)(probs, deterministic=False)
-        out = jnp.einsum("bnqk,bknd->bqnd", dropped.astype(v.dtype), v)
+      head_out, maps = kernels.attention_with_stats(
+          q, k, v, head_mask=sites.head_mask, ablation=sites.head_ablation,
+          special_mask=stats_special_mask, impl=impl, **lengths)
+    elif output_attentions or sites.needs("probs"):
+      # The map path: the probabilities are returned, captured or patched.
+      _, probs = kernels.reference_attention(q, k, v, key_mask=key_mask, return_probs=True)
+      probs = sites.visit("probs", probs)  # (B, N, T, T)
+      used = probs
+      if dropout:
+        used = nn.Dropout(dropout)(probs, deterministic=False)
+      head_out = jnp.einsum("bnqk,bknd->bqnd", used, v.astype(used.dtype)).astype(dtype)
+      maps = sites.mask_maps(probs, key_mask) if output_attentions else None
     else:
-      probs = None
-      if cfg.attention_impl in ("xla",):
-        out = kernels.attention(q, k, v, key_mask=key_mask, head_mask=head_mask,
-                                ablation=head_ablation, impl="xla")
+      extra = {}
+      if dropout:
+        # The kernels draw the mask from a counter-based stream keyed by this seed.
+        seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
+        extra = dict(dropout_rate=dropout, dropout_seed=seed)
+      if cfg.attention_impl == "xla":
+        head_out = kernels.attention(q, k, v, key_mask=key_mask, impl="xla", **extra)
       else:
         # Fused kernels take right padding as per-sequence lengths.
-        out = kernels.attention(q, k, v, kv_lengths=kv_lengths, head_mask=head_mask,
-                                ablation=head_ablation, impl=cfg.attention_impl)
-    out = out.astype(dtype)
+        head_out = kernels.attention(q, k, v, kv_lengths=kv_lengths, impl=cfg.attention_impl,
+                                     **extra)
+    if not stats:
+      head_out = sites.mask_heads(head_out.astype(dtype), v, key_mask)
+    head_out = sites.visit("head_out", head_out.astype(dtype))
     y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), kernel_init=_init(cfg), dtype=dtype,
-                        name="output")(out)  # (B, T, H)
+                        name="output")(head_out)  # (B, T, H)
+    y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = _layer_norm(cfg, "LayerNorm")(x + y)
-    return y, probs
+    return sites.visit("mid", _layer_norm(cfg, "LayerNorm")(x + y)), maps
 
 
 class EncoderLayer(nn.Module):
@@ -145,20 +315,28 @@ class EncoderLayer(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, kv_lengths, head_mask=None, head_ablation: str = "scale",
+  def __call__(self, x, key_mask, kv_lengths, sites: Sites | None = None,
                output_attentions: bool = False, deterministic: bool = True,
-               output_stats: bool = False, special_mask=None):
+               stats_special_mask=None, stats: bool = False):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    h, probs = SelfAttention(cfg, self.num_heads, name="attention")(
-        x, key_mask, kv_lengths, head_mask, head_ablation, output_attentions, deterministic,
-        output_stats, special_mask)
+    sites = Sites() if sites is None else sites
+    h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
+        x, key_mask, kv_lengths, sites, output_attentions, deterministic, stats_special_mask,
+        stats)
     y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), dtype=dtype,
                  name="intermediate")(h)
-    y = activation(cfg.hidden_act)(y)
+    y = sites.visit("ffn_act", activation(cfg.hidden_act)(y))
     y = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="output")(y)
+    y = sites.visit("ffn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    return _layer_norm(cfg, "LayerNorm")(h + y), probs
+    y = _layer_norm(cfg, "LayerNorm")(h + y)
+    if sites.layer_mask is not None:  # 0 skips the block: its output is its input
+      y = mix(y, x, 1 - sites.layer_mask)
+    return sites.visit("out", y), maps
+
+
+# Heads ----------------------------------------------------------------------
 
 
 class Pooler(nn.Module):
@@ -179,13 +357,14 @@ class MLMHead(nn.Module):
   """Transform (dense H->E, activation, LayerNorm) then the decoder tied to the word embeddings."""
 
   config: BertConfig
+  act: str | None = None  # None: the config's hidden_act
 
   @nn.compact
   def __call__(self, hidden, word_embeddings):
     cfg = self.config
     dtype = compute_dtype(cfg)
     x = nn.Dense(cfg.embed_dim, kernel_init=_init(cfg), dtype=dtype, name="dense")(hidden)
-    x = activation(cfg.hidden_act)(x)
+    x = activation(self.act or cfg.hidden_act)(x)
     x = _layer_norm(cfg, "LayerNorm")(x)
     bias = self.param("bias", nn.initializers.zeros, (cfg.vocab_size,))
     logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(dtype))
@@ -193,16 +372,45 @@ class MLMHead(nn.Module):
 
 
 class Classifier(nn.Module):
-  """Dropout then a linear layer: NSP, SOP, sequence and token classification heads."""
+  """Dropout then a linear layer; with `pre_act`, dropout, dense, activation first.
+
+  One linear layer: BERT's NSP, SOP, sequence and token classifiers. The two-layer
+  form is RoBERTa's (tanh), ELECTRA's (GELU) and DistilBERT's (ReLU) classifier.
+  """
 
   config: BertConfig
   num_outputs: int
   dropout: float = 0.0
+  pre_act: str | None = None
+  pre_dropout: bool = True  # DistilBERT has no dropout before its first dense
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     cfg = self.config
+    dtype = compute_dtype(cfg)
+    if self.pre_act is not None:
+      if self.pre_dropout:
+        x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="pre")(x)
+      x = activation(self.pre_act)(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-    x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), dtype=compute_dtype(cfg),
-                 name="dense")(x)
+    x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), dtype=dtype, name="dense")(x)
     return x.astype(accum_dtype(cfg))
+
+
+class RTDHead(nn.Module):
+  """ELECTRA's discriminator: dense, hidden_act, one logit per token (replaced or not)."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden):
+    cfg = self.config
+    dtype = compute_dtype(cfg)
+    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="dense")(hidden)
+    x = activation(cfg.hidden_act)(x)
+    x = nn.Dense(1, kernel_init=_init(cfg), dtype=dtype, name="out")(x)
+    return x[..., 0].astype(accum_dtype(cfg))
+
+
+Params = dict[str, Any]

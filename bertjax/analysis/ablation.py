@@ -34,10 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import kernels
 from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, embed, pool, run_layers
-from bertjax.model import activation, compute_dtype
+from bertjax.functional import BertOutput, embed, forward, pool, run_layers
+from bertjax.model import compute_dtype
 
 Params = dict[str, Any]
 MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
@@ -178,8 +177,8 @@ def _metric(params, config, batch, last, metric_fn):
 def _baseline(params, config, batch, *, metric_fn):
   """Intact forward: block inputs (depth + 1, B, T, H), last state, metric."""
   x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-  last, hidden, _ = run_layers(params, config, x, batch["attention_mask"],
-                               output_hidden_states=True)
+  layers = run_layers(params, config, x, batch["attention_mask"], output_hidden_states=True)
+  last, hidden = layers.last, layers.hidden_states
   inputs = jnp.concatenate([x[None], hidden])  # inputs[l] = input of block l
   batch = {**batch, BASELINE_KEY: last}
   return inputs, last, _metric(params, config, batch, last, metric_fn)
@@ -192,8 +191,8 @@ def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *
 
   def one(masks):
     hm, lm = masks
-    last, _, _ = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
-                            head_mask=hm, head_ablation=mode, layer_mask=lm)
+    last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
+                      head_mask=hm, head_ablation=mode, layer_mask=lm).last
     return _metric(params, config, batch, last, metric_fn)
 
   return jax.lax.map(one, (head_masks, layer_masks), batch_size=chunk_size)
@@ -203,8 +202,8 @@ def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *
 def _full_metric(params, config, batch, head_mask, layer_mask, *, mode, metric_fn):
   """One full forward pass with one mask (the naive loop's step)."""
   x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-  last, _, _ = run_layers(params, config, x, batch["attention_mask"], head_mask=head_mask,
-                          head_ablation=mode, layer_mask=layer_mask)
+  last = run_layers(params, config, x, batch["attention_mask"], head_mask=head_mask,
+                    head_ablation=mode, layer_mask=layer_mask).last
   return _metric(params, config, batch, last, metric_fn)
 
 
@@ -397,8 +396,8 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, mode, per_example):
 
   def loss(mask):
     x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-    last, _, _ = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
-                            head_ablation=mode)
+    last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
+                      head_ablation=mode).last
     total, count = _metric(params, config, {**batch, BASELINE_KEY: last}, last, loss_fn)
     return (total if per_example else total / count), count
 
@@ -555,47 +554,23 @@ def positional_patterns(lengths, seq_len: int) -> jax.Array:
   return maps * (i < n)[None]
 
 
-def _layer_norm(x, p, eps):
-  mean = x.mean(-1, keepdims=True)
-  var = jnp.maximum((x * x).mean(-1, keepdims=True) - mean * mean, 0)  # as flax's fast variance
-  return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
-
-
-def layer_with_overrides(p: Params, config: BertConfig, x, attention_mask, codes, patterns):
-  """One encoder block from its parameters, with heads' attention replaced: (y, probs).
+def override_patch(codes, lengths, seq_len: int):
+  """The `probs` patch that replaces each overridden head's attention by its pattern.
 
   Args:
-    p: one layer's parameters.
-    config: the architecture.
-    x: (B, T, H) block input.
-    attention_mask: (B, T), right padding.
-    codes: int (N,) pattern index per head, -1 to keep the model's attention.
-    patterns: (P, B, T, T) from `positional_patterns`.
+    codes: int (layers, heads) from `override_codes` (-1: keep the model's attention).
+    lengths: int (batch,) real lengths (right padding).
+    seq_len: the padded length.
 
   Returns:
-    The block output (B, T, H) and the attention used (B, N, T, T).
+    `{"probs": (value, weight)}` for `bertjax.forward(..., patch=...)`: value
+    (layers, batch, heads, T, T), weight (layers, 1, heads, 1, 1) in {0, 1}.
   """
-  dtype = compute_dtype(config)
-  a = p["attention"]
-  x = x.astype(dtype)
-  proj = lambda name: (jnp.einsum("bth,hnd->btnd", x, a[name]["kernel"].astype(dtype))
-                       + a[name]["bias"].astype(dtype))
-  q, k, v = proj("query"), proj("key"), proj("value")  # (B, T, N, D)
-  _, probs = kernels.reference_attention(q, k, v, key_mask=attention_mask.astype(bool),
-                                         return_probs=True)  # (B, N, T, T)
   codes = jnp.asarray(codes)
-  fixed = jnp.moveaxis(patterns[jnp.maximum(codes, 0)], 0, 1).astype(probs.dtype)  # (B, N, T, T)
-  probs = jnp.where((codes >= 0)[None, :, None, None], fixed, probs)
-  ctx = jnp.einsum("bnqk,bknd->bqnd", probs, v.astype(probs.dtype)).astype(dtype)
-  h = jnp.einsum("btnd,ndh->bth", ctx, a["output"]["kernel"].astype(dtype)) + a["output"]["bias"]
-  h = _layer_norm((x + h).astype(jnp.promote_types(dtype, jnp.float32)), a["LayerNorm"],
-                  config.layer_norm_eps).astype(dtype)
-  y = h @ p["intermediate"]["kernel"].astype(dtype) + p["intermediate"]["bias"]
-  y = activation(config.hidden_act)(y)
-  y = y @ p["output"]["kernel"].astype(dtype) + p["output"]["bias"]
-  y = _layer_norm((h + y).astype(jnp.promote_types(dtype, jnp.float32)), p["LayerNorm"],
-                  config.layer_norm_eps).astype(dtype)
-  return y, probs
+  patterns = positional_patterns(lengths, seq_len)  # (P, B, T, T)
+  value = jnp.moveaxis(patterns[jnp.maximum(codes, 0)], 2, 1)  # (L, B, N, T, T)
+  weight = (codes >= 0).astype(jnp.float32)[:, None, :, None, None]
+  return {"probs": (value, weight)}
 
 
 def forward_with_overrides(params: Params, config: BertConfig, input_ids, attention_mask=None,
@@ -603,6 +578,9 @@ def forward_with_overrides(params: Params, config: BertConfig, input_ids, attent
                            output_hidden_states: bool = False,
                            output_attentions: bool = False) -> BertOutput:
   """`forward` with chosen heads' attention replaced by fixed positional patterns.
+
+  A patch of the `probs` site (`override_patch`), so it runs the model's own
+  layer, pruned models included.
 
   Args:
     params, config, input_ids, attention_mask, token_type_ids: as `bertjax.forward`
@@ -615,12 +593,8 @@ def forward_with_overrides(params: Params, config: BertConfig, input_ids, attent
   Returns:
     A `BertOutput`; with no override it equals `forward` to float rounding.
   """
-  if isinstance(params["encoder"]["layers"], list):
-    raise ValueError("forward_with_overrides needs stacked (unpruned) layers; use head masks "  # noqa: TRY004
-                     "on a model pruned by prune_heads")
   ids = jnp.asarray(input_ids)
   mask = jnp.ones(ids.shape, jnp.int32) if attention_mask is None else jnp.asarray(attention_mask)
-  types = jnp.zeros_like(ids) if token_type_ids is None else jnp.asarray(token_type_ids)
   if overrides is None:
     codes = np.full((config.depth, config.num_attention_heads), -1, np.int32)
   elif isinstance(overrides, Mapping):
@@ -630,25 +604,6 @@ def forward_with_overrides(params: Params, config: BertConfig, input_ids, attent
     if codes.shape != (config.depth, config.num_attention_heads):
       raise ValueError(f"overrides shape {codes.shape} must be (layers, heads)="
                        f"({config.depth}, {config.num_attention_heads})")
-  return _forward_overrides(params, config, ids, mask, types, jnp.asarray(codes),
-                            output_hidden_states, output_attentions)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 6, 7))
-def _forward_overrides(params, config, ids, mask, types, codes, output_hidden_states,
-                       output_attentions):
-  x = embed(params, config, ids, types)
-  patterns = positional_patterns(mask.sum(-1), ids.shape[1])
-  stacked = params["encoder"]["layers"]
-  index = jnp.asarray(config.layer_param_index)
-
-  def body(h, xs):
-    block, code = xs
-    p = jax.tree.map(lambda a: a[index[block]], stacked)
-    y, probs = layer_with_overrides(p, config, h, mask, code, patterns)
-    return y, (y if output_hidden_states else None, probs if output_attentions else None)
-
-  last, (hidden, maps) = jax.lax.scan(body, x, (jnp.arange(config.depth), codes))
-  return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last),
-                    hidden_states=None if hidden is None else jnp.concatenate([x[None], hidden]),
-                    attentions=maps)
+  patch = override_patch(codes, mask.sum(-1), ids.shape[1])
+  return forward(params, config, ids, mask, token_type_ids, patch=patch,
+                 output_hidden_states=output_hidden_states, output_attentions=output_attentions)
