@@ -20,6 +20,11 @@ import names from it with `from kernels.attention import ...`.
 
 Query rows that are padding (index >= kv_length, or key_mask False) produce zeros in every
 implementation, so outputs and gradients are finite and comparable across implementations.
+
+Attention dropout (`dropout_rate`, `dropout_seed`) is implemented by "xla" (both paths, and
+`reference_attention`) and "pallas" (both variants, forward and backward, compiled and
+interpreted), all drawing the same mask from `kernels.dropout`; "cudnn" and
+`attention_with_stats` refuse it with an error.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from kernels import dropout as drop
 from kernels import flash_attention as fa
 from kernels import flash_attention_stats as fa_stats
 from kernels import flash_attention_tpu as fa_tpu
@@ -64,9 +70,20 @@ def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask):
 
 
 def _attention_distributions(
-  q, k, v, *, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale
+  q,
+  k,
+  v,
+  *,
+  kv_lengths,
+  segment_ids,
+  key_mask,
+  head_mask,
+  ablation,
+  scale,
+  dropout_rate=0.0,
+  dropout_seed=None,
 ):
-  """Softmax A, uniform U, the mixed attention, real-row mask; all (batch, heads, q, k)."""
+  """Softmax A, the attention used (dropped), the mixing distribution, real rows."""
   batch, seq_q, heads, head_dim = q.shape
   seq_k = k.shape[1]
   dtype = _compute_dtype(q.dtype)
@@ -90,6 +107,9 @@ def _attention_distributions(
   else:
     mixed = xi * probs + (1.0 - xi) * uniform
     mixing = mixed
+  if dropout_rate > 0:
+    # Dropout acts on the attention that mixes the values, after the uniform mix.
+    mixed = mixed * drop.multiplier(dropout_seed, batch, heads, seq_q, seq_k, dropout_rate, dtype)
   real = row_real[:, None, :, None]  # (B, 1, Tq, 1)
   return probs * real, mixed * real, mixing * real, row_real
 
@@ -106,6 +126,8 @@ def reference_attention(
   ablation="scale",
   scale=None,
   return_probs=False,
+  dropout_rate=0.0,
+  dropout_seed=None,
 ):
   """Pure-jnp attention: the reference every other implementation is tested against.
 
@@ -119,11 +141,15 @@ def reference_attention(
     head_mask: float `(batch, heads)` or None (already broadcast).
     ablation: "scale" or "uniform".
     scale: logit scale; None means `1 / sqrt(head_dim)`.
-    return_probs: also return the attention actually used, `(batch, heads, seq_q, seq_k)`.
+    return_probs: also return the attention actually used, `(batch, heads, seq_q, seq_k)`
+      (after dropout, when it is on).
+    dropout_rate: attention dropout rate in [0, 1) (static); see `attention`.
+    dropout_seed: int32/uint32 scalar (or a PRNG key) when dropout_rate > 0.
 
   Returns:
     out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.
   """
+  dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
   _, mixed, _, _ = _attention_distributions(
     q,
     k,
@@ -134,6 +160,8 @@ def reference_attention(
     head_mask=head_mask,
     ablation=ablation,
     scale=scale,
+    dropout_rate=dropout_rate,
+    dropout_seed=dropout_seed,
   )
   out = jnp.einsum("bhqk,bkhd->bqhd", mixed, v.astype(mixed.dtype)).astype(q.dtype)
   return (out, mixed) if return_probs else out
@@ -228,6 +256,18 @@ def _validate(
   raise ValueError(f"head_mask.shape={head_mask.shape} must be ({heads},) or ({batch}, {heads})")
 
 
+def _validate_dropout(rate, seed):
+  """(rate as a float, seed as an int32 scalar or None); errors name the bad value."""
+  rate = drop.check_rate(rate)
+  if rate == 0.0:
+    return 0.0, None  # the no-dropout path, whatever the seed
+  if seed is None:
+    raise ValueError(
+      f"dropout_rate={rate} needs a dropout_seed, e.g. jax.random.bits(key, (), jnp.uint32)"
+    )
+  return rate, drop.seed_to_int32(seed)
+
+
 def _resolve_impl(impl, return_probs, stats=False):
   if impl != "auto":
     return impl
@@ -284,6 +324,8 @@ def attention(
   block_sizes=None,
   backward="pallas",
   kernel_variant=None,
+  dropout_rate=0.0,
+  dropout_seed=None,
 ):
   """Multi-head attention on `(batch, seq, heads, head_dim)` inputs.
 
@@ -306,13 +348,35 @@ def attention(
     backward: pallas gradient: "pallas" (fused kernels) or "reference" (vjp of xla; Triton
       variant only).
     kernel_variant: pallas kernels: "triton", "tpu", or None (by backend).
+    dropout_rate: attention dropout (a static Python float in [0, 1)): inverted dropout on
+      the attention that mixes the values, as `nn.Dropout` on BERT's probabilities: each
+      entry is kept with probability `1 - rate` and scaled by `1 / (1 - rate)`; the output
+      is `dropped(P) @ V`. "scale" mode: `xi * dropped(A) @ V` (the head mask after dropout,
+      as in Hugging Face). "uniform" mode: dropout applies AFTER the mix,
+      `dropped(xi A + (1 - xi) U) @ V`, one mask for both parts. The softmax normaliser is
+      the undropped one. 0 (the default) is exactly the no-dropout computation. Supported
+      by impl "xla" (with and without return_probs, which then returns the dropped
+      attention) and "pallas" (both variants and both backwards); "cudnn" raises.
+    dropout_seed: required when dropout_rate > 0: an int32 or uint32 scalar array
+      (traceable), e.g. `jax.random.bits(jax.random.fold_in(key, layer), (), jnp.uint32)`,
+      or a single typed PRNG key (`jax.random.key`), turned into such a seed. The mask is a
+      hash of (seed, batch index, head, query index, key index) (`kernels.dropout`): every
+      implementation draws the same mask for the same seed, and no mask is stored between
+      the forward and backward passes. Use a fresh seed per layer and step; under
+      `shard_map` fold the shard index into the key (batch indices are shard-local).
 
   Returns:
     `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)` with return_probs.
     Padded query rows are zero.
   """
   head_mask = _validate(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl)
+  dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
   impl = _resolve_impl(impl, return_probs)
+  if impl == "cudnn" and dropout_rate > 0:
+    raise ValueError(
+      f"impl='cudnn' with dropout_rate={dropout_rate} is not supported (cuDNN's dropout "
+      "mask is not the kernels.dropout hash); use impl='pallas' or 'xla'"
+    )
   if return_probs and impl != "xla":
     raise ValueError(f"return_probs=True needs impl='xla' (or 'auto'), got {impl=}")
   if backward not in ("pallas", "reference"):
@@ -329,14 +393,24 @@ def attention(
       ablation=ablation,
       scale=scale,
       return_probs=return_probs,
+      dropout_rate=dropout_rate,
+      dropout_seed=dropout_seed,
     )
   if impl == "xla":
     allowed, row_real = _allowed_mask(
       q.shape[0], q.shape[1], k.shape[1], kv_lengths, segment_ids, key_mask
     )
     return xla_attention(
-      q, k, v, allowed=allowed, row_real=row_real, head_mask=head_mask, ablation=ablation,
+      q,
+      k,
+      v,
+      allowed=allowed,
+      row_real=row_real,
+      head_mask=head_mask,
+      ablation=ablation,
       scale=scale,
+      dropout_rate=dropout_rate,
+      dropout_seed=dropout_seed,
     )
   if impl == "cudnn":
     return _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale)
@@ -350,6 +424,8 @@ def attention(
     "scale": scale,
     "block_sizes": block_sizes,
     "interpret": interpret,
+    "dropout_rate": dropout_rate,
+    "dropout_seed": dropout_seed,
   }
   if variant == "tpu":
     if backward != "pallas":
@@ -400,6 +476,8 @@ def attention_with_stats(
   interpret=None,
   block_sizes=None,
   kernel_variant=None,
+  dropout_rate=0.0,
+  dropout_seed=None,
 ):
   """Attention output plus per-head statistics of the attention, without T x T maps (pallas).
 
@@ -410,6 +488,9 @@ def attention_with_stats(
   (key == query), "prev" (key == query - 1), "next" (key == query + 1). They are not
   differentiable.
 
+  Inference only: `dropout_rate` must be 0 (anything else raises; `dropout_seed` is then
+  ignored).
+
   Args: as `attention`, plus `special_mask` bool `(batch, seq)`.
 
   Returns:
@@ -419,6 +500,12 @@ def attention_with_stats(
   head_mask = _validate(
     q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl, special_mask
   )
+  del dropout_seed  # only accepted so that a caller passing attention's arguments gets told
+  if drop.check_rate(dropout_rate) > 0:
+    raise ValueError(
+      f"attention_with_stats is inference only: dropout_rate={dropout_rate} is not supported; "
+      "use kernels.attention for training with dropout"
+    )
   impl = _resolve_impl(impl, False, stats=True)
   if impl == "cudnn":
     raise ValueError("attention_with_stats supports impl 'xla' and 'pallas', got impl='cudnn'")

@@ -18,6 +18,15 @@ Both are exact and differentiable with respect to q, k, v and xi (`jax.custom_vj
 Pallas backward: one small kernel for `delta = dO . O` and `d xi`, one kernel for dk/dv
 looping over query blocks, one for dq looping over key blocks).
 
+Attention dropout (`dropout_rate > 0`) is inverted dropout on the attention that mixes the
+values (after the uniform mix in "uniform" mode): each kernel recomputes the keep bits of its
+tile from the absolute `(b, h, q, k)` indices with `kernels.dropout` (integer hashing; no mask
+is stored), so the forward, dK/dV and dQ kernels and the reference see one mask. With `M` the
+mask scaled by `1 / (1 - rate)`: the forward accumulates `(M * P~) V` (and the masked sum of V
+for "uniform") against the undropped normaliser; the backward uses `dV = (M * P_mix)^T dO` and
+`dS = P * (M * dP - delta)` with `delta = dO . O_attn` of the dropped output. The `1 / (1 -
+rate)` factor of the accumulated sums is applied once in each epilogue.
+
 `kernels.flash_attention_stats.attention_statistics_pallas` runs a second pass over the keys
 that reuses the forward's log-sum-exp and reduces each query row's attention distribution
 to scalars (entropy, mass on [CLS], on special tokens, on self, previous and next token)
@@ -41,6 +50,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+
+from kernels import dropout as drop
 
 # Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -108,10 +119,23 @@ class _Config:
   has_segments: bool
   interpret: bool
   backward: str  # "pallas" | "reference"
+  dropout_rate: float = 0.0
 
   @property
   def uniform(self) -> bool:
     return self.ablation == "uniform"
+
+  @property
+  def dropout(self) -> bool:
+    return self.dropout_rate > 0
+
+  @property
+  def drop_threshold(self) -> int:
+    return drop.threshold(self.dropout_rate)
+
+  @property
+  def keep_scale(self) -> float:
+    return 1.0 / (1.0 - self.dropout_rate)
 
 
 def _dot(a, b, *, trans_a=False, trans_b=False):
@@ -133,6 +157,11 @@ def _allowed(q_idx, k_idx, length, seg_q, seg_k):
   if seg_q is not None:
     mask = mask & (seg_q[:, None] == seg_k[None, :])
   return jnp.broadcast_to(mask, (q_idx.shape[0], k_idx.shape[0]))
+
+
+def _keep(cfg: _Config, rows, cols):
+  """(bq, bk) bool kept entries of a tile from its row (bq,) and column (bk,) hashes."""
+  return drop.keep(rows[:, None], cols[None, :], cfg.drop_threshold)
 
 
 def _pallas_call(kernel, cfg: _Config, head_dim: int, **kwargs):
@@ -161,6 +190,7 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
+  key_ref = refs.pop(0) if cfg.dropout else None
   o_ref = refs.pop(0)
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k
@@ -170,6 +200,7 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
   q_idx = q_start + jnp.arange(block_q)
   q = q_ref[...]
   seg_q = segq_ref[...] if cfg.has_segments else None
+  rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
 
   def body(j, carry):
     acc, m_prev, l_prev = carry[:3]
@@ -183,14 +214,17 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
     correction = jnp.exp(m_prev - m_next)
     p = jnp.where(allowed, jnp.exp(s - m_next[:, None]), 0.0)
     v = v_ref[k_slice, :]
-    acc = acc * correction[:, None] + _dot(p, v)
+    kept = _keep(cfg, rows, drop.col_hash(k_idx)) if cfg.dropout else None
+    p_v = p if kept is None else jnp.where(kept, p, 0.0)  # the normaliser keeps every p
+    acc = acc * correction[:, None] + _dot(p_v, v)
     l_next = l_prev * correction + p.sum(axis=-1)
     if not cfg.uniform:
       return acc, m_next, l_next
     # Uniform ablation: the sum of V and the count over the allowed keys, per query row.
     vsum, count = carry[3:]
-    vsum = vsum + _dot(allowed.astype(jnp.float32), v)
-    count = count + allowed.astype(jnp.float32).sum(axis=-1)
+    allowed_f = allowed.astype(jnp.float32)
+    vsum = vsum + _dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
+    count = count + allowed_f.sum(axis=-1)
     return acc, m_next, l_next, vsum, count
 
   zeros_row = jnp.zeros((block_q,), jnp.float32)
@@ -203,10 +237,14 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
   acc, m, l, *uniform_sums = lax.fori_loop(0, num_k, body, init)
 
   row_real = (q_idx < length)[:, None]
+  if cfg.dropout:
+    acc = acc * cfg.keep_scale
   o_attn = jnp.where(row_real & (l[:, None] > 0), acc / jnp.where(l > 0, l, 1.0)[:, None], 0.0)
   out = xi * o_attn
   if cfg.uniform:
     vsum, count = uniform_sums
+    if cfg.dropout:
+      vsum = vsum * cfg.keep_scale
     v_mean = jnp.where(row_real, vsum / jnp.maximum(count, 1.0)[:, None], 0.0)
     out = out + (1.0 - xi) * v_mean
   o_ref[...] = out.astype(o_ref.dtype)
@@ -239,12 +277,15 @@ def _common_specs(cfg: _Config, seq_pad: int, head_dim: int, block_q: int):
   return specs
 
 
-def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool):
+def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None):
   batch, seq_pad, heads, head_dim = q.shape
   block_q = cfg.block_sizes.block_q
   grid = (batch, heads, seq_pad // block_q)
   in_specs = _common_specs(cfg, seq_pad, head_dim, block_q)
   args = [q, k, v, lengths, xi] + ([seg, seg] if cfg.has_segments else [])
+  if cfg.dropout:
+    in_specs.append(pl.BlockSpec((None, None), lambda b, h, i: (b, h)))
+    args.append(drop.stream_keys(seed, batch, heads))
   row_spec = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
   tile_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
@@ -298,12 +339,14 @@ def _dkv_kernel(*refs, cfg: _Config):
   refs = list(refs)
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
   refs = refs[8:]
-  segq_ref = segk_ref = coef_ref = None
+  segq_ref = segk_ref = coef_ref = key_ref = None
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
   if cfg.uniform:
     coef_ref = refs.pop(0)
+  if cfg.dropout:
+    key_ref = refs.pop(0)
   dk_ref, dv_ref = refs
   block_k, head_dim = k_ref.shape
   block_q = cfg.block_sizes.block_q_bwd
@@ -314,6 +357,8 @@ def _dkv_kernel(*refs, cfg: _Config):
   k = k_ref[...]
   v = v_ref[...]
   seg_k = segk_ref[...] if cfg.has_segments else None
+  key = key_ref[()] if cfg.dropout else None
+  cols = drop.col_hash(k_idx) if cfg.dropout else None
 
   def body(i, carry):
     dk, dv = carry
@@ -329,8 +374,12 @@ def _dkv_kernel(*refs, cfg: _Config):
     p_mix = xi * p
     if cfg.uniform:
       p_mix = p_mix + jnp.where(allowed, coef_ref[q_slice][:, None], 0.0)
-    dv = dv + _dot(p_mix, do, trans_a=True)
     dp = _dot(do, v, trans_b=True)  # (bq, bk)
+    if cfg.dropout:
+      kept = _keep(cfg, drop.row_hash(key, q_idx), cols)
+      p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
+      dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
+    dv = dv + _dot(p_mix, do, trans_a=True)
     ds = p * (dp - delta_ref[q_slice][:, None])
     dk = dk + _dot(ds, q, trans_a=True)
     return dk, dv
@@ -338,6 +387,8 @@ def _dkv_kernel(*refs, cfg: _Config):
   zeros = jnp.zeros((block_k, head_dim), jnp.float32)
   num_q = jnp.where(k_start < length, pl.cdiv(length, block_q), 0)
   dk, dv = lax.fori_loop(0, num_q, body, (zeros, zeros))
+  if cfg.dropout:
+    dv = dv * cfg.keep_scale
   dk_ref[...] = (dk * (xi * cfg.scale)).astype(dk_ref.dtype)
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
@@ -351,6 +402,7 @@ def _dq_kernel(*refs, cfg: _Config):
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
+  key_ref = refs.pop(0) if cfg.dropout else None
   (dq_ref,) = refs
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k_bwd
@@ -364,6 +416,7 @@ def _dq_kernel(*refs, cfg: _Config):
   delta = delta_ref[...]
   seg_q = segq_ref[...] if cfg.has_segments else None
   row_real = (q_idx < length)[:, None]
+  rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
 
   def body(j, dq):
     k_slice = _slice(j * block_k, block_k)
@@ -374,6 +427,8 @@ def _dq_kernel(*refs, cfg: _Config):
     s = _dot(q, k, trans_b=True) * cfg.scale
     p = jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
     dp = _dot(do, v_ref[k_slice, :], trans_b=True)
+    if cfg.dropout:
+      dp = jnp.where(_keep(cfg, rows, drop.col_hash(k_idx)), dp * cfg.keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
     return dq + _dot(ds, k)
 
@@ -383,10 +438,11 @@ def _dq_kernel(*refs, cfg: _Config):
 
 
 def _bwd_call(cfg: _Config, residuals, dout):
-  q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count = residuals
+  q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
   batch, seq_pad, heads, head_dim = q.shape
   bs = cfg.block_sizes
   seg_args = [seg, seg] if cfg.has_segments else []
+  keys = drop.stream_keys(seed, batch, heads) if cfg.dropout else None
   row_q = pl.BlockSpec((None, None, bs.block_q_bwd), lambda b, h, i: (b, h, i))
   tile_q = pl.BlockSpec((None, bs.block_q_bwd, None, head_dim), lambda b, h, i: (b, i, h, 0))
   len_spec = pl.BlockSpec((None,), lambda b, h, i: (b,))
@@ -424,6 +480,9 @@ def _bwd_call(cfg: _Config, residuals, dout):
     coef = jnp.where(count > 0, (1.0 - xi)[:, :, None] / jnp.maximum(count, 1.0), 0.0)
     dkv_args.append(coef)
     dkv_specs.append(full_row)
+  if cfg.dropout:
+    dkv_args.append(keys)
+    dkv_specs.append(xi_spec)
   dk, dv = _pallas_call(
     functools.partial(_dkv_kernel, cfg=cfg),
     cfg,
@@ -443,6 +502,9 @@ def _bwd_call(cfg: _Config, residuals, dout):
       pl.BlockSpec((None, bs.block_q_bwd), lambda b, h, i: (b, i)),
       pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
     ]
+  key_args = [keys] if cfg.dropout else []
+  if cfg.dropout:
+    dq_specs.append(xi_spec)
   dq = _pallas_call(
     functools.partial(_dq_kernel, cfg=cfg),
     cfg,
@@ -452,7 +514,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
     out_specs=tile_q,
     out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
     name="bertjax_attention_bwd_dq",
-  )(q, k, v, dout, lse, delta, lengths, xi, *seg_args)
+  )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *key_args)
   return dq, dk, dv, dxi.astype(xi.dtype)
 
 
@@ -460,7 +522,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
 # custom_vjp wrapper on padded inputs.
 
 
-def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi):
+def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi, seed):
   from kernels.attention import reference_attention  # pylint: disable=g-import-not-at-top
 
   return reference_attention(
@@ -472,31 +534,39 @@ def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi):
     head_mask=xi,
     ablation=cfg.ablation,
     scale=cfg.scale,
+    dropout_rate=cfg.dropout_rate,
+    dropout_seed=seed,
   )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, lengths, seg, xi):
-  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False)
+def _flash(cfg: _Config, q, k, v, lengths, seg, xi, seed):
+  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
   return out
 
 
-def _flash_fwd(cfg: _Config, q, k, v, lengths, seg, xi):
-  out, lse, o_attn, *uniform_res = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=True)
+def _flash_fwd(cfg: _Config, q, k, v, lengths, seg, xi, seed):
+  out, lse, o_attn, *uniform_res = _fwd_call(
+    cfg, q, k, v, lengths, seg, xi, with_residuals=True, seed=seed
+  )
   v_mean, count = uniform_res if cfg.uniform else (None, None)
-  return out, (q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count)
+  return out, (q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count)
 
 
 def _flash_bwd(cfg: _Config, residuals, dout):
-  q, k, v, lengths, seg, xi = residuals[:6]
+  q, k, v, lengths, seg, xi, seed = residuals[:7]
   if cfg.backward == "reference":
     _, vjp = jax.vjp(
-      lambda q_, k_, v_, xi_: _reference_padded(cfg, q_, k_, v_, lengths, seg, xi_), q, k, v, xi
+      lambda q_, k_, v_, xi_: _reference_padded(cfg, q_, k_, v_, lengths, seg, xi_, seed),
+      q,
+      k,
+      v,
+      xi,
     )
     dq, dk, dv, dxi = vjp(dout)
   else:
     dq, dk, dv, dxi = _bwd_call(cfg, residuals, dout)
-  return dq, dk, dv, None, None, dxi
+  return dq, dk, dv, None, None, dxi, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -549,6 +619,8 @@ def flash_attention(
   block_sizes: BlockSizes | None = None,
   interpret: bool = False,
   backward: str = "pallas",
+  dropout_rate: float = 0.0,
+  dropout_seed=None,
 ):
   """Fused attention on `(batch, seq, heads, head_dim)` inputs (validated by the caller).
 
@@ -564,6 +636,9 @@ def flash_attention(
     block_sizes: tile sizes; None means `BlockSizes.get_default()`.
     interpret: run the kernels in Pallas interpret mode.
     backward: "pallas" (default) or "reference" (`jax.vjp` of the pure-jnp reference).
+    dropout_rate: static attention dropout rate in [0, 1) (see the module docstring).
+    dropout_seed: int32/uint32 scalar seed (`kernels.dropout.seed_to_int32`), needed when
+      dropout_rate > 0.
 
   Returns:
     `(batch, seq, heads, head_dim)` in the dtype of q; rows at or past kv_length are zero.
@@ -582,6 +657,8 @@ def flash_attention(
     has_segments=segment_ids is not None,
     interpret=interpret,
     backward=backward,
+    dropout_rate=drop.check_rate(dropout_rate),
   )
-  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32))
+  seed = drop.seed_to_int32(dropout_seed) if cfg.dropout else None
+  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed)
   return out[:, :seq, :, :head_dim]

@@ -8,6 +8,11 @@ the last grid axis ("arbitrary") with accumulators in VMEM scratch. The lengths 
 prefetched: blocks past a sequence's length are skipped with `pl.when`, and their index maps
 are clamped to the last real block so that no new block is fetched for them.
 
+Attention dropout follows `kernels.flash_attention` exactly (the same `kernels.dropout` bits
+from the absolute `(b, h, q, k)` indices, recomputed per tile in the forward, dK/dV and dQ
+kernels): the per-(b, h) stream keys are a second `(batch, heads)` int32 SMEM input, row
+hashes are `(bq, 1)` and column hashes `(1, bk)` int32 vectors.
+
 Status: tested in interpret mode on CPU against the float64 reference; the Mosaic lowering
 is checked by exporting for TPU; a compiled run on a TPU is still to be done. Statistics
 (`attention_with_stats`) have no TPU variant yet.
@@ -24,6 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernels import dropout as drop
 from kernels.flash_attention import MASK_VALUE, BlockSizes, _Config, _dot, _prepare
 
 
@@ -37,6 +43,13 @@ def _mask(cfg, block_q, block_k, q_start, k_start, length, segq_ref, segk_ref):
   if cfg.has_segments:
     mask = mask & (segq_ref[...] == segk_ref[...])  # (bq, 1) == (1, bk)
   return mask
+
+
+def _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k):
+  """(bq, bk) bool kept entries of the tile at (q_start, k_start) of stream (b, h)."""
+  rows = drop.row_hash(keys_ref[b, h], _iota((block_q, 1), 0, q_start))
+  cols = drop.col_hash(_iota((1, block_k), 1, k_start))
+  return drop.keep(rows, cols, cfg.drop_threshold)
 
 
 def _params(cfg: _Config, semantics):
@@ -55,6 +68,7 @@ def _fwd_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, *refs, cfg, with_residual
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
+  keys_ref = refs.pop(0) if cfg.dropout else None
   n_out = (3 + 2 * cfg.uniform) if with_residuals else 1
   outs, scratch = refs[:n_out], refs[n_out:]
   m_sc, l_sc, acc_sc = scratch[:3]
@@ -82,12 +96,16 @@ def _fwd_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, *refs, cfg, with_residual
     correction = jnp.exp(m_prev - m_next)
     p = jnp.where(allowed, jnp.exp(s - m_next), 0.0)
     v = v_ref[...]
-    acc_sc[...] = acc_sc[...] * correction + _dot(p, v)
+    kept = None
+    if cfg.dropout:
+      kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
+    p_v = p if kept is None else jnp.where(kept, p, 0.0)  # the normaliser keeps every p
+    acc_sc[...] = acc_sc[...] * correction + _dot(p_v, v)
     l_sc[...] = l_sc[...] * correction + p.sum(axis=-1, keepdims=True)
     m_sc[...] = m_next
     if cfg.uniform:
       allowed_f = allowed.astype(jnp.float32)
-      scratch[3][...] += _dot(allowed_f, v)
+      scratch[3][...] += _dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
       scratch[4][...] += allowed_f.sum(axis=-1, keepdims=True)
 
   @pl.when(j == pl.num_programs(3) - 1)
@@ -96,11 +114,13 @@ def _fwd_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, *refs, cfg, with_residual
     l = l_sc[...]
     row_real = _iota((block_q, 1), 0, q_start) < length
     safe_l = jnp.where(l > 0, l, 1.0)
-    o_attn = jnp.where(row_real & (l > 0), acc_sc[...] / safe_l, 0.0)
+    acc = acc_sc[...] * cfg.keep_scale if cfg.dropout else acc_sc[...]
+    o_attn = jnp.where(row_real & (l > 0), acc / safe_l, 0.0)
     out = xi * o_attn
     if cfg.uniform:
       count = scratch[4][...]
-      v_mean = jnp.where(row_real, scratch[3][...] / jnp.maximum(count, 1.0), 0.0)
+      vsum = scratch[3][...] * cfg.keep_scale if cfg.dropout else scratch[3][...]
+      v_mean = jnp.where(row_real, vsum / jnp.maximum(count, 1.0), 0.0)
       out = out + (1.0 - xi) * v_mean
     outs[0][...] = out.astype(outs[0].dtype)
     if with_residuals:
@@ -115,7 +135,7 @@ def _last_block(length, block):
   return jnp.maximum(pl.cdiv(length, block) - 1, 0)
 
 
-def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals):
+def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals, seed=None):
   batch, heads, seq_pad, head_dim = q.shape
   bq, bk = cfg.block_sizes.block_q, cfg.block_sizes.block_k
 
@@ -140,6 +160,9 @@ def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals):
       ),
     ]
     args += [seg[:, :, None], seg[:, None, :]]  # (B, T, 1), (B, 1, T)
+  if cfg.dropout:
+    in_specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))  # stream keys (batch, heads)
+    args.append(drop.stream_keys(seed, batch, heads))
   tile = pl.BlockSpec((None, None, bq, head_dim), q_map)
   row = pl.BlockSpec((None, None, bq, 1), q_map)
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad, 1), jnp.float32)
@@ -181,10 +204,12 @@ def _probs(cfg, q, k, lse, allowed):
 
 def _dkv_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
   refs = list(refs)
-  segq_ref = segk_ref = coef_ref = None
+  segq_ref = segk_ref = coef_ref = keys_ref = None
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
+  if cfg.dropout:
+    keys_ref = refs.pop(0)
   if cfg.uniform:
     coef_ref = refs.pop(0)
   dk_ref, dv_ref, dk_sc, dv_sc = refs
@@ -208,14 +233,20 @@ def _dkv_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_re
     p_mix = xi * p
     if cfg.uniform:
       p_mix = p_mix + jnp.where(allowed, coef_ref[...], 0.0)
+    dp = _dot(do, v_ref[...], trans_b=True)
+    if cfg.dropout:
+      kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
+      p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
+      dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
     dv_sc[...] += _dot(p_mix, do, trans_a=True)
-    ds = p * (_dot(do, v_ref[...], trans_b=True) - delta_ref[...])
+    ds = p * (dp - delta_ref[...])
     dk_sc[...] += _dot(ds, q, trans_a=True)
 
   @pl.when(i == pl.num_programs(3) - 1)
   def _finish():
     dk_ref[...] = (dk_sc[...] * (xi * cfg.scale)).astype(dk_ref.dtype)
-    dv_ref[...] = dv_sc[...].astype(dv_ref.dtype)
+    dv = dv_sc[...] * cfg.keep_scale if cfg.dropout else dv_sc[...]
+    dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
 def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs, cfg):
@@ -224,6 +255,7 @@ def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
+  keys_ref = refs.pop(0) if cfg.dropout else None
   dq_ref, dq_sc = refs
   b, h, i, j = (pl.program_id(a) for a in range(4))
   block_q, block_k = q_ref.shape[0], k_ref.shape[0]
@@ -240,7 +272,11 @@ def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
     allowed = allowed & (_iota((block_q, 1), 0, q_start) < length)
     k = k_ref[...]
     p = _probs(cfg, q_ref[...], k, lse_ref[...], allowed)
-    ds = p * (_dot(do_ref[...], v_ref[...], trans_b=True) - delta_ref[...])
+    dp = _dot(do_ref[...], v_ref[...], trans_b=True)
+    if cfg.dropout:
+      kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
+      dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
+    ds = p * (dp - delta_ref[...])
     dq_sc[...] += _dot(ds, k)
 
   @pl.when(j == pl.num_programs(3) - 1)
@@ -249,7 +285,7 @@ def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
 
 
 def _bwd_call(cfg: _Config, residuals, dout):
-  q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count = residuals
+  q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
   batch, heads, seq_pad, head_dim = q.shape
   bq, bk = cfg.block_sizes.block_q_bwd, cfg.block_sizes.block_k_bwd
   # delta_i = dO_i . O_attn_i and d xi: elementwise, left to XLA.
@@ -283,6 +319,9 @@ def _bwd_call(cfg: _Config, residuals, dout):
       seg_k = lambda b, h, x, y, lens: (b, 0, clamp(k_idx(x, y), lens, b, bk))
       specs += [pl.BlockSpec((None, bq, 1), seg_q), pl.BlockSpec((None, 1, bk), seg_k)]
       args += [seg[:, :, None], seg[:, None, :]]
+    if cfg.dropout:
+      specs.append(pl.BlockSpec(memory_space=pltpu.SMEM))  # stream keys (batch, heads)
+      args.append(keys)
     for arr in extra:
       specs.append(q_row)
       args.append(arr)
@@ -301,6 +340,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
       **_params(cfg, ("parallel", "parallel", "parallel", "arbitrary")),
     )(lengths, *args)
 
+  keys = drop.stream_keys(seed, batch, heads) if cfg.dropout else None
   extra = []
   if cfg.uniform:
     coef = jnp.where(count > 0, (1.0 - xi)[:, :, None, None] / jnp.maximum(count, 1.0), 0.0)
@@ -336,20 +376,20 @@ def _bwd_call(cfg: _Config, residuals, dout):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, lengths, seg, xi):
-  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False)
+def _flash(cfg: _Config, q, k, v, lengths, seg, xi, seed):
+  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
   return out
 
 
-def _flash_fwd(cfg, q, k, v, lengths, seg, xi):
-  out, lse, o_attn, *uniform_res = _fwd_call(cfg, q, k, v, lengths, seg, xi, True)
+def _flash_fwd(cfg, q, k, v, lengths, seg, xi, seed):
+  out, lse, o_attn, *uniform_res = _fwd_call(cfg, q, k, v, lengths, seg, xi, True, seed=seed)
   v_mean, count = uniform_res if cfg.uniform else (None, None)
-  return out, (q, k, v, lengths, seg, xi, lse, o_attn, v_mean, count)
+  return out, (q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count)
 
 
 def _flash_bwd(cfg, residuals, dout):
   dq, dk, dv, dxi = _bwd_call(cfg, residuals, dout)
-  return dq, dk, dv, None, None, dxi
+  return dq, dk, dv, None, None, dxi, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -367,6 +407,8 @@ def flash_attention_tpu(
   scale=None,
   block_sizes: BlockSizes | None = None,
   interpret: bool = False,
+  dropout_rate: float = 0.0,
+  dropout_seed=None,
 ):
   """Fused attention for TPU; arguments and result as `kernels.flash_attention.flash_attention`.
 
@@ -386,7 +428,9 @@ def flash_attention_tpu(
     has_segments=segment_ids is not None,
     interpret=interpret,
     backward="pallas",
+    dropout_rate=drop.check_rate(dropout_rate),
   )
+  seed = drop.seed_to_int32(dropout_seed) if cfg.dropout else None
   to_bhtd = lambda x: jnp.swapaxes(x, 1, 2)  # (B, T, H, D) -> (B, H, T, D)
-  out = _flash(cfg, *map(to_bhtd, (qp, kp, vp)), lengths, seg, xi.astype(jnp.float32))
+  out = _flash(cfg, *map(to_bhtd, (qp, kp, vp)), lengths, seg, xi.astype(jnp.float32), seed)
   return jnp.swapaxes(out, 1, 2)[:, :seq]
