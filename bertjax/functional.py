@@ -141,6 +141,13 @@ def _concrete(x) -> bool:
   return x is not None and not isinstance(x, jax.core.Tracer)
 
 
+def as_array(x):
+  """Lists, tuples and other array-likes (NumPy, torch CPU tensors) as NumPy; JAX arrays as is."""
+  if x is None or isinstance(x, (jax.Array, jax.core.Tracer)):
+    return x
+  return np.asarray(x)
+
+
 def _check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
   unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
   if unknown:
@@ -257,6 +264,8 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
     A `BertOutput`.
   """
   capture = _capture_tuple(capture)
+  input_ids, attention_mask, token_type_ids, head_mask, layer_mask = map(
+      as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
                head_ablation, capture=capture, patch=patch)
   if not deterministic and rng is None:
