@@ -3,11 +3,17 @@
 Each experiment in this directory is one script answering one question from the
 BERTology literature. They all:
 
-* take `--out DIR` (default `experiments/results`), `--data-dir DIR` (default
-  `../shared/data` beside the repository), `--seed`, and `--smoke` (a tiny model and
-  tiny data, seconds not minutes: what the tests run);
+* take `--out DIR`, `--update-results`, `--data-dir DIR`, `--seed`, and `--smoke` (a tiny
+  model and tiny data, seconds not minutes: what the tests run);
 * write `NAME.json` (every number, the settings, the machine, the time taken, and the
-  `findings` rows that feed the README's Findings table) and `NAME_*.png` figures;
+  `findings` rows that feed the README's Findings table) and `NAME_*.png` figures, into a
+  scratch directory (`out/experiments` under the working directory, printed) unless
+  `--out DIR` is given; only `--update-results` (or `--out experiments/results`) writes
+  the committed results, and never with `--smoke`;
+* find the real data sets through the one lookup of `bertjax.data.fetch`: `--data-dir`,
+  else `$BERTJAX_DATA_DIR` (or the user cache that `bertjax data fetch` fills), else
+  `../shared/data` beside the repository; `--smoke` reads the small samples shipped in
+  `bertjax/resources/smoke/` instead (unless `--data-dir` is given), so it needs no data;
 * print progress lines to stderr.
 
 `write_results` puts the Findings rows in a fixed shape: the paper, its headline claim,
@@ -37,38 +43,106 @@ RESULTS = REPO / "experiments" / "results"
 HOLDS = ("yes", "partly", "no", "n/a")
 
 
+SCRATCH = pathlib.Path("out") / "experiments"  # relative to the working directory
+
+
+class _Parser(argparse.ArgumentParser):
+  """The experiments' parser: resolves `--out` and `--data-dir` once the arguments are read."""
+
+  def parse_known_args(self, args=None, namespace=None):
+    ns, rest = super().parse_known_args(args, namespace)
+    if hasattr(ns, "smoke") and hasattr(ns, "update_results"):
+      ns.out = self._out(ns)
+      if ns.smoke and ns.data_dir is None:
+        ns.data_dir = str(smoke_data_dir())
+        log(f"--smoke: reading the samples in {ns.data_dir} (no real data needed)")
+    return ns, rest
+
+  def _out(self, ns) -> str:
+    if ns.update_results:
+      if ns.out is not None and pathlib.Path(ns.out).resolve() != RESULTS:
+        self.error(f"--update-results writes {RESULTS}; it cannot be combined with --out {ns.out}")
+      out = RESULTS
+    elif ns.out is not None:
+      out = pathlib.Path(ns.out)
+    else:
+      out = SCRATCH
+      log(f"results go to {out.resolve()} (a scratch directory; --update-results writes the "
+          f"committed {RESULTS.relative_to(REPO)})")
+    if ns.smoke and out.resolve() == RESULTS:
+      self.error(f"--smoke results are not findings: they must not overwrite {RESULTS}; "
+                 "leave out --update-results / --out, or pass another --out DIR")
+    return str(out)
+
+
 def parser(doc: str | None) -> argparse.ArgumentParser:
-  """An argument parser with the shared options; the script's docstring is its help text."""
-  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", default=str(RESULTS), metavar="DIR",
-                 help=f"where NAME.json and the PNG figures go (default: {RESULTS.relative_to(REPO)})")
+  """An argument parser with the shared options; the script's docstring is its help text.
+
+  After parsing, `args.out` is the output directory (the scratch directory when neither
+  `--out` nor `--update-results` is given) and, for `--smoke` without `--data-dir`,
+  `args.data_dir` is the shipped samples' directory.
+  """
+  sys.excepthook = _excepthook
+  p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default=None, metavar="DIR",
+                 help=f"where NAME.json and the PNG figures go (default: {SCRATCH}, a scratch "
+                      "directory under the working directory)")
+  p.add_argument("--update-results", action="store_true",
+                 help=f"write the committed results in {RESULTS.relative_to(REPO)} (what the "
+                      "README's Findings table is generated from); not with --smoke")
   p.add_argument("--data-dir", default=None, metavar="DIR",
-                 help="the real data sets (ud_english_ewt/, wikitext2_tokens/, ...) "
-                      "(default: $BERTJAX_DATA_DIR or ../shared/data beside the repository)")
+                 help="the real data sets (ud_english_ewt/, wikitext2_tokens/, blimp/, ...) "
+                      "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
+                      "fills, then ../shared/data beside the repository; with --smoke: the "
+                      "samples shipped in bertjax/resources/smoke)")
   p.add_argument("--seed", type=int, default=0, help="seed of every split and sample (default: 0)")
   p.add_argument("--smoke", action="store_true",
-                 help="a tiny model and tiny data, for the tests (results are not findings)")
+                 help="a tiny model and the shipped sample data, for the tests (results are not "
+                      "findings)")
   return p
 
 
-def data_dir(arg: str | None) -> pathlib.Path:
-  """The data directory: the argument, else $BERTJAX_DATA_DIR, else ../shared/data.
+def _excepthook(kind, value, tb) -> None:
+  """Missing data is a user error: one line on stderr (`bertjax data fetch ...`), no traceback."""
+  from bertjax.data.fetch import DataError
+
+  if issubclass(kind, DataError):
+    print(f"error: {value}", file=sys.stderr)
+    sys.exit(1)
+  sys.__excepthook__(kind, value, tb)
+
+
+def smoke_data_dir() -> pathlib.Path:
+  """The small samples shipped in the package for `--smoke` runs, laid out as a data directory."""
+  from bertjax.data.fetch import smoke_dir
+
+  return smoke_dir()
+
+
+def data_dir(arg: str | None, *need: str) -> pathlib.Path:
+  """The data directory holding the sets in `need` (folder names such as "blimp").
+
+  Looks in `arg` (`--data-dir`) alone when given, else in `$BERTJAX_DATA_DIR` (or the user
+  cache), then `../shared/data` (`bertjax.data.fetch.find_root`).
 
   Raises:
-    FileNotFoundError: the directory does not exist (names it and how to point elsewhere).
+    bertjax.data.fetch.DataNotFoundError: no directory holds them (a FileNotFoundError whose
+      message names where it looked and the `bertjax data fetch NAME` command).
   """
-  path = pathlib.Path(arg or os.environ.get("BERTJAX_DATA_DIR") or REPO.parent / "shared" / "data")
-  if not path.is_dir():
-    raise FileNotFoundError(f"data directory {path} does not exist; pass --data-dir DIR "
-                            "(the directory holding ud_english_ewt/, wikitext2_tokens/, ...)")
-  return path
+  from bertjax.data.fetch import find_root
+
+  return find_root(arg, need)
 
 
 def ud_file(data: pathlib.Path, split: str = "dev") -> pathlib.Path:
   """UD English EWT's `.conllu` file for `split` ("train", "dev" or "test")."""
+  from bertjax.data.fetch import DataNotFoundError
+
   hits = sorted((data / "ud_english_ewt").rglob(f"*-ud-{split}.conllu"))
   if not hits:
-    raise FileNotFoundError(f"no *-ud-{split}.conllu under {data / 'ud_english_ewt'}")
+    raise DataNotFoundError(
+        f"no *-ud-{split}.conllu under {data / 'ud_english_ewt'}; run `bertjax data fetch "
+        f"ud_english_ewt` (the dev split) or pass --data-dir DIR")
   return hits[0]
 
 

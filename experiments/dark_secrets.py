@@ -427,7 +427,7 @@ def _run(args, t_start: float) -> None:
 
   size = SIZES["smoke" if args.smoke else "full"]
   timings: dict[str, float] = {}
-  data_root = common.data_dir(args.data_dir)
+  data_root = common.data_dir(args.data_dir, "blimp")
 
   with common.timed(timings, "load"):
     arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed)

@@ -356,7 +356,7 @@ def _main(argv: Sequence[str] | None) -> int:
   from bertjax.analysis import attention
   from bertjax.data import conllu
 
-  data = common.data_dir(args.data_dir)
+  data = common.data_dir(args.data_dir, "ud_english_ewt")
   path = common.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=60 if args.smoke else None)
   with common.timed(timings, "load model"):

@@ -238,7 +238,7 @@ def _main(argv: Sequence[str] | None) -> int:
   from bertjax.analysis import probing_run
   from bertjax.data import conllu
 
-  data = common.data_dir(args.data_dir)
+  data = common.data_dir(args.data_dir, "ud_english_ewt")
   n_sent = args.sentences or (40 if args.smoke else None)
   path = common.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=n_sent)

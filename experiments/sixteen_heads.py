@@ -352,7 +352,7 @@ def main(argv=None) -> int:
   from bertjax.analysis import ablation
   from bertjax.data import conllu
 
-  data = common.data_dir(args.data_dir)
+  data = common.data_dir(args.data_dir, "ud_english_ewt")
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):

@@ -571,7 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     smoke_compilation_cache()
   timings: dict[str, float] = {}
   with common.timed(timings, "data"):
-    data = load_wikitext(common.data_dir(args.data_dir), vocab=sc.vocab, seq_len=sc.seq_len,
+    root = common.data_dir(args.data_dir, "wikitext2_tokens")
+    data = load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
                          eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
                          max_lines=sc.max_lines)
   config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,

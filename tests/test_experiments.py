@@ -1,11 +1,15 @@
-"""Every experiment script's `--smoke` run, and the README's Findings table.
+"""Every experiment script's `--smoke` run, its output directory, and the Findings table.
 
 Each script in `experiments/` (other than the shared `common.py` and `findings.py`) is run
-as its users run it, in a subprocess with `--smoke`, and must write a well-formed
-`NAME.json` (finite numbers, Findings rows of the right shape, `smoke: true`) and valid PNG
-figures. Script-specific consistency checks live in `tests/test_experiment_NAME.py`.
+as a new user runs it: in a subprocess, in a fresh directory, with `--smoke` and no data at
+all (`$BERTJAX_DATA_DIR` empty, the `../shared/data` fallback turned off), so it reads only
+the samples shipped in `bertjax/resources/smoke/`. It must write a well-formed `NAME.json`
+(finite numbers, Findings rows of the right shape, `smoke: true`) and valid PNG figures into
+the scratch directory `out/experiments`, and leave the committed `experiments/results/`
+untouched. Script-specific consistency checks live in `tests/test_experiment_NAME.py`.
 """
 
+import hashlib
 import json
 import math
 import os
@@ -24,21 +28,36 @@ sys.path.insert(0, str(REPO / "experiments"))
 import findings
 
 
-def run_smoke(name: str, out: pathlib.Path, data_dir: pathlib.Path, *extra: str) -> dict:
-  """Runs `experiments/NAME.py --smoke` and returns its JSON document."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-             MPLBACKEND="Agg")
-  cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", "--out", str(out),
-         "--data-dir", str(data_dir), *extra]
-  proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
+  """The environment of a machine without data: an empty data directory, no ../shared."""
+  empty = cwd / "no-data"
+  empty.mkdir(exist_ok=True)
+  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+              MPLBACKEND="Agg", BERTJAX_DATA_DIR=str(empty), BERTJAX_NO_SHARED_DATA="1")
+
+
+def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.Path]:
+  """Runs `experiments/NAME.py --smoke` in `cwd` with no data; returns its JSON and folder."""
+  cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", *extra]
+  proc = subprocess.run(cmd, cwd=cwd, env=no_data_env(cwd), capture_output=True, text=True,
+                        timeout=600, check=False)
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
-  return json.loads((out / f"{name}.json").read_text())
+  out = cwd / "out" / "experiments"
+  assert f"results go to {out}" in proc.stderr and "bertjax/resources/smoke" in proc.stderr
+  return json.loads((out / f"{name}.json").read_text()), out
+
+
+def _committed() -> dict[str, str]:
+  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted((REPO / "experiments" / "results").iterdir()) if p.is_file()}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_smoke_run_writes_valid_results(name, tmp_path, data_dir):
-  doc = run_smoke(name, tmp_path, data_dir)
+def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
+  before = _committed()
+  doc, out = run_smoke(name, tmp_path)
+  assert _committed() == before, "a --smoke run must not touch experiments/results"
   assert doc["experiment"] == name and doc["smoke"] is True
   assert doc["seconds"] > 0 and doc["settings"]
   assert doc["findings"], "an experiment must state at least one finding"
@@ -49,7 +68,7 @@ def test_smoke_run_writes_valid_results(name, tmp_path, data_dir):
   assert not bad, bad[:5]
   assert doc["figures"], "an experiment must draw at least one figure"
   for fig in doc["figures"]:
-    _check_png(tmp_path / fig)
+    _check_png(out / fig)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -58,6 +77,78 @@ def test_help_names_the_run_command(name):
                         cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
   assert proc.returncode == 0, proc.stderr
   assert "--smoke" in proc.stdout and f"{name}.py" in proc.stdout
+  assert "--update-results" in proc.stdout
+
+
+def test_output_directory_rules(tmp_path, monkeypatch):
+  import common
+
+  monkeypatch.chdir(tmp_path)
+  parse = lambda *a: common.parser(None).parse_args(list(a))
+  results = str(common.RESULTS)
+  assert parse().out == str(common.SCRATCH)
+  assert parse("--out", "mine").out == "mine"
+  assert parse("--update-results").out == results
+  assert parse("--out", results).out == results  # an explicit --out experiments/results
+  assert parse("--smoke").data_dir == str(common.smoke_data_dir())
+  assert parse("--smoke", "--data-dir", "d").data_dir == "d"
+  assert parse().data_dir is None
+  for bad in (["--smoke", "--update-results"], ["--smoke", "--out", results],
+              ["--update-results", "--out", "elsewhere"]):
+    with pytest.raises(SystemExit) as e:
+      parse(*bad)
+    assert e.value.code == 2
+
+
+def test_smoke_refuses_to_write_committed_results(tmp_path):
+  before = _committed()
+  proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py"),
+                         "--smoke", "--update-results"], cwd=tmp_path, env=no_data_env(tmp_path),
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 2 and "--smoke results are not findings" in proc.stderr
+  assert "Traceback" not in proc.stderr and _committed() == before
+
+
+def test_missing_data_is_a_one_line_error(tmp_path):
+  proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py")],
+                        cwd=tmp_path, env=no_data_env(tmp_path), capture_output=True, text=True,
+                        timeout=300, check=False)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  line = proc.stderr.strip().splitlines()[-1]
+  assert line.startswith("error: data set ud_english_ewt not found (looked in ")
+  assert str(tmp_path / "no-data") in line and "`bertjax data fetch ud_english_ewt`" in line
+
+
+def test_smoke_samples_parse_with_the_project_readers():
+  """The shipped samples have the layout and formats of the real sets."""
+  from bertjax.analysis import cloze
+  from bertjax.data import conllu, fetch
+  from bertjax.data import corpus as C
+  from bertjax.training import finetune as ft
+
+  root = fetch.smoke_dir()
+  assert sorted(p.name for p in root.iterdir() if p.is_dir()) == sorted(fetch.DATASETS)
+  ud = conllu.read_conllu(root / "ud_english_ewt" / "en_smoke-ud-dev.conllu")
+  assert len(ud) == 40 and all((s.heads_array() == 0).sum() == 1 for s in ud)
+  for split in ("valid", "test"):
+    docs = C.read_documents(root / "wikitext2_tokens" / f"{split}.txt", format="wikitext")
+    assert len(docs) == 2 and sum(len(d) for d in docs) > 20
+  names = [f.path for f in fetch.DATASETS["blimp"].files if f.path.endswith(".jsonl")]
+  for name in names:
+    texts, _, labels = ft.load_blimp(root / "blimp" / name)
+    assert len(texts) == 32 and labels.tolist() == [1, 0] * 16
+  columns = {"NEG-136/NEG-136-SIMP.tsv": "context_aff context_neg target_aff target_neg",
+             "NEG-136/NEG-136-NAT.tsv": "context_aff context_neg target_aff target_neg",
+             "ROLE-88/ROLE-88.tsv": "item context expected target",
+             "CPRAG-102/CPRAG-102.tsv": "context_s1 context_s2 expected within_category "
+                                        "between_category"}
+  for rel, cols in columns.items():
+    rows = cloze.read_tsv(root / "lm_diagnostics" / "datasets" / rel)
+    assert rows and all(set(cols.split()) <= set(r) for r in rows), rel
+  records = cloze.load_jsonl(root / "lama_squad" / "test.jsonl")
+  assert all("[MASK]" in r["masked_sentences"][0] and r["obj_label"] for r in records)
+  assert cloze.load_jsonl(root / "lama_squad" / "relations.jsonl")[0]["template"]
+  assert (root / "tinyshakespeare" / "input.txt").read_text().count("\n") > 10
 
 
 def test_readme_findings_table_is_generated_from_committed_results():
