@@ -8,6 +8,8 @@ heads; forward and forward+backward; full batches and padded batches (lengths un
 [T/4, T] from a fixed seed). Implementations, side by side in one process:
 
 * `bertjax_pallas`: `kernels.attention(impl="pallas", kv_lengths=...)` (skips padded blocks).
+* `bertjax_pallas_dropout`: the same with attention dropout at rate 0.1 (`dropout_rate=0.1`,
+  a fixed `dropout_seed`): the cost of recomputing the hashed mask in all three kernels.
 * `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")` with sequence lengths.
 * `xla`: `jax.nn.dot_product_attention(implementation="xla")` with sequence lengths.
 * `jax_pallas_mha`: `jax.experimental.pallas.ops.gpu.attention.mha`; padding expressed as
@@ -40,7 +42,8 @@ import kernels
 FULL_SHAPES = [(256, 128, 12), (256, 128, 16), (64, 512, 12), (64, 512, 16)]  # (B, T, H)
 SMOKE_SHAPES = [(2, 64, 2)]
 HEAD_DIM = 64
-IMPLS = ("bertjax_pallas", "cudnn", "xla", "jax_pallas_mha")
+IMPLS = ("bertjax_pallas", "bertjax_pallas_dropout", "cudnn", "xla", "jax_pallas_mha")
+DROPOUT_RATE = 0.1  # bertjax_pallas_dropout: BERT's attention_probs_dropout_prob
 
 
 def parse_args(argv=None):
@@ -101,9 +104,19 @@ def make_attention(impl, seq, lengths, padded, interpret, blocks=None):
   """fn(q, k, v) -> out for one implementation, or raises if unavailable here."""
   on_gpu = jax.default_backend() == "gpu"
   lens = jnp.asarray(lengths, jnp.int32) if padded else None
-  if impl == "bertjax_pallas":
+  if impl in ("bertjax_pallas", "bertjax_pallas_dropout"):
+    dropout = {}
+    if impl == "bertjax_pallas_dropout":
+      dropout = {"dropout_rate": DROPOUT_RATE, "dropout_seed": jnp.uint32(1234)}
     return lambda q, k, v: kernels.attention(
-      q, k, v, kv_lengths=lens, impl="pallas", interpret=interpret, block_sizes=blocks
+      q,
+      k,
+      v,
+      kv_lengths=lens,
+      impl="pallas",
+      interpret=interpret,
+      block_sizes=blocks,
+      **dropout,
     )
   if impl in ("cudnn", "xla"):
     if impl == "cudnn" and not on_gpu:
@@ -215,9 +228,9 @@ def _row_line(row):
     f"B={row['batch']} T={row['seq']} H={row['heads']} {'padded' if row['padded'] else 'full'}"
   )
   if "error" in row:
-    return f"{row['impl']:>15} {row['mode']:>8} {shape}: {row['error']}"
+    return f"{row['impl']:>22} {row['mode']:>8} {shape}: {row['error']}"
   return (
-    f"{row['impl']:>15} {row['mode']:>8} {shape}: {row['ms']:.3f} ms, "
+    f"{row['impl']:>22} {row['mode']:>8} {shape}: {row['ms']:.3f} ms, "
     f"{row['tflops']:.2f} TFLOP/s ({100 * row['frac_peak']:.1f}% of matmul peak), "
     f"compile {row['compile_s']:.1f} s"
   )
