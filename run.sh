@@ -1,32 +1,125 @@
 #!/usr/bin/env bash
-# bertjax entry point. Usage: ./run.sh {setup|demo|test|bench|report|pretrain|finetune|experiment} [args]
-#   ./run.sh demo        set up, then run the main job (a BERTology report on all-MiniLM-L6-v2)
-#   ./run.sh test        set up, then run the test suite (pytest; extra args go to pytest)
-#   ./run.sh bench NAME  run benchmarks/NAME.py (e.g. bench_forward)
+# bertjax entry point: ./run.sh COMMAND [ARGS]. `./run.sh help` lists every command, experiment
+# and benchmark; commands that run Python set up .venv first (quietly; pip's log in .venv/setup.log).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${BERTJAX_VENV:-.venv}
 PY="$VENV/bin/python"
+LOG="$VENV/setup.log"
+
+usage() {
+  cat <<'EOF'
+Usage: ./run.sh COMMAND [ARGS...]
+
+Commands:
+  setup                   create .venv and install bertjax with every extra (pip's output goes
+                          to .venv/setup.log; reinstalls only when pyproject.toml changes)
+  demo [ARGS]             set up, then the main job: the BERTology report on all-MiniLM-L6-v2
+  test [PYTEST ARGS]      set up, then the test suite (pytest; BERTJAX_TEST_WORKERS=N workers, default 2)
+  report [ARGS]           bertjax report: the HTML report on any Hugging Face BERT/ALBERT directory
+  pretrain [ARGS]         bertjax pretrain: pre-train a BERT or ALBERT model (MLM + NSP/SOP)
+  finetune [ARGS]         bertjax finetune: fine-tune a model on a classification task
+  data list               bertjax data list: each real data set, its licence, source, and where it is
+  data fetch NAME|all     bertjax data fetch: download data sets from their public sources, verified
+  experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: seconds, no data)
+  bench NAME [ARGS]       run benchmarks/NAME.py
+  help                    this list
+
+Each of report, pretrain, finetune, data, and every experiment and benchmark takes --help.
+EOF
+  echo
+  echo "Experiments (./run.sh experiment NAME):"
+  list_scripts experiments
+  echo
+  echo "Benchmarks (./run.sh bench NAME):"
+  list_scripts benchmarks
+}
+
+# The scripts in DIR with the first line of each one's docstring.
+list_scripts() {
+  local f name
+  for f in "$1"/*.py; do
+    name=$(basename "$f" .py)
+    case "$name" in common | findings | _*) continue ;; esac
+    printf '  %-22s %s\n' "$name" "$(first_doc_line "$f")"
+  done
+}
+
+first_doc_line() {
+  awk 'NR == 1 { sub(/^[ \t]*(r|u)?"""/, ""); sub(/"""[ \t]*$/, ""); if ($0 != "") { print; exit } next }
+       { sub(/^[ \t]+/, ""); print; exit }' "$1"
+}
+
+# Runs DIR/NAME.py, or lists DIR's scripts when NAME is missing, --help or unknown.
+run_script() {
+  local dir=$1 title=$2 one=$3 cmd=$4
+  shift 4
+  local name=${1:-}
+  case "$name" in
+    "" | -h | --help | help)
+      echo "Usage: ./run.sh $cmd NAME [ARGS...]   (./run.sh $cmd NAME --help: its options)"
+      echo
+      echo "$title:"
+      list_scripts "$dir"
+      exit 0 ;;
+  esac
+  shift
+  if [ ! -f "$dir/$name.py" ] || [ "$name" = common ]; then
+    echo "unknown $one '$name'; ./run.sh $cmd NAME runs one of:" >&2
+    list_scripts "$dir" >&2
+    exit 2
+  fi
+  setup
+  exec "$PY" "$dir/$name.py" "$@"
+}
+
+# One stage of setup: a short line, the command's output appended to $LOG, and on failure
+# the log's last lines and its path.
+stage() {
+  local what=$1 t=$SECONDS
+  shift
+  printf '[setup] %s ...' "$what" >&2
+  if "$@" >>"$LOG" 2>&1; then
+    printf ' %ss\n' $((SECONDS - t)) >&2
+  else
+    printf ' failed\n' >&2
+    echo "[setup] the last lines of the log:" >&2
+    tail -n 25 "$LOG" | sed 's/^/    /' >&2
+    echo "[setup] failed while $what; the full pip output is in $LOG" >&2
+    exit 1
+  fi
+}
 
 setup() {
-  if [ ! -x "$PY" ]; then
-    python3 -m venv "$VENV"
-  fi
   # Reinstall only when the package metadata changed.
-  local stamp="$VENV/.bertjax-installed"
-  local want
+  local stamp="$VENV/.bertjax-installed" want t0=$SECONDS
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "[setup] installing bertjax and its dependencies into $VENV ..." >&2
-    "$PY" -m pip install -q --upgrade pip >&2
+  if [ ! -x "$PY" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    if [ ! -x "$PY" ]; then
+      printf '[setup] creating the virtual environment %s ...' "$VENV" >&2
+      local out
+      if ! out=$(python3 -m venv "$VENV" 2>&1); then
+        printf ' failed\n%s\n' "$out" >&2
+        echo "[setup] python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2
+        exit 1
+      fi
+      printf ' done\n' >&2
+    fi
+    : >"$LOG"
+    echo "[setup] installing bertjax into $VENV (a few minutes the first time; pip's output: $LOG)" >&2
+    local pip=("$PY" -m pip install --disable-pip-version-check --no-input --progress-bar off)
+    stage "upgrading pip" "${pip[@]}" --upgrade pip
     # The CPU build of torch first, pinned, so nothing pulls the CUDA wheels.
-    "$PY" -m pip install -q "torch==2.13.0" >&2
-    "$PY" -m pip install -q -e ".[hf,data,plots,models,dev]" >&2
-    # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for
-    # the pruned-checkpoint test and the Flax peer benchmark; not on sys.path.
-    "$PY" -m pip install -q --no-deps --upgrade --target "$VENV/hf4" \
-      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" >&2
-    echo "$want" > "$stamp"
+    stage "installing torch 2.13.0 (CPU build)" "${pip[@]}" "torch==2.13.0"
+    stage "installing bertjax and its extras (jax, flax, transformers, tensorflow-cpu, ...)" \
+      "${pip[@]}" -e ".[hf,data,plots,models,dev]"
+    # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for the
+    # pruned-checkpoint test and the Flax peer benchmark; not on sys.path.
+    stage "installing transformers 4.57 beside it in $VENV/hf4 (for two comparisons)" \
+      "${pip[@]}" --no-deps --upgrade --target "$VENV/hf4" \
+      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1"
+    echo "$want" >"$stamp"
+    echo "[setup] done in $((SECONDS - t0))s" >&2
   fi
   export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
@@ -38,9 +131,12 @@ case "$cmd" in
   setup) setup ;;
   test) setup; exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" "$@" ;;
   demo) setup; exec "$PY" -m bertjax.cli report "$@" ;;
-  report|pretrain|finetune) setup; exec "$PY" -m bertjax.cli "$cmd" "$@" ;;
-  bench) setup; name=${1:?usage: ./run.sh bench NAME}; shift; exec "$PY" "benchmarks/$name.py" "$@" ;;
-  experiment) setup; name=${1:?usage: ./run.sh experiment NAME}; shift; exec "$PY" "experiments/$name.py" "$@" ;;
-  help|-h|--help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' ;;
-  *) echo "unknown command: $cmd (expected setup, demo, test, bench, report, pretrain, finetune, experiment)" >&2; exit 2 ;;
+  report | pretrain | finetune | data) setup; exec "$PY" -m bertjax.cli "$cmd" "$@" ;;
+  bench) run_script benchmarks Benchmarks benchmark bench "$@" ;;
+  experiment) run_script experiments Experiments experiment experiment "$@" ;;
+  help | -h | --help) usage ;;
+  *)
+    echo "unknown command: $cmd (expected setup, demo, test, report, pretrain, finetune, data," \
+      "experiment, bench or help; ./run.sh help lists them)" >&2
+    exit 2 ;;
 esac

@@ -1,0 +1,139 @@
+"""`./run.sh`: its help, the experiment and benchmark lists, and the quiet, staged set-up.
+
+Run as a user runs it (a subprocess). The set-up tests point `BERTJAX_VENV` at a fake
+virtual environment whose `python` prints pip-like noise (and fails on request), so the
+staging, the log file and the failure message are checked without installing anything.
+"""
+
+import ast
+import hashlib
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+COMMANDS = ("setup", "demo", "test", "report", "pretrain", "finetune", "data list", "data fetch",
+            "experiment", "bench", "help")
+
+
+def _run(*args, env=None):
+  return subprocess.run([str(REPO / "run.sh"), *args], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=False, env=dict(os.environ, **(env or {})))
+
+
+def _scripts(folder: str) -> dict[str, str]:
+  """Each script's name and the first line of its docstring."""
+  out = {}
+  for path in sorted((REPO / folder).glob("*.py")):
+    if path.stem in ("common", "findings") or path.stem.startswith("_"):
+      continue
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc, f"{path} has no docstring"
+    out[path.stem] = doc.strip().splitlines()[0]
+  return out
+
+
+def _listed(text: str, scripts: dict[str, str]) -> None:
+  for name, line in scripts.items():
+    assert any(row.split(None, 1) == [name, line] for row in text.splitlines()), (name, line)
+
+
+@pytest.mark.parametrize("arg", ["help", "--help", "-h", None])
+def test_help_lists_every_command_experiment_and_benchmark(arg):
+  proc = _run(*([arg] if arg else []))
+  assert proc.returncode == 0, proc.stderr
+  out = proc.stdout
+  assert "set -euo pipefail" not in out and "Usage: ./run.sh COMMAND" in out
+  for cmd in COMMANDS:
+    assert f"\n  {cmd} " in out, cmd
+  _listed(out, _scripts("experiments"))
+  _listed(out, _scripts("benchmarks"))
+
+
+@pytest.mark.parametrize("args", [["experiment"], ["experiment", "--help"], ["experiment", "-h"]])
+def test_experiment_without_a_name_lists_the_experiments(args):
+  proc = _run(*args)
+  assert proc.returncode == 0 and "Usage: ./run.sh experiment NAME" in proc.stdout
+  _listed(proc.stdout, _scripts("experiments"))
+  assert "bench_forward" not in proc.stdout
+
+
+@pytest.mark.parametrize("args", [["bench"], ["bench", "--help"]])
+def test_bench_without_a_name_lists_the_benchmarks(args):
+  proc = _run(*args)
+  assert proc.returncode == 0 and "Usage: ./run.sh bench NAME" in proc.stdout
+  _listed(proc.stdout, _scripts("benchmarks"))
+
+
+def test_unknown_names_say_what_exists():
+  proc = _run("experiment", "sixteen_head")
+  assert proc.returncode == 2 and "unknown experiment 'sixteen_head'" in proc.stderr
+  assert "sixteen_heads" in proc.stderr and "Traceback" not in proc.stderr
+  proc = _run("bench", "nope")
+  assert proc.returncode == 2 and "unknown benchmark 'nope'" in proc.stderr
+  proc = _run("frobnicate")
+  assert proc.returncode == 2 and "unknown command: frobnicate" in proc.stderr
+
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+# A stand-in for the venv's python: pip-like noise, and a failure when asked.
+echo "Collecting something"
+echo "WARNING: a warning nobody needs to see on the terminal" >&2
+if [ -n "${FAKE_FAIL:-}" ] && [[ " $* " == *"$FAKE_FAIL"* ]]; then
+  echo "ERROR: No matching distribution found for $FAKE_FAIL" >&2
+  exit 1
+fi
+exit 0
+"""
+
+
+def _fake_venv(tmp_path) -> pathlib.Path:
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True)
+  py = venv / "bin" / "python"
+  py.write_text(_FAKE_PYTHON)
+  py.chmod(0o755)
+  return venv
+
+
+def test_setup_is_quiet_and_staged(tmp_path):
+  venv = _fake_venv(tmp_path)
+  proc = _run("setup", env={"BERTJAX_VENV": str(venv)})
+  assert proc.returncode == 0, proc.stderr
+  lines = (proc.stdout + proc.stderr).strip().splitlines()
+  assert all(line.startswith("[setup] ") for line in lines), lines
+  assert len(lines) <= 8
+  assert f"pip's output: {venv / 'setup.log'}" in proc.stderr
+  for stage in ("upgrading pip", "installing torch", "installing bertjax", "transformers 4.57"):
+    assert any(stage in line for line in lines), stage
+  assert "WARNING" not in proc.stderr and "Collecting" not in proc.stdout
+  log = (venv / "setup.log").read_text()
+  assert log.count("WARNING: a warning") == 4 and "Collecting" in log
+  want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+  assert (venv / ".bertjax-installed").read_text().strip() == want
+  # Up to date: nothing to do, nothing printed.
+  again = _run("setup", env={"BERTJAX_VENV": str(venv)})
+  assert again.returncode == 0 and again.stdout == again.stderr == ""
+
+
+def test_setup_failure_names_the_stage_and_the_log(tmp_path):
+  venv = _fake_venv(tmp_path)
+  proc = _run("setup", env={"BERTJAX_VENV": str(venv), "FAKE_FAIL": "torch==2.13.0"})
+  assert proc.returncode == 1
+  err = proc.stderr
+  assert "installing torch 2.13.0 (CPU build) ... failed" in err
+  assert "No matching distribution found for torch==2.13.0" in err
+  assert f"the full pip output is in {venv / 'setup.log'}" in err
+  assert not (venv / ".bertjax-installed").exists()
+
+
+def test_pyproject_license_is_an_spdx_string():
+  import tomllib
+
+  meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+  assert meta["project"]["license"] == "Apache-2.0"
+  assert any(r.startswith("setuptools>=77") for r in meta["build-system"]["requires"])
+  data = meta["tool"]["setuptools"]["package-data"]["bertjax"]
+  assert "resources/smoke/**/*" in data and "data/SHA256SUMS" in data
