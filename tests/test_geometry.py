@@ -229,3 +229,22 @@ def test_max_explainable_variance_types_and_baseline_counts(monkeypatch):
     geometry.max_explainable_variance(reps, ids, measured=measured[:-1])
   with pytest.raises(ValueError, match="min_count=1"):
     geometry.max_explainable_variance(reps, ids, min_count=1)
+
+
+def test_random_words_mev_draws_one_word_from_each_of_distinct_sentences(monkeypatch):
+  rng = np.random.default_rng(6)
+  sents = np.repeat(np.arange(30), rng.integers(1, 6, 30))
+  reps = rng.normal(size=(2, len(sents), 8)) + rng.normal(size=8)
+  picked = []
+  real_mev = geometry.mev
+  monkeypatch.setattr(geometry, "mev", lambda x, d: picked.append(x) or real_mev(x, d))
+  got = geometry.random_words_mev(reps, sents, num_samples=20, seed=1, definition="pca")
+  (x,) = picked
+  rows = [np.flatnonzero((reps[0] == v).all(-1))[0] for v in x[0]]
+  assert len(set(sents[rows])) == 20  # 20 words from 20 different sentences
+  np.testing.assert_allclose(got, real_mev(reps[:, rows], "pca"))
+  monkeypatch.undo()
+  again = geometry.random_words_mev(reps, sents, num_samples=20, seed=1)
+  np.testing.assert_allclose(again, geometry.mev(reps[:, rows]))  # same seed, same words
+  with pytest.raises(ValueError, match="num_samples=31"):
+    geometry.random_words_mev(reps, sents, num_samples=31)

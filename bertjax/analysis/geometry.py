@@ -353,6 +353,45 @@ def max_explainable_variance(
   }
 
 
+def random_words_mev(
+  reps,
+  sentence_ids: Sequence[Any],
+  num_samples: int = 1000,
+  seed: int = 0,
+  definition: str = "truncated_svd",
+) -> np.ndarray:
+  """Ethayarajh's own MEV baseline: the MEV of one random word from each of random sentences.
+
+  As ``explore_embedding_space`` in github.com/kawine/contextual (``analyze.py``):
+  ``num_samples`` distinct sentences drawn uniformly, one word drawn uniformly from
+  each, and one MEV (``definition``, see `mev`) of those words per layer. Sampling
+  across sentences keeps shared context out of the baseline. Compare with
+  `max_explainable_variance`'s baseline, which matches each type's sample size.
+
+  Args:
+    reps: ``(layers, n_tokens, dim)``.
+    sentence_ids: ``(n_tokens,)`` the sentence of every token.
+    num_samples: sentences (and words) drawn; at most the number of sentences.
+    seed: NumPy seed of the draws (the same words for every ``definition``).
+    definition: one of `MEV_DEFINITIONS`.
+
+  Returns:
+    ``(layers,)`` float64.
+  """
+  reps = np.asarray(reps)
+  if reps.ndim != 3:
+    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
+  ids, k = _group_ids(sentence_ids, reps.shape[1], "sentence_ids")
+  if not 2 <= num_samples <= k:
+    raise ValueError(f"{num_samples=} must be in [2, {k}] (the number of sentences)")
+  rng = np.random.default_rng(seed)
+  order = np.argsort(ids, kind="stable")
+  starts = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=k))])
+  chosen = rng.choice(k, num_samples, replace=False)
+  words = [order[starts[s] + rng.integers(starts[s + 1] - starts[s])] for s in chosen]
+  return mev(reps[:, np.asarray(words)], definition)
+
+
 # ----------------------------------------------------------------------------
 # Linear CKA
 
