@@ -1,7 +1,7 @@
 """How contextual are all-MiniLM-L6-v2's word representations? Ethayarajh (2019), layer by layer.
 
 Run:
-  ./run.sh experiment anisotropy            # the full run (~40 s CPU; 1-3 min wall)
+  ./run.sh experiment anisotropy            # the full run (~1.5 min on 2 CPU cores)
   .venv/bin/python experiments/anisotropy.py [--smoke]
 
 What it measures, on which model and data, and why:
@@ -21,9 +21,20 @@ What it measures, on which model and data, and why:
   * each of these minus the anisotropy baseline ("adjusted", Ethayarajh Sec. 3.3)
     (`geometry.contextuality`);
   * maximum explainable variance (MEV): the share of the variance of a word type's
-    occurrence matrix explained by its first principal component (sigma_1^2 / sum
-    sigma_i^2, uncentred), averaged over types, and its anisotropy-adjusted version
-    (minus the MEV of as many random word tokens; see `max_explainable_variance`).
+    occurrences explained by their first principal component, averaged over types, and its
+    anisotropy-adjusted version (minus the MEV of as many random word tokens, type by type)
+    (`geometry.max_explainable_variance`). The paper's formula and its released code
+    disagree, so all three definitions are measured (`geometry.mev`): "truncated_svd", the
+    code behind the paper's released numbers (sklearn TruncatedSVD's
+    explained_variance_ratio_[0]: uncentred direction, centred variance) and the verdict's
+    definition (`--mev-definition` picks another); "pca" (centred, the code's later
+    version); "uncentred" (sigma_1^2 / sum sigma_i^2 of the raw matrix, the paper's
+    Definition 3 as written). The paper's own baseline, one MEV of 1,000 words drawn from
+    distinct random sentences (`geometry.random_words_mev`), is reported beside ours.
+
+  Word types, as Ethayarajh's word index (kawine/contextual `preprocess.py`): types seen
+  >= 5 times, punctuation left out (here: UD UPOS PUNCT; the paper: spaCy's is_punct), every
+  occurrence used. Random pairs and sentences include every word, as the paper's.
 
   Data: the sentences of UD English EWT v2.16 dev (2,001 sentences, ~25k words; the
   treebank's word segmentation, each word represented by its first subword).
@@ -44,63 +55,17 @@ import numpy as np
 
 NAME = "anisotropy"
 PAPER = "Ethayarajh 2019"
-
-
-def mev(occurrences: np.ndarray) -> np.ndarray:
-  """Maximum explainable variance of occurrence matrices: sigma_1^2 / sum_i sigma_i^2.
-
-  Args:
-    occurrences: (..., n, dim), n representations of one word (uncentred, as Ethayarajh).
-
-  Returns:
-    (...,) the share of the (uncentred) variance along the first principal direction.
-  """
-  x = np.asarray(occurrences, np.float64)
-  if x.ndim < 2 or x.shape[-2] < 2:
-    raise ValueError(f"occurrences must be (..., n >= 2, dim), got shape {x.shape}")
-  s = np.linalg.svd(x, compute_uv=False)  # (..., min(n, dim))
-  return s[..., 0] ** 2 / np.maximum(np.sum(s**2, -1), 1e-300)
-
-
-def max_explainable_variance(reps: np.ndarray, word_ids: Sequence, min_count: int = 5,
-                             max_occurrences: int = 64, seed: int = 0) -> dict[str, np.ndarray]:
-  """Per-layer MEV averaged over word types, and its random-token baseline.
-
-  Args:
-    reps: (layers, n_tokens, dim).
-    word_ids: (n_tokens,) the type of every token.
-    min_count: types with fewer occurrences are skipped.
-    max_occurrences: at most this many occurrences per type (a seeded sample), to bound cost.
-    seed: the sampling seed.
-
-  Returns:
-    {"mev", "baseline", "adjusted"}: (layers,) each; "baseline" is the MEV of random sets
-    of tokens of the same sizes (Ethayarajh's anisotropy adjustment); "types": how many.
-  """
-  reps = np.asarray(reps)
-  if reps.ndim != 3:
-    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
-  if min_count < 2:
-    raise ValueError(f"{min_count=} must be >= 2")
-  ids = np.asarray(word_ids)
-  if ids.shape != reps.shape[1:2]:
-    raise ValueError(f"word_ids shape {ids.shape} must be ({reps.shape[1]},)")
-  rng = np.random.default_rng(seed)
-  _, dense, counts = np.unique(ids, return_inverse=True, return_counts=True)
-  order = np.argsort(dense, kind="stable")
-  starts = np.concatenate([[0], np.cumsum(counts)])
-  values, baseline = [], []
-  for k in np.flatnonzero(counts >= min_count):
-    members = order[starts[k]:starts[k + 1]]
-    if len(members) > max_occurrences:
-      members = rng.choice(members, max_occurrences, replace=False)
-    values.append(mev(reps[:, np.sort(members)]))
-    baseline.append(mev(reps[:, np.sort(rng.choice(reps.shape[1], len(members), replace=False))]))
-  if not values:
-    nan = np.full(reps.shape[0], np.nan)
-    return {"mev": nan, "baseline": nan, "adjusted": nan, "types": 0}
-  m, b = np.mean(values, 0), np.mean(baseline, 0)
-  return {"mev": m, "baseline": b, "adjusted": m - b, "types": len(values)}
+MEV_DEFINITIONS = ("truncated_svd", "pca", "uncentred")  # = geometry.MEV_DEFINITIONS
+MEV_LABELS = {"truncated_svd": "TruncatedSVD, the paper's released code",
+              "pca": "centred PCA", "uncentred": "uncentred sigma_1^2 / sum sigma_i^2"}
+MEV_DEFINITIONS_DOC = {
+    "truncated_svd": "sklearn TruncatedSVD(n_components=100).explained_variance_ratio_[0] "
+                     "(kawine/contextual analyze.py, first commit 84d2f97: the code behind "
+                     "the released bert/variance_explained.csv)",
+    "pca": "sklearn PCA(n_components=1).explained_variance_ratio_[0] (kawine/contextual "
+           "analyze.py, commit c10c992)",
+    "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
+                 "Definition 3 as written)"}
 
 
 def trend(values: Sequence[float]) -> float:
@@ -146,7 +111,7 @@ def _model(args):
   return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
 
 
-def _figures(out, m: dict, model_name: str) -> list[str]:
+def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -162,20 +127,22 @@ def _figures(out, m: dict, model_name: str) -> list[str]:
   ax = axes[1]
   ax.plot(layers, m["self_similarity"], marker="o", label="self-similarity")
   ax.plot(layers, m["intra_sentence"], marker="s", label="intra-sentence similarity")
-  ax.plot(layers, m["mev"], marker="^", label="MEV (1st PC share)")
+  for d, style in zip(MEV_DEFINITIONS, ("^-", "v:", "d:")):
+    ax.plot(layers, m[f"mev_{d}"], style, label=f"MEV, {d}")
   ax.plot(layers, m["anisotropy"], ls="--", color="gray", label="anisotropy baseline")
-  ax.set(title="Raw measures", ylabel="cosine / variance share")
+  ax.set(title="Raw measures", ylabel="cosine / variance share", ylim=(-0.03, 1.35))
   ax = axes[2]
   ax.plot(layers, m["self_similarity_adjusted"], marker="o", label="self-similarity - baseline")
   ax.plot(layers, m["intra_sentence_adjusted"], marker="s",
           label="intra-sentence - baseline")
-  ax.plot(layers, m["mev_adjusted"], marker="^", label="MEV - random-token MEV")
+  ax.plot(layers, m["mev_adjusted"], marker="^", label=f"MEV - random-word MEV ({definition})")
   ax.axhline(0, color="k", lw=0.8)
   ax.set(title="Anisotropy-adjusted", ylabel="adjusted value")
   for ax in axes:
     ax.set(xlabel="layer (0 = embeddings)", xticks=layers)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2 if ax is axes[1] else 1, loc="upper center" if ax is axes[1]
+              else "best")
   fig.suptitle(f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words")
   figs = [common.savefig(fig, out, f"{NAME}_by_layer")]
 
@@ -215,6 +182,15 @@ def _main(argv: Sequence[str] | None) -> int:
   p.add_argument("--min-count", type=int, default=5,
                  help="a word type needs this many occurrences for self-similarity and MEV "
                       "(default: 5, as Ethayarajh)")
+  p.add_argument("--mev-definition", choices=MEV_DEFINITIONS, default="truncated_svd",
+                 help="the MEV definition of the Findings row (all three are measured; "
+                      "default: truncated_svd, the code behind the paper's released numbers)")
+  p.add_argument("--mev-max-occurrences", type=int, default=None,
+                 help="at most this many occurrences per type for MEV (a seeded sample; "
+                      "default: all, as Ethayarajh)")
+  p.add_argument("--punctuation", choices=("exclude", "include"), default="exclude",
+                 help="whether punctuation words (UPOS PUNCT) are word types of self-similarity "
+                      "and MEV (default: exclude, as Ethayarajh's word index)")
   args = p.parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
@@ -233,14 +209,30 @@ def _main(argv: Sequence[str] | None) -> int:
     wf = features.extract_word_features(params, config, tok, sentences, progress=False)
     reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
   types = np.asarray([w.lower() for s in sentences for w in s.forms])
+  measured = np.ones(len(types), bool)
+  if args.punctuation == "exclude":
+    measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
+  # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
+  self_types = np.where(measured, types, [f"\0{i}" for i in range(len(types))])
   with common.timed(timings, "contextuality"):
-    m = geometry.contextuality(reps, types, wf.sentence_index, num_pairs=args.pairs,
+    m = geometry.contextuality(reps, self_types, wf.sentence_index, num_pairs=args.pairs,
                                seed=args.seed, min_count=min_count)
-  with common.timed(timings, "mev"):
-    mv = max_explainable_variance(reps, types, min_count, seed=args.seed)
   m = {k: np.asarray(v, np.float64) for k, v in m.items()}
+  mevs = {}
+  for definition in MEV_DEFINITIONS:  # the same seed: the same samples for every definition
+    with common.timed(timings, f"mev {definition}"):
+      mevs[definition] = geometry.max_explainable_variance(
+          reps, types, min_count, args.mev_max_occurrences, args.seed, definition, measured)
+    for key, suffix in (("mev", ""), ("baseline", "_baseline"), ("adjusted", "_adjusted")):
+      m[f"mev_{definition}{suffix}"] = np.asarray(mevs[definition][key], np.float64)
+    # The paper's own baseline, for comparison: one MEV of words from distinct random sentences.
+    paper = geometry.random_words_mev(reps, wf.sentence_index, min(1000, len(sentences)),
+                                      args.seed, definition)
+    m[f"mev_{definition}_baseline_paper"] = paper
+    m[f"mev_{definition}_adjusted_paper"] = m[f"mev_{definition}"] - paper
+  mv = mevs[args.mev_definition]
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
-  counts = np.unique(types, return_counts=True)[1]
+  counts = np.unique(types[measured], return_counts=True)[1]
 
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
   last = len(m["anisotropy"]) - 1
@@ -249,8 +241,13 @@ def _main(argv: Sequence[str] | None) -> int:
              "trend_self_similarity_adjusted": trend(ss[ctx]),
              "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
              "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
-             "types_min_count": int((counts >= min_count).sum()), "mev_types": mv["types"]}
+             "types_min_count": int((counts >= min_count).sum()), "mev_types": mv["types"],
+             "mev_occurrences": mv["occurrences"], "mev_definition": args.mev_definition}
   per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
+  other = [d for d in MEV_DEFINITIONS if d != args.mev_definition]
+  n_paper = f"{min(1000, len(sentences)):,}"
+  kinds = "non-punctuation types" if args.punctuation == "exclude" else "types"
+  cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
   findings = [
     common.finding(
       PAPER, "Contextual word representations are anisotropic: two random words have a mean "
@@ -271,24 +268,42 @@ def _main(argv: Sequence[str] | None) -> int:
       "a word across contexts falls with depth.",
       f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
       f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
-      f"{summary['types_min_count']} types seen >= {min_count} times). Rule: yes if adjusted "
+      f"{summary['types_min_count']} {kinds} seen >= {min_count} times). Rule: yes if adjusted "
       "last < layer 1 and trend <= -0.5, partly if last < layer 1 or most steps fall.",
       rises_rule(ss[ctx], falls=True)),
     common.finding(
       PAPER, "A static embedding explains little of a word's contextual representations: on "
       "average < 5% of their variance (the maximum explainable variance, MEV).",
-      f"MEV (1st PC share) layers 1-{last}: {per_layer(m['mev'][ctx])}; minus random-token MEV: "
-      f"{per_layer(m['mev_adjusted'][ctx])} ({mv['types']} types, <= 64 occurrences each). Rule "
-      "(on the lower, adjusted MEV): yes if < 0.05 in every layer 1-L, partly if in some.",
+      f"MEV ({MEV_LABELS[args.mev_definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
+      f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
+      f"({mv['types']} {kinds} seen >= {min_count} times, {cap}). "
+      + "; ".join(f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
+                  f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}" for d in other)
+      + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
+      "distinct sentences; ours, per type, the MEV of as many random words as the type has "
+      f"occurrences. With the paper's baseline the adjusted {args.mev_definition} MEV is "
+      f"{per_layer(m[f'mev_{args.mev_definition}_adjusted_paper'][ctx])} (rule: "
+      f"{mev_rule(m[f'mev_{args.mev_definition}_adjusted_paper'][ctx])}). Rule (adjusted MEV, "
+      f"{args.mev_definition}, same-count baseline): yes if < 0.05 in every layer 1-L, partly "
+      "if in some.",
       mev_rule(m["mev_adjusted"][ctx])),
   ]
-  figures = _figures(args.out, m, model_name)
+  figures = _figures(args.out, m, model_name, args.mev_definition)
   for f in findings:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = {"model": model_name, "data": str(path.relative_to(data)),
               "sentences": len(sentences), "words": int(reps.shape[1]), "pooling": wf.pooling,
-              "pairs": args.pairs, "min_count": min_count, "mev_max_occurrences": 64,
-              "seed": args.seed, "word_types": "lower-cased UD word forms"}
+              "pairs": args.pairs, "min_count": min_count,
+              "mev_max_occurrences": args.mev_max_occurrences,
+              "mev_definition": args.mev_definition, "mev_definitions": MEV_DEFINITIONS_DOC,
+              "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
+                              "drawn uniformly from all words; averaged over types",
+              "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
+                                    "from each of as many random sentences (kawine/contextual "
+                                    "explore_embedding_space)",
+              "seed": args.seed, "punctuation": args.punctuation,
+              "word_types": "lower-cased UD word forms"
+                            + (", UPOS PUNCT left out" if args.punctuation == "exclude" else "")}
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
   common.write_results(NAME, args.out, results, findings=findings, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)

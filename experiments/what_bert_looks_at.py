@@ -10,10 +10,18 @@ into WordPieces):
 
 (a) Where attention goes, by layer (`attention.clark_statistics`): the mass each query token
     puts on [CLS], on [SEP], on punctuation, on itself and on the previous and next token,
-    and the attention entropy, averaged over every real token. Clark et al. found BERT-base's
-    middle layers put most of their attention on [SEP] and its early layers attend broadly.
-    all-MiniLM-L6-v2 is a 6-layer model distilled (MiniLM) and then trained for sentence
-    embeddings, so we report what it does rather than expect the same layers.
+    and the attention entropy. Clark et al. found BERT-base's middle layers put most of their
+    attention on [SEP] and its early layers attend broadly. all-MiniLM-L6-v2 is a 6-layer
+    model distilled (MiniLM) and then trained for sentence embeddings, so we report what it
+    does rather than expect the same layers. The statistics follow Clark's released notebook
+    (clarkkev/attention-analysis, General_Analysis.ipynb) by default: every query row of a
+    sentence ([CLS] and [SEP] rows too) averaged per sentence, then sentences averaged
+    (`--weighting document`); "." and "," as punctuation (`--punctuation clark`); entropy in
+    nats of 0.9999 a + 0.0001 / n (`--entropy-smoothing 1e-4`). The variant averaging over all
+    tokens with every punctuation entry of the vocabulary and no smoothing (`--weighting
+    token --punctuation all --entropy-smoothing 0`, the earlier default of this script) is
+    computed too and stored as "clark_token_all_punct". What still differs from Clark: single
+    EWT sentences ([CLS] s [SEP]) rather than 1,000 Wikipedia segment pairs of up to 128 tokens.
 
 (b) Clark et al.'s attention-based probe: word-level attention (sum over a word's subword
     keys, mean over its subword queries, as `attention.word_attention`; [CLS], [SEP] and the
@@ -204,14 +212,18 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
 
   names = []
   by = r["clark"]["by_layer"]
+  averaged = ("per sentence, then over sentences"
+              if r["clark"]["definition"]["weighting"] == "document" else "over tokens")
   layers = np.arange(1, len(by["sep"]) + 1)
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
   for key, style in (("cls", "o-"), ("sep", "s-"), ("punct", "^-"), ("self", "x--"),
                      ("prev", "<--"), ("next", ">--")):
-    axes[0].plot(layers, by[key], style, label=f"[{key.upper()}]" if key in ("cls", "sep")
-                 else key)
+    label = {"cls": "[CLS]", "sep": "[SEP]"}.get(key, key)
+    if key == "punct" and r["clark"]["definition"]["punctuation"] == "clark":
+      label = '". ," (Clark)'
+    axes[0].plot(layers, by[key], style, label=label)
   axes[0].set_xlabel("layer")
-  axes[0].set_ylabel("mean attention mass (over tokens and heads)")
+  axes[0].set_ylabel(f"mean attention mass ({averaged}; mean of heads)", fontsize=8)
   axes[0].set_title("Where attention goes, by layer")
   axes[0].set_xticks(layers)
   axes[0].legend(fontsize=8)
@@ -219,7 +231,7 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
   axes[1].plot(layers, r["clark"]["uniform_entropy"] * np.ones(len(layers)), "k:",
                label="uniform over the sentence")
   axes[1].set_xlabel("layer")
-  axes[1].set_ylabel("mean entropy (nats)")
+  axes[1].set_ylabel(f"mean entropy, nats ({averaged})", fontsize=8)
   axes[1].set_title("Attention entropy by layer")
   axes[1].set_xticks(layers)
   axes[1].legend(fontsize=8)
@@ -275,7 +287,16 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
-  args = common.parser(__doc__).parse_args(argv)
+  p = common.parser(__doc__)
+  p.add_argument("--weighting", choices=("document", "token"), default="document",
+                 help="average the attention statistics per sentence, then over sentences "
+                      "(document, Clark's notebook), or over all tokens (default: document)")
+  p.add_argument("--punctuation", choices=("clark", "all"), default="clark",
+                 help='punctuation keys: "." and "," (clark) or every punctuation entry of the '
+                      "vocabulary (all) (default: clark)")
+  p.add_argument("--entropy-smoothing", type=float, default=1e-4,
+                 help="entropy of (1 - eps) a + eps / n, Clark's 1e-4 (default); 0: unsmoothed")
+  args = p.parse_args(argv)
   start = time.perf_counter()
   import jax
 
@@ -301,16 +322,29 @@ def main(argv=None) -> int:
   shape = (depth, n_heads)
   plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]
 
-  with common.timed(timings, "clark"):
+  punct_sets = {"clark": attention.clark_punctuation_ids(tok),
+                "all": attention.punctuation_ids(tok)}
+  n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
+
+  def clark_run(weighting, punctuation, smoothing):
     stats = attention.clark_statistics(params, config, plain, sep_id=tok.sep_id,
-                                       punct_ids=attention.punctuation_ids(tok))
-    # Entropy of uniform attention over each sequence, token-weighted like the statistics.
-    n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
-    uniform_entropy = float((n_tok * np.log(n_tok)).sum() / n_tok.sum())
-    clark = {k: np.asarray(v) for k, v in stats.items()}
-    clark["by_layer"] = {k: v.mean(-1) for k, v in clark.items()}
-    clark["uniform_entropy"] = uniform_entropy
+                                       punct_ids=punct_sets[punctuation], weighting=weighting,
+                                       entropy_smoothing=smoothing)
+    out = {k: np.asarray(v) for k, v in stats.items()}
+    out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
+    # Entropy of uniform attention over each sequence, averaged like the statistics.
+    out["uniform_entropy"] = attention.uniform_entropy(n_tok, weighting)
+    out["definition"] = {"weighting": weighting, "punctuation": punctuation,
+                         "punctuation_ids": len(punct_sets[punctuation]),
+                         "entropy_smoothing": smoothing}
+    return out
+
+  with common.timed(timings, "clark"):
+    clark = clark_run(args.weighting, args.punctuation, args.entropy_smoothing)
+    uniform_entropy = clark["uniform_entropy"]
     common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
+  with common.timed(timings, "clark token-weighted"):
+    variant = clark_run("token", "all", 0.0)  # the earlier definition, for comparison
 
   with common.timed(timings, "probe"):
     rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
@@ -358,21 +392,33 @@ def main(argv=None) -> int:
   sink = max(masses, key=masses.get)
   sink_mass = masses[sink]
   middle = depth / 3 <= peak < 2 * depth / 3 or (depth < 3 and 0 < peak < depth - 1)
+  d = clark["definition"]
+  how = ("per sentence, then over sentences (Clark's notebook)" if d["weighting"] == "document"
+         else "over all tokens")
+  punct_how = ('"." and ","' if d["punctuation"] == "clark"
+               else f"all {d['punctuation_ids']} punctuation ids")
+  vb = variant["by_layer"]
+  rounded = lambda v, k=3: np.round(v, k).tolist()
   findings.append(common.finding(
       PAPER, "Heads in the middle layers put most of their attention on [SEP] (BERT-base: "
       "layers 6-10 give it over half).",
-      f"mean [SEP] mass by layer {np.round(sep, 3).tolist()} (layers 1-{depth}); peak at layer "
-      f"{peak + 1} ({sep[peak]:.2f}); [CLS] {np.round(clark['by_layer']['cls'], 3).tolist()}, "
-      f"punctuation {np.round(clark['by_layer']['punct'], 3).tolist()}; the token taking most "
-      f"attention in layers 2-{depth - 1} is {sink} ({sink_mass:.2f} on average). Rule: yes if "
-      "the peak "
-      "is in the middle third of the layers and above 0.25, partly if only one of the two.",
+      f"mean [SEP] mass by layer {rounded(sep)} (layers 1-{depth}; averaged {how}); peak at "
+      f"layer {peak + 1} ({sep[peak]:.2f}); [CLS] {rounded(clark['by_layer']['cls'])}, "
+      f"punctuation ({punct_how}) {rounded(clark['by_layer']['punct'])}; the token taking most "
+      f"attention in layers 2-{depth - 1} is {sink} ({sink_mass:.2f} on average). Averaged over "
+      f"all tokens with all {variant['definition']['punctuation_ids']} punctuation ids instead: "
+      f"[SEP] {rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation "
+      f"{rounded(vb['punct'])}. Differs from Clark: single EWT sentences with one [SEP], not "
+      "Wikipedia segment pairs. Rule: yes if the peak is in the middle third of the layers and "
+      "above 0.25, partly if only one of the two.",
       "yes" if middle and sep[peak] > 0.25 else "partly" if middle or sep[peak] > 0.25 else "no"))
   first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
   findings.append(common.finding(
       PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
-      f"mean entropy by layer {np.round(ent, 2).tolist()} nats (uniform attention: "
-      f"{uniform_entropy:.2f}); first half {first_half:.2f} vs second half {second_half:.2f}. "
+      f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
+      f"{d['entropy_smoothing']:g}; uniform attention: {uniform_entropy:.2f}); first half "
+      f"{first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
+      f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
       "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
       "second's, partly if only one of the two.",
       "yes" if int(np.argmax(ent)) == 0 and first_half > second_half else
@@ -410,6 +456,7 @@ def main(argv=None) -> int:
       "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
                "tokens": int(n_tok.sum()), "arcs": len(rels), "relation_counts": counts},
       "clark": clark,
+      "clark_token_all_punct": variant,
       "probe": {"relations": table, "frequent": frequent,
                 "margin_dep_to_head_vs_offset": margins,
                 "direction_chosen": direction, "accuracy_chosen_direction": chosen,
@@ -426,7 +473,11 @@ def main(argv=None) -> int:
       "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
       "prediction": "argmax of word-level attention over the sentence's other words "
                     "([CLS], [SEP] and the word itself excluded)",
-      "clark_relations_of_interest": CLARK_RELATIONS},
+      "clark_relations_of_interest": CLARK_RELATIONS,
+      "clark_statistics": {**clark["definition"], "source": "clarkkev/attention-analysis "
+                           "General_Analysis.ipynb (cells 5 and 7) when document / clark / 1e-4",
+                           "variant": "clark_token_all_punct: token-weighted, every punctuation "
+                                      "id, unsmoothed entropy"}},
       smoke=args.smoke, seconds=time.perf_counter() - start, figures=figs)
   return 0
 

@@ -1,5 +1,6 @@
-"""Checks of `experiments/anisotropy.py`: MEV against a direct eigen-decomposition, the
-geometry measures it relies on against NumPy, the verdict rules, and the committed results."""
+"""Checks of `experiments/anisotropy.py`: the geometry measures it relies on against NumPy
+(MEV against scikit-learn is in test_geometry.py), the verdict rules, and the committed
+results."""
 
 import json
 import pathlib
@@ -15,33 +16,11 @@ import anisotropy as an
 RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 
 
-def test_mev_matches_eigenvalues_of_the_second_moment():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(3, 7, 5))
-  eig = np.linalg.eigvalsh(np.einsum("lnd,lne->lde", x, x))  # ascending
-  np.testing.assert_allclose(an.mev(x), eig[:, -1] / eig.sum(-1), rtol=1e-10)
+def test_mev_definitions_are_the_library_s():
+  from bertjax.analysis import geometry
 
-
-def test_mev_extremes():
-  v = np.random.default_rng(1).normal(size=6)
-  assert an.mev(np.outer([1.0, 2.0, -3.0], v)) == pytest.approx(1.0)  # one direction
-  assert an.mev(np.eye(4, 6)) == pytest.approx(0.25)  # orthonormal occurrences: 1 / n
-  with pytest.raises(ValueError, match="occurrences"):
-    an.mev(np.ones((1, 4)))
-
-
-def test_max_explainable_variance_groups_by_type():
-  rng = np.random.default_rng(2)
-  direction = rng.normal(size=8)
-  same = np.outer(rng.uniform(1, 2, 5), direction)  # type "a": 5 parallel vectors
-  other = rng.normal(size=(20, 8))  # types "b".. seen once or twice
-  reps = np.concatenate([same, other])[None].repeat(2, 0)  # (2 layers, 25, 8)
-  ids = ["a"] * 5 + [f"w{i // 2}" for i in range(20)]
-  out = an.max_explainable_variance(reps, ids, min_count=5, seed=0)
-  assert out["types"] == 1
-  np.testing.assert_allclose(out["mev"], 1.0)
-  assert np.all(out["baseline"] < 1.0)
-  np.testing.assert_allclose(out["adjusted"], out["mev"] - out["baseline"])
+  assert an.MEV_DEFINITIONS == geometry.MEV_DEFINITIONS
+  assert set(an.MEV_LABELS) == set(an.MEV_DEFINITIONS_DOC) == set(an.MEV_DEFINITIONS)
 
 
 def test_geometry_measures_against_numpy():
@@ -90,6 +69,15 @@ def test_committed_results_are_consistent():
   np.testing.assert_allclose(m["self_similarity_adjusted"], m["self_similarity"] - m["anisotropy"],
                              atol=1e-6)
   np.testing.assert_allclose(m["mev_adjusted"], m["mev"] - m["mev_baseline"], atol=1e-9)
+  definition = doc["settings"]["mev_definition"]
+  assert definition == doc["results"]["summary"]["mev_definition"]
+  for d in an.MEV_DEFINITIONS:
+    np.testing.assert_allclose(m[f"mev_{d}_adjusted"], m[f"mev_{d}"] - m[f"mev_{d}_baseline"],
+                               atol=1e-9)
+    np.testing.assert_allclose(m[f"mev_{d}_adjusted_paper"],
+                               m[f"mev_{d}"] - m[f"mev_{d}_baseline_paper"], atol=1e-9)
+    assert d in doc["settings"]["mev_definitions"]
+  np.testing.assert_array_equal(m["mev"], m[f"mev_{definition}"])
   holds = [f["holds"] for f in doc["findings"]]
   assert holds == [an.anisotropic_rule(m["anisotropy"][1:]), an.rises_rule(m["anisotropy"][1:]),
                    an.rises_rule(m["self_similarity_adjusted"][1:], falls=True),

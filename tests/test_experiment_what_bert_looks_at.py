@@ -80,3 +80,24 @@ def test_relation_labels():
   assert wbl.relation("nmod:poss") == "poss"
   assert wbl.relation("obl:tmod") == "obl"
   assert wbl.relation("nsubj") == "nsubj"
+
+
+def test_committed_results_record_clark_s_definition():
+  import json
+
+  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / f"{wbl.NAME}.json"
+  if not path.exists():
+    return
+  doc = json.loads(path.read_text())
+  definition = doc["settings"]["clark_statistics"]
+  assert (definition["weighting"], definition["punctuation"]) == ("document", "clark")
+  assert definition["entropy_smoothing"] == 1e-4
+  clark, variant = doc["results"]["clark"], doc["results"]["clark_token_all_punct"]
+  assert clark["definition"]["punctuation_ids"] == 2
+  assert variant["definition"] == {"weighting": "token", "punctuation": "all",
+                                   "punctuation_ids": variant["definition"]["punctuation_ids"],
+                                   "entropy_smoothing": 0.0}
+  for name in ("cls", "sep", "punct", "entropy"):
+    np.testing.assert_allclose(clark["by_layer"][name], np.mean(clark[name], -1), atol=1e-12)
+  sep = np.asarray(clark["by_layer"]["sep"])
+  assert f"{sep.argmax() + 1} ({sep.max():.2f})" in doc["findings"][0]["measured"]
