@@ -1,4 +1,4 @@
-"""Shared fixtures: the real data sets in ../shared/data and the real MiniLM checkpoint."""
+"""Shared fixtures: the real data sets and the real MiniLM checkpoint."""
 
 import os
 import pathlib
@@ -12,18 +12,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _shared_data_dir() -> pathlib.Path:
-  env = os.environ.get("BERTJAX_DATA_DIR")
-  return pathlib.Path(env) if env else REPO.parent / "shared" / "data"
-
-
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
-  """The real data sets (UD EWT, WikiText-2, ...); skips with a reason when absent."""
-  path = _shared_data_dir()
-  if not path.is_dir():
-    pytest.skip(f"real data sets expected at {path} (set BERTJAX_DATA_DIR to override)")
-  return path
+  """The real data sets (UD EWT, WikiText-2, ...), found by the project's one lookup
+  (`$BERTJAX_DATA_DIR` or the user cache, then ../shared/data) with every set present;
+  skips with a reason (where it looked, how to fetch them) when absent."""
+  from bertjax.data import fetch
+
+  try:
+    return fetch.find_root(need=list(fetch.DATASETS))
+  except fetch.DataNotFoundError as e:
+    pytest.skip(f"real data sets: {e}")
 
 
 @pytest.fixture(scope="session")

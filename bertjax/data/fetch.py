@@ -226,7 +226,8 @@ def search_path(data_dir: str | os.PathLike | None = None) -> list[pathlib.Path]
 
 
 def _fetch_hint(names: Sequence[str]) -> str:
-  return f"bertjax data fetch {' '.join(names) if names else 'all'}"
+  every = not names or set(names) >= set(DATASETS)
+  return f"bertjax data fetch {'all' if every else ' '.join(names)}"
 
 
 def find_root(data_dir: str | os.PathLike | None = None,
@@ -256,7 +257,8 @@ def find_root(data_dir: str | os.PathLike | None = None,
   else:
     msg = f"{what} found (looked in {where})"
   to = f" --to {places[0]}" if data_dir is not None else ""
-  raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)}{to}` to download it, or pass "
+  it = "them" if len(need) != 1 else "it"
+  raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)}{to}` to download {it}, or pass "
                           "--data-dir DIR (a directory holding ud_english_ewt/, blimp/, ...)")
 
 
