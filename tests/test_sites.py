@@ -1,0 +1,239 @@
+"""Named sites: capture and patch against PyTorch forward hooks on the real MiniLM checkpoint.
+
+Each captured site equals the same quantity read from transformers with hooks
+(within 1e-5 at real tokens); patching `head_out` of chosen heads from run B
+into run A equals the same edit made by a PyTorch hook; weight 0 is bitwise
+the unpatched forward; d/d weight matches central differences in float64;
+patches vmap and compose with prefix reuse and pruned models.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+
+SENTENCES_A = ["The keys to the cabinet are on the table.", "She did not like it at all.",
+               "Why?"]
+SENTENCES_B = ["The key to the cabinets is on the tables.", "She did like it a lot.",
+               "Because."]
+
+
+def _torch_sites(model, batch):
+  """Every site of every layer read with forward hooks, as NumPy (layer, ...) stacks."""
+  import torch
+
+  got: dict[str, list] = {}
+  hooks = []
+
+  def keep(name, fn=lambda x: x):
+    return lambda module, inputs, output: got.setdefault(name, []).append(
+        fn(output if not isinstance(output, tuple) else output[0]).detach().numpy())
+
+  heads, head_dim = model.config.num_attention_heads, 0
+  head_dim = model.config.hidden_size // heads
+  split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, head_dim)
+  for layer in model.encoder.layer:
+    a = layer.attention
+    for site, module in (("q", a.self.query), ("k", a.self.key), ("v", a.self.value)):
+      hooks.append(module.register_forward_hook(keep(site, split)))
+    hooks.append(a.output.dense.register_forward_pre_hook(
+        lambda m, inputs: got.setdefault("head_out", []).append(split(inputs[0]).detach().numpy())))
+    hooks.append(a.output.dense.register_forward_hook(keep("attn_out")))
+    hooks.append(a.output.LayerNorm.register_forward_hook(keep("mid")))
+    hooks.append(layer.intermediate.register_forward_hook(keep("ffn_act")))
+    hooks.append(layer.output.dense.register_forward_hook(keep("ffn_out")))
+    hooks.append(layer.output.register_forward_hook(keep("out")))
+  hooks.append(model.embeddings.register_forward_hook(keep("embeddings")))
+  with torch.no_grad():
+    out = model(input_ids=torch.tensor(batch.input_ids).long(),
+                attention_mask=torch.tensor(batch.attention_mask).long(),
+                token_type_ids=torch.tensor(batch.token_type_ids).long(), output_attentions=True)
+  for h in hooks:
+    h.remove()
+  sites = {k: np.stack(v) for k, v in got.items()}
+  sites["embeddings"] = sites["embeddings"][0]
+  sites["probs"] = np.stack([a.numpy() for a in out.attentions])
+  return sites, out.last_hidden_state.numpy()
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+  pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  config, params = bertjax.from_hf(minilm_dir)
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
+  model = transformers.BertModel.from_pretrained(str(minilm_dir), attn_implementation="eager")
+  return config, params, tok, model.eval()
+
+
+@pytest.mark.hf
+def test_every_site_equals_pytorch_hooks(minilm):
+  config, params, tok, model = minilm
+  batch = tok.encode(SENTENCES_A)
+  theirs, _ = _torch_sites(model, batch)
+  out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
+                        batch.token_type_ids, capture=tuple(bertjax.SITES))
+  real = batch.attention_mask.astype(bool)
+  assert set(out.cache) == set(bertjax.SITES)
+  for site, want in theirs.items():
+    got = np.asarray(out.cache[site])
+    assert got.shape == bertjax.site_shape(config, site, *batch.input_ids.shape), site
+    if site == "probs":  # real query rows and real keys: (L, B, N, Tq, Tk)
+      rows = np.moveaxis(got, 2, 3)[:, real]
+      want_rows = np.moveaxis(want, 2, 3)[:, real]
+      diff = np.abs(rows - want_rows).max()
+    elif site == "embeddings":
+      diff = np.abs(got[real] - want[real]).max()
+    else:
+      diff = np.abs(got[:, real] - want[:, real]).max()
+    assert diff < 1e-5 * max(1.0, float(np.abs(want).max())), (site, diff)
+
+
+@pytest.mark.hf
+def test_head_out_patch_equals_pytorch_hook_edit(minilm):
+  import torch
+
+  config, params, tok, model = minilm
+  a = tok.encode(SENTENCES_A, pad_to=14)
+  b = tok.encode(SENTENCES_B, pad_to=14)
+  run_b = bertjax.forward(params, config, b.input_ids, b.attention_mask, b.token_type_ids,
+                          capture=("head_out",))
+  chosen = {(1, 3), (1, 7), (4, 0)}
+  # Positions real in both runs (a padded query's context is defined differently here).
+  both = (a.attention_mask * b.attention_mask).astype(np.float32)  # (B, T)
+  weight = np.zeros((config.depth, *both.shape, config.num_attention_heads, 1), np.float32)
+  for layer, head in chosen:
+    weight[layer, ..., head, 0] = both
+  ours = bertjax.forward(params, config, a.input_ids, a.attention_mask, a.token_type_ids,
+                         patch={"head_out": (run_b.cache["head_out"], weight)}).last_hidden_state
+
+  theirs_b, _ = _torch_sites(model, b)
+  d = config.head_dim
+
+  def edit(layer):
+    def pre_hook(module, inputs):
+      x = inputs[0].clone()
+      keep = torch.tensor(both)[..., None]
+      for l_, h in chosen:
+        if l_ == layer:
+          patched = torch.tensor(theirs_b["head_out"][layer].reshape(x.shape)[..., h * d:(h + 1) * d])
+          x[..., h * d:(h + 1) * d] = keep * patched + (1 - keep) * x[..., h * d:(h + 1) * d]
+      return (x,)
+    return pre_hook
+
+  hooks = [model.encoder.layer[i].attention.output.dense.register_forward_pre_hook(edit(i))
+           for i in range(config.depth)]
+  try:
+    with torch.no_grad():
+      want = model(input_ids=torch.tensor(a.input_ids).long(),
+                   attention_mask=torch.tensor(a.attention_mask).long(),
+                   token_type_ids=torch.tensor(a.token_type_ids).long()).last_hidden_state.numpy()
+  finally:
+    for h in hooks:
+      h.remove()
+  real = a.attention_mask.astype(bool)
+  clean = bertjax.forward(params, config, a.input_ids, a.attention_mask).last_hidden_state
+  assert np.abs(np.asarray(clean)[real] - want[real]).max() > 1e-2  # the edit matters
+  assert np.abs(np.asarray(ours)[real] - want[real]).max() < 1e-5
+
+
+def _tiny():
+  config = bertjax.BertConfig.preset("tiny", num_hidden_layers=3)
+  params = bertjax.init(config, 3)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, config.vocab_size, (2, 9)).astype(np.int32)
+  mask = np.ones((2, 9), np.int32)
+  mask[1, 6:] = 0
+  return config, params, ids, mask
+
+
+@pytest.mark.parametrize("site", [s for s in bertjax.SITES])
+def test_weight_zero_is_bitwise_and_weight_one_replaces(site):
+  config, params, ids, mask = _tiny()
+  base = bertjax.forward(params, config, ids, mask, capture=(site,))
+  value = jax.random.normal(jax.random.key(1), base.cache[site].shape)
+  zero = bertjax.forward(params, config, ids, mask, patch={site: (value, 0.0)}, capture=(site,))
+  assert np.array_equal(np.asarray(zero.last_hidden_state), np.asarray(base.last_hidden_state))
+  one = bertjax.forward(params, config, ids, mask, patch={site: (value, 1.0)}, capture=(site,))
+  np.testing.assert_allclose(one.cache[site], value, atol=1e-6)
+  assert np.abs(np.asarray(one.last_hidden_state - base.last_hidden_state)).max() > 1e-3
+
+
+def test_patch_weight_gradient_matches_finite_differences():
+  config, params, ids, mask = _tiny()
+  with jax.enable_x64(True):
+    c64 = config.replace(dtype="float64")
+    p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+    value = bertjax.forward(p64, c64, ids[::-1].copy(), mask, capture=("head_out", "mid")).cache
+    probe = jax.random.normal(jax.random.key(2), (2, 9, config.hidden_size), jnp.float64)
+
+    def f(w_heads, w_mid):
+      out = bertjax.forward(p64, c64, ids, mask, patch={
+          "head_out": (value["head_out"], w_heads[:, None, None, :, None]),
+          "mid": (value["mid"], w_mid[:, None, None, None])})
+      return jnp.sum(out.last_hidden_state * probe)
+
+    w_heads = jnp.full((config.depth, config.num_attention_heads), 0.3, jnp.float64)
+    w_mid = jnp.asarray([0.1, 0.0, 0.2], jnp.float64)
+    grads = jax.grad(f, argnums=(0, 1))(w_heads, w_mid)
+    f_jit = jax.jit(f)
+    for g, arg, which in ((grads[0], w_heads, 0), (grads[1], w_mid, 1)):
+      fd = np.zeros(arg.shape)
+      for idx in np.ndindex(arg.shape):
+        e = jnp.zeros(arg.shape, jnp.float64).at[idx].set(1e-5)
+        args = [w_heads, w_mid]
+        lo, hi = list(args), list(args)
+        lo[which], hi[which] = arg - e, arg + e
+        fd[idx] = (float(f_jit(*hi)) - float(f_jit(*lo))) / 2e-5
+      assert np.abs(fd).max() > 1e-3
+      np.testing.assert_allclose(np.asarray(g), fd, rtol=1e-6, atol=1e-9)
+
+
+def test_patch_sweep_vmaps_and_matches_a_loop():
+  config, params, ids, mask = _tiny()
+  value = bertjax.forward(params, config, ids[::-1].copy(), mask, capture=("head_out",)).cache
+  n = config.depth * config.num_attention_heads
+  weights = np.eye(n, dtype=np.float32).reshape(n, config.depth, 1, 1, config.num_attention_heads, 1)
+
+  def run(w):
+    return bertjax.forward(params, config, ids, mask,
+                           patch={"head_out": (value["head_out"], w)}).last_hidden_state[:, 0]
+
+  swept = jax.jit(jax.vmap(run))(jnp.asarray(weights))
+  for i in (0, 5, n - 1):
+    np.testing.assert_allclose(swept[i], run(weights[i]), atol=1e-5)
+
+
+def test_patch_with_prefix_reuse_and_pruned_model():
+  config, params, ids, mask = _tiny()
+  full = bertjax.forward(params, config, ids, mask, capture=("out", "ffn_act"))
+  value = jnp.zeros_like(full.cache["ffn_act"])
+  weight = np.zeros((config.depth, 1, 1, 1), np.float32)
+  weight[2] = 0.5
+  want = bertjax.forward(params, config, ids, mask, patch={"ffn_act": (value, weight)})
+  start = full.cache["out"][1]  # the input of block 2
+  got = bertjax.run_layers(params, config, start, mask, start=2,
+                           patch={"ffn_act": (value, weight)}, capture=("out",))
+  np.testing.assert_allclose(got.last, want.last_hidden_state, atol=1e-6)
+  assert got.cache["out"].shape[0] == 1
+  # A pruned model: captured head sites keep the original head indexing (zeros removed).
+  pruned_config, pruned = bertjax.prune_heads(config, params, {1: [0, 2]})
+  hm = np.ones((config.depth, config.num_attention_heads), np.float32)
+  hm[1, [0, 2]] = 0
+  masked = bertjax.forward(params, config, ids, mask, head_mask=hm, capture=("head_out",))
+  out = bertjax.forward(pruned, pruned_config, ids, mask, capture=("head_out", "probs"))
+  np.testing.assert_allclose(out.cache["head_out"], masked.cache["head_out"], atol=1e-5)
+  np.testing.assert_allclose(out.last_hidden_state, masked.last_hidden_state, atol=1e-5)
+  assert not np.asarray(out.cache["probs"][1, :, [0, 2]]).any()
+
+
+def test_bad_sites_are_named():
+  config, params, ids, mask = _tiny()
+  with pytest.raises(ValueError, match=r"sites \['keys'\] are unknown"):
+    bertjax.forward(params, config, ids, mask, capture=("keys",))
+  with pytest.raises(ValueError, match=r"patch\['mid'\] value shape \(5,\) does not broadcast"):
+    bertjax.forward(params, config, ids, mask, patch={"mid": (np.zeros(5), 1.0)})
+  with pytest.raises(ValueError, match=r"patch\['q'\] must be a \(value, weight\) pair"):
+    bertjax.forward(params, config, ids, mask, patch={"q": np.zeros(4)})
