@@ -53,9 +53,8 @@ import optax
 
 import bertjax
 from bertjax.analysis import ablation as ab
+from bertjax.data import fetch
 from bertjax.data.conllu import read_conllu
-
-EWT_DEV = pathlib.Path(__file__).resolve().parents[2] / "shared/data/ud_english_ewt/en_ewt-ud-dev.conllu"
 
 
 def parse_args(argv=None):
@@ -67,7 +66,9 @@ def parse_args(argv=None):
   parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
   parser.add_argument("--chunk-sizes", default="1,12",
                       help="comma list of sweep chunk sizes (masks per vmap chunk) to time")
-  parser.add_argument("--data", default=str(EWT_DEV), help="CoNLL-U file with '# text =' lines")
+  parser.add_argument("--data", default=None,
+                      help="CoNLL-U file with '# text =' lines (default: UD EWT dev, found by "
+                           "`bertjax data`'s lookup; --smoke: the shipped sample)")
   parser.add_argument("--skip-naive", action="store_true", help="time the sweep only")
   parser.add_argument("--importance-only", action="store_true",
                       help="time head importance only (no ablation sweep)")
@@ -187,6 +188,9 @@ def main(argv=None):
     args.sentences, args.batch_size = 16, 8
   else:
     config, params = bertjax.from_hf(bertjax.minilm_path())
+  if args.data is None:
+    ud = fetch.smoke_dir() / "ud_english_ewt" if args.smoke else fetch.find("ud_english_ewt")
+    args.data = str(next(ud.glob("*-ud-dev.conllu")))
   tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
   texts, negated = read_sentences(args.data, args.sentences)
   batches, real_tokens = make_batches(tok, texts, args.batch_size, labels=negated)

@@ -46,8 +46,7 @@ import numpy as np
 
 import bertjax
 from bertjax.analysis import ablation as ab
-
-WIKITEXT_TEST = pathlib.Path(__file__).resolve().parents[2] / "shared/data/wikitext2_tokens/test.txt"
+from bertjax.data import fetch
 
 
 def parse_args(argv=None):
@@ -56,7 +55,9 @@ def parse_args(argv=None):
   parser.add_argument("--ids", default=None, help="token ids written by --prepare (.npz)")
   parser.add_argument("--prepare", default=None, metavar="NPZ",
                       help="tokenize --text with MiniLM's vocabulary, write NPZ and exit")
-  parser.add_argument("--text", default=str(WIKITEXT_TEST), help="WikiText-2 file to pack")
+  parser.add_argument("--text", default=None,
+                      help="WikiText-2 file to pack (default: wikitext2_tokens/test.txt, found by "
+                           "`bertjax data`'s lookup)")
   parser.add_argument("--sequences", type=int, default=2048, help="sequences (default 2048)")
   parser.add_argument("--max-len", type=int, default=128, help="tokens per sequence at most")
   parser.add_argument("--batch-size", type=int, default=256, help="sequences per batch")
@@ -123,7 +124,8 @@ def main(argv=None):
   args = parse_args(argv)
   if args.prepare:
     tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    seqs = pack_wikitext(args.text, tok, args.sequences, args.max_len)
+    text = args.text or fetch.find("wikitext2_tokens") / "test.txt"
+    seqs = pack_wikitext(text, tok, args.sequences, args.max_len)
     lengths = np.array([len(s) for s in seqs])
     flat = np.concatenate([np.asarray(s, np.int32) for s in seqs])
     np.savez_compressed(args.prepare, ids=flat, lengths=lengths)

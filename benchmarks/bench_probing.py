@@ -30,11 +30,9 @@ import numpy as np
 
 import bertjax
 from bertjax.analysis import features, probing, probing_run
-from bertjax.data import conllu
+from bertjax.data import conllu, fetch
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-DATA = pathlib.Path(os.environ.get("BERTJAX_DATA_DIR",
-                                   pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def machine() -> dict:
@@ -145,6 +143,9 @@ def main(argv=None) -> dict:
   ap.add_argument("--max-iter", type=int, default=5000, help="scikit-learn lbfgs iterations")
   ap.add_argument("--repeats", type=int, default=3, help="timed extraction/forward repeats")
   ap.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results directory")
+  ap.add_argument("--data-dir", default=None, metavar="DIR",
+                  help="the data directory holding ud_english_ewt/ (default: `bertjax data`'s "
+                       "lookup; --smoke: the shipped sample)")
   args = ap.parse_args(argv)
   n = 40 if args.smoke and args.sentences is None else args.sentences
   steps, max_iter = (50, 50) if args.smoke else (args.steps, args.max_iter)
@@ -152,7 +153,9 @@ def main(argv=None) -> dict:
   path = bertjax.minilm_path()
   config, params = bertjax.from_hf(path)
   tok = bertjax.Tokenizer.from_pretrained(path)
-  sents = conllu.read_conllu(DATA / "ud_english_ewt" / "en_ewt-ud-dev.conllu", n)
+  root = fetch.smoke_dir() if args.smoke and args.data_dir is None else args.data_dir
+  ud = fetch.find("ud_english_ewt", root)
+  sents = conllu.read_conllu(next(ud.glob("*-ud-dev.conllu")), n)
   fres = bench_features(params, config, tok, sents, 1 if args.smoke else args.repeats)
   wf = fres.pop("wf")
   feats = np.asarray(wf.features, np.float32)
