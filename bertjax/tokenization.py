@@ -1,9 +1,13 @@
 """A thin wrapper over the `tokenizers` library with word <-> subword alignment.
 
-BERT: WordPiece from `tokenizer.json` or `vocab.txt`. ALBERT: SentencePiece
-(`spiece.model`) or its `tokenizer.json`. Batches come back as NumPy arrays,
-with `word_ids` (batch, seq): the index of the word each subword belongs to,
--1 for special tokens and padding.
+Every family's format: `tokenizer.json`; WordPiece `vocab.txt` (BERT, ELECTRA,
+DistilBERT); byte-level BPE `vocab.json` + `merges.txt` (RoBERTa);
+SentencePiece `spiece.model` (ALBERT) or `sentencepiece.bpe.model` (XLM-R).
+Special-token roles (cls, sep, pad, mask, unk, bos, eos) come from the
+checkpoint's `tokenizer_config.json` / `special_tokens_map.json`, else from its
+family's defaults, never from BERT's strings. Batches come back as NumPy
+arrays, with `word_ids` (batch, seq): the index of the word each subword
+belongs to, -1 for special tokens and padding.
 """
 
 from __future__ import annotations
@@ -50,56 +54,66 @@ class Batch:
 class Tokenizer:
   """Tokenises text or pre-split words into padded NumPy batches."""
 
-  def __init__(self, tokenizer, model_max_length: int = 512):
+  def __init__(self, tokenizer, model_max_length: int = 512,
+               roles: dict[str, str] | None = None):
     self.tokenizer = tokenizer
     self.model_max_length = model_max_length
     vocab = tokenizer.get_vocab()
-
-    def find(*names):
-      for n in names:
-        if n in vocab:
-          return vocab[n]
-      return None
-
-    self.pad_id = find("[PAD]", "<pad>")
-    self.cls_id = find("[CLS]")
-    self.sep_id = find("[SEP]")
-    self.mask_id = find("[MASK]")
-    self.unk_id = find("[UNK]", "<unk>")
+    roles = dict(roles or {})
+    # Without declared roles: the first of the families' conventions the vocabulary has.
+    for role, names in (("cls", ("[CLS]", "<s>")), ("sep", ("[SEP]", "</s>")),
+                        ("pad", ("[PAD]", "<pad>")), ("mask", ("[MASK]", "<mask>")),
+                        ("unk", ("[UNK]", "<unk>")), ("bos", ("<s>",)), ("eos", ("</s>",))):
+      if role not in roles:
+        roles[role] = next((n for n in names if n in vocab), None)
+    self.roles = {role: token for role, token in roles.items() if token in vocab}
+    ids = {role: vocab[token] for role, token in self.roles.items()}
+    self.pad_id = ids.get("pad")
+    self.cls_id = ids.get("cls")
+    self.sep_id = ids.get("sep")
+    self.mask_id = ids.get("mask")
+    self.unk_id = ids.get("unk")
+    self.bos_id = ids.get("bos")
+    self.eos_id = ids.get("eos")
     if self.pad_id is None:
-      raise ValueError("tokenizer has no padding token ([PAD] or <pad>)")
-    self.special_ids = frozenset(i for i in (self.pad_id, self.cls_id, self.sep_id, self.mask_id)
-                                 if i is not None)
+      raise ValueError(f"tokenizer has no padding token (roles found: {self.roles})")
+    self.special_ids = frozenset(i for i in (self.pad_id, self.cls_id, self.sep_id, self.mask_id,
+                                             self.bos_id, self.eos_id) if i is not None)
+    # Byte-level BPE marks a word start by a leading space: pre-split words need one.
+    self.byte_level = '"ByteLevel"' in tokenizer.to_str()
+
+  @property
+  def cls_token(self) -> str | None:
+    return self.roles.get("cls")
+
+  @property
+  def mask_token(self) -> str | None:
+    return self.roles.get("mask")
 
   @property
   def vocab_size(self) -> int:
     return self.tokenizer.get_vocab_size()
 
   @classmethod
-  def from_pretrained(cls, path: str | pathlib.Path) -> Tokenizer:
-    """Loads `tokenizer.json`, else `vocab.txt` (WordPiece), else `spiece.model` (SentencePiece)."""
-    import tokenizers
+  def from_pretrained(cls, path) -> Tokenizer:
+    """Loads a model directory's (or hub id's) tokenizer, in whichever format it ships.
 
-    path = pathlib.Path(path)
-    settings = {}
-    if (path / "tokenizer_config.json").exists():
-      settings = json.loads((path / "tokenizer_config.json").read_text())
+    Looks for `tokenizer.json`, then `vocab.txt` (WordPiece), `vocab.json` +
+    `merges.txt` (byte-level BPE), `spiece.model` / `sentencepiece.bpe.model`
+    (SentencePiece).
+    """
+    from bertjax.hf import resolve_model_path
+
+    path = resolve_model_path(path)
+    settings = _read_json(path / "tokenizer_config.json")
+    model_type = _read_json(path / "config.json").get("model_type")
     max_len = settings.get("model_max_length", 512)
     max_len = max_len if isinstance(max_len, int) and max_len < 100_000 else 512
-    if (path / "tokenizer.json").exists():
-      tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-    elif (path / "vocab.txt").exists():
-      from tokenizers.implementations import BertWordPieceTokenizer
-
-      tok = BertWordPieceTokenizer(str(path / "vocab.txt"),
-                                   lowercase=settings.get("do_lower_case", True))._tokenizer
-    elif (path / "spiece.model").exists():
-      tok = _sentencepiece_tokenizer(path)
-    else:
-      raise FileNotFoundError(f"no tokenizer.json, vocab.txt or spiece.model in {path}")
+    roles = _roles(path, settings, model_type)
+    tok = _load_backend(path, settings, roles)
     tok.no_padding()
     tok.no_truncation()
-    return cls(tok, max_len)
+    return cls(tok, max_len, roles)
 
   def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
              max_length: int | None = None, pad_to: int | None = None) -> Batch:
@@ -112,7 +126,10 @@ class Tokenizer:
   def encode_words(self, sentences: Sequence[Sequence[str]], *, max_length: int | None = None,
                    pad_to: int | None = None) -> Batch:
     """Tokenises pre-split words (e.g. UD tokens); `word_ids` index those words."""
-    encodings = self.tokenizer.encode_batch([list(s) for s in sentences], is_pretokenized=True)
+    words = [list(s) for s in sentences]
+    if self.byte_level:  # as transformers' add_prefix_space=True: every word starts one
+      words = [[w if w.startswith(" ") else " " + w for w in s] for s in words]
+    encodings = self.tokenizer.encode_batch(words, is_pretokenized=True)
     return self._batch(encodings, max_length, pad_to)
 
   def _batch(self, encodings, max_length: int | None, pad_to: int | None) -> Batch:
@@ -156,14 +173,76 @@ class Tokenizer:
     return out
 
 
-def _sentencepiece_tokenizer(directory: pathlib.Path):
-  """ALBERT's SentencePiece model as a `tokenizers.Tokenizer`.
+def _read_json(file: pathlib.Path) -> dict:
+  return json.loads(file.read_text()) if file.exists() else {}
 
-  The conversion (normaliser, Metaspace pre-tokeniser, [CLS] A [SEP] B [SEP]
-  template) is the one transformers applies, so ids match `AlbertTokenizer`.
+
+def _roles(path: pathlib.Path, settings: dict, model_type: str | None) -> dict[str, str]:
+  """Special-token roles from the tokenizer files, then the family's defaults."""
+  from bertjax.families import FAMILIES
+
+  roles = {}
+  declared = {**_read_json(path / "special_tokens_map.json"), **settings}
+  for role in ("cls", "sep", "pad", "mask", "unk", "bos", "eos"):
+    token = declared.get(f"{role}_token")
+    if isinstance(token, dict):
+      token = token.get("content")
+    if isinstance(token, str):
+      roles[role] = token
+  if model_type in FAMILIES:
+    for role, token in FAMILIES[model_type].special_tokens.items():
+      roles.setdefault(role, token)
+  return roles
+
+
+def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str]):
+  import tokenizers
+
+  if (path / "tokenizer.json").exists():
+    return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+  if (path / "vocab.txt").exists():
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    return BertWordPieceTokenizer(str(path / "vocab.txt"),
+                                  lowercase=settings.get("do_lower_case", True))._tokenizer
+  if (path / "vocab.json").exists() and (path / "merges.txt").exists():
+    return _byte_level_bpe(path, roles)
+  if (path / "spiece.model").exists():
+    return _transformers_backend("AlbertTokenizerFast", path)
+  if (path / "sentencepiece.bpe.model").exists():
+    return _transformers_backend("XLMRobertaTokenizerFast", path)
+  raise FileNotFoundError(f"no tokenizer.json, vocab.txt, vocab.json + merges.txt, spiece.model "
+                          f"or sentencepiece.bpe.model in {path}")
+
+
+def _byte_level_bpe(path: pathlib.Path, roles: dict[str, str]):
+  """RoBERTa's vocab.json + merges.txt: byte-level BPE, <s> A </s></s> B </s>."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+  tok = Tokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  vocab = tok.get_vocab()
+  cls_token, sep_token = roles.get("cls", "<s>"), roles.get("sep", "</s>")
+  missing = [t for t in (cls_token, sep_token) if t not in vocab]
+  if missing:
+    raise ValueError(f"{path / 'vocab.json'} lacks the special tokens {missing}")
+  tok.post_processor = processors.RobertaProcessing(
+      (sep_token, vocab[sep_token]), (cls_token, vocab[cls_token]), trim_offsets=True,
+      add_prefix_space=False)
+  specials = [t for t in roles.values() if t in vocab]
+  tok.add_special_tokens(specials)
+  return tok
+
+
+def _transformers_backend(name: str, directory: pathlib.Path):
+  """A slow-format tokenizer converted to `tokenizers` the way transformers converts it.
+
+  The conversion (normaliser, pre-tokeniser, the <s> A </s></s> B </s> or
+  [CLS] A [SEP] B [SEP] template) is transformers', so ids match its tokenizers.
   """
   try:
     import transformers
   except ImportError as e:
-    raise ImportError("reading spiece.model needs transformers (pip install 'bertjax[hf]')") from e
-  return transformers.AlbertTokenizer.from_pretrained(str(directory)).backend_tokenizer
+    raise ImportError(f"reading {directory} needs transformers (pip install 'bertjax[hf]')") from e
+  return getattr(transformers, name).from_pretrained(str(directory)).backend_tokenizer
