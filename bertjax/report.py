@@ -323,9 +323,14 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
 
 
 def clark_section(params, config, tok, batches) -> dict:
-  """Clark et al.'s attention mass on [CLS], [SEP], punctuation; entropy per head."""
+  """Clark et al.'s attention mass on [CLS], [SEP], punctuation; entropy per head.
+
+  On the definitions of Clark's released notebook: per-document averages, "." and
+  "," as punctuation, smoothed entropy (`attention.clark_statistics`' defaults).
+  """
   stats = attention.clark_statistics(params, config, [_plain(b) for _, b in batches],
-                                     sep_id=tok.sep_id, punct_ids=attention.punctuation_ids(tok))
+                                     sep_id=tok.sep_id,
+                                     punct_ids=attention.clark_punctuation_ids(tok))
   out = {name: np.asarray(v) for name, v in stats.items()}
   out["by_layer"] = {name: v.mean(-1) for name, v in out.items()}
   return out

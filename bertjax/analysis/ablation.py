@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, embed, forward, pool, run_layers
+from bertjax.functional import BertOutput, embed, forward, head_logits, pool, run_layers
 from bertjax.model import compute_dtype
 
 Params = dict[str, Any]
@@ -96,11 +96,14 @@ def first_modified_layer(head_masks, layer_masks=None) -> np.ndarray:
 # Metrics --------------------------------------------------------------------
 
 
+def _classifier_logits(params, config, last_hidden_state, pooled):
+  out = BertOutput(last_hidden_state=last_hidden_state, pooler_output=pooled)
+  return head_logits(params, config, out, "classifier")
+
+
 def classification_loss(params, config, batch, last_hidden_state, pooled):
   """Cross-entropy of the `classifier` head on `batch["labels"]` (B,): (sum, count)."""
-  from bertjax.functional import classify
-
-  logits = classify(params, config, pooled).astype(jnp.float32 if config.dtype != "float64"
+  logits = _classifier_logits(params, config, last_hidden_state, pooled).astype(jnp.float32 if config.dtype != "float64"
                                                     else jnp.float64)
   logp = jax.nn.log_softmax(logits)
   nll = -jnp.take_along_axis(logp, batch["labels"][:, None].astype(jnp.int32), -1)[:, 0]
@@ -109,9 +112,7 @@ def classification_loss(params, config, batch, last_hidden_state, pooled):
 
 def classification_accuracy(params, config, batch, last_hidden_state, pooled):
   """Accuracy of the `classifier` head on `batch["labels"]` (B,): (correct, count)."""
-  from bertjax.functional import classify
-
-  pred = classify(params, config, pooled).argmax(-1)
+  pred = _classifier_logits(params, config, last_hidden_state, pooled).argmax(-1)
   correct = (pred == batch["labels"]).astype(jnp.float32)
   return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
 

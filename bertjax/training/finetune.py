@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import BertConfig
-from bertjax.functional import HEADS, classify, forward, init, token_classify
+from bertjax.functional import HEADS, forward, head_logits, init, token_classify
 from bertjax.training import optim
 from bertjax.training.losses import IGNORE_INDEX
 from bertjax.training.state import create_train_state
@@ -307,7 +307,7 @@ def predict(params, config: BertConfig, data: dict[str, np.ndarray], task: str, 
   def logits_fn(p, ids, mask, types):
     out = forward(p, config, ids, mask, types)
     if task == "classification":
-      return classify(p, config, out.pooler_output)
+      return head_logits(p, config, out, "classifier")
     return token_classify(p, config, out.last_hidden_state)
 
   n = len(data["labels"])

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.config import BertConfig
-from bertjax.functional import classify, forward, nsp_logits, sop_logits, token_classify
+from bertjax.functional import forward, head_logits, nsp_logits, sop_logits, token_classify
 from bertjax.training import losses
 from bertjax.training.state import TrainState
 
@@ -46,7 +46,8 @@ def _terms(params, config: BertConfig, batch: dict, rng, task: str, objective: s
       terms["sop"] = losses.sentence_loss_terms(logits, batch["sop_labels"])
     return terms
   if task == "classification":
-    logits = classify(params, config, out.pooler_output, deterministic=deterministic, rng=k_head)
+    logits = head_logits(params, config, out, "classifier", deterministic=deterministic,
+                         rng=k_head)
     return {"cls": losses.classification_loss_terms(logits, batch["labels"])}
   logits = token_classify(params, config, out.last_hidden_state, deterministic=deterministic,
                           rng=k_head)
