@@ -136,11 +136,13 @@ def _normalise_name(name: str) -> str:
 _HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "merges.txt"]
 
 
-def resolve_model_path(name: str | os.PathLike) -> pathlib.Path:
+def resolve_model_path(name: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+                       ) -> pathlib.Path:
   """A model directory from a path or a Hugging Face hub id ("org/name").
 
-  A hub id is looked up in the `huggingface_hub` cache (`$HF_HOME/hub`), and
-  downloaded into it when the network is allowed (`HF_HUB_OFFLINE` unset).
+  A hub id is looked up in the `huggingface_hub` cache (`cache_dir`, default
+  `$HF_HOME/hub`), and downloaded into it when the network is allowed
+  (`HF_HUB_OFFLINE` unset).
 
   Raises:
     FileNotFoundError: neither a directory nor a cached (or downloadable) hub
@@ -159,16 +161,18 @@ def resolve_model_path(name: str | os.PathLike) -> pathlib.Path:
     raise FileNotFoundError(f"{text!r} is not a directory, and reading hub ids needs "
                             "huggingface_hub (pip install 'bertjax[hf]')") from e
   try:
-    return pathlib.Path(huggingface_hub.snapshot_download(text, allow_patterns=_HUB_FILES))
+    return pathlib.Path(huggingface_hub.snapshot_download(
+        text, allow_patterns=_HUB_FILES, cache_dir=None if cache_dir is None else str(cache_dir)))
   except Exception as e:  # noqa: BLE001 (offline, not cached, unknown repo, no network)
     offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
     raise FileNotFoundError(
         f"{text!r} is neither a model directory nor a model in the Hugging Face cache at "
-        f"{constants.HF_HUB_CACHE}, and it could not be downloaded{offline}: "
+        f"{cache_dir or constants.HF_HUB_CACHE}, and it could not be downloaded{offline}: "
         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
-def from_hf(path: str | os.PathLike, **config_overrides: Any) -> tuple[BertConfig, Params]:
+def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
+            **config_overrides: Any) -> tuple[BertConfig, Params]:
   """Loads a Hugging Face model of any family in `bertjax.families`.
 
   Reads `config.json` and `model.safetensors` (or `pytorch_model.bin`, or their
@@ -178,6 +182,7 @@ def from_hf(path: str | os.PathLike, **config_overrides: Any) -> tuple[BertConfi
   Args:
     path: a model directory, or a hub id resolved through the `huggingface_hub`
       cache (see `resolve_model_path`).
+    cache_dir: the hub cache to use instead of `$HF_HOME/hub`.
     **config_overrides: fields of `BertConfig` to set, e.g. `dtype="bfloat16"`,
       `attention_impl="pallas"`.
 
@@ -188,7 +193,7 @@ def from_hf(path: str | os.PathLike, **config_overrides: Any) -> tuple[BertConfi
     ValueError: unknown `model_type`, or missing, unexpected or mis-shaped
       tensors (all of them listed).
   """
-  path = resolve_model_path(path)
+  path = resolve_model_path(path, cache_dir)
   config_file = path / "config.json"
   if not config_file.exists():
     raise FileNotFoundError(f"no config.json in {path}")

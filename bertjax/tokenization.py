@@ -95,7 +95,7 @@ class Tokenizer:
     return self.tokenizer.get_vocab_size()
 
   @classmethod
-  def from_pretrained(cls, path) -> Tokenizer:
+  def from_pretrained(cls, path, *, cache_dir=None) -> Tokenizer:
     """Loads a model directory's (or hub id's) tokenizer, in whichever format it ships.
 
     Looks for `tokenizer.json`, then `vocab.txt` (WordPiece), `vocab.json` +
@@ -104,7 +104,7 @@ class Tokenizer:
     """
     from bertjax.hf import resolve_model_path
 
-    path = resolve_model_path(path)
+    path = resolve_model_path(path, cache_dir)
     settings = _read_json(path / "tokenizer_config.json")
     model_type = _read_json(path / "config.json").get("model_type")
     max_len = settings.get("model_max_length", 512)

@@ -237,3 +237,18 @@ def test_bad_sites_are_named():
     bertjax.forward(params, config, ids, mask, patch={"mid": (np.zeros(5), 1.0)})
   with pytest.raises(ValueError, match=r"patch\['q'\] must be a \(value, weight\) pair"):
     bertjax.forward(params, config, ids, mask, patch={"q": np.zeros(4)})
+
+
+def test_forward_under_jit_with_static_argnames():
+  """The README's jit recipe: config and program-shaping flags static, patches traced."""
+  config, params, ids, mask = _tiny()
+  jitted = jax.jit(bertjax.forward, static_argnames=(
+      "config", "head_ablation", "output_hidden_states", "output_attentions", "capture",
+      "deterministic"))
+  hm = np.ones((config.depth, config.num_attention_heads), np.float32)
+  got = jitted(params, config, ids, mask, head_mask=hm, head_ablation="uniform",
+               output_attentions=True, capture=("mid",))
+  want = bertjax.forward(params, config, ids, mask, head_mask=hm, head_ablation="uniform",
+                         output_attentions=True, capture=("mid",))
+  np.testing.assert_allclose(got.cache["mid"], want.cache["mid"], atol=1e-6)
+  assert got.attentions.shape == want.attentions.shape
