@@ -256,9 +256,11 @@ def find_root(data_dir: str | os.PathLike | None = None,
     msg = f"{what} not found (looked in {where})"
   else:
     msg = f"{what} found (looked in {where})"
-  to = f" --to {places[0]}" if data_dir is not None else ""
   it = "them" if len(need) != 1 else "it"
-  raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)}{to}` to download {it}, or pass "
+  if data_dir is not None:
+    raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)} --to {places[0]}` to download "
+                            f"{it} there, or give --data-dir the directory that holds {it}")
+  raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)}` to download {it}, or pass "
                           "--data-dir DIR (a directory holding ud_english_ewt/, blimp/, ...)")
 
 
