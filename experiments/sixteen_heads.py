@@ -118,8 +118,8 @@ def _per_example_fn():
   @functools.partial(jax.jit, static_argnums=(1, 4))
   def fn(params, config, batch, hidden_in, start, head_masks):
     def one(mask):
-      last, _, _ = bertjax.run_layers(params, config, hidden_in, batch["attention_mask"],
-                                      start=start, head_mask=mask)
+      last = bertjax.run_layers(params, config, hidden_in, batch["attention_mask"],
+                                start=start, head_mask=mask).last
 
       def example(h, m, y):
         small = {"attention_mask": m[None], "labels": y[None]}
