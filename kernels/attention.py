@@ -48,11 +48,16 @@ def _compute_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask):
-  """(batch, q, k) bool of allowed keys and (batch, q) bool of real query rows."""
+def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask, per_query=True):
+  """(batch, q, k) bool of allowed keys and (batch, q) bool of real query rows.
+
+  With `per_query=False` and no segment ids the mask depends on the key alone and is
+  returned as (batch, 1, k), to be broadcast over queries.
+  """
   k_idx = jnp.arange(seq_k)
   q_idx = jnp.arange(seq_q)
-  allowed = jnp.ones((batch, seq_q, seq_k), bool)
+  rows = seq_q if per_query or segment_ids is not None else 1
+  allowed = jnp.ones((batch, rows, seq_k), bool)
   row_real = jnp.ones((batch, seq_q), bool)
   if kv_lengths is not None:
     lengths = jnp.asarray(kv_lengths)
@@ -398,7 +403,7 @@ def attention(
     )
   if impl == "xla":
     allowed, row_real = _allowed_mask(
-      q.shape[0], q.shape[1], k.shape[1], kv_lengths, segment_ids, key_mask
+      q.shape[0], q.shape[1], k.shape[1], kv_lengths, segment_ids, key_mask, per_query=False
     )
     return xla_attention(
       q,
