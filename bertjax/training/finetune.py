@@ -248,15 +248,24 @@ def split(data: dict[str, np.ndarray], eval_fraction: float, *, seed: int = 0):
 
 
 def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path | None = None,
-                  config: BertConfig | None = None, seed: int = 0):
-  """A model with a fresh task head: from a Hugging Face directory or random.
+                  config: BertConfig | None = None, seed: int = 0,
+                  label_names: Sequence[str] | None = None):
+  """A model with a fresh task head: from a Hugging Face model (any family) or random.
+
+  The head is the family's (`config.family.heads`): BERT's and ALBERT's sequence
+  classifier reads the pooler, so a checkpoint saved without one (a `*ForMaskedLM`)
+  gets a fresh pooler; RoBERTa's, ELECTRA's and DistilBERT's classifiers read the
+  first token's final state, and token classifiers every token, so those models keep
+  no pooler (their Hugging Face classes have none).
 
   Args:
     task: "classification" or "token_classification".
     num_labels: outputs of the head (1 for regression).
-    init_from: a Hugging Face directory (its task heads are dropped).
+    init_from: a Hugging Face directory or hub id (its task heads are dropped).
     config: the architecture for random initialisation (when no `init_from`).
     seed: the head's (and random model's) initialisation seed.
+    label_names: the classes' names, index order (exported as `id2label`); None
+      means `LABEL_0` ... (Hugging Face's default).
 
   Returns:
     `(config, params)`.
@@ -267,17 +276,26 @@ def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path |
     raise ValueError(f"{task=!r} must be one of {TASKS}")
   if (init_from is None) == (config is None):
     raise ValueError("give exactly one of init_from (a Hugging Face directory) or config")
+  if label_names is not None:
+    label_names = tuple(str(name) for name in label_names)
+    if len(label_names) != num_labels:
+      raise ValueError(f"label_names={list(label_names)} must name num_labels={num_labels} "
+                       "classes")
   head = _HEAD[task]
+  base = None
   if init_from is not None:
-    config, params = from_hf(init_from)
-    config = config.replace(num_labels=num_labels)
-    params = {k: v for k, v in params.items() if k not in HEADS}
-    if "pooler" not in params and task == "classification":
-      params["pooler"] = init(config, seed)["pooler"]
-    params[head] = init(config, seed, heads=(head,))[head]
-  else:
-    config = config.replace(num_labels=num_labels)
-    params = init(config, seed, heads=(head,))
+    config, base = from_hf(init_from)
+  reads_pooler = config.family.heads[head].reads == "pooled"
+  # Labels of the checkpoint's own head (a different task) do not carry over.
+  config = config.replace(num_labels=num_labels, label_names=label_names,
+                          use_pooler=reads_pooler)
+  fresh = init(config, seed, heads=(head,))
+  if base is None:
+    return config, fresh
+  params = {k: v for k, v in base.items() if k not in HEADS and k != "pooler"}
+  if reads_pooler:
+    params["pooler"] = base.get("pooler", fresh["pooler"])
+  params[head] = fresh[head]
   return config, params
 
 
