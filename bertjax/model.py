@@ -279,12 +279,13 @@ class SelfAttention(nn.Module):
           special_mask=stats_special_mask, impl=impl, **lengths)
     elif output_attentions or sites.needs("probs"):
       # The map path: the probabilities are returned, captured or patched.
-      _, probs = kernels.reference_attention(q, k, v, key_mask=key_mask, return_probs=True)
-      probs = sites.visit("probs", probs)  # (B, N, T, T)
+      probs = sites.visit("probs", kernels.attention_probs(q, k, key_mask=key_mask))  # (B, N, T, T)
       used = probs
       if dropout:
         used = nn.Dropout(dropout)(probs, deterministic=False)
-      head_out = jnp.einsum("bnqk,bknd->bqnd", used, v.astype(used.dtype)).astype(dtype)
+      # Heads-first batched matmul (the layout XLA:CPU is fast with), back to (B, T, N, D).
+      vh = jnp.swapaxes(v.astype(used.dtype), 1, 2)
+      head_out = jnp.swapaxes(jnp.einsum("bnqk,bnkd->bnqd", used, vh), 1, 2).astype(dtype)
       maps = sites.mask_maps(probs, key_mask) if output_attentions else None
     else:
       extra = {}

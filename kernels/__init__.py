@@ -7,6 +7,7 @@ the entry point that validates inputs and dispatches between implementations.
 
 from kernels.attention import (
   attention,
+  attention_probs,
   attention_with_stats,
   reference_attention,
   reference_statistics,
@@ -17,6 +18,7 @@ __all__ = [
   "STAT_NAMES",
   "BlockSizes",
   "attention",
+  "attention_probs",
   "attention_with_stats",
   "reference_attention",
   "reference_statistics",

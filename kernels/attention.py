@@ -38,6 +38,7 @@ from kernels import dropout as drop
 from kernels import flash_attention as fa
 from kernels import flash_attention_stats as fa_stats
 from kernels import flash_attention_tpu as fa_tpu
+from kernels.xla_attention import attention_probs as _xla_probs
 from kernels.xla_attention import xla_attention
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
@@ -437,6 +438,18 @@ def attention(
       raise ValueError(f"{backward=} is not available for the TPU kernels, only 'pallas'")
     return fa_tpu.flash_attention_tpu(q, k, v, **kwargs)
   return fa.flash_attention(q, k, v, backward=backward, **kwargs)
+
+
+def attention_probs(q, k, *, kv_lengths=None, key_mask=None, scale=None):
+  """Attention probabilities `(batch, heads, seq_q, seq_k)` in float32, fast on every backend.
+
+  The maps `reference_attention(..., return_probs=True)` gives (no head mask;
+  padded query rows zero), through `kernels.xla_attention`'s heads-first,
+  additive-bias formulation. Differentiable.
+  """
+  allowed, row_real = _allowed_mask(q.shape[0], q.shape[1], k.shape[1], kv_lengths, None,
+                                    key_mask, per_query=False)
+  return _xla_probs(q, k, allowed=allowed, row_real=row_real, scale=scale)
 
 
 def _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale):

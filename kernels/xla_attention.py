@@ -189,3 +189,26 @@ def xla_attention(
     rate,
   )
   return jnp.swapaxes(out, 1, 2).astype(q.dtype)
+
+
+def attention_probs(q, k, *, allowed, row_real, scale=None):
+  """The attention probabilities `(batch, heads, seq_q, seq_k)`, computed as the forward does.
+
+  Same values as `reference_attention(..., return_probs=True)` without a head mask
+  (padded rows are zero), through the heads-first, additive-bias formulation above;
+  plain jnp ops, so autodiff differentiates it.
+
+  Args:
+    q: `(batch, seq_q, heads, head_dim)`.
+    k: `(batch, seq_k, heads, head_dim)`.
+    allowed: bool `(batch, seq_q | 1, seq_k)`.
+    row_real: bool `(batch, seq_q)`.
+    scale: logit scale; None means `1 / sqrt(head_dim)`.
+  """
+  dtype = jnp.promote_types(q.dtype, jnp.float32)
+  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+  qh, kh = (jnp.swapaxes(a.astype(dtype), 1, 2) for a in (q, k))
+  p, inv = _scores(qh, kh, allowed, scale)
+  real = (row_real & allowed.any(-1))[:, None, :, None].astype(dtype)
+  return p * (inv * real)
+
