@@ -12,6 +12,7 @@ belongs to, -1 for special tokens and padding.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -49,6 +50,21 @@ class Batch:
         if w >= 0 and out[b, w] < 0:
           out[b, w] = t
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+  """Overlapping windows of long texts (`Tokenizer.encode_windows`)."""
+
+  batch: Batch  # every window, padded; word_ids index the words of the whole text
+  sample: np.ndarray  # (W,) int32: the text each window comes from
+  start: np.ndarray  # (W,) int32: the window's first token, in the text's own tokens
+
+
+# `truncation=` values -> the `tokenizers` strategy (None: no truncation).
+_TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first",
+               "longest_first": "longest_first", "only_first": "only_first",
+               "only_second": "only_second"}
 
 
 class Tokenizer:
@@ -116,28 +132,141 @@ class Tokenizer:
     return cls(tok, max_len, roles)
 
   def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
-             max_length: int | None = None, pad_to: int | None = None) -> Batch:
-    """Tokenises sentences (or sentence pairs) with [CLS]/[SEP], padded to the longest (or `pad_to`)."""
+             max_length: int | None = None, pad_to: int | None = None,
+             truncation: bool | str = False) -> Batch:
+    """Tokenises sentences (or sentence pairs) with [CLS]/[SEP], padded to the longest (or `pad_to`).
+
+    Args:
+      texts: the sentences (a list, even of one).
+      pairs: second sentences, one per text (segment 1), or None.
+      max_length: the longest sequence allowed, special tokens included (default: the
+        tokenizer's `model_max_length`). Without truncation a longer one is an error.
+      pad_to: pad every sequence to this length instead of to the longest.
+      truncation: as transformers' tokenizers: False (or "do_not_truncate"); True or
+        "longest_first" (pairs: drop tokens from the longer side, one at a time in
+        effect, until the pair fits); "only_first" or "only_second" (cut only that
+        side). The special tokens are always kept.
+
+    Returns:
+      A `Batch` of NumPy arrays.
+    """
     if isinstance(texts, str):
       raise TypeError("encode takes a list of strings; wrap a single sentence in a list")
     inputs = list(texts) if pairs is None else list(zip(texts, pairs))
-    return self._batch(self.tokenizer.encode_batch(inputs), max_length, pad_to)
+    if pairs is not None and len(pairs) != len(texts):
+      raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs; give one pair per text")
+    max_length = max_length or self.model_max_length
+    with self._truncating(truncation, max_length):
+      encodings = self.tokenizer.encode_batch(inputs)
+    return self._batch(encodings, max_length, pad_to)
 
   def encode_words(self, sentences: Sequence[Sequence[str]], *, max_length: int | None = None,
-                   pad_to: int | None = None) -> Batch:
-    """Tokenises pre-split words (e.g. UD tokens); `word_ids` index those words."""
+                   pad_to: int | None = None, truncation: bool | str = False) -> Batch:
+    """Tokenises pre-split words (e.g. UD tokens); `word_ids` index those words.
+
+    `truncation` and `max_length` as in `encode` (truncated words are simply absent
+    from `word_ids`; a word cut in the middle keeps its first subwords).
+    """
+    words = self._split_words(sentences)
+    max_length = max_length or self.model_max_length
+    with self._truncating(truncation, max_length):
+      encodings = self.tokenizer.encode_batch(words, is_pretokenized=True)
+    return self._batch(encodings, max_length, pad_to)
+
+  def encode_windows(self, texts: str | Sequence[str], pairs: Sequence[str] | None = None, *,
+                     max_length: int | None = None, stride: int = 0,
+                     pad_to: int | None = None) -> Windows:
+    """Long documents as overlapping windows, as transformers' `return_overflowing_tokens`.
+
+    Each text is tokenised whole and cut into windows of at most `max_length` tokens
+    (special tokens included); consecutive windows of one text share `stride` tokens.
+    With `pairs` (question-answering style), the pair is kept whole in every window and
+    only the text is cut ("only_second" in transformers, where the pair comes first:
+    here `pairs[i]` is segment 0 and `texts[i]` segment 1).
+
+    Args:
+      texts: one document or a list of them.
+      pairs: a first segment per text (e.g. a question), repeated in each of its windows.
+      max_length: tokens per window, special tokens included (default: `model_max_length`).
+      stride: tokens shared by consecutive windows of a text (0 <= stride < the text's
+        room in a window).
+      pad_to: pad every window to this length (default: the longest window).
+
+    Returns:
+      `Windows`: the windows as one `Batch`, with `sample` (which text each window
+      comes from) and `start` (the index, in the text's tokens without special tokens,
+      of the window's first token).
+    """
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    max_length = max_length or self.model_max_length
+    if stride < 0:
+      raise ValueError(f"{stride=} must be >= 0")
+    if pairs is not None and len(pairs) != len(texts):
+      raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs; give one pair per text")
+    inputs = texts if pairs is None else list(zip(pairs, texts))
+    # The text's room in a window: what the special tokens and the whole pair leave.
+    specials = self.tokenizer.num_special_tokens_to_add(pairs is not None)
+    fixed = ([0] * len(texts) if pairs is None else
+             [len(e.ids) for e in self.tokenizer.encode_batch(list(pairs),
+                                                              add_special_tokens=False)])
+    for i, n in enumerate(fixed):
+      room = max_length - specials - n
+      if room <= stride:
+        raise ValueError(f"max_length={max_length} leaves {room} tokens of text {i} per window "
+                         f"(after {specials} special tokens and {n} of its pair), which must "
+                         f"exceed {stride=}")
+    strategy = "longest_first" if pairs is None else "only_second"
+    encodings, sample, start = [], [], []
+    with self._truncating(strategy, max_length, stride=stride):
+      for i, e in enumerate(self.tokenizer.encode_batch(inputs)):
+        step = max_length - specials - fixed[i] - stride
+        for k, window in enumerate([e, *e.overflowing]):
+          encodings.append(window)
+          sample.append(i)
+          start.append(k * step)
+    return Windows(self._batch(encodings, max_length, pad_to), np.asarray(sample, np.int32),
+                   np.asarray(start, np.int32))
+
+  def _split_words(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
     words = [list(s) for s in sentences]
     if self.byte_level:  # as transformers' add_prefix_space=True: every word starts one
       words = [[w if w.startswith(" ") else " " + w for w in s] for s in words]
-    encodings = self.tokenizer.encode_batch(words, is_pretokenized=True)
-    return self._batch(encodings, max_length, pad_to)
+    return words
+
+  @contextlib.contextmanager
+  def _truncating(self, truncation: bool | str, max_length: int, stride: int = 0):
+    """The backend set to truncate (or not) for one call, then restored."""
+    if not isinstance(truncation, (bool, str)) or truncation not in _TRUNCATION:
+      raise ValueError(f"truncation={truncation!r} must be True, False or one of "
+                       f"{[k for k in _TRUNCATION if isinstance(k, str)]}")
+    strategy = _TRUNCATION[truncation]
+    if not isinstance(max_length, int) or max_length < 1:
+      raise ValueError(f"max_length={max_length!r} must be a positive int")
+    backend = self.tokenizer
+    before = backend.truncation
+    if strategy is None:
+      backend.no_truncation()
+    else:
+      backend.enable_truncation(max_length, stride=stride, strategy=strategy)
+    try:
+      yield
+    except Exception as e:  # `tokenizers` raises a bare Exception when a cut cannot fit
+      if strategy is None or isinstance(e, (ValueError, TypeError)):
+        raise
+      raise ValueError(f"cannot truncate to max_length={max_length} with "
+                       f"truncation={truncation!r}: {e}") from e
+    finally:
+      if before is None:
+        backend.no_truncation()
+      else:
+        backend.enable_truncation(**before)
 
   def _batch(self, encodings, max_length: int | None, pad_to: int | None) -> Batch:
     max_length = max_length or self.model_max_length
     longest = max((len(e.ids) for e in encodings), default=0)
     if longest > max_length:
       raise ValueError(f"a sequence has {longest} tokens; max_length={max_length} "
-                       "(truncate the text or raise max_length)")
+                       "(pass truncation=True, use encode_windows, or raise max_length)")
     width = pad_to or longest
     if width < longest:
       raise ValueError(f"{pad_to=} is shorter than the longest sequence ({longest} tokens)")
@@ -156,6 +285,41 @@ class Tokenizer:
       special = np.asarray(e.special_tokens_mask, bool)
       words[b, :n][special] = -1
     return Batch(ids, mask, types, words)
+
+  def save_pretrained(self, directory: str | pathlib.Path) -> pathlib.Path:
+    """Writes the tokenizer's files as a Hugging Face model directory holds them.
+
+    `tokenizer.json` (the whole tokenizer, as `tokenizers` saves it); `vocab.txt` for a
+    WordPiece vocabulary (BERT's format: one token a line, the line number its id);
+    `tokenizer_config.json` (`model_max_length`, `do_lower_case` for BERT's normaliser,
+    each role's token) and `special_tokens_map.json`. `from_pretrained` and
+    transformers' `AutoTokenizer` read them back.
+
+    Returns:
+      The directory (created if missing).
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    backend = self.tokenizer
+    state = json.loads(backend.to_str())
+    if state.get("truncation") or state.get("padding"):
+      raise ValueError("the tokenizer has truncation or padding switched on; call "
+                       "tokenizer.tokenizer.no_truncation() / no_padding() first")
+    backend.save(str(directory / "tokenizer.json"))
+    if state["model"]["type"] == "WordPiece":
+      by_id = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+      if [i for _, i in by_id] != list(range(len(by_id))):
+        raise ValueError(f"token ids are not contiguous from 0 (vocabulary of {len(by_id)}); "
+                         "cannot write vocab.txt")
+      (directory / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
+    roles = {f"{role}_token": token for role, token in self.roles.items()}
+    settings = {"model_max_length": self.model_max_length, **roles}
+    normalizer = state.get("normalizer") or {}
+    if normalizer.get("type") == "BertNormalizer":
+      settings["do_lower_case"] = bool(normalizer.get("lowercase"))
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    (directory / "special_tokens_map.json").write_text(json.dumps(roles, indent=2) + "\n")
+    return directory
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.tokenizer.decode(list(map(int, ids)))
