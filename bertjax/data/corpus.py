@@ -25,6 +25,7 @@ replaced:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -199,8 +200,13 @@ def read_documents(
 
 
 def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool):
-  """An untrained or vocabulary-backed BERT WordPiece tokenizer."""
-  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+  """An untrained or vocabulary-backed BERT WordPiece tokenizer.
+
+  With a vocabulary that has them, `encode` adds [CLS] A [SEP] (B [SEP]) as BERT's
+  tokenizers do (`tokenize_documents` asks for no special tokens), so the saved
+  ``tokenizer.json`` is a whole BERT tokenizer for an exported model.
+  """
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
   model = (
     models.WordPiece(vocab, unk_token="[UNK]") if vocab else models.WordPiece(unk_token="[UNK]")
@@ -209,6 +215,9 @@ def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool):
   tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece()
+  if vocab and "[CLS]" in vocab and "[SEP]" in vocab:
+    tokenizer.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]),
+                                                         ("[CLS]", vocab["[CLS]"]))
   return tokenizer
 
 
@@ -259,6 +268,99 @@ def load_tokenizer(path: PathLike, *, lowercase: bool = True):
   return _prepare(tokenizer)
 
 
+def _word_counts(sentences: Iterable[str], tokenizer) -> dict[str, int]:
+  """Counts of the pre-tokenised words of `sentences`, in order of first appearance."""
+  counts: dict[str, int] = {}
+  normalize, split = tokenizer.normalizer.normalize_str, tokenizer.pre_tokenizer.pre_tokenize_str
+  for sentence in sentences:
+    for word, _ in split(normalize(sentence)):
+      counts[word] = counts.get(word, 0) + 1
+  return counts
+
+
+def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
+                  limit_alphabet: int | None, prefix: str = "##") -> list[str]:
+  """The tokens of a WordPiece vocabulary learnt as `tokenizers`' WordPiece trainer learns it.
+
+  The algorithm is the `tokenizers` library's (a BPE over characters where every non-initial
+  character carries `prefix`; merged tokens join without the second part's prefix), with
+  every order fixed: the alphabet (its `limit_alphabet` most frequent characters, ties by
+  character) comes sorted, initial characters before continuation ones; a merge's new token
+  takes the next id; ties between equally frequent pairs go to the pair of smaller ids.
+  `tokenizers`' trainer numbers the continuation characters in hash-map order, so its
+  vocabulary and, through ties, even its merges change from one process to the next.
+  """
+  import heapq
+
+  chars: dict[str, int] = {}
+  for word, n in counts.items():
+    for c in word:
+      chars[c] = chars.get(c, 0) + n
+  alphabet = sorted(chars)
+  if limit_alphabet is not None and len(alphabet) > limit_alphabet:
+    kept = sorted(chars, key=lambda c: (-chars[c], c))[:limit_alphabet]
+    alphabet = sorted(kept)
+  allowed = set(alphabet)
+  continuation = sorted({prefix + c for word in counts for c in word[1:] if c in allowed})
+  tokens = [*alphabet, *continuation]
+  ids = {t: i for i, t in enumerate(tokens)}
+  words, weights = [], []
+  for word, n in counts.items():
+    # Characters outside the alphabet are dropped; only the word's first one is initial.
+    pieces = [ids[c if i == 0 else prefix + c] for i, c in enumerate(word) if c in allowed]
+    words.append(pieces)
+    weights.append(n)
+  pair_counts: dict[tuple[int, int], int] = {}
+  where: dict[tuple[int, int], set[int]] = {}
+  for w, (pieces, n) in enumerate(zip(words, weights)):
+    for pair in itertools.pairwise(pieces):
+      pair_counts[pair] = pair_counts.get(pair, 0) + n
+      where.setdefault(pair, set()).add(w)
+  heap = [(-n, a, b) for (a, b), n in pair_counts.items()]
+  heapq.heapify(heap)
+  while len(tokens) < vocab_size and heap:
+    neg, a, b = heapq.heappop(heap)
+    current = pair_counts.get((a, b), 0)
+    if current != -neg:  # a stale entry: its count changed since it was pushed
+      if current > 0:
+        heapq.heappush(heap, (-current, a, b))
+      continue
+    if current < max(min_frequency, 1):
+      break
+    second = tokens[b]
+    merged = tokens[a] + second.removeprefix(prefix)
+    if merged not in ids:
+      ids[merged] = len(tokens)
+      tokens.append(merged)
+    new = ids[merged]
+    changed: dict[tuple[int, int], int] = {}
+    for w in sorted(where.pop((a, b), ())):
+      pieces, n = words[w], weights[w]
+      if (a, b) not in itertools.pairwise(pieces):
+        continue
+      for pair in itertools.pairwise(pieces):
+        changed[pair] = changed.get(pair, 0) - n
+      out, i = [], 0
+      while i < len(pieces):
+        if i + 1 < len(pieces) and pieces[i] == a and pieces[i + 1] == b:
+          out.append(new)
+          i += 2
+        else:
+          out.append(pieces[i])
+          i += 1
+      words[w] = out
+      for pair in itertools.pairwise(out):
+        changed[pair] = changed.get(pair, 0) + n
+        where.setdefault(pair, set()).add(w)
+    for pair, delta in changed.items():
+      if delta:
+        pair_counts[pair] = pair_counts.get(pair, 0) + delta
+        if delta > 0:
+          heapq.heappush(heap, (-pair_counts[pair], *pair))
+    pair_counts.pop((a, b), None)
+  return tokens
+
+
 def train_wordpiece(
   sentences: Iterable[str],
   vocab_size: int,
@@ -268,12 +370,16 @@ def train_wordpiece(
   limit_alphabet: int = 1000,
   save_dir: PathLike | None = None,
 ):
-  """Trains a BERT WordPiece tokenizer on text.
+  """Trains a BERT WordPiece tokenizer on text, deterministically.
 
   Uses BERT normalisation (cleaning, Chinese-character spacing, optional
   lower-casing and accent stripping) and BERT pre-tokenisation (split on
   whitespace and punctuation); the special tokens ``[PAD] [UNK] [CLS] [SEP]
-  [MASK]`` get ids 0-4.
+  [MASK]`` get ids 0-4. The vocabulary is learnt by the algorithm of the
+  `tokenizers` library's ``WordPieceTrainer`` with every order fixed (see
+  `_train_merges`): the same text gives the same ``vocab.txt``, byte for byte, in
+  every process, whatever the thread count or hash seed (``tokenizers``' own
+  trainer does not).
 
   Args:
     sentences: training text, e.g. ``(s for doc in documents for s in doc)``.
@@ -286,20 +392,14 @@ def train_wordpiece(
   Returns:
     The trained `tokenizers.Tokenizer`.
   """
-  from tokenizers import trainers
-
   if vocab_size <= len(SPECIAL_TOKENS):
     raise ValueError(f"{vocab_size=} must exceed the {len(SPECIAL_TOKENS)} special tokens")
-  tokenizer = _bert_wordpiece(None, lowercase)
-  trainer = trainers.WordPieceTrainer(
-    vocab_size=vocab_size,
-    min_frequency=min_frequency,
-    special_tokens=list(SPECIAL_TOKENS),
-    limit_alphabet=limit_alphabet,
-    continuing_subword_prefix="##",
-    show_progress=False,
-  )
-  tokenizer.train_from_iterator(sentences, trainer=trainer)
+  counts = _word_counts(sentences, _bert_wordpiece(None, lowercase))
+  learnt = _train_merges(counts, vocab_size - len(SPECIAL_TOKENS), min_frequency, limit_alphabet)
+  vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *(t for t in learnt
+                                                          if t not in SPECIAL_TOKENS)])}
+  tokenizer = _bert_wordpiece(vocab, lowercase)
+  tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
   _prepare(tokenizer)
   if save_dir is not None:
     save_tokenizer(tokenizer, save_dir)
