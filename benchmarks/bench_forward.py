@@ -1,13 +1,17 @@
-"""Forward-pass speed on the CPU: bertjax vs transformers (PyTorch sdpa) vs HF Flax BERT; compile time.
+"""Forward-pass speed on the CPU: bertjax vs transformers PyTorch (sdpa), as a share of matmul peak.
 
 Run: ./run.sh bench bench_forward            (writes benchmarks/results/forward_cpu.{json,md})
      ./run.sh bench bench_forward --smoke    (a few seconds; checks the script runs)
 
-all-MiniLM-L6-v2 (real weights), float32, batch 32 x 128 tokens. The three
-implementations are timed in one run, interleaved round by round so that
-machine noise hits them alike; each is warmed up first and compile time is
-reported separately. The HF Flax peer is transformers 4.57 (the last release
-with Flax), run in a subprocess from the side install `.venv/hf4`.
+Two models (all-MiniLM-L6-v2 with its real weights; a BERT-base-shaped model with
+random weights, every parameter random, saved by transformers and loaded by both)
+at two shapes (batch 32 x 128 and 8 x 512), float32. Both implementations are
+timed in one run, interleaved round by round so that machine noise hits them
+alike, each warmed up first, compile time apart. Each forward's achieved GFLOP/s
+(matmul FLOPs counted from the shapes) is reported as a fraction of the measured
+float32 matmul peak of the same machine, for JAX and for PyTorch (the best of a
+few large square matmuls in each). The result file names the CPU model, its
+vector ISA flags (AVX2, AVX-512, AMX) and the thread counts.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -29,73 +33,77 @@ import numpy as np
 import bertjax
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-HF4 = pathlib.Path(sys.prefix) / "hf4"
-
-_FLAX_PEER = """
-import json, sys, time, numpy as np, jax, jax.numpy as jnp
-from transformers import FlaxBertModel
-model = FlaxBertModel.from_pretrained(sys.argv[1], from_pt=True)
-ids = np.load(sys.argv[2])
-fwd = jax.jit(lambda p, x: model(x, attention_mask=jnp.ones_like(x), params=p).last_hidden_state)
-t0 = time.perf_counter(); jax.block_until_ready(fwd(model.params, ids)); compile_s = time.perf_counter() - t0
-for _ in range(int(sys.argv[4])): jax.block_until_ready(fwd(model.params, ids))
-times = []
-for _ in range(int(sys.argv[3])):
-  t0 = time.perf_counter(); jax.block_until_ready(fwd(model.params, ids)); times.append(time.perf_counter() - t0)
-print(json.dumps({"times": times, "compile_s": compile_s}))
-"""
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
+             "amx_bf16", "amx_int8")
 
 
-def _time(fn, repeats: int) -> list[float]:
-  out = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    out.append(time.perf_counter() - t0)
-  return out
+def cpu_info() -> dict:
+  """CPU model name, the vector ISA flags present, core count."""
+  model, flags = platform.processor() or platform.machine(), set()
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = line.partition(":")
+      if key.strip() == "model name":
+        model = value.strip()
+      elif key.strip() == "flags":
+        flags = set(value.split())
+  except OSError:
+    pass
+  return {"cpu": model, "isa": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
-def compile_seconds(layers: int, seq: int, batch: int) -> float:
-  """Lower + compile the forward of a bert-base-width model with `layers` layers."""
-  config = bertjax.BertConfig.preset("bert-base", num_hidden_layers=layers)
-  params = jax.eval_shape(lambda: bertjax.init(config, 0))
-  ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-  fwd = jax.jit(lambda p, x: bertjax.forward(p, config, x, jnp.ones_like(x)).last_hidden_state)
+def _time(fn) -> float:
   t0 = time.perf_counter()
-  fwd.lower(params, ids).compile()
+  fn()
   return time.perf_counter() - t0
 
 
-def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--rounds", type=int, default=15, help="timed rounds per implementation")
-  parser.add_argument("--warmup", type=int, default=3)
-  parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
-  parser.add_argument("--no-flax", action="store_true", help="skip the HF Flax peer")
-  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-  args = parser.parse_args(argv)
-  if args.smoke:
-    args.batch, args.seq, args.rounds, args.warmup = 2, 16, 2, 1
+def matmul_peak(torch, size: int, repeats: int) -> dict:
+  """Best float32 GFLOP/s of a (size x size) @ (size x size) matmul in JAX and in PyTorch."""
+  a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
+  ja = jnp.asarray(a)
+  mm = jax.jit(lambda x: x @ x)
+  jax.block_until_ready(mm(ja))
+  ta = torch.from_numpy(a)
+  with torch.inference_mode():
+    torch.mm(ta, ta)
+  flops = 2 * size ** 3
+  t_jax = min(_time(lambda: jax.block_until_ready(mm(ja))) for _ in range(repeats))
+  with torch.inference_mode():
+    t_torch = min(_time(lambda: torch.mm(ta, ta)) for _ in range(repeats))
+  return {"size": size, "jax_gflops": flops / t_jax / 1e9, "torch_gflops": flops / t_torch / 1e9}
 
-  import torch
-  import transformers
 
-  path = bertjax.minilm_path()
+def forward_flops(config, batch: int, seq: int) -> float:
+  """Matmul FLOPs of one forward: projections, FFN and the two attention products."""
+  h, i, layers = config.hidden_size, config.intermediate_size, config.depth
+  tokens = batch * seq
+  per_layer = 2 * tokens * (4 * h * h + 2 * h * i) + 2 * 2 * batch * seq * seq * h
+  return float(layers * per_layer)
+
+
+def _bert_base_dir(transformers, torch, root: pathlib.Path, smoke: bool) -> pathlib.Path:
+  sizes = (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=128) if smoke else {})
+  config = transformers.BertConfig(**sizes)
+  torch.manual_seed(0)
+  model = transformers.BertModel(config)
+  with torch.no_grad():  # every parameter random, LayerNorms included
+    for name, p in model.named_parameters():
+      p.normal_(1.0 if name.endswith("LayerNorm.weight") else 0.0, 0.05)
+  model.save_pretrained(root / "bert-base-random")
+  return root / "bert-base-random"
+
+
+def measure(transformers, torch, path, name, batch, seq, rounds, warmup) -> dict:
   config, params = bertjax.from_hf(path)
   rng = np.random.default_rng(0)
-  ids = rng.integers(1000, config.vocab_size, (args.batch, args.seq)).astype(np.int32)
+  ids = rng.integers(1000, config.vocab_size, (batch, seq)).astype(np.int32)
   mask = np.ones_like(ids)
-
   fwd = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state)
   ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
-  t0 = time.perf_counter()
-  jax.block_until_ready(fwd(params, ids_j, mask_j))
-  ours_compile = time.perf_counter() - t0
+  compile_s = _time(lambda: jax.block_until_ready(fwd(params, ids_j, mask_j)))
   ours = lambda: jax.block_until_ready(fwd(params, ids_j, mask_j))
-
   model = transformers.BertModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
   ids_t, mask_t = torch.tensor(ids).long(), torch.tensor(mask).long()
 
@@ -105,50 +113,50 @@ def main(argv=None) -> dict:
 
   # Same numbers first: a speed comparison of different functions means nothing.
   diff = float(np.abs(np.asarray(ours()) - theirs().numpy()).max())
-  for _ in range(args.warmup):
+  for _ in range(warmup):
     ours(), theirs()
   t_ours, t_torch = [], []
-  for _ in range(args.rounds):  # interleaved rounds
-    t_ours += _time(ours, 1)
-    t_torch += _time(theirs, 1)
-
-  flax = None
-  if not args.no_flax and (HF4 / "transformers").is_dir():
-    ids_file = args.out / "_ids.npy" if not args.smoke else pathlib.Path("/tmp/_bench_ids.npy")
-    ids_file.parent.mkdir(parents=True, exist_ok=True)
-    np.save(ids_file, ids)
-    env = {**os.environ, "PYTHONPATH": str(HF4), "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([sys.executable, "-c", _FLAX_PEER, str(path), str(ids_file),
-                          str(args.rounds), str(args.warmup)], env=env, capture_output=True,
-                         text=True, timeout=1200)
-    ids_file.unlink()
-    if run.returncode == 0:
-      flax = json.loads(run.stdout.strip().splitlines()[-1])
-    else:
-      print("HF Flax peer failed:", run.stderr[-2000:], file=sys.stderr)
-
-  layers = (2, 4) if args.smoke else (12, 24)
-  compile_times = {n: compile_seconds(n, args.seq, args.batch) for n in layers}
-
+  for _ in range(rounds):  # interleaved rounds
+    t_ours.append(_time(ours))
+    t_torch.append(_time(theirs))
   med = statistics.median
-  tokens = args.batch * args.seq
-  result = {
-      "machine": {"processor": platform.processor() or platform.machine(),
-                  "cpus": os.cpu_count(), "jax": jax.__version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__, "backend": jax.default_backend()},
-      "shape": {"batch": args.batch, "seq": args.seq, "model": "all-MiniLM-L6-v2", "dtype": "float32"},
-      "max_abs_diff_vs_torch": diff,
-      "bertjax": {"median_s": med(t_ours), "tokens_per_s": tokens / med(t_ours),
-                  "compile_s": ours_compile},
-      "torch_sdpa": {"median_s": med(t_torch), "tokens_per_s": tokens / med(t_torch)},
-      "speedup_vs_torch": med(t_torch) / med(t_ours),
-      "compile_s_by_layers": {str(k): v for k, v in compile_times.items()},
-  }
-  if flax:
-    result["hf_flax_4_57"] = {"median_s": med(flax["times"]),
-                              "tokens_per_s": tokens / med(flax["times"]),
-                              "compile_s": flax["compile_s"]}
-    result["speedup_vs_hf_flax"] = med(flax["times"]) / med(t_ours)
+  flops = forward_flops(config, batch, seq)
+  return {"model": name, "batch": batch, "seq": seq, "max_abs_diff_vs_torch": diff,
+          "gflop": flops / 1e9,
+          "bertjax": {"median_s": med(t_ours), "gflops": flops / med(t_ours) / 1e9,
+                      "compile_s": compile_s},
+          "torch_sdpa": {"median_s": med(t_torch), "gflops": flops / med(t_torch) / 1e9},
+          "speedup_vs_torch": med(t_torch) / med(t_ours)}
+
+
+def main(argv=None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--rounds", type=int, default=11, help="timed rounds per implementation")
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
+  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+  args = parser.parse_args(argv)
+  import torch
+  import transformers
+
+  shapes = [(2, 16)] if args.smoke else [(32, 128), (8, 512)]
+  rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
+  with tempfile.TemporaryDirectory() as tmp:
+    models = [("all-MiniLM-L6-v2", bertjax.minilm_path()),
+              ("bert-base (random)", _bert_base_dir(transformers, torch, pathlib.Path(tmp),
+                                                    args.smoke))]
+    rows = [measure(transformers, torch, path, name, b, t, rounds, warmup)
+            for name, path in models for b, t in shapes]
+  peak = matmul_peak(torch, 512 if args.smoke else 2048, 3 if args.smoke else 10)
+  for row in rows:
+    row["bertjax"]["fraction_of_peak"] = row["bertjax"]["gflops"] / peak["jax_gflops"]
+    row["torch_sdpa"]["fraction_of_peak"] = row["torch_sdpa"]["gflops"] / peak["torch_gflops"]
+  result = {"machine": {**cpu_info(), "torch_threads": torch.get_num_threads(),
+                        "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+                        "torch": torch.__version__, "transformers": transformers.__version__,
+                        "backend": jax.default_backend(), "python": sys.version.split()[0]},
+            "matmul_peak_float32": peak, "rows": rows}
   print(json.dumps(result, indent=2))
   if not args.smoke:
     args.out.mkdir(parents=True, exist_ok=True)
@@ -158,25 +166,23 @@ def main(argv=None) -> dict:
 
 
 def markdown(r: dict) -> str:
-  m = r["machine"]
-  lines = [f"Forward pass, all-MiniLM-L6-v2, float32, batch {r['shape']['batch']} x "
-           f"{r['shape']['seq']} tokens, on {m['processor']} ({m['cpus']} CPUs), "
-           f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}.", "",
-           "| implementation | median time | tokens/s | vs bertjax | compile |",
-           "|---|---|---|---|---|"]
-  ours = r["bertjax"]["median_s"]
-  rows = [("bertjax (jit, scan)", r["bertjax"]), ("transformers PyTorch (sdpa)", r["torch_sdpa"])]
-  if "hf_flax_4_57" in r:
-    rows.append(("transformers 4.57 Flax", r["hf_flax_4_57"]))
-  for name, x in rows:
-    compile_s = f"{x['compile_s']:.2f} s" if "compile_s" in x else "-"
-    lines.append(f"| {name} | {x['median_s'] * 1e3:.1f} ms | {x['tokens_per_s']:.0f} | "
-                 f"{x['median_s'] / ours:.2f}x slower | {compile_s} |" if x is not r["bertjax"]
-                 else f"| {name} | {x['median_s'] * 1e3:.1f} ms | {x['tokens_per_s']:.0f} | 1.00x "
-                 f"| {compile_s} |")
-  lines += ["", f"Max |difference| vs PyTorch: {r['max_abs_diff_vs_torch']:.2e}.", "",
-            "Compile time of the forward (bert-base width, batch x 128): " + ", ".join(
-                f"{k} layers {v:.2f} s" for k, v in r["compile_s_by_layers"].items()) + "."]
+  m, peak = r["machine"], r["matmul_peak_float32"]
+  lines = [f"Forward pass, float32, on {m['cpu']} ({m['cores']} cores; "
+           f"{', '.join(m['isa']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
+           f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}. Float32 "
+           f"matmul peak measured in the same run ({peak['size']}^3): JAX "
+           f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s.", "",
+           "| model | batch x seq | bertjax | PyTorch sdpa | bertjax speed-up | bertjax "
+           "GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | max diff |",
+           "|---|---|---|---|---|---|---|---|"]
+  for x in r["rows"]:
+    ours, theirs = x["bertjax"], x["torch_sdpa"]
+    lines.append(
+        f"| {x['model']} | {x['batch']} x {x['seq']} | {ours['median_s'] * 1e3:.0f} ms | "
+        f"{theirs['median_s'] * 1e3:.0f} ms | **{x['speedup_vs_torch']:.2f}x** | "
+        f"{ours['gflops']:.0f} ({ours['fraction_of_peak']:.0%}) | "
+        f"{theirs['gflops']:.0f} ({theirs['fraction_of_peak']:.0%}) | "
+        f"{x['max_abs_diff_vs_torch']:.1e} |")
   return "\n".join(lines) + "\n"
 
 

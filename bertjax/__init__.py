@@ -7,6 +7,7 @@ from bertjax.functional import (
     attention_statistics,
     BertOutput,
     check_inputs,
+    checked_forward,
     classify,
     count_params,
     embed,
@@ -32,7 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES", "MODEL_TYPES", "PRESETS", "SITES", "Batch", "BertConfig", "BertOutput",
-    "LayersOutput", "Tokenizer", "attention_statistics", "check_inputs", "classify",
+    "LayersOutput", "Tokenizer", "attention_statistics", "check_inputs", "checked_forward", "classify",
     "count_params", "embed", "forward", "from_hf", "head_input", "head_logits", "hf_state_dict",
     "init", "minilm_path", "mlm_logits", "nsp_logits", "pool", "prune_heads",
     "resolve_model_path", "rtd_logits", "run_layers", "site_shape", "sop_logits", "to_hf",

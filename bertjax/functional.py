@@ -229,6 +229,70 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
                        "attention_impl='xla' or pad on the right")
 
 
+def value_checks(config: BertConfig, input_ids, token_type_ids=None) -> None:
+  """The value checks of `check_inputs` as `jax.experimental.checkify` checks.
+
+  Call inside a function transformed by `checkify.checkify` (as `checked_forward`
+  does) so that out-of-range token ids raise under `jit` too, instead of being
+  clamped by the embedding gather.
+  """
+  from jax.experimental import checkify
+
+  ids = jnp.asarray(input_ids)
+  checkify.check(jnp.all((ids >= 0) & (ids < config.vocab_size)),
+                 f"token ids in [{{lo}}, {{hi}}] are outside the vocabulary [0, {config.vocab_size})",
+                 lo=ids.min(), hi=ids.max())
+  if token_type_ids is not None:
+    types = jnp.asarray(token_type_ids)
+    checkify.check(jnp.all((types >= 0) & (types < max(config.type_vocab_size, 1))),
+                   f"token_type_ids in [{{lo}}, {{hi}}] must lie in "
+                   f"[0, {max(config.type_vocab_size, 1)})", lo=types.min(), hi=types.max())
+
+
+_STATIC_FORWARD_ARGS = ("head_ablation", "output_hidden_states", "output_attentions", "capture",
+                        "deterministic")
+
+
+def checked_forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
+                    token_type_ids=None, **kwargs) -> BertOutput:
+  """A compiled `forward` whose value checks are compiled in too.
+
+  Takes `forward`'s arguments and is itself jitted (call it directly, not inside
+  your own `jit`): the checks run on the device as part of the program
+  (`jax.experimental.checkify`), so a bad token id raises the ValueError eager
+  `forward` raises, naming the values, instead of being clamped by the
+  embedding gather. Costs one reduction over the ids.
+  """
+  from jax.experimental import checkify
+
+  static = tuple(sorted((k, v) for k, v in kwargs.items() if k in _STATIC_FORWARD_ARGS))
+  dynamic = {k: v for k, v in kwargs.items() if k not in _STATIC_FORWARD_ARGS}
+  if "capture" in kwargs:
+    static = tuple((k, _capture_tuple(v) if k == "capture" else v) for k, v in static)
+  err, out = _checked_forward(params, config, as_array(input_ids), as_array(attention_mask),
+                              as_array(token_type_ids), dynamic, static)
+  try:
+    err.throw()
+  except checkify.JaxRuntimeError as e:
+    message = str(e).split("\n")[0]
+    for tail in (" (`check` failed)", " (check failed at"):
+      message = message.split(tail)[0]
+    raise ValueError(message) from None
+  return out
+
+
+@functools.partial(jax.jit, static_argnums=(1, 6))
+def _checked_forward(params, config, input_ids, attention_mask, token_type_ids, dynamic, static):
+  from jax.experimental import checkify
+
+  def run(params, input_ids, attention_mask, token_type_ids, dynamic):
+    value_checks(config, input_ids, token_type_ids)
+    return forward(params, config, input_ids, attention_mask, token_type_ids, **dynamic,
+                   **dict(static))
+
+  return checkify.checkify(run)(params, input_ids, attention_mask, token_type_ids, dynamic)
+
+
 # The forward pass -----------------------------------------------------------
 
 

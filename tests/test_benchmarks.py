@@ -44,3 +44,15 @@ def test_mfu_benchmark_smoke(tmp_path):
   for r in rows:
     assert 0 < r["mfu"] < 1
     np.testing.assert_allclose(r["model_tflops"], r["model_tflop_per_step"] / r["median_step_s"])
+
+
+def test_forward_benchmark_smoke():
+  out = _run("bench_forward.py", "--smoke")
+  doc = json.loads(out[out.index("{"):])
+  assert doc["machine"]["cpu"] and doc["machine"]["torch_threads"] >= 1
+  assert [r["model"] for r in doc["rows"]] == ["all-MiniLM-L6-v2", "bert-base (random)"]
+  for r in doc["rows"]:
+    assert r["max_abs_diff_vs_torch"] < 1e-4  # the same function is being timed
+    for impl in ("bertjax", "torch_sdpa"):
+      np.testing.assert_allclose(r[impl]["gflops"], r["gflop"] / r[impl]["median_s"])
+      assert 0 < r[impl]["fraction_of_peak"]

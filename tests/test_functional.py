@@ -389,3 +389,18 @@ def test_albert_sentencepiece_tokenizer_matches_transformers(tmp_path, data_dir)
   words = tok.encode_words([["First", "Citizen", "speaks"]])
   spans = words.word_spans(0)
   assert len(spans) == 3 and spans[0][0] == 1 and any(e - s > 1 for s, e in spans)
+
+
+def test_checked_forward_raises_under_jit_what_eager_raises(params):
+  ids = np.array([[1, 2, 3]], np.int32)
+  got = bertjax.checked_forward(params, CONFIG, ids, output_hidden_states=True)
+  np.testing.assert_allclose(got.hidden_states,
+                             bertjax.forward(params, CONFIG, ids, output_hidden_states=True)
+                             .hidden_states, atol=1e-6)
+  with pytest.raises(ValueError, match=r"token ids in \[1, 101\] are outside the vocabulary"):
+    bertjax.checked_forward(params, CONFIG, np.array([[1, 2, 101]], np.int32))
+  with pytest.raises(ValueError, match=r"token_type_ids in \[0, 5\] must lie in"):
+    bertjax.checked_forward(params, CONFIG, ids, token_type_ids=np.array([[0, 5, 0]]))
+  # Unchecked under the user's jit, an out-of-range id gives NaN (documented).
+  jitted = jax.jit(lambda i: bertjax.forward(params, CONFIG, i).last_hidden_state)
+  assert np.isnan(np.asarray(jitted(np.array([[1, 2, 101]], np.int32)))).any()
