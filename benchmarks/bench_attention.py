@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import kernels
+from bertjax import kernels
 
 FULL_SHAPES = [(256, 128, 12), (256, 128, 16), (64, 512, 12), (64, 512, 16)]  # (B, T, H)
 SMOKE_SHAPES = [(2, 64, 2)]

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-import kernels
+from bertjax import kernels
 from bertjax.config import BertConfig
 
 # Site name -> (axes after depth, what it is). "embeddings" has no depth axis.

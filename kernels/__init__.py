@@ -5,14 +5,14 @@ The kernels themselves live in the submodules `kernels.flash_attention` (forward
 the entry point that validates inputs and dispatches between implementations.
 """
 
-from kernels.attention import (
+from .attention import (
   attention,
   attention_probs,
   attention_with_stats,
   reference_attention,
   reference_statistics,
 )
-from kernels.flash_attention import STAT_NAMES, BlockSizes
+from .flash_attention import STAT_NAMES, BlockSizes
 
 __all__ = [
   "STAT_NAMES",

@@ -16,7 +16,7 @@
   for `attention_with_stats` on TPU, which has no TPU statistics kernel yet).
 
 Note: the package attribute `kernels.attention` is this function, which shadows this module;
-import names from it with `from kernels.attention import ...`.
+import names from it with `from bertjax.kernels.attention import ...`.
 
 Query rows that are padding (index >= kv_length, or key_mask False) produce zeros in every
 implementation, so outputs and gradients are finite and comparable across implementations.
@@ -34,12 +34,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels import dropout as drop
-from kernels import flash_attention as fa
-from kernels import flash_attention_stats as fa_stats
-from kernels import flash_attention_tpu as fa_tpu
-from kernels.xla_attention import attention_probs as _xla_probs
-from kernels.xla_attention import xla_attention
+from . import dropout as drop
+from . import flash_attention as fa
+from . import flash_attention_stats as fa_stats
+from . import flash_attention_tpu as fa_tpu
+from .xla_attention import attention_probs as _xla_probs
+from .xla_attention import xla_attention
 
 IMPLS = ("auto", "xla", "pallas", "cudnn")
 ABLATIONS = ("scale", "uniform")

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import dropout as drop
+from . import dropout as drop
 
 # Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -523,7 +523,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
 
 
 def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi, seed):
-  from kernels.attention import reference_attention  # pylint: disable=g-import-not-at-top
+  from .attention import reference_attention  # pylint: disable=g-import-not-at-top
 
   return reference_attention(
     q,

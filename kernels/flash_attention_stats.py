@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.flash_attention import (
+from .flash_attention import (
   STAT_NAMES,
   Ablation,
   BlockSizes,

@@ -29,8 +29,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import dropout as drop
-from kernels.flash_attention import MASK_VALUE, BlockSizes, _Config, _dot, _prepare
+from . import dropout as drop
+from .flash_attention import MASK_VALUE, BlockSizes, _Config, _dot, _prepare
 
 
 def _iota(shape, dim, start):

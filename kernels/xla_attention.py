@@ -38,7 +38,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from kernels import dropout as drop
+from . import dropout as drop
 
 
 def _drop_multiplier(seed, p, rate):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import kernels
+from bertjax import kernels
 
 
 def test_probs_equal_reference_values_and_gradients():

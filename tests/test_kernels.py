@@ -15,11 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels import BlockSizes
-from kernels.flash_attention import flash_attention
-from kernels.flash_attention_stats import attention_statistics_pallas
-from kernels.flash_attention_tpu import flash_attention_tpu
+from bertjax import kernels
+from bertjax.kernels import BlockSizes
+from bertjax.kernels.flash_attention import flash_attention
+from bertjax.kernels.flash_attention_stats import attention_statistics_pallas
+from bertjax.kernels.flash_attention_tpu import flash_attention_tpu
 
 # Forward block 32, backward q block 16: exercises different forward / backward tilings.
 BLOCKS = BlockSizes(block_q=32, block_k=32, block_q_bwd=16, block_k_bwd=32)
@@ -481,7 +481,7 @@ MASKINGS = {
 @pytest.mark.parametrize("masking", list(MASKINGS))
 def test_xla_custom_backward_equals_reference_autodiff(ablation, masking):
   """impl="xla" (hand-written VJP) vs autodiff of reference_attention, in float64."""
-  from kernels.attention import reference_attention
+  from bertjax.kernels.attention import reference_attention
 
   rng = np.random.default_rng(3)
   with _x64():
@@ -501,7 +501,7 @@ def test_xla_custom_backward_equals_reference_autodiff(ablation, masking):
 
 def test_xla_custom_backward_bf16_inputs():
   """bf16 inputs: float32 compute inside, bf16 cotangents out; grads match the reference."""
-  from kernels.attention import reference_attention
+  from bertjax.kernels.attention import reference_attention
 
   q, k, v, _, xi = _inputs(11, 2, 24, 3, 16, jnp.bfloat16)
   lens = jnp.asarray([24, 9])
