@@ -35,8 +35,9 @@ without writing a T x T map.
 The kernels target the Triton lowering on GPU (compiled calls always pass Triton compiler
 params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
 mode. Inputs are padded to a multiple of the blocks along the sequence and to a power of two
-(>= 16) along head_dim. A TPU (Mosaic) variant is not written yet: `kernels.attention`
-refuses compiled pallas on TPU with a clear error.
+(>= 16) along head_dim. The TPU (Mosaic) variant is `kernels/flash_attention_tpu.py`, which
+`kernels.attention` picks on TPU; compiling this Triton variant on TPU is refused with a clear
+error.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import dropout as drop
+from .reference import reference_attention
 
 # Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -523,8 +525,6 @@ def _bwd_call(cfg: _Config, residuals, dout):
 
 
 def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi, seed):
-  from .attention import reference_attention  # pylint: disable=g-import-not-at-top
-
   return reference_attention(
     q,
     k,

@@ -1,0 +1,204 @@
+"""The pure-jnp reference attention and its mask helpers: the leaf every kernel is tested against.
+
+Every other implementation in `bertjax.kernels` (the XLA path with its custom backward,
+the Pallas kernels, the statistics pass) is checked against `reference_attention` and
+`reference_statistics` here; this module imports nothing else of the package but the
+dropout stream, so the kernels can use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from . import dropout as drop
+
+ABLATIONS = ("scale", "uniform")
+
+
+def _compute_dtype(dtype):
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask, per_query=True):
+  """(batch, q, k) bool of allowed keys and (batch, q) bool of real query rows.
+
+  With `per_query=False` and no segment ids the mask depends on the key alone and is
+  returned as (batch, 1, k), to be broadcast over queries.
+  """
+  k_idx = jnp.arange(seq_k)
+  q_idx = jnp.arange(seq_q)
+  rows = seq_q if per_query or segment_ids is not None else 1
+  allowed = jnp.ones((batch, rows, seq_k), bool)
+  row_real = jnp.ones((batch, seq_q), bool)
+  if kv_lengths is not None:
+    lengths = jnp.asarray(kv_lengths)
+    allowed = allowed & (k_idx[None, None, :] < lengths[:, None, None])
+    row_real = row_real & (q_idx[None, :] < lengths[:, None])
+  if key_mask is not None:
+    key_mask = jnp.asarray(key_mask, bool)
+    allowed = allowed & key_mask[:, None, :]
+    if seq_q == seq_k:
+      row_real = row_real & key_mask
+  if segment_ids is not None:
+    seg = jnp.asarray(segment_ids)
+    allowed = allowed & (seg[:, :, None] == seg[:, None, :])
+  return allowed, row_real
+
+
+def _attention_distributions(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths,
+  segment_ids,
+  key_mask,
+  head_mask,
+  ablation,
+  scale,
+  dropout_rate=0.0,
+  dropout_seed=None,
+):
+  """Softmax A, the attention used (dropped), the mixing distribution, real rows."""
+  batch, seq_q, heads, head_dim = q.shape
+  seq_k = k.shape[1]
+  dtype = _compute_dtype(q.dtype)
+  scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  allowed, row_real = _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask)
+  allowed = allowed[:, None]  # (B, 1, Tq, Tk)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dtype), k.astype(dtype)) * scale
+  logits = jnp.where(allowed, logits, -jnp.inf)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  unnorm = jnp.where(allowed, jnp.exp(logits - jax.lax.stop_gradient(row_max)), 0.0)
+  denom = unnorm.sum(axis=-1, keepdims=True)
+  probs = unnorm / jnp.where(denom > 0, denom, 1.0)  # (B, H, Tq, Tk)
+  count = allowed.sum(axis=-1, keepdims=True).astype(dtype)
+  uniform = allowed.astype(dtype) / jnp.maximum(count, 1.0)
+  xi = jnp.ones((batch, heads), dtype) if head_mask is None else head_mask.astype(dtype)
+  xi = xi[:, :, None, None]  # (B, H, 1, 1)
+  if ablation == "scale":
+    mixed = xi * probs
+    mixing = probs  # the distribution that mixes the values, before scaling
+  else:
+    mixed = xi * probs + (1.0 - xi) * uniform
+    mixing = mixed
+  if dropout_rate > 0:
+    # Dropout acts on the attention that mixes the values, after the uniform mix.
+    mixed = mixed * drop.multiplier(dropout_seed, batch, heads, seq_q, seq_k, dropout_rate, dtype)
+  real = row_real[:, None, :, None]  # (B, 1, Tq, 1)
+  return probs * real, mixed * real, mixing * real, row_real
+
+
+def reference_attention(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  scale=None,
+  return_probs=False,
+  dropout_rate=0.0,
+  dropout_seed=None,
+):
+  """Pure-jnp attention: the reference every other implementation is tested against.
+
+  Args:
+    q: `(batch, seq_q, heads, head_dim)`.
+    k: `(batch, seq_k, heads, head_dim)`.
+    v: `(batch, seq_k, heads, head_dim)`.
+    kv_lengths: int `(batch,)` or None.
+    segment_ids: int `(batch, seq)` or None (requires seq_q == seq_k).
+    key_mask: bool `(batch, seq_k)` (True = real key) or None.
+    head_mask: float `(batch, heads)` or None (already broadcast).
+    ablation: "scale" or "uniform".
+    scale: logit scale; None means `1 / sqrt(head_dim)`.
+    return_probs: also return the attention actually used, `(batch, heads, seq_q, seq_k)`
+      (after dropout, when it is on).
+    dropout_rate: attention dropout rate in [0, 1) (static); see `attention`.
+    dropout_seed: int32/uint32 scalar (or a PRNG key) when dropout_rate > 0.
+
+  Returns:
+    out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.
+  """
+  dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
+  _, mixed, _, _ = _attention_distributions(
+    q,
+    k,
+    v,
+    kv_lengths=kv_lengths,
+    segment_ids=segment_ids,
+    key_mask=key_mask,
+    head_mask=head_mask,
+    ablation=ablation,
+    scale=scale,
+    dropout_rate=dropout_rate,
+    dropout_seed=dropout_seed,
+  )
+  out = jnp.einsum("bhqk,bkhd->bqhd", mixed, v.astype(mixed.dtype)).astype(q.dtype)
+  return (out, mixed) if return_probs else out
+
+
+def reference_statistics(
+  q,
+  k,
+  v,
+  *,
+  kv_lengths=None,
+  segment_ids=None,
+  key_mask=None,
+  head_mask=None,
+  ablation="scale",
+  special_mask=None,
+  scale=None,
+):
+  """Statistics of the full attention maps, averaged over real query rows: `(batch, heads)`."""
+  _, _, p, row_real = _attention_distributions(
+    q,
+    k,
+    v,
+    kv_lengths=kv_lengths,
+    segment_ids=segment_ids,
+    key_mask=key_mask,
+    head_mask=head_mask,
+    ablation=ablation,
+    scale=scale,
+  )
+  p = jax.lax.stop_gradient(p).astype(jnp.float32)  # (B, H, Tq, Tk)
+  seq_q, seq_k = p.shape[-2:]
+  offset = jnp.arange(seq_k)[None, :] - jnp.arange(seq_q)[:, None]  # (Tq, Tk)
+  special = (
+    jnp.zeros((p.shape[0], seq_k))
+    if special_mask is None
+    else jnp.asarray(special_mask, jnp.float32)
+  )
+  per_row = {
+    "entropy": -jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0).sum(-1),
+    "first": p[..., 0],
+    "special": (p * special[:, None, None, :]).sum(-1),
+    "self": jnp.where(offset == 0, p, 0.0).sum(-1),
+    "prev": jnp.where(offset == -1, p, 0.0).sum(-1),
+    "next": jnp.where(offset == 1, p, 0.0).sum(-1),
+  }
+  real = row_real[:, None, :].astype(jnp.float32)  # (B, 1, Tq)
+  denom = jnp.maximum(real.sum(-1), 1.0)
+  return {name: (x * real).sum(-1) / denom for name, x in per_row.items()}
+
+
+def _validate_dropout(rate, seed):
+  """(rate as a float, seed as an int32 scalar or None); errors name the bad value."""
+  rate = drop.check_rate(rate)
+  if rate == 0.0:
+    return 0.0, None  # the no-dropout path, whatever the seed
+  if seed is None:
+    raise ValueError(
+      f"dropout_rate={rate} needs a dropout_seed, e.g. jax.random.bits(key, (), jnp.uint32)"
+    )
+  return rate, drop.seed_to_int32(seed)
