@@ -52,7 +52,14 @@ def test_pruned_equals_masked_and_is_smaller():
   # Pruning again composes, in original head indices; a bad index is named.
   config2, pruned2 = bertjax.prune_heads(config, pruned, {2: [1], 1: [3]})
   assert dict(config2.pruned_heads) == {0: (1,), 1: (3,), 2: (0, 1, 2, 3)}
-  assert bertjax.forward(pruned2, config2, ids, mask).last_hidden_state.shape == (2, 9, 64)
+  # ... and equals masking all those heads on the original model.
+  xi2 = np.array(xi, np.float32)
+  xi2[2, 1] = 0
+  xi2[1, 3] = 0
+  want = bertjax.forward(params, CONFIG, ids, mask, head_mask=xi2).last_hidden_state
+  got = bertjax.forward(pruned2, config2, ids, mask).last_hidden_state
+  np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], atol=1e-5)
+  assert not np.allclose(np.asarray(got)[m], np.asarray(out.last_hidden_state)[m], atol=1e-3)
   with pytest.raises(ValueError, match=r"heads_to_prune\[1\]=\[7\]"):
     bertjax.prune_heads(config, pruned, {1: [7]})
 
