@@ -1,38 +1,78 @@
-"""The `bertjax` command: `bertjax report`, `bertjax data`, and `pretrain` / `finetune`.
+"""The `bertjax` command: `report`, `data`, `pretrain`, `finetune` and `export`.
 
-Run as `bertjax report [--model PATH] [--out DIR] [--data-dir DIR] [--reduced]`
-or `python -m bertjax.cli report ...` (what `./run.sh demo` does);
-`bertjax data list` and `bertjax data fetch NAME|all [--to DIR]` list and download the
-real data sets (`bertjax.data.fetch`).
+Run as `bertjax COMMAND ...` or `python -m bertjax.cli COMMAND ...` (what `./run.sh demo`
+does); `bertjax COMMAND --help` lists each command's options. A user error (a missing file,
+a bad value) prints one line, `bertjax: error: ...`, and exits with status 1;
+`--debug` (anywhere on the command line, or `BERTJAX_DEBUG=1`) shows the Python traceback
+instead. Output cut short by a closed pipe (`bertjax data list | head`) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import os
 import sys
+import textwrap
 from collections.abc import Sequence
+
+DEBUG_FLAG = "--debug"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+  """Help with each option's default shown once, and only where there is one to show.
+
+  No `(default: None)` on required options or on options whose help already says what
+  happens without them; a description or epilog with line breaks (a table of choices)
+  keeps them, other text is wrapped without breaking names at hyphens.
+  """
+
+  def __init__(self, prog: str):
+    super().__init__(prog, max_help_position=36, width=100)
+
+  def _fill_text(self, text: str, width: int, indent: str) -> str:
+    if "\n" in text:
+      return "".join(indent + line for line in text.splitlines(keepends=True))
+    return "\n".join(textwrap.wrap(" ".join(text.split()), width, initial_indent=indent,
+                                   subsequent_indent=indent, break_on_hyphens=False))
+
+  def _split_lines(self, text: str, width: int) -> list[str]:
+    return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+  def _get_help_string(self, action: argparse.Action) -> str:
+    text = action.help or ""
+    default = action.default
+    if (not action.option_strings or action.required or "default" in text
+        or default is None or default is False or default is argparse.SUPPRESS
+        or default == [] or action.nargs == 0):
+      return text
+    return f"{text} (default: %(default)s)"
+
+
+def _debug_argument(p: argparse.ArgumentParser) -> None:
+  p.add_argument(DEBUG_FLAG, action="store_true",
+                 help="show the Python traceback of an error instead of a one-line message")
 
 
 def _report_parser(sub) -> None:
   p = sub.add_parser(
       "report", help="analyse a model and write the HTML BERTology report",
+      formatter_class=HelpFormatter,
       description="Analyses a BERT or ALBERT checkpoint (attention statistics and patterns, "
                   "head and layer ablation, head importance and pruning, anisotropy, a POS "
                   "probe when UD data is present, effective attention) and writes "
                   "index.html, report.json and PNG figures.")
   p.add_argument("--model", default=None, metavar="PATH",
-                 help="a Hugging Face BERT or ALBERT directory (default: the built-in "
-                      "all-MiniLM-L6-v2)")
-  p.add_argument("--out", default="out/report", metavar="DIR",
-                 help="output directory (default: out/report)")
+                 help="a Hugging Face BERT or ALBERT directory, or a hub id in the local "
+                      "cache (default: the built-in all-MiniLM-L6-v2)")
+  p.add_argument("--out", default="out/report", metavar="DIR", help="output directory")
   p.add_argument("--data-dir", default=None, metavar="DIR",
-                 help="the real data sets (ud_english_ewt/ ...); analyse UD text instead of the "
-                      "project's own sentences (default: own sentences; UD from ../shared/data "
-                      "for the POS probe when present)")
+                 help="a data directory holding ud_english_ewt/: analyse UD English EWT "
+                      "sentences instead of the project's own (default: the project's own "
+                      "sentences, and UD for the POS probe where `bertjax data list` finds it)")
   p.add_argument("--reduced", action="store_true",
                  help="a small, fast run (few sentences and pruning steps), for tests")
   p.add_argument("--quiet", action="store_true", help="no progress lines")
+  _debug_argument(p)
   p.set_defaults(run=_run_report)
 
 
@@ -51,20 +91,25 @@ def _data_parser(sub) -> None:
   names = ", ".join(fetch.DATASETS)
   p = sub.add_parser(
       "data", help="list the real data sets and where they are; download them",
+      formatter_class=HelpFormatter,
       description="The real data sets the experiments, tests and report read. Each is looked "
                   "up in --data-dir DIR when given; else in $BERTJAX_DATA_DIR (or the user "
                   f"cache, {fetch.user_cache_dir()}), then in ../shared/data beside the "
                   "repository.")
+  _debug_argument(p)
   data_sub = p.add_subparsers(dest="data_command", metavar="{list,fetch}", required=True)
   ls = data_sub.add_parser(
       "list", help="each data set: licence, size, source, and whether and where it is present",
+      formatter_class=HelpFormatter,
       description="Lists each data set with its licence, size and public source, and whether "
                   "(and where) it is present and verified against the package's SHA-256 sums.")
   ls.add_argument("--data-dir", default=None, metavar="DIR",
                   help="look only in DIR (default: the search path printed at the top)")
+  _debug_argument(ls)
   ls.set_defaults(run=_run_data_list)
   fe = data_sub.add_parser(
       "fetch", help="download data sets from their public sources, verified",
+      formatter_class=HelpFormatter,
       description="Downloads data sets from their canonical public sources (pinned commits), "
                   "verifies every file's SHA-256 sum, and moves a set into place only when it "
                   "is complete. Prints each set's licence: check it fits your use.")
@@ -79,17 +124,15 @@ def _data_parser(sub) -> None:
   fe.add_argument("--force", action="store_true",
                   help="download again even when a verified copy is present")
   fe.add_argument("--quiet", action="store_true", help="no progress bars")
+  _debug_argument(fe)
   fe.set_defaults(run=_run_data_fetch)
 
 
 def _run_data_list(args) -> int:
   from bertjax.data import fetch
 
-  try:
-    rows = fetch.describe(args.data_dir)
-    places = fetch.search_path(args.data_dir)
-  except fetch.DataError as e:
-    return _user_error(e)
+  rows = fetch.describe(args.data_dir)
+  places = fetch.search_path(args.data_dir)
   print("data directories, in the order they are searched:")
   for i, place in enumerate(places, 1):
     print(f"  {i}. {place}{'' if place.is_dir() else ' (does not exist)'}")
@@ -110,66 +153,106 @@ def _run_data_list(args) -> int:
 def _run_data_fetch(args) -> int:
   from bertjax.data import fetch
 
-  try:
-    names = fetch.resolve_names(args.names)
-    for name in names:
-      fetch.fetch_one(fetch.DATASETS[name], args.to, mirror=args.mirror, force=args.force,
-                      progress=not args.quiet)
-  except fetch.DataError as e:
-    return _user_error(e)
+  names = fetch.resolve_names(args.names)
+  for name in names:
+    fetch.fetch_one(fetch.DATASETS[name], args.to, mirror=args.mirror, force=args.force,
+                    progress=not args.quiet)
   print(f"done: {len(names)} data set{'s' if len(names) > 1 else ''} in "
         f"{args.to or fetch.default_dir()}")
   return 0
 
 
-def _user_error(e: Exception) -> int:
-  """A user error: one line on stderr, exit status 1 (no traceback)."""
-  print(f"bertjax: error: {e}", file=sys.stderr)
-  return 1
+# Commands whose parsers live in `bertjax.training.commands` (argparse there, beside the code).
+_DELEGATED = {
+    "pretrain": "pre-train a BERT or ALBERT model (MLM + NSP/SOP)",
+    "finetune": "fine-tune a model for sequence or token classification",
+    "export": "turn a training checkpoint (any saved step) into a Hugging Face directory",
+}
 
 
-_TRAINING = ("pretrain", "finetune")
-
-
-def _training_parsers(sub) -> None:
-  """`pretrain` and `finetune`, delegating to `bertjax.training.commands` when it exists."""
-  if importlib.util.find_spec("bertjax.training.commands") is None:
-    return
-  for name, help_text in (("pretrain", "pre-train a BERT or ALBERT model (MLM + NSP/SOP)"),
-                          ("finetune", "fine-tune a model on a classification task")):
-    # Listed here for `bertjax --help`; `main` hands their arguments over untouched.
+def _delegated_parsers(sub) -> None:
+  """`pretrain`, `finetune` and `export`, listed for `bertjax --help`; `main` hands their
+  arguments to `bertjax.training.commands` untouched."""
+  for name, help_text in _DELEGATED.items():
     sub.add_parser(name, help=help_text, add_help=False)
 
 
-def _run_training(name: str, argv: Sequence[str]) -> int:
+def _run_delegated(name: str, argv: Sequence[str]) -> int:
   from bertjax.training import commands
 
-  main = commands.pretrain_main if name == "pretrain" else commands.finetune_main
+  main = {"pretrain": commands.pretrain_main, "finetune": commands.finetune_main,
+          "export": commands.export_main}[name]
   return int(main(list(argv)) or 0)
 
 
 def parser() -> argparse.ArgumentParser:
   """The `bertjax` argument parser."""
-  p = argparse.ArgumentParser(prog="bertjax",
-                              description="BERT and ALBERT in pure JAX for BERTology research.")
+  p = argparse.ArgumentParser(
+      prog="bertjax", formatter_class=HelpFormatter,
+      description="BERT and its family in pure JAX, for BERTology research.",
+      epilog="`bertjax COMMAND --help` lists a command's options. Errors print one line; "
+             f"{DEBUG_FLAG} (or BERTJAX_DEBUG=1) shows the traceback.")
+  _debug_argument(p)
   sub = p.add_subparsers(dest="command", metavar="COMMAND")
   _report_parser(sub)
   _data_parser(sub)
-  _training_parsers(sub)
+  _delegated_parsers(sub)
   return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """Runs the `bertjax` command; returns its exit status."""
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if argv and argv[0] in _TRAINING and importlib.util.find_spec("bertjax.training.commands"):
-    return _run_training(argv[0], argv[1:])
+def _message(e: BaseException) -> str:
+  """An exception as one line: its text, prefixed by its type where the text alone is not
+  an explanation (a KeyError's bare key, an unexpected error's type)."""
+  text = " ".join(str(e).split())
+  if isinstance(e, KeyError) or not text:
+    return f"{type(e).__name__}: {text or 'no message'}"
+  known = (ValueError, OSError, RuntimeError, ImportError, TypeError, FloatingPointError)
+  return text if isinstance(e, known) else f"{type(e).__name__}: {text}"
+
+
+def _run(command: str, fn, *fn_args) -> int:
+  """Runs a command; a user error becomes one line on stderr and exit status 1."""
+  try:
+    return int(fn(*fn_args) or 0)
+  except KeyboardInterrupt:
+    print(f"bertjax {command}: interrupted", file=sys.stderr)
+    return 130
+  except (SystemExit, BrokenPipeError):
+    raise
+  except Exception as e:  # every error reaches the user as one line
+    if os.environ.get("BERTJAX_DEBUG", "") not in ("", "0"):
+      raise
+    print(f"bertjax: error: {_message(e)} ({DEBUG_FLAG} shows the traceback)", file=sys.stderr)
+    return 1
+
+
+def _main(argv: list[str]) -> int:
+  if argv and argv[0] in _DELEGATED:
+    return _run(argv[0], _run_delegated, argv[0], argv[1:])
   p = parser()
   args = p.parse_args(argv)
   if args.command is None:
     p.print_help()
     return 2
-  return args.run(args)
+  name = args.command + (f" {args.data_command}" if args.command == "data" else "")
+  return _run(name, args.run, args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  """Runs the `bertjax` command; returns its exit status."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if DEBUG_FLAG in argv:
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    os.environ["BERTJAX_DEBUG"] = "1"
+  try:
+    code = _main(argv)
+    sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at exit
+    return code
+  except BrokenPipeError:
+    # The reader went away (`bertjax data list | head`): stop quietly, as Unix tools do.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

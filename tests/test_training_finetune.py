@@ -111,7 +111,9 @@ def test_glue_through_tfds_mock_data(tokenizer, task, pair):
     assert ((ids == sep) & (mask > 0)).sum(1).tolist() == [2 if pair else 1] * 12
     assert set(np.unique(types[mask > 0])) == ({0, 1} if pair else {0})
     assert set(np.unique(data["labels"])) <= {0, 1} and data["labels"].shape == (12,)
-  assert labels == ["0", "1"]
+  # The class names come from the task's tfds metadata (they become the export's id2label).
+  assert labels == {"sst2": ["negative", "positive"],
+                    "mrpc": ["not_equivalent", "equivalent"]}[task]
 
 
 def test_finetune_help_lists_options(capsys):
@@ -133,8 +135,10 @@ def test_finetune_main_blimp_from_random_init(tmp_path, minilm_dir, data_dir):
       "--max-examples", "64", "--eval-fraction", "0.25", "--vocab", str(minilm_dir),
       "--config-json", str(cfg), "--steps", "6", "--batch-size", "8", "--lr", "1e-3",
       "--max-len", "24", "--output-dir", str(tmp_path / "out")]) == 0
-  metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+  metrics = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert set(metrics["metrics"]) == {"accuracy", "f1", "matthews"}
   assert metrics["labels"] == ["bad", "good"] and np.isfinite(metrics["final_loss"])
+  assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 6 + 1
   config, params = bertjax.from_hf(tmp_path / "out" / "model")
   assert config.num_hidden_layers == 1 and "classifier" in params
+  assert config.label_names == ("bad", "good")

@@ -1,8 +1,13 @@
-"""Command-line entry points: `pretrain_main` and `finetune_main` (argparse lives only here).
+"""Command-line entry points: `pretrain_main`, `finetune_main` and `export_main`.
 
-    python -c "from bertjax.training.commands import pretrain_main; pretrain_main()" \
-        --corpus ../shared/data/wikitext2_tokens/valid.txt --corpus-format wikitext \
+argparse lives only here (and in `bertjax.cli`, which hands these commands their
+arguments); the work is done by the library. Run them as `bertjax pretrain ...`,
+`bertjax finetune ...`, `bertjax export ...`:
+
+    bertjax pretrain --corpus ../shared/data/wikitext2_tokens/valid.txt --corpus-format wikitext \
         --train-vocab 8000 --preset bert-mini --steps 1000 --output-dir runs/mini
+    bertjax export runs/mini --step 500 --to runs/mini-500
+    bertjax finetune --table train.tsv dev.tsv --init-from runs/mini-500 --steps 300
 """
 
 from __future__ import annotations
@@ -10,30 +15,59 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
+import shutil
 import sys
+import tempfile
+import time
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax.cli import HelpFormatter
 
-def _formatter(prog):
-  return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=36, width=100)
+CORPUS_FORMATS = """\
+corpus formats (--corpus-format):
+  plain     blank lines separate documents; a document's lines are joined and split into
+            sentences at . ! ? (abbreviations and initials kept together)
+  lines     blank lines separate documents; each non-blank line is one sentence (the format of
+            Google's create_pretraining_data.py)
+  wikitext  WikiText's raw token files: ' = Title = ' lines start documents, section headings
+            and blank lines are dropped, each paragraph is split into sentences, @-@ @,@ @.@
+            are undone and <unk> becomes [UNK]"""
+
+UD_FIELDS = """\
+UD tagging (--ud FILE): one label per word, on the word's first subword; --ud-field picks it:
+  upos     universal part-of-speech tags (NOUN, VERB, ADP, ... 17 tags)
+  xpos     the treebank's own part-of-speech tags (Penn Treebank tags for English EWT)
+  deprels  each word's dependency relation to its head (nsubj, obj, det, ...)"""
+
+
+def _presets() -> list[str]:
+  from bertjax.config import PRESETS
+
+  return sorted(PRESETS)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
   g = p.add_argument_group("model")
   src = g.add_mutually_exclusive_group()
-  src.add_argument("--preset", default="tiny", help="a BertConfig preset name")
-  src.add_argument("--config-json", default=None,
-                   help="a Hugging Face config.json (or BertConfig fields) to build the model from")
-  src.add_argument("--init-from", default=None,
-                   help="a Hugging Face model directory to start from (weights and config)")
+  presets = _presets()
+  src.add_argument("--preset", default="tiny", choices=presets, metavar="NAME",
+                   help=f"a BertConfig preset: {', '.join(presets)}")
+  src.add_argument("--config-json", default=None, metavar="FILE",
+                   help="build the model from a Hugging Face config.json (or a JSON of "
+                        "BertConfig fields) instead of a preset")
+  src.add_argument("--init-from", default=None, metavar="DIR",
+                   help="start from a Hugging Face model directory (weights, config and, "
+                        "unless --vocab is given, tokenizer)")
   g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype; weights stay float32")
   g.add_argument("--attention-impl", default=None, choices=("auto", "xla", "pallas", "cudnn"),
-                 help="attention implementation (default: the config's, 'xla')")
-  g.add_argument("--scan-unroll", type=int, default=1,
+                 help="attention implementation (default: the model config's, 'xla')")
+  g.add_argument("--scan-unroll", type=int, default=1, metavar="N",
                  help="layers per iteration of the layer scan; the depth unrolls it "
                       "(same numerics; 1.5x faster BERT-base steps on an H100)")
 
@@ -56,6 +90,11 @@ def _optim_args(p: argparse.ArgumentParser, lr: float, steps: int) -> None:
   g.add_argument("--seed", type=int, default=0, help="initialisation, data and dropout seed")
 
 
+def _debug_arg(p: argparse.ArgumentParser) -> None:
+  p.add_argument("--debug", action="store_true",
+                 help="show the Python traceback of an error instead of a one-line message")
+
+
 def _program(args) -> dict:
   """Config fields that choose how the model runs, not what it computes."""
   program = {"scan_unroll": args.scan_unroll}
@@ -70,7 +109,13 @@ def _model_config(args, vocab_size: int | None):
     config, params = bertjax.from_hf(args.init_from)
     return config, params
   if args.config_json:
-    d = json.loads(pathlib.Path(args.config_json).read_text())
+    path = pathlib.Path(args.config_json)
+    if not path.is_file():
+      raise FileNotFoundError(f"--config-json {path} does not exist")
+    try:
+      d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+      raise ValueError(f"--config-json {path} is not valid JSON: {e}") from e
     fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)}
     config = bertjax.BertConfig(**d) if set(d) <= fields else bertjax.BertConfig.from_hf_dict(d)
   else:
@@ -80,21 +125,195 @@ def _model_config(args, vocab_size: int | None):
   return config, None
 
 
+def _table(rows: Sequence[tuple[str, str]], indent: str = "  ") -> str:
+  """Two aligned columns."""
+  width = max(len(k) for k, _ in rows)
+  return "\n".join(f"{indent}{k:<{width}}  {v}" for k, v in rows)
+
+
+# Exporting ----------------------------------------------------------------------------------
+
+
+def _write_whole(directory: pathlib.Path, fill) -> None:
+  """Runs `fill(tmp)` on a temporary folder beside `directory`, then moves its files in:
+  a failure leaves no half-written model (files already in `directory` are replaced)."""
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+  try:
+    fill(tmp)
+    directory.mkdir(exist_ok=True)
+    for f in sorted(tmp.iterdir()):
+      os.replace(f, directory / f.name)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _as_tokenizer(tokenizer, config):
+  """A `bertjax.Tokenizer` (wrapping a bare `tokenizers.Tokenizer`) that fits `config`."""
+  import bertjax
+
+  if not isinstance(tokenizer, bertjax.Tokenizer):
+    tokenizer = bertjax.Tokenizer(tokenizer, config.max_position_embeddings)
+  if tokenizer.vocab_size > config.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                     f"vocab_size={config.vocab_size}")
+  return tokenizer
+
+
+def save_hf_model(config, params, tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+  """Writes a Hugging Face model directory whole: config, weights and tokenizer files.
+
+  Everything goes into a temporary folder beside `directory` first and is moved into
+  place only when complete, so a failure leaves no half-written model.
+
+  Args:
+    config, params: the model (`bertjax.to_hf`; `config.label_names` become `id2label`).
+    tokenizer: a `bertjax.Tokenizer` or a `tokenizers.Tokenizer` (saved with
+      `Tokenizer.save_pretrained`: `tokenizer.json`, `vocab.txt` for WordPiece,
+      `tokenizer_config.json`, `special_tokens_map.json`).
+    directory: the model directory (created; files already there are replaced).
+
+  Returns:
+    The directory.
+  """
+  import bertjax
+
+  tokenizer = _as_tokenizer(tokenizer, config)
+  directory = pathlib.Path(directory)
+
+  def fill(tmp):
+    bertjax.to_hf(config, params, tmp)
+    tokenizer.save_pretrained(tmp)
+
+  _write_whole(directory, fill)
+  return directory
+
+
+def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, *,
+                      step: int | None = None, tokenizer=None):
+  """A training checkpoint as a Hugging Face directory with the run's tokenizer files.
+
+  Args:
+    checkpoint_dir: a `pretrain` output folder or its `checkpoints/` folder.
+    to: the model directory to write (whole, or not at all).
+    step: the step; None means the newest readable one.
+    tokenizer: a tokenizer path (directory, tokenizer.json or vocab.txt); None means the
+      run's `vocab/` folder.
+
+  Returns:
+    `(config, step, tokenizer)`: what was written.
+  """
+  from bertjax.data import corpus as C
+  from bertjax.training import checkpoint as K
+
+  ckpt_dir, run = _checkpoint_dirs(pathlib.Path(checkpoint_dir))
+  source = pathlib.Path(tokenizer) if tokenizer else run / "vocab"
+  if not source.exists():
+    raise FileNotFoundError(f"no tokenizer at {source} (the run's vocab/ folder); pass "
+                            "--tokenizer PATH")
+  backend = C.load_tokenizer(source)
+  steps = K.Checkpointer(ckpt_dir, max_to_keep=None, async_save=False).all_steps()
+  if not steps:
+    raise FileNotFoundError(f"no finished checkpoint step in {ckpt_dir}")
+  if step is not None and step not in steps:
+    raise ValueError(f"step {step} is not a saved step; {ckpt_dir} has steps {steps}")
+  written = {}
+
+  def fill(tmp):
+    errors = []
+    for s in ([step] if step is not None else sorted(steps, reverse=True)):
+      try:  # newest first: a corrupt step falls back to the one before, as `--resume` does
+        with warnings.catch_warnings():
+          warnings.simplefilter("ignore", RuntimeWarning)
+          config = K.export_hf(ckpt_dir, tmp, step=s)
+        break
+      except K.CorruptCheckpointError as e:
+        errors.append(f"step {s}: {e}")
+        if step is None:
+          print(f"export: checkpoint step {s} is unreadable; trying the one before",
+                file=sys.stderr)
+    else:
+      raise K.CorruptCheckpointError(f"no readable checkpoint in {ckpt_dir}: {'; '.join(errors)}")
+    tok = _as_tokenizer(backend, config)
+    tok.save_pretrained(tmp)
+    written.update(config=config, step=s, tokenizer=tok)
+
+  _write_whole(pathlib.Path(to), fill)
+  return written["config"], written["step"], written["tokenizer"]
+
+
+def _checkpoint_dirs(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """`(checkpoints, run)` for a `pretrain --output-dir` folder or its `checkpoints/` folder."""
+  if not path.is_dir():
+    raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+  if (path / "checkpoints").is_dir():
+    return path / "checkpoints", path
+  if any(p.name.isdigit() for p in path.iterdir() if p.is_dir()):
+    return path, path.parent
+  raise FileNotFoundError(f"{str(path)!r} holds no training checkpoints (expected a `bertjax "
+                          "pretrain --output-dir` folder, with checkpoints/<step>/, or its "
+                          "checkpoints/ folder)")
+
+
+def export_parser() -> argparse.ArgumentParser:
+  """The argument parser of `export_main`."""
+  p = argparse.ArgumentParser(
+      prog="bertjax export", formatter_class=HelpFormatter,
+      description="Turns a training checkpoint (the newest, or any saved --step, mid-run "
+                  "too) into a Hugging Face model directory: config.json, model.safetensors "
+                  "and the run's tokenizer files (tokenizer.json, vocab.txt, "
+                  "tokenizer_config.json), which `bertjax report --model`, `bertjax finetune "
+                  "--init-from` and transformers' Auto classes load.")
+  p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR",
+                 help="a `bertjax pretrain --output-dir` folder, or its checkpoints/ folder")
+  p.add_argument("--to", required=True, metavar="DIR", help="the model directory to write")
+  p.add_argument("--step", type=int, default=None, metavar="N",
+                 help="the checkpoint step to export (default: the newest readable one)")
+  p.add_argument("--tokenizer", default=None, metavar="PATH",
+                 help="the tokenizer (a directory or tokenizer.json / vocab.txt; default: "
+                      "the run's own, saved in its vocab/ folder)")
+  _debug_arg(p)
+  return p
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+  """`bertjax export`: a training checkpoint to a Hugging Face directory.
+
+  Returns:
+    0 on success.
+  """
+  args = export_parser().parse_args(argv)
+  config, step, tokenizer = export_checkpoint(args.checkpoint_dir, args.to, step=args.step,
+                                              tokenizer=args.tokenizer)
+  target = pathlib.Path(args.to)
+  print(f"exported step {step} of {args.checkpoint_dir} ({config.model_type}, "
+        f"{config.num_hidden_layers} layers, vocabulary {tokenizer.vocab_size}) to {target}")
+  print(f"  files: {', '.join(sorted(p.name for p in target.iterdir()))}")
+  print(f"  next:  bertjax report --model {target}")
+  return 0
+
+
+# Pretraining --------------------------------------------------------------------------------
+
+
 def pretrain_parser() -> argparse.ArgumentParser:
   """The argument parser of `pretrain_main`."""
-  p = argparse.ArgumentParser(prog="bertjax pretrain", formatter_class=_formatter,
-                              description="Pretrain BERT/ALBERT with MLM (+ NSP or SOP).")
+  p = argparse.ArgumentParser(prog="bertjax pretrain", formatter_class=HelpFormatter,
+                              description="Pretrain BERT/ALBERT with MLM (+ NSP or SOP).",
+                              epilog=CORPUS_FORMATS)
   g = p.add_argument_group("data")
-  g.add_argument("--corpus", nargs="+", required=True, help="text files")
+  g.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="text files")
   g.add_argument("--corpus-format", default="plain", choices=("plain", "lines", "wikitext"),
-                 help="how documents and sentences are read")
-  g.add_argument("--max-lines", type=int, default=None, help="read only the first lines per file")
+                 help="how documents and sentences are read (see 'corpus formats' below)")
+  g.add_argument("--max-lines", type=int, default=None, metavar="N",
+                 help="read only the first N lines of each file (default: all)")
   v = g.add_mutually_exclusive_group()
-  v.add_argument("--vocab", default=None,
+  v.add_argument("--vocab", default=None, metavar="PATH",
                  help="a vocab.txt / tokenizer.json or directory (default: the --init-from "
                       "directory's)")
   v.add_argument("--train-vocab", type=int, default=None, metavar="SIZE",
-                 help="train a WordPiece vocabulary of this size on the corpus")
+                 help="train a WordPiece vocabulary of this size on the corpus (the same "
+                      "corpus gives the same vocab.txt in every run)")
   g.add_argument("--objective", default="nsp", choices=("nsp", "sop", "none"),
                  help="sentence-level objective besides MLM")
   g.add_argument("--masking", default="token", choices=("token", "whole_word", "span"),
@@ -104,23 +323,31 @@ def pretrain_parser() -> argparse.ArgumentParser:
   _model_args(p)
   _optim_args(p, lr=1e-4, steps=1000)
   s = p.add_argument_group("progressive stacking")
-  s.add_argument("--stacking", default=None,
-                 help="schedule 'layers:steps,...,layers', e.g. '3:500,6:700,12'")
+  s.add_argument("--stacking", default=None, metavar="SCHEDULE",
+                 help="grow the model during the run: 'layers:steps,...,layers', e.g. "
+                      "'3:500,6:700,12' (default: train at full depth)")
   s.add_argument("--reset-moments", action="store_true",
                  help="zero Adam moments when growing instead of copying them")
   o = p.add_argument_group("output")
-  o.add_argument("--output-dir", required=True, help="checkpoints, metrics.jsonl, tensorboard")
-  o.add_argument("--checkpoint-every", type=int, default=1000, help="0: only at the end")
+  o.add_argument("--output-dir", required=True, metavar="DIR",
+                 help="checkpoints/, vocab/, metrics.jsonl, summary.json and TensorBoard "
+                      "events")
+  o.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
+                 help="save a checkpoint every N steps (0: only at the end)")
   o.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
   o.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-  o.add_argument("--export-hf", default=None, help="write the final model here (HF format)")
-  o.add_argument("--mesh-shape", default=None, help="'DATAxFSDP' device mesh, e.g. '4x2'")
+  o.add_argument("--export-hf", default=None, metavar="DIR",
+                 help="write the final model here as a Hugging Face directory (for any other "
+                      "step: `bertjax export`)")
+  o.add_argument("--mesh-shape", default=None, metavar="DATAxFSDP",
+                 help="device mesh, e.g. '4x2' (default: one device)")
   o.add_argument("--no-progress", action="store_true", help="no progress bar")
+  _debug_arg(p)
   return p
 
 
 def pretrain_main(argv: Sequence[str] | None = None) -> int:
-  """Runs pretraining from command-line arguments; prints and saves a JSON summary.
+  """Runs pretraining from command-line arguments; prints a summary and saves it as JSON.
 
   Returns:
     0 on success (argparse exits on --help or bad arguments).
@@ -143,7 +370,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   else:
     source = (vocab_dir if args.train_vocab else args.vocab or args.init_from)
     if source is None:
-      raise SystemExit("pretrain: give --vocab, --train-vocab SIZE or --init-from")
+      raise ValueError("pretrain needs a vocabulary: give --vocab PATH, --train-vocab SIZE or "
+                       "--init-from DIR")
     tokenizer = C.load_tokenizer(source)
     if not args.train_vocab:
       C.save_tokenizer(tokenizer, vocab_dir)
@@ -152,7 +380,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   config, params = _model_config(args, None if args.init_from else corpus.vocab_size)
   config = config.replace(**_program(args))
   if config.vocab_size < corpus.vocab_size:
-    raise SystemExit(f"pretrain: the model's vocab_size={config.vocab_size} is smaller than the "
+    raise ValueError(f"the model's vocab_size={config.vocab_size} is smaller than the "
                      f"tokenizer's {corpus.vocab_size}")
   heads = ("mlm",) + ((args.objective,) if args.objective != "none" else ())
   if params is not None and any(h not in params for h in heads):
@@ -173,51 +401,184 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
       progress=not args.no_progress)
   summary = loop.pretrain(config, data, train, resume=args.resume, params=params)
   summary.pop("history")
-  if args.export_hf:
-    from bertjax.training.checkpoint import export_hf
-    export_hf(out / "checkpoints", args.export_hf)
-    C.save_tokenizer(tokenizer, args.export_hf)
+  if args.export_hf and jax.process_index() == 0:
+    export_checkpoint(out, args.export_hf, tokenizer=vocab_dir)  # the newest step
     summary["exported_to"] = args.export_hf
   if jax.process_index() == 0:  # multi-host: one writer
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
+    steps = (f"{summary['steps']} ({summary['steps_this_run']} this run, "
+             f"{summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:.0f} tokens/s)")
+    loss = (f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f} (MLM "
+            f"{summary['first_mlm_loss']:.4f} -> {summary['final_mlm_loss']:.4f})")
+    saved = (f"{summary['checkpoint_dir']} (last: step {summary['last_checkpoint']}; "
+             f"`bertjax export {out} --to DIR` makes a model of any step)")
+    rows = [("steps", steps), ("loss", loss), ("layers", str(summary["num_hidden_layers"])),
+            ("checkpoints", saved), ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
+    if args.export_hf:
+      rows.append(("model", str(args.export_hf)))
+    print("pretrain: done\n" + _table(rows))
   return 0
+
+
+# Fine-tuning --------------------------------------------------------------------------------
 
 
 def finetune_parser() -> argparse.ArgumentParser:
   """The argument parser of `finetune_main`."""
-  p = argparse.ArgumentParser(prog="bertjax finetune", formatter_class=_formatter,
-                              description="Fine-tune for sequence or token classification.")
+  p = argparse.ArgumentParser(
+      prog="bertjax finetune", formatter_class=HelpFormatter,
+      description="Fine-tune for sequence or token classification. Shows a progress bar on a "
+                  "terminal (a line every few steps otherwise), writes metrics.jsonl, "
+                  "summary.json and the model (Hugging Face format, with its label names and "
+                  "tokenizer) to the output directory, and prints a short summary.",
+      epilog=UD_FIELDS)
   g = p.add_argument_group("data (one source)")
   src = g.add_mutually_exclusive_group(required=True)
   src.add_argument("--table", nargs="+", metavar="PATH",
-                   help="TSV or JSONL file(s): train [eval]; columns set below")
+                   help="TSV (header row) or JSONL file(s): train [eval]; columns set below; "
+                        "string labels keep their names")
   src.add_argument("--blimp", nargs="+", metavar="JSONL",
-                   help="BLiMP files: sentence_good -> 1, sentence_bad -> 0")
-  src.add_argument("--ud", metavar="CONLLU", help="UD treebank for POS tagging")
+                   help="BLiMP files: sentence_good -> good, sentence_bad -> bad")
+  src.add_argument("--ud", metavar="CONLLU", help="a UD treebank, for tagging (see below)")
   src.add_argument("--glue", choices=("sst2", "mrpc", "rte"),
                    help="a GLUE task through tensorflow-datasets")
   g.add_argument("--text-column", default="sentence", help="text column of --table")
-  g.add_argument("--pair-column", default=None, help="second sentence column (pairs)")
+  g.add_argument("--pair-column", default=None,
+                 help="second sentence column of --table (sentence pairs; default: none)")
   g.add_argument("--label-column", default="label", help="label column of --table")
   g.add_argument("--regression", action="store_true", help="float labels, MSE loss")
-  g.add_argument("--ud-field", default="upos", choices=("upos", "xpos", "deprels"))
+  g.add_argument("--ud-field", default="upos", choices=("upos", "xpos", "deprels"),
+                 help="the tag --ud predicts: upos, xpos or deprels (see below)")
   g.add_argument("--eval-fraction", type=float, default=0.1,
                  help="held-out fraction when no eval file/split is given")
-  g.add_argument("--max-examples", type=int, default=None, help="use only the first examples")
-  g.add_argument("--tfds-dir", default=None, help="tensorflow-datasets data_dir")
-  g.add_argument("--max-len", type=int, default=128, help="tokens per sequence")
-  g.add_argument("--vocab", default=None, help="vocabulary (default: the --init-from one)")
+  g.add_argument("--max-examples", type=int, default=None, metavar="N",
+                 help="use only the first N examples (default: all)")
+  g.add_argument("--tfds-dir", default=None, metavar="DIR",
+                 help="tensorflow-datasets data_dir (default: tfds's own)")
+  g.add_argument("--max-len", type=int, default=128,
+                 help="tokens per sequence (longer texts are truncated)")
+  g.add_argument("--vocab", default=None, metavar="PATH",
+                 help="the tokenizer: a model directory or tokenizer.json / vocab.txt "
+                      "(default: the --init-from directory's)")
   _model_args(p)
   _optim_args(p, lr=2e-5, steps=500)
   o = p.add_argument_group("output")
-  o.add_argument("--output-dir", default=None, help="metrics.json and the fine-tuned HF model")
-  o.add_argument("--eval-every", type=int, default=0, help="0: only at the end")
+  o.add_argument("--output-dir", default=None, metavar="DIR",
+                 help="where model/, metrics.jsonl and summary.json go (default: a new "
+                      "out/finetune/SOURCE-TIME folder, printed)")
+  o.add_argument("--eval-every", type=int, default=0, metavar="N",
+                 help="evaluate every N steps (0: only at the end)")
+  o.add_argument("--log-every", type=int, default=0, metavar="N",
+                 help="without a terminal: a progress line every N steps (0: about 20 lines)")
+  o.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
+  _debug_arg(p)
   return p
 
 
+def _source_name(args) -> str:
+  if args.table:
+    return pathlib.Path(args.table[0]).stem
+  if args.blimp:
+    return "blimp"
+  if args.ud:
+    return f"ud-{args.ud_field}"
+  return f"glue-{args.glue}"
+
+
+def _default_output_dir(args) -> pathlib.Path:
+  stamp = time.strftime("%Y%m%d-%H%M%S")
+  base = pathlib.Path("out") / "finetune" / f"{_source_name(args)}-{stamp}"
+  out, k = base, 1
+  while out.exists():
+    k += 1
+    out = base.with_name(f"{base.name}-{k}")
+  return out
+
+
+class _Progress:
+  """A tqdm bar on a terminal; otherwise a plain line every `every` steps (stderr)."""
+
+  def __init__(self, steps: int, *, enabled: bool, every: int, stream=None):
+    self.steps, self.stream = steps, stream or sys.stderr
+    self.enabled = enabled
+    self.every = every or max(1, steps // 20)
+    self.bar = None
+    if enabled and self.stream.isatty():
+      from tqdm.auto import tqdm
+
+      try:  # a terminal that reports no size (some emulators) gets a fixed width
+        sized = os.get_terminal_size(self.stream.fileno()).columns > 0
+      except (OSError, ValueError):
+        sized = False
+      self.bar = tqdm(total=steps, desc="finetune", unit="step", file=self.stream,
+                      dynamic_ncols=sized, ncols=None if sized else 100)
+
+  def __call__(self, kind: str, record: dict) -> None:
+    if not self.enabled:
+      return
+    if kind == "eval":
+      text = f"eval at step {record['step']}: " + ", ".join(
+          f"{k[5:]} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
+      if self.bar is not None:
+        self.bar.write(text, file=self.stream)
+      else:
+        print(text, file=self.stream, flush=True)
+      return
+    if self.bar is not None:
+      self.bar.update(1)
+      self.bar.set_postfix(loss=f"{record['loss']:.4f}",
+                           ex_s=f"{record['examples_per_s']:.0f}", refresh=False)
+    elif record["step"] % self.every == 0 or record["step"] in (1, self.steps):
+      print(f"step {record['step']}/{self.steps}  loss {record['loss']:.4f}  "
+            f"lr {record['learning_rate']:.2e}  {record['examples_per_s']:.1f} examples/s",
+            file=self.stream, flush=True)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def _load_finetune_data(args, tokenizer):
+  """`(task, train, eval, label_names)` from the command's data options."""
+  from bertjax.training import finetune as F
+
+  if args.ud:
+    train, evaluation, names = F.load_ud_pos(
+        args.ud, tokenizer, max_len=args.max_len, field=args.ud_field,
+        eval_fraction=args.eval_fraction, max_sentences=args.max_examples, seed=args.seed)
+    return "token_classification", train, evaluation, names
+  if args.glue:
+    train, evaluation, names = F.load_glue(args.glue, tokenizer, max_len=args.max_len,
+                                           data_dir=args.tfds_dir,
+                                           max_examples=args.max_examples)
+    return "classification", train, evaluation, names
+  if args.blimp:
+    table = F.LabelledTexts(*F.load_blimp(args.blimp), label_names=("bad", "good"))
+  else:
+    table = F.read_table(args.table[0], args.text_column, args.label_column, args.pair_column,
+                         regression=args.regression)
+  if args.max_examples:
+    table = table.head(args.max_examples)
+  data = F.encode_classification(tokenizer, table.texts, table.pairs, table.labels,
+                                 max_len=args.max_len)
+  if args.table and len(args.table) > 1:
+    held = F.read_table(args.table[1], args.text_column, args.label_column, args.pair_column,
+                        regression=args.regression, label_names=table.label_names)
+    train, evaluation = data, F.encode_classification(tokenizer, held.texts, held.pairs,
+                                                      held.labels, max_len=args.max_len)
+  else:
+    train, evaluation = F.split(data, args.eval_fraction, seed=args.seed)
+  if args.regression:
+    names = None
+  elif table.label_names is not None:
+    names = list(table.label_names)
+  else:  # integer labels: as many classes as the largest id says, without names
+    names = [str(i) for i in range(int(np.max(data["labels"])) + 1)]
+  return "classification", train, evaluation, names
+
+
 def finetune_main(argv: Sequence[str] | None = None) -> int:
-  """Runs fine-tuning from command-line arguments; prints the evaluation metrics.
+  """Runs fine-tuning from command-line arguments; prints a short summary.
 
   Returns:
     0 on success.
@@ -228,65 +589,65 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
 
   vocab = args.vocab or args.init_from
   if vocab is None:
-    raise SystemExit("finetune: give --vocab or --init-from (for the tokenizer)")
-  tokenizer = Tokenizer.from_pretrained(vocab)
-  if args.ud:
-    task = "token_classification"
-    train_data, eval_data, labels = F.load_ud_pos(args.ud, tokenizer, max_len=args.max_len,
-                                                  field=args.ud_field,
-                                                  eval_fraction=args.eval_fraction,
-                                                  max_sentences=args.max_examples, seed=args.seed)
+    raise ValueError("finetune needs a tokenizer: give --init-from DIR (a model with its "
+                     "tokenizer) or --vocab PATH")
+  if args.vocab and not args.init_from and pathlib.Path(args.vocab).is_file():
+    from bertjax.data import corpus as C
+
+    tokenizer = Tokenizer(C.load_tokenizer(args.vocab), args.max_len)
   else:
-    task = "classification"
-    if args.glue:
-      train_data, eval_data, labels = F.load_glue(args.glue, tokenizer, max_len=args.max_len,
-                                                  data_dir=args.tfds_dir,
-                                                  max_examples=args.max_examples)
-    else:
-      if args.blimp:
-        texts, pairs, y = F.load_blimp(args.blimp)
-        labels = ["bad", "good"]
-      else:
-        texts, pairs, y = F.load_table(args.table[0], args.text_column, args.label_column,
-                                       args.pair_column, regression=args.regression)
-        labels = None
-      if args.max_examples:
-        texts, y = texts[:args.max_examples], y[:args.max_examples]
-        pairs = None if pairs is None else pairs[:args.max_examples]
-      data = F.encode_classification(tokenizer, texts, pairs, y, max_len=args.max_len)
-      if args.table and len(args.table) > 1:
-        et, ep, ey = F.load_table(args.table[1], args.text_column, args.label_column,
-                                  args.pair_column, regression=args.regression)
-        train_data, eval_data = data, F.encode_classification(tokenizer, et, ep, ey,
-                                                              max_len=args.max_len)
-      else:
-        train_data, eval_data = F.split(data, args.eval_fraction, seed=args.seed)
-      if labels is None:
-        labels = (["score"] if args.regression
-                  else [str(i) for i in range(int(np.max(data["labels"])) + 1)])
-  num_labels = len(labels)
-  config, params = F.prepare_model(task, num_labels, init_from=args.init_from,
-                                   config=None if args.init_from else _model_config(
-                                       args, tokenizer.vocab_size)[0], seed=args.seed)
+    tokenizer = Tokenizer.from_pretrained(vocab)
+  out = pathlib.Path(args.output_dir) if args.output_dir else _default_output_dir(args)
+  print(f"finetune: writing to {out}" + ("" if args.output_dir else
+                                          " (choose with --output-dir)"), flush=True)
+  task, train_data, eval_data, labels = _load_finetune_data(args, tokenizer)
+  num_labels = 1 if labels is None else len(labels)
+  names_known = labels is not None and not all(n == str(i) for i, n in enumerate(labels))
+  base = None if args.init_from else _model_config(args, tokenizer.vocab_size)[0]
+  config, params = F.prepare_model(task, num_labels, init_from=args.init_from, config=base,
+                                   seed=args.seed,
+                                   label_names=labels if names_known else None)
   config = config.replace(**_program(args))
   hp = F.FinetuneConfig(steps=args.steps, batch_size=args.batch_size,
                         accumulation_steps=args.grad_accum, optimizer=args.optimizer,
                         learning_rate=args.lr, warmup_steps=args.warmup, decay=args.decay,
                         clip_norm=args.clip or None, weight_decay=args.weight_decay,
                         dtype=args.dtype, seed=args.seed, eval_every=args.eval_every)
-  result = F.finetune(config, params, train_data, eval_data, task=task, hp=hp)
-  summary = {k: v for k, v in result.items() if k not in ("params", "config")}
-  summary["labels"] = list(labels)
-  if args.output_dir:
-    out = pathlib.Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
-    import bertjax
-    bertjax.to_hf(result["config"], result["params"], out / "model")
-    tokenizer.tokenizer.save(str(out / "model" / "tokenizer.json"))
-  print(json.dumps(summary, indent=2))
+  out.mkdir(parents=True, exist_ok=True)
+  progress = _Progress(hp.steps, enabled=not args.no_progress, every=args.log_every)
+  with open(out / "metrics.jsonl", "w", encoding="utf-8") as jsonl:
+    def on_record(kind: str, record: dict) -> None:
+      jsonl.write(json.dumps(record) + "\n")
+      jsonl.flush()
+      progress(kind, record)
+
+    try:
+      result = F.finetune(config, params, train_data, eval_data, task=task, hp=hp,
+                          callback=on_record)
+    finally:
+      progress.close()
+  model_dir = save_hf_model(result["config"], result["params"], tokenizer, out / "model")
+  summary = {k: v for k, v in result.items() if k not in ("params", "config", "history")}
+  summary.update(task=task, labels=labels, num_train=len(train_data["labels"]),
+                 num_eval=len(eval_data["labels"]), output_dir=str(out),
+                 model_dir=str(model_dir))
+  (out / "summary.json").write_text(json.dumps(summary, indent=2))
+  speed = (f"{summary['steps']} in {summary['wall_time_s']:.1f} s "
+           f"({summary['examples_per_s']:.1f} examples/s)")
+  loss = f"{result['history'][0]['loss']:.4f} -> {summary['final_loss']:.4f}"
+  rows = [("steps", speed), ("training loss", loss),
+          ("examples", f"{summary['num_train']} train, {summary['num_eval']} eval")]
+  rows += [(f"eval {k}", f"{v:.4f}") for k, v in summary["metrics"].items()]
+  if labels is not None:
+    shown = ", ".join(labels[:12]) + (f", ... ({len(labels)} in all)" if len(labels) > 12 else "")
+    rows.append(("labels", shown))
+  rows += [("model", f"{model_dir} (Hugging Face: config.json, model.safetensors, tokenizer)"),
+           ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
+  print("finetune: done\n" + _table(rows))
   return 0
 
 
 if __name__ == "__main__":
-  sys.exit(pretrain_main())
+  from bertjax.cli import main
+
+  sys.exit(main(["pretrain", *sys.argv[1:]]))

@@ -17,7 +17,8 @@ import csv
 import dataclasses
 import json
 import pathlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -100,24 +101,49 @@ def regression_metrics(preds, targets) -> dict[str, float]:
 # Data -------------------------------------------------------------------------
 
 
-def load_table(path: str | pathlib.Path, text_column: str, label_column: str,
-               pair_column: str | None = None, *, regression: bool = False
-               ) -> tuple[list[str], list[str] | None, np.ndarray]:
+@dataclasses.dataclass(frozen=True)
+class LabelledTexts:
+  """Sentences (or pairs) with labels, and the labels' names where they have them."""
+
+  texts: list[str]
+  pairs: list[str] | None
+  labels: np.ndarray  # (N,) int class ids or float targets
+  label_names: tuple[str, ...] | None = None  # class id -> name
+
+  def head(self, n: int) -> LabelledTexts:
+    """The first `n` examples."""
+    return dataclasses.replace(self, texts=self.texts[:n], labels=self.labels[:n],
+                               pairs=None if self.pairs is None else self.pairs[:n])
+
+
+def read_table(path: str | pathlib.Path, text_column: str, label_column: str,
+               pair_column: str | None = None, *, regression: bool = False,
+               label_names: Sequence[str] | None = None) -> LabelledTexts:
   """Reads a TSV (header row) or JSONL file of labelled sentences or pairs.
 
   Args:
     path: ``.tsv``/``.txt`` (tab-separated, first row the column names) or ``.jsonl``.
     text_column, label_column, pair_column: column names.
-    regression: labels are floats, else ints (or strings, mapped to ids in sorted order).
+    regression: labels are floats.
+    label_names: the class names in id order, to map string labels the same way in
+      another file (an evaluation table); a label outside them is an error. Without
+      them, integer labels stay ids (no names) and string labels are named in sorted
+      order.
 
   Returns:
-    `(texts, pairs or None, labels)`.
+    `LabelledTexts`.
   """
   path = pathlib.Path(path)
   if not path.is_file():
     raise FileNotFoundError(f"table {path} does not exist")
   if path.suffix == ".jsonl":
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+      if line.strip():
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from e
   else:
     with open(path, encoding="utf-8", newline="") as f:
       rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
@@ -129,15 +155,37 @@ def load_table(path: str | pathlib.Path, text_column: str, label_column: str,
   texts = [str(r[text_column]) for r in rows]
   pairs = [str(r[pair_column]) for r in rows] if pair_column else None
   raw = [r[label_column] for r in rows]
+  names = None
   if regression:
-    labels = np.asarray([float(v) for v in raw], np.float32)
+    try:
+      labels = np.asarray([float(v) for v in raw], np.float32)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{path}: regression needs numeric labels in {label_column!r}: {e}") \
+          from e
+  elif label_names is not None:
+    names = tuple(label_names)
+    unknown = sorted({str(v) for v in raw} - set(names))
+    if unknown:
+      raise ValueError(f"{path}: labels {unknown[:10]} are not among {list(names)}")
+    labels = np.asarray([names.index(str(v)) for v in raw], np.int32)
   else:
     try:
       labels = np.asarray([int(v) for v in raw], np.int32)
-    except ValueError:
-      names = sorted(set(map(str, raw)))
+    except (TypeError, ValueError):
+      names = tuple(sorted(set(map(str, raw))))
       labels = np.asarray([names.index(str(v)) for v in raw], np.int32)
-  return texts, pairs, labels
+    else:
+      if labels.min() < 0:
+        raise ValueError(f"{path}: integer labels must be >= 0; found {int(labels.min())}")
+  return LabelledTexts(texts, pairs, labels, names)
+
+
+def load_table(path: str | pathlib.Path, text_column: str, label_column: str,
+               pair_column: str | None = None, *, regression: bool = False
+               ) -> tuple[list[str], list[str] | None, np.ndarray]:
+  """`read_table` as `(texts, pairs or None, labels)`; string labels become ids in sorted order."""
+  t = read_table(path, text_column, label_column, pair_column, regression=regression)
+  return t.texts, t.pairs, t.labels
 
 
 def load_blimp(paths: str | pathlib.Path | Sequence[str | pathlib.Path]
@@ -164,13 +212,8 @@ def encode_classification(tokenizer, texts: Sequence[str], pairs: Sequence[str] 
   if len(texts) != len(labels) or (pairs is not None and len(pairs) != len(texts)):
     raise ValueError(f"{len(texts)} texts, {None if pairs is None else len(pairs)} pairs and "
                      f"{len(labels)} labels must have the same length")
-  inner = tokenizer.tokenizer
-  inner.enable_truncation(max_len)
-  try:
-    batch = tokenizer.encode(list(texts), None if pairs is None else list(pairs),
-                             max_length=max_len)
-  finally:
-    inner.no_truncation()
+  batch = tokenizer.encode(list(texts), None if pairs is None else list(pairs),
+                           max_length=max_len, truncation=True)
   return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
           "token_type_ids": batch.token_type_ids, "labels": np.asarray(labels)}
 
@@ -210,16 +253,18 @@ def load_glue(name: str, tokenizer, *, max_len: int = 128, data_dir: str | None 
   """A GLUE task (``sst2``, ``mrpc``, ``rte``) through `tensorflow_datasets.load`.
 
   Returns:
-    `(train, eval, labels)` with the validation split as eval.
+    `(train, eval, labels)` with the validation split as eval; `labels` are the task's
+    class names from its tfds metadata (e.g. sst2: negative, positive).
   """
   if name not in GLUE:
     raise ValueError(f"GLUE task {name=!r} must be one of {sorted(GLUE)}")
   import tensorflow_datasets as tfds
 
   text_key, pair_key, num_labels, eval_split = GLUE[name]
-  out = []
+  out, names = [], [str(i) for i in range(num_labels)]
   for split_name in ("train", eval_split):
-    ds = tfds.load(f"glue/{name}", split=split_name, data_dir=data_dir)
+    ds, info = tfds.load(f"glue/{name}", split=split_name, data_dir=data_dir, with_info=True)
+    names = list(getattr(info.features["label"], "names", None) or names)
     texts, pairs, labels = [], [], []
     for ex in tfds.as_numpy(ds):
       if max_examples is not None and len(texts) >= max_examples:
@@ -230,7 +275,7 @@ def load_glue(name: str, tokenizer, *, max_len: int = 128, data_dir: str | None 
       labels.append(int(ex["label"]))
     out.append(encode_classification(tokenizer, texts, pairs if pair_key else None,
                                      np.asarray(labels, np.int32), max_len=max_len))
-  return out[0], out[1], [str(i) for i in range(num_labels)]
+  return out[0], out[1], names
 
 
 def split(data: dict[str, np.ndarray], eval_fraction: float, *, seed: int = 0):
@@ -354,15 +399,27 @@ def evaluate(params, config: BertConfig, data: dict[str, np.ndarray], task: str,
 
 def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
              eval_data: dict[str, np.ndarray] | None, *, task: str,
-             hp: FinetuneConfig = FinetuneConfig()) -> dict[str, Any]:
+             hp: FinetuneConfig = FinetuneConfig(),
+             callback: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
   """Fine-tunes and evaluates.
 
   Batches are drawn from a seeded permutation per epoch (batch k is a pure
   function of seed and k).
 
+  Args:
+    config, params: the model with its task head (`prepare_model`).
+    train_data, eval_data: data dicts (see the module docstring); eval may be None.
+    task: "classification" or "token_classification".
+    hp: the hyper-parameters.
+    callback: called as `callback("train", record)` after every step (record:
+      step, loss, learning_rate, examples_per_s, seconds since the start) and as
+      `callback("eval", record)` after every evaluation (step and `eval_<metric>`
+      values), for progress bars and metric logs.
+
   Returns:
-    Dict with "metrics" (final eval), "eval_history", "history" (per-step loss),
-    "params" and "config".
+    Dict with "metrics" (final eval), "eval_history", "history" (the per-step
+    records), "final_loss", "steps", "wall_time_s", "examples_per_s" (over the
+    run, compilation included), "params" and "config".
   """
   if task not in TASKS:
     raise ValueError(f"{task=!r} must be one of {TASKS}")
@@ -375,9 +432,11 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
   state = create_train_state(params, tx, hp.seed)
   step_fn = make_train_step(config.replace(dtype=hp.dtype), tx, schedule, task=task,
                             accumulation_steps=hp.accumulation_steps)
+  report = callback or (lambda kind, record: None)
   per_epoch = n // hp.batch_size
   history, eval_history = [], []
   perm, perm_epoch = None, -1
+  start = time.perf_counter()
   for k in range(hp.steps):
     epoch, i = divmod(k, per_epoch)
     if epoch != perm_epoch:
@@ -385,17 +444,27 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
       perm_epoch = epoch
     idx = perm[i * hp.batch_size:(i + 1) * hp.batch_size]
     batch = {key: v[idx] for key, v in train_data.items()}
+    t0 = time.perf_counter()
     state, m = step_fn(state, batch)
     m = jax.device_get(m)
+    now = time.perf_counter()
     if not m["finite"]:
       raise FloatingPointError(f"non-finite fine-tuning loss={float(m['loss'])} at step {k + 1}")
-    history.append({"step": k + 1, "loss": float(m["loss"]),
-                    "learning_rate": float(m["learning_rate"])})
+    record = {"step": k + 1, "loss": float(m["loss"]),
+              "learning_rate": float(m["learning_rate"]),
+              "examples_per_s": hp.batch_size / max(now - t0, 1e-9), "seconds": now - start}
+    history.append(record)
+    report("train", record)
     if eval_data is not None and hp.eval_every and (k + 1) % hp.eval_every == 0:
-      eval_history.append({"step": k + 1, **evaluate(state.params, config, eval_data, task,
-                                                      batch_size=hp.eval_batch_size)})
+      metrics = evaluate(state.params, config, eval_data, task, batch_size=hp.eval_batch_size)
+      eval_history.append({"step": k + 1, **metrics})
+      report("eval", {"step": k + 1, **{f"eval_{name}": v for name, v in metrics.items()}})
+  wall = time.perf_counter() - start
   metrics = (evaluate(state.params, config, eval_data, task, batch_size=hp.eval_batch_size)
              if eval_data is not None else {})
+  if metrics and (not eval_history or eval_history[-1]["step"] != hp.steps):
+    report("eval", {"step": hp.steps, **{f"eval_{name}": v for name, v in metrics.items()}})
   return {"metrics": metrics, "eval_history": eval_history, "history": history,
-          "final_loss": history[-1]["loss"], "steps": hp.steps,
+          "final_loss": history[-1]["loss"], "steps": hp.steps, "wall_time_s": wall,
+          "examples_per_s": hp.steps * hp.batch_size / max(wall, 1e-9),
           "params": jax.tree.map(jnp.asarray, state.params), "config": config}
