@@ -90,6 +90,14 @@ stage() {
   fi
 }
 
+# Playwright's Python package (it drives Debian's chromium in the report's browser test; no
+# browser download: the test skips, saying why, where chromium is absent).
+install_playwright() {
+  stage "installing playwright (the report's browser test drives Debian's chromium with it)" \
+    "$PY" -m pip install --disable-pip-version-check --no-input --progress-bar off "playwright>=1.49"
+  touch "$VENV/.playwright-installed"
+}
+
 setup() {
   # Reinstall only when the package metadata changed.
   local stamp="$VENV/.bertjax-installed" want t0=$SECONDS
@@ -118,8 +126,11 @@ setup() {
     stage "installing transformers 4.57 beside it in $VENV/hf4 (for two comparisons)" \
       "${pip[@]}" --no-deps --upgrade --target "$VENV/hf4" \
       "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1"
+    install_playwright
     echo "$want" >"$stamp"
     echo "[setup] done in $((SECONDS - t0))s" >&2
+  elif [ ! -f "$VENV/.playwright-installed" ]; then  # a venv made before the browser test
+    install_playwright
   fi
   export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1

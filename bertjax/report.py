@@ -1,10 +1,12 @@
 """The BERTology report: `bertjax report` and `./run.sh demo`.
 
 `build_report` loads a BERT or ALBERT checkpoint (the built-in all-MiniLM-L6-v2
-by default), runs the analyses of `bertjax.analysis` on the project's own
-sentences (`bertjax/resources/sentences.tsv`) or, with `data_dir`, on UD English
-EWT, and writes `index.html` (its PNG figures beside it) and `report.json`
-(every number the page shows).
+by default; a directory or a hub id in the local cache), runs the analyses of
+`bertjax.analysis` on the project's own sentences
+(`bertjax/resources/sentences.tsv`) or, with `data_dir`, on UD English EWT, and
+writes `index.html` (its PNG figures beside it; `bertjax.report_page` draws and lays
+them out) and `report.json` (every number the page shows). Layers are numbered
+one way throughout (`LAYER_NUMBERING`): blocks 1..L, the embedding output 0.
 
 Sections: attention to [CLS], [SEP] and punctuation and attention entropy
 (Clark et al. 2019); attention pattern types (Kovaleva et al. 2019); head and
@@ -24,17 +26,23 @@ import os
 import pathlib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import report_page
 from bertjax.analysis import ablation, attention, geometry, probing
 from bertjax.hub import DEFAULT_MODEL
 
 SENTENCE_COLUMNS = ("sentence", "negated", "question", "phenomenon")
+LAYER_NUMBERING = {
+    "layers": "transformer blocks are layers 1..L; the embedding output is layer 0",
+    "heads": "heads are numbered 0..H-1 within a layer, as in head-mask arrays",
+    "arrays": "per-block arrays (length L, or L x H) hold layers 1..L in order; arrays "
+              "with the embeddings (length L + 1) hold layers 0..L; every 'layer' field "
+              "is a layer number"}
 PROBE_KEY = "report_task_probe"  # where the task classifier rides inside the params pytree
 
 TASK_NAME = "negation detection from the sentence embedding"
@@ -155,13 +163,42 @@ def load_sentences(path: str | os.PathLike | None = None) -> list[Sentence]:
 
 
 def default_data_dir() -> pathlib.Path | None:
-  """`$BERTJAX_DATA_DIR`, else `../shared/data` (from the working directory or the repository)."""
-  env = os.environ.get("BERTJAX_DATA_DIR")
-  if env:  # set, it is the only place looked at
-    return pathlib.Path(env) if pathlib.Path(env).is_dir() else None
-  candidates = [pathlib.Path.cwd().parent / "shared" / "data",
-                pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"]
-  return next((p for p in candidates if p.is_dir()), None)
+  """The data directory holding UD English EWT, by the project's one lookup
+  (`bertjax.data.fetch.find_root`: `$BERTJAX_DATA_DIR` or the user cache, then
+  `../shared/data`); None when none holds it."""
+  from bertjax.data import fetch
+
+  try:
+    return fetch.find_root(need=["ud_english_ewt"])
+  except fetch.DataNotFoundError:
+    return None
+
+
+_GENERIC_NAMES = {"model", "models", "hf", "export", "exported", "final", "latest", "best",
+                  "output", "outputs", "out", "snapshot", "checkpoint", "pytorch", "weights"}
+
+
+def model_name(path: pathlib.Path, given: str | None = None) -> str:
+  """A name for the analysed model that means something to its reader.
+
+  A hub id as given (`org/name`); a model in the Hugging Face cache
+  (`models--org--name/snapshots/<hash>`) by its hub id; else the directory's name, with
+  its parent's before it when the name alone says nothing (`model`, `hf`, a step
+  number, a commit hash: `run-7/model`). `config.json`'s `_name_or_path` is not used:
+  it records what a checkpoint was trained from (all-MiniLM-L6-v2's says
+  `nreimers/MiniLM-L6-H384-uncased`), not what it is.
+  """
+  if given is not None and not pathlib.Path(given).expanduser().exists():
+    return str(given)  # a hub id
+  path = pathlib.Path(path).resolve()
+  for part in reversed(path.parts):
+    if part.startswith("models--") and part.count("--") >= 2:
+      return "/".join(part.split("--")[1:])
+  name = path.name
+  generic = (name.lower() in _GENERIC_NAMES or name.isdigit()
+             or (len(name) == 40 and all(c in "0123456789abcdef" for c in name))
+             or name.lower().startswith(("checkpoint", "step")))
+  return f"{path.parent.name}/{name}" if generic and path.parent.name else name
 
 
 def _ud_files(data_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -169,6 +206,13 @@ def _ud_files(data_dir: pathlib.Path) -> list[pathlib.Path]:
   files = sorted((data_dir / "ud_english_ewt").glob("*.conllu")) if data_dir else []
   rank = lambda p: (0 if "train" in p.name else 1 if "dev" in p.name else 2, p.name)
   return sorted(files, key=rank)
+
+
+def _read_json(path: pathlib.Path) -> dict:
+  try:
+    return json.loads(path.read_text(encoding="utf-8"))
+  except (OSError, ValueError):
+    return {}
 
 
 def _spread(n: int, k: int | None) -> np.ndarray:
@@ -195,20 +239,24 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _batches(tok: bertjax.Tokenizer, texts=None, words=None, pairs=None, *, batch_size: int,
-             max_length: int, extra: dict[str, np.ndarray] | None = None):
+             max_length: int, extra: dict[str, np.ndarray] | None = None,
+             truncation: bool = False):
   """Length-sorted padded batches: a list of `(indices, batch dict)`.
 
   Give `texts` (with optional `pairs`) or `words` (pre-split). Padded lengths
   are multiples of 8, so few shapes compile. `extra` arrays (n, ...) are sliced
-  into each batch (e.g. labels).
+  into each batch (e.g. labels). `truncation` cuts longer inputs to `max_length`
+  (as transformers' `truncation=True`) instead of refusing them.
   """
   items = texts if texts is not None else words
 
   def encode(idx, pad_to=None) -> bertjax.Batch:
     if texts is None:
-      return tok.encode_words([words[i] for i in idx], max_length=max_length, pad_to=pad_to)
+      return tok.encode_words([words[i] for i in idx], max_length=max_length, pad_to=pad_to,
+                              truncation=truncation)
     second = None if pairs is None else [pairs[i] for i in idx]
-    return tok.encode([texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to)
+    return tok.encode([texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to,
+                      truncation=truncation)
 
   lengths = encode(range(len(items))).attention_mask.sum(-1)
   order = np.argsort(lengths, kind="stable")
@@ -355,7 +403,7 @@ def _example_maps(params, config, tok, batch, special_ids):
       best = found[np.argmax([scores[name][tuple(f)] for f in found])]
       l, b, h = (int(x) for x in best)
       n = int(batch["attention_mask"][b].sum())
-      examples[name] = {"layer": l, "sequence": b, "head": h, "map": maps[l, b, h, :n, :n],
+      examples[name] = {"layer": l + 1, "sequence": b, "head": h, "map": maps[l, b, h, :n, :n],
                         "tokens": tok.convert_ids_to_tokens(batch["input_ids"][b, :n])}
   return examples
 
@@ -484,7 +532,8 @@ def _passages(sentences: Sequence[str], tok, target: int, count: int) -> list[st
 def effective_section(params, config, tok, passages: Sequence[str], clark: dict,
                       settings: ReportSettings) -> dict:
   """Brunner et al.'s effective attention: statistics over passages, maps of a few heads."""
-  batches = _batches(tok, list(passages), batch_size=8, max_length=config.max_position_embeddings)
+  batches = _batches(tok, list(passages), batch_size=8, truncation=True,
+                     max_length=min(config.max_position_embeddings, tok.model_max_length))
   stats = attention.effective_attention_statistics(
       params, config, [_plain(b) for _, b in batches], cls_id=tok.cls_id, sep_id=tok.sep_id)
   # The heads whose raw attention sits most on [CLS] + [SEP]: where Brunner et al.
@@ -503,388 +552,13 @@ def effective_section(params, config, tok, passages: Sequence[str], clark: dict,
     t = attention.head_value_outputs(params, config, layer, hidden[layer, 0, :n])
     raw = maps[layer, 0, :, :n, :n]
     eff = attention.effective_attention(raw, t)
-    examples.append({"layer": layer, "head": head, "raw": raw[head], "effective": eff[head]})
+    examples.append({"layer": layer + 1, "head": head, "raw": raw[head],
+                     "effective": eff[head]})
   lengths = np.concatenate([b["attention_mask"].sum(-1) for _, b in batches])
   return {"num_passages": len(passages), "mean_passage_tokens": float(np.mean(lengths)),
           "head_dim": config.head_dim, "stats": stats, "examples": examples,
           "example_tokens": tok.convert_ids_to_tokens(batch["input_ids"][0, :n]),
           "example_text": passages[int(idx[0])]}
-
-
-# Figures --------------------------------------------------------------------------
-
-
-def _map_panels(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path, *,
-                title: str = "", columns: int | None = None) -> pathlib.Path:
-  """Attention maps side by side, each with its own title and token labels."""
-  import matplotlib
-
-  matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt
-
-  columns = columns or len(panels)
-  rows = -(-len(panels) // columns)
-  fig, axes = plt.subplots(rows, columns, squeeze=False, figsize=(3.3 * columns, 3.4 * rows))
-  for ax in axes.ravel()[len(panels):]:
-    ax.axis("off")
-  for ax, (name, grid, tokens) in zip(axes.ravel(), panels):
-    grid = np.asarray(grid)
-    top = max(float(np.abs(grid).max()), 1e-9)
-    if grid.min() < -1e-6:  # effective attention can be negative: a diverging scale
-      ax.imshow(grid, cmap="RdBu_r", vmin=-top, vmax=top)
-    else:
-      ax.imshow(grid, cmap="Blues", vmin=0, vmax=top)
-    n = len(tokens)
-    ticks = range(n) if n <= 40 else []
-    ax.set_xticks(ticks)
-    ax.set_yticks(ticks)
-    if n <= 40:
-      size = 6 if n <= 24 else 4
-      ax.set_xticklabels(tokens, rotation=90, fontsize=size)
-      ax.set_yticklabels(tokens, fontsize=size)
-    ax.set_title(name, fontsize=8)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout(rect=(0, 0, 1, 0.97))
-  path = pathlib.Path(path)
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  plt.close(fig)
-  return path
-
-
-def _layer_bars(series: dict[str, Sequence[float]], path, *, ylabel: str, title: str,
-                baseline: float | None = None) -> pathlib.Path:
-  """Grouped bars per layer; a symmetric-log axis when the values span decades."""
-  import matplotlib
-
-  matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt
-
-  values = {k: np.asarray(v, np.float64) for k, v in series.items()}
-  layers = len(next(iter(values.values())))
-  width = 0.8 / len(values)
-  fig, ax = plt.subplots(figsize=(1.6 + 0.75 * layers, 3.6))
-  for i, (name, v) in enumerate(values.items()):
-    ax.bar(np.arange(layers) + (i - (len(values) - 1) / 2) * width, v, width, label=name)
-  if baseline is not None:
-    ax.axhline(baseline, color="grey", ls="--", lw=1, label="intact model")
-  small = [np.abs(v[v != 0]).min() for v in values.values() if (v != 0).any()]
-  big = max(np.abs(v).max() for v in values.values())
-  if small and big > 50 * min(small) and big > 1:
-    ax.set_yscale("symlog", linthresh=max(min(small), 1e-3))
-  ax.axhline(0, color="black", lw=0.6)
-  ax.set_xticks(range(layers))
-  ax.set_xlabel("layer")
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
-  ax.grid(alpha=0.3, axis="y")
-  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-  path = pathlib.Path(path)
-  fig.savefig(path, dpi=120, bbox_inches="tight")
-  plt.close(fig)
-  return path
-
-
-def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
-  """Every PNG of the report, written into `out`; returns section key -> file name."""
-  from bertjax import viz
-  from bertjax.analysis import plots_probing
-
-  figs: dict[str, pathlib.Path] = {}
-  clark = results["clark"]
-  layer = lambda name: clark["by_layer"][name]
-  figs["clark_layers"] = plots_probing.plot_layer_curves(
-      {"[CLS]": layer("cls"), "[SEP]": layer("sep"), "punctuation": layer("punct")},
-      out / "clark_layers.png", ylabel="mean attention mass", embeddings_first=False,
-      title="Attention to special tokens and punctuation (mean over heads)")
-  figs["entropy_heads"] = viz.head_heatmap(clark["entropy"], out / "entropy_heads.png",
-                                           title="Attention entropy", cbar_label="nats")
-  figs["entropy_layers"] = plots_probing.plot_layer_curves(
-      {"mean entropy": layer("entropy")}, out / "entropy_layers.png", ylabel="nats",
-      embeddings_first=False, title="Attention entropy by layer (mean over heads)")
-  pat = results["patterns"]
-  figs["pattern_layers"] = viz.type_ratios(pat["per_layer"], out / "pattern_layers.png")
-  figs["pattern_heads"] = viz.pattern_heatmap(pat["dominant"], out / "pattern_heads.png",
-                                              title="Most frequent pattern of each head")
-  if pat["examples"]:
-    figs["pattern_examples"] = _map_panels(
-        [(f"{name}: layer {e['layer']}, head {e['head']}", e["map"], e["tokens"])
-         for name, e in pat["examples"].items()], out / "pattern_examples.png",
-        title="One example map of each pattern type found")
-  task = results["task"]
-  figs["task_layers"] = plots_probing.plot_layer_curves(
-      {"held-out accuracy": task["probe_accuracy_by_layer"],
-       "majority class": [task["majority_accuracy"]] * len(task["probe_accuracy_by_layer"])},
-      out / "task_layers.png", ylabel="accuracy",
-      title="Negation probe on the mean-pooled states of each layer")
-  ab = results["ablation"]
-  figs["ablation_heads"] = viz.head_heatmap(
-      np.asarray(ab["head_loss"]) - ab["baseline_loss"], out / "ablation_heads.png",
-      title="Held-out loss change when one head is ablated", cbar_label="delta cross-entropy",
-      cmap="RdBu_r", center=0.0, annotate=False)
-  figs["ablation_layers"] = _layer_bars(
-      {"all heads of the layer masked": np.asarray(ab["layer_heads_loss"]) - ab["baseline_loss"],
-       "whole layer skipped": np.asarray(ab["layer_skip_loss"]) - ab["baseline_loss"]},
-      out / "ablation_layers.png", ylabel="delta held-out cross-entropy",
-      title="Layer ablation: loss change")
-  figs["ablation_layers_acc"] = _layer_bars(
-      {"all heads of the layer masked": ab["layer_heads_accuracy"],
-       "whole layer skipped": ab["layer_skip_accuracy"]},
-      out / "ablation_layers_acc.png", ylabel="held-out accuracy",
-      title="Layer ablation: accuracy", baseline=ab["baseline_accuracy"])
-  figs["importance"] = viz.head_heatmap(ab["importance"], out / "importance.png",
-                                        title="Head importance (Michel et al., layer-normalised)",
-                                        cbar_label="importance", cmap="magma")
-  figs["pruning"] = viz.pruning_curve(
-      {"held-out accuracy": (ab["pruning_fraction"], ab["pruning_accuracy"])},
-      out / "pruning.png", ylabel="accuracy", baseline=ab["baseline_accuracy"],
-      title="Iterative pruning by importance")
-  figs["pruning_loss"] = viz.pruning_curve(
-      {"held-out cross-entropy": (ab["pruning_fraction"], ab["pruning_loss"])},
-      out / "pruning_loss.png", ylabel="cross-entropy", baseline=ab["baseline_loss"],
-      title="Iterative pruning by importance: loss")
-  an = results["anisotropy"]
-  figs["anisotropy"] = plots_probing.plot_layer_curves(
-      {"raw": an["anisotropy"], "mean-centred": an["anisotropy_centered"]},
-      out / "anisotropy.png", ylabel="mean cosine of random token pairs",
-      title="Anisotropy by layer")
-  pos = results["pos"]
-  if pos.get("available"):
-    figs["pos"] = plots_probing.plot_probing(pos["accuracy"], out / "pos.png",
-                                             pos["control_accuracy"], task_name="UPOS")
-  eff = results["effective"]
-  panels = []
-  for e in eff["examples"]:
-    panels.append((f"layer {e['layer']}, head {e['head']}: raw", e["raw"], eff["example_tokens"]))
-    panels.append((f"layer {e['layer']}, head {e['head']}: effective", e["effective"],
-                   eff["example_tokens"]))
-  figs["effective"] = _map_panels(panels, out / "effective.png", columns=2,
-                                  title="Raw vs effective attention (one passage)")
-  return {k: p.name for k, p in figs.items()}
-
-
-# HTML and JSON --------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1100px;margin:2em auto;
-padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.7em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:.8em 0;font-size:.88em}
-th,td{border:1px solid #ccc;padding:.25em .55em;text-align:right}
-th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
-figure{display:inline-block;margin:.6em 1em .6em 0;vertical-align:top}
-figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
-.note{background:#fff7e0;border-left:4px solid #e0a800;padding:.5em .8em}
-.meta td{text-align:left}
-"""
-
-
-def _fmt(x, digits: int = 3) -> str:
-  if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
-    return str(int(x))
-  if isinstance(x, (float, np.floating)):
-    return f"{float(x):.{digits}f}"
-  return html_escape(str(x))
-
-
-def html_escape(text: str) -> str:
-  import html
-
-  return html.escape(text, quote=True)
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 3) -> str:
-  head = "".join(f"<th>{html_escape(h)}</th>" for h in headers)
-  body = "".join("<tr>" + "".join(f"<td>{_fmt(v, digits)}</td>" for v in row) + "</tr>"
-                 for row in rows)
-  return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _fig(figs: dict, key: str, caption: str) -> str:
-  if key not in figs:
-    return ""
-  return (f'<figure><img src="{figs[key]}" alt="{html_escape(caption)}">'
-          f"<figcaption>{html_escape(caption)}</figcaption></figure>")
-
-
-def _layer_rows(columns: dict[str, Sequence[float]], first: int = 0) -> list[list[Any]]:
-  n = len(next(iter(columns.values())))
-  return [[i + first] + [columns[k][i] for k in columns] for i in range(n)]
-
-
-def _top_heads(grid, k: int, largest: bool = True) -> str:
-  grid = np.asarray(grid)
-  order = np.argsort(-grid.ravel() if largest else grid.ravel(), kind="stable")[:k]
-  return ", ".join(f"L{i // grid.shape[1]}H{i % grid.shape[1]} ({grid.ravel()[i]:+.3f})"
-                   for i in order)
-
-
-def render_html(r: dict, figs: dict[str, str]) -> str:
-  """The report page from the results of `build_report` and its figure file names."""
-  m, t = r["model"], r["text"]
-  parts = [("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>BERTology report: {html_escape(m['name'])}</title><style>{_CSS}</style>"
-            f"</head><body><h1>BERTology report: {html_escape(m['name'])}</h1>")]
-  meta = [("model", m["name"]), ("directory", m["path"]), ("type", m["model_type"]),
-          ("layers x heads", f"{m['layers']} x {m['heads']}"), ("hidden size", m["hidden_size"]),
-          ("parameters", f"{m['parameters']:,}"), ("text analysed", t["description"]),
-          ("run time", (f"{r['timing']['total_seconds']:.1f} s ({r['run']['mode']} mode, "
-                        f"{r['run']['backend']})")), ("generated", r["run"]["finished"])]
-  parts.append("<table class='meta'>" + "".join(
-      f"<tr><th>{html_escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in meta) + "</table>")
-  parts.append("<p>Every number on this page is in <code>report.json</code> beside it. "
-               "Layers are numbered from 0 (the first encoder block); where a curve includes "
-               "the embedding output it is layer 0 and the blocks are 1.."
-               f"{m['layers']}.</p>")
-  if t.get("phenomena"):
-    parts.append("<h2>The text</h2><p>" + html_escape(t["about"]) + "</p>")
-    parts.append(_table(["phenomenon", "sentences", "negated", "questions"],
-                        [[k, *v] for k, v in t["phenomena"].items()]))
-
-  c = r["clark"]
-  parts.append(
-      "<h2>1. Where attention goes (Clark et al. 2019)</h2><p>For every real query token, the "
-      "attention mass a head puts on [CLS], on [SEP] tokens and on punctuation, and the entropy "
-      "of its attention distribution, averaged over all tokens of the text. Clark et al. found "
-      "BERT's middle layers attending heavily to [SEP] (a no-op when a head's function does not "
-      "apply) and early layers attending broadly (high entropy).</p>")
-  parts.append(_fig(figs, "clark_layers", "Mass on [CLS], [SEP] and punctuation by layer"))
-  parts.append(_fig(figs, "entropy_layers", "Attention entropy by layer"))
-  parts.append(_fig(figs, "entropy_heads", "Attention entropy by layer and head"))
-  bl = c["by_layer"]
-  parts.append(_table(["layer", "[CLS]", "[SEP]", "punctuation", "self", "previous", "next",
-                       "entropy (nats)"],
-                      _layer_rows({k: bl[k] for k in ("cls", "sep", "punct", "self", "prev",
-                                                      "next", "entropy")})))
-
-  p = r["patterns"]
-  names = list(attention.PATTERN_TYPES)
-  parts.append(
-      "<h2>2. Attention pattern types (Kovaleva et al. 2019)</h2><p>Every head's map of every "
-      f"input ({p['num_inputs']} sentence pairs: consecutive sentences of the text, so the "
-      "block pattern can occur) is classified into Kovaleva et al.'s five types by a decision "
-      "list over three features: mass on [CLS]/[SEP] (vertical), mass on the diagonal band "
-      "(offsets -1, 0, +1), and the share of token-to-token mass inside the query's own "
-      "sentence (block). Thresholds: " + html_escape(p["thresholds"]) + ".</p>")
-  parts.append(_fig(figs, "pattern_layers", "Pattern types per layer"))
-  parts.append(_fig(figs, "pattern_heads", "Most frequent type of each head"))
-  parts.append(_table(["", *names], [["all layers", *p["overall"]]] +
-                      [[f"layer {i}", *row] for i, row in enumerate(p["per_layer"])]))
-  missing = [n for n in names if n not in p["examples"]]
-  parts.append(_fig(figs, "pattern_examples", "One example map of each type (the most typical "
-                    "one in one batch)"))
-  if missing:
-    parts.append(f"<p>No example of {html_escape(', '.join(missing))} occurred in the batch "
-                 "the examples were drawn from.</p>")
-
-  task, ab = r["task"], r["ablation"]
-  parts.append(
-      f"<h2>3. The scoring task: {html_escape(task['name'])}</h2><p>{html_escape(task['why'])}"
-      f"</p><p>Classifier: {html_escape(task['classifier'])}. {task['num_train']} training and "
-      f"{task['num_test']} held-out sentences ({100 * task['test_negated_fraction']:.0f}% of the "
-      "held-out ones negated). The same probe fitted on every layer's mean-pooled states shows "
-      "where negation is linearly readable: held-out accuracy "
-      f"{task['probe_accuracy_by_layer'][0]:.3f} on the embeddings, best "
-      f"{max(task['probe_accuracy_by_layer']):.3f} (layer "
-      f"{int(np.argmax(task['probe_accuracy_by_layer']))}), {task['test_accuracy']:.3f} on the "
-      "final layer.</p>")
-  parts.append(_fig(figs, "task_layers", "Negation probe accuracy by layer"))
-  parts.append(_table(["", "value"], [
-      ["held-out accuracy (final layer; the ablation baseline)", task["test_accuracy"]],
-      ["held-out cross-entropy (final layer)", task["test_loss"]],
-      ["majority-class accuracy", task["majority_accuracy"]]]))
-  parts.append(_table(["layer (0 = embeddings)", "held-out accuracy", "held-out cross-entropy"],
-                      _layer_rows({"a": task["probe_accuracy_by_layer"],
-                                   "l": task["probe_loss_by_layer"]})))
-
-  parts.append(
-      "<h2>4. Head and layer ablation (Michel et al. 2019)</h2><p>Each head is ablated in turn "
-      "(its output multiplied by 0) and the fixed negation head is scored on the held-out "
-      f"sentences. Baseline: cross-entropy {ab['baseline_loss']:.4f}, accuracy "
-      f"{ab['baseline_accuracy']:.4f}. Red cells: ablating that head hurts. Most harmful single "
-      f"heads: {html_escape(_top_heads(np.asarray(ab['head_loss']) - ab['baseline_loss'], 3))}; "
-      "most helpful to remove: "
-      f"{html_escape(_top_heads(np.asarray(ab['head_loss']) - ab['baseline_loss'], 3, False))}. "
-      "The layer chart masks all heads of one layer (the feed-forward part still runs) or skips "
-      "the whole block (its output becomes its input); skipping the last block hands the fixed "
-      "head a representation it was not fitted on, so expect a large loss there.</p>")
-  parts.append(_fig(figs, "ablation_heads", "Loss change per ablated head"))
-  parts.append(_fig(figs, "ablation_layers", "Layer ablation: loss change"))
-  parts.append(_fig(figs, "ablation_layers_acc", "Layer ablation: accuracy"))
-  parts.append(_table(["layer", "loss, heads masked", "accuracy, heads masked",
-                       "loss, layer skipped", "accuracy, layer skipped"],
-                      _layer_rows({"a": ab["layer_heads_loss"], "b": ab["layer_heads_accuracy"],
-                                   "c": ab["layer_skip_loss"], "d": ab["layer_skip_accuracy"]})))
-
-  parts.append(
-      "<h2>5. Head importance and pruning (Michel et al. 2019)</h2><p>Importance of head h is "
-      "E<sub>x</sub>|dL(x)/d&xi;<sub>h</sub>| for a mask variable &xi; on the head's output "
-      "(one backward pass over the training split), normalised per layer. Pruning masks the "
-      f"least important {100 * r['settings']['prune_step']:.0f}% of all heads, re-estimates "
-      "importance and repeats; each mask is scored on the held-out split. Spearman correlation "
-      "between importance and the single-head ablation loss change: "
-      f"{ab['importance_vs_ablation_spearman']:.3f}. Best held-out accuracy along the curve: "
-      f"{max(ab['pruning_accuracy']):.3f} with "
-      f"{100 * ab['pruning_fraction'][int(np.argmax(ab['pruning_accuracy']))]:.0f}% of the heads "
-      "masked.</p>")
-  parts.append(_fig(figs, "importance", "Head importance"))
-  parts.append(_fig(figs, "pruning", "Pruning curve: accuracy"))
-  parts.append(_fig(figs, "pruning_loss", "Pruning curve: loss"))
-  parts.append(_table(["heads pruned (%)", "held-out accuracy", "held-out cross-entropy"],
-                      [[100 * f, a, l] for f, a, l in zip(ab["pruning_fraction"],
-                                                          ab["pruning_accuracy"],
-                                                          ab["pruning_loss"])], 3))
-
-  an = r["anisotropy"]
-  parts.append(
-      "<h2>6. Anisotropy (Ethayarajh 2019)</h2><p>Mean cosine similarity between the "
-      f"representations of random pairs of tokens ({an['num_tokens']} real, non-special tokens "
-      "of the text), per layer. High values mean the representations occupy a narrow cone; "
-      "Ethayarajh used it as the baseline against which to read contextual similarity. The "
-      "mean-centred curve removes the common direction.</p>")
-  parts.append(_fig(figs, "anisotropy", "Anisotropy by layer"))
-  parts.append(_table(["layer (0 = embeddings)", "anisotropy", "mean-centred"],
-                      _layer_rows({"a": an["anisotropy"], "c": an["anisotropy_centered"]})))
-
-  pos = r["pos"]
-  parts.append("<h2>7. Part-of-speech probe (UD English EWT)</h2>")
-  if pos.get("available"):
-    parts.append(
-        f"<p>A linear probe on each layer's first-subword word vectors predicts the UPOS tag "
-        f"({pos['num_tags']} tags) of {pos['num_test_words']} held-out words "
-        f"({pos['num_sentences']} sentences of {html_escape(', '.join(pos['files']))}, split "
-        "by sentence). The control task (Hewitt &amp; Liang 2019) gives each word type a "
-        "random tag; selectivity is the difference. Best layer: "
-        f"{pos['best_layer']}.</p>")
-    parts.append(_fig(figs, "pos", "UPOS probe accuracy by layer"))
-    parts.append(_table(["layer (0 = embeddings)", "accuracy", "control", "selectivity"],
-                        _layer_rows({"a": pos["accuracy"], "c": pos["control_accuracy"],
-                                     "s": pos["selectivity"]})))
-  else:
-    parts.append(f"<p class='note'>Not available: {html_escape(pos['reason'])}</p>")
-
-  eff = r["effective"]
-  st = eff["stats"]
-  parts.append(
-      "<h2>8. Raw vs effective attention (Brunner et al. 2020)</h2><p>A head's output is "
-      "A&middot;T with T = (E W<sub>V</sub> + b<sub>V</sub>) W<sub>O</sub>; any component of an "
-      "attention row in the left null space of T changes nothing, so it cannot be read as "
-      "'what the head uses'. Effective attention removes it. The null space exists only when a "
-      f"sequence is longer than the head dimension ({eff['head_dim']}), so this section reads "
-      f"{eff['num_passages']} passages of consecutive sentences (about "
-      f"{eff['mean_passage_tokens']:.0f} tokens). The example heads are those with the most raw "
-      "attention on [CLS] + [SEP]; effective attention can be negative (red).</p>")
-  parts.append(_fig(figs, "effective", "Raw vs effective attention"))
-  rows = []
-  for d in range(len(st["raw"]["cls"])):
-    rows.append([d, np.mean(st["raw"]["cls"][d]), np.mean(st["effective"]["cls"][d]),
-                 np.mean(st["raw"]["sep"][d]), np.mean(st["effective"]["sep"][d]),
-                 np.mean(st["effective"]["raw_corr"][d])])
-  parts.append(_table(["layer", "raw [CLS]", "effective [CLS]", "raw [SEP]", "effective [SEP]",
-                       "corr(raw, effective)"], rows))
-  parts.append("<h2>Run time</h2>" + _table(
-      ["stage", "seconds"], [[k, v] for k, v in r["timing"].items()], 1))
-  parts.append("</body></html>")
-  return "\n".join(x for x in parts if x)
 
 
 def _jsonable(x):
@@ -923,7 +597,8 @@ def build_report(model_dir: str | os.PathLike | None = None,
 
   Args:
     model_dir: a Hugging Face BERT or ALBERT directory (weights, config and
-      tokenizer files); None means the built-in all-MiniLM-L6-v2.
+      tokenizer files) or a hub id in the local cache; None means the built-in
+      all-MiniLM-L6-v2. The page names it by `model_name`.
     out_dir: where `index.html`, `report.json` and the PNG figures go (created).
     data_dir: the real data sets (`ud_english_ewt/*.conllu` ...). Given, the
       attention and geometry analyses read UD sentences instead of the project's
@@ -955,12 +630,12 @@ def build_report(model_dir: str | os.PathLike | None = None,
     log(f"{name} done ({timing[name]:.1f}s)")
 
   if model_dir is None:
-    model_path, model_name = bertjax.minilm_path(), DEFAULT_MODEL
+    model_path, name = bertjax.minilm_path(), DEFAULT_MODEL
   else:
-    model_path = pathlib.Path(model_dir)
-    if not model_path.is_dir():
-      raise FileNotFoundError(f"model_dir={str(model_path)!r} is not a directory")
-    model_name = model_path.resolve().name
+    from bertjax.hf import resolve_model_path
+
+    model_path = resolve_model_path(model_dir)  # a directory or a hub id in the cache
+    name = model_name(model_path, str(model_dir))
   explicit_data = data_dir is not None
   if explicit_data and not pathlib.Path(data_dir).is_dir():
     raise FileNotFoundError(f"data_dir={str(data_dir)!r} is not a directory")
@@ -969,7 +644,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
   out = pathlib.Path(out_dir)
 
   with _single_thread_blas():
-    log(f"loading {model_name} from {model_path}")
+    log(f"loading {name} from {model_path}")
     config, params = bertjax.from_hf(model_path)
     if config.is_pruned:
       raise ValueError(f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
@@ -1019,7 +694,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
     lap("clark")
     log("Kovaleva et al. pattern types")
     pair_batches = _batches(tok, texts[:-1], pairs=texts[1:], batch_size=settings.batch_size,
-                            max_length=max_len)
+                            max_length=max_len, truncation=True)
     patterns = pattern_section(params, config, tok, pair_batches)
     patterns["num_inputs"] = len(texts) - 1
     patterns["thresholds"] = ", ".join(
@@ -1036,10 +711,14 @@ def build_report(model_dir: str | os.PathLike | None = None,
       log(f"POS probe on {ud_files[0].parent}")
       pos = {"available": True, **pos_section(params, config, tok, ud_files, settings, progress)}
     else:
-      where = data_path or "../shared/data"
-      pos = {"available": False,
-             "reason": f"no UD English EWT CoNLL-U files under {where}/ud_english_ewt "
-                       "(pass --data-dir to point at the data sets)"}
+      from bertjax.data import fetch
+
+      try:
+        fetch.find_root(data_dir if explicit_data else None, need=["ud_english_ewt"])
+        reason = f"no CoNLL-U files in {data_path}/ud_english_ewt"
+      except fetch.DataNotFoundError as e:
+        reason = str(e)
+      pos = {"available": False, "reason": reason}
       log(f"POS probe skipped: {pos['reason']}")
     lap("pos")
     log("effective attention")
@@ -1049,8 +728,11 @@ def build_report(model_dir: str | os.PathLike | None = None,
     eff = effective_section(params, config, tok, passages, clark, settings)
     lap("effective")
 
+    origin = _read_json(model_path / "config.json").get("_name_or_path")
     results = {
-        "model": {"name": model_name, "path": str(model_path), "model_type": config.model_type,
+        "layer_numbering": LAYER_NUMBERING,
+        "model": {"name": name, "path": str(model_path), "model_type": config.model_type,
+                  "name_or_path": origin if isinstance(origin, str) and origin else None,
                   "layers": config.depth, "heads": config.num_attention_heads,
                   "hidden_size": config.hidden_size,
                   "parameters": int(bertjax.count_params(params))},
@@ -1060,7 +742,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
         "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
                 "backend": jax.default_backend(), "jax_version": jax.__version__},
     }
-    figs = write_figures(results, out)
+    figs = report_page.write_figures(results, out)
     lap("figures")
   timing["total_seconds"] = time.perf_counter() - start
   results["timing"] = timing
@@ -1068,7 +750,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
   results["figures"] = figs
   results = _jsonable(results)
   (out / "report.json").write_text(json.dumps(results, indent=1, allow_nan=False))
-  (out / "index.html").write_text(render_html(results, figs), encoding="utf-8")
+  (out / "index.html").write_text(report_page.render_html(results, figs), encoding="utf-8")
   results["files"] = [str(out / "index.html"), str(out / "report.json"),
                       *(str(out / f) for f in figs.values())]
   log(f"wrote {out / 'index.html'} ({timing['total_seconds']:.1f}s)")

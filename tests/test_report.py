@@ -1,10 +1,16 @@
 """The main job: `bertjax report` in reduced mode, on MiniLM and on random-weight checkpoints."""
 
+import functools
+import http.server
 import json
 import math
+import os
 import pathlib
 import shutil
 import struct
+import subprocess
+import sys
+import threading
 import zlib
 
 import numpy as np
@@ -127,8 +133,18 @@ def _check_consistency(r: dict) -> None:
 
 @pytest.fixture(scope="module")
 def minilm_report(minilm_dir, tmp_path_factory):
-  out = tmp_path_factory.mktemp("report")
-  return out, report.build_report(None, out, reduced=True, progress=False)
+  """`bertjax report --reduced` as a user runs it: a subprocess in a fresh directory."""
+  cwd = tmp_path_factory.mktemp("user")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", BERTJAX_NO_SHARED_DATA="1",
+             BERTJAX_DATA_DIR=str(cwd / "no-data"))
+  proc = subprocess.run([sys.executable, "-m", "bertjax.cli", "report", "--reduced", "--out",
+                         "report"], cwd=cwd, env=env, capture_output=True, text=True,
+                        timeout=1800, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  out = cwd / "report"
+  assert f"report: {pathlib.Path('report') / 'index.html'}" in proc.stdout
+  assert "[report" in proc.stdout  # progress lines
+  return out, json.loads((out / "report.json").read_text())
 
 
 def test_reduced_report_on_minilm(minilm_report):
@@ -139,8 +155,16 @@ def test_reduced_report_on_minilm(minilm_report):
   _check_consistency(saved)
   html = (out / "index.html").read_text()
   for title in ("Clark et al.", "Kovaleva et al.", "Michel et al.", "Ethayarajh",
-                "Brunner et al.", "negation", "Run time"):
+                "Brunner et al.", "negation", "Run time", "Contents"):
     assert title in html
+  assert "<title>BERTology report: all-MiniLM-L6-v2</title>" in html
+  # One layer numbering: blocks 1..L in every table, figure and JSON field, 0 = embeddings.
+  assert "blocks are layers 1..L" in saved["layer_numbering"]["layers"]
+  for e in list(saved["patterns"]["examples"].values()) + saved["effective"]["examples"]:
+    assert 1 <= e["layer"] <= 6
+  assert "layer 6" in html and "<td>6</td>" in html
+  assert "layer 0 (the first encoder block)" not in html
+  assert not saved["pos"]["available"] and "bertjax data fetch" in saved["pos"]["reason"]
 
 
 def test_sentences_are_labelled():
@@ -191,6 +215,7 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
     if (minilm_dir / name).exists():
       shutil.copy(minilm_dir / name, model / name)
   monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))  # no POS probe: faster
+  monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
   out = tmp_path / "out"
   assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced",
                    "--quiet"]) == 0
@@ -200,3 +225,115 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
   _check_outputs(out, saved)
   _check_consistency(saved)
   assert not saved["pos"]["available"]
+
+
+def test_model_names(tmp_path):
+  cache = tmp_path / "hub" / "models--google-bert--bert-base-uncased" / "snapshots" / ("a" * 40)
+  cache.mkdir(parents=True)
+  assert report.model_name(cache) == "google-bert/bert-base-uncased"
+  assert report.model_name(cache, "google-bert/bert-base-uncased") == (
+      "google-bert/bert-base-uncased")
+  run = tmp_path / "finetune-negation" / "model"
+  run.mkdir(parents=True)
+  assert report.model_name(run) == "finetune-negation/model"
+  assert report.model_name(tmp_path / "finetune-negation") == "finetune-negation"
+
+
+def test_default_data_dir_uses_the_one_lookup(tmp_path, monkeypatch):
+  monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
+  monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path))
+  assert report.default_data_dir() is None
+  (tmp_path / "ud_english_ewt").mkdir()
+  assert report.default_data_dir() == tmp_path
+
+
+# The page in a real browser -------------------------------------------------------------------
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def _chromium() -> str:
+  """Debian's chromium (or $BERTJAX_CHROMIUM); skips, saying how to get it, when absent."""
+  exe = (os.environ.get("BERTJAX_CHROMIUM") or shutil.which("chromium")
+         or shutil.which("chromium-browser"))
+  if not exe:
+    pytest.skip("headless Chromium not found: install Debian's chromium (apt-get install "
+                "chromium; .ci/run does) or set BERTJAX_CHROMIUM to a Chromium executable")
+  return exe
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+  def log_message(self, *args):
+    pass
+
+
+@pytest.fixture()
+def served_report(minilm_report):
+  """The report directory on an HTTP server at 127.0.0.1 (a thread); yields its URL."""
+  out, _ = minilm_report
+  server = http.server.ThreadingHTTPServer(
+      ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out)))
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+  finally:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
+  """Headless Chromium (Debian's, driven by Playwright) loads the page: every image, every
+  section and every contents link, no console error, figures shown near their natural
+  size; a full-page screenshot is saved beside the test."""
+  exe = _chromium()
+  sync_api = pytest.importorskip(
+      "playwright.sync_api", reason="playwright is not installed (./run.sh setup installs it)")
+  from bertjax import report_page
+
+  _, saved = minilm_report
+  problems = []
+  with sync_api.sync_playwright() as pw:
+    browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+    try:
+      page = browser.new_page(viewport={"width": 1280, "height": 900})
+      page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+              if m.type in ("error", "warning") else None)
+      page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+      page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+      page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
+              if r.status >= 400 else None)
+      response = page.goto(f"{served_report}/index.html", wait_until="load")
+      assert response is not None and response.ok
+      page.wait_for_function("Array.from(document.images).every(i => i.complete)")
+      assert page.title() == "BERTology report: all-MiniLM-L6-v2"
+      images = page.evaluate("""() => Array.from(document.images).map(i => ({
+          src: i.getAttribute('src'), natural: i.naturalWidth, shown: i.width,
+          link: i.parentElement.tagName === 'A' ? i.parentElement.getAttribute('href') : null}))""")
+      sections = page.evaluate("() => Array.from(document.querySelectorAll('h2[id]'))"
+                               ".map(h => h.id)")
+      links = page.evaluate("() => Array.from(document.querySelectorAll('nav.toc a'))"
+                            ".map(a => [a.getAttribute('href'), a.textContent])")
+      targets = page.evaluate("ids => ids.map(id => document.getElementById(id) !== null)",
+                              [href[1:] for href, _ in links])
+      shot = tmp_path / "report.png"
+      page.screenshot(path=str(shot), full_page=True)
+    finally:
+      browser.close()
+  assert not problems, problems
+  # Every figure of report.json is on the page, loaded, and opens at full size on a click.
+  assert sorted(i["src"] for i in images) == sorted(saved["figures"].values())
+  for image in images:
+    assert image["natural"] > 0, f"{image['src']} did not load"
+    assert image["link"] == image["src"], f"{image['src']} is not click-to-enlarge"
+    # Legible at the page's width: no figure squeezed below 70% of its pixels.
+    assert image["shown"] >= 0.7 * image["natural"], image
+  # Every section, in order, and a contents entry that lands on each.
+  expected = [key for key, _ in report_page.SECTIONS]
+  assert sections == expected
+  assert [href for href, _ in links] == [f"#{key}" for key in expected] and all(targets)
+  data = shot.read_bytes()
+  assert data[:8] == PNG_MAGIC and len(data) > 50_000

@@ -106,16 +106,24 @@ def test_setup_is_quiet_and_staged(tmp_path):
   assert all(line.startswith("[setup] ") for line in lines), lines
   assert len(lines) <= 8
   assert f"pip's output: {venv / 'setup.log'}" in proc.stderr
-  for stage in ("upgrading pip", "installing torch", "installing bertjax", "transformers 4.57"):
+  for stage in ("upgrading pip", "installing torch", "installing bertjax", "transformers 4.57",
+                "installing playwright"):
     assert any(stage in line for line in lines), stage
   assert "WARNING" not in proc.stderr and "Collecting" not in proc.stdout
   log = (venv / "setup.log").read_text()
-  assert log.count("WARNING: a warning") == 4 and "Collecting" in log
+  assert log.count("WARNING: a warning") == 5 and "Collecting" in log
   want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
   assert (venv / ".bertjax-installed").read_text().strip() == want
   # Up to date: nothing to do, nothing printed.
   again = _run("setup", env={"BERTJAX_VENV": str(venv)})
   assert again.returncode == 0 and again.stdout == again.stderr == ""
+  # A virtual environment made before the browser test gets Playwright, and only that.
+  (venv / ".playwright-installed").unlink()
+  late = _run("setup", env={"BERTJAX_VENV": str(venv)})
+  assert late.returncode == 0 and late.stdout == ""
+  assert late.stderr.strip().splitlines() == [
+      line for line in late.stderr.strip().splitlines() if "installing playwright" in line]
+  assert len(late.stderr.strip().splitlines()) == 1
 
 
 def test_setup_failure_names_the_stage_and_the_log(tmp_path):
