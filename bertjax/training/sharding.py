@@ -115,6 +115,9 @@ def _put_global(x: Any, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
+put_global = _put_global  # public name: bertjax.sharding places analysis inputs with it
+
+
 def shard_state(state: Any, mesh: Mesh) -> tuple[Any, Any]:
   """Places a train state on the mesh; returns `(state, shardings)`.
 
