@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from bertjax.config import BertConfig
@@ -250,6 +251,42 @@ def _abstract(x):
   if sharding is None:  # an abstract leaf: restore onto the default device
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def restore_params(directory: str | pathlib.Path, step: int) -> tuple[BertConfig, Any, dict]:
+  """The model of one checkpoint step, without its optimizer state.
+
+  Args:
+    directory: the checkpoint directory (the one holding ``<step>/`` folders).
+    step: a saved step.
+
+  Returns:
+    `(config, params, meta)`: the step's model config (float32), its parameters as host
+    NumPy arrays, and its metadata (``meta["extra"]["train"]`` holds the run's settings,
+    its seed among them).
+
+  Raises:
+    ValueError: `step` is not a saved step (the message lists those that are).
+    CorruptCheckpointError: the step's files are missing, truncated or unreadable.
+  """
+  ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
+  try:
+    steps = ckpt.all_steps()
+    if step not in steps:
+      raise ValueError(f"{step=} is not among the checkpoints {steps} in {directory}")
+    ckpt.verify(step)
+    try:
+      meta = ckpt.restore_meta(step)
+      out = ckpt._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore()))
+    except Exception as e:  # Orbax raises many types for damaged files.
+      raise CorruptCheckpointError(f"checkpoint step {step} in {ckpt.directory} could not be "
+                                   f"read: {type(e).__name__}: {e}") from e
+  finally:
+    ckpt._manager.close()
+  config = config_from_json(meta["config"]).replace(dtype="float32")
+  params = jax.tree.map(lambda a: np.asarray(a), out["state"]["params"])
+  return config, params, meta
 
 
 def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
