@@ -51,7 +51,7 @@ MASKINGS = ("token", "whole_word", "span")
 LABEL_KEYS = {"nsp": "next_sentence_labels", "sop": "sop_labels"}
 
 # Stream tags for np.random.SeedSequence, so that each use gets independent numbers.
-_BUILD, _SHUFFLE, _MASK = 0, 1, 2
+_BUILD, _SHUFFLE, _MASK, _WORD_ORDER = 0, 1, 2, 3
 
 
 def _rng(*keys: int) -> np.random.Generator:
@@ -371,6 +371,7 @@ def mask_sequence(
   *,
   mask_id: int,
   random_ids: np.ndarray,
+  groups_out: list | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Masks one sequence.
 
@@ -382,11 +383,15 @@ def mask_sequence(
     rng: the generator to draw from.
     mask_id: the ``[MASK]`` id.
     random_ids: (V',) the ids random replacements are drawn from.
+    groups_out: a list that, when given, receives the chosen groups (tokens, words or
+      spans; see `select_mask_positions`).
 
   Returns:
     ``(masked_ids (T,), positions (p,))`` with p <= P, positions sorted.
   """
   groups = select_mask_positions(word_ids, maskable, config, rng)
+  if groups_out is not None:
+    groups_out.extend(groups)
   masked = input_ids.copy()
   if not groups:
     return masked, np.zeros(0, np.int64)
@@ -403,6 +408,71 @@ def mask_sequence(
   ]
   # The budget is capped at P, so nothing is cut here; kept as a guard.
   return masked, np.sort(positions)[: config.num_predictions]
+
+
+def span_boundaries(
+  groups: list[np.ndarray], positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+  """Each position's span boundaries: the positions just before and after its group.
+
+  Args:
+    groups: the masked groups (contiguous spans) of one sequence.
+    positions: (p,) the sorted masked positions (their union).
+
+  Returns:
+    ``(left (p,), right (p,))`` int32.
+  """
+  starts = np.concatenate([np.full(len(g), g[0]) for g in groups])
+  ends = np.concatenate([np.full(len(g), g[-1]) for g in groups])
+  order = np.argsort(np.concatenate(groups), kind="stable")
+  left, right = starts[order] - 1, ends[order] + 1
+  assert np.array_equal(np.concatenate(groups)[order], positions)
+  return left.astype(np.int32), right.astype(np.int32)
+
+
+def shuffle_trigrams(
+  input_ids: np.ndarray,
+  eligible: np.ndarray,
+  prob: float,
+  rng: np.random.Generator,
+  max_trigrams: int,
+) -> tuple[np.ndarray, np.ndarray]:
+  """StructBERT's word-order noise on one sequence: shuffles random trigrams in place.
+
+  Trigrams are three consecutive eligible tokens (not special, not padding, not
+  masked), non-overlapping; their number is ``floor(prob * n / 3 + u)``, u ~ U(0, 1),
+  capped at ``max_trigrams``, n the number of eligible tokens. Each is rearranged by
+  a uniformly drawn permutation other than the identity (a trigram of three equal
+  tokens is left as it is but still predicted).
+
+  Args:
+    input_ids: (T,) token ids (after MLM masking).
+    eligible: (T,) bool.
+    prob: the fraction of eligible tokens in shuffled trigrams.
+    rng: the generator.
+    max_trigrams: the cap.
+
+  Returns:
+    ``(shuffled_ids (T,), positions (3k,))``: the positions of the shuffled trigrams
+    (sorted); the original ids there are ``input_ids[positions]``.
+  """
+  out = input_ids.copy()
+  ok = eligible[:-2] & eligible[1:-1] & eligible[2:]  # (T - 2,) trigram starts
+  n = int(eligible.sum())
+  k = min(math.floor(prob * n / 3 + rng.random()), max_trigrams)
+  chosen: list[int] = []
+  taken = np.zeros(input_ids.shape[0], bool)
+  for s in rng.permutation(np.flatnonzero(ok)):
+    if len(chosen) == k:
+      break
+    if not taken[s : s + 3].any():
+      taken[s : s + 3] = True
+      chosen.append(int(s))
+  perms = np.array([[0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]])
+  for s in chosen:
+    out[s : s + 3] = input_ids[s + perms[rng.integers(5)]]
+  pos = np.sort(np.concatenate([np.arange(s, s + 3) for s in chosen])) if chosen else []
+  return out, np.asarray(pos, np.int64)
 
 
 # ---------------------------------------------------------------------------
@@ -424,7 +494,9 @@ class PretrainingIterator:
   ``attention_mask`` int32 (b, T), ``token_type_ids`` int32 (b, T),
   ``mlm_positions`` int32 (b, P), ``mlm_ids`` int32 (b, P) (original ids),
   ``mlm_weights`` float32 (b, P) and, for NSP / SOP, ``next_sentence_labels`` /
-  ``sop_labels`` int32 (b,).
+  ``sop_labels`` int32 (b,). With ``masking="span"``, ``span_left`` and ``span_right``
+  int32 (b, P) give each prediction's span boundaries (the positions just outside its
+  span, for SpanBERT's span boundary objective; 0 at padding slots).
   """
 
   def __init__(
@@ -540,8 +612,11 @@ class PretrainingIterator:
     masked = np.empty_like(ids)
     positions = np.zeros((b, p), np.int32)
     weights = np.zeros((b, p), np.float32)
+    spans = self.config.masking == "span"
+    left, right = np.zeros((b, p), np.int32), np.zeros((b, p), np.int32)
     for r in range(b):
       rng = _rng(self.seed, _MASK, step, raw["global_row"][r])
+      groups: list = []
       masked[r], pos = mask_sequence(
         ids[r],
         word_ids[r],
@@ -550,7 +625,10 @@ class PretrainingIterator:
         rng,
         mask_id=self._mask,
         random_ids=self._random_ids,
+        groups_out=groups,
       )
+      if spans and groups:
+        left[r, : pos.shape[0]], right[r, : pos.shape[0]] = span_boundaries(groups, pos)
       positions[r, : pos.shape[0]] = pos
       weights[r, : pos.shape[0]] = 1.0
     out = {
@@ -561,6 +639,8 @@ class PretrainingIterator:
       "mlm_ids": np.where(weights > 0, np.take_along_axis(ids, positions, 1), 0).astype(np.int32),
       "mlm_weights": weights,
     }
+    if spans:
+      out["span_left"], out["span_right"] = left, right
     if self.examples.objective in LABEL_KEYS:
       key = LABEL_KEYS[self.examples.objective]
       out[key] = raw[key]
@@ -614,3 +694,73 @@ class PretrainingIterator:
     )
     it.set_state(state)
     return it
+
+
+class WordOrderIterator(PretrainingIterator):
+  """A `PretrainingIterator` that also shuffles trigrams (StructBERT's word objective).
+
+  After masking, row r of batch k shuffles trigrams of unmasked tokens with a generator
+  seeded by (seed, k, r) (`shuffle_trigrams`), and adds ``word_order_positions`` int32
+  (b, Q), ``word_order_ids`` int32 (b, Q) (the original ids there) and
+  ``word_order_weights`` float32 (b, Q), ``Q = 3 * ceil(word_order_prob * max_seq_len / 3)``.
+  """
+
+  def __init__(
+    self,
+    corpus: TokenizedCorpus,
+    config: PretrainingConfig,
+    *,
+    word_order_prob: float = 0.05,
+    **kwargs,
+  ):
+    """As `PretrainingIterator`, plus ``word_order_prob`` (fraction of tokens shuffled)."""
+    if not 0 < word_order_prob < 1:
+      raise ValueError(f"{word_order_prob=} must be in (0, 1)")
+    super().__init__(corpus, config, **kwargs)
+    self.word_order_prob = float(word_order_prob)
+
+  @property
+  def num_word_order_slots(self) -> int:
+    """Q, the width of the word-order fields (a multiple of 3)."""
+    return 3 * math.ceil(self.word_order_prob * self.config.max_seq_len / 3)
+
+  def batch(self, step: int) -> dict[str, np.ndarray]:
+    """The masked, trigram-shuffled batch at a global step."""
+    out = super().batch(step)
+    ids, q = out["input_ids"].copy(), self.num_word_order_slots
+    b = ids.shape[0]
+    _, rows = self.example_indices(step)
+    masked = np.zeros(ids.shape, bool)
+    np.put_along_axis(masked, out["mlm_positions"], out["mlm_weights"] > 0, 1)
+    masked[:, 0] = False  # padding slots point at 0, which is never masked
+    eligible = (out["attention_mask"] == 1) & ~np.isin(ids, self._special) & ~masked
+    positions = np.zeros((b, q), np.int32)
+    originals = np.zeros((b, q), np.int32)
+    weights = np.zeros((b, q), np.float32)
+    for r in range(b):
+      rng = _rng(self.seed, _WORD_ORDER, step, rows[r])
+      shuffled, pos = shuffle_trigrams(ids[r], eligible[r], self.word_order_prob, rng, q // 3)
+      positions[r, : pos.shape[0]] = pos
+      originals[r, : pos.shape[0]] = ids[r, pos]
+      weights[r, : pos.shape[0]] = 1.0
+      ids[r] = shuffled
+    out.update(
+      input_ids=ids,
+      word_order_positions=positions,
+      word_order_ids=originals,
+      word_order_weights=weights,
+    )
+    return out
+
+  def state(self) -> dict:
+    """As `PretrainingIterator.state`, with ``word_order_prob``."""
+    return {**super().state(), "word_order_prob": self.word_order_prob}
+
+  def set_state(self, state: dict) -> None:
+    """As `PretrainingIterator.set_state`; the word-order probability must match too."""
+    if state.get("word_order_prob") != self.word_order_prob:
+      raise ValueError(
+        f"state word_order_prob={state.get('word_order_prob')!r} does not match "
+        f"this iterator's {self.word_order_prob!r}"
+      )
+    super().set_state(state)

@@ -25,6 +25,7 @@ import numpy as np
 from bertjax.config import BertConfig
 from bertjax.functional import init
 from bertjax.training import checkpoint as ckpt_lib
+from bertjax.training import objectives as objectives_lib
 from bertjax.training import optim, sharding, stacking
 from bertjax.training.events import EventWriter
 from bertjax.training.state import create_train_state
@@ -106,8 +107,16 @@ class TrainConfig:
     return tx, schedule
 
 
-def _heads(objective: str) -> tuple[str, ...]:
-  return ("mlm",) + ((objective,) if objective in ("nsp", "sop") else ())
+def init_for_objectives(config: BertConfig, seed: int | jax.Array, objectives) -> Any:
+  """Fresh parameters for a run's objectives: the family heads they need and their own
+  parameters, or the objective's own model tree (ELECTRA's generator/discriminator pair)."""
+  objs = objectives_lib.resolve(objectives)
+  for o in objs:
+    if hasattr(o, "init_model"):
+      return o.init_model(config, seed)
+  params = init(config, seed, objectives_lib.heads_of(objs))
+  params.update(objectives_lib.init_objective_params(objs, config, seed))
+  return params
 
 
 def _stage_configs(config: BertConfig, train: TrainConfig):
@@ -137,8 +146,8 @@ def _read_jsonl(path: pathlib.Path) -> list[dict]:
 
 
 def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = False,
-             params: Any = None) -> dict[str, Any]:
-  """Pretrains with MLM (+ NSP or SOP, from the data's objective).
+             params: Any = None, objective: Any = None) -> dict[str, Any]:
+  """Pretrains with MLM (+ NSP or SOP, from the data's objective) or any objectives.
 
   Args:
     config: the final model config (with the last stage's depth when stacking).
@@ -147,7 +156,10 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
       global batch size `train.batch_size`, positioned at step 0.
     train: the run's hyper-parameters.
     resume: continue from the newest good checkpoint in `train.output_dir` if any.
-    params: initial parameters (e.g. from `from_hf`), else `init(config, seed)`.
+    params: initial parameters (e.g. from `from_hf`), else `init_for_objectives`.
+    objective: the objectives (what `training.objectives.resolve` takes: "mlm+sbo",
+      components such as `training.electra.Electra(generator_config)`); None takes the
+      data's objective ("nsp", "sop" or "none").
 
   Returns:
     A summary dict: steps, first/final losses, tokens, wall time, tokens/s, the
@@ -157,7 +169,11 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     FloatingPointError: on a NaN/inf loss or gradient; the last good checkpoint
       is kept (and the failing update is not applied).
   """
-  objective = data.config.objective
+  objective = objectives_lib.resolve(data.config.objective if objective is None else objective)
+  two_models = any(hasattr(o, "init_model") for o in objective)
+  if two_models and train.stacking:
+    raise ValueError(f"stacking={train.stacking!r} is not supported with objectives that "
+                     f"train their own model pair ({[type(o).__name__ for o in objective]})")
   stages, configs = _stage_configs(config, train)
   boundaries = stacking.stage_boundaries(stages)
   if data.config.max_seq_len > config.max_position_embeddings:
@@ -167,7 +183,7 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     raise ValueError(f"data batch_size={data.batch_size} must equal the train batch_size="
                      f"{train.batch_size}")
   tx, schedule = train.make_optimizer()
-  heads = _heads(objective)
+  heads = objectives_lib.heads_of(objective)
   mesh = None if train.mesh_shape is None else sharding.make_mesh(*train.mesh_shape)
 
   out_dir = pathlib.Path(train.output_dir) if train.output_dir else None
@@ -182,7 +198,8 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
 
   def template(meta):
     cfg = ckpt_lib.config_from_json(meta["config"])
-    return jax.eval_shape(lambda: create_train_state(init(cfg, 0, heads), tx, train.seed))
+    return jax.eval_shape(lambda: create_train_state(init_for_objectives(cfg, 0, objective),
+                                                     tx, train.seed))
 
   stage, state, restored = 0, None, None
   if resume and ckpt is not None:
@@ -198,15 +215,16 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     log.info("resumed from step %d (stage %d) in %s", int(state.step), stage, ckpt.directory)
   else:
     if params is None:
-      params = init(configs[0], train.seed, heads)
-    depth = jax.tree.leaves(params["encoder"]["layers"])[0].shape[0]
+      params = init_for_objectives(configs[0], train.seed, objective)
+    depth = (jax.tree.leaves(params["encoder"]["layers"])[0].shape[0] if not two_models
+             else configs[0].num_param_layers)
     if depth != configs[0].num_param_layers:
       raise ValueError(f"initial params have {depth} stacked layers but the first stage needs "
                        f"{configs[0].num_param_layers} (stacking={train.stacking!r})")
     missing = [h for h in heads if h not in params]
     if missing:
-      raise ValueError(f"initial params lack the heads {missing} needed for objective "
-                       f"{objective!r}")
+      raise ValueError(f"initial params lack the heads {missing} needed for objectives "
+                       f"{[o.name for o in objective]}")
     state = create_train_state(params, tx, train.seed)
   step = int(state.step)
   if data.step != step:
@@ -287,7 +305,8 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
         events.scalars(step, {k: v for k, v in record.items() if k != "step"})
       if bar is not None:
         bar.update(1)
-        bar.set_postfix(loss=f"{record['loss']:.4f}", mlm=f"{record['mlm_loss']:.4f}",
+        bar.set_postfix(loss=f"{record['loss']:.4f}",
+                        mlm=f"{record.get('mlm_loss', math.nan):.4f}",
                         tok_s=f"{record['tokens_per_s']:.0f}", L=record["layers"])
       due = ckpt is not None and (ckpt.should_save(step) or step == train.steps)
       if due and ckpt.save(step, state, config=configs[stage], data_state=data.state(),
@@ -311,8 +330,8 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
       "resumed_from": None if restored is None else start_step,
       "first_loss": losses[0] if losses else math.nan,
       "final_loss": losses[-1] if losses else math.nan,
-      "first_mlm_loss": history[0]["mlm_loss"] if history else math.nan,
-      "final_mlm_loss": history[-1]["mlm_loss"] if history else math.nan,
+      "first_mlm_loss": history[0].get("mlm_loss", math.nan) if history else math.nan,
+      "final_mlm_loss": history[-1].get("mlm_loss", math.nan) if history else math.nan,
       "tokens_this_run": tokens_total,
       "wall_time_s": wall,
       "tokens_per_s": tokens_total / max(wall, 1e-9),

@@ -1,4 +1,4 @@
-"""Jitted train steps for pretraining (MLM + NSP/SOP or MLM only) and fine-tuning.
+"""Jitted train steps: pretraining (a weighted sum of objectives) and fine-tuning.
 
 A step takes the whole optimizer batch (global batch size `k * b`) and splits it
 into `k = accumulation_steps` micro-batches run under `lax.scan`. Each loss term
@@ -19,61 +19,18 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.config import BertConfig
-from bertjax.functional import forward, head_logits, nsp_logits, sop_logits, token_classify
-from bertjax.training import losses
+from bertjax.training import objectives as objectives_lib
 from bertjax.training.state import TrainState
 
 TASKS = ("pretrain", "classification", "token_classification")
-_LABEL_KEYS = {"nsp": "next_sentence_labels", "sop": "sop_labels"}
 
 
-def _terms(params, config: BertConfig, batch: dict, rng, task: str, objective: str,
-           deterministic: bool) -> dict[str, dict[str, jax.Array]]:
-  """Summed loss terms of one micro-batch, keyed by term name."""
-  k_fwd, k_head = jax.random.split(rng)
-  out = forward(params, config, batch["input_ids"], batch["attention_mask"],
-                batch["token_type_ids"], deterministic=deterministic, rng=k_fwd)
-  if task == "pretrain":
-    terms = {"mlm": losses.mlm_loss_terms(params, config, out.last_hidden_state,
-                                          batch["mlm_positions"], batch["mlm_ids"],
-                                          batch["mlm_weights"])}
-    if objective == "nsp":
-      terms["nsp"] = losses.sentence_loss_terms(
-          nsp_logits(params, config, out.pooler_output), batch["next_sentence_labels"])
-    elif objective == "sop":
-      logits = sop_logits(params, config, out.pooler_output, deterministic=deterministic,
-                          rng=k_head)
-      terms["sop"] = losses.sentence_loss_terms(logits, batch["sop_labels"])
-    return terms
-  if task == "classification":
-    logits = head_logits(params, config, out, "classifier", deterministic=deterministic,
-                         rng=k_head)
-    return {"cls": losses.classification_loss_terms(logits, batch["labels"])}
-  logits = token_classify(params, config, out.last_hidden_state, deterministic=deterministic,
-                          rng=k_head)
-  return {"tok": losses.token_classification_loss_terms(logits, batch["labels"])}
-
-
-def _counts(batch: dict, task: str, objective: str) -> dict[str, jax.Array]:
-  """Denominators of each term over the whole (accumulated) batch."""
-  n = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
-  if task == "pretrain":
-    counts = {"mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32))}
-    if objective in _LABEL_KEYS:
-      counts[objective] = n
-    return counts
-  if task == "classification":
-    return {"cls": n}
-  return {"tok": jnp.sum((batch["labels"] != losses.IGNORE_INDEX).astype(jnp.float32))}
-
-
-def _validate(task: str, objective: str, accumulation_steps: int):
+def _validate(task: str, objective, accumulation_steps: int):
   if task not in TASKS:
     raise ValueError(f"{task=!r} must be one of {TASKS}")
-  if task == "pretrain" and objective not in ("nsp", "sop", "none"):
-    raise ValueError(f"{objective=!r} must be one of ('nsp', 'sop', 'none')")
   if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
     raise ValueError(f"{accumulation_steps=} must be a positive int")
+  return objectives_lib.resolve(objective, task=task)
 
 
 def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective: str = "nsp",
@@ -83,23 +40,40 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
   Args:
     config: the architecture; its `dtype` is the compute dtype.
     task: "pretrain", "classification" or "token_classification".
-    objective: for pretraining, "nsp", "sop" or "none" (MLM only).
+    objective: for pretraining, "nsp", "sop" or "none" (MLM only), "+"-joined objective
+      names ("mlm+sbo"), or `objectives.Objective` components (see `objectives.resolve`);
+      the loss is the sum of their terms, each over its whole-batch count, times its weight.
     accumulation_steps: k; the batch's leading size must be divisible by k.
     deterministic: disable dropout.
   """
-  _validate(task, objective, accumulation_steps)
+  objs = _validate(task, objective, accumulation_steps)
+  weights = {name: w for o in objs for name, w in o.weights.items()}
   k = accumulation_steps
 
+  def micro_terms(p, mb, key):
+    ctx = objectives_lib.Context(p, config, mb, key, deterministic)
+    terms = {}
+    for o in objs:
+      terms.update(o.terms(ctx))
+    return terms
+
   def loss_and_grad(params, batch, rng):
-    counts = jax.tree.map(lambda c: jnp.maximum(c, 1e-8), _counts(batch, task, objective))
+    for o in objs:
+      o.check_batch(batch)
+    counts = {}
+    for o in objs:
+      counts.update(o.counts(batch))
+    counts = jax.tree.map(lambda c: jnp.maximum(c, 1e-8), counts)
     size = batch["input_ids"].shape[0]
     if size % k:
       raise ValueError(f"batch size {size} is not divisible by accumulation_steps={k}")
     micro = jax.tree.map(lambda a: a.reshape((k, size // k) + a.shape[1:]), batch)
 
     def micro_loss(p, mb, key):
-      terms = _terms(p, config, mb, key, task, objective, deterministic)
-      loss = sum(t["loss_sum"] / counts[name] for name, t in terms.items())
+      terms = micro_terms(p, mb, key)
+      # A weight of 1 is not multiplied in, so MLM/NSP/SOP losses stay bitwise as before.
+      loss = sum(t["loss_sum"] / counts[name] * weights[name] if weights[name] != 1.0
+                 else t["loss_sum"] / counts[name] for name, t in terms.items())
       sums = {name: {"loss": t["loss_sum"], "correct": t["correct_sum"]}
               for name, t in terms.items()}
       return loss, sums
@@ -142,7 +116,7 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
     tx: the optimizer (`optim.make_optimizer`).
     schedule: the learning-rate schedule, only to report "learning_rate".
     task: "pretrain", "classification" or "token_classification".
-    objective: for pretraining, "nsp", "sop" or "none".
+    objective: for pretraining, what `make_loss_and_grad` takes.
     accumulation_steps: micro-batches per optimizer step.
     deterministic: disable dropout.
     state_sharding: optional pytree of shardings for the state (see `sharding`).
@@ -151,7 +125,7 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
 
   Returns:
     The step. Metrics: "loss", "<term>_loss" and "<term>_accuracy" for each
-    term (mlm, nsp, sop, cls, tok), "grad_norm" (before clipping),
+    term (mlm, nsp, sop, cls, tok, or the configured objectives' terms), "grad_norm" (before clipping),
     "learning_rate", "finite" (bool; when False the update is skipped and the state returned
     unchanged, so the caller can stop with the last good state).
   """
@@ -178,8 +152,8 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
 
   kwargs = {}
   if state_sharding is not None:
-    kwargs = dict(in_shardings=(state_sharding, batch_sharding),
-                  out_shardings=(state_sharding, None))
+    kwargs = {"in_shardings": (state_sharding, batch_sharding),
+              "out_shardings": (state_sharding, None)}
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
 
 

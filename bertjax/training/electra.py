@@ -1,0 +1,225 @@
+"""ELECTRA pretraining (Clark et al. 2020): a generator and a discriminator trained jointly.
+
+The generator is a small MLM model (``model_type="electra"``, head ``"mlm"``); the
+discriminator a full one (head ``"rtd"``). Both live in one parameter tree,
+``{"generator": ..., "discriminator": ...}``, so one `TrainState`, one optimizer and
+one checkpoint hold the run (and SIGKILL resume stays bitwise). The embedding tables
+(word, position, token type) are shared as in the paper: they exist once, in the
+discriminator, and the generator reads them from there (`generator_params`); this
+needs equal ``embedding_size``, ``vocab_size``, ``max_position_embeddings`` and
+``type_vocab_size`` (the paper's small models: generator hidden size 1/4 of the
+discriminator's, one embedding width). With different embedding widths nothing is
+shared (as the reference implementation, which ties embeddings only when their
+sizes agree). Each model keeps its own embedding LayerNorm (and the discriminator
+its E -> H projection), as `ElectraForMaskedLM` / `ElectraForPreTraining` have.
+
+In the step (`Electra.terms`): the generator reads the masked batch and is trained
+with MLM; at every masked position a token is sampled from its softmax
+(`jax.random.categorical`, Gumbel-max, with the step's key) under
+``stop_gradient`` (no gradient flows through sampling, as in the paper); the
+discriminator reads the original sequence with those samples in place and
+predicts, for every real token, whether it differs from the original (a sampled
+token equal to the original counts as real, as in the paper). The loss is
+``mlm + rtd_weight * rtd`` with ``rtd_weight = 50``; RTD is the mean binary
+cross-entropy over real tokens (what `ElectraForPreTraining` computes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.config import BertConfig
+from bertjax.functional import Params, forward, init, mlm_logits, rtd_logits
+from bertjax.training import losses
+from bertjax.training.objectives import Context, Objective
+
+SHARED_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+
+
+def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str, ...]:
+  """The embedding tables the two models share: all three when their shapes agree, else none."""
+  for c, role in ((generator, "generator"), (discriminator, "discriminator")):
+    if c.model_type != "electra":
+      raise ValueError(f"the {role} config has model_type={c.model_type!r}; expected 'electra'")
+  keys = ("embed_dim", "vocab_size", "max_position_embeddings", "type_vocab_size")
+  if any(getattr(generator, k) != getattr(discriminator, k) for k in keys[1:]):
+    raise ValueError("generator and discriminator must agree on vocab_size, "
+                     "max_position_embeddings and type_vocab_size; got "
+                     f"{[getattr(generator, k) for k in keys[1:]]} vs "
+                     f"{[getattr(discriminator, k) for k in keys[1:]]}")
+  if generator.embed_dim != discriminator.embed_dim:
+    return ()
+  return tuple(t for t in SHARED_TABLES if t != "token_type_embeddings"
+               or generator.type_vocab_size)
+
+
+def init_electra(generator: BertConfig, discriminator: BertConfig,
+                 rng: int | jax.Array = 0) -> Params:
+  """Fresh ``{"generator", "discriminator"}`` parameters, the shared tables only in the latter."""
+  key = jax.random.key(rng) if isinstance(rng, int) else rng
+  k_gen, k_disc = jax.random.split(key)
+  gen = init(generator, k_gen, heads=("mlm",))
+  disc = init(discriminator, k_disc, heads=("rtd",))
+  shared = shared_tables(generator, discriminator)
+  gen["embeddings"] = {k: v for k, v in gen["embeddings"].items() if k not in shared}
+  return {"generator": gen, "discriminator": disc}
+
+
+def generator_params(params: Params, generator: BertConfig, discriminator: BertConfig) -> Params:
+  """The generator's full parameter tree, the shared tables read from the discriminator."""
+  gen = params["generator"]
+  shared = shared_tables(generator, discriminator)
+  emb = dict(gen["embeddings"])
+  for t in shared:
+    emb[t] = params["discriminator"]["embeddings"][t]
+  return {**gen, "embeddings": emb}
+
+
+def replace_tokens(input_ids: jax.Array, positions: jax.Array, values: jax.Array,
+                   weights: jax.Array) -> jax.Array:
+  """`input_ids` with ``values`` written at ``positions`` where ``weights > 0``.
+
+  Args:
+    input_ids: int (B, T).
+    positions: int (B, P); slots with weight 0 are ignored (may repeat).
+    values: int (B, P).
+    weights: (B, P).
+  """
+  b = input_ids.shape[0]
+  rows = jnp.arange(b)[:, None]
+  live = weights > 0
+  sel = jnp.zeros(input_ids.shape, bool).at[rows, positions].max(live)
+  vals = jnp.zeros(input_ids.shape, input_ids.dtype).at[rows, positions].add(
+      jnp.where(live, values, 0).astype(input_ids.dtype))
+  return jnp.where(sel, vals, input_ids)
+
+
+def rtd_loss_terms(logits: jax.Array, labels: jax.Array, attention_mask: jax.Array
+                   ) -> dict[str, jax.Array]:
+  """Summed binary cross-entropy of RTD logits over real tokens, and correct predictions.
+
+  Args:
+    logits: (B, T), > 0 = replaced.
+    labels: (B, T), 1 where the token was replaced.
+    attention_mask: (B, T), 1 at real tokens.
+  """
+  logits = logits.astype(jnp.float32)
+  valid = attention_mask.astype(jnp.float32)
+  labels = labels.astype(jnp.float32)
+  bce = optax.sigmoid_binary_cross_entropy(logits, labels)
+  correct = ((logits > 0).astype(jnp.float32) == labels).astype(jnp.float32)
+  return {"loss_sum": jnp.sum(bce * valid), "correct_sum": jnp.sum(correct * valid)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Electra(Objective):
+  """ELECTRA's joint objective; terms "mlm" (generator) and "rtd" (discriminator).
+
+  The step's ``config`` is the discriminator's and its params the pair tree of
+  `init_electra`.
+
+  Attributes:
+    generator: the generator's config.
+    rtd_weight: lambda, the weight of the RTD term (50 in the paper).
+    mlm_weight: the weight of the generator's MLM term.
+    temperature: the sampling temperature (1: the generator's softmax).
+  """
+
+  generator: BertConfig | None = None
+  name: str = dataclasses.field(default="electra", kw_only=True)
+  rtd_weight: float = 50.0
+  mlm_weight: float = 1.0
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if not isinstance(self.generator, BertConfig):
+      raise TypeError(f"Electra needs the generator's BertConfig, got {self.generator!r}")
+    if not self.temperature > 0:
+      raise ValueError(f"{self.temperature=} must be > 0")
+
+  @property
+  def fields(self):
+    return ("mlm_positions", "mlm_ids", "mlm_weights")
+
+  @property
+  def weights(self):
+    return {"mlm": self.mlm_weight, "rtd": self.rtd_weight}
+
+  def counts(self, batch):
+    return {"mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
+            "rtd": jnp.sum(batch["attention_mask"].astype(jnp.float32))}
+
+  def init_model(self, config: BertConfig, rng) -> Params:
+    """The pair tree for discriminator ``config`` (see `init_electra`)."""
+    return init_electra(self.generator, config, rng)
+
+  def terms(self, ctx: Context):
+    run = self.run(ctx.params, ctx.config, ctx.batch, ctx.rng, ctx.deterministic)
+    return {"mlm": run["mlm"], "rtd": rtd_loss_terms(run["rtd_logits"], run["labels"],
+                                                     ctx.batch["attention_mask"])}
+
+  def run(self, params: Params, config: BertConfig, batch: dict, rng: jax.Array,
+          deterministic: bool = True) -> dict:
+    """One ELECTRA forward: generator MLM, sampling, discriminator.
+
+    Args:
+      params: the pair tree.
+      config: the discriminator's config.
+      batch: a masked batch (`input_ids`, `attention_mask`, `token_type_ids`, `mlm_*`).
+      rng: the key (split into generator dropout, discriminator dropout, sampling).
+      deterministic: disable dropout.
+
+    Returns:
+      Dict: "mlm" (the generator's summed terms), "sampled" (B, P), "original" and
+      "corrupted" (B, T) ids, "labels" (B, T) int32 (1 = replaced), "rtd_logits" (B, T).
+    """
+    b = batch
+    if set(params) != {"generator", "discriminator"}:
+      raise ValueError(f"ELECTRA params must be {{'generator', 'discriminator'}}; got "
+                       f"{sorted(params)}")
+    k_gen, k_disc, k_sample = jax.random.split(rng, 3)
+    gen = generator_params(params, self.generator, config)
+    gen_cfg = self.generator.replace(dtype=config.dtype)
+    g_out = forward(gen, gen_cfg, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                    deterministic=deterministic, rng=k_gen)
+    hidden = losses.gather_positions(g_out.last_hidden_state, b["mlm_positions"])
+    logits = mlm_logits(gen, gen_cfg, hidden).astype(jnp.float32)  # (B, P, V)
+    weights = b["mlm_weights"].astype(jnp.float32)
+    ids = b["mlm_ids"].astype(jnp.int32)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, ids)
+    correct = (jnp.argmax(logits, -1) == ids).astype(jnp.float32)
+    mlm = {"loss_sum": jnp.sum(ce * weights), "correct_sum": jnp.sum(correct * weights)}
+    # Sampling is not differentiated (the paper's stop-gradient): the generator learns by MLM.
+    sampled = jax.random.categorical(k_sample, jax.lax.stop_gradient(logits) / self.temperature)
+    original = replace_tokens(b["input_ids"], b["mlm_positions"], ids, weights)
+    corrupted = replace_tokens(original, b["mlm_positions"], sampled, weights)
+    labels = (corrupted != original).astype(jnp.int32)
+    d_out = forward(params["discriminator"], config, corrupted, b["attention_mask"],
+                    b["token_type_ids"], deterministic=deterministic, rng=k_disc)
+    d_logits = rtd_logits(params["discriminator"], config, d_out.last_hidden_state)
+    return {"mlm": mlm, "sampled": sampled, "original": original, "corrupted": corrupted,
+            "labels": labels, "rtd_logits": d_logits}
+
+
+def save_electra(params: Params, generator: BertConfig, discriminator: BertConfig,
+                 directory: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """Writes ``directory/generator`` (`ElectraForMaskedLM`) and ``directory/discriminator``.
+
+  The discriminator is `ElectraForPreTraining`; the generator carries the shared tables
+  (copied from the discriminator), so each loads on its own with strict keys.
+
+  Returns:
+    The two directories.
+  """
+  from bertjax.hf import to_hf
+
+  out = pathlib.Path(directory)
+  gen_dir, disc_dir = out / "generator", out / "discriminator"
+  to_hf(generator, generator_params(params, generator, discriminator), gen_dir)
+  to_hf(discriminator, params["discriminator"], disc_dir)
+  return gen_dir, disc_dir
