@@ -65,6 +65,8 @@ class BertConfig:
   scan_unroll: int = 1
   # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
+  # Forward mode of the linear layers: None (float) or "int8" (dynamic int8, `bertjax.quantize`).
+  quantize: str | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -94,6 +96,8 @@ class BertConfig:
       raise ValueError(f"dtype={self.dtype!r} must be one of {_DTYPES}")
     if self.attention_impl not in _ATTENTION_IMPLS:
       raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {_ATTENTION_IMPLS}")
+    if self.quantize not in (None, "int8"):
+      raise ValueError(f"quantize={self.quantize!r} must be None or 'int8'")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"hidden_size={self.hidden_size} must be divisible by "

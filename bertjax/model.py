@@ -32,6 +32,7 @@ from flax import linen as nn
 
 from bertjax import kernels
 from bertjax.config import BertConfig
+from bertjax.quantize import int8_dot_general
 
 # Site name -> (axes after depth, what it is). "embeddings" has no depth axis.
 SITES = {
@@ -189,6 +190,11 @@ def _init(config: BertConfig):
   return nn.initializers.normal(stddev=config.initializer_range)
 
 
+def _dense_kw(config: BertConfig) -> dict:
+  """Extra `nn.Dense`/`nn.DenseGeneral` arguments: the int8 matmul when `config.quantize`."""
+  return {"dot_general": int8_dot_general} if config.quantize == "int8" else {}
+
+
 def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
   # Statistics in float32 whatever the compute dtype (Flax promotes them).
   return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config), name=name)
@@ -236,7 +242,8 @@ class Embeddings(nn.Module):
     x = _layer_norm(cfg, "LayerNorm")(x.astype(dtype))
     x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     if cfg.has_embedding_projection:
-      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="projection")(x)
+      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                   name="projection")(x)
     return x  # (B, T, H)
 
 
@@ -259,7 +266,8 @@ class SelfAttention(nn.Module):
     dtype = compute_dtype(cfg)
     n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     d = cfg.head_dim
-    proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), dtype=dtype, name=name)
+    proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), **_dense_kw(cfg),
+                                        dtype=dtype, name=name)
     q = sites.visit("q", proj("query")(x))  # (B, T, N, D)
     k = sites.visit("k", proj("key")(x))
     v = sites.visit("v", proj("value")(x))
@@ -302,8 +310,8 @@ class SelfAttention(nn.Module):
     if not stats:
       head_out = sites.mask_heads(head_out.astype(dtype), v, key_mask)
     head_out = sites.visit("head_out", head_out.astype(dtype))
-    y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), kernel_init=_init(cfg), dtype=dtype,
-                        name="output")(head_out)  # (B, T, H)
+    y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), kernel_init=_init(cfg), **_dense_kw(cfg),
+                        dtype=dtype, name="output")(head_out)  # (B, T, H)
     y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     return sites.visit("mid", _layer_norm(cfg, "LayerNorm")(x + y)), maps
@@ -325,10 +333,11 @@ class EncoderLayer(nn.Module):
     h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
         x, key_mask, kv_lengths, sites, output_attentions, deterministic, stats_special_mask,
         stats)
-    y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), dtype=dtype,
+    y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
                  name="intermediate")(h)
     y = sites.visit("ffn_act", activation(cfg.hidden_act)(y))
-    y = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="output")(y)
+    y = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                 name="output")(y)
     y = sites.visit("ffn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = _layer_norm(cfg, "LayerNorm")(h + y)
@@ -349,7 +358,8 @@ class Pooler(nn.Module):
   def __call__(self, hidden):
     cfg = self.config
     x = hidden[:, 0]
-    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=compute_dtype(cfg),
+    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg),
+                 dtype=compute_dtype(cfg),
                  name="dense")(x)
     return jnp.tanh(x)
 
@@ -364,7 +374,8 @@ class MLMHead(nn.Module):
   def __call__(self, hidden, word_embeddings):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    x = nn.Dense(cfg.embed_dim, kernel_init=_init(cfg), dtype=dtype, name="dense")(hidden)
+    x = nn.Dense(cfg.embed_dim, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                 name="dense")(hidden)
     x = activation(self.act or cfg.hidden_act)(x)
     x = _layer_norm(cfg, "LayerNorm")(x)
     bias = self.param("bias", nn.initializers.zeros, (cfg.vocab_size,))
@@ -392,10 +403,12 @@ class Classifier(nn.Module):
     if self.pre_act is not None:
       if self.pre_dropout:
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="pre")(x)
+      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                   name="pre")(x)
       x = activation(self.pre_act)(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-    x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), dtype=dtype, name="dense")(x)
+    x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                 name="dense")(x)
     return x.astype(accum_dtype(cfg))
 
 
@@ -408,9 +421,10 @@ class RTDHead(nn.Module):
   def __call__(self, hidden):
     cfg = self.config
     dtype = compute_dtype(cfg)
-    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), dtype=dtype, name="dense")(hidden)
+    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                 name="dense")(hidden)
     x = activation(cfg.hidden_act)(x)
-    x = nn.Dense(1, kernel_init=_init(cfg), dtype=dtype, name="out")(x)
+    x = nn.Dense(1, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="out")(x)
     return x[..., 0].astype(accum_dtype(cfg))
 
 
