@@ -88,3 +88,22 @@ def test_int8_forward_within_tolerance_on_minilm(minilm_dir):
   assert np.linalg.norm(a[m] - b[m]) / np.linalg.norm(a[m]) < 0.1
   # Parameters are unchanged: the same tree serves both modes.
   assert jax.tree.structure(params) == jax.tree.structure(bertjax.init(config, 0))
+
+
+def test_int8_benchmark_smoke():
+  import json
+  import os
+  import pathlib
+  import subprocess
+  import sys
+
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_int8.py"), "--smoke"],
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=repo, check=False,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+  assert doc["smoke"] and doc["machine"]["cpu"] and isinstance(doc["machine"]["isa"], list)
+  assert doc["forward"][0]["int8"]["median_s"] > 0
+  assert doc["accuracy"]["accuracy_float32"] >= 0.8
+  assert doc["accuracy"]["embedding_cosine_min"] > 0.99
