@@ -250,7 +250,7 @@ def default_chunk_size() -> int:
   return 1 if jax.default_backend() == "cpu" else 16
 
 
-def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy):
+def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh=None):
   if strategy not in STRATEGIES:
     raise ValueError(f"{strategy=!r} must be one of {STRATEGIES}")
   chunk_size = default_chunk_size() if chunk_size is None else chunk_size
@@ -259,6 +259,11 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
   for mode, _, _ in mask_sets:
     if mode not in MODES:
       raise ValueError(f"mode={mode!r} must be one of {MODES}")
+  if mesh is not None:
+    from bertjax.analysis import sharded
+
+    return sharded.evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy,
+                            mesh)
   base = np.zeros(2)
   sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
   n_batches = 0
@@ -276,8 +281,8 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
 
 def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn,
                    head_masks, layer_masks=None, *, mode: str = "scale",
-                   chunk_size: int | None = None,
-                   strategy: str = "prefix") -> tuple[float, np.ndarray]:
+                   chunk_size: int | None = None, strategy: str = "prefix",
+                   mesh=None) -> tuple[float, np.ndarray]:
   """The metric under each of M arbitrary masks, summed over batches.
 
   Args:
@@ -293,14 +298,19 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
       32 x 48: chunk 1 took 17 s, 4 took 22 s, 12 took 33 s); accelerators favour wide ones.
     strategy: "prefix" (share the intact blocks below each mask's first modified
       block, vmap the rest), "vmap" (vmap whole forward passes), "loop" (one
-      jitted forward pass per mask; the naive reference).
+      jitted forward pass per mask; the naive reference, one device only).
+    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): batch rows split over
+      its "data" (and "fsdp") axis, masks over "interventions", parameters replicated
+      (fsdp-sharded with an "fsdp" axis > 1); the values equal the single-device ones to
+      float rounding (`bertjax.analysis.sharded`). The metric must sum over rows, as it
+      sums over batches. None: one device.
 
   Returns:
     `(baseline, values)`: the intact model's metric and (M,) values.
   """
   head_masks, layer_masks = _check_masks(config, head_masks, layer_masks)
   base, (values,) = _evaluate(params, config, batches, metric_fn,
-                              [(mode, head_masks, layer_masks)], chunk_size, strategy)
+                              [(mode, head_masks, layer_masks)], chunk_size, strategy, mesh)
   return float(base), values
 
 
@@ -314,16 +324,84 @@ class AblationResult:
   layers: np.ndarray  # (layers,): every head of the layer ablated
   keep_one: np.ndarray  # (layers, heads): all heads of layer l but h ablated (Michel Table 2)
   layer_skip: np.ndarray  # (layers,): the whole block skipped (identity); same in every mode
+  # (layers, heads, layers, heads): heads (l1, h1) and (l2, h2) ablated together, symmetric;
+  # NaN where the pair was not evaluated (and on the diagonal); None without "pairs".
+  pairs: np.ndarray | None = None
+
+  def interactions(self) -> np.ndarray:
+    """(layers, heads, layers, heads): each pair's value minus what adding the two single-head
+    effects predicts, `pairs - (heads_1 - baseline) - (heads_2 - baseline) - baseline`; 0 for
+    heads that do not interact, NaN where no pair was evaluated."""
+    if self.pairs is None:
+      raise ValueError("this sweep has no pairs; run ablation_sweep(..., include=('heads', "
+                       "'pairs'))")
+    single = self.heads - self.baseline
+    return self.pairs - single[:, :, None, None] - single[None, None] - self.baseline
+
+
+SWEEP_FAMILIES = ("heads", "layers", "keep_one", "layer_skip", "pairs")
+PAIR_SETS = ("all", "within", "across")
+
+
+def head_pairs(config: BertConfig, pairs="all") -> np.ndarray:
+  """The head pairs of a pair sweep as int (P, 2, 2): `[[l1, h1], [l2, h2]]`, (l1, h1) first.
+
+  Args:
+    config: the architecture.
+    pairs: "all" (every two distinct heads: C(layers x heads, 2), 10,296 for BERT-base),
+      "within" (both in one layer), "across" (in different layers), or a sequence of
+      `((l1, h1), (l2, h2))` pairs of distinct heads.
+  """
+  depth, n = config.depth, config.num_attention_heads
+  if isinstance(pairs, str):
+    if pairs not in PAIR_SETS:
+      raise ValueError(f"pairs={pairs!r} must be one of {PAIR_SETS} or a sequence of "
+                       "((layer, head), (layer, head)) pairs")
+    i, j = np.triu_indices(depth * n, k=1)
+    same = i // n == j // n
+    keep = {"all": np.ones_like(same), "within": same, "across": ~same}[pairs]
+    i, j = i[keep], j[keep]
+    return np.stack([np.stack([i // n, i % n], -1), np.stack([j // n, j % n], -1)], 1)
+  out = np.asarray(pairs, np.int64) if len(pairs) else np.zeros((0, 2, 2), np.int64)
+  if out.ndim != 3 or out.shape[1:] != (2, 2):
+    raise ValueError(f"pairs shape {out.shape} must be (P, 2, 2): ((layer, head), (layer, head)) "
+                     "each")
+  for k, ((l1, h1), (l2, h2)) in enumerate(out.tolist()):
+    if not all(0 <= l < depth and 0 <= h < n for l, h in ((l1, h1), (l2, h2))):
+      raise ValueError(f"pairs[{k}]={((l1, h1), (l2, h2))} lies outside (layers, heads)="
+                       f"({depth}, {n})")
+    if (l1, h1) == (l2, h2):
+      raise ValueError(f"pairs[{k}]={((l1, h1), (l2, h2))} names one head twice")
+  # (l1, h1) first, so prefix reuse starts at the pair's first modified layer.
+  flip = out[:, 0, 0] * n + out[:, 0, 1] > out[:, 1, 0] * n + out[:, 1, 1]
+  out[flip] = out[flip][:, ::-1]
+  return out.astype(np.int64)
+
+
+def pair_masks(config: BertConfig, pairs="all") -> tuple[np.ndarray, np.ndarray]:
+  """Head masks ablating two heads at once: (head_masks (P, L, N), the pairs (P, 2, 2)).
+
+  `evaluate_masks` (or `ablation_sweep(..., include=("pairs",))`) runs them with prefix
+  reuse: a pair's blocks below its first modified layer `min(l1, l2)` run once per batch.
+  See `head_pairs` for `pairs`.
+  """
+  index = head_pairs(config, pairs)
+  masks = np.ones((len(index), config.depth, config.num_attention_heads), np.float32)
+  rows = np.arange(len(index))
+  masks[rows, index[:, 0, 0], index[:, 0, 1]] = 0
+  masks[rows, index[:, 1, 0], index[:, 1, 1]] = 0
+  return masks, index
 
 
 def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers", "keep_one",
-                                                              "layer_skip")):
-  """The masks of `ablation_sweep`: dict name -> (head_masks (M, L, N), layer_masks (M, L))."""
+                                                              "layer_skip"), *, pairs="all"):
+  """The masks of `ablation_sweep`: dict name -> (head_masks (M, L, N), layer_masks (M, L));
+  "pairs" from `pair_masks(config, pairs)`."""
   depth, n = config.depth, config.num_attention_heads
-  unknown = set(include) - {"heads", "layers", "keep_one", "layer_skip"}
+  unknown = set(include) - set(SWEEP_FAMILIES)
   if unknown:
-    raise ValueError(f"include={sorted(unknown)} has unknown entries; expected "
-                     "'heads', 'layers', 'keep_one', 'layer_skip'")
+    raise ValueError(f"include={sorted(unknown)} has unknown entries; expected some of "
+                     f"{SWEEP_FAMILIES}")
   ones_l = lambda m: np.ones((m, depth), np.float32)
   out = {}
   eye = np.eye(depth * n, dtype=np.float32).reshape(depth * n, depth, n)
@@ -340,14 +418,17 @@ def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers",
     out["layers"] = (lay, ones_l(depth))
   if "layer_skip" in include:
     out["layer_skip"] = (np.ones((depth, depth, n), np.float32), 1 - np.eye(depth, dtype=np.float32))
+  if "pairs" in include:
+    masks, _ = pair_masks(config, pairs)
+    out["pairs"] = (masks, ones_l(len(masks)))
   return out
 
 
 def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn, *,
                    modes: Sequence[str] = MODES,
                    include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
-                   chunk_size: int | None = None,
-                   strategy: str = "prefix") -> dict[str, AblationResult]:
+                   chunk_size: int | None = None, strategy: str = "prefix", pairs="all",
+                   mesh=None) -> dict[str, AblationResult]:
   """Every single head, every whole layer, and "keep only one head" ablated, in each mode.
 
   One pass over `batches` evaluates every mask of every mode; with
@@ -358,16 +439,20 @@ def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric
     params, config, batches, metric_fn: as `evaluate_masks`.
     modes: a subset of ("scale", "uniform").
     include: which families of masks to evaluate ("layer_skip" is evaluated once,
-      in the first mode, since skipping a block does not depend on the mode).
+      in the first mode, since skipping a block does not depend on the mode; "pairs",
+      not in the default, ablates two heads at once: see `pairs`).
     chunk_size: masks per vmap chunk (None: `default_chunk_size()`).
     strategy: "prefix", "vmap" or "loop" (see `evaluate_masks`).
+    pairs: with "pairs" included, which pairs (`head_pairs`): "all", "within" a layer,
+      "across" layers, or a sequence of ((l1, h1), (l2, h2)).
+    mesh: a device mesh (see `evaluate_masks`), or None for one device.
 
   Returns:
     mode -> `AblationResult`; families not included are filled with NaN.
   """
   if not modes or set(modes) - set(MODES):
     raise ValueError(f"modes={tuple(modes)} must be a non-empty subset of {MODES}")
-  masks = sweep_masks(config, include)
+  masks = sweep_masks(config, include, pairs=pairs)
   names, sets = [], []
   for i, mode in enumerate(modes):
     for name, (hm, lm) in masks.items():
@@ -375,17 +460,27 @@ def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric
         continue
       names.append((mode, name))
       sets.append((mode, hm, lm))
-  base, values = _evaluate(params, config, batches, metric_fn, sets, chunk_size, strategy)
+  base, values = _evaluate(params, config, batches, metric_fn, sets, chunk_size, strategy, mesh)
   got = dict(zip(names, values))
   depth, n = config.depth, config.num_attention_heads
   nan = lambda *s: np.full(s, np.nan)
   skip = got.get((modes[0], "layer_skip"), nan(depth))
+
+  def pair_matrix(mode):
+    if "pairs" not in include:
+      return None
+    index = head_pairs(config, pairs)
+    out = nan(depth, n, depth, n)
+    (l1, h1), (l2, h2) = index[:, 0].T, index[:, 1].T
+    out[l1, h1, l2, h2] = out[l2, h2, l1, h1] = got[(mode, "pairs")]
+    return out
+
   return {mode: AblationResult(
       mode=mode, baseline=float(base),
       heads=got.get((mode, "heads"), nan(depth * n)).reshape(depth, n),
       layers=got.get((mode, "layers"), nan(depth)),
       keep_one=got.get((mode, "keep_one"), nan(depth * n)).reshape(depth, n),
-      layer_skip=skip) for mode in modes}
+      layer_skip=skip, pairs=pair_matrix(mode)) for mode in modes}
 
 
 # Head importance (Michel et al. 2019) ----------------------------------------
@@ -410,7 +505,8 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, mode, per_example):
 
 def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_fn: MetricFn, *,
                     head_mask=None, mode: str = "scale", per_example: bool = True,
-                    normalize_layers: bool = True, exponent: float = 2.0) -> np.ndarray:
+                    normalize_layers: bool = True, exponent: float = 2.0,
+                    mesh=None) -> np.ndarray:
   """Michel et al.'s head importance `I_h = E_x |dL(x)/dxi_h|` at the mask `head_mask`.
 
   With `per_example=True` (the paper's definition) the mask is broadcast to one
@@ -428,6 +524,7 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
     per_example: see above.
     normalize_layers: divide each layer's scores by their `exponent`-norm (Michel).
     exponent: the norm's exponent.
+    mesh: a device mesh: batch rows split over all its axes (there is one mask), or None.
 
   Returns:
     float64 (layers, heads).
@@ -440,11 +537,17 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
     raise ValueError(f"head_mask shape {xi.shape} must be (layers, heads)={shape}")
   xi = xi.astype(compute_dtype(config))
   total, denom = np.zeros(shape), 0.0
-  for batch in batches:
-    g, count = _importance_batch(params, config, as_batch(batch), xi, loss_fn=loss_fn, mode=mode,
-                                 per_example=per_example)
-    total += np.asarray(g, np.float64)
-    denom += float(count) if per_example else 1.0
+  if mesh is not None:
+    from bertjax.analysis import sharded
+
+    total, denom = sharded.importance_sums(params, config, batches, loss_fn, xi, mode=mode,
+                                           per_example=per_example, mesh=mesh)
+  else:
+    for batch in batches:
+      g, count = _importance_batch(params, config, as_batch(batch), xi, loss_fn=loss_fn,
+                                   mode=mode, per_example=per_example)
+      total += np.asarray(g, np.float64)
+      denom += float(count) if per_example else 1.0
   if denom == 0:
     raise ValueError("batches is empty (or every count is zero)")
   importance = total / denom
@@ -466,7 +569,8 @@ class PruningResult:
 def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, loss_fn: MetricFn,
                       metric_fn: MetricFn | None = None, *, step: float = 0.1,
                       max_fraction: float = 0.9, mode: str = "scale",
-                      per_example: bool = True, chunk_size: int | None = None) -> PruningResult:
+                      per_example: bool = True, chunk_size: int | None = None,
+                      mesh=None) -> PruningResult:
   """Michel et al.'s pruning: mask the least important `step` of all heads, re-estimate, repeat.
 
   Importance is re-estimated at the current mask after each step (already
@@ -484,6 +588,7 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
     mode: "scale" or "uniform".
     per_example: see `head_importance`.
     chunk_size: passed to `evaluate_masks`.
+    mesh: a device mesh for both (see `evaluate_masks`, `head_importance`), or None.
 
   Returns:
     A `PruningResult`.
@@ -502,7 +607,7 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
   fractions, metrics, masks = [], [], []
   while True:
     _, (value,) = evaluate_masks(params, config, batches, metric_fn, mask[None], mode=mode,
-                                 chunk_size=chunk_size)
+                                 chunk_size=chunk_size, mesh=mesh)
     pruned = int((mask == 0).sum())
     fractions.append(pruned / total)
     metrics.append(float(value))
@@ -510,7 +615,7 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
     if pruned >= limit:
       break
     importance = head_importance(params, config, batches, loss_fn, head_mask=mask, mode=mode,
-                                 per_example=per_example, normalize_layers=True)
+                                 per_example=per_example, normalize_layers=True, mesh=mesh)
     importance = np.where(mask == 0, np.inf, importance).ravel()
     order = np.argsort(importance, kind="stable")[:min(per_step, limit - pruned)]
     mask.ravel()[order] = 0.0

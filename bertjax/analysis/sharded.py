@@ -1,0 +1,242 @@
+"""The mesh path of the analyses: ablation sweeps, head importance and attention statistics.
+
+`ablation.evaluate_masks`, `ablation_sweep`, `head_importance`, `iterative_pruning` and
+`attention.clark_statistics` come here when given a ``mesh`` (`bertjax.sharding.analysis_mesh`);
+feature extraction and cloze scoring shard their own row-parallel programs with the
+helpers of `bertjax.sharding`.
+
+How an ablation sweep is split: each batch's rows go over ("data", "fsdp"), padded to a
+multiple of that size by repeating the last row; the masks that share a first modified
+block (prefix reuse, as on one device) go over "interventions" as an ``(I, M/I)`` array,
+padded by repeating the last mask. The program is the single-device one, vmapped over the
+``I`` axis and jitted; XLA partitions it from the inputs' shardings. The metric is taken
+row by row (`jax.vmap` over batches of one row), so padded rows get weight exactly 0 and
+any metric that sums over rows, as every metric here must (totals are summed over
+batches), gives the single-device value; the per-row sums are reduced once per program,
+an all-reduce of ``2 M`` floats over the row axes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from bertjax import sharding
+from bertjax.analysis.ablation import BASELINE_KEY, as_batch, first_modified_layer
+from bertjax.config import BertConfig
+from bertjax.functional import attention_statistics, check_inputs, embed, forward, pool, run_layers
+
+Params = dict[str, Any]
+
+
+def model_token_types(config: BertConfig, token_type_ids):
+  """`token_type_ids` as the model takes them: None for a family without token types."""
+  return token_type_ids if config.type_vocab_size else None
+
+
+def _host_batch(batch) -> dict[str, np.ndarray]:
+  return {k: np.asarray(v) for k, v in as_batch(batch).items()}
+
+
+def _place_batch(batch: dict[str, np.ndarray], mesh: Mesh, axes: tuple[str, ...]):
+  """Rows padded to the axes' size and placed; returns (batch, weight (B,) 1 real / 0 pad)."""
+  n = batch["input_ids"].shape[0]
+  rows = sharding.round_up(n, sharding.size_of(mesh, axes))
+  weight = (np.arange(rows) < n).astype(np.float32)
+  padded = sharding.pad_rows(batch, rows)
+  return sharding.shard_rows((padded, weight), mesh, axes)
+
+
+def _row_totals(params, config, batch, last, metric_fn):
+  """Per-row (total, count), (B,) each: `metric_fn` on batches of one row, vmapped."""
+  pooled = pool(params, config, last)
+
+  def one(row, h, p):
+    b1 = jax.tree.map(lambda x: x[None], row)
+    t, c = metric_fn(params, config, b1, h[None], None if p is None else p[None])
+    return jnp.asarray(t), jnp.asarray(c)
+
+  return jax.vmap(one)(batch, last, pooled)
+
+
+def _weighted(weight, t, c):
+  keep = weight > 0
+  return jnp.where(keep, t, 0), jnp.where(keep, c, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn"))
+def _baseline(params, config, batch, weight, *, metric_fn):
+  """Intact forward: block inputs (depth + 1, B, T, H), last state, summed metric."""
+  x = embed(params, config, batch["input_ids"], model_token_types(config, batch["token_type_ids"]))
+  layers = run_layers(params, config, x, batch["attention_mask"], output_hidden_states=True)
+  last = layers.last
+  inputs = jnp.concatenate([x[None], layers.hidden_states])  # inputs[l] = input of block l
+  t, c = _weighted(weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last,
+                                        metric_fn))
+  return inputs, last, (t.sum(), c.sum())
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "mode", "chunk_size",
+                                             "masks_sharding"))
+def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, start, mode,
+            metric_fn, chunk_size, masks_sharding):
+  """Blocks `start ..` for masks (I, m, ...) split over "interventions": totals, counts (I, m)."""
+  head_masks = jax.lax.with_sharding_constraint(head_masks, masks_sharding)
+  layer_masks = jax.lax.with_sharding_constraint(layer_masks, masks_sharding)
+  hidden_in = inputs[start]
+
+  def group(hm, lm):
+    def one(masks):
+      h, l = masks
+      last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
+                        head_mask=h, head_ablation=mode, layer_mask=l).last
+      return _weighted(weight, *_row_totals(params, config, batch, last, metric_fn))  # (B,)
+
+    return jax.lax.map(one, (hm, lm), batch_size=chunk_size)  # (m, B) each
+
+  t, c = jax.vmap(group)(head_masks, layer_masks)  # (I, m, B): one reduction over rows
+  return t.sum(-1), c.sum(-1)
+
+
+def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, mask_sets,
+             chunk_size: int, strategy: str, mesh: Mesh):
+  """`ablation._evaluate` on a mesh: (baseline, [values (M,) per mask set])."""
+  if strategy not in ("prefix", "vmap"):
+    raise ValueError(f"{strategy=!r} runs on one device only (the naive reference); with a "
+                     "mesh use 'prefix' or 'vmap'")
+  params = sharding.shard_params(params, mesh)
+  axes = sharding.row_axes(mesh)
+  n_int = sharding.axis_size(mesh, sharding.INTERVENTIONS)
+  masks_spec = P(sharding.INTERVENTIONS) if sharding.INTERVENTIONS in mesh.axis_names else P()
+  masks_sharding = NamedSharding(mesh, masks_spec)
+  base = np.zeros(2)
+  sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
+  n_batches = 0
+  for batch in batches:
+    b, weight = _place_batch(_host_batch(batch), mesh, axes)
+    inputs, last, (bt, bc) = _baseline(params, config, b, weight, metric_fn=metric_fn)
+    base += sharding.to_host((bt, bc))
+    b = {**b, BASELINE_KEY: last}
+    for mode in dict.fromkeys(mode for mode, _, _ in mask_sets):
+      which = [i for i, (m, _, _) in enumerate(mask_sets) if m == mode]
+      head_masks = np.concatenate([mask_sets[i][1] for i in which])
+      layer_masks = np.concatenate([mask_sets[i][2] for i in which])
+      m = len(head_masks)
+      totals = np.zeros((2, m))
+      starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
+                else np.zeros(m, int))
+      for start in np.unique(starts):
+        idx = np.flatnonzero(starts == start)
+        rows = sharding.round_up(len(idx), n_int)
+        hm, lm = sharding.pad_rows((head_masks[idx], layer_masks[idx]), rows)
+        hm, lm = (x.reshape(n_int, rows // n_int, *x.shape[1:]) for x in (hm, lm))
+        hm, lm = (sharding.shard_rows(x, mesh, (sharding.INTERVENTIONS,))
+                  if n_int > 1 else sharding.shard_rows(x, mesh, ()) for x in (hm, lm))
+        t, c = _suffix(params, config, b, weight, inputs, hm, lm, start=int(start), mode=mode,
+                       metric_fn=metric_fn, chunk_size=chunk_size, masks_sharding=masks_sharding)
+        t, c = sharding.to_host((t, c))
+        totals[0, idx] = t.reshape(-1)[: len(idx)]
+        totals[1, idx] = c.reshape(-1)[: len(idx)]
+      offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
+      for k, i in enumerate(which):
+        sums[i] += totals[:, offsets[k]:offsets[k + 1]]
+    n_batches += 1
+  if n_batches == 0:
+    raise ValueError("batches is empty")
+  return base[0] / base[1], [acc[0] / acc[1] for acc in sums]
+
+
+@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "mode", "per_example"))
+def _importance_batch(params, config, batch, weight, xi, *, loss_fn, mode, per_example):
+  batch_size = batch["input_ids"].shape[0]
+
+  def loss(mask):
+    x = embed(params, config, batch["input_ids"],
+              model_token_types(config, batch["token_type_ids"]))
+    last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
+                      head_ablation=mode).last
+    t, c = _weighted(weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last,
+                                          loss_fn))
+    total, count = t.sum(), c.sum()
+    return (total if per_example else total / count), count
+
+  mask = jnp.broadcast_to(xi, (batch_size, *xi.shape)) if per_example else xi
+  grad, count = jax.grad(loss, has_aux=True)(mask)
+  grad = jnp.abs(grad)
+  return (grad.sum(0) if per_example else grad), count
+
+
+def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_fn, xi, *,
+                    mode: str, per_example: bool, mesh: Mesh):
+  """`head_importance`'s sums on a mesh, rows over every axis: (sum |grad| (L, N), denominator)."""
+  params = sharding.shard_params(params, mesh)
+  axes = sharding.row_axes(mesh, interventions=True)
+  xi = sharding.shard_rows(np.asarray(xi), mesh, ())  # replicated
+  total, denom = np.zeros(xi.shape), 0.0
+  for batch in batches:
+    b, weight = _place_batch(_host_batch(batch), mesh, axes)
+    g, count = sharding.to_host(_importance_batch(params, config, b, weight, xi, loss_fn=loss_fn,
+                                                  mode=mode, per_example=per_example))
+    total += np.asarray(g, np.float64)
+    denom += float(count) if per_example else 1.0
+  return total, denom
+
+
+# Attention statistics -----------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _maps(params, config, ids, mask, types):
+  return forward(params, config, ids, mask, types, output_attentions=True).attentions
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _stats(params, config, ids, mask, types, special):
+  # Under jit the arrays are tracers: `attention_statistics` checks shapes only (the values
+  # were checked on the host by `AttentionRunner.batch`).
+  return attention_statistics(params, config, ids, mask, types, special_mask=special)
+
+
+class AttentionRunner:
+  """`clark_statistics`' model calls on a mesh, rows over every axis.
+
+  Padding rows have an all-zero attention mask: zero real tokens, so weight 0 in both of
+  Clark's weightings.
+  """
+
+  def __init__(self, params: Params, config: BertConfig, mesh: Mesh):
+    self.config, self.mesh = config, mesh
+    self.params = sharding.shard_params(params, mesh)
+    self.axes = sharding.row_axes(mesh, interventions=True)
+
+  def batch(self, b: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The batch on the host, with zero-mask rows up to a multiple of the devices."""
+    b = {k: np.asarray(v) for k, v in b.items()}
+    n = b["input_ids"].shape[0]
+    rows = sharding.round_up(n, sharding.size_of(self.mesh, self.axes))
+    if rows > n:
+      b = sharding.pad_rows(b, rows)
+      b["attention_mask"][n:] = 0
+    types = model_token_types(self.config, b["token_type_ids"])
+    check_inputs(self.config, b["input_ids"], b["attention_mask"], types)
+    return b
+
+  def _args(self, b):
+    types = model_token_types(self.config, b["token_type_ids"])
+    return sharding.shard_rows((b["input_ids"], b["attention_mask"], types), self.mesh, self.axes)
+
+  def maps(self, b) -> np.ndarray:
+    """(L, B, N, T, T) attention maps on the host."""
+    return sharding.to_host(_maps(self.params, self.config, *self._args(b)))
+
+  def statistics(self, b, special_mask) -> dict[str, np.ndarray]:
+    """`attention_statistics` of the batch, on the host: name -> (L, B, N)."""
+    special = sharding.shard_rows(np.asarray(special_mask), self.mesh, self.axes)
+    return sharding.to_host(_stats(self.params, self.config, *self._args(b), special))
