@@ -111,7 +111,8 @@ def _maps_statistics(maps, ids, mask, sep_id: int, punct_ids, smoothing: float):
 
 def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, sep_id: int,
                      punct_ids: Sequence[int] = (), weighting: str = "document",
-                     entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING) -> dict[str, np.ndarray]:
+                     entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
+                     mesh=None) -> dict[str, np.ndarray]:
   """Clark et al.'s per-head attention statistics over a data set.
 
   Follows "Computing Average Attention to Particular Tokens/Positions" and
@@ -149,6 +150,10 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
       over all real query tokens).
     entropy_smoothing: Clark's 1e-4 by default; 0 for the plain entropy (and the
       kernel path).
+    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): each batch's rows split
+      over all its devices (padded with empty rows, which weigh 0), parameters replicated
+      (fsdp-sharded with an "fsdp" axis > 1); the maps path still reduces the maps on the
+      host, after gathering them. None: one device.
 
   Returns:
     name -> float64 (layers, heads) for the names in `CLARK_NAMES`.
@@ -160,27 +165,36 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
   punct_ids = np.asarray(punct_ids, np.int32)
   sums = {name: np.zeros((config.depth, config.num_attention_heads)) for name in CLARK_NAMES}
   count = 0.0
+  runner = None
+  if mesh is not None:
+    from bertjax.analysis.sharded import AttentionRunner
+
+    runner = AttentionRunner(params, config, mesh)
   for batch in batches:
-    b = as_batch(batch)
+    b = as_batch(batch) if runner is None else runner.batch(as_batch(batch))
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
     lengths = mask.sum(-1).astype(np.float64)  # (B,)
     # Per-sequence weights: 1 per non-empty document, or its number of real tokens.
     weight = (lengths > 0).astype(np.float64) if weighting == "document" else lengths
+    if runner is not None:
+      stats_of = runner.statistics
+    else:
+      stats_of = lambda b, special: attention_statistics(
+          params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+          special_mask=jnp.asarray(special))
     if entropy_smoothing > 0:
-      maps = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                     output_attentions=True).attentions  # (L, B, N, T, T)
+      maps = (forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                      output_attentions=True).attentions if runner is None
+              else runner.maps(b))  # (L, B, N, T, T)
       stats = _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
     else:
-      out = attention_statistics(params, config, b["input_ids"], b["attention_mask"],
-                                 b["token_type_ids"], special_mask=jnp.asarray(ids == sep_id))
+      out = stats_of(b, ids == sep_id)
       stats = {ours: out[theirs] for ours, theirs in (
           ("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
           ("next", "next"), ("entropy", "entropy"))}
       stats["punct"] = np.zeros_like(stats["cls"])
       if punct_ids.size:
-        stats["punct"] = attention_statistics(
-            params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-            special_mask=jnp.asarray(np.isin(ids, punct_ids)))["special"]
+        stats["punct"] = stats_of(b, np.isin(ids, punct_ids))["special"]
     for name in CLARK_NAMES:  # (layers, B, heads) per-sequence means, weighted over B
       per_seq = np.nan_to_num(np.asarray(stats[name], np.float64))  # empty rows: 0 x weight 0
       sums[name] += np.einsum("dbn,b->dn", per_seq, weight)

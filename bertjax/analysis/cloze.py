@@ -110,6 +110,34 @@ def _pad_batch(rows: list[np.ndarray], pad_id: int, n_rows: int, width: int):
   return ids, mask
 
 
+class _Rows:
+  """Runs a row-parallel jitted ``f(fn, params, *rows, **static)`` of a ``MaskedLM``, on one
+  device or with its rows split over every device of a mesh; results as NumPy."""
+
+  def __init__(self, lm: MaskedLM, mesh: Any = None):
+    self.lm, self.mesh, self.params = lm, mesh, lm.params
+    if mesh is not None:
+      from bertjax import sharding
+
+      self.params = sharding.shard_params(lm.params, mesh)
+
+  def rows(self, n: int) -> int:
+    """A row count the mesh divides (``n`` itself on one device)."""
+    if self.mesh is None:
+      return n
+    from bertjax import sharding
+
+    return sharding.round_up(n, sharding.size_of(self.mesh, self.mesh.axis_names))
+
+  def __call__(self, f, *rows, **static):
+    if self.mesh is None:
+      return jax.tree.map(np.asarray, f(self.lm.fn, self.params, *rows, **static))
+    from bertjax import sharding
+
+    rows = sharding.shard_rows(rows, self.mesh)
+    return sharding.to_host(f(self.lm.fn, self.params, *rows, **static))
+
+
 def _lm(model: Any) -> MaskedLM:
   """Accepts a ``MaskedLM`` or ``(params, config)``."""
   if isinstance(model, tuple) and len(model) == 2:
@@ -149,6 +177,7 @@ def score_queries(
   *,
   k: int = 10,
   batch_size: int = 32,
+  mesh: Any = None,
 ) -> ClozeScores:
   """Top-k predictions and candidate log-probabilities at the single ``[MASK]`` of each text.
 
@@ -160,11 +189,17 @@ def score_queries(
       for every text); None for none.
     k: predictions to keep.
     batch_size: rows per call (a last partial batch is padded to it).
+    mesh: a ``jax.sharding.Mesh`` (``bertjax.sharding.analysis_mesh``): rows split over all
+      its devices (``batch_size`` rounded up to a multiple of their count), parameters
+      replicated (fsdp-sharded with an "fsdp" axis > 1); every process gets the scores.
+      None: one device.
 
   Returns:
     ``ClozeScores``.
   """
   lm = _lm(model)
+  run = _Rows(lm, mesh)
+  batch_size = run.rows(batch_size)
   if tokenizer.mask_id is None:
     raise ValueError("the tokenizer has no [MASK] token")
   texts = list(texts)
@@ -196,8 +231,8 @@ def score_queries(
     pos[: len(idx)] = [positions[i] for i in idx]
     tgt = np.full((batch_size, targets.shape[1]), -1, np.int32)
     tgt[: len(idx)] = targets[idx]
-    top, lp = _query(lm.fn, lm.params, ids, mask, pos, tgt, k)
-    topk[idx], logp[idx] = np.asarray(top)[: len(idx)], np.asarray(lp)[: len(idx)]
+    top, lp = run(_query, ids, mask, pos, tgt, k=k)
+    topk[idx], logp[idx] = top[: len(idx)], lp[: len(idx)]
   return ClozeScores(topk, logp[:, :n_cand], targets[:, :n_cand])
 
 
@@ -276,7 +311,7 @@ def lama_scores(topk: np.ndarray, object_ids: Sequence[int | None],
 
 def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
                templates: Mapping[str, str] | None = None, ks: Sequence[int] = (1, 10),
-               batch_size: int = 32) -> dict[str, float]:
+               batch_size: int = 32, mesh: Any = None) -> dict[str, float]:
   """LAMA P@k (mean over single-token-object queries).
 
   Args:
@@ -286,6 +321,7 @@ def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
     templates: relation id -> template, for records without ``masked_sentences``.
     ks: the k of P@k.
     batch_size: rows per call.
+    mesh: a device mesh (see ``score_queries``), or None for one device.
 
   Returns:
     ``lama_scores`` of the queries.
@@ -297,7 +333,7 @@ def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
   object_ids = [single_token_id(tokenizer, obj) for _, obj in queries]
   keep = [i for i, o in enumerate(object_ids) if o is not None]
   scores = score_queries(lm, tokenizer, [queries[i][0] for i in keep], k=max(ks),
-                         batch_size=batch_size)
+                         batch_size=batch_size, mesh=mesh)
   topk = np.zeros((len(queries), max(ks)), np.int32)
   topk[keep] = scores.topk
   return lama_scores(topk, object_ids, ks)
@@ -324,11 +360,11 @@ def cloze_text(context: str, suffix: str = " .") -> str:
 
 
 def _logprob_table(lm, tokenizer, pairs: Sequence[tuple[str, str]], k: int, batch_size: int,
-                   suffix: str):
+                   suffix: str, mesh: Any = None):
   """Scores distinct (context, word) pairs: {pair: (logprob, topk)}."""
   uniq = list(dict.fromkeys(pairs))
   s = score_queries(lm, tokenizer, [cloze_text(c, suffix) for c, _ in uniq],
-                    [[w] for _, w in uniq], k=k, batch_size=batch_size)
+                    [[w] for _, w in uniq], k=k, batch_size=batch_size, mesh=mesh)
   return {p: (float(s.target_logprob[i, 0]), s.topk[i]) for i, p in enumerate(uniq)}
 
 
@@ -450,11 +486,12 @@ def cprag102_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, s
 
 def ettinger_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, datasets_dir: PathLike, *,
                    ks: Sequence[int] = (1, 5), suffix: str = " .",
-                   batch_size: int = 32) -> dict[str, dict[str, float]]:
+                   batch_size: int = 32, mesh: Any = None) -> dict[str, dict[str, float]]:
   """All four Ettinger diagnostics from ``lm_diagnostics/datasets``.
 
   Completions that are not a single vocabulary token are skipped (counted in
-  each ``n``). The blank is appended to each context as ``" [MASK]" + suffix``.
+  each ``n``). The blank is appended to each context as ``" [MASK]" + suffix``. ``mesh``:
+  a device mesh (see ``score_queries``), or None for one device.
 
   Returns:
     ``{"NEG-136-SIMP": ..., "NEG-136-NAT": ..., "ROLE-88": ..., "CPRAG-102": ...}``.
@@ -471,7 +508,7 @@ def ettinger_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, datasets_d
   out = {}
   for name, items in data.items():
     pairs = _ettinger_pairs(name, items)
-    table = _logprob_table(lm, tokenizer, pairs, k, batch_size, suffix)
+    table = _logprob_table(lm, tokenizer, pairs, k, batch_size, suffix, mesh)
     ids = {w: single_token_id(tokenizer, w) for _, w in pairs}
     lookup = lambda c, w, t=table, i=ids: (*t[(c, w)], i[w])
     if name.startswith("NEG"):
@@ -522,7 +559,7 @@ def _pll_rows(fn, params, ids, mask, positions, mask_id):
 
 def pseudo_log_likelihood(model: MaskedLM | tuple[Any, Any], tokenizer: Any,
                           sentences: Sequence[str], *, max_rows: int = 128,
-                          return_tokens: bool = False):
+                          return_tokens: bool = False, mesh: Any = None):
   """PLL of each sentence (Salazar et al. 2020), special tokens excluded.
 
   A sentence of T word pieces becomes T copies, copy t with piece t masked; the
@@ -536,11 +573,14 @@ def pseudo_log_likelihood(model: MaskedLM | tuple[Any, Any], tokenizer: Any,
     sentences: plain text.
     max_rows: masked copies per call (a longer sentence gets a call of its own).
     return_tokens: also return each sentence's per-piece log-probabilities.
+    mesh: a device mesh: rows (masked copies) split over all its devices (the row count
+      rounded up to a multiple of their count); see ``score_queries``. None: one device.
 
   Returns:
     ``(n,)`` float64 PLLs, and with ``return_tokens`` a list of ``(T_i,)`` arrays.
   """
   lm = _lm(model)
+  run = _Rows(lm, mesh)
   if tokenizer.mask_id is None:
     raise ValueError("the tokenizer has no [MASK] token; PLL needs one")
   sentences = list(sentences)
@@ -566,11 +606,11 @@ def pseudo_log_likelihood(model: MaskedLM | tuple[Any, Any], tokenizer: Any,
   for batch in batches:
     width = bucket_width(max(len(enc[i][0]) for i in batch))
     copies = [(i, t) for i in batch for t in enc[i][1]]
-    n_rows = max(max_rows, 8 * math.ceil(len(copies) / 8))  # one row count: few compiles
+    n_rows = run.rows(max(max_rows, 8 * math.ceil(len(copies) / 8)))  # one count: few compiles
     ids, mask = _pad_batch([enc[i][0] for i, _ in copies], tokenizer.pad_id, n_rows, width)
     pos = np.zeros(n_rows, np.int32)
     pos[: len(copies)] = [t for _, t in copies]
-    lp = np.asarray(_pll_rows(lm.fn, lm.params, ids, mask, pos, tokenizer.mask_id))
+    lp = run(_pll_rows, ids, mask, pos, mask_id=int(tokenizer.mask_id))
     r = 0
     for i in batch:
       n = len(enc[i][1])
@@ -590,7 +630,8 @@ def minimal_pair_accuracy(score_good, score_bad) -> float:
 
 
 def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
-                *, max_pairs: int | None = None, max_rows: int = 128) -> dict[str, Any]:
+                *, max_pairs: int | None = None, max_rows: int = 128,
+                mesh: Any = None) -> dict[str, Any]:
   """BLiMP accuracy by PLL: share of pairs with ``PLL(sentence_good) > PLL(sentence_bad)``.
 
   Args:
@@ -599,6 +640,7 @@ def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
     records: BLiMP JSONL records (``sentence_good``, ``sentence_bad``) or a path.
     max_pairs: only the first pairs.
     max_rows: masked copies per call.
+    mesh: a device mesh (see ``pseudo_log_likelihood``), or None for one device.
 
   Returns:
     ``{"accuracy", "n", "pll_good", "pll_bad"}`` (the PLLs as lists).
@@ -611,7 +653,8 @@ def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
     if "sentence_good" not in r or "sentence_bad" not in r:
       raise ValueError(f"records[{i}] lacks sentence_good/sentence_bad (keys {sorted(r)})")
   pll = pseudo_log_likelihood(lm, tokenizer, [r["sentence_good"] for r in records]
-                              + [r["sentence_bad"] for r in records], max_rows=max_rows)
+                              + [r["sentence_bad"] for r in records], max_rows=max_rows,
+                              mesh=mesh)
   good, bad = pll[: len(records)], pll[len(records) :]
   return {"accuracy": minimal_pair_accuracy(good, bad), "n": len(records),
           "pll_good": good.tolist(), "pll_bad": bad.tolist()}

@@ -249,6 +249,7 @@ def extract_word_features(
   cache_dir: str | os.PathLike | None = None,
   model_id: str | None = None,
   progress: bool = True,
+  mesh: Any = None,
 ) -> WordFeatures:
   """Hidden states of every layer pooled to words, one forward pass per length bucket.
 
@@ -265,6 +266,12 @@ def extract_word_features(
     model_id: a name standing for the model in the cache key (skips hashing the
       parameters); the caller must change it whenever the weights change.
     progress: show a tqdm progress bar.
+    mesh: a ``jax.sharding.Mesh`` (``bertjax.sharding.analysis_mesh``): each batch's rows
+      split over all its devices (rows rounded up to a multiple of their count; the
+      extra rows are padding), parameters replicated (fsdp-sharded with an "fsdp" axis
+      > 1); the features equal the single-device ones. With several processes each
+      places only its devices' rows, every process gets the features, and only process 0
+      writes the cache. None: one device.
 
   Returns:
     A ``WordFeatures``.
@@ -287,12 +294,18 @@ def extract_word_features(
     raise ValueError(f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
                      f"max_position_embeddings={max_len}")
   plan = plan_batches(lengths, max_tokens, length_multiple)
+  if mesh is not None:
+    from bertjax import sharding
+
+    devices = sharding.size_of(mesh, mesh.axis_names)
+    plan = [(idx, sharding.round_up(rows, devices), width) for idx, rows, width in plan]
   stats = {"num_tokens": int(lengths.sum()),
            "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
            "shapes": tuple(sorted({(rows, width) for _, rows, width in plan}))}
   shape = (config.depth + 1, int(offsets[-1]), config.hidden_size)
 
   path = None
+  writer = mesh is None or sharding.is_primary()  # several processes: process 0 writes
   if cache_dir is not None:
     key = cache_key(params, config, encodings, pooling, dtype, model_id)
     path = pathlib.Path(cache_dir) / f"features-{key}.npy"
@@ -301,14 +314,17 @@ def extract_word_features(
       if feats.shape == shape and feats.dtype == np.dtype(dtype):
         return WordFeatures(feats, sent_idx, word_idx, offsets, pooling, **stats,
                             from_cache=True, cache_path=path)
+  if path is not None and writer:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
   else:
-    out = np.empty(shape, dtype)
+    path, out = None, np.empty(shape, dtype)
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh)
 
   bar = None
-  if progress:
+  if progress and writer:
     from tqdm.auto import tqdm
 
     bar = tqdm(total=stats["num_tokens"], unit="tok", desc="features", leave=False)
@@ -324,7 +340,10 @@ def extract_word_features(
         ids[r, : len(sid)], mask[r, : len(sid)], wids[r, : len(sid)] = sid, 1, sw
       num_words = bucket_width(int(lengths_words[idx].max()), length_multiple)
       bertjax.check_inputs(config, ids, mask)
-      pooled, present = _extract(params, config, ids, mask, wids, num_words, pooling, dtype)
+      arrays = (ids, mask, wids) if mesh is None else sharding.shard_rows((ids, mask, wids), mesh)
+      pooled, present = _extract(params, config, *arrays, num_words, pooling, dtype)
+      if mesh is not None:  # gathered from every device (and process)
+        pooled, present = sharding.to_host((pooled, present))
       pooled, present = np.asarray(pooled), np.asarray(present)  # (L+1, rows, num_words, H)
       n = lengths_words[idx]  # words of each real row
       rows_of = np.repeat(np.arange(len(idx)), n)
