@@ -1,0 +1,195 @@
+"""Knowledge distillation as an objective: DistilBERT's loss and TinyBERT's layer-wise losses.
+
+`Distillation(teacher_config, teacher_params, ...)` is one component (see
+`training.objectives`) whose terms are, for a student trained on masked batches:
+
+* ``"distill_ce"`` (Sanh et al. 2019): soft-target cross-entropy at the masked
+  positions, ``-T^2 sum_v softmax(z_t / T)_v log softmax(z_s / T)_v`` (the KL of
+  DistilBERT up to the teacher's entropy, a constant), weight ``alpha_ce`` (5);
+* ``"mlm"``: the student's own masked-LM loss, weight ``alpha_mlm`` (2);
+* ``"cos"``: ``1 - cos(h_s, h_t)`` of the final hidden states at real tokens, weight
+  ``alpha_cos`` (1);
+* with ``tinybert=True`` (Jiao et al. 2020), ``"hidden"``: the mean squared error
+  between the student's hidden states (embeddings and every layer m) through a learned
+  projection ``W_h`` (student H -> teacher H, ``params["distill_proj"]``) and the teacher's
+  at layer ``g(m) = m * L_t / L_s``, averaged over hidden units, summed over layers, per
+  real token; ``"attn"``: the mean squared error between the student's attention
+  probabilities at layer m and the teacher's at ``g(m)`` (TinyBERT's code compares
+  pre-softmax scores; the model exposes probabilities), over real query rows, summed
+  over layers and heads (the head counts must agree); weights ``alpha_hidden``,
+  ``alpha_attn`` (1).
+
+The teacher is frozen: its parameters live in the objective (not in the train state, so
+neither the optimizer nor weight decay touches them) and its outputs are under
+``stop_gradient``. `student_from_teacher` builds DistilBERT's initialisation: the
+teacher with every other layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.config import BertConfig
+from bertjax.functional import Params, forward, mlm_logits
+from bertjax.training import losses
+from bertjax.training.objectives import Context, Objective
+
+
+def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
+                         layers: tuple[int, ...] | None = None) -> tuple[BertConfig, Params]:
+  """A student initialised from a teacher's layers (DistilBERT: every other layer).
+
+  Args:
+    teacher_config: the teacher's architecture (not ALBERT-style shared layers).
+    teacher_params: its parameters (embeddings, pooler and heads are copied).
+    layers: the teacher layers to keep, in order; default ``(0, 2, 4, ...)``.
+
+  Returns:
+    ``(student_config, student_params)``.
+  """
+  if teacher_config.num_param_layers != teacher_config.num_hidden_layers:
+    raise ValueError(f"a {teacher_config.model_type} teacher with shared layers "
+                     f"(num_param_layers={teacher_config.num_param_layers}) cannot seed a "
+                     "student layer by layer")
+  n = teacher_config.num_hidden_layers
+  layers = tuple(range(0, n, 2)) if layers is None else tuple(layers)
+  if not layers or any(not 0 <= i < n for i in layers):
+    raise ValueError(f"{layers=} must be a non-empty tuple of teacher layers in [0, {n})")
+  if teacher_config.is_pruned:
+    raise ValueError("a pruned teacher cannot seed a student layer by layer")
+  index = jnp.asarray(layers)
+  student = dict(teacher_params)
+  student["encoder"] = {**teacher_params["encoder"],
+                        "layers": jax.tree.map(lambda a: a[index],
+                                               teacher_params["encoder"]["layers"])}
+  return teacher_config.replace(num_hidden_layers=len(layers)), student
+
+
+def _mse_rows(a, b):
+  return jnp.mean(jnp.square(a - b), -1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Distillation(Objective):
+  """DistilBERT (and optionally TinyBERT) distillation from a frozen teacher.
+
+  Attributes:
+    teacher_config: the teacher's architecture (same vocabulary as the student).
+    teacher_params: its parameters, with an "mlm" head.
+    temperature: T of the soft targets (DistilBERT: 2).
+    alpha_ce, alpha_mlm, alpha_cos: DistilBERT's weights (5, 2, 1).
+    tinybert: add the hidden-state and attention terms.
+    alpha_hidden, alpha_attn: their weights.
+  """
+
+  teacher_config: BertConfig | None = None
+  teacher_params: Any = None
+  name: str = dataclasses.field(default="distill", kw_only=True)
+  temperature: float = 2.0
+  alpha_ce: float = 5.0
+  alpha_mlm: float = 2.0
+  alpha_cos: float = 1.0
+  tinybert: bool = False
+  alpha_hidden: float = 1.0
+  alpha_attn: float = 1.0
+
+  def __post_init__(self):
+    if not isinstance(self.teacher_config, BertConfig):
+      raise TypeError(f"Distillation needs the teacher's BertConfig, got {self.teacher_config!r}")
+    if self.teacher_params is None or "mlm" not in self.teacher_params:
+      raise ValueError("Distillation needs teacher_params with an 'mlm' head")
+    if not self.temperature > 0:
+      raise ValueError(f"{self.temperature=} must be > 0")
+
+  @property
+  def heads(self):
+    return ("mlm",)
+
+  @property
+  def fields(self):
+    return ("mlm_positions", "mlm_ids", "mlm_weights")
+
+  @property
+  def weights(self):
+    w = {"mlm": self.alpha_mlm, "distill_ce": self.alpha_ce, "cos": self.alpha_cos}
+    if self.tinybert:
+      w.update(hidden=self.alpha_hidden, attn=self.alpha_attn)
+    return w
+
+  def counts(self, batch):
+    masked = jnp.sum(batch["mlm_weights"].astype(jnp.float32))
+    tokens = jnp.sum(batch["attention_mask"].astype(jnp.float32))
+    out = {"mlm": masked, "distill_ce": masked, "cos": tokens}
+    if self.tinybert:
+      out.update(hidden=tokens, attn=tokens)
+    return out
+
+  def init_params(self, config, rng):
+    if not self.tinybert:
+      return {}
+    h_s, h_t = config.hidden_size, self.teacher_config.hidden_size
+    kernel = config.initializer_range * jax.random.normal(rng, (h_s, h_t), jnp.float32)
+    return {"distill_proj": {"kernel": kernel, "bias": jnp.zeros(h_t)}}
+
+  def layer_map(self, student: BertConfig) -> list[int]:
+    """g(m): the teacher layer each student layer m = 0..L_s (0: embeddings) is matched to."""
+    ls, lt = student.num_hidden_layers, self.teacher_config.num_hidden_layers
+    if lt % ls:
+      raise ValueError(f"teacher num_hidden_layers={lt} must be a multiple of the student's "
+                       f"{ls} for the layer map g(m) = m * {lt} / {ls}")
+    return [m * (lt // ls) for m in range(ls + 1)]
+
+  def terms(self, ctx: Context):
+    b, cfg = ctx.batch, ctx.config
+    t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
+    student = {k: v for k, v in ctx.params.items() if k != "distill_proj"}
+    s_out = forward(student, cfg, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                    deterministic=ctx.deterministic, rng=ctx.forward_rng,
+                    output_hidden_states=self.tinybert, output_attentions=self.tinybert)
+    t_out = forward(self.teacher_params, t_cfg, b["input_ids"], b["attention_mask"],
+                    b["token_type_ids"], output_hidden_states=self.tinybert,
+                    output_attentions=self.tinybert)
+    t_out = jax.tree.map(jax.lax.stop_gradient, t_out)
+    pos, ids = b["mlm_positions"], b["mlm_ids"].astype(jnp.int32)
+    w = b["mlm_weights"].astype(jnp.float32)
+    s_logits = mlm_logits(student, cfg, losses.gather_positions(s_out.last_hidden_state, pos))
+    t_logits = mlm_logits(self.teacher_params, t_cfg,
+                          losses.gather_positions(t_out.last_hidden_state, pos))
+    s_logits, t_logits = s_logits.astype(jnp.float32), jax.lax.stop_gradient(t_logits)
+    temp = self.temperature
+    soft = jax.nn.softmax(t_logits.astype(jnp.float32) / temp, -1)
+    ce_soft = -jnp.sum(soft * jax.nn.log_softmax(s_logits / temp, -1), -1) * temp**2  # (B, P)
+    ce = optax.softmax_cross_entropy_with_integer_labels(s_logits, ids)
+    correct = (jnp.argmax(s_logits, -1) == ids).astype(jnp.float32)
+    agree = (jnp.argmax(s_logits, -1) == jnp.argmax(t_logits, -1)).astype(jnp.float32)
+    real = b["attention_mask"].astype(jnp.float32)
+    hs = s_out.last_hidden_state.astype(jnp.float32)
+    ht = t_out.last_hidden_state.astype(jnp.float32)
+    cos = jnp.sum(hs * ht, -1) / jnp.maximum(
+        jnp.linalg.norm(hs, axis=-1) * jnp.linalg.norm(ht, axis=-1), 1e-8)
+    zero = jnp.zeros((), jnp.float32)
+    out = {
+        "mlm": {"loss_sum": jnp.sum(ce * w), "correct_sum": jnp.sum(correct * w)},
+        "distill_ce": {"loss_sum": jnp.sum(ce_soft * w), "correct_sum": jnp.sum(agree * w)},
+        "cos": {"loss_sum": jnp.sum((1 - cos) * real), "correct_sum": zero},
+    }
+    if self.tinybert:
+      g = jnp.asarray(self.layer_map(cfg))
+      proj = ctx.params["distill_proj"]
+      s_h = s_out.hidden_states.astype(jnp.float32) @ proj["kernel"] + proj["bias"]
+      t_h = t_out.hidden_states.astype(jnp.float32)[g]  # (L_s + 1, B, T, H_t)
+      hidden = jnp.sum(_mse_rows(s_h, t_h), 0)  # (B, T)
+      s_a = s_out.attentions.astype(jnp.float32)  # (L_s, B, N, T, T)
+      t_a = t_out.attentions.astype(jnp.float32)[g[1:] - 1]
+      if s_a.shape[2] != t_a.shape[2]:
+        raise ValueError(f"attention distillation needs equal head counts; student "
+                         f"{s_a.shape[2]}, teacher {t_a.shape[2]}")
+      attn = jnp.sum(_mse_rows(s_a, t_a), (0, 2))  # (B, T): summed over layers and heads
+      out["hidden"] = {"loss_sum": jnp.sum(hidden * real), "correct_sum": zero}
+      out["attn"] = {"loss_sum": jnp.sum(attn * real), "correct_sum": zero}
+    return out

@@ -1,0 +1,97 @@
+"""Distillation objective: DistilBERT's and TinyBERT's losses by hand, student initialisation."""
+
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.training import distill as D
+from bertjax.training import step as St
+from bertjax.training.objectives import init_objective_params
+
+
+def _teacher():
+  cfg = bertjax.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=4,
+                           num_attention_heads=4, intermediate_size=48,
+                           max_position_embeddings=24)
+  return cfg, bertjax.init(cfg, 0, ("mlm",))
+
+
+def _batch(b=3, t=12, p=3):
+  r = np.random.default_rng(0)
+  mask = np.ones((b, t), np.int32)
+  mask[1, 9:] = 0
+  w = np.ones((b, p), np.float32)
+  w[2, 2] = 0
+  return {"input_ids": r.integers(5, 61, (b, t)).astype(np.int32), "attention_mask": mask,
+          "token_type_ids": np.zeros((b, t), np.int32),
+          "mlm_positions": np.sort(r.choice(np.arange(1, 9), (b, p)), 1).astype(np.int32),
+          "mlm_ids": r.integers(5, 61, (b, p)).astype(np.int32), "mlm_weights": w}
+
+
+def test_student_takes_every_other_teacher_layer():
+  t_cfg, t_params = _teacher()
+  s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
+  assert s_cfg.num_hidden_layers == 2
+  for s, t in zip(jax.tree.leaves(s_params["encoder"]["layers"]),
+                  jax.tree.leaves(t_params["encoder"]["layers"]), strict=True):
+    np.testing.assert_array_equal(s, t[np.array([0, 2])])
+  np.testing.assert_array_equal(s_params["mlm"]["bias"], t_params["mlm"]["bias"])
+  with pytest.raises(ValueError, match="layers=\\(0, 7\\)"):
+    D.student_from_teacher(t_cfg, t_params, (0, 7))
+  albert = bertjax.BertConfig.preset("albert-base", num_hidden_layers=2, hidden_size=32,
+                                     num_attention_heads=4, intermediate_size=48)
+  with pytest.raises(ValueError, match="shared layers"):
+    D.student_from_teacher(albert, bertjax.init(albert, 0, ("mlm",)))
+
+
+def _log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def test_distillation_losses_match_numpy():
+  t_cfg, t_params = _teacher()
+  s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
+  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
+                          s_params)
+  obj = D.Distillation(t_cfg, t_params, tinybert=True)
+  params = {**s_params, **init_objective_params((obj,), s_cfg, 3)}
+  assert set(params) - set(s_params) == {"distill_proj"}
+  batch = _batch()
+  f = jax.jit(St.make_loss_and_grad(s_cfg, objective=(obj,), deterministic=True))
+  loss, m, grads = f(params, batch, jax.random.key(0))
+  assert float(np.abs(grads["distill_proj"]["kernel"]).sum()) > 0
+
+  run = lambda p, c: bertjax.forward(p, c, batch["input_ids"], batch["attention_mask"],
+                                     output_hidden_states=True, output_attentions=True)
+  so, to = run(s_params, s_cfg), run(t_params, t_cfg)
+  rows = np.arange(3)[:, None]
+  pos, w = batch["mlm_positions"], batch["mlm_weights"]
+  zs = np.asarray(bertjax.mlm_logits(s_params, s_cfg, so.last_hidden_state[rows, pos]),
+                  np.float64)
+  zt = np.asarray(bertjax.mlm_logits(t_params, t_cfg, to.last_hidden_state[rows, pos]),
+                  np.float64)
+  T = 2.0
+  soft = np.exp(_log_softmax(zt / T))
+  want_ce = (-(soft * _log_softmax(zs / T)).sum(-1) * T**2 * w).sum() / w.sum()
+  want_mlm = (-np.take_along_axis(_log_softmax(zs), batch["mlm_ids"][..., None], -1)[..., 0]
+              * w).sum() / w.sum()
+  real = batch["attention_mask"].astype(bool)
+  hs, ht = (np.asarray(o.last_hidden_state, np.float64)[real] for o in (so, to))
+  want_cos = np.mean(1 - (hs * ht).sum(-1) / np.linalg.norm(hs, axis=-1)
+                     / np.linalg.norm(ht, axis=-1))
+  proj = jax.tree.map(lambda a: np.asarray(a, np.float64), params["distill_proj"])
+  sh = np.asarray(so.hidden_states, np.float64) @ proj["kernel"] + proj["bias"]  # (3, B, T, H)
+  th = np.asarray(to.hidden_states, np.float64)[[0, 2, 4]]
+  want_hidden = ((sh - th) ** 2).mean(-1).sum(0)[real].mean()
+  sa = np.asarray(so.attentions, np.float64)
+  ta = np.asarray(to.attentions, np.float64)[[1, 3]]  # teacher layers 2 and 4
+  want_attn = ((sa - ta) ** 2).mean(-1).sum((0, 2))[real].mean()
+  for name, want in [("distill_ce", want_ce), ("mlm", want_mlm), ("cos", want_cos),
+                     ("hidden", want_hidden), ("attn", want_attn)]:
+    np.testing.assert_allclose(m[f"{name}_loss"], want, rtol=2e-5, atol=1e-7, err_msg=name)
+  total = (5 * want_ce + 2 * want_mlm + want_cos + want_hidden + want_attn)
+  np.testing.assert_allclose(loss, total, rtol=2e-5)
+  # The teacher is frozen: no gradient reaches it (its parameters are not in the tree).
+  assert set(grads) == set(params)
