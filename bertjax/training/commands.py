@@ -320,6 +320,8 @@ def pretrain_parser() -> argparse.ArgumentParser:
                  help="MLM masking unit")
   g.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens predicted")
   g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+  from bertjax.training import objective_cli
+  objective_cli.add_args(p)
   _model_args(p)
   _optim_args(p, lr=1e-4, steps=1000)
   s = p.add_argument_group("progressive stacking")
@@ -389,7 +391,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     params = {**params, **{h: fresh[h] for h in heads if h not in params}}
   pc = P.PretrainingConfig(max_seq_len=args.seq_len, objective=args.objective,
                            masking=args.masking, mask_prob=args.mask_prob)
-  data = P.PretrainingIterator(corpus, pc, batch_size=args.batch_size, seed=args.seed)
+  from bertjax.training import objective_cli
+  config, params, data, objective = objective_cli.setup(args, config, params, corpus, pc)
   train = loop.TrainConfig(
       steps=args.steps, batch_size=args.batch_size, accumulation_steps=args.grad_accum,
       optimizer=args.optimizer, learning_rate=args.lr, warmup_steps=args.warmup,
@@ -399,7 +402,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
       checkpoint_every=args.checkpoint_every, keep=args.keep,
       mesh_shape=sharding.parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None,
       progress=not args.no_progress)
-  summary = loop.pretrain(config, data, train, resume=args.resume, params=params)
+  summary = loop.pretrain(config, data, train, resume=args.resume, params=params,
+                          objective=objective)
   summary.pop("history")
   if args.export_hf and jax.process_index() == 0:
     export_checkpoint(out, args.export_hf, tokenizer=vocab_dir)  # the newest step

@@ -1,0 +1,93 @@
+"""`bertjax pretrain` options for the objectives of issue 17: SBO, word order, ELECTRA, distillation.
+
+`add_args` adds the option group; `setup` turns the parsed options into the model
+config, initial parameters, data iterator and objectives that `loop.pretrain` takes.
+With none of these options given, `setup` returns the plain iterator and the data's
+own objective (MLM + NSP/SOP), so runs without them are unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+  """The "more objectives" option group."""
+  g = p.add_argument_group("more objectives")
+  g.add_argument("--add-objective", action="append", default=None, choices=("sbo", "word_order"),
+                 help="add SpanBERT's span boundary objective (needs --masking span) or "
+                      "StructBERT's word-order objective; repeatable")
+  g.add_argument("--word-order-prob", type=float, default=0.05, metavar="P",
+                 help="fraction of tokens in shuffled trigrams (word_order)")
+  g.add_argument("--electra-generator-size", type=float, default=None, metavar="F",
+                 help="train ELECTRA: the --preset/--config-json model (model_type electra) is "
+                      "the discriminator; the generator has F times its hidden size, heads "
+                      "and FFN (the paper: 0.25-0.5); loss MLM + 50 x RTD")
+  g.add_argument("--teacher", default=None, metavar="DIR",
+                 help="distil from this Hugging Face model (with an MLM head); the student "
+                      "starts from its every other layer unless --init-from is given")
+  g.add_argument("--distill", default="distilbert", choices=("distilbert", "tinybert"),
+                 help="distillation losses: DistilBERT's, or those plus TinyBERT's hidden-state "
+                      "and attention terms")
+  g.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
+
+
+def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
+  """`(config, params, data, objective)` for `loop.pretrain` from the parsed options."""
+  from bertjax.data import pretraining as P
+  from bertjax.training import objectives as O
+
+  extra = tuple(args.add_objective or ())
+  if "sbo" in extra and pc.masking != "span":
+    raise ValueError(f"--add-objective sbo needs --masking span, got --masking {pc.masking}")
+  kw = {"batch_size": args.batch_size, "seed": args.seed}
+  if "word_order" in extra:
+    data = P.WordOrderIterator(corpus, pc, word_order_prob=args.word_order_prob, **kw)
+  else:
+    data = P.PretrainingIterator(corpus, pc, **kw)
+  objective = list(O.resolve(pc.objective))
+  objective += list(O.resolve("+".join(extra))) if extra else []
+  if args.electra_generator_size is not None:
+    if args.teacher or extra or pc.objective != "none":
+      raise ValueError("--electra-generator-size trains ELECTRA alone: use --objective none "
+                       "and no --add-objective or --teacher")
+    if args.export_hf:
+      raise ValueError("--export-hf does not write ELECTRA pairs yet; export the two models "
+                       "with bertjax.training.electra.save_electra")
+    from bertjax.training import electra
+
+    f = args.electra_generator_size
+    if not 0 < f <= 1:
+      raise ValueError(f"--electra-generator-size {f} must be in (0, 1]")
+    if config.model_type != "electra":
+      raise ValueError(f"ELECTRA needs model_type='electra', got {config.model_type!r} "
+                       "(e.g. --preset electra-small)")
+    heads = max(1, round(config.num_attention_heads * f))
+    gen = config.replace(hidden_size=heads * config.head_dim, num_attention_heads=heads,
+                         intermediate_size=max(1, round(config.intermediate_size * f)),
+                         embedding_size=config.embed_dim)
+    if params is not None:
+      raise ValueError("--electra-generator-size starts from fresh weights; drop --init-from")
+    return config, None, data, (electra.Electra(gen),)
+  if args.teacher:
+    import bertjax
+    from bertjax.training import distill
+
+    t_config, t_params = bertjax.from_hf(args.teacher)
+    if t_config.vocab_size != config.vocab_size:
+      raise ValueError(f"the teacher's vocab_size={t_config.vocab_size} differs from the "
+                       f"student's {config.vocab_size}; use the teacher's tokenizer (--vocab "
+                       f"{args.teacher})")
+    if params is None:
+      student, params = distill.student_from_teacher(t_config, t_params)
+      config = student.replace(attention_impl=config.attention_impl,
+                               scan_unroll=config.scan_unroll)
+    obj = distill.Distillation(t_config, t_params, temperature=args.temperature,
+                               tinybert=args.distill == "tinybert")
+    objective = [o for o in objective if o.name != "mlm"] + [obj]  # its own MLM term
+    params = {**params, **O.init_objective_params(objective, config, args.seed)}
+  elif params is not None:
+    params = {**params, **{k: v for k, v in O.init_objective_params(
+        objective, config, args.seed).items() if k not in params}}
+  return config, params, data, tuple(objective)

@@ -1,0 +1,53 @@
+"""`bertjax pretrain` with the objectives of issue 17: SBO + word order, ELECTRA, a teacher."""
+
+import json
+import pathlib
+
+import pytest
+
+import bertjax
+from bertjax.training import commands
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SMOKE_TEXT = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "valid.txt"
+
+
+def _argv(out, *extra):
+  return ["--corpus", str(SMOKE_TEXT), "--corpus-format", "wikitext", "--vocab",
+          str(bertjax.minilm_path() / "vocab.txt"), "--seq-len", "32", "--steps", "2",
+          "--batch-size", "4", "--output-dir", str(out), "--checkpoint-every", "0",
+          "--no-progress", *extra]
+
+
+def _metrics(out):
+  return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_pretrain_with_sbo_and_word_order(tmp_path):
+  assert commands.pretrain_main(_argv(tmp_path, "--objective", "none", "--masking", "span",
+                                      "--add-objective", "sbo", "--add-objective",
+                                      "word_order", "--word-order-prob", "0.1")) == 0
+  rows = _metrics(tmp_path)
+  assert len(rows) == 2 and {"mlm_loss", "sbo_loss", "word_order_loss"} <= set(rows[0])
+  with pytest.raises(ValueError, match="needs --masking span, got --masking token"):
+    commands.pretrain_main(_argv(tmp_path / "x", "--add-objective", "sbo"))
+
+
+def test_pretrain_electra_and_distillation(tmp_path):
+  assert commands.pretrain_main(_argv(tmp_path / "electra", "--objective", "none",
+                                      "--preset", "electra-small",
+                                      "--electra-generator-size", "0.25")) == 0
+  rows = _metrics(tmp_path / "electra")
+  assert {"mlm_loss", "rtd_loss"} <= set(rows[0])
+  teacher_cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=4,
+                                   num_attention_heads=4, intermediate_size=48,
+                                   max_position_embeddings=64)
+  bertjax.to_hf(teacher_cfg, bertjax.init(teacher_cfg, 0, ("mlm",)), tmp_path / "teacher")
+  assert commands.pretrain_main(_argv(tmp_path / "student", "--objective", "none",
+                                      "--teacher", str(tmp_path / "teacher"),
+                                      "--distill", "tinybert", "--export-hf",
+                                      str(tmp_path / "student_hf"))) == 0
+  rows = _metrics(tmp_path / "student")
+  assert {"distill_ce_loss", "cos_loss", "hidden_loss", "attn_loss"} <= set(rows[0])
+  config, _ = bertjax.from_hf(tmp_path / "student_hf")
+  assert config.num_hidden_layers == 2  # every other teacher layer
