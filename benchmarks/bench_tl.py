@@ -1,0 +1,549 @@
+"""bertjax vs TransformerLens HookedEncoder on the CPU: attention capture, head ablation, patching.
+
+Run (full, CPU):  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_tl.py
+                  (or ./run.sh bench bench_tl; writes benchmarks/results/bench_tl.{json,md})
+Check (tiny):     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_tl.py --smoke --out /tmp/b
+
+Side environment (once, about 1.5 minutes from PyPI): TransformerLens 3.9.0 is the last
+release with `HookedEncoder` (removed in 4.0) and its pins clash with ours, so it lives
+in its own virtual environment, which this script runs as a subprocess:
+
+  python3 -m venv .venv/tl && .venv/tl/bin/pip install torch==2.13.0 transformer-lens==3.9.0
+
+(torch pinned to the CPU build this project uses; transformer-lens 3.9.0 needs
+transformers >= 5.9 and gets 5.23, as ours.) `--tl-python` points elsewhere.
+
+Both sides run the SAME weights: a `transformers.BertForPreTraining` with random
+weights in the shapes of BERT-base (12 x 768, 12 heads, FFN 3072) and of
+all-MiniLM-L6-v2 (6 x 384, 12 heads, FFN 1536), vocabulary 30522, with every
+LayerNorm parameter and every bias randomised too (at their defaults, 1 and 0, a
+metric of a normalised state can be constant). bertjax reads the directory
+`save_pretrained` writes (`bertjax.from_hf`); TransformerLens converts the same
+model's state dict (`convert_bert_weights`, as `HookedEncoder.from_pretrained`
+does). Input: batch 8 x 128 random tokens, [CLS] first, [SEP] last, one [MASK] per
+sequence; the corrupted twin resamples 16 other tokens per sequence. Metric:
+the MLM logit difference between an answer and a distractor token at the [MASK]
+position, averaged over the batch.
+
+Tasks, each timed warmed up (compile time apart) and checked for equal numbers:
+
+* forward: one forward pass (no logits) on each side: the unit.
+* (a) every attention map: `bertjax.forward(..., output_attentions=True)` vs
+  `run_with_cache` (as the docs show it: every activation and the logits; and lean:
+  `names_filter` for `hook_pattern` only, `return_type=None`).
+* (b) the 144 single-head ablations + baseline: `ablation_sweep` (prefix reuse) vs
+  the hook loop of the TransformerLens docs (a hook zeroing the head's `hook_v`).
+* (c) (layer, head) activation patching of `head_out` (TransformerLens `hook_z`),
+  clean into corrupted: `patching.head_patching` vs the docs' hook loop
+  (`run_with_cache` on the clean input, then one hooked run per head).
+* attribution patching for all heads: `patching.attribution_patching` (its ratio
+  to one forward pass; agreement with (c)), beside TransformerLens's
+  (cache + backward hooks on `hook_z`, as its attribution-patching demo).
+
+TransformerLens runs each task in two variants: "docs" (`run_with_hooks` /
+`run_with_cache` as its documentation shows them; `HookedEncoder.forward` computes
+the logits over the whole vocabulary, even with `return_type=None`) and "lean" (the
+same hooks around `encoder_output`, caching only what is needed, the MLM head
+applied at the [MASK] rows only, as bertjax's metric does). Speed-ups are against
+the faster variant. The forward-pass unit is `encoder_output` (no logits) against
+`bertjax.forward`.
+Full run: about 25 minutes on a quiet 2-core machine (`--models bert-base` alone
+about 20). Writes `bench_tl.json` and `bench_tl.md` under `--out` (`bench_tl_smoke.*`
+with `--smoke`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+TL_PYTHON = REPO / ".venv" / "tl" / "bin" / "python"
+SHAPES = {
+    "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
+                  "intermediate_size": 3072},
+    "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12,
+               "intermediate_size": 1536},
+    "smoke": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+              "intermediate_size": 64},
+}
+CLS, SEP, MASK = 101, 102, 103
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="output directory")
+  parser.add_argument("--smoke", action="store_true", help="a 2-layer model on 2 x 16 tokens")
+  parser.add_argument("--models", default="bert-base,minilm", help="comma list of shapes")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--seq", type=int, default=128)
+  parser.add_argument("--repeats", type=int, default=5,
+                      help="timed repeats of the single passes (forward, maps, attribution)")
+  parser.add_argument("--sweep-repeats", type=int, default=1, help="timed repeats of each sweep")
+  parser.add_argument("--tl-python", type=pathlib.Path, default=TL_PYTHON,
+                      help="the side environment's interpreter (transformer-lens 3.9.0)")
+  parser.add_argument("--tl-peer", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.smoke:
+    args.models, args.batch, args.seq, args.repeats, args.sweep_repeats = "smoke", 2, 16, 2, 1
+  return args
+
+
+# Machine --------------------------------------------------------------------
+
+
+def machine() -> dict:
+  """CPU model, ISA flags that matter for matmuls, and thread counts."""
+  info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+          "affinity": len(os.sched_getaffinity(0))}
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    text = ""
+  for line in text.splitlines():
+    if line.startswith("model name") and "cpu_model" not in info:
+      info["cpu_model"] = line.split(":", 1)[1].strip()
+    if line.startswith("flags") and "isa" not in info:
+      flags = set(line.split(":", 1)[1].split())
+      info["isa"] = sorted(f for f in flags if f.startswith(("avx2", "avx512", "amx", "fma")))
+  return info
+
+
+def timed(fn, repeats: int):
+  """(result, first-call seconds, steady seconds per call: a list of `repeats`)."""
+  t0 = time.perf_counter()
+  out = fn()
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    out = fn()
+    times.append(time.perf_counter() - t0)
+  return out, first, times
+
+
+# The shared model and inputs ------------------------------------------------
+
+
+def make_model(shape: dict, directory: pathlib.Path, seed: int = 0) -> None:
+  """A random BertForPreTraining, LayerNorms and biases randomised, saved by transformers."""
+  import torch
+  import transformers
+
+  torch.manual_seed(seed)
+  vocab = 30522
+  config = transformers.BertConfig(vocab_size=vocab, max_position_embeddings=512, **shape)
+  model = transformers.BertForPreTraining(config).eval()
+  gen = torch.Generator().manual_seed(seed + 1)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "LayerNorm.weight" in name:
+        p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+      elif name.endswith("bias"):
+        p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+  model.save_pretrained(directory)
+
+
+def make_inputs(batch: int, seq: int, vocab: int = 30522, seed: int = 0) -> dict:
+  """Clean and corrupted ids (no padding), [MASK] positions, answer and distractor ids."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1000, vocab, (batch, seq)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = CLS, SEP
+  position = rng.integers(1, seq - 1, batch).astype(np.int32)
+  ids[np.arange(batch), position] = MASK
+  corrupted = ids.copy()
+  for b in range(batch):
+    free = np.setdiff1d(np.arange(1, seq - 1), [position[b]])
+    pick = rng.choice(free, min(16, free.size), replace=False)
+    corrupted[b, pick] = rng.integers(1000, vocab, pick.size)
+  answer, distractor = rng.choice(np.arange(1000, vocab), (2, batch), replace=True)
+  return {"clean": ids, "corrupted": corrupted, "mask": np.ones_like(ids),
+          "position": position, "answer": answer.astype(np.int32),
+          "distractor": distractor.astype(np.int32)}
+
+
+# bertjax --------------------------------------------------------------------
+
+
+def mlm_logit_diff_sum(params, config, batch, last_hidden_state, pooled):
+  """The ablation sweep's metric: (sum over the batch of the [MASK] logit difference, count)."""
+  import jax.numpy as jnp
+
+  import bertjax
+
+  b = jnp.arange(last_hidden_state.shape[0])
+  logits = bertjax.mlm_logits(params, config, last_hidden_state[b, batch["position"]])
+  diff = logits[b, batch["answer"]] - logits[b, batch["distractor"]]
+  return diff.sum(), jnp.asarray(diff.shape[0], diff.dtype)
+
+
+def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict]:
+  """Timings and results of every task on the bertjax side."""
+  import jax
+
+  import bertjax
+  from bertjax.analysis import ablation as ab
+  from bertjax.analysis import patching as pt
+
+  config, params = bertjax.from_hf(directory)
+  ids, corrupted, mask = (jax.numpy.asarray(inputs[k]) for k in ("clean", "corrupted", "mask"))
+  targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
+  clean = {"input_ids": ids, "attention_mask": mask}
+  corr = {"input_ids": corrupted, "attention_mask": mask}
+  metric = pt.LogitDiff("mlm")
+  times, results = {}, {}
+
+  fwd = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state)
+  _, first, t = timed(lambda: jax.block_until_ready(fwd(params, ids, mask)), args.repeats)
+  times["forward"] = {"first_s": first, "times_s": t}
+
+  maps = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m, output_attentions=True)
+                 .attentions)
+  out, first, t = timed(lambda: jax.block_until_ready(maps(params, ids, mask)), args.repeats)
+  times["attention_maps"] = {"first_s": first, "times_s": t}
+  results["attention_maps"] = np.asarray(out)
+
+  batch = {**clean, **targets}
+  sweep = lambda: ab.ablation_sweep(params, config, [batch], mlm_logit_diff_sum, modes=("scale",),
+                                    include=("heads",))["scale"]
+  res, first, t = timed(sweep, args.sweep_repeats)
+  times["ablation_sweep"] = {"first_s": first, "times_s": t}
+  results["ablation"] = res.heads
+  results["ablation_baseline"] = np.asarray(res.baseline)
+
+  patch = lambda: pt.head_patching(params, config, clean, corr, metric, targets=targets)
+  exact, first, t = timed(patch, args.sweep_repeats)
+  times["patching_sweep"] = {"first_s": first, "times_s": t}
+  results["patching"] = exact.values
+  results["patching_clean_corrupted"] = np.asarray([exact.clean, exact.corrupted])
+
+  attr = lambda: pt.attribution_patching(params, config, clean, corr, metric, targets=targets)
+  approx, first, t = timed(attr, args.repeats)
+  times["attribution"] = {"first_s": first, "times_s": t}
+  results["attribution"] = approx.values
+  info = {"agreement": pt.agreement(exact, approx), "clean": exact.clean,
+          "corrupted": exact.corrupted, "jax": jax.__version__,
+          "backend": jax.default_backend()}
+  return {"times": times, "info": info}, results
+
+
+# TransformerLens (runs in the side environment) --------------------------------
+
+
+def tl_peer(spec_path: pathlib.Path) -> None:
+  """The TransformerLens side: reads a spec, times every task, writes JSON and NPZ."""
+  import functools
+  import warnings
+
+  import torch
+  import transformer_lens
+  import transformers
+  from transformer_lens import HookedEncoder
+  from transformer_lens import utils as tl_utils
+  from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
+
+  warnings.filterwarnings("ignore")
+  spec = json.loads(spec_path.read_text())
+  inputs = dict(np.load(spec["inputs"]))
+  repeats, sweep_repeats = spec["repeats"], spec["sweep_repeats"]
+  hf = transformers.BertForPreTraining.from_pretrained(spec["model_dir"]).eval()
+  c = hf.config
+  cfg = {"d_model": c.hidden_size, "d_head": c.hidden_size // c.num_attention_heads,
+         "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
+         "n_layers": c.num_hidden_layers, "n_ctx": c.max_position_embeddings,
+         "eps": c.layer_norm_eps, "d_vocab": c.vocab_size, "act_fn": "gelu",
+         "attention_dir": "bidirectional", "original_architecture": "BertForMaskedLM",
+         "device": "cpu", "dtype": torch.float32}
+  model = HookedEncoder(cfg, move_to_device=True)
+  missing, unexpected = model.load_state_dict(convert_bert_weights(hf, model.cfg), strict=False)
+  parameters = {name for name, _ in model.named_parameters()}
+  missing = [k for k in missing if k in parameters]  # buffers (causal masks) are not weights
+  model.eval()
+  n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+  ids = torch.tensor(inputs["clean"]).long()
+  corrupted = torch.tensor(inputs["corrupted"]).long()
+  mask = torch.tensor(inputs["mask"]).long()
+  b = torch.arange(ids.shape[0])
+  pos = torch.tensor(inputs["position"]).long()
+  answer = torch.tensor(inputs["answer"]).long()
+  distractor = torch.tensor(inputs["distractor"]).long()
+
+  def diff(logits_at_pos):  # (B, V) -> mean logit difference
+    return (logits_at_pos[b, answer] - logits_at_pos[b, distractor]).mean()
+
+  def docs_metric(logits):  # the model's (B, T, V) logits, as run_with_hooks returns them
+    return diff(logits[b, pos])
+
+  def run(tokens, hooks, variant):
+    """One hooked run and its metric: "docs" (full logits) or "lean" (MLM head at [MASK])."""
+    if variant == "docs":
+      return docs_metric(model.run_with_hooks(tokens, fwd_hooks=hooks,
+                                              one_zero_attention_mask=mask))
+    # HookedEncoder.forward computes the full logits even with return_type=None; the
+    # encoder alone under the same hooks, then the MLM head at the [MASK] rows only.
+    with model.hooks(fwd_hooks=hooks):
+      last = model.encoder_output(tokens, None, mask)
+    return diff(model.unembed(model.mlm_head(last[b, pos][:, None]))[:, 0])
+
+  def z_cache(tokens, variant):
+    """Every layer's hook_z: run_with_cache (docs) or caching hooks on the encoder (lean)."""
+    is_z = lambda name: name.endswith("hook_z")
+    if variant == "docs":
+      return model.run_with_cache(tokens, one_zero_attention_mask=mask, names_filter=is_z)[1]
+    cache = {}
+    with model.hooks(fwd_hooks=[(is_z, lambda x, hook: cache.__setitem__(hook.name, x))]):
+      model.encoder_output(tokens, None, mask)
+    return cache
+
+  times, results = {}, {}
+  with torch.no_grad():
+    _, first, t = timed(lambda: model.encoder_output(ids, None, mask), repeats)
+    times["forward"] = {"first_s": first, "times_s": t}
+
+    def maps_docs():
+      _, cache = model.run_with_cache(ids, one_zero_attention_mask=mask)
+      return torch.stack([cache["pattern", l] for l in range(n_layers)])
+
+    def maps_lean():  # only the patterns cached, and no logits
+      cache = {}
+      keep = lambda x, hook: cache.__setitem__(hook.layer(), x)
+      with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
+        model.encoder_output(ids, None, mask)
+      return torch.stack([cache[l] for l in range(n_layers)])
+
+    out, first, t = timed(maps_docs, repeats)
+    times["attention_maps_docs"] = {"first_s": first, "times_s": t}
+    results["attention_maps"] = out.numpy()
+    _, first, t = timed(maps_lean, repeats)
+    times["attention_maps_lean"] = {"first_s": first, "times_s": t}
+
+    # (b) single-head ablation: the docs' hook zeroing one head's values.
+    def ablate_head(v, hook, head):
+      v[:, :, head, :] = 0.0
+      return v
+
+    def ablation(variant):
+      values = np.zeros((n_layers, n_heads))
+      base = float(run(ids, [], variant))
+      for layer in range(n_layers):
+        for head in range(n_heads):
+          hook = (tl_utils.get_act_name("v", layer),
+                  functools.partial(ablate_head, head=head))
+          values[layer, head] = float(run(ids, [hook], variant))
+      return base, values
+
+    for variant in ("docs", "lean"):
+      (base, values), first, t = timed(lambda v=variant: ablation(v), sweep_repeats - 1)
+      times[f"ablation_sweep_{variant}"] = {"first_s": first, "times_s": t or [first]}
+      results[f"ablation_{variant}"] = values
+      results["ablation_baseline"] = np.asarray(base)
+
+    # (c) activation patching of each head's z, clean into corrupted (the docs' loop).
+    def patch_head(z, hook, head, clean_cache):
+      z[:, :, head, :] = clean_cache[hook.name][:, :, head, :]
+      return z
+
+    def patching(variant):
+      clean_cache = z_cache(ids, variant)
+      clean_m = float(run(ids, [], variant))
+      corrupted_m = float(run(corrupted, [], variant))
+      values = np.zeros((n_layers, n_heads))
+      for layer in range(n_layers):
+        for head in range(n_heads):
+          hook = (tl_utils.get_act_name("z", layer),
+                  functools.partial(patch_head, head=head, clean_cache=clean_cache))
+          values[layer, head] = float(run(corrupted, [hook], variant))
+      return clean_m, corrupted_m, values
+
+    for variant in ("docs", "lean"):
+      (cm, xm, values), first, t = timed(lambda v=variant: patching(v), sweep_repeats - 1)
+      times[f"patching_sweep_{variant}"] = {"first_s": first, "times_s": t or [first]}
+      results[f"patching_{variant}"] = values
+      results["patching_clean_corrupted"] = np.asarray([cm, xm])
+
+  # Attribution patching as TransformerLens's demo does it: cache clean z; cache corrupted
+  # z and its gradient (backward hooks), then (clean - corrupted) . grad per head.
+  def attribution():
+    with torch.no_grad():
+      clean_cache = z_cache(ids, "lean")
+    acts, grads = {}, {}
+    model.reset_hooks()
+    for layer in range(n_layers):
+      name = tl_utils.get_act_name("z", layer)
+      model.add_hook(name, lambda x, hook: acts.__setitem__(hook.name, x.detach()), "fwd")
+      model.add_hook(name, lambda g, hook: grads.__setitem__(hook.name, g.detach()), "bwd")
+    value = run(corrupted, [], "lean")
+    value.backward()
+    model.reset_hooks()
+    model.zero_grad(set_to_none=True)
+    return torch.stack([((clean_cache[n] - acts[n]) * grads[n]).sum((0, 1, 3))
+                        for n in sorted(acts, key=lambda s: int(s.split(".")[1]))]).numpy()
+
+  out, first, t = timed(attribution, repeats)
+  times["attribution"] = {"first_s": first, "times_s": t}
+  results["attribution_delta"] = out
+  info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+          "torch_interop_threads": torch.get_num_interop_threads(),
+          "transformer_lens": transformer_lens.__version__ if hasattr(
+              transformer_lens, "__version__") else "3.9.0",
+          "transformers": transformers.__version__, "missing_keys": list(missing),
+          "unexpected_keys": list(unexpected)}
+  np.savez(spec["results"], **results)
+  pathlib.Path(spec["timings"]).write_text(json.dumps({"times": times, "info": info}))
+
+
+def run_tl(args, directory: pathlib.Path, inputs_path: pathlib.Path, work: pathlib.Path):
+  spec = {"model_dir": str(directory), "inputs": str(inputs_path), "repeats": args.repeats,
+          "sweep_repeats": args.sweep_repeats, "results": str(work / "tl_results.npz"),
+          "timings": str(work / "tl_timings.json")}
+  (work / "spec.json").write_text(json.dumps(spec))
+  env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+         "PYTHONWARNINGS": "ignore"}
+  env.pop("PYTHONPATH", None)
+  proc = subprocess.run([str(args.tl_python), str(pathlib.Path(__file__).resolve()),
+                         "--tl-peer", str(work / "spec.json")], env=env, capture_output=True,
+                        text=True, check=False)
+  if proc.returncode != 0:
+    raise RuntimeError(f"the TransformerLens side failed ({args.tl_python}):\n"
+                       f"{proc.stderr[-4000:]}")
+  return (json.loads(pathlib.Path(spec["timings"]).read_text()),
+          dict(np.load(spec["results"])))
+
+
+# Report ---------------------------------------------------------------------
+
+
+def median(entry: dict) -> float:
+  return statistics.median(entry["times_s"])
+
+
+def compare(ours: dict, ours_res: dict, theirs: dict, theirs_res: dict, inputs: dict) -> dict:
+  """Speed-ups (against TransformerLens's faster variant) and max differences per task."""
+  t, u = theirs["times"], ours["times"]
+  fastest = lambda *keys: min(median(t[k]) for k in keys)
+  rows = {
+      "forward": (median(u["forward"]), median(t["forward"])),
+      "attention_maps": (median(u["attention_maps"]),
+                         fastest("attention_maps_docs", "attention_maps_lean")),
+      "ablation_sweep": (median(u["ablation_sweep"]),
+                         fastest("ablation_sweep_docs", "ablation_sweep_lean")),
+      "patching_sweep": (median(u["patching_sweep"]),
+                         fastest("patching_sweep_docs", "patching_sweep_lean")),
+      "attribution": (median(u["attribution"]), median(t["attribution"])),
+  }
+  clean_m, corrupted_m = ours_res["patching_clean_corrupted"]
+  diffs = {
+      "attention_maps": float(np.abs(ours_res["attention_maps"]
+                                     - theirs_res["attention_maps"]).max()),
+      "ablation": float(max(np.abs(ours_res["ablation"] - theirs_res[f"ablation_{v}"]).max()
+                            for v in ("docs", "lean"))),
+      "ablation_baseline": float(abs(ours_res["ablation_baseline"]
+                                     - theirs_res["ablation_baseline"])),
+      "patching": float(max(np.abs(ours_res["patching"] - theirs_res[f"patching_{v}"]).max()
+                            for v in ("docs", "lean"))),
+      "patching_clean_corrupted": float(np.abs(ours_res["patching_clean_corrupted"]
+                                               - theirs_res["patching_clean_corrupted"]).max()),
+      "attribution": float(np.abs((ours_res["attribution"] - corrupted_m)
+                                  - theirs_res["attribution_delta"]).max()),
+  }
+  scale = {"patching_effect_range": float(np.ptp(ours_res["patching"])),
+           "clean_minus_corrupted": float(clean_m - corrupted_m)}
+  return {"seconds": {k: {"bertjax": a, "transformer_lens": b} for k, (a, b) in rows.items()},
+          "speedup": {k: b / a for k, (a, b) in rows.items()},
+          "attribution_over_forward": median(u["attribution"]) / median(u["forward"]),
+          "max_abs_diff": diffs, "scale": scale}
+
+
+def markdown(report: dict) -> str:
+  m, tli = report["machine"], report["tl_info"]
+  lines = [
+      "# bertjax vs TransformerLens HookedEncoder (CPU)", "",
+      (f"{m.get('cpu_model', '?')}, {m['cpu_count']} CPUs ({m['affinity']} usable), ISA "
+       f"{' '.join(m.get('isa', [])) or '?'}; jax {report['bertjax_info']['jax']} (XLA:CPU, "
+       f"{m['affinity']} threads), torch {tli['torch']} ({tli['torch_threads']} threads), "
+       f"transformer-lens {tli['transformer_lens']}, transformers {tli['transformers']}. "
+       f"Batch {report['batch']} x {report['seq']}, float32, random weights shared by both "
+       "sides (LayerNorms and biases randomised). Medians; compile (bertjax) and first-call "
+       "time apart; TransformerLens's faster variant (docs / lean) is the reference."), ""]
+  for name, r in report["models"].items():
+    s, tl, bj = r["compare"]["seconds"], r["transformer_lens"]["times"], r["bertjax"]["times"]
+    shape, d = r["shape"], r["compare"]["max_abs_diff"]
+    heads = shape["num_hidden_layers"] * shape["num_attention_heads"]
+    lines += [(f"## {name} ({shape['num_hidden_layers']} x {shape['hidden_size']}, "
+               f"{shape['num_attention_heads']} heads)"), "",
+              ("| task | bertjax | TransformerLens (docs / lean) | speed-up | bertjax compile | "
+               "max abs diff |"), "|---|---:|---:|---:|---:|---:|"]
+    rows = [("one forward pass", "forward", None, "-"),
+            ("(a) every attention map", "attention_maps", "attention_maps",
+             f"{d['attention_maps']:.1e}"),
+            (f"(b) {heads} single-head ablations + baseline", "ablation_sweep", "ablation_sweep",
+             f"{d['ablation']:.1e}"),
+            ("(c) (layer, head) patching of head_out / hook_z", "patching_sweep",
+             "patching_sweep", f"{d['patching']:.1e}"),
+            ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}")]
+    for label, key, tl_key, diff in rows:
+      theirs = (f"{median(tl[tl_key + '_docs']):.2f} / {median(tl[tl_key + '_lean']):.2f} s"
+                if tl_key else f"{s[key]['transformer_lens']:.2f} s")
+      compile_s = bj[key]["first_s"] - median(bj[key])
+      lines.append(f"| {label} | {s[key]['bertjax']:.2f} s | {theirs} | "
+                   f"**{r['compare']['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |")
+    agree, info = r["bertjax"]["info"]["agreement"], r["bertjax"]["info"]
+    lines += ["", (f"Attribution patching for all {heads} heads takes "
+                   f"**{r['compare']['attribution_over_forward']:.2f}x** one bertjax forward "
+                   "pass (a source forward, a destination forward and one backward); against "
+                   f"exact patching (c): Pearson {agree['pearson']:.3f}, Spearman "
+                   f"{agree['spearman']:.3f} over the normalised values. Metric clean "
+                   f"{info['clean']:.4f}, corrupted {info['corrupted']:.4f}; patching effects "
+                   f"span {r['compare']['scale']['patching_effect_range']:.2e}."), ""]
+  return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  if args.tl_peer is not None:
+    tl_peer(args.tl_peer)
+    return {}
+  if not args.tl_python.exists():
+    raise SystemExit(f"the TransformerLens side environment {args.tl_python} is missing; set "
+                     "it up with: python3 -m venv .venv/tl && .venv/tl/bin/pip install "
+                     "torch==2.13.0 transformer-lens==3.9.0")
+  report = {"machine": machine(), "batch": args.batch, "seq": args.seq, "models": {},
+            "repeats": args.repeats, "sweep_repeats": args.sweep_repeats}
+  start = time.perf_counter()
+  for name in args.models.split(","):
+    if name not in SHAPES:
+      raise SystemExit(f"--models entry {name!r} must be one of {sorted(SHAPES)}")
+    with tempfile.TemporaryDirectory() as tmp:
+      work = pathlib.Path(tmp)
+      make_model(SHAPES[name], work / "model")
+      inputs = make_inputs(args.batch, args.seq)
+      np.savez(work / "inputs.npz", **inputs)
+      ours, ours_res = run_bertjax(work / "model", inputs, args)
+      print(f"[{name}] bertjax done at {time.perf_counter() - start:.0f} s", flush=True)
+      theirs, theirs_res = run_tl(args, work / "model", work / "inputs.npz", work)
+      print(f"[{name}] TransformerLens done at {time.perf_counter() - start:.0f} s", flush=True)
+    report["models"][name] = {"shape": SHAPES[name], "bertjax": ours, "transformer_lens": theirs,
+                              "compare": compare(ours, ours_res, theirs, theirs_res, inputs)}
+    report["bertjax_info"], report["tl_info"] = ours["info"], theirs["info"]
+  report["wall_s"] = time.perf_counter() - start
+  args.out.mkdir(parents=True, exist_ok=True)
+  stem = "bench_tl_smoke" if args.smoke else "bench_tl"
+  (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
+  (args.out / f"{stem}.md").write_text(markdown(report))
+  print((args.out / f"{stem}.md").read_text())
+  return report
+
+
+if __name__ == "__main__":
+  main()

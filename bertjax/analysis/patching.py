@@ -1,0 +1,665 @@
+"""Activation patching: exact sweeps, attribution patching and path patching over named sites.
+
+A *pair* is two batches of the same shape, `clean` and `corrupted` (mappings or
+dataclasses such as `bertjax.Batch` with `input_ids` and optionally
+`attention_mask`, `token_type_ids`). Patching runs one of them (the *destination*)
+with a site of chosen layers, heads and positions replaced by its value in the
+other run (the *source*): `direction="denoise"` (the default) runs the corrupted
+input with clean activations, `"noise"` the clean input with corrupted ones
+(Heimersheim & Nanda 2024, "How to use and interpret activation patching"). Every
+patch is a `bertjax.forward(..., patch={site: (source_value, weight)})` with a
+0/1 weight (`patch_weight`); nothing here re-implements the encoder block.
+
+A **metric** `metric(params, config, out, batch) -> scalar` is a pure JAX function
+of the patched run's `BertOutput` (`last_hidden_state`, `pooler_output`) and of
+`batch`: the destination run's arrays (`input_ids`, `attention_mask`,
+`token_type_ids`) plus the pair's `targets` (e.g. `position`, `answer`,
+`distractor`, each (batch,)). It is a static argument of `jax.jit`: pass the same
+object each time to reuse compilations. Ready ones: `LogitDiff` (a task head's
+logit difference, the usual patching metric), `AnswerLogProb` and `ProbeLogitDiff`
+(a linear probe on the final states).
+
+Results are normalised as is conventional, `(patched - corrupted) / (clean -
+corrupted)`, in either direction: 1 is the clean run's metric, 0 the corrupted
+run's (`PatchingResult.normalized`).
+
+* `head_patching`: every (layer, head) of a site with a head axis (`head_out` by
+  default; `q`, `k`, `v`, `probs` too), optionally at chosen positions only.
+* `position_patching`: every (layer, position) of a site (`out`, the residual
+  stream after each block, by default; `mid`, `attn_out`, `ffn_out`, ...).
+
+Each sweep is ONE compiled program with prefix reuse: the destination run's block
+inputs are stored once, and a patch acting at block `l` runs blocks `l ..` from
+block `l`'s stored input (an `out` patch needs no block `l` at all: the site's own
+mix of the stored outputs is block `l+1`'s input), `chunk_size` patches at a time
+(`jax.lax.map(..., batch_size=)`, as the ablation sweep does). For BERT-base's 144
+heads that is 78 forward passes' worth of blocks plus the two unpatched runs,
+against 146 forward passes for a loop.
+
+* `attribution_patching`: Nanda's gradient approximation ("Attribution patching",
+  2023; Syed et al. 2023): `metric(patched) - metric(dst) ~= (source - own) .
+  d metric / d site` at the destination run, for every patch of a sweep at once.
+  It is exact calculus on the site mechanism: the derivative of the metric with
+  respect to a patch weight at 0 is that dot product. One source forward, one
+  destination forward and one backward pass. `agreement` reports how well it
+  matches the exact sweep (Pearson and Spearman correlation).
+* `path_patching`: Wang et al. 2023 (IOI) path patching from every sender head to
+  chosen receiver heads' query, key or value inputs, in two patched runs per
+  sender: (1) the destination run with every head's output frozen to the
+  destination's own except the sender's, which takes the source's (MLPs and
+  LayerNorms recompute), recording the receivers' `q`/`k`/`v` sites; (2) the
+  destination run with only those receiver sites patched to the recorded values.
+  `q`, `k`, `v` are linear in their block's input, so patching them is patching the
+  receiver head's input; no hook on the residual stream is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.analysis.ablation import as_batch, default_chunk_size
+from bertjax.config import BertConfig
+from bertjax.functional import (
+    BertOutput,
+    check_inputs,
+    embed,
+    forward,
+    head_logits,
+    mlm_logits,
+    pool,
+    run_layers,
+    token_classify,
+)
+from bertjax.model import BLOCK_SITES, SITES, mix
+
+Params = dict[str, Any]
+Metric = Callable[..., jax.Array]
+DIRECTIONS = ("denoise", "noise")
+HEAD_SITES = ("q", "k", "v", "head_out", "probs")
+RECEIVER_SITES = ("q", "k", "v")
+INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+# Metrics --------------------------------------------------------------------
+
+
+def _head_logits_at(params, config, out: BertOutput, batch, head: str) -> jax.Array:
+  """(B, C) logits of `head`: token heads read `batch["position"]`, sequence heads their input."""
+  if head in ("mlm", "token_classifier"):
+    if "position" not in batch:
+      raise ValueError(f"the {head!r} head reads one token per sequence: targets need "
+                       f"'position' (batch,); got keys {sorted(batch)}")
+    b = jnp.arange(out.last_hidden_state.shape[0])
+    hidden = out.last_hidden_state[b, batch["position"].astype(jnp.int32)]  # (B, H)
+    fn = mlm_logits if head == "mlm" else token_classify
+    return fn(params, config, hidden)
+  if head in ("nsp", "sop", "classifier"):
+    return head_logits(params, config, out, head)
+  raise ValueError(f"{head=!r} must be one of 'mlm', 'token_classifier', 'nsp', 'sop', "
+                   "'classifier'")
+
+
+def _f32(x):
+  """At least float32 (float64 stays float64)."""
+  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _pick(logits, ids):
+  return jnp.take_along_axis(logits, ids.astype(jnp.int32)[:, None], -1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitDiff:
+  """Mean over the batch of `logit[answer] - logit[distractor]` of a task head.
+
+  The standard patching metric (Wang et al. 2023; Heimersheim & Nanda 2024).
+  Token heads ("mlm", "token_classifier") read the final state at
+  `targets["position"]` (only those rows go through the head); sequence heads
+  ("nsp", "sop", "classifier") read what their Hugging Face class reads.
+  Targets: `answer`, `distractor` (batch,) class or token ids; `position` (batch,)
+  for token heads.
+  """
+
+  head: str = "mlm"
+
+  def __call__(self, params, config, out, batch):
+    logits = _f32(_head_logits_at(params, config, out, batch, self.head))
+    return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerLogProb:
+  """Mean over the batch of `log p(answer)` under a task head (targets as `LogitDiff`)."""
+
+  head: str = "mlm"
+
+  def __call__(self, params, config, out, batch):
+    logits = _f32(_head_logits_at(params, config, out, batch, self.head))
+    return jnp.mean(_pick(jax.nn.log_softmax(logits, -1), batch["answer"]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ProbeLogitDiff:
+  """A linear probe on the final states: mean of `logit[answer] - logit[distractor]`.
+
+  Compared by identity (it holds arrays): build it once and pass the same object.
+
+  Attributes:
+    weight: (hidden, classes).
+    bias: (classes,).
+    pooling: "first" (the first token's final state, [CLS]) or "mean" (over real tokens).
+  """
+
+  weight: Any
+  bias: Any
+  pooling: str = "first"
+
+  def __post_init__(self):
+    if self.pooling not in ("first", "mean"):
+      raise ValueError(f"pooling={self.pooling!r} must be 'first' or 'mean'")
+    w, b = np.shape(self.weight), np.shape(self.bias)
+    if len(w) != 2 or b != w[1:]:
+      raise ValueError(f"weight shape {w} and bias shape {b} must be (hidden, C) and (C,)")
+
+  def __call__(self, params, config, out, batch):
+    h = _f32(out.last_hidden_state)
+    if self.pooling == "first":
+      x = h[:, 0]
+    else:
+      m = batch["attention_mask"].astype(h.dtype)[..., None]
+      x = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
+    logits = x @ jnp.asarray(self.weight, h.dtype) + jnp.asarray(self.bias, h.dtype)
+    return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
+
+
+# Results --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchingResult:
+  """A patching sweep: the metric with each patch, beside the clean and corrupted runs.
+
+  Attributes:
+    site: the patched site.
+    axes: names of the two axes of `values`, e.g. ("layer", "head").
+    values: float64 (layers, heads | positions): the metric of each patched run (for
+      attribution patching, its first-order estimate); NaN where a patch does not apply.
+    clean: the metric on the clean run.
+    corrupted: the metric on the corrupted run.
+    direction: "denoise" or "noise".
+    method: "exact", "attribution" or "path".
+  """
+
+  site: str
+  axes: tuple[str, str]
+  values: np.ndarray
+  clean: float
+  corrupted: float
+  direction: str = "denoise"
+  method: str = "exact"
+
+  @property
+  def normalized(self) -> np.ndarray:
+    """`(values - corrupted) / (clean - corrupted)`: 1 = the clean metric, 0 = the corrupted."""
+    return normalize(self.values, self.clean, self.corrupted)
+
+
+def normalize(values, clean: float, corrupted: float) -> np.ndarray:
+  """`(values - corrupted) / (clean - corrupted)`, the conventional patching normalisation.
+
+  Raises:
+    ValueError: when the clean and corrupted metrics are equal (nothing to restore).
+  """
+  if not np.isfinite(clean - corrupted) or clean == corrupted:
+    raise ValueError(f"clean={clean} and corrupted={corrupted} metrics must differ (and be "
+                     "finite) to normalise; compare the raw values instead")
+  return (np.asarray(values, np.float64) - corrupted) / (clean - corrupted)
+
+
+def agreement(exact: PatchingResult, approx: PatchingResult) -> dict[str, float]:
+  """How well `approx` (attribution patching) ranks and scales like `exact`.
+
+  Returns:
+    "pearson" and "spearman" correlations of the normalised values over the
+    entries finite in both, "max_abs_diff" between them, and "n" entries.
+  """
+  a, b = np.asarray(exact.normalized).ravel(), np.asarray(approx.normalized).ravel()
+  if a.shape != b.shape:
+    raise ValueError(f"exact values shape {exact.values.shape} != approx {approx.values.shape}")
+  keep = np.isfinite(a) & np.isfinite(b)
+  a, b = a[keep], b[keep]
+  rank = lambda x: np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
+  corr = lambda x, y: float(np.corrcoef(x, y)[0, 1]) if x.size > 1 and x.std() and y.std() \
+      else float("nan")
+  return {"pearson": corr(a, b), "spearman": corr(rank(a), rank(b)),
+          "max_abs_diff": float(np.abs(a - b).max()) if a.size else float("nan"), "n": int(a.size)}
+
+
+# Patch weights --------------------------------------------------------------
+
+
+def _axes(site: str) -> list[str]:
+  return SITES[site][0].split()
+
+
+def _index_mask(size: int, chosen, what: str) -> np.ndarray:
+  mask = np.zeros(size, bool)
+  if chosen is None:
+    mask[:] = True
+    return mask
+  chosen = np.atleast_1d(np.asarray(chosen))
+  if chosen.ndim != 1 or not np.issubdtype(chosen.dtype, np.integer):
+    raise ValueError(f"{what}={chosen.tolist()} must be a sequence of ints")
+  bad = chosen[(chosen < 0) | (chosen >= size)]
+  if bad.size:
+    raise ValueError(f"{what} {bad.tolist()} are outside [0, {size})")
+  mask[chosen] = True
+  return mask
+
+
+def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, heads=None,
+                 positions=None) -> np.ndarray:
+  """The 0/1 patch weight that selects layers, heads and positions of a site.
+
+  Args:
+    config: the architecture.
+    site: a name from `bertjax.SITES`.
+    seq_len: the padded sequence length.
+    layers: ints (None: every layer); must be None for "embeddings".
+    heads: ints, the heads of every chosen layer, or (layer, head) pairs (then
+      `layers` must be None); None: every head. Only for sites with a head axis.
+    positions: ints, the (query) positions to patch; None: every position.
+
+  Returns:
+    float32, broadcastable to the site's stacked shape (`bertjax.site_shape`): depth
+    first (except "embeddings"), then 1 on every axis but seq (when `positions` is
+    given) and heads (when `heads` is given).
+  """
+  if site not in SITES:
+    raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
+  axes = _axes(site)
+  if heads is not None and "heads" not in axes:
+    raise ValueError(f"heads={heads} given for site {site!r}, which has no head axis "
+                     f"(sites with heads: {HEAD_SITES})")
+  depth, n = config.depth, config.num_attention_heads
+  if site == "embeddings" and layers is not None:
+    raise ValueError(f"layers={layers} given for the 'embeddings' site, which has no depth axis")
+  pairs = heads is not None and len(heads) > 0 and all(
+      isinstance(h, (tuple, list)) for h in heads)
+  if pairs:
+    if layers is not None:
+      raise ValueError(f"heads given as (layer, head) pairs {heads}; then layers={layers} "
+                       "must be None")
+    grid = np.zeros((depth, n), bool)
+    for pair in heads:
+      if len(pair) != 2 or not (0 <= pair[0] < depth and 0 <= pair[1] < n):
+        raise ValueError(f"(layer, head)={tuple(pair)} is outside ({depth}, {n})")
+      grid[pair[0], pair[1]] = True
+  else:
+    grid = (_index_mask(depth, layers, "layers")[:, None]
+            & _index_mask(n, heads, "heads")[None, :])
+  pos = _index_mask(seq_len, positions, "positions")
+  # Depth, then the site's axes, each 1 except the first seq axis (the query position)
+  # when positions are chosen and the head axis when heads are.
+  shape = [depth] + [1] * len(axes)
+  layer_heads = grid if heads is not None else grid[:, :1]  # (depth, N | 1)
+  if heads is not None:
+    shape[1 + axes.index("heads")] = n
+  lh_shape = list(shape)
+  pos_shape = [1] * len(shape)
+  if positions is not None:
+    pos_shape[1 + axes.index("seq")] = shape[1 + axes.index("seq")] = seq_len
+    full = layer_heads.reshape(lh_shape) & pos.reshape(pos_shape)
+  else:
+    full = layer_heads.reshape(lh_shape)
+  full = np.broadcast_to(full, shape).astype(np.float32)
+  return full[0] if site == "embeddings" else full
+
+
+# Inputs ---------------------------------------------------------------------
+
+
+def _pair(config, clean, corrupted, targets, direction):
+  """(source, destination, targets) dicts of arrays, checked."""
+  if direction not in DIRECTIONS:
+    raise ValueError(f"{direction=!r} must be one of {DIRECTIONS}")
+  clean, corrupted = as_batch(clean), as_batch(corrupted)
+  if clean["input_ids"].shape != corrupted["input_ids"].shape:
+    raise ValueError(f"clean input_ids shape {tuple(clean['input_ids'].shape)} must equal "
+                     f"corrupted shape {tuple(corrupted['input_ids'].shape)}")
+  batch = clean["input_ids"].shape[0]
+  targets = {k: jnp.asarray(v) for k, v in dict(targets or {}).items()}
+  for k, v in targets.items():
+    if k in INPUT_KEYS:
+      raise ValueError(f"targets[{k!r}] would shadow the run's own {k}; rename it")
+    if v.ndim == 0 or v.shape[0] != batch:
+      raise ValueError(f"targets[{k!r}] shape {tuple(v.shape)} must lead with batch={batch}")
+  clean = {k: clean[k] for k in INPUT_KEYS}
+  corrupted = {k: corrupted[k] for k in INPUT_KEYS}
+  if not config.type_vocab_size:  # a family without token types ignores a pair's segments
+    for b in (clean, corrupted):
+      b["token_type_ids"] = jnp.zeros_like(b["token_type_ids"])
+  for b in (clean, corrupted):
+    check_inputs(config, b["input_ids"], b["attention_mask"], b["token_type_ids"])
+  src, dst = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
+  return src, dst, targets
+
+
+def _check_site(site: str, allowed: Sequence[str], what: str) -> None:
+  if site not in allowed:
+    raise ValueError(f"site {site!r} is not one {what} can sweep; expected one of "
+                     f"{tuple(allowed)}")
+
+
+def _chunk(chunk_size):
+  chunk_size = default_chunk_size() if chunk_size is None else chunk_size
+  if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+    raise ValueError(f"{chunk_size=!r} must be a positive int or None")
+  return chunk_size
+
+
+def _metrics(src_m, dst_m, direction):
+  clean, corrupted = (src_m, dst_m) if direction == "denoise" else (dst_m, src_m)
+  return float(clean), float(corrupted)
+
+
+def _output(params, config, last) -> BertOutput:
+  return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last))
+
+
+# One patched forward --------------------------------------------------------
+
+
+def patched_forward(params: Params, config: BertConfig, clean, corrupted, *, site: str,
+                    layers=None, heads=None, positions=None, direction: str = "denoise",
+                    weight=None, **forward_kwargs) -> BertOutput:
+  """The destination run with `site` at the chosen layers, heads and positions from the source.
+
+  Args:
+    params, config: the model.
+    clean, corrupted: the pair (same shape).
+    site: any name from `bertjax.SITES`.
+    layers, heads, positions: what to patch (see `patch_weight`).
+    direction: "denoise" runs `corrupted` with clean values; "noise" the reverse.
+    weight: an explicit weight instead of layers/heads/positions (any array that
+      broadcasts to the site's stacked shape; fractions interpolate).
+    **forward_kwargs: passed to `bertjax.forward` (capture, output_attentions, ...).
+
+  Returns:
+    The destination run's `BertOutput`.
+  """
+  src, dst, _ = _pair(config, clean, corrupted, None, direction)
+  seq = dst["input_ids"].shape[1]
+  if weight is None:
+    weight = patch_weight(config, site, seq, layers=layers, heads=heads, positions=positions)
+  value = forward(params, config, src["input_ids"], src["attention_mask"], src["token_type_ids"],
+                  capture=(site,)).cache[site]
+  return forward(params, config, dst["input_ids"], dst["attention_mask"], dst["token_type_ids"],
+                 patch={site: (value, weight)}, **forward_kwargs)
+
+
+# Exact sweeps ---------------------------------------------------------------
+
+
+def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
+  """(P, 1, *site axes) block-local 0/1 weights, one per patch of a sweep."""
+  if over == "heads":
+    ws = [patch_weight(config, site, seq_len, layers=[0], heads=[h], positions=positions)
+          for h in range(config.num_attention_heads)]
+  else:
+    ws = [patch_weight(config, site, seq_len, layers=[0], positions=[t]) for t in range(seq_len)]
+  return np.stack([w[:1] for w in ws])
+
+
+@functools.partial(jax.jit, static_argnames=("config", "site", "metric", "chunk_size"))
+def _sweep(params, config, src, dst, targets, weights, *, site, metric, chunk_size):
+  """One program: source and destination runs, then every patch of every layer: (L, P)."""
+  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
+                    src["token_type_ids"], capture=(site,))
+  value = src_run.cache[site]  # (L, ...)
+  mask = dst["attention_mask"]
+  x = embed(params, config, dst["input_ids"], dst["token_type_ids"])
+  dst_run = run_layers(params, config, x, mask, output_hidden_states=True)
+  inputs = jnp.concatenate([x[None], dst_run.hidden_states])  # inputs[l] = input of block l
+  dst_batch = {**dst, **targets}
+  src_m = metric(params, config, src_run, {**src, **targets})
+  dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
+  depth = config.depth
+  rows = []
+  for l in range(depth):
+
+    def one(w, l=l):  # w: (1, ...) the block-local weight of one patch
+      if site == "out":  # block l's output is stored: the site's own mix, no block to run
+        h = mix(inputs[l + 1], value[l], w[0])
+      else:  # block l from its stored input, patched (leading 1: the one block run)
+        h = run_layers(params, config, inputs[l], mask, start=l, stop=l + 1,
+                       patch={site: (value[l:l + 1], w)}).last
+      last = h if l == depth - 1 else run_layers(params, config, h, mask, start=l + 1).last
+      return metric(params, config, _output(params, config, last), dst_batch)
+
+    rows.append(jax.lax.map(one, weights, batch_size=chunk_size))
+  return jnp.stack(rows), src_m, dst_m
+
+
+def _run_sweep(params, config, clean, corrupted, metric, targets, site, over, positions,
+               direction, chunk_size):
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  seq = dst["input_ids"].shape[1]
+  weights = jnp.asarray(_block_weights(config, site, seq, over, positions))
+  values, src_m, dst_m = _sweep(params, config, src, dst, targets, weights, site=site,
+                                metric=metric, chunk_size=_chunk(chunk_size))
+  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
+                        np.asarray(values, np.float64), clean_m, corrupted_m, direction)
+
+
+def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
+                  targets: Mapping | None = None, site: str = "head_out", positions=None,
+                  direction: str = "denoise", chunk_size: int | None = None) -> PatchingResult:
+  """Patches every (layer, head) of a site alone: one compiled program.
+
+  Args:
+    params, config: the model (stacked layers; not a pruned one).
+    clean, corrupted: the pair, batches of the same shape.
+    metric: `metric(params, config, out, batch) -> scalar` (module docstring).
+    targets: extra (batch, ...) arrays the metric reads (`position`, `answer`, ...).
+    site: "head_out" (each head's context before the output projection), "q",
+      "k", "v" or "probs" (the latter computes T x T maps).
+    positions: patch only these (query) positions; None: every position.
+    direction: "denoise" (corrupted run, clean values) or "noise".
+    chunk_size: patched runs of the blocks after the patched one evaluated at
+      once (vmap width); None: `ablation.default_chunk_size()`.
+
+  Returns:
+    A `PatchingResult` with values (layers, heads).
+  """
+  _check_site(site, HEAD_SITES, "head_patching")
+  if config.is_pruned:
+    raise ValueError("head_patching needs stacked layers; this config is pruned")
+  return _run_sweep(params, config, clean, corrupted, metric, targets, site, "heads", positions,
+                    direction, chunk_size)
+
+
+def position_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
+                      targets: Mapping | None = None, site: str = "out",
+                      direction: str = "denoise",
+                      chunk_size: int | None = None) -> PatchingResult:
+  """Patches every (layer, position) of a site alone (all heads, all features): one program.
+
+  Args:
+    params, config, clean, corrupted, metric, targets, direction, chunk_size: as
+      `head_patching`.
+    site: any block site; "out" (the residual stream after each block, the input
+      of the next) by default, "mid" (after attention and its LayerNorm),
+      "attn_out", "ffn_out", ...; for head sites every head of the position.
+
+  Returns:
+    A `PatchingResult` with values (layers, positions).
+  """
+  _check_site(site, BLOCK_SITES, "position_patching")
+  if config.is_pruned:
+    raise ValueError("position_patching needs stacked layers; this config is pruned")
+  return _run_sweep(params, config, clean, corrupted, metric, targets, site, "positions", None,
+                    direction, chunk_size)
+
+
+# Attribution patching ----------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config", "site", "metric"))
+def _attribution(params, config, src, dst, targets, weights, *, site, metric):
+  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
+                    src["token_type_ids"], capture=(site,))
+  src_m = metric(params, config, src_run, {**src, **targets})
+  value = jax.lax.stop_gradient(src_run.cache[site])
+  zero = jnp.zeros((config.depth, *weights.shape[2:]), value.dtype)
+
+  def patched(w):
+    out = forward(params, config, dst["input_ids"], dst["attention_mask"], dst["token_type_ids"],
+                  patch={site: (value, w)})
+    return metric(params, config, out, {**dst, **targets})
+
+  dst_m, grad = jax.value_and_grad(patched)(zero)  # grad = (source - own) . d metric / d site
+  # Each patch's first-order effect: its weight against the gradient, layer by layer.
+  delta = jnp.einsum("l...,p...->lp", grad, weights[:, 0].astype(grad.dtype))
+  return dst_m + delta, src_m, dst_m
+
+
+def attribution_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
+                         targets: Mapping | None = None, site: str = "head_out",
+                         over: str = "heads", positions=None,
+                         direction: str = "denoise") -> PatchingResult:
+  """Attribution patching: every patch of a sweep estimated from one backward pass.
+
+  `metric(patched) ~= metric(dst) + sum (source - own) * d metric / d site`, the
+  gradient taken at the destination run (Nanda 2023, "Attribution patching:
+  activation patching at industrial scale"; Syed et al. 2023). Through the site
+  mechanism this is `d metric / d weight` at weight 0, so it is exact calculus,
+  not a re-derivation of the layer.
+
+  Args:
+    params, config, clean, corrupted, metric, targets, direction: as `head_patching`.
+    site: as `head_patching` (over="heads") or `position_patching` (over="positions").
+    over: "heads" ((layer, head) estimates, optionally at `positions` only) or
+      "positions" ((layer, position) estimates).
+    positions: with over="heads", the positions patched.
+
+  Returns:
+    A `PatchingResult` (method "attribution") shaped as the exact sweep's, whose
+    values are the first-order estimates of the patched metric; compare with
+    `agreement(exact, approx)`.
+  """
+  if over not in ("heads", "positions"):
+    raise ValueError(f"{over=!r} must be 'heads' or 'positions'")
+  _check_site(site, HEAD_SITES if over == "heads" else BLOCK_SITES, f"attribution over {over}")
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  seq = dst["input_ids"].shape[1]
+  weights = jnp.asarray(_block_weights(config, site, seq, over,
+                                       positions if over == "heads" else None))
+  values, src_m, dst_m = _attribution(params, config, src, dst, targets, weights, site=site,
+                                      metric=metric)
+  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
+                        np.asarray(values, np.float64), clean_m, corrupted_m, direction,
+                        "attribution")
+
+
+# Path patching -----------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config", "receivers", "receiver_sites", "metric",
+                                             "chunk_size"))
+def _path(params, config, src, dst, targets, *, receivers, receiver_sites, metric, chunk_size):
+  depth, n = config.depth, config.num_attention_heads
+  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
+                    src["token_type_ids"], capture=("head_out",))
+  mask = dst["attention_mask"]
+  x = embed(params, config, dst["input_ids"], dst["token_type_ids"])
+  dst_run = run_layers(params, config, x, mask, output_hidden_states=True, capture=("head_out",))
+  inputs = jnp.concatenate([x[None], dst_run.hidden_states])
+  dst_batch = {**dst, **targets}
+  src_m = metric(params, config, src_run, {**src, **targets})
+  dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
+  src_ho, dst_ho = src_run.cache["head_out"], dst_run.cache["head_out"]  # (L, B, T, N, D)
+  first = min(layer for layer, _ in receivers)
+  last = max(layer for layer, _ in receivers)
+  w_recv = np.zeros((depth, 1, 1, n, 1), np.float32)
+  for layer, head in receivers:
+    w_recv[layer, 0, 0, head, 0] = 1.0
+  rows = []
+  for l in range(first):
+
+    def one(h, l=l):
+      sender = (jnp.arange(n) == h)[None, None, :, None]  # (1, 1, N, 1)
+      # Every head frozen at the destination's own output except the sender (source).
+      frozen = dst_ho.at[l].set(jnp.where(sender, src_ho[l], dst_ho[l]))
+      step = run_layers(params, config, inputs[l], mask, start=l, stop=last + 1,
+                        patch={"head_out": (frozen, jnp.ones((), frozen.dtype))},
+                        capture=receiver_sites)
+      patch = {}
+      for s in receiver_sites:  # the receivers' inputs as the sender's path left them
+        full = jnp.zeros((depth, *step.cache[s].shape[1:]), step.cache[s].dtype)
+        patch[s] = (full.at[l:last + 1].set(step.cache[s]), w_recv)
+      out = run_layers(params, config, inputs[first], mask, start=first, patch=patch).last
+      return metric(params, config, _output(params, config, out), dst_batch)
+
+    rows.append(jax.lax.map(one, jnp.arange(n), batch_size=chunk_size))
+  values = jnp.full((depth, n), jnp.nan, jnp.result_type(dst_m))
+  if rows:
+    values = values.at[:first].set(jnp.stack(rows))
+  return values, src_m, dst_m
+
+
+def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
+                  receivers: Sequence[tuple[int, int]], receiver_sites: str | Sequence[str] = "v",
+                  targets: Mapping | None = None, direction: str = "denoise",
+                  chunk_size: int | None = None) -> PatchingResult:
+  """Path patching from every head below the receivers into the receivers' q/k/v inputs.
+
+  Wang et al. 2023 ("Interpretability in the wild", IOI): for each sender head,
+  the effect on the metric that passes through the receiver heads' chosen inputs
+  only. Step 1 runs the destination input with every head output frozen to its
+  own value except the sender's, which takes the source's (MLPs and LayerNorms
+  recompute), and records the receivers' `receiver_sites`; step 2 runs the
+  destination input with only those receiver sites patched to the recorded
+  values. Both are site patches (module docstring); blocks below the sender
+  (step 1) and below the first receiver (step 2) are reused from the stored run.
+
+  Args:
+    params, config, clean, corrupted, metric, targets, direction, chunk_size: as
+      `head_patching`.
+    receivers: (layer, head) pairs.
+    receiver_sites: "q", "k", "v" or several: which input of the receivers the path ends in.
+
+  Returns:
+    A `PatchingResult` (method "path", site "head_out") with values (layers,
+    heads) for each sender; NaN at layers at or above the first receiver's.
+  """
+  sites = (receiver_sites,) if isinstance(receiver_sites, str) else tuple(receiver_sites)
+  if not sites or any(s not in RECEIVER_SITES for s in sites):
+    raise ValueError(f"receiver_sites={receiver_sites!r} must be some of {RECEIVER_SITES}")
+  pairs = tuple(sorted({(int(layer), int(head)) for layer, head in receivers}))
+  if not pairs:
+    raise ValueError("receivers is empty; give (layer, head) pairs")
+  for layer, head in pairs:
+    if not (0 <= layer < config.depth and 0 <= head < config.num_attention_heads):
+      raise ValueError(f"receiver (layer, head)={(layer, head)} is outside "
+                       f"({config.depth}, {config.num_attention_heads})")
+  if pairs[0][0] == 0:
+    raise ValueError(f"receivers {list(pairs)} include layer 0, which no head precedes")
+  if config.is_pruned:
+    raise ValueError("path_patching needs stacked layers; this config is pruned")
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  values, src_m, dst_m = _path(params, config, src, dst, targets, receivers=pairs,
+                               receiver_sites=tuple(sorted(set(sites))), metric=metric,
+                               chunk_size=_chunk(chunk_size))
+  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  return PatchingResult("head_out", ("layer", "head"), np.asarray(values, np.float64), clean_m,
+                        corrupted_m, direction, "path")

@@ -1,0 +1,337 @@
+"""Activation patching: sweeps against loops of single patched forwards and PyTorch hooks.
+
+The (layer, head) and (layer, position) sweeps equal Python loops of single
+`bertjax.forward(..., patch=...)` calls (1e-5), in both directions and with
+padding; head patching on a random-weight `transformers.BertModel` equals the
+same edit made with a PyTorch pre-hook on `attention.output.dense`; attribution
+patching equals (clean - corrupted) . gradient taken by float64 central
+differences; path patching equals its two explicit patched runs; the
+normalisation is checked on hand examples.
+"""
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis import patching as pt
+
+B, T = 3, 9
+
+
+def _tiny(**overrides):
+  config = bertjax.BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=32,
+                                     num_hidden_layers=3, initializer_range=0.2,
+                                     **overrides)
+  params = bertjax.init(config, 0, heads=("mlm",))
+  # Random LayerNorm parameters, so no normalised state is trivially constant.
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  keys = jax.random.split(jax.random.key(7), len(leaves))
+  leaves = [a + 0.2 * jax.random.normal(k, a.shape, a.dtype)
+            if "LayerNorm" in jax.tree_util.keystr(path) else a
+            for (path, a), k in zip(leaves, keys)]
+  return config, jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _pair():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 97, (B, T)).astype(np.int32)
+  corrupted = ids.copy()
+  corrupted[:, 2] = rng.integers(5, 97, B)
+  corrupted[:, 5] = rng.integers(5, 97, B)
+  mask = np.ones((B, T), np.int32)
+  mask[1, 6:] = 0  # right padding in one sequence
+  targets = {"position": np.array([4, 3, 7]), "answer": np.array([11, 12, 13]),
+             "distractor": np.array([20, 21, 22])}
+  return ({"input_ids": ids, "attention_mask": mask},
+          {"input_ids": corrupted, "attention_mask": mask}, targets)
+
+
+def _loop(params, config, clean, corrupted, metric, targets, site, over, direction="denoise",
+          positions=None):
+  """The reference: one patched forward per (layer, head | position)."""
+  dst = corrupted if direction == "denoise" else clean
+  batch = {**{k: jnp.asarray(v) for k, v in dst.items()},
+           **{k: jnp.asarray(v) for k, v in targets.items()}}
+  n = config.num_attention_heads if over == "heads" else T
+  values = np.zeros((config.depth, n))
+  for layer in range(config.depth):
+    for i in range(n):
+      pick = {"heads": [i], "positions": positions} if over == "heads" else {"positions": [i]}
+      out = pt.patched_forward(params, config, clean, corrupted, site=site, layers=[layer],
+                               direction=direction, **pick)
+      values[layer, i] = float(metric(params, config, out, batch))
+  return values
+
+
+@pytest.mark.parametrize("site,positions,direction", [("head_out", None, "denoise"),
+                                                      ("v", [2, 4], "denoise"),
+                                                      ("head_out", None, "noise"),
+                                                      ("probs", None, "denoise")])
+def test_head_sweep_equals_loop_of_patched_forwards(site, positions, direction):
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.LogitDiff("mlm")
+  got = pt.head_patching(params, config, clean, corrupted, metric, targets=targets, site=site,
+                         positions=positions, direction=direction, chunk_size=2)
+  want = _loop(params, config, clean, corrupted, metric, targets, site, "heads", direction,
+               positions)
+  assert got.values.shape == (config.depth, config.num_attention_heads)
+  assert np.ptp(want) > 1e-3  # the patches do something
+  np.testing.assert_allclose(got.values, want, atol=1e-5, rtol=0)
+  # The unpatched runs' metrics: a weight-0 forward of each input.
+  for run, value in ((clean, got.clean), (corrupted, got.corrupted)):
+    out = bertjax.forward(params, config, run["input_ids"], run["attention_mask"])
+    batch = {**{k: jnp.asarray(v) for k, v in run.items()}, **targets}
+    np.testing.assert_allclose(value, float(metric(params, config, out, batch)), atol=1e-6)
+
+
+@pytest.mark.parametrize("site", ["out", "mid"])
+def test_position_sweep_equals_loop_of_patched_forwards(site):
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.AnswerLogProb("mlm")
+  got = pt.position_patching(params, config, clean, corrupted, metric, targets=targets,
+                             site=site, chunk_size=3)
+  want = _loop(params, config, clean, corrupted, metric, targets, site, "positions")
+  assert got.values.shape == (config.depth, T) and np.ptp(want) > 1e-3
+  np.testing.assert_allclose(got.values, want, atol=1e-5, rtol=0)
+
+
+def test_normalisation_hand_examples():
+  np.testing.assert_allclose(pt.normalize([[3.0, 1.0, 2.0, 5.0]], clean=3.0, corrupted=1.0),
+                             [[1.0, 0.0, 0.5, 2.0]])
+  # Noising keeps the same convention: 1 = the clean metric, 0 = the corrupted one.
+  r = pt.PatchingResult("out", ("layer", "position"), np.array([[-2.0, 0.0]]), clean=-2.0,
+                        corrupted=2.0, direction="noise")
+  np.testing.assert_allclose(r.normalized, [[1.0, 0.5]])
+  with pytest.raises(ValueError, match="must differ"):
+    pt.normalize([1.0], clean=0.5, corrupted=0.5)
+  # On the model: a probe of the [CLS] state is fully restored by patching the last block's
+  # output at position 0 and untouched by patching it anywhere else.
+  config, params = _tiny()
+  clean, corrupted, _ = _pair()
+  rng = np.random.default_rng(3)
+  probe = pt.ProbeLogitDiff(rng.normal(size=(config.hidden_size, 3)), rng.normal(size=3))
+  labels = {"answer": np.array([0, 1, 2]), "distractor": np.array([1, 2, 0])}
+  got = pt.position_patching(params, config, clean, corrupted, probe, targets=labels)
+  norm = got.normalized
+  np.testing.assert_allclose(norm[-1, 0], 1.0, atol=1e-5)
+  np.testing.assert_allclose(norm[-1, 1:], 0.0, atol=1e-5)
+  assert abs(got.clean - got.corrupted) > 1e-3
+
+
+def test_attribution_equals_finite_difference_directional_derivative():
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.LogitDiff("mlm")
+  with jax.enable_x64(True):
+    c64 = config.replace(dtype="float64")
+    p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+    approx = pt.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets)
+    approx_pos = pt.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets,
+                                         site="mid", over="positions")
+    clean_ho = bertjax.forward(p64, c64, clean["input_ids"], clean["attention_mask"],
+                               capture=("head_out", "mid")).cache
+    batch = {**{k: jnp.asarray(v) for k, v in corrupted.items()},
+             **{k: jnp.asarray(v) for k, v in targets.items()}}
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def f(site_value, w, site):
+      patch = {site: (site_value, w)}
+      out = bertjax.forward(p64, c64, corrupted["input_ids"], corrupted["attention_mask"],
+                            patch=patch)
+      return metric(p64, c64, out, batch)
+
+    eps = 1e-5
+    for layer, head in [(0, 1), (1, 3), (2, 0)]:
+      w = pt.patch_weight(c64, "head_out", T, layers=[layer], heads=[head]).astype(np.float64)
+      fd = (float(f(clean_ho["head_out"], eps * w, "head_out"))
+            - float(f(clean_ho["head_out"], -eps * w, "head_out"))) / (2 * eps)
+      got = approx.values[layer, head] - approx.corrupted
+      assert abs(fd) > 1e-6
+      np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-10)
+    for layer, position in [(0, 2), (2, 4)]:
+      w = pt.patch_weight(c64, "mid", T, layers=[layer], positions=[position]).astype(np.float64)
+      fd = (float(f(clean_ho["mid"], eps * w, "mid"))
+            - float(f(clean_ho["mid"], -eps * w, "mid"))) / (2 * eps)
+      np.testing.assert_allclose(approx_pos.values[layer, position] - approx_pos.corrupted, fd,
+                                 rtol=1e-6, atol=1e-10)
+  # Against the exact sweep it is an approximation that ranks heads alike here.
+  exact = pt.head_patching(params, config, clean, corrupted, metric, targets=targets,
+                           chunk_size=2)
+  agree = pt.agreement(exact, pt.attribution_patching(params, config, clean, corrupted, metric,
+                                                      targets=targets))
+  assert agree["n"] == config.depth * config.num_attention_heads and agree["pearson"] > 0.5
+
+
+def test_path_patching_equals_its_two_patched_runs():
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.LogitDiff("mlm")
+  receivers = [(2, 1), (2, 3)]
+  got = pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+                         receivers=receivers, receiver_sites=("k", "v"))
+  assert np.isnan(got.values[2]).all() and np.isfinite(got.values[:2]).all()
+  runs = {name: bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                                capture=("head_out",)).cache["head_out"]
+          for name, b in (("clean", clean), ("corrupted", corrupted))}
+  batch = {**{k: jnp.asarray(v) for k, v in corrupted.items()},
+           **{k: jnp.asarray(v) for k, v in targets.items()}}
+  w_recv = pt.patch_weight(config, "v", T, heads=receivers)
+  for layer, head in [(0, 2), (1, 0)]:
+    sender = pt.patch_weight(config, "head_out", T, layers=[layer], heads=[head])
+    frozen = sender * runs["clean"] + (1 - sender) * runs["corrupted"]
+    step = bertjax.forward(params, config, corrupted["input_ids"], corrupted["attention_mask"],
+                           patch={"head_out": (frozen, 1.0)}, capture=("k", "v")).cache
+    out = bertjax.forward(params, config, corrupted["input_ids"], corrupted["attention_mask"],
+                          patch={"k": (step["k"], w_recv), "v": (step["v"], w_recv)})
+    np.testing.assert_allclose(got.values[layer, head], float(metric(params, config, out, batch)),
+                               atol=1e-5)
+  # With no receiver input touched by the sender the path effect is nil: the corrupted metric.
+  assert np.ptp(got.values[:2]) > 0
+
+
+def test_patch_weight_selects_layers_heads_positions():
+  config, _ = _tiny()
+  w = pt.patch_weight(config, "head_out", T, heads=[(0, 1), (2, 3)], positions=[4])
+  assert w.shape == (3, 1, T, 4, 1)
+  assert set(zip(*np.nonzero(w[:, 0, :, :, 0]))) == {(0, 4, 1), (2, 4, 3)}
+  w = pt.patch_weight(config, "probs", T, layers=[1], heads=[2], positions=[0, 5])
+  assert w.shape == (3, 1, 4, T, 1) and w.sum() == 2 and w[1, 0, 2, 5, 0] == 1
+  assert pt.patch_weight(config, "out", T, layers=[2]).shape == (3, 1, 1, 1)
+  assert pt.patch_weight(config, "embeddings", T, positions=[3]).shape == (1, T, 1)
+
+
+def test_bad_input_errors_name_the_value():
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.LogitDiff("mlm")
+  with pytest.raises(ValueError, match="'attn_out' is not one head_patching"):
+    pt.head_patching(params, config, clean, corrupted, metric, targets=targets, site="attn_out")
+  short = {k: v[:, :5] for k, v in corrupted.items()}
+  with pytest.raises(ValueError, match=r"must equal corrupted shape \(3, 5\)"):
+    pt.head_patching(params, config, clean, short, metric, targets=targets)
+  with pytest.raises(ValueError, match=r"heads \[7\] are outside \[0, 4\)"):
+    pt.patch_weight(config, "head_out", T, heads=[7])
+  with pytest.raises(ValueError, match="no head axis"):
+    pt.patch_weight(config, "mid", T, heads=[0])
+  with pytest.raises(ValueError, match="direction='sideways'"):
+    pt.position_patching(params, config, clean, corrupted, metric, targets=targets,
+                         direction="sideways")
+  with pytest.raises(ValueError, match=r"targets\['answer'\] shape \(2,\)"):
+    pt.head_patching(params, config, clean, corrupted, metric,
+                     targets={**targets, "answer": np.array([1, 2])})
+  with pytest.raises(ValueError, match="include layer 0"):
+    pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+                     receivers=[(0, 1)])
+  with pytest.raises(ValueError, match="'position'"):
+    pt.head_patching(params, config, clean, corrupted, metric,
+                     targets={"answer": targets["answer"], "distractor": targets["distractor"]})
+
+
+def _hf_model(tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  torch.manual_seed(0)
+  hf_config = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=3,
+                                      num_attention_heads=4, intermediate_size=48,
+                                      max_position_embeddings=32, attn_implementation="eager")
+  model = transformers.BertModel(hf_config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "LayerNorm.weight" in name:
+        p.copy_(1 + 0.3 * torch.randn(p.shape))
+      elif name.endswith("bias"):
+        p.copy_(0.1 * torch.randn(p.shape))
+  model.save_pretrained(tmp_path)
+  return model
+
+
+@pytest.mark.hf
+def test_head_patching_equals_pytorch_pre_hook_edit(tmp_path):
+  import torch
+
+  model = _hf_model(tmp_path)
+  config, params = bertjax.from_hf(tmp_path)
+  clean, corrupted, _ = _pair()
+  rng = np.random.default_rng(5)
+  weight, bias = rng.normal(size=(32, 3)), rng.normal(size=3)
+  labels = {"answer": np.array([0, 1, 2]), "distractor": np.array([2, 0, 1])}
+  probe = pt.ProbeLogitDiff(weight, bias, pooling="mean")
+  got = pt.head_patching(params, config, clean, corrupted, probe, targets=labels)
+
+  def run(batch, hooks=()):
+    handles = [model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(fn)
+               for layer, fn in hooks]
+    try:
+      with torch.no_grad():
+        out = model(input_ids=torch.tensor(batch["input_ids"]).long(),
+                    attention_mask=torch.tensor(batch["attention_mask"]).long())
+    finally:
+      for h in handles:
+        h.remove()
+    h = out.last_hidden_state.numpy().astype(np.float64)
+    m = batch["attention_mask"][..., None].astype(np.float64)
+    logits = ((h * m).sum(1) / m.sum(1)) @ weight + bias
+    b = np.arange(B)
+    return float(np.mean(logits[b, labels["answer"]] - logits[b, labels["distractor"]]))
+
+  # The clean run's context (the output dense's input) of every layer.
+  clean_ctx = {}
+
+  def keep(layer):
+    return lambda module, args: clean_ctx.__setitem__(layer, args[0].clone())
+
+  run(clean, [(layer, keep(layer)) for layer in range(3)])
+
+  def replace(layer, head):
+    d = 32 // 4
+
+    def hook(module, args):
+      x = args[0].clone()
+      x[..., head * d:(head + 1) * d] = clean_ctx[layer][..., head * d:(head + 1) * d]
+      return (x,)
+
+    return hook
+
+  np.testing.assert_allclose(got.clean, run(clean), atol=1e-5)
+  np.testing.assert_allclose(got.corrupted, run(corrupted), atol=1e-5)
+  for layer, head in [(0, 0), (1, 2), (2, 3), (2, 1)]:
+    want = run(corrupted, [(layer, replace(layer, head))])
+    np.testing.assert_allclose(got.values[layer, head], want, atol=1e-5)
+  assert np.ptp(got.values) > 1e-3
+
+
+TL_PYTHON = pathlib.Path(__file__).resolve().parents[1] / ".venv" / "tl" / "bin" / "python"
+
+
+@pytest.mark.hf
+@pytest.mark.skipif(not TL_PYTHON.exists(), reason=(
+    f"the TransformerLens side environment {TL_PYTHON} is absent; set it up with "
+    "python3 -m venv .venv/tl && .venv/tl/bin/pip install torch==2.13.0 transformer-lens==3.9.0"))
+def test_transformer_lens_benchmark_smoke(tmp_path):
+  repo = TL_PYTHON.parents[3]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_tl.py"), "--smoke",
+                         "--out", str(tmp_path)], cwd=repo, env=env, capture_output=True,
+                        text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  doc = json.loads((tmp_path / "bench_tl_smoke.json").read_text())
+  r = doc["models"]["smoke"]
+  # Both sides computed the same numbers on the same weights.
+  for key, diff in r["compare"]["max_abs_diff"].items():
+    assert diff < 1e-5, (key, diff)
+  assert r["transformer_lens"]["info"]["missing_keys"] == []
+  assert set(r["compare"]["speedup"]) == {"forward", "attention_maps", "ablation_sweep",
+                                          "patching_sweep", "attribution"}
+  assert doc["machine"]["cpu_count"] >= 1 and "isa" in doc["machine"]
+  assert (tmp_path / "bench_tl_smoke.md").read_text().startswith("# bertjax vs TransformerLens")
