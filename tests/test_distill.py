@@ -95,3 +95,29 @@ def test_distillation_losses_match_numpy():
   np.testing.assert_allclose(loss, total, rtol=2e-5)
   # The teacher is frozen: no gradient reaches it (its parameters are not in the tree).
   assert set(grads) == set(params)
+
+
+def test_task_distillation_matches_numpy():
+  t_cfg = bertjax.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=4,
+                             num_attention_heads=4, intermediate_size=48,
+                             max_position_embeddings=24, num_labels=3)
+  t_params = bertjax.init(t_cfg, 0, ("classifier",))
+  s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
+  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
+                          s_params)
+  batch = _batch()
+  batch["labels"] = np.array([0, 2, 1], np.int32)
+  obj = D.TaskDistillation(t_cfg, t_params, temperature=3.0, alpha=0.7)
+  f = jax.jit(St.make_loss_and_grad(s_cfg, task="classification", objective=(obj,),
+                                    deterministic=True))
+  loss, m, _ = f(s_params, batch, jax.random.key(0))
+  logits = lambda p, c: np.asarray(bertjax.head_logits(p, c, bertjax.forward(
+      p, c, batch["input_ids"], batch["attention_mask"]), "classifier"), np.float64)
+  zs, zt = logits(s_params, s_cfg), logits(t_params, t_cfg)
+  hard = -_log_softmax(zs)[np.arange(3), batch["labels"]].mean()
+  soft = -(np.exp(_log_softmax(zt / 3)) * _log_softmax(zs / 3)).sum(-1).mean() * 9
+  np.testing.assert_allclose(m["cls_loss"], hard, rtol=1e-5)
+  np.testing.assert_allclose(m["distill_ce_loss"], soft, rtol=1e-5)
+  np.testing.assert_allclose(loss, 0.3 * hard + 0.7 * soft, rtol=1e-5)
+  with pytest.raises(ValueError, match="no 'token_classifier' head"):
+    D.TaskDistillation(t_cfg, t_params, task="token_classification")

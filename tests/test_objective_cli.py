@@ -51,3 +51,22 @@ def test_pretrain_electra_and_distillation(tmp_path):
   assert {"distill_ce_loss", "cos_loss", "hidden_loss", "attn_loss"} <= set(rows[0])
   config, _ = bertjax.from_hf(tmp_path / "student_hf")
   assert config.num_hidden_layers == 2  # every other teacher layer
+
+
+def test_finetune_with_a_teacher(tmp_path):
+  teacher_cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=4,
+                                   num_attention_heads=4, intermediate_size=48,
+                                   max_position_embeddings=64, num_labels=2)
+  bertjax.to_hf(teacher_cfg, bertjax.init(teacher_cfg, 0, ("classifier",)), tmp_path / "teacher")
+  rows = [line.split("\t") for line in
+          (REPO / "bertjax" / "resources" / "sentences.tsv").read_text().splitlines()[1:17]]
+  table = tmp_path / "neg.tsv"
+  table.write_text("sentence\tlabel\n" + "".join(  # two classes (the labels do not matter)
+      f"{r[0]}\t{'odd' if i % 2 else 'even'}\n" for i, r in enumerate(rows)))
+  argv = ["--table", str(table),
+          "--max-len", "32", "--vocab", str(bertjax.minilm_path() / "vocab.txt"),
+          "--teacher", str(tmp_path / "teacher"), "--steps", "2", "--batch-size", "4",
+          "--output-dir", str(tmp_path / "out"), "--no-progress"]
+  assert commands.finetune_main(argv) == 0
+  config, params = bertjax.from_hf(tmp_path / "out" / "model")
+  assert config.num_hidden_layers == 2 and "classifier" in params

@@ -466,6 +466,8 @@ def finetune_parser() -> argparse.ArgumentParser:
                       "(default: the --init-from directory's)")
   _model_args(p)
   _optim_args(p, lr=2e-5, steps=500)
+  from bertjax.training import objective_cli
+  objective_cli.add_finetune_args(p)
   o = p.add_argument_group("output")
   o.add_argument("--output-dir", default=None, metavar="DIR",
                  help="where model/, metrics.jsonl and summary.json go (default: a new "
@@ -612,6 +614,8 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
                                    seed=args.seed,
                                    label_names=labels if names_known else None)
   config = config.replace(**_program(args))
+  from bertjax.training import objective_cli
+  config, params, objective = objective_cli.finetune_setup(args, task, config, params)
   hp = F.FinetuneConfig(steps=args.steps, batch_size=args.batch_size,
                         accumulation_steps=args.grad_accum, optimizer=args.optimizer,
                         learning_rate=args.lr, warmup_steps=args.warmup, decay=args.decay,
@@ -627,7 +631,7 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
 
     try:
       result = F.finetune(config, params, train_data, eval_data, task=task, hp=hp,
-                          callback=on_record)
+                          callback=on_record, objective=objective)
     finally:
       progress.close()
   model_dir = save_hf_model(result["config"], result["params"], tokenizer, out / "model")

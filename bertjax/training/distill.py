@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.config import BertConfig
-from bertjax.functional import Params, forward, mlm_logits
+from bertjax.functional import Params, forward, head_logits, mlm_logits
 from bertjax.training import losses
 from bertjax.training.objectives import Context, Objective
 
@@ -193,3 +193,90 @@ class Distillation(Objective):
       out["hidden"] = {"loss_sum": jnp.sum(hidden * real), "correct_sum": zero}
       out["attn"] = {"loss_sum": jnp.sum(attn * real), "correct_sum": zero}
     return out
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaskDistillation(Objective):
+  """Fine-tuning with a fine-tuned teacher (Hinton et al. 2015; DistilBERT's task-specific
+  variant): ``(1 - alpha) * CE(labels) + alpha * T^2 * CE(softmax(z_t / T), z_s / T)``.
+
+  Terms: "cls" or "tok" (the labels) and "distill_ce" (soft targets); for token
+  classification both over labelled tokens. Regression heads (1 output) are not supported.
+
+  Attributes:
+    teacher_config, teacher_params: the frozen teacher, with the task's head.
+    task: "classification" or "token_classification".
+    temperature: T.
+    alpha: the soft-target weight.
+  """
+
+  teacher_config: BertConfig | None = None
+  teacher_params: Any = None
+  task: str = "classification"
+  name: str = dataclasses.field(default="distill_ce", kw_only=True)
+  temperature: float = 2.0
+  alpha: float = 0.5
+
+  def __post_init__(self):
+    if not isinstance(self.teacher_config, BertConfig):
+      raise TypeError(f"TaskDistillation needs the teacher's BertConfig, got "
+                      f"{self.teacher_config!r}")
+    if self.task not in ("classification", "token_classification"):
+      raise ValueError(f"task={self.task!r} must be 'classification' or 'token_classification'")
+    head = self.head
+    if self.teacher_params is None or head not in self.teacher_params:
+      raise ValueError(f"the teacher has no {head!r} head (a model fine-tuned for {self.task})")
+    if self.teacher_config.num_labels < 2:
+      raise ValueError(f"teacher num_labels={self.teacher_config.num_labels}: soft targets need "
+                       ">= 2 classes (regression is not supported)")
+    if not self.temperature > 0 or not 0 <= self.alpha <= 1:
+      raise ValueError(f"{self.temperature=} must be > 0 and {self.alpha=} in [0, 1]")
+
+  @property
+  def head(self) -> str:
+    return "classifier" if self.task == "classification" else "token_classifier"
+
+  @property
+  def _hard(self) -> str:
+    return "cls" if self.task == "classification" else "tok"
+
+  @property
+  def heads(self):
+    return (self.head,)
+
+  @property
+  def fields(self):
+    return ("labels",)
+
+  @property
+  def weights(self):
+    return {self._hard: 1.0 - self.alpha, "distill_ce": self.alpha}
+
+  def counts(self, batch):
+    if self.task == "classification":
+      n = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    else:
+      n = jnp.sum((batch["labels"] != losses.IGNORE_INDEX).astype(jnp.float32))
+    return {self._hard: n, "distill_ce": n}
+
+  def terms(self, ctx: Context):
+    b, cfg = ctx.batch, ctx.config
+    t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
+    s = head_logits(ctx.params, cfg, ctx.out, self.head, deterministic=ctx.deterministic,
+                    rng=ctx.head_rng).astype(jnp.float32)
+    t_out = forward(self.teacher_params, t_cfg, b["input_ids"], b["attention_mask"],
+                    b["token_type_ids"])
+    t = jax.lax.stop_gradient(head_logits(self.teacher_params, t_cfg, t_out, self.head))
+    labels = b["labels"]
+    if self.task == "classification":
+      hard = losses.classification_loss_terms(s, labels)
+      valid = jnp.ones(labels.shape, jnp.float32)
+    else:
+      hard = losses.token_classification_loss_terms(s, labels)
+      valid = (labels != losses.IGNORE_INDEX).astype(jnp.float32)
+    temp = self.temperature
+    soft = jax.nn.softmax(t.astype(jnp.float32) / temp, -1)
+    ce = -jnp.sum(soft * jax.nn.log_softmax(s / temp, -1), -1) * temp**2
+    agree = (jnp.argmax(s, -1) == jnp.argmax(t, -1)).astype(jnp.float32)
+    return {self._hard: {"loss_sum": hard["loss_sum"], "correct_sum": hard["correct_sum"]},
+            "distill_ce": {"loss_sum": jnp.sum(ce * valid), "correct_sum": jnp.sum(agree * valid)}}

@@ -400,7 +400,8 @@ def evaluate(params, config: BertConfig, data: dict[str, np.ndarray], task: str,
 def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
              eval_data: dict[str, np.ndarray] | None, *, task: str,
              hp: FinetuneConfig = FinetuneConfig(),
-             callback: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
+             callback: Callable[[str, dict], None] | None = None,
+             objective: Any = None) -> dict[str, Any]:
   """Fine-tunes and evaluates.
 
   Batches are drawn from a seeded permutation per epoch (batch k is a pure
@@ -415,6 +416,8 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
       step, loss, learning_rate, examples_per_s, seconds since the start) and as
       `callback("eval", record)` after every evaluation (step and `eval_<metric>`
       values), for progress bars and metric logs.
+    objective: objective components replacing the task's loss (`training.objectives`),
+      e.g. `distill.TaskDistillation` with a fine-tuned teacher; None: the task's own.
 
   Returns:
     Dict with "metrics" (final eval), "eval_history", "history" (the per-step
@@ -431,7 +434,8 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
                             clip_norm=hp.clip_norm)
   state = create_train_state(params, tx, hp.seed)
   step_fn = make_train_step(config.replace(dtype=hp.dtype), tx, schedule, task=task,
-                            accumulation_steps=hp.accumulation_steps)
+                            accumulation_steps=hp.accumulation_steps,
+                            **({} if objective is None else {"objective": objective}))
   report = callback or (lambda kind, record: None)
   per_epoch = n // hp.batch_size
   history, eval_history = [], []

@@ -91,3 +91,38 @@ def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
     params = {**params, **{k: v for k, v in O.init_objective_params(
         objective, config, args.seed).items() if k not in params}}
   return config, params, data, tuple(objective)
+
+
+def add_finetune_args(p: argparse.ArgumentParser) -> None:
+  """The `bertjax finetune` distillation options."""
+  g = p.add_argument_group("distillation")
+  g.add_argument("--teacher", default=None, metavar="DIR",
+                 help="a Hugging Face model fine-tuned for this task: train on its soft "
+                      "targets too; the student starts from its every other layer unless "
+                      "--init-from is given")
+  g.add_argument("--teacher-weight", type=float, default=0.5, metavar="ALPHA",
+                 help="weight of the soft-target term (1 - ALPHA on the labels)")
+  g.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
+
+
+def finetune_setup(args, task: str, config, params) -> tuple[Any, Any, Any]:
+  """`(config, params, objective)` for `finetune.finetune`; objective None without --teacher."""
+  if not args.teacher:
+    return config, params, None
+  import bertjax
+  from bertjax.training import distill
+
+  t_config, t_params = bertjax.from_hf(args.teacher)
+  if t_config.num_labels != config.num_labels:
+    raise ValueError(f"the teacher has num_labels={t_config.num_labels}; the task has "
+                     f"{config.num_labels}")
+  if t_config.vocab_size != config.vocab_size:
+    raise ValueError(f"the teacher's vocab_size={t_config.vocab_size} differs from the "
+                     f"student's {config.vocab_size}; use the teacher's tokenizer")
+  obj = distill.TaskDistillation(t_config, t_params, task=task, temperature=args.temperature,
+                                 alpha=args.teacher_weight)
+  if not args.init_from:
+    student, params = distill.student_from_teacher(t_config, t_params)
+    config = student.replace(attention_impl=config.attention_impl, dtype=config.dtype,
+                             scan_unroll=config.scan_unroll)
+  return config, params, (obj,)

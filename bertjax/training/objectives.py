@@ -234,14 +234,17 @@ def resolve(objective, *, task: str = "pretrain") -> tuple[Objective, ...]:
       as before components), a "+"-joined list of names ("mlm+sbo", "mlm+word_order"),
       an `Objective`, or a sequence of `Objective`s (used as given).
     task: "pretrain", "classification" or "token_classification" (fine-tuning tasks
-      have one objective each and ignore `objective`).
+      have one objective each and ignore a string `objective`; components are used
+      as given for any task, e.g. `distill.TaskDistillation`).
 
   Returns:
     A tuple of objectives with distinct term names.
   """
-  if task == "classification":
+  components = isinstance(objective, Objective) or (
+      isinstance(objective, (tuple, list)) and len(objective) > 0)
+  if task == "classification" and not components:
     return (Classification(),)
-  if task == "token_classification":
+  if task == "token_classification" and not components:
     return (TokenClassification(),)
   if isinstance(objective, Objective):
     objs = (objective,)
