@@ -95,6 +95,10 @@ class ReportSettings:
     ablation_strategy: `ablation.evaluate_masks`'s strategy.
     ablation_chunk_size: masks evaluated at once; None means
       `ablation.default_chunk_size()` (1 on CPU, fastest there; 16 on accelerators).
+    attribution_sentences: negated sentences the token-attribution methods explain
+      (None: every one with a one-token cue).
+    attribution_ig_steps: integrated gradients' quadrature points.
+    patching_pairs: negated sentences (and twins) the head-patching sweep reads.
     seed: the seed of every split and sample.
   """
 
@@ -114,6 +118,9 @@ class ReportSettings:
   example_heads: int = 4
   ablation_strategy: str = "prefix"
   ablation_chunk_size: int | None = None
+  attribution_sentences: int | None = 48
+  attribution_ig_steps: int = 32
+  patching_pairs: int = 64
   seed: int = 0
 
   @classmethod
@@ -122,7 +129,8 @@ class ReportSettings:
     return cls(max_sentences=60, max_text_sentences=40, batch_size=32, probe_steps=150,
                prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
                anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
-               ablation_strategy="vmap")
+               ablation_strategy="vmap", attribution_sentences=6, attribution_ig_steps=4,
+               patching_pairs=8)
 
 
 # Inputs -----------------------------------------------------------------------
@@ -561,6 +569,28 @@ def effective_section(params, config, tok, passages: Sequence[str], clark: dict,
           "example_text": passages[int(idx[0])]}
 
 
+def attribution_section(params, config, tok, sentences: Sequence[Sentence], task: dict,
+                        settings: ReportSettings) -> dict:
+  """Which attribution method ranks the negation cue first; which heads carry negation.
+
+  The explained quantity is the scoring task's probe (section 3) on the final layer;
+  see `bertjax.analysis.negation`. Attention flow is left out (max-flow per sentence is
+  slow); `experiments/attribution.py` includes it.
+  """
+  from bertjax.analysis import negation
+
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
+  probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
+  negated = [s.text for s in sentences if s.negated]
+  methods = tuple(m for m in negation.METHODS if m != "flow")
+  cues = negation.cue_statistics(params, config, tok, negated, probe, methods=methods,
+                                 ig_steps=settings.attribution_ig_steps,
+                                 batch_size=min(settings.batch_size, 16),
+                                 max_sentences=settings.attribution_sentences)
+  patch = negation.head_patching(params, config, tok, negated[:settings.patching_pairs], probe)
+  return {"cues": cues, "patching": patch}
+
+
 def _jsonable(x):
   if isinstance(x, dict):
     return {str(k): _jsonable(v) for k, v in x.items()}
@@ -727,6 +757,9 @@ def build_report(model_dir: str | os.PathLike | None = None,
     passages = _passages(texts, tok, target, settings.passages)
     eff = effective_section(params, config, tok, passages, clark, settings)
     lap("effective")
+    log("token attribution and head patching on the negated sentences")
+    attrib = attribution_section(params, config, tok, own, task, settings)
+    lap("attribution")
 
     origin = _read_json(model_path / "config.json").get("_name_or_path")
     results = {
@@ -738,7 +771,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
                   "parameters": int(bertjax.count_params(params))},
         "text": text, "settings": dataclasses.asdict(settings), "clark": clark,
         "patterns": patterns, "task": task_results, "ablation": abl, "anisotropy": aniso,
-        "pos": pos, "effective": eff,
+        "pos": pos, "effective": eff, "attribution": attrib,
         "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
                 "backend": jax.default_backend(), "jax_version": jax.__version__},
     }

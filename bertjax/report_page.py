@@ -29,6 +29,7 @@ SECTIONS = (
     ("anisotropy", "6. Anisotropy (Ethayarajh 2019)"),
     ("pos", "7. Part-of-speech probe (UD English EWT)"),
     ("effective", "8. Raw vs effective attention (Brunner et al. 2020)"),
+    ("attribution", "9. Token attribution and head patching (negation)"),
     ("timing", "Run time"),
 )
 
@@ -116,6 +117,17 @@ def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
                    eff["example_tokens"]))
   figs["effective"] = viz.attention_maps(panels, out / "effective.png", columns=2,
                                          title="Raw vs effective attention (one passage)")
+  attrib = results.get("attribution")
+  if attrib:
+    cues, patch = attrib["cues"], attrib["patching"]
+    figs["attribution_methods"] = viz.method_ranks(
+        cues["stats"], cues["chance"]["mrr"], cues["agreement"]["spearman"],
+        out / "attribution_methods.png",
+        title=f"Where each method puts the negation cue ({len(cues['sentences'])} sentences)")
+    figs["attribution_patching"] = viz.patching_heatmaps(
+        patch["exact"], patch["attribution"], out / "attribution_patching.png",
+        cbar_label="share of the negation logit restored",
+        title=f"Heads patched from {patch['pairs']} negated sentences into their twins")
   return {k: p.name for k, p in figs.items()}
 
 
@@ -374,7 +386,60 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
                  np.mean(st["effective"]["raw_corr"][d])])
   parts.append(_table(["layer", "raw [CLS]", "effective [CLS]", "raw [SEP]", "effective [SEP]",
                        "corr(raw, effective)"], rows))
+  if r.get("attribution"):
+    parts.extend(_attribution_html(r["attribution"], figs))
   parts.append(_heading("timing") + _table(
       ["stage", "seconds"], [[k, v] for k, v in r["timing"].items()], 1))
   parts.append("</body></html>")
   return "\n".join(x for x in parts if x)
+
+
+def attribution_sentences(a: dict) -> list[str]:
+  """The section's generated reading of its numbers: what the papers claim, what was measured."""
+  stats, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
+  best = max(stats, key=lambda k: stats[k]["mrr"])
+  weights = max(stats[k]["mrr"] for k in ("attention", "rollout") if k in stats)
+  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
+  above = [k for k, v in mixing.items() if v > weights]
+  agree = "agrees" if len(above) == len(mixing) else "partly agrees" if above else "disagrees"
+  first = (f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
+           "attention weights alone misplace token importance and that counting the value "
+           "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
+           f"best method is {best} (mean reciprocal rank of the cue {stats[best]['mrr']:.2f}; "
+           f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
+           f"{len(above)} of the {len(mixing)} methods that count values do better, so this "
+           f"model {agree} with them.")
+  patch = a["patching"]
+  exact = np.asarray(patch["exact"], float)
+  top = np.unravel_index(np.nanargmax(exact), exact.shape)
+  pearson = patch["agreement"]["pearson"]
+  second = (f"Patching one head's output from a negated sentence into its affirmative twin, "
+            f"block {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
+            f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
+            f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
+            + (", as they report." if pearson > 0.8 else
+               "; here it is a poor estimate, likely because the effect is non-linear "
+               "(LayerNorm, later blocks) for the heads that matter."))
+  return [first, second]
+
+
+def _attribution_html(a: dict, figs: dict) -> list[str]:
+  cues = a["cues"]
+  parts = [_heading("attribution") + (
+      "<p>Which input token explains the scoring task's negation probe (section 3)? For each of "
+      f"{len(cues['sentences'])} negated sentences with a one-token cue (not, never, "
+      "n't, nobody, ...), each method scores every input token's share in the mean-pooled final "
+      "state the probe reads (context-mixing methods: the final rolled-out matrix averaged over "
+      "the sentence's tokens; gradient methods: the probe logit's attribution), and the rank of "
+      "the cue among the sentence's word pieces is recorded. Then each negated sentence is "
+      "paired with its affirmative twin (the cue replaced by a same-length word: not &rarr; "
+      "also, never &rarr; often), and every head's output is patched from the negated run into "
+      "the twin's, exactly and by the gradient approximation.</p>")]
+  parts += [f"<p>{html_escape(t)}</p>" for t in attribution_sentences(a)]
+  parts.append(_fig(figs, "attribution_methods", "Rank of the negation cue by method"))
+  parts.append(_table(["method", "cue ranked first", "mean reciprocal rank", "mean rank"],
+                      [[k, v["top1"], v["mrr"], v["mean_rank"]] for k, v in
+                       cues["stats"].items()]))
+  parts.append(_fig(figs, "attribution_patching",
+                    "Share of the negation logit restored by patching each head"))
+  return parts

@@ -349,3 +349,52 @@ def attention_maps(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path
     fig.suptitle(title, fontsize=11)
   fig.tight_layout()
   return _save(fig, path)
+
+
+def method_ranks(stats: Mapping[str, Mapping[str, float]], chance_mrr: float, agreement,
+                 path, *, title: str = "") -> pathlib.Path:
+  """Left: each attribution method's mean reciprocal rank and top-1 rate of a target token;
+  right: the methods' mean Spearman agreement matrix."""
+  plt = _plt()
+  names = list(stats)
+  agree = np.asarray(agreement, float)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+  x = np.arange(len(names))
+  ax1.bar(x - 0.2, [stats[k]["mrr"] for k in names], 0.4, label="mean reciprocal rank")
+  ax1.bar(x + 0.2, [stats[k]["top1"] for k in names], 0.4, label="ranked first")
+  ax1.axhline(chance_mrr, color="k", ls="--", lw=1, label="chance (MRR)")
+  ax1.set_xticks(x, names, rotation=40, ha="right")
+  ax1.set_ylim(0, 1)
+  ax1.set_title(title)
+  ax1.legend(fontsize=8)
+  im = ax2.imshow(agree, vmin=-1, vmax=1, cmap="RdBu_r")
+  ax2.set_xticks(x, names, rotation=40, ha="right")
+  ax2.set_yticks(x, names)
+  for i in range(len(names)):
+    for j in range(len(names)):
+      if np.isfinite(agree[i, j]):
+        ax2.text(j, i, f"{agree[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                 color=_text_colour(im.cmap(im.norm(agree[i, j]))))
+  fig.colorbar(im, ax=ax2, label="Spearman (token scores)")
+  ax2.set_title("Agreement between methods")
+  return _save(fig, path)
+
+
+def patching_heatmaps(exact, approx, path, *, title: str = "",
+                      cbar_label: str = "share restored") -> pathlib.Path:
+  """Exact and attribution patching of every (block, head), side by side, on one colour scale."""
+  plt = _plt()
+  exact, approx = _check_grid(exact, "exact"), _check_grid(approx, "approx")
+  lim = float(np.nanmax(np.abs(np.concatenate([exact.ravel(), approx.ravel()])))) or 1.0
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  for ax, values, name in ((axes[0], exact, "exact activation patching"),
+                           (axes[1], approx, "attribution patching (gradient)")):
+    im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xlabel("head")
+    _layer_ticks(ax, values.shape[0], 1)
+    ax.set_ylabel("block")
+    ax.set_title(name)
+    fig.colorbar(im, ax=ax, label=cbar_label)
+  if title:
+    fig.suptitle(title)
+  return _save(fig, path)

@@ -1,8 +1,9 @@
-"""experiments/attribution.py: the cue finder, the twins, the ranks and the probe-as-metric."""
+"""bertjax.analysis.negation and experiments/attribution.py: cue, twins, ranks, probe as metric."""
 
 import pathlib
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -12,6 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import attribution  # noqa: E402
 
+from bertjax.analysis import negation  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def tok(minilm_dir):
@@ -20,16 +23,16 @@ def tok(minilm_dir):
 
 def test_cue_twin_and_rank(tok):
   batch = tok.encode(["She did not like it.", "He didn't go.", "No, never, not."])
-  pos = attribution.cue_position(tok, batch, 0)
+  pos = negation.cue_position(tok, batch, 0)
   assert tok.convert_ids_to_tokens([batch.input_ids[0, pos]]) == ["not"]
-  twin = attribution.twin_ids(tok, batch, 0, pos)
+  twin = negation.twin_ids(tok, batch, 0, pos)
   assert tok.decode(twin[batch.attention_mask[0] > 0][1:-1]) == "she did also like it."
-  pos = attribution.cue_position(tok, batch, 1)  # the "t" of "n't"
+  pos = negation.cue_position(tok, batch, 1)  # the "t" of "n't"
   assert tok.convert_ids_to_tokens(batch.input_ids[1, pos - 2:pos + 1]) == ["didn", "'", "t"]
-  assert attribution.cue_position(tok, batch, 2) is None  # three cues: ambiguous
+  assert negation.cue_position(tok, batch, 2) is None  # three cues: ambiguous
   real = np.array([False, True, True, True, False])
-  assert attribution.ranks(np.array([9.0, 0.5, 0.7, 0.1, 9.0]), 2, real) == 1
-  assert attribution.ranks(np.array([9.0, 0.5, 0.7, 0.7, 9.0]), 2, real) == 2  # ties pessimistic
+  assert negation.cue_rank(np.array([9.0, 0.5, 0.7, 0.1, 9.0]), 2, real) == 1
+  assert negation.cue_rank(np.array([9.0, 0.5, 0.7, 0.7, 9.0]), 2, real) == 2  # ties pessimistic
 
 
 def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
@@ -45,8 +48,7 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   np.testing.assert_allclose(w, ref.coef_[0], rtol=2e-3, atol=2e-3)
   np.testing.assert_allclose(b, ref.intercept_[0], rtol=2e-3, atol=2e-3)
   # The experiment's metric: the binary probe as two classes on mean-pooled states.
-  weight = np.stack([np.zeros_like(w), w / sd], 1)
-  metric = patching.ProbeLogitDiff(weight, np.asarray([0.0, b - (mu / sd) @ w]), "mean")
+  metric = patching.ProbeLogitDiff(*attribution.two_class(w, b, mu, sd), "mean")
   hidden = rng.normal(size=(3, 4, 6)).astype(np.float32)
   mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
   out = bertjax.BertOutput(last_hidden_state=hidden)
@@ -55,3 +57,37 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   pooled = attribution.mean_pool(hidden.astype(np.float64), mask)
   want = (((pooled - mu) / sd) @ w + b).mean()
   np.testing.assert_allclose(float(metric(None, None, out, batch)), want, rtol=1e-5)
+
+
+def test_token_scores_and_statistics_on_a_tiny_model(tok):
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  # Random biases too: with the zero biases of a fresh init, a post-LN model is scale
+  # invariant along the path from the zero baseline and integrated gradients cannot complete.
+  rng = np.random.default_rng(2)
+  params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype),
+                                bertjax.init(config, 0))
+  probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
+  texts = ["She did not like it.", "He never came back.", "Nobody saw the cat."]
+  res = negation.cue_statistics(params, config, tok, texts, probe,
+                                methods=("attention", "alti", "integrated_gradients"),
+                                ig_steps=64)
+  assert [s["cue"] for s in res["sentences"]] == ["not", "never", "nobody"]
+  for k, st in res["stats"].items():
+    assert 0 < st["mrr"] <= 1 and 1 <= st["mean_rank"] <= 7
+  agree = np.asarray(res["agreement"]["spearman"])
+  np.testing.assert_allclose(np.diag(agree), 1.0)
+  # Integrated gradients explains the probe logit: completeness against a zero baseline.
+  batch = tok.encode(texts)
+  scores = negation.token_scores(params, config, batch, probe,
+                                 methods=("integrated_gradients",), ig_steps=64)
+  out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask)
+  m = batch.attention_mask[..., None]
+  pooled = (np.asarray(out.last_hidden_state) * m).sum(1) / m.sum(1)
+  logit = pooled @ (probe[0][:, 1] - probe[0][:, 0]) + probe[1][1] - probe[1][0]
+  zero = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
+                         patch={"embeddings": (0.0, 1.0)}).last_hidden_state
+  base = ((np.asarray(zero) * m).sum(1) / m.sum(1)) @ (probe[0][:, 1] - probe[0][:, 0]) \
+      + probe[1][1] - probe[1][0]
+  np.testing.assert_allclose(scores["integrated_gradients"].sum(1), logit - base, rtol=0.01,
+                             atol=1e-3)

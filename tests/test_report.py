@@ -337,3 +337,29 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
   assert [href for href, _ in links] == [f"#{key}" for key in expected] and all(targets)
   data = shot.read_bytes()
   assert data[:8] == PNG_MAGIC and len(data) > 50_000
+
+
+def test_attribution_sentences_follow_the_numbers():
+  """The report's generated reading agrees or disagrees as its JSON numbers say."""
+  from bertjax import report_page
+
+  def section(mrr, pearson):
+    stats = {k: {"mrr": v, "top1": 0.0, "mean_rank": 1 / v} for k, v in mrr.items()}
+    exact = np.zeros((2, 3))
+    exact[1, 2] = 0.6
+    return {"cues": {"stats": stats, "chance": {"mrr": 0.3}},
+            "patching": {"exact": exact, "agreement": {"pearson": pearson}}}
+
+  agree = report_page.attribution_sentences(section(
+      {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
+       "value_zeroing": 0.6}, 0.95))
+  assert "best method is value_zeroing" in agree[0] and "so this model agrees" in agree[0]
+  assert "block 2 head 2 alone restores 0.60" in agree[1] and "as they report" in agree[1]
+  disagree = report_page.attribution_sentences(section(
+      {"attention": 0.7, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
+       "value_zeroing": 0.6}, 0.3))
+  assert "so this model disagrees" in disagree[0] and "poor estimate" in disagree[1]
+  partly = report_page.attribution_sentences(section(
+      {"attention": 0.45, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.3,
+       "value_zeroing": 0.6}, 0.9))
+  assert "2 of the 4" in partly[0] and "partly agrees" in partly[0]
