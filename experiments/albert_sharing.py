@@ -185,7 +185,7 @@ def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = common.parser(__doc__)
+  parser = common.parser(__doc__, model=False)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)")
   args = parser.parse_args(argv)

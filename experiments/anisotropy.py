@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment anisotropy            # the full run (~1.5 min on 2 CPU cores)
-  .venv/bin/python experiments/anisotropy.py [--smoke]
+  .venv/bin/python experiments/anisotropy.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on which model and data, and why:
   Ethayarajh (2019, "How Contextual are Contextualized Word Representations?") found that
@@ -100,15 +100,17 @@ def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
 
 
 def _model(args):
-  """(config, params, tokenizer, name): MiniLM, or a tiny random model for --smoke."""
-  import bertjax
+  """(config, params, tokenizer, name): --model, MiniLM, or a tiny random model for --smoke."""
 
-  if not args.smoke:
-    return (*common.minilm(), "all-MiniLM-L6-v2")
-  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=64)
-  return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+  def tiny():
+    import bertjax
+
+    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+    config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=2, intermediate_size=64)
+    return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+
+  return common.load_model(args, tiny)
 
 
 def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:

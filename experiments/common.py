@@ -4,7 +4,10 @@ Each experiment in this directory is one script answering one question from the
 BERTology literature. They all:
 
 * take `--out DIR`, `--update-results`, `--data-dir DIR`, `--seed`, and `--smoke` (a tiny
-  model and tiny data, seconds not minutes: what the tests run);
+  model and tiny data, seconds not minutes: what the tests run); those that analyse a
+  trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of the six
+  families (a directory or a hub id, with its tokenizer) instead of all-MiniLM-L6-v2 (with
+  `--smoke`: instead of the tiny random model, on the smoke run's small data);
 * write `NAME.json` (every number, the settings, the machine, the time taken, and the
   `findings` rows that feed the README's Findings table) and `NAME_*.png` figures, into a
   scratch directory (`out/experiments` under the working directory, printed) unless
@@ -75,12 +78,17 @@ class _Parser(argparse.ArgumentParser):
     return str(out)
 
 
-def parser(doc: str | None) -> argparse.ArgumentParser:
+def parser(doc: str | None, *, model: bool = True) -> argparse.ArgumentParser:
   """An argument parser with the shared options; the script's docstring is its help text.
 
   After parsing, `args.out` is the output directory (the scratch directory when neither
   `--out` nor `--update-results` is given) and, for `--smoke` without `--data-dir`,
   `args.data_dir` is the shipped samples' directory.
+
+  Args:
+    doc: the help text.
+    model: add `--model DIR_OR_ID` (`args.model`, None when not given; see `load_model`);
+      False for experiments that train their own models from scratch.
   """
   sys.excepthook = _excepthook
   p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +103,11 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
                       "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
                       "fills, then ../shared/data beside the repository; with --smoke: the "
                       "samples shipped in bertjax/resources/smoke)")
+  if model:
+    p.add_argument("--model", default=None, metavar="DIR_OR_ID",
+                   help="a Hugging Face model directory or hub id (BERT, ALBERT, RoBERTa, XLM-R, "
+                        "ELECTRA or DistilBERT, with its tokenizer) to analyse instead of "
+                        "all-MiniLM-L6-v2; with --smoke, instead of the tiny random model")
   p.add_argument("--seed", type=int, default=0, help="seed of every split and sample (default: 0)")
   p.add_argument("--smoke", action="store_true",
                  help="a tiny model and the shipped sample data, for the tests (results are not "
@@ -153,6 +166,33 @@ def minilm():
   path = bertjax.minilm_path()
   config, params = bertjax.from_hf(path)
   return config, params, bertjax.Tokenizer.from_pretrained(path)
+
+
+def pretrained(model: str | os.PathLike):
+  """(config, params, tokenizer, name) of a Hugging Face directory or hub id, any family."""
+  import bertjax
+
+  config, params = bertjax.from_hf(model)
+  tok = bertjax.Tokenizer.from_pretrained(model)
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
+                     f"model's vocab_size={config.vocab_size}")
+  log(f"model: {model} ({config.model_type}, {config.depth} layers x "
+      f"{config.num_attention_heads} heads, hidden {config.hidden_size})")
+  return config, params, tok, str(model)
+
+
+def load_model(args, smoke=None):
+  """(config, params, tokenizer, name): the model an experiment analyses.
+
+  `--model DIR_OR_ID` when given (`pretrained`); else, for `--smoke`, `smoke()` (a tiny
+  random model, returning the same four); else the built-in all-MiniLM-L6-v2.
+  """
+  if getattr(args, "model", None):
+    return pretrained(args.model)
+  if args.smoke and smoke is not None:
+    return smoke()
+  return (*minilm(), "all-MiniLM-L6-v2")
 
 
 def log(*parts: Any) -> None:

@@ -2,7 +2,8 @@
 
 Run:
   ./run.sh experiment dark_secrets
-  .venv/bin/python experiments/dark_secrets.py [--smoke] [--out DIR] [--data-dir DIR] [--seed N]
+  .venv/bin/python experiments/dark_secrets.py [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
+      [--data-dir DIR] [--seed N]
 
 Question: do Kovaleva et al.'s four headline observations hold for a small real encoder
 (all-MiniLM-L6-v2: 6 layers x 12 heads) fine-tuned on a real classification task?
@@ -379,11 +380,19 @@ def figure_training(runs: dict[str, dict], chance: float, out) -> str:
 # The run --------------------------------------------------------------------------------
 
 
-def _model(smoke: bool, seed: int):
-  """(architecture, pre-trained params with a fresh classifier, tokenizer, init description)."""
+def _model(smoke: bool, seed: int, model: str | None = None):
+  """(architecture, pre-trained params with a fresh classifier, tokenizer, init description).
+
+  `model` (`--model`): a Hugging Face directory or hub id of any family, fine-tuned instead
+  of all-MiniLM-L6-v2 (or, with `smoke`, of the tiny random BERT).
+  """
   import bertjax
   from bertjax.training import finetune as ft
 
+  if model:
+    config, _, tok, name = common.pretrained(model)
+    cfg, params = ft.prepare_model("classification", 2, init_from=model, seed=seed)
+    return config, cfg, params, tok, name
   if smoke:  # a tiny random BERT with MiniLM's vocabulary stands in for the pre-trained one
     tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
     tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **SMOKE_MODEL)
@@ -430,7 +439,7 @@ def _run(args, t_start: float) -> None:
   data_root = common.data_dir(args.data_dir, "blimp")
 
   with common.timed(timings, "load"):
-    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed)
+    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
     data, pair_ids, phen, phen_names = load_blimp_task(data_root / "blimp", tok,
                                                        max_len=size["max_len"])
     train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"],

@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment probing_layers            # the full run (~2.5 min CPU; 4-8 min wall)
-  .venv/bin/python experiments/probing_layers.py [--smoke]
+  .venv/bin/python experiments/probing_layers.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on which model and data, and why:
   Tenney et al. (2019, "BERT Rediscovers the Classical NLP Pipeline"), Lin et al. (2019)
@@ -121,15 +121,17 @@ def mlp_rule(linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: floa
 
 
 def _model(args):
-  """(config, params, tokenizer, name): MiniLM, or a tiny random model for --smoke."""
-  import bertjax
+  """(config, params, tokenizer, name): --model, MiniLM, or a tiny random model for --smoke."""
 
-  if not args.smoke:
-    return (*common.minilm(), "all-MiniLM-L6-v2")
-  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=64)
-  return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+  def tiny():
+    import bertjax
+
+    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+    config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=2, intermediate_size=64)
+    return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
+
+  return common.load_model(args, tiny)
 
 
 def _suite(args):

@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment sixteen_heads
-  .venv/bin/python experiments/sixteen_heads.py [--smoke]
+  .venv/bin/python experiments/sixteen_heads.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads):
 
@@ -356,11 +356,11 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    if args.smoke:
+    def tiny():
       tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-      config, params = smoke_model(tok)
-    else:
-      config, params, tok = common.minilm()
+      return (*smoke_model(tok), tok, s["model"])
+
+    config, params, tok, s["model"] = common.load_model(args, tiny)
     sentences = report.load_sentences()
     if s["max_sentences"]:
       rng = np.random.default_rng(args.seed)

@@ -545,7 +545,7 @@ def _fmt(r: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = common.parser(__doc__)
+  parser = common.parser(__doc__, model=False)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)")
   parser.add_argument("--repeats", type=int, choices=(1, 2), default=None,

@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment what_bert_looks_at
-  .venv/bin/python experiments/what_bert_looks_at.py [--smoke]
+  .venv/bin/python experiments/what_bert_looks_at.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads) over the UD English EWT
 dev sentences (gold words, heads and relations; the model reads the gold words, tokenised
@@ -308,11 +308,11 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    if args.smoke:
+    def tiny():
       tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-      config, params = smoke_model(tok)
-    else:
-      config, params, tok = common.minilm()
+      return (*smoke_model(tok), tok, s["model"])
+
+    config, params, tok, s["model"] = common.load_model(args, tiny)
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]

@@ -44,6 +44,15 @@ WEIGHTINGS = ("document", "token")
 PATTERN_TYPES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
 
+def _model_types(config: BertConfig, token_type_ids):
+  """A batch's token types as the model takes them: None for a family without them.
+
+  DistilBERT's tokenizers still number a pair's segments 0 and 1 (`type_vocab_size`
+  is 0); the batch keeps them for the "block" pattern, the model gets none.
+  """
+  return token_type_ids if config.type_vocab_size else None
+
+
 # Token sets -----------------------------------------------------------------
 
 
@@ -52,18 +61,32 @@ def _is_punct(text: str) -> bool:
                             for c in text)
 
 
+def _word_start_markers(tokenizer) -> tuple[str, ...]:
+  """Prefixes marking a word-initial token: "Ġ" (byte-level BPE), "▁" (SentencePiece)."""
+  return ("Ġ", "▁") if getattr(tokenizer, "byte_level", False) else ("▁",)
+
+
 def punctuation_ids(tokenizer) -> np.ndarray:
-  """Sorted ids of the vocabulary entries made only of punctuation (a "##" prefix ignored).
+  """Sorted ids of the vocabulary entries made only of punctuation.
 
   A broader set than Clark et al.'s ("." and ",", `clark_punctuation_ids`): every
   vocabulary entry of Unicode punctuation or ASCII symbols (~185 in BERT's
-  uncased vocabulary).
+  uncased vocabulary), after a WordPiece "##" or a word-start marker (byte-level
+  BPE's "Ġ", SentencePiece's "▁") is set aside, so RoBERTa's "Ġ," counts as ",".
   """
   vocab = tokenizer.tokenizer.get_vocab()
   special = set(tokenizer.special_ids)
+  markers = _word_start_markers(tokenizer)
+
+  def bare(tok: str) -> str:
+    tok = tok.removeprefix("##")
+    for m in markers:
+      tok = tok.removeprefix(m)
+    return tok
+
   ids = [i for tok, i in vocab.items()
          if i not in special and not (tok.startswith("[") and tok.endswith("]"))
-         and _is_punct(tok.removeprefix("##"))]
+         and _is_punct(bare(tok))]
   return np.asarray(sorted(ids), np.int32)
 
 
@@ -72,9 +95,14 @@ def clark_punctuation_ids(tokenizer) -> np.ndarray:
 
   Their notebook (clarkkev/attention-analysis, `General_Analysis.ipynb`) tests
   `token == "." or token == ","`; entries missing from the vocabulary are skipped.
+  For byte-level BPE (RoBERTa) and SentencePiece vocabularies the word-initial
+  forms count too ("Ġ." and "▁.": what a "." after a space, or a pre-split word "."
+  with its added leading space, becomes); WordPiece's "##." does not (the notebook's
+  test excludes it).
   """
   vocab = tokenizer.tokenizer.get_vocab()
-  return np.asarray(sorted(vocab[t] for t in CLARK_PUNCTUATION if t in vocab), np.int32)
+  forms = [m + t for t in CLARK_PUNCTUATION for m in ("",) + _word_start_markers(tokenizer)]
+  return np.asarray(sorted({vocab[t] for t in forms if t in vocab}), np.int32)
 
 
 # Clark et al. 2019 ------------------------------------------------------------
@@ -172,6 +200,7 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
     runner = AttentionRunner(params, config, mesh)
   for batch in batches:
     b = as_batch(batch) if runner is None else runner.batch(as_batch(batch))
+    types = _model_types(config, b["token_type_ids"])
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
     lengths = mask.sum(-1).astype(np.float64)  # (B,)
     # Per-sequence weights: 1 per non-empty document, or its number of real tokens.
@@ -179,11 +208,11 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
     if runner is not None:
       stats_of = runner.statistics
     else:
-      stats_of = lambda b, special: attention_statistics(
-          params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+      stats_of = lambda b, special, types=types: attention_statistics(
+          params, config, b["input_ids"], b["attention_mask"], types,
           special_mask=jnp.asarray(special))
     if entropy_smoothing > 0:
-      maps = (forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+      maps = (forward(params, config, b["input_ids"], b["attention_mask"], types,
                       output_attentions=True).attentions if runner is None
               else runner.maps(b))  # (L, B, N, T, T)
       stats = _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
@@ -275,7 +304,8 @@ def word_level_attention(params: Params, config: BertConfig, batches: Iterable, 
     if "word_ids" not in b:
       raise ValueError("word_level_attention needs batches with 'word_ids' (Tokenizer.encode_words)")
     maps = np.asarray(forward(params, config, b["input_ids"], b["attention_mask"],
-                              b["token_type_ids"], output_attentions=True).attentions)
+                              _model_types(config, b["token_type_ids"]),
+                              output_attentions=True).attentions)
     for i in range(maps.shape[1]):
       yield word_attention(maps[:, i], np.asarray(b["word_ids"][i]),
                            np.asarray(b["attention_mask"][i]), keep_special=keep_special)
@@ -394,7 +424,8 @@ def pattern_types(params: Params, config: BertConfig, batches: Iterable, *,
   counts = np.zeros((config.depth, config.num_attention_heads, len(PATTERN_TYPES)), np.int64)
   for batch in batches:
     b = as_batch(batch)
-    maps = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+    types = _model_types(config, b["token_type_ids"])
+    maps = forward(params, config, b["input_ids"], b["attention_mask"], types,
                    output_attentions=True).attentions  # (L, B, N, T, T)
     special = np.isin(np.asarray(b["input_ids"]), special_ids)
     codes = classify_patterns(pattern_features(maps, special, b["attention_mask"],
@@ -448,7 +479,8 @@ def attention_change(params_a: Params, params_b: Params, config: BertConfig, bat
   reps_a, reps_b, kept = [], [], 0
   for batch in batches:
     b = as_batch(batch)
-    args = (b["input_ids"], b["attention_mask"], b["token_type_ids"])
+    args = (b["input_ids"], b["attention_mask"],
+            _model_types(config, b["token_type_ids"]))
     out_a = forward(params_a, config, *args, output_attentions=True, output_hidden_states=True)
     out_b = forward(params_b, config_b, *args, output_attentions=True, output_hidden_states=True)
     ma, mb = (np.asarray(o.attentions, np.float64) for o in (out_a, out_b))  # (L, B, N, T, T)
@@ -560,7 +592,8 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
   weights = 0
   for batch in batches:
     b = as_batch(batch)
-    out = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+    types = _model_types(config, b["token_type_ids"])
+    out = forward(params, config, b["input_ids"], b["attention_mask"], types,
                   output_attentions=True, output_hidden_states=True)
     maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"], bool)

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -90,7 +91,8 @@ def masked_lm(params: Any, config: Any) -> MaskedLM:
     raise ValueError(
       f"cloze probes need a masked-LM head, but these parameters have no 'mlm' head "
       f"(task heads present: {present}); load a checkpoint with one (BertForMaskedLM, "
-      "BertForPreTraining, AlbertForMaskedLM) or init with heads=('mlm',)")
+      "BertForPreTraining, AlbertForMaskedLM, RobertaForMaskedLM, ElectraForMaskedLM (the "
+      "generator), DistilBertForMaskedLM) or init with heads=('mlm',)")
   return MaskedLM(_BertMLM(config), params)
 
 
@@ -148,9 +150,36 @@ def _lm(model: Any) -> MaskedLM:
 
 
 def single_token_id(tokenizer: Any, word: str) -> int | None:
-  """The vocabulary id of ``word`` if it is exactly one token, else None."""
+  """The vocabulary id of ``word`` if it is exactly one token, else None.
+
+  For a byte-level BPE tokenizer (RoBERTa) the word is looked up as it appears after a
+  space ("Ġfrance"), which is where every blank of these probes sits (``mask_text``).
+  """
+  if getattr(tokenizer, "byte_level", False) and not word.startswith(" "):
+    word = " " + word
   ids = tokenizer.tokenizer.encode(word, add_special_tokens=False).ids
   return int(ids[0]) if len(ids) == 1 else None
+
+
+def mask_text(tokenizer: Any, text: str) -> str:
+  """``text`` with its blank (``[MASK]`` in the probes' data) as the tokenizer's mask token.
+
+  RoBERTa's mask token is ``<mask>``; for byte-level BPE the blank also takes the
+  whitespace before it, as transformers' ``<mask>`` does (``lstrip``), so the model
+  predicts the word with its leading space ("Ġfrance", as ``single_token_id`` looks it
+  up) and no stray "Ġ" token precedes the blank.
+
+  Raises:
+    ValueError: the tokenizer has no mask token.
+  """
+  mask = tokenizer.mask_token
+  if mask is None:
+    raise ValueError(f"the tokenizer has no mask token (roles: {tokenizer.roles})")
+  if mask != "[MASK]":
+    text = text.replace("[MASK]", mask)
+  if getattr(tokenizer, "byte_level", False):
+    text = re.sub(r"\s+" + re.escape(mask), mask, text)
+  return text
 
 
 @dataclasses.dataclass
@@ -183,8 +212,9 @@ def score_queries(
 
   Args:
     model: a ``MaskedLM`` or ``(params, config)``.
-    tokenizer: a ``bertjax.Tokenizer`` (its ``[MASK]`` token marks the blank).
-    texts: sentences with exactly one ``[MASK]``.
+    tokenizer: a ``bertjax.Tokenizer`` (its mask token marks the blank).
+    texts: sentences with exactly one ``[MASK]`` (written as the tokenizer's own mask
+      token by ``mask_text``: ``<mask>`` for RoBERTa), or with its own mask token.
     candidates: per text, words whose log-probability to report (the same count
       for every text); None for none.
     k: predictions to keep.
@@ -209,10 +239,11 @@ def score_queries(
     raise ValueError(f"candidates must give {n_cand} words for each of the {len(texts)} texts")
   enc, positions = [], []
   for i, text in enumerate(texts):
-    ids = tokenizer.encode([text]).input_ids[0]
+    ids = tokenizer.encode([mask_text(tokenizer, text)]).input_ids[0]
     where = np.flatnonzero(ids == tokenizer.mask_id)
     if len(where) != 1:
-      raise ValueError(f"texts[{i}]={text!r} must contain exactly one [MASK]; found {len(where)}")
+      raise ValueError(f"texts[{i}]={text!r} must contain exactly one [MASK] (or "
+                       f"{tokenizer.mask_token}); found {len(where)}")
     enc.append(ids)
     positions.append(int(where[0]))
   targets = np.full((len(texts), max(n_cand, 1)), -1, np.int32)

@@ -283,7 +283,7 @@ def extract_word_features(
   words = _word_lists(sentences)
   if not words:
     raise ValueError("sentences is empty")
-  max_len = config.max_position_embeddings
+  max_len = config.max_length  # RoBERTa: max_position_embeddings - pad_token_id - 1
   lengths_words = np.asarray([len(w) for w in words])
   offsets = np.concatenate([[0], np.cumsum(lengths_words)]).astype(np.int64)
   sent_idx, word_idx = _sentence_index(offsets)
@@ -292,7 +292,8 @@ def extract_word_features(
   too_long = np.flatnonzero(lengths > max_len)
   if too_long.size:
     raise ValueError(f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
-                     f"max_position_embeddings={max_len}")
+                     f"the model's {max_len} positions ({config.model_type}, "
+                     f"max_position_embeddings={config.max_position_embeddings})")
   plan = plan_batches(lengths, max_tokens, length_multiple)
   if mesh is not None:
     from bertjax import sharding
@@ -385,7 +386,7 @@ def forward_throughput(
     ``{"tokens", "seconds", "tokens_per_second"}`` (real tokens, best of ``repeats``).
   """
   words = _word_lists(sentences)
-  encodings = _encode_all(tokenizer, words, config.max_position_embeddings)
+  encodings = _encode_all(tokenizer, words, config.max_length)
   lengths = np.asarray([len(ids) for ids, _ in encodings])
   batches = []
   for idx, rows, width in plan_batches(lengths, max_tokens, length_multiple):
