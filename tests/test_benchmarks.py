@@ -56,3 +56,24 @@ def test_forward_benchmark_smoke():
     for impl in ("bertjax", "torch_sdpa"):
       np.testing.assert_allclose(r[impl]["gflops"], r["gflop"] / r[impl]["median_s"])
       assert 0 < r[impl]["fraction_of_peak"]
+
+
+def test_families_benchmark_smoke(tmp_path):
+  """bertjax, KerasHub (side interpreter, when set up) and PyTorch side by side, tiny shapes."""
+  _run("bench_families.py", "--smoke", "--out", str(tmp_path))
+  doc = json.loads((tmp_path / "bench_families_smoke.json").read_text())
+  assert doc["smoke"] and doc["rounds"] == 1 and doc["machine"]["cpus"] >= 1
+  assert "isa_flags" in doc["machine"] and doc["machine"]["torch_threads"] >= 1
+  assert [(r["model"], r["batch"]) for r in doc["rows"]] == [
+      ("bert-base", 2), ("bert-base", 4), ("roberta-base", 2), ("roberta-base", 4)]
+  keras = doc["keras_hub_skipped"] is None  # else the reason names the missing interpreter
+  assert keras or ".venv/keras" in doc["keras_hub_skipped"] or "worker" in doc["keras_hub_skipped"]
+  for r in doc["rows"]:
+    assert r["max_abs_diff_bertjax_vs_torch"] < 1e-4  # the same weights, the same numbers
+    impls = ("bertjax", "torch_sdpa") + (("keras_hub",) if keras else ())
+    for impl in impls:
+      assert r[impl]["median_s"] > 0 and len(r[impl]["times_s"]) == 1
+    assert r["bertjax"]["params"] == r["torch_sdpa"]["params"]
+    if keras and r["model"] == "bert-base":
+      assert r["keras_hub"]["params"] == r["bertjax"]["params"]  # same sizes, same count
+  assert (tmp_path / "bench_families_smoke.md").read_text().count("| bert-base |") == 2
