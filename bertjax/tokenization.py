@@ -71,9 +71,11 @@ class Tokenizer:
   """Tokenises text or pre-split words into padded NumPy batches."""
 
   def __init__(self, tokenizer, model_max_length: int = 512,
-               roles: dict[str, str] | None = None):
+               roles: dict[str, str] | None = None, token_types: bool = True):
     self.tokenizer = tokenizer
     self.model_max_length = model_max_length
+    # False for families without token-type embeddings (DistilBERT): ids are all 0.
+    self.token_types = token_types
     vocab = tokenizer.get_vocab()
     roles = dict(roles or {})
     # Without declared roles: the first of the families' conventions the vocabulary has.
@@ -129,7 +131,10 @@ class Tokenizer:
     tok = _load_backend(path, settings, roles)
     tok.no_padding()
     tok.no_truncation()
-    return cls(tok, max_len, roles)
+    from bertjax.families import FAMILIES
+
+    token_types = FAMILIES[model_type].token_types if model_type in FAMILIES else True
+    return cls(tok, max_len, roles, token_types)
 
   def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
              max_length: int | None = None, pad_to: int | None = None,
@@ -279,7 +284,8 @@ class Tokenizer:
       n = len(e.ids)
       ids[b, :n] = e.ids
       mask[b, :n] = 1
-      types[b, :n] = e.type_ids
+      if self.token_types:
+        types[b, :n] = e.type_ids
       words[b, :n] = [-1 if w is None else w for w in e.word_ids]
       # Special tokens carry no word (some tokenizers give them the word id of a neighbour).
       special = np.asarray(e.special_tokens_mask, bool)

@@ -87,6 +87,13 @@ def test_wordpiece_vocab_txt(tmp_path, corpus):
   theirs = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
   _compare(ours, theirs, corpus)
   assert ours.convert_ids_to_tokens([ours.cls_id, ours.sep_id]) == ["[CLS]", "[SEP]"]
+  assert ours.encode(["a b"], ["c d"]).token_type_ids.max() == 1
+  # DistilBERT has no token types: pairs get all-zero ids, as its model needs.
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "distilbert"}))
+  distil = bertjax.Tokenizer.from_pretrained(tmp_path)
+  pair = distil.encode(["a b"], ["c d"])
+  assert not pair.token_type_ids.any() and (pair.input_ids == ours.encode(["a b"], ["c d"])
+                                            .input_ids).all()
 
 
 @pytest.mark.data

@@ -140,7 +140,7 @@ def token_reconstruction_loss(params, config, batch, last_hidden_state, pooled):
   word = params["embeddings"]["word_embeddings"]["embedding"]
   if word.shape[-1] != last_hidden_state.shape[-1]:
     raise ValueError(f"word embeddings width {word.shape[-1]} != hidden width "
-                     f"{last_hidden_state.shape[-1]} (ALBERT); use mlm_loss")
+                     f"{last_hidden_state.shape[-1]} (a factorised embedding: ALBERT, ELECTRA with embedding_size != hidden_size); use mlm_loss")
   dtype = jnp.promote_types(last_hidden_state.dtype, jnp.float32)
   logits = jnp.einsum("bth,vh->btv", last_hidden_state, word.astype(last_hidden_state.dtype))
   logp = jax.nn.log_softmax(logits.astype(dtype))
