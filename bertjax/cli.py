@@ -185,6 +185,20 @@ def _run_delegated(name: str, argv: Sequence[str]) -> int:
   return int(main(list(argv)) or 0)
 
 
+def _analyze_parser(sub) -> None:
+  """`bertjax analyze`, listed for `bertjax --help`; `main` hands its arguments to
+  `bertjax.analysis.jobs.analyze_main` untouched (its parser lives there, beside the code)."""
+  sub.add_parser("analyze", add_help=False,
+                 help="run analyses over many checkpoints (a run's steps, seeds) as one "
+                      "resumable job, with figures against training step")
+
+
+def _run_analyze(argv: Sequence[str]) -> int:
+  from bertjax.analysis import jobs
+
+  return int(jobs.analyze_main(list(argv)) or 0)
+
+
 def parser() -> argparse.ArgumentParser:
   """The `bertjax` argument parser."""
   p = argparse.ArgumentParser(
@@ -197,6 +211,7 @@ def parser() -> argparse.ArgumentParser:
   _report_parser(sub)
   _data_parser(sub)
   _delegated_parsers(sub)
+  _analyze_parser(sub)
   return p
 
 
@@ -227,6 +242,8 @@ def _run(command: str, fn, *fn_args) -> int:
 
 
 def _main(argv: list[str]) -> int:
+  if argv and argv[0] == "analyze":
+    return _run("analyze", _run_analyze, argv[1:])
   if argv and argv[0] in _DELEGATED:
     return _run(argv[0], _run_delegated, argv[0], argv[1:])
   p = parser()

@@ -1,0 +1,576 @@
+"""Many checkpoints as one job: a set of analyses over a list of checkpoints (`bertjax analyze`).
+
+    bertjax analyze runs/mini google/multiberts-seed_0-step_20k models/bert-small \\
+        --analyses head_ablation,attention,probing,anisotropy --out out/analyze
+
+A checkpoint is a Hugging Face model directory, a hub id (the local huggingface_hub cache),
+or a `bertjax pretrain` output folder (or its `checkpoints/` folder), which stands for all
+its saved steps (``RUN@8`` or ``RUN@8,16`` for some). Each (checkpoint, analysis) result is
+one JSON file, ``OUT/results/<checkpoint>/<analysis>.json``, written under a temporary name
+and renamed when complete: a job started again skips the results present, so an
+interrupted job resumes where it stopped, and a killed one leaves no half-written file.
+At the end ``OUT/figures/<analysis>.png`` draws every scalar metric against training step,
+one line per run or seed (against seed where no step is known; matplotlib, the ``plots``
+extra), and ``OUT/summary.json`` lists the checkpoints and files.
+
+The analyses (`ANALYSES`), all on the same sentences (the shipped UD sample, or UD English
+EWT's dev set with ``--data-dir``):
+
+* ``head_ablation``: every single head and every layer masked (`ablation_sweep`), on the
+  masked-LM loss (15% of the real tokens masked, fixed) when the checkpoint has an MLM head,
+  else on the cosine to the intact mean-pooled embedding;
+* ``attention``: Clark et al.'s attention to [CLS], [SEP], "." and "," and entropy (the
+  kernel statistics path);
+* ``probing``: a linear UPOS probe per layer on first-subword features, held-out accuracy;
+* ``anisotropy``: Ethayarajh's mean cosine of random word pairs, per layer.
+
+With ``--mesh`` every analysis runs on a device mesh (`bertjax.sharding.analysis_mesh`); with
+the multi-host variables of `bertjax pretrain` set, every process runs the job, each feeding
+its devices' rows, and process 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+ANALYSES = ("head_ablation", "attention", "probing", "anisotropy")
+RESULT_VERSION = 1
+PathLike = str | os.PathLike
+
+
+# Checkpoints ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """One model to analyse.
+
+  Attributes:
+    label: its results folder name (unique within a job).
+    kind: "hf" (a model directory or hub id) or "orbax" (a step of a pretraining run).
+    path: the directory or hub id; for "orbax", the run's checkpoints/ folder.
+    step: the training step, from the run or from the name ("step_20k"), else None.
+    seed: the seed, from the run's settings or from the name ("seed_3"), else None.
+    run: the series it belongs to in the figures: the run folder, or the name without
+      its step.
+    tokenizer: the tokenizer path (None: the checkpoint's own).
+  """
+
+  label: str
+  kind: str
+  path: str
+  step: int | None = None
+  seed: int | None = None
+  run: str = ""
+  tokenizer: str | None = None
+
+  def describe(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def _name_number(pattern: str, text: str) -> int | None:
+  m = re.search(pattern, text, re.IGNORECASE)
+  if m is None:
+    return None
+  return int(m.group(1)) * (1000 if m.group(2) else 1)
+
+
+def _step_of(name: str) -> int | None:
+  """"multiberts-seed_0-step_20k" -> 20000; None without a step in the name."""
+  return _name_number(r"step[_-]?(\d+)(k?)(?![a-z])", name)
+
+
+def _seed_of(name: str) -> int | None:
+  return _name_number(r"seed[_-]?(\d+)()", name)
+
+
+def _run_dirs(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path] | None:
+  """(checkpoints folder, run folder) of a pretraining output or its checkpoints/ folder."""
+  if (path / "checkpoints").is_dir():
+    return path / "checkpoints", path
+  if any(p.name.isdigit() for p in path.iterdir() if p.is_dir()):
+    return path, path.parent
+  return None
+
+
+def _saved_steps(ckpt_dir: pathlib.Path) -> list[int]:
+  # Orbax renames a step's temporary folder to "<step>" only once it is complete.
+  return sorted(int(p.name) for p in ckpt_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def expand_checkpoints(sources: Sequence[str], *, tokenizer: str | None = None) -> list[Checkpoint]:
+  """The checkpoints named by `sources`, pretraining runs expanded into their steps.
+
+  Args:
+    sources: model directories, hub ids, `bertjax pretrain` output folders (every saved
+      step) or ``RUN@STEP[,STEP...]``.
+    tokenizer: a tokenizer path for every checkpoint (default: each one's own; a run's
+      ``vocab/`` folder).
+
+  Returns:
+    The checkpoints, in the order given (a run's steps ascending).
+
+  Raises:
+    ValueError, FileNotFoundError: a source that is none of these, or a step not saved.
+  """
+  if not sources:
+    raise ValueError("no checkpoints given")
+  out: list[Checkpoint] = []
+  for src in sources:
+    base, _, steps_text = str(src).partition("@")
+    path = pathlib.Path(base).expanduser()
+    dirs = _run_dirs(path) if path.is_dir() else None
+    if steps_text and dirs is None:
+      raise ValueError(f"{src!r}: '@STEP' needs a `bertjax pretrain` output folder, and {base!r} "
+                       "is not one")
+    if dirs is not None and not (path / "config.json").is_file():
+      ckpt_dir, run = dirs
+      saved = _saved_steps(ckpt_dir)
+      try:
+        wanted = [int(s) for s in steps_text.split(",")] if steps_text else saved
+      except ValueError:
+        raise ValueError(f"{src!r}: steps {steps_text!r} must be integers, e.g. RUN@8,16") from None
+      missing = sorted(set(wanted) - set(saved))
+      if missing or not wanted:
+        raise ValueError(f"{src!r}: steps {missing or wanted} are not saved in {ckpt_dir} "
+                         f"(saved: {saved})")
+      tok = tokenizer or str(run / "vocab")
+      out += [Checkpoint(f"{run.name}-step{s:07d}", "orbax", str(ckpt_dir), s, None,
+                         run.name, tok) for s in wanted]
+    elif path.is_dir():
+      if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{str(path)!r} is neither a Hugging Face model directory "
+                                "(no config.json) nor a `bertjax pretrain` output folder")
+      name = path.resolve().name
+      out.append(Checkpoint(name, "hf", str(path), _step_of(name), _seed_of(name),
+                            _series(name), tokenizer))
+    elif re.fullmatch(r"[\w.-]+/[\w.-]+", base):
+      out.append(Checkpoint(base.replace("/", "--"), "hf", base, _step_of(base), _seed_of(base),
+                            _series(base), tokenizer))
+    else:
+      raise FileNotFoundError(f"checkpoint {src!r} is not a directory, a pretraining run or a "
+                              "hub id (owner/name)")
+  seen: dict[str, int] = {}
+  unique = []
+  for ck in out:  # the same name twice (two runs called "run"): number the later ones
+    n = seen.get(ck.label, 0)
+    seen[ck.label] = n + 1
+    unique.append(ck if n == 0 else dataclasses.replace(ck, label=f"{ck.label}-{n + 1}"))
+  return unique
+
+
+def _series(name: str) -> str:
+  """A name without its step: the line a checkpoint joins in the figures."""
+  return re.sub(r"[_-]?step[_-]?\d+k?(?![a-z])", "", name, flags=re.IGNORECASE) or name
+
+
+def load_checkpoint(ck: Checkpoint):
+  """`(config, params, tokenizer, checkpoint)`; a run's step gets its seed from the run."""
+  import bertjax
+
+  if ck.kind == "orbax":
+    from bertjax.data import corpus
+    from bertjax.training import checkpoint
+
+    config, params, meta = checkpoint.restore_params(ck.path, ck.step)
+    seed = (meta.get("extra") or {}).get("train", {}).get("seed")
+    ck = dataclasses.replace(ck, seed=seed if ck.seed is None else ck.seed)
+    if ck.tokenizer is None or not pathlib.Path(ck.tokenizer).exists():
+      raise FileNotFoundError(f"no tokenizer at {ck.tokenizer} for {ck.label}; pass --tokenizer")
+    tok = bertjax.Tokenizer(corpus.load_tokenizer(ck.tokenizer), config.max_position_embeddings)
+  else:
+    config, params = bertjax.from_hf(ck.path)
+    tok = bertjax.Tokenizer.from_pretrained(ck.tokenizer or ck.path)
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f"{ck.label}: the tokenizer has {tok.vocab_size} tokens but the model's "
+                     f"vocab_size={config.vocab_size}")
+  return config, params, tok, ck
+
+
+# Data and the analyses ---------------------------------------------------------------------
+
+
+def load_sentences(data_dir: PathLike | None = None, max_sentences: int | None = None):
+  """UD sentences to analyse: the shipped sample, or UD English EWT dev from `data_dir`.
+
+  Returns:
+    `(sentences, source)`: `conllu.Sentence`s and the file read.
+  """
+  from bertjax.data import conllu, fetch
+
+  if data_dir is None:
+    path = fetch.smoke_dir() / "ud_english_ewt" / "en_smoke-ud-dev.conllu"
+  else:
+    path = fetch.find("ud_english_ewt", data_dir) / "en_ewt-ud-dev.conllu"
+  sentences = conllu.read_conllu(path, max_sentences=max_sentences)
+  if len(sentences) < 5:
+    raise ValueError(f"{path} has {len(sentences)} sentences; the analyses need at least 5")
+  return sentences, str(path)
+
+
+class _Context:
+  """One checkpoint's model, data and shared intermediate results (features, batches)."""
+
+  def __init__(self, params, config, tokenizer, sentences, mesh, batch_size):
+    self.params, self.config, self.tok = params, config, tokenizer
+    self.sentences, self.mesh, self.batch_size = sentences, mesh, batch_size
+    self._features = None
+    self._batches = None
+
+  def batches(self) -> list[dict[str, np.ndarray]]:
+    """The sentences in batches of `batch_size` (the last may be smaller), each padded to
+    its `bucket_width`, with MLM labels: 15% of the real, non-special tokens masked (a
+    fixed seed)."""
+    if self._batches is None:
+      from bertjax.analysis.features import bucket_width
+
+      words = [list(s.forms) for s in self.sentences]
+      rng = np.random.default_rng(0)
+      out = []
+      for start in range(0, len(words), self.batch_size):
+        chunk = words[start:start + self.batch_size]
+        b = self.tok.encode_words(chunk, max_length=self.config.max_length, truncation=True)
+        n, t = b.input_ids.shape
+        width = min(bucket_width(t), self.config.max_length)
+        ids = np.full((n, width), self.tok.pad_id, np.int32)
+        mask, types = np.zeros_like(ids), np.zeros_like(ids)
+        ids[:, :t], mask[:, :t], types[:, :t] = b.input_ids, b.attention_mask, b.token_type_ids
+        candidates = (mask > 0) & ~np.isin(ids, list(self.tok.special_ids))
+        chosen = candidates & (rng.random(ids.shape) < 0.15)
+        labels = np.where(chosen, ids, -100).astype(np.int32)
+        inputs = ids.copy()
+        if self.tok.mask_id is not None:
+          inputs[chosen] = self.tok.mask_id
+        out.append({"input_ids": inputs, "attention_mask": mask, "token_type_ids": types,
+                    "labels": labels, "unmasked_ids": ids})
+      self._batches = out
+    return self._batches
+
+  def features(self):
+    if self._features is None:
+      from bertjax.analysis.features import extract_word_features
+
+      self._features = extract_word_features(self.params, self.config, self.tok, self.sentences,
+                                             progress=False, mesh=self.mesh)
+    return self._features
+
+
+def _head_ablation(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import ablation
+
+  mlm = "mlm" in ctx.params and ctx.tok.mask_id is not None
+  metric = ablation.mlm_loss if mlm else ablation.mean_embedding_cosine
+  batches = ctx.batches()
+  if not mlm:  # the cosine reads the sentences themselves
+    batches = [{**b, "input_ids": b["unmasked_ids"]} for b in batches]
+  res = ablation.ablation_sweep(ctx.params, ctx.config, batches, metric, modes=("scale",),
+                                include=("heads", "layers"), mesh=ctx.mesh)["scale"]
+  sign = 1.0 if mlm else -1.0  # damage: the loss going up, or the cosine going down
+  heads, layers = sign * (res.heads - res.baseline), sign * (res.layers - res.baseline)
+  metrics = {"baseline": res.baseline, "mean_head_damage": float(heads.mean()),
+             "max_head_damage": float(heads.max()), "max_layer_damage": float(layers.max())}
+  arrays = {"metric": "mlm_loss" if mlm else "mean_embedding_cosine",
+            "heads": res.heads.tolist(), "layers": res.layers.tolist()}
+  return metrics, arrays
+
+
+def _attention(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import attention
+
+  batches = [{k: b[k] for k in ("attention_mask", "token_type_ids")}
+             | {"input_ids": b["unmasked_ids"]} for b in ctx.batches()]
+  stats = attention.clark_statistics(ctx.params, ctx.config, batches, sep_id=ctx.tok.sep_id,
+                                     punct_ids=attention.clark_punctuation_ids(ctx.tok),
+                                     entropy_smoothing=0.0, mesh=ctx.mesh)
+  metrics = {f"mean_{name}": float(stats[name].mean()) for name in ("cls", "sep", "punct",
+                                                                    "entropy")}
+  return metrics, {name: v.tolist() for name, v in stats.items()}
+
+
+def _probe_split(n: int) -> np.ndarray:
+  """Sentence indices held out for testing: a fixed fifth."""
+  return np.sort(np.random.default_rng(0).permutation(n)[: max(1, n // 5)])
+
+
+def _probing(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import probing
+  from bertjax.data import conllu
+
+  wf = ctx.features()
+  labels = conllu.encode_field(ctx.sentences, conllu.build_vocab(ctx.sentences, "upos"), "upos")
+  test = np.isin(wf.sentence_index, _probe_split(len(ctx.sentences)))
+  feats = np.asarray(wf.features, np.float32)
+  probe = probing.Probe(probing.ProbeConfig(max_steps=300, eval_every=50, patience=None))
+  probe.fit(feats[:, ~test], labels[~test])
+  acc = probe.accuracy(feats[:, test], labels[test])
+  metrics = {"best_accuracy": float(acc.max()), "best_layer": int(acc.argmax()),
+             "last_layer_accuracy": float(acc[-1])}
+  return metrics, {"accuracy": acc.tolist(), "train_words": int((~test).sum()),
+                   "test_words": int(test.sum())}
+
+
+def _anisotropy(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import geometry
+
+  by_layer = geometry.anisotropy(np.asarray(ctx.features().features, np.float32),
+                                 num_pairs=1000, seed=0)
+  return ({"last_layer": float(by_layer[-1]), "mean": float(by_layer.mean())},
+          {"by_layer": by_layer.tolist()})
+
+
+RUNNERS: dict[str, Callable[[_Context], tuple[dict, dict]]] = {
+    "head_ablation": _head_ablation, "attention": _attention, "probing": _probing,
+    "anisotropy": _anisotropy}
+
+
+# Files -------------------------------------------------------------------------------------
+
+
+def write_json_atomic(path: PathLike, obj: Any) -> pathlib.Path:
+  """Writes JSON to a temporary file beside `path`, then renames it over `path`."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+  os.replace(tmp, path)
+  return path
+
+
+def result_path(out_dir: PathLike, ck: Checkpoint, analysis: str) -> pathlib.Path:
+  return pathlib.Path(out_dir) / "results" / ck.label / f"{analysis}.json"
+
+
+def _remove_stale_temporaries(out_dir: pathlib.Path) -> None:
+  for tmp in out_dir.glob("**/.*.tmp*"):  # left by a killed job
+    tmp.unlink(missing_ok=True)
+
+
+def _check_analyses(analyses: Sequence[str]) -> tuple[str, ...]:
+  analyses = tuple(dict.fromkeys(analyses))
+  unknown = [a for a in analyses if a not in RUNNERS]
+  if unknown or not analyses:
+    raise ValueError(f"analyses {unknown or list(analyses)} must be a non-empty subset of "
+                     f"{ANALYSES}")
+  return analyses
+
+
+def _require_matplotlib() -> None:
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    raise ImportError("the figures need matplotlib: pip install 'bertjax[plots]', or pass "
+                      "--no-plots (plots=False)") from None
+
+
+def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = ANALYSES,
+                        out_dir: PathLike = "out/analyze", *, data_dir: PathLike | None = None,
+                        max_sentences: int | None = None, tokenizer: str | None = None,
+                        mesh=None, batch_size: int = 16, plots: bool = True,
+                        progress: bool = True,
+                        callback: Callable[[pathlib.Path], None] | None = None) -> dict[str, Any]:
+  """Runs `analyses` on every checkpoint, one result file each; skips results already there.
+
+  Args:
+    checkpoints: see `expand_checkpoints`.
+    analyses: names from `ANALYSES`.
+    out_dir: where ``results/``, ``figures/`` and ``summary.json`` go.
+    data_dir: a data directory with UD English EWT (None: the shipped sample).
+    max_sentences: only the first sentences.
+    tokenizer: one tokenizer for every checkpoint (default: each one's own).
+    mesh: a device mesh for every analysis (`bertjax.sharding.analysis_mesh`), or None.
+    batch_size: rows per batch of the ablation and attention analyses.
+    plots: draw ``figures/<analysis>.png`` (needs matplotlib).
+    progress: a progress bar over (checkpoint, analysis) pairs.
+    callback: called with each result file's path once it is written.
+
+  Returns:
+    The summary also written to ``summary.json``: checkpoints, result files, figures,
+    and how many results were computed now and found from before.
+  """
+  from bertjax import sharding
+
+  analyses = _check_analyses(analyses)
+  if plots:
+    _require_matplotlib()
+  if batch_size < 1:
+    raise ValueError(f"{batch_size=} must be >= 1")
+  specs = expand_checkpoints(checkpoints, tokenizer=tokenizer)
+  sentences, source = load_sentences(data_dir, max_sentences)
+  out_dir = pathlib.Path(out_dir)
+  primary = sharding.is_primary()
+  if primary:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out_dir)
+  # Process 0 decides what is left, so every process runs the same analyses.
+  done = np.asarray([[result_path(out_dir, ck, a).is_file() for a in analyses] for ck in specs])
+  done = np.asarray(sharding.broadcast_from_primary(done), bool)
+  bar = None
+  if progress and primary:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=done.size, initial=int(done.sum()), desc="analyze", unit="result",
+               dynamic_ncols=True)
+  computed = 0
+  try:
+    for i, ck in enumerate(specs):
+      todo = [a for a, d in zip(analyses, done[i]) if not d]
+      if not todo:
+        continue
+      config, params, tok, ck = load_checkpoint(ck)
+      ctx = _Context(params, config, tok, sentences, mesh, batch_size)
+      for name in todo:
+        if bar is not None:
+          bar.set_postfix_str(f"{ck.label}: {name}")
+        metrics, arrays = RUNNERS[name](ctx)
+        computed += 1
+        if primary:
+          path = write_json_atomic(result_path(out_dir, ck, name), {
+              "version": RESULT_VERSION, "analysis": name, "checkpoint": ck.describe(),
+              "data": {"source": source, "sentences": len(sentences)},
+              "metrics": metrics, "arrays": arrays})
+          if callback is not None:
+            callback(path)
+        if bar is not None:
+          bar.update(1)
+  finally:
+    if bar is not None:
+      bar.close()
+  summary = {"checkpoints": [ck.label for ck in specs], "analyses": list(analyses),
+             "data": source, "computed": computed, "found": int(done.sum()),
+             "results": [str(result_path(out_dir, ck, a).relative_to(out_dir))
+                         for ck in specs for a in analyses], "figures": []}
+  if primary:
+    if plots:
+      summary["figures"] = [str(p.relative_to(out_dir)) for p in plot_results(out_dir, analyses)]
+    write_json_atomic(out_dir / "summary.json", {k: v for k, v in summary.items()
+                                                 if k not in ("computed", "found")})
+  return summary
+
+
+# Figures -----------------------------------------------------------------------------------
+
+
+def read_results(out_dir: PathLike, analysis: str) -> list[dict[str, Any]]:
+  """Every result file of one analysis under ``out_dir/results``."""
+  files = sorted((pathlib.Path(out_dir) / "results").glob(f"*/{analysis}.json"))
+  return [json.loads(p.read_text()) for p in files]
+
+
+def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[pathlib.Path]:
+  """``figures/<analysis>.png``: each scalar metric against step (one line per run or seed),
+  or against seed where the checkpoints have no step. Returns the files written."""
+  from matplotlib.figure import Figure
+
+  written = []
+  for analysis in analyses:
+    results = read_results(out_dir, analysis)
+    if not results:
+      continue
+    names = sorted(results[0]["metrics"])
+    by_step = all(r["checkpoint"]["step"] is not None for r in results)
+    fig = Figure(figsize=(3.2 * len(names), 2.8))
+    axes = fig.subplots(1, len(names), squeeze=False)[0]
+    series: dict[str, list[tuple[float, dict]]] = {}
+    for k, r in enumerate(results):
+      ck = r["checkpoint"]
+      key = (ck["run"] + (f" (seed {ck['seed']})" if ck["seed"] is not None else "")
+             if by_step else "checkpoints")
+      x = ck["step"] if by_step else (ck["seed"] if ck["seed"] is not None else k)
+      series.setdefault(key, []).append((x, r["metrics"]))
+    for ax, name in zip(axes, names):
+      for key, points in sorted(series.items()):
+        points.sort(key=lambda p: p[0])
+        ax.plot([p[0] for p in points], [p[1].get(name, np.nan) for p in points], "o-",
+                label=key, markersize=3)
+      ax.set_title(name, fontsize=9)
+      ax.set_xlabel("training step" if by_step else "seed (or checkpoint)")
+      ax.grid(alpha=0.3)
+    if len(series) > 1:
+      axes[-1].legend(fontsize=7)
+    fig.suptitle(analysis)
+    fig.tight_layout()
+    path = pathlib.Path(out_dir) / "figures" / f"{analysis}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+    os.replace(tmp, path)
+    written.append(path)
+  return written
+
+
+# The command ---------------------------------------------------------------------------------
+
+
+def analyze_parser() -> argparse.ArgumentParser:
+  """The argument parser of `analyze_main` (`bertjax analyze`)."""
+  p = argparse.ArgumentParser(
+      prog="bertjax analyze", formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Runs analyses on many checkpoints as one job: one JSON result per\n"
+                  "(checkpoint, analysis) in OUT/results/, each written whole (a restarted job\n"
+                  "skips those present), and figures of every metric against training step\n"
+                  "or seed in OUT/figures/.\n\nanalyses:\n"
+                  "  head_ablation  every head and layer masked (MLM loss, or embedding cosine)\n"
+                  "  attention      Clark et al.'s [CLS]/[SEP]/punctuation mass and entropy\n"
+                  "  probing        a linear UPOS probe per layer (held-out accuracy)\n"
+                  "  anisotropy     mean cosine of random word pairs per layer\n\n"
+                  "multi-host: with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and\n"
+                  "JAX_PROCESS_ID set (as for `bertjax pretrain`) every process runs the job\n"
+                  "on the global --mesh, and process 0 alone writes.")
+  p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
+                 help="a Hugging Face model directory, a hub id, or a `bertjax pretrain` "
+                      "output folder (all its saved steps; RUN@8,16 for some)")
+  p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+  p.add_argument("--analyses", default=",".join(ANALYSES), metavar="A,B",
+                 help="comma-separated analyses (default: all four)")
+  p.add_argument("--data-dir", default=None, metavar="DIR",
+                 help="a data directory with ud_english_ewt/ (default: the shipped UD sample)")
+  p.add_argument("--max-sentences", type=int, default=None, metavar="N",
+                 help="only the first N sentences (default: all)")
+  p.add_argument("--tokenizer", default=None, metavar="PATH",
+                 help="one tokenizer for every checkpoint (default: each checkpoint's own; a "
+                      "run's vocab/ folder)")
+  p.add_argument("--mesh", default=None, metavar="DxI[xF]",
+                 help="device mesh data x interventions [x fsdp], e.g. 4x2 (default: one "
+                      "device)")
+  p.add_argument("--batch-size", type=int, default=16, metavar="N",
+                 help="rows per batch of the ablation and attention analyses (default: 16)")
+  p.add_argument("--no-plots", action="store_true", help="write no figures")
+  p.add_argument("--no-progress", action="store_true", help="no progress bar")
+  p.add_argument("--debug", action="store_true",
+                 help="show the Python traceback of an error instead of a one-line message")
+  return p
+
+
+def analyze_main(argv: Sequence[str] | None = None) -> int:
+  """Runs `bertjax analyze` from command-line arguments; prints where the results are."""
+  args = analyze_parser().parse_args(argv)
+  if args.debug:
+    os.environ["BERTJAX_DEBUG"] = "1"
+  from bertjax import sharding
+
+  sharding.initialize_distributed()  # before any other JAX call
+  mesh = sharding.analysis_mesh(*sharding.parse_mesh(args.mesh)) if args.mesh else None
+  t0 = time.perf_counter()
+  summary = analyze_checkpoints(
+      args.checkpoints, [a.strip() for a in args.analyses.split(",") if a.strip()], args.out,
+      data_dir=args.data_dir, max_sentences=args.max_sentences, tokenizer=args.tokenizer,
+      mesh=mesh, batch_size=args.batch_size, plots=not args.no_plots,
+      progress=not args.no_progress)
+  if sharding.is_primary():
+    print(f"analyze: {len(summary['checkpoints'])} checkpoints x {len(summary['analyses'])} "
+          f"analyses: {summary['computed']} computed, {summary['found']} already there "
+          f"({time.perf_counter() - t0:.1f} s); results in {pathlib.Path(args.out) / 'results'}"
+          + (f", figures in {pathlib.Path(args.out) / 'figures'}" if summary["figures"] else ""),
+          file=sys.stdout)
+  return 0

@@ -1,0 +1,138 @@
+"""`bertjax analyze`: many checkpoints as one job, on a tiny `bertjax pretrain` run's steps.
+
+A job killed with SIGKILL mid-way and started again finishes with the same files, byte for
+byte, as an uninterrupted one. The runs are subprocesses sharing one persistent compilation
+cache, with XLA's cheap CPU compile settings.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CORPUS = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "valid.txt"
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+ANALYSES = ("head_ablation", "attention", "probing", "anisotropy")
+
+# The killed job: the library call `bertjax analyze` makes, slowed after each result file
+# so that the kill lands mid-way.
+SLOW_JOB = textwrap.dedent('''
+    import sys, time
+    from bertjax.analysis import jobs
+    jobs.analyze_checkpoints([sys.argv[1]], out_dir=sys.argv[2], max_sentences=12,
+                             progress=False, callback=lambda path: time.sleep(2.0))
+''')
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+  """A 4-step tiny pretraining run with checkpoints at steps 2 and 4."""
+  root = tmp_path_factory.mktemp("analyze")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE,
+             JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env.pop("JAX_COORDINATOR_ADDRESS", None)
+  run = root / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "pretrain", "--corpus", str(CORPUS),
+       "--corpus-format", "wikitext", "--train-vocab", "300", "--preset", "tiny",
+       "--seq-len", "32", "--batch-size", "8", "--steps", "4", "--warmup", "2",
+       "--checkpoint-every", "2", "--keep", "10", "--output-dir", str(run), "--no-progress"],
+      env=env, cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
+  return root, run, env
+
+
+def _analyze(pretrained, out, *extra):
+  _, run, env = pretrained
+  proc = subprocess.run([sys.executable, "-m", "bertjax.cli", "analyze", str(run), "--out",
+                         str(out), "--max-sentences", "12", "--no-progress", *extra],
+                        env=env, cwd=REPO, capture_output=True, text=True, timeout=400,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc.stdout
+
+
+def _files(out: pathlib.Path) -> dict[str, bytes]:
+  return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_killed_and_restarted_job_equals_uninterrupted(pretrained):
+  root, run, env = pretrained
+  full = root / "full"
+  stdout = _analyze(pretrained, full)
+  assert "2 checkpoints x 4 analyses: 8 computed, 0 already there" in stdout, stdout
+  want = _files(full)
+  results = [f"results/run-step{s:07d}/{a}.json" for s in (2, 4) for a in ANALYSES]
+  figures = [f"figures/{a}.png" for a in ANALYSES]
+  assert sorted(want) == sorted(results + figures + ["summary.json"])
+  ablation = json.loads(want["results/run-step0000004/head_ablation.json"])
+  assert ablation["checkpoint"]["step"] == 4 and ablation["checkpoint"]["seed"] == 0
+  assert ablation["arrays"]["metric"] == "mlm_loss"  # the run's checkpoints keep the MLM head
+  assert len(ablation["arrays"]["heads"]) == 2  # layers of the tiny preset
+  probing = json.loads(want["results/run-step0000002/probing.json"])
+  assert len(probing["arrays"]["accuracy"]) == 3 and 0 <= probing["metrics"]["best_accuracy"] <= 1
+  assert all(want[f][:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
+
+  killed = root / "killed"
+  proc = subprocess.Popen([sys.executable, "-c", SLOW_JOB, str(run), str(killed)], env=env,
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  deadline = time.time() + 300
+  while not list((killed / "results").glob("*/*.json")):
+    assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+    assert time.time() < deadline, "no result appeared"
+    time.sleep(0.05)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  partial = _files(killed)
+  assert 1 <= sum(f.startswith("results/") for f in partial) < len(results), sorted(partial)
+  assert "summary.json" not in partial
+
+  stdout = _analyze(pretrained, killed)
+  found = sum(f.startswith("results/") for f in partial)
+  assert f"{8 - found} computed, {found} already there" in stdout, stdout
+  assert _files(killed) == want  # the same names and the same bytes
+
+
+def test_expand_checkpoints_names_steps_and_errors(tmp_path):
+  from bertjax.analysis import jobs
+  run = tmp_path / "run-a"
+  for s in ("10", "20", "20.orbax-checkpoint-tmp-1", "manifests"):
+    (run / "checkpoints" / s).mkdir(parents=True)
+  hf = tmp_path / "multiberts-seed_3-step_20k"
+  hf.mkdir()
+  (hf / "config.json").write_text("{}")
+  got = jobs.expand_checkpoints([str(run), f"{run}@20", str(hf), "google/multiberts-seed_1"])
+  assert [c.label for c in got] == ["run-a-step0000010", "run-a-step0000020",
+                                    "run-a-step0000020-2", "multiberts-seed_3-step_20k",
+                                    "google--multiberts-seed_1"]
+  assert [c.step for c in got] == [10, 20, 20, 20000, None]
+  assert [c.seed for c in got] == [None, None, None, 3, 1]  # a run's seed comes from its steps
+  assert got[0].tokenizer == str(run / "vocab") and got[0].path == str(run / "checkpoints")
+  assert got[3].run == "multiberts-seed_3"
+  with pytest.raises(ValueError, match=r"steps \[30\] are not saved .* \(saved: \[10, 20\]\)"):
+    jobs.expand_checkpoints([f"{run}@30"])
+  with pytest.raises(FileNotFoundError, match="is not a directory, a pretraining run or a hub"):
+    jobs.expand_checkpoints([str(tmp_path / "nowhere")])
+  with pytest.raises(ValueError, match=r"analyses \['rollout'\] must be a non-empty subset"):
+    jobs.analyze_checkpoints([str(run)], ["probing", "rollout"], tmp_path / "out")
+
+
+def test_analyze_help_lists_analyses_and_defaults():
+  from bertjax.analysis import jobs
+  text = jobs.analyze_parser().format_help()
+  assert all(a in text for a in ANALYSES) and tuple(jobs.ANALYSES) == ANALYSES
+  assert "(default: None)" not in text and "(default: 16)" in text
+  for option in ("--out", "--analyses", "--data-dir", "--max-sentences", "--tokenizer", "--mesh",
+                 "--no-plots", "--no-progress", "RUN@8,16"):
+    assert option in text, option
