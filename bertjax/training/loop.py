@@ -108,8 +108,18 @@ class TrainConfig:
 
 
 def init_for_objectives(config: BertConfig, seed: int | jax.Array, objectives) -> Any:
-  """Fresh parameters for a run's objectives: the family heads they need and their own
-  parameters, or the objective's own model tree (ELECTRA's generator/discriminator pair)."""
+  """Fresh parameters for a run's objectives.
+
+  Args:
+    config: the model config.
+    seed: a seed or a PRNG key.
+    objectives: what `training.objectives.resolve` takes.
+
+  Returns:
+    `init(config, seed, heads)` with the heads the objectives need plus the parameters
+    they own (e.g. `params["sbo"]`), or an objective's own model tree (ELECTRA's
+    `{"generator", "discriminator"}` pair).
+  """
   objs = objectives_lib.resolve(objectives)
   for o in objs:
     if hasattr(o, "init_model"):
