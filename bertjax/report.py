@@ -506,6 +506,11 @@ def pos_section(params, config, tok, ud_files, settings: ReportSettings, progres
     sentences += conllu.read_conllu(path, max_sentences=settings.pos_sentences - len(sentences))
     if len(sentences) >= settings.pos_sentences:
       break
+  # Sentences the model cannot read whole (its usable length) are left out, not cut.
+  max_len = min(config.max_length, tok.model_max_length)
+  sentences = [s for s in sentences
+               if len(tok.encode_words([s.forms], truncation=False, max_length=10**6)
+                      .input_ids[0]) <= max_len]
   suite = probing_run.SuiteConfig(
       tasks=("upos",), structural=False, seed=settings.seed,
       probe=dataclasses.replace(probing_run.SuiteConfig().probe,
@@ -583,12 +588,16 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
   probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
   negated = [s.text for s in sentences if s.negated]
   methods = tuple(m for m in negation.METHODS if m != "flow")
+  try:
+    negation.pairs(tok, negated[:settings.patching_pairs])
+  except ValueError as e:  # a vocabulary without the cues or their twins as single tokens
+    return {"available": False, "reason": str(e)}
   cues = negation.cue_statistics(params, config, tok, negated, probe, methods=methods,
                                  ig_steps=settings.attribution_ig_steps,
                                  batch_size=min(settings.batch_size, 16),
                                  max_sentences=settings.attribution_sentences)
   patch = negation.head_patching(params, config, tok, negated[:settings.patching_pairs], probe)
-  return {"cues": cues, "patching": patch}
+  return {"available": True, "cues": cues, "patching": patch}
 
 
 def _jsonable(x):
@@ -680,7 +689,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
       raise ValueError(f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
                        " the report needs every head")
     tok = bertjax.Tokenizer.from_pretrained(model_path)
-    max_len = min(config.max_position_embeddings, tok.model_max_length)
+    max_len = min(config.max_length, tok.model_max_length)
     own = load_sentences()
     own = [own[i] for i in _spread(len(own), settings.max_sentences)]
     own_texts = [s.text for s in own]

@@ -118,7 +118,7 @@ def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
   figs["effective"] = viz.attention_maps(panels, out / "effective.png", columns=2,
                                          title="Raw vs effective attention (one passage)")
   attrib = results.get("attribution")
-  if attrib:
+  if attrib and attrib.get("available"):
     cues, patch = attrib["cues"], attrib["patching"]
     figs["attribution_methods"] = viz.method_ranks(
         cues["stats"], cues["chance"]["mrr"], cues["agreement"]["spearman"],
@@ -424,6 +424,9 @@ def attribution_sentences(a: dict) -> list[str]:
 
 
 def _attribution_html(a: dict, figs: dict) -> list[str]:
+  if not a.get("available"):
+    return [_heading("attribution"),
+            f"<p class='note'>Not available: {html_escape(a.get('reason', ''))}</p>"]
   cues = a["cues"]
   parts = [_heading("attribution") + (
       "<p>Which input token explains the scoring task's negation probe (section 3)? For each of "

@@ -91,3 +91,28 @@ def test_token_scores_and_statistics_on_a_tiny_model(tok):
       + probe[1][1] - probe[1][0]
   np.testing.assert_allclose(scores["integrated_gradients"].sum(1), logit - base, rtol=0.01,
                              atol=1e-3)
+
+
+def test_cues_behind_word_start_markers():
+  """Byte-level BPE ("Ġnot", "'t") and SentencePiece ("▁never") cues and their twins."""
+  vocab = ["<s>", "</s>", "ĠShe", "Ġdid", "Ġnot", "Ġalso", "Ġgo", ".", "didn", "'t", "'s",
+           "▁never", "▁often"]
+
+  class Stub:
+    def convert_ids_to_tokens(self, ids):
+      return [vocab[int(i)] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens):
+      return [vocab.index(t) for t in tokens]
+
+  def batch(*tokens):
+    ids = np.asarray([[vocab.index(t) for t in tokens]])
+    return bertjax.Batch(ids, np.ones_like(ids), np.zeros_like(ids), np.zeros_like(ids))
+
+  tok = Stub()
+  for tokens, cue, twin in ((("<s>", "ĠShe", "Ġdid", "Ġnot", "Ġgo", ".", "</s>"), 3, "Ġalso"),
+                            (("<s>", "ĠShe", "didn", "'t", "Ġgo", "</s>"), 3, "'s"),
+                            (("<s>", "▁never", "Ġgo", "</s>"), 1, "▁often")):
+    b = batch(*tokens)
+    assert negation.cue_position(tok, b, 0) == cue
+    assert tok.convert_ids_to_tokens([negation.twin_ids(tok, b, 0, cue)[cue]]) == [twin]

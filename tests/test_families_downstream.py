@@ -424,3 +424,26 @@ def test_experiment_smoke_runs_on_the_family(family, experiment, tmp_path):
     assert sep.shape == (config.depth, config.num_attention_heads) and np.isfinite(sep).all()
   else:
     assert len(doc["results"]["per_layer"]["anisotropy"]) == config.depth + 1
+
+
+@pytest.mark.slow  # three reduced reports in subprocesses
+def test_report_runs_on_the_family(family, tmp_path):
+  """`bertjax report --model DIR --reduced` on RoBERTa, ELECTRA and DistilBERT."""
+  name, directory, config, _, tok = family
+  out = tmp_path / "report"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "report", "--model", str(directory), "--reduced",
+       "--out", str(out)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+      timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["model"]["model_type"] == name and doc["model"]["layers"] == config.depth
+  sep = np.asarray(doc["clark"]["sep"], float)
+  assert sep.shape == (config.depth, config.num_attention_heads) and np.isfinite(sep).all()
+  if doc["attribution"]["available"]:
+    assert np.asarray(doc["attribution"]["patching"]["exact"]).shape == (
+        config.depth, config.num_attention_heads)
+  else:  # the test's tiny trained vocabulary may lack a cue's twin as one token
+    assert "negation cue" in doc["attribution"]["reason"]
+  page = (out / "index.html").read_text()
+  assert "9. Token attribution" in page and "Traceback" not in page

@@ -22,27 +22,41 @@ import bertjax
 from bertjax.analysis import attribution as attr
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
-# Same-length, non-negating replacements for the affirmative twins ("t" is the t of "n't").
+# Same-length, non-negating replacements for the affirmative twins ("t" and "'t": of "n't").
 TWINS = {"not": "also", "never": "often", "no": "some", "nothing": "something",
          "nobody": "somebody", "none": "some", "nor": "and", "neither": "either",
-         "cannot": "can", "t": "s"}
+         "cannot": "can", "t": "s", "'t": "'s"}
 METHODS = ("attention", "rollout", "flow", "norm", "globenc", "alti", "value_zeroing",
            "grad_x_input", "integrated_gradients")
 
 
+def _split(token: str) -> tuple[str, str]:
+  """(word-start marker, lower-cased rest): byte-level BPE's "Ġ", SentencePiece's "▁", or ""."""
+  for mark in ("Ġ", "▁"):
+    if token.startswith(mark):
+      return mark, token[len(mark):].lower()
+  return "", token.lower()
+
+
 def cue_position(tok, batch, b: int) -> int | None:
-  """The position of sequence b's one-token negation cue, or None (none, or several)."""
+  """The position of sequence b's one-token negation cue, or None (none, or several).
+
+  A cue is one of `CUES` (after any word-start marker), or the "t" of "n't" (WordPiece
+  splits "didn't" into "didn", "'", "t"; byte-level BPE into "didn", "'t").
+  """
   tokens = tok.convert_ids_to_tokens(batch.input_ids[b][batch.attention_mask[b] > 0])
-  hits = [i for i, t in enumerate(tokens) if t.lower() in CUES
-          or (t == "t" and i >= 2 and tokens[i - 1] == "'" and tokens[i - 2].endswith("n"))]
+  words = [_split(t)[1] for t in tokens]
+  hits = [i for i, w in enumerate(words) if w in CUES or w == "'t"
+          or (w == "t" and i >= 2 and words[i - 1] == "'" and words[i - 2].endswith("n"))]
   return hits[0] if len(hits) == 1 else None
 
 
 def twin_ids(tok, batch, b: int, pos: int) -> np.ndarray | None:
   """Sequence b's ids with the cue at `pos` replaced by its twin (None if that is not one token)."""
-  token = tok.convert_ids_to_tokens([batch.input_ids[b, pos]])[0].lower()
+  mark, word = _split(tok.convert_ids_to_tokens([batch.input_ids[b, pos]])[0])
+  replacement = TWINS.get(word)
   try:
-    (new,) = tok.convert_tokens_to_ids([TWINS.get(token)])
+    (new,) = tok.convert_tokens_to_ids([mark + replacement])
   except (ValueError, TypeError):
     return None
   ids = batch.input_ids[b].copy()
