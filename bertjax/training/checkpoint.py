@@ -277,8 +277,21 @@ def restore_params(directory: str | pathlib.Path, step: int) -> tuple[BertConfig
     ckpt.verify(step)
     try:
       meta = ckpt.restore_meta(step)
+      # Onto this process's first device: the saved shardings name the training devices,
+      # which another process (or machine) may not have.
+      local = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      absl = logging.getLogger("absl")
+      level = absl.level
+      absl.setLevel(logging.ERROR)  # not a problem: the step's metadata file sits one level up
+      try:
+        tree = ocp.StandardCheckpointer().metadata(ckpt.directory / str(step) / "state")
+      finally:
+        absl.setLevel(level)
+      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=local),
+                            getattr(tree, "item_metadata", tree),
+                            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
       out = ckpt._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore()))
+          state=ocp.args.StandardRestore(target)))
     except Exception as e:  # Orbax raises many types for damaged files.
       raise CorruptCheckpointError(f"checkpoint step {step} in {ckpt.directory} could not be "
                                    f"read: {type(e).__name__}: {e}") from e
