@@ -251,7 +251,8 @@ def test_head_pairs_sets_and_prefix_start():
   assert sweep["pairs"][0].shape == (18, 3, 4)
   for bad, match in (([((0, 0), (0, 0))], "names one head twice"),
                      ([((0, 0), (3, 0))], r"outside \(layers, heads\)=\(3, 4\)"),
-                     ([(0, 1, 2)], r"pairs shape \(1, 3\)"), ("some", "'some' must be one of")):
+                     ([(0, 1, 2)], r"pairs shape \(1, 3\)"), ("some", "'some' must be one of"),
+                     ([], "pairs is empty")):
     with pytest.raises(ValueError, match=match):
       A.head_pairs(cfg, bad)
 

@@ -362,7 +362,9 @@ def head_pairs(config: BertConfig, pairs="all") -> np.ndarray:
     keep = {"all": np.ones_like(same), "within": same, "across": ~same}[pairs]
     i, j = i[keep], j[keep]
     return np.stack([np.stack([i // n, i % n], -1), np.stack([j // n, j % n], -1)], 1)
-  out = np.asarray(pairs, np.int64) if len(pairs) else np.zeros((0, 2, 2), np.int64)
+  if not len(pairs):
+    raise ValueError("pairs is empty; give at least one ((l1, h1), (l2, h2)) pair")
+  out = np.asarray(pairs, np.int64)
   if out.ndim != 3 or out.shape[1:] != (2, 2):
     raise ValueError(f"pairs shape {out.shape} must be (P, 2, 2): ((layer, head), (layer, head)) "
                      "each")
