@@ -138,10 +138,10 @@ def _head_module(config: BertConfig, head: str):
 
 
 def _concrete(x) -> bool:
-  # Multi-process global arrays cannot be read on one host: their values go unchecked.
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+  if x is None or isinstance(x, jax.core.Tracer):
     return False
-  return x is not None and not isinstance(x, jax.core.Tracer)
+  # Multi-process global arrays cannot be read on one host: their values go unchecked.
+  return not (isinstance(x, jax.Array) and not x.is_fully_addressable)
 
 
 def as_array(x):
