@@ -374,6 +374,13 @@ def _output(params, config, last) -> BertOutput:
   return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last))
 
 
+def _run(params, config, batch, **kwargs):
+  """A forward pass inside the sweeps' programs (inputs checked once, outside): the
+  embeddings, `run_layers` (kwargs: capture, patch of block sites, output_hidden_states)."""
+  x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+  return x, run_layers(params, config, x, batch["attention_mask"], **kwargs)
+
+
 # One patched forward --------------------------------------------------------
 
 
@@ -421,15 +428,13 @@ def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("config", "site", "metric", "chunk_size"))
 def _sweep(params, config, src, dst, targets, weights, *, site, metric, chunk_size):
   """One program: source and destination runs, then every patch of every layer: (L, P)."""
-  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
-                    src["token_type_ids"], capture=(site,))
+  _, src_run = _run(params, config, src, capture=(site,))
   value = src_run.cache[site]  # (L, ...)
   mask = dst["attention_mask"]
-  x = embed(params, config, dst["input_ids"], dst["token_type_ids"])
-  dst_run = run_layers(params, config, x, mask, output_hidden_states=True)
+  x, dst_run = _run(params, config, dst, output_hidden_states=True)
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])  # inputs[l] = input of block l
   dst_batch = {**dst, **targets}
-  src_m = metric(params, config, src_run, {**src, **targets})
+  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
   dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
   depth = config.depth
   rows = []
@@ -515,16 +520,14 @@ def position_patching(params: Params, config: BertConfig, clean, corrupted, metr
 
 @functools.partial(jax.jit, static_argnames=("config", "site", "metric"))
 def _attribution(params, config, src, dst, targets, weights, *, site, metric):
-  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
-                    src["token_type_ids"], capture=(site,))
-  src_m = metric(params, config, src_run, {**src, **targets})
+  _, src_run = _run(params, config, src, capture=(site,))
+  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
   value = jax.lax.stop_gradient(src_run.cache[site])
   zero = jnp.zeros((config.depth, *weights.shape[2:]), value.dtype)
 
   def patched(w):
-    out = forward(params, config, dst["input_ids"], dst["attention_mask"], dst["token_type_ids"],
-                  patch={site: (value, w)})
-    return metric(params, config, out, {**dst, **targets})
+    _, run = _run(params, config, dst, patch={site: (value, w)})
+    return metric(params, config, _output(params, config, run.last), {**dst, **targets})
 
   dst_m, grad = jax.value_and_grad(patched)(zero)  # grad = (source - own) . d metric / d site
   # Each patch's first-order effect: its weight against the gradient, layer by layer.
@@ -578,14 +581,12 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
                                              "chunk_size"))
 def _path(params, config, src, dst, targets, *, receivers, receiver_sites, metric, chunk_size):
   depth, n = config.depth, config.num_attention_heads
-  src_run = forward(params, config, src["input_ids"], src["attention_mask"],
-                    src["token_type_ids"], capture=("head_out",))
+  _, src_run = _run(params, config, src, capture=("head_out",))
   mask = dst["attention_mask"]
-  x = embed(params, config, dst["input_ids"], dst["token_type_ids"])
-  dst_run = run_layers(params, config, x, mask, output_hidden_states=True, capture=("head_out",))
+  x, dst_run = _run(params, config, dst, output_hidden_states=True, capture=("head_out",))
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])
   dst_batch = {**dst, **targets}
-  src_m = metric(params, config, src_run, {**src, **targets})
+  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
   dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
   src_ho, dst_ho = src_run.cache["head_out"], dst_run.cache["head_out"]  # (L, B, T, N, D)
   first = min(layer for layer, _ in receivers)
