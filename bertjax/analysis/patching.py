@@ -7,8 +7,9 @@ with a site of chosen layers, heads and positions replaced by its value in the
 other run (the *source*): `direction="denoise"` (the default) runs the corrupted
 input with clean activations, `"noise"` the clean input with corrupted ones
 (Heimersheim & Nanda 2024, "How to use and interpret activation patching"). Every
-patch is a `bertjax.forward(..., patch={site: (source_value, weight)})` with a
-0/1 weight (`patch_weight`); nothing here re-implements the encoder block.
+patch is the site mechanism's `patch={site: (source_value, weight)}` (as
+`bertjax.forward` and `run_layers` take it) with a 0/1 weight (`patch_weight`);
+nothing here re-implements the encoder block.
 
 A **metric** `metric(params, config, out, batch) -> scalar` is a pure JAX function
 of the patched run's `BertOutput` (`last_hidden_state`, `pooler_output`) and of
