@@ -270,8 +270,8 @@ def test_attention_statistics_kernel_path_and_patterns(family):
                                                                              tok.sep_id])
   assert counts.counts.sum() == 4 * config.depth * config.num_attention_heads
   feats = attention.pattern_features(maps, special, b.attention_mask, b.token_type_ids)
-  # Block features need segments: RoBERTa's tokenizer gives its pairs none.
-  assert np.isnan(feats["block"]).all() == (family[0] == "roberta")
+  # Block features need segments: RoBERTa's and DistilBERT's tokenizers give pairs none.
+  assert np.isnan(feats["block"]).all() == (family[0] in ("roberta", "distilbert"))
 
 
 # Probing features ---------------------------------------------------------------------------
