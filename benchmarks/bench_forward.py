@@ -33,8 +33,8 @@ import numpy as np
 import bertjax
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile",
-             "amx_bf16", "amx_int8")
+ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
+             "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
 def cpu_info() -> dict:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -41,24 +40,13 @@ import bertjax
 from bertjax.quantize import int8_matmul
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
-             "amx_tile", "amx_int8", "amx_bf16")
 
 
 def cpu_info() -> dict:
-  """CPU model name, the vector ISA flags present, core count."""
-  model, flags = platform.processor() or platform.machine(), set()
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      key, _, value = line.partition(":")
-      if key.strip() == "model name":
-        model = value.strip()
-      elif key.strip() == "flags":
-        flags = set(value.split())
-  except OSError:
-    pass
-  return {"cpu": model, "isa": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
-          "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+  """The CPU (bench_forward's record: model name, ISA flags, cores) and the JAX set-up."""
+  from bench_forward import cpu_info as cpu  # the sibling script (benchmarks/ is on sys.path)
+
+  return {**cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
           "backend": jax.default_backend(), "python": sys.version.split()[0]}
 
 
