@@ -1,0 +1,81 @@
+"""Plumbing shared by the report, the analyses and the experiments: JSON results, BLAS threads.
+
+`to_json` is the one conversion of results to JSON values: NumPy and JAX arrays become
+lists, NumPy scalars Python numbers, dataclasses dicts, paths strings, and NaN and
+infinities `null` (JSON has no NaN; `json.dumps` would write the invalid token `NaN`).
+`write_json` writes a file with it, atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from typing import Any
+
+import numpy as np
+
+
+def to_json(x: Any, *, digits: int | None = None) -> Any:
+  """`x` as plain JSON values (dict, list, str, int, float, bool, None).
+
+  Args:
+    x: nested dicts (keys become strings), lists, tuples, dataclasses, NumPy or JAX
+      arrays and scalars, paths, and plain values.
+    digits: round floats to this many decimals (None: keep them whole).
+
+  Returns:
+    The converted value; non-finite floats become None.
+  """
+  if isinstance(x, dict):
+    return {str(k): to_json(v, digits=digits) for k, v in x.items()}
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    return {f.name: to_json(getattr(x, f.name), digits=digits) for f in dataclasses.fields(x)}
+  if isinstance(x, (list, tuple)):
+    return [to_json(v, digits=digits) for v in x]
+  if isinstance(x, (bool, np.bool_)):
+    return bool(x)
+  if isinstance(x, (int, np.integer)):
+    return int(x)
+  if isinstance(x, (float, np.floating)):
+    if not math.isfinite(x):
+      return None
+    return float(x) if digits is None else round(float(x), digits)
+  if isinstance(x, os.PathLike):
+    return os.fspath(x)
+  if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # NumPy and JAX arrays
+    return to_json(np.asarray(x).tolist(), digits=digits)
+  return x
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
+               digits: int | None = None, sort_keys: bool = False) -> pathlib.Path:
+  """Writes `to_json(obj)` to `path` as valid JSON (through a temporary file) and returns it.
+
+  Args:
+    path: the file to write; its directory must exist.
+    obj: the value (see `to_json`).
+    indent: JSON indentation (None: one line).
+    digits: round floats to this many decimals (None: keep them whole).
+    sort_keys: sort object keys.
+  """
+  path = pathlib.Path(path)
+  text = json.dumps(to_json(obj, digits=digits), indent=indent, sort_keys=sort_keys,
+                    allow_nan=False)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text + "\n")
+  tmp.replace(path)
+  return path
+
+
+def single_thread_blas():
+  """A context limiting NumPy's BLAS to one thread (its pool thrashes small SVDs and
+  products on small shared machines); does nothing without threadpoolctl."""
+  try:
+    from threadpoolctl import threadpool_limits
+  except ImportError:  # threadpoolctl comes with scikit-learn
+    return contextlib.nullcontext()
+  return threadpool_limits(limits=1, user_api="blas")
