@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax import report_page
+from bertjax import report_page, stats, utils
 from bertjax.analysis import ablation, attention, geometry, probing
 from bertjax.hub import DEFAULT_MODEL
 
@@ -289,11 +289,7 @@ def _plain(batch: dict) -> dict:
 # The scoring task ---------------------------------------------------------------
 
 
-@jax.jit
-def _mean_pool(hidden, mask):
-  """Mean over real tokens of (..., B, T, H) states: (..., B, H)."""
-  m = mask.astype(hidden.dtype)[..., None]
-  return (hidden * m).sum(-2) / jnp.maximum(m.sum(-2), 1)
+_mean_pool = jax.jit(stats.mean_pool)
 
 
 def _task_logits(params, last_hidden_state, attention_mask):
@@ -463,17 +459,10 @@ def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
       "layer_heads_loss": loss.layers, "layer_heads_accuracy": layer_acc[:config.depth],
       "layer_skip_loss": loss.layer_skip, "layer_skip_accuracy": layer_acc[config.depth:],
       "importance": importance,
-      "importance_vs_ablation_spearman": _spearman(importance.ravel(), delta),
+      "importance_vs_ablation_spearman": stats.spearman(importance.ravel(), delta),
       "pruning_fraction": pruning.fractions, "pruning_accuracy": prune_acc,
       "pruning_loss": prune_loss, "pruning_masks": pruning.masks,
   }
-
-
-def _spearman(a, b) -> float:
-  """Spearman rank correlation of two float vectors (ties, unlikely here, ranked by position)."""
-  rank = lambda x: np.argsort(np.argsort(np.asarray(x), kind="stable"), kind="stable")
-  value = np.corrcoef(rank(a), rank(b))[0, 1]
-  return float(value) if np.isfinite(value) else 0.0  # a constant vector: no rank order
 
 
 def _token_states(params, config, batches, special_ids) -> np.ndarray:
@@ -600,32 +589,7 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
   return {"available": True, "cues": cues, "patching": patch}
 
 
-def _jsonable(x):
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if isinstance(x, (np.ndarray, jax.Array)):
-    return _jsonable(np.asarray(x).tolist())
-  if isinstance(x, (np.floating, float)):
-    return round(float(x), 6)
-  if isinstance(x, (np.integer, np.bool_)):
-    return x.item()
-  return x
-
-
 # The pipeline ------------------------------------------------------------------------
-
-
-def _single_thread_blas():
-  """Limits NumPy's BLAS to one thread: its thread pool thrashes on small shared machines."""
-  import contextlib
-
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:  # threadpoolctl comes with scikit-learn; without it nothing changes
-    return contextlib.nullcontext()
-  return threadpool_limits(limits=1, user_api="blas")
 
 
 def build_report(model_dir: str | os.PathLike | None = None,
@@ -682,7 +646,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
   ud_files = _ud_files(data_path) if data_path is not None else []
   out = pathlib.Path(out_dir)
 
-  with _single_thread_blas():
+  with utils.single_thread_blas():
     log(f"loading {name} from {model_path}")
     config, params = bertjax.from_hf(model_path)
     if config.is_pruned:
@@ -790,8 +754,8 @@ def build_report(model_dir: str | os.PathLike | None = None,
   results["timing"] = timing
   results["run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
   results["figures"] = figs
-  results = _jsonable(results)
-  (out / "report.json").write_text(json.dumps(results, indent=1, allow_nan=False))
+  results = utils.to_json(results, digits=6)
+  utils.write_json(out / "report.json", results)
   (out / "index.html").write_text(report_page.render_html(results, figs), encoding="utf-8")
   results["files"] = [str(out / "index.html"), str(out / "report.json"),
                       *(str(out / f) for f in figs.values())]
