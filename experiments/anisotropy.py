@@ -45,7 +45,6 @@ What it measures, on which model and data, and why:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -99,20 +98,6 @@ def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
   return "yes" if below.all() else "partly" if below.any() else "no"
 
 
-def _model(args):
-  """(config, params, tokenizer, name): --model, MiniLM, or a tiny random model for --smoke."""
-
-  def tiny():
-    import bertjax
-
-    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=2, intermediate_size=64)
-    return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
-
-  return common.load_model(args, tiny)
-
-
 def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
   import matplotlib
 
@@ -161,21 +146,8 @@ def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
   return figs
 
 
-def _single_thread_blas():
-  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:  # comes with scikit-learn; without it nothing changes
-    return contextlib.nullcontext()
-  return threadpool_limits(limits=1, user_api="blas")
-
-
+@common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
-  with _single_thread_blas():
-    return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
   p = common.parser(__doc__)
   p.add_argument("--sentences", type=int, default=None,
                  help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
@@ -205,7 +177,7 @@ def _main(argv: Sequence[str] | None) -> int:
   sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
   min_count = 2 if args.smoke else args.min_count
   with common.timed(timings, "load model"):
-    config, params, tok, model_name = _model(args)
+    config, params, tok, model_name = common.load_model(args)
   common.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
   with common.timed(timings, "features"):
     wf = features.extract_word_features(params, config, tok, sentences, progress=False)

@@ -29,8 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
-import math
+import functools
 import os
 import pathlib
 import platform
@@ -38,8 +37,6 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
-
-import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
@@ -182,17 +179,54 @@ def pretrained(model: str | os.PathLike):
   return config, params, tok, str(model)
 
 
+# The tiny random model that stands in for a trained one in `--smoke` runs.
+SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64}
+
+
+def tiny_model(seed: int = 0, name: str = "random 2x32 (smoke)", *, preset: str | None = None,
+               **config: Any):
+  """(config, params, tokenizer, name): a random-weight BERT over all-MiniLM-L6-v2's vocabulary.
+
+  Args:
+    seed: the parameters' seed.
+    name: what the results call the model.
+    preset: a `BertConfig.preset` name to start from; None: `BertConfig`'s defaults.
+    **config: `BertConfig` fields (default: `SMOKE_MODEL`, 2 layers of width 32).
+  """
+  import bertjax
+
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  fields = {"vocab_size": tok.vocab_size, **(config or ({} if preset else SMOKE_MODEL))}
+  cfg = bertjax.BertConfig.preset(preset, **fields) if preset else bertjax.BertConfig(**fields)
+  return cfg, bertjax.init(cfg, seed), tok, name
+
+
 def load_model(args, smoke=None):
   """(config, params, tokenizer, name): the model an experiment analyses.
 
-  `--model DIR_OR_ID` when given (`pretrained`); else, for `--smoke`, `smoke()` (a tiny
-  random model, returning the same four); else the built-in all-MiniLM-L6-v2.
+  `--model DIR_OR_ID` when given (`pretrained`); else, for `--smoke`, `smoke()` (returning
+  the same four; default: `tiny_model(args.seed)`); else the built-in all-MiniLM-L6-v2.
   """
   if getattr(args, "model", None):
     return pretrained(args.model)
-  if args.smoke and smoke is not None:
-    return smoke()
+  if args.smoke:
+    return smoke() if smoke is not None else tiny_model(args.seed)
   return (*minilm(), "all-MiniLM-L6-v2")
+
+
+def one_blas_thread(main):
+  """Decorates a script's `main` to run with NumPy's BLAS on one thread
+  (`bertjax.utils.single_thread_blas`: its pool thrashes small SVDs on a shared machine)."""
+
+  @functools.wraps(main)
+  def wrapper(*args, **kwargs):
+    from bertjax.utils import single_thread_blas
+
+    with single_thread_blas():
+      return main(*args, **kwargs)
+
+  return wrapper
 
 
 def log(*parts: Any) -> None:
@@ -221,22 +255,6 @@ def finding(paper: str, claim: str, measured: str, holds: str) -> dict[str, str]
   if holds not in HOLDS:
     raise ValueError(f"holds must be one of {HOLDS}, got {holds!r}")
   return {"paper": paper, "claim": claim, "measured": measured, "holds": holds}
-
-
-def _jsonable(x: Any) -> Any:
-  if isinstance(x, dict):
-    return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_jsonable(v) for v in x]
-  if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
-    return _jsonable(x.tolist())
-  if isinstance(x, (np.floating, float)):
-    return float(x) if math.isfinite(x) else None
-  if isinstance(x, np.integer):
-    return int(x)
-  if isinstance(x, pathlib.Path):
-    return str(x)
-  return x
 
 
 def machine() -> dict[str, Any]:
@@ -276,10 +294,9 @@ def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
          "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]),
          "machine": machine(), "seconds": seconds, "settings": settings,
          "findings": list(findings), "figures": list(figures), "results": results}
-  path = out / f"{stem or name}.json"
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(_jsonable(doc), indent=1, allow_nan=False) + "\n")
-  tmp.replace(path)
+  from bertjax.utils import write_json
+
+  path = write_json(out / f"{stem or name}.json", doc)
   log(f"wrote {path}")
   return path
 

@@ -36,7 +36,6 @@ What it measures, on which model and data, and why:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -223,20 +222,6 @@ def special_rule(raw: float, effective: float) -> str:
   return "partly" if effective < raw else "no"
 
 
-def _model(args):
-  """(config, params, tokenizer, name): --model, MiniLM, or a tiny random model for --smoke."""
-
-  def tiny():
-    import bertjax
-
-    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=2, intermediate_size=64)
-    return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
-
-  return common.load_model(args, tiny)
-
-
 def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> list[str]:
   import matplotlib
 
@@ -329,21 +314,8 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
   return figs
 
 
-def _single_thread_blas():
-  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:  # comes with scikit-learn; without it nothing changes
-    return contextlib.nullcontext()
-  return threadpool_limits(limits=1, user_api="blas")
-
-
+@common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
-  with _single_thread_blas():
-    return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
   p = common.parser(__doc__)
   p.add_argument("--passages", type=int, default=32,
                  help="passages in the main set (default: 32; --smoke: 4)")
@@ -362,7 +334,7 @@ def _main(argv: Sequence[str] | None) -> int:
   path = common.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=60 if args.smoke else None)
   with common.timed(timings, "load model"):
-    config, params, tok, model_name = _model(args)
+    config, params, tok, model_name = common.load_model(args)
   head_dim = config.head_dim
   if args.smoke:
     lengths, length, count, per_len = [8, 16, 24, 32, 48], 40, 4, 2

@@ -32,7 +32,6 @@ What it measures, on which model and data, and why:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 import time
 from collections.abc import Sequence
@@ -120,20 +119,6 @@ def mlp_rule(linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: floa
   return "yes" if mlp_acc >= linear_acc - tolerance else "partly"
 
 
-def _model(args):
-  """(config, params, tokenizer, name): --model, MiniLM, or a tiny random model for --smoke."""
-
-  def tiny():
-    import bertjax
-
-    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=2, intermediate_size=64)
-    return config, bertjax.init(config, args.seed), tok, "random 2x32 (smoke)"
-
-  return common.load_model(args, tiny)
-
-
 def _suite(args):
   from bertjax.analysis import probing, probing_run, structural
 
@@ -210,21 +195,8 @@ def _figures(out, curves, expected, r, model_name) -> list[str]:
   return figs
 
 
-def _single_thread_blas():
-  """NumPy's BLAS on one thread: its thread pool thrashes small SVDs on a shared machine."""
-  try:
-    from threadpoolctl import threadpool_limits
-  except ImportError:  # comes with scikit-learn; without it nothing changes
-    return contextlib.nullcontext()
-  return threadpool_limits(limits=1, user_api="blas")
-
-
+@common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
-  with _single_thread_blas():
-    return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> int:
   p = common.parser(__doc__)
   p.add_argument("--sentences", type=int, default=None,
                  help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
@@ -245,7 +217,7 @@ def _main(argv: Sequence[str] | None) -> int:
   path = common.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=n_sent)
   with common.timed(timings, "load model"):
-    config, params, tok, model_name = _model(args)
+    config, params, tok, model_name = common.load_model(args)
   suite = _suite(args)
   common.log(f"probing {model_name} on {len(sentences)} sentences of {path.name}")
   with common.timed(timings, "probing suite"):
