@@ -257,6 +257,16 @@ def finding(paper: str, claim: str, measured: str, holds: str) -> dict[str, str]
   return {"paper": paper, "claim": claim, "measured": measured, "holds": holds}
 
 
+def to_json(x: Any) -> Any:
+  """`x` as plain JSON values, NaN as None (`bertjax.utils.to_json`, imported when called)."""
+  from bertjax.utils import to_json as convert
+
+  return convert(x)
+
+
+_jsonable = to_json  # the name scripts used before `to_json`
+
+
 def machine() -> dict[str, Any]:
   """Where the numbers came from: platform, CPU count, JAX backend and devices."""
   import jax
