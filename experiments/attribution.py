@@ -51,8 +51,7 @@ import numpy as np
 PAPER_NORM = "Kobayashi et al. 2020; Ferrando et al. 2022; Mohebbi et al. 2023"
 PAPER_PATCH = "Nanda 2023; Syed et al. 2023"
 NAME = "attribution"
-SMOKE_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                   intermediate_size=64, max_position_embeddings=128)
+SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,19 +64,6 @@ class Settings:
 
 FULL = Settings(max_sentences=None, ig_steps=32, flow=True, batch=16)
 SMOKE = Settings(max_sentences=6, ig_steps=8, flow=True, batch=6)
-
-
-def _smoke_model():
-  import bertjax
-
-  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, **SMOKE_MODEL)
-  return config, bertjax.init(config, 0), tok, "tiny random BERT (smoke stand-in)"
-
-
-def mean_pool(hidden, mask):
-  m = mask.astype(hidden.dtype)[..., None]
-  return (hidden * m).sum(1) / np.maximum(m.sum(1), 1)
 
 
 def fit_probe(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2):
@@ -128,19 +114,20 @@ def main(argv=None) -> int:
   args = common.parser(__doc__).parse_args(argv)
   t0 = time.perf_counter()
   import bertjax
-  from bertjax import report
+  from bertjax import report, stats
   from bertjax.analysis import negation
 
   settings = SMOKE if args.smoke else FULL
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    config, params, tok, name = common.load_model(args, smoke=_smoke_model)
+    config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(
+        0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
     batch = tok.encode([s.text for s in sentences])
     hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
                                         batch.token_type_ids).last_hidden_state, np.float64)
-    feats = mean_pool(hidden, batch.attention_mask)
+    feats = stats.mean_pool(hidden, batch.attention_mask)
     labels = np.asarray([s.negated for s in sentences])
     rng = np.random.default_rng(args.seed)
     test = rng.permutation(len(labels))[:len(labels) // 5]

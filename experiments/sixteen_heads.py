@@ -64,15 +64,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
           "seed": seed}
 
 
-def smoke_model(tok):
-  """A tiny random-weight BERT over MiniLM's vocabulary: (config, params)."""
-  import bertjax
-
-  config = bertjax.BertConfig.preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=2,
-                                     max_position_embeddings=512)
-  return config, bertjax.init(config, 0)
-
-
 # Statistics ---------------------------------------------------------------------------------
 
 
@@ -188,13 +179,6 @@ def heads_to_prune(mask) -> dict[int, list[int]]:
   """`bertjax.prune_heads`'s argument for the zeros of a (layers, heads) mask."""
   return {int(layer): [int(h) for h in np.flatnonzero(row == 0)]
           for layer, row in enumerate(np.asarray(mask)) if (row == 0).any()}
-
-
-def spearman(a, b) -> float:
-  """Spearman rank correlation of two arrays (flattened)."""
-  from scipy.stats import spearmanr
-
-  return float(spearmanr(np.ravel(a), np.ravel(b)).statistic)
 
 
 def curve_area(fractions, values) -> float:
@@ -348,7 +332,7 @@ def main(argv=None) -> int:
   import jax
 
   import bertjax
-  from bertjax import report
+  from bertjax import report, stats
   from bertjax.analysis import ablation
   from bertjax.data import conllu
 
@@ -356,11 +340,8 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    def tiny():
-      tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-      return (*smoke_model(tok), tok, s["model"])
-
-    config, params, tok, s["model"] = common.load_model(args, tiny)
+    config, params, tok, s["model"] = common.load_model(args, lambda: common.tiny_model(
+        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512))
     sentences = report.load_sentences()
     if s["max_sentences"]:
       rng = np.random.default_rng(args.seed)
@@ -483,8 +464,8 @@ def main(argv=None) -> int:
   results = {
       "task": task_results,
       "importance": {"normalized": imp_norm, "raw": imp_raw,
-                     "spearman_normalized_vs_raw": spearman(imp_norm, imp_raw),
-                     "spearman_vs_single_ablation_loss": spearman(
+                     "spearman_normalized_vs_raw": stats.spearman(imp_norm, imp_raw),
+                     "spearman_vs_single_ablation_loss": stats.spearman(
                          imp_norm, loss["heads"] - loss["baseline"])},
       "ablation": {
           "baseline_loss": loss["baseline"], "baseline_accuracy": acc["baseline"],

@@ -69,15 +69,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
           "batch_size": 32, "min_count": 100, "seed": seed}
 
 
-def smoke_model(tok):
-  """A tiny random-weight BERT over MiniLM's vocabulary: (config, params)."""
-  import bertjax
-
-  config = bertjax.BertConfig.preset("tiny", vocab_size=tok.vocab_size, num_hidden_layers=2,
-                                     max_position_embeddings=512)
-  return config, bertjax.init(config, 0)
-
-
 def relation(deprel: str) -> str:
   """The relation label used here: UD's without subtype, nmod:poss as "poss"."""
   from bertjax.data.conllu import base_deprel
@@ -308,11 +299,8 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    def tiny():
-      tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-      return (*smoke_model(tok), tok, s["model"])
-
-    config, params, tok, s["model"] = common.load_model(args, tiny)
+    config, params, tok, s["model"] = common.load_model(args, lambda: common.tiny_model(
+        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512))
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]

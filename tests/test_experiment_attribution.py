@@ -13,6 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import attribution  # noqa: E402
 
+from bertjax import stats  # noqa: E402
 from bertjax.analysis import negation  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   out = bertjax.BertOutput(last_hidden_state=hidden)
   batch = {"attention_mask": mask, "answer": np.ones(3, np.int32),
            "distractor": np.zeros(3, np.int32)}
-  pooled = attribution.mean_pool(hidden.astype(np.float64), mask)
+  pooled = stats.mean_pool(hidden.astype(np.float64), mask)
   want = (((pooled - mu) / sd) @ w + b).mean()
   np.testing.assert_allclose(float(metric(None, None, out, batch)), want, rtol=1e-5)
 
