@@ -13,7 +13,9 @@ Sections: attention to [CLS], [SEP] and punctuation and attention entropy
 layer ablation and head importance with a pruning curve (Michel et al. 2019) on
 a negation-detection task scored without downloads; anisotropy (Ethayarajh
 2019); a POS probe when UD data is present; raw vs effective attention (Brunner
-et al. 2020).
+et al. 2020); token attribution and head patching on negation. Each section ends in a
+generated reading (`bertjax.report_reading`, stored under `readings`): the paper's finding,
+this model's measured value beside it, and whether they agree under a stated rule.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax import report_page, stats, utils
+from bertjax import report_page, report_reading, stats, utils
 from bertjax.analysis import ablation, attention, geometry, probing
 from bertjax.hub import DEFAULT_MODEL
 
@@ -755,6 +757,9 @@ def build_report(model_dir: str | os.PathLike | None = None,
   results["run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
   results["figures"] = figs
   results = utils.to_json(results, digits=6)
+  # Each section's reading of its numbers, computed from the JSON as written (so a reader can
+  # recompute it from report.json alone).
+  results["readings"] = report_reading.readings(results)
   utils.write_json(out / "report.json", results)
   (out / "index.html").write_text(report_page.render_html(results, figs), encoding="utf-8")
   results["files"] = [str(out / "index.html"), str(out / "report.json"),

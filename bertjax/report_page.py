@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import report_reading
 from bertjax.analysis import attention
 
 # id, title: the sections in page order (the table of contents).
@@ -145,6 +146,7 @@ figure.wide{display:block;margin-right:0}
 figure img{max-width:100%;height:auto;border:1px solid #eee}
 figure a{cursor:zoom-in}figcaption{font-size:.85em;color:#555}
 .note{background:#fff7e0;border-left:4px solid #e0a800;padding:.5em .8em}
+.reading{background:#eef5fb;border-left:4px solid #3c7fb1;padding:.5em .8em}
 .meta td{text-align:left}
 nav.toc{background:#f7f7f9;border:1px solid #ddd;padding:.4em 1.2em;margin:1em 0}
 nav.toc h2{border:0;margin:.3em 0;font-size:1.1em}
@@ -212,9 +214,23 @@ def _contents(present: Sequence[str]) -> str:
   return f"<nav class='toc'><h2>Contents</h2><ul>{items}</ul></nav>"
 
 
+def _reading(readings: dict[str, list[str]], section: str) -> str:
+  """A section's generated reading (`report_reading`): the paper's finding against this model."""
+  sentences = readings.get(section)
+  if not sentences:
+    return ""
+  return ("<p class='reading'><b>Reading.</b> " + " ".join(html_escape(x) for x in sentences)
+          + "</p>")
+
+
 def render_html(r: dict, figs: dict[str, str]) -> str:
-  """The report page from the results of `build_report` and its figure file names."""
+  """The report page from the results of `build_report` and its figure file names.
+
+  Each section's generated reading is `r["readings"]` when present (as `build_report` stores
+  it), else computed here by `report_reading.readings` from the same numbers.
+  """
   m, t = r["model"], r["text"]
+  reads = r.get("readings") or report_reading.readings(r)
   title = f"BERTology report: {m['name']}"
   parts = [("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -240,6 +256,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   parts.append(_contents(present))
   if t.get("phenomena"):
     parts.append(_heading("text") + "<p>" + html_escape(t["about"]) + "</p>")
+    parts.append(_reading(reads, "text"))
     parts.append(_table(["phenomenon", "sentences", "negated", "questions"],
                         [[k, *v] for k, v in t["phenomena"].items()]))
 
@@ -251,6 +268,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       "released notebook. Clark et al. found BERT's middle layers attending heavily to [SEP] (a "
       "no-op when a head's function does not apply) and early layers attending broadly (high "
       "entropy).</p>")
+  parts.append(_reading(reads, "clark"))
   parts.append(_fig(figs, "clark_layers", "Mass on [CLS], [SEP] and punctuation by layer"))
   parts.append(_fig(figs, "entropy_layers", "Attention entropy by layer"))
   parts.append(_fig(figs, "entropy_heads", "Attention entropy by layer and head"))
@@ -269,6 +287,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       "list over three features: mass on [CLS]/[SEP] (vertical), mass on the diagonal band "
       "(offsets -1, 0, +1), and the share of token-to-token mass inside the query's own "
       "sentence (block). Thresholds: " + html_escape(p["thresholds"]) + ".</p>")
+  parts.append(_reading(reads, "patterns"))
   parts.append(_fig(figs, "pattern_layers", "Pattern types per layer"))
   parts.append(_fig(figs, "pattern_heads", "Most frequent type of each head"))
   parts.append(_table(["", *names], [["all layers", *p["overall"]]] +
@@ -290,6 +309,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       f"where negation is linearly readable: held-out accuracy {acc[0]:.3f} on the embeddings "
       f"(layer 0), best {max(acc):.3f} (layer {int(np.argmax(acc))}), "
       f"{task['test_accuracy']:.3f} on the final layer ({len(acc) - 1}).</p>")
+  parts.append(_reading(reads, "task"))
   parts.append(_fig(figs, "task_layers", "Negation probe accuracy by layer"))
   parts.append(_table(["", "value"], [
       ["held-out accuracy (final layer; the ablation baseline)", task["test_accuracy"]],
@@ -309,6 +329,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       "The layer chart masks all heads of one layer (the feed-forward part still runs) or skips "
       "the whole block (its output becomes its input); skipping the last block hands the fixed "
       "head a representation it was not fitted on, so expect a large loss there.</p>")
+  parts.append(_reading(reads, "ablation"))
   parts.append(_fig(figs, "ablation_heads", "Loss change per ablated head"))
   parts.append(_fig(figs, "ablation_layers", "Layer ablation: loss change"))
   parts.append(_fig(figs, "ablation_layers_acc", "Layer ablation: accuracy"))
@@ -329,6 +350,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       f"{max(ab['pruning_accuracy']):.3f} with "
       f"{100 * ab['pruning_fraction'][int(np.argmax(ab['pruning_accuracy']))]:.0f}% of the heads "
       "masked.</p>")
+  parts.append(_reading(reads, "pruning"))
   parts.append(_fig(figs, "importance", "Head importance"))
   parts.append(_fig(figs, "pruning", "Pruning curve: accuracy"))
   parts.append(_fig(figs, "pruning_loss", "Pruning curve: loss"))
@@ -344,6 +366,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       "of the text), per layer (0 = the embedding output). High values mean the "
       "representations occupy a narrow cone; Ethayarajh used it as the baseline against which "
       "to read contextual similarity. The mean-centred curve removes the common direction.</p>")
+  parts.append(_reading(reads, "anisotropy"))
   parts.append(_fig(figs, "anisotropy", "Anisotropy by layer"))
   parts.append(_table(["layer (0 = embeddings)", "anisotropy", "mean-centred"],
                       _layer_rows({"a": an["anisotropy"], "c": an["anisotropy_centered"]},
@@ -359,6 +382,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
         "by sentence). The control task (Hewitt &amp; Liang 2019) gives each word type a "
         "random tag; selectivity is the difference. Best layer: "
         f"{pos['best_layer']} (0 = the embedding output).</p>")
+    parts.append(_reading(reads, "pos"))
     parts.append(_fig(figs, "pos", "UPOS probe accuracy by layer"))
     parts.append(_table(["layer (0 = embeddings)", "accuracy", "control", "selectivity"],
                         _layer_rows({"a": pos["accuracy"], "c": pos["control_accuracy"],
@@ -378,6 +402,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
       f"{eff['mean_passage_tokens']:.0f} tokens). The example heads are those with the most raw "
       "attention on [CLS] + [SEP]; effective attention can be negative (red on its "
       "diverging colour scale).</p>")
+  parts.append(_reading(reads, "effective"))
   parts.append(_fig(figs, "effective", "Raw vs effective attention"))
   rows = []
   for d in range(len(st["raw"]["cls"])):
@@ -387,43 +412,19 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   parts.append(_table(["layer", "raw [CLS]", "effective [CLS]", "raw [SEP]", "effective [SEP]",
                        "corr(raw, effective)"], rows))
   if r.get("attribution"):
-    parts.extend(_attribution_html(r["attribution"], figs))
+    parts.extend(_attribution_html(r["attribution"], figs, reads.get("attribution", [])))
   parts.append(_heading("timing") + _table(
       ["stage", "seconds"], [[k, v] for k, v in r["timing"].items()], 1))
   parts.append("</body></html>")
   return "\n".join(x for x in parts if x)
 
 
-def attribution_sentences(a: dict) -> list[str]:
-  """The section's generated reading of its numbers: what the papers claim, what was measured."""
-  stats, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
-  best = max(stats, key=lambda k: stats[k]["mrr"])
-  weights = max(stats[k]["mrr"] for k in ("attention", "rollout") if k in stats)
-  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
-  above = [k for k, v in mixing.items() if v > weights]
-  agree = "agrees" if len(above) == len(mixing) else "partly agrees" if above else "disagrees"
-  first = (f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
-           "attention weights alone misplace token importance and that counting the value "
-           "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
-           f"best method is {best} (mean reciprocal rank of the cue {stats[best]['mrr']:.2f}; "
-           f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
-           f"{len(above)} of the {len(mixing)} methods that count values do better, so this "
-           f"model {agree} with them.")
-  patch = a["patching"]
-  exact = np.asarray(patch["exact"], float)
-  top = np.unravel_index(np.nanargmax(exact), exact.shape)
-  pearson = patch["agreement"]["pearson"]
-  second = (f"Patching one head's output from a negated sentence into its affirmative twin, "
-            f"block {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
-            f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
-            f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
-            + (", as they report." if pearson > 0.8 else
-               "; here it is a poor estimate, likely because the effect is non-linear "
-               "(LayerNorm, later blocks) for the heads that matter."))
-  return [first, second]
+def attribution_sentences(a: dict, model: str = "this model") -> list[str]:
+  """Section 9's generated reading (`report_reading.attribution_sentences`)."""
+  return report_reading.attribution_sentences(a, model)
 
 
-def _attribution_html(a: dict, figs: dict) -> list[str]:
+def _attribution_html(a: dict, figs: dict, sentences: Sequence[str]) -> list[str]:
   if not a.get("available"):
     return [_heading("attribution"),
             f"<p class='note'>Not available: {html_escape(a.get('reason', ''))}</p>"]
@@ -438,7 +439,7 @@ def _attribution_html(a: dict, figs: dict) -> list[str]:
       "paired with its affirmative twin (the cue replaced by a same-length word: not &rarr; "
       "also, never &rarr; often), and every head's output is patched from the negated run into "
       "the twin's, exactly and by the gradient approximation.</p>")]
-  parts += [f"<p>{html_escape(t)}</p>" for t in attribution_sentences(a)]
+  parts.append(_reading({"attribution": list(sentences)}, "attribution"))
   parts.append(_fig(figs, "attribution_methods", "Rank of the negation cue by method"))
   parts.append(_table(["method", "cue ranked first", "mean reciprocal rank", "mean rank"],
                       [[k, v["top1"], v["mrr"], v["mean_rank"]] for k, v in

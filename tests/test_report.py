@@ -165,6 +165,17 @@ def test_reduced_report_on_minilm(minilm_report):
   assert "layer 6" in html and "<td>6</td>" in html
   assert "layer 0 (the first encoder block)" not in html
   assert not saved["pos"]["available"] and "bertjax data fetch" in saved["pos"]["reason"]
+  # Every section reads its numbers (from report.json alone), naming the model analysed.
+  from bertjax import report_page, report_reading
+
+  readings = saved["readings"]
+  assert readings == report_reading.readings({k: v for k, v in saved.items() if k != "readings"})
+  assert set(readings) == {k for k, _ in report_page.SECTIONS} - {"timing"}
+  for section, sentences in readings.items():
+    assert sentences and all(sentences), section
+    assert html.count("<p class='reading'>") == len(readings)
+    if section not in ("pos", "text"):  # the POS probe did not run here
+      assert report_reading.verdicts(sentences, "all-MiniLM-L6-v2"), section
 
 
 def test_sentences_are_labelled():
@@ -354,7 +365,7 @@ def test_attribution_sentences_follow_the_numbers():
       {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
        "value_zeroing": 0.6}, 0.95))
   assert "best method is value_zeroing" in agree[0] and "so this model agrees" in agree[0]
-  assert "block 2 head 2 alone restores 0.60" in agree[1] and "as they report" in agree[1]
+  assert "layer 2 head 2 alone restores 0.60" in agree[1] and "as they report" in agree[1]
   disagree = report_page.attribution_sentences(section(
       {"attention": 0.7, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
        "value_zeroing": 0.6}, 0.3))

@@ -1,0 +1,138 @@
+"""The report's generated reading (`bertjax.report_reading`): each section's verdict follows its
+numbers. A synthetic `report.json` of a 3-layer, 2-head model agrees with every paper; changing
+one number turns that section's verdict, and nothing else's."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from bertjax import report_reading as rr
+
+MODEL = "org/tiny-model"
+
+
+def _results() -> dict:
+  """A report.json whose every section agrees with its paper under the stated rules."""
+  return {
+      "model": {"name": MODEL, "layers": 3, "heads": 2},
+      "text": {"description": "12 sentences", "num_tokens": 99},
+      "clark": {"by_layer": {"cls": [0.1, 0.1, 0.1], "sep": [0.2, 0.6, 0.3],
+                             "punct": [0.05, 0.05, 0.05], "entropy": [2.5, 1.5, 1.2]}},
+      "patterns": {"overall": [0.4, 0.1, 0.1, 0.1, 0.3]},
+      "task": {"probe_accuracy_by_layer": [0.95, 0.96, 0.9, 0.85], "majority_accuracy": 0.6},
+      "ablation": {"baseline_loss": 0.3, "baseline_accuracy": 0.85,
+                   "head_loss": [[0.31, 0.29], [0.3, 0.6], [0.3, 0.305]],
+                   "layer_heads_loss": [0.25, 0.5, 0.4],
+                   "pruning_fraction": [0.0, 0.2, 0.4, 0.6],
+                   "pruning_accuracy": [0.85, 0.85, 0.84, 0.7],
+                   "importance_vs_ablation_spearman": 0.7},
+      "anisotropy": {"anisotropy": [0.05, 0.2, 0.3, 0.4],
+                     "anisotropy_centered": [0.0, 0.01, -0.01, 0.0]},
+      "pos": {"available": True, "accuracy": [0.8, 0.93, 0.9, 0.88],
+              "selectivity": [0.1, 0.3, 0.25, 0.2], "best_layer": 1},
+      "effective": {"mean_passage_tokens": 70.0, "head_dim": 32,
+                    "stats": {"raw": {"cls": [[0.3, 0.2]], "sep": [[0.1, 0.1]]},
+                              "effective": {"cls": [[0.01, 0.02]], "sep": [[0.01, 0.0]],
+                                            "raw_corr": [[0.4, 0.5]]}}},
+  }
+
+
+def _verdicts(r: dict) -> dict[str, list[str]]:
+  return {k: rr.verdicts(v, MODEL) for k, v in rr.readings(r).items()}
+
+
+def test_every_section_agrees_and_names_the_model():
+  readings = rr.readings(_results())
+  assert set(readings) == {"text", "clark", "patterns", "task", "ablation", "pruning",
+                           "anisotropy", "pos", "effective"}
+  for section, sentences in readings.items():
+    assert any(MODEL in s for s in sentences), section
+    assert "all-MiniLM" not in " ".join(sentences), section  # never the default's name
+    if section != "text":
+      assert set(rr.verdicts(sentences, MODEL)) == {"agrees"}, (section, sentences)
+
+
+def _set(r, path, value):
+  *keys, last = path
+  for k in keys:
+    r = r[k]
+  r[last] = value
+
+
+# (section, path in report.json, new value, the verdicts that section then gives)
+FLIPS = [
+    # [CLS] becomes the sink: over half still goes to special tokens, but not to [SEP].
+    ("clark", ("clark", "by_layer", "cls"), [0.1, 0.7, 0.1], ["partly agrees", "agrees"]),
+    # Nothing much goes to the special tokens in the middle layer.
+    ("clark", ("clark", "by_layer", "sep"), [0.2, 0.1, 0.3], ["disagrees", "agrees"]),
+    # The last layer attends most broadly.
+    ("clark", ("clark", "by_layer", "entropy"), [1.2, 1.5, 2.5], ["agrees", "disagrees"]),
+    ("patterns", ("patterns", "overall"), [0.1, 0.05, 0.05, 0.1, 0.7], ["partly agrees"]),
+    ("patterns", ("patterns", "overall"), [0.1, 0.2, 0.05, 0.05, 0.6], ["disagrees"]),
+    # The embeddings read the cue badly and the final layer is the best.
+    ("task", ("task", "probe_accuracy_by_layer"), [0.6, 0.7, 0.8, 0.9], ["disagrees"]),
+    ("task", ("task", "probe_accuracy_by_layer"), [0.95, 0.95, 0.95, 0.95], ["partly agrees"]),
+    ("ablation", ("ablation", "head_loss"), [[0.5, 0.5], [0.5, 0.6], [0.3, 0.305]],
+     ["disagrees", "agrees"]),
+    ("ablation", ("ablation", "layer_heads_loss"), [0.35, 0.5, 0.4], ["agrees", "disagrees"]),
+    ("pruning", ("ablation", "pruning_accuracy"), [0.85, 0.8, 0.8, 0.7],
+     ["disagrees", "agrees"]),
+    ("pruning", ("ablation", "pruning_accuracy"), [0.85, 0.84, 0.8, 0.7],
+     ["partly agrees", "agrees"]),
+    ("pruning", ("ablation", "importance_vs_ablation_spearman"), -0.2, ["agrees", "disagrees"]),
+    ("anisotropy", ("anisotropy", "anisotropy"), [0.05, 0.2, 0.3, 0.05],
+     ["partly agrees", "disagrees"]),
+    ("anisotropy", ("anisotropy", "anisotropy"), [0.05, 0.02, 0.03, 0.04], ["disagrees", "agrees"]),
+    ("pos", ("pos", "best_layer"), 3, ["disagrees", "agrees"]),
+    ("pos", ("pos", "selectivity"), [0.1, 0.1, 0.25, 0.2], ["agrees", "partly agrees"]),
+    ("effective", ("effective", "stats", "effective", "cls"), [[0.2, 0.2]], ["partly agrees"]),
+    ("effective", ("effective", "stats", "effective", "cls"), [[0.5, 0.4]], ["disagrees"]),
+]
+
+
+@pytest.mark.parametrize(("section", "path", "value", "expected"), FLIPS)
+def test_a_changed_number_turns_its_section_s_verdict(section, path, value, expected):
+  base = _verdicts(_results())
+  r = copy.deepcopy(_results())
+  _set(r, path, value)
+  got = _verdicts(r)
+  assert got[section] == expected, rr.readings(r)[section]
+  assert {k: v for k, v in got.items() if k != section} == {
+      k: v for k, v in base.items() if k != section}
+
+
+def test_odd_results_get_their_likely_cause():
+  r = _results()
+  # The pruning curve rises above the intact model while the final layer's probe is weaker
+  # than an earlier layer's: the reading names that as the likely cause.
+  r["ablation"]["pruning_accuracy"] = [0.85, 0.88, 0.92, 0.9]
+  text = " ".join(rr.readings(r)["pruning"])
+  assert "The curve rises, to 0.920 with 40% of heads masked" in text
+  assert "weaker than on layer 1 (0.960)" in text
+  # No cause is claimed when the final layer is the best place to read the task.
+  r["task"]["probe_accuracy_by_layer"] = [0.6, 0.7, 0.8, 0.9]
+  text = " ".join(rr.readings(r)["pruning"])
+  assert "The curve rises" in text and "likely cause" not in text
+  # A final-layer probe no better than the majority class is flagged.
+  r["task"]["probe_accuracy_by_layer"] = [0.6, 0.7, 0.8, 0.62]
+  assert "barely beats the majority class" in " ".join(rr.readings(r)["task"])
+
+
+def test_sections_that_did_not_run_say_so():
+  r = _results()
+  r["pos"] = {"available": False, "reason": "no UD data under /x"}
+  r["attribution"] = {"available": False, "reason": "no single-token cues"}
+  readings = rr.readings(r)
+  assert "did not run (no UD data under /x)" in readings["pos"][0]
+  assert "no single-token cues" in readings["attribution"][0]
+  assert not rr.verdicts(readings["pos"] + readings["attribution"], MODEL)
+
+
+def test_layer_numbers_are_blocks_from_one():
+  r = _results()
+  # The most harmful head sits in the second block: layer 2 on the page.
+  assert "the most harmful is layer 2 head 1 (+0.300)" in rr.readings(r)["ablation"][0]
+  assert "middle layer 2" in rr.readings(r)["clark"][0]
+  assert np.argmax(r["clark"]["by_layer"]["sep"]) == 1
+  assert "[SEP] peaks at layer 2 (0.60)" in rr.readings(r)["clark"][0]
