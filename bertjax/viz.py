@@ -56,7 +56,7 @@ def _layer_ticks(ax, n: int, first_layer: int, axis: str = "y") -> None:
 
 def head_heatmap(values, path, *, title: str = "", cbar_label: str = "", cmap: str = "viridis",
                  center: float | None = None, annotate: bool | None = None,
-                 first_layer: int = 0) -> pathlib.Path:
+                 first_layer: int = 1) -> pathlib.Path:
   """A layers x heads heatmap (ablation effect, importance, special-token mass ...).
 
   Args:
@@ -67,7 +67,7 @@ def head_heatmap(values, path, *, title: str = "", cbar_label: str = "", cmap: s
     center: if given, a diverging scale symmetric about this value.
     annotate: print each value in its cell, black on light cells and white on dark
       ones (default: when there are at most 144 cells).
-    first_layer: the number of the first row (1 when the rows are blocks 1..L).
+    first_layer: the number of the first row (default 1: the rows are blocks 1..L).
 
   Returns:
     The saved path.
@@ -97,7 +97,7 @@ def head_heatmap(values, path, *, title: str = "", cbar_label: str = "", cmap: s
 
 def pattern_heatmap(codes, path, *, names: Sequence[str] | None = None,
                     title: str = "Dominant attention pattern",
-                    first_layer: int = 0) -> pathlib.Path:
+                    first_layer: int = 1) -> pathlib.Path:
   """Categorical layers x heads map of pattern types (e.g. `PatternCounts.dominant`)."""
   plt = _plt()
   from matplotlib.colors import ListedColormap
@@ -132,7 +132,8 @@ def attention_grid(maps, tokens: Sequence[str], path, *, layers: Sequence[int] |
       and columns are drawn.
     tokens: the token strings (tick labels).
     path: output .png path.
-    layers, heads: subsets to draw (default all).
+    layers, heads: subsets to draw (default all), as 0-based indices into `maps`; panels
+      are titled by layer number (block index + 1) and head.
     title: figure title.
   """
   plt = _plt()
@@ -157,7 +158,7 @@ def attention_grid(maps, tokens: Sequence[str], path, *, layers: Sequence[int] |
         ax.set_xticklabels(tokens, rotation=90, fontsize=5)
       if label and c == 0:
         ax.set_yticklabels(tokens, fontsize=5)
-      ax.set_title(f"L{l} H{h}", fontsize=7)
+      ax.set_title(f"L{l + 1} H{h}", fontsize=7)  # blocks 1..L, heads 0..H-1
   fig.suptitle(title)
   return _save(fig, path)
 
@@ -187,7 +188,7 @@ def pruning_curve(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
 
 def type_ratios(per_layer, path, *, names: Sequence[str] | None = None,
                 title: str = "Attention pattern types per layer",
-                first_layer: int = 0) -> pathlib.Path:
+                first_layer: int = 1) -> pathlib.Path:
   """Stacked bars of pattern-type ratios per layer (`PatternCounts.per_layer`, (layers, types))."""
   plt = _plt()
   if names is None:

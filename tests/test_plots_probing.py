@@ -42,3 +42,19 @@ def test_bad_input_is_named(tmp_path):
   with pytest.raises(ValueError, match="different numbers of layers"):
     plots_probing.plot_layer_curves({"a": [1, 2], "b": [1, 2, 3]}, tmp_path / "x.png")
   assert not list(tmp_path.iterdir())  # nothing written half-way
+
+
+def test_layers_are_numbered_from_0_with_the_embeddings_else_from_1(tmp_path, monkeypatch):
+  """One numbering: blocks 1..L, the embedding output 0 (README, "Layer numbering")."""
+  figures = []
+  monkeypatch.setattr(plots_probing, "_save", lambda fig, path: figures.append(fig) or path)
+  plots_probing.plot_probing([0.5, 0.6, 0.7, 0.8], tmp_path / "a.png", [0.1] * 4)
+  plots_probing.plot_layer_curves({"x": [1, 2, 3]}, tmp_path / "b.png", embeddings_first=False)
+  plots_probing.plot_cka(np.eye(3), tmp_path / "c.png", embeddings_first=False)
+  with_embeddings, blocks, cka = (f.axes[0] for f in figures)
+  assert list(with_embeddings.get_xticks()) == [0, 1, 2, 3]
+  assert with_embeddings.get_xlabel() == "layer (0 = embeddings)"
+  assert list(blocks.get_xticks()) == [1, 2, 3]
+  assert list(blocks.lines[0].get_xdata()) == [1, 2, 3]
+  assert [t.get_text() for t in cka.get_xticklabels()] == ["1", "2", "3"]
+  assert cka.get_xlabel() == "layer"
