@@ -5,14 +5,23 @@ scripts, and renders their `findings` rows (paper, claim, what we measured, whet
 holds) as a Markdown table between the README's `<!-- findings:start -->` and
 `<!-- findings:end -->` markers.
 
+Experiments whose module defines `findings(results, settings)` (rows from the numbers as
+written to JSON) can have their committed rows recomputed without a rerun, after a change to
+a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (and its
+`settings["indexing"]` when the module defines `INDEXING`), recording when under
+`findings_refreshed`; the measured numbers are untouched.
+
 Run:
   .venv/bin/python experiments/findings.py            # rewrite the README's table
   .venv/bin/python experiments/findings.py --check    # exit 1 if the README is stale
+  .venv/bin/python experiments/findings.py --refresh sixteen_heads   # rows from the JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib
 import json
 import pathlib
 import sys
@@ -58,6 +67,39 @@ def render(docs: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def module(name: str):
+  """The experiment script `experiments/NAME.py` as a module."""
+  here = str(REPO / "experiments")
+  if here not in sys.path:
+    sys.path.insert(0, here)
+  return importlib.import_module(name)
+
+
+def refresh(path: pathlib.Path) -> bool:
+  """Recomputes the `findings` of a result file from its own numbers; True if they changed.
+
+  Raises:
+    ValueError: the experiment's module has no `findings(results, settings)`.
+  """
+  doc = json.loads(path.read_text())
+  mod = module(doc["experiment"])
+  make_rows = getattr(mod, "findings", None)
+  if make_rows is None:
+    raise ValueError(f"experiments/{doc['experiment']}.py defines no findings(results, "
+                     f"settings); rerun it to change {path.name}'s rows")
+  rows = make_rows(doc["results"], doc["settings"])
+  settings = dict(doc["settings"])
+  if hasattr(mod, "INDEXING"):
+    settings["indexing"] = mod.INDEXING
+  if rows == doc["findings"] and settings == doc["settings"]:
+    return False
+  doc["findings"], doc["settings"] = rows, settings
+  doc["findings_refreshed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+      timespec="seconds")
+  path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+  return True
+
+
 def update(readme_text: str, table: str) -> str:
   """`readme_text` with the text between the markers replaced by `table`.
 
@@ -79,7 +121,16 @@ def main(argv=None) -> int:
                  help="the README to update (default: README.md)")
   p.add_argument("--check", action="store_true",
                  help="do not write; exit 1 if the README's table differs from the results")
+  p.add_argument("--refresh", nargs="+", default=(), metavar="NAME",
+                 help="first recompute these experiments' rows from their committed numbers "
+                      "(their modules' findings(results, settings)); no rerun")
   args = p.parse_args(argv)
+  for name in args.refresh:
+    path = pathlib.Path(args.results) / f"{name}.json"
+    if not path.exists():
+      p.error(f"--refresh {name}: no {path}")
+    if refresh(path):
+      print(f"refreshed the findings of {path}")
   readme = pathlib.Path(args.readme)
   text = readme.read_text()
   new = update(text, render(load(pathlib.Path(args.results))))

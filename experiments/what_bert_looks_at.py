@@ -57,6 +57,9 @@ CLARK_RELATIONS = ("nsubj", "obj", "iobj", "amod", "det", "case", "advmod", "aux
                    "obl", "compound", "mark", "cc", "conj", "poss", "nummod", "cop", "advcl",
                    "xcomp", "ccomp", "acl", "appos", "expl", "flat", "fixed", "parataxis")
 MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
+INDEXING = ("layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
+            "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
+            "layers 1..L in order, (L, H) arrays layer by head")
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
@@ -139,6 +142,12 @@ def best_offset(offsets, select) -> tuple[int, float]:
   return int(ks[order[0]]), float(counts[order[0]] / o.size)
 
 
+def _layer_head(flat: int, config_shape: tuple[int, int]) -> list[int]:
+  """`[layer, head]` of a flat (layers * heads) index: layers numbered 1..L, heads 0..H-1."""
+  layer, head = np.unravel_index(flat, config_shape)
+  return [int(layer) + 1, int(head)]
+
+
 def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[str],
                 config_shape: tuple[int, int]) -> dict[str, dict]:
   """Best head (each direction) and best offset per relation, held out and in sample.
@@ -150,6 +159,10 @@ def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[s
     dep_hits, head_hits: bool (A, layers * heads) from `arc_hits`.
     relations: the relations to report ("all" means every arc given).
     config_shape: (layers, heads).
+
+  Returns:
+    Per relation, each direction's best head as `[layer, head]` (layers 1..L, heads 0..H-1),
+    its accuracies and the per-head grid (row i is layer i + 1), and the offset baseline.
   """
   rels, offsets, split = np.asarray(rels), np.asarray(offsets), np.asarray(split)
   out = {}
@@ -162,10 +175,10 @@ def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[s
       acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
       best = int(np.argmax(acc_sel))
       row[name] = {
-          "head": list(np.unravel_index(best, config_shape)),
+          "head": _layer_head(best, config_shape),
           "select_accuracy": float(acc_sel[best]),
           "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
-          "in_sample_head": list(np.unravel_index(int(np.argmax(acc_all)), config_shape)),
+          "in_sample_head": _layer_head(int(np.argmax(acc_all)), config_shape),
           "in_sample_accuracy": float(acc_all.max()),
           "per_head_in_sample": acc_all.reshape(config_shape)}
     k, _ = best_offset(offsets, a)
@@ -189,6 +202,96 @@ def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_token
     out.append((idx, {"input_ids": b.input_ids, "attention_mask": b.attention_mask,
                       "token_type_ids": b.token_type_ids, "word_ids": b.word_ids}))
   return out
+
+
+def _not_bert_base(model: str, depth: int) -> str:
+  """How the analysed model differs from Clark's BERT-base (empty for a BERT-base)."""
+  if "bert-base" in model.lower():
+    return ""
+  what = ("a distilled model trained further for sentence embeddings"
+          if "minilm" in model.lower() else "a different model")
+  return f"{model} is {what} with {depth} layers, not BERT-base, "
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
+
+  Each `holds` follows the stated rule from the numbers; each row says where the data or the
+  model differ from Clark et al.'s (BERT-base on Wikipedia segment pairs).
+  """
+  clark, variant, probe = r["clark"], r["clark_token_all_punct"], r["probe"]
+  depth, model = s["layers"], s.get("model") or "the model"
+  by = {k: np.asarray(v, float) for k, v in clark["by_layer"].items()}
+  vb = variant["by_layer"]
+  sep, ent = by["sep"], by["entropy"]
+  peak = int(np.argmax(sep))
+  # The middle third of the blocks (1-based lo..hi), where Clark's BERT-base puts its [SEP] mass.
+  lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
+  inner = slice(lo - 1, max(hi, lo))
+  masses = {name: float(by[key][inner].mean())
+            for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))}
+  total = sum(masses.values())
+  sink = max(masses, key=masses.get)
+  d = clark["definition"]
+  how = ("per sentence, then over sentences (Clark's notebook)" if d["weighting"] == "document"
+         else "over all tokens")
+  punct_how = ('"." and ","' if d["punctuation"] == "clark"
+               else f"all {d['punctuation_ids']} punctuation ids")
+  rounded = lambda v, k=3: np.round(v, k).tolist()
+  rows = [common.finding(
+      PAPER, "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
+      "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
+      "when a head's function does not apply.",
+      f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
+      f"{total:.2f} of the attention, most of it {sink} ({masses[sink]:.2f}; [SEP] "
+      f"{masses['[SEP]']:.2f}). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
+      f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
+      f"{rounded(by['punct'])}. Averaged over all tokens with all "
+      f"{variant['definition']['punctuation_ids']} punctuation ids instead: [SEP] "
+      f"{rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation {rounded(vb['punct'])}. "
+      f"Differs from Clark: {_not_bert_base(model, depth)}read on single EWT sentences with "
+      "one [SEP] rather than Wikipedia segment pairs, so which special token serves as the sink "
+      "may differ. "
+      "Rule: yes if the middle third gives over half its attention to these tokens with [SEP] "
+      "the largest, partly if over half but another token is the sink, no otherwise.",
+      "yes" if total > 0.5 and sink == "[SEP]" else "partly" if total > 0.5 else "no")]
+  first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
+  rows.append(common.finding(
+      PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
+      f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
+      f"{d['entropy_smoothing']:g}; uniform attention: {clark['uniform_entropy']:.2f}); first "
+      f"half {first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
+      f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
+      "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
+      "second's, partly if only one of the two.",
+      "yes" if int(np.argmax(ent)) == 0 and first_half > second_half else
+      "partly" if int(np.argmax(ent)) == 0 or first_half > second_half else "no"))
+  table, frequent = probe["relations"], probe["frequent"]
+  # The direction of each relation is chosen on the selection half too, then scored held out.
+  chosen, margins = probe["accuracy_chosen_direction"], probe["margin_chosen_direction_vs_offset"]
+  beat = [x for x in frequent if margins[x] >= 0.05]
+  share = len(beat) / max(len(frequent), 1)
+  best = sorted(frequent, key=lambda x: -margins[x])[:5]
+  below = [x for x in frequent if x not in beat]
+  rows.append(common.finding(
+      PAPER, "Particular heads track particular dependency relations well, well above a "
+      "fixed-offset baseline.",
+      f"the best single head (head and direction chosen on even sentences) beats the best fixed "
+      f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
+      "relations; largest margins: " + ", ".join(
+          f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
+      + f"; under the 5-point margin: {', '.join(below) or 'none'}"
+      + ". Differs from Clark: UD relations on EWT, not Stanford dependencies on the WSJ. "
+      "Rule: yes if >=2/3 of the relations, partly if >=1/3.",
+      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no"))
+  overall = table["all"]["dep_to_head"]["accuracy"]
+  rows.append(common.finding(
+      PAPER, "No single head does well at syntax overall.",
+      f"the best single head over all non-punctuation arcs predicts the head for "
+      f"{overall:.2f} of held-out arcs (best fixed offset "
+      f"{table['all']['baseline']['accuracy']:.2f}). Rule: yes if below 0.5, partly if below 0.7.",
+      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no"))
+  return rows
 
 
 # Figures ------------------------------------------------------------------------------------
@@ -329,7 +432,6 @@ def main(argv=None) -> int:
 
   with common.timed(timings, "clark"):
     clark = clark_run(args.weighting, args.punctuation, args.entropy_smoothing)
-    uniform_entropy = clark["uniform_entropy"]
     common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
   with common.timed(timings, "clark token-weighted"):
     variant = clark_run("token", "all", 0.0)  # the earlier definition, for comparison
@@ -370,76 +472,13 @@ def main(argv=None) -> int:
         f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
         for r in ["all", *frequent]))
 
-  # Findings: each `holds` follows the stated rule from the numbers above. --------------
-  findings = []
-  sep, ent = clark["by_layer"]["sep"], clark["by_layer"]["entropy"]
-  peak = int(np.argmax(sep))
-  inner = slice(1, max(depth - 1, 2))
-  masses = {name: float(clark["by_layer"][key][inner].mean())
-            for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))}
-  sink = max(masses, key=masses.get)
-  sink_mass = masses[sink]
-  middle = depth / 3 <= peak < 2 * depth / 3 or (depth < 3 and 0 < peak < depth - 1)
-  d = clark["definition"]
-  how = ("per sentence, then over sentences (Clark's notebook)" if d["weighting"] == "document"
-         else "over all tokens")
-  punct_how = ('"." and ","' if d["punctuation"] == "clark"
-               else f"all {d['punctuation_ids']} punctuation ids")
-  vb = variant["by_layer"]
-  rounded = lambda v, k=3: np.round(v, k).tolist()
-  findings.append(common.finding(
-      PAPER, "Heads in the middle layers put most of their attention on [SEP] (BERT-base: "
-      "layers 6-10 give it over half).",
-      f"mean [SEP] mass by layer {rounded(sep)} (layers 1-{depth}; averaged {how}); peak at "
-      f"layer {peak + 1} ({sep[peak]:.2f}); [CLS] {rounded(clark['by_layer']['cls'])}, "
-      f"punctuation ({punct_how}) {rounded(clark['by_layer']['punct'])}; the token taking most "
-      f"attention in layers 2-{depth - 1} is {sink} ({sink_mass:.2f} on average). Averaged over "
-      f"all tokens with all {variant['definition']['punctuation_ids']} punctuation ids instead: "
-      f"[SEP] {rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation "
-      f"{rounded(vb['punct'])}. Differs from Clark: single EWT sentences with one [SEP], not "
-      "Wikipedia segment pairs. Rule: yes if the peak is in the middle third of the layers and "
-      "above 0.25, partly if only one of the two.",
-      "yes" if middle and sep[peak] > 0.25 else "partly" if middle or sep[peak] > 0.25 else "no"))
-  first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
-  findings.append(common.finding(
-      PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
-      f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
-      f"{d['entropy_smoothing']:g}; uniform attention: {uniform_entropy:.2f}); first half "
-      f"{first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
-      f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
-      "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
-      "second's, partly if only one of the two.",
-      "yes" if int(np.argmax(ent)) == 0 and first_half > second_half else
-      "partly" if int(np.argmax(ent)) == 0 or first_half > second_half else "no"))
-  margins = {r: table[r]["dep_to_head"]["accuracy"] - table[r]["baseline"]["accuracy"]
-             for r in frequent}
+  margins = {x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"]
+             for x in frequent}
   # The direction of each relation is chosen on the selection half too, then scored held out.
-  direction = {r: max(("dep_to_head", "head_to_dep"), key=lambda d: table[r][d]["select_accuracy"])
-               for r in frequent}
-  chosen = {r: table[r][direction[r]]["accuracy"] for r in frequent}
-  margins_any = {r: chosen[r] - table[r]["baseline"]["accuracy"] for r in frequent}
-  beat = [r for r, m in margins_any.items() if m >= 0.05]
-  share = len(beat) / max(len(frequent), 1)
-  best = sorted(frequent, key=lambda r: -margins_any[r])[:5]
-  below = [r for r in frequent if r not in beat]
-  findings.append(common.finding(
-      PAPER, "Particular heads track particular dependency relations well, well above a "
-      "fixed-offset baseline.",
-      f"the best single head (head and direction chosen on even sentences) beats the best fixed "
-      f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
-      "relations; largest margins: " + ", ".join(
-          f"{r} {chosen[r]:.2f} vs {table[r]['baseline']['accuracy']:.2f}" for r in best)
-      + f"; under the 5-point margin: {', '.join(below) or 'none'}"
-      + ". Rule: yes if >=2/3 of the relations, partly if >=1/3.",
-      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no"))
-  overall = table["all"]["dep_to_head"]["accuracy"]
-  findings.append(common.finding(
-      PAPER, "No single head does well at syntax overall.",
-      f"the best single head over all non-punctuation arcs predicts the head for "
-      f"{overall:.2f} of held-out arcs (best fixed offset "
-      f"{table['all']['baseline']['accuracy']:.2f}). Rule: yes if below 0.5, partly if below 0.7.",
-      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no"))
-
+  direction = {x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
+               for x in frequent}
+  chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
+  margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
   results = {
       "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
                "tokens": int(n_tok.sum()), "arcs": len(rels), "relation_counts": counts},
@@ -453,11 +492,9 @@ def main(argv=None) -> int:
   }
   results["timings_s"] = timings
   figs = figures(results, args.out, frequent)
-  common.write_results(NAME, args.out, results, findings=findings, settings={
+  settings = {
       **s, "data": f"UD English EWT {path.name}", "layers": depth, "heads": n_heads,
-      "backend": jax.default_backend(), "max_offset": MAX_OFFSET,
-      "indexing": "layer and head indices in results are 0-based; figures and findings "
-                  "number layers from 1",
+      "backend": jax.default_backend(), "max_offset": MAX_OFFSET, "indexing": INDEXING,
       "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
       "prediction": "argmax of word-level attention over the sentence's other words "
                     "([CLS], [SEP] and the word itself excluded)",
@@ -465,8 +502,11 @@ def main(argv=None) -> int:
       "clark_statistics": {**clark["definition"], "source": "clarkkev/attention-analysis "
                            "General_Analysis.ipynb (cells 5 and 7) when document / clark / 1e-4",
                            "variant": "clark_token_all_punct: token-weighted, every punctuation "
-                                      "id, unsmoothed entropy"}},
-      smoke=args.smoke, seconds=time.perf_counter() - start, figures=figs)
+                                      "id, unsmoothed entropy"}}
+  common.write_results(NAME, args.out, results, findings=findings(common._jsonable(results),
+                                                                  settings),
+                       settings=settings, smoke=args.smoke,
+                       seconds=time.perf_counter() - start, figures=figs)
   return 0
 
 

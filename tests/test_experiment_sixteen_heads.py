@@ -60,3 +60,15 @@ def test_mcnemar_exact_and_curve_area():
   assert sh.mcnemar_p(base, base) == 1.0
   assert sh.paired_loss_p(np.ones(5), np.ones(5)) == 1.0
   assert math.isclose(sh.curve_area([0, 0.5, 1.0], [1.0, 1.0, 0.0]), 0.75)
+
+
+def test_min_detectable_drop_is_the_first_significant_count():
+  # Exact McNemar with every discordant pair one way: p = 2 / 2^b.
+  assert sh.min_detectable_drop(115, 0.01) == 8 / 115  # 2 / 2^8 = 0.0078; 2 / 2^7 = 0.0156
+  assert sh.min_detectable_drop(100, 0.05) == 6 / 100
+  lost = np.ones(115, bool)
+  other = lost.copy()
+  other[:8] = False
+  assert sh.mcnemar_p(lost, other) < 0.01
+  other[7] = True
+  assert sh.mcnemar_p(lost, other) >= 0.01

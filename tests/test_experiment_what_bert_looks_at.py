@@ -52,7 +52,7 @@ def test_attention_to_the_head_gives_accuracy_one():
   np.testing.assert_array_equal(head_to_dep[:, 1], [True, False, True, False])
   table = wbl.probe_table(np.array(["a"] * 4), HEADS[arcs] - 1 - arcs, np.array([0, 1, 0, 1]),
                           dep_to_head, head_to_dep, ["a"], (1, 2))
-  assert table["a"]["dep_to_head"]["head"] == [0, 0]
+  assert table["a"]["dep_to_head"]["head"] == [1, 0]  # layer 1 (the first block), head 0
   assert table["a"]["dep_to_head"]["accuracy"] == 1.0
   assert table["a"]["dep_to_head"]["in_sample_accuracy"] == 1.0
 

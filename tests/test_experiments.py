@@ -168,3 +168,34 @@ def test_findings_render_and_ignore_smoke_runs(tmp_path):
   assert findings.update(text, table) == f"intro\n{findings.START}\n{table}\n{findings.END}\nrest\n"
   with pytest.raises(ValueError, match="markers"):
     findings.update("no markers", table)
+
+
+@pytest.mark.parametrize("name", [n for n in SCRIPTS
+                                  if (REPO / "experiments" / "results" / f"{n}.json").exists()])
+def test_committed_rows_follow_the_current_rules(name):
+  """Where a script makes its rows from the JSON (`findings(results, settings)`), the committed
+  rows are what its current rules and wording give on the committed numbers."""
+  make_rows = getattr(findings.module(name), "findings", None)
+  if make_rows is None:
+    pytest.skip(f"experiments/{name}.py makes its rows inside the run only")
+  doc = json.loads((REPO / "experiments" / "results" / f"{name}.json").read_text())
+  assert make_rows(doc["results"], doc["settings"]) == doc["findings"], (
+      f"run experiments/findings.py --refresh {name}")
+
+
+def test_refresh_rewrites_rows_from_the_numbers(tmp_path):
+  committed = REPO / "experiments" / "results" / "sixteen_heads.json"
+  doc = json.loads(committed.read_text())
+  doc["findings"][0]["holds"] = "no"  # a stale verdict
+  doc["results"]["ablation"]["heads_removable_alone"] = 30  # 42% of 72: below both thresholds
+  path = tmp_path / "sixteen_heads.json"
+  path.write_text(json.dumps(doc))
+  assert findings.refresh(path)
+  new = json.loads(path.read_text())
+  assert new["findings"][0]["holds"] == "no" and "30 of 72 heads (42%)" in new["findings"][0][
+      "measured"]
+  assert new["results"] == doc["results"] and new["findings_refreshed"]
+  doc["results"]["ablation"]["heads_removable_alone"] = 60  # 83%: yes
+  path.write_text(json.dumps(doc))
+  assert findings.refresh(path) and json.loads(path.read_text())["findings"][0]["holds"] == "yes"
+  assert not findings.refresh(path)  # already current
