@@ -1,4 +1,9 @@
-"""Shared fixtures: the real data sets and the real MiniLM checkpoint."""
+"""Shared fixtures: the real data sets and the real MiniLM checkpoint.
+
+Markers (registered in pyproject.toml): every test that uses the `data_dir` fixture, directly
+or through another fixture, is marked `data` here; `hf`, `slow`, `gpu` and `tpu` are set on
+the tests themselves. `./run.sh test -m "not slow"` runs the fast subset.
+"""
 
 import os
 import pathlib
@@ -34,3 +39,10 @@ def minilm_dir() -> pathlib.Path:
     return minilm_path()
   except FileNotFoundError as e:
     pytest.skip(str(e))
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks `data` every test that needs the real data sets (`data_dir` among its fixtures)."""
+  for item in items:
+    if "data_dir" in getattr(item, "fixturenames", ()):
+      item.add_marker(pytest.mark.data)

@@ -23,6 +23,7 @@ def _run(script, *args):
   return proc.stdout
 
 
+@pytest.mark.slow
 def test_gpu_ablation_benchmark_smoke(tmp_path):
   _run("bench_ablation_gpu.py", "--smoke", "--out", str(tmp_path), "--scan-unroll", "2")
   doc = json.loads((tmp_path / "ablation_gpu_cpu_unroll2_smoke.json").read_text())
@@ -34,6 +35,7 @@ def test_gpu_ablation_benchmark_smoke(tmp_path):
   assert doc["prefix_chunk12"]["vs_forward"] > 0 and doc["importance"]["ratio"] > 0
 
 
+@pytest.mark.slow
 def test_mfu_benchmark_smoke(tmp_path):
   out = _run("bench_train_step.py", "--mfu", "--smoke", "--variants",
              "pallas:threefry:4,xla:unsafe_rbg:4:nodrop:unroll2")
@@ -46,6 +48,7 @@ def test_mfu_benchmark_smoke(tmp_path):
     np.testing.assert_allclose(r["model_tflops"], r["model_tflop_per_step"] / r["median_step_s"])
 
 
+@pytest.mark.slow
 def test_forward_benchmark_smoke():
   out = _run("bench_forward.py", "--smoke")
   doc = json.loads(out[out.index("{"):])
@@ -58,6 +61,7 @@ def test_forward_benchmark_smoke():
       assert 0 < r[impl]["fraction_of_peak"]
 
 
+@pytest.mark.slow
 def test_families_benchmark_smoke(tmp_path):
   """bertjax, KerasHub (side interpreter, when set up) and PyTorch side by side, tiny shapes."""
   _run("bench_families.py", "--smoke", "--out", str(tmp_path))

@@ -71,6 +71,7 @@ def pretrain_runs(tmp_path_factory, env):
   return [root / f"user{i}" / "run" for i in (1, 2)], procs
 
 
+@pytest.mark.slow
 def test_train_vocab_runs_write_identical_vocabularies(pretrain_runs):
   (a, b), procs = pretrain_runs
   assert (a / "vocab" / "vocab.txt").read_bytes() == (b / "vocab" / "vocab.txt").read_bytes()
@@ -87,6 +88,8 @@ def test_train_vocab_runs_write_identical_vocabularies(pretrain_runs):
   assert "pretrain: done" in out and "bertjax export" in out and not out.lstrip().startswith("{")
 
 
+@pytest.mark.hf
+@pytest.mark.slow
 def test_export_a_mid_run_checkpoint(pretrain_runs, tmp_path, env):
   (run, _), _ = pretrain_runs
   proc = _ok(bertjax_cmd("export", run, "--step", 1, "--to", "model", cwd=tmp_path, env=env))
@@ -129,6 +132,7 @@ def test_export_a_mid_run_checkpoint(pretrain_runs, tmp_path, env):
   assert saved["model"]["layers"] == 2 and saved["model"]["model_type"] == "bert"
 
 
+@pytest.mark.slow
 def test_export_errors_name_the_problem(pretrain_runs, tmp_path, env):
   (run, _), _ = pretrain_runs
   proc = bertjax_cmd("export", run, "--step", 7, "--to", "m", cwd=tmp_path, env=env)
@@ -150,6 +154,7 @@ def _one_line_error(proc, *needles):
     assert needle in err, (needle, err)
 
 
+@pytest.mark.slow
 def test_user_errors_are_one_line_naming_the_value(tmp_path, env, minilm_dir):
   table = tmp_path / "reviews.tsv"
   table.write_text("sentence\tlabel\nGreat fun.\tpositive\nDull.\tnegative\n")
@@ -168,6 +173,7 @@ def test_user_errors_are_one_line_naming_the_value(tmp_path, env, minilm_dir):
   assert debug.returncode == 1 and "Traceback" in debug.stderr and "missing.tsv" in debug.stderr
 
 
+@pytest.mark.slow
 def test_bad_option_values_are_named_by_argparse(tmp_path, env):
   proc = bertjax_cmd("pretrain", "--corpus", CORPUS, "--preset", "bert-huge", "--output-dir",
                      "o", cwd=tmp_path, env=env)
@@ -179,6 +185,7 @@ HELP = [["--help"], ["pretrain", "--help"], ["finetune", "--help"], ["export", "
         ["report", "--help"], ["data", "fetch", "--help"], ["data", "list", "--help"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", HELP, ids=lambda a: " ".join(a))
 def test_help_texts_are_clean(argv, tmp_path, env):
   proc = _ok(bertjax_cmd(*argv, cwd=tmp_path, env=env, timeout=120))
@@ -204,6 +211,7 @@ def test_help_texts_are_clean(argv, tmp_path, env):
       assert command in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", ["head -n 2", "true"])
 def test_data_list_into_a_closed_pipe_ends_quietly(reader, tmp_path, env):
   proc = subprocess.run(["bash", "-c", f"{sys.executable} -m bertjax.cli data list | {reader}"],
@@ -240,6 +248,8 @@ def tiny_finetune(tmp_path, minilm_dir):
           "--max-len", 16, "--eval-every", 4]
 
 
+@pytest.mark.hf
+@pytest.mark.slow
 def test_finetune_without_a_terminal(tiny_finetune, tmp_path, env):
   proc = _ok(bertjax_cmd(*tiny_finetune, "--log-every", 2, cwd=tmp_path, env=env))
   out, err = proc.stdout, proc.stderr
@@ -306,6 +316,7 @@ def _run_on_a_terminal(argv, cwd, env, timeout=600) -> tuple[int, str, str]:
   return code, out, b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow
 def test_finetune_on_a_terminal_shows_a_progress_bar(tiny_finetune, tmp_path, env):
   code, out, err = _run_on_a_terminal([*tiny_finetune, "--output-dir", "mine"], tmp_path, env)
   assert code == 0, err[-3000:]

@@ -74,6 +74,7 @@ def _leftovers(root: pathlib.Path) -> list[str]:
   return sorted(p.name for p in root.iterdir()) if root.exists() else []
 
 
+@pytest.mark.slow
 def test_fetch_all_from_local_server_equals_originals(server, data_dir, tmp_path):
   dest = tmp_path / "data"
   proc = _cli("data", "fetch", "all", "--to", str(dest), "--mirror", server)
@@ -104,6 +105,7 @@ def test_wrong_checksum_gives_one_line_error_and_leaves_nothing(server, tmp_path
   assert _leftovers(dest) == []
 
 
+@pytest.mark.slow
 def test_wrong_checksum_from_cli(data_dir, tmp_path):
   # A mirror whose copy of a file differs from the original: the user sees one line.
   mirror = tmp_path / "mirror" / "lama_squad"
@@ -123,6 +125,7 @@ def test_wrong_checksum_from_cli(data_dir, tmp_path):
   assert _leftovers(dest) == []
 
 
+@pytest.mark.slow
 def test_interrupted_download_leaves_nothing_and_keeps_existing_copy(data_dir, tmp_path):
   handler = type("H", (_Truncating,), {"root": data_dir})
   srv, url = _serve(handler)
@@ -169,6 +172,7 @@ def test_archive_source_is_unpacked(data_dir, tmp_path):
   assert sorted(p.name for p in folder.iterdir()) == sorted(f.path for f in blimp.files)
 
 
+@pytest.mark.slow
 def test_data_list_runs(tmp_path, data_dir):
   fetch.fetch(["blimp"], tmp_path, mirror=data_dir.as_uri(), progress=False, log=lambda _: None)
   (tmp_path / "ud_english_ewt").mkdir()
@@ -229,6 +233,7 @@ def test_package_sums_cover_every_file(data_dir):
     assert ds.base_url.startswith("https://") and ds.homepage.startswith("https://")
 
 
+@pytest.mark.slow
 def test_unknown_name_is_a_one_line_error():
   proc = _cli("data", "fetch", "imagenet", "--to", "/nonexistent")
   assert proc.returncode == 1 and "Traceback" not in proc.stderr

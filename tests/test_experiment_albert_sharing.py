@@ -42,6 +42,7 @@ def test_param_counts_match_a_formula_and_the_published_base_sizes():
   assert base["ratio"] == pytest.approx(11_683_584 / 109_482_240)
 
 
+@pytest.mark.hf
 def test_param_counts_match_transformers_models_built_from_the_same_configs():
   transformers = pytest.importorskip("transformers")
   pytest.importorskip("torch")

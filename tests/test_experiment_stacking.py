@@ -46,6 +46,7 @@ def _run(losses, cost, layers, compile_s):
           "raw_cost_s": raw, "compile_s": compile_s, "stage_starts": split["stage_starts"]}
 
 
+@pytest.mark.slow
 def test_compare_gives_the_ratio_of_a_hand_made_pair_of_runs():
   losses = np.linspace(10, 1, 10)
   # Baseline: 1 s per step at 6 layers, 5 s of compile on the first step.

@@ -71,6 +71,7 @@ def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
     _check_png(out / fig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help_names_the_run_command(name):
   proc = subprocess.run([sys.executable, str(REPO / "experiments" / f"{name}.py"), "--help"],
@@ -100,6 +101,7 @@ def test_output_directory_rules(tmp_path, monkeypatch):
     assert e.value.code == 2
 
 
+@pytest.mark.slow
 def test_smoke_refuses_to_write_committed_results(tmp_path):
   before = _committed()
   proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py"),
@@ -109,6 +111,7 @@ def test_smoke_refuses_to_write_committed_results(tmp_path):
   assert "Traceback" not in proc.stderr and _committed() == before
 
 
+@pytest.mark.slow
 def test_missing_data_is_a_one_line_error(tmp_path):
   proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py")],
                         cwd=tmp_path, env=no_data_env(tmp_path), capture_output=True, text=True,

@@ -211,6 +211,7 @@ def test_sharded_export_and_load(tmp_path):
     assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_hub_id_from_local_cache(tmp_path, monkeypatch):
   """A hub id resolves through a real huggingface_hub cache layout, offline."""
   config = bertjax.BertConfig(model_type="roberta", **SIZES, type_vocab_size=1, pad_token_id=1)

@@ -368,6 +368,7 @@ def _env():
   return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
+@pytest.mark.slow
 def test_finetune_command_from_any_family_exports_for_transformers(family, tmp_path):
   name, directory, config, _, tok = family
   with open(REPO / "bertjax" / "resources" / "sentences.tsv", encoding="utf-8") as f:

@@ -231,6 +231,7 @@ class TestDropoutGPU(TestDropoutTritonInterpret):
       yield
 
 
+@pytest.mark.tpu
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="needs a TPU (compiled kernels)")
 class TestDropoutTPU(TestDropoutTPUKernelsInterpret):
   INTERPRET = False

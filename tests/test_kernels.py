@@ -346,6 +346,7 @@ class TestAttentionTPUKernelsInterpret(AttentionTestBase):
     pytest.skip("the TPU variant has only the Pallas backward")
 
 
+@pytest.mark.tpu
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="needs a TPU (compiled kernels)")
 class TestAttentionTPU(TestAttentionTPUKernelsInterpret):
   INTERPRET = False

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 
+@pytest.mark.slow
 def test_kernels_install_as_bertjax_kernels(tmp_path):
   code = ("import importlib.util, bertjax\n"
           "from bertjax import kernels\n"

@@ -314,6 +314,7 @@ def test_head_patching_equals_pytorch_pre_hook_edit(tmp_path):
 TL_PYTHON = pathlib.Path(__file__).resolve().parents[1] / ".venv" / "tl" / "bin" / "python"
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 @pytest.mark.skipif(not TL_PYTHON.exists(), reason=(
     f"the TransformerLens side environment {TL_PYTHON} is absent; set it up with "

@@ -90,6 +90,7 @@ print(json.dumps({"version": transformers.__version__, "info": {k: list(v) for k
 """
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 def test_pruned_checkpoint_loads_in_transformers_4(tmp_path):
   if not (HF4 / "transformers").is_dir():

@@ -90,6 +90,7 @@ def test_int8_forward_within_tolerance_on_minilm(minilm_dir):
   assert jax.tree.structure(params) == jax.tree.structure(bertjax.init(config, 0))
 
 
+@pytest.mark.slow
 def test_int8_benchmark_smoke():
   import json
   import os

@@ -147,6 +147,7 @@ def minilm_report(minilm_dir, tmp_path_factory):
   return out, json.loads((out / "report.json").read_text())
 
 
+@pytest.mark.slow
 def test_reduced_report_on_minilm(minilm_report):
   out, results = minilm_report
   saved = _check_outputs(out, results)
@@ -296,6 +297,7 @@ def served_report(minilm_report):
     thread.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
   """Headless Chromium (Debian's, driven by Playwright) loads the page: every image, every
   section and every contents link, no console error, figures shown near their natural

@@ -40,6 +40,7 @@ def _listed(text: str, scripts: dict[str, str]) -> None:
     assert any(row.split(None, 1) == [name, line] for row in text.splitlines()), (name, line)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arg", ["help", "--help", "-h", None])
 def test_help_lists_every_command_experiment_and_benchmark(arg):
   proc = _run(*([arg] if arg else []))
@@ -52,6 +53,7 @@ def test_help_lists_every_command_experiment_and_benchmark(arg):
   _listed(out, _scripts("benchmarks"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["experiment"], ["experiment", "--help"], ["experiment", "-h"]])
 def test_experiment_without_a_name_lists_the_experiments(args):
   proc = _run(*args)
@@ -60,6 +62,7 @@ def test_experiment_without_a_name_lists_the_experiments(args):
   assert "bench_forward" not in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["bench"], ["bench", "--help"]])
 def test_bench_without_a_name_lists_the_benchmarks(args):
   proc = _run(*args)
@@ -67,6 +70,7 @@ def test_bench_without_a_name_lists_the_benchmarks(args):
   _listed(proc.stdout, _scripts("benchmarks"))
 
 
+@pytest.mark.slow
 def test_unknown_names_say_what_exists():
   proc = _run("experiment", "sixteen_head")
   assert proc.returncode == 2 and "unknown experiment 'sixteen_head'" in proc.stderr
@@ -98,6 +102,7 @@ def _fake_venv(tmp_path) -> pathlib.Path:
   return venv
 
 
+@pytest.mark.slow
 def test_setup_is_quiet_and_staged(tmp_path):
   venv = _fake_venv(tmp_path)
   proc = _run("setup", env={"BERTJAX_VENV": str(venv)})
@@ -126,6 +131,7 @@ def test_setup_is_quiet_and_staged(tmp_path):
   assert len(late.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_setup_failure_names_the_stage_and_the_log(tmp_path):
   venv = _fake_venv(tmp_path)
   proc = _run("setup", env={"BERTJAX_VENV": str(venv), "FAKE_FAIL": "torch==2.13.0"})

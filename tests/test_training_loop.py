@@ -125,6 +125,7 @@ def test_kill_and_resume_is_bitwise_identical_across_stacking(setup):
   assert resumed == ref  # bitwise: JSON keeps every bit of a float
 
 
+@pytest.mark.slow
 def test_nan_stops_with_clear_error_and_keeps_last_checkpoint(setup):
   out = setup[0] / "nan"
   # Also runs the loop's sharded path (a 1x1 mesh: shardings, sharded batches).
@@ -253,6 +254,7 @@ def test_pretrain_help_lists_options(capsys):
     assert opt in out, opt
 
 
+@pytest.mark.slow
 def test_pretrain_main_end_to_end(setup):
   root, text, env = setup
   out = root / "cli"
