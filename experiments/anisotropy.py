@@ -67,6 +67,20 @@ MEV_DEFINITIONS_DOC = {
                  "Definition 3 as written)"}
 
 
+def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
+  """What differs from Ethayarajh's setting, and the likely cause of a falling last layer."""
+  a = np.asarray(anisotropy, float)
+  blocks = a[1:]
+  note = (f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
+          "GPT-2 on SemEval STS sentences")
+  if "minilm" in model.lower() and blocks.argmax() < len(blocks) - 1:
+    note += (f"; {model} was trained further for sentence embeddings with a contrastive loss "
+             "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
+             f"likely cause of the fall from {blocks.max():.2f} at layer "
+             f"{int(blocks.argmax()) + 1} to {blocks[-1]:.2f} at layer {len(blocks)}")
+  return note + ". "
+
+
 def trend(values: Sequence[float]) -> float:
   """Spearman rank correlation between layer index and value (ties averaged); nan if constant."""
   v = np.asarray(values, np.float64)
@@ -211,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
   last = len(m["anisotropy"]) - 1
   a, ss = m["anisotropy"], m["self_similarity_adjusted"]
-  summary = {"trend_anisotropy": trend(a[ctx]), "trend_self_similarity": trend(m["self_similarity"][ctx]),
+  summary = {"trend_anisotropy": trend(a[ctx]),
+             "trend_self_similarity": trend(m["self_similarity"][ctx]),
              "trend_self_similarity_adjusted": trend(ss[ctx]),
              "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
              "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
@@ -221,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   other = [d for d in MEV_DEFINITIONS if d != args.mev_definition]
   n_paper = f"{min(1000, len(sentences)):,}"
   kinds = "non-punctuation types" if args.punctuation == "exclude" else "types"
+  differs = differs_note(model_name, path.name, a)
+  peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
   cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
   findings = [
     common.finding(
@@ -228,13 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       "cosine similarity well above 0.",
       f"mean cosine of {args.pairs} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
       f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
-      "Rule: yes if >= 0.1 in every layer 1-L, partly if in some.",
+      f"{differs}Rule: yes if >= 0.1 in every layer 1-L, partly if in some.",
       anisotropic_rule(a[ctx])),
     common.finding(
       PAPER, "Representations grow more anisotropic in upper layers.",
       f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
       f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
-      f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}. Rule: yes if last > "
+      f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}; over layers "
+      f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1:peak + 2]) > 0))} of {peak} steps "
+      f"rise. {differs}Rule: yes if last > "
       "layer 1 and trend >= 0.5, partly if last > layer 1 or most steps rise.",
       rises_rule(a[ctx])),
     common.finding(

@@ -32,6 +32,7 @@ What it measures, on which model and data, and why:
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -117,6 +118,65 @@ def mlp_rule(linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: floa
   if mlp_sel >= linear_sel:
     return "no"
   return "yes" if mlp_acc >= linear_acc - tolerance else "partly"
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
+
+  Layers are numbered 0 (the embeddings) .. L; each `holds` follows the stated rule, and each
+  row says where the papers' probes, models or data differ from these.
+  """
+  sm = r["summary"]
+  curves = {k: np.asarray(v, np.float64) for k, v in r["curves"].items()}
+  num_layers = len(curves["upos"])
+  last = num_layers - 1
+  lo, hi = sm["middle_layers"]
+  peaks, expected = sm["peak_layer"], sm["expected_layer"]
+  sel_at_best = sm["selectivity_at_best_layer"]
+  data = f"{s['model']} on UD EWT {pathlib.PurePath(s['data']).name}"
+  fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
+  rows = [
+    common.finding(
+      PAPERS, "Syntactic information (dependency labels, tree distance and depth) peaks in the "
+      "middle layers, not the last.",
+      f"best layer of {last}: " + "; ".join(fmt(k) for k in SYNTACTIC)
+      + f". Differs from the papers: {data}, one linear probe per layer (Tenney: edge probing "
+      "with scalar mixes on OntoNotes; Hewitt & Manning: BERT-large on the PTB). Rule: yes if "
+      f"all 5 peak in the middle layers {lo}-{hi}, partly if most peak before the last.",
+      syntax_peaks_rule({k: peaks[k] for k in SYNTACTIC}, num_layers)),
+    common.finding(
+      "Tenney et al. 2019", "POS (surface) information sits lower in the network than "
+      "syntactic structure (expected layer of POS < that of parsing tasks).",
+      f"expected layer E[l]: UPOS {expected['upos']:.2f} vs dependency labels (Tenney's "
+      f"dependency task) {expected['deprel']:.2f}; against the structural probes, which are "
+      "not Tenney's tasks: " + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC[1:])
+      + f"; UPOS peaks at L{peaks['upos']}. Differs from Tenney: {data}; E[l] from the running "
+      "best of one probe per layer, not from scalar-mixed probes; constituents, SRL and "
+      "coreference are not probed. Rule: yes if UPOS's E[l] is below the dependency task's by "
+      ">= 0.1 layer, partly if below it.",
+      pos_lower_rule(expected["upos"], {"deprel": expected["deprel"]})),
+    common.finding(
+      "Hewitt & Liang 2019", "Linear probes are selective: high accuracy on the linguistic task, "
+      "much lower on a control task of random word-type labels.",
+      "selectivity at the best layer: " + ", ".join(
+        f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
+        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})" for t in ("upos", "deprel"))
+      + f". Differs from Hewitt & Liang: {data}, not ELMo on the PTB. Rule: yes if both >= 20 "
+      "pts, partly if either >= 5.",
+      selectivity_rule(sel_at_best)),
+  ]
+  if "upos_mlp" in r:
+    lin, mlp = sel_at_best["upos"], sm["mlp_selectivity_at_best_layer"]
+    rows.append(common.finding(
+      "Hewitt & Liang 2019", "MLP probes reach similar accuracy but are less selective than "
+      "linear probes.",
+      f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
+      f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs "
+      f"{100 * r['upos_mlp']['best_accuracy']:.1f}). Differs from Hewitt & Liang: {data}, not "
+      "ELMo on the PTB. Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of "
+      "(or above) the linear probe's, partly if only less selective.",
+      mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"])))
+  return rows
 
 
 def _suite(args):
@@ -242,47 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["mlp_selectivity_at_best_layer"] = float(
       r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]])
 
-  fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
-  syn_peaks = {k: peaks[k] for k in SYNTACTIC}
-  findings = [
-    common.finding(
-      PAPERS, "Syntactic information (dependency labels, tree distance and depth) peaks in the "
-      "middle layers, not the last.",
-      f"best layer of {last}: " + "; ".join(fmt(k) for k in SYNTACTIC)
-      + f". Rule: yes if all 5 peak in the middle layers {lo}-{hi}, partly if most peak "
-      "before the last.",
-      syntax_peaks_rule(syn_peaks, num_layers)),
-    common.finding(
-      "Tenney et al. 2019", "POS (surface) information sits lower in the network than "
-      "syntactic structure (expected layer of POS < that of parsing tasks).",
-      f"expected layer E[l]: UPOS {expected['upos']:.2f} vs "
-      + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC)
-      + f"; UPOS peaks at L{peaks['upos']}. Rule: yes if UPOS's E[l] is below every syntactic "
-      "one by >= 0.1 layer, partly if below their mean.",
-      pos_lower_rule(expected["upos"], {k: expected[k] for k in SYNTACTIC})),
-    common.finding(
-      "Hewitt & Liang 2019", "Linear probes are selective: high accuracy on the linguistic task, "
-      "much lower on a control task of random word-type labels.",
-      "selectivity at the best layer: " + ", ".join(
-        f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
-        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})" for t in ("upos", "deprel"))
-      + ". Rule: yes if both >= 20 pts, partly if either >= 5.",
-      selectivity_rule(sel_at_best)),
-  ]
-  if "upos_mlp" in r:
-    lin, mlp = sel_at_best["upos"], summary["mlp_selectivity_at_best_layer"]
-    findings.append(common.finding(
-      "Hewitt & Liang 2019", "MLP probes reach similar accuracy but are less selective than "
-      "linear probes.",
-      f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
-      f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs {100 * r['upos_mlp']['best_accuracy']:.1f})."
-      " Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of (or above) the "
-      "linear probe's, partly if only less selective.",
-      mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"])))
-
   figures = _figures(args.out, curves, expected, r, model_name)
-  for f in findings:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = {"model": model_name, "data": str(path.relative_to(data)),
               "sentences": len(sentences), "split": "sentence-disjoint split of EWT dev: "
               f"{r['splits']}", "suite": probing_run._jsonable(suite),
@@ -294,7 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
              "suite_seconds": r["seconds"], "timings": timings}
   if "upos_mlp" in r:
     results["upos_mlp"] = _strip(r["upos_mlp"])
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+  rows = findings(common.to_json(results), settings)
+  for f in rows:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
   return 0
 
