@@ -1,5 +1,9 @@
 """bertjax: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA and DistilBERT in pure JAX for BERTology."""
 
+from bertjax import xla_options
+
+xla_options.apply()  # before anything compiles; see bertjax/xla_options.py
+
 from bertjax.config import PRESETS, BertConfig
 from bertjax.families import FAMILIES, MODEL_TYPES
 from bertjax.functional import (
