@@ -7,9 +7,9 @@ xla_options.apply()  # before anything compiles; see bertjax/xla_options.py
 from bertjax.config import PRESETS, BertConfig
 from bertjax.families import FAMILIES, MODEL_TYPES
 from bertjax.functional import (
+    BertOutput,
     LayersOutput,
     attention_statistics,
-    BertOutput,
     check_inputs,
     checked_forward,
     classify,
@@ -29,8 +29,8 @@ from bertjax.functional import (
     token_classify,
 )
 from bertjax.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
-from bertjax.model import SITES, site_shape
 from bertjax.hub import minilm_path
+from bertjax.model import SITES, site_shape
 from bertjax.tokenization import Batch, Tokenizer
 
 __version__ = "0.1.0"
