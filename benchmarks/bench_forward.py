@@ -171,7 +171,8 @@ def markdown(r: dict) -> str:
            f"{', '.join(m['isa']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
            f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}. Float32 "
            f"matmul peak measured in the same run ({peak['size']}^3): JAX "
-           f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s.", "",
+           f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s. "
+           f"XLA_FLAGS: `{m.get('xla_flags') or '(none)'}`.", "",
            "| model | batch x seq | bertjax | PyTorch sdpa | bertjax speed-up | bertjax "
            "GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | max diff |",
            "|---|---|---|---|---|---|---|---|"]
