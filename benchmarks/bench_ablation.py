@@ -52,6 +52,7 @@ import numpy as np
 import optax
 
 import bertjax
+from bertjax import stats
 from bertjax.analysis import ablation as ab
 from bertjax.data import fetch
 from bertjax.data.conllu import read_conllu
@@ -106,14 +107,9 @@ def make_batches(tok, texts, batch_size, multiple=16, labels=None):
   return batches, int(lengths.sum())
 
 
-def _mean_pool(last, mask):
-  m = mask.astype(last.dtype)[..., None]
-  return (last * m).sum(1) / jnp.maximum(m.sum(1), 1)
-
-
 def negation_probe(params, config, batches, steps=300):
   """A logistic-regression head (w, b) on intact mean-pooled states, and its loss function."""
-  encode = jax.jit(lambda b: _mean_pool(bertjax.run_layers(
+  encode = jax.jit(lambda b: stats.mean_pool(bertjax.run_layers(
       params, config, bertjax.embed(params, config, b["input_ids"], b["token_type_ids"]),
       b["attention_mask"])[0], b["attention_mask"]))
   x = jnp.concatenate([encode(b) for b in batches])
@@ -139,7 +135,7 @@ def negation_probe(params, config, batches, steps=300):
   accuracy = float((((x - mu) / sd) @ head["w"] + head["b"]).argmax(-1).__eq__(y).mean())
 
   def loss_fn(params, config, batch, last_hidden_state, pooled):
-    nll = head_loss(head, _mean_pool(last_hidden_state, batch["attention_mask"]), batch["labels"])
+    nll = head_loss(head, stats.mean_pool(last_hidden_state, batch["attention_mask"]), batch["labels"])
     return nll.sum(), jnp.asarray(nll.shape[0], nll.dtype)
 
   return loss_fn, {"train_loss": float(loss), "train_accuracy": accuracy,

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import stats
 from bertjax.config import BertConfig
 from bertjax.functional import BertOutput, embed, forward, head_logits, pool, run_layers
 from bertjax.model import compute_dtype
@@ -149,19 +150,14 @@ def token_reconstruction_loss(params, config, batch, last_hidden_state, pooled):
   return jnp.where(keep, nll, 0).sum(), keep.sum().astype(dtype)
 
 
-def _mean_pool(hidden, mask):
-  m = mask.astype(hidden.dtype)[..., None]
-  return (hidden * m).sum(1) / jnp.maximum(m.sum(1), 1)
-
-
 def mean_embedding_cosine(params, config, batch, last_hidden_state, pooled):
   """Cosine of the mean-pooled sentence embedding to the unablated one: (sum, count).
 
   Needs no task head (a sentence-transformers style metric); 1 means unchanged.
   """
   mask = batch["attention_mask"]
-  a = _mean_pool(last_hidden_state.astype(jnp.float32), mask)
-  b = _mean_pool(batch[BASELINE_KEY].astype(jnp.float32), mask)
+  a = stats.mean_pool(last_hidden_state.astype(jnp.float32), mask)
+  b = stats.mean_pool(batch[BASELINE_KEY].astype(jnp.float32), mask)
   cos = (a * b).sum(-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-12)
   return cos.sum(), jnp.asarray(cos.shape[0], jnp.float32)
 

@@ -11,15 +11,15 @@ probe's logit difference itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import dataclasses
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
 from bertjax.analysis import attribution as attr
+from bertjax.stats import spearman
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
 # Same-length, non-negating replacements for the affirmative twins ("t" and "'t": of "n't").
@@ -139,15 +139,6 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
           params, config, ids, mask, types, target_fn=target, steps=ig_steps).attributions,
           np.float64)
   return out
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-  """Spearman correlation of two score vectors (NaN when one is constant)."""
-  ra = np.argsort(np.argsort(a, kind="stable"), kind="stable")
-  rb = np.argsort(np.argsort(b, kind="stable"), kind="stable")
-  if ra.std() == 0 or rb.std() == 0:
-    return float("nan")
-  return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def cue_statistics(params, config, tok, texts: Sequence[str], probe, *,

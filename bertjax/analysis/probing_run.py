@@ -20,7 +20,6 @@ It returns a JSON-serialisable dict and, given ``out_dir``, writes
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import utils
 from bertjax.analysis import features as features_lib
 from bertjax.analysis import geometry, plots_probing, probing
 from bertjax.analysis import structural as structural_lib
@@ -189,7 +189,7 @@ def run_probing_suite(
   types = [w.lower() for s in sentences for w in s.forms]
   results: dict[str, Any] = {
     "model": model_name, "layers": int(feats.shape[0]), "features": wf.summary(),
-    "splits": {k: len(v) for k, v in split.items()}, "config": _jsonable(suite)}
+    "splits": {k: len(v) for k, v in split.items()}, "config": utils.to_json(suite)}
 
   for task in suite.tasks:
     t0 = time.perf_counter()
@@ -267,17 +267,5 @@ def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> list[s
     title=f"anisotropy ({results.get('model', '')})"))
   results = {**results, "figures": [str(p) for p in paths]}
   json_path = out / "probing.json"
-  json_path.write_text(json.dumps(results, indent=1, default=_jsonable))
+  utils.write_json(json_path, results)
   return [str(p) for p in paths] + [str(json_path)]
-
-
-def _jsonable(x: Any) -> Any:
-  if dataclasses.is_dataclass(x):
-    return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x)}
-  if isinstance(x, (np.integer, np.floating)):
-    return x.item()
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  if isinstance(x, (tuple, list)):
-    return [_jsonable(v) for v in x]
-  return x

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.analysis import probing
+from bertjax.stats import spearman, spearman_rows
 
 PUNCT_UPOS = frozenset({"PUNCT"})
 
@@ -361,33 +362,6 @@ def uuas(pred_distances, heads: Sequence[Any], punct: Sequence[Any] | None = Non
     correct += len(gold_edges & set(minimum_spanning_tree(pred)))
     total += len(gold_edges)
   return correct / total if total else float("nan")
-
-
-def rankdata(a) -> np.ndarray:
-  """Ranks along the last axis starting at 1, ties given their average rank.
-
-  Pairwise comparisons, O(n^2) per row: cheap for sentence-sized rows and
-  vectorised over all rows at once.
-  """
-  a = np.asarray(a, np.float64)
-  less = (a[..., None, :] < a[..., :, None]).sum(-1)  # how many are smaller
-  equal = (a[..., None, :] == a[..., :, None]).sum(-1)  # ties, self included
-  return less + (equal + 1) / 2.0
-
-
-def spearman_rows(x, y) -> np.ndarray:
-  """Row-wise Spearman correlation of ``x, y (..., n)``; nan for a constant row."""
-  rx, ry = rankdata(x), rankdata(y)
-  rx = rx - rx.mean(-1, keepdims=True)
-  ry = ry - ry.mean(-1, keepdims=True)
-  denom = np.sqrt((rx * rx).sum(-1) * (ry * ry).sum(-1))
-  with np.errstate(invalid="ignore", divide="ignore"):
-    return np.where(denom > 0, (rx * ry).sum(-1) / denom, np.nan)
-
-
-def spearman(x, y) -> float:
-  """Spearman rank correlation of two vectors; nan when either is constant."""
-  return float(spearman_rows(np.asarray(x).reshape(-1), np.asarray(y).reshape(-1)))
 
 
 def _length_average(per_length: dict[int, list[float]], min_len: int, max_len: int) -> float:

@@ -27,6 +27,7 @@ import numpy as np
 
 from bertjax.config import BertConfig
 from bertjax.functional import HEADS, forward, head_logits, init, token_classify
+from bertjax.stats import pearson, spearman
 from bertjax.training import optim
 from bertjax.training.losses import IGNORE_INDEX
 from bertjax.training.state import create_train_state
@@ -42,30 +43,6 @@ GLUE = {  # name -> (text key, pair key or None, number of labels, eval split)
 
 
 # Metrics ----------------------------------------------------------------------
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-  """Ranks with ties averaged (for Spearman)."""
-  order = np.argsort(x, kind="mergesort")
-  ranks = np.empty(len(x), np.float64)
-  ranks[order] = np.arange(len(x), dtype=np.float64)
-  _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
-  sums = np.zeros(len(counts))
-  np.add.at(sums, inverse, ranks)
-  return sums[inverse] / counts[inverse]
-
-
-def pearson(x, y) -> float:
-  """Pearson correlation (nan when either side is constant)."""
-  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-  x, y = x - x.mean(), y - y.mean()
-  denom = np.sqrt((x * x).sum() * (y * y).sum())
-  return float((x * y).sum() / denom) if denom > 0 else float("nan")
-
-
-def spearman(x, y) -> float:
-  """Spearman rank correlation."""
-  return pearson(_ranks(np.asarray(x)), _ranks(np.asarray(y)))
 
 
 def classification_metrics(preds, labels, num_labels: int) -> dict[str, float]:
