@@ -33,6 +33,60 @@ def test_pretrain_with_sbo_and_word_order(tmp_path):
     commands.pretrain_main(_argv(tmp_path / "x", "--add-objective", "sbo"))
 
 
+@pytest.mark.hf
+def test_pretrain_electra_exports_both_models_for_transformers(tmp_path):
+  """`--export-hf` and `bertjax export --step` write the generator and the discriminator;
+  transformers loads each with strict keys and gives the checkpoint's logits."""
+  np = pytest.importorskip("numpy")
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from bertjax.training import checkpoint as K
+  from bertjax.training import electra as E
+
+  cfg = tmp_path / "electra.json"
+  cfg.write_text(json.dumps({"model_type": "electra", "vocab_size": 30522, "hidden_size": 64,
+                             "embedding_size": 32, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "intermediate_size": 96,
+                             "max_position_embeddings": 64}))
+  run = tmp_path / "run"
+  argv = _argv(run, "--objective", "none", "--config-json", str(cfg), "--lr", "1e-2",
+               "--electra-generator-size", "0.5", "--export-hf", str(tmp_path / "final"))
+  argv[argv.index("--checkpoint-every") + 1] = "1"
+  assert commands.pretrain_main(argv) == 0
+  assert {"mlm_loss", "rtd_loss"} <= set(_metrics(run)[0])
+  assert commands.export_main([str(run), "--step", "1", "--to", str(tmp_path / "step1")]) == 0
+  ids = np.random.default_rng(0).integers(1000, 30000, (2, 12))
+  ids[:, 0], ids[:, -1] = 101, 102
+  mask = np.ones_like(ids)
+  mask[1, 8:] = 0
+  real = mask > 0
+  for step, out in ((2, tmp_path / "final"), (1, tmp_path / "step1")):
+    _, params, meta = K.restore_params(run / "checkpoints", step)
+    disc = K.config_from_json(meta["config"])
+    gen = E.generator_from_meta(meta)
+    assert gen.hidden_size == 32 and disc.hidden_size == 64
+    models = {"generator": (gen, E.generator_params(params, gen, disc), "mlm",
+                            transformers.ElectraForMaskedLM),
+              "discriminator": (disc, params["discriminator"], "rtd",
+                                transformers.ElectraForPreTraining)}
+    for role, (config, p, head, cls) in models.items():
+      model, info = cls.from_pretrained(out / role, output_loading_info=True)
+      assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), (
+          role, info)
+      ours = np.asarray(bertjax.head_logits(p, config, bertjax.forward(p, config, ids, mask),
+                                            head))
+      with torch.no_grad():
+        theirs = model.eval()(input_ids=torch.tensor(ids),
+                              attention_mask=torch.tensor(mask)).logits.numpy()
+      assert ours.shape == theirs.shape
+      np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, err_msg=f"{role} {step}")
+      tok = transformers.AutoTokenizer.from_pretrained(out / role)
+      assert tok("the cat")["input_ids"][0] == 101 and tok.vocab_size == 30522
+  a, b = (K.restore_params(run / "checkpoints", s)[1] for s in (1, 2))  # two steps differ
+  assert not np.allclose(a["discriminator"]["embeddings"]["word_embeddings"]["embedding"],
+                         b["discriminator"]["embeddings"]["word_embeddings"]["embedding"])
+
+
 def test_pretrain_electra_and_distillation(tmp_path):
   assert commands.pretrain_main(_argv(tmp_path / "electra", "--objective", "none",
                                       "--preset", "electra-small",

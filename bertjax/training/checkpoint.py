@@ -306,7 +306,10 @@ def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
               step: int | None = None) -> BertConfig:
   """Writes a training checkpoint as a Hugging Face model directory (`bertjax.to_hf`).
 
-  Only the parameters are read (the optimizer state is skipped).
+  Only the parameters are read (the optimizer state is skipped). An ELECTRA run's pair
+  becomes two directories, ``path/generator`` (`ElectraForMaskedLM`) and
+  ``path/discriminator`` (`ElectraForPreTraining`), the generator's config read from the
+  checkpoint's metadata (`training.electra.save_electra`).
 
   Args:
     directory: the checkpoint directory.
@@ -314,9 +317,10 @@ def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
     step: the step to export; None means the latest good one (corrupt ones are skipped).
 
   Returns:
-    The model config written.
+    The model config written (an ELECTRA run's: the discriminator's).
   """
   from bertjax.hf import to_hf
+  from bertjax.training import electra
 
   ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)
   steps = ckpt.all_steps()
@@ -341,6 +345,10 @@ def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
     raise CorruptCheckpointError(f"no exportable checkpoint in {directory}: {last_error}")
   config = config_from_json(meta["config"]).replace(dtype="float32")
   params = jax.tree.map(lambda a: jax.numpy.asarray(a), params)
-  to_hf(config, params, path)
+  if electra.is_pair(params):
+    generator = electra.generator_from_meta(meta).replace(dtype="float32")
+    electra.save_electra(params, generator, config, path)
+  else:
+    to_hf(config, params, path)
   ckpt.close()
   return config

@@ -143,6 +143,8 @@ def _write_whole(directory: pathlib.Path, fill) -> None:
     fill(tmp)
     directory.mkdir(exist_ok=True)
     for f in sorted(tmp.iterdir()):
+      if f.is_dir() and (directory / f.name).is_dir():  # a model folder (ELECTRA's pair)
+        shutil.rmtree(directory / f.name)
       os.replace(f, directory / f.name)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
@@ -193,6 +195,10 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
                       step: int | None = None, tokenizer=None):
   """A training checkpoint as a Hugging Face directory with the run's tokenizer files.
 
+  An ELECTRA run (a generator and a discriminator) becomes two model directories,
+  ``to/generator`` (`ElectraForMaskedLM`) and ``to/discriminator``
+  (`ElectraForPreTraining`), each with the tokenizer files.
+
   Args:
     checkpoint_dir: a `pretrain` output folder or its `checkpoints/` folder.
     to: the model directory to write (whole, or not at all).
@@ -201,10 +207,11 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
       run's `vocab/` folder.
 
   Returns:
-    `(config, step, tokenizer)`: what was written.
+    `(config, step, tokenizer)`: what was written (ELECTRA: the discriminator's config).
   """
   from bertjax.data import corpus as C
   from bertjax.training import checkpoint as K
+  from bertjax.training.electra import ROLES
 
   ckpt_dir, run = _checkpoint_dirs(pathlib.Path(checkpoint_dir))
   source = pathlib.Path(tokenizer) if tokenizer else run / "vocab"
@@ -235,7 +242,8 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
     else:
       raise K.CorruptCheckpointError(f"no readable checkpoint in {ckpt_dir}: {'; '.join(errors)}")
     tok = _as_tokenizer(backend, config)
-    tok.save_pretrained(tmp)
+    for model_dir in [tmp / r for r in ROLES if (tmp / r).is_dir()] or [tmp]:
+      tok.save_pretrained(model_dir)
     written.update(config=config, step=s, tokenizer=tok)
 
   _write_whole(pathlib.Path(to), fill)
@@ -288,8 +296,13 @@ def export_main(argv: Sequence[str] | None = None) -> int:
   target = pathlib.Path(args.to)
   print(f"exported step {step} of {args.checkpoint_dir} ({config.model_type}, "
         f"{config.num_hidden_layers} layers, vocabulary {tokenizer.vocab_size}) to {target}")
-  print(f"  files: {', '.join(sorted(p.name for p in target.iterdir()))}")
-  print(f"  next:  bertjax report --model {target}")
+  from bertjax.training.electra import ROLES
+
+  pair = [target / r for r in ROLES if (target / r / "config.json").is_file()]
+  for model_dir in pair or [target]:
+    print(f"  files{f' ({model_dir.name})' if pair else ''}: "
+          f"{', '.join(sorted(p.name for p in model_dir.iterdir()))}")
+  print(f"  next:  bertjax report --model {pair[-1] if pair else target}")
   return 0
 
 
@@ -419,7 +432,12 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     rows = [("steps", steps), ("loss", loss), ("layers", str(summary["num_hidden_layers"])),
             ("checkpoints", saved), ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
     if args.export_hf:
-      rows.append(("model", str(args.export_hf)))
+      from bertjax.training.electra import ROLES
+
+      pair = all((pathlib.Path(args.export_hf) / r).is_dir() for r in ROLES)
+      rows.append(("model", f"{args.export_hf}" + (" (generator/: ElectraForMaskedLM, "
+                                                    "discriminator/: ElectraForPreTraining)"
+                                                    if pair else "")))
     print("pretrain: done\n" + _table(rows))
   return 0
 

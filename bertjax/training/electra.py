@@ -39,6 +39,7 @@ from bertjax.training import losses
 from bertjax.training.objectives import Context, Objective
 
 SHARED_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
+ROLES = ("generator", "discriminator")  # the pair tree's keys; the export's folder names
 
 
 def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str, ...]:
@@ -154,6 +155,13 @@ class Electra(Objective):
     return {"mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
             "rtd": jnp.sum(batch["attention_mask"].astype(jnp.float32))}
 
+  def checkpoint_meta(self) -> dict:
+    """What a training checkpoint records beside the pair (the generator's config), so
+    `bertjax export` can rebuild both models from the checkpoint alone."""
+    return {"electra": {"generator": dataclasses.asdict(self.generator),
+                        "rtd_weight": self.rtd_weight, "mlm_weight": self.mlm_weight,
+                        "temperature": self.temperature}}
+
   def init_model(self, config: BertConfig, rng) -> Params:
     """The pair tree for discriminator ``config`` (see `init_electra`)."""
     return init_electra(self.generator, config, rng)
@@ -204,6 +212,29 @@ class Electra(Objective):
     d_logits = rtd_logits(params["discriminator"], config, d_out.last_hidden_state)
     return {"mlm": mlm, "sampled": sampled, "original": original, "corrupted": corrupted,
             "labels": labels, "rtd_logits": d_logits}
+
+
+def is_pair(params: Params) -> bool:
+  """Whether `params` is an ELECTRA ``{"generator", "discriminator"}`` pair tree."""
+  return isinstance(params, dict) and set(params) == set(ROLES)
+
+
+def generator_from_meta(meta: dict) -> BertConfig:
+  """The generator's config recorded in a training checkpoint's metadata (`checkpoint_meta`).
+
+  Raises:
+    ValueError: the metadata has no ELECTRA record (a checkpoint written before runs
+      recorded the generator's config, or not an ELECTRA run).
+  """
+  from bertjax.training.checkpoint import config_from_json
+
+  record = (meta.get("extra") or {}).get("electra")
+  if not record or "generator" not in record:
+    raise ValueError(f"checkpoint step {meta.get('step')} holds an ELECTRA pair but its "
+                     f"metadata records no generator config (extra keys: "
+                     f"{sorted(meta.get('extra') or {})}); export it with "
+                     "bertjax.training.electra.save_electra and the generator's BertConfig")
+  return config_from_json(record["generator"])
 
 
 def save_electra(params: Params, generator: BertConfig, discriminator: BertConfig,

@@ -251,6 +251,11 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     jsonl = open(path, "a")  # noqa: SIM115 (closed in the finally below)
   events = EventWriter(out_dir / "tensorboard") if out_dir is not None and primary else None
 
+  # What the checkpoints record beside the run's settings: objectives that train their own
+  # models (ELECTRA) add what rebuilding them needs (the generator's config).
+  extra = {"train": dataclasses.asdict(train)}
+  for o in objective:
+    extra.update(o.checkpoint_meta() if hasattr(o, "checkpoint_meta") else {})
   steps_cache: dict[tuple, Any] = {}
 
   def step_fn(cfg, st):
@@ -258,8 +263,8 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     if key not in steps_cache:
       shard_kw = {}
       if mesh is not None:
-        shard_kw = dict(state_sharding=sharding.state_shardings(st, mesh),
-                        batch_sharding=sharding.batch_sharding(mesh))
+        shard_kw = {"state_sharding": sharding.state_shardings(st, mesh),
+                    "batch_sharding": sharding.batch_sharding(mesh)}
       steps_cache[key] = make_train_step(
           cfg.replace(dtype=train.dtype), tx, schedule, task="pretrain", objective=objective,
           accumulation_steps=train.accumulation_steps, **shard_kw)
@@ -320,7 +325,7 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
                         tok_s=f"{record['tokens_per_s']:.0f}", L=record["layers"])
       due = ckpt is not None and (ckpt.should_save(step) or step == train.steps)
       if due and ckpt.save(step, state, config=configs[stage], data_state=data.state(),
-                           stage=stage, extra={"train": dataclasses.asdict(train)}, force=True):
+                           stage=stage, extra=extra, force=True):
         last_saved = step
   finally:
     if bar is not None:

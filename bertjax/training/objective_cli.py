@@ -23,7 +23,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
   g.add_argument("--electra-generator-size", type=float, default=None, metavar="F",
                  help="train ELECTRA: the --preset/--config-json model (model_type electra) is "
                       "the discriminator; the generator has F times its hidden size, heads "
-                      "and FFN (the paper: 0.25-0.5); loss MLM + 50 x RTD")
+                      "and FFN (the paper: 0.25-0.5); loss MLM + 50 x RTD; --export-hf DIR "
+                      "writes DIR/generator and DIR/discriminator")
   g.add_argument("--teacher", default=None, metavar="DIR",
                  help="distil from this Hugging Face model (with an MLM head); the student "
                       "starts from its every other layer unless --init-from is given")
@@ -52,9 +53,6 @@ def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
     if args.teacher or extra or pc.objective != "none":
       raise ValueError("--electra-generator-size trains ELECTRA alone: use --objective none "
                        "and no --add-objective or --teacher")
-    if args.export_hf:
-      raise ValueError("--export-hf does not write ELECTRA pairs yet; export the two models "
-                       "with bertjax.training.electra.save_electra")
     from bertjax.training import electra
 
     f = args.electra_generator_size
