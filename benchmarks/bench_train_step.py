@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import time
 
@@ -159,8 +158,10 @@ def main(argv=None) -> dict:
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
   args = parser.parse_args(argv)
   med = statistics.median
-  machine = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-             "jax": jax.__version__, "device": jax.devices()[0].device_kind}
+  from bench_forward import cpu_info  # the sibling script: CPU model, ISA flags, cores
+
+  machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+             "device": jax.devices()[0].device_kind}
 
   if args.mfu:
     variants = [v for v in args.variants.split(",") if v]
