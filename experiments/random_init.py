@@ -1,0 +1,547 @@
+"""Fine-tuning from random initialisation vs pre-trained weights (Kovaleva et al. 2019).
+
+Run:
+  ./run.sh experiment random_init
+  .venv/bin/python experiments/random_init.py [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
+      [--data-dir DIR] [--seed N] [--update-results]
+
+Question: Kovaleva et al. (2019, "Revealing the Dark Secrets of BERT") fine-tuned BERT on
+GLUE tasks both from its pre-trained weights and from random initialisation, and found the
+random model doing "disturbingly well" on some of them, which they put down to the lexical
+and surface cues those tasks can be solved with. Does the same hold for a small real encoder
+(all-MiniLM-L6-v2: 6 blocks x 12 heads) on tasks where lexical cues suffice, and fail where
+they do not?
+
+Tasks (each fine-tuned in full, every weight trained, a fresh head on top):
+  negation   the project's own 385 sentences (`bertjax/resources/sentences.tsv`), label 1 if
+             negated (not, n't, never, no, ...): a lexical cue decides it.
+  question   the same sentences, label 1 for questions (a "?" and the word order).
+  upos       UD English EWT dev (the sentences of at most `upos_max_len` subwords), UPOS tag
+             of each word on its first subword, scored by token accuracy: mostly lexical
+             (a word's commonest tag), partly contextual.
+  blimp      BLiMP acceptability (`DATA/blimp/*.jsonl`; grammatical 1 vs ungrammatical 0,
+             single sentences; split by minimal pair): the two sentences of a pair differ
+             in one word, so no bag-of-words cue separates them. The closest local analogue
+             of CoLA.
+
+Protocol: for each task and seed, one split into train / dev / test (stratified by label
+for the sentence tasks, by minimal pair for BLiMP), then two fine-tunings with the same
+budget and hyper-parameters (Kovaleva et al. used the same settings for both): the
+pre-trained model, and the same architecture initialised at random (`prepare_model(config=)`,
+the seed's own draw). Both train at a constant learning rate after warm-up, are scored on
+dev every `eval_every` steps, and stop once dev accuracy has not improved for `patience`
+evaluations (not before `min_steps`, never after `max_steps`); the test score is the
+best-dev checkpoint's. A run that reaches `max_steps` is marked not converged. Beside them:
+the majority class, and a lexical baseline that sees no context (a bag-of-subwords
+logistic regression for the sentence tasks; each word's commonest training tag, keyed by
+its first subword, for UPOS).
+
+Verdict per task (written in the JSON): r = (random - majority) / (pre-trained - majority),
+on the seeds' mean test accuracies: the share of the pre-trained model's gain over the
+majority class that random initialisation recovers. "yes" if r >= 0.75, "partly" if
+r >= 0.4, "no" below, "n/a" when the pre-trained model does not beat the majority class.
+
+The full run (2 seeds, 16 fine-tunings of a few hundred steps) takes about 10-15 minutes
+of a 2-core CPU.
+`--smoke` swaps the model for a tiny random BERT with MiniLM's vocabulary, the data for the
+shipped samples and a few dozen sentences, and the budget for a few steps (seconds of
+training; its numbers are not findings).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import common
+import jax
+import numpy as np
+
+PAPER = "Kovaleva et al. 2019"
+NAME = "random_init"
+TASKS = ("negation", "question", "upos", "blimp")
+SIZES: dict[str, dict[str, Any]] = {
+    # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
+    "full": {"seeds": 2, "batch_size": 16, "learning_rate": 1e-4, "warmup_steps": 10,
+             "max_steps": 300, "min_steps": 60, "eval_every": 20, "patience": 3,
+             "sentence_dev": 60, "sentence_test": 100, "upos_max_len": 32, "upos_dev": 100,
+             "upos_test": 300, "upos_train": 600, "blimp_dev": 50, "blimp_test": 150,
+             "blimp_train": 500, "max_len": 64, "eval_batch": 50, "bow_steps": 300},
+    "smoke": {"seeds": 1, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 0,
+              "max_steps": 6, "min_steps": 3, "eval_every": 3, "patience": 1,
+              "sentence_dev": 12, "sentence_test": 16, "sentence_limit": 72,
+              "upos_max_len": 32, "upos_dev": 6, "upos_test": 10, "upos_train": 20,
+              "blimp_dev": 6, "blimp_test": 10, "blimp_train": 24, "max_len": 64,
+              "eval_batch": 16, "bow_steps": 50},
+}
+SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "max_position_embeddings": 64}
+RULE = ("r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
+        "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority")
+YES, PARTLY = 0.75, 0.4
+IGNORE = -100
+
+
+# Data -----------------------------------------------------------------------------------
+
+
+def split_groups(groups, n_dev: int, n_test: int, n_train: int | None, *, seed: int,
+                 strata=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Row indices `(train, dev, test)`, each group of rows wholly on one side.
+
+  Args:
+    groups: (N,) group id of each row (a minimal pair; `arange(N)` for independent rows).
+    n_dev, n_test: groups held out for dev and test.
+    n_train: groups to train on (None: all the others).
+    seed: the permutation's seed.
+    strata: optional (N,) label of each row, constant within a group; each split then takes
+      every label in proportion to its share (rounded, so counts may move by one).
+  """
+  groups = np.asarray(groups)
+  unique, first = np.unique(groups, return_index=True)
+  n_train = len(unique) - n_dev - n_test if n_train is None else n_train
+  if min(n_dev, n_test, n_train) < 1 or n_dev + n_test + n_train > len(unique):
+    raise ValueError(f"{n_dev=}, {n_test=} and {n_train=} must be >= 1 and fit in the "
+                     f"{len(unique)} groups")
+  rng = np.random.default_rng(seed)
+  labels = np.zeros(len(unique), np.int64) if strata is None else np.asarray(strata)[first]
+  parts: list[list[np.ndarray]] = [[], [], []]
+  for value in np.unique(labels):
+    members = rng.permutation(unique[labels == value])
+    share = len(members) / len(unique)
+    k_dev, k_test = round(n_dev * share), round(n_test * share)
+    k_train = round(n_train * share)
+    for part, (a, b) in zip(parts, ((k_dev + k_test, k_dev + k_test + k_train), (0, k_dev),
+                                    (k_dev, k_dev + k_test))):
+      part.append(members[a:b])
+  return tuple(np.flatnonzero(np.isin(groups, np.concatenate(p))) for p in parts)
+
+
+def subset(data: dict[str, np.ndarray], idx) -> dict[str, np.ndarray]:
+  """The rows `idx` of every array of a data dict."""
+  return {k: v[idx] for k, v in data.items()}
+
+
+def sentence_task(tok, field: str, *, max_len: int, limit: int | None = None):
+  """The project's sentences labelled by `field` ("negated" or "question"), as padded arrays."""
+  from bertjax.report import load_sentences
+  from bertjax.training import finetune as ft
+
+  sentences = load_sentences()
+  if limit is not None:  # smoke: a slice that keeps both labels (the file is grouped by type)
+    sentences = [sentences[i] for i in np.linspace(0, len(sentences) - 1, limit).astype(int)]
+  labels = np.asarray([getattr(s, field) for s in sentences], np.int32)
+  return ft.encode_classification(tok, [s.text for s in sentences], None, labels,
+                                  max_len=max_len)
+
+
+def upos_task(path, tok, *, max_len: int):
+  """UD UPOS tags on each word's first subword (-100 elsewhere); sentences over `max_len`
+  subwords are dropped. Returns `(data, tag_names)`."""
+  from bertjax.training import finetune as ft
+
+  # load_ud_pos splits; a tiny held-out fraction is put back so the seeds split it themselves.
+  train, held, tags = ft.load_ud_pos(path, tok, max_len=max_len, eval_fraction=0.01)
+  return {k: np.concatenate([train[k], held[k]]) for k in train}, tags
+
+
+def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str, dict[str, Any]]:
+  """The `wanted` tasks' data, groups, strata, metric description and label count."""
+  import dark_secrets
+
+  need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
+  root = common.data_dir(args.data_dir, *need) if need else None
+  limit = size.get("sentence_limit")
+  tasks = {}
+  for name, field in (("negation", "negated"), ("question", "question")):
+    if name not in wanted:
+      continue
+    data = sentence_task(tok, field, max_len=size["max_len"], limit=limit)
+    n = len(data["labels"])
+    tasks[name] = {"data": data, "groups": np.arange(n), "strata": data["labels"],
+                   "num_labels": 2, "kind": "classification",
+                   "counts": (size["sentence_dev"], size["sentence_test"], None),
+                   "what": f"sentences.tsv, {field} = 1 (sentence accuracy)"}
+  if "upos" in wanted:
+    data, tags = upos_task(common.ud_file(root), tok, max_len=size["upos_max_len"])
+    tasks["upos"] = {"data": data, "groups": np.arange(len(data["labels"])), "strata": None,
+                     "num_labels": len(tags), "kind": "token_classification", "tags": tags,
+                     "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
+                     "what": "UD EWT dev, UPOS of each word (token accuracy)"}
+  if "blimp" in wanted:
+    data, pairs, _, phenomena = dark_secrets.load_blimp_task(root / "blimp", tok,
+                                                            max_len=size["max_len"])
+    tasks["blimp"] = {"data": data, "groups": pairs, "strata": None, "num_labels": 2,
+                      "kind": "classification", "phenomena": phenomena,
+                      "counts": (size["blimp_dev"], size["blimp_test"], size["blimp_train"]),
+                      "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)"}
+  return tasks
+
+
+# Baselines ------------------------------------------------------------------------------
+
+
+def majority_accuracy(train: dict, test: dict) -> float:
+  """Accuracy of always predicting the training split's commonest label (tag)."""
+  y_train, y_test = train["labels"], test["labels"]
+  y_train, y_test = y_train[y_train != IGNORE], y_test[y_test != IGNORE]
+  return float((y_test == np.bincount(y_train).argmax()).mean())
+
+
+def word_tag_accuracy(train: dict, test: dict) -> float:
+  """Token accuracy of each word's commonest training tag, keyed by its first subword id
+  (unseen words get the commonest tag overall): what a model without context can do."""
+  keep_tr, keep_te = train["labels"] != IGNORE, test["labels"] != IGNORE
+  ids, tags = train["input_ids"][keep_tr], train["labels"][keep_tr]
+  default = int(np.bincount(tags).argmax())
+  counts: dict[int, np.ndarray] = {}
+  n_tags = int(max(tags.max(), test["labels"][keep_te].max())) + 1
+  for i, t in zip(ids.tolist(), tags.tolist()):
+    counts.setdefault(i, np.zeros(n_tags, np.int64))[t] += 1
+  pred = np.asarray([counts[i].argmax() if i in counts else default
+                     for i in test["input_ids"][keep_te].tolist()])
+  return float((pred == test["labels"][keep_te]).mean())
+
+
+def bag_of_words_accuracy(train: dict, test: dict, special_ids: Sequence[int], *,
+                          steps: int, l2: float = 1e-3, learning_rate: float = 0.5) -> float:
+  """Test accuracy of an L2 logistic regression on which subwords a sentence contains
+  (no order, no context), fitted by full-batch gradient descent on the training split."""
+  vocab = np.unique(train["input_ids"][train["attention_mask"] > 0])
+  vocab = vocab[~np.isin(vocab, special_ids)]
+  col = {int(v): j for j, v in enumerate(vocab)}
+
+  def features(data):
+    x = np.zeros((len(data["labels"]), len(vocab) + 1))
+    x[:, -1] = 1.0  # bias
+    for row, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
+      for i in ids[mask > 0].tolist():
+        if i in col:
+          x[row, col[i]] = 1.0
+    return x
+
+  x, y = features(train), train["labels"]
+  classes = int(max(y.max(), test["labels"].max())) + 1
+  onehot = np.eye(classes)[y]
+  w = np.zeros((x.shape[1], classes))
+  for _ in range(steps):
+    z = x @ w
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    w -= learning_rate * (x.T @ (p - onehot) / len(y) + l2 * w)
+  return float(((features(test) @ w).argmax(1) == test["labels"]).mean())
+
+
+# Fine-tuning with early stopping --------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("config", "kind"))
+def _logits(params, ids, mask, types, *, config, kind: str):
+  import bertjax
+
+  out = bertjax.forward(params, config, ids, mask, types)
+  if kind == "classification":
+    return bertjax.head_logits(params, config, out, "classifier")
+  return bertjax.head_logits(params, config, out, "token_classifier")
+
+
+def accuracy(params, config, data: dict, kind: str, batch_size: int) -> float:
+  """Sentence accuracy, or token accuracy over the labelled tokens; batches are padded to one
+  shape (one compilation)."""
+  n, correct, total = len(data["labels"]), 0, 0
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size) % n
+    real = min(batch_size, n - start)
+    logits = _logits(params, data["input_ids"][idx], data["attention_mask"][idx],
+                     data["token_type_ids"][idx], config=config, kind=kind)
+    pred = np.asarray(logits).argmax(-1)[:real]
+    labels = data["labels"][idx][:real]
+    keep = labels != IGNORE
+    correct += int((pred == labels)[keep].sum())
+    total += int(keep.sum())
+  return correct / total
+
+
+@functools.cache
+def _trainer(config, kind: str, learning_rate: float, warmup_steps: int, max_steps: int):
+  """(optimizer, jitted step) shared by every run of a task: compiled once, not per run."""
+  from bertjax.training import optim
+  from bertjax.training.step import make_train_step
+
+  schedule = optim.learning_rate_schedule(learning_rate, max_steps, warmup_steps, "constant")
+  tx = optim.make_optimizer("adamw", schedule, weight_decay=0.01, clip_norm=1.0)
+  return tx, make_train_step(config, tx, schedule, task=kind)
+
+
+def train_early_stopping(config, params, train: dict, dev: dict, test: dict, *, kind: str,
+                         size: dict, seed: int) -> dict[str, Any]:
+  """Fine-tunes until dev accuracy stops improving; scores the best-dev checkpoint on test.
+
+  Returns:
+    "curve" (per evaluation: step, mean training loss since the last one, dev accuracy),
+    "best_step", "steps" run, "converged" (stopped by the patience rule, not by
+    `max_steps`), "dev" (best) and "test" (at the best step) accuracy.
+  """
+  from bertjax.training.state import create_train_state
+
+  n, bs = len(train["labels"]), size["batch_size"]
+  if n < bs:
+    raise ValueError(f"batch_size={bs} exceeds the {n} training examples")
+  tx, step_fn = _trainer(config, kind, size["learning_rate"], size["warmup_steps"],
+                         size["max_steps"])
+  state = create_train_state(params, tx, seed)
+  per_epoch = n // bs
+  curve, losses = [], []
+  best, best_step, best_params, stale = -1.0, 0, state.params, 0
+  converged = False
+  for k in range(size["max_steps"]):
+    epoch, i = divmod(k, per_epoch)
+    if i == 0:
+      perm = np.random.default_rng([seed, epoch]).permutation(n)
+    state, m = step_fn(state, subset(train, perm[i * bs:(i + 1) * bs]))
+    m = jax.device_get(m)
+    if not m["finite"]:
+      raise FloatingPointError(f"non-finite loss={float(m['loss'])} at step {k + 1}")
+    losses.append(float(m["loss"]))
+    if (k + 1) % size["eval_every"]:
+      continue
+    score = accuracy(state.params, config, dev, kind, size["eval_batch"])
+    curve.append({"step": k + 1, "train_loss": float(np.mean(losses)), "dev": score})
+    losses = []
+    if score > best + 1e-9:
+      best, best_step, best_params, stale = score, k + 1, state.params, 0
+    else:
+      stale += 1
+    if stale >= size["patience"] and k + 1 >= size["min_steps"]:
+      converged = True
+      break
+  return {"curve": curve, "best_step": best_step, "steps": k + 1, "converged": converged,
+          "dev": best, "test": accuracy(best_params, config, test, kind, size["eval_batch"])}
+
+
+# Verdict --------------------------------------------------------------------------------
+
+
+def random_init_verdict(random: float, pretrained: float, majority: float
+                        ) -> tuple[str, float | None]:
+  """`(holds, r)` by `RULE`: r is random's share of the pre-trained gain over the majority."""
+  gain = pretrained - majority
+  if gain <= 0:
+    return "n/a", None
+  r = (random - majority) / gain
+  return ("yes" if r >= YES else "partly" if r >= PARTLY else "no"), float(r)
+
+
+def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
+  """Means, spreads, the per-seed gaps and the verdict of one task's runs."""
+  pre = np.asarray([r["pretrained"]["test"] for r in runs])
+  rnd = np.asarray([r["random"]["test"] for r in runs])
+  majority = float(np.mean([b["majority"] for b in baselines]))
+  lexical = float(np.mean([b["lexical"] for b in baselines]))
+  gap = pre - rnd
+  holds, r = random_init_verdict(float(rnd.mean()), float(pre.mean()), majority)
+  sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else 0.0
+  return {"pretrained": float(pre.mean()), "pretrained_sd": sd(pre),
+          "random": float(rnd.mean()), "random_sd": sd(rnd), "majority": majority,
+          "lexical_baseline": lexical, "gap": float(gap.mean()), "gap_sd": sd(gap),
+          "gap_min": float(gap.min()), "gap_max": float(gap.max()),
+          "gain_ratio": r, "score_ratio": float(rnd.mean() / pre.mean()),
+          "converged": {init: sum(r[init]["converged"] for r in runs) for init in
+                        ("pretrained", "random")},
+          "steps": {init: [r[init]["steps"] for r in runs] for init in ("pretrained", "random")},
+          "holds": holds}
+
+
+# Figures --------------------------------------------------------------------------------
+
+
+def _plt():
+  import matplotlib
+
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+
+  return plt
+
+
+COLOURS = {"pretrained": "tab:blue", "random": "tab:orange"}
+LABELS = {"pretrained": "pre-trained", "random": "random init"}
+
+
+def figure_curves(results: dict[str, dict], out) -> str:
+  """Dev accuracy against steps for every run, a panel per task."""
+  plt = _plt()
+  fig, axes = plt.subplots(1, len(results), figsize=(3.4 * len(results), 3.3),
+                           layout="constrained", squeeze=False)
+  for ax, (task, res) in zip(axes[0], results.items()):
+    for run in res["runs"]:
+      for init in ("pretrained", "random"):
+        c = run[init]["curve"]
+        ax.plot([p["step"] for p in c], [100 * p["dev"] for p in c], color=COLOURS[init],
+                alpha=0.8, lw=1.2, label=LABELS[init] if run is res["runs"][0] else None)
+        ax.plot(run[init]["best_step"], 100 * run[init]["dev"], "o", ms=3, color=COLOURS[init])
+    s = res["summary"]
+    ax.axhline(100 * s["majority"], color="grey", ls="--", lw=1, label="majority")
+    ax.axhline(100 * s["lexical_baseline"], color="grey", ls=":", lw=1, label="lexical baseline")
+    ax.set_title(task, fontsize=10)
+    ax.set_xlabel("fine-tuning step")
+    ax.grid(alpha=0.3)
+  axes[0, 0].set_ylabel("dev accuracy (%)")
+  axes[0, 0].legend(fontsize=7)
+  fig.suptitle("Learning curves, one line per seed (dots: the best-dev checkpoint)")
+  return common.savefig(fig, out, f"{NAME}_curves")
+
+
+def figure_scores(results: dict[str, dict], out) -> str:
+  """Test accuracy per task: baselines, random init and pre-trained (bars: seed spread)."""
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
+  bars = [("majority", "majority", None, "lightgrey"),
+          ("lexical baseline", "lexical_baseline", None, "darkgrey"),
+          ("random init", "random", "random_sd", COLOURS["random"]),
+          ("pre-trained", "pretrained", "pretrained_sd", COLOURS["pretrained"])]
+  x = np.arange(len(results))
+  width = 0.8 / len(bars)
+  for k, (label, key, sd, colour) in enumerate(bars):
+    vals = [100 * r["summary"][key] for r in results.values()]
+    err = None if sd is None else [100 * r["summary"][sd] for r in results.values()]
+    ax.bar(x + k * width, vals, width, yerr=err, capsize=2, label=label, color=colour)
+  for i, r in enumerate(results.values()):
+    ratio = r["summary"]["gain_ratio"]
+    ax.text(i + 0.4, 102, f"r={ratio:.2f}" if ratio is not None else "r=n/a", ha="center",
+            fontsize=8)
+  ax.set_xticks(x + width * (len(bars) - 1) / 2, list(results))
+  ax.set_ylim(0, 108)
+  ax.set_ylabel("test accuracy (%)")
+  ax.legend(fontsize=7, loc="lower left")
+  ax.set_title("Pre-trained vs random initialisation at equal budgets (Kovaleva et al. 2019); "
+               "r = random's share of the gain over majority", fontsize=9)
+  return common.savefig(fig, out, f"{NAME}_scores")
+
+
+# The run --------------------------------------------------------------------------------
+
+
+def _models(args, vocab_size: int, num_labels: int, kind: str, seed: int):
+  """(config, pre-trained params, random params of the same architecture), fresh heads."""
+  import bertjax
+  from bertjax.training import finetune as ft
+
+  if args.model:
+    config, pre = ft.prepare_model(kind, num_labels, init_from=args.model, seed=seed)
+  elif args.smoke:  # a tiny random BERT with MiniLM's vocabulary stands in for MiniLM
+    tiny = bertjax.BertConfig(vocab_size=vocab_size, **SMOKE_MODEL)
+    config, pre = ft.prepare_model(kind, num_labels, config=tiny, seed=10_000 + seed)
+  else:
+    config, pre = ft.prepare_model(kind, num_labels, init_from=bertjax.minilm_path(), seed=seed)
+  _, rnd = ft.prepare_model(kind, num_labels, config=config, seed=seed)
+  return config, pre, rnd
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """Runs the experiment and writes `random_init.json` and its figures."""
+  import bertjax
+
+  p = common.parser(__doc__)
+  p.add_argument("--tasks", default=",".join(TASKS),
+                 help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
+  p.add_argument("--seeds", type=int, default=None,
+                 help="seeds per task (default: 3; --smoke: 1)")
+  args = p.parse_args(argv)
+  t_start = time.perf_counter()
+  size = dict(SIZES["smoke" if args.smoke else "full"])
+  if args.seeds is not None:
+    size["seeds"] = args.seeds
+  wanted = [t for t in args.tasks.split(",") if t]
+  if not wanted or set(wanted) - set(TASKS) or size["seeds"] < 1:
+    p.error(f"--tasks {args.tasks!r} must name some of {TASKS} and --seeds {size['seeds']} "
+            "must be >= 1")
+  timings: dict[str, float] = {}
+  if args.model:
+    _, _, tok, model_name = common.pretrained(args.model)
+  else:
+    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+    model_name = "tiny random BERT (smoke stand-in)" if args.smoke else "all-MiniLM-L6-v2"
+  with common.timed(timings, "load"):
+    tasks = load_tasks(args, size, tok, wanted)
+  special = [tok.cls_id, tok.sep_id, tok.pad_id]
+  results: dict[str, dict] = {}
+  for name, task in tasks.items():
+    runs, baselines, splits = [], [], []
+    with common.timed(timings, name):
+      for s in range(size["seeds"]):
+        seed = args.seed + s
+        tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed,
+                                  strata=task["strata"])
+        train, dev, test = (subset(task["data"], i) for i in (tr, dv, te))
+        splits.append({"train": len(tr), "dev": len(dv), "test": len(te)})
+        lexical = (word_tag_accuracy(train, test) if task["kind"] == "token_classification"
+                   else bag_of_words_accuracy(train, test, special, steps=size["bow_steps"]))
+        baselines.append({"majority": majority_accuracy(train, test), "lexical": lexical})
+        config, pre, rnd = _models(args, tok.vocab_size, task["num_labels"], task["kind"], seed)
+        run = {"seed": seed}
+        for init, params in (("pretrained", pre), ("random", rnd)):
+          run[init] = train_early_stopping(config, params, train, dev, test,
+                                           kind=task["kind"], size=size, seed=seed)
+          common.log(f"{name} seed {seed} {init}: test {run[init]['test']:.3f} (dev "
+                     f"{run[init]['dev']:.3f} at step {run[init]['best_step']} of "
+                     f"{run[init]['steps']}; converged {run[init]['converged']})")
+        runs.append(run)
+    results[name] = {"what": task["what"], "kind": task["kind"], "splits": splits,
+                     "baselines": baselines, "runs": runs,
+                     "summary": summarise(runs, baselines)}
+    common.log(f"{name}: {results[name]['summary']}")
+
+  results = {"tasks": results, "timings_s": timings}
+  settings = {"model": model_name, **size, "seed": args.seed, "rule": RULE,
+              "optimizer": "AdamW (weight decay 0.01, clip 1.0), constant learning rate after "
+                           "linear warm-up, same for both initialisations",
+              "stopping": "dev accuracy every eval_every steps; stop after patience "
+                          "evaluations without improvement (not before min_steps); test "
+                          "accuracy of the best-dev checkpoint",
+              "lexical_baseline": "sentence tasks: L2 logistic regression on the set of "
+                                  "subwords; upos: commonest training tag of the word's first "
+                                  "subword"}
+  rows = findings(results, settings)
+  for f in rows:
+    common.log(f"[{f['holds']}] {f['measured']}")
+  with common.timed(timings, "figures"):
+    figures = [figure_curves(results["tasks"], args.out),
+               figure_scores(results["tasks"], args.out)]
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings, smoke=args.smoke,
+                       seconds=time.perf_counter() - t_start, figures=figures)
+
+
+CLAIM = ("Fine-tuning the same architecture from random initialisation does disturbingly well "
+         "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).")
+
+
+def findings(results: dict, settings: dict) -> list[dict[str, str]]:
+  """The Findings rows, one per task, from the numbers as written to the JSON (so
+  `findings.py --refresh random_init` can recompute them)."""
+  return [_finding(name, res, settings) for name, res in results["tasks"].items()]
+
+
+def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
+  """The Findings row of one task."""
+  s = res["summary"]
+  n = len(res["runs"])
+  pct = lambda x: f"{100 * x:.1f}"
+  conv = s["converged"]
+  ratio = "n/a" if s["gain_ratio"] is None else f"{s['gain_ratio']:.2f}"
+  measured = (
+      f"{name}: {res['what']}, test: random init {pct(s['random'])} ± {pct(s['random_sd'])} vs "
+      f"pre-trained {pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; "
+      f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
+      f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
+      f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
+      f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). "
+      "Rule: yes if r >= 0.75, partly if >= 0.4.")
+  return common.finding(PAPER, CLAIM, measured, s["holds"])
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
