@@ -3,13 +3,15 @@
 `to_json` is the one conversion of results to JSON values: NumPy and JAX arrays become
 lists, NumPy scalars Python numbers, dataclasses dicts, paths strings, and NaN and
 infinities `null` (JSON has no NaN; `json.dumps` would write the invalid token `NaN`).
-`write_json` writes a file with it, atomically.
+`write_json` writes a file with it, atomically. `flat_kwargs` lets a config that nests
+another (a probe's fitting settings, a run's optimiser) take the nested fields as keywords.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -79,3 +81,33 @@ def single_thread_blas():
   except ImportError:  # threadpoolctl comes with scikit-learn
     return contextlib.nullcontext()
   return threadpool_limits(limits=1, user_api="blas")
+
+
+def flat_kwargs(field: str):
+  """Class decorator: keyword arguments naming fields of the config nested in `field` go into it.
+
+  For a frozen dataclass whose `field` holds another frozen dataclass (with a default),
+  `Cls(a=1, lr=0.1)` means `Cls(a=1, field=replace(<given or default field>, lr=0.1))`, so
+  the nested fields are declared once and can still be given flat (also by
+  `dataclasses.replace`). The instance itself keeps only the nested value.
+  """
+
+  def decorate(cls):
+    default = cls.__dataclass_fields__[field].default
+    names = {f.name for f in dataclasses.fields(default)}
+    clash = names & set(cls.__dataclass_fields__)
+    if clash:
+      raise TypeError(f"{cls.__name__} and its {field} both define {sorted(clash)}")
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+      flat = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+      if flat:
+        kwargs[field] = dataclasses.replace(kwargs.get(field, default), **flat)
+      init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+  return decorate

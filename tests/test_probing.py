@@ -145,7 +145,7 @@ def test_bad_input_is_named():
   with pytest.raises(ValueError, match="labels span"):
     probing.fit_probe(x, np.full(10, 3), num_classes=3)
   with pytest.raises(ValueError, match="learning_rate"):
-    probing.TrainConfig(learning_rate=0.0)
+    probing.FitConfig(learning_rate=0.0)
 
 
 def test_pool_subwords():

@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax.utils import flat_kwargs
+
 PROBE_KINDS = ("linear", "mlp")
 
 
@@ -50,8 +52,8 @@ class LayerModel(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Optimisation settings shared by every layer.
+class FitConfig:
+  """How a probe is fitted (the same for every layer): optimisation and early stopping.
 
   Attributes:
     learning_rate: Adam step size.
@@ -181,7 +183,7 @@ def fit_layerwise(
   targets: Any,
   val_features: jax.Array | None = None,
   val_targets: Any = None,
-  train: TrainConfig = TrainConfig(),
+  train: FitConfig = FitConfig(),
 ) -> LayerwiseFit:
   """Trains one probe per layer, all layers in one jitted, vmapped program.
 
@@ -275,25 +277,19 @@ class ClassifierProbe:
     return jnp.mean(jnp.argmax(self.logits(params, x), -1) == t)
 
 
+@flat_kwargs("fit")
 @dataclasses.dataclass(frozen=True)
 class ProbeConfig:
-  """Probe and optimisation settings (see ``ClassifierProbe`` and ``TrainConfig``)."""
+  """A probe (see ``ClassifierProbe``) and how it is fitted (``fit``, a ``FitConfig``).
+
+  ``FitConfig``'s fields may also be given flat: ``ProbeConfig(l2=1e-3, max_steps=300)``.
+  """
 
   kind: str = "linear"
   hidden_dim: int = 256
   l2: float = 0.0
   scalar_mix: bool = False
-  learning_rate: float = 1e-2
-  max_steps: int = 1000
-  batch_size: int | None = None
-  eval_every: int = 50
-  patience: int | None = 5
-  seed: int = 0
-
-  def train_config(self) -> TrainConfig:
-    return TrainConfig(
-      self.learning_rate, self.max_steps, self.batch_size, self.eval_every, self.patience, self.seed
-    )
+  fit: FitConfig = FitConfig()
 
 
 def _check_features(features, labels, name="features"):
@@ -364,7 +360,7 @@ class Probe:
         )
       val_features = self._inputs(val_features)
     self.fit_info = fit_layerwise(
-      self.model, self._inputs(features), labels, val_features, vt, self.config.train_config()
+      self.model, self._inputs(features), labels, val_features, vt, self.config.fit
     )
     self.params = self.fit_info.params
     return self

@@ -28,6 +28,7 @@ import numpy as np
 
 from bertjax.analysis import probing
 from bertjax.stats import spearman, spearman_rows
+from bertjax.utils import flat_kwargs
 
 PUNCT_UPOS = frozenset({"PUNCT"})
 
@@ -199,23 +200,22 @@ class _StructuralModel:
     return -self.loss(params, x, t)
 
 
+@flat_kwargs("fit")
 @dataclasses.dataclass(frozen=True)
 class StructuralConfig:
   """Structural-probe settings.
 
+  ``probing.FitConfig``'s fields may also be given flat:
+  ``StructuralConfig(rank=32, max_steps=200)``.
+
   Attributes:
     rank: rows of ``B`` (the probe's target dimension).
-    learning_rate, max_steps, eval_every, patience, seed: see ``probing.TrainConfig``.
-    batch_size: sentences per step; None for full batch.
+    fit: how the probe is fitted (``batch_size`` counts sentences; None: full batch).
   """
 
   rank: int = 64
-  learning_rate: float = 1e-3
-  max_steps: int = 2000
-  batch_size: int | None = None
-  eval_every: int = 100
-  patience: int | None = 5
-  seed: int = 0
+  fit: probing.FitConfig = probing.FitConfig(  # noqa: RUF009 (frozen)
+      learning_rate=1e-3, max_steps=2000, eval_every=100)
 
   def __post_init__(self):
     if self.rank < 1:
@@ -277,14 +277,6 @@ def fit_structural_probe(
   """
   if kind not in ("distance", "depth"):
     raise ValueError(f"{kind=} must be 'distance' or 'depth'")
-  train_cfg = probing.TrainConfig(
-    config.learning_rate,
-    config.max_steps,
-    config.batch_size,
-    config.eval_every,
-    config.patience,
-    config.seed,
-  )
   model = _StructuralModel(kind, config.rank)
   if val is not None and val.features.shape[::3] != train.features.shape[::3]:
     raise ValueError(
@@ -297,7 +289,7 @@ def fit_structural_probe(
     train.targets(),
     None if val is None else val.features,
     None if val is None else val.targets(),
-    train_cfg,
+    config.fit,
   )
   return StructuralProbe(kind, fit.params["B"], fit)
 

@@ -32,6 +32,7 @@ from bertjax.training import optim
 from bertjax.training.losses import IGNORE_INDEX
 from bertjax.training.state import create_train_state
 from bertjax.training.step import make_train_step
+from bertjax.utils import flat_kwargs
 
 TASKS = ("classification", "token_classification")
 _HEAD = {"classification": "classifier", "token_classification": "token_classifier"}
@@ -321,19 +322,27 @@ def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path |
   return config, params
 
 
+@flat_kwargs("optim")
 @dataclasses.dataclass(frozen=True)
 class FinetuneConfig:
-  """Fine-tuning hyper-parameters (see `loop.TrainConfig` for their meaning)."""
+  """Fine-tuning hyper-parameters.
+
+  Attributes:
+    steps: optimizer steps.
+    batch_size: examples per step (all micro-batches together).
+    accumulation_steps: micro-batches per step.
+    optim: the optimiser and schedule (`optim.OptimConfig`; its fields may also be given
+      flat: `FinetuneConfig(steps=100, learning_rate=3e-5)`).
+    dtype: compute dtype, "float32" or "bfloat16".
+    seed: the task head's initialisation and the batch order.
+    eval_every: evaluate every N steps (0: only at the end).
+    eval_batch_size: examples per evaluation batch.
+  """
 
   steps: int = 500
   batch_size: int = 32
   accumulation_steps: int = 1
-  optimizer: str = "adamw"
-  learning_rate: float = 2e-5
-  warmup_steps: int = 0
-  decay: str = "linear"
-  clip_norm: float | None = 1.0
-  weight_decay: float = 0.01
+  optim: optim.OptimConfig = optim.OptimConfig(learning_rate=2e-5)  # noqa: RUF009 (frozen)
   dtype: str = "float32"
   seed: int = 0
   eval_every: int = 0
@@ -406,9 +415,7 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
   n = len(train_data["labels"])
   if n < hp.batch_size:
     raise ValueError(f"batch_size={hp.batch_size} exceeds the {n} training examples")
-  schedule = optim.learning_rate_schedule(hp.learning_rate, hp.steps, hp.warmup_steps, hp.decay)
-  tx = optim.make_optimizer(hp.optimizer, schedule, weight_decay=hp.weight_decay,
-                            clip_norm=hp.clip_norm)
+  tx, schedule = hp.optim.make(hp.steps)
   state = create_train_state(params, tx, hp.seed)
   step_fn = make_train_step(config.replace(dtype=hp.dtype), tx, schedule, task=task,
                             accumulation_steps=hp.accumulation_steps,

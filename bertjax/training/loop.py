@@ -30,10 +30,12 @@ from bertjax.training import optim, sharding, stacking
 from bertjax.training.events import EventWriter
 from bertjax.training.state import create_train_state
 from bertjax.training.step import make_train_step
+from bertjax.utils import flat_kwargs
 
 log = logging.getLogger(__name__)
 
 
+@flat_kwargs("optim")
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Hyper-parameters and bookkeeping of a training run.
@@ -43,14 +45,9 @@ class TrainConfig:
     batch_size: examples per optimizer step (all micro-batches together); the
       data iterator must yield batches of this size.
     accumulation_steps: micro-batches per step (gradient accumulation).
-    optimizer: "adamw" or "lamb".
-    learning_rate: peak learning rate.
-    warmup_steps: linear warm-up steps.
-    decay: "linear", "cosine" or "constant" after warm-up.
-    end_lr_ratio: final learning rate as a fraction of the peak.
-    clip_norm: global gradient-norm clipping (None or 0: off).
-    weight_decay: decoupled weight decay (not on biases and LayerNorm).
-    b1, b2, eps: Adam parameters.
+    optim: the optimiser and learning-rate schedule (`optim.OptimConfig`: optimizer,
+      learning_rate, warmup_steps, decay, end_lr_ratio, clip_norm, weight_decay, b1, b2,
+      eps); its fields may also be given flat: `TrainConfig(steps=100, learning_rate=1e-3)`.
     dtype: compute dtype, "float32" or "bfloat16" (weights stay float32).
     stacking: a progressive-stacking schedule ("3:500,6"), or None.
     reset_moments: zero Adam moments at each growth instead of copying them.
@@ -66,16 +63,7 @@ class TrainConfig:
   steps: int
   batch_size: int = 32
   accumulation_steps: int = 1
-  optimizer: str = "adamw"
-  learning_rate: float = 1e-4
-  warmup_steps: int = 0
-  decay: str = "linear"
-  end_lr_ratio: float = 0.0
-  clip_norm: float | None = 1.0
-  weight_decay: float = 0.01
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-6
+  optim: optim.OptimConfig = optim.OptimConfig()  # noqa: RUF009 (frozen)
   dtype: str = "float32"
   stacking: str | None = None
   reset_moments: bool = False
@@ -100,11 +88,7 @@ class TrainConfig:
 
   def make_optimizer(self):
     """`(tx, schedule)` for this run."""
-    schedule = optim.learning_rate_schedule(self.learning_rate, self.steps, self.warmup_steps,
-                                            self.decay, self.end_lr_ratio)
-    tx = optim.make_optimizer(self.optimizer, schedule, weight_decay=self.weight_decay,
-                              clip_norm=self.clip_norm, b1=self.b1, b2=self.b2, eps=self.eps)
-    return tx, schedule
+    return self.optim.make(self.steps)
 
 
 def init_for_objectives(config: BertConfig, seed: int | jax.Array, objectives) -> Any:

@@ -9,6 +9,7 @@ differs between micro-batches.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -102,3 +103,39 @@ def make_optimizer(name: str = "adamw", learning_rate: float | optax.Schedule = 
   if clip_norm:
     return optax.chain(optax.clip_by_global_norm(clip_norm), opt)
   return opt
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """The optimiser and its learning-rate schedule, declared once for every training run
+  (`loop.TrainConfig.optim`, `finetune.FinetuneConfig.optim`).
+
+  Attributes:
+    optimizer: "adamw" or "lamb".
+    learning_rate: peak learning rate.
+    warmup_steps: linear warm-up steps.
+    decay: "linear", "cosine" or "constant" after warm-up.
+    end_lr_ratio: final learning rate as a fraction of the peak.
+    clip_norm: global gradient-norm clipping (None or 0: off).
+    weight_decay: decoupled weight decay (not on biases and LayerNorm).
+    b1, b2, eps: Adam parameters.
+  """
+
+  optimizer: str = "adamw"
+  learning_rate: float = 1e-4
+  warmup_steps: int = 0
+  decay: str = "linear"
+  end_lr_ratio: float = 0.0
+  clip_norm: float | None = 1.0
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-6
+
+  def make(self, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """`(tx, schedule)` for a run of `steps` optimizer steps."""
+    schedule = learning_rate_schedule(self.learning_rate, steps, self.warmup_steps, self.decay,
+                                      self.end_lr_ratio)
+    tx = make_optimizer(self.optimizer, schedule, weight_decay=self.weight_decay,
+                        clip_norm=self.clip_norm, b1=self.b1, b2=self.b2, eps=self.eps)
+    return tx, schedule
