@@ -1,0 +1,415 @@
+"""Compressing a fine-tuned 6-layer model: distillation, layer sharing and int8 (the slides' table).
+
+    ./run.sh experiment compression
+    .venv/bin/python experiments/compression.py [--smoke] [--out DIR] [--data-dir DIR]
+
+The Primer's compression table (Rogers et al. 2020, Table 1) sets BERT-base beside
+models made smaller from it: DistilBERT (Sanh et al. 2019: half the layers, distilled;
+97% of the score, 1.6x faster), TinyBERT and PKD (layer-wise distillation), ALBERT (Lan
+et al. 2020: one layer's parameters shared by every layer, ~1/9 of the parameters but
+every layer still runs) and Q8BERT (Zafrir et al. 2019: int8 linear layers; 4x smaller
+weights, ~99% of the score). This script fills in the same columns (parameters, task
+score, retained score, speed-up) on models this machine trains in minutes:
+
+* `teacher`: the real all-MiniLM-L6-v2 (6 layers x 384, `bertjax.minilm_path()`)
+  fine-tuned for UD English EWT part-of-speech tagging (UPOS, 17 tags, each word's
+  tag on its first subword; the dev file, split 80/20 into train and held-out
+  sentences by the seed);
+* `distilled_3l` (DistilBERT): 3 layers initialised from the teacher's every other
+  layer (0, 2, 4; `distill.student_from_teacher`), trained with the task distillation
+  loss (`distill.TaskDistillation`: labels + the teacher's soft targets at T = 2,
+  alpha = 0.5) for the teacher's number of steps;
+* `labels_3l`: the same 3-layer start trained on the labels alone (how much the
+  teacher's soft targets add);
+* `shared_6l` (ALBERT-style): 6 layers of one shared parameter set
+  (`model_type="albert"`, `num_hidden_groups=1`, E = H with an identity E -> H map),
+  the shared layer initialised from the teacher's layer `--shared-layer` (default 2),
+  embeddings and head copied, distilled as `distilled_3l`;
+* `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
+  int8 linear layers, `bertjax.quantize`), no retraining.
+
+Columns: parameters (`bertjax.count_params`, head included), weight bytes (float32; for
+int8 the Dense kernels at one byte plus a float32 scale per output channel), the task
+score (accuracy over the held-out sentences' words), retained score (score / teacher's
+score), and the CPU speed-up of the forward pass (token-classification logits of one
+fixed held-out batch, jitted, compile timed apart, warmed, the models interleaved round
+by round, median over rounds; speed-up = teacher's median / model's median). The CPU
+model, its vector ISA flags and the thread count come from
+`benchmarks/bench_forward.cpu_info`; the machine is shared, so the load average is
+recorded. The committed run takes about 10 minutes on 2 cores.
+
+`--smoke` uses a tiny random 4-layer teacher, the 40-sentence UD sample, and a few steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import common
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NAME = "compression"
+ROWS = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
+LABELS = {"teacher": "teacher (MiniLM-L6, fine-tuned)", "distilled_3l": "DistilBERT-style 3L",
+          "labels_3l": "3L, labels only", "shared_6l": "ALBERT-style shared 6L",
+          "int8": "Q8BERT-style int8"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """Data, training and timing sizes of one run."""
+
+  max_len: int
+  max_sentences: int | None
+  eval_fraction: float
+  steps: int
+  batch: int
+  lr: float
+  warmup: int
+  temperature: float
+  alpha: float
+  time_batch: int
+  rounds: int
+  warmup_rounds: int
+
+
+FULL = Scale(max_len=64, max_sentences=None, eval_fraction=0.2, steps=150, batch=16, lr=1e-4,
+             warmup=15, temperature=2.0, alpha=0.5, time_batch=32, rounds=9, warmup_rounds=2)
+SMOKE = Scale(max_len=32, max_sentences=None, eval_fraction=0.25, steps=4, batch=8, lr=1e-3,
+              warmup=1, temperature=2.0, alpha=0.5, time_batch=4, rounds=3, warmup_rounds=1)
+
+
+def smoke_teacher_config(vocab_size: int):
+  """The tiny random BERT that stands in for MiniLM with --smoke."""
+  import bertjax
+
+  return bertjax.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=4,
+                            num_attention_heads=4, intermediate_size=64,
+                            max_position_embeddings=64)
+
+
+def shared_from_teacher(t_config, t_params, layer: int):
+  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `layer`.
+
+  Embeddings (with an identity E -> H projection, E = H), the shared layer and the
+  task head are copied, so before training it computes the teacher's layer `layer`
+  `depth` times over.
+
+  Returns:
+    `(config, params)`.
+  """
+  import bertjax
+
+  if t_config.model_type != "bert" or t_config.num_param_layers != t_config.num_hidden_layers:
+    raise ValueError(f"a shared-layer model is built from a BERT teacher without sharing; got "
+                     f"model_type={t_config.model_type!r}, "
+                     f"num_param_layers={t_config.num_param_layers}")
+  if not 0 <= layer < t_config.num_hidden_layers:
+    raise ValueError(f"--shared-layer {layer} must be in [0, {t_config.num_hidden_layers})")
+  config = t_config.replace(model_type="albert", embedding_size=t_config.hidden_size,
+                            num_hidden_groups=1, inner_group_num=1)
+  fresh = bertjax.init(config, 0, heads=("token_classifier",))
+  params = jax.tree.map(lambda a: a, fresh)
+  emb = dict(fresh["embeddings"])
+  for name, value in t_params["embeddings"].items():
+    if name not in emb:
+      raise ValueError(f"teacher embedding {name!r} has no place in the ALBERT model "
+                       f"(its embeddings: {sorted(emb)})")
+    emb[name] = value
+  proj = {k: v for k, v in emb.items() if k not in t_params["embeddings"]}
+  for name, sub in proj.items():  # the E -> H map: identity, so embeddings pass unchanged
+    emb[name] = {"kernel": jnp.eye(config.hidden_size, dtype=sub["kernel"].dtype),
+                 "bias": jnp.zeros_like(sub["bias"])}
+  params["embeddings"] = emb
+  params["encoder"] = {**t_params["encoder"], "layers": jax.tree.map(
+      lambda a: a[layer:layer + 1], t_params["encoder"]["layers"])}
+  params["token_classifier"] = t_params["token_classifier"]
+  shapes = jax.tree.map(lambda a: a.shape, fresh)
+  got = jax.tree.map(lambda a: a.shape, params)
+  if shapes != got:
+    raise ValueError(f"the shared model's parameters do not fit its config: {got} vs {shapes}")
+  return config, params
+
+
+def _contracted(path: tuple[str, ...], shape: tuple[int, ...]) -> int:
+  """The contracted size of a Dense kernel (its input width), layer axis stripped."""
+  if path[:2] == ("encoder", "layers"):
+    shape = shape[1:]  # (layers, ...) stacked
+  if len(shape) == 3 and shape[0] * shape[1] == shape[2]:
+    return shape[0] * shape[1]  # attention output (heads, head_dim, hidden)
+  return shape[0]  # (in, out) and q/k/v (hidden, heads, head_dim)
+
+
+def weight_bytes(params, int8: bool = False) -> int:
+  """Bytes of the weights: float32, or with every Dense kernel int8 plus a float32 scale per
+  output channel (what `config.quantize="int8"` quantises; embeddings, LayerNorm and biases
+  stay float32)."""
+  total = 0
+  for path, a in jax.tree_util.tree_leaves_with_path(params):
+    keys = tuple(str(getattr(k, "key", k)) for k in path)
+    n = int(np.prod(a.shape))
+    if int8 and keys[-1] == "kernel":
+      total += n + 4 * (n // _contracted(keys, a.shape))
+    else:
+      total += 4 * n
+  return total
+
+
+def retained(score: float, teacher_score: float) -> float:
+  """The score as a fraction of the teacher's."""
+  if not teacher_score > 0:
+    raise ValueError(f"teacher_score={teacher_score} must be > 0 to compute a retained score")
+  return score / teacher_score
+
+
+def time_forwards(models: dict[str, tuple[Any, Any]], batch: dict, rounds: int,
+                  warmup: int) -> dict[str, dict[str, Any]]:
+  """Compile time, then median/min/all seconds of each model's jitted forward, interleaved.
+
+  Args:
+    models: name -> (config, params); the forward returns token-classification logits.
+    batch: `input_ids`, `attention_mask`, `token_type_ids` (one fixed batch for all).
+    rounds: timed rounds (each runs every model once, in turn).
+    warmup: untimed calls of each model after compiling.
+  """
+  import bertjax
+
+  fns = {}
+  out: dict[str, dict[str, Any]] = {}
+  args = tuple(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
+  for name, (config, params) in models.items():
+    def fn(p, ids, mask, types, config=config):
+      o = bertjax.forward(p, config, ids, mask, types)
+      return bertjax.head_logits(p, config, o, "token_classifier")
+
+    jitted = jax.jit(fn)
+    t0 = time.perf_counter()
+    compiled = jitted.lower(params, *args).compile()
+    out[name] = {"compile_s": time.perf_counter() - t0}
+    fns[name] = (compiled, params)
+    for _ in range(warmup):
+      jax.block_until_ready(compiled(params, *args))
+  times: dict[str, list[float]] = {k: [] for k in fns}
+  for _ in range(rounds):
+    for name, (compiled, params) in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(compiled(params, *args))
+      times[name].append(time.perf_counter() - t0)
+  for name, ts in times.items():
+    out[name].update(median_s=statistics.median(ts), min_s=min(ts), rounds_s=ts)
+  return out
+
+
+def table(rows: dict[str, dict], cpu: str) -> str:
+  """The Markdown table of the README (one line per row)."""
+  lines = [("| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained "
+            "| CPU speed-up |"), "|---|---|---|---|---|---|---|"]
+  for name, r in rows.items():
+    lines.append(f"| {LABELS[name]} | {r['depth']} ({r['stored_layers']}) | "
+                 f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
+                 f"{r['retained']:.1%} | {r['speedup']:.2f}x |")
+  lines.append(f"\nCPU: {cpu}.")
+  return "\n".join(lines)
+
+
+def distil_verdict(retained_: float, speedup: float) -> str:
+  """DistilBERT: 'yes' if >= 95% retained and >= 1.3x faster, 'partly' if one holds."""
+  ok = (retained_ >= 0.95, speedup >= 1.3)
+  return "yes" if all(ok) else "partly" if any(ok) else "no"
+
+
+def sharing_verdict(param_ratio: float, speedup: float, retained_: float) -> str:
+  """ALBERT: 'yes' if parameters fall by >= 30%, the forward is not faster (< 1.25x) and
+  >= 90% is retained; 'partly' if the parameter and speed parts hold; else 'no'."""
+  shape = param_ratio <= 0.7 and speedup < 1.25
+  return "yes" if shape and retained_ >= 0.9 else "partly" if shape else "no"
+
+
+def int8_verdict(retained_: float) -> str:
+  """Q8BERT: 'yes' if >= 99% of the score is retained, 'partly' if >= 97%, else 'no'."""
+  return "yes" if retained_ >= 0.99 else "partly" if retained_ >= 0.97 else "no"
+
+
+def _figure(out, rows: dict[str, dict]) -> list[str]:
+  import matplotlib.pyplot as plt
+
+  names = list(rows)
+  x = np.arange(len(names))
+  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+  panels = [([rows[n]["params"] / 1e6 for n in names], "parameters (M)"),
+            ([100 * rows[n]["retained"] for n in names], "retained score (% of teacher)"),
+            ([rows[n]["speedup"] for n in names], "CPU forward speed-up (x)")]
+  colors = ["tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:green"]
+  for ax, (vals, label) in zip(axes, panels):
+    ax.bar(x, vals, color=colors[:len(names)])
+    ax.set_xticks(x, [LABELS[n].split(" (")[0] for n in names], rotation=25, fontsize=7,
+                  ha="right")
+    ax.set(ylabel=label, title=label.split(" (")[0])
+    if "retained" in label:
+      ax.set_ylim(min(vals) - 5, max(100, max(vals)) + 2)
+    if "speed" in label:
+      ax.axhline(1.0, color="k", lw=0.8)
+  fig.suptitle("Compressing a fine-tuned 6-layer model (UD EWT UPOS)")
+  return [common.savefig(fig, out, f"{NAME}_table")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = common.parser(__doc__, model=False)
+  parser.add_argument("--steps", type=int, default=None,
+                      help=f"fine-tuning steps of each trained model (default: {FULL.steps})")
+  parser.add_argument("--shared-layer", type=int, default=2,
+                      help="the teacher layer that initialises the shared layer (default: 2)")
+  args = parser.parse_args(argv)
+  t_start = time.perf_counter()
+  import bertjax
+  from bertjax.training import distill
+  from bertjax.training import finetune as F
+
+  sc = SMOKE if args.smoke else FULL
+  if args.steps is not None:
+    if args.steps < 1:
+      raise ValueError(f"--steps={args.steps} must be >= 1")
+    sc = dataclasses.replace(sc, steps=args.steps, warmup=args.steps // 10)
+  if args.smoke:
+    from stacking import smoke_compilation_cache
+
+    smoke_compilation_cache()
+  sys.path.insert(0, str(common.REPO / "benchmarks"))
+  from bench_forward import cpu_info
+
+  timings: dict[str, float] = {}
+  path = bertjax.minilm_path()
+  tok = bertjax.Tokenizer.from_pretrained(path)
+  with common.timed(timings, "data"):
+    ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
+    train, held, tags = F.load_ud_pos(ud, tok, max_len=sc.max_len, field="upos",
+                                      eval_fraction=sc.eval_fraction,
+                                      max_sentences=sc.max_sentences, seed=args.seed)
+  n_words = int((held["labels"] >= 0).sum())
+  common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences "
+             f"({n_words} words), {len(tags)} tags, max_len {sc.max_len}")
+  task = "token_classification"
+  hp = F.FinetuneConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
+                        warmup_steps=sc.warmup, seed=args.seed)
+  base = smoke_teacher_config(tok.vocab_size) if args.smoke else None
+  t_config, t_params = F.prepare_model(task, len(tags), init_from=None if args.smoke else path,
+                                       config=base, seed=args.seed, label_names=tags)
+  runs: dict[str, dict] = {}
+  models: dict[str, tuple[Any, Any]] = {}
+
+  def run(name, config, params, objective=None):
+    with common.timed(timings, f"train {name}"):
+      r = F.finetune(config, params, train, held, task=task, hp=hp, objective=objective)
+    runs[name] = {"metrics": r["metrics"], "final_loss": r["final_loss"],
+                  "wall_time_s": r["wall_time_s"],
+                  "loss": [h["loss"] for h in r["history"]]}
+    models[name] = (r["config"], r["params"])
+    common.log(f"{name}: accuracy {r['metrics']['accuracy']:.4f}")
+
+  run("teacher", t_config, t_params)
+  t_config, t_params = models["teacher"]
+  soft = distill.TaskDistillation(t_config, t_params, task=task, temperature=sc.temperature,
+                                  alpha=sc.alpha)
+  s_config, s_params = distill.student_from_teacher(t_config, t_params)
+  run("distilled_3l", s_config, s_params, (soft,))
+  run("labels_3l", s_config, s_params)
+  a_config, a_params = shared_from_teacher(t_config, t_params, args.shared_layer)
+  run("shared_6l", a_config, a_params, (soft,))
+  q_config = t_config.replace(quantize="int8")
+  with common.timed(timings, "evaluate int8"):
+    runs["int8"] = {"metrics": F.evaluate(t_params, q_config, held, task)}
+  models["int8"] = (q_config, t_params)
+  models = {k: models[k] for k in ROWS}
+
+  timed_batch = {k: v[:sc.time_batch] for k, v in held.items()}
+  load_start = os.getloadavg()
+  with common.timed(timings, "forward timing"):
+    speed = time_forwards(models, timed_batch, sc.rounds, sc.warmup_rounds)
+  load_end = os.getloadavg()
+  cpu = cpu_info()
+  threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
+
+  teacher_score = runs["teacher"]["metrics"]["accuracy"]
+  teacher_params = bertjax.count_params(t_params)
+  rows: dict[str, dict] = {}
+  for name in ROWS:
+    config, params = models[name]
+    count = bertjax.count_params(params)
+    score = runs[name]["metrics"]["accuracy"]
+    rows[name] = {
+        "params": count, "param_ratio": count / teacher_params,
+        "bytes": weight_bytes(params, int8=name == "int8"),
+        "depth": config.depth, "stored_layers": config.num_param_layers,
+        "score": score, "retained": retained(score, teacher_score),
+        "speedup": speed["teacher"]["median_s"] / speed[name]["median_s"],
+        "forward_median_s": speed[name]["median_s"], "compile_s": speed[name]["compile_s"]}
+    rows[name]["mb"] = rows[name]["bytes"] / 1e6
+    rows[name]["compression"] = rows["teacher"]["bytes"] / rows[name]["bytes"]
+  counts = {"teacher": rows["teacher"]["params"]}
+  tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
+  majority = float(tags_major.max() / tags_major.sum())
+  cpu_line = (f"{cpu['cpu']}, {cpu['cores']} cores ({', '.join(cpu['isa']) or 'no AVX2+'}), "
+              f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
+              f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
+  md = table(rows, cpu_line)
+  common.log("\n" + md)
+  figures = _figure(args.out, rows)
+  d, sh, q = rows["distilled_3l"], rows["shared_6l"], rows["int8"]
+  lab = rows["labels_3l"]
+  findings = [
+      common.finding(
+          "Sanh et al. 2019", "A student with half the teacher's layers, initialised from every "
+          "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
+          "(DistilBERT).",
+          f"UPOS (UD EWT dev, held-out words): teacher {teacher_score:.2%} (majority tag "
+          f"{majority:.1%}); 3-layer student {d['score']:.2%} = {d['retained']:.1%} retained "
+          f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
+          f"forward on the CPU; trained on labels only {lab['score']:.2%} "
+          f"({lab['retained']:.1%}). Rule: yes if >= 95% retained and >= 1.3x faster, "
+          "partly if one holds.", distil_verdict(d["retained"], d["speedup"])),
+      common.finding(
+          "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
+          "parameter count (ALBERT) but not the compute, at some cost in score.",
+          f"6 layers sharing one set (from teacher layer {args.shared_layer}, distilled): "
+          f"{sh['params'] / 1e6:.2f}M vs {counts['teacher'] / 1e6:.2f}M parameters "
+          f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
+          f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
+          "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
+          "if only the first two hold.",
+          sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"])),
+      common.finding(
+          "Zafrir et al. 2019", "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x "
+          "smaller linear weights.",
+          f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
+          f"retained; weights {q['mb']:.1f} MB vs {rows['teacher']['mb']:.1f} MB "
+          f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
+          f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu['cpu']} (XLA's "
+          "integer dot; no fused int8 kernel). Rule: yes if >= 99% retained, partly if >= 97%.",
+          int8_verdict(q["retained"])),
+  ]
+  results = {"rows": rows, "table_markdown": md, "teacher_score": teacher_score,
+             "majority_tag_accuracy": majority, "runs": runs, "speed": speed,
+             "cpu": cpu, "threads": threads, "loadavg": {"start": load_start, "end": load_end},
+             "data": {"train_sentences": len(train["labels"]),
+                      "heldout_sentences": len(held["labels"]), "heldout_words": n_words,
+                      "tags": tags, "file": str(ud.name)},
+             "timings_s": timings}
+  settings = {**dataclasses.asdict(sc), "seed": args.seed, "shared_layer": args.shared_layer,
+              "teacher": "random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2",
+              "finetune": dataclasses.asdict(hp),
+              "configs": {k: dataclasses.asdict(models[k][0]) for k in ROWS}}
+  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,96 @@
+"""Checks of `experiments/compression.py`: the shared-layer model, weight bytes, the table's
+columns against the models they describe, and the findings' rules."""
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import bertjax
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import compression as C
+
+
+def _teacher(layers=4):
+  config = bertjax.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=layers,
+                              num_attention_heads=4, intermediate_size=48,
+                              max_position_embeddings=16, num_labels=5, use_pooler=False)
+  params = bertjax.init(config, 3, heads=("token_classifier",))
+  return config, jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
+                              params)
+
+
+def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
+  t_config, t_params = _teacher()
+  config, params = C.shared_from_teacher(t_config, t_params, layer=2)
+  assert (config.model_type, config.depth, config.num_param_layers) == ("albert", 4, 1)
+  # The same computation as BERT with the teacher's layer 2 copied into all four places.
+  tiled = {**t_params, "encoder": {**t_params["encoder"], "layers": jax.tree.map(
+      lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"])}}
+  ids = np.random.default_rng(0).integers(0, 120, (2, 9))
+  mask = np.ones_like(ids)
+  mask[1, 6:] = 0
+  ours = bertjax.forward(params, config, ids, mask).last_hidden_state
+  want = bertjax.forward(tiled, t_config, ids, mask).last_hidden_state
+  np.testing.assert_allclose(ours, want, atol=1e-5)
+  stored = bertjax.count_params(params) - bertjax.count_params(t_params)
+  layer = bertjax.count_params(t_params["encoder"]["layers"]) // 4
+  assert stored == 32 * 32 + 32 - 3 * layer  # + the E -> H map, - three layers
+  with pytest.raises(ValueError, match="--shared-layer 4 must be in"):
+    C.shared_from_teacher(t_config, t_params, layer=4)
+
+
+def test_weight_bytes_count_int8_kernels_and_their_scales():
+  _, params = _teacher(layers=2)
+  h, f, n = 32, 48, bertjax.count_params(params)
+  assert C.weight_bytes(params) == 4 * n
+  # Per layer: q, k, v, out (h x h, h scales each), FFN in (h x f, f scales), out (f x h, h);
+  # the token classifier (h x 5, 5 scales). All else stays float32.
+  kernels = 2 * (4 * h * h + 2 * h * f) + h * 5
+  scales = 2 * (4 * h + f + h) + 5
+  assert C.weight_bytes(params, int8=True) == 4 * (n - kernels) + kernels + 4 * scales
+
+
+def test_verdict_rules_and_retained():
+  assert C.retained(0.9, 0.96) == pytest.approx(0.9375)
+  with pytest.raises(ValueError, match="teacher_score=0"):
+    C.retained(0.5, 0)
+  assert C.distil_verdict(0.97, 1.8) == "yes" and C.distil_verdict(0.9, 1.8) == "partly"
+  assert C.distil_verdict(0.9, 1.1) == "no"
+  assert C.sharing_verdict(0.6, 1.0, 0.95) == "yes"
+  assert C.sharing_verdict(0.6, 1.0, 0.8) == "partly"
+  assert C.sharing_verdict(0.9, 1.0, 0.95) == "no" and C.sharing_verdict(0.6, 2.0, 0.95) == "no"
+  assert C.int8_verdict(0.995) == "yes" and C.int8_verdict(0.98) == "partly"
+  assert C.int8_verdict(0.9) == "no"
+
+
+def test_smoke_table_describes_its_models(tmp_path):
+  assert C.main(["--smoke", "--out", str(tmp_path)]) == 0
+  doc = json.loads((tmp_path / "compression.json").read_text())
+  assert doc["smoke"] is True and list(doc["results"]["rows"]) == list(C.ROWS)
+  rows, configs = doc["results"]["rows"], doc["settings"]["configs"]
+  teacher = rows["teacher"]
+  for name, r in rows.items():
+    config = bertjax.BertConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                   for k, v in configs[name].items()})
+    shapes = jax.eval_shape(lambda c=config: bertjax.init(c, 0, heads=("token_classifier",)))
+    assert r["params"] == bertjax.count_params(shapes), name
+    assert (r["depth"], r["stored_layers"]) == (config.depth, config.num_param_layers)
+    assert r["retained"] == pytest.approx(r["score"] / teacher["score"])
+    assert r["speedup"] == pytest.approx(teacher["forward_median_s"] / r["forward_median_s"])
+    assert 0 <= r["score"] <= 1 and r["forward_median_s"] > 0
+  assert teacher["speedup"] == 1.0 and teacher["retained"] == 1.0
+  assert rows["distilled_3l"]["depth"] == teacher["depth"] // 2 == 2
+  assert rows["shared_6l"]["stored_layers"] == 1
+  assert rows["shared_6l"]["depth"] == teacher["depth"]
+  assert rows["int8"]["params"] == teacher["params"]
+  assert rows["int8"]["bytes"] < teacher["bytes"] == 4 * teacher["params"]
+  assert configs["int8"]["quantize"] == "int8" and configs["teacher"]["quantize"] is None
+  assert doc["results"]["cpu"]["cpu"] and "| CPU speed-up |" in doc["results"]["table_markdown"]
+  assert dataclasses.asdict(C.SMOKE)["steps"] == doc["settings"]["steps"]
