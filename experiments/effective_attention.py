@@ -298,7 +298,8 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
   fig.colorbar(im, ax=axes[0], shrink=0.8, label="attention weight")
   im = axes[1].imshow(example["effective"], cmap="RdBu_r", vmin=-top, vmax=top)
   fig.colorbar(im, ax=axes[1], shrink=0.8, label="effective weight")
-  axes[0].set_title(f"raw, layer {example['layer'] + 1}, head {example['head'] + 1}")
+  # Layers 1..L (block index + 1), heads 0..H-1, as everywhere in bertjax.
+  axes[0].set_title(f"raw, layer {example['layer'] + 1}, head {example['head']}")
   axes[1].set_title("effective (negative = red)")
   for ax in axes[:2]:
     ax.set(xlabel="key position", ylabel="query position")
@@ -444,7 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               "sentences": len(sentences), "main_passages": count, "main_length": length,
               "sweep_lengths": lengths, "sweep_passages_per_length": per_len, "seed": args.seed,
               "null_space_rtol": 1e-10, "passages": "[CLS] + consecutive EWT dev sentences' "
-              "word pieces (cut) + [SEP], one segment"}
+              "word pieces (cut) + [SEP], one segment",
+              "indexing": "layers are numbered 1..L (blocks) and heads 0..H-1; per-layer arrays "
+                          "hold layers 1..L in order, (L, H) arrays layer by head"}
   per_head = lambda r: {k: r[k].mean(0) for k in r if isinstance(r[k], np.ndarray)}
   results = {"summary": summary, "library_statistics": lib, "main_per_head": per_head(main_r),
              "sweep": {n: {"null_dim": sweep[n]["null_dim"].mean(0),
@@ -453,8 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "special_effective": (sweep[n]["effective_cls"]
                                                  + sweep[n]["effective_sep"]).mean(0)}
                        for n in lengths},
-             "example": {"layer_index": layer, "head_index": head, "numbering": "0-based",
-                         "tokens": example["tokens"]},
+             "example": {"layer": layer + 1, "head": head, "tokens": example["tokens"]},
              "timings": timings}
   common.write_results(NAME, args.out, results, findings=findings, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
