@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import xla_options
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -107,8 +108,9 @@ for line in sys.stdin:
 class KerasPeer:
   """The KerasHub worker process: `setup(...)` a model, then `call()` times one forward pass."""
 
-  def __init__(self, python: pathlib.Path):
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+  def __init__(self, python: pathlib.Path, xla_flags: str):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "XLA_FLAGS": xla_flags}
     env.pop("PYTHONPATH", None)
     self.proc = subprocess.Popen([str(python), "-c", _KERAS_WORKER], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -259,6 +261,9 @@ def markdown(r: dict) -> str:
            f"jax {m['jax']}, torch {m['torch']}, transformers {r['versions']['transformers']}"
            + (f", KerasHub {r['versions']['keras_hub']} (keras {r['versions']['keras']}, "
               f"jax {r['versions']['keras_jax']})" if "keras_hub" in r["versions"] else "")
+           + (f"; KerasHub's XLA_FLAGS: `{r['versions']['keras_xla_flags'] or '(none)'}` "
+              f"({'the same as bertjax' if r['versions']['keras_xla'] == 'same' else 'XLA defaults'})"
+              if "keras_xla" in r["versions"] else "")
            + f". Medians of {r['rounds']} interleaved rounds after {r['warmup']} warm-up "
            f"calls; compile (or first call) apart.", ""]
   if r.get("keras_hub_skipped"):
@@ -284,6 +289,15 @@ def markdown(r: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def keras_xla_flags(mode: str) -> str:
+  """XLA_FLAGS for the KerasHub process: bertjax's own, or without bertjax's CPU options."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if mode == "same":
+    return flags
+  return " ".join(f for f in flags.split()
+                  if f.lstrip("-").split("=")[0] not in xla_options.CPU_OPTIONS)
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -296,6 +310,12 @@ def main(argv=None) -> dict:
   parser.add_argument("--keras-python", type=pathlib.Path,
                       default=pathlib.Path(os.environ.get("BERTJAX_KERAS_PYTHON", KERAS_PYTHON)),
                       help="the interpreter with keras-hub (and jax) installed")
+  parser.add_argument("--keras-xla", choices=("same", "default"), default="same",
+                      help="XLA options of the KerasHub process: 'same' as bertjax's (its "
+                           "XLA_FLAGS, which `import bertjax` extends, see "
+                           "bertjax/xla_options.py), or 'default': XLA's own for those "
+                           "options, as a KerasHub user gets them (results then go to "
+                           "bench_families_keras_xla_default.*)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny models (2 x 64), batches 2 and 4 x 16, one round")
   parser.add_argument("--out", type=pathlib.Path, default=None,
@@ -323,7 +343,7 @@ def main(argv=None) -> dict:
               ".venv/keras/bin/pip install 'keras-hub==0.32.*' jax==0.10.2 jaxlib==0.10.2)")
   else:
     try:
-      keras = KerasPeer(args.keras_python)
+      keras = KerasPeer(args.keras_python, keras_xla_flags(args.keras_xla))
     except (RuntimeError, OSError, json.JSONDecodeError) as e:
       reason = f"the KerasHub worker did not start: {e}"
   if reason:
@@ -331,7 +351,8 @@ def main(argv=None) -> dict:
   versions = {"transformers": transformers.__version__, "torch": torch.__version__}
   if keras is not None:
     versions.update(keras_hub=keras.info["keras_hub"], keras=keras.info["keras"],
-                    keras_jax=keras.info["jax"], keras_backend=keras.info["backend"])
+                    keras_jax=keras.info["jax"], keras_backend=keras.info["backend"],
+                    keras_xla=args.keras_xla, keras_xla_flags=keras_xla_flags(args.keras_xla))
   t_start = time.perf_counter()
   try:
     rows = [bench_case(name, batch, args.seq, args, keras, reason)
@@ -347,6 +368,8 @@ def main(argv=None) -> dict:
   print(markdown(result))
   if out is not None:
     stem = "bench_families_smoke" if args.smoke else "bench_families"
+    if args.keras_xla == "default":
+      stem += "_keras_xla_default"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / f"{stem}.md").write_text(markdown(result))
