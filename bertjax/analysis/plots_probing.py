@@ -3,6 +3,10 @@
 Figures are built on ``matplotlib.figure.Figure`` (the Agg canvas, no pyplot),
 so nothing touches global backend state and they render headless. Every
 function writes one PNG and returns its path.
+
+Layers are numbered as everywhere in bertjax: transformer blocks 1..L, the embedding
+output 0. A per-layer vector with the embeddings first (`embeddings_first=True`, length
+L + 1) is drawn at layers 0..L; one without them (length L) at layers 1..L.
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ def _save(fig: Figure, path: PathLike) -> pathlib.Path:
   return path
 
 
+def _layers(num_layers: int, embeddings_first: bool) -> np.ndarray:
+  """The layer numbers of a per-layer vector: 0..L with the embeddings first, else 1..L."""
+  return np.arange(num_layers) + (0 if embeddings_first else 1)
+
+
 def _layer_axis(ax, num_layers: int, embeddings_first: bool) -> None:
-  ax.set_xlabel("layer (0 = embeddings)" if embeddings_first else "layer")
-  ax.set_xticks(range(num_layers))
+  ax.set_xlabel("layer (0 = embeddings)" if embeddings_first else "layer (transformer block)")
+  ax.set_xticks(_layers(num_layers, embeddings_first))
   ax.grid(alpha=0.3)
 
 
@@ -64,7 +73,8 @@ def plot_layer_curves(
     curves: ``{name: (layers,)}``; all curves must have the same length.
     path: the ``.png`` to write.
     ylabel, title: axis label and title.
-    embeddings_first: label layer 0 as the embedding output.
+    embeddings_first: the first value is the embedding output (layer 0); False: the values
+      are blocks 1..L.
 
   Returns:
     The path written.
@@ -78,7 +88,7 @@ def plot_layer_curves(
   fig = _figure(figsize=(6, 3.6))
   ax = fig.add_subplot()
   for name, arr in arrays.items():
-    ax.plot(np.arange(len(arr)), arr, marker="o", ms=3, label=name)
+    ax.plot(_layers(len(arr), embeddings_first), arr, marker="o", ms=3, label=name)
   _layer_axis(ax, len(next(iter(arrays.values()))), embeddings_first)
   ax.set_ylabel(ylabel)
   ax.set_title(title)
@@ -98,7 +108,7 @@ def plot_probing(
   task = _per_layer("task_accuracy", task_accuracy)
   fig = _figure(figsize=(6, 3.6))
   ax = fig.add_subplot()
-  x = np.arange(len(task))
+  x = _layers(len(task), embeddings_first)
   ax.plot(x, task, marker="o", ms=3, label=f"{task_name} accuracy")
   if control_accuracy is not None:
     control = _per_layer("control_accuracy", control_accuracy)
@@ -139,7 +149,7 @@ def plot_contextuality(
     for name, values in curves.items():
       arr = _per_layer(name, values)
       n = len(arr)
-      ax.plot(np.arange(n), arr, marker="o", ms=3, label=name)
+      ax.plot(_layers(n, embeddings_first), arr, marker="o", ms=3, label=name)
     _layer_axis(ax, n, embeddings_first)
     ax.set_ylabel("cosine similarity")
     ax.set_title(title)
@@ -148,18 +158,28 @@ def plot_contextuality(
 
 
 def plot_cka(
-  matrix, path: PathLike, *, xlabel: str = "layer", ylabel: str = "layer", title: str = "linear CKA"
+  matrix,
+  path: PathLike,
+  *,
+  xlabel: str | None = None,
+  ylabel: str | None = None,
+  title: str = "linear CKA",
+  embeddings_first: bool = True,
 ) -> pathlib.Path:
-  """Heat map of a ``(layers_a, layers_b)`` CKA matrix."""
+  """Heat map of a ``(layers_a, layers_b)`` CKA matrix, rows and columns numbered as layers
+  (from 0 with the embeddings first, else from 1)."""
   matrix = np.asarray(matrix, float)
   if matrix.ndim != 2:
     raise ValueError(f"matrix must be 2-d, got shape {matrix.shape}")
   fig = _figure(figsize=(4.8, 4.2))
   ax = fig.add_subplot()
   im = ax.imshow(matrix, vmin=0, vmax=1, cmap="magma", origin="lower")
+  for axis, n in ((ax.set_xticks, matrix.shape[1]), (ax.set_yticks, matrix.shape[0])):
+    axis(range(n), [str(v) for v in _layers(n, embeddings_first)])
   fig.colorbar(im, ax=ax)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
+  default = "layer (0 = embeddings)" if embeddings_first else "layer"
+  ax.set_xlabel(default if xlabel is None else xlabel)
+  ax.set_ylabel(default if ylabel is None else ylabel)
   ax.set_title(title)
   return _save(fig, path)
 
@@ -171,7 +191,7 @@ def plot_mix_weights(
   w = _per_layer("weights", weights)
   fig = _figure(figsize=(6, 3.2))
   ax = fig.add_subplot()
-  ax.bar(np.arange(len(w)), w)
+  ax.bar(_layers(len(w), True), w)
   _layer_axis(ax, len(w), True)
   ax.set_ylabel("softmax weight")
   ax.set_title("scalar mix" + (f" (gamma = {gamma:.2f})" if gamma is not None else ""))
