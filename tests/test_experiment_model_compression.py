@@ -1,4 +1,4 @@
-"""Checks of `experiments/compression.py`: the shared-layer model, weight bytes, the table's
+"""Checks of `experiments/model_compression.py`: the shared-layer model, weight bytes, the table's
 columns against the models they describe, and the findings' rules."""
 
 import dataclasses
@@ -14,7 +14,7 @@ import bertjax
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-import compression as C
+import model_compression as C
 
 
 def _teacher(layers=4):
@@ -72,7 +72,7 @@ def test_verdict_rules_and_retained():
 
 def test_smoke_table_describes_its_models(tmp_path):
   assert C.main(["--smoke", "--out", str(tmp_path)]) == 0
-  doc = json.loads((tmp_path / "compression.json").read_text())
+  doc = json.loads((tmp_path / "model_compression.json").read_text())
   assert doc["smoke"] is True and list(doc["results"]["rows"]) == list(C.ROWS)
   rows, configs = doc["results"]["rows"], doc["settings"]["configs"]
   teacher = rows["teacher"]

@@ -1,7 +1,7 @@
 """Compressing a fine-tuned 6-layer model: distillation, layer sharing and int8 (the slides' table).
 
-    ./run.sh experiment compression
-    .venv/bin/python experiments/compression.py [--smoke] [--out DIR] [--data-dir DIR]
+    ./run.sh experiment model_compression
+    .venv/bin/python experiments/model_compression.py [--smoke] [--out DIR] [--data-dir DIR]
 
 The Primer's compression table (Rogers et al. 2020, Table 1) sets BERT-base beside
 models made smaller from it: DistilBERT (Sanh et al. 2019: half the layers, distilled;
@@ -39,6 +39,8 @@ model, its vector ISA flags and the thread count come from
 recorded. The committed run takes about 10 minutes on 2 cores.
 
 `--smoke` uses a tiny random 4-layer teacher, the 40-sentence UD sample, and a few steps.
+(The script is not named `compression.py`: experiments/ comes first on `sys.path`, and
+JAX imports the standard library's `compression` package.)
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-NAME = "compression"
+NAME = "model_compression"
 ROWS = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
 LABELS = {"teacher": "teacher (MiniLM-L6, fine-tuned)", "distilled_3l": "DistilBERT-style 3L",
           "labels_3l": "3L, labels only", "shared_6l": "ALBERT-style shared 6L",
