@@ -25,7 +25,10 @@ def test_linear_probe_matches_sklearn(clusters):
   xtr, ytr, xte, yte = clusters
   lam = 1e-2
   probe = probing.fit_probe(
-    xtr, ytr, config=probing.ProbeConfig(l2=lam, learning_rate=0.05, max_steps=1000, eval_every=100)
+    # Full-batch Adam at a constant step size hovers around the optimum at about lr / 10;
+    # a small step with enough steps settles within 3e-4 of it under any matmul emitter
+    # (lr 0.05 x 1000 steps left 3e-3 to 8e-3, depending on XLA's CPU options).
+    xtr, ytr, config=probing.ProbeConfig(l2=lam, learning_rate=0.005, max_steps=4000, eval_every=100)
   )
   acc = probe.accuracy(xte, yte)
   assert acc.shape == (L,)
@@ -35,7 +38,7 @@ def test_linear_probe_matches_sklearn(clusters):
     clf.fit(xtr[layer], ytr)
     assert abs(clf.score(xte[layer], yte) - acc[layer]) <= 0.01, layer
     # same convex objective, so the same optimum
-    np.testing.assert_allclose(np.asarray(probe.params["w"][layer]), clf.coef_.T, atol=5e-3)
+    np.testing.assert_allclose(np.asarray(probe.params["w"][layer]), clf.coef_.T, atol=1e-3)
   preds = probe.predict(xte)
   assert preds.shape == (L, N_TEST) and preds.dtype.kind == "i"
 
