@@ -106,11 +106,6 @@ def test_improvements_and_verdict_rules():
   assert ds.change_verdict([0.6, 0.9, 0.9, 0.9, 0.8, 0.7]) == "partly"
   assert ds.change_verdict([0.7, 0.9, 0.9, 0.9, 0.95, 0.95]) == "no"
 
-  assert ds.random_init_verdict(0.8, 0.9, 0.5) == ("yes", pytest.approx(0.75))
-  assert ds.random_init_verdict(0.6, 0.9, 0.5)[0] == "partly"
-  assert ds.random_init_verdict(0.5, 0.9, 0.5)[0] == "no"
-  assert ds.random_init_verdict(0.6, 0.5, 0.5)[0] == "n/a"
-
   vertical = {"repeated_share": 0.6, "commonest_repeated": "vertical"}
   assert ds.patterns_verdict(vertical, vertical) == "yes"
   assert ds.patterns_verdict(vertical, {**vertical, "commonest_repeated": "diagonal"}) == "partly"
