@@ -35,6 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import stats
+from bertjax.analysis import sharded
+from bertjax.analysis.batching import (
+    BASELINE_KEY,
+    as_batch,
+    default_chunk_size,
+    first_modified_layer,
+)
 from bertjax.config import BertConfig
 from bertjax.functional import BertOutput, embed, forward, head_logits, pool, run_layers
 from bertjax.model import compute_dtype
@@ -43,30 +50,9 @@ Params = dict[str, Any]
 MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
 MODES = ("scale", "uniform")
 STRATEGIES = ("prefix", "vmap", "loop")
-BASELINE_KEY = "baseline_last_hidden_state"
 
 
-# Batches --------------------------------------------------------------------
-
-
-def as_batch(batch) -> dict[str, jax.Array]:
-  """A batch as a dict of arrays with `input_ids`, `attention_mask` and `token_type_ids`."""
-  if dataclasses.is_dataclass(batch):
-    batch = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
-  if not isinstance(batch, Mapping):
-    raise TypeError(f"a batch must be a mapping or a dataclass, got {type(batch).__name__}")
-  if "input_ids" not in batch:
-    raise ValueError(f"a batch needs 'input_ids'; got keys {sorted(batch)}")
-  ids = np.asarray(batch["input_ids"])
-  if ids.ndim != 2:
-    raise ValueError(f"input_ids must be (batch, seq); got shape {ids.shape}")
-  out = {k: jnp.asarray(v) for k, v in batch.items()
-         if v is not None and k != BASELINE_KEY and isinstance(v, (np.ndarray, jax.Array))}
-  if batch.get("attention_mask") is None:
-    out["attention_mask"] = jnp.ones(ids.shape, jnp.int32)
-  if batch.get("token_type_ids") is None:
-    out["token_type_ids"] = jnp.zeros(ids.shape, jnp.int32)
-  return out
+# Masks ----------------------------------------------------------------------
 
 
 def _check_masks(config: BertConfig, head_masks, layer_masks):
@@ -82,16 +68,6 @@ def _check_masks(config: BertConfig, head_masks, layer_masks):
     raise ValueError(f"layer_masks shape {layer_masks.shape} must be (masks, layers)="
                      f"{head_masks.shape[:2]}")
   return head_masks, layer_masks
-
-
-def first_modified_layer(head_masks, layer_masks=None) -> np.ndarray:
-  """(M,) index of the first block a mask changes (`depth` for an all-ones mask)."""
-  head_masks = np.asarray(head_masks)
-  changed = (head_masks != 1).any(-1)  # (M, depth)
-  if layer_masks is not None:
-    changed |= np.asarray(layer_masks) != 1
-  depth = head_masks.shape[1]
-  return np.where(changed.any(-1), changed.argmax(-1), depth)
 
 
 # Metrics --------------------------------------------------------------------
@@ -236,16 +212,6 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
   return (float(base[0]), float(base[1])), results
 
 
-def default_chunk_size() -> int:
-  """Masks per vmap chunk when none is given: 1 on CPU, 16 on accelerators.
-
-  Measured: on the 2-core CPU a chunk of 1 swept MiniLM's 73 masks in 57 s against 95 s
-  for 12 (wide vmaps lose there); on an H100 a chunk of 12 ran the 145-mask BERT-base
-  sweep at the prefix-reuse floor (80 forward passes for 79 of work).
-  """
-  return 1 if jax.default_backend() == "cpu" else 16
-
-
 def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh=None):
   if strategy not in STRATEGIES:
     raise ValueError(f"{strategy=!r} must be one of {STRATEGIES}")
@@ -256,8 +222,6 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
     if mode not in MODES:
       raise ValueError(f"mode={mode!r} must be one of {MODES}")
   if mesh is not None:
-    from bertjax.analysis import sharded
-
     return sharded.evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy,
                             mesh)
   base = np.zeros(2)
@@ -536,8 +500,6 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
   xi = xi.astype(compute_dtype(config))
   total, denom = np.zeros(shape), 0.0
   if mesh is not None:
-    from bertjax.analysis import sharded
-
     total, denom = sharded.importance_sums(params, config, batches, loss_fn, xi, mode=mode,
                                            per_example=per_example, mesh=mesh)
   else:

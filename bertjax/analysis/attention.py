@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.analysis.ablation import as_batch
+from bertjax.analysis import sharded
+from bertjax.analysis.batching import as_batch, model_token_types
 from bertjax.config import BertConfig
 from bertjax.functional import attention_statistics, forward
 
@@ -44,13 +45,23 @@ WEIGHTINGS = ("document", "token")
 PATTERN_TYPES = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 
 
-def _model_types(config: BertConfig, token_type_ids):
-  """A batch's token types as the model takes them: None for a family without them.
+_model_types = model_token_types  # None for a family without token types (DistilBERT)
 
-  DistilBERT's tokenizers still number a pair's segments 0 and 1 (`type_vocab_size`
-  is 0); the batch keeps them for the "block" pattern, the model gets none.
-  """
-  return token_type_ids if config.type_vocab_size else None
+
+def _model_run(params: Params, config: BertConfig, mesh):
+  """`run(batch, hidden_states=False) -> (maps, hidden)` on the host: the model's attention
+  maps (L, B, N, T, T) and, when asked, hidden states (L + 1, B, T, H) of a batch, on one
+  device (`mesh=None`) or with its rows split over every device of `mesh`."""
+  if mesh is not None:
+    return sharded.AttentionRunner(params, config, mesh).outputs
+
+  def run(b, hidden_states=False):
+    out = forward(params, config, b["input_ids"], b["attention_mask"],
+                  _model_types(config, b["token_type_ids"]), output_attentions=True,
+                  output_hidden_states=hidden_states)
+    return np.asarray(out.attentions), (np.asarray(out.hidden_states) if hidden_states else None)
+
+  return run
 
 
 # Token sets -----------------------------------------------------------------
@@ -193,11 +204,7 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
   punct_ids = np.asarray(punct_ids, np.int32)
   sums = {name: np.zeros((config.depth, config.num_attention_heads)) for name in CLARK_NAMES}
   count = 0.0
-  runner = None
-  if mesh is not None:
-    from bertjax.analysis.sharded import AttentionRunner
-
-    runner = AttentionRunner(params, config, mesh)
+  runner = None if mesh is None else sharded.AttentionRunner(params, config, mesh)
   for batch in batches:
     b = as_batch(batch) if runner is None else runner.batch(as_batch(batch))
     types = _model_types(config, b["token_type_ids"])
@@ -297,15 +304,19 @@ def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = 
 
 
 def word_level_attention(params: Params, config: BertConfig, batches: Iterable, *,
-                         keep_special: bool = True):
-  """Yields `(maps (layers, heads, W, W), groups)` per sequence; batches need `word_ids`."""
+                         keep_special: bool = True, mesh=None):
+  """Yields `(maps (layers, heads, W, W), groups)` per sequence; batches need `word_ids`.
+
+  With `mesh` (`bertjax.sharding.analysis_mesh`) each batch's rows are split over all its
+  devices for the forward pass (padding rows dropped after it); the word maps are formed on
+  the host as on one device.
+  """
+  run = _model_run(params, config, mesh)
   for batch in batches:
     b = as_batch(batch)
     if "word_ids" not in b:
       raise ValueError("word_level_attention needs batches with 'word_ids' (Tokenizer.encode_words)")
-    maps = np.asarray(forward(params, config, b["input_ids"], b["attention_mask"],
-                              _model_types(config, b["token_type_ids"]),
-                              output_attentions=True).attentions)
+    maps, _ = run(b)
     for i in range(maps.shape[1]):
       yield word_attention(maps[:, i], np.asarray(b["word_ids"][i]),
                            np.asarray(b["attention_mask"][i]), keep_special=keep_special)
@@ -409,24 +420,28 @@ class PatternCounts:
 
 def pattern_types(params: Params, config: BertConfig, batches: Iterable, *,
                   special_ids: Sequence[int],
-                  thresholds: PatternThresholds = PatternThresholds()) -> PatternCounts:
+                  thresholds: PatternThresholds = PatternThresholds(),
+                  mesh=None) -> PatternCounts:
   """Classifies every head's map of every sequence (Kovaleva et al.'s five types).
 
   Args:
     params, config, batches: the model and data (one batch of maps at a time).
     special_ids: ids of the "vertical" tokens, e.g. `[tok.cls_id, tok.sep_id]`.
     thresholds: the classifier's decision list.
+    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): each batch's rows split
+      over all its devices for the forward pass (padded with empty rows, dropped after it),
+      parameters replicated (fsdp-sharded with an "fsdp" axis > 1); the maps are gathered
+      and classified on the host as on one device. None: one device.
 
   Returns:
     A `PatternCounts`.
   """
   special_ids = np.asarray(list(special_ids), np.int32)
   counts = np.zeros((config.depth, config.num_attention_heads, len(PATTERN_TYPES)), np.int64)
+  run = _model_run(params, config, mesh)
   for batch in batches:
     b = as_batch(batch)
-    types = _model_types(config, b["token_type_ids"])
-    maps = forward(params, config, b["input_ids"], b["attention_mask"], types,
-                   output_attentions=True).attentions  # (L, B, N, T, T)
+    maps, _ = run(b)  # (L, B, N, T, T)
     special = np.isin(np.asarray(b["input_ids"]), special_ids)
     codes = classify_patterns(pattern_features(maps, special, b["attention_mask"],
                                                b["token_type_ids"]), thresholds)  # (L, B, N)
@@ -456,7 +471,8 @@ def _linear_cka(a, b):
 
 
 def attention_change(params_a: Params, params_b: Params, config: BertConfig, batches: Iterable, *,
-                     config_b: BertConfig | None = None, max_tokens: int = 4096) -> AttentionChange:
+                     config_b: BertConfig | None = None, max_tokens: int = 4096,
+                     mesh=None) -> AttentionChange:
   """Per-head cosine similarity of attention maps and per-layer CKA between two checkpoints.
 
   Args:
@@ -465,6 +481,8 @@ def attention_change(params_a: Params, params_b: Params, config: BertConfig, bat
     batches: the shared inputs.
     config_b: the architecture of `params_b` if it differs (same depth and heads).
     max_tokens: real tokens kept for CKA (the first ones); the cosine uses all.
+    mesh: a device mesh (see `pattern_types`): both models' forward passes split their rows
+      over all its devices; the comparison runs on the host. None: one device.
 
   Returns:
     An `AttentionChange`. The cosine compares each sequence's flattened real-token
@@ -477,21 +495,18 @@ def attention_change(params_a: Params, params_b: Params, config: BertConfig, bat
   cos_sum = np.zeros((config.depth, config.num_attention_heads))
   sequences = 0
   reps_a, reps_b, kept = [], [], 0
+  run_a, run_b = _model_run(params_a, config, mesh), _model_run(params_b, config_b, mesh)
   for batch in batches:
     b = as_batch(batch)
-    args = (b["input_ids"], b["attention_mask"],
-            _model_types(config, b["token_type_ids"]))
-    out_a = forward(params_a, config, *args, output_attentions=True, output_hidden_states=True)
-    out_b = forward(params_b, config_b, *args, output_attentions=True, output_hidden_states=True)
-    ma, mb = (np.asarray(o.attentions, np.float64) for o in (out_a, out_b))  # (L, B, N, T, T)
+    (ma, ha), (mb, hb) = run_a(b, hidden_states=True), run_b(b, hidden_states=True)
+    ma, mb = ma.astype(np.float64), mb.astype(np.float64)  # (L, B, N, T, T)
     dot = (ma * mb).sum((-1, -2))
     norm = np.sqrt((ma * ma).sum((-1, -2)) * (mb * mb).sum((-1, -2)))
     cos_sum += (dot / np.maximum(norm, 1e-30)).sum(1)
     sequences += ma.shape[1]
     if kept < max_tokens:
       real = np.asarray(b["attention_mask"], bool)
-      ha = np.asarray(out_a.hidden_states)[:, real][:, :max_tokens - kept]
-      hb = np.asarray(out_b.hidden_states)[:, real][:, :max_tokens - kept]
+      ha, hb = ha[:, real][:, :max_tokens - kept], hb[:, real][:, :max_tokens - kept]
       reps_a.append(ha)
       reps_b.append(hb)
       kept += ha.shape[1]
@@ -570,7 +585,8 @@ def _pearson(sx, sy, sxx, syy, sxy, n):
 
 
 def effective_attention_statistics(params: Params, config: BertConfig, batches: Iterable, *,
-                                   cls_id: int, sep_id: int) -> dict[str, dict[str, np.ndarray]]:
+                                   cls_id: int, sep_id: int,
+                                   mesh=None) -> dict[str, dict[str, np.ndarray]]:
   """Raw vs effective attention, side by side (Brunner et al. 2020, Sec. 4).
 
   Per head, over all real tokens of the data set (streamed sums):
@@ -579,6 +595,13 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
     (its column's mean over the sequence's queries) and its position.
   * "raw_corr" (effective only): Pearson correlation between the raw and the
     effective attention weights.
+
+  Args:
+    params, config, batches: the model (stacked layers) and data.
+    cls_id, sep_id: the [CLS] and [SEP] ids.
+    mesh: a device mesh (see `pattern_types`): the forward passes split their rows over its
+      devices; the per-sequence SVDs (float64, on the host: most of the time on small
+      models) do not. None: one device.
 
   Returns:
     {"raw": {name: (layers, heads)}, "effective": {...}}.
@@ -590,12 +613,10 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
   rows = 0
   cols = 0
   weights = 0
+  run = _model_run(params, config, mesh)
   for batch in batches:
     b = as_batch(batch)
-    types = _model_types(config, b["token_type_ids"])
-    out = forward(params, config, b["input_ids"], b["attention_mask"], types,
-                  output_attentions=True, output_hidden_states=True)
-    maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
+    maps, hidden = run(b, hidden_states=True)
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"], bool)
     for i in range(ids.shape[0]):
       n = int(mask[i].sum())

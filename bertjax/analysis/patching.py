@@ -18,7 +18,8 @@ of the patched run's `BertOutput` (`last_hidden_state`, `pooler_output`) and of
 `distractor`, each (batch,)). It is a static argument of `jax.jit`: pass the same
 object each time to reuse compilations. Ready ones: `LogitDiff` (a task head's
 logit difference, the usual patching metric), `AnswerLogProb` and `ProbeLogitDiff`
-(a linear probe on the final states).
+(a linear probe on the final states). These are means over the batch's rows and say so
+with a class attribute `row_mean = True`, which lets a mesh pad the rows (below).
 
 Results are normalised as is conventional, `(patched - corrupted) / (clean -
 corrupted)`, in either direction: 1 is the clean run's metric, 0 the corrupted
@@ -44,6 +45,15 @@ against 146 forward passes for a loop.
   respect to a patch weight at 0 is that dot product. One source forward, one
   destination forward and one backward pass. `agreement` reports how well it
   matches the exact sweep (Pearson and Spearman correlation).
+* `mesh=` (every sweep; `bertjax.sharding.analysis_mesh`): the pair's rows are split over
+  the mesh's "data" (and "fsdp") axis and the patch set (the heads or positions of each
+  layer, the sender heads of path patching) over "interventions", as `ablation_sweep`
+  splits its masks; attribution patching, one backward pass with no patch set, splits its
+  rows over every axis. The program is the single-device one, jitted on the placed inputs;
+  its values equal the single-device ones to float rounding. A batch the row axes do not
+  divide is padded by repeating its last row, and then the metric is taken row by row and
+  averaged over the real rows: that needs a metric with `row_mean = True`; any other metric
+  needs a batch the row axes divide (an error says so).
 * `path_patching`: Wang et al. 2023 (IOI) path patching from every sender head to
   chosen receiver heads' query, key or value inputs, in two patched runs per
   sender: (1) the destination run with every head's output frozen to the
@@ -59,13 +69,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.analysis.ablation import as_batch, default_chunk_size
+from bertjax import sharding
+from bertjax.analysis import sharded
+from bertjax.analysis.batching import as_batch, default_chunk_size
 from bertjax.config import BertConfig
 from bertjax.functional import (
     BertOutput,
@@ -129,6 +141,7 @@ class LogitDiff:
   """
 
   head: str = "mlm"
+  row_mean: ClassVar[bool] = True  # a mean of per-row values: a mesh may pad rows
 
   def __call__(self, params, config, out, batch):
     logits = _f32(_head_logits_at(params, config, out, batch, self.head))
@@ -140,6 +153,7 @@ class AnswerLogProb:
   """Mean over the batch of `log p(answer)` under a task head (targets as `LogitDiff`)."""
 
   head: str = "mlm"
+  row_mean: ClassVar[bool] = True  # a mean of per-row values: a mesh may pad rows
 
   def __call__(self, params, config, out, batch):
     logits = _f32(_head_logits_at(params, config, out, batch, self.head))
@@ -161,6 +175,7 @@ class ProbeLogitDiff:
   weight: Any
   bias: Any
   pooling: str = "first"
+  row_mean: ClassVar[bool] = True
 
   def __post_init__(self):
     if self.pooling not in ("first", "mean"):
@@ -375,6 +390,53 @@ def _output(params, config, last) -> BertOutput:
   return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last))
 
 
+def _metric_of(params, config, metric, last, batch, row_weight):
+  """The metric of a run; with `row_weight` (B,) (rows padded on a mesh), the weighted mean
+  of its values on batches of one row, vmapped (`row_mean` metrics only)."""
+  if row_weight is None:
+    return metric(params, config, _output(params, config, last), batch)
+
+  def one(h, row):
+    return metric(params, config, _output(params, config, h[None]),
+                  jax.tree.map(lambda x: x[None], row))
+
+  values = _f32(jax.vmap(one)(last, batch))
+  keep = row_weight > 0
+  return jnp.where(keep, values, 0).sum() / keep.sum().astype(values.dtype)
+
+
+def _place(params, config, src, dst, targets, metric, mesh, *, patch_set: bool):
+  """The model and the pair on `mesh`, rows over its row axes (every axis without a patch
+  set): `(params, src, dst, targets, row_weight)`, row_weight None unless rows were padded."""
+  axes = sharding.row_axes(mesh, interventions=not patch_set)
+  host = jax.tree.map(np.asarray, (src, dst, targets))
+  (src, dst, targets), weight, padded = sharded.place_rows(host, mesh, axes)
+  if padded and not getattr(metric, "row_mean", False):
+    rows, size = host[0]["input_ids"].shape[0], sharding.size_of(mesh, axes)
+    raise ValueError(f"batch={rows} rows do not split evenly over the {size} devices of mesh "
+                     f"axes {axes}, and metric={metric!r} is not marked as a mean over rows "
+                     "(row_mean = True, as LogitDiff, AnswerLogProb and ProbeLogitDiff are), so "
+                     f"padding rows would change it: give a multiple of {size} rows or such a "
+                     "metric")
+  return (sharding.shard_params(params, mesh), src, dst, targets,
+          weight if padded else None)
+
+
+def _map_set(one, patches, chunk_size):
+  """`one` over a patch set (I, m, ...) (I > 1: split over "interventions"): (I, m)."""
+  if jax.tree.leaves(patches)[0].shape[0] == 1:  # one device: exactly the unsplit program
+    return jax.lax.map(one, jax.tree.map(lambda x: x[0], patches), batch_size=chunk_size)[None]
+  return jax.vmap(lambda p: jax.lax.map(one, p, batch_size=chunk_size))(patches)
+
+
+def _patch_set(patches, mesh):
+  """A patch set (M, ...) as (I, M / I, ...) placed on `mesh` (I = 1 without one), and the
+  sharding the program keeps it in (None without a mesh)."""
+  if mesh is None:
+    return jax.tree.map(lambda x: jnp.asarray(x)[None], patches), None
+  return sharded.place_interventions(jax.tree.map(np.asarray, patches), mesh)
+
+
 def _run(params, config, batch, **kwargs):
   """A forward pass inside the sweeps' programs (inputs checked once, outside): the
   embeddings, `run_layers` (kwargs: capture, patch of block sites, output_hidden_states)."""
@@ -426,17 +488,25 @@ def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
   return np.stack([w[:1] for w in ws])
 
 
-@functools.partial(jax.jit, static_argnames=("config", "site", "metric", "chunk_size"))
-def _sweep(params, config, src, dst, targets, weights, *, site, metric, chunk_size):
-  """One program: source and destination runs, then every patch of every layer: (L, P)."""
+@functools.partial(jax.jit, static_argnames=("config", "site", "metric", "chunk_size",
+                                             "set_sharding"))
+def _sweep(params, config, src, dst, targets, weights, row_weight, *, site, metric, chunk_size,
+           set_sharding):
+  """One program: source and destination runs, then every patch of every layer: (L, I, m).
+
+  `weights` (I, m, 1, *site axes): the block-local weights of the patch set, split over
+  "interventions" on a mesh (`set_sharding`); I = 1 on one device.
+  """
+  if set_sharding is not None:
+    weights = jax.lax.with_sharding_constraint(weights, set_sharding)
   _, src_run = _run(params, config, src, capture=(site,))
   value = src_run.cache[site]  # (L, ...)
   mask = dst["attention_mask"]
   x, dst_run = _run(params, config, dst, output_hidden_states=True)
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])  # inputs[l] = input of block l
   dst_batch = {**dst, **targets}
-  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
-  dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
+  src_m = _metric_of(params, config, metric, src_run.last, {**src, **targets}, row_weight)
+  dst_m = _metric_of(params, config, metric, dst_run.last, dst_batch, row_weight)
   depth = config.depth
   rows = []
   for l in range(depth):
@@ -448,27 +518,35 @@ def _sweep(params, config, src, dst, targets, weights, *, site, metric, chunk_si
         h = run_layers(params, config, inputs[l], mask, start=l, stop=l + 1,
                        patch={site: (value[l:l + 1], w)}).last
       last = h if l == depth - 1 else run_layers(params, config, h, mask, start=l + 1).last
-      return metric(params, config, _output(params, config, last), dst_batch)
+      return _metric_of(params, config, metric, last, dst_batch, row_weight)
 
-    rows.append(jax.lax.map(one, weights, batch_size=chunk_size))
+    rows.append(_map_set(one, weights, chunk_size))
   return jnp.stack(rows), src_m, dst_m
 
 
 def _run_sweep(params, config, clean, corrupted, metric, targets, site, over, positions,
-               direction, chunk_size):
+               direction, chunk_size, mesh):
   src, dst, targets = _pair(config, clean, corrupted, targets, direction)
   seq = dst["input_ids"].shape[1]
-  weights = jnp.asarray(_block_weights(config, site, seq, over, positions))
-  values, src_m, dst_m = _sweep(params, config, src, dst, targets, weights, site=site,
-                                metric=metric, chunk_size=_chunk(chunk_size))
-  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  block_weights = _block_weights(config, site, seq, over, positions)
+  weights, set_sharding = _patch_set(block_weights, mesh)
+  row_weight = None
+  if mesh is not None:
+    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
+                                                   mesh, patch_set=True)
+  values, src_m, dst_m = _sweep(params, config, src, dst, targets, weights, row_weight,
+                                site=site, metric=metric, chunk_size=_chunk(chunk_size),
+                                set_sharding=set_sharding)
+  values = sharded.flat_interventions(values, len(block_weights), axis=1)
+  clean_m, corrupted_m = _metrics(sharding.to_host(src_m), sharding.to_host(dst_m), direction)
   return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
                         np.asarray(values, np.float64), clean_m, corrupted_m, direction)
 
 
 def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
                   targets: Mapping | None = None, site: str = "head_out", positions=None,
-                  direction: str = "denoise", chunk_size: int | None = None) -> PatchingResult:
+                  direction: str = "denoise", chunk_size: int | None = None,
+                  mesh=None) -> PatchingResult:
   """Patches every (layer, head) of a site alone: one compiled program.
 
   Args:
@@ -482,6 +560,10 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     direction: "denoise" (corrupted run, clean values) or "noise".
     chunk_size: patched runs of the blocks after the patched one evaluated at
       once (vmap width); None: `ablation.default_chunk_size()`.
+    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): the pair's rows split
+      over "data" (and "fsdp"), each layer's heads over "interventions", parameters
+      replicated (fsdp-sharded with "fsdp" > 1); see the module docstring for batches the
+      row axes do not divide. None: one device.
 
   Returns:
     A `PatchingResult` with values (layers, heads).
@@ -490,18 +572,19 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   if config.is_pruned:
     raise ValueError("head_patching needs stacked layers; this config is pruned")
   return _run_sweep(params, config, clean, corrupted, metric, targets, site, "heads", positions,
-                    direction, chunk_size)
+                    direction, chunk_size, mesh)
 
 
 def position_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
                       targets: Mapping | None = None, site: str = "out",
-                      direction: str = "denoise",
-                      chunk_size: int | None = None) -> PatchingResult:
+                      direction: str = "denoise", chunk_size: int | None = None,
+                      mesh=None) -> PatchingResult:
   """Patches every (layer, position) of a site alone (all heads, all features): one program.
 
   Args:
     params, config, clean, corrupted, metric, targets, direction, chunk_size: as
       `head_patching`.
+    mesh: as `head_patching`; each layer's positions are split over "interventions".
     site: any block site; "out" (the residual stream after each block, the input
       of the next) by default, "mid" (after attention and its LayerNorm),
       "attn_out", "ffn_out", ...; for head sites every head of the position.
@@ -513,22 +596,22 @@ def position_patching(params: Params, config: BertConfig, clean, corrupted, metr
   if config.is_pruned:
     raise ValueError("position_patching needs stacked layers; this config is pruned")
   return _run_sweep(params, config, clean, corrupted, metric, targets, site, "positions", None,
-                    direction, chunk_size)
+                    direction, chunk_size, mesh)
 
 
 # Attribution patching ----------------------------------------------------------
 
 
 @functools.partial(jax.jit, static_argnames=("config", "site", "metric"))
-def _attribution(params, config, src, dst, targets, weights, *, site, metric):
+def _attribution(params, config, src, dst, targets, weights, row_weight, *, site, metric):
   _, src_run = _run(params, config, src, capture=(site,))
-  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
+  src_m = _metric_of(params, config, metric, src_run.last, {**src, **targets}, row_weight)
   value = jax.lax.stop_gradient(src_run.cache[site])
   zero = jnp.zeros((config.depth, *weights.shape[2:]), value.dtype)
 
   def patched(w):
     _, run = _run(params, config, dst, patch={site: (value, w)})
-    return metric(params, config, _output(params, config, run.last), {**dst, **targets})
+    return _metric_of(params, config, metric, run.last, {**dst, **targets}, row_weight)
 
   dst_m, grad = jax.value_and_grad(patched)(zero)  # grad = (source - own) . d metric / d site
   # Each patch's first-order effect: its weight against the gradient, layer by layer.
@@ -539,7 +622,7 @@ def _attribution(params, config, src, dst, targets, weights, *, site, metric):
 def attribution_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
                          targets: Mapping | None = None, site: str = "head_out",
                          over: str = "heads", positions=None,
-                         direction: str = "denoise") -> PatchingResult:
+                         direction: str = "denoise", mesh=None) -> PatchingResult:
   """Attribution patching: every patch of a sweep estimated from one backward pass.
 
   `metric(patched) ~= metric(dst) + sum (source - own) * d metric / d site`, the
@@ -554,6 +637,9 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
     over: "heads" ((layer, head) estimates, optionally at `positions` only) or
       "positions" ((layer, position) estimates).
     positions: with over="heads", the positions patched.
+    mesh: a device mesh (see `head_patching`): there is no patch set to split (one
+      backward pass serves every patch), so the pair's rows go over every axis. None: one
+      device.
 
   Returns:
     A `PatchingResult` (method "attribution") shaped as the exact sweep's, whose
@@ -567,8 +653,13 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
   seq = dst["input_ids"].shape[1]
   weights = jnp.asarray(_block_weights(config, site, seq, over,
                                        positions if over == "heads" else None))
-  values, src_m, dst_m = _attribution(params, config, src, dst, targets, weights, site=site,
-                                      metric=metric)
+  row_weight = None
+  if mesh is not None:
+    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
+                                                   mesh, patch_set=False)
+    weights = sharding.shard_rows(np.asarray(weights), mesh, ())  # replicated
+  values, src_m, dst_m = sharding.to_host(_attribution(
+      params, config, src, dst, targets, weights, row_weight, site=site, metric=metric))
   clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
   return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
                         np.asarray(values, np.float64), clean_m, corrupted_m, direction,
@@ -579,16 +670,20 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
 
 
 @functools.partial(jax.jit, static_argnames=("config", "receivers", "receiver_sites", "metric",
-                                             "chunk_size"))
-def _path(params, config, src, dst, targets, *, receivers, receiver_sites, metric, chunk_size):
+                                             "chunk_size", "set_sharding"))
+def _path(params, config, src, dst, targets, senders, row_weight, *, receivers, receiver_sites,
+          metric, chunk_size, set_sharding):
+  """Every sender head (I, m) of every layer below the first receiver: (first, I, m)."""
+  if set_sharding is not None:
+    senders = jax.lax.with_sharding_constraint(senders, set_sharding)
   depth, n = config.depth, config.num_attention_heads
   _, src_run = _run(params, config, src, capture=("head_out",))
   mask = dst["attention_mask"]
   x, dst_run = _run(params, config, dst, output_hidden_states=True, capture=("head_out",))
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])
   dst_batch = {**dst, **targets}
-  src_m = metric(params, config, _output(params, config, src_run.last), {**src, **targets})
-  dst_m = metric(params, config, _output(params, config, dst_run.last), dst_batch)
+  src_m = _metric_of(params, config, metric, src_run.last, {**src, **targets}, row_weight)
+  dst_m = _metric_of(params, config, metric, dst_run.last, dst_batch, row_weight)
   src_ho, dst_ho = src_run.cache["head_out"], dst_run.cache["head_out"]  # (L, B, T, N, D)
   first = min(layer for layer, _ in receivers)
   last = max(layer for layer, _ in receivers)
@@ -610,19 +705,16 @@ def _path(params, config, src, dst, targets, *, receivers, receiver_sites, metri
         full = jnp.zeros((depth, *step.cache[s].shape[1:]), step.cache[s].dtype)
         patch[s] = (full.at[l:last + 1].set(step.cache[s]), w_recv)
       out = run_layers(params, config, inputs[first], mask, start=first, patch=patch).last
-      return metric(params, config, _output(params, config, out), dst_batch)
+      return _metric_of(params, config, metric, out, dst_batch, row_weight)
 
-    rows.append(jax.lax.map(one, jnp.arange(n), batch_size=chunk_size))
-  values = jnp.full((depth, n), jnp.nan, jnp.result_type(dst_m))
-  if rows:
-    values = values.at[:first].set(jnp.stack(rows))
-  return values, src_m, dst_m
+    rows.append(_map_set(one, senders, chunk_size))
+  return jnp.stack(rows), src_m, dst_m
 
 
 def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
                   receivers: Sequence[tuple[int, int]], receiver_sites: str | Sequence[str] = "v",
                   targets: Mapping | None = None, direction: str = "denoise",
-                  chunk_size: int | None = None) -> PatchingResult:
+                  chunk_size: int | None = None, mesh=None) -> PatchingResult:
   """Path patching from every head below the receivers into the receivers' q/k/v inputs.
 
   Wang et al. 2023 ("Interpretability in the wild", IOI): for each sender head,
@@ -639,6 +731,8 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
       `head_patching`.
     receivers: (layer, head) pairs.
     receiver_sites: "q", "k", "v" or several: which input of the receivers the path ends in.
+    mesh: a device mesh (see `head_patching`): rows over "data" (and "fsdp"), each layer's
+      sender heads over "interventions". None: one device.
 
   Returns:
     A `PatchingResult` (method "path", site "head_out") with values (layers,
@@ -659,9 +753,18 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   if config.is_pruned:
     raise ValueError("path_patching needs stacked layers; this config is pruned")
   src, dst, targets = _pair(config, clean, corrupted, targets, direction)
-  values, src_m, dst_m = _path(params, config, src, dst, targets, receivers=pairs,
-                               receiver_sites=tuple(sorted(set(sites))), metric=metric,
-                               chunk_size=_chunk(chunk_size))
-  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  n = config.num_attention_heads
+  senders, set_sharding = _patch_set(np.arange(n, dtype=np.int32), mesh)
+  row_weight = None
+  if mesh is not None:
+    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
+                                                   mesh, patch_set=True)
+  rows, src_m, dst_m = _path(params, config, src, dst, targets, senders, row_weight,
+                             receivers=pairs, receiver_sites=tuple(sorted(set(sites))),
+                             metric=metric, chunk_size=_chunk(chunk_size),
+                             set_sharding=set_sharding)
+  values = np.full((config.depth, n), np.nan)
+  values[:pairs[0][0]] = sharded.flat_interventions(rows, n, axis=1)
+  clean_m, corrupted_m = _metrics(sharding.to_host(src_m), sharding.to_host(dst_m), direction)
   return PatchingResult("head_out", ("layer", "head"), np.asarray(values, np.float64), clean_m,
                         corrupted_m, direction, "path")

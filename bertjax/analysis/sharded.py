@@ -1,9 +1,13 @@
-"""The mesh path of the analyses: ablation sweeps, head importance and attention statistics.
+"""The mesh path of the analyses: ablation sweeps, head importance, patching and attention.
 
-`ablation.evaluate_masks`, `ablation_sweep`, `head_importance`, `iterative_pruning` and
-`attention.clark_statistics` come here when given a ``mesh`` (`bertjax.sharding.analysis_mesh`);
-feature extraction and cloze scoring shard their own row-parallel programs with the
-helpers of `bertjax.sharding`.
+`ablation.evaluate_masks`, `ablation_sweep`, `head_importance`, `iterative_pruning` and the
+attention analyses (`clark_statistics`, `pattern_types`, `attention_change`,
+`word_level_attention`, `effective_attention_statistics`) come here when given a ``mesh``
+(`bertjax.sharding.analysis_mesh`); the patching sweeps (`bertjax.analysis.patching`) keep
+their programs and place their pair and patch set with `place_rows` and
+`place_interventions`; feature extraction and cloze scoring shard their own row-parallel
+programs with the helpers of `bertjax.sharding`. This module imports no analysis (only
+`bertjax.analysis.batching`), so the analyses import it at the top.
 
 How an ablation sweep is split: each batch's rows go over ("data", "fsdp"), padded to a
 multiple of that size by repeating the last row; the masks that share a first modified
@@ -29,29 +33,70 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bertjax import sharding
-from bertjax.analysis.ablation import BASELINE_KEY, as_batch, first_modified_layer
+from bertjax.analysis.batching import (
+    BASELINE_KEY,
+    as_batch,
+    first_modified_layer,
+    model_token_types,
+)
 from bertjax.config import BertConfig
 from bertjax.functional import attention_statistics, check_inputs, embed, forward, pool, run_layers
 
 Params = dict[str, Any]
 
 
-def model_token_types(config: BertConfig, token_type_ids):
-  """`token_type_ids` as the model takes them: None for a family without token types."""
-  return token_type_ids if config.type_vocab_size else None
-
-
 def _host_batch(batch) -> dict[str, np.ndarray]:
   return {k: np.asarray(v) for k, v in as_batch(batch).items()}
 
 
-def _place_batch(batch: dict[str, np.ndarray], mesh: Mesh, axes: tuple[str, ...]):
-  """Rows padded to the axes' size and placed; returns (batch, weight (B,) 1 real / 0 pad)."""
-  n = batch["input_ids"].shape[0]
+def place_rows(tree: Any, mesh: Mesh, axes: tuple[str, ...]):
+  """Host arrays with the same leading (row) size, padded and placed over `axes`.
+
+  Rows are padded to a multiple of the axes' size by repeating the last row (real-looking
+  inputs, so no NaN can come in) and split over `axes`.
+
+  Returns:
+    `(placed, weight, padded)`: the global arrays, the (rows,) float32 weight (1 real, 0
+    padding) placed alike, and whether any row was added.
+  """
+  n = jax.tree.leaves(tree)[0].shape[0]
   rows = sharding.round_up(n, sharding.size_of(mesh, axes))
   weight = (np.arange(rows) < n).astype(np.float32)
-  padded = sharding.pad_rows(batch, rows)
-  return sharding.shard_rows((padded, weight), mesh, axes)
+  placed, weight = sharding.shard_rows((sharding.pad_rows(tree, rows), weight), mesh, axes)
+  return placed, weight, rows > n
+
+
+def place_interventions(tree: Any, mesh: Mesh):
+  """An intervention set (host arrays, leading size M) split over "interventions".
+
+  Each array becomes ``(I, ceil(M / I), ...)`` (I the axis size), padded by repeating the
+  last intervention, whose results the caller drops (`flat_interventions`).
+
+  Returns:
+    `(placed, sharding)`: the global arrays and the `NamedSharding` a program keeps them in
+    (`jax.lax.with_sharding_constraint`).
+  """
+  n_int = sharding.axis_size(mesh, sharding.INTERVENTIONS)
+  m = jax.tree.leaves(tree)[0].shape[0]
+  rows = sharding.round_up(m, n_int)
+  tree = jax.tree.map(lambda x: x.reshape(n_int, rows // n_int, *x.shape[1:]),
+                      sharding.pad_rows(tree, rows))
+  axes = (sharding.INTERVENTIONS,) if n_int > 1 else ()
+  spec = P(sharding.INTERVENTIONS) if sharding.INTERVENTIONS in mesh.axis_names else P()
+  return sharding.shard_rows(tree, mesh, axes), NamedSharding(mesh, spec)
+
+
+def flat_interventions(x, m: int, axis: int = 0) -> np.ndarray:
+  """Results over an ``(I, M / I)`` intervention set, at `axis` and `axis + 1`, as the M real
+  ones on the host: ``(..., M, ...)``."""
+  x = np.asarray(sharding.to_host(x))
+  return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]).take(np.arange(m), axis=axis)
+
+
+def _place_batch(batch: dict[str, np.ndarray], mesh: Mesh, axes: tuple[str, ...]):
+  """Rows padded to the axes' size and placed; returns (batch, weight (B,) 1 real / 0 pad)."""
+  placed, weight, _ = place_rows(batch, mesh, axes)
+  return placed, weight
 
 
 def _row_totals(params, config, batch, last, metric_fn):
@@ -113,9 +158,6 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
                      "mesh use 'prefix' or 'vmap'")
   params = sharding.shard_params(params, mesh)
   axes = sharding.row_axes(mesh)
-  n_int = sharding.axis_size(mesh, sharding.INTERVENTIONS)
-  masks_spec = P(sharding.INTERVENTIONS) if sharding.INTERVENTIONS in mesh.axis_names else P()
-  masks_sharding = NamedSharding(mesh, masks_spec)
   base = np.zeros(2)
   sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
   n_batches = 0
@@ -134,16 +176,11 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
                 else np.zeros(m, int))
       for start in np.unique(starts):
         idx = np.flatnonzero(starts == start)
-        rows = sharding.round_up(len(idx), n_int)
-        hm, lm = sharding.pad_rows((head_masks[idx], layer_masks[idx]), rows)
-        hm, lm = (x.reshape(n_int, rows // n_int, *x.shape[1:]) for x in (hm, lm))
-        hm, lm = (sharding.shard_rows(x, mesh, (sharding.INTERVENTIONS,))
-                  if n_int > 1 else sharding.shard_rows(x, mesh, ()) for x in (hm, lm))
+        (hm, lm), masks_sharding = place_interventions((head_masks[idx], layer_masks[idx]), mesh)
         t, c = _suffix(params, config, b, weight, inputs, hm, lm, start=int(start), mode=mode,
                        metric_fn=metric_fn, chunk_size=chunk_size, masks_sharding=masks_sharding)
-        t, c = sharding.to_host((t, c))
-        totals[0, idx] = t.reshape(-1)[: len(idx)]
-        totals[1, idx] = c.reshape(-1)[: len(idx)]
+        totals[0, idx] = flat_interventions(t, len(idx))
+        totals[1, idx] = flat_interventions(c, len(idx))
       offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
       for k, i in enumerate(which):
         sums[i] += totals[:, offsets[k]:offsets[k + 1]]
@@ -192,9 +229,11 @@ def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_
 # Attention statistics -----------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _maps(params, config, ids, mask, types):
-  return forward(params, config, ids, mask, types, output_attentions=True).attentions
+@functools.partial(jax.jit, static_argnames=("config", "hidden_states"))
+def _outputs(params, config, ids, mask, types, *, hidden_states):
+  out = forward(params, config, ids, mask, types, output_attentions=True,
+                output_hidden_states=hidden_states)
+  return out.attentions, out.hidden_states
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -205,10 +244,10 @@ def _stats(params, config, ids, mask, types, special):
 
 
 class AttentionRunner:
-  """`clark_statistics`' model calls on a mesh, rows over every axis.
+  """The attention analyses' model calls on a mesh, rows over every axis.
 
   Padding rows have an all-zero attention mask: zero real tokens, so weight 0 in both of
-  Clark's weightings.
+  Clark's weightings; `outputs` drops them.
   """
 
   def __init__(self, params: Params, config: BertConfig, mesh: Mesh):
@@ -233,8 +272,18 @@ class AttentionRunner:
     return sharding.shard_rows((b["input_ids"], b["attention_mask"], types), self.mesh, self.axes)
 
   def maps(self, b) -> np.ndarray:
-    """(L, B, N, T, T) attention maps on the host."""
-    return sharding.to_host(_maps(self.params, self.config, *self._args(b)))
+    """(L, B, N, T, T) attention maps of a padded batch (`batch`) on the host."""
+    return sharding.to_host(_outputs(self.params, self.config, *self._args(b),
+                                     hidden_states=False)[0])
+
+  def outputs(self, b, hidden_states: bool = False):
+    """`(maps (L, B, N, T, T), hidden states (L + 1, B, T, H) or None)` of a batch's B rows
+    on the host, as `forward` gives them on one device (padded on the mesh, then dropped)."""
+    n = np.shape(b["input_ids"])[0]
+    maps, hidden = sharding.to_host(_outputs(self.params, self.config,
+                                             *self._args(self.batch(b)),
+                                             hidden_states=hidden_states))
+    return maps[:, :n], None if hidden is None else hidden[:, :n]
 
   def statistics(self, b, special_mask) -> dict[str, np.ndarray]:
     """`attention_statistics` of the batch, on the host: name -> (L, B, N)."""
