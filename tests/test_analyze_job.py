@@ -5,6 +5,7 @@ byte, as an uninterrupted one. The runs are subprocesses sharing one persistent 
 cache, with XLA's cheap CPU compile settings.
 """
 
+import csv
 import json
 import os
 import pathlib
@@ -131,8 +132,57 @@ def test_expand_checkpoints_names_steps_and_errors(tmp_path):
 def test_analyze_help_lists_analyses_and_defaults():
   from bertjax.analysis import jobs
   text = jobs.analyze_parser().format_help()
-  assert all(a in text for a in ANALYSES) and tuple(jobs.ANALYSES) == ANALYSES
+  assert all(a in text for a in jobs.ANALYSES) and tuple(jobs.DEFAULT_ANALYSES) == ANALYSES
+  assert jobs.ANALYSES == ANALYSES + ("patterns", "effective_attention")
+  assert f"(default: the first four, {','.join(ANALYSES)})" in " ".join(text.split())
   assert "(default: None)" not in text and "(default: 16)" in text
   for option in ("--out", "--analyses", "--data-dir", "--max-sentences", "--tokenizer", "--mesh",
                  "--no-plots", "--no-progress", "RUN@8,16"):
     assert option in text, option
+
+
+def test_patterns_and_effective_attention_results(tmp_path):
+  """The two optional analyses on a tiny random model directory: one file each, holding what
+  the library functions give on the job's sentences."""
+  import numpy as np
+
+  import bertjax
+  from bertjax.analysis import attention, jobs
+  from bertjax.data import corpus
+
+  with open(REPO / "bertjax" / "resources" / "sentences.tsv") as f:
+    texts = [r["sentence"] for r in csv.DictReader(f, delimiter="\t")]
+  tok = bertjax.Tokenizer(corpus.train_wordpiece(texts, 300), 64)
+  config = bertjax.BertConfig.preset("tiny", vocab_size=300, hidden_size=32,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=64)
+  model = tmp_path / "tiny-seed_2"
+  bertjax.to_hf(config, bertjax.init(config, 0), model)
+  tok.save_pretrained(model)
+  out = tmp_path / "out"
+  summary = jobs.analyze_checkpoints([str(model)], ["patterns", "effective_attention"], out,
+                                     max_sentences=6, plots=False, progress=False)
+  assert summary["computed"] == 2
+  assert summary["results"] == ["results/tiny-seed_2/patterns.json",
+                                "results/tiny-seed_2/effective_attention.json"]
+  patterns = json.loads((out / summary["results"][0]).read_text())
+  effective = json.loads((out / summary["results"][1]).read_text())
+  assert patterns["checkpoint"]["seed"] == 2
+
+  sentences, _ = jobs.load_sentences(max_sentences=6)
+  cfg, params, tok2, _ = jobs.load_checkpoint(jobs.expand_checkpoints([str(model)])[0])
+  batches = jobs._unmasked(jobs._Context(params, cfg, tok2, sentences, None, 16))
+  counts = attention.pattern_types(params, cfg, batches, special_ids=[tok2.cls_id, tok2.sep_id])
+  assert np.asarray(patterns["arrays"]["counts"]).tolist() == counts.counts.tolist()
+  assert counts.counts.sum(-1).tolist() == [[6] * 4] * 2  # every head's map of each sentence
+  shares = [patterns["metrics"][f"share_{t.replace('+', '_')}"] for t in attention.PATTERN_TYPES]
+  np.testing.assert_allclose(shares, counts.overall)
+  assert abs(sum(shares) - 1) < 1e-9
+  stats = attention.effective_attention_statistics(params, cfg, batches, cls_id=tok2.cls_id,
+                                                   sep_id=tok2.sep_id)
+  for kind in ("raw", "effective"):
+    for name, value in stats[kind].items():
+      np.testing.assert_allclose(effective["arrays"][kind][name], value, rtol=1e-12)
+  assert 0 < effective["metrics"]["raw_cls"] < 1
+  assert effective["metrics"]["raw_effective_corr"] == pytest.approx(
+      float(np.mean(stats["effective"]["raw_corr"])))

@@ -22,7 +22,12 @@ EWT's dev set with ``--data-dir``):
 * ``attention``: Clark et al.'s attention to [CLS], [SEP], "." and "," and entropy (the
   kernel statistics path);
 * ``probing``: a linear UPOS probe per layer on first-subword features, held-out accuracy;
-* ``anisotropy``: Ethayarajh's mean cosine of random word pairs, per layer.
+* ``anisotropy``: Ethayarajh's mean cosine of random word pairs, per layer;
+* ``patterns`` (not in the default set): Kovaleva et al.'s five attention-map types, the
+  share of each over every head and sentence (`attention.pattern_types`);
+* ``effective_attention`` (not in the default set): Brunner et al.'s raw vs effective
+  attention to [CLS] and [SEP] and their correlation (`effective_attention_statistics`;
+  per-sentence SVDs on the host, the slowest analysis here).
 
 With ``--mesh`` every analysis runs on a device mesh (`bertjax.sharding.analysis_mesh`); with
 the multi-host variables of `bertjax pretrain` set, every process runs the job, each feeding
@@ -44,7 +49,9 @@ from typing import Any
 
 import numpy as np
 
-ANALYSES = ("head_ablation", "attention", "probing", "anisotropy")
+ANALYSES = ("head_ablation", "attention", "probing", "anisotropy", "patterns",
+            "effective_attention")
+DEFAULT_ANALYSES = ANALYSES[:4]
 RESULT_VERSION = 1
 PathLike = str | os.PathLike
 
@@ -285,11 +292,16 @@ def _head_ablation(ctx: _Context) -> tuple[dict, dict]:
   return metrics, arrays
 
 
+def _unmasked(ctx: _Context) -> list[dict[str, np.ndarray]]:
+  """The batches with the sentences' own tokens (no MLM masking)."""
+  return [{k: b[k] for k in ("attention_mask", "token_type_ids")}
+          | {"input_ids": b["unmasked_ids"]} for b in ctx.batches()]
+
+
 def _attention(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis import attention
 
-  batches = [{k: b[k] for k in ("attention_mask", "token_type_ids")}
-             | {"input_ids": b["unmasked_ids"]} for b in ctx.batches()]
+  batches = _unmasked(ctx)
   stats = attention.clark_statistics(ctx.params, ctx.config, batches, sep_id=ctx.tok.sep_id,
                                      punct_ids=attention.clark_punctuation_ids(ctx.tok),
                                      entropy_smoothing=0.0, mesh=ctx.mesh)
@@ -329,9 +341,34 @@ def _anisotropy(ctx: _Context) -> tuple[dict, dict]:
           {"by_layer": by_layer.tolist()})
 
 
+def _patterns(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import attention
+
+  counts = attention.pattern_types(ctx.params, ctx.config, _unmasked(ctx),
+                                   special_ids=[ctx.tok.cls_id, ctx.tok.sep_id], mesh=ctx.mesh)
+  names = [t.replace("+", "_") for t in attention.PATTERN_TYPES]
+  metrics = {f"share_{name}": float(v) for name, v in zip(names, counts.overall)}
+  return metrics, {"types": list(attention.PATTERN_TYPES), "counts": counts.counts.tolist(),
+                   "per_layer": counts.per_layer.tolist()}
+
+
+def _effective_attention(ctx: _Context) -> tuple[dict, dict]:
+  from bertjax.analysis import attention
+
+  stats = attention.effective_attention_statistics(ctx.params, ctx.config, _unmasked(ctx),
+                                                   cls_id=ctx.tok.cls_id, sep_id=ctx.tok.sep_id,
+                                                   mesh=ctx.mesh)
+  metrics = {f"{kind}_{name}": float(np.mean(stats[kind][name]))
+             for kind in ("raw", "effective") for name in ("cls", "sep")}
+  metrics["raw_effective_corr"] = float(np.mean(stats["effective"]["raw_corr"]))
+  return metrics, {kind: {name: v.tolist() for name, v in stats[kind].items()}
+                   for kind in ("raw", "effective")}
+
+
 RUNNERS: dict[str, Callable[[_Context], tuple[dict, dict]]] = {
     "head_ablation": _head_ablation, "attention": _attention, "probing": _probing,
-    "anisotropy": _anisotropy}
+    "anisotropy": _anisotropy, "patterns": _patterns,
+    "effective_attention": _effective_attention}
 
 
 # Files -------------------------------------------------------------------------------------
@@ -373,7 +410,7 @@ def _require_matplotlib() -> None:
                       "--no-plots (plots=False)") from None
 
 
-def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = ANALYSES,
+def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DEFAULT_ANALYSES,
                         out_dir: PathLike = "out/analyze", *, data_dir: PathLike | None = None,
                         max_sentences: int | None = None, tokenizer: str | None = None,
                         mesh=None, batch_size: int = 16, plots: bool = True,
@@ -383,7 +420,7 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = AN
 
   Args:
     checkpoints: see `expand_checkpoints`.
-    analyses: names from `ANALYSES`.
+    analyses: names from `ANALYSES` (default: `DEFAULT_ANALYSES`, the first four).
     out_dir: where ``results/``, ``figures/`` and ``summary.json`` go.
     data_dir: a data directory with UD English EWT (None: the shipped sample).
     max_sentences: only the first sentences.
@@ -523,7 +560,10 @@ def analyze_parser() -> argparse.ArgumentParser:
                   "  head_ablation  every head and layer masked (MLM loss, or embedding cosine)\n"
                   "  attention      Clark et al.'s [CLS]/[SEP]/punctuation mass and entropy\n"
                   "  probing        a linear UPOS probe per layer (held-out accuracy)\n"
-                  "  anisotropy     mean cosine of random word pairs per layer\n\n"
+                  "  anisotropy     mean cosine of random word pairs per layer\n"
+                  "  patterns       Kovaleva et al.'s five attention-map types (share of each)\n"
+                  "  effective_attention  Brunner et al.'s raw vs effective attention to\n"
+                  "                 [CLS]/[SEP] (per-sentence SVDs on the host: slow)\n\n"
                   "multi-host: with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and\n"
                   "JAX_PROCESS_ID set (as for `bertjax pretrain`) every process runs the job\n"
                   "on the global --mesh, and process 0 alone writes.")
@@ -531,8 +571,9 @@ def analyze_parser() -> argparse.ArgumentParser:
                  help="a Hugging Face model directory, a hub id, or a `bertjax pretrain` "
                       "output folder (all its saved steps; RUN@8,16 for some)")
   p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-  p.add_argument("--analyses", default=",".join(ANALYSES), metavar="A,B",
-                 help="comma-separated analyses (default: all four)")
+  p.add_argument("--analyses", default=",".join(DEFAULT_ANALYSES), metavar="A,B",
+                 help="comma-separated analyses (default: the first four, "
+                      f"{','.join(DEFAULT_ANALYSES)})")
   p.add_argument("--data-dir", default=None, metavar="DIR",
                  help="a data directory with ud_english_ewt/ (default: the shipped UD sample)")
   p.add_argument("--max-sentences", type=int, default=None, metavar="N",
