@@ -1,9 +1,12 @@
-"""The mesh path of an ablation sweep against the single-device run, on 8 simulated CPU devices.
+"""The mesh path of a sweep against the single-device run, on 8 simulated CPU devices.
 
 Run:   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_sharded.py --out benchmarks/results
+       JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_sharded.py --analysis patching \
+           --out benchmarks/results
 Check: JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_sharded.py --smoke --out /tmp/b
+       (and with --analysis patching)
 
-The sweep: `ablation_sweep(include=("heads", "layers"), modes=("scale",))` with prefix reuse
+`--analysis ablation` (the default; `sharded_cpu.json` / `.md`). The sweep: `ablation_sweep(include=("heads", "layers"), modes=("scale",))` with prefix reuse
 and the default chunk (1 mask on CPU), on random weights of a `--preset` (bert-mini: 4 layers
 of 4 heads, 256 wide: 20 masks) over `--batches` batches of `--batch-size` x `--seq-len`
 random tokens (lengths varied, right padding), metric `mean_embedding_cosine`. The same
@@ -16,6 +19,13 @@ and run once (the first-call time), then all are timed in `--repeats` interleave
 splitting the work, not a speed-up; the 1x1x1 row isolates the code path's own cost. The
 cost model's work (block passes x rows, per device and over all devices) is printed beside
 each. Writes `sharded_cpu.json` and `.md` under `--out`.
+
+`--analysis patching` (`sharded_patching_cpu.json` / `.md`): `patching.head_patching` of
+`head_out` with `LogitDiff("mlm")` on the first batch as the clean run and a corrupted copy
+(one real token per row replaced, the metric's answer and distractor), the same meshes; the
+pair's rows over data, each layer's heads over interventions. Cost model: rows / D x [2 L +
+sum_l ceil(N / I) (L - l)] block passes per device (the two unpatched runs, then patched
+block l and the blocks above it for each of a layer's N heads).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import numpy as np
 
 import bertjax
 from bertjax import sharding
-from bertjax.analysis import ablation
+from bertjax.analysis import ablation, patching
 
 MESHES = {"1 device": None, "1x1x1": (1, 1, 1), "8x1": (8, 1, 1), "4x2": (4, 2, 1),
           "2x4": (2, 4, 1), "1x8": (1, 8, 1)}
@@ -53,12 +63,29 @@ def _batches(config, n, rows, seq, seed=0):
   return out
 
 
-def predicted_work(config, rows: int, shape) -> tuple[float, float]:
+def _pair(batch, config, seed=1):
+  """(clean, corrupted, targets): one real token per row replaced in the corrupted copy."""
+  rs = np.random.default_rng(seed)
+  clean = {k: np.asarray(v) for k, v in batch.items()}
+  rows = np.arange(clean["input_ids"].shape[0])
+  position = np.asarray([rs.integers(0, n) for n in clean["attention_mask"].sum(-1)], np.int32)
+  answer = clean["input_ids"][rows, position]
+  distractor = (answer + 1 - 5) % (config.vocab_size - 5) + 5
+  corrupted = dict(clean, input_ids=clean["input_ids"].copy())
+  corrupted["input_ids"][rows, position] = distractor
+  return clean, corrupted, {"position": position, "answer": answer, "distractor": distractor}
+
+
+def predicted_work(config, rows: int, shape, analysis: str = "ablation") -> tuple[float, float]:
   """The cost model's (per-device, all devices) block passes x rows of one batch's sweep:
-  rows / D x [L + sum_l ceil(m_l / I) (L - l)], m_l = heads + 1 masks starting at block l."""
+  ablation: rows / D x [L + sum_l ceil(m_l / I) (L - l)], m_l = heads + 1 masks starting at
+  block l; patching: rows / D x [2 L + sum_l ceil(N / I) (L - l)]."""
   depth, heads = config.depth, config.num_attention_heads
   d, i = (1, 1) if shape is None else (shape[0] * shape[2], shape[1])
-  per_row = depth + sum(-(-(heads + 1) // i) * (depth - l) for l in range(depth))
+  if analysis == "patching":
+    per_row = 2 * depth + sum(-(-heads // i) * (depth - l) for l in range(depth))
+  else:
+    per_row = depth + sum(-(-(heads + 1) // i) * (depth - l) for l in range(depth))
   per_device = -(-rows // d) * per_row
   return per_device, per_device * d * i
 
@@ -70,6 +97,8 @@ def main(argv=None) -> int:
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=32)
   p.add_argument("--repeats", type=int, default=5)
+  p.add_argument("--analysis", choices=("ablation", "patching"), default="ablation",
+                 help="the ablation sweep (default) or the head patching sweep")
   p.add_argument("--smoke", action="store_true", help="a tiny model, one repeat")
   p.add_argument("--out", default="out/bench")
   args = p.parse_args(argv)
@@ -77,13 +106,25 @@ def main(argv=None) -> int:
     args.preset, args.batches, args.batch_size, args.seq_len, args.repeats = "tiny", 1, 8, 16, 1
   assert jax.device_count() == 8, jax.devices()
   config = bertjax.BertConfig.preset(args.preset)
-  params = bertjax.init(config, 0)
   batches = _batches(config, args.batches, args.batch_size, args.seq_len)
+  if args.analysis == "patching":
+    params = bertjax.init(config, 0, heads=("mlm",))
+    clean, corrupted, targets = _pair(batches[0], config)
+    metric = patching.LogitDiff("mlm")
+    args.batches = 1  # one pair
 
-  def sweep(mesh):
-    r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
-                                modes=("scale",), include=("heads", "layers"), mesh=mesh)
-    return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(), r["scale"].layers])
+    def sweep(mesh):
+      r = patching.head_patching(params, config, clean, corrupted, metric, targets=targets,
+                                 mesh=mesh)
+      return np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
+  else:
+    params = bertjax.init(config, 0)
+
+    def sweep(mesh):
+      r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
+                                  modes=("scale",), include=("heads", "layers"), mesh=mesh)
+      return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(),
+                             r["scale"].layers])
 
   rows, meshes, ref = {}, {}, None
   for name, shape in MESHES.items():  # compile (and check) each first
@@ -92,7 +133,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     values = sweep(meshes[name])
     ref = values if ref is None else ref
-    per_device, total = predicted_work(config, args.batch_size, shape)
+    per_device, total = predicted_work(config, args.batch_size, shape, args.analysis)
     rows[name] = {"first_call_s": time.perf_counter() - t0, "runs_s": [], "cpu_runs_s": [],
                   "max_abs_diff": float(np.abs(values - ref).max()),
                   "model_work_per_device": per_device * args.batches,
@@ -116,17 +157,22 @@ def main(argv=None) -> int:
     r["model_per_device_vs_1"] = r["model_work_per_device"] / work
     print(f"{name:>8}: first call {r['first_call_s']:6.2f} s, min {r['min_s']:.3f} s, median "
           f"{r['median_s']:.3f} s, max |diff| {r['max_abs_diff']:.1e}", flush=True)
-  masks = config.depth * config.num_attention_heads + config.depth
-  result = {"preset": args.preset, "masks": masks, "batches": args.batches,
+  masks = config.depth * config.num_attention_heads + (
+      config.depth if args.analysis == "ablation" else 0)
+  result = {"analysis": args.analysis, "preset": args.preset, "masks": masks, "batches": args.batches,
             "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
             "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
             "jax": jax.__version__, "xla_flags": os.environ["XLA_FLAGS"], "rows": rows}
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  (out / "sharded_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
-  title = ("# Ablation sweep on a mesh vs one device (CPU, 8 simulated devices, "
+  stem = "sharded_cpu" if args.analysis == "ablation" else "sharded_patching_cpu"
+  (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+  what = "Ablation sweep" if args.analysis == "ablation" else "Head patching sweep"
+  title = (f"# {what} on a mesh vs one device (CPU, 8 simulated devices, "
            f"{os.cpu_count()} cores)")
-  setting = (f"{args.preset}, {masks} masks (single heads + layers, prefix reuse, chunk 1), "
+  patches = ("single heads + layers masked, prefix reuse, chunk 1" if args.analysis == "ablation"
+             else "head_out of each (layer, head) patched, LogitDiff, prefix reuse, chunk 1")
+  setting = (f"{args.preset}, {masks} masks ({patches}), "
              f"{args.batches} x {args.batch_size} x {args.seq_len} tokens, {args.repeats} "
              f"interleaved rounds; jax {jax.__version__}.")
   lines = [title, "", setting, "",
@@ -140,11 +186,12 @@ def main(argv=None) -> int:
                  f"{r['cpu_overhead']:+.0%} | {r['model_total_vs_1']:.2f}x | "
                  f"{r['model_per_device_vs_1']:.2f}x | {r['max_abs_diff']:.1e} |")
   lines += ["", ("The simulated devices share the CPU's cores, so time follows all devices' "
-                 "work (the intact prefix repeated on each interventions slice, each start "
-                 "layer's masks padded to a multiple of the interventions size); on real "
+                 "work (the unpatched or intact runs repeated on each interventions slice, "
+                 "each group of masks or patches padded to a multiple of the interventions "
+                 "size); on real "
                  "devices it follows the per-device work. CPU time (this process, all threads) "
                  "is less disturbed by other processes on a shared machine than wall time.")]
-  (out / "sharded_cpu.md").write_text("\n".join(lines) + "\n")
+  (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
   return 0
 
