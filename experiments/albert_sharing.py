@@ -158,6 +158,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   Each `holds` follows the stated rule; the quality row says how this small, short run differs
   from Lan et al.'s comparison and what that can do to the order of the two costs.
   """
+  r = common.from_json(r)
   base, params, data = r["base_size"], r["params"], r["data"]
   heldout = {v: h["mlm_loss"] for v, h in r["heldout"].items()}
   d, step = r["heldout_minus_bert"], r["median_step_s"]

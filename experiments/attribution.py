@@ -117,6 +117,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   GlobEnc, ALTI, value zeroing) with the best of the attention-weight methods (raw attention,
   rollout); the second's, attribution with exact patching.
   """
+  r = common.from_json(r)
   name, stats = r["model"], r["stats"]
   mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing")
             if k in stats}

@@ -267,6 +267,16 @@ def to_json(x: Any) -> Any:
 _jsonable = to_json  # the name scripts used before `to_json`
 
 
+def from_json(x: Any) -> Any:
+  """`x` read back from a result file with every None (a NaN or inf written as null) as NaN,
+  so a script's `findings(results, settings)` computes the same from the file as in the run."""
+  if isinstance(x, dict):
+    return {k: from_json(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [from_json(v) for v in x]
+  return float("nan") if x is None else x
+
+
 def machine() -> dict[str, Any]:
   """Where the numbers came from: platform, CPU count, JAX backend and devices."""
   import jax

@@ -126,6 +126,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   Layers are numbered 0 (the embeddings) .. L; each `holds` follows the stated rule, and each
   row says where the papers' probes, models or data differ from these.
   """
+  r = common.from_json(r)
   sm = r["summary"]
   curves = {k: np.asarray(v, np.float64) for k, v in r["curves"].items()}
   num_layers = len(curves["upos"])
@@ -305,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   figures = _figures(args.out, curves, expected, r, model_name)
   settings = {"model": model_name, "data": str(path.relative_to(data)),
               "sentences": len(sentences), "split": "sentence-disjoint split of EWT dev: "
-              f"{r['splits']}", "suite": probing_run._jsonable(suite),
+              f"{r['splits']}", "suite": common.to_json(suite),
               "structural_sentences": r["structural"]["sentences"]}
   results = {"summary": summary, "curves": curves,
              "upos": _strip(r["upos"]), "deprel": _strip(r["deprel"]),

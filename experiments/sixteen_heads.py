@@ -255,6 +255,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   Michel et al.'s setting (a fixed probe on a frozen encoder, a small held-out set, a task the
   embeddings already solve).
   """
+  r = common.from_json(r)
   ab, pr, sp, task = r["ablation"], r["pruning"], r["speed"], r["task"]
   depth, n_heads = np.shape(ab["head_loss"])
   total_heads = depth * n_heads
@@ -612,7 +613,7 @@ def main(argv=None) -> int:
                 "real_tokens": int(attn.sum())},
   }
 
-  findings_ = findings(common._jsonable(results), s)
+  findings_ = findings(common.to_json(results), s)
   seconds = time.perf_counter() - start
   results["timings_s"] = timings
   figs = figures(results, args.out, depth)

@@ -219,6 +219,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   Each `holds` follows the stated rule from the numbers; each row says where the data or the
   model differ from Clark et al.'s (BERT-base on Wikipedia segment pairs).
   """
+  r = common.from_json(r)
   clark, variant, probe = r["clark"], r["clark_token_all_punct"], r["probe"]
   depth, model = s["layers"], s.get("model") or "the model"
   by = {k: np.asarray(v, float) for k, v in clark["by_layer"].items()}
@@ -503,7 +504,7 @@ def main(argv=None) -> int:
                            "General_Analysis.ipynb (cells 5 and 7) when document / clark / 1e-4",
                            "variant": "clark_token_all_punct: token-weighted, every punctuation "
                                       "id, unsmoothed entropy"}}
-  common.write_results(NAME, args.out, results, findings=findings(common._jsonable(results),
+  common.write_results(NAME, args.out, results, findings=findings(common.to_json(results),
                                                                   settings),
                        settings=settings, smoke=args.smoke,
                        seconds=time.perf_counter() - start, figures=figs)
