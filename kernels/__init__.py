@@ -1,22 +1,32 @@
-"""Pallas attention kernels, each with its pure-jnp reference beside it.
+"""Pallas kernels, each with its pure-jnp reference beside it.
 
-The kernels themselves live in the submodules `kernels.flash_attention` (forward, backward,
-`BlockSizes`) and `kernels.flash_attention_stats` (statistics pass); `kernels.attention` is
-the entry point that validates inputs and dispatches between implementations.
+`kernels.attention` (module `kernels/attention.py`) is the entry point that validates inputs
+and dispatches between implementations; the padding is one `Mask` (`kernels/masks.py`). The
+kernels live in the submodules `kernels.flash_attention` (Triton layout: forward, backward),
+`kernels.flash_attention_stats` (its statistics pass) and `kernels.flash_attention_tpu`
+(Mosaic layout), sharing `kernels.tiling` (`BlockSizes`, padding, helpers); the plain-XLA
+implementation is `kernels.xla_attention`, the reference `kernels.reference`, the dropout
+stream `kernels.dropout`.
 """
 
 from .attention import (
+  IMPLS,
+  KERNEL_VARIANTS,
   attention,
   attention_probs,
   attention_with_stats,
-  reference_attention,
-  reference_statistics,
 )
-from .flash_attention import STAT_NAMES, BlockSizes
+from .masks import Mask
+from .reference import ABLATIONS, STAT_NAMES, reference_attention, reference_statistics
+from .tiling import BlockSizes
 
 __all__ = [
+  "ABLATIONS",
+  "IMPLS",
+  "KERNEL_VARIANTS",
   "STAT_NAMES",
   "BlockSizes",
+  "Mask",
   "attention",
   "attention_probs",
   "attention_with_stats",

@@ -1,8 +1,15 @@
-"""`kernels.attention`: one attention function, several implementations.
+"""`kernels.attention`: one attention function, several implementations; the dispatch.
+
+The padding is described once, by a `kernels.Mask` (`kv_lengths`, `segment_ids`,
+`key_mask`; `kernels.masks`), given as `mask=` or as those keywords; this module hands each
+implementation the mask in the form it takes, so callers never choose between a key mask
+and lengths. The entry points: `attention` (the output), `attention_with_stats` (the output
+and per-head statistics of the attention) and `attention_probs` (the maps, for callers that
+read or edit them before mixing the values).
 
 * `impl="xla"`: plain XLA ops, float32 (float64 when the inputs are float64). With
-  `return_probs=True`, the pure-jnp reference below (the only implementation that returns
-  the probabilities); otherwise `kernels.xla_attention`, the same function with a
+  `return_probs=True`, the pure-jnp reference (`kernels.reference`, the only implementation
+  that returns the probabilities); otherwise `kernels.xla_attention`, the same function with a
   flash-style hand-written backward (about half the `T x T` memory passes of autodiff).
 * `impl="pallas"`: the fused kernels: `kernels.flash_attention` (Triton-style; compiled on
   GPU) or `kernels.flash_attention_tpu` (Mosaic layout; compiled on TPU), chosen by
@@ -29,7 +36,6 @@ interpreted), all drawing the same mask from `kernels.dropout`; "cudnn" and
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 
@@ -37,22 +43,25 @@ from . import dropout as drop
 from . import flash_attention as fa
 from . import flash_attention_stats as fa_stats
 from . import flash_attention_tpu as fa_tpu
-from .xla_attention import attention_probs as _xla_probs
+from .masks import Mask, mask_of
 from .reference import (
   ABLATIONS,
-  _allowed_mask,
+  Ablation,
   _validate_dropout,
   reference_attention,
   reference_statistics,
 )
+from .tiling import BlockSizes
+from .xla_attention import attention_probs as _xla_probs
 from .xla_attention import xla_attention
 
+# The implementations of `attention` (`config.attention_impl` takes the same names).
 IMPLS = ("auto", "xla", "pallas", "cudnn")
+# The Pallas kernel families of `impl="pallas"`.
+KERNEL_VARIANTS = ("triton", "tpu")
 
 
-def _validate(
-  q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl, special_mask=None
-):
+def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None):
   """Checks shapes and options before any compute; returns head_mask as (batch, heads)."""
   if impl not in IMPLS:
     raise ValueError(f"{impl=} must be one of {IMPLS}")
@@ -68,15 +77,7 @@ def _validate(
   for name, value in (("q", q), ("k", k), ("v", v)):
     if not jnp.issubdtype(value.dtype, jnp.floating):
       raise ValueError(f"{name}.dtype={value.dtype} must be floating")
-  if kv_lengths is not None and jnp.shape(kv_lengths) != (batch,):
-    raise ValueError(f"kv_lengths.shape={jnp.shape(kv_lengths)} must be ({batch},)")
-  if segment_ids is not None and (jnp.shape(segment_ids) != (batch, seq) or k.shape[1] != seq):
-    raise ValueError(
-      f"segment_ids.shape={jnp.shape(segment_ids)} must be ({batch}, {seq}) "
-      f"with equal q and k lengths, got {k.shape[1]=}"
-    )
-  if key_mask is not None and jnp.shape(key_mask) != (batch, k.shape[1]):
-    raise ValueError(f"key_mask.shape={jnp.shape(key_mask)} must be ({batch}, {k.shape[1]})")
+  mask.validate(batch, seq, k.shape[1])
   if special_mask is not None and jnp.shape(special_mask) != (batch, k.shape[1]):
     raise ValueError(
       f"special_mask.shape={jnp.shape(special_mask)} must be ({batch}, {k.shape[1]})"
@@ -102,9 +103,6 @@ def _resolve_impl(impl, return_probs, stats=False):
   return "pallas" if backend == "gpu" or (backend == "tpu" and not stats) else "xla"
 
 
-KERNEL_VARIANTS = ("triton", "tpu")
-
-
 def _pallas_variant(interpret, variant, stats=False):
   """(interpret, variant): None picks by backend; interpret=None means True on CPU."""
   backend = jax.default_backend()
@@ -122,14 +120,11 @@ def _pallas_variant(interpret, variant, stats=False):
   return interpret, variant
 
 
-def _pallas_args(q, k, kv_lengths, key_mask):
+def _fused_mask(q, k, mask: Mask) -> Mask:
+  """The mask as the fused kernels (pallas, cudnn) take it: lengths, assuming right padding."""
   if k.shape[1] != q.shape[1]:
     raise ValueError(f"impl='pallas' needs equal q and k lengths, got {q.shape[1]=}, {k.shape[1]=}")
-  if key_mask is not None:
-    # Assumes right padding (documented): the mask's count is the length.
-    mask_lengths = jnp.asarray(key_mask, bool).sum(-1).astype(jnp.int32)
-    kv_lengths = mask_lengths if kv_lengths is None else jnp.minimum(kv_lengths, mask_lengths)
-  return kv_lengths
+  return mask.as_lengths()
 
 
 def attention(
@@ -137,16 +132,17 @@ def attention(
   k,
   v,
   *,
+  mask: Mask | None = None,
   kv_lengths=None,
   segment_ids=None,
   key_mask=None,
   head_mask=None,
-  ablation="scale",
+  ablation: Ablation = "scale",
   scale=None,
   return_probs=False,
   impl="auto",
   interpret=None,
-  block_sizes=None,
+  block_sizes: BlockSizes | None = None,
   backward="pallas",
   kernel_variant=None,
   dropout_rate=0.0,
@@ -154,10 +150,15 @@ def attention(
 ):
   """Multi-head attention on `(batch, seq, heads, head_dim)` inputs.
 
+  The padding is given once, as `mask=Mask(...)` or as its parts' keywords (`kv_lengths=`,
+  `segment_ids=`, `key_mask=`), and each implementation takes it in its own form: xla uses
+  every part as it is; pallas and cudnn fold a key mask into lengths (right padding).
+
   Args:
     q: queries `(batch, seq_q, heads, head_dim)`.
     k: keys `(batch, seq_k, heads, head_dim)` (seq_k == seq_q for pallas).
     v: values, shaped like k.
+    mask: a `kernels.Mask` of the three parts below; give either it or the keywords.
     kv_lengths: int `(batch,)`: keys at index >= kv_lengths[b] are right padding.
     segment_ids: int `(batch, seq)`: packed sequences; queries see keys of their segment.
     key_mask: bool `(batch, seq_k)`, True = real key. Any mask with xla; pallas assumes it is
@@ -167,7 +168,7 @@ def attention(
     scale: logit scale; None means `1 / sqrt(head_dim)`.
     return_probs: with impl "xla" (or "auto"), also return the attention used,
       `(batch, heads, seq_q, seq_k)` (xi * A in scale mode, the mixture in uniform mode).
-    impl: "auto", "xla", "pallas" or "cudnn".
+    impl: "auto", "xla", "pallas" or "cudnn" (`IMPLS`).
     interpret: Pallas interpret mode; None means True when the default backend is CPU.
     block_sizes: `BlockSizes` for pallas; None means the backend default.
     backward: pallas gradient: "pallas" (fused kernels) or "reference" (vjp of xla; Triton
@@ -194,7 +195,8 @@ def attention(
     `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)` with return_probs.
     Padded query rows are zero.
   """
-  head_mask = _validate(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl)
+  mask = mask_of(mask, kv_lengths, segment_ids, key_mask)
+  head_mask = _validate(q, k, v, mask, head_mask, ablation, impl)
   dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
   impl = _resolve_impl(impl, return_probs)
   if impl == "cudnn" and dropout_rate > 0:
@@ -211,9 +213,7 @@ def attention(
       q,
       k,
       v,
-      kv_lengths=kv_lengths,
-      segment_ids=segment_ids,
-      key_mask=key_mask,
+      mask=mask,
       head_mask=head_mask,
       ablation=ablation,
       scale=scale,
@@ -222,9 +222,7 @@ def attention(
       dropout_seed=dropout_seed,
     )
   if impl == "xla":
-    allowed, row_real = _allowed_mask(
-      q.shape[0], q.shape[1], k.shape[1], kv_lengths, segment_ids, key_mask, per_query=False
-    )
+    allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
     return xla_attention(
       q,
       k,
@@ -238,12 +236,11 @@ def attention(
       dropout_seed=dropout_seed,
     )
   if impl == "cudnn":
-    return _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale)
-  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+    return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
+  fused_mask = _fused_mask(q, k, mask)
   interpret, variant = _pallas_variant(interpret, kernel_variant)
   kwargs = {
-    "kv_lengths": kv_lengths,
-    "segment_ids": segment_ids,
+    "mask": fused_mask,
     "head_mask": head_mask,
     "ablation": ablation,
     "scale": scale,
@@ -259,26 +256,27 @@ def attention(
   return fa.flash_attention(q, k, v, backward=backward, **kwargs)
 
 
-def attention_probs(q, k, *, kv_lengths=None, key_mask=None, scale=None):
+def attention_probs(q, k, *, mask: Mask | None = None, kv_lengths=None, key_mask=None, scale=None):
   """Attention probabilities `(batch, heads, seq_q, seq_k)` in float32, fast on every backend.
 
   The maps `reference_attention(..., return_probs=True)` gives (no head mask;
   padded query rows zero), through `kernels.xla_attention`'s heads-first,
-  additive-bias formulation. Differentiable.
+  additive-bias formulation. Differentiable. The mask as in `attention` (every part,
+  segment ids too, as the xla implementation takes it).
   """
-  allowed, row_real = _allowed_mask(q.shape[0], q.shape[1], k.shape[1], kv_lengths, None,
-                                    key_mask, per_query=False)
+  mask = mask_of(mask, kv_lengths, None, key_mask)
+  allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
   return _xla_probs(q, k, allowed=allowed, row_real=row_real, scale=scale)
 
 
-def _cudnn_attention(q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, scale):
+def _cudnn_attention(q, k, v, mask: Mask, head_mask, ablation, scale):
   if jax.default_backend() != "gpu":
     raise ValueError(f"impl='cudnn' needs a GPU, the backend is {jax.default_backend()!r}")
   if ablation != "scale" and head_mask is not None:
     raise ValueError(f"impl='cudnn' supports only ablation='scale' head masks, got {ablation=}")
-  if segment_ids is not None:
+  if mask.segment_ids is not None:
     raise ValueError("impl='cudnn' does not support segment_ids; use 'pallas' or 'xla'")
-  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+  kv_lengths = _fused_mask(q, k, mask).kv_lengths
   lengths = None if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
   out = jax.nn.dot_product_attention(
     q,
@@ -302,16 +300,17 @@ def attention_with_stats(
   k,
   v,
   *,
+  mask: Mask | None = None,
   kv_lengths=None,
   segment_ids=None,
   key_mask=None,
   head_mask=None,
-  ablation="scale",
+  ablation: Ablation = "scale",
   special_mask=None,
   scale=None,
   impl="auto",
   interpret=None,
-  block_sizes=None,
+  block_sizes: BlockSizes | None = None,
   kernel_variant=None,
   dropout_rate=0.0,
   dropout_seed=None,
@@ -322,21 +321,22 @@ def attention_with_stats(
   scaling in "scale" mode; `xi A + (1 - xi) U` in "uniform" mode), per query row, averaged
   over the real query rows (index < kv_length): "entropy" (nats), "first" (mass on key 0,
   [CLS]), "special" (mass on keys where `special_mask` is True; zeros without it), "self"
-  (key == query), "prev" (key == query - 1), "next" (key == query + 1). They are not
-  differentiable.
+  (key == query), "prev" (key == query - 1), "next" (key == query + 1) (`STAT_NAMES`). They
+  are not differentiable.
 
   Inference only: `dropout_rate` must be 0 (anything else raises; `dropout_seed` is then
   ignored).
 
-  Args: as `attention`, plus `special_mask` bool `(batch, seq)`.
+  Args: as `attention` (the mask too, taken by each implementation in its form), plus
+    `special_mask` bool `(batch, seq)`. `impl` is "auto" (pallas on GPU, xla elsewhere),
+    "xla" or "pallas" (Triton variant only); "cudnn" has no statistics and raises.
 
   Returns:
     `(out, stats)`: out `(batch, seq, heads, head_dim)`; stats a dict of float32
     `(batch, heads)` arrays.
   """
-  head_mask = _validate(
-    q, k, v, kv_lengths, segment_ids, key_mask, head_mask, ablation, impl, special_mask
-  )
+  mask = mask_of(mask, kv_lengths, segment_ids, key_mask)
+  head_mask = _validate(q, k, v, mask, head_mask, ablation, impl, special_mask)
   del dropout_seed  # only accepted so that a caller passing attention's arguments gets told
   if drop.check_rate(dropout_rate) > 0:
     raise ValueError(
@@ -347,38 +347,16 @@ def attention_with_stats(
   if impl == "cudnn":
     raise ValueError("attention_with_stats supports impl 'xla' and 'pallas', got impl='cudnn'")
   if impl == "xla":
-    out = reference_attention(
-      q,
-      k,
-      v,
-      kv_lengths=kv_lengths,
-      segment_ids=segment_ids,
-      key_mask=key_mask,
-      head_mask=head_mask,
-      ablation=ablation,
-      scale=scale,
-    )
-    stats = reference_statistics(
-      q,
-      k,
-      v,
-      kv_lengths=kv_lengths,
-      segment_ids=segment_ids,
-      key_mask=key_mask,
-      head_mask=head_mask,
-      ablation=ablation,
-      special_mask=special_mask,
-      scale=scale,
-    )
-    return out, stats
-  kv_lengths = _pallas_args(q, k, kv_lengths, key_mask)
+    kwargs = {"mask": mask, "head_mask": head_mask, "ablation": ablation, "scale": scale}
+    out = reference_attention(q, k, v, **kwargs)
+    return out, reference_statistics(q, k, v, special_mask=special_mask, **kwargs)
+  fused_mask = _fused_mask(q, k, mask)
   interpret, _ = _pallas_variant(interpret, kernel_variant, stats=True)
   return fa_stats.attention_statistics_pallas(
     q,
     k,
     v,
-    kv_lengths=kv_lengths,
-    segment_ids=segment_ids,
+    mask=fused_mask,
     head_mask=head_mask,
     ablation=ablation,
     special_mask=special_mask,

@@ -1,4 +1,4 @@
-"""Fused (flash) attention in Pallas with padding, packing, head ablation and statistics.
+"""Fused (flash) attention in Pallas, Triton layout: padding, packing, head ablation, dropout.
 
 Layout follows `jax.nn.dot_product_attention`: q, k, v are `(batch, seq, heads, head_dim)`.
 The grid runs over `(batch, heads, q-blocks)`; each program keeps its query block on chip
@@ -35,17 +35,15 @@ without writing a T x T map.
 The kernels target the Triton lowering on GPU (compiled calls always pass Triton compiler
 params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
 mode. Inputs are padded to a multiple of the blocks along the sequence and to a power of two
-(>= 16) along head_dim. The TPU (Mosaic) variant is `kernels/flash_attention_tpu.py`, which
-`kernels.attention` picks on TPU; compiling this Triton variant on TPU is refused with a clear
-error.
+(>= 16) along head_dim (`kernels.tiling`, which holds what the variants share). The TPU
+(Mosaic) variant is `kernels/flash_attention_tpu.py`, which `kernels.attention` picks on TPU;
+`kernels.attention` refuses to compile this Triton variant on TPU with a clear error.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -53,137 +51,32 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from . import dropout as drop
-from .reference import reference_attention
-
-# Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-STAT_NAMES = ("entropy", "first", "special", "self", "prev", "next")
-
-Ablation = Literal["scale", "uniform"]
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-  """Static tile sizes of the attention kernels.
-
-  Attributes:
-    block_q: query rows per program in the forward and statistics kernels.
-    block_k: keys per loop step in the forward and statistics kernels.
-    block_q_bwd: query rows per step in the backward kernels.
-    block_k_bwd: keys per step in the backward kernels.
-    num_warps: Triton warps per program (GPU only; None picks by head_dim).
-    num_stages: Triton software pipelining stages (GPU only).
-  """
-
-  block_q: int = 64
-  block_k: int = 64
-  block_q_bwd: int = 64
-  block_k_bwd: int = 64
-  num_warps: int | None = None
-  num_stages: int = 2
-
-  def __post_init__(self):
-    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
-      value = getattr(self, name)
-      if value < 16 or value & (value - 1):
-        raise ValueError(f"BlockSizes.{name}={value} must be a power of two >= 16")
-
-  @classmethod
-  def get_default(cls, backend: str | None = None) -> BlockSizes:
-    """Default block sizes for `backend` ("gpu", "tpu", "cpu"; None: the default backend)."""
-    backend = backend or jax.default_backend()
-    if backend in ("gpu", "cuda", "rocm"):
-      return cls(block_q=64, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
-    if backend == "tpu":
-      return cls(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=128)
-    # CPU interpret mode: small tiles keep the emulated loops short for short sequences.
-    return cls(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32)
-
-  def clipped(self, seq_len: int) -> BlockSizes:
-    """Shrinks blocks to the next power of two >= seq_len (at least 16)."""
-    cap = max(16, pl.next_power_of_2(seq_len))
-    return dataclasses.replace(
-      self,
-      block_q=min(self.block_q, cap),
-      block_k=min(self.block_k, cap),
-      block_q_bwd=min(self.block_q_bwd, cap),
-      block_k_bwd=min(self.block_k_bwd, cap),
-    )
+from .masks import Mask
+from .reference import Ablation, reference_attention
+from .tiling import (
+  MASK_VALUE,
+  BlockSizes,
+  KernelConfig,
+  allowed_tile,
+  block_slice,
+  common_specs,
+  dot,
+  pad_head_dim,
+  pallas_call,
+  prepare,
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-  """Static configuration shared by the forward and backward kernels."""
-
-  scale: float
-  ablation: str
-  block_sizes: BlockSizes
-  has_segments: bool
-  interpret: bool
-  backward: str  # "pallas" | "reference"
-  dropout_rate: float = 0.0
-
-  @property
-  def uniform(self) -> bool:
-    return self.ablation == "uniform"
-
-  @property
-  def dropout(self) -> bool:
-    return self.dropout_rate > 0
-
-  @property
-  def drop_threshold(self) -> int:
-    return drop.threshold(self.dropout_rate)
-
-  @property
-  def keep_scale(self) -> float:
-    return 1.0 / (1.0 - self.dropout_rate)
-
-
-def _dot(a, b, *, trans_a=False, trans_b=False):
-  """2-D matmul with float32 accumulation; float32 inputs use full (IEEE) precision."""
-  if a.dtype != b.dtype:
-    a = a.astype(b.dtype)
-  dims = (((0,) if trans_a else (1,), (1,) if trans_b else (0,)), ((), ()))
-  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
-
-
-def _slice(start, size):
-  return pl.ds(pl.multiple_of(start, size), size)
-
-
-def _allowed(q_idx, k_idx, length, seg_q, seg_k):
-  """(bq, bk) bool: key is real (index < length) and, when packed, in the query's segment."""
-  mask = (k_idx < length)[None, :]
-  if seg_q is not None:
-    mask = mask & (seg_q[:, None] == seg_k[None, :])
-  return jnp.broadcast_to(mask, (q_idx.shape[0], k_idx.shape[0]))
-
-
-def _keep(cfg: _Config, rows, cols):
+def _keep(cfg: KernelConfig, rows, cols):
   """(bq, bk) bool kept entries of a tile from its row (bq,) and column (bk,) hashes."""
   return drop.keep(rows[:, None], cols[None, :], cfg.drop_threshold)
-
-
-def _pallas_call(kernel, cfg: _Config, head_dim: int, **kwargs):
-  """pl.pallas_call with Triton compiler params when compiled (JAX's GPU default is Mosaic)."""
-  compiler_params = None
-  if not cfg.interpret:
-    from jax.experimental.pallas import triton as plgpu  # GPU-only module, imported lazily
-
-    num_warps = cfg.block_sizes.num_warps or (4 if head_dim <= 64 else 8)
-    compiler_params = plgpu.CompilerParams(
-      num_warps=num_warps, num_stages=cfg.block_sizes.num_stages
-    )
-  return pl.pallas_call(kernel, interpret=cfg.interpret, compiler_params=compiler_params, **kwargs)
 
 
 # ----------------------------------------------------------------------------------------
 # Forward.
 
 
-def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
+def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
   """One (batch, head, q-block) program: online softmax over the sequence's key blocks."""
   refs = list(refs)
   q_ref, k_ref, v_ref, len_ref, xi_ref = refs[:5]
@@ -206,11 +99,11 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
 
   def body(j, carry):
     acc, m_prev, l_prev = carry[:3]
-    k_slice = _slice(j * block_k, block_k)
+    k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k)
-    s = _dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale  # (bq, bk)
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k)
+    s = dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale  # (bq, bk)
     s = jnp.where(allowed, s, MASK_VALUE)
     m_next = jnp.maximum(m_prev, s.max(axis=-1))
     correction = jnp.exp(m_prev - m_next)
@@ -218,14 +111,14 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
     v = v_ref[k_slice, :]
     kept = _keep(cfg, rows, drop.col_hash(k_idx)) if cfg.dropout else None
     p_v = p if kept is None else jnp.where(kept, p, 0.0)  # the normaliser keeps every p
-    acc = acc * correction[:, None] + _dot(p_v, v)
+    acc = acc * correction[:, None] + dot(p_v, v)
     l_next = l_prev * correction + p.sum(axis=-1)
     if not cfg.uniform:
       return acc, m_next, l_next
     # Uniform ablation: the sum of V and the count over the allowed keys, per query row.
     vsum, count = carry[3:]
     allowed_f = allowed.astype(jnp.float32)
-    vsum = vsum + _dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
+    vsum = vsum + dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
     count = count + allowed_f.sum(axis=-1)
     return acc, m_next, l_next, vsum, count
 
@@ -260,30 +153,15 @@ def _fwd_kernel(*refs, cfg: _Config, with_residuals: bool):
       count_ref[...] = count
 
 
-def _common_specs(cfg: _Config, seq_pad: int, head_dim: int, block_q: int):
-  """BlockSpecs of (q, k, v, lengths, xi[, seg_q, seg_k]) on a (batch, heads, q-blocks) grid."""
-  q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
-  kv_spec = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
-  specs = [
-    q_spec,
-    kv_spec,
-    kv_spec,
-    pl.BlockSpec((None,), lambda b, h, i: (b,)),
-    pl.BlockSpec((None, None), lambda b, h, i: (b, h)),
-  ]
-  if cfg.has_segments:
-    specs += [
-      pl.BlockSpec((None, block_q), lambda b, h, i: (b, i)),
-      pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
-    ]
-  return specs
+def forward_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None):
+  """Runs the forward kernel on padded inputs (the statistics pass reuses it for the lse).
 
-
-def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None):
+  Returns `[out]`, or with residuals `[out, lse, o_attn]` and in uniform mode `[v_mean, count]`.
+  """
   batch, seq_pad, heads, head_dim = q.shape
   block_q = cfg.block_sizes.block_q
   grid = (batch, heads, seq_pad // block_q)
-  in_specs = _common_specs(cfg, seq_pad, head_dim, block_q)
+  in_specs = common_specs(cfg, seq_pad, head_dim, block_q)
   args = [q, k, v, lengths, xi] + ([seg, seg] if cfg.has_segments else [])
   if cfg.dropout:
     in_specs.append(pl.BlockSpec((None, None), lambda b, h, i: (b, h)))
@@ -300,7 +178,7 @@ def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool, see
       out_shape += [jax.ShapeDtypeStruct(q.shape, jnp.float32), rows]  # v_mean, count
       out_specs += [tile_spec, row_spec]
   kernel = functools.partial(_fwd_kernel, cfg=cfg, with_residuals=with_residuals)
-  return _pallas_call(
+  return pallas_call(
     kernel,
     cfg,
     head_dim,
@@ -316,7 +194,7 @@ def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals: bool, see
 # Backward.
 
 
-def _bwd_pre_kernel(*refs, cfg: _Config):
+def _bwd_pre_kernel(*refs, cfg: KernelConfig):
   """delta_i = dO_i . O_attn_i and the per-row contribution to d xi."""
   if cfg.uniform:
     do_ref, oa_ref, vmean_ref, len_ref, delta_ref, dxi_ref = refs
@@ -336,7 +214,7 @@ def _bwd_pre_kernel(*refs, cfg: _Config):
   dxi_ref[...] = dxi
 
 
-def _dkv_kernel(*refs, cfg: _Config):
+def _dkv_kernel(*refs, cfg: KernelConfig):
   """One (batch, head, k-block) program: loops over the real query blocks for dK, dV."""
   refs = list(refs)
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
@@ -364,26 +242,26 @@ def _dkv_kernel(*refs, cfg: _Config):
 
   def body(i, carry):
     dk, dv = carry
-    q_slice = _slice(i * block_q, block_q)
+    q_slice = block_slice(i * block_q, block_q)
     q_idx = i * block_q + jnp.arange(block_q)
     seg_q = segq_ref[q_slice] if cfg.has_segments else None
-    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k) & (q_idx < length)[:, None]
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k) & (q_idx < length)[:, None]
     q = q_ref[q_slice, :]
     do = do_ref[q_slice, :]
-    s = _dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
+    s = dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
     p = jnp.where(allowed, jnp.exp(s - lse_ref[q_slice][:, None]), 0.0)
     # The attention that mixes V: xi * A (+ (1 - xi) / n_i on allowed keys in uniform mode).
     p_mix = xi * p
     if cfg.uniform:
       p_mix = p_mix + jnp.where(allowed, coef_ref[q_slice][:, None], 0.0)
-    dp = _dot(do, v, trans_b=True)  # (bq, bk)
+    dp = dot(do, v, trans_b=True)  # (bq, bk)
     if cfg.dropout:
       kept = _keep(cfg, drop.row_hash(key, q_idx), cols)
       p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
       dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
-    dv = dv + _dot(p_mix, do, trans_a=True)
+    dv = dv + dot(p_mix, do, trans_a=True)
     ds = p * (dp - delta_ref[q_slice][:, None])
-    dk = dk + _dot(ds, q, trans_a=True)
+    dk = dk + dot(ds, q, trans_a=True)
     return dk, dv
 
   zeros = jnp.zeros((block_k, head_dim), jnp.float32)
@@ -395,7 +273,7 @@ def _dkv_kernel(*refs, cfg: _Config):
   dv_ref[...] = dv.astype(dv_ref.dtype)
 
 
-def _dq_kernel(*refs, cfg: _Config):
+def _dq_kernel(*refs, cfg: KernelConfig):
   """One (batch, head, q-block) program: loops over the real key blocks for dQ."""
   refs = list(refs)
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
@@ -421,25 +299,25 @@ def _dq_kernel(*refs, cfg: _Config):
   rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
 
   def body(j, dq):
-    k_slice = _slice(j * block_k, block_k)
+    k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k) & row_real
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k) & row_real
     k = k_ref[k_slice, :]
-    s = _dot(q, k, trans_b=True) * cfg.scale
+    s = dot(q, k, trans_b=True) * cfg.scale
     p = jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
-    dp = _dot(do, v_ref[k_slice, :], trans_b=True)
+    dp = dot(do, v_ref[k_slice, :], trans_b=True)
     if cfg.dropout:
       dp = jnp.where(_keep(cfg, rows, drop.col_hash(k_idx)), dp * cfg.keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
-    return dq + _dot(ds, k)
+    return dq + dot(ds, k)
 
   num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
   dq = lax.fori_loop(0, num_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
   dq_ref[...] = (dq * (xi * cfg.scale)).astype(dq_ref.dtype)
 
 
-def _bwd_call(cfg: _Config, residuals, dout):
+def _bwd_call(cfg: KernelConfig, residuals, dout):
   q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
   batch, seq_pad, heads, head_dim = q.shape
   bs = cfg.block_sizes
@@ -454,7 +332,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
   # 1) delta and d xi per row.
   pre_args = [dout, o_attn] + ([v_mean] if cfg.uniform else []) + [lengths]
   pre_specs = [tile_q, tile_q] + ([tile_q] if cfg.uniform else []) + [len_spec]
-  delta, dxi_rows = _pallas_call(
+  delta, dxi_rows = pallas_call(
     functools.partial(_bwd_pre_kernel, cfg=cfg),
     cfg,
     head_dim,
@@ -485,7 +363,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
   if cfg.dropout:
     dkv_args.append(keys)
     dkv_specs.append(xi_spec)
-  dk, dv = _pallas_call(
+  dk, dv = pallas_call(
     functools.partial(_dkv_kernel, cfg=cfg),
     cfg,
     head_dim,
@@ -507,7 +385,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
   key_args = [keys] if cfg.dropout else []
   if cfg.dropout:
     dq_specs.append(xi_spec)
-  dq = _pallas_call(
+  dq = pallas_call(
     functools.partial(_dq_kernel, cfg=cfg),
     cfg,
     head_dim,
@@ -524,13 +402,12 @@ def _bwd_call(cfg: _Config, residuals, dout):
 # custom_vjp wrapper on padded inputs.
 
 
-def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi, seed):
+def _reference_padded(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
   return reference_attention(
     q,
     k,
     v,
-    kv_lengths=lengths,
-    segment_ids=seg,
+    mask=Mask(lengths, seg),
     head_mask=xi,
     ablation=cfg.ablation,
     scale=cfg.scale,
@@ -540,20 +417,20 @@ def _reference_padded(cfg: _Config, q, k, v, lengths, seg, xi, seed):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, lengths, seg, xi, seed):
-  (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
+def _flash(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
+  (out,) = forward_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
   return out
 
 
-def _flash_fwd(cfg: _Config, q, k, v, lengths, seg, xi, seed):
-  out, lse, o_attn, *uniform_res = _fwd_call(
+def _flash_fwd(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
+  out, lse, o_attn, *uniform_res = forward_call(
     cfg, q, k, v, lengths, seg, xi, with_residuals=True, seed=seed
   )
   v_mean, count = uniform_res if cfg.uniform else (None, None)
   return out, (q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count)
 
 
-def _flash_bwd(cfg: _Config, residuals, dout):
+def _flash_bwd(cfg: KernelConfig, residuals, dout):
   q, k, v, lengths, seg, xi, seed = residuals[:7]
   if cfg.backward == "reference":
     _, vjp = jax.vjp(
@@ -572,47 +449,12 @@ def _flash_bwd(cfg: _Config, residuals, dout):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _prepare(q, k, v, kv_lengths, segment_ids, head_mask, block_sizes, *extra_rows):
-  """Pads the sequence to a multiple of every block and fills defaults."""
-  batch, seq, heads, _ = q.shape
-  bs = block_sizes.clipped(seq)
-  multiple = max(bs.block_q, bs.block_k, bs.block_q_bwd, bs.block_k_bwd)
-  seq_pad = pl.cdiv(seq, multiple) * multiple
-  lengths = (
-    jnp.full((batch,), seq, jnp.int32)
-    if kv_lengths is None
-    else jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, seq)
-  )
-  xi = jnp.ones((batch, heads), jnp.float32) if head_mask is None else head_mask
-
-  def pad_seq(x):
-    if x is None or seq_pad == seq:
-      return x
-    widths = [(0, 0)] * x.ndim
-    widths[1] = (0, seq_pad - seq)
-    return jnp.pad(x, widths)
-
-  seg = None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
-  padded = [pad_seq(x) for x in (q, k, v, seg, *extra_rows)]
-  return bs, seq_pad, lengths, xi, padded
-
-
-def _pad_head_dim(x):
-  """Zero-pads head_dim to a power of two >= 16 (Triton tiles); zeros change no logit."""
-  head_dim = x.shape[-1]
-  padded = max(16, pl.next_power_of_2(head_dim))
-  if padded == head_dim:
-    return x
-  return jnp.pad(x, [(0, 0)] * 3 + [(0, padded - head_dim)])
-
-
 def flash_attention(
   q,
   k,
   v,
   *,
-  kv_lengths=None,
-  segment_ids=None,
+  mask: Mask | None = None,
   head_mask=None,
   ablation: Ablation = "scale",
   scale: float | None = None,
@@ -628,8 +470,9 @@ def flash_attention(
     q: queries `(batch, seq, heads, head_dim)`; k and v have the same shape.
     k: keys.
     v: values.
-    kv_lengths: int `(batch,)` real lengths (right padding); None means full length.
-    segment_ids: int `(batch, seq)` packed-sequence ids, or None.
+    mask: a `Mask` in lengths form: `kv_lengths` (right padding; None means full length)
+      and `segment_ids` (packed sequences), no `key_mask` (`Mask.as_lengths` folds one in);
+      None means no padding.
     head_mask: float `(batch, heads)` xi, or None (all ones).
     ablation: "scale" or "uniform" (see the module docstring).
     scale: logit scale; None means `1 / sqrt(head_dim)`.
@@ -644,17 +487,16 @@ def flash_attention(
     `(batch, seq, heads, head_dim)` in the dtype of q; rows at or past kv_length are zero.
   """
   seq, head_dim = q.shape[1], q.shape[3]
+  mask = Mask() if mask is None else mask
   scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
   block_sizes = block_sizes or BlockSizes.get_default()
-  q, k, v = (_pad_head_dim(x) for x in (q, k, v))
-  bs, _, lengths, xi, (qp, kp, vp, seg) = _prepare(
-    q, k, v, kv_lengths, segment_ids, head_mask, block_sizes
-  )
-  cfg = _Config(
+  q, k, v = (pad_head_dim(x) for x in (q, k, v))
+  bs, _, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
+  cfg = KernelConfig(
     scale=scale,
     ablation=ablation,
     block_sizes=bs,
-    has_segments=segment_ids is not None,
+    has_segments=mask.segment_ids is not None,
     interpret=interpret,
     backward=backward,
     dropout_rate=drop.check_rate(dropout_rate),

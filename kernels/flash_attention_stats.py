@@ -5,7 +5,8 @@ and reduces every query row's attention distribution (the softmax A in "scale" m
 mixture `xi A + (1 - xi) U` in "uniform" mode) to scalars: entropy and the mass on [CLS]
 (key 0), on special keys, on the query itself, the previous and the next token. Like the
 forward it visits only `cdiv(kv_length, block_k)` key blocks and writes `(batch, heads, seq)`
-rows, never a T x T map.
+rows, never a T x T map. It is built on the Triton variant (`kernels.flash_attention`'s
+forward and the Triton layout of `kernels.tiling`); there is no TPU statistics pass yet.
 """
 
 from __future__ import annotations
@@ -18,23 +19,23 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .flash_attention import (
-  STAT_NAMES,
-  Ablation,
+from .flash_attention import forward_call
+from .masks import Mask
+from .reference import STAT_NAMES, Ablation
+from .tiling import (
   BlockSizes,
-  _allowed,
-  _common_specs,
-  _Config,
-  _dot,
-  _fwd_call,
-  _pad_head_dim,
-  _pallas_call,
-  _prepare,
-  _slice,
+  KernelConfig,
+  allowed_tile,
+  block_slice,
+  common_specs,
+  dot,
+  pad_head_dim,
+  pallas_call,
+  prepare,
 )
 
 
-def _stats_kernel(*refs, cfg: _Config, has_special: bool):
+def _stats_kernel(*refs, cfg: KernelConfig, has_special: bool):
   """Per query row: entropy and attention mass on [CLS], special, self, prev, next keys."""
   refs = list(refs)
   q_ref, k_ref, lse_ref, len_ref, xi_ref = refs[:5]
@@ -62,11 +63,11 @@ def _stats_kernel(*refs, cfg: _Config, has_special: bool):
     unif = jnp.where(count > 0, (1.0 - xi) / jnp.maximum(count, 1.0), 0.0)
 
   def body(j, sums):
-    k_slice = _slice(j * block_k, block_k)
+    k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = _allowed(q_idx, k_idx, length, seg_q, seg_k)
-    log_p = _dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale - lse[:, None]
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k)
+    log_p = dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale - lse[:, None]
     p = jnp.where(allowed, jnp.exp(log_p), 0.0)
     if cfg.uniform:
       p = jnp.where(allowed, xi * p + unif[:, None], 0.0)
@@ -98,8 +99,7 @@ def attention_statistics_pallas(
   k,
   v,
   *,
-  kv_lengths=None,
-  segment_ids=None,
+  mask: Mask | None = None,
   head_mask=None,
   ablation: Ablation = "scale",
   special_mask=None,
@@ -116,27 +116,28 @@ def attention_statistics_pallas(
     named by `STAT_NAMES`, averaged over the real query rows.
   """
   batch, seq, heads, head_dim = q.shape
+  mask = Mask() if mask is None else mask
   scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
   block_sizes = block_sizes or BlockSizes.get_default()
   special = None if special_mask is None else jnp.asarray(special_mask, jnp.float32)
-  q, k, v = (_pad_head_dim(x) for x in (q, k, v))
+  q, k, v = (pad_head_dim(x) for x in (q, k, v))
   padded_head_dim = q.shape[-1]
-  bs, seq_pad, lengths, xi, (qp, kp, vp, seg, special) = _prepare(
-    q, k, v, kv_lengths, segment_ids, head_mask, block_sizes, special
+  bs, seq_pad, lengths, xi, (qp, kp, vp, seg, special) = prepare(
+    q, k, v, mask, head_mask, block_sizes, special
   )
   xi = xi.astype(jnp.float32)
-  cfg = _Config(
+  cfg = KernelConfig(
     scale=scale,
     ablation=ablation,
     block_sizes=bs,
-    has_segments=segment_ids is not None,
+    has_segments=mask.segment_ids is not None,
     interpret=interpret,
     backward="pallas",
   )
-  out, lse, _, *uniform_res = _fwd_call(cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True)
+  out, lse, _, *uniform_res = forward_call(cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True)
   out, lse, qp, kp = map(lax.stop_gradient, (out, lse, qp, kp))
 
-  in_specs = _common_specs(cfg, seq_pad, padded_head_dim, bs.block_q)
+  in_specs = common_specs(cfg, seq_pad, padded_head_dim, bs.block_q)
   row_spec = pl.BlockSpec((None, None, bs.block_q), lambda b, h, i: (b, h, i))
   # (q, k, lse, lengths, xi, [seg_q, seg_k], [special], [count])
   in_specs = [in_specs[0], in_specs[1], row_spec] + in_specs[3:]
@@ -148,7 +149,7 @@ def attention_statistics_pallas(
     args.append(uniform_res[1])
     in_specs.append(row_spec)
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
-  per_row = _pallas_call(
+  per_row = pallas_call(
     functools.partial(_stats_kernel, cfg=cfg, has_special=special is not None),
     cfg,
     padded_head_dim,

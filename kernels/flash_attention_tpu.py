@@ -30,7 +30,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from . import dropout as drop
-from .flash_attention import MASK_VALUE, BlockSizes, _Config, _dot, _prepare
+from .masks import Mask
+from .reference import Ablation
+from .tiling import MASK_VALUE, BlockSizes, KernelConfig, dot, prepare
 
 
 def _iota(shape, dim, start):
@@ -52,7 +54,7 @@ def _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k):
   return drop.keep(rows, cols, cfg.drop_threshold)
 
 
-def _params(cfg: _Config, semantics):
+def _params(cfg: KernelConfig, semantics):
   if cfg.interpret:
     return {"interpret": True}
   return {"compiler_params": pltpu.CompilerParams(dimension_semantics=semantics)}
@@ -89,7 +91,7 @@ def _fwd_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, *refs, cfg, with_residual
   @pl.when((k_start < length) & (q_start < length))
   def _step():
     allowed = _mask(cfg, block_q, block_k, q_start, k_start, length, segq_ref, segk_ref)
-    s = _dot(q_ref[...], k_ref[...], trans_b=True) * cfg.scale  # (bq, bk)
+    s = dot(q_ref[...], k_ref[...], trans_b=True) * cfg.scale  # (bq, bk)
     s = jnp.where(allowed, s, MASK_VALUE)
     m_prev = m_sc[...]  # (bq, 1)
     m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))
@@ -100,12 +102,12 @@ def _fwd_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, *refs, cfg, with_residual
     if cfg.dropout:
       kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
     p_v = p if kept is None else jnp.where(kept, p, 0.0)  # the normaliser keeps every p
-    acc_sc[...] = acc_sc[...] * correction + _dot(p_v, v)
+    acc_sc[...] = acc_sc[...] * correction + dot(p_v, v)
     l_sc[...] = l_sc[...] * correction + p.sum(axis=-1, keepdims=True)
     m_sc[...] = m_next
     if cfg.uniform:
       allowed_f = allowed.astype(jnp.float32)
-      scratch[3][...] += _dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
+      scratch[3][...] += dot(allowed_f if kept is None else jnp.where(kept, allowed_f, 0.0), v)
       scratch[4][...] += allowed_f.sum(axis=-1, keepdims=True)
 
   @pl.when(j == pl.num_programs(3) - 1)
@@ -135,7 +137,7 @@ def _last_block(length, block):
   return jnp.maximum(pl.cdiv(length, block) - 1, 0)
 
 
-def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals, seed=None):
+def _fwd_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals, seed=None):
   batch, heads, seq_pad, head_dim = q.shape
   bq, bk = cfg.block_sizes.block_q, cfg.block_sizes.block_k
 
@@ -198,7 +200,7 @@ def _fwd_call(cfg: _Config, q, k, v, lengths, seg, xi, with_residuals, seed=None
 
 
 def _probs(cfg, q, k, lse, allowed):
-  s = _dot(q, k, trans_b=True) * cfg.scale
+  s = dot(q, k, trans_b=True) * cfg.scale
   return jnp.where(allowed, jnp.exp(s - lse), 0.0)  # lse (bq, 1)
 
 
@@ -233,14 +235,14 @@ def _dkv_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_re
     p_mix = xi * p
     if cfg.uniform:
       p_mix = p_mix + jnp.where(allowed, coef_ref[...], 0.0)
-    dp = _dot(do, v_ref[...], trans_b=True)
+    dp = dot(do, v_ref[...], trans_b=True)
     if cfg.dropout:
       kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
       p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
       dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
-    dv_sc[...] += _dot(p_mix, do, trans_a=True)
+    dv_sc[...] += dot(p_mix, do, trans_a=True)
     ds = p * (dp - delta_ref[...])
-    dk_sc[...] += _dot(ds, q, trans_a=True)
+    dk_sc[...] += dot(ds, q, trans_a=True)
 
   @pl.when(i == pl.num_programs(3) - 1)
   def _finish():
@@ -272,19 +274,19 @@ def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
     allowed = allowed & (_iota((block_q, 1), 0, q_start) < length)
     k = k_ref[...]
     p = _probs(cfg, q_ref[...], k, lse_ref[...], allowed)
-    dp = _dot(do_ref[...], v_ref[...], trans_b=True)
+    dp = dot(do_ref[...], v_ref[...], trans_b=True)
     if cfg.dropout:
       kept = _keep(cfg, keys_ref, b, h, q_start, k_start, block_q, block_k)
       dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
     ds = p * (dp - delta_ref[...])
-    dq_sc[...] += _dot(ds, k)
+    dq_sc[...] += dot(ds, k)
 
   @pl.when(j == pl.num_programs(3) - 1)
   def _finish():
     dq_ref[...] = (dq_sc[...] * (xi_ref[b, h] * cfg.scale)).astype(dq_ref.dtype)
 
 
-def _bwd_call(cfg: _Config, residuals, dout):
+def _bwd_call(cfg: KernelConfig, residuals, dout):
   q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
   batch, heads, seq_pad, head_dim = q.shape
   bq, bk = cfg.block_sizes.block_q_bwd, cfg.block_sizes.block_k_bwd
@@ -376,7 +378,7 @@ def _bwd_call(cfg: _Config, residuals, dout):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: _Config, q, k, v, lengths, seg, xi, seed):
+def _flash(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
   (out,) = _fwd_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
   return out
 
@@ -400,10 +402,9 @@ def flash_attention_tpu(
   k,
   v,
   *,
-  kv_lengths=None,
-  segment_ids=None,
+  mask: Mask | None = None,
   head_mask=None,
-  ablation="scale",
+  ablation: Ablation = "scale",
   scale=None,
   block_sizes: BlockSizes | None = None,
   interpret: bool = False,
@@ -416,16 +417,15 @@ def flash_attention_tpu(
   is used as is (a tile's last dim equals the array's, which Mosaic accepts).
   """
   seq, head_dim = q.shape[1], q.shape[3]
+  mask = Mask() if mask is None else mask
   scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
   block_sizes = block_sizes or BlockSizes.get_default("tpu")
-  bs, _, lengths, xi, (qp, kp, vp, seg) = _prepare(
-    q, k, v, kv_lengths, segment_ids, head_mask, block_sizes
-  )
-  cfg = _Config(
+  bs, _, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
+  cfg = KernelConfig(
     scale=scale,
     ablation=ablation,
     block_sizes=bs,
-    has_segments=segment_ids is not None,
+    has_segments=mask.segment_ids is not None,
     interpret=interpret,
     backward="pallas",
     dropout_rate=drop.check_rate(dropout_rate),

@@ -1,51 +1,33 @@
-"""The pure-jnp reference attention and its mask helpers: the leaf every kernel is tested against.
+"""The pure-jnp reference attention and statistics: the leaf every kernel is tested against.
 
 Every other implementation in `bertjax.kernels` (the XLA path with its custom backward,
 the Pallas kernels, the statistics pass) is checked against `reference_attention` and
-`reference_statistics` here; this module imports nothing else of the package but the
-dropout stream, so the kernels can use it without an import cycle.
+`reference_statistics` here. The names of the head-ablation modes (`ABLATIONS`) and of the
+statistics (`STAT_NAMES`) are defined here once. This module imports nothing else of the
+package but the mask description and the dropout stream, so the kernels can use it without
+an import cycle.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
 from . import dropout as drop
+from .masks import Mask, mask_of
 
+# How a head mask xi enters attention: "scale" (Michel et al.) or "uniform" (Kovaleva et al.).
 ABLATIONS = ("scale", "uniform")
+Ablation = Literal["scale", "uniform"]
+# The per-head statistics of `reference_statistics` and `kernels.attention_with_stats`.
+STAT_NAMES = ("entropy", "first", "special", "self", "prev", "next")
 
 
 def _compute_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
-
-
-def _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask, per_query=True):
-  """(batch, q, k) bool of allowed keys and (batch, q) bool of real query rows.
-
-  With `per_query=False` and no segment ids the mask depends on the key alone and is
-  returned as (batch, 1, k), to be broadcast over queries.
-  """
-  k_idx = jnp.arange(seq_k)
-  q_idx = jnp.arange(seq_q)
-  rows = seq_q if per_query or segment_ids is not None else 1
-  allowed = jnp.ones((batch, rows, seq_k), bool)
-  row_real = jnp.ones((batch, seq_q), bool)
-  if kv_lengths is not None:
-    lengths = jnp.asarray(kv_lengths)
-    allowed = allowed & (k_idx[None, None, :] < lengths[:, None, None])
-    row_real = row_real & (q_idx[None, :] < lengths[:, None])
-  if key_mask is not None:
-    key_mask = jnp.asarray(key_mask, bool)
-    allowed = allowed & key_mask[:, None, :]
-    if seq_q == seq_k:
-      row_real = row_real & key_mask
-  if segment_ids is not None:
-    seg = jnp.asarray(segment_ids)
-    allowed = allowed & (seg[:, :, None] == seg[:, None, :])
-  return allowed, row_real
 
 
 def _attention_distributions(
@@ -53,9 +35,7 @@ def _attention_distributions(
   k,
   v,
   *,
-  kv_lengths,
-  segment_ids,
-  key_mask,
+  mask: Mask,
   head_mask,
   ablation,
   scale,
@@ -67,7 +47,7 @@ def _attention_distributions(
   seq_k = k.shape[1]
   dtype = _compute_dtype(q.dtype)
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-  allowed, row_real = _allowed_mask(batch, seq_q, seq_k, kv_lengths, segment_ids, key_mask)
+  allowed, row_real = mask.allowed(batch, seq_q, seq_k)
   allowed = allowed[:, None]  # (B, 1, Tq, Tk)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dtype), k.astype(dtype)) * scale
   logits = jnp.where(allowed, logits, -jnp.inf)
@@ -98,11 +78,12 @@ def reference_attention(
   k,
   v,
   *,
+  mask: Mask | None = None,
   kv_lengths=None,
   segment_ids=None,
   key_mask=None,
   head_mask=None,
-  ablation="scale",
+  ablation: Ablation = "scale",
   scale=None,
   return_probs=False,
   dropout_rate=0.0,
@@ -114,6 +95,8 @@ def reference_attention(
     q: `(batch, seq_q, heads, head_dim)`.
     k: `(batch, seq_k, heads, head_dim)`.
     v: `(batch, seq_k, heads, head_dim)`.
+    mask: a `Mask` (kv_lengths, segment_ids, key_mask), or None to give its parts as the
+      keywords below.
     kv_lengths: int `(batch,)` or None.
     segment_ids: int `(batch, seq)` or None (requires seq_q == seq_k).
     key_mask: bool `(batch, seq_k)` (True = real key) or None.
@@ -133,9 +116,7 @@ def reference_attention(
     q,
     k,
     v,
-    kv_lengths=kv_lengths,
-    segment_ids=segment_ids,
-    key_mask=key_mask,
+    mask=mask_of(mask, kv_lengths, segment_ids, key_mask),
     head_mask=head_mask,
     ablation=ablation,
     scale=scale,
@@ -151,22 +132,25 @@ def reference_statistics(
   k,
   v,
   *,
+  mask: Mask | None = None,
   kv_lengths=None,
   segment_ids=None,
   key_mask=None,
   head_mask=None,
-  ablation="scale",
+  ablation: Ablation = "scale",
   special_mask=None,
   scale=None,
 ):
-  """Statistics of the full attention maps, averaged over real query rows: `(batch, heads)`."""
+  """Statistics of the full attention maps, averaged over real query rows: `(batch, heads)`.
+
+  Arguments as `reference_attention`, plus `special_mask` bool `(batch, seq_k)`; the result
+  is a dict named by `STAT_NAMES`.
+  """
   _, _, p, row_real = _attention_distributions(
     q,
     k,
     v,
-    kv_lengths=kv_lengths,
-    segment_ids=segment_ids,
-    key_mask=key_mask,
+    mask=mask_of(mask, kv_lengths, segment_ids, key_mask),
     head_mask=head_mask,
     ablation=ablation,
     scale=scale,

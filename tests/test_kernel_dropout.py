@@ -252,7 +252,7 @@ def test_dropout_kernels_lower_to_triton_and_mosaic(ablation):
   def grads(fn, **kw):
     def run(q, k, v, lengths, xi, seed):
       def loss(q, k, v, xi):
-        out = fn(q, k, v, kv_lengths=lengths, head_mask=xi, ablation=ablation,
+        out = fn(q, k, v, mask=kernels.Mask(lengths), head_mask=xi, ablation=ablation,
                  dropout_rate=0.1, dropout_seed=seed, **kw)  # fmt: skip
         return jnp.sum(out.astype(jnp.float32) ** 2)
 

@@ -370,8 +370,7 @@ def test_kernels_lower_to_triton_without_a_gpu(dtype, head_dim, ablation, segmen
 
   def grads_and_stats(q, k, v, lengths, xi, seg):
     kw = {
-      "kv_lengths": lengths,
-      "segment_ids": seg if segments else None,
+      "mask": kernels.Mask(lengths, seg if segments else None),
       "ablation": ablation,
       "block_sizes": blocks,
       "interpret": False,
@@ -405,8 +404,8 @@ def test_tpu_kernels_lower_to_mosaic_without_a_tpu(ablation, segments):
   def grads(q, k, v, lengths, xi, seg):
     def loss(q, k, v, xi):
       out = flash_attention_tpu(
-        q, k, v, kv_lengths=lengths, head_mask=xi, ablation=ablation,
-        segment_ids=seg if segments else None,
+        q, k, v, mask=kernels.Mask(lengths, seg if segments else None), head_mask=xi,
+        ablation=ablation,
       )  # fmt: skip
       return jnp.sum(out.astype(jnp.float32) ** 2)
 
@@ -517,6 +516,20 @@ def test_xla_custom_backward_bf16_inputs():
                                rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("impl", ["xla", "pallas"])
+def test_mask_argument_equals_keywords(impl):
+  # One Mask in, each implementation takes it in its form: the same numbers as the keywords.
+  q, k, v, _, xi = _inputs(10, 2, 12, 2, 16, jnp.float32)
+  key_mask = jnp.arange(12)[None, :] < jnp.array([12, 7])[:, None]
+  seg = jnp.array([[0] * 6 + [1] * 6, [0] * 12])
+  kw = {"head_mask": xi, "impl": impl}
+  by_mask = kernels.attention(q, k, v, mask=kernels.Mask(None, seg, key_mask), **kw)
+  by_keywords = kernels.attention(q, k, v, segment_ids=seg, key_mask=key_mask, **kw)
+  np.testing.assert_array_equal(by_mask, by_keywords)
+  stats = kernels.attention_with_stats(q, k, v, mask=kernels.Mask(None, seg, key_mask), **kw)
+  np.testing.assert_allclose(stats[0], by_mask, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="auto picks pallas on GPU")
 def test_auto_on_cpu_is_xla():
   q, k, v, _, xi = _inputs(8, 2, 12, 2, 16, jnp.float32)
@@ -539,6 +552,7 @@ def test_auto_on_cpu_is_xla():
     ({"impl": "pallas", "backward": "jvp"}, r"backward='jvp' must be"),
     ({"impl": "pallas", "kernel_variant": "cuda"}, r"variant='cuda' must be one of"),
     ({"impl": "pallas", "interpret": False, "kernel_variant": "tpu"}, r"cannot run on backend"),
+    ({"mask": kernels.Mask(), "key_mask": jnp.ones((2, 12), bool)}, r"either as mask= or"),
   ],
 )
 def test_clear_errors(kwargs, match):

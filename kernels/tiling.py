@@ -1,0 +1,205 @@
+"""What the Pallas attention kernels share: tile sizes, static configuration, padding, helpers.
+
+Used by both variants (`kernels.flash_attention`, Triton layout; `kernels.flash_attention_tpu`,
+Mosaic layout) and by the statistics pass (`kernels.flash_attention_stats`):
+
+* `BlockSizes` (public, static tile sizes) and `KernelConfig` (everything else static);
+* `prepare`: fills defaults and pads the sequence to a multiple of every block;
+  `pad_head_dim`: pads head_dim to a power of two for Triton tiles;
+* `dot`, `MASK_VALUE`: the in-kernel matmul and masked-logit value;
+* the Triton layout on a `(batch, heads, q-blocks)` grid (`pallas_call`, `common_specs`,
+  `block_slice`, `allowed_tile`), shared by the Triton forward/backward and the statistics
+  pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from . import dropout as drop
+from .masks import Mask
+
+# Large finite negative logit for masked keys: -inf would give NaN in `exp(-inf - -inf)`.
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+  """Static tile sizes of the attention kernels.
+
+  Attributes:
+    block_q: query rows per program in the forward and statistics kernels.
+    block_k: keys per loop step in the forward and statistics kernels.
+    block_q_bwd: query rows per step in the backward kernels.
+    block_k_bwd: keys per step in the backward kernels.
+    num_warps: Triton warps per program (GPU only; None picks by head_dim).
+    num_stages: Triton software pipelining stages (GPU only).
+  """
+
+  block_q: int = 64
+  block_k: int = 64
+  block_q_bwd: int = 64
+  block_k_bwd: int = 64
+  num_warps: int | None = None
+  num_stages: int = 2
+
+  def __post_init__(self):
+    for name in ("block_q", "block_k", "block_q_bwd", "block_k_bwd"):
+      value = getattr(self, name)
+      if value < 16 or value & (value - 1):
+        raise ValueError(f"BlockSizes.{name}={value} must be a power of two >= 16")
+
+  @classmethod
+  def get_default(cls, backend: str | None = None) -> BlockSizes:
+    """Default block sizes for `backend` ("gpu", "tpu", "cpu"; None: the default backend)."""
+    backend = backend or jax.default_backend()
+    if backend in ("gpu", "cuda", "rocm"):
+      return cls(block_q=64, block_k=64, block_q_bwd=64, block_k_bwd=64, num_stages=2)
+    if backend == "tpu":
+      return cls(block_q=128, block_k=128, block_q_bwd=128, block_k_bwd=128)
+    # CPU interpret mode: small tiles keep the emulated loops short for short sequences.
+    return cls(block_q=32, block_k=32, block_q_bwd=32, block_k_bwd=32)
+
+  def clipped(self, seq_len: int) -> BlockSizes:
+    """Shrinks blocks to the next power of two >= seq_len (at least 16)."""
+    cap = max(16, pl.next_power_of_2(seq_len))
+    return dataclasses.replace(
+      self,
+      block_q=min(self.block_q, cap),
+      block_k=min(self.block_k, cap),
+      block_q_bwd=min(self.block_q_bwd, cap),
+      block_k_bwd=min(self.block_k_bwd, cap),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Static configuration shared by the forward, backward and statistics kernels."""
+
+  scale: float
+  ablation: str
+  block_sizes: BlockSizes
+  has_segments: bool
+  interpret: bool
+  backward: str  # "pallas" | "reference"
+  dropout_rate: float = 0.0
+
+  @property
+  def uniform(self) -> bool:
+    return self.ablation == "uniform"
+
+  @property
+  def dropout(self) -> bool:
+    return self.dropout_rate > 0
+
+  @property
+  def drop_threshold(self) -> int:
+    return drop.threshold(self.dropout_rate)
+
+  @property
+  def keep_scale(self) -> float:
+    return 1.0 / (1.0 - self.dropout_rate)
+
+
+def prepare(q, k, v, mask: Mask, head_mask, block_sizes: BlockSizes, *extra_rows):
+  """Pads the sequence to a multiple of every block and fills defaults.
+
+  `mask` is in lengths form (no key mask; see `Mask.as_lengths`). Returns `(block sizes
+  clipped to the sequence, padded length, lengths (batch,) int32, xi (batch, heads), [q, k, v,
+  segment ids, *extra_rows] padded)`.
+  """
+  if mask.key_mask is not None:
+    raise ValueError("the fused kernels take kv_lengths, not key_mask: use Mask.as_lengths()")
+  batch, seq, heads, _ = q.shape
+  bs = block_sizes.clipped(seq)
+  multiple = max(bs.block_q, bs.block_k, bs.block_q_bwd, bs.block_k_bwd)
+  seq_pad = pl.cdiv(seq, multiple) * multiple
+  lengths = (
+    jnp.full((batch,), seq, jnp.int32)
+    if mask.kv_lengths is None
+    else jnp.clip(jnp.asarray(mask.kv_lengths, jnp.int32), 0, seq)
+  )
+  xi = jnp.ones((batch, heads), jnp.float32) if head_mask is None else head_mask
+
+  def pad_seq(x):
+    if x is None or seq_pad == seq:
+      return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, seq_pad - seq)
+    return jnp.pad(x, widths)
+
+  seg = None if mask.segment_ids is None else jnp.asarray(mask.segment_ids, jnp.int32)
+  padded = [pad_seq(x) for x in (q, k, v, seg, *extra_rows)]
+  return bs, seq_pad, lengths, xi, padded
+
+
+def pad_head_dim(x):
+  """Zero-pads head_dim to a power of two >= 16 (Triton tiles); zeros change no logit."""
+  head_dim = x.shape[-1]
+  padded = max(16, pl.next_power_of_2(head_dim))
+  if padded == head_dim:
+    return x
+  return jnp.pad(x, [(0, 0)] * 3 + [(0, padded - head_dim)])
+
+
+def dot(a, b, *, trans_a=False, trans_b=False):
+  """2-D matmul with float32 accumulation; float32 inputs use full (IEEE) precision."""
+  if a.dtype != b.dtype:
+    a = a.astype(b.dtype)
+  dims = (((0,) if trans_a else (1,), (1,) if trans_b else (0,)), ((), ()))
+  precision = lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+  return lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------
+# Triton layout: (batch, seq, heads, head_dim) arrays on a (batch, heads, q-blocks) grid.
+
+
+def block_slice(start, size):
+  """`pl.ds` of `size` rows from `start`, a multiple of `size`."""
+  return pl.ds(pl.multiple_of(start, size), size)
+
+
+def allowed_tile(q_idx, k_idx, length, seg_q, seg_k):
+  """(bq, bk) bool: key is real (index < length) and, when packed, in the query's segment."""
+  mask = (k_idx < length)[None, :]
+  if seg_q is not None:
+    mask = mask & (seg_q[:, None] == seg_k[None, :])
+  return jnp.broadcast_to(mask, (q_idx.shape[0], k_idx.shape[0]))
+
+
+def pallas_call(kernel, cfg: KernelConfig, head_dim: int, **kwargs):
+  """pl.pallas_call with Triton compiler params when compiled (JAX's GPU default is Mosaic)."""
+  compiler_params = None
+  if not cfg.interpret:
+    from jax.experimental.pallas import triton as plgpu  # GPU-only module, imported lazily
+
+    num_warps = cfg.block_sizes.num_warps or (4 if head_dim <= 64 else 8)
+    compiler_params = plgpu.CompilerParams(
+      num_warps=num_warps, num_stages=cfg.block_sizes.num_stages
+    )
+  return pl.pallas_call(kernel, interpret=cfg.interpret, compiler_params=compiler_params, **kwargs)
+
+
+def common_specs(cfg: KernelConfig, seq_pad: int, head_dim: int, block_q: int):
+  """BlockSpecs of (q, k, v, lengths, xi[, seg_q, seg_k]) on a (batch, heads, q-blocks) grid."""
+  q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
+  kv_spec = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  specs = [
+    q_spec,
+    kv_spec,
+    kv_spec,
+    pl.BlockSpec((None,), lambda b, h, i: (b,)),
+    pl.BlockSpec((None, None), lambda b, h, i: (b, h)),
+  ]
+  if cfg.has_segments:
+    specs += [
+      pl.BlockSpec((None, block_q), lambda b, h, i: (b, i)),
+      pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
+    ]
+  return specs
