@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 @pytest.mark.slow
 def test_kernels_install_as_bertjax_kernels(tmp_path):
