@@ -84,8 +84,25 @@ BEFORE = {
 }
 
 
-@pytest.mark.parametrize("key", list(BEFORE), ids=lambda k: "-".join(map(str, k)))
-def test_mlm_nsp_sop_losses_bitwise_as_before_components(key):
+@pytest.mark.slow
+def test_mlm_nsp_sop_losses_bitwise_as_before_components():
+  """BEFORE was recorded under XLA's default CPU options; `import bertjax` changes one of
+  them (bertjax/xla_options.py), which moves some sums by an ulp. So the bits are checked in
+  a process that keeps XLA's defaults, for every recorded case."""
+  from bertjax import xla_options
+
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if f.lstrip("-").split("=")[0] not in xla_options.CPU_OPTIONS)
+  env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags}
+  code = ("import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
+          "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))")
+  run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=900, check=False)
+  assert run.returncode == 0 and f"ok {len(BEFORE)}" in run.stdout, run.stderr[-3000:]
+
+
+def check_bitwise_as_before(key):
+  """The string-matched and the component objectives give BEFORE's bits for one case."""
   import optax
 
   model_type, objective, k, det = key
