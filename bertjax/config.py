@@ -18,10 +18,10 @@ import dataclasses
 from typing import Any
 
 from bertjax.families import FAMILIES, MODEL_TYPES, Family, family
+from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
-_ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.families import HEADS
 from bertjax.model import (
@@ -43,7 +44,7 @@ from bertjax.model import (
 )
 
 Params = dict[str, Any]
-ABLATIONS = ("scale", "uniform")
+ABLATIONS = kernels.ABLATIONS  # the head_ablation values, defined once in kernels
 
 
 @flax.struct.dataclass
@@ -101,9 +102,8 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   ids = jnp.zeros((1, 2), jnp.int32)
   x = jnp.zeros((1, 2, config.hidden_size), compute_dtype(config))
   mask = jnp.ones((1, 2), bool)
-  lengths = jnp.full((1,), 2, jnp.int32)
   params: Params = {"embeddings": Embeddings(config).init(k_emb, ids, ids)["params"]}
-  layer_init = lambda k: EncoderLayer(config).init(k, x, mask, lengths)["params"]
+  layer_init = lambda k: EncoderLayer(config).init(k, x, mask)["params"]
   layer_keys = jax.random.split(k_layers, config.num_param_layers)
   params["encoder"] = {"layers": jax.vmap(layer_init)(layer_keys)}
   if config.has_pooler:
@@ -451,7 +451,6 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
     key_mask = jnp.ones((batch, seq_len), bool)
   else:
     key_mask = attention_mask.astype(bool)
-  kv_lengths = key_mask.sum(-1).astype(jnp.int32)
   if head_mask is not None:
     # Blocks lead the scanned axis: (L, N) or (L, B, N).
     head_mask = jnp.asarray(head_mask)
@@ -470,7 +469,7 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
                   num_heads=config.num_attention_heads)
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
-        {"params": layer_params}, h, key_mask, kv_lengths, sites, output_attentions,
+        {"params": layer_params}, h, key_mask, sites, output_attentions,
         deterministic, special_mask, stats, rngs=None if key is None else {"dropout": key})
     return y, (y if output_hidden_states else None, maps if want_maps else None,
                sites.captured)

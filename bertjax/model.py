@@ -260,7 +260,7 @@ class SelfAttention(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, kv_lengths, sites: Sites, output_attentions: bool = False,
+  def __call__(self, x, key_mask, sites: Sites, output_attentions: bool = False,
                deterministic: bool = True, stats_special_mask=None, stats: bool = False):
     cfg = self.config
     dtype = compute_dtype(cfg)
@@ -273,21 +273,23 @@ class SelfAttention(nn.Module):
     v = sites.visit("v", proj("value")(x))
 
     dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
+    # The padding as one description; kernels hands each implementation the form it takes.
+    mask = kernels.Mask(key_mask=key_mask)
     maps = None
     if n == 0:  # every head pruned: the block adds only the output bias
       head_out = q
       maps = jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
     elif stats:
       # Per-head statistics instead of maps, inside the fused kernel when the config
-      # selects it; the head mask acts inside the kernel so the statistics see it.
-      impl = "xla" if cfg.attention_impl in ("xla", "cudnn") else cfg.attention_impl
-      lengths = dict(key_mask=key_mask) if impl == "xla" else dict(kv_lengths=kv_lengths)
+      # selects it; the head mask acts inside the kernel so the statistics see it. cuDNN
+      # has no statistics pass: its configs compute them with xla.
       head_out, maps = kernels.attention_with_stats(
-          q, k, v, head_mask=sites.head_mask, ablation=sites.head_ablation,
-          special_mask=stats_special_mask, impl=impl, **lengths)
+          q, k, v, mask=mask, head_mask=sites.head_mask, ablation=sites.head_ablation,
+          special_mask=stats_special_mask,
+          impl="xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl)
     elif output_attentions or sites.needs("probs"):
       # The map path: the probabilities are returned, captured or patched.
-      probs = sites.visit("probs", kernels.attention_probs(q, k, key_mask=key_mask))  # (B, N, T, T)
+      probs = sites.visit("probs", kernels.attention_probs(q, k, mask=mask))  # (B, N, T, T)
       used = probs
       if dropout:
         used = nn.Dropout(dropout)(probs, deterministic=False)
@@ -300,13 +302,8 @@ class SelfAttention(nn.Module):
       if dropout:
         # The kernels draw the mask from a counter-based stream keyed by this seed.
         seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
-        extra = dict(dropout_rate=dropout, dropout_seed=seed)
-      if cfg.attention_impl == "xla":
-        head_out = kernels.attention(q, k, v, key_mask=key_mask, impl="xla", **extra)
-      else:
-        # Fused kernels take right padding as per-sequence lengths.
-        head_out = kernels.attention(q, k, v, kv_lengths=kv_lengths, impl=cfg.attention_impl,
-                                     **extra)
+        extra = {"dropout_rate": dropout, "dropout_seed": seed}
+      head_out = kernels.attention(q, k, v, mask=mask, impl=cfg.attention_impl, **extra)
     if not stats:
       head_out = sites.mask_heads(head_out.astype(dtype), v, key_mask)
     head_out = sites.visit("head_out", head_out.astype(dtype))
@@ -324,15 +321,14 @@ class EncoderLayer(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, kv_lengths, sites: Sites | None = None,
+  def __call__(self, x, key_mask, sites: Sites | None = None,
                output_attentions: bool = False, deterministic: bool = True,
                stats_special_mask=None, stats: bool = False):
     cfg = self.config
     dtype = compute_dtype(cfg)
     sites = Sites() if sites is None else sites
     h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
-        x, key_mask, kv_lengths, sites, output_attentions, deterministic, stats_special_mask,
-        stats)
+        x, key_mask, sites, output_attentions, deterministic, stats_special_mask, stats)
     y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
                  name="intermediate")(h)
     y = sites.visit("ffn_act", activation(cfg.hidden_act)(y))

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import stats
+from bertjax import kernels, stats
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import (
     BASELINE_KEY,
@@ -48,7 +48,7 @@ from bertjax.model import compute_dtype
 
 Params = dict[str, Any]
 MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
-MODES = ("scale", "uniform")
+MODES = kernels.ABLATIONS  # the head-ablation kinds ("scale", "uniform"), defined in kernels
 STRATEGIES = ("prefix", "vmap", "loop")
 
 
