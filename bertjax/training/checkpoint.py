@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 import warnings
 import zlib
@@ -144,7 +145,9 @@ class Checkpointer:
     for s in steps:
       step_dir = self.directory / str(s)
       if step_dir.is_dir():
-        tmp = self._manifest_dir / f"{s}.json.tmp"
+        # Every process of a multi-host run writes the same table: a temporary name of its
+        # own, so two processes never rename one file (the rename itself is atomic).
+        tmp = self._manifest_dir / f"{s}.json.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(_file_table(step_dir)))
         tmp.replace(self._manifest_dir / f"{s}.json")
 
