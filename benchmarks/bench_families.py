@@ -292,10 +292,7 @@ def markdown(r: dict) -> str:
 def keras_xla_flags(mode: str) -> str:
   """XLA_FLAGS for the KerasHub process: bertjax's own, or without bertjax's CPU options."""
   flags = os.environ.get("XLA_FLAGS", "")
-  if mode == "same":
-    return flags
-  return " ".join(f for f in flags.split()
-                  if f.lstrip("-").split("=")[0] not in xla_options.CPU_OPTIONS)
+  return flags if mode == "same" else xla_options.without_cpu_options(flags)
 
 
 def main(argv=None) -> dict:

@@ -36,3 +36,8 @@ def apply(environ: MutableMapping[str, str] | None = None) -> list[str]:
     extra = " ".join(f"--{name}={CPU_OPTIONS[name]}" for name in added)
     environ["XLA_FLAGS"] = f"{flags} {extra}".strip()
   return added
+
+
+def without_cpu_options(flags: str) -> str:
+  """`flags` (an `XLA_FLAGS` value) with every `CPU_OPTIONS` entry removed: XLA's defaults."""
+  return " ".join(f for f in flags.split() if f.lstrip("-").split("=")[0] not in CPU_OPTIONS)

@@ -91,8 +91,7 @@ def test_mlm_nsp_sop_losses_bitwise_as_before_components():
   a process that keeps XLA's defaults, for every recorded case."""
   from bertjax import xla_options
 
-  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                   if f.lstrip("-").split("=")[0] not in xla_options.CPU_OPTIONS)
+  flags = xla_options.without_cpu_options(os.environ.get("XLA_FLAGS", ""))
   env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags}
   code = ("import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
           "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))")

@@ -19,6 +19,8 @@ def test_apply_adds_each_option_once_and_keeps_the_users_flags():
                               "--xla_cpu_experimental_ynn_fusion_type=")
   assert xla_options.apply(env) == []  # a second import changes nothing
   assert env["XLA_FLAGS"].count("ynn_fusion_type") == 1
+  assert (xla_options.without_cpu_options(env["XLA_FLAGS"])
+          == "--xla_force_host_platform_device_count=8")
 
 
 def test_user_setting_and_opt_out_win():
