@@ -3,8 +3,8 @@
 The mesh runs need 8 CPU devices (`--xla_force_host_platform_device_count`), which must be
 set before JAX starts, so they run in subprocesses: one runs every analysis on one device
 and on the meshes 8x1, 4x2 and 2x4 (data x interventions) and 2x2x2 (with fsdp); two more
-run the sweep and the extraction as two `jax.distributed` processes on localhost, compared
-with the first script's single-device values. The subprocesses compile with XLA's cheap CPU
+run the sweep, the extraction and a head-patching sweep as two `jax.distributed` processes
+on localhost, compared with the first script's single-device values. The subprocesses compile with XLA's cheap CPU
 settings (both sides of every comparison alike), since compiling is most of their time.
 """
 
@@ -51,6 +51,20 @@ SETUP = textwrap.dedent('''
                            include=("heads", "layers", "pairs"), mesh=mesh)["scale"]
       return np.concatenate([[r.baseline], r.heads.ravel(), r.layers,
                              r.pairs[~np.isnan(r.pairs)]])
+
+    def patching_values(mesh):
+      from bertjax.analysis import patching as pt
+      clean = {k: v for k, v in batches[0].items() if k != "labels"}
+      rows = np.arange(len(words))
+      position = np.ones(len(words), np.int32)  # the first word: a real token in every row
+      answer = clean["input_ids"][rows, position]
+      distractor = (answer + 7) % 290 + 5
+      corrupted = dict(clean, input_ids=clean["input_ids"].copy())
+      corrupted["input_ids"][rows, position] = distractor
+      r = pt.head_patching(params, cfg, clean, corrupted, pt.LogitDiff("mlm"),
+                           targets=dict(position=position, answer=answer,
+                                        distractor=distractor), mesh=mesh)
+      return np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
 
     def feature_values(mesh, cache_dir=None):
       from bertjax.analysis import features
@@ -111,6 +125,7 @@ MESHES = textwrap.dedent('''
       timed("features", features_)
       timed("cloze", cloze_)
       timed("attention", attention_)
+      timed("patching", lambda: {"patching": patching_values(mesh)})
       return out, seconds
 
     def errors(got, ref):
@@ -131,7 +146,7 @@ MESHES = textwrap.dedent('''
     placed = sharding.shard_params(params, mesh)
     report["fsdp_word_spec"] = str(placed["embeddings"]["word_embeddings"]["embedding"]
                                    .sharding.spec)
-    report["reference"] = {k: ref[k].tolist() for k in ("sweep", "features")}
+    report["reference"] = {k: ref[k].tolist() for k in ("sweep", "features", "patching")}
     print("RESULT " + json.dumps(report))
 ''')
 
@@ -147,7 +162,8 @@ MULTIHOST = textwrap.dedent('''
     mesh = sharding.analysis_mesh(2, 2)  # data 2 x interventions 2 over both processes
     result = {"process": jax.process_index(), "processes": jax.process_count(),
               "devices": jax.device_count(), "sweep": sweep_values(mesh).tolist(),
-              "features": feature_values(mesh, out / "cache").tolist()}
+              "features": feature_values(mesh, out / "cache").tolist(),
+              "patching": patching_values(mesh).tolist()}
     if sharding.is_primary():
       write_json_atomic(out / "result.json", {k: result[k] for k in ("process", "sweep")})
     print("RESULT " + json.dumps(result), flush=True)
@@ -192,7 +208,7 @@ def test_every_sharded_analysis_equals_single_device(mesh_report):
   for mesh, errors in report["errors"].items():
     assert set(errors) >= ({"sweep", "features"} if mesh == "2x2x2" else
                            {"sweep", "importance", "pruning", "features", "cloze_logprob",
-                            "cloze_topk", "pll", "clark_0.0001", "clark_0.0"}), errors
+                            "cloze_topk", "pll", "clark_0.0001", "clark_0.0", "patching"}), errors
     for name, err in errors.items():
       assert err <= 1e-6, (mesh, name, err)  # relative (absolute below 1)
     assert report["nan_agree"][mesh], mesh  # a candidate that is no single token: NaN in both
@@ -221,7 +237,7 @@ def test_two_processes_equal_one_and_only_process_0_writes(scripts, mesh_report,
   assert [g["processes"] for g in got] == [2, 2] and got[0]["devices"] == 4
   want = mesh_report["reference"]  # one process, one device
   for g in got:  # both processes hold the gathered results
-    for key in ("sweep", "features"):
+    for key in ("sweep", "features", "patching"):
       np.testing.assert_allclose(g[key], want[key], rtol=1e-6, atol=1e-6, err_msg=key)
   # One result file and one feature cache, written by process 0 alone; no temporary left.
   multi = tmp_path / "multi"
