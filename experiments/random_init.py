@@ -66,7 +66,7 @@ TASKS = ("negation", "question", "upos", "blimp")
 SIZES: dict[str, dict[str, Any]] = {
     # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
     "full": {"seeds": 2, "batch_size": 16, "learning_rate": 1e-4, "warmup_steps": 10,
-             "max_steps": 300, "min_steps": 60, "eval_every": 20, "patience": 3,
+             "max_steps": 600, "min_steps": 60, "eval_every": 20, "patience": 3,
              "sentence_dev": 60, "sentence_test": 100, "upos_max_len": 32, "upos_dev": 100,
              "upos_test": 300, "upos_train": 600, "blimp_dev": 50, "blimp_test": 150,
              "blimp_train": 500, "max_len": 64, "eval_batch": 50, "bow_steps": 300},
@@ -449,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   p.add_argument("--tasks", default=",".join(TASKS),
                  help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
   p.add_argument("--seeds", type=int, default=None,
-                 help="seeds per task (default: 3; --smoke: 1)")
+                 help=f"seeds per task (default: {SIZES['full']['seeds']}; --smoke: "
+                      f"{SIZES['smoke']['seeds']})")
   args = p.parse_args(argv)
   t_start = time.perf_counter()
   size = dict(SIZES["smoke" if args.smoke else "full"])
