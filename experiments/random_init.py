@@ -41,7 +41,7 @@ on the seeds' mean test accuracies: the share of the pre-trained model's gain ov
 majority class that random initialisation recovers. "yes" if r >= 0.75, "partly" if
 r >= 0.4, "no" below, "n/a" when the pre-trained model does not beat the majority class.
 
-The full run (2 seeds, 16 fine-tunings of a few hundred steps) takes about 10-15 minutes
+The full run (2 seeds, 16 fine-tunings of a few hundred steps) took 18 minutes
 of a 2-core CPU.
 `--smoke` swaps the model for a tiny random BERT with MiniLM's vocabulary, the data for the
 shipped samples and a few dozen sentences, and the budget for a few steps (seconds of
@@ -518,6 +518,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 CLAIM = ("Fine-tuning the same architecture from random initialisation does disturbingly well "
          "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).")
+# The control: Kovaleva et al. put the random model's success down to lexical cues, so where
+# no lexical cue decides the task it should fall far short. Its row holds when r is low.
+CONTROL_TASKS = ("blimp",)
+CONTROL_CLAIM = ("(control for the row above) Where no lexical cue decides the task, random "
+                 "initialisation falls far short of the pre-trained weights, as the paper's "
+                 "explanation (lexical cues) implies.")
 
 
 def findings(results: dict, settings: dict) -> list[dict[str, str]]:
@@ -539,9 +545,16 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
       f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
       f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
       f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
-      f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). "
-      "Rule: yes if r >= 0.75, partly if >= 0.4.")
-  return common.finding(PAPER, CLAIM, measured, s["holds"])
+      f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). ")
+  if name not in CONTROL_TASKS:
+    return common.finding(PAPER, CLAIM, measured + "Rule: yes if r >= 0.75, partly if >= 0.4.",
+                          s["holds"])
+  r = s["gain_ratio"]
+  holds = "n/a" if r is None else "yes" if r < 0.4 else "partly" if r < 0.75 else "no"
+  return common.finding(PAPER, CONTROL_CLAIM,
+                        measured + "Rule: yes if r < 0.4, partly if < 0.75 (the task's own "
+                        "summary in the JSON applies the lexical-cue rule: r >= 0.75 yes).",
+                        holds)
 
 
 if __name__ == "__main__":
