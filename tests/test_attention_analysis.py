@@ -270,13 +270,16 @@ def test_pattern_types_counts(params):
 
 
 def test_attention_change(params):
-  same = at.attention_change(params, params, CONFIG, BATCHES)
+  same = at.attention_change(params, CONFIG, params, BATCHES)
   np.testing.assert_allclose(same.cosine, 1.0, atol=1e-6)
   np.testing.assert_allclose(same.cka, 1.0, atol=1e-4)
   other = jax.tree.map(lambda x: x * 1.0, params)
   layers = other["encoder"]["layers"]
   layers["attention"]["query"]["kernel"] = layers["attention"]["query"]["kernel"].at[1].multiply(-1)
-  change = at.attention_change(params, other, CONFIG, BATCHES)
+  change = at.attention_change(params, CONFIG, other, BATCHES)
+  with pytest.warns(DeprecationWarning, match="attention_change"):  # the README's older order
+    old = at.attention_change(params, other, CONFIG, BATCHES)
+  np.testing.assert_array_equal(old.cosine, change.cosine)
   np.testing.assert_allclose(change.cosine[0], 1.0, atol=1e-6)  # block 0 untouched
   assert (change.cosine[1] < 0.999).all()
   np.testing.assert_allclose(change.cka[:2], 1.0, atol=1e-4)
@@ -289,7 +292,7 @@ def test_attention_change(params):
                                   output_attentions=True).attentions)
   n = b["attention_mask"][1].sum()
   x, y = (m[1, 1, 2, :n, :n].ravel().astype(np.float64) for m in (ma, mb))
-  one = at.attention_change(params, other, CONFIG, [{k: v[1:2] for k, v in b.items()}])
+  one = at.attention_change(params, CONFIG, other, [{k: v[1:2] for k, v in b.items()}])
   np.testing.assert_allclose(one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y),
                              atol=1e-6)  # float32 maps of a batch of 1 vs 3
 
