@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
 from bertjax.analysis import ablation as ab
@@ -202,30 +203,19 @@ def test_previous_token_override_by_hand(params):
   ids, mask = b["input_ids"], b["attention_mask"]
   got = ab.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
                                   output_hidden_states=True, output_attentions=True)
-  p = jax.tree.map(lambda a: np.asarray(a[0], np.float64), params["encoder"]["layers"])
-  a = p["attention"]
   x = np.asarray(bertjax.embed(params, CONFIG, ids), np.float64)
-  q = np.einsum("bth,hnd->btnd", x, a["query"]["kernel"]) + a["query"]["bias"]
-  k = np.einsum("bth,hnd->btnd", x, a["key"]["kernel"]) + a["key"]["bias"]
-  v = np.einsum("bth,hnd->btnd", x, a["value"]["kernel"]) + a["value"]["bias"]
-  s = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
-  s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
-  probs = np.exp(s - s.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
   T = ids.shape[1]
   prev = np.zeros((T, T))
   prev[0, 0] = 1
   prev[np.arange(1, T), np.arange(T - 1)] = 1
-  probs[:, 1] = prev
-  ctx = np.einsum("bnqk,bknd->bqnd", probs, v)
-  h = np.einsum("bqnd,ndh->bqh", ctx, a["output"]["kernel"]) + a["output"]["bias"]
-  ln = lambda z, q: (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True)
-                                                              + CONFIG.layer_norm_eps) * q["scale"] + q["bias"]
-  from scipy.special import erf
-  h = ln(x + h, a["LayerNorm"])
-  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
-  y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
-  y = ln(h + y @ p["output"]["kernel"] + p["output"]["bias"], p["LayerNorm"])
+
+  def override(probs):
+    probs = probs.copy()
+    probs[:, 1] = prev
+    return probs
+
+  y, _ = ref.encoder_layer(ref.layer_params(params, 0), x, mask, CONFIG.layer_norm_eps,
+                           edit_probs=override)
   m = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(got.hidden_states[1])[m], y[m], atol=2e-5)
   np.testing.assert_allclose(np.asarray(got.attentions[0, 0, 1]), prev, atol=0)

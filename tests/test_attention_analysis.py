@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
 from bertjax.analysis import attention as at
@@ -316,18 +317,9 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
     np.testing.assert_allclose(eff[h] @ null, 0, atol=1e-10)  # effective rows are outside it
     assert np.abs(raw[h] @ null).max() > 1e-3  # raw rows were not
   # The heads' outputs really are A @ T: rebuild the block's attention output.
-  p = jax.tree.map(lambda x: np.asarray(x[block], np.float64), params["encoder"]["layers"])
+  p = ref.layer_params(params, block)
   total = np.einsum("nqk,nkh->qh", raw, t) + p["attention"]["output"]["bias"]
-  ln = p["attention"]["LayerNorm"]
-  z = e + total
-  z = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + CONFIG.layer_norm_eps)
-  h = z * ln["scale"] + ln["bias"]
-  from scipy.special import erf
-  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
-  y = 0.5 * y * (1 + erf(y / np.sqrt(2))) @ p["output"]["kernel"] + p["output"]["bias"]
-  z = h + y
-  z = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + CONFIG.layer_norm_eps)
-  np.testing.assert_allclose(z * p["LayerNorm"]["scale"] + p["LayerNorm"]["bias"],
+  np.testing.assert_allclose(ref.after_attention(p, e, total, CONFIG.layer_norm_eps),
                              np.asarray(out.hidden_states[block + 1, 0, :n]), atol=5e-5)
 
 
