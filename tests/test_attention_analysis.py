@@ -261,13 +261,49 @@ def test_pattern_classifier_on_synthetic_maps():
   assert np.isnan(feats["block"]).all() and at.classify_patterns(feats)[0, 0] != 3
 
 
-def test_pattern_types_counts(params):
-  result = at.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP])
-  n_seq = sum(len(b["input_ids"]) for b in BATCHES)
-  assert result.counts.shape == (CONFIG.depth, CONFIG.num_attention_heads, 5)
-  assert (result.counts.sum(-1) == n_seq).all()
-  np.testing.assert_allclose(result.per_layer.sum(-1), 1.0)
-  np.testing.assert_allclose(result.overall.sum(), 1.0)
+def _pattern_type_by_hand(a, ids, seg, t):
+  """Kovaleva type of one real-token map a (n, n), row by row from the definitions."""
+  n = len(a)
+  special = [i for i in range(n) if ids[i] in (CLS, SEP)]
+  plain = [k for k in range(n) if k not in special]
+  vertical = np.mean([a[q, special].sum() for q in range(n)])
+  diagonal = np.mean([sum(a[q, k] for k in plain if abs(q - k) <= 1) for q in range(n)])
+  if len({seg[k] for k in plain}) > 1:
+    block = np.mean([sum(a[q, k] for k in plain if seg[k] == seg[q]) / a[q, plain].sum()
+                     for q in range(n)])
+  else:
+    block = -1.0
+  if vertical >= t.mixed_each and diagonal >= t.mixed_each and vertical + diagonal >= t.mixed_sum:
+    return "vertical+diagonal"
+  if vertical >= t.vertical_min:
+    return "vertical"
+  if diagonal >= t.diagonal_min:
+    return "diagonal"
+  return "block" if block >= t.block_min else "heterogeneous"
+
+
+@pytest.mark.parametrize("loose", [False, True])
+def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
+  # Loose thresholds make the random model's maps fall into several types.
+  t = (at.PatternThresholds(vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4,
+                            block_min=0.6) if loose else at.PatternThresholds())
+  result = at.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
+  want = np.zeros((CONFIG.depth, CONFIG.num_attention_heads, 5), np.int64)
+  for b in BATCHES:
+    maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
+                                      b["token_type_ids"], output_attentions=True).attentions,
+                      np.float64)  # (L, B, N, T, T)
+    for i, n in enumerate(b["attention_mask"].sum(-1)):
+      for layer in range(CONFIG.depth):
+        for head in range(CONFIG.num_attention_heads):
+          kind = _pattern_type_by_hand(maps[layer, i, head, :n, :n], b["input_ids"][i, :n],
+                                       b["token_type_ids"][i, :n], t)
+          want[layer, head, at.PATTERN_TYPES.index(kind)] += 1
+  np.testing.assert_array_equal(result.counts, want)
+  if loose:
+    assert (want.sum((0, 1)) > 0).sum() >= 3, want.sum((0, 1))  # the check tells types apart
+  np.testing.assert_allclose(result.per_layer, want.sum(1) / want.sum((1, 2))[:, None])
+  np.testing.assert_allclose(result.overall, want.sum((0, 1)) / want.sum())
 
 
 def test_attention_change(params):
