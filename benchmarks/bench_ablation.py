@@ -199,7 +199,7 @@ def main(argv=None):
   methods += [] if args.skip_naive else [("loop", "loop", 1)]
   methods = [] if args.importance_only else methods
   run = lambda method, data: ab.ablation_sweep(
-      params, config, data, metric, modes=("scale",), include=("heads",),
+      params, config, data, metric, head_ablations=("scale",), include=("heads",),
       chunk_size=method[2], strategy=method[1])["scale"]
   report = {"device": jax.devices()[0].device_kind, "platform": platform.platform(),
                 "cpu_count": jax.local_device_count(), "model": "tiny (random)" if args.smoke

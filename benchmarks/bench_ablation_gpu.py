@@ -163,8 +163,8 @@ def main(argv=None):
     return [forward_metric(params, b) for b in data]
 
   sweep = lambda data, chunk, strategy="prefix": ab.ablation_sweep(
-      params, config, data, metric, modes=("scale",), include=("heads",), chunk_size=chunk,
-      strategy=strategy)["scale"]
+      params, config, data, metric, head_ablations=("scale",), include=("heads",),
+      chunk_size=chunk, strategy=strategy)["scale"]
   importance = lambda data: ab.head_importance(params, config, data,
                                                ab.token_reconstruction_loss)
   report = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),

@@ -6,7 +6,8 @@ Run:   JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_sharded.py --out benc
 Check: JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_sharded.py --smoke --out /tmp/b
        (and with --analysis patching)
 
-`--analysis ablation` (the default; `sharded_cpu.json` / `.md`). The sweep: `ablation_sweep(include=("heads", "layers"), modes=("scale",))` with prefix reuse
+`--analysis ablation` (the default; `sharded_cpu.json` / `.md`). The sweep:
+`ablation_sweep(include=("heads", "layers"), head_ablations=("scale",))` with prefix reuse
 and the default chunk (1 mask on CPU), on random weights of a `--preset` (bert-mini: 4 layers
 of 4 heads, 256 wide: 20 masks) over `--batches` batches of `--batch-size` x `--seq-len`
 random tokens (lengths varied, right padding), metric `mean_embedding_cosine`. The same
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
 
     def sweep(mesh):
       r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
-                                  modes=("scale",), include=("heads", "layers"), mesh=mesh)
+                                  head_ablations=("scale",), include=("heads", "layers"),
+                                  mesh=mesh)
       return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(),
                              r["scale"].layers])
 

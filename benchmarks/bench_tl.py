@@ -215,8 +215,8 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   results["attention_maps"] = np.asarray(out)
 
   batch = {**clean, **targets}
-  sweep = lambda: ab.ablation_sweep(params, config, [batch], mlm_logit_diff_sum, modes=("scale",),
-                                    include=("heads",))["scale"]
+  sweep = lambda: ab.ablation_sweep(params, config, [batch], mlm_logit_diff_sum,
+                                    head_ablations=("scale",), include=("heads",))["scale"]
   res, first, t = timed(sweep, args.sweep_repeats)
   times["ablation_sweep"] = {"first_s": first, "times_s": t}
   results["ablation"] = res.heads

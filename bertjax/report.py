@@ -432,7 +432,7 @@ def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
   # Every single head, every layer's heads together, every block skipped: the
   # held-out loss under each mask. "prefix" runs the intact blocks below a mask's
   # first change once; "vmap" compiles fewer programs (better for tiny runs).
-  loss = ablation.ablation_sweep(params, config, test, task_loss, modes=("scale",),
+  loss = ablation.ablation_sweep(params, config, test, task_loss, head_ablations=("scale",),
                                  include=("heads", "layers", "layer_skip"), chunk_size=chunk,
                                  strategy=settings.ablation_strategy)["scale"]
   # Accuracy of the layer masks only: per head it moves in steps of 1 / n_test.

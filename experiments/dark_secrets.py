@@ -158,9 +158,9 @@ def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "pre
   """
   from bertjax.analysis import ablation
 
-  sweep = lambda mode, include: ablation.ablation_sweep(
-      params, config, data_batches, ablation.classification_accuracy, modes=(mode,),
-      include=include, chunk_size=1, strategy=strategy)[mode]
+  sweep = lambda kind, include: ablation.ablation_sweep(
+      params, config, data_batches, ablation.classification_accuracy, head_ablations=(kind,),
+      include=include, chunk_size=1, strategy=strategy)[kind]
   return {"uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
           "scale": sweep("scale", ("layers",))}
 
@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     before = pattern_summary(pre_params, config, analysis, special)
     after = pattern_summary(params, config, analysis, special)
   with common.timed(timings, "attention_change"):
-    change = attention.attention_change(pre_params, params, config, analysis)
+    change = attention.attention_change(pre_params, config, params, analysis)
   with common.timed(timings, "ablation"):
     sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
   acc = {m: improvements(r) for m, r in sweeps.items()}

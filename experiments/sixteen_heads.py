@@ -480,8 +480,8 @@ def main(argv=None) -> int:
   with common.timed(timings, "ablation"):
     # The library sweep (single heads, held-out loss) ...
     loss_heads = ablation.ablation_sweep(tparams, config, test, report.task_loss,
-                                         modes=("scale",), include=("heads",), chunk_size=chunk,
-                                         strategy="prefix")["scale"]
+                                         head_ablations=("scale",), include=("heads",),
+                                         chunk_size=chunk, strategy="prefix")["scale"]
     # ... and per-example values under every sweep mask, for the significance tests
     # (Michel Table 1: p < 0.01) and the accuracies; both metrics come from one pass.
     sweep = ablation.sweep_masks(config, ("heads", "layers", "keep_one"))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
 from bertjax.analysis import ablation as ab
@@ -36,11 +37,11 @@ def _batch(seed=0, batch=3, seq=9):
 BATCHES = [_batch(0), _batch(1)]  # one shape: one compilation per program
 
 
-@functools.partial(jax.jit, static_argnames=("config", "mode"))
-def _losses(params, config, batch, head_mask, layer_mask, mode="scale"):
-  """Per-example loss through bertjax.forward itself (the reference), one compilation per mode."""
+@functools.partial(jax.jit, static_argnames=("config", "head_ablation"))
+def _losses(params, config, batch, head_mask, layer_mask, head_ablation="scale"):
+  """Per-example loss through bertjax.forward itself (the reference), one compilation per kind."""
   out = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                        batch["token_type_ids"], head_mask=head_mask, head_ablation=mode,
+                        batch["token_type_ids"], head_mask=head_mask, head_ablation=head_ablation,
                         layer_mask=layer_mask)
   logp = jax.nn.log_softmax(bertjax.classify(params, config, out.pooler_output))
   return -jnp.take_along_axis(logp, batch["labels"][:, None], -1)[:, 0]
@@ -51,7 +52,7 @@ def _loss_by_forward(params, config, batch, head_mask=None, layer_mask=None, hea
   hm = jnp.ones((config.depth, config.num_attention_heads), dtype) if head_mask is None else head_mask
   lm = jnp.ones(config.depth, dtype) if layer_mask is None else layer_mask
   return np.asarray(_losses(params, config, batch, jnp.asarray(hm, dtype), jnp.asarray(lm, dtype),
-                            mode=head_ablation))
+                            head_ablation=head_ablation))
 
 
 def test_mask_ablation_equals_weight_surgery(params):
@@ -59,15 +60,15 @@ def test_mask_ablation_equals_weight_surgery(params):
   layer, head = 1, 2
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[layer, head] = 0
-  _, (scale,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, xi[None])
+  _, (scale,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, xi[None])
   surgery = jax.tree.map(lambda a: a, params)
   kernel = params["encoder"]["layers"]["attention"]["output"]["kernel"]
   surgery["encoder"]["layers"]["attention"]["output"]["kernel"] = kernel.at[layer, head].set(0)
   losses = np.concatenate([_loss_by_forward(surgery, CONFIG, b) for b in BATCHES])
   np.testing.assert_allclose(scale, losses.mean(), rtol=1e-5)
   # Uniform: replace the head's attention by a uniform map by hand (the override path).
-  _, (uni,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, xi[None],
-                                mode="uniform")
+  _, (uni,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, xi[None],
+                                head_ablation="uniform")
   by_hand = []
   for b in BATCHES:
     out = ab.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
@@ -78,19 +79,19 @@ def test_mask_ablation_equals_weight_surgery(params):
   assert abs(uni - scale) > 1e-4
 
 
-@pytest.mark.parametrize("mode", ["scale", "uniform"])
-def test_sweep_with_prefix_reuse_equals_naive_loop(params, mode):
-  prefix = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_loss, modes=(mode,),
-                             chunk_size=3)[mode]
-  loop = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_loss, modes=(mode,),
-                           strategy="loop")[mode]
+@pytest.mark.parametrize("kind", ab.ABLATIONS)
+def test_sweep_with_prefix_reuse_equals_naive_loop(params, kind):
+  prefix = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_batch_loss,
+                             head_ablations=(kind,), chunk_size=3)[kind]
+  loop = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_batch_loss,
+                           head_ablations=(kind,), strategy="loop")[kind]
   for name in ("heads", "layers", "keep_one", "layer_skip"):
     np.testing.assert_allclose(getattr(prefix, name), getattr(loop, name), rtol=1e-6, atol=1e-6)
   assert prefix.baseline == loop.baseline
   # ... and the loop agrees with bertjax.forward itself.
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[2, 1] = 0
-  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=mode)
+  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind)
                          for b in BATCHES]).mean()
   np.testing.assert_allclose(prefix.heads[2, 1], want, rtol=1e-5)
   lm = np.ones(DEPTH, np.float32)
@@ -102,7 +103,7 @@ def test_sweep_with_prefix_reuse_equals_naive_loop(params, mode):
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[1] = 0
   xi[1, 3] = 1
-  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=mode)
+  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind)
                          for b in BATCHES]).mean()
   np.testing.assert_allclose(prefix.keep_one[1, 3], want, rtol=1e-5)
   assert np.ptp(prefix.heads) > 1e-4
@@ -115,7 +116,7 @@ def test_arbitrary_masks_and_strategies_agree(params):
   masks[1, :2] = 1  # first modified block is 2
   # Chunks of 2 (a remainder of 1 for 5 masks), and the backend's default (1 on CPU).
   assert ab.default_chunk_size() == 1
-  results = [ab.evaluate_masks(params, CONFIG, iter(BATCHES), ab.classification_loss, masks,
+  results = [ab.evaluate_masks(params, CONFIG, iter(BATCHES), ab.classification_batch_loss, masks,
                                strategy=s, chunk_size=None if s == "vmap" else 2)
              for s in ab.STRATEGIES]
   for base, values in results[1:]:
@@ -124,16 +125,16 @@ def test_arbitrary_masks_and_strategies_agree(params):
   assert results[0][1][0] == results[0][0]  # the all-ones mask is the baseline
   assert ab.first_modified_layer(masks)[0] == DEPTH
   with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, np.ones((3, 4)))
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, np.ones((3, 4)))
   with pytest.raises(ValueError, match="chunk_size=0 must be a positive int"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, masks, chunk_size=0)
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks, chunk_size=0)
   with pytest.raises(ValueError, match="strategy='fast'"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_loss, masks, strategy="fast")
+    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks, strategy="fast")
 
 
 def test_embedding_cosine_metric_needs_no_head(params):
-  result = ab.ablation_sweep(params, CONFIG, BATCHES, ab.mean_embedding_cosine, modes=("scale",),
-                             include=("heads",))["scale"]
+  result = ab.ablation_sweep(params, CONFIG, BATCHES, ab.mean_embedding_cosine,
+                             head_ablations=("scale",), include=("heads",))["scale"]
   np.testing.assert_allclose(result.baseline, 1.0, atol=1e-6)
   assert (result.heads < 1).all() and (result.heads > 0).all()
   assert np.isnan(result.layers).all()
@@ -146,7 +147,7 @@ def test_importance_matches_finite_differences(params, per_example):
   with jax.enable_x64(True):
     config = CONFIG.replace(dtype="float64")
     p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    got = ab.head_importance(p64, config, [batch], ab.classification_loss,
+    got = ab.head_importance(p64, config, [batch], ab.classification_batch_loss,
                              per_example=per_example, normalize_layers=False)
     eps = 1e-5
     # All 2 * L * N perturbed masks at once: d loss_b / d xi by central differences.
@@ -159,7 +160,7 @@ def test_importance_matches_finite_differences(params, per_example):
     want = np.abs(grads).mean(-1) if per_example else np.abs(grads.mean(-1))
   assert want.max() > 1e-3
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
-  normed = ab.head_importance(params, CONFIG, [batch], ab.classification_loss,
+  normed = ab.head_importance(params, CONFIG, [batch], ab.classification_batch_loss,
                               per_example=per_example)
   np.testing.assert_allclose(np.linalg.norm(normed, axis=-1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(normed, want / np.linalg.norm(want, axis=-1, keepdims=True),
@@ -167,14 +168,14 @@ def test_importance_matches_finite_differences(params, per_example):
 
 
 def test_iterative_pruning(params):
-  result = ab.iterative_pruning(params, CONFIG, BATCHES, ab.classification_loss,
+  result = ab.iterative_pruning(params, CONFIG, BATCHES, ab.classification_batch_loss,
                                 ab.classification_accuracy, step=0.25, max_fraction=0.5)
   np.testing.assert_allclose(result.fractions, [0, 0.25, 0.5])
   pruned = (result.masks == 0).sum((1, 2))
   assert pruned.tolist() == [0, 3, 6]
   assert (result.masks[2] <= result.masks[1]).all()  # masks only shrink
   # The first step removes the heads least important at the full mask.
-  imp = ab.head_importance(params, CONFIG, BATCHES, ab.classification_loss).ravel()
+  imp = ab.head_importance(params, CONFIG, BATCHES, ab.classification_batch_loss).ravel()
   assert set(np.flatnonzero(result.masks[1].ravel() == 0)) == set(np.argsort(imp)[:3])
   _, (acc,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_accuracy,
                                 result.masks[2][None])
@@ -202,30 +203,19 @@ def test_previous_token_override_by_hand(params):
   ids, mask = b["input_ids"], b["attention_mask"]
   got = ab.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
                                   output_hidden_states=True, output_attentions=True)
-  p = jax.tree.map(lambda a: np.asarray(a[0], np.float64), params["encoder"]["layers"])
-  a = p["attention"]
   x = np.asarray(bertjax.embed(params, CONFIG, ids), np.float64)
-  q = np.einsum("bth,hnd->btnd", x, a["query"]["kernel"]) + a["query"]["bias"]
-  k = np.einsum("bth,hnd->btnd", x, a["key"]["kernel"]) + a["key"]["bias"]
-  v = np.einsum("bth,hnd->btnd", x, a["value"]["kernel"]) + a["value"]["bias"]
-  s = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
-  s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
-  probs = np.exp(s - s.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
   T = ids.shape[1]
   prev = np.zeros((T, T))
   prev[0, 0] = 1
   prev[np.arange(1, T), np.arange(T - 1)] = 1
-  probs[:, 1] = prev
-  ctx = np.einsum("bnqk,bknd->bqnd", probs, v)
-  h = np.einsum("bqnd,ndh->bqh", ctx, a["output"]["kernel"]) + a["output"]["bias"]
-  ln = lambda z, q: (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True)
-                                                              + CONFIG.layer_norm_eps) * q["scale"] + q["bias"]
-  from scipy.special import erf
-  h = ln(x + h, a["LayerNorm"])
-  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
-  y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
-  y = ln(h + y @ p["output"]["kernel"] + p["output"]["bias"], p["LayerNorm"])
+
+  def override(probs):
+    probs = probs.copy()
+    probs[:, 1] = prev
+    return probs
+
+  y, _ = ref.encoder_layer(ref.layer_params(params, 0), x, mask, CONFIG.layer_norm_eps,
+                           edit_probs=override)
   m = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(got.hidden_states[1])[m], y[m], atol=2e-5)
   np.testing.assert_allclose(np.asarray(got.attentions[0, 0, 1]), prev, atol=0)

@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
 from bertjax.analysis import attention as at
@@ -260,23 +261,62 @@ def test_pattern_classifier_on_synthetic_maps():
   assert np.isnan(feats["block"]).all() and at.classify_patterns(feats)[0, 0] != 3
 
 
-def test_pattern_types_counts(params):
-  result = at.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP])
-  n_seq = sum(len(b["input_ids"]) for b in BATCHES)
-  assert result.counts.shape == (CONFIG.depth, CONFIG.num_attention_heads, 5)
-  assert (result.counts.sum(-1) == n_seq).all()
-  np.testing.assert_allclose(result.per_layer.sum(-1), 1.0)
-  np.testing.assert_allclose(result.overall.sum(), 1.0)
+def _pattern_type_by_hand(a, ids, seg, t):
+  """Kovaleva type of one real-token map a (n, n), row by row from the definitions."""
+  n = len(a)
+  special = [i for i in range(n) if ids[i] in (CLS, SEP)]
+  plain = [k for k in range(n) if k not in special]
+  vertical = np.mean([a[q, special].sum() for q in range(n)])
+  diagonal = np.mean([sum(a[q, k] for k in plain if abs(q - k) <= 1) for q in range(n)])
+  if len({seg[k] for k in plain}) > 1:
+    block = np.mean([sum(a[q, k] for k in plain if seg[k] == seg[q]) / a[q, plain].sum()
+                     for q in range(n)])
+  else:
+    block = -1.0
+  if vertical >= t.mixed_each and diagonal >= t.mixed_each and vertical + diagonal >= t.mixed_sum:
+    return "vertical+diagonal"
+  if vertical >= t.vertical_min:
+    return "vertical"
+  if diagonal >= t.diagonal_min:
+    return "diagonal"
+  return "block" if block >= t.block_min else "heterogeneous"
+
+
+@pytest.mark.parametrize("loose", [False, True])
+def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
+  # Loose thresholds make the random model's maps fall into several types.
+  t = (at.PatternThresholds(vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4,
+                            block_min=0.6) if loose else at.PatternThresholds())
+  result = at.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
+  want = np.zeros((CONFIG.depth, CONFIG.num_attention_heads, 5), np.int64)
+  for b in BATCHES:
+    maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
+                                      b["token_type_ids"], output_attentions=True).attentions,
+                      np.float64)  # (L, B, N, T, T)
+    for i, n in enumerate(b["attention_mask"].sum(-1)):
+      for layer in range(CONFIG.depth):
+        for head in range(CONFIG.num_attention_heads):
+          kind = _pattern_type_by_hand(maps[layer, i, head, :n, :n], b["input_ids"][i, :n],
+                                       b["token_type_ids"][i, :n], t)
+          want[layer, head, at.PATTERN_TYPES.index(kind)] += 1
+  np.testing.assert_array_equal(result.counts, want)
+  if loose:
+    assert (want.sum((0, 1)) > 0).sum() >= 3, want.sum((0, 1))  # the check tells types apart
+  np.testing.assert_allclose(result.per_layer, want.sum(1) / want.sum((1, 2))[:, None])
+  np.testing.assert_allclose(result.overall, want.sum((0, 1)) / want.sum())
 
 
 def test_attention_change(params):
-  same = at.attention_change(params, params, CONFIG, BATCHES)
+  same = at.attention_change(params, CONFIG, params, BATCHES)
   np.testing.assert_allclose(same.cosine, 1.0, atol=1e-6)
   np.testing.assert_allclose(same.cka, 1.0, atol=1e-4)
   other = jax.tree.map(lambda x: x * 1.0, params)
   layers = other["encoder"]["layers"]
   layers["attention"]["query"]["kernel"] = layers["attention"]["query"]["kernel"].at[1].multiply(-1)
-  change = at.attention_change(params, other, CONFIG, BATCHES)
+  change = at.attention_change(params, CONFIG, other, BATCHES)
+  with pytest.warns(DeprecationWarning, match="attention_change"):  # the README's older order
+    old = at.attention_change(params, other, CONFIG, BATCHES)
+  np.testing.assert_array_equal(old.cosine, change.cosine)
   np.testing.assert_allclose(change.cosine[0], 1.0, atol=1e-6)  # block 0 untouched
   assert (change.cosine[1] < 0.999).all()
   np.testing.assert_allclose(change.cka[:2], 1.0, atol=1e-4)
@@ -289,7 +329,7 @@ def test_attention_change(params):
                                   output_attentions=True).attentions)
   n = b["attention_mask"][1].sum()
   x, y = (m[1, 1, 2, :n, :n].ravel().astype(np.float64) for m in (ma, mb))
-  one = at.attention_change(params, other, CONFIG, [{k: v[1:2] for k, v in b.items()}])
+  one = at.attention_change(params, CONFIG, other, [{k: v[1:2] for k, v in b.items()}])
   np.testing.assert_allclose(one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y),
                              atol=1e-6)  # float32 maps of a batch of 1 vs 3
 
@@ -313,18 +353,9 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
     np.testing.assert_allclose(eff[h] @ null, 0, atol=1e-10)  # effective rows are outside it
     assert np.abs(raw[h] @ null).max() > 1e-3  # raw rows were not
   # The heads' outputs really are A @ T: rebuild the block's attention output.
-  p = jax.tree.map(lambda x: np.asarray(x[block], np.float64), params["encoder"]["layers"])
+  p = ref.layer_params(params, block)
   total = np.einsum("nqk,nkh->qh", raw, t) + p["attention"]["output"]["bias"]
-  ln = p["attention"]["LayerNorm"]
-  z = e + total
-  z = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + CONFIG.layer_norm_eps)
-  h = z * ln["scale"] + ln["bias"]
-  from scipy.special import erf
-  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
-  y = 0.5 * y * (1 + erf(y / np.sqrt(2))) @ p["output"]["kernel"] + p["output"]["bias"]
-  z = h + y
-  z = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + CONFIG.layer_norm_eps)
-  np.testing.assert_allclose(z * p["LayerNorm"]["scale"] + p["LayerNorm"]["bias"],
+  np.testing.assert_allclose(ref.after_attention(p, e, total, CONFIG.layer_norm_eps),
                              np.asarray(out.hidden_states[block + 1, 0, :n]), atol=5e-5)
 
 

@@ -40,7 +40,7 @@ def test_pll_matches_one_mask_at_a_time(tiny_mlm, tokenizer):
   sentences = ["The cat sat on the mat.", "Susan revealed herself.",
                "Unbelievably, hypothesized transformations were reconfigured yesterday!", "Hi"]
   # max_rows=16 forces several packed batches, one sentence longer than a batch.
-  pll, per_token = cloze.pseudo_log_likelihood((params, config), tokenizer, sentences,
+  pll, per_token = cloze.pseudo_log_likelihood((config, params), tokenizer, sentences,
                                                max_rows=16, return_tokens=True)
   for s, got, toks in zip(sentences, pll, per_token):
     assert len(toks) == len(tokenizer.encode([s]).input_ids[0]) - 2
@@ -51,8 +51,8 @@ def test_blimp_accuracy_uses_pll(tiny_mlm, tokenizer):
   config, params = tiny_mlm
   records = [{"sentence_good": "Susan revealed herself.", "sentence_bad": "Susan revealed themselves."},
              {"sentence_good": "Paula references Robert.", "sentence_bad": "Paula reference Robert."}]
-  out = cloze.blimp_probe((params, config), tokenizer, records)
-  pll = cloze.pseudo_log_likelihood((params, config), tokenizer,
+  out = cloze.blimp_probe((config, params), tokenizer, records)
+  pll = cloze.pseudo_log_likelihood((config, params), tokenizer,
                                     [r[k] for k in ("sentence_good", "sentence_bad") for r in records])
   np.testing.assert_allclose(out["pll_good"], pll[:2], atol=1e-5)
   assert out["accuracy"] == np.mean(pll[:2] > pll[2:])
@@ -164,7 +164,7 @@ def test_role88_and_cprag_scoring():
 
 def test_ettinger_probe_runs_on_the_real_files(tiny_mlm, tokenizer, data_dir):
   config, params = tiny_mlm
-  out = cloze.ettinger_probe((params, config), tokenizer, data_dir / "lm_diagnostics" / "datasets")
+  out = cloze.ettinger_probe((config, params), tokenizer, data_dir / "lm_diagnostics" / "datasets")
   assert set(out) == {"NEG-136-SIMP", "NEG-136-NAT", "ROLE-88", "CPRAG-102"}
   assert out["ROLE-88"]["pairs"] > 30 and out["NEG-136-SIMP"]["aff_n"] > 10
   for scores in out.values():
@@ -176,4 +176,6 @@ def test_model_without_mlm_head_gets_a_clear_error(minilm_dir, tokenizer):
   with pytest.raises(ValueError, match="no 'mlm' head"):
     cloze.masked_lm(params, config)
   with pytest.raises(ValueError, match="masked-LM head"):
+    cloze.blimp_probe((config, params), tokenizer, [{"sentence_good": "a", "sentence_bad": "b"}])
+  with pytest.raises(TypeError, match="swap them"):  # a whole model is (config, params)
     cloze.blimp_probe((params, config), tokenizer, [{"sentence_good": "a", "sentence_bad": "b"}])

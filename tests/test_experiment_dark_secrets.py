@@ -87,7 +87,7 @@ def test_pattern_ratios_sum_to_one(task):
 
 
 def test_improvements_and_verdict_rules():
-  res = AblationResult(mode="uniform", baseline=0.8,
+  res = AblationResult(head_ablation="uniform", baseline=0.8,
                        heads=np.array([[0.8, 0.85], [0.7, 0.81]]), layers=np.array([0.79, 0.9]),
                        keep_one=np.full((2, 2), np.nan), layer_skip=np.array([0.8, 0.6]))
   acc = ds.improvements(res, higher_is_better=True)

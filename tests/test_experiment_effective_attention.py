@@ -97,8 +97,23 @@ def test_committed_results_are_consistent():
     pytest.skip(f"{RESULTS} not written yet (./run.sh experiment effective_attention)")
   doc = json.loads(RESULTS.read_text())
   s = doc["results"]["summary"]
+  # Independent values: all-MiniLM-L6-v2 has 12 heads of 384 / 12 = 32 dimensions, so T_h
+  # (n x H, rank min(n, 32)) has a left null space of max(0, n - 32) dimensions, and where it is
+  # empty effective attention is raw attention (correlation 1).
+  assert doc["settings"]["model"] == "all-MiniLM-L6-v2" and s["head_dim"] == 384 // 12
   for n, dim in s["null_dim_mean"].items():
-    assert dim == pytest.approx(s["null_dim_expected"][n])
+    assert s["null_dim_expected"][n] == max(0, int(n) - 32) == ea.expected_null_dim(int(n), 32)
+    assert dim == pytest.approx(max(0, int(n) - 32))
+    assert s["rank_min_max"][n] == [min(int(n), 32)] * 2
+    if int(n) <= 32:
+      assert s["corr_raw_effective_by_length"][n] == pytest.approx(1.0, abs=1e-9)
   assert s["max_relative_head_output_error"] < 1e-6
+  # The verdicts are what the current rules give on these numbers.
+  holds = [f["holds"] for f in doc["findings"]]
+  if all(s["null_dim_matches"][n] == 1.0 for n in s["null_dim_mean"]):  # every head, every n
+    assert holds[0] == "yes"
+  assert holds[1] == ("yes" if s["max_relative_head_output_error"] < 1e-4
+                      and s["max_block_output_error"]["effective"] < 1e-4 else "no")
+  assert holds[2] == ea.special_rule(s["special_mass"]["raw"], s["special_mass"]["effective"])
   # Same passages, batched by 8 in the library and all at once here: float32 maps differ ~1e-7.
   assert s["library_vs_direct_max_difference"] < 1e-6

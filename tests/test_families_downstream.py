@@ -136,7 +136,7 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
                                 include=("heads", "layer_skip"))
   masks = ablation.sweep_masks(config, ("heads", "layer_skip"))
 
-  def loop(mode, head_masks, layer_masks):
+  def loop(kind, head_masks, layer_masks):
     out = []
     for hm, lm in zip(head_masks, layer_masks):
       total = count = 0.0
@@ -145,16 +145,16 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
                                            _types(config, b), **kw).last_hidden_state
         real = b.attention_mask[..., None]
         pooled = lambda h: (np.asarray(h) * real).sum(1) / real.sum(1)
-        x, y = pooled(run(head_mask=hm, head_ablation=mode, layer_mask=lm)), pooled(run())
+        x, y = pooled(run(head_mask=hm, head_ablation=kind, layer_mask=lm)), pooled(run())
         cos = (x * y).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(y, axis=-1)
         total, count = total + cos.sum(), count + len(cos)
       out.append(total / count)
     return np.asarray(out)
 
-  for mode in ablation.MODES:
-    res = got[mode]
+  for kind in ablation.ABLATIONS:
+    res = got[kind]
     assert res.baseline == pytest.approx(1.0, abs=1e-6)
-    np.testing.assert_allclose(res.heads.ravel(), loop(mode, *masks["heads"]), atol=2e-5)
+    np.testing.assert_allclose(res.heads.ravel(), loop(kind, *masks["heads"]), atol=2e-5)
     assert res.heads.min() < 0.999  # the ablations change the model
   np.testing.assert_allclose(got["scale"].layer_skip, loop("scale", *masks["layer_skip"]),
                              atol=2e-5)
@@ -174,8 +174,8 @@ def _mlm_batches(tok):
 def test_head_importance_is_the_mask_gradient(family):
   _, _, config, params, tok = family
   batches = _mlm_batches(tok)[:1]
-  got = ablation.head_importance(params, config, batches, ablation.mlm_loss, per_example=False,
-                                 normalize_layers=False)
+  got = ablation.head_importance(params, config, batches, ablation.mlm_batch_loss,
+                                 per_example=False, normalize_layers=False)
   assert got.shape == (config.depth, config.num_attention_heads)
   assert np.isfinite(got).all() and (got > 0).all()
 
@@ -318,7 +318,7 @@ def test_cloze_scores_come_from_the_mlm_head(family):
   name, directory, config, params, tok = family
   texts = ["The keys to the [MASK] are on the table.", "She did not like [MASK] ."]
   words = [["table", "cabinet"], ["it", "the"]]
-  scores = cloze.score_queries((params, config), tok, texts, words, k=5, batch_size=4)
+  scores = cloze.score_queries((config, params), tok, texts, words, k=5, batch_size=4)
   theirs = _hf_cloze_tokenizer(name, directory)
   enc = theirs([t.replace("[MASK]", theirs.mask_token) for t in texts], padding=True,
                return_tensors="np")
@@ -344,7 +344,7 @@ def test_cloze_scores_come_from_the_mlm_head(family):
 def test_pseudo_log_likelihood_masks_each_token_in_turn(family):
   _, _, config, params, tok = family
   sentence = SENTENCES[0]
-  got, per_token = cloze.pseudo_log_likelihood((params, config), tok, [sentence],
+  got, per_token = cloze.pseudo_log_likelihood((config, params), tok, [sentence],
                                                return_tokens=True)
   ids = tok.encode([sentence]).input_ids[0]
   where = np.arange(1, len(ids) - 1)  # every token between the two special ones

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.special import erf
+import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
 
@@ -34,57 +34,15 @@ def _batch(seed=0, batch=3, seq=10):
   return ids, mask, types
 
 
-# A float64 NumPy reference of the encoder, written from the BERT paper, ---------
-# independent of the Flax modules.
-
-
-def _np_layer_norm(x, p, eps):
-  mu = x.mean(-1, keepdims=True)
-  var = ((x - mu) ** 2).mean(-1, keepdims=True)
-  return (x - mu) / np.sqrt(var + eps) * p["scale"] + p["bias"]
-
-
-def _np_layer(p, x, mask, eps, xi=None, ablation="scale"):
-  """One post-LN block; head h's attention changed per `xi` (heads,)."""
-  a = p["attention"]
-  q = np.einsum("bth,hnd->btnd", x, a["query"]["kernel"]) + a["query"]["bias"]
-  k = np.einsum("bth,hnd->btnd", x, a["key"]["kernel"]) + a["key"]["bias"]
-  v = np.einsum("bth,hnd->btnd", x, a["value"]["kernel"]) + a["value"]["bias"]
-  s = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(q.shape[-1])
-  s = np.where(mask[:, None, None, :] > 0, s, -np.inf)
-  probs = np.exp(s - s.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
-  if xi is not None:
-    xi = xi[None, :, None, None]
-    if ablation == "scale":
-      probs = xi * probs
-    else:
-      uniform = np.broadcast_to(mask[:, None, None, :] / mask.sum(-1)[:, None, None, None],
-                                probs.shape)
-      probs = xi * probs + (1 - xi) * uniform
-  ctx = np.einsum("bnqk,bknd->bqnd", probs, v)
-  h = np.einsum("bqnd,ndh->bqh", ctx, a["output"]["kernel"]) + a["output"]["bias"]
-  h = _np_layer_norm(x + h, a["LayerNorm"], eps)
-  y = h @ p["intermediate"]["kernel"] + p["intermediate"]["bias"]
-  y = 0.5 * y * (1 + erf(y / np.sqrt(2)))
-  y = y @ p["output"]["kernel"] + p["output"]["bias"]
-  return _np_layer_norm(h + y, p["LayerNorm"], eps), probs
-
-
-def _np64(tree):
-  return jax.tree.map(lambda a: np.asarray(a, np.float64), tree)
-
-
 def test_numpy_reference_layer_matches(params):
   ids, mask, types = _batch()
   x = bertjax.embed(params, CONFIG, ids, types)
   out = bertjax.forward(params, CONFIG, ids, mask, types, output_hidden_states=True,
                         output_attentions=True)
-  layers = _np64(params["encoder"]["layers"])
   h = np.asarray(x, np.float64)
   m = mask.astype(bool)
   for i in range(CONFIG.depth):
-    h, probs = _np_layer(jax.tree.map(lambda a: a[i], layers), h, mask, CONFIG.layer_norm_eps)
+    h, probs = ref.encoder_layer(ref.layer_params(params, i), h, mask, CONFIG.layer_norm_eps)
     np.testing.assert_allclose(np.asarray(out.hidden_states[i + 1])[m], h[m], atol=2e-5)
     got = np.moveaxis(np.asarray(out.attentions[i]), 1, 2)[m]
     np.testing.assert_allclose(got, np.moveaxis(probs, 1, 2)[m], atol=2e-6)
@@ -116,11 +74,10 @@ def test_head_mask_matches_numpy_reference(params, ablation):
   xi[0, 1] = 0.0
   out = bertjax.forward(params, CONFIG, ids, mask, types, head_mask=xi, head_ablation=ablation,
                         output_attentions=True)
-  layers = _np64(params["encoder"]["layers"])
   h = np.asarray(bertjax.embed(params, CONFIG, ids, types), np.float64)
   for i in range(CONFIG.depth):
-    h, probs = _np_layer(jax.tree.map(lambda a: a[i], layers), h, mask, CONFIG.layer_norm_eps,
-                         xi[i].astype(np.float64), ablation)
+    h, probs = ref.encoder_layer(ref.layer_params(params, i), h, mask, CONFIG.layer_norm_eps,
+                                 xi[i].astype(np.float64), ablation)
   m = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[m], h[m], atol=2e-5)
   if ablation == "uniform":

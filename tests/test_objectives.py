@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import reference_numpy as ref  # float64 NumPy LayerNorm and GELU (tests/reference_numpy.py)
 
 import bertjax
 from bertjax.data import corpus as C
@@ -141,18 +142,6 @@ def test_weights_and_errors():
 # SpanBERT and StructBERT ------------------------------------------------------------------
 
 
-def _np_ln(x, p, eps):
-  m = x.mean(-1, keepdims=True)
-  v = ((x - m) ** 2).mean(-1, keepdims=True)
-  return (x - m) / np.sqrt(v + eps) * p["scale"] + p["bias"]
-
-
-def _np_gelu(x):
-  from scipy.special import erf
-
-  return 0.5 * x * (1 + erf(x / np.sqrt(2)))
-
-
 def _np_ce(logits, ids, w):
   logits = logits - logits.max(-1, keepdims=True)
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -234,15 +223,17 @@ def test_sbo_and_word_order_losses_match_numpy(smoke_corpus):
   x = np.concatenate([h[rows, left], h[rows, right], sbo["position_embeddings"][pos - left - 1]],
                      -1)
   eps = cfg.layer_norm_eps
-  hh = _np_ln(_np_gelu(x @ sbo["dense1"]["kernel"] + sbo["dense1"]["bias"]), sbo["ln1"], eps)
-  y = _np_ln(_np_gelu(hh @ sbo["dense2"]["kernel"] + sbo["dense2"]["bias"]), sbo["ln2"], eps)
+  hh = ref.layer_norm(ref.gelu(x @ sbo["dense1"]["kernel"] + sbo["dense1"]["bias"]), sbo["ln1"],
+                      eps)
+  y = ref.layer_norm(ref.gelu(hh @ sbo["dense2"]["kernel"] + sbo["dense2"]["bias"]), sbo["ln2"],
+                     eps)
   want = _np_ce(y @ word.T + sbo["bias"], batch["mlm_ids"], batch["mlm_weights"])
   np.testing.assert_allclose(m["sbo_loss"], want, rtol=1e-5)
 
   mh = p["mlm"]  # BERT's MLM head: dense, GELU, LayerNorm, tied decoder + bias
   wpos = batch["word_order_positions"]
-  t = _np_ln(_np_gelu(h[rows, wpos] @ mh["dense"]["kernel"] + mh["dense"]["bias"]),
-             mh["LayerNorm"], eps)
+  t = ref.layer_norm(ref.gelu(h[rows, wpos] @ mh["dense"]["kernel"] + mh["dense"]["bias"]),
+                     mh["LayerNorm"], eps)
   want = _np_ce(t @ word.T + mh["bias"], batch["word_order_ids"], batch["word_order_weights"])
   np.testing.assert_allclose(m["word_order_loss"], want, rtol=1e-5)
 

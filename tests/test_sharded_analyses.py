@@ -47,7 +47,7 @@ SETUP = textwrap.dedent('''
 
     def sweep_values(mesh, cache_dir=None):
       from bertjax.analysis import ablation as A
-      r = A.ablation_sweep(params, cfg, batches, A.mlm_loss, modes=("scale",),
+      r = A.ablation_sweep(params, cfg, batches, A.mlm_batch_loss, head_ablations=("scale",),
                            include=("heads", "layers", "pairs"), mesh=mesh)["scale"]
       return np.concatenate([[r.baseline], r.heads.ravel(), r.layers,
                              r.pairs[~np.isnan(r.pairs)]])
@@ -98,15 +98,15 @@ MESHES = textwrap.dedent('''
       def sweep():
         return {"sweep": sweep_values(mesh)}
       def pruning():
-        r = A.iterative_pruning(params, cfg, batches, A.mlm_loss, step=0.25, max_fraction=0.25,
-                                mesh=mesh)
+        r = A.iterative_pruning(params, cfg, batches, A.mlm_batch_loss, step=0.25,
+                                max_fraction=0.25, mesh=mesh)
         return {"pruning": np.concatenate([r.metrics, r.masks.ravel()])}
       def features_():
         return {"features": feature_values(mesh)}
       def cloze_():
-        s = cloze.score_queries((params, cfg), tok, cloze_texts, candidates, k=5, batch_size=12,
+        s = cloze.score_queries((cfg, params), tok, cloze_texts, candidates, k=5, batch_size=12,
                                 mesh=mesh)
-        pll = cloze.pseudo_log_likelihood((params, cfg), tok, pll_texts, max_rows=24, mesh=mesh)
+        pll = cloze.pseudo_log_likelihood((cfg, params), tok, pll_texts, max_rows=24, mesh=mesh)
         return {"cloze_logprob": s.target_logprob.ravel(), "cloze_topk": s.topk.ravel(),
                 "pll": pll}
       def attention_():
@@ -120,7 +120,7 @@ MESHES = textwrap.dedent('''
         return got
       timed("sweep", sweep)
       timed("importance", lambda: {"importance": A.head_importance(
-          params, cfg, batches, A.mlm_loss, mesh=mesh).ravel()})
+          params, cfg, batches, A.mlm_batch_loss, mesh=mesh).ravel()})
       timed("pruning", pruning)
       timed("features", features_)
       timed("cloze", cloze_)

@@ -97,7 +97,7 @@ SCRIPT = textwrap.dedent('''
       pc = attention.pattern_types(params, cfg, batches, special_ids=[tok.cls_id, tok.sep_id],
                                    mesh=mesh)
       got["patterns"] = pc.counts.ravel().astype(np.float64)
-      ch = attention.attention_change(params, params_b, cfg, batches, max_tokens=50, mesh=mesh)
+      ch = attention.attention_change(params, cfg, params_b, batches, max_tokens=50, mesh=mesh)
       got["attention_change"] = np.concatenate([ch.cosine.ravel(), ch.cka])
       got["word_attention"] = np.concatenate(
           [np.concatenate([m.ravel(), g]) for m, g in

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import kernels, stats
+from bertjax import stats
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import (
     BASELINE_KEY,
@@ -44,11 +45,11 @@ from bertjax.analysis.batching import (
 )
 from bertjax.config import BertConfig
 from bertjax.functional import BertOutput, embed, forward, head_logits, pool, run_layers
+from bertjax.kernels import ABLATIONS  # the head_ablation values, defined once in kernels
 from bertjax.model import compute_dtype
 
 Params = dict[str, Any]
 MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
-MODES = kernels.ABLATIONS  # the head-ablation kinds ("scale", "uniform"), defined in kernels
 STRATEGIES = ("prefix", "vmap", "loop")
 
 
@@ -78,10 +79,13 @@ def _classifier_logits(params, config, last_hidden_state, pooled):
   return head_logits(params, config, out, "classifier")
 
 
-def classification_loss(params, config, batch, last_hidden_state, pooled):
-  """Cross-entropy of the `classifier` head on `batch["labels"]` (B,): (sum, count)."""
-  logits = _classifier_logits(params, config, last_hidden_state, pooled).astype(jnp.float32 if config.dtype != "float64"
-                                                    else jnp.float64)
+def classification_batch_loss(params, config, batch, last_hidden_state, pooled):
+  """Metric function: the `classifier` head's cross-entropy on `batch["labels"]` (B,), summed.
+
+  Returns `(sum, count)`. Not `training.losses.classification_loss` (a mean of given logits).
+  """
+  logits = _classifier_logits(params, config, last_hidden_state, pooled)
+  logits = logits.astype(jnp.float32 if config.dtype != "float64" else jnp.float64)
   logp = jax.nn.log_softmax(logits)
   nll = -jnp.take_along_axis(logp, batch["labels"][:, None].astype(jnp.int32), -1)[:, 0]
   return nll.sum(), jnp.asarray(nll.shape[0], nll.dtype)
@@ -94,8 +98,12 @@ def classification_accuracy(params, config, batch, last_hidden_state, pooled):
   return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
 
 
-def mlm_loss(params, config, batch, last_hidden_state, pooled):
-  """Masked-LM cross-entropy on `batch["labels"]` (B, T), -100 = not predicted: (sum, count)."""
+def mlm_batch_loss(params, config, batch, last_hidden_state, pooled):
+  """Metric function: masked-LM cross-entropy on `batch["labels"]` (B, T), summed.
+
+  -100 marks a position not predicted. Returns `(sum, count)`. Not `training.losses.mlm_loss`
+  (a mean over gathered positions).
+  """
   from bertjax.functional import mlm_logits
 
   labels = batch["labels"].astype(jnp.int32)
@@ -117,7 +125,8 @@ def token_reconstruction_loss(params, config, batch, last_hidden_state, pooled):
   word = params["embeddings"]["word_embeddings"]["embedding"]
   if word.shape[-1] != last_hidden_state.shape[-1]:
     raise ValueError(f"word embeddings width {word.shape[-1]} != hidden width "
-                     f"{last_hidden_state.shape[-1]} (a factorised embedding: ALBERT, ELECTRA with embedding_size != hidden_size); use mlm_loss")
+                     f"{last_hidden_state.shape[-1]} (a factorised embedding: ALBERT, ELECTRA "
+                     "with embedding_size != hidden_size); use mlm_batch_loss")
   dtype = jnp.promote_types(last_hidden_state.dtype, jnp.float32)
   logits = jnp.einsum("bth,vh->btv", last_hidden_state, word.astype(last_hidden_state.dtype))
   logp = jax.nn.log_softmax(logits.astype(dtype))
@@ -157,26 +166,27 @@ def _baseline(params, config, batch, *, metric_fn):
   return inputs, last, _metric(params, config, batch, last, metric_fn)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "mode", "chunk_size"))
-def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *, start, mode,
-                    metric_fn, chunk_size):
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "head_ablation",
+                                             "chunk_size"))
+def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *, start,
+                    head_ablation, metric_fn, chunk_size):
   """Blocks `start ..` from `hidden_in` for each of M masks, chunked vmap: (M,), (M,)."""
 
   def one(masks):
     hm, lm = masks
     last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
-                      head_mask=hm, head_ablation=mode, layer_mask=lm).last
+                      head_mask=hm, head_ablation=head_ablation, layer_mask=lm).last
     return _metric(params, config, batch, last, metric_fn)
 
   return jax.lax.map(one, (head_masks, layer_masks), batch_size=chunk_size)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "mode"))
-def _full_metric(params, config, batch, head_mask, layer_mask, *, mode, metric_fn):
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "head_ablation"))
+def _full_metric(params, config, batch, head_mask, layer_mask, *, head_ablation, metric_fn):
   """One full forward pass with one mask (the naive loop's step)."""
   x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
   last = run_layers(params, config, x, batch["attention_mask"], head_mask=head_mask,
-                    head_ablation=mode, layer_mask=layer_mask).last
+                    head_ablation=head_ablation, layer_mask=layer_mask).last
   return _metric(params, config, batch, last, metric_fn)
 
 
@@ -185,9 +195,9 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
   inputs, last, base = _baseline(params, config, batch, metric_fn=metric_fn)
   batch = {**batch, BASELINE_KEY: last}
   results = [None] * len(mask_sets)
-  # Mask sets of one mode run together, so each (mode, start) is one vmapped program.
-  for mode in dict.fromkeys(mode for mode, _, _ in mask_sets):
-    which = [i for i, (m, _, _) in enumerate(mask_sets) if m == mode]
+  # Mask sets of one ablation kind run together, so each (kind, start) is one vmapped program.
+  for kind in dict.fromkeys(kind for kind, _, _ in mask_sets):
+    which = [i for i, (other, _, _) in enumerate(mask_sets) if other == kind]
     head_masks = np.concatenate([mask_sets[i][1] for i in which])
     layer_masks = np.concatenate([mask_sets[i][2] for i in which])
     m = len(head_masks)
@@ -195,7 +205,8 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
     if strategy == "loop":
       for i in range(m):
         t, c = _full_metric(params, config, batch, jnp.asarray(head_masks[i]),
-                            jnp.asarray(layer_masks[i]), mode=mode, metric_fn=metric_fn)
+                            jnp.asarray(layer_masks[i]), head_ablation=kind,
+                            metric_fn=metric_fn)
         totals[i], counts[i] = float(t), float(c)
     else:
       starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
@@ -203,8 +214,8 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
       for start in np.unique(starts):
         idx = np.flatnonzero(starts == start)
         t, c = _suffix_metrics(params, config, batch, inputs[start], jnp.asarray(head_masks[idx]),
-                               jnp.asarray(layer_masks[idx]), start=int(start), mode=mode,
-                               metric_fn=metric_fn, chunk_size=chunk_size)
+                               jnp.asarray(layer_masks[idx]), start=int(start),
+                               head_ablation=kind, metric_fn=metric_fn, chunk_size=chunk_size)
         totals[idx], counts[idx] = np.asarray(t, np.float64), np.asarray(c, np.float64)
     offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
     for k, i in enumerate(which):
@@ -218,9 +229,9 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
   chunk_size = default_chunk_size() if chunk_size is None else chunk_size
   if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
     raise ValueError(f"{chunk_size=!r} must be a positive int or None")
-  for mode, _, _ in mask_sets:
-    if mode not in MODES:
-      raise ValueError(f"mode={mode!r} must be one of {MODES}")
+  for head_ablation, _, _ in mask_sets:
+    if head_ablation not in ABLATIONS:
+      raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
   if mesh is not None:
     return sharded.evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy,
                             mesh)
@@ -240,7 +251,7 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
 
 
 def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn,
-                   head_masks, layer_masks=None, *, mode: str = "scale",
+                   head_masks, layer_masks=None, *, head_ablation: str = "scale",
                    chunk_size: int | None = None, strategy: str = "prefix",
                    mesh=None) -> tuple[float, np.ndarray]:
   """The metric under each of M arbitrary masks, summed over batches.
@@ -252,7 +263,8 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
     metric_fn: `(params, config, batch, last_hidden_state, pooled) -> (total, count)`.
     head_masks: float (M, layers, heads).
     layer_masks: float (M, layers) or None (all ones).
-    mode: "scale" (Michel) or "uniform" (Kovaleva) head ablation.
+    head_ablation: how a head mask acts (`ABLATIONS`): "scale" (Michel) or "uniform"
+      (Kovaleva), as in `bertjax.forward`.
     chunk_size: masks evaluated at once (vmap width); bounds memory. None means
       `default_chunk_size()`: on CPU small chunks are fastest (all-MiniLM-L6-v2, batch
       32 x 48: chunk 1 took 17 s, 4 took 22 s, 12 took 33 s); accelerators favour wide ones.
@@ -270,20 +282,21 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
   """
   head_masks, layer_masks = _check_masks(config, head_masks, layer_masks)
   base, (values,) = _evaluate(params, config, batches, metric_fn,
-                              [(mode, head_masks, layer_masks)], chunk_size, strategy, mesh)
+                              [(head_ablation, head_masks, layer_masks)], chunk_size, strategy,
+                              mesh)
   return float(base), values
 
 
 @dataclasses.dataclass(frozen=True)
 class AblationResult:
-  """Metric values of one ablation mode; `heads[l, h]` = head h of layer l ablated."""
+  """Metric values of one head-ablation kind; `heads[l, h]` = head h of layer l ablated."""
 
-  mode: str
+  head_ablation: str  # "scale" or "uniform" (`ABLATIONS`)
   baseline: float
   heads: np.ndarray  # (layers, heads): one head ablated
   layers: np.ndarray  # (layers,): every head of the layer ablated
   keep_one: np.ndarray  # (layers, heads): all heads of layer l but h ablated (Michel Table 2)
-  layer_skip: np.ndarray  # (layers,): the whole block skipped (identity); same in every mode
+  layer_skip: np.ndarray  # (layers,): the whole block skipped (identity); same in every kind
   # (layers, heads, layers, heads): heads (l1, h1) and (l2, h2) ablated together, symmetric;
   # NaN where the pair was not evaluated (and on the diagonal); None without "pairs".
   pairs: np.ndarray | None = None
@@ -387,75 +400,81 @@ def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers",
 
 
 def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn, *,
-                   modes: Sequence[str] = MODES,
+                   head_ablations: Sequence[str] = ABLATIONS,
                    include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
                    chunk_size: int | None = None, strategy: str = "prefix", pairs="all",
-                   mesh=None) -> dict[str, AblationResult]:
-  """Every single head, every whole layer, and "keep only one head" ablated, in each mode.
+                   mesh=None, modes: Sequence[str] | None = None) -> dict[str, AblationResult]:
+  """Every single head, every whole layer, and "keep only one head" ablated, in each kind.
 
-  One pass over `batches` evaluates every mask of every mode; with
+  One pass over `batches` evaluates every mask of every head-ablation kind; with
   `strategy="prefix"` blocks `0 .. l-1` run once per batch (the intact forward)
   and only blocks `l ..` run, vmapped, for the masks of layer `l`.
 
   Args:
     params, config, batches, metric_fn: as `evaluate_masks`.
-    modes: a subset of ("scale", "uniform").
+    head_ablations: a subset of `ABLATIONS` ("scale", "uniform"); see `evaluate_masks`.
     include: which families of masks to evaluate ("layer_skip" is evaluated once,
-      in the first mode, since skipping a block does not depend on the mode; "pairs",
+      in the first kind, since skipping a block does not depend on it; "pairs",
       not in the default, ablates two heads at once: see `pairs`).
     chunk_size: masks per vmap chunk (None: `default_chunk_size()`).
     strategy: "prefix", "vmap" or "loop" (see `evaluate_masks`).
     pairs: with "pairs" included, which pairs (`head_pairs`): "all", "within" a layer,
       "across" layers, or a sequence of ((l1, h1), (l2, h2)).
     mesh: a device mesh (see `evaluate_masks`), or None for one device.
+    modes: deprecated name of `head_ablations`.
 
   Returns:
-    mode -> `AblationResult`; families not included are filled with NaN.
+    head ablation kind -> `AblationResult`; families not included are filled with NaN.
   """
-  if not modes or set(modes) - set(MODES):
-    raise ValueError(f"modes={tuple(modes)} must be a non-empty subset of {MODES}")
+  if modes is not None:
+    warnings.warn("ablation_sweep(modes=) is deprecated; use head_ablations=",
+                  DeprecationWarning, stacklevel=2)
+    head_ablations = modes
+  if not head_ablations or set(head_ablations) - set(ABLATIONS):
+    raise ValueError(f"head_ablations={tuple(head_ablations)} must be a non-empty subset of "
+                     f"{ABLATIONS}")
   masks = sweep_masks(config, include, pairs=pairs)
   names, sets = [], []
-  for i, mode in enumerate(modes):
+  for i, kind in enumerate(head_ablations):
     for name, (hm, lm) in masks.items():
       if name == "layer_skip" and i > 0:
         continue
-      names.append((mode, name))
-      sets.append((mode, hm, lm))
+      names.append((kind, name))
+      sets.append((kind, hm, lm))
   base, values = _evaluate(params, config, batches, metric_fn, sets, chunk_size, strategy, mesh)
   got = dict(zip(names, values))
   depth, n = config.depth, config.num_attention_heads
   nan = lambda *s: np.full(s, np.nan)
-  skip = got.get((modes[0], "layer_skip"), nan(depth))
+  skip = got.get((head_ablations[0], "layer_skip"), nan(depth))
 
-  def pair_matrix(mode):
+  def pair_matrix(kind):
     if "pairs" not in include:
       return None
     index = head_pairs(config, pairs)
     out = nan(depth, n, depth, n)
     (l1, h1), (l2, h2) = index[:, 0].T, index[:, 1].T
-    out[l1, h1, l2, h2] = out[l2, h2, l1, h1] = got[(mode, "pairs")]
+    out[l1, h1, l2, h2] = out[l2, h2, l1, h1] = got[(kind, "pairs")]
     return out
 
-  return {mode: AblationResult(
-      mode=mode, baseline=float(base),
-      heads=got.get((mode, "heads"), nan(depth * n)).reshape(depth, n),
-      layers=got.get((mode, "layers"), nan(depth)),
-      keep_one=got.get((mode, "keep_one"), nan(depth * n)).reshape(depth, n),
-      layer_skip=skip, pairs=pair_matrix(mode)) for mode in modes}
+  return {kind: AblationResult(
+      head_ablation=kind, baseline=float(base),
+      heads=got.get((kind, "heads"), nan(depth * n)).reshape(depth, n),
+      layers=got.get((kind, "layers"), nan(depth)),
+      keep_one=got.get((kind, "keep_one"), nan(depth * n)).reshape(depth, n),
+      layer_skip=skip, pairs=pair_matrix(kind)) for kind in head_ablations}
 
 
 # Head importance (Michel et al. 2019) ----------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "mode", "per_example"))
-def _importance_batch(params, config, batch, xi, *, loss_fn, mode, per_example):
+@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "head_ablation", "per_example"))
+def _importance_batch(params, config, batch, xi, *, loss_fn, head_ablation, per_example):
   batch_size = batch["input_ids"].shape[0]
 
   def loss(mask):
     x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
     last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
-                      head_ablation=mode).last
+                      head_ablation=head_ablation).last
     total, count = _metric(params, config, {**batch, BASELINE_KEY: last}, last, loss_fn)
     return (total if per_example else total / count), count
 
@@ -466,7 +485,7 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, mode, per_example):
 
 
 def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_fn: MetricFn, *,
-                    head_mask=None, mode: str = "scale", per_example: bool = True,
+                    head_mask=None, head_ablation: str = "scale", per_example: bool = True,
                     normalize_layers: bool = True, exponent: float = 2.0,
                     mesh=None) -> np.ndarray:
   """Michel et al.'s head importance `I_h = E_x |dL(x)/dxi_h|` at the mask `head_mask`.
@@ -482,7 +501,7 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
     params, config, batches: as `evaluate_masks` (batches iterated once).
     loss_fn: a differentiable metric `(params, config, batch, last, pooled) -> (total, count)`.
     head_mask: float (layers, heads) at which to differentiate; None means all ones.
-    mode: "scale" or "uniform" (how xi enters the model).
+    head_ablation: "scale" or "uniform" (`ABLATIONS`: how xi enters the model).
     per_example: see above.
     normalize_layers: divide each layer's scores by their `exponent`-norm (Michel).
     exponent: the norm's exponent.
@@ -491,8 +510,8 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
   Returns:
     float64 (layers, heads).
   """
-  if mode not in MODES:
-    raise ValueError(f"{mode=!r} must be one of {MODES}")
+  if head_ablation not in ABLATIONS:
+    raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
   shape = (config.depth, config.num_attention_heads)
   xi = jnp.ones(shape, compute_dtype(config)) if head_mask is None else jnp.asarray(head_mask)
   if xi.shape != shape:
@@ -500,12 +519,13 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
   xi = xi.astype(compute_dtype(config))
   total, denom = np.zeros(shape), 0.0
   if mesh is not None:
-    total, denom = sharded.importance_sums(params, config, batches, loss_fn, xi, mode=mode,
-                                           per_example=per_example, mesh=mesh)
+    total, denom = sharded.importance_sums(params, config, batches, loss_fn, xi,
+                                           head_ablation=head_ablation, per_example=per_example,
+                                           mesh=mesh)
   else:
     for batch in batches:
       g, count = _importance_batch(params, config, as_batch(batch), xi, loss_fn=loss_fn,
-                                   mode=mode, per_example=per_example)
+                                   head_ablation=head_ablation, per_example=per_example)
       total += np.asarray(g, np.float64)
       denom += float(count) if per_example else 1.0
   if denom == 0:
@@ -528,7 +548,7 @@ class PruningResult:
 
 def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, loss_fn: MetricFn,
                       metric_fn: MetricFn | None = None, *, step: float = 0.1,
-                      max_fraction: float = 0.9, mode: str = "scale",
+                      max_fraction: float = 0.9, head_ablation: str = "scale",
                       per_example: bool = True, chunk_size: int | None = None,
                       mesh=None) -> PruningResult:
   """Michel et al.'s pruning: mask the least important `step` of all heads, re-estimate, repeat.
@@ -545,7 +565,7 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
     metric_fn: what to record (None means `loss_fn`).
     step: fraction of all heads masked per step, in (0, 1].
     max_fraction: stop once this fraction is masked.
-    mode: "scale" or "uniform".
+    head_ablation: "scale" or "uniform" (`ABLATIONS`).
     per_example: see `head_importance`.
     chunk_size: passed to `evaluate_masks`.
     mesh: a device mesh for both (see `evaluate_masks`, `head_importance`), or None.
@@ -566,16 +586,17 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
   mask = np.ones(shape, np.float32)
   fractions, metrics, masks = [], [], []
   while True:
-    _, (value,) = evaluate_masks(params, config, batches, metric_fn, mask[None], mode=mode,
-                                 chunk_size=chunk_size, mesh=mesh)
+    _, (value,) = evaluate_masks(params, config, batches, metric_fn, mask[None],
+                                 head_ablation=head_ablation, chunk_size=chunk_size, mesh=mesh)
     pruned = int((mask == 0).sum())
     fractions.append(pruned / total)
     metrics.append(float(value))
     masks.append(mask.copy())
     if pruned >= limit:
       break
-    importance = head_importance(params, config, batches, loss_fn, head_mask=mask, mode=mode,
-                                 per_example=per_example, normalize_layers=True, mesh=mesh)
+    importance = head_importance(params, config, batches, loss_fn, head_mask=mask,
+                                 head_ablation=head_ablation, per_example=per_example,
+                                 normalize_layers=True, mesh=mesh)
     importance = np.where(mask == 0, np.inf, importance).ravel()
     order = np.argsort(importance, kind="stable")[:min(per_step, limit - pruned)]
     mask.ravel()[order] = 0.0
@@ -673,3 +694,13 @@ def forward_with_overrides(params: Params, config: BertConfig, input_ids, attent
   patch = override_patch(codes, mask.sum(-1), ids.shape[1])
   return forward(params, config, ids, mask, token_type_ids, patch=patch,
                  output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+
+
+def __getattr__(name: str):
+  # `mlm_loss` was this module's name for `mlm_batch_loss` (and is the README's older example);
+  # `bertjax.training.losses.mlm_loss` is a different function (gathered positions, a mean).
+  if name == "mlm_loss":
+    warnings.warn("bertjax.analysis.ablation.mlm_loss is deprecated; use mlm_batch_loss",
+                  DeprecationWarning, stacklevel=2)
+    return mlm_batch_loss
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

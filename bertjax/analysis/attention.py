@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import unicodedata
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -470,14 +471,19 @@ def _linear_cka(a, b):
   return num / np.sqrt((aa ** 2).sum((1, 2)) * (bb ** 2).sum((1, 2)))
 
 
-def attention_change(params_a: Params, params_b: Params, config: BertConfig, batches: Iterable, *,
+def attention_change(params_a: Params, config: BertConfig, params_b: Params, batches: Iterable, *,
                      config_b: BertConfig | None = None, max_tokens: int = 4096,
                      mesh=None) -> AttentionChange:
   """Per-head cosine similarity of attention maps and per-layer CKA between two checkpoints.
 
+  A computation, so `(params, config, ...)` first, as in `forward`; the second model follows.
+  The older order `attention_change(params_a, params_b, config, batches)` still works, with a
+  DeprecationWarning.
+
   Args:
-    params_a, params_b: e.g. pre-trained and fine-tuned weights.
+    params_a: e.g. pre-trained weights.
     config: the architecture of `params_a` (and of `params_b` unless `config_b`).
+    params_b: e.g. fine-tuned weights.
     batches: the shared inputs.
     config_b: the architecture of `params_b` if it differs (same depth and heads).
     max_tokens: real tokens kept for CKA (the first ones); the cosine uses all.
@@ -488,6 +494,11 @@ def attention_change(params_a: Params, params_b: Params, config: BertConfig, bat
     An `AttentionChange`. The cosine compares each sequence's flattened real-token
     maps (padded entries are zero in both), averaged over sequences.
   """
+  if isinstance(params_b, BertConfig) and not isinstance(config, BertConfig):
+    warnings.warn("attention_change(params_a, params_b, config, batches) is deprecated; use "
+                  "attention_change(params_a, config, params_b, batches)", DeprecationWarning,
+                  stacklevel=2)
+    config, params_b = params_b, config
   config_b = config_b or config
   if (config_b.depth, config_b.num_attention_heads) != (config.depth, config.num_attention_heads):
     raise ValueError(f"depth x heads differ: {config.depth}x{config.num_attention_heads} vs "

@@ -14,7 +14,8 @@ Everything is written against a ``MaskedLM``: a pure, jittable function
 ``fn(params, input_ids, attention_mask, token_type_ids, positions) -> log-probs
 (B, V)`` at one position per row, plus its params (passed as data, not baked
 into the compiled program). ``masked_lm(params, config)`` builds one from a
-model with an MLM head; tests can wrap any function of that shape.
+model with an MLM head, and every probe also takes the ``(config, params)`` pair that
+``from_hf`` returns; tests can wrap any function of that shape.
 """
 
 from __future__ import annotations
@@ -141,11 +142,15 @@ class _Rows:
 
 
 def _lm(model: Any) -> MaskedLM:
-  """Accepts a ``MaskedLM`` or ``(params, config)``."""
+  """Accepts a ``MaskedLM`` or a whole model as ``from_hf`` returns it, ``(config, params)``."""
   if isinstance(model, tuple) and len(model) == 2:
-    return masked_lm(*model)
+    config, params = model
+    if isinstance(params, bertjax.BertConfig) and not isinstance(config, bertjax.BertConfig):
+      raise TypeError("model=(params, config): a whole model is (config, params), the pair "
+                      "from_hf returns; swap them")
+    return masked_lm(params, config)
   if not isinstance(model, MaskedLM):
-    raise TypeError(f"model must be a MaskedLM or (params, config), got {type(model).__name__}")
+    raise TypeError(f"model must be a MaskedLM or (config, params), got {type(model).__name__}")
   return model
 
 
@@ -211,7 +216,7 @@ def score_queries(
   """Top-k predictions and candidate log-probabilities at the single ``[MASK]`` of each text.
 
   Args:
-    model: a ``MaskedLM`` or ``(params, config)``.
+    model: a ``MaskedLM`` or ``(config, params)`` (as ``from_hf`` returns them).
     tokenizer: a ``bertjax.Tokenizer`` (its mask token marks the blank).
     texts: sentences with exactly one ``[MASK]`` (written as the tokenizer's own mask
       token by ``mask_text``: ``<mask>`` for RoBERTa), or with its own mask token.
@@ -346,7 +351,7 @@ def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
   """LAMA P@k (mean over single-token-object queries).
 
   Args:
-    model: a ``MaskedLM`` or ``(params, config)``.
+    model: a ``MaskedLM`` or ``(config, params)`` (as ``from_hf`` returns them).
     tokenizer: the model's tokenizer.
     records: LAMA JSONL records, or a path to a ``.jsonl`` file.
     templates: relation id -> template, for records without ``masked_sentences``.
@@ -599,7 +604,7 @@ def pseudo_log_likelihood(model: MaskedLM | tuple[Any, Any], tokenizer: Any,
   jitted call.
 
   Args:
-    model: a ``MaskedLM`` or ``(params, config)``.
+    model: a ``MaskedLM`` or ``(config, params)`` (as ``from_hf`` returns them).
     tokenizer: the model's tokenizer.
     sentences: plain text.
     max_rows: masked copies per call (a longer sentence gets a call of its own).
@@ -666,7 +671,7 @@ def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
   """BLiMP accuracy by PLL: share of pairs with ``PLL(sentence_good) > PLL(sentence_bad)``.
 
   Args:
-    model: a ``MaskedLM`` or ``(params, config)``.
+    model: a ``MaskedLM`` or ``(config, params)`` (as ``from_hf`` returns them).
     tokenizer: the model's tokenizer.
     records: BLiMP JSONL records (``sentence_good``, ``sentence_bad``) or a path.
     max_pairs: only the first pairs.

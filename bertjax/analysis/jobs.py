@@ -277,12 +277,13 @@ def _head_ablation(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis import ablation
 
   mlm = "mlm" in ctx.params and ctx.tok.mask_id is not None
-  metric = ablation.mlm_loss if mlm else ablation.mean_embedding_cosine
+  metric = ablation.mlm_batch_loss if mlm else ablation.mean_embedding_cosine
   batches = ctx.batches()
   if not mlm:  # the cosine reads the sentences themselves
     batches = [{**b, "input_ids": b["unmasked_ids"]} for b in batches]
-  res = ablation.ablation_sweep(ctx.params, ctx.config, batches, metric, modes=("scale",),
-                                include=("heads", "layers"), mesh=ctx.mesh)["scale"]
+  res = ablation.ablation_sweep(ctx.params, ctx.config, batches, metric,
+                                head_ablations=("scale",), include=("heads", "layers"),
+                                mesh=ctx.mesh)["scale"]
   sign = 1.0 if mlm else -1.0  # damage: the loss going up, or the cosine going down
   heads, layers = sign * (res.heads - res.baseline), sign * (res.layers - res.baseline)
   metrics = {"baseline": res.baseline, "mean_head_damage": float(heads.mean()),

@@ -128,10 +128,10 @@ def _baseline(params, config, batch, weight, *, metric_fn):
   return inputs, last, (t.sum(), c.sum())
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "mode", "chunk_size",
-                                             "masks_sharding"))
-def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, start, mode,
-            metric_fn, chunk_size, masks_sharding):
+@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "head_ablation",
+                                             "chunk_size", "masks_sharding"))
+def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, start,
+            head_ablation, metric_fn, chunk_size, masks_sharding):
   """Blocks `start ..` for masks (I, m, ...) split over "interventions": totals, counts (I, m)."""
   head_masks = jax.lax.with_sharding_constraint(head_masks, masks_sharding)
   layer_masks = jax.lax.with_sharding_constraint(layer_masks, masks_sharding)
@@ -141,7 +141,7 @@ def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, s
     def one(masks):
       h, l = masks
       last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
-                        head_mask=h, head_ablation=mode, layer_mask=l).last
+                        head_mask=h, head_ablation=head_ablation, layer_mask=l).last
       return _weighted(weight, *_row_totals(params, config, batch, last, metric_fn))  # (B,)
 
     return jax.lax.map(one, (hm, lm), batch_size=chunk_size)  # (m, B) each
@@ -166,8 +166,8 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
     inputs, last, (bt, bc) = _baseline(params, config, b, weight, metric_fn=metric_fn)
     base += sharding.to_host((bt, bc))
     b = {**b, BASELINE_KEY: last}
-    for mode in dict.fromkeys(mode for mode, _, _ in mask_sets):
-      which = [i for i, (m, _, _) in enumerate(mask_sets) if m == mode]
+    for kind in dict.fromkeys(kind for kind, _, _ in mask_sets):
+      which = [i for i, (other, _, _) in enumerate(mask_sets) if other == kind]
       head_masks = np.concatenate([mask_sets[i][1] for i in which])
       layer_masks = np.concatenate([mask_sets[i][2] for i in which])
       m = len(head_masks)
@@ -177,8 +177,9 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
       for start in np.unique(starts):
         idx = np.flatnonzero(starts == start)
         (hm, lm), masks_sharding = place_interventions((head_masks[idx], layer_masks[idx]), mesh)
-        t, c = _suffix(params, config, b, weight, inputs, hm, lm, start=int(start), mode=mode,
-                       metric_fn=metric_fn, chunk_size=chunk_size, masks_sharding=masks_sharding)
+        t, c = _suffix(params, config, b, weight, inputs, hm, lm, start=int(start),
+                       head_ablation=kind, metric_fn=metric_fn, chunk_size=chunk_size,
+                       masks_sharding=masks_sharding)
         totals[0, idx] = flat_interventions(t, len(idx))
         totals[1, idx] = flat_interventions(c, len(idx))
       offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
@@ -190,15 +191,16 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
   return base[0] / base[1], [acc[0] / acc[1] for acc in sums]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "mode", "per_example"))
-def _importance_batch(params, config, batch, weight, xi, *, loss_fn, mode, per_example):
+@functools.partial(jax.jit, static_argnames=("config", "loss_fn", "head_ablation", "per_example"))
+def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablation,
+                      per_example):
   batch_size = batch["input_ids"].shape[0]
 
   def loss(mask):
     x = embed(params, config, batch["input_ids"],
               model_token_types(config, batch["token_type_ids"]))
     last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
-                      head_ablation=mode).last
+                      head_ablation=head_ablation).last
     t, c = _weighted(weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last,
                                           loss_fn))
     total, count = t.sum(), c.sum()
@@ -211,7 +213,7 @@ def _importance_batch(params, config, batch, weight, xi, *, loss_fn, mode, per_e
 
 
 def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_fn, xi, *,
-                    mode: str, per_example: bool, mesh: Mesh):
+                    head_ablation: str, per_example: bool, mesh: Mesh):
   """`head_importance`'s sums on a mesh, rows over every axis: (sum |grad| (L, N), denominator)."""
   params = sharding.shard_params(params, mesh)
   axes = sharding.row_axes(mesh, interventions=True)
@@ -220,7 +222,8 @@ def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_
   for batch in batches:
     b, weight = _place_batch(_host_batch(batch), mesh, axes)
     g, count = sharding.to_host(_importance_batch(params, config, b, weight, xi, loss_fn=loss_fn,
-                                                  mode=mode, per_example=per_example))
+                                                  head_ablation=head_ablation,
+                                                  per_example=per_example))
     total += np.asarray(g, np.float64)
     denom += float(count) if per_example else 1.0
   return total, denom

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax.cli import HelpFormatter
+from bertjax.kernels import IMPLS as ATTENTION_IMPLS
 
 CORPUS_FORMATS = """\
 corpus formats (--corpus-format):
@@ -65,7 +66,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "unless --vocab is given, tokenizer)")
   g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype; weights stay float32")
-  g.add_argument("--attention-impl", default=None, choices=("auto", "xla", "pallas", "cudnn"),
+  g.add_argument("--attention-impl", default=None, choices=ATTENTION_IMPLS,
                  help="attention implementation (default: the model config's, 'xla')")
   g.add_argument("--scan-unroll", type=int, default=1, metavar="N",
                  help="layers per iteration of the layer scan; the depth unrolls it "

@@ -394,7 +394,8 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
   function of seed and k).
 
   Args:
-    config, params: the model with its task head (`prepare_model`).
+    config, params: the model with its task head (`prepare_model`); it returns the trained
+      model, so the pair comes in `from_hf`'s order.
     train_data, eval_data: data dicts (see the module docstring); eval may be None.
     task: "classification" or "token_classification".
     hp: the hyper-parameters.
