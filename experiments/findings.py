@@ -30,7 +30,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 # The order of the experiments in the table (the order); others follow by name.
 ORDER = ("dark_secrets", "random_init", "sixteen_heads", "what_bert_looks_at", "probing_layers",
-         "anisotropy", "effective_attention", "attribution", "stacking", "albert_sharing", "model_compression")
+         "anisotropy", "effective_attention", "attribution", "stacking", "albert_sharing",
+         "model_compression")
 MARK = {"yes": "✅ yes", "partly": "◐ partly", "no": "❌ no", "n/a": "— n/a"}
 
 

@@ -16,14 +16,15 @@ score, retained score, speed-up) on models this machine trains in minutes:
   tag on its first subword; the dev file, split 80/20 into train and held-out
   sentences by the seed);
 * `distilled_3l` (DistilBERT): 3 layers initialised from the teacher's every other
-  layer (0, 2, 4; `distill.student_from_teacher`), trained with the task distillation
+  layer (blocks 1, 3, 5; `distill.student_from_teacher`), trained with the task distillation
   loss (`distill.TaskDistillation`: labels + the teacher's soft targets at T = 2,
   alpha = 0.5) for the teacher's number of steps;
 * `labels_3l`: the same 3-layer start trained on the labels alone (how much the
   teacher's soft targets add);
 * `shared_6l` (ALBERT-style): 6 layers of one shared parameter set
   (`model_type="albert"`, `num_hidden_groups=1`, E = H with an identity E -> H map),
-  the shared layer initialised from the teacher's layer `--shared-layer` (default 2),
+  the shared layer initialised from the teacher's block `--shared-layer` + 1 (the flag
+  counts from 0; default 2, i.e. block 3),
   embeddings and head copied, distilled as `distilled_3l`;
 * `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
   int8 linear layers, `bertjax.quantize`), no retraining.

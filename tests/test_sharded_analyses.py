@@ -4,8 +4,9 @@ The mesh runs need 8 CPU devices (`--xla_force_host_platform_device_count`), whi
 set before JAX starts, so they run in subprocesses: one runs every analysis on one device
 and on the meshes 8x1, 4x2 and 2x4 (data x interventions) and 2x2x2 (with fsdp); two more
 run the sweep, the extraction and a head-patching sweep as two `jax.distributed` processes
-on localhost, compared with the first script's single-device values. The subprocesses compile with XLA's cheap CPU
-settings (both sides of every comparison alike), since compiling is most of their time.
+on localhost, compared with the first script's single-device values. The subprocesses
+compile with XLA's cheap CPU settings (both sides of every comparison alike), since
+compiling is most of their time.
 """
 
 import json
