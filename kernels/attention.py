@@ -199,15 +199,7 @@ def attention(
   head_mask = _validate(q, k, v, mask, head_mask, ablation, impl)
   dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
   impl = _resolve_impl(impl, return_probs)
-  if impl == "cudnn" and dropout_rate > 0:
-    raise ValueError(
-      f"impl='cudnn' with dropout_rate={dropout_rate} is not supported (cuDNN's dropout "
-      "mask is not the kernels.dropout hash); use impl='pallas' or 'xla'"
-    )
-  if return_probs and impl != "xla":
-    raise ValueError(f"return_probs=True needs impl='xla' (or 'auto'), got {impl=}")
-  if backward not in ("pallas", "reference"):
-    raise ValueError(f"{backward=} must be 'pallas' or 'reference'")
+  _check_combination(impl, dropout_rate, return_probs, backward)
   if impl == "xla" and return_probs:
     return reference_attention(
       q,
@@ -237,10 +229,9 @@ def attention(
     )
   if impl == "cudnn":
     return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
-  fused_mask = _fused_mask(q, k, mask)
   interpret, variant = _pallas_variant(interpret, kernel_variant)
   kwargs = {
-    "mask": fused_mask,
+    "mask": _fused_mask(q, k, mask),
     "head_mask": head_mask,
     "ablation": ablation,
     "scale": scale,
@@ -254,6 +245,19 @@ def attention(
       raise ValueError(f"{backward=} is not available for the TPU kernels, only 'pallas'")
     return fa_tpu.flash_attention_tpu(q, k, v, **kwargs)
   return fa.flash_attention(q, k, v, backward=backward, **kwargs)
+
+
+def _check_combination(impl, dropout_rate, return_probs, backward):
+  """Rejects the option combinations `attention`'s resolved `impl` cannot honour."""
+  if impl == "cudnn" and dropout_rate > 0:
+    raise ValueError(
+      f"impl='cudnn' with dropout_rate={dropout_rate} is not supported (cuDNN's dropout "
+      "mask is not the kernels.dropout hash); use impl='pallas' or 'xla'"
+    )
+  if return_probs and impl != "xla":
+    raise ValueError(f"return_probs=True needs impl='xla' (or 'auto'), got {impl=}")
+  if backward not in ("pallas", "reference"):
+    raise ValueError(f"{backward=} must be 'pallas' or 'reference'")
 
 
 def attention_probs(q, k, *, mask: Mask | None = None, kv_lengths=None, key_mask=None, scale=None):

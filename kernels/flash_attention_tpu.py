@@ -286,16 +286,22 @@ def _dq_kernel(lens_ref, xi_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref
     dq_ref[...] = (dq_sc[...] * (xi_ref[b, h] * cfg.scale)).astype(dq_ref.dtype)
 
 
+def _bwd_rowwise(cfg: KernelConfig, lengths, dout, o_attn, v_mean):
+  """delta_i = dO_i . O_attn_i `(B, H, T, 1)` and d xi `(B, H)`: elementwise, left to XLA."""
+  seq_pad = dout.shape[2]
+  row_real = (jnp.arange(seq_pad)[None, :] < lengths[:, None])[:, None, :, None]  # (B,1,T,1)
+  do32, oa32 = dout.astype(jnp.float32), o_attn.astype(jnp.float32)
+  delta = jnp.where(row_real, (do32 * oa32).sum(-1, keepdims=True), 0.0)
+  mixed = oa32 - v_mean if cfg.uniform else oa32
+  dxi = jnp.where(row_real, do32 * mixed, 0.0).sum(axis=(2, 3))
+  return delta, dxi
+
+
 def _bwd_call(cfg: KernelConfig, residuals, dout):
   q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
   batch, heads, seq_pad, head_dim = q.shape
   bq, bk = cfg.block_sizes.block_q_bwd, cfg.block_sizes.block_k_bwd
-  # delta_i = dO_i . O_attn_i and d xi: elementwise, left to XLA.
-  row_real = (jnp.arange(seq_pad)[None, :] < lengths[:, None])[:, None, :, None]  # (B,1,T,1)
-  do32, oa32 = dout.astype(jnp.float32), o_attn.astype(jnp.float32)
-  delta = jnp.where(row_real, (do32 * oa32).sum(-1, keepdims=True), 0.0)  # (B, H, T, 1)
-  mixed = oa32 - v_mean if cfg.uniform else oa32
-  dxi = jnp.where(row_real, do32 * mixed, 0.0).sum(axis=(2, 3))
+  delta, dxi = _bwd_rowwise(cfg, lengths, dout, o_attn, v_mean)
 
   def clamp(idx, lens, b, block):
     return jnp.minimum(idx, _last_block(lens[b], block))
