@@ -317,3 +317,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128),
 }
+
+
+def config_to_json(config: BertConfig) -> dict[str, Any]:
+  """The config as a JSON-serialisable dict of its fields."""
+  return dataclasses.asdict(config)
+
+
+def config_from_json(d: dict[str, Any]) -> BertConfig:
+  """Inverse of `config_to_json` (JSON lists become the tuples the frozen config needs)."""
+  def tuples(v):
+    return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+  fields = {f.name for f in dataclasses.fields(BertConfig)}
+  unknown = sorted(set(d) - fields)
+  if unknown:
+    raise ValueError(f"config has unknown fields {unknown}")
+  return BertConfig(**{k: tuples(v) for k, v in d.items()})

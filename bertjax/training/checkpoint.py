@@ -16,7 +16,6 @@ the bad one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax.config import BertConfig
+from bertjax.config import BertConfig, config_from_json, config_to_json  # noqa: F401
 from bertjax.training.state import TrainState, state_from_tree, state_to_tree
 
 log = logging.getLogger(__name__)
@@ -38,22 +37,6 @@ log = logging.getLogger(__name__)
 
 class CorruptCheckpointError(RuntimeError):
   """A checkpoint step whose files are missing, truncated or unreadable."""
-
-
-def config_to_json(config: BertConfig) -> dict[str, Any]:
-  """The config as a JSON-serialisable dict of its fields."""
-  return dataclasses.asdict(config)
-
-
-def config_from_json(d: dict[str, Any]) -> BertConfig:
-  """Inverse of `config_to_json` (JSON lists become the tuples the frozen config needs)."""
-  def tuples(v):
-    return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-  fields = {f.name for f in dataclasses.fields(BertConfig)}
-  unknown = sorted(set(d) - fields)
-  if unknown:
-    raise ValueError(f"checkpoint config has unknown fields {unknown}")
-  return BertConfig(**{k: tuples(v) for k, v in d.items()})
 
 
 def _crc(path: pathlib.Path) -> int:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.cli import HelpFormatter
+from bertjax.help_format import HelpFormatter
 from bertjax.kernels import IMPLS as ATTENTION_IMPLS
 
 CORPUS_FORMATS = """\
@@ -672,9 +672,3 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
            ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
   print("finetune: done\n" + _table(rows))
   return 0
-
-
-if __name__ == "__main__":
-  from bertjax.cli import main
-
-  sys.exit(main(["pretrain", *sys.argv[1:]]))

@@ -37,7 +37,7 @@ import optax
 from bertjax.config import BertConfig
 from bertjax.functional import Params, forward, head_logits, mlm_logits
 from bertjax.training import losses
-from bertjax.training.objectives import Context, Objective
+from bertjax.training.objective_base import Context, Objective
 
 
 def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,

@@ -33,10 +33,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig
+from bertjax.config import BertConfig, config_from_json
 from bertjax.functional import Params, forward, init, mlm_logits, rtd_logits
 from bertjax.training import losses
-from bertjax.training.objectives import Context, Objective
+from bertjax.training.objective_base import Context, Objective
 
 SHARED_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 ROLES = ("generator", "discriminator")  # the pair tree's keys; the export's folder names
@@ -226,8 +226,6 @@ def generator_from_meta(meta: dict) -> BertConfig:
     ValueError: the metadata has no ELECTRA record (a checkpoint written before runs
       recorded the generator's config, or not an ELECTRA run).
   """
-  from bertjax.training.checkpoint import config_from_json
-
   record = (meta.get("extra") or {}).get("electra")
   if not record or "generator" not in record:
     raise ValueError(f"checkpoint step {meta.get('step')} holds an ELECTRA pair but its "

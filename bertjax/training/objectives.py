@@ -32,87 +32,13 @@ import jax.numpy as jnp
 
 from bertjax.config import BertConfig
 from bertjax.functional import (
-  BertOutput,
-  forward,
   head_logits,
   nsp_logits,
   sop_logits,
   token_classify,
 )
-from bertjax.training import losses
-
-
-class Context:
-  """What an objective's `terms` sees for one micro-batch.
-
-  The main forward pass (`out`) runs once, on first use, and is shared by every
-  objective that reads it. Keys: `forward_rng` drives the forward's dropout,
-  `head_rng` the heads' dropout (the split of the step's key, as before components),
-  and `key(i)` derives independent keys for anything else an objective samples.
-  """
-
-  def __init__(self, params, config: BertConfig, batch: dict, rng: jax.Array,
-               deterministic: bool):
-    self.params, self.config, self.batch = params, config, batch
-    self.deterministic = deterministic
-    self.rng = rng
-    self.forward_rng, self.head_rng = jax.random.split(rng)
-    self._out: BertOutput | None = None
-
-  @property
-  def out(self) -> BertOutput:
-    """`forward` of the main model on the batch (computed once)."""
-    if self._out is None:
-      b = self.batch
-      self._out = forward(self.params, self.config, b["input_ids"], b["attention_mask"],
-                          b["token_type_ids"], deterministic=self.deterministic,
-                          rng=self.forward_rng)
-    return self._out
-
-  def key(self, i: int) -> jax.Array:
-    """An independent key for an objective's own sampling (i: a small tag)."""
-    return jax.random.fold_in(self.head_rng, 1000 + i)
-
-
-@dataclasses.dataclass(frozen=True)
-class Objective:
-  """Base class: one or more loss terms. Subclasses override what differs.
-
-  Attributes:
-    name: the term's name (metrics ``<name>_loss``, ``<name>_accuracy``).
-    weight: its weight in the total loss (keyword-only).
-  """
-
-  name: str = "objective"
-  weight: float = dataclasses.field(default=1.0, kw_only=True)
-
-  @property
-  def heads(self) -> tuple[str, ...]:
-    return ()
-
-  @property
-  def fields(self) -> tuple[str, ...]:
-    return ()
-
-  @property
-  def weights(self) -> dict[str, float]:
-    return {self.name: self.weight}
-
-  def counts(self, batch: dict) -> dict[str, jax.Array]:
-    return {self.name: jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
-
-  def terms(self, ctx: Context) -> dict[str, dict[str, jax.Array]]:
-    raise NotImplementedError
-
-  def init_params(self, config: BertConfig, rng: jax.Array) -> dict[str, Any]:
-    return {}
-
-  def check_batch(self, batch: dict) -> None:
-    """Raises naming the missing fields, before any compute."""
-    missing = [f for f in self.fields if f not in batch]
-    if missing:
-      raise ValueError(f"objective {self.name!r} needs batch fields {list(self.fields)}; "
-                       f"missing {missing} (batch has {sorted(batch)})")
+from bertjax.training import losses, span_objectives
+from bertjax.training.objective_base import Context, Objective  # noqa: F401 (re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,8 +136,6 @@ class TokenClassification(Objective):
 
 
 def _registry() -> dict[str, Any]:
-  from bertjax.training import span_objectives
-
   return {
       "mlm": MaskedLM,
       "nsp": lambda: SentencePair("nsp"),

@@ -24,7 +24,7 @@ import optax
 
 from bertjax.config import BertConfig
 from bertjax.training import losses
-from bertjax.training.objectives import Context, Objective
+from bertjax.training.objective_base import Context, Objective
 
 
 def init_sbo_params(config: BertConfig, rng: jax.Array, max_positions: int = 32) -> dict:
