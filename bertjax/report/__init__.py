@@ -4,7 +4,7 @@
 by default; a directory or a hub id in the local cache), runs the analyses of
 `bertjax.analysis` on the project's own sentences
 (`bertjax/resources/sentences.tsv`) or, with `data_dir`, on UD English EWT, and
-writes `index.html` (its PNG figures beside it; `bertjax.report_page` draws and lays
+writes `index.html` (its PNG figures beside it; `bertjax.report.page` draws and lays
 them out) and `report.json` (every number the page shows). Layers are numbered
 one way throughout (`LAYER_NUMBERING`): blocks 1..L, the embedding output 0.
 
@@ -14,7 +14,7 @@ layer ablation and head importance with a pruning curve (Michel et al. 2019) on
 a negation-detection task scored without downloads; anisotropy (Ethayarajh
 2019); a POS probe when UD data is present; raw vs effective attention (Brunner
 et al. 2020); token attribution and head patching on negation. Each section ends in a
-generated reading (`bertjax.report_reading`, stored under `readings`): the paper's finding,
+generated reading (`bertjax.report.reading`, stored under `readings`): the paper's finding,
 this model's measured value beside it, and whether they agree under a stated rule.
 """
 
@@ -34,9 +34,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax import report_page, report_reading, stats, utils
+from bertjax import stats, utils
 from bertjax.analysis import ablation, attention, geometry, probing
 from bertjax.hub import DEFAULT_MODEL
+from bertjax.report import page, reading
 
 SENTENCE_COLUMNS = ("sentence", "negated", "question", "phenomenon")
 LAYER_NUMBERING = {
@@ -750,7 +751,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
         "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
                 "backend": jax.default_backend(), "jax_version": jax.__version__},
     }
-    figs = report_page.write_figures(results, out)
+    figs = page.write_figures(results, out)
     lap("figures")
   timing["total_seconds"] = time.perf_counter() - start
   results["timing"] = timing
@@ -759,9 +760,9 @@ def build_report(model_dir: str | os.PathLike | None = None,
   results = utils.to_json(results, digits=6)
   # Each section's reading of its numbers, computed from the JSON as written (so a reader can
   # recompute it from report.json alone).
-  results["readings"] = report_reading.readings(results)
+  results["readings"] = reading.readings(results)
   utils.write_json(out / "report.json", results)
-  (out / "index.html").write_text(report_page.render_html(results, figs), encoding="utf-8")
+  (out / "index.html").write_text(page.render_html(results, figs), encoding="utf-8")
   results["files"] = [str(out / "index.html"), str(out / "report.json"),
                       *(str(out / f) for f in figs.values())]
   log(f"wrote {out / 'index.html'} ({timing['total_seconds']:.1f}s)")

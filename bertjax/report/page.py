@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import report_reading
 from bertjax.analysis import attention
+from bertjax.report import reading
 
 # id, title: the sections in page order (the table of contents).
 SECTIONS = (
@@ -215,7 +215,7 @@ def _contents(present: Sequence[str]) -> str:
 
 
 def _reading(readings: dict[str, list[str]], section: str) -> str:
-  """A section's generated reading (`report_reading`): the paper's finding against this model."""
+  """A section's generated reading (`reading`): the paper's finding against this model."""
   sentences = readings.get(section)
   if not sentences:
     return ""
@@ -227,10 +227,10 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   """The report page from the results of `build_report` and its figure file names.
 
   Each section's generated reading is `r["readings"]` when present (as `build_report` stores
-  it), else computed here by `report_reading.readings` from the same numbers.
+  it), else computed here by `reading.readings` from the same numbers.
   """
   m, t = r["model"], r["text"]
-  reads = r.get("readings") or report_reading.readings(r)
+  reads = r.get("readings") or reading.readings(r)
   title = f"BERTology report: {m['name']}"
   parts = [("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
@@ -420,8 +420,8 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
 
 
 def attribution_sentences(a: dict, model: str = "this model") -> list[str]:
-  """Section 9's generated reading (`report_reading.attribution_sentences`)."""
-  return report_reading.attribution_sentences(a, model)
+  """Section 9's generated reading (`reading.attribution_sentences`)."""
+  return reading.attribution_sentences(a, model)
 
 
 def _attribution_html(a: dict, figs: dict, sentences: Sequence[str]) -> list[str]:
