@@ -20,13 +20,15 @@ this model's measured value beside it, and whether they agree under a stated rul
 Modules, one concern each: `sentences` (the project's labelled sentences), `settings`
 (`ReportSettings`, `LAYER_NUMBERING`), `inputs` (model name, data directory, batches),
 `task` (the negation task: `fit_task`, `task_loss`, `task_accuracy`), `sections` (the
-analyses), `page` (figures and HTML), `reading` (the generated readings) and `build`
-(`build_report`). Their public names are importable from here.
+analyses), `figures` (the PNGs, drawn by `bertjax.viz`), `page` (the HTML), `reading`
+(the generated readings) and `build` (`build_report`). Their public names are importable
+from here.
 """
 
 from bertjax.report.build import build_report
+from bertjax.report.figures import write_figures
 from bertjax.report.inputs import default_data_dir, model_name
-from bertjax.report.page import SECTIONS, render_html, write_figures
+from bertjax.report.page import SECTIONS, render_html
 from bertjax.report.reading import readings, verdicts
 from bertjax.report.sections import (
     ablation_section,

@@ -20,7 +20,7 @@ import bertjax
 from bertjax import utils
 from bertjax.analysis import attention
 from bertjax.hub import DEFAULT_MODEL
-from bertjax.report import inputs, page, reading, sections
+from bertjax.report import figures, inputs, page, reading, sections
 from bertjax.report.sentences import Sentence, builtin_text, load_sentences
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.report.task import fit_task
@@ -254,6 +254,6 @@ def build_report(model_dir: str | os.PathLike | None = None,
         "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
                 "backend": jax.default_backend(), "jax_version": jax.__version__},
     }
-    figs = page.write_figures(results, out)
+    figs = figures.write_figures(results, out)
     clock.lap("figures")
   return _write(results, figs, out, clock)

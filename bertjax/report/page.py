@@ -1,16 +1,16 @@
-"""The report's page: its PNG figures (`write_figures`) and its HTML (`render_html`).
+"""The report's HTML page (`render_html`) and its sections in page order (`SECTIONS`).
 
-`bertjax.report.build_report` computes the numbers; this module draws and lays them
-out. Layers are numbered one way throughout (`report.LAYER_NUMBERING`): transformer
-blocks 1..L, the embedding output 0, heads 0..H-1. Figures are drawn to be read at
-the page's width (about 1,070 px) and open at full size on a click; the page has a
-table of contents and names the model analysed.
+`bertjax.report.build_report` computes the numbers and `bertjax.report.figures` draws
+them; this module lays them out, one helper per section, each ending in the section's
+generated reading (`bertjax.report.reading`). Layers are numbered one way throughout
+(`report.LAYER_NUMBERING`): transformer blocks 1..L, the embedding output 0, heads
+0..H-1. Figures open at full size on a click; the page has a table of contents and
+names the model analysed.
 """
 
 from __future__ import annotations
 
 import html
-import pathlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,105 +34,6 @@ SECTIONS = (
     ("timing", "Run time"),
 )
 
-
-# Figures ------------------------------------------------------------------------------------
-
-
-def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
-  """Every PNG of the report, written into `out`; returns figure key -> file name."""
-  from bertjax import viz
-  from bertjax.analysis import plots_probing
-
-  out = pathlib.Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  figs: dict[str, pathlib.Path] = {}
-  clark = results["clark"]
-  layer = lambda name: clark["by_layer"][name]
-  figs["clark_layers"] = viz.layer_curves(
-      {"[CLS]": layer("cls"), "[SEP]": layer("sep"), "punctuation": layer("punct")},
-      out / "clark_layers.png", ylabel="mean attention mass", first_layer=1,
-      title="Attention to special tokens and punctuation (mean over heads)")
-  figs["entropy_layers"] = viz.layer_curves(
-      {"mean entropy": layer("entropy")}, out / "entropy_layers.png", ylabel="nats",
-      first_layer=1, title="Attention entropy by layer (mean over heads)")
-  figs["entropy_heads"] = viz.head_heatmap(clark["entropy"], out / "entropy_heads.png",
-                                           title="Attention entropy", cbar_label="nats",
-                                           first_layer=1)
-  pat = results["patterns"]
-  figs["pattern_layers"] = viz.type_ratios(pat["per_layer"], out / "pattern_layers.png",
-                                           first_layer=1)
-  figs["pattern_heads"] = viz.pattern_heatmap(pat["dominant"], out / "pattern_heads.png",
-                                              title="Most frequent pattern of each head",
-                                              first_layer=1)
-  if pat["examples"]:
-    figs["pattern_examples"] = viz.attention_maps(
-        [(f"{name}: layer {e['layer']}, head {e['head']}", e["map"], e["tokens"])
-         for name, e in pat["examples"].items()], out / "pattern_examples.png", columns=2,
-        title="One example map of each pattern type found")
-  task = results["task"]
-  figs["task_layers"] = viz.layer_curves(
-      {"held-out accuracy": task["probe_accuracy_by_layer"],
-       "majority class": [task["majority_accuracy"]] * len(task["probe_accuracy_by_layer"])},
-      out / "task_layers.png", ylabel="accuracy", first_layer=0,
-      title="Negation probe on the mean-pooled states of each layer")
-  ab = results["ablation"]
-  figs["ablation_heads"] = viz.head_heatmap(
-      np.asarray(ab["head_loss"]) - ab["baseline_loss"], out / "ablation_heads.png",
-      title="Held-out loss change when one head is ablated", cbar_label="delta cross-entropy",
-      cmap="RdBu_r", center=0.0, annotate=False, first_layer=1)
-  figs["ablation_layers"] = viz.layer_bars(
-      {"all heads of the layer masked": np.asarray(ab["layer_heads_loss"]) - ab["baseline_loss"],
-       "whole layer skipped": np.asarray(ab["layer_skip_loss"]) - ab["baseline_loss"]},
-      out / "ablation_layers.png", ylabel="delta held-out cross-entropy",
-      title="Layer ablation: loss change")
-  figs["ablation_layers_acc"] = viz.layer_bars(
-      {"all heads of the layer masked": ab["layer_heads_accuracy"],
-       "whole layer skipped": ab["layer_skip_accuracy"]},
-      out / "ablation_layers_acc.png", ylabel="held-out accuracy",
-      title="Layer ablation: accuracy", baseline=ab["baseline_accuracy"])
-  figs["importance"] = viz.head_heatmap(ab["importance"], out / "importance.png",
-                                        title="Head importance (Michel et al., layer-normalised)",
-                                        cbar_label="importance", cmap="magma", first_layer=1)
-  figs["pruning"] = viz.pruning_curve(
-      {"held-out accuracy": (ab["pruning_fraction"], ab["pruning_accuracy"])},
-      out / "pruning.png", ylabel="accuracy", baseline=ab["baseline_accuracy"],
-      title="Iterative pruning by importance")
-  figs["pruning_loss"] = viz.pruning_curve(
-      {"held-out cross-entropy": (ab["pruning_fraction"], ab["pruning_loss"])},
-      out / "pruning_loss.png", ylabel="cross-entropy", baseline=ab["baseline_loss"],
-      title="Iterative pruning by importance: loss")
-  an = results["anisotropy"]
-  figs["anisotropy"] = viz.layer_curves(
-      {"raw": an["anisotropy"], "mean-centred": an["anisotropy_centered"]},
-      out / "anisotropy.png", ylabel="mean cosine of random token pairs", first_layer=0,
-      title="Anisotropy by layer")
-  pos = results["pos"]
-  if pos.get("available"):
-    figs["pos"] = plots_probing.plot_probing(pos["accuracy"], out / "pos.png",
-                                             pos["control_accuracy"], task_name="UPOS")
-  eff = results["effective"]
-  panels = []
-  for e in eff["examples"]:
-    panels.append((f"layer {e['layer']}, head {e['head']}: raw", e["raw"], eff["example_tokens"]))
-    panels.append((f"layer {e['layer']}, head {e['head']}: effective", e["effective"],
-                   eff["example_tokens"]))
-  figs["effective"] = viz.attention_maps(panels, out / "effective.png", columns=2,
-                                         title="Raw vs effective attention (one passage)")
-  attrib = results.get("attribution")
-  if attrib and attrib.get("available"):
-    cues, patch = attrib["cues"], attrib["patching"]
-    figs["attribution_methods"] = viz.method_ranks(
-        cues["stats"], cues["chance"]["mrr"], cues["agreement"]["spearman"],
-        out / "attribution_methods.png",
-        title=f"Where each method puts the negation cue ({len(cues['sentences'])} sentences)")
-    figs["attribution_patching"] = viz.patching_heatmaps(
-        patch["exact"], patch["attribution"], out / "attribution_patching.png",
-        cbar_label="share of the negation logit restored",
-        title=f"Heads patched from {patch['pairs']} negated sentences into their twins")
-  return {k: p.name for k, p in figs.items()}
-
-
-# HTML ---------------------------------------------------------------------------------------
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1100px;margin:2em auto;
