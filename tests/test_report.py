@@ -167,18 +167,18 @@ def test_reduced_report_on_minilm(minilm_report):
   assert "layer 0 (the first encoder block)" not in html
   assert not saved["pos"]["available"] and "bertjax data fetch" in saved["pos"]["reason"]
   # Every section reads its numbers (from report.json alone), naming the model analysed.
-  from bertjax import report_page, report_reading
+  from bertjax.report import page, reading
 
   readings = saved["readings"]
-  assert readings == report_reading.readings({k: v for k, v in saved.items() if k != "readings"})
-  assert set(readings) == {k for k, _ in report_page.SECTIONS} - {"timing"}
+  assert readings == reading.readings({k: v for k, v in saved.items() if k != "readings"})
+  assert set(readings) == {k for k, _ in page.SECTIONS} - {"timing"}
   for section, sentences in readings.items():
     assert sentences and all(sentences), section
     if section == "pos":  # the probe did not run here; the page's note says why
       continue
-    assert " ".join(report_page.html_escape(x) for x in sentences) in html, section
+    assert " ".join(page.html_escape(x) for x in sentences) in html, section
     if section != "text":
-      assert report_reading.verdicts(sentences, "all-MiniLM-L6-v2"), section
+      assert reading.verdicts(sentences, "all-MiniLM-L6-v2"), section
 
 
 def test_sentences_are_labelled():
@@ -307,7 +307,7 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
   exe = _chromium()
   sync_api = pytest.importorskip(
       "playwright.sync_api", reason="playwright is not installed (./run.sh setup installs it)")
-  from bertjax import report_page
+  from bertjax.report.page import SECTIONS
 
   _, saved = minilm_report
   problems = []
@@ -347,7 +347,7 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
     # Legible at the page's width: no figure squeezed below 70% of its pixels.
     assert image["shown"] >= 0.7 * image["natural"], image
   # Every section, in order, and a contents entry that lands on each.
-  expected = [key for key, _ in report_page.SECTIONS]
+  expected = [key for key, _ in SECTIONS]
   assert sections == expected
   assert [href for href, _ in links] == [f"#{key}" for key in expected] and all(targets)
   data = shot.read_bytes()
@@ -356,7 +356,7 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
 
 def test_attribution_sentences_follow_the_numbers():
   """The report's generated reading agrees or disagrees as its JSON numbers say."""
-  from bertjax import report_page
+  from bertjax.report import reading
 
   def section(mrr, pearson):
     stats = {k: {"mrr": v, "top1": 0.0, "mean_rank": 1 / v} for k, v in mrr.items()}
@@ -365,16 +365,16 @@ def test_attribution_sentences_follow_the_numbers():
     return {"cues": {"stats": stats, "chance": {"mrr": 0.3}},
             "patching": {"exact": exact, "agreement": {"pearson": pearson}}}
 
-  agree = report_page.attribution_sentences(section(
+  agree = reading.attribution_sentences(section(
       {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
        "value_zeroing": 0.6}, 0.95))
   assert "best method is value_zeroing" in agree[0] and "so this model agrees" in agree[0]
   assert "layer 2 head 2 alone restores 0.60" in agree[1] and "as they report" in agree[1]
-  disagree = report_page.attribution_sentences(section(
+  disagree = reading.attribution_sentences(section(
       {"attention": 0.7, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
        "value_zeroing": 0.6}, 0.3))
   assert "so this model disagrees" in disagree[0] and "poor estimate" in disagree[1]
-  partly = report_page.attribution_sentences(section(
+  partly = reading.attribution_sentences(section(
       {"attention": 0.45, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.3,
        "value_zeroing": 0.6}, 0.9))
   assert "2 of the 4" in partly[0] and "partly agrees" in partly[0]

@@ -1,4 +1,4 @@
-"""The report's generated reading (`bertjax.report_reading`): each section's verdict follows its
+"""The report's generated reading (`bertjax.report.reading`): each section's verdict follows its
 numbers. A synthetic `report.json` of a 3-layer, 2-head model agrees with every paper; changing
 one number turns that section's verdict, and nothing else's."""
 
@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from bertjax import report_reading as rr
+from bertjax.report import reading as rr
 
 MODEL = "org/tiny-model"
 

@@ -1,0 +1,259 @@
+"""`build_report`: loads the model and the text, runs the sections in page order, and writes
+`report.json`, the figures and `index.html`.
+
+The stages are timed one by one (`report.json`'s `timing`) and, with `progress`, logged
+as they finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+import bertjax
+from bertjax import utils
+from bertjax.analysis import attention
+from bertjax.hub import DEFAULT_MODEL
+from bertjax.report import figures, inputs, page, reading, sections
+from bertjax.report.sentences import Sentence, builtin_text, load_sentences
+from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
+from bertjax.report.task import fit_task
+
+
+class _Clock:
+  """Progress lines (`log`) and the seconds each stage took (`lap`, into `timing`)."""
+
+  def __init__(self, progress: bool):
+    self.progress = progress
+    self.start = self.last = time.perf_counter()
+    self.timing: dict[str, float] = {}
+
+  def log(self, message: str) -> None:
+    if self.progress:
+      print(f"[report {time.perf_counter() - self.start:6.1f}s] {message}", flush=True)
+
+  def lap(self, name: str) -> None:
+    now = time.perf_counter()
+    self.timing[name] = now - self.last
+    self.last = now
+    self.log(f"{name} done ({self.timing[name]:.1f}s)")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What every stage of one report run reads: the model, its tokenizer, sizes and clock."""
+
+  params: Any
+  config: bertjax.BertConfig
+  tok: bertjax.Tokenizer
+  settings: ReportSettings
+  clock: _Clock
+  progress: bool
+
+  @property
+  def max_len(self) -> int:
+    """The longest input the model reads whole."""
+    return min(self.config.max_length, self.tok.model_max_length)
+
+
+def _resolve_model(model_dir: str | os.PathLike | None) -> tuple[pathlib.Path, str]:
+  """The checkpoint's directory and the name the page gives it."""
+  if model_dir is None:
+    return bertjax.minilm_path(), DEFAULT_MODEL
+  from bertjax.hf import resolve_model_path
+
+  model_path = resolve_model_path(model_dir)  # a directory or a hub id in the cache
+  return model_path, inputs.model_name(model_path, str(model_dir))
+
+
+def _load_model(model_path: pathlib.Path):
+  """`(params, config, tokenizer)` of an unpruned checkpoint."""
+  config, params = bertjax.from_hf(model_path)
+  if config.is_pruned:
+    raise ValueError(f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
+                     " the report needs every head")
+  return params, config, bertjax.Tokenizer.from_pretrained(model_path)
+
+
+def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Path]):
+  """The text the attention and geometry sections read: the first UD file's sentences when
+  `ud_files` is given, else `own`. Returns `(texts, batches, the text section)`."""
+  settings = run.settings
+  if ud_files:
+    from bertjax.data import conllu
+
+    ud = conllu.read_conllu(ud_files[0], max_sentences=settings.max_text_sentences)
+    ud = [s for s in ud if len(run.tok.encode_words([s.forms]).input_ids[0]) <= run.max_len]
+    words = [list(s.forms) for s in ud]
+    texts = [" ".join(w) for w in words]
+    batches = inputs.batches(run.tok, words=words, batch_size=settings.batch_size,
+                             max_length=run.max_len)
+    text = {"source": "ud", "num_sentences": len(ud),
+            "description": f"{len(ud)} UD English EWT sentences ({ud_files[0].name})"}
+  else:
+    texts = [s.text for s in own]
+    batches = inputs.batches(run.tok, texts, batch_size=settings.batch_size,
+                             max_length=run.max_len)
+    text = builtin_text(own)
+  text["num_tokens"] = int(sum(b["attention_mask"].sum() for _, b in batches))
+  return texts, batches, text
+
+
+def _patterns(run: _Run, texts: Sequence[str]) -> dict:
+  """Section 2 on consecutive sentences of the text as pairs (so blocks can occur)."""
+  pair_batches = inputs.batches(run.tok, texts[:-1], pairs=texts[1:],
+                                batch_size=run.settings.batch_size, max_length=run.max_len,
+                                truncation=True)
+  patterns = sections.pattern_section(run.params, run.config, run.tok, pair_batches)
+  patterns["num_inputs"] = len(texts) - 1
+  patterns["thresholds"] = ", ".join(
+      f"{k} {v}" for k, v in dataclasses.asdict(attention.PatternThresholds()).items())
+  return patterns
+
+
+def _pos(run: _Run, ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
+  """Section 7 when UD files are present, else why not (`available` says which)."""
+  if ud_files:
+    run.clock.log(f"POS probe on {ud_files[0].parent}")
+    return {"available": True, **sections.pos_section(run.params, run.config, run.tok, ud_files,
+                                                      run.settings, run.progress)}
+  from bertjax.data import fetch
+
+  try:
+    fetch.find_root(data_dir, need=["ud_english_ewt"])
+    reason = f"no CoNLL-U files in {data_path}/ud_english_ewt"
+  except fetch.DataNotFoundError as e:
+    reason = str(e)
+  run.clock.log(f"POS probe skipped: {reason}")
+  return {"available": False, "reason": reason}
+
+
+def _effective(run: _Run, texts: Sequence[str], clark: dict) -> dict:
+  """Section 8 on passages of consecutive sentences of the text."""
+  # Longer than the head dimension, or effective attention equals raw attention.
+  target = min(max(run.settings.passage_tokens, 2 * run.config.head_dim), run.max_len - 16)
+  passages = sections.join_passages(texts, run.tok, target, run.settings.passages)
+  return sections.effective_section(run.params, run.config, run.tok, passages, clark,
+                                    run.settings)
+
+
+def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
+                  ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
+  """Sections 1-9 (timed and logged one by one), keyed as in `report.json`."""
+  params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
+  clock.log(f"negation task: fitting probes on {len(own)} sentences")
+  task_results, task = fit_task(params, config, tok, own, settings, clock.log)
+  clock.lap("task")
+  clock.log("Clark et al. attention statistics")
+  clark = sections.clark_section(params, config, tok, batches)
+  clock.lap("clark")
+  clock.log("Kovaleva et al. pattern types")
+  patterns = _patterns(run, texts)
+  clock.lap("patterns")
+  clock.log(f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
+            "layers), importance and pruning")
+  abl = sections.ablation_section(task, config, settings, clock.log)
+  clock.lap("ablation")
+  clock.log("anisotropy")
+  aniso = sections.anisotropy_section(params, config, tok, batches, settings)
+  clock.lap("anisotropy")
+  pos = _pos(run, ud_files, data_dir, data_path)
+  clock.lap("pos")
+  clock.log("effective attention")
+  eff = _effective(run, texts, clark)
+  clock.lap("effective")
+  clock.log("token attribution and head patching on the negated sentences")
+  attrib = sections.attribution_section(params, config, tok, own, task, settings)
+  clock.lap("attribution")
+  return {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
+          "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib}
+
+
+def _model_section(run: _Run, model_path: pathlib.Path, name: str) -> dict:
+  """The analysed model as the page's header names it."""
+  origin = inputs.read_json(model_path / "config.json").get("_name_or_path")
+  return {"name": name, "path": str(model_path), "model_type": run.config.model_type,
+          "name_or_path": origin if isinstance(origin, str) and origin else None,
+          "layers": run.config.depth, "heads": run.config.num_attention_heads,
+          "hidden_size": run.config.hidden_size,
+          "parameters": int(bertjax.count_params(run.params))}
+
+
+def _write(results: dict, figs: dict[str, str], out: pathlib.Path, clock: _Clock) -> dict:
+  """Adds the timing and the readings to `results`; writes `report.json` and `index.html`."""
+  clock.timing["total_seconds"] = time.perf_counter() - clock.start
+  results["timing"] = clock.timing
+  results["run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+  results["figures"] = figs
+  results = utils.to_json(results, digits=6)
+  # Each section's reading of its numbers, computed from the JSON as written (so a reader can
+  # recompute it from report.json alone).
+  results["readings"] = reading.readings(results)
+  utils.write_json(out / "report.json", results)
+  (out / "index.html").write_text(page.render_html(results, figs), encoding="utf-8")
+  results["files"] = [str(out / "index.html"), str(out / "report.json"),
+                      *(str(out / f) for f in figs.values())]
+  clock.log(f"wrote {out / 'index.html'} ({clock.timing['total_seconds']:.1f}s)")
+  return results
+
+
+def build_report(model_dir: str | os.PathLike | None = None,
+                 out_dir: str | os.PathLike = "out/report",
+                 data_dir: str | os.PathLike | None = None, reduced: bool = False,
+                 progress: bool = True, settings: ReportSettings | None = None) -> dict:
+  """Analyses a BERT or ALBERT checkpoint and writes the HTML report.
+
+  Args:
+    model_dir: a Hugging Face BERT or ALBERT directory (weights, config and
+      tokenizer files) or a hub id in the local cache; None means the built-in
+      all-MiniLM-L6-v2. The page names it by `model_name`.
+    out_dir: where `index.html`, `report.json` and the PNG figures go (created).
+    data_dir: the real data sets (`ud_english_ewt/*.conllu` ...). Given, the
+      attention and geometry analyses read UD sentences instead of the project's
+      own; None looks for them (`default_data_dir`) only for the POS probe.
+    reduced: a small, fast run (`ReportSettings.reduced()`), for tests.
+    progress: print progress lines.
+    settings: explicit sizes (overrides `reduced`).
+
+  Returns:
+    The results (as written to `report.json`), with `files`: the paths written.
+
+  Raises:
+    FileNotFoundError: `model_dir` or an explicit `data_dir` does not exist.
+    ValueError: the checkpoint is physically pruned (the analyses need every head).
+  """
+  clock = _Clock(progress)
+  settings = settings or (ReportSettings.reduced() if reduced else ReportSettings())
+  model_path, name = _resolve_model(model_dir)
+  explicit_data = data_dir is not None
+  if explicit_data and not pathlib.Path(data_dir).is_dir():
+    raise FileNotFoundError(f"data_dir={str(data_dir)!r} is not a directory")
+  data_path = pathlib.Path(data_dir) if explicit_data else inputs.default_data_dir()
+  ud_files = inputs.ud_files(data_path) if data_path is not None else []
+  out = pathlib.Path(out_dir)
+
+  with utils.single_thread_blas():
+    clock.log(f"loading {name} from {model_path}")
+    run = _Run(*_load_model(model_path), settings, clock, progress)
+    own = load_sentences()
+    own = [own[i] for i in inputs.spread(len(own), settings.max_sentences)]
+    if explicit_data and not ud_files:
+      clock.log(f"no ud_english_ewt/*.conllu under {data_path}; using the built-in sentences")
+    texts, batches, text = _read_text(run, own, ud_files if explicit_data else [])
+    clock.lap("setup")
+    found = _run_sections(run, own, texts, batches, ud_files, data_dir, data_path)
+    results = {
+        "layer_numbering": LAYER_NUMBERING, "model": _model_section(run, model_path, name),
+        "text": text, "settings": dataclasses.asdict(settings), **found,
+        "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
+                "backend": jax.default_backend(), "jax_version": jax.__version__},
+    }
+    figs = figures.write_figures(results, out)
+    clock.lap("figures")
+  return _write(results, figs, out, clock)

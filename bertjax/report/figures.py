@@ -1,0 +1,169 @@
+"""The report's PNG figures (`write_figures`), drawn by `bertjax.viz` from the numbers of
+`report.json`, one helper per section.
+
+Figures are drawn to be read at the page's width (about 1,070 px); layer axes number the
+transformer blocks 1..L and the embedding output 0 (`report.LAYER_NUMBERING`).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from bertjax import viz
+from bertjax.analysis import plots_probing
+
+Figures = dict[str, pathlib.Path]  # figure key -> the PNG written
+
+
+def _clark_figures(r: dict, out: pathlib.Path) -> Figures:
+  clark = r["clark"]
+  layer = lambda name: clark["by_layer"][name]
+  return {
+      "clark_layers": viz.layer_curves(
+          {"[CLS]": layer("cls"), "[SEP]": layer("sep"), "punctuation": layer("punct")},
+          out / "clark_layers.png", ylabel="mean attention mass", first_layer=1,
+          title="Attention to special tokens and punctuation (mean over heads)"),
+      "entropy_layers": viz.layer_curves(
+          {"mean entropy": layer("entropy")}, out / "entropy_layers.png", ylabel="nats",
+          first_layer=1, title="Attention entropy by layer (mean over heads)"),
+      "entropy_heads": viz.head_heatmap(clark["entropy"], out / "entropy_heads.png",
+                                        title="Attention entropy", cbar_label="nats",
+                                        first_layer=1),
+  }
+
+
+def _pattern_figures(r: dict, out: pathlib.Path) -> Figures:
+  pat = r["patterns"]
+  figs = {
+      "pattern_layers": viz.type_ratios(pat["per_layer"], out / "pattern_layers.png",
+                                        first_layer=1),
+      "pattern_heads": viz.pattern_heatmap(pat["dominant"], out / "pattern_heads.png",
+                                           title="Most frequent pattern of each head",
+                                           first_layer=1),
+  }
+  if pat["examples"]:
+    figs["pattern_examples"] = viz.attention_maps(
+        [(f"{name}: layer {e['layer']}, head {e['head']}", e["map"], e["tokens"])
+         for name, e in pat["examples"].items()], out / "pattern_examples.png", columns=2,
+        title="One example map of each pattern type found")
+  return figs
+
+
+def _task_figures(r: dict, out: pathlib.Path) -> Figures:
+  task = r["task"]
+  return {"task_layers": viz.layer_curves(
+      {"held-out accuracy": task["probe_accuracy_by_layer"],
+       "majority class": [task["majority_accuracy"]] * len(task["probe_accuracy_by_layer"])},
+      out / "task_layers.png", ylabel="accuracy", first_layer=0,
+      title="Negation probe on the mean-pooled states of each layer")}
+
+
+def _ablation_figures(r: dict, out: pathlib.Path) -> Figures:
+  ab = r["ablation"]
+  return {
+      "ablation_heads": viz.head_heatmap(
+          np.asarray(ab["head_loss"]) - ab["baseline_loss"], out / "ablation_heads.png",
+          title="Held-out loss change when one head is ablated",
+          cbar_label="delta cross-entropy", cmap="RdBu_r", center=0.0, annotate=False,
+          first_layer=1),
+      "ablation_layers": viz.layer_bars(
+          {"all heads of the layer masked":
+               np.asarray(ab["layer_heads_loss"]) - ab["baseline_loss"],
+           "whole layer skipped": np.asarray(ab["layer_skip_loss"]) - ab["baseline_loss"]},
+          out / "ablation_layers.png", ylabel="delta held-out cross-entropy",
+          title="Layer ablation: loss change"),
+      "ablation_layers_acc": viz.layer_bars(
+          {"all heads of the layer masked": ab["layer_heads_accuracy"],
+           "whole layer skipped": ab["layer_skip_accuracy"]},
+          out / "ablation_layers_acc.png", ylabel="held-out accuracy",
+          title="Layer ablation: accuracy", baseline=ab["baseline_accuracy"]),
+  }
+
+
+def _pruning_figures(r: dict, out: pathlib.Path) -> Figures:
+  ab = r["ablation"]
+  return {
+      "importance": viz.head_heatmap(
+          ab["importance"], out / "importance.png",
+          title="Head importance (Michel et al., layer-normalised)", cbar_label="importance",
+          cmap="magma", first_layer=1),
+      "pruning": viz.pruning_curve(
+          {"held-out accuracy": (ab["pruning_fraction"], ab["pruning_accuracy"])},
+          out / "pruning.png", ylabel="accuracy", baseline=ab["baseline_accuracy"],
+          title="Iterative pruning by importance"),
+      "pruning_loss": viz.pruning_curve(
+          {"held-out cross-entropy": (ab["pruning_fraction"], ab["pruning_loss"])},
+          out / "pruning_loss.png", ylabel="cross-entropy", baseline=ab["baseline_loss"],
+          title="Iterative pruning by importance: loss"),
+  }
+
+
+def _anisotropy_figures(r: dict, out: pathlib.Path) -> Figures:
+  an = r["anisotropy"]
+  return {"anisotropy": viz.layer_curves(
+      {"raw": an["anisotropy"], "mean-centred": an["anisotropy_centered"]},
+      out / "anisotropy.png", ylabel="mean cosine of random token pairs", first_layer=0,
+      title="Anisotropy by layer")}
+
+
+def _pos_figures(r: dict, out: pathlib.Path) -> Figures:
+  pos = r["pos"]
+  if not pos.get("available"):
+    return {}
+  return {"pos": plots_probing.plot_probing(pos["accuracy"], out / "pos.png",
+                                            pos["control_accuracy"], task_name="UPOS")}
+
+
+def _effective_figures(r: dict, out: pathlib.Path) -> Figures:
+  eff = r["effective"]
+  panels = []
+  for e in eff["examples"]:
+    panels.append((f"layer {e['layer']}, head {e['head']}: raw", e["raw"], eff["example_tokens"]))
+    panels.append((f"layer {e['layer']}, head {e['head']}: effective", e["effective"],
+                   eff["example_tokens"]))
+  return {"effective": viz.attention_maps(panels, out / "effective.png", columns=2,
+                                          title="Raw vs effective attention (one passage)")}
+
+
+def _attribution_figures(r: dict, out: pathlib.Path) -> Figures:
+  attrib = r.get("attribution")
+  if not (attrib and attrib.get("available")):
+    return {}
+  cues, patch = attrib["cues"], attrib["patching"]
+  return {
+      "attribution_methods": viz.method_ranks(
+          cues["stats"], cues["chance"]["mrr"], cues["agreement"]["spearman"],
+          out / "attribution_methods.png",
+          title=f"Where each method puts the negation cue ({len(cues['sentences'])} sentences)"),
+      "attribution_patching": viz.patching_heatmaps(
+          patch["exact"], patch["attribution"], out / "attribution_patching.png",
+          cbar_label="share of the negation logit restored",
+          title=f"Heads patched from {patch['pairs']} negated sentences into their twins"),
+  }
+
+
+# In page order: `write_figures` returns the figures in this order.
+_SECTION_FIGURES = (_clark_figures, _pattern_figures, _task_figures, _ablation_figures,
+                    _pruning_figures, _anisotropy_figures, _pos_figures, _effective_figures,
+                    _attribution_figures)
+
+
+def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
+  """Writes every PNG of the report into `out` (created).
+
+  Args:
+    results: the results of `build_report` (arrays or the lists of `report.json`).
+    out: the report's directory.
+
+  Returns:
+    Figure key -> file name (relative to `out`), in page order; a section without its
+    data (no POS probe, no attribution) has no figure.
+  """
+  out = pathlib.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  figs: Figures = {}
+  for draw in _SECTION_FIGURES:
+    figs.update(draw(results, out))
+  return {k: p.name for k, p in figs.items()}

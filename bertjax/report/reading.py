@@ -1,0 +1,340 @@
+"""The report's generated reading: for each section, what the paper found, what this model
+measured, and whether the two agree under a stated rule.
+
+Every function here is pure: it takes the section's part of `report.json` (the same
+numbers the page's tables and figures show) and the analysed model's name, and returns one
+or two sentences. `readings` collects them for every section; `build_report` stores them in
+`report.json` under `readings` and the page prints them under each section's heading.
+Layers are numbered as everywhere in the report: blocks 1..L, the embedding output 0.
+
+Verdicts are one of "agrees", "partly agrees" and "disagrees" (with the model's name before
+them), or a sentence saying why the section cannot test the claim. Each rule is written out in
+the sentence that applies it, so a reader can check it against the tables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+# Accuracy within this of a reference counts as "no noticeable drop" (Michel et al.'s reading,
+# and the experiments' `sixteen_heads` tolerance).
+TOLERANCE = 0.02
+
+
+def _verdict(model: str, full: bool, part: bool = False) -> str:
+  """`"<model> agrees"`, `"<model> partly agrees"` or `"<model> disagrees"`."""
+  return f"{model} {'agrees' if full else 'partly agrees' if part else 'disagrees'}"
+
+
+def _thirds(n: int) -> tuple[slice, slice, slice]:
+  """The first, middle and last third of `n` blocks (index slices; each at least one block)."""
+  a = max(1, round(n / 3))
+  b = max(a + 1, round(2 * n / 3)) if n >= 3 else a
+  return slice(0, a), slice(a, b), slice(b, n)
+
+
+def _block_range(s: slice) -> str:
+  """A slice of 0-based block indices as the page numbers them (`layers 3-4`, `layer 2`)."""
+  lo, hi = s.start + 1, s.stop
+  return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
+
+
+def clark_sentences(c: dict, model: str) -> list[str]:
+  """Section 1: the attention sink in the middle layers and broad attention early on."""
+  bl = {k: np.asarray(v, float) for k, v in c["by_layer"].items()}
+  n = len(bl["sep"])
+  _, middle, _ = _thirds(n)
+  if middle.start >= middle.stop:  # one or two blocks: no middle third
+    middle = slice(0, n)
+  sinks = {"[CLS]": float(bl["cls"][middle].mean()), "[SEP]": float(bl["sep"][middle].mean()),
+           "punctuation": float(bl["punct"][middle].mean())}
+  total = sum(sinks.values())
+  top = max(sinks, key=sinks.get)
+  sep_peak = int(np.argmax(bl["sep"]))
+  first = (
+      "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
+      "tokens, [SEP] above all (over half of layers 6-10's attention, read as a no-op when a "
+      f"head's function does not apply). In {model}'s middle {_block_range(middle)}, [CLS], "
+      f"[SEP] and punctuation together take {total:.2f} of the attention and the largest share "
+      f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
+      f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
+      "layers' attention with [SEP] the largest, partly if over half goes to them but another "
+      f"token is the sink; so {_verdict(model, total > 0.5 and top == '[SEP]', total > 0.5)}.")
+  ent = bl["entropy"]
+  top_ent = int(np.argmax(ent))
+  half = max(1, n // 2)
+  early, late = float(ent[:half].mean()), float(ent[half:].mean()) if n > half else float("nan")
+  early_top = top_ent < max(1, round(n / 3))
+  later = late if np.isfinite(late) else early
+  second = (
+      "They also found the early layers attending broadly (high entropy) and later heads "
+      f"focusing: here the highest mean entropy is at layer {top_ent + 1} ({ent[top_ent]:.2f} "
+      f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
+      "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
+      "the first half exceeds the second, partly if one of the two; so "
+      f"{_verdict(model, early_top and early > late, early_top or early > late)}.")
+  return [first, second]
+
+
+def pattern_sentences(p: dict, model: str) -> list[str]:
+  """Section 2: Kovaleva et al.'s five pattern types."""
+  from bertjax.analysis import attention
+
+  names = list(attention.PATTERN_TYPES)
+  overall = dict(zip(names, (float(v) for v in p["overall"])))
+  repeated = 1 - overall["heterogeneous"]
+  kinds = {k: v for k, v in overall.items() if k != "heterogeneous"}
+  common = max(kinds, key=kinds.get)
+  vertical_first = common == "vertical"
+  first = (
+      "Kovaleva et al. (2019) found that BERT's attention maps fall mostly into a few repeated "
+      "types (vertical, diagonal, both, block), vertical being the commonest, which they read "
+      f"as heads over-parametrised for the task. Of {model}'s maps, {repeated:.0%} are of a "
+      f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
+      f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
+      "at least half of the maps and vertical leads them, partly if one of the two; so "
+      f"{_verdict(model, repeated >= 0.5 and vertical_first, repeated >= 0.5 or vertical_first)}.")
+  out = [first]
+  if overall["block"] == 0:
+    out.append("No map was classified as block: the block type needs attention confined to "
+               "each segment of a sentence pair, which this model's heads do not show with these "
+               "thresholds.")
+  return out
+
+
+def task_sentences(t: dict, model: str) -> list[str]:
+  """Section 3: where the negation cue is linearly readable, by layer."""
+  acc = np.asarray(t["probe_accuracy_by_layer"], float)
+  best = int(np.argmax(acc))
+  final = float(acc[-1])
+  low = float(acc[0]) >= acc[best] - TOLERANCE
+  not_last = final < acc[best] - TOLERANCE
+  first = (
+      "Probing studies (Tenney et al. 2019; Liu et al. 2019) find lexical properties readable "
+      "in the lowest layers and the last layers the most specific to the pre-training objective, "
+      "not the best place to read such a property. Negation here is marked by a word (not, "
+      f"never, ...): {model}'s probe reads it at {acc[0]:.3f} on the embeddings (layer 0), "
+      f"{acc[best]:.3f} at its best layer {best} and {final:.3f} on the final layer "
+      f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
+      f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
+      "layer is worse, partly if one of the two; so "
+      f"{_verdict(model, low and not_last, low or not_last)}.")
+  out = [first]
+  if not_last:
+    out.append(
+        "The ablation and pruning sections score a probe fitted on the final layer, which reads "
+        f"negation {acc[best] - final:.3f} worse than layer {best}: removing heads can move the "
+        "final state towards the lower layers' and so raise accuracy.")
+  if final < t["majority_accuracy"] + 0.05:
+    out.append("The final-layer probe barely beats the majority class, so the ablation sections "
+               "below measure little.")
+  return out
+
+
+def ablation_sentences(ab: dict, model: str) -> list[str]:
+  """Section 4: single heads and whole layers removed."""
+  base = float(ab["baseline_loss"])
+  delta = np.asarray(ab["head_loss"], float) - base
+  limit = max(0.1 * base, 0.01)
+  small = float(np.mean(np.abs(delta) <= limit))
+  worst = np.unravel_index(int(np.argmax(delta)), delta.shape)
+  first = (
+      "Michel et al. (2019) found that most heads can be removed one at a time with no "
+      f"significant loss. Removing one of {model}'s {delta.size} heads changes the held-out "
+      f"cross-entropy by at most {limit:.3f} (10% of the baseline {base:.3f}) for "
+      f"{small:.0%} of them; the most harmful is layer {worst[0] + 1} head {worst[1]} "
+      f"({delta[worst]:+.3f}). Rule: agrees if at least 75% of heads stay within that, partly "
+      f"if at least half; so {_verdict(model, small >= 0.75, small >= 0.5)}.")
+  heads_off = np.asarray(ab["layer_heads_loss"], float) - base
+  better = [i + 1 for i in np.flatnonzero(heads_off < 0)]
+  worst_layer = int(np.argmax(heads_off))
+  second = (
+      "Kovaleva et al. (2019) found that disabling all heads of some layer can even improve a "
+      f"fine-tuned model. Here masking a whole layer's heads lowers the held-out loss in "
+      f"{len(better)} of {len(heads_off)} layers"
+      + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better
+         else "")
+      + f" and costs most at layer {worst_layer + 1} ({heads_off[worst_layer]:+.3f}). Rule: "
+      f"agrees if any layer improves; so {_verdict(model, bool(better))}.")
+  return [first, second]
+
+
+def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
+  """Section 5: iterative pruning by importance."""
+  fractions = np.asarray(ab["pruning_fraction"], float)
+  acc = np.asarray(ab["pruning_accuracy"], float)
+  base = float(ab["baseline_accuracy"])
+  ok = acc >= base - TOLERANCE
+  drop = None if ok.all() else int(np.argmin(ok))  # the first step below the tolerance
+  keep = float(fractions[-1] if drop is None else fractions[max(drop - 1, 0)])
+  first = (
+      "Michel et al. (2019) pruned 20-40% of heads (40% in BERT on MNLI) by importance with no "
+      f"noticeable drop. {model}'s held-out accuracy stays within {TOLERANCE:.2f} of the intact "
+      f"{base:.3f} up to {keep:.0%} of heads masked"
+      + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
+      + ". Rule: agrees if at least 35%, partly if at least 15%; so "
+      f"{_verdict(model, keep >= 0.35, keep >= 0.15)}.")
+  out = [first]
+  peak = int(np.argmax(acc))
+  layer_acc = np.asarray(task["probe_accuracy_by_layer"], float)
+  lower = int(np.argmax(layer_acc[:-1]))
+  if acc[peak] > base + TOLERANCE:
+    cause = (f"; the likely cause is that the probe on the final layer ({layer_acc[-1]:.3f}) is "
+             f"weaker than on layer {lower} ({layer_acc[lower]:.3f}), and masking heads brings the "
+             "final state closer to the lower layers'"
+             if layer_acc[lower] > layer_acc[-1] + TOLERANCE else "")
+    out.append(f"The curve rises, to {acc[peak]:.3f} with {fractions[peak]:.0%} of heads masked"
+               + cause + ".")
+  rho = float(ab["importance_vs_ablation_spearman"])
+  out.append(
+      "Michel et al. use importance as a cheap proxy for the loss change of removing a head; its "
+      f"Spearman correlation with the single-head ablation here is {rho:.2f} (rule: agrees if "
+      f"at least 0.5, partly if positive; so {_verdict(model, rho >= 0.5, rho > 0)}).")
+  return out
+
+
+def anisotropy_sentences(an: dict, model: str) -> list[str]:
+  """Section 6: Ethayarajh's anisotropy."""
+  a = np.asarray(an["anisotropy"], float)
+  blocks = a[1:]
+  high = int((blocks >= 0.1).sum())
+  centred = float(np.max(np.abs(an["anisotropy_centered"][1:])))
+  first = (
+      "Ethayarajh (2019) found contextual representations anisotropic: two random words have a "
+      "mean cosine well above 0, and more so in upper layers. In "
+      f"{model} the mean cosine of random token pairs is at least 0.1 in {high} of "
+      f"{len(blocks)} layers (layer 1 {blocks[0]:.2f}, peak {blocks.max():.2f} at layer "
+      f"{int(np.argmax(blocks)) + 1}, last {blocks[-1]:.2f}; embeddings {a[0]:.2f}). Rule: "
+      "agrees if in every layer, partly if in some; so "
+      f"{_verdict(model, high == len(blocks), high > 0)}.")
+  rises = blocks[-1] > blocks[0]
+  second = (
+      f"Upper layers {'are' if rises else 'are not'} more anisotropic than layer 1 here "
+      f"({blocks[-1]:.2f} vs {blocks[0]:.2f}; rule: agrees if the last layer exceeds the first, "
+      f"so {_verdict(model, rises)})"
+      + (f"; the last layer falls well below the peak at layer {int(np.argmax(blocks)) + 1} "
+         "(training the last layer further for another objective, such as sentence-embedding "
+         "similarity, is one known cause; these numbers alone cannot tell)"
+         if int(np.argmax(blocks)) < len(blocks) - 1 and blocks.max() > blocks[-1] + 0.05 else "")
+      + f". After mean-centring every layer is within {centred:.2f} of 0: the common direction "
+      "(the mean vector) accounts for the anisotropy.")
+  return [first, second]
+
+
+def pos_sentences(pos: dict, model: str) -> list[str]:
+  """Section 7: the UPOS probe."""
+  if not pos.get("available"):
+    return [(f"The POS probe did not run ({pos.get('reason', 'no UD data')}), so this report "
+            "cannot compare the layer of part-of-speech information with Tenney et al.'s.")]
+  acc = np.asarray(pos["accuracy"], float)
+  sel = np.asarray(pos["selectivity"], float)
+  best = int(pos["best_layer"])
+  blocks = len(acc) - 1
+  low = 1 <= best <= max(1, (blocks + 1) // 2)
+  first = (
+      "Tenney et al. (2019) and Liu et al. (2019) found part of speech best read from the "
+      f"lower-middle layers. {model}'s UPOS probe is best at layer {best} of {blocks} "
+      f"({acc[best]:.3f}; embeddings {acc[0]:.3f}, last {acc[-1]:.3f}). Rule: agrees if the "
+      f"best layer is a block in the lower half (1-{max(1, (blocks + 1) // 2)}); so "
+      f"{_verdict(model, low)}.")
+  second = (
+      "Hewitt & Liang (2019) ask that a probe be selective (much better on the task than on a "
+      f"control task of random word-type tags): selectivity at the best layer is "
+      f"{sel[best]:.3f} (rule: agrees if at least 0.2, partly if at least 0.05; so "
+      f"{_verdict(model, sel[best] >= 0.2, sel[best] >= 0.05)}).")
+  return [first, second]
+
+
+def effective_sentences(eff: dict, model: str) -> list[str]:
+  """Section 8: raw vs effective attention."""
+  st = eff["stats"]
+  raw = float(np.mean(st["raw"]["cls"]) + np.mean(st["raw"]["sep"]))
+  effective = float(np.mean(st["effective"]["cls"]) + np.mean(st["effective"]["sep"]))
+  corr = float(np.mean(st["effective"]["raw_corr"]))
+  longer = eff["mean_passage_tokens"] > eff["head_dim"]
+  first = (
+      "Brunner et al. (2020) found that once sequences are longer than the head dimension, "
+      "effective attention (raw attention less its part in the null space of the value "
+      "outputs) puts much less weight on [CLS] and [SEP] than raw attention does. On "
+      f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
+      f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
+      "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
+      f"{_verdict(model, effective <= raw / 2, effective < raw)}.")
+  second = (f"Raw and effective maps correlate {corr:.2f} on average over heads"
+            + ("" if longer else "; the passages are not longer than the head dimension, so "
+               "there is no null space and the two should be equal")
+            + ": the lower, the more of what raw attention shows changes nothing downstream.")
+  return [first, second]
+
+
+def attribution_sentences(a: dict, model: str = "this model") -> list[str]:
+  """Section 9: which attribution method finds the negation cue; which heads carry it."""
+  if not a.get("available", True):
+    return [f"Token attribution did not run on {model}: {a.get('reason', '')}"]
+  stats, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
+  best = max(stats, key=lambda k: stats[k]["mrr"])
+  weights = max(stats[k]["mrr"] for k in ("attention", "rollout") if k in stats)
+  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
+  above = [k for k, v in mixing.items() if v > weights]
+  agree = "agrees" if len(above) == len(mixing) else "partly agrees" if above else "disagrees"
+  first = (f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
+           "attention weights alone misplace token importance and that counting the value "
+           "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
+           f"best method is {best} (mean reciprocal rank of the cue {stats[best]['mrr']:.2f}; "
+           f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
+           f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
+           f"agrees if all do, partly if some), so {model} {agree} with them.")
+  patch = a["patching"]
+  exact = np.asarray(patch["exact"], float)
+  top = np.unravel_index(np.nanargmax(exact), exact.shape)
+  pearson = patch["agreement"]["pearson"]
+  second = (f"Patching one head's output from a negated sentence into its affirmative twin, "
+            f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
+            f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
+            f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
+            + (" (rule: above 0.8), as they report." if pearson > 0.8 else
+               " (rule: above 0.8); here it is a poor estimate, likely because the effect is "
+               "non-linear (LayerNorm, later blocks) for the heads that matter."))
+  return [first, second]
+
+
+def text_sentences(r: dict, model: str) -> list[str]:
+  """The text section: what was read, and how it differs from the papers' inputs."""
+  t = r["text"]
+  return [(f"{model} ({r['model']['layers']} layers x {r['model']['heads']} heads) reads "
+          f"{t['description']} ({t['num_tokens']} tokens). The papers read other text (Clark et "
+          "al.: Wikipedia segment pairs; Kovaleva et al.: GLUE; Ethayarajh: SemEval STS), so the "
+          "verdicts below compare the direction of each finding, not its exact values.")]
+
+
+def readings(r: dict) -> dict[str, list[str]]:
+  """Every section's sentences, keyed by the page's section ids (`page.SECTIONS`).
+
+  Args:
+    r: the results of `build_report` (as in `report.json`).
+
+  Returns:
+    `{section id: [sentence, ...]}` for every section with numbers to read.
+  """
+  model = r["model"]["name"]
+  out = {"text": text_sentences(r, model),
+         "clark": clark_sentences(r["clark"], model),
+         "patterns": pattern_sentences(r["patterns"], model),
+         "task": task_sentences(r["task"], model),
+         "ablation": ablation_sentences(r["ablation"], model),
+         "pruning": pruning_sentences(r["ablation"], r["task"], model),
+         "anisotropy": anisotropy_sentences(r["anisotropy"], model),
+         "pos": pos_sentences(r["pos"], model),
+         "effective": effective_sentences(r["effective"], model)}
+  if r.get("attribution"):
+    out["attribution"] = attribution_sentences(r["attribution"], model)
+  return out
+
+
+def verdicts(sentences: Sequence[str], model: str) -> list[str]:
+  """The verdicts in `sentences` ("agrees", "partly agrees", "disagrees"), in order."""
+  pattern = re.compile(re.escape(model) + r" (partly agrees|disagrees|agrees)\b")
+  return [m.group(1) for s in sentences for m in pattern.finditer(s)]
