@@ -268,7 +268,7 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
   try:
     while step < train.steps:
       while stage < len(stages) - 1 and step >= boundaries[stage]:
-        new_cfg, p, o = stacking.grow(state.params, state.opt_state, configs[stage],
+        new_cfg, p, o = stacking.grow(configs[stage], state.params, state.opt_state,
                                       stages[stage + 1].layers, train.reset_moments)
         stage += 1
         state = place(state.replace(params=p, opt_state=o))
