@@ -12,7 +12,8 @@ The lower-level pieces (`embed`, `run_layers`, `pool`) are public too: analyses
 that intervene at block `l` reuse the activations below it instead of
 recomputing them. There is one block (`model.EncoderLayer`) and one loop over
 blocks (`run_layers`); pruned models, attention statistics, overrides and
-patches all go through them.
+patches all go through them. The input checks (`check_inputs`, `value_checks`) are in
+`bertjax.input_checks`; `checked_forward` compiles them into the program.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.families import HEADS
+from bertjax.input_checks import as_array, check_inputs, value_checks
 from bertjax.model import (
     BLOCK_SITES,
     SITES,
@@ -40,7 +42,6 @@ from bertjax.model import (
     Sites,
     compute_dtype,
     mix,
-    site_shape,
 )
 
 Params = dict[str, Any]
@@ -134,122 +135,7 @@ def _head_module(config: BertConfig, head: str):
                     pre_dropout=config.model_type != "distilbert")
 
 
-# Input checks ---------------------------------------------------------------
-
-
-def _concrete(x) -> bool:
-  if x is None or isinstance(x, jax.core.Tracer):
-    return False
-  # Multi-process global arrays cannot be read on one host: their values go unchecked.
-  return not (isinstance(x, jax.Array) and not x.is_fully_addressable)
-
-
-def as_array(x):
-  """Lists, tuples and other array-likes (NumPy, torch CPU tensors) as NumPy; JAX arrays as is."""
-  if x is None or isinstance(x, (jax.Array, jax.core.Tracer)):
-    return x
-  return np.asarray(x)
-
-
-def _check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
-  unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
-  if unknown:
-    raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
-  for site, entry in (patch or {}).items():
-    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-      raise ValueError(f"patch[{site!r}] must be a (value, weight) pair; got {type(entry).__name__}")
-    shape = site_shape(config, site, batch, seq_len)
-    for what, array in zip(("value", "weight"), entry):
-      got = tuple(np.shape(array))
-      try:
-        ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
-      except ValueError:
-        ok = False
-      if not ok:
-        raise ValueError(f"patch[{site!r}] {what} shape {got} does not broadcast to the site's "
-                         f"stacked shape {shape} ({SITES[site][0]}"
-                         f"{'' if site == 'embeddings' else ', after depth'})")
-
-
-def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None,
-                 head_mask=None, layer_mask=None, head_ablation: str = "scale", *,
-                 capture=(), patch=None) -> None:
-  """Raises ValueError, naming the value, for inputs the model would silently mishandle.
-
-  Shapes are always checked; values (token ids, token types, padding side) when
-  the arrays are concrete, i.e. outside a user's `jit` (see `checked_forward`
-  for the same checks under `jit`).
-  """
-  ids_shape = tuple(np.shape(input_ids))
-  if len(ids_shape) != 2:
-    raise ValueError(f"input_ids must be (batch, seq); got shape {ids_shape}")
-  if not jnp.issubdtype(jnp.result_type(input_ids), jnp.integer):
-    raise ValueError(f"input_ids must be integers; got dtype {jnp.result_type(input_ids)}")
-  batch, seq_len = ids_shape
-  if seq_len > config.max_length:
-    if config.position_offset:
-      raise ValueError(f"{seq_len=} must be <= {config.max_length} (max_position_embeddings="
-                       f"{config.max_position_embeddings} minus the {config.position_offset} "
-                       f"positions {config.model_type} reserves for padding)")
-    raise ValueError(f"{seq_len=} must be <= max_position_embeddings="
-                     f"{config.max_position_embeddings}")
-  if seq_len == 0:
-    raise ValueError("input_ids has an empty sequence axis")
-  for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-    if value is not None and tuple(np.shape(value)) != ids_shape:
-      raise ValueError(f"{name} shape {tuple(np.shape(value))} must equal input_ids shape "
-                       f"{ids_shape}")
-  if head_ablation not in ABLATIONS:
-    raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
-  depth, heads = config.depth, config.num_attention_heads
-  if head_mask is not None:
-    shape = tuple(np.shape(head_mask))
-    if shape not in ((depth, heads), (batch, depth, heads)):
-      raise ValueError(f"head_mask shape {shape} must be (layers, heads)=({depth}, {heads}) or "
-                       f"(batch, layers, heads)=({batch}, {depth}, {heads})")
-  if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
-    raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
-  _check_sites(config, capture, patch, batch, seq_len)
-  if _concrete(input_ids):
-    ids = np.asarray(input_ids)
-    lo, hi = int(ids.min()), int(ids.max())
-    if lo < 0 or hi >= config.vocab_size:
-      bad = ids[(ids < 0) | (ids >= config.vocab_size)]
-      raise ValueError(f"token ids {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
-                       f"[0, {config.vocab_size})")
-  if _concrete(token_type_ids):
-    types = np.asarray(token_type_ids)
-    if types.min() < 0 or types.max() >= max(config.type_vocab_size, 1):
-      what = (f"lie in [0, {config.type_vocab_size})" if config.type_vocab_size
-              else f"be 0 ({config.model_type} has no token types)")
-      raise ValueError(f"token_type_ids in [{types.min()}, {types.max()}] must {what}")
-  if _concrete(attention_mask) and config.attention_impl not in ("xla",):
-    mask = np.asarray(attention_mask) > 0
-    lengths = mask.sum(-1)
-    if (mask != (np.arange(seq_len)[None] < lengths[:, None])).any():
-      raise ValueError(f"attention_impl={config.attention_impl!r} takes right padding only "
-                       "(real tokens first); this attention_mask has padding elsewhere: use "
-                       "attention_impl='xla' or pad on the right")
-
-
-def value_checks(config: BertConfig, input_ids, token_type_ids=None) -> None:
-  """The value checks of `check_inputs` as `jax.experimental.checkify` checks.
-
-  Call inside a function transformed by `checkify.checkify` (as `checked_forward`
-  does) so that out-of-range token ids raise under `jit` too, instead of being
-  clamped by the embedding gather.
-  """
-  from jax.experimental import checkify
-
-  ids = jnp.asarray(input_ids)
-  checkify.check(jnp.all((ids >= 0) & (ids < config.vocab_size)),
-                 f"token ids in [{{lo}}, {{hi}}] are outside the vocabulary [0, {config.vocab_size})",
-                 lo=ids.min(), hi=ids.max())
-  if token_type_ids is not None:
-    types = jnp.asarray(token_type_ids)
-    checkify.check(jnp.all((types >= 0) & (types < max(config.type_vocab_size, 1))),
-                   f"token_type_ids in [{{lo}}, {{hi}}] must lie in "
-                   f"[0, {max(config.type_vocab_size, 1)})", lo=types.min(), hi=types.max())
+# Checked forward ------------------------------------------------------------
 
 
 _STATIC_FORWARD_ARGS = ("head_ablation", "output_hidden_states", "output_attentions", "capture",

@@ -231,7 +231,7 @@ def test_grow_copies_layers_and_moments():
   tx, step = _adamw_step()
   state = ts.create_train_state(params, tx, 0)
   state, _ = step(state, _batch(np.random.default_rng(4)))
-  new_cfg, p, o = stacking.grow(state.params, state.opt_state, cfg, 5)
+  new_cfg, p, o = stacking.grow(cfg, state.params, state.opt_state, 5)
   assert new_cfg.num_hidden_layers == 5 and new_cfg == cfg.replace(num_hidden_layers=5)
   q = state.params["encoder"]["layers"]["attention"]["query"]["kernel"]
   q5 = p["encoder"]["layers"]["attention"]["query"]["kernel"]
@@ -255,7 +255,7 @@ def test_grow_copies_layers_and_moments():
   grown, m = tstep.make_train_step(new_cfg, tx)(grown, _batch(np.random.default_rng(5)))
   assert bool(m["finite"]) and int(grown.step) == 2 and int(grown.opt_state[1][0].count) == 2
   # Reset: zero moments, counts kept.
-  _, _, o0 = stacking.grow(state.params, state.opt_state, cfg, 4, reset_moments=True)
+  _, _, o0 = stacking.grow(cfg, state.params, state.opt_state, 4, reset_moments=True)
   assert all(float(jnp.abs(x).max()) == 0 for x in jax.tree.leaves(o0[1][0].mu))
   assert int(o0[1][0].count) == 1
 
@@ -264,9 +264,11 @@ def test_grow_rejects_albert_and_shrinking():
   albert = bertjax.BertConfig.preset("tiny", model_type="albert", num_hidden_groups=1,
                                      embedding_size=32)
   with pytest.raises(ValueError, match="ALBERT shares its layers"):
-    stacking.grow({}, None, albert, 4)
+    stacking.grow(albert, {}, None, 4)
   with pytest.raises(ValueError, match="new_layers=2"):
-    stacking.grow({}, None, CFG, 2)
+    stacking.grow(CFG, {}, None, 2)
+  with pytest.raises(TypeError, match=r"grow takes \(config, params, opt_state, new_layers\)"):
+    stacking.grow({}, None, CFG, 4)  # the order before (params, opt_state, config)
 
 
 # Checkpoints -----------------------------------------------------------------

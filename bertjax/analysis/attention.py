@@ -208,30 +208,11 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
   runner = None if mesh is None else sharded.AttentionRunner(params, config, mesh)
   for batch in batches:
     b = as_batch(batch) if runner is None else runner.batch(as_batch(batch))
-    types = _model_types(config, b["token_type_ids"])
-    ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
-    lengths = mask.sum(-1).astype(np.float64)  # (B,)
+    lengths = np.asarray(b["attention_mask"]).sum(-1).astype(np.float64)  # (B,)
     # Per-sequence weights: 1 per non-empty document, or its number of real tokens.
     weight = (lengths > 0).astype(np.float64) if weighting == "document" else lengths
-    if runner is not None:
-      stats_of = runner.statistics
-    else:
-      stats_of = lambda b, special, types=types: attention_statistics(
-          params, config, b["input_ids"], b["attention_mask"], types,
-          special_mask=jnp.asarray(special))
-    if entropy_smoothing > 0:
-      maps = (forward(params, config, b["input_ids"], b["attention_mask"], types,
-                      output_attentions=True).attentions if runner is None
-              else runner.maps(b))  # (L, B, N, T, T)
-      stats = _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
-    else:
-      out = stats_of(b, ids == sep_id)
-      stats = {ours: out[theirs] for ours, theirs in (
-          ("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
-          ("next", "next"), ("entropy", "entropy"))}
-      stats["punct"] = np.zeros_like(stats["cls"])
-      if punct_ids.size:
-        stats["punct"] = stats_of(b, np.isin(ids, punct_ids))["special"]
+    stats = _batch_clark_statistics(params, config, b, runner, sep_id, punct_ids,
+                                    entropy_smoothing)
     for name in CLARK_NAMES:  # (layers, B, heads) per-sequence means, weighted over B
       per_seq = np.nan_to_num(np.asarray(stats[name], np.float64))  # empty rows: 0 x weight 0
       sums[name] += np.einsum("dbn,b->dn", per_seq, weight)
@@ -239,6 +220,33 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
   if count == 0:
     raise ValueError("batches is empty (no real tokens)")
   return {name: s / count for name, s in sums.items()}
+
+
+def _batch_clark_statistics(params, config, b, runner, sep_id: int, punct_ids,
+                            entropy_smoothing: float) -> dict[str, Any]:
+  """Per-sequence means of one batch, (depth, B, heads) each: from the maps with smoothing,
+  else from the kernel statistics path (a second pass for punctuation)."""
+  types = _model_types(config, b["token_type_ids"])
+  ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
+  if entropy_smoothing > 0:
+    maps = (forward(params, config, b["input_ids"], b["attention_mask"], types,
+                    output_attentions=True).attentions if runner is None
+            else runner.maps(b))  # (L, B, N, T, T)
+    return _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
+  if runner is not None:
+    stats_of = runner.statistics
+  else:
+    stats_of = lambda b, special: attention_statistics(
+        params, config, b["input_ids"], b["attention_mask"], types,
+        special_mask=jnp.asarray(special))
+  out = stats_of(b, ids == sep_id)
+  stats = {ours: out[theirs] for ours, theirs in (
+      ("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
+      ("next", "next"), ("entropy", "entropy"))}
+  stats["punct"] = np.zeros_like(stats["cls"])
+  if punct_ids.size:
+    stats["punct"] = stats_of(b, np.isin(ids, punct_ids))["special"]
+  return stats
 
 
 def uniform_entropy(lengths, weighting: str = "document") -> float:

@@ -18,6 +18,10 @@ or two codes differ, the docstring says which convention is kept.
   site (Shrikumar et al. 2017; Sundararajan et al. 2017, Captum's quadrature).
 * `logit_lens`: every block's output through the MLM head (nostalgebraist 2020).
 
+This module holds the methods that decompose the encoder blocks; the gradient methods and
+the logit lens live in `attribution_gradients` and the pieces both share in
+`attribution_common`; every public name is importable from here.
+
 Conventions shared by all: a contribution matrix `M[l, b, i, j]` says how much
 token j of block l's *input* contributes to token i of block l's *output*;
 aggregated ("rollout") matrices say how much *input token* j (the embeddings)
@@ -32,21 +36,28 @@ compute dtype.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.analysis.attribution_common import Params, _captured, _check, _mask
+from bertjax.analysis.attribution_gradients import (  # noqa: F401 (their public home is here)
+    IG_METHODS,
+    REDUCTIONS,
+    IntegratedGradients,
+    LogitLens,
+    TargetFn,
+    gradient_x_input,
+    integrated_gradients,
+    logit_lens,
+    mlm_target,
+)
 from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, check_inputs, forward, mlm_logits, run_layers
+from bertjax.functional import run_layers
 from bertjax.model import compute_dtype
 
-Params = dict[str, Any]
-TargetFn = Callable[[Params, BertOutput], jax.Array]
-IG_METHODS = ("gausslegendre", "riemann_trapezoid")
-REDUCTIONS = ("sum", "l2", None)
 # attention_flow: SciPy's max-flow takes integer capacities; these are in units of 2^-30.
 FLOW_SCALE = 2 ** 30
 
@@ -65,55 +76,13 @@ class Contributions(NamedTuple):
   rollout: jax.Array
 
 
-class IntegratedGradients(NamedTuple):
-  """What `integrated_gradients` returns.
-
-  Attributes:
-    attributions: (batch, seq) with `reduce="sum"` or `"l2"`, (batch, seq, hidden) with None.
-    delta: (batch,): `sum(attributions) - (f(x) - f(baseline))`, summed over every
-      token and hidden unit (Captum's convergence delta); 0 for exact integration.
-  """
-
-  attributions: jax.Array
-  delta: jax.Array
-
-
-class LogitLens(NamedTuple):
-  """What `logit_lens` returns; layer 0 is the embedding output, layer l the output of block l-1.
-
-  Attributes:
-    top_ids: int (depth + 1, batch, positions, k), the k most probable tokens.
-    top_log_probs: (depth + 1, batch, positions, k), their log-probabilities.
-    target_log_probs: (depth + 1, batch, positions), the log-probability of the
-      given targets, or None when no targets were given.
-  """
-
-  top_ids: jax.Array
-  top_log_probs: jax.Array
-  target_log_probs: jax.Array | None
-
-
 # Shared pieces ----------------------------------------------------------------
-
-
-def _analysis_dtype(config: BertConfig):
-  return jnp.promote_types(compute_dtype(config), jnp.float32)
-
-
-def _mask(input_ids, attention_mask):
-  if attention_mask is None:
-    return jnp.ones(np.shape(input_ids), bool)
-  return jnp.asarray(attention_mask) > 0
 
 
 def _pairs(mask, dtype):
   """(B, T, T) 1 where both the query i and the key j are real tokens."""
   m = mask.astype(dtype)
   return m[:, :, None] * m[:, None, :]
-
-
-def _check(config: BertConfig, input_ids, attention_mask, token_type_ids) -> None:
-  check_inputs(config, input_ids, attention_mask, token_type_ids)
 
 
 def _safe_normalize(x, axis=-1):
@@ -176,16 +145,6 @@ def _block_params(config: BertConfig, params: Params, dtype) -> dict[str, jax.Ar
     index = config.layer_param_index
     per_block = [pick(jax.tree.map(lambda a, i=i: a[i], layers), b) for b, i in enumerate(index)]
   return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, dtype) for x in xs]), *per_block)
-
-
-def _captured(params, config, input_ids, attention_mask, token_type_ids, sites):
-  out = forward(params, config, input_ids, attention_mask, token_type_ids, capture=sites)
-  dtype = _analysis_dtype(config)
-  cache = {k: v.astype(dtype) for k, v in out.cache.items()}
-  if "embeddings" in cache and "out" in cache:
-    # Each block's input: the embeddings, then the previous block's output.
-    cache["x"] = jnp.concatenate([cache["embeddings"][None], cache["out"][:-1]])  # (L, B, T, H)
-  return cache
 
 
 def _head_mean(config: BertConfig, probs):
@@ -570,248 +529,3 @@ def _value_zeroing(params, config, input_ids, mask, token_type_ids, chunk_size):
     scores.append(jnp.transpose(d, (1, 2, 0)) * pairs)  # (B, T_i, T_j)
   layer_scores = _safe_normalize(jnp.stack(scores))
   return Contributions(layer_scores, rollout(layer_scores) * pairs)
-
-
-# Gradient baselines on the embeddings -------------------------------------------
-
-
-def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
-  """A target for the gradient methods: the MLM log-probability of `token_ids` at `positions`.
-
-  Args:
-    config: the model's config (it needs an "mlm" head).
-    positions: int (batch,), one position per sequence.
-    token_ids: int (batch,), the token whose log-probability is the target.
-
-  Returns:
-    `target_fn(params, out) -> (batch,)`.
-  """
-  positions = jnp.asarray(positions, jnp.int32)
-  token_ids = jnp.asarray(token_ids, jnp.int32)
-  if positions.ndim != 1 or token_ids.shape != positions.shape:
-    raise ValueError(f"positions shape {positions.shape} and token_ids shape {token_ids.shape} "
-                     "must both be (batch,)")
-
-  def target_fn(params, out):
-    b = jnp.arange(out.last_hidden_state.shape[0])
-    logits = mlm_logits(params, config, out.last_hidden_state[b, positions])  # (B, V)
-    return jax.nn.log_softmax(logits, -1)[b, token_ids]
-
-  return target_fn
-
-
-def _target_on_embeddings(params, config, input_ids, mask, token_type_ids, target_fn, e):
-  out = forward(params, config, input_ids, mask, token_type_ids,
-                patch={"embeddings": (e, jnp.ones((), e.dtype))})
-  value = target_fn(params, out)
-  if value.shape != (input_ids.shape[0],):
-    raise ValueError(f"target_fn must return one scalar per sequence, shape "
-                     f"({input_ids.shape[0]},); got shape {value.shape}")
-  return value
-
-
-def _reduce(attr, reduce):
-  if reduce == "sum":
-    return attr.sum(-1)
-  if reduce == "l2":
-    return jnp.linalg.norm(attr, axis=-1)
-  return attr
-
-
-def gradient_x_input(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                     token_type_ids=None, *, target_fn: TargetFn,
-                     reduce: str | None = "sum") -> jax.Array:
-  """Gradient x input on the embedding output (Shrikumar et al. 2017; Kindermans et al. 2016).
-
-  The input is the `embeddings` site (word + position + type embeddings after
-  LayerNorm, and ALBERT/ELECTRA's projection), replaced by a differentiable patch;
-  `attr = e * d target / d e`. mt-upc/transformer-contributions (Captum's
-  `InputXGradient` on the same embedding output) reports the L2 norm of each
-  token's vector (`reduce="l2"`) and its sum (`reduce="sum"`).
-
-  Args:
-    params, config: the model.
-    input_ids, attention_mask, token_type_ids: (batch, seq) as for `bertjax.forward`.
-    target_fn: `(params, out: BertOutput) -> (batch,)`, e.g. `mlm_target(...)`; a new
-      function object compiles anew, so define it once.
-    reduce: "sum" (signed, over hidden units), "l2", or None for (batch, seq, hidden).
-
-  Returns:
-    (batch, seq) or (batch, seq, hidden).
-  """
-  _check(config, input_ids, attention_mask, token_type_ids)
-  if reduce not in REDUCTIONS:
-    raise ValueError(f"{reduce=!r} must be one of {REDUCTIONS}")
-  return _gradient_x_input(params, config, input_ids, _mask(input_ids, attention_mask),
-                           token_type_ids, target_fn, reduce)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 5, 6))
-def _gradient_x_input(params, config, input_ids, mask, token_type_ids, target_fn, reduce):
-  e = _captured(params, config, input_ids, mask, token_type_ids, ("embeddings",))["embeddings"]
-  e = e.astype(compute_dtype(config))
-  f = lambda e: _target_on_embeddings(params, config, input_ids, mask, token_type_ids,
-                                      target_fn, e).sum()
-  grad = jax.grad(f)(e)
-  return _reduce((e * grad).astype(_analysis_dtype(config)), reduce)
-
-
-def _quadrature(method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
-  """Points in [0, 1] and weights, as Captum's approximation_methods."""
-  if method == "gausslegendre":
-    x, w = np.polynomial.legendre.leggauss(steps)
-    return 0.5 * x + 0.5, 0.5 * w
-  alphas = np.linspace(0, 1, steps)
-  w = np.full(steps, 1 / (steps - 1))
-  w[[0, -1]] /= 2
-  return alphas, w
-
-
-def integrated_gradients(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                         token_type_ids=None, *, target_fn: TargetFn, baseline=None,
-                         steps: int = 50, method: str = "gausslegendre",
-                         reduce: str | None = "sum",
-                         chunk_size: int | None = None) -> IntegratedGradients:
-  """Integrated gradients on the embedding output (Sundararajan et al. 2017).
-
-  `attr = (e - e') * integral_0^1 d target(e' + a (e - e')) / d e da`, with Captum's
-  quadrature (Gauss-Legendre by default, as `IntegratedGradients.attribute`), on
-  the `embeddings` site (see `gradient_x_input`). Completeness: the attributions
-  sum to `target(e) - target(e')` up to the quadrature error, returned as `delta`.
-
-  Args:
-    params, config: the model.
-    input_ids, attention_mask, token_type_ids: (batch, seq) as for `bertjax.forward`.
-    target_fn: `(params, out: BertOutput) -> (batch,)`; define it once (it is static).
-    baseline: (batch, seq, hidden) or broadcastable embedding output to start from;
-      None means zeros. mt-upc/transformer-contributions uses the embeddings of
-      `[CLS] [MASK] ... [MASK] [SEP]`: `bertjax.embed(params, config, baseline_ids)`.
-    steps: quadrature points.
-    method: "gausslegendre" or "riemann_trapezoid".
-    reduce: "sum", "l2" or None, as in `gradient_x_input`.
-    chunk_size: quadrature points evaluated together (default: all `steps`).
-
-  Returns:
-    `IntegratedGradients(attributions, delta)`.
-  """
-  _check(config, input_ids, attention_mask, token_type_ids)
-  if method not in IG_METHODS:
-    raise ValueError(f"{method=!r} must be one of {IG_METHODS}")
-  if reduce not in REDUCTIONS:
-    raise ValueError(f"{reduce=!r} must be one of {REDUCTIONS}")
-  if steps < 2:
-    raise ValueError(f"{steps=} must be >= 2")
-  if chunk_size is not None and chunk_size < 1:
-    raise ValueError(f"{chunk_size=} must be a positive int or None")
-  shape = (*np.shape(input_ids), config.hidden_size)
-  if baseline is not None:
-    try:
-      ok = np.broadcast_shapes(np.shape(baseline), shape) == shape
-    except ValueError:
-      ok = False
-    if not ok:
-      raise ValueError(f"baseline shape {np.shape(baseline)} does not broadcast to "
-                       f"(batch, seq, hidden)={shape}")
-  alphas, weights = _quadrature(method, steps)
-  return _integrated_gradients(params, config, input_ids, _mask(input_ids, attention_mask),
-                               token_type_ids, baseline, jnp.asarray(alphas),
-                               jnp.asarray(weights), target_fn, reduce, chunk_size)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10))
-def _integrated_gradients(params, config, input_ids, mask, token_type_ids, baseline, alphas,
-                          weights, target_fn, reduce, chunk_size):
-  dtype = compute_dtype(config)
-  e = _captured(params, config, input_ids, mask, token_type_ids, ("embeddings",))["embeddings"]
-  e = e.astype(dtype)
-  base = jnp.zeros_like(e) if baseline is None else jnp.broadcast_to(baseline, e.shape).astype(dtype)
-  f = lambda x: _target_on_embeddings(params, config, input_ids, mask, token_type_ids,
-                                      target_fn, x)
-  grad = jax.grad(lambda x: f(x).sum())
-  grads = jax.lax.map(lambda a: grad(base + a.astype(dtype) * (e - base)), alphas,
-                      batch_size=chunk_size)  # (steps, B, T, H)
-  acc = _analysis_dtype(config)
-  total = jnp.tensordot(weights.astype(acc), grads.astype(acc), axes=1)
-  attr = (e - base).astype(acc) * total
-  delta = attr.sum((1, 2)) - (f(e) - f(base)).astype(acc)
-  return IntegratedGradients(_reduce(attr, reduce), delta)
-
-
-# The logit lens --------------------------------------------------------------------
-
-
-def logit_lens(params: Params, config: BertConfig, input_ids, attention_mask=None,
-               token_type_ids=None, *, positions=None, targets=None, k: int = 5) -> LogitLens:
-  """The logit lens for masked LMs: every block's output read by the MLM head.
-
-  nostalgebraist 2020, "interpreting GPT: the logit lens" (LessWrong): the final
-  unembedding applied to intermediate states. In these post-LN encoders every
-  block output is already LayerNorm-ed, so each goes straight through the
-  family's MLM head (`bertjax.mlm_logits`: transform, LayerNorm, tied decoder),
-  the embedding output included as layer 0.
-
-  Args:
-    params, config: a model with an "mlm" head.
-    input_ids, attention_mask, token_type_ids: (batch, seq) as for `bertjax.forward`.
-    positions: int (batch, P) positions to read (default: every position, P = seq).
-    targets: int (batch, P) token ids whose log-probabilities to return, or None.
-    k: how many top tokens per layer and position.
-
-  Returns:
-    `LogitLens(top_ids, top_log_probs, target_log_probs)`, each (depth + 1, batch, P, ...).
-  """
-  _check(config, input_ids, attention_mask, token_type_ids)
-  if "mlm" not in params:
-    raise ValueError("logit_lens needs an MLM head; these parameters have none (load a "
-                     "*ForMaskedLM / *ForPreTraining checkpoint or init(..., heads=('mlm',)))")
-  if "mlm" not in config.family.heads:
-    raise ValueError(f"a {config.model_type} model has no 'mlm' head")
-  batch, seq = np.shape(input_ids)
-  if positions is None:
-    positions = np.broadcast_to(np.arange(seq), (batch, seq))
-  positions = jnp.asarray(positions)
-  if positions.ndim != 2 or positions.shape[0] != batch:
-    raise ValueError(f"positions shape {positions.shape} must be (batch, P) with batch={batch}")
-  if not jnp.issubdtype(positions.dtype, jnp.integer):
-    raise ValueError(f"positions must be integers; got dtype {positions.dtype}")
-  if not isinstance(positions, jax.core.Tracer):
-    bad = np.asarray(positions)[(np.asarray(positions) < 0) | (np.asarray(positions) >= seq)]
-    if bad.size:
-      raise ValueError(f"positions {sorted(set(bad.tolist()))[:10]} are outside [0, {seq})")
-  if targets is not None:
-    targets = jnp.asarray(targets)
-    if targets.shape != positions.shape:
-      raise ValueError(f"targets shape {targets.shape} must equal positions shape "
-                       f"{positions.shape}")
-    if not isinstance(targets, jax.core.Tracer):
-      t = np.asarray(targets)
-      bad = t[(t < 0) | (t >= config.vocab_size)]
-      if bad.size:
-        raise ValueError(f"targets {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
-                         f"[0, {config.vocab_size})")
-  if not 1 <= k <= config.vocab_size:
-    raise ValueError(f"{k=} must lie in [1, vocab_size={config.vocab_size}]")
-  return _logit_lens(params, config, input_ids, attention_mask, token_type_ids,
-                     positions.astype(jnp.int32),
-                     None if targets is None else targets.astype(jnp.int32), k)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 7))
-def _logit_lens(params, config, input_ids, attention_mask, token_type_ids, positions, targets,
-                k):
-  cache = _captured(params, config, input_ids, attention_mask, token_type_ids,
-                    ("embeddings", "out"))
-  states = jnp.concatenate([cache["embeddings"][None], cache["out"]])  # (L+1, B, T, H)
-  states = jnp.take_along_axis(states, positions[None, :, :, None], axis=2)  # (L+1, B, P, H)
-  states = states.astype(compute_dtype(config))
-
-  def read(h):
-    log_probs = jax.nn.log_softmax(mlm_logits(params, config, h).astype(
-        _analysis_dtype(config)), -1)  # (B, P, V)
-    top, ids = jax.lax.top_k(log_probs, k)
-    target = None if targets is None else jnp.take_along_axis(
-        log_probs, targets[..., None], -1)[..., 0]
-    return ids, top, target
-
-  ids, top, target = jax.lax.map(read, states)
-  return LogitLens(ids, top, target)

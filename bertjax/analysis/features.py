@@ -283,10 +283,62 @@ def extract_word_features(
   words = _word_lists(sentences)
   if not words:
     raise ValueError("sentences is empty")
+  corpus = _encode_corpus(config, tokenizer, words)
+  sent_idx, word_idx = _sentence_index(corpus.offsets)
+  plan, stats = _plan(corpus, max_tokens, length_multiple, mesh)
+  shape = (config.depth + 1, int(corpus.offsets[-1]), config.hidden_size)
+  path = None
+  if cache_dir is not None:
+    key = cache_key(params, config, corpus.encodings, pooling, dtype, model_id)
+    path = pathlib.Path(cache_dir) / f"features-{key}.npy"
+    feats = _load_cached(path, shape, dtype)
+    if feats is not None:
+      return WordFeatures(feats, sent_idx, word_idx, corpus.offsets, pooling, **stats,
+                          from_cache=True, cache_path=path)
+  params, writer = _place(params, mesh)
+  out = _Output(path if writer else None, shape, dtype)
+  bar = _progress_bar(stats["num_tokens"]) if progress and writer else None
+  t0 = time.perf_counter()
+  try:
+    missing = _fill_features(out.array, params, config, tokenizer, corpus, plan,
+                             pooling=pooling, dtype=dtype, length_multiple=length_multiple,
+                             mesh=mesh, bar=bar)
+    seconds = time.perf_counter() - t0
+  except BaseException:
+    out.discard()
+    raise
+  finally:
+    if bar is not None:
+      bar.close()
+  feats = out.finish({"pooling": pooling, "dtype": dtype, "shape": list(shape),
+                      "sentences": len(words)})
+  return WordFeatures(feats, sent_idx, word_idx, corpus.offsets, pooling, **stats,
+                      num_batches=len(plan), missing_words=missing, seconds=seconds,
+                      cache_path=out.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Corpus:
+  """Sentences tokenised for extraction.
+
+  Attributes:
+    encodings: per sentence, ``(ids, word_ids)`` without padding.
+    lengths: subwords per sentence (special tokens included).
+    num_words: words per sentence.
+    offsets: index of each sentence's first word ``(num_sentences + 1,)``.
+  """
+
+  encodings: list[tuple[np.ndarray, np.ndarray]]
+  lengths: np.ndarray
+  num_words: np.ndarray
+  offsets: np.ndarray
+
+
+def _encode_corpus(config: Any, tokenizer: Any, words: list[list[str]]) -> _Corpus:
+  """Tokenises every sentence; raises for one longer than the model's positions."""
   max_len = config.max_length  # RoBERTa: max_position_embeddings - pad_token_id - 1
-  lengths_words = np.asarray([len(w) for w in words])
-  offsets = np.concatenate([[0], np.cumsum(lengths_words)]).astype(np.int64)
-  sent_idx, word_idx = _sentence_index(offsets)
+  num_words = np.asarray([len(w) for w in words])
+  offsets = np.concatenate([[0], np.cumsum(num_words)]).astype(np.int64)
   encodings = _encode_all(tokenizer, words, max_len)
   lengths = np.asarray([len(ids) for ids, _ in encodings])
   too_long = np.flatnonzero(lengths > max_len)
@@ -294,83 +346,117 @@ def extract_word_features(
     raise ValueError(f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
                      f"the model's {max_len} positions ({config.model_type}, "
                      f"max_position_embeddings={config.max_position_embeddings})")
-  plan = plan_batches(lengths, max_tokens, length_multiple)
+  return _Corpus(encodings, lengths, num_words, offsets)
+
+
+def _plan(corpus: _Corpus, max_tokens: int, length_multiple: int, mesh: Any):
+  """The batches ``(indices, rows, width)`` (rows a multiple of the mesh's devices) and the
+  extraction's token statistics."""
+  plan = plan_batches(corpus.lengths, max_tokens, length_multiple)
   if mesh is not None:
     from bertjax import sharding
 
     devices = sharding.size_of(mesh, mesh.axis_names)
     plan = [(idx, sharding.round_up(rows, devices), width) for idx, rows, width in plan]
-  stats = {"num_tokens": int(lengths.sum()),
+  stats = {"num_tokens": int(corpus.lengths.sum()),
            "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
            "shapes": tuple(sorted({(rows, width) for _, rows, width in plan}))}
-  shape = (config.depth + 1, int(offsets[-1]), config.hidden_size)
+  return plan, stats
 
-  path = None
-  writer = mesh is None or sharding.is_primary()  # several processes: process 0 writes
-  if cache_dir is not None:
-    key = cache_key(params, config, encodings, pooling, dtype, model_id)
-    path = pathlib.Path(cache_dir) / f"features-{key}.npy"
-    if path.exists():
-      feats = np.load(path, mmap_mode="r")
-      if feats.shape == shape and feats.dtype == np.dtype(dtype):
-        return WordFeatures(feats, sent_idx, word_idx, offsets, pooling, **stats,
-                            from_cache=True, cache_path=path)
-  if path is not None and writer:
+
+def _load_cached(path: pathlib.Path, shape: tuple[int, ...], dtype: str) -> np.ndarray | None:
+  """The cached features memory-mapped, or None when absent or of another shape or dtype."""
+  if not path.exists():
+    return None
+  feats = np.load(path, mmap_mode="r")
+  return feats if feats.shape == shape and feats.dtype == np.dtype(dtype) else None
+
+
+def _place(params: Any, mesh: Any) -> tuple[Any, bool]:
+  """`(params, writer)`: the parameters placed on `mesh` (as they are without one), and
+  whether this process writes (of several processes, process 0)."""
+  if mesh is None:
+    return params, True
+  from bertjax import sharding
+
+  return sharding.shard_params(params, mesh), sharding.is_primary()
+
+
+def _progress_bar(num_tokens: int):
+  from tqdm.auto import tqdm
+
+  return tqdm(total=num_tokens, unit="tok", desc="features", leave=False)
+
+
+class _Output:
+  """Where the features go: given a cache path, a memory map under a temporary name that
+  `finish` renames to the path (`discard` removes it); else an array in memory."""
+
+  def __init__(self, path: pathlib.Path | None, shape: tuple[int, ...], dtype: str):
+    self.path, self.tmp = path, None
+    if path is None:
+      self.array = np.empty(shape, dtype)
+      return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
-  else:
-    path, out = None, np.empty(shape, dtype)
+    self.tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+    self.array = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=dtype, shape=shape)
+
+  def discard(self) -> None:
+    if self.tmp is not None:
+      del self.array
+      self.tmp.unlink(missing_ok=True)
+
+  def finish(self, meta: dict[str, Any]) -> np.ndarray:
+    """The features: the array in memory, or the renamed file (with `meta` in a ``.json``
+    beside it) memory-mapped."""
+    if self.tmp is None:
+      return self.array
+    self.array.flush()
+    del self.array
+    os.replace(self.tmp, self.path)
+    (self.path.with_suffix(".json")).write_text(json.dumps(meta))
+    return np.load(self.path, mmap_mode="r")
+
+
+def _bucket_arrays(tokenizer: Any, corpus: _Corpus, idx: np.ndarray, rows: int, width: int):
+  """The padded ``(ids, mask, word_ids)`` of one batch, each ``(rows, width)`` int32."""
+  ids = np.full((rows, width), tokenizer.pad_id, np.int32)
+  mask = np.zeros((rows, width), np.int32)
+  wids = np.full((rows, width), -1, np.int32)
+  for r, s in enumerate(idx):
+    sid, sw = corpus.encodings[s]
+    ids[r, : len(sid)], mask[r, : len(sid)], wids[r, : len(sid)] = sid, 1, sw
+  return ids, mask, wids
+
+
+def _fill_features(out: np.ndarray, params: Any, config: Any, tokenizer: Any, corpus: _Corpus,
+                   plan, *, pooling: str, dtype: str, length_multiple: int, mesh: Any,
+                   bar: Any) -> int:
+  """Runs every batch of `plan` and writes its words' features into `out` in corpus order.
+
+  Returns:
+    How many words produced no subword.
+  """
   if mesh is not None:
-    params = sharding.shard_params(params, mesh)
-
-  bar = None
-  if progress and writer:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=stats["num_tokens"], unit="tok", desc="features", leave=False)
+    from bertjax import sharding
   missing = 0
-  t0 = time.perf_counter()
-  try:
-    for idx, rows, width in plan:
-      ids = np.full((rows, width), tokenizer.pad_id, np.int32)
-      mask = np.zeros((rows, width), np.int32)
-      wids = np.full((rows, width), -1, np.int32)
-      for r, s in enumerate(idx):
-        sid, sw = encodings[s]
-        ids[r, : len(sid)], mask[r, : len(sid)], wids[r, : len(sid)] = sid, 1, sw
-      num_words = bucket_width(int(lengths_words[idx].max()), length_multiple)
-      bertjax.check_inputs(config, ids, mask)
-      arrays = (ids, mask, wids) if mesh is None else sharding.shard_rows((ids, mask, wids), mesh)
-      pooled, present = _extract(params, config, *arrays, num_words, pooling, dtype)
-      if mesh is not None:  # gathered from every device (and process)
-        pooled, present = sharding.to_host((pooled, present))
-      pooled, present = np.asarray(pooled), np.asarray(present)  # (L+1, rows, num_words, H)
-      n = lengths_words[idx]  # words of each real row
-      rows_of = np.repeat(np.arange(len(idx)), n)
-      words_of = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-      out[:, offsets[idx][rows_of] + words_of] = pooled[:, rows_of, words_of]
-      missing += int(n.sum() - present[rows_of, words_of].sum())
-      if bar is not None:
-        bar.update(int(lengths[idx].sum()))
-    seconds = time.perf_counter() - t0
-  except BaseException:
-    if path is not None:
-      del out
-      tmp.unlink(missing_ok=True)
-    raise
-  finally:
+  for idx, rows, width in plan:
+    ids, mask, wids = _bucket_arrays(tokenizer, corpus, idx, rows, width)
+    num_words = bucket_width(int(corpus.num_words[idx].max()), length_multiple)
+    bertjax.check_inputs(config, ids, mask)
+    arrays = (ids, mask, wids) if mesh is None else sharding.shard_rows((ids, mask, wids), mesh)
+    pooled, present = _extract(params, config, *arrays, num_words, pooling, dtype)
+    if mesh is not None:  # gathered from every device (and process)
+      pooled, present = sharding.to_host((pooled, present))
+    pooled, present = np.asarray(pooled), np.asarray(present)  # (L+1, rows, num_words, H)
+    n = corpus.num_words[idx]  # words of each real row
+    rows_of = np.repeat(np.arange(len(idx)), n)
+    words_of = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    out[:, corpus.offsets[idx][rows_of] + words_of] = pooled[:, rows_of, words_of]
+    missing += int(n.sum() - present[rows_of, words_of].sum())
     if bar is not None:
-      bar.close()
-  if path is not None:
-    out.flush()
-    del out
-    os.replace(tmp, path)
-    (path.with_suffix(".json")).write_text(json.dumps(
-      {"pooling": pooling, "dtype": dtype, "shape": list(shape), "sentences": len(words)}))
-    out = np.load(path, mmap_mode="r")
-  return WordFeatures(out, sent_idx, word_idx, offsets, pooling, **stats, num_batches=len(plan),
-                      missing_words=missing, seconds=seconds, cache_path=path)
+      bar.update(int(corpus.lengths[idx].sum()))
+  return missing
 
 
 def forward_throughput(

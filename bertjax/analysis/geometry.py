@@ -314,18 +314,9 @@ def max_explainable_variance(
   if definition not in MEV_DEFINITIONS:
     raise ValueError(f"definition={definition!r} must be one of {MEV_DEFINITIONS}")
   n = reps.shape[1]
-  ids, k = _group_ids(word_ids, n, "word_ids")
-  keep = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
-  if keep.shape != (n,):
-    raise ValueError(f"measured shape {keep.shape} must be ({n},) to match reps")
-  ids = np.where(keep, ids, k)  # unmeasured tokens: one extra group, never reported
-  counts = np.bincount(ids, minlength=k + 1)[:k]
-  order = np.argsort(ids, kind="stable")
-  starts = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=k + 1))])
   rng = np.random.default_rng(seed)
   values, baseline, used = [], [], 0
-  for t in np.flatnonzero(counts >= min_count):
-    members = order[starts[t] : starts[t + 1]]
+  for members in _measured_types(word_ids, measured, n, min_count):
     if max_occurrences is not None and len(members) > max_occurrences:
       members = rng.choice(members, max_occurrences, replace=False)
     random_tokens = rng.choice(n, len(members), replace=False)
@@ -351,6 +342,19 @@ def max_explainable_variance(
     "occurrences": used,
     "definition": definition,
   }
+
+
+def _measured_types(word_ids, measured, n: int, min_count: int) -> list[np.ndarray]:
+  """The token indices of each measured type seen at least `min_count` times, in type order."""
+  ids, k = _group_ids(word_ids, n, "word_ids")
+  keep = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
+  if keep.shape != (n,):
+    raise ValueError(f"measured shape {keep.shape} must be ({n},) to match reps")
+  ids = np.where(keep, ids, k)  # unmeasured tokens: one extra group, never reported
+  counts = np.bincount(ids, minlength=k + 1)[:k]
+  order = np.argsort(ids, kind="stable")
+  starts = np.concatenate([[0], np.cumsum(np.bincount(ids, minlength=k + 1))])
+  return [order[starts[t] : starts[t + 1]] for t in np.flatnonzero(counts >= min_count)]
 
 
 def random_words_mev(

@@ -447,12 +447,7 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
   sentences, source = load_sentences(data_dir, max_sentences)
   out_dir = pathlib.Path(out_dir)
   primary = sharding.is_primary()
-  if primary:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(out_dir)
-  # Process 0 decides what is left, so every process runs the same analyses.
-  done = np.asarray([[result_path(out_dir, ck, a).is_file() for a in analyses] for ck in specs])
-  done = np.asarray(sharding.broadcast_from_primary(done), bool)
+  done = _results_present(out_dir, specs, analyses, primary)
   bar = None
   if progress and primary:
     from tqdm.auto import tqdm
@@ -489,11 +484,31 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
              "results": [str(result_path(out_dir, ck, a).relative_to(out_dir))
                          for ck in specs for a in analyses], "figures": []}
   if primary:
-    if plots:
-      summary["figures"] = [str(p.relative_to(out_dir)) for p in plot_results(out_dir, analyses)]
-    write_json_atomic(out_dir / "summary.json", {k: v for k, v in summary.items()
-                                                 if k not in ("computed", "found")})
+    _write_summary(out_dir, summary, analyses, plots)
   return summary
+
+
+def _results_present(out_dir: pathlib.Path, specs: Sequence[Checkpoint],
+                     analyses: Sequence[str], primary: bool) -> np.ndarray:
+  """bool (checkpoints, analyses): which results are already there, as process 0 sees them
+  (so every process runs the same analyses); process 0 first makes `out_dir` and removes the
+  temporaries a killed job left."""
+  from bertjax import sharding
+
+  if primary:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(out_dir)
+  done = np.asarray([[result_path(out_dir, ck, a).is_file() for a in analyses] for ck in specs])
+  return np.asarray(sharding.broadcast_from_primary(done), bool)
+
+
+def _write_summary(out_dir: pathlib.Path, summary: dict[str, Any], analyses: Sequence[str],
+                   plots: bool) -> None:
+  """Draws the figures (listed in `summary`) and writes ``summary.json``."""
+  if plots:
+    summary["figures"] = [str(p.relative_to(out_dir)) for p in plot_results(out_dir, analyses)]
+  write_json_atomic(out_dir / "summary.json", {k: v for k, v in summary.items()
+                                               if k not in ("computed", "found")})
 
 
 # Figures -----------------------------------------------------------------------------------

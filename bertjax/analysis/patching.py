@@ -19,7 +19,9 @@ of the patched run's `BertOutput` (`last_hidden_state`, `pooler_output`) and of
 object each time to reuse compilations. Ready ones: `LogitDiff` (a task head's
 logit difference, the usual patching metric), `AnswerLogProb` and `ProbeLogitDiff`
 (a linear probe on the final states). These are means over the batch's rows and say so
-with a class attribute `row_mean = True`, which lets a mesh pad the rows (below).
+with a class attribute `row_mean = True`, which lets a mesh pad the rows (below). They,
+`PatchingResult`, `normalize` and `agreement` live in `patching_metrics` and are
+importable from here.
 
 Results are normalised as is conventional, `(patched - corrupted) / (clean -
 corrupted)`, in either direction: 1 is the clean run's metric, 0 the corrupted
@@ -66,10 +68,9 @@ against 146 forward passes for a loop.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -78,184 +79,25 @@ import numpy as np
 from bertjax import sharding
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import as_batch, default_chunk_size
-from bertjax.config import BertConfig
-from bertjax.functional import (
-    BertOutput,
-    check_inputs,
-    embed,
-    forward,
-    head_logits,
-    mlm_logits,
-    pool,
-    run_layers,
-    token_classify,
+from bertjax.analysis.patching_metrics import (  # noqa: F401 (their public home is here)
+    AnswerLogProb,
+    LogitDiff,
+    Metric,
+    PatchingResult,
+    ProbeLogitDiff,
+    _f32,
+    agreement,
+    normalize,
 )
+from bertjax.config import BertConfig
+from bertjax.functional import BertOutput, check_inputs, embed, forward, pool, run_layers
 from bertjax.model import BLOCK_SITES, SITES, mix
 
 Params = dict[str, Any]
-Metric = Callable[..., jax.Array]
 DIRECTIONS = ("denoise", "noise")
 HEAD_SITES = ("q", "k", "v", "head_out", "probs")
 RECEIVER_SITES = ("q", "k", "v")
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-# Metrics --------------------------------------------------------------------
-
-
-def _head_logits_at(params, config, out: BertOutput, batch, head: str) -> jax.Array:
-  """(B, C) logits of `head`: token heads read `batch["position"]`, sequence heads their input."""
-  if head in ("mlm", "token_classifier"):
-    if "position" not in batch:
-      raise ValueError(f"the {head!r} head reads one token per sequence: targets need "
-                       f"'position' (batch,); got keys {sorted(batch)}")
-    b = jnp.arange(out.last_hidden_state.shape[0])
-    hidden = out.last_hidden_state[b, batch["position"].astype(jnp.int32)]  # (B, H)
-    fn = mlm_logits if head == "mlm" else token_classify
-    return fn(params, config, hidden)
-  if head in ("nsp", "sop", "classifier"):
-    return head_logits(params, config, out, head)
-  raise ValueError(f"{head=!r} must be one of 'mlm', 'token_classifier', 'nsp', 'sop', "
-                   "'classifier'")
-
-
-def _f32(x):
-  """At least float32 (float64 stays float64)."""
-  return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
-def _pick(logits, ids):
-  return jnp.take_along_axis(logits, ids.astype(jnp.int32)[:, None], -1)[:, 0]
-
-
-@dataclasses.dataclass(frozen=True)
-class LogitDiff:
-  """Mean over the batch of `logit[answer] - logit[distractor]` of a task head.
-
-  The standard patching metric (Wang et al. 2023; Heimersheim & Nanda 2024).
-  Token heads ("mlm", "token_classifier") read the final state at
-  `targets["position"]` (only those rows go through the head); sequence heads
-  ("nsp", "sop", "classifier") read what their Hugging Face class reads.
-  Targets: `answer`, `distractor` (batch,) class or token ids; `position` (batch,)
-  for token heads.
-  """
-
-  head: str = "mlm"
-  row_mean: ClassVar[bool] = True  # a mean of per-row values: a mesh may pad rows
-
-  def __call__(self, params, config, out, batch):
-    logits = _f32(_head_logits_at(params, config, out, batch, self.head))
-    return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
-
-
-@dataclasses.dataclass(frozen=True)
-class AnswerLogProb:
-  """Mean over the batch of `log p(answer)` under a task head (targets as `LogitDiff`)."""
-
-  head: str = "mlm"
-  row_mean: ClassVar[bool] = True  # a mean of per-row values: a mesh may pad rows
-
-  def __call__(self, params, config, out, batch):
-    logits = _f32(_head_logits_at(params, config, out, batch, self.head))
-    return jnp.mean(_pick(jax.nn.log_softmax(logits, -1), batch["answer"]))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ProbeLogitDiff:
-  """A linear probe on the final states: mean of `logit[answer] - logit[distractor]`.
-
-  Compared by identity (it holds arrays): build it once and pass the same object.
-
-  Attributes:
-    weight: (hidden, classes).
-    bias: (classes,).
-    pooling: "first" (the first token's final state, [CLS]) or "mean" (over real tokens).
-  """
-
-  weight: Any
-  bias: Any
-  pooling: str = "first"
-  row_mean: ClassVar[bool] = True
-
-  def __post_init__(self):
-    if self.pooling not in ("first", "mean"):
-      raise ValueError(f"pooling={self.pooling!r} must be 'first' or 'mean'")
-    w, b = np.shape(self.weight), np.shape(self.bias)
-    if len(w) != 2 or b != w[1:]:
-      raise ValueError(f"weight shape {w} and bias shape {b} must be (hidden, C) and (C,)")
-
-  def __call__(self, params, config, out, batch):
-    h = _f32(out.last_hidden_state)
-    if self.pooling == "first":
-      x = h[:, 0]
-    else:
-      m = batch["attention_mask"].astype(h.dtype)[..., None]
-      x = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
-    logits = x @ jnp.asarray(self.weight, h.dtype) + jnp.asarray(self.bias, h.dtype)
-    return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
-
-
-# Results --------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PatchingResult:
-  """A patching sweep: the metric with each patch, beside the clean and corrupted runs.
-
-  Attributes:
-    site: the patched site.
-    axes: names of the two axes of `values`, e.g. ("layer", "head").
-    values: float64 (layers, heads | positions): the metric of each patched run (for
-      attribution patching, its first-order estimate); NaN where a patch does not apply.
-    clean: the metric on the clean run.
-    corrupted: the metric on the corrupted run.
-    direction: "denoise" or "noise".
-    method: "exact", "attribution" or "path".
-  """
-
-  site: str
-  axes: tuple[str, str]
-  values: np.ndarray
-  clean: float
-  corrupted: float
-  direction: str = "denoise"
-  method: str = "exact"
-
-  @property
-  def normalized(self) -> np.ndarray:
-    """`(values - corrupted) / (clean - corrupted)`: 1 = the clean metric, 0 = the corrupted."""
-    return normalize(self.values, self.clean, self.corrupted)
-
-
-def normalize(values, clean: float, corrupted: float) -> np.ndarray:
-  """`(values - corrupted) / (clean - corrupted)`, the conventional patching normalisation.
-
-  Raises:
-    ValueError: when the clean and corrupted metrics are equal (nothing to restore).
-  """
-  if not np.isfinite(clean - corrupted) or clean == corrupted:
-    raise ValueError(f"clean={clean} and corrupted={corrupted} metrics must differ (and be "
-                     "finite) to normalise; compare the raw values instead")
-  return (np.asarray(values, np.float64) - corrupted) / (clean - corrupted)
-
-
-def agreement(exact: PatchingResult, approx: PatchingResult) -> dict[str, float]:
-  """How well `approx` (attribution patching) ranks and scales like `exact`.
-
-  Returns:
-    "pearson" and "spearman" correlations of the normalised values over the
-    entries finite in both, "max_abs_diff" between them, and "n" entries.
-  """
-  a, b = np.asarray(exact.normalized).ravel(), np.asarray(approx.normalized).ravel()
-  if a.shape != b.shape:
-    raise ValueError(f"exact values shape {exact.values.shape} != approx {approx.values.shape}")
-  keep = np.isfinite(a) & np.isfinite(b)
-  a, b = a[keep], b[keep]
-  rank = lambda x: np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
-  corr = lambda x, y: float(np.corrcoef(x, y)[0, 1]) if x.size > 1 and x.std() and y.std() \
-      else float("nan")
-  return {"pearson": corr(a, b), "spearman": corr(rank(a), rank(b)),
-          "max_abs_diff": float(np.abs(a - b).max()) if a.size else float("nan"), "n": int(a.size)}
 
 
 # Patch weights --------------------------------------------------------------

@@ -145,6 +145,27 @@ def _structural(wf, sentences, split, suite):
   return out
 
 
+def _word_probe(field: str, feats, sentences, word_rows, types, probe: probing.ProbeConfig,
+                suite: SuiteConfig):
+  """A probe of a per-word field ("upos", "xpos") with its control task; and the labels."""
+  vocab = conllu.build_vocab(sentences, field)
+  labels = conllu.encode_field(sentences, vocab, field)
+  return _fit_classifier(feats, labels, len(vocab), word_rows, probe,
+                         types if suite.control else None, suite.seed), vocab
+
+
+def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
+  """The dependency-relation probe on (head, dependent) edges, ``[h_head; h_dep]``; and the
+  labels (relations without subtypes)."""
+  vocab = conllu.build_vocab(sentences, "deprels", strip_subtypes=True)
+  rel = [vocab.encode(conllu.base_deprel(r) for r in s.deprels) for s in sentences]
+  head, dep, labels = probing.dependency_edges(sentences, rel)
+  edge_feats = np.asarray(probing.edge_features(feats, head, dep))  # (L+1, edges, 2H)
+  rows = _rows_of(split, wf.sentence_index[dep])
+  return _fit_classifier(edge_feats, labels, len(vocab), rows, suite.probe,
+                         [types[i] for i in dep] if suite.control else None, suite.seed), vocab
+
+
 def run_probing_suite(
   params: Any,
   config: Any,
@@ -194,30 +215,17 @@ def run_probing_suite(
   for task in suite.tasks:
     t0 = time.perf_counter()
     if task in ("upos", "xpos"):
-      vocab = conllu.build_vocab(sentences, task)
-      labels = conllu.encode_field(sentences, vocab, task)
-      results[task] = _fit_classifier(feats, labels, len(vocab), word_rows, suite.probe,
-                                      types if suite.control else None, suite.seed)
+      results[task], vocab = _word_probe(task, feats, sentences, word_rows, types, suite.probe,
+                                         suite)
     else:
-      vocab = conllu.build_vocab(sentences, "deprels", strip_subtypes=True)
-      rel = [vocab.encode(conllu.base_deprel(r) for r in s.deprels) for s in sentences]
-      head, dep, labels = probing.dependency_edges(sentences, rel)
-      edge_feats = np.asarray(probing.edge_features(feats, head, dep))  # (L+1, edges, 2H)
-      rows = _rows_of(split, wf.sentence_index[dep])
-      results[task] = _fit_classifier(edge_feats, labels, len(vocab), rows, suite.probe,
-                                      [types[i] for i in dep] if suite.control else None,
-                                      suite.seed)
-      del edge_feats
+      results[task], vocab = _edge_probe(feats, wf, sentences, split, types, suite)
     results[task]["labels"] = list(vocab.labels)
     seconds[task] = time.perf_counter() - t0
 
   if suite.mlp:
     t0 = time.perf_counter()
-    vocab = conllu.build_vocab(sentences, "upos")
-    labels = conllu.encode_field(sentences, vocab, "upos")
     mlp = dataclasses.replace(suite.probe, kind="mlp")
-    results["upos_mlp"] = _fit_classifier(feats, labels, len(vocab), word_rows, mlp,
-                                          types if suite.control else None, suite.seed)
+    results["upos_mlp"], _ = _word_probe("upos", feats, sentences, word_rows, types, mlp, suite)
     seconds["upos_mlp"] = time.perf_counter() - t0
 
   if suite.structural:

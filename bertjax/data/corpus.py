@@ -292,18 +292,10 @@ def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
   """
   import heapq
 
-  chars: dict[str, int] = {}
-  for word, n in counts.items():
-    for c in word:
-      chars[c] = chars.get(c, 0) + n
-  alphabet = sorted(chars)
-  if limit_alphabet is not None and len(alphabet) > limit_alphabet:
-    kept = sorted(chars, key=lambda c: (-chars[c], c))[:limit_alphabet]
-    alphabet = sorted(kept)
-  allowed = set(alphabet)
-  continuation = sorted({prefix + c for word in counts for c in word[1:] if c in allowed})
+  alphabet, continuation = _alphabet(counts, limit_alphabet, prefix)
   tokens = [*alphabet, *continuation]
   ids = {t: i for i, t in enumerate(tokens)}
+  allowed = set(alphabet)
   words, weights = [], []
   for word, n in counts.items():
     # Characters outside the alphabet are dropped; only the word's first one is initial.
@@ -327,31 +319,11 @@ def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
       continue
     if current < max(min_frequency, 1):
       break
-    second = tokens[b]
-    merged = tokens[a] + second.removeprefix(prefix)
+    merged = tokens[a] + tokens[b].removeprefix(prefix)
     if merged not in ids:
       ids[merged] = len(tokens)
       tokens.append(merged)
-    new = ids[merged]
-    changed: dict[tuple[int, int], int] = {}
-    for w in sorted(where.pop((a, b), ())):
-      pieces, n = words[w], weights[w]
-      if (a, b) not in itertools.pairwise(pieces):
-        continue
-      for pair in itertools.pairwise(pieces):
-        changed[pair] = changed.get(pair, 0) - n
-      out, i = [], 0
-      while i < len(pieces):
-        if i + 1 < len(pieces) and pieces[i] == a and pieces[i + 1] == b:
-          out.append(new)
-          i += 2
-        else:
-          out.append(pieces[i])
-          i += 1
-      words[w] = out
-      for pair in itertools.pairwise(out):
-        changed[pair] = changed.get(pair, 0) + n
-        where.setdefault(pair, set()).add(w)
+    changed = _apply_merge(words, weights, where, (a, b), ids[merged])
     for pair, delta in changed.items():
       if delta:
         pair_counts[pair] = pair_counts.get(pair, 0) + delta
@@ -359,6 +331,54 @@ def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
           heapq.heappush(heap, (-pair_counts[pair], *pair))
     pair_counts.pop((a, b), None)
   return tokens
+
+
+def _alphabet(counts: dict[str, int], limit_alphabet: int | None,
+              prefix: str) -> tuple[list[str], list[str]]:
+  """The initial tokens: the alphabet sorted (its `limit_alphabet` most frequent characters,
+  ties by character), and the sorted continuation forms (`prefix` + character) that occur."""
+  chars: dict[str, int] = {}
+  for word, n in counts.items():
+    for c in word:
+      chars[c] = chars.get(c, 0) + n
+  alphabet = sorted(chars)
+  if limit_alphabet is not None and len(alphabet) > limit_alphabet:
+    kept = sorted(chars, key=lambda c: (-chars[c], c))[:limit_alphabet]
+    alphabet = sorted(kept)
+  allowed = set(alphabet)
+  continuation = sorted({prefix + c for word in counts for c in word[1:] if c in allowed})
+  return alphabet, continuation
+
+
+def _apply_merge(words: list[list[int]], weights: list[int],
+                 where: dict[tuple[int, int], set[int]], pair: tuple[int, int],
+                 new: int) -> dict[tuple[int, int], int]:
+  """Replaces `pair` by `new` in every word that holds it (updating `words` and `where`).
+
+  Returns:
+    The change of each adjacent pair's weighted count.
+  """
+  a, b = pair
+  changed: dict[tuple[int, int], int] = {}
+  for w in sorted(where.pop(pair, ())):
+    pieces, n = words[w], weights[w]
+    if pair not in itertools.pairwise(pieces):
+      continue
+    for p in itertools.pairwise(pieces):
+      changed[p] = changed.get(p, 0) - n
+    out, i = [], 0
+    while i < len(pieces):
+      if i + 1 < len(pieces) and pieces[i] == a and pieces[i + 1] == b:
+        out.append(new)
+        i += 2
+      else:
+        out.append(pieces[i])
+        i += 1
+    words[w] = out
+    for p in itertools.pairwise(out):
+      changed[p] = changed.get(p, 0) + n
+      where.setdefault(p, set()).add(w)
+  return changed
 
 
 def train_wordpiece(

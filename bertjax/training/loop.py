@@ -164,182 +164,262 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
       is kept (and the failing update is not applied).
   """
   objective = objectives_lib.resolve(data.config.objective if objective is None else objective)
-  two_models = any(hasattr(o, "init_model") for o in objective)
-  if two_models and train.stacking:
+  stages, configs = _check_run(config, data, train, objective)
+  tx, schedule = train.make_optimizer()
+  mesh = None if train.mesh_shape is None else sharding.make_mesh(*train.mesh_shape)
+  out_dir, ckpt = _open_checkpointer(train, resume)
+  restored = (_restore(ckpt, configs, data, train, objective, tx)
+              if resume and ckpt is not None else None)
+  if restored is None:
+    stage, state = 0, _fresh_state(configs, train, objective, tx, params)
+  else:
+    stage, state = restored
+  step = int(state.step)
+  if data.step != step:
+    raise ValueError(f"data iterator is at step {data.step} but training is at step {step}")
+
+  extra = _checkpoint_extra(train, objective)
+  step_fn = _step_functions(train, tx, schedule, objective, mesh)
+  state = _place(state, mesh)
+  logs = _RunLog(out_dir, train, step, resumed=restored is not None)
+  start_step, t_start = step, time.perf_counter()
+  tokens_total, last_saved = 0, ckpt.latest_step() if ckpt else None
+  try:
+    while step < train.steps:
+      stage, state = _grow_to(step, stage, state, stages, configs, train, mesh)
+      state, metrics, tokens, seconds = _train_step(step_fn, configs[stage], state, data, mesh)
+      tokens_total += tokens
+      if not metrics["finite"]:
+        raise _non_finite_error(metrics, step, stage, ckpt)
+      step += 1
+      logs.add(_step_record(step, stage, configs[stage], metrics, tokens, seconds))
+      due = ckpt is not None and (ckpt.should_save(step) or step == train.steps)
+      if due and ckpt.save(step, state, config=configs[stage], data_state=data.state(),
+                           stage=stage, extra=extra, force=True):
+        last_saved = step
+  finally:
+    logs.close()
+    if ckpt is not None:
+      ckpt.close()
+  return _summary(logs.history, step=step, start_step=start_step, resumed=restored is not None,
+                  tokens=tokens_total, wall=time.perf_counter() - t_start,
+                  config=configs[stage], stage=stage, out_dir=out_dir, ckpt=ckpt,
+                  last_saved=last_saved)
+
+
+# The steps of `pretrain` -------------------------------------------------------------------
+
+
+def _owns_models(objective) -> bool:
+  """Whether an objective trains its own model pair (ELECTRA's generator and discriminator)."""
+  return any(hasattr(o, "init_model") for o in objective)
+
+
+def _check_run(config: BertConfig, data, train: TrainConfig, objective):
+  """The stacking stages and their configs, once data, config and objectives are checked."""
+  if _owns_models(objective) and train.stacking:
     raise ValueError(f"stacking={train.stacking!r} is not supported with objectives that "
                      f"train their own model pair ({[type(o).__name__ for o in objective]})")
   stages, configs = _stage_configs(config, train)
-  boundaries = stacking.stage_boundaries(stages)
   if data.config.max_seq_len > config.max_position_embeddings:
     raise ValueError(f"data max_seq_len={data.config.max_seq_len} exceeds "
                      f"max_position_embeddings={config.max_position_embeddings}")
   if getattr(data, "batch_size", train.batch_size) != train.batch_size:
     raise ValueError(f"data batch_size={data.batch_size} must equal the train batch_size="
                      f"{train.batch_size}")
-  tx, schedule = train.make_optimizer()
-  heads = objectives_lib.heads_of(objective)
-  mesh = None if train.mesh_shape is None else sharding.make_mesh(*train.mesh_shape)
+  return stages, configs
 
-  out_dir = pathlib.Path(train.output_dir) if train.output_dir else None
-  ckpt = None
-  if out_dir is not None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt = ckpt_lib.Checkpointer(out_dir / "checkpoints", max_to_keep=train.keep,
-                                 save_every=train.checkpoint_every,
-                                 async_save=train.async_checkpoint)
-  elif resume:
-    raise ValueError("resume=True needs train.output_dir")
+
+def _open_checkpointer(train: TrainConfig, resume: bool):
+  """`(output directory, checkpointer)`, both None when the run keeps nothing."""
+  if not train.output_dir:
+    if resume:
+      raise ValueError("resume=True needs train.output_dir")
+    return None, None
+  out_dir = pathlib.Path(train.output_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  return out_dir, ckpt_lib.Checkpointer(out_dir / "checkpoints", max_to_keep=train.keep,
+                                        save_every=train.checkpoint_every,
+                                        async_save=train.async_checkpoint)
+
+
+def _restore(ckpt, configs, data, train: TrainConfig, objective, tx):
+  """`(stage, state)` of the newest good checkpoint, `data` moved to its position; or None."""
 
   def template(meta):
     cfg = ckpt_lib.config_from_json(meta["config"])
     return jax.eval_shape(lambda: create_train_state(init_for_objectives(cfg, 0, objective),
                                                      tx, train.seed))
 
-  stage, state, restored = 0, None, None
-  if resume and ckpt is not None:
-    restored = ckpt.restore_latest(template)
-  if restored is not None:
-    state, meta = restored
-    stage = meta["stage"]
-    saved = ckpt_lib.config_from_json(meta["config"])
-    if saved.num_hidden_layers != configs[stage].num_hidden_layers:
-      raise ValueError(f"checkpoint stage {stage} config does not match the stacking schedule "
-                       f"{train.stacking!r}")
-    data.set_state(meta["data_state"])
-    log.info("resumed from step %d (stage %d) in %s", int(state.step), stage, ckpt.directory)
-  else:
-    if params is None:
-      params = init_for_objectives(configs[0], train.seed, objective)
-    depth = (jax.tree.leaves(params["encoder"]["layers"])[0].shape[0] if not two_models
-             else configs[0].num_param_layers)
-    if depth != configs[0].num_param_layers:
-      raise ValueError(f"initial params have {depth} stacked layers but the first stage needs "
-                       f"{configs[0].num_param_layers} (stacking={train.stacking!r})")
-    missing = [h for h in heads if h not in params]
-    if missing:
-      raise ValueError(f"initial params lack the heads {missing} needed for objectives "
-                       f"{[o.name for o in objective]}")
-    state = create_train_state(params, tx, train.seed)
-  step = int(state.step)
-  if data.step != step:
-    raise ValueError(f"data iterator is at step {data.step} but training is at step {step}")
+  restored = ckpt.restore_latest(template)
+  if restored is None:
+    return None
+  state, meta = restored
+  stage = meta["stage"]
+  saved = ckpt_lib.config_from_json(meta["config"])
+  if saved.num_hidden_layers != configs[stage].num_hidden_layers:
+    raise ValueError(f"checkpoint stage {stage} config does not match the stacking schedule "
+                     f"{train.stacking!r}")
+  data.set_state(meta["data_state"])
+  log.info("resumed from step %d (stage %d) in %s", int(state.step), stage, ckpt.directory)
+  return stage, state
 
-  history: list[dict] = []
-  jsonl = None
-  # With several processes (multi-host) only process 0 writes logs and shows progress.
-  primary = jax.process_index() == 0
-  if out_dir is not None and primary:
-    path = out_dir / "metrics.jsonl"
-    history = [r for r in _read_jsonl(path) if r["step"] <= step] if restored else []
-    path.write_text("".join(json.dumps(r) + "\n" for r in history))
-    jsonl = open(path, "a")  # noqa: SIM115 (closed in the finally below)
-  events = EventWriter(out_dir / "tensorboard") if out_dir is not None and primary else None
 
-  # What the checkpoints record beside the run's settings: objectives that train their own
-  # models (ELECTRA) add what rebuilding them needs (the generator's config).
+def _fresh_state(configs, train: TrainConfig, objective, tx, params):
+  """The state at step 0, from `params` (checked against the first stage) or fresh ones."""
+  if params is None:
+    params = init_for_objectives(configs[0], train.seed, objective)
+  depth = (jax.tree.leaves(params["encoder"]["layers"])[0].shape[0]
+           if not _owns_models(objective) else configs[0].num_param_layers)
+  if depth != configs[0].num_param_layers:
+    raise ValueError(f"initial params have {depth} stacked layers but the first stage needs "
+                     f"{configs[0].num_param_layers} (stacking={train.stacking!r})")
+  missing = [h for h in objectives_lib.heads_of(objective) if h not in params]
+  if missing:
+    raise ValueError(f"initial params lack the heads {missing} needed for objectives "
+                     f"{[o.name for o in objective]}")
+  return create_train_state(params, tx, train.seed)
+
+
+def _checkpoint_extra(train: TrainConfig, objective) -> dict[str, Any]:
+  """What the checkpoints record beside the run's settings: objectives that train their own
+  models (ELECTRA) add what rebuilding them needs (the generator's config)."""
   extra = {"train": dataclasses.asdict(train)}
   for o in objective:
     extra.update(o.checkpoint_meta() if hasattr(o, "checkpoint_meta") else {})
-  steps_cache: dict[tuple, Any] = {}
+  return extra
+
+
+def _step_functions(train: TrainConfig, tx, schedule, objective, mesh):
+  """`step_fn(config, state)`: a stage's train step, built once per config."""
+  cache: dict[tuple, Any] = {}
 
   def step_fn(cfg, st):
     key = (cfg, None if mesh is None else id(mesh))
-    if key not in steps_cache:
+    if key not in cache:
       shard_kw = {}
       if mesh is not None:
         shard_kw = {"state_sharding": sharding.state_shardings(st, mesh),
                     "batch_sharding": sharding.batch_sharding(mesh)}
-      steps_cache[key] = make_train_step(
+      cache[key] = make_train_step(
           cfg.replace(dtype=train.dtype), tx, schedule, task="pretrain", objective=objective,
           accumulation_steps=train.accumulation_steps, **shard_kw)
-    return steps_cache[key]
+    return cache[key]
 
-  def place(st):
-    return st if mesh is None else sharding.shard_state(st, mesh)[0]
+  return step_fn
 
-  state = place(state)
-  bar = None
-  if train.progress and primary:
-    from tqdm.auto import tqdm
-    bar = tqdm(total=train.steps, initial=step, desc="pretrain", dynamic_ncols=True)
 
-  start_step, t_start = step, time.perf_counter()
-  tokens_total, last_saved = 0, ckpt.latest_step() if ckpt else None
-  try:
-    while step < train.steps:
-      while stage < len(stages) - 1 and step >= boundaries[stage]:
-        new_cfg, p, o = stacking.grow(state.params, state.opt_state, configs[stage],
-                                      stages[stage + 1].layers, train.reset_moments)
-        stage += 1
-        state = place(state.replace(params=p, opt_state=o))
-        log.info("step %d: stacked to %d layers", step, new_cfg.num_hidden_layers)
-      batch = next(data)  # the global batch (every process iterates the same data)
-      tokens = int(np.asarray(batch["attention_mask"]).sum())
-      t0 = time.perf_counter()
-      if mesh is not None:
-        batch = sharding.shard_batch(batch, mesh)
-      state, metrics = step_fn(configs[stage], state)(state, batch)
-      metrics = jax.device_get(metrics)
-      dt = time.perf_counter() - t0
-      tokens_total += tokens
-      if not metrics["finite"]:
-        if ckpt is not None:
-          ckpt.wait()
-        where = (f"the last good checkpoint is step {ckpt.latest_step()} in {ckpt.directory}"
-                 if ckpt is not None and ckpt.latest_step() is not None else
-                 "no checkpoint was written")
-        raise FloatingPointError(
-            f"non-finite loss={float(metrics['loss'])} / grad_norm="
-            f"{float(metrics['grad_norm'])} at step {step + 1} (stage {stage}); training "
-            f"stopped without applying it; {where}")
-      step += 1
-      record = {"step": step, "stage": stage, "layers": configs[stage].num_hidden_layers}
-      record.update({k: float(v) for k, v in metrics.items() if k != "finite"})
-      record["tokens_per_s"] = tokens / max(dt, 1e-9)
-      history.append(record)
-      if jsonl is not None:
-        jsonl.write(json.dumps(record) + "\n")
-        jsonl.flush()
-      if events is not None:
-        events.scalars(step, {k: v for k, v in record.items() if k != "step"})
-      if bar is not None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{record['loss']:.4f}",
-                        mlm=f"{record.get('mlm_loss', math.nan):.4f}",
-                        tok_s=f"{record['tokens_per_s']:.0f}", L=record["layers"])
-      due = ckpt is not None and (ckpt.should_save(step) or step == train.steps)
-      if due and ckpt.save(step, state, config=configs[stage], data_state=data.state(),
-                           stage=stage, extra=extra, force=True):
-        last_saved = step
-  finally:
-    if bar is not None:
-      bar.close()
-    if jsonl is not None:
-      jsonl.close()
-    if events is not None:
-      events.close()
-    if ckpt is not None:
-      ckpt.close()
+def _place(state, mesh):
+  return state if mesh is None else sharding.shard_state(state, mesh)[0]
 
-  wall = time.perf_counter() - t_start
+
+def _grow_to(step: int, stage: int, state, stages, configs, train: TrainConfig, mesh):
+  """`(stage, state)` after growing through every stacking boundary at or before `step`."""
+  boundaries = stacking.stage_boundaries(stages)
+  while stage < len(stages) - 1 and step >= boundaries[stage]:
+    new_cfg, p, o = stacking.grow(configs[stage], state.params, state.opt_state,
+                                  stages[stage + 1].layers, train.reset_moments)
+    stage += 1
+    state = _place(state.replace(params=p, opt_state=o), mesh)
+    log.info("step %d: stacked to %d layers", step, new_cfg.num_hidden_layers)
+  return stage, state
+
+
+def _train_step(step_fn, config: BertConfig, state, data, mesh):
+  """One optimizer step on the next global batch: `(state, metrics, real tokens, seconds)`."""
+  batch = next(data)  # the global batch (every process iterates the same data)
+  tokens = int(np.asarray(batch["attention_mask"]).sum())
+  t0 = time.perf_counter()
+  if mesh is not None:
+    batch = sharding.shard_batch(batch, mesh)
+  state, metrics = step_fn(config, state)(state, batch)
+  metrics = jax.device_get(metrics)
+  return state, metrics, tokens, time.perf_counter() - t0
+
+
+def _non_finite_error(metrics, step: int, stage: int, ckpt) -> FloatingPointError:
+  """The error for a non-finite step, naming the last good checkpoint once saves are done."""
+  if ckpt is not None:
+    ckpt.wait()
+  where = (f"the last good checkpoint is step {ckpt.latest_step()} in {ckpt.directory}"
+           if ckpt is not None and ckpt.latest_step() is not None else
+           "no checkpoint was written")
+  return FloatingPointError(
+      f"non-finite loss={float(metrics['loss'])} / grad_norm="
+      f"{float(metrics['grad_norm'])} at step {step + 1} (stage {stage}); training "
+      f"stopped without applying it; {where}")
+
+
+def _step_record(step: int, stage: int, config: BertConfig, metrics, tokens: int,
+                 seconds: float) -> dict[str, Any]:
+  """The log record of a finished step."""
+  record = {"step": step, "stage": stage, "layers": config.num_hidden_layers}
+  record.update({k: float(v) for k, v in metrics.items() if k != "finite"})
+  record["tokens_per_s"] = tokens / max(seconds, 1e-9)
+  return record
+
+
+class _RunLog:
+  """Where step records go: the history, metrics.jsonl, TensorBoard and a progress bar.
+
+  With several processes (multi-host) only process 0 writes logs and shows progress.
+  A resumed run keeps the records of metrics.jsonl up to its step; a new one starts it anew.
+  """
+
+  def __init__(self, out_dir: pathlib.Path | None, train: TrainConfig, step: int, *,
+               resumed: bool):
+    primary = jax.process_index() == 0
+    self.history: list[dict] = []
+    self._jsonl = self._events = self._bar = None
+    if out_dir is not None and primary:
+      path = out_dir / "metrics.jsonl"
+      self.history = [r for r in _read_jsonl(path) if r["step"] <= step] if resumed else []
+      path.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+      self._jsonl = open(path, "a")  # noqa: SIM115 (closed in close())
+      self._events = EventWriter(out_dir / "tensorboard")
+    if train.progress and primary:
+      from tqdm.auto import tqdm
+      self._bar = tqdm(total=train.steps, initial=step, desc="pretrain", dynamic_ncols=True)
+
+  def add(self, record: dict[str, Any]) -> None:
+    self.history.append(record)
+    if self._jsonl is not None:
+      self._jsonl.write(json.dumps(record) + "\n")
+      self._jsonl.flush()
+    if self._events is not None:
+      self._events.scalars(record["step"], {k: v for k, v in record.items() if k != "step"})
+    if self._bar is not None:
+      self._bar.update(1)
+      self._bar.set_postfix(loss=f"{record['loss']:.4f}",
+                            mlm=f"{record.get('mlm_loss', math.nan):.4f}",
+                            tok_s=f"{record['tokens_per_s']:.0f}", L=record["layers"])
+
+  def close(self) -> None:
+    for f in (self._bar, self._jsonl, self._events):
+      if f is not None:
+        f.close()
+
+
+def _summary(history: list[dict], *, step: int, start_step: int, resumed: bool, tokens: int,
+             wall: float, config: BertConfig, stage: int, out_dir, ckpt,
+             last_saved) -> dict[str, Any]:
+  """What `pretrain` returns."""
   losses = [r["loss"] for r in history]
-  summary = {
+  return {
       "steps": step,
       "steps_this_run": step - start_step,
-      "resumed_from": None if restored is None else start_step,
+      "resumed_from": start_step if resumed else None,
       "first_loss": losses[0] if losses else math.nan,
       "final_loss": losses[-1] if losses else math.nan,
       "first_mlm_loss": history[0].get("mlm_loss", math.nan) if history else math.nan,
       "final_mlm_loss": history[-1].get("mlm_loss", math.nan) if history else math.nan,
-      "tokens_this_run": tokens_total,
+      "tokens_this_run": tokens,
       "wall_time_s": wall,
-      "tokens_per_s": tokens_total / max(wall, 1e-9),
-      "num_hidden_layers": configs[stage].num_hidden_layers,
+      "tokens_per_s": tokens / max(wall, 1e-9),
+      "num_hidden_layers": config.num_hidden_layers,
       "stage": stage,
       "output_dir": None if out_dir is None else str(out_dir),
       "checkpoint_dir": None if ckpt is None else str(ckpt.directory),
       "last_checkpoint": last_saved,
       "history": history,
   }
-  return summary
-

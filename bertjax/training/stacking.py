@@ -98,15 +98,18 @@ def _under_layers(path) -> bool:
   return any(a == "encoder" and b == "layers" for a, b in itertools.pairwise(names))
 
 
-def grow(params: Any, opt_state: Any, config: BertConfig, new_layers: int,
+def grow(config: BertConfig, params: Any, opt_state: Any, new_layers: int,
          reset_moments: bool = False) -> tuple[BertConfig, Any, Any]:
   """Deepens a BERT model by stacking its layers on themselves.
 
+  It returns a whole model, so it takes the `(config, params)` pair first, as
+  `prune_heads` does (README, "One argument order").
+
   Args:
+    config: the current config (model_type "bert").
     params: parameters with `encoder/layers` stacked on a leading axis of
       `config.num_hidden_layers`.
     opt_state: the optax state for `params` (may be None).
-    config: the current config (model_type "bert").
     new_layers: the new depth, > `config.num_hidden_layers`.
     reset_moments: zero every floating-point leaf of the optimizer state
       (Adam's first and second moments) instead of copying it; integer leaves
@@ -115,6 +118,9 @@ def grow(params: Any, opt_state: Any, config: BertConfig, new_layers: int,
   Returns:
     `(new_config, new_params, new_opt_state)`.
   """
+  if not isinstance(config, BertConfig):
+    raise TypeError(f"grow takes (config, params, opt_state, new_layers); its first argument "
+                    f"is a {type(config).__name__}, not a BertConfig")
   if config.model_type != "bert" or config.num_param_layers != config.num_hidden_layers:
     raise ValueError(
         f"progressive stacking needs one parameter set per layer (BERT); got model_type="

@@ -1,0 +1,44 @@
+"""The pieces every token-attribution method shares.
+
+Inputs checked, the padding mask, and the model's named sites captured in the analysis
+dtype (float32, or float64 for a float64 config). Used by `bertjax.analysis.attribution`
+(the methods that decompose the encoder blocks) and `bertjax.analysis.attribution_gradients`
+(gradients and the logit lens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.config import BertConfig
+from bertjax.functional import check_inputs, forward
+from bertjax.model import compute_dtype
+
+Params = dict[str, Any]
+
+
+def _analysis_dtype(config: BertConfig):
+  return jnp.promote_types(compute_dtype(config), jnp.float32)
+
+
+def _mask(input_ids, attention_mask):
+  if attention_mask is None:
+    return jnp.ones(np.shape(input_ids), bool)
+  return jnp.asarray(attention_mask) > 0
+
+
+def _check(config: BertConfig, input_ids, attention_mask, token_type_ids) -> None:
+  check_inputs(config, input_ids, attention_mask, token_type_ids)
+
+
+def _captured(params, config, input_ids, attention_mask, token_type_ids, sites):
+  out = forward(params, config, input_ids, attention_mask, token_type_ids, capture=sites)
+  dtype = _analysis_dtype(config)
+  cache = {k: v.astype(dtype) for k, v in out.cache.items()}
+  if "embeddings" in cache and "out" in cache:
+    # Each block's input: the embeddings, then the previous block's output.
+    cache["x"] = jnp.concatenate([cache["embeddings"][None], cache["out"][:-1]])  # (L, B, T, H)
+  return cache
