@@ -1,5 +1,7 @@
 """Installed layout: the top-level kernels/ directory is the package bertjax.kernels."""
 
+import ast
+import pathlib
 import subprocess
 import sys
 
@@ -20,32 +22,48 @@ def test_kernels_install_as_bertjax_kernels(tmp_path):
   assert run.stdout.split() == ["bertjax.kernels", "None"]  # no bare `kernels` name claimed
 
 
-def _import_graph(package_dir, package):
-  """Module -> the package's modules it imports (top level or inside functions)."""
-  import ast
-  import pathlib
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# The installed library: bertjax/ and the top-level kernels/ (installed as bertjax.kernels).
+LIBRARY = ((REPO / "bertjax", "bertjax"), (REPO / "kernels", "bertjax.kernels"))
+# Readability limits (issue 18): no library file over ~700 lines, no function whose code
+# (its docstring aside) runs over ~80 lines in the library, the experiments or the benchmarks.
+MAX_FILE_LINES = 700
+MAX_FUNCTION_LINES = 80
 
+
+def _module_files(roots) -> dict[str, pathlib.Path]:
+  files = {}
+  for root, package in roots:
+    for path in sorted(pathlib.Path(root).rglob("*.py")):
+      parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+      files[".".join([package, *parts])] = path
+  return files
+
+
+def _import_graph(roots):
+  """Module -> the modules of `roots` it imports, at the top or inside functions.
+
+  `from pkg import name` depends on the submodule `pkg.name` when there is one, else on
+  `pkg` itself (its `__init__`, which may import the module back).
+  """
+  files = _module_files(roots)
   graph = {}
-  for path in pathlib.Path(package_dir).rglob("*.py"):
-    rel = path.relative_to(package_dir).with_suffix("")
-    parts = [p for p in rel.parts if p != "__init__"]
-    name = ".".join([package, *parts])
+  for name, path in files.items():
     is_pkg = path.name == "__init__.py"
     edges = set()
     for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.ImportFrom):
+        target = node.module or ""
         if node.level:
-          base = name.split(".")[: len(name.split(".")) - node.level + (1 if is_pkg else 0)]
+          parts = name.split(".")
+          base = parts[: len(parts) - node.level + (1 if is_pkg else 0)]
           target = ".".join(base + ([node.module] if node.module else []))
-        else:
-          target = node.module or ""
-        for alias in node.names:
-          edges.add(f"{target}.{alias.name}")
-        edges.add(target)
+        subs = {f"{target}.{a.name}" for a in node.names} & files.keys()
+        edges |= subs if len(subs) == len(node.names) else subs | {target}
       elif isinstance(node, ast.Import):
         edges.update(a.name for a in node.names)
-    graph[name] = edges
-  return {m: {e for e in es if e in graph and e != m} for m, es in graph.items()}
+    graph[name] = {e for e in edges if e in files and e != name}
+  return graph
 
 
 def _cycle(graph):
@@ -73,12 +91,55 @@ def _cycle(graph):
   return None
 
 
-def test_kernels_have_no_import_cycle():
-  import pathlib
+def test_library_has_no_import_cycle():
+  graph = _import_graph(LIBRARY)
+  assert {"bertjax.kernels.reference", "bertjax.analysis.patching", "bertjax.report"} <= set(graph)
+  assert _cycle(graph) is None, _cycle(graph)
 
-  repo = pathlib.Path(__file__).resolve().parents[1]
-  graph = _import_graph(repo / "kernels", "bertjax.kernels")
-  graph = {m: {e for e in es if not (m == "bertjax.kernels" or e == "bertjax.kernels")}
-           for m, es in graph.items()}  # the package's __init__ re-exports its modules
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
+  pkg = tmp_path / "pkg"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text("")
+  (pkg / "a.py").write_text("from pkg import b\n")
+  (pkg / "b.py").write_text("def f():\n  from pkg.a import g\n  return g\n")
+  (pkg / "c.py").write_text("from pkg import a\n")
+  graph = _import_graph([(pkg, "pkg")])
+  assert graph["pkg.c"] == {"pkg.a"}
+  assert _cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+def _function_lengths(path: pathlib.Path):
+  """(name, first line, lines of code without the docstring) of every function in a file."""
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      lines = node.end_lineno - node.lineno + 1
+      first = node.body[0]
+      if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+          and isinstance(first.value.value, str)):
+        lines -= first.end_lineno - first.lineno + 1
+      yield node.name, node.lineno, lines
+
+
+def test_library_files_stay_under_the_size_limit():
+  long = {str(p.relative_to(REPO)): n for p in _module_files(LIBRARY).values()
+          if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
+  assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
+
+
+def test_functions_stay_under_the_length_limit(tmp_path):
+  roots = [REPO / d for d in ("bertjax", "kernels", "experiments", "benchmarks")]
+  long = [f"{p.relative_to(REPO)}:{line} {name} ({n} lines)"
+          for root in roots for p in sorted(root.rglob("*.py"))
+          for name, line, n in _function_lengths(p) if n > MAX_FUNCTION_LINES]
+  assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code: {long}"
+  # The measure itself: a docstring does not count, every other line does.
+  body = "\n".join(f"  x{i} = {i}" for i in range(81))
+  (tmp_path / "m.py").write_text(f'def f():\n  """Doc.\n\n  More.\n  """\n{body}\n')
+  assert list(_function_lengths(tmp_path / "m.py")) == [("f", 1, 82)]
+
+
+def test_kernels_have_no_import_cycle():
+  graph = _import_graph([(REPO / "kernels", "bertjax.kernels")])
   assert "bertjax.kernels.reference" in graph
   assert _cycle(graph) is None, _cycle(graph)
