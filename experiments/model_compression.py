@@ -67,16 +67,12 @@ LABELS = {"teacher": "teacher (MiniLM-L6, fine-tuned)", "distilled_3l": "DistilB
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-  """Data, training and timing sizes of one run."""
+class Scale(common.Scale):
+  """Data, training and timing sizes of one run (the budget: `common.Scale`)."""
 
   max_len: int
   max_sentences: int | None
   eval_fraction: float
-  steps: int
-  batch: int
-  lr: float
-  warmup: int
   temperature: float
   alpha: float
   time_batch: int
@@ -276,15 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   from bertjax.training import distill
   from bertjax.training import finetune as F
 
-  sc = SMOKE if args.smoke else FULL
-  if args.steps is not None:
-    if args.steps < 1:
-      raise ValueError(f"--steps={args.steps} must be >= 1")
-    sc = dataclasses.replace(sc, steps=args.steps, warmup=args.steps // 10)
+  sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
   if args.smoke:
-    from stacking import smoke_compilation_cache
-
-    smoke_compilation_cache()
+    common.smoke_compilation_cache()
   sys.path.insert(0, str(common.REPO / "benchmarks"))
   from bench_forward import cpu_info
 

@@ -73,22 +73,16 @@ TARGET_RATIO = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-  """Model, data and optimisation sizes of one run of the experiment."""
+class Scale(common.PretrainScale):
+  """Model, data and optimisation sizes of one run (`common.PretrainScale`), and the runs'.
 
-  layers: int
-  hidden: int
-  heads: int
-  ffn: int
-  vocab: int
-  seq_len: int
-  batch: int
-  steps: int
-  lr: float
-  warmup: int
-  max_lines: int | None
-  eval_batches: int
-  window: int
+  Attributes:
+    repeats: 1: baseline, stacked; 2: baseline, stacked, stacked, baseline (ABBA).
+    rounds: steps of each depth timed in turns after the runs.
+    shallow: the depth of the stacked run's first stage.
+    shallow_fraction: the share of the steps trained at that depth.
+  """
+
   repeats: int
   rounds: int
   shallow: int
@@ -522,13 +516,6 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
 # Main -----------------------------------------------------------------------
 
 
-def smoke_compilation_cache() -> None:
-  """Turns on JAX's persistent compilation cache (for `--smoke` runs only)."""
-  path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
-  jax.config.update("jax_compilation_cache_dir", str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-
 def _holds(ratios: Sequence[float | None]) -> str:
   """'yes' if every estimate is <= 0.8; 'partly' if reached and some <= 0.8 or all < 1."""
   if any(r is None for r in ratios):
@@ -556,19 +543,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
   import bertjax
-  from bertjax.training import loop
 
   sc = SMOKE if args.smoke else GPU if args.scale == "gpu" else FULL
   prefix = NAME if args.scale == "cpu" else f"{NAME}_gpu"
   where = "" if args.scale == "cpu" else f"on {jax.devices()[0].device_kind}, "
-  if args.steps is not None:
-    if args.steps < 10:
-      raise ValueError(f"--steps={args.steps} must be >= 10")
-    sc = dataclasses.replace(sc, steps=args.steps, warmup=max(1, args.steps // 10))
+  sc = sc.with_steps(args.steps, minimum=10)
   if args.repeats is not None:
     sc = dataclasses.replace(sc, repeats=args.repeats)
   if args.smoke:
-    smoke_compilation_cache()
+    common.smoke_compilation_cache()
   timings: dict[str, float] = {}
   with common.timed(timings, "data"):
     root = common.data_dir(args.data_dir, "wikitext2_tokens")
@@ -578,8 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,
                               num_hidden_layers=sc.layers, num_attention_heads=sc.heads,
                               intermediate_size=sc.ffn, max_position_embeddings=sc.seq_len)
-  train = loop.TrainConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
-                           warmup_steps=sc.warmup, decay="linear", seed=args.seed)
+  train = sc.train_config(args.seed)
   shallow_steps = round(sc.steps * sc.shallow_fraction)
   schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
   load_start = os.getloadavg()
