@@ -23,8 +23,9 @@ score, retained score, speed-up) on models this machine trains in minutes:
   teacher's soft targets add);
 * `shared_6l` (ALBERT-style): 6 layers of one shared parameter set
   (`model_type="albert"`, `num_hidden_groups=1`, E = H with an identity E -> H map),
-  the shared layer initialised from the teacher's block `--shared-layer` + 1 (the flag
-  counts from 0; default 2, i.e. block 3),
+  the shared layer initialised from the teacher's block `--shared-layer` (1..L, as
+  everywhere in the project; default 3; result files written while the flag counted from
+  0 record `shared_layer: 2` for block 3),
   embeddings and head copied, distilled as `distilled_3l`;
 * `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
   int8 linear layers, `bertjax.quantize`), no retraining.
@@ -95,12 +96,23 @@ def smoke_teacher_config(vocab_size: int):
                             max_position_embeddings=64)
 
 
-def shared_from_teacher(t_config, t_params, layer: int):
-  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `layer`.
+def check_block(block: int, depth: int) -> None:
+  """Raises a ValueError unless `block` (`--shared-layer`) names one of blocks 1..`depth`."""
+  if not 1 <= block <= depth:
+    raise ValueError(f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, "
+                     "counted from 1)")
+
+
+def shared_from_teacher(t_config, t_params, block: int):
+  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `block`.
 
   Embeddings (with an identity E -> H projection, E = H), the shared layer and the
-  task head are copied, so before training it computes the teacher's layer `layer`
+  task head are copied, so before training it computes the teacher's block `block`
   `depth` times over.
+
+  Args:
+    t_config, t_params: the teacher (a BERT without sharing, with a token classifier).
+    block: the teacher's block to share, counted from 1 (1..L, as `--shared-layer`).
 
   Returns:
     `(config, params)`.
@@ -111,8 +123,7 @@ def shared_from_teacher(t_config, t_params, layer: int):
     raise ValueError(f"a shared-layer model is built from a BERT teacher without sharing; got "
                      f"model_type={t_config.model_type!r}, "
                      f"num_param_layers={t_config.num_param_layers}")
-  if not 0 <= layer < t_config.num_hidden_layers:
-    raise ValueError(f"--shared-layer {layer} must be in [0, {t_config.num_hidden_layers})")
+  check_block(block, t_config.num_hidden_layers)
   config = t_config.replace(model_type="albert", embedding_size=t_config.hidden_size,
                             num_hidden_groups=1, inner_group_num=1)
   fresh = bertjax.init(config, 0, heads=("token_classifier",))
@@ -129,7 +140,7 @@ def shared_from_teacher(t_config, t_params, layer: int):
                  "bias": jnp.zeros_like(sub["bias"])}
   params["embeddings"] = emb
   params["encoder"] = {**t_params["encoder"], "layers": jax.tree.map(
-      lambda a: a[layer:layer + 1], t_params["encoder"]["layers"])}
+      lambda a: a[block - 1:block], t_params["encoder"]["layers"])}
   params["token_classifier"] = t_params["token_classifier"]
   shapes = jax.tree.map(lambda a: a.shape, fresh)
   got = jax.tree.map(lambda a: a.shape, params)
@@ -264,8 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = common.parser(__doc__, model=False)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"fine-tuning steps of each trained model (default: {FULL.steps})")
-  parser.add_argument("--shared-layer", type=int, default=2,
-                      help="the teacher layer that initialises the shared layer (default: 2)")
+  parser.add_argument("--shared-layer", type=int, default=3,
+                      help="the teacher block (1..L) that initialises the shared layer "
+                           "(default: 3)")
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
   import bertjax
@@ -295,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   base = smoke_teacher_config(tok.vocab_size) if args.smoke else None
   t_config, t_params = F.prepare_model(task, len(tags), init_from=None if args.smoke else path,
                                        config=base, seed=args.seed, label_names=tags)
+  check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
   runs: dict[str, dict] = {}
   models: dict[str, tuple[Any, Any]] = {}
 
@@ -371,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       common.finding(
           "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
           "parameter count (ALBERT) but not the compute, at some cost in score.",
-          f"6 layers sharing one set (from teacher layer {args.shared_layer}, distilled): "
+          f"6 layers sharing one set (from teacher block {args.shared_layer}, distilled): "
           f"{sh['params'] / 1e6:.2f}M vs {counts['teacher'] / 1e6:.2f}M parameters "
           f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
           f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
