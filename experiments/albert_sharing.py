@@ -46,7 +46,7 @@ from typing import Any
 import common
 import jax
 import numpy as np
-from stacking import load_wikitext, trailing_mean, train_run
+from stacking import load_data, trailing_mean, train_run
 
 NAME = "albert_sharing"
 PAPER = "Lan et al. 2020"
@@ -239,11 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.smoke:
     common.smoke_compilation_cache()
   timings: dict[str, float] = {}
-  with common.timed(timings, "data"):
-    root = common.data_dir(args.data_dir, "wikitext2_tokens")
-    data = load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
-                         eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
-                         max_lines=sc.max_lines)
+  data = load_data(args, sc, timings)
   configs = model_configs(sc, data.corpus.vocab_size)
   params = {v: count_params(c, ("mlm",)) for v, c in configs.items()}
   base = base_size_counts()
