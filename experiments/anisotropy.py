@@ -240,8 +240,8 @@ def summarise(m: dict[str, np.ndarray], mv: dict, type_counts: np.ndarray, min_c
           "mev_occurrences": mv["occurrences"], "mev_definition": definition}
 
 
-def findings(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, model_name: str,
-             data_name: str, num_sentences: int, min_count: int) -> list[dict]:
+def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, model_name: str,
+                 data_name: str, num_sentences: int, min_count: int) -> list[dict]:
   """The Findings rows: anisotropy, its rise with depth, self-similarity's fall, MEV.
 
   Args:
@@ -353,8 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   timings)
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
-  rows = findings(m, summary, mv, args, model_name=model_name, data_name=path.name,
-                  num_sentences=len(sentences), min_count=min_count)
+  rows = finding_rows(m, summary, mv, args, model_name=model_name, data_name=path.name,
+                      num_sentences=len(sentences), min_count=min_count)
   figures = _figures(args.out, m, model_name, args.mev_definition)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")

@@ -427,7 +427,7 @@ def analyse(pre_params, params, config, held: dict[str, np.ndarray], special_ids
   return {"before": before, "after": after, "change": change, "acc": acc, "se": se}
 
 
-def findings(m: dict[str, Any], config, model_name: str, n_eval: int) -> list[dict]:
+def finding_rows(m: dict[str, Any], config, model_name: str, n_eval: int) -> list[dict]:
   """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
   from `analyse`'s measurements `m`."""
   before, after, change, acc, se = m["before"], m["after"], m["change"], m["acc"], m["se"]
@@ -513,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> None:
              f"{task.held['input_ids'].shape[1]}")
   params, run = finetune(config, pre_params, task, size, args.seed, timings)
   m = analyse(pre_params, params, config, task.held, [tok.cls_id, tok.sep_id], size, timings)
-  rows = findings(m, config, model_name, len(task.held["labels"]))
+  rows = finding_rows(m, config, model_name, len(task.held["labels"]))
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
 

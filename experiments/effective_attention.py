@@ -394,8 +394,8 @@ def summarise(sweep: dict[int, dict], lengths: list[int], head_dim: int, main: d
     "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"]))}
 
 
-def findings(summary: dict[str, Any], sweep: dict[int, dict], config, count: int,
-             length: int) -> list[dict]:
+def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count: int,
+                 length: int) -> list[dict]:
   """The Findings rows: the null space, the unchanged output, the mass on [CLS] and [SEP]."""
   head_dim, lengths = summary["head_dim"], summary["lengths"]
   null_dims = {n: sweep[n]["null_dim"] for n in lengths}
@@ -494,7 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   ex_ids = make_passages(stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id,
                          tok.sep_id, args.seed + 1)
   example = example_head(params, config, tok, main_r, ex_ids)
-  rows = findings(summary, sweep, config, count, length)
+  rows = finding_rows(summary, sweep, config, count, length)
   figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")

@@ -372,7 +372,8 @@ def table_rows(models: dict[str, tuple[Any, Any]], runs: dict[str, dict],
   return rows
 
 
-def findings(rows: dict[str, dict], majority: float, shared_layer: int, cpu: str) -> list[dict]:
+def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
+                 cpu: str) -> list[dict]:
   """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the table's rows.
 
   Args:
@@ -466,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "finetune": dataclasses.asdict(hp),
               "configs": {k: dataclasses.asdict(models[k][0]) for k in ROWS}}
   common.write_results(NAME, args.out, results,
-                       findings=findings(rows, majority, args.shared_layer, cpu["cpu"]),
+                       findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
                        settings=settings, smoke=args.smoke,
                        seconds=time.perf_counter() - t_start, figures=figures)
   return 0

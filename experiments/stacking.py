@@ -631,8 +631,9 @@ def variation_run(runs: list[dict], per_repeat: list[dict], config, data: Pretra
           "verdict": _holds([c["ratio"] for c in v_measured] + [v_priced["ratio"]])}
 
 
-def findings(runs: list[dict], est: dict[str, Any], verdict: str, variation: dict | None,
-             config, data: PretrainingData, sc: Scale, schedule: str, where: str) -> list[dict]:
+def finding_rows(runs: list[dict], est: dict[str, Any], verdict: str, variation: dict | None,
+                 config, data: PretrainingData, sc: Scale, schedule: str,
+                 where: str) -> list[dict]:
   """The Findings rows: the time to the baseline's loss, the final quality, and the
   variation's time when there was one."""
   base = [r for r in runs if r["label"].startswith("baseline")]
@@ -730,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
   figures = _figures(args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"],
                      base_total, prefix)
-  rows = findings(runs, est, verdict, variation, config, data, sc, schedule, where)
+  rows = finding_rows(runs, est, verdict, variation, config, data, sc, schedule, where)
   results = {
       "data": data.stats,
       "model": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
