@@ -120,39 +120,38 @@ def timed(fn):
   return out, time.perf_counter() - start
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  if args.prepare:
-    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    text = args.text or fetch.find("wikitext2_tokens") / "test.txt"
-    seqs = pack_wikitext(text, tok, args.sequences, args.max_len)
-    lengths = np.array([len(s) for s in seqs])
-    flat = np.concatenate([np.asarray(s, np.int32) for s in seqs])
-    np.savez_compressed(args.prepare, ids=flat, lengths=lengths)
-    print(f"wrote {args.prepare}: {len(seqs)} sequences, {lengths.sum()} tokens, "
-          f"lengths {lengths.min()}..{lengths.max()} (mean {lengths.mean():.1f})")
-    return None
+def prepare(args) -> None:
+  """`--prepare`: packs WikiText-2 with MiniLM's vocabulary and writes the ids."""
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  text = args.text or fetch.find("wikitext2_tokens") / "test.txt"
+  seqs = pack_wikitext(text, tok, args.sequences, args.max_len)
+  lengths = np.array([len(s) for s in seqs])
+  flat = np.concatenate([np.asarray(s, np.int32) for s in seqs])
+  np.savez_compressed(args.prepare, ids=flat, lengths=lengths)
+  print(f"wrote {args.prepare}: {len(seqs)} sequences, {lengths.sum()} tokens, "
+        f"lengths {lengths.min()}..{lengths.max()} (mean {lengths.mean():.1f})")
 
+
+def model_and_sequences(args):
+  """`(config, seqs)`: BERT-base's shape and the `--ids` sequences, or with `--smoke` a tiny
+  model and random ids (and one repeat of batches of 8)."""
   if args.smoke:
     config = bertjax.BertConfig.preset("tiny", vocab_size=30522, max_position_embeddings=128,
                                        attention_impl=args.impl, scan_unroll=args.scan_unroll)
     rng = np.random.default_rng(0)
     seqs = [list(rng.integers(5, 30522, rng.integers(8, 60))) for _ in range(24)]
     args.batch_size, args.repeats = 8, 1
-  else:
-    config = bertjax.BertConfig.preset("bert-base", dtype=args.dtype, attention_impl=args.impl,
-                                       scan_unroll=args.scan_unroll)
-    data = np.load(args.ids)
-    bounds = np.cumsum(np.r_[0, data["lengths"]])
-    seqs = [data["ids"][a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])][:args.sequences]
-  params = bertjax.init(config, 0)
-  batches = make_batches(seqs, args.batch_size)
-  shapes = sorted({tuple(b["input_ids"].shape) for b in batches})
-  warm = [next(b for b in batches if tuple(b["input_ids"].shape) == s) for s in shapes]
-  metric = ab.mean_embedding_cosine
-  real = sum(int(b["attention_mask"].sum()) for b in batches)
-  padded = sum(int(np.prod(b["input_ids"].shape)) for b in batches)
+    return config, seqs
+  config = bertjax.BertConfig.preset("bert-base", dtype=args.dtype, attention_impl=args.impl,
+                                     scan_unroll=args.scan_unroll)
+  data = np.load(args.ids)
+  bounds = np.cumsum(np.r_[0, data["lengths"]])
+  seqs = [data["ids"][a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])][:args.sequences]
+  return config, seqs
 
+
+def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
+  """The unit: one jitted forward pass plus the metric over all batches."""
   @jax.jit
   def forward_metric(p, b):
     x = bertjax.embed(p, config, b["input_ids"], b["token_type_ids"])
@@ -162,11 +161,72 @@ def main(argv=None):
   def forward_all(data):
     return [forward_metric(params, b) for b in data]
 
+  _, fwd_warm = timed(lambda: forward_all(warm))
+  fwd_times = [timed(lambda: forward_all(batches))[1] for _ in range(repeats)]
+  return {"wall_s": float(np.median(fwd_times)), "all_s": fwd_times, "compile_s": fwd_warm}
+
+
+def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, report: dict) -> dict:
+  """Times each `(name, strategy, chunk)` sweep of `methods` into `report[name]`; returns
+  name -> `ablation.AblationResult`."""
   sweep = lambda data, chunk, strategy="prefix": ab.ablation_sweep(
       params, config, data, metric, head_ablations=("scale",), include=("heads",),
       chunk_size=chunk, strategy=strategy)["scale"]
+  results = {}
+  for name, strategy, chunk in methods:
+    _, warm_s = timed(lambda: sweep(warm, chunk, strategy))
+    result, wall = timed(lambda: sweep(batches, chunk, strategy))
+    results[name] = result
+    report[name] = {"wall_s": wall, "vs_forward": wall / fwd, "warm_pass_s": warm_s}
+    print(f"{name}: {wall:.2f} s = {wall / fwd:.1f} forward passes (warm-up pass incl. "
+          f"compile {warm_s:.1f} s)", flush=True)
+  return results
+
+
+def time_importance(params, config, warm, batches, repeats: int) -> dict:
+  """Head importance (`head_importance`, token reconstruction loss) against one forward pass
+  with the same loss."""
   importance = lambda data: ab.head_importance(params, config, data,
                                                ab.token_reconstruction_loss)
+  _, imp_warm = timed(lambda: importance(warm))
+  imp_times = [timed(lambda: importance(batches))[1] for _ in range(repeats)]
+  fwd_recon = jax.jit(lambda p, b: ab.token_reconstruction_loss(
+      p, config, b, bertjax.run_layers(p, config, bertjax.embed(
+          p, config, b["input_ids"], b["token_type_ids"]), b["attention_mask"])[0], None))
+  timed(lambda: [fwd_recon(params, b) for b in warm])
+  recon_times = [timed(lambda: [fwd_recon(params, b) for b in batches])[1]
+                 for _ in range(repeats)]
+  imp, rec = float(np.median(imp_times)), float(np.median(recon_times))
+  return {"criterion": "token_reconstruction", "importance_s": imp,
+          "forward_with_loss_s": rec, "ratio": imp / rec, "warm_pass_s": imp_warm}
+
+
+def write_report(report: dict, out, scan_unroll: int, smoke: bool) -> None:
+  """Writes `ablation_gpu_<device>[_unrollN][_smoke].json` and `.md` and prints the table."""
+  out = pathlib.Path(out)
+  out.mkdir(parents=True, exist_ok=True)
+  stem = "ablation_gpu_" + re.sub(r"[^a-z0-9]+", "_", report["device"].lower()).strip("_")
+  stem += f"_unroll{scan_unroll}" if scan_unroll > 1 else ""
+  stem += "_smoke" if smoke else ""
+  (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+  (out / f"{stem}.md").write_text(markdown(report))
+  print((out / f"{stem}.md").read_text())
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  if args.prepare:
+    prepare(args)
+    return None
+
+  config, seqs = model_and_sequences(args)
+  params = bertjax.init(config, 0)
+  batches = make_batches(seqs, args.batch_size)
+  shapes = sorted({tuple(b["input_ids"].shape) for b in batches})
+  warm = [next(b for b in batches if tuple(b["input_ids"].shape) == s) for s in shapes]
+  metric = ab.mean_embedding_cosine
+  real = sum(int(b["attention_mask"].sum()) for b in batches)
+  padded = sum(int(np.prod(b["input_ids"].shape)) for b in batches)
   report = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "platform": platform.platform(),
             "model": "tiny (random, smoke)" if args.smoke else "bert-base shape, random weights",
@@ -177,22 +237,13 @@ def main(argv=None):
             "real_tokens": real, "padded_tokens": padded,
             "metric": "mean-pooled embedding cosine to the unablated model"}
 
-  _, fwd_warm = timed(lambda: forward_all(warm))
-  fwd_times = [timed(lambda: forward_all(batches))[1] for _ in range(args.repeats)]
-  fwd = float(np.median(fwd_times))
-  report["forward"] = {"wall_s": fwd, "all_s": fwd_times, "compile_s": fwd_warm}
+  report["forward"] = time_forward(params, config, metric, warm, batches, args.repeats)
+  fwd = report["forward"]["wall_s"]
   print(f"forward: {fwd:.3f} s over {len(seqs)} sequences", flush=True)
 
   methods = [(f"prefix_chunk{c}", "prefix", int(c)) for c in args.chunk_sizes.split(",")]
   methods += [] if args.skip_loop else [("loop", "loop", 1)]
-  results = {}
-  for name, strategy, chunk in methods:
-    _, warm_s = timed(lambda: sweep(warm, chunk, strategy))
-    result, wall = timed(lambda: sweep(batches, chunk, strategy))
-    results[name] = result
-    report[name] = {"wall_s": wall, "vs_forward": wall / fwd, "warm_pass_s": warm_s}
-    print(f"{name}: {wall:.2f} s = {wall / fwd:.1f} forward passes (warm-up pass incl. "
-          f"compile {warm_s:.1f} s)", flush=True)
+  results = time_sweeps(params, config, metric, warm, batches, methods, fwd, report)
   first = results[methods[0][0]]
   report["head_ablation"] = first.heads.tolist()
   report["baseline"] = first.baseline
@@ -200,29 +251,10 @@ def main(argv=None):
     report["max_abs_diff_vs_loop"] = float(max(np.abs(r.heads - results["loop"].heads).max()
                                                for r in results.values()))
 
-  _, imp_warm = timed(lambda: importance(warm))
-  imp_times = [timed(lambda: importance(batches))[1] for _ in range(args.repeats)]
-  fwd_recon = jax.jit(lambda p, b: ab.token_reconstruction_loss(
-      p, config, b, bertjax.run_layers(p, config, bertjax.embed(
-          p, config, b["input_ids"], b["token_type_ids"]), b["attention_mask"])[0], None))
-  timed(lambda: [fwd_recon(params, b) for b in warm])
-  recon_times = [timed(lambda: [fwd_recon(params, b) for b in batches])[1]
-                 for _ in range(args.repeats)]
-  imp, rec = float(np.median(imp_times)), float(np.median(recon_times))
-  report["importance"] = {"criterion": "token_reconstruction", "importance_s": imp,
-                          "forward_with_loss_s": rec, "ratio": imp / rec,
-                          "warm_pass_s": imp_warm}
-  print(f"importance: {imp:.3f} s vs forward with the same loss {rec:.3f} s = {imp / rec:.2f}x",
-        flush=True)
-
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  stem = "ablation_gpu_" + re.sub(r"[^a-z0-9]+", "_", report["device"].lower()).strip("_")
-  stem += f"_unroll{config.scan_unroll}" if config.scan_unroll > 1 else ""
-  stem += "_smoke" if args.smoke else ""
-  (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
-  (out / f"{stem}.md").write_text(markdown(report))
-  print((out / f"{stem}.md").read_text())
+  report["importance"] = imp = time_importance(params, config, warm, batches, args.repeats)
+  print(f"importance: {imp['importance_s']:.3f} s vs forward with the same loss "
+        f"{imp['forward_with_loss_s']:.3f} s = {imp['ratio']:.2f}x", flush=True)
+  write_report(report, args.out, config.scan_unroll, args.smoke)
   return report
 
 

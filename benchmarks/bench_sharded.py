@@ -91,7 +91,7 @@ def predicted_work(config, rows: int, shape, analysis: str = "ablation") -> tupl
   return per_device, per_device * d * i
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--preset", default="bert-mini")
   p.add_argument("--batches", type=int, default=2)
@@ -105,9 +105,15 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.smoke:
     args.preset, args.batches, args.batch_size, args.seq_len, args.repeats = "tiny", 1, 8, 16, 1
-  assert jax.device_count() == 8, jax.devices()
-  config = bertjax.BertConfig.preset(args.preset)
-  batches = _batches(config, args.batches, args.batch_size, args.seq_len)
+  return args
+
+
+def make_sweep(args, config, batches):
+  """`sweep(mesh)`: the analysis on `mesh` (None: one device), its values as one vector.
+
+  Patching runs on one (clean, corrupted) pair made from the first batch, so it sets
+  `args.batches` to 1.
+  """
   if args.analysis == "patching":
     params = bertjax.init(config, 0, heads=("mlm",))
     clean, corrupted, targets = _pair(batches[0], config)
@@ -118,16 +124,22 @@ def main(argv=None) -> int:
       r = patching.head_patching(params, config, clean, corrupted, metric, targets=targets,
                                  mesh=mesh)
       return np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-  else:
-    params = bertjax.init(config, 0)
+    return sweep
 
-    def sweep(mesh):
-      r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
-                                  head_ablations=("scale",), include=("heads", "layers"),
-                                  mesh=mesh)
-      return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(),
-                             r["scale"].layers])
+  params = bertjax.init(config, 0)
 
+  def sweep(mesh):
+    r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
+                                head_ablations=("scale",), include=("heads", "layers"),
+                                mesh=mesh)
+    return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(),
+                           r["scale"].layers])
+  return sweep
+
+
+def time_meshes(sweep, args, config) -> dict[str, dict]:
+  """Each mesh of `MESHES`: its first call (compile and check against one device), then
+  `args.repeats` interleaved rounds; the rows of the table."""
   rows, meshes, ref = {}, {}, None
   for name, shape in MESHES.items():  # compile (and check) each first
     devices = jax.devices()[:int(np.prod(shape))] if shape else None
@@ -159,16 +171,11 @@ def main(argv=None) -> int:
     r["model_per_device_vs_1"] = r["model_work_per_device"] / work
     print(f"{name:>8}: first call {r['first_call_s']:6.2f} s, min {r['min_s']:.3f} s, median "
           f"{r['median_s']:.3f} s, max |diff| {r['max_abs_diff']:.1e}", flush=True)
-  masks = config.depth * config.num_attention_heads + (
-      config.depth if args.analysis == "ablation" else 0)
-  result = {"analysis": args.analysis, "preset": args.preset, "masks": masks, "batches": args.batches,
-            "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "jax": jax.__version__, "xla_flags": os.environ["XLA_FLAGS"], "rows": rows}
-  out = pathlib.Path(args.out)
-  out.mkdir(parents=True, exist_ok=True)
-  stem = "sharded_cpu" if args.analysis == "ablation" else "sharded_patching_cpu"
-  (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+  return rows
+
+
+def markdown(args, masks: int, rows: dict[str, dict]) -> str:
+  """The Markdown table of the runs."""
   what = "Ablation sweep" if args.analysis == "ablation" else "Head patching sweep"
   title = (f"# {what} on a mesh vs one device (CPU, 8 simulated devices, "
            f"{os.cpu_count()} cores)")
@@ -193,8 +200,29 @@ def main(argv=None) -> int:
                  "size); on real "
                  "devices it follows the per-device work. CPU time (this process, all threads) "
                  "is less disturbed by other processes on a shared machine than wall time.")]
-  (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  assert jax.device_count() == 8, jax.devices()
+  config = bertjax.BertConfig.preset(args.preset)
+  batches = _batches(config, args.batches, args.batch_size, args.seq_len)
+  sweep = make_sweep(args, config, batches)
+  rows = time_meshes(sweep, args, config)
+  masks = config.depth * config.num_attention_heads + (
+      config.depth if args.analysis == "ablation" else 0)
+  result = {"analysis": args.analysis, "preset": args.preset, "masks": masks, "batches": args.batches,
+            "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "jax": jax.__version__, "xla_flags": os.environ["XLA_FLAGS"], "rows": rows}
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  stem = "sharded_cpu" if args.analysis == "ablation" else "sharded_patching_cpu"
+  (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+  text = markdown(args, masks, rows)
+  (out / f"{stem}.md").write_text(text + "\n")
+  print(text)
   return 0
 
 

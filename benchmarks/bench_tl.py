@@ -247,23 +247,15 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
 # TransformerLens (runs in the side environment) --------------------------------
 
 
-def tl_peer(spec_path: pathlib.Path) -> None:
-  """The TransformerLens side: reads a spec, times every task, writes JSON and NPZ."""
-  import functools
-  import warnings
-
+def _tl_model(model_dir: str):
+  """`(model, missing, unexpected)`: a HookedEncoder with the weights of the
+  `BertForPreTraining` in `model_dir`, and the weights its state dict missed or did not use."""
   import torch
-  import transformer_lens
   import transformers
   from transformer_lens import HookedEncoder
-  from transformer_lens import utils as tl_utils
   from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
 
-  warnings.filterwarnings("ignore")
-  spec = json.loads(spec_path.read_text())
-  inputs = dict(np.load(spec["inputs"]))
-  repeats, sweep_repeats = spec["repeats"], spec["sweep_repeats"]
-  hf = transformers.BertForPreTraining.from_pretrained(spec["model_dir"]).eval()
+  hf = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
   c = hf.config
   cfg = {"d_model": c.hidden_size, "d_head": c.hidden_size // c.num_attention_heads,
          "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
@@ -276,129 +268,187 @@ def tl_peer(spec_path: pathlib.Path) -> None:
   parameters = {name for name, _ in model.named_parameters()}
   missing = [k for k in missing if k in parameters]  # buffers (causal masks) are not weights
   model.eval()
-  n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-  ids = torch.tensor(inputs["clean"]).long()
-  corrupted = torch.tensor(inputs["corrupted"]).long()
-  mask = torch.tensor(inputs["mask"]).long()
-  b = torch.arange(ids.shape[0])
-  pos = torch.tensor(inputs["position"]).long()
-  answer = torch.tensor(inputs["answer"]).long()
-  distractor = torch.tensor(inputs["distractor"]).long()
+  return model, missing, unexpected
 
-  def diff(logits_at_pos):  # (B, V) -> mean logit difference
-    return (logits_at_pos[b, answer] - logits_at_pos[b, distractor]).mean()
 
-  def docs_metric(logits):  # the model's (B, T, V) logits, as run_with_hooks returns them
-    return diff(logits[b, pos])
+class _TLRuns:
+  """The TransformerLens side's hooked runs on the benchmark's batch: the metric (the mean
+  logit difference of answer and distractor at each row's position) and the hook_z caches."""
 
-  def run(tokens, hooks, variant):
+  def __init__(self, model, inputs: dict[str, np.ndarray]):
+    import torch
+
+    self.model = model
+    self.n_layers, self.n_heads = model.cfg.n_layers, model.cfg.n_heads
+    self.ids = torch.tensor(inputs["clean"]).long()
+    self.corrupted = torch.tensor(inputs["corrupted"]).long()
+    self.mask = torch.tensor(inputs["mask"]).long()
+    self.b = torch.arange(self.ids.shape[0])
+    self.pos = torch.tensor(inputs["position"]).long()
+    self.answer = torch.tensor(inputs["answer"]).long()
+    self.distractor = torch.tensor(inputs["distractor"]).long()
+
+  def diff(self, logits_at_pos):  # (B, V) -> mean logit difference
+    return (logits_at_pos[self.b, self.answer] - logits_at_pos[self.b, self.distractor]).mean()
+
+  def docs_metric(self, logits):  # the model's (B, T, V) logits, as run_with_hooks returns them
+    return self.diff(logits[self.b, self.pos])
+
+  def run(self, tokens, hooks, variant):
     """One hooked run and its metric: "docs" (full logits) or "lean" (MLM head at [MASK])."""
+    model = self.model
     if variant == "docs":
-      return docs_metric(model.run_with_hooks(tokens, fwd_hooks=hooks,
-                                              one_zero_attention_mask=mask))
+      return self.docs_metric(model.run_with_hooks(tokens, fwd_hooks=hooks,
+                                                   one_zero_attention_mask=self.mask))
     # HookedEncoder.forward computes the full logits even with return_type=None; the
     # encoder alone under the same hooks, then the MLM head at the [MASK] rows only.
     with model.hooks(fwd_hooks=hooks):
-      last = model.encoder_output(tokens, None, mask)
-    return diff(model.unembed(model.mlm_head(last[b, pos][:, None]))[:, 0])
+      last = model.encoder_output(tokens, None, self.mask)
+    return self.diff(model.unembed(model.mlm_head(last[self.b, self.pos][:, None]))[:, 0])
 
-  def z_cache(tokens, variant):
+  def z_cache(self, tokens, variant):
     """Every layer's hook_z: run_with_cache (docs) or caching hooks on the encoder (lean)."""
     is_z = lambda name: name.endswith("hook_z")
     if variant == "docs":
-      return model.run_with_cache(tokens, one_zero_attention_mask=mask, names_filter=is_z)[1]
+      return self.model.run_with_cache(tokens, one_zero_attention_mask=self.mask,
+                                       names_filter=is_z)[1]
     cache = {}
-    with model.hooks(fwd_hooks=[(is_z, lambda x, hook: cache.__setitem__(hook.name, x))]):
-      model.encoder_output(tokens, None, mask)
+    with self.model.hooks(fwd_hooks=[(is_z, lambda x, hook: cache.__setitem__(hook.name, x))]):
+      self.model.encoder_output(tokens, None, self.mask)
     return cache
 
-  times, results = {}, {}
-  with torch.no_grad():
-    _, first, t = timed(lambda: model.encoder_output(ids, None, mask), repeats)
-    times["forward"] = {"first_s": first, "times_s": t}
 
-    def maps_docs():
-      _, cache = model.run_with_cache(ids, one_zero_attention_mask=mask)
-      return torch.stack([cache["pattern", l] for l in range(n_layers)])
+def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -> None:
+  """One forward pass, and (a) every attention map: run_with_cache (docs) or pattern hooks."""
+  import torch
 
-    def maps_lean():  # only the patterns cached, and no logits
-      cache = {}
-      keep = lambda x, hook: cache.__setitem__(hook.layer(), x)
-      with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
-        model.encoder_output(ids, None, mask)
-      return torch.stack([cache[l] for l in range(n_layers)])
+  model, ids, mask = t.model, t.ids, t.mask
+  _, first, ts = timed(lambda: model.encoder_output(ids, None, mask), repeats)
+  times["forward"] = {"first_s": first, "times_s": ts}
 
-    out, first, t = timed(maps_docs, repeats)
-    times["attention_maps_docs"] = {"first_s": first, "times_s": t}
-    results["attention_maps"] = out.numpy()
-    _, first, t = timed(maps_lean, repeats)
-    times["attention_maps_lean"] = {"first_s": first, "times_s": t}
+  def maps_docs():
+    _, cache = model.run_with_cache(ids, one_zero_attention_mask=mask)
+    return torch.stack([cache["pattern", l] for l in range(t.n_layers)])
 
-    # (b) single-head ablation: the docs' hook zeroing one head's values.
-    def ablate_head(v, hook, head):
-      v[:, :, head, :] = 0.0
-      return v
+  def maps_lean():  # only the patterns cached, and no logits
+    cache = {}
+    keep = lambda x, hook: cache.__setitem__(hook.layer(), x)
+    with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
+      model.encoder_output(ids, None, mask)
+    return torch.stack([cache[l] for l in range(t.n_layers)])
 
-    def ablation(variant):
-      values = np.zeros((n_layers, n_heads))
-      base = float(run(ids, [], variant))
-      for layer in range(n_layers):
-        for head in range(n_heads):
-          hook = (tl_utils.get_act_name("v", layer),
-                  functools.partial(ablate_head, head=head))
-          values[layer, head] = float(run(ids, [hook], variant))
-      return base, values
+  out, first, ts = timed(maps_docs, repeats)
+  times["attention_maps_docs"] = {"first_s": first, "times_s": ts}
+  results["attention_maps"] = out.numpy()
+  _, first, ts = timed(maps_lean, repeats)
+  times["attention_maps_lean"] = {"first_s": first, "times_s": ts}
 
-    for variant in ("docs", "lean"):
-      (base, values), first, t = timed(lambda v=variant: ablation(v), sweep_repeats - 1)
-      times[f"ablation_sweep_{variant}"] = {"first_s": first, "times_s": t or [first]}
-      results[f"ablation_{variant}"] = values
-      results["ablation_baseline"] = np.asarray(base)
 
-    # (c) activation patching of each head's z, clean into corrupted (the docs' loop).
-    def patch_head(z, hook, head, clean_cache):
-      z[:, :, head, :] = clean_cache[hook.name][:, :, head, :]
-      return z
+def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> None:
+  """(b) single-head ablation: the docs' hook zeroing one head's values."""
+  import functools
 
-    def patching(variant):
-      clean_cache = z_cache(ids, variant)
-      clean_m = float(run(ids, [], variant))
-      corrupted_m = float(run(corrupted, [], variant))
-      values = np.zeros((n_layers, n_heads))
-      for layer in range(n_layers):
-        for head in range(n_heads):
-          hook = (tl_utils.get_act_name("z", layer),
-                  functools.partial(patch_head, head=head, clean_cache=clean_cache))
-          values[layer, head] = float(run(corrupted, [hook], variant))
-      return clean_m, corrupted_m, values
+  from transformer_lens import utils as tl_utils
 
-    for variant in ("docs", "lean"):
-      (cm, xm, values), first, t = timed(lambda v=variant: patching(v), sweep_repeats - 1)
-      times[f"patching_sweep_{variant}"] = {"first_s": first, "times_s": t or [first]}
-      results[f"patching_{variant}"] = values
-      results["patching_clean_corrupted"] = np.asarray([cm, xm])
+  def ablate_head(v, hook, head):
+    v[:, :, head, :] = 0.0
+    return v
 
-  # Attribution patching as TransformerLens's demo does it: cache clean z; cache corrupted
-  # z and its gradient (backward hooks), then (clean - corrupted) . grad per head.
+  def ablation(variant):
+    values = np.zeros((t.n_layers, t.n_heads))
+    base = float(t.run(t.ids, [], variant))
+    for layer in range(t.n_layers):
+      for head in range(t.n_heads):
+        hook = (tl_utils.get_act_name("v", layer),
+                functools.partial(ablate_head, head=head))
+        values[layer, head] = float(t.run(t.ids, [hook], variant))
+    return base, values
+
+  for variant in ("docs", "lean"):
+    (base, values), first, ts = timed(lambda v=variant: ablation(v), sweep_repeats - 1)
+    times[f"ablation_sweep_{variant}"] = {"first_s": first, "times_s": ts or [first]}
+    results[f"ablation_{variant}"] = values
+    results["ablation_baseline"] = np.asarray(base)
+
+
+def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> None:
+  """(c) activation patching of each head's z, clean into corrupted (the docs' loop)."""
+  import functools
+
+  from transformer_lens import utils as tl_utils
+
+  def patch_head(z, hook, head, clean_cache):
+    z[:, :, head, :] = clean_cache[hook.name][:, :, head, :]
+    return z
+
+  def patching(variant):
+    clean_cache = t.z_cache(t.ids, variant)
+    clean_m = float(t.run(t.ids, [], variant))
+    corrupted_m = float(t.run(t.corrupted, [], variant))
+    values = np.zeros((t.n_layers, t.n_heads))
+    for layer in range(t.n_layers):
+      for head in range(t.n_heads):
+        hook = (tl_utils.get_act_name("z", layer),
+                functools.partial(patch_head, head=head, clean_cache=clean_cache))
+        values[layer, head] = float(t.run(t.corrupted, [hook], variant))
+    return clean_m, corrupted_m, values
+
+  for variant in ("docs", "lean"):
+    (cm, xm, values), first, ts = timed(lambda v=variant: patching(v), sweep_repeats - 1)
+    times[f"patching_sweep_{variant}"] = {"first_s": first, "times_s": ts or [first]}
+    results[f"patching_{variant}"] = values
+    results["patching_clean_corrupted"] = np.asarray([cm, xm])
+
+
+def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> None:
+  """Attribution patching as TransformerLens's demo does it: cache clean z; cache corrupted
+  z and its gradient (backward hooks), then (clean - corrupted) . grad per head."""
+  import torch
+  from transformer_lens import utils as tl_utils
+
+  model = t.model
+
   def attribution():
     with torch.no_grad():
-      clean_cache = z_cache(ids, "lean")
+      clean_cache = t.z_cache(t.ids, "lean")
     acts, grads = {}, {}
     model.reset_hooks()
-    for layer in range(n_layers):
+    for layer in range(t.n_layers):
       name = tl_utils.get_act_name("z", layer)
       model.add_hook(name, lambda x, hook: acts.__setitem__(hook.name, x.detach()), "fwd")
       model.add_hook(name, lambda g, hook: grads.__setitem__(hook.name, g.detach()), "bwd")
-    value = run(corrupted, [], "lean")
+    value = t.run(t.corrupted, [], "lean")
     value.backward()
     model.reset_hooks()
     model.zero_grad(set_to_none=True)
     return torch.stack([((clean_cache[n] - acts[n]) * grads[n]).sum((0, 1, 3))
                         for n in sorted(acts, key=lambda s: int(s.split(".")[1]))]).numpy()
 
-  out, first, t = timed(attribution, repeats)
-  times["attribution"] = {"first_s": first, "times_s": t}
+  out, first, ts = timed(attribution, repeats)
+  times["attribution"] = {"first_s": first, "times_s": ts}
   results["attribution_delta"] = out
+
+
+def tl_peer(spec_path: pathlib.Path) -> None:
+  """The TransformerLens side: reads a spec, times every task, writes JSON and NPZ."""
+  import warnings
+
+  import torch
+  import transformer_lens
+  import transformers
+
+  warnings.filterwarnings("ignore")
+  spec = json.loads(spec_path.read_text())
+  inputs = dict(np.load(spec["inputs"]))
+  repeats, sweep_repeats = spec["repeats"], spec["sweep_repeats"]
+  model, missing, unexpected = _tl_model(spec["model_dir"])
+  t = _TLRuns(model, inputs)
+  times, results = {}, {}
+  with torch.no_grad():
+    _tl_forward_and_maps(t, repeats, times, results)
+    _tl_ablation(t, sweep_repeats, times, results)
+    _tl_patching(t, sweep_repeats, times, results)
+  _tl_attribution(t, repeats, times, results)
   info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
           "torch_interop_threads": torch.get_num_interop_threads(),
           "transformer_lens": transformer_lens.__version__ if hasattr(

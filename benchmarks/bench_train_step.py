@@ -139,7 +139,7 @@ def model_flops(config, batch: int, seq: int, predictions: int) -> float:
   return dense + attention + decoder
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument("--batch", type=int, default=32)
@@ -156,92 +156,109 @@ def main(argv=None) -> dict:
                       help="--mfu: write a profiler trace of the last variant to this folder")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-  args = parser.parse_args(argv)
+  return parser.parse_args(argv)
+
+
+def mfu_variant(spec: str, args, profile_it: bool) -> dict:
+  """One `--variants` entry (attention_impl:prng_impl:batch[:nodrop][:unrollN]) timed: its
+  step time and model TFLOP/s (MFU is added once the peak is known)."""
   med = statistics.median
+  impl, prng, size, *rest = spec.split(":")
+  dropout = 0.0 if "nodrop" in rest else 0.1
+  unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
+  overrides = dict(attention_impl=impl, attention_probs_dropout_prob=0.0,
+                   hidden_dropout_prob=dropout, scan_unroll=unroll)
+  if args.smoke:
+    config = bertjax.BertConfig.preset("tiny", **overrides)
+    batch_size, seq = 4, 32
+  else:
+    config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", **overrides)
+    batch_size, seq = int(size), args.seq
+  batch = make_batch(config, batch_size, seq, args.predictions)
+  run, compile_s = ours_step(config, batch, None if prng == "threefry" else prng)
+  for _ in range(args.warmup):
+    run()
+  times = []
+  for _ in range(args.rounds):
+    t0 = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - t0)
+  if profile_it:
+    profile(run, pathlib.Path(args.profile))
+  flops = model_flops(config, batch_size, seq, args.predictions)
+  row = {"variant": spec, "attention_impl": impl, "prng_impl": prng, "batch": batch_size,
+         "seq": seq, "hidden_dropout": dropout, "scan_unroll": unroll,
+         "median_step_s": med(times),
+         "min_step_s": min(times), "compile_s": compile_s, "model_tflop_per_step": flops / 1e12,
+         "model_tflops": flops / med(times) / 1e12,
+         "tokens_per_s": batch_size * seq / med(times)}
+  print(f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
+        f"{row['model_tflops']:.1f} TFLOP/s, compile {compile_s:.1f} s", flush=True)
+  return row
+
+
+def run_mfu(args, machine: dict) -> dict:
+  """`--mfu`: every variant's MFU against the bf16 matmul peak measured before and after."""
+  variants = [v for v in args.variants.split(",") if v]
+  if args.smoke:
+    variants, args.rounds = variants[:2], 2
+  peak_n = 1024 if args.smoke else 8192
+  peaks = [matmul_peak_tflops(n=peak_n)]
+  rows = [mfu_variant(spec, args, bool(args.profile) and spec == variants[-1])
+          for spec in variants]
+  peaks.append(matmul_peak_tflops(n=peak_n))
+  peak = max(peaks)
+  for row in rows:
+    row["mfu"] = row["model_tflops"] / peak
+  label = "tiny (smoke)" if args.smoke else "bert-base bf16"
+  return {"machine": machine, "config": label, "seq": args.seq,
+          "predictions_per_sequence": args.predictions, "rounds": args.rounds,
+          "matmul_peak_tflops_measured": peaks, "matmul_peak_tflops": peak,
+          "flop_formula": "6 x non-embedding params x tokens + 12 x layers x seq^2 x hidden "
+                          "x batch (attention, fwd+bwd) + 6 x vocab x E x masked positions",
+          "variants": rows, "best": max(rows, key=lambda r: r["mfu"])}
+
+
+def run_cpu(args, machine: dict) -> dict:
+  """CPU mode: our train step against transformers' `BertForPreTraining`, interleaved."""
+  med = statistics.median
+  config = bertjax.BertConfig.preset("bert-mini", vocab_size=30522)
+  if args.smoke:
+    config = bertjax.BertConfig.preset("tiny")
+    args.batch, args.seq, args.rounds, args.predictions = 2, 16, 2, 3
+  batch = make_batch(config, args.batch, args.seq, args.predictions)
+  ours, compile_s = ours_step(config, batch)
+  theirs = torch_step(config, batch)
+  for _ in range(args.warmup):
+    ours(), theirs()
+  t_ours, t_torch = [], []
+  for _ in range(args.rounds):
+    for fn, acc in ((ours, t_ours), (theirs, t_torch)):
+      t0 = time.perf_counter()
+      fn()
+      acc.append(time.perf_counter() - t0)
+  import torch
+
+  tokens = args.batch * args.seq
+  return {"machine": {**machine, "torch": torch.__version__}, "config": "bert-mini (4x256)",
+          "batch": args.batch, "seq": args.seq, "predictions": args.predictions,
+          "bertjax": {"median_step_s": med(t_ours), "tokens_per_s": tokens / med(t_ours),
+                      "compile_s": compile_s},
+          "torch_BertForPreTraining": {"median_step_s": med(t_torch),
+                                       "tokens_per_s": tokens / med(t_torch)},
+          "speedup_vs_torch": med(t_torch) / med(t_ours)}
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
   from bench_forward import cpu_info  # the sibling script: CPU model, ISA flags, cores
 
   machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
              "device": jax.devices()[0].device_kind}
-
   if args.mfu:
-    variants = [v for v in args.variants.split(",") if v]
-    if args.smoke:
-      variants, args.rounds = variants[:2], 2
-    peak_n = 1024 if args.smoke else 8192
-    peaks = [matmul_peak_tflops(n=peak_n)]
-    rows = []
-    for spec in variants:
-      impl, prng, size, *rest = spec.split(":")
-      dropout = 0.0 if "nodrop" in rest else 0.1
-      unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
-      overrides = dict(attention_impl=impl, attention_probs_dropout_prob=0.0,
-                       hidden_dropout_prob=dropout, scan_unroll=unroll)
-      if args.smoke:
-        config = bertjax.BertConfig.preset("tiny", **overrides)
-        batch_size, seq = 4, 32
-      else:
-        config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", **overrides)
-        batch_size, seq = int(size), args.seq
-      batch = make_batch(config, batch_size, seq, args.predictions)
-      run, compile_s = ours_step(config, batch, None if prng == "threefry" else prng)
-      for _ in range(args.warmup):
-        run()
-      times = []
-      for _ in range(args.rounds):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-      if args.profile and spec == variants[-1]:
-        profile(run, pathlib.Path(args.profile))
-      flops = model_flops(config, batch_size, seq, args.predictions)
-      row = {"variant": spec, "attention_impl": impl, "prng_impl": prng, "batch": batch_size,
-             "seq": seq, "hidden_dropout": dropout, "scan_unroll": unroll,
-             "median_step_s": med(times),
-             "min_step_s": min(times), "compile_s": compile_s, "model_tflop_per_step": flops / 1e12,
-             "model_tflops": flops / med(times) / 1e12,
-             "tokens_per_s": batch_size * seq / med(times)}
-      rows.append(row)
-      print(f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
-            f"{row['model_tflops']:.1f} TFLOP/s, compile {compile_s:.1f} s", flush=True)
-    peaks.append(matmul_peak_tflops(n=peak_n))
-    peak = max(peaks)
-    for row in rows:
-      row["mfu"] = row["model_tflops"] / peak
-    label = "tiny (smoke)" if args.smoke else "bert-base bf16"
-    result = {"machine": machine, "config": label, "seq": args.seq,
-              "predictions_per_sequence": args.predictions, "rounds": args.rounds,
-              "matmul_peak_tflops_measured": peaks, "matmul_peak_tflops": peak,
-              "flop_formula": "6 x non-embedding params x tokens + 12 x layers x seq^2 x hidden "
-                              "x batch (attention, fwd+bwd) + 6 x vocab x E x masked positions",
-              "variants": rows, "best": max(rows, key=lambda r: r["mfu"])}
-    name = "train_step_gpu_mfu"
+    result, name = run_mfu(args, machine), "train_step_gpu_mfu"
   else:
-    config = bertjax.BertConfig.preset("bert-mini", vocab_size=30522)
-    if args.smoke:
-      config = bertjax.BertConfig.preset("tiny")
-      args.batch, args.seq, args.rounds, args.predictions = 2, 16, 2, 3
-    batch = make_batch(config, args.batch, args.seq, args.predictions)
-    ours, compile_s = ours_step(config, batch)
-    theirs = torch_step(config, batch)
-    for _ in range(args.warmup):
-      ours(), theirs()
-    t_ours, t_torch = [], []
-    for _ in range(args.rounds):
-      for fn, acc in ((ours, t_ours), (theirs, t_torch)):
-        t0 = time.perf_counter()
-        fn()
-        acc.append(time.perf_counter() - t0)
-    import torch
-
-    tokens = args.batch * args.seq
-    result = {"machine": {**machine, "torch": torch.__version__}, "config": "bert-mini (4x256)",
-              "batch": args.batch, "seq": args.seq, "predictions": args.predictions,
-              "bertjax": {"median_step_s": med(t_ours), "tokens_per_s": tokens / med(t_ours),
-                          "compile_s": compile_s},
-              "torch_BertForPreTraining": {"median_step_s": med(t_torch),
-                                           "tokens_per_s": tokens / med(t_torch)},
-              "speedup_vs_torch": med(t_torch) / med(t_ours)}
-    name = "train_step_cpu"
+    result, name = run_cpu(args, machine), "train_step_cpu"
   print(json.dumps(result, indent=2))
   if not args.smoke:
     args.out.mkdir(parents=True, exist_ok=True)

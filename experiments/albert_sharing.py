@@ -46,7 +46,7 @@ from typing import Any
 import common
 import jax
 import numpy as np
-from stacking import load_wikitext, smoke_compilation_cache, trailing_mean, train_run
+from stacking import load_data, trailing_mean, train_run
 
 NAME = "albert_sharing"
 PAPER = "Lan et al. 2020"
@@ -56,23 +56,11 @@ PAPER_BASE_RATIO = 12 / 108
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-  """Model, data and optimisation sizes of one run of the experiment."""
+class Scale(common.PretrainScale):
+  """Model, data and optimisation sizes of one run (`common.PretrainScale`), and ALBERT's
+  factorised embedding width `embedding` (E)."""
 
-  layers: int
-  hidden: int
-  heads: int
-  ffn: int
   embedding: int
-  vocab: int
-  seq_len: int
-  batch: int
-  steps: int
-  lr: float
-  warmup: int
-  max_lines: int | None
-  eval_batches: int
-  window: int
 
 
 FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, embedding=32, vocab=8000, seq_len=64,
@@ -246,26 +234,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)")
   args = parser.parse_args(argv)
   t_start = time.perf_counter()
-  from bertjax.training import loop
 
-  sc = SMOKE if args.smoke else FULL
-  if args.steps is not None:
-    if args.steps < 10:
-      raise ValueError(f"--steps={args.steps} must be >= 10")
-    sc = dataclasses.replace(sc, steps=args.steps, warmup=max(1, args.steps // 10))
+  sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=10)
   if args.smoke:
-    smoke_compilation_cache()
+    common.smoke_compilation_cache()
   timings: dict[str, float] = {}
-  with common.timed(timings, "data"):
-    root = common.data_dir(args.data_dir, "wikitext2_tokens")
-    data = load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
-                         eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
-                         max_lines=sc.max_lines)
+  data = load_data(args, sc, timings)
   configs = model_configs(sc, data.corpus.vocab_size)
   params = {v: count_params(c, ("mlm",)) for v, c in configs.items()}
   base = base_size_counts()
-  train = loop.TrainConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
-                           warmup_steps=sc.warmup, decay="linear", seed=args.seed)
+  train = sc.train_config(args.seed)
   load_start = os.getloadavg()
   runs: dict[str, dict] = {}
   with common.timed(timings, "training"):

@@ -45,6 +45,7 @@ What it measures, on which model and data, and why:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -160,8 +161,8 @@ def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
   return figs
 
 
-@common.one_blas_thread
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The shared experiment options and the measures' sizes and definitions."""
   p = common.parser(__doc__)
   p.add_argument("--sentences", type=int, default=None,
                  help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
@@ -179,31 +180,34 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument("--punctuation", choices=("exclude", "include"), default="exclude",
                  help="whether punctuation words (UPOS PUNCT) are word types of self-similarity "
                       "and MEV (default: exclude, as Ethayarajh's word index)")
-  args = p.parse_args(argv)
-  t_start = time.perf_counter()
-  timings: dict[str, float] = {}
+  return p.parse_args(argv)
 
-  from bertjax.analysis import features, geometry
-  from bertjax.data import conllu
 
-  data = common.data_dir(args.data_dir)
-  path = common.ud_file(data, "dev")
-  sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
-  min_count = 2 if args.smoke else args.min_count
-  with common.timed(timings, "load model"):
-    config, params, tok, model_name = common.load_model(args)
-  common.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
-  with common.timed(timings, "features"):
-    wf = features.extract_word_features(params, config, tok, sentences, progress=False)
-    reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
-  types = np.asarray([w.lower() for s in sentences for w in s.forms])
-  measured = np.ones(len(types), bool)
-  if args.punctuation == "exclude":
-    measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
+def measure(reps: np.ndarray, types: np.ndarray, measured: np.ndarray, sentence_index,
+            num_sentences: int, min_count: int, args, timings: dict[str, float]):
+  """Every measure by layer: contextuality (`geometry.contextuality`) and the MEV of every
+  definition, with both baselines.
+
+  Args:
+    reps: (L+1, n_words, H) word representations.
+    types: (n_words,) lower-cased word forms.
+    measured: (n_words,) whether a word counts as a word type of self-similarity and MEV.
+    sentence_index: (n_words,) each word's sentence.
+    num_sentences: how many sentences (the paper's baseline draws from at most 1,000).
+    min_count: occurrences a word type needs.
+    args: the parsed options (`--pairs`, `--mev-definition`, `--mev-max-occurrences`, seed).
+    timings: where the timed steps' seconds go.
+
+  Returns:
+    `(m, mv)`: name -> (L+1,) array (the verdict's definition also as `mev`, `mev_baseline`,
+    `mev_adjusted`), and that definition's `geometry.max_explainable_variance` result.
+  """
+  from bertjax.analysis import geometry
+
   # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
   self_types = np.where(measured, types, [f"\0{i}" for i in range(len(types))])
   with common.timed(timings, "contextuality"):
-    m = geometry.contextuality(reps, self_types, wf.sentence_index, num_pairs=args.pairs,
+    m = geometry.contextuality(reps, self_types, sentence_index, num_pairs=args.pairs,
                                seed=args.seed, min_count=min_count)
   m = {k: np.asarray(v, np.float64) for k, v in m.items()}
   mevs = {}
@@ -214,32 +218,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, suffix in (("mev", ""), ("baseline", "_baseline"), ("adjusted", "_adjusted")):
       m[f"mev_{definition}{suffix}"] = np.asarray(mevs[definition][key], np.float64)
     # The paper's own baseline, for comparison: one MEV of words from distinct random sentences.
-    paper = geometry.random_words_mev(reps, wf.sentence_index, min(1000, len(sentences)),
+    paper = geometry.random_words_mev(reps, sentence_index, min(1000, num_sentences),
                                       args.seed, definition)
     m[f"mev_{definition}_baseline_paper"] = paper
     m[f"mev_{definition}_adjusted_paper"] = m[f"mev_{definition}"] - paper
   mv = mevs[args.mev_definition]
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
-  counts = np.unique(types[measured], return_counts=True)[1]
+  return m, mv
 
+
+def summarise(m: dict[str, np.ndarray], mv: dict, type_counts: np.ndarray, min_count: int,
+              definition: str) -> dict:
+  """Depth trends (Spearman over layers 1..L) of the measures, and the word-type counts."""
+  ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
+  return {"trend_anisotropy": trend(m["anisotropy"][ctx]),
+          "trend_self_similarity": trend(m["self_similarity"][ctx]),
+          "trend_self_similarity_adjusted": trend(m["self_similarity_adjusted"][ctx]),
+          "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
+          "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
+          "types_min_count": int((type_counts >= min_count).sum()), "mev_types": mv["types"],
+          "mev_occurrences": mv["occurrences"], "mev_definition": definition}
+
+
+def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, model_name: str,
+                 data_name: str, num_sentences: int, min_count: int) -> list[dict]:
+  """The Findings rows: anisotropy, its rise with depth, self-similarity's fall, MEV.
+
+  Args:
+    m: `measure`'s per-layer arrays.
+    summary: `summarise`'s trends and counts.
+    mv: the verdict's MEV definition's result (`measure`).
+    args: the parsed options.
+    model_name: the model's name.
+    data_name: the UD file's name.
+    num_sentences: how many sentences were read.
+    min_count: occurrences a word type needed.
+  """
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
   last = len(m["anisotropy"]) - 1
   a, ss = m["anisotropy"], m["self_similarity_adjusted"]
-  summary = {"trend_anisotropy": trend(a[ctx]),
-             "trend_self_similarity": trend(m["self_similarity"][ctx]),
-             "trend_self_similarity_adjusted": trend(ss[ctx]),
-             "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
-             "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
-             "types_min_count": int((counts >= min_count).sum()), "mev_types": mv["types"],
-             "mev_occurrences": mv["occurrences"], "mev_definition": args.mev_definition}
   per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
   other = [d for d in MEV_DEFINITIONS if d != args.mev_definition]
-  n_paper = f"{min(1000, len(sentences)):,}"
+  n_paper = f"{min(1000, num_sentences):,}"
   kinds = "non-punctuation types" if args.punctuation == "exclude" else "types"
-  differs = differs_note(model_name, path.name, a)
+  differs = differs_note(model_name, data_name, a)
   peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
   cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
-  findings = [
+  return [
     common.finding(
       PAPER, "Contextual word representations are anisotropic: two random words have a mean "
       "cosine similarity well above 0.",
@@ -281,24 +306,63 @@ def main(argv: Sequence[str] | None = None) -> int:
       "if in some.",
       mev_rule(m["mev_adjusted"][ctx])),
   ]
+
+
+def settings_of(args, *, model_name: str, data_name: str, num_sentences: int, words: int,
+                pooling: str, min_count: int) -> dict:
+  """The run's settings as the result file records them."""
+  n_paper = f"{min(1000, num_sentences):,}"
+  return {"model": model_name, "data": data_name, "sentences": num_sentences, "words": words,
+          "pooling": pooling, "pairs": args.pairs, "min_count": min_count,
+          "mev_max_occurrences": args.mev_max_occurrences,
+          "mev_definition": args.mev_definition, "mev_definitions": MEV_DEFINITIONS_DOC,
+          "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
+                          "drawn uniformly from all words; averaged over types",
+          "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
+                                "from each of as many random sentences (kawine/contextual "
+                                "explore_embedding_space)",
+          "seed": args.seed, "punctuation": args.punctuation,
+          "word_types": "lower-cased UD word forms"
+                        + (", UPOS PUNCT left out" if args.punctuation == "exclude" else "")}
+
+
+@common.one_blas_thread
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+
+  from bertjax.analysis import features
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir)
+  path = common.ud_file(data, "dev")
+  sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
+  min_count = 2 if args.smoke else args.min_count
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = common.load_model(args)
+  common.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
+  with common.timed(timings, "features"):
+    wf = features.extract_word_features(params, config, tok, sentences, progress=False)
+    reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
+  types = np.asarray([w.lower() for s in sentences for w in s.forms])
+  measured = np.ones(len(types), bool)
+  if args.punctuation == "exclude":
+    measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
+  m, mv = measure(reps, types, measured, wf.sentence_index, len(sentences), min_count, args,
+                  timings)
+  counts = np.unique(types[measured], return_counts=True)[1]
+  summary = summarise(m, mv, counts, min_count, args.mev_definition)
+  rows = finding_rows(m, summary, mv, args, model_name=model_name, data_name=path.name,
+                      num_sentences=len(sentences), min_count=min_count)
   figures = _figures(args.out, m, model_name, args.mev_definition)
-  for f in findings:
+  for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  settings = {"model": model_name, "data": str(path.relative_to(data)),
-              "sentences": len(sentences), "words": int(reps.shape[1]), "pooling": wf.pooling,
-              "pairs": args.pairs, "min_count": min_count,
-              "mev_max_occurrences": args.mev_max_occurrences,
-              "mev_definition": args.mev_definition, "mev_definitions": MEV_DEFINITIONS_DOC,
-              "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
-                              "drawn uniformly from all words; averaged over types",
-              "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
-                                    "from each of as many random sentences (kawine/contextual "
-                                    "explore_embedding_space)",
-              "seed": args.seed, "punctuation": args.punctuation,
-              "word_types": "lower-cased UD word forms"
-                            + (", UPOS PUNCT left out" if args.punctuation == "exclude" else "")}
+  settings = settings_of(args, model_name=model_name, data_name=str(path.relative_to(data)),
+                         num_sentences=len(sentences), words=int(reps.shape[1]),
+                         pooling=wf.pooling, min_count=min_count)
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
   return 0
 

@@ -19,6 +19,10 @@ BERTology literature. They all:
   `bertjax/resources/smoke/` instead (unless `--data-dir` is given), so it needs no data;
 * print progress lines to stderr.
 
+Those that train models size a run with a `Scale` subclass (the budget: steps, batch, learning
+rate, warm-up; `Scale.with_steps` applies `--steps`), those that pre-train a BERT on WikiText-2
+with a `PretrainScale` (the model's and the data's sizes too).
+
 `write_results` puts the Findings rows in a fixed shape: the paper, its headline claim,
 what we measured, and whether the claim holds here ("yes", "partly", "no", or "n/a").
 `experiments/findings.py` turns the committed full (non-smoke) JSON files into the table.
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import functools
 import os
 import pathlib
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -213,6 +219,76 @@ def load_model(args, smoke=None):
   if args.smoke:
     return smoke() if smoke is not None else tiny_model(args.seed)
   return (*minilm(), "all-MiniLM-L6-v2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+  """The training budget of an experiment that trains models; each one's sizes subclass it.
+
+  Attributes:
+    steps: optimizer steps of each trained model.
+    batch: examples per step.
+    lr: peak learning rate.
+    warmup: linear warm-up steps.
+  """
+
+  steps: int
+  batch: int
+  lr: float
+  warmup: int
+
+  def with_steps(self, steps: int | None, *, minimum: int, min_warmup: int = 1) -> Scale:
+    """This scale (of the same class) with `--steps` applied: `steps` steps and 10% of them
+    (at least `min_warmup`) of warm-up; unchanged when `steps` is None.
+
+    Raises:
+      ValueError: `steps` is below `minimum`.
+    """
+    if steps is None:
+      return self
+    if steps < minimum:
+      raise ValueError(f"--steps={steps} must be >= {minimum}")
+    return dataclasses.replace(self, steps=steps, warmup=max(min_warmup, steps // 10))
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainScale(Scale):
+  """A BERT pre-trained from scratch (MLM only) on WikiText-2: the model, the data, the budget.
+
+  Attributes:
+    layers, hidden, heads, ffn: the model's depth, width, heads and feed-forward width.
+    vocab: the WordPiece vocabulary trained on the training text.
+    seq_len: tokens per segment.
+    max_lines: read only the first lines of each file (None: all).
+    eval_batches: fixed held-out batches of `batch` segments.
+    window: trailing-mean window of the training loss curves.
+  """
+
+  layers: int
+  hidden: int
+  heads: int
+  ffn: int
+  vocab: int
+  seq_len: int
+  max_lines: int | None
+  eval_batches: int
+  window: int
+
+  def train_config(self, seed: int):
+    """The `loop.TrainConfig` of this budget: AdamW, linear decay after the warm-up."""
+    from bertjax.training import loop
+
+    return loop.TrainConfig(steps=self.steps, batch_size=self.batch, learning_rate=self.lr,
+                            warmup_steps=self.warmup, decay="linear", seed=seed)
+
+
+def smoke_compilation_cache() -> None:
+  """Turns on JAX's persistent compilation cache (for `--smoke` runs only)."""
+  import jax
+
+  path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def one_blas_thread(main):

@@ -63,8 +63,7 @@ SIZES: dict[str, dict[str, Any]] = {
               "learning_rate": 1e-3, "warmup_steps": 0, "eval_batch": 24,
               "analysis_sentences": 24, "max_len": 64, "ablation_strategy": "vmap"},
 }
-SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "intermediate_size": 64, "max_position_embeddings": 64}
+SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
 
 
@@ -358,66 +357,87 @@ def _model(smoke: bool, seed: int, model: str | None = None):
   return config, cfg, params, tok, "all-MiniLM-L6-v2"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  """Runs the experiment and writes `dark_secrets.json` and its figures."""
-  args = common.parser(__doc__).parse_args(argv)
-  t_start = time.perf_counter()
-  from bertjax.analysis import attention
+@dataclasses.dataclass
+class Task:
+  """BLiMP acceptability sentences, split by minimal pair into training and held-out sets."""
+
+  train: dict[str, np.ndarray]
+  held: dict[str, np.ndarray]
+  held_phenomenon: np.ndarray  # (held,) phenomenon index of each held-out sentence
+  phenomena: list[str]
+
+
+def load_task(blimp_dir: pathlib.Path, tok, size: dict[str, Any], seed: int) -> Task:
+  """The BLiMP files in `blimp_dir` as a `Task` of the run's sizes."""
+  data, pair_ids, phen, names = load_blimp_task(blimp_dir, tok, max_len=size["max_len"])
+  train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"],
+                                      seed=seed)
+  return Task(subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names)
+
+
+def finetune(config, pre_params, task: Task, size: dict[str, Any], seed: int,
+             timings: dict[str, float]):
+  """Fine-tunes the classifier on the task's training sentences.
+
+  Returns:
+    `(params, run)`: the fine-tuned parameters, and its held-out metrics, loss curve and
+    accuracy by phenomenon.
+  """
   from bertjax.training import finetune as ft
 
-  size = SIZES["smoke" if args.smoke else "full"]
-  timings: dict[str, float] = {}
-  data_root = common.data_dir(args.data_dir, "blimp")
-
-  with common.timed(timings, "load"):
-    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
-    data, pair_ids, phen, phen_names = load_blimp_task(data_root / "blimp", tok,
-                                                       max_len=size["max_len"])
-    train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"],
-                                        seed=args.seed)
-    train, held = subset(data, train_idx), subset(data, eval_idx)
-    held_phen = phen[eval_idx]
-  chance = float(max(held["labels"].mean(), 1 - held["labels"].mean()))
-  common.log(f"{model_name}; BLiMP {phen_names}: {len(train_idx)} train / {len(eval_idx)} "
-             f"held-out sentences, length {data['input_ids'].shape[1]}")
   hp = ft.FinetuneConfig(steps=size["steps"], batch_size=size["batch_size"],
                          learning_rate=size["learning_rate"], warmup_steps=size["warmup_steps"],
-                         seed=args.seed, eval_batch_size=size["eval_batch"])
-
+                         seed=seed, eval_batch_size=size["eval_batch"])
   with common.timed(timings, "finetune"):
-    tuned = ft.finetune(config, pre_params, train, held, task="classification", hp=hp)
-  logits = ft.predict(tuned["params"], config, held, "classification",
+    tuned = ft.finetune(config, pre_params, task.train, task.held, task="classification", hp=hp)
+  logits = ft.predict(tuned["params"], config, task.held, "classification",
                       batch_size=size["eval_batch"])
-  correct = logits.argmax(-1) == held["labels"]
+  correct = logits.argmax(-1) == task.held["labels"]
   run = {"metrics": tuned["metrics"], "final_loss": tuned["final_loss"],
          "loss": [h["loss"] for h in tuned["history"]],
-         "accuracy_by_phenomenon": {name: float(correct[held_phen == k].mean())
-                                    for k, name in enumerate(phen_names)}}
+         "accuracy_by_phenomenon": {name: float(correct[task.held_phenomenon == k].mean())
+                                    for k, name in enumerate(task.phenomena)}}
   common.log(f"fine-tuned: held-out {tuned['metrics']}")
-  params = tuned["params"]
+  return tuned["params"], run
+
+
+def analyse(pre_params, params, config, held: dict[str, np.ndarray], special_ids,
+            size: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+  """The three measurements: pattern types before and after fine-tuning, what fine-tuning
+  changed, and disabling heads and layers of the fine-tuned model.
+
+  Returns:
+    `before`, `after` (`pattern_summary`), `change` (`attention.attention_change`), `acc`
+    (mode -> `improvements`) and `se` (the intact accuracy's binomial standard error).
+  """
+  from bertjax.analysis import attention
 
   held_batches = batches(held, size["eval_batch"])
   analysis = batches(held, size["eval_batch"], size["analysis_sentences"])
-  special = [tok.cls_id, tok.sep_id]
   with common.timed(timings, "patterns"):
-    before = pattern_summary(pre_params, config, analysis, special)
-    after = pattern_summary(params, config, analysis, special)
+    before = pattern_summary(pre_params, config, analysis, special_ids)
+    after = pattern_summary(params, config, analysis, special_ids)
   with common.timed(timings, "attention_change"):
     change = attention.attention_change(pre_params, config, params, analysis)
   with common.timed(timings, "ablation"):
     sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
   acc = {m: improvements(r) for m, r in sweeps.items()}
-  n_eval = len(held["labels"])
   base_acc = acc["uniform"]["baseline"]
-  se = float(np.sqrt(base_acc * (1 - base_acc) / n_eval))
+  se = float(np.sqrt(base_acc * (1 - base_acc) / len(held["labels"])))
+  return {"before": before, "after": after, "change": change, "acc": acc, "se": se}
 
-  # Verdicts.
+
+def finding_rows(m: dict[str, Any], config, model_name: str, n_eval: int) -> list[dict]:
+  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
+  from `analyse`'s measurements `m`."""
+  before, after, change, acc, se = m["before"], m["after"], m["change"], m["acc"], m["se"]
   layer_cos = layer_means(change.cosine)
   k_last = max(1, round(config.depth * LAST_FRACTION))
   u, sc = acc["uniform"], acc["scale"]
+  base_acc = u["baseline"]
   n_heads = config.depth * config.num_attention_heads
   pct = lambda x: f"{100 * x:.0f}%"
-  findings = [
+  return [
       common.finding(
           PAPER, "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
           "vertical is the commonest.",
@@ -446,30 +466,63 @@ def main(argv: Sequence[str] | None = None) -> None:
           + ", ".join(f"{c:.2f}" for c in change.cka),
           change_verdict(layer_cos)),
   ]
-  for f in findings:
-    common.log(f"[{f['holds']}] {f['measured']}")
 
-  with common.timed(timings, "figures"):
-    figures = [figure_patterns(before, after, args.out), figure_ablation(acc, args.out),
-               figure_change(change.cosine, change.cka, args.out)]
 
+def results_of(task: Task, run: dict, m: dict[str, Any], config,
+               timings: dict[str, float]) -> dict[str, Any]:
+  """The result file's `results`: the task, the fine-tuning run and every measurement."""
+  before, after, change = m["before"], m["after"], m["change"]
+  held_phen, names = task.held_phenomenon, task.phenomena
+  labels = task.held["labels"]
   drop = ("counts", "dominant")
-  results = {
+  return {
       "task": {"name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
-               "phenomena": phen_names, "train_sentences": len(train_idx),
-               "eval_sentences": n_eval, "chance": chance,
+               "phenomena": names, "train_sentences": len(task.train["labels"]),
+               "eval_sentences": len(labels),
+               "chance": float(max(labels.mean(), 1 - labels.mean())),
                "eval_per_phenomenon": {n: int((held_phen == k).sum())
-                                       for k, n in enumerate(phen_names)}},
+                                       for k, n in enumerate(names)}},
       "finetune": run,
       "patterns": {"before": {k: v for k, v in before.items() if k not in drop},
                    "after": {k: v for k, v in after.items() if k not in drop},
                    "dominant_before": before["dominant"], "dominant_after": after["dominant"],
                    "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum())},
-      "ablation": {"metric": "held-out accuracy", **acc, "accuracy_standard_error": se},
-      "attention_change": {"cosine": change.cosine, "layer_cosine": layer_cos, "cka": change.cka,
-                           "last_layers": k_last},
+      "ablation": {"metric": "held-out accuracy", **m["acc"], "accuracy_standard_error": m["se"]},
+      "attention_change": {"cosine": change.cosine, "layer_cosine": layer_means(change.cosine),
+                           "cka": change.cka,
+                           "last_layers": max(1, round(config.depth * LAST_FRACTION))},
       "timings_s": timings,
   }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """Runs the experiment and writes `dark_secrets.json` and its figures."""
+  args = common.parser(__doc__).parse_args(argv)
+  t_start = time.perf_counter()
+  from bertjax.analysis import attention
+
+  size = SIZES["smoke" if args.smoke else "full"]
+  timings: dict[str, float] = {}
+  data_root = common.data_dir(args.data_dir, "blimp")
+
+  with common.timed(timings, "load"):
+    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
+    task = load_task(data_root / "blimp", tok, size, args.seed)
+  common.log(f"{model_name}; BLiMP {task.phenomena}: {len(task.train['labels'])} train / "
+             f"{len(task.held['labels'])} held-out sentences, length "
+             f"{task.held['input_ids'].shape[1]}")
+  params, run = finetune(config, pre_params, task, size, args.seed, timings)
+  m = analyse(pre_params, params, config, task.held, [tok.cls_id, tok.sep_id], size, timings)
+  rows = finding_rows(m, config, model_name, len(task.held["labels"]))
+  for f in rows:
+    common.log(f"[{f['holds']}] {f['measured']}")
+
+  with common.timed(timings, "figures"):
+    figures = [figure_patterns(m["before"], m["after"], args.out),
+               figure_ablation(m["acc"], args.out),
+               figure_change(m["change"].cosine, m["change"].cka, args.out)]
+
+  results = results_of(task, run, m, config, timings)
   settings = {"model": model_name, "model_config": {k: getattr(arch, k) for k in (
       "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
               "task": "BLiMP acceptability, split by minimal pair", **size, "seed": args.seed,
@@ -478,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                               attention.PatternThresholds()),
               "analysis": "held-out sentences (patterns and change: the first "
                           f"{size['analysis_sentences']})"}
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
 
 

@@ -36,9 +36,11 @@ What it measures, on which model and data, and why:
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import common
 import numpy as np
@@ -222,14 +224,8 @@ def special_rule(raw: float, effective: float) -> str:
   return "partly" if effective < raw else "no"
 
 
-def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> list[str]:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  figs = []
-  depth = main["raw_cls"].shape[1]
+def _figure_null_space(plt, out, sweep, lengths, head_dim, depth, model_name) -> str:
+  """Null-space dimension and raw/effective correlation against the sequence length."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
   ax = axes[0]
   dims = [sweep[n]["null_dim"].ravel() for n in lengths]
@@ -253,9 +249,11 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
   for ax in axes:
     ax.grid(alpha=0.3)
   fig.suptitle(f"Brunner et al. (2020) on {model_name}")
-  figs.append(common.savefig(fig, out, f"{NAME}_null_space"))
+  return common.savefig(fig, out, f"{NAME}_null_space")
 
-  layers = np.arange(1, depth + 1)
+
+def _figure_special(plt, out, main, lib, layers, model_name) -> str:
+  """Mass on [CLS], [SEP] and punctuation, and the position correlation, by layer."""
   fig, axes = plt.subplots(1, 4, figsize=(19, 4.3), layout="constrained")
   for ax, c in zip(axes, ("cls", "sep", "punct")):
     for kind, style in (("raw", "-o"), ("effective", "--s")):
@@ -275,8 +273,11 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
   ax.legend(fontsize=8)
   fig.suptitle(f"Raw vs effective attention by layer ({model_name}, "
                f"{main['raw_cls'].shape[0]} passages of {main['length']} tokens)")
-  figs.append(common.savefig(fig, out, f"{NAME}_special"))
+  return common.savefig(fig, out, f"{NAME}_special")
 
+
+def _figure_heads(plt, out, main, layers) -> str:
+  """Each head's mass on each token class, raw against effective."""
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
   for ax, c in zip(axes, ("cls", "sep", "punct")):
     raw, eff = main[f"raw_{c}"].mean(0), main[f"effective_{c}"].mean(0)  # (layers, heads)
@@ -290,8 +291,11 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
     ax.legend(fontsize=8, loc="upper left")
   fig.colorbar(sc, ax=axes, label="layer")
   fig.suptitle("Each head's attention to token classes, raw vs effective (Brunner Fig. 3b/c)")
-  figs.append(common.savefig(fig, out, f"{NAME}_heads"))
+  return common.savefig(fig, out, f"{NAME}_heads")
 
+
+def _figure_example(plt, out, example) -> str:
+  """One head's raw and effective map on one passage, and the attention each position gets."""
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), layout="constrained")
   top = float(np.abs(example["effective"]).max())
   im = axes[0].imshow(example["raw"], cmap="Blues", vmin=0)
@@ -311,12 +315,25 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
   axes[2].legend(fontsize=8)
   fig.suptitle(f"One passage of {len(example['raw'])} tokens; the head with the most raw "
                "[CLS]+[SEP] mass")
-  figs.append(common.savefig(fig, out, f"{NAME}_example"))
-  return figs
+  return common.savefig(fig, out, f"{NAME}_example")
 
 
-@common.one_blas_thread
-def main(argv: Sequence[str] | None = None) -> int:
+def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  depth = main["raw_cls"].shape[1]
+  layers = np.arange(1, depth + 1)
+  return [_figure_null_space(plt, out, sweep, lengths, head_dim, depth, model_name),
+          _figure_special(plt, out, main, lib, layers, model_name),
+          _figure_heads(plt, out, main, layers),
+          _figure_example(plt, out, example)]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The shared experiment options and the passages' sizes."""
   p = common.parser(__doc__)
   p.add_argument("--passages", type=int, default=32,
                  help="passages in the main set (default: 32; --smoke: 4)")
@@ -324,19 +341,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help="tokens per main-set passage, [CLS] and [SEP] included (default: 128)")
   p.add_argument("--sweep-passages", type=int, default=3,
                  help="passages per length in the length sweep (default: 3)")
-  args = p.parse_args(argv)
-  t_start = time.perf_counter()
-  timings: dict[str, float] = {}
+  return p.parse_args(argv)
 
-  from bertjax.analysis import attention
-  from bertjax.data import conllu
 
-  data = common.data_dir(args.data_dir, "ud_english_ewt")
-  path = common.ud_file(data, "dev")
-  sentences = conllu.read_conllu(path, max_sentences=60 if args.smoke else None)
-  with common.timed(timings, "load model"):
-    config, params, tok, model_name = common.load_model(args)
-  head_dim = config.head_dim
+def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
+  """`(lengths, length, count, per_len)`: the sweep's lengths, the main set's passage length
+  and count, and the sweep's passages per length.
+
+  Raises:
+    ValueError: the main set's passages are not longer than `head_dim`.
+  """
   if args.smoke:
     lengths, length, count, per_len = [8, 16, 24, 32, 48], 40, 4, 2
   else:
@@ -344,71 +358,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     length, count, per_len = args.length, args.passages, args.sweep_passages
   if length <= head_dim:
     raise ValueError(f"--length {length} must exceed d_head={head_dim} (else effective = raw)")
-  stream = token_stream(tok, sentences)
-  punct = attention.punctuation_ids(tok)
-  kw = {"cls_id": tok.cls_id, "sep_id": tok.sep_id, "punct_ids": punct, "rebuild": 1}
+  return lengths, length, count, per_len
 
-  common.log(f"length sweep {lengths}, {per_len} passages each ({model_name}, d_head={head_dim})")
-  sweep = {}
-  with common.timed(timings, "length sweep"):
-    for n in lengths:
-      sweep[n] = analyse(params, config, make_passages(stream, n, per_len, tok.cls_id, tok.sep_id,
-                                                       args.seed + n), **kw)
-  common.log(f"main set: {count} passages of {length} tokens")
-  ids = make_passages(stream, length, count, tok.cls_id, tok.sep_id, args.seed)
-  batches = [{"input_ids": ids[i:i + 8], "attention_mask": np.ones_like(ids[i:i + 8]),
-              "token_type_ids": np.zeros_like(ids[i:i + 8])} for i in range(0, count, 8)]
-  with common.timed(timings, "effective_attention_statistics"):
-    lib = attention.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
-                                                   sep_id=tok.sep_id)
-  with common.timed(timings, "per-head analysis"):
-    main_r = analyse(params, config, ids, **kw, null_space=False)
-  main_r["length"] = length
 
+def summarise(sweep: dict[int, dict], lengths: list[int], head_dim: int, main: dict,
+              lib: dict) -> dict[str, Any]:
+  """The run's summary: null-space dimensions and ranks by length, the checks' largest errors,
+  the correlation by length and the attention masses."""
   # The library's [CLS]/[SEP] statistics and ours must agree (same passages, same maps).
-  agree = max(float(np.abs(lib[k][c] - main_r[f"{k}_{c}"].mean(0)).max())
+  agree = max(float(np.abs(lib[k][c] - main[f"{k}_{c}"].mean(0)).max())
               for k in KINDS for c in ("cls", "sep"))
-  special = {k: float((main_r[f"{k}_cls"] + main_r[f"{k}_sep"]).mean()) for k in KINDS}
-  per_class = {f"{k}_{c}": float(main_r[f"{k}_{c}"].mean()) for k in KINDS
-               for c in ("cls", "sep", "punct")}
-  heads_lower = float(np.mean((main_r["effective_cls"] + main_r["effective_sep"]).mean(0)
-                              < (main_r["raw_cls"] + main_r["raw_sep"]).mean(0)))
   null_dims = {n: sweep[n]["null_dim"] for n in lengths}
-  ranks = {n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max())) for n in lengths}
-  all_runs = [sweep[n] for n in lengths] + [main_r]
-  out_err = max(float(r["output_error"].max()) for r in all_runs)
-  null_res = max(float(sweep[n]["null_residual"].max()) for n in lengths)
-  block_err = {k: max(float(r[f"block_error_{k}"].max()) for r in all_runs) for k in KINDS}
-  corr_by_len = {n: float(sweep[n]["corr"].mean()) for n in lengths}
-  long = [n for n in lengths if n > head_dim]
-  summary = {
-    "head_dim": head_dim, "lengths": lengths, "rank_min_max": ranks,
+  all_runs = [sweep[n] for n in lengths] + [main]
+  return {
+    "head_dim": head_dim, "lengths": lengths,
+    "rank_min_max": {n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max()))
+                     for n in lengths},
     "null_dim_mean": {n: float(null_dims[n].mean()) for n in lengths},
     "null_dim_expected": {n: expected_null_dim(n, head_dim) for n in lengths},
     "null_dim_matches": {n: float(np.mean(null_dims[n] == expected_null_dim(n, head_dim)))
                          for n in lengths},
-    "max_null_residual": null_res, "max_relative_head_output_error": out_err,
-    "max_block_output_error": block_err, "corr_raw_effective_by_length": corr_by_len,
-    "special_mass": special, "mass": per_class, "heads_with_lower_effective_special": heads_lower,
+    "max_null_residual": max(float(sweep[n]["null_residual"].max()) for n in lengths),
+    "max_relative_head_output_error": max(float(r["output_error"].max()) for r in all_runs),
+    "max_block_output_error": {k: max(float(r[f"block_error_{k}"].max()) for r in all_runs)
+                               for k in KINDS},
+    "corr_raw_effective_by_length": {n: float(sweep[n]["corr"].mean()) for n in lengths},
+    "special_mass": {k: float((main[f"{k}_cls"] + main[f"{k}_sep"]).mean()) for k in KINDS},
+    "mass": {f"{k}_{c}": float(main[f"{k}_{c}"].mean()) for k in KINDS
+             for c in ("cls", "sep", "punct")},
+    "heads_with_lower_effective_special": float(np.mean(
+        (main["effective_cls"] + main["effective_sep"]).mean(0)
+        < (main["raw_cls"] + main["raw_sep"]).mean(0))),
     "library_vs_direct_max_difference": agree,
     "position_corr_mean": {k: float(np.nanmean(lib[k]["position_corr"])) for k in KINDS},
     "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"]))}
 
-  # An example: the head with the most raw [CLS]+[SEP] mass, on a short passage.
-  layer, head = divmod(int(np.argmax((main_r["raw_cls"] + main_r["raw_sep"]).mean(0))),
-                       config.num_attention_heads)
-  ex_ids = make_passages(stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id,
-                         tok.sep_id, args.seed + 1)
-  import bertjax
 
-  o = bertjax.forward(params, config, ex_ids, output_attentions=True, output_hidden_states=True)
-  raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
-  t = attention.head_value_outputs(params, config, layer, np.asarray(o.hidden_states)[layer, 0])
-  example = {"layer": layer, "head": head, "raw": raw[head],
-             "effective": attention.effective_attention(raw, t)[head],
-             "tokens": tok.convert_ids_to_tokens(ex_ids[0])}
-
-  findings = [
+def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count: int,
+                 length: int) -> list[dict]:
+  """The Findings rows: the null space, the unchanged output, the mass on [CLS] and [SEP]."""
+  head_dim, lengths = summary["head_dim"], summary["lengths"]
+  null_dims = {n: sweep[n]["null_dim"] for n in lengths}
+  ranks, corr_by_len = summary["rank_min_max"], summary["corr_raw_effective_by_length"]
+  out_err, block_err = summary["max_relative_head_output_error"], summary["max_block_output_error"]
+  special, per_class = summary["special_mass"], summary["mass"]
+  heads_lower = summary["heads_with_lower_effective_special"]
+  long = [n for n in lengths if n > head_dim]
+  return [
     common.finding(
       PAPER, "Attention weights are not identifiable once the sequence is longer than the head "
       "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
@@ -438,8 +434,69 @@ def main(argv: Sequence[str] | None = None) -> int:
       "yes if effective <= half of raw, partly if lower.",
       special_rule(special["raw"], special["effective"])),
   ]
+
+
+def example_head(params, config, tok, main: dict, ids: np.ndarray) -> dict[str, Any]:
+  """The head with the most raw [CLS]+[SEP] mass in `main`: its raw and effective maps on the
+  passage `ids` ((1, n))."""
+  import bertjax
+  from bertjax.analysis import attention
+
+  layer, head = divmod(int(np.argmax((main["raw_cls"] + main["raw_sep"]).mean(0))),
+                       config.num_attention_heads)
+  o = bertjax.forward(params, config, ids, output_attentions=True, output_hidden_states=True)
+  raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
+  t = attention.head_value_outputs(params, config, layer, np.asarray(o.hidden_states)[layer, 0])
+  return {"layer": layer, "head": head, "raw": raw[head],
+          "effective": attention.effective_attention(raw, t)[head],
+          "tokens": tok.convert_ids_to_tokens(ids[0])}
+
+
+@common.one_blas_thread
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+
+  from bertjax.analysis import attention
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir, "ud_english_ewt")
+  path = common.ud_file(data, "dev")
+  sentences = conllu.read_conllu(path, max_sentences=60 if args.smoke else None)
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = common.load_model(args)
+  head_dim = config.head_dim
+  lengths, length, count, per_len = passage_sizes(args, head_dim)
+  stream = token_stream(tok, sentences)
+  punct = attention.punctuation_ids(tok)
+  kw = {"cls_id": tok.cls_id, "sep_id": tok.sep_id, "punct_ids": punct, "rebuild": 1}
+
+  common.log(f"length sweep {lengths}, {per_len} passages each ({model_name}, d_head={head_dim})")
+  sweep = {}
+  with common.timed(timings, "length sweep"):
+    for n in lengths:
+      sweep[n] = analyse(params, config, make_passages(stream, n, per_len, tok.cls_id, tok.sep_id,
+                                                       args.seed + n), **kw)
+  common.log(f"main set: {count} passages of {length} tokens")
+  ids = make_passages(stream, length, count, tok.cls_id, tok.sep_id, args.seed)
+  batches = [{"input_ids": ids[i:i + 8], "attention_mask": np.ones_like(ids[i:i + 8]),
+              "token_type_ids": np.zeros_like(ids[i:i + 8])} for i in range(0, count, 8)]
+  with common.timed(timings, "effective_attention_statistics"):
+    lib = attention.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
+                                                   sep_id=tok.sep_id)
+  with common.timed(timings, "per-head analysis"):
+    main_r = analyse(params, config, ids, **kw, null_space=False)
+  main_r["length"] = length
+  summary = summarise(sweep, lengths, head_dim, main_r, lib)
+
+  # An example: the head with the most raw [CLS]+[SEP] mass, on a short passage.
+  ex_ids = make_passages(stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id,
+                         tok.sep_id, args.seed + 1)
+  example = example_head(params, config, tok, main_r, ex_ids)
+  rows = finding_rows(summary, sweep, config, count, length)
   figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name)
-  for f in findings:
+  for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = {"model": model_name, "data": str(path.relative_to(data)),
               "sentences": len(sentences), "main_passages": count, "main_length": length,
@@ -456,9 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "special_effective": (sweep[n]["effective_cls"]
                                                  + sweep[n]["effective_sep"]).mean(0)}
                        for n in lengths},
-             "example": {"layer": layer + 1, "head": head, "tokens": example["tokens"]},
+             "example": {"layer": example["layer"] + 1, "head": example["head"],
+                         "tokens": example["tokens"]},
              "timings": timings}
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
   return 0
 

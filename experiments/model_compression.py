@@ -23,8 +23,9 @@ score, retained score, speed-up) on models this machine trains in minutes:
   teacher's soft targets add);
 * `shared_6l` (ALBERT-style): 6 layers of one shared parameter set
   (`model_type="albert"`, `num_hidden_groups=1`, E = H with an identity E -> H map),
-  the shared layer initialised from the teacher's block `--shared-layer` + 1 (the flag
-  counts from 0; default 2, i.e. block 3),
+  the shared layer initialised from the teacher's block `--shared-layer` (1..L, as
+  everywhere in the project; default 3; result files written while the flag counted from
+  0 record `shared_layer: 2` for block 3),
   embeddings and head copied, distilled as `distilled_3l`;
 * `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
   int8 linear layers, `bertjax.quantize`), no retraining.
@@ -46,6 +47,7 @@ JAX imports the standard library's `compression` package.)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import statistics
@@ -67,16 +69,12 @@ LABELS = {"teacher": "teacher (MiniLM-L6, fine-tuned)", "distilled_3l": "DistilB
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-  """Data, training and timing sizes of one run."""
+class Scale(common.Scale):
+  """Data, training and timing sizes of one run (the budget: `common.Scale`)."""
 
   max_len: int
   max_sentences: int | None
   eval_fraction: float
-  steps: int
-  batch: int
-  lr: float
-  warmup: int
   temperature: float
   alpha: float
   time_batch: int
@@ -99,12 +97,23 @@ def smoke_teacher_config(vocab_size: int):
                             max_position_embeddings=64)
 
 
-def shared_from_teacher(t_config, t_params, layer: int):
-  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `layer`.
+def check_block(block: int, depth: int) -> None:
+  """Raises a ValueError unless `block` (`--shared-layer`) names one of blocks 1..`depth`."""
+  if not 1 <= block <= depth:
+    raise ValueError(f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, "
+                     "counted from 1)")
+
+
+def shared_from_teacher(t_config, t_params, block: int):
+  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `block`.
 
   Embeddings (with an identity E -> H projection, E = H), the shared layer and the
-  task head are copied, so before training it computes the teacher's layer `layer`
+  task head are copied, so before training it computes the teacher's block `block`
   `depth` times over.
+
+  Args:
+    t_config, t_params: the teacher (a BERT without sharing, with a token classifier).
+    block: the teacher's block to share, counted from 1 (1..L, as `--shared-layer`).
 
   Returns:
     `(config, params)`.
@@ -115,8 +124,7 @@ def shared_from_teacher(t_config, t_params, layer: int):
     raise ValueError(f"a shared-layer model is built from a BERT teacher without sharing; got "
                      f"model_type={t_config.model_type!r}, "
                      f"num_param_layers={t_config.num_param_layers}")
-  if not 0 <= layer < t_config.num_hidden_layers:
-    raise ValueError(f"--shared-layer {layer} must be in [0, {t_config.num_hidden_layers})")
+  check_block(block, t_config.num_hidden_layers)
   config = t_config.replace(model_type="albert", embedding_size=t_config.hidden_size,
                             num_hidden_groups=1, inner_group_num=1)
   fresh = bertjax.init(config, 0, heads=("token_classifier",))
@@ -133,7 +141,7 @@ def shared_from_teacher(t_config, t_params, layer: int):
                  "bias": jnp.zeros_like(sub["bias"])}
   params["embeddings"] = emb
   params["encoder"] = {**t_params["encoder"], "layers": jax.tree.map(
-      lambda a: a[layer:layer + 1], t_params["encoder"]["layers"])}
+      lambda a: a[block - 1:block], t_params["encoder"]["layers"])}
   params["token_classifier"] = t_params["token_classifier"]
   shapes = jax.tree.map(lambda a: a.shape, fresh)
   got = jax.tree.map(lambda a: a.shape, params)
@@ -264,47 +272,54 @@ def _figure(out, rows: dict[str, dict]) -> list[str]:
   return [common.savefig(fig, out, f"{NAME}_table")]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The shared experiment options, `--steps` and `--shared-layer`."""
   parser = common.parser(__doc__, model=False)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"fine-tuning steps of each trained model (default: {FULL.steps})")
-  parser.add_argument("--shared-layer", type=int, default=2,
-                      help="the teacher layer that initialises the shared layer (default: 2)")
-  args = parser.parse_args(argv)
-  t_start = time.perf_counter()
-  import bertjax
-  from bertjax.training import distill
+  parser.add_argument("--shared-layer", type=int, default=3,
+                      help="the teacher block (1..L) that initialises the shared layer "
+                           "(default: 3)")
+  return parser.parse_args(argv)
+
+
+def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
+  """UD EWT dev's UPOS tags, split into train and held-out sentences.
+
+  Returns:
+    `(train, held, tags, ud)`: the two splits, the tag names and the `.conllu` file.
+  """
   from bertjax.training import finetune as F
 
-  sc = SMOKE if args.smoke else FULL
-  if args.steps is not None:
-    if args.steps < 1:
-      raise ValueError(f"--steps={args.steps} must be >= 1")
-    sc = dataclasses.replace(sc, steps=args.steps, warmup=args.steps // 10)
-  if args.smoke:
-    from stacking import smoke_compilation_cache
-
-    smoke_compilation_cache()
-  sys.path.insert(0, str(common.REPO / "benchmarks"))
-  from bench_forward import cpu_info
-
-  timings: dict[str, float] = {}
-  path = bertjax.minilm_path()
-  tok = bertjax.Tokenizer.from_pretrained(path)
   with common.timed(timings, "data"):
     ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
     train, held, tags = F.load_ud_pos(ud, tok, max_len=sc.max_len, field="upos",
                                       eval_fraction=sc.eval_fraction,
                                       max_sentences=sc.max_sentences, seed=args.seed)
-  n_words = int((held["labels"] >= 0).sum())
   common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences "
-             f"({n_words} words), {len(tags)} tags, max_len {sc.max_len}")
+             f"({int((held['labels'] >= 0).sum())} words), {len(tags)} tags, max_len "
+             f"{sc.max_len}")
+  return train, held, tags, ud
+
+
+def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: int,
+                 timings: dict[str, float]):
+  """Fine-tunes the teacher, then trains the compressed models from it (`ROWS`).
+
+  Returns:
+    `(runs, models)`: name -> metrics and loss curve; name -> `(config, params)`, in `ROWS`'
+    order.
+  """
+  import bertjax
+  from bertjax.training import distill
+  from bertjax.training import finetune as F
+
   task = "token_classification"
-  hp = F.FinetuneConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
-                        warmup_steps=sc.warmup, seed=args.seed)
-  base = smoke_teacher_config(tok.vocab_size) if args.smoke else None
-  t_config, t_params = F.prepare_model(task, len(tags), init_from=None if args.smoke else path,
+  base = smoke_teacher_config(vocab_size) if args.smoke else None
+  t_config, t_params = F.prepare_model(task, len(tags),
+                                       init_from=None if args.smoke else bertjax.minilm_path(),
                                        config=base, seed=args.seed, label_names=tags)
+  check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
   runs: dict[str, dict] = {}
   models: dict[str, tuple[Any, Any]] = {}
 
@@ -330,18 +345,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   with common.timed(timings, "evaluate int8"):
     runs["int8"] = {"metrics": F.evaluate(t_params, q_config, held, task)}
   models["int8"] = (q_config, t_params)
-  models = {k: models[k] for k in ROWS}
+  return runs, {k: models[k] for k in ROWS}
 
-  timed_batch = {k: v[:sc.time_batch] for k, v in held.items()}
-  load_start = os.getloadavg()
-  with common.timed(timings, "forward timing"):
-    speed = time_forwards(models, timed_batch, sc.rounds, sc.warmup_rounds)
-  load_end = os.getloadavg()
-  cpu = cpu_info()
-  threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
+
+def table_rows(models: dict[str, tuple[Any, Any]], runs: dict[str, dict],
+               speed: dict[str, dict]) -> dict[str, dict]:
+  """Each model's columns: parameters, weight bytes, depth, score, retained, speed-up."""
+  import bertjax
 
   teacher_score = runs["teacher"]["metrics"]["accuracy"]
-  teacher_params = bertjax.count_params(t_params)
+  teacher_params = bertjax.count_params(models["teacher"][1])
   rows: dict[str, dict] = {}
   for name in ROWS:
     config, params = models[name]
@@ -356,23 +369,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         "forward_median_s": speed[name]["median_s"], "compile_s": speed[name]["compile_s"]}
     rows[name]["mb"] = rows[name]["bytes"] / 1e6
     rows[name]["compression"] = rows["teacher"]["bytes"] / rows[name]["bytes"]
-  counts = {"teacher": rows["teacher"]["params"]}
-  tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
-  majority = float(tags_major.max() / tags_major.sum())
-  cpu_line = (f"{cpu['cpu']}, {cpu['cores']} cores ({', '.join(cpu['isa']) or 'no AVX2+'}), "
-              f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
-              f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
-  md = table(rows, cpu_line)
-  common.log("\n" + md)
-  figures = _figure(args.out, rows)
+  return rows
+
+
+def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
+                 cpu: str) -> list[dict]:
+  """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the table's rows.
+
+  Args:
+    rows: `table_rows`.
+    majority: the majority tag's share of the held-out words.
+    shared_layer: the teacher block (1..L) the shared model started from.
+    cpu: the CPU's name.
+  """
+  teacher = rows["teacher"]
   d, sh, q = rows["distilled_3l"], rows["shared_6l"], rows["int8"]
   lab = rows["labels_3l"]
-  findings = [
+  return [
       common.finding(
           "Sanh et al. 2019", "A student with half the teacher's layers, initialised from every "
           "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
           "(DistilBERT).",
-          f"UPOS (UD EWT dev, held-out words): teacher {teacher_score:.2%} (majority tag "
+          f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
           f"{majority:.1%}); 3-layer student {d['score']:.2%} = {d['retained']:.1%} retained "
           f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
           f"forward on the CPU; trained on labels only {lab['score']:.2%} "
@@ -381,8 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       common.finding(
           "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
           "parameter count (ALBERT) but not the compute, at some cost in score.",
-          f"6 layers sharing one set (from teacher layer {args.shared_layer}, distilled): "
-          f"{sh['params'] / 1e6:.2f}M vs {counts['teacher'] / 1e6:.2f}M parameters "
+          f"6 layers sharing one set (from teacher block {shared_layer}, distilled): "
+          f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
           f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
           f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
           "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
@@ -392,25 +410,66 @@ def main(argv: Sequence[str] | None = None) -> int:
           "Zafrir et al. 2019", "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x "
           "smaller linear weights.",
           f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
-          f"retained; weights {q['mb']:.1f} MB vs {rows['teacher']['mb']:.1f} MB "
+          f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
           f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
-          f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu['cpu']} (XLA's "
+          f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
           "integer dot; no fused int8 kernel). Rule: yes if >= 99% retained, partly if >= 97%.",
           int8_verdict(q["retained"])),
   ]
-  results = {"rows": rows, "table_markdown": md, "teacher_score": teacher_score,
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  import bertjax
+  from bertjax.training import finetune as F
+
+  sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
+  if args.smoke:
+    common.smoke_compilation_cache()
+  sys.path.insert(0, str(common.REPO / "benchmarks"))
+  from bench_forward import cpu_info
+
+  timings: dict[str, float] = {}
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  train, held, tags, ud = load_upos(args, sc, tok, timings)
+  hp = F.FinetuneConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
+                        warmup_steps=sc.warmup, seed=args.seed)
+  runs, models = train_models(args, sc, hp, train, held, tags, tok.vocab_size, timings)
+
+  timed_batch = {k: v[:sc.time_batch] for k, v in held.items()}
+  load_start = os.getloadavg()
+  with common.timed(timings, "forward timing"):
+    speed = time_forwards(models, timed_batch, sc.rounds, sc.warmup_rounds)
+  load_end = os.getloadavg()
+  cpu = cpu_info()
+  threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
+
+  rows = table_rows(models, runs, speed)
+  tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
+  majority = float(tags_major.max() / tags_major.sum())
+  cpu_line = (f"{cpu['cpu']}, {cpu['cores']} cores ({', '.join(cpu['isa']) or 'no AVX2+'}), "
+              f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
+              f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
+  md = table(rows, cpu_line)
+  common.log("\n" + md)
+  figures = _figure(args.out, rows)
+  results = {"rows": rows, "table_markdown": md, "teacher_score": rows["teacher"]["score"],
              "majority_tag_accuracy": majority, "runs": runs, "speed": speed,
              "cpu": cpu, "threads": threads, "loadavg": {"start": load_start, "end": load_end},
              "data": {"train_sentences": len(train["labels"]),
-                      "heldout_sentences": len(held["labels"]), "heldout_words": n_words,
+                      "heldout_sentences": len(held["labels"]),
+                      "heldout_words": int((held["labels"] >= 0).sum()),
                       "tags": tags, "file": str(ud.name)},
              "timings_s": timings}
   settings = {**dataclasses.asdict(sc), "seed": args.seed, "shared_layer": args.shared_layer,
               "teacher": "random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2",
               "finetune": dataclasses.asdict(hp),
               "configs": {k: dataclasses.asdict(models[k][0]) for k in ROWS}}
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  common.write_results(NAME, args.out, results,
+                       findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
+                       settings=settings, smoke=args.smoke,
+                       seconds=time.perf_counter() - t_start, figures=figures)
   return 0
 
 

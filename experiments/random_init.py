@@ -77,8 +77,7 @@ SIZES: dict[str, dict[str, Any]] = {
               "blimp_dev": 6, "blimp_test": 10, "blimp_train": 24, "max_len": 64,
               "eval_batch": 16, "bow_steps": 50},
 }
-SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "intermediate_size": 64, "max_position_embeddings": 64}
+SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 RULE = ("r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
         "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority")
 YES, PARTLY = 0.75, 0.4

@@ -248,27 +248,12 @@ def min_detectable_drop(n: int, alpha: float) -> float:
   return b / n
 
 
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
-
-  Each `holds` follows the stated rule from the numbers; each row says what differs from
-  Michel et al.'s setting (a fixed probe on a frozen encoder, a small held-out set, a task the
-  embeddings already solve).
-  """
-  r = common.from_json(r)
-  ab, pr, sp, task = r["ablation"], r["pruning"], r["speed"], r["task"]
-  depth, n_heads = np.shape(ab["head_loss"])
-  total_heads = depth * n_heads
+def _row_single_heads(ab: dict, s: dict, differs: str) -> dict:
+  """Michel Table 1: how many heads can go alone without a significant accuracy drop."""
+  total_heads = np.size(ab["head_loss"])
   base_acc0, n_test = ab["baseline_accuracy"], ab["num_test"]
-  layer_acc = np.asarray(task["probe_accuracy_by_layer"])
-  lower = int(np.argmax(layer_acc[:-1]))
-  differs = (f"Differs from Michel: a fixed linear probe on the frozen encoder's final layer "
-             f"for negation, a lexical cue the probe reads as well from layer {lower} "
-             f"({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), rather than a "
-             "fine-tuned model on MNLI or translation, so heads are less needed than there.")
-  rows = []
   removable = ab["heads_removable_alone"] / total_heads
-  rows.append(common.finding(
+  return common.finding(
       PAPER, "Most attention heads can be removed individually at test time without a "
       "statistically significant drop in performance.",
       f"{ab['heads_removable_alone']} of {total_heads} heads ({removable:.0%}) removed alone "
@@ -279,11 +264,16 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{differs} With n={n_test} the test detects only drops of "
       f">= {min_detectable_drop(n_test, s['alpha']):.3f} (Michel: MNLI's ~10k examples). "
       "Rule: yes if >=75% of heads, partly if >=50%.",
-      "yes" if removable >= 0.75 else "partly" if removable >= 0.5 else "no"))
-  tolerance = pr["tolerance"]
+      "yes" if removable >= 0.75 else "partly" if removable >= 0.5 else "no")
+
+
+def _row_one_head_enough(ab: dict, tolerance: float) -> dict:
+  """Michel Table 2: layers where keeping only their best head stays near the intact model."""
+  depth = np.shape(ab["head_loss"])[0]
+  base_acc0 = ab["baseline_accuracy"]
   best_keep = np.max(ab["keep_one_accuracy"], 1)
   layers_ok = int((best_keep >= base_acc0 - tolerance).sum())
-  rows.append(common.finding(
+  return common.finding(
       PAPER, "In many layers a single head is enough: all heads but one can be removed "
       "with little loss.",
       f"keeping only the best head of a layer (best on the held-out split itself, as Michel's "
@@ -291,13 +281,18 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{depth} layers (best-head accuracy, layers 1-{depth}: "
       f"{np.round(best_keep, 3).tolist()}, baseline {base_acc0:.3f}). "
       "Rule: yes if >=2/3 of layers, partly if >=1/3.",
-      "yes" if layers_ok >= 2 * depth / 3 else "partly" if layers_ok >= depth / 3 else "no"))
+      "yes" if layers_ok >= 2 * depth / 3 else "partly" if layers_ok >= depth / 3 else "no")
+
+
+def _row_pruning_curve(pr: dict, layer_acc: np.ndarray, lower: int) -> dict:
+  """The iterative pruning curve: how many heads go before the accuracy drops."""
+  tolerance = pr["tolerance"]
   pa, pl = pr["accuracy"], pr["loss"]
   fractions = pr["fractions"]
   keep_frac, base_acc = pr["max_fraction_within_tolerance"], pa["iterative"][0]
   peak = int(np.argmax(pa["iterative"]))
   rises = pa["iterative"][peak] > base_acc + tolerance
-  rows.append(common.finding(
+  return common.finding(
       PAPER, "Iterative importance pruning removes 20-40% of heads with no noticeable drop "
       "(BERT: 40%).",
       f"held-out accuracy stays within {tolerance:.0%} of the intact {base_acc:.3f} up to "
@@ -312,11 +307,16 @@ def findings(r: dict, s: dict) -> list[dict]:
          "final state that way: on this task pruning is a weak test. "
          if rises and layer_acc[lower] > layer_acc[-1] + tolerance else "")
       + "Rule: yes if >=35%, partly if >=15%.",
-      "yes" if keep_frac >= 0.35 else "partly" if keep_frac >= 0.15 else "no"))
+      "yes" if keep_frac >= 0.35 else "partly" if keep_frac >= 0.15 else "no")
+
+
+def _row_importance_order(pr: dict, importance: dict) -> dict:
+  """Pruning by importance against pruning in random orders."""
+  fractions = pr["fractions"]
   area, area_random = pr["mean_accuracy_over_curve"], pr["mean_accuracy_over_curve_random"]
   beats_all = area["iterative"] > max(area_random)
   beats_mean = area["iterative"] > float(np.mean(area_random))
-  rows.append(common.finding(
+  return common.finding(
       PAPER, "Pruning by head importance degrades the model far more slowly than pruning in "
       "random order.",
       f"mean held-out accuracy over the curve (0-{fractions[-1]:.0%} masked): "
@@ -324,15 +324,19 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{area['static_normalized']:.3f}; static raw {area['static_raw']:.3f}; random orders "
       f"{np.mean(area_random):.3f} (range {min(area_random):.3f}-{max(area_random):.3f}, "
       f"{len(area_random)} orders); importance vs the single-head ablation loss change: "
-      f"Spearman {r['importance']['spearman_vs_single_ablation_loss']:.2f}. Rule: yes if above "
+      f"Spearman {importance['spearman_vs_single_ablation_loss']:.2f}. Rule: yes if above "
       "every random order, partly if above their mean.",
-      "yes" if beats_all else "partly" if beats_mean else "no"))
+      "yes" if beats_all else "partly" if beats_mean else "no")
+
+
+def _row_speedup(sp: dict) -> dict:
+  """The measured speed-up of physically pruned models."""
   speedup, speedup_min = sp["speedup"], sp["speedup_fastest"]
   diffs = sp["max_abs_diff_pruned_vs_masked"]
   equal = max(diffs) < 1e-4
   s40, s60 = speedup[1], speedup[2]
   f = sp["fractions"]
-  rows.append(common.finding(
+  return common.finding(
       PAPER, "Physically pruning heads speeds up inference (BERT, 50% of heads pruned: up to "
       "17.5% faster).",
       f"{sp['backend']} batch {sp['batch']}x{sp['length']}, median of "
@@ -343,8 +347,27 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"pruned outputs equal masked ones to {max(diffs):.1e}. Rule: yes if outputs equal "
       "(<1e-4) and >=1.10x at 60% and >=1.05x at 40%, partly if any speed-up >=1.02x.",
       "yes" if equal and s60 >= 1.10 and s40 >= 1.05 else
-      "partly" if equal and max(speedup) >= 1.02 else "no"))
-  return rows
+      "partly" if equal and max(speedup) >= 1.02 else "no")
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
+
+  Each `holds` follows the stated rule from the numbers; each row says what differs from
+  Michel et al.'s setting (a fixed probe on a frozen encoder, a small held-out set, a task the
+  embeddings already solve).
+  """
+  r = common.from_json(r)
+  ab, pr = r["ablation"], r["pruning"]
+  layer_acc = np.asarray(r["task"]["probe_accuracy_by_layer"])
+  lower = int(np.argmax(layer_acc[:-1]))
+  differs = (f"Differs from Michel: a fixed linear probe on the frozen encoder's final layer "
+             f"for negation, a lexical cue the probe reads as well from layer {lower} "
+             f"({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), rather than a "
+             "fine-tuned model on MNLI or translation, so heads are less needed than there.")
+  return [_row_single_heads(ab, s, differs), _row_one_head_enough(ab, pr["tolerance"]),
+          _row_pruning_curve(pr, layer_acc, lower), _row_importance_order(pr, r["importance"]),
+          _row_speedup(r["speed"])]
 
 
 # Figures ------------------------------------------------------------------------------------
@@ -439,19 +462,15 @@ def figures(r: dict, out, depth: int) -> list[str]:
 # The run ------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
-  args = common.parser(__doc__).parse_args(argv)
-  start = time.perf_counter()
-  import jax
+def load(args, s: dict[str, Any], timings: dict[str, float]):
+  """The model (`s["model"]` becomes its name) and the negation task's labelled sentences
+  (a seeded sample of `s["max_sentences"]` when set).
 
-  import bertjax
-  from bertjax import report, stats
-  from bertjax.analysis import ablation
-  from bertjax.data import conllu
+  Returns:
+    `(config, params, tok, sentences)`.
+  """
+  from bertjax import report
 
-  data = common.data_dir(args.data_dir, "ud_english_ewt")
-  s = run_settings(args.smoke, args.seed)
-  timings: dict[str, float] = {}
   with common.timed(timings, "load"):
     config, params, tok, s["model"] = common.load_model(args, lambda: common.tiny_model(
         0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512))
@@ -460,23 +479,36 @@ def main(argv=None) -> int:
       rng = np.random.default_rng(args.seed)
       sentences = [sentences[i] for i in np.sort(rng.choice(len(sentences), s["max_sentences"],
                                                             replace=False))]
-  depth, n_heads = config.depth, config.num_attention_heads
-  total_heads = depth * n_heads
+  return config, params, tok, sentences
 
-  with common.timed(timings, "task"):
-    rs = report.ReportSettings(batch_size=s["batch_size"], probe_steps=s["probe_steps"],
-                               seed=args.seed)
-    task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
-    tparams, train, test = task["params"], task["train"], task["test"]
 
-  chunk = ablation.default_chunk_size()
+def importance(tparams, config, train, timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
+  """`(raw, normalized)` head importance E|dL/dxi| on the training split, (layers, heads)."""
+  from bertjax import report
+  from bertjax.analysis import ablation
+
   with common.timed(timings, "importance"):
     imp_raw = ablation.head_importance(tparams, config, train, report.task_loss,
                                        normalize_layers=False)
     # Michel's per-layer L2 normalisation, as `head_importance(normalize_layers=True)`
     # computes it (applied here to save a second pass over the data).
     imp_norm = imp_raw / (np.sqrt((imp_raw ** 2).sum(-1, keepdims=True)) + 1e-20)
+  return imp_raw, imp_norm
 
+
+def ablate_heads(tparams, config, test, alpha: float, chunk: int,
+                 timings: dict[str, float]) -> dict[str, Any]:
+  """Held-out loss and accuracy with each head, each layer's heads and all heads of a layer
+  but one removed, with paired significance tests of every single head (Michel Table 1).
+
+  Returns:
+    The result file's `ablation` entry.
+  """
+  from bertjax import report
+  from bertjax.analysis import ablation
+
+  depth, n_heads = config.depth, config.num_attention_heads
+  total_heads = depth * n_heads
   with common.timed(timings, "ablation"):
     # The library sweep (single heads, held-out loss) ...
     loss_heads = ablation.ablation_sweep(tparams, config, test, report.task_loss,
@@ -494,27 +526,55 @@ def main(argv=None) -> int:
     head_loss, head_acc = mean_loss[1:cut[1]], mean_acc[1:cut[1]]
     p_acc = np.array([mcnemar_p(ex_correct[0], ex_correct[i]) for i in range(1, cut[1])])
     p_loss = np.array([paired_loss_p(ex_loss[0], ex_loss[i]) for i in range(1, cut[1])])
-    drop_sig = (p_acc < s["alpha"]) & (head_acc < base_acc0)
-    loss_sig = (p_loss < s["alpha"]) & (head_loss > base_loss)
+    drop_sig = (p_acc < alpha) & (head_acc < base_acc0)
+    loss_sig = (p_loss < alpha) & (head_loss > base_loss)
     # The per-example pass and the library sweep must agree (two code paths, one quantity).
     consistency = float(max(abs(loss_heads.baseline - base_loss),
                             np.abs(loss_heads.heads.ravel() - head_loss).max()))
     common.log(f"single heads: {int(drop_sig.sum())} of {total_heads} significant accuracy "
                f"drops, {int(loss_sig.sum())} significant loss rises; sweep vs per-example "
                f"{consistency:.1e}")
-    acc = {"baseline": base_acc0, "heads": head_acc.reshape(depth, n_heads),
-           "layers": mean_acc[cut[1]:cut[2]],
-           "keep_one": mean_acc[cut[2]:].reshape(depth, n_heads)}
-    loss = {"baseline": base_loss, "heads": head_loss.reshape(depth, n_heads),
-            "layers": mean_loss[cut[1]:cut[2]],
-            "keep_one": mean_loss[cut[2]:].reshape(depth, n_heads)}
+  return {
+      "baseline_loss": base_loss, "baseline_accuracy": base_acc0,
+      "head_loss": head_loss.reshape(depth, n_heads),
+      "head_accuracy": head_acc.reshape(depth, n_heads),
+      "head_loss_ablation_sweep": loss_heads.heads,
+      "layer_heads_loss": mean_loss[cut[1]:cut[2]], "layer_heads_accuracy": mean_acc[cut[1]:cut[2]],
+      "keep_one_loss": mean_loss[cut[2]:].reshape(depth, n_heads),
+      "keep_one_accuracy": mean_acc[cut[2]:].reshape(depth, n_heads),
+      "head_accuracy_p_mcnemar": p_acc.reshape(depth, n_heads),
+      "head_loss_p_wilcoxon": p_loss.reshape(depth, n_heads),
+      "significant_accuracy_drops": int(drop_sig.sum()),
+      "significant_loss_rises": int(loss_sig.sum()),
+      "heads_removable_alone": int(total_heads - drop_sig.sum()),
+      "heads_improving_accuracy": int((head_acc > base_acc0).sum()),
+      "max_single_head_accuracy_drop": float(base_acc0 - head_acc.min()),
+      "sweep_vs_per_example_max_diff": consistency,
+      "num_test": int(ex_correct.shape[1]),
+  }
 
+
+def pruning_curves(tparams, config, train, test, imp_raw: np.ndarray, imp_norm: np.ndarray,
+                   majority: float, s: dict[str, Any], chunk: int,
+                   timings: dict[str, float]) -> dict[str, Any]:
+  """Held-out accuracy and loss against the fraction of heads masked: iterative importance
+  pruning (Michel), static importance orders and random orders (`majority`: the majority
+  class's accuracy, drawn beside them).
+
+  Returns:
+    The result file's `pruning` entry.
+  """
+  from bertjax import report
+  from bertjax.analysis import ablation
+
+  depth, n_heads = config.depth, config.num_attention_heads
+  total_heads = depth * n_heads
   with common.timed(timings, "pruning"):
     pruning = ablation.iterative_pruning(tparams, config, train, report.task_loss,
                                          step=s["prune_step"], max_fraction=s["prune_max"],
                                          chunk_size=chunk)
     counts = np.rint(pruning.fractions * total_heads).astype(int)
-    rng = np.random.default_rng(args.seed + 1)
+    rng = np.random.default_rng(s["seed"] + 1)
     curves = {"iterative": pruning.masks,
               "static_normalized": order_masks(np.argsort(imp_norm.ravel(), kind="stable"), counts,
                                                (depth, n_heads)),
@@ -539,7 +599,28 @@ def main(argv=None) -> int:
     area_random = [curve_area(pruning.fractions, v) for v in ra]
     common.log(f"pruning: iterative accuracy {np.round(pa['iterative'], 3).tolist()}; "
                f"random mean {np.round(ra.mean(0), 3).tolist()}")
+  return {"fractions": pruning.fractions, "heads_masked": counts,
+          "train_loss_iterative": pruning.metrics, "accuracy": pa, "loss": pl,
+          "masks_iterative": pruning.masks, "majority_accuracy": majority, "tolerance": tolerance,
+          "max_fraction_within_tolerance": keep_frac, "mean_accuracy_over_curve": area,
+          "mean_accuracy_over_curve_random": area_random}
 
+
+def speed(params, config, tok, data, masks_iterative, imp_norm: np.ndarray, s: dict[str, Any],
+          timings: dict[str, float]) -> dict[str, Any]:
+  """The inference speed-up of physically pruned models (`PRUNE_TARGETS`, in the iterative
+  pruning order) and of a head-masked one, on a batch of UD EWT dev sentences.
+
+  Returns:
+    The result file's `speed` entry.
+  """
+  import jax
+
+  import bertjax
+  from bertjax.data import conllu
+
+  depth, n_heads = config.depth, config.num_attention_heads
+  total_heads = depth * n_heads
   with common.timed(timings, "speed"):
     ud = conllu.read_conllu(common.ud_file(data, "dev"), max_sentences=400)
     words = [list(x.forms) for x in ud]
@@ -550,7 +631,7 @@ def main(argv=None) -> int:
                        f"need timing_batch={s['timing_batch']}")
     b = tok.encode_words(fit[:s["timing_batch"]], pad_to=s["timing_length"])
     ids, attn = b.input_ids, b.attention_mask
-    order = iterative_order(pruning.masks, imp_norm)
+    order = iterative_order(masks_iterative, imp_norm)
     fractions, diffs, n_pruned = [], [], []
     models = {"unpruned": (config, params, None)}
     for target in PRUNE_TARGETS:
@@ -573,44 +654,48 @@ def main(argv=None) -> int:
     common.log(f"speed-up at {np.round(fractions, 3).tolist()} pruned: "
                f"{np.round(speedup, 3).tolist()}; max |pruned - masked| {max(diffs):.1e}")
     nparams = {name: int(bertjax.count_params(p)) for name, (_, p, _) in models.items()}
+  return {"fractions": fractions, "heads_removed": n_pruned, "targets": PRUNE_TARGETS,
+          "batch": s["timing_batch"], "length": s["timing_length"],
+          "repeats": s["timing_repeats"], "backend": jax.default_backend(),
+          "times": times, "speedup": speedup, "speedup_fastest": speedup_min,
+          "speedup_masked_fastest": fastest["unpruned"] / fastest["masked_0.4"],
+          "speedup_masked": base_t / times["masked_0.4"]["median_s"],
+          "max_abs_diff_pruned_vs_masked": diffs, "parameters": nparams,
+          "real_tokens": int(attn.sum())}
 
+
+def main(argv=None) -> int:
+  args = common.parser(__doc__).parse_args(argv)
+  start = time.perf_counter()
+  from bertjax import report, stats
+  from bertjax.analysis import ablation
+
+  data = common.data_dir(args.data_dir, "ud_english_ewt")
+  s = run_settings(args.smoke, args.seed)
+  timings: dict[str, float] = {}
+  config, params, tok, sentences = load(args, s, timings)
+  depth, n_heads = config.depth, config.num_attention_heads
+
+  with common.timed(timings, "task"):
+    rs = report.ReportSettings(batch_size=s["batch_size"], probe_steps=s["probe_steps"],
+                               seed=args.seed)
+    task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
+    tparams, train, test = task["params"], task["train"], task["test"]
+
+  chunk = ablation.default_chunk_size()
+  imp_raw, imp_norm = importance(tparams, config, train, timings)
+  ab = ablate_heads(tparams, config, test, s["alpha"], chunk, timings)
+  pr = pruning_curves(tparams, config, train, test, imp_raw, imp_norm,
+                      task_results["majority_accuracy"], s, chunk, timings)
   results = {
       "task": task_results,
       "importance": {"normalized": imp_norm, "raw": imp_raw,
                      "spearman_normalized_vs_raw": stats.spearman(imp_norm, imp_raw),
                      "spearman_vs_single_ablation_loss": stats.spearman(
-                         imp_norm, loss["heads"] - loss["baseline"])},
-      "ablation": {
-          "baseline_loss": loss["baseline"], "baseline_accuracy": acc["baseline"],
-          "head_loss": loss["heads"], "head_accuracy": acc["heads"],
-          "head_loss_ablation_sweep": loss_heads.heads,
-          "layer_heads_loss": loss["layers"], "layer_heads_accuracy": acc["layers"],
-          "keep_one_loss": loss["keep_one"], "keep_one_accuracy": acc["keep_one"],
-          "head_accuracy_p_mcnemar": p_acc.reshape(depth, n_heads),
-          "head_loss_p_wilcoxon": p_loss.reshape(depth, n_heads),
-          "significant_accuracy_drops": int(drop_sig.sum()),
-          "significant_loss_rises": int(loss_sig.sum()),
-          "heads_removable_alone": int(total_heads - drop_sig.sum()),
-          "heads_improving_accuracy": int((head_acc > base_acc0).sum()),
-          "max_single_head_accuracy_drop": float(base_acc0 - head_acc.min()),
-          "sweep_vs_per_example_max_diff": consistency,
-          "num_test": int(ex_correct.shape[1]),
-      },
-      "pruning": {"fractions": pruning.fractions, "heads_masked": counts,
-                  "train_loss_iterative": pruning.metrics, "accuracy": pa, "loss": pl,
-                  "masks_iterative": pruning.masks, "majority_accuracy":
-                      task_results["majority_accuracy"],
-                  "tolerance": tolerance, "max_fraction_within_tolerance": keep_frac,
-                  "mean_accuracy_over_curve": area, "mean_accuracy_over_curve_random":
-                      area_random},
-      "speed": {"fractions": fractions, "heads_removed": n_pruned, "targets": PRUNE_TARGETS,
-                "batch": s["timing_batch"], "length": s["timing_length"],
-                "repeats": s["timing_repeats"], "backend": jax.default_backend(),
-                "times": times, "speedup": speedup, "speedup_fastest": speedup_min,
-                "speedup_masked_fastest": fastest["unpruned"] / fastest["masked_0.4"],
-                "speedup_masked": base_t / times["masked_0.4"]["median_s"],
-                "max_abs_diff_pruned_vs_masked": diffs, "parameters": nparams,
-                "real_tokens": int(attn.sum())},
+                         imp_norm, ab["head_loss"] - ab["baseline_loss"])},
+      "ablation": ab,
+      "pruning": pr,
+      "speed": speed(params, config, tok, data, pr["masks_iterative"], imp_norm, s, timings),
   }
 
   findings_ = findings(common.to_json(results), s)

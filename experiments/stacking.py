@@ -53,6 +53,7 @@ never use that cache: every run pays its own compiles, as it would alone.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import os
@@ -73,22 +74,16 @@ TARGET_RATIO = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
-  """Model, data and optimisation sizes of one run of the experiment."""
+class Scale(common.PretrainScale):
+  """Model, data and optimisation sizes of one run (`common.PretrainScale`), and the runs'.
 
-  layers: int
-  hidden: int
-  heads: int
-  ffn: int
-  vocab: int
-  seq_len: int
-  batch: int
-  steps: int
-  lr: float
-  warmup: int
-  max_lines: int | None
-  eval_batches: int
-  window: int
+  Attributes:
+    repeats: 1: baseline, stacked; 2: baseline, stacked, stacked, baseline (ABBA).
+    rounds: steps of each depth timed in turns after the runs.
+    shallow: the depth of the stacked run's first stage.
+    shallow_fraction: the share of the steps trained at that depth.
+  """
+
   repeats: int
   rounds: int
   shallow: int
@@ -522,13 +517,6 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
 # Main -----------------------------------------------------------------------
 
 
-def smoke_compilation_cache() -> None:
-  """Turns on JAX's persistent compilation cache (for `--smoke` runs only)."""
-  path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
-  jax.config.update("jax_compilation_cache_dir", str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-
 def _holds(ratios: Sequence[float | None]) -> str:
   """'yes' if every estimate is <= 0.8; 'partly' if reached and some <= 0.8 or all < 1."""
   if any(r is None for r in ratios):
@@ -544,7 +532,8 @@ def _fmt(r: float | None) -> str:
   return "never" if r is None else f"{r:.2f}x"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The shared experiment options, `--steps`, `--repeats` and `--scale`."""
   parser = common.parser(__doc__, model=False)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)")
@@ -553,39 +542,32 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
                       help="cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked "
                            "6 -> 12 (results and figures named stacking_gpu*)")
-  args = parser.parse_args(argv)
-  t_start = time.perf_counter()
-  import bertjax
-  from bertjax.training import loop
+  return parser.parse_args(argv)
 
-  sc = SMOKE if args.smoke else GPU if args.scale == "gpu" else FULL
-  prefix = NAME if args.scale == "cpu" else f"{NAME}_gpu"
-  where = "" if args.scale == "cpu" else f"on {jax.devices()[0].device_kind}, "
-  if args.steps is not None:
-    if args.steps < 10:
-      raise ValueError(f"--steps={args.steps} must be >= 10")
-    sc = dataclasses.replace(sc, steps=args.steps, warmup=max(1, args.steps // 10))
-  if args.repeats is not None:
-    sc = dataclasses.replace(sc, repeats=args.repeats)
-  if args.smoke:
-    smoke_compilation_cache()
-  timings: dict[str, float] = {}
+
+def load_data(args, sc: common.PretrainScale, timings: dict[str, float]) -> PretrainingData:
+  """WikiText-2 at the sizes of `sc`, from `--data-dir` (timed as "data")."""
   with common.timed(timings, "data"):
     root = common.data_dir(args.data_dir, "wikitext2_tokens")
-    data = load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
+    return load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
                          eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
                          max_lines=sc.max_lines)
-  config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,
-                              num_hidden_layers=sc.layers, num_attention_heads=sc.heads,
-                              intermediate_size=sc.ffn, max_position_embeddings=sc.seq_len)
-  train = loop.TrainConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
-                           warmup_steps=sc.warmup, decay="linear", seed=args.seed)
-  shallow_steps = round(sc.steps * sc.shallow_fraction)
-  schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
-  load_start = os.getloadavg()
 
-  # ABBA: baseline, stacked, stacked, baseline (a linear drift in load cancels).
-  order = ["baseline", "stacked"] + (["stacked", "baseline"] if sc.repeats > 1 else [])
+
+def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
+  """Load-robust pricing: the median compile-free step time of each depth over `runs`."""
+  by_depth: dict[int, list[float]] = {}
+  for r in runs:
+    for n, c in zip(r["layers"], r["cost_s"]):
+      by_depth.setdefault(n, []).append(c)
+  return {n: float(np.median(v)) for n, v in by_depth.items()}
+
+
+def abba_runs(config, data: PretrainingData, train, schedule: str, repeats: int,
+              timings: dict[str, float]) -> list[dict]:
+  """The baseline and stacked `train_run`s: ABBA (baseline, stacked, stacked, baseline, so
+  that a linear drift in load cancels) for 2 repeats, else baseline, stacked."""
+  order = ["baseline", "stacked"] + (["stacked", "baseline"] if repeats > 1 else [])
   runs: list[dict] = []
   counts = {"baseline": 0, "stacked": 0}
   with common.timed(timings, "training"):
@@ -593,57 +575,71 @@ def main(argv: Sequence[str] | None = None) -> int:
       counts[kind] += 1
       tc = train if kind == "baseline" else dataclasses.replace(train, stacking=schedule)
       runs.append(train_run(f"{kind}#{counts[kind]}", config, data, tc, data.eval_batches))
+  return runs
+
+
+def estimates(runs: list[dict], config, data: PretrainingData, train, sc: Scale,
+              timings: dict[str, float]) -> dict[str, Any]:
+  """Every estimate of the time ratio: per repeat as measured, priced at the median step times
+  of all runs, and priced at step times measured in turns after the runs.
+
+  Returns:
+    `per_repeat`, `priced`, `turns`, `turn_price`, `interleaved`, `ratios` (of all estimates)
+    and `determinism` (the repeats' max loss difference; None for one repeat).
+  """
   base = [r for r in runs if r["label"].startswith("baseline")]
   stack = [r for r in runs if r["label"].startswith("stacked")]
-
-  # Load-robust pricing: the median compile-free step time of each depth over all runs.
-  def prices(rs):
-    by_depth: dict[int, list[float]] = {}
-    for r in rs:
-      for n, c in zip(r["layers"], r["cost_s"]):
-        by_depth.setdefault(n, []).append(c)
-    return {n: float(np.median(v)) for n, v in by_depth.items()}
-
-  price = prices(runs)
   per_repeat = [compare(b, s, sc.window) for b, s in zip(base, stack)]
-  priced = compare(base[0], stack[0], sc.window, step_price=price)
+  priced = compare(base[0], stack[0], sc.window, step_price=median_step_prices(runs))
   with common.timed(timings, "interleaved timing"):
     turns = interleaved_step_times(config, data, train, (sc.shallow, sc.layers), sc.rounds)
   turn_price = {n: float(np.median(v)) for n, v in turns.items()}
   interleaved = compare(base[0], stack[0], sc.window, step_price=turn_price)
   common.log(f"interleaved step times {turn_price}: ratio {interleaved['ratio']}")
   ratios = [c["ratio"] for c in per_repeat] + [priced["ratio"], interleaved["ratio"]]
-  verdict = _holds(ratios)
   # Repeats draw the same batches, masks and dropout: their losses should agree bitwise.
   determinism = None
   if sc.repeats > 1:
     determinism = max(float(np.max(np.abs(np.subtract(a["mlm_loss"], b["mlm_loss"]))))
                       for a, b in (base, stack))
+  return {"per_repeat": per_repeat, "priced": priced, "turns": turns,
+          "turn_price": turn_price, "interleaved": interleaved, "ratios": ratios,
+          "determinism": determinism}
 
-  # One variation if the criterion fails: a quality shortfall (never reached) gets a shorter
-  # shallow stage, a time shortfall a longer one.
-  variation = None
-  if verdict != "yes":
-    never = any(c["ratio"] is None for c in per_repeat)
-    frac = 0.3 if never else 0.7
-    var_schedule = f"{sc.shallow}:{round(sc.steps * frac)},{sc.layers}"
-    with common.timed(timings, "variation"):
-      run = train_run("variation#1", config, data,
-                      dataclasses.replace(train, stacking=var_schedule), data.eval_batches)
-    runs.append(run)
-    price = prices(runs)
-    v_measured = [compare(b, run, sc.window) for b in base]
-    # The variation ran once: its measured time against each baseline repeat, and priced.
-    v_priced = compare(base[0], run, sc.window, step_price=price)
-    variation = {"schedule": var_schedule, "why": "never reached the target: shorter shallow "
-                 "stage" if never else "reached it too late: longer shallow stage",
-                 "shallow_fraction": frac, "vs_each_baseline": v_measured, "priced": v_priced,
-                 "verdict": _holds([c["ratio"] for c in v_measured] + [v_priced["ratio"]])}
-  load_end = os.getloadavg()
 
-  base_total = float(np.mean([b["total_s"] for b in base]))
-  figures = _figures(args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"],
-                     base_total, prefix)
+def variation_run(runs: list[dict], per_repeat: list[dict], config, data: PretrainingData,
+                  train, sc: Scale, timings: dict[str, float]) -> dict[str, Any]:
+  """One variation of the shallow stage's length, run when the criterion fails: a quality
+  shortfall (never reached) gets a shorter shallow stage, a time shortfall a longer one.
+
+  Appends the run to `runs`. Returns its schedule, why, its estimates and its verdict.
+  """
+  base = [r for r in runs if r["label"].startswith("baseline")]
+  never = any(c["ratio"] is None for c in per_repeat)
+  frac = 0.3 if never else 0.7
+  var_schedule = f"{sc.shallow}:{round(sc.steps * frac)},{sc.layers}"
+  with common.timed(timings, "variation"):
+    run = train_run("variation#1", config, data,
+                    dataclasses.replace(train, stacking=var_schedule), data.eval_batches)
+  runs.append(run)
+  v_measured = [compare(b, run, sc.window) for b in base]
+  # The variation ran once: its measured time against each baseline repeat, and priced.
+  v_priced = compare(base[0], run, sc.window, step_price=median_step_prices(runs))
+  return {"schedule": var_schedule, "why": "never reached the target: shorter shallow "
+          "stage" if never else "reached it too late: longer shallow stage",
+          "shallow_fraction": frac, "vs_each_baseline": v_measured, "priced": v_priced,
+          "verdict": _holds([c["ratio"] for c in v_measured] + [v_priced["ratio"]])}
+
+
+def finding_rows(runs: list[dict], est: dict[str, Any], verdict: str, variation: dict | None,
+                 config, data: PretrainingData, sc: Scale, schedule: str,
+                 where: str) -> list[dict]:
+  """The Findings rows: the time to the baseline's loss, the final quality, and the
+  variation's time when there was one."""
+  base = [r for r in runs if r["label"].startswith("baseline")]
+  stack = [r for r in runs if r["label"].startswith("stacked")]
+  per_repeat, priced, interleaved = est["per_repeat"], est["priced"], est["interleaved"]
+  turn_price = est["turn_price"]
   hb, hs = base[0]["heldout"]["mlm_loss"], stack[0]["heldout"]["mlm_loss"]
   gap = hs - hb
   unigram = data.stats["unigram_heldout_mlm_loss"]
@@ -657,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{per_repeat[0]['reach_step']}.")
   rep = "; ".join(f"repeat {i + 1} {_fmt(c['ratio'])} ({_fmt(c['ratio_with_compile'])} with "
                   "compile)" for i, c in enumerate(per_repeat))
-  findings = [common.finding(
+  rows = [common.finding(
       PAPER, "Progressive stacking reaches the full-depth model's loss in less wall-clock "
       f"time (issue #6: <= {TARGET_RATIO}x the baseline's time).",
       f"{where}{config.num_hidden_layers}-layer {config.hidden_size}-wide BERT, {sc.steps} "
@@ -680,39 +676,80 @@ def main(argv: Sequence[str] | None = None) -> int:
   if variation is not None:
     vr = "; ".join(f"vs baseline repeat {i + 1} {_fmt(c['ratio'])}"
                    for i, c in enumerate(variation["vs_each_baseline"]))
-    findings.append(common.finding(
+    rows.append(common.finding(
         PAPER, f"(variation, as the {schedule} schedule missed {TARGET_RATIO}x) stacking with "
         f"schedule {variation['schedule']} reaches the full-depth loss in <= {TARGET_RATIO}x "
         "the time.",
         f"{vr}; priced {_fmt(variation['priced']['ratio'])}; held-out MLM loss "
         f"{runs[-1]['heldout']['mlm_loss']:.3f} vs {hb:.3f}. Same rule.", variation["verdict"]))
+  return rows
 
+
+APPROACH = ("per-step time = from handing over batch k to asking for batch k+1 "
+            "(step, logging, growth), data loading excluded; compile = first step of each "
+            "stage minus the stage's median step, removed from the curves and reported; "
+            "smoothed loss = trailing {window}-step mean of the training MLM loss "
+            "(same batches and masks in every run); target = baseline's final smoothed "
+            "loss; ratio = first time the stacked smoothed loss <= target / baseline "
+            "total time; 'priced' prices each step at the median step time of its depth "
+            "over all runs (robust to load spikes); 'interleaved' at the median of steps "
+            "of each depth timed in turns after the runs (robust to load drift)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  import bertjax
+
+  sc = SMOKE if args.smoke else GPU if args.scale == "gpu" else FULL
+  prefix = NAME if args.scale == "cpu" else f"{NAME}_gpu"
+  where = "" if args.scale == "cpu" else f"on {jax.devices()[0].device_kind}, "
+  sc = sc.with_steps(args.steps, minimum=10)
+  if args.repeats is not None:
+    sc = dataclasses.replace(sc, repeats=args.repeats)
+  if args.smoke:
+    common.smoke_compilation_cache()
+  timings: dict[str, float] = {}
+  data = load_data(args, sc, timings)
+  config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,
+                              num_hidden_layers=sc.layers, num_attention_heads=sc.heads,
+                              intermediate_size=sc.ffn, max_position_embeddings=sc.seq_len)
+  train = sc.train_config(args.seed)
+  shallow_steps = round(sc.steps * sc.shallow_fraction)
+  schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
+  load_start = os.getloadavg()
+  runs = abba_runs(config, data, train, schedule, sc.repeats, timings)
+  est = estimates(runs, config, data, train, sc, timings)
+  verdict = _holds(est["ratios"])
+  variation = None
+  if verdict != "yes":
+    variation = variation_run(runs, est["per_repeat"], config, data, train, sc, timings)
+  price = median_step_prices(runs)
+  load_end = os.getloadavg()
+
+  per_repeat = est["per_repeat"]
+  base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
+  figures = _figures(args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"],
+                     base_total, prefix)
+  rows = finding_rows(runs, est, verdict, variation, config, data, sc, schedule, where)
   results = {
       "data": data.stats,
       "model": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
                 "params": int(sum(x.size for x in jax.tree.leaves(
                     jax.eval_shape(lambda: bertjax.init(config, 0, ("mlm",))))))},
       "approach": ("one process; runs in the order " + ", ".join(r["label"] for r in runs)
-                   + "; per-step time = from handing over batch k to asking for batch k+1 "
-                   "(step, logging, growth), data loading excluded; compile = first step of each "
-                   "stage minus the stage's median step, removed from the curves and reported; "
-                   f"smoothed loss = trailing {sc.window}-step mean of the training MLM loss "
-                   "(same batches and masks in every run); target = baseline's final smoothed "
-                   "loss; ratio = first time the stacked smoothed loss <= target / baseline "
-                   "total time; 'priced' prices each step at the median step time of its depth "
-                   "over all runs (robust to load spikes); 'interleaved' at the median of steps "
-                   "of each depth timed in turns after the runs (robust to load drift)"),
+                   + "; " + APPROACH.format(window=sc.window)),
       "schedule": schedule,
       "ratio_per_repeat": per_repeat,
-      "ratio_priced": priced,
-      "ratio_interleaved": interleaved,
-      "interleaved_step_s": turns,
-      "interleaved_median_step_s": turn_price,
+      "ratio_priced": est["priced"],
+      "ratio_interleaved": est["interleaved"],
+      "interleaved_step_s": est["turns"],
+      "interleaved_median_step_s": est["turn_price"],
       "median_step_s_by_depth": price,
       "ratio_target": TARGET_RATIO,
       "verdict": verdict,
       "variation": variation,
-      "repeat_max_abs_loss_diff": determinism,
+      "repeat_max_abs_loss_diff": est["determinism"],
       "heldout_mlm_loss": {r["label"]: r["heldout"] for r in runs},
       "compile_s": {r["label"]: r["compile_s"] for r in runs},
       "loadavg": {"start": load_start, "end": load_end},
@@ -722,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   settings = {**dataclasses.asdict(sc), "seed": args.seed, "objective": "none (MLM only, "
               "RoBERTa FULL-SENTENCES)", "optimizer": "adamw", "decay": "linear",
               "train": dataclasses.asdict(train), "model_config": dataclasses.asdict(config)}
-  common.write_results(NAME, args.out, results, findings=findings, settings=settings,
+  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
                        smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
                        stem=prefix)
   return 0

@@ -40,6 +40,7 @@ Relations are UD's without subtypes, except nmod:poss, reported as "poss" (Clark
 
 from __future__ import annotations
 
+import argparse
 import pathlib
 import sys
 import time
@@ -381,7 +382,8 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
 # The run ------------------------------------------------------------------------------------
 
 
-def main(argv=None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  """The shared experiment options and the attention statistics' definition."""
   p = common.parser(__doc__)
   p.add_argument("--weighting", choices=("document", "token"), default="document",
                  help="average the attention statistics per sentence, then over sentences "
@@ -391,12 +393,117 @@ def main(argv=None) -> int:
                       "vocabulary (all) (default: clark)")
   p.add_argument("--entropy-smoothing", type=float, default=1e-4,
                  help="entropy of (1 - eps) a + eps / n, Clark's 1e-4 (default); 0: unsmoothed")
-  args = p.parse_args(argv)
+  return p.parse_args(argv)
+
+
+def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctuation: str,
+              smoothing: float) -> dict[str, Any]:
+  """`attention.clark_statistics` of one definition, per head and by layer, beside the entropy
+  of uniform attention averaged alike.
+
+  Args:
+    params, config, tok: the model and its tokenizer.
+    plain: the batches (`input_ids`, `attention_mask`, `token_type_ids`).
+    weighting: "document" or "token".
+    punctuation: "clark" ("." and ",") or "all" (every punctuation id of the vocabulary).
+    smoothing: the entropy's smoothing eps.
+  """
+  from bertjax.analysis import attention
+
+  punct = (attention.clark_punctuation_ids(tok) if punctuation == "clark"
+           else attention.punctuation_ids(tok))
+  n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
+  stats = attention.clark_statistics(params, config, plain, sep_id=tok.sep_id,
+                                     punct_ids=punct, weighting=weighting,
+                                     entropy_smoothing=smoothing)
+  out = {k: np.asarray(v) for k, v in stats.items()}
+  out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
+  # Entropy of uniform attention over each sequence, averaged like the statistics.
+  out["uniform_entropy"] = attention.uniform_entropy(n_tok, weighting)
+  out["definition"] = {"weighting": weighting, "punctuation": punctuation,
+                       "punctuation_ids": len(punct), "entropy_smoothing": smoothing}
+  return out
+
+
+def dependency_probe(params, config, batches, ud, min_count: int) -> dict[str, Any]:
+  """Clark et al.'s attention-based probe over every arc of the used sentences.
+
+  Args:
+    params, config: the model.
+    batches: `make_batches`' `(sentence indices, batch)` pairs.
+    ud: the UD sentences.
+    min_count: arcs a relation needs to get a row of its own.
+
+  Returns:
+    `table` (`probe_table` rows: "all" arcs but punctuation, each frequent relation, and
+    punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`
+    and `check` (`word_maps` against `attention.word_attention` on a few sentences).
+  """
+  import bertjax
+  from bertjax.analysis import attention
+
+  depth, n_heads = config.depth, config.num_attention_heads
+  rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
+  check = []  # word_maps vs bertjax's word_attention on a few sentences
+  for idx, b in batches:
+    maps = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                                      b["token_type_ids"], output_attentions=True).attentions)
+    for row, i in enumerate(idx):
+      sent = ud[i]
+      m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
+      if len(check) < 3 and sent.num_words <= 30:
+        ref, groups = attention.word_attention(maps[:, row], b["word_ids"][row],
+                                               b["attention_mask"][row], keep_special=False)
+        check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
+      pred = predictions(m).reshape(depth * n_heads, -1)
+      heads = sent.heads_array()
+      arcs, dh, hd = arc_hits(pred, heads)
+      rels += [relation(sent.deprels[a]) for a in arcs]
+      offsets.append(heads[arcs] - 1 - arcs)
+      split.append(np.full(len(arcs), i % 2))
+      dep_hits.append(dh)
+      head_hits.append(hd)
+  rels = np.asarray(rels)
+  offsets, split = np.concatenate(offsets), np.concatenate(split)
+  dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
+  counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
+  frequent = [r for r in sorted(counts, key=lambda r: -counts[r])
+              if counts[r] >= min_count and r not in ("punct", "root")]
+  keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
+  table = probe_table(rels[keep], offsets[keep], split[keep], dep_hits[keep], head_hits[keep],
+                      ["all"], (depth, n_heads))
+  table.update(probe_table(rels, offsets, split, dep_hits, head_hits,
+                           [*frequent, *(["punct"] if "punct" in counts else [])],
+                           (depth, n_heads)))
+  common.log("best head (held-out, dep->head) vs offset: " + ", ".join(
+      f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
+      for r in ["all", *frequent]))
+  return {"table": table, "frequent": frequent, "counts": counts, "arcs": len(rels),
+          "check": check}
+
+
+def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
+  """The result file's `probe` entry: the table, and each frequent relation's margin over the
+  best fixed offset, for dependent -> head and for the direction chosen on the selection half."""
+  margins = {x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"]
+             for x in frequent}
+  # The direction of each relation is chosen on the selection half too, then scored held out.
+  direction = {x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
+               for x in frequent}
+  chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
+  margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
+  return {"relations": table, "frequent": frequent,
+          "margin_dep_to_head_vs_offset": margins,
+          "direction_chosen": direction, "accuracy_chosen_direction": chosen,
+          "margin_chosen_direction_vs_offset": margins_any,
+          "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0}
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   start = time.perf_counter()
   import jax
 
-  import bertjax
-  from bertjax.analysis import attention
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir)
@@ -410,91 +517,30 @@ def main(argv=None) -> int:
     words = [list(x.forms) for x in ud]
     batches = make_batches(tok, words, s["batch_size"], s["max_tokens"])
     used = np.sort(np.concatenate([idx for idx, _ in batches]))
-  depth, n_heads = config.depth, config.num_attention_heads
-  shape = (depth, n_heads)
   plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]
 
-  punct_sets = {"clark": attention.clark_punctuation_ids(tok),
-                "all": attention.punctuation_ids(tok)}
-  n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
-
-  def clark_run(weighting, punctuation, smoothing):
-    stats = attention.clark_statistics(params, config, plain, sep_id=tok.sep_id,
-                                       punct_ids=punct_sets[punctuation], weighting=weighting,
-                                       entropy_smoothing=smoothing)
-    out = {k: np.asarray(v) for k, v in stats.items()}
-    out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
-    # Entropy of uniform attention over each sequence, averaged like the statistics.
-    out["uniform_entropy"] = attention.uniform_entropy(n_tok, weighting)
-    out["definition"] = {"weighting": weighting, "punctuation": punctuation,
-                         "punctuation_ids": len(punct_sets[punctuation]),
-                         "entropy_smoothing": smoothing}
-    return out
-
   with common.timed(timings, "clark"):
-    clark = clark_run(args.weighting, args.punctuation, args.entropy_smoothing)
+    clark = clark_run(params, config, tok, plain, args.weighting, args.punctuation,
+                      args.entropy_smoothing)
     common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
   with common.timed(timings, "clark token-weighted"):
-    variant = clark_run("token", "all", 0.0)  # the earlier definition, for comparison
-
+    # The earlier definition, for comparison.
+    variant = clark_run(params, config, tok, plain, "token", "all", 0.0)
   with common.timed(timings, "probe"):
-    rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
-    check = []  # word_maps vs bertjax's word_attention on a few sentences
-    for idx, b in batches:
-      maps = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                                        b["token_type_ids"], output_attentions=True).attentions)
-      for row, i in enumerate(idx):
-        sent = ud[i]
-        m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
-        if len(check) < 3 and sent.num_words <= 30:
-          ref, groups = attention.word_attention(maps[:, row], b["word_ids"][row],
-                                                 b["attention_mask"][row], keep_special=False)
-          check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
-        pred = predictions(m).reshape(depth * n_heads, -1)
-        heads = sent.heads_array()
-        arcs, dh, hd = arc_hits(pred, heads)
-        rels += [relation(sent.deprels[a]) for a in arcs]
-        offsets.append(heads[arcs] - 1 - arcs)
-        split.append(np.full(len(arcs), i % 2))
-        dep_hits.append(dh)
-        head_hits.append(hd)
-    rels = np.asarray(rels)
-    offsets, split = np.concatenate(offsets), np.concatenate(split)
-    dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
-    counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
-    frequent = [r for r in sorted(counts, key=lambda r: -counts[r])
-                if counts[r] >= s["min_count"] and r not in ("punct", "root")]
-    keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
-    table = probe_table(rels[keep], offsets[keep], split[keep], dep_hits[keep], head_hits[keep],
-                        ["all"], shape)
-    table.update(probe_table(rels, offsets, split, dep_hits, head_hits,
-                             [*frequent, *(["punct"] if "punct" in counts else [])], shape))
-    common.log("best head (held-out, dep->head) vs offset: " + ", ".join(
-        f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
-        for r in ["all", *frequent]))
-
-  margins = {x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"]
-             for x in frequent}
-  # The direction of each relation is chosen on the selection half too, then scored held out.
-  direction = {x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
-               for x in frequent}
-  chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
-  margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
+    probe = dependency_probe(params, config, batches, ud, s["min_count"])
+  n_tok = sum(int(b["attention_mask"].sum()) for b in plain)
   results = {
       "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
-               "tokens": int(n_tok.sum()), "arcs": len(rels), "relation_counts": counts},
+               "tokens": n_tok, "arcs": probe["arcs"], "relation_counts": probe["counts"]},
       "clark": clark,
       "clark_token_all_punct": variant,
-      "probe": {"relations": table, "frequent": frequent,
-                "margin_dep_to_head_vs_offset": margins,
-                "direction_chosen": direction, "accuracy_chosen_direction": chosen,
-                "margin_chosen_direction_vs_offset": margins_any,
-                "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0},
+      "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
   }
   results["timings_s"] = timings
-  figs = figures(results, args.out, frequent)
+  figs = figures(results, args.out, probe["frequent"])
   settings = {
-      **s, "data": f"UD English EWT {path.name}", "layers": depth, "heads": n_heads,
+      **s, "data": f"UD English EWT {path.name}", "layers": config.depth,
+      "heads": config.num_attention_heads,
       "backend": jax.default_backend(), "max_offset": MAX_OFFSET, "indexing": INDEXING,
       "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
       "prediction": "argmax of word-level attention over the sentence's other words "

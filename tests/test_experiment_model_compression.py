@@ -28,9 +28,9 @@ def _teacher(layers=4):
 
 def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
   t_config, t_params = _teacher()
-  config, params = C.shared_from_teacher(t_config, t_params, layer=2)
+  config, params = C.shared_from_teacher(t_config, t_params, block=3)
   assert (config.model_type, config.depth, config.num_param_layers) == ("albert", 4, 1)
-  # The same computation as BERT with the teacher's layer 2 copied into all four places.
+  # The same computation as BERT with the teacher's block 3 (index 2) in all four places.
   tiled = {**t_params, "encoder": {**t_params["encoder"], "layers": jax.tree.map(
       lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"])}}
   ids = np.random.default_rng(0).integers(0, 120, (2, 9))
@@ -42,8 +42,9 @@ def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
   stored = bertjax.count_params(params) - bertjax.count_params(t_params)
   layer = bertjax.count_params(t_params["encoder"]["layers"]) // 4
   assert stored == 32 * 32 + 32 - 3 * layer  # + the E -> H map, - three layers
-  with pytest.raises(ValueError, match="--shared-layer 4 must be in"):
-    C.shared_from_teacher(t_config, t_params, layer=4)
+  for block in (0, 5):  # blocks count from 1, as everywhere in the project
+    with pytest.raises(ValueError, match=rf"--shared-layer {block} must be in 1\.\.4"):
+      C.shared_from_teacher(t_config, t_params, block=block)
 
 
 def test_weight_bytes_count_int8_kernels_and_their_scales():
@@ -94,3 +95,12 @@ def test_smoke_table_describes_its_models(tmp_path):
   assert configs["int8"]["quantize"] == "int8" and configs["teacher"]["quantize"] is None
   assert doc["results"]["cpu"]["cpu"] and "| CPU speed-up |" in doc["results"]["table_markdown"]
   assert dataclasses.asdict(C.SMOKE)["steps"] == doc["settings"]["steps"]
+  # --shared-layer counts blocks from 1; its default, block 3, is what 0-based 2 named.
+  assert doc["settings"]["shared_layer"] == 3
+  assert "from teacher block 3," in doc["findings"][1]["measured"]
+
+
+def test_shared_layer_out_of_range_fails_before_training(tmp_path):
+  with pytest.raises(ValueError, match=r"--shared-layer 0 must be in 1\.\.4"):
+    C.main(["--smoke", "--out", str(tmp_path), "--shared-layer", "0"])
+  assert not (tmp_path / "model_compression.json").exists()
