@@ -41,7 +41,6 @@ import re
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import bertjax
