@@ -28,12 +28,13 @@ def _report_parser(sub) -> None:
   p = sub.add_parser(
       "report", help="analyse a model and write the HTML BERTology report",
       formatter_class=HelpFormatter,
-      description="Analyses a BERT or ALBERT checkpoint (attention statistics and patterns, "
-                  "head and layer ablation, head importance and pruning, anisotropy, a POS "
-                  "probe when UD data is present, effective attention) and writes "
+      description="Analyses a checkpoint of any family (BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, "
+                  "DistilBERT): attention statistics and patterns, head and layer ablation, "
+                  "head importance and pruning, anisotropy, a POS probe when UD data is "
+                  "present, effective attention, token attribution and head patching; writes "
                   "index.html, report.json and PNG figures.")
   p.add_argument("--model", default=None, metavar="PATH",
-                 help="a Hugging Face BERT or ALBERT directory, or a hub id in the local "
+                 help="a Hugging Face model directory (any family), or a hub id in the local "
                       "cache (default: the built-in all-MiniLM-L6-v2)")
   p.add_argument("--out", default="out/report", metavar="DIR", help="output directory")
   p.add_argument("--data-dir", default=None, metavar="DIR",

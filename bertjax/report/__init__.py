@@ -1,6 +1,6 @@
 """The BERTology report: `bertjax report` and `./run.sh demo`.
 
-`build_report` loads a BERT or ALBERT checkpoint (the built-in all-MiniLM-L6-v2
+`build_report` loads a checkpoint of any family the encoder serves (the built-in all-MiniLM-L6-v2
 by default; a directory or a hub id in the local cache), runs the analyses of
 `bertjax.analysis` on the project's own sentences
 (`bertjax/resources/sentences.tsv`) or, with `data_dir`, on UD English EWT, and

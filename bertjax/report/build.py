@@ -207,10 +207,10 @@ def build_report(model_dir: str | os.PathLike | None = None,
                  out_dir: str | os.PathLike = "out/report",
                  data_dir: str | os.PathLike | None = None, reduced: bool = False,
                  progress: bool = True, settings: ReportSettings | None = None) -> dict:
-  """Analyses a BERT or ALBERT checkpoint and writes the HTML report.
+  """Analyses a checkpoint of any family and writes the HTML report.
 
   Args:
-    model_dir: a Hugging Face BERT or ALBERT directory (weights, config and
+    model_dir: a Hugging Face model directory of any family (weights, config and
       tokenizer files) or a hub id in the local cache; None means the built-in
       all-MiniLM-L6-v2. The page names it by `model_name`.
     out_dir: where `index.html`, `report.json` and the PNG figures go (created).
