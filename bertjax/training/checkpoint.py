@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax.config import BertConfig, config_from_json, config_to_json  # noqa: F401
+from bertjax.config import BertConfig, config_from_json, config_to_json
 from bertjax.training.state import TrainState, state_from_tree, state_to_tree
 
 log = logging.getLogger(__name__)
