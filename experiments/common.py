@@ -118,11 +118,15 @@ def parser(doc: str | None, *, model: bool = True) -> argparse.ArgumentParser:
   return p
 
 
+class UsageError(ValueError):
+  """A bad command-line value (`--steps`, `--shared-layer`, ...): one line, no traceback."""
+
+
 def _excepthook(kind, value, tb) -> None:
-  """Missing data is a user error: one line on stderr (`bertjax data fetch ...`), no traceback."""
+  """User errors (missing data, a bad option value) print one line on stderr, no traceback."""
   from bertjax.data.fetch import DataError
 
-  if issubclass(kind, DataError):
+  if issubclass(kind, (DataError, UsageError)):
     print(f"error: {value}", file=sys.stderr)
     sys.exit(1)
   sys.__excepthook__(kind, value, tb)
@@ -178,7 +182,7 @@ def pretrained(model: str | os.PathLike):
   config, params = bertjax.from_hf(model)
   tok = bertjax.Tokenizer.from_pretrained(model)
   if tok.vocab_size > config.vocab_size:
-    raise ValueError(f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
+    raise UsageError(f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
                      f"model's vocab_size={config.vocab_size}")
   log(f"model: {model} ({config.model_type}, {config.depth} layers x "
       f"{config.num_attention_heads} heads, hidden {config.hidden_size})")
@@ -242,12 +246,12 @@ class Scale:
     (at least `min_warmup`) of warm-up; unchanged when `steps` is None.
 
     Raises:
-      ValueError: `steps` is below `minimum`.
+      UsageError: `steps` is below `minimum`.
     """
     if steps is None:
       return self
     if steps < minimum:
-      raise ValueError(f"--steps={steps} must be >= {minimum}")
+      raise UsageError(f"--steps={steps} must be >= {minimum}")
     return dataclasses.replace(self, steps=steps, warmup=max(min_warmup, steps // 10))
 
 

@@ -357,7 +357,8 @@ def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
     lengths = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
     length, count, per_len = args.length, args.passages, args.sweep_passages
   if length <= head_dim:
-    raise ValueError(f"--length {length} must exceed d_head={head_dim} (else effective = raw)")
+    raise common.UsageError(f"--length {length} must exceed d_head={head_dim} "
+                            "(else effective = raw)")
   return lengths, length, count, per_len
 
 

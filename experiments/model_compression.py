@@ -98,10 +98,11 @@ def smoke_teacher_config(vocab_size: int):
 
 
 def check_block(block: int, depth: int) -> None:
-  """Raises a ValueError unless `block` (`--shared-layer`) names one of blocks 1..`depth`."""
+  """Raises a `common.UsageError` (a ValueError) unless `block` (`--shared-layer`) names
+  one of blocks 1..`depth`."""
   if not 1 <= block <= depth:
-    raise ValueError(f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, "
-                     "counted from 1)")
+    raise common.UsageError(f"--shared-layer {block} must be in 1..{depth} (the teacher's "
+                            "blocks, counted from 1)")
 
 
 def shared_from_teacher(t_config, t_params, block: int):

@@ -104,3 +104,16 @@ def test_shared_layer_out_of_range_fails_before_training(tmp_path):
   with pytest.raises(ValueError, match=r"--shared-layer 0 must be in 1\.\.4"):
     C.main(["--smoke", "--out", str(tmp_path), "--shared-layer", "0"])
   assert not (tmp_path / "model_compression.json").exists()
+
+
+@pytest.mark.slow
+def test_a_bad_shared_layer_is_one_line_without_a_traceback(tmp_path):
+  import subprocess
+
+  run = subprocess.run([sys.executable, str(REPO / "experiments" / "model_compression.py"),
+                        "--smoke", "--out", str(tmp_path), "--shared-layer", "9"],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert run.returncode == 1, run.stderr[-2000:]
+  assert "Traceback" not in run.stderr
+  assert run.stderr.strip().splitlines()[-1] == (
+      "error: --shared-layer 9 must be in 1..4 (the teacher's blocks, counted from 1)")
