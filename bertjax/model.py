@@ -164,7 +164,7 @@ class Sites:
 def activation(name: str):
   """The activation function a Hugging Face `hidden_act` names."""
   if name == "gelu":
-    return lambda x: jax.nn.gelu(x, approximate=False)
+    return gelu
   if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
     return lambda x: jax.nn.gelu(x, approximate=True)
   if name == "relu":
@@ -174,6 +174,16 @@ def activation(name: str):
   if name == "tanh":
     return jnp.tanh
   raise ValueError(f"hidden_act={name!r} is not supported")
+
+
+def gelu(x):
+  """Exact GELU, `x / 2 * (1 + erf(x / sqrt(2)))`: PyTorch's formula.
+
+  `jax.nn.gelu(approximate=False)` computes the same function through erfc, whose XLA:CPU
+  expansion costs 1.6x this one (2.0 vs 1.25 ms for 1024 x 3072 float32 on the 2-core
+  AMD EPYC; outputs within 5e-7).
+  """
+  return x * ((1 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype))) / 2)
 
 
 def compute_dtype(config: BertConfig):
@@ -195,9 +205,42 @@ def _dense_kw(config: BertConfig) -> dict:
   return {"dot_general": int8_dot_general} if config.quantize == "int8" else {}
 
 
-def _layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
-  # Statistics in float32 whatever the compute dtype (Flax promotes them).
-  return nn.LayerNorm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config), name=name)
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis with `nn.LayerNorm`'s parameters ("scale", "bias").
+
+  Statistics in at least float32, the variance in two passes (`mean((x - mean)^2)`, as
+  PyTorch). On the CPU the row sums are matrix-vector products with a column of ones, not
+  reductions: XLA:CPU lowers a row reduction to a windowed tree reduction plus a second
+  pass (1024 x 768 float32 on the 2-core AMD EPYC: 0.68 ms this way vs 1.37 ms for
+  `nn.LayerNorm`), and the YNNPACK reduce fusions bertjax enables for attention
+  (`bertjax.xla_options`) make BERT-base's LayerNorms slower at batch 32 x 128 (forward
+  1.18x XLA's time with reductions, 0.94x with these products). Other backends keep the
+  reductions, which they fuse well.
+  """
+
+  epsilon: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x):
+    n = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones, (n,))
+    bias = self.param("bias", nn.initializers.zeros, (n,))
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    x = x.astype(acc)
+    if jax.default_backend() == "cpu":
+      ones = jnp.ones((n, 1), acc)
+      row_mean = lambda a: (a @ ones) / n  # (..., 1)
+    else:
+      row_mean = lambda a: a.mean(-1, keepdims=True)
+    centred = x - row_mean(x)
+    inv = jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon)
+    y = centred * inv * scale.astype(acc) + bias.astype(acc)
+    return y.astype(self.dtype)
+
+
+def _layer_norm(config: BertConfig, name: str) -> LayerNorm:
+  return LayerNorm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config), name=name)
 
 
 def sinusoidal_table(positions: int, dim: int) -> np.ndarray:

@@ -62,6 +62,10 @@ def _batch(objective, seed=0, b=4, t=16, p=4, vocab=97):
 # Recorded with the committed string-matched step (HEAD before the objectives refactor,
 # `git show a98095f:bertjax/training/step.py`) on exactly these models and batches:
 # (model_type, objective, accumulation_steps, deterministic) -> (metrics, grad global norm).
+# When the model's LayerNorm became two-pass with matrix-vector row sums on the CPU and its
+# GELU took PyTorch's erf formula (bertjax/model.py), every metric kept its bits and the two
+# MLM-only gradient norms moved by one ulp (0x1.58d712p+1 -> 0x1.58d710p+1 and
+# 0x1.4fc836p+1 -> 0x1.4fc838p+1); those two are re-recorded with the new model.
 BEFORE = {
     ("bert", "nsp", 1, True): ({"loss": "0x1.533bac0000000p+2", "mlm_loss": "0x1.2702140000000p+2",
                                 "nsp_accuracy": "0x1.8000000000000p-1",
@@ -79,9 +83,9 @@ BEFORE = {
                                    "sop_accuracy": "0x1.0000000000000p-1",
                                    "sop_loss": "0x1.649cca0000000p-1"}, "0x1.3590bc0000000p+1"),
     ("bert", "none", 1, True): ({"loss": "0x1.2702140000000p+2",
-                                 "mlm_loss": "0x1.2702140000000p+2"}, "0x1.58d7120000000p+1"),
+                                 "mlm_loss": "0x1.2702140000000p+2"}, "0x1.58d7100000000p+1"),
     ("bert", "none", 2, False): ({"loss": "0x1.2781480000000p+2",
-                                  "mlm_loss": "0x1.2781480000000p+2"}, "0x1.4fc8360000000p+1"),
+                                  "mlm_loss": "0x1.2781480000000p+2"}, "0x1.4fc8380000000p+1"),
 }
 
 
