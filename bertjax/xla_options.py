@@ -1,18 +1,11 @@
 """XLA:CPU options bertjax sets for its process, and how to keep XLA's own defaults.
 
-jax 0.10's XLA:CPU can hand parts of a program to YNNPACK library fusions, chosen by type
-(`xla_cpu_experimental_ynn_fusion_type`). bertjax enables the *reduce* type alone: it
-fuses each attention's softmax with the probabilities-times-values product (exp, row sums,
-the batched dot and the normalisation in one YNNPACK subgraph), which XLA's own emitters run
-as separate passes over the `(B, H, T, T)` scores. The *dot* types (matmuls with their
-elementwise neighbours) stay off: for BERT's shapes they are slower than XLA's own dot and
+jax 0.10's XLA:CPU hands matmuls and the elementwise ops around them to YNNPACK library
+fusions by default. For BERT's shapes those fusions are slower than XLA's own dot and
 loop emitters. Measured on a 2-core AMD EPYC (Zen 4: AVX-512, no AMX), float32, jax 0.10.2,
-BERT-base forward, medians of interleaved runs in one process, against every YNNPACK fusion
-off: 8 x 128 0.96x the time, 32 x 128 0.94x, all-MiniLM-L6-v2-shaped 8 x 128 0.89x,
-attention maps 8 x 128 0.93x, the head-mask gradient 1.00x; outputs equal to 3e-6.
-(Earlier, with every type at XLA's default: 4 BERT-base blocks, forward 32 x 128 1693 ms vs
-1351 ms with every type off.) LayerNorm statistics on the CPU are matrix-vector products,
-not reductions (`bertjax.model.LayerNorm`), so the reduce fusions take the attention only.
+4 BERT-base blocks: forward 32 x 128 1693 -> 1351 ms, 8 x 512 1958 -> 1683 ms, the
+gradient 32 x 128 6098 -> 5695 ms, outputs equal to 3e-6 (`benchmarks/bench_forward.py`
+measures both settings side by side on any machine).
 
 `import bertjax` therefore adds `CPU_OPTIONS` to the `XLA_FLAGS` environment variable,
 which XLA reads when it compiles, so every program compiled afterwards in the process uses
@@ -27,9 +20,8 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-# Option name -> value (the form both XLA_FLAGS and `compiler_options` accept): YNNPACK's
-# reduce fusions on, every other YNNPACK fusion type off.
-CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
+# Option name -> value; an empty value turns every YNNPACK fusion type off.
+CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 OPT_OUT = "BERTJAX_XLA_DEFAULTS"
 
 
