@@ -1,11 +1,18 @@
 """XLA:CPU options bertjax sets for its process, and how to keep XLA's own defaults.
 
-jax 0.10's XLA:CPU hands matmuls and the elementwise ops around them to YNNPACK library
-fusions by default. For BERT's shapes those fusions are slower than XLA's own dot and
+jax 0.10's XLA:CPU can hand parts of a program to YNNPACK library fusions, chosen by type
+(`xla_cpu_experimental_ynn_fusion_type`). bertjax enables the *reduce* type alone: it
+fuses each attention's softmax with the probabilities-times-values product (exp, row sums,
+the batched dot and the normalisation in one YNNPACK subgraph), which XLA's own emitters run
+as separate passes over the `(B, H, T, T)` scores. The *dot* types (matmuls with their
+elementwise neighbours) stay off: for BERT's shapes they are slower than XLA's own dot and
 loop emitters. Measured on a 2-core AMD EPYC (Zen 4: AVX-512, no AMX), float32, jax 0.10.2,
-4 BERT-base blocks: forward 32 x 128 1693 -> 1351 ms, 8 x 512 1958 -> 1683 ms, the
-gradient 32 x 128 6098 -> 5695 ms, outputs equal to 3e-6 (`benchmarks/bench_forward.py`
-measures both settings side by side on any machine).
+BERT-base forward, medians of interleaved runs in one process, against every YNNPACK fusion
+off: 8 x 128 0.96x the time, 32 x 128 0.94x, all-MiniLM-L6-v2-shaped 8 x 128 0.89x,
+attention maps 8 x 128 0.93x, the head-mask gradient 1.00x; outputs equal to 3e-6.
+(Earlier, with every type at XLA's default: 4 BERT-base blocks, forward 32 x 128 1693 ms vs
+1351 ms with every type off.) LayerNorm statistics on the CPU are matrix-vector products,
+not reductions (`bertjax.model.LayerNorm`), so the reduce fusions take the attention only.
 
 `import bertjax` therefore adds `CPU_OPTIONS` to the `XLA_FLAGS` environment variable,
 which XLA reads when it compiles, so every program compiled afterwards in the process uses
@@ -13,6 +20,13 @@ them, the user's own `jax.jit(bertjax.forward)` included. Nothing is changed whe
 `XLA_FLAGS` already names an option (the user's setting wins) or when the environment sets
 `BERTJAX_XLA_DEFAULTS=0`. The options are debug options of XLA:CPU: other backends ignore
 them. To use them for one program only, pass `jax.jit(f, compiler_options=CPU_OPTIONS)`.
+
+Programs with a YNNPACK fusion go through JAX's persistent compilation cache like any other:
+`tests/test_xla_options.py` writes a forward-and-gradient program in one process and reads it
+back in another. (These options were once backed out after a fresh-clone CI run aborted a
+test worker while it read an entry of a cache the experiments' smoke runs had switched on for
+the whole test process; that was not reproduced in three full runs of the suite since, and
+the smoke runs now switch the cache on for their own duration only.)
 """
 
 from __future__ import annotations
@@ -20,8 +34,9 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
-# Option name -> value; an empty value turns every YNNPACK fusion type off.
-CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# Option name -> value (the form both XLA_FLAGS and `compiler_options` accept): YNNPACK's
+# reduce fusions on, every other YNNPACK fusion type off.
+CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 OPT_OUT = "BERTJAX_XLA_DEFAULTS"
 
 

@@ -233,11 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--steps", type=int, default=None,
                       help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)")
   args = parser.parse_args(argv)
-  t_start = time.perf_counter()
+  with common.smoke_compilation_cache(args.smoke):
+    return run_experiment(args)
 
+
+def run_experiment(args) -> int:
+  """The experiment on parsed arguments."""
+  t_start = time.perf_counter()
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=10)
-  if args.smoke:
-    common.smoke_compilation_cache()
   timings: dict[str, float] = {}
   data = load_data(args, sc, timings)
   configs = model_configs(sc, data.corpus.vocab_size)

@@ -286,13 +286,24 @@ class PretrainScale(Scale):
                             warmup_steps=self.warmup, decay="linear", seed=seed)
 
 
-def smoke_compilation_cache() -> None:
-  """Turns on JAX's persistent compilation cache (for `--smoke` runs only)."""
+@contextlib.contextmanager
+def smoke_compilation_cache(enabled: bool = True):
+  """JAX's persistent compilation cache for the duration of a `--smoke` run, then the
+  process's own settings back: a script's `main` called in-process (a test) leaves no
+  cache switched on for the rest of that process."""
   import jax
 
-  path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
-  jax.config.update("jax_compilation_cache_dir", str(path))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  before = {name: getattr(jax.config, name) for name in names}
+  if enabled:
+    path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
+    jax.config.update(names[0], str(path))
+    jax.config.update(names[1], 0.2)
+  try:
+    yield
+  finally:
+    for name, value in before.items():
+      jax.config.update(name, value)
 
 
 def one_blas_thread(main):

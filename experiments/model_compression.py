@@ -421,13 +421,17 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  with common.smoke_compilation_cache(args.smoke):
+    return run_experiment(args)
+
+
+def run_experiment(args) -> int:
+  """The experiment on parsed arguments."""
   t_start = time.perf_counter()
   import bertjax
   from bertjax.training import finetune as F
 
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
-  if args.smoke:
-    common.smoke_compilation_cache()
   sys.path.insert(0, str(common.REPO / "benchmarks"))
   from bench_forward import cpu_info
 

@@ -698,6 +698,12 @@ APPROACH = ("per-step time = from handing over batch k to asking for batch k+1 "
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  with common.smoke_compilation_cache(args.smoke):
+    return run_experiment(args)
+
+
+def run_experiment(args) -> int:
+  """The experiment on parsed arguments."""
   t_start = time.perf_counter()
   import bertjax
 
@@ -707,8 +713,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   sc = sc.with_steps(args.steps, minimum=10)
   if args.repeats is not None:
     sc = dataclasses.replace(sc, repeats=args.repeats)
-  if args.smoke:
-    common.smoke_compilation_cache()
   timings: dict[str, float] = {}
   data = load_data(args, sc, timings)
   config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,

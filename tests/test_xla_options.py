@@ -1,6 +1,8 @@
 """The XLA:CPU options `import bertjax` sets: added once, never over the user's, same numbers."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +18,7 @@ def test_apply_adds_each_option_once_and_keeps_the_users_flags():
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   assert xla_options.apply(env) == list(xla_options.CPU_OPTIONS)
   assert env["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=8 "
-                              "--xla_cpu_experimental_ynn_fusion_type=")
+                              "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE")
   assert xla_options.apply(env) == []  # a second import changes nothing
   assert env["XLA_FLAGS"].count("ynn_fusion_type") == 1
   assert (xla_options.without_cpu_options(env["XLA_FLAGS"])
@@ -35,7 +37,7 @@ def test_import_sets_the_flag_in_a_fresh_process():
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_options.OPT_OUT)}
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        check=True).stdout
-  assert "--xla_cpu_experimental_ynn_fusion_type=" in out
+  assert "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE" in out
   env[xla_options.OPT_OUT] = "0"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        check=True).stdout
@@ -43,8 +45,9 @@ def test_import_sets_the_flag_in_a_fresh_process():
 
 
 def test_forward_equals_the_xla_default_compilation():
-  """The options change which emitter runs the dots, not the function: with YNNPACK's dot
-  fusions on (XLA's default emitter for them) and off, outputs agree to float32 rounding."""
+  """The options change which emitter runs the attention and the dots, not the function:
+  with bertjax's options, with YNNPACK's dot fusions and with every YNNPACK fusion off,
+  outputs agree to float32 rounding."""
   config = bertjax.BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2,
                               num_attention_heads=4, intermediate_size=128)
   params = bertjax.init(config, 0)
@@ -55,3 +58,60 @@ def test_forward_equals_the_xla_default_compilation():
   ynn = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
   with_ynn = jax.jit(fn, compiler_options=ynn)(params, ids, mask)
   np.testing.assert_allclose(np.asarray(ours), np.asarray(with_ynn), atol=2e-5, rtol=0)
+  off = {"xla_cpu_experimental_ynn_fusion_type": ""}
+  without = jax.jit(fn, compiler_options=off)(params, ids, mask)
+  np.testing.assert_allclose(np.asarray(ours), np.asarray(without), atol=2e-5, rtol=0)
+
+
+def test_the_reduce_fusion_takes_the_attention_and_not_the_layer_norms():
+  """What the options are for: a YNNPACK fusion of the softmax with its product with the
+  values (output (batch, heads, seq, head_dim)), and none for the LayerNorms' statistics."""
+  config = bertjax.BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, intermediate_size=128)
+  params = bertjax.init(config, 0)
+  ids = jnp.ones((8, 128), jnp.int32)  # YNNPACK's cost model leaves tiny shapes to XLA
+  fn = lambda p, x: bertjax.forward(p, config, x).last_hidden_state
+  text = jax.jit(fn, compiler_options=xla_options.CPU_OPTIONS).lower(params, ids).compile()
+  text = text.as_text()
+  calls = dict(re.findall(r"%ynn_fusion[.\d]* = (\S+)\{[\d,]*\} fusion\(.*calls=(%[\w.]+)",
+                          text))
+  assert "f32[8,4,128,16]" in calls, calls
+  body = text.split(f"{calls['f32[8,4,128,16]']} ")[1].split("\n}\n")[0]
+  assert " dot(" in body and " exponential(" in body and " reduce(" in body
+  assert not [shape for shape in calls if shape.startswith(("f32[8,128]", "f32[8,128,1]"))]
+
+
+_CACHE_ROUND_TRIP = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+import bertjax
+from jax._src import monitoring
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+hits = []
+monitoring.register_event_listener(
+    lambda name, **kw: hits.append(name) if name == "/jax/compilation_cache/cache_hits" else None)
+config = bertjax.BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=128)
+params = bertjax.init(config, 0)
+ids = jnp.asarray(np.random.default_rng(0).integers(5, 120, (8, 128)), jnp.int32)
+loss = lambda p, x: bertjax.forward(p, config, x).last_hidden_state.std()
+step = jax.jit(jax.value_and_grad(loss))
+text = step.lower(params, ids).compile().as_text()
+value, grads = step(params, ids)
+print(json.dumps({"ynn": text.count("ynn_fusion"), "hits": len(hits), "value": float(value),
+                  "grad": float(jnp.abs(grads["encoder"]["layers"]["attention"]["query"]["kernel"]).sum())}))
+"""
+
+
+def test_a_cached_executable_with_the_reduce_fusion_reads_back(tmp_path):
+  """JAX's persistent compilation cache writes a program with a YNNPACK reduce fusion (a
+  forward and its gradient under the layer scan) in one process and a second process reads
+  it back and runs it: same numbers, no recompilation."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_options.OPT_OUT)}
+  runs = [json.loads(subprocess.run(
+      [sys.executable, "-c", _CACHE_ROUND_TRIP, str(tmp_path)], env=env, capture_output=True,
+      text=True, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+  assert runs[0]["ynn"] > 0 and runs[0]["hits"] == 0
+  assert runs[1]["hits"] >= 1
+  assert (runs[1]["value"], runs[1]["grad"]) == (runs[0]["value"], runs[0]["grad"])
