@@ -32,6 +32,7 @@ from bertjax.families import HEADS
 from bertjax.input_checks import as_array, check_inputs, value_checks
 from bertjax.model import (
     BLOCK_SITES,
+    ROW_AXIS,
     SITES,
     Classifier,
     Embeddings,
@@ -42,6 +43,7 @@ from bertjax.model import (
     Sites,
     compute_dtype,
     mix,
+    put_rows,
 )
 
 Params = dict[str, Any]
@@ -301,12 +303,27 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
                head_ablation: str = "scale", layer_mask=None,
                output_hidden_states: bool = False, output_attentions: bool = False,
                capture=(), patch=None, deterministic: bool = True,
-               rng: jax.Array | None = None) -> LayersOutput:
+               rng: jax.Array | None = None, final_rows=None,
+               unroll: bool = False) -> LayersOutput:
   """Runs encoder blocks `start .. stop-1` on `hidden` (the input of block `start`).
 
   `head_mask`, `layer_mask` and `patch` cover all `config.depth` blocks (as in
   `forward`); only the slice for the blocks run is used. `capture` and `patch`
   take block sites (every site but "embeddings").
+
+  `final_rows` int (B, R): the positions a caller reads from the model's last block
+  (block `config.depth - 1`). When that block is run, it computes its queries and
+  everything after them at those rows only (`model.EncoderLayer`; keys and values at
+  every position), and its outputs, maps and captured sites are zero at the other
+  rows. With the fused kernels, which need equal query and key lengths, it runs in
+  full and is then zeroed the same way. Patching metrics read one or a few positions
+  (`patching.LogitDiff`), so their sweeps skip most of the last block.
+
+  `unroll=True` runs the blocks as a Python loop over the same block instead of
+  `lax.scan`: each block's activations are then separate arrays, not slices of
+  stacked buffers. A plain forward pass is faster scanned; a gradient through every
+  block is faster unrolled on the CPU (`patching.attribution_patching` uses it:
+  no zero-filled stacked residuals, and no gradient for the first block's input).
 
   Returns:
     A `LayersOutput` `(last, hidden_states, attentions, cache)`: the output of
@@ -317,21 +334,33 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
                      head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
                      output_hidden_states=output_hidden_states,
                      output_attentions=output_attentions, capture=_capture_tuple(capture),
-                     patch=patch, deterministic=deterministic, rng=rng)
+                     patch=patch, deterministic=deterministic, rng=rng, final_rows=final_rows,
+                     unroll=unroll)
 
 
 def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=None,
                 head_mask=None, head_ablation="scale", layer_mask=None,
                 output_hidden_states=False, output_attentions=False, capture=(), patch=None,
-                deterministic=True, rng=None, stats=False, special_mask=None) -> LayersOutput:
-  """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones.
+                deterministic=True, rng=None, stats=False, special_mask=None,
+                final_rows=None, unroll=False) -> LayersOutput:
+  """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones (and
+  with `unroll`).
 
   With `stats`, each block returns per-head attention statistics (the
-  `attentions` field holds their dict) instead of maps.
+  `attentions` field holds their dict) instead of maps. With `final_rows`, the
+  model's last block runs at those rows (`run_layers`).
   """
   stop = config.depth if stop is None else stop
   if not 0 <= start <= stop <= config.depth:
     raise ValueError(f"{start=}, {stop=} must satisfy 0 <= start <= stop <= {config.depth}")
+  if final_rows is not None:
+    if stats:
+      raise ValueError("final_rows does not combine with attention statistics")
+    final_rows = jnp.asarray(final_rows, jnp.int32)
+    if final_rows.ndim != 2 or final_rows.shape[0] != hidden.shape[0]:
+      raise ValueError(f"final_rows shape {final_rows.shape} must be (batch={hidden.shape[0]}, R)")
+    if stop != config.depth or stop == start:  # the last block is not run
+      final_rows = None
   batch, seq_len = hidden.shape[:2]
   if attention_mask is None:
     key_mask = jnp.ones((batch, seq_len), bool)
@@ -348,52 +377,107 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   scanned, const = _split_patch(config, patch or {}, start, stop)
   want_maps = output_attentions or stats
 
-  def block(layer_params, h, hm, lm, key, patch_slices, kept=None):
+  def block(layer_params, h, hm, lm, key, patch_slices, kept=None, rows=None):
     arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight
     block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
+    fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
     sites = Sites(capture, block_patch, hm, head_ablation, lm, kept=kept,
-                  num_heads=config.num_attention_heads)
+                  num_heads=config.num_attention_heads, rows=None if fused else rows)
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
         {"params": layer_params}, h, key_mask, sites, output_attentions,
         deterministic, special_mask, stats, rngs=None if key is None else {"dropout": key})
+    if rows is not None:  # zeros at the rows not asked for (`run_layers`)
+      y, maps, captured = _at_final_rows(y, maps, sites.captured, rows, h.shape[1], fused)
+      sites.captured = captured
     return y, (y if output_hidden_states else None, maps if want_maps else None,
                sites.captured)
 
-  if config.is_pruned:
+  if config.is_pruned or unroll:
     if stats:
       raise ValueError("attention statistics do not support pruned models; use head masks")
-    return _run_pruned(params, config, hidden, start, stop, head_mask, layer_mask, keys,
-                       scanned, block)
+    return _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys,
+                         scanned, block, final_rows)
+  return _run_scanned(params, config, hidden, start, stop, (head_mask, layer_mask, keys, scanned),
+                      block, final_rows)
+
+
+def _run_scanned(params, config, hidden, start, stop, per_block, block, final_rows):
+  """The blocks under `lax.scan` (`per_block`: head masks, layer masks, dropout keys and patch
+  slices, each leading with the blocks run); with `final_rows`, the last block after it."""
   stacked = params["encoder"]["layers"]
   index = np.asarray(config.layer_param_index)
   shared = not np.array_equal(index, np.arange(config.num_param_layers))
 
   def body(h, xs):
     block_index, layer_params, hm, lm, key, patch_slices = xs
-    if shared:  # ALBERT: the block indexes its group's weights.
+    if layer_params is None:  # ALBERT (or a part of the stack): index the weights.
       layer_params = jax.tree.map(lambda a: a[jnp.asarray(index)[block_index]], stacked)
     return block(layer_params, h, hm, lm, key, patch_slices)
 
-  layer_xs = None if shared else jax.tree.map(lambda a: a[start:stop], stacked)
-  last, (states, maps, cache) = jax.lax.scan(
-      body, hidden, (jnp.arange(start, stop), layer_xs, head_mask, layer_mask, keys, scanned),
-      unroll=min(config.scan_unroll, max(stop - start, 1)))
-  return LayersOutput(last, states, maps, cache)
+  scan_stop = stop if final_rows is None else stop - 1
+  at = lambda tree, i: None if tree is None else jax.tree.map(lambda a: a[i], tree)
+  # The whole stack is scanned as it is; a part of it is indexed in the body (slicing it
+  # outside would copy those layers' weights on every call).
+  whole = not shared and (start, scan_stop) == (0, config.depth)
+  layer_xs = jax.tree.map(lambda a: a, stacked) if whole else None
+  scanned = per_block if final_rows is None else tuple(at(t, slice(0, -1)) for t in per_block)
+  last, ys = jax.lax.scan(body, hidden, (jnp.arange(start, scan_stop), layer_xs, *scanned),
+                          unroll=min(config.scan_unroll, max(scan_stop - start, 1)))
+  if final_rows is None:
+    return LayersOutput(last, *ys)
+  # The last block on its own, at the rows read; its outputs join the scanned ones.
+  last_params = jax.tree.map(lambda a: a[index[stop - 1]], stacked)
+  last, y = block(last_params, last, *(at(t, -1) for t in per_block), rows=final_rows)
+  join = lambda a, b: None if b is None else jnp.concatenate([a, b[None]])
+  return LayersOutput(last, *jax.tree.map(join, ys, y, is_leaf=lambda a: a is None))
 
 
-def _run_pruned(params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block):
-  """Blocks with different head counts cannot share a scan: the same block, unrolled."""
+def _rows_attention(config, output_attentions, capture, patch) -> bool:
+  """Whether a block can run at chosen rows: the attention it uses takes q and k of different
+  lengths (the XLA implementation; the map path always is)."""
+  if output_attentions or "probs" in capture or "probs" in (patch or {}):
+    return True
+  return kernels.attention_impl(config.attention_impl) == "xla"
+
+
+def _at_final_rows(y, maps, captured, rows, seq_len, full: bool):
+  """A final block's outputs at full length, zero outside `rows` (B, R): placed from the
+  rows it computed, or (`full`: the block ran at every row) masked."""
+  if full:
+    keep = jnp.zeros(y.shape[:2], bool).at[jnp.arange(y.shape[0])[:, None], rows].set(True)
+    y = jnp.where(keep[:, :, None], y, 0)
+    maps = None if maps is None else jnp.where(keep[:, None, :, None], maps, 0)
+    captured = {name: jnp.where(jnp.expand_dims(keep, [a for a in range(2, v.ndim)])
+                                if ROW_AXIS[name] == 1 else keep[:, None, :, None], v, 0)
+                if name in ROW_AXIS else v for name, v in captured.items()}
+    return y, maps, captured
+  y = put_rows(y, rows, seq_len)
+  maps = None if maps is None else put_rows(maps, rows, seq_len, axis=2)
+  return y, maps, captured  # captures were placed by `Sites.visit`
+
+
+def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block,
+                  final_rows=None):
+  """The same block in a Python loop: a pruned model's blocks (different head counts cannot
+  share a scan), or any model's on request (`run_layers(unroll=True)`)."""
   layers = params["encoder"]["layers"]
+  index = config.layer_param_index
   h, outs = hidden, []
   for i, d in enumerate(range(start, stop)):
-    kept = config.kept_heads(d)
-    hm = None if head_mask is None else head_mask[i][..., np.asarray(kept, np.int32)]
+    kept = config.kept_heads(d) if config.is_pruned else None
+    if kept is None:  # stacked parameters: this block's (its group's, for ALBERT) slice
+      layer_params, hm = jax.tree.map(lambda a: a[index[d]], layers), head_mask
+    else:
+      layer_params, hm = layers[d], head_mask
+      hm = None if hm is None else hm[..., np.asarray(kept, np.int32)]
+    hm = None if hm is None else hm[i]
     lm = None if layer_mask is None else layer_mask[i]
-    h, out = block(layers[d], h, hm, lm, None if keys is None else keys[i],
-                   {k: v[i] for k, v in scanned.items()}, kept=kept)
+    rows = final_rows if d == stop - 1 else None
+    h, out = block(layer_params, h, hm, lm, None if keys is None else keys[i],
+                   {k: v[i] for k, v in scanned.items()}, kept=kept, rows=rows)
     states, maps, cache = out
-    if maps is not None:  # pruned heads show as all-zero maps
+    if maps is not None and kept is not None:  # pruned heads show as all-zero maps
       full = jnp.zeros(maps.shape[:1] + (config.num_attention_heads,) + maps.shape[2:], maps.dtype)
       maps = full.at[:, np.asarray(kept, np.int32)].set(maps)
     outs.append((states, maps, cache))

@@ -52,6 +52,11 @@ SITES = {
 BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
 # Sites with a head axis, and where it sits in one block's array.
 HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1}
+# Sites with a query-position axis, and where it sits in one block's array: a block run at
+# chosen rows only (`EncoderLayer(rows=...)`) computes them there. Keys and values keep
+# every position.
+ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "mid": 1, "ffn_act": 1,
+            "ffn_out": 1, "out": 1}
 
 
 def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int, ...]:
@@ -71,6 +76,25 @@ def mix(own, value, weight):
   return (weight * jnp.asarray(value) + (1 - weight) * own).astype(dtype)
 
 
+def take_rows(x, rows, axis: int = 1):
+  """`x` at positions `rows` (B, R) along `axis` (an axis of size 1 broadcasts and stays)."""
+  x = jnp.asarray(x)
+  if x.shape[axis] == 1:
+    return x
+  x = jnp.broadcast_to(x, (rows.shape[0],) + x.shape[1:])
+  index = rows.reshape(rows.shape + (1,) * (x.ndim - 2))
+  index = jnp.moveaxis(index, 1, axis) if axis != 1 else index
+  return jnp.take_along_axis(x, index, axis=axis)
+
+
+def put_rows(x, rows, seq_len: int, axis: int = 1):
+  """The inverse of `take_rows`: `x` (R along `axis`) placed at `rows` in zeros of `seq_len`."""
+  x = jnp.moveaxis(x, axis, 1)  # (B, R, ...)
+  full = jnp.zeros((x.shape[0], seq_len) + x.shape[2:], x.dtype)
+  full = full.at[jnp.arange(x.shape[0])[:, None], rows].set(x)
+  return jnp.moveaxis(full, 1, axis)
+
+
 class Sites:
   """One block's view of the interventions: what to capture, patch and mask.
 
@@ -86,10 +110,12 @@ class Sites:
     layer_mask: float scalar for this block, or None (out = m * out + (1 - m) * x).
     kept: original indices of this block's heads when it is pruned, else None.
     num_heads: the unpruned head count (captures are scattered back to it).
+    rows: int (B, R) when the block runs at these query positions only (`ROW_AXIS`
+      sites: patches are read there, captures are zero elsewhere), else None.
   """
 
   def __init__(self, capture=(), patch=None, head_mask=None, head_ablation="scale",
-               layer_mask=None, kept=None, num_heads=None):
+               layer_mask=None, kept=None, num_heads=None, rows=None):
     self.capture = frozenset(capture)
     self.patch = patch or {}
     self.head_mask = head_mask
@@ -97,20 +123,34 @@ class Sites:
     self.layer_mask = layer_mask
     self.kept = kept
     self.num_heads = num_heads
+    self.rows = rows
+    self.seq_len = None  # set by the block when rows is given
     self.captured: dict[str, jax.Array] = {}
 
   def needs(self, name: str) -> bool:
     return name in self.capture or name in self.patch
 
   def visit(self, name: str, value):
+    restricted = self.rows is not None and name in ROW_AXIS
     if name in self.patch:
       target, weight = self.patch[name]
       if self.kept is not None and name in HEAD_AXIS:
         target, weight = self._kept_heads(name, target), self._kept_heads(name, weight)
+      if restricted:
+        target, weight = (self._at_rows(name, a, value.ndim) for a in (target, weight))
       value = mix(value, target, weight)
     if name in self.capture:
-      self.captured[name] = self._all_heads(name, value)
+      captured = self._all_heads(name, value)
+      if restricted:
+        captured = put_rows(captured, self.rows, self.seq_len, ROW_AXIS[name])
+      self.captured[name] = captured
     return value
+
+  def _at_rows(self, name, x, ndim):
+    # A patch array (broadcasting to the block's full site) read at the block's rows.
+    x = jnp.asarray(x)
+    x = x.reshape((1,) * (ndim - x.ndim) + x.shape)
+    return take_rows(x, self.rows, ROW_AXIS[name])
 
   def _kept_heads(self, name, x):
     # Patch arrays are indexed by original heads; a pruned block keeps some of them.
@@ -176,14 +216,29 @@ def activation(name: str):
   raise ValueError(f"hidden_act={name!r} is not supported")
 
 
+@jax.custom_jvp
 def gelu(x):
   """Exact GELU, `x / 2 * (1 + erf(x / sqrt(2)))`: PyTorch's formula.
 
   `jax.nn.gelu(approximate=False)` computes the same function through erfc, whose XLA:CPU
   expansion costs 1.6x this one (2.0 vs 1.25 ms for 1024 x 3072 float32 on the 2-core
-  AMD EPYC; outputs within 5e-7).
+  AMD EPYC; outputs within 5e-7). Its derivative `Phi(x) + x phi(x)` is written out
+  (`_gelu_jvp`): a gradient then keeps one array per FFN activation where autodiff of the
+  formula keeps three, which is most of what a backward pass stores for BERT's FFN.
   """
-  return x * ((1 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype))) / 2)
+  return x * _normal_cdf(x)
+
+
+def _normal_cdf(x):
+  return (1 + jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype))) / 2
+
+
+@gelu.defjvp
+def _gelu_jvp(primals, tangents):
+  (x,), (t,) = primals, tangents
+  cdf = _normal_cdf(x)
+  pdf = jnp.exp(-0.5 * x * x) * np.sqrt(0.5 / np.pi).astype(x.dtype)
+  return x * cdf, t * (cdf + x * pdf)
 
 
 def compute_dtype(config: BertConfig):
@@ -311,8 +366,14 @@ class SelfAttention(nn.Module):
     d = cfg.head_dim
     proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), **_dense_kw(cfg),
                                         dtype=dtype, name=name)
-    q = sites.visit("q", proj("query")(x))  # (B, T, N, D)
-    k = sites.visit("k", proj("key")(x))
+    # At chosen rows, queries (and all that follows) come from those positions only; padded
+    # rows among them give zeros, as at full length (where the kernels see Tq == Tk).
+    x_q, real = x, None
+    if sites.rows is not None:
+      x_q = take_rows(x, sites.rows)  # (B, R, H)
+      real = take_rows(key_mask, sites.rows)  # (B, R)
+    q = sites.visit("q", proj("query")(x_q))  # (B, T | R, N, D)
+    k = sites.visit("k", proj("key")(x))  # (B, T, N, D)
     v = sites.visit("v", proj("value")(x))
 
     dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
@@ -321,7 +382,7 @@ class SelfAttention(nn.Module):
     maps = None
     if n == 0:  # every head pruned: the block adds only the output bias
       head_out = q
-      maps = jnp.zeros(x.shape[:1] + (0,) + x.shape[1:2] * 2, jnp.float32)
+      maps = jnp.zeros((x.shape[0], 0, q.shape[1], x.shape[1]), jnp.float32)
     elif stats:
       # Per-head statistics instead of maps, inside the fused kernel when the config
       # selects it; the head mask acts inside the kernel so the statistics see it. cuDNN
@@ -332,7 +393,10 @@ class SelfAttention(nn.Module):
           impl="xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl)
     elif output_attentions or sites.needs("probs"):
       # The map path: the probabilities are returned, captured or patched.
-      probs = sites.visit("probs", kernels.attention_probs(q, k, mask=mask))  # (B, N, T, T)
+      probs = kernels.attention_probs(q, k, mask=mask)  # (B, N, T | R, T)
+      if real is not None:
+        probs = probs * real[:, None, :, None].astype(probs.dtype)
+      probs = sites.visit("probs", probs)
       used = probs
       if dropout:
         used = nn.Dropout(dropout)(probs, deterministic=False)
@@ -347,6 +411,8 @@ class SelfAttention(nn.Module):
         seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
         extra = {"dropout_rate": dropout, "dropout_seed": seed}
       head_out = kernels.attention(q, k, v, mask=mask, impl=cfg.attention_impl, **extra)
+    if real is not None and not (output_attentions or sites.needs("probs")):
+      head_out = head_out * real[:, :, None, None].astype(head_out.dtype)
     if not stats:
       head_out = sites.mask_heads(head_out.astype(dtype), v, key_mask)
     head_out = sites.visit("head_out", head_out.astype(dtype))
@@ -354,11 +420,18 @@ class SelfAttention(nn.Module):
                         dtype=dtype, name="output")(head_out)  # (B, T, H)
     y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    return sites.visit("mid", _layer_norm(cfg, "LayerNorm")(x + y)), maps
+    return sites.visit("mid", _layer_norm(cfg, "LayerNorm")(x_q + y)), maps
 
 
 class EncoderLayer(nn.Module):
-  """One post-LN transformer block: attention, then the feed-forward network."""
+  """One post-LN transformer block: attention, then the feed-forward network.
+
+  With `sites.rows` (B, R) the block runs at those query positions only: keys and
+  values come from every position of `x`, every other step (queries, head outputs,
+  the output projection, LayerNorms, the FFN) from the R rows, and it returns
+  (B, R, H), equal to the full block's output at those rows. A caller that reads only
+  some positions of the last block (a patching metric) skips the rest of its work.
+  """
 
   config: BertConfig
   num_heads: int | None = None
@@ -370,6 +443,7 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     dtype = compute_dtype(cfg)
     sites = Sites() if sites is None else sites
+    sites.seq_len = x.shape[1]
     h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
         x, key_mask, sites, output_attentions, deterministic, stats_special_mask, stats)
     y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
@@ -381,7 +455,7 @@ class EncoderLayer(nn.Module):
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = _layer_norm(cfg, "LayerNorm")(h + y)
     if sites.layer_mask is not None:  # 0 skips the block: its output is its input
-      y = mix(y, x, 1 - sites.layer_mask)
+      y = mix(y, x if sites.rows is None else take_rows(x, sites.rows), 1 - sites.layer_mask)
     return sites.visit("out", y), maps
 
 

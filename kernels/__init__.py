@@ -13,6 +13,7 @@ from .attention import (
   IMPLS,
   KERNEL_VARIANTS,
   attention,
+  attention_impl,
   attention_probs,
   attention_with_stats,
 )
@@ -28,6 +29,7 @@ __all__ = [
   "BlockSizes",
   "Mask",
   "attention",
+  "attention_impl",
   "attention_probs",
   "attention_with_stats",
   "reference_attention",

@@ -94,6 +94,13 @@ def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None)
   raise ValueError(f"head_mask.shape={head_mask.shape} must be ({heads},) or ({batch}, {heads})")
 
 
+def attention_impl(impl: str = "auto") -> str:
+  """The implementation `attention(..., impl=impl)` runs on this backend (no maps asked)."""
+  if impl not in IMPLS:
+    raise ValueError(f"{impl=} must be one of {IMPLS}")
+  return _resolve_impl(impl, False)
+
+
 def _resolve_impl(impl, return_probs, stats=False):
   if impl != "auto":
     return impl

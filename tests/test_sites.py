@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import bertjax
+from bertjax.model import BLOCK_SITES, ROW_AXIS, take_rows
 
 SENTENCES_A = ["The keys to the cabinet are on the table.", "She did not like it at all.",
                "Why?"]
@@ -252,3 +253,103 @@ def test_forward_under_jit_with_static_argnames():
                          output_attentions=True, capture=("mid",))
   np.testing.assert_allclose(got.cache["mid"], want.cache["mid"], atol=1e-6)
   assert got.attentions.shape == want.attentions.shape
+
+
+def _final_rows_case(config, params, ids, mask, rows, **kwargs):
+  """(full, restricted) `run_layers` outputs with every site captured and maps on."""
+  x = bertjax.embed(params, config, ids)
+  kw = dict(capture=tuple(BLOCK_SITES), output_hidden_states=True, **kwargs)
+  return (bertjax.run_layers(params, config, x, mask, **kw),
+          bertjax.run_layers(params, config, x, mask, final_rows=rows, **kw))
+
+
+@pytest.mark.parametrize("variant", ["bert", "albert", "pruned", "maps", "pallas"])
+def test_final_rows_equal_the_full_block_at_those_rows(variant):
+  """The last block run at chosen rows gives the full block's values there (every site,
+  hidden states, maps; padded and repeated rows included) and zeros at the other rows;
+  earlier blocks are untouched."""
+  config, params, ids, mask = _tiny()
+  kwargs = {}
+  if variant == "albert":
+    config = bertjax.BertConfig.preset("tiny", model_type="albert", embedding_size=32,
+                                       num_hidden_layers=3)  # one shared group
+    params = bertjax.init(config, 1)
+  elif variant == "pruned":
+    config, params = bertjax.prune_heads(config, params, {2: [1], 0: [0, 3]})
+  elif variant == "maps":
+    kwargs["output_attentions"] = True
+  elif variant == "pallas":  # equal q and k lengths only: the block runs in full, then masked
+    config = config.replace(attention_impl="pallas")
+  rows = jnp.asarray([[4, 0, 4], [8, 2, 5]])  # ids[1] is padded from 6 on: row 8 is padding
+  full, part = _final_rows_case(config, params, ids, mask, rows, **kwargs)
+  keep = np.zeros(ids.shape, bool)
+  keep[np.arange(2)[:, None], np.asarray(rows)] = True
+  close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6)
+  close(take_rows(full.last, rows), take_rows(part.last, rows))
+  assert not np.asarray(part.last)[~keep].any()
+  close(full.hidden_states[:-1], part.hidden_states[:-1])
+  for site in BLOCK_SITES:
+    f, p = full.cache[site], part.cache[site]
+    close(f[:-1], p[:-1])
+    axis = ROW_AXIS.get(site)
+    if axis is None:  # keys and values: every position
+      close(f[-1], p[-1])
+      continue
+    close(take_rows(f[-1], rows, axis), take_rows(p[-1], rows, axis))
+    rest = np.moveaxis(np.asarray(p[-1]), axis, 1)[~keep]
+    assert not rest.any(), site
+  if variant == "maps":
+    close(take_rows(full.attentions[-1], rows, 2), take_rows(part.attentions[-1], rows, 2))
+  assert np.abs(np.asarray(full.last)[keep]).max() > 0.1
+
+
+def test_final_rows_patches_and_gradients_match_the_full_block():
+  """A patched last block at chosen rows: same metric, same gradient w.r.t. the weights."""
+  config, params, ids, mask = _tiny()
+  x = bertjax.embed(params, config, ids)
+  value = bertjax.forward(params, config, ids[::-1].copy(), mask,
+                          capture=("head_out", "ffn_act")).cache
+  rows = jnp.asarray([[4], [2]])
+  probe = jax.random.normal(jax.random.key(3), (config.hidden_size,))
+
+  def metric(w, final_rows):
+    out = bertjax.run_layers(params, config, x, mask, final_rows=final_rows,
+                             patch={"head_out": (value["head_out"], w[:, None, None, :, None]),
+                                    "ffn_act": (value["ffn_act"], w[:, :1, None, None])})
+    return jnp.sum(take(out.last) @ probe)
+
+  take = lambda h: h[jnp.arange(2)[:, None], rows]
+  w = jax.random.uniform(jax.random.key(4), (config.depth, config.num_attention_heads))
+  np.testing.assert_allclose(metric(w, rows), metric(w, None), atol=1e-5)
+  g_full, g_rows = jax.grad(metric)(w, None), jax.grad(metric)(w, rows)
+  assert np.abs(np.asarray(g_full)).max() > 1e-3
+  np.testing.assert_allclose(g_rows, g_full, atol=1e-5)
+  with pytest.raises(ValueError, match=r"final_rows shape \(3, 1\) must be \(batch=2, R\)"):
+    bertjax.run_layers(params, config, x, mask, final_rows=jnp.zeros((3, 1), jnp.int32))
+
+
+@pytest.mark.parametrize("model_type", ["bert", "albert"])
+def test_unrolled_blocks_equal_the_scan(model_type):
+  """`run_layers(unroll=True)`: the same blocks in a Python loop, same outputs, captures,
+  maps and gradients as the scan (a part of the stack too)."""
+  config, params, ids, mask = _tiny()
+  if model_type == "albert":
+    config = bertjax.BertConfig.preset("tiny", model_type="albert", embedding_size=32,
+                                       num_hidden_layers=3)
+    params = bertjax.init(config, 1)
+  x = bertjax.embed(params, config, ids)
+  kw = dict(capture=("head_out", "ffn_act"), output_hidden_states=True, output_attentions=True)
+  for start in (0, 1):
+    a = bertjax.run_layers(params, config, x, mask, start=start, **kw)
+    b = bertjax.run_layers(params, config, x, mask, start=start, unroll=True, **kw)
+    for got, want in zip(jax.tree.leaves(b), jax.tree.leaves(a)):
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+  value = jax.random.normal(jax.random.key(5), (config.depth, 2, 9, 4, config.head_dim))
+
+  def metric(w, unroll):
+    out = bertjax.run_layers(params, config, x, mask, unroll=unroll,
+                             patch={"head_out": (value, w[:, None, None, :, None])})
+    return jnp.sum(out.last[:, 0] ** 2)
+
+  w = jnp.full((config.depth, config.num_attention_heads), 0.2)
+  np.testing.assert_allclose(jax.grad(metric)(w, True), jax.grad(metric)(w, False), atol=1e-5)

@@ -6,6 +6,12 @@ Metrics are pure functions `metric(params, config, out, batch) -> scalar` of a r
 (`row_mean = True`). A sweep's values come back as a `PatchingResult`, normalised with
 `normalize`; `agreement` compares attribution patching with the exact sweep.
 `bertjax.analysis.patching` re-exports every public name here.
+
+A metric may say which positions of the final hidden state it reads, with a method
+`rows(config, batch) -> int (B, R)` (the three here do, except a probe on mean-pooled
+states): the sweeps then run the model's last block at those rows only
+(`bertjax.run_layers(final_rows=...)`), which gives the same values for a fraction of
+that block's work. A metric without the method is given every row.
 """
 
 from __future__ import annotations
@@ -42,6 +48,22 @@ def _head_logits_at(params, config, out: BertOutput, batch, head: str) -> jax.Ar
                    "'classifier'")
 
 
+def _token_rows(config, batch, head: str):
+  """(B, 1) rows a head's logits at `batch["position"]` (token heads) or the first token read."""
+  if head in ("mlm", "token_classifier"):
+    if "position" not in batch:  # the metric itself raises the error that names it
+      return None
+    return jnp.asarray(batch["position"], jnp.int32)[:, None]
+  # Sequence heads read the first token: the pooler ([CLS]) or the first token's state.
+  return jnp.zeros((batch["input_ids"].shape[0], 1), jnp.int32)
+
+
+def metric_rows(metric, config, batch):
+  """The (B, R) positions `metric` reads from the final hidden state, or None (all of them)."""
+  rows = getattr(metric, "rows", None)
+  return None if rows is None else rows(config, batch)
+
+
 def _f32(x):
   """At least float32 (float64 stays float64)."""
   return x.astype(jnp.promote_types(x.dtype, jnp.float32))
@@ -70,6 +92,10 @@ class LogitDiff:
     logits = _f32(_head_logits_at(params, config, out, batch, self.head))
     return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
 
+  def rows(self, config, batch):
+    """The one position per sequence the head reads (`metric_rows`)."""
+    return _token_rows(config, batch, self.head)
+
 
 @dataclasses.dataclass(frozen=True)
 class AnswerLogProb:
@@ -81,6 +107,10 @@ class AnswerLogProb:
   def __call__(self, params, config, out, batch):
     logits = _f32(_head_logits_at(params, config, out, batch, self.head))
     return jnp.mean(_pick(jax.nn.log_softmax(logits, -1), batch["answer"]))
+
+  def rows(self, config, batch):
+    """The one position per sequence the head reads (`metric_rows`)."""
+    return _token_rows(config, batch, self.head)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -116,6 +146,10 @@ class ProbeLogitDiff:
       x = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
     logits = x @ jnp.asarray(self.weight, h.dtype) + jnp.asarray(self.bias, h.dtype)
     return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
+
+  def rows(self, config, batch):
+    """The first token with pooling "first"; every row (None) with "mean" (`metric_rows`)."""
+    return _token_rows(config, batch, "classifier") if self.pooling == "first" else None
 
 
 # Results --------------------------------------------------------------------
