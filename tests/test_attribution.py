@@ -411,6 +411,38 @@ def test_gradient_x_input_matches_torch_autograd(bert_mlm):
 
 
 @pytest.mark.hf
+def test_integrated_gradients_matches_torch_autograd(bert_mlm):
+  """Integrated gradients against an independent computation: transformers' model, the
+  embedding output swapped by a forward hook for each point `e' + a (e - e')` of NumPy's
+  Gauss-Legendre rule on [0, 1] (Captum's default quadrature), torch autograd for each
+  gradient, the weighted sum times `e - e'`."""
+  import torch
+
+  config, params, model = bert_mlm
+  ids, mask = _batch(config.pad_token_id)
+  positions, targets = np.array([2, 5, 1]), np.array([7, 8, 9])
+  target = attribution.mlm_target(config, positions, targets)
+  steps = 8
+  ours = attribution.integrated_gradients(params, config, ids, mask, target_fn=target,
+                                          steps=steps, reduce=None)
+  nodes, weights = np.polynomial.legendre.leggauss(steps)
+  alphas, weights = (nodes + 1) / 2, weights / 2  # [-1, 1] -> [0, 1]
+  for b, n in enumerate(mask.sum(-1)):
+    with torch.no_grad():
+      e = model.bert.embeddings(input_ids=torch.tensor(ids[b:b + 1, :n]))
+    total = torch.zeros_like(e)
+    for a, w in zip(alphas, weights):
+      point = (a * e).detach().requires_grad_(True)  # baseline zeros
+      hook = model.bert.embeddings.register_forward_hook(lambda m, i, o, x=point: x)
+      logits = model(input_ids=torch.tensor(ids[b:b + 1, :n])).logits
+      hook.remove()
+      torch.log_softmax(logits[0, positions[b]], -1)[targets[b]].backward()
+      total += float(w) * point.grad
+    want = (e * total)[0].numpy()
+    _close(np.asarray(ours.attributions)[b, :n], want, f"integrated gradients[{b}]")
+
+
+@pytest.mark.hf
 def test_logit_lens_matches_transformers_mlm_head(bert_mlm):
   import torch
 

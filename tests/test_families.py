@@ -7,6 +7,8 @@ loaded by transformers with no missing or unexpected keys gives the same
 logits, and `from_hf(to_hf(x))` is bitwise identical.
 """
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -36,7 +38,10 @@ CASES = [
      dict(type_vocab_size=1, pad_token_id=1, num_labels=3)),
     ("roberta", "RobertaForTokenClassification", "token_classifier",
      dict(type_vocab_size=1, pad_token_id=1, num_labels=4)),
+    ("xlm-roberta", "XLMRobertaModel", None, dict(type_vocab_size=1, pad_token_id=1)),
     ("xlm-roberta", "XLMRobertaForMaskedLM", "mlm", dict(type_vocab_size=1, pad_token_id=1)),
+    ("xlm-roberta", "XLMRobertaForTokenClassification", "token_classifier",
+     dict(type_vocab_size=1, pad_token_id=1, num_labels=3)),
     ("xlm-roberta", "XLMRobertaForSequenceClassification", "classifier",
      dict(type_vocab_size=1, pad_token_id=1, num_labels=2)),
     ("electra", "ElectraModel", None, dict(embedding_size=24)),
@@ -236,3 +241,61 @@ def test_hub_id_from_local_cache(tmp_path, monkeypatch):
   assert "roberta ['embeddings', 'encoder', 'mlm']" in run.stdout
   err = run.stdout.split("ERR", 1)[1]
   assert "'bertology/not-cached'" in err and str(tmp_path / "hf_home" / "hub") in err
+
+
+def test_sharded_pytorch_bin_checkpoint_loads(tmp_path):
+  """A checkpoint in sharded `pytorch_model-*.bin` files with `pytorch_model.bin.index.json`
+  (no safetensors), as older hub models ship it (transformers 5 writes only safetensors, so
+  the shards are laid out here with torch.save under transformers 4's names), loads with the
+  same outputs."""
+  model = _hf_model("roberta", "RobertaForMaskedLM", dict(type_vocab_size=1, pad_token_id=1))
+  model.config.save_pretrained(tmp_path)
+  state = model.state_dict()
+  names = sorted(state)
+  shards = [names[i::3] for i in range(3)]
+  weight_map = {}
+  for i, shard in enumerate(shards, 1):
+    file = f"pytorch_model-{i:05d}-of-{len(shards):05d}.bin"
+    torch.save({k: state[k].clone() for k in shard}, tmp_path / file)
+    weight_map.update(dict.fromkeys(shard, file))
+  (tmp_path / "pytorch_model.bin.index.json").write_text(
+      json.dumps({"metadata": {}, "weight_map": weight_map}))
+  config, params = bertjax.from_hf(tmp_path)
+  ids, mask = _batch(config)
+  out = bertjax.forward(params, config, ids, mask)
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  real = mask.astype(bool)
+  _close(bertjax.head_logits(params, config, out, "mlm"), want, real, "mlm logits")
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "electra", "distilbert"])
+def test_fused_kernel_and_sites_on_the_family(model_type):
+  """The fused Pallas kernel (interpret mode) gives the XLA path's outputs on every family,
+  with a head mask; capture and patch work there too: `out` stacks the hidden states,
+  weight 0 is the unpatched run, weight 1 takes the patched value."""
+  extra = {"roberta": dict(type_vocab_size=1, pad_token_id=1), "electra": dict(embedding_size=24),
+           "distilbert": dict(sinusoidal_pos_embds=True)}[model_type]
+  sizes = {**(DISTIL_SIZES if model_type == "distilbert" else SIZES), **extra}
+  config = bertjax.BertConfig.from_hf_dict({"model_type": model_type, **sizes})
+  params = bertjax.init(config, 0)
+  ids, mask = _batch(config)  # right padding, as the fused kernel assumes
+  hm = np.ones((config.depth, config.num_attention_heads), np.float32)
+  hm[1, 2] = 0.0
+  xla = bertjax.forward(params, config, ids, mask, head_mask=hm, output_hidden_states=True,
+                        capture=("out", "head_out"))
+  fused = bertjax.forward(params, config.replace(attention_impl="pallas"), ids, mask,
+                          head_mask=hm)
+  real = mask.astype(bool)
+  _close(fused.last_hidden_state, xla.last_hidden_state, real, f"{model_type} pallas")
+  np.testing.assert_array_equal(np.asarray(xla.cache["out"]), np.asarray(xla.hidden_states[1:]))
+  assert not np.asarray(xla.cache["head_out"][1, :, :, 2]).any()  # the masked head
+  value = xla.cache["head_out"] + 1.0
+  for w, want in ((0.0, xla.last_hidden_state), (1.0, None)):
+    out = bertjax.forward(params, config, ids, mask, head_mask=hm, capture=("head_out",),
+                          patch={"head_out": (value, w)})
+    if want is not None:
+      np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(want))
+    else:
+      np.testing.assert_allclose(np.asarray(out.cache["head_out"]), np.asarray(value),
+                                 atol=1e-6)

@@ -12,8 +12,9 @@ importance equals |d loss / d xi| and is finite and nonzero; pruning equals mask
 exports; Clark's statistics on both paths equal NumPy on the maps; word features align
 to transformers' subwords (byte-level BPE with `add_prefix_space=True`); cloze scores and
 PLL come from the MLM head, with the blank as the family's mask token; `bertjax finetune
---init-from` trains and exports a model transformers loads (label names in `id2label`);
-two experiments' `--smoke` runs take `--model DIR`.
+--init-from` trains and exports a model transformers loads (label names in `id2label`; RoBERTa
+by hub id from a cache laid out in the test, as ELECTRA's report); `pretrain` names the
+family it refuses; two experiments' `--smoke` runs take `--model DIR`.
 """
 
 import csv
@@ -364,8 +365,21 @@ CLASSES = {"roberta": "RobertaForSequenceClassification",
            "distilbert": "DistilBertForSequenceClassification"}
 
 
-def _env():
-  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+def _env(**extra):
+  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+              **extra)
+
+
+def _hub_cache(directory: pathlib.Path, hf_home: pathlib.Path, repo_id: str) -> None:
+  """Places a model directory in a `huggingface_hub` cache under `hf_home`, as the hub's own
+  download would lay it out (a snapshot per commit, `refs/main` naming it)."""
+  import shutil
+
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+  shutil.copytree(directory, repo / "snapshots" / commit)
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text(commit)
 
 
 @pytest.mark.slow
@@ -378,11 +392,17 @@ def test_finetune_command_from_any_family_exports_for_transformers(family, tmp_p
   table.write_text("sentence\tother\tlabel\n" + "".join(
       f"{r['sentence']}\t{rows[-1 - i]['sentence']}\t{label(r)}\n" for i, r in enumerate(rows)))
   out = tmp_path / "run"
+  # RoBERTa's run names its model by a hub id, read offline from a cache laid out here.
+  source, env = str(directory), _env()
+  if name == "roberta":
+    source = "bertology/tiny-roberta"
+    _hub_cache(directory, tmp_path / "hf_home", source)
+    env = _env(HF_HOME=str(tmp_path / "hf_home"))
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "finetune", "--init-from", str(directory),
+      [sys.executable, "-m", "bertjax.cli", "finetune", "--init-from", source,
        "--table", str(table), "--pair-column", "other", "--steps", "3", "--batch-size", "8",
        "--lr", "1e-3", "--max-len", "64", "--output-dir", str(out)],
-      cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600, check=False)
+      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   model_dir = out / "model"
   hf = json.loads((model_dir / "config.json").read_text())
@@ -407,6 +427,26 @@ def test_finetune_command_from_any_family_exports_for_transformers(family, tmp_p
   np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4)
 
 
+def test_pretrain_resolves_a_hub_id_and_refuses_a_family_it_cannot_continue(model_dirs,
+                                                                             tmp_path):
+  """`bertjax pretrain --init-from org/name` reads the hub cache; a RoBERTa model there gets
+  a one-line error pointing to finetune (pretrain's inputs are BERT's [CLS] A [SEP] B)."""
+  _hub_cache(model_dirs["roberta"], tmp_path / "hf_home", "bertology/tiny-roberta")
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(SENTENCES) + "\n")
+  run = lambda model: subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "pretrain", "--corpus", str(corpus), "--init-from",
+       model, "--steps", "1", "--output-dir", str(tmp_path / "run")], cwd=tmp_path,
+      env=_env(HF_HOME=str(tmp_path / "hf_home")), capture_output=True, text=True, timeout=300,
+      check=False)
+  refused, missing = run("bertology/tiny-roberta"), run("bertology/not-cached")
+  for proc in (refused, missing):
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert "'roberta' model" in refused.stderr and "bertjax finetune" in refused.stderr
+  assert "snapshots" in refused.stderr  # the resolved cache directory is named
+  assert "'bertology/not-cached'" in missing.stderr and str(tmp_path / "hf_home") in missing.stderr
+
+
 # Experiments with --model --------------------------------------------------------------------
 
 
@@ -429,12 +469,17 @@ def test_experiment_smoke_runs_on_the_family(family, experiment, tmp_path):
 
 @pytest.mark.slow  # three reduced reports in subprocesses
 def test_report_runs_on_the_family(family, tmp_path):
-  """`bertjax report --model DIR --reduced` on RoBERTa, ELECTRA and DistilBERT."""
+  """`bertjax report --model DIR --reduced` on RoBERTa, ELECTRA (by hub id) and DistilBERT."""
   name, directory, config, _, tok = family
   out = tmp_path / "report"
+  source, env = str(directory), _env()
+  if name == "electra":  # by hub id, from a cache laid out here
+    source = "bertology/tiny-electra"
+    _hub_cache(directory, tmp_path / "hf_home", source)
+    env = _env(HF_HOME=str(tmp_path / "hf_home"))
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "report", "--model", str(directory), "--reduced",
-       "--out", str(out)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+      [sys.executable, "-m", "bertjax.cli", "report", "--model", source, "--reduced",
+       "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True,
       timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   doc = json.loads((out / "report.json").read_text())

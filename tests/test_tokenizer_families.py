@@ -110,6 +110,23 @@ def test_sentencepiece_model(tmp_path, corpus):
   assert ours.cls_token == "[CLS]" and ours.pad_id == 0
 
 
+@pytest.mark.data
+def test_xlm_roberta_sentencepiece_bpe_model(tmp_path, corpus):
+  """XLM-R's `sentencepiece.bpe.model` (fairseq's id offset, <s> <pad> </s> <unk> first and
+  <mask> last) against transformers' XLMRobertaTokenizerFast built from the same file."""
+  spm = pytest.importorskip("sentencepiece")
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "sentencepiece.bpe"),
+      vocab_size=300, model_type="bpe")  # sentencepiece's ids: <unk> 0, <s> 1, </s> 2
+  (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlm-roberta"}))
+  ours = bertjax.Tokenizer.from_pretrained(tmp_path)
+  theirs = transformers.XLMRobertaTokenizerFast.from_pretrained(str(tmp_path))
+  _compare(ours, theirs, corpus)
+  assert (ours.cls_id, ours.pad_id, ours.sep_id, ours.mask_id) == (
+      theirs.cls_token_id, theirs.pad_token_id, theirs.sep_token_id, theirs.mask_token_id)
+  assert (ours.cls_token, ours.mask_token) == ("<s>", "<mask>") and ours.pad_id == 1
+
+
 def test_roles_from_tokenizer_config(tmp_path):
   """Declared roles win over the vocabulary's conventions."""
   vocab = {t: i for i, t in enumerate(["<pad>", "<unk>", "<bos>", "<eos>", "<m>", "a", "b"])}

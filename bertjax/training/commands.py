@@ -362,6 +362,21 @@ def pretrain_parser() -> argparse.ArgumentParser:
   return p
 
 
+def _check_pretrainable(args) -> None:
+  """Resolves `--init-from` (a directory or a hub id) in place, and refuses a family that
+  `pretrain`'s BERT-style inputs ([CLS] A [SEP] B [SEP], MLM + NSP/SOP) do not fit."""
+  import bertjax
+  from bertjax import hf
+
+  args.init_from = str(hf.resolve_model_path(args.init_from))
+  model_type = bertjax.BertConfig.from_hf_dict(
+      json.loads((pathlib.Path(args.init_from) / "config.json").read_text())).model_type
+  if model_type not in ("bert", "albert"):
+    raise ValueError(f"pretrain continues BERT and ALBERT models (MLM with NSP/SOP on "
+                     f"[CLS]/[SEP] inputs); --init-from {args.init_from} is a {model_type!r} "
+                     f"model: fine-tune it with `bertjax finetune --init-from`")
+
+
 def pretrain_main(argv: Sequence[str] | None = None) -> int:
   """Runs pretraining from command-line arguments; prints a summary and saves it as JSON.
 
@@ -375,6 +390,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
 
   sharding.maybe_initialize_distributed()
   import jax  # after the distributed start, which must come first
+  if args.init_from:
+    _check_pretrainable(args)
   out = pathlib.Path(args.output_dir)
   out.mkdir(parents=True, exist_ok=True)
   vocab_dir = out / "vocab"
