@@ -467,7 +467,7 @@ def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, ke
   for i, d in enumerate(range(start, stop)):
     kept = config.kept_heads(d) if config.is_pruned else None
     if kept is None:  # stacked parameters: this block's (its group's, for ALBERT) slice
-      layer_params, hm = jax.tree.map(lambda a: a[index[d]], layers), head_mask
+      layer_params, hm = jax.tree.map(lambda a, i=index[d]: a[i], layers), head_mask
     else:
       layer_params, hm = layers[d], head_mask
       hm = None if hm is None else hm[..., np.asarray(kept, np.int32)]

@@ -53,8 +53,8 @@ BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
 # Sites with a head axis, and where it sits in one block's array.
 HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1}
 # Sites with a query-position axis, and where it sits in one block's array: a block run at
-# chosen rows only (`EncoderLayer(rows=...)`) computes them there. Keys and values keep
-# every position.
+# chosen rows only (`Sites.rows`, `run_layers(final_rows=)`) computes them there. Keys and
+# values keep every position.
 ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "mid": 1, "ffn_act": 1,
             "ffn_out": 1, "out": 1}
 
