@@ -23,10 +23,15 @@ them. To use them for one program only, pass `jax.jit(f, compiler_options=CPU_OP
 
 Programs with a YNNPACK fusion go through JAX's persistent compilation cache like any other:
 `tests/test_xla_options.py` writes a forward-and-gradient program in one process and reads it
-back in another. (These options were once backed out after a fresh-clone CI run aborted a
-test worker while it read an entry of a cache the experiments' smoke runs had switched on for
-the whole test process; that was not reproduced in three full runs of the suite since, and
-the smoke runs now switch the cache on for their own duration only.)
+back in another. Known problem, cause not found: twice (fresh-clone CI runs of 2026-11-25),
+a test worker aborted inside XLA's `deserialize_executable` while reading an entry of the
+shared cache directory the experiments' smoke runs used, left switched on for the rest of
+the worker (JAX keeps its cache object once built, so restoring the config value did not
+turn it off). Reading back its own entries, or one process's entries in another, has not
+failed in isolation; the smoke runs now use a private cache directory and reset JAX's cache
+on the way out (`experiments/common.smoke_compilation_cache`). If a process that shares a
+cache directory with others aborts while reading it, run it with `BERTJAX_XLA_DEFAULTS=0`
+or a directory of its own.
 """
 
 from __future__ import annotations

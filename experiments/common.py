@@ -38,6 +38,7 @@ import functools
 import os
 import pathlib
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -288,22 +289,35 @@ class PretrainScale(Scale):
 
 @contextlib.contextmanager
 def smoke_compilation_cache(enabled: bool = True):
-  """JAX's persistent compilation cache for the duration of a `--smoke` run, then the
-  process's own settings back: a script's `main` called in-process (a test) leaves no
-  cache switched on for the rest of that process."""
-  import jax
+  """JAX's persistent compilation cache for the duration of a `--smoke` run, in a directory of
+  its own that is deleted afterwards, then the process's own settings back.
 
+  The smoke runs train several variants of one shape, so later ones read the first one's
+  compiled steps. JAX decides once per process whether its cache is in use (the decision
+  outlives the config value), so it is reset on the way in and out: a script's `main` called
+  in-process (a test) leaves no cache on for the rest of that process. The directory is
+  private because a CI test worker once aborted reading a shared one (see
+  `bertjax/xla_options.py`).
+  """
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache
+
+  if not enabled:
+    yield
+    return
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
   before = {name: getattr(jax.config, name) for name in names}
-  if enabled:
-    path = pathlib.Path(tempfile.gettempdir()) / "bertjax-experiments-jax-cache"
-    jax.config.update(names[0], str(path))
-    jax.config.update(names[1], 0.2)
+  path = tempfile.mkdtemp(prefix="bertjax-smoke-jax-cache-")
+  compilation_cache.reset_cache()
+  jax.config.update(names[0], path)
+  jax.config.update(names[1], 0.2)
   try:
     yield
   finally:
     for name, value in before.items():
       jax.config.update(name, value)
+    compilation_cache.reset_cache()
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def one_blas_thread(main):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -115,3 +116,30 @@ def test_a_cached_executable_with_the_reduce_fusion_reads_back(tmp_path):
   assert runs[0]["ynn"] > 0 and runs[0]["hits"] == 0
   assert runs[1]["hits"] >= 1
   assert (runs[1]["value"], runs[1]["grad"]) == (runs[0]["value"], runs[0]["grad"])
+
+
+def test_the_smoke_runs_cache_is_private_and_off_afterwards():
+  """`experiments/common.smoke_compilation_cache`: inside, a cache of its own that a second
+  compile writes to; afterwards JAX's cache is off for the process (JAX keeps its cache
+  object once built, so restoring the config value alone would not turn it off) and the
+  directory is gone."""
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
+  import common
+  from jax._src import compilation_cache as cc
+
+  backend = jax.extend.backend.get_backend()
+  fn = lambda x: jnp.tanh(x) @ x.T
+  x = jnp.ones((64, 64))
+  before = jax.config.jax_compilation_cache_dir
+  with common.smoke_compilation_cache():
+    path = pathlib.Path(jax.config.jax_compilation_cache_dir)
+    assert path.name.startswith("bertjax-smoke-jax-cache-")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # restored below
+    jax.jit(fn)(x).block_until_ready()
+    assert list(path.glob("*-cache")), "the program was written to the private cache"
+    assert pathlib.Path(cc._get_cache(backend)._path) == path
+  assert jax.config.jax_compilation_cache_dir == before
+  # JAX's cache object would keep the old path after the config value went back.
+  assert not path.exists() and cc._get_cache(backend) is None
+  with common.smoke_compilation_cache(enabled=False):
+    assert cc._get_cache(backend) is None

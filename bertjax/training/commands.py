@@ -61,9 +61,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
   src.add_argument("--config-json", default=None, metavar="FILE",
                    help="build the model from a Hugging Face config.json (or a JSON of "
                         "BertConfig fields) instead of a preset")
-  src.add_argument("--init-from", default=None, metavar="DIR",
-                   help="start from a Hugging Face model directory (weights, config and, "
-                        "unless --vocab is given, tokenizer)")
+  src.add_argument("--init-from", default=None, metavar="DIR|ID",
+                   help="start from a Hugging Face model directory or hub id, e.g. "
+                        "google-bert/bert-base-uncased (weights, config and, unless --vocab "
+                        "is given, tokenizer; hub ids are read from the huggingface_hub "
+                        "cache)")
   g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                  help="compute dtype; weights stay float32")
   g.add_argument("--attention-impl", default=None, choices=ATTENTION_IMPLS,
