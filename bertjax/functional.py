@@ -420,7 +420,7 @@ def _run_scanned(params, config, hidden, start, stop, per_block, block, final_ro
   # The whole stack is scanned as it is; a part of it is indexed in the body (slicing it
   # outside would copy those layers' weights on every call).
   whole = not shared and (start, scan_stop) == (0, config.depth)
-  layer_xs = jax.tree.map(lambda a: a, stacked) if whole else None
+  layer_xs = stacked if whole else None
   scanned = per_block if final_rows is None else tuple(at(t, slice(0, -1)) for t in per_block)
   last, ys = jax.lax.scan(body, hidden, (jnp.arange(start, scan_stop), layer_xs, *scanned),
                           unroll=min(config.scan_unroll, max(scan_stop - start, 1)))

@@ -293,8 +293,8 @@ def smoke_compilation_cache(enabled: bool = True):
   its own that is deleted afterwards, then the process's own settings back.
 
   The smoke runs train several variants of one shape, so later ones read the first one's
-  compiled steps. JAX decides once per process whether its cache is in use (the decision
-  outlives the config value), so it is reset on the way in and out: a script's `main` called
+  compiled steps. JAX keeps its cache object once built (restoring the config value alone
+  does not turn it off), so it is reset on the way in and out: a script's `main` called
   in-process (a test) leaves no cache on for the rest of that process. The directory is
   private because a CI test worker once aborted reading a shared one (see
   `bertjax/xla_options.py`).

@@ -371,8 +371,10 @@ def _check_pretrainable(args) -> None:
   from bertjax import hf
 
   args.init_from = str(hf.resolve_model_path(args.init_from))
-  model_type = bertjax.BertConfig.from_hf_dict(
-      json.loads((pathlib.Path(args.init_from) / "config.json").read_text())).model_type
+  config_file = pathlib.Path(args.init_from) / "config.json"
+  if not config_file.is_file():
+    raise FileNotFoundError(f"no config.json in {args.init_from}")
+  model_type = bertjax.BertConfig.from_hf_dict(json.loads(config_file.read_text())).model_type
   if model_type not in ("bert", "albert"):
     raise ValueError(f"pretrain continues BERT and ALBERT models (MLM with NSP/SOP on "
                      f"[CLS]/[SEP] inputs); --init-from {args.init_from} is a {model_type!r} "
