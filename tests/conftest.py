@@ -16,6 +16,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
+# XLA's cheap compile settings, for subprocesses that check what a command runs and writes
+# (or that a mesh equals one device under the same settings), not numerics against an
+# outside reference: compiling dominates their time on the tests' tiny models.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:

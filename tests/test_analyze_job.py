@@ -16,10 +16,10 @@ import textwrap
 import time
 
 import pytest
+from conftest import FAST_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CORPUS = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "valid.txt"
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 ANALYSES = ("head_ablation", "attention", "probing", "anisotropy")
 
 # The killed job: the library call `bertjax analyze` makes, slowed after each result file

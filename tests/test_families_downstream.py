@@ -32,6 +32,7 @@ import pytest
 import bertjax
 from bertjax.analysis import ablation, attention, cloze, features
 from bertjax.data import conllu
+from conftest import FAST_COMPILE
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -367,7 +368,7 @@ CLASSES = {"roberta": "RobertaForSequenceClassification",
 
 def _env(**extra):
   return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-              **extra)
+              XLA_FLAGS=FAST_COMPILE, **extra)
 
 
 def _hub_cache(directory: pathlib.Path, hf_home: pathlib.Path, repo_id: str) -> None:

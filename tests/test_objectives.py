@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref  # float64 NumPy LayerNorm and GELU (tests/reference_numpy.py)
+from conftest import FAST_COMPILE
 
 import bertjax
 from bertjax.data import corpus as C
@@ -366,7 +367,7 @@ def test_electra_kill_and_resume_is_bitwise(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1",
              JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", XLA_FLAGS=FAST_COMPILE)
 
   def run(**kw):
     args = {"text": str(SMOKE_TEXT), "steps": 8, **kw}

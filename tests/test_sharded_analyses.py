@@ -19,10 +19,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SENTENCES = REPO / "bertjax" / "resources" / "sentences.tsv"
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 # A tiny model and tokenizer, ten sentences (rows divisible by neither 8 nor 4: every mesh
 # pads), MLM labels; shared by both scripts.

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def setup(tmp_path_factory, data_dir):
   (root / "runner.py").write_text(RUNNER)
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", XLA_FLAGS=FAST_COMPILE)
   return root, text, env
 
 
@@ -304,7 +305,8 @@ def test_multihost_pretrain_matches_single_process(setup):
   procs = [subprocess.Popen(
       [sys.executable, "-c", code, *common, "--output-dir", str(multi), "--mesh-shape", "2x2"],
       env=dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(i), XLA_FLAGS="--xla_force_host_platform_device_count=2"),
+               JAX_PROCESS_ID=str(i),
+               XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"),
       cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
   outs = [p.communicate(timeout=400) for p in procs]
   for p, (_, err) in zip(procs, outs):
