@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import ablation, attention, cloze, features
+from bertjax.analysis import ablation, attention, cloze, features, negation
 from bertjax.data import conllu
 from conftest import FAST_COMPILE
 
@@ -58,7 +58,10 @@ SENTENCES = ["The keys to the cabinet are on the table.", "Is it raining?",
 def _texts():
   with open(REPO / "bertjax" / "resources" / "sentences.tsv", encoding="utf-8") as f:
     texts = [r["sentence"] for r in csv.DictReader(f, delimiter="\t")]
-  return texts + [" ".join(s.forms) for s in _ud()]
+  # The negation cues' affirmative twins, so that the tiny vocabularies hold them as single
+  # tokens and the report's attribution section (negated sentence vs twin) runs on each family.
+  twins = " ".join(sorted(set(negation.TWINS.values()) - {"s", "'s"}))
+  return texts + [" ".join(s.forms) for s in _ud()] + [twins, twins.capitalize()] * 3
 
 
 def _ud():
@@ -487,10 +490,8 @@ def test_report_runs_on_the_family(family, tmp_path):
   assert doc["model"]["model_type"] == name and doc["model"]["layers"] == config.depth
   sep = np.asarray(doc["clark"]["sep"], float)
   assert sep.shape == (config.depth, config.num_attention_heads) and np.isfinite(sep).all()
-  if doc["attribution"]["available"]:
-    assert np.asarray(doc["attribution"]["patching"]["exact"]).shape == (
-        config.depth, config.num_attention_heads)
-  else:  # the test's tiny trained vocabulary may lack a cue's twin as one token
-    assert "negation cue" in doc["attribution"]["reason"]
+  assert doc["attribution"]["available"], doc["attribution"].get("reason")
+  assert np.asarray(doc["attribution"]["patching"]["exact"]).shape == (
+      config.depth, config.num_attention_heads)
   page = (out / "index.html").read_text()
   assert "9. Token attribution" in page and "Traceback" not in page
