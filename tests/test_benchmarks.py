@@ -82,3 +82,19 @@ def test_families_benchmark_smoke(tmp_path):
     if keras and r["model"] == "bert-base":
       assert r["keras_hub"]["params"] == r["bertjax"]["params"]  # same sizes, same count
   assert (tmp_path / "bench_families_smoke.md").read_text().count("| bert-base |") == 2
+
+
+def test_attribution_parts_benchmark_smoke(tmp_path):
+  _run("bench_attribution_parts.py", "--smoke", "--out", str(tmp_path))
+  doc = json.loads((tmp_path / "attribution_parts_cpu_smoke.json").read_text())
+  parts = doc["shapes"]["smoke"]
+  assert doc["machine"]["cpu"] and doc["rounds"] == 2
+  for name, r in parts.items():
+    assert len(r["times_ms"]) == 2 and r["median_ms"] > 0, name
+    assert r["over_forward"] == pytest.approx(
+        np.median(np.divide(r["times_ms"], parts["forward"]["times_ms"])), rel=1e-9), name
+  assert parts["forward"]["over_forward"] == 1.0
+  # The whole call runs the clean run and more: it costs more than the clean run alone.
+  assert parts["attribution_patching"]["median_ms"] > parts["clean_run"]["median_ms"]
+  page = (tmp_path / "attribution_parts_cpu_smoke.md").read_text()
+  assert "| one block: backward (activation gradients) |" in page
