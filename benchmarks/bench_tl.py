@@ -13,6 +13,12 @@ in its own virtual environment, which this script runs as a subprocess:
 (torch pinned to the CPU build this project uses; transformer-lens 3.9.0 needs
 transformers >= 5.9 and gets 5.23, as ours.) `--tl-python` points elsewhere.
 
+TransformerLens 4's `TransformerBridge` (hook points inside transformers' own modules; it
+supports BERT) runs the same tasks when a second side environment is present (skipped,
+with a note, when not; `--bridge-python` points elsewhere):
+
+  python3 -m venv .venv/tl4 && .venv/tl4/bin/pip install torch==2.13.0 transformer-lens==4.3.0
+
 Both sides run the SAME weights: a `transformers.BertForPreTraining` with random
 weights in the shapes of BERT-base (12 x 768, 12 heads, FFN 3072) and of
 all-MiniLM-L6-v2 (6 x 384, 12 heads, FFN 1536), vocabulary 30522, with every
@@ -45,8 +51,9 @@ TransformerLens runs each task in two variants: "docs" (`run_with_hooks` /
 `run_with_cache` as its documentation shows them; `HookedEncoder.forward` computes
 the logits over the whole vocabulary, even with `return_type=None`) and "lean" (the
 same hooks around `encoder_output`, caching only what is needed, the MLM head
-applied at the [MASK] rows only, as bertjax's metric does). Speed-ups are against
-the faster variant. The forward-pass unit is `encoder_output` (no logits) against
+applied at the [MASK] rows only, as bertjax's metric does; with the Bridge, around
+the wrapped model's `bert` encoder, then its `cls` head at those rows). Speed-ups
+are against the faster variant. The forward-pass unit is `encoder_output` (no logits) against
 `bertjax.forward`.
 Full run: about 25 minutes on a quiet 2-core machine (`--models bert-base` alone
 about 20). Writes `bench_tl.json` and `bench_tl.md` under `--out` (`bench_tl_smoke.*`
@@ -70,6 +77,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 TL_PYTHON = REPO / ".venv" / "tl" / "bin" / "python"
+BRIDGE_PYTHON = REPO / ".venv" / "tl4" / "bin" / "python"
 SHAPES = {
     "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
                   "intermediate_size": 3072},
@@ -94,6 +102,9 @@ def parse_args(argv=None):
   parser.add_argument("--sweep-repeats", type=int, default=1, help="timed repeats of each sweep")
   parser.add_argument("--tl-python", type=pathlib.Path, default=TL_PYTHON,
                       help="the side environment's interpreter (transformer-lens 3.9.0)")
+  parser.add_argument("--bridge-python", type=pathlib.Path, default=BRIDGE_PYTHON,
+                      help="the interpreter of a second side environment with transformer-lens "
+                           "4.3 (its TransformerBridge); skipped when absent")
   parser.add_argument("--tl-peer", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.smoke:
@@ -261,6 +272,18 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
 # TransformerLens (runs in the side environment) --------------------------------
 
 
+def _bridge_model(model_dir: str):
+  """`(bridge, missing, unexpected)`: TransformerLens 4.3's `TransformerBridge` around the
+  `BertForMaskedLM` (encoder and MLM head) of the `BertForPreTraining` in `model_dir`."""
+  import transformers
+  from transformer_lens.model_bridge import TransformerBridge
+
+  hf, info = transformers.BertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
+  bridge = TransformerBridge.boot_transformers(model_dir, hf_model=hf.eval(), device="cpu")
+  bridge.eval()
+  return bridge, info["missing_keys"], info["unexpected_keys"]
+
+
 def _tl_model(model_dir: str):
   """`(model, missing, unexpected)`: a HookedEncoder with the weights of the
   `BertForPreTraining` in `model_dir`, and the weights its state dict missed or did not use."""
@@ -287,7 +310,9 @@ def _tl_model(model_dir: str):
 
 class _TLRuns:
   """The TransformerLens side's hooked runs on the benchmark's batch: the metric (the mean
-  logit difference of answer and distractor at each row's position) and the hook_z caches."""
+  logit difference of answer and distractor at each row's position) and the hook_z caches.
+  Subclasses say how their API runs the model: `HookedEncoder` (3.9) and `TransformerBridge`
+  (4.3) take the same hook names and hook functions."""
 
   def __init__(self, model, inputs: dict[str, np.ndarray]):
     import torch
@@ -310,45 +335,85 @@ class _TLRuns:
 
   def run(self, tokens, hooks, variant):
     """One hooked run and its metric: "docs" (full logits) or "lean" (MLM head at [MASK])."""
-    model = self.model
     if variant == "docs":
-      return self.docs_metric(model.run_with_hooks(tokens, fwd_hooks=hooks,
-                                                   one_zero_attention_mask=self.mask))
-    # HookedEncoder.forward computes the full logits even with return_type=None; the
-    # encoder alone under the same hooks, then the MLM head at the [MASK] rows only.
-    with model.hooks(fwd_hooks=hooks):
-      last = model.encoder_output(tokens, None, self.mask)
-    return self.diff(model.unembed(model.mlm_head(last[self.b, self.pos][:, None]))[:, 0])
+      return self.docs_metric(self.logits_with_hooks(tokens, hooks))
+    # The encoder alone under the same hooks, then the MLM head at the [MASK] rows only.
+    with self.model.hooks(fwd_hooks=hooks):
+      last = self.encoder(tokens)
+    return self.diff(self.head(last[self.b, self.pos]))
 
   def z_cache(self, tokens, variant):
-    """Every layer's hook_z: run_with_cache (docs) or caching hooks on the encoder (lean)."""
+    """Every layer's hook_z by layer: run_with_cache (docs) or caching hooks on the encoder
+    (lean)."""
     is_z = lambda name: name.endswith("hook_z")
     if variant == "docs":
-      return self.model.run_with_cache(tokens, one_zero_attention_mask=self.mask,
-                                       names_filter=is_z)[1]
+      cache = self.cache(tokens, is_z)
+      return {l: cache[f"blocks.{l}.attn.hook_z"] for l in range(self.n_layers)}
     cache = {}
-    with self.model.hooks(fwd_hooks=[(is_z, lambda x, hook: cache.__setitem__(hook.name, x))]):
-      self.model.encoder_output(tokens, None, self.mask)
+    with self.model.hooks(fwd_hooks=[(is_z, lambda x, hook: cache.__setitem__(_layer(hook), x))]):
+      self.encoder(tokens)
     return cache
+
+
+def _layer(hook) -> int:
+  """The block of a hook point, from its name ("blocks.{l}....", either API)."""
+  return int(hook.name.split(".")[1])
+
+
+class _HookedEncoderRuns(_TLRuns):
+  """TransformerLens 3.9 `HookedEncoder`."""
+
+  def encoder(self, tokens):
+    return self.model.encoder_output(tokens, None, self.mask)
+
+  def head(self, x):  # (B, H) -> (B, V)
+    return self.model.unembed(self.model.mlm_head(x[:, None]))[:, 0]
+
+  def logits_with_hooks(self, tokens, hooks):
+    # HookedEncoder.forward computes the full logits even with return_type=None.
+    return self.model.run_with_hooks(tokens, fwd_hooks=hooks, one_zero_attention_mask=self.mask)
+
+  def cache(self, tokens, names_filter=None):
+    return self.model.run_with_cache(tokens, one_zero_attention_mask=self.mask,
+                                     names_filter=names_filter)[1]
+
+
+class _BridgeRuns(_TLRuns):
+  """TransformerLens 4.3 `TransformerBridge` around transformers' `BertForMaskedLM` (its hook
+  points live inside the Hugging Face modules, so the lean runs call the model's encoder)."""
+
+  def encoder(self, tokens):
+    return self.model.original_model.bert(input_ids=tokens,
+                                          attention_mask=self.mask).last_hidden_state
+
+  def head(self, x):
+    return self.model.original_model.cls(x)
+
+  def logits_with_hooks(self, tokens, hooks):
+    return self.model.run_with_hooks(tokens, attention_mask=self.mask, fwd_hooks=hooks)
+
+  def cache(self, tokens, names_filter=None):
+    return self.model.run_with_cache(tokens, attention_mask=self.mask,
+                                     names_filter=names_filter)[1]
 
 
 def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -> None:
   """One forward pass, and (a) every attention map: run_with_cache (docs) or pattern hooks."""
   import torch
 
-  model, ids, mask = t.model, t.ids, t.mask
-  _, first, ts = timed(lambda: model.encoder_output(ids, None, mask), repeats)
+  model, ids = t.model, t.ids
+  _, first, ts = timed(lambda: t.encoder(ids), repeats)
   times["forward"] = {"first_s": first, "times_s": ts}
 
   def maps_docs():
-    _, cache = model.run_with_cache(ids, one_zero_attention_mask=mask)
-    return torch.stack([cache["pattern", l] for l in range(t.n_layers)])
+    cache = t.cache(ids)
+    return torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(t.n_layers)])
 
   def maps_lean():  # only the patterns cached, and no logits
     cache = {}
-    keep = lambda x, hook: cache.__setitem__(hook.layer(), x)
+    keep = lambda x, hook: cache.__setitem__(_layer(hook), x)
     with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
-      model.encoder_output(ids, None, mask)
+      t.encoder(ids)
     return torch.stack([cache[l] for l in range(t.n_layers)])
 
   out, first, ts = timed(maps_docs, repeats)
@@ -362,7 +427,6 @@ def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
   """(b) single-head ablation: the docs' hook zeroing one head's values."""
   import functools
 
-  from transformer_lens import utils as tl_utils
 
   def ablate_head(v, hook, head):
     v[:, :, head, :] = 0.0
@@ -373,7 +437,7 @@ def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
     base = float(t.run(t.ids, [], variant))
     for layer in range(t.n_layers):
       for head in range(t.n_heads):
-        hook = (tl_utils.get_act_name("v", layer),
+        hook = (f"blocks.{layer}.attn.hook_v",
                 functools.partial(ablate_head, head=head))
         values[layer, head] = float(t.run(t.ids, [hook], variant))
     return base, values
@@ -389,10 +453,9 @@ def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
   """(c) activation patching of each head's z, clean into corrupted (the docs' loop)."""
   import functools
 
-  from transformer_lens import utils as tl_utils
 
   def patch_head(z, hook, head, clean_cache):
-    z[:, :, head, :] = clean_cache[hook.name][:, :, head, :]
+    z[:, :, head, :] = clean_cache[_layer(hook)][:, :, head, :]
     return z
 
   def patching(variant):
@@ -402,7 +465,7 @@ def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
     values = np.zeros((t.n_layers, t.n_heads))
     for layer in range(t.n_layers):
       for head in range(t.n_heads):
-        hook = (tl_utils.get_act_name("z", layer),
+        hook = (f"blocks.{layer}.attn.hook_z",
                 functools.partial(patch_head, head=head, clean_cache=clean_cache))
         values[layer, head] = float(t.run(t.corrupted, [hook], variant))
     return clean_m, corrupted_m, values
@@ -418,7 +481,6 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
   """Attribution patching as TransformerLens's demo does it: cache clean z; cache corrupted
   z and its gradient (backward hooks), then (clean - corrupted) . grad per head."""
   import torch
-  from transformer_lens import utils as tl_utils
 
   model = t.model
 
@@ -428,15 +490,15 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
     acts, grads = {}, {}
     model.reset_hooks()
     for layer in range(t.n_layers):
-      name = tl_utils.get_act_name("z", layer)
-      model.add_hook(name, lambda x, hook: acts.__setitem__(hook.name, x.detach()), "fwd")
-      model.add_hook(name, lambda g, hook: grads.__setitem__(hook.name, g.detach()), "bwd")
+      name = f"blocks.{layer}.attn.hook_z"
+      model.add_hook(name, lambda x, hook: acts.__setitem__(_layer(hook), x.detach()), "fwd")
+      model.add_hook(name, lambda g, hook: grads.__setitem__(_layer(hook), g.detach()), "bwd")
     value = t.run(t.corrupted, [], "lean")
     value.backward()
     model.reset_hooks()
     model.zero_grad(set_to_none=True)
-    return torch.stack([((clean_cache[n] - acts[n]) * grads[n]).sum((0, 1, 3))
-                        for n in sorted(acts, key=lambda s: int(s.split(".")[1]))]).numpy()
+    return torch.stack([((clean_cache[l] - acts[l]) * grads[l]).sum((0, 1, 3))
+                        for l in range(t.n_layers)]).numpy()
 
   out, first, ts = timed(attribution, repeats)
   times["attribution"] = {"first_s": first, "times_s": ts}
@@ -447,16 +509,21 @@ def tl_peer(spec_path: pathlib.Path) -> None:
   """The TransformerLens side: reads a spec, times every task, writes JSON and NPZ."""
   import warnings
 
+  import importlib.metadata
+
   import torch
-  import transformer_lens
   import transformers
 
   warnings.filterwarnings("ignore")
   spec = json.loads(spec_path.read_text())
   inputs = dict(np.load(spec["inputs"]))
   repeats, sweep_repeats = spec["repeats"], spec["sweep_repeats"]
-  model, missing, unexpected = _tl_model(spec["model_dir"])
-  t = _TLRuns(model, inputs)
+  if spec["api"] == "bridge":
+    model, missing, unexpected = _bridge_model(spec["model_dir"])
+    t = _BridgeRuns(model, inputs)
+  else:
+    model, missing, unexpected = _tl_model(spec["model_dir"])
+    t = _HookedEncoderRuns(model, inputs)
   times, results = {}, {}
   with torch.no_grad():
     _tl_forward_and_maps(t, repeats, times, results)
@@ -465,28 +532,30 @@ def tl_peer(spec_path: pathlib.Path) -> None:
   _tl_attribution(t, repeats, times, results)
   info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
           "torch_interop_threads": torch.get_num_interop_threads(),
-          "transformer_lens": transformer_lens.__version__ if hasattr(
-              transformer_lens, "__version__") else "3.9.0",
+          "transformer_lens": importlib.metadata.version("transformer-lens"),
           "transformers": transformers.__version__, "missing_keys": list(missing),
           "unexpected_keys": list(unexpected)}
   np.savez(spec["results"], **results)
   pathlib.Path(spec["timings"]).write_text(json.dumps({"times": times, "info": info}))
 
 
-def run_tl(args, directory: pathlib.Path, inputs_path: pathlib.Path, work: pathlib.Path):
+def run_tl(args, directory: pathlib.Path, inputs_path: pathlib.Path, work: pathlib.Path,
+           api: str = "hooked_encoder"):
+  """The TransformerLens side in its environment: `api` "hooked_encoder" (3.9, `--tl-python`)
+  or "bridge" (4.3's TransformerBridge, `--bridge-python`)."""
+  python = args.bridge_python if api == "bridge" else args.tl_python
   spec = {"model_dir": str(directory), "inputs": str(inputs_path), "repeats": args.repeats,
-          "sweep_repeats": args.sweep_repeats, "results": str(work / "tl_results.npz"),
-          "timings": str(work / "tl_timings.json")}
+          "sweep_repeats": args.sweep_repeats, "results": str(work / f"{api}_results.npz"),
+          "timings": str(work / f"{api}_timings.json"), "api": api}
   (work / "spec.json").write_text(json.dumps(spec))
   env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
          "PYTHONWARNINGS": "ignore"}
   env.pop("PYTHONPATH", None)
-  proc = subprocess.run([str(args.tl_python), str(pathlib.Path(__file__).resolve()),
+  proc = subprocess.run([str(python), str(pathlib.Path(__file__).resolve()),
                          "--tl-peer", str(work / "spec.json")], env=env, capture_output=True,
                         text=True, check=False)
   if proc.returncode != 0:
-    raise RuntimeError(f"the TransformerLens side failed ({args.tl_python}):\n"
-                       f"{proc.stderr[-4000:]}")
+    raise RuntimeError(f"the TransformerLens side failed ({python}):\n{proc.stderr[-4000:]}")
   return (json.loads(pathlib.Path(spec["timings"]).read_text()),
           dict(np.load(spec["results"])))
 
@@ -541,6 +610,29 @@ def compare(ours: dict, ours_res: dict, theirs: dict, theirs_res: dict, inputs: 
           "max_abs_diff": diffs, "scale": scale}
 
 
+def _table(r: dict, side: str, cmp: str, title: str, heads: int) -> list[str]:
+  """One model's task table against one TransformerLens side."""
+  s, tl, bj = r[cmp]["seconds"], r[side]["times"], r["bertjax"]["times"]
+  d = r[cmp]["max_abs_diff"]
+  lines = [(f"| task | bertjax | {title} (docs / lean) | speed-up | bertjax compile | "
+            "max abs diff |"), "|---|---:|---:|---:|---:|---:|"]
+  rows = [("one forward pass", "forward", None, "-"),
+          ("(a) every attention map", "attention_maps", "attention_maps",
+           f"{d['attention_maps']:.1e}"),
+          (f"(b) {heads} single-head ablations + baseline", "ablation_sweep", "ablation_sweep",
+           f"{d['ablation']:.1e}"),
+          ("(c) (layer, head) patching of head_out / hook_z", "patching_sweep",
+           "patching_sweep", f"{d['patching']:.1e}"),
+          ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}")]
+  for label, key, tl_key, diff in rows:
+    theirs = (f"{median(tl[tl_key + '_docs']):.2f} / {median(tl[tl_key + '_lean']):.2f} s"
+              if tl_key else f"{s[key]['transformer_lens']:.2f} s")
+    compile_s = max(bj[key]["first_s"] - median(bj[key]), 0.0)
+    lines.append(f"| {label} | {s[key]['bertjax']:.2f} s | {theirs} | "
+                 f"**{r[cmp]['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |")
+  return lines
+
+
 def markdown(report: dict) -> str:
   m, tli = report["machine"], report["tl_info"]
   lines = [
@@ -553,27 +645,16 @@ def markdown(report: dict) -> str:
        "sides (LayerNorms and biases randomised). Medians; compile (bertjax) and first-call "
        "time apart; TransformerLens's faster variant (docs / lean) is the reference."), ""]
   for name, r in report["models"].items():
-    s, tl, bj = r["compare"]["seconds"], r["transformer_lens"]["times"], r["bertjax"]["times"]
-    shape, d = r["shape"], r["compare"]["max_abs_diff"]
+    shape = r["shape"]
     heads = shape["num_hidden_layers"] * shape["num_attention_heads"]
     lines += [(f"## {name} ({shape['num_hidden_layers']} x {shape['hidden_size']}, "
-               f"{shape['num_attention_heads']} heads)"), "",
-              ("| task | bertjax | TransformerLens (docs / lean) | speed-up | bertjax compile | "
-               "max abs diff |"), "|---|---:|---:|---:|---:|---:|"]
-    rows = [("one forward pass", "forward", None, "-"),
-            ("(a) every attention map", "attention_maps", "attention_maps",
-             f"{d['attention_maps']:.1e}"),
-            (f"(b) {heads} single-head ablations + baseline", "ablation_sweep", "ablation_sweep",
-             f"{d['ablation']:.1e}"),
-            ("(c) (layer, head) patching of head_out / hook_z", "patching_sweep",
-             "patching_sweep", f"{d['patching']:.1e}"),
-            ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}")]
-    for label, key, tl_key, diff in rows:
-      theirs = (f"{median(tl[tl_key + '_docs']):.2f} / {median(tl[tl_key + '_lean']):.2f} s"
-                if tl_key else f"{s[key]['transformer_lens']:.2f} s")
-      compile_s = max(bj[key]["first_s"] - median(bj[key]), 0.0)
-      lines.append(f"| {label} | {s[key]['bertjax']:.2f} s | {theirs} | "
-                   f"**{r['compare']['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |")
+               f"{shape['num_attention_heads']} heads)"), ""]
+    lines += _table(r, "transformer_lens", "compare", "TransformerLens HookedEncoder", heads)
+    if "compare_bridge" in r:
+      version = report["bridge_info"]["transformer_lens"]
+      lines += ["", f"Against TransformerLens {version}'s `TransformerBridge` (its hooks inside "
+                "transformers' `BertForMaskedLM`), the same bertjax times:", ""]
+      lines += _table(r, "transformer_bridge", "compare_bridge", "TransformerBridge", heads)
     agree, info = r["bertjax"]["info"]["agreement"], r["bertjax"]["info"]
     lines += ["", (f"Attribution patching for all {heads} heads takes "
                    f"**{r['compare']['attribution_over_forward']:.2f}x** one bertjax forward "
@@ -614,8 +695,21 @@ def main(argv=None) -> dict:
       print(f"[{name}] bertjax done at {time.perf_counter() - start:.0f} s", flush=True)
       theirs, theirs_res = run_tl(args, work / "model", work / "inputs.npz", work)
       print(f"[{name}] TransformerLens done at {time.perf_counter() - start:.0f} s", flush=True)
-    report["models"][name] = {"shape": SHAPES[name], "bertjax": ours, "transformer_lens": theirs,
-                              "compare": compare(ours, ours_res, theirs, theirs_res, inputs)}
+      report["models"][name] = {"shape": SHAPES[name], "bertjax": ours,
+                                "transformer_lens": theirs,
+                                "compare": compare(ours, ours_res, theirs, theirs_res, inputs)}
+      if args.bridge_python.exists():
+        bridge, bridge_res = run_tl(args, work / "model", work / "inputs.npz", work, "bridge")
+        print(f"[{name}] TransformerBridge done at {time.perf_counter() - start:.0f} s",
+              flush=True)
+        report["models"][name].update(
+            transformer_bridge=bridge,
+            compare_bridge=compare(ours, ours_res, bridge, bridge_res, inputs))
+        report["bridge_info"] = bridge["info"]
+      else:
+        print(f"[{name}] TransformerBridge skipped: {args.bridge_python} is absent (python3 -m "
+              "venv .venv/tl4 && .venv/tl4/bin/pip install torch==2.13.0 "
+              "transformer-lens==4.3.0)", flush=True)
     report["bertjax_info"], report["tl_info"] = ours["info"], theirs["info"]
   report["wall_s"] = time.perf_counter() - start
   args.out.mkdir(parents=True, exist_ok=True)

@@ -315,6 +315,7 @@ def test_head_patching_equals_pytorch_pre_hook_edit(tmp_path):
 
 
 TL_PYTHON = pathlib.Path(__file__).resolve().parents[1] / ".venv" / "tl" / "bin" / "python"
+BRIDGE_PYTHON = TL_PYTHON.parents[2] / "tl4" / "bin" / "python"
 
 
 @pytest.mark.slow
@@ -338,4 +339,11 @@ def test_transformer_lens_benchmark_smoke(tmp_path):
   assert set(r["compare"]["speedup"]) == {"forward", "attention_maps", "ablation_sweep",
                                           "patching_sweep", "attribution"}
   assert doc["machine"]["cpu_count"] >= 1 and "isa" in doc["machine"]
-  assert (tmp_path / "bench_tl_smoke.md").read_text().startswith("# bertjax vs TransformerLens")
+  page = (tmp_path / "bench_tl_smoke.md").read_text()
+  assert page.startswith("# bertjax vs TransformerLens")
+  if BRIDGE_PYTHON.exists():  # TransformerLens 4.3's TransformerBridge: the same numbers too
+    assert doc["bridge_info"]["transformer_lens"].startswith("4.")
+    assert r["transformer_bridge"]["info"]["missing_keys"] == []
+    for key, diff in r["compare_bridge"]["max_abs_diff"].items():
+      assert diff < 1e-5, ("bridge", key, diff)
+    assert "| bertjax | TransformerBridge (docs / lean) |" in page
