@@ -56,7 +56,7 @@ the wrapped model's `bert` encoder, then its `cls` head at those rows). Speed-up
 are against the faster variant. The forward-pass unit is `encoder_output` (no logits) against
 `bertjax.forward`.
 Full run: about 25 minutes on a quiet 2-core machine (`--models bert-base` alone
-about 20). Writes `bench_tl.json` and `bench_tl.md` under `--out` (`bench_tl_smoke.*`
+about 20; 35 with the TransformerBridge side too). Writes `bench_tl.json` and `bench_tl.md` under `--out` (`bench_tl_smoke.*`
 with `--smoke`).
 """
 
