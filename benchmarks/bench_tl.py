@@ -1,7 +1,11 @@
-"""bertjax vs TransformerLens HookedEncoder on the CPU: attention capture, head ablation, patching.
+"""bertjax vs TransformerLens HookedEncoder on the CPU or a GPU: attention maps, ablation, patching.
 
 Run (full, CPU):  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_tl.py
                   (or ./run.sh bench bench_tl; writes benchmarks/results/bench_tl.{json,md})
+Run (GPU):        .venv/bin/python benchmarks/bench_tl.py --device cuda
+                  (JAX and the side environments' torch with CUDA; writes
+                  bench_tl_gpu_<device>.{json,md}; both sides compute float32 dots at full
+                  precision: TF32 off in torch, `jax_default_matmul_precision="highest"`)
 Check (tiny):     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_tl.py --smoke --out /tmp/b
 
 Side environment (once, about 1.5 minutes from PyPI): TransformerLens 3.9.0 is the last
@@ -56,8 +60,11 @@ the wrapped model's `bert` encoder, then its `cls` head at those rows). Speed-up
 are against the faster variant. The forward-pass unit is `encoder_output` (no logits) against
 `bertjax.forward`.
 Full run: about 25 minutes on a quiet 2-core machine (`--models bert-base` alone
-about 20; 35 with the TransformerBridge side too). Writes `bench_tl.json` and `bench_tl.md` under `--out` (`bench_tl_smoke.*`
-with `--smoke`).
+about 20; 35 with the TransformerBridge side too); on an H200 about 2 minutes per shape with
+`XLA_FLAGS=--xla_gpu_autotune_level=0` (XLA's GEMM autotuning makes compiling the bertjax
+side's programs take minutes). Writes `bench_tl.json` and `bench_tl.md` under `--out`
+(`bench_tl_smoke.*` with `--smoke`), rewritten after each side, so a stopped run keeps
+what it measured; progress lines give each bertjax task's first-call and steady time.
 """
 
 from __future__ import annotations
@@ -105,6 +112,10 @@ def parse_args(argv=None):
   parser.add_argument("--bridge-python", type=pathlib.Path, default=BRIDGE_PYTHON,
                       help="the interpreter of a second side environment with transformer-lens "
                            "4.3 (its TransformerBridge); skipped when absent")
+  parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="where TransformerLens runs (torch); bertjax runs on JAX's default "
+                           "backend. On a GPU both sides compute float32 matrix products in "
+                           "full precision (no TF32), as on the CPU")
   parser.add_argument("--tl-peer", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.smoke:
@@ -118,11 +129,18 @@ def parse_args(argv=None):
 def machine() -> dict:
   """CPU model, ISA flags that matter for matmuls, and thread counts."""
   info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-          "affinity": len(os.sched_getaffinity(0))}
+          "affinity": len(os.sched_getaffinity(0)), "xla_flags": os.environ.get("XLA_FLAGS", "")}
   try:
     text = pathlib.Path("/proc/cpuinfo").read_text()
   except OSError:
     text = ""
+  try:
+    import jax
+
+    if jax.default_backend() != "cpu":
+      info["accelerator"] = jax.devices()[0].device_kind
+  except ImportError:
+    pass
   for line in text.splitlines():
     if line.startswith("model name") and "cpu_model" not in info:
       info["cpu_model"] = line.split(":", 1)[1].strip()
@@ -132,8 +150,9 @@ def machine() -> dict:
   return info
 
 
-def timed(fn, repeats: int):
-  """(result, first-call seconds, steady seconds per call: a list of `repeats`)."""
+def timed(fn, repeats: int, label: str | None = None):
+  """(result, first-call seconds, steady seconds per call: a list of `repeats`); with a
+  `label`, a progress line once done."""
   t0 = time.perf_counter()
   out = fn()
   first = time.perf_counter() - t0
@@ -142,6 +161,9 @@ def timed(fn, repeats: int):
     t0 = time.perf_counter()
     out = fn()
     times.append(time.perf_counter() - t0)
+  if label:
+    steady = f", then {statistics.median(times):.4f} s" if times else ""
+    print(f"  {label}: first call {first:.2f} s{steady}", flush=True)
   return out, first, times
 
 
@@ -208,6 +230,9 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   from bertjax.analysis import ablation as ab
   from bertjax.analysis import patching as pt
 
+  if jax.default_backend() == "gpu":
+    # XLA:GPU runs float32 dots as TF32 by default; TransformerLens (torch) does not.
+    jax.config.update("jax_default_matmul_precision", "highest")
   config, params = bertjax.from_hf(directory)
   ids, corrupted, mask = (jax.numpy.asarray(inputs[k]) for k in ("clean", "corrupted", "mask"))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
@@ -218,11 +243,12 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
 
   # bertjax.forward as users call it: input checks, then its jitted program.
   fwd = lambda: bertjax.forward(params, config, ids, mask).last_hidden_state
-  _, first, t = timed(lambda: jax.block_until_ready(fwd()), args.repeats)
+  _, first, t = timed(lambda: jax.block_until_ready(fwd()), args.repeats, "bertjax forward")
   times["forward"] = {"first_s": first, "times_s": t}
 
   maps = lambda: bertjax.forward(params, config, ids, mask, output_attentions=True).attentions
-  out, first, t = timed(lambda: jax.block_until_ready(maps()), args.repeats)
+  out, first, t = timed(lambda: jax.block_until_ready(maps()), args.repeats,
+                        "bertjax attention maps")
   times["attention_maps"] = {"first_s": first, "times_s": t}
   results["attention_maps"] = np.asarray(out)
 
@@ -230,11 +256,12 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   # patching needs it too), then attribution patching: both beside the forward pass, before
   # the sweeps.
   capture = lambda: bertjax.forward(params, config, ids, mask, capture=("head_out",)).cache
-  _, first, t = timed(lambda: jax.block_until_ready(capture()), args.repeats)
+  _, first, t = timed(lambda: jax.block_until_ready(capture()), args.repeats,
+                      "bertjax clean run")
   times["capture_forward"] = {"first_s": first, "times_s": t}
 
   attr = lambda: pt.attribution_patching(params, config, clean, corr, metric, targets=targets)
-  approx, first, t = timed(attr, args.repeats)
+  approx, first, t = timed(attr, args.repeats, "bertjax attribution patching")
   times["attribution"] = {"first_s": first, "times_s": t}
   results["attribution"] = approx.values
   # Its ratio to one forward pass from interleaved calls (forward, attribution, forward, ...),
@@ -247,13 +274,13 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   batch = {**clean, **targets}
   sweep = lambda: ab.ablation_sweep(params, config, [batch], mlm_logit_diff_sum,
                                     head_ablations=("scale",), include=("heads",))["scale"]
-  res, first, t = timed(sweep, args.sweep_repeats)
+  res, first, t = timed(sweep, args.sweep_repeats, "bertjax ablation sweep")
   times["ablation_sweep"] = {"first_s": first, "times_s": t}
   results["ablation"] = res.heads
   results["ablation_baseline"] = np.asarray(res.baseline)
 
   patch = lambda: pt.head_patching(params, config, clean, corr, metric, targets=targets)
-  exact, first, t = timed(patch, args.sweep_repeats)
+  exact, first, t = timed(patch, args.sweep_repeats, "bertjax patching sweep")
   times["patching_sweep"] = {"first_s": first, "times_s": t}
   results["patching"] = exact.values
   results["patching_clean_corrupted"] = np.asarray([exact.clean, exact.corrupted])
@@ -272,19 +299,20 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
 # TransformerLens (runs in the side environment) --------------------------------
 
 
-def _bridge_model(model_dir: str):
+def _bridge_model(model_dir: str, device: str):
   """`(bridge, missing, unexpected)`: TransformerLens 4.3's `TransformerBridge` around the
   `BertForMaskedLM` (encoder and MLM head) of the `BertForPreTraining` in `model_dir`."""
   import transformers
   from transformer_lens.model_bridge import TransformerBridge
 
   hf, info = transformers.BertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
-  bridge = TransformerBridge.boot_transformers(model_dir, hf_model=hf.eval(), device="cpu")
+  bridge = TransformerBridge.boot_transformers(model_dir, hf_model=hf.eval().to(device),
+                                               device=device)
   bridge.eval()
   return bridge, info["missing_keys"], info["unexpected_keys"]
 
 
-def _tl_model(model_dir: str):
+def _tl_model(model_dir: str, device: str):
   """`(model, missing, unexpected)`: a HookedEncoder with the weights of the
   `BertForPreTraining` in `model_dir`, and the weights its state dict missed or did not use."""
   import torch
@@ -299,7 +327,7 @@ def _tl_model(model_dir: str):
          "n_layers": c.num_hidden_layers, "n_ctx": c.max_position_embeddings,
          "eps": c.layer_norm_eps, "d_vocab": c.vocab_size, "act_fn": "gelu",
          "attention_dir": "bidirectional", "original_architecture": "BertForMaskedLM",
-         "device": "cpu", "dtype": torch.float32}
+         "device": device, "dtype": torch.float32}
   model = HookedEncoder(cfg, move_to_device=True)
   missing, unexpected = model.load_state_dict(convert_bert_weights(hf, model.cfg), strict=False)
   parameters = {name for name, _ in model.named_parameters()}
@@ -314,18 +342,26 @@ class _TLRuns:
   Subclasses say how their API runs the model: `HookedEncoder` (3.9) and `TransformerBridge`
   (4.3) take the same hook names and hook functions."""
 
-  def __init__(self, model, inputs: dict[str, np.ndarray]):
+  def __init__(self, model, inputs: dict[str, np.ndarray], device: str = "cpu"):
     import torch
 
     self.model = model
     self.n_layers, self.n_heads = model.cfg.n_layers, model.cfg.n_heads
-    self.ids = torch.tensor(inputs["clean"]).long()
-    self.corrupted = torch.tensor(inputs["corrupted"]).long()
-    self.mask = torch.tensor(inputs["mask"]).long()
-    self.b = torch.arange(self.ids.shape[0])
-    self.pos = torch.tensor(inputs["position"]).long()
-    self.answer = torch.tensor(inputs["answer"]).long()
-    self.distractor = torch.tensor(inputs["distractor"]).long()
+    tensor = lambda key: torch.tensor(inputs[key]).long().to(device)
+    self.ids, self.corrupted, self.mask = tensor("clean"), tensor("corrupted"), tensor("mask")
+    self.b = torch.arange(self.ids.shape[0], device=device)
+    self.pos, self.answer = tensor("position"), tensor("answer")
+    self.distractor = tensor("distractor")
+    self.device = device
+
+  def done(self, x):
+    """`x` once the GPU has finished computing it (torch launches CUDA work asynchronously;
+    a timing must wait for it, as `jax.block_until_ready` does on the bertjax side)."""
+    if self.device != "cpu":
+      import torch
+
+      torch.cuda.synchronize()
+    return x
 
   def diff(self, logits_at_pos):  # (B, V) -> mean logit difference
     return (logits_at_pos[self.b, self.answer] - logits_at_pos[self.b, self.distractor]).mean()
@@ -402,23 +438,24 @@ def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -
   import torch
 
   model, ids = t.model, t.ids
-  _, first, ts = timed(lambda: t.encoder(ids), repeats)
+  _, first, ts = timed(lambda: t.done(t.encoder(ids)), repeats)
   times["forward"] = {"first_s": first, "times_s": ts}
 
   def maps_docs():
     cache = t.cache(ids)
-    return torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(t.n_layers)])
+    return t.done(torch.stack([cache[f"blocks.{l}.attn.hook_pattern"]
+                               for l in range(t.n_layers)]))
 
   def maps_lean():  # only the patterns cached, and no logits
     cache = {}
     keep = lambda x, hook: cache.__setitem__(_layer(hook), x)
     with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
       t.encoder(ids)
-    return torch.stack([cache[l] for l in range(t.n_layers)])
+    return t.done(torch.stack([cache[l] for l in range(t.n_layers)]))
 
   out, first, ts = timed(maps_docs, repeats)
   times["attention_maps_docs"] = {"first_s": first, "times_s": ts}
-  results["attention_maps"] = out.numpy()
+  results["attention_maps"] = out.cpu().numpy()
   _, first, ts = timed(maps_lean, repeats)
   times["attention_maps_lean"] = {"first_s": first, "times_s": ts}
 
@@ -498,7 +535,7 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
     model.reset_hooks()
     model.zero_grad(set_to_none=True)
     return torch.stack([((clean_cache[l] - acts[l]) * grads[l]).sum((0, 1, 3))
-                        for l in range(t.n_layers)]).numpy()
+                        for l in range(t.n_layers)]).cpu().numpy()
 
   out, first, ts = timed(attribution, repeats)
   times["attribution"] = {"first_s": first, "times_s": ts}
@@ -507,9 +544,8 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
 
 def tl_peer(spec_path: pathlib.Path) -> None:
   """The TransformerLens side: reads a spec, times every task, writes JSON and NPZ."""
-  import warnings
-
   import importlib.metadata
+  import warnings
 
   import torch
   import transformers
@@ -518,12 +554,16 @@ def tl_peer(spec_path: pathlib.Path) -> None:
   spec = json.loads(spec_path.read_text())
   inputs = dict(np.load(spec["inputs"]))
   repeats, sweep_repeats = spec["repeats"], spec["sweep_repeats"]
+  device = spec["device"]
+  if device == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = False  # full float32, as the bertjax side
+    torch.backends.cudnn.allow_tf32 = False
   if spec["api"] == "bridge":
-    model, missing, unexpected = _bridge_model(spec["model_dir"])
-    t = _BridgeRuns(model, inputs)
+    model, missing, unexpected = _bridge_model(spec["model_dir"], device)
+    t = _BridgeRuns(model, inputs, device)
   else:
-    model, missing, unexpected = _tl_model(spec["model_dir"])
-    t = _HookedEncoderRuns(model, inputs)
+    model, missing, unexpected = _tl_model(spec["model_dir"], device)
+    t = _HookedEncoderRuns(model, inputs, device)
   times, results = {}, {}
   with torch.no_grad():
     _tl_forward_and_maps(t, repeats, times, results)
@@ -533,7 +573,9 @@ def tl_peer(spec_path: pathlib.Path) -> None:
   info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
           "torch_interop_threads": torch.get_num_interop_threads(),
           "transformer_lens": importlib.metadata.version("transformer-lens"),
-          "transformers": transformers.__version__, "missing_keys": list(missing),
+          "transformers": transformers.__version__, "device": device,
+          "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+          "missing_keys": list(missing),
           "unexpected_keys": list(unexpected)}
   np.savez(spec["results"], **results)
   pathlib.Path(spec["timings"]).write_text(json.dumps({"times": times, "info": info}))
@@ -546,7 +588,7 @@ def run_tl(args, directory: pathlib.Path, inputs_path: pathlib.Path, work: pathl
   python = args.bridge_python if api == "bridge" else args.tl_python
   spec = {"model_dir": str(directory), "inputs": str(inputs_path), "repeats": args.repeats,
           "sweep_repeats": args.sweep_repeats, "results": str(work / f"{api}_results.npz"),
-          "timings": str(work / f"{api}_timings.json"), "api": api}
+          "timings": str(work / f"{api}_timings.json"), "api": api, "device": args.device}
   (work / "spec.json").write_text(json.dumps(spec))
   env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
          "PYTHONWARNINGS": "ignore"}
@@ -610,6 +652,11 @@ def compare(ours: dict, ours_res: dict, theirs: dict, theirs_res: dict, inputs: 
           "max_abs_diff": diffs, "scale": scale}
 
 
+def _secs(seconds: float) -> str:
+  """A time as the table shows it: milliseconds under a second (GPU passes), else seconds."""
+  return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 def _table(r: dict, side: str, cmp: str, title: str, heads: int) -> list[str]:
   """One model's task table against one TransformerLens side."""
   s, tl, bj = r[cmp]["seconds"], r[side]["times"], r["bertjax"]["times"]
@@ -625,25 +672,36 @@ def _table(r: dict, side: str, cmp: str, title: str, heads: int) -> list[str]:
            "patching_sweep", f"{d['patching']:.1e}"),
           ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}")]
   for label, key, tl_key, diff in rows:
-    theirs = (f"{median(tl[tl_key + '_docs']):.2f} / {median(tl[tl_key + '_lean']):.2f} s"
-              if tl_key else f"{s[key]['transformer_lens']:.2f} s")
+    theirs = (f"{_secs(median(tl[tl_key + '_docs']))} / {_secs(median(tl[tl_key + '_lean']))}"
+              if tl_key else _secs(s[key]["transformer_lens"]))
     compile_s = max(bj[key]["first_s"] - median(bj[key]), 0.0)
-    lines.append(f"| {label} | {s[key]['bertjax']:.2f} s | {theirs} | "
+    lines.append(f"| {label} | {_secs(s[key]['bertjax'])} | {theirs} | "
                  f"**{r[cmp]['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |")
   return lines
 
 
 def markdown(report: dict) -> str:
   m, tli = report["machine"], report["tl_info"]
+  cpu = (f"{m.get('cpu_model', '?')}, {m['cpu_count']} CPUs ({m['affinity']} usable), ISA "
+         f"{' '.join(m.get('isa', [])) or '?'}")
+  flags = f"; XLA_FLAGS={m['xla_flags']}" if m.get("xla_flags") else ""
+  if "accelerator" in m:  # both sides on the GPU; the CPU only drives them
+    title = m["accelerator"]
+    where = (f"{m['accelerator']} (host: {cpu}); jax {report['bertjax_info']['jax']} "
+             f"(XLA:GPU, float32 dots at full precision{flags}), torch {tli['torch']} on "
+             f"{tli.get('gpu')} (TF32 off)")
+  else:
+    title = "CPU"
+    where = (f"{cpu}; jax {report['bertjax_info']['jax']} (XLA:CPU, {m['affinity']} threads"
+             f"{flags}), "
+             f"torch {tli['torch']} ({tli['torch_threads']} threads)")
   lines = [
-      "# bertjax vs TransformerLens HookedEncoder (CPU)", "",
-      (f"{m.get('cpu_model', '?')}, {m['cpu_count']} CPUs ({m['affinity']} usable), ISA "
-       f"{' '.join(m.get('isa', [])) or '?'}; jax {report['bertjax_info']['jax']} (XLA:CPU, "
-       f"{m['affinity']} threads), torch {tli['torch']} ({tli['torch_threads']} threads), "
-       f"transformer-lens {tli['transformer_lens']}, transformers {tli['transformers']}. "
-       f"Batch {report['batch']} x {report['seq']}, float32, random weights shared by both "
-       "sides (LayerNorms and biases randomised). Medians; compile (bertjax) and first-call "
-       "time apart; TransformerLens's faster variant (docs / lean) is the reference."), ""]
+      f"# bertjax vs TransformerLens HookedEncoder ({title})", "",
+      (f"{where}, transformer-lens {tli['transformer_lens']}, transformers "
+       f"{tli['transformers']}. Batch {report['batch']} x {report['seq']}, float32, random "
+       "weights shared by both sides (LayerNorms and biases randomised). Medians; compile "
+       "(bertjax) and first-call time apart; TransformerLens's faster variant (docs / lean) "
+       "is the reference."), ""]
   for name, r in report["models"].items():
     shape = r["shape"]
     heads = shape["num_hidden_layers"] * shape["num_attention_heads"]
@@ -652,8 +710,8 @@ def markdown(report: dict) -> str:
     lines += _table(r, "transformer_lens", "compare", "TransformerLens HookedEncoder", heads)
     if "compare_bridge" in r:
       version = report["bridge_info"]["transformer_lens"]
-      lines += ["", f"Against TransformerLens {version}'s `TransformerBridge` (its hooks inside "
-                "transformers' `BertForMaskedLM`), the same bertjax times:", ""]
+      lines += ["", (f"Against TransformerLens {version}'s `TransformerBridge` (its hooks "
+                     "inside transformers' `BertForMaskedLM`), the same bertjax times:"), ""]
       lines += _table(r, "transformer_bridge", "compare_bridge", "TransformerBridge", heads)
     agree, info = r["bertjax"]["info"]["agreement"], r["bertjax"]["info"]
     lines += ["", (f"Attribution patching for all {heads} heads takes "
@@ -698,6 +756,8 @@ def main(argv=None) -> dict:
       report["models"][name] = {"shape": SHAPES[name], "bertjax": ours,
                                 "transformer_lens": theirs,
                                 "compare": compare(ours, ours_res, theirs, theirs_res, inputs)}
+      report["bertjax_info"], report["tl_info"] = ours["info"], theirs["info"]
+      write_report(args, report, start)  # kept should a later side fail or be stopped
       if args.bridge_python.exists():
         bridge, bridge_res = run_tl(args, work / "model", work / "inputs.npz", work, "bridge")
         print(f"[{name}] TransformerBridge done at {time.perf_counter() - start:.0f} s",
@@ -706,18 +766,28 @@ def main(argv=None) -> dict:
             transformer_bridge=bridge,
             compare_bridge=compare(ours, ours_res, bridge, bridge_res, inputs))
         report["bridge_info"] = bridge["info"]
+        write_report(args, report, start)
       else:
         print(f"[{name}] TransformerBridge skipped: {args.bridge_python} is absent (python3 -m "
               "venv .venv/tl4 && .venv/tl4/bin/pip install torch==2.13.0 "
               "transformer-lens==4.3.0)", flush=True)
-    report["bertjax_info"], report["tl_info"] = ours["info"], theirs["info"]
+  print(write_report(args, report, start).read_text())
+  return report
+
+
+def write_report(args, report: dict, start: float) -> pathlib.Path:
+  """Writes (or rewrites) the JSON and Markdown of what is measured so far; the Markdown's
+  path."""
   report["wall_s"] = time.perf_counter() - start
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "bench_tl_smoke" if args.smoke else "bench_tl"
+  if "accelerator" in report["machine"]:
+    stem += "_gpu_" + "".join(c if c.isalnum() else "_" for c in
+                              report["machine"]["accelerator"].lower())
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
-  (args.out / f"{stem}.md").write_text(markdown(report))
-  print((args.out / f"{stem}.md").read_text())
-  return report
+  page = args.out / f"{stem}.md"
+  page.write_text(markdown(report))
+  return page
 
 
 if __name__ == "__main__":
