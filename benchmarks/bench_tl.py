@@ -127,20 +127,18 @@ def parse_args(argv=None):
 
 
 def machine() -> dict:
-  """CPU model, ISA flags that matter for matmuls, and thread counts."""
+  """CPU model, ISA flags that matter for matmuls, thread counts, and the accelerator JAX
+  runs on (if any)."""
+  import jax
+
   info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
           "affinity": len(os.sched_getaffinity(0)), "xla_flags": os.environ.get("XLA_FLAGS", "")}
   try:
     text = pathlib.Path("/proc/cpuinfo").read_text()
   except OSError:
     text = ""
-  try:
-    import jax
-
-    if jax.default_backend() != "cpu":
-      info["accelerator"] = jax.devices()[0].device_kind
-  except ImportError:
-    pass
+  if jax.default_backend() != "cpu":
+    info["accelerator"] = jax.devices()[0].device_kind
   for line in text.splitlines():
     if line.startswith("model name") and "cpu_model" not in info:
       info["cpu_model"] = line.split(":", 1)[1].strip()
@@ -738,6 +736,13 @@ def main(argv=None) -> dict:
     raise SystemExit(f"the TransformerLens side environment {args.tl_python} is missing; set "
                      "it up with: python3 -m venv .venv/tl && .venv/tl/bin/pip install "
                      "torch==2.13.0 transformer-lens==3.9.0")
+  import jax
+
+  backend = jax.default_backend()
+  if (backend == "gpu") != (args.device == "cuda") or backend not in ("cpu", "gpu"):
+    # Both sides on the same kind of device, or the comparison means nothing.
+    raise SystemExit(f"--device {args.device} but JAX runs on {backend!r}: use --device cuda "
+                     "with a CUDA jax, or --device cpu with JAX_PLATFORMS=cpu")
   report = {"machine": machine(), "batch": args.batch, "seq": args.seq, "models": {},
             "repeats": args.repeats, "sweep_repeats": args.sweep_repeats}
   start = time.perf_counter()

@@ -93,7 +93,6 @@ def test_attribution_parts_benchmark_smoke(tmp_path):
     assert len(r["times_ms"]) == 2 and r["median_ms"] > 0, name
     assert r["over_forward"] == pytest.approx(
         np.median(np.divide(r["times_ms"], parts["forward"]["times_ms"])), rel=1e-9), name
-  assert parts["forward"]["over_forward"] == 1.0
   # The whole call runs the clean run and more: it costs more than the clean run alone.
   assert parts["attribution_patching"]["median_ms"] > parts["clean_run"]["median_ms"]
   page = (tmp_path / "attribution_parts_cpu_smoke.md").read_text()
