@@ -16,8 +16,10 @@ Commands:
                           to .venv/setup.log; reinstalls only when pyproject.toml changes)
   demo [ARGS]             set up, then the main job: the BERTology report on all-MiniLM-L6-v2
   test [PYTEST ARGS]      set up, then the test suite (pytest; BERTJAX_TEST_WORKERS=N workers, default 2)
-  report [ARGS]           bertjax report: the HTML report on any Hugging Face BERT/ALBERT directory
-  pretrain [ARGS]         bertjax pretrain: pre-train a BERT or ALBERT model (MLM + NSP/SOP)
+  report [ARGS]           bertjax report: the HTML report on a Hugging Face checkpoint of any
+                          family (BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT)
+  pretrain [ARGS]         bertjax pretrain: pre-train BERT or ALBERT (MLM + NSP/SOP, SBO, word
+                          order), ELECTRA (replaced-token detection) or a distilled student
   finetune [ARGS]         bertjax finetune: fine-tune a model on a classification task
   data list               bertjax data list: each real data set, its licence, source, and where it is
   data fetch NAME|all     bertjax data fetch: download data sets from their public sources, verified

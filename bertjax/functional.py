@@ -212,6 +212,8 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
     patch: {site: (value, weight)}: each site becomes `weight * value + (1 - weight) * own`;
       value and weight broadcast to the site's stacked shape (`bertjax.site_shape`).
       Differentiable in both; vmap over them for sweeps. Applied after head masks.
+      Weights are not clipped: outside [0, 1] they extrapolate (2 doubles the edit,
+      -1 pushes away from `value`).
     deterministic: False enables dropout; then `rng` is required.
     rng: PRNG key for dropout.
 

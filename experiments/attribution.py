@@ -35,8 +35,8 @@ tokens i of its final (rolled-out) matrix `M[i, j]`.
     approximation) is computed beside it, and their agreement reported.
 
 The full run takes a few minutes of CPU time (attention flow dominates); `--smoke` uses
-a tiny random BERT with MiniLM's vocabulary and six sentences (its numbers are not
-findings).
+a tiny random BERT with MiniLM's vocabulary, six sentences for the token attribution and
+every pair for the patching (its numbers are not findings).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-  args = common.parser(__doc__).parse_args(argv)
+  args = common.parser(__doc__, data=False).parse_args(argv)
   t0 = time.perf_counter()
   import bertjax
   from bertjax import report, stats

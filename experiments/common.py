@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
     ns, rest = super().parse_known_args(args, namespace)
     if hasattr(ns, "smoke") and hasattr(ns, "update_results"):
       ns.out = self._out(ns)
-      if ns.smoke and ns.data_dir is None:
+      if ns.smoke and getattr(ns, "data_dir", "") is None:
         ns.data_dir = str(smoke_data_dir())
         log(f"--smoke: reading the samples in {ns.data_dir} (no real data needed)")
     return ns, rest
@@ -79,10 +79,16 @@ class _Parser(argparse.ArgumentParser):
     if ns.smoke and out.resolve() == RESULTS:
       self.error(f"--smoke results are not findings: they must not overwrite {RESULTS}; "
                  "leave out --update-results / --out, or pass another --out DIR")
+    # Checked now, not after the run: the nearest existing folder on the way must be a folder.
+    here = out.resolve()
+    while not here.exists():
+      here = here.parent
+    if not here.is_dir():
+      self.error(f"--out {out}: {here} is a file, not a folder; pass a folder to write to")
     return str(out)
 
 
-def parser(doc: str | None, *, model: bool = True) -> argparse.ArgumentParser:
+def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argparse.ArgumentParser:
   """An argument parser with the shared options; the script's docstring is its help text.
 
   After parsing, `args.out` is the output directory (the scratch directory when neither
@@ -93,6 +99,7 @@ def parser(doc: str | None, *, model: bool = True) -> argparse.ArgumentParser:
     doc: the help text.
     model: add `--model DIR_OR_ID` (`args.model`, None when not given; see `load_model`);
       False for experiments that train their own models from scratch.
+    data: add `--data-dir DIR`; False for experiments that read no data set.
   """
   sys.excepthook = _excepthook
   p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,11 +109,12 @@ def parser(doc: str | None, *, model: bool = True) -> argparse.ArgumentParser:
   p.add_argument("--update-results", action="store_true",
                  help=f"write the committed results in {RESULTS.relative_to(REPO)} (what the "
                       "README's Findings table is generated from); not with --smoke")
-  p.add_argument("--data-dir", default=None, metavar="DIR",
-                 help="the real data sets (ud_english_ewt/, wikitext2_tokens/, blimp/, ...) "
-                      "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
-                      "fills, then ../shared/data beside the repository; with --smoke: the "
-                      "samples shipped in bertjax/resources/smoke)")
+  if data:
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="the real data sets (ud_english_ewt/, wikitext2_tokens/, blimp/, ...) "
+                        "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
+                        "fills, then ../shared/data beside the repository; with --smoke: the "
+                        "samples shipped in bertjax/resources/smoke)")
   if model:
     p.add_argument("--model", default=None, metavar="DIR_OR_ID",
                    help="a Hugging Face model directory or hub id (BERT, ALBERT, RoBERTa, XLM-R, "
@@ -180,8 +188,11 @@ def pretrained(model: str | os.PathLike):
   """(config, params, tokenizer, name) of a Hugging Face directory or hub id, any family."""
   import bertjax
 
-  config, params = bertjax.from_hf(model)
-  tok = bertjax.Tokenizer.from_pretrained(model)
+  try:
+    config, params = bertjax.from_hf(model)
+    tok = bertjax.Tokenizer.from_pretrained(model)
+  except (OSError, ValueError) as e:  # no such directory, no network, an unknown family, ...
+    raise UsageError(f"--model {model}: {e}") from e
   if tok.vocab_size > config.vocab_size:
     raise UsageError(f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
                      f"model's vocab_size={config.vocab_size}")

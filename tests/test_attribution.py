@@ -573,6 +573,19 @@ def test_jit_and_errors():
     attribution.logit_lens(params, config, ids, mask, positions=np.full((3, 1), 8))
   with pytest.raises(ValueError, match=r"layers \[3\] are outside \[0, 3\)"):
     attribution.attention_flow(params, config, ids, mask, layers=[3])
+  with pytest.raises(ValueError, match=r"layers=\[\] selects no block"):
+    attribution.attention_flow(params, config, ids, mask, layers=[])
+  # mlm_target: ranges when built, the batch it is given when used.
+  with pytest.raises(ValueError, match=r"token_ids\[1\] = 1000000 is outside the vocabulary"):
+    attribution.mlm_target(config, [1, 2, 3], [5, 10**6, 7])
+  with pytest.raises(ValueError, match=r"positions\[0\] = -1 must be >= 0"):
+    attribution.mlm_target(config, [-1, 2, 3], [5, 6, 7])
+  with pytest.raises(ValueError, match="built for 1 sequences .* the batch has 3 sequences"):
+    attribution.gradient_x_input(params, config, ids, mask,
+                                 target_fn=attribution.mlm_target(config, [3], [25]))
+  with pytest.raises(ValueError, match="positions up to 30; the batch has 3 sequences of 8"):
+    attribution.gradient_x_input(params, config, ids, mask,
+                                 target_fn=attribution.mlm_target(config, [1, 2, 30], [5, 6, 7]))
   with pytest.raises(ValueError, match=r"token ids \[120\] are outside the vocabulary"):
     attribution.attention_rollout(params, config, np.full((1, 4), 120))
   with pytest.raises(ValueError, match="one scalar per sequence"):

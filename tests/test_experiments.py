@@ -27,6 +27,8 @@ SCRIPTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py")
 sys.path.insert(0, str(REPO / "experiments"))
 import findings
 
+READ_NO_DATA = {"attribution"}  # built with common.parser(data=False)
+
 
 def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
   """The environment of a machine without data: an empty data directory, no ../shared."""
@@ -43,7 +45,9 @@ def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.
                         timeout=600, check=False)
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
   out = cwd / "out" / "experiments"
-  assert f"results go to {out}" in proc.stderr and "bertjax/resources/smoke" in proc.stderr
+  assert f"results go to {out}" in proc.stderr
+  # Scripts that read a data set read the shipped samples; the others have no --data-dir.
+  assert ("bertjax/resources/smoke" in proc.stderr) == (name not in READ_NO_DATA), proc.stderr
   return json.loads((out / f"{name}.json").read_text()), out
 
 
@@ -94,11 +98,24 @@ def test_output_directory_rules(tmp_path, monkeypatch):
   assert parse("--smoke").data_dir == str(common.smoke_data_dir())
   assert parse("--smoke", "--data-dir", "d").data_dir == "d"
   assert parse().data_dir is None
+  (tmp_path / "afile").write_text("")
   for bad in (["--smoke", "--update-results"], ["--smoke", "--out", results],
-              ["--update-results", "--out", "elsewhere"]):
+              ["--update-results", "--out", "elsewhere"], ["--out", "afile"],
+              ["--out", "afile/below"]):
     with pytest.raises(SystemExit) as e:
       parse(*bad)
     assert e.value.code == 2
+  # An experiment that reads no data set has no --data-dir to accept and ignore.
+  with pytest.raises(SystemExit):
+    common.parser(None, data=False).parse_args(["--data-dir", "d"])
+  assert common.parser(None, data=False).parse_args(["--smoke"]).smoke
+
+
+def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
+  import common
+
+  with pytest.raises(common.UsageError, match=f"--model {tmp_path / 'none'}: "):
+    common.pretrained(tmp_path / "none")
 
 
 @pytest.mark.slow

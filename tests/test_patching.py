@@ -241,6 +241,68 @@ def test_bad_input_errors_name_the_value():
                      targets={"answer": targets["answer"], "distractor": targets["distractor"]})
 
 
+def test_targets_and_metrics_are_checked_before_any_program_runs():
+  """Inside a program an out-of-range index is clamped, wrapped or read as NaN, so each bad
+  target must be refused by name first; so must a metric that is not one number."""
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  metric = pt.LogitDiff("mlm")
+  bad = [({"position": np.array([4, 3, 99])}, r"targets\['position'\] = 99 at row 2 .* \[0, 9\)"),
+         ({"position": np.array([4, -1, 7])}, r"targets\['position'\] = -1 at row 1"),
+         ({"position": np.array([4, 7, 7])}, r"= 7 at row 1 is a padding position"),
+         ({"answer": np.array([11, 10**7, 13])}, r"targets\['answer'\] = 10000000 .* \[0, 97\)"),
+         ({"distractor": np.array([20, 21, 97])}, r"targets\['distractor'\] = 97"),
+         ({"position": np.array([4.0, 3.0, 7.0])}, "must be \\(batch,\\) integers")]
+  for change, message in bad:
+    for sweep in (pt.head_patching, pt.attribution_patching):
+      with pytest.raises(ValueError, match=message):
+        sweep(params, config, clean, corrupted, metric, targets={**targets, **change})
+    with pytest.raises(ValueError, match=message):
+      pt.path_patching(params, config, clean, corrupted, metric, targets={**targets, **change},
+                       receivers=[(2, 1)])
+  with pytest.raises(ValueError, match="AnswerLogProb needs targets\\['answer'\\]"):
+    pt.position_patching(params, config, clean, corrupted, pt.AnswerLogProb("mlm"),
+                         targets={"position": targets["position"]})
+  probe = pt.ProbeLogitDiff(np.ones((config.hidden_size, 2)), np.zeros(2))
+  with pytest.raises(ValueError, match=r"targets\['answer'\] = 5 at row 0 .* class of the probe"):
+    pt.head_patching(params, config, clean, corrupted, probe,
+                     targets={"answer": np.array([5, 1, 1]), "distractor": np.zeros(3, int)})
+
+  def vector(params, config, out, batch):  # per-row values: not a metric
+    return out.last_hidden_state[:, 0, 0]
+
+  with pytest.raises(ValueError, match=r"returned shape \(3,\); a metric returns one scalar"):
+    pt.head_patching(params, config, clean, corrupted, vector)
+  # Arguments that used to be ignored or fail obscurely.
+  with pytest.raises(ValueError, match=r"receivers=\[2, 1\] must be a sequence of"):
+    pt.path_patching(params, config, clean, corrupted, metric, targets=targets, receivers=(2, 1))
+  with pytest.raises(ValueError, match="over='positions' estimates every position"):
+    pt.attribution_patching(params, config, clean, corrupted, metric, targets=targets,
+                            over="positions", positions=[1])
+  with pytest.raises(ValueError, match=r"heads=\[\] selects nothing"):
+    pt.patch_weight(config, "head_out", T, heads=[])
+  # The checks pass what they should: the sweep runs with good targets.
+  pt.head_patching(params, config, clean, corrupted, metric, targets=targets)
+
+
+def test_agreement_spearman_averages_tied_ranks():
+  """`agreement`'s Spearman is scipy's (ties share their average rank), whatever the order."""
+  scipy_stats = pytest.importorskip("scipy.stats")
+
+  def result(values):
+    return pt.PatchingResult("head_out", ("layer", "head"), np.asarray(values, float).reshape(1, -1),
+                             clean=1.0, corrupted=0.0)
+
+  exact = [0.0, 0.0, 0.0, 1.0, 0.5, 0.5]
+  for approx in ([3e-3, 2e-3, 1e-3, 1.0, 0.4, 0.6], [1e-3, 2e-3, 3e-3, 1.0, 0.6, 0.4]):
+    got = pt.agreement(result(exact), result(approx))
+    want = scipy_stats.spearmanr(exact, approx).statistic
+    np.testing.assert_allclose(got["spearman"], want, rtol=1e-12)
+    np.testing.assert_allclose(got["pearson"], scipy_stats.pearsonr(exact, approx).statistic,
+                               rtol=1e-12)
+  assert np.isnan(pt.agreement(result([1.0, 1.0]), result([0.0, 1.0]))["spearman"])
+
+
 def _hf_model(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")

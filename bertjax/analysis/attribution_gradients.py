@@ -75,14 +75,28 @@ def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
   Returns:
     `target_fn(params, out) -> (batch,)`.
   """
-  positions = jnp.asarray(positions, jnp.int32)
-  token_ids = jnp.asarray(token_ids, jnp.int32)
-  if positions.ndim != 1 or token_ids.shape != positions.shape:
-    raise ValueError(f"positions shape {positions.shape} and token_ids shape {token_ids.shape} "
+  pos, ids = np.asarray(positions), np.asarray(token_ids)
+  if pos.ndim != 1 or ids.shape != pos.shape:
+    raise ValueError(f"positions shape {pos.shape} and token_ids shape {ids.shape} "
                      "must both be (batch,)")
+  for name, v in (("positions", pos), ("token_ids", ids)):
+    if not np.issubdtype(v.dtype, np.integer):
+      raise ValueError(f"{name} must be integers; got dtype {v.dtype}")
+  bad = np.flatnonzero(pos < 0)
+  if bad.size:
+    raise ValueError(f"positions[{bad[0]}] = {pos[bad[0]]} must be >= 0")
+  bad = np.flatnonzero((ids < 0) | (ids >= config.vocab_size))
+  if bad.size:
+    raise ValueError(f"token_ids[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary "
+                     f"[0, {config.vocab_size})")
+  positions, token_ids = jnp.asarray(pos, jnp.int32), jnp.asarray(ids, jnp.int32)
 
   def target_fn(params, out):
-    b = jnp.arange(out.last_hidden_state.shape[0])
+    batch, seq = out.last_hidden_state.shape[:2]
+    if batch != len(pos) or (pos.size and pos.max() >= seq):
+      raise ValueError(f"mlm_target was built for {len(pos)} sequences with positions up to "
+                       f"{pos.max()}; the batch has {batch} sequences of {seq} tokens")
+    b = jnp.arange(batch)
     logits = mlm_logits(params, config, out.last_hidden_state[b, positions])  # (B, V)
     return jax.nn.log_softmax(logits, -1)[b, token_ids]
 

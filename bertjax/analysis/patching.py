@@ -95,6 +95,7 @@ from bertjax.analysis.patching_metrics import (  # noqa: F401 (their public home
     ProbeLogitDiff,
     _f32,
     agreement,
+    check_targets,
     metric_rows,
     normalize,
 )
@@ -122,6 +123,8 @@ def _index_mask(size: int, chosen, what: str) -> np.ndarray:
     mask[:] = True
     return mask
   chosen = np.atleast_1d(np.asarray(chosen))
+  if chosen.size == 0:
+    raise ValueError(f"{what}=[] selects nothing; give at least one index, or None for all")
   if chosen.ndim != 1 or not np.issubdtype(chosen.dtype, np.integer):
     raise ValueError(f"{what}={chosen.tolist()} must be a sequence of ints")
   bad = chosen[(chosen < 0) | (chosen >= size)]
@@ -193,8 +196,9 @@ def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, he
 # Inputs ---------------------------------------------------------------------
 
 
-def _pair(config, clean, corrupted, targets, direction):
-  """(source, destination, targets) dicts of arrays, checked."""
+def _pair(config, clean, corrupted, targets, direction, params=None, metric=None):
+  """(source, destination, targets) dicts of arrays, checked (with `metric`, the targets
+  against what it reads: `check_targets`)."""
   if direction not in DIRECTIONS:
     raise ValueError(f"{direction=!r} must be one of {DIRECTIONS}")
   clean, corrupted = as_batch(clean), as_batch(corrupted)
@@ -215,6 +219,9 @@ def _pair(config, clean, corrupted, targets, direction):
       b["token_type_ids"] = jnp.zeros_like(b["token_type_ids"])
   for b in (clean, corrupted):
     check_inputs(config, b["input_ids"], b["attention_mask"], b["token_type_ids"])
+  if metric is not None:
+    for b in (clean, corrupted):
+      check_targets(params, config, metric, {**b, **targets})
   src, dst = (clean, corrupted) if direction == "denoise" else (corrupted, clean)
   return src, dst, targets
 
@@ -245,15 +252,23 @@ def _metric_of(params, config, metric, last, batch, row_weight):
   """The metric of a run; with `row_weight` (B,) (rows padded on a mesh), the weighted mean
   of its values on batches of one row, vmapped (`row_mean` metrics only)."""
   if row_weight is None:
-    return metric(params, config, _output(params, config, last), batch)
+    return _scalar(metric(params, config, _output(params, config, last), batch), metric)
 
   def one(h, row):
-    return metric(params, config, _output(params, config, h[None]),
-                  jax.tree.map(lambda x: x[None], row))
+    return _scalar(metric(params, config, _output(params, config, h[None]),
+                          jax.tree.map(lambda x: x[None], row)), metric)
 
   values = _f32(jax.vmap(one)(last, batch))
   keep = row_weight > 0
   return jnp.where(keep, values, 0).sum() / keep.sum().astype(values.dtype)
+
+
+def _scalar(value, metric):
+  """A metric's value, checked (at trace time) to be one number."""
+  if jnp.ndim(value) != 0:
+    raise ValueError(f"metric {metric!r} returned shape {jnp.shape(value)}; a metric returns "
+                     "one scalar (a mean over the batch's rows, as LogitDiff does)")
+  return value
 
 
 def _place(params, config, src, dst, targets, metric, mesh, *, patch_set: bool):
@@ -382,7 +397,7 @@ def _sweep(params, config, src, dst, targets, weights, row_weight, *, site, metr
 
 def _run_sweep(params, config, clean, corrupted, metric, targets, site, over, positions,
                direction, chunk_size, mesh):
-  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
   block_weights = _block_weights(config, site, seq, over, positions)
   weights, set_sharding = _patch_set(block_weights, mesh)
@@ -415,7 +430,7 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     positions: patch only these (query) positions; None: every position.
     direction: "denoise" (corrupted run, clean values) or "noise".
     chunk_size: patched runs of the blocks after the patched one evaluated at
-      once (vmap width); None: `ablation.default_chunk_size()`.
+      once (vmap width); None: `batching.default_chunk_size()`.
     mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): the pair's rows split
       over "data" (and "fsdp"), each layer's heads over "interventions", parameters
       replicated (fsdp-sharded with "fsdp" > 1); see the module docstring for batches the
@@ -517,8 +532,11 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
   """
   if over not in ("heads", "positions"):
     raise ValueError(f"{over=!r} must be 'heads' or 'positions'")
+  if over == "positions" and positions is not None:
+    raise ValueError(f"positions={positions!r} chooses the positions of head patches "
+                     "(over='heads'); over='positions' estimates every position already")
   _check_site(site, HEAD_SITES if over == "heads" else BLOCK_SITES, f"attribution over {over}")
-  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
   weights = jnp.asarray(_block_weights(config, site, seq, over,
                                        positions if over == "heads" else None))
@@ -619,6 +637,10 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   sites = (receiver_sites,) if isinstance(receiver_sites, str) else tuple(receiver_sites)
   if not sites or any(s not in RECEIVER_SITES for s in sites):
     raise ValueError(f"receiver_sites={receiver_sites!r} must be some of {RECEIVER_SITES}")
+  receivers = list(receivers)
+  if any(np.ndim(r) != 1 or len(r) != 2 for r in receivers):
+    raise ValueError(f"receivers={receivers!r} must be a sequence of (layer, head) pairs, "
+                     "e.g. [(2, 1)] for one receiver")
   pairs = tuple(sorted({(int(layer), int(head)) for layer, head in receivers}))
   if not pairs:
     raise ValueError("receivers is empty; give (layer, head) pairs")
@@ -630,7 +652,7 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     raise ValueError(f"receivers {list(pairs)} include layer 0, which no head precedes")
   if config.is_pruned:
     raise ValueError("path_patching needs stacked layers; this config is pruned")
-  src, dst, targets = _pair(config, clean, corrupted, targets, direction)
+  src, dst, targets = _pair(config, clean, corrupted, targets, direction, params, metric)
   n = config.num_attention_heads
   senders, set_sharding = _patch_set(np.arange(n, dtype=np.int32), mesh)
   row_weight = None

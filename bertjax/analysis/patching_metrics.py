@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import stats
 from bertjax.functional import BertOutput, head_logits, mlm_logits, token_classify
 
 Metric = Callable[..., jax.Array]
@@ -56,6 +57,61 @@ def _token_rows(config, batch, head: str):
     return jnp.asarray(batch["position"], jnp.int32)[:, None]
   # Sequence heads read the first token: the pooler ([CLS]) or the first token's state.
   return jnp.zeros((batch["input_ids"].shape[0], 1), jnp.int32)
+
+
+def check_targets(params, config, metric, batch) -> None:
+  """Checks a sweep's concrete targets against what `metric` reads, before any program runs.
+
+  Inside a compiled program an out-of-range index is clamped, wrapped or read as NaN, so
+  a wrong `position` or class id would come back as a plausible-looking number. Metrics
+  with a method `check(params, config, batch)` (the three here) are asked; others pass.
+
+  Raises:
+    ValueError: naming the target, its bad value and the valid range.
+  """
+  check = getattr(metric, "check", None)
+  if check is not None:
+    check(params, config, {k: np.asarray(v) for k, v in batch.items()})
+
+
+def _check_index(batch, key: str, size: int, what: str) -> np.ndarray:
+  """`batch[key]` (B,) as int, every entry in [0, size); else a ValueError naming it."""
+  if key not in batch:
+    raise ValueError(f"targets need {key!r} (batch,): {what}; got keys {sorted(batch)}")
+  v = np.asarray(batch[key])
+  if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer):
+    raise ValueError(f"targets[{key!r}] must be (batch,) integers ({what}); got shape "
+                     f"{v.shape}, dtype {v.dtype}")
+  bad = np.flatnonzero((v < 0) | (v >= size))
+  if bad.size:
+    raise ValueError(f"targets[{key!r}] = {v[bad[0]]} at row {bad[0]} is out of range: "
+                     f"{what} must be in [0, {size})")
+  return v.astype(np.int64)
+
+
+def _head_classes(params, config, head: str) -> int:
+  """How many classes (logits) `head` gives, read from the parameters' shapes."""
+  def logits(p):  # traced for shapes only: nothing is computed
+    h = config.hidden_size
+    out = BertOutput(last_hidden_state=jnp.zeros((1, 1, h)), pooler_output=jnp.zeros((1, h)))
+    return _head_logits_at(p, config, out, {"position": jnp.zeros((1,), jnp.int32)}, head)
+
+  return int(jax.eval_shape(logits, params).shape[-1])
+
+
+def _check_head_targets(params, config, batch, head: str) -> None:
+  if head in ("mlm", "token_classifier"):
+    seq = np.asarray(batch["input_ids"]).shape[1]
+    position = _check_index(batch, "position", seq, "the token each row's head reads")
+    mask = np.asarray(batch["attention_mask"])
+    padded = np.flatnonzero(mask[np.arange(len(position)), position] == 0)
+    if padded.size:
+      raise ValueError(f"targets['position'] = {position[padded[0]]} at row {padded[0]} is "
+                       "a padding position (attention_mask 0); point it at a real token")
+  classes = _head_classes(params, config, head)
+  for key in ("answer", "distractor"):
+    if key in batch:
+      _check_index(batch, key, classes, f"a class or token id of the {head!r} head")
 
 
 def metric_rows(metric, config, batch):
@@ -96,6 +152,13 @@ class LogitDiff:
     """The one position per sequence the head reads (`metric_rows`)."""
     return _token_rows(config, batch, self.head)
 
+  def check(self, params, config, batch):
+    """`position`, `answer` and `distractor` in range (`check_targets`)."""
+    for key in ("answer", "distractor"):
+      if key not in batch:
+        raise ValueError(f"LogitDiff needs targets[{key!r}] (batch,); got keys {sorted(batch)}")
+    _check_head_targets(params, config, batch, self.head)
+
 
 @dataclasses.dataclass(frozen=True)
 class AnswerLogProb:
@@ -111,6 +174,12 @@ class AnswerLogProb:
   def rows(self, config, batch):
     """The one position per sequence the head reads (`metric_rows`)."""
     return _token_rows(config, batch, self.head)
+
+  def check(self, params, config, batch):
+    """`position` and `answer` in range (`check_targets`)."""
+    if "answer" not in batch:
+      raise ValueError(f"AnswerLogProb needs targets['answer'] (batch,); got keys {sorted(batch)}")
+    _check_head_targets(params, config, batch, self.head)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -146,6 +215,12 @@ class ProbeLogitDiff:
       x = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
     logits = x @ jnp.asarray(self.weight, h.dtype) + jnp.asarray(self.bias, h.dtype)
     return jnp.mean(_pick(logits, batch["answer"]) - _pick(logits, batch["distractor"]))
+
+  def check(self, params, config, batch):
+    """`answer` and `distractor` among the probe's classes (`check_targets`)."""
+    classes = np.shape(self.weight)[1]
+    for key in ("answer", "distractor"):
+      _check_index(batch, key, classes, "a class of the probe")
 
   def rows(self, config, batch):
     """The first token with pooling "first"; every row (None) with "mean" (`metric_rows`)."""
@@ -201,15 +276,15 @@ def agreement(exact: PatchingResult, approx: PatchingResult) -> dict[str, float]
 
   Returns:
     "pearson" and "spearman" correlations of the normalised values over the
-    entries finite in both, "max_abs_diff" between them, and "n" entries.
+    entries finite in both (Spearman with tied values given their average rank, as
+    `scipy.stats.spearmanr`; NaN where a side is constant), "max_abs_diff" between them, and "n" entries.
   """
   a, b = np.asarray(exact.normalized).ravel(), np.asarray(approx.normalized).ravel()
   if a.shape != b.shape:
     raise ValueError(f"exact values shape {exact.values.shape} != approx {approx.values.shape}")
   keep = np.isfinite(a) & np.isfinite(b)
   a, b = a[keep], b[keep]
-  rank = lambda x: np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(np.float64)
-  corr = lambda x, y: float(np.corrcoef(x, y)[0, 1]) if x.size > 1 and x.std() and y.std() \
-      else float("nan")
-  return {"pearson": corr(a, b), "spearman": corr(rank(a), rank(b)),
+  few = a.size < 2
+  return {"pearson": float("nan") if few else stats.pearson(a, b),
+          "spearman": float("nan") if few else stats.spearman(a, b),
           "max_abs_diff": float(np.abs(a - b).max()) if a.size else float("nan"), "n": int(a.size)}
