@@ -360,7 +360,7 @@ def method_ranks(stats: Mapping[str, Mapping[str, float]], chance_mrr: float, ag
   names = list(stats)
   agree = np.asarray(agreement, float)
   # Constrained layout keeps the matrix's long method names clear of the bar panel.
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.4, 4.8), layout="constrained")
   x = np.arange(len(names))
   ax1.bar(x - 0.2, [stats[k]["mrr"] for k in names], 0.4, label="mean reciprocal rank")
   ax1.bar(x + 0.2, [stats[k]["top1"] for k in names], 0.4, label="ranked first")
