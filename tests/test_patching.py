@@ -290,8 +290,8 @@ def test_agreement_spearman_averages_tied_ranks():
   scipy_stats = pytest.importorskip("scipy.stats")
 
   def result(values):
-    return pt.PatchingResult("head_out", ("layer", "head"), np.asarray(values, float).reshape(1, -1),
-                             clean=1.0, corrupted=0.0)
+    values = np.asarray(values, float).reshape(1, -1)
+    return pt.PatchingResult("head_out", ("layer", "head"), values, clean=1.0, corrupted=0.0)
 
   exact = [0.0, 0.0, 0.0, 1.0, 0.5, 0.5]
   for approx in ([3e-3, 2e-3, 1e-3, 1.0, 0.4, 0.6], [1e-3, 2e-3, 3e-3, 1.0, 0.6, 0.4]):

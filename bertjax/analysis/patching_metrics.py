@@ -277,7 +277,8 @@ def agreement(exact: PatchingResult, approx: PatchingResult) -> dict[str, float]
   Returns:
     "pearson" and "spearman" correlations of the normalised values over the
     entries finite in both (Spearman with tied values given their average rank, as
-    `scipy.stats.spearmanr`; NaN where a side is constant), "max_abs_diff" between them, and "n" entries.
+    `scipy.stats.spearmanr`; NaN where a side is constant), "max_abs_diff" between
+    them, and "n" entries.
   """
   a, b = np.asarray(exact.normalized).ravel(), np.asarray(approx.normalized).ravel()
   if a.shape != b.shape:
