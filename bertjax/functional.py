@@ -29,7 +29,7 @@ import numpy as np
 from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.families import HEADS
-from bertjax.input_checks import as_array, check_inputs, value_checks
+from bertjax.input_checks import as_array, check_inputs, check_sites, value_checks
 from bertjax.model import (
     BLOCK_SITES,
     ROW_AXIS,
@@ -225,6 +225,8 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
                head_ablation, capture=capture, patch=patch)
+  if patch:  # torch and NumPy arrays as NumPy, as the inputs are
+    patch = {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
@@ -233,9 +235,20 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
 
 
 def _capture_tuple(capture) -> tuple[str, ...]:
+  """`capture` as a sorted tuple of names (None: none; one string: that site)."""
+  if capture is None:
+    return ()
   if isinstance(capture, str):
     capture = (capture,)
-  return tuple(sorted(set(capture)))
+  try:
+    names = tuple(capture)
+  except TypeError:
+    raise ValueError(f"capture={capture!r} must be site names (a tuple of str)") from None
+  bad = [c for c in names if not isinstance(c, str)]
+  if bad:
+    raise ValueError(f"capture entries {bad!r} are not site names (str); expected names "
+                     f"from {tuple(SITES)}")
+  return tuple(sorted(set(names)))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13))
@@ -332,10 +345,17 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     block `stop-1`; when asked, every block's output `(stop-start, B, T, H)` and
     attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
   """
+  capture = _capture_tuple(capture)
+  if "embeddings" in capture or "embeddings" in (patch or {}):
+    raise ValueError("run_layers captures and patches block sites; 'embeddings' is the "
+                     "hidden state you pass it (forward captures and patches it)")
+  if jnp.ndim(hidden) != 3:
+    raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
+  check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
   return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
                      head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
                      output_hidden_states=output_hidden_states,
-                     output_attentions=output_attentions, capture=_capture_tuple(capture),
+                     output_attentions=output_attentions, capture=capture,
                      patch=patch, deterministic=deterministic, rng=rng, final_rows=final_rows,
                      unroll=unroll)
 

@@ -31,7 +31,11 @@ def as_array(x):
   return np.asarray(x)
 
 
-def _check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
+def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
+  """Raises ValueError, naming the site, for unknown site names and patch entries that are
+  not (value, weight) pairs of numbers broadcasting to the site's stacked shape."""
+  if patch is not None and not isinstance(patch, dict):
+    raise ValueError(f"patch must be a dict {{site: (value, weight)}}; got {type(patch).__name__}")
   unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
   if unknown:
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
@@ -41,6 +45,10 @@ def _check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -
                        f"{type(entry).__name__}")
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
+      dtype = (np.asarray(array) if array is None else as_array(array)).dtype
+      if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        raise ValueError(f"patch[{site!r}] {what} must be a number or an array of numbers; "
+                         f"got {type(array).__name__}")
       got = tuple(np.shape(array))
       try:
         ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
@@ -90,7 +98,7 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
                        f"(batch, layers, heads)=({batch}, {depth}, {heads})")
   if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
     raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
-  _check_sites(config, capture, patch, batch, seq_len)
+  check_sites(config, capture, patch, batch, seq_len)
   if _concrete(input_ids):
     ids = np.asarray(input_ids)
     lo, hi = int(ids.min()), int(ids.max())

@@ -242,7 +242,15 @@ def _gelu_jvp(primals, tangents):
 
 
 def compute_dtype(config: BertConfig):
-  """Matmul dtype; parameters stay float32 (master weights) whatever it is."""
+  """Matmul dtype; parameters stay float32 (master weights) whatever it is.
+
+  Raises:
+    ValueError: for "float64" without 64-bit JAX, which would compute in float32.
+  """
+  if config.dtype == "float64" and not jax.config.jax_enable_x64:
+    raise ValueError("config.dtype='float64' needs 64-bit JAX: call "
+                     "jax.config.update('jax_enable_x64', True) first (without it JAX "
+                     "computes in float32)")
   return {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[config.dtype]
 
 
@@ -383,6 +391,8 @@ class SelfAttention(nn.Module):
     if n == 0:  # every head pruned: the block adds only the output bias
       head_out = q
       maps = jnp.zeros((x.shape[0], 0, q.shape[1], x.shape[1]), jnp.float32)
+      if sites.needs("probs"):  # captured as zeros at every (removed) head, as head_out is
+        sites.visit("probs", maps)
     elif stats:
       # Per-head statistics instead of maps, inside the fused kernel when the config
       # selects it; the head mask acts inside the kernel so the statistics see it. cuDNN

@@ -155,8 +155,11 @@ def test_weight_zero_is_bitwise_and_weight_one_replaces(site):
   config, params, ids, mask = _tiny()
   base = bertjax.forward(params, config, ids, mask, capture=(site,))
   value = jax.random.normal(jax.random.key(1), base.cache[site].shape)
-  zero = bertjax.forward(params, config, ids, mask, patch={site: (value, 0.0)}, capture=(site,))
-  assert np.array_equal(np.asarray(zero.last_hidden_state), np.asarray(base.last_hidden_state))
+  # Against the plain forward (no capture); `probs` needs the map path, so its plain run is
+  # the one that returns the maps.
+  plain = bertjax.forward(params, config, ids, mask, output_attentions=site == "probs")
+  zero = bertjax.forward(params, config, ids, mask, patch={site: (value, 0.0)})
+  assert np.array_equal(np.asarray(zero.last_hidden_state), np.asarray(plain.last_hidden_state))
   one = bertjax.forward(params, config, ids, mask, patch={site: (value, 1.0)}, capture=(site,))
   np.testing.assert_allclose(one.cache[site], value, atol=1e-6)
   assert np.abs(np.asarray(one.last_hidden_state - base.last_hidden_state)).max() > 1e-3
@@ -228,6 +231,14 @@ def test_patch_with_prefix_reuse_and_pruned_model():
   np.testing.assert_allclose(out.cache["head_out"], masked.cache["head_out"], atol=1e-5)
   np.testing.assert_allclose(out.last_hidden_state, masked.last_hidden_state, atol=1e-5)
   assert not np.asarray(out.cache["probs"][1, :, [0, 2]]).any()
+  # A block with every head removed captures zeros at its head sites, the first block too.
+  for layer in (1, 0):
+    bare_config, bare = bertjax.prune_heads(config, params, {layer: list(range(4))})
+    out = bertjax.forward(bare, bare_config, ids, mask, capture=("probs", "head_out", "q"))
+    for site in ("probs", "head_out", "q"):
+      assert out.cache[site].shape == full.cache["out"].shape[:1] + out.cache[site].shape[1:]
+      assert not np.asarray(out.cache[site][layer]).any(), (layer, site)
+      assert np.asarray(out.cache[site][2]).any()
 
 
 def test_bad_sites_are_named():
@@ -238,6 +249,37 @@ def test_bad_sites_are_named():
     bertjax.forward(params, config, ids, mask, patch={"mid": (np.zeros(5), 1.0)})
   with pytest.raises(ValueError, match=r"patch\['q'\] must be a \(value, weight\) pair"):
     bertjax.forward(params, config, ids, mask, patch={"q": np.zeros(4)})
+  with pytest.raises(ValueError, match=r"capture entries \[None\] are not site names"):
+    bertjax.forward(params, config, ids, mask, capture=("q", None))
+  for value, weight, what in ((None, 1.0, "value"), (0.0, "half", "weight")):
+    with pytest.raises(ValueError, match=rf"patch\['q'\] {what} must be a number or an array"):
+      bertjax.forward(params, config, ids, mask, patch={"q": (value, weight)})
+  assert bertjax.forward(params, config, ids, mask, capture=None).cache is None
+  # run_layers checks what forward checks; a patch led by the blocks run (not the model's
+  # depth) would otherwise be read as constant over depth.
+  h1 = bertjax.forward(params, config, ids, mask, output_hidden_states=True).hidden_states[1]
+  outs = bertjax.forward(params, config, ids, mask, capture=("out",)).cache["out"]
+  with pytest.raises(ValueError, match=r"value shape \(2, 2, 9, 64\) does not broadcast to the "
+                                       r"site's stacked shape \(3, 2, 9, 64\)"):
+    bertjax.run_layers(params, config, h1, mask, start=1, patch={"out": (outs[1:], 1.0)})
+  with pytest.raises(ValueError, match=r"sites \['bogus'\] are unknown"):
+    bertjax.run_layers(params, config, h1, mask, capture=("bogus",))
+  with pytest.raises(ValueError, match="'embeddings' is the hidden state you pass"):
+    bertjax.run_layers(params, config, h1, mask, capture=("embeddings",))
+  # float64 without 64-bit JAX would silently compute in float32.
+  if not jax.config.jax_enable_x64:
+    with pytest.raises(ValueError, match="needs 64-bit JAX"):
+      bertjax.forward(params, config.replace(dtype="float64"), ids, mask)
+
+
+def test_patch_values_from_torch_are_accepted():
+  torch = pytest.importorskip("torch")
+  config, params, ids, mask = _tiny()
+  value = np.random.default_rng(2).normal(size=(config.depth, 2, 9, 4, 16)).astype(np.float32)
+  want = bertjax.forward(params, config, ids, mask, patch={"q": (value, 0.5)})
+  got = bertjax.forward(params, config, ids, mask,
+                        patch={"q": (torch.from_numpy(value), torch.tensor(0.5))})
+  np.testing.assert_array_equal(got.last_hidden_state, want.last_hidden_state)
 
 
 def test_forward_under_jit_with_static_argnames():
