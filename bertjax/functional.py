@@ -225,13 +225,20 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
                head_ablation, capture=capture, patch=patch)
-  if patch:  # torch and NumPy arrays as NumPy, as the inputs are
-    patch = {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
+  patch = _patch_arrays(patch)
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
                   layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
                   deterministic, capture)
+
+
+def _patch_arrays(patch):
+  """A checked patch with its values and weights as arrays (torch and NumPy as NumPy, as
+  the inputs are; JAX arrays and tracers as they are)."""
+  if not patch:
+    return patch
+  return {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
 
 
 def _capture_tuple(capture) -> tuple[str, ...]:
@@ -352,6 +359,7 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
   if jnp.ndim(hidden) != 3:
     raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
   check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
+  patch = _patch_arrays(patch)
   return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
                      head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
                      output_hidden_states=output_hidden_states,

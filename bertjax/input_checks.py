@@ -8,6 +8,8 @@ program. Both are importable from `bertjax.functional` (and `bertjax`) as before
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +36,7 @@ def as_array(x):
 def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
   """Raises ValueError, naming the site, for unknown site names and patch entries that are
   not (value, weight) pairs of numbers broadcasting to the site's stacked shape."""
-  if patch is not None and not isinstance(patch, dict):
+  if patch is not None and not isinstance(patch, Mapping):
     raise ValueError(f"patch must be a dict {{site: (value, weight)}}; got {type(patch).__name__}")
   unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
   if unknown:
@@ -45,7 +47,11 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
                        f"{type(entry).__name__}")
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
-      dtype = (np.asarray(array) if array is None else as_array(array)).dtype
+      try:
+        dtype = (np.asarray(array) if array is None else as_array(array)).dtype
+      except (TypeError, RuntimeError) as e:  # e.g. a torch tensor on a GPU or needing grad
+        raise ValueError(f"patch[{site!r}] {what} cannot be read as an array ({e}); pass a "
+                         "NumPy or JAX array (a torch tensor: .detach().cpu())") from None
       if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
         raise ValueError(f"patch[{site!r}] {what} must be a number or an array of numbers; "
                          f"got {type(array).__name__}")

@@ -586,6 +586,13 @@ def test_jit_and_errors():
   with pytest.raises(ValueError, match="positions up to 30; the batch has 3 sequences of 8"):
     attribution.gradient_x_input(params, config, ids, mask,
                                  target_fn=attribution.mlm_target(config, [1, 2, 30], [5, 6, 7]))
+  # Built from traced values inside a jit, its values go unchecked (as the model's inputs).
+  traced = jax.jit(lambda pos, tok: attribution.gradient_x_input(
+      params, config, ids, mask, target_fn=attribution.mlm_target(config, pos, tok)))
+  np.testing.assert_array_equal(
+      traced(jnp.asarray([1, 2, 3]), jnp.asarray([5, 6, 7])),
+      attribution.gradient_x_input(params, config, ids, mask,
+                                   target_fn=attribution.mlm_target(config, [1, 2, 3], [5, 6, 7])))
   with pytest.raises(ValueError, match=r"token ids \[120\] are outside the vocabulary"):
     attribution.attention_rollout(params, config, np.full((1, 4), 120))
   with pytest.raises(ValueError, match="one scalar per sequence"):

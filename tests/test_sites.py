@@ -236,7 +236,7 @@ def test_patch_with_prefix_reuse_and_pruned_model():
     bare_config, bare = bertjax.prune_heads(config, params, {layer: list(range(4))})
     out = bertjax.forward(bare, bare_config, ids, mask, capture=("probs", "head_out", "q"))
     for site in ("probs", "head_out", "q"):
-      assert out.cache[site].shape == full.cache["out"].shape[:1] + out.cache[site].shape[1:]
+      assert out.cache[site].shape == bertjax.site_shape(config, site, *ids.shape), site
       assert not np.asarray(out.cache[site][layer]).any(), (layer, site)
       assert np.asarray(out.cache[site][2]).any()
 
@@ -280,6 +280,12 @@ def test_patch_values_from_torch_are_accepted():
   got = bertjax.forward(params, config, ids, mask,
                         patch={"q": (torch.from_numpy(value), torch.tensor(0.5))})
   np.testing.assert_array_equal(got.last_hidden_state, want.last_hidden_state)
+  x = bertjax.embed(params, config, ids)
+  got = bertjax.run_layers(params, config, x, mask, patch={"q": (torch.from_numpy(value), 0.5)})
+  np.testing.assert_allclose(got.last, want.last_hidden_state, atol=1e-6)
+  with pytest.raises(ValueError, match=r"patch\['q'\] value cannot be read as an array"):
+    bertjax.forward(params, config, ids, mask,
+                    patch={"q": (torch.from_numpy(value).requires_grad_(), 0.5)})
 
 
 def test_forward_under_jit_with_static_argnames():

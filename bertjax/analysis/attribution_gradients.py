@@ -75,27 +75,33 @@ def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
   Returns:
     `target_fn(params, out) -> (batch,)`.
   """
-  pos, ids = np.asarray(positions), np.asarray(token_ids)
-  if pos.ndim != 1 or ids.shape != pos.shape:
-    raise ValueError(f"positions shape {pos.shape} and token_ids shape {ids.shape} "
-                     "must both be (batch,)")
-  for name, v in (("positions", pos), ("token_ids", ids)):
-    if not np.issubdtype(v.dtype, np.integer):
-      raise ValueError(f"{name} must be integers; got dtype {v.dtype}")
-  bad = np.flatnonzero(pos < 0)
-  if bad.size:
-    raise ValueError(f"positions[{bad[0]}] = {pos[bad[0]]} must be >= 0")
-  bad = np.flatnonzero((ids < 0) | (ids >= config.vocab_size))
-  if bad.size:
-    raise ValueError(f"token_ids[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary "
-                     f"[0, {config.vocab_size})")
-  positions, token_ids = jnp.asarray(pos, jnp.int32), jnp.asarray(ids, jnp.int32)
+  if jnp.ndim(positions) != 1 or jnp.shape(token_ids) != jnp.shape(positions):
+    raise ValueError(f"positions shape {jnp.shape(positions)} and token_ids shape "
+                     f"{jnp.shape(token_ids)} must both be (batch,)")
+  for name, v in (("positions", positions), ("token_ids", token_ids)):
+    dtype = v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
+    if not jnp.issubdtype(dtype, jnp.integer):
+      raise ValueError(f"{name} must be integers; got dtype {dtype}")
+  # Values are checked when concrete (built outside a jit; under one, as the model's inputs).
+  concrete = not any(isinstance(v, jax.core.Tracer) for v in (positions, token_ids))
+  pos = np.asarray(positions) if concrete else None
+  if concrete:
+    ids = np.asarray(token_ids)
+    bad = np.flatnonzero(pos < 0)
+    if bad.size:
+      raise ValueError(f"positions[{bad[0]}] = {pos[bad[0]]} must be >= 0")
+    bad = np.flatnonzero((ids < 0) | (ids >= config.vocab_size))
+    if bad.size:
+      raise ValueError(f"token_ids[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary "
+                       f"[0, {config.vocab_size})")
+  positions, token_ids = jnp.asarray(positions, jnp.int32), jnp.asarray(token_ids, jnp.int32)
 
   def target_fn(params, out):
     batch, seq = out.last_hidden_state.shape[:2]
-    if batch != len(pos) or (pos.size and pos.max() >= seq):
-      raise ValueError(f"mlm_target was built for {len(pos)} sequences with positions up to "
-                       f"{pos.max()}; the batch has {batch} sequences of {seq} tokens")
+    if batch != positions.shape[0] or (pos is not None and pos.size and pos.max() >= seq):
+      top = "" if pos is None or not pos.size else f" with positions up to {pos.max()}"
+      raise ValueError(f"mlm_target was built for {positions.shape[0]} sequences{top}; the "
+                       f"batch has {batch} sequences of {seq} tokens")
     b = jnp.arange(batch)
     logits = mlm_logits(params, config, out.last_hidden_state[b, positions])  # (B, V)
     return jax.nn.log_softmax(logits, -1)[b, token_ids]

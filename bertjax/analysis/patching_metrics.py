@@ -91,7 +91,10 @@ def _check_index(batch, key: str, size: int, what: str) -> np.ndarray:
 
 def _head_classes(params, config, head: str) -> int:
   """How many classes (logits) `head` gives, read from the parameters' shapes."""
-  def logits(p):  # traced for shapes only: nothing is computed
+  if head == "mlm":  # the decoder is tied to the word embeddings: one logit per row
+    return int(np.shape(params["embeddings"]["word_embeddings"]["embedding"])[0])
+
+  def logits(p):  # traced for shapes only (a few ms: the task heads are small)
     h = config.hidden_size
     out = BertOutput(last_hidden_state=jnp.zeros((1, 1, h)), pooler_output=jnp.zeros((1, h)))
     return _head_logits_at(p, config, out, {"position": jnp.zeros((1,), jnp.int32)}, head)
