@@ -29,21 +29,28 @@ import numpy as np
 from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.families import HEADS
-from bertjax.input_checks import as_array, check_inputs, check_sites, value_checks
+from bertjax.input_checks import (
+  as_array,
+  capture_tuple,
+  check_block_sites,
+  check_inputs,
+  patch_arrays,
+  value_checks,
+)
 from bertjax.model import (
-    BLOCK_SITES,
-    ROW_AXIS,
-    SITES,
-    Classifier,
-    Embeddings,
-    EncoderLayer,
-    MLMHead,
-    Pooler,
-    RTDHead,
-    Sites,
-    compute_dtype,
-    mix,
-    put_rows,
+  BLOCK_SITES,
+  ROW_AXIS,
+  SITES,
+  Classifier,
+  Embeddings,
+  EncoderLayer,
+  MLMHead,
+  Pooler,
+  RTDHead,
+  Sites,
+  compute_dtype,
+  mix,
+  put_rows,
 )
 
 Params = dict[str, Any]
@@ -159,7 +166,7 @@ def checked_forward(params: Params, config: BertConfig, input_ids, attention_mas
   static = tuple(sorted((k, v) for k, v in kwargs.items() if k in _STATIC_FORWARD_ARGS))
   dynamic = {k: v for k, v in kwargs.items() if k not in _STATIC_FORWARD_ARGS}
   if "capture" in kwargs:
-    static = tuple((k, _capture_tuple(v) if k == "capture" else v) for k, v in static)
+    static = tuple((k, capture_tuple(v) if k == "capture" else v) for k, v in static)
   err, out = _checked_forward(params, config, as_array(input_ids), as_array(attention_mask),
                               as_array(token_type_ids), dynamic, static)
   try:
@@ -220,42 +227,17 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
   Returns:
     A `BertOutput`.
   """
-  capture = _capture_tuple(capture)
+  capture = capture_tuple(capture)
   input_ids, attention_mask, token_type_ids, head_mask, layer_mask = map(
       as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
                head_ablation, capture=capture, patch=patch)
-  patch = _patch_arrays(patch)
+  patch = patch_arrays(patch)
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
                   layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
                   deterministic, capture)
-
-
-def _patch_arrays(patch):
-  """A checked patch with its values and weights as arrays (torch and NumPy as NumPy, as
-  the inputs are; JAX arrays and tracers as they are)."""
-  if not patch:
-    return patch
-  return {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
-
-
-def _capture_tuple(capture) -> tuple[str, ...]:
-  """`capture` as a sorted tuple of names (None: none; one string: that site)."""
-  if capture is None:
-    return ()
-  if isinstance(capture, str):
-    capture = (capture,)
-  try:
-    names = tuple(capture)
-  except TypeError:
-    raise ValueError(f"capture={capture!r} must be site names (a tuple of str)") from None
-  bad = [c for c in names if not isinstance(c, str)]
-  if bad:
-    raise ValueError(f"capture entries {bad!r} are not site names (str); expected names "
-                     f"from {tuple(SITES)}")
-  return tuple(sorted(set(names)))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13))
@@ -352,14 +334,7 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     block `stop-1`; when asked, every block's output `(stop-start, B, T, H)` and
     attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
   """
-  capture = _capture_tuple(capture)
-  if "embeddings" in capture or "embeddings" in (patch or {}):
-    raise ValueError("run_layers captures and patches block sites; 'embeddings' is the "
-                     "hidden state you pass it (forward captures and patches it)")
-  if jnp.ndim(hidden) != 3:
-    raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
-  check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
-  patch = _patch_arrays(patch)
+  capture, patch = check_block_sites(config, hidden, capture, patch)
   return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
                      head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
                      output_hidden_states=output_hidden_states,

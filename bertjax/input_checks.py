@@ -66,6 +66,43 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
                          f"{'' if site == 'embeddings' else ', after depth'})")
 
 
+def patch_arrays(patch):
+  """A checked patch with its values and weights as arrays (torch and NumPy as NumPy, as
+  the inputs are; JAX arrays and tracers as they are)."""
+  if not patch:
+    return patch
+  return {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
+
+
+def capture_tuple(capture) -> tuple[str, ...]:
+  """`capture` as a sorted tuple of names (None: none; one string: that site)."""
+  if capture is None:
+    return ()
+  if isinstance(capture, str):
+    capture = (capture,)
+  try:
+    names = tuple(capture)
+  except TypeError:
+    raise ValueError(f"capture={capture!r} must be site names (a tuple of str)") from None
+  bad = [c for c in names if not isinstance(c, str)]
+  if bad:
+    raise ValueError(f"capture entries {bad!r} are not site names (str); expected names "
+                     f"from {tuple(SITES)}")
+  return tuple(sorted(set(names)))
+
+
+def check_block_sites(config: BertConfig, hidden, capture, patch):
+  """`run_layers`' sites checked as `forward`'s are: `(capture tuple, patch of arrays)`."""
+  capture = capture_tuple(capture)
+  if "embeddings" in capture or "embeddings" in (patch or {}):
+    raise ValueError("run_layers captures and patches block sites; 'embeddings' is the "
+                     "hidden state you pass it (forward captures and patches it)")
+  if jnp.ndim(hidden) != 3:
+    raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
+  check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
+  return capture, patch_arrays(patch)
+
+
 def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None,
                  head_mask=None, layer_mask=None, head_ablation: str = "scale", *,
                  capture=(), patch=None) -> None:
