@@ -30,27 +30,27 @@ from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.families import HEADS
 from bertjax.input_checks import (
-  as_array,
-  capture_tuple,
-  check_block_sites,
-  check_inputs,
-  patch_arrays,
-  value_checks,
+    as_array,
+    capture_tuple,
+    check_block_sites,
+    check_inputs,
+    patch_arrays,
+    value_checks,
 )
 from bertjax.model import (
-  BLOCK_SITES,
-  ROW_AXIS,
-  SITES,
-  Classifier,
-  Embeddings,
-  EncoderLayer,
-  MLMHead,
-  Pooler,
-  RTDHead,
-  Sites,
-  compute_dtype,
-  mix,
-  put_rows,
+    BLOCK_SITES,
+    ROW_AXIS,
+    SITES,
+    Classifier,
+    Embeddings,
+    EncoderLayer,
+    MLMHead,
+    Pooler,
+    RTDHead,
+    Sites,
+    compute_dtype,
+    mix,
+    put_rows,
 )
 
 Params = dict[str, Any]
