@@ -382,8 +382,10 @@ def test_bad_corpora(corpus):
     P.PretrainingIterator(corpus, P.PretrainingConfig(), batch_size=8, seed=-1)
 
 
-def test_span_lengths_and_span_level_replacement():
+def test_span_lengths_and_span_level_replacement(monkeypatch):
   config = P.PretrainingConfig(masking="span", max_seq_len=512, max_predictions_per_seq=80)
+  # The drawn spans' lengths, before touching spans are merged (merging is tested below).
+  monkeypatch.setattr(P, "merge_touching", lambda groups: groups)
   rng = np.random.default_rng(0)
   lengths, n_kinds = [], []
   for _ in range(100):
@@ -408,3 +410,40 @@ def test_span_lengths_and_span_level_replacement():
   assert 3.0 < np.mean(lengths) < 3.9 and max(lengths) == 10
   assert 0.15 < np.mean(np.asarray(lengths) == 1) < 0.35
   assert set(n_kinds) == {1}  # one replacement decision per span, as SpanBERT
+
+
+def _random_sequence(rng, length):
+  """(words, maskable, ids) of one sequence: [CLS] A [SEP] B [SEP], words of 1-3 subwords."""
+  words = np.repeat(np.arange(length), rng.integers(1, 4, length))[:length]
+  sep = int(rng.integers(length // 4, 3 * length // 4))
+  words[[0, sep, length - 1]] = -1
+  maskable = words >= 0
+  ids = np.where(maskable, 1000 + words, SEP)
+  ids[0] = CLS
+  return words, maskable, ids.astype(np.int32)
+
+
+@pytest.mark.parametrize("mask_prob,length,rows", [(0.25, 40, 400), (0.15, 40, 400),
+                                                   (0.4, 64, 200)])
+def test_span_boundaries_are_never_masked(mask_prob, length, rows):
+  # Spans drawn side by side were two spans, each with its boundary inside the other
+  # (44 of 200 rows at 0.25): SpanBERT merges them first, so boundaries are unmasked tokens.
+  left, right = P.span_boundaries([np.array([15]), np.array([16])], np.array([15, 16]))
+  assert left.tolist() == [14, 14] and right.tolist() == [17, 17]
+  config = P.PretrainingConfig(masking="span", mask_prob=mask_prob, max_seq_len=length)
+  rng = np.random.default_rng(7)
+  for _ in range(rows):
+    words, maskable, ids = _random_sequence(rng, length)
+    groups = []
+    _, pos = P.mask_sequence(ids, words, maskable, config, rng, mask_id=MASK,
+                             random_ids=np.arange(200, 900), groups_out=groups)
+    if not groups:
+      continue
+    assert all(a[-1] + 1 < b[0] for a, b in zip(groups, groups[1:]))  # apart, in order
+    left, right = P.span_boundaries(groups, pos)
+    masked = np.zeros(length, bool)
+    masked[pos] = True
+    assert not masked[left].any() and not masked[right].any()
+    assert left.min() >= 0 and right.max() < length
+    for p, l_, r_ in zip(pos, left, right, strict=True):
+      assert masked[l_ + 1:r_].all() and l_ < p < r_  # a maximal run of masked positions

@@ -11,9 +11,10 @@ exact count per sequence, stochastically rounded so that the expected rate is
 exact): single tokens (``"token"``), whole words (``"whole_word"``: every subword
 of a chosen word), or SpanBERT spans (``"span"``: spans of whole words with
 lengths from a geometric distribution, p = 0.2, truncated at 10 words and
-renormalised, mean 3.8). Selected tokens become ``[MASK]`` (80%), a random
-non-special token (10%) or stay unchanged (10%); per token for ``"token"`` and
-``"whole_word"``, per span for ``"span"`` (as SpanBERT).
+renormalised, mean 3.8; spans drawn next to each other are merged, as SpanBERT does,
+so a span's boundary tokens are never masked). Selected tokens become ``[MASK]``
+(80%), a random non-special token (10%) or stay unchanged (10%); per token for
+``"token"`` and ``"whole_word"``, per (merged) span for ``"span"`` (as SpanBERT).
 """
 
 from __future__ import annotations
@@ -66,11 +67,15 @@ def select_mask_positions(
     rng: the generator to draw from.
 
   Returns:
-    Groups of positions (sorted int arrays): single tokens, words or spans, in the
-    order chosen. Their total size is ``floor(mask_prob * n + u)``, u ~ U(0, 1),
-    capped at P, where n is the number of maskable positions (a word or span that
-    would overshoot is skipped or, for spans, shortened; spans also stop at an
-    already chosen word and at special tokens: they never overlap or cross them).
+    Groups of positions (sorted int arrays): single tokens, or words in the order
+    chosen, or spans in position order. Their total size is ``floor(mask_prob * n +
+    u)``, u ~ U(0, 1), capped at P, where n is the number of maskable positions (a
+    word or span that would overshoot is skipped or, for spans, shortened; spans also
+    stop at an already chosen word and at special tokens: they never overlap or cross
+    them). Spans drawn next to each other are merged into one, as SpanBERT's
+    ``merge_intervals`` does, so every span is a maximal run of masked positions and
+    the tokens just outside it (its boundaries) are never masked; a merged span may
+    be longer than ``max_span_len`` words.
   """
   cand = np.flatnonzero(maskable)  # (n,)
   budget = min(math.floor(config.mask_prob * cand.shape[0] + rng.random()), config.num_predictions)
@@ -107,7 +112,19 @@ def select_mask_positions(
       taken[first:w] = True
       groups.append(cand[starts[first] : starts[first] + size])
       covered += size
-  return groups
+  return merge_touching(groups)
+
+
+def merge_touching(groups: list[np.ndarray]) -> list[np.ndarray]:
+  """Disjoint runs of positions with runs that touch (one ends where the next begins)
+  joined, in position order (SpanBERT's ``merge_intervals``)."""
+  merged: list[np.ndarray] = []
+  for g in sorted(groups, key=lambda g: int(g[0])):
+    if merged and merged[-1][-1] + 1 == g[0]:
+      merged[-1] = np.concatenate([merged[-1], g])
+    else:
+      merged.append(g)
+  return merged
 
 
 def mask_sequence(
@@ -161,7 +178,10 @@ def mask_sequence(
 def span_boundaries(
   groups: list[np.ndarray], positions: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Each position's span boundaries: the positions just before and after its group.
+  """Each position's span boundaries: the positions just before and after its span.
+
+  Spans that touch are one span here (`merge_touching`, as SpanBERT), so a boundary is
+  never a masked position: for spans [15] and [16], both positions get (14, 17).
 
   Args:
     groups: the masked groups (contiguous spans) of one sequence.
@@ -170,6 +190,7 @@ def span_boundaries(
   Returns:
     ``(left (p,), right (p,))`` int32.
   """
+  groups = merge_touching(groups)
   starts = np.concatenate([np.full(len(g), g[0]) for g in groups])
   ends = np.concatenate([np.full(len(g), g[-1]) for g in groups])
   order = np.argsort(np.concatenate(groups), kind="stable")
