@@ -10,10 +10,10 @@ from bertjax.training import step as St
 from bertjax.training.objectives import init_objective_params
 
 
-def _teacher():
+def _teacher(max_positions=24):
   cfg = bertjax.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=4,
                            num_attention_heads=4, intermediate_size=48,
-                           max_position_embeddings=24)
+                           max_position_embeddings=max_positions)
   return cfg, bertjax.init(cfg, 0, ("mlm",))
 
 
@@ -87,7 +87,9 @@ def test_distillation_losses_match_numpy():
   want_hidden = ((sh - th) ** 2).mean(-1).sum(0)[real].mean()
   sa = np.asarray(so.attentions, np.float64)
   ta = np.asarray(to.attentions, np.float64)[[1, 3]]  # teacher layers 2 and 4
-  want_attn = ((sa - ta) ** 2).mean(-1).sum((0, 2))[real].mean()
+  keys = real[None, :, None, None, :]  # TinyBERT's l x l maps: real keys, mean over heads
+  per_row = ((sa - ta) ** 2 * keys).sum(-1) / real.sum(-1)[None, :, None, None]
+  want_attn = per_row.mean(2).sum(0)[real].mean()
   for name, want in [("distill_ce", want_ce), ("mlm", want_mlm), ("cos", want_cos),
                      ("hidden", want_hidden), ("attn", want_attn)]:
     np.testing.assert_allclose(m[f"{name}_loss"], want, rtol=2e-5, atol=1e-7, err_msg=name)
@@ -95,6 +97,34 @@ def test_distillation_losses_match_numpy():
   np.testing.assert_allclose(loss, total, rtol=2e-5)
   # The teacher is frozen: no gradient reaches it (its parameters are not in the tree).
   assert set(grads) == set(params)
+  # Only what is measured has an accuracy (the distances had a constant 0 before).
+  assert {k for k in m if k.endswith("_accuracy")} == {"mlm_accuracy", "distill_ce_accuracy"}
+
+
+def test_distillation_losses_do_not_depend_on_padding():
+  # The same three sentences padded to 12, 20 and 40 tokens: TinyBERT's attention term
+  # averaged over every key column, padding included (0.242, 0.145, 0.0726 in the issue).
+  t_cfg, t_params = _teacher(max_positions=40)
+  s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
+  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
+                          s_params)
+  obj = D.Distillation(t_cfg, t_params, tinybert=True)
+  params = {**s_params, **init_objective_params((obj,), s_cfg, 3)}
+  f = jax.jit(St.make_loss_and_grad(s_cfg, objective=(obj,), deterministic=True))
+  short = _batch()
+  lengths = short["attention_mask"].sum(1)
+  metrics = []
+  for t in (12, 20, 40):
+    batch = dict(short)
+    for key in ("input_ids", "attention_mask", "token_type_ids"):
+      batch[key] = np.zeros((3, t), np.int32)
+      for r, n in enumerate(lengths):
+        batch[key][r, :n] = short[key][r, :n]
+    metrics.append(f(params, batch, jax.random.key(0))[1])
+  for name in ("attn", "hidden", "cos", "distill_ce", "mlm"):
+    got = [float(m[f"{name}_loss"]) for m in metrics]
+    np.testing.assert_allclose(got, got[0], rtol=1e-5, err_msg=name)
+  assert float(metrics[0]["attn_loss"]) > 0
 
 
 def test_task_distillation_matches_numpy():

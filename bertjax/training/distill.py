@@ -15,9 +15,20 @@
   at layer ``g(m) = m * L_t / L_s``, averaged over hidden units, summed over layers, per
   real token; ``"attn"``: the mean squared error between the student's attention
   probabilities at layer m and the teacher's at ``g(m)`` (TinyBERT's code compares
-  pre-softmax scores; the model exposes probabilities), over real query rows, summed
-  over layers and heads (the head counts must agree); weights ``alpha_hidden``,
-  ``alpha_attn`` (1).
+  pre-softmax scores; the model exposes probabilities), summed over layers; weights
+  ``alpha_hidden``, ``alpha_attn`` (1). The attention error follows the paper's
+  definition, ``(1/h) sum_i MSE(A_i^S, A_i^T)`` with ``A`` the ``l x l`` map over the
+  ``l`` real tokens: it is averaged over heads (the head counts must agree), over the
+  real key columns of each real query row, and over the real query rows (weighted by
+  token, as the other per-token terms). Padded keys and padded query rows are left
+  out, so the term does not depend on how far a batch is padded. TinyBERT's released
+  code (``general_distill.py`` / ``task_distill.py``) zeroes the masked scores and
+  takes ``MSELoss`` over the whole padded ``(B, h, T, T)`` block, which divides by
+  every padded column and row: its value shrinks about as 1 / T with padding.
+
+Only measured quantities get an ``<term>_accuracy``: MLM accuracy, and for
+``"distill_ce"`` the agreement of the student's top prediction with the teacher's;
+``"cos"``, ``"hidden"`` and ``"attn"`` have none.
 
 The teacher is frozen: its parameters live in the objective (not in the train state, so
 neither the optimizer nor weight decay touches them) and its outputs are under
@@ -72,6 +83,15 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
 
 def _mse_rows(a, b):
   return jnp.mean(jnp.square(a - b), -1)
+
+
+def _attention_rows(s_a, t_a, real):
+  """(B, T) squared error of attention maps (L, B, N, T, T) per query row: the mean over
+  heads and over the real key columns (padded keys left out), summed over layers."""
+  keys = real[None, :, None, None, :]  # (1, B, 1, 1, T)
+  n_keys = jnp.maximum(jnp.sum(real, -1), 1.0)[None, :, None, None]  # (1, B, 1, 1)
+  rows = jnp.sum(jnp.square(s_a - t_a) * keys, -1) / n_keys  # (L, B, N, T)
+  return jnp.sum(jnp.mean(rows, 2), 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -172,11 +192,10 @@ class Distillation(Objective):
     ht = t_out.last_hidden_state.astype(jnp.float32)
     cos = jnp.sum(hs * ht, -1) / jnp.maximum(
         jnp.linalg.norm(hs, axis=-1) * jnp.linalg.norm(ht, axis=-1), 1e-8)
-    zero = jnp.zeros((), jnp.float32)
     out = {
         "mlm": {"loss_sum": jnp.sum(ce * w), "correct_sum": jnp.sum(correct * w)},
         "distill_ce": {"loss_sum": jnp.sum(ce_soft * w), "correct_sum": jnp.sum(agree * w)},
-        "cos": {"loss_sum": jnp.sum((1 - cos) * real), "correct_sum": zero},
+        "cos": {"loss_sum": jnp.sum((1 - cos) * real)},  # no accuracy: nothing to count
     }
     if self.tinybert:
       g = jnp.asarray(self.layer_map(cfg))
@@ -189,9 +208,8 @@ class Distillation(Objective):
       if s_a.shape[2] != t_a.shape[2]:
         raise ValueError(f"attention distillation needs equal head counts; student "
                          f"{s_a.shape[2]}, teacher {t_a.shape[2]}")
-      attn = jnp.sum(_mse_rows(s_a, t_a), (0, 2))  # (B, T): summed over layers and heads
-      out["hidden"] = {"loss_sum": jnp.sum(hidden * real), "correct_sum": zero}
-      out["attn"] = {"loss_sum": jnp.sum(attn * real), "correct_sum": zero}
+      out["hidden"] = {"loss_sum": jnp.sum(hidden * real)}
+      out["attn"] = {"loss_sum": jnp.sum(_attention_rows(s_a, t_a, real) * real)}
     return out
 
 

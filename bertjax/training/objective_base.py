@@ -54,7 +54,8 @@ class Objective:
   """Base class: one or more loss terms. Subclasses override what differs.
 
   Attributes:
-    name: the term's name (metrics ``<name>_loss``, ``<name>_accuracy``).
+    name: the term's name (metrics ``<name>_loss`` and, where its terms count correct
+      predictions, ``<name>_accuracy``).
     weight: its weight in the total loss (keyword-only).
   """
 

@@ -11,13 +11,14 @@ Every objective provides:
 * ``fields``: the batch keys it reads,
 * ``counts(batch)``: each term's denominator over the whole batch,
 * ``terms(ctx)``: each term's summed loss (``loss_sum``) and summed correct predictions
-  (``correct_sum``), from a `Context` that runs the model's forward pass at most once,
+  (``correct_sum``; left out by a term that predicts nothing to count, such as a
+  distance), from a `Context` that runs the model's forward pass at most once,
 * ``weights``: each term's weight in the total loss,
 * ``init_params(config, rng)``: parameters the objective owns beyond the family's heads
   (e.g. the span boundary head), ``{}`` for most.
 
-Metrics follow from the terms: ``<term>_loss`` (sum / count) and ``<term>_accuracy``
-(correct / count). The built-ins: `MaskedLM` ("mlm"), `SentencePair` ("nsp", "sop"),
+Metrics follow from the terms: ``<term>_loss`` (sum / count) and, where the term has a
+``correct_sum``, ``<term>_accuracy`` (correct / count). The built-ins: `MaskedLM` ("mlm"), `SentencePair` ("nsp", "sop"),
 `Classification` ("cls"), `TokenClassification` ("tok"); the ELECTRA, span boundary
 and word-order objectives live in `training.electra` and `training.span_objectives`.
 """

@@ -74,7 +74,9 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
       # A weight of 1 is not multiplied in, so MLM/NSP/SOP losses stay bitwise as before.
       loss = sum(t["loss_sum"] / counts[name] * weights[name] if weights[name] != 1.0
                  else t["loss_sum"] / counts[name] for name, t in terms.items())
-      sums = {name: {"loss": t["loss_sum"], "correct": t["correct_sum"]}
+      # A term without "correct_sum" (a distance, not a prediction) gets no accuracy.
+      sums = {name: {"loss": t["loss_sum"], **({"correct": t["correct_sum"]}
+                                               if "correct_sum" in t else {})}
               for name, t in terms.items()}
       return loss, sums
 
@@ -97,7 +99,8 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
     metrics = {"loss": loss}
     for name, s in sums.items():
       metrics[f"{name}_loss"] = s["loss"] / counts[name]
-      metrics[f"{name}_accuracy"] = s["correct"] / counts[name]
+      if "correct" in s:
+        metrics[f"{name}_accuracy"] = s["correct"] / counts[name]
     return loss, metrics, grads
 
   return loss_and_grad
@@ -124,8 +127,9 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
     donate: donate the input state's buffers.
 
   Returns:
-    The step. Metrics: "loss", "<term>_loss" and "<term>_accuracy" for each
-    term (mlm, nsp, sop, cls, tok, or the configured objectives' terms), "grad_norm" (before clipping),
+    The step. Metrics: "loss", "<term>_loss" for each term (mlm, nsp, sop, cls, tok, or
+    the configured objectives' terms) and "<term>_accuracy" for each term that counts
+    correct predictions (not, e.g., distillation's distances), "grad_norm" (before clipping),
     "learning_rate", "finite" (bool; when False the update is skipped and the state returned
     unchanged, so the caller can stop with the last good state).
   """
