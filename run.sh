@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # bertjax entry point: ./run.sh COMMAND [ARGS]. `./run.sh help` lists every command, experiment
 # and benchmark; commands that run Python set up .venv first (quietly; pip's log in .venv/setup.log).
+# Commands run in the caller's directory, so the paths a user types mean what they say; the
+# virtual environment ($BERTJAX_VENV, default .venv) and the scripts are found in the checkout.
 set -euo pipefail
-cd "$(dirname "$0")"
+HERE=$(cd "$(dirname "$0")" && pwd)  # the checkout
 VENV=${BERTJAX_VENV:-.venv}
+case "$VENV" in /*) ;; *) VENV="$HERE/$VENV" ;; esac
 PY="$VENV/bin/python"
 LOG="$VENV/setup.log"
+# The `bertjax` subcommands (bertjax/cli.py), each run as `bertjax COMMAND ARGS`.
+BERTJAX_COMMANDS="report pretrain finetune export analyze data"
 
 usage() {
   cat <<'EOF'
@@ -15,26 +20,35 @@ Commands:
   setup                   create .venv and install bertjax with every extra (pip's output goes
                           to .venv/setup.log; reinstalls only when pyproject.toml changes)
   demo [ARGS]             set up, then the main job: the BERTology report on all-MiniLM-L6-v2
-  test [PYTEST ARGS]      set up, then the test suite (pytest; BERTJAX_TEST_WORKERS=N workers, default 2)
+  test [PYTEST ARGS]      set up, then the test suite (pytest, run in the checkout, offline;
+                          BERTJAX_TEST_WORKERS=N workers, default 2)
   report [ARGS]           bertjax report: the HTML report on a Hugging Face checkpoint of any
                           family (BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT)
   pretrain [ARGS]         bertjax pretrain: pre-train BERT or ALBERT (MLM + NSP/SOP, SBO, word
                           order), ELECTRA (replaced-token detection) or a distilled student
   finetune [ARGS]         bertjax finetune: fine-tune a model on a classification task
+  export RUN --to DIR     bertjax export: a pretraining checkpoint (any step) as a Hugging Face
+                          model directory
+  analyze CKPT... --out DIR
+                          bertjax analyze: analyses over many checkpoints (a run's steps, seeds)
+                          as one resumable job, with figures against training step
   data list               bertjax data list: each real data set, its licence, source, and where it is
   data fetch NAME|all     bertjax data fetch: download data sets from their public sources, verified
-  experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: seconds, no data)
+  experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
+                          the shipped samples, no data, under 4 minutes on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
   help                    this list
 
-Each of report, pretrain, finetune, data, and every experiment and benchmark takes --help.
+Each of report, pretrain, finetune, export, analyze, data, and every experiment and benchmark
+takes --help. Every command but test runs in the current directory, so relative paths are
+the caller's; hub ids are downloaded when the network allows (HF_HUB_OFFLINE=1: the cache only).
 EOF
   echo
   echo "Experiments (./run.sh experiment NAME):"
-  list_scripts experiments
+  list_scripts "$HERE/experiments"
   echo
   echo "Benchmarks (./run.sh bench NAME):"
-  list_scripts benchmarks
+  list_scripts "$HERE/benchmarks"
 }
 
 # The scripts in DIR with the first line of each one's docstring.
@@ -52,9 +66,10 @@ first_doc_line() {
        { sub(/^[ \t]+/, ""); print; exit }' "$1"
 }
 
-# Runs DIR/NAME.py, or lists DIR's scripts when NAME is missing, --help or unknown.
+# Runs DIR/NAME.py (DIR in the checkout) in the caller's directory, or lists DIR's scripts
+# when NAME is missing, --help or unknown.
 run_script() {
-  local dir=$1 title=$2 one=$3 cmd=$4
+  local dir=$HERE/$1 title=$2 one=$3 cmd=$4
   shift 4
   local name=${1:-}
   case "$name" in
@@ -103,7 +118,7 @@ install_playwright() {
 setup() {
   # Reinstall only when the package metadata changed.
   local stamp="$VENV/.bertjax-installed" want t0=$SECONDS
-  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  want=$(sha256sum "$HERE/pyproject.toml" | cut -d' ' -f1)
   if [ ! -x "$PY" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     if [ ! -x "$PY" ]; then
       printf '[setup] creating the virtual environment %s ...' "$VENV" >&2
@@ -122,7 +137,7 @@ setup() {
     # The CPU build of torch first, pinned, so nothing pulls the CUDA wheels.
     stage "installing torch 2.13.0 (CPU build)" "${pip[@]}" "torch==2.13.0"
     stage "installing bertjax and its extras (jax, flax, transformers, tensorflow-cpu, ...)" \
-      "${pip[@]}" -e ".[hf,data,plots,models,dev]"
+      "${pip[@]}" -e "$HERE[hf,data,plots,models,dev]"
     # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for the
     # pruned-checkpoint test and the Flax peer benchmark; not on sys.path.
     stage "installing transformers 4.57 beside it in $VENV/hf4 (for two comparisons)" \
@@ -135,21 +150,27 @@ setup() {
     install_playwright
   fi
   export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
-  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 }
 
 cmd=${1:-help}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  test) setup; exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" "$@" ;;
+  test)  # from the checkout (pytest's configuration, tests/ paths), offline: no test downloads
+    setup
+    cd "$HERE"
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+    exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" "$@" ;;
   demo) setup; exec "$PY" -m bertjax.cli report "$@" ;;
-  report | pretrain | finetune | data) setup; exec "$PY" -m bertjax.cli "$cmd" "$@" ;;
   bench) run_script benchmarks Benchmarks benchmark bench "$@" ;;
   experiment) run_script experiments Experiments experiment experiment "$@" ;;
   help | -h | --help) usage ;;
   *)
-    echo "unknown command: $cmd (expected setup, demo, test, report, pretrain, finetune, data," \
+    if [[ " $BERTJAX_COMMANDS " == *" $cmd "* ]]; then
+      setup
+      exec "$PY" -m bertjax.cli "$cmd" "$@"
+    fi
+    echo "unknown command: $cmd (expected setup, demo, test, ${BERTJAX_COMMANDS// /, }," \
       "experiment, bench or help; ./run.sh help lists them)" >&2
     exit 2 ;;
 esac

@@ -14,13 +14,23 @@ import subprocess
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COMMANDS = ("setup", "demo", "test", "report", "pretrain", "finetune", "data list", "data fetch",
-            "experiment", "bench", "help")
+COMMANDS = ("setup", "demo", "test", "report", "pretrain", "finetune", "export", "analyze",
+            "data list", "data fetch", "experiment", "bench", "help")
 
 
-def _run(*args, env=None):
-  return subprocess.run([str(REPO / "run.sh"), *args], cwd=REPO, capture_output=True, text=True,
+def _run(*args, env=None, cwd=REPO):
+  return subprocess.run([str(REPO / "run.sh"), *args], cwd=cwd, capture_output=True, text=True,
                         timeout=120, check=False, env=dict(os.environ, **(env or {})))
+
+
+def _bertjax_commands() -> list[str]:
+  """The `bertjax` subcommands, from its parser."""
+  import argparse
+
+  from bertjax import cli
+
+  sub = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction))
+  return list(sub.choices)
 
 
 def _scripts(folder: str) -> dict[str, str]:
@@ -79,6 +89,8 @@ def test_unknown_names_say_what_exists():
   assert proc.returncode == 2 and "unknown benchmark 'nope'" in proc.stderr
   proc = _run("frobnicate")
   assert proc.returncode == 2 and "unknown command: frobnicate" in proc.stderr
+  for command in _bertjax_commands():
+    assert command in proc.stderr, command
 
 
 _FAKE_PYTHON = """#!/usr/bin/env bash
@@ -100,6 +112,70 @@ def _fake_venv(tmp_path) -> pathlib.Path:
   py.write_text(_FAKE_PYTHON)
   py.chmod(0o755)
   return venv
+
+
+_RECORDING_PYTHON = """#!/usr/bin/env bash
+# A stand-in for the venv's python that records where and how it was run.
+{ echo "cwd=$PWD"; echo "offline=${HF_HUB_OFFLINE:-unset}"; printf 'arg=%s\\n' "$@"; } >"$FAKE_RECORD"
+"""
+
+
+def _recording_venv(tmp_path) -> pathlib.Path:
+  """A virtual environment that `./run.sh` finds set up, whose python records its runs."""
+  venv = tmp_path / "venv"
+  (venv / "bin").mkdir(parents=True, exist_ok=True)
+  py = venv / "bin" / "python"
+  py.write_text(_RECORDING_PYTHON)
+  py.chmod(0o755)
+  want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+  (venv / ".bertjax-installed").write_text(want + "\n")
+  (venv / ".playwright-installed").touch()
+  return venv
+
+
+def _recorded(tmp_path, *args, env=None) -> dict:
+  """Runs `REPO/run.sh ARGS` from tmp_path/work; returns the python's cwd, args, offline."""
+  work = tmp_path / "work"
+  work.mkdir(exist_ok=True)
+  record = tmp_path / "record.txt"
+  record.unlink(missing_ok=True)
+  base = {k: v for k, v in os.environ.items()
+          if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")}
+  proc = subprocess.run([str(REPO / "run.sh"), *args], cwd=work, capture_output=True, text=True,
+                        timeout=60, check=False,
+                        env=dict(base, BERTJAX_VENV=str(_recording_venv(tmp_path)),
+                                 FAKE_RECORD=str(record), **(env or {})))
+  assert proc.returncode == 0, proc.stderr
+  lines = record.read_text().splitlines()
+  return {"cwd": pathlib.Path(lines[0].removeprefix("cwd=")),
+          "offline": lines[1].removeprefix("offline="),
+          "args": [line.removeprefix("arg=") for line in lines[2:]]}
+
+
+@pytest.mark.slow
+def test_commands_run_in_the_callers_directory(tmp_path):
+  # Every bertjax subcommand, in the caller's directory (a relative --init-from, --model or
+  # --output-dir is the caller's), not offline unless the caller says so.
+  work = tmp_path / "work"
+  for command in _bertjax_commands():
+    got = _recorded(tmp_path, command, "--model", "runs/x")
+    assert got["args"] == ["-m", "bertjax.cli", command, "--model", "runs/x"], command
+    assert got["cwd"] == work and got["offline"] == "unset", (command, got)
+  got = _recorded(tmp_path, "finetune", "--init-from", "runs/x", env={"HF_HUB_OFFLINE": "1"})
+  assert got["offline"] == "1"  # the user's setting is kept
+  got = _recorded(tmp_path, "demo", "--out", "rep")
+  assert got["cwd"] == work and got["args"] == ["-m", "bertjax.cli", "report", "--out", "rep"]
+  # Experiments and benchmarks: the script from the checkout, run in the caller's directory.
+  got = _recorded(tmp_path, "experiment", "sixteen_heads", "--out", "o")
+  assert got["args"] == [str(REPO / "experiments" / "sixteen_heads.py"), "--out", "o"]
+  assert got["cwd"] == work
+  got = _recorded(tmp_path, "bench", "bench_forward", "--smoke")
+  assert got["args"] == [str(REPO / "benchmarks" / "bench_forward.py"), "--smoke"]
+  assert got["cwd"] == work
+  # The test suite runs in the checkout (its configuration and tests/ paths), offline.
+  got = _recorded(tmp_path, "test", "tests/test_run_sh.py")
+  assert got["cwd"] == REPO and got["offline"] == "1"
+  assert got["args"][-1] == "tests/test_run_sh.py"
 
 
 @pytest.mark.slow
