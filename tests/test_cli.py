@@ -181,6 +181,21 @@ def test_bad_option_values_are_named_by_argparse(tmp_path, env):
   assert "'bert-huge'" in proc.stderr and "bert-base" in proc.stderr
 
 
+@pytest.mark.parametrize("argv", [["pretrain"], ["finetune"], ["export"], ["analyze"],
+                                  ["report"], ["data", "list"], ["data", "fetch"],
+                                  ["pretrain", "--corpus", "c.txt", "--output-dir", "o"]],
+                         ids=lambda a: " ".join(a))
+def test_unknown_options_are_named(argv, capsys):
+  # argparse named the missing required options and never the unknown one.
+  from bertjax import cli
+
+  with pytest.raises(SystemExit) as e:
+    cli.main([*argv, "--nonsense-flag"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "unrecognized arguments: --nonsense-flag" in err, err
+  assert "required" not in err and "Traceback" not in err
+
+
 HELP = [["--help"], ["pretrain", "--help"], ["finetune", "--help"], ["export", "--help"],
         ["report", "--help"], ["data", "fetch", "--help"], ["data", "list", "--help"]]
 

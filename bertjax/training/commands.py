@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax.cli import parse_args
 from bertjax.help_format import HelpFormatter
 from bertjax.kernels import IMPLS as ATTENTION_IMPLS
 
@@ -293,7 +294,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
   Returns:
     0 on success.
   """
-  args = export_parser().parse_args(argv)
+  args = parse_args(export_parser(), argv)
   config, step, tokenizer = export_checkpoint(args.checkpoint_dir, args.to, step=args.step,
                                               tokenizer=args.tokenizer)
   target = pathlib.Path(args.to)
@@ -387,7 +388,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   Returns:
     0 on success (argparse exits on --help or bad arguments).
   """
-  args = pretrain_parser().parse_args(argv)
+  args = parse_args(pretrain_parser(), argv)
   from bertjax.data import corpus as C
   from bertjax.data import pretraining as P
   from bertjax.training import loop, sharding
@@ -629,7 +630,7 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
   Returns:
     0 on success.
   """
-  args = finetune_parser().parse_args(argv)
+  args = parse_args(finetune_parser(), argv)
   from bertjax.tokenization import Tokenizer
   from bertjax.training import finetune as F
 
