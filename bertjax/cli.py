@@ -10,50 +10,14 @@ instead. Output cut short by a closed pipe (`bertjax data list | head`) ends qui
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 from collections.abc import Sequence
 
 from bertjax.help_format import HelpFormatter
+from bertjax.training.command_args import parse_args
 
 DEBUG_FLAG = "--debug"
-
-
-def _parsers(p: argparse.ArgumentParser):
-  """`p` and every subcommand parser below it."""
-  yield p
-  for a in p._actions:
-    if isinstance(a, argparse._SubParsersAction):
-      for sub in a.choices.values():
-        yield from _parsers(sub)
-
-
-def parse_args(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-  """`p.parse_args(argv)`, naming unknown options first.
-
-  argparse reports missing required options before unknown ones, so `bertjax pretrain
-  --nonsense-flag` said only that --corpus was missing. Here the arguments are first parsed
-  with nothing required; whatever is left over is reported as argparse reports it.
-  """
-  parsers = list(_parsers(p))
-  required = [a for q in parsers for a in q._actions if a.required]
-  groups = [g for q in parsers for g in q._mutually_exclusive_groups if g.required]
-  try:
-    for x in required + groups:
-      x.required = False
-    try:  # quietly: --help, or another mistake (a bad value), is the full parse's to print
-      with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        _, extra = p.parse_known_args(argv)
-    except SystemExit:
-      extra = []
-  finally:
-    for x in required + groups:
-      x.required = True
-  if extra:
-    p.error(f"unrecognized arguments: {' '.join(extra)}")
-  return p.parse_args(argv)
 
 
 def _debug_argument(p: argparse.ArgumentParser) -> None:

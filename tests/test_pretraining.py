@@ -1,6 +1,7 @@
 """Pretraining examples (NSP / SOP / full sentences), dynamic masking, the iterator."""
 
 import copy
+import itertools
 import json
 
 import numpy as np
@@ -439,7 +440,7 @@ def test_span_boundaries_are_never_masked(mask_prob, length, rows):
                              random_ids=np.arange(200, 900), groups_out=groups)
     if not groups:
       continue
-    assert all(a[-1] + 1 < b[0] for a, b in zip(groups, groups[1:]))  # apart, in order
+    assert all(a[-1] + 1 < b[0] for a, b in itertools.pairwise(groups))  # apart, in order
     left, right = P.span_boundaries(groups, pos)
     masked = np.zeros(length, bool)
     masked[pos] = True

@@ -1,0 +1,195 @@
+"""`bertjax export`, and writing Hugging Face model directories whole.
+
+`export_checkpoint` turns any saved step of a `bertjax pretrain` run into a Hugging Face
+directory with the run's tokenizer files (checked against the checkpoint's vocabulary);
+`save_hf_model` writes a model and its tokenizer (what `bertjax finetune` saves). Both write
+into a temporary folder and move the files into place only when complete.
+
+    bertjax export runs/mini --step 500 --to runs/mini-500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Sequence
+
+from bertjax.help_format import HelpFormatter
+from bertjax.training.command_args import debug_arg, parse_args
+
+
+def _write_whole(directory: pathlib.Path, fill) -> None:
+  """Runs `fill(tmp)` on a temporary folder beside `directory`, then moves its files in:
+  a failure leaves no half-written model (files already in `directory` are replaced)."""
+  directory.parent.mkdir(parents=True, exist_ok=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+  try:
+    fill(tmp)
+    directory.mkdir(exist_ok=True)
+    for f in sorted(tmp.iterdir()):
+      if f.is_dir() and (directory / f.name).is_dir():  # a model folder (ELECTRA's pair)
+        shutil.rmtree(directory / f.name)
+      os.replace(f, directory / f.name)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _as_tokenizer(tokenizer, config):
+  """A `bertjax.Tokenizer` (wrapping a bare `tokenizers.Tokenizer`) that fits `config`."""
+  import bertjax
+
+  if not isinstance(tokenizer, bertjax.Tokenizer):
+    tokenizer = bertjax.Tokenizer(tokenizer, config.max_position_embeddings)
+  if tokenizer.vocab_size > config.vocab_size:
+    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                     f"vocab_size={config.vocab_size}")
+  return tokenizer
+
+
+def save_hf_model(config, params, tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+  """Writes a Hugging Face model directory whole: config, weights and tokenizer files.
+
+  Everything goes into a temporary folder beside `directory` first and is moved into
+  place only when complete, so a failure leaves no half-written model.
+
+  Args:
+    config, params: the model (`bertjax.to_hf`; `config.label_names` become `id2label`).
+    tokenizer: a `bertjax.Tokenizer` or a `tokenizers.Tokenizer` (saved with
+      `Tokenizer.save_pretrained`: `tokenizer.json`, `vocab.txt` for WordPiece,
+      `tokenizer_config.json`, `special_tokens_map.json`).
+    directory: the model directory (created; files already there are replaced).
+
+  Returns:
+    The directory.
+  """
+  import bertjax
+
+  tokenizer = _as_tokenizer(tokenizer, config)
+  directory = pathlib.Path(directory)
+
+  def fill(tmp):
+    bertjax.to_hf(config, params, tmp)
+    tokenizer.save_pretrained(tmp)
+
+  _write_whole(directory, fill)
+  return directory
+
+
+def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, *,
+                      step: int | None = None, tokenizer=None):
+  """A training checkpoint as a Hugging Face directory with the run's tokenizer files.
+
+  An ELECTRA run (a generator and a discriminator) becomes two model directories,
+  ``to/generator`` (`ElectraForMaskedLM`) and ``to/discriminator``
+  (`ElectraForPreTraining`), each with the tokenizer files.
+
+  Args:
+    checkpoint_dir: a `pretrain` output folder or its `checkpoints/` folder.
+    to: the model directory to write (whole, or not at all).
+    step: the step; None means the newest readable one.
+    tokenizer: a tokenizer path (directory, tokenizer.json or vocab.txt); None means the
+      run's `vocab/` folder.
+
+  Returns:
+    `(config, step, tokenizer)`: what was written (ELECTRA: the discriminator's config).
+  """
+  from bertjax.data import corpus as C
+  from bertjax.training import checkpoint as K
+  from bertjax.training.electra import ROLES
+
+  ckpt_dir, run = _checkpoint_dirs(pathlib.Path(checkpoint_dir))
+  source = pathlib.Path(tokenizer) if tokenizer else run / "vocab"
+  if not source.exists():
+    raise FileNotFoundError(f"no tokenizer at {source} (the run's vocab/ folder); pass "
+                            "--tokenizer PATH")
+  backend = C.load_tokenizer(source)
+  steps = K.Checkpointer(ckpt_dir, max_to_keep=None, async_save=False).all_steps()
+  if not steps:
+    raise FileNotFoundError(f"no finished checkpoint step in {ckpt_dir}")
+  if step is not None and step not in steps:
+    raise ValueError(f"step {step} is not a saved step; {ckpt_dir} has steps {steps}")
+  written = {}
+
+  def fill(tmp):
+    errors = []
+    for s in ([step] if step is not None else sorted(steps, reverse=True)):
+      try:  # newest first: a corrupt step falls back to the one before, as `--resume` does
+        with warnings.catch_warnings():
+          warnings.simplefilter("ignore", RuntimeWarning)
+          config = K.export_hf(ckpt_dir, tmp, step=s)
+        break
+      except K.CorruptCheckpointError as e:
+        errors.append(f"step {s}: {e}")
+        if step is None:
+          print(f"export: checkpoint step {s} is unreadable; trying the one before",
+                file=sys.stderr)
+    else:
+      raise K.CorruptCheckpointError(f"no readable checkpoint in {ckpt_dir}: {'; '.join(errors)}")
+    tok = _as_tokenizer(backend, config)
+    for model_dir in [tmp / r for r in ROLES if (tmp / r).is_dir()] or [tmp]:
+      tok.save_pretrained(model_dir)
+    written.update(config=config, step=s, tokenizer=tok)
+
+  _write_whole(pathlib.Path(to), fill)
+  return written["config"], written["step"], written["tokenizer"]
+
+
+def _checkpoint_dirs(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """`(checkpoints, run)` for a `pretrain --output-dir` folder or its `checkpoints/` folder."""
+  if not path.is_dir():
+    raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+  if (path / "checkpoints").is_dir():
+    return path / "checkpoints", path
+  if any(p.name.isdigit() for p in path.iterdir() if p.is_dir()):
+    return path, path.parent
+  raise FileNotFoundError(f"{str(path)!r} holds no training checkpoints (expected a `bertjax "
+                          "pretrain --output-dir` folder, with checkpoints/<step>/, or its "
+                          "checkpoints/ folder)")
+
+
+def export_parser() -> argparse.ArgumentParser:
+  """The argument parser of `export_main`."""
+  p = argparse.ArgumentParser(
+      prog="bertjax export", formatter_class=HelpFormatter,
+      description="Turns a training checkpoint (the newest, or any saved --step, mid-run "
+                  "too) into a Hugging Face model directory: config.json, model.safetensors "
+                  "and the run's tokenizer files (tokenizer.json, vocab.txt, "
+                  "tokenizer_config.json), which `bertjax report --model`, `bertjax finetune "
+                  "--init-from` and transformers' Auto classes load.")
+  p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR",
+                 help="a `bertjax pretrain --output-dir` folder, or its checkpoints/ folder")
+  p.add_argument("--to", required=True, metavar="DIR", help="the model directory to write")
+  p.add_argument("--step", type=int, default=None, metavar="N",
+                 help="the checkpoint step to export (default: the newest readable one)")
+  p.add_argument("--tokenizer", default=None, metavar="PATH",
+                 help="the tokenizer (a directory or tokenizer.json / vocab.txt; default: "
+                      "the run's own, saved in its vocab/ folder)")
+  debug_arg(p)
+  return p
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+  """`bertjax export`: a training checkpoint to a Hugging Face directory.
+
+  Returns:
+    0 on success.
+  """
+  args = parse_args(export_parser(), argv)
+  config, step, tokenizer = export_checkpoint(args.checkpoint_dir, args.to, step=args.step,
+                                              tokenizer=args.tokenizer)
+  target = pathlib.Path(args.to)
+  print(f"exported step {step} of {args.checkpoint_dir} ({config.model_type}, "
+        f"{config.num_hidden_layers} layers, vocabulary {tokenizer.vocab_size}) to {target}")
+  from bertjax.training.electra import ROLES
+
+  pair = [target / r for r in ROLES if (target / r / "config.json").is_file()]
+  for model_dir in pair or [target]:
+    print(f"  files{f' ({model_dir.name})' if pair else ''}: "
+          f"{', '.join(sorted(p.name for p in model_dir.iterdir()))}")
+  print(f"  next:  bertjax report --model {pair[-1] if pair else target}")
+  return 0
