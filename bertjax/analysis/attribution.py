@@ -369,6 +369,9 @@ def _norm_analysis(params, config, input_ids, mask, token_type_ids):
 
 # Ferrando et al. 2022 (ALTI) and Modarressi et al. 2022 (GlobEnc) ---------------
 
+# torch.nn.functional.pairwise_distance's default eps, which ALTI's released code keeps.
+ALTI_EPS = 1e-6
+
 
 def alti(params: Params, config: BertConfig, input_ids, attention_mask=None,
          token_type_ids=None) -> Contributions:
@@ -381,9 +384,11 @@ def alti(params: Params, config: BertConfig, input_ids, attention_mask=None,
   `y_i = sum_j T_i(x_j) + L(b_O) / sigma_i + beta`, with
   `T_i(x_j) = L(sum_h alpha_hij f_h(x_j) + [i == j] x_i) / sigma_i` and
   `L(v) = gamma * (v - mean v)`; token j's contribution to i is
-  `max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1)`, normalised over j; the feed-forward
-  network is not decomposed (the paper's choice); contributions roll out without
-  an added residual (it is inside T). One difference: the released code takes
+  `max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)` with `eps = ALTI_EPS = 1e-6`, as the
+  released code's `F.pairwise_distance(T, y, p=1)` computes it (its default eps sits inside
+  the norm; on all-MiniLM-L6-v2 it moves contributions by up to ~1.4e-4), normalised over j;
+  the feed-forward network is not decomposed (the paper's choice); contributions roll out
+  without an added residual (it is inside T). One difference: the released code takes
   `sigma_i = std(p_i + eps)`, i.e. without eps under the root; here
   `sigma_i = sqrt(var(p_i) + eps)`, the model's own LayerNorm, so `y` is exactly the
   `mid` site (the two differ by ~eps / var, 1e-12 relative for BERT).
@@ -413,7 +418,9 @@ def _alti(params, config, input_ids, mask, token_type_ids):
     *_, t, std = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps)
     bias_term = scale * (bo - bo.mean()) / std  # (B, T, H): L(b_O) / sigma_i
     y = t.sum(2) + bias_term + bias  # (B, T, H), = the mid site
-    distance = jnp.abs(y[:, :, None, :] - t).sum(-1)  # (B, T, T) ||y_i - T_i(x_j)||_1
+    # (B, T, T) ||T_i(x_j) - y_i + eps||_1: the released code's F.pairwise_distance(p=1),
+    # whose default eps = 1e-6 is added inside the norm (up to ~1e-4 on MiniLM's contributions)
+    distance = jnp.abs(t - y[:, :, None, :] + ALTI_EPS).sum(-1)
     c = jnp.maximum(jnp.abs(y).sum(-1)[:, :, None] - distance, 0) * pairs
     return _safe_normalize(c)
 
