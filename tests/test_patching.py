@@ -285,6 +285,37 @@ def test_targets_and_metrics_are_checked_before_any_program_runs():
   pt.head_patching(params, config, clean, corrupted, metric, targets=targets)
 
 
+def test_pairs_with_different_padding_are_refused():
+  """A site captured at a padded source position is no token's activation: every function
+  that patches one run's sites into another refuses a pair whose attention masks differ, and
+  names the first differing row and positions (it used to patch the padding's values in)."""
+  config, params = _tiny()
+  clean, corrupted, targets = _pair()
+  corrupted = dict(corrupted, attention_mask=corrupted["attention_mask"].copy())
+  corrupted["attention_mask"][2, 7:] = 0  # row 2 is two tokens shorter in the corrupted run
+  corrupted["input_ids"] = np.where(corrupted["attention_mask"] > 0, corrupted["input_ids"], 0)
+  metric = pt.LogitDiff("mlm")
+  message = (r"masks differ in 1 row\(s\), first row 2 at positions \[7, 8\] \(at position 7 "
+             r"clean mask 1, corrupted 0\)")
+  runs = [lambda: pt.head_patching(params, config, clean, corrupted, metric, targets=targets),
+          lambda: pt.position_patching(params, config, clean, corrupted, metric,
+                                       targets=targets),
+          lambda: pt.attribution_patching(params, config, clean, corrupted, metric,
+                                          targets=targets),
+          lambda: pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+                                   receivers=[(2, 1)]),
+          lambda: pt.patched_forward(params, config, clean, corrupted, site="head_out",
+                                     layers=[1], direction="noise")]
+  for run in runs:
+    with pytest.raises(ValueError, match=message):
+      run()
+  # Both directions and any row: the first differing row is named.
+  corrupted["attention_mask"][0, 8] = 0
+  with pytest.raises(ValueError, match=r"2 row\(s\), first row 0 at positions \[8\]"):
+    pt.head_patching(params, config, clean, corrupted, metric, targets=targets,
+                     direction="noise")
+
+
 def test_agreement_spearman_averages_tied_ranks():
   """`agreement`'s Spearman is scipy's (ties share their average rank), whatever the order."""
   scipy_stats = pytest.importorskip("scipy.stats")

@@ -40,6 +40,36 @@ def as_batch(batch) -> dict[str, jax.Array]:
   return out
 
 
+def check_same_padding(clean_mask, corrupted_mask) -> None:
+  """Refuses a pair whose attention masks differ (which real tokens a row has).
+
+  A site captured where the source run has padding holds what the model computes at padding
+  (zeros for `head_out`, a padded query's state for `out`), not a token's activation; patched
+  into a real token of the destination it would be a silent, meaningless edit. So every
+  patching function needs the two masks equal: pad the clean and corrupted inputs alike
+  (token-for-token counterparts of the same lengths, padded to one width).
+
+  Raises:
+    ValueError: the masks differ; the message names the first row and its positions.
+  """
+  a = np.asarray(clean_mask) != 0
+  b = np.asarray(corrupted_mask) != 0
+  if a.shape != b.shape:
+    raise ValueError(f"clean attention_mask shape {a.shape} must equal corrupted shape {b.shape}")
+  rows = np.flatnonzero((a != b).any(-1))
+  if rows.size:
+    row = int(rows[0])
+    positions = np.flatnonzero(a[row] != b[row])
+    shown = positions[:8].tolist() + (["..."] if positions.size > 8 else [])
+    first = int(positions[0])
+    raise ValueError(
+        f"clean and corrupted attention masks differ in {rows.size} row(s), first row {row} at "
+        f"positions {shown} (at position {first} clean mask {int(a[row, first])}, corrupted "
+        f"{int(b[row, first])}): patching would carry values computed at padding into real "
+        "tokens (or the reverse); give both runs the same padding (token-for-token "
+        "counterparts, padded to the same lengths)")
+
+
 def model_token_types(config: BertConfig, token_type_ids):
   """A batch's token types as the model takes them: None for a family without them.
 

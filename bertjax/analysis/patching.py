@@ -2,7 +2,10 @@
 
 A *pair* is two batches of the same shape, `clean` and `corrupted` (mappings or
 dataclasses such as `bertjax.Batch` with `input_ids` and optionally
-`attention_mask`, `token_type_ids`). Patching runs one of them (the *destination*)
+`attention_mask`, `token_type_ids`), with the same attention mask: every function here
+refuses a pair whose masks differ (`check_same_padding`, naming the first differing row and
+positions), since a site patched from a padded source position is no token's activation.
+Patching runs one of them (the *destination*)
 with a site of chosen layers, heads and positions replaced by its value in the
 other run (the *source*): `direction="denoise"` (the default) runs the corrupted
 input with clean activations, `"noise"` the clean input with corrupted ones
@@ -86,7 +89,7 @@ import numpy as np
 
 from bertjax import sharding
 from bertjax.analysis import sharded
-from bertjax.analysis.batching import as_batch, default_chunk_size
+from bertjax.analysis.batching import as_batch, check_same_padding, default_chunk_size
 from bertjax.analysis.patching_metrics import (  # noqa: F401 (their public home is here)
     AnswerLogProb,
     LogitDiff,
@@ -214,6 +217,7 @@ def _pair(config, clean, corrupted, targets, direction, params=None, metric=None
       raise ValueError(f"targets[{k!r}] shape {tuple(v.shape)} must lead with batch={batch}")
   clean = {k: clean[k] for k in INPUT_KEYS}
   corrupted = {k: corrupted[k] for k in INPUT_KEYS}
+  check_same_padding(clean["attention_mask"], corrupted["attention_mask"])
   if not config.type_vocab_size:  # a family without token types ignores a pair's segments
     for b in (clean, corrupted):
       b["token_type_ids"] = jnp.zeros_like(b["token_type_ids"])
@@ -321,7 +325,7 @@ def patched_forward(params: Params, config: BertConfig, clean, corrupted, *, sit
 
   Args:
     params, config: the model.
-    clean, corrupted: the pair (same shape).
+    clean, corrupted: the pair (same shape and attention mask: `check_same_padding`).
     site: any name from `bertjax.SITES`.
     layers, heads, positions: what to patch (see `patch_weight`).
     direction: "denoise" runs `corrupted` with clean values; "noise" the reverse.
@@ -422,7 +426,8 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
 
   Args:
     params, config: the model (stacked layers; not a pruned one).
-    clean, corrupted: the pair, batches of the same shape.
+    clean, corrupted: the pair, batches of the same shape and the same attention mask
+      (a pair whose masks differ is refused: `check_same_padding`).
     metric: `metric(params, config, out, batch) -> scalar` (module docstring).
     targets: extra (batch, ...) arrays the metric reads (`position`, `answer`, ...).
     site: "head_out" (each head's context before the output projection), "q",
