@@ -186,3 +186,69 @@ def test_patterns_and_effective_attention_results(tmp_path):
   assert 0 < effective["metrics"]["raw_cls"] < 1
   assert effective["metrics"]["raw_effective_corr"] == pytest.approx(
       float(np.mean(stats["effective"]["raw_corr"])))
+
+
+def _result(tmp_path, label, kind, path, step, seed, run, metrics):
+  from bertjax.analysis import jobs
+
+  ck = jobs.Checkpoint(label, kind, path, step, seed, run)
+  jobs.write_json_atomic(tmp_path / "results" / label / "attention.json",
+                         {"analysis": "attention", "checkpoint": ck.describe(), "metrics": metrics})
+
+
+def _figures(tmp_path, monkeypatch):
+  """plot_results's matplotlib figures (captured at savefig) for the results in tmp_path."""
+  from matplotlib.figure import Figure
+
+  from bertjax.analysis import jobs
+
+  drawn = []
+  save = Figure.savefig
+  monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig),
+                                                                save(fig, *a, **k))[1])
+  assert jobs.plot_results(tmp_path, ["attention"]) == [tmp_path / "figures" / "attention.png"]
+  assert len(drawn) == 1
+  return drawn[0]
+
+
+def _legend_texts(fig):
+  legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+  return [t.get_text() for legend in legends for t in legend.get_texts()]
+
+
+def test_figures_join_only_one_run_s_steps(tmp_path, monkeypatch):
+  """Runs and hub models mixed (the README's own `bertjax analyze` example): a run's steps are
+  one line, every other model a point of its own; a legend names each; the x-axis says what it
+  is. Before, all four were one line over "seed (or checkpoint)" with no legend."""
+  metric = lambda v: {"mean_cls": v, "mean_sep": v / 2}
+  _result(tmp_path, "run-step0000002", "orbax", "/x/run/checkpoints", 2, 0, "run", metric(0.1))
+  _result(tmp_path, "run-step0000004", "orbax", "/x/run/checkpoints", 4, 0, "run", metric(0.2))
+  _result(tmp_path, "google--multiberts-seed_0-step_20k", "hf", "google/multiberts-seed_0-step_20k",
+          20000, 0, "google/multiberts-seed_0", metric(0.5))
+  _result(tmp_path, "bert-small", "hf", "models/bert-small", None, None, "bert-small", metric(0.7))
+  fig = _figures(tmp_path, monkeypatch)
+  texts = _legend_texts(fig)
+  assert "run (seed 0): steps 2-4" in texts
+  assert {"google/multiberts-seed_0-step_20k", "bert-small"} <= set(texts)
+  for ax in fig.axes:
+    assert "seed" not in ax.get_xlabel() and "checkpoint" in ax.get_xlabel()
+    joined = [line for line in ax.get_lines() if line.get_linestyle() not in ("None", "none", "")]
+    assert [line.get_label() for line in joined] == ["run (seed 0): steps 2-4"]
+    assert len(joined[0].get_xdata()) == 2
+    points = [line for line in ax.get_lines() if line not in joined]
+    assert sorted(len(line.get_xdata()) for line in points) == [1, 1]
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks[:2] == ["run@2", "run@4"]  # the run's steps side by side, then the others
+    assert sorted(ticks[2:]) == ["bert-small", "google/multiberts-seed_0-step_20k"]
+
+
+def test_figures_of_runs_with_steps_are_against_the_step(tmp_path, monkeypatch):
+  for run, seed in (("run-a", 0), ("run-b", 1)):
+    for step in (10, 20, 30):
+      _result(tmp_path, f"{run}-step{step:07d}", "orbax", f"/x/{run}", step, seed, run,
+              {"mean_cls": step / 100 + seed})
+  fig = _figures(tmp_path, monkeypatch)
+  (ax,) = fig.axes
+  assert ax.get_xlabel() == "training step"
+  assert sorted(_legend_texts(fig)) == ["run-a (seed 0): steps 10-30", "run-b (seed 1): steps 10-30"]
+  assert [list(line.get_xdata()) for line in ax.get_lines()] == [[10, 20, 30]] * 2

@@ -9,9 +9,10 @@ its saved steps (``RUN@8`` or ``RUN@8,16`` for some). Each (checkpoint, analysis
 one JSON file, ``OUT/results/<checkpoint>/<analysis>.json``, written under a temporary name
 and renamed when complete: a job started again skips the results present, so an
 interrupted job resumes where it stopped, and a killed one leaves no half-written file.
-At the end ``OUT/figures/<analysis>.png`` draws every scalar metric against training step,
-one line per run or seed (against seed where no step is known; matplotlib, the ``plots``
-extra), and ``OUT/summary.json`` lists the checkpoints and files.
+At the end ``OUT/figures/<analysis>.png`` draws every scalar metric of every checkpoint
+(against training step when every checkpoint has one, else one place per checkpoint), a line
+only over the steps of one training run, other models as points, with a legend naming each
+(matplotlib, the ``plots`` extra), and ``OUT/summary.json`` lists the checkpoints and files.
 
 The analyses (`ANALYSES`), all on the same sentences (the shipped UD sample, or UD English
 EWT's dev set with ``--data-dir``):
@@ -520,9 +521,58 @@ def read_results(out_dir: PathLike, analysis: str) -> list[dict[str, Any]]:
   return [json.loads(p.read_text()) for p in files]
 
 
+def _model_name(ck: dict[str, Any]) -> str:
+  """A checkpoint as a legend names it: a hub id as given, a directory by its name, a run's
+  step as RUN@STEP."""
+  if ck["kind"] == "orbax":
+    return f"{ck['run']}@{ck['step']}"
+  hub_id = ck["label"] == ck["path"].replace("/", "--") and "/" in ck["path"]
+  return ck["path"] if hub_id else ck["label"]
+
+
+def figure_series(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The series a figure draws, in legend order: one per training trajectory (two or more
+  checkpoints of one run and seed with known steps: a line over its steps), then one per
+  other checkpoint (a point: a hub model, a directory, a run's single step). Unrelated models
+  are never joined by a line.
+
+  Returns:
+    dicts with `name` (the legend entry), `line` (a trajectory) and `points`: (step or None,
+    model name, metrics) in step order.
+  """
+  runs: dict[tuple, list] = {}
+  for r in results:
+    ck = r["checkpoint"]
+    if ck["step"] is not None:
+      runs.setdefault((ck["run"], ck["seed"]), []).append(r)
+  series, in_runs = [], set()
+  for (run, seed), members in runs.items():
+    if len(members) < 2:
+      continue
+    members.sort(key=lambda r: r["checkpoint"]["step"])
+    in_runs.update(id(r) for r in members)
+    steps = [r["checkpoint"]["step"] for r in members]
+    series.append({"name": f"{run}{f' (seed {seed})' if seed is not None else ''}: steps "
+                           f"{steps[0]}-{steps[-1]}", "line": True,
+                   "points": [(r["checkpoint"]["step"], _model_name(r["checkpoint"]),
+                               r["metrics"]) for r in members]})
+  for r in results:
+    if id(r) not in in_runs:
+      ck = r["checkpoint"]
+      series.append({"name": _model_name(ck), "line": False,
+                     "points": [(ck["step"], _model_name(ck), r["metrics"])]})
+  return series
+
+
 def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[pathlib.Path]:
-  """``figures/<analysis>.png``: each scalar metric against step (one line per run or seed),
-  or against seed where the checkpoints have no step. Returns the files written."""
+  """``figures/<analysis>.png``: every scalar metric of every checkpoint, one panel per metric.
+
+  When every checkpoint has a training step, the x-axis is the step. Otherwise each
+  checkpoint gets its own place on the x-axis, labelled by name (the steps of a run side by
+  side, in order). Either way a line joins only the checkpoints of one training run (one
+  run and seed), other models are single points, and a legend names every series
+  (`figure_series`). Returns the files written.
+  """
   from matplotlib.figure import Figure
 
   written = []
@@ -531,28 +581,32 @@ def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[
     if not results:
       continue
     names = sorted(results[0]["metrics"])
-    by_step = all(r["checkpoint"]["step"] is not None for r in results)
-    fig = Figure(figsize=(3.2 * len(names), 2.8))
+    series = figure_series(results)
+    by_step = all(p[0] is not None for s in series for p in s["points"])
+    slots = [p[1] for s in series for p in s["points"]]  # the x-axis when not by step
+    starts = np.cumsum([0] + [len(s["points"]) for s in series])
+    fig = Figure(figsize=(max(3.4 * len(names), 6.0), 3.0 + (0 if by_step else 0.12 * max(
+        len(x) for x in slots)) + 0.22 * len(series)), layout="constrained")
     axes = fig.subplots(1, len(names), squeeze=False)[0]
-    series: dict[str, list[tuple[float, dict]]] = {}
-    for k, r in enumerate(results):
-      ck = r["checkpoint"]
-      key = (ck["run"] + (f" (seed {ck['seed']})" if ck["seed"] is not None else "")
-             if by_step else "checkpoints")
-      x = ck["step"] if by_step else (ck["seed"] if ck["seed"] is not None else k)
-      series.setdefault(key, []).append((x, r["metrics"]))
+    colours = [f"C{i % 10}" for i in range(len(series))]
     for ax, name in zip(axes, names):
-      for key, points in sorted(series.items()):
-        points.sort(key=lambda p: p[0])
-        ax.plot([p[0] for p in points], [p[1].get(name, np.nan) for p in points], "o-",
-                label=key, markersize=3)
+      for s, colour, start in zip(series, colours, starts):
+        xs = [p[0] for p in s["points"]] if by_step else start + np.arange(len(s["points"]))
+        ys = [p[2].get(name, np.nan) for p in s["points"]]
+        ax.plot(xs, ys, marker="o", markersize=4, linestyle="-" if s["line"] else "none",
+                color=colour, label=s["name"])
       ax.set_title(name, fontsize=9)
-      ax.set_xlabel("training step" if by_step else "seed (or checkpoint)")
+      if by_step:
+        ax.set_xlabel("training step")
+      else:
+        ax.set_xticks(range(len(slots)), slots, rotation=35, ha="right", fontsize=7)
+        ax.set_xlabel("checkpoint")
       ax.grid(alpha=0.3)
-    if len(series) > 1:
-      axes[-1].legend(fontsize=7)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize=7,
+               ncol=min(len(series), 3), title="models (a line: one run's steps)",
+               title_fontsize=7)
     fig.suptitle(analysis)
-    fig.tight_layout()
     path = pathlib.Path(out_dir) / "figures" / f"{analysis}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -571,8 +625,9 @@ def analyze_parser() -> argparse.ArgumentParser:
       prog="bertjax analyze", formatter_class=argparse.RawDescriptionHelpFormatter,
       description="Runs analyses on many checkpoints as one job: one JSON result per\n"
                   "(checkpoint, analysis) in OUT/results/, each written whole (a restarted job\n"
-                  "skips those present), and figures of every metric against training step\n"
-                  "or seed in OUT/figures/.\n\nanalyses:\n"
+                  "skips those present), and figures of every metric in OUT/figures/ (a line\n"
+                  "joins only the steps of one training run; other models are points).\n"
+                  "\nanalyses:\n"
                   "  head_ablation  every head and layer masked (MLM loss, or embedding cosine)\n"
                   "  attention      Clark et al.'s [CLS]/[SEP]/punctuation mass and entropy\n"
                   "  probing        a linear UPOS probe per layer (held-out accuracy)\n"
