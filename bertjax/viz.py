@@ -385,7 +385,8 @@ def method_ranks(stats: Mapping[str, Mapping[str, float]], chance_mrr: float, ag
 
 def patching_heatmaps(exact, approx, path, *, title: str = "",
                       cbar_label: str = "share restored") -> pathlib.Path:
-  """Exact and attribution patching of every (block, head), side by side, on one colour scale."""
+  """Exact and attribution patching of every (layer, head), side by side, on one colour scale
+  (rows are layers 1..L, as in every other figure)."""
   plt = _plt()
   exact, approx = _check_grid(exact, "exact"), _check_grid(approx, "approx")
   lim = float(np.nanmax(np.abs(np.concatenate([exact.ravel(), approx.ravel()])))) or 1.0
@@ -396,7 +397,7 @@ def patching_heatmaps(exact, approx, path, *, title: str = "",
     ax.set_xlabel("head")
     ax.set_xticks(range(values.shape[1]))
     _layer_ticks(ax, values.shape[0], 1)
-    ax.set_ylabel("block")
+    ax.set_ylabel("layer")
     ax.set_title(name)
     fig.colorbar(im, ax=ax, label=cbar_label)
   if title:

@@ -50,3 +50,20 @@ def test_pruning_curve(tmp_path):
   assert _is_png(path)
   with pytest.raises(ValueError, match="curves is empty"):
     viz.pruning_curve({}, tmp_path / "bad.png")
+
+
+def test_every_head_and_layer_figure_says_layer(tmp_path, monkeypatch):
+  """One word for the rows of every (layers, heads) figure: "layer", numbered 1..L (the
+  patching figure said "block" where every other figure says "layer")."""
+  drawn = []
+  save = viz._save
+  monkeypatch.setattr(viz, "_save", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
+  grid = np.random.default_rng(4).normal(size=(3, 4))
+  viz.head_heatmap(grid, tmp_path / "heads.png")
+  viz.patching_heatmaps(grid, grid * 0.9, tmp_path / "patching.png")
+  for fig in drawn:
+    for ax in fig.axes:
+      if ax.get_ylabel() and ax.get_label() != "<colorbar>":
+        assert ax.get_ylabel() == "layer", ax.get_ylabel()
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "3"]
+  assert len(drawn) == 2
