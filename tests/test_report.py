@@ -241,6 +241,66 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
   assert not saved["pos"]["available"]
 
 
+def _roberta_64(minilm_dir, directory):
+  """A random RoBERTa-style checkpoint with 64 usable positions (65 position embeddings, the
+  first for padding) and MiniLM's tokenizer, whose own limit is 512."""
+  config = bertjax.BertConfig(model_type="roberta", vocab_size=30522, hidden_size=32,
+                              num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+                              max_position_embeddings=65, pad_token_id=0, type_vocab_size=2)
+  assert config.max_length == 64
+  bertjax.to_hf(config, bertjax.init(config, 0), directory)
+  for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
+    if (minilm_dir / name).exists():
+      shutil.copy(minilm_dir / name, directory / name)
+  return directory
+
+
+def test_effective_section_reads_no_more_than_the_model_s_usable_length(minilm_dir, tmp_path):
+  """Passages were cut at max_position_embeddings (65 here), one token past what the model
+  reads (64), so the section failed with "seq_len=65 must be <= 64" (issue #36)."""
+  from bertjax.report import sections
+  from bertjax.report.settings import ReportSettings
+
+  config, params = bertjax.from_hf(_roberta_64(minilm_dir, tmp_path / "model"))
+  tok = bertjax.Tokenizer.from_pretrained(tmp_path / "model")
+  assert tok.model_max_length > config.max_length
+  passage = " ".join(s.text for s in report.load_sentences()[:12])  # well over 64 tokens
+  eff = sections.effective_section(params, config, tok, [passage, passage[:200]],
+                                   ReportSettings.reduced())
+  assert len(eff["example_tokens"]) == config.max_length
+  assert eff["mean_passage_tokens"] <= config.max_length
+
+
+def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(minilm_dir, tmp_path,
+                                                                        monkeypatch):
+  """`bertjax report --reduced` on a model with 64 usable positions, one section made to fail:
+  the page and report.json are written, the failed section says so with its error, and every
+  other section (effective attention included) has its numbers and figures."""
+  from bertjax.report import page, reading, sections
+
+  def broken(*args, **kwargs):
+    raise RuntimeError("a stand-in failure")
+
+  monkeypatch.setattr(sections, "anisotropy_section", broken)
+  monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))
+  monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
+  model, out = _roberta_64(minilm_dir, tmp_path / "roberta-64"), tmp_path / "out"
+  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced",
+                   "--quiet"]) == 0
+  saved = json.loads((out / "report.json").read_text())
+  assert saved["anisotropy"] == {"failed": True, "error": "RuntimeError: a stand-in failure"}
+  html = (out / "index.html").read_text()
+  assert "This section failed" in html and "RuntimeError: a stand-in failure" in html
+  assert "anisotropy.png" not in html and not (out / "anisotropy.png").exists()
+  assert "failed" in saved["readings"]["anisotropy"][0]
+  assert not reading.verdicts(saved["readings"]["anisotropy"], saved["model"]["name"])
+  for key in ("clark", "patterns", "task", "ablation", "effective", "attribution"):
+    assert not saved[key].get("failed"), (key, saved[key])
+  assert len(saved["effective"]["example_tokens"]) <= 64
+  _check_outputs(out, saved)
+  assert all(f"<h2 id='{k}'>" in html for k, _ in page.SECTIONS)  # every section, in place
+
+
 def test_model_names(tmp_path):
   cache = tmp_path / "hub" / "models--google-bert--bert-base-uncased" / "snapshots" / ("a" * 40)
   cache.mkdir(parents=True)

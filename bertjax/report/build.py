@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -134,43 +135,65 @@ def _pos(run: _Run, ud_files: Sequence[pathlib.Path], data_dir, data_path) -> di
   return {"available": False, "reason": reason}
 
 
-def _effective(run: _Run, texts: Sequence[str], clark: dict) -> dict:
+def _effective(run: _Run, texts: Sequence[str]) -> dict:
   """Section 8 on passages of consecutive sentences of the text."""
   # Longer than the head dimension, or effective attention equals raw attention.
   target = min(max(run.settings.passage_tokens, 2 * run.config.head_dim), run.max_len - 16)
   passages = sections.join_passages(texts, run.tok, target, run.settings.passages)
-  return sections.effective_section(run.params, run.config, run.tok, passages, clark,
-                                    run.settings)
+  return sections.effective_section(run.params, run.config, run.tok, passages, run.settings)
+
+
+def failed(section) -> bool:
+  """Whether a section's results say it failed (`{"failed": True, "error": ...}`)."""
+  return isinstance(section, dict) and bool(section.get("failed"))
+
+
+def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = None):
+  """Runs one stage; a failure becomes `{"failed": True, "error": ...}` for that section, so
+  that every other section and the page are still written. A stage whose inputs (`needs`:
+  name -> results) failed does not run and says which."""
+  broken = [k for k, v in (needs or {}).items() if failed(v) or v is None]
+  if broken:
+    out = {"failed": True, "error": f"not run: it needs the {', '.join(broken)} section, "
+                                    "which failed"}
+  else:
+    try:
+      out = compute()
+    except Exception as e:  # noqa: BLE001 (one analysis failing must not lose the others)
+      out = {"failed": True, "error": f"{type(e).__name__}: {e}"}
+  if failed(out):
+    print(f"[report] section {name!r} failed: {out['error']}", file=sys.stderr, flush=True)
+  clock.lap(name)
+  return out
 
 
 def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
                   ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
-  """Sections 1-9 (timed and logged one by one), keyed as in `report.json`."""
+  """Sections 1-9 (timed and logged one by one), keyed as in `report.json`; a section that
+  fails is `{"failed": True, "error": ...}` and the others still run (`_guarded`)."""
   params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
   clock.log(f"negation task: fitting probes on {len(own)} sentences")
-  task_results, task = fit_task(params, config, tok, own, settings, clock.log)
-  clock.lap("task")
+  fitted = _guarded(clock, "task", lambda: fit_task(params, config, tok, own, settings,
+                                                     clock.log))
+  task_results, task = (fitted, None) if failed(fitted) else fitted
   clock.log("Clark et al. attention statistics")
-  clark = sections.clark_section(params, config, tok, batches)
-  clock.lap("clark")
+  clark = _guarded(clock, "clark", lambda: sections.clark_section(params, config, tok, batches))
   clock.log("Kovaleva et al. pattern types")
-  patterns = _patterns(run, texts)
-  clock.lap("patterns")
+  patterns = _guarded(clock, "patterns", lambda: _patterns(run, texts))
   clock.log(f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
             "layers), importance and pruning")
-  abl = sections.ablation_section(task, config, settings, clock.log)
-  clock.lap("ablation")
+  abl = _guarded(clock, "ablation", lambda: sections.ablation_section(task, config, settings,
+                                                                      clock.log),
+                 {"task": task_results})
   clock.log("anisotropy")
-  aniso = sections.anisotropy_section(params, config, tok, batches, settings)
-  clock.lap("anisotropy")
-  pos = _pos(run, ud_files, data_dir, data_path)
-  clock.lap("pos")
+  aniso = _guarded(clock, "anisotropy",
+                   lambda: sections.anisotropy_section(params, config, tok, batches, settings))
+  pos = _guarded(clock, "pos", lambda: _pos(run, ud_files, data_dir, data_path))
   clock.log("effective attention")
-  eff = _effective(run, texts, clark)
-  clock.lap("effective")
+  eff = _guarded(clock, "effective", lambda: _effective(run, texts))
   clock.log("token attribution and head patching on the negated sentences")
-  attrib = sections.attribution_section(params, config, tok, own, task, settings)
-  clock.lap("attribution")
+  attrib = _guarded(clock, "attribution", lambda: sections.attribution_section(
+      params, config, tok, own, task, settings), {"task": task_results})
   return {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
           "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib}
 
@@ -254,6 +277,10 @@ def build_report(model_dir: str | os.PathLike | None = None,
         "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
                 "backend": jax.default_backend(), "jax_version": jax.__version__},
     }
-    figs = figures.write_figures(results, out)
+    figure_errors: dict[str, str] = {}
+    figs = figures.write_figures(results, out, errors=figure_errors)
+    results["figure_errors"] = figure_errors
+    for section, error in figure_errors.items():
+      print(f"[report] the figures of section {section!r} failed: {error}", file=sys.stderr)
     clock.lap("figures")
   return _write(results, figs, out, clock)

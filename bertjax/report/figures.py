@@ -144,26 +144,41 @@ def _attribution_figures(r: dict, out: pathlib.Path) -> Figures:
   }
 
 
-# In page order: `write_figures` returns the figures in this order.
-_SECTION_FIGURES = (_clark_figures, _pattern_figures, _task_figures, _ablation_figures,
-                    _pruning_figures, _anisotropy_figures, _pos_figures, _effective_figures,
-                    _attribution_figures)
+# In page order (`write_figures` returns the figures in this order): the page section, the
+# results it draws (a section that failed has none to draw), the helper.
+_SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns", _pattern_figures),
+                    ("task", "task", _task_figures), ("ablation", "ablation", _ablation_figures),
+                    ("pruning", "ablation", _pruning_figures),
+                    ("anisotropy", "anisotropy", _anisotropy_figures),
+                    ("pos", "pos", _pos_figures), ("effective", "effective", _effective_figures),
+                    ("attribution", "attribution", _attribution_figures))
 
 
-def write_figures(results: dict, out: pathlib.Path) -> dict[str, str]:
+def write_figures(results: dict, out: pathlib.Path,
+                  errors: dict[str, str] | None = None) -> dict[str, str]:
   """Writes every PNG of the report into `out` (created).
 
   Args:
     results: the results of `build_report` (arrays or the lists of `report.json`).
     out: the report's directory.
+    errors: when given, a section whose figures fail to draw is recorded here (page section
+      id -> the error) and the other figures are still drawn; when None, the error is raised.
 
   Returns:
     Figure key -> file name (relative to `out`), in page order; a section without its
-    data (no POS probe, no attribution) has no figure.
+    data (no POS probe, no attribution, a section that failed) has no figure.
   """
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   figs: Figures = {}
-  for draw in _SECTION_FIGURES:
-    figs.update(draw(results, out))
+  for section, source, draw in _SECTION_FIGURES:
+    data = results.get(source)
+    if data is None or (isinstance(data, dict) and data.get("failed")):
+      continue
+    try:
+      figs.update(draw(results, out))
+    except Exception as e:  # noqa: BLE001 (one figure failing must not lose the page)
+      if errors is None:
+        raise
+      errors[section] = f"{type(e).__name__}: {e}"
   return {k: p.name for k, p in figs.items()}

@@ -370,10 +370,37 @@ def _timing_html(r: dict, figs: dict, reads: dict) -> list[str]:
                                       [[k, v] for k, v in r["timing"].items()], 1)]
 
 
-# The page's body after its header, in the order of `SECTIONS`.
-_SECTION_HTML = (_text_html, _clark_html, _patterns_html, _task_html, _ablation_html,
-                 _pruning_html, _anisotropy_html, _pos_html, _effective_html,
-                 _attribution_html, _timing_html)
+# The page's body after its header, in the order of `SECTIONS`: (section id, the results it
+# reads, its helper).
+_SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
+                 ("patterns", "patterns", _patterns_html), ("task", "task", _task_html),
+                 ("ablation", "ablation", _ablation_html), ("pruning", "ablation", _pruning_html),
+                 ("anisotropy", "anisotropy", _anisotropy_html), ("pos", "pos", _pos_html),
+                 ("effective", "effective", _effective_html),
+                 ("attribution", "attribution", _attribution_html),
+                 ("timing", "timing", _timing_html))
+
+
+def _failed_note(section: str, what: str, error: str) -> list[str]:
+  return [_heading(section), f"<p class='note'><b>{html_escape(what)}</b>: "
+          f"{html_escape(error)}</p>"]
+
+
+def _section(r: dict, figs: dict, reads: dict, section: str, source: str, helper) -> list[str]:
+  """One section's HTML; a section that failed (or cannot be laid out) says so, with the
+  error, in place of its tables and figures."""
+  data = r.get(source)
+  if isinstance(data, dict) and data.get("failed"):
+    return _failed_note(section, "This section failed, so it has no numbers", data["error"])
+  try:
+    parts = helper(r, figs, reads)
+  except Exception as e:  # noqa: BLE001 (the rest of the page is still written)
+    return _failed_note(section, "This section could not be laid out",
+                        f"{type(e).__name__}: {e}")
+  error = (r.get("figure_errors") or {}).get(section)
+  if error and parts:
+    parts = [*parts, f"<p class='note'>Its figures could not be drawn: {html_escape(error)}</p>"]
+  return parts
 
 
 def render_html(r: dict, figs: dict[str, str]) -> str:
@@ -391,7 +418,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   reads = r.get("readings") or reading.readings(r)
   present = [key for key, _ in SECTIONS if key != "text" or r["text"].get("phenomena")]
   parts = [*_header(r), _contents(present)]
-  for section in _SECTION_HTML:
-    parts.extend(section(r, figs, reads))
+  for section, source, helper in _SECTION_HTML:
+    parts.extend(_section(r, figs, reads, section, source, helper))
   parts.append("</body></html>")
   return "\n".join(x for x in parts if x)

@@ -320,18 +320,28 @@ def readings(r: dict) -> dict[str, list[str]]:
     `{section id: [sentence, ...]}` for every section with numbers to read.
   """
   model = r["model"]["name"]
-  out = {"text": text_sentences(r, model),
-         "clark": clark_sentences(r["clark"], model),
-         "patterns": pattern_sentences(r["patterns"], model),
-         "task": task_sentences(r["task"], model),
-         "ablation": ablation_sentences(r["ablation"], model),
-         "pruning": pruning_sentences(r["ablation"], r["task"], model),
-         "anisotropy": anisotropy_sentences(r["anisotropy"], model),
-         "pos": pos_sentences(r["pos"], model),
-         "effective": effective_sentences(r["effective"], model)}
+  makers = {"text": lambda: text_sentences(r, model),
+            "clark": lambda: clark_sentences(r["clark"], model),
+            "patterns": lambda: pattern_sentences(r["patterns"], model),
+            "task": lambda: task_sentences(r["task"], model),
+            "ablation": lambda: ablation_sentences(r["ablation"], model),
+            "pruning": lambda: pruning_sentences(r["ablation"], r["task"], model),
+            "anisotropy": lambda: anisotropy_sentences(r["anisotropy"], model),
+            "pos": lambda: pos_sentences(r["pos"], model),
+            "effective": lambda: effective_sentences(r["effective"], model)}
   if r.get("attribution"):
-    out["attribution"] = attribution_sentences(r["attribution"], model)
+    makers["attribution"] = lambda: attribution_sentences(r["attribution"], model)
+  sources = {"pruning": ("ablation", "task")}
+  out = {}
+  for section, make in makers.items():
+    broken = [r[k] for k in sources.get(section, (section,)) if _failed(r.get(k))]
+    out[section] = ([f"This section failed ({broken[0]['error']}), so this report cannot "
+                     "compare it with the paper."] if broken else make())
   return out
+
+
+def _failed(section) -> bool:
+  return isinstance(section, dict) and bool(section.get("failed"))
 
 
 def verdicts(sentences: Sequence[str], model: str) -> list[str]:

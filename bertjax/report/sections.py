@@ -181,16 +181,20 @@ def join_passages(sentences: Sequence[str], tok, target: int, count: int) -> lis
   return out
 
 
-def effective_section(params, config, tok, passages: Sequence[str], clark: dict,
+def effective_section(params, config, tok, passages: Sequence[str],
                       settings: ReportSettings) -> dict:
-  """Brunner et al.'s effective attention: statistics over passages, maps of a few heads."""
+  """Brunner et al.'s effective attention: statistics over passages, maps of a few heads.
+
+  Passages longer than the model reads (`config.max_length`, which for RoBERTa-style
+  positions is less than `max_position_embeddings`, or the tokenizer's limit) are cut there.
+  """
   batches = inputs.batches(tok, list(passages), batch_size=8, truncation=True,
-                           max_length=min(config.max_position_embeddings, tok.model_max_length))
+                           max_length=min(config.max_length, tok.model_max_length))
   statistics = attention.effective_attention_statistics(
       params, config, [inputs.plain(b) for _, b in batches], cls_id=tok.cls_id, sep_id=tok.sep_id)
-  # The heads whose raw attention sits most on [CLS] + [SEP]: where Brunner et al.
-  # found raw and effective attention to differ most.
-  score = (clark["cls"] + clark["sep"]).ravel()
+  # The heads whose raw attention (on these passages) sits most on [CLS] + [SEP]: where
+  # Brunner et al. found raw and effective attention to differ most.
+  score = (statistics["raw"]["cls"] + statistics["raw"]["sep"]).ravel()
   heads = [divmod(int(i), config.num_attention_heads)
            for i in np.argsort(-score)[:settings.example_heads]]
   idx, batch = batches[0]

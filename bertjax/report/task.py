@@ -107,7 +107,7 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
                      f"{labels[0]}")
   train, test = _stratified_split(labels, settings.test_fraction, settings.seed)
   batches = inputs.batches(tok, texts, batch_size=settings.batch_size,
-                           max_length=config.max_position_embeddings)
+                           max_length=config.max_length)
   feats = _sentence_embeddings(params, config, batches, len(texts))  # (L + 1, n, H)
   mean = feats[:, train].mean(1, keepdims=True)
   scale = feats[:, train].std(1, keepdims=True) + 1e-6
@@ -127,7 +127,7 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
       "w": jnp.asarray(head["w"]), "b": jnp.asarray(head["b"])}}
   split = lambda idx: [inputs.plain(b) for _, b in inputs.batches(
       tok, [texts[i] for i in idx], batch_size=settings.batch_size,
-      max_length=config.max_position_embeddings, extra={"labels": labels[idx]})]
+      max_length=config.max_length, extra={"labels": labels[idx]})]
   results = {
       "name": TASK_NAME, "why": TASK_WHY,
       "classifier": (f"logistic regression (linear probe, L2 {settings.probe_l2}, "
