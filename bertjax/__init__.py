@@ -30,7 +30,7 @@ from bertjax.functional import (
 )
 from bertjax.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.hub import minilm_path
-from bertjax.model import SITES, site_shape
+from bertjax.model import SITES, model_sites, site_shape
 from bertjax.tokenization import Batch, Tokenizer
 
 __version__ = "0.1.0"
@@ -39,7 +39,7 @@ __all__ = [
     "FAMILIES", "MODEL_TYPES", "PRESETS", "SITES", "Batch", "BertConfig", "BertOutput",
     "LayersOutput", "Tokenizer", "attention_statistics", "check_inputs", "checked_forward", "classify",
     "count_params", "embed", "forward", "from_hf", "head_input", "head_logits", "hf_state_dict",
-    "init", "minilm_path", "mlm_logits", "nsp_logits", "pool", "prune_heads",
+    "init", "minilm_path", "mlm_logits", "model_sites", "nsp_logits", "pool", "prune_heads",
     "resolve_model_path", "rtd_logits", "run_layers", "site_shape", "sop_logits", "to_hf",
     "token_classify",
 ]

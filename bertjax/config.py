@@ -1,8 +1,10 @@
 """One frozen config for every encoder family, with presets and the Hugging Face mapping.
 
-The family (`model_type`: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT) is
-a row of `bertjax.families`; this config holds the sizes and numerics, and its
-Hugging Face mapping reads the row's key names.
+The family (`model_type`: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet,
+NomicBERT, ModernBERT, EuroBERT) is a row of `bertjax.families` that fixes the block's
+structure; this config holds the sizes, numerics and the options a checkpoint may switch
+(biases, grouped key/value heads, rotary thetas, which layers use a sliding window), and
+its Hugging Face mapping reads the row's key names.
 
 A model is a stack of `depth = num_hidden_layers * inner_group_num` transformer
 blocks. BERT gives every block its own weights. ALBERT shares them: there are
@@ -17,10 +19,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bertjax.families import FAMILIES, MODEL_TYPES, Family, family
+from bertjax.families import FAMILIES, LAYER_TYPES, MODEL_TYPES, Family, family
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+# `classifier_pooling` values per family (ModernBERT's and EuroBERT's names).
+_POOLINGS = {"modernbert": ("cls", "mean"), "eurobert": ("bos", "mean", "late")}
 _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
 
 
@@ -67,6 +71,30 @@ class BertConfig:
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
   # Forward mode of the linear layers: None (float) or "int8" (dynamic int8, `bertjax.quantize`).
   quantize: str | None = None
+  # Block options a checkpoint may switch (the family row fixes the rest; BERT's defaults).
+  norm_bias: bool = True
+  attention_bias: bool = True
+  mlp_bias: bool = True
+  # Grouped key/value heads (EuroBERT); None means num_attention_heads.
+  num_key_value_heads: int | None = None
+  # Rotary families: the theta of full-attention layers, and of sliding-window layers (None:
+  # the same). None for families without rotary positions.
+  rope_theta: float | None = None
+  local_rope_theta: float | None = None
+  # Per layer "full_attention" or "sliding_attention" (None: all full); `sliding_window` w is
+  # the window of the sliding layers: keys with |q - k| <= w // 2 (ModernBERT's local_attention).
+  layer_types: tuple[str, ...] | None = None
+  sliding_window: int | None = None
+  # MPNet's relative-position bias table rows.
+  relative_attention_num_buckets: int = 32
+  # Heads: how the classifier pools ("cls", "mean"; EuroBERT "bos", "mean", "late"), biases
+  # of ModernBERT's head and decoder, its activation (None: hidden_act), and whether the MLM
+  # decoder is the word embeddings (EuroBERT's is its own matrix).
+  classifier_pooling: str = "cls"
+  classifier_bias: bool = True
+  classifier_activation: str | None = None
+  decoder_bias: bool = True
+  tie_word_embeddings: bool = True
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -121,6 +149,59 @@ class BertConfig:
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+    self._check_block(fam)
+
+  def _check_block(self, fam: Family) -> None:
+    """The block options against the family row: each wrong value named."""
+    for field in _FIXED_BLOCK_FIELDS:
+      if field in fam.config_defaults and field not in fam.config_fields:
+        fixed = fam.config_defaults[field]
+        if getattr(self, field) != fixed:
+          raise ValueError(f"{field}={getattr(self, field)!r}: a {self.model_type} block has "
+                           f"{field}={fixed!r} (BertConfig.for_family({self.model_type!r}, ...) "
+                           "starts from the family's values)")
+    kv = self.num_key_value_heads
+    if kv is not None and (not isinstance(kv, int) or kv < 1 or self.num_attention_heads % kv):
+      raise ValueError(f"num_key_value_heads={kv!r} must be a positive divisor of "
+                       f"num_attention_heads={self.num_attention_heads}")
+    if kv not in (None, self.num_attention_heads) and self.pruned_heads:
+      raise ValueError("pruned_heads is not supported with grouped key/value heads "
+                       f"(num_key_value_heads={kv}); use head masks")
+    rotary = fam.positions == "rotary"
+    for name in ("rope_theta", "local_rope_theta"):
+      value = getattr(self, name)
+      if value is not None and (not rotary or not isinstance(value, (int, float)) or value <= 0):
+        raise ValueError(f"{name}={value!r}: " + (
+            "must be a positive number" if rotary else
+            f"model_type={self.model_type!r} has no rotary positions"))
+    if rotary and self.rope_theta is None:
+      raise ValueError(f"model_type={self.model_type!r} has rotary positions: rope_theta is "
+                       "required")
+    if self.layer_types is not None:
+      if (len(self.layer_types) != self.num_hidden_layers
+          or any(t not in LAYER_TYPES for t in self.layer_types)):
+        raise ValueError(f"layer_types={self.layer_types} must give one of {LAYER_TYPES} for "
+                         f"each of the {self.num_hidden_layers} layers")
+      if "sliding_attention" in self.layer_types and self.sliding_window is None:
+        raise ValueError("layer_types has sliding_attention layers: sliding_window is required")
+    w = self.sliding_window
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
+      raise ValueError(f"sliding_window={w!r} must be an int >= 2")
+    if fam.position_bias and self.relative_attention_num_buckets < 32:
+      raise ValueError(f"relative_attention_num_buckets={self.relative_attention_num_buckets} "
+                       f"must be >= 32 ({self.model_type} buckets distances into 32)")
+    poolings = _POOLINGS.get(self.model_type, ("cls",))
+    if self.classifier_pooling not in poolings:
+      raise ValueError(f"classifier_pooling={self.classifier_pooling!r} must be one of "
+                       f"{poolings} for model_type={self.model_type!r}")
+    if self.classifier_activation is not None and self.classifier_activation not in _ACTIVATIONS:
+      raise ValueError(f"classifier_activation={self.classifier_activation!r} must be one of "
+                       f"{_ACTIVATIONS}")
+    if fam.ffn_dropout == "inside" and self.hidden_dropout_prob != self.attention_probs_dropout_prob:
+      raise ValueError(
+          f"a {self.model_type} model has one dropout rate in bertjax: hidden_dropout_prob="
+          f"{self.hidden_dropout_prob} and attention_probs_dropout_prob="
+          f"{self.attention_probs_dropout_prob} must be equal")
 
   # Derived structure -------------------------------------------------------
 
@@ -141,8 +222,38 @@ class BertConfig:
 
   @property
   def max_length(self) -> int:
-    """The longest input the position table allows."""
+    """The longest input the position table (or, rotary, `max_position_embeddings`) allows."""
     return self.max_position_embeddings - self.position_offset
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads per layer (fewer than the query heads when grouped)."""
+    return self.num_key_value_heads or self.num_attention_heads
+
+  @property
+  def untied(self) -> bool:
+    """Whether the MLM decoder is its own matrix, not the word embeddings."""
+    return not self.tie_word_embeddings
+
+  @property
+  def layer_windows(self) -> tuple[int | None, ...]:
+    """For each block d, its sliding window w (None: full attention)."""
+    types = self.layer_types or ("full_attention",) * self.num_hidden_layers
+    per_layer = [self.sliding_window if t == "sliding_attention" else None for t in types]
+    return tuple(per_layer[i] for i in self.layer_index)
+
+  @property
+  def layer_rope_thetas(self) -> tuple[float, ...] | None:
+    """For each block d, its rotary theta (None for families without rotary positions)."""
+    if self.rope_theta is None:
+      return None
+    local = self.local_rope_theta if self.local_rope_theta is not None else self.rope_theta
+    return tuple(float(local if w is not None else self.rope_theta) for w in self.layer_windows)
+
+  @property
+  def layer_index(self) -> tuple[int, ...]:
+    """For each block d, its layer in [0, num_hidden_layers) (ALBERT repeats inner groups)."""
+    return tuple(i for i in range(self.num_hidden_layers) for _ in range(self.inner_group_num))
 
   @property
   def embed_dim(self) -> int:
@@ -152,7 +263,7 @@ class BertConfig:
   @property
   def has_embedding_projection(self) -> bool:
     """ALBERT always maps E -> H; other families only when factorised (E != H)."""
-    return self.model_type == "albert" or self.embed_dim != self.hidden_size
+    return self.family.always_project or self.embed_dim != self.hidden_size
 
   @property
   def head_dim(self) -> int:
@@ -200,6 +311,14 @@ class BertConfig:
   def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)
 
+  @classmethod
+  def for_family(cls, model_type: str, **fields: Any) -> BertConfig:
+    """A config of `model_type` with the family's defaults (its biases, norm, rotary thetas,
+    window, dropout) under `fields`: `BertConfig.for_family("modernbert", num_hidden_layers=4)`.
+    A bare `BertConfig(model_type=...)` takes BERT's defaults for every field."""
+    fam = family(model_type)
+    return cls(**{"model_type": model_type, **fam.config_defaults, **fields})
+
   # Presets -----------------------------------------------------------------
 
   @classmethod
@@ -207,7 +326,8 @@ class BertConfig:
     """A named architecture (see `PRESETS`), with any field overridden."""
     if name not in PRESETS:
       raise ValueError(f"preset {name=!r} is unknown; expected one of {sorted(PRESETS)}")
-    return cls(**{**PRESETS[name], **overrides})
+    fields = {**PRESETS[name], **overrides}
+    return cls.for_family(fields.pop("model_type", "bert"), **fields)
 
   # Hugging Face mapping ----------------------------------------------------
 
@@ -222,14 +342,15 @@ class BertConfig:
     if hf.get("position_embedding_type", "absolute") != "absolute":
       raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not "
                        "supported; expected 'absolute'")
-    if hf.get("tie_word_embeddings") is False:
-      raise ValueError("tie_word_embeddings=False is not supported: every family here ties the "
-                       "MLM decoder to the word embeddings")
+    if hf.get("tie_word_embeddings") is False and "tie_word_embeddings" not in fam.config_fields:
+      raise ValueError(f"tie_word_embeddings=False is not supported for {model_type}: bertjax "
+                       "ties its MLM decoder to the word embeddings")
     kwargs: dict[str, Any] = {"model_type": model_type}
     for field in fam.config_fields:
       value = hf.get(fam.config_keys.get(field, field))
       if value is not None:
         kwargs[field] = value
+    kwargs.update(_hf_block_options(fam, hf))
     for field, value in fam.config_defaults.items():
       kwargs.setdefault(field, value)
     labels = hf.get("id2label") or {}
@@ -256,6 +377,8 @@ class BertConfig:
           f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert' or "
           "'electra'")
     for field in sorted(set(fam.config_defaults) - set(fam.config_fields)):
+      if field in _BLOCK_KEYS:
+        continue  # written below in the family's own layout
       if getattr(self, field) != fam.config_defaults[field]:
         raise ValueError(f"{field}={getattr(self, field)!r} has no Hugging Face equivalent for "
                          f"model_type={self.model_type!r} (it is fixed at "
@@ -266,7 +389,9 @@ class BertConfig:
     hf: dict[str, Any] = {"model_type": self.model_type}
     for field in fam.config_fields:
       hf[fam.config_keys.get(field, field)] = values.get(field, getattr(self, field))
-    hf["position_embedding_type"] = "absolute"
+    if fam.positions != "rotary" and not fam.position_bias:
+      hf["position_embedding_type"] = "absolute"
+    hf.update(self._hf_block_options())
     hf.update(num_labels=self.num_labels,
               id2label={str(i): self.label_name(i) for i in range(self.num_labels)},
               label2id={self.label_name(i): i for i in range(self.num_labels)})
@@ -275,6 +400,94 @@ class BertConfig:
     if architectures:
       hf["architectures"] = list(architectures)
     return hf
+
+  def _hf_block_options(self) -> dict[str, Any]:
+    """The rotary, layer-type and head-size keys, in transformers 5's layout."""
+    fam = self.family
+    hf: dict[str, Any] = {}
+    if fam.positions == "rotary":
+      hf["head_dim"] = self.head_dim
+      if self.model_type == "modernbert" or self.layer_types is not None:
+        local = self.local_rope_theta if self.local_rope_theta is not None else self.rope_theta
+        hf["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+      else:
+        hf["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
+    if self.layer_types is not None or self.model_type == "modernbert":
+      hf["layer_types"] = list(self.layer_types or ("full_attention",) * self.num_hidden_layers)
+    if fam.ffn_dropout == "inside":  # ModernBERT's embedding dropout is the one rate too
+      hf["embedding_dropout"] = self.hidden_dropout_prob
+    if "tie_word_embeddings" not in fam.config_fields:
+      hf["tie_word_embeddings"] = True
+    return hf
+
+
+# Block fields a family may fix (in its config_defaults, not read from config.json).
+_FIXED_BLOCK_FIELDS = ("norm_bias", "attention_bias", "mlp_bias", "tie_word_embeddings",
+                       "classifier_pooling")
+
+# Config fields read from (and written to) config.json in a family's own layout
+# (`_hf_block_options`), not as a plain key.
+_BLOCK_KEYS = ("rope_theta", "local_rope_theta", "layer_types")
+
+
+def _rope_theta(params: Any, where: str) -> float | None:
+  """The theta of one rope_parameters entry; an error for rope types bertjax lacks."""
+  if not isinstance(params, dict):
+    return None
+  rope_type = params.get("rope_type", params.get("type", "default"))
+  if rope_type != "default":
+    raise ValueError(f"{where} has rope_type={rope_type!r}; bertjax supports 'default' rotary "
+                     "positions only")
+  for key in ("factor", "partial_rotary_factor"):
+    if params.get(key) not in (None, 1, 1.0):
+      raise ValueError(f"{where} has {key}={params[key]!r}; bertjax supports plain rotary "
+                       "positions over the whole head only")
+  return params.get("rope_theta")
+
+
+def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
+  """Rotary thetas, layer types and head sizes from either config.json layout.
+
+  transformers 5 writes `rope_parameters` (one dict, or one per layer type) and
+  `layer_types`; older ModernBERT files give `global_rope_theta`, `local_rope_theta` and
+  `global_attn_every_n_layers`, and older rotary files `rope_theta`.
+  """
+  out: dict[str, Any] = {}
+  head_dim = hf.get("head_dim")
+  heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+  if head_dim is not None and heads and hidden and head_dim * heads != hidden:
+    raise ValueError(f"head_dim={head_dim} with num_attention_heads={heads} does not give "
+                     f"hidden_size={hidden}; bertjax needs head_dim = hidden_size / heads")
+  if fam.positions == "rotary":
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling")
+    if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
+      full = _rope_theta(rope.get("full_attention"), "rope_parameters['full_attention']")
+      local = _rope_theta(rope.get("sliding_attention"), "rope_parameters['sliding_attention']")
+    else:
+      full, local = _rope_theta(rope, "rope_parameters"), None
+    full = full if full is not None else hf.get("global_rope_theta", hf.get("rope_theta"))
+    local = local if local is not None else hf.get("local_rope_theta")
+    if full is not None:
+      out["rope_theta"] = float(full)
+    if local is not None:
+      out["local_rope_theta"] = float(local)
+  if fam.model_type == "modernbert" or hf.get("layer_types") is not None:
+    types = hf.get("layer_types")
+    if types is None:
+      every = hf.get("global_attn_every_n_layers", 3)
+      types = ["sliding_attention" if i % every else "full_attention"
+               for i in range(hf.get("num_hidden_layers", 22))]
+    out["layer_types"] = tuple(types)
+  if fam.ffn_dropout == "inside":
+    for key in ("embedding_dropout",):
+      rate = hf.get(key, 0.0)
+      mlp = hf.get(fam.config_keys.get("hidden_dropout_prob", "hidden_dropout_prob"), 0.0)
+      if rate != mlp:
+        raise ValueError(f"{key}={rate} differs from mlp_dropout={mlp}: bertjax gives a "
+                         f"{fam.model_type} model one dropout rate")
+  return out
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -313,6 +526,28 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Sanh et al. 2019.
     "distilbert-base": dict(model_type="distilbert", num_hidden_layers=6, type_vocab_size=0,
                             classifier_dropout_prob=0.2),
+    # Song et al. 2020 (all-mpnet-base-v2's shape).
+    "mpnet-base": dict(model_type="mpnet", vocab_size=30527, max_position_embeddings=514,
+                       pad_token_id=1, type_vocab_size=0, layer_norm_eps=1e-5),
+    # Warner et al. 2024 (answerdotai/ModernBERT-base and -large).
+    "modernbert-base": dict(model_type="modernbert", vocab_size=50368, hidden_size=768,
+                            num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
+                            max_position_embeddings=8192, pad_token_id=50283,
+                            layer_types=tuple("sliding_attention" if i % 3 else "full_attention"
+                                              for i in range(22))),
+    "modernbert-large": dict(model_type="modernbert", vocab_size=50368, hidden_size=1024,
+                             num_hidden_layers=28, num_attention_heads=16,
+                             intermediate_size=2624, max_position_embeddings=8192,
+                             pad_token_id=50283,
+                             layer_types=tuple("sliding_attention" if i % 3 else "full_attention"
+                                               for i in range(28))),
+    # Boizard et al. 2025 (EuroBERT-210m's sizes, transformers' default config).
+    "eurobert-210m": dict(model_type="eurobert", vocab_size=128256, hidden_size=768,
+                          num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                          max_position_embeddings=8192, pad_token_id=128001),
+    # Nussbaum et al. 2024 (nomic-embed-text-v1.5's shape).
+    "nomic-bert": dict(model_type="nomic_bert", vocab_size=30528, max_position_embeddings=2048,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
     # For tests: small enough to compile and run in a second on a CPU.
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128),

@@ -1,16 +1,19 @@
 """The encoder families as data: one row per Hugging Face `model_type`.
 
-Every family here is a post-LayerNorm transformer encoder that the one layer in
-`model.py` computes; a row says only how a family differs: the names of its
-`config.json` keys, the names of its tensors, where positions start, whether it
-has token types, a pooler, shared layers, and which task heads it ships and
-what each head reads. `config.py` (config keys), `hf.py` (tensor names,
-architectures), `model.py`/`functional.py` (heads, positions) and
-`tokenization.py` (special-token roles) read this table; adding the next
-family is a new row plus its parity tests.
+A row describes the whole block, so the one layer in `model.py` reads the row and never
+`model_type`: where the norms sit (after each sublayer's residual, BERT; or before it, with
+a final norm after the last block, ModernBERT/EuroBERT), which norm (LayerNorm, RMSNorm),
+how positions enter (a learned table counted from 0 or after the padding index, a fixed
+sinusoidal table, rotary q/k, a relative-position bias shared by every layer), the
+feed-forward kind (dense, or gated: GeGLU/SwiGLU), and the names of every tensor. What a
+config may switch (biases, grouped key/value heads, the per-layer window and rope theta) are
+config fields (`config.py`) whose Hugging Face keys the row names. `config.py` (config
+keys), `hf.py` (tensor names, fused tensors, architectures), `model.py`/`functional.py`
+(block, heads, positions) and `tokenization.py` (special-token roles) read this table;
+adding the next family is a new row plus its parity tests.
 
-Our parameter tree is the same for every family (see `model.py`); the tables
-below map its paths to each family's Hugging Face names.
+Our parameter tree has the same paths for every family (see `model.py`); the tables below
+map its roles to each family's Hugging Face names.
 """
 
 from __future__ import annotations
@@ -18,44 +21,54 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-# Our per-layer parameter paths, in a fixed order.
-LAYER_PATHS = (
-    ("attention", "query", "kernel"), ("attention", "query", "bias"),
-    ("attention", "key", "kernel"), ("attention", "key", "bias"),
-    ("attention", "value", "kernel"), ("attention", "value", "bias"),
-    ("attention", "output", "kernel"), ("attention", "output", "bias"),
-    ("attention", "LayerNorm", "scale"), ("attention", "LayerNorm", "bias"),
-    ("intermediate", "kernel"), ("intermediate", "bias"),
-    ("output", "kernel"), ("output", "bias"),
-    ("LayerNorm", "scale"), ("LayerNorm", "bias"),
-)
+# Roles of a layer's tensors -> our parameter path (under encoder/layers). Each role is a
+# linear module (kernel + optional bias) or a norm (scale + optional bias).
+LAYER_ROLES: dict[str, tuple[str, ...]] = {
+    "query": ("attention", "query"),
+    "key": ("attention", "key"),
+    "value": ("attention", "value"),
+    "attn_output": ("attention", "output"),
+    "attn_norm": ("attention", "LayerNorm"),
+    "ffn_in": ("intermediate",),
+    "ffn_gate": ("gate",),
+    "ffn_out": ("output",),
+    "ffn_norm": ("LayerNorm",),
+}
+NORM_ROLES = ("attn_norm", "ffn_norm")
+# Fused Hugging Face tensors -> the roles they hold, in order along the output axis.
+FUSED = {"qkv": ("query", "key", "value"), "gate_in": ("ffn_gate", "ffn_in")}
 
-# How each layer tensor is laid out (see `hf._KINDS`).
-LAYER_KINDS = ("qkv", "qkv_bias", "qkv", "qkv_bias", "qkv", "qkv_bias", "out", "plain",
-               "plain", "plain", "linear", "plain", "linear", "plain", "plain", "plain")
-
-
-def _layer_names(query, key, value, out, attn_norm, ffn_in, ffn_out, out_norm, norm_w="weight"):
-  """Hugging Face suffixes within one layer, in `LAYER_PATHS` order."""
-  names = []
-  for module in (query, key, value, out):
-    names += [f"{module}.weight", f"{module}.bias"]
-  names += [f"{attn_norm}.{norm_w}", f"{attn_norm}.bias"]
-  for module in (ffn_in, ffn_out):
-    names += [f"{module}.weight", f"{module}.bias"]
-  names += [f"{out_norm}.{norm_w}", f"{out_norm}.bias"]
-  return tuple(names)
+NORMS = ("post", "pre")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITIONS = ("absolute", "after_padding", "rotary")
+POSITION_BIASES = (None, "relative_buckets")
+FFNS = ("dense", "gated")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-BERT_LAYER = _layer_names("attention.self.query", "attention.self.key", "attention.self.value",
-                          "attention.output.dense", "attention.output.LayerNorm",
-                          "intermediate.dense", "output.dense", "output.LayerNorm")
-ALBERT_LAYER = _layer_names("attention.query", "attention.key", "attention.value",
-                            "attention.dense", "attention.LayerNorm", "ffn", "ffn_output",
-                            "full_layer_layer_norm")
-DISTILBERT_LAYER = _layer_names("attention.q_lin", "attention.k_lin", "attention.v_lin",
-                                "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2",
-                                "output_layer_norm")
+def _bert_layer(query, key, value, out, attn_norm, ffn_in, ffn_out, ffn_norm):
+  return dict(query=query, key=key, value=value, attn_output=out, attn_norm=attn_norm,
+              ffn_in=ffn_in, ffn_out=ffn_out, ffn_norm=ffn_norm)
+
+
+BERT_LAYER = _bert_layer("attention.self.query", "attention.self.key", "attention.self.value",
+                         "attention.output.dense", "attention.output.LayerNorm",
+                         "intermediate.dense", "output.dense", "output.LayerNorm")
+ALBERT_LAYER = _bert_layer("attention.query", "attention.key", "attention.value",
+                           "attention.dense", "attention.LayerNorm", "ffn", "ffn_output",
+                           "full_layer_layer_norm")
+DISTILBERT_LAYER = _bert_layer("attention.q_lin", "attention.k_lin", "attention.v_lin",
+                               "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2",
+                               "output_layer_norm")
+MPNET_LAYER = _bert_layer("attention.attn.q", "attention.attn.k", "attention.attn.v",
+                          "attention.attn.o", "attention.LayerNorm", "intermediate.dense",
+                          "output.dense", "output.LayerNorm")
+# The Llama-style layer of EuroBERT and NomicBERT (NomicBERT's norms sit after the residual).
+LLAMA_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj",
+                   attn_output="self_attn.o_proj", ffn_gate="mlp.gate_proj",
+                   ffn_in="mlp.up_proj", ffn_out="mlp.down_proj")
+MODERNBERT_LAYER = dict(qkv="attn.Wqkv", attn_output="attn.Wo", attn_norm="attn_norm",
+                        gate_in="mlp.Wi", ffn_out="mlp.Wo", ffn_norm="mlp_norm")
 
 
 # Our config fields that every family's `config.json` carries (under `Family.config_keys`
@@ -69,37 +82,62 @@ _BERT_FIELDS = COMMON_FIELDS + ("type_vocab_size", "layer_norm_eps")
 
 @dataclasses.dataclass(frozen=True)
 class Head:
-  """A task head: what it reads and the Hugging Face names of its tensors.
+  """A task head: what it reads, how it is built, and the Hugging Face names of its tensors.
 
   Attributes:
-    reads: "pooled" (the pooler output), "first" (the first token's final
-      state: `<s>` or [CLS]) or "tokens" (every token's final state).
-    tensors: (our sub-path, Hugging Face name, kind) for each tensor.
+    reads: "pooled" (the pooler output), "first" (the first token's final state), "tokens"
+      (every token's final state) or "pooling" (`config.classifier_pooling` decides: "cls"
+      or "bos" the first token, "mean" the masked mean of the tokens, "late" per-token
+      logits then their masked mean).
+    tensors: (our sub-path, Hugging Face name, kind, config flag or None) per tensor; a
+      tensor with a flag exists only when that config field is true (a bias switched off).
     tied: Hugging Face names that are copies of other tensors (the MLM decoder).
-    act: the activation inside the head; None means the config's `hidden_act`.
+    act: the activation inside the head; None means the config's `hidden_act`,
+      "classifier" the config's `classifier_activation`.
+    pre_dropout: whether dropout precedes the first dense layer of a two-layer head.
+    dropout: the config rate its dropout uses: "classifier" (`classifier_dropout`),
+      "hidden" (`hidden_dropout_prob`: DistilBERT's token classifier) or "none".
   """
 
   reads: str
-  tensors: tuple[tuple[tuple[str, ...], str, str], ...]
+  tensors: tuple[tuple[tuple[str, ...], str, str, str | None], ...]
   tied: tuple[str, ...] = ()
   act: str | None = None
+  pre_dropout: bool = True
+  dropout: str = "classifier"
 
   @property
   def names(self) -> tuple[str, ...]:
-    return tuple(name for _, name, _ in self.tensors)
+    return tuple(name for _, name, _, _ in self.tensors)
+
+  def has(self, sub: str) -> bool:
+    """Whether the head has a module named `sub` (e.g. "pre", "norm", "decoder")."""
+    return any(path[0] == sub for path, _, _, _ in self.tensors)
+
+  def has_tensor(self, config, path: tuple[str, ...]) -> bool:
+    """Whether `config` gives this head the tensor at `path` (a bias may be switched off)."""
+    return any(p == path for p, _, _ in self.present(config))
+
+  def present(self, config) -> tuple[tuple[tuple[str, ...], str, str], ...]:
+    """(our sub-path, Hugging Face name, kind) of the tensors `config` gives this head."""
+    return tuple((path, name, kind) for path, name, kind, flag in self.tensors
+                 if flag is None or getattr(config, flag))
 
 
-def _dense(ours: str, hf: str) -> tuple[tuple[tuple[str, ...], str, str], ...]:
-  return (((ours, "kernel"), f"{hf}.weight", "linear"), ((ours, "bias"), f"{hf}.bias", "plain"))
+def _dense(ours: str, hf: str, bias: str | None = None):
+  """A linear module's tensors; `bias` names the config flag its bias depends on, if any."""
+  return (((ours, "kernel"), f"{hf}.weight", "linear", None),
+          ((ours, "bias"), f"{hf}.bias", "plain", bias))
 
 
-def _norm(ours: str, hf: str) -> tuple[tuple[tuple[str, ...], str, str], ...]:
-  return (((ours, "scale"), f"{hf}.weight", "plain"), ((ours, "bias"), f"{hf}.bias", "plain"))
+def _norm(ours: str, hf: str, bias: str | None = None):
+  return (((ours, "scale"), f"{hf}.weight", "plain", None),
+          ((ours, "bias"), f"{hf}.bias", "plain", bias))
 
 
 def _mlm(dense: str, norm: str, bias: str, tied: tuple[str, ...], act: str | None) -> Head:
   # Transform (dense -> act -> LayerNorm), then the decoder tied to the word embeddings.
-  tensors = _dense("dense", dense) + _norm("LayerNorm", norm) + ((("bias",), bias, "plain"),)
+  tensors = _dense("dense", dense) + _norm("LayerNorm", norm) + ((("bias",), bias, "plain", None),)
   return Head("tokens", tensors, tied, act)
 
 
@@ -107,29 +145,47 @@ def _linear(reads: str, hf: str) -> Head:
   return Head(reads, _dense("dense", hf))
 
 
-def _two_layer(pre: str, out: str, act: str) -> Head:
-  """dense -> act -> dense on the first token (RoBERTa, ELECTRA, DistilBERT classifiers)."""
-  return Head("first", _dense("pre", pre) + _dense("dense", out), act=act)
+def _two_layer(pre: str, out: str, act: str, reads: str = "first") -> Head:
+  """dense -> act -> dense (RoBERTa, ELECTRA, DistilBERT, MPNet, EuroBERT classifiers)."""
+  return Head(reads, _dense("pre", pre) + _dense("dense", out), act=act)
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-  """How one encoder family differs from BERT.
+  """How one encoder family's model is built and named.
 
   Attributes:
     model_type: the Hugging Face `model_type`.
     prefix: the base model's attribute in task models ("bert" in `bert.encoder...`).
     layer_prefix: format string of one layer's prefix, after the base prefix; `{i}`
       is the parameter layer (ALBERT: `{g}` group and `{j}` layer within it).
-    layer_names: Hugging Face suffixes of the layer tensors, in `LAYER_PATHS` order.
+    layer_names: role (`LAYER_ROLES`, or a fused name of `FUSED`) -> Hugging Face module
+      name within the layer.
+    embedding_names: "word", "position", "token_type", "norm" -> module names after the
+      base prefix (a missing entry: the family has no such module).
     config_keys: our config field -> its `config.json` key, where they differ.
     config_fields: our config fields its `config.json` carries.
     config_defaults: our config field -> value when `config.json` lacks it (and,
       for fields not in `config_fields`, the only value the family supports).
     projection: Hugging Face name of the E -> H embedding projection, if any.
+    always_project: the projection exists even when E == H (ALBERT); otherwise only when
+      the embeddings are factorised (ELECTRA with E != H).
     pooler: Hugging Face name of the pooler's dense layer, if the family has one.
-    positions: "absolute" (0, 1, ...) or "after_padding" (RoBERTa: real tokens
-      count from `pad_token_id + 1`, padding sits at `pad_token_id`).
+    final_norm: Hugging Face name of the norm after the last block (pre-LN), if any.
+    relative_bias: Hugging Face name of the relative-position bias table, if any.
+    positions: "absolute" (0, 1, ...), "after_padding" (RoBERTa, MPNet: real tokens
+      count from `pad_token_id + 1`, padding sits at `pad_token_id`) or "rotary" (no
+      position table; q and k rotated in every layer).
+    position_bias: None or "relative_buckets" (MPNet: T5's bidirectional buckets, one
+      table shared by every layer).
+    norm: "post" (BERT: `LN(x + sublayer(x))`) or "pre" (`x + sublayer(LN(x))`, and the
+      final norm after the last block).
+    norm_kind: "layernorm" or "rmsnorm".
+    ffn: "dense" (`act(x W1) W2`) or "gated" (`(act(x Wg) * (x W1)) W2`: GeGLU, SwiGLU).
+    first_attn_norm: False when block 0 has no attention norm (ModernBERT: the embedding
+      norm precedes it).
+    ffn_dropout: "after" (BERT: dropout on the FFN output) or "inside" (ModernBERT:
+      between the activation and the output projection).
     token_types: whether the family has token-type embeddings.
     shared_layers: ALBERT's cross-layer sharing.
     heads: head name -> `Head`.
@@ -137,12 +193,13 @@ class Family:
     no_pooler: classes built without the pooler (`add_pooling_layer=False`).
     special_tokens: role -> the token the family's tokenizers use by default
       (the checkpoint's tokenizer files override these).
+    what_differs: one line for the README's families table.
   """
 
   model_type: str
   prefix: str
   layer_prefix: str
-  layer_names: tuple[str, ...]
+  layer_names: Mapping[str, str]
   config_fields: tuple[str, ...]
   config_keys: Mapping[str, str]
   config_defaults: Mapping[str, object]
@@ -155,6 +212,27 @@ class Family:
   architectures: Mapping[tuple[str, ...], str]
   no_pooler: frozenset[str]
   special_tokens: Mapping[str, str]
+  embedding_names: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(
+      word="embeddings.word_embeddings", position="embeddings.position_embeddings",
+      token_type="embeddings.token_type_embeddings", norm="embeddings.LayerNorm"))
+  final_norm: str | None = None
+  relative_bias: str | None = None
+  position_bias: str | None = None
+  norm: str = "post"
+  norm_kind: str = "layernorm"
+  ffn: str = "dense"
+  first_attn_norm: bool = True
+  ffn_dropout: str = "after"
+  always_project: bool = False
+  what_differs: str = ""
+
+  def __post_init__(self):
+    for name, allowed in (("norm", NORMS), ("norm_kind", NORM_KINDS), ("positions", POSITIONS),
+                          ("position_bias", POSITION_BIASES), ("ffn", FFNS),
+                          ("ffn_dropout", ("after", "inside"))):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"Family {self.model_type!r}: {name}={getattr(self, name)!r} must be "
+                         f"one of {allowed}")
 
   def architecture(self, heads: tuple[str, ...]) -> str:
     key = tuple(sorted(heads))
@@ -163,10 +241,27 @@ class Family:
                        f"class; supported: {sorted(self.architectures)}")
     return self.architectures[key]
 
+  @property
+  def roles(self) -> tuple[str, ...]:
+    """The layer roles this family's block has (fused names expanded)."""
+    roles = []
+    for name in self.layer_names:
+      roles.extend(FUSED.get(name, (name,)))
+    return tuple(r for r in LAYER_ROLES if r in roles)
+
 
 _BERT_TOKENS = dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
 _ROBERTA_TOKENS = dict(cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>", bos="<s>",
                        eos="</s>")
+
+
+def _standard(model_type: str, cls_prefix: str, heads: tuple[str, ...]):
+  """architectures and no_pooler for a family whose classes are {prefix}Model / For*."""
+  names = {"mlm": "MaskedLM", "classifier": "SequenceClassification",
+           "token_classifier": "TokenClassification"}
+  arch = {(): f"{cls_prefix}Model"}
+  arch.update({(h,): f"{cls_prefix}For{names[h]}" for h in heads})
+  return arch
 
 
 def _roberta_like(model_type: str, cls_prefix: str) -> Family:
@@ -183,12 +278,17 @@ def _roberta_like(model_type: str, cls_prefix: str) -> Family:
           "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
           "token_classifier": _linear("tokens", "classifier"),
       },
-      architectures={(): f"{cls_prefix}Model", ("mlm",): f"{cls_prefix}ForMaskedLM",
-                     ("classifier",): f"{cls_prefix}ForSequenceClassification",
-                     ("token_classifier",): f"{cls_prefix}ForTokenClassification"},
+      architectures=_standard(model_type, cls_prefix, ("mlm", "classifier", "token_classifier")),
       no_pooler=frozenset(f"{cls_prefix}For{t}" for t in (
           "MaskedLM", "SequenceClassification", "TokenClassification")),
-      special_tokens=_ROBERTA_TOKENS)
+      special_tokens=_ROBERTA_TOKENS,
+      what_differs="BERT with positions counted after the padding index, byte-level BPE"
+      + ("" if model_type == "roberta" else " (SentencePiece: XLM-R)"))
+
+
+# ModernBERT's prediction head: dense (classifier_bias) -> classifier_activation -> norm.
+def _modernbert_transform(dense: str, norm: str):
+  return _dense(dense, "head.dense", "classifier_bias") + _norm(norm, "head.norm", "norm_bias")
 
 
 FAMILIES: dict[str, Family] = {
@@ -213,7 +313,8 @@ FAMILIES: dict[str, Family] = {
                        ("classifier",): "BertForSequenceClassification",
                        ("token_classifier",): "BertForTokenClassification"},
         no_pooler=frozenset({"BertForMaskedLM", "BertForTokenClassification"}),
-        special_tokens=_BERT_TOKENS),
+        special_tokens=_BERT_TOKENS,
+        what_differs="the reference block: post-LN, learned absolute positions, GELU FFN"),
     "albert": Family(
         model_type="albert", prefix="albert",
         layer_prefix="encoder.albert_layer_groups.{g}.albert_layers.{j}.",
@@ -222,7 +323,7 @@ FAMILIES: dict[str, Family] = {
         config_keys={},
         config_defaults=dict(embedding_size=128, num_hidden_groups=1, inner_group_num=1,
                              classifier_dropout_prob=0.1, vocab_size=30000),
-        projection="encoder.embedding_hidden_mapping_in", pooler="pooler",
+        projection="encoder.embedding_hidden_mapping_in", always_project=True, pooler="pooler",
         positions="absolute", token_types=True, shared_layers=True,
         heads={
             "mlm": _mlm("predictions.dense", "predictions.LayerNorm", "predictions.bias",
@@ -236,7 +337,8 @@ FAMILIES: dict[str, Family] = {
                        ("classifier",): "AlbertForSequenceClassification",
                        ("token_classifier",): "AlbertForTokenClassification"},
         no_pooler=frozenset({"AlbertForMaskedLM", "AlbertForTokenClassification"}),
-        special_tokens=dict(_BERT_TOKENS, pad="<pad>", unk="<unk>")),
+        special_tokens=dict(_BERT_TOKENS, pad="<pad>", unk="<unk>"),
+        what_differs="layers shared in groups, factorised embeddings (E -> H)"),
     "roberta": _roberta_like("roberta", "Roberta"),
     "xlm-roberta": _roberta_like("xlm-roberta", "XLMRoberta"),
     "electra": Family(
@@ -260,10 +362,12 @@ FAMILIES: dict[str, Family] = {
                        ("rtd",): "ElectraForPreTraining",
                        ("classifier",): "ElectraForSequenceClassification",
                        ("token_classifier",): "ElectraForTokenClassification"},
-        no_pooler=frozenset(), special_tokens=_BERT_TOKENS),
+        no_pooler=frozenset(), special_tokens=_BERT_TOKENS,
+        what_differs="BERT's block; embeddings projected E -> H; discriminator (RTD) head"),
     "distilbert": Family(
         model_type="distilbert", prefix="distilbert", layer_prefix="transformer.layer.{i}.",
-        layer_names=DISTILBERT_LAYER, config_fields=COMMON_FIELDS + ("sinusoidal_positions",),
+        layer_names=DISTILBERT_LAYER,
+        config_fields=COMMON_FIELDS + ("sinusoidal_positions",),
         config_keys=dict(hidden_size="dim", num_hidden_layers="n_layers",
                          num_attention_heads="n_heads", intermediate_size="hidden_dim",
                          hidden_act="activation", hidden_dropout_prob="dropout",
@@ -278,13 +382,144 @@ FAMILIES: dict[str, Family] = {
         heads={
             "mlm": _mlm("vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
                         ("vocab_projector.weight",), act=None),
-            "classifier": _two_layer("pre_classifier", "classifier", "relu"),
-            "token_classifier": _linear("tokens", "classifier"),
+            "classifier": dataclasses.replace(
+                _two_layer("pre_classifier", "classifier", "relu"), pre_dropout=False),
+            "token_classifier": dataclasses.replace(_linear("tokens", "classifier"),
+                                                    dropout="hidden"),
         },
         architectures={(): "DistilBertModel", ("mlm",): "DistilBertForMaskedLM",
                        ("classifier",): "DistilBertForSequenceClassification",
                        ("token_classifier",): "DistilBertForTokenClassification"},
-        no_pooler=frozenset(), special_tokens=_BERT_TOKENS),
+        no_pooler=frozenset(), special_tokens=_BERT_TOKENS,
+        what_differs="no token types; optional fixed sinusoidal positions"),
+    "mpnet": Family(
+        model_type="mpnet", prefix="mpnet", layer_prefix="encoder.layer.{i}.",
+        layer_names=MPNET_LAYER,
+        config_fields=COMMON_FIELDS + ("layer_norm_eps", "relative_attention_num_buckets"),
+        config_keys={}, config_defaults=dict(pad_token_id=1, type_vocab_size=0,
+                                             classifier_dropout_prob=None),
+        projection=None, pooler="pooler.dense", positions="after_padding",
+        position_bias="relative_buckets", relative_bias="encoder.relative_attention_bias",
+        token_types=False, shared_layers=False,
+        heads={
+            "mlm": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
+                        ("lm_head.decoder.weight", "lm_head.decoder.bias"), act="gelu"),
+            "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
+            "token_classifier": _linear("tokens", "classifier"),
+        },
+        architectures=_standard("mpnet", "MPNet", ("mlm", "classifier", "token_classifier")),
+        no_pooler=frozenset({"MPNetForMaskedLM", "MPNetForSequenceClassification",
+                             "MPNetForTokenClassification"}),
+        special_tokens=dict(_ROBERTA_TOKENS, unk="[UNK]"),
+        what_differs="BERT's block plus a T5-style relative-position bias (32 buckets, one "
+        "table for every layer) on each layer's scores; positions after padding; no token types"),
+    "nomic_bert": Family(
+        # The hub's (and transformers' save_pretrained's) layout: transformers renames it to
+        # q_proj/k_proj/v_proj, up/gate/down_proj, post_*_layernorm when it loads.
+        model_type="nomic_bert", prefix="nomic_bert", layer_prefix="encoder.layers.{i}.",
+        layer_names=dict(qkv="attn.Wqkv", attn_output="attn.out_proj", ffn_in="mlp.fc11",
+                         ffn_gate="mlp.fc12", ffn_out="mlp.fc2", attn_norm="norm1",
+                         ffn_norm="norm2"),
+        config_fields=_BERT_FIELDS,
+        config_keys={"classifier_dropout_prob": "classifier_dropout"},
+        config_defaults=dict(attention_bias=False, mlp_bias=False, rope_theta=1000.0,
+                             hidden_act="silu"),
+        embedding_names=dict(word="embeddings.word_embeddings",
+                             token_type="embeddings.token_type_embeddings", norm="emb_ln"),
+        projection=None, pooler="pooler.dense", positions="rotary", ffn="gated",
+        token_types=True, shared_layers=False,
+        heads={
+            "mlm": _mlm("cls.predictions.transform.dense", "cls.predictions.transform.layer_norm",
+                        "cls.predictions.bias",
+                        ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+                        act=None),
+            "classifier": _linear("pooled", "classifier"),
+            "token_classifier": _linear("tokens", "classifier"),
+        },
+        architectures=_standard("nomic_bert", "NomicBert",
+                                ("mlm", "classifier", "token_classifier")),
+        no_pooler=frozenset({"NomicBertModel", "NomicBertForMaskedLM",
+                             "NomicBertForTokenClassification"}),
+        special_tokens=_BERT_TOKENS,
+        what_differs="post-LN with rotary q/k (theta 1000, no position table), SwiGLU FFN, no "
+        "biases in attention or FFN"),
+    "modernbert": Family(
+        model_type="modernbert", prefix="model", layer_prefix="layers.{i}.",
+        layer_names=MODERNBERT_LAYER,
+        config_fields=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "hidden_act", "hidden_dropout_prob",
+                       "attention_probs_dropout_prob", "max_position_embeddings",
+                       "initializer_range", "pad_token_id", "classifier_dropout_prob",
+                       "layer_norm_eps", "norm_bias", "attention_bias", "mlp_bias",
+                       "decoder_bias", "classifier_bias", "classifier_activation",
+                       "classifier_pooling", "sliding_window"),
+        config_keys=dict(hidden_act="hidden_activation", layer_norm_eps="norm_eps",
+                         hidden_dropout_prob="mlp_dropout",
+                         attention_probs_dropout_prob="attention_dropout",
+                         classifier_dropout_prob="classifier_dropout",
+                         sliding_window="local_attention"),
+        config_defaults=dict(type_vocab_size=0, norm_bias=False, attention_bias=False,
+                             mlp_bias=False, decoder_bias=True, classifier_bias=False,
+                             classifier_activation="gelu", classifier_pooling="cls",
+                             hidden_act="gelu", layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
+                             attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+                             sliding_window=128, rope_theta=160000.0, local_rope_theta=10000.0),
+        embedding_names=dict(word="embeddings.tok_embeddings", norm="embeddings.norm"),
+        projection=None, pooler=None, final_norm="final_norm", positions="rotary",
+        norm="pre", ffn="gated", first_attn_norm=False, ffn_dropout="inside",
+        token_types=False, shared_layers=False,
+        heads={
+            "mlm": Head("tokens", _modernbert_transform("dense", "LayerNorm")
+                        + ((("bias",), "decoder.bias", "plain", "decoder_bias"),),
+                        tied=("decoder.weight",), act="classifier"),
+            "classifier": Head("pooling", _modernbert_transform("pre", "norm")
+                               + _dense("dense", "classifier"), act="classifier",
+                               pre_dropout=False),
+            "token_classifier": Head("tokens", _modernbert_transform("pre", "norm")
+                                     + _dense("dense", "classifier"), act="classifier",
+                                     pre_dropout=False),
+        },
+        architectures=_standard("modernbert", "ModernBert",
+                                ("mlm", "classifier", "token_classifier")),
+        no_pooler=frozenset(),
+        special_tokens=dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]"),
+        what_differs="pre-LN without biases, rotary q/k with a theta per layer type, a "
+        "sliding window (128 tokens) in two of every three layers, GeGLU, fused Wqkv"),
+    "eurobert": Family(
+        model_type="eurobert", prefix="model", layer_prefix="layers.{i}.",
+        layer_names=dict(LLAMA_LAYER, attn_norm="input_layernorm",
+                         ffn_norm="post_attention_layernorm"),
+        config_fields=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "intermediate_size", "hidden_act", "attention_probs_dropout_prob",
+                       "max_position_embeddings", "initializer_range", "pad_token_id",
+                       "layer_norm_eps", "attention_bias", "mlp_bias", "num_key_value_heads",
+                       "tie_word_embeddings", "classifier_pooling"),
+        config_keys=dict(layer_norm_eps="rms_norm_eps",
+                         attention_probs_dropout_prob="attention_dropout"),
+        config_defaults=dict(type_vocab_size=0, norm_bias=False, attention_bias=False,
+                             mlp_bias=False, hidden_act="silu", layer_norm_eps=1e-5,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                             classifier_dropout_prob=0.0, rope_theta=10000.0,
+                             tie_word_embeddings=False, classifier_pooling="late"),
+        embedding_names=dict(word="embed_tokens"),
+        projection=None, pooler=None, final_norm="norm", positions="rotary",
+        norm="pre", norm_kind="rmsnorm", ffn="gated", token_types=False, shared_layers=False,
+        heads={
+            # No transform; the decoder is its own matrix unless tie_word_embeddings.
+            "mlm": Head("tokens", ((("decoder",), "lm_head.weight", "linear", "untied"),
+                                   (("bias",), "lm_head.bias", "plain", "mlp_bias")),
+                        tied=("lm_head.weight",)),
+            "classifier": Head("pooling", _dense("pre", "dense") + _dense("dense", "classifier"),
+                               act="gelu", pre_dropout=False, dropout="none"),
+            "token_classifier": dataclasses.replace(_linear("tokens", "classifier"),
+                                                    dropout="none"),
+        },
+        architectures=_standard("eurobert", "EuroBert", ("mlm", "classifier", "token_classifier")),
+        no_pooler=frozenset(),
+        special_tokens=dict(cls="<|begin_of_text|>", sep="<|end_of_text|>", pad="<|end_of_text|>",
+                            mask="<|mask|>", bos="<|begin_of_text|>", eos="<|end_of_text|>"),
+        what_differs="Llama-like: pre-RMSNorm, SwiGLU, rotary q/k, grouped key/value heads, no "
+        "biases; an untied MLM decoder"),
 }
 
 MODEL_TYPES = tuple(FAMILIES)

@@ -49,6 +49,7 @@ from bertjax.model import (
     RTDHead,
     Sites,
     compute_dtype,
+    final_norm_module,
     mix,
     put_rows,
 )
@@ -113,9 +114,19 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   x = jnp.zeros((1, 2, config.hidden_size), compute_dtype(config))
   mask = jnp.ones((1, 2), bool)
   params: Params = {"embeddings": Embeddings(config).init(k_emb, ids, ids)["params"]}
-  layer_init = lambda k: EncoderLayer(config).init(k, x, mask)["params"]
+  k_layers, k_bias = jax.random.split(k_layers)
+  bias_table = _init_bias_table(config, k_bias)
+  # Block 1's structure (block 0 of ModernBERT skips its attention norm, so its init would
+  # not create one); every block has the same parameters.
+  layer_init = lambda k: EncoderLayer(config).init(k, x, mask, layer=min(1, config.depth - 1),
+                                                   bias_table=bias_table)["params"]
   layer_keys = jax.random.split(k_layers, config.num_param_layers)
   params["encoder"] = {"layers": jax.vmap(layer_init)(layer_keys)}
+  if bias_table is not None:
+    params["encoder"]["relative_attention_bias"] = {"embedding": bias_table}
+  norm = final_norm_module(config)
+  if norm is not None:
+    params["encoder"]["LayerNorm"] = norm.init(k_pool, x)["params"]
   if config.has_pooler:
     params["pooler"] = Pooler(config).init(k_pool, x)["params"]
   for head, k in zip(heads, jax.random.split(k_heads, max(len(heads), 1))):
@@ -127,21 +138,26 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   return params
 
 
+def _init_bias_table(config: BertConfig, key):
+  """MPNet's relative-position bias table (buckets, heads), or None for other families."""
+  if config.family.position_bias is None:
+    return None
+  shape = (config.relative_attention_num_buckets, config.num_attention_heads)
+  return jax.random.normal(key, shape) * config.initializer_range
+
+
 def _head_module(config: BertConfig, head: str):
   spec = config.family.heads[head]
   if head == "mlm":
-    return MLMHead(config, spec.act)
+    return MLMHead(config)
   if head == "rtd":
     return RTDHead(config)
   if head == "nsp":
     return Classifier(config, 2, 0.0)
-  dropout = config.classifier_dropout
-  if head == "token_classifier" and config.model_type == "distilbert":
-    dropout = config.hidden_dropout_prob  # DistilBertForTokenClassification uses `dropout`
-  two_layer = any(path[0] == "pre" for path, _, _ in spec.tensors)
+  dropout = {"classifier": config.classifier_dropout, "hidden": config.hidden_dropout_prob,
+             "none": 0.0}[spec.dropout]
   # Hugging Face sizes ALBERT's SOP head by num_labels too (2 in every released model).
-  return Classifier(config, config.num_labels, dropout, pre_act=spec.act if two_layer else None,
-                    pre_dropout=config.model_type != "distilbert")
+  return Classifier(config, config.num_labels, dropout, spec)
 
 
 # Checked forward ------------------------------------------------------------
@@ -382,7 +398,9 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   scanned, const = _split_patch(config, patch or {}, start, stop)
   want_maps = output_attentions or stats
 
-  def block(layer_params, h, hm, lm, key, patch_slices, kept=None, rows=None):
+  bias_table = params["encoder"].get("relative_attention_bias", {}).get("embedding")
+
+  def block(layer, layer_params, h, hm, lm, key, patch_slices, kept=None, rows=None):
     arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight
     block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
     fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
@@ -391,7 +409,8 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
         {"params": layer_params}, h, key_mask, sites, output_attentions,
-        deterministic, special_mask, stats, rngs=None if key is None else {"dropout": key})
+        deterministic, special_mask, stats, layer, bias_table,
+        rngs=None if key is None else {"dropout": key})
     if rows is not None:  # zeros at the rows not asked for (`run_layers`)
       y, maps, captured = _at_final_rows(y, maps, sites.captured, rows, h.shape[1], fused)
       sites.captured = captured
@@ -401,10 +420,37 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   if config.is_pruned or unroll:
     if stats:
       raise ValueError("attention statistics do not support pruned models; use head masks")
-    return _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys,
-                         scanned, block, final_rows)
-  return _run_scanned(params, config, hidden, start, stop, (head_mask, layer_mask, keys, scanned),
-                      block, final_rows)
+    out = _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys,
+                        scanned, block, final_rows)
+  else:
+    out = _run_scanned(params, config, hidden, start, stop,
+                       (head_mask, layer_mask, keys, scanned), block, final_rows)
+  if stop == config.depth and stop > start and config.family.final_norm:
+    out = _final_norm(params, config, out, final_rows)
+  return out
+
+
+def _final_norm(params, config, out: LayersOutput, final_rows) -> LayersOutput:
+  """A pre-LN model's norm after its last block, on `last` and (as transformers reports
+  them) on the last hidden state; zero again outside `final_rows`."""
+  last = final_norm(params, config, out.last)
+  if final_rows is not None:
+    keep = jnp.zeros(last.shape[:2], bool).at[
+        jnp.arange(last.shape[0])[:, None], final_rows].set(True)
+    last = jnp.where(keep[:, :, None], last, 0)
+  states = out.hidden_states
+  if states is not None:
+    states = states.at[-1].set(last)
+  return out._replace(last=last, hidden_states=states)
+
+
+def final_norm(params: Params, config: BertConfig, hidden) -> jax.Array:
+  """The norm after the last block of a pre-LN family (ModernBERT, EuroBERT); identity for
+  post-LN families. `run_layers` and `forward` apply it when they run the last block."""
+  module = final_norm_module(config)
+  if module is None:
+    return hidden
+  return module.apply({"params": params["encoder"]["LayerNorm"]}, hidden)
 
 
 def _run_scanned(params, config, hidden, start, stop, per_block, block, final_rows):
@@ -418,7 +464,7 @@ def _run_scanned(params, config, hidden, start, stop, per_block, block, final_ro
     block_index, layer_params, hm, lm, key, patch_slices = xs
     if layer_params is None:  # ALBERT (or a part of the stack): index the weights.
       layer_params = jax.tree.map(lambda a: a[jnp.asarray(index)[block_index]], stacked)
-    return block(layer_params, h, hm, lm, key, patch_slices)
+    return block(block_index, layer_params, h, hm, lm, key, patch_slices)
 
   scan_stop = stop if final_rows is None else stop - 1
   at = lambda tree, i: None if tree is None else jax.tree.map(lambda a: a[i], tree)
@@ -433,14 +479,19 @@ def _run_scanned(params, config, hidden, start, stop, per_block, block, final_ro
     return LayersOutput(last, *ys)
   # The last block on its own, at the rows read; its outputs join the scanned ones.
   last_params = jax.tree.map(lambda a: a[index[stop - 1]], stacked)
-  last, y = block(last_params, last, *(at(t, -1) for t in per_block), rows=final_rows)
+  last, y = block(stop - 1, last_params, last, *(at(t, -1) for t in per_block), rows=final_rows)
   join = lambda a, b: None if b is None else jnp.concatenate([a, b[None]])
   return LayersOutput(last, *jax.tree.map(join, ys, y, is_leaf=lambda a: a is None))
 
 
 def _rows_attention(config, output_attentions, capture, patch) -> bool:
   """Whether a block can run at chosen rows: the attention it uses takes q and k of different
-  lengths (the XLA implementation; the map path always is)."""
+  lengths (the XLA implementation; the map path always is), and nothing in it depends on the
+  query's position (rotary q, a relative-position bias, a sliding window: those blocks run
+  in full and are masked)."""
+  fam = config.family
+  if fam.positions == "rotary" or fam.position_bias or any(config.layer_windows):
+    return False
   if output_attentions or "probs" in capture or "probs" in (patch or {}):
     return True
   return kernels.attention_impl(config.attention_impl) == "xla"
@@ -479,7 +530,7 @@ def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, ke
     hm = None if hm is None else hm[i]
     lm = None if layer_mask is None else layer_mask[i]
     rows = final_rows if d == stop - 1 else None
-    h, out = block(layer_params, h, hm, lm, None if keys is None else keys[i],
+    h, out = block(d, layer_params, h, hm, lm, None if keys is None else keys[i],
                    {k: v[i] for k, v in scanned.items()}, kept=kept, rows=rows)
     states, maps, cache = out
     if maps is not None and kept is not None:  # pruned heads show as all-zero maps
@@ -593,9 +644,7 @@ def _head_params(params: Params, head: str) -> Params:
 
 def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic: bool = True,
                 rng: jax.Array | None = None) -> jax.Array:
-  if head not in config.family.heads:
-    raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
-                     f"{tuple(config.family.heads)}")
+  head_reads(config, head)  # a head the family has
   rngs = None if deterministic else {"dropout": rng}
   module = _head_module(config, head)
   if head == "mlm":
@@ -607,26 +656,55 @@ def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic:
                       rngs=rngs)
 
 
-def head_input(config: BertConfig, out: BertOutput, head: str) -> jax.Array:
-  """What `head` reads from a forward output: the pooler output, the first token, or all."""
+def head_reads(config: BertConfig, head: str) -> str:
+  """What `head` reads: "pooled", "first", "tokens", "mean" or "late" (the family's head,
+  with `config.classifier_pooling` deciding where the family pools by config)."""
   if head not in config.family.heads:
     raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
                      f"{tuple(config.family.heads)}")
   reads = config.family.heads[head].reads
+  if reads == "pooling":
+    return {"cls": "first", "bos": "first"}.get(config.classifier_pooling,
+                                                config.classifier_pooling)
+  return reads
+
+
+def head_input(config: BertConfig, out: BertOutput, head: str,
+               attention_mask=None) -> jax.Array:
+  """What `head` reads from a forward output: the pooler output, the first token, the
+  masked mean of the tokens ("mean" pooling; `attention_mask` None means all real), or all
+  tokens (token heads, and "late" pooling, whose logits are averaged afterwards)."""
+  reads = head_reads(config, head)
   if reads == "pooled":
     if out.pooler_output is None:
       raise ValueError(f"the {head!r} head reads the pooler output, and this model has no pooler")
     return out.pooler_output
-  return out.last_hidden_state[:, 0] if reads == "first" else out.last_hidden_state
+  if reads == "first":
+    return out.last_hidden_state[:, 0]
+  if reads == "mean":
+    return masked_mean(out.last_hidden_state, attention_mask)
+  return out.last_hidden_state
+
+
+def masked_mean(x, attention_mask=None):
+  """The mean of x (B, T, ...) over the real positions of each sequence (as transformers'
+  mean pooling: `sum(x * mask) / sum(mask)`)."""
+  if attention_mask is None:
+    return x.mean(1)
+  m = jnp.asarray(attention_mask).astype(x.dtype).reshape(x.shape[:2] + (1,) * (x.ndim - 2))
+  return (x * m).sum(1) / m.sum(1)
 
 
 def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, *,
-                deterministic: bool = True, rng: jax.Array | None = None) -> jax.Array:
+                attention_mask=None, deterministic: bool = True,
+                rng: jax.Array | None = None) -> jax.Array:
   """A task head's logits from `forward`'s output, for any family.
 
-  Each head reads what its Hugging Face class reads: BERT's and ALBERT's
-  classifiers the pooler output; RoBERTa's, ELECTRA's and DistilBERT's the first
-  token's final state; MLM, RTD and token classifiers every token.
+  Each head reads what its Hugging Face class reads: BERT's, ALBERT's and NomicBERT's
+  classifiers the pooler output; RoBERTa's, ELECTRA's, DistilBERT's and MPNet's the first
+  token's final state; ModernBERT's and EuroBERT's what `config.classifier_pooling` says
+  (the first token, the masked mean of the tokens, or, EuroBERT's "late", the masked mean of
+  per-token logits); MLM, RTD and token classifiers every token.
 
   Args:
     params: parameters with the head.
@@ -634,12 +712,17 @@ def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, 
     out: `forward`'s output.
     head: "mlm" (B, T, vocab), "nsp" (B, 2), "sop" (B, num_labels), "rtd" (B, T),
       "classifier" (B, num_labels) or "token_classifier" (B, T, num_labels).
+    attention_mask: (B, T), for "mean" and "late" pooling (None: every position is real).
     deterministic, rng: dropout inside the head (training).
 
   Returns:
     The logits.
   """
-  return _apply_head(head, params, config, head_input(config, out, head), deterministic, rng)
+  logits = _apply_head(head, params, config, head_input(config, out, head, attention_mask),
+                       deterministic, rng)
+  if head_reads(config, head) == "late":
+    logits = masked_mean(logits, attention_mask)
+  return logits
 
 
 def mlm_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
@@ -669,11 +752,13 @@ def sop_logits(params: Params, config: BertConfig, pooled, *, deterministic: boo
 
 def classify(params: Params, config: BertConfig, x, *, deterministic: bool = True,
              rng: jax.Array | None = None) -> jax.Array:
-  """Sequence-classification logits (batch, num_labels) from what the family's head reads.
+  """Sequence-classification logits from what the family's head reads.
 
   `x` is the pooler output for BERT and ALBERT and the first token's final state
   for RoBERTa, XLM-R, ELECTRA and DistilBERT (`head_input(config, out,
-  "classifier")` gives the right one; `head_logits` does both steps).
+  "classifier")` gives the right one; `head_logits` does both steps, and also the
+  averaging of EuroBERT's "late" pooling, where `x` is every token and the result
+  (batch, seq, num_labels)).
   """
   return _apply_head("classifier", params, config, x, deterministic, rng)
 

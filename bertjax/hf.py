@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.config import BertConfig
-from bertjax.families import HEADS, LAYER_KINDS, LAYER_PATHS
+from bertjax.families import FUSED, HEADS, LAYER_ROLES, NORM_ROLES
 from bertjax.functional import Params
 
 # How a tensor is stored here vs in torch; `to_hf` and `from_hf` are inverses.
@@ -32,7 +32,7 @@ _KINDS: dict[str, _Kind] = {
     "plain": (lambda a, c: a, lambda a, c: a),
     "linear": (lambda a, c: a.T, lambda a, c: a.T),
     # query/key/value kernels: ours (H, N, D), torch (N*D, H).
-    # (N varies per layer in a pruned model, hence the -1.)
+    # (N varies per layer in a pruned model, and is the key/value heads for k and v.)
     "qkv": (lambda a, c: a.reshape(a.shape[0], -1).T,
             lambda a, c: a.T.reshape(a.shape[1], -1, c.head_dim)),
     "qkv_bias": (lambda a, c: a.reshape(-1), lambda a, c: a.reshape(-1, c.head_dim)),
@@ -40,40 +40,106 @@ _KINDS: dict[str, _Kind] = {
     "out": (lambda a, c: a.reshape(-1, a.shape[-1]).T,
             lambda a, c: a.T.reshape(-1, c.head_dim, a.shape[0])),
 }
+# The kind of each layer role's kernel (its bias is "qkv_bias" for q/k/v, else "plain").
+_ROLE_KINDS = {"query": "qkv", "key": "qkv", "value": "qkv", "attn_output": "out",
+               "ffn_in": "linear", "ffn_gate": "linear", "ffn_out": "linear"}
+_ATTENTION_ROLES = ("query", "key", "value", "attn_output")
 
-def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
-  """(hf_name, our_path, param_layer or None, kind) for every tensor of the model."""
+
+def _role_tensors(config: BertConfig, role: str):
+  """(our sub-path under the layer, suffix, kind) of one role's tensors in `config`."""
+  path = LAYER_ROLES[role]
+  if role in NORM_ROLES:
+    bias = config.norm_bias and config.family.norm_kind == "layernorm"
+    return [(path + ("scale",), "weight", "plain")] + (
+        [(path + ("bias",), "bias", "plain")] if bias else [])
+  bias = config.attention_bias if role in _ATTENTION_ROLES else config.mlp_bias
+  kernel = _ROLE_KINDS[role]
+  return [(path + ("kernel",), "weight", kernel)] + (
+      [(path + ("bias",), "bias", "qkv_bias" if kernel == "qkv" else "plain")] if bias else [])
+
+
+def _layer_entries(config: BertConfig, layer: int):
+  """(Hugging Face suffix, [our sub-paths], kind) of one parameter layer's tensors; a fused
+  tensor (ModernBERT's Wqkv, Wi) lists the sub-paths it holds, in order."""
   fam = config.family
-  base = fam.prefix + "."
   entries = []
-  tables = ["word_embeddings", "position_embeddings"]
-  if config.type_vocab_size:
-    tables.append("token_type_embeddings")
-  for table in tables:
-    entries.append((f"{base}embeddings.{table}.weight", ("embeddings", table, "embedding"), None,
-                    "plain"))
-  for ours, theirs in (("scale", "weight"), ("bias", "bias")):
-    entries.append((f"{base}embeddings.LayerNorm.{theirs}", ("embeddings", "LayerNorm", ours),
-                    None, "plain"))
-  if config.has_embedding_projection:
-    for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
-      entries.append((f"{base}{fam.projection}.{theirs}", ("embeddings", "projection", ours),
-                      None, kind))
-  for p in range(config.num_param_layers):
-    g, j = divmod(p, config.inner_group_num)
-    prefix = base + fam.layer_prefix.format(i=p, g=g, j=j)
-    for path, name, kind in zip(LAYER_PATHS, fam.layer_names, LAYER_KINDS):
-      entries.append((prefix + name, ("encoder", "layers") + path, p, kind))
-  if pooler:
-    for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
-      entries.append((f"{base}{fam.pooler}.{theirs}", ("pooler", "dense", ours), None, kind))
-  for head in heads:
-    entries += [(name, (head,) + sub, None, kind) for sub, name, kind in fam.heads[head].tensors]
+  for name, hf in fam.layer_names.items():
+    if name == "attn_norm" and layer == 0 and not fam.first_attn_norm:
+      continue  # ModernBERT's block 0 has no attention norm
+    if name in FUSED:
+      parts = [_role_tensors(config, role) for role in FUSED[name]]
+      for i, (_, suffix, kind) in enumerate(parts[0]):
+        entries.append((f"{hf}.{suffix}", [part[i][0] for part in parts], kind))
+    else:
+      entries += [(f"{hf}.{suffix}", [path], kind)
+                  for path, suffix, kind in _role_tensors(config, name)]
   return entries
 
 
+def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
+  """(hf_name, [our paths], param_layer or None, kind) for every tensor of the model."""
+  fam = config.family
+  base = fam.prefix + "."
+  entries = []
+  names = fam.embedding_names
+  tables = [("word", "word_embeddings")]
+  if fam.positions != "rotary":
+    tables.append(("position", "position_embeddings"))
+  if config.type_vocab_size:
+    tables.append(("token_type", "token_type_embeddings"))
+  for role, ours in tables:
+    entries.append((f"{base}{names[role]}.weight", [("embeddings", ours, "embedding")], None,
+                    "plain"))
+  if "norm" in names:
+    norm_bias = ["bias"] if config.norm_bias else []
+    for ours, theirs in [("scale", "weight")] + [("bias", "bias")] * len(norm_bias):
+      entries.append((f"{base}{names['norm']}.{theirs}", [("embeddings", "LayerNorm", ours)],
+                      None, "plain"))
+  if config.has_embedding_projection:
+    for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
+      entries.append((f"{base}{fam.projection}.{theirs}", [("embeddings", "projection", ours)],
+                      None, kind))
+  if fam.relative_bias:
+    entries.append((f"{base}{fam.relative_bias}.weight",
+                    [("encoder", "relative_attention_bias", "embedding")], None, "plain"))
+  for p in range(config.num_param_layers):
+    g, j = divmod(p, config.inner_group_num)
+    prefix = base + fam.layer_prefix.format(i=p, g=g, j=j)
+    for suffix, paths, kind in _layer_entries(config, p):
+      entries.append((prefix + suffix, [("encoder", "layers") + sub for sub in paths], p, kind))
+  if fam.final_norm:
+    for path, suffix, kind in _role_tensors(config, "attn_norm"):
+      entries.append((f"{base}{fam.final_norm}.{suffix}", [("encoder", "LayerNorm", path[-1])],
+                      None, kind))
+  if pooler:
+    for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
+      entries.append((f"{base}{fam.pooler}.{theirs}", [("pooler", "dense", ours)], None, kind))
+  for head in heads:
+    entries += [(name, [(head,) + sub], None, kind)
+                for sub, name, kind in fam.heads[head].present(config)]
+  return entries
+
+
+def _to_torch(kind: str, arrays: list[np.ndarray], config: BertConfig) -> np.ndarray:
+  """Our arrays (one, or the parts of a fused tensor) as one torch-layout array."""
+  parts = [_KINDS[kind][0](a, config) for a in arrays]
+  return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _from_torch(kind: str, array: np.ndarray, config: BertConfig,
+                sizes: list[int]) -> list[np.ndarray]:
+  """A torch-layout array as our arrays; a fused one split into parts of `sizes` rows."""
+  cuts = np.cumsum(sizes)[:-1]
+  return [_KINDS[kind][1](part, config) for part in np.split(array, cuts, axis=0)]
+
+
 def _tied_names(config: BertConfig) -> set[str]:
-  return {name for head in config.family.heads.values() for name in head.tied}
+  fam = config.family
+  tied = {name for head in fam.heads.values() for name in head.tied}
+  # A name that is a real tensor in this config (EuroBERT's untied decoder) is not tied.
+  real = {name for head in fam.heads.values() for _, name, _ in head.present(config)}
+  return tied - real
 
 
 def _head_names(config: BertConfig) -> set[str]:
@@ -220,14 +286,20 @@ def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
 
 def _detect_heads(config: BertConfig, state: dict[str, np.ndarray],
                   hf_config: dict[str, Any]) -> tuple[str, ...]:
+  """The task heads whose tensors the checkpoint holds.
+
+  A head whose tensors are all part of another present head's (a linear token classifier
+  inside RoBERTa's two-layer classifier; ModernBERT's MLM transform inside its classifier)
+  is not a head of its own; two heads with the same tensors (BERT's and ModernBERT's
+  sequence and token classifiers) are told apart by config.json's `architectures`.
+  """
   fam = config.family
-  heads = [h for h, spec in fam.heads.items() if all(n in state for n in spec.names)]
+  names = {h: {name for _, name, _ in spec.present(config)} for h, spec in fam.heads.items()}
+  heads = [h for h in fam.heads if names[h] <= set(state)]
+  heads = [h for h in heads if not any(names[h] < names[o] for o in heads)]
   if "classifier" in heads and "token_classifier" in heads:
-    if set(fam.heads["classifier"].names) != set(fam.heads["token_classifier"].names):
-      heads.remove("token_classifier")  # its tensors are part of the two-layer classifier
-    else:  # same tensor names (BERT, ALBERT): the architecture tells
-      archs = " ".join(hf_config.get("architectures") or [])
-      heads.remove("classifier" if "TokenClassification" in archs else "token_classifier")
+    archs = " ".join(hf_config.get("architectures") or [])
+    heads.remove("classifier" if "TokenClassification" in archs else "token_classifier")
   return tuple(heads)
 
 
@@ -235,7 +307,7 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
                        state: dict[str, np.ndarray]) -> Params:
   entries = _name_map(config, heads, config.has_pooler)
   expected = {name for name, *_ in entries}
-  ignorable = _tied_names(config) | {k for k in state if k.endswith("position_ids")}
+  ignorable = _tied_names(config) | {k for k in state if k.endswith(("position_ids", "inv_freq"))}
   missing = sorted(expected - set(state))
   unexpected = sorted(set(state) - expected - ignorable)
   shapes = _expected_shapes(config, heads)
@@ -247,37 +319,57 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
         f"  missing ({len(missing)}): {missing}\n  unexpected ({len(unexpected)}): {unexpected}\n"
         f"  wrong shape ({len(wrong)}): {wrong}")
 
+  abstract = _abstract(config, heads)
   per_layer: dict[tuple[str, ...], list] = {}
   flat: dict[tuple[str, ...], np.ndarray] = {}
-  for name, path, layer, kind in entries:
-    array = _KINDS[kind][1](np.asarray(state[name], np.float32), config)
-    if layer is None:
-      flat[path] = array
-    else:
-      per_layer.setdefault(path, [None] * config.num_param_layers)[layer] = array
+  for name, paths, layer, kind in entries:
+    sizes = [_torch_rows(kind, _shape(abstract, path, layer), config) for path in paths]
+    arrays = _from_torch(kind, np.asarray(state[name], np.float32), config, sizes)
+    for path, array in zip(paths, arrays):
+      if layer is None:
+        flat[path] = array
+      else:
+        per_layer.setdefault(path, [None] * config.num_param_layers)[layer] = array
+  for path, arrays in per_layer.items():  # a tensor a layer lacks (ModernBERT's first norm)
+    for i, array in enumerate(arrays):
+      if array is None:
+        arrays[i] = np.full(_shape(abstract, path, i), 1.0 if path[-1] == "scale" else 0.0,
+                            np.float32)
   params = _unflatten({k: jnp.asarray(v) for k, v in flat.items()})
   layer_trees = [_unflatten({path[2:]: jnp.asarray(arrays[i]) for path, arrays in per_layer.items()})
                  for i in range(config.num_param_layers)]
+  encoder = params.setdefault("encoder", {})
   if config.is_pruned:  # head counts differ between layers: a list, not a stack
-    params["encoder"] = {"layers": layer_trees}
+    encoder["layers"] = layer_trees
   else:
-    params["encoder"] = {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layer_trees)}
+    encoder["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layer_trees)
   return params
+
+
+def _abstract(config: BertConfig, heads: tuple[str, ...]):
+  from bertjax.functional import init
+
+  return jax.eval_shape(lambda: init(config, 0, heads))
+
+
+def _shape(abstract, path, layer) -> tuple[int, ...]:
+  """Our shape of the array at `path` (a layer parameter without its stacked axis)."""
+  layers = abstract["encoder"]["layers"]
+  if layer is not None and not isinstance(layers, list):
+    return _leaf(abstract, path, None).shape[1:]
+  return _leaf(abstract, path, layer).shape
+
+
+def _torch_rows(kind: str, shape: tuple[int, ...], config: BertConfig) -> int:
+  return _KINDS[kind][0](np.zeros(shape, np.float32), config).shape[0]
 
 
 def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
   """Torch-side shapes of every tensor, derived from freshly initialised parameters."""
-  from bertjax.functional import init
-
-  abstract = jax.eval_shape(lambda: init(config, 0, heads))
-  def shape(path, layer):
-    layers = abstract["encoder"]["layers"]
-    if layer is not None and not isinstance(layers, list):
-      return _leaf(abstract, path, None).shape[1:]  # drop the stacked axis
-    return _leaf(abstract, path, layer).shape
-
-  return {name: tuple(_KINDS[kind][0](np.zeros(shape(path, layer)), config).shape)
-          for name, path, layer, kind in _name_map(config, heads, config.has_pooler)}
+  abstract = _abstract(config, heads)
+  return {name: _to_torch(kind, [np.zeros(_shape(abstract, path, layer), np.float32)
+                                 for path in paths], config).shape
+          for name, paths, layer, kind in _name_map(config, heads, config.has_pooler)}
 
 
 def _leaf(tree, path, layer):
@@ -313,11 +405,11 @@ def hf_state_dict(config: BertConfig, params: Params) -> tuple[dict[str, np.ndar
     warnings.warn(f"{arch} has no pooler in Hugging Face; the pooler is not written")
   with_prefix = bool(heads)
   state = {}
-  for name, path, layer, kind in _name_map(config, heads, pooler):
-    array = np.asarray(_leaf(params, path, layer), np.float32)
+  for name, paths, layer, kind in _name_map(config, heads, pooler):
+    arrays = [np.asarray(_leaf(params, path, layer), np.float32) for path in paths]
     if not with_prefix:
       name = name.split(".", 1)[1]
-    state[name] = np.ascontiguousarray(_KINDS[kind][0](array, config))
+    state[name] = np.ascontiguousarray(_to_torch(kind, arrays, config))
   return state, arch
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from bertjax.config import BertConfig
 from bertjax.kernels import ABLATIONS
-from bertjax.model import SITES, site_shape
+from bertjax.model import SITES, model_sites, site_shape
 
 
 def _concrete(x) -> bool:
@@ -41,6 +41,10 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
   unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
   if unknown:
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
+  absent = [s for s in tuple(capture) + tuple(patch or {}) if s not in model_sites(config)]
+  if absent:
+    raise ValueError(f"sites {absent} do not exist on a {config.model_type} block (its "
+                     f"feed-forward is {config.family.ffn}); its sites: {model_sites(config)}")
   for site, entry in (patch or {}).items():
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
       raise ValueError(f"patch[{site!r}] must be a (value, weight) pair; got "

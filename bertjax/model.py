@@ -5,24 +5,34 @@ model whose layer parameters are stacked on a leading axis and run under
 `lax.scan`. Attention goes through `kernels.attention`, so the same layer runs
 on the reference einsum or the fused Pallas kernel.
 
+The block reads its family's row (`bertjax.families`), never `model_type`: norm placement
+(post-LN `LN(x + f(x))`, or pre-LN `x + f(LN(x))`), LayerNorm or RMSNorm, biases, rotary
+q/k, a relative-position bias, grouped key/value heads, a dense or gated FFN. What differs
+per layer (the sliding window, the rotary theta, ModernBERT's missing first attention norm)
+is indexed by the block's scanned index, so there is one layer and one scan.
+
 Every internal of a block is a named *site* (`SITES`): the block passes each
 through `Sites.visit`, which records it when captured and replaces it when
 patched (`weight * value + (1 - weight) * own`). Head masks and layer masks are
 edits of the same sites (`head_out` and `out`), so analyses never re-implement
 the layer.
 
-Parameter layout of one encoder layer (shapes for hidden H, heads N, head dim D,
-intermediate I); per-head axes are explicit so that head masks, pruning and
-effective attention index heads directly:
+Parameter layout of one encoder layer (shapes for hidden H, heads N, key/value heads G,
+head dim D, intermediate I; biases where the family and config have them); per-head axes are
+explicit so that head masks, pruning and effective attention index heads directly:
 
-  attention/query/kernel (H, N, D)   attention/query/bias (N, D)   (key, value alike)
+  attention/query/kernel (H, N, D)   attention/query/bias (N, D)
+  attention/key/kernel (H, G, D)     attention/value/kernel (H, G, D)   (biases (G, D))
   attention/output/kernel (N, D, H)  attention/output/bias (H,)
-  attention/LayerNorm/{scale,bias} (H,)
-  intermediate/kernel (H, I)   output/kernel (I, H)   LayerNorm/{scale,bias} (H,)
+  attention/LayerNorm/{scale,bias} (H,)   the attention sublayer's norm (after it, post-LN;
+                                          before it, pre-LN)
+  intermediate/kernel (H, I)   gate/kernel (H, I) (gated FFN: act(x Wg) * (x W1))
+  output/kernel (I, H)         LayerNorm/{scale,bias} (H,)   the FFN sublayer's norm
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -34,20 +44,33 @@ from bertjax import kernels
 from bertjax.config import BertConfig
 from bertjax.quantize import int8_dot_general
 
-# Site name -> (axes after depth, what it is). "embeddings" has no depth axis.
+# Site name -> (axes after depth, what it is). "embeddings" has no depth axis. In block order.
 SITES = {
     "embeddings": ("batch seq hidden", "the embedding output (after LayerNorm, projection)"),
-    "q": ("batch seq heads head_dim", "query projection with bias, before scaling"),
-    "k": ("batch seq heads head_dim", "key projection with bias"),
-    "v": ("batch seq heads head_dim", "value projection with bias"),
+    "attn_in": ("batch seq hidden", "what the attention reads: the block input x (post-LN), or "
+                "the attention norm of x (pre-LN)"),
+    "q": ("batch seq heads head_dim", "query projection with bias, before scaling; after "
+          "rotation on rotary families"),
+    "k": ("batch seq kv_heads head_dim", "key projection with bias; after rotation on rotary "
+          "families; kv_heads < heads with grouped key/value heads"),
+    "v": ("batch seq kv_heads head_dim", "value projection with bias"),
     "probs": ("batch heads seq seq", "attention probabilities (needs the map path)"),
     "head_out": ("batch seq heads head_dim",
                  "each head's context sum_j probs_ij v_j after any head mask"),
     "attn_out": ("batch seq hidden", "attention output projection (with bias), before residual"),
-    "mid": ("batch seq hidden", "LayerNorm(x + attn_out)"),
-    "ffn_act": ("batch seq intermediate", "the FFN's hidden activation"),
+    "resid_mid": ("batch seq hidden", "the residual sum x + attn_out, before any norm (post-LN: "
+                  "the LayerNorm's input; pre-LN: equal to mid)"),
+    "mid": ("batch seq hidden", "the residual stream between attention and FFN: "
+            "LayerNorm(x + attn_out) (post-LN), x + attn_out (pre-LN)"),
+    "ffn_in": ("batch seq hidden", "what the FFN reads: mid (post-LN), or its FFN norm (pre-LN)"),
+    "ffn_gate": ("batch seq intermediate", "gated FFNs: the activated gate act(ffn_in Wg)"),
+    "ffn_act": ("batch seq intermediate", "the FFN's hidden activation (gated: "
+                "ffn_gate * ffn_in W1), as the output projection reads it"),
     "ffn_out": ("batch seq hidden", "the FFN's output projection, before residual"),
-    "out": ("batch seq hidden", "the block's output (= hidden_states[1:])"),
+    "resid_out": ("batch seq hidden", "the residual sum mid + ffn_out, before any norm (post-LN: "
+                  "the block's LayerNorm input; pre-LN: equal to out)"),
+    "out": ("batch seq hidden", "the block's output (= hidden_states[1:], except a pre-LN "
+            "model's last entry, which is after the final norm as in transformers)"),
 }
 BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
 # Sites with a head axis, and where it sits in one block's array.
@@ -55,16 +78,30 @@ HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1}
 # Sites with a query-position axis, and where it sits in one block's array: a block run at
 # chosen rows only (`Sites.rows`, `run_layers(final_rows=)`) computes them there. Keys and
 # values keep every position.
-ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "mid": 1, "ffn_act": 1,
-            "ffn_out": 1, "out": 1}
+ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "resid_mid": 1, "mid": 1,
+            "ffn_in": 1, "ffn_gate": 1, "ffn_act": 1, "ffn_out": 1, "resid_out": 1, "out": 1}
+
+
+def block_sites(config: BertConfig) -> tuple[str, ...]:
+  """The block sites a model of `config` has (`ffn_gate` only with a gated FFN)."""
+  return tuple(s for s in BLOCK_SITES if s != "ffn_gate" or config.family.ffn == "gated")
+
+
+def model_sites(config: BertConfig) -> tuple[str, ...]:
+  """Every site a model of `config` has: "embeddings", then its block sites in block order."""
+  return ("embeddings",) + block_sites(config)
 
 
 def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int, ...]:
   """The stacked shape of `site` for a (batch, seq) input: depth first, except embeddings."""
   if site not in SITES:
     raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
+  if site != "embeddings" and site not in block_sites(config):
+    raise ValueError(f"site {site!r} does not exist on a {config.model_type} block (its "
+                     f"feed-forward is {config.family.ffn}); its sites: {block_sites(config)}")
   sizes = dict(batch=batch, seq=seq, hidden=config.hidden_size, heads=config.num_attention_heads,
-               head_dim=config.head_dim, intermediate=config.intermediate_size)
+               kv_heads=config.kv_heads, head_dim=config.head_dim,
+               intermediate=config.intermediate_size)
   shape = tuple(sizes[a] for a in SITES[site][0].split())
   return shape if site == "embeddings" else (config.depth,) + shape
 
@@ -172,8 +209,13 @@ class Sites:
     index[axis] = jnp.asarray(self.kept, jnp.int32)
     return full.at[tuple(index)].set(x)
 
-  def mask_heads(self, head_out, v, key_mask):
-    """Applies the head mask to head_out (B, T, N, D), the context of each head."""
+  def mask_heads(self, head_out, v, key_mask, window=None, rows=None):
+    """Applies the head mask to head_out (B, T | R, N, D), the context of each head.
+
+    "uniform" mixes in the mean value of the keys the attention may see: the real keys,
+    within `window` (`|q - k| <= window // 2`) on a sliding-window layer. `rows` (B, R):
+    the query positions of head_out's rows (None: 0 .. T-1).
+    """
     xi = self.head_mask
     if xi is None:
       return head_out
@@ -181,13 +223,10 @@ class Sites:
     xi = (xi[None, None, :, None] if xi.ndim == 1 else xi[:, None, :, None]).astype(head_out.dtype)
     if self.head_ablation == "scale":
       return head_out * xi
-    # Uniform attention over the real keys: every query's context is their mean value.
-    acc = jnp.promote_types(v.dtype, jnp.float32)
-    m = key_mask.astype(acc)[:, :, None, None]  # (B, T, 1, 1)
-    mean_v = (v.astype(acc) * m).sum(1, keepdims=True) / jnp.maximum(m.sum(1, keepdims=True), 1)
+    mean_v = uniform_values(v, key_mask, window, head_out.shape[2], rows)
     return (xi * head_out + (1 - xi) * mean_v.astype(head_out.dtype)).astype(head_out.dtype)
 
-  def mask_maps(self, probs, key_mask):
+  def mask_maps(self, probs, key_mask, window=None):
     """The attention Hugging Face returns under this head mask: xi A, or xi A + (1 - xi) U."""
     xi = self.head_mask
     if xi is None:
@@ -196,9 +235,41 @@ class Sites:
     xi = (xi[None, :, None, None] if xi.ndim == 1 else xi[:, :, None, None]).astype(probs.dtype)
     if self.head_ablation == "scale":
       return xi * probs
-    real = key_mask.astype(probs.dtype)[:, None, None, :]
+    seq_q, seq_k = probs.shape[-2:]
+    allowed, _ = kernels.Mask(key_mask=key_mask, window=window).allowed(
+        probs.shape[0], seq_q, seq_k)
+    real = allowed.astype(probs.dtype)[:, None]  # (B, 1, Tq, Tk)
     uniform = real / jnp.maximum(real.sum(-1, keepdims=True), 1)
     return xi * probs + (1 - xi) * uniform
+
+
+def uniform_values(v, key_mask, window, heads: int, rows=None):
+  """The mean value each query sees under uniform attention: (B, T | R, N, D).
+
+  Over the real keys; on a window layer over the real keys with `|q - k| <= window // 2`,
+  as band sums of prefix sums (O(T D)). Grouped values (G < N heads) serve their query heads.
+  """
+  acc = jnp.promote_types(v.dtype, jnp.float32)
+  m = key_mask.astype(acc)[:, :, None, None]  # (B, T, 1, 1)
+  vm = v.astype(acc) * m
+  if window is None:
+    mean_v = vm.sum(1, keepdims=True) / jnp.maximum(m.sum(1, keepdims=True), 1)
+  else:
+    seq, half = v.shape[1], window // 2
+    q_idx = jnp.arange(seq)[None, :] if rows is None else rows  # (1 | B, T | R)
+    zero = lambda x: jnp.zeros_like(x[:, :1])
+    sums, counts = (jnp.concatenate([zero(x), jnp.cumsum(x, 1)], 1) for x in (vm, m))
+    hi = jnp.minimum(q_idx + half + 1, seq)
+    lo = jnp.maximum(q_idx - half, 0)
+    band = lambda c: (jnp.take_along_axis(c, _index(hi, c), 1)
+                      - jnp.take_along_axis(c, _index(lo, c), 1))
+    mean_v = band(sums) / jnp.maximum(band(counts), 1)
+  return jnp.repeat(mean_v, heads // v.shape[2], axis=2) if v.shape[2] != heads else mean_v
+
+
+def _index(idx, c):
+  """(1 | B, T) positions as a take_along_axis index for (B, T + 1, G, D) prefix sums."""
+  return jnp.broadcast_to(idx[:, :, None, None], (c.shape[0], idx.shape[1], 1, 1))
 
 
 def activation(name: str):
@@ -268,27 +339,29 @@ def _dense_kw(config: BertConfig) -> dict:
   return {"dot_general": int8_dot_general} if config.quantize == "int8" else {}
 
 
-class LayerNorm(nn.Module):
-  """LayerNorm over the last axis with `nn.LayerNorm`'s parameters ("scale", "bias").
+class Norm(nn.Module):
+  """LayerNorm or RMSNorm over the last axis, with parameters "scale" (and "bias").
 
-  Statistics in at least float32, the variance in two passes (`mean((x - mean)^2)`, as
-  PyTorch). On the CPU the row sums are matrix-vector products with a column of ones, not
-  reductions: XLA:CPU lowers a row reduction to a windowed tree reduction plus a second
-  pass (1024 x 768 float32 on the 2-core AMD EPYC: 0.68 ms this way vs 1.37 ms for
-  `nn.LayerNorm`), and the YNNPACK reduce fusions bertjax enables for attention
-  (`bertjax.xla_options`) make BERT-base's LayerNorms slower at batch 32 x 128 (forward
-  1.18x XLA's time with reductions, 0.94x with these products). Other backends keep the
-  reductions, which they fuse well.
+  Statistics in at least float32; LayerNorm's variance in two passes (`mean((x - mean)^2)`,
+  as PyTorch); RMSNorm `x * rsqrt(mean(x^2) + eps) * scale` (T5, Llama, EuroBERT). On the
+  CPU the row sums are matrix-vector products with a column of ones, not reductions:
+  XLA:CPU lowers a row reduction to a windowed tree reduction plus a second pass (1024 x
+  768 float32 on the 2-core AMD EPYC: 0.68 ms this way vs 1.37 ms for `nn.LayerNorm`), and
+  the YNNPACK reduce fusions bertjax enables for attention (`bertjax.xla_options`) make
+  BERT-base's LayerNorms slower at batch 32 x 128 (forward 1.18x XLA's time with
+  reductions, 0.94x with these products). Other backends keep the reductions, which they
+  fuse well.
   """
 
   epsilon: float
   dtype: Any
+  kind: str = "layernorm"
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x):
     n = x.shape[-1]
     scale = self.param("scale", nn.initializers.ones, (n,))
-    bias = self.param("bias", nn.initializers.zeros, (n,))
     acc = jnp.promote_types(x.dtype, jnp.float32)
     x = x.astype(acc)
     if jax.default_backend() == "cpu":
@@ -296,14 +369,25 @@ class LayerNorm(nn.Module):
       row_mean = lambda a: (a @ ones) / n  # (..., 1)
     else:
       row_mean = lambda a: a.mean(-1, keepdims=True)
-    centred = x - row_mean(x)
-    inv = jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon)
-    y = centred * inv * scale.astype(acc) + bias.astype(acc)
+    if self.kind == "rmsnorm":
+      y = x * jax.lax.rsqrt(row_mean(x * x) + self.epsilon) * scale.astype(acc)
+    else:
+      centred = x - row_mean(x)
+      y = centred * jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon) * scale.astype(acc)
+    if self.use_bias:
+      y = y + self.param("bias", nn.initializers.zeros, (n,)).astype(acc)
     return y.astype(self.dtype)
 
 
-def _layer_norm(config: BertConfig, name: str) -> LayerNorm:
-  return LayerNorm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config), name=name)
+LayerNorm = Norm  # the BERT families' norm
+
+
+def _layer_norm(config: BertConfig, name: str, kind: str | None = None,
+                use_bias: bool | None = None) -> Norm:
+  """The family's norm (its kind, `config.norm_bias`) under `name`."""
+  return Norm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config),
+              kind=kind or config.family.norm_kind,
+              use_bias=config.norm_bias if use_bias is None else use_bias, name=name)
 
 
 def sinusoidal_table(positions: int, dim: int) -> np.ndarray:
@@ -324,14 +408,51 @@ def position_ids(config: BertConfig, input_ids):
   return jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
 
 
+# Rotary positions ------------------------------------------------------------
+
+
+def rotary_inv_freq(config: BertConfig) -> np.ndarray | None:
+  """(depth, head_dim / 2) float32 inverse frequencies of each block, or None (no rotary).
+
+  `1 / theta^(2i / head_dim)` computed in float32 as transformers' default rope.
+  """
+  thetas = config.layer_rope_thetas
+  if thetas is None:
+    return None
+  exponent = np.arange(0, config.head_dim, 2, dtype=np.float32) / np.float32(config.head_dim)
+  return np.stack([(1.0 / (np.float32(t) ** exponent)).astype(np.float32) for t in thetas])
+
+
+def rotate(x, inv_freq, positions):
+  """x (B, T, N, D) rotated at `positions` ((T,) or (B, T)): `x cos + rotate_half(x) sin`
+  with `cos, sin` of `cat(f, f)`, `f = position * inv_freq` (transformers' layout)."""
+  freqs = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # (.., T, D/2)
+  emb = jnp.concatenate([freqs, freqs], -1)
+  cos, sin = jnp.cos(emb), jnp.sin(emb)
+  if cos.ndim == 2:
+    cos, sin = cos[None], sin[None]
+  cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (1 | B, T, 1, D)
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  xa = x.astype(acc)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-xa[..., half:], xa[..., :half]], -1)
+  return (xa * cos + rotated * sin).astype(x.dtype)
+
+
 class Embeddings(nn.Module):
-  """Word + token-type + position embeddings, LayerNorm, dropout, and E->H projection."""
+  """Word (+ token-type) (+ position) embeddings, norm, dropout, and E->H projection.
+
+  Which parts exist is the family's row: token types (`Family.token_types`), a position
+  table for absolute positions (none for rotary families), a norm (`Family.embedding_names`
+  has "norm"; ModernBERT's without bias, EuroBERT has none).
+  """
 
   config: BertConfig
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids, deterministic: bool = True):
     cfg = self.config
+    fam = cfg.family
     dtype = compute_dtype(cfg)
     embed = lambda n, name, init=None: nn.Embed(
         n, cfg.embed_dim, embedding_init=init or _init(cfg), dtype=accum_dtype(cfg), name=name)
@@ -339,13 +460,18 @@ class Embeddings(nn.Module):
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
     if cfg.type_vocab_size:
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
-    if cfg.sinusoidal_positions:
-      table = lambda *_: jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
-      positions = embed(cfg.max_position_embeddings, "position_embeddings", table)
-      x = x + jax.lax.stop_gradient(positions(position_ids(cfg, input_ids)))  # fixed, not trained
-    else:
-      x = x + embed(cfg.max_position_embeddings, "position_embeddings")(position_ids(cfg, input_ids))
-    x = _layer_norm(cfg, "LayerNorm")(x.astype(dtype))
+    if fam.positions != "rotary":
+      if cfg.sinusoidal_positions:
+        table = lambda *_: jnp.asarray(
+            sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
+        positions = embed(cfg.max_position_embeddings, "position_embeddings", table)
+        x = x + jax.lax.stop_gradient(positions(position_ids(cfg, input_ids)))  # fixed
+      else:
+        x = x + embed(cfg.max_position_embeddings, "position_embeddings")(
+            position_ids(cfg, input_ids))
+    x = x.astype(dtype)
+    if "norm" in fam.embedding_names:
+      x = _layer_norm(cfg, "LayerNorm", kind="layernorm")(x)
     x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     if cfg.has_embedding_projection:
       x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
@@ -353,13 +479,35 @@ class Embeddings(nn.Module):
     return x  # (B, T, H)
 
 
-class SelfAttention(nn.Module):
-  """Multi-head self-attention with its output projection, residual and LayerNorm.
+def final_norm_module(config: BertConfig) -> Norm | None:
+  """The norm after the last block of a pre-LN family (params["encoder"]["LayerNorm"])."""
+  return _layer_norm(config, "LayerNorm") if config.family.final_norm else None
 
-  `num_heads` below `config.num_attention_heads` is a physically pruned layer.
-  Returns `(mid, maps)`: maps are the attention Hugging Face reports (after the
-  head mask) when `output_attentions`, the per-head statistics in stats mode,
-  else None.
+
+def _mix_values(probs, v):
+  """`probs @ v`: (B, N, Tq, Tk) and values (B, Tk, G, D) -> (B, Tq, N, D), heads first
+  inside (the layout XLA:CPU is fast with); grouped values are never repeated."""
+  batch, heads, seq_q, _ = probs.shape
+  groups = v.shape[2]
+  vh = jnp.swapaxes(v.astype(probs.dtype), 1, 2)  # (B, G, Tk, D)
+  if groups == heads:
+    out = jnp.einsum("bnqk,bnkd->bnqd", probs, vh)
+  else:
+    grouped = probs.reshape(batch, groups, heads // groups, seq_q, -1)
+    out = jnp.einsum("bgrqk,bgkd->bgrqd", grouped, vh).reshape(batch, heads, seq_q, -1)
+  return jnp.swapaxes(out, 1, 2)
+
+
+class SelfAttention(nn.Module):
+  """The attention sublayer: its norm (before or after, per the family), multi-head
+  attention, the output projection and the residual.
+
+  `num_heads` below `config.num_attention_heads` is a physically pruned layer. `layer`
+  is the block's index in [0, depth) (traced under the layer scan): it picks the block's
+  window and rotary frequencies. `bias_table` is the relative-position bias table shared by
+  every block (MPNet), or None. Returns `(mid, maps)`: maps are the attention Hugging Face
+  reports (after the head mask) when `output_attentions`, the per-head statistics in stats
+  mode, else None.
   """
 
   config: BertConfig
@@ -367,26 +515,47 @@ class SelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, key_mask, sites: Sites, output_attentions: bool = False,
-               deterministic: bool = True, stats_special_mask=None, stats: bool = False):
+               deterministic: bool = True, stats_special_mask=None, stats: bool = False,
+               layer=0, bias_table=None):
     cfg = self.config
+    fam = cfg.family
     dtype = compute_dtype(cfg)
     n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     d = cfg.head_dim
-    proj = lambda name: nn.DenseGeneral((n, d), kernel_init=_init(cfg), **_dense_kw(cfg),
-                                        dtype=dtype, name=name)
+    proj = lambda heads, name: nn.DenseGeneral(
+        (heads, d), use_bias=cfg.attention_bias, kernel_init=_init(cfg), **_dense_kw(cfg),
+        dtype=dtype, name=name)
+    norm = _layer_norm(cfg, "LayerNorm")
+    a_in = x
+    if fam.norm == "pre":
+      a_in = norm(x)
+      if not fam.first_attn_norm:  # block 0 reads the (already normed) embeddings
+        a_in = jnp.where(jnp.asarray(layer) == 0, x, a_in)
+    a_in = sites.visit("attn_in", a_in)
     # At chosen rows, queries (and all that follows) come from those positions only; padded
     # rows among them give zeros, as at full length (where the kernels see Tq == Tk).
-    x_q, real = x, None
+    x_q, q_in, real = x, a_in, None
     if sites.rows is not None:
-      x_q = take_rows(x, sites.rows)  # (B, R, H)
+      x_q, q_in = take_rows(x, sites.rows), take_rows(a_in, sites.rows)  # (B, R, H)
       real = take_rows(key_mask, sites.rows)  # (B, R)
-    q = sites.visit("q", proj("query")(x_q))  # (B, T | R, N, D)
-    k = sites.visit("k", proj("key")(x))  # (B, T, N, D)
-    v = sites.visit("v", proj("value")(x))
+    q = proj(n, "query")(q_in)  # (B, T | R, N, D)
+    kv = cfg.kv_heads if self.num_heads is None else n  # (pruning excludes grouped heads)
+    k = proj(kv, "key")(a_in)  # (B, T, G, D)
+    v = proj(kv, "value")(a_in)
+    if fam.positions == "rotary":
+      inv_freq = jnp.asarray(rotary_inv_freq(cfg))[layer]  # this block's theta
+      seq = jnp.arange(x.shape[1])
+      q = rotate(q, inv_freq, seq if sites.rows is None else sites.rows)
+      k = rotate(k, inv_freq, seq)
+    q, k, v = sites.visit("q", q), sites.visit("k", k), sites.visit("v", v)
+    bias = None
+    if fam.position_bias == "relative_buckets":
+      bias = kernels.PositionBias(bias_table[:, :n] if self.num_heads is None else
+                                  bias_table[:, np.asarray(sites.kept, np.int32)])
+    windows = attention_windows(cfg)
+    per_window = functools.partial(_per_window, windows, jnp.asarray(_window_index(cfg))[layer])
 
     dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-    # The padding as one description; kernels hands each implementation the form it takes.
-    mask = kernels.Mask(key_mask=key_mask)
     maps = None
     if n == 0:  # every head pruned: the block adds only the output bias
       head_out = q
@@ -397,48 +566,77 @@ class SelfAttention(nn.Module):
       # Per-head statistics instead of maps, inside the fused kernel when the config
       # selects it; the head mask acts inside the kernel so the statistics see it. cuDNN
       # has no statistics pass: its configs compute them with xla.
-      head_out, maps = kernels.attention_with_stats(
-          q, k, v, mask=mask, head_mask=sites.head_mask, ablation=sites.head_ablation,
-          special_mask=stats_special_mask,
-          impl="xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl)
+      impl = "xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl
+      head_out, maps = per_window(lambda w: kernels.attention_with_stats(
+          q, k, v, mask=kernels.Mask(key_mask=key_mask, window=w), head_mask=sites.head_mask,
+          ablation=sites.head_ablation, special_mask=stats_special_mask, impl=impl, bias=bias))
     elif output_attentions or sites.needs("probs"):
       # The map path: the probabilities are returned, captured or patched.
-      probs = kernels.attention_probs(q, k, mask=mask)  # (B, N, T | R, T)
+      probs = per_window(lambda w: kernels.attention_probs(
+          q, k, mask=kernels.Mask(key_mask=key_mask, window=w), bias=bias))  # (B, N, Tq, T)
       if real is not None:
         probs = probs * real[:, None, :, None].astype(probs.dtype)
       probs = sites.visit("probs", probs)
       used = probs
       if dropout:
         used = nn.Dropout(dropout)(probs, deterministic=False)
-      # Heads-first batched matmul (the layout XLA:CPU is fast with), back to (B, T, N, D).
-      vh = jnp.swapaxes(v.astype(used.dtype), 1, 2)
-      head_out = jnp.swapaxes(jnp.einsum("bnqk,bnkd->bnqd", used, vh), 1, 2).astype(dtype)
-      maps = sites.mask_maps(probs, key_mask) if output_attentions else None
+      head_out = _mix_values(used, v).astype(dtype)  # (B, T, N, D)
+      if output_attentions:
+        maps = per_window(lambda w: sites.mask_maps(probs, key_mask, w))
     else:
       extra = {}
       if dropout:
         # The kernels draw the mask from a counter-based stream keyed by this seed.
         seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
         extra = {"dropout_rate": dropout, "dropout_seed": seed}
-      head_out = kernels.attention(q, k, v, mask=mask, impl=cfg.attention_impl, **extra)
+      head_out = per_window(lambda w: kernels.attention(
+          q, k, v, mask=kernels.Mask(key_mask=key_mask, window=w), impl=cfg.attention_impl,
+          bias=bias, **extra))
     if real is not None and not (output_attentions or sites.needs("probs")):
       head_out = head_out * real[:, :, None, None].astype(head_out.dtype)
-    if not stats:
-      head_out = sites.mask_heads(head_out.astype(dtype), v, key_mask)
+    if not stats and sites.head_mask is not None:
+      head_out = per_window(lambda w: sites.mask_heads(head_out.astype(dtype), v, key_mask, w,
+                                                       sites.rows))
     head_out = sites.visit("head_out", head_out.astype(dtype))
-    y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), kernel_init=_init(cfg), **_dense_kw(cfg),
-                        dtype=dtype, name="output")(head_out)  # (B, T, H)
+    y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=cfg.attention_bias,
+                        kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                        name="output")(head_out)  # (B, T, H)
     y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    return sites.visit("mid", _layer_norm(cfg, "LayerNorm")(x_q + y)), maps
+    resid = sites.visit("resid_mid", x_q + y)
+    return sites.visit("mid", norm(resid) if fam.norm == "post" else resid), maps
+
+
+def attention_windows(config: BertConfig) -> tuple[int | None, ...]:
+  """The distinct attention windows of the model's blocks (None: full attention)."""
+  return tuple(sorted(set(config.layer_windows), key=lambda w: -1 if w is None else w))
+
+
+def _window_index(config: BertConfig) -> np.ndarray:
+  """(depth,) int32: each block's index into `attention_windows`."""
+  windows = attention_windows(config)
+  return np.asarray([windows.index(w) for w in config.layer_windows], np.int32)
+
+
+def _per_window(windows, index, fn):
+  """`fn(window)` for this block's window: directly when the model has one kind of layer,
+  else a `lax.switch` over the kinds (each branch has its window as a static number, so a
+  window layer runs the banded computation and a global layer the full one)."""
+  if len(windows) == 1:
+    return fn(windows[0])
+  return jax.lax.switch(index, [functools.partial(fn, w) for w in windows])
 
 
 class EncoderLayer(nn.Module):
-  """One post-LN transformer block: attention, then the feed-forward network.
+  """One transformer block: the attention sublayer, then the feed-forward sublayer.
+
+  Post-LN (BERT): `mid = LN(x + attn(x))`, `out = LN(mid + ffn(mid))`. Pre-LN (ModernBERT,
+  EuroBERT): `mid = x + attn(LN(x))`, `out = mid + ffn(LN(mid))`. The FFN is
+  `W2 act(W1 x)` or gated, `W2 (act(Wg x) * W1 x)`.
 
   With `sites.rows` (B, R) the block runs at those query positions only: keys and
   values come from every position of `x`, every other step (queries, head outputs,
-  the output projection, LayerNorms, the FFN) from the R rows, and it returns
+  the output projection, norms, the FFN) from the R rows, and it returns
   (B, R, H), equal to the full block's output at those rows. A caller that reads only
   some positions of the last block (a patching metric) skips the rest of its work.
   """
@@ -449,21 +647,35 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, key_mask, sites: Sites | None = None,
                output_attentions: bool = False, deterministic: bool = True,
-               stats_special_mask=None, stats: bool = False):
+               stats_special_mask=None, stats: bool = False, layer=0, bias_table=None):
     cfg = self.config
+    fam = cfg.family
     dtype = compute_dtype(cfg)
     sites = Sites() if sites is None else sites
     sites.seq_len = x.shape[1]
     h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
-        x, key_mask, sites, output_attentions, deterministic, stats_special_mask, stats)
-    y = nn.Dense(cfg.intermediate_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                 name="intermediate")(h)
-    y = sites.visit("ffn_act", activation(cfg.hidden_act)(y))
-    y = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                 name="output")(y)
-    y = sites.visit("ffn_out", y)
-    y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
-    y = _layer_norm(cfg, "LayerNorm")(h + y)
+        x, key_mask, sites, output_attentions, deterministic, stats_special_mask, stats,
+        layer, bias_table)
+    norm = _layer_norm(cfg, "LayerNorm")
+    dense = lambda n, name: nn.Dense(n, use_bias=cfg.mlp_bias, kernel_init=_init(cfg),
+                                     **_dense_kw(cfg), dtype=dtype, name=name)
+    f_in = sites.visit("ffn_in", norm(h) if fam.norm == "pre" else h)
+    a = dense(cfg.intermediate_size, "intermediate")(f_in)
+    if fam.ffn == "gated":
+      gate = sites.visit("ffn_gate",
+                         activation(cfg.hidden_act)(dense(cfg.intermediate_size, "gate")(f_in)))
+      a = gate * a
+    else:
+      a = activation(cfg.hidden_act)(a)
+    a = sites.visit("ffn_act", a)
+    if fam.ffn_dropout == "inside":
+      a = nn.Dropout(cfg.hidden_dropout_prob)(a, deterministic=deterministic)
+    y = sites.visit("ffn_out", dense(cfg.hidden_size, "output")(a))
+    if fam.ffn_dropout == "after":
+      y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
+    y = sites.visit("resid_out", h + y)
+    if fam.norm == "post":
+      y = norm(y)
     if sites.layer_mask is not None:  # 0 skips the block: its output is its input
       y = mix(y, x if sites.rows is None else take_rows(x, sites.rows), 1 - sites.layer_mask)
     return sites.visit("out", y), maps
@@ -487,48 +699,70 @@ class Pooler(nn.Module):
     return jnp.tanh(x)
 
 
+def head_activation(config: BertConfig, act: str | None) -> str:
+  """A head's activation name: its own, the config's classifier_activation, or hidden_act."""
+  if act == "classifier":
+    return config.classifier_activation or config.hidden_act
+  return act or config.hidden_act
+
+
 class MLMHead(nn.Module):
-  """Transform (dense H->E, activation, LayerNorm) then the decoder tied to the word embeddings."""
+  """Masked-LM logits: a transform (dense H->E, activation, norm) where the family has one,
+  then the decoder: the word embeddings (tied) or its own matrix, plus a bias where present.
+  """
 
   config: BertConfig
-  act: str | None = None  # None: the config's hidden_act
 
   @nn.compact
   def __call__(self, hidden, word_embeddings):
     cfg = self.config
+    spec = cfg.family.heads["mlm"]
     dtype = compute_dtype(cfg)
-    x = nn.Dense(cfg.embed_dim, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                 name="dense")(hidden)
-    x = activation(self.act or cfg.hidden_act)(x)
-    x = _layer_norm(cfg, "LayerNorm")(x)
-    bias = self.param("bias", nn.initializers.zeros, (cfg.vocab_size,))
-    logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(dtype))
-    return logits.astype(accum_dtype(cfg)) + bias
+    x = hidden
+    if spec.has("dense"):
+      x = nn.Dense(cfg.embed_dim, use_bias=spec.has_tensor(cfg, ("dense", "bias")),
+                   kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense")(x)
+      x = activation(head_activation(cfg, spec.act))(x)
+      x = _layer_norm(cfg, "LayerNorm", kind="layernorm",
+                      use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias")))(x)
+    if spec.has_tensor(cfg, ("decoder",)):
+      decoder = self.param("decoder", _init(cfg), (cfg.embed_dim, cfg.vocab_size))
+      logits = jnp.einsum("...e,ev->...v", x, decoder.astype(dtype))
+    else:
+      logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(dtype))
+    logits = logits.astype(accum_dtype(cfg))
+    if spec.has_tensor(cfg, ("bias",)):
+      logits = logits + self.param("bias", nn.initializers.zeros, (cfg.vocab_size,))
+    return logits
 
 
 class Classifier(nn.Module):
-  """Dropout then a linear layer; with `pre_act`, dropout, dense, activation first.
+  """Dropout then a linear layer; a two-layer head first runs dense, activation (and norm).
 
   One linear layer: BERT's NSP, SOP, sequence and token classifiers. The two-layer
-  form is RoBERTa's (tanh), ELECTRA's (GELU) and DistilBERT's (ReLU) classifier.
+  form is RoBERTa's and MPNet's (tanh), ELECTRA's and EuroBERT's (GELU), DistilBERT's
+  (ReLU) classifier and ModernBERT's prediction head (dense, activation, norm).
   """
 
   config: BertConfig
   num_outputs: int
   dropout: float = 0.0
-  pre_act: str | None = None
-  pre_dropout: bool = True  # DistilBERT has no dropout before its first dense
+  spec: Any = None  # the family's `Head`; None: one linear layer
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
     cfg = self.config
+    spec = self.spec
     dtype = compute_dtype(cfg)
-    if self.pre_act is not None:
-      if self.pre_dropout:
+    if spec is not None and spec.has("pre"):
+      if spec.pre_dropout:
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                   name="pre")(x)
-      x = activation(self.pre_act)(x)
+      x = nn.Dense(cfg.hidden_size, use_bias=spec.has_tensor(cfg, ("pre", "bias")),
+                   kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="pre")(x)
+      x = activation(head_activation(cfg, spec.act))(x)
+      if spec.has("norm"):
+        x = _layer_norm(cfg, "norm", kind="layernorm",
+                        use_bias=spec.has_tensor(cfg, ("norm", "bias")))(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
     x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
                  name="dense")(x)

@@ -18,6 +18,7 @@ from .attention import (
   attention_with_stats,
 )
 from .masks import Mask
+from .position_bias import PositionBias, alibi_slopes, relative_position_bucket
 from .reference import ABLATIONS, STAT_NAMES, reference_attention, reference_statistics
 from .tiling import BlockSizes
 
@@ -28,10 +29,13 @@ __all__ = [
   "STAT_NAMES",
   "BlockSizes",
   "Mask",
+  "PositionBias",
+  "alibi_slopes",
   "attention",
   "attention_impl",
   "attention_probs",
   "attention_with_stats",
   "reference_attention",
   "reference_statistics",
+  "relative_position_bucket",
 ]

@@ -1,16 +1,20 @@
 """`kernels.attention`: one attention function, several implementations; the dispatch.
 
 The padding is described once, by a `kernels.Mask` (`kv_lengths`, `segment_ids`,
-`key_mask`; `kernels.masks`), given as `mask=` or as those keywords; this module hands each
-implementation the mask in the form it takes, so callers never choose between a key mask
-and lengths. The entry points: `attention` (the output), `attention_with_stats` (the output
+`key_mask`, and a sliding `window`; `kernels.masks`), given as `mask=` or as those keywords;
+this module hands each implementation the mask in the form it takes, so callers never choose
+between a key mask and lengths. A position bias (`kernels.PositionBias`: MPNet's relative
+buckets, ALiBi) is given as `bias=`; keys and values may have fewer heads than the queries
+(grouped key/value heads, a divisor of the query heads), and are never repeated. The entry points: `attention` (the output), `attention_with_stats` (the output
 and per-head statistics of the attention) and `attention_probs` (the maps, for callers that
 read or edit them before mixing the values).
 
 * `impl="xla"`: plain XLA ops, float32 (float64 when the inputs are float64). With
   `return_probs=True`, the pure-jnp reference (`kernels.reference`, the only implementation
   that returns the probabilities); otherwise `kernels.xla_attention`, the same function with a
-  flash-style hand-written backward (about half the `T x T` memory passes of autodiff).
+  flash-style hand-written backward (about half the `T x T` memory passes of autodiff), or,
+  for a window layer whose band is narrower than half the sequence, `kernels.xla_banded`
+  (the band alone, in query blocks: cost T x window).
 * `impl="pallas"`: the fused kernels: `kernels.flash_attention` (Triton-style; compiled on
   GPU) or `kernels.flash_attention_tpu` (Mosaic layout; compiled on TPU), chosen by
   `kernel_variant` (None: by backend); either runs anywhere in interpret mode. Padding is
@@ -44,6 +48,7 @@ from . import flash_attention as fa
 from . import flash_attention_stats as fa_stats
 from . import flash_attention_tpu as fa_tpu
 from .masks import Mask, mask_of
+from .position_bias import PositionBias
 from .reference import (
   ABLATIONS,
   Ablation,
@@ -54,6 +59,7 @@ from .reference import (
 from .tiling import BlockSizes
 from .xla_attention import attention_probs as _xla_probs
 from .xla_attention import xla_attention
+from .xla_banded import band_width, banded_attention
 
 # The implementations of `attention` (`config.attention_impl` takes the same names).
 IMPLS = ("auto", "xla", "pallas", "cudnn")
@@ -61,7 +67,7 @@ IMPLS = ("auto", "xla", "pallas", "cudnn")
 KERNEL_VARIANTS = ("triton", "tpu")
 
 
-def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None):
+def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None, bias=None):
   """Checks shapes and options before any compute; returns head_mask as (batch, heads)."""
   if impl not in IMPLS:
     raise ValueError(f"{impl=} must be one of {IMPLS}")
@@ -70,10 +76,21 @@ def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None)
   if q.ndim != 4:
     raise ValueError(f"{q.shape=} must be (batch, seq, heads, head_dim)")
   batch, seq, heads, head_dim = q.shape
-  if k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != (heads, head_dim):
+  if (
+    k.ndim != 4
+    or k.shape != v.shape
+    or k.shape[0] != batch
+    or k.shape[3] != head_dim
+    or heads % k.shape[2]
+  ):
     raise ValueError(
-      f"{k.shape=} and {v.shape=} must be (batch, seq_k, heads, head_dim) matching {q.shape=}"
+      f"{k.shape=} and {v.shape=} must be (batch, seq_k, kv_heads, head_dim) matching "
+      f"{q.shape=}, with kv_heads dividing the query heads"
     )
+  if bias is not None:
+    if not isinstance(bias, PositionBias):
+      raise TypeError(f"bias={type(bias).__name__} must be a kernels.PositionBias")
+    bias.validate(heads)
   for name, value in (("q", q), ("k", k), ("v", v)):
     if not jnp.issubdtype(value.dtype, jnp.floating):
       raise ValueError(f"{name}.dtype={value.dtype} must be floating")
@@ -154,6 +171,7 @@ def attention(
   kernel_variant=None,
   dropout_rate=0.0,
   dropout_seed=None,
+  bias: PositionBias | None = None,
 ):
   """Multi-head attention on `(batch, seq, heads, head_dim)` inputs.
 
@@ -163,7 +181,9 @@ def attention(
 
   Args:
     q: queries `(batch, seq_q, heads, head_dim)`.
-    k: keys `(batch, seq_k, heads, head_dim)` (seq_k == seq_q for pallas).
+    k: keys `(batch, seq_k, kv_heads, head_dim)` (seq_k == seq_q for pallas); kv_heads
+      divides heads (grouped key/value heads: query head h reads group h // (heads /
+      kv_heads), as transformers' `repeat_kv`).
     v: values, shaped like k.
     mask: a `kernels.Mask` of the three parts below; give either it or the keywords.
     kv_lengths: int `(batch,)`: keys at index >= kv_lengths[b] are right padding.
@@ -219,6 +239,20 @@ def attention(
       return_probs=return_probs,
       dropout_rate=dropout_rate,
       dropout_seed=dropout_seed,
+      bias=bias,
+    )
+  if impl == "xla" and mask.window is not None and q.shape[1] >= 2 * band_width(mask.window):
+    return banded_attention(
+      q,
+      k,
+      v,
+      mask=mask,
+      head_mask=head_mask,
+      ablation=ablation,
+      scale=scale,
+      dropout_rate=dropout_rate,
+      dropout_seed=dropout_seed,
+      bias=bias,
     )
   if impl == "xla":
     allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
@@ -233,6 +267,7 @@ def attention(
       scale=scale,
       dropout_rate=dropout_rate,
       dropout_seed=dropout_seed,
+      bias=bias,
     )
   if impl == "cudnn":
     return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
@@ -254,6 +289,21 @@ def attention(
   return fa.flash_attention(q, k, v, backward=backward, **kwargs)
 
 
+def _check_fused_variants(impl, q, k, mask: Mask, bias):
+  """Rejects what the fused implementations do not compute (never a silent fallback)."""
+  missing = []
+  if mask.window is not None:
+    missing.append(f"a sliding window (window={mask.window})")
+  if bias is not None:
+    missing.append(f"a position bias ({bias.kind})")
+  if k.shape[2] != q.shape[2]:
+    missing.append(f"grouped key/value heads ({k.shape[2]} for {q.shape[2]} query heads)")
+  if missing:
+    raise ValueError(
+      f"impl={impl!r} does not support {', '.join(missing)}; use impl='xla' (or 'auto')"
+    )
+
+
 def _check_combination(impl, dropout_rate, return_probs, backward):
   """Rejects the option combinations `attention`'s resolved `impl` cannot honour."""
   if impl == "cudnn" and dropout_rate > 0:
@@ -267,17 +317,22 @@ def _check_combination(impl, dropout_rate, return_probs, backward):
     raise ValueError(f"{backward=} must be 'pallas' or 'reference'")
 
 
-def attention_probs(q, k, *, mask: Mask | None = None, kv_lengths=None, key_mask=None, scale=None):
+def attention_probs(
+  q, k, *, mask: Mask | None = None, kv_lengths=None, key_mask=None, scale=None, bias=None
+):
   """Attention probabilities `(batch, heads, seq_q, seq_k)` in float32, fast on every backend.
 
   The maps `reference_attention(..., return_probs=True)` gives (no head mask;
   padded query rows zero), through `kernels.xla_attention`'s heads-first,
   additive-bias formulation. Differentiable. The mask as in `attention` (every part,
-  segment ids too, as the xla implementation takes it).
+  segment ids and the window too, as the xla implementation takes it); `bias` a
+  `PositionBias` or None; k may have grouped heads.
   """
   mask = mask_of(mask, kv_lengths, None, key_mask)
+  if bias is not None:
+    bias.validate(q.shape[2])
   allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
-  return _xla_probs(q, k, allowed=allowed, row_real=row_real, scale=scale)
+  return _xla_probs(q, k, allowed=allowed, row_real=row_real, scale=scale, bias=bias)
 
 
 def _cudnn_attention(q, k, v, mask: Mask, head_mask, ablation, scale):
@@ -325,6 +380,7 @@ def attention_with_stats(
   kernel_variant=None,
   dropout_rate=0.0,
   dropout_seed=None,
+  bias: PositionBias | None = None,
 ):
   """Attention output plus per-head statistics of the attention, without T x T maps (pallas).
 
@@ -347,7 +403,7 @@ def attention_with_stats(
     `(batch, heads)` arrays.
   """
   mask = mask_of(mask, kv_lengths, segment_ids, key_mask)
-  head_mask = _validate(q, k, v, mask, head_mask, ablation, impl, special_mask)
+  head_mask = _validate(q, k, v, mask, head_mask, ablation, impl, special_mask, bias=bias)
   del dropout_seed  # only accepted so that a caller passing attention's arguments gets told
   if drop.check_rate(dropout_rate) > 0:
     raise ValueError(
@@ -359,8 +415,9 @@ def attention_with_stats(
     raise ValueError("attention_with_stats supports impl 'xla' and 'pallas', got impl='cudnn'")
   if impl == "xla":
     kwargs = {"mask": mask, "head_mask": head_mask, "ablation": ablation, "scale": scale}
-    out = reference_attention(q, k, v, **kwargs)
-    return out, reference_statistics(q, k, v, special_mask=special_mask, **kwargs)
+    out = reference_attention(q, k, v, bias=bias, **kwargs)
+    return out, reference_statistics(q, k, v, special_mask=special_mask, bias=bias, **kwargs)
+  _check_fused_variants(impl, q, k, mask, bias)
   fused_mask = _fused_mask(q, k, mask)
   interpret, _ = _pallas_variant(interpret, kernel_variant, stats=True)
   return fa_stats.attention_statistics_pallas(

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from . import dropout as drop
 from .masks import Mask, mask_of
+from .position_bias import PositionBias
 
 # How a head mask xi enters attention: "scale" (Michel et al.) or "uniform" (Kovaleva et al.).
 ABLATIONS = ("scale", "uniform")
@@ -41,6 +42,7 @@ def _attention_distributions(
   scale,
   dropout_rate=0.0,
   dropout_seed=None,
+  bias: PositionBias | None = None,
 ):
   """Softmax A, the attention used (dropped), the mixing distribution, real rows."""
   batch, seq_q, heads, head_dim = q.shape
@@ -49,7 +51,10 @@ def _attention_distributions(
   scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
   allowed, row_real = mask.allowed(batch, seq_q, seq_k)
   allowed = allowed[:, None]  # (B, 1, Tq, Tk)
+  k = repeat_kv(k, heads)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dtype), k.astype(dtype)) * scale
+  if bias is not None:
+    logits = logits + bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)[None]
   logits = jnp.where(allowed, logits, -jnp.inf)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -73,6 +78,13 @@ def _attention_distributions(
   return probs * real, mixed * real, mixing * real, row_real
 
 
+def repeat_kv(x, heads: int):
+  """Grouped key/value heads `(B, T, G, D)` repeated to `heads` query heads: query head h
+  reads group `h // (heads // G)` (transformers' `repeat_kv`)."""
+  groups = x.shape[2]
+  return x if groups == heads else jnp.repeat(x, heads // groups, axis=2)
+
+
 def reference_attention(
   q,
   k,
@@ -88,15 +100,16 @@ def reference_attention(
   return_probs=False,
   dropout_rate=0.0,
   dropout_seed=None,
+  bias: PositionBias | None = None,
 ):
   """Pure-jnp attention: the reference every other implementation is tested against.
 
   Args:
     q: `(batch, seq_q, heads, head_dim)`.
-    k: `(batch, seq_k, heads, head_dim)`.
-    v: `(batch, seq_k, heads, head_dim)`.
-    mask: a `Mask` (kv_lengths, segment_ids, key_mask), or None to give its parts as the
-      keywords below.
+    k: `(batch, seq_k, kv_heads, head_dim)`; kv_heads divides heads (grouped heads).
+    v: `(batch, seq_k, kv_heads, head_dim)`.
+    mask: a `Mask` (kv_lengths, segment_ids, key_mask, window), or None to give its parts
+      as the keywords below.
     kv_lengths: int `(batch,)` or None.
     segment_ids: int `(batch, seq)` or None (requires seq_q == seq_k).
     key_mask: bool `(batch, seq_k)` (True = real key) or None.
@@ -107,6 +120,7 @@ def reference_attention(
       (after dropout, when it is on).
     dropout_rate: attention dropout rate in [0, 1) (static); see `attention`.
     dropout_seed: int32/uint32 scalar (or a PRNG key) when dropout_rate > 0.
+    bias: a `PositionBias` added to the scaled logits, or None.
 
   Returns:
     out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.
@@ -122,7 +136,9 @@ def reference_attention(
     scale=scale,
     dropout_rate=dropout_rate,
     dropout_seed=dropout_seed,
+    bias=bias,
   )
+  v = repeat_kv(v, q.shape[2])
   out = jnp.einsum("bhqk,bkhd->bqhd", mixed, v.astype(mixed.dtype)).astype(q.dtype)
   return (out, mixed) if return_probs else out
 
@@ -140,6 +156,7 @@ def reference_statistics(
   ablation: Ablation = "scale",
   special_mask=None,
   scale=None,
+  bias: PositionBias | None = None,
 ):
   """Statistics of the full attention maps, averaged over real query rows: `(batch, heads)`.
 
@@ -154,6 +171,7 @@ def reference_statistics(
     head_mask=head_mask,
     ablation=ablation,
     scale=scale,
+    bias=bias,
   )
   p = jax.lax.stop_gradient(p).astype(jnp.float32)  # (B, H, Tq, Tk)
   seq_q, seq_k = p.shape[-2:]

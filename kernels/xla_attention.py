@@ -23,6 +23,14 @@ ops (so it runs on every backend and inside `vmap`/`scan`):
 Padded query rows (index >= kv_length, or key_mask False when q and k have equal
 lengths) give zero outputs and zero gradients, as in every implementation.
 
+Grouped key/value heads (`k`, `v` with G heads, G dividing the query heads N) are never
+repeated: the query heads are viewed as `(G, N / G)` and every product runs per group, so
+`dK`, `dV` sum over the heads of a group. A position bias (`kernels.PositionBias`) enters
+as its `(N, Tq, Tk)` values added to the scaled logits; its gradient is `P * (dP - delta)`
+summed over the batch (`S` without the scale), from which autodiff reaches the bias table.
+A sliding window arrives as a per-query `allowed`; `banded_attention` below computes a
+window layer's band alone, in query blocks, so its cost grows with T x window.
+
 Attention dropout multiplies the attention that mixes the values by the mask `M` of
 `kernels.dropout` (`1 / (1 - rate)` where kept, else 0), after the uniform mix:
 `O = (M * P) V`, `U V -> (M * U) V`. The backward recomputes `M` from the seed (it is not a
@@ -54,14 +62,47 @@ def _drop_multiplier(seed, p, rate):
 _MASKED = -1e30
 
 
-def _scores(qh, kh, allowed, scale):
+def _grouped(x, groups):
+  """`(B, N, ...)` viewed as `(B, G, N / G, ...)`: query heads by key/value group."""
+  return x.reshape(x.shape[0], groups, x.shape[1] // groups, *x.shape[2:])
+
+
+def _ungrouped(x):
+  return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def _qk(qh, kh):
+  """Scores `(B, N, Tq, Tk)` of queries `(B, N, Tq, D)` and keys `(B, G, Tk, D)`."""
+  if kh.shape[1] == qh.shape[1]:
+    return jnp.einsum("bhqd,bhkd->bhqk", qh, kh)
+  return _ungrouped(jnp.einsum("bgrqd,bgkd->bgrqk", _grouped(qh, kh.shape[1]), kh))
+
+
+def _pv(p, vh):
+  """`p @ v`: `(B, N, Tq, Tk)` weights of values `(B, G, Tk, D)` -> `(B, N, Tq, D)`."""
+  if vh.shape[1] == p.shape[1]:
+    return jnp.einsum("bhqk,bhkd->bhqd", p, vh)
+  return _ungrouped(jnp.einsum("bgrqk,bgkd->bgrqd", _grouped(p, vh.shape[1]), vh))
+
+
+def _to_keys(p, x, groups):
+  """`p^T @ x`: `(B, N, Tq, Tk)` and `(B, N, Tq, D)` -> `(B, G, Tk, D)`, summed per group."""
+  if groups == p.shape[1]:
+    return jnp.einsum("bhqk,bhqd->bhkd", p, x)
+  return jnp.einsum("bgrqk,bgrqd->bgkd", _grouped(p, groups), _grouped(x, groups))
+
+
+def _scores(qh, kh, allowed, scale, bias=None):
   """Unnormalised `exp(S - rowmax)` `(B, H, Tq, Tk)` and `1 / rowsum` `(B, H, Tq, 1)`.
 
   The mask is an additive bias (`(B, 1, 1, Tk)` for key-only masks): one fused add,
   where a select against -inf and the guards it needs cost extra T x T passes on CPU.
+  `bias` is a position bias `(H, Tq, Tk)` (or None), added to the scaled logits.
   """
-  bias = jnp.where(allowed, 0.0, _MASKED).astype(qh.dtype)[:, None]
-  s = jnp.einsum("bhqd,bhkd->bhqk", qh * scale, kh) + bias
+  mask_bias = jnp.where(allowed, 0.0, _MASKED).astype(qh.dtype)[:, None]
+  s = _qk(qh * scale, kh) + mask_bias
+  if bias is not None:
+    s = s + bias.astype(qh.dtype)[None]
   p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
   return p, 1.0 / p.sum(-1, keepdims=True)
 
@@ -76,18 +117,19 @@ def _mix(o, vh, allowed, row_real, xi, mult, uniform, dtype):
   a = jnp.broadcast_to(allowed, (allowed.shape[0], o.shape[2], allowed.shape[2])).astype(dtype)
   u_mat = a / jnp.maximum(a.sum(-1, keepdims=True), 1.0)  # (B, Tq, Tk)
   if mult is None:
-    u = jnp.einsum("bqk,bhkd->bhqd", u_mat, vh)
+    u = jnp.einsum("bqk,bgkd->bgqd", u_mat, vh)  # (B, G, Tq, D)
+    u = jnp.repeat(u, o.shape[1] // vh.shape[1], axis=1)  # the mean value, per query head
   else:
-    u = jnp.einsum("bhqk,bhkd->bhqd", u_mat[:, None] * mult, vh)
+    u = _pv(u_mat[:, None] * mult, vh)
   return (x * o + (1.0 - x) * u) * real, u, u_mat, real, x
 
 
-def _forward(qh, kh, vh, allowed, row_real, xi, seed, uniform, scale, rate):
+def _forward(qh, kh, vh, allowed, row_real, xi, seed, bias, uniform, scale, rate):
   """Training forward: keeps the normalised map P as the backward's one T x T residual."""
-  p, inv = _scores(qh, kh, allowed, scale)
+  p, inv = _scores(qh, kh, allowed, scale, bias)
   p = p * inv
   mult = _drop_multiplier(seed, p, rate)
-  o = jnp.einsum("bhqk,bhkd->bhqd", p if mult is None else p * mult, vh)
+  o = _pv(p if mult is None else p * mult, vh)
   out, u, u_mat, real, x = _mix(o, vh, allowed, row_real, xi, mult, uniform, qh.dtype)
   return out, (qh, kh, vh, p, o, u, u_mat, real, x)
 
@@ -117,7 +159,7 @@ def _heads_per_block(batch, heads, seq_q, seq_k, itemsize):
 def _attend(qh, kh, vh, allowed, scale):
   """Inference `softmax(S) V` `(B, H, Tq, D)`: the (q, d) output is normalised, not the map."""
   p, inv = _scores(qh, kh, allowed, scale)
-  return jnp.einsum("bhqk,bhkd->bhqd", p, vh) * inv
+  return _pv(p, vh) * inv
 
 
 def _attend_blocked(qh, kh, vh, allowed, scale, per_block):
@@ -134,27 +176,29 @@ def _attend_blocked(qh, kh, vh, allowed, scale, per_block):
   return out.reshape(batch, heads, seq_q, head_dim)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
-def _attention(qh, kh, vh, allowed, row_real, xi, seed, uniform, scale, rate):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
+def _attention(qh, kh, vh, allowed, row_real, xi, seed, bias, uniform, scale, rate):
   # Inference (no gradient taken): one T x T pass fewer than the training forward, and in
   # cache-sized blocks on CPU when the scores are large (dropout keeps the whole tensor).
   per_block = _heads_per_block(*qh.shape[:3], kh.shape[2], qh.dtype.itemsize)
-  if rate == 0 and per_block is not None:
+  plain = rate == 0 and bias is None and kh.shape[1] == qh.shape[1]
+  if plain and per_block is not None:
     o = _attend_blocked(qh, kh, vh, allowed, scale, per_block)
     return _mix(o, vh, allowed, row_real, xi, None, uniform, qh.dtype)[0]
-  p, inv = _scores(qh, kh, allowed, scale)
+  p, inv = _scores(qh, kh, allowed, scale, bias)
   mult = _drop_multiplier(seed, p, rate)
-  o = jnp.einsum("bhqk,bhkd->bhqd", p if mult is None else p * mult, vh) * inv
+  o = _pv(p if mult is None else p * mult, vh) * inv
   return _mix(o, vh, allowed, row_real, xi, mult, uniform, qh.dtype)[0]
 
 
-def _fwd(qh, kh, vh, allowed, row_real, xi, seed, uniform, scale, rate):
-  out, res = _forward(qh, kh, vh, allowed, row_real, xi, seed, uniform, scale, rate)
-  return out, (res, allowed, row_real, seed)
+def _fwd(qh, kh, vh, allowed, row_real, xi, seed, bias, uniform, scale, rate):
+  out, res = _forward(qh, kh, vh, allowed, row_real, xi, seed, bias, uniform, scale, rate)
+  return out, (res, allowed, row_real, seed, bias)
 
 
 def _bwd(uniform, scale, rate, saved, dout):
-  (qh, kh, vh, p, o, u, u_mat, real, x), allowed, row_real, seed = saved
+  (qh, kh, vh, p, o, u, u_mat, real, x), allowed, row_real, seed, bias = saved
+  groups = kh.shape[1]
   mult = _drop_multiplier(seed, p, rate)  # recomputed from the seed, not stored
   g = dout * real  # (B, H, Tq, D)
   if uniform:
@@ -163,20 +207,28 @@ def _bwd(uniform, scale, rate, saved, dout):
   else:
     dxi = (g * o).sum((2, 3))
   do = x * g
-  dv = jnp.einsum("bhqk,bhqd->bhkd", p if mult is None else p * mult, do)
+  dv = _to_keys(p if mult is None else p * mult, do, groups)
   if uniform and mult is None:
-    dv = dv + jnp.einsum("bqk,bhqd->bhkd", u_mat, du)
+    dv = dv + jnp.einsum("bqk,bgrqd->bgkd", u_mat, _grouped(du, groups))
   elif uniform:
-    dv = dv + jnp.einsum("bhqk,bhqd->bhkd", u_mat[:, None] * mult, du)
-  dp = jnp.einsum("bhqd,bhkd->bhqk", do, vh)
+    dv = dv + _to_keys(u_mat[:, None] * mult, du, groups)
+  if groups == qh.shape[1]:
+    dp = jnp.einsum("bhqd,bhkd->bhqk", do, vh)
+  else:
+    dp = _ungrouped(jnp.einsum("bgrqd,bgkd->bgrqk", _grouped(do, groups), vh))
   if mult is not None:
     dp = dp * mult
   delta = (do * o).sum(-1, keepdims=True)  # (B, H, Tq, 1)
-  ds = p * (dp - delta) * scale
-  dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh)
-  dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh)
+  ds_raw = p * (dp - delta)  # dL/dS for S = scale * q.k + bias
+  ds = ds_raw * scale
+  if groups == qh.shape[1]:
+    dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh)
+  else:
+    dq = _ungrouped(jnp.einsum("bgrqk,bgkd->bgrqd", _grouped(ds, groups), kh))
+  dk = _to_keys(ds, qh, groups)
+  dbias = None if bias is None else ds_raw.sum(0)
   zero = lambda a: None if a is None else jnp.zeros(a.shape, jax.dtypes.float0)
-  return dq, dk, dv, zero(allowed), zero(row_real), dxi, zero(seed)
+  return dq, dk, dv, zero(allowed), zero(row_real), dxi, zero(seed), dbias
 
 
 _attention.defvjp(_fwd, _bwd)
@@ -194,11 +246,13 @@ def xla_attention(
   scale=None,
   dropout_rate=0.0,
   dropout_seed=None,
+  bias=None,
 ):
   """Attention of `(batch, seq, heads, head_dim)` inputs with a lean custom backward.
 
   Args:
-    q, k, v: `(batch, seq_q|seq_k, heads, head_dim)`.
+    q: `(batch, seq_q, heads, head_dim)`.
+    k, v: `(batch, seq_k, kv_heads, head_dim)`, kv_heads dividing heads.
     allowed: bool `(batch, seq_q, seq_k)`: which keys each query may attend to, or
       `(batch, 1, seq_k)` when that depends on the key alone.
     row_real: bool `(batch, seq_q)`: real query rows (others give zeros).
@@ -207,6 +261,7 @@ def xla_attention(
     scale: logit scale; None means `1 / sqrt(head_dim)`.
     dropout_rate: static attention dropout rate in [0, 1) (validated by the caller).
     dropout_seed: int32 scalar seed (`kernels.dropout.seed_to_int32`) when dropout_rate > 0.
+    bias: a `PositionBias` or None.
 
   Returns:
     `(batch, seq_q, heads, head_dim)` in q's dtype; equal to `reference_attention`.
@@ -222,6 +277,8 @@ def xla_attention(
   # the transposes here cost far less than strided dots (measured: 58 -> 20 ms for
   # batch 32 x 128, 12 heads of 32, on the 2-core AVX-512 CPU).
   heads_first = lambda a: jnp.swapaxes(a.astype(dtype), 1, 2)
+  seq_q, seq_k = q.shape[1], k.shape[1]
+  bias_values = None if bias is None else bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)
   out = _attention(
     heads_first(q),
     heads_first(k),
@@ -230,6 +287,7 @@ def xla_attention(
     row_real,
     xi,
     seed,
+    bias_values,
     ablation == "uniform",
     scale,
     rate,
@@ -237,7 +295,7 @@ def xla_attention(
   return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
-def attention_probs(q, k, *, allowed, row_real, scale=None):
+def attention_probs(q, k, *, allowed, row_real, scale=None, bias=None):
   """The attention probabilities `(batch, heads, seq_q, seq_k)`, computed as the forward does.
 
   Same values as `reference_attention(..., return_probs=True)` without a head mask
@@ -250,10 +308,13 @@ def attention_probs(q, k, *, allowed, row_real, scale=None):
     allowed: bool `(batch, seq_q | 1, seq_k)`.
     row_real: bool `(batch, seq_q)`.
     scale: logit scale; None means `1 / sqrt(head_dim)`.
+    bias: a `PositionBias` or None.
   """
   dtype = jnp.promote_types(q.dtype, jnp.float32)
   scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
   qh, kh = (jnp.swapaxes(a.astype(dtype), 1, 2) for a in (q, k))
-  p, inv = _scores(qh, kh, allowed, scale)
+  seq_q, seq_k = q.shape[1], k.shape[1]
+  bias_values = None if bias is None else bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)
+  p, inv = _scores(qh, kh, allowed, scale, bias_values)
   real = (row_real & allowed.any(-1))[:, None, :, None].astype(dtype)
   return p * (inv * real)
