@@ -142,6 +142,93 @@ def test_export_errors_name_the_problem(pretrain_runs, tmp_path, env):
   _one_line_error(proc, "'nowhere'")
 
 
+def _in_process(capsys, *argv) -> tuple[int, str, str]:
+  """`bertjax ARGV` in this process (compilations shared): (status, stdout, stderr)."""
+  from bertjax import cli
+
+  code = cli.main([str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+def _small_pretrain(run, *extra):
+  return ["pretrain", "--corpus", CORPUS, "--corpus-format", "wikitext", "--max-lines", 300,
+          "--preset", "tiny", "--seq-len", 32, "--batch-size", 4, "--checkpoint-every", 1,
+          "--output-dir", run, "--no-progress", *extra]
+
+
+def test_a_run_directory_is_never_mixed_with_another(tmp_path, capsys, monkeypatch, minilm_dir):
+  # The issue: a second run into D without --resume exited 0, cut metrics.jsonl, replaced
+  # vocab/ and left the old checkpoints beside the new; `export --step OLD` then paired the
+  # old weights with the new vocabulary.
+  monkeypatch.delenv("BERTJAX_DEBUG", raising=False)
+  monkeypatch.chdir(tmp_path)
+  run = tmp_path / "D"
+  code, _, err = _in_process(capsys, *_small_pretrain(run, "--train-vocab", 200, "--steps", 3))
+  assert code == 0, err[-3000:]
+  kept = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+  assert (run / "checkpoints" / "3").is_dir()
+  # Again without --resume: refused before anything is read or written, the run untouched.
+  code, _, err = _in_process(capsys, *_small_pretrain(run, "--train-vocab", 100, "--steps", 2))
+  assert code == 1 and len(err.strip().splitlines()) == 1, err
+  for needle in (f"--output-dir {run} is not empty", "checkpoints/", "--resume", "--overwrite"):
+    assert needle in err, (needle, err)
+  # --resume with another vocabulary than the run's own: refused, naming both.
+  code, _, err = _in_process(capsys, *_small_pretrain(run, "--vocab", minilm_dir / "vocab.txt",
+                                                      "--steps", 4, "--resume"))
+  assert code == 1 and "30522 tokens" in err and "200 tokens" in err, err
+  assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == kept
+  # --overwrite: the earlier run is deleted first; the new run is alone in D.
+  code, out, err = _in_process(capsys, *_small_pretrain(run, "--train-vocab", 100, "--steps", 2,
+                                                        "--overwrite"))
+  assert code == 0, err[-3000:]
+  assert f"deleted the earlier run in {run}" in out
+  assert len((run / "vocab" / "vocab.txt").read_text().splitlines()) == 100
+  assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+  assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+  # --overwrite deletes only a run, and never the directory the user is in.
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "todo.txt").write_text("keep me")
+  for where, needle in ((tmp_path / "notes", "none of it a run's files"),
+                        (tmp_path, "holds the current directory")):
+    code, _, err = _in_process(capsys, *_small_pretrain(where, "--train-vocab", 100,
+                                                        "--overwrite"))
+    assert code == 1 and needle in err, err
+  assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+  # The first run's checkpoints (vocabulary 200) beside the second run's vocab/ (100), as
+  # the issue's run was left: export names both sizes and writes nothing.
+  mixed = tmp_path / "E"
+  for path, data in kept.items():
+    (mixed / path.relative_to(run)).parent.mkdir(parents=True, exist_ok=True)
+    (mixed / path.relative_to(run)).write_bytes(data)
+  for f in ("vocab.txt", "tokenizer.json"):
+    (mixed / "vocab" / f).write_bytes((run / "vocab" / f).read_bytes())
+  code, _, err = _in_process(capsys, "export", mixed, "--step", 1, "--to", tmp_path / "model")
+  assert code == 1 and "has 100 tokens" in err and "vocab_size=200" in err, err
+  assert not (tmp_path / "model").exists()
+
+
+def test_finetune_refuses_an_earlier_run_directory(tmp_path, capsys, monkeypatch, minilm_dir):
+  monkeypatch.delenv("BERTJAX_DEBUG", raising=False)
+  monkeypatch.chdir(tmp_path)
+  _reviews(tmp_path / "reviews.tsv", 2)
+  (tmp_path / "tiny.json").write_text(json.dumps({
+      "vocab_size": 30522, "hidden_size": 16, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16}))
+  argv = ["finetune", "--table", "reviews.tsv", "--vocab", minilm_dir, "--config-json",
+          "tiny.json", "--steps", 2, "--batch-size", 8, "--max-len", 16, "--no-progress",
+          "--output-dir", "mine"]
+  (tmp_path / "mine" / "model").mkdir(parents=True)
+  (tmp_path / "mine" / "model" / "vocab.txt").write_text("[PAD]\n")  # an earlier model's
+  code, _, err = _in_process(capsys, *argv)
+  assert code == 1 and "--output-dir mine is not empty (model/)" in err, err
+  assert "--overwrite" in err and "--resume" not in err
+  code, out, err = _in_process(capsys, *argv, "--overwrite")
+  assert code == 0, err[-3000:]
+  assert "deleted the earlier run in mine" in out
+  assert (tmp_path / "mine" / "model" / "vocab.txt").read_text().count("\n") == 30522
+
+
 # Errors, help, pipes ----------------------------------------------------------------------------
 
 

@@ -26,7 +26,12 @@ import numpy as np
 
 from bertjax.help_format import HelpFormatter
 from bertjax.kernels import IMPLS as ATTENTION_IMPLS
-from bertjax.training.command_args import debug_arg, parse_args
+from bertjax.training.command_args import (
+  check_output_dir,
+  clear_output_dir,
+  debug_arg,
+  parse_args,
+)
 from bertjax.training.export import (  # noqa: F401 (importable from here, as before)
   export_checkpoint,
   export_main,
@@ -61,8 +66,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
   g = p.add_argument_group("model")
   src = g.add_mutually_exclusive_group()
   presets = _presets()
-  src.add_argument("--preset", default="tiny", choices=presets, metavar="NAME",
-                   help=f"a BertConfig preset: {', '.join(presets)}")
+  src.add_argument("--preset", default=None, choices=presets, metavar="NAME",
+                   help=f"a BertConfig preset: {', '.join(presets)} (default: tiny)")
   src.add_argument("--config-json", default=None, metavar="FILE",
                    help="build the model from a Hugging Face config.json (or a JSON of "
                         "BertConfig fields) instead of a preset")
@@ -122,7 +127,7 @@ def _model_config(args, vocab_size: int | None):
     fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)}
     config = bertjax.BertConfig(**d) if set(d) <= fields else bertjax.BertConfig.from_hf_dict(d)
   else:
-    config = bertjax.BertConfig.preset(args.preset)
+    config = bertjax.BertConfig.preset(args.preset or "tiny")
   if vocab_size is not None and vocab_size != config.vocab_size:
     config = config.replace(vocab_size=vocab_size)
   return config, None
@@ -149,9 +154,9 @@ def pretrain_parser() -> argparse.ArgumentParser:
   g.add_argument("--max-lines", type=int, default=None, metavar="N",
                  help="read only the first N lines of each file (default: all)")
   v = g.add_mutually_exclusive_group()
-  v.add_argument("--vocab", default=None, metavar="PATH",
-                 help="a vocab.txt / tokenizer.json or directory (default: the --init-from "
-                      "directory's)")
+  v.add_argument("--vocab", default=None, metavar="PATH|ID",
+                 help="a vocab.txt / tokenizer.json, a model directory or a hub id (default: "
+                      "the --init-from model's, else the --teacher's)")
   v.add_argument("--train-vocab", type=int, default=None, metavar="SIZE",
                  help="train a WordPiece vocabulary of this size on the corpus (the same "
                       "corpus gives the same vocab.txt in every run)")
@@ -178,7 +183,12 @@ def pretrain_parser() -> argparse.ArgumentParser:
   o.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
                  help="save a checkpoint every N steps (0: only at the end)")
   o.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
-  o.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+  again = o.add_mutually_exclusive_group()
+  again.add_argument("--resume", action="store_true",
+                     help="continue the run in --output-dir from its newest checkpoint")
+  again.add_argument("--overwrite", action="store_true",
+                     help="delete the earlier run in --output-dir first (without this or "
+                          "--resume, a non-empty --output-dir is refused)")
   o.add_argument("--export-hf", default=None, metavar="DIR",
                  help="write the final model here as a Hugging Face directory (for any other "
                       "step: `bertjax export`)")
@@ -206,6 +216,71 @@ def _check_pretrainable(args) -> None:
                      f"model: fine-tune it with `bertjax finetune --init-from`")
 
 
+PRETRAIN_FILES = ("checkpoints", "vocab", "metrics.jsonl", "summary.json", "tensorboard")
+
+
+def _vocab_source(args) -> pathlib.Path | str:
+  """Where the vocabulary comes from: --vocab (a file, a model directory or a hub id), else
+  the --init-from model's, else the --teacher's (a distilled student needs the teacher's)."""
+  from bertjax import hf
+
+  if args.vocab:
+    path = pathlib.Path(args.vocab).expanduser()
+    if path.exists() or path.suffix in (".txt", ".json"):
+      return path  # load_tokenizer names a missing file
+    return hf.resolve_model_path(args.vocab)
+  if args.init_from or args.teacher:
+    return args.init_from or args.teacher
+  raise ValueError("pretrain needs a vocabulary: give --vocab PATH, --train-vocab SIZE, "
+                   "--init-from DIR or --teacher DIR")
+
+
+def _pretrain_corpus(args, vocab_dir: pathlib.Path):
+  """`(tokenizer, corpus, new)`: the run's vocabulary and the tokenized corpus; `new` when
+  the vocabulary is to be saved in `vocab_dir` (not when a resumed run has its own)."""
+  from bertjax.data import corpus as C
+
+  own = args.resume and any((vocab_dir / f).is_file() for f in ("tokenizer.json", "vocab.txt"))
+  if args.train_vocab and not own:
+    docs = C.read_documents(args.corpus, format=args.corpus_format, max_lines=args.max_lines)
+    tokenizer = C.train_wordpiece((s for d in docs for s in d), args.train_vocab)
+    return tokenizer, C.tokenize_documents(docs, tokenizer), True
+  source = vocab_dir if args.train_vocab else _vocab_source(args)
+  tokenizer = C.load_tokenizer(source)
+  if own and source != vocab_dir:
+    mine = C.load_tokenizer(vocab_dir).get_vocab(with_added_tokens=True)
+    theirs = tokenizer.get_vocab(with_added_tokens=True)
+    if mine != theirs:
+      raise ValueError(f"--resume: the vocabulary {source} ({len(theirs)} tokens) is not the "
+                       f"run's own, {vocab_dir} ({len(mine)} tokens), which its checkpoints "
+                       "were trained with; drop --vocab, or start a new run")
+  if args.teacher and not (args.vocab or args.init_from):
+    print(f"pretrain: the student uses the teacher's vocabulary, {source} "
+          f"({tokenizer.get_vocab_size(with_added_tokens=True)} tokens)", flush=True)
+  corpus = C.load_corpus(args.corpus, tokenizer, format=args.corpus_format,
+                         max_lines=args.max_lines)
+  return tokenizer, corpus, not own
+
+
+def _start_output_dir(out: pathlib.Path, doomed, tokenizer, new_vocab: bool) -> None:
+  """Clears an earlier run (--overwrite; process 0, then every process waits), then writes
+  the run's vocabulary: the first writes of a run, once everything before has worked."""
+  import jax
+
+  from bertjax.data import corpus as C
+
+  if doomed:
+    if jax.process_index() == 0:
+      clear_output_dir(out, doomed, "pretrain")
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices("bertjax pretrain: --overwrite")
+  out.mkdir(parents=True, exist_ok=True)
+  if new_vocab:
+    C.save_tokenizer(tokenizer, out / "vocab")
+
+
 def pretrain_main(argv: Sequence[str] | None = None) -> int:
   """Runs pretraining from command-line arguments; prints a summary and saves it as JSON.
 
@@ -213,32 +288,25 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     0 on success (argparse exits on --help or bad arguments).
   """
   args = parse_args(pretrain_parser(), argv)
-  from bertjax.data import corpus as C
   from bertjax.data import pretraining as P
   from bertjax.training import loop, sharding
 
+  out = pathlib.Path(args.output_dir)
+  doomed = check_output_dir(out, resume=args.resume, overwrite=args.overwrite,
+                            run_files=PRETRAIN_FILES)  # before anything is read or written
   sharding.maybe_initialize_distributed()
   import jax  # after the distributed start, which must come first
   if args.init_from:
     _check_pretrainable(args)
-  out = pathlib.Path(args.output_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  vocab_dir = out / "vocab"
-  if args.train_vocab and not (args.resume and (vocab_dir / "vocab.txt").is_file()):
-    docs = C.read_documents(args.corpus, format=args.corpus_format, max_lines=args.max_lines)
-    tokenizer = C.train_wordpiece((s for d in docs for s in d), args.train_vocab,
-                                  save_dir=vocab_dir)
-    corpus = C.tokenize_documents(docs, tokenizer)
-  else:
-    source = (vocab_dir if args.train_vocab else args.vocab or args.init_from)
-    if source is None:
-      raise ValueError("pretrain needs a vocabulary: give --vocab PATH, --train-vocab SIZE or "
-                       "--init-from DIR")
-    tokenizer = C.load_tokenizer(source)
-    if not args.train_vocab:
-      C.save_tokenizer(tokenizer, vocab_dir)
-    corpus = C.load_corpus(args.corpus, tokenizer, format=args.corpus_format,
-                           max_lines=args.max_lines)
+  if args.teacher:
+    from bertjax import hf
+
+    if args.train_vocab:
+      raise ValueError(f"--train-vocab {args.train_vocab} with --teacher {args.teacher}: a "
+                       "distilled student uses the teacher's vocabulary (the default); drop "
+                       "--train-vocab")
+    args.teacher = str(hf.resolve_model_path(args.teacher))
+  tokenizer, corpus, new_vocab = _pretrain_corpus(args, out / "vocab")
   config, params = _model_config(args, None if args.init_from else corpus.vocab_size)
   config = config.replace(**_program(args))
   if config.vocab_size < corpus.vocab_size:
@@ -262,31 +330,36 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
       checkpoint_every=args.checkpoint_every, keep=args.keep,
       mesh_shape=sharding.parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None,
       progress=not args.no_progress)
+  _start_output_dir(out, doomed, tokenizer, new_vocab)
   summary = loop.pretrain(config, data, train, resume=args.resume, params=params,
                           objective=objective)
   summary.pop("history")
   if args.export_hf and jax.process_index() == 0:
-    export_checkpoint(out, args.export_hf, tokenizer=vocab_dir)  # the newest step
+    export_checkpoint(out, args.export_hf, tokenizer=out / "vocab")  # the newest step
     summary["exported_to"] = args.export_hf
   if jax.process_index() == 0:  # multi-host: one writer
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    steps = (f"{summary['steps']} ({summary['steps_this_run']} this run, "
-             f"{summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:.0f} tokens/s)")
-    loss = (f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f} (MLM "
-            f"{summary['first_mlm_loss']:.4f} -> {summary['final_mlm_loss']:.4f})")
-    saved = (f"{summary['checkpoint_dir']} (last: step {summary['last_checkpoint']}; "
-             f"`bertjax export {out} --to DIR` makes a model of any step)")
-    rows = [("steps", steps), ("loss", loss), ("layers", str(summary["num_hidden_layers"])),
-            ("checkpoints", saved), ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
-    if args.export_hf:
-      from bertjax.training.electra import ROLES
-
-      pair = all((pathlib.Path(args.export_hf) / r).is_dir() for r in ROLES)
-      rows.append(("model", f"{args.export_hf}" + (" (generator/: ElectraForMaskedLM, "
-                                                    "discriminator/: ElectraForPreTraining)"
-                                                    if pair else "")))
-    print("pretrain: done\n" + _table(rows))
+    _print_pretrain_summary(args, out, summary)
   return 0
+
+
+def _print_pretrain_summary(args, out: pathlib.Path, summary: dict) -> None:
+  steps = (f"{summary['steps']} ({summary['steps_this_run']} this run, "
+           f"{summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:.0f} tokens/s)")
+  loss = (f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f} (MLM "
+          f"{summary['first_mlm_loss']:.4f} -> {summary['final_mlm_loss']:.4f})")
+  saved = (f"{summary['checkpoint_dir']} (last: step {summary['last_checkpoint']}; "
+           f"`bertjax export {out} --to DIR` makes a model of any step)")
+  rows = [("steps", steps), ("loss", loss), ("layers", str(summary["num_hidden_layers"])),
+          ("checkpoints", saved), ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
+  if args.export_hf:
+    from bertjax.training.electra import ROLES
+
+    pair = all((pathlib.Path(args.export_hf) / r).is_dir() for r in ROLES)
+    rows.append(("model", f"{args.export_hf}" + (" (generator/: ElectraForMaskedLM, "
+                                                  "discriminator/: ElectraForPreTraining)"
+                                                  if pair else "")))
+  print("pretrain: done\n" + _table(rows))
 
 
 # Fine-tuning --------------------------------------------------------------------------------
@@ -335,8 +408,11 @@ def finetune_parser() -> argparse.ArgumentParser:
   objective_cli.add_finetune_args(p)
   o = p.add_argument_group("output")
   o.add_argument("--output-dir", default=None, metavar="DIR",
-                 help="where model/, metrics.jsonl and summary.json go (default: a new "
-                      "out/finetune/SOURCE-TIME folder, printed)")
+                 help="where model/, metrics.jsonl and summary.json go; refused when it holds "
+                      "anything, unless --overwrite (default: a new out/finetune/SOURCE-TIME "
+                      "folder, printed)")
+  o.add_argument("--overwrite", action="store_true",
+                 help="delete the earlier run in --output-dir first")
   o.add_argument("--eval-every", type=int, default=0, metavar="N",
                  help="evaluate every N steps (0: only at the end)")
   o.add_argument("--log-every", type=int, default=0, metavar="N",
@@ -344,6 +420,9 @@ def finetune_parser() -> argparse.ArgumentParser:
   o.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
   debug_arg(p)
   return p
+
+
+FINETUNE_FILES = ("model", "metrics.jsonl", "summary.json")
 
 
 def _source_name(args) -> str:
@@ -458,17 +537,18 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
   from bertjax.tokenization import Tokenizer
   from bertjax.training import finetune as F
 
-  vocab = args.vocab or args.init_from
+  out = pathlib.Path(args.output_dir) if args.output_dir else _default_output_dir(args)
+  doomed = check_output_dir(out, overwrite=args.overwrite, run_files=FINETUNE_FILES)
+  vocab = args.vocab or args.init_from or args.teacher  # a student uses its teacher's
   if vocab is None:
     raise ValueError("finetune needs a tokenizer: give --init-from DIR (a model with its "
-                     "tokenizer) or --vocab PATH")
+                     "tokenizer), --vocab PATH or --teacher DIR")
   if args.vocab and not args.init_from and pathlib.Path(args.vocab).is_file():
     from bertjax.data import corpus as C
 
     tokenizer = Tokenizer(C.load_tokenizer(args.vocab), args.max_len)
   else:
     tokenizer = Tokenizer.from_pretrained(vocab)
-  out = pathlib.Path(args.output_dir) if args.output_dir else _default_output_dir(args)
   print(f"finetune: writing to {out}" + ("" if args.output_dir else
                                           " (choose with --output-dir)"), flush=True)
   task, train_data, eval_data, labels = _load_finetune_data(args, tokenizer)
@@ -486,6 +566,7 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
                         learning_rate=args.lr, warmup_steps=args.warmup, decay=args.decay,
                         clip_norm=args.clip or None, weight_decay=args.weight_decay,
                         dtype=args.dtype, seed=args.seed, eval_every=args.eval_every)
+  clear_output_dir(out, doomed, "finetune")  # now that everything before has worked
   out.mkdir(parents=True, exist_ok=True)
   progress = _Progress(hp.steps, enabled=not args.no_progress, every=args.log_every)
   with open(out / "metrics.jsonl", "w", encoding="utf-8") as jsonl:

@@ -93,7 +93,8 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
     to: the model directory to write (whole, or not at all).
     step: the step; None means the newest readable one.
     tokenizer: a tokenizer path (directory, tokenizer.json or vocab.txt); None means the
-      run's `vocab/` folder.
+      run's `vocab/` folder. Its size must equal the checkpoint's vocab_size (else a
+      ValueError naming both: the vocabulary is not the one the weights were trained with).
 
   Returns:
     `(config, step, tokenizer)`: what was written (ELECTRA: the discriminator's config).
@@ -130,6 +131,12 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
                 file=sys.stderr)
     else:
       raise K.CorruptCheckpointError(f"no readable checkpoint in {ckpt_dir}: {'; '.join(errors)}")
+    n = backend.get_vocab_size(with_added_tokens=True)
+    if n != config.vocab_size:  # a model that tokenises to the wrong rows is worse than none
+      raise ValueError(f"the tokenizer {source} has {n} tokens but step {s} of {ckpt_dir} has "
+                       f"word embeddings for vocab_size={config.vocab_size}: it is not the "
+                       "vocabulary these weights were trained with; pass the run's own with "
+                       "--tokenizer PATH")
     tok = _as_tokenizer(backend, config)
     for model_dir in [tmp / r for r in ROLES if (tmp / r).is_dir()] or [tmp]:
       tok.save_pretrained(model_dir)
