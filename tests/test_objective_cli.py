@@ -107,6 +107,64 @@ def test_pretrain_electra_and_distillation(tmp_path):
   assert config.num_hidden_layers == 2  # every other teacher layer
 
 
+def _hub_cache(directory: pathlib.Path, cache: pathlib.Path, repo_id: str) -> None:
+  """Places a model directory in a huggingface_hub cache as a download lays it out."""
+  import shutil
+
+  commit = "0123456789abcdef0123456789abcdef01234567"
+  repo = cache / ("models--" + repo_id.replace("/", "--"))
+  shutil.copytree(directory, repo / "snapshots" / commit)
+  (repo / "refs").mkdir()
+  (repo / "refs" / "main").write_text(commit)
+
+
+def test_distilling_a_three_layer_teacher_from_the_hub(tmp_path, monkeypatch, capsys):
+  # The issue: --vocab took no hub id and was required although the student must use the
+  # teacher's vocabulary; the default student depth (2 of 3) did not fit TinyBERT's layer
+  # map; the distances were logged with accuracies of 0.
+  pytest.importorskip("huggingface_hub")
+  from huggingface_hub import constants
+  cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
+                           num_attention_heads=4, intermediate_size=48,
+                           max_position_embeddings=64)
+  teacher = tmp_path / "teacher"
+  bertjax.to_hf(cfg, bertjax.init(cfg, 0, ("mlm",)), teacher)
+  (teacher / "vocab.txt").write_bytes((bertjax.minilm_path() / "vocab.txt").read_bytes())
+  monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+  _hub_cache(teacher, tmp_path / "hub", "bertology/tiny-teacher")
+  argv = _argv(tmp_path / "student", "--objective", "none", "--teacher",
+               "bertology/tiny-teacher", "--distill", "tinybert", "--export-hf",
+               str(tmp_path / "student_hf"))
+  del argv[argv.index("--vocab"):argv.index("--vocab") + 2]  # the teacher's, by default
+  assert commands.pretrain_main(argv) == 0
+  out = capsys.readouterr().out
+  assert "the student uses the teacher's vocabulary" in out and "30522 tokens" in out
+  assert "teacher layers 0 (1 of 3; TinyBERT's layer map" in out, out
+  rows = _metrics(tmp_path / "student")
+  assert {"distill_ce_loss", "cos_loss", "hidden_loss", "attn_loss"} <= set(rows[0])
+  assert {k for k in rows[0] if k.endswith("_accuracy")} == {"mlm_accuracy",
+                                                             "distill_ce_accuracy"}
+  config, _ = bertjax.from_hf(tmp_path / "student_hf")
+  assert config.num_hidden_layers == 1
+  assert (tmp_path / "student" / "vocab" / "vocab.txt").read_bytes() == (
+      teacher / "vocab.txt").read_bytes()
+  # --vocab takes a hub id too; a vocabulary of another size, a trained one, a preset that
+  # would be ignored are named before any training.
+  base = _argv(tmp_path / "other", "--objective", "none", "--teacher", str(teacher))
+  at = base.index("--vocab") + 1
+  for vocab, extra, needle in (("bertology/tiny-teacher", ["--preset", "bert-mini"],
+                                "--preset with --teacher"),
+                               (None, ["--train-vocab", "200"], "--train-vocab 200 with"),
+                               (str(tmp_path / "v.txt"), [], "vocab_size=30522 differs")):
+    (tmp_path / "v.txt").write_text("".join(f"{t}\n" for t in [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]))
+    argv = [*base[:at - 1], *base[at + 1:]] if vocab is None else [
+        *base[:at], vocab, *base[at + 1:]]
+    with pytest.raises(ValueError, match=needle):
+      commands.pretrain_main([*argv, *extra])
+    assert not (tmp_path / "other").exists()
+
+
 def test_finetune_with_a_teacher(tmp_path):
   teacher_cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=4,
                                    num_attention_heads=4, intermediate_size=48,

@@ -58,7 +58,8 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
   Args:
     teacher_config: the teacher's architecture (not ALBERT-style shared layers).
     teacher_params: its parameters (embeddings, pooler and heads are copied).
-    layers: the teacher layers to keep, in order; default ``(0, 2, 4, ...)``.
+    layers: the teacher layers to keep, in order; default ``(0, 2, 4, ...)``
+      (`default_student_layers`).
 
   Returns:
     ``(student_config, student_params)``.
@@ -68,7 +69,7 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
                      f"(num_param_layers={teacher_config.num_param_layers}) cannot seed a "
                      "student layer by layer")
   n = teacher_config.num_hidden_layers
-  layers = tuple(range(0, n, 2)) if layers is None else tuple(layers)
+  layers = default_student_layers(teacher_config) if layers is None else tuple(layers)
   if not layers or any(not 0 <= i < n for i in layers):
     raise ValueError(f"{layers=} must be a non-empty tuple of teacher layers in [0, {n})")
   if teacher_config.is_pruned:
@@ -79,6 +80,20 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
                         "layers": jax.tree.map(lambda a: a[index],
                                                teacher_params["encoder"]["layers"])}
   return teacher_config.replace(num_hidden_layers=len(layers)), student
+
+
+def default_student_layers(teacher_config: BertConfig, *, tinybert: bool = False
+                           ) -> tuple[int, ...]:
+  """The teacher layers a student starts from when none are chosen.
+
+  Every other layer (DistilBERT). TinyBERT's layer map needs a student depth that divides
+  the teacher's, so with `tinybert` every k-th layer, k the smallest divisor of the depth
+  above 1: a 4- or 6-layer teacher gives every other layer, a 9-layer one layers 0, 3, 6,
+  a 3-layer (or any prime-depth) one a single layer.
+  """
+  n = teacher_config.num_hidden_layers
+  k = next((d for d in range(2, n + 1) if n % d == 0), 1) if tinybert else 2
+  return tuple(range(0, n, k))
 
 
 def _mse_rows(a, b):

@@ -25,12 +25,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
                       "the discriminator; the generator has F times its hidden size, heads "
                       "and FFN (the paper: 0.25-0.5); loss MLM + 50 x RTD; --export-hf DIR "
                       "writes DIR/generator and DIR/discriminator")
-  g.add_argument("--teacher", default=None, metavar="DIR",
-                 help="distil from this Hugging Face model (with an MLM head); the student "
-                      "starts from its every other layer unless --init-from is given")
+  g.add_argument("--teacher", default=None, metavar="DIR|ID",
+                 help="distil from this Hugging Face model directory or hub id (with an MLM "
+                      "head), using its vocabulary unless --vocab is given; the student starts "
+                      "from every other teacher layer (with --distill tinybert, every k-th, k "
+                      "dividing the teacher's depth) unless --init-from is given")
   g.add_argument("--distill", default="distilbert", choices=("distilbert", "tinybert"),
                  help="distillation losses: DistilBERT's, or those plus TinyBERT's hidden-state "
-                      "and attention terms")
+                      "and attention terms (the student's depth must divide the teacher's)")
   g.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
 
 
@@ -75,20 +77,42 @@ def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
     t_config, t_params = bertjax.from_hf(args.teacher)
     if t_config.vocab_size != config.vocab_size:
       raise ValueError(f"the teacher's vocab_size={t_config.vocab_size} differs from the "
-                       f"student's {config.vocab_size}; use the teacher's tokenizer (--vocab "
-                       f"{args.teacher})")
+                       f"student's {config.vocab_size}; use the teacher's tokenizer (leave out "
+                       f"--vocab, or give --vocab {args.teacher})")
+    tinybert = args.distill == "tinybert"
     if params is None:
-      student, params = distill.student_from_teacher(t_config, t_params)
+      student, params = _student(args, t_config, t_params, tinybert, "pretrain")
       config = student.replace(attention_impl=config.attention_impl,
                                scan_unroll=config.scan_unroll)
     obj = distill.Distillation(t_config, t_params, temperature=args.temperature,
-                               tinybert=args.distill == "tinybert")
+                               tinybert=tinybert)
+    if tinybert:
+      obj.layer_map(config)  # a depth that does not fit is named before any compute
     objective = [o for o in objective if o.name != "mlm"] + [obj]  # its own MLM term
     params = {**params, **O.init_objective_params(objective, config, args.seed)}
   elif params is not None:
     params = {**params, **{k: v for k, v in O.init_objective_params(
         objective, config, args.seed).items() if k not in params}}
   return config, params, data, tuple(objective)
+
+
+def _student(args, t_config, t_params, tinybert: bool, command: str):
+  """`(config, params)` of a student started from the teacher's layers; says which."""
+  from bertjax.training import distill
+
+  given = [f for f, v in (("--preset", args.preset), ("--config-json", args.config_json)) if v]
+  if given:
+    raise ValueError(f"{given[0]} with --teacher: the student is built from the teacher's "
+                     f"layers, so {given[0]} would be ignored; drop it, or start the student "
+                     "from a model with --init-from")
+  layers = distill.default_student_layers(t_config, tinybert=tinybert)
+  n = t_config.num_hidden_layers
+  why = ("; TinyBERT's layer map needs a depth that divides the teacher's"
+         if layers != distill.default_student_layers(t_config) else "")
+  print(f"{command}: the student starts from teacher layers {', '.join(map(str, layers))} "
+        f"({len(layers)} of {n}{why}; --init-from DIR starts it from another model)",
+        flush=True)
+  return distill.student_from_teacher(t_config, t_params, layers)
 
 
 def add_finetune_args(p: argparse.ArgumentParser) -> None:
@@ -120,7 +144,7 @@ def finetune_setup(args, task: str, config, params) -> tuple[Any, Any, Any]:
   obj = distill.TaskDistillation(t_config, t_params, task=task, temperature=args.temperature,
                                  alpha=args.teacher_weight)
   if not args.init_from:
-    student, params = distill.student_from_teacher(t_config, t_params)
+    student, params = _student(args, t_config, t_params, False, "finetune")
     config = student.replace(attention_impl=config.attention_impl, dtype=config.dtype,
                              scan_unroll=config.scan_unroll)
   return config, params, (obj,)
