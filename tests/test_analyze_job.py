@@ -250,5 +250,6 @@ def test_figures_of_runs_with_steps_are_against_the_step(tmp_path, monkeypatch):
   fig = _figures(tmp_path, monkeypatch)
   (ax,) = fig.axes
   assert ax.get_xlabel() == "training step"
-  assert sorted(_legend_texts(fig)) == ["run-a (seed 0): steps 10-30", "run-b (seed 1): steps 10-30"]
+  assert sorted(_legend_texts(fig)) == ["run-a (seed 0): steps 10-30",
+                                        "run-b (seed 1): steps 10-30"]
   assert [list(line.get_xdata()) for line in ax.get_lines()] == [[10, 20, 30]] * 2

@@ -13,7 +13,7 @@ RULE = "index l is layer l + 1"
 
 
 def _python_blocks(text=None):
-  return re.findall(r"```python\n(.*?)```", text or README.read_text(), flags=re.S)
+  return re.findall(r"```python\n(.*?)```", text or README.read_text(), flags=re.DOTALL)
 
 
 def _run_sh_commands() -> set[str]:
@@ -22,8 +22,8 @@ def _run_sh_commands() -> set[str]:
   text = (REPO / "run.sh").read_text()
   body = text[text.index('case "$cmd" in'):]
   body = body[:body.index("\nesac")]
-  labels = re.findall(r"^\s*([\w|\s-]+)\)", body, flags=re.M)
-  passed = re.search(r'^BERTJAX_COMMANDS="([^"]*)"', text, flags=re.M)
+  labels = re.findall(r"^\s*([\w|\s-]+)\)", body, flags=re.MULTILINE)
+  passed = re.search(r'^BERTJAX_COMMANDS="([^"]*)"', text, flags=re.MULTILINE)
   return ({c.strip() for label in labels for c in label.split("|")}
           | set(passed[1].split() if passed else ()))
 
@@ -33,7 +33,7 @@ def readme_command_problems(text: str) -> list[str]:
   the two commands `demo` and `test`, every command must be one run.sh accepts, and every
   experiment or benchmark named must exist."""
   problems = []
-  setup = re.search(r"## Set up and run\n+```bash\n(.*?)```", text, flags=re.S)
+  setup = re.search(r"## Set up and run\n+```bash\n(.*?)```", text, flags=re.DOTALL)
   lines = [] if setup is None else [ln.split("#")[0].strip() for ln in setup[1].splitlines()]
   if [ln for ln in lines if ln] != ["./run.sh demo", "./run.sh test"]:
     problems.append(f"the setup block runs {lines}, not ./run.sh demo and ./run.sh test")
