@@ -414,6 +414,23 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
   assert data[:8] == PNG_MAGIC and len(data) > 50_000
 
 
+def test_attribution_section_counts_what_each_part_read():
+  """The token-attribution part reads `attribution_sentences` negated sentences, the patching
+  part `patching_pairs` pairs: the page said 48 sentences beside a figure of 64 pairs."""
+  from bertjax.report import page, reading
+
+  stats = {k: {"mrr": 0.5, "top1": 0.2, "mean_rank": 2.0} for k in ("attention", "norm")}
+  exact = np.zeros((2, 3))
+  exact[1, 2] = 0.6
+  r = {"attribution": {
+      "available": True,
+      "cues": {"sentences": ["s"] * 48, "stats": stats, "chance": {"mrr": 0.3}},
+      "patching": {"pairs": 64, "exact": exact, "agreement": {"pearson": 0.9}}}}
+  html = " ".join(page._attribution_html(r, {}, {}))
+  assert "For each of 48 negated sentences" in html and "Then 64 negated sentences" in html
+  assert "from each of 64 negated sentences" in reading.attribution_sentences(r["attribution"])[1]
+
+
 def test_attribution_sentences_follow_the_numbers():
   """The report's generated reading agrees or disagrees as its JSON numbers say."""
   from bertjax.report import reading

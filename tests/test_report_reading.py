@@ -26,7 +26,8 @@ def _results() -> dict:
                    "layer_heads_loss": [0.25, 0.5, 0.4],
                    "pruning_fraction": [0.0, 0.2, 0.4, 0.6],
                    "pruning_accuracy": [0.85, 0.85, 0.84, 0.7],
-                   "importance_vs_ablation_spearman": 0.7},
+                   # Ranked as |head_loss - baseline| (ties apart): importance agrees.
+                   "importance": [[0.5, 0.4], [0.1, 0.9], [0.05, 0.3]]},
       "anisotropy": {"anisotropy": [0.05, 0.2, 0.3, 0.4],
                      "anisotropy_centered": [0.0, 0.01, -0.01, 0.0]},
       "pos": {"available": True, "accuracy": [0.8, 0.93, 0.9, 0.88],
@@ -80,7 +81,9 @@ FLIPS = [
      ["disagrees", "agrees"]),
     ("pruning", ("ablation", "pruning_accuracy"), [0.85, 0.84, 0.8, 0.7],
      ["partly agrees", "agrees"]),
-    ("pruning", ("ablation", "importance_vs_ablation_spearman"), -0.2, ["agrees", "disagrees"]),
+    # Importance ranked against the size of the loss change: the verdict turns.
+    ("pruning", ("ablation", "importance"), [[0.1, 0.2], [0.9, 0.05], [0.8, 0.3]],
+     ["agrees", "disagrees"]),
     ("anisotropy", ("anisotropy", "anisotropy"), [0.05, 0.2, 0.3, 0.05],
      ["partly agrees", "disagrees"]),
     ("anisotropy", ("anisotropy", "anisotropy"), [0.05, 0.02, 0.03, 0.04], ["disagrees", "agrees"]),
@@ -136,3 +139,43 @@ def test_layer_numbers_are_blocks_from_one():
   assert "middle layer 2" in rr.readings(r)["clark"][0]
   assert np.argmax(r["clark"]["by_layer"]["sep"]) == 1
   assert "[SEP] peaks at layer 2 (0.60)" in rr.readings(r)["clark"][0]
+
+
+def test_importance_is_compared_with_the_size_of_the_loss_change():
+  """Importance is unsigned (E|dL/dxi|): the verdict ranks it against |delta L|, not the signed
+  delta L (issue #36: -0.03 signed, +0.26 unsigned on MiniLM). Here importance ranks |delta L|
+  exactly while the signed change runs the other way."""
+  r = _results()
+  r["ablation"]["head_loss"] = [[0.0, 0.1], [0.2, 0.29], [0.315, 0.33]]  # baseline 0.3
+  r["ablation"]["importance"] = [[0.9, 0.7], [0.5, 0.1], [0.2, 0.3]]
+  rho = rr.importance_vs_ablation(r["ablation"])
+  assert rho["spearman_abs"] == pytest.approx(1.0)
+  assert rho["spearman_signed"] < -0.7
+  text = rr.readings(r)["pruning"][-1]
+  assert "|delta L| of the single-head ablation, is 1.00 over all heads" in text
+  assert "against the signed delta L, which importance does not estimate, -0.77" in text
+  assert rr.verdicts([text], MODEL) == ["agrees"]
+
+
+def test_a_stated_bound_holds_for_the_unrounded_value():
+  """"within 0.01 of 0" was printed for 0.014: a bound is rounded up, never to the nearest."""
+  assert rr.upper_bound(0.014) == "0.02" and rr.upper_bound(0.01) == "0.01"
+  assert rr.upper_bound(0.07) == "0.07" and rr.upper_bound(0.0) == "0.00"
+  assert rr.upper_bound(0.1234, 3) == "0.124"
+  r = _results()
+  r["anisotropy"]["anisotropy_centered"] = [0.0, 0.014, -0.003, 0.0]
+  text = rr.readings(r)["anisotropy"][1]
+  assert "every layer is within 0.02 of 0" in text
+
+
+def test_a_gain_is_never_called_a_negative_cost():
+  """On a near-random model masking any layer (or head) can lower the loss: the reading names
+  the smallest gain as a gain, never "costs most at layer 3 (-0.005)"."""
+  r = _results()
+  r["ablation"]["layer_heads_loss"] = [0.29, 0.28, 0.295]
+  r["ablation"]["head_loss"] = [[0.29, 0.28], [0.3, 0.299], [0.25, 0.2995]]
+  first, second = rr.readings(r)["ablation"]
+  assert "costs most" not in second and "(-" not in second.split("so it costs nothing")[0]
+  assert "so it costs nothing in any layer (the smallest gain: layer 3, -0.005)" in second
+  assert "most harmful" not in first
+  assert "none raises the loss (the smallest gain: layer 2 head 0, +0.000)" in first

@@ -177,7 +177,7 @@ def write_figures(results: dict, out: pathlib.Path,
       continue
     try:
       figs.update(draw(results, out))
-    except Exception as e:  # noqa: BLE001 (one figure failing must not lose the page)
+    except Exception as e:  # one figure failing must not lose the page
       if errors is None:
         raise
       errors[section] = f"{type(e).__name__}: {e}"

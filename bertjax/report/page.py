@@ -99,8 +99,10 @@ def _head_name(layer_index: int, head: int) -> str:
 
 
 def _top_heads(grid, k: int, largest: bool = True) -> str:
+  """The `k` largest (or smallest) cells, keeping only those above (below) 0."""
   grid = np.asarray(grid)
   order = np.argsort(-grid.ravel() if largest else grid.ravel(), kind="stable")[:k]
+  order = [i for i in order if (grid.ravel()[i] > 0 if largest else grid.ravel()[i] < 0)]
   return ", ".join(f"{_head_name(i // grid.shape[1], i % grid.shape[1])} ({grid.ravel()[i]:+.3f})"
                    for i in order)
 
@@ -238,8 +240,8 @@ def _ablation_html(r: dict, figs: dict, reads: dict) -> list[str]:
       "(its output multiplied by 0) and the fixed negation head is scored on the held-out "
       f"sentences. Baseline: cross-entropy {ab['baseline_loss']:.4f}, accuracy "
       f"{ab['baseline_accuracy']:.4f}. Red cells: ablating that head hurts. Most harmful single "
-      f"heads: {html_escape(_top_heads(delta, 3))}; most helpful to remove: "
-      f"{html_escape(_top_heads(delta, 3, False))}. "
+      f"heads (loss up): {html_escape(_top_heads(delta, 3) or 'none')}; most helpful to remove "
+      f"(loss down): {html_escape(_top_heads(delta, 3, False) or 'none')}. "
       "The layer chart masks all heads of one layer (the feed-forward part still runs) or skips "
       "the whole block (its output becomes its input); skipping the last block hands the fixed "
       "head a representation it was not fitted on, so expect a large loss there.</p>",
@@ -257,14 +259,18 @@ def _ablation_html(r: dict, figs: dict, reads: dict) -> list[str]:
 def _pruning_html(r: dict, figs: dict, reads: dict) -> list[str]:
   """Section 5: head importance and the pruning curve."""
   ab = r["ablation"]
+  rho = ab.get("importance_vs_ablation") or reading.importance_vs_ablation(ab)
   return [
       _heading("pruning") + "<p>Importance of head h is "
       "E<sub>x</sub>|dL(x)/d&xi;<sub>h</sub>| for a mask variable &xi; on the head's output "
       "(one backward pass over the training split), normalised per layer. Pruning masks the "
       f"least important {100 * r['settings']['prune_step']:.0f}% of all heads, re-estimates "
-      "importance and repeats; each mask is scored on the held-out split. Spearman correlation "
-      "between importance and the single-head ablation loss change: "
-      f"{ab['importance_vs_ablation_spearman']:.3f}. Best held-out accuracy along the curve: "
+      "importance and repeats; each mask is scored on the held-out split. Importance is "
+      "unsigned (how much the loss moves), so it is compared with the size of the single-head "
+      "ablation loss change, |&Delta;L|: Spearman "
+      f"{rho['spearman_abs']:.3f} over all heads, {rho['spearman_abs_within_layer']:.3f} within "
+      "a layer (averaged over layers); against the signed &Delta;L, which importance does not "
+      f"estimate, {rho['spearman_signed']:.3f}. Best held-out accuracy along the curve: "
       f"{max(ab['pruning_accuracy']):.3f} with "
       f"{100 * ab['pruning_fraction'][int(np.argmax(ab['pruning_accuracy']))]:.0f}% of the heads "
       "masked.</p>",
@@ -352,10 +358,10 @@ def _attribution_html(r: dict, figs: dict, reads: dict) -> list[str]:
           "final state the probe reads (context-mixing methods: the final rolled-out matrix "
           "averaged over the sentence's tokens; gradient methods: the probe logit's "
           "attribution), and the rank of the cue among the sentence's word pieces is recorded. "
-          "Then each negated sentence is paired with its affirmative twin (the cue replaced by "
-          "a same-length word: not &rarr; also, never &rarr; often), and every head's output is "
-          "patched from the negated run into the twin's, exactly and by the gradient "
-          "approximation.</p>"),
+          f"Then {a['patching']['pairs']} negated sentences are each paired with their "
+          "affirmative twin (the cue replaced by a same-length word: not &rarr; also, never "
+          "&rarr; often), and every head's output is patched from the negated run into the "
+          "twin's, exactly and by the gradient approximation.</p>"),
       _reading(reads, "attribution"),
       _fig(figs, "attribution_methods", "Rank of the negation cue by method"),
       _table(["method", "cue ranked first", "mean reciprocal rank", "mean rank"],
@@ -382,8 +388,8 @@ _SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
 
 
 def _failed_note(section: str, what: str, error: str) -> list[str]:
-  return [_heading(section), f"<p class='note'><b>{html_escape(what)}</b>: "
-          f"{html_escape(error)}</p>"]
+  return [_heading(section),
+          f"<p class='note'><b>{html_escape(what)}</b>: {html_escape(error)}</p>"]
 
 
 def _section(r: dict, figs: dict, reads: dict, section: str, source: str, helper) -> list[str]:

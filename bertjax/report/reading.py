@@ -19,9 +19,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax import stats
+
 # Accuracy within this of a reference counts as "no noticeable drop" (Michel et al.'s reading,
 # and the experiments' `sixteen_heads` tolerance).
 TOLERANCE = 0.02
+
+
+def upper_bound(x: float, digits: int = 2) -> str:
+  """`x` printed as a bound that holds: rounded up, never down ("within 0.02" for 0.014,
+  where rounding to the nearest would print a 0.01 the value exceeds)."""
+  scale = 10 ** digits
+  return f"{np.ceil(round(x * scale, 9)) / scale:.{digits}f}"
 
 
 def _verdict(model: str, full: bool, part: bool = False) -> str:
@@ -145,21 +154,48 @@ def ablation_sentences(ab: dict, model: str) -> list[str]:
       "Michel et al. (2019) found that most heads can be removed one at a time with no "
       f"significant loss. Removing one of {model}'s {delta.size} heads changes the held-out "
       f"cross-entropy by at most {limit:.3f} (10% of the baseline {base:.3f}) for "
-      f"{small:.0%} of them; the most harmful is layer {worst[0] + 1} head {worst[1]} "
-      f"({delta[worst]:+.3f}). Rule: agrees if at least 75% of heads stay within that, partly "
-      f"if at least half; so {_verdict(model, small >= 0.75, small >= 0.5)}.")
+      f"{small:.0%} of them; "
+      + (f"the most harmful is layer {worst[0] + 1} head {worst[1]} ({delta[worst]:+.3f})"
+         if delta[worst] > 0 else
+         f"none raises the loss (the smallest gain: layer {worst[0] + 1} head {worst[1]}, "
+         f"{delta[worst]:+.3f})")
+      + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
+      f"{_verdict(model, small >= 0.75, small >= 0.5)}.")
   heads_off = np.asarray(ab["layer_heads_loss"], float) - base
   better = [i + 1 for i in np.flatnonzero(heads_off < 0)]
   worst_layer = int(np.argmax(heads_off))
+  # A cost is a rise in loss: where masking every layer lowers it, the smallest gain is named
+  # as a gain, never as a negative cost.
+  cost = (f" and costs most at layer {worst_layer + 1} ({heads_off[worst_layer]:+.3f})"
+          if heads_off[worst_layer] > 0 else
+          f", so it costs nothing in any layer (the smallest gain: layer {worst_layer + 1}, "
+          f"{heads_off[worst_layer]:+.3f})")
   second = (
       "Kovaleva et al. (2019) found that disabling all heads of some layer can even improve a "
       f"fine-tuned model. Here masking a whole layer's heads lowers the held-out loss in "
       f"{len(better)} of {len(heads_off)} layers"
       + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better
          else "")
-      + f" and costs most at layer {worst_layer + 1} ({heads_off[worst_layer]:+.3f}). Rule: "
-      f"agrees if any layer improves; so {_verdict(model, bool(better))}.")
+      + cost + f". Rule: agrees if any layer improves; so {_verdict(model, bool(better))}.")
   return [first, second]
+
+
+def importance_vs_ablation(ab: dict) -> dict[str, float]:
+  """Head importance against the single-head ablation loss change, like with like.
+
+  Importance (Michel et al.) is E|dL/dxi|: unsigned, and layer-normalised in the report. It
+  estimates how much the loss moves when a head is removed, not in which direction, so it is
+  compared with |delta L| (`spearman_abs`, over all heads; `spearman_abs_within_layer`, the
+  mean over layers of the within-layer correlation, which the layer normalisation does not
+  touch). `spearman_signed` (against delta L itself) is kept to show what the unlike
+  comparison gives.
+  """
+  importance = np.asarray(ab["importance"], float)
+  delta = np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])
+  return {"spearman_abs": stats.spearman(importance, np.abs(delta)),
+          "spearman_abs_within_layer": float(np.nanmean(stats.spearman_rows(importance,
+                                                                            np.abs(delta)))),
+          "spearman_signed": stats.spearman(importance, delta)}
 
 
 def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
@@ -188,11 +224,15 @@ def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
              if layer_acc[lower] > layer_acc[-1] + TOLERANCE else "")
     out.append(f"The curve rises, to {acc[peak]:.3f} with {fractions[peak]:.0%} of heads masked"
                + cause + ".")
-  rho = float(ab["importance_vs_ablation_spearman"])
+  rho = importance_vs_ablation(ab)
   out.append(
-      "Michel et al. use importance as a cheap proxy for the loss change of removing a head; its "
-      f"Spearman correlation with the single-head ablation here is {rho:.2f} (rule: agrees if "
-      f"at least 0.5, partly if positive; so {_verdict(model, rho >= 0.5, rho > 0)}).")
+      "Michel et al. use importance (the unsigned E|dL/dxi|) as a cheap proxy for how much the "
+      "loss changes when a head is removed; its Spearman correlation with the size of that "
+      f"change, |delta L| of the single-head ablation, is {rho['spearman_abs']:.2f} over all "
+      f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
+      f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
+      "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
+      f"{_verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0)}.")
   return out
 
 
@@ -201,7 +241,7 @@ def anisotropy_sentences(an: dict, model: str) -> list[str]:
   a = np.asarray(an["anisotropy"], float)
   blocks = a[1:]
   high = int((blocks >= 0.1).sum())
-  centred = float(np.max(np.abs(an["anisotropy_centered"][1:])))
+  centred = float(np.max(np.abs(np.asarray(an["anisotropy_centered"], float)[1:])))
   first = (
       "Ethayarajh (2019) found contextual representations anisotropic: two random words have a "
       "mean cosine well above 0, and more so in upper layers. In "
@@ -219,8 +259,8 @@ def anisotropy_sentences(an: dict, model: str) -> list[str]:
          "(training the last layer further for another objective, such as sentence-embedding "
          "similarity, is one known cause; these numbers alone cannot tell)"
          if int(np.argmax(blocks)) < len(blocks) - 1 and blocks.max() > blocks[-1] + 0.05 else "")
-      + f". After mean-centring every layer is within {centred:.2f} of 0: the common direction "
-      "(the mean vector) accounts for the anisotropy.")
+      + f". After mean-centring every layer is within {upper_bound(centred)} of 0: the common "
+      "direction (the mean vector) accounts for the anisotropy.")
   return [first, second]
 
 
@@ -291,7 +331,9 @@ def attribution_sentences(a: dict, model: str = "this model") -> list[str]:
   exact = np.asarray(patch["exact"], float)
   top = np.unravel_index(np.nanargmax(exact), exact.shape)
   pearson = patch["agreement"]["pearson"]
-  second = (f"Patching one head's output from a negated sentence into its affirmative twin, "
+  pairs = (f"each of {patch['pairs']} negated sentences" if "pairs" in patch
+           else "a negated sentence")
+  second = (f"Patching one head's output from {pairs} into its affirmative twin, "
             f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
             f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
             f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
@@ -335,8 +377,9 @@ def readings(r: dict) -> dict[str, list[str]]:
   out = {}
   for section, make in makers.items():
     broken = [r[k] for k in sources.get(section, (section,)) if _failed(r.get(k))]
-    out[section] = ([f"This section failed ({broken[0]['error']}), so this report cannot "
-                     "compare it with the paper."] if broken else make())
+    failure = (f"This section failed ({broken[0]['error']}), so this report cannot compare it "
+               "with the paper.") if broken else None
+    out[section] = [failure] if broken else make()
   return out
 
 

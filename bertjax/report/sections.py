@@ -16,9 +16,8 @@ import jax
 import numpy as np
 
 import bertjax
-from bertjax import stats
 from bertjax.analysis import ablation, attention, geometry
-from bertjax.report import inputs
+from bertjax.report import inputs, reading
 from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings
 from bertjax.report.task import PROBE_KEY, task_accuracy, task_loss
@@ -102,14 +101,14 @@ def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
   prune_acc, prune_loss = evaluate(task_accuracy), evaluate(task_loss)
   log(f"pruning: {len(pruning.fractions) - 1} steps, held-out accuracy "
       f"{np.round(prune_acc, 3).tolist()}")
-  delta = (loss.heads - loss.baseline).ravel()
   return {
       "baseline_loss": loss.baseline, "baseline_accuracy": base_acc,
       "head_loss": loss.heads,
       "layer_heads_loss": loss.layers, "layer_heads_accuracy": layer_acc[:config.depth],
       "layer_skip_loss": loss.layer_skip, "layer_skip_accuracy": layer_acc[config.depth:],
       "importance": importance,
-      "importance_vs_ablation_spearman": stats.spearman(importance.ravel(), delta),
+      "importance_vs_ablation": reading.importance_vs_ablation(
+          {"importance": importance, "head_loss": loss.heads, "baseline_loss": loss.baseline}),
       "pruning_fraction": pruning.fractions, "pruning_accuracy": prune_acc,
       "pruning_loss": prune_loss, "pruning_masks": pruning.masks,
   }
