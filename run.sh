@@ -35,7 +35,7 @@ Commands:
   data list               bertjax data list: each real data set, its licence, source, and where it is
   data fetch NAME|all     bertjax data fetch: download data sets from their public sources, verified
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
-                          the shipped samples, no data, under 4 minutes on 2 CPU cores)
+                          the shipped samples, no data; 0.5-4 minutes on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
   help                    this list
 

@@ -3,9 +3,9 @@
 Each experiment in this directory is one script answering one question from the
 BERTology literature. They all:
 
-* take `--out DIR`, `--update-results`, `--seed`, `--smoke` (a tiny model and tiny data,
-  seconds not minutes: what the tests run) and, those that read a data set (all but
-  attribution), `--data-dir DIR`; those that analyse a
+* take `--out DIR`, `--update-results`, `--seed`, `--smoke` (a tiny model and tiny data:
+  what the tests run, about half a minute to four minutes on a 2-core CPU) and, those
+  that read a data set (all but attribution), `--data-dir DIR`; those that analyse a
   trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of the six
   families (a directory or a hub id, with its tokenizer) instead of all-MiniLM-L6-v2 (with
   `--smoke`: instead of the tiny random model, on the smoke run's small data);

@@ -64,7 +64,7 @@ INDEXING = ("layers are numbered 1..L (blocks; 0 would be the embeddings) and he
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
-  """The sizes of a run: the full one, or the seconds-long smoke one."""
+  """The sizes of a run: the full one, or the small smoke one."""
   if smoke:
     return {"model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
             "max_sentences": 24, "max_tokens": 128, "batch_size": 16, "min_count": 3,
