@@ -65,10 +65,11 @@ def test_config_rejects_unknown_mode():
     bertjax.BertConfig(quantize="int4")
 
 
-# Documented tolerance of the int8 forward on the real MiniLM (README, "Int8"): at every real
-# token the final hidden state has cosine >= 0.99 with float32's, the mean-pooled sentence
-# embedding >= 0.995, and the relative Frobenius error is below 0.1 (measured: 0.995, 0.997,
-# 0.074 on these sentences).
+# The int8 forward on the real MiniLM, on three sentences: at every real token the final
+# hidden state has cosine >= 0.99 with float32's, the mean-pooled sentence embedding >= 0.995,
+# and the relative Frobenius error is below 0.1 (measured: 0.995, 0.997, 0.074 on these
+# sentences). Over more text some tokens fall below 0.99: the README states what was measured
+# there (`test_readme_states_the_measured_int8_cosine`), not a bound for every token.
 def test_int8_forward_within_tolerance_on_minilm(minilm_dir):
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
@@ -88,6 +89,39 @@ def test_int8_forward_within_tolerance_on_minilm(minilm_dir):
   assert np.linalg.norm(a[m] - b[m]) / np.linalg.norm(a[m]) < 0.1
   # Parameters are unchanged: the same tree serves both modes.
   assert jax.tree.structure(params) == jax.tree.structure(bertjax.init(config, 0))
+
+
+def test_readme_states_the_measured_int8_cosine(minilm_dir):
+  """README, "Int8": the minimum cosine and the share of tokens >= 0.99 over the project's 385
+  sentences, as measured here. It used to say "cosine >= 0.99 at every token", which fails
+  for some tokens (22 of 4,523 here; 1 of 719 in issue #36's sentences)."""
+  import pathlib
+  import re
+
+  from bertjax import report
+
+  readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+  text = " ".join(readme.read_text().split())
+  claim = re.search(r"over the project's (\d+) sentences \(([\d,]+) real tokens\) the final "
+                    r"states' cosine with float32's is at least ([\d.]+) at every token and at "
+                    r"least 0\.99 at ([\d.]+)% of them", text)
+  assert claim, "the README's int8 sentence changed; keep it stating what this test measures"
+  config, params = bertjax.from_hf(minilm_dir)
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
+  texts = [s.text for s in report.load_sentences()]
+  f = jax.jit(bertjax.forward, static_argnames=("config",))
+  cos = []
+  for start in range(0, len(texts), 64):
+    b = tok.encode(texts[start:start + 64])
+    m = np.asarray(b.attention_mask, bool)
+    a, q = (np.asarray(f(params, c, b.input_ids, b.attention_mask).last_hidden_state,
+                       np.float64)[m] for c in (config, config.replace(quantize="int8")))
+    cos.append((a * q).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(q, axis=-1))
+  cos = np.concatenate(cos)
+  assert (len(texts), cos.size) == (int(claim[1]), int(claim[2].replace(",", "")))
+  assert float(claim[3]) <= cos.min() < float(claim[3]) + 0.001  # the minimum, rounded down
+  assert abs(100 * np.mean(cos >= 0.99) - float(claim[4])) < 0.1
+  assert cos.min() < 0.99  # so "at every token" would be false
 
 
 @pytest.mark.slow
