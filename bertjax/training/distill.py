@@ -33,7 +33,8 @@ Only measured quantities get an ``<term>_accuracy``: MLM accuracy, and for
 The teacher is frozen: its parameters live in the objective (not in the train state, so
 neither the optimizer nor weight decay touches them) and its outputs are under
 ``stop_gradient``. `student_from_teacher` builds DistilBERT's initialisation: the
-teacher with every other layer.
+teacher with every other layer (`default_student_layers`, which for TinyBERT's layer map
+picks a depth that divides the teacher's).
 """
 
 from __future__ import annotations
