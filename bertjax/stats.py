@@ -1,11 +1,16 @@
-"""Small statistics every analysis shares: mean pooling, ranks, Pearson and Spearman.
+"""Small statistics every analysis shares: mean pooling, ranks, Pearson and Spearman, and the
+bootstrap confidence interval every verdict's uncertainty comes from.
 
 One definition each, so that every report, experiment and metric computes them alike:
 `mean_pool` works on NumPy and JAX arrays (and under `jit`); the correlations are NumPy
-in float64 and give NaN where they are undefined (a constant side has no order).
+in float64 and give NaN where they are undefined (a constant side has no order);
+`bootstrap_ci` is the seeded percentile bootstrap (as `scipy.stats.bootstrap(...,
+method="percentile")`, which draws the same resamples from the same seed).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -71,3 +76,56 @@ def spearman(x, y) -> float:
   NaN when either side is constant (no rank order).
   """
   return float(spearman_rows(np.ravel(x), np.ravel(y)))
+
+
+def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float = 0.95,
+                 seed: int = 0, vectorized: bool = False):
+  """Percentile bootstrap confidence interval of `statistic` over the items of `data`.
+
+  Resamples the items (the first axis) with replacement `n_resamples` times, evaluates the
+  statistic on each resample and returns the `(1 - confidence) / 2` and `(1 + confidence) / 2`
+  quantiles (linear interpolation) of those values. The resamples are
+  `np.random.default_rng(seed).integers(0, n, (n_resamples, n))`, the indices
+  `scipy.stats.bootstrap` draws from the same generator, so with `method="percentile"` the
+  two agree exactly. Resamples on which the statistic is undefined (NaN, e.g. a correlation
+  of a constant resample) are left out of the quantiles; all NaN gives NaN.
+
+  Args:
+    data: an array whose first axis holds the items (sentences, heads, runs, ...), or a tuple
+      of such arrays with the same number of items, resampled together (paired: item i of
+      every array goes with item i of the others).
+    statistic: `statistic(*arrays)` -> a number or an array of numbers. With `vectorized`, it
+      gets the arrays with a leading resample axis, `(n_resamples, n, ...)`, and returns
+      `(n_resamples, ...)`.
+    n_resamples: how many resamples (>= 1).
+    confidence: the interval's coverage, in (0, 1).
+    seed: the resamples' seed: the same seed, data and statistic give the same interval.
+    vectorized: see `statistic`.
+
+  Returns:
+    `(low, high)`: floats, or arrays shaped as the statistic's value.
+
+  Raises:
+    ValueError: no items, arrays with different numbers of items, or a bad `n_resamples` or
+      `confidence`.
+  """
+  arrays = tuple(np.asarray(a) for a in (data if isinstance(data, tuple) else (data,)))
+  sizes = {a.shape[0] if a.ndim else None for a in arrays}
+  if len(sizes) != 1 or None in sizes or 0 in sizes:
+    raise ValueError(f"data must be one or more arrays with the same (>= 1) items on their "
+                     f"first axis; got shapes {[a.shape for a in arrays]}")
+  if not (isinstance(n_resamples, int) and n_resamples >= 1):
+    raise ValueError(f"{n_resamples=} must be an int >= 1")
+  if not 0 < confidence < 1:
+    raise ValueError(f"{confidence=} must be in (0, 1)")
+  n = sizes.pop()
+  idx = np.random.default_rng(seed).integers(0, n, (n_resamples, n))
+  if vectorized:
+    values = np.asarray(statistic(*(a[idx] for a in arrays)), np.float64)
+  else:
+    values = np.asarray([statistic(*(a[i] for a in arrays)) for i in idx], np.float64)
+  alpha = (1 - confidence) / 2
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, as documented
+    low, high = np.nanquantile(values, [alpha, 1 - alpha], axis=0)
+  return (float(low), float(high)) if low.ndim == 0 else (low, high)

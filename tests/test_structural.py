@@ -83,6 +83,35 @@ def test_uuas_matches_networkx_mst():
   assert structural.uuas(gold, heads_list) == 1.0
 
 
+def test_bootstrap_ci_is_scipy_s_percentile_interval():
+  """`stats.bootstrap_ci` draws scipy.stats.bootstrap's resamples from the same seed, so the
+  percentile intervals are the same numbers: a mean (vectorized) and a paired Spearman (one
+  call per resample)."""
+  scipy_stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(5)
+  x, y = rng.normal(size=40), rng.normal(size=40)
+  y = y + 0.5 * x
+  ours = stats.bootstrap_ci(x, lambda a: a.mean(-1), n_resamples=999, seed=3, vectorized=True)
+  theirs = scipy_stats.bootstrap((x,), np.mean, method="percentile", n_resamples=999,
+                                 rng=np.random.default_rng(3), vectorized=True)
+  np.testing.assert_allclose(ours, tuple(theirs.confidence_interval), rtol=1e-12)
+  ours = stats.bootstrap_ci((x, y), stats.spearman, n_resamples=300, seed=1, confidence=0.9)
+  theirs = scipy_stats.bootstrap((x, y), stats.spearman, paired=True, vectorized=False,
+                                 method="percentile", n_resamples=300, confidence_level=0.9,
+                                 rng=np.random.default_rng(1))
+  np.testing.assert_allclose(ours, tuple(theirs.confidence_interval), rtol=1e-12)
+  # Seeded; a statistic with several values gets an interval for each; NaN resamples left out.
+  assert stats.bootstrap_ci(x, np.mean, seed=4) == stats.bootstrap_ci(x, np.mean, seed=4)
+  low, high = stats.bootstrap_ci(np.stack([x, 2 * x], 1), lambda a: a.mean(0), n_resamples=200)
+  np.testing.assert_allclose([low[1], high[1]], [2 * low[0], 2 * high[0]])
+  mean_if_varied = lambda a: a.mean() if a.std() > 0 else np.nan  # NaN on [1, 1, 1]
+  assert np.isfinite(stats.bootstrap_ci(np.r_[1.0, 1.0, 2.0], mean_if_varied, n_resamples=50)).all()
+  with pytest.raises(ValueError, match="the same"):
+    stats.bootstrap_ci((x, y[:3]), stats.spearman)
+  with pytest.raises(ValueError, match="confidence=1.5"):
+    stats.bootstrap_ci(x, np.mean, confidence=1.5)
+
+
 def test_spearman_metrics_match_scipy():
   rng = np.random.default_rng(2)
   x, y = rng.integers(0, 5, 30), rng.random(30)  # ties in x
