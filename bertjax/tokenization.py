@@ -1,7 +1,9 @@
 """A thin wrapper over the `tokenizers` library with word <-> subword alignment.
 
-Every family's format: `tokenizer.json`; WordPiece `vocab.txt` (BERT, ELECTRA,
-DistilBERT); byte-level BPE `vocab.json` + `merges.txt` (RoBERTa);
+Every family's format: `tokenizer.json` (ModernBERT's and EuroBERT's byte-level BPE, and
+every recent checkpoint); WordPiece `vocab.txt` (BERT, ELECTRA, DistilBERT; MPNet's
+through its transformers class, for its `<s> A </s></s> B </s>` template); byte-level BPE
+`vocab.json` + `merges.txt` (RoBERTa);
 SentencePiece `spiece.model` (ALBERT) or `sentencepiece.bpe.model` (XLM-R).
 Special-token roles (cls, sep, pad, mask, unk, bos, eos) come from the
 checkpoint's `tokenizer_config.json` / `special_tokens_map.json`, else from its
@@ -128,7 +130,7 @@ class Tokenizer:
     max_len = settings.get("model_max_length", 512)
     max_len = max_len if isinstance(max_len, int) and max_len < 100_000 else 512
     roles = _roles(path, settings, model_type)
-    tok = _load_backend(path, settings, roles)
+    tok = _load_backend(path, settings, roles, model_type)
     tok.no_padding()
     tok.no_truncation()
     from bertjax.families import FAMILIES
@@ -365,11 +367,17 @@ def _roles(path: pathlib.Path, settings: dict, model_type: str | None) -> dict[s
   return roles
 
 
-def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str]):
+def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
+                  model_type: str | None = None):
   import tokenizers
+
+  from bertjax.families import FAMILIES
 
   if (path / "tokenizer.json").exists():
     return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+  wordpiece_class = FAMILIES[model_type].wordpiece_class if model_type in FAMILIES else None
+  if (path / "vocab.txt").exists() and wordpiece_class:
+    return _transformers_backend(wordpiece_class, path)
   if (path / "vocab.txt").exists():
     from tokenizers.implementations import BertWordPieceTokenizer
 

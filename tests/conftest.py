@@ -51,3 +51,16 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "data_dir" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.data)
+
+
+@pytest.fixture(scope="session")
+def mpnet_dir() -> pathlib.Path:
+  """The real all-mpnet-base-v2 (12 x 12, 144 heads) in the Hugging Face cache, installed by
+  `bertjax models install sentence-transformers/all-mpnet-base-v2` (CI runs it first)."""
+  from bertjax import hub
+
+  path = hub.installed_path(hub.MODELS["sentence-transformers/all-mpnet-base-v2"])
+  if path is None:
+    pytest.skip("all-mpnet-base-v2 is not installed: run `./run.sh models install "
+                "sentence-transformers/all-mpnet-base-v2`")
+  return path
