@@ -1,9 +1,12 @@
 """The README's Findings table, generated from the committed experiment results.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
-scripts, and renders their `findings` rows (paper, claim, what we measured, whether it
-holds) as a Markdown table between the README's `<!-- findings:start -->` and
-`<!-- findings:end -->` markers.
+scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
+whether it holds) as a Markdown table between the README's `<!-- findings:start -->` and
+`<!-- findings:end -->` markers. The uncertainty of each verdict (`uncertainty`) is computed
+here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
+(the verdict "inconclusive" where it differs across the interval), else what the row has
+instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
 
 Experiments whose module defines `findings(results, settings)` (rows from the numbers as
 written to JSON) can have their committed rows recomputed without a rerun, after a change to
@@ -20,11 +23,16 @@ Run:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib
 import json
 import pathlib
 import sys
+
+import numpy as np
+
+from bertjax import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
@@ -51,20 +59,230 @@ def load(results_dir: pathlib.Path) -> list[dict]:
   return sorted(docs, key=lambda d: (rank.get(d["experiment"], len(ORDER)), d["experiment"]))
 
 
+# Uncertainty -------------------------------------------------------------------------------
+#
+# Every row states the uncertainty of its verdict: a 95% percentile bootstrap interval
+# (`bertjax.stats.bootstrap_ci`, seed 0) over the items the committed JSON keeps one value per
+# (sentences, arcs, timing rounds or steps; heads where the statistic is a correlation across
+# heads), the test the rule itself applies, "exact" where nothing was sampled, or "CI: rerun
+# needed" where the JSON lacks the per-item values (no interval is made up). The rule is applied
+# to every resample (through the experiment's own `findings` or verdict function); where the
+# verdicts at the two ends of the interval differ, the row's verdict is "inconclusive".
+
+LEVEL = {"no": 0, "partly": 1, "yes": 2}
+RESAMPLES = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Uncertainty:
+  """A row's uncertainty: `text` for the table, and the verdicts at the two ends of its 95%
+  interval (`span`; None where no interval was computed)."""
+
+  text: str
+  span: tuple[str, str] | None = None
+
+
+def _span(items, verdict) -> tuple[str, str]:
+  """The verdicts at the two ends of the 95% interval of `verdict(*resampled items)`."""
+  lo, hi = stats.bootstrap_ci(items, lambda *a: LEVEL[verdict(*a)], n_resamples=RESAMPLES)
+  names = {v: k for k, v in LEVEL.items()}
+  return names[int(np.floor(lo))], names[int(np.ceil(hi))]
+
+
+def _ci(items, statistic, fmt: str = "{:.2f}") -> list[str]:
+  """`[low, high]` for each value of a vectorized `statistic` of the resampled items (it maps
+  `(R, n, ...)` resamples to `(R,)` or `(R, k)` values)."""
+  lo, hi = stats.bootstrap_ci(items, statistic, n_resamples=RESAMPLES, vectorized=True)
+  return [f"[{fmt.format(a)}, {fmt.format(b)}]"
+          for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
+
+
+def _rerun(what: str) -> Uncertainty:
+  return Uncertainty(f"CI: rerun needed (the JSON keeps no {what})")
+
+
+def _attribution(doc: dict) -> list[Uncertainty]:
+  """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
+  r, s, mod = doc["results"], doc["settings"], module("attribution")
+  names = list(r["ranks"])
+  ranks = np.asarray([r["ranks"][k] for k in names], float).T  # (sentences, methods)
+  mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing")]
+  weights = [names.index(k) for k in ("attention", "rollout")]
+
+  def rows(rr):
+    stats_ = {k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))}
+              for i, k in enumerate(names)}
+    return mod.findings({**r, "stats": stats_}, s)
+
+  def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
+    mrr = (1 / rr).mean(1)  # best attention-weight method's
+    return mrr[:, mixing] - mrr[:, weights].max(1, keepdims=True)
+
+  cis = _ci(ranks, margins, "{:+.2f}")
+  first = Uncertainty(
+      f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
+      + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
+      _span(ranks, lambda rr: rows(rr)[0]["holds"]))
+  p = r["patching"]
+  pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
+
+  def with_pearson(x, y):
+    agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
+    return mod.findings({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
+
+  lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
+  second = Uncertainty(f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
+                       _span(pairs, with_pearson))
+  return [first, second]
+
+
+def _sixteen_heads(doc: dict) -> list[Uncertainty]:
+  """The speed rounds (interleaved, paired by round); the per-head tests of the first row."""
+  r, s, mod = doc["results"], doc["settings"], module("sixteen_heads")
+  sp = r["speed"]
+  names = ["unpruned"] + [f"pruned_{f:.1f}" for f in (0.2, 0.4, 0.6)]
+  times = np.asarray([sp["times"][k]["times_s"] for k in names], float).T  # (rounds, models)
+
+  def speedups(t):  # (R, n, models) -> (R, models - 1)
+    med = np.median(t, 1)
+    return med[:, :1] / med[:, 1:]
+
+  def holds(t):
+    med = np.median(t, 0)
+    return mod.findings({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
+
+  cis = _ci(times, speedups, "{:.2f}x")
+  n = r["ablation"]["num_test"]
+  return [Uncertainty(f"test the rule applies: exact McNemar per head at p < 0.01 (n = {n}); "
+                      "no interval"),
+          _rerun("per-example correctness under each keep-one mask"),
+          _rerun("per-example correctness along the pruning curve"),
+          _rerun("per-example correctness along the pruning curves"),
+          Uncertainty(f"95% CI over the {len(times)} interleaved rounds: speed-up at "
+                      + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
+                      _span(times, holds))]
+
+
+def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
+  """Only the overall-syntax row has what an interval needs: a share of held-out arcs."""
+  r, s, mod = doc["results"], doc["settings"], module("what_bert_looks_at")
+  best = r["probe"]["relations"]["all"]["dep_to_head"]
+  n = r["probe"]["relations"]["all"]["count_eval"]
+  hits = round(best["accuracy"] * n)
+  correct = np.r_[np.ones(hits), np.zeros(n - hits)]  # a share is its 0/1 items, exactly
+  lo, hi = stats.bootstrap_ci(correct, lambda c: c.mean(-1), n_resamples=RESAMPLES,
+                              vectorized=True)
+
+  def holds(accuracy):  # the rule is monotone in the share: its verdicts at the two ends
+    relations = r["probe"]["relations"]
+    at = {**relations, "all": {**relations["all"],
+                               "dep_to_head": {**best, "accuracy": accuracy}}}
+    return mod.findings({**r, "probe": {**r["probe"], "relations": at}}, s)[3]["holds"]
+
+  return [_rerun("per-sentence attention masses"), _rerun("per-sentence attention entropies"),
+          _rerun("per-arc correctness of heads and offsets (paired)"),
+          Uncertainty(f"95% CI over the {n} held-out arcs: [{lo:.3f}, {hi:.3f}]",
+                      (holds(hi), holds(lo)))]
+
+
+def _albert_sharing(doc: dict) -> list[Uncertainty]:
+  """Parameter counts are exact; the step-time ratio over the runs' steps."""
+  r, s, mod = doc["results"], doc["settings"], module("albert_sharing")
+  steps = np.asarray([r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")],
+                     float).T  # (steps, 2); the first step compiles
+  slim = {k: v for k, v in r.items() if k != "runs"}
+
+  def holds(t):
+    med = np.median(t, 0)
+    step = {**r["median_step_s"], "bert": med[0], "shared_only": med[1]}
+    return mod.findings({**slim, "median_step_s": step}, s)[2]["holds"]
+
+  (ci,) = _ci(steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x")
+  return [Uncertainty("exact: parameter counts, nothing sampled"),
+          _rerun("per-token held-out losses"),
+          Uncertainty(f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}",
+                      _span(steps, holds))]
+
+
+def _model_compression(doc: dict) -> list[Uncertainty]:
+  """The speed rounds (interleaved); the retained scores need per-word predictions."""
+  r, mod = doc["results"], module("model_compression")
+  rows, sp = r["rows"], r["speed"]
+  names = ["teacher", "distilled_3l", "shared_6l"]
+  rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
+  d_ci, sh_ci = _ci(rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1),
+                    "{:.2f}x")
+  speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
+  d, sh = rows["distilled_3l"], rows["shared_6l"]
+  distil = _span(rounds, lambda t: mod.distil_verdict(d["retained"], speed(t, 1)))
+  sharing = _span(rounds, lambda t: mod.sharing_verdict(sh["param_ratio"], speed(t, 2),
+                                                        sh["retained"]))
+  words = "per-word predictions of each model (paired with the teacher's)"
+  return [Uncertainty(f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
+                      f"retained: rerun needed (the JSON keeps no {words})", distil),
+          Uncertainty(f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
+                      f"{sh_ci}; retained: rerun needed (no {words})", sharing),
+          _rerun(words)]
+
+
+UNCERTAINTY = {
+    "attribution": _attribution, "sixteen_heads": _sixteen_heads,
+    "what_bert_looks_at": _what_bert_looks_at, "albert_sharing": _albert_sharing,
+    "model_compression": _model_compression,
+    "dark_secrets": lambda doc: [_rerun("per-sentence pattern types"),
+                                 _rerun("per-sentence correctness under each mask"),
+                                 _rerun("per-sentence attention maps' cosines")],
+    "random_init": lambda doc: [_rerun("per-example predictions; 2 seeds are too few to "
+                                       "resample")] * len(doc["findings"]),
+    "probing_layers": lambda doc: [_rerun("per-word (per-sentence) probe predictions")] * len(
+        doc["findings"]),
+    "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(
+        doc["findings"]),
+    "effective_attention": lambda doc: [
+        Uncertainty("exact: linear algebra (null-space dimensions), nothing sampled"),
+        Uncertainty("exact: float64 reconstruction errors, nothing sampled"),
+        _rerun("per-passage attention masses")],
+    "stacking": lambda doc: [_rerun("repeated runs' times or per-token held-out losses")] * len(
+        doc["findings"]),
+}
+
+
+def uncertainty(doc: dict) -> list[Uncertainty]:
+  """One `Uncertainty` per row of a result document (see the section's comment)."""
+  make = UNCERTAINTY.get(doc["experiment"])
+  rows = make(doc) if make is not None else []
+  if len(rows) != len(doc["findings"]):  # a new experiment, or rows added since
+    rows = [_rerun("per-item values this table knows how to resample")] * len(doc["findings"])
+  return rows
+
+
+def _holds(holds: str, u: Uncertainty) -> str:
+  if u.span is not None and u.span[0] != u.span[1]:
+    return f"❔ inconclusive ({' to '.join(sorted(set(u.span), key=LEVEL.get))} within the CI)"
+  return MARK[holds]
+
+
 def render(docs: list[dict]) -> str:
   """The Markdown table (with a line saying where each row comes from)."""
-  lines = ["| experiment | paper | claim | measured here | holds? |", "|---|---|---|---|---|"]
+  lines = ["| experiment | paper | claim | measured here | uncertainty | holds? |",
+           "|---|---|---|---|---|---|"]
   for doc in docs:
     name = doc["experiment"]
     link = f"[`{name}`](experiments/{name}.py)"
-    for f in doc["findings"]:
+    for f, u in zip(doc["findings"], uncertainty(doc)):
       lines.append(f"| {link} | {_cell(f['paper'])} | {_cell(f['claim'])} | "
-                   f"{_cell(f['measured'])} | {MARK[f['holds']]} |")
+                   f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)} |")
   if not docs:
-    lines.append("| — | — | no experiment results committed yet | — | — |")
+    lines.append("| — | — | no experiment results committed yet | — | — | — |")
   lines.append("")
   lines.append("Generated by `experiments/findings.py` from `experiments/results/*.json` "
-               "(machine, settings and time taken are in each file).")
+               "(machine, settings and time taken are in each file). Uncertainty: a 95% "
+               "percentile bootstrap interval (`bertjax.stats.bootstrap_ci`, 2,000 resamples, "
+               "seed 0) over the items the JSON keeps one value per, with the row's rule applied "
+               "to every resample; a verdict that differs between the interval's two ends is "
+               "inconclusive. \"CI: rerun needed\" marks a row whose JSON lacks those values "
+               "(the experiment must be rerun to keep them); \"exact\" a row with nothing "
+               "sampled.")
   return "\n".join(lines)
 
 

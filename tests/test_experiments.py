@@ -17,6 +17,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from test_report import _check_png, _numbers
 
@@ -188,6 +189,34 @@ def test_findings_render_and_ignore_smoke_runs(tmp_path):
   assert findings.update(text, table) == f"intro\n{findings.START}\n{table}\n{findings.END}\nrest\n"
   with pytest.raises(ValueError, match="markers"):
     findings.update("no markers", table)
+
+
+def test_findings_state_each_verdict_s_uncertainty():
+  """Issue #36: every Findings row says how sure its verdict is: a bootstrap interval over the
+  items the JSON keeps, the test the rule applies, "exact", or "CI: rerun needed" where the
+  JSON lacks the per-item values; a verdict whose interval straddles its rule's threshold is
+  "inconclusive"."""
+  docs = findings.load(REPO / "experiments" / "results")
+  table = findings.render(docs)
+  rows = [line for line in table.splitlines() if line.startswith("| [`")]
+  assert len(rows) == sum(len(d["findings"]) for d in docs)
+  assert table.splitlines()[0].split(" | ")[-2:] == ["uncertainty", "holds? |"]
+  cells = [row.split(" | ")[-2] for row in rows]
+  assert all(c.startswith(("95% CI", "CI: rerun needed", "exact", "test the rule applies"))
+             for c in cells), cells
+  assert "95% CI over the 72 heads: Pearson [0.99, 1.00]" in table  # attribution patching
+  # The same patching row with a weaker agreement (Pearson ~0.8 over 72 heads): its interval
+  # straddles the rule's 0.8, so the verdict is inconclusive, whatever the point value says.
+  doc = json.loads((REPO / "experiments" / "results" / "attribution.json").read_text())
+  rng = np.random.default_rng(0)
+  exact = rng.normal(size=(6, 12))
+  doc["results"]["patching"]["exact"] = exact.tolist()
+  doc["results"]["patching"]["attribution"] = (exact + 0.75 * rng.normal(size=(6, 12))).tolist()
+  u = findings.uncertainty(doc)[1]
+  assert u.span == ("partly", "yes"), u
+  assert findings._holds("yes", u) == "❔ inconclusive (partly to yes within the CI)"
+  row = findings.render([doc]).splitlines()[3]
+  assert row.endswith("| ❔ inconclusive (partly to yes within the CI) |"), row
 
 
 @pytest.mark.parametrize("name", [n for n in SCRIPTS
