@@ -128,6 +128,7 @@ def _block_params(config: BertConfig, params: Params, dtype) -> dict[str, jax.Ar
   """
   layers = params["encoder"]["layers"]
   n, d, h = config.num_attention_heads, config.head_dim, config.hidden_size
+  zeros = jnp.zeros((h,), dtype)  # a bias the family or config does not have
 
   def pick(p, block):
     a = p["attention"]
@@ -135,9 +136,9 @@ def _block_params(config: BertConfig, params: Params, dtype) -> dict[str, jax.Ar
     if config.is_pruned:
       kept = np.asarray(config.kept_heads(block), np.int32)
       wo = jnp.zeros((n, d, h), dtype).at[kept].set(wo)
-    return {"wo": wo, "bo": a["output"]["bias"], "ln1_scale": a["LayerNorm"]["scale"],
-            "ln1_bias": a["LayerNorm"]["bias"], "ln2_scale": p["LayerNorm"]["scale"],
-            "ln2_bias": p["LayerNorm"]["bias"]}
+    return {"wo": wo, "bo": a["output"].get("bias", zeros),
+            "ln1_scale": a["LayerNorm"]["scale"], "ln1_bias": a["LayerNorm"].get("bias", zeros),
+            "ln2_scale": p["LayerNorm"]["scale"], "ln2_bias": p["LayerNorm"].get("bias", zeros)}
 
   if isinstance(layers, list):  # pruned: one dict per layer
     per_block = [pick(layers[b], b) for b in range(config.depth)]
@@ -165,20 +166,39 @@ def _layer_norm_vectors(vectors, pre_ln, scale, eps):
   return scale * centred / jnp.sqrt(var + eps)[:, :, None, :], jnp.sqrt(var + eps)
 
 
-def _decompose(probs, v, x, attn_out, wo, ln_scale, eps):
+def _decompose(probs, v, x, attn_out, wo, ln_scale, eps, post_ln=True):
   """Kobayashi et al.'s decomposition of one attention block by source token.
 
-  probs (B, N, T, T), v (B, T, N, D) with bias, x (B, T, H) the block input,
-  attn_out (B, T, H). Returns f (B, N, T, H) = v W_O per head and source,
-  attn (B, T, T, H) = sum_h alpha_hij f_h(x_j), res = attn + delta_ij x_i, ln
-  (B, T, T, H) = res through LayerNorm 1 (no bias), and the std (B, T, 1) used.
+  probs (B, N, T, T), v (B, T, G, D) with bias (G key/value heads, repeated to N),
+  x (B, T, H) the block input, attn_out (B, T, H). Returns f (B, N, T, H) = v W_O per
+  head and source, attn (B, T, T, H) = sum_h alpha_hij f_h(x_j), res = attn + delta_ij x_i,
+  ln (B, T, T, H) = res through LayerNorm 1 (no bias; post-LN only, else None), and the std
+  (B, T, 1) used (None for pre-LN). On a pre-LN block v is read from the normed input
+  `LN(x_j)`, a function of token j alone, so f_h(x_j) is still token j's.
   """
+  v = jnp.repeat(v, probs.shape[1] // v.shape[2], axis=2) if v.shape[2] != probs.shape[1] else v
   f = jnp.einsum("bjnd,ndh->bnjh", v, wo)  # (B, N, T, H): f_h(x_j) = (x_j W_V + b_V) W_O^h
   attn = jnp.einsum("bnij,bnjh->bijh", probs, f)  # (B, T, T, H)
   eye = jnp.eye(x.shape[1], dtype=x.dtype)
   res = attn + eye[None, :, :, None] * x[:, :, None, :]
+  if not post_ln:
+    return f, attn, res, None, None
   ln, std = _layer_norm_vectors(res, x + attn_out, ln_scale, eps)
   return f, attn, res, ln, std
+
+
+def _post_ln(config: BertConfig) -> bool:
+  return config.family.norm == "post"
+
+
+def _require_post_ln(config: BertConfig, method: str) -> None:
+  """Refuses, by family, a method whose derivation needs post-LN LayerNorm blocks."""
+  fam = config.family
+  if fam.norm != "post" or fam.norm_kind != "layernorm":
+    raise ValueError(
+        f"{method} is derived for post-LayerNorm blocks (LayerNorm after each residual); a "
+        f"{config.model_type} block is {fam.norm}-norm with {fam.norm_kind}, for which its "
+        "authors define no decomposition. norm_analysis and alti decompose pre-norm blocks.")
 
 
 # Abnar & Zuidema 2020: attention rollout and attention flow ---------------------
@@ -316,6 +336,10 @@ def norm_analysis(params: Params, config: BertConfig, input_ids, attention_mask=
   * "mixing_attn", "mixing_attnres", "mixing_attnresln": the code's mixing ratios
     ||sum_{j != i} v_ij|| / (||sum_{j != i} v_ij|| + ||v_ii||).
 
+  Pre-norm blocks (ModernBERT, EuroBERT: `x + attn(LN(x))`) have no LayerNorm after the
+  residual: f_h reads the normed token `LN(x_j)`, "attnres" is the residual stream itself,
+  and "attnresln" / "mixing_attnresln" are absent (there is nothing to pass through).
+
   The vectors of one block are (batch, seq, seq, hidden); blocks run one at a time
   (`lax.map`), so memory grows like `batch * seq^2 * hidden`, not times depth.
 
@@ -351,17 +375,22 @@ def _norm_analysis(params, config, input_ids, mask, token_type_ids):
   m = mask.astype(dtype)
   pairs = _pairs(mask, dtype)
 
+  post_ln = _post_ln(config)
+
   def block(xs):
     probs, v, x, attn_out, wo, scale = xs
-    f, attn, res, ln, _ = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps)
+    f, attn, res, ln, _ = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps,
+                                     post_ln)
     f_norm = jnp.linalg.norm(f, axis=-1) * m[:, None, :]  # (B, N, T)
-    return {
+    out = {
         "f": f_norm, "head": probs * f_norm[:, :, None, :] * pairs[:, None],
         "attn": jnp.linalg.norm(attn, axis=-1) * pairs,
         "attnres": jnp.linalg.norm(res, axis=-1) * pairs,
-        "attnresln": jnp.linalg.norm(ln, axis=-1) * pairs,
-        "mixing_attn": _mixing_ratio(attn) * m, "mixing_attnres": _mixing_ratio(res) * m,
-        "mixing_attnresln": _mixing_ratio(ln) * m}
+        "mixing_attn": _mixing_ratio(attn) * m, "mixing_attnres": _mixing_ratio(res) * m}
+    if post_ln:
+      out.update(attnresln=jnp.linalg.norm(ln, axis=-1) * pairs,
+                 mixing_attnresln=_mixing_ratio(ln) * m)
+    return out
 
   return jax.lax.map(block, (cache["probs"], cache["v"], cache["x"], cache["attn_out"],
                              bp["wo"], bp["ln1_scale"]))
@@ -393,6 +422,12 @@ def alti(params: Params, config: BertConfig, input_ids, attention_mask=None,
   `sigma_i = sqrt(var(p_i) + eps)`, the model's own LayerNorm, so `y` is exactly the
   `mid` site (the two differ by ~eps / var, 1e-12 relative for BERT).
 
+  Pre-norm blocks (ModernBERT, EuroBERT) follow ALTI+ (Ferrando et al. 2022, "Towards
+  Opening the Black Box of Neural Machine Translation", mt-upc/transformer-contributions-nmt,
+  pre-LayerNorm fairseq models): with no LayerNorm after the residual,
+  `T_i(x_j) = sum_h alpha_hij f_h(LN(x_j)) + [i == j] x_i` and `y_i = sum_j T_i(x_j) + b_O`,
+  the `mid` site; the distance and normalisation are as above.
+
   Args:
     params, config: the model.
     input_ids, attention_mask, token_type_ids: (batch, seq) as for `bertjax.forward`.
@@ -413,11 +448,18 @@ def _alti(params, config, input_ids, mask, token_type_ids):
   bp = _block_params(config, params, dtype)
   pairs = _pairs(mask, dtype)
 
+  post_ln = _post_ln(config)
+
   def block(xs):
     probs, v, x, attn_out, wo, bo, scale, bias = xs
-    *_, t, std = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps)
-    bias_term = scale * (bo - bo.mean()) / std  # (B, T, H): L(b_O) / sigma_i
-    y = t.sum(2) + bias_term + bias  # (B, T, H), = the mid site
+    _, _, res, t, std = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps,
+                                   post_ln)
+    if post_ln:
+      bias_term = scale * (bo - bo.mean()) / std  # (B, T, H): L(b_O) / sigma_i
+      y = t.sum(2) + bias_term + bias  # (B, T, H), = the mid site
+    else:  # ALTI+: no LayerNorm after the residual
+      t = res
+      y = t.sum(2) + bo  # = the mid site
     # (B, T, T) ||T_i(x_j) - y_i + eps||_1: the released code's F.pairwise_distance(p=1),
     # whose default eps = 1e-6 is added inside the norm (up to ~1e-4 on MiniLM's contributions)
     distance = jnp.abs(t - y[:, :, None, :] + ALTI_EPS).sum(-1)
@@ -452,6 +494,7 @@ def globenc(params: Params, config: BertConfig, input_ids, attention_mask=None,
     `Contributions(layer, rollout)`, each (depth, batch, seq, seq), unnormalised.
   """
   _check(config, input_ids, attention_mask, token_type_ids)
+  _require_post_ln(config, "globenc")
   return _globenc(params, config, input_ids, _mask(input_ids, attention_mask), token_type_ids)
 
 
