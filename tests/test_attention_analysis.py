@@ -337,11 +337,11 @@ def test_attention_change(params):
 def test_effective_attention_preserves_output_and_leaves_null_space(params):
   b = BATCHES[0]  # n = 20 > head_dim 16: the left null space is non-trivial
   out = bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
-                        output_attentions=True, output_hidden_states=True)
+                        output_attentions=True, output_hidden_states=True, capture=("v",))
   n = int(b["attention_mask"][0].sum())
   block = 1
   e = np.asarray(out.hidden_states[block, 0, :n])
-  t = at.head_value_outputs(params, CONFIG, block, e)  # (N, n, H)
+  t = at.head_value_outputs(params, CONFIG, block, out.cache["v"][block, 0, :n])  # (N, n, H)
   raw = np.asarray(out.attentions[block, 0, :, :n, :n], np.float64)
   eff = at.effective_attention(raw, t)
   np.testing.assert_allclose(np.einsum("nqk,nkh->nqh", eff, t),

@@ -50,17 +50,21 @@ _model_types = model_token_types  # None for a family without token types (Disti
 
 
 def _model_run(params: Params, config: BertConfig, mesh):
-  """`run(batch, hidden_states=False) -> (maps, hidden)` on the host: the model's attention
-  maps (L, B, N, T, T) and, when asked, hidden states (L + 1, B, T, H) of a batch, on one
-  device (`mesh=None`) or with its rows split over every device of `mesh`."""
+  """`run(batch, extra=None) -> (maps, extra)` on the host: the model's attention maps
+  (L, B, N, T, T) and, when asked, `extra="hidden_states"` (L + 1, B, T, H) or the value
+  site `extra="v"` (L, B, T, G, D) of a batch, on one device (`mesh=None`) or with its rows
+  split over every device of `mesh`."""
   if mesh is not None:
     return sharded.AttentionRunner(params, config, mesh).outputs
 
-  def run(b, hidden_states=False):
+  def run(b, extra=None):
     out = forward(params, config, b["input_ids"], b["attention_mask"],
                   _model_types(config, b["token_type_ids"]), output_attentions=True,
-                  output_hidden_states=hidden_states)
-    return np.asarray(out.attentions), (np.asarray(out.hidden_states) if hidden_states else None)
+                  output_hidden_states=extra == "hidden_states",
+                  capture=("v",) if extra == "v" else ())
+    second = {None: None, "hidden_states": out.hidden_states,
+              "v": None if out.cache is None else out.cache.get("v")}[extra]
+    return np.asarray(out.attentions), None if second is None else np.asarray(second)
 
   return run
 
@@ -517,7 +521,7 @@ def attention_change(params_a: Params, config: BertConfig, params_b: Params, bat
   run_a, run_b = _model_run(params_a, config, mesh), _model_run(params_b, config_b, mesh)
   for batch in batches:
     b = as_batch(batch)
-    (ma, ha), (mb, hb) = run_a(b, hidden_states=True), run_b(b, hidden_states=True)
+    (ma, ha), (mb, hb) = run_a(b, "hidden_states"), run_b(b, "hidden_states")
     ma, mb = ma.astype(np.float64), mb.astype(np.float64)  # (L, B, N, T, T)
     dot = (ma * mb).sum((-1, -2))
     norm = np.sqrt((ma * ma).sum((-1, -2)) * (mb * mb).sum((-1, -2)))
@@ -543,21 +547,22 @@ def attention_change(params_a: Params, config: BertConfig, params_b: Params, bat
 # Brunner et al. 2020: effective attention ----------------------------------------
 
 
-def head_value_outputs(params: Params, config: BertConfig, block: int, hidden) -> np.ndarray:
-  """Each head's value-output map of one sequence: `T_h = (E W_V^h + b_V^h) W_O^h`, (N, n, H).
+def head_value_outputs(params: Params, config: BertConfig, block: int, v) -> np.ndarray:
+  """Each head's value-output map of one sequence: `T_h = v_h W_O^h`, (N, n, H).
 
-  `hidden` (n, H) is the block's input E on the real tokens; the head's
-  contribution to the attention output (before the output bias) is `A_h @ T_h`.
-  Computed in float64.
+  `v` (n, G, D) is the block's `v` site on the real tokens (the value projection of what
+  the attention reads: the block input, or its norm on pre-LN blocks; grouped value heads
+  serve their query heads); the head's contribution to the attention output (before the
+  output bias) is `A_h @ T_h`. Computed in float64.
   """
   layers = params["encoder"]["layers"]
   if isinstance(layers, list):
     raise ValueError("head_value_outputs needs stacked (unpruned) layers")  # noqa: TRY004
   i = config.layer_param_index[block]
-  a = jax.tree.map(lambda x: np.asarray(x[i], np.float64), layers["attention"])
-  e = np.asarray(hidden, np.float64)
-  v = np.einsum("th,hnd->ntd", e, a["value"]["kernel"]) + a["value"]["bias"][:, None]  # (N, n, D)
-  return np.einsum("ntd,ndh->nth", v, a["output"]["kernel"])  # (N, n, H)
+  wo = np.asarray(layers["attention"]["output"]["kernel"][i], np.float64)  # (N, D, H)
+  v = np.asarray(v, np.float64)
+  v = np.repeat(v, wo.shape[0] // v.shape[1], axis=1)  # (n, N, D)
+  return np.einsum("tnd,ndh->nth", v, wo)  # (N, n, H)
 
 
 def left_null_space(t, rtol: float = 1e-10) -> np.ndarray:
@@ -635,7 +640,7 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
   run = _model_run(params, config, mesh)
   for batch in batches:
     b = as_batch(batch)
-    maps, hidden = run(b, hidden_states=True)
+    maps, values = run(b, "v")
     ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"], bool)
     for i in range(ids.shape[0]):
       n = int(mask[i].sum())
@@ -643,7 +648,7 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
       position = np.arange(n, dtype=np.float64)
       for d in range(config.depth):
         raw = maps[d, i, :, :n, :n].astype(np.float64)  # (N, n, n)
-        eff = effective_attention(raw, head_value_outputs(params, config, d, hidden[d, i, :n]))
+        eff = effective_attention(raw, head_value_outputs(params, config, d, values[d, i, :n]))
         for kind, a in (("raw", raw), ("effective", eff)):
           acc[kind]["cls"][d] += a[..., is_cls].sum((-1, -2))
           acc[kind]["sep"][d] += a[..., is_sep].sum((-1, -2))

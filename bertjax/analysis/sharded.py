@@ -232,11 +232,13 @@ def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_
 # Attention statistics -----------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "hidden_states"))
-def _outputs(params, config, ids, mask, types, *, hidden_states):
+@functools.partial(jax.jit, static_argnames=("config", "extra"))
+def _outputs(params, config, ids, mask, types, *, extra):
   out = forward(params, config, ids, mask, types, output_attentions=True,
-                output_hidden_states=hidden_states)
-  return out.attentions, out.hidden_states
+                output_hidden_states=extra == "hidden_states",
+                capture=("v",) if extra == "v" else ())
+  return out.attentions, {None: None, "hidden_states": out.hidden_states,
+                          "v": None if out.cache is None else out.cache.get("v")}[extra]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -276,17 +278,16 @@ class AttentionRunner:
 
   def maps(self, b) -> np.ndarray:
     """(L, B, N, T, T) attention maps of a padded batch (`batch`) on the host."""
-    return sharding.to_host(_outputs(self.params, self.config, *self._args(b),
-                                     hidden_states=False)[0])
+    return sharding.to_host(_outputs(self.params, self.config, *self._args(b), extra=None)[0])
 
-  def outputs(self, b, hidden_states: bool = False):
-    """`(maps (L, B, N, T, T), hidden states (L + 1, B, T, H) or None)` of a batch's B rows
-    on the host, as `forward` gives them on one device (padded on the mesh, then dropped)."""
+  def outputs(self, b, extra: str | None = None):
+    """`(maps (L, B, N, T, T), extra or None)` of a batch's B rows on the host, as `forward`
+    gives them on one device (padded on the mesh, then dropped); `extra` "hidden_states"
+    (L + 1, B, T, H) or "v" (the value site, (L, B, T, G, D))."""
     n = np.shape(b["input_ids"])[0]
-    maps, hidden = sharding.to_host(_outputs(self.params, self.config,
-                                             *self._args(self.batch(b)),
-                                             hidden_states=hidden_states))
-    return maps[:, :n], None if hidden is None else hidden[:, :n]
+    maps, second = sharding.to_host(_outputs(self.params, self.config,
+                                             *self._args(self.batch(b)), extra=extra))
+    return maps[:, :n], None if second is None else second[:, :n]
 
   def statistics(self, b, special_mask) -> dict[str, np.ndarray]:
     """`attention_statistics` of the batch, on the host: name -> (L, B, N)."""

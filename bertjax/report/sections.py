@@ -198,13 +198,12 @@ def effective_section(params, config, tok, passages: Sequence[str],
            for i in np.argsort(-score)[:settings.example_heads]]
   idx, batch = batches[0]
   o = bertjax.forward(params, config, batch["input_ids"][:1], batch["attention_mask"][:1],
-                      batch["token_type_ids"][:1], output_attentions=True,
-                      output_hidden_states=True)
+                      batch["token_type_ids"][:1], output_attentions=True, capture=("v",))
   n = int(batch["attention_mask"][0].sum())
-  maps, hidden = np.asarray(o.attentions), np.asarray(o.hidden_states)
+  maps, values = np.asarray(o.attentions), np.asarray(o.cache["v"])
   examples = []
   for layer, head in heads:
-    t = attention.head_value_outputs(params, config, layer, hidden[layer, 0, :n])
+    t = attention.head_value_outputs(params, config, layer, values[layer, 0, :n])
     raw = maps[layer, 0, :, :n, :n]
     eff = attention.effective_attention(raw, t)
     examples.append({"layer": layer + 1, "head": head, "raw": raw[head],
