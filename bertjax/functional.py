@@ -625,6 +625,32 @@ def prune_heads(config: BertConfig, params: Params,
   return new_config, {**params, "encoder": {**params["encoder"], "layers": pruned}}
 
 
+def unprune_heads(config: BertConfig, params: Params) -> tuple[BertConfig, Params]:
+  """A pruned model at full size: each removed head's query, key, value and output weights
+  (and q/k/v biases) zero, so it contributes exactly nothing; layers stacked again.
+
+  The same function as the pruned model (a removed head's values are zero, and so is its
+  output projection), in the layout every library reads: what `to_hf` writes by default,
+  since transformers 5 has no head pruning.
+  """
+  if not config.is_pruned:
+    return config, params
+  n = config.num_attention_heads
+  layers = []
+  for layer, p in enumerate(params["encoder"]["layers"]):
+    kept = np.asarray(config.kept_heads(layer), np.int32)
+    full = lambda a, axis: jnp.zeros(a.shape[:axis] + (n,) + a.shape[axis + 1:], a.dtype).at[
+        (slice(None),) * axis + (kept,)].set(a)
+    a = dict(p["attention"])
+    for name in ("query", "key", "value"):
+      a[name] = {k: full(v, 1 if k == "kernel" else 0) for k, v in a[name].items()}
+    a["output"] = {**a["output"], "kernel": full(a["output"]["kernel"], 0)}
+    layers.append({**p, "attention": a})
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+  return (config.replace(pruned_heads=()),
+          {**params, "encoder": {**params["encoder"], "layers": stacked}})
+
+
 def pool(params: Params, config: BertConfig, last_hidden_state) -> jax.Array | None:
   """The pooler output (batch, hidden), or None for a model without a pooler."""
   if "pooler" not in params:

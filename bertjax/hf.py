@@ -440,8 +440,11 @@ def _shards(state: dict[str, np.ndarray], limit: int | None) -> list[dict[str, n
   return shards + [current]
 
 
+PRUNED_FORMATS = ("zeros", "remove")
+
+
 def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
-          max_shard_size: int | str | None = "5GB") -> None:
+          max_shard_size: int | str | None = "5GB", pruned: str = "zeros") -> None:
   """Writes `config.json` (with `model_type` and `architectures`) and the weights.
 
   The result loads in `transformers` with no missing or unexpected keys. The
@@ -449,9 +452,22 @@ def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
   `max_shard_size` (bytes, or a string like "500MB"; None never shards) are
   written as `model-0000i-of-0000n.safetensors` shards with a
   `model.safetensors.index.json`, as the hub's larger models are.
+
+  A model with physically removed heads (`prune_heads`) is written as `pruned` says:
+  "zeros" (default) at full size with the removed heads' weights zero
+  (`functional.unprune_heads`: the same function, and what transformers 5 loads: it has
+  no head pruning since 5.0); "remove" in transformers 4's layout, the smaller tensors
+  and `pruned_heads` in config.json, which only transformers < 5 (4.57 and earlier)
+  loads (5.x raises a size mismatch). `from_hf` reads both.
   """
   from safetensors.numpy import save_file
 
+  from bertjax.functional import unprune_heads
+
+  if pruned not in PRUNED_FORMATS:
+    raise ValueError(f"pruned={pruned!r} must be one of {PRUNED_FORMATS}")
+  if pruned == "zeros":
+    config, params = unprune_heads(config, params)
   limit = _parse_size(max_shard_size)
   state, arch = hf_state_dict(config, params)
   hf_config = config.to_hf_dict([arch])

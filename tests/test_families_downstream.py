@@ -214,7 +214,7 @@ def test_pruning_equals_masking_and_exports(family, tmp_path):
   logits = [np.asarray(bertjax.head_logits(p, c, o, "mlm"))[real]
             for p, c, o in ((params, config, masked), (pparams, pconfig, pruned))]
   np.testing.assert_allclose(logits[0], logits[1], atol=1e-4)
-  bertjax.to_hf(pconfig, pparams, tmp_path)
+  bertjax.to_hf(pconfig, pparams, tmp_path, pruned="remove")
   assert json.loads((tmp_path / "config.json").read_text())["pruned_heads"] == {
       "0": [1, 3], "2": [0, 2, 4]}
   again_config, again = bertjax.from_hf(tmp_path)

@@ -66,7 +66,7 @@ def test_pruned_equals_masked_and_is_smaller():
 
 def test_pruned_round_trip(tmp_path):
   _, _, config, pruned = _masked_and_pruned()
-  bertjax.to_hf(config, pruned, tmp_path)
+  bertjax.to_hf(config, pruned, tmp_path, pruned="remove")
   assert json.loads((tmp_path / "config.json").read_text())["pruned_heads"] == {
       "0": [1], "2": [0, 2, 3]}
   config2, pruned2 = bertjax.from_hf(tmp_path)
@@ -96,7 +96,7 @@ def test_pruned_checkpoint_loads_in_transformers_4(tmp_path):
   if not (HF4 / "transformers").is_dir():
     pytest.skip(f"transformers 4.57 expected at {HF4} (./run.sh setup installs it)")
   params, xi, config, pruned = _masked_and_pruned()
-  bertjax.to_hf(config, pruned, tmp_path / "model")
+  bertjax.to_hf(config, pruned, tmp_path / "model", pruned="remove")
   ids, mask = _inputs()
   np.savez(tmp_path / "inputs.npz", ids=ids, mask=mask)
   env = {**os.environ, "PYTHONPATH": str(HF4), "HF_HUB_OFFLINE": "1"}
@@ -113,3 +113,31 @@ def test_pruned_checkpoint_loads_in_transformers_4(tmp_path):
   masked = bertjax.forward(params, CONFIG, ids, mask, head_mask=xi).pooler_output
   np.testing.assert_allclose(np.asarray(bertjax.classify(params, CONFIG, masked)),
                              np.asarray(got["logits"]), atol=1e-4)
+
+
+@pytest.mark.hf
+def test_default_export_of_a_pruned_model_loads_in_installed_transformers(tmp_path):
+  """transformers 5 has no head pruning: the default export writes the removed heads as
+  zeros at full size, which it loads strictly and runs to the same logits."""
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  _, _, config, pruned = _masked_and_pruned()
+  bertjax.to_hf(config, pruned, tmp_path)
+  hf = json.loads((tmp_path / "config.json").read_text())
+  assert "pruned_heads" not in hf
+  model, info = transformers.BertForSequenceClassification.from_pretrained(
+      str(tmp_path), output_loading_info=True, attn_implementation="eager")
+  assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+  ids, mask = _inputs()
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(ids).long(),
+                          attention_mask=torch.tensor(mask).long()).logits.numpy()
+  ours = bertjax.classify(pruned, config, bertjax.forward(pruned, config, ids, mask).pooler_output)
+  np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-5)
+  config2, params2 = bertjax.from_hf(tmp_path)  # unpruned, with zero heads: same outputs
+  assert not config2.is_pruned
+  got = bertjax.classify(params2, config2,
+                         bertjax.forward(params2, config2, ids, mask).pooler_output)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ours), atol=1e-5)
+  with pytest.raises(ValueError, match="pruned='drop' must be one of"):
+    bertjax.to_hf(config, pruned, tmp_path / "x", pruned="drop")
