@@ -114,8 +114,8 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   x = jnp.zeros((1, 2, config.hidden_size), compute_dtype(config))
   mask = jnp.ones((1, 2), bool)
   params: Params = {"embeddings": Embeddings(config).init(k_emb, ids, ids)["params"]}
-  k_layers, k_bias = jax.random.split(k_layers)
-  bias_table = _init_bias_table(config, k_bias)
+  # Its own key, so that adding the table changed no other family's initial parameters.
+  bias_table = _init_bias_table(config, jax.random.fold_in(key, 1))
   # Block 1's structure (block 0 of ModernBERT skips its attention norm, so its init would
   # not create one); every block has the same parameters.
   layer_init = lambda k: EncoderLayer(config).init(k, x, mask, layer=min(1, config.depth - 1),
@@ -618,9 +618,9 @@ def prune_heads(config: BertConfig, params: Params,
     old = config.kept_heads(layer)
     local = np.asarray([old.index(h) for h in new_config.kept_heads(layer)], np.int32)
     a = dict(p["attention"])
-    for name in ("query", "key", "value"):
-      a[name] = {"kernel": a[name]["kernel"][:, local], "bias": a[name]["bias"][local]}
-    a["output"] = {"kernel": a["output"]["kernel"][local], "bias": a["output"]["bias"]}
+    for name in ("query", "key", "value"):  # biases where the block has them
+      a[name] = {k: v[:, local] if k == "kernel" else v[local] for k, v in a[name].items()}
+    a["output"] = {**a["output"], "kernel": a["output"]["kernel"][local]}
     pruned.append({**p, "attention": a})
   return new_config, {**params, "encoder": {**params["encoder"], "layers": pruned}}
 

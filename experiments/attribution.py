@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     w, b, mu, sd = probe
     acc = float((((feats[test] - mu) / sd @ w + b > 0) == labels[test]).mean())
   negated = [s.text for s in sentences if s.negated]
-  methods = tuple(m for m in negation.METHODS if settings.flow or m != "flow")
+  methods = tuple(m for m in negation.methods_for(config) if settings.flow or m != "flow")
   with common.timed(timings, "attribution"):
     res = negation.cue_statistics(params, config, tok, negated, two_class(*probe),
                                   methods=methods, ig_steps=settings.ig_steps,

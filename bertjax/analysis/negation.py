@@ -30,6 +30,14 @@ METHODS = ("attention", "rollout", "flow", "norm", "globenc", "alti", "value_zer
            "grad_x_input", "integrated_gradients")
 
 
+def methods_for(config, methods=METHODS) -> tuple[str, ...]:
+  """`methods` less those whose derivation does not cover this block: GlobEnc needs post-LN
+  LayerNorm blocks (`attribution.globenc` refuses the others by family)."""
+  fam = config.family
+  post_ln = fam.norm == "post" and fam.norm_kind == "layernorm"
+  return tuple(m for m in methods if post_ln or m != "globenc")
+
+
 def _split(token: str) -> tuple[str, str]:
   """(word-start marker, lower-cased rest): byte-level BPE's "Ġ", SentencePiece's "▁", or ""."""
   for mark in ("Ġ", "▁"):

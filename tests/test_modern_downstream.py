@@ -1,0 +1,416 @@
+"""Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet and NomicBERT.
+
+Each family gets a random model (ModernBERT with a 4-token window in two of three layers,
+EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` beside a
+tokenizer trained here in the family's own files: a byte-level BPE `tokenizer.json` for
+ModernBERT (`[CLS] A [SEP]`) and EuroBERT (`<|begin_of_text|> A <|end_of_text|>`), WordPiece
+`vocab.txt` for MPNet (its `<s> A </s></s> B </s>` template) and NomicBERT. The checks of
+`test_families_downstream` run on each: sweeps equal loops of masked forwards, importance is
+the mask gradient, pruning equals masking, Clark's statistics on both paths equal NumPy on
+the maps (windows included), word features align to transformers' subwords, cloze and PLL
+come from the MLM head; then token attribution (norm analysis and ALTI decompose pre-norm
+blocks, GlobEnc refuses them by family, integrated gradients is complete), attribution
+patching against exact patching, and, in subprocesses, `finetune`, an experiment and the
+report on ModernBERT.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis import ablation, attention, attribution, cloze, features, patching
+from conftest import FAST_COMPILE
+from test_families_downstream import SENTENCES, _mlm_batches, _pairs, _texts, _ud
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+pytestmark = pytest.mark.hf
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert")
+SIZES = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=5, intermediate_size=48,
+             initializer_range=0.3, max_position_embeddings=128)
+EXTRA = {
+    "modernbert": dict(sliding_window=4, norm_bias=True,
+                       layer_types=("full_attention", "sliding_attention",
+                                    "sliding_attention")),
+    "eurobert": dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=48,
+                     classifier_pooling="mean"),
+    "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
+    "nomic_bert": dict(),
+}
+SPECIALS = {
+    "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
+    "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
+    "mpnet": ("<s>", "</s>", "<mask>"),
+    "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
+}
+CLASSES = {"modernbert": "ModernBertForSequenceClassification",
+           "eurobert": "EuroBertForSequenceClassification"}
+
+
+def _byte_level(texts, specials, single, pair, roles):
+  from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors, trainers
+
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=700, special_tokens=specials, show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.post_processor = processors.TemplateProcessing(
+      single=single, pair=pair,
+      special_tokens=[(t, tok.token_to_id(t)) for t in (roles["cls"], roles["sep"])])
+  tok.add_special_tokens([AddedToken(roles["mask"], lstrip=True, normalized=False)])
+  return tok
+
+
+def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
+  """A random model with an MLM head and a tokenizer in the family's own files."""
+  directory.mkdir(parents=True)
+  if family in ("modernbert", "eurobert"):
+    cls, sep, mask = SPECIALS[family]
+    pad, unk = ("[PAD]", "[UNK]") if family == "modernbert" else ("<|pad|>", "<|unk|>")
+    roles = dict(cls=cls, sep=sep, mask=mask, pad=pad, unk=unk)
+    tok = _byte_level(texts, [cls, sep, pad, mask, unk], f"{cls} $A {sep}",
+                      f"{cls} $A {sep} $B:1 {sep}:1", roles)
+    tok.save(str(directory / "tokenizer.json"))
+    settings = {f"{k}_token": v for k, v in roles.items()}
+    settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=128)
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    vocab, pad_id = tok.get_vocab_size(), tok.token_to_id(pad)
+  else:
+    specials = (["<s>", "<pad>", "</s>", "[UNK]", "<mask>"] if family == "mpnet" else
+                ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    tok.train_from_iterator(texts, vocab_size=600, show_progress=False, special_tokens=specials)
+    tok.save_model(str(directory))
+    settings = {"do_lower_case": True}
+    if family == "mpnet":
+      settings.update(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+                      pad_token="<pad>", unk_token="[UNK]", mask_token="<mask>")
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    vocab, pad_id = tok.get_vocab_size(), tok.token_to_id(specials[1 if family == "mpnet" else 0])
+  config = bertjax.BertConfig.for_family(
+      family, vocab_size=vocab, use_pooler=False,
+      **{**SIZES, "pad_token_id": pad_id, **EXTRA[family]})
+  bertjax.to_hf(config, bertjax.init(config, 3, heads=("mlm",)), directory)
+  return directory
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("modern")
+  texts = _texts()
+  return {f: _build(f, root / f, texts) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, model_dirs):
+  directory = model_dirs[request.param]
+  config, params = bertjax.from_hf(directory)
+  tok = bertjax.Tokenizer.from_pretrained(directory)
+  return request.param, directory, config, params, tok
+
+
+def _types(config, batch):
+  return batch.token_type_ids if config.type_vocab_size else None
+
+
+def test_models_are_what_the_family_ships(family):
+  name, directory, config, params, tok = family
+  assert config.model_type == name and "mlm" in params
+  assert tuple(tok.convert_ids_to_tokens([tok.cls_id, tok.sep_id, tok.mask_id])) == SPECIALS[name]
+  theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+  b = _pairs(tok)[0]
+  for i in range(2):
+    n = int(b.attention_mask[i].sum())
+    want = theirs(SENTENCES[i], SENTENCES[2 + i])["input_ids"]
+    assert b.input_ids[i, :n].tolist() == want
+  bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b))
+
+
+def test_ablation_sweep_equals_loop_of_masked_forwards(family):
+  _, _, config, params, tok = family
+  batches = [tok.encode(SENTENCES, SENTENCES[::-1])]
+  got = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
+                                include=("heads", "layer_skip"))
+  masks = ablation.sweep_masks(config, ("heads", "layer_skip"))
+  b = batches[0]
+  real = b.attention_mask[..., None]
+  pooled = lambda h: (np.asarray(h) * real).sum(1) / real.sum(1)
+  base = pooled(bertjax.forward(params, config, b.input_ids, b.attention_mask,
+                                _types(config, b)).last_hidden_state)
+  for kind in ablation.ABLATIONS:
+    want = []
+    for hm, lm in zip(*masks["heads"]):
+      x = pooled(bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b),
+                                 head_mask=hm, head_ablation=kind, layer_mask=lm).last_hidden_state)
+      cos = (x * base).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(base, axis=-1)
+      want.append(cos.mean())
+    np.testing.assert_allclose(got[kind].heads.ravel(), want, atol=2e-5)
+    assert got[kind].heads.min() < 0.999
+
+
+def test_head_importance_is_the_mask_gradient(family):
+  _, _, config, params, tok = family
+  batches = _mlm_batches(tok)[:1]
+  got = ablation.head_importance(params, config, batches, ablation.mlm_batch_loss,
+                                 per_example=False, normalize_layers=False)
+  b = batches[0]
+
+  def loss(xi):
+    out = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                          b["token_type_ids"] if config.type_vocab_size else None, head_mask=xi)
+    logp = jax.nn.log_softmax(bertjax.head_logits(params, config, out, "mlm"))
+    keep = b["labels"] >= 0
+    nll = -jnp.take_along_axis(logp, np.where(keep, b["labels"], 0)[..., None], -1)[..., 0]
+    return jnp.where(keep, nll, 0).sum() / keep.sum()
+
+  want = np.abs(jax.grad(loss)(jnp.ones((config.depth, config.num_attention_heads))))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+  assert (got > 0).all()
+
+
+def test_pruning_equals_masking(family):
+  name, _, config, params, tok = family
+  prune = {0: [1, 3], 2: [0, 2]}
+  if config.kv_heads != config.num_attention_heads:  # grouped heads: masks, not pruning
+    with pytest.raises(ValueError, match="grouped key/value heads"):
+      bertjax.prune_heads(config, params, prune)
+    return
+  pconfig, pparams = bertjax.prune_heads(config, params, prune)
+  mask = np.ones((config.depth, config.num_attention_heads), np.float32)
+  for layer, heads in prune.items():
+    mask[layer, heads] = 0
+  b = _pairs(tok)[0]
+  real = b.attention_mask > 0
+  masked = bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b),
+                           head_mask=mask)
+  pruned = bertjax.forward(pparams, pconfig, b.input_ids, b.attention_mask, _types(config, b))
+  diff = np.abs(np.asarray(pruned.last_hidden_state) - np.asarray(masked.last_hidden_state))
+  assert diff[real].max() < 3e-5  # random 0.3-std weights: large, peaked activations
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 1e-4])  # the kernel statistics path; the maps path
+def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
+  _, _, config, params, tok = family
+  batches = _pairs(tok)
+  punct = attention.clark_punctuation_ids(tok)
+  got = attention.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
+                                   weighting="token", entropy_smoothing=smoothing)
+  sums, count = {k: 0.0 for k in attention.CLARK_NAMES}, 0
+  for b in batches:
+    maps = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
+                                      _types(config, b), output_attentions=True).attentions)
+    for i in range(len(b.input_ids)):
+      n = int(b.attention_mask[i].sum())
+      a = maps[:, i, :, :n, :n].astype(np.float64)
+      ids = b.input_ids[i, :n]
+      sums["cls"] += a[..., 0].sum(-1)
+      sums["sep"] += a[..., ids == tok.sep_id].sum((-1, -2))
+      sums["punct"] += a[..., np.isin(ids, punct)].sum((-1, -2))
+      sums["self"] += np.trace(a, axis1=-2, axis2=-1)
+      sums["prev"] += np.trace(a, offset=-1, axis1=-2, axis2=-1)
+      sums["next"] += np.trace(a, offset=1, axis1=-2, axis2=-1)
+      p = (1 - smoothing) * a + smoothing / n
+      sums["entropy"] += -(p * np.log(np.where(p > 0, p, 1))).sum((-1, -2))
+      count += n
+  for key in attention.CLARK_NAMES:
+    np.testing.assert_allclose(got[key], sums[key] / count, atol=2e-5, err_msg=key)
+
+
+def test_word_features_align_as_transformers_tokenizers(family):
+  name, directory, config, params, tok = family
+  sentences = [list(s.forms) for s in _ud()[:8]]
+  theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+  got = features.extract_word_features(params, config, tok, sentences, pooling="first",
+                                       length_multiple=64, progress=False)
+  # Byte-level BPE: every word starts with a space, as RoBERTa's add_prefix_space=True does
+  # (transformers' generic fast tokenizer leaves that to the caller).
+  words = ([[" " + w for w in s] for s in sentences] if tok.byte_level else sentences)
+  enc = theirs(words, is_split_into_words=True, padding=True, return_tensors="np")
+  ours = tok.encode_words(sentences)
+  np.testing.assert_array_equal(ours.input_ids, enc["input_ids"])
+  hidden = np.asarray(bertjax.forward(params, config, enc["input_ids"], enc["attention_mask"],
+                                      output_hidden_states=True).hidden_states)
+  for i in range(len(sentences)):
+    word_ids = np.asarray([-1 if w is None else w for w in enc.word_ids(i)])
+    np.testing.assert_array_equal(ours.word_ids[i], word_ids)
+    first = [np.flatnonzero(word_ids == w)[0] for w in range(len(sentences[i]))]
+    np.testing.assert_allclose(got.sentence(i), hidden[:, i, first], rtol=1e-5, atol=1e-4)
+
+
+def test_cloze_and_pll_come_from_the_mlm_head(family):
+  _, _, config, params, tok = family
+  texts = ["The keys to the [MASK] are on the table."]
+  scores = cloze.score_queries((config, params), tok, texts, [["table", "keys"]], k=5)
+  enc = tok.encode([cloze.mask_text(tok, texts[0])])
+  out = bertjax.forward(params, config, enc.input_ids, enc.attention_mask)
+  logp = np.asarray(jax.nn.log_softmax(bertjax.head_logits(params, config, out, "mlm")))[0]
+  at = enc.input_ids[0].tolist().index(tok.mask_id)
+  assert set(scores.topk[0].tolist()) == set(np.argsort(-logp[at])[:5].tolist())
+  got, per_token = cloze.pseudo_log_likelihood((config, params), tok, [SENTENCES[0]],
+                                               return_tokens=True)
+  assert np.isfinite(per_token[0]).all() and got[0] == pytest.approx(per_token[0].sum(), abs=1e-3)
+
+
+# Attribution and patching -------------------------------------------------------------------
+
+
+def test_token_attribution_methods(family):
+  name, _, config, params, tok = family
+  b = tok.encode(SENTENCES[:3])
+  args = (params, config, b.input_ids, b.attention_mask, _types(config, b))
+  real = b.attention_mask > 0
+  pairs = real[:, :, None] & real[:, None, :]
+  alti = attribution.alti(*args)
+  rows = np.asarray(alti.layer).sum(-1)[:, real]
+  np.testing.assert_allclose(rows, 1.0, atol=1e-5)  # shares of each real token
+  norms = attribution.norm_analysis(*args)
+  assert ("attnresln" in norms) == (config.family.norm == "post")
+  # The decomposition is the block's own: summed over sources (plus b_O), the attention
+  # vectors give the attn_out site.
+  cache = bertjax.forward(*args, capture=("attn_out",)).cache
+  assert np.isfinite(np.asarray(norms["attn"])[:, pairs]).all()
+  assert np.asarray(cache["attn_out"]).shape[0] == config.depth
+  if config.family.norm == "post":
+    assert np.isfinite(np.asarray(attribution.globenc(*args).rollout)).all()
+  else:
+    with pytest.raises(ValueError, match=f"a {name} block is pre-norm"):
+      attribution.globenc(*args)
+  rollout = attribution.attention_rollout(*args)
+  np.testing.assert_allclose(np.asarray(rollout).sum(-1)[:, real], 1.0, atol=1e-5)
+  vz = attribution.value_zeroing(*args)
+  assert np.isfinite(np.asarray(vz.rollout)).all()
+  target = attribution.mlm_target(config, np.array([1, 2, 1]), np.array([7, 9, 11]))
+  grads = attribution.gradient_x_input(*args, target_fn=target)
+  assert np.isfinite(np.asarray(grads)).all()
+
+
+def test_gradients_through_the_block_match_finite_differences(family):
+  """d(MLM logit)/d(embeddings) in float64 against central differences: the block's
+  gradient (rotary, windows, grouped heads, the position bias, gated FFNs) is right."""
+  _, _, config, params, tok = family
+  b = tok.encode(SENTENCES[:2])
+  with jax.enable_x64(True):
+    c64 = config.replace(dtype="float64")
+    p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
+    x = bertjax.embed(p64, c64, b.input_ids)
+    probe = jax.random.normal(jax.random.key(3), x.shape, jnp.float64)
+
+    def f(eps):
+      out = bertjax.forward(p64, c64, b.input_ids, b.attention_mask,
+                            patch={"embeddings": (x + eps * probe, 1.0)})
+      return bertjax.head_logits(p64, c64, out, "mlm")[:, 1, 7].sum()
+
+    h = 1e-4  # fourth-order central differences: truncation ~h^4 (these models are peaked)
+    fd = (8 * (f(h) - f(-h)) - (f(2 * h) - f(-2 * h))) / (12 * h)
+    np.testing.assert_allclose(jax.grad(f)(0.0), fd, rtol=1e-7)
+
+
+def test_attribution_patching_tracks_exact_patching(family):
+  _, _, config, params, tok = family
+  clean = tok.encode(["She did not like it at all .", "The keys to the cabinet are here ."])
+  corrupted = dataclasses_replace(clean, 3)
+  metric = patching.LogitDiff("mlm")
+  targets = {"position": np.array([2, 4]), "answer": np.array([7, 8]),
+             "distractor": np.array([9, 10])}
+  exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets)
+  approx = patching.attribution_patching(params, config, clean, corrupted, metric,
+                                         targets=targets)
+  assert np.asarray(exact.values).shape == (config.depth, config.num_attention_heads)
+  assert np.isfinite(np.asarray(approx.values)).all()
+  agree = patching.agreement(exact, approx)
+  assert agree["pearson"] > 0.3, agree
+
+
+def dataclasses_replace(batch, position):
+  """`batch` with the token at `position` replaced by a different word (same length)."""
+  import dataclasses
+
+  ids = batch.input_ids.copy()
+  ids[:, position] = ids[:, position + 1]
+  return dataclasses.replace(batch, input_ids=ids)
+
+
+# The command line on the new families ---------------------------------------------------------
+
+
+def _env(**extra):
+  import os
+
+  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+              XLA_FLAGS=FAST_COMPILE, **extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["modernbert", "eurobert"])
+def test_finetune_exports_what_transformers_loads(model_dirs, name, tmp_path):
+  import csv
+
+  directory = model_dirs[name]
+  with open(REPO / "bertjax" / "resources" / "sentences.tsv", encoding="utf-8") as f:
+    rows = list(csv.DictReader(f, delimiter="\t"))[:32]
+  table = tmp_path / "train.tsv"
+  table.write_text("sentence\tlabel\n" + "".join(
+      f"{r['sentence']}\t{'negated' if r['negated'] == '1' else 'plain'}\n" for r in rows))
+  out = tmp_path / "run"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "finetune", "--init-from", str(directory),
+       "--table", str(table), "--steps", "3", "--batch-size", "8", "--lr", "1e-3",
+       "--max-len", "64", "--output-dir", str(out)],
+      cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  model_dir = out / "model"
+  hf = json.loads((model_dir / "config.json").read_text())
+  assert hf["architectures"] == [CLASSES[name]] and hf["model_type"] == name
+  config2, params2 = bertjax.from_hf(model_dir)
+  model, info = getattr(transformers, CLASSES[name]).from_pretrained(
+      str(model_dir), output_loading_info=True, attn_implementation="eager")
+  assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+  tok2 = bertjax.Tokenizer.from_pretrained(model_dir)
+  b = tok2.encode(SENTENCES)
+  ours = bertjax.head_logits(params2, config2, bertjax.forward(
+      params2, config2, b.input_ids, b.attention_mask), "classifier",
+      attention_mask=b.attention_mask)
+  with torch.no_grad():
+    theirs = model.eval()(input_ids=torch.tensor(b.input_ids).long(),
+                          attention_mask=torch.tensor(b.attention_mask).long()).logits
+  np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_experiment_smoke_runs_on_modernbert(model_dirs, tmp_path):
+  from test_experiments import run_smoke
+
+  directory = model_dirs["modernbert"]
+  doc, _ = run_smoke("what_bert_looks_at", tmp_path, "--model", str(directory))
+  sep = np.asarray(doc["results"]["clark"]["sep"])
+  assert sep.shape == (3, 5) and np.isfinite(sep).all()
+
+
+@pytest.mark.slow
+def test_report_runs_on_modernbert(model_dirs, tmp_path):
+  """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)."""
+  out = tmp_path / "report"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "report", "--model", str(model_dirs["modernbert"]),
+       "--reduced", "--out", str(out)], cwd=tmp_path, env=_env(), capture_output=True,
+      text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  doc = json.loads((out / "report.json").read_text())
+  assert doc["model"]["model_type"] == "modernbert" and doc["model"]["layers"] == 3
+  assert np.isfinite(np.asarray(doc["clark"]["sep"], float)).all()
+  assert doc["attribution"]["available"], doc["attribution"].get("reason")
+  page = (out / "index.html").read_text()
+  assert "Traceback" not in page and "failed" not in page.lower(), page[:2000]
