@@ -433,8 +433,8 @@ def test_finetune_command_from_any_family_exports_for_transformers(family, tmp_p
 
 def test_pretrain_resolves_a_hub_id_and_refuses_a_family_it_cannot_continue(model_dirs,
                                                                              tmp_path):
-  """`bertjax pretrain --init-from org/name` reads the hub cache; a RoBERTa model there gets
-  a one-line error pointing to finetune (pretrain's inputs are BERT's [CLS] A [SEP] B)."""
+  """`bertjax pretrain --init-from org/name` reads the hub cache; a RoBERTa model there with
+  the default NSP objective gets a one-line error naming the head it lacks and MLM alone."""
   _hub_cache(model_dirs["roberta"], tmp_path / "hf_home", "bertology/tiny-roberta")
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(SENTENCES) + "\n")
@@ -446,7 +446,8 @@ def test_pretrain_resolves_a_hub_id_and_refuses_a_family_it_cannot_continue(mode
   refused, missing = run("bertology/tiny-roberta"), run("bertology/not-cached")
   for proc in (refused, missing):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-  assert "'roberta' model" in refused.stderr and "bertjax finetune" in refused.stderr
+  assert "'roberta' model has no NSP head" in refused.stderr
+  assert "--objective none" in refused.stderr
   assert "snapshots" in refused.stderr  # the resolved cache directory is named
   assert "'bertology/not-cached'" in missing.stderr and str(tmp_path / "hf_home") in missing.stderr
 

@@ -414,3 +414,36 @@ def test_report_runs_on_modernbert(model_dirs, tmp_path):
   assert doc["attribution"]["available"], doc["attribution"].get("reason")
   page = (out / "index.html").read_text()
   assert "Traceback" not in page and "failed" not in page.lower(), page[:2000]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["modernbert", "mpnet"])
+def test_pretrain_continues_mlm_and_exports(model_dirs, name, tmp_path):
+  """`pretrain --init-from DIR --objective none` continues a new family's MLM head with its
+  own special tokens; the export loads in transformers and tokenises as transformers does.
+  The default NSP objective is refused by name (the family has no NSP head)."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("\n".join(SENTENCES * 8) + "\n")
+  run = lambda *extra: subprocess.run(
+      [sys.executable, "-m", "bertjax.cli", "pretrain", "--corpus", str(corpus), "--init-from",
+       str(model_dirs[name]), "--steps", "2", "--batch-size", "4", "--seq-len", "32",
+       "--output-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, env=_env(),
+      capture_output=True, text=True, timeout=600, check=False)
+  refused = run()
+  assert refused.returncode != 0 and "no NSP head" in refused.stderr, refused.stderr[-2000:]
+  proc = run("--objective", "none")
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  exported = subprocess.run([sys.executable, "-m", "bertjax.cli", "export", str(tmp_path / "run"),
+                             "--to", str(tmp_path / "model")], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=600, check=False)
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  cls = {"modernbert": "ModernBertForMaskedLM", "mpnet": "MPNetForMaskedLM"}[name]
+  model, info = getattr(transformers, cls).from_pretrained(str(tmp_path / "model"),
+                                                          output_loading_info=True)
+  assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+  ours = bertjax.Tokenizer.from_pretrained(tmp_path / "model")
+  pair = ours.encode(SENTENCES[:1], SENTENCES[1:2]).input_ids[0].tolist()
+  assert pair == theirs(SENTENCES[0], SENTENCES[1])["input_ids"]
+  config, params = bertjax.from_hf(tmp_path / "model")
+  assert config.model_type == name and "mlm" in params

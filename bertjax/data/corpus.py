@@ -35,6 +35,33 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Each special role (named by BERT's token) and the tokens other families use for it, in the
+# order they are looked for: RoBERTa/MPNet's <s> ... <mask>, EuroBERT's Llama-3 tokens.
+ROLE_TOKENS = {
+  "[PAD]": ("[PAD]", "<pad>", "<|pad|>"),
+  "[UNK]": ("[UNK]", "<unk>", "<|unk|>"),
+  "[CLS]": ("[CLS]", "<s>", "<|begin_of_text|>"),
+  "[SEP]": ("[SEP]", "</s>", "<|end_of_text|>"),
+  "[MASK]": ("[MASK]", "<mask>", "<|mask|>"),
+}
+
+
+def special_token_ids(tokenizer) -> dict[str, int]:
+  """`{"[PAD]": id, ...}`: each special role's id, BERT's token or another family's.
+
+  Raises:
+    ValueError: a role none of whose tokens the vocabulary has (all of them named).
+  """
+  ids, missing = {}, []
+  for role, candidates in ROLE_TOKENS.items():
+    found = next((i for t in candidates if (i := tokenizer.token_to_id(t)) is not None), None)
+    if found is None:
+      missing.append(" / ".join(candidates))
+    else:
+      ids[role] = int(found)
+  if missing:
+    raise ValueError(f"tokenizer lacks a token for each of the special roles {missing}")
+  return ids
 FORMATS = ("plain", "lines", "wikitext")
 
 PathLike = str | os.PathLike
@@ -226,21 +253,18 @@ def _prepare(tokenizer):
   tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # unwrap bertjax.Tokenizer
   tokenizer.no_padding()
   tokenizer.no_truncation()
-  missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
-  if missing:
-    raise ValueError(
-      f"tokenizer lacks the special tokens {missing}; expected all of {SPECIAL_TOKENS}"
-    )
+  special_token_ids(tokenizer)  # every role has a token (BERT's or another family's)
   return tokenizer
 
 
 def load_tokenizer(path: PathLike, *, lowercase: bool = True):
-  """Loads a WordPiece tokenizer from a ``vocab.txt``, a ``tokenizer.json`` or a directory.
+  """Loads a tokenizer from a ``vocab.txt``, a ``tokenizer.json`` or a directory.
 
   Args:
     path: a ``tokenizer.json`` file, a ``vocab.txt`` file (one token per line, the
-      line number is the id), or a directory holding either (``tokenizer.json``
-      preferred).
+      line number is the id: a BERT WordPiece), a model directory (its tokenizer as
+      `bertjax.Tokenizer.from_pretrained` reads it for the model's family), or another
+      directory holding either file (``tokenizer.json`` preferred).
     lowercase: for a ``vocab.txt`` only: whether the BERT normaliser lower-cases
       (True for uncased vocabularies).
 
@@ -250,6 +274,12 @@ def load_tokenizer(path: PathLike, *, lowercase: bool = True):
   from tokenizers import Tokenizer
 
   path = pathlib.Path(path)
+  if path.is_dir() and (path / "config.json").is_file():
+    # A model directory: its tokenizer as bertjax reads it for the model's family (MPNet's
+    # vocab.txt with its <s> A </s></s> B </s> template, not BERT's).
+    from bertjax.tokenization import Tokenizer as FamilyTokenizer
+
+    return _prepare(FamilyTokenizer.from_pretrained(path).tokenizer)
   if path.is_dir():
     for name in ("tokenizer.json", "vocab.txt"):
       if (path / name).is_file():
@@ -464,7 +494,9 @@ class TokenizedCorpus:
     sentence_offsets: int64 (S+1,) sentence s is ``ids[sentence_offsets[s]:sentence_offsets[s+1]]``.
     doc_offsets: int64 (D+1,) document d is sentences ``doc_offsets[d]:doc_offsets[d+1]``.
     vocab_size: the tokenizer's vocabulary size.
-    special_ids: ``{"[PAD]": 0, "[UNK]": ..., "[CLS]": ..., "[SEP]": ..., "[MASK]": ...}``.
+    special_ids: ``{"[PAD]": 0, "[UNK]": ..., "[CLS]": ..., "[SEP]": ..., "[MASK]": ...}``:
+      each special role (BERT's name) and its id in this vocabulary (``<s>``, ``</s>``,
+      ``<pad>``, ``<mask>`` for RoBERTa-style vocabularies; see `ROLE_TOKENS`).
   """
 
   ids: np.ndarray
@@ -582,7 +614,7 @@ def tokenize_documents(
     sentence_offsets=sentence_offsets,
     doc_offsets=doc_offsets,
     vocab_size=int(tokenizer.get_vocab_size(with_added_tokens=True)),
-    special_ids={t: int(tokenizer.token_to_id(t)) for t in SPECIAL_TOKENS},
+    special_ids=special_token_ids(tokenizer),
   )
 
 

@@ -200,8 +200,8 @@ def pretrain_parser() -> argparse.ArgumentParser:
 
 
 def _check_pretrainable(args) -> None:
-  """Resolves `--init-from` (a directory or a hub id) in place, and refuses a family that
-  `pretrain`'s BERT-style inputs ([CLS] A [SEP] B [SEP], MLM + NSP/SOP) do not fit."""
+  """Resolves `--init-from` (a directory or a hub id) in place, and refuses a model whose
+  family lacks the heads the objectives need: MLM always, NSP or SOP when asked for."""
   import bertjax
   from bertjax import hf
 
@@ -209,11 +209,16 @@ def _check_pretrainable(args) -> None:
   config_file = pathlib.Path(args.init_from) / "config.json"
   if not config_file.is_file():
     raise FileNotFoundError(f"no config.json in {args.init_from}")
-  model_type = bertjax.BertConfig.from_hf_dict(json.loads(config_file.read_text())).model_type
-  if model_type not in ("bert", "albert"):
-    raise ValueError(f"pretrain continues BERT and ALBERT models (MLM with NSP/SOP on "
-                     f"[CLS]/[SEP] inputs); --init-from {args.init_from} is a {model_type!r} "
-                     f"model: fine-tune it with `bertjax finetune --init-from`")
+  config = bertjax.BertConfig.from_hf_dict(json.loads(config_file.read_text()))
+  heads = config.family.heads
+  if "mlm" not in heads:
+    raise ValueError(f"pretrain trains a masked-LM head, which a {config.model_type!r} model "
+                     f"has not; --init-from {args.init_from}: fine-tune it with "
+                     "`bertjax finetune --init-from`")
+  if args.objective != "none" and args.objective not in heads:
+    raise ValueError(f"--objective {args.objective}: a {config.model_type!r} model has no "
+                     f"{args.objective.upper()} head (its heads: {sorted(heads)}); continue it "
+                     f"with MLM alone, --objective none (--init-from {args.init_from})")
 
 
 PRETRAIN_FILES = ("checkpoints", "vocab", "metrics.jsonl", "summary.json", "tensorboard")
