@@ -132,6 +132,40 @@ def test_arbitrary_masks_and_strategies_agree(params):
     ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks, strategy="fast")
 
 
+def _row_losses(params, config, batch, last_hidden_state, pooled):
+  """Per-row cross-entropy of the classifier: the rows `classification_batch_loss` sums."""
+  logp = jax.nn.log_softmax(bertjax.classify(params, config, pooled))
+  return -jnp.take_along_axis(logp, batch["labels"][:, None], -1)[:, 0]
+
+
+def test_per_row_values_are_what_the_sums_add_up(params):
+  """`evaluate_masks_per_row` keeps each sentence's value under each mask (the report's
+  confidence intervals resample them): every strategy gives the per-example losses of
+  `bertjax.forward` with that mask, and their means are `evaluate_masks`' values."""
+  rng = np.random.default_rng(1)
+  masks = (rng.uniform(size=(4, DEPTH, HEADS)) > 0.3).astype(np.float32)
+  masks[1, :2] = 1  # first modified block is 2
+  layer_masks = np.ones((4, DEPTH), np.float32)
+  layer_masks[3, 1] = 0  # a block skipped
+  _, want = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks,
+                              layer_masks)
+  for strategy in ab.STRATEGIES:
+    base, rows = ab.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks,
+                                           layer_masks, strategy=strategy, chunk_size=2)
+    assert base.shape == (6,) and rows.shape == (4, 6)
+    np.testing.assert_allclose(rows.mean(1), want, atol=1e-6)
+    for m in range(4):
+      got = np.concatenate([_loss_by_forward(params, CONFIG, b, masks[m], layer_masks[m])
+                            for b in BATCHES])
+      np.testing.assert_allclose(rows[m], got, atol=1e-5)
+    np.testing.assert_allclose(base, np.concatenate([_loss_by_forward(params, CONFIG, b)
+                                                     for b in BATCHES]), atol=1e-5)
+  with pytest.raises(ValueError, match="strategy='fast'"):
+    ab.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks, strategy="fast")
+  with pytest.raises(ValueError, match="batches is empty"):
+    ab.evaluate_masks_per_row(params, CONFIG, [], _row_losses, masks)
+
+
 def test_embedding_cosine_metric_needs_no_head(params):
   result = ab.ablation_sweep(params, CONFIG, BATCHES, ab.mean_embedding_cosine,
                              head_ablations=("scale",), include=("heads",))["scale"]

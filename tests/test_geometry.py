@@ -58,6 +58,29 @@ def test_anisotropy_matches_numpy(reps):
   assert not np.array_equal(geometry.anisotropy(x, 500, seed=8), got)
 
 
+def test_anisotropy_of_resampled_sentences(reps):
+  """`anisotropy_of_groups` (the report's bootstrap over sentences): once per group it is the
+  all-pairs mean; a resample's repeated sentences are their tokens copied, and a token is never
+  paired with its own copies (those pairs, cosine 1, biased the interval upwards)."""
+  x, _, sents = reps
+  sums, squares, counts = geometry.unit_sums(x, sents)
+  assert sums.shape == (12, L, D) and counts.tolist() == [10] * 12
+  np.testing.assert_allclose(geometry.anisotropy_of_groups(sums, squares, counts),
+                             geometry.anisotropy(x, num_pairs=None), atol=1e-5)
+  take = np.array([0, 0, 3, 5, 5, 5, 7])  # a resample: sentence 0 twice, 5 three times
+  weights = np.bincount(take, minlength=12)
+  tokens = np.concatenate([np.flatnonzero(sents == g) for g in take])
+  want = []
+  for l in range(L):
+    u = x[l, tokens] / np.linalg.norm(x[l, tokens], axis=-1, keepdims=True)
+    own = tokens[:, None] == tokens[None, :]  # a token and its copies (itself included)
+    want.append((u @ u.T)[~own].mean())
+  np.testing.assert_allclose(geometry.anisotropy_of_groups(sums, squares, counts, weights), want,
+                             atol=1e-5)
+  both = geometry.anisotropy_of_groups(sums, squares, counts, np.stack([weights, np.ones(12)]))
+  np.testing.assert_allclose(both[0], want, atol=1e-5)
+
+
 def test_self_and_intra_sentence_similarity_match_numpy(reps):
   x, words, sents = reps
   for centered in (False, True):

@@ -31,6 +31,12 @@ def test_upos_probe_by_layer_on_minilm(minilm_dir, data_dir, tmp_path):
   assert acc[best] - acc[0] >= MARGIN, acc
   assert upos["selectivity"][best] > 0, upos
   assert 0.85 < acc[best] <= 1.0
+  # Per test sentence, what a confidence interval over sentences resamples: it adds up.
+  by = upos["test_by_sentence"]
+  assert sum(by["rows"]) == upos["test_size"] and len(by["correct"]) == 7
+  np.testing.assert_allclose(np.sum(by["correct"], 1) / upos["test_size"], acc, atol=1e-6)
+  np.testing.assert_allclose(np.sum(by["control_correct"], 1) / upos["test_size"],
+                             upos["control_accuracy"], atol=1e-6)
   assert res["features"]["words"] == sum(s.num_words for s in sents)
   for kind, keys in (("distance", ("uuas", "spearman")), ("depth", ("root_accuracy", "spearman"))):
     for k in keys:

@@ -208,13 +208,14 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
     head_masks = np.concatenate([mask_sets[i][1] for i in which])
     layer_masks = np.concatenate([mask_sets[i][2] for i in which])
     m = len(head_masks)
-    totals, counts = np.zeros(m), np.zeros(m)
+    # (M,) for a metric's (total, count); (M, rows, ...) for `evaluate_masks_per_row`'s rows.
+    totals, counts = np.zeros((m, *np.shape(base[0]))), np.zeros(m)
     if strategy == "loop":
       for i in range(m):
         t, c = _full_metric(params, config, batch, jnp.asarray(head_masks[i]),
                             jnp.asarray(layer_masks[i]), head_ablation=kind,
                             metric_fn=metric_fn)
-        totals[i], counts[i] = float(t), float(c)
+        totals[i], counts[i] = np.asarray(t, np.float64), float(c)
     else:
       starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
                 else np.zeros(m, int))
@@ -227,10 +228,11 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
     offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
     for k, i in enumerate(which):
       results[i] = (totals[offsets[k]:offsets[k + 1]], counts[offsets[k]:offsets[k + 1]])
-  return (float(base[0]), float(base[1])), results
+  return (np.asarray(base[0], np.float64), float(base[1])), results
 
 
-def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh=None):
+def _checked_run(strategy, chunk_size, mask_sets) -> int:
+  """The chunk size, after checking a run's strategy, chunk size and ablation kinds."""
   if strategy not in STRATEGIES:
     raise ValueError(f"{strategy=!r} must be one of {STRATEGIES}")
   chunk_size = default_chunk_size() if chunk_size is None else chunk_size
@@ -239,6 +241,11 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
   for head_ablation, _, _ in mask_sets:
     if head_ablation not in ABLATIONS:
       raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
+  return chunk_size
+
+
+def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh=None):
+  chunk_size = _checked_run(strategy, chunk_size, mask_sets)
   if mesh is not None:
     return sharded.evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy,
                             mesh)
@@ -292,6 +299,49 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
                               [(head_ablation, head_masks, layer_masks)], chunk_size, strategy,
                               mesh)
   return float(base), values
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+  """A per-row function as the sweeps' metric: its rows stand in the place of the total."""
+
+  fn: Callable
+
+  def __call__(self, params, config, batch, last_hidden_state, pooled):
+    return self.fn(params, config, batch, last_hidden_state, pooled), jnp.zeros(())
+
+
+def evaluate_masks_per_row(params: Params, config: BertConfig, batches: Iterable, row_fn,
+                           head_masks, layer_masks=None, *, head_ablation: str = "scale",
+                           chunk_size: int | None = None,
+                           strategy: str = "prefix") -> tuple[np.ndarray, np.ndarray]:
+  """A per-row quantity under each of M masks: `evaluate_masks` that keeps every row.
+
+  The same programs as `evaluate_masks` (prefix reuse, chunks, strategies; one device), for
+  a function that returns a value per row instead of a sum: what a confidence interval over
+  the rows (sentences) needs, and every mean `evaluate_masks` gives besides.
+
+  Args:
+    params, config, batches, head_masks, layer_masks, head_ablation, chunk_size, strategy: as
+      `evaluate_masks`.
+    row_fn: `(params, config, batch, last_hidden_state, pooled) -> (rows, ...)` values.
+
+  Returns:
+    `(baseline, values)`: the intact model's rows `(rows, ...)` and each mask's
+    `(M, rows, ...)`, the rows of every batch in order, float64.
+  """
+  head_masks, layer_masks = _check_masks(config, head_masks, layer_masks)
+  sets = [(head_ablation, head_masks, layer_masks)]
+  chunk_size = _checked_run(strategy, chunk_size, sets)
+  bases, values = [], []
+  for batch in batches:
+    (base, _), ((rows, _),) = _evaluate_batch(params, config, as_batch(batch), _Rows(row_fn),
+                                              sets, chunk_size, strategy)
+    bases.append(base)
+    values.append(rows)
+  if not bases:
+    raise ValueError("batches is empty")
+  return np.concatenate(bases, 0), np.concatenate(values, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,11 +77,58 @@ def _pair_cosine(reps, i, j):
 
 @jax.jit
 def _all_pairs_cosine(reps):
-  u = _unit(reps)  # (layers, n, dim)
-  n = u.shape[1]
-  s = u.sum(1)
-  diag = jnp.sum(u * u, (1, 2))  # ~n (exactly n unless zero vectors)
-  return (jnp.sum(s * s, -1) - diag) / (n * (n - 1))
+  u = _unit(reps)  # (layers, n, dim): all tokens as one group
+  return anisotropy_of_groups(u.sum(1)[None], jnp.sum(u * u, -1).sum(1)[None],
+                              jnp.full((1,), u.shape[1], u.dtype))
+
+
+def anisotropy_of_groups(sums, squares, counts, weights=None):
+  """The mean cosine over all pairs of distinct tokens, from per-group sums (`unit_sums`).
+
+  With `weights` (how many times each group is taken, as a bootstrap resample of sentences
+  takes them), the tokens of group g count `weights[g]` times and a token is never paired
+  with its own copies: `(|sum_g w_g s_g|^2 - sum_g w_g^2 q_g) / (N (N - 1) - sum_g (w_g^2 -
+  w_g) n_g)` with `N = sum_g w_g n_g`; all weights 1 is the plain all-pairs mean
+  (`anisotropy(..., num_pairs=None)`).
+
+  Args:
+    sums: (groups, layers, dim) each group's sum of unit vectors.
+    squares: (groups, layers) each group's sum of their squared norms.
+    counts: (groups,) each group's tokens.
+    weights: (..., groups) how many times each group counts; None: once.
+
+  Returns:
+    (..., layers).
+  """
+  w = jnp.ones(counts.shape, sums.dtype) if weights is None else jnp.asarray(weights, sums.dtype)
+  total = jnp.einsum("...g,gld->...ld", w, sums)
+  n = w @ counts
+  pairs = n * (n - 1) - (w * w - w) @ counts
+  own = jnp.einsum("...g,gl->...l", w * w, squares)  # each token with itself and its copies
+  return (jnp.sum(total * total, -1) - own) / pairs[..., None]
+
+
+def unit_sums(reps, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per group (e.g. sentence) of tokens: the sum of their unit vectors, of the unit vectors'
+  squared norms, and the token count, for `anisotropy_of_groups`.
+
+  Args:
+    reps: (layers, n_tokens, dim).
+    groups: (n_tokens,) a label per token.
+
+  Returns:
+    `(sums (groups, layers, dim), squares (groups, layers), counts (groups,))`, float32 (the
+    precision the statistics are computed in), in the order of the sorted labels.
+  """
+  reps = _check_reps(reps)
+  ids, k = _group_ids(groups, reps.shape[1], "groups")
+  u = np.asarray(_unit(reps), np.float64)  # (layers, n, dim)
+  sums = np.zeros((k, u.shape[0], u.shape[2]))
+  np.add.at(sums, ids, u.transpose(1, 0, 2))
+  squares = np.zeros((k, u.shape[0]))
+  np.add.at(squares, ids, (u * u).sum(-1).T)
+  counts = np.bincount(ids, minlength=k)
+  return sums.astype(np.float32), squares.astype(np.float32), counts.astype(np.float32)
 
 
 def anisotropy(

@@ -96,8 +96,19 @@ def sentence_splits(num_sentences: int, val_fraction: float, test_fraction: floa
   return {"train": rest[tr], "val": rest[va], "test": test}
 
 
-def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=0):
-  """Task (and control) probe on rows split by ``split``; test accuracy per layer."""
+def _by_sentence(correct, sentence_of_row) -> dict[str, list]:
+  """Test rows' correctness (layers, rows) summed per sentence: the items of a bootstrap
+  interval that resamples sentences (a sentence's words are not independent)."""
+  ids, group = np.unique(sentence_of_row, return_inverse=True)
+  sums = np.zeros((correct.shape[0], len(ids)), np.int64)
+  np.add.at(sums.T, group, correct.T.astype(np.int64))
+  return {"rows": np.bincount(group, minlength=len(ids)).tolist(), "correct": sums.tolist()}
+
+
+def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=0,
+                    sentence_of_row=None):
+  """Task (and control) probe on rows split by ``split``; test accuracy per layer (and, with
+  ``sentence_of_row``, the test rows' correctness per sentence: ``test_by_sentence``)."""
   tr, va, te = split
   fit = lambda y: probing.Probe(config, num_classes).fit(feats[:, tr], y[tr], feats[:, va], y[va])
   probe = fit(labels)
@@ -115,6 +126,12 @@ def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=
     cprobe = fit(control)
     out["control_accuracy"] = cprobe.accuracy(feats[:, te], control[te]).tolist()
     out["selectivity"] = probing.selectivity(out["accuracy"], out["control_accuracy"]).tolist()
+  if sentence_of_row is not None:
+    owner = np.asarray(sentence_of_row)[te]
+    out["test_by_sentence"] = _by_sentence(probe.predict(feats[:, te]) == labels[te], owner)
+    if types is not None:
+      out["test_by_sentence"]["control_correct"] = _by_sentence(
+          cprobe.predict(feats[:, te]) == control[te], owner)["correct"]
   best = int(np.argmax(out["accuracy"]))
   out.update(best_layer=best, best_accuracy=out["accuracy"][best], num_classes=num_classes,
              train_size=len(tr), test_size=len(te))
@@ -146,12 +163,12 @@ def _structural(wf, sentences, split, suite):
 
 
 def _word_probe(field: str, feats, sentences, word_rows, types, probe: probing.ProbeConfig,
-                suite: SuiteConfig):
+                suite: SuiteConfig, sentence_of_row=None):
   """A probe of a per-word field ("upos", "xpos") with its control task; and the labels."""
   vocab = conllu.build_vocab(sentences, field)
   labels = conllu.encode_field(sentences, vocab, field)
   return _fit_classifier(feats, labels, len(vocab), word_rows, probe,
-                         types if suite.control else None, suite.seed), vocab
+                         types if suite.control else None, suite.seed, sentence_of_row), vocab
 
 
 def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
@@ -163,7 +180,8 @@ def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
   edge_feats = np.asarray(probing.edge_features(feats, head, dep))  # (L+1, edges, 2H)
   rows = _rows_of(split, wf.sentence_index[dep])
   return _fit_classifier(edge_feats, labels, len(vocab), rows, suite.probe,
-                         [types[i] for i in dep] if suite.control else None, suite.seed), vocab
+                         [types[i] for i in dep] if suite.control else None, suite.seed,
+                         wf.sentence_index[dep]), vocab
 
 
 def run_probing_suite(
@@ -192,7 +210,9 @@ def run_probing_suite(
   Returns:
     A JSON-serialisable dict: ``features`` (extraction summary), ``splits``,
     one entry per task (per-layer ``accuracy``, ``control_accuracy``,
-    ``selectivity``, ``best_layer`` ...), ``upos_mlp``, ``structural``,
+    ``selectivity``, ``best_layer`` ..., and ``test_by_sentence``: per test sentence its test
+    rows and how many of them the probe and the control probe get right, per layer, for
+    confidence intervals over sentences), ``upos_mlp``, ``structural``,
     ``anisotropy``, ``seconds`` per stage and ``figures``.
   """
   sentences = list(sentences)
@@ -216,7 +236,7 @@ def run_probing_suite(
     t0 = time.perf_counter()
     if task in ("upos", "xpos"):
       results[task], vocab = _word_probe(task, feats, sentences, word_rows, types, suite.probe,
-                                         suite)
+                                         suite, wf.sentence_index)
     else:
       results[task], vocab = _edge_probe(feats, wf, sentences, split, types, suite)
     results[task]["labels"] = list(vocab.labels)
@@ -225,7 +245,8 @@ def run_probing_suite(
   if suite.mlp:
     t0 = time.perf_counter()
     mlp = dataclasses.replace(suite.probe, kind="mlp")
-    results["upos_mlp"], _ = _word_probe("upos", feats, sentences, word_rows, types, mlp, suite)
+    results["upos_mlp"], _ = _word_probe("upos", feats, sentences, word_rows, types, mlp, suite,
+                                         wf.sentence_index)
     seconds["upos_mlp"] = time.perf_counter() - t0
 
   if suite.structural:
