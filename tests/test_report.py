@@ -69,6 +69,8 @@ def _check_outputs(out: pathlib.Path, results: dict) -> dict:
 
 
 def _check_consistency(r: dict) -> None:
+  failed = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and v.get("failed")}
+  assert not failed, failed
   layers, heads = r["model"]["layers"], r["model"]["heads"]
   task, ab = r["task"], r["ablation"]
   # The ablation baseline is the unablated metric, computed by another path.
@@ -126,6 +128,26 @@ def _check_consistency(r: dict) -> None:
     raw, effective = np.asarray(e["raw"]), np.asarray(e["effective"])
     assert raw.shape == effective.shape == (len(eff["example_tokens"]),) * 2
     np.testing.assert_allclose(raw.sum(-1), 1, atol=1e-3)
+
+  # The per-item values behind the readings' confidence intervals average to the numbers shown.
+  np.testing.assert_allclose(np.mean(clark["per_sentence"]["sep"], 0), clark["by_layer"]["sep"],
+                             atol=1e-5)
+  np.testing.assert_allclose(np.mean(pat["per_input"], 0), pat["overall"], atol=1e-5)
+  np.testing.assert_allclose(np.mean(task["probe_correct_by_layer"], 1),
+                             task["probe_accuracy_by_layer"], atol=1e-6)
+  ex = ab["per_example"]
+  assert np.mean(ex["loss_baseline"]) == pytest.approx(ab["baseline_loss"], abs=1e-4)
+  np.testing.assert_allclose(np.mean(ex["loss_heads"], -1), ab["head_loss"], atol=1e-4)
+  np.testing.assert_allclose(np.mean(ex["loss_layers"], -1), ab["layer_heads_loss"], atol=1e-4)
+  np.testing.assert_allclose(np.mean(ex["correct_pruning"], -1), ab["pruning_accuracy"],
+                             atol=1e-6)
+  low, high = (np.asarray(x) for x in an["ci"]["anisotropy"])
+  point = np.asarray(an["ci"]["all_pairs"])
+  assert ((low <= point) & (point <= high)).all()
+  per = eff["per_passage"]
+  st = eff["stats"]
+  raw = np.mean(st["raw"]["cls"]) + np.mean(st["raw"]["sep"])
+  assert np.average(per["raw"], weights=per["tokens"]) == pytest.approx(raw, abs=1e-5)
 
   stages = {k: v for k, v in r["timing"].items() if k != "total_seconds"}
   assert r["timing"]["total_seconds"] >= sum(stages.values()) - 1e-3

@@ -9,7 +9,11 @@ Layers are numbered as everywhere in the report: blocks 1..L, the embedding outp
 
 Verdicts are one of "agrees", "partly agrees" and "disagrees" (with the model's name before
 them), or a sentence saying why the section cannot test the claim. Each rule is written out in
-the sentence that applies it, so a reader can check it against the tables.
+the sentence that applies it, so a reader can check it against the tables. Each verdict also
+states how sure it is (`intervals`): the 95% bootstrap interval of the rule's statistics over
+the items report.json keeps (sentences, inputs, passages; heads for correlations across
+heads), with the rule applied to every resample; where the verdicts at the interval's two ends
+differ, the verdict is "inconclusive" ("the verdict on <model> is inconclusive").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax import stats
+from bertjax.report.intervals import RESAMPLES, Interval, at_ends, interval
 
 # Accuracy within this of a reference counts as "no noticeable drop" (Michel et al.'s reading,
 # and the experiments' `sixteen_heads` tolerance).
@@ -33,9 +38,28 @@ def upper_bound(x: float, digits: int = 2) -> str:
   return f"{np.ceil(round(x * scale, 9)) / scale:.{digits}f}"
 
 
-def _verdict(model: str, full: bool, part: bool = False) -> str:
-  """`"<model> agrees"`, `"<model> partly agrees"` or `"<model> disagrees"`."""
-  return f"{model} {'agrees' if full else 'partly agrees' if part else 'disagrees'}"
+WORDS = ("disagrees", "partly agrees", "agrees")
+
+
+def _verdict(model: str, full: bool, part: bool = False, evidence: Interval | None = None) -> str:
+  """`"<model> agrees"`, `"<model> partly agrees"` or `"<model> disagrees"`, with its 95%
+  interval; `"the verdict on <model> is inconclusive"` where the interval's two ends give
+  different verdicts."""
+  point = 2 if full else 1 if part else 0
+  if evidence is None:
+    return (f"{model} {WORDS[point]} (no confidence interval: report.json keeps no per-item "
+            "values for this rule)")
+  low, high = min(evidence.levels[0], point), max(evidence.levels[1], point)
+  if low == high:
+    return f"{model} {WORDS[point]} ({evidence.text}; the same verdict across it)"
+  return (f"the verdict on {model} is inconclusive ({evidence.text}: from '{WORDS[low]}' to "
+          f"'{WORDS[high]}' within it)")
+
+
+def _levels(full, part=None):
+  """Verdict levels (2 agrees, 1 partly, 0 disagrees) from boolean arrays of a rule's parts."""
+  full = np.asarray(full)
+  return np.where(full, 2, np.where(np.asarray(part if part is not None else False), 1, 0))
 
 
 def _thirds(n: int) -> tuple[slice, slice, slice]:
@@ -51,7 +75,27 @@ def _block_range(s: slice) -> str:
   return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
 
 
-def clark_sentences(c: dict, model: str) -> list[str]:
+def _sink_stats(cls, sep, punct, middle: slice):
+  """Clark's sink rule's statistics from by-layer masses (..., L): the middle layers' total
+  mass on [CLS], [SEP] and punctuation, and [SEP]'s lead over the larger of the others."""
+  m = [np.asarray(x, float)[..., middle].mean(-1) for x in (cls, sep, punct)]
+  return np.stack([m[0] + m[1] + m[2], m[1] - np.maximum(m[0], m[2])], -1)
+
+
+def _sink_level(v):
+  return _levels((v[..., 0] > 0.5) & (v[..., 1] > 0), v[..., 0] > 0.5)
+
+
+def _entropy_stats(ent, n: int):
+  """The entropy rule's statistics from by-layer entropy (..., L): the first half's mean minus
+  the second's, and the layer index of the highest entropy."""
+  ent = np.asarray(ent, float)
+  half = max(1, n // 2)
+  late = ent[..., half:].mean(-1) if n > half else np.full(ent.shape[:-1], np.nan)
+  return np.stack([ent[..., :half].mean(-1) - late, np.argmax(ent, -1)], -1)
+
+
+def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 1: the attention sink in the middle layers and broad attention early on."""
   bl = {k: np.asarray(v, float) for k, v in c["by_layer"].items()}
   n = len(bl["sep"])
@@ -63,6 +107,14 @@ def clark_sentences(c: dict, model: str) -> list[str]:
   total = sum(sinks.values())
   top = max(sinks, key=sinks.get)
   sep_peak = int(np.argmax(bl["sep"]))
+  per = c.get("per_sentence")
+  over = f"the {len(per['sep'])} sentences" if per else ""
+  sink = interval(
+      np.stack([np.asarray(per[k], float) for k in ("cls", "sep", "punct")], 1),
+      lambda a: _sink_stats(*np.moveaxis(a.mean(1), 1, 0), middle), _sink_level, over=over,
+      shown=[("middle-layer total", 0, "{:.2f}"), ("[SEP]'s lead", 1, "{:+.2f}")],
+      resamples=resamples) if per else None
+  point = int(_sink_level(_sink_stats(bl["cls"], bl["sep"], bl["punct"], middle)))
   first = (
       "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
       "tokens, [SEP] above all (over half of layers 6-10's attention, read as a no-op when a "
@@ -71,24 +123,32 @@ def clark_sentences(c: dict, model: str) -> list[str]:
       f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
       f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
       "layers' attention with [SEP] the largest, partly if over half goes to them but another "
-      f"token is the sink; so {_verdict(model, total > 0.5 and top == '[SEP]', total > 0.5)}.")
+      f"token is the sink; so {_verdict(model, point == 2, point >= 1, sink)}.")
   ent = bl["entropy"]
   top_ent = int(np.argmax(ent))
   half = max(1, n // 2)
   early, late = float(ent[:half].mean()), float(ent[half:].mean()) if n > half else float("nan")
-  early_top = top_ent < max(1, round(n / 3))
   later = late if np.isfinite(late) else early
+  third = max(1, round(n / 3))
+
+  def entropy_level(v):  # v (..., 2): first half minus second, index of the highest entropy
+    return _levels((v[..., 1] < third) & (v[..., 0] > 0), (v[..., 1] < third) | (v[..., 0] > 0))
+
+  spread = interval(np.asarray(per["entropy"], float), lambda a: _entropy_stats(a.mean(1), n),
+                    entropy_level, over=over, shown=[("first half minus second", 0, "{:+.2f}")],
+                    resamples=resamples) if per else None
+  point = int(entropy_level(_entropy_stats(ent, n)))
   second = (
       "They also found the early layers attending broadly (high entropy) and later heads "
       f"focusing: here the highest mean entropy is at layer {top_ent + 1} ({ent[top_ent]:.2f} "
       f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
       "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
       "the first half exceeds the second, partly if one of the two; so "
-      f"{_verdict(model, early_top and early > late, early_top or early > late)}.")
+      f"{_verdict(model, point == 2, point >= 1, spread)}.")
   return [first, second]
 
 
-def pattern_sentences(p: dict, model: str) -> list[str]:
+def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 2: Kovaleva et al.'s five pattern types."""
   from bertjax.analysis import attention
 
@@ -97,7 +157,21 @@ def pattern_sentences(p: dict, model: str) -> list[str]:
   repeated = 1 - overall["heterogeneous"]
   kinds = {k: v for k, v in overall.items() if k != "heterogeneous"}
   common = max(kinds, key=kinds.get)
-  vertical_first = common == "vertical"
+  other = [names.index(k) for k in kinds if k != "vertical"]
+
+  def shares(a):  # (R, inputs, types) -> (R, 2): repeated share, vertical's lead
+    m = a.mean(1)
+    return np.stack([1 - m[:, names.index("heterogeneous")],
+                     m[:, names.index("vertical")] - m[:, other].max(-1)], -1)
+
+  def level(v):  # v (..., 2): repeated share, vertical's lead over the other repeated types
+    return _levels((v[..., 0] >= 0.5) & (v[..., 1] >= 0), (v[..., 0] >= 0.5) | (v[..., 1] >= 0))
+
+  per = p.get("per_input")
+  evidence = interval(np.asarray(per, float), shares, level, over=f"the {len(per)} inputs",
+                      shown=[("repeated share", 0, "{:.2f}"), ("vertical's lead", 1, "{:+.2f}")],
+                      resamples=resamples) if per is not None else None
+  point = int(level(shares(np.asarray(p["overall"], float)[None, None])[0]))
   first = (
       "Kovaleva et al. (2019) found that BERT's attention maps fall mostly into a few repeated "
       "types (vertical, diagonal, both, block), vertical being the commonest, which they read "
@@ -105,7 +179,7 @@ def pattern_sentences(p: dict, model: str) -> list[str]:
       f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
       f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
       "at least half of the maps and vertical leads them, partly if one of the two; so "
-      f"{_verdict(model, repeated >= 0.5 and vertical_first, repeated >= 0.5 or vertical_first)}.")
+      + _verdict(model, point == 2, point >= 1, evidence) + ".")
   out = [first]
   if overall["block"] == 0:
     out.append("No map was classified as block: the block type needs attention confined to "
@@ -114,13 +188,32 @@ def pattern_sentences(p: dict, model: str) -> list[str]:
   return out
 
 
-def task_sentences(t: dict, model: str) -> list[str]:
+def _readable_stats(acc):
+  """The task rule's statistics from accuracy by layer (..., L + 1): layer 0 and the final
+  layer, each minus the best layer."""
+  acc = np.asarray(acc, float)
+  best = acc.max(-1)
+  return np.stack([acc[..., 0] - best, acc[..., -1] - best], -1)
+
+
+def _readable_level(v):
+  low, not_last = v[..., 0] >= -TOLERANCE, v[..., 1] < -TOLERANCE
+  return _levels(low & not_last, low | not_last)
+
+
+def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 3: where the negation cue is linearly readable, by layer."""
   acc = np.asarray(t["probe_accuracy_by_layer"], float)
   best = int(np.argmax(acc))
   final = float(acc[-1])
-  low = float(acc[0]) >= acc[best] - TOLERANCE
   not_last = final < acc[best] - TOLERANCE
+  point = int(_readable_level(_readable_stats(acc)))
+  correct = t.get("probe_correct_by_layer")
+  evidence = interval(
+      np.asarray(correct, float).T, lambda c: _readable_stats(c.mean(1)), _readable_level,
+      over=f"the {len(correct[0])} held-out sentences",
+      shown=[("layer 0 minus the best layer", 0, "{:+.3f}"),
+             ("final minus the best", 1, "{:+.3f}")], resamples=resamples) if correct else None
   first = (
       "Probing studies (Tenney et al. 2019; Liu et al. 2019) find lexical properties readable "
       "in the lowest layers and the last layers the most specific to the pre-training objective, "
@@ -130,7 +223,7 @@ def task_sentences(t: dict, model: str) -> list[str]:
       f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
       f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
       "layer is worse, partly if one of the two; so "
-      f"{_verdict(model, low and not_last, low or not_last)}.")
+      f"{_verdict(model, point == 2, point >= 1, evidence)}.")
   out = [first]
   if not_last:
     out.append(
@@ -143,12 +236,32 @@ def task_sentences(t: dict, model: str) -> list[str]:
   return out
 
 
-def ablation_sentences(ab: dict, model: str) -> list[str]:
+def _within_share(means):
+  """The head rule's statistic from mean losses (..., 1 + heads), the baseline first: the share
+  of heads whose removal moves the loss by at most max(10% of the baseline, 0.01)."""
+  means = np.asarray(means, float)
+  base = means[..., :1]
+  limit = np.maximum(0.1 * base, 0.01)
+  return (np.abs(means[..., 1:] - base) <= limit).mean(-1, keepdims=True)
+
+
+def _share_level(v):
+  return _levels(v[..., 0] >= 0.75, v[..., 0] >= 0.5)
+
+
+def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 4: single heads and whole layers removed."""
   base = float(ab["baseline_loss"])
   delta = np.asarray(ab["head_loss"], float) - base
   limit = max(0.1 * base, 0.01)
-  small = float(np.mean(np.abs(delta) <= limit))
+  small = float(_within_share(np.r_[base, delta.ravel() + base])[0])
+  ex = ab.get("per_example")
+  over = f"the {len(ex['loss_baseline'])} held-out sentences" if ex else ""
+  heads_ci = interval(
+      np.concatenate([np.asarray(ex["loss_baseline"], float)[:, None],
+                      np.asarray(ex["loss_heads"], float).reshape(delta.size, -1).T], 1),
+      lambda a: _within_share(a.mean(1)), _share_level, over=over,
+      shown=[("share of heads within it", 0, "{:.2f}")], resamples=resamples) if ex else None
   worst = np.unravel_index(int(np.argmax(delta)), delta.shape)
   first = (
       "Michel et al. (2019) found that most heads can be removed one at a time with no "
@@ -160,8 +273,16 @@ def ablation_sentences(ab: dict, model: str) -> list[str]:
          f"none raises the loss (the smallest gain: layer {worst[0] + 1} head {worst[1]}, "
          f"{delta[worst]:+.3f})")
       + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
-      f"{_verdict(model, small >= 0.75, small >= 0.5)}.")
+      f"{_verdict(model, small >= 0.75, small >= 0.5, heads_ci)}.")
   heads_off = np.asarray(ab["layer_heads_loss"], float) - base
+  best_gain = lambda means: (means[..., 1:] - means[..., :1]).min(-1, keepdims=True)
+  improves = lambda v: _levels(v[..., 0] < 0)
+  layers_ci = interval(
+      np.concatenate([np.asarray(ex["loss_baseline"], float)[:, None],
+                      np.asarray(ex["loss_layers"], float).T], 1),
+      lambda a: best_gain(a.mean(1)), improves, over=over,
+      shown=[("the best layer's loss change", 0, "{:+.3f}")],
+      resamples=resamples) if ex else None
   better = [i + 1 for i in np.flatnonzero(heads_off < 0)]
   worst_layer = int(np.argmax(heads_off))
   # A cost is a rise in loss: where masking every layer lowers it, the smallest gain is named
@@ -176,7 +297,8 @@ def ablation_sentences(ab: dict, model: str) -> list[str]:
       f"{len(better)} of {len(heads_off)} layers"
       + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better
          else "")
-      + cost + f". Rule: agrees if any layer improves; so {_verdict(model, bool(better))}.")
+      + cost + ". Rule: agrees if any layer improves; so "
+      + _verdict(model, bool(better), evidence=layers_ci) + ".")
   return [first, second]
 
 
@@ -198,21 +320,41 @@ def importance_vs_ablation(ab: dict) -> dict[str, float]:
           "spearman_signed": stats.spearman(importance, delta)}
 
 
-def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
+def _kept(accuracy, fractions):
+  """The pruning rule's statistic from accuracies (..., 1 + steps), the intact model's first:
+  the largest fraction of heads masked before accuracy first falls more than `TOLERANCE`
+  below the intact model's."""
+  accuracy = np.asarray(accuracy, float)
+  ok = accuracy[..., 1:] >= accuracy[..., :1] - TOLERANCE
+  drop = np.argmin(ok, -1)  # the first step below the tolerance (0 if none is, see below)
+  keep = np.where(ok.all(-1), fractions[-1], fractions[np.maximum(drop - 1, 0)])
+  return keep[..., None]
+
+
+def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 5: iterative pruning by importance."""
   fractions = np.asarray(ab["pruning_fraction"], float)
   acc = np.asarray(ab["pruning_accuracy"], float)
   base = float(ab["baseline_accuracy"])
   ok = acc >= base - TOLERANCE
   drop = None if ok.all() else int(np.argmin(ok))  # the first step below the tolerance
-  keep = float(fractions[-1] if drop is None else fractions[max(drop - 1, 0)])
+  keep = float(_kept(np.r_[base, acc], fractions)[0])
+  ex = ab.get("per_example")
+  kept_ci = interval(
+      np.concatenate([np.asarray(ex["correct_baseline"], float)[:, None],
+                      np.asarray(ex["correct_pruning"], float).T], 1),
+      lambda c: _kept(c.mean(1), fractions), lambda v: _levels(v[..., 0] >= 0.35,
+                                                               v[..., 0] >= 0.15),
+      over=f"the {len(ex['correct_baseline'])} held-out sentences",
+      shown=[("heads masked within the tolerance", 0, "{:.0%}")],
+      resamples=resamples) if ex else None
   first = (
       "Michel et al. (2019) pruned 20-40% of heads (40% in BERT on MNLI) by importance with no "
       f"noticeable drop. {model}'s held-out accuracy stays within {TOLERANCE:.2f} of the intact "
       f"{base:.3f} up to {keep:.0%} of heads masked"
       + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
       + ". Rule: agrees if at least 35%, partly if at least 15%; so "
-      f"{_verdict(model, keep >= 0.35, keep >= 0.15)}.")
+      f"{_verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}.")
   out = [first]
   peak = int(np.argmax(acc))
   layer_acc = np.asarray(task["probe_accuracy_by_layer"], float)
@@ -225,6 +367,12 @@ def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
     out.append(f"The curve rises, to {acc[peak]:.3f} with {fractions[peak]:.0%} of heads masked"
                + cause + ".")
   rho = importance_vs_ablation(ab)
+  importance = np.asarray(ab["importance"], float).ravel()
+  size = np.abs(np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])).ravel()
+  rho_ci = interval((importance, size), lambda i, d: stats.spearman_rows(i, d)[:, None],
+                    lambda v: _levels(v[..., 0] >= 0.5, v[..., 0] > 0),
+                    over=f"the {importance.size} heads", shown=[("Spearman", 0, "{:.2f}")],
+                    resamples=resamples)
   out.append(
       "Michel et al. use importance (the unsigned E|dL/dxi|) as a cheap proxy for how much the "
       "loss changes when a head is removed; its Spearman correlation with the size of that "
@@ -232,8 +380,15 @@ def pruning_sentences(ab: dict, task: dict, model: str) -> list[str]:
       f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
       f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
       "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
-      f"{_verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0)}.")
+      f"{_verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}.")
   return out
+
+
+def _high_level(v):
+  """Anisotropy's first rule on values by layer (..., L + 1): >= 0.1 in every block (2), in
+  some (1), in none (0)."""
+  high = (np.asarray(v)[..., 1:] >= 0.1).sum(-1)
+  return _levels(high == np.asarray(v).shape[-1] - 1, high > 0)
 
 
 def anisotropy_sentences(an: dict, model: str) -> list[str]:
@@ -241,6 +396,13 @@ def anisotropy_sentences(an: dict, model: str) -> list[str]:
   a = np.asarray(an["anisotropy"], float)
   blocks = a[1:]
   high = int((blocks >= 0.1).sum())
+  ci = an.get("ci")
+  over = (f"the {ci['sentences']} sentences (each resample's all-pairs mean cosine)" if ci
+          else "")
+  high_ci = at_ends(*ci["anisotropy"], _high_level, over=over, shown=[
+      (f"layer {i}", i, "{:.2f}") for i in range(1, len(a))]) if ci else None
+  rise_ci = at_ends([ci["rise"][0]], [ci["rise"][1]], lambda v: _levels(v[..., 0] > 0),
+                    over=over, shown=[("last minus layer 1", 0, "{:+.2f}")]) if ci else None
   centred = float(np.max(np.abs(np.asarray(an["anisotropy_centered"], float)[1:])))
   first = (
       "Ethayarajh (2019) found contextual representations anisotropic: two random words have a "
@@ -249,12 +411,12 @@ def anisotropy_sentences(an: dict, model: str) -> list[str]:
       f"{len(blocks)} layers (layer 1 {blocks[0]:.2f}, peak {blocks.max():.2f} at layer "
       f"{int(np.argmax(blocks)) + 1}, last {blocks[-1]:.2f}; embeddings {a[0]:.2f}). Rule: "
       "agrees if in every layer, partly if in some; so "
-      f"{_verdict(model, high == len(blocks), high > 0)}.")
+      f"{_verdict(model, high == len(blocks), high > 0, high_ci)}.")
   rises = blocks[-1] > blocks[0]
   second = (
       f"Upper layers {'are' if rises else 'are not'} more anisotropic than layer 1 here "
       f"({blocks[-1]:.2f} vs {blocks[0]:.2f}; rule: agrees if the last layer exceeds the first, "
-      f"so {_verdict(model, rises)})"
+      f"so {_verdict(model, rises, evidence=rise_ci)})"
       + (f"; the last layer falls well below the peak at layer {int(np.argmax(blocks)) + 1} "
          "(training the last layer further for another objective, such as sentence-embedding "
          "similarity, is one known cause; these numbers alone cannot tell)"
@@ -264,7 +426,17 @@ def anisotropy_sentences(an: dict, model: str) -> list[str]:
   return [first, second]
 
 
-def pos_sentences(pos: dict, model: str) -> list[str]:
+def _probe_stats(rows, correct, control):
+  """The POS rules' statistics from per-sentence counts ((..., S), (..., S, L + 1) twice): the
+  best layer, and the selectivity (accuracy minus control accuracy) there."""
+  total = np.asarray(rows, float).sum(-1)[..., None]
+  acc, ctrl = np.asarray(correct, float).sum(-2) / total, np.asarray(control, float).sum(-2) / total
+  best = np.argmax(acc, -1)
+  sel = np.take_along_axis(acc - ctrl, best[..., None], -1)[..., 0]
+  return np.stack([best, sel], -1)
+
+
+def pos_sentences(pos: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 7: the UPOS probe."""
   if not pos.get("available"):
     return [(f"The POS probe did not run ({pos.get('reason', 'no UD data')}), so this report "
@@ -273,28 +445,51 @@ def pos_sentences(pos: dict, model: str) -> list[str]:
   sel = np.asarray(pos["selectivity"], float)
   best = int(pos["best_layer"])
   blocks = len(acc) - 1
-  low = 1 <= best <= max(1, (blocks + 1) // 2)
+  half = max(1, (blocks + 1) // 2)
+  low = 1 <= best <= half
+  by = pos.get("test_by_sentence")
+  items = by and "control_correct" in by and (
+      np.asarray(by["rows"], float), np.asarray(by["correct"], float).T,
+      np.asarray(by["control_correct"], float).T)
+  over = f"the {len(by['rows'])} held-out sentences" if items else ""
+  in_lower_half = lambda v: _levels((v[..., 0] >= 1) & (v[..., 0] <= half))
+  layer_ci = interval(items, _probe_stats, in_lower_half, over=over,
+                      shown=[("best layer", 0, "{:.0f}")], resamples=resamples) if items else None
+  sel_ci = interval(items, _probe_stats, lambda v: _levels(v[..., 1] >= 0.2, v[..., 1] >= 0.05),
+                    over=over, shown=[("selectivity at the best layer", 1, "{:.3f}")],
+                    resamples=resamples) if items else None
   first = (
       "Tenney et al. (2019) and Liu et al. (2019) found part of speech best read from the "
       f"lower-middle layers. {model}'s UPOS probe is best at layer {best} of {blocks} "
       f"({acc[best]:.3f}; embeddings {acc[0]:.3f}, last {acc[-1]:.3f}). Rule: agrees if the "
-      f"best layer is a block in the lower half (1-{max(1, (blocks + 1) // 2)}); so "
-      f"{_verdict(model, low)}.")
+      f"best layer is a block in the lower half (1-{half}); so "
+      f"{_verdict(model, low, evidence=layer_ci)}.")
   second = (
       "Hewitt & Liang (2019) ask that a probe be selective (much better on the task than on a "
       f"control task of random word-type tags): selectivity at the best layer is "
       f"{sel[best]:.3f} (rule: agrees if at least 0.2, partly if at least 0.05; so "
-      f"{_verdict(model, sel[best] >= 0.2, sel[best] >= 0.05)}).")
+      f"{_verdict(model, sel[best] >= 0.2, sel[best] >= 0.05, sel_ci)}).")
   return [first, second]
 
 
-def effective_sentences(eff: dict, model: str) -> list[str]:
+def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 8: raw vs effective attention."""
   st = eff["stats"]
   raw = float(np.mean(st["raw"]["cls"]) + np.mean(st["raw"]["sep"]))
   effective = float(np.mean(st["effective"]["cls"]) + np.mean(st["effective"]["sep"]))
   corr = float(np.mean(st["effective"]["raw_corr"]))
   longer = eff["mean_passage_tokens"] > eff["head_dim"]
+  per = eff.get("per_passage")
+
+  def masses(t, raw_, eff_):  # (R, P) each -> (R, 2): effective / raw, and both token-weighted
+    raw_m, eff_m = (t * raw_).sum(-1) / t.sum(-1), (t * eff_).sum(-1) / t.sum(-1)
+    return np.stack([eff_m / raw_m, eff_m - raw_m], -1)
+
+  evidence = interval(
+      tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")), masses,
+      lambda v: _levels(v[..., 0] <= 0.5, v[..., 1] < 0),
+      over=f"the {len(per['tokens'])} passages", shown=[("effective / raw", 0, "{:.2f}")],
+      resamples=resamples) if per else None
   first = (
       "Brunner et al. (2020) found that once sequences are longer than the head dimension, "
       "effective attention (raw attention less its part in the null space of the value "
@@ -302,7 +497,7 @@ def effective_sentences(eff: dict, model: str) -> list[str]:
       f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
       f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
       "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
-      f"{_verdict(model, effective <= raw / 2, effective < raw)}.")
+      f"{_verdict(model, effective <= raw / 2, effective < raw, evidence)}.")
   second = (f"Raw and effective maps correlate {corr:.2f} on average over heads"
             + ("" if longer else "; the passages are not longer than the head dimension, so "
                "there is no null space and the two should be equal")
@@ -310,36 +505,65 @@ def effective_sentences(eff: dict, model: str) -> list[str]:
   return [first, second]
 
 
-def attribution_sentences(a: dict, model: str = "this model") -> list[str]:
+def attribution_sentences(a: dict, model: str = "this model",
+                          resamples: int = RESAMPLES) -> list[str]:
   """Section 9: which attribution method finds the negation cue; which heads carry it."""
   if not a.get("available", True):
     return [f"Token attribution did not run on {model}: {a.get('reason', '')}"]
-  stats, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
-  best = max(stats, key=lambda k: stats[k]["mrr"])
-  weights = max(stats[k]["mrr"] for k in ("attention", "rollout") if k in stats)
-  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
+  stats_, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
+  best = max(stats_, key=lambda k: stats_[k]["mrr"])
+  weights = max(stats_[k]["mrr"] for k in ("attention", "rollout") if k in stats_)
+  mixing = {k: stats_[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing")
+            if k in stats_}
   above = [k for k, v in mixing.items() if v > weights]
-  agree = "agrees" if len(above) == len(mixing) else "partly agrees" if above else "disagrees"
+  ranks = a["cues"].get("ranks")
+  evidence = None
+  if ranks:
+    names = [k for k in ("attention", "rollout", *mixing) if k in ranks]
+    n_weights = sum(k in ranks for k in ("attention", "rollout"))
+
+    def margins(r):  # (R, sentences, methods) -> (R, counting methods): MRR over the best weight
+      mrr = (1 / r).mean(1)
+      return mrr[:, n_weights:] - mrr[:, :n_weights].max(-1, keepdims=True)
+
+    k = len(names) - n_weights
+    evidence = interval(
+        np.asarray([ranks[m] for m in names], float).T, margins,
+        lambda v: _levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
+        over=f"the {len(ranks[names[0]])} sentences, each method's MRR minus the best "
+             "attention-weight method's",
+        shown=[(m, i, "{:+.2f}") for i, m in enumerate(names[n_weights:])], resamples=resamples)
   first = (f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
            "attention weights alone misplace token importance and that counting the value "
            "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
-           f"best method is {best} (mean reciprocal rank of the cue {stats[best]['mrr']:.2f}; "
+           f"best method is {best} (mean reciprocal rank of the cue {stats_[best]['mrr']:.2f}; "
            f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
            f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
-           f"agrees if all do, partly if some), so {model} {agree} with them.")
+           "agrees with them if all do, partly if some), so "
+           + _verdict(model, len(above) == len(mixing), bool(above), evidence) + ".")
   patch = a["patching"]
   exact = np.asarray(patch["exact"], float)
   top = np.unravel_index(np.nanargmax(exact), exact.shape)
   pearson = patch["agreement"]["pearson"]
   pairs = (f"each of {patch['pairs']} negated sentences" if "pairs" in patch
            else "a negated sentence")
+  approx = np.asarray(patch.get("attribution", np.full(exact.shape, np.nan)), float)
+  fine = np.isfinite(exact.ravel()) & np.isfinite(approx.ravel())
+  sure = interval((exact.ravel()[fine], approx.ravel()[fine]),
+                  lambda x, y: stats.pearson_rows(x, y)[:, None],
+                  lambda v: _levels(v[..., 0] > 0.8), over=f"the {int(fine.sum())} heads",
+                  shown=[("Pearson", 0, "{:.2f}")], resamples=resamples) if fine.sum() > 2 else None
+  straddles = sure is not None and sure.levels[0] != sure.levels[1]
   second = (f"Patching one head's output from {pairs} into its affirmative twin, "
             f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
             f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
             f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
-            + (" (rule: above 0.8), as they report." if pearson > 0.8 else
-               " (rule: above 0.8); here it is a poor estimate, likely because the effect is "
-               "non-linear (LayerNorm, later blocks) for the heads that matter."))
+            + " (rule: above 0.8" + (f"; {sure.text}" if sure is not None else "") + ")"
+            + ("; the interval straddles 0.8, so whether it matches as they report is "
+               "inconclusive." if straddles else
+               ", as they report." if pearson > 0.8 else
+               "; here it is a poor estimate, likely because the effect is non-linear "
+               "(LayerNorm, later blocks) for the heads that matter."))
   return [first, second]
 
 
@@ -362,17 +586,18 @@ def readings(r: dict) -> dict[str, list[str]]:
     `{section id: [sentence, ...]}` for every section with numbers to read.
   """
   model = r["model"]["name"]
+  n = int((r.get("settings") or {}).get("bootstrap_resamples") or RESAMPLES)
   makers = {"text": lambda: text_sentences(r, model),
-            "clark": lambda: clark_sentences(r["clark"], model),
-            "patterns": lambda: pattern_sentences(r["patterns"], model),
-            "task": lambda: task_sentences(r["task"], model),
-            "ablation": lambda: ablation_sentences(r["ablation"], model),
-            "pruning": lambda: pruning_sentences(r["ablation"], r["task"], model),
+            "clark": lambda: clark_sentences(r["clark"], model, n),
+            "patterns": lambda: pattern_sentences(r["patterns"], model, n),
+            "task": lambda: task_sentences(r["task"], model, n),
+            "ablation": lambda: ablation_sentences(r["ablation"], model, n),
+            "pruning": lambda: pruning_sentences(r["ablation"], r["task"], model, n),
             "anisotropy": lambda: anisotropy_sentences(r["anisotropy"], model),
-            "pos": lambda: pos_sentences(r["pos"], model),
-            "effective": lambda: effective_sentences(r["effective"], model)}
+            "pos": lambda: pos_sentences(r["pos"], model, n),
+            "effective": lambda: effective_sentences(r["effective"], model, n)}
   if r.get("attribution"):
-    makers["attribution"] = lambda: attribution_sentences(r["attribution"], model)
+    makers["attribution"] = lambda: attribution_sentences(r["attribution"], model, n)
   sources = {"pruning": ("ablation", "task")}
   out = {}
   for section, make in makers.items():
@@ -388,6 +613,9 @@ def _failed(section) -> bool:
 
 
 def verdicts(sentences: Sequence[str], model: str) -> list[str]:
-  """The verdicts in `sentences` ("agrees", "partly agrees", "disagrees"), in order."""
-  pattern = re.compile(re.escape(model) + r" (partly agrees|disagrees|agrees)\b")
-  return [m.group(1) for s in sentences for m in pattern.finditer(s)]
+  """The verdicts in `sentences` ("agrees", "partly agrees", "disagrees", "inconclusive"), in
+  order."""
+  name = re.escape(model)
+  pattern = re.compile(rf"(?:the verdict on {name} is (inconclusive)\b|"
+                       rf"{name} (partly agrees|disagrees|agrees)\b)")
+  return [m.group(1) or m.group(2) for s in sentences for m in pattern.finditer(s)]

@@ -16,35 +16,51 @@ import jax
 import numpy as np
 
 import bertjax
+from bertjax import stats
 from bertjax.analysis import ablation, attention, geometry
+from bertjax.analysis.batching import model_token_types
 from bertjax.report import inputs, reading
 from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings
-from bertjax.report.task import PROBE_KEY, task_accuracy, task_loss
+from bertjax.report.task import PROBE_KEY, task_loss, task_rows
 
 
 def clark_section(params, config, tok, batches) -> dict:
   """Clark et al.'s attention mass on [CLS], [SEP], punctuation; entropy per head.
 
   On the definitions of Clark's released notebook: per-document averages, "." and
-  "," as punctuation, smoothed entropy (`attention.clark_statistics`' defaults).
+  "," as punctuation, smoothed entropy (`attention.clark_statistics`' defaults). Each
+  sentence is one call, so its own values are kept (`per_sentence`, averaged over heads: the
+  items the reading's confidence intervals resample); their mean is the document-weighted
+  statistic.
   """
-  statistics = attention.clark_statistics(
-      params, config, [inputs.plain(b) for _, b in batches], sep_id=tok.sep_id,
-      punct_ids=attention.clark_punctuation_ids(tok))
-  out = {name: np.asarray(v) for name, v in statistics.items()}
+  punct = attention.clark_punctuation_ids(tok)
+  per = []
+  for _, batch in batches:
+    b = inputs.plain(batch)
+    for i in range(len(b["input_ids"])):
+      per.append(attention.clark_statistics(params, config, [{k: v[i:i + 1] for k, v in b.items()}],
+                                            sep_id=tok.sep_id, punct_ids=punct))
+  out = {name: np.mean([p[name] for p in per], 0) for name in per[0]}
   out["by_layer"] = {name: v.mean(-1) for name, v in out.items()}
+  out["per_sentence"] = {name: np.stack([p[name].mean(-1) for p in per])  # (sentences, layers)
+                         for name in ("cls", "sep", "punct", "entropy")}
   return out
 
 
-def _example_maps(params, config, tok, batch, special_ids):
-  """For each pattern type found in one batch, its most typical (layer, sequence, head) map."""
-  maps = np.asarray(bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                                    batch["token_type_ids"], output_attentions=True).attentions)
+def _pattern_codes(params, config, batch, special_ids):
+  """The attention maps (L, B, N, T, T), `pattern_features` and type codes (L, B, N) of a batch."""
+  maps = np.asarray(bertjax.forward(
+      params, config, batch["input_ids"], batch["attention_mask"],
+      model_token_types(config, batch["token_type_ids"]), output_attentions=True).attentions)
   special = np.isin(batch["input_ids"], special_ids)
   feats = attention.pattern_features(maps, special, batch["attention_mask"],
                                      batch["token_type_ids"])
-  codes = attention.classify_patterns(feats)  # (L, B, N)
+  return maps, feats, attention.classify_patterns(feats)
+
+
+def _example_maps(tok, batch, maps, feats, codes):
+  """For each pattern type found in one batch, its most typical (layer, sequence, head) map."""
   # The most typical example of each type: the one with the strongest feature of its kind.
   v, d = feats["vertical"], feats["diagonal"]
   scores = {"vertical": v, "diagonal": d, "vertical+diagonal": v + d,
@@ -62,76 +78,122 @@ def _example_maps(params, config, tok, batch, special_ids):
 
 
 def pattern_section(params, config, tok, pair_batches) -> dict:
-  """Kovaleva et al.'s pattern types of every head on sentence pairs."""
+  """Kovaleva et al.'s pattern types of every head on sentence pairs.
+
+  The counts are `attention.pattern_types`' (the same maps, features and decision list),
+  kept per input as well (`per_input`: each input's share of maps of each type, the items the
+  reading's confidence interval resamples); the examples come from the middle batch.
+  """
   special_ids = [tok.cls_id, tok.sep_id]
-  counts = attention.pattern_types(params, config, [inputs.plain(b) for _, b in pair_batches],
-                                   special_ids=special_ids)
-  examples = _example_maps(params, config, tok, pair_batches[len(pair_batches) // 2][1],
-                           special_ids)
-  return {"counts": counts.counts, "per_layer": counts.per_layer, "overall": counts.overall,
-          "dominant": counts.dominant, "examples": examples}
+  types = len(attention.PATTERN_TYPES)
+  counts = np.zeros((config.depth, config.num_attention_heads, types), np.int64)
+  shares, examples = [], {}
+  for k, (_, batch) in enumerate(pair_batches):
+    batch = inputs.plain(batch)
+    maps, feats, codes = _pattern_codes(params, config, batch, special_ids)
+    one_hot = codes[..., None] == np.arange(types)  # (L, B, N, types)
+    counts += one_hot.sum(1)
+    shares.append(one_hot.mean((0, 2)))  # (B, types)
+    if k == len(pair_batches) // 2:
+      examples = _example_maps(tok, batch, maps, feats, codes)
+  found = attention.PatternCounts(counts)
+  return {"counts": found.counts, "per_layer": found.per_layer, "overall": found.overall,
+          "dominant": found.dominant, "examples": examples,
+          "per_input": np.concatenate(shares)}
 
 
 def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
-  """Head and layer ablation, head importance and the pruning curve on the task."""
+  """Head and layer ablation, head importance and the pruning curve on the task.
+
+  Every mask (each head, each layer's heads, each block skipped, each pruning step) is scored
+  on the held-out sentences in one `ablation.evaluate_masks_per_row` pass ("prefix" runs the
+  intact blocks below a mask's first change once; "vmap" compiles fewer programs, better for
+  tiny runs), which keeps each sentence's cross-entropy and correctness: the numbers shown
+  are their means, and `per_example` keeps them for the readings' confidence intervals.
+  """
   params, train, test = task["params"], task["train"], task["test"]
   chunk = settings.ablation_chunk_size or ablation.default_chunk_size()
-  # Every single head, every layer's heads together, every block skipped: the
-  # held-out loss under each mask. "prefix" runs the intact blocks below a mask's
-  # first change once; "vmap" compiles fewer programs (better for tiny runs).
-  loss = ablation.ablation_sweep(params, config, test, task_loss, head_ablations=("scale",),
-                                 include=("heads", "layers", "layer_skip"), chunk_size=chunk,
-                                 strategy=settings.ablation_strategy)["scale"]
-  # Accuracy of the layer masks only: per head it moves in steps of 1 / n_test.
-  layer_masks = ablation.sweep_masks(config, ("layers", "layer_skip"))
-  head_masks = np.concatenate([layer_masks["layers"][0], layer_masks["layer_skip"][0]])
-  base_acc, layer_acc = ablation.evaluate_masks(
-      params, config, test, task_accuracy, head_masks,
-      np.concatenate([layer_masks["layers"][1], layer_masks["layer_skip"][1]]), strategy="vmap",
-      chunk_size=chunk)
-  log(f"ablation: baseline loss {loss.baseline:.4f}, accuracy {base_acc:.4f}")
   importance = ablation.head_importance(params, config, train, task_loss)
   # Michel et al.: mask the least important heads step by step, re-estimating
   # importance (on the training split) each time; score each mask on held-out data.
   pruning = ablation.iterative_pruning(params, config, train, task_loss, step=settings.prune_step,
                                        max_fraction=settings.prune_max, chunk_size=chunk)
-  evaluate = lambda fn: ablation.evaluate_masks(params, config, test, fn, pruning.masks,
-                                                strategy=settings.ablation_strategy,
-                                                chunk_size=chunk)[1]
-  prune_acc, prune_loss = evaluate(task_accuracy), evaluate(task_loss)
+  families = ("heads", "layers", "layer_skip")
+  sets = ablation.sweep_masks(config, families)
+  head_masks = np.concatenate([sets[k][0] for k in families] + [pruning.masks])
+  layer_masks = np.concatenate([sets[k][1] for k in families]
+                               + [np.ones((len(pruning.masks), config.depth), np.float32)])
+  base, rows = ablation.evaluate_masks_per_row(params, config, test, task_rows, head_masks,
+                                               layer_masks, chunk_size=chunk,
+                                               strategy=settings.ablation_strategy)
+  (base_loss, base_acc), means = base.mean(0), rows.mean(1)  # (M, 2): loss, accuracy
+  ends = np.cumsum([0] + [len(sets[k][0]) for k in families])
+  part = dict(zip((*families, "pruning"), (slice(a, b) for a, b in
+                                           zip(ends, [*ends[1:], len(rows)]))))
+  log(f"ablation: baseline loss {base_loss:.4f}, accuracy {base_acc:.4f}")
   log(f"pruning: {len(pruning.fractions) - 1} steps, held-out accuracy "
-      f"{np.round(prune_acc, 3).tolist()}")
+      f"{np.round(means[part['pruning'], 1], 3).tolist()}")
+  shape = (config.depth, config.num_attention_heads)
+  head_loss = means[part["heads"], 0].reshape(shape)
   return {
-      "baseline_loss": loss.baseline, "baseline_accuracy": base_acc,
-      "head_loss": loss.heads,
-      "layer_heads_loss": loss.layers, "layer_heads_accuracy": layer_acc[:config.depth],
-      "layer_skip_loss": loss.layer_skip, "layer_skip_accuracy": layer_acc[config.depth:],
+      "baseline_loss": float(base_loss), "baseline_accuracy": float(base_acc),
+      "head_loss": head_loss,
+      "layer_heads_loss": means[part["layers"], 0],
+      "layer_heads_accuracy": means[part["layers"], 1],
+      "layer_skip_loss": means[part["layer_skip"], 0],
+      "layer_skip_accuracy": means[part["layer_skip"], 1],
       "importance": importance,
       "importance_vs_ablation": reading.importance_vs_ablation(
-          {"importance": importance, "head_loss": loss.heads, "baseline_loss": loss.baseline}),
-      "pruning_fraction": pruning.fractions, "pruning_accuracy": prune_acc,
-      "pruning_loss": prune_loss, "pruning_masks": pruning.masks,
+          {"importance": importance, "head_loss": head_loss, "baseline_loss": base_loss}),
+      "pruning_fraction": pruning.fractions, "pruning_accuracy": means[part["pruning"], 1],
+      "pruning_loss": means[part["pruning"], 0], "pruning_masks": pruning.masks,
+      "per_example": {  # per held-out sentence, in the order of the test batches
+          "loss_baseline": base[:, 0], "correct_baseline": base[:, 1],
+          "loss_heads": rows[part["heads"], :, 0].reshape(*shape, -1),
+          "loss_layers": rows[part["layers"], :, 0],
+          "correct_pruning": rows[part["pruning"], :, 1]},
   }
 
 
-def _token_states(params, config, batches, special_ids) -> np.ndarray:
-  """Hidden states of every real, non-special token: (layers + 1, n_tokens, H)."""
-  parts = []
-  for _, batch in batches:
+def _token_states(params, config, batches, special_ids) -> tuple[np.ndarray, np.ndarray]:
+  """Hidden states of every real, non-special token, (layers + 1, n_tokens, H), and the
+  sentence each token is from, (n_tokens,)."""
+  parts, owners = [], []
+  for idx, batch in batches:
     o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
                         batch["token_type_ids"], output_hidden_states=True)
     keep = np.asarray(batch["attention_mask"], bool) & ~np.isin(batch["input_ids"], special_ids)
     parts.append(np.asarray(o.hidden_states)[:, keep])
-  return np.concatenate(parts, 1)
+    owners.append(np.broadcast_to(np.asarray(idx)[:, None], keep.shape)[keep])
+  return np.concatenate(parts, 1), np.concatenate(owners)
 
 
 def anisotropy_section(params, config, tok, batches, settings: ReportSettings) -> dict:
-  """Ethayarajh's anisotropy: mean cosine of random token pairs, per layer."""
-  reps = _token_states(params, config, batches, [tok.cls_id, tok.sep_id, tok.pad_id])
+  """Ethayarajh's anisotropy: mean cosine of random token pairs, per layer.
+
+  With it, `ci`: 95% bootstrap intervals over the sentences (each resample's tokens are its
+  sentences' tokens, a token never paired with its own copies) of the all-pairs mean cosine per
+  layer (`geometry.anisotropy_of_groups`) and of its last block minus its first; the reading
+  applies its rules to their ends.
+  """
+  reps, owner = _token_states(params, config, batches, [tok.cls_id, tok.sep_id, tok.pad_id])
+  sums, squares, counts = geometry.unit_sums(reps, owner)
+
+  def statistic(idx):  # (R, sentences) resampled sentence indices -> (R, layers + 1)
+    weights = np.zeros((len(idx), len(counts)), np.float32)
+    np.add.at(weights, (np.arange(len(idx))[:, None], idx), 1)
+    a = np.asarray(geometry.anisotropy_of_groups(sums, squares, counts, weights), np.float64)
+    return np.concatenate([a, a[..., -1:] - a[..., 1:2]], -1)
+
+  low, high = stats.bootstrap_ci(np.arange(len(counts)), statistic, vectorized=True,
+                                 n_resamples=settings.bootstrap_resamples, seed=settings.seed)
   return {"num_tokens": int(reps.shape[1]),
           "anisotropy": geometry.anisotropy(reps, settings.anisotropy_pairs, settings.seed),
           "anisotropy_centered": geometry.anisotropy(reps, settings.anisotropy_pairs,
-                                                     settings.seed, centered=True)}
+                                                     settings.seed, centered=True),
+          "ci": {"sentences": len(counts),
+                 "all_pairs": statistic(np.arange(len(counts))[None])[0, :-1],
+                 "anisotropy": [low[:-1], high[:-1]], "rise": [low[-1], high[-1]]}}
 
 
 def pos_section(params, config, tok, ud_files, settings: ReportSettings, progress: bool) -> dict:
@@ -160,7 +222,8 @@ def pos_section(params, config, tok, ud_files, settings: ReportSettings, progres
           "num_train_words": upos["train_size"], "num_test_words": upos["test_size"],
           "num_tags": upos["num_classes"], "accuracy": np.asarray(upos["accuracy"]),
           "control_accuracy": np.asarray(upos["control_accuracy"]),
-          "selectivity": np.asarray(upos["selectivity"]), "best_layer": upos["best_layer"]}
+          "selectivity": np.asarray(upos["selectivity"]), "best_layer": upos["best_layer"],
+          "test_by_sentence": upos["test_by_sentence"]}
 
 
 def join_passages(sentences: Sequence[str], tok, target: int, count: int) -> list[str]:
@@ -209,7 +272,19 @@ def effective_section(params, config, tok, passages: Sequence[str],
     examples.append({"layer": layer + 1, "head": head, "raw": raw[head],
                      "effective": eff[head]})
   lengths = np.concatenate([b["attention_mask"].sum(-1) for _, b in batches])
+  # Each passage's own mass on [CLS] + [SEP] (averaged over layers and heads) and its length:
+  # the statistics' token-weighted means are the length-weighted means of these.
+  per_passage = {"tokens": [], "raw": [], "effective": []}
+  for _, b in batches:
+    for i in range(len(b["input_ids"])):
+      one = attention.effective_attention_statistics(
+          params, config, [{k: v[i:i + 1] for k, v in inputs.plain(b).items()}],
+          cls_id=tok.cls_id, sep_id=tok.sep_id)
+      per_passage["tokens"].append(int(b["attention_mask"][i].sum()))
+      for kind in ("raw", "effective"):
+        per_passage[kind].append(float(np.mean(one[kind]["cls"]) + np.mean(one[kind]["sep"])))
   return {"num_passages": len(passages), "mean_passage_tokens": float(np.mean(lengths)),
+          "per_passage": per_passage,
           "head_dim": config.head_dim, "stats": statistics, "examples": examples,
           "example_tokens": tok.convert_ids_to_tokens(batch["input_ids"][0, :n]),
           "example_text": passages[int(idx[0])]}
@@ -228,7 +303,7 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
   probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
   negated = [s.text for s in sentences if s.negated]
-  methods = tuple(m for m in negation.METHODS if m != "flow")
+  methods = tuple(m for m in negation.methods_for(config) if m != "flow")
   try:
     negation.pairs(tok, negated[:settings.patching_pairs])
   except ValueError as e:  # a vocabulary without the cues or their twins as single tokens

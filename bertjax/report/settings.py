@@ -42,6 +42,7 @@ class ReportSettings:
       (None: every one with a one-token cue).
     attribution_ig_steps: integrated gradients' quadrature points.
     patching_pairs: negated sentences (and twins) the head-patching sweep reads.
+    bootstrap_resamples: resamples of each bootstrap confidence interval (the readings').
     seed: the seed of every split and sample.
   """
 
@@ -64,6 +65,7 @@ class ReportSettings:
   attribution_sentences: int | None = 48
   attribution_ig_steps: int = 32
   patching_pairs: int = 64
+  bootstrap_resamples: int = 1000
   seed: int = 0
 
   @classmethod
@@ -73,4 +75,4 @@ class ReportSettings:
                prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
                anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
                ablation_strategy="vmap", attribution_sentences=6, attribution_ig_steps=4,
-               patching_pairs=8)
+               patching_pairs=8, bootstrap_resamples=200)

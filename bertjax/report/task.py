@@ -60,6 +60,19 @@ def task_accuracy(params, config, batch, last_hidden_state, pooled):
   return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
 
 
+def task_rows(params, config, batch, last_hidden_state, pooled):
+  """Per sentence, the report's task head's cross-entropy and correctness: (batch, 2).
+
+  Their means are `task_loss` and `task_accuracy`; as an `ablation.evaluate_masks_per_row`
+  function they give the per-sentence values behind every ablation and pruning number (the
+  items of the readings' confidence intervals).
+  """
+  logp = jax.nn.log_softmax(_task_logits(params, last_hidden_state, batch["attention_mask"]))
+  labels = batch["labels"][:, None].astype(jnp.int32)
+  nll = -jnp.take_along_axis(logp, labels, -1)[:, 0]
+  return jnp.stack([nll, (logp.argmax(-1) == labels[:, 0]).astype(nll.dtype)], -1)
+
+
 def _stratified_split(labels: np.ndarray, test_fraction: float, seed: int):
   """Train and test indices with each label split in the same proportion."""
   rng = np.random.default_rng(seed)
@@ -120,6 +133,7 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   nll = -np.take_along_axis(logp, labels[test][None, :, None], -1)[..., 0].mean(-1)
   acc = probe.accuracy(z[:, test], labels[test])
+  correct = probe.predict(z[:, test]) == labels[test]  # (L + 1, n_test)
   log(f"negation probe held-out accuracy by layer: {np.round(acc, 3).tolist()}")
   head = jax.tree.map(lambda a: np.asarray(a[-1]), probe.params)
   task_params = {**params, PROBE_KEY: {
@@ -138,5 +152,7 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
       "majority_accuracy": float(max(labels[test].mean(), 1 - labels[test].mean())),
       "probe_accuracy_by_layer": acc.tolist(), "probe_loss_by_layer": nll.tolist(),
       "test_accuracy": float(acc[-1]), "test_loss": float(nll[-1]),
+      # Per held-out sentence, for the reading's confidence interval.
+      "probe_correct_by_layer": correct.astype(np.int8),
   }
   return results, {"params": task_params, "train": split(train), "test": split(test)}
