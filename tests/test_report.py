@@ -293,6 +293,25 @@ def test_effective_section_reads_no_more_than_the_model_s_usable_length(minilm_d
   assert eff["mean_passage_tokens"] <= config.max_length
 
 
+def test_sentences_longer_than_the_model_reads_are_left_out(minilm_dir, tmp_path):
+  """The task and attribution sections read the built-in sentences whole: on a model with 16
+  usable positions the longer ones are left out (as UD sentences are), not fed to it."""
+  from bertjax.report import build
+  from bertjax.report.settings import ReportSettings
+
+  config = bertjax.BertConfig(model_type="roberta", vocab_size=30522, hidden_size=32,
+                              num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                              max_position_embeddings=17, pad_token_id=0)
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
+  run = build._Run(None, config, tok, ReportSettings.reduced(), build._Clock(False), False)
+  own = report.load_sentences()
+  kept = build.fitting(run, own)
+  lengths = [len(tok.encode([s.text]).input_ids[0]) for s in own]
+  assert run.max_len == config.max_length == 16
+  assert [s.text for s in kept] == [s.text for s, n in zip(own, lengths) if n <= 16]
+  assert 0 < len(kept) < len(own)
+
+
 def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(minilm_dir, tmp_path,
                                                                         monkeypatch):
   """`bertjax report --reduced` on a model with 64 usable positions, one section made to fail:

@@ -82,6 +82,17 @@ def _load_model(model_path: pathlib.Path):
   return params, config, bertjax.Tokenizer.from_pretrained(model_path)
 
 
+def fitting(run: _Run, sentences: Sequence[Sentence]) -> list[Sentence]:
+  """The sentences the model reads whole (`_Run.max_len`: `config.max_length` and the
+  tokenizer's limit), as the UD text is chosen; the others are left out, and logged."""
+  lengths = run.tok.encode([s.text for s in sentences], truncation=False,
+                           max_length=10**6).attention_mask.sum(-1)
+  if (lengths > run.max_len).any():
+    run.clock.log(f"{int((lengths > run.max_len).sum())} of the {len(sentences)} sentences are "
+                  f"longer than the {run.max_len} tokens the model reads; left out")
+  return [s for s, n in zip(sentences, lengths) if n <= run.max_len]
+
+
 def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Path]):
   """The text the attention and geometry sections read: the first UD file's sentences when
   `ud_files` is given, else `own`. Returns `(texts, batches, the text section)`."""
@@ -266,6 +277,7 @@ def build_report(model_dir: str | os.PathLike | None = None,
     run = _Run(*_load_model(model_path), settings, clock, progress)
     own = load_sentences()
     own = [own[i] for i in inputs.spread(len(own), settings.max_sentences)]
+    own = fitting(run, own)
     if explicit_data and not ud_files:
       clock.log(f"no ud_english_ewt/*.conllu under {data_path}; using the built-in sentences")
     texts, batches, text = _read_text(run, own, ud_files if explicit_data else [])
