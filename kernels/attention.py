@@ -270,8 +270,10 @@ def attention(
       bias=bias,
     )
   if impl == "cudnn":
+    _check_fused_variants(impl, q, k, mask, bias)
     return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
   interpret, variant = _pallas_variant(interpret, kernel_variant)
+  _check_fused_variants(impl, q, k, mask, bias, variant)
   kwargs = {
     "mask": _fused_mask(q, k, mask),
     "head_mask": head_mask,
@@ -286,11 +288,15 @@ def attention(
     if backward != "pallas":
       raise ValueError(f"{backward=} is not available for the TPU kernels, only 'pallas'")
     return fa_tpu.flash_attention_tpu(q, k, v, **kwargs)
-  return fa.flash_attention(q, k, v, backward=backward, **kwargs)
+  return fa.flash_attention(q, k, v, backward=backward, bias=bias, **kwargs)
 
 
-def _check_fused_variants(impl, q, k, mask: Mask, bias):
-  """Rejects what the fused implementations do not compute (never a silent fallback)."""
+def _check_fused_variants(impl, q, k, mask: Mask, bias, variant=None):
+  """Rejects what the fused implementations do not compute (never a silent fallback): cuDNN
+  and the TPU kernels have no window, position bias or grouped heads; the Triton-layout
+  Pallas kernels have all three."""
+  if impl == "pallas" and variant == "triton":
+    return
   missing = []
   if mask.window is not None:
     missing.append(f"a sliding window (window={mask.window})")
@@ -299,8 +305,10 @@ def _check_fused_variants(impl, q, k, mask: Mask, bias):
   if k.shape[2] != q.shape[2]:
     missing.append(f"grouped key/value heads ({k.shape[2]} for {q.shape[2]} query heads)")
   if missing:
+    where = f"impl={impl!r}" + (f" with kernel_variant={variant!r}" if variant else "")
     raise ValueError(
-      f"impl={impl!r} does not support {', '.join(missing)}; use impl='xla' (or 'auto')"
+      f"{where} does not support {', '.join(missing)}; use impl='xla', or impl='pallas' with "
+      "the Triton-layout kernels (kernel_variant='triton')"
     )
 
 
@@ -417,13 +425,13 @@ def attention_with_stats(
     kwargs = {"mask": mask, "head_mask": head_mask, "ablation": ablation, "scale": scale}
     out = reference_attention(q, k, v, bias=bias, **kwargs)
     return out, reference_statistics(q, k, v, special_mask=special_mask, bias=bias, **kwargs)
-  _check_fused_variants(impl, q, k, mask, bias)
   fused_mask = _fused_mask(q, k, mask)
   interpret, _ = _pallas_variant(interpret, kernel_variant, stats=True)
   return fa_stats.attention_statistics_pallas(
     q,
     k,
     v,
+    bias=bias,
     mask=fused_mask,
     head_mask=head_mask,
     ablation=ablation,

@@ -32,6 +32,18 @@ that reuses the forward's log-sum-exp and reduces each query row's attention dis
 to scalars (entropy, mass on [CLS], on special tokens, on self, previous and next token)
 without writing a T x T map.
 
+Modern attention, inside the same kernels (`KernelConfig`):
+
+* a sliding window (`Mask.window` w: keys with `|q - k| <= w // 2`): each query block visits
+  only the key blocks that meet its band (`tiling.key_blocks`), and each key block only the
+  query blocks that see it (`tiling.query_blocks`), so a window layer costs T x window;
+* a position bias (`PositionBias`: MPNet/T5 buckets, ALiBi) formed per tile from a small
+  per-head table (`tiling.bias_tile`); its gradient is reduced per tile to the table
+  (`tiling.bias_grad_tile`), in the dQ kernel, so no T x T bias exists in either pass;
+* grouped key/value heads: query head h reads key/value head `h // groups` through the
+  BlockSpecs, and the dK/dV kernel runs per key/value head, looping over its query heads,
+  so K and V are never repeated.
+
 The kernels target the Triton lowering on GPU (compiled calls always pass Triton compiler
 params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
 mode. Inputs are padded to a multiple of the blocks along the sequence and to a power of two
@@ -53,17 +65,22 @@ from jax.experimental import pallas as pl
 from . import dropout as drop
 from .masks import Mask
 from .reference import Ablation, reference_attention
+from .position_bias import PositionBias
 from .tiling import (
   MASK_VALUE,
   BlockSizes,
   KernelConfig,
   allowed_tile,
+  bias_grad_tile,
+  bias_tile,
   block_slice,
   common_specs,
   dot,
+  key_blocks,
   pad_head_dim,
   pallas_call,
   prepare,
+  query_blocks,
 )
 
 
@@ -86,6 +103,7 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
   key_ref = refs.pop(0) if cfg.dropout else None
+  table = refs.pop(0)[...] if cfg.bias_kind else None  # this head's bias table
   o_ref = refs.pop(0)
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k
@@ -102,8 +120,10 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
     k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k)
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window)
     s = dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale  # (bq, bk)
+    if cfg.bias_kind:
+      s = s + bias_tile(cfg, table, q_idx, k_idx)
     s = jnp.where(allowed, s, MASK_VALUE)
     m_next = jnp.maximum(m_prev, s.max(axis=-1))
     correction = jnp.exp(m_prev - m_next)
@@ -127,9 +147,9 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
   init = (zeros_tile, zeros_row + MASK_VALUE, zeros_row)
   if cfg.uniform:
     init += (zeros_tile, zeros_row)
-  # Query blocks wholly past the length and key blocks past it are skipped.
-  num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
-  acc, m, l, *uniform_sums = lax.fori_loop(0, num_k, body, init)
+  # Query blocks wholly past the length, key blocks past it or outside the window: skipped.
+  lo, hi = key_blocks(cfg, q_start, block_q, block_k, length)
+  acc, m, l, *uniform_sums = lax.fori_loop(lo, hi, body, init)
 
   row_real = (q_idx < length)[:, None]
   if cfg.dropout:
@@ -153,9 +173,17 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
       count_ref[...] = count
 
 
-def forward_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None):
+def _table_spec(cfg: KernelConfig):
+  """The bias table (heads, entries) as each (batch, head, block) program reads it."""
+  width = 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
+  return pl.BlockSpec((None, width), lambda b, h, i: (h, 0))
+
+
+def forward_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None,
+                 table=None):
   """Runs the forward kernel on padded inputs (the statistics pass reuses it for the lse).
 
+  `table` (heads, entries): the position bias table when `cfg.bias_kind`.
   Returns `[out]`, or with residuals `[out, lse, o_attn]` and in uniform mode `[v_mean, count]`.
   """
   batch, seq_pad, heads, head_dim = q.shape
@@ -166,6 +194,9 @@ def forward_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: b
   if cfg.dropout:
     in_specs.append(pl.BlockSpec((None, None), lambda b, h, i: (b, h)))
     args.append(drop.stream_keys(seed, batch, heads))
+  if cfg.bias_kind:
+    in_specs.append(_table_spec(cfg))
+    args.append(table)
   row_spec = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
   tile_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
@@ -215,11 +246,13 @@ def _bwd_pre_kernel(*refs, cfg: KernelConfig):
 
 
 def _dkv_kernel(*refs, cfg: KernelConfig):
-  """One (batch, head, k-block) program: loops over the real query blocks for dK, dV."""
+  """One (batch, key/value head, k-block) program: dK, dV summed over the head's query heads
+  (one, or `cfg.groups` with grouped heads), each looping over the query blocks that see
+  this key block."""
   refs = list(refs)
   q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, len_ref, xi_ref = refs[:8]
   refs = refs[8:]
-  segq_ref = segk_ref = coef_ref = key_ref = None
+  segq_ref = segk_ref = coef_ref = key_ref = table_ref = None
   if cfg.has_segments:
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
@@ -227,50 +260,61 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
     coef_ref = refs.pop(0)
   if cfg.dropout:
     key_ref = refs.pop(0)
+  if cfg.bias_kind:
+    table_ref = refs.pop(0)
   dk_ref, dv_ref = refs
   block_k, head_dim = k_ref.shape
   block_q = cfg.block_sizes.block_q_bwd
   length = len_ref[()]
-  xi = xi_ref[()]
   k_start = pl.program_id(2) * block_k
   k_idx = k_start + jnp.arange(block_k)
   k = k_ref[...]
   v = v_ref[...]
   seg_k = segk_ref[...] if cfg.has_segments else None
-  key = key_ref[()] if cfg.dropout else None
   cols = drop.col_hash(k_idx) if cfg.dropout else None
-
-  def body(i, carry):
-    dk, dv = carry
-    q_slice = block_slice(i * block_q, block_q)
-    q_idx = i * block_q + jnp.arange(block_q)
-    seg_q = segq_ref[q_slice] if cfg.has_segments else None
-    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k) & (q_idx < length)[:, None]
-    q = q_ref[q_slice, :]
-    do = do_ref[q_slice, :]
-    s = dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
-    p = jnp.where(allowed, jnp.exp(s - lse_ref[q_slice][:, None]), 0.0)
-    # The attention that mixes V: xi * A (+ (1 - xi) / n_i on allowed keys in uniform mode).
-    p_mix = xi * p
-    if cfg.uniform:
-      p_mix = p_mix + jnp.where(allowed, coef_ref[q_slice][:, None], 0.0)
-    dp = dot(do, v, trans_b=True)  # (bq, bk)
-    if cfg.dropout:
-      kept = _keep(cfg, drop.row_hash(key, q_idx), cols)
-      p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
-      dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
-    dv = dv + dot(p_mix, do, trans_a=True)
-    ds = p * (dp - delta_ref[q_slice][:, None])
-    dk = dk + dot(ds, q, trans_a=True)
-    return dk, dv
-
+  lo, hi = query_blocks(cfg, k_start, block_k, block_q, length)
   zeros = jnp.zeros((block_k, head_dim), jnp.float32)
-  num_q = jnp.where(k_start < length, pl.cdiv(length, block_q), 0)
-  dk, dv = lax.fori_loop(0, num_q, body, (zeros, zeros))
+  dk_total, dv_total = zeros, zeros
+
+  for r in range(cfg.groups):  # the query heads of this key/value head
+    xi = xi_ref[r]
+    key = key_ref[r] if cfg.dropout else None
+    table = table_ref[r, :] if cfg.bias_kind else None
+
+    def body(i, carry, r=r, xi=xi, key=key, table=table):
+      dk, dv = carry
+      q_slice = block_slice(i * block_q, block_q)
+      q_idx = i * block_q + jnp.arange(block_q)
+      seg_q = segq_ref[q_slice] if cfg.has_segments else None
+      allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window) & (
+        q_idx < length)[:, None]
+      q = q_ref[q_slice, r, :]
+      do = do_ref[q_slice, r, :]
+      s = dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
+      if cfg.bias_kind:
+        s = s + bias_tile(cfg, table, q_idx, k_idx)
+      p = jnp.where(allowed, jnp.exp(s - lse_ref[r, q_slice][:, None]), 0.0)
+      # The attention that mixes V: xi * A (+ (1 - xi) / n_i on allowed keys in uniform mode).
+      p_mix = xi * p
+      if cfg.uniform:
+        p_mix = p_mix + jnp.where(allowed, coef_ref[r, q_slice][:, None], 0.0)
+      dp = dot(do, v, trans_b=True)  # (bq, bk)
+      if cfg.dropout:
+        kept = _keep(cfg, drop.row_hash(key, q_idx), cols)
+        p_mix = jnp.where(kept, p_mix, 0.0)  # times keep_scale, applied to dv at the end
+        dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
+      dv = dv + dot(p_mix, do, trans_a=True)
+      ds = p * (dp - delta_ref[r, q_slice][:, None])
+      dk = dk + dot(ds, q, trans_a=True)
+      return dk, dv
+
+    dk, dv = lax.fori_loop(lo, hi, body, (zeros, zeros))
+    dk_total = dk_total + dk * (xi * cfg.scale)
+    dv_total = dv_total + dv
   if cfg.dropout:
-    dv = dv * cfg.keep_scale
-  dk_ref[...] = (dk * (xi * cfg.scale)).astype(dk_ref.dtype)
-  dv_ref[...] = dv.astype(dv_ref.dtype)
+    dv_total = dv_total * cfg.keep_scale
+  dk_ref[...] = dk_total.astype(dk_ref.dtype)
+  dv_ref[...] = dv_total.astype(dv_ref.dtype)
 
 
 def _dq_kernel(*refs, cfg: KernelConfig):
@@ -283,7 +327,9 @@ def _dq_kernel(*refs, cfg: KernelConfig):
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
   key_ref = refs.pop(0) if cfg.dropout else None
-  (dq_ref,) = refs
+  table = refs.pop(0)[...] if cfg.bias_kind else None
+  dq_ref = refs.pop(0)
+  dtable_ref = refs.pop(0) if cfg.bias_kind else None
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k_bwd
   length = len_ref[()]
@@ -298,28 +344,38 @@ def _dq_kernel(*refs, cfg: KernelConfig):
   row_real = (q_idx < length)[:, None]
   rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
 
-  def body(j, dq):
+  def body(j, carry):
+    dq, dtable = carry
     k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k) & row_real
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window) & row_real
     k = k_ref[k_slice, :]
     s = dot(q, k, trans_b=True) * cfg.scale
+    if cfg.bias_kind:
+      s = s + bias_tile(cfg, table, q_idx, k_idx)
     p = jnp.where(allowed, jnp.exp(s - lse[:, None]), 0.0)
     dp = dot(do, v_ref[k_slice, :], trans_b=True)
     if cfg.dropout:
       dp = jnp.where(_keep(cfg, rows, drop.col_hash(k_idx)), dp * cfg.keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
-    return dq + dot(ds, k)
+    if cfg.bias_kind:  # dL/dS = xi * ds: the bias table's share, reduced per tile
+      dtable = dtable + bias_grad_tile(cfg, xi * ds, q_idx, k_idx)
+    return dq + dot(ds, k), dtable
 
-  num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
-  dq = lax.fori_loop(0, num_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
+  lo, hi = key_blocks(cfg, q_start, block_q, block_k, length)
+  width = 0 if not cfg.bias_kind else 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
+  init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.zeros((max(width, 1),), jnp.float32))
+  dq, dtable = lax.fori_loop(lo, hi, body, init)
   dq_ref[...] = (dq * (xi * cfg.scale)).astype(dq_ref.dtype)
+  if cfg.bias_kind:
+    dtable_ref[...] = dtable
 
 
 def _bwd_call(cfg: KernelConfig, residuals, dout):
-  q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count = residuals
+  q, k, v, lengths, seg, xi, seed, table, lse, o_attn, v_mean, count = residuals
   batch, seq_pad, heads, head_dim = q.shape
+  kv_heads, g = k.shape[2], cfg.groups
   bs = cfg.block_sizes
   seg_args = [seg, seg] if cfg.has_segments else []
   keys = drop.stream_keys(seed, batch, heads) if cfg.dropout else None
@@ -344,12 +400,16 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
   )(*pre_args)
   dxi = dxi_rows.sum(axis=-1)
 
-  # 2) dK, dV: grid over key blocks, loop over query blocks.
-  full_tile = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, j: (b, 0, h, 0))
+  # 2) dK, dV: grid over key/value heads and key blocks; each program loops over the query
+  #    heads of its group (g of them) and the query blocks that see its keys.
+  group = lambda a: a.reshape(batch, kv_heads, g, *a.shape[2:])  # (B, H, ...) by group
+  full_q = pl.BlockSpec((None, seq_pad, g, head_dim), lambda b, h, j: (b, 0, h, 0))
   tile_k = pl.BlockSpec((None, bs.block_k_bwd, None, head_dim), lambda b, h, j: (b, j, h, 0))
-  full_row = pl.BlockSpec((None, None, seq_pad), lambda b, h, j: (b, h, 0))
-  dkv_specs = [full_tile, tile_k, tile_k, full_tile, full_row, full_row, len_spec, xi_spec]
-  dkv_args = [q, k, v, dout, lse, delta, lengths, xi] + seg_args
+  group_rows = pl.BlockSpec((None, None, g, seq_pad), lambda b, h, j: (b, h, 0, 0))
+  group_xi = pl.BlockSpec((None, None, g), lambda b, h, j: (b, h, 0))
+  len_k = pl.BlockSpec((None,), lambda b, h, j: (b,))
+  dkv_specs = [full_q, tile_k, tile_k, full_q, group_rows, group_rows, len_k, group_xi]
+  dkv_args = [q, k, v, dout, group(lse), group(delta), lengths, group(xi)] + seg_args
   if cfg.has_segments:
     dkv_specs += [
       pl.BlockSpec((None, seq_pad), lambda b, h, j: (b, 0)),
@@ -358,92 +418,117 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
   if cfg.uniform:
     # (1 - xi) / n_i: the uniform part's weight on each allowed key of real query row i.
     coef = jnp.where(count > 0, (1.0 - xi)[:, :, None] / jnp.maximum(count, 1.0), 0.0)
-    dkv_args.append(coef)
-    dkv_specs.append(full_row)
+    dkv_args.append(group(coef))
+    dkv_specs.append(group_rows)
   if cfg.dropout:
-    dkv_args.append(keys)
-    dkv_specs.append(xi_spec)
+    dkv_args.append(group(keys))
+    dkv_specs.append(group_xi)
+  if cfg.bias_kind:
+    dkv_args.append(table.reshape(kv_heads, g, -1))
+    dkv_specs.append(pl.BlockSpec((None, g, table.shape[-1]), lambda b, h, j: (h, 0, 0)))
   dk, dv = pallas_call(
     functools.partial(_dkv_kernel, cfg=cfg),
     cfg,
     head_dim,
-    grid=(batch, heads, seq_pad // bs.block_k_bwd),
+    grid=(batch, kv_heads, seq_pad // bs.block_k_bwd),
     in_specs=dkv_specs,
     out_specs=[tile_k, tile_k],
     out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
     name="bertjax_attention_bwd_dkv",
   )(*dkv_args)
 
-  # 3) dQ: grid over query blocks, loop over key blocks.
-  full_kv = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  # 3) dQ (and the bias table's gradient): grid over query blocks, loop over key blocks.
+  full_kv = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h // g, 0))
   dq_specs = [tile_q, full_kv, full_kv, tile_q, row_q, row_q, len_spec, xi_spec]
   if cfg.has_segments:
     dq_specs += [
       pl.BlockSpec((None, bs.block_q_bwd), lambda b, h, i: (b, i)),
       pl.BlockSpec((None, seq_pad), lambda b, h, i: (b, 0)),
     ]
-  key_args = [keys] if cfg.dropout else []
+  extra_args = [keys] if cfg.dropout else []
   if cfg.dropout:
     dq_specs.append(xi_spec)
-  dq = pallas_call(
+  out_specs = [tile_q]
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
+  if cfg.bias_kind:
+    extra_args.append(table)
+    dq_specs.append(_table_spec(cfg))
+    width = table.shape[-1]
+    blocks = seq_pad // bs.block_q_bwd
+    out_specs.append(pl.BlockSpec((None, None, None, width), lambda b, h, i: (b, h, i, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((batch, heads, blocks, width), jnp.float32))
+  dq, *dtable = pallas_call(
     functools.partial(_dq_kernel, cfg=cfg),
     cfg,
     head_dim,
     grid=(batch, heads, seq_pad // bs.block_q_bwd),
     in_specs=dq_specs,
-    out_specs=tile_q,
-    out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+    out_specs=out_specs,
+    out_shape=out_shape,
     name="bertjax_attention_bwd_dq",
-  )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *key_args)
-  return dq, dk, dv, dxi.astype(xi.dtype)
+  )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *extra_args)
+  dtable = dtable[0].sum((0, 2)) if cfg.bias_kind else None  # (heads, entries)
+  return dq, dk, dv, dxi.astype(xi.dtype), dtable
 
 
 # ----------------------------------------------------------------------------------------
 # custom_vjp wrapper on padded inputs.
 
 
-def _reference_padded(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
+def _position_bias(cfg: KernelConfig, table):
+  """The kernels' (heads, entries) table as the reference's `PositionBias`."""
+  if not cfg.bias_kind:
+    return None
+  if cfg.bias_kind == "alibi":
+    return PositionBias(table[:, 0], "alibi")
+  return PositionBias(table.T, "buckets", cfg.num_buckets, cfg.max_distance)
+
+
+def _reference_padded(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed, table):
   return reference_attention(
     q,
     k,
     v,
-    mask=Mask(lengths, seg),
+    mask=Mask(lengths, seg, None, None if cfg.half_window is None else 2 * cfg.half_window),
     head_mask=xi,
     ablation=cfg.ablation,
     scale=cfg.scale,
     dropout_rate=cfg.dropout_rate,
     dropout_seed=seed,
+    bias=_position_bias(cfg, table),
   )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
-  (out,) = forward_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed)
+def _flash(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed, table):
+  (out,) = forward_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed,
+                        table=table)
   return out
 
 
-def _flash_fwd(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed):
+def _flash_fwd(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed, table):
   out, lse, o_attn, *uniform_res = forward_call(
-    cfg, q, k, v, lengths, seg, xi, with_residuals=True, seed=seed
+    cfg, q, k, v, lengths, seg, xi, with_residuals=True, seed=seed, table=table
   )
   v_mean, count = uniform_res if cfg.uniform else (None, None)
-  return out, (q, k, v, lengths, seg, xi, seed, lse, o_attn, v_mean, count)
+  return out, (q, k, v, lengths, seg, xi, seed, table, lse, o_attn, v_mean, count)
 
 
 def _flash_bwd(cfg: KernelConfig, residuals, dout):
-  q, k, v, lengths, seg, xi, seed = residuals[:7]
+  q, k, v, lengths, seg, xi, seed, table = residuals[:8]
   if cfg.backward == "reference":
     _, vjp = jax.vjp(
-      lambda q_, k_, v_, xi_: _reference_padded(cfg, q_, k_, v_, lengths, seg, xi_, seed),
+      lambda q_, k_, v_, xi_, t_: _reference_padded(cfg, q_, k_, v_, lengths, seg, xi_, seed, t_),
       q,
       k,
       v,
       xi,
+      table,
     )
-    dq, dk, dv, dxi = vjp(dout)
+    dq, dk, dv, dxi, dtable = vjp(dout)
   else:
-    dq, dk, dv, dxi = _bwd_call(cfg, residuals, dout)
-  return dq, dk, dv, None, None, dxi, None
+    dq, dk, dv, dxi, dtable = _bwd_call(cfg, residuals, dout)
+  return dq, dk, dv, None, None, dxi, None, dtable
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -463,16 +548,17 @@ def flash_attention(
   backward: str = "pallas",
   dropout_rate: float = 0.0,
   dropout_seed=None,
+  bias: PositionBias | None = None,
 ):
   """Fused attention on `(batch, seq, heads, head_dim)` inputs (validated by the caller).
 
   Args:
-    q: queries `(batch, seq, heads, head_dim)`; k and v have the same shape.
-    k: keys.
-    v: values.
-    mask: a `Mask` in lengths form: `kv_lengths` (right padding; None means full length)
-      and `segment_ids` (packed sequences), no `key_mask` (`Mask.as_lengths` folds one in);
-      None means no padding.
+    q: queries `(batch, seq, heads, head_dim)`.
+    k: keys `(batch, seq, kv_heads, head_dim)`, kv_heads dividing heads.
+    v: values, shaped like k.
+    mask: a `Mask` in lengths form: `kv_lengths` (right padding; None means full length),
+      `segment_ids` (packed sequences) and `window`, no `key_mask` (`Mask.as_lengths`
+      folds one in); None means no padding.
     head_mask: float `(batch, heads)` xi, or None (all ones).
     ablation: "scale" or "uniform" (see the module docstring).
     scale: logit scale; None means `1 / sqrt(head_dim)`.
@@ -482,6 +568,7 @@ def flash_attention(
     dropout_rate: static attention dropout rate in [0, 1) (see the module docstring).
     dropout_seed: int32/uint32 scalar seed (`kernels.dropout.seed_to_int32`), needed when
       dropout_rate > 0.
+    bias: a `PositionBias` formed inside each tile, or None.
 
   Returns:
     `(batch, seq, heads, head_dim)` in the dtype of q; rows at or past kv_length are zero.
@@ -492,15 +579,31 @@ def flash_attention(
   block_sizes = block_sizes or BlockSizes.get_default()
   q, k, v = (pad_head_dim(x) for x in (q, k, v))
   bs, _, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
-  cfg = KernelConfig(
-    scale=scale,
-    ablation=ablation,
-    block_sizes=bs,
-    has_segments=mask.segment_ids is not None,
-    interpret=interpret,
-    backward=backward,
-    dropout_rate=drop.check_rate(dropout_rate),
-  )
+  cfg = kernel_config(q, k, mask, bias, scale=scale, ablation=ablation, block_sizes=bs,
+                      interpret=interpret, backward=backward,
+                      dropout_rate=drop.check_rate(dropout_rate))
   seed = drop.seed_to_int32(dropout_seed) if cfg.dropout else None
-  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed)
+  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed, bias_table(bias))
   return out[:, :seq, :, :head_dim]
+
+
+def kernel_config(q, k, mask: Mask, bias: PositionBias | None, **fields) -> KernelConfig:
+  """The static configuration of a call: its fields plus the window, bias kind and groups."""
+  return KernelConfig(
+    has_segments=mask.segment_ids is not None,
+    half_window=mask.half_window,
+    bias_kind=None if bias is None else bias.kind,
+    num_buckets=32 if bias is None else bias.num_buckets,
+    max_distance=128 if bias is None else bias.max_distance,
+    groups=q.shape[2] // k.shape[2],
+    **fields,
+  )
+
+
+def bias_table(bias: PositionBias | None):
+  """The bias as the kernels read it: (heads, entries) float32 (the first `num_buckets` rows
+  of a bucket table, transposed; ALiBi's slopes as one column), or None."""
+  if bias is None:
+    return None
+  table = jnp.asarray(bias.table, jnp.float32)
+  return table[:, None] if bias.kind == "alibi" else table[: bias.num_buckets].T

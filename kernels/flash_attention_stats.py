@@ -19,16 +19,19 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .flash_attention import forward_call
+from .flash_attention import _table_spec, bias_table, forward_call, kernel_config
 from .masks import Mask
+from .position_bias import PositionBias
 from .reference import STAT_NAMES, Ablation
 from .tiling import (
   BlockSizes,
   KernelConfig,
   allowed_tile,
+  bias_tile,
   block_slice,
   common_specs,
   dot,
+  key_blocks,
   pad_head_dim,
   pallas_call,
   prepare,
@@ -48,6 +51,7 @@ def _stats_kernel(*refs, cfg: KernelConfig, has_special: bool):
     special_ref = refs.pop(0)
   if cfg.uniform:
     count_ref = refs.pop(0)
+  table = refs.pop(0)[...] if cfg.bias_kind else None
   out_refs = refs
   block_q = q_ref.shape[0]
   block_k = cfg.block_sizes.block_k
@@ -66,8 +70,11 @@ def _stats_kernel(*refs, cfg: KernelConfig, has_special: bool):
     k_slice = block_slice(j * block_k, block_k)
     k_idx = j * block_k + jnp.arange(block_k)
     seg_k = segk_ref[k_slice] if cfg.has_segments else None
-    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k)
-    log_p = dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale - lse[:, None]
+    allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window)
+    s = dot(q, k_ref[k_slice, :], trans_b=True) * cfg.scale
+    if cfg.bias_kind:
+      s = s + bias_tile(cfg, table, q_idx, k_idx)
+    log_p = s - lse[:, None]
     p = jnp.where(allowed, jnp.exp(log_p), 0.0)
     if cfg.uniform:
       p = jnp.where(allowed, xi * p + unif[:, None], 0.0)
@@ -87,8 +94,8 @@ def _stats_kernel(*refs, cfg: KernelConfig, has_special: bool):
     return tuple(a + b for a, b in zip(sums, new))
 
   zeros = jnp.zeros((block_q,), jnp.float32)
-  num_k = jnp.where(q_start < length, pl.cdiv(length, block_k), 0)
-  sums = lax.fori_loop(0, num_k, body, (zeros,) * len(STAT_NAMES))
+  lo, hi = key_blocks(cfg, q_start, block_q, block_k, length)
+  sums = lax.fori_loop(lo, hi, body, (zeros,) * len(STAT_NAMES))
   row_real = q_idx < length
   for ref, value in zip(out_refs, sums):
     ref[...] = jnp.where(row_real, value, 0.0)
@@ -106,10 +113,12 @@ def attention_statistics_pallas(
   scale: float | None = None,
   block_sizes: BlockSizes | None = None,
   interpret: bool = False,
+  bias: PositionBias | None = None,
 ):
   """Attention output and per-(batch, head) statistics without a T x T map.
 
-  Args: as `flash_attention`, plus `special_mask` bool `(batch, seq)` (None: no special keys).
+  Args: as `flash_attention` (windows, position biases and grouped heads too), plus
+    `special_mask` bool `(batch, seq)` (None: no special keys).
 
   Returns:
     `(out, stats)`: out as `flash_attention`; stats a dict of float32 `(batch, heads)` arrays
@@ -126,15 +135,11 @@ def attention_statistics_pallas(
     q, k, v, mask, head_mask, block_sizes, special
   )
   xi = xi.astype(jnp.float32)
-  cfg = KernelConfig(
-    scale=scale,
-    ablation=ablation,
-    block_sizes=bs,
-    has_segments=mask.segment_ids is not None,
-    interpret=interpret,
-    backward="pallas",
-  )
-  out, lse, _, *uniform_res = forward_call(cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True)
+  cfg = kernel_config(q, k, mask, bias, scale=scale, ablation=ablation, block_sizes=bs,
+                      interpret=interpret, backward="pallas")
+  table = bias_table(bias)
+  out, lse, _, *uniform_res = forward_call(cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True,
+                                           table=table)
   out, lse, qp, kp = map(lax.stop_gradient, (out, lse, qp, kp))
 
   in_specs = common_specs(cfg, seq_pad, padded_head_dim, bs.block_q)
@@ -148,6 +153,9 @@ def attention_statistics_pallas(
   if cfg.uniform:
     args.append(uniform_res[1])
     in_specs.append(row_spec)
+  if cfg.bias_kind:
+    args.append(lax.stop_gradient(table))
+    in_specs.append(_table_spec(cfg))
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
   per_row = pallas_call(
     functools.partial(_stats_kernel, cfg=cfg, has_special=special is not None),

@@ -88,6 +88,11 @@ class KernelConfig:
   interpret: bool
   backward: str  # "pallas" | "reference"
   dropout_rate: float = 0.0
+  half_window: int | None = None  # a sliding window: keys with |q - k| <= half_window
+  bias_kind: str | None = None  # a position bias inside the tile: "buckets" | "alibi"
+  num_buckets: int = 32
+  max_distance: int = 128
+  groups: int = 1  # query heads per key/value head (grouped heads)
 
   @property
   def uniform(self) -> bool:
@@ -165,12 +170,71 @@ def block_slice(start, size):
   return pl.ds(pl.multiple_of(start, size), size)
 
 
-def allowed_tile(q_idx, k_idx, length, seg_q, seg_k):
-  """(bq, bk) bool: key is real (index < length) and, when packed, in the query's segment."""
+def allowed_tile(q_idx, k_idx, length, seg_q, seg_k, half_window=None):
+  """(bq, bk) bool: key is real (index < length), when packed in the query's segment, and
+  within the window (`|q - k| <= half_window`) when there is one."""
   mask = (k_idx < length)[None, :]
   if seg_q is not None:
     mask = mask & (seg_q[:, None] == seg_k[None, :])
+  if half_window is not None:
+    mask = mask & (jnp.abs(k_idx[None, :] - q_idx[:, None]) <= half_window)
   return jnp.broadcast_to(mask, (q_idx.shape[0], k_idx.shape[0]))
+
+
+def key_blocks(cfg: KernelConfig, q_start, block_q: int, block_k: int, length):
+  """`(lo, hi)`: the key blocks a query block visits. Blocks past the sequence's length, and
+  with a window the blocks outside the band, are skipped, not masked: a window layer costs
+  `T x (w + blocks)`, not `T x T`. A query block wholly past the length visits none."""
+  hi = pl.cdiv(length, block_k)
+  lo = 0
+  if cfg.half_window is not None:
+    lo = jnp.maximum(q_start - cfg.half_window, 0) // block_k
+    hi = jnp.minimum(hi, (q_start + block_q - 1 + cfg.half_window) // block_k + 1)
+  hi = jnp.where(q_start < length, hi, lo)
+  return lo, jnp.maximum(hi, lo)
+
+
+def query_blocks(cfg: KernelConfig, k_start, block_k: int, block_q: int, length):
+  """`(lo, hi)`: the query blocks a key block is seen from (the backward's dK/dV loop)."""
+  hi = pl.cdiv(length, block_q)
+  lo = 0
+  if cfg.half_window is not None:
+    lo = jnp.maximum(k_start - cfg.half_window, 0) // block_q
+    hi = jnp.minimum(hi, (k_start + block_k - 1 + cfg.half_window) // block_q + 1)
+  hi = jnp.where(k_start < length, hi, lo)
+  return lo, jnp.maximum(hi, lo)
+
+
+def bias_tile(cfg: KernelConfig, bias_ref, q_idx, k_idx):
+  """The position bias of a (bq, bk) tile from this head's small table, or None.
+
+  "buckets": T5/MPNet buckets of `k - q`, looked up by a select per bucket (a gather
+  lowers nowhere but in interpret mode); "alibi": `-slope * |k - q|`. No T x T bias exists.
+  """
+  if cfg.bias_kind is None:
+    return None
+  rel = k_idx[None, :] - q_idx[:, None]
+  if cfg.bias_kind == "alibi":
+    return -bias_ref[0] * jnp.abs(rel).astype(jnp.float32)
+  from .position_bias import relative_position_bucket
+
+  bucket = relative_position_bucket(rel, cfg.num_buckets, cfg.max_distance)
+  out = jnp.zeros(rel.shape, jnp.float32)
+  for n in range(cfg.num_buckets):
+    out = jnp.where(bucket == n, bias_ref[n], out)
+  return out
+
+
+def bias_grad_tile(cfg: KernelConfig, ds, q_idx, k_idx):
+  """The gradient a tile's `ds = dL/dS` gives the bias table: (num_buckets,) per bucket, or
+  (1,) for ALiBi's slope."""
+  rel = k_idx[None, :] - q_idx[:, None]
+  if cfg.bias_kind == "alibi":
+    return (-(ds * jnp.abs(rel).astype(jnp.float32)).sum())[None]
+  from .position_bias import relative_position_bucket
+
+  bucket = relative_position_bucket(rel, cfg.num_buckets, cfg.max_distance)
+  return jnp.stack([jnp.where(bucket == n, ds, 0.0).sum() for n in range(cfg.num_buckets)])
 
 
 def pallas_call(kernel, cfg: KernelConfig, head_dim: int, **kwargs):
@@ -187,9 +251,13 @@ def pallas_call(kernel, cfg: KernelConfig, head_dim: int, **kwargs):
 
 
 def common_specs(cfg: KernelConfig, seq_pad: int, head_dim: int, block_q: int):
-  """BlockSpecs of (q, k, v, lengths, xi[, seg_q, seg_k]) on a (batch, heads, q-blocks) grid."""
+  """BlockSpecs of (q, k, v, lengths, xi[, seg_q, seg_k]) on a (batch, heads, q-blocks) grid.
+
+  Query head h reads key/value head `h // cfg.groups` (grouped heads, never repeated).
+  """
+  g = cfg.groups
   q_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
-  kv_spec = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h, 0))
+  kv_spec = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h // g, 0))
   specs = [
     q_spec,
     kv_spec,

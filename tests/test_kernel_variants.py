@@ -1,0 +1,155 @@
+"""Modern attention in every implementation: windows, position biases, grouped heads.
+
+The fused Pallas kernels (Triton layout, interpret mode here; compiled on a GPU with the
+`gpu` marker's suite), the XLA path (whole and banded) and the statistics pass, each against
+the float64 reference: the forward and every gradient (q, k, v, the head mask, the bias
+table), with head masks in both modes, dropout and padding combined. Key blocks outside a
+window are skipped, not masked. Implementations without a variant refuse it by name.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax import kernels
+from bertjax.kernels.tiling import KernelConfig, key_blocks, query_blocks
+from bertjax.kernels.xla_banded import banded_attention
+
+B, T, H, D = 2, 45, 4, 8
+# (kv heads, window, bias kind, ablation, dropout)
+CASES = [
+    (4, None, None, "scale", 0.0),
+    (2, None, None, "uniform", 0.0),
+    (4, 10, None, "scale", 0.0),
+    (4, 10, None, "uniform", 0.3),
+    (1, None, "buckets", "scale", 0.0),
+    (2, 6, "alibi", "uniform", 0.0),
+    (2, 12, "buckets", "uniform", 0.25),
+]
+IMPLS = {
+    "pallas": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="pallas", **kw),
+    "xla": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="xla", **kw),
+    "banded": lambda q, k, v, **kw: banded_attention(
+        q, k, v, **{**kw, "head_mask": jnp.broadcast_to(kw["head_mask"], (B, H))}),
+}
+
+
+def _case(kv, window, kind, seed=0):
+  rng = np.random.default_rng(seed)
+  q = rng.normal(size=(B, T, H, D)).astype(np.float32)
+  k, v = (rng.normal(size=(B, T, kv, D)).astype(np.float32) for _ in range(2))
+  xi = rng.uniform(size=(B, H)).astype(np.float32)
+  table = rng.normal(size=(32, H) if kind == "buckets" else (H,)).astype(np.float32)
+  mask = kernels.Mask(kv_lengths=jnp.asarray([T, 30]), window=window)
+  return q, k, v, xi, table, mask
+
+
+def _bias(kind, table):
+  return None if kind is None else kernels.PositionBias(table, kind)
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("kv,window,kind,ablation,rate", CASES)
+def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate):
+  if impl == "banded" and window is None:
+    pytest.skip("the banded path is for window layers")
+  q, k, v, xi, table, mask = _case(kv, window, kind)
+  kw = dict(mask=mask, ablation=ablation, dropout_rate=rate,
+            dropout_seed=jnp.int32(7) if rate else None)
+  probe = np.cos(np.arange(D))
+  loss = lambda fn: lambda q, k, v, xi, t: (fn(q, k, v, head_mask=xi, bias=_bias(kind, t),
+                                               **kw) * probe).sum()
+  fn = IMPLS[impl]
+  out = fn(q, k, v, head_mask=jnp.asarray(xi), bias=_bias(kind, table), **kw)
+  grads = jax.grad(loss(fn), argnums=(0, 1, 2, 3, 4))(q, k, v, xi, table)
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, table)]
+    ref = np.asarray(kernels.reference_attention(*f64[:3], head_mask=f64[3],
+                                                 bias=_bias(kind, f64[4]), **kw))
+    want = [np.asarray(g) for g in jax.grad(loss(kernels.reference_attention),
+                                            argnums=(0, 1, 2, 3, 4))(*f64)]
+  np.testing.assert_allclose(out, ref, atol=2e-6)
+  for name, got, w in zip(("dq", "dk", "dv", "dxi", "dtable"), grads, want):
+    np.testing.assert_allclose(got, w, atol=2e-5, err_msg=name)
+  if kind is not None:
+    assert np.abs(want[4]).max() > 1e-2  # the bias table really gets a gradient
+
+
+@pytest.mark.parametrize("kv,window,kind,ablation,rate", CASES)
+def test_statistics_pass_equals_reference(kv, window, kind, ablation, rate):
+  q, k, v, xi, table, mask = _case(kv, window, kind, seed=1)
+  special = np.zeros((B, T), bool)
+  special[:, [0, 7]] = True
+  _, got = kernels.attention_with_stats(q, k, v, mask=mask, head_mask=xi, ablation=ablation,
+                                        special_mask=special, impl="pallas",
+                                        bias=_bias(kind, table))
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, table)]
+    want = kernels.reference_statistics(*f64[:3], mask=mask, head_mask=f64[3],
+                                        ablation=ablation, special_mask=special,
+                                        bias=_bias(kind, f64[4]))
+    want = {n: np.asarray(x) for n, x in want.items()}
+  for name in kernels.STAT_NAMES:
+    np.testing.assert_allclose(got[name], want[name], atol=2e-6, err_msg=name)
+
+
+def test_window_tiles_outside_the_band_are_skipped():
+  """A query block visits exactly the key blocks its band meets, and a key block exactly the
+  query blocks that see it: the cost is T x window, not T x T."""
+  half, block, length = 20, 16, 200
+  cfg = KernelConfig(scale=1.0, ablation="scale", block_sizes=kernels.BlockSizes(),
+                     has_segments=False, interpret=True, backward="pallas", half_window=half)
+  for start in range(0, 224, block):
+    lo, hi = (int(x) for x in key_blocks(cfg, jnp.int32(start), block, block, length))
+    meets = [j for j in range(-(-length // block))
+             if start < length and j * block <= start + block - 1 + half
+             and (j + 1) * block - 1 >= start - half]
+    assert list(range(lo, hi)) == meets, (start, lo, hi)
+    lo, hi = (int(x) for x in query_blocks(cfg, jnp.int32(start), block, block, length))
+    assert list(range(lo, hi)) == meets
+  assert hi - lo <= 2 * half // block + 2
+
+
+@pytest.mark.parametrize("variant", ["window", "bias", "groups"])
+def test_implementations_without_a_variant_refuse_it(variant):
+  q, k, v, xi, table, mask = _case(2 if variant == "groups" else 4, 10 if variant == "window"
+                                   else None, "buckets" if variant == "bias" else None)
+  kw = dict(mask=mask, bias=_bias("buckets", table) if variant == "bias" else None)
+  with pytest.raises(ValueError, match="kernel_variant='tpu' does not support"):
+    kernels.attention(q, k, v, impl="pallas", kernel_variant="tpu", interpret=True, **kw)
+
+
+@pytest.mark.parametrize("family", ["modernbert", "mpnet", "eurobert"])
+def test_model_on_the_fused_kernel_equals_the_xla_path(family):
+  """A model of each family runs on the fused kernel (interpret mode): outputs, statistics,
+  and the gradients of its parameters (MPNet's bias table included) equal the XLA path's."""
+  extra = {"modernbert": dict(layer_types=("full_attention", "sliding_attention"),
+                              sliding_window=6),
+           "mpnet": dict(pad_token_id=1, type_vocab_size=0),
+           "eurobert": dict(num_key_value_heads=2)}[family]
+  config = bertjax.BertConfig.for_family(family, vocab_size=50, hidden_size=32,
+                                         num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=40, max_position_embeddings=64,
+                                         **extra)
+  params = bertjax.init(config, 0, heads=("mlm",))
+  rng = np.random.default_rng(0)
+  ids = rng.integers(3, 50, (2, 21))
+  mask = np.ones_like(ids)
+  mask[1, 15:] = 0
+  ids = np.where(mask > 0, ids, config.pad_token_id)
+  xi = rng.uniform(size=(config.depth, config.num_attention_heads)).astype(np.float32)
+
+  def loss(p, c):
+    out = bertjax.forward(p, c, ids, mask, head_mask=xi, head_ablation="uniform")
+    return (bertjax.head_logits(p, c, out, "mlm")[:, 3, :7] * mask[:, 3, None]).sum()
+
+  fused = config.replace(attention_impl="pallas")
+  np.testing.assert_allclose(loss(params, fused), loss(params, config), rtol=1e-5)
+  g_fused, g_xla = (jax.grad(loss)(params, c) for c in (fused, config))
+  for a, b in zip(jax.tree.leaves(g_fused), jax.tree.leaves(g_xla)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+  sf, sx = (bertjax.attention_statistics(params, c, ids, mask) for c in (fused, config))
+  for name in sf:
+    np.testing.assert_allclose(sf[name], sx[name], atol=2e-6, err_msg=name)
