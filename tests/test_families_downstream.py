@@ -488,6 +488,8 @@ def test_report_runs_on_the_family(family, tmp_path):
       timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   doc = json.loads((out / "report.json").read_text())
+  failed = {k: v["error"] for k, v in doc.items() if isinstance(v, dict) and v.get("failed")}
+  assert not failed, failed  # a failing section is shown on the page; none may fail here
   assert doc["model"]["model_type"] == name and doc["model"]["layers"] == config.depth
   sep = np.asarray(doc["clark"]["sep"], float)
   assert sep.shape == (config.depth, config.num_attention_heads) and np.isfinite(sep).all()
