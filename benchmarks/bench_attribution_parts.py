@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 import bertjax
 from bertjax.analysis import patching as pt
-from bertjax.functional import run_layers
+from bertjax.model.forward import run_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_forward import cpu_info  # noqa: E402

@@ -4,34 +4,36 @@ from bertjax import xla_options
 
 xla_options.apply()  # before anything compiles; see bertjax/xla_options.py
 
-from bertjax.config import PRESETS, BertConfig
-from bertjax.families import FAMILIES, MODEL_TYPES
-from bertjax.functional import (
+from bertjax.model.config import BertConfig, PRESETS
+from bertjax.model.families import FAMILIES, MODEL_TYPES
+from bertjax.model.forward import (
     BertOutput,
     LayersOutput,
     attention_statistics,
-    check_inputs,
     checked_forward,
-    classify,
     count_params,
     embed,
     forward,
+    init,
+    run_layers,
+)
+from bertjax.model.heads import (
+    classify,
     head_input,
     head_logits,
-    init,
     mlm_logits,
     nsp_logits,
     pool,
-    prune_heads,
     rtd_logits,
-    run_layers,
     sop_logits,
     token_classify,
 )
-from bertjax.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
+from bertjax.model.input_checks import check_inputs
+from bertjax.model.prune import prune_heads
+from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.hub import minilm_path
-from bertjax.model import SITES, model_sites, site_shape
-from bertjax.tokenization import Batch, Tokenizer
+from bertjax.model.sites import SITES, model_sites, site_shape
+from bertjax.model.tokenizer import Batch, Tokenizer
 
 __version__ = "0.1.0"
 

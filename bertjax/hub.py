@@ -188,7 +188,7 @@ def install_model(hub_id: str, cache_dir: str | os.PathLike | None = None, *,
     try:
       import huggingface_hub
 
-      from bertjax.hf import _HUB_FILES
+      from bertjax.model.hf import _HUB_FILES
 
       path = pathlib.Path(huggingface_hub.snapshot_download(
           hub_id, allow_patterns=_HUB_FILES, cache_dir=str(cache)))

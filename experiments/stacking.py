@@ -302,7 +302,7 @@ def heldout_mlm_loss(params: Any, config, batches: Sequence[dict]) -> dict[str, 
 
 def _final_params(out_dir: pathlib.Path, train, heads: tuple[str, ...]) -> Any:
   """The parameters of the newest checkpoint the loop wrote in `out_dir`."""
-  from bertjax.functional import init
+  from bertjax.model.forward import init
   from bertjax.training import checkpoint as ckpt_lib
   from bertjax.training.state import create_train_state
 
@@ -393,7 +393,7 @@ def interleaved_step_times(config, data: PretrainingData, train, depths: Sequenc
   Returns:
     `{depth: [seconds of each step]}` (compile excluded).
   """
-  from bertjax.functional import init
+  from bertjax.model.forward import init
   from bertjax.training.state import create_train_state
   from bertjax.training.step import make_train_step
 

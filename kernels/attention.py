@@ -227,48 +227,9 @@ def attention(
   dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
   impl = _resolve_impl(impl, return_probs)
   _check_combination(impl, dropout_rate, return_probs, backward)
-  if impl == "xla" and return_probs:
-    return reference_attention(
-      q,
-      k,
-      v,
-      mask=mask,
-      head_mask=head_mask,
-      ablation=ablation,
-      scale=scale,
-      return_probs=return_probs,
-      dropout_rate=dropout_rate,
-      dropout_seed=dropout_seed,
-      bias=bias,
-    )
-  if impl == "xla" and mask.window is not None and q.shape[1] >= 2 * band_width(mask.window):
-    return banded_attention(
-      q,
-      k,
-      v,
-      mask=mask,
-      head_mask=head_mask,
-      ablation=ablation,
-      scale=scale,
-      dropout_rate=dropout_rate,
-      dropout_seed=dropout_seed,
-      bias=bias,
-    )
   if impl == "xla":
-    allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
-    return xla_attention(
-      q,
-      k,
-      v,
-      allowed=allowed,
-      row_real=row_real,
-      head_mask=head_mask,
-      ablation=ablation,
-      scale=scale,
-      dropout_rate=dropout_rate,
-      dropout_seed=dropout_seed,
-      bias=bias,
-    )
+    return _xla(q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate,
+                dropout_seed, bias)
   if impl == "cudnn":
     _check_fused_variants(impl, q, k, mask, bias)
     return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
@@ -289,6 +250,20 @@ def attention(
       raise ValueError(f"{backward=} is not available for the TPU kernels, only 'pallas'")
     return fa_tpu.flash_attention_tpu(q, k, v, **kwargs)
   return fa.flash_attention(q, k, v, backward=backward, bias=bias, **kwargs)
+
+
+def _xla(q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate, dropout_seed,
+         bias):
+  """`impl="xla"`: the reference when the maps are returned; a window layer whose band is
+  narrower than half the sequence on its band alone; otherwise the custom-backward path."""
+  kw = dict(head_mask=head_mask, ablation=ablation, scale=scale, dropout_rate=dropout_rate,
+            dropout_seed=dropout_seed, bias=bias)
+  if return_probs:
+    return reference_attention(q, k, v, mask=mask, return_probs=True, **kw)
+  if mask.window is not None and q.shape[1] >= 2 * band_width(mask.window):
+    return banded_attention(q, k, v, mask=mask, **kw)
+  allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
+  return xla_attention(q, k, v, allowed=allowed, row_real=row_real, **kw)
 
 
 def _check_fused_variants(impl, q, k, mask: Mask, bias, variant=None):

@@ -373,16 +373,14 @@ def _dq_kernel(*refs, cfg: KernelConfig):
 
 
 def _bwd_call(cfg: KernelConfig, residuals, dout):
+  """The backward: delta and d xi per row, then dK/dV, then dQ (and the bias table's)."""
   q, k, v, lengths, seg, xi, seed, table, lse, o_attn, v_mean, count = residuals
   batch, seq_pad, heads, head_dim = q.shape
-  kv_heads, g = k.shape[2], cfg.groups
   bs = cfg.block_sizes
-  seg_args = [seg, seg] if cfg.has_segments else []
   keys = drop.stream_keys(seed, batch, heads) if cfg.dropout else None
   row_q = pl.BlockSpec((None, None, bs.block_q_bwd), lambda b, h, i: (b, h, i))
   tile_q = pl.BlockSpec((None, bs.block_q_bwd, None, head_dim), lambda b, h, i: (b, i, h, 0))
   len_spec = pl.BlockSpec((None,), lambda b, h, i: (b,))
-  xi_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
 
   # 1) delta and d xi per row.
@@ -400,8 +398,18 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
   )(*pre_args)
   dxi = dxi_rows.sum(axis=-1)
 
-  # 2) dK, dV: grid over key/value heads and key blocks; each program loops over the query
-  #    heads of its group (g of them) and the query blocks that see its keys.
+  dk, dv = _bwd_dkv(cfg, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table, count)
+  dq, dtable = _bwd_dq(cfg, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table)
+  return dq, dk, dv, dxi.astype(xi.dtype), dtable
+
+
+def _bwd_dkv(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table, count):
+  """dK, dV: grid over key/value heads and key blocks; each program loops over the query
+  heads of its group (g of them) and the query blocks that see its keys."""
+  batch, seq_pad, heads, head_dim = q.shape
+  kv_heads, g = k.shape[2], cfg.groups
+  bs = cfg.block_sizes
+  seg_args = [seg, seg] if cfg.has_segments else []
   group = lambda a: a.reshape(batch, kv_heads, g, *a.shape[2:])  # (B, H, ...) by group
   full_q = pl.BlockSpec((None, seq_pad, g, head_dim), lambda b, h, j: (b, 0, h, 0))
   tile_k = pl.BlockSpec((None, bs.block_k_bwd, None, head_dim), lambda b, h, j: (b, j, h, 0))
@@ -436,8 +444,18 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
     out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
     name="bertjax_attention_bwd_dkv",
   )(*dkv_args)
+  return dk, dv
 
-  # 3) dQ (and the bias table's gradient): grid over query blocks, loop over key blocks.
+
+def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table):
+  """dQ and the bias table's gradient: grid over query blocks, loop over key blocks."""
+  batch, seq_pad, heads, head_dim = q.shape
+  g, bs = cfg.groups, cfg.block_sizes
+  seg_args = [seg, seg] if cfg.has_segments else []
+  row_q = pl.BlockSpec((None, None, bs.block_q_bwd), lambda b, h, i: (b, h, i))
+  tile_q = pl.BlockSpec((None, bs.block_q_bwd, None, head_dim), lambda b, h, i: (b, i, h, 0))
+  len_spec = pl.BlockSpec((None,), lambda b, h, i: (b,))
+  xi_spec = pl.BlockSpec((None, None), lambda b, h, i: (b, h))
   full_kv = pl.BlockSpec((None, seq_pad, None, head_dim), lambda b, h, i: (b, 0, h // g, 0))
   dq_specs = [tile_q, full_kv, full_kv, tile_q, row_q, row_q, len_spec, xi_spec]
   if cfg.has_segments:
@@ -467,8 +485,7 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
     out_shape=out_shape,
     name="bertjax_attention_bwd_dq",
   )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *extra_args)
-  dtable = dtable[0].sum((0, 2)) if cfg.bias_kind else None  # (heads, entries)
-  return dq, dk, dv, dxi.astype(xi.dtype), dtable
+  return dq, (dtable[0].sum((0, 2)) if cfg.bias_kind else None)  # (heads, entries)
 
 
 # ----------------------------------------------------------------------------------------

@@ -50,6 +50,33 @@ def _pad_seq(x, lo: int, hi: int, value=0):
   return jnp.pad(x, widths, constant_values=value)
 
 
+def _band(mask: Mask, batch: int, seq: int, b: int, r: int, nb: int):
+  """The band's indices and mask: query rows (nb, b) and the keys each block sees (nb, W),
+  both absolute; allowed (B, nb, b, W) and real query rows (B, nb, b)."""
+  half, tail, width = mask.half_window, nb * b - seq, (2 * r + 1) * b
+  q_idx = jnp.arange(nb * b).reshape(nb, b)
+  k_idx = (jnp.arange(nb)[:, None] - r) * b + jnp.arange(width)[None, :]
+  allowed = (jnp.abs(q_idx[:, :, None] - k_idx[:, None, :]) <= half) & (
+    (k_idx >= 0) & (k_idx < seq)
+  )[:, None, :]
+  allowed = jnp.broadcast_to(allowed[None], (batch, nb, b, width))
+  row_real = jnp.broadcast_to((q_idx < seq)[None], (batch, nb, b))
+  if mask.kv_lengths is not None:
+    lengths = jnp.asarray(mask.kv_lengths)[:, None, None]
+    allowed = allowed & (k_idx[None, :, None, :] < lengths[..., None])
+    row_real = row_real & (q_idx[None] < lengths)
+  if mask.key_mask is not None:
+    km = jnp.asarray(mask.key_mask, bool)
+    allowed = allowed & _windows(_pad_seq(km, r * b, tail + r * b, False), nb, r)[:, :, None, :]
+    row_real = row_real & _pad_seq(km, 0, tail, False).reshape(batch, nb, b)
+  if mask.segment_ids is not None:
+    seg = jnp.asarray(mask.segment_ids)
+    seg_q = _pad_seq(seg, 0, tail, -1).reshape(batch, nb, b)
+    seg_k = _windows(_pad_seq(seg, r * b, tail + r * b, -2), nb, r)
+    allowed = allowed & (seg_q[..., None] == seg_k[:, :, None, :])
+  return q_idx, k_idx, allowed, row_real
+
+
 def banded_attention(
   q,
   k,
@@ -92,28 +119,7 @@ def banded_attention(
   tail = nb * b - seq
   width = (2 * r + 1) * b
 
-  # Indices: query rows (nb, b), the keys each block sees (nb, W); both absolute.
-  q_idx = jnp.arange(nb * b).reshape(nb, b)
-  k_idx = (jnp.arange(nb)[:, None] - r) * b + jnp.arange(width)[None, :]
-  allowed = (jnp.abs(q_idx[:, :, None] - k_idx[:, None, :]) <= half) & (
-    (k_idx >= 0) & (k_idx < seq)
-  )[:, None, :]
-  allowed = jnp.broadcast_to(allowed[None], (batch, nb, b, width))
-  row_real = jnp.broadcast_to((q_idx < seq)[None], (batch, nb, b))
-  if mask.kv_lengths is not None:
-    lengths = jnp.asarray(mask.kv_lengths)[:, None, None]
-    allowed = allowed & (k_idx[None, :, None, :] < lengths[..., None])
-    row_real = row_real & (q_idx[None] < lengths)
-  if mask.key_mask is not None:
-    km = jnp.asarray(mask.key_mask, bool)
-    allowed = allowed & _windows(_pad_seq(km, r * b, tail + r * b, False), nb, r)[:, :, None, :]
-    row_real = row_real & _pad_seq(km, 0, tail, False).reshape(batch, nb, b)
-  if mask.segment_ids is not None:
-    seg = jnp.asarray(mask.segment_ids)
-    seg_q = _pad_seq(seg, 0, tail, -1).reshape(batch, nb, b)
-    seg_k = _windows(_pad_seq(seg, r * b, tail + r * b, -2), nb, r)
-    allowed = allowed & (seg_q[..., None] == seg_k[:, :, None, :])
-
+  q_idx, k_idx, allowed, row_real = _band(mask, batch, seq, b, r, nb)
   # Heads first, queries grouped by their key/value head: (B, G, R, nb, b, D).
   qh = _pad_seq(q.astype(dtype), 0, tail).reshape(batch, nb, b, groups, heads // groups, head_dim)
   qh = qh.transpose(0, 3, 4, 1, 2, 5)

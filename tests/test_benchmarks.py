@@ -97,3 +97,32 @@ def test_attribution_parts_benchmark_smoke(tmp_path):
   assert parts["attribution_patching"]["median_ms"] > parts["clean_run"]["median_ms"]
   page = (tmp_path / "attribution_parts_cpu_smoke.md").read_text()
   assert "| one block: backward (activation gradients) |" in page
+
+
+@pytest.mark.slow
+def test_modern_families_benchmark_smoke():
+  out = _run("bench_modern.py", "--smoke")
+  doc = json.loads(out[out.index("{"):])
+  assert doc["smoke"] and doc["machine"]["cpu"]
+  rows = {(r["model"], r["seq"]): r for r in doc["rows"]}
+  assert {m for m, _ in rows} == {"modernbert-base", "mpnet-base"}
+  for r in rows.values():
+    assert r["max_abs_diff_bertjax_vs_torch"] < 1e-4  # the same function is being timed
+    np.testing.assert_allclose(r["bertjax_speedup_vs_torch_sdpa"],
+                               r["torch_sdpa"]["median_s"] / r["bertjax"]["median_s"])
+  longest = rows[("modernbert-base", 40)]
+  assert longest["windows"] == [16] and "bertjax_global" in longest
+
+
+@pytest.mark.slow
+def test_gpu_suite_smoke(tmp_path):
+  """benchmarks/gpu_suite.sh, the one device call of the modern kernels, runs every step."""
+  proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), "--smoke"],
+                        cwd=REPO, env={**ENV, "OUT": str(tmp_path), "PYTHON": sys.executable},
+                        capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+  for step in ("kernel_tests", "attention", "attention_window", "mfu_bert_base",
+               "mfu_modernbert_base"):
+    assert f"== {step}" in proc.stdout and (tmp_path / f"{step}.log").is_file()
+  window = json.loads(next(tmp_path.glob("attention_window128_*_smoke.json")).read_text())
+  assert window["window"] == 128 and {r["impl"] for r in window["rows"]} >= {"bertjax_pallas"}

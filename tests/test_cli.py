@@ -300,7 +300,7 @@ def test_help_texts_are_clean(argv, tmp_path, env):
   import re
   assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split())), text
   if argv[0] == "pretrain":
-    from bertjax.config import PRESETS
+    from bertjax.model.config import PRESETS
     flat = " ".join(text.split())
     assert all(name in flat for name in PRESETS)
     assert "corpus formats" in text and "wikitext" in text and "<unk> becomes [UNK]" in flat

@@ -260,6 +260,8 @@ def test_bfloat16_within_documented_tolerance(minilm_dir):
     (dict(input_ids=np.ones((3,), np.int32)), r"must be \(batch, seq\)"),
     (dict(input_ids=np.ones((1, 3), np.float32)), "must be integers"),
     (dict(attention_mask=np.ones((1, 4))), r"attention_mask shape \(1, 4\) must equal"),
+    (dict(attention_mask=np.array([[1, 1, -1]])), r"attention_mask values \[-1\] must be 0"),
+    (dict(attention_mask=np.array([[1, 0.5, 0]])), r"attention_mask values \[0.5\] must be 0"),
     (dict(token_type_ids=np.array([[0, 2, 0]])), "token_type_ids in .* must lie in"),
     (dict(head_mask=np.ones((3, 5))), r"head_mask shape \(3, 5\) must be"),
     (dict(layer_mask=np.ones((2,))), r"layer_mask shape \(2,\) must be"),
@@ -361,3 +363,25 @@ def test_checked_forward_raises_under_jit_what_eager_raises(params):
   # Unchecked under the user's jit, an out-of-range id gives NaN (documented).
   jitted = jax.jit(lambda i: bertjax.forward(params, CONFIG, i).last_hidden_state)
   assert np.isnan(np.asarray(jitted(np.array([[1, 2, 101]], np.int32)))).any()
+
+
+def test_broken_files_are_named(tmp_path):
+  """A truncated model.safetensors, a broken config.json and a file given for a model
+  directory are errors that name the file, not raw library errors."""
+  config = bertjax.BertConfig.preset("tiny")
+  bertjax.to_hf(config, bertjax.init(config, 0), tmp_path)
+  weights = tmp_path / "model.safetensors"
+  with pytest.raises(FileNotFoundError, match="is a file; a model is its folder"):
+    bertjax.from_hf(tmp_path / "config.json")
+  weights.write_bytes(weights.read_bytes()[:1000])
+  with pytest.raises(ValueError, match=f"{weights} cannot be read as safetensors"):
+    bertjax.from_hf(tmp_path)
+  (tmp_path / "config.json").write_text('{"model_type": "bert", ')
+  with pytest.raises(ValueError, match="config.json is not valid JSON"):
+    bertjax.from_hf(tmp_path)
+
+
+def test_checked_forward_names_bad_attention_mask_values(params):
+  with pytest.raises(ValueError, match="attention_mask values in .* must be 0"):
+    bertjax.checked_forward(params, CONFIG, np.array([[1, 2, 3]], np.int32),
+                            np.array([[1, 1, -1]], np.int32))

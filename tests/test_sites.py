@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.model import ROW_AXIS, block_sites, take_rows
+from bertjax.model.sites import ROW_AXIS, block_sites, take_rows
 
 SENTENCES_A = ["The keys to the cabinet are on the table.", "She did not like it at all.",
                "Why?"]
@@ -409,3 +409,38 @@ def test_unrolled_blocks_equal_the_scan(model_type):
 
   w = jnp.full((config.depth, config.num_attention_heads), 0.2)
   np.testing.assert_allclose(jax.grad(metric)(w, True), jax.grad(metric)(w, False), atol=1e-5)
+
+
+def _zero_head_3_of_layer_2(value, layer):
+  """A function patch: head 3 of layer 2 (index 1) set to zero, every other head kept."""
+  return jnp.where(layer == 1, value.at[..., 3, :].set(0.0), value)
+
+
+def test_a_function_patch_is_a_traced_edit():
+  """patch={site: fn} applies fn(value, layer) in every block, equal to the same edit as a
+  head mask; it composes with jit, vmap and grad; a wrong shape is named."""
+  config, params, ids, mask = _tiny()
+  xi = np.ones((config.depth, config.num_attention_heads), np.float32)
+  xi[1, 3] = 0.0
+  want = bertjax.forward(params, config, ids, mask, head_mask=xi).last_hidden_state
+  got = bertjax.forward(params, config, ids, mask,
+                        patch={"head_out": _zero_head_3_of_layer_2}).last_hidden_state
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  assert np.abs(np.asarray(got) - np.asarray(bertjax.forward(
+      params, config, ids, mask).last_hidden_state)).max() > 1e-3
+  # Under the caller's jit and vmap (over sequences), and differentiated.
+  run = jax.jit(lambda i, m: bertjax.forward(
+      params, config, i, m, patch={"head_out": _zero_head_3_of_layer_2}).last_hidden_state)
+  np.testing.assert_allclose(run(ids, mask), want, atol=1e-6)
+  per_row = jax.vmap(lambda i, m: run(i[None], m[None])[0])(ids, mask)
+  np.testing.assert_allclose(per_row, want, atol=1e-5)
+  emb = bertjax.embed(params, config, ids)
+  grad = jax.grad(lambda x: bertjax.run_layers(
+      params, config, x, mask, patch={"head_out": _zero_head_3_of_layer_2}).last.sum())(emb)
+  assert np.isfinite(np.asarray(grad)).all()
+  with pytest.raises(ValueError, match=r"patch\['mid'\] function returned shape"):
+    bertjax.forward(params, config, ids, mask, patch={"mid": _first_row_only})
+
+
+def _first_row_only(value, layer):
+  return value[:1]

@@ -50,10 +50,11 @@ from bertjax.analysis.overrides import (  # noqa: F401 (the overrides, re-export
   override_patch,
   positional_patterns,
 )
-from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, embed, head_logits, pool, run_layers
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import BertOutput, embed, run_layers
+from bertjax.model.heads import head_logits, pool
 from bertjax.kernels import ABLATIONS  # the head_ablation values, defined once in kernels
-from bertjax.model import compute_dtype
+from bertjax.model.layers import compute_dtype
 
 Params = dict[str, Any]
 MetricFn = Callable[..., tuple[jax.Array, jax.Array]]
@@ -111,7 +112,7 @@ def mlm_batch_loss(params, config, batch, last_hidden_state, pooled):
   -100 marks a position not predicted. Returns `(sum, count)`. Not `training.losses.mlm_loss`
   (a mean over gathered positions).
   """
-  from bertjax.functional import mlm_logits
+  from bertjax.model.heads import mlm_logits
 
   labels = batch["labels"].astype(jnp.int32)
   logits = mlm_logits(params, config, last_hidden_state)

@@ -29,14 +29,13 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import as_batch, model_token_types
-from bertjax.config import BertConfig
-from bertjax.functional import attention_statistics, forward
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import attention_statistics, forward
 
 Params = dict[str, Any]
 CLARK_NAMES = ("cls", "sep", "punct", "self", "prev", "next", "entropy")

@@ -54,9 +54,9 @@ from bertjax.analysis.attribution_gradients import (  # noqa: F401 (their public
     logit_lens,
     mlm_target,
 )
-from bertjax.config import BertConfig
-from bertjax.functional import run_layers
-from bertjax.model import compute_dtype
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import run_layers
+from bertjax.model.layers import compute_dtype
 
 # attention_flow: SciPy's max-flow takes integer capacities; these are in units of 2^-30.
 FLOW_SCALE = 2 ** 30

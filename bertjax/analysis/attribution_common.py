@@ -13,9 +13,10 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.functional import check_inputs, forward
-from bertjax.model import compute_dtype
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import forward
+from bertjax.model.input_checks import check_inputs
+from bertjax.model.layers import compute_dtype
 
 Params = dict[str, Any]
 

@@ -24,9 +24,10 @@ from bertjax.analysis.attribution_common import (
     _check,
     _mask,
 )
-from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, forward, mlm_logits
-from bertjax.model import compute_dtype
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import BertOutput, forward
+from bertjax.model.heads import mlm_logits
+from bertjax.model.layers import compute_dtype
 
 TargetFn = Callable[[Params, BertOutput], jax.Array]
 IG_METHODS = ("gausslegendre", "riemann_trapezoid")

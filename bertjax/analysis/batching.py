@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
+from bertjax.model.config import BertConfig
 
 BASELINE_KEY = "baseline_last_hidden_state"
 

@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, forward
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import BertOutput, forward
 
 Params = dict[str, Any]
 

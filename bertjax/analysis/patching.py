@@ -102,9 +102,11 @@ from bertjax.analysis.patching_metrics import (  # noqa: F401 (their public home
     metric_rows,
     normalize,
 )
-from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, check_inputs, embed, forward, pool, run_layers
-from bertjax.model import BLOCK_SITES, SITES, mix
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import BertOutput, embed, forward, run_layers
+from bertjax.model.heads import pool
+from bertjax.model.input_checks import check_inputs
+from bertjax.model.sites import BLOCK_SITES, SITES, mix
 
 Params = dict[str, Any]
 DIRECTIONS = ("denoise", "noise")
@@ -118,6 +120,16 @@ INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 def _axes(site: str) -> list[str]:
   return SITES[site][0].split()
+
+
+def _head_axis(site: str) -> str | None:
+  """The site's head axis: "heads", "kv_heads" (k and v: grouped key/value heads), or None."""
+  return next((a for a in _axes(site) if a in ("heads", "kv_heads")), None)
+
+
+def head_count(config: BertConfig, site: str) -> int:
+  """How many heads a site has: the query heads, or the key/value heads for k and v."""
+  return config.kv_heads if _head_axis(site) == "kv_heads" else config.num_attention_heads
 
 
 def _index_mask(size: int, chosen, what: str) -> np.ndarray:
@@ -158,10 +170,11 @@ def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, he
   if site not in SITES:
     raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
   axes = _axes(site)
-  if heads is not None and "heads" not in axes:
+  head_axis = _head_axis(site)
+  if heads is not None and head_axis is None:
     raise ValueError(f"heads={heads} given for site {site!r}, which has no head axis "
                      f"(sites with heads: {HEAD_SITES})")
-  depth, n = config.depth, config.num_attention_heads
+  depth, n = config.depth, head_count(config, site)
   if site == "embeddings" and layers is not None:
     raise ValueError(f"layers={layers} given for the 'embeddings' site, which has no depth axis")
   pairs = heads is not None and len(heads) > 0 and all(
@@ -184,7 +197,7 @@ def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, he
   shape = [depth] + [1] * len(axes)
   layer_heads = grid if heads is not None else grid[:, :1]  # (depth, N | 1)
   if heads is not None:
-    shape[1 + axes.index("heads")] = n
+    shape[1 + axes.index(head_axis)] = n
   lh_shape = list(shape)
   pos_shape = [1] * len(shape)
   if positions is not None:
@@ -353,7 +366,7 @@ def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
   """(P, 1, *site axes) block-local 0/1 weights, one per patch of a sweep."""
   if over == "heads":
     ws = [patch_weight(config, site, seq_len, layers=[0], heads=[h], positions=positions)
-          for h in range(config.num_attention_heads)]
+          for h in range(head_count(config, site))]
   else:
     ws = [patch_weight(config, site, seq_len, layers=[0], positions=[t]) for t in range(seq_len)]
   return np.stack([w[:1] for w in ws])
@@ -657,6 +670,11 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     raise ValueError(f"receivers {list(pairs)} include layer 0, which no head precedes")
   if config.is_pruned:
     raise ValueError("path_patching needs stacked layers; this config is pruned")
+  if config.kv_heads != config.num_attention_heads and set(sites) & {"k", "v"}:
+    raise ValueError(f"path_patching into receivers' {sorted(set(sites) & {'k', 'v'})}: a "
+                     f"{config.model_type} model groups its key/value heads "
+                     f"({config.kv_heads} for {config.num_attention_heads}), so a receiver "
+                     "head has no key or value of its own; use receiver_sites=('q',)")
   src, dst, targets = _pair(config, clean, corrupted, targets, direction, params, metric)
   n = config.num_attention_heads
   senders, set_sharding = _patch_set(np.arange(n, dtype=np.int32), mesh)

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import stats
-from bertjax.functional import BertOutput, head_logits, mlm_logits, token_classify
+from bertjax.model.forward import BertOutput
+from bertjax.model.heads import head_logits, mlm_logits, token_classify
 
 Metric = Callable[..., jax.Array]
 

@@ -39,8 +39,10 @@ from bertjax.analysis.batching import (
     first_modified_layer,
     model_token_types,
 )
-from bertjax.config import BertConfig
-from bertjax.functional import attention_statistics, check_inputs, embed, forward, pool, run_layers
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import attention_statistics, embed, forward, run_layers
+from bertjax.model.heads import pool
+from bertjax.model.input_checks import check_inputs
 
 Params = dict[str, Any]
 

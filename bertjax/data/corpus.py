@@ -277,7 +277,7 @@ def load_tokenizer(path: PathLike, *, lowercase: bool = True):
   if path.is_dir() and (path / "config.json").is_file():
     # A model directory: its tokenizer as bertjax reads it for the model's family (MPNet's
     # vocab.txt with its <s> A </s></s> B </s> template, not BERT's).
-    from bertjax.tokenization import Tokenizer as FamilyTokenizer
+    from bertjax.model.tokenizer import Tokenizer as FamilyTokenizer
 
     return _prepare(FamilyTokenizer.from_pretrained(path).tokenizer)
   if path.is_dir():

@@ -67,7 +67,7 @@ def _resolve_model(model_dir: str | os.PathLike | None) -> tuple[pathlib.Path, s
   """The checkpoint's directory and the name the page gives it."""
   if model_dir is None:
     return bertjax.minilm_path(), DEFAULT_MODEL
-  from bertjax.hf import resolve_model_path
+  from bertjax.model.hf import resolve_model_path
 
   model_path = resolve_model_path(model_dir)  # a directory or a hub id in the cache
   return model_path, inputs.model_name(model_path, str(model_dir))

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bertjax.config import BertConfig, config_from_json, config_to_json
+from bertjax.model.config import BertConfig, config_from_json, config_to_json
 from bertjax.training.state import TrainState, state_from_tree, state_to_tree
 
 log = logging.getLogger(__name__)
@@ -305,7 +305,7 @@ def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
   Returns:
     The model config written (an ELECTRA run's: the discriminator's).
   """
-  from bertjax.hf import to_hf
+  from bertjax.model.hf import to_hf
   from bertjax.training import electra
 
   ckpt = Checkpointer(directory, max_to_keep=None, async_save=False)

@@ -57,7 +57,7 @@ UD tagging (--ud FILE): one label per word, on the word's first subword; --ud-fi
 
 
 def _presets() -> list[str]:
-  from bertjax.config import PRESETS
+  from bertjax.model.config import PRESETS
 
   return sorted(PRESETS)
 
@@ -203,7 +203,7 @@ def _check_pretrainable(args) -> None:
   """Resolves `--init-from` (a directory or a hub id) in place, and refuses a model whose
   family lacks the heads the objectives need: MLM always, NSP or SOP when asked for."""
   import bertjax
-  from bertjax import hf
+  from bertjax.model import hf
 
   args.init_from = str(hf.resolve_model_path(args.init_from))
   config_file = pathlib.Path(args.init_from) / "config.json"
@@ -227,7 +227,7 @@ PRETRAIN_FILES = ("checkpoints", "vocab", "metrics.jsonl", "summary.json", "tens
 def _vocab_source(args) -> pathlib.Path | str:
   """Where the vocabulary comes from: --vocab (a file, a model directory or a hub id), else
   the --init-from model's, else the --teacher's (a distilled student needs the teacher's)."""
-  from bertjax import hf
+  from bertjax.model import hf
 
   if args.vocab:
     path = pathlib.Path(args.vocab).expanduser()
@@ -304,7 +304,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   if args.init_from:
     _check_pretrainable(args)
   if args.teacher:
-    from bertjax import hf
+    from bertjax.model import hf
 
     if args.train_vocab:
       raise ValueError(f"--train-vocab {args.train_vocab} with --teacher {args.teacher}: a "
@@ -539,7 +539,7 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
     0 on success.
   """
   args = parse_args(finetune_parser(), argv)
-  from bertjax.tokenization import Tokenizer
+  from bertjax.model.tokenizer import Tokenizer
   from bertjax.training import finetune as F
 
   out = pathlib.Path(args.output_dir) if args.output_dir else _default_output_dir(args)

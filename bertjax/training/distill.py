@@ -46,8 +46,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig
-from bertjax.functional import Params, forward, head_logits, mlm_logits
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import forward
+from bertjax.model.heads import head_logits, mlm_logits
+from bertjax.model.layers import Params
 from bertjax.training import losses
 from bertjax.training.objective_base import Context, Objective
 

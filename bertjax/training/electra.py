@@ -33,8 +33,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig, config_from_json
-from bertjax.functional import Params, forward, init, mlm_logits, rtd_logits
+from bertjax.model.config import BertConfig, config_from_json
+from bertjax.model.forward import forward, init
+from bertjax.model.heads import mlm_logits, rtd_logits
+from bertjax.model.layers import Params
 from bertjax.training import losses
 from bertjax.training.objective_base import Context, Objective
 
@@ -245,7 +247,7 @@ def save_electra(params: Params, generator: BertConfig, discriminator: BertConfi
   Returns:
     The two directories.
   """
-  from bertjax.hf import to_hf
+  from bertjax.model.hf import to_hf
 
   out = pathlib.Path(directory)
   gen_dir, disc_dir = out / "generator", out / "discriminator"

@@ -25,8 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.functional import HEADS, forward, head_logits, init, token_classify
+from bertjax.model.config import BertConfig
+from bertjax.model.families import HEADS
+from bertjax.model.forward import forward, init
+from bertjax.model.heads import head_logits, token_classify
 from bertjax.stats import pearson, spearman
 from bertjax.training import optim
 from bertjax.training.losses import IGNORE_INDEX
@@ -293,7 +295,7 @@ def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path |
   Returns:
     `(config, params)`.
   """
-  from bertjax.hf import from_hf
+  from bertjax.model.hf import from_hf
 
   if task not in TASKS:
     raise ValueError(f"{task=!r} must be one of {TASKS}")

@@ -22,8 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.functional import init
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import init
 from bertjax.training import checkpoint as ckpt_lib
 from bertjax.training import objectives as objectives_lib
 from bertjax.training import optim, sharding, stacking

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig
-from bertjax.functional import Params, mlm_logits
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import mlm_logits
+from bertjax.model.layers import Params
 
 IGNORE_INDEX = -100
 

@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.config import BertConfig
-from bertjax.functional import BertOutput, forward
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import BertOutput, forward
 
 
 class Context:

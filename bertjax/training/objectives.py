@@ -31,13 +31,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.config import BertConfig
-from bertjax.functional import (
-  head_logits,
-  nsp_logits,
-  sop_logits,
-  token_classify,
-)
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import head_logits, nsp_logits, sop_logits, token_classify
 from bertjax.training import losses, span_objectives
 from bertjax.training.objective_base import Context, Objective  # noqa: F401 (re-exported)
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig
+from bertjax.model.config import BertConfig
 from bertjax.training import losses
 from bertjax.training.objective_base import Context, Objective
 

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.config import BertConfig
+from bertjax.model.config import BertConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.config import BertConfig
+from bertjax.model.config import BertConfig
 from bertjax.training import objectives as objectives_lib
 from bertjax.training.state import TrainState
 

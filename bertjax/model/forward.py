@@ -4,22 +4,23 @@
 (layer parameters stacked on a leading axis; ALBERT blocks index their shared
 group), then the pooler. Interventions are data: a head mask `(depth, heads)`
 or `(batch, depth, heads)`, a layer mask `(depth,)` and patches of named sites
-(`capture=` / `patch=`, see `bertjax.model.SITES`) are scanned inputs, so
+(`capture=` / `patch=`, see `bertjax.model.sites.SITES`) are scanned inputs, so
 `jax.grad` gives head importance and attribution patching, and `jax.vmap`
 gives ablation and patching sweeps.
 
 The lower-level pieces (`embed`, `run_layers`, `pool`) are public too: analyses
 that intervene at block `l` reuse the activations below it instead of
-recomputing them. There is one block (`model.EncoderLayer`) and one loop over
+recomputing them. There is one block (`layers.EncoderLayer`) and one loop over
 blocks (`run_layers`); pruned models, attention statistics, overrides and
 patches all go through them. The input checks (`check_inputs`, `value_checks`) are in
-`bertjax.input_checks`; `checked_forward` compiles them into the program.
+`bertjax.model.input_checks`; `checked_forward` compiles them into the program. The heads
+are `bertjax.model.heads`, pruning `bertjax.model.prune`.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import flax
 import jax
@@ -27,34 +28,27 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import kernels
-from bertjax.config import BertConfig
-from bertjax.families import HEADS
-from bertjax.input_checks import (
+from bertjax.model.config import BertConfig
+from bertjax.model.heads import Pooler, _head_module, pool
+from bertjax.model.input_checks import (
     as_array,
     capture_tuple,
     check_block_sites,
     check_inputs,
     patch_arrays,
+    split_patch_functions,
     value_checks,
 )
-from bertjax.model import (
-    BLOCK_SITES,
-    ROW_AXIS,
-    SITES,
-    Classifier,
+from bertjax.model.layers import (
     Embeddings,
     EncoderLayer,
-    MLMHead,
-    Pooler,
-    RTDHead,
-    Sites,
+    Params,
     compute_dtype,
     final_norm_module,
-    mix,
-    put_rows,
 )
+from bertjax.model.prune import prune_heads
+from bertjax.model.sites import BLOCK_SITES, ROW_AXIS, SITES, Sites, mix, put_rows
 
-Params = dict[str, Any]
 ABLATIONS = kernels.ABLATIONS  # the head_ablation values, defined once in kernels
 
 
@@ -146,20 +140,6 @@ def _init_bias_table(config: BertConfig, key):
   return jax.random.normal(key, shape) * config.initializer_range
 
 
-def _head_module(config: BertConfig, head: str):
-  spec = config.family.heads[head]
-  if head == "mlm":
-    return MLMHead(config)
-  if head == "rtd":
-    return RTDHead(config)
-  if head == "nsp":
-    return Classifier(config, 2, 0.0)
-  dropout = {"classifier": config.classifier_dropout, "hidden": config.hidden_dropout_prob,
-             "none": 0.0}[spec.dropout]
-  # Hugging Face sizes ALBERT's SOP head by num_labels too (2 in every released model).
-  return Classifier(config, config.num_labels, dropout, spec)
-
-
 # Checked forward ------------------------------------------------------------
 
 
@@ -200,7 +180,7 @@ def _checked_forward(params, config, input_ids, attention_mask, token_type_ids, 
   from jax.experimental import checkify
 
   def run(params, input_ids, attention_mask, token_type_ids, dynamic):
-    value_checks(config, input_ids, token_type_ids)
+    value_checks(config, input_ids, token_type_ids, attention_mask)
     return forward(params, config, input_ids, attention_mask, token_type_ids, **dynamic,
                    **dict(static))
 
@@ -236,7 +216,11 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       value and weight broadcast to the site's stacked shape (`bertjax.site_shape`).
       Differentiable in both; vmap over them for sweeps. Applied after head masks.
       Weights are not clipped: outside [0, 1] they extrapolate (2 doubles the edit,
-      -1 pushes away from `value`).
+      -1 pushes away from `value`). Or {site: fn}: a block site becomes `fn(value, layer)`,
+      with `value` the site in one block (batch first, no depth axis) and `layer` the
+      block's index (a traced int under the layer scan); traced under jit, vmap and grad
+      like the rest. The function is a static argument: define it once (not a new lambda
+      per call) so that it compiles once.
     deterministic: False enables dropout; then `rng` is required.
     rng: PRNG key for dropout.
 
@@ -248,20 +232,20 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
   check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
                head_ablation, capture=capture, patch=patch)
-  patch = patch_arrays(patch)
+  patch, functions = split_patch_functions(patch_arrays(patch))
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
                   layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
-                  deterministic, capture)
+                  deterministic, capture, functions)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13))
+@functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13, 14))
 def _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
              rng, patch, head_ablation, output_hidden_states, output_attentions, deterministic,
-             capture):
+             capture, functions=()):
   rng_embed, rng_layers = (None, None) if rng is None else jax.random.split(rng)
-  patch = patch or {}
+  patch = {**(patch or {}), **dict(functions)}
   x = embed(params, config, input_ids, token_type_ids, deterministic=deterministic,
             rng=rng_embed, patch=patch.get("embeddings"))
   layers = run_layers(
@@ -350,7 +334,7 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     block `stop-1`; when asked, every block's output `(stop-start, B, T, H)` and
     attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
   """
-  capture, patch = check_block_sites(config, hidden, capture, patch)
+  capture, patch = check_block_sites(config, hidden, capture, patch)  # functions kept
   return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
                      head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
                      output_hidden_states=output_hidden_states,
@@ -395,7 +379,8 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   if layer_mask is not None:
     layer_mask = jnp.asarray(layer_mask)[start:stop]
   keys = None if deterministic else jax.random.split(rng, stop - start)
-  scanned, const = _split_patch(config, patch or {}, start, stop)
+  patch, functions = split_patch_functions(patch)
+  scanned, const = _split_patch(config, patch, start, stop)
   want_maps = output_attentions or stats
 
   bias_table = params["encoder"].get("relative_attention_bias", {}).get("embedding")
@@ -405,7 +390,8 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
     block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
     fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
     sites = Sites(capture, block_patch, hm, head_ablation, lm, kept=kept,
-                  num_heads=config.num_attention_heads, rows=None if fused else rows)
+                  num_heads=config.num_attention_heads, rows=None if fused else rows,
+                  functions=functions, layer=layer)
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
         {"params": layer_params}, h, key_mask, sites, output_attentions,
@@ -578,221 +564,6 @@ def _attention_statistics(params, config, input_ids, attention_mask, token_type_
   x = embed(params, config, input_ids, token_type_ids)
   return _run_blocks(params, config, x, attention_mask, head_mask=head_mask,
                      head_ablation=head_ablation, stats=True, special_mask=special_mask).attentions
-
-
-def prune_heads(config: BertConfig, params: Params,
-                heads_to_prune: dict[int, list[int]]) -> tuple[BertConfig, Params]:
-  """Physically removes attention heads, so the model gets smaller and faster.
-
-  Args:
-    config: a config of a family without shared layers (ALBERT layers share
-      weights; use head masks there).
-    params: its parameters (stacked, or already pruned).
-    heads_to_prune: layer -> original indices of heads to remove (adds to any
-      already removed).
-
-  Returns:
-    `(config, params)` where `config.pruned_heads` records every removed head
-    (exported as Hugging Face `pruned_heads`) and `params["encoder"]["layers"]`
-    is a list of per-layer parameter dicts when head counts differ. Head masks,
-    attention maps and captured sites keep the original `(layers, heads)` indexing.
-  """
-  if config.family.shared_layers:
-    raise ValueError(f"prune_heads does not support model_type={config.model_type!r}: its "
-                     "layers share weights; use head masks")
-  removed = {layer: set(heads) for layer, heads in config.pruned_heads}
-  for layer, heads in heads_to_prune.items():
-    heads = [int(h) for h in heads]
-    if not 0 <= layer < config.num_hidden_layers or any(
-        not 0 <= h < config.num_attention_heads for h in heads):
-      raise ValueError(f"heads_to_prune[{layer}]={heads} is out of range for "
-                       f"{config.num_hidden_layers} layers x {config.num_attention_heads} heads")
-    removed.setdefault(int(layer), set()).update(heads)
-  new_config = config.replace(pruned_heads=tuple(
-      (layer, tuple(sorted(heads))) for layer, heads in sorted(removed.items()) if heads))
-  layers = params["encoder"]["layers"]
-  if not isinstance(layers, list):
-    layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(config.num_hidden_layers)]
-  pruned = []
-  for layer, p in enumerate(layers):
-    old = config.kept_heads(layer)
-    local = np.asarray([old.index(h) for h in new_config.kept_heads(layer)], np.int32)
-    a = dict(p["attention"])
-    for name in ("query", "key", "value"):  # biases where the block has them
-      a[name] = {k: v[:, local] if k == "kernel" else v[local] for k, v in a[name].items()}
-    a["output"] = {**a["output"], "kernel": a["output"]["kernel"][local]}
-    pruned.append({**p, "attention": a})
-  return new_config, {**params, "encoder": {**params["encoder"], "layers": pruned}}
-
-
-def unprune_heads(config: BertConfig, params: Params) -> tuple[BertConfig, Params]:
-  """A pruned model at full size: each removed head's query, key, value and output weights
-  (and q/k/v biases) zero, so it contributes exactly nothing; layers stacked again.
-
-  The same function as the pruned model (a removed head's values are zero, and so is its
-  output projection), in the layout every library reads: what `to_hf` writes by default,
-  since transformers 5 has no head pruning.
-  """
-  if not config.is_pruned:
-    return config, params
-  n = config.num_attention_heads
-  layers = []
-  for layer, p in enumerate(params["encoder"]["layers"]):
-    kept = np.asarray(config.kept_heads(layer), np.int32)
-    full = lambda a, axis: jnp.zeros(a.shape[:axis] + (n,) + a.shape[axis + 1:], a.dtype).at[
-        (slice(None),) * axis + (kept,)].set(a)
-    a = dict(p["attention"])
-    for name in ("query", "key", "value"):
-      a[name] = {k: full(v, 1 if k == "kernel" else 0) for k, v in a[name].items()}
-    a["output"] = {**a["output"], "kernel": full(a["output"]["kernel"], 0)}
-    layers.append({**p, "attention": a})
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-  return (config.replace(pruned_heads=()),
-          {**params, "encoder": {**params["encoder"], "layers": stacked}})
-
-
-def pool(params: Params, config: BertConfig, last_hidden_state) -> jax.Array | None:
-  """The pooler output (batch, hidden), or None for a model without a pooler."""
-  if "pooler" not in params:
-    return None
-  return Pooler(config).apply({"params": params["pooler"]}, last_hidden_state)
-
-
-# Heads ----------------------------------------------------------------------
-
-
-def _head_params(params: Params, head: str) -> Params:
-  if head not in params:
-    present = [h for h in HEADS if h in params]
-    raise ValueError(f"these parameters have no {head!r} head; heads present: {present}")
-  return params[head]
-
-
-def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic: bool = True,
-                rng: jax.Array | None = None) -> jax.Array:
-  head_reads(config, head)  # a head the family has
-  rngs = None if deterministic else {"dropout": rng}
-  module = _head_module(config, head)
-  if head == "mlm":
-    word = params["embeddings"]["word_embeddings"]["embedding"]
-    return module.apply({"params": _head_params(params, head)}, x, word)
-  if head == "rtd":
-    return module.apply({"params": _head_params(params, head)}, x)
-  return module.apply({"params": _head_params(params, head)}, x, deterministic=deterministic,
-                      rngs=rngs)
-
-
-def head_reads(config: BertConfig, head: str) -> str:
-  """What `head` reads: "pooled", "first", "tokens", "mean" or "late" (the family's head,
-  with `config.classifier_pooling` deciding where the family pools by config)."""
-  if head not in config.family.heads:
-    raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
-                     f"{tuple(config.family.heads)}")
-  reads = config.family.heads[head].reads
-  if reads == "pooling":
-    return {"cls": "first", "bos": "first"}.get(config.classifier_pooling,
-                                                config.classifier_pooling)
-  return reads
-
-
-def head_input(config: BertConfig, out: BertOutput, head: str,
-               attention_mask=None) -> jax.Array:
-  """What `head` reads from a forward output: the pooler output, the first token, the
-  masked mean of the tokens ("mean" pooling; `attention_mask` None means all real), or all
-  tokens (token heads, and "late" pooling, whose logits are averaged afterwards)."""
-  reads = head_reads(config, head)
-  if reads == "pooled":
-    if out.pooler_output is None:
-      raise ValueError(f"the {head!r} head reads the pooler output, and this model has no pooler")
-    return out.pooler_output
-  if reads == "first":
-    return out.last_hidden_state[:, 0]
-  if reads == "mean":
-    return masked_mean(out.last_hidden_state, attention_mask)
-  return out.last_hidden_state
-
-
-def masked_mean(x, attention_mask=None):
-  """The mean of x (B, T, ...) over the real positions of each sequence (as transformers'
-  mean pooling: `sum(x * mask) / sum(mask)`)."""
-  if attention_mask is None:
-    return x.mean(1)
-  m = jnp.asarray(attention_mask).astype(x.dtype).reshape(x.shape[:2] + (1,) * (x.ndim - 2))
-  return (x * m).sum(1) / m.sum(1)
-
-
-def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, *,
-                attention_mask=None, deterministic: bool = True,
-                rng: jax.Array | None = None) -> jax.Array:
-  """A task head's logits from `forward`'s output, for any family.
-
-  Each head reads what its Hugging Face class reads: BERT's, ALBERT's and NomicBERT's
-  classifiers the pooler output; RoBERTa's, ELECTRA's, DistilBERT's and MPNet's the first
-  token's final state; ModernBERT's and EuroBERT's what `config.classifier_pooling` says
-  (the first token, the masked mean of the tokens, or, EuroBERT's "late", the masked mean of
-  per-token logits); MLM, RTD and token classifiers every token.
-
-  Args:
-    params: parameters with the head.
-    config: the architecture.
-    out: `forward`'s output.
-    head: "mlm" (B, T, vocab), "nsp" (B, 2), "sop" (B, num_labels), "rtd" (B, T),
-      "classifier" (B, num_labels) or "token_classifier" (B, T, num_labels).
-    attention_mask: (B, T), for "mean" and "late" pooling (None: every position is real).
-    deterministic, rng: dropout inside the head (training).
-
-  Returns:
-    The logits.
-  """
-  logits = _apply_head(head, params, config, head_input(config, out, head, attention_mask),
-                       deterministic, rng)
-  if head_reads(config, head) == "late":
-    logits = masked_mean(logits, attention_mask)
-  return logits
-
-
-def mlm_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
-  """Masked-LM logits (..., vocab) from hidden states (..., hidden); decoder tied to embeddings.
-
-  Pass only the gathered masked positions (batch, predictions, hidden) to avoid
-  a full-vocabulary projection of every token.
-  """
-  return _apply_head("mlm", params, config, hidden)
-
-
-def rtd_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
-  """ELECTRA replaced-token-detection logits (...,) from hidden states (..., hidden); > 0 = replaced."""
-  return _apply_head("rtd", params, config, hidden)
-
-
-def nsp_logits(params: Params, config: BertConfig, pooled) -> jax.Array:
-  """Next-sentence-prediction logits (batch, 2) from the pooler output; 0 = is next."""
-  return _apply_head("nsp", params, config, pooled)
-
-
-def sop_logits(params: Params, config: BertConfig, pooled, *, deterministic: bool = True,
-               rng: jax.Array | None = None) -> jax.Array:
-  """ALBERT sentence-order-prediction logits (batch, 2) from the pooler output."""
-  return _apply_head("sop", params, config, pooled, deterministic, rng)
-
-
-def classify(params: Params, config: BertConfig, x, *, deterministic: bool = True,
-             rng: jax.Array | None = None) -> jax.Array:
-  """Sequence-classification logits from what the family's head reads.
-
-  `x` is the pooler output for BERT and ALBERT and the first token's final state
-  for RoBERTa, XLM-R, ELECTRA and DistilBERT (`head_input(config, out,
-  "classifier")` gives the right one; `head_logits` does both steps, and also the
-  averaging of EuroBERT's "late" pooling, where `x` is every token and the result
-  (batch, seq, num_labels)).
-  """
-  return _apply_head("classifier", params, config, x, deterministic, rng)
-
-
-def token_classify(params: Params, config: BertConfig, hidden, *, deterministic: bool = True,
-                   rng: jax.Array | None = None) -> jax.Array:
-  """Token-classification logits (batch, seq, num_labels) from the last hidden state."""
-  return _apply_head("token_classifier", params, config, hidden, deterministic, rng)
 
 
 def count_params(params: Params) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bertjax.families import FAMILIES, LAYER_TYPES, MODEL_TYPES, Family, family
+from bertjax.model.families import FAMILIES, Family, LAYER_TYPES, MODEL_TYPES, family
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
@@ -115,6 +115,9 @@ class BertConfig:
     if self.label_names is not None and len(self.label_names) != self.num_labels:
       raise ValueError(f"label_names={self.label_names} must name num_labels={self.num_labels} "
                        "classes")
+    if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
+      raise ValueError(f"pad_token_id={self.pad_token_id!r} must be an id in [0, "
+                       f"vocab_size={self.vocab_size})")
     if self.max_length < 1:
       raise ValueError(f"max_position_embeddings={self.max_position_embeddings} leaves no usable "
                        f"positions after pad_token_id={self.pad_token_id} ({self.model_type})")

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
+from bertjax.model.config import BertConfig
 from bertjax.kernels import ABLATIONS
-from bertjax.model import SITES, model_sites, site_shape
+from bertjax.model.sites import SITES, model_sites, site_shape
 
 
 def _concrete(x) -> bool:
@@ -46,9 +46,18 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
     raise ValueError(f"sites {absent} do not exist on a {config.model_type} block (its "
                      f"feed-forward is {config.family.ffn}); its sites: {model_sites(config)}")
   for site, entry in (patch or {}).items():
+    if callable(entry):  # a function patch: fn(value, layer) -> the new value
+      if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):
+        raise ValueError(f"patch[{site!r}] is a function, which a pruned model's per-head "
+                         "sites do not take (their head axes differ by layer); give a "
+                         "(value, weight) pair")
+      if site == "embeddings":
+        raise ValueError("patch['embeddings'] is a function; the embeddings site takes a "
+                         "(value, weight) pair")
+      continue
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-      raise ValueError(f"patch[{site!r}] must be a (value, weight) pair; got "
-                       f"{type(entry).__name__}")
+      raise ValueError(f"patch[{site!r}] must be a (value, weight) pair or a function "
+                       f"fn(value, layer); got {type(entry).__name__}")
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
       try:
@@ -75,7 +84,16 @@ def patch_arrays(patch):
   the inputs are; JAX arrays and tracers as they are)."""
   if not patch:
     return patch
-  return {site: tuple(as_array(a) for a in entry) for site, entry in patch.items()}
+  return {site: entry if callable(entry) else tuple(as_array(a) for a in entry)
+          for site, entry in patch.items()}
+
+
+def split_patch_functions(patch) -> tuple[dict, tuple]:
+  """`(array patches, function patches)`: the functions as a sorted tuple of (site, fn)
+  pairs, static under `jit` (a function defined once compiles once)."""
+  patch = patch or {}
+  fns = tuple(sorted(((s, e) for s, e in patch.items() if callable(e)), key=lambda p: p[0]))
+  return {s: e for s, e in patch.items() if not callable(e)}, fns
 
 
 def capture_tuple(capture) -> tuple[str, ...]:
@@ -159,6 +177,12 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
       what = (f"lie in [0, {config.type_vocab_size})" if config.type_vocab_size
               else f"be 0 ({config.model_type} has no token types)")
       raise ValueError(f"token_type_ids in [{types.min()}, {types.max()}] must {what}")
+  if _concrete(attention_mask):
+    values = np.unique(np.asarray(attention_mask))
+    bad = values[~np.isin(values, (0, 1))]
+    if bad.size:  # -1 or 0.5 would be read as real tokens; transformers masks them
+      raise ValueError(f"attention_mask values {bad.tolist()[:10]} must be 0 (padding) or 1 "
+                       "(a real token), or booleans")
   if _concrete(attention_mask) and config.attention_impl not in ("xla",):
     mask = np.asarray(attention_mask) > 0
     lengths = mask.sum(-1)
@@ -168,7 +192,8 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
                        "attention_impl='xla' or pad on the right")
 
 
-def value_checks(config: BertConfig, input_ids, token_type_ids=None) -> None:
+def value_checks(config: BertConfig, input_ids, token_type_ids=None,
+                 attention_mask=None) -> None:
   """The value checks of `check_inputs` as `jax.experimental.checkify` checks.
 
   Call inside a function transformed by `checkify.checkify` (as `checked_forward`
@@ -187,3 +212,8 @@ def value_checks(config: BertConfig, input_ids, token_type_ids=None) -> None:
     checkify.check(jnp.all((types >= 0) & (types < max(config.type_vocab_size, 1))),
                    f"token_type_ids in [{{lo}}, {{hi}}] must lie in "
                    f"[0, {max(config.type_vocab_size, 1)})", lo=types.min(), hi=types.max())
+  if attention_mask is not None:
+    mask = jnp.asarray(attention_mask)
+    checkify.check(jnp.all((mask == 0) | (mask == 1)),
+                   "attention_mask values in [{lo}, {hi}] must be 0 (padding) or 1 (a real "
+                   "token), or booleans", lo=mask.min(), hi=mask.max())

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.config import BertConfig
-from bertjax.families import FUSED, HEADS, LAYER_ROLES, NORM_ROLES
-from bertjax.functional import Params
+from bertjax.model.config import BertConfig
+from bertjax.model.families import FUSED, HEADS, LAYER_ROLES, NORM_ROLES
+from bertjax.model.layers import Params
 
 # How a tensor is stored here vs in torch; `to_hf` and `from_hf` are inverses.
 # Each kind maps (our array, config) -> torch array and back.
@@ -150,23 +150,35 @@ def _head_names(config: BertConfig) -> set[str]:
 
 
 def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
-  from safetensors import safe_open
+  from safetensors import SafetensorError, safe_open
 
   state = {}
-  with safe_open(str(file), framework="numpy") as f:
-    for name in f.keys():
-      try:
-        state[name] = f.get_tensor(name)
-      except (TypeError, ValueError):  # bfloat16 has no NumPy dtype: go through torch.
-        with safe_open(str(file), framework="pt") as g:
-          state[name] = g.get_tensor(name).float().numpy()
+  try:
+    with safe_open(str(file), framework="numpy") as f:
+      for name in f.keys():
+        try:
+          state[name] = f.get_tensor(name)
+        except (TypeError, ValueError):  # bfloat16 has no NumPy dtype: go through torch.
+          with safe_open(str(file), framework="pt") as g:
+            state[name] = g.get_tensor(name).float().numpy()
+  except SafetensorError as e:
+    raise ValueError(f"{file} cannot be read as safetensors ({e}); is it truncated or "
+                     "corrupt? Download or export it again") from None
   return state
 
 
 def _read_torch(file: pathlib.Path) -> dict[str, np.ndarray]:
+  import pickle
+  import zipfile
+
   import torch
 
-  raw = torch.load(str(file), map_location="cpu", weights_only=True)
+  try:
+    raw = torch.load(str(file), map_location="cpu", weights_only=True)
+  except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+    raise ValueError(f"{file} cannot be read as a PyTorch checkpoint "
+                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); is it "
+                     "truncated or corrupt?") from None
   return {k: v.float().numpy() for k, v in raw.items()}
 
 
@@ -217,6 +229,9 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: str | os.PathLike | N
   path = pathlib.Path(name).expanduser()
   if path.is_dir():
     return path
+  if path.is_file():
+    raise FileNotFoundError(f"{str(name)!r} is a file; a model is its folder: pass "
+                            f"{str(path.parent)!r}")
   text = str(name)
   if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
     raise FileNotFoundError(f"model directory {text!r} does not exist")
@@ -263,7 +278,10 @@ def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
   config_file = path / "config.json"
   if not config_file.exists():
     raise FileNotFoundError(f"no config.json in {path}")
-  hf_config = json.loads(config_file.read_text())
+  try:
+    hf_config = json.loads(config_file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{config_file} is not valid JSON ({e}); is it truncated or edited?") from None
   config = BertConfig.from_hf_dict(hf_config)
   fam = config.family
   state = {_normalise_name(k): v for k, v in _read_state_dict(path).items()}
@@ -347,7 +365,7 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
 
 
 def _abstract(config: BertConfig, heads: tuple[str, ...]):
-  from bertjax.functional import init
+  from bertjax.model.forward import init
 
   return jax.eval_shape(lambda: init(config, 0, heads))
 
@@ -462,7 +480,7 @@ def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
   """
   from safetensors.numpy import save_file
 
-  from bertjax.functional import unprune_heads
+  from bertjax.model.prune import unprune_heads
 
   if pruned not in PRUNED_FORMATS:
     raise ValueError(f"pruned={pruned!r} must be one of {PRUNED_FORMATS}")

@@ -122,7 +122,7 @@ class Tokenizer:
     `merges.txt` (byte-level BPE), `spiece.model` / `sentencepiece.bpe.model`
     (SentencePiece).
     """
-    from bertjax.hf import resolve_model_path
+    from bertjax.model.hf import resolve_model_path
 
     path = resolve_model_path(path, cache_dir)
     settings = _read_json(path / "tokenizer_config.json")
@@ -133,7 +133,7 @@ class Tokenizer:
     tok = _load_backend(path, settings, roles, model_type)
     tok.no_padding()
     tok.no_truncation()
-    from bertjax.families import FAMILIES
+    from bertjax.model.families import FAMILIES
 
     token_types = FAMILIES[model_type].token_types if model_type in FAMILIES else True
     return cls(tok, max_len, roles, token_types)
@@ -351,7 +351,7 @@ def _read_json(file: pathlib.Path) -> dict:
 
 def _roles(path: pathlib.Path, settings: dict, model_type: str | None) -> dict[str, str]:
   """Special-token roles from the tokenizer files, then the family's defaults."""
-  from bertjax.families import FAMILIES
+  from bertjax.model.families import FAMILIES
 
   roles = {}
   declared = {**_read_json(path / "special_tokens_map.json"), **settings}
@@ -371,7 +371,7 @@ def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
                   model_type: str | None = None):
   import tokenizers
 
-  from bertjax.families import FAMILIES
+  from bertjax.model.families import FAMILIES
 
   if (path / "tokenizer.json").exists():
     return tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
