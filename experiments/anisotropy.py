@@ -74,7 +74,11 @@ def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
   blocks = a[1:]
   note = (f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
           "GPT-2 on SemEval STS sentences")
-  if "minilm" in model.lower() and blocks.argmax() < len(blocks) - 1:
+  if "mpnet" in model.lower():
+    note += ("; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
+             "relative-position bias in every layer's attention")
+  # Both real models here are sentence-transformers checkpoints trained with that loss.
+  if ("minilm" in model.lower() or "mpnet" in model.lower()) and blocks.argmax() < len(blocks) - 1:
     note += (f"; {model} was trained further for sentence embeddings with a contrastive loss "
              "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
              f"likely cause of the fall from {blocks.max():.2f} at layer "
@@ -113,7 +117,7 @@ def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
   return "yes" if below.all() else "partly" if below.any() else "no"
 
 
-def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
+def _figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -146,7 +150,7 @@ def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
     ax.legend(fontsize=7, ncol=2 if ax is axes[1] else 1, loc="upper center" if ax is axes[1]
               else "best")
   fig.suptitle(f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words")
-  figs = [common.savefig(fig, out, f"{NAME}_by_layer")]
+  figs = [common.savefig(fig, out, f"{stem}_by_layer")]
 
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
   for key, label in (("self_similarity_centered", "self-similarity"),
@@ -157,7 +161,7 @@ def _figures(out, m: dict, model_name: str, definition: str) -> list[str]:
          title="Self- and intra-sentence similarity after mean-centring", xticks=layers)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  figs.append(common.savefig(fig, out, f"{NAME}_centred"))
+  figs.append(common.savefig(fig, out, f"{stem}_centred"))
   return figs
 
 
@@ -308,6 +312,21 @@ def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, mod
   ]
 
 
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`r`) and the settings `s` (what
+  `experiments/findings.py --refresh anisotropy` recomputes without a rerun)."""
+  import pathlib
+
+  r = common.from_json(r)
+  m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
+  args = argparse.Namespace(pairs=s["pairs"], mev_definition=s["mev_definition"],
+                            mev_max_occurrences=s["mev_max_occurrences"],
+                            punctuation=s["punctuation"])
+  return finding_rows(m, r["summary"], {"types": r["summary"]["mev_types"]}, args,
+                      model_name=s["model"], data_name=pathlib.PurePath(s["data"]).name,
+                      num_sentences=s["sentences"], min_count=s["min_count"])
+
+
 def settings_of(args, *, model_name: str, data_name: str, num_sentences: int, words: int,
                 pooling: str, min_count: int) -> dict:
   """The run's settings as the result file records them."""
@@ -355,7 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
   rows = finding_rows(m, summary, mv, args, model_name=model_name, data_name=path.name,
                       num_sentences=len(sentences), min_count=min_count)
-  figures = _figures(args.out, m, model_name, args.mev_definition)
+  figures = _figures(args.out, m, model_name, args.mev_definition,
+                     common.results_stem(NAME, args.model))
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = settings_of(args, model_name=model_name, data_name=str(path.relative_to(data)),
@@ -363,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          pooling=wf.pooling, min_count=min_count)
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
   common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
   return 0
 
 

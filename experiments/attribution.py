@@ -89,7 +89,8 @@ def two_class(w, b, mu, sd):
   return np.stack([np.zeros_like(w), w / sd], 1), np.asarray([0.0, b - (mu / sd) @ w])
 
 
-def figures(out, res, patch_res) -> list[str]:
+def figures(out, res, patch_res, stem: str = NAME) -> list[str]:
+  """The methods' cue ranks and the patching heatmaps, named `stem`_*.png."""
   import pathlib
 
   from bertjax import viz
@@ -99,11 +100,11 @@ def figures(out, res, patch_res) -> list[str]:
   a = patch_res["agreement"]
   paths = [
       viz.method_ranks(res["stats"], res["chance"]["mrr"], res["agreement"]["spearman"],
-                       out / "attribution_methods.png",
+                       out / f"{stem}_methods.png",
                        title=f"Where does each method put the negation cue? "
                              f"({len(res['sentences'])} sentences)"),
       viz.patching_heatmaps(
-          patch_res["exact"], patch_res["attribution"], out / "attribution_patching.png",
+          patch_res["exact"], patch_res["attribution"], out / f"{stem}_patching.png",
           cbar_label="share of the negation logit restored",
           title=f"Which heads carry negation into the affirmative twin? ({patch_res['pairs']} "
                 f"pairs; Pearson {a['pearson']:.2f}, Spearman {a['spearman']:.2f})")]
@@ -189,12 +190,12 @@ def main(argv=None) -> int:
                                   batch_size=settings.batch, max_sentences=settings.max_sentences)
   with common.timed(timings, "patching"):
     patch_res = negation.head_patching(params, config, tok, negated, two_class(*probe))
-  figs = figures(args.out, res, patch_res)
+  figs = figures(args.out, res, patch_res, common.results_stem(NAME, args.model))
   results = {"model": name, "probe_test_accuracy": acc, **res, "patching": patch_res}
   common.write_results(NAME, args.out, results,
                        findings=findings(common.to_json(results), dataclasses.asdict(settings)),
                        settings=dataclasses.asdict(settings), smoke=args.smoke,
-                       seconds=time.perf_counter() - t0, figures=figs)
+                       seconds=time.perf_counter() - t0, figures=figs, model=args.model)
   return 0
 
 

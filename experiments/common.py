@@ -6,14 +6,17 @@ BERTology literature. They all:
 * take `--out DIR`, `--update-results`, `--seed`, `--smoke` (a tiny model and tiny data:
   what the tests run, about half a minute to four minutes on a 2-core CPU) and, those
   that read a data set (all but attribution), `--data-dir DIR`; those that analyse a
-  trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of the six
-  families (a directory or a hub id, with its tokenizer) instead of all-MiniLM-L6-v2 (with
+  trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of a family with
+  a tokenizer (`MODEL_FAMILIES`; a directory or a hub id) instead of all-MiniLM-L6-v2 (with
   `--smoke`: instead of the tiny random model, on the smoke run's small data);
-* write `NAME.json` (every number, the settings, the machine, the time taken, and the
-  `findings` rows that feed the README's Findings table) and `NAME_*.png` figures, into a
+* write `STEM.json` (every number, the settings, the machine, the time taken, and the
+  `findings` rows that feed the README's Findings table) and `STEM_*.png` figures, into a
   scratch directory (`out/experiments` under the working directory, printed) unless
   `--out DIR` is given; only `--update-results` (or `--out experiments/results`) writes
-  the committed results, and never with `--smoke`;
+  the committed results, and never with `--smoke`. STEM is the experiment's NAME for
+  all-MiniLM-L6-v2 and `NAME_MODEL` for any other `--model` (`results_stem`: MODEL is the
+  last part of the hub id or directory, e.g. `what_bert_looks_at_all-mpnet-base-v2.json`),
+  so each (experiment, model) has one result file;
 * find the real data sets through the one lookup of `bertjax.data.fetch`: `--data-dir`,
   else `$BERTJAX_DATA_DIR` (or the user cache that `bertjax data fetch` fills), else
   `../shared/data` beside the repository; `--smoke` reads the small samples shipped in
@@ -52,6 +55,66 @@ HOLDS = ("yes", "partly", "no", "n/a")
 
 
 SCRATCH = pathlib.Path("out") / "experiments"  # relative to the working directory
+DEFAULT_MODEL = "all-MiniLM-L6-v2"  # what the experiments analyse without --model
+MPNET = "sentence-transformers/all-mpnet-base-v2"  # `bertjax models install` puts it in the cache
+MODEL_FAMILIES = ("BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet, NomicBERT, "
+                  "ModernBERT or EuroBERT")  # every family with a tokenizer
+
+
+def model_tag(model: str | os.PathLike | None) -> str:
+  """The short name of a `--model` value that result files carry: the last part of the hub id
+  or directory ("all-mpnet-base-v2"); "" for None and all-MiniLM-L6-v2 (the default model)."""
+  if model is None:
+    return ""
+  import bertjax
+
+  path = pathlib.Path(str(model))
+  if path.exists() and path.resolve() == bertjax.minilm_path().resolve():
+    return ""  # the built-in checkpoint's own directory
+  tag = pathlib.PurePath(str(model).rstrip("/\\")).name
+  return "" if tag.lower() == DEFAULT_MODEL.lower() else tag
+
+
+def results_stem(name: str, model: str | os.PathLike | None) -> str:
+  """The result files' stem of experiment `name` on `model` (`--model`; None: the default
+  model): `name` for all-MiniLM-L6-v2, else `name_TAG` (`model_tag`), so each (experiment,
+  model) writes its own `STEM.json` and `STEM_*.png` beside the others.
+
+  Raises:
+    ValueError: the tag has characters a file name should not (spaces, slashes, ...).
+  """
+  tag = model_tag(model)
+  if tag and not all(c.isalnum() or c in "-_." for c in tag):
+    raise ValueError(f"model {str(model)!r} gives the file-name tag {tag!r}: only letters, "
+                     "digits, '-', '_' and '.' may be in it")
+  return f"{name}_{tag}" if tag else name
+
+
+def special_tokens(tok) -> dict[str, str]:
+  """The tokens that play BERT's [CLS], [SEP] and [MASK] in `tok`'s vocabulary (MPNet's
+  `<s>`, `</s>`, `<mask>`): the experiments find them by role (`tok.cls_id`, ...), never by
+  BERT's strings."""
+  inverse = {i: t for t, i in tok.tokenizer.get_vocab().items()}
+  roles = {"[CLS]": tok.cls_id, "[SEP]": tok.sep_id, "[MASK]": tok.mask_id}
+  return {role: inverse.get(i, "") for role, i in roles.items() if i is not None}
+
+
+def describe_model(model: str, depth: int) -> str:
+  """What the analysed model is, for a row's "differs from the paper" note: how it was
+  trained and how it differs from BERT-base (which the papers measured)."""
+  low = model.lower()
+  if "minilm" in low:
+    return (f"{model} is a {depth}-layer model distilled from a larger one (MiniLM) and "
+            "trained further for sentence embeddings (a contrastive loss on its mean-pooled "
+            "last layer), not BERT-base")
+  if "mpnet" in low:
+    return (f"{model} has BERT-base's shape ({depth} layers x 12 heads) but is not BERT: "
+            "MPNet, pre-trained by permuted language modelling with a relative-position bias "
+            "in every layer's attention, then trained further for sentence embeddings (a "
+            "contrastive loss on its mean-pooled last layer)")
+  if "bert-base" in low:
+    return ""
+  return f"{model} is a different model ({depth} layers), not BERT-base"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,9 +181,11 @@ def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argpars
                         "samples shipped in bertjax/resources/smoke)")
   if model:
     p.add_argument("--model", default=None, metavar="DIR_OR_ID",
-                   help="a Hugging Face model directory or hub id (BERT, ALBERT, RoBERTa, XLM-R, "
-                        "ELECTRA or DistilBERT, with its tokenizer) to analyse instead of "
-                        "all-MiniLM-L6-v2; with --smoke, instead of the tiny random model")
+                   help=f"a Hugging Face model directory or hub id ({MODEL_FAMILIES}, with its "
+                        "tokenizer) to analyse instead of all-MiniLM-L6-v2, e.g. "
+                        f"{MPNET}; its results are STEM_MODEL.json and STEM_MODEL_*.png (MODEL: "
+                        "the id's or directory's last part); with --smoke, instead of the tiny "
+                        "random model")
   p.add_argument("--seed", type=int, default=0, help="seed of every split and sample (default: 0)")
   p.add_argument("--smoke", action="store_true",
                  help="a tiny model and the shipped sample data, for the tests (results are not "
@@ -406,9 +471,9 @@ def machine() -> dict[str, Any]:
 
 def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
                   findings: Sequence[dict[str, str]], settings: dict[str, Any], smoke: bool,
-                  seconds: float, figures: Sequence[str] = (), stem: str | None = None
-                  ) -> pathlib.Path:
-  """Writes `out/NAME.json` and returns its path.
+                  seconds: float, figures: Sequence[str] = (), stem: str | None = None,
+                  model: str | os.PathLike | None = None) -> pathlib.Path:
+  """Writes `out/STEM.json` and returns its path.
 
   Args:
     name: the experiment's name (its script's stem).
@@ -418,22 +483,34 @@ def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
     settings: the run's settings (sizes, steps, model), so the run can be repeated.
     smoke: whether this was a `--smoke` run (such files never reach the README).
     seconds: the wall time of the whole run.
-    figures: the PNG file names written beside the JSON.
-    stem: the file's name without `.json` when not `name` (a second scale of one experiment).
+    figures: the PNG file names written beside the JSON; each must start with the stem.
+    stem: the file's name without `.json` when not `results_stem(name, model)` (a second
+      scale of one experiment).
+    model: `--model` (None: the default all-MiniLM-L6-v2): the file is `results_stem(name,
+      model)`, and `model_tag(model)` is recorded ("" for the default; the Findings table puts
+      each model in its column).
+
+  Raises:
+    ValueError: a malformed finding, or a figure whose name does not start with the stem
+      (it would be another model's or run's file).
   """
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   for f in findings:
     if set(f) != {"paper", "claim", "measured", "holds"} or f["holds"] not in HOLDS:
       raise ValueError(f"malformed finding {f!r}: make it with common.finding")
-  doc = {"experiment": name, "smoke": smoke,
+  stem = stem or results_stem(name, model)
+  wrong = [f for f in figures if not f.startswith(f"{stem}_")]
+  if wrong:
+    raise ValueError(f"figures {wrong} must be named {stem}_*.png for the results {stem}.json")
+  doc = {"experiment": name, "smoke": smoke, "model_tag": model_tag(model),
          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
          "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]),
          "machine": machine(), "seconds": seconds, "settings": settings,
          "findings": list(findings), "figures": list(figures), "results": results}
   from bertjax.utils import write_json
 
-  path = write_json(out / f"{stem or name}.json", doc)
+  path = write_json(out / f"{stem}.json", doc)
   log(f"wrote {path}")
   return path
 

@@ -241,7 +241,7 @@ def _plt():
   return plt
 
 
-def figure_patterns(before: dict, after: dict, out) -> str:
+def figure_patterns(before: dict, after: dict, out, stem: str = NAME) -> str:
   """Stacked pattern-type ratios per layer (and overall), before and after fine-tuning."""
   plt = _plt()
   types = before["types"]
@@ -259,10 +259,10 @@ def figure_patterns(before: dict, after: dict, out) -> str:
   axes[0].set_ylabel("fraction of attention maps")
   axes[1].legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
   fig.suptitle("Attention pattern types per layer (Kovaleva et al. Fig. 2 style)")
-  return common.savefig(fig, out, f"{NAME}_patterns")
+  return common.savefig(fig, out, f"{stem}_patterns")
 
 
-def figure_ablation(acc: dict[str, dict], out) -> str:
+def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   """Accuracy change per disabled head ("uniform") and per disabled layer (every mode)."""
   plt = _plt()
   u = acc["uniform"]
@@ -299,10 +299,10 @@ def figure_ablation(acc: dict[str, dict], out) -> str:
   a1.legend(fontsize=7)
   fig.suptitle("Disabling heads and layers of the fine-tuned classifier "
                "(above 0 / blue = better than intact; Kovaleva et al. Figs. 6-7)")
-  return common.savefig(fig, out, f"{NAME}_ablation")
+  return common.savefig(fig, out, f"{stem}_ablation")
 
 
-def figure_change(cosine, cka, out) -> str:
+def figure_change(cosine, cka, out, stem: str = NAME) -> str:
   """Per-head cosine of attention maps before vs after fine-tuning, and per-layer means/CKA."""
   plt = _plt()
   cosine = np.asarray(cosine)
@@ -328,7 +328,7 @@ def figure_change(cosine, cka, out) -> str:
   a1.grid(alpha=0.3)
   a1.legend(fontsize=7)
   fig.suptitle("What fine-tuning changes (Kovaleva et al. Fig. 3)")
-  return common.savefig(fig, out, f"{NAME}_change")
+  return common.savefig(fig, out, f"{stem}_change")
 
 
 # The run --------------------------------------------------------------------------------
@@ -517,14 +517,16 @@ def main(argv: Sequence[str] | None = None) -> None:
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
 
+  stem = common.results_stem(NAME, args.model)  # the file names' start
   with common.timed(timings, "figures"):
-    figures = [figure_patterns(m["before"], m["after"], args.out),
-               figure_ablation(m["acc"], args.out),
-               figure_change(m["change"].cosine, m["change"].cka, args.out)]
+    figures = [figure_patterns(m["before"], m["after"], args.out, stem),
+               figure_ablation(m["acc"], args.out, stem),
+               figure_change(m["change"].cosine, m["change"].cka, args.out, stem)]
 
   results = results_of(task, run, m, config, timings)
   settings = {"model": model_name, "model_config": {k: getattr(arch, k) for k in (
       "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
+              "special_tokens": common.special_tokens(tok),
               "task": "BLiMP acceptability, split by minimal pair", **size, "seed": args.seed,
               "ablation": "accuracy; uniform: every head, every layer, block skips; scale: every "
                           "layer", "pattern_thresholds": dataclasses.asdict(
@@ -532,7 +534,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               "analysis": "held-out sentences (patterns and change: the first "
                           f"{size['analysis_sentences']})"}
   common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def special_rule(raw: float, effective: float) -> str:
   return "partly" if effective < raw else "no"
 
 
-def _figure_null_space(plt, out, sweep, lengths, head_dim, depth, model_name) -> str:
+def _figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_name) -> str:
   """Null-space dimension and raw/effective correlation against the sequence length."""
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
   ax = axes[0]
@@ -223,10 +223,10 @@ def _figure_null_space(plt, out, sweep, lengths, head_dim, depth, model_name) ->
   for ax in axes:
     ax.grid(alpha=0.3)
   fig.suptitle(f"Brunner et al. (2020) on {model_name}")
-  return common.savefig(fig, out, f"{NAME}_null_space")
+  return common.savefig(fig, out, f"{stem}_null_space")
 
 
-def _figure_special(plt, out, main, lib, layers, model_name) -> str:
+def _figure_special(plt, out, stem, main, lib, layers, model_name) -> str:
   """Mass on [CLS], [SEP] and punctuation, and the position correlation, by layer."""
   fig, axes = plt.subplots(1, 4, figsize=(19, 4.3), layout="constrained")
   for ax, c in zip(axes, ("cls", "sep", "punct")):
@@ -247,10 +247,10 @@ def _figure_special(plt, out, main, lib, layers, model_name) -> str:
   ax.legend(fontsize=8)
   fig.suptitle(f"Raw vs effective attention by layer ({model_name}, "
                f"{main['raw_cls'].shape[0]} passages of {main['length']} tokens)")
-  return common.savefig(fig, out, f"{NAME}_special")
+  return common.savefig(fig, out, f"{stem}_special")
 
 
-def _figure_heads(plt, out, main, layers) -> str:
+def _figure_heads(plt, out, stem, main, layers) -> str:
   """Each head's mass on each token class, raw against effective."""
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
   for ax, c in zip(axes, ("cls", "sep", "punct")):
@@ -265,10 +265,10 @@ def _figure_heads(plt, out, main, layers) -> str:
     ax.legend(fontsize=8, loc="upper left")
   fig.colorbar(sc, ax=axes, label="layer")
   fig.suptitle("Each head's attention to token classes, raw vs effective (Brunner Fig. 3b/c)")
-  return common.savefig(fig, out, f"{NAME}_heads")
+  return common.savefig(fig, out, f"{stem}_heads")
 
 
-def _figure_example(plt, out, example) -> str:
+def _figure_example(plt, out, stem, example) -> str:
   """One head's raw and effective map on one passage, and the attention each position gets."""
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), layout="constrained")
   top = float(np.abs(example["effective"]).max())
@@ -289,10 +289,12 @@ def _figure_example(plt, out, example) -> str:
   axes[2].legend(fontsize=8)
   fig.suptitle(f"One passage of {len(example['raw'])} tokens; the head with the most raw "
                "[CLS]+[SEP] mass")
-  return common.savefig(fig, out, f"{NAME}_example")
+  return common.savefig(fig, out, f"{stem}_example")
 
 
-def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> list[str]:
+def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name,
+             stem: str = NAME) -> list[str]:
+  """Every figure, named `stem`_*.png (`common.results_stem`)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -300,10 +302,10 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name) -> l
 
   depth = main["raw_cls"].shape[1]
   layers = np.arange(1, depth + 1)
-  return [_figure_null_space(plt, out, sweep, lengths, head_dim, depth, model_name),
-          _figure_special(plt, out, main, lib, layers, model_name),
-          _figure_heads(plt, out, main, layers),
-          _figure_example(plt, out, example)]
+  return [_figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_name),
+          _figure_special(plt, out, stem, main, lib, layers, model_name),
+          _figure_heads(plt, out, stem, main, layers),
+          _figure_example(plt, out, stem, example)]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -471,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          tok.sep_id, args.seed + 1)
   example = example_head(params, config, tok, main_r, ex_ids)
   rows = finding_rows(summary, sweep, config, count, length)
-  figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name)
+  figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name,
+                     common.results_stem(NAME, args.model))
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = {"model": model_name, "data": str(path.relative_to(data)),
@@ -493,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "tokens": example["tokens"]},
              "timings": timings}
   common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
   return 0
 
 

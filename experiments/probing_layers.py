@@ -202,7 +202,7 @@ def _curves(r: dict) -> dict[str, np.ndarray]:
           "root_acc": s["depth"]["root_accuracy"], "nspr": s["depth"]["spearman"]}
 
 
-def _figures(out, curves, expected, r, model_name) -> list[str]:
+def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -219,7 +219,7 @@ def _figures(out, curves, expected, r, model_name) -> list[str]:
          title=f"Probes by layer ({model_name}); ★ = best layer", xticks=layers)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-  figs.append(common.savefig(fig, out, f"{NAME}_scores"))
+  figs.append(common.savefig(fig, out, f"{stem}_scores"))
 
   fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
   for ax, task in zip(axes, ("upos", "deprel")):
@@ -239,7 +239,7 @@ def _figures(out, curves, expected, r, model_name) -> list[str]:
   axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=3)
   fig.suptitle("Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
                "selectivity = task - control)")
-  figs.append(common.savefig(fig, out, f"{NAME}_selectivity"))
+  figs.append(common.savefig(fig, out, f"{stem}_selectivity"))
 
   fig, ax = plt.subplots(figsize=(6.5, 3.6))
   keys = list(expected)
@@ -252,7 +252,7 @@ def _figures(out, curves, expected, r, model_name) -> list[str]:
          title="Tenney's expected layer: POS (blue) vs syntax (orange)")
   ax.grid(alpha=0.3, axis="x")
   ax.invert_yaxis()
-  figs.append(common.savefig(fig, out, f"{NAME}_expected_layer"))
+  figs.append(common.savefig(fig, out, f"{stem}_expected_layer"))
   return figs
 
 
@@ -303,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary["mlp_selectivity_at_best_layer"] = float(
       r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]])
 
-  figures = _figures(args.out, curves, expected, r, model_name)
+  figures = _figures(args.out, curves, expected, r, model_name,
+                     common.results_stem(NAME, args.model))
   settings = {"model": model_name, "data": str(path.relative_to(data)),
               "sentences": len(sentences), "split": "sentence-disjoint split of EWT dev: "
               f"{r['splits']}", "suite": common.to_json(suite),
@@ -319,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
   return 0
 
 

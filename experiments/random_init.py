@@ -370,7 +370,7 @@ COLOURS = {"pretrained": "tab:blue", "random": "tab:orange"}
 LABELS = {"pretrained": "pre-trained", "random": "random init"}
 
 
-def figure_curves(results: dict[str, dict], out) -> str:
+def figure_curves(results: dict[str, dict], out, stem: str = NAME) -> str:
   """Dev accuracy against steps for every run, a panel per task."""
   plt = _plt()
   fig, axes = plt.subplots(1, len(results), figsize=(3.4 * len(results), 3.3),
@@ -391,10 +391,10 @@ def figure_curves(results: dict[str, dict], out) -> str:
   axes[0, 0].set_ylabel("dev accuracy (%)")
   axes[0, 0].legend(fontsize=7)
   fig.suptitle("Learning curves, one line per seed (dots: the best-dev checkpoint)")
-  return common.savefig(fig, out, f"{NAME}_curves")
+  return common.savefig(fig, out, f"{stem}_curves")
 
 
-def figure_scores(results: dict[str, dict], out) -> str:
+def figure_scores(results: dict[str, dict], out, stem: str = NAME) -> str:
   """Test accuracy per task: baselines, random init and pre-trained (bars: seed spread)."""
   plt = _plt()
   fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
@@ -418,7 +418,7 @@ def figure_scores(results: dict[str, dict], out) -> str:
   ax.legend(fontsize=7, loc="lower left")
   ax.set_title("Pre-trained vs random initialisation at equal budgets (Kovaleva et al. 2019); "
                "r = random's share of the gain over majority", fontsize=9)
-  return common.savefig(fig, out, f"{NAME}_scores")
+  return common.savefig(fig, out, f"{stem}_scores")
 
 
 # The run --------------------------------------------------------------------------------
@@ -509,10 +509,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
   with common.timed(timings, "figures"):
-    figures = [figure_curves(results["tasks"], args.out),
-               figure_scores(results["tasks"], args.out)]
+    stem = common.results_stem(NAME, args.model)  # the file names' start
+    figures = [figure_curves(results["tasks"], args.out, stem),
+               figure_scores(results["tasks"], args.out, stem)]
   common.write_results(NAME, args.out, results, findings=rows, settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures)
+                       seconds=time.perf_counter() - t_start, figures=figures, model=args.model)
 
 
 CLAIM = ("Fine-tuning the same architecture from random initialisation does disturbingly well "

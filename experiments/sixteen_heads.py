@@ -361,10 +361,12 @@ def findings(r: dict, s: dict) -> list[dict]:
   ab, pr = r["ablation"], r["pruning"]
   layer_acc = np.asarray(r["task"]["probe_accuracy_by_layer"])
   lower = int(np.argmax(layer_acc[:-1]))
-  differs = (f"Differs from Michel: a fixed linear probe on the frozen encoder's final layer "
-             f"for negation, a lexical cue the probe reads as well from layer {lower} "
-             f"({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), rather than a "
-             "fine-tuned model on MNLI or translation, so heads are less needed than there.")
+  model = common.describe_model(s.get("model") or "the model", s.get("layers", len(layer_acc) - 1))
+  differs = (f"Differs from Michel: {model + '; ' if model else ''}a fixed linear probe on the "
+             f"frozen encoder's final layer for negation, a lexical cue the probe reads as well "
+             f"from layer {lower} ({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), "
+             "rather than a fine-tuned model on MNLI or translation, so heads are less needed "
+             "than there.")
   return [_row_single_heads(ab, s, differs), _row_one_head_enough(ab, pr["tolerance"]),
           _row_pruning_curve(pr, layer_acc, lower), _row_importance_order(pr, r["importance"]),
           _row_speedup(r["speed"])]
@@ -388,8 +390,9 @@ def _heatmap(ax, fig, grid, title, label, cmap="viridis", center=None):
   fig.colorbar(im, ax=ax, label=label)
 
 
-def figures(r: dict, out, depth: int) -> list[str]:
-  """Importance and ablation heatmaps, the pruning curves and the speed-up bars."""
+def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
+  """Importance and ablation heatmaps, the pruning curves and the speed-up bars (`stem`: the
+  file names' start, `common.results_stem`)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -404,7 +407,7 @@ def figures(r: dict, out, depth: int) -> list[str]:
            "importance")
   _heatmap(axes[2], fig, np.asarray(a["head_accuracy"]) - a["baseline_accuracy"],
            "Held-out accuracy change, one head removed", "accuracy - baseline", "RdBu", 0.0)
-  names.append(common.savefig(fig, out, f"{NAME}_heads"))
+  names.append(common.savefig(fig, out, f"{stem}_heads"))
 
   c = r["pruning"]
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
@@ -424,7 +427,7 @@ def figures(r: dict, out, depth: int) -> list[str]:
   axes[0].set_title("Pruning curve: accuracy")
   axes[1].set_title("Pruning curve: loss (lower is better)")
   axes[0].legend(fontsize=8)
-  names.append(common.savefig(fig, out, f"{NAME}_pruning"))
+  names.append(common.savefig(fig, out, f"{stem}_pruning"))
 
   s = r["speed"]
   fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -442,7 +445,7 @@ def figures(r: dict, out, depth: int) -> list[str]:
   ax.set_xlabel("model (heads physically removed)")
   ax.set_title(f"Inference speed-up, batch {s['batch']} x {s['length']} tokens, "
                f"{s['backend']}")
-  names.append(common.savefig(fig, out, f"{NAME}_speedup"))
+  names.append(common.savefig(fig, out, f"{stem}_speedup"))
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
   layers = np.arange(1, depth + 1)  # blocks 1..L
@@ -455,7 +458,7 @@ def figures(r: dict, out, depth: int) -> list[str]:
   ax.set_ylabel("held-out accuracy")
   ax.set_title("Whole-layer ablation and 'one head is enough' (Michel Table 2)")
   ax.legend(fontsize=8)
-  names.append(common.savefig(fig, out, f"{NAME}_layers"))
+  names.append(common.savefig(fig, out, f"{stem}_layers"))
   return names
 
 
@@ -698,16 +701,16 @@ def main(argv=None) -> int:
       "speed": speed(params, config, tok, data, pr["masks_iterative"], imp_norm, s, timings),
   }
 
-  findings_ = findings(common.to_json(results), s)
+  findings_ = findings(common.to_json(results), {**s, "layers": depth})
   seconds = time.perf_counter() - start
   results["timings_s"] = timings
-  figs = figures(results, args.out, depth)
+  figs = figures(results, args.out, depth, common.results_stem(NAME, args.model))
   common.write_results(NAME, args.out, results, findings=findings_, settings={
       **s, "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
       "criterion": task_results["why"], "layers": depth, "heads": n_heads,
       "chunk_size": chunk, "ablation_strategy": "prefix",
       "indexing": INDEXING},
-      smoke=args.smoke, seconds=seconds, figures=figs)
+      smoke=args.smoke, seconds=seconds, figures=figs, model=args.model)
   return 0
 
 

@@ -207,11 +207,16 @@ def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_token
 
 def _not_bert_base(model: str, depth: int) -> str:
   """How the analysed model differs from Clark's BERT-base (empty for a BERT-base)."""
-  if "bert-base" in model.lower():
-    return ""
-  what = ("a distilled model trained further for sentence embeddings"
-          if "minilm" in model.lower() else "a different model")
-  return f"{model} is {what} with {depth} layers, not BERT-base, "
+  what = common.describe_model(model, depth)
+  return f"{what}; " if what else ""
+
+
+def _roles(s: dict) -> str:
+  """Which tokens play [CLS] and [SEP] where they are not BERT's strings (MPNet: <s>, </s>)."""
+  tokens = s.get("special_tokens") or {}
+  other = {k: v for k, v in tokens.items() if k in ("[CLS]", "[SEP]") and k != v}
+  return ("" if not other else " ([CLS] and [SEP] are the tokenizer's roles: "
+          + ", ".join(f"{k} is {v}" for k, v in other.items()) + ")")
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -245,7 +250,7 @@ def findings(r: dict, s: dict) -> list[dict]:
       "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
       "when a head's function does not apply.",
       f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
-      f"{total:.2f} of the attention, most of it {sink} ({masses[sink]:.2f}; [SEP] "
+      f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}; [SEP] "
       f"{masses['[SEP]']:.2f}). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
       f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
       f"{rounded(by['punct'])}. Averaged over all tokens with all "
@@ -299,8 +304,9 @@ def findings(r: dict, s: dict) -> list[dict]:
 # Figures ------------------------------------------------------------------------------------
 
 
-def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
-  """Attention by layer, [SEP] mass per head, and the probe's bar chart."""
+def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[str]:
+  """Attention by layer, [SEP] mass per head, and the probe's bar chart (`stem`: the file
+  names' start, `common.results_stem`)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -339,7 +345,7 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
   axes[2].set_xticks(range(sep.shape[1]))
   axes[2].set_title("Attention mass on [SEP], per head")
   fig.colorbar(im, ax=axes[2], label="mean mass on [SEP]")
-  names.append(common.savefig(fig, out, f"{NAME}_special_tokens"))
+  names.append(common.savefig(fig, out, f"{stem}_special_tokens"))
 
   t = r["probe"]["relations"]
   rels = [x for x in ("all", *relations) if x in t]
@@ -358,7 +364,7 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
   ax.set_title("Attention-based dependency probe: best single head vs fixed offset "
                "(chosen on even sentences, scored on odd)")
   ax.legend(fontsize=8)
-  names.append(common.savefig(fig, out, f"{NAME}_relations"))
+  names.append(common.savefig(fig, out, f"{stem}_relations"))
 
   shown = [x for x in ("all", *relations) if x in t][:8]
   fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), squeeze=False, constrained_layout=True)
@@ -375,7 +381,7 @@ def figures(r: dict, out, relations: Sequence[str]) -> list[str]:
   for ax in axes.ravel()[len(shown):]:
     ax.axis("off")
   fig.suptitle("Per-head accuracy of the attention probe (all sentences)")
-  names.append(common.savefig(fig, out, f"{NAME}_heads"))
+  names.append(common.savefig(fig, out, f"{stem}_heads"))
   return names
 
 
@@ -537,9 +543,10 @@ def main(argv=None) -> int:
       "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
   }
   results["timings_s"] = timings
-  figs = figures(results, args.out, probe["frequent"])
+  figs = figures(results, args.out, probe["frequent"], common.results_stem(NAME, args.model))
   settings = {
       **s, "data": f"UD English EWT {path.name}", "layers": config.depth,
+      "special_tokens": common.special_tokens(tok),
       "heads": config.num_attention_heads,
       "backend": jax.default_backend(), "max_offset": MAX_OFFSET, "indexing": INDEXING,
       "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
@@ -553,7 +560,7 @@ def main(argv=None) -> int:
   common.write_results(NAME, args.out, results, findings=findings(common.to_json(results),
                                                                   settings),
                        settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - start, figures=figs)
+                       seconds=time.perf_counter() - start, figures=figs, model=args.model)
   return 0
 
 
