@@ -48,15 +48,17 @@ def _cell(text: str) -> str:
 
 
 def load(results_dir: pathlib.Path) -> list[dict]:
-  """The full-run result documents in `results_dir`, in the table's order."""
+  """The full-run result documents in `results_dir`, in the table's order (each with its
+  file's stem as `"stem"`, and `"model_tag"`: "" for the default model's run)."""
   docs = []
   for path in sorted(results_dir.glob("*.json")):
     doc = json.loads(path.read_text())
     if not isinstance(doc, dict) or "findings" not in doc or doc.get("smoke"):
       continue
-    docs.append(doc)
+    docs.append({**doc, "stem": path.stem, "model_tag": doc.get("model_tag", "")})
   rank = {name: i for i, name in enumerate(ORDER)}
-  return sorted(docs, key=lambda d: (rank.get(d["experiment"], len(ORDER)), d["experiment"]))
+  return sorted(docs, key=lambda d: (rank.get(d["experiment"], len(ORDER)), d["experiment"],
+                                     d["stem"]))
 
 
 # Uncertainty -------------------------------------------------------------------------------
@@ -262,27 +264,123 @@ def _holds(holds: str, u: Uncertainty) -> str:
   return MARK[holds]
 
 
-def render(docs: list[dict]) -> str:
-  """The Markdown table (with a line saying where each row comes from)."""
-  lines = ["| experiment | paper | claim | measured here | uncertainty | holds? |",
-           "|---|---|---|---|---|---|"]
+# Models ------------------------------------------------------------------------------------
+#
+# Each claim row has one column group per analysed model: the default run (all-MiniLM-L6-v2,
+# or the script's own small models where it pre-trains them) and every `--model` run committed
+# as `NAME_TAG.json` (`common.results_stem`). The last column compares the verdicts.
+
+DEFAULT_COLUMN = "all-MiniLM-L6-v2 (default run)"
+MODELS = ("all-mpnet-base-v2",)  # the other models' columns, in this order (model tags)
+SHORT = {"": "MiniLM", "all-mpnet-base-v2": "MPNet"}
+
+# Why an experiment has no run on a model, with the measurement that says so.
+NOT_RUN: dict[tuple[str, str], str] = {}
+
+# The likely cause of a difference between the models' verdicts (or of the same verdict for
+# different reasons), where the committed numbers show it: (results stem of the default run,
+# row index, model tag) -> the sentence. A test requires one for every row whose verdicts
+# differ.
+CAUSES: dict[tuple[str, int, str], str] = {}
+
+
+def _groups(docs: list[dict]) -> list[tuple[dict | None, dict[str, dict]]]:
+  """The docs paired by experiment run: (the default model's doc or None, tag -> doc)."""
+  order, groups = [], {}
   for doc in docs:
-    name = doc["experiment"]
+    tag = doc.get("model_tag", "")
+    stem = doc.get("stem", doc["experiment"])
+    key = stem.removesuffix(f"_{tag}") if tag else stem
+    if key not in groups:
+      order.append(key)
+      groups[key] = (None, {})
+    if tag:
+      groups[key][1][tag] = doc
+    else:
+      groups[key] = (doc, groups[key][1])
+  return [groups[k] for k in order]
+
+
+def _matched(default: dict | None, others: dict[str, dict]) -> list[dict[str, int]]:
+  """Rows across models: per claim row, tag -> that doc's row index ("" the default's). Rows
+  match on the claim's text and its occurrence (a claim tested per task repeats)."""
+  rows, seen = [], {}
+  docs = {"": default, **others} if default is not None else dict(others)
+  for tag, doc in docs.items():
+    counts: dict[str, int] = {}
+    for i, f in enumerate(doc["findings"]):
+      k = (f["claim"], counts.get(f["claim"], 0))
+      counts[f["claim"]] = k[1] + 1
+      if k not in seen:
+        seen[k] = len(rows)
+        rows.append({})
+      rows[seen[k]][tag] = i
+  return rows
+
+
+def _verdict(holds: str, u: Uncertainty) -> str:
+  """The verdict as the table states it: inconclusive where its interval straddles."""
+  return "inconclusive" if u.span is not None and u.span[0] != u.span[1] else holds
+
+
+def _compare(verdicts: dict[str, str], cause: str | None) -> str:
+  """The last column: whether the models' verdicts agree, and the likely cause."""
+  if len(verdicts) < 2:
+    return cause or "—"
+  names = " / ".join(f"{SHORT.get(t, t)} {v}" for t, v in verdicts.items())
+  same = len(set(verdicts.values())) == 1
+  head = f"agree ({names})" if same else f"**differ** ({names})"
+  return f"{head}: {cause}" if cause else head
+
+
+def render(docs: list[dict]) -> str:
+  """The Markdown table (with a line saying where each row comes from): per claim, each
+  model's measurement, uncertainty and verdict, and whether the models agree."""
+  tags = [""] + [t for t in MODELS] + sorted(
+      {d.get("model_tag", "") for d in docs} - {"", *MODELS})
+  heads = [DEFAULT_COLUMN if t == "" else t for t in tags]
+  cols = [f"{h}: measured here | uncertainty | holds?" for h in heads]
+  lines = [f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
+           "|---|---|---|" + "---|---|---|" * len(tags) + "---|"]
+  for default, others in _groups(docs):
+    first = default if default is not None else next(iter(others.values()))
+    name, stem = first["experiment"], first.get("stem", first["experiment"])
     link = f"[`{name}`](experiments/{name}.py)"
-    for f, u in zip(doc["findings"], uncertainty(doc)):
-      lines.append(f"| {link} | {_cell(f['paper'])} | {_cell(f['claim'])} | "
-                   f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)} |")
+    docs_ = {"": default, **others}
+    us = {t: uncertainty(d) for t, d in docs_.items() if d is not None}
+    for k, row in enumerate(_matched(default, others)):
+      f0 = docs_[next(iter(row))]["findings"][row[next(iter(row))]]
+      cells, verdicts = [], {}
+      for t in tags:
+        if t not in row:
+          why = NOT_RUN.get((name, t)) if t else None
+          cells.append(f"{_cell(why or 'not measured')} | — | —")
+          continue
+        f, u = docs_[t]["findings"][row[t]], us[t][row[t]]
+        verdicts[t] = _verdict(f["holds"], u)
+        cells.append(f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)}")
+      cause = CAUSES.get((stem, k, next((t for t in verdicts if t), "")))
+      if len(verdicts) < 2 and cause is None:
+        cause = next((NOT_RUN[(name, t)] for t in tags if t and (name, t) in NOT_RUN), None)
+        cause = "only one model measured" + (f" ({cause.split(':')[0]})" if cause else "")
+      lines.append(f"| {link} | {_cell(f0['paper'])} | {_cell(f0['claim'])} | "
+                   f"{' | '.join(cells)} | {_cell(_compare(verdicts, cause))} |")
   if not docs:
-    lines.append("| — | — | no experiment results committed yet | — | — | — |")
+    lines.append("| — | — | no experiment results committed yet | "
+                 + " | ".join("— | — | —" for _ in tags) + " | — |")
   lines.append("")
   lines.append("Generated by `experiments/findings.py` from `experiments/results/*.json` "
-               "(machine, settings and time taken are in each file). Uncertainty: a 95% "
+               "(machine, settings and time taken are in each file; `NAME.json` is the default "
+               "run, `NAME_all-mpnet-base-v2.json` the run with `--model "
+               "sentence-transformers/all-mpnet-base-v2`). Each model's verdict follows the "
+               "same rule. Uncertainty: a 95% "
                "percentile bootstrap interval (`bertjax.stats.bootstrap_ci`, 2,000 resamples, "
                "seed 0) over the items the JSON keeps one value per, with the row's rule applied "
                "to every resample; a verdict that differs between the interval's two ends is "
                "inconclusive. \"CI: rerun needed\" marks a row whose JSON lacks those values "
                "(the experiment must be rerun to keep them); \"exact\" a row with nothing "
-               "sampled.")
+               "sampled. The last column says whether the models' verdicts agree and, where "
+               "they differ, the likely cause the numbers show.")
   return "\n".join(lines)
 
 

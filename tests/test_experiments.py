@@ -199,11 +199,24 @@ def test_findings_state_each_verdict_s_uncertainty():
   docs = findings.load(REPO / "experiments" / "results")
   table = findings.render(docs)
   rows = [line for line in table.splitlines() if line.startswith("| [`")]
-  assert len(rows) == sum(len(d["findings"]) for d in docs)
-  assert table.splitlines()[0].split(" | ")[-2:] == ["uncertainty", "holds? |"]
-  cells = [row.split(" | ")[-2] for row in rows]
+  groups = findings._groups(docs)
+  assert len(rows) == sum(len(findings._matched(d, o)) for d, o in groups)
+  head = table.splitlines()[0].split(" | ")
+  models = len(findings.MODELS) + 1  # the default run's column group, then each model's
+  assert [head[3 + 3 * k] for k in range(models)] == [
+      f"{m}: measured here" for m in (findings.DEFAULT_COLUMN, *findings.MODELS)], head
+  assert [head[3 + 3 * k + 1] for k in range(models)] == ["uncertainty"] * models, head
+  assert [head[3 + 3 * k + 2] for k in range(models)] == ["holds?"] * models, head
+  assert head[-1] == "the models |"
+  cells = [row.split(" | ")[3 + 3 * k + 1] for row in rows for k in range(models)]
   assert all(c.startswith(("95% CI", "CI: rerun needed", "exact", "test the rule applies"))
-             for c in cells), cells
+             or c == "—" for c in cells), cells
+  # Every committed row of every model is in the table, in its model's column.
+  for doc in docs:
+    k = ([""] + list(findings.MODELS)).index(doc["model_tag"])
+    column = [row.split(" | ")[3 + 3 * k] for row in rows]
+    for f in doc["findings"]:
+      assert findings._cell(f["measured"]) in column, (doc["stem"], f["measured"][:80])
   assert "95% CI over the 72 heads: Pearson [0.99, 1.00]" in table  # attribution patching
   # The same patching row with a weaker agreement (Pearson ~0.8 over 72 heads): its interval
   # straddles the rule's 0.8, so the verdict is inconclusive, whatever the point value says.
@@ -216,7 +229,7 @@ def test_findings_state_each_verdict_s_uncertainty():
   assert u.span == ("partly", "yes"), u
   assert findings._holds("yes", u) == "❔ inconclusive (partly to yes within the CI)"
   row = findings.render([doc]).splitlines()[3]
-  assert row.endswith("| ❔ inconclusive (partly to yes within the CI) |"), row
+  assert row.split(" | ")[5] == "❔ inconclusive (partly to yes within the CI)", row
 
 
 @pytest.mark.parametrize("name", [n for n in SCRIPTS
