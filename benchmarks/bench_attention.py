@@ -21,6 +21,12 @@ QK^T recomputed, dV, dP, dQ, dK). Each timing is the median of `--iters` runs af
 `--warmup` runs, every run blocked on its result; compile time is measured separately
 (lower + compile). The fraction of peak divides by a measured bf16 matmul rate.
 Writes `attention_<device>.json` and `.md` under `--out`.
+
+`--window W` times sliding-window attention instead (ModernBERT's local layers: keys with
+|q - k| <= W // 2) at `--shapes` (default 8 x 8192 x 12): `bertjax_pallas` with
+`Mask(window=W)`, which skips key blocks outside the band, against cuDNN's
+`local_window_size=(W // 2, W // 2)`; FLOPs count the band only. Writes
+`attention_window<W>_<device>.*`.
 """
 
 from __future__ import annotations
@@ -70,6 +76,12 @@ def parse_args(argv=None):
     help="n of the n x n x n bf16 matmul used as peak (default 8192; smoke 256)",
   )
   parser.add_argument(
+    "--window",
+    type=int,
+    default=None,
+    help="sliding-window attention with this window (default shape 8x8192x12; smoke 2x256x2)",
+  )
+  parser.add_argument(
     "--blocks",
     default=None,
     help="bertjax BlockSizes as block_q,block_k,block_q_bwd,block_k_bwd (default: per backend)",
@@ -100,10 +112,12 @@ def matmul_peak(n, warmup, iters):
   return 2 * n**3 / median / 1e12
 
 
-def make_attention(impl, seq, lengths, padded, interpret, blocks=None):
+def make_attention(impl, seq, lengths, padded, interpret, blocks=None, window=None):
   """fn(q, k, v) -> out for one implementation, or raises if unavailable here."""
   on_gpu = jax.default_backend() == "gpu"
   lens = jnp.asarray(lengths, jnp.int32) if padded else None
+  if window is not None:
+    return _windowed(impl, lens, interpret, blocks, window, on_gpu)
   if impl in ("bertjax_pallas", "bertjax_pallas_dropout"):
     dropout = {}
     if impl == "bertjax_pallas_dropout":
@@ -141,6 +155,22 @@ def make_attention(impl, seq, lengths, padded, interpret, blocks=None):
   raise ValueError(f"{impl=} must be one of {IMPLS}")
 
 
+def _windowed(impl, lens, interpret, blocks, window, on_gpu):
+  """Sliding-window attention: bertjax's band-skipping kernel or cuDNN's local window."""
+  if impl == "bertjax_pallas":
+    mask = kernels.Mask(kv_lengths=lens, window=window)
+    return lambda q, k, v: kernels.attention(q, k, v, mask=mask, impl="pallas",
+                                             interpret=interpret, block_sizes=blocks)
+  if impl == "cudnn":
+    if not on_gpu:
+      raise RuntimeError("cudnn needs a GPU")
+    half = window // 2
+    return lambda q, k, v: jax.nn.dot_product_attention(
+      q, k, v, query_seq_lengths=lens, key_value_seq_lengths=lens, implementation="cudnn",
+      local_window_size=(half, half))
+  raise ValueError(f"--window compares bertjax_pallas and cudnn, not {impl!r}")
+
+
 def with_backward(fn):
   """fn(q, k, v, cot) -> (dq, dk, dv) of sum(out * cot): forward plus backward."""
 
@@ -155,6 +185,10 @@ def run(args):
   iters = args.iters or (2 if smoke else 50)
   warmup = args.warmup or (1 if smoke else 5)
   shapes = SMOKE_SHAPES if smoke else FULL_SHAPES
+  if args.window:
+    shapes = [(2, 256, 2)] if smoke else [(8, 8192, 12)]
+    if args.impls == ",".join(IMPLS):
+      args.impls = "bertjax_pallas,cudnn"
   if args.shapes:
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
   interpret = jax.default_backend() == "cpu"
@@ -182,7 +216,11 @@ def run(args):
     padded_lengths = rng.integers(seq // 4, seq + 1, size=batch)
     for padded in (False, True):
       lengths = padded_lengths if padded else np.full(batch, seq)
-      fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths.astype(np.float64) ** 2))
+      if args.window:  # the band's keys only: min(len, w + 1) per query, at the edges fewer
+        reach = np.minimum(lengths, args.window + 1).astype(np.float64)
+        fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths * reach))
+      else:
+        fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths.astype(np.float64) ** 2))
       for impl in impls:
         for mode in ("fwd", "fwd+bwd"):
           row = {
@@ -196,7 +234,7 @@ def run(args):
             "real_tokens": int(lengths.sum()),
           }
           try:
-            fn = make_attention(impl, seq, lengths, padded, interpret, blocks)
+            fn = make_attention(impl, seq, lengths, padded, interpret, blocks, args.window)
             args_ = (q, k, v)
             if mode == "fwd+bwd":  # the cotangent is an argument, not a folded constant
               fn, args_ = with_backward(fn), (q, k, v, cot)
@@ -217,6 +255,7 @@ def run(args):
     "iters": iters,
     "warmup": warmup,
     "bertjax_block_sizes": str(blocks or kernels.BlockSizes.get_default()),
+    "window": args.window,
     "matmul_peak_tflops": peak,
     "flop_formula": "fwd = 4*H*D*sum_b len_b^2 (real tokens only); fwd+bwd = 3.5*fwd",
     "rows": rows,
@@ -269,7 +308,8 @@ def main(argv=None):
   result = run(args)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  stem = "attention_" + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower()
+  stem = ("attention_" + (f"window{result['window']}_" if result["window"] else "")
+          + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower())
   if result["smoke"]:
     stem += "_smoke"
   (out / f"{stem}.json").write_text(json.dumps(result, indent=2))

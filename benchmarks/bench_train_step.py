@@ -54,9 +54,11 @@ def make_batch(config, batch: int, seq: int, predictions: int, seed: int = 0) ->
 
 
 def ours_step(config, batch, prng_impl=None):
-  params = bertjax.init(config, 0, heads=("mlm", "nsp"))
+  nsp = "nsp" in config.family.heads  # MLM alone for families without an NSP head
+  params = bertjax.init(config, 0, heads=("mlm", "nsp") if nsp else ("mlm",))
   tx = make_optimizer("adamw", 1e-4)
-  step = make_train_step(config, tx, task="pretrain", objective="nsp", donate=True)
+  step = make_train_step(config, tx, task="pretrain", objective="nsp" if nsp else "none",
+                         donate=True)
   key = jax.random.key(0) if prng_impl is None else jax.random.key(0, impl=prng_impl)
   state = create_train_state(params, tx, key)
   device_batch = jax.tree.map(jnp.asarray, batch)
@@ -129,12 +131,15 @@ def profile(run, out: pathlib.Path, steps: int = 3) -> None:
 
 
 def model_flops(config, batch: int, seq: int, predictions: int) -> float:
-  params = jax.eval_shape(lambda: bertjax.init(config, 0, heads=("mlm", "nsp")))
+  heads = ("mlm", "nsp") if "nsp" in config.family.heads else ("mlm",)
+  params = jax.eval_shape(lambda: bertjax.init(config, 0, heads=heads))
   total = bertjax.count_params(params)
   emb = bertjax.count_params(params["embeddings"])
   tokens = batch * seq
   dense = 6 * (total - emb) * tokens
-  attention = 12 * config.num_hidden_layers * seq * seq * config.hidden_size * batch
+  # Each layer's keys per query: every position, or the window's band (w + 1 at most).
+  keys = sum(seq if w is None else min(seq, w + 1) for w in config.layer_windows)
+  attention = 12 * keys * seq * config.hidden_size * batch
   decoder = 6 * config.vocab_size * config.embed_dim * batch * predictions
   return dense + attention + decoder
 
@@ -155,24 +160,33 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser.add_argument("--profile", default=None,
                       help="--mfu: write a profiler trace of the last variant to this folder")
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
+  parser.add_argument("--preset", default="bert-base",
+                      help="--mfu: the model (a BertConfig preset, e.g. modernbert-base)")
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
   return parser.parse_args(argv)
 
 
 def mfu_variant(spec: str, args, profile_it: bool) -> dict:
-  """One `--variants` entry (attention_impl:prng_impl:batch[:nodrop][:unrollN]) timed: its
-  step time and model TFLOP/s (MFU is added once the peak is known)."""
+  """One `--variants` entry (attention_impl:prng_impl:batch[:nodrop][:attndrop][:unrollN])
+  timed: its step time and model TFLOP/s (MFU is added once the peak is known). `attndrop`
+  adds BERT's attention dropout (0.1) to its hidden dropout; `--preset` picks the model
+  (a family without an NSP head trains MLM alone)."""
   med = statistics.median
   impl, prng, size, *rest = spec.split(":")
   dropout = 0.0 if "nodrop" in rest else 0.1
   unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
-  overrides = dict(attention_impl=impl, attention_probs_dropout_prob=0.0,
-                   hidden_dropout_prob=dropout, scan_unroll=unroll)
+  overrides = dict(attention_impl=impl, hidden_dropout_prob=dropout, scan_unroll=unroll,
+                   attention_probs_dropout_prob=0.1 if "attndrop" in rest else 0.0)
+  family = bertjax.BertConfig.preset(args.preset).family
+  if family.ffn_dropout == "inside":  # one rate for ModernBERT's dropouts
+    overrides["attention_probs_dropout_prob"] = dropout
   if args.smoke:
-    config = bertjax.BertConfig.preset("tiny", **overrides)
+    small = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, max_position_embeddings=128, pad_token_id=1)
+    config = bertjax.BertConfig.preset(args.preset, **small, **overrides)
     batch_size, seq = 4, 32
   else:
-    config = bertjax.BertConfig.preset("bert-base", dtype="bfloat16", **overrides)
+    config = bertjax.BertConfig.preset(args.preset, dtype="bfloat16", **overrides)
     batch_size, seq = int(size), args.seq
   batch = make_batch(config, batch_size, seq, args.predictions)
   run, compile_s = ours_step(config, batch, None if prng == "threefry" else prng)
@@ -210,12 +224,13 @@ def run_mfu(args, machine: dict) -> dict:
   peak = max(peaks)
   for row in rows:
     row["mfu"] = row["model_tflops"] / peak
-  label = "tiny (smoke)" if args.smoke else "bert-base bf16"
+  label = f"{args.preset} (smoke sizes)" if args.smoke else f"{args.preset} bf16"
   return {"machine": machine, "config": label, "seq": args.seq,
           "predictions_per_sequence": args.predictions, "rounds": args.rounds,
           "matmul_peak_tflops_measured": peaks, "matmul_peak_tflops": peak,
-          "flop_formula": "6 x non-embedding params x tokens + 12 x layers x seq^2 x hidden "
-                          "x batch (attention, fwd+bwd) + 6 x vocab x E x masked positions",
+          "flop_formula": "6 x non-embedding params x tokens + 12 x seq x keys x hidden x batch "
+                          "summed over layers (keys: seq, or a window's w + 1; attention, "
+                          "fwd+bwd) + 6 x vocab x E x masked positions",
           "variants": rows, "best": max(rows, key=lambda r: r["mfu"])}
 
 
@@ -256,7 +271,8 @@ def main(argv=None) -> dict:
   machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
              "device": jax.devices()[0].device_kind}
   if args.mfu:
-    result, name = run_mfu(args, machine), "train_step_gpu_mfu"
+    result = run_mfu(args, machine)
+    name = "train_step_gpu_mfu" + ("" if args.preset == "bert-base" else f"_{args.preset}")
   else:
     result, name = run_cpu(args, machine), "train_step_cpu"
   print(json.dumps(result, indent=2))

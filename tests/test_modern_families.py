@@ -191,3 +191,11 @@ def test_block_options_are_named_errors():
     bertjax.BertConfig.for_family("modernbert", classifier_pooling="late")
   with pytest.raises(ValueError, match="ffn_gate.*does not exist on a bert block"):
     bertjax.site_shape(bertjax.BertConfig(), "ffn_gate", 1, 4)
+
+
+def test_preset_depth_keeps_the_layer_pattern():
+  """A ModernBERT preset at another depth repeats its global-every-third pattern."""
+  config = bertjax.BertConfig.preset("modernbert-base", num_hidden_layers=5)
+  assert config.layer_types == ("full_attention", "sliding_attention", "sliding_attention",
+                                "full_attention", "sliding_attention")
+  assert len(bertjax.BertConfig.preset("modernbert-base").layer_types) == 22

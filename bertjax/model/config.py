@@ -330,6 +330,13 @@ class BertConfig:
     if name not in PRESETS:
       raise ValueError(f"preset {name=!r} is unknown; expected one of {sorted(PRESETS)}")
     fields = {**PRESETS[name], **overrides}
+    types = fields.get("layer_types")
+    if types and "layer_types" not in overrides and len(types) != fields["num_hidden_layers"]:
+      # A preset's layer pattern repeats (ModernBERT: global every third layer); another depth
+      # keeps the pattern rather than failing on the preset's own count.
+      period = next(p for p in range(1, len(types) + 1)
+                    if all(t == types[i % p] for i, t in enumerate(types)))
+      fields["layer_types"] = tuple(types[i % period] for i in range(fields["num_hidden_layers"]))
     return cls.for_family(fields.pop("model_type", "bert"), **fields)
 
   # Hugging Face mapping ----------------------------------------------------

@@ -1,0 +1,191 @@
+"""Forward pass of the modern encoders on the CPU: bertjax vs transformers PyTorch (sdpa).
+
+Run: ./run.sh bench bench_modern            (writes benchmarks/results/bench_modern.{json,md})
+     ./run.sh bench bench_modern --smoke    (tiny shapes, one round; checks the script runs)
+
+ModernBERT-base (22 x 768, a 128-token window in two of every three layers) and
+MPNet-base (12 x 768, the relative-position bias on every layer) with random weights,
+float32, no padding, batches of 8 x 128 and 8 x 512; and ModernBERT-base at 8 x 2048, where
+a window layer's cost should grow with T x window: bertjax as the model is, bertjax with
+every layer global (the same weights, `layer_types` all full), and PyTorch on the same
+windows. Side by side in one run:
+
+* bertjax: `jax.jit` of `bertjax.forward` (XLA attention; window layers banded);
+* transformers PyTorch: `ModernBertModel` with `attn_implementation="sdpa"`, `MPNetModel`
+  with its only implementation ("eager": transformers has no sdpa for MPNet), under
+  `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same weights (the
+  difference of the outputs is recorded).
+
+Each implementation is called once first (compile or first call reported apart), warmed up,
+then timed in interleaved rounds with a rotating order. Results name the CPU and its ISA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import bertjax
+from bench_families import machine
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+# (model, bertjax preset, batch, seq, variant): "model" as it is, "global" every layer full.
+CASES = [("modernbert-base", "modernbert-base", 8, 128, "model"),
+         ("modernbert-base", "modernbert-base", 8, 512, "model"),
+         ("mpnet-base", "mpnet-base", 8, 128, "model"),
+         ("mpnet-base", "mpnet-base", 8, 512, "model"),
+         ("modernbert-base", "modernbert-base", 8, 2048, "model+global")]
+SMOKE = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+             intermediate_size=96, pad_token_id=1)
+HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel"}
+# transformers' attention for each: sdpa where it has one (MPNet has only eager attention).
+HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager"}
+
+
+def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
+  sizes = dict(SMOKE) if smoke else {}
+  if smoke and preset.startswith("modernbert"):
+    sizes.update(layer_types=("full_attention", "sliding_attention", "sliding_attention"),
+                 sliding_window=16)
+  config = bertjax.BertConfig.preset(preset, **sizes)
+  if config.max_length < seq:
+    config = config.replace(max_position_embeddings=seq + config.position_offset)
+  return config
+
+
+def _time(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
+  for _ in range(warmup):
+    for call in calls.values():
+      call()
+  names = list(calls)
+  times = {n: [] for n in names}
+  for r in range(rounds):
+    for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
+      t0 = time.perf_counter()
+      calls[n]()
+      times[n].append(time.perf_counter() - t0)
+  return times
+
+
+def bench_case(name, preset, batch, seq, variant, args) -> dict:
+  import torch
+  import transformers
+
+  config = _config(preset, args.smoke, seq)
+  params = bertjax.init(config, 0)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
+  ids[:, 0] = 1  # a first token that is not padding
+  mask = np.ones_like(ids)
+  row = {"model": name, "batch": batch, "seq": seq, "tokens": batch * seq,
+         "family": config.model_type, "layers": config.depth,
+         "windows": sorted({w for w in config.layer_windows if w})}
+  ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
+  calls, info, outputs = {}, {}, {}
+  configs = {"bertjax": config}
+  if "global" in variant:
+    configs["bertjax_global"] = config.replace(layer_types=None, local_rope_theta=None)
+  for key, c in configs.items():
+    fwd = jax.jit(lambda p, x, m, c=c: bertjax.forward(p, c, x, m).last_hidden_state)
+    t0 = time.perf_counter()
+    outputs[key] = np.asarray(jax.block_until_ready(fwd(params, ids_j, mask_j)))
+    info[key] = {"compile_s": time.perf_counter() - t0}
+    calls[key] = lambda fwd=fwd: jax.block_until_ready(fwd(params, ids_j, mask_j))
+
+  with tempfile.TemporaryDirectory() as tmp:
+    bertjax.to_hf(config, params, tmp)
+    model = getattr(transformers, HF_CLASS[config.model_type]).from_pretrained(
+        tmp, attn_implementation=HF_ATTENTION[config.model_type]).eval()
+  row["torch_attention"] = HF_ATTENTION[config.model_type]
+  ids_t, mask_t = torch.tensor(ids).long(), torch.tensor(mask).long()
+
+  def torch_call():
+    with torch.inference_mode():
+      return model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+
+  t0 = time.perf_counter()
+  theirs = torch_call().numpy()
+  info["torch_sdpa"] = {"first_call_s": time.perf_counter() - t0}
+  row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(outputs["bertjax"] - theirs).max())
+  calls["torch_sdpa"] = torch_call
+  times = _time(calls, args.warmup, args.rounds)
+  for n, t in times.items():
+    med = statistics.median(t)
+    row[n] = {**info[n], "median_s": med, "min_s": min(t), "times_s": t,
+              "tokens_per_s": batch * seq / med}
+  ours = row["bertjax"]["median_s"]
+  for n in times:
+    if n != "bertjax":
+      row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
+  print(f"{name:>16} {batch} x {seq}: " + ", ".join(
+      f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times), file=sys.stderr, flush=True)
+  return row
+
+
+def markdown(r: dict) -> str:
+  m = r["machine"]
+  lines = [f"Forward pass of the modern encoders on the CPU, float32, random weights, no "
+           f"padding: {m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: "
+           f"{', '.join(m['isa_flags'])}; torch threads {m['torch_threads']}; jax {m['jax']}, "
+           f"torch {m['torch']}, transformers {r['transformers']}. Medians of {r['rounds']} "
+           f"interleaved rounds after {r['warmup']} warm-up calls; compile (or first call) "
+           "apart.", "",
+           "| model | batch x seq | bertjax | bertjax, every layer global | PyTorch | "
+           "bertjax vs PyTorch | windows vs global | compile |",
+           "|---|---|---|---|---|---|---|---|"]
+  for row in r["rows"]:
+    ms = lambda n, row=row: f"{row[n]['median_s'] * 1e3:.0f} ms" if n in row else "-"
+    glob = row.get("bertjax_speedup_vs_bertjax_global")
+    lines.append(f"| {row['model']} | {row['batch']} x {row['seq']} | {ms('bertjax')} | "
+                 f"{ms('bertjax_global')} | {ms('torch_sdpa')} ({row['torch_attention']}) | "
+                 f"{row['bertjax_speedup_vs_torch_sdpa']:.2f}x | "
+                 f"{f'{glob:.2f}x' if glob else '-'} | {row['bertjax']['compile_s']:.1f} s |")
+  lines += ["", "Speed-ups are the other's median time over bertjax's (> 1: bertjax is "
+            "faster). Max |bertjax - PyTorch| on the same weights: " + ", ".join(
+                f"{row['model']} {row['batch']}x{row['seq']} "
+                f"{row['max_abs_diff_bertjax_vs_torch']:.1e}" for row in r["rows"]) + "."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
+  p.add_argument("--rounds", type=int, default=5, help="timed rounds per case")
+  p.add_argument("--warmup", type=int, default=1, help="untimed calls per implementation")
+  p.add_argument("--only", default=None, metavar="MODEL",
+                 help="only the cases of this model (modernbert-base, mpnet-base)")
+  p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
+  args = p.parse_args(argv)
+  if args.smoke:
+    args.rounds, args.warmup = 1, 0
+  import transformers
+
+  cases = [c for c in CASES if args.only in (None, c[0])]
+  if args.smoke:
+    cases = [(n, pr, 2, {128: 16, 512: 24, 2048: 40}[s], v) for n, pr, _, s, v in cases]
+  rows = [bench_case(*case, args) for case in cases]
+  result = {"machine": machine(), "transformers": transformers.__version__, "rows": rows,
+            "rounds": args.rounds, "warmup": args.warmup, "smoke": args.smoke}
+  if not args.smoke:
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_modern.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "bench_modern.md").write_text(markdown(result))
+  print(markdown(result), file=sys.stderr)
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU checks of the modern kernels in one device call (about 8 minutes on an H100):
+#   OUT=/path bash benchmarks/gpu_suite.sh           (on the device: writes everything under $OUT)
+#   OUT=/tmp/s bash benchmarks/gpu_suite.sh --smoke  (anywhere: tiny sizes, kernels in interpret
+#                                                     mode on a CPU; checks the script runs)
+# 1. the compiled kernel tests (every variant: windows, position biases, grouped heads, dropout,
+#    head masks; the fused-kernel sites); 2. fwd and fwd+bwd at 256 x 128 and 64 x 512, full and
+#    padded, against cuDNN (and XLA, JAX's Pallas mha); 3. windowed attention at 8 x 8192
+#    (w = 128) against cuDNN's local window; 4. the BERT-base train step's MFU with BERT's
+#    dropout (hidden 0.1 and attention 0.1) beside hidden-only; 5. a ModernBERT-base train step.
+# Each step's log is $OUT/<step>.log; a failed step is reported and the next one still runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to the folder for the results}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SMOKE=()
+TEST_FILTER=(-m "not slow")
+if [ "${1:-}" = "--smoke" ]; then
+  SMOKE=(--smoke)
+  TEST_FILTER=(-k "window_tiles or refuse")
+fi
+export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:---xla_gpu_autotune_level=0}"
+status=0
+step() {  # step NAME COMMAND...: runs it, its output in $OUT/NAME.log, and times it
+  local name=$1 t=$SECONDS
+  shift
+  echo "== $name: $*"
+  if "$@" >"$OUT/$name.log" 2>&1; then
+    echo "   ok in $((SECONDS - t)) s"
+  else
+    echo "   FAILED in $((SECONDS - t)) s; the end of $OUT/$name.log:"
+    tail -n 15 "$OUT/$name.log" | sed 's/^/     /'
+    status=1
+  fi
+}
+step kernel_tests "$PY" -m pytest -q -p no:cacheprovider "${TEST_FILTER[@]}" \
+  tests/test_kernel_variants.py
+step attention "$PY" benchmarks/bench_attention.py "${SMOKE[@]}" --out "$OUT"
+step attention_window "$PY" benchmarks/bench_attention.py "${SMOKE[@]}" --window 128 --out "$OUT"
+step mfu_bert_base "$PY" benchmarks/bench_train_step.py "${SMOKE[@]}" --mfu --out "$OUT" \
+  --variants pallas:threefry:256,pallas:threefry:256:attndrop
+step mfu_modernbert_base "$PY" benchmarks/bench_train_step.py "${SMOKE[@]}" --mfu --out "$OUT" \
+  --preset modernbert-base --seq 512 --variants pallas:threefry:64,xla:threefry:64
+exit $status
