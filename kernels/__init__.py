@@ -17,6 +17,7 @@ from .attention import (
   attention_probs,
   attention_with_stats,
 )
+from .disentangled import DisentangledBias, log_bucket, relative_index
 from .masks import Mask
 from .position_bias import PositionBias, alibi_slopes, relative_position_bucket
 from .reference import ABLATIONS, STAT_NAMES, reference_attention, reference_statistics
@@ -28,6 +29,7 @@ __all__ = [
   "KERNEL_VARIANTS",
   "STAT_NAMES",
   "BlockSizes",
+  "DisentangledBias",
   "Mask",
   "PositionBias",
   "alibi_slopes",
@@ -35,7 +37,9 @@ __all__ = [
   "attention_impl",
   "attention_probs",
   "attention_with_stats",
+  "log_bucket",
   "reference_attention",
   "reference_statistics",
+  "relative_index",
   "relative_position_bucket",
 ]

@@ -48,6 +48,7 @@ from . import flash_attention as fa
 from . import flash_attention_stats as fa_stats
 from . import flash_attention_tpu as fa_tpu
 from .masks import Mask, mask_of
+from .disentangled import BIASES, DisentangledBias
 from .position_bias import PositionBias
 from .reference import (
   ABLATIONS,
@@ -88,9 +89,22 @@ def _validate(q, k, v, mask: Mask, head_mask, ablation, impl, special_mask=None,
       f"{q.shape=}, with kv_heads dividing the query heads"
     )
   if bias is not None:
-    if not isinstance(bias, PositionBias):
-      raise TypeError(f"bias={type(bias).__name__} must be a kernels.PositionBias")
-    bias.validate(heads)
+    if not isinstance(bias, BIASES):
+      raise TypeError(
+        f"bias={type(bias).__name__} must be a kernels.PositionBias or kernels.DisentangledBias"
+      )
+    if isinstance(bias, DisentangledBias):
+      bias.validate(heads, head_dim)
+      if k.shape[2] != heads:
+        raise ValueError(
+          f"a DisentangledBias needs one key head per query head, got {k.shape[2]} for {heads}"
+        )
+      if mask.window is not None:
+        raise ValueError(
+          f"a DisentangledBias with a sliding window (window={mask.window}) is not supported"
+        )
+    else:
+      bias.validate(heads)
   for name, value in (("q", q), ("k", k), ("v", v)):
     if not jnp.issubdtype(value.dtype, jnp.floating):
       raise ValueError(f"{name}.dtype={value.dtype} must be floating")
@@ -270,6 +284,11 @@ def _check_fused_variants(impl, q, k, mask: Mask, bias, variant=None):
   """Rejects what the fused implementations do not compute (never a silent fallback): cuDNN
   and the TPU kernels have no window, position bias or grouped heads; the Triton-layout
   Pallas kernels have all three."""
+  if isinstance(bias, DisentangledBias) and impl in ("pallas", "cudnn"):
+    raise ValueError(
+      f"impl={impl!r} does not support DeBERTa's disentangled position terms (c2p/p2c) yet; "
+      "use impl='xla'"
+    )
   if impl == "pallas" and variant == "triton":
     return
   missing = []
@@ -312,7 +331,9 @@ def attention_probs(
   `PositionBias` or None; k may have grouped heads.
   """
   mask = mask_of(mask, kv_lengths, None, key_mask)
-  if bias is not None:
+  if isinstance(bias, DisentangledBias):
+    bias.validate(q.shape[2], q.shape[3])
+  elif bias is not None:
     bias.validate(q.shape[2])
   allowed, row_real = mask.allowed(q.shape[0], q.shape[1], k.shape[1], per_query=False)
   return _xla_probs(q, k, allowed=allowed, row_real=row_real, scale=scale, bias=bias)
@@ -396,6 +417,8 @@ def attention_with_stats(
   impl = _resolve_impl(impl, False, stats=True)
   if impl == "cudnn":
     raise ValueError("attention_with_stats supports impl 'xla' and 'pallas', got impl='cudnn'")
+  if impl == "pallas":
+    _check_fused_variants(impl, q, k, mask, bias, "triton")
   if impl == "xla":
     kwargs = {"mask": mask, "head_mask": head_mask, "ablation": ablation, "scale": scale}
     out = reference_attention(q, k, v, bias=bias, **kwargs)

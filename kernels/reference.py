@@ -10,7 +10,6 @@ an import cycle.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import jax
@@ -18,6 +17,7 @@ import jax.numpy as jnp
 
 from . import dropout as drop
 from .masks import Mask, mask_of
+from .disentangled import add_bias, bias_scores, default_scale
 from .position_bias import PositionBias
 
 # How a head mask xi enters attention: "scale" (Michel et al.) or "uniform" (Kovaleva et al.).
@@ -48,13 +48,12 @@ def _attention_distributions(
   batch, seq_q, heads, head_dim = q.shape
   seq_k = k.shape[1]
   dtype = _compute_dtype(q.dtype)
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+  scale = default_scale(bias, head_dim, scale)
   allowed, row_real = mask.allowed(batch, seq_q, seq_k)
   allowed = allowed[:, None]  # (B, 1, Tq, Tk)
   k = repeat_kv(k, heads)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q.astype(dtype), k.astype(dtype)) * scale
-  if bias is not None:
-    logits = logits + bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)[None]
+  logits = add_bias(logits, bias_scores(bias, q, k, dtype))
   logits = jnp.where(allowed, logits, -jnp.inf)
   row_max = jnp.max(logits, axis=-1, keepdims=True)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
@@ -120,7 +119,8 @@ def reference_attention(
       (after dropout, when it is on).
     dropout_rate: attention dropout rate in [0, 1) (static); see `attention`.
     dropout_seed: int32/uint32 scalar (or a PRNG key) when dropout_rate > 0.
-    bias: a `PositionBias` added to the scaled logits, or None.
+    bias: a `PositionBias` or `DisentangledBias` added to the scaled logits, or None (a
+      DisentangledBias also sets the default `scale`).
 
   Returns:
     out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.

@@ -41,12 +41,12 @@ dropped `O`.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
 from . import dropout as drop
+from .disentangled import add_bias, bias_scores, default_scale
 
 
 def _drop_multiplier(seed, p, rate):
@@ -97,12 +97,11 @@ def _scores(qh, kh, allowed, scale, bias=None):
 
   The mask is an additive bias (`(B, 1, 1, Tk)` for key-only masks): one fused add,
   where a select against -inf and the guards it needs cost extra T x T passes on CPU.
-  `bias` is a position bias `(H, Tq, Tk)` (or None), added to the scaled logits.
+  `bias` is a position bias `(H, Tq, Tk)`, or `(B, H, Tq, Tk)` (DeBERTa's terms, which
+  depend on the inputs), or None, added to the scaled logits.
   """
   mask_bias = jnp.where(allowed, 0.0, _MASKED).astype(qh.dtype)[:, None]
-  s = _qk(qh * scale, kh) + mask_bias
-  if bias is not None:
-    s = s + bias.astype(qh.dtype)[None]
+  s = add_bias(_qk(qh * scale, kh) + mask_bias, bias)
   p = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
   return p, 1.0 / p.sum(-1, keepdims=True)
 
@@ -226,7 +225,7 @@ def _bwd(uniform, scale, rate, saved, dout):
   else:
     dq = _ungrouped(jnp.einsum("bgrqk,bgkd->bgrqd", _grouped(ds, groups), kh))
   dk = _to_keys(ds, qh, groups)
-  dbias = None if bias is None else ds_raw.sum(0)
+  dbias = None if bias is None else (ds_raw.sum(0) if bias.ndim == 3 else ds_raw)
   zero = lambda a: None if a is None else jnp.zeros(a.shape, jax.dtypes.float0)
   return dq, dk, dv, zero(allowed), zero(row_real), dxi, zero(seed), dbias
 
@@ -261,13 +260,13 @@ def xla_attention(
     scale: logit scale; None means `1 / sqrt(head_dim)`.
     dropout_rate: static attention dropout rate in [0, 1) (validated by the caller).
     dropout_seed: int32 scalar seed (`kernels.dropout.seed_to_int32`) when dropout_rate > 0.
-    bias: a `PositionBias` or None.
+    bias: a `PositionBias`, a `DisentangledBias` (which also sets the default scale) or None.
 
   Returns:
     `(batch, seq_q, heads, head_dim)` in q's dtype; equal to `reference_attention`.
   """
   batch, _, heads, head_dim = q.shape
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  scale = default_scale(bias, head_dim, scale)
   dtype = jnp.promote_types(q.dtype, jnp.float32)
   xi = jnp.ones((batch, heads), dtype) if head_mask is None else head_mask.astype(dtype)
   # Casts outside the custom VJP, so autodiff casts the cotangents back.
@@ -277,8 +276,8 @@ def xla_attention(
   # the transposes here cost far less than strided dots (measured: 58 -> 20 ms for
   # batch 32 x 128, 12 heads of 32, on the 2-core AVX-512 CPU).
   heads_first = lambda a: jnp.swapaxes(a.astype(dtype), 1, 2)
-  seq_q, seq_k = q.shape[1], k.shape[1]
-  bias_values = None if bias is None else bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)
+  # Outside the custom VJP: autodiff takes the bias' gradient on to q, k and its tables.
+  bias_values = bias_scores(bias, q, k, dtype)
   out = _attention(
     heads_first(q),
     heads_first(k),
@@ -308,13 +307,12 @@ def attention_probs(q, k, *, allowed, row_real, scale=None, bias=None):
     allowed: bool `(batch, seq_q | 1, seq_k)`.
     row_real: bool `(batch, seq_q)`.
     scale: logit scale; None means `1 / sqrt(head_dim)`.
-    bias: a `PositionBias` or None.
+    bias: a `PositionBias`, a `DisentangledBias` (which also sets the default scale) or None.
   """
   dtype = jnp.promote_types(q.dtype, jnp.float32)
-  scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+  scale = default_scale(bias, q.shape[-1], scale)
   qh, kh = (jnp.swapaxes(a.astype(dtype), 1, 2) for a in (q, k))
-  seq_q, seq_k = q.shape[1], k.shape[1]
-  bias_values = None if bias is None else bias.values(jnp.arange(seq_q), jnp.arange(seq_k), dtype)
+  bias_values = bias_scores(bias, q, k, dtype)
   p, inv = _scores(qh, kh, allowed, scale, bias_values)
   real = (row_real & allowed.any(-1))[:, None, :, None].astype(dtype)
   return p * (inv * real)

@@ -1,10 +1,11 @@
-"""Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet and NomicBERT.
+"""Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet, NomicBERT, DeBERTa.
 
 Each family gets a random model (ModernBERT with a 4-token window in two of three layers,
 EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` beside a
 tokenizer trained here in the family's own files: a byte-level BPE `tokenizer.json` for
 ModernBERT (`[CLS] A [SEP]`) and EuroBERT (`<|begin_of_text|> A <|end_of_text|>`), WordPiece
-`vocab.txt` for MPNet (its `<s> A </s></s> B </s>` template) and NomicBERT. The checks of
+`vocab.txt` for MPNet (its `<s> A </s></s> B </s>` template) and NomicBERT, SentencePiece
+`spm.model` for DeBERTa-v3 (disentangled attention, log buckets, shared keys). The checks of
 `test_families_downstream` run on each: sweeps equal loops of masked forwards, importance is
 the mask gradient, pruning equals masking, Clark's statistics on both paths equal NumPy on
 the maps (windows included), word features align to transformers' subwords, cloze and PLL
@@ -36,7 +37,7 @@ tokenizers = pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.hf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert")
+FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert", "deberta-v2")
 SIZES = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=5, intermediate_size=48,
              initializer_range=0.3, max_position_embeddings=128)
 EXTRA = {
@@ -47,12 +48,20 @@ EXTRA = {
                      classifier_pooling="mean"),
     "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
     "nomic_bert": dict(),
+    "deberta-v2": dict(relative_attention=True, pos_att_type=("p2c", "c2p"), position_buckets=8,
+                       max_relative_positions=64, share_att_key=True, norm_rel_ebd="layer_norm",
+                       position_biased_input=False, type_vocab_size=0,
+                       # Three score terms: at 0.3 the logits are so peaked that attribution
+                       # patching's linearisation breaks down (Pearson -0.40 against exact
+                       # patching; 0.99997 with every matrix scaled by 0.3).
+                       initializer_range=0.15),
 }
 SPECIALS = {
     "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
     "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
     "mpnet": ("<s>", "</s>", "<mask>"),
     "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
+    "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
 }
 CLASSES = {"modernbert": "ModernBertForSequenceClassification",
            "eurobert": "EuroBertForSequenceClassification"}
@@ -88,6 +97,14 @@ def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
     settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=128)
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
     vocab, pad_id = tok.get_vocab_size(), tok.token_to_id(pad)
+  elif family == "deberta-v2":  # DeBERTa-v3's spm.model: [PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3
+    spm = pytest.importorskip("sentencepiece")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(directory / "spm"), vocab_size=700,
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
+        eos_piece="[SEP]", unk_piece="[UNK]", user_defined_symbols=["[MASK]"],
+        model_type="unigram", minloglevel=2)
+    vocab, pad_id = 700, 0
   else:
     specials = (["<s>", "<pad>", "</s>", "[UNK]", "<mask>"] if family == "mpnet" else
                 ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
@@ -198,7 +215,10 @@ def test_pruning_equals_masking(family):
                            head_mask=mask)
   pruned = bertjax.forward(pparams, pconfig, b.input_ids, b.attention_mask, _types(config, b))
   diff = np.abs(np.asarray(pruned.last_hidden_state) - np.asarray(masked.last_hidden_state))
-  assert diff[real].max() < 3e-5  # random 0.3-std weights: large, peaked activations
+  # Pruned matmuls sum in another order, and random 0.3-std weights give large, peaked
+  # activations (|h| up to 3): NomicBERT's largest difference is 2e-5 on the Intel Xeon and
+  # went past 3e-5 on CI's CPU; a real difference (a head left in) is of order 1.
+  assert diff[real].max() < 1e-4
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 1e-4])  # the kernel statistics path; the maps path
@@ -313,7 +333,9 @@ def test_gradients_through_the_block_match_finite_differences(family):
                             patch={"embeddings": (x + eps * probe, 1.0)})
       return bertjax.head_logits(p64, c64, out, "mlm")[:, 1, 7].sum()
 
-    h = 1e-4  # fourth-order central differences: truncation ~h^4 (these models are peaked)
+    # Fourth-order central differences: truncation ~h^4, and these random models are peaked
+    # (EuroBERT: |fd - grad| 3e-6 at h = 1e-4, 3e-8 at 3e-5, 7e-10 at 1e-5 of 11.8).
+    h = 1e-5
     fd = (8 * (f(h) - f(-h)) - (f(2 * h) - f(-2 * h))) / (12 * h)
     np.testing.assert_allclose(jax.grad(f)(0.0), fd, rtol=1e-7)
 

@@ -1,9 +1,11 @@
 """Sites, patches and masks on the modern blocks, against PyTorch forward hooks.
 
 For ModernBERT (pre-LN, windows, GeGLU), EuroBERT (pre-RMSNorm, grouped heads, SwiGLU),
-NomicBERT (post-LN, rotary, SwiGLU) and MPNet (relative-position bias), tiny models with
-random weights loaded from transformers: every site equals the same quantity read with
-forward hooks on the transformers model (q and k after transformers' own rotary function);
+NomicBERT (post-LN, rotary, SwiGLU), MPNet (relative-position bias) and DeBERTa-v2
+(disentangled attention), tiny models with random weights loaded from transformers: every
+site equals the same quantity read with forward hooks on the transformers model (q and k
+after transformers' own rotary function; DeBERTa's position terms as the sum its
+`disentangled_attention_bias` returns, its content logit from the hooked q and k);
 a head-output patch equals the same edit made by a hook; weight 0 is bitwise the
 unpatched forward; head masks give the same outputs on the fused and the map path, and the
 "uniform" mode equals patching the probabilities with the uniform distribution over the
@@ -23,7 +25,7 @@ from test_modern_families import CONFIGS, _batch, _hf_model  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
-FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet")
+FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet", "deberta")
 
 # Per family: the layers, and site -> (module path in a layer, "out" output | "in" input).
 # q, k, v come from the projections' outputs (then transformers' rotary function).
@@ -57,7 +59,20 @@ HOOKS = {
         ffn_in=("intermediate", "in"), ffn_act=("intermediate", "out"),
         ffn_out=("output.dense", "out"), resid_out=("output.LayerNorm", "in"),
         out=("", "out")),
+    "deberta": dict(
+        layers="encoder.layer", attn_in=("", "in"), q=("attention.self.query_proj", "out"),
+        k=("attention.self.key_proj", "out"), v=("attention.self.value_proj", "out"),
+        head_out=("attention.output.dense", "in"), attn_out=("attention.output.dense", "out"),
+        resid_mid=("attention.output.LayerNorm", "in"),
+        mid=("attention.output.LayerNorm", "out"), ffn_in=("intermediate", "in"),
+        ffn_act=("intermediate", "out"), ffn_out=("output.dense", "out"),
+        resid_out=("output.LayerNorm", "in"), out=("", "out")),
 }
+
+
+def _recorded(value, record):
+  record("scores_pos", value)
+  return value
 
 
 def _module(root, path):
@@ -68,7 +83,7 @@ def _module(root, path):
 
 def _torch_sites(model, family, ids, mask):
   """Every site of every layer, read with hooks (and q, k rotated as transformers does)."""
-  spec = dict(HOOKS[family.rstrip("_gqa")])
+  spec = dict(HOOKS[family.removesuffix("_gqa")])
   base = model.base_model
   layers = _module(base, spec.pop("layers"))
   config = model.config
@@ -92,11 +107,18 @@ def _torch_sites(model, family, ids, mask):
             with_kwargs=True))
     if family == "modernbert":
       hooks.append(layer.attn.Wqkv.register_forward_hook(lambda m, i, o: record("qkv", o)))
+    if family == "deberta":  # the position terms' sum, as transformers adds it to the logits
+      attn = layer.attention.self
+      attn.disentangled_attention_bias = (
+          lambda *a, f=attn.disentangled_attention_bias: _recorded(f(*a), record))
   with torch.no_grad():
     out = model(torch.tensor(ids), attention_mask=torch.tensor(mask), output_attentions=True,
                 output_hidden_states=True)
   for h in hooks:
     h.remove()
+  if family == "deberta":
+    for layer in layers:
+      vars(layer.attention.self).pop("disentangled_attention_bias")
   sites = {k: np.stack(v) for k, v in got.items()}
   if "qkv" in sites:  # ModernBERT's fused projection
     qkv = sites.pop("qkv")
@@ -115,6 +137,12 @@ def _torch_sites(model, family, ids, mask):
       q, k = (torch.tensor(sites[s][i]) for s in ("q", "k"))
       q, k = module.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
       sites["q"][i], sites["k"][i] = q.numpy(), k.numpy()
+  if family == "deberta":  # (B * N, T, T) -> (B, N, T, T); the content logit from q and k
+    pos = sites.pop("scores_pos")
+    sites["scores_pos"] = pos.reshape(pos.shape[0], -1, heads, *pos.shape[2:])
+    factor = 1 + len(config.pos_att_type)
+    sites["scores_c2c"] = np.einsum("lbqhd,lbkhd->lbhqk", sites["q"], sites["k"]) / np.sqrt(
+        d * factor)
   sites["probs"] = np.stack([a.numpy() for a in out.attentions])
   sites["embeddings"] = out.hidden_states[0].numpy()
   return sites
@@ -123,7 +151,12 @@ def _torch_sites(model, family, ids, mask):
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
   key = request.param
-  model = _hf_model(key, "Model")
+  if key == "deberta":  # v2's layout: its own position projections, absolute positions
+    from test_deberta import _hf_model as deberta_model
+
+    model = deberta_model("v2", "Model")
+  else:
+    model = _hf_model(key, "Model")
   path = tmp_path_factory.mktemp(key)
   model.save_pretrained(path)
   config, params = bertjax.from_hf(path)
@@ -135,13 +168,20 @@ def test_every_site_equals_pytorch_hooks(family):
   key, model, config, params, ids, mask = family
   theirs = _torch_sites(model, key, ids, mask)
   sites = bertjax.model_sites(config)
-  assert set(theirs) == set(sites), set(theirs) ^ set(sites)
   out = bertjax.forward(params, config, ids, mask, capture=sites)
+  if "scores_pos" in theirs:  # transformers adds DeBERTa's two position terms as one
+    sites = tuple(s for s in sites if s not in ("scores_c2p", "scores_p2c")) + ("scores_pos",)
+    out.cache["scores_pos"] = out.cache["scores_c2p"] + out.cache["scores_p2c"]
+  assert set(theirs) == set(sites), set(theirs) ^ set(sites)
   real = mask.astype(bool)
   for site in sites:
     got, want = np.asarray(out.cache[site]), theirs[site]
-    assert got.shape == bertjax.site_shape(config, site, *ids.shape) == want.shape, site
-    if site == "probs":
+    assert got.shape == want.shape, site
+    if site != "scores_pos":
+      assert got.shape == bertjax.site_shape(config, site, *ids.shape), site
+    if site.startswith("scores"):  # at real keys too (padding's states differ from layer 1)
+      got, want = (np.where(real[None, :, None, None, :], a, 0) for a in (got, want))
+    if site == "probs" or site.startswith("scores"):
       got, want = (np.moveaxis(a, 2, 3)[:, real] for a in (got, want))
     elif site == "embeddings":
       got, want = got[real], want[real]
@@ -160,7 +200,7 @@ def test_head_out_patch_equals_pytorch_hook_edit(family):
   for layer, head in chosen:
     weight[layer, ..., head, 0] = 1.0
   ours = bertjax.forward(params, config, ids, mask, patch={"head_out": (source, weight)})
-  spec = HOOKS[key.rstrip("_gqa")]
+  spec = HOOKS[key.removesuffix("_gqa")]
   layers = _module(model.base_model, spec["layers"])
   d = config.head_dim
 

@@ -17,6 +17,7 @@ Parameters are stored stacked on a leading axis of size `num_param_layers`, and
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from bertjax.model.families import FAMILIES, Family, LAYER_TYPES, MODEL_TYPES, family
@@ -95,6 +96,21 @@ class BertConfig:
   classifier_activation: str | None = None
   decoder_bias: bool = True
   tie_word_embeddings: bool = True
+  # DeBERTa-v2/v3 ("deberta-v2"): `pos_att_type` names the position terms of the scores
+  # ("c2p" content-to-position, "p2c" position-to-content); relative distances are
+  # log-bucketed into `position_buckets` (<= 0: no buckets) up to `max_relative_positions`
+  # (<= 0: max_position_embeddings); `share_att_key` projects the relative embeddings with
+  # the content query/key projections; `norm_rel_ebd` "layer_norm" norms them;
+  # `position_biased_input=False` (v3) drops the absolute position table; `legacy` picks
+  # transformers' MLM head layout (BERT's `cls.predictions`, or `lm_predictions.lm_head`).
+  relative_attention: bool = False
+  pos_att_type: tuple[str, ...] = ()
+  position_buckets: int = -1
+  max_relative_positions: int = -1
+  share_att_key: bool = False
+  norm_rel_ebd: str = "none"
+  position_biased_input: bool = True
+  legacy: bool = True
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -106,9 +122,10 @@ class BertConfig:
     if self.model_type not in MODEL_TYPES:
       raise ValueError(f"model_type={self.model_type!r} must be one of {MODEL_TYPES}")
     fam = self.family
-    if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < int(fam.token_types):
+    least = int(fam.token_types and not fam.optional_token_types)
+    if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < least:
       raise ValueError(f"type_vocab_size={self.type_vocab_size!r} must be an int >= "
-                       f"{int(fam.token_types)} for model_type={self.model_type!r}")
+                       f"{least} for model_type={self.model_type!r}")
     if not fam.token_types and self.type_vocab_size:
       raise ValueError(f"model_type={self.model_type!r} has no token-type embeddings; got "
                        f"type_vocab_size={self.type_vocab_size}")
@@ -190,7 +207,8 @@ class BertConfig:
     w = self.sliding_window
     if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
       raise ValueError(f"sliding_window={w!r} must be an int >= 2")
-    if fam.position_bias and self.relative_attention_num_buckets < 32:
+    self._check_disentangled(fam)
+    if fam.position_bias == "relative_buckets" and self.relative_attention_num_buckets < 32:
       raise ValueError(f"relative_attention_num_buckets={self.relative_attention_num_buckets} "
                        f"must be >= 32 ({self.model_type} buckets distances into 32)")
     poolings = _POOLINGS.get(self.model_type, ("cls",))
@@ -206,7 +224,70 @@ class BertConfig:
           f"{self.hidden_dropout_prob} and attention_probs_dropout_prob="
           f"{self.attention_probs_dropout_prob} must be equal")
 
+  def _check_disentangled(self, fam: Family) -> None:
+    """DeBERTa's options: only on its family, each value checked by name."""
+    if fam.position_bias != "disentangled":
+      for name, default in _DISENTANGLED_DEFAULTS.items():
+        if getattr(self, name) != default:
+          raise ValueError(f"{name}={getattr(self, name)!r} is a DeBERTa option; "
+                           f"model_type={self.model_type!r} has no disentangled attention")
+      return
+    terms = self.pos_att_type
+    if not isinstance(terms, tuple) or any(t not in _POS_ATT_TYPES for t in terms) or len(
+        set(terms)) != len(terms):
+      raise ValueError(f"pos_att_type={terms!r} must be a tuple of distinct terms from "
+                       f"{_POS_ATT_TYPES}")
+    if self.norm_rel_ebd not in ("none", "layer_norm"):
+      raise ValueError(f"norm_rel_ebd={self.norm_rel_ebd!r} must be 'none' or 'layer_norm'")
+    for name in ("position_buckets", "max_relative_positions"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an int (<= 0: unset)")
+    if self.position_buckets == 1 or (0 < self.position_buckets
+                                      and self.rel_max_position <= self.position_buckets // 2):
+      raise ValueError(f"position_buckets={self.position_buckets} needs max_relative_positions="
+                       f"{self.rel_max_position} > position_buckets // 2 (and >= 2 buckets)")
+    if not self.legacy and self.embed_dim != self.hidden_size:
+      raise ValueError(f"legacy=False (DeBERTa's lm_predictions head) needs embedding_size="
+                       f"{self.embed_dim} == hidden_size={self.hidden_size}")
+
   # Derived structure -------------------------------------------------------
+
+  @property
+  def rel_max_position(self) -> int:
+    """DeBERTa's `max_relative_positions`, or `max_position_embeddings` when unset."""
+    return self.max_relative_positions if self.max_relative_positions >= 1 else (
+        self.max_position_embeddings)
+
+  @property
+  def rel_span(self) -> int:
+    """DeBERTa's relative span s: `position_buckets`, else `max_relative_positions`; the
+    relative embeddings have 2 s rows."""
+    return self.position_buckets if self.position_buckets > 0 else self.rel_max_position
+
+  @property
+  def disentangled_terms(self) -> tuple[str, ...]:
+    """The position terms DeBERTa's scores add ("c2p", "p2c"), in that order; () without
+    relative attention (or for other families)."""
+    if self.family.position_bias != "disentangled" or not self.relative_attention:
+      return ()
+    return tuple(t for t in _POS_ATT_TYPES if t in self.pos_att_type)
+
+  @property
+  def attention_scale(self) -> float | None:
+    """The logit scale when it is not `1 / sqrt(head_dim)`: DeBERTa's `1 / sqrt(f d)`, f = 1
+    + the number of `pos_att_type` terms (counted even without relative attention, as
+    transformers does). None otherwise."""
+    if self.family.position_bias != "disentangled":
+      return None
+    factor = 1 + sum(t in self.pos_att_type for t in _POS_ATT_TYPES)
+    return 1.0 / math.sqrt(self.head_dim * factor)
+
+  @property
+  def lm_head_layout(self) -> bool:
+    """DeBERTa's MLM head in its own layout (`lm_predictions.lm_head`, `legacy=False`)."""
+    return not self.legacy
+
 
   @property
   def family(self) -> Family:
@@ -306,10 +387,12 @@ class BertConfig:
 
   @property
   def classifier_dropout(self) -> float:
+    """The task heads' dropout rate: `classifier_dropout_prob`, else the family's default,
+    else (as transformers' heads do when the config gives None, MPNet's) the hidden rate."""
     p = self.classifier_dropout_prob
     if p is None:
-      p = self.family.config_defaults.get("classifier_dropout_prob", self.hidden_dropout_prob)
-    return p
+      p = self.family.config_defaults.get("classifier_dropout_prob")
+    return self.hidden_dropout_prob if p is None else p
 
   def replace(self, **changes: Any) -> BertConfig:
     return dataclasses.replace(self, **changes)
@@ -361,6 +444,8 @@ class BertConfig:
       if value is not None:
         kwargs[field] = value
     kwargs.update(_hf_block_options(fam, hf))
+    if fam.position_bias == "disentangled":
+      kwargs.update(_hf_disentangled_options(hf))
     for field, value in fam.config_defaults.items():
       kwargs.setdefault(field, value)
     labels = hf.get("id2label") or {}
@@ -433,6 +518,12 @@ class BertConfig:
     return hf
 
 
+# DeBERTa's config fields and their values on every other family.
+_DISENTANGLED_DEFAULTS = dict(relative_attention=False, pos_att_type=(), position_buckets=-1,
+                              max_relative_positions=-1, share_att_key=False,
+                              norm_rel_ebd="none", position_biased_input=True, legacy=True)
+_POS_ATT_TYPES = ("c2p", "p2c")
+
 # Block fields a family may fix (in its config_defaults, not read from config.json).
 _FIXED_BLOCK_FIELDS = ("norm_bias", "attention_bias", "mlp_bias", "tie_word_embeddings",
                        "classifier_pooling")
@@ -500,6 +591,28 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
+def _hf_disentangled_options(hf: dict[str, Any]) -> dict[str, Any]:
+  """DeBERTa's keys as config fields: `pos_att_type` as a tuple (config.json holds a list or
+  the older "p2c|c2p" string), `norm_rel_ebd` lower-cased; the convolution after block 0 of
+  some v2 checkpoints is refused by name."""
+  if hf.get("conv_kernel_size", 0) > 0:
+    raise ValueError(f"conv_kernel_size={hf['conv_kernel_size']} (the convolution DeBERTa-v2 "
+                     "xlarge/xxlarge add after block 0) is not supported by bertjax")
+  terms = hf.get("pos_att_type") or ()
+  if isinstance(terms, str):
+    terms = terms.split("|")
+  out = {"pos_att_type": tuple(t.strip().lower() for t in terms if t.strip())}
+  if hf.get("embedding_size") in (None, hf.get("hidden_size")):
+    out["embedding_size"] = None  # not factorised (transformers writes it either way)
+  if hf.get("norm_rel_ebd") is not None:
+    out["norm_rel_ebd"] = "|".join(t.strip() for t in str(hf["norm_rel_ebd"]).lower().split("|"))
+  if hf.get("attention_head_size") not in (None, hf.get("hidden_size", 0) // max(
+      hf.get("num_attention_heads", 1), 1)):
+    raise ValueError(f"attention_head_size={hf['attention_head_size']} differs from hidden_size"
+                     " / num_attention_heads; bertjax needs head_dim = hidden_size / heads")
+  return out
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Devlin et al. 2019.
     "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -558,6 +671,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Nussbaum et al. 2024 (nomic-embed-text-v1.5's shape).
     "nomic-bert": dict(model_type="nomic_bert", vocab_size=30528, max_position_embeddings=2048,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    # He et al. 2023 (microsoft/deberta-v3-base's shape).
+    "deberta-v3-base": dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0,
+                            relative_attention=True, max_relative_positions=-1,
+                            position_buckets=256, norm_rel_ebd="layer_norm",
+                            share_att_key=True, pos_att_type=("p2c", "c2p"),
+                            position_biased_input=False, layer_norm_eps=1e-7),
     # For tests: small enough to compile and run in a second on a CPU.
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128),

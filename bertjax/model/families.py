@@ -33,6 +33,9 @@ LAYER_ROLES: dict[str, tuple[str, ...]] = {
     "ffn_gate": ("gate",),
     "ffn_out": ("output",),
     "ffn_norm": ("LayerNorm",),
+    # DeBERTa: the projections of the shared relative embeddings (absent with share_att_key).
+    "pos_key": ("attention", "pos_key"),
+    "pos_query": ("attention", "pos_query"),
 }
 NORM_ROLES = ("attn_norm", "ffn_norm")
 # Fused Hugging Face tensors -> the roles they hold, in order along the output axis.
@@ -41,7 +44,7 @@ FUSED = {"qkv": ("query", "key", "value"), "gate_in": ("ffn_gate", "ffn_in")}
 NORMS = ("post", "pre")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITIONS = ("absolute", "after_padding", "rotary")
-POSITION_BIASES = (None, "relative_buckets")
+POSITION_BIASES = (None, "relative_buckets", "disentangled")
 FFNS = ("dense", "gated")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -67,6 +70,12 @@ MPNET_LAYER = _bert_layer("attention.attn.q", "attention.attn.k", "attention.att
 LLAMA_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj",
                    attn_output="self_attn.o_proj", ffn_gate="mlp.gate_proj",
                    ffn_in="mlp.up_proj", ffn_out="mlp.down_proj")
+DEBERTA_LAYER = dict(_bert_layer("attention.self.query_proj", "attention.self.key_proj",
+                                  "attention.self.value_proj", "attention.output.dense",
+                                  "attention.output.LayerNorm", "intermediate.dense",
+                                  "output.dense", "output.LayerNorm"),
+                     pos_key="attention.self.pos_key_proj",
+                     pos_query="attention.self.pos_query_proj")
 MODERNBERT_LAYER = dict(qkv="attn.Wqkv", attn_output="attn.Wo", attn_norm="attn_norm",
                         gate_in="mlp.Wi", ffn_out="mlp.Wo", ffn_norm="mlp_norm")
 
@@ -172,12 +181,22 @@ class Family:
       the embeddings are factorised (ELECTRA with E != H).
     pooler: Hugging Face name of the pooler's dense layer, if the family has one.
     final_norm: Hugging Face name of the norm after the last block (pre-LN), if any.
-    relative_bias: Hugging Face name of the relative-position bias table, if any.
+    relative_bias: Hugging Face name of the relative-position table shared by every layer, if
+      any (MPNet's bias table; DeBERTa's relative embeddings).
+    relative_norm: Hugging Face name of the norm of DeBERTa's relative embeddings
+      (`norm_rel_ebd="layer_norm"`).
+    projection_bias: whether the E -> H embedding projection has a bias (DeBERTa's has none).
+    project_before_norm: the projection precedes the embedding norm (DeBERTa: the norm is
+      over H), rather than following its dropout (ALBERT, ELECTRA: the norm is over E).
+    ignored_prefixes: tensors a checkpoint may hold that no transformers class reads
+      (DeBERTa-v3's replaced-token-detection head `mask_predictions.*`).
     positions: "absolute" (0, 1, ...), "after_padding" (RoBERTa, MPNet: real tokens
       count from `pad_token_id + 1`, padding sits at `pad_token_id`) or "rotary" (no
       position table; q and k rotated in every layer).
-    position_bias: None or "relative_buckets" (MPNet: T5's bidirectional buckets, one
-      table shared by every layer).
+    position_bias: None, "relative_buckets" (MPNet: T5's bidirectional buckets, one
+      table shared by every layer) or "disentangled" (DeBERTa: content-to-position and
+      position-to-content terms from relative embeddings shared by every layer, projected
+      by each; `kernels.DisentangledBias`).
     norm: "post" (BERT: `LN(x + sublayer(x))`) or "pre" (`x + sublayer(LN(x))`, and the
       final norm after the last block).
     norm_kind: "layernorm" or "rmsnorm".
@@ -187,6 +206,7 @@ class Family:
     ffn_dropout: "after" (BERT: dropout on the FFN output) or "inside" (ModernBERT:
       between the activation and the output projection).
     token_types: whether the family has token-type embeddings.
+    optional_token_types: they may be absent (`type_vocab_size=0`: DeBERTa-v3).
     shared_layers: ALBERT's cross-layer sharing.
     heads: head name -> `Head`.
     architectures: sorted head names -> Hugging Face class.
@@ -219,6 +239,11 @@ class Family:
       token_type="embeddings.token_type_embeddings", norm="embeddings.LayerNorm"))
   final_norm: str | None = None
   relative_bias: str | None = None
+  relative_norm: str | None = None
+  projection_bias: bool = True
+  project_before_norm: bool = False
+  optional_token_types: bool = False
+  ignored_prefixes: tuple[str, ...] = ()
   position_bias: str | None = None
   norm: str = "post"
   norm_kind: str = "layernorm"
@@ -523,6 +548,45 @@ FAMILIES: dict[str, Family] = {
                             mask="<|mask|>", bos="<|begin_of_text|>", eos="<|end_of_text|>"),
         what_differs="Llama-like: pre-RMSNorm, SwiGLU, rotary q/k, grouped key/value heads, no "
         "biases; an untied MLM decoder"),
+    "deberta-v2": Family(
+        model_type="deberta-v2", prefix="deberta", layer_prefix="encoder.layer.{i}.",
+        layer_names=DEBERTA_LAYER,
+        config_fields=_BERT_FIELDS + (
+            "embedding_size", "relative_attention", "max_relative_positions",
+            "position_buckets", "pos_att_type", "share_att_key", "norm_rel_ebd",
+            "position_biased_input", "legacy", "classifier_activation"),
+        config_keys=dict(classifier_dropout_prob="cls_dropout",
+                         classifier_activation="pooler_hidden_act"),
+        config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-7,
+                             classifier_activation="gelu"),
+        projection="embeddings.embed_proj", projection_bias=False, project_before_norm=True,
+        pooler=None,
+        ignored_prefixes=("mask_predictions.",), optional_token_types=True,
+        positions="absolute", position_bias="disentangled",
+        relative_bias="encoder.rel_embeddings", relative_norm="encoder.LayerNorm",
+        token_types=True, shared_layers=False,
+        heads={
+            # transformers' two layouts: `legacy` (BERT's head, the default) or
+            # `lm_predictions.lm_head` (DeBERTa's own, as the released v3 checkpoints hold).
+            "mlm": Head("tokens", tuple(
+                (path, name, kind, "legacy") for path, name, kind, _ in _mlm(
+                    "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.bias", (), act=None).tensors) + tuple(
+                (path, name, kind, "lm_head_layout") for path, name, kind, _ in _mlm(
+                    "lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm",
+                    "lm_predictions.lm_head.bias", (), act=None).tensors),
+                tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")),
+            # ContextPooler (dense -> pooler_hidden_act on the first token), then the classifier.
+            "classifier": Head("first", _dense("pre", "pooler.dense")
+                               + _dense("dense", "classifier"), act="classifier"),
+            "token_classifier": _linear("tokens", "classifier"),
+        },
+        architectures=_standard("deberta-v2", "DebertaV2",
+                                ("mlm", "classifier", "token_classifier")),
+        no_pooler=frozenset(), special_tokens=dict(_BERT_TOKENS),
+        what_differs="post-LN BERT whose scores add content-to-position and position-to-content "
+        "terms (log-bucketed relative embeddings shared by every layer, projected by each; "
+        "scaled 1/sqrt(3d)); no absolute positions in v3; SentencePiece"),
 }
 
 MODEL_TYPES = tuple(FAMILIES)

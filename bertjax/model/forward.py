@@ -45,6 +45,7 @@ from bertjax.model.layers import (
     Params,
     compute_dtype,
     final_norm_module,
+    relative_embeddings,
 )
 from bertjax.model.prune import prune_heads
 from bertjax.model.sites import BLOCK_SITES, ROW_AXIS, SITES, Sites, mix, put_rows
@@ -109,15 +110,14 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   mask = jnp.ones((1, 2), bool)
   params: Params = {"embeddings": Embeddings(config).init(k_emb, ids, ids)["params"]}
   # Its own key, so that adding the table changed no other family's initial parameters.
-  bias_table = _init_bias_table(config, jax.random.fold_in(key, 1))
+  params["encoder"] = _init_position_table(config, jax.random.fold_in(key, 1))
+  bias_table = relative_embeddings(params, config)
   # Block 1's structure (block 0 of ModernBERT skips its attention norm, so its init would
   # not create one); every block has the same parameters.
   layer_init = lambda k: EncoderLayer(config).init(k, x, mask, layer=min(1, config.depth - 1),
                                                    bias_table=bias_table)["params"]
   layer_keys = jax.random.split(k_layers, config.num_param_layers)
-  params["encoder"] = {"layers": jax.vmap(layer_init)(layer_keys)}
-  if bias_table is not None:
-    params["encoder"]["relative_attention_bias"] = {"embedding": bias_table}
+  params["encoder"]["layers"] = jax.vmap(layer_init)(layer_keys)
   norm = final_norm_module(config)
   if norm is not None:
     params["encoder"]["LayerNorm"] = norm.init(k_pool, x)["params"]
@@ -132,12 +132,24 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   return params
 
 
-def _init_bias_table(config: BertConfig, key):
-  """MPNet's relative-position bias table (buckets, heads), or None for other families."""
-  if config.family.position_bias is None:
-    return None
-  shape = (config.relative_attention_num_buckets, config.num_attention_heads)
-  return jax.random.normal(key, shape) * config.initializer_range
+def _init_position_table(config: BertConfig, key) -> Params:
+  """The encoder's tables shared by every block (its own key, so adding them changed no
+  other family's initial parameters): MPNet's relative-position bias (buckets, heads);
+  DeBERTa's relative embeddings (2 s, H) and their norm; nothing for other families."""
+  fam = config.family
+  if fam.position_bias == "relative_buckets":
+    shape = (config.relative_attention_num_buckets, config.num_attention_heads)
+    return {"relative_attention_bias": {
+        "embedding": jax.random.normal(key, shape) * config.initializer_range}}
+  if not config.disentangled_terms:
+    return {}
+  shape = (2 * config.rel_span, config.hidden_size)
+  tables = {"rel_embeddings": {"embedding": jax.random.normal(key, shape)
+                               * config.initializer_range}}
+  if config.norm_rel_ebd == "layer_norm":
+    tables["rel_norm"] = {"scale": jnp.ones(config.hidden_size),
+                          "bias": jnp.zeros(config.hidden_size)}
+  return tables
 
 
 # Checked forward ------------------------------------------------------------
@@ -383,7 +395,7 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   scanned, const = _split_patch(config, patch, start, stop)
   want_maps = output_attentions or stats
 
-  bias_table = params["encoder"].get("relative_attention_bias", {}).get("embedding")
+  bias_table = relative_embeddings(params, config)  # computed once, read by every block
 
   def block(layer, layer_params, h, hm, lm, key, patch_slices, kept=None, rows=None):
     arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight

@@ -42,8 +42,18 @@ _KINDS: dict[str, _Kind] = {
 }
 # The kind of each layer role's kernel (its bias is "qkv_bias" for q/k/v, else "plain").
 _ROLE_KINDS = {"query": "qkv", "key": "qkv", "value": "qkv", "attn_output": "out",
-               "ffn_in": "linear", "ffn_gate": "linear", "ffn_out": "linear"}
-_ATTENTION_ROLES = ("query", "key", "value", "attn_output")
+               "ffn_in": "linear", "ffn_gate": "linear", "ffn_out": "linear",
+               "pos_key": "qkv", "pos_query": "qkv"}
+_ATTENTION_ROLES = ("query", "key", "value", "attn_output", "pos_key", "pos_query")
+
+
+def _has_role(config: BertConfig, role: str) -> bool:
+  """Whether this config's block has the role's tensors (DeBERTa's position projections
+  exist for the terms it uses, unless `share_att_key` reuses the content ones)."""
+  if role in ("pos_key", "pos_query"):
+    term = "c2p" if role == "pos_key" else "p2c"
+    return term in config.disentangled_terms and not config.share_att_key
+  return True
 
 
 def _role_tensors(config: BertConfig, role: str):
@@ -67,6 +77,8 @@ def _layer_entries(config: BertConfig, layer: int):
   for name, hf in fam.layer_names.items():
     if name == "attn_norm" and layer == 0 and not fam.first_attn_norm:
       continue  # ModernBERT's block 0 has no attention norm
+    if not _has_role(config, name):
+      continue
     if name in FUSED:
       parts = [_role_tensors(config, role) for role in FUSED[name]]
       for i, (_, suffix, kind) in enumerate(parts[0]):
@@ -84,7 +96,7 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
   entries = []
   names = fam.embedding_names
   tables = [("word", "word_embeddings")]
-  if fam.positions != "rotary":
+  if fam.positions != "rotary" and config.position_biased_input:
     tables.append(("position", "position_embeddings"))
   if config.type_vocab_size:
     tables.append(("token_type", "token_type_embeddings"))
@@ -97,12 +109,20 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
       entries.append((f"{base}{names['norm']}.{theirs}", [("embeddings", "LayerNorm", ours)],
                       None, "plain"))
   if config.has_embedding_projection:
-    for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
+    parts = (("kernel", "weight", "linear"),) + ((("bias", "bias", "plain"),)
+                                                 if fam.projection_bias else ())
+    for ours, theirs, kind in parts:
       entries.append((f"{base}{fam.projection}.{theirs}", [("embeddings", "projection", ours)],
                       None, kind))
-  if fam.relative_bias:
+  if fam.position_bias == "relative_buckets":
     entries.append((f"{base}{fam.relative_bias}.weight",
                     [("encoder", "relative_attention_bias", "embedding")], None, "plain"))
+  elif config.disentangled_terms:
+    entries.append((f"{base}{fam.relative_bias}.weight",
+                    [("encoder", "rel_embeddings", "embedding")], None, "plain"))
+    if config.norm_rel_ebd == "layer_norm":
+      entries += [(f"{base}{fam.relative_norm}.{theirs}", [("encoder", "rel_norm", ours)], None,
+                   "plain") for ours, theirs in (("scale", "weight"), ("bias", "bias"))]
   for p in range(config.num_param_layers):
     g, j = divmod(p, config.inner_group_num)
     prefix = base + fam.layer_prefix.format(i=p, g=g, j=j)
@@ -290,6 +310,11 @@ def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
   head_names = _head_names(config)
   if not any(k.startswith(base) for k in state):  # a base model saved without its prefix
     state = {(k if k in head_names else base + k): v for k, v in state.items()}
+  if (fam.heads.get("mlm") and config.legacy and "lm_predictions.lm_head.dense.weight" in state
+      and "cls.predictions.transform.dense.weight" not in state):
+    # DeBERTa's own MLM head layout, as the released v3 checkpoints hold it (their
+    # config.json leaves `legacy` at its default, with which transformers would not load it).
+    config = config.replace(legacy=False)
   heads = _detect_heads(config, state, hf_config)
   pooler = fam.pooler is not None and any(k.startswith(f"{base}{fam.pooler}.") for k in state)
   config = config.replace(use_pooler=pooler, **config_overrides)
@@ -325,7 +350,8 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
                        state: dict[str, np.ndarray]) -> Params:
   entries = _name_map(config, heads, config.has_pooler)
   expected = {name for name, *_ in entries}
-  ignorable = _tied_names(config) | {k for k in state if k.endswith(("position_ids", "inv_freq"))}
+  ignorable = _tied_names(config) | {k for k in state if k.endswith(("position_ids", "inv_freq"))
+                                     or k.startswith(config.family.ignored_prefixes)}
   missing = sorted(expected - set(state))
   unexpected = sorted(set(state) - expected - ignorable)
   shapes = _expected_shapes(config, heads)

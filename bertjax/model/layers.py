@@ -39,7 +39,7 @@ from flax import linen as nn
 
 from bertjax import kernels
 from bertjax.model.config import BertConfig
-from bertjax.model.sites import Sites, mix, take_rows
+from bertjax.model.sites import SCORE_SITES, Sites, mix, take_rows
 from bertjax.quantize import int8_dot_general
 
 Params = dict[str, Any]
@@ -232,7 +232,7 @@ class Embeddings(nn.Module):
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
     if cfg.type_vocab_size:
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
-    if fam.positions != "rotary":
+    if fam.positions != "rotary" and cfg.position_biased_input:
       if cfg.sinusoidal_positions:
         table = lambda *_: jnp.asarray(
             sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
@@ -242,12 +242,16 @@ class Embeddings(nn.Module):
         x = x + embed(cfg.max_position_embeddings, "position_embeddings")(
             position_ids(cfg, input_ids))
     x = x.astype(dtype)
+    project = lambda x: nn.Dense(cfg.hidden_size, use_bias=fam.projection_bias,
+                                 kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
+                                 name="projection")(x)
+    if cfg.has_embedding_projection and fam.project_before_norm:  # DeBERTa: E -> H, then norm
+      x = project(x)
     if "norm" in fam.embedding_names:
       x = _layer_norm(cfg, "LayerNorm", kind="layernorm")(x)
     x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
-    if cfg.has_embedding_projection:
-      x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                   name="projection")(x)
+    if cfg.has_embedding_projection and not fam.project_before_norm:  # ALBERT, ELECTRA
+      x = project(x)
     return x  # (B, T, H)
 
 
@@ -298,6 +302,7 @@ class SelfAttention(nn.Module):
         (heads, d), use_bias=cfg.attention_bias, kernel_init=_init(cfg), **_dense_kw(cfg),
         dtype=dtype, name=name)
     norm = _layer_norm(cfg, "LayerNorm")
+    q_proj, k_proj = proj(n, "query"), None
     a_in = x
     if fam.norm == "pre":
       a_in = norm(x)
@@ -310,9 +315,10 @@ class SelfAttention(nn.Module):
     if sites.rows is not None:
       x_q, q_in = take_rows(x, sites.rows), take_rows(a_in, sites.rows)  # (B, R, H)
       real = take_rows(key_mask, sites.rows)  # (B, R)
-    q = proj(n, "query")(q_in)  # (B, T | R, N, D)
+    q = q_proj(q_in)  # (B, T | R, N, D)
     kv = cfg.kv_heads if self.num_heads is None else n  # (pruning excludes grouped heads)
-    k = proj(kv, "key")(a_in)  # (B, T, G, D)
+    k_proj = proj(kv, "key")
+    k = k_proj(a_in)  # (B, T, G, D)
     v = proj(kv, "value")(a_in)
     if fam.positions == "rotary":
       inv_freq = jnp.asarray(rotary_inv_freq(cfg))[layer]  # this block's theta
@@ -324,8 +330,11 @@ class SelfAttention(nn.Module):
     if fam.position_bias == "relative_buckets":
       bias = kernels.PositionBias(bias_table[:, :n] if self.num_heads is None else
                                   bias_table[:, np.asarray(sites.kept, np.int32)])
+    elif cfg.disentangled_terms:
+      bias = _disentangled_bias(cfg, bias_table, q_proj, k_proj, proj(n, "pos_key"),
+                                proj(n, "pos_query"), deterministic)
     dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
-    map_path = output_attentions or sites.needs("probs")
+    map_path = output_attentions or any(sites.needs(s) for s in ("probs",) + SCORE_SITES)
     # Created only where used: a module's name is part of its dropout key (Dropout_0, ...).
     probs_dropout = nn.Dropout(dropout) if dropout and map_path and not stats else None
     seed = None
@@ -359,10 +368,12 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
   per_window = functools.partial(_per_window, attention_windows(cfg),
                                  jnp.asarray(_window_index(cfg))[layer])
   mask = lambda w: kernels.Mask(key_mask=key_mask, window=w)
+  scale = cfg.attention_scale  # None: 1 / sqrt(head_dim)
   if n == 0:  # every head pruned: the block adds only the output bias
     maps = jnp.zeros((q.shape[0], 0, q.shape[1], k.shape[1]), jnp.float32)
-    if sites.needs("probs"):  # captured as zeros at every (removed) head, as head_out is
-      sites.visit("probs", maps)
+    for site in ("probs",) + SCORE_SITES:  # zeros at every (removed) head, as head_out is
+      if sites.needs(site):
+        sites.visit(site, maps)
     return q, maps
   if stats:
     # Per-head statistics instead of maps, inside the fused kernel when the config selects
@@ -371,9 +382,13 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
     impl = "xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl
     return per_window(lambda w: kernels.attention_with_stats(
         q, k, v, mask=mask(w), head_mask=sites.head_mask, ablation=sites.head_ablation,
-        special_mask=special_mask, impl=impl, bias=bias))
-  if output_attentions or sites.needs("probs"):
-    probs = per_window(lambda w: kernels.attention_probs(q, k, mask=mask(w), bias=bias))
+        special_mask=special_mask, impl=impl, bias=bias, scale=scale))
+  if any(sites.needs(s) for s in SCORE_SITES):
+    probs = _probs_from_terms(cfg, q, k, key_mask, sites, bias)
+  elif output_attentions or sites.needs("probs"):
+    probs = per_window(lambda w: kernels.attention_probs(q, k, mask=mask(w), bias=bias,
+                                                         scale=scale))
+  if output_attentions or any(sites.needs(s) for s in ("probs",) + SCORE_SITES):
     if sites.rows is not None:  # padded rows among the chosen ones give zeros
       real = take_rows(key_mask, sites.rows)
       probs = probs * real[:, None, :, None].astype(probs.dtype)
@@ -385,7 +400,62 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
   extra = {} if seed is None else {"dropout_rate": cfg.attention_probs_dropout_prob,
                                    "dropout_seed": seed}
   return per_window(lambda w: kernels.attention(
-      q, k, v, mask=mask(w), impl=cfg.attention_impl, bias=bias, **extra)), None
+      q, k, v, mask=mask(w), impl=cfg.attention_impl, bias=bias, scale=scale, **extra)), None
+
+
+def _probs_from_terms(cfg: BertConfig, q, k, key_mask, sites: Sites, bias):
+  """DeBERTa's attention through its score terms, each a site (B, N, Tq, Tk): the content
+  logit `scores_c2c` and the position terms `scores_c2p`, `scores_p2c`, all scaled by
+  `1 / sqrt(f d)`; their sum is masked and normalised as `kernels.attention_probs` does
+  (padded query rows zero)."""
+  acc = accum_dtype(cfg)
+  c2c = jnp.einsum("bqhd,bkhd->bhqk", q.astype(acc), k.astype(acc)) * jnp.asarray(
+      cfg.attention_scale, acc)
+  logits = sites.visit("scores_c2c", c2c)
+  if bias is not None:
+    for term, value in bias.terms(q, k, acc).items():
+      logits = logits + sites.visit(f"scores_{term}", value)
+  allowed, row_real = kernels.Mask(key_mask=key_mask).allowed(*logits.shape[:1], *logits.shape[2:])
+  allowed = allowed[:, None]  # (B, 1, Tq, Tk)
+  logits = jnp.where(allowed, logits, -jnp.inf)
+  row_max = jax.lax.stop_gradient(jnp.max(logits, -1, keepdims=True))
+  unnorm = jnp.where(allowed, jnp.exp(logits - jnp.where(jnp.isfinite(row_max), row_max, 0)), 0)
+  probs = unnorm / jnp.maximum(unnorm.sum(-1, keepdims=True), jnp.finfo(acc).tiny)
+  return probs * row_real[:, None, :, None].astype(acc)
+
+
+def _disentangled_bias(cfg: BertConfig, rel, q_proj, k_proj, pos_key_proj, pos_query_proj,
+                       deterministic: bool) -> kernels.DisentangledBias:
+  """DeBERTa's position terms for this block: its projections of the shared relative
+  embeddings `rel` (2 s, H) (after their dropout, as transformers' `pos_dropout`): position
+  keys for c2p, position queries for p2c, through the content projections with
+  `share_att_key`, else the block's own `pos_key` / `pos_query`."""
+  rel = nn.Dropout(cfg.hidden_dropout_prob)(rel, deterministic=deterministic)
+  rel = rel.astype(compute_dtype(cfg))[None]  # (1, 2 s, H)
+  terms = cfg.disentangled_terms
+  pos_key = pos_query = None
+  if "c2p" in terms:
+    pos_key = (k_proj if cfg.share_att_key else pos_key_proj)(rel)[0]  # (2 s, N, D)
+  if "p2c" in terms:
+    pos_query = (q_proj if cfg.share_att_key else pos_query_proj)(rel)[0]
+  return kernels.DisentangledBias(pos_key, pos_query, span=cfg.rel_span,
+                                  buckets=cfg.position_buckets,
+                                  max_position=cfg.rel_max_position, scale=cfg.attention_scale)
+
+
+def relative_embeddings(params: Params, config: BertConfig):
+  """The position table every block reads: MPNet's bias table (buckets, heads), DeBERTa's
+  relative embeddings (2 s, H) after their norm (`norm_rel_ebd`), or None."""
+  enc = params["encoder"]
+  if config.family.position_bias == "relative_buckets":
+    return enc["relative_attention_bias"]["embedding"]
+  if not config.disentangled_terms:
+    return None
+  rel = enc["rel_embeddings"]["embedding"]
+  if config.norm_rel_ebd == "layer_norm":
+    norm = Norm(epsilon=config.layer_norm_eps, dtype=accum_dtype(config))
+    rel = norm.apply({"params": enc["rel_norm"]}, rel)
+  return rel
 
 
 def attention_windows(config: BertConfig) -> tuple[int | None, ...]:

@@ -15,6 +15,9 @@ import numpy as np
 from bertjax.model.config import BertConfig
 from bertjax.model.layers import Params
 
+# The per-head input projections (DeBERTa adds its position keys and queries).
+_HEAD_PROJECTIONS = {"query", "key", "value", "pos_key", "pos_query"}
+
 
 def prune_heads(config: BertConfig, params: Params,
                 heads_to_prune: dict[int, list[int]]) -> tuple[BertConfig, Params]:
@@ -54,7 +57,7 @@ def prune_heads(config: BertConfig, params: Params,
     old = config.kept_heads(layer)
     local = np.asarray([old.index(h) for h in new_config.kept_heads(layer)], np.int32)
     a = dict(p["attention"])
-    for name in ("query", "key", "value"):  # biases where the block has them
+    for name in _HEAD_PROJECTIONS & a.keys():  # biases where the block has them
       a[name] = {k: v[:, local] if k == "kernel" else v[local] for k, v in a[name].items()}
     a["output"] = {**a["output"], "kernel": a["output"]["kernel"][local]}
     pruned.append({**p, "attention": a})
@@ -78,7 +81,7 @@ def unprune_heads(config: BertConfig, params: Params) -> tuple[BertConfig, Param
     full = lambda a, axis: jnp.zeros(a.shape[:axis] + (n,) + a.shape[axis + 1:], a.dtype).at[
         (slice(None),) * axis + (kept,)].set(a)
     a = dict(p["attention"])
-    for name in ("query", "key", "value"):
+    for name in _HEAD_PROJECTIONS & a.keys():
       a[name] = {k: full(v, 1 if k == "kernel" else 0) for k, v in a[name].items()}
     a["output"] = {**a["output"], "kernel": full(a["output"]["kernel"], 0)}
     layers.append({**p, "attention": a})

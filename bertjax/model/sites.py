@@ -27,6 +27,12 @@ SITES = {
     "k": ("batch seq kv_heads head_dim", "key projection with bias; after rotation on rotary "
           "families; kv_heads < heads with grouped key/value heads"),
     "v": ("batch seq kv_heads head_dim", "value projection with bias"),
+    "scores_c2c": ("batch heads seq seq", "DeBERTa: the content-to-content logit q.k / "
+                   "sqrt(f d), before the mask (needs the map path)"),
+    "scores_c2p": ("batch heads seq seq", "DeBERTa: the content-to-position term "
+                   "q_i.Kr[r(i,j)] / sqrt(f d) (with c2p in pos_att_type)"),
+    "scores_p2c": ("batch heads seq seq", "DeBERTa: the position-to-content term "
+                   "k_j.Qr[r(i,j)] / sqrt(f d) (with p2c in pos_att_type)"),
     "probs": ("batch heads seq seq", "attention probabilities (needs the map path)"),
     "head_out": ("batch seq heads head_dim",
                  "each head's context sum_j probs_ij v_j after any head mask"),
@@ -47,7 +53,10 @@ SITES = {
 }
 BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
 # Sites with a head axis, and where it sits in one block's array.
-HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1}
+HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1, "scores_c2c": 1,
+             "scores_c2p": 1, "scores_p2c": 1}
+# DeBERTa's score terms: the logits are their sum (`bertjax.kernels.DisentangledBias`).
+SCORE_SITES = ("scores_c2c", "scores_c2p", "scores_p2c")
 # Sites with a query-position axis, and where it sits in one block's array: a block run at
 # chosen rows only (`Sites.rows`, `run_layers(final_rows=)`) computes them there. Keys and
 # values keep every position.
@@ -56,8 +65,13 @@ ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "resid_mid": 1, "m
 
 
 def block_sites(config: BertConfig) -> tuple[str, ...]:
-  """The block sites a model of `config` has (`ffn_gate` only with a gated FFN)."""
-  return tuple(s for s in BLOCK_SITES if s != "ffn_gate" or config.family.ffn == "gated")
+  """The block sites a model of `config` has (`ffn_gate` only with a gated FFN; DeBERTa's
+  score terms only on DeBERTa, each position term where `pos_att_type` has it)."""
+  fam = config.family
+  terms = ("scores_c2c",) + tuple(f"scores_{t}" for t in config.disentangled_terms)
+  return tuple(s for s in BLOCK_SITES
+               if (s != "ffn_gate" or fam.ffn == "gated")
+               and (s not in SCORE_SITES or (fam.position_bias == "disentangled" and s in terms)))
 
 
 def model_sites(config: BertConfig) -> tuple[str, ...]:
@@ -70,8 +84,10 @@ def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int
   if site not in SITES:
     raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
   if site != "embeddings" and site not in block_sites(config):
-    raise ValueError(f"site {site!r} does not exist on a {config.model_type} block (its "
-                     f"feed-forward is {config.family.ffn}); its sites: {block_sites(config)}")
+    why = (f"its feed-forward is {config.family.ffn}" if site == "ffn_gate" else
+           "it has no disentangled attention term of that name")
+    raise ValueError(f"site {site!r} does not exist on a {config.model_type} block ({why}); "
+                     f"its sites: {block_sites(config)}")
   sizes = dict(batch=batch, seq=seq, hidden=config.hidden_size, heads=config.num_attention_heads,
                kv_heads=config.kv_heads, head_dim=config.head_dim,
                intermediate=config.intermediate_size)

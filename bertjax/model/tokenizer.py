@@ -4,7 +4,8 @@ Every family's format: `tokenizer.json` (ModernBERT's and EuroBERT's byte-level 
 every recent checkpoint); WordPiece `vocab.txt` (BERT, ELECTRA, DistilBERT; MPNet's
 through its transformers class, for its `<s> A </s></s> B </s>` template); byte-level BPE
 `vocab.json` + `merges.txt` (RoBERTa);
-SentencePiece `spiece.model` (ALBERT) or `sentencepiece.bpe.model` (XLM-R).
+SentencePiece `spiece.model` (ALBERT), `sentencepiece.bpe.model` (XLM-R) or `spm.model`
+(DeBERTa-v2/v3).
 Special-token roles (cls, sep, pad, mask, unk, bos, eos) come from the
 checkpoint's `tokenizer_config.json` / `special_tokens_map.json`, else from its
 family's defaults, never from BERT's strings. Batches come back as NumPy
@@ -119,14 +120,15 @@ class Tokenizer:
     """Loads a model directory's (or hub id's) tokenizer, in whichever format it ships.
 
     Looks for `tokenizer.json`, then `vocab.txt` (WordPiece), `vocab.json` +
-    `merges.txt` (byte-level BPE), `spiece.model` / `sentencepiece.bpe.model`
+    `merges.txt` (byte-level BPE), `spiece.model` / `sentencepiece.bpe.model` / `spm.model`
     (SentencePiece).
     """
     from bertjax.model.hf import resolve_model_path
 
     path = resolve_model_path(path, cache_dir)
     settings = _read_json(path / "tokenizer_config.json")
-    model_type = _read_json(path / "config.json").get("model_type")
+    model_config = _read_json(path / "config.json")
+    model_type = model_config.get("model_type")
     max_len = settings.get("model_max_length", 512)
     max_len = max_len if isinstance(max_len, int) and max_len < 100_000 else 512
     roles = _roles(path, settings, model_type)
@@ -135,7 +137,9 @@ class Tokenizer:
     tok.no_truncation()
     from bertjax.model.families import FAMILIES
 
-    token_types = FAMILIES[model_type].token_types if model_type in FAMILIES else True
+    # Pairs get segment ids where the model has token-type embeddings (DeBERTa-v3 has none).
+    token_types = (FAMILIES[model_type].token_types if model_type in FAMILIES else True) and (
+        model_config.get("type_vocab_size") != 0)
     return cls(tok, max_len, roles, token_types)
 
   def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
@@ -389,8 +393,10 @@ def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
     return _transformers_backend("AlbertTokenizerFast", path)
   if (path / "sentencepiece.bpe.model").exists():
     return _transformers_backend("XLMRobertaTokenizerFast", path)
-  raise FileNotFoundError(f"no tokenizer.json, vocab.txt, vocab.json + merges.txt, spiece.model "
-                          f"or sentencepiece.bpe.model in {path}")
+  if (path / "spm.model").exists():
+    return _transformers_backend("DebertaV2TokenizerFast", path)
+  raise FileNotFoundError(f"no tokenizer.json, vocab.txt, vocab.json + merges.txt, spiece.model, "
+                          f"sentencepiece.bpe.model or spm.model in {path}")
 
 
 def _byte_level_bpe(path: pathlib.Path, roles: dict[str, str]):
