@@ -183,7 +183,7 @@ def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argpars
     p.add_argument("--model", default=None, metavar="DIR_OR_ID",
                    help=f"a Hugging Face model directory or hub id ({MODEL_FAMILIES}, with its "
                         "tokenizer) to analyse instead of all-MiniLM-L6-v2, e.g. "
-                        f"{MPNET}; its results are STEM_MODEL.json and STEM_MODEL_*.png (MODEL: "
+                        f"{MPNET}; its results are NAME_MODEL.json and NAME_MODEL_*.png (MODEL: "
                         "the id's or directory's last part); with --smoke, instead of the tiny "
                         "random model")
   p.add_argument("--seed", type=int, default=0, help="seed of every split and sample (default: 0)")

@@ -266,8 +266,9 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   """Accuracy change per disabled head ("uniform") and per disabled layer (every mode)."""
   plt = _plt()
   u = acc["uniform"]
-  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.5, 3.9), gridspec_kw={"width_ratios": [3, 2]},
-                               layout="constrained")
+  depth = len(u["delta_layers"])  # 12 layers of 12 heads need a taller panel than 6
+  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.5, max(3.9, 1.3 + 0.33 * depth)),
+                               gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
   d = 100 * u["delta_heads"]
   # One badly hurt head would wash out the rest: saturate beyond the 95th percentile.
   span = max(float(np.percentile(np.abs(d), 95)), 0.5)
@@ -283,7 +284,6 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   a0.set_title(f"one head disabled (uniform attention); intact accuracy "
                f"{100 * u['baseline']:.1f}%", fontsize=9)
   fig.colorbar(im, ax=a0, label="accuracy change (points)", extend=extend)
-  depth = len(u["delta_layers"])
   bars = [("all heads uniform", u["delta_layers"]), ("all heads zeroed (scale)",
                                                      acc["scale"]["delta_layers"]),
           ("block skipped", u["delta_layer_skips"])]
@@ -306,8 +306,8 @@ def figure_change(cosine, cka, out, stem: str = NAME) -> str:
   """Per-head cosine of attention maps before vs after fine-tuning, and per-layer means/CKA."""
   plt = _plt()
   cosine = np.asarray(cosine)
-  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [3, 2]},
-                               layout="constrained")
+  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, max(3.8, 1.2 + 0.33 * len(cosine))),
+                               gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
   im = a0.imshow(cosine, cmap="viridis", vmin=min(0.5, float(cosine.min())), vmax=1.0,
                  aspect="auto")
   for (l, h), v in np.ndenumerate(cosine):

@@ -2,6 +2,7 @@
 
     ./run.sh experiment model_compression
     .venv/bin/python experiments/model_compression.py [--smoke] [--out DIR] [--data-dir DIR]
+        [--model DIR_OR_HUB_ID]
 
 The Primer's compression table (Rogers et al. 2020, Table 1) sets BERT-base beside
 models made smaller from it: DistilBERT (Sanh et al. 2019: half the layers, distilled;
@@ -29,6 +30,13 @@ score, retained score, speed-up) on models this machine trains in minutes:
   embeddings and head copied, distilled as `distilled_3l`;
 * `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
   int8 linear layers, `bertjax.quantize`), no retraining.
+
+`--model DIR_OR_HUB_ID` makes another checkpoint the teacher (e.g.
+sentence-transformers/all-mpnet-base-v2, 12 layers x 768: then `distilled_3l` and `labels_3l`
+are its 6-layer students, the keys naming the role, half the teacher's depth, as in the
+MiniLM run). `shared_6l` needs a family whose row allows layer sharing (BERT, whose blocks
+become ALBERT's); for any other family (MPNet: its relative-position bias has no ALBERT
+counterpart) the row is left out and its finding is "n/a", with the reason.
 
 Columns: parameters (`bertjax.count_params`, head included), weight bytes (float32; for
 int8 the Dense kernels at one byte plus a float32 scale per output channel), the task
@@ -95,6 +103,12 @@ def smoke_teacher_config(vocab_size: int):
   return bertjax.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=4,
                             num_attention_heads=4, intermediate_size=64,
                             max_position_embeddings=64)
+
+
+def can_share(t_config) -> bool:
+  """Whether `shared_from_teacher` can build the ALBERT-style model: a BERT teacher without
+  sharing (another family's block, e.g. MPNet's relative-position bias, has no ALBERT row)."""
+  return t_config.model_type == "bert" and t_config.num_param_layers == t_config.depth
 
 
 def check_block(block: int, depth: int) -> None:
@@ -220,12 +234,22 @@ def time_forwards(models: dict[str, tuple[Any, Any]], batch: dict, rounds: int,
   return out
 
 
-def table(rows: dict[str, dict], cpu: str) -> str:
+def labels_for(rows: dict[str, dict], teacher: str) -> dict[str, str]:
+  """Each row's label, its depth from the numbers (`LABELS` for the MiniLM teacher)."""
+  if teacher == "all-MiniLM-L6-v2":
+    return LABELS
+  short = common.model_tag(teacher) or teacher
+  half = rows["distilled_3l"]["depth"]
+  return {**LABELS, "teacher": f"teacher ({short}, fine-tuned)",
+          "distilled_3l": f"DistilBERT-style {half}L", "labels_3l": f"{half}L, labels only"}
+
+
+def table(rows: dict[str, dict], cpu: str, labels: dict[str, str] = LABELS) -> str:
   """The Markdown table of the README (one line per row)."""
   lines = [("| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained "
             "| CPU speed-up |"), "|---|---|---|---|---|---|---|"]
   for name, r in rows.items():
-    lines.append(f"| {LABELS[name]} | {r['depth']} ({r['stored_layers']}) | "
+    lines.append(f"| {labels[name]} | {r['depth']} ({r['stored_layers']}) | "
                  f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
                  f"{r['retained']:.1%} | {r['speedup']:.2f}x |")
   lines.append(f"\nCPU: {cpu}.")
@@ -250,7 +274,8 @@ def int8_verdict(retained_: float) -> str:
   return "yes" if retained_ >= 0.99 else "partly" if retained_ >= 0.97 else "no"
 
 
-def _figure(out, rows: dict[str, dict]) -> list[str]:
+def _figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS,
+            stem: str = NAME) -> list[str]:
   import matplotlib.pyplot as plt
 
   names = list(rows)
@@ -262,20 +287,20 @@ def _figure(out, rows: dict[str, dict]) -> list[str]:
   colors = ["tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:green"]
   for ax, (vals, label) in zip(axes, panels):
     ax.bar(x, vals, color=colors[:len(names)])
-    ax.set_xticks(x, [LABELS[n].split(" (")[0] for n in names], rotation=25, fontsize=7,
+    ax.set_xticks(x, [labels[n].split(" (")[0] for n in names], rotation=25, fontsize=7,
                   ha="right")
     ax.set(ylabel=label, title=label.split(" (")[0])
     if "retained" in label:
       ax.set_ylim(min(vals) - 5, max(100, max(vals)) + 2)
     if "speed" in label:
       ax.axhline(1.0, color="k", lw=0.8)
-  fig.suptitle("Compressing a fine-tuned 6-layer model (UD EWT UPOS)")
-  return [common.savefig(fig, out, f"{NAME}_table")]
+  fig.suptitle(f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)")
+  return [common.savefig(fig, out, f"{stem}_table")]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps` and `--shared-layer`."""
-  parser = common.parser(__doc__, model=False)
+  parser = common.parser(__doc__)
   parser.add_argument("--steps", type=int, default=None,
                       help=f"fine-tuning steps of each trained model (default: {FULL.steps})")
   parser.add_argument("--shared-layer", type=int, default=3,
@@ -305,7 +330,8 @@ def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
 
 def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: int,
                  timings: dict[str, float]):
-  """Fine-tunes the teacher, then trains the compressed models from it (`ROWS`).
+  """Fine-tunes the teacher, then trains the compressed models from it (`ROWS`; without
+  `shared_6l` for a teacher that is not a BERT, see `can_share`).
 
   Returns:
     `(runs, models)`: name -> metrics and loss curve; name -> `(config, params)`, in `ROWS`'
@@ -316,10 +342,10 @@ def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: 
   from bertjax.training import finetune as F
 
   task = "token_classification"
-  base = smoke_teacher_config(vocab_size) if args.smoke else None
-  t_config, t_params = F.prepare_model(task, len(tags),
-                                       init_from=None if args.smoke else bertjax.minilm_path(),
-                                       config=base, seed=args.seed, label_names=tags)
+  base = smoke_teacher_config(vocab_size) if args.smoke and not args.model else None
+  source = args.model or (None if args.smoke else bertjax.minilm_path())
+  t_config, t_params = F.prepare_model(task, len(tags), init_from=source, config=base,
+                                       seed=args.seed, label_names=tags)
   check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
   runs: dict[str, dict] = {}
   models: dict[str, tuple[Any, Any]] = {}
@@ -340,13 +366,14 @@ def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: 
   s_config, s_params = distill.student_from_teacher(t_config, t_params)
   run("distilled_3l", s_config, s_params, (soft,))
   run("labels_3l", s_config, s_params)
-  a_config, a_params = shared_from_teacher(t_config, t_params, args.shared_layer)
-  run("shared_6l", a_config, a_params, (soft,))
+  if can_share(t_config):
+    a_config, a_params = shared_from_teacher(t_config, t_params, args.shared_layer)
+    run("shared_6l", a_config, a_params, (soft,))
   q_config = t_config.replace(quantize="int8")
   with common.timed(timings, "evaluate int8"):
     runs["int8"] = {"metrics": F.evaluate(t_params, q_config, held, task)}
   models["int8"] = (q_config, t_params)
-  return runs, {k: models[k] for k in ROWS}
+  return runs, {k: models[k] for k in ROWS if k in models}
 
 
 def table_rows(models: dict[str, tuple[Any, Any]], runs: dict[str, dict],
@@ -357,7 +384,7 @@ def table_rows(models: dict[str, tuple[Any, Any]], runs: dict[str, dict],
   teacher_score = runs["teacher"]["metrics"]["accuracy"]
   teacher_params = bertjax.count_params(models["teacher"][1])
   rows: dict[str, dict] = {}
-  for name in ROWS:
+  for name in models:
     config, params = models[name]
     count = bertjax.count_params(params)
     score = runs[name]["metrics"]["accuracy"]
@@ -384,29 +411,37 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
     cpu: the CPU's name.
   """
   teacher = rows["teacher"]
-  d, sh, q = rows["distilled_3l"], rows["shared_6l"], rows["int8"]
+  d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
   lab = rows["labels_3l"]
+  sharing = common.finding(
+      "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
+      "parameter count (ALBERT) but not the compute, at some cost in score.",
+      "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
+      "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
+      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.", "n/a"
+  ) if sh is None else common.finding(
+      "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
+      "parameter count (ALBERT) but not the compute, at some cost in score.",
+      f"{sh['depth']} layers sharing one set (from teacher block {shared_layer}, distilled): "
+      f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
+      f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
+      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
+      "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
+      "if only the first two hold.",
+      sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"]))
   return [
       common.finding(
           "Sanh et al. 2019", "A student with half the teacher's layers, initialised from every "
           "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
           "(DistilBERT).",
           f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
-          f"{majority:.1%}); 3-layer student {d['score']:.2%} = {d['retained']:.1%} retained "
+          f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
+          "retained "
           f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
           f"forward on the CPU; trained on labels only {lab['score']:.2%} "
           f"({lab['retained']:.1%}). Rule: yes if >= 95% retained and >= 1.3x faster, "
           "partly if one holds.", distil_verdict(d["retained"], d["speedup"])),
-      common.finding(
-          "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
-          "parameter count (ALBERT) but not the compute, at some cost in score.",
-          f"6 layers sharing one set (from teacher block {shared_layer}, distilled): "
-          f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
-          f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
-          f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
-          "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
-          "if only the first two hold.",
-          sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"])),
+      sharing,
       common.finding(
           "Zafrir et al. 2019", "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x "
           "smaller linear weights.",
@@ -436,7 +471,9 @@ def run_experiment(args) -> int:
   from bench_forward import cpu_info
 
   timings: dict[str, float] = {}
-  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
+  teacher = (str(args.model) if args.model else
+             "random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2")
   train, held, tags, ud = load_upos(args, sc, tok, timings)
   hp = F.FinetuneConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
                         warmup_steps=sc.warmup, seed=args.seed)
@@ -456,9 +493,10 @@ def run_experiment(args) -> int:
   cpu_line = (f"{cpu['cpu']}, {cpu['cores']} cores ({', '.join(cpu['isa']) or 'no AVX2+'}), "
               f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
               f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
-  md = table(rows, cpu_line)
+  labels = labels_for(rows, teacher)
+  md = table(rows, cpu_line, labels)
   common.log("\n" + md)
-  figures = _figure(args.out, rows)
+  figures = _figure(args.out, rows, labels, common.results_stem(NAME, args.model))
   results = {"rows": rows, "table_markdown": md, "teacher_score": rows["teacher"]["score"],
              "majority_tag_accuracy": majority, "runs": runs, "speed": speed,
              "cpu": cpu, "threads": threads, "loadavg": {"start": load_start, "end": load_end},
@@ -468,13 +506,12 @@ def run_experiment(args) -> int:
                       "tags": tags, "file": str(ud.name)},
              "timings_s": timings}
   settings = {**dataclasses.asdict(sc), "seed": args.seed, "shared_layer": args.shared_layer,
-              "teacher": "random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2",
-              "finetune": dataclasses.asdict(hp),
-              "configs": {k: dataclasses.asdict(models[k][0]) for k in ROWS}}
+              "teacher": teacher, "finetune": dataclasses.asdict(hp),
+              "configs": {k: dataclasses.asdict(models[k][0]) for k in models}}
   common.write_results(NAME, args.out, results,
                        findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
                        settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures)
+                       seconds=time.perf_counter() - t_start, figures=figures, model=args.model)
   return 0
 
 

@@ -399,7 +399,7 @@ def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
   import matplotlib.pyplot as plt
 
   names = []
-  fig, axes = plt.subplots(1, 3, figsize=(17, 4))
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4), layout="constrained")  # no label overlaps
   a = r["ablation"]
   _heatmap(axes[0], fig, r["importance"]["normalized"],
            "Head importance (per-layer L2 normalised)", "importance")

@@ -106,6 +106,33 @@ def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
   return mean_q @ np.asarray(attn, np.float64) @ member
 
 
+SENTENCE_STATS = ("cls", "sep", "punct", "entropy")  # kept per sentence, for the intervals
+
+
+def sentence_statistics(attn, ids, attention_mask, sep_id: int, punct_ids,
+                        smoothing: float) -> dict[str, np.ndarray]:
+  """Clark's statistics of one sentence by layer, (L,) each, mean over its heads: the mass
+  each real query row puts on [CLS] (position 0), [SEP] and punctuation, and its entropy in
+  nats of `(1 - smoothing) a + smoothing / n`, averaged over the real query rows (the
+  notebook's per-document value; their mean over sentences is `clark_statistics`' with
+  `weighting="document"`, which the run checks).
+
+  Args:
+    attn: (L, heads, T, T) maps of one sequence.
+    ids, attention_mask: (T,) its token ids and real-token mask.
+    sep_id, punct_ids: the [SEP] id and the punctuation ids.
+    smoothing: the entropy's smoothing.
+  """
+  real = np.asarray(attention_mask, bool)
+  a = np.asarray(attn, np.float64)[..., real, :][..., real]  # (L, heads, n, n)
+  ids = np.asarray(ids)[real]
+  p = (1 - smoothing) * a + smoothing / real.sum()
+  per_row = {"cls": a[..., 0], "sep": a[..., ids == sep_id].sum(-1),
+             "punct": a[..., np.isin(ids, punct_ids)].sum(-1),
+             "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)}
+  return {k: v.mean((-1, -2)) for k, v in per_row.items()}
+
+
 def predictions(maps) -> np.ndarray:
   """int (..., W): for each word, the other word it attends to most (itself excluded)."""
   maps = np.array(maps, np.float64)
@@ -211,6 +238,21 @@ def _not_bert_base(model: str, depth: int) -> str:
   return f"{what}; " if what else ""
 
 
+def sink_verdict(total: float, sep_margin: float) -> str:
+  """Clark's sink rule: "yes" if the middle third gives over half its attention to [CLS],
+  [SEP] and punctuation (`total`) with [SEP] the largest (`sep_margin`: [SEP]'s mass minus the
+  larger of the other two, > 0), "partly" if over half but another is the sink, else "no"."""
+  return "yes" if total > 0.5 and sep_margin > 0 else "partly" if total > 0.5 else "no"
+
+
+def entropy_verdict(first_margin: float, halves: float) -> str:
+  """Clark's entropy rule: "yes" if layer 1 has the highest entropy (`first_margin`: its
+  entropy minus the highest other layer's, >= 0) and the first half's mean exceeds the
+  second's (`halves` > 0), "partly" if one of the two, else "no"."""
+  ok = (first_margin >= 0, halves > 0)
+  return "yes" if all(ok) else "partly" if any(ok) else "no"
+
+
 def _roles(s: dict) -> str:
   """Which tokens play [CLS] and [SEP] where they are not BERT's strings (MPNet: <s>, </s>)."""
   tokens = s.get("special_tokens") or {}
@@ -250,8 +292,9 @@ def findings(r: dict, s: dict) -> list[dict]:
       "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
       "when a head's function does not apply.",
       f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
-      f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}; [SEP] "
-      f"{masses['[SEP]']:.2f}). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
+      f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}"
+      + ("" if sink == "[SEP]" else f"; [SEP] {masses['[SEP]']:.2f}")
+      + f"). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
       f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
       f"{rounded(by['punct'])}. Averaged over all tokens with all "
       f"{variant['definition']['punctuation_ids']} punctuation ids instead: [SEP] "
@@ -261,7 +304,7 @@ def findings(r: dict, s: dict) -> list[dict]:
       "may differ. "
       "Rule: yes if the middle third gives over half its attention to these tokens with [SEP] "
       "the largest, partly if over half but another token is the sink, no otherwise.",
-      "yes" if total > 0.5 and sink == "[SEP]" else "partly" if total > 0.5 else "no")]
+      sink_verdict(total, masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])))]
   first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
   rows.append(common.finding(
       PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
@@ -271,8 +314,7 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
       "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
       "second's, partly if only one of the two.",
-      "yes" if int(np.argmax(ent)) == 0 and first_half > second_half else
-      "partly" if int(np.argmax(ent)) == 0 or first_half > second_half else "no"))
+      entropy_verdict(ent[0] - ent[1:].max(), first_half - second_half)))
   table, frequent = probe["relations"], probe["frequent"]
   # The direction of each relation is chosen on the selection half too, then scored held out.
   chosen, margins = probe["accuracy_chosen_direction"], probe["margin_chosen_direction_vs_offset"]
@@ -431,19 +473,23 @@ def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctu
   return out
 
 
-def dependency_probe(params, config, batches, ud, min_count: int) -> dict[str, Any]:
-  """Clark et al.'s attention-based probe over every arc of the used sentences.
+def dependency_probe(params, config, batches, ud, min_count: int,
+                     clark_definition: tuple[int, Sequence[int], float]) -> dict[str, Any]:
+  """Clark et al.'s attention-based probe over every arc of the used sentences, and
+  `sentence_statistics` of every sentence (from the same maps).
 
   Args:
     params, config: the model.
     batches: `make_batches`' `(sentence indices, batch)` pairs.
     ud: the UD sentences.
     min_count: arcs a relation needs to get a row of its own.
+    clark_definition: `(sep_id, punct_ids, smoothing)` of `sentence_statistics`.
 
   Returns:
     `table` (`probe_table` rows: "all" arcs but punctuation, each frequent relation, and
-    punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`
-    and `check` (`word_maps` against `attention.word_attention` on a few sentences).
+    punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`,
+    `check` (`word_maps` against `attention.word_attention` on a few sentences) and
+    `per_sentence` (name -> (sentences, L), in the order of the sentences' indices).
   """
   import bertjax
   from bertjax.analysis import attention
@@ -451,10 +497,13 @@ def dependency_probe(params, config, batches, ud, min_count: int) -> dict[str, A
   depth, n_heads = config.depth, config.num_attention_heads
   rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
   check = []  # word_maps vs bertjax's word_attention on a few sentences
+  per_sentence: dict[int, dict[str, np.ndarray]] = {}
   for idx, b in batches:
     maps = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
                                       b["token_type_ids"], output_attentions=True).attentions)
     for row, i in enumerate(idx):
+      per_sentence[int(i)] = sentence_statistics(maps[:, row], b["input_ids"][row],
+                                                 b["attention_mask"][row], *clark_definition)
       sent = ud[i]
       m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
       if len(check) < 3 and sent.num_words <= 30:
@@ -484,8 +533,10 @@ def dependency_probe(params, config, batches, ud, min_count: int) -> dict[str, A
   common.log("best head (held-out, dep->head) vs offset: " + ", ".join(
       f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
       for r in ["all", *frequent]))
+  order = sorted(per_sentence)
   return {"table": table, "frequent": frequent, "counts": counts, "arcs": len(rels),
-          "check": check}
+          "check": check, "per_sentence": {k: np.stack([per_sentence[i][k] for i in order])
+                                           for k in SENTENCE_STATS}}
 
 
 def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
@@ -533,7 +584,18 @@ def main(argv=None) -> int:
     # The earlier definition, for comparison.
     variant = clark_run(params, config, tok, plain, "token", "all", 0.0)
   with common.timed(timings, "probe"):
-    probe = dependency_probe(params, config, batches, ud, s["min_count"])
+    from bertjax.analysis import attention
+
+    punct = (attention.clark_punctuation_ids(tok) if args.punctuation == "clark"
+             else attention.punctuation_ids(tok))
+    probe = dependency_probe(params, config, batches, ud, s["min_count"],
+                             (tok.sep_id, punct, args.entropy_smoothing))
+  per_sentence = probe["per_sentence"]
+  # Each sentence's statistics, averaged over sentences, are the library's document-weighted
+  # ones (the intervals of the Findings resample these).
+  gap = (max(float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max())
+             for k in SENTENCE_STATS) if args.weighting == "document" else float("nan"))
+  common.log(f"per-sentence statistics vs clark_statistics: max |diff| {gap:.1e}")
   n_tok = sum(int(b["attention_mask"].sum()) for b in plain)
   results = {
       "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
@@ -541,6 +603,9 @@ def main(argv=None) -> int:
       "clark": clark,
       "clark_token_all_punct": variant,
       "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
+      # (sentences, L) each, rounded to 1e-5: what the Findings' intervals resample.
+      "per_sentence": {k: np.round(v, 5) for k, v in per_sentence.items()},
+      "per_sentence_vs_clark_max_diff": gap,
   }
   results["timings_s"] = timings
   figs = figures(results, args.out, probe["frequent"], common.results_stem(NAME, args.model))
