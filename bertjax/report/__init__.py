@@ -13,7 +13,8 @@ Sections: attention to [CLS], [SEP] and punctuation and attention entropy
 layer ablation and head importance with a pruning curve (Michel et al. 2019) on
 a negation-detection task scored without downloads; anisotropy (Ethayarajh
 2019); a POS probe when UD data is present; raw vs effective attention (Brunner
-et al. 2020); token attribution and head patching on negation. Each section ends in a
+et al. 2020); token attribution and head patching on negation; on DeBERTa only, how much of
+each head's scores its position terms carry (He et al. 2021). Each section ends in a
 generated reading (`bertjax.report.reading`, stored under `readings`): the paper's finding,
 this model's measured value beside it, and whether they agree under a stated rule.
 
@@ -28,13 +29,14 @@ from here.
 from bertjax.report.build import build_report
 from bertjax.report.figures import write_figures
 from bertjax.report.inputs import default_data_dir, model_name
-from bertjax.report.page import SECTIONS, render_html
+from bertjax.report.page import MODEL_SECTIONS, SECTIONS, render_html
 from bertjax.report.reading import readings, verdicts
 from bertjax.report.sections import (
     ablation_section,
     anisotropy_section,
     attribution_section,
     clark_section,
+    disentangled_section,
     effective_section,
     pattern_section,
     pos_section,
@@ -44,9 +46,10 @@ from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.report.task import PROBE_KEY, TASK_NAME, TASK_WHY, fit_task, task_accuracy, task_loss
 
 __all__ = [
-    "LAYER_NUMBERING", "PROBE_KEY", "SECTIONS", "SENTENCE_COLUMNS", "TASK_NAME", "TASK_WHY",
-    "ReportSettings", "Sentence", "ablation_section", "anisotropy_section", "attribution_section",
-    "build_report", "clark_section", "default_data_dir", "effective_section", "fit_task",
+    "LAYER_NUMBERING", "MODEL_SECTIONS", "PROBE_KEY", "SECTIONS", "SENTENCE_COLUMNS",
+    "TASK_NAME", "TASK_WHY", "ReportSettings", "Sentence", "ablation_section",
+    "anisotropy_section", "attribution_section", "build_report", "clark_section",
+    "default_data_dir", "disentangled_section", "effective_section", "fit_task",
     "load_sentences", "model_name", "pattern_section", "pos_section", "readings", "render_html",
     "sentences_path", "task_accuracy", "task_loss", "verdicts", "write_figures",
 ]

@@ -180,8 +180,9 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
 
 def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
                   ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
-  """Sections 1-9 (timed and logged one by one), keyed as in `report.json`; a section that
-  fails is `{"failed": True, "error": ...}` and the others still run (`_guarded`)."""
+  """Sections 1-9, and 10 on DeBERTa (timed and logged one by one), keyed as in
+  `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
+  still run (`_guarded`)."""
   params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
   clock.log(f"negation task: fitting probes on {len(own)} sentences")
   fitted = _guarded(clock, "task", lambda: fit_task(params, config, tok, own, settings,
@@ -205,8 +206,13 @@ def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batc
   clock.log("token attribution and head patching on the negated sentences")
   attrib = _guarded(clock, "attribution", lambda: sections.attribution_section(
       params, config, tok, own, task, settings), {"task": task_results})
-  return {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
-          "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib}
+  found = {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
+           "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib}
+  if config.family.position_bias == "disentangled":  # DeBERTa: section 10; absent elsewhere
+    clock.log("DeBERTa's score terms: content vs position")
+    found["disentangled"] = _guarded(clock, "disentangled", lambda: sections.disentangled_section(
+        params, config, batches, clark, patterns))
+  return found
 
 
 def _model_section(run: _Run, model_path: pathlib.Path, name: str) -> dict:

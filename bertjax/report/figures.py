@@ -144,6 +144,24 @@ def _attribution_figures(r: dict, out: pathlib.Path) -> Figures:
   }
 
 
+def _disentangled_figures(r: dict, out: pathlib.Path) -> Figures:
+  d = r.get("disentangled")
+  if not (d and d.get("available")):
+    return {}
+  bl = d["by_layer"]
+  return {
+      "disentangled_layers": viz.layer_curves(
+          {"c2p": bl["share_c2p"], "p2c": bl["share_p2c"], "c2p + p2c": bl["positional_share"]},
+          out / "disentangled_layers.png", ylabel="share of score variance", first_layer=1,
+          title="Position's share of the scores by layer (mean over heads)"),
+      "disentangled_heads": viz.head_heatmap(
+          d["positional_share"], out / "disentangled_heads.png",
+          title=f"Positional share (c2p + p2c); > {d['threshold']}: mostly positional",
+          cbar_label="share of score variance", cmap="RdBu_r", center=d["threshold"],
+          first_layer=1),
+  }
+
+
 # In page order (`write_figures` returns the figures in this order): the page section, the
 # results it draws (a section that failed has none to draw), the helper.
 _SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns", _pattern_figures),
@@ -151,7 +169,8 @@ _SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns",
                     ("pruning", "ablation", _pruning_figures),
                     ("anisotropy", "anisotropy", _anisotropy_figures),
                     ("pos", "pos", _pos_figures), ("effective", "effective", _effective_figures),
-                    ("attribution", "attribution", _attribution_figures))
+                    ("attribution", "attribution", _attribution_figures),
+                    ("disentangled", "disentangled", _disentangled_figures))
 
 
 def write_figures(results: dict, out: pathlib.Path,

@@ -33,6 +33,13 @@ SECTIONS = (
     ("attribution", "9. Token attribution and head patching (negation)"),
     ("timing", "Run time"),
 )
+# Sections only some models get (absent from report.json and the page otherwise): id, title,
+# the section of `SECTIONS` it follows.
+MODEL_SECTIONS = (
+    ("disentangled", "10. Content vs position in DeBERTa's scores (He et al. 2021)",
+     "attribution"),
+)
+_TITLES = {**dict(SECTIONS), **{k: t for k, t, _ in MODEL_SECTIONS}}
 
 
 _CSS = """
@@ -108,12 +115,21 @@ def _top_heads(grid, k: int, largest: bool = True) -> str:
 
 
 def _heading(section: str) -> str:
-  return f"<h2 id='{section}'>{html_escape(dict(SECTIONS)[section])}</h2>"
+  return f"<h2 id='{section}'>{html_escape(_TITLES[section])}</h2>"
+
+
+def _page_order() -> list[str]:
+  """Every section id, `MODEL_SECTIONS` each after the section it follows."""
+  order = []
+  for key, _ in SECTIONS:
+    order.append(key)
+    order += [k for k, _, after in MODEL_SECTIONS if after == key]
+  return order
 
 
 def _contents(present: Sequence[str]) -> str:
-  items = "".join(f"<li><a href='#{key}'>{html_escape(title)}</a></li>"
-                  for key, title in SECTIONS if key in present)
+  items = "".join(f"<li><a href='#{key}'>{html_escape(_TITLES[key])}</a></li>"
+                  for key in _page_order() if key in present)
   return f"<nav class='toc'><h2>Contents</h2><ul>{items}</ul></nav>"
 
 
@@ -370,6 +386,60 @@ def _attribution_html(r: dict, figs: dict, reads: dict) -> list[str]:
            "Share of the negation logit restored by patching each head")]
 
 
+def _head_list(heads) -> str:
+  """`[layer (from 1), head]` pairs as the page names heads (L3H5)."""
+  return ", ".join(f"L{l}H{h}" for l, h in heads) or "none"
+
+
+def _disentangled_html(r: dict, figs: dict, reads: dict) -> list[str]:
+  """Section 10 (DeBERTa only): the score terms' shares, and the heads position drives."""
+  d = r.get("disentangled")
+  if not d:
+    return []
+  if not d.get("available"):
+    return [_heading("disentangled"),
+            f"<p class='note'>Not available: {html_escape(d.get('reason', ''))}</p>"]
+  bl, thr = d["by_layer"], d["threshold"]
+  terms = ", ".join(d["position_terms"]) or "none (relative_attention is off)"
+  parts = [
+      _heading("disentangled") + "<p>DeBERTa's attention logit is the sum of three terms "
+      "(He et al. 2021): content-to-content q<sub>i</sub>&middot;k<sub>j</sub>, "
+      "content-to-position (c2p: the query reads the relative position) and "
+      "position-to-content (p2c: the key reads it); this model has the position terms "
+      f"{html_escape(terms)}. Over {d['num_pairs']} real (query, key) pairs of the text, each "
+      "term is centred within its query row (softmax ignores a row's constant), and a "
+      "term's share of a head's score variance is Cov(term, sum) / Var(sum): the three shares "
+      "sum to 1, and can be negative when one term cancels another. A head is <b>mostly "
+      f"positional</b> when c2p + p2c carry over {thr} of it. TV is the total-variation "
+      "distance between a query's attention with and without the position terms, averaged "
+      f"over {d['num_rows']} query rows: 'direct' removes them from that head alone (its "
+      "inputs unchanged), 'all layers' from every layer at once (one patched forward).</p>",
+      _reading(reads, "disentangled"),
+      _fig(figs, "disentangled_layers", "Share of c2p and p2c by layer"),
+      _fig(figs, "disentangled_heads", "Positional share of each head"),
+      _table(["layer", "c2c share", "c2p share", "p2c share", "positional share",
+              "mostly positional heads", "TV direct", "TV all layers"],
+             _layer_rows({k: bl[k] for k in ("share_c2c", "share_c2p", "share_p2c",
+                                             "positional_share", "mostly_positional",
+                                             "tv_direct_c2p+p2c", "tv_total")}, first=1)),
+      (f"<p>Mostly positional heads ({len(d['positional_heads'])}): "
+       f"{html_escape(_head_list(d['positional_heads']))}.</p>")]
+  rows = []
+  kinds = (("prev_next", f"previous/next token (section 1: mass > {d['prev_next_min']})"),
+           ("diagonal", f"most frequent type {' or '.join(d['diagonal_types'])} (section 2)"))
+  for key, what in kinds:
+    o = d["overlap"].get(key)
+    if o is None:
+      rows.append([what, "not available (its section failed)", "", "", ""])
+      continue
+    rate = lambda x: "n/a" if x is None else f"{x:.2f}"
+    rows.append([what, _head_list(o["heads"]), _head_list(o["positional"]),
+                 rate(o["positional_rate"]), rate(o["other_rate"])])
+  parts.append(_table(["heads with a positional pattern", "heads", "of them mostly positional",
+                       "share mostly positional", "share among the other heads"], rows))
+  return parts
+
+
 def _timing_html(r: dict, figs: dict, reads: dict) -> list[str]:
   """How long each stage took."""
   return [_heading("timing") + _table(["stage", "seconds"],
@@ -384,6 +454,7 @@ _SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
                  ("anisotropy", "anisotropy", _anisotropy_html), ("pos", "pos", _pos_html),
                  ("effective", "effective", _effective_html),
                  ("attribution", "attribution", _attribution_html),
+                 ("disentangled", "disentangled", _disentangled_html),
                  ("timing", "timing", _timing_html))
 
 
@@ -423,6 +494,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   """
   reads = r.get("readings") or reading.readings(r)
   present = [key for key, _ in SECTIONS if key != "text" or r["text"].get("phenomena")]
+  present += [key for key, _, _ in MODEL_SECTIONS if r.get(key)]
   parts = [*_header(r), _contents(present)]
   for section, source, helper in _SECTION_HTML:
     parts.extend(_section(r, figs, reads, section, source, helper))

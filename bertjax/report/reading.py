@@ -567,6 +567,53 @@ def attribution_sentences(a: dict, model: str = "this model",
   return [first, second]
 
 
+def disentangled_sentences(d: dict, model: str) -> list[str]:
+  """Section 10 (DeBERTa): how much of the heads' scores position carries, and whether the heads
+  it drives are those with a positional pattern (sections 1 and 2)."""
+  if not d.get("available", True):
+    return [f"The score-term analysis did not run on {model}: {d.get('reason', '')}"]
+  bl, thr = d["by_layer"], d["threshold"]
+  pos = np.asarray(bl["positional_share"], float)
+  peak, heads = int(np.nanargmax(pos)), d["positional_heads"]
+  share = np.asarray(d["positional_share"], float)
+  names = lambda hs: ", ".join(f"L{l}H{h}" for l, h in hs)
+  first = (
+      "He et al. (2021) add two relative-position terms to each head's content score, "
+      "content-to-position (c2p) and position-to-content (p2c), and find that removing either "
+      f"lowers accuracy. In {model}, c2p and p2c carry {np.nanmean(pos):.2f} of the heads' "
+      f"within-row score variance on average (c2p {np.nanmean(bl['share_c2p']):.2f}, p2c "
+      f"{np.nanmean(bl['share_p2c']):.2f}): {pos[0]:.2f} in layer 1, {pos[-1]:.2f} in layer "
+      f"{len(pos)}, most in layer {peak + 1} ({pos[peak]:.2f}); removing both from one head "
+      "alone changes its attention by a total variation of "
+      f"{np.nanmean(bl['tv_direct_c2p+p2c']):.2f} on average. {len(heads)} of the {share.size} "
+      f"heads are mostly positional (c2p + p2c over {thr})"
+      + (f": {names(heads[:12])}" + (f" and {len(heads) - 12} more" if len(heads) > 12 else "")
+         + "." if heads else "."))
+  sets = [o for o in d["overlap"].values() if o is not None]
+  if not sets:
+    return [first, ("Sections 1 and 2 failed, so this report cannot say whether these "
+                    "heads are the ones with a positional pattern.")]
+  found = {tuple(h) for o in sets for h in o["heads"]}
+  if not found:
+    return [first, ("No head here puts over half its attention on the previous or next "
+                    "token or has a diagonal pattern as its most frequent type, so this report "
+                    "cannot test whether position drives the heads with a positional pattern.")]
+  grid = np.zeros(share.shape, bool)
+  for l, h in found:
+    grid[l - 1, h] = True
+  positional = share > thr
+  rate, other = positional[grid].mean(), positional[~grid].mean() if (~grid).any() else 0.0
+  second = (
+      "If the position terms do the positional work, the heads that attend by position "
+      "(previous/next-token heads, section 1; diagonal types, section 2) should be mostly "
+      f"positional. Of the {len(found)} such heads here "
+      f"({names(sorted(found))}), {int(positional[grid].sum())} are ({rate:.0%}), against "
+      f"{other:.0%} of the other heads. Rule: agrees if over half of them are and more often "
+      "than the other heads, partly if more often only; so "
+      f"{_verdict(model, rate > 0.5 and rate > other, rate > other)}.")
+  return [first, second]
+
+
 def text_sentences(r: dict, model: str) -> list[str]:
   """The text section: what was read, and how it differs from the papers' inputs."""
   t = r["text"]
@@ -598,6 +645,8 @@ def readings(r: dict) -> dict[str, list[str]]:
             "effective": lambda: effective_sentences(r["effective"], model, n)}
   if r.get("attribution"):
     makers["attribution"] = lambda: attribution_sentences(r["attribution"], model, n)
+  if r.get("disentangled"):  # DeBERTa only
+    makers["disentangled"] = lambda: disentangled_sentences(r["disentangled"], model)
   sources = {"pruning": ("ablation", "task")}
   out = {}
   for section, make in makers.items():

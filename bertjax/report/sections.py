@@ -4,7 +4,9 @@ model and returns the section's part of `report.json`.
 Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) read the
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
 negation task of `bertjax.report.task`; 7 (`pos_section`) reads UD English EWT and 8
-(`effective_section`) passages of consecutive sentences (`join_passages`).
+(`effective_section`) passages of consecutive sentences (`join_passages`). Section 10
+(`disentangled_section`, DeBERTa only) reads the text's batches and compares its heads with
+sections 1 and 2.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 import bertjax
 from bertjax import stats
-from bertjax.analysis import ablation, attention, geometry
+from bertjax.analysis import ablation, attention, disentangled, geometry
 from bertjax.analysis.batching import model_token_types
 from bertjax.report import inputs, reading
 from bertjax.report.sentences import Sentence
@@ -314,3 +316,45 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
                                  max_sentences=settings.attribution_sentences)
   patch = negation.head_patching(params, config, tok, negated[:settings.patching_pairs], probe)
   return {"available": True, "cues": cues, "patching": patch}
+
+
+# Clark et al.'s previous/next-token heads: over half of the attention one token back or ahead.
+PREV_NEXT_MIN = 0.5
+# Kovaleva et al.'s types that are positional: the diagonal band (offsets -1, 0, +1).
+DIAGONAL_TYPES = ("diagonal", "vertical+diagonal")
+
+
+def _overlap(positional: np.ndarray, found: np.ndarray) -> dict:
+  """How the mostly positional heads (L, N) bool meet a set of heads `found` (L, N) bool."""
+  names = lambda grid: [[int(l) + 1, int(h)] for l, h in np.argwhere(grid)]
+  rate = lambda grid: float(positional[grid].mean()) if grid.any() else None
+  return {"heads": names(found), "positional": names(found & positional),
+          "positional_rate": rate(found), "other_rate": rate(~found)}
+
+
+def disentangled_section(params, config, batches, clark: dict | None,
+                         patterns: dict | None) -> dict:
+  """DeBERTa's score terms (He et al. 2021): each head's share of score variance carried by
+  c2p and p2c, and its attention change without them (`disentangled.score_term_shares`); the
+  mostly positional heads set against section 1's previous/next-token heads (`prev` or
+  `next` mass > `PREV_NEXT_MIN`) and section 2's heads whose most frequent type is in
+  `DIAGONAL_TYPES` (`overlap`; None where that section failed). Head lists are `[layer,
+  head]`, layers numbered from 1."""
+  s = disentangled.score_term_shares(params, config, [inputs.plain(b) for _, b in batches])
+  positional = s.mostly_positional()
+  overlap = {"prev_next": None, "diagonal": None}
+  if clark and not clark.get("failed"):
+    overlap["prev_next"] = _overlap(positional, (np.asarray(clark["prev"]) > PREV_NEXT_MIN)
+                                    | (np.asarray(clark["next"]) > PREV_NEXT_MIN))
+  if patterns and not patterns.get("failed"):
+    codes = [attention.PATTERN_TYPES.index(t) for t in DIAGONAL_TYPES]
+    overlap["diagonal"] = _overlap(positional, np.isin(patterns["dominant"], codes))
+  return {"available": True, "terms": list(disentangled.TERMS),
+          "position_terms": list(config.disentangled_terms), "num_pairs": s.num_pairs,
+          "num_rows": s.num_rows, "threshold": disentangled.POSITIONAL_THRESHOLD,
+          "prev_next_min": PREV_NEXT_MIN, "diagonal_types": list(DIAGONAL_TYPES),
+          "variance": s.variance, "share": s.share, "positional_share": s.positional_share,
+          "removals": list(disentangled.REMOVALS), "tv_direct": s.tv_direct,
+          "tv_total": s.tv_total, "by_layer": s.by_layer(),
+          "positional_heads": [[l + 1, h] for l, h in s.positional_heads()],
+          "overlap": overlap}
