@@ -93,21 +93,39 @@ def test_deberta_matches_transformers(tmp_path, key, cls):
 def test_released_v3_layout_loads(tmp_path):
   """A v3 checkpoint as microsoft/deberta-v3-* ship it: `lm_predictions.lm_head` and the RTD
   head `mask_predictions.*` beside the encoder, `legacy` unset in config.json."""
+  from scipy.special import erf as scipy_erf
+
   model = _hf_model("lm_head_layout", "ForMaskedLM")
   model.save_pretrained(tmp_path)
   from safetensors.numpy import load_file, save_file
 
   state = load_file(tmp_path / "model.safetensors")
   rng = np.random.default_rng(0)
-  state["mask_predictions.dense.weight"] = rng.normal(size=(60, 60)).astype(np.float32)
-  state["mask_predictions.classifier.weight"] = rng.normal(size=(1, 60)).astype(np.float32)
+  head = {"LayerNorm.weight": (60,), "LayerNorm.bias": (60,), "dense.weight": (60, 60),
+          "dense.bias": (60,), "classifier.weight": (1, 60), "classifier.bias": (1,)}
+  for name, shape in head.items():
+    state[f"mask_predictions.{name}"] = rng.normal(size=shape).astype(np.float32)
   save_file(state, tmp_path / "model.safetensors")
   hf = json.loads((tmp_path / "config.json").read_text())
   hf.pop("legacy")
   (tmp_path / "config.json").write_text(json.dumps(hf))
   config, params = bertjax.from_hf(tmp_path)
-  assert not config.legacy and "mlm" in params
+  assert not config.legacy and "mlm" in params and "rtd" in params
   _compare(model, config, params, "ForMaskedLM")
+  # The RTD head is the released `LMMaskPredictionHead`: LayerNorm(h + h_0), dense, GELU.
+  ids = rng.integers(5, config.vocab_size, (2, 9))
+  h = np.asarray(bertjax.forward(params, config, ids, np.ones_like(ids)).last_hidden_state,
+                 np.float64)
+  w = {k: state[f"mask_predictions.{k}"].astype(np.float64) for k in head}
+  x = h + h[:, :1]
+  x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + config.layer_norm_eps)
+  x = x * w["LayerNorm.weight"] + w["LayerNorm.bias"]
+  x = x @ w["dense.weight"].T + w["dense.bias"]
+  x = x * (1 + scipy_erf(x / np.sqrt(2))) / 2
+  want = (x @ w["classifier.weight"].T + w["classifier.bias"])[..., 0]
+  ours = bertjax.head_logits(params, config, bertjax.forward(params, config, ids,
+                                                             np.ones_like(ids)), "rtd")
+  np.testing.assert_allclose(ours, want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("seq,buckets,max_position", [(11, 8, 32), (300, 256, 512),

@@ -346,11 +346,18 @@ RUNNER = textwrap.dedent('''
         return super().batch(step)
 
     data = Data(corpus, pc, batch_size=4, seed=0)
-    disc = bertjax.BertConfig(model_type="electra", vocab_size=corpus.vocab_size,
-                              embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=4, intermediate_size=64,
-                              max_position_embeddings=32)
-    gen = disc.replace(hidden_size=16, num_attention_heads=2, intermediate_size=32)
+    if args.get("family") == "deberta-v2":  # DeBERTa-v3's RTD with GDES: half the depth
+      disc = bertjax.BertConfig.for_family(
+          "deberta-v2", vocab_size=corpus.vocab_size, hidden_size=32, num_hidden_layers=2,
+          num_attention_heads=4, intermediate_size=64, max_position_embeddings=32,
+          position_buckets=8, max_relative_positions=16, type_vocab_size=0, use_pooler=False)
+      gen = disc.replace(num_hidden_layers=1)
+    else:
+      disc = bertjax.BertConfig(model_type="electra", vocab_size=corpus.vocab_size,
+                                embedding_size=16, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, intermediate_size=64,
+                                max_position_embeddings=32)
+      gen = disc.replace(hidden_size=16, num_attention_heads=2, intermediate_size=32)
     train = loop.TrainConfig(steps=args["steps"], batch_size=4, learning_rate=1e-3,
                              output_dir=args["out"], checkpoint_every=2, progress=False)
     summary = loop.pretrain(disc, data, train, resume=args.get("resume", False),
@@ -366,7 +373,9 @@ def _records(out):
 
 
 @pytest.mark.slow
-def test_electra_kill_and_resume_is_bitwise(tmp_path):
+@pytest.mark.parametrize("family", ["electra", "deberta-v2"])
+def test_electra_kill_and_resume_is_bitwise(tmp_path, family):
+  """ELECTRA, and DeBERTa-v3's RTD with GDES (the residual tables in the checkpoint)."""
   (tmp_path / "runner.py").write_text(RUNNER)
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1",
              JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
@@ -374,7 +383,7 @@ def test_electra_kill_and_resume_is_bitwise(tmp_path):
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", XLA_FLAGS=FAST_COMPILE)
 
   def run(**kw):
-    args = {"text": str(SMOKE_TEXT), "steps": 8, **kw}
+    args = {"text": str(SMOKE_TEXT), "steps": 8, "family": family, **kw}
     proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
                           env=env, cwd=REPO, check=False, capture_output=True, text=True,
                           timeout=300)
@@ -385,7 +394,8 @@ def test_electra_kill_and_resume_is_bitwise(tmp_path):
   ref = _records(tmp_path / "ref")
   assert [r[0] for r in ref] == list(range(1, 9))
   killed = tmp_path / "killed"
-  args = {"text": str(SMOKE_TEXT), "steps": 8, "out": str(killed), "slow_after": 3}
+  args = {"text": str(SMOKE_TEXT), "steps": 8, "out": str(killed), "slow_after": 3,
+          "family": family}
   proc = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
                           env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   deadline = time.time() + 240

@@ -233,6 +233,10 @@ class BertConfig:
                            f"model_type={self.model_type!r} has no disentangled attention")
       return
     terms = self.pos_att_type
+    if isinstance(terms, (str, list)):  # config.json's "p2c|c2p" or a list, as a tuple
+      terms = tuple(t.strip().lower() for t in (terms.split("|") if isinstance(terms, str)
+                                                else terms) if str(t).strip())
+      object.__setattr__(self, "pos_att_type", terms)
     if not isinstance(terms, tuple) or any(t not in _POS_ATT_TYPES for t in terms) or len(
         set(terms)) != len(terms):
       raise ValueError(f"pos_att_type={terms!r} must be a tuple of distinct terms from "

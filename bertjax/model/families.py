@@ -561,7 +561,7 @@ FAMILIES: dict[str, Family] = {
                              classifier_activation="gelu"),
         projection="embeddings.embed_proj", projection_bias=False, project_before_norm=True,
         pooler=None,
-        ignored_prefixes=("mask_predictions.",), optional_token_types=True,
+        optional_token_types=True,
         positions="absolute", position_bias="disentangled",
         relative_bias="encoder.rel_embeddings", relative_norm="encoder.LayerNorm",
         token_types=True, shared_layers=False,
@@ -580,9 +580,17 @@ FAMILIES: dict[str, Family] = {
             "classifier": Head("first", _dense("pre", "pooler.dense")
                                + _dense("dense", "classifier"), act="classifier"),
             "token_classifier": _linear("tokens", "classifier"),
+            # DeBERTa-v3's discriminator (the released code's `LMMaskPredictionHead`, held by
+            # the released v3 checkpoints): LayerNorm(h + h_first) -> dense -> hidden_act ->
+            # one logit per token. transformers has no class for it and skips its tensors.
+            "rtd": Head("tokens", _norm("norm", "mask_predictions.LayerNorm")
+                        + _dense("dense", "mask_predictions.dense")
+                        + _dense("out", "mask_predictions.classifier")),
         },
-        architectures=_standard("deberta-v2", "DebertaV2",
-                                ("mlm", "classifier", "token_classifier")),
+        architectures={**_standard("deberta-v2", "DebertaV2",
+                                   ("mlm", "classifier", "token_classifier")),
+                       # transformers reads the base (and MLM head) and skips mask_predictions.
+                       ("rtd",): "DebertaV2Model", ("mlm", "rtd"): "DebertaV2ForMaskedLM"},
         no_pooler=frozenset(), special_tokens=dict(_BERT_TOKENS),
         what_differs="post-LN BERT whose scores add content-to-position and position-to-content "
         "terms (log-bucketed relative embeddings shared by every layer, projected by each; "

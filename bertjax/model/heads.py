@@ -118,7 +118,10 @@ class Classifier(nn.Module):
 
 
 class RTDHead(nn.Module):
-  """ELECTRA's discriminator: dense, hidden_act, one logit per token (replaced or not)."""
+  """A discriminator: dense, hidden_act, one logit per token (replaced or not): ELECTRA's.
+  DeBERTa-v3's first adds the first token's state to every token and normalises,
+  `LayerNorm(h + h_0)` (its released `LMMaskPredictionHead`), where the family's head has a
+  "norm"."""
 
   config: BertConfig
 
@@ -126,6 +129,8 @@ class RTDHead(nn.Module):
   def __call__(self, hidden):
     cfg = self.config
     dtype = compute_dtype(cfg)
+    if cfg.family.heads["rtd"].has("norm"):
+      hidden = _layer_norm(cfg, "norm", kind="layernorm")(hidden + hidden[..., :1, :])
     x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
                  name="dense")(hidden)
     x = activation(cfg.hidden_act)(x)

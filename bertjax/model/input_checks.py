@@ -43,8 +43,12 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
   absent = [s for s in tuple(capture) + tuple(patch or {}) if s not in model_sites(config)]
   if absent:
-    raise ValueError(f"sites {absent} do not exist on a {config.model_type} block (its "
-                     f"feed-forward is {config.family.ffn}); its sites: {model_sites(config)}")
+    why = [f"its feed-forward is {config.family.ffn}" if s == "ffn_gate" else
+           "its attention has no disentangled term of that name (pos_att_type: "
+           f"{'|'.join(config.disentangled_terms) or 'none'})" if s.startswith("scores_") else
+           "not a block site" for s in absent]
+    raise ValueError(f"sites {absent} do not exist on a {config.model_type} block "
+                     f"({'; '.join(dict.fromkeys(why))}); its sites: {model_sites(config)}")
   for site, entry in (patch or {}).items():
     if callable(entry):  # a function patch: fn(value, layer) -> the new value
       if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):

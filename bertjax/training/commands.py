@@ -361,9 +361,11 @@ def _print_pretrain_summary(args, out: pathlib.Path, summary: dict) -> None:
     from bertjax.training.electra import ROLES
 
     pair = all((pathlib.Path(args.export_hf) / r).is_dir() for r in ROLES)
-    rows.append(("model", f"{args.export_hf}" + (" (generator/: ElectraForMaskedLM, "
-                                                  "discriminator/: ElectraForPreTraining)"
-                                                  if pair else "")))
+    classes = {r: (json.loads((pathlib.Path(args.export_hf) / r / "config.json").read_text())
+                   .get("architectures") or ["?"])[0] for r in ROLES} if pair else {}
+    rows.append(("model", f"{args.export_hf}" + (
+        f" (generator/: {classes['generator']}, discriminator/: {classes['discriminator']})"
+        if pair else "")))
   print("pretrain: done\n" + _table(rows))
 
 

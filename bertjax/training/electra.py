@@ -22,6 +22,22 @@ predicts, for every real token, whether it differs from the original (a sampled
 token equal to the original counts as real, as in the paper). The loss is
 ``mlm + rtd_weight * rtd`` with ``rtd_weight = 50``; RTD is the mean binary
 cross-entropy over real tokens (what `ElectraForPreTraining` computes).
+
+DeBERTa-v3 (He et al. 2021, "DeBERTaV3: Improving DeBERTa using ELECTRA-Style Pre-Training
+with Gradient-Disentangled Embedding Sharing") trains the same objective on two
+``model_type="deberta-v2"`` models (the generator: the discriminator's width, half its
+depth) with gradient-disentangled embedding sharing (GDES): the generator owns the
+embedding tables E_G, and the discriminator reads ``stop_gradient(E_G) + E_delta``, its own
+residual table E_delta starting at zero. So the MLM loss alone trains E_G and the RTD loss
+alone trains E_delta (`sharing` "gdes"; the word table, and the absolute-position table
+where the model has one, as the released code's `RTDModel` shares). Its discriminator head
+is `LayerNorm(h + h_0) -> dense -> act -> logit` (`heads.RTDHead`) and ``rtd_weight`` 10
+(the released code's `--rtd_lambda` default). The step trains both with one joint loss and
+one optimizer, the released code's non-decoupled `loss_fn`; its default
+`--decoupled_training` runs the discriminator's step after the generator's, so there the
+discriminator reads E_G after that step's update rather than before. The pair tree keeps
+E_delta under ``discriminator/embeddings/{table}_delta``; `discriminator_params` forms the
+discriminator's tables and `save_electra` writes them, ``E_G + E_delta``.
 """
 
 from __future__ import annotations
@@ -42,19 +58,45 @@ from bertjax.training.objective_base import Context, Objective
 
 SHARED_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 ROLES = ("generator", "discriminator")  # the pair tree's keys; the export's folder names
+SHARING = {"electra": "tables", "deberta-v2": "gdes"}  # model_type -> how embeddings are shared
+DEFAULT_RTD_WEIGHT = {"tables": 50.0, "gdes": 10.0}  # ELECTRA's lambda; DeBERTa's --rtd_lambda
+
+
+def sharing(generator: BertConfig, discriminator: BertConfig) -> str:
+  """How the pair shares embeddings: "tables" (ELECTRA: one copy) or "gdes" (DeBERTa-v3).
+
+  Raises:
+    ValueError: a model_type without an RTD pretraining recipe, or two different ones.
+  """
+  for c, role in ((generator, "generator"), (discriminator, "discriminator")):
+    if c.model_type not in SHARING:
+      raise ValueError(f"the {role} config has model_type={c.model_type!r}; replaced-token "
+                       f"detection is trained for {sorted(SHARING)}")
+  if generator.model_type != discriminator.model_type:
+    raise ValueError(f"generator model_type={generator.model_type!r} differs from the "
+                     f"discriminator's {discriminator.model_type!r}")
+  return SHARING[discriminator.model_type]
 
 
 def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str, ...]:
-  """The embedding tables the two models share: all three when their shapes agree, else none."""
-  for c, role in ((generator, "generator"), (discriminator, "discriminator")):
-    if c.model_type != "electra":
-      raise ValueError(f"the {role} config has model_type={c.model_type!r}; expected 'electra'")
+  """The embedding tables the two models share: ELECTRA all three when their shapes agree,
+  else none; DeBERTa-v3 (GDES) the word table and the position table where there is one."""
+  mode = sharing(generator, discriminator)
   keys = ("embed_dim", "vocab_size", "max_position_embeddings", "type_vocab_size")
   if any(getattr(generator, k) != getattr(discriminator, k) for k in keys[1:]):
     raise ValueError("generator and discriminator must agree on vocab_size, "
                      "max_position_embeddings and type_vocab_size; got "
                      f"{[getattr(generator, k) for k in keys[1:]]} vs "
                      f"{[getattr(discriminator, k) for k in keys[1:]]}")
+  if mode == "gdes":
+    if (generator.embed_dim, generator.position_biased_input) != (
+        discriminator.embed_dim, discriminator.position_biased_input):
+      raise ValueError("GDES shares the embedding tables: generator and discriminator must "
+                       "agree on embedding_size and position_biased_input; got "
+                       f"{(generator.embed_dim, generator.position_biased_input)} vs "
+                       f"{(discriminator.embed_dim, discriminator.position_biased_input)}")
+    return ("word_embeddings",) + (("position_embeddings",)
+                                   if discriminator.position_biased_input else ())
   if generator.embed_dim != discriminator.embed_dim:
     return ()
   return tuple(t for t in SHARED_TABLES if t != "token_type_embeddings"
@@ -63,24 +105,48 @@ def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str
 
 def init_electra(generator: BertConfig, discriminator: BertConfig,
                  rng: int | jax.Array = 0) -> Params:
-  """Fresh ``{"generator", "discriminator"}`` parameters, the shared tables only in the latter."""
+  """Fresh ``{"generator", "discriminator"}`` parameters: ELECTRA's shared tables only in the
+  discriminator; with GDES the tables in the generator and zero residuals
+  (``{table}_delta``) in the discriminator."""
   key = jax.random.key(rng) if isinstance(rng, int) else rng
   k_gen, k_disc = jax.random.split(key)
   gen = init(generator, k_gen, heads=("mlm",))
   disc = init(discriminator, k_disc, heads=("rtd",))
   shared = shared_tables(generator, discriminator)
+  if sharing(generator, discriminator) == "gdes":
+    emb = {k: v for k, v in disc["embeddings"].items() if k not in shared}
+    emb.update({f"{t}_delta": jax.tree.map(jnp.zeros_like, disc["embeddings"][t])
+                for t in shared})
+    return {"generator": gen, "discriminator": {**disc, "embeddings": emb}}
   gen["embeddings"] = {k: v for k, v in gen["embeddings"].items() if k not in shared}
   return {"generator": gen, "discriminator": disc}
 
 
 def generator_params(params: Params, generator: BertConfig, discriminator: BertConfig) -> Params:
-  """The generator's full parameter tree, the shared tables read from the discriminator."""
+  """The generator's full parameter tree (ELECTRA: the shared tables read from the
+  discriminator; GDES: the generator owns them)."""
   gen = params["generator"]
+  if sharing(generator, discriminator) == "gdes":
+    return gen
   shared = shared_tables(generator, discriminator)
   emb = dict(gen["embeddings"])
   for t in shared:
     emb[t] = params["discriminator"]["embeddings"][t]
   return {**gen, "embeddings": emb}
+
+
+def discriminator_params(params: Params, generator: BertConfig,
+                         discriminator: BertConfig) -> Params:
+  """The discriminator's full parameter tree: as stored (ELECTRA), or with GDES each shared
+  table ``stop_gradient(E_G) + E_delta``."""
+  disc = params["discriminator"]
+  if sharing(generator, discriminator) != "gdes":
+    return disc
+  emb = {k: v for k, v in disc["embeddings"].items() if not k.endswith("_delta")}
+  for t in shared_tables(generator, discriminator):
+    emb[t] = jax.tree.map(lambda g, d: jax.lax.stop_gradient(g) + d,
+                          params["generator"]["embeddings"][t], disc["embeddings"][f"{t}_delta"])
+  return {**disc, "embeddings": emb}
 
 
 def replace_tokens(input_ids: jax.Array, positions: jax.Array, values: jax.Array,
@@ -127,15 +193,16 @@ class Electra(Objective):
   `init_electra`.
 
   Attributes:
-    generator: the generator's config.
-    rtd_weight: lambda, the weight of the RTD term (50 in the paper).
+    generator: the generator's config (its model_type picks the sharing, `SHARING`).
+    rtd_weight: lambda, the weight of the RTD term; None: 50 for ELECTRA (the paper), 10
+      for DeBERTa-v3 (`DEFAULT_RTD_WEIGHT`).
     mlm_weight: the weight of the generator's MLM term.
     temperature: the sampling temperature (1: the generator's softmax).
   """
 
   generator: BertConfig | None = None
   name: str = dataclasses.field(default="electra", kw_only=True)
-  rtd_weight: float = 50.0
+  rtd_weight: float | None = None
   mlm_weight: float = 1.0
   temperature: float = 1.0
 
@@ -144,6 +211,12 @@ class Electra(Objective):
       raise TypeError(f"Electra needs the generator's BertConfig, got {self.generator!r}")
     if not self.temperature > 0:
       raise ValueError(f"{self.temperature=} must be > 0")
+    if self.generator.model_type not in SHARING:
+      raise ValueError(f"generator model_type={self.generator.model_type!r}: replaced-token "
+                       f"detection is trained for {sorted(SHARING)}")
+    if self.rtd_weight is None:
+      object.__setattr__(self, "rtd_weight",
+                         DEFAULT_RTD_WEIGHT[SHARING[self.generator.model_type]])
 
   @property
   def fields(self):
@@ -161,6 +234,7 @@ class Electra(Objective):
     """What a training checkpoint records beside the pair (the generator's config), so
     `bertjax export` can rebuild both models from the checkpoint alone."""
     return {"electra": {"generator": dataclasses.asdict(self.generator),
+                        "sharing": SHARING[self.generator.model_type],
                         "rtd_weight": self.rtd_weight, "mlm_weight": self.mlm_weight,
                         "temperature": self.temperature}}
 
@@ -209,9 +283,10 @@ class Electra(Objective):
     original = replace_tokens(b["input_ids"], b["mlm_positions"], ids, weights)
     corrupted = replace_tokens(original, b["mlm_positions"], sampled, weights)
     labels = (corrupted != original).astype(jnp.int32)
-    d_out = forward(params["discriminator"], config, corrupted, b["attention_mask"],
-                    b["token_type_ids"], deterministic=deterministic, rng=k_disc)
-    d_logits = rtd_logits(params["discriminator"], config, d_out.last_hidden_state)
+    disc = discriminator_params(params, self.generator, config)
+    d_out = forward(disc, config, corrupted, b["attention_mask"], b["token_type_ids"],
+                    deterministic=deterministic, rng=k_disc)
+    d_logits = rtd_logits(disc, config, d_out.last_hidden_state)
     return {"mlm": mlm, "sampled": sampled, "original": original, "corrupted": corrupted,
             "labels": labels, "rtd_logits": d_logits}
 
@@ -242,7 +317,9 @@ def save_electra(params: Params, generator: BertConfig, discriminator: BertConfi
   """Writes ``directory/generator`` (`ElectraForMaskedLM`) and ``directory/discriminator``.
 
   The discriminator is `ElectraForPreTraining`; the generator carries the shared tables
-  (copied from the discriminator), so each loads on its own with strict keys.
+  (copied from the discriminator), so each loads on its own with strict keys. With GDES the
+  generator is a `DebertaV2ForMaskedLM` and the discriminator's tables are written as
+  ``E_G + E_delta`` (its RTD head as the released checkpoints' `mask_predictions.*`).
 
   Returns:
     The two directories.
@@ -252,5 +329,5 @@ def save_electra(params: Params, generator: BertConfig, discriminator: BertConfi
   out = pathlib.Path(directory)
   gen_dir, disc_dir = out / "generator", out / "discriminator"
   to_hf(generator, generator_params(params, generator, discriminator), gen_dir)
-  to_hf(discriminator, params["discriminator"], disc_dir)
+  to_hf(discriminator, discriminator_params(params, generator, discriminator), disc_dir)
   return gen_dir, disc_dir

@@ -1,4 +1,4 @@
-"""`bertjax pretrain` options for the objectives of issue 17: SBO, word order, ELECTRA, distillation.
+"""`bertjax pretrain`'s other objectives: SBO, word order, ELECTRA/DeBERTa RTD, distillation.
 
 `add_args` adds the option group; `setup` turns the parsed options into the model
 config, initial parameters, data iterator and objectives that `loop.pretrain` takes.
@@ -25,6 +25,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
                       "the discriminator; the generator has F times its hidden size, heads "
                       "and FFN (the paper: 0.25-0.5); loss MLM + 50 x RTD; --export-hf DIR "
                       "writes DIR/generator and DIR/discriminator")
+  g.add_argument("--rtd-generator-layers", type=int, default=None, metavar="N",
+                 help="train DeBERTa-v3's replaced-token detection with gradient-disentangled "
+                      "embedding sharing: the --preset/--config-json model (model_type "
+                      "deberta-v2, e.g. --preset deberta-v3-base) is the discriminator, the "
+                      "generator the same model with N layers (v3: half the depth); loss "
+                      "MLM + 10 x RTD; --export-hf DIR writes DIR/generator and "
+                      "DIR/discriminator")
   g.add_argument("--teacher", default=None, metavar="DIR|ID",
                  help="distil from this Hugging Face model directory or hub id (with an MLM "
                       "head), using its vocabulary unless --vocab is given; the student starts "
@@ -70,6 +77,8 @@ def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
     if params is not None:
       raise ValueError("--electra-generator-size starts from fresh weights; drop --init-from")
     return config, None, data, (electra.Electra(gen),)
+  if args.rtd_generator_layers is not None:
+    return _gdes(args, config, params, data, extra, pc)
   if args.teacher:
     import bertjax
     from bertjax.training import distill
@@ -148,3 +157,22 @@ def finetune_setup(args, task: str, config, params) -> tuple[Any, Any, Any]:
     config = student.replace(attention_impl=config.attention_impl, dtype=config.dtype,
                              scan_unroll=config.scan_unroll)
   return config, params, (obj,)
+
+
+def _gdes(args, config, params, data, extra, pc):
+  """`setup` for `--rtd-generator-layers`: DeBERTa-v3's RTD with GDES."""
+  from bertjax.training import electra
+
+  if args.teacher or extra or pc.objective != "none" or args.electra_generator_size is not None:
+    raise ValueError("--rtd-generator-layers trains DeBERTa-v3's RTD alone: use --objective "
+                     "none and no --add-objective, --teacher or --electra-generator-size")
+  if config.model_type != "deberta-v2":
+    raise ValueError(f"--rtd-generator-layers needs model_type='deberta-v2', got "
+                     f"{config.model_type!r} (e.g. --preset deberta-v3-base)")
+  n = args.rtd_generator_layers
+  if not 1 <= n <= config.num_hidden_layers:
+    raise ValueError(f"--rtd-generator-layers {n} must be in 1..{config.num_hidden_layers} "
+                     "(the discriminator's depth)")
+  if params is not None:
+    raise ValueError("--rtd-generator-layers starts from fresh weights; drop --init-from")
+  return config, None, data, (electra.Electra(config.replace(num_hidden_layers=n)),)
