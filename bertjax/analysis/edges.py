@@ -1,4 +1,4 @@
-"""Edge attribution patching and circuits on the encoder's graph: EAP, EAP-IG, exact edge patching.
+"""Edge attribution patching on the encoder's graph: EAP, EAP-IG, exact edge patching.
 
 Syed, Rager & Conmy 2023, "Attribution patching outperforms automated circuit discovery"
 (EAP); Hanna, Pezzelle & Belinkov 2024, "Have faith in faithfulness: going beyond circuit
@@ -8,9 +8,9 @@ exact values are `metric(clean run with the edge carrying the corrupted activati
 metric(clean)`; the activation difference is corrupted - clean, the gradient is taken at
 the clean run), EAP-IG's path (the `embeddings` site moved from the corrupted run's to the
 clean run's in `steps` left Riemann points `corrupted + k / steps (clean - corrupted)`,
-k = 0 .. steps - 1, the gradients averaged), top-n and greedy circuits and their pruning,
-and circuit evaluation (an edge outside the circuit carries the corrupted run's activation,
-an edge inside it the patched run's own). Where bertjax differs: the metric is already a
+k = 0 .. steps - 1, the gradients averaged), and, in `bertjax.analysis.circuits`, top-n and
+greedy circuits, their pruning and circuit evaluation (an edge outside the circuit carries
+the corrupted run's activation, an edge inside it the patched run's own). Where bertjax differs: the metric is already a
 mean over the batch (EAP-IG divides its summed scores by the batch size instead), so a
 score estimates the change of the metric itself.
 
@@ -34,10 +34,10 @@ times `g / sigma`), summed, plus bias terms. That carried term is what edge u ->
 transmits. Patching the edge (`edge_patching`) adds to v's input alone (the query of one
 head, ...) the corrupted - clean difference of u's output, carried through the same
 LayerNorms with the patched run's sigmas; EAP's score is its first-order estimate, the
-carried difference against d metric / d (v's input). In a circuit (`circuit_metric`) every
-edge outside the circuit is patched at once, each carried with the sigmas of the run being
-evaluated, so the full circuit is the clean run and a circuit missing one edge is that
-edge's exact patch (tested).
+carried difference against d metric / d (v's input). In a circuit
+(`circuits.circuit_metric`) every edge outside the circuit is patched at once, each carried
+with the sigmas of the run being evaluated, so the full circuit is the clean run and a
+circuit missing one edge is that edge's exact patch (tested).
 
 The scores come from one corrupted run, the clean run with its gradient at every
 receiver's input (through zero additions to the `q`, `k`, `v` and `ffn_in` sites), and a
@@ -60,8 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -437,47 +436,45 @@ def edge_attribution(params: Params, config: BertConfig, clean, corrupted, metri
 # Exact edge patching ------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric", "layer", "kind", "chunk"))
-def _patch_group(params, config, clean, corrupted, targets, senders, receivers, weight, *,
-                 metric, layer, kind, chunk):
-  """metric(edge patched) for edges whose receivers are all of one `kind` ("qkv", "ffn",
-  "logits") in one `layer`: (E,)."""
+@functools.partial(jax.jit, static_argnames=("config", "metric", "chunk"))
+def _patch_edges(params, config, clean, corrupted, targets, senders, receivers, weight, *,
+                 metric, chunk):
+  """metric(clean run with each edge (senders[e] -> receivers[e]) patched): (E,).
+
+  One program for every kind of edge: each patch is gated by the receiver's layer and kind,
+  and the whole model runs per edge (so a single block is compiled)."""
   g = Graph(config.depth, config.num_attention_heads)
   w = _weights(params, config)
-  cb, xb = {**clean, **targets}, {**corrupted, **targets}
+  cb = {**clean, **targets}
   rows = metric_rows(metric, config, cb)
-  x_clean, run = _run(params, config, clean, output_hidden_states=True,
+  x_clean, run = _run(params, config, clean,
                       capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
   x_corr, corr = _run(params, config, corrupted, capture=("head_out", "ffn_out"))
   deltas = _sender_deltas(config, x_corr - x_clean, corr.cache["head_out"] - run.cache["head_out"],
                           corr.cache["ffn_out"] - run.cache["ffn_out"], w["o"])
   sigma = _sigmas(config, run.cache["resid_mid"], run.cache["resid_out"])
-  stage = jnp.asarray(g.sender_stage)
-  t = {"qkv": 2 * layer, "ffn": 2 * layer + 1, "logits": 2 * config.depth}[kind]
-  inputs = jnp.concatenate([x_clean[None], run.hidden_states])  # block inputs
-  mask = clean["attention_mask"]
+  stage, t_of = jnp.asarray(g.sender_stage), jnp.asarray(g.receiver_stage)
   n = config.num_attention_heads
+  w_qkv = jnp.stack([w["q"], w["k"], w["v"]], 1)  # (L, 3, H, N, D)
+  mask = clean["attention_mask"]
 
   def one(edge):
     s, r = edge
+    t = t_of[r]
     delta = deltas[s] * weight
-    for k in range(t):  # LayerNorm k acts when the sender wrote before it
-      delta = jnp.where(k >= stage[s], _ln_linear(delta, w["gammas"][k], sigma[k]), delta)
-    if kind == "logits":
-      last = run.last + delta.astype(run.last.dtype)
-      return _metric_of(params, config, metric, last, cb, None)
-    if kind == "ffn":
-      patch = {"ffn_in": lambda value, lyr: value + jnp.where(
-          lyr == layer, _rows_like(delta, value, rows), 0).astype(value.dtype)}
-    else:
-      which, head = (r - layer * (3 * n + 1)) // n, (r - layer * (3 * n + 1)) % n
-      onehot = (jnp.arange(n) == head)[None, None, :, None]
-      patch = {}
-      for i, site in enumerate("qkv"):
-        add = jnp.einsum("bth,hnd->btnd", delta, w[site][layer]) * onehot * (which == i)
-        patch[site] = functools.partial(_add_at, add=add, layer=layer, rows=rows)
-    out = run_layers(params, config, inputs[layer], mask, start=layer, patch=patch,
-                     final_rows=rows).last
+    for k in range(2 * config.depth):  # LayerNorm k acts between the sender and the receiver
+      delta = jnp.where((k >= stage[s]) & (k < t), _ln_linear(delta, w["gammas"][k], sigma[k]),
+                        delta)
+    layer, j = r // (3 * n + 1), r % (3 * n + 1)
+    which = jnp.where(r == g.n_receivers - 1, 4, jnp.where(j == 3 * n, 3, j // n))
+    onehot = (jnp.arange(n) == j % n)[None, None, :, None]
+    proj = jnp.einsum("bth,hnd->btnd", delta, w_qkv[jnp.minimum(layer, config.depth - 1),
+                                                      jnp.minimum(which, 2)]) * onehot
+    patch = {site: functools.partial(_add_at, add=proj * (which == i), layer=layer, rows=rows)
+             for i, site in enumerate("qkv")}
+    patch["ffn_in"] = functools.partial(_add_at, add=delta * (which == 3), layer=layer, rows=rows)
+    out = run_layers(params, config, x_clean, mask, patch=patch, final_rows=rows).last
+    out = out + (delta * (which == 4)).astype(out.dtype)
     return _metric_of(params, config, metric, out, cb, None)
 
   return jax.lax.map(one, (senders, receivers), batch_size=chunk)
@@ -518,12 +515,13 @@ def edge_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
                   chunk_size: int = 16) -> EdgeScores:
   """Exact edge patching: each edge alone carries the corrupted run's activation.
 
-  For edge u -> v the clean run is rerun from v's block with v's input (the query, key or
-  value input of one head, an FFN's input, or the final state) plus u's corrupted - clean
-  output difference carried through the LayerNorms between them (module docstring); the
-  value is `metric(patched) - metric(clean)`, the quantity `edge_attribution` estimates.
-  Every patch is a site patch (`q`, `k`, `v` through the receiver's slice of the
-  projection, which is linear in its input; `ffn_in`), run from the stored block input.
+  For edge u -> v the clean run is rerun with v's input (the query, key or value input of
+  one head, an FFN's input, or the final state) plus u's corrupted - clean output difference
+  carried through the LayerNorms between them (module docstring), one LayerNorm at a time;
+  the value is `metric(patched) - metric(clean)`, the quantity `edge_attribution`
+  estimates. Every patch is a function patch of a site (`q`, `k`, `v` through the
+  receiver's slice of the projection, which is linear in its input; `ffn_in`), gated by the
+  receiver's layer, so one compiled program serves every edge.
 
   Args:
     params, config, clean, corrupted, metric, targets: as `edge_attribution`.
@@ -540,27 +538,12 @@ def edge_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   mask = _edge_mask(g, edges)
   src, dst, targets = _pair(config, clean, corrupted, targets, "denoise", params, metric)
   values = np.full(mask.shape, np.nan)
-  clean_m = corr_m = None
-  layer_of = np.minimum(np.arange(g.n_receivers) // (3 * g.heads + 1), g.depth)
-  for layer in range(g.depth + 1):
-    for kind in ("qkv", "ffn", "logits"):
-      cols = np.arange(g.n_receivers)
-      is_kind = (cols == g.n_receivers - 1 if kind == "logits" else
-                 (cols % (3 * g.heads + 1) == 3 * g.heads) & (cols < g.n_receivers - 1)
-                 if kind == "ffn" else (cols % (3 * g.heads + 1) < 3 * g.heads)
-                 & (cols < g.n_receivers - 1))
-      sel = mask & (is_kind & (layer_of == layer))[None, :]
-      if not sel.any():
-        continue
-      s, r = np.nonzero(sel)
-      got = _patch_group(params, config, src, dst, targets, jnp.asarray(s), jnp.asarray(r),
-                         jnp.asarray(weight), metric=metric, layer=min(layer, g.depth - 1), kind=kind,
-                         chunk=chunk_size)
-      if clean_m is None:
-        clean_m, corr_m = _baselines(params, config, src, dst, targets, metric)
-      values[s, r] = np.asarray(got, np.float64) - clean_m
-  if clean_m is None:
-    clean_m, corr_m = _baselines(params, config, src, dst, targets, metric)
+  s, r = np.nonzero(mask)
+  clean_m, corr_m = _baselines(params, config, src, dst, targets, metric)
+  if s.size:
+    got = _patch_edges(params, config, src, dst, targets, jnp.asarray(s), jnp.asarray(r),
+                       jnp.asarray(weight), metric=metric, chunk=chunk_size)
+    values[s, r] = np.asarray(got, np.float64) - clean_m
   return EdgeScores(g, values, clean_m, corr_m, "exact")
 
 
@@ -577,175 +560,3 @@ def _baseline_metrics(params, config, clean, corrupted, targets, *, metric):
 def _baselines(params, config, clean, corrupted, targets, metric):
   c, x = _baseline_metrics(params, config, clean, corrupted, targets, metric=metric)
   return float(c), float(x)
-
-
-# Circuits ------------------------------------------------------------------------------
-
-
-def prune(g: Graph, in_circuit) -> np.ndarray:
-  """A circuit made connected, as EAP-IG's `Graph.prune`: nodes without an incoming (the
-  input excepted) or an outgoing edge leave, and so do edges whose ends left, until
-  nothing changes. Returns the pruned (n_senders, n_receivers) bool mask."""
-  edges = np.asarray(in_circuit, bool) & g.valid
-  owner = g.sender_of_receiver
-  nodes = np.zeros(g.n_senders, bool)
-  while True:
-    has_out = edges.any(1)
-    has_in = np.zeros(g.n_senders, bool)
-    fed = edges.any(0)
-    np.logical_or.at(has_in, owner[(owner >= 0) & fed], True)
-    has_in[0] = True
-    new = has_out & has_in
-    if np.array_equal(new, nodes):
-      return edges
-    nodes = new
-    recv_ok = np.append(nodes[owner[:-1]], True)  # logits always present
-    edges &= nodes[:, None] & recv_ok[None, :]
-
-
-def top_k_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.ndarray:
-  """The k highest-scoring edges (EAP-IG's `apply_topn`), pruned: (n_s, n_r) bool."""
-  g = scores.graph
-  v = np.where(g.valid & ~np.isnan(scores.values),
-               np.abs(scores.values) if absolute else scores.values, -np.inf)
-  if not 0 <= k <= int(np.isfinite(v).sum()):
-    raise ValueError(f"{k=} must be in [0, {int(np.isfinite(v).sum())}] (the scored edges)")
-  mask = np.zeros(v.shape, bool)
-  mask.flat[np.argsort(-v, axis=None, kind="stable")[:k]] = True
-  return prune(g, mask)
-
-
-def greedy_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.ndarray:
-  """k edges grown from the logits (EAP-IG's `apply_greedy`): the best-scoring edge into a
-  node already in the circuit joins, and then its sender's own incoming edges become
-  candidates; pruned. Returns (n_s, n_r) bool."""
-  g = scores.graph
-  v = np.where(np.isnan(scores.values), -np.inf,
-               np.abs(scores.values) if absolute else scores.values)
-  receivers_of = {s: np.nonzero(g.sender_of_receiver == s)[0] for s in range(g.n_senders)}
-  heap: list = []
-
-  def push(r):
-    for s in np.nonzero(g.valid[:, r])[0]:
-      heapq.heappush(heap, (-v[s, r], int(s), int(r)))
-
-  push(g.n_receivers - 1)
-  mask = np.zeros(g.valid.shape, bool)
-  nodes = np.zeros(g.n_senders, bool)
-  while k > 0 and heap:
-    _, s, r = heapq.heappop(heap)
-    mask[s, r] = True
-    k -= 1
-    if not nodes[s]:
-      nodes[s] = True
-      for rr in receivers_of[s]:
-        push(rr)
-  return prune(g, mask)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "metric", "chunk"))
-def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, chunk):
-  """metric with every edge outside each circuit (C, n_s, n_r) patched: (C,)."""
-  g = Graph(config.depth, config.num_attention_heads)
-  w = _weights(params, config)
-  depth, n = config.depth, config.num_attention_heads
-  cb = {**clean, **targets}
-  mask = clean["attention_mask"]
-  x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
-  x_corr, corr = _run(params, config, corrupted, capture=("head_out", "ffn_out"))
-  acc = accum_dtype(config)
-  valid = jnp.asarray(g.valid, acc)
-  eps = config.layer_norm_eps
-
-  def one(circuit):
-    out_w = valid * (1 - circuit.astype(acc))  # 1: the edge carries the corrupted run
-    carried = jnp.zeros((g.n_senders,) + x_clean.shape, acc).at[0].set(x_corr - x_clean)
-    x = x_clean
-    for layer in range(depth):
-      base = layer * (3 * n + 1)
-      into = jnp.einsum("sbth,sr->rbth", carried, out_w[:, base:base + 3 * n])
-      patch = {s: functools.partial(_add_at, layer=layer, rows=None,
-                                    add=jnp.einsum("nbth,hnd->btnd", into[i * n:(i + 1) * n],
-                                                   w[s][layer]))
-               for i, s in enumerate("qkv")}
-      first = run_layers(params, config, x, mask, start=layer, stop=layer + 1, patch=patch,
-                         capture=("head_out", "resid_mid"))
-      heads = jnp.einsum("btnd,ndh->nbth", (corr.cache["head_out"][layer]
-                                            - first.cache["head_out"][0]).astype(acc),
-                         w["o"][layer])
-      lo = 1 + layer * (n + 1)
-      carried = carried.at[lo:lo + n].set(heads)
-      carried = _ln_linear(carried, w["gammas"][2 * layer],
-                           _sigma(first.cache["resid_mid"][0], eps))
-      ffn_add = jnp.einsum("sbth,s->bth", carried, out_w[:, base + 3 * n])
-      patch = dict(patch, ffn_in=functools.partial(_add_at, layer=layer, rows=None, add=ffn_add))
-      second = run_layers(params, config, x, mask, start=layer, stop=layer + 1, patch=patch,
-                          capture=("ffn_out", "resid_out"))
-      carried = carried.at[lo + n].set((corr.cache["ffn_out"][layer]
-                                        - second.cache["ffn_out"][0]).astype(acc))
-      carried = _ln_linear(carried, w["gammas"][2 * layer + 1],
-                           _sigma(second.cache["resid_out"][0], eps))
-      x = second.last
-    last = x + jnp.einsum("sbth,s->bth", carried, out_w[:, -1]).astype(x.dtype)
-    return _metric_of(params, config, metric, last, cb, None)
-
-  return jax.lax.map(one, circuits, batch_size=chunk)
-
-
-def circuit_metric(params: Params, config: BertConfig, clean, corrupted, metric: Metric,
-                   circuits, *, targets: Mapping | None = None,
-                   chunk_size: int = 4) -> np.ndarray:
-  """The metric of the clean run with every edge outside each circuit carrying the
-  corrupted run's activation (EAP-IG's `evaluate_graph`).
-
-  Blocks run one at a time: each receiver's input gets the corrupted - current difference
-  of every sender whose edge to it is outside the circuit, carried through the LayerNorms
-  with the current run's sigmas; the full circuit gives the clean run's metric.
-
-  Args:
-    params, config, clean, corrupted, metric, targets: as `edge_attribution`.
-    circuits: (n_senders, n_receivers) bool, or a stack (C, n_s, n_r) of them.
-    chunk_size: circuits run at once.
-
-  Returns:
-    float64 (C,) (or a float for one circuit).
-  """
-  g = graph(config)
-  c = np.asarray(circuits, bool)
-  single = c.ndim == 2
-  c = c[None] if single else c
-  if c.shape[1:] != g.valid.shape:
-    raise ValueError(f"circuits shape {c.shape} must end in {g.valid.shape} (n_senders, "
-                     "n_receivers)")
-  src, dst, targets = _pair(config, clean, corrupted, targets, "denoise", params, metric)
-  got = np.asarray(_circuits(params, config, src, dst, targets, jnp.asarray(c & g.valid),
-                             metric=metric, chunk=chunk_size), np.float64)
-  return float(got[0]) if single else got
-
-
-def faithfulness(params: Params, config: BertConfig, clean, corrupted, metric: Metric,
-                 scores: EdgeScores, sizes: Sequence[int], *, targets: Mapping | None = None,
-                 method: str = "topk", absolute: bool = True) -> dict:
-  """Circuits of growing size from `scores` and how much of the model's behaviour each keeps.
-
-  Returns:
-    "sizes" (asked), "edges" (kept after pruning), "metric", "normalized" ((circuit -
-    corrupted) / (clean - corrupted), EAP-IG's normalised faithfulness), "clean",
-    "corrupted", "empty" (the metric with every edge corrupted: in a post-LN model this
-    is not exactly the corrupted run, whose sigmas differ), "method".
-  """
-  if method not in ("topk", "greedy"):
-    raise ValueError(f"{method=!r} must be 'topk' or 'greedy'")
-  pick = top_k_circuit if method == "topk" else greedy_circuit
-  g = scores.graph
-  masks = np.stack([pick(scores, int(k), absolute=absolute) for k in sizes]
-                   + [np.zeros(g.valid.shape, bool)])
-  values = circuit_metric(params, config, clean, corrupted, metric, masks, targets=targets)
-  src, dst, tg = _pair(config, clean, corrupted, targets, "denoise", params, metric)
-  clean_m, corr_m = _baselines(params, config, src, dst, tg, metric)
-  span = clean_m - corr_m
-  return {"sizes": [int(k) for k in sizes], "edges": [int(m.sum()) for m in masks[:-1]],
-          "metric": values[:-1].tolist(),
-          "normalized": ((values[:-1] - corr_m) / span if span else
-                         np.full(len(sizes), np.nan)).tolist(),
-          "clean": clean_m, "corrupted": corr_m, "empty": float(values[-1]), "method": method}

@@ -1,0 +1,120 @@
+"""Edge attribution (EAP, EAP-IG) against one forward pass, on the CPU.
+
+Run (full, CPU):  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_edges.py
+                  (about 5 minutes on 2 cores; writes benchmarks/results/edges_cpu.{json,md})
+Check (tiny):     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_edges.py --smoke --out /tmp/b
+
+Issue 34's targets, BERT-base shape, batch 8 x 128: scores for every edge of the graph
+(`edges.edge_attribution`, 157 senders x 445 receivers, 32,491 edges) at most 3.5x one
+forward pass with EAP, at most 12x with EAP-IG and 5 steps. Random weights (no download),
+the metric `bench_tl.py` uses (the MLM logit difference at one [MASK] per sequence). Every
+timing is warmed up (compile apart); rounds interleave the tasks and each ratio is the
+median over rounds of (time / that round's forward pass), since this machine's speed moves
+by 15-30% from minute to minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+import bertjax
+from bertjax.analysis import edges
+from bertjax.analysis import patching as pt
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_forward import cpu_info  # noqa: E402
+from bench_tl import make_inputs  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
+                 num_attention_heads=12)
+SMOKE = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4)
+TARGETS = {"eap": 3.5, "eap_ig_5": 12.0}
+
+
+def _tasks(args) -> dict:
+  config = bertjax.BertConfig(vocab_size=30522, **(SMOKE if args.smoke else BERT_BASE))
+  params = bertjax.init(config, 0, heads=("mlm",))
+  inputs = make_inputs(args.batch, args.seq)
+  clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
+  corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
+  targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
+  metric = pt.LogitDiff("mlm")
+  run = lambda **kw: edges.edge_attribution(params, config, clean, corrupted, metric,
+                                            targets=targets, **kw)
+  return {
+      "forward": lambda: jax.block_until_ready(bertjax.forward(
+          params, config, clean["input_ids"], clean["attention_mask"]).last_hidden_state),
+      "eap": lambda: run(method="eap"),
+      "eap_ig_5": lambda: run(method="eap-ig", steps=5),
+  }
+
+
+def measure(args) -> dict:
+  tasks = _tasks(args)
+  for f in tasks.values():  # compile and warm up
+    f()
+    f()
+  times = {name: [] for name in tasks}
+  for r in range(args.rounds):
+    for name, f in tasks.items():
+      t0 = time.perf_counter()
+      f()
+      times[name].append(time.perf_counter() - t0)
+    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
+        f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()), file=sys.stderr, flush=True)
+  fwd = times["forward"]
+  return {name: {"median_ms": 1e3 * statistics.median(ts),
+                 "over_forward": statistics.median(a / f for a, f in zip(ts, fwd)),
+                 "times_ms": [1e3 * x for x in ts]} for name, ts in times.items()}
+
+
+def markdown(report: dict) -> str:
+  m, r = report["machine"], report["results"]
+  lines = [f"# Edge attribution against one forward pass ({m['cpu']}, {m['cores']} cores, "
+           f"ISA: {', '.join(m['isa'])}; jax {report['jax']})", "",
+           f"{report['shape']}, batch {report['batch']} x {report['seq']}, float32, random "
+           f"weights, every edge of the graph; medians of {report['rounds']} interleaved "
+           "rounds, compile apart; ratio = median over rounds of time / that round's forward.",
+           "", "| task | ms | / forward | target |", "|---|---:|---:|---:|",
+           f"| one forward pass | {r['forward']['median_ms']:.0f} | 1 | |"]
+  labels = {"eap": "EAP, every edge", "eap_ig_5": "EAP-IG, 5 steps, every edge"}
+  for key, label in labels.items():
+    ratio = r[key]["over_forward"]
+    verdict = "met" if ratio <= TARGETS[key] else "NOT met"
+    lines.append(f"| {label} | {r[key]['median_ms']:.0f} | {ratio:.2f}x | <= {TARGETS[key]}x "
+                 f"({verdict}) |")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--rounds", type=int, default=7)
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--seq", type=int, default=128)
+  p.add_argument("--smoke", action="store_true", help="a tiny model, 2 rounds")
+  p.add_argument("--out", type=pathlib.Path, default=RESULTS)
+  args = p.parse_args(argv)
+  if args.smoke:
+    args.rounds = 2
+  report = {"machine": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend(),
+            "shape": "smoke" if args.smoke else "BERT-base", "batch": args.batch,
+            "seq": args.seq, "rounds": args.rounds, "results": measure(args)}
+  args.out.mkdir(parents=True, exist_ok=True)
+  stem = "edges_cpu" + ("_smoke" if args.smoke else "")
+  (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
+  (args.out / f"{stem}.md").write_text(markdown(report))
+  print(markdown(report))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,347 @@
+"""Edge attribution patching and circuits (`bertjax.analysis.edges`, `.circuits`) against
+references.
+
+* exact edge patching equals a float64 NumPy forward of the same post-LN blocks with the
+  receiver's input edited by hand (the sender's difference carried through the LayerNorms
+  with the clean run's sigmas, in NumPy);
+* EAP's closed-form scores equal the derivative of exact edge patching (float64 central
+  differences, every edge of the graph);
+* EAP-IG equals the gradients at its interpolation points taken through `bertjax.forward`
+  site patches (public API only), averaged;
+* a circuit missing one edge is that edge's exact patch, the full circuit the clean run;
+* pruning, top-n and greedy circuits follow EAP-IG's `Graph.prune`, `apply_topn`,
+  `apply_greedy` on hand examples;
+* on all-MiniLM-L6-v2 and the project's negation pairs, EAP and EAP-IG scores correlate
+  with exact edge patching (Pearson > 0.8, issue 34).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis import circuits, edges
+from bertjax.analysis import patching as pt
+from tests.reference_numpy import gelu, layer_norm
+
+B, T = 3, 7
+
+
+@pytest.fixture(scope="module")
+def x64():
+  jax.config.update("jax_enable_x64", True)
+  yield
+  jax.config.update("jax_enable_x64", False)
+
+
+def _model(family="bert", **kw):
+  preset = {"bert": "tiny", "albert": "albert-base", "mpnet": "mpnet-base"}[family]
+  size = dict(hidden_size=32, num_attention_heads=4, intermediate_size=48) if family != "bert" \
+      else {}
+  config = bertjax.BertConfig.preset(preset, vocab_size=97, max_position_embeddings=40,
+                                     num_hidden_layers=2, initializer_range=0.2,
+                                     dtype="float64", **size, **kw)
+  params = bertjax.init(config, 0, heads=("mlm",))
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  keys = jax.random.split(jax.random.key(3), len(leaves))
+  # Random LayerNorm scales and biases (far from 1 and 0), float64.
+  leaves = [(a + 0.3 * jax.random.normal(k, a.shape) if "LayerNorm" in jax.tree_util.keystr(p)
+             else a).astype(jnp.float64) for (p, a), k in zip(leaves, keys)]
+  return config, jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _pair():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 97, (B, T))
+  ids2 = ids.copy()
+  ids2[:, 2] = rng.integers(5, 97, B)
+  mask = np.ones((B, T), np.int32)
+  mask[2, 5:] = 0
+  return {"input_ids": ids, "attention_mask": mask}, {"input_ids": ids2, "attention_mask": mask}
+
+
+PROBE_W = np.random.default_rng(1).normal(size=(64, 2))
+PROBE = pt.ProbeLogitDiff(PROBE_W, np.array([0.1, -0.2]), pooling="mean")
+LABELS = {"answer": np.ones(B, np.int32), "distractor": np.zeros(B, np.int32)}
+
+
+@pytest.fixture(scope="module")
+def bert(x64):
+  config, params = _model()
+  clean, corrupted = _pair()
+  run = lambda fn, **kw: fn(params, config, clean, corrupted, PROBE, targets=LABELS, **kw)
+  eap = run(edges.edge_attribution)
+  exact = run(edges.edge_patching)
+  return dict(config=config, params=params, clean=clean, corrupted=corrupted, run=run, eap=eap,
+              exact=exact)
+
+
+# A float64 NumPy forward with receiver inputs edited -------------------------------
+
+
+def _np_run(params, config, x0, mask, edits):
+  """(final states, {sender outputs}, sigmas (K, B, T)) of post-LN blocks on embeddings x0;
+  `edits` maps ("q"|"k"|"v", layer, head), ("ffn", layer) or "logits" to an addition to
+  that receiver's input."""
+  eps = config.layer_norm_eps
+  x, outs, sig = x0, {"input": x0}, []
+  for layer in range(config.depth):
+    p = jax.tree.map(lambda a: np.asarray(a[layer], np.float64), params["encoder"]["layers"])
+    a = p["attention"]
+    proj = {}
+    for s, name in zip("qkv", ("query", "key", "value")):
+      heads = []
+      for h in range(config.num_attention_heads):
+        inp = x + edits.get((s, layer, h), 0)
+        heads.append(inp @ a[name]["kernel"][:, h] + a[name]["bias"][h])
+      proj[s] = np.stack(heads, 2)  # (B, T, N, D)
+    scores = np.einsum("bqnd,bknd->bnqk", proj["q"], proj["k"]) / np.sqrt(config.head_dim)
+    scores = np.where(mask[:, None, None, :] > 0, scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ctx = np.einsum("bnqk,bknd->bqnd", probs, proj["v"])
+    for h in range(config.num_attention_heads):
+      outs[f"a{layer}.h{h}"] = ctx[:, :, h] @ a["output"]["kernel"][h]
+    r = x + sum(outs[f"a{layer}.h{h}"] for h in range(config.num_attention_heads))
+    r = r + a["output"]["bias"]
+    sig.append(np.sqrt(r.var(-1) + eps))
+    mid = layer_norm(r, a["LayerNorm"], eps)
+    f_in = mid + edits.get(("ffn", layer), 0)
+    y = gelu(f_in @ p["intermediate"]["kernel"] + p["intermediate"]["bias"])
+    outs[f"m{layer}"] = y @ p["output"]["kernel"] + p["output"]["bias"]
+    r = mid + outs[f"m{layer}"]
+    sig.append(np.sqrt(r.var(-1) + eps))
+    x = layer_norm(r, p["LayerNorm"], eps)
+  return x + edits.get("logits", 0), outs, np.stack(sig)
+
+
+def _np_metric(final, mask):
+  m = mask[..., None].astype(np.float64)
+  logits = ((final * m).sum(1) / m.sum(1)) @ PROBE_W + np.array([0.1, -0.2])
+  return float(np.mean(logits[:, 1] - logits[:, 0]))
+
+
+def _np_carry(params, config, delta, first: int, stop: int, sig):
+  """delta carried through LayerNorms first .. stop-1 with sigmas `sig` (NumPy)."""
+  layers = params["encoder"]["layers"]
+  for k in range(first, stop):
+    norm = layers["attention"]["LayerNorm"] if k % 2 == 0 else layers["LayerNorm"]
+    gamma = np.asarray(norm["scale"][k // 2], np.float64)
+    delta = gamma * (delta - delta.mean(-1, keepdims=True)) / sig[k][..., None]
+  return delta
+
+
+def _embeddings(params, config, batch):
+  out = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        capture=("embeddings",))
+  return np.asarray(out.cache["embeddings"], np.float64)
+
+
+def test_exact_edge_patching_equals_a_numpy_forward_with_the_edited_input(bert):
+  params, config, clean, corrupted = bert["params"], bert["config"], bert["clean"], bert["corrupted"]
+  g, mask = bert["exact"].graph, clean["attention_mask"]
+  final, outs, sig = _np_run(params, config, _embeddings(params, config, clean), mask, {})
+  _, corr_outs, _ = _np_run(params, config, _embeddings(params, config, corrupted), mask, {})
+  np.testing.assert_allclose(bert["exact"].clean, _np_metric(final, mask), atol=1e-9)
+  for name in ("input->a0.h1<q>", "input->a1.h2<k>", "a0.h3->a1.h0<v>", "m0->a1.h1<q>",
+               "a0.h2->m0", "input->m1", "a1.h3->m1", "m0->logits", "a1.h0->logits",
+               "input->logits"):
+    s, r = g.edge(name)
+    parent, child = name.split("->")
+    first = g.sender_stage[s]
+    delta = _np_carry(params, config, corr_outs[parent] - outs[parent], first,
+                      g.receiver_stage[r], sig)
+    if child == "logits":
+      key = "logits"
+    elif child.startswith("m"):
+      key = ("ffn", int(child[1:]))
+    else:
+      key = (child[-2], int(child[1]), int(child.split(".h")[1][0]))
+    want = _np_metric(_np_run(params, config, _embeddings(params, config, clean), mask,
+                              {key: delta})[0], mask) - _np_metric(final, mask)
+    np.testing.assert_allclose(bert["exact"].values[s, r], want, atol=1e-9, err_msg=name)
+  assert np.nanmax(np.abs(bert["exact"].values)) > 1e-2
+
+
+def test_eap_is_the_derivative_of_exact_edge_patching(bert):
+  a = 1e-4
+  plus = bert["run"](edges.edge_patching, weight=a).values
+  minus = bert["run"](edges.edge_patching, weight=-a).values
+  g = bert["eap"].graph
+  fd = (plus - minus) / (2 * a)
+  eap = bert["eap"].values
+  assert np.isnan(eap[~g.valid]).all() and np.isfinite(eap[g.valid]).all()
+  np.testing.assert_allclose(eap[g.valid], fd[g.valid], atol=1e-7)
+  assert np.abs(eap[g.valid]).max() > 0.05
+  # Not the exact values themselves: first order only.
+  assert np.abs(eap[g.valid] - bert["exact"].values[g.valid]).max() > 1e-4
+
+
+def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
+  params, config, clean, corrupted = bert["params"], bert["config"], bert["clean"], bert["corrupted"]
+  steps = 2
+  ig = bert["run"](edges.edge_attribution, method="eap-ig", steps=steps)
+  g, mask = ig.graph, clean["attention_mask"]
+  x_clean, x_corr = _embeddings(params, config, clean), _embeddings(params, config, corrupted)
+  _, outs, sig = _np_run(params, config, x_clean, mask, {})
+  _, corr_outs, _ = _np_run(params, config, x_corr, mask, {})
+  ids = clean["input_ids"]
+  batch = {**clean, "token_type_ids": np.zeros_like(ids), **LABELS}
+  layers = params["encoder"]["layers"]
+
+  def metric(out):
+    return PROBE(params, config, out, batch)
+
+  for name in ("input->a1.h2<k>", "m0->a1.h0<q>", "a0.h0->m1", "a1.h2->logits"):
+    s, r = g.edge(name)
+    parent, child = name.split("->")
+    delta = _np_carry(params, config, corr_outs[parent] - outs[parent], g.sender_stage[s],
+                      g.receiver_stage[r], sig)
+    grads = []
+    for k in range(steps):
+      x = x_corr + k / steps * (x_clean - x_corr)
+      emb = {"embeddings": (x, 1.0)}
+      if child == "logits":
+        site, layer, add = "out", config.depth - 1, delta
+      elif child.startswith("m"):
+        site, layer, add = "ffn_in", int(child[1:]), delta
+      else:
+        letter, layer, head = child[-2], int(child[1]), int(child.split(".h")[1][0])
+        kernel = {"q": "query", "k": "key", "v": "value"}[letter]
+        w = np.asarray(layers["attention"][kernel]["kernel"][layer], np.float64)
+        add = np.zeros((B, T) + w.shape[1:])
+        add[:, :, head] = delta @ w[:, head]
+        site = letter
+      own = bertjax.forward(params, config, ids, mask, capture=(site,), patch=emb).cache[site]
+      value = own.at[layer].add(add)
+      onehot = jnp.zeros(config.depth).at[layer].set(1.0).reshape(
+          (config.depth,) + (1,) * (own.ndim - 1))
+      grads.append(jax.grad(lambda alpha: metric(bertjax.forward(
+          params, config, ids, mask, patch={**emb, site: (value, alpha * onehot)})))(0.0))
+    np.testing.assert_allclose(ig.values[s, r], np.mean(grads), atol=1e-8, err_msg=name)
+
+
+def test_circuit_without_one_edge_is_its_exact_patch(bert):
+  g = bert["eap"].graph
+  names = ("input->a1.h2<k>", "a0.h1->m1", "m0->logits", "a0.h3->a1.h0<q>", "input->m0")
+  masks = [g.valid.copy() for _ in names] + [g.valid.copy()]
+  for c, name in zip(masks, names):
+    c[g.edge(name)] = False
+  got = bert["run"](circuits.circuit_metric, circuits=np.stack(masks))
+  for name, value in zip(names, got):
+    np.testing.assert_allclose(value - bert["exact"].clean, bert["exact"].values[g.edge(name)],
+                               atol=1e-10, err_msg=name)
+  np.testing.assert_allclose(got[-1], bert["exact"].clean, atol=1e-10)
+  res = bert["run"](circuits.faithfulness, scores=bert["eap"],
+                    sizes=[10, 60, int(g.valid.sum())])
+  assert res["edges"][-1] == g.valid.sum() and res["normalized"][-1] == pytest.approx(1.0)
+  np.testing.assert_allclose(res["corrupted"], bert["exact"].corrupted)
+
+
+def test_pruning_topn_and_greedy_on_hand_examples():
+  g = edges.Graph(depth=2, heads=2)
+  assert g.n_senders == 7 and g.n_receivers == 15
+  assert g.senders[g.sender(1, 0)] == "a1.h0" and g.receivers[g.receiver(1, 1, "k")] == "a1.h1<k>"
+  assert g.edge("a0.h1->m0") == (2, 6) and not g.valid[g.sender(0), g.receiver(0, 0, "q")]
+  with pytest.raises(ValueError, match="reads the stream before"):
+    g.edge("m1->a1.h0<q>")
+  # A dangling edge (a0.h0 reaches nothing) is pruned; a path to the logits stays.
+  mask = np.zeros(g.valid.shape, bool)
+  for name in ("input->a0.h0<q>", "input->m0", "m0->logits"):
+    mask[g.edge(name)] = True
+  kept = circuits.prune(g, mask)
+  assert not kept[g.edge("input->a0.h0<q>")] and kept[g.edge("m0->logits")]
+  assert kept.sum() == 2
+  values = np.where(g.valid, 0.0, np.nan)
+  values[g.edge("input->a0.h0<q>")] = 5.0   # best score, but not connected to the logits
+  values[g.edge("a0.h0->logits")] = -0.5
+  values[g.edge("m0->logits")] = 1.0
+  values[g.edge("input->m0")] = 0.9
+  values[g.edge("input->a1.h1<v>")] = 4.0   # high, but a1.h1 never reaches the logits
+  scores = edges.EdgeScores(g, values, 1.0, 0.0, "eap")
+  # The top 4 hold a0.h0's input but none of its outputs: pruned away; the top 5 connect it.
+  top = circuits.top_k_circuit(scores, 4)
+  assert {g.edge_name(*e) for e in np.argwhere(top)} == {"m0->logits", "input->m0"}
+  top = circuits.top_k_circuit(scores, 5)
+  assert {g.edge_name(*e) for e in np.argwhere(top)} == {
+      "input->a0.h0<q>", "a0.h0->logits", "m0->logits", "input->m0"}
+  # Greedy grows from the logits: m0 (1.0), then m0's input (0.9), then a0.h0 (0.5) and
+  # its query input (5.0).
+  greedy = circuits.greedy_circuit(scores, 4)
+  assert {g.edge_name(*e) for e in np.argwhere(greedy)} == {
+      "m0->logits", "input->m0", "a0.h0->logits", "input->a0.h0<q>"}
+  assert scores.top(2)[0] == ("input->a0.h0<q>", 5.0)
+
+
+def test_families_outside_the_derivation_are_refused_by_name():
+  modern = bertjax.BertConfig.preset("modernbert-base", vocab_size=100, pad_token_id=0,
+                                     hidden_size=32, num_attention_heads=4,
+                                     intermediate_size=48, num_hidden_layers=2)
+  with pytest.raises(ValueError, match="'modernbert' model is not covered .*pre-LN"):
+    edges.graph(modern)
+  assert {"bert", "albert", "roberta", "mpnet"} <= set(edges.SUPPORTED)
+  assert "eurobert" not in edges.SUPPORTED and "deberta-v2" not in edges.SUPPORTED
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["albert", "mpnet"])
+def test_eap_is_the_derivative_of_exact_patching_on_other_families(x64, family):
+  config, params = _model(family)
+  clean, corrupted = _pair()
+  probe = pt.ProbeLogitDiff(PROBE_W[:32], np.array([0.1, -0.2]), pooling="mean")
+  run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=LABELS, **kw)
+  eap = run(edges.edge_attribution)
+  fd = (run(edges.edge_patching, weight=1e-4).values
+        - run(edges.edge_patching, weight=-1e-4).values) / 2e-4
+  v = eap.graph.valid
+  np.testing.assert_allclose(eap.values[v], fd[v], atol=1e-7)
+  assert np.abs(eap.values[v]).max() > 1e-2
+
+
+def _negation_task(minilm_dir, n_pairs):
+  from bertjax import report
+  from bertjax.analysis import negation
+
+  config, params = bertjax.from_hf(minilm_dir)
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
+  sentences = report.load_sentences()
+  batch = tok.encode([s.text for s in sentences])
+  h = np.asarray(bertjax.forward(params, config, batch.input_ids,
+                                 batch.attention_mask).last_hidden_state, np.float64)
+  m = batch.attention_mask[..., None]
+  feats = (h * m).sum(1) / m.sum(1)
+  negated = np.array([s.negated for s in sentences], bool)
+  direction = feats[negated].mean(0) - feats[~negated].mean(0)  # a difference-of-means probe
+  probe = pt.ProbeLogitDiff(np.stack([np.zeros_like(direction), direction], 1), np.zeros(2),
+                            pooling="mean")
+  clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated][:n_pairs])
+  n = len(kept)
+  return config, params, clean, corrupted, probe, {"answer": np.ones(n, np.int32),
+                                                   "distractor": np.zeros(n, np.int32)}
+
+
+def test_eap_agrees_with_exact_edge_patching_on_minilm_negation(minilm_dir):
+  """Issue 34's check on a random 8% of the edges (the slow test below takes them all)."""
+  config, params, clean, corrupted, probe, targets = _negation_task(minilm_dir, 6)
+  eap = edges.edge_attribution(params, config, clean, corrupted, probe, targets=targets)
+  g = eap.graph
+  pick = np.random.default_rng(0).random(g.valid.shape) < 0.08
+  exact = edges.edge_patching(params, config, clean, corrupted, probe, targets=targets,
+                              edges=pick & g.valid, chunk_size=64)
+  sel = pick & g.valid
+  assert sel.sum() > 500
+  r = np.corrcoef(eap.values[sel], exact.values[sel])[0, 1]
+  assert r > 0.8, r
+  assert eap.clean - eap.corrupted > 0.3  # the probe reads the negation
+
+
+@pytest.mark.slow
+def test_eap_and_eap_ig_agree_with_every_exact_edge_patch_on_minilm_negation(minilm_dir):
+  config, params, clean, corrupted, probe, targets = _negation_task(minilm_dir, 16)
+  run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=targets, **kw)
+  exact = run(edges.edge_patching, chunk_size=64)
+  v = exact.graph.valid
+  for method, floor in (("eap", 0.8), ("eap-ig", 0.9)):
+    got = run(edges.edge_attribution, method=method)
+    assert np.corrcoef(got.values[v], exact.values[v])[0, 1] > floor, method
