@@ -4,7 +4,8 @@ Run: ./run.sh bench bench_modern            (writes benchmarks/results/bench_mod
      ./run.sh bench bench_modern --smoke    (tiny shapes, one round; checks the script runs)
 
 ModernBERT-base (22 x 768, a 128-token window in two of every three layers) and
-MPNet-base (12 x 768, the relative-position bias on every layer) with random weights,
+MPNet-base (12 x 768, the relative-position bias on every layer) and DeBERTa-v3-base (12 x
+768, disentangled attention: c2p and p2c with 256 log buckets) with random weights,
 float32, no padding, batches of 8 x 128 and 8 x 512; and ModernBERT-base at 8 x 2048, where
 a window layer's cost should grow with T x window: bertjax as the model is, bertjax with
 every layer global (the same weights, `layer_types` all full), and PyTorch on the same
@@ -12,7 +13,8 @@ windows. Side by side in one run:
 
 * bertjax: `jax.jit` of `bertjax.forward` (XLA attention; window layers banded);
 * transformers PyTorch: `ModernBertModel` with `attn_implementation="sdpa"`, `MPNetModel`
-  with its only implementation ("eager": transformers has no sdpa for MPNet), under
+  and `DebertaV2Model` with their only implementation ("eager": transformers has no sdpa
+  for them), under
   `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same weights (the
   difference of the outputs is recorded).
 
@@ -44,12 +46,15 @@ CASES = [("modernbert-base", "modernbert-base", 8, 128, "model"),
          ("modernbert-base", "modernbert-base", 8, 512, "model"),
          ("mpnet-base", "mpnet-base", 8, 128, "model"),
          ("mpnet-base", "mpnet-base", 8, 512, "model"),
-         ("modernbert-base", "modernbert-base", 8, 2048, "model+global")]
+         ("modernbert-base", "modernbert-base", 8, 2048, "model+global"),
+         ("deberta-v3-base", "deberta-v3-base", 8, 128, "model"),
+         ("deberta-v3-base", "deberta-v3-base", 8, 512, "model")]
 SMOKE = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
              intermediate_size=96, pad_token_id=1)
-HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel"}
-# transformers' attention for each: sdpa where it has one (MPNet has only eager attention).
-HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager"}
+HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel",
+            "deberta-v2": "DebertaV2Model"}
+# transformers' attention for each: sdpa where it has one (MPNet and DeBERTa have only eager).
+HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager"}
 
 
 def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
@@ -164,7 +169,8 @@ def main(argv=None) -> dict:
   p.add_argument("--rounds", type=int, default=5, help="timed rounds per case")
   p.add_argument("--warmup", type=int, default=1, help="untimed calls per implementation")
   p.add_argument("--only", default=None, metavar="MODEL",
-                 help="only the cases of this model (modernbert-base, mpnet-base)")
+                 help="only the cases of this model (modernbert-base, mpnet-base, "
+                      "deberta-v3-base); results go to bench_modern_MODEL.{json,md}")
   p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
@@ -180,8 +186,9 @@ def main(argv=None) -> dict:
   if not args.smoke:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_modern.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "bench_modern.md").write_text(markdown(result))
+    stem = f"bench_modern_{args.only}" if args.only else "bench_modern"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result))
   print(markdown(result), file=sys.stderr)
   print(json.dumps(result))
   return result

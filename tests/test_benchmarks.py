@@ -105,7 +105,7 @@ def test_modern_families_benchmark_smoke():
   doc = json.loads(out[out.index("{"):])
   assert doc["smoke"] and doc["machine"]["cpu"]
   rows = {(r["model"], r["seq"]): r for r in doc["rows"]}
-  assert {m for m, _ in rows} == {"modernbert-base", "mpnet-base"}
+  assert {m for m, _ in rows} == {"modernbert-base", "mpnet-base", "deberta-v3-base"}
   for r in rows.values():
     assert r["max_abs_diff_bertjax_vs_torch"] < 1e-4  # the same function is being timed
     np.testing.assert_allclose(r["bertjax_speedup_vs_torch_sdpa"],

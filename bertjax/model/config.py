@@ -596,16 +596,13 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hf_disentangled_options(hf: dict[str, Any]) -> dict[str, Any]:
-  """DeBERTa's keys as config fields: `pos_att_type` as a tuple (config.json holds a list or
-  the older "p2c|c2p" string), `norm_rel_ebd` lower-cased; the convolution after block 0 of
-  some v2 checkpoints is refused by name."""
+  """DeBERTa's keys as config fields (`pos_att_type`, a list or the older "p2c|c2p" string,
+  as `BertConfig` normalises it), `norm_rel_ebd` lower-cased; the convolution after block 0
+  of some v2 checkpoints is refused by name."""
   if hf.get("conv_kernel_size", 0) > 0:
     raise ValueError(f"conv_kernel_size={hf['conv_kernel_size']} (the convolution DeBERTa-v2 "
                      "xlarge/xxlarge add after block 0) is not supported by bertjax")
-  terms = hf.get("pos_att_type") or ()
-  if isinstance(terms, str):
-    terms = terms.split("|")
-  out = {"pos_att_type": tuple(t.strip().lower() for t in terms if t.strip())}
+  out: dict[str, Any] = {"pos_att_type": hf.get("pos_att_type") or ()}
   if hf.get("embedding_size") in (None, hf.get("hidden_size")):
     out["embedding_size"] = None  # not factorised (transformers writes it either way)
   if hf.get("norm_rel_ebd") is not None:
