@@ -16,10 +16,10 @@ log-spaced beyond, odd in its argument, so the p2c term's `-r(j, i)` of the rele
 the same index. Both index functions are transformers' (`make_log_bucket_position`,
 `build_relative_position`), checked against it in the tests.
 
-The XLA path forms each term with one `(T, 2 s)` product per head and a gather
-(`terms`): never a `(B, H, T, T, D)` tensor. The bias is added to the scaled logits like a
-`PositionBias`, but per batch row (it depends on the inputs), and autodiff of `terms` gives
-the gradients of q, k and the position projections.
+The XLA path forms each term with one `(T, 2 s)` product per head (over the table rows the
+sequence reads) and a gather (`terms`): never a `(B, H, T, T, D)` tensor. The bias is added
+to the scaled logits like a `PositionBias`, but per batch row (it depends on the inputs),
+and autodiff of `terms` gives the gradients of q, k and the position projections.
 
 This module imports only `position_bias`, so every kernel file can use it.
 """
@@ -115,14 +115,20 @@ class DisentangledBias:
     `q_i . Kr[r(i, j)]` and "p2c" `k_j . Qr[r(i, j)]`, times `scale`. q `(B, Tq, H, D)`,
     k `(B, Tk, H, D)`."""
     seq_q, seq_k = q.shape[1], k.shape[1]
-    idx = jnp.asarray(self.index(seq_q, seq_k))
+    idx = self.index(seq_q, seq_k)
+    # Only the table rows some (i, j) reads enter the products: rows span - T + 1 .. span +
+    # T - 1 for a short sequence (DeBERTa-v3 at T = 128 reads 255 of its 512 rows).
+    lo, hi = int(idx.min()), int(idx.max()) + 1
+    idx = jnp.asarray(idx - lo)
     out = {}
     if self.pos_key is not None:
-      full = jnp.einsum("bqhd,rhd->bhqr", q.astype(dtype), jnp.asarray(self.pos_key, dtype))
+      full = jnp.einsum("bqhd,rhd->bhqr", q.astype(dtype),
+                        jnp.asarray(self.pos_key, dtype)[lo:hi])
       out["c2p"] = _gather_rows(full, idx) * jnp.asarray(self.scale, dtype)
     if self.pos_query is not None:
       # p2c at (i, j) reads key j's row of k . Qr^T at r(i, j): gather over keys, transpose.
-      full = jnp.einsum("bkhd,rhd->bhkr", k.astype(dtype), jnp.asarray(self.pos_query, dtype))
+      full = jnp.einsum("bkhd,rhd->bhkr", k.astype(dtype),
+                        jnp.asarray(self.pos_query, dtype)[lo:hi])
       out["p2c"] = jnp.swapaxes(_gather_rows(full, idx.T), -1, -2) * jnp.asarray(self.scale, dtype)
     return out
 
