@@ -259,7 +259,8 @@ def mlm_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
 
 
 def rtd_logits(params: Params, config: BertConfig, hidden) -> jax.Array:
-  """ELECTRA replaced-token-detection logits (...,) from hidden states (..., hidden); > 0 = replaced."""
+  """Replaced-token-detection logits (B, T) from hidden states (B, T, hidden); > 0 = replaced
+  (ELECTRA's head, or DeBERTa-v3's, which also reads the first token's state)."""
   return _apply_head("rtd", params, config, hidden)
 
 
