@@ -322,7 +322,7 @@ def _negation_task(minilm_dir, n_pairs):
 
 
 def test_eap_agrees_with_exact_edge_patching_on_minilm_negation(minilm_dir):
-  """Issue 34's check on a random 8% of the edges (the slow test below takes them all)."""
+  """Issue 34's check on a random 8% of the edges (the slow test below takes a quarter)."""
   config, params, clean, corrupted, probe, targets = _negation_task(minilm_dir, 6)
   eap = edges.edge_attribution(params, config, clean, corrupted, probe, targets=targets)
   g = eap.graph
@@ -337,11 +337,13 @@ def test_eap_agrees_with_exact_edge_patching_on_minilm_negation(minilm_dir):
 
 
 @pytest.mark.slow
-def test_eap_and_eap_ig_agree_with_every_exact_edge_patch_on_minilm_negation(minilm_dir):
+def test_eap_and_eap_ig_agree_with_exact_edge_patches_on_minilm_negation(minilm_dir):
+  """16 pairs and a random quarter of the edges (all of them took 377 s on 2 cores)."""
   config, params, clean, corrupted, probe, targets = _negation_task(minilm_dir, 16)
   run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=targets, **kw)
-  exact = run(edges.edge_patching, chunk_size=64)
-  v = exact.graph.valid
+  g = run(edges.edge_attribution).graph
+  v = g.valid & (np.random.default_rng(1).random(g.valid.shape) < 0.25)
+  exact = run(edges.edge_patching, edges=v, chunk_size=64)
   for method, floor in (("eap", 0.8), ("eap-ig", 0.9)):
     got = run(edges.edge_attribution, method=method)
     assert np.corrcoef(got.values[v], exact.values[v])[0, 1] > floor, method
