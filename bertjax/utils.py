@@ -5,6 +5,8 @@ lists, NumPy scalars Python numbers, dataclasses dicts, paths strings, and NaN a
 infinities `null` (JSON has no NaN; `json.dumps` would write the invalid token `NaN`).
 `write_json` writes a file with it, atomically. `flat_kwargs` lets a config that nests
 another (a probe's fitting settings, a run's optimiser) take the nested fields as keywords.
+`compiled_programs` counts the XLA programs this process has compiled, so a long run can
+say how many its shapes cost.
 """
 
 from __future__ import annotations
@@ -111,3 +113,24 @@ def flat_kwargs(field: str):
     return cls
 
   return decorate
+
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles = {"count": 0, "listening": False}
+
+
+def _on_duration_event(name: str, _seconds: float, **_kw) -> None:
+  if name == _COMPILE_EVENT:
+    _compiles["count"] += 1
+
+
+def compiled_programs() -> int:
+  """How many XLA programs this process has compiled since the first call (JAX's
+  backend-compile events; a program read from the persistent compilation cache is not
+  counted). Differences between two calls count a stage's compilations."""
+  if not _compiles["listening"]:
+    import jax
+
+    jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
+    _compiles["listening"] = True
+  return _compiles["count"]

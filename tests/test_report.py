@@ -181,6 +181,11 @@ def test_reduced_report_on_minilm(minilm_report):
                 "Brunner et al.", "negation", "Run time", "Contents"):
     assert title in html
   assert "<title>BERTology report: all-MiniLM-L6-v2</title>" in html
+  # Each stage says how many XLA programs it compiled (the log and the run-time table).
+  compiled = saved["compiled_programs"]
+  assert set(compiled) == set(saved["timing"]) - {"total_seconds"}
+  assert all(isinstance(n, int) and n >= 0 for n in compiled.values()) and sum(compiled.values())
+  assert "XLA programs compiled" in html
   # One layer numbering: blocks 1..L in every table, figure and JSON field, 0 = embeddings.
   assert "blocks are layers 1..L" in saved["layer_numbering"]["layers"]
   for e in list(saved["patterns"]["examples"].values()) + saved["effective"]["examples"]:

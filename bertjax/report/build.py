@@ -34,6 +34,10 @@ class _Clock:
     self.progress = progress
     self.start = self.last = time.perf_counter()
     self.timing: dict[str, float] = {}
+    # XLA programs each stage compiled: inputs are padded to a few widths, so this stays
+    # a handful per stage however many sentence lengths the text has.
+    self.compiles: dict[str, int] = {}
+    self.last_compiles = utils.compiled_programs()
 
   def log(self, message: str) -> None:
     if self.progress:
@@ -43,7 +47,10 @@ class _Clock:
     now = time.perf_counter()
     self.timing[name] = now - self.last
     self.last = now
-    self.log(f"{name} done ({self.timing[name]:.1f}s)")
+    count = utils.compiled_programs()
+    self.compiles[name], self.last_compiles = count - self.last_compiles, count
+    self.log(f"{name} done ({self.timing[name]:.1f}s, {self.compiles[name]} XLA programs "
+             "compiled)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +236,7 @@ def _write(results: dict, figs: dict[str, str], out: pathlib.Path, clock: _Clock
   """Adds the timing and the readings to `results`; writes `report.json` and `index.html`."""
   clock.timing["total_seconds"] = time.perf_counter() - clock.start
   results["timing"] = clock.timing
+  results["compiled_programs"] = clock.compiles
   results["run"]["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
   results["figures"] = figs
   results = utils.to_json(results, digits=6)

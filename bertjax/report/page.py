@@ -442,8 +442,10 @@ def _disentangled_html(r: dict, figs: dict, reads: dict) -> list[str]:
 
 def _timing_html(r: dict, figs: dict, reads: dict) -> list[str]:
   """How long each stage took."""
-  return [_heading("timing") + _table(["stage", "seconds"],
-                                      [[k, v] for k, v in r["timing"].items()], 1)]
+  compiled = r.get("compiled_programs") or {}
+  return [_heading("timing") + _table(
+      ["stage", "seconds", "XLA programs compiled"],
+      [[k, v, compiled.get(k, "")] for k, v in r["timing"].items()], 1)]
 
 
 # The page's body after its header, in the order of `SECTIONS`: (section id, the results it
