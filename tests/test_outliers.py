@@ -1,0 +1,94 @@
+"""Outlier dimensions, massive activations, Kovaleva et al.'s disabling and the int8 error
+by layer (`analysis.outliers`), against NumPy on the model's own hidden states, with
+outliers planted through the LayerNorm biases."""
+
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis import outliers
+
+
+def _planted(beta_last=10.0, beta_all=10.0, dim=7):
+  config = bertjax.BertConfig(vocab_size=90, hidden_size=32, num_hidden_layers=4,
+                              num_attention_heads=4, intermediate_size=40,
+                              max_position_embeddings=40)
+  params = bertjax.init(config, 0)
+  ln = params["encoder"]["layers"]["LayerNorm"]  # each block's output norm, (L, H)
+  bias = np.asarray(ln["bias"]).copy()
+  bias[:, dim] = beta_all
+  bias[-1, dim] = beta_last
+  params["encoder"]["layers"]["LayerNorm"] = {**ln, "bias": bias}
+  return config, params
+
+
+def _batches(config):
+  rng = np.random.default_rng(0)
+  out = []
+  for t in (9, 12):
+    ids = rng.integers(5, config.vocab_size, (3, t)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[2, t - 3:] = 0
+    out.append({"input_ids": ids, "attention_mask": mask})
+  return out
+
+
+def _states(params, config, batches):
+  hs, reals = [], []
+  for b in batches:
+    out = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                          output_hidden_states=True)
+    real = b["attention_mask"] > 0
+    hs.append(np.asarray(out.hidden_states[1:], np.float64)[:, real])
+  return np.concatenate(hs, 1)  # (L, n, H)
+
+
+def test_outlier_dimensions_find_the_planted_one_and_equal_numpy():
+  config, params = _planted()
+  batches = _batches(config)
+  got = outliers.outlier_dimensions(params, config, batches)
+  h = _states(params, config, batches)
+  mean = h.mean(1)
+  z = (mean - mean.mean(-1, keepdims=True)) / mean.std(-1, keepdims=True)
+  np.testing.assert_allclose(got.mean, mean, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(got.z, z, rtol=1e-6, atol=1e-6)
+  assert got.dims == (7,) and got.tokens == h.shape[1]
+  assert got.is_outlier[:, 7].all()
+  plain = bertjax.init(config, 0)
+  assert 7 not in outliers.outlier_dimensions(plain, config, batches).dims
+
+
+def test_massive_activations_equal_numpy():
+  config, params = _planted(beta_last=5000.0, beta_all=0.0)
+  batches = _batches(config)
+  got = outliers.massive_activations(params, config, batches)
+  mag = np.abs(_states(params, config, batches))
+  np.testing.assert_allclose(got.max_abs, mag.max((1, 2)), rtol=1e-6)
+  median = np.median(mag.reshape(len(mag), -1), 1)
+  np.testing.assert_allclose(got.median_abs, median, rtol=1e-6)
+  want = (mag > np.maximum(100, 1000 * median)[:, None, None]).sum((1, 2))
+  np.testing.assert_array_equal(got.count, want)
+  assert got.count[-1] == mag.shape[1] and not got.count[:-1].any()  # every token, last layer
+  assert {d for d, *_ in got.where[-1]} == {7}
+
+
+def test_disabling_a_dimension_zeroes_it_in_every_block_output():
+  config, params = _planted()
+  off = outliers.disable_dimensions(params, config, [7])
+  h = _states(off, config, _batches(config))
+  assert not h[..., 7].any()
+  assert np.abs(h[..., 6]).max() > 0
+  with pytest.raises(ValueError, match=r"dims must be in \[0, 32\)"):
+    outliers.disable_dimensions(params, config, [32])
+
+
+def test_int8_error_by_layer_equals_its_definition():
+  config, params = _planted(beta_all=3.0)
+  batches = _batches(config)
+  got = outliers.int8_error_by_layer(params, config, batches)
+  h = _states(params, config, batches)
+  hq = _states(params, config.replace(quantize="int8"), batches)
+  want = np.sqrt(((hq - h) ** 2).sum((1, 2)) / (h ** 2).sum((1, 2)))
+  np.testing.assert_allclose(got["relative_error"], want, rtol=1e-6)
+  assert (0 < want).all() and (want < 0.2).all()
+  np.testing.assert_allclose(got["max_abs"], np.abs(h).max((1, 2)), rtol=1e-6)
