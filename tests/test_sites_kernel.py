@@ -16,7 +16,7 @@ import pytest
 
 import bertjax
 
-FUSED_SITES = tuple(s for s in bertjax.SITES if s not in ("probs", "ffn_gate"))
+FUSED_SITES = tuple(s for s in bertjax.model_sites(bertjax.BertConfig()) if s != "probs")
 
 
 def _model():
