@@ -6,7 +6,8 @@ infinities `null` (JSON has no NaN; `json.dumps` would write the invalid token `
 `write_json` writes a file with it, atomically. `flat_kwargs` lets a config that nests
 another (a probe's fitting settings, a run's optimiser) take the nested fields as keywords.
 `compiled_programs` counts the XLA programs this process has compiled, so a long run can
-say how many its shapes cost.
+say how many its shapes cost; `release_compiled_programs` frees them before a long-lived
+process runs out of memory mappings.
 """
 
 from __future__ import annotations
@@ -134,3 +135,40 @@ def compiled_programs() -> int:
     jax.monitoring.register_event_duration_secs_listener(_on_duration_event)
     _compiles["listening"] = True
   return _compiles["count"]
+
+
+def memory_maps() -> tuple[int, int]:
+  """(memory mappings this process holds, the kernel's per-process limit); (0, 0) where
+  `/proc` does not say (not Linux)."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      count = sum(1 for _ in f)
+    with open("/proc/sys/vm/max_map_count") as f:
+      return count, int(f.read())
+  except (OSError, ValueError):
+    return 0, 0
+
+
+def release_compiled_programs(fraction: float = 0.5) -> bool:
+  """Drops JAX's caches of compiled programs when this process holds more than `fraction`
+  of the memory mappings Linux allows it; returns whether it did.
+
+  XLA:CPU maps about 20 memory regions for each compiled program and JAX keeps every
+  program it compiled while its function lives. A process that compiles a few thousand
+  distinct programs (a long test worker, a notebook sweeping many shapes or models) reaches
+  Linux's default `vm.max_map_count` of 65530, and XLA then crashes with a segmentation
+  fault inside its next compile (LLVM: "Cannot allocate memory"). After the release, the
+  next call of each function compiles it again.
+  """
+  if not 0.0 < fraction <= 1.0:
+    raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+  count, limit = memory_maps()
+  if not limit or count <= fraction * limit:
+    return False
+  import gc
+
+  import jax
+
+  jax.clear_caches()
+  gc.collect()
+  return True

@@ -23,15 +23,16 @@ them. To use them for one program only, pass `jax.jit(f, compiler_options=CPU_OP
 
 Programs with a YNNPACK fusion go through JAX's persistent compilation cache like any other:
 `tests/test_xla_options.py` writes a forward-and-gradient program in one process and reads it
-back in another. Known problem, cause not found: twice (fresh-clone CI runs of 2026-11-25),
-a test worker aborted inside XLA's `deserialize_executable` while reading an entry of the
-shared cache directory the experiments' smoke runs used, left switched on for the rest of
-the worker (JAX keeps its cache object once built, so restoring the config value did not
-turn it off). Reading back its own entries, or one process's entries in another, has not
-failed in isolation; the smoke runs now use a private cache directory and reset JAX's cache
-on the way out (`experiments/common.smoke_compilation_cache`). If a process that shares a
-cache directory with others aborts while reading it, run it with `BERTJAX_XLA_DEFAULTS=0`
-or a directory of its own.
+back in another. Test workers that segfaulted inside an XLA compile (several times on
+2026-11-25 and -26) were running out of memory mappings, not meeting a fault of the fusion,
+and the two that aborted reading the persistent cache (`deserialize_executable`, which maps
+an executable's code the same way) most likely were too: XLA:CPU maps about
+20 regions for each compiled program, JAX keeps every program whose function lives, and a
+worker that had compiled some 3,200 programs reached Linux's default `vm.max_map_count`
+(65530), after which LLVM fails ("Cannot allocate memory") and the process segfaults. That
+was reproduced in a plain loop of distinct programs, fusion on or off;
+`bertjax.utils.release_compiled_programs` drops JAX's caches before that point, and the
+test suite calls it after every test.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ the tests themselves. `./run.sh test -m "not slow"` runs the fast subset.
 
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -44,6 +45,19 @@ def minilm_dir() -> pathlib.Path:
     return minilm_path()
   except FileNotFoundError as e:
     pytest.skip(str(e))
+
+
+@pytest.fixture(autouse=True)
+def _bounded_compiled_programs():
+  """After each test, JAX's compiled programs are dropped once the worker holds half the
+  memory mappings Linux allows: a worker otherwise keeps thousands of them, and XLA:CPU
+  segfaults inside a compile when mappings run out (`bertjax.utils.release_compiled_programs`).
+  """
+  yield
+  if "jax" in sys.modules:
+    from bertjax import utils
+
+    utils.release_compiled_programs()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import bertjax
 from bertjax import xla_options
@@ -143,3 +144,27 @@ def test_the_smoke_runs_cache_is_private_and_off_afterwards():
   assert not path.exists() and cc._get_cache(backend) is None
   with common.smoke_compilation_cache(enabled=False):
     assert cc._get_cache(backend) is None
+
+
+def test_release_compiled_programs_frees_their_memory_mappings():
+  """Each XLA:CPU program holds memory mappings until JAX drops it (the cause of the test
+  workers' segfaults once mappings ran out); the release frees them, and only past its
+  threshold."""
+  from bertjax import utils
+
+  start, limit = utils.memory_maps()
+  if not limit:
+    pytest.skip("no /proc/self/maps here (not Linux)")
+  kept = []
+  for i in range(60):  # 60 distinct programs, each called once and kept alive
+    f = jax.jit(lambda x, i=i: jnp.tanh(x * i).sum(-1) + (jax.nn.softmax(x, -1) @ x.T).sum(-1))
+    f(jnp.ones((4, 8 + i))).block_until_ready()
+    kept.append(f)
+  grown = utils.memory_maps()[0]
+  assert grown - start >= 5 * 60, (start, grown)
+  assert not utils.release_compiled_programs(fraction=1.0)
+  assert utils.release_compiled_programs(fraction=grown / limit / 2)
+  assert utils.memory_maps()[0] < grown - 4 * 60
+  np.testing.assert_allclose(kept[3](jnp.ones((4, 11))), kept[3](jnp.ones((4, 11))))
+  with pytest.raises(ValueError, match="fraction must be in"):
+    utils.release_compiled_programs(fraction=0.0)
