@@ -3,13 +3,14 @@
 As in `test_sharded_analyses`, the mesh runs need 8 CPU devices, set before JAX starts, so
 they run in a subprocess: it runs every patching sweep (head, position, path and
 attribution patching) and the attention analyses that read maps (pattern types, attention
-change, word-level attention, effective attention) on one device and on the meshes 8x1, 4x2,
-2x4 (data x interventions) and 1x8, with XLA's cheap CPU compile settings on both sides. The
-attention analyses split rows over every device of a mesh, so they run on 8x1 and 4x2 only
-(2x4 would split them as 4x2 does).
+change, word-level attention, effective attention) on one device and on the meshes 8x1, 4x2
+and 1x8 (data x interventions: data alone, both axes, interventions alone; a 2x4 mesh added
+nothing those do not cover and cost a fifth of the test), with XLA's cheap CPU compile
+settings on both sides. The attention analyses split rows over every device of a mesh, so
+they run on 8x1 and 4x2 only.
 
 The pair has 10 rows (every mesh pads them; the ready metrics are row means) and the model
-3 heads and 22 positions (the 2-, 4- and 8-way intervention axes pad the patch set). A plain
+3 heads and 22 positions (the 2- and 8-way intervention axes pad the patch set). A plain
 metric function (no `row_mean`) runs on the first 8 rows, which every mesh divides, and on
 all 10 it must be refused on a mesh and accepted on one device.
 """
@@ -127,7 +128,7 @@ SCRIPT = textwrap.dedent('''
     report = {"errors": {}, "nan_agree": {}, "sizes": {k: int(v.size) for k, v in ref.items()},
               "spread": {k: float(np.nanstd(v)) for k, v in ref.items()}}
     for name, shape, attention_too in (("8x1", (8, 1, 1), True), ("4x2", (4, 2, 1), True),
-                                       ("2x4", (2, 4, 1), False), ("1x8", (1, 8, 1), False)):
+                                       ("1x8", (1, 8, 1), False)):
       got = run(sharding.analysis_mesh(*shape), attention_too)
       report["errors"][name] = errors(got, ref)
       report["nan_agree"][name] = all(bool((np.isnan(got[k]) == np.isnan(ref[k])).all())
@@ -162,7 +163,7 @@ ATTENTION = {"patterns", "attention_change", "word_attention", "effective"}
 
 @pytest.mark.slow
 def test_patching_and_attention_on_meshes_equal_one_device(report):
-  assert set(report["errors"]) == {"8x1", "4x2", "2x4", "1x8"}
+  assert set(report["errors"]) == {"8x1", "4x2", "1x8"}
   for mesh, errors in report["errors"].items():
     want = PATCHING | ATTENTION if mesh in ("8x1", "4x2") else PATCHING
     assert set(errors) == want, (mesh, errors)
