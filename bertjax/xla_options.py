@@ -23,16 +23,10 @@ them. To use them for one program only, pass `jax.jit(f, compiler_options=CPU_OP
 
 Programs with a YNNPACK fusion go through JAX's persistent compilation cache like any other:
 `tests/test_xla_options.py` writes a forward-and-gradient program in one process and reads it
-back in another. Test workers that segfaulted inside an XLA compile (several times on
-2026-11-25 and -26) were running out of memory mappings, not meeting a fault of the fusion,
-and the two that aborted reading the persistent cache (`deserialize_executable`, which maps
-an executable's code the same way) most likely were too: XLA:CPU maps about
-20 regions for each compiled program, JAX keeps every program whose function lives, and a
-worker that had compiled some 3,200 programs reached Linux's default `vm.max_map_count`
-(65530), after which LLVM fails ("Cannot allocate memory") and the process segfaults. That
-was reproduced in a plain loop of distinct programs, fusion on or off;
-`bertjax.utils.release_compiled_programs` drops JAX's caches before that point, and the
-test suite calls it after every test.
+back in another. The test workers that segfaulted inside XLA on 2026-11-25 and -26 (in a
+compile, and twice reading that cache) were not meeting a fault of the fusion: they had run
+out of memory mappings, with the fusion on or off (`bertjax.utils.release_compiled_programs`
+has the cause and the remedy).
 """
 
 from __future__ import annotations
