@@ -29,6 +29,7 @@ from bertjax.model.heads import (
     token_classify,
 )
 from bertjax.model.input_checks import check_inputs
+from bertjax.model.packing import Packing
 from bertjax.model.prune import prune_heads
 from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.hub import minilm_path
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FAMILIES", "MODEL_TYPES", "PRESETS", "SITES", "Batch", "BertConfig", "BertOutput",
-    "LayersOutput", "Tokenizer", "attention_statistics", "check_inputs", "checked_forward", "classify",
+    "LayersOutput", "Packing", "Tokenizer", "attention_statistics", "check_inputs", "checked_forward", "classify",
     "count_params", "embed", "forward", "from_hf", "head_input", "head_logits", "hf_state_dict",
     "init", "minilm_path", "mlm_logits", "model_sites", "nsp_logits", "pool", "prune_heads",
     "resolve_model_path", "rtd_logits", "run_layers", "site_shape", "sop_logits", "to_hf",

@@ -47,6 +47,7 @@ from bertjax.model.layers import (
     final_norm_module,
     relative_embeddings,
 )
+from bertjax.model.packing import Packing, pack, pack_site, unpack, unpack_site
 from bertjax.model.prune import prune_heads
 from bertjax.model.sites import BLOCK_SITES, ROW_AXIS, SITES, Sites, mix, put_rows
 
@@ -173,6 +174,9 @@ def checked_forward(params: Params, config: BertConfig, input_ids, attention_mas
 
   static = tuple(sorted((k, v) for k, v in kwargs.items() if k in _STATIC_FORWARD_ARGS))
   dynamic = {k: v for k, v in kwargs.items() if k not in _STATIC_FORWARD_ARGS}
+  if dynamic.get("packed") is True:  # the layout needs the concrete mask, outside the jit
+    dynamic["packed"] = Packing.of(np.ones(np.shape(input_ids)) if attention_mask is None
+                                   else attention_mask)
   if "capture" in kwargs:
     static = tuple((k, capture_tuple(v) if k == "capture" else v) for k, v in static)
   err, out = _checked_forward(params, config, as_array(input_ids), as_array(attention_mask),
@@ -206,7 +210,8 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
             token_type_ids=None, *, head_mask=None, head_ablation: str = "scale",
             layer_mask=None, output_hidden_states: bool = False,
             output_attentions: bool = False, capture=(), patch=None,
-            deterministic: bool = True, rng: jax.Array | None = None) -> BertOutput:
+            deterministic: bool = True, rng: jax.Array | None = None,
+            packed: bool | Packing = False) -> BertOutput:
   """Runs the encoder (and pooler) on a batch.
 
   Args:
@@ -235,6 +240,15 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       per call) so that it compiles once.
     deterministic: False enables dropout; then `rng` is required.
     rng: PRNG key for dropout.
+    packed: True removes the padding before the blocks: the sequences are laid end to end
+      in rows (`bertjax.Packing.of(attention_mask)`, which needs a concrete right-padded
+      mask; inside `jit` pass the `Packing` itself), every block runs on the rows with
+      each query seeing its own sequence only, and every output, captured site and map
+      comes back in the padded layout, equal to the padded run's at real tokens and zero
+      at padding (as transformers' unpadded ModernBERT returns). Head masks, layer masks
+      and array patches are given in the padded layout as usual; function patches see
+      one block's packed rows, so they are refused here. Not with attention_impl "cudnn"
+      (no segments there).
 
   Returns:
     A `BertOutput`.
@@ -247,16 +261,42 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
   patch, functions = split_patch_functions(patch_arrays(patch))
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
+  packing = _packing_of(config, packed, input_ids, attention_mask, functions)
   return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
                   layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
-                  deterministic, capture, functions)
+                  deterministic, capture, functions, packing)
+
+
+def _packing_of(config, packed, input_ids, attention_mask, functions) -> Packing | None:
+  """`forward`'s `packed=` as a `Packing` (or None), checked against what packing allows."""
+  if packed is False or packed is None:
+    return None
+  if functions:
+    raise ValueError(f"packed=True takes array patches; the function patches of "
+                     f"{[site for site, _ in functions]} would see packed rows, not the batch")
+  if kernels.attention_impl(config.attention_impl) == "cudnn":
+    raise ValueError("packed=True needs segment ids in the attention kernel: use "
+                     "attention_impl 'pallas' or 'xla', not 'cudnn'")
+  if packed is True:
+    mask = np.ones(np.shape(input_ids), bool) if attention_mask is None else attention_mask
+    return Packing.of(mask)
+  if not isinstance(packed, Packing):
+    raise TypeError(f"packed={type(packed).__name__} must be True, False or a Packing")
+  if tuple(packed.row.shape) != (np.shape(input_ids)[0],) or packed.seq != np.shape(input_ids)[1]:
+    raise ValueError(f"the Packing is of a ({packed.row.shape[0]}, {packed.seq}) batch; "
+                     f"input_ids is {tuple(np.shape(input_ids))}")
+  return packed
 
 
 @functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13, 14))
 def _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
              rng, patch, head_ablation, output_hidden_states, output_attentions, deterministic,
-             capture, functions=()):
+             capture, functions=(), packing=None):
   rng_embed, rng_layers = (None, None) if rng is None else jax.random.split(rng)
+  if packing is not None:
+    return _packed_forward(params, config, packing, input_ids, token_type_ids, head_mask,
+                           layer_mask, (rng_embed, rng_layers), patch or {}, head_ablation,
+                           output_hidden_states, output_attentions, deterministic, capture)
   patch = {**(patch or {}), **dict(functions)}
   x = embed(params, config, input_ids, token_type_ids, deterministic=deterministic,
             rng=rng_embed, patch=patch.get("embeddings"))
@@ -278,17 +318,53 @@ def _forward(params, config, input_ids, attention_mask, token_type_ids, head_mas
       cache=cache if capture else None)
 
 
+def _packed_forward(params, config, packing: Packing, input_ids, token_type_ids, head_mask,
+                    layer_mask, rngs, patch, head_ablation, output_hidden_states,
+                    output_attentions, deterministic, capture) -> BertOutput:
+  """`_forward` on packed rows: inputs, head masks and patches packed, every block run on
+  the rows, every output unpacked (`forward(packed=)`)."""
+  batch, seq = input_ids.shape
+  ids = pack(input_ids, packing)
+  types = None if token_type_ids is None else pack(token_type_ids, packing)
+  patch = {site: tuple(pack_site(a, SITES[site][0], packing, depth=site != "embeddings")
+                       for a in entry) for site, entry in patch.items()}
+  if head_mask is not None and head_mask.ndim == 3:  # (B, L, N): per token, (R, P, L, N)
+    head_mask = pack(jnp.broadcast_to(head_mask[:, None], (batch, seq) + head_mask.shape[1:]),
+                     packing)
+  x = embed(params, config, ids, types, deterministic=deterministic, rng=rngs[0],
+            patch=patch.get("embeddings"), positions=packing.positions)
+  layers = _run_blocks(
+      params, config, x, packing.key_mask, head_mask=head_mask, head_ablation=head_ablation,
+      layer_mask=layer_mask, output_hidden_states=output_hidden_states,
+      output_attentions=output_attentions, capture=tuple(c for c in capture if c != "embeddings"),
+      patch={k: v for k, v in patch.items() if k != "embeddings"},
+      deterministic=deterministic, rng=rngs[1], packing=packing)
+  cache = {site: unpack_site(v, SITES[site][0], packing) for site, v in layers.cache.items()}
+  if "embeddings" in capture:
+    cache["embeddings"] = unpack(x, packing)
+  last = unpack(layers.last, packing)
+  states = None
+  if layers.hidden_states is not None:
+    states = unpack_site(jnp.concatenate([x[None], layers.hidden_states]), "batch seq", packing)
+  maps = (None if layers.attentions is None
+          else unpack_site(layers.attentions, "batch heads seq seq", packing))
+  return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last),
+                    hidden_states=states, attentions=maps, cache=cache if capture else None)
+
+
 def embed(params: Params, config: BertConfig, input_ids, token_type_ids=None, *,
-          deterministic: bool = True, rng: jax.Array | None = None, patch=None) -> jax.Array:
+          deterministic: bool = True, rng: jax.Array | None = None, patch=None,
+          positions=None) -> jax.Array:
   """The embedding block's output (batch, seq, hidden): the input of block 0.
 
-  `patch` is the `embeddings` site's `(value, weight)`, if any.
+  `patch` is the `embeddings` site's `(value, weight)`, if any; `positions` (batch, seq)
+  each token's position in its sequence when that is not its column (packed rows).
   """
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(input_ids)
   rngs = None if deterministic else {"dropout": rng}
   x = Embeddings(config).apply({"params": params["embeddings"]}, input_ids, token_type_ids,
-                               deterministic=deterministic, rngs=rngs)
+                               deterministic=deterministic, positions=positions, rngs=rngs)
   return x if patch is None else mix(x, *patch)
 
 
@@ -359,17 +435,21 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
                 head_mask=None, head_ablation="scale", layer_mask=None,
                 output_hidden_states=False, output_attentions=False, capture=(), patch=None,
                 deterministic=True, rng=None, stats=False, special_mask=None,
-                final_rows=None, unroll=False) -> LayersOutput:
+                final_rows=None, unroll=False, packing=None) -> LayersOutput:
   """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones (and
   with `unroll`).
 
   With `stats`, each block returns per-head attention statistics (the
   `attentions` field holds their dict) instead of maps. With `final_rows`, the
-  model's last block runs at those rows (`run_layers`).
+  model's last block runs at those rows (`run_layers`). With `packing` (`Packing`) the
+  hidden state is packed rows and `attention_mask` their real tokens; a head mask is
+  (L, N) or per token (R, P, L, N).
   """
   stop = config.depth if stop is None else stop
   if not 0 <= start <= stop <= config.depth:
     raise ValueError(f"{start=}, {stop=} must satisfy 0 <= start <= stop <= {config.depth}")
+  if packing is not None and (final_rows is not None or stats):
+    raise ValueError("packed rows do not combine with final_rows or attention statistics")
   if final_rows is not None:
     if stats:
       raise ValueError("final_rows does not combine with attention statistics")
@@ -386,7 +466,8 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
   if head_mask is not None:
     # Blocks lead the scanned axis: (L, N) or (L, B, N).
     head_mask = jnp.asarray(head_mask)
-    head_mask = head_mask if head_mask.ndim == 2 else jnp.swapaxes(head_mask, 0, 1)
+    if head_mask.ndim > 2:  # (B, L, N) or, packed, per token (R, P, L, N)
+      head_mask = jnp.moveaxis(head_mask, head_mask.ndim - 2, 0)
     head_mask = head_mask[start:stop]
   if layer_mask is not None:
     layer_mask = jnp.asarray(layer_mask)[start:stop]
@@ -403,7 +484,7 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
     fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
     sites = Sites(capture, block_patch, hm, head_ablation, lm, kept=kept,
                   num_heads=config.num_attention_heads, rows=None if fused else rows,
-                  functions=functions, layer=layer)
+                  functions=functions, layer=layer, packing=packing)
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
         {"params": layer_params}, h, key_mask, sites, output_attentions,

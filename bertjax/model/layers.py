@@ -171,8 +171,15 @@ def sinusoidal_table(positions: int, dim: int) -> np.ndarray:
   return table
 
 
-def position_ids(config: BertConfig, input_ids):
-  """(B, T) position ids: 0.. (BERT); RoBERTa counts real tokens from pad_token_id + 1."""
+def position_ids(config: BertConfig, input_ids, positions=None):
+  """(B, T) position ids: 0.. (BERT); RoBERTa counts real tokens from pad_token_id + 1.
+
+  `positions` (B, T): each token's position in its own sequence (packed rows), instead of
+  its column; RoBERTa's ids are then `pad_token_id + 1 + positions`, as in a padded batch.
+  """
+  if positions is not None:
+    offset = config.pad_token_id + 1 if config.family.positions == "after_padding" else 0
+    return jnp.asarray(positions) + offset
   if config.family.positions == "after_padding":
     # As transformers' create_position_ids_from_input_ids: padding is input_ids == pad.
     real = (input_ids != config.pad_token_id).astype(jnp.int32)
@@ -222,7 +229,7 @@ class Embeddings(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids, deterministic: bool = True):
+  def __call__(self, input_ids, token_type_ids, deterministic: bool = True, positions=None):
     cfg = self.config
     fam = cfg.family
     dtype = compute_dtype(cfg)
@@ -234,13 +241,13 @@ class Embeddings(nn.Module):
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
     if fam.positions != "rotary" and cfg.position_biased_input:
       if cfg.sinusoidal_positions:
-        table = lambda *_: jnp.asarray(
+        fixed = lambda *_: jnp.asarray(
             sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
-        positions = embed(cfg.max_position_embeddings, "position_embeddings", table)
-        x = x + jax.lax.stop_gradient(positions(position_ids(cfg, input_ids)))  # fixed
+        table = embed(cfg.max_position_embeddings, "position_embeddings", fixed)
+        x = x + jax.lax.stop_gradient(table(position_ids(cfg, input_ids, positions)))  # fixed
       else:
         x = x + embed(cfg.max_position_embeddings, "position_embeddings")(
-            position_ids(cfg, input_ids))
+            position_ids(cfg, input_ids, positions))
     x = x.astype(dtype)
     project = lambda x: nn.Dense(cfg.hidden_size, use_bias=fam.projection_bias,
                                  kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
@@ -322,7 +329,7 @@ class SelfAttention(nn.Module):
     v = proj(kv, "value")(a_in)
     if fam.positions == "rotary":
       inv_freq = jnp.asarray(rotary_inv_freq(cfg))[layer]  # this block's theta
-      seq = jnp.arange(x.shape[1])
+      seq = jnp.arange(x.shape[1]) if sites.packing is None else sites.packing.positions
       q = rotate(q, inv_freq, seq if sites.rows is None else sites.rows)
       k = rotate(k, inv_freq, seq)
     q, k, v = sites.visit("q", q), sites.visit("k", k), sites.visit("v", v)
@@ -367,7 +374,7 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
   n = q.shape[2]
   per_window = functools.partial(_per_window, attention_windows(cfg),
                                  jnp.asarray(_window_index(cfg))[layer])
-  mask = lambda w: kernels.Mask(key_mask=key_mask, window=w)
+  mask = lambda w: sites.attention_mask(key_mask, w)
   scale = cfg.attention_scale  # None: 1 / sqrt(head_dim)
   if n == 0:  # every head pruned: the block adds only the output bias
     maps = jnp.zeros((q.shape[0], 0, q.shape[1], k.shape[1]), jnp.float32)
@@ -415,7 +422,8 @@ def _probs_from_terms(cfg: BertConfig, q, k, key_mask, sites: Sites, bias):
   if bias is not None:
     for term, value in bias.terms(q, k, acc).items():
       logits = logits + sites.visit(f"scores_{term}", value)
-  allowed, row_real = kernels.Mask(key_mask=key_mask).allowed(*logits.shape[:1], *logits.shape[2:])
+  allowed, row_real = sites.attention_mask(key_mask).allowed(*logits.shape[:1],
+                                                             *logits.shape[2:])
   allowed = allowed[:, None]  # (B, 1, Tq, Tk)
   logits = jnp.where(allowed, logits, -jnp.inf)
   row_max = jax.lax.stop_gradient(jnp.max(logits, -1, keepdims=True))

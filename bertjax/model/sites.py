@@ -141,11 +141,14 @@ class Sites:
     functions: (site, fn) pairs: `fn(value, layer)` returns the site's new value (applied
       before any (value, weight) patch of the same site).
     layer: the block's index in [0, depth), the `layer` a function patch receives.
+    packing: a `packing.Packing` when the block runs on packed rows (its segments bound
+      the attention and the "uniform" ablation; a head mask is then per token, (B, T, N)),
+      else None.
   """
 
   def __init__(self, capture=(), patch=None, head_mask=None, head_ablation="scale",
                layer_mask=None, kept=None, num_heads=None, rows=None, functions=(),
-               layer=None):
+               layer=None, packing=None):
     self.capture = frozenset(capture)
     self.patch = patch or {}
     self.functions = dict(functions)  # site -> fn(value, layer): a function patch
@@ -156,6 +159,7 @@ class Sites:
     self.kept = kept
     self.num_heads = num_heads
     self.rows = rows
+    self.packing = packing
     self.seq_len = None  # set by the block when rows is given
     self.captured: dict[str, jax.Array] = {}
 
@@ -221,10 +225,12 @@ class Sites:
     if xi is None:
       return head_out
     xi = jnp.asarray(xi)
-    xi = (xi[None, None, :, None] if xi.ndim == 1 else xi[:, None, :, None]).astype(head_out.dtype)
+    xi = {1: lambda: xi[None, None, :, None], 2: lambda: xi[:, None, :, None],
+          3: lambda: xi[..., None]}[xi.ndim]().astype(head_out.dtype)  # (B?, T?, N, 1)
     if self.head_ablation == "scale":
       return head_out * xi
-    mean_v = uniform_values(v, key_mask, window, head_out.shape[2], rows)
+    bounds = None if self.packing is None else (self.packing.starts, self.packing.ends)
+    mean_v = uniform_values(v, key_mask, window, head_out.shape[2], rows, bounds)
     return (xi * head_out + (1 - xi) * mean_v.astype(head_out.dtype)).astype(head_out.dtype)
 
   def mask_maps(self, probs, key_mask, window=None):
@@ -233,35 +239,46 @@ class Sites:
     if xi is None:
       return probs
     xi = jnp.asarray(xi)
-    xi = (xi[None, :, None, None] if xi.ndim == 1 else xi[:, :, None, None]).astype(probs.dtype)
+    xi = {1: lambda: xi[None, :, None, None], 2: lambda: xi[:, :, None, None],
+          3: lambda: jnp.moveaxis(xi, 2, 1)[..., None]}[xi.ndim]().astype(probs.dtype)
     if self.head_ablation == "scale":
       return xi * probs
     seq_q, seq_k = probs.shape[-2:]
-    allowed, _ = kernels.Mask(key_mask=key_mask, window=window).allowed(
-        probs.shape[0], seq_q, seq_k)
+    allowed, _ = self.attention_mask(key_mask, window).allowed(probs.shape[0], seq_q, seq_k)
     real = allowed.astype(probs.dtype)[:, None]  # (B, 1, Tq, Tk)
     uniform = real / jnp.maximum(real.sum(-1, keepdims=True), 1)
     return xi * probs + (1 - xi) * uniform
 
+  def attention_mask(self, key_mask, window=None) -> kernels.Mask:
+    """The block's `kernels.Mask`: its real keys, its window, and on packed rows the
+    segments (a query sees its own sequence only)."""
+    seg = None if self.packing is None else self.packing.segment_ids
+    return kernels.Mask(key_mask=key_mask, segment_ids=seg, window=window)
 
-def uniform_values(v, key_mask, window, heads: int, rows=None):
+
+def uniform_values(v, key_mask, window, heads: int, rows=None, bounds=None):
   """The mean value each query sees under uniform attention: (B, T | R, N, D).
 
-  Over the real keys; on a window layer over the real keys with `|q - k| <= window // 2`,
-  as band sums of prefix sums (O(T D)). Grouped values (G < N heads) serve their query heads.
+  Over the real keys; on a window layer over the real keys with `|q - k| <= window // 2`;
+  with `bounds` (starts, ends), each (B, T), over the keys in columns [start, end) of the
+  query's packed sequence (and its window). Bands are sums of prefix sums (O(T D)).
+  Grouped values (G < N heads) serve their query heads.
   """
   acc = jnp.promote_types(v.dtype, jnp.float32)
   m = key_mask.astype(acc)[:, :, None, None]  # (B, T, 1, 1)
   vm = v.astype(acc) * m
-  if window is None:
+  if window is None and bounds is None:
     mean_v = vm.sum(1, keepdims=True) / jnp.maximum(m.sum(1, keepdims=True), 1)
   else:
-    seq, half = v.shape[1], window // 2
+    seq = v.shape[1]
     q_idx = jnp.arange(seq)[None, :] if rows is None else rows  # (1 | B, T | R)
     zero = lambda x: jnp.zeros_like(x[:, :1])
     sums, counts = (jnp.concatenate([zero(x), jnp.cumsum(x, 1)], 1) for x in (vm, m))
-    hi = jnp.minimum(q_idx + half + 1, seq)
-    lo = jnp.maximum(q_idx - half, 0)
+    lo, hi = (jnp.zeros_like(q_idx), jnp.full_like(q_idx, seq)) if bounds is None else bounds
+    if window is not None:
+      hi = jnp.minimum(q_idx + window // 2 + 1, hi)
+      lo = jnp.maximum(q_idx - window // 2, lo)
+    hi = jnp.maximum(hi, lo)
     band = lambda c: (jnp.take_along_axis(c, _index(hi, c), 1)
                       - jnp.take_along_axis(c, _index(lo, c), 1))
     mean_v = band(sums) / jnp.maximum(band(counts), 1)
