@@ -114,6 +114,18 @@ def test_modern_families_benchmark_smoke():
   assert longest["windows"] == [16] and "bertjax_global" in longest
 
 
+def test_packing_benchmark_smoke():
+  out = _run("bench_packing.py", "--smoke")
+  doc = json.loads(out[out.index("{"):])
+  assert doc["smoke"] and doc["sentences"] == 32 and doc["machine"]["cpu"]
+  assert [r["model"] for r in doc["rows"]] == ["all-MiniLM-L6-v2", "modernbert-base"]
+  for r in doc["rows"]:
+    assert r["max_abs_diff_real_tokens"] < 1e-4  # the same function is being timed
+    assert r["real_tokens"] <= r["packed_tokens"] < r["padded_tokens"]
+    np.testing.assert_allclose(r["packed_speedup"],
+                               r["padded"]["median_s"] / r["packed"]["median_s"])
+
+
 @pytest.mark.slow
 def test_gpu_suite_smoke(tmp_path):
   """benchmarks/gpu_suite.sh, the one device call of the modern kernels, runs every step."""

@@ -1,0 +1,187 @@
+"""Packed against padded batches of real sentences on the CPU: `forward(packed=True)`.
+
+Run: ./run.sh bench bench_packing            (writes benchmarks/results/bench_packing.{json,md})
+     ./run.sh bench bench_packing --smoke    (a tiny model, one round; checks the script runs)
+
+UD English EWT dev sentences (from `--data-dir`, else the project's own 385 sentences), in
+corpus order, batches of 64, tokenised by all-MiniLM-L6-v2's tokenizer, padded to each
+batch's longest sentence (a multiple of 8). Two models: the real all-MiniLM-L6-v2 (BERT,
+6 x 384) and ModernBERT-base's shape (22 x 768, random weights, a 128-token window in two
+of every three layers). Side by side in one run, per model:
+
+* padded: `jax.jit` of `bertjax.forward` on the padded batches;
+* packed: the same with `packed=`: the layout (`bertjax.Packing.of`, on the host, timed in
+  the call) then the jitted forward on the packed rows (rows of the padded length, as
+  first-fit decreasing fills them). The number of rows is fixed per run (the most any batch
+  needs) so that one program serves every batch.
+
+Each timed round runs every batch once; the first call of each (compile) is reported apart,
+then `--warmup` untimed rounds, then `--rounds` interleaved rounds with a rotating order.
+The outputs of the two are compared at real tokens. Results name the CPU and its ISA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+from bench_families import machine
+
+import bertjax
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+MODELS = ("all-MiniLM-L6-v2", "modernbert-base")
+SMOKE = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+             intermediate_size=96, pad_token_id=0,
+             layer_types=("full_attention", "sliding_attention", "sliding_attention"),
+             sliding_window=16)
+
+
+def sentences(data_dir: pathlib.Path | None, count: int) -> tuple[list[str], str]:
+  """`count` sentences of UD EWT dev in corpus order, or of the project's own set."""
+  if data_dir is not None:
+    path = next(iter(sorted(data_dir.rglob("en_ewt-ud-dev.conllu"))), None)
+    if path is not None:
+      from bertjax.data import conllu
+
+      sents = conllu.read_conllu(path, max_sentences=count)
+      return [" ".join(s.forms) for s in sents], "UD English EWT dev"
+  from bertjax.report import sentences as own
+
+  return [s.text for s in own.load_sentences()][:count], "bertjax/resources/sentences.tsv"
+
+
+def batches(tok, texts: list[str], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+  out = []
+  for i in range(0, len(texts), size):
+    b = tok.encode(texts[i:i + size])
+    seq = -(-b.input_ids.shape[1] // 8) * 8
+    pad = seq - b.input_ids.shape[1]
+    out.append((np.pad(b.input_ids, ((0, 0), (0, pad))).astype(np.int32),
+                np.pad(b.attention_mask, ((0, 0), (0, pad))).astype(np.int32)))
+  return out
+
+
+def model(name: str, smoke: bool):
+  """(config, params): the real MiniLM, ModernBERT-base's shape; tiny ones with `smoke`."""
+  if name == "all-MiniLM-L6-v2":
+    if not smoke:
+      return bertjax.from_hf(bertjax.minilm_path())
+    config = bertjax.BertConfig.preset("tiny", vocab_size=30522)
+    return config, bertjax.init(config, 0)
+  sizes = SMOKE if smoke else {}
+  config = bertjax.BertConfig.preset("modernbert-base", **sizes)
+  return config, bertjax.init(config, 0)
+
+
+def bench_model(name: str, data: list, args) -> dict:
+  config, params = model(name, args.smoke)
+  forward = jax.jit(lambda p, ids, m, packed=None: bertjax.forward(
+      p, config, ids, m, packed=packed if packed is not None else False).last_hidden_state)
+  rows = max(bertjax.Packing.of(m).shape[0] for _, m in data)
+
+  def padded():
+    return [jax.block_until_ready(forward(params, ids, m)) for ids, m in data]
+
+  def packed():
+    return [jax.block_until_ready(forward(params, ids, m, bertjax.Packing.of(m, rows=rows)))
+            for ids, m in data]
+
+  calls, info, outs = {"padded": padded, "packed": packed}, {}, {}
+  for n, call in calls.items():
+    t0 = time.perf_counter()
+    outs[n] = call()
+    info[n] = {"first_call_s": time.perf_counter() - t0}
+  diff = max(float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
+             for a, b, (_, m) in zip(outs["padded"], outs["packed"], data))
+  for _ in range(args.warmup):
+    for call in calls.values():
+      call()
+  times = {n: [] for n in calls}
+  names = list(calls)
+  for r in range(args.rounds):
+    for n in names[r % 2:] + names[:r % 2]:
+      t0 = time.perf_counter()
+      calls[n]()
+      times[n].append(time.perf_counter() - t0)
+  real = sum(int(m.sum()) for _, m in data)
+  padded_tokens = sum(m.size for _, m in data)
+  row = {"model": name, "family": config.model_type, "layers": config.depth,
+         "hidden": config.hidden_size, "batches": len(data), "sentences": sum(len(m) for _, m in data),
+         "real_tokens": real, "padded_tokens": padded_tokens,
+         "packed_tokens": rows * sum(m.shape[1] for _, m in data), "packed_rows": rows,
+         "max_abs_diff_real_tokens": diff}
+  for n, t in times.items():
+    med = statistics.median(t)
+    row[n] = {**info[n], "median_s": med, "min_s": min(t), "times_s": t,
+              "real_tokens_per_s": real / med}
+  row["packed_speedup"] = row["padded"]["median_s"] / row["packed"]["median_s"]
+  print(f"{name}: padded {row['padded']['median_s']:.2f} s, packed "
+        f"{row['packed']['median_s']:.2f} s ({row['packed_speedup']:.2f}x)",
+        file=sys.stderr, flush=True)
+  return row
+
+
+def markdown(r: dict) -> str:
+  m = r["machine"]
+  intro = (f"Packed against padded forward passes on the CPU, float32: {m['cpu']}, "
+           f"{m['cpus_usable']} usable CPUs; ISA: {', '.join(m['isa_flags'])}; jax {m['jax']}. "
+           f"{r['sentences']} sentences of {r['data']} in batches of {r['batch']}, padded to "
+           f"each batch's longest (a multiple of 8). Medians of {r['rounds']} interleaved "
+           f"rounds over every batch, after {r['warmup']} warm-up rounds; first calls "
+           "(compile) apart.")
+  header = ("| model | real / padded / packed tokens | padded | packed | packed speed-up | "
+            "max diff at real tokens |")
+  lines = [intro, "", header, "|---|---|---|---|---|---|"]
+  for row in r["rows"]:
+    lines.append(
+        f"| {row['model']} ({row['layers']} x {row['hidden']}) | {row['real_tokens']} / "
+        f"{row['padded_tokens']} / {row['packed_tokens']} | "
+        f"{row['padded']['median_s']:.2f} s | {row['packed']['median_s']:.2f} s "
+        f"(layout included) | {row['packed_speedup']:.2f}x | "
+        f"{row['max_abs_diff_real_tokens']:.1e} |")
+  lines += ["", "Speed-up: the padded median over the packed one (> 1: packing is faster)."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--smoke", action="store_true", help="a tiny model, 32 sentences, one round, "
+                 "no files")
+  p.add_argument("--sentences", type=int, default=512, help="how many sentences")
+  p.add_argument("--batch", type=int, default=64, help="sentences per batch")
+  p.add_argument("--rounds", type=int, default=5, help="timed rounds")
+  p.add_argument("--warmup", type=int, default=1, help="untimed rounds")
+  p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), metavar="DIR",
+                 help="where ud_english_ewt is (else the project's own sentences)")
+  p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
+  args = p.parse_args(argv)
+  if args.smoke:
+    args.rounds, args.warmup, args.sentences, args.batch = 1, 0, 32, 16
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  data_dir = pathlib.Path(args.data_dir)
+  texts, source = sentences(data_dir if data_dir.is_dir() else None, args.sentences)
+  data = batches(tok, texts, args.batch)
+  rows = [bench_model(name, data, args) for name in MODELS]
+  result = {"machine": machine(), "data": source, "sentences": len(texts), "batch": args.batch,
+            "rows": rows, "rounds": args.rounds, "warmup": args.warmup, "smoke": args.smoke}
+  if not args.smoke:
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_packing.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "bench_packing.md").write_text(markdown(result))
+  print(markdown(result), file=sys.stderr)
+  print(json.dumps(result))
+  return result
+
+
+if __name__ == "__main__":
+  main()
