@@ -126,6 +126,16 @@ def test_packing_benchmark_smoke():
                                r["padded"]["median_s"] / r["packed"]["median_s"])
 
 
+def test_sae_benchmark_smoke():
+  out = _run("bench_sae.py", "--smoke")
+  doc = json.loads(out[out.index("{"):])
+  assert doc["smoke"] and doc["latents"] == 16 * doc["d_model"] and doc["machine"]["cpu"]
+  rows = doc["rows"]
+  assert rows["sae_step"]["dead_share"] == 0 and rows["sae_step_all_dead"]["dead_share"] == 1
+  np.testing.assert_allclose(doc["ratio_step_vs_forward"],
+                             rows["sae_step"]["median_s"] / rows["forward"]["median_s"])
+
+
 @pytest.mark.slow
 def test_gpu_suite_smoke(tmp_path):
   """benchmarks/gpu_suite.sh, the one device call of the modern kernels, runs every step."""
