@@ -158,6 +158,42 @@ def test_pallas_kernel_runs_packed_rows():
                          np.asarray(padded.last_hidden_state)[real], atol=1e-3)
 
 
+def test_pruned_longer_rows_probs_patches_and_fused_bias():
+  """The cases the main test leaves out: a pruned model (blocks unrolled, heads removed);
+  rows longer than the batch (`length=`); a probability patch that broadcasts over every
+  token (it must stay inside each sequence); MPNet's bias on the fused kernel with
+  per-example "uniform" head masks."""
+  ids, mask = _batch(5)
+  real = mask.astype(bool)
+  config = _config("bert")
+  params = _random_norms(bertjax.init(config, 0))
+  pruned_config, pruned = bertjax.prune_heads(config, params, {0: [1, 3], 2: [0]})
+  for cfg, prm, kw in (
+      (pruned_config, pruned, dict(head_mask=np.full((3, 4), 0.7, np.float32))),
+      (config, params, dict(packed_layout=dict(length=20))),
+      # Weight on real keys only: weight on a padded key mixes in the padding's values,
+      # which the packed rows do not have (documented).
+      (config, params, dict(patch={"probs": (np.float32(0.01),
+                                             0.5 * mask[:, None, None, :].astype(np.float32))},
+                            capture=("probs",))),
+  ):
+    layout = kw.pop("packed_layout", None)
+    packed = bertjax.Packing.of(mask, **layout) if layout else True
+    a = bertjax.forward(prm, cfg, ids, mask, **kw)
+    b = bertjax.forward(prm, cfg, ids, mask, packed=packed, **kw)
+    np.testing.assert_allclose(np.asarray(b.last_hidden_state)[real],
+                               np.asarray(a.last_hidden_state)[real], atol=2e-5)
+  assert bertjax.Packing.of(mask, length=20).shape == (3, 20)
+  config = _config("mpnet")
+  params = _random_norms(bertjax.init(config, 0))
+  xi = np.random.default_rng(6).uniform(0, 1, (len(ids), 3, 4)).astype(np.float32)
+  a = bertjax.forward(params, config, ids, mask, head_mask=xi, head_ablation="uniform")
+  b = bertjax.forward(params, config.replace(attention_impl="pallas"), ids, mask, packed=True,
+                      head_mask=xi, head_ablation="uniform")
+  np.testing.assert_allclose(np.asarray(b.last_hidden_state)[real],
+                             np.asarray(a.last_hidden_state)[real], atol=2e-5)
+
+
 def test_packing_inside_jit_and_checked_forward():
   config = _config("eurobert")
   params = bertjax.init(config, 0)
@@ -172,6 +208,8 @@ def test_packing_inside_jit_and_checked_forward():
   checked = bertjax.checked_forward(params, config, ids, mask, packed=True)
   np.testing.assert_allclose(np.asarray(checked.last_hidden_state)[real],
                              np.asarray(padded)[real], atol=2e-5)
+  unpacked = bertjax.checked_forward(params, config, ids, mask, packed=False)
+  np.testing.assert_array_equal(unpacked.last_hidden_state, padded)
   with pytest.raises(TypeError, match="concrete attention_mask"):
     jax.jit(lambda i, m: bertjax.forward(params, config, i, m, packed=True))(ids, mask)
 
@@ -189,3 +227,5 @@ def test_packing_refusals():
     bertjax.forward(params, config, ids, mask[:, ::-1], packed=True)
   with pytest.raises(ValueError, match=r"Packing is of a \(2, 16\) batch"):
     bertjax.forward(params, config, ids, mask, packed=bertjax.Packing.of(mask[:2]))
+  with pytest.raises(ValueError, match="a layout of another batch"):
+    bertjax.forward(params, config, ids, mask, packed=bertjax.Packing.of(mask[::-1]))

@@ -174,9 +174,14 @@ def checked_forward(params: Params, config: BertConfig, input_ids, attention_mas
 
   static = tuple(sorted((k, v) for k, v in kwargs.items() if k in _STATIC_FORWARD_ARGS))
   dynamic = {k: v for k, v in kwargs.items() if k not in _STATIC_FORWARD_ARGS}
-  if dynamic.get("packed") is True:  # the layout needs the concrete mask, outside the jit
-    dynamic["packed"] = Packing.of(np.ones(np.shape(input_ids)) if attention_mask is None
-                                   else attention_mask)
+  if "packed" in dynamic and not isinstance(dynamic["packed"], Packing):
+    # The layout needs the concrete mask, outside the jit; False is no packing.
+    packed = dynamic.pop("packed")
+    if packed is True:
+      dynamic["packed"] = Packing.of(np.ones(np.shape(input_ids)) if attention_mask is None
+                                     else attention_mask)
+    elif packed not in (False, None):
+      raise TypeError(f"packed={type(packed).__name__} must be True, False or a Packing")
   if "capture" in kwargs:
     static = tuple((k, capture_tuple(v) if k == "capture" else v) for k, v in static)
   err, out = _checked_forward(params, config, as_array(input_ids), as_array(attention_mask),
@@ -246,9 +251,13 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
       each query seeing its own sequence only, and every output, captured site and map
       comes back in the padded layout, equal to the padded run's at real tokens and zero
       at padding (as transformers' unpadded ModernBERT returns). Head masks, layer masks
-      and array patches are given in the padded layout as usual; function patches see
-      one block's packed rows, so they are refused here. Not with attention_impl "cudnn"
-      (no segments there).
+      and array patches are given in the padded layout as usual (a `probs` patch that puts
+      weight on padded keys has no packed counterpart: packed rows have no such keys);
+      function patches see one block's packed rows, so they are refused here. With
+      dropout the packed and padded runs draw different masks. RoBERTa's positions come
+      from the mask here, from `input_ids != pad_token_id` in the padded run (the same
+      unless a real token is the pad id). Not with attention_impl "cudnn" (no segments
+      there). A `Packing` passed in must be of this batch's mask (checked when concrete).
 
   Returns:
     A `BertOutput`.
@@ -285,6 +294,13 @@ def _packing_of(config, packed, input_ids, attention_mask, functions) -> Packing
   if tuple(packed.row.shape) != (np.shape(input_ids)[0],) or packed.seq != np.shape(input_ids)[1]:
     raise ValueError(f"the Packing is of a ({packed.row.shape[0]}, {packed.seq}) batch; "
                      f"input_ids is {tuple(np.shape(input_ids))}")
+  concrete = not any(isinstance(a, jax.core.Tracer) for a in (attention_mask, packed.lengths))
+  if attention_mask is not None and concrete:
+    lengths = np.asarray(attention_mask).astype(bool).sum(1)
+    if not np.array_equal(lengths, np.asarray(packed.lengths)):
+      raise ValueError(f"the Packing holds sequences of {np.asarray(packed.lengths).tolist()} "
+                       f"tokens; attention_mask has {lengths.tolist()} (a layout of another "
+                       "batch)")
   return packed
 
 

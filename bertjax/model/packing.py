@@ -212,8 +212,9 @@ def pack_site(array, axes: str, packing: Packing, depth: bool = True):
   or "batch heads seq seq"), in the packed layout.
 
   An array that broadcasts over both batch and sequence stays as it is (it means the same
-  in every row); any other is broadcast to (batch, seq) (maps: (batch, heads?, seq, seq))
-  and packed.
+  in every row); any other is broadcast to (batch, seq) and packed. Maps (two seq axes) are
+  always packed, so that a value or weight is zero between the sequences of a row (a
+  broadcast probability would otherwise reach another sequence's keys).
   """
   names = axes.split()
   rank = len(names) + depth
@@ -222,7 +223,8 @@ def pack_site(array, axes: str, packing: Packing, depth: bool = True):
   lead = 1 if depth else 0
   batch_axis = lead
   seq_axes = [lead + i for i, a in enumerate(names) if a == "seq"]
-  if x.shape[batch_axis] == 1 and all(x.shape[a] == 1 for a in seq_axes):
+  pairs = len(seq_axes) == 2
+  if not pairs and x.shape[batch_axis] == 1 and all(x.shape[a] == 1 for a in seq_axes):
     return x
   shape = list(x.shape)
   batch = int(packing.row.shape[0])
@@ -230,7 +232,7 @@ def pack_site(array, axes: str, packing: Packing, depth: bool = True):
   for a in seq_axes:
     shape[a] = packing.seq
   x = jnp.broadcast_to(x, shape)
-  one = lambda v: pack_pairs(v, packing) if len(seq_axes) == 2 else pack(v, packing)
+  one = lambda v: pack_pairs(v, packing) if pairs else pack(v, packing)
   return jax.vmap(one)(x) if depth else one(x)
 
 
