@@ -168,38 +168,48 @@ def _mse(a, b):
   return jnp.mean((a - b) ** 2)
 
 
-def loss_terms(params: Params, x, config: SAEConfig, dead, mse_scale) -> dict[str, jax.Array]:
+def loss_terms(params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *,
+               tokens_since=None) -> dict[str, jax.Array]:
   """The training loss and its parts for activations `x` (n, d).
 
   Args:
-    dead: bool (latents,): the latents the AuxK term may use.
+    dead: bool (latents,): the latents the AuxK term may use; or None with `tokens_since`.
     mse_scale: 1 / mean((x - mean x)^2) of a sample (`mse_scale`).
+    tokens_since: int (latents,): tokens since each latent last fired. As the released
+      code does, this batch updates it first (a latent fires when a kept value exceeds
+      1e-3), and `dead` is then where it exceeds `config.dead_tokens`.
 
   Returns:
-    "loss" (what is minimised), "mse" (scaled), "auxk" (before `auxk_coef`), and "fired"
-    (latents,) bool: which latents were active on some row.
+    "loss" (what is minimised), "mse" (scaled), "auxk" (before `auxk_coef`), "dead" (the
+    mask used), and with `tokens_since` its updated value (saturated just past the
+    threshold, so it never overflows).
   """
   x = jnp.asarray(x, jnp.float32)
   pre = pre_activations(params, x)
   values, indices = jax.lax.top_k(pre, config.k)
+  terms = {}
+  if tokens_since is not None:
+    fired = jnp.zeros(config.latents, jnp.int32).at[indices.reshape(-1)].add(
+        (values > 1e-3).reshape(-1).astype(jnp.int32)) > 0
+    since = jnp.where(fired, 0, tokens_since) + x.shape[0]
+    terms["tokens_since"] = jnp.minimum(since, config.dead_tokens + x.shape[0])
+    dead = since > config.dead_tokens
   values = jax.nn.relu(values)
   recon = decode(params, values, indices)
   mse = mse_scale * _mse(recon, x)
-  fired = jnp.zeros(config.latents, jnp.int32).at[indices.reshape(-1)].add(
-      (values > 0).reshape(-1).astype(jnp.int32)) > 0
   auxk = jnp.zeros((), jnp.float32)
   if config.auxk_latents is not None:
     target = x - jax.lax.stop_gradient(recon) + jax.lax.stop_gradient(params["pre_bias"])
 
-    def aux_term(p):
-      pre_dead = pre_activations(p, x) * dead.astype(jnp.float32)
+    def aux_term(p, pre):
+      pre_dead = pre * dead.astype(jnp.float32)
       aux_values, aux_indices = jax.lax.top_k(pre_dead, config.auxk_latents)
       aux_recon = decode(p, jax.nn.relu(aux_values), aux_indices)
       term = _mse(aux_recon, target) / _mse(jnp.broadcast_to(target.mean(0), target.shape),
                                             target)
       return jnp.nan_to_num(term, nan=0.0, posinf=0.0, neginf=0.0)
 
-    def idle_term(p):
+    def idle_term(p, pre):
       # No dead latent: every kept value is ReLU(0) = 0 and the reconstruction is b_pre, so
       # the term is mse(b_pre, target) / var(target) (its gradient reaches b_pre only),
       # written in closed form to skip a top-k over every latent.
@@ -207,8 +217,9 @@ def loss_terms(params: Params, x, config: SAEConfig, dead, mse_scale) -> dict[st
           jnp.broadcast_to(target.mean(0), target.shape), target)
       return jnp.nan_to_num(term, nan=0.0, posinf=0.0, neginf=0.0)
 
-    auxk = jax.lax.cond(jnp.any(dead), aux_term, idle_term, params)
-  return {"loss": mse + config.auxk_coef * auxk, "mse": mse, "auxk": auxk, "fired": fired}
+    auxk = jax.lax.cond(jnp.any(dead), aux_term, idle_term, params, pre)
+  return {**terms, "loss": mse + config.auxk_coef * auxk, "mse": mse, "auxk": auxk,
+          "dead": dead}
 
 
 def mse_scale(sample) -> float:
@@ -233,16 +244,15 @@ def make_step(config: SAEConfig) -> Callable:
 
   `x` (n, d) are n token activations. The decoder's gradient loses its component along
   each (unit) row, Adam steps, the rows are renormalised, and `tokens_since` counts the
-  tokens since each latent last fired (n per step; 0 where it fired).
+  tokens since each latent last fired (`loss_terms`). The state is donated: the arrays
+  passed in (those given to `start` too) are consumed; keep a copy to reuse them.
   """
   opt = optimizer(config)
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state: TrainState, x, scale):
-    dead = state.tokens_since > config.dead_tokens
-
     def loss(p):
-      terms = loss_terms(p, x, config, dead, scale)
+      terms = loss_terms(p, x, config, None, scale, tokens_since=state.tokens_since)
       return terms["loss"], terms
 
     (_, terms), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
@@ -252,10 +262,9 @@ def make_step(config: SAEConfig) -> Callable:
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     params = {**params, "W_dec": unit_rows(params["W_dec"])}
-    since = jnp.where(terms["fired"], 0, state.tokens_since + x.shape[0])
     metrics = {"loss": terms["loss"], "mse": terms["mse"], "auxk": terms["auxk"],
-               "dead": jnp.mean(dead)}
-    return TrainState(params, opt_state, since, state.step + 1), metrics
+               "dead": jnp.mean(terms["dead"])}
+    return TrainState(params, opt_state, terms["tokens_since"], state.step + 1), metrics
 
   return step
 
@@ -318,7 +327,8 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
 
   Args:
     mesh: a `jax.sharding.Mesh`: each step's rows split over its row axes, the SAE
-      replicated (`bertjax.sharding.analysis_mesh`); `batch_tokens` must divide evenly.
+      replicated (fsdp-sharded where the mesh has fsdp > 1; `bertjax.sharding.
+      analysis_mesh`); `batch_tokens` must divide evenly.
     progress: a tqdm bar.
     log_every: keep the metrics of every this-many steps (0: of the last step only).
 
@@ -377,13 +387,13 @@ def evaluate(params: Params, config: SAEConfig, acts, *, dense_above: float = 0.
     more than `dense_above` of the tokens.
   """
   acts = np.asarray(acts, np.float32)
-  run = jax.jit(lambda x: encode(params, x, config.k))
+  run = jax.jit(encode, static_argnums=2)
   err = 0.0
   counts = np.zeros(config.latents, np.int64)
   l0 = 0
   for i in range(0, len(acts), chunk):
     x = acts[i:i + chunk]
-    values, indices = run(x)
+    values, indices = run(params, x, config.k)
     recon = np.asarray(decode(params, values, indices), np.float64)
     err += float(np.sum((recon - x) ** 2))
     on = np.asarray(values) > 0
@@ -474,7 +484,7 @@ def top_activating(params: Params, config: BertConfig, tok, batches: Iterable, s
     rows, pos = np.nonzero(real)
     flat = np.asarray(value, np.float32)[real].reshape(len(rows), -1)
     z = np.asarray(encoded(flat))  # (tokens, len(latents))
-    cached.append(ids)
+    cached.append((ids, real.sum(1)))
     for j, latent in enumerate(latents):
       top = np.argsort(-z[:, j])[:n]
       best[latent] += [(float(z[t, j]), bi, int(rows[t]), int(pos[t])) for t in top
@@ -483,8 +493,8 @@ def top_activating(params: Params, config: BertConfig, tok, batches: Iterable, s
   for latent, items in best.items():
     items = sorted(items, key=lambda t: -t[0])[:n]
     out[latent] = [{"value": v, "batch": bi, "row": r, "position": p,
-                    "token": tok.convert_ids_to_tokens([int(cached[bi][r, p])])[0],
-                    "text": tok.decode(cached[bi][r, max(0, p - context):p + context + 1]
-                                       .tolist())}
+                    "token": tok.convert_ids_to_tokens([int(cached[bi][0][r, p])])[0],
+                    "text": tok.decode(cached[bi][0][r, max(0, p - context):min(
+                        p + context + 1, int(cached[bi][1][r]))].tolist())}
                    for v, bi, r, p in items]
   return out
