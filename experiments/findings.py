@@ -286,6 +286,10 @@ UNCERTAINTY = {
         _rerun("per-passage attention masses")],
     "stacking": lambda doc: [_rerun("repeated runs' times or per-token held-out losses")] * len(
         doc["findings"]),
+    "sae_scaling": lambda doc: [
+        _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
+        Uncertainty("counted over every held-out token, nothing sampled; one training run per "
+                    "size (seed 0), seeds not repeated")],
 }
 
 

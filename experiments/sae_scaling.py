@@ -1,0 +1,235 @@
+"""Scaling and evaluating sparse autoencoders: Gao et al. 2024 on an encoder's residual stream.
+
+Run:
+  ./run.sh experiment sae_scaling
+  .venv/bin/python experiments/sae_scaling.py [--smoke] [--model DIR_OR_HUB_ID]
+
+What it measures, on the real all-MiniLM-L6-v2 (or `--model`): top-k sparse autoencoders
+(`bertjax.analysis.sae`, the released code's definitions) on the block output ("out") of the
+middle block (`--layer`, default depth // 2, counted from 0), trained on the token
+activations of WikiText-2's validation paragraphs (64 tokens each) and evaluated on those of
+its test paragraphs:
+
+* the fraction of variance unexplained (FVU) on the held-out tokens for dictionaries of 1, 2,
+  4, 8 and 16 times the model width, k = 32, each trained on the same token budget
+  (`--steps` steps of `--batch-tokens`), and the power law `FVU = c N^b` fitted to them
+  (least squares in log-log, with its R^2);
+* the dead latents of each (firing on none of the held-out tokens) and the dense ones
+  (firing on more than 10% of them);
+* for the largest, the loss recovered on what the model is used for, its mean-pooled
+  sentence embedding: the squared distance of the embedding to the clean one with the SAE in
+  place of the site, against the site zero-ablated (`sae.loss_recovered`); and the tokens
+  that most activate its three most frequent latents.
+
+Differs from the paper: GPT-2 small / GPT-4 activations and token budgets of billions with
+each size trained to convergence; here a 6-layer sentence encoder and a fixed budget of
+steps x batch tokens (a few epochs of the validation split), so the larger dictionaries
+are further from convergence than the smaller ones.
+
+`--smoke` runs a tiny random-weight model on the shipped samples with two small sizes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import common
+import numpy as np
+
+NAME = "sae_scaling"
+PAPER = "Gao et al. 2024"
+EXPANSIONS = (1, 2, 4, 8, 16)
+DEAD_LIMIT = 0.10  # the paper's 16M-latent GPT-4 SAE: 7% dead
+
+
+def parse_args(argv: Sequence[str] | None = None):
+  p = common.parser(__doc__)
+  p.add_argument("--layer", type=int, default=None,
+                 help="the block whose output is read, counted from 0 (default: depth // 2)")
+  p.add_argument("--k", type=int, default=32, help="latents kept per token (default: 32)")
+  p.add_argument("--steps", type=int, default=300, help="training steps per size (default: 300)")
+  p.add_argument("--batch-tokens", type=int, default=1024,
+                 help="tokens per step (default: 1024)")
+  p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default: 1e-3)")
+  args = p.parse_args(argv)
+  for name in ("k", "steps", "batch_tokens"):
+    if getattr(args, name) < 1:
+      raise common.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+  if args.smoke:
+    args.steps, args.batch_tokens = min(args.steps, 20), min(args.batch_tokens, 256)
+  return args
+
+
+def paragraphs(path, count: int | None = None) -> list[str]:
+  """WikiText-2 paragraphs of more than 12 words, headings left out, in file order."""
+  lines = [ln.strip() for ln in path.open(encoding="utf-8")]
+  kept = [ln for ln in lines if len(ln.split()) > 12 and not ln.startswith("=")]
+  return kept[:count] if count else kept
+
+
+def power_law(sizes, fvu) -> dict[str, float]:
+  """The least-squares fit of log FVU = log c + b log N: exponent b, c, and R^2."""
+  x, y = np.log(np.asarray(sizes, float)), np.log(np.asarray(fvu, float))
+  b, a = np.polyfit(x, y, 1)
+  resid = y - (a + b * x)
+  r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if len(x) > 2 else 1.0
+  return {"exponent": float(b), "coefficient": float(np.exp(a)), "r2": r2}
+
+
+def scaling_rule(fvu: Sequence[float], r2: float) -> str:
+  """"yes": FVU falls with every doubling and the log-log fit has R^2 >= 0.95; "partly": the
+  largest below the smallest; "no" otherwise."""
+  fvu = np.asarray(fvu, float)
+  if (np.diff(fvu) < 0).all() and r2 >= 0.95:
+    return "yes"
+  return "partly" if fvu[-1] < fvu[0] else "no"
+
+
+def dead_rule(dead: Sequence[float], limit: float = DEAD_LIMIT) -> str:
+  """"yes": at most `limit` of the latents dead at every size; "partly": at some; "no"."""
+  ok = np.asarray(dead, float) <= limit
+  return "yes" if ok.all() else "partly" if ok.any() else "no"
+
+
+def finding_rows(r: dict, s: dict) -> list[dict]:
+  sizes, fvu, dead = r["latents"], r["fvu"], r["dead"]
+  fit = r["fit"]
+  per = ", ".join(f"{n}: {v:.3f}" for n, v in zip(sizes, fvu))
+  budget = f"{s['steps']} steps x {s['batch_tokens']} tokens"
+  rec = r["loss_recovered"]
+  return [
+    common.finding(
+      PAPER, "Reconstruction error of top-k SAEs falls as a power law in the number of "
+      "latents.",
+      f"held-out FVU by latents (k = {s['k']}, {s['model']} layer {s['layer'] + 1} output, "
+      f"{budget} each, {r['held_out_tokens']:,} held-out WikiText-2 tokens): {per}; fit FVU = "
+      f"{fit['coefficient']:.2f} N^{fit['exponent']:.3f}, R^2 {fit['r2']:.3f}. With the largest "
+      f"in place of the site the sentence embedding keeps {rec['recovered']:.2f} of what "
+      "zero-ablating the site loses (squared distance to the clean embedding). Differs from "
+      f"the paper: a {s['depth']}-layer sentence encoder rather than GPT-2 or GPT-4, and one "
+      "fixed token budget for every size rather than each trained to convergence. Rule: yes if "
+      "FVU falls with every doubling and R^2 >= 0.95, partly if the largest beats the "
+      "smallest.",
+      scaling_rule(fvu, fit["r2"])),
+    common.finding(
+      PAPER, "With TopK, the AuxK loss and the tied initialisation few latents die, even at "
+      "large sizes (their 16M-latent GPT-4 SAE: 7% dead).",
+      "dead latents (firing on no held-out token) by size: "
+      + ", ".join(f"{n}: {100 * v:.1f}%" for n, v in zip(sizes, dead))
+      + "; dense (firing on > 10% of tokens): "
+      + ", ".join(f"{100 * v:.1f}%" for v in r["dense"])
+      + f". Rule: yes if <= {100 * DEAD_LIMIT:.0f}% dead at every size, partly if at some.",
+      dead_rule(dead)),
+  ]
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
+  return finding_rows(common.from_json(r), s)
+
+
+def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
+  import matplotlib.pyplot as plt
+
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  n = np.asarray(r["latents"], float)
+  a.loglog(n, r["fvu"], "o-", label="held-out FVU")
+  fit = r["fit"]
+  a.loglog(n, fit["coefficient"] * n ** fit["exponent"], "--",
+           label=f"fit: {fit['coefficient']:.2f} N^{fit['exponent']:.2f} (R² {fit['r2']:.2f})")
+  a.set(xlabel="latents N", ylabel="fraction of variance unexplained",
+        title=f"Top-k SAE scaling: {model_name}")
+  a.legend()
+  b.semilogx(n, 100 * np.asarray(r["dead"]), "o-", label="dead (no held-out token)")
+  b.semilogx(n, 100 * np.asarray(r["dense"]), "s-", label="dense (> 10% of tokens)")
+  b.set(xlabel="latents N", ylabel="% of latents", title="Dead and dense latents")
+  b.legend()
+  fig.tight_layout()
+  return [common.savefig(fig, out, f"{stem}_scaling")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+  import jax.numpy as jnp
+
+  from bertjax.analysis import sae
+
+  data = common.data_dir(args.data_dir, "wikitext2_tokens")
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = common.load_model(args)
+  layer = config.depth // 2 if args.layer is None else args.layer
+  if not 0 <= layer < config.depth:
+    raise common.UsageError(f"--layer={layer} must be a block index in [0, {config.depth})")
+  encode = lambda texts: [tok.encode(texts[i:i + 32], max_length=64, truncation=True)
+                          for i in range(0, len(texts), 32)]
+  train_batches = encode(paragraphs(data / "wikitext2_tokens" / "valid.txt"))
+  test_batches = encode(paragraphs(data / "wikitext2_tokens" / "test.txt", 256))
+  with common.timed(timings, "activations"):
+    train = sae.activations(params, config, train_batches, "out", layer)
+    held = sae.activations(params, config, test_batches, "out", layer)
+  common.log(f"{len(train):,} training and {len(held):,} held-out tokens of block {layer}")
+  d = config.hidden_size
+  expansions = (2, 4) if args.smoke else EXPANSIONS
+  r = {"latents": [], "fvu": [], "dead": [], "dense": [], "l0": [], "train_log": [],
+       "held_out_tokens": len(held), "train_tokens": len(train)}
+  states = {}
+  for e in expansions:
+    # Dead after 100 steps without firing (the released 10M tokens: 76 of its 131k-token steps).
+    cfg = sae.SAEConfig(d_model=d, latents=e * d, k=min(args.k, e * d), lr=args.lr,
+                        dead_tokens=100 * args.batch_tokens)
+    with common.timed(timings, f"train {e}x"):
+      state, log = sae.train(train, cfg, steps=args.steps, batch_tokens=args.batch_tokens,
+                             seed=args.seed, progress=False, log_every=max(args.steps // 10, 1))
+    ev = sae.evaluate(state.params, cfg, held)
+    common.log(f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, "
+               f"dense {ev['dense']:.3f}")
+    for key in ("fvu", "dead", "dense", "l0"):
+      r[key].append(ev[key])
+    r["latents"].append(e * d)
+    r["train_log"].append(log)
+    states[e] = (state, cfg, ev)
+  r["fit"] = power_law(r["latents"], r["fvu"])
+  state, cfg, ev = states[expansions[-1]]
+  clean: dict[bytes, object] = {}
+
+  def pooled(out, b):
+    m = b["attention_mask"][..., None]
+    return jnp.sum(out.last_hidden_state * m, 1) / m.sum(1)
+
+  def distance(out, b):  # squared distance of the sentence embedding to the clean run's
+    key = np.asarray(b["input_ids"]).tobytes()
+    clean.setdefault(key, pooled(out, b))
+    return jnp.mean(jnp.sum((pooled(out, b) - clean[key]) ** 2, -1))
+
+  with common.timed(timings, "loss recovered"):
+    r["loss_recovered"] = sae.loss_recovered(params, config, test_batches[:4], "out", layer,
+                                             state.params, cfg, distance)
+  top = np.argsort(-ev["frequency"])[:3]
+  r["top_activating"] = {str(k): v for k, v in sae.top_activating(
+      params, config, tok, test_batches[:4], "out", layer, state.params, cfg, top,
+      n=6).items()}
+  r["timings"] = timings
+  settings = {"model": model_name, "depth": config.depth, "layer": layer, "site": "out",
+              "k": args.k,
+              "steps": args.steps, "batch_tokens": args.batch_tokens, "lr": args.lr,
+              "expansions": list(expansions), "seed": args.seed,
+              "data": "wikitext2_tokens/valid.txt (training), test.txt (held out; 256 "
+                      "paragraphs), 64 tokens each",
+              "indexing": "settings.layer is the block index counted from 0; the rows name it "
+                          "layer + 1, the README's numbering"}
+  rows = finding_rows(r, settings)
+  for f in rows:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
+  common.write_results(NAME, args.out, r, findings=rows, settings=settings, smoke=args.smoke,
+                       seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
