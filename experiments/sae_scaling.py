@@ -146,6 +146,9 @@ def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
   b.semilogx(n, 100 * np.asarray(r["dense"]), "s-", label="dense (> 10% of tokens)")
   b.set(xlabel="latents N", ylabel="% of latents", title="Dead and dense latents")
   b.legend()
+  for ax in (a, b):  # one labelled tick per size, no minor labels
+    ax.set_xticks(n, [f"{int(v):,}" for v in n])
+    ax.xaxis.set_minor_formatter(plt.NullFormatter())
   fig.tight_layout()
   return [common.savefig(fig, out, f"{stem}_scaling")]
 
