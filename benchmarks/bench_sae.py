@@ -12,7 +12,8 @@ most 1.5x one forward pass of the model on that batch. Side by side in one run:
   (16x latents = 12,288, k = 32, AuxK 256): forward, loss, gradients, the decoder's
   projection, Adam and the renormalisation, compiled as one program; once with no dead
   latent (the usual state: the AuxK term in closed form) and once with every latent dead
-  (the AuxK top-256 over every latent).
+  before the step (the AuxK top-256 over every latent; those the batch fires revive, as
+  the released code counts them).
 
 Each call is compiled first (reported apart), warmed up, then timed in interleaved rounds
 with a rotating order. Results name the CPU and its ISA.
@@ -130,7 +131,7 @@ def markdown(r: dict) -> str:
   rows = r["rows"]
   lines = [intro, "", "| call | median | vs forward | compile |", "|---|---|---|---|"]
   for n, label in (("forward", "forward pass"), ("sae_step", "SAE step (no dead latent)"),
-                   ("sae_step_all_dead", "SAE step (every latent dead: AuxK top-k)")):
+                   ("sae_step_all_dead", "SAE step (every latent dead before it: AuxK top-k)")):
     ratio = rows[n]["median_s"] / rows["forward"]["median_s"]
     lines.append(f"| {label} | {rows[n]['median_s'] * 1e3:.0f} ms | {ratio:.2f}x | "
                  f"{rows[n]['first_call_s']:.1f} s |")

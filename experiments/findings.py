@@ -288,8 +288,8 @@ UNCERTAINTY = {
         doc["findings"]),
     "sae_scaling": lambda doc: [
         _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
-        Uncertainty("counted over every held-out token, nothing sampled; one training run per "
-                    "size (seed 0), seeds not repeated")],
+        Uncertainty("exact: counted over every held-out token, nothing sampled; one training "
+                    "run per size (seed 0), seeds not repeated")],
 }
 
 

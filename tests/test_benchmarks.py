@@ -131,7 +131,9 @@ def test_sae_benchmark_smoke():
   doc = json.loads(out[out.index("{"):])
   assert doc["smoke"] and doc["latents"] == 16 * doc["d_model"] and doc["machine"]["cpu"]
   rows = doc["rows"]
-  assert rows["sae_step"]["dead_share"] == 0 and rows["sae_step_all_dead"]["dead_share"] == 1
+  # Every latent dead before the step; those that fire on the batch revive (as counted by
+  # the released code, this batch first), so the AuxK branch runs on the others.
+  assert rows["sae_step"]["dead_share"] == 0 and 0 < rows["sae_step_all_dead"]["dead_share"] < 1
   np.testing.assert_allclose(doc["ratio_step_vs_forward"],
                              rows["sae_step"]["median_s"] / rows["forward"]["median_s"])
 
