@@ -164,6 +164,22 @@ def machine() -> dict:
           "torch": torch.__version__, "backend": jax.default_backend()}
 
 
+def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
+  """Seconds of each call over `rounds` interleaved rounds, after `warmup` untimed ones; the
+  order rotates each round, so no call always runs first (the benchmarks' shared timer)."""
+  for _ in range(warmup):
+    for call in calls.values():
+      call()
+  names = list(calls)
+  times = {n: [] for n in names}
+  for r in range(rounds):
+    for n in names[r % len(names):] + names[:r % len(names)]:
+      t0 = time.perf_counter()
+      calls[n]()
+      times[n].append(time.perf_counter() - t0)
+  return times
+
+
 def _config(name: str, smoke: bool) -> bertjax.BertConfig:
   preset, sizes, _ = MODELS[name]
   return bertjax.BertConfig.preset(preset, **sizes, **(SMOKE_SIZES if smoke else {}))

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bench_families import machine
+from bench_families import interleaved, machine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -66,20 +66,6 @@ def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
   if config.max_length < seq:
     config = config.replace(max_position_embeddings=seq + config.position_offset)
   return config
-
-
-def _time(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
-  for _ in range(warmup):
-    for call in calls.values():
-      call()
-  names = list(calls)
-  times = {n: [] for n in names}
-  for r in range(rounds):
-    for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
-      t0 = time.perf_counter()
-      calls[n]()
-      times[n].append(time.perf_counter() - t0)
-  return times
 
 
 def bench_case(name, preset, batch, seq, variant, args) -> dict:
@@ -123,7 +109,7 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
   info["torch_sdpa"] = {"first_call_s": time.perf_counter() - t0}
   row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(outputs["bertjax"] - theirs).max())
   calls["torch_sdpa"] = torch_call
-  times = _time(calls, args.warmup, args.rounds)
+  times = interleaved(calls, args.warmup, args.rounds)
   for n, t in times.items():
     med = statistics.median(t)
     row[n] = {**info[n], "median_s": med, "min_s": min(t), "times_s": t,

@@ -31,7 +31,7 @@ import time
 
 import jax
 import numpy as np
-from bench_families import machine
+from bench_families import interleaved, machine
 
 import bertjax
 
@@ -101,16 +101,7 @@ def bench_model(name: str, data: list, args) -> dict:
     info[n] = {"first_call_s": time.perf_counter() - t0}
   diff = max(float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
              for a, b, (_, m) in zip(outs["padded"], outs["packed"], data))
-  for _ in range(args.warmup):
-    for call in calls.values():
-      call()
-  times = {n: [] for n in calls}
-  names = list(calls)
-  for r in range(args.rounds):
-    for n in names[r % 2:] + names[:r % 2]:
-      t0 = time.perf_counter()
-      calls[n]()
-      times[n].append(time.perf_counter() - t0)
+  times = interleaved(calls, args.warmup, args.rounds)
   real = sum(int(m.sum()) for _, m in data)
   padded_tokens = sum(m.size for _, m in data)
   row = {"model": name, "family": config.model_type, "layers": config.depth,

@@ -31,7 +31,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_families import machine
+from bench_families import interleaved, machine
 
 import bertjax
 from bertjax.analysis import sae
@@ -90,16 +90,7 @@ def main(argv=None) -> dict:
     info[n] = {"first_call_s": time.perf_counter() - t0}
     if n != "forward":
       info[n]["dead_share"] = float(out["dead"])
-  for _ in range(args.warmup):
-    for call in calls.values():
-      call()
-  names = list(calls)
-  times = {n: [] for n in names}
-  for r in range(args.rounds):
-    for n in names[r % len(names):] + names[:r % len(names)]:
-      t0 = time.perf_counter()
-      calls[n]()
-      times[n].append(time.perf_counter() - t0)
+  times = interleaved(calls, args.warmup, args.rounds)
   rows = {n: {**info[n], "median_s": statistics.median(t), "min_s": min(t), "times_s": t}
           for n, t in times.items()}
   fwd = rows["forward"]["median_s"]
