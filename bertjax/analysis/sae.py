@@ -299,6 +299,17 @@ def site_width(config: BertConfig, site: str) -> int:
   return int(np.prod([sizes[a] for a in axes]))
 
 
+def _site_rows(params: Params, config: BertConfig, b: dict, site: str, layer: int | None):
+  """One batch's site at its real tokens, (tokens, width) float32 (row-major over the
+  batch's real positions), with the batch's ids and real-token mask as NumPy."""
+  o = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+              capture=(site,))
+  value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
+  ids, real = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"]) > 0
+  rows = np.asarray(value, np.float32)[real]
+  return rows.reshape(len(rows), -1), ids, real
+
+
 def activations(params: Params, config: BertConfig, batches: Iterable, site: str,
                 layer: int | None = None, *, max_tokens: int | None = None) -> np.ndarray:
   """The site's activation at every real token of `batches`, (n_tokens, width) float32.
@@ -312,13 +323,8 @@ def activations(params: Params, config: BertConfig, batches: Iterable, site: str
   _check_site(config, site, layer)
   out, total = [], 0
   for batch in batches:
-    b = as_batch(batch)
-    o = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                capture=(site,))
-    value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
-    real = np.asarray(b["attention_mask"]) > 0
-    rows = np.asarray(value, np.float32)[real]
-    out.append(rows.reshape(len(rows), -1))
+    rows, _, _ = _site_rows(params, config, as_batch(batch), site, layer)
+    out.append(rows)
     total += len(rows)
     if max_tokens is not None and total >= max_tokens:
       break
@@ -483,12 +489,8 @@ def top_activating(params: Params, config: BertConfig, tok, batches: Iterable, s
                                                     sae_config.latents)[:, kept]), []
   for bi, batch in enumerate(batches):
     b = as_batch(batch)
-    o = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                capture=(site,))
-    value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
-    ids, real = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"]) > 0
+    flat, ids, real = _site_rows(params, config, b, site, layer)
     rows, pos = np.nonzero(real)
-    flat = np.asarray(value, np.float32)[real].reshape(len(rows), -1)
     z = np.asarray(encoded(flat))  # (tokens, len(latents))
     cached.append((ids, real.sum(1)))
     for j, latent in enumerate(latents):
