@@ -45,14 +45,17 @@ SMOKE = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=3, num_attentio
 
 
 def sentences(data_dir: pathlib.Path | None, count: int) -> tuple[list[str], str]:
-  """`count` sentences of UD EWT dev in corpus order, or of the project's own set."""
+  """`count` sentences of UD EWT dev in corpus order (from `data_dir`), or with None the
+  project's own set."""
   if data_dir is not None:
     path = next(iter(sorted(data_dir.rglob("en_ewt-ud-dev.conllu"))), None)
-    if path is not None:
-      from bertjax.data import conllu
+    if path is None:
+      sys.exit(f"error: no en_ewt-ud-dev.conllu under --data-dir {data_dir}")
+    from bertjax.data import conllu
 
-      sents = conllu.read_conllu(path, max_sentences=count)
-      return [" ".join(s.forms) for s in sents], "UD English EWT dev"
+    sents = conllu.read_conllu(path, max_sentences=count)
+    return [" ".join(s.forms) for s in sents], "UD English EWT dev"
+  print("no data directory: timing the project's own 385 sentences", file=sys.stderr)
   from bertjax.report import sentences as own
 
   return [s.text for s in own.load_sentences()][:count], "bertjax/resources/sentences.tsv"
@@ -151,15 +154,17 @@ def main(argv=None) -> dict:
   p.add_argument("--batch", type=int, default=64, help="sentences per batch")
   p.add_argument("--rounds", type=int, default=5, help="timed rounds")
   p.add_argument("--warmup", type=int, default=1, help="untimed rounds")
-  p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), metavar="DIR",
-                 help="where ud_english_ewt is (else the project's own sentences)")
+  p.add_argument("--data-dir", default=None, metavar="DIR",
+                 help="where ud_english_ewt is (default: ../shared/data beside the checkout "
+                      "when it exists, else the project's own sentences, said on stderr)")
   p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
     args.rounds, args.warmup, args.sentences, args.batch = 1, 0, 32, 16
   tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-  data_dir = pathlib.Path(args.data_dir)
-  texts, source = sentences(data_dir if data_dir.is_dir() else None, args.sentences)
+  shared = REPO.parent / "shared" / "data"
+  data_dir = pathlib.Path(args.data_dir) if args.data_dir else shared if shared.is_dir() else None
+  texts, source = sentences(data_dir, args.sentences)
   data = batches(tok, texts, args.batch)
   rows = [bench_model(name, data, args) for name in MODELS]
   result = {"machine": machine(), "data": source, "sentences": len(texts), "batch": args.batch,
