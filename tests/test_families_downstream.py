@@ -209,8 +209,12 @@ def test_pruning_equals_masking_and_exports(family, tmp_path):
   masked = bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b),
                            head_mask=mask)
   pruned = bertjax.forward(pparams, pconfig, b.input_ids, b.attention_mask, _types(config, b))
-  diff = np.abs(np.asarray(pruned.last_hidden_state) - np.asarray(masked.last_hidden_state))
-  assert diff[real].max() < 1e-5
+  want = np.asarray(masked.last_hidden_state)[real]
+  diff = np.abs(np.asarray(pruned.last_hidden_state)[real] - want)
+  # float32 rounding of sums that drop the pruned heads' zero terms, relative to the scale of
+  # the states (CI's CPU reached 1.1e-5 on ELECTRA's states, up to ~4 in size); a wrong prune
+  # differs by O(1)
+  assert diff.max() < 1e-5 * max(1.0, np.abs(want).max()), (diff.max(), np.abs(want).max())
   logits = [np.asarray(bertjax.head_logits(p, c, o, "mlm"))[real]
             for p, c, o in ((params, config, masked), (pparams, pconfig, pruned))]
   np.testing.assert_allclose(logits[0], logits[1], atol=1e-4)
