@@ -143,10 +143,11 @@ setup() {
     stage "installing bertjax and its extras (jax, flax, transformers, tensorflow-cpu, ...)" \
       "${pip[@]}" -e "$HERE[hf,data,plots,models,dev]"
     # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for the
-    # pruned-checkpoint test and the Flax peer benchmark; not on sys.path.
-    stage "installing transformers 4.57 beside it in $VENV/hf4 (for two comparisons)" \
+    # pruned-checkpoint test, the Flax peer benchmark and AttnLRP's released code (lxt, whose
+    # BERT patch is transformers 4's); not on sys.path.
+    stage "installing transformers 4.57 and lxt beside it in $VENV/hf4 (for comparisons)" \
       "${pip[@]}" --no-deps --upgrade --target "$VENV/hf4" \
-      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1"
+      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" "lxt==2.1"
     install_playwright
     echo "$want" >"$stamp"
     echo "[setup] done in $((SECONDS - t0))s" >&2

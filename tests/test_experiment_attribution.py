@@ -94,6 +94,33 @@ def test_token_scores_and_statistics_on_a_tiny_model(tok):
                              atol=1e-3)
 
 
+def test_attnlrp_scores_explain_the_probe_logit(tok):
+  """The "attnlrp" method is `lrp.attnlrp` of the probe's logit difference on mean-pooled
+  final states; with CP-LRP's constant attention the same target's relevance is conserved."""
+  from bertjax.analysis import lrp
+
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  params = bertjax.init(config, 0)
+  probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
+  batch = tok.encode(["She did not like it.", "Nobody saw the cat."])
+  got = negation.token_scores(params, config, batch, probe, methods=("attnlrp",))["attnlrp"]
+  m = np.asarray(batch.attention_mask, np.float32)[..., None]
+  d = probe[0][:, 1] - probe[0][:, 0]
+
+  def logit(p, c, out):
+    return ((out.last_hidden_state * m).sum(1) / m.sum(1)) @ d + probe[1][1] - probe[1][0]
+
+  want = lrp.attnlrp(params, config, batch.input_ids, batch.attention_mask,
+                     batch.token_type_ids, target_fn=logit)
+  np.testing.assert_allclose(got, want.tokens, rtol=1e-5, atol=1e-6)
+  cp = lrp.attnlrp(params, config, batch.input_ids, batch.attention_mask,
+                   batch.token_type_ids, target_fn=logit, rules="cp-lrp", biases=True)
+  offset = probe[1][1] - probe[1][0]  # the probe's own bias, not a model parameter
+  np.testing.assert_allclose((cp.tokens + cp.positions + cp.token_types).sum(1) + cp.biases,
+                             cp.target - offset, rtol=1e-4, atol=1e-5)
+
+
 def test_cues_behind_word_start_markers():
   """Byte-level BPE ("Ġnot", "'t") and SentencePiece ("▁never") cues and their twins."""
   vocab = ["<s>", "</s>", "ĠShe", "Ġdid", "Ġnot", "Ġalso", "Ġgo", ".", "didn", "'t", "'s",

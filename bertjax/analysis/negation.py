@@ -19,6 +19,7 @@ import numpy as np
 
 import bertjax
 from bertjax.analysis import attribution as attr
+from bertjax.analysis import lrp
 from bertjax.stats import spearman
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
@@ -27,15 +28,17 @@ TWINS = {"not": "also", "never": "often", "no": "some", "nothing": "something",
          "nobody": "somebody", "none": "some", "nor": "and", "neither": "either",
          "cannot": "can", "t": "s", "'t": "'s"}
 METHODS = ("attention", "rollout", "flow", "norm", "globenc", "alti", "value_zeroing",
-           "grad_x_input", "integrated_gradients")
+           "grad_x_input", "integrated_gradients", "attnlrp")
 
 
 def methods_for(config, methods=METHODS) -> tuple[str, ...]:
   """`methods` less those whose derivation does not cover this block: GlobEnc needs post-LN
-  LayerNorm blocks (`attribution.globenc` refuses the others by family)."""
+  LayerNorm blocks (`attribution.globenc` refuses the others by family), AttnLRP's rules do
+  not cover DeBERTa's disentangled attention (`lrp.check_supported`)."""
   fam = config.family
   post_ln = fam.norm == "post" and fam.norm_kind == "layernorm"
-  return tuple(m for m in methods if post_ln or m != "globenc")
+  return tuple(m for m in methods if (post_ln or m != "globenc")
+               and (not config.disentangled_terms or m != "attnlrp"))
 
 
 def _split(token: str) -> tuple[str, str]:
@@ -135,10 +138,16 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
     mf = mask.astype(h.dtype)[..., None]
     return ((h * mf).sum(1) / mf.sum(1)) @ direction + offset
 
+  def lrp_target(p, c, out):  # the same logit, for `lrp` (its heads would take c)
+    return target(p, out)
+
   out = {}
   for method in methods:
     if method in matrices:
       out[method] = pooled(matrices[method]())
+    elif method == "attnlrp":  # relevance of each token's word embedding
+      out[method] = np.asarray(lrp.attnlrp(params, config, ids, mask, types,
+                                           target_fn=lrp_target).tokens, np.float64)
     elif method == "grad_x_input":
       out[method] = np.asarray(attr.gradient_x_input(params, config, ids, mask, types,
                                                      target_fn=target), np.float64)

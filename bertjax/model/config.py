@@ -72,6 +72,10 @@ class BertConfig:
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
   # Forward mode of the linear layers: None (float) or "int8" (dynamic int8, `bertjax.quantize`).
   quantize: str | None = None
+  # Backward rules of the forward pass: None (the exact gradient), "attnlrp" or "cp-lrp"
+  # (relevance rules in gradient x input form, `bertjax.analysis.lrp`); the forward values are
+  # the same either way.
+  relevance_rules: str | None = None
   # Block options a checkpoint may switch (the family row fixes the rest; BERT's defaults).
   norm_bias: bool = True
   attention_bias: bool = True
@@ -146,6 +150,9 @@ class BertConfig:
       raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {_ATTENTION_IMPLS}")
     if self.quantize not in (None, "int8"):
       raise ValueError(f"quantize={self.quantize!r} must be None or 'int8'")
+    if self.relevance_rules not in (None, "attnlrp", "cp-lrp"):
+      raise ValueError(f"relevance_rules={self.relevance_rules!r} must be None, 'attnlrp' or "
+                       "'cp-lrp'")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"hidden_size={self.hidden_size} must be divisible by "

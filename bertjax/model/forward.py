@@ -370,17 +370,20 @@ def _packed_forward(params, config, packing: Packing, input_ids, token_type_ids,
 
 def embed(params: Params, config: BertConfig, input_ids, token_type_ids=None, *,
           deterministic: bool = True, rng: jax.Array | None = None, patch=None,
-          positions=None) -> jax.Array:
+          positions=None, offset=None) -> jax.Array:
   """The embedding block's output (batch, seq, hidden): the input of block 0.
 
   `patch` is the `embeddings` site's `(value, weight)`, if any; `positions` (batch, seq)
-  each token's position in its sequence when that is not its column (packed rows).
+  each token's position in its sequence when that is not its column (packed rows);
+  `offset` (batch, seq, embed_dim) is added to the sum of the word, type and position
+  embeddings (zeros: a handle for the gradient there).
   """
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(input_ids)
   rngs = None if deterministic else {"dropout": rng}
   x = Embeddings(config).apply({"params": params["embeddings"]}, input_ids, token_type_ids,
-                               deterministic=deterministic, positions=positions, rngs=rngs)
+                               deterministic=deterministic, positions=positions,
+                               offset=offset, rngs=rngs)
   return x if patch is None else mix(x, *patch)
 
 

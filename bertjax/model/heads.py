@@ -24,7 +24,7 @@ from bertjax.model.layers import (
     _init,
     _layer_norm,
     accum_dtype,
-    activation,
+    activation_of,
     compute_dtype,
 )
 
@@ -44,7 +44,7 @@ class Pooler(nn.Module):
     x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg),
                  dtype=compute_dtype(cfg),
                  name="dense")(x)
-    return jnp.tanh(x)
+    return activation_of(cfg, "tanh")(x)
 
 
 def head_activation(config: BertConfig, act: str | None) -> str:
@@ -70,7 +70,7 @@ class MLMHead(nn.Module):
     if spec.has("dense"):
       x = nn.Dense(cfg.embed_dim, use_bias=spec.has_tensor(cfg, ("dense", "bias")),
                    kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense")(x)
-      x = activation(head_activation(cfg, spec.act))(x)
+      x = activation_of(cfg, head_activation(cfg, spec.act))(x)
       x = _layer_norm(cfg, "LayerNorm", kind="layernorm",
                       use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias")))(x)
     if spec.has_tensor(cfg, ("decoder",)):
@@ -107,7 +107,7 @@ class Classifier(nn.Module):
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
       x = nn.Dense(cfg.hidden_size, use_bias=spec.has_tensor(cfg, ("pre", "bias")),
                    kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="pre")(x)
-      x = activation(head_activation(cfg, spec.act))(x)
+      x = activation_of(cfg, head_activation(cfg, spec.act))(x)
       if spec.has("norm"):
         x = _layer_norm(cfg, "norm", kind="layernorm",
                         use_bias=spec.has_tensor(cfg, ("norm", "bias")))(x)
@@ -133,7 +133,7 @@ class RTDHead(nn.Module):
       hidden = _layer_norm(cfg, "norm", kind="layernorm")(hidden + hidden[..., :1, :])
     x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
                  name="dense")(hidden)
-    x = activation(cfg.hidden_act)(x)
+    x = activation_of(cfg, cfg.hidden_act)(x)
     x = nn.Dense(1, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="out")(x)
     return x[..., 0].astype(accum_dtype(cfg))
 

@@ -84,6 +84,60 @@ def _gelu_jvp(primals, tangents):
   return x * cdf, t * (cdf + x * pdf)
 
 
+# Relevance rules as backward passes, in gradient x input form: the forward values are
+# unchanged, and `x * grad` at any input is its relevance. Used where `config.relevance_rules`
+# is "attnlrp" (Achtibat et al. 2024) or "cp-lrp" (Ali et al. 2022); `bertjax.analysis.lrp`.
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def divide_gradient(x, factor: float):
+  """`x` itself; its backward pass divides the incoming gradient by `factor`: the uniform rule
+  on the output of a product of two inputs (each gets half of the relevance)."""
+  return x
+
+
+def _divide_fwd(x, factor):
+  return x, None
+
+
+def _divide_bwd(factor, _, g):
+  return (g / factor,)
+
+
+divide_gradient.defvjp(_divide_fwd, _divide_bwd)
+
+
+def identity_rule(fn):
+  """`fn` (element-wise) whose backward pass multiplies by `fn(x) / x` instead of `fn'(x)`: the
+  identity rule, which hands an activation's relevance to its input unchanged (0 where x is
+  0, where `fn(x) * grad` is what the rule conserves)."""
+
+  @jax.custom_vjp
+  def rule(x):
+    return fn(x)
+
+  def fwd(x):
+    y = fn(x)
+    return y, jnp.where(x == 0, 0, y / jnp.where(x == 0, 1, x)).astype(x.dtype)
+
+  def bwd(ratio, g):
+    return (g * ratio,)
+
+  rule.defvjp(fwd, bwd)
+  return rule
+
+
+def relevance_rules(config: BertConfig) -> bool:
+  """Whether the backward pass follows relevance rules (either set) instead of the gradient."""
+  return config.relevance_rules is not None
+
+
+def activation_of(config: BertConfig, name: str):
+  """The activation `name` in `config`'s backward rules (the identity rule under either)."""
+  fn = activation(name)
+  return identity_rule(fn) if relevance_rules(config) else fn
+
+
 def compute_dtype(config: BertConfig):
   """Matmul dtype; parameters stay float32 (master weights) whatever it is.
 
@@ -129,6 +183,9 @@ class Norm(nn.Module):
   dtype: Any
   kind: str = "layernorm"
   use_bias: bool = True
+  # The identity rule of AttnLRP: the 1 / std (1 / rms) factor is a constant in the backward
+  # pass, so the norm is linear there.
+  detach_scale: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -141,11 +198,13 @@ class Norm(nn.Module):
       row_mean = lambda a: (a @ ones) / n  # (..., 1)
     else:
       row_mean = lambda a: a.mean(-1, keepdims=True)
+    detach = jax.lax.stop_gradient if self.detach_scale else lambda a: a
     if self.kind == "rmsnorm":
-      y = x * jax.lax.rsqrt(row_mean(x * x) + self.epsilon) * scale.astype(acc)
+      y = x * detach(jax.lax.rsqrt(row_mean(x * x) + self.epsilon)) * scale.astype(acc)
     else:
       centred = x - row_mean(x)
-      y = centred * jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon) * scale.astype(acc)
+      y = centred * detach(jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon)) * \
+          scale.astype(acc)
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (n,)).astype(acc)
     return y.astype(self.dtype)
@@ -159,7 +218,8 @@ def _layer_norm(config: BertConfig, name: str, kind: str | None = None,
   """The family's norm (its kind, `config.norm_bias`) under `name`."""
   return Norm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config),
               kind=kind or config.family.norm_kind,
-              use_bias=config.norm_bias if use_bias is None else use_bias, name=name)
+              use_bias=config.norm_bias if use_bias is None else use_bias,
+              detach_scale=relevance_rules(config), name=name)
 
 
 def sinusoidal_table(positions: int, dim: int) -> np.ndarray:
@@ -229,7 +289,8 @@ class Embeddings(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids, deterministic: bool = True, positions=None):
+  def __call__(self, input_ids, token_type_ids, deterministic: bool = True, positions=None,
+               offset=None):
     cfg = self.config
     fam = cfg.family
     dtype = compute_dtype(cfg)
@@ -248,6 +309,8 @@ class Embeddings(nn.Module):
       else:
         x = x + embed(cfg.max_position_embeddings, "position_embeddings")(
             position_ids(cfg, input_ids, positions))
+    if offset is not None:  # (B, T, E) added to the sum: its gradient is the sum's
+      x = x + offset
     x = x.astype(dtype)
     project = lambda x: nn.Dense(cfg.hidden_size, use_bias=fam.projection_bias,
                                  kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
@@ -333,6 +396,11 @@ class SelfAttention(nn.Module):
       q = rotate(q, inv_freq, seq if sites.rows is None else sites.rows)
       k = rotate(k, inv_freq, seq)
     q, k, v = sites.visit("q", q), sites.visit("k", k), sites.visit("v", v)
+    if cfg.relevance_rules == "attnlrp":  # the uniform rule on the product q k^T
+      q, k = divide_gradient(q, 2.0), divide_gradient(k, 2.0)
+    elif cfg.relevance_rules == "cp-lrp":  # the attention weights are constants
+      q, k = jax.lax.stop_gradient(q), jax.lax.stop_gradient(k)
+      bias_table = jax.lax.stop_gradient(bias_table)
     bias = None
     if fam.position_bias == "relative_buckets":
       bias = kernels.PositionBias(bias_table[:, :n] if self.num_heads is None else
@@ -350,6 +418,8 @@ class SelfAttention(nn.Module):
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
     head_out, maps = _attention_core(cfg, q, k, v, key_mask, sites, layer, bias, stats,
                                      stats_special_mask, output_attentions, probs_dropout, seed)
+    if cfg.relevance_rules == "attnlrp":  # the uniform rule on the product probs v
+      head_out = divide_gradient(head_out, 2.0)
     if real is not None and not map_path:
       head_out = head_out * real[:, :, None, None].astype(head_out.dtype)
     if not stats and sites.head_mask is not None:
@@ -522,10 +592,15 @@ class EncoderLayer(nn.Module):
     a = dense(cfg.intermediate_size, "intermediate")(f_in)
     if fam.ffn == "gated":
       gate = sites.visit("ffn_gate",
-                         activation(cfg.hidden_act)(dense(cfg.intermediate_size, "gate")(f_in)))
+                         activation_of(cfg, cfg.hidden_act)(dense(cfg.intermediate_size,
+                                                                  "gate")(f_in)))
+      if cfg.relevance_rules == "cp-lrp":  # the gate is a constant
+        gate = jax.lax.stop_gradient(gate)
       a = gate * a
+      if cfg.relevance_rules == "attnlrp":  # the uniform rule on the gate's product
+        a = divide_gradient(a, 2.0)
     else:
-      a = activation(cfg.hidden_act)(a)
+      a = activation_of(cfg, cfg.hidden_act)(a)
     a = sites.visit("ffn_act", a)
     if fam.ffn_dropout == "inside":
       a = nn.Dropout(cfg.hidden_dropout_prob)(a, deterministic=deterministic)
