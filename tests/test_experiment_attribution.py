@@ -121,6 +121,26 @@ def test_attnlrp_scores_explain_the_probe_logit(tok):
                              cp.target - offset, rtol=1e-4, atol=1e-5)
 
 
+def test_decompx_scores_sum_to_the_probe_logit(tok):
+  """The "decompx" method: each token's part of the mean-pooled final state, read by the
+  probe; with the biases split among the tokens, the scores sum to the logit difference
+  less the probe's own offset."""
+  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, intermediate_size=64)
+  rng = np.random.default_rng(3)
+  params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype),
+                        bertjax.init(config, 0))
+  probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
+  batch = tok.encode(["She did not like it.", "Nobody saw the cat."])
+  got = negation.token_scores(params, config, batch, probe, methods=("decompx",))["decompx"]
+  out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask)
+  m = batch.attention_mask[..., None]
+  pooled = (np.asarray(out.last_hidden_state) * m).sum(1) / m.sum(1)
+  np.testing.assert_allclose(got.sum(1), pooled @ (probe[0][:, 1] - probe[0][:, 0]),
+                             rtol=1e-4, atol=1e-5)
+  assert not got[batch.attention_mask == 0].any()
+
+
 def test_cues_behind_word_start_markers():
   """Byte-level BPE ("Ġnot", "'t") and SentencePiece ("▁never") cues and their twins."""
   vocab = ["<s>", "</s>", "ĠShe", "Ġdid", "Ġnot", "Ġalso", "Ġgo", ".", "didn", "'t", "'s",

@@ -501,3 +501,13 @@ def test_attribution_sentences_follow_the_numbers():
       {"attention": 0.45, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.3,
        "value_zeroing": 0.6}, 0.9))
   assert "2 of the 4" in partly[0] and "partly agrees" in partly[0]
+  assert len(partly) == 2  # no decompositions in the section, no third sentence
+  both = reading.attribution_sentences(section(
+      {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "integrated_gradients": 0.6,
+       "decompx": 0.8, "attnlrp": 0.9}, 0.9))
+  assert "decompx 0.80, attnlrp 0.90" in both[2] and "integrated_gradients (0.60)" in both[2]
+  assert "so this model agrees" in both[2]
+  one = reading.attribution_sentences(section(
+      {"attention": 0.3, "norm": 0.5, "integrated_gradients": 0.85, "decompx": 0.8,
+       "attnlrp": 0.9}, 0.9))
+  assert "partly agrees" in one[2]

@@ -19,7 +19,7 @@ import numpy as np
 
 import bertjax
 from bertjax.analysis import attribution as attr
-from bertjax.analysis import lrp
+from bertjax.analysis import decompx, lrp
 from bertjax.stats import spearman
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
@@ -28,16 +28,18 @@ TWINS = {"not": "also", "never": "often", "no": "some", "nothing": "something",
          "nobody": "somebody", "none": "some", "nor": "and", "neither": "either",
          "cannot": "can", "t": "s", "'t": "'s"}
 METHODS = ("attention", "rollout", "flow", "norm", "globenc", "alti", "value_zeroing",
-           "grad_x_input", "integrated_gradients", "attnlrp")
+           "grad_x_input", "integrated_gradients", "attnlrp", "decompx")
 
 
 def methods_for(config, methods=METHODS) -> tuple[str, ...]:
   """`methods` less those whose derivation does not cover this block: GlobEnc needs post-LN
-  LayerNorm blocks (`attribution.globenc` refuses the others by family), AttnLRP's rules do
-  not cover DeBERTa's disentangled attention (`lrp.check_supported`)."""
+  LayerNorm blocks (`attribution.globenc` refuses the others by family), DecompX those with an
+  ungated FFN too (`decompx.check_supported`), AttnLRP's rules do not cover DeBERTa's
+  disentangled attention (`lrp.check_supported`)."""
   fam = config.family
   post_ln = fam.norm == "post" and fam.norm_kind == "layernorm"
   return tuple(m for m in methods if (post_ln or m != "globenc")
+               and (post_ln and fam.ffn != "gated" or m != "decompx")
                and (not config.disentangled_terms or m != "attnlrp"))
 
 
@@ -145,6 +147,10 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
   for method in methods:
     if method in matrices:
       out[method] = pooled(matrices[method]())
+    elif method == "decompx":  # each token's part of the pooled state, read by the probe
+      parts = decompx.decompx(params, config, ids, mask, types).parts  # (B, T, K, H)
+      pooled_parts = (parts * mask[:, :, None, None]).sum(1) / mask.sum(1)[:, None, None]
+      out[method] = np.asarray(pooled_parts @ direction, np.float64)
     elif method == "attnlrp":  # relevance of each token's word embedding
       out[method] = np.asarray(lrp.attnlrp(params, config, ids, mask, types,
                                            target_fn=lrp_target).tokens, np.float64)
