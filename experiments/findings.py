@@ -38,8 +38,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 # The order of the experiments in the table (the issue's order); others follow by name.
 ORDER = ("dark_secrets", "random_init", "sixteen_heads", "what_bert_looks_at", "probing_layers",
-         "anisotropy", "effective_attention", "attribution", "stacking", "albert_sharing",
-         "model_compression")
+         "anisotropy", "effective_attention", "attribution", "negation_circuit", "stacking",
+         "albert_sharing", "model_compression")
 MARK = {"yes": "✅ yes", "partly": "◐ partly", "no": "❌ no", "n/a": "— n/a"}
 
 
@@ -135,7 +135,38 @@ def _attribution(doc: dict) -> list[Uncertainty]:
   lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
   second = Uncertainty(f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
                        _span(pairs, with_pearson))
-  return [first, second]
+  decomp = [names.index(k) for k in mod.DECOMPOSITIONS if k in names]
+  if not decomp:
+    return [first, second]
+  others = [i for i in range(len(names)) if i not in decomp]
+
+  def decomp_margins(rr):  # each decomposition's MRR minus the best other method's
+    mrr = (1 / rr).mean(1)
+    return mrr[:, decomp] - mrr[:, others].max(1, keepdims=True)
+
+  cis = _ci(ranks, decomp_margins, "{:+.2f}")
+  third = Uncertainty(
+      f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
+      + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
+      _span(ranks, lambda rr: rows(rr)[2]["holds"]))
+  return [first, second, third]
+
+
+def _negation_circuit(doc: dict) -> list[Uncertainty]:
+  """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
+  r, mod = doc["results"], module("negation_circuit")
+  ex = np.asarray(r["exact_scores"], float)
+  eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
+  ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
+  items = (ex[ok], eap[ok], ig[ok])
+  ci = lambda score: stats.bootstrap_ci((items[0], score), stats.pearson,
+                                        n_resamples=RESAMPLES)
+  (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
+  first = Uncertainty(
+      f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
+      f"[{lo_i:.2f}, {hi_i:.2f}]",
+      _span(items, lambda x, e, i: mod.score_verdict(stats.pearson(e, x), stats.pearson(i, x))))
+  return [first, _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")]
 
 
 def _sixteen_heads(doc: dict) -> list[Uncertainty]:
@@ -268,7 +299,8 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
 
 
 UNCERTAINTY = {
-    "attribution": _attribution, "sixteen_heads": _sixteen_heads,
+    "attribution": _attribution, "negation_circuit": _negation_circuit,
+    "sixteen_heads": _sixteen_heads,
     "what_bert_looks_at": _what_bert_looks_at, "albert_sharing": _albert_sharing,
     "model_compression": _model_compression,
     "dark_secrets": lambda doc: [_rerun("per-sentence pattern types"),

@@ -1,0 +1,68 @@
+"""Checks of `experiments/negation_circuit.py`: its rules, a smoke run end to end, and the
+committed results (their rows are what the rules give for their numbers)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import negation_circuit as nc
+
+RESULTS = REPO / "experiments" / "results"
+
+
+def test_rules():
+  assert nc.score_verdict(0.7, 0.9) == "yes"
+  assert nc.score_verdict(0.95, 0.9) == "partly"  # agrees, but not better than EAP
+  assert nc.score_verdict(0.5, 0.6) == "partly"  # better than EAP, but below 0.8
+  assert nc.score_verdict(0.6, 0.5) == "no"
+  assert nc.circuit_verdict(0.01) == "yes"
+  assert nc.circuit_verdict(0.1) == "partly"
+  assert nc.circuit_verdict(0.5) == "no" and nc.circuit_verdict(None) == "no"
+  faith = {"edges": [10, 50, 200], "normalized": [0.3, 0.85, 0.95]}
+  assert nc.smallest_faithful(faith) == 50
+  assert nc.smallest_faithful({"edges": [10], "normalized": [0.2]}) is None
+
+
+def test_agreement_against_scipy():
+  stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=50), rng.normal(size=50)
+  x[3] = np.nan
+  got = nc.agreement(x, y)
+  ok = np.isfinite(x)
+  assert got["edges"] == 49
+  assert got["pearson"] == pytest.approx(stats.pearsonr(x[ok], y[ok])[0], abs=1e-9)
+  assert got["spearman"] == pytest.approx(stats.spearmanr(x[ok], y[ok])[0], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_smoke_run(tmp_path):
+  result = subprocess.run([sys.executable, str(REPO / "experiments" / "negation_circuit.py"),
+                           "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+  assert result.returncode == 0, result.stderr[-3000:]
+  doc = json.loads((tmp_path / "negation_circuit.json").read_text())
+  r = doc["results"]
+  assert doc["smoke"] and len(doc["findings"]) == 2
+  assert r["agreement"]["eap"]["edges"] == r["graph"]["edges"]  # every edge patched
+  assert len(r["faithfulness"]["topk"]["normalized"]) == len(doc["settings"]["sizes"])
+  # The full graph is the full model: every edge kept restores the clean logit difference.
+  assert r["faithfulness"]["topk"]["normalized"][-1] == pytest.approx(1.0, abs=1e-3)
+  assert (tmp_path / "negation_circuit_circuit.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("stem", ["negation_circuit", "negation_circuit_all-mpnet-base-v2"])
+def test_committed_rows_follow_the_rules(stem):
+  path = RESULTS / f"{stem}.json"
+  if not path.exists():
+    pytest.skip(f"{path.name} is not committed")
+  doc = json.loads(path.read_text())
+  assert not doc["smoke"] and doc["findings"] == nc.findings(doc["results"], doc["settings"])
+  r = doc["results"]
+  assert r["agreement"]["eap_ig"]["edges"] >= 2000 and r["pairs"] >= 32
