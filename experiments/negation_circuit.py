@@ -199,36 +199,51 @@ def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[
   return [common.savefig(fig, out, f"{stem}_circuit")]
 
 
+def _probe(params, config, tok, sentences):
+  """The negation probe (`experiments/attribution.py`'s logistic regression on mean-pooled
+  final states of every project sentence) as a negated - affirmative logit difference."""
+  import attribution as attribution_experiment
+
+  import bertjax
+  from bertjax import stats
+  from bertjax.analysis import patching as pt
+
+  batch = tok.encode([s.text for s in sentences])
+  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
+                                      batch.token_type_ids).last_hidden_state, np.float64)
+  feats = stats.mean_pool(hidden, batch.attention_mask)
+  labels = np.asarray([s.negated for s in sentences])
+  w, b = attribution_experiment.two_class(*attribution_experiment.fit_probe(feats, labels))
+  return pt.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
+
+
+def _pairs(tok, sentences, count: int):
+  """The first `count` negated sentences with a one-token cue, and their twins."""
+  from bertjax.analysis import negation
+
+  clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated])
+  n = min(count, len(kept))
+  take = lambda x: dataclasses.replace(
+      x, **{f: np.asarray(getattr(x, f))[:n] for f in ("input_ids", "attention_mask",
+                                                         "token_type_ids", "word_ids")})
+  return take(clean), take(corrupted), kept[:n]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
-  import attribution as attribution_experiment
-
-  import bertjax
-  from bertjax import report, stats
-  from bertjax.analysis import circuits, edges, negation
-  from bertjax.analysis import patching as pt
+  from bertjax import report
+  from bertjax.analysis import circuits, edges
 
   with common.timed(timings, "load"):
     config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(
         0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
-    batch = tok.encode([s.text for s in sentences])
-    hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                                        batch.token_type_ids).last_hidden_state, np.float64)
-    feats = stats.mean_pool(hidden, batch.attention_mask)
-    labels = np.asarray([s.negated for s in sentences])
-    w, b = attribution_experiment.two_class(*attribution_experiment.fit_probe(feats, labels))
-  probe = pt.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
-  negated = [s.text for s in sentences if s.negated]
-  clean, corrupted, kept = negation.pairs(tok, negated)
-  n = min(args.pairs, len(kept))
-  take = lambda x: dataclasses.replace(
-      x, **{f: np.asarray(getattr(x, f))[:n] for f in ("input_ids", "attention_mask",
-                                                         "token_type_ids", "word_ids")})
-  clean, corrupted, kept = take(clean), take(corrupted), kept[:n]
+    probe = _probe(params, config, tok, sentences)
+  clean, corrupted, kept = _pairs(tok, sentences, args.pairs)
+  n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
   run = (params, config, clean, corrupted, probe)
   g = edges.graph(config)

@@ -39,7 +39,7 @@ def _lxt_bert():
   lxt_bert = importlib.import_module("lxt.efficient.models.bert")
   for target, patch in lxt_bert.attnLRP.items():  # as lxt.efficient.monkey_patch does
     patch(target)
-  import transformers.models.bert.modeling_bert as modeling_bert
+  from transformers.models.bert import modeling_bert
   return modeling_bert
 
 

@@ -17,16 +17,17 @@ import bertjax
 from bertjax.analysis import decompx as dx
 from bertjax.model.heads import head_logits
 
-SMALL = dict(vocab_size=300, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-             intermediate_size=48, max_position_embeddings=64)
+SMALL = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
+         "intermediate_size": 48, "max_position_embeddings": 64}
 SERVED = {
-    "bert": dict(),
-    "roberta": dict(preset="roberta-base", max_position_embeddings=66),
-    "distilbert": dict(preset="distilbert-base"),
-    "albert": dict(preset="albert-base", embedding_size=16, num_hidden_groups=1),
-    "electra": dict(preset="electra-base"),
-    "mpnet": dict(preset="mpnet-base"),
-    "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),
+    "bert": {},
+    "roberta": {"preset": "roberta-base", "max_position_embeddings": 66},
+    "distilbert": {"preset": "distilbert-base"},
+    "albert": {"preset": "albert-base", "embedding_size": 16, "num_hidden_groups": 1},
+    "electra": {"preset": "electra-base"},
+    "mpnet": {"preset": "mpnet-base"},
+    "deberta": {"preset": "deberta-v3-base", "position_buckets": 8,
+                "max_relative_positions": 16},
 }
 
 

@@ -70,11 +70,9 @@ class BertConfig:
   scan_unroll: int = 1
   # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
-  # Forward mode of the linear layers: None (float) or "int8" (dynamic int8, `bertjax.quantize`).
+  # Linear layers None (float) or "int8" (`bertjax.quantize`); backward rules None (the
+  # gradient), "attnlrp" or "cp-lrp" (`bertjax.analysis.lrp`): the forward values are the same.
   quantize: str | None = None
-  # Backward rules of the forward pass: None (the exact gradient), "attnlrp" or "cp-lrp"
-  # (relevance rules in gradient x input form, `bertjax.analysis.lrp`); the forward values are
-  # the same either way.
   relevance_rules: str | None = None
   # Block options a checkpoint may switch (the family row fixes the rest; BERT's defaults).
   norm_bias: bool = True
@@ -82,19 +80,17 @@ class BertConfig:
   mlp_bias: bool = True
   # Grouped key/value heads (EuroBERT); None means num_attention_heads.
   num_key_value_heads: int | None = None
-  # Rotary families: the theta of full-attention layers, and of sliding-window layers (None:
-  # the same). None for families without rotary positions.
+  # Rotary theta of full and of sliding layers (local None: the same; no rotary: None).
   rope_theta: float | None = None
   local_rope_theta: float | None = None
-  # Per layer "full_attention" or "sliding_attention" (None: all full); `sliding_window` w is
-  # the window of the sliding layers: keys with |q - k| <= w // 2 (ModernBERT's local_attention).
+  # Per layer "full_attention"/"sliding_attention" (None: all full); sliding layers see keys
+  # with |q - k| <= sliding_window // 2 (ModernBERT's local_attention).
   layer_types: tuple[str, ...] | None = None
   sliding_window: int | None = None
   # MPNet's relative-position bias table rows.
   relative_attention_num_buckets: int = 32
-  # Heads: how the classifier pools ("cls", "mean"; EuroBERT "bos", "mean", "late"), biases
-  # of ModernBERT's head and decoder, its activation (None: hidden_act), and whether the MLM
-  # decoder is the word embeddings (EuroBERT's is its own matrix).
+  # Heads: classifier pooling ("cls", "mean"; EuroBERT "bos", "mean", "late"), ModernBERT's
+  # head and decoder biases, activation (None: hidden_act), MLM decoder tied (not EuroBERT's).
   classifier_pooling: str = "cls"
   classifier_bias: bool = True
   classifier_activation: str | None = None
@@ -142,17 +138,11 @@ class BertConfig:
     if self.max_length < 1:
       raise ValueError(f"max_position_embeddings={self.max_position_embeddings} leaves no usable "
                        f"positions after pad_token_id={self.pad_token_id} ({self.model_type})")
-    if self.hidden_act not in _ACTIVATIONS:
-      raise ValueError(f"hidden_act={self.hidden_act!r} must be one of {_ACTIVATIONS}")
-    if self.dtype not in _DTYPES:
-      raise ValueError(f"dtype={self.dtype!r} must be one of {_DTYPES}")
-    if self.attention_impl not in _ATTENTION_IMPLS:
-      raise ValueError(f"attention_impl={self.attention_impl!r} must be one of {_ATTENTION_IMPLS}")
-    if self.quantize not in (None, "int8"):
-      raise ValueError(f"quantize={self.quantize!r} must be None or 'int8'")
-    if self.relevance_rules not in (None, "attnlrp", "cp-lrp"):
-      raise ValueError(f"relevance_rules={self.relevance_rules!r} must be None, 'attnlrp' or "
-                       "'cp-lrp'")
+    for name, allowed in (("hidden_act", _ACTIVATIONS), ("dtype", _DTYPES),
+                          ("attention_impl", _ATTENTION_IMPLS), ("quantize", (None, "int8")),
+                          ("relevance_rules", (None, "attnlrp", "cp-lrp"))):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
           f"hidden_size={self.hidden_size} must be divisible by "

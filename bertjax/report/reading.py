@@ -564,34 +564,35 @@ def attribution_sentences(a: dict, model: str = "this model",
                ", as they report." if pearson > 0.8 else
                "; here it is a poor estimate, likely because the effect is non-linear "
                "(LayerNorm, later blocks) for the heads that matter."))
+  third = _decomposition_sentence(stats_, ranks, model, resamples)
+  return [first, second] if third is None else [first, second, third]
+
+
+def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
+                            resamples: int) -> str | None:
+  """Section 9's third sentence: DecompX and AttnLRP against the best other method."""
   decomp = [k for k in ("decompx", "attnlrp") if k in stats_]
   if not decomp:
-    return [first, second]
+    return None
   others = [k for k in stats_ if k not in decomp]
   rival = max(others, key=lambda k: stats_[k]["mrr"])
   beat = [k for k in decomp if stats_[k]["mrr"] > stats_[rival]["mrr"]]
-  evidence = None
+  evidence, n = None, len(decomp)
   if ranks and all(k in ranks for k in decomp + others):
-    n = len(decomp)
-
-    def over_rival(r):  # (R, sentences, methods) -> (R, decompositions): MRR over the best other
-      mrr = (1 / r).mean(1)
-      return mrr[:, :n] - mrr[:, n:].max(-1, keepdims=True)
-
-    evidence = interval(
-        np.asarray([ranks[m] for m in decomp + others], float).T, over_rival,
+    evidence = interval(  # (R, sentences, methods) -> each decomposition's MRR over the rival's
+        np.asarray([ranks[m] for m in decomp + others], float).T,
+        lambda r: (1 / r).mean(1)[:, :n] - (1 / r).mean(1)[:, n:].max(-1, keepdims=True),
         lambda v: _levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
         over=f"the {len(ranks[decomp[0]])} sentences, each decomposition's MRR minus the best "
              "other method's",
         shown=[(m, i, "{:+.2f}") for i, m in enumerate(decomp)], resamples=resamples)
-  third = ("Modarressi et al. (2023, DecompX) and Achtibat et al. (2024, AttnLRP) decompose the "
-           "whole model, every block's FFN and norms included, down to the output, and find it "
-           "more faithful than attention-level methods and gradients. Here they rank the cue at "
-           + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
-           + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
-           "agrees if both beat every other method, partly if one does), so "
-           + _verdict(model, len(beat) == len(decomp), bool(beat), evidence) + ".")
-  return [first, second, third]
+  return ("Modarressi et al. (2023, DecompX) and Achtibat et al. (2024, AttnLRP) decompose the "
+          "whole model, every block's FFN and norms included, down to the output, and find it "
+          "more faithful than attention-level methods and gradients. Here they rank the cue at "
+          + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
+          + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
+          "agrees if both beat every other method, partly if one does), so "
+          + _verdict(model, len(beat) == n, bool(beat), evidence) + ".")
 
 
 def disentangled_sentences(d: dict, model: str) -> list[str]:
