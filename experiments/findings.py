@@ -357,6 +357,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "which no checkpoint's weights enter; at MPNet's size (12 x 768) one forward of 32 x "
         "128 tokens takes ~4 s on this CPU class (BERT-base, Measured results), so each "
         "1,000-step run would take > 3 h and the experiment trains three"),
+    ("negation_circuit", "all-mpnet-base-v2"): (
+        "not run on MPNet yet: exact patching of every one of its 32,491 edges would take about "
+        "6 h on this CPU (MiniLM's 7,588: 11.6 min, at an eighth of MPNet's cost per forward); "
+        "`--exact-edges 2000` samples them in about 40 min"),
     ("albert_sharing", "all-mpnet-base-v2"): (
         "not run on MPNet: it pre-trains its own small BERT and ALBERT models from scratch, "
         "which no checkpoint's weights enter (ALBERT's sharing has no MPNet counterpart: "
