@@ -225,3 +225,5 @@ def test_refusals():
   nomic = bertjax.BertConfig.preset("nomic-bert", **SMALL)
   with pytest.raises(ValueError, match="gated"):
     dx.decompx(bertjax.init(nomic), nomic, ids, mask)
+  with pytest.raises(ValueError, match="quantize='int8'"):
+    dx.decompx(params, bertjax.BertConfig(**{**config.__dict__, "quantize": "int8"}), ids, mask)

@@ -210,3 +210,8 @@ def test_refusals():
     lrp.attnlrp(bertjax.init(deberta), deberta, ids, mask, target_fn=_state_target)
   with pytest.raises(ValueError, match="relevance_rules='x'"):
     bertjax.BertConfig(relevance_rules="x")
+  pconfig, pparams = bertjax.prune_heads(config, params, {0: [1]})
+  with pytest.raises(ValueError, match="pruned model"):
+    lrp.attnlrp(pparams, pconfig, ids, mask, target_fn=_state_target, sites=("head_out",))
+  got = lrp.attnlrp(pparams, pconfig, ids, mask, target_fn=_state_target, sites=("ffn_act",))
+  assert np.isfinite(np.asarray(got.tokens)).all()

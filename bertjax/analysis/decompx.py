@@ -70,6 +70,8 @@ def check_supported(config: BertConfig, head: str | None = None) -> None:
                      f"FFN is {fam.ffn} (a product of two decomposed vectors)")
   if config.kv_heads != config.num_attention_heads:
     raise ValueError("decompx needs one value head per attention head")
+  if config.quantize is not None:
+    raise ValueError(f"decompx needs the float forward pass; got quantize={config.quantize!r}")
   if head not in (None, "classifier"):
     raise ValueError(f"head={head!r} must be None or 'classifier'")
   if head == "classifier":

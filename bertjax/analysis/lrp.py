@@ -51,7 +51,7 @@ from bertjax.model.config import BertConfig
 from bertjax.model.forward import BertOutput, embed, forward
 from bertjax.model.heads import head_logits, mlm_logits
 from bertjax.model.layers import accum_dtype, position_ids
-from bertjax.model.sites import block_sites, site_shape
+from bertjax.model.sites import HEAD_AXIS, block_sites, site_shape
 
 Params = dict[str, Any]
 RULES = ("attnlrp", "cp-lrp", "gradient")
@@ -126,6 +126,9 @@ def attnlrp(params: Params, config: BertConfig, input_ids, attention_mask=None,
     if site not in block_sites(config):
       raise ValueError(f"site {site!r} is not a block site of {config.model_type}; expected "
                        f"some of {block_sites(config)}")
+    if config.is_pruned and site in HEAD_AXIS:
+      raise ValueError(f"site {site!r} has a head axis, which a pruned model's blocks do not "
+                       "keep whole; ask for it on the unpruned model with a head mask")
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(jnp.asarray(input_ids))
   rules_config = dataclasses.replace(config,
@@ -216,12 +219,13 @@ def _plus(offsets, value, layer):
   return value + offsets[layer].astype(value.dtype)
 
 
-def head_logit(head: str, index) -> TargetFn:
+def head_logit(head: str, index, attention_mask=None) -> TargetFn:
   """A target: logit `index` (an int, or (batch,) ints) of a sequence head ("classifier",
-  "nsp", "sop")."""
+  "nsp", "sop"); a head that pools over the tokens (ModernBERT's and EuroBERT's "mean" and
+  "late") needs the batch's `attention_mask`."""
 
   def target(params, config, out):
-    logits = head_logits(params, config, out, head)
+    logits = head_logits(params, config, out, head, attention_mask=attention_mask)
     return logits[jnp.arange(logits.shape[0]), jnp.broadcast_to(index, logits.shape[:1])]
 
   return target
