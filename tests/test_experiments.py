@@ -28,7 +28,7 @@ SCRIPTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py")
 sys.path.insert(0, str(REPO / "experiments"))
 import findings
 
-READ_NO_DATA = {"attribution"}  # built with common.parser(data=False)
+READ_NO_DATA = {"attribution", "negation_circuit"}  # built with common.parser(data=False)
 
 
 def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
