@@ -89,6 +89,19 @@ def fit_probe(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2):
   return np.asarray(theta[:-1]), float(theta[-1]), mu, sd
 
 
+def pooled_features(params, config, tok, sentences):
+  """(features, labels): each sentence's mean-pooled final states (float64) and whether it
+  is negated, what the probe is fitted on."""
+  import bertjax
+  from bertjax import stats
+
+  batch = tok.encode([s.text for s in sentences])
+  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
+                                      batch.token_type_ids).last_hidden_state, np.float64)
+  return (stats.mean_pool(hidden, batch.attention_mask),
+          np.asarray([s.negated for s in sentences]))
+
+
 def two_class(w, b, mu, sd):
   """The standardised logistic probe as `(weight (hidden, 2), bias (2,))` on raw pooled states."""
   return np.stack([np.zeros_like(w), w / sd], 1), np.asarray([0.0, b - (mu / sd) @ w])
@@ -183,8 +196,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 def main(argv=None) -> int:
   args = common.parser(__doc__, data=False).parse_args(argv)
   t0 = time.perf_counter()
-  import bertjax
-  from bertjax import report, stats
+  from bertjax import report
   from bertjax.analysis import negation
 
   settings = SMOKE if args.smoke else FULL
@@ -194,11 +206,7 @@ def main(argv=None) -> int:
         0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
-    batch = tok.encode([s.text for s in sentences])
-    hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                                        batch.token_type_ids).last_hidden_state, np.float64)
-    feats = stats.mean_pool(hidden, batch.attention_mask)
-    labels = np.asarray([s.negated for s in sentences])
+    feats, labels = pooled_features(params, config, tok, sentences)
     rng = np.random.default_rng(args.seed)
     test = rng.permutation(len(labels))[:len(labels) // 5]
     train = np.setdiff1d(np.arange(len(labels)), test)

@@ -204,15 +204,9 @@ def _probe(params, config, tok, sentences):
   final states of every project sentence) as a negated - affirmative logit difference."""
   import attribution as attribution_experiment
 
-  import bertjax
-  from bertjax import stats
   from bertjax.analysis import patching as pt
 
-  batch = tok.encode([s.text for s in sentences])
-  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                                      batch.token_type_ids).last_hidden_state, np.float64)
-  feats = stats.mean_pool(hidden, batch.attention_mask)
-  labels = np.asarray([s.negated for s in sentences])
+  feats, labels = attribution_experiment.pooled_features(params, config, tok, sentences)
   w, b = attribution_experiment.two_class(*attribution_experiment.fit_probe(feats, labels))
   return pt.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
 
