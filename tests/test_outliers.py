@@ -34,7 +34,7 @@ def _batches(config):
 
 
 def _states(params, config, batches):
-  hs, reals = [], []
+  hs = []
   for b in batches:
     out = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
                           output_hidden_states=True)
@@ -92,3 +92,37 @@ def test_int8_error_by_layer_equals_its_definition():
   np.testing.assert_allclose(got["relative_error"], want, rtol=1e-6)
   assert (0 < want).all() and (want < 0.2).all()
   np.testing.assert_allclose(got["max_abs"], np.abs(h).max((1, 2)), rtol=1e-6)
+
+
+def test_report_section_matches_the_library_and_numpy():
+  """The report's section 10: the census is `outlier_dimensions`'; the per-sentence attention
+  on special tokens is recomputed from the maps in NumPy; the per-sentence massive counts add
+  up to `massive_activations`'; the interval brackets the count found."""
+  from bertjax.report import sections
+  from bertjax.report.settings import ReportSettings
+
+  config, params = _planted(beta_last=2e4, beta_all=10.0)  # massive in the last layer
+  batches = _batches(config)
+  for b in batches:
+    b["input_ids"][:, 0] = 2  # [CLS]-like first token, and a special id inside
+    b["input_ids"][:, 4] = 3
+    b["token_type_ids"] = np.zeros_like(b["input_ids"])
+  tok = type("Tok", (), {"cls_id": 2, "sep_id": 3})()
+  got = sections.outlier_section(params, config, tok, list(enumerate(batches)),
+                                 ReportSettings(bootstrap_resamples=50))
+  census = outliers.outlier_dimensions(params, config, batches)
+  assert got["dims"] == [7] and np.allclose(got["z"], census.z)
+  assert got["count_ci"][0] <= 1 <= got["count_ci"][1]
+  massive = outliers.massive_activations(params, config, batches)
+  assert massive.count[-1] > 0
+  np.testing.assert_array_equal(np.asarray(got["massive"]["by_sentence"]).sum(0), massive.count)
+  want = []
+  for b in batches:
+    a = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                                   output_attentions=True).attentions, np.float64)
+    for i in range(len(b["input_ids"])):
+      real = b["attention_mask"][i] > 0
+      cols = real & np.isin(b["input_ids"][i], [2, 3])
+      want.append(a[:, i][:, :, real][..., cols].sum(-1).mean())
+  np.testing.assert_allclose(got["special_mass"]["intact"], want, rtol=1e-6)
+  assert np.mean(got["special_mass"]["disabled"]) != pytest.approx(np.mean(want))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bertjax.report import reading as rr
+from bertjax.report.reading_representations import upper_bound
 
 MODEL = "org/tiny-model"
 
@@ -36,6 +37,13 @@ def _results() -> dict:
                     "stats": {"raw": {"cls": [[0.3, 0.2]], "sep": [[0.1, 0.1]]},
                               "effective": {"cls": [[0.01, 0.02]], "sep": [[0.01, 0.0]],
                                             "raw_corr": [[0.4, 0.5]]}}},
+      # Two of 40 dimensions outlie; disabling them halves the attention on special tokens;
+      # layers 2 and 3 hold massive entries.
+      "outliers": {"dims": [3, 17], "hidden_size": 40, "tokens": 99,
+                   "outliers_per_layer": [2, 2, 1],
+                   "special_mass": {"intact": [0.5, 0.6, 0.4], "disabled": [0.2, 0.3, 0.25]},
+                   "massive": {"count": [0, 3, 2], "max_abs": [20.0, 900.0, 800.0],
+                               "median_abs": [0.5, 0.4, 0.5]}},
   }
 
 
@@ -46,7 +54,7 @@ def _verdicts(r: dict) -> dict[str, list[str]]:
 def test_every_section_agrees_and_names_the_model():
   readings = rr.readings(_results())
   assert set(readings) == {"text", "clark", "patterns", "task", "ablation", "pruning",
-                           "anisotropy", "pos", "effective"}
+                           "anisotropy", "pos", "effective", "outliers"}
   for section, sentences in readings.items():
     assert any(MODEL in s for s in sentences), section
     assert "all-MiniLM" not in " ".join(sentences), section  # never the default's name
@@ -92,6 +100,13 @@ FLIPS = [
     ("pos", ("pos", "selectivity"), [0.1, 0.1, 0.25, 0.2], ["agrees", "partly agrees"]),
     ("effective", ("effective", "stats", "effective", "cls"), [[0.2, 0.2]], ["partly agrees"]),
     ("effective", ("effective", "stats", "effective", "cls"), [[0.5, 0.4]], ["disagrees"]),
+    # No dimension outlies: nothing to disable, so the second sentence has no verdict.
+    ("outliers", ("outliers", "dims"), [], ["disagrees", "agrees"]),
+    ("outliers", ("outliers", "dims"), list(range(5)), ["partly agrees", "agrees", "agrees"]),
+    ("outliers", ("outliers", "special_mass", "disabled"), [0.45, 0.55, 0.35],
+     ["agrees", "partly agrees", "agrees"]),
+    ("outliers", ("outliers", "massive", "count"), [0, 0, 2], ["agrees", "agrees",
+                                                               "partly agrees"]),
 ]
 
 
@@ -160,9 +175,9 @@ def test_importance_is_compared_with_the_size_of_the_loss_change():
 
 def test_a_stated_bound_holds_for_the_unrounded_value():
   """"within 0.01 of 0" was printed for 0.014: a bound is rounded up, never to the nearest."""
-  assert rr.upper_bound(0.014) == "0.02" and rr.upper_bound(0.01) == "0.01"
-  assert rr.upper_bound(0.07) == "0.07" and rr.upper_bound(0.0) == "0.00"
-  assert rr.upper_bound(0.1234, 3) == "0.124"
+  assert upper_bound(0.014) == "0.02" and upper_bound(0.01) == "0.01"
+  assert upper_bound(0.07) == "0.07" and upper_bound(0.0) == "0.00"
+  assert upper_bound(0.1234, 3) == "0.124"
   r = _results()
   r["anisotropy"]["anisotropy_centered"] = [0.0, 0.014, -0.003, 0.0]
   text = rr.readings(r)["anisotropy"][1]
@@ -224,6 +239,11 @@ def _itemized(r: dict, n: int = 60, seed: int = 0) -> dict:
   a = np.asarray(r["anisotropy"]["anisotropy"])
   r["anisotropy"]["ci"] = {"sentences": n, "anisotropy": [(a - 0.02).tolist(), (a + 0.02).tolist()],
                            "rise": [a[-1] - a[1] - 0.03, a[-1] - a[1] + 0.03]}
+  o = r["outliers"]
+  o["count_ci"] = [len(o["dims"]), len(o["dims"])]
+  o["special_mass"] = {k: around(np.mean(v), n, 0.02).tolist()
+                       for k, v in o["special_mass"].items()}
+  o["massive"]["by_sentence"] = [[0, 1, 1] if i % 2 else [0, 0, 1] for i in range(n)]
   acc, sel = np.asarray(r["pos"]["accuracy"]), np.asarray(r["pos"]["selectivity"])
   rows = np.full(n, 10)
   r["pos"]["test_by_sentence"] = {

@@ -162,6 +162,18 @@ def _disentangled_figures(r: dict, out: pathlib.Path) -> Figures:
   }
 
 
+def _outlier_figures(r: dict, out: pathlib.Path) -> Figures:
+  o = r["outliers"]
+  z = np.abs(np.asarray(o["z"], float))  # (L, H)
+  shown = sorted(o["dims"], key=lambda d: -z[:, d].max())[:8]  # the 8 most outlying
+  curves = {f"dimension {d}": z[:, d] for d in shown}
+  curves["largest |z| of the layer"] = z.max(1)
+  curves["outlier threshold (3)"] = np.full(len(z), 3.0)
+  return {"outliers": viz.layer_curves(
+      curves, out / "outliers.png", ylabel="|z| of the mean activation", first_layer=1,
+      title=f"Outlier dimensions ({len(o['dims'])} in >= 25% of the layers)")}
+
+
 # In page order (`write_figures` returns the figures in this order): the page section, the
 # results it draws (a section that failed has none to draw), the helper.
 _SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns", _pattern_figures),
@@ -170,6 +182,7 @@ _SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns",
                     ("anisotropy", "anisotropy", _anisotropy_figures),
                     ("pos", "pos", _pos_figures), ("effective", "effective", _effective_figures),
                     ("attribution", "attribution", _attribution_figures),
+                    ("outliers", "outliers", _outlier_figures),
                     ("disentangled", "disentangled", _disentangled_figures))
 
 

@@ -66,3 +66,27 @@ def at_ends(low: np.ndarray, high: np.ndarray, level: Callable, *, over: str,
   text = f"95% CI over {over}: " + ", ".join(
       f"{label} [{fmt.format(low[c])}, {fmt.format(high[c])}]" for label, c, fmt in shown)
   return Interval((ends[0], ends[1]), text)
+
+
+WORDS = ("disagrees", "partly agrees", "agrees")
+
+
+def verdict(model: str, full: bool, part: bool = False, evidence: Interval | None = None) -> str:
+  """`"<model> agrees"`, `"<model> partly agrees"` or `"<model> disagrees"`, with its 95%
+  interval; `"the verdict on <model> is inconclusive"` where the interval's two ends give
+  different verdicts."""
+  point = 2 if full else 1 if part else 0
+  if evidence is None:
+    return (f"{model} {WORDS[point]} (no confidence interval: report.json keeps no per-item "
+            "values for this rule)")
+  low, high = min(evidence.levels[0], point), max(evidence.levels[1], point)
+  if low == high:
+    return f"{model} {WORDS[point]} ({evidence.text}; the same verdict across it)"
+  return (f"the verdict on {model} is inconclusive ({evidence.text}: from '{WORDS[low]}' to "
+          f"'{WORDS[high]}' within it)")
+
+
+def levels(full, part=None):
+  """Verdict levels (2 agrees, 1 partly, 0 disagrees) from boolean arrays of a rule's parts."""
+  full = np.asarray(full)
+  return np.where(full, 2, np.where(np.asarray(part if part is not None else False), 1, 0))

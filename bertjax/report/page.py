@@ -31,13 +31,14 @@ SECTIONS = (
     ("pos", "7. Part-of-speech probe (UD English EWT)"),
     ("effective", "8. Raw vs effective attention (Brunner et al. 2020)"),
     ("attribution", "9. Token attribution and head patching (negation)"),
+    ("outliers", "10. Outlier dimensions and massive activations (Kovaleva et al. 2021)"),
     ("timing", "Run time"),
 )
 # Sections only some models get (absent from report.json and the page otherwise): id, title,
 # the section of `SECTIONS` it follows.
 MODEL_SECTIONS = (
-    ("disentangled", "10. Content vs position in DeBERTa's scores (He et al. 2021)",
-     "attribution"),
+    ("disentangled", "11. Content vs position in DeBERTa's scores (He et al. 2021)",
+     "outliers"),
 )
 _TITLES = {**dict(SECTIONS), **{k: t for k, t, _ in MODEL_SECTIONS}}
 
@@ -391,8 +392,35 @@ def _head_list(heads) -> str:
   return ", ".join(f"L{l}H{h}" for l, h in heads) or "none"
 
 
+def _outliers_html(r: dict, figs: dict, reads: dict) -> list[str]:
+  """Section 10: outlier dimensions by layer, massive activations, special-token attention."""
+  o = r.get("outliers")
+  if not o:
+    return []
+  m, mass = o["massive"], o["special_mass"]
+  ratio = np.asarray(m["max_abs"], float) / np.asarray(m["median_abs"], float)
+  z = np.abs(np.asarray(o["z"], float))
+  return [
+      _heading("outliers") + "<p>For every layer, each dimension's mean activation over the "
+      f"text's {o['tokens']} real tokens, as a z-score among the layer's {o['hidden_size']} "
+      "dimensions; a dimension is an <b>outlier</b> of the model when |z| >= 3 in at least 25% "
+      "of the layers (Kovaleva et al. 2021, as Puccetti et al. 2022 read them). Disabling one "
+      "sets every norm's scale and bias to zero there. Massive activations (Sun et al. 2024): "
+      "entries above both 100 and 1000 times the layer's median magnitude. The attention on "
+      "special tokens is each sentence's mean over real query rows, heads and layers: "
+      f"{np.mean(mass['intact']):.3f} intact"
+      + (f", {np.mean(mass['disabled']):.3f} with the outliers disabled" if "disabled" in mass
+         else "") + ".</p>",
+      _reading(reads, "outliers"),
+      _fig(figs, "outliers", "The outlier dimensions' |z| by layer"),
+      _table(["layer", "outlier dimensions", "largest |z|", "massive entries",
+              "largest / median magnitude"],
+             _layer_rows({"n": o["outliers_per_layer"], "z": z.max(1), "c": m["count"],
+                          "r": ratio}, first=1), 1)]
+
+
 def _disentangled_html(r: dict, figs: dict, reads: dict) -> list[str]:
-  """Section 10 (DeBERTa only): the score terms' shares, and the heads position drives."""
+  """Section 11 (DeBERTa only): the score terms' shares, and the heads position drives."""
   d = r.get("disentangled")
   if not d:
     return []
@@ -456,6 +484,7 @@ _SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
                  ("anisotropy", "anisotropy", _anisotropy_html), ("pos", "pos", _pos_html),
                  ("effective", "effective", _effective_html),
                  ("attribution", "attribution", _attribution_html),
+                 ("outliers", "outliers", _outliers_html),
                  ("disentangled", "disentangled", _disentangled_html),
                  ("timing", "timing", _timing_html))
 

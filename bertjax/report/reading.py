@@ -24,42 +24,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax import stats
-from bertjax.report.intervals import RESAMPLES, Interval, at_ends, interval
+from bertjax.report.intervals import RESAMPLES, interval, levels, verdict
+from bertjax.report.reading_representations import (
+  anisotropy_sentences,
+  outlier_sentences,
+  pos_sentences,
+)
 
 # Accuracy within this of a reference counts as "no noticeable drop" (Michel et al.'s reading,
 # and the experiments' `sixteen_heads` tolerance).
 TOLERANCE = 0.02
-
-
-def upper_bound(x: float, digits: int = 2) -> str:
-  """`x` printed as a bound that holds: rounded up, never down ("within 0.02" for 0.014,
-  where rounding to the nearest would print a 0.01 the value exceeds)."""
-  scale = 10 ** digits
-  return f"{np.ceil(round(x * scale, 9)) / scale:.{digits}f}"
-
-
-WORDS = ("disagrees", "partly agrees", "agrees")
-
-
-def _verdict(model: str, full: bool, part: bool = False, evidence: Interval | None = None) -> str:
-  """`"<model> agrees"`, `"<model> partly agrees"` or `"<model> disagrees"`, with its 95%
-  interval; `"the verdict on <model> is inconclusive"` where the interval's two ends give
-  different verdicts."""
-  point = 2 if full else 1 if part else 0
-  if evidence is None:
-    return (f"{model} {WORDS[point]} (no confidence interval: report.json keeps no per-item "
-            "values for this rule)")
-  low, high = min(evidence.levels[0], point), max(evidence.levels[1], point)
-  if low == high:
-    return f"{model} {WORDS[point]} ({evidence.text}; the same verdict across it)"
-  return (f"the verdict on {model} is inconclusive ({evidence.text}: from '{WORDS[low]}' to "
-          f"'{WORDS[high]}' within it)")
-
-
-def _levels(full, part=None):
-  """Verdict levels (2 agrees, 1 partly, 0 disagrees) from boolean arrays of a rule's parts."""
-  full = np.asarray(full)
-  return np.where(full, 2, np.where(np.asarray(part if part is not None else False), 1, 0))
 
 
 def _thirds(n: int) -> tuple[slice, slice, slice]:
@@ -83,7 +57,7 @@ def _sink_stats(cls, sep, punct, middle: slice):
 
 
 def _sink_level(v):
-  return _levels((v[..., 0] > 0.5) & (v[..., 1] > 0), v[..., 0] > 0.5)
+  return levels((v[..., 0] > 0.5) & (v[..., 1] > 0), v[..., 0] > 0.5)
 
 
 def _entropy_stats(ent, n: int):
@@ -123,7 +97,7 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
       f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
       f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
       "layers' attention with [SEP] the largest, partly if over half goes to them but another "
-      f"token is the sink; so {_verdict(model, point == 2, point >= 1, sink)}.")
+      f"token is the sink; so {verdict(model, point == 2, point >= 1, sink)}.")
   ent = bl["entropy"]
   top_ent = int(np.argmax(ent))
   half = max(1, n // 2)
@@ -132,7 +106,7 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
   third = max(1, round(n / 3))
 
   def entropy_level(v):  # v (..., 2): first half minus second, index of the highest entropy
-    return _levels((v[..., 1] < third) & (v[..., 0] > 0), (v[..., 1] < third) | (v[..., 0] > 0))
+    return levels((v[..., 1] < third) & (v[..., 0] > 0), (v[..., 1] < third) | (v[..., 0] > 0))
 
   spread = interval(np.asarray(per["entropy"], float), lambda a: _entropy_stats(a.mean(1), n),
                     entropy_level, over=over, shown=[("first half minus second", 0, "{:+.2f}")],
@@ -144,7 +118,7 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
       f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
       "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
       "the first half exceeds the second, partly if one of the two; so "
-      f"{_verdict(model, point == 2, point >= 1, spread)}.")
+      f"{verdict(model, point == 2, point >= 1, spread)}.")
   return [first, second]
 
 
@@ -165,7 +139,7 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
                      m[:, names.index("vertical")] - m[:, other].max(-1)], -1)
 
   def level(v):  # v (..., 2): repeated share, vertical's lead over the other repeated types
-    return _levels((v[..., 0] >= 0.5) & (v[..., 1] >= 0), (v[..., 0] >= 0.5) | (v[..., 1] >= 0))
+    return levels((v[..., 0] >= 0.5) & (v[..., 1] >= 0), (v[..., 0] >= 0.5) | (v[..., 1] >= 0))
 
   per = p.get("per_input")
   evidence = interval(np.asarray(per, float), shares, level, over=f"the {len(per)} inputs",
@@ -179,7 +153,7 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
       f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
       f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
       "at least half of the maps and vertical leads them, partly if one of the two; so "
-      + _verdict(model, point == 2, point >= 1, evidence) + ".")
+      + verdict(model, point == 2, point >= 1, evidence) + ".")
   out = [first]
   if overall["block"] == 0:
     out.append("No map was classified as block: the block type needs attention confined to "
@@ -198,7 +172,7 @@ def _readable_stats(acc):
 
 def _readable_level(v):
   low, not_last = v[..., 0] >= -TOLERANCE, v[..., 1] < -TOLERANCE
-  return _levels(low & not_last, low | not_last)
+  return levels(low & not_last, low | not_last)
 
 
 def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -223,7 +197,7 @@ def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]
       f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
       f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
       "layer is worse, partly if one of the two; so "
-      f"{_verdict(model, point == 2, point >= 1, evidence)}.")
+      f"{verdict(model, point == 2, point >= 1, evidence)}.")
   out = [first]
   if not_last:
     out.append(
@@ -246,7 +220,7 @@ def _within_share(means):
 
 
 def _share_level(v):
-  return _levels(v[..., 0] >= 0.75, v[..., 0] >= 0.5)
+  return levels(v[..., 0] >= 0.75, v[..., 0] >= 0.5)
 
 
 def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -273,10 +247,10 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
          f"none raises the loss (the smallest gain: layer {worst[0] + 1} head {worst[1]}, "
          f"{delta[worst]:+.3f})")
       + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
-      f"{_verdict(model, small >= 0.75, small >= 0.5, heads_ci)}.")
+      f"{verdict(model, small >= 0.75, small >= 0.5, heads_ci)}.")
   heads_off = np.asarray(ab["layer_heads_loss"], float) - base
   best_gain = lambda means: (means[..., 1:] - means[..., :1]).min(-1, keepdims=True)
-  improves = lambda v: _levels(v[..., 0] < 0)
+  improves = lambda v: levels(v[..., 0] < 0)
   layers_ci = interval(
       np.concatenate([np.asarray(ex["loss_baseline"], float)[:, None],
                       np.asarray(ex["loss_layers"], float).T], 1),
@@ -298,7 +272,7 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
       + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better
          else "")
       + cost + ". Rule: agrees if any layer improves; so "
-      + _verdict(model, bool(better), evidence=layers_ci) + ".")
+      + verdict(model, bool(better), evidence=layers_ci) + ".")
   return [first, second]
 
 
@@ -343,7 +317,7 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
   kept_ci = interval(
       np.concatenate([np.asarray(ex["correct_baseline"], float)[:, None],
                       np.asarray(ex["correct_pruning"], float).T], 1),
-      lambda c: _kept(c.mean(1), fractions), lambda v: _levels(v[..., 0] >= 0.35,
+      lambda c: _kept(c.mean(1), fractions), lambda v: levels(v[..., 0] >= 0.35,
                                                                v[..., 0] >= 0.15),
       over=f"the {len(ex['correct_baseline'])} held-out sentences",
       shown=[("heads masked within the tolerance", 0, "{:.0%}")],
@@ -354,7 +328,7 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
       f"{base:.3f} up to {keep:.0%} of heads masked"
       + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
       + ". Rule: agrees if at least 35%, partly if at least 15%; so "
-      f"{_verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}.")
+      f"{verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}.")
   out = [first]
   peak = int(np.argmax(acc))
   layer_acc = np.asarray(task["probe_accuracy_by_layer"], float)
@@ -370,7 +344,7 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
   importance = np.asarray(ab["importance"], float).ravel()
   size = np.abs(np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])).ravel()
   rho_ci = interval((importance, size), lambda i, d: stats.spearman_rows(i, d)[:, None],
-                    lambda v: _levels(v[..., 0] >= 0.5, v[..., 0] > 0),
+                    lambda v: levels(v[..., 0] >= 0.5, v[..., 0] > 0),
                     over=f"the {importance.size} heads", shown=[("Spearman", 0, "{:.2f}")],
                     resamples=resamples)
   out.append(
@@ -380,96 +354,8 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
       f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
       f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
       "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
-      f"{_verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}.")
+      f"{verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}.")
   return out
-
-
-def _high_level(v):
-  """Anisotropy's first rule on values by layer (..., L + 1): >= 0.1 in every block (2), in
-  some (1), in none (0)."""
-  high = (np.asarray(v)[..., 1:] >= 0.1).sum(-1)
-  return _levels(high == np.asarray(v).shape[-1] - 1, high > 0)
-
-
-def anisotropy_sentences(an: dict, model: str) -> list[str]:
-  """Section 6: Ethayarajh's anisotropy."""
-  a = np.asarray(an["anisotropy"], float)
-  blocks = a[1:]
-  high = int((blocks >= 0.1).sum())
-  ci = an.get("ci")
-  over = (f"the {ci['sentences']} sentences (each resample's all-pairs mean cosine)" if ci
-          else "")
-  high_ci = at_ends(*ci["anisotropy"], _high_level, over=over, shown=[
-      (f"layer {i}", i, "{:.2f}") for i in range(1, len(a))]) if ci else None
-  rise_ci = at_ends([ci["rise"][0]], [ci["rise"][1]], lambda v: _levels(v[..., 0] > 0),
-                    over=over, shown=[("last minus layer 1", 0, "{:+.2f}")]) if ci else None
-  centred = float(np.max(np.abs(np.asarray(an["anisotropy_centered"], float)[1:])))
-  first = (
-      "Ethayarajh (2019) found contextual representations anisotropic: two random words have a "
-      "mean cosine well above 0, and more so in upper layers. In "
-      f"{model} the mean cosine of random token pairs is at least 0.1 in {high} of "
-      f"{len(blocks)} layers (layer 1 {blocks[0]:.2f}, peak {blocks.max():.2f} at layer "
-      f"{int(np.argmax(blocks)) + 1}, last {blocks[-1]:.2f}; embeddings {a[0]:.2f}). Rule: "
-      "agrees if in every layer, partly if in some; so "
-      f"{_verdict(model, high == len(blocks), high > 0, high_ci)}.")
-  rises = blocks[-1] > blocks[0]
-  second = (
-      f"Upper layers {'are' if rises else 'are not'} more anisotropic than layer 1 here "
-      f"({blocks[-1]:.2f} vs {blocks[0]:.2f}; rule: agrees if the last layer exceeds the first, "
-      f"so {_verdict(model, rises, evidence=rise_ci)})"
-      + (f"; the last layer falls well below the peak at layer {int(np.argmax(blocks)) + 1} "
-         "(training the last layer further for another objective, such as sentence-embedding "
-         "similarity, is one known cause; these numbers alone cannot tell)"
-         if int(np.argmax(blocks)) < len(blocks) - 1 and blocks.max() > blocks[-1] + 0.05 else "")
-      + f". After mean-centring every layer is within {upper_bound(centred)} of 0: the common "
-      "direction (the mean vector) accounts for the anisotropy.")
-  return [first, second]
-
-
-def _probe_stats(rows, correct, control):
-  """The POS rules' statistics from per-sentence counts ((..., S), (..., S, L + 1) twice): the
-  best layer, and the selectivity (accuracy minus control accuracy) there."""
-  total = np.asarray(rows, float).sum(-1)[..., None]
-  acc, ctrl = np.asarray(correct, float).sum(-2) / total, np.asarray(control, float).sum(-2) / total
-  best = np.argmax(acc, -1)
-  sel = np.take_along_axis(acc - ctrl, best[..., None], -1)[..., 0]
-  return np.stack([best, sel], -1)
-
-
-def pos_sentences(pos: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
-  """Section 7: the UPOS probe."""
-  if not pos.get("available"):
-    return [(f"The POS probe did not run ({pos.get('reason', 'no UD data')}), so this report "
-            "cannot compare the layer of part-of-speech information with Tenney et al.'s.")]
-  acc = np.asarray(pos["accuracy"], float)
-  sel = np.asarray(pos["selectivity"], float)
-  best = int(pos["best_layer"])
-  blocks = len(acc) - 1
-  half = max(1, (blocks + 1) // 2)
-  low = 1 <= best <= half
-  by = pos.get("test_by_sentence")
-  items = by and "control_correct" in by and (
-      np.asarray(by["rows"], float), np.asarray(by["correct"], float).T,
-      np.asarray(by["control_correct"], float).T)
-  over = f"the {len(by['rows'])} held-out sentences" if items else ""
-  in_lower_half = lambda v: _levels((v[..., 0] >= 1) & (v[..., 0] <= half))
-  layer_ci = interval(items, _probe_stats, in_lower_half, over=over,
-                      shown=[("best layer", 0, "{:.0f}")], resamples=resamples) if items else None
-  sel_ci = interval(items, _probe_stats, lambda v: _levels(v[..., 1] >= 0.2, v[..., 1] >= 0.05),
-                    over=over, shown=[("selectivity at the best layer", 1, "{:.3f}")],
-                    resamples=resamples) if items else None
-  first = (
-      "Tenney et al. (2019) and Liu et al. (2019) found part of speech best read from the "
-      f"lower-middle layers. {model}'s UPOS probe is best at layer {best} of {blocks} "
-      f"({acc[best]:.3f}; embeddings {acc[0]:.3f}, last {acc[-1]:.3f}). Rule: agrees if the "
-      f"best layer is a block in the lower half (1-{half}); so "
-      f"{_verdict(model, low, evidence=layer_ci)}.")
-  second = (
-      "Hewitt & Liang (2019) ask that a probe be selective (much better on the task than on a "
-      f"control task of random word-type tags): selectivity at the best layer is "
-      f"{sel[best]:.3f} (rule: agrees if at least 0.2, partly if at least 0.05; so "
-      f"{_verdict(model, sel[best] >= 0.2, sel[best] >= 0.05, sel_ci)}).")
-  return [first, second]
 
 
 def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -487,7 +373,7 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
 
   evidence = interval(
       tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")), masses,
-      lambda v: _levels(v[..., 0] <= 0.5, v[..., 1] < 0),
+      lambda v: levels(v[..., 0] <= 0.5, v[..., 1] < 0),
       over=f"the {len(per['tokens'])} passages", shown=[("effective / raw", 0, "{:.2f}")],
       resamples=resamples) if per else None
   first = (
@@ -497,7 +383,7 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
       f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
       f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
       "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
-      f"{_verdict(model, effective <= raw / 2, effective < raw, evidence)}.")
+      f"{verdict(model, effective <= raw / 2, effective < raw, evidence)}.")
   second = (f"Raw and effective maps correlate {corr:.2f} on average over heads"
             + ("" if longer else "; the passages are not longer than the head dimension, so "
                "there is no null space and the two should be equal")
@@ -529,7 +415,7 @@ def attribution_sentences(a: dict, model: str = "this model",
     k = len(names) - n_weights
     evidence = interval(
         np.asarray([ranks[m] for m in names], float).T, margins,
-        lambda v: _levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
+        lambda v: levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
         over=f"the {len(ranks[names[0]])} sentences, each method's MRR minus the best "
              "attention-weight method's",
         shown=[(m, i, "{:+.2f}") for i, m in enumerate(names[n_weights:])], resamples=resamples)
@@ -540,7 +426,7 @@ def attribution_sentences(a: dict, model: str = "this model",
            f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
            f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
            "agrees with them if all do, partly if some), so "
-           + _verdict(model, len(above) == len(mixing), bool(above), evidence) + ".")
+           + verdict(model, len(above) == len(mixing), bool(above), evidence) + ".")
   patch = a["patching"]
   exact = np.asarray(patch["exact"], float)
   top = np.unravel_index(np.nanargmax(exact), exact.shape)
@@ -551,7 +437,7 @@ def attribution_sentences(a: dict, model: str = "this model",
   fine = np.isfinite(exact.ravel()) & np.isfinite(approx.ravel())
   sure = interval((exact.ravel()[fine], approx.ravel()[fine]),
                   lambda x, y: stats.pearson_rows(x, y)[:, None],
-                  lambda v: _levels(v[..., 0] > 0.8), over=f"the {int(fine.sum())} heads",
+                  lambda v: levels(v[..., 0] > 0.8), over=f"the {int(fine.sum())} heads",
                   shown=[("Pearson", 0, "{:.2f}")], resamples=resamples) if fine.sum() > 2 else None
   straddles = sure is not None and sure.levels[0] != sure.levels[1]
   second = (f"Patching one head's output from {pairs} into its affirmative twin, "
@@ -582,7 +468,7 @@ def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
     evidence = interval(  # (R, sentences, methods) -> each decomposition's MRR over the rival's
         np.asarray([ranks[m] for m in decomp + others], float).T,
         lambda r: (1 / r).mean(1)[:, :n] - (1 / r).mean(1)[:, n:].max(-1, keepdims=True),
-        lambda v: _levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
+        lambda v: levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
         over=f"the {len(ranks[decomp[0]])} sentences, each decomposition's MRR minus the best "
              "other method's",
         shown=[(m, i, "{:+.2f}") for i, m in enumerate(decomp)], resamples=resamples)
@@ -592,11 +478,11 @@ def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
           + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
           + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
           "agrees if both beat every other method, partly if one does), so "
-          + _verdict(model, len(beat) == n, bool(beat), evidence) + ".")
+          + verdict(model, len(beat) == n, bool(beat), evidence) + ".")
 
 
 def disentangled_sentences(d: dict, model: str) -> list[str]:
-  """Section 10 (DeBERTa): how much of the heads' scores position carries, and whether the heads
+  """Section 11 (DeBERTa): how much of the heads' scores position carries, and whether the heads
   it drives are those with a positional pattern (sections 1 and 2)."""
   if not d.get("available", True):
     return [f"The score-term analysis did not run on {model}: {d.get('reason', '')}"]
@@ -638,7 +524,7 @@ def disentangled_sentences(d: dict, model: str) -> list[str]:
       f"({names(sorted(found))}), {int(positional[grid].sum())} are ({rate:.0%}), against "
       f"{other:.0%} of the other heads. Rule: agrees if over half of them are and more often "
       "than the other heads, partly if more often only; so "
-      f"{_verdict(model, rate > 0.5 and rate > other, rate > other)}.")
+      f"{verdict(model, rate > 0.5 and rate > other, rate > other)}.")
   return [first, second]
 
 
@@ -671,6 +557,8 @@ def readings(r: dict) -> dict[str, list[str]]:
             "anisotropy": lambda: anisotropy_sentences(r["anisotropy"], model),
             "pos": lambda: pos_sentences(r["pos"], model, n),
             "effective": lambda: effective_sentences(r["effective"], model, n)}
+  if r.get("outliers"):
+    makers["outliers"] = lambda: outlier_sentences(r["outliers"], model, n)
   if r.get("attribution"):
     makers["attribution"] = lambda: attribution_sentences(r["attribution"], model, n)
   if r.get("disentangled"):  # DeBERTa only

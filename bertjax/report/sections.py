@@ -5,8 +5,8 @@ Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) r
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
 negation task of `bertjax.report.task`; 7 (`pos_section`) reads UD English EWT and 8
 (`effective_section`) passages of consecutive sentences (`join_passages`). Section 10
-(`disentangled_section`, DeBERTa only) reads the text's batches and compares its heads with
-sections 1 and 2.
+(`outlier_section`) reads the text's batches; so does section 11 (`disentangled_section`,
+DeBERTa only), which compares its heads with sections 1 and 2.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 import bertjax
 from bertjax import stats
-from bertjax.analysis import ablation, attention, disentangled, geometry
+from bertjax.analysis import ablation, attention, disentangled, geometry, outliers
 from bertjax.analysis.batching import model_token_types
 from bertjax.report import inputs, reading
 from bertjax.report.sentences import Sentence
@@ -226,6 +226,75 @@ def pos_section(params, config, tok, ud_files, settings: ReportSettings, progres
           "control_accuracy": np.asarray(upos["control_accuracy"]),
           "selectivity": np.asarray(upos["selectivity"]), "best_layer": upos["best_layer"],
           "test_by_sentence": upos["test_by_sentence"]}
+
+
+def _sentence_sums(params, config, batches, bound) -> tuple[np.ndarray, ...]:
+  """Per sentence: the block outputs summed over its real tokens (S, L, H), its real tokens
+  (S,), and how many of its entries exceed each layer's `bound` (L,) in magnitude (S, L)."""
+  sums, counts, above = [], [], []
+  for _, batch in batches:
+    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], output_hidden_states=True)
+    h = np.asarray(o.hidden_states[1:], np.float64)  # (L, B, T, H)
+    real = np.asarray(batch["attention_mask"], np.float64)  # (B, T)
+    sums.append(np.einsum("lbth,bt->blh", h, real))
+    counts.append(real.sum(-1))
+    big = (np.abs(h) > np.asarray(bound)[:, None, None, None]) & (real[None, ..., None] > 0)
+    above.append(big.sum((2, 3)).T)
+  return np.concatenate(sums), np.concatenate(counts), np.concatenate(above)
+
+
+def _special_mass(params, config, batches, special_ids) -> np.ndarray:
+  """(S,) each sentence's attention mass on its special tokens ([CLS]/<s>, [SEP]/</s>), over
+  its real query rows, every head and every layer."""
+  out = []
+  for _, batch in batches:
+    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
+                        batch["token_type_ids"], output_attentions=True)
+    a = np.asarray(o.attentions, np.float64)  # (L, B, N, T, T)
+    real = np.asarray(batch["attention_mask"], bool)
+    on_special = (a * np.isin(batch["input_ids"], special_ids)[None, :, None, None]).sum(-1)
+    out.append((on_special * real[None, :, None]).sum(-1).mean((0, 2)) / real.sum(-1))
+  return np.concatenate(out)
+
+
+def outlier_section(params, config, tok, batches, settings: ReportSettings) -> dict:
+  """Outlier dimensions (Kovaleva et al. 2021, `outliers.outlier_dimensions`'s criterion),
+  the attention on special tokens with and without them (Puccetti et al. 2022) and massive
+  activations (Sun et al. 2024), on the text's sentences.
+
+  With them, `count_ci`: the 95% bootstrap interval over the sentences of how many outlier
+  dimensions the criterion finds (each resample's per-dimension means are its sentences'
+  tokens'); `special_mass` and `massive.by_sentence` (each sentence's massive entries per
+  layer, against the bound of all sentences' median) keep the per-sentence values the reading
+  resamples.
+  """
+  census = outliers.outlier_dimensions(params, config, [b for _, b in batches])
+  massive = outliers.massive_activations(params, config, [b for _, b in batches])
+  sums, counts, above = _sentence_sums(params, config, batches,
+                                       np.maximum(100.0, 1000.0 * massive.median_abs))
+  dims = list(census.dims)
+
+  def found(idx):  # (R, S) resampled sentence indices -> (R,) outlier dimensions found
+    weights = np.zeros((len(idx), len(counts)))
+    np.add.at(weights, (np.arange(len(idx))[:, None], idx), 1)
+    mean = np.einsum("rs,slh->rlh", weights, sums) / (weights @ counts)[:, None, None]
+    z = (mean - mean.mean(-1, keepdims=True)) / mean.std(-1, keepdims=True)
+    return ((np.abs(z) >= 3).mean(1) >= 0.25).sum(-1)
+
+  count_ci = stats.bootstrap_ci(np.arange(len(counts)), found, vectorized=True,
+                                n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+  special = [i for i in (tok.cls_id, tok.sep_id) if i is not None]
+  mass = {"intact": _special_mass(params, config, batches, special)}
+  if dims:
+    off = outliers.disable_dimensions(params, config, dims)
+    mass["disabled"] = _special_mass(off, config, batches, special)
+  return {"z": census.z, "dims": dims, "tokens": census.tokens, "hidden_size": config.hidden_size,
+          "outliers_per_layer": census.is_outlier.sum(1),
+          "count_ci": count_ci, "massive": {"count": massive.count, "max_abs": massive.max_abs,
+                                               "median_abs": massive.median_abs,
+                                               "by_sentence": above},
+          "special_mass": mass}
 
 
 def join_passages(sentences: Sequence[str], tok, target: int, count: int) -> list[str]:
