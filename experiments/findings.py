@@ -38,7 +38,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 # The order of the experiments in the table (the issue's order); others follow by name.
 ORDER = ("dark_secrets", "random_init", "sixteen_heads", "what_bert_looks_at", "probing_layers",
-         "anisotropy", "effective_attention", "attribution", "negation_circuit", "stacking",
+         "anisotropy", "effective_attention", "attribution", "negation_circuit",
+         "outlier_dimensions", "stacking",
          "albert_sharing", "model_compression")
 MARK = {"yes": "✅ yes", "partly": "◐ partly", "no": "❌ no", "n/a": "— n/a"}
 
@@ -167,6 +168,42 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
       f"[{lo_i:.2f}, {hi_i:.2f}]",
       _span(items, lambda x, e, i: mod.score_verdict(stats.pearson(e, x), stats.pearson(i, x))))
   return [first, _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")]
+
+
+def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
+  """Held-out words (the probe's right or wrong, paired across conditions); token types (the
+  frequency correlations); the census and the int8 errors are exact counts."""
+  r, mod = doc["results"], module("outlier_dimensions")
+  exact = Uncertainty("exact: counted over every token read, nothing sampled")
+  if not r["dims"]:
+    return [exact, Uncertainty("n/a: no outlier dimensions"), exact, exact]
+  names = list(r["probe"]["correct"])
+  right = np.stack([np.asarray(r["probe"]["correct"][k], float)[-1] for k in names], 1)
+
+  def drops(x):  # (R, words, conditions) -> (R, conditions - 1): each disabled set's cost
+    acc = x.mean(1)
+    return acc[:, :1] - acc[:, 1:]
+
+  def verdict(x):  # one resample (words, conditions)
+    cost = x[:, 0].mean() - x[:, 1:].mean(0)
+    return mod.ablation_rule(r["dims"], cost[0], cost[1:].tolist())
+
+  lo, hi = stats.bootstrap_ci(right, drops, n_resamples=RESAMPLES, vectorized=True)
+  ablation = _span(right, verdict)
+  first = Uncertainty(f"95% CI over the {len(right):,} held-out words: drop with the outliers "
+                      f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
+                      f"draw up to {100 * hi[1:].max():.1f}", ablation)
+  f = r["frequency"]
+  per_type, log_count = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
+  mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
+  lo_r, hi_r = stats.bootstrap_ci((per_type, log_count), mean_rho, n_resamples=RESAMPLES // 4)
+  sinks = r["sink_share"]
+  second = Uncertainty(
+      f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
+      f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
+      tuple(mod.frequency_rule([v], sinks["intact"], sinks["disabled"]) for v in (lo_r, hi_r)))
+  return [first, second, exact, Uncertainty("exact: every token's error; the Spearman is over "
+                                            f"{len(r['int8']['max_abs'])} layers")]
 
 
 def _sixteen_heads(doc: dict) -> list[Uncertainty]:
@@ -300,6 +337,7 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
 
 UNCERTAINTY = {
     "attribution": _attribution, "negation_circuit": _negation_circuit,
+    "outlier_dimensions": _outlier_dimensions,
     "sixteen_heads": _sixteen_heads,
     "what_bert_looks_at": _what_bert_looks_at, "albert_sharing": _albert_sharing,
     "model_compression": _model_compression,

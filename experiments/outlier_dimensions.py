@@ -1,0 +1,355 @@
+"""Outlier dimensions, massive activations and what they cost: a census by layer.
+
+Run:
+  ./run.sh experiment outlier_dimensions
+  .venv/bin/python experiments/outlier_dimensions.py [--smoke] [--model DIR_OR_HUB_ID]
+
+What it measures, on the real all-MiniLM-L6-v2 (or `--model`), over UD English EWT dev
+sentences (`bertjax.analysis.outliers` holds every definition):
+
+* the census (Kovaleva et al. 2021, "BERT Busters"; Puccetti et al. 2022's reading of
+  their criterion): per layer, the dimensions of the block output whose mean activation over
+  the real tokens lies >= 3 standard deviations from the layer's mean of those means; the
+  model's outlier dimensions are those flagged in >= 25% of the layers;
+* what they carry (Kovaleva et al.'s ablation): every norm's scale and bias set to zero at
+  those dimensions (`outliers.disable_dimensions`), against as many random non-outlier
+  dimensions (`--random-draws` draws). A linear UPOS probe is fitted on the intact model's
+  word features (first subword; half of the sentences) and scored on the other half's
+  features from the intact and from each disabled model, at the middle and the last layer.
+  Neither checkpoint here ships an MLM head, so the MLM loss of the paper is not measured;
+  the probe stands in for "the model's use";
+* their link to token frequency (Puccetti et al. 2022): for each outlier dimension, the
+  Spearman correlation over the token types of the EWT text between the type's mean
+  activation (signed towards the dimension's outlying side, averaged over the layers that
+  flag it) and the log of its count in WikiText-2 (validation + test, tokenised by the
+  model's own tokenizer): a stand-in for the pre-training corpus the paper counts in;
+  and the attention mass on [CLS] and [SEP] (Clark et al.'s statistics) with and without
+  the dimensions, which the paper finds they drive;
+* massive activations (Sun et al. 2024): entries above both 100 and 1000 x the layer's
+  median magnitude;
+* their cost to int8 (Bondarenko et al. 2021): each block output of the dynamic int8 model
+  against the float one, relative error per layer, beside the layer's largest magnitude.
+
+`--smoke` runs a tiny random-weight model on the shipped samples; its numbers are not
+findings.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import common
+import numpy as np
+
+NAME = "outlier_dimensions"
+PROBE_LAYERS = ("middle", "last")
+
+
+def parse_args(argv: Sequence[str] | None = None):
+  p = common.parser(__doc__)
+  p.add_argument("--sentences", type=int, default=1000,
+                 help="EWT dev sentences read (default: 1000; --smoke: 60)")
+  p.add_argument("--random-draws", type=int, default=5,
+                 help="draws of as many random dimensions, the ablation's control (default: 5)")
+  p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
+  args = p.parse_args(argv)
+  for name in ("sentences", "random_draws", "batch_size"):
+    if getattr(args, name) < 1:
+      raise common.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+  if args.smoke:
+    args.sentences, args.random_draws = min(args.sentences, 60), min(args.random_draws, 2)
+  return args
+
+
+def token_counts(tok, paths) -> np.ndarray:
+  """(vocab,) how often the tokenizer emits each id over the lines of `paths` (no specials)."""
+  counts = np.zeros(tok.vocab_size, np.int64)
+  for path in paths:
+    lines = [ln.strip() for ln in path.open(encoding="utf-8") if ln.strip()]
+    for i in range(0, len(lines), 256):
+      enc = tok.encode(lines[i:i + 256], max_length=512, truncation=True)
+      ids = np.asarray(enc.input_ids)[np.asarray(enc.attention_mask) > 0]
+      counts += np.bincount(ids, minlength=tok.vocab_size)[:tok.vocab_size]
+  for special in tok.special_ids:
+    counts[special] = 0
+  return counts
+
+
+def dimension_activations(params, config, batches, dims, special_ids):
+  """`(acts (L, n, k), ids (n,))`: the block outputs at `dims` of every real, non-special
+  token."""
+  import bertjax
+
+  acts, ids = [], []
+  for b in batches:
+    out = bertjax.forward(params, config, b.input_ids, b.attention_mask, b.token_type_ids,
+                          output_hidden_states=True)
+    h = np.asarray(out.hidden_states[1:])[..., list(dims)]  # (L, B, T, k)
+    keep = (np.asarray(b.attention_mask) > 0) & ~np.isin(b.input_ids, list(special_ids))
+    acts.append(h[:, keep])
+    ids.append(np.asarray(b.input_ids)[keep])
+  return np.concatenate(acts, 1), np.concatenate(ids)
+
+
+def frequency_correlation(acts, ids, counts, census, dims) -> dict:
+  """Per outlier dimension: Spearman over token types of the type's mean activation (signed
+  towards the outlying side, mean over the layers that flag it) and log(1 + count)."""
+  from bertjax import stats
+
+  types, inverse = np.unique(ids, return_inverse=True)
+  per_type = np.zeros((len(types), len(dims)))
+  for j, d in enumerate(dims):
+    layers = np.flatnonzero(census.is_outlier[:, d])
+    side = np.sign(census.z[layers, d].mean())
+    value = side * acts[layers, :, j].mean(0)  # (n,)
+    per_type[:, j] = np.bincount(inverse, value) / np.bincount(inverse)
+  log_count = np.log1p(counts[types])
+  rho = [stats.spearman(per_type[:, j], log_count) for j in range(len(dims))]
+  return {"rho": rho, "types": len(types), "per_type": per_type, "log_count": log_count}
+
+
+def probe_scores(params, config, tok, sentences, dims_sets, seed) -> dict:
+  """Per condition (intact, outliers, random_i): per held-out word, whether a UPOS probe
+  fitted on the intact model's features (the other sentences) is right, at the middle and
+  last layer."""
+  from bertjax.analysis import features, outliers, probing
+
+  tags = sorted({u for s in sentences for u in s.upos})
+  labels = np.asarray([tags.index(u) for s in sentences for u in s.upos])
+  layers = [config.depth // 2, config.depth]
+
+  def feats(p):
+    wf = features.extract_word_features(p, config, tok, sentences, progress=False)
+    return np.asarray(wf.features, np.float32)[layers], wf.sentence_index
+
+  intact, groups = feats(params)
+  train, test = probing.split_indices(len(labels), 0.5, seed, groups=groups)
+  fit, val = probing.split_indices(len(train), 0.1, seed, groups=groups[train])
+  mu, sd = intact[:, train].mean(1, keepdims=True), intact[:, train].std(1, keepdims=True) + 1e-6
+  norm = lambda x: (x - mu) / sd
+  probe = probing.fit_probe(norm(intact)[:, train[fit]], labels[train[fit]],
+                            norm(intact)[:, train[val]], labels[train[val]],
+                            config=probing.ProbeConfig(l2=1e-4), num_classes=len(tags))
+  right = {"intact": probe.predict(norm(intact)[:, test]) == labels[test]}
+  for name, dims in dims_sets.items():
+    x, _ = feats(outliers.disable_dimensions(params, config, dims))
+    right[name] = probe.predict(norm(x)[:, test]) == labels[test]
+  return {"layers": [layer for layer in layers], "tags": len(tags),
+          "correct": {k: v.astype(np.int8) for k, v in right.items()},
+          "accuracy": {k: v.mean(1) for k, v in right.items()}}
+
+
+def sink_share(params, config, batches, sep_id) -> np.ndarray:
+  """(L,) the mean over heads of the attention mass on [CLS] (position 0) and [SEP]."""
+  from bertjax.analysis import attention
+
+  s = attention.clark_statistics(params, config, batches, sep_id=sep_id)
+  return np.asarray(s["cls"] + s["sep"]).mean(-1)
+
+
+def ablation_rule(dims, drop: float, random_drops: Sequence[float]) -> str:
+  """"yes": outlier dimensions exist and disabling them costs >= 5 points more than the worst
+  random draw; "partly": they cost more than every random draw; "no" otherwise."""
+  if not dims:
+    return "no"
+  worst = max(random_drops, default=0.0)
+  return "yes" if drop >= worst + 0.05 else "partly" if drop > worst else "no"
+
+
+def frequency_rule(rho: Sequence[float], sink_intact: float, sink_disabled: float) -> str:
+  """"yes": the mean Spearman with log frequency >= 0.3 and the special-token attention falls
+  without the dimensions; "partly": one of the two; "n/a" without outlier dimensions."""
+  if not len(rho):
+    return "n/a"
+  hits = (float(np.mean(rho)) >= 0.3) + (sink_disabled < sink_intact)
+  return "yes" if hits == 2 else "partly" if hits else "no"
+
+
+def massive_rule(count: Sequence[int]) -> str:
+  """"yes": massive activations in at least half the layers; "partly": in some; "no"."""
+  has = np.asarray(count) > 0
+  return "yes" if has.mean() >= 0.5 else "partly" if has.any() else "no"
+
+
+def int8_rule(rho: float) -> str:
+  """"yes": Spearman(int8 error, largest magnitude) over layers >= 0.5; "partly": >= 0.2."""
+  return "yes" if rho >= 0.5 else "partly" if rho >= 0.2 else "no"
+
+
+def finding_rows(r: dict, s: dict) -> list[dict]:
+  """The four rows, from the results as written to JSON (`findings.py --refresh`)."""
+  dims, per_layer = r["dims"], r["outliers_per_layer"]
+  acc, last = r["probe"]["accuracy"], -1
+  randoms = [k for k in acc if k.startswith("random")]
+  drop = acc["intact"][last] - acc["outliers"][last] if dims else 0.0
+  random_drops = [acc["intact"][last] - acc[k][last] for k in randoms]
+  model, layers = s["model"], len(per_layer)
+  dim_text = ", ".join(f"{d} (|z| up to {z:.1f})" for d, z in zip(dims, r["max_abs_z"])) or "none"
+  probe = (f"UPOS probe on layer {r['probe']['layers'][last]} (fitted on the intact model, "
+           f"{r['probe']['test_words']:,} held-out words): intact {100 * acc['intact'][last]:.1f}%"
+           + (f", outliers disabled {100 * acc['outliers'][last]:.1f}%" if dims else "")
+           + (f", {len(randoms)} draws of as many random dimensions "
+              f"{100 * min(acc[k][last] for k in randoms):.1f}-"
+              f"{100 * max(acc[k][last] for k in randoms):.1f}%" if dims else ""))
+  freq, sinks, massive, q = r["frequency"], r["sink_share"], r["massive"], r["int8"]
+  mean_rho = float(np.mean(freq["rho"])) if dims else float("nan")
+  return [
+    common.finding(
+      "Kovaleva et al. 2021", "A few LayerNorm output dimensions are outliers in most layers; "
+      "disabling them (their LayerNorm scale and bias zero) degrades the model far more than "
+      "disabling as many random dimensions.",
+      f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
+      f"{', '.join(map(str, per_layer))}; the model's (in >= 25% of layers): {dim_text}. "
+      f"{probe}. The paper's MLM loss is not measured: the checkpoint ships no MLM head. Rule: "
+      "yes if disabling them costs >= 5 points more than the worst random draw, partly if more "
+      "than every draw, no otherwise (or without outlier dimensions).",
+      ablation_rule(dims, drop, random_drops)),
+    common.finding(
+      "Puccetti et al. 2022", "Outlier dimensions are driven by token frequency (frequent tokens "
+      "activate them most) and they drive the attention heads' focus on special tokens.",
+      (f"Spearman over {freq['types']:,} token types between the activation in each outlier "
+       f"dimension and log WikiText-2 frequency: "
+       + ", ".join(f"{d}: {v:.2f}" for d, v in zip(dims, freq["rho"]))
+       + f" (mean {mean_rho:.2f}); attention on [CLS]+[SEP] (mean over heads and layers) "
+       f"{sinks['intact']:.3f} intact, {sinks['disabled']:.3f} with them disabled. "
+       if dims else "no outlier dimensions to correlate. ")
+      + "Differs from the paper: WikiText-2 counts stand in for the pre-training corpus. Rule: "
+      "yes if the mean Spearman >= 0.3 and the special-token attention falls without them, "
+      "partly if one holds.",
+      frequency_rule(freq["rho"] if dims else [], sinks["intact"], sinks["disabled"])),
+    common.finding(
+      "Sun et al. 2024", "A few activations are massive (> 100 and > 1000x the median "
+      "magnitude), at fixed dimensions, in most layers.",
+      f"massive entries per layer 1-{layers}: {', '.join(map(str, massive['count']))}; largest "
+      f"magnitude / median by layer: "
+      + ", ".join(f"{a / m:.0f}x" for a, m in zip(massive["max_abs"], massive["median_abs"]))
+      + f"; dimensions holding them: {massive['dims'] or 'none'}. Differs from the paper: "
+      "measured on LLMs (LLaMA2, Mixtral), here an encoder. Rule: yes if in >= half the layers, "
+      "partly if in some.",
+      massive_rule(massive["count"])),
+    common.finding(
+      "Bondarenko et al. 2021", "Outlier activations are what makes transformer activations "
+      "hard to quantise: the int8 error is largest where activations are largest.",
+      "dynamic int8 (per-token activations, per-channel weights) block-output error by layer: "
+      + ", ".join(f"{100 * e:.1f}%" for e in q["relative_error"])
+      + "; largest magnitude: " + ", ".join(f"{m:.0f}" for m in q["max_abs"])
+      + f"; Spearman over layers {q['spearman']:.2f}. Differs from the paper: per-tensor "
+      "static int8 there; the error here accumulates over the layers below. Rule: yes if "
+      "Spearman >= 0.5, partly if >= 0.2.",
+      int8_rule(q["spearman"])),
+  ]
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
+  return finding_rows(common.from_json(r), s)
+
+
+def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
+  import matplotlib.pyplot as plt
+
+  z = np.asarray(r["z"])  # (L, H)
+  layers = np.arange(1, len(z) + 1)
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  ax = axes[0]
+  ax.plot(layers, np.abs(z).max(1), "o-", label="largest |z| of the layer")
+  for d in r["dims"]:
+    ax.plot(layers, np.abs(z[:, d]), ".--", label=f"dimension {d}")
+  ax.axhline(3, color="k", lw=0.8, ls=":", label="outlier threshold (3 sd)")
+  ax.set(xlabel="layer", ylabel="|z| of the mean activation", xticks=layers,
+         title=f"Outlier dimensions: {model_name}")
+  ax.legend(fontsize=7)
+  ax = axes[1]
+  acc = r["probe"]["accuracy"]
+  names = list(acc)
+  x = np.arange(len(names))
+  for i, layer in enumerate(r["probe"]["layers"]):
+    ax.bar(x + 0.4 * i - 0.2, [100 * acc[k][i] for k in names], 0.4, label=f"layer {layer}")
+  ax.set_xticks(x, [n.replace("_", " ") for n in names], rotation=30, ha="right", fontsize=8)
+  ax.set(ylabel="UPOS probe accuracy (%)", title="Dimensions disabled (norm scale and bias 0)")
+  ax.legend(fontsize=8)
+  ax = axes[2]
+  q = r["int8"]
+  ax.plot(layers, 100 * np.asarray(q["relative_error"]), "o-", color="tab:red")
+  ax.set(xlabel="layer", ylabel="int8 block-output error (%)", xticks=layers,
+         title=f"int8 error vs largest activation (Spearman {q['spearman']:.2f})")
+  ax2 = ax.twinx()
+  ax2.plot(layers, q["max_abs"], "s--", color="tab:gray")
+  ax2.set_ylabel("largest |activation|", color="tab:gray")
+  for a in axes:
+    a.grid(alpha=0.3)
+  fig.tight_layout()
+  return [common.savefig(fig, out, f"{stem}_census")]
+
+
+@common.one_blas_thread
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+  from bertjax.analysis import outliers
+  from bertjax.data import conllu
+
+  data = common.data_dir(args.data_dir, "ud_english_ewt", "wikitext2_tokens")
+  path = common.ud_file(data, "dev")
+  with common.timed(timings, "load model"):
+    config, params, tok, model_name = common.load_model(args)
+  sentences = [s for s in conllu.read_conllu(path, max_sentences=args.sentences)
+               if len(tok.encode_words([s.forms]).input_ids[0]) <= min(config.max_length, 128)]
+  batches = [tok.encode_words([s.forms for s in sentences[i:i + args.batch_size]])
+             for i in range(0, len(sentences), args.batch_size)]
+  common.log(f"{model_name}: {len(sentences)} sentences of {path.name}")
+  r: dict = {}
+  with common.timed(timings, "census"):
+    census = outliers.outlier_dimensions(params, config, batches)
+  dims = list(census.dims)
+  r.update(z=census.z, outliers_per_layer=census.is_outlier.sum(1), dims=dims,
+           max_abs_z=[float(np.abs(census.z[:, d]).max()) for d in dims])
+  common.log(f"outlier dimensions {dims}; per layer {r['outliers_per_layer'].tolist()}")
+  with common.timed(timings, "massive activations"):
+    m = outliers.massive_activations(params, config, batches)
+  r["massive"] = {"count": m.count, "max_abs": m.max_abs, "median_abs": m.median_abs,
+                  "dims": sorted({w[0] for layer in m.where for w in layer}),
+                  "where": m.where}
+  with common.timed(timings, "int8 error"):
+    r["int8"] = outliers.int8_error_by_layer(params, config, batches)
+  rng = np.random.default_rng(args.seed)
+  others = np.setdiff1d(np.arange(config.hidden_size), dims)
+  dims_sets = ({"outliers": dims} | {f"random_{i}": rng.choice(others, len(dims), replace=False)
+                                     for i in range(args.random_draws)} if dims else {})
+  with common.timed(timings, "probe ablation"):
+    r["probe"] = probe_scores(params, config, tok, sentences, dims_sets, args.seed)
+  r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
+  r["random_dims"] = {k: v for k, v in dims_sets.items() if k != "outliers"}
+  with common.timed(timings, "frequency and sinks"):
+    counts = token_counts(tok, [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")])
+    if dims:
+      acts, ids = dimension_activations(params, config, batches, dims, tok.special_ids)
+      r["frequency"] = frequency_correlation(acts, ids, counts, census, dims)
+      off = outliers.disable_dimensions(params, config, dims)
+      r["sink_share"] = {"intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
+                         "disabled": float(sink_share(off, config, batches, tok.sep_id).mean())}
+    else:
+      r["frequency"] = {"rho": [], "types": 0}
+      r["sink_share"] = {"intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
+                         "disabled": float("nan")}
+  r["timings"] = timings
+  settings = {"model": model_name, "data": f"{path.relative_to(data)} ({len(sentences)} "
+              "sentences); wikitext2_tokens/valid.txt + test.txt (token counts)",
+              "sentences": len(sentences), "tokens": census.tokens, "seed": args.seed,
+              "random_draws": args.random_draws, "sigmas": 3.0, "min_fraction": 0.25,
+              "indexing": "layers 1..L are the block outputs; dimensions count from 0"}
+  rows = finding_rows(common.from_json(common.to_json(r)), settings)
+  for f in rows:
+    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
+  figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
+  common.write_results(NAME, args.out, r, findings=rows, settings=settings, smoke=args.smoke,
+                       seconds=time.perf_counter() - t_start, figures=figures,
+                       model=args.model)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
