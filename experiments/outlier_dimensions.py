@@ -260,7 +260,7 @@ def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
   ax.axhline(3, color="k", lw=0.8, ls=":", label="outlier threshold (3 sd)")
   ax.set(xlabel="layer", ylabel="|z| of the mean activation", xticks=layers,
          title=f"Outlier dimensions: {model_name}")
-  ax.legend(fontsize=7)
+  ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
   ax = axes[1]
   acc = r["probe"]["accuracy"]
   names = list(acc)
