@@ -47,8 +47,9 @@ from bertjax.analysis import patching as pt
 from bertjax.model.forward import run_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_forward import cpu_info  # noqa: E402
 from bench_tl import make_inputs  # noqa: E402
+
+from bertjax.utils import cpu_info  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {"bert-base": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072),
@@ -203,8 +204,8 @@ ROWS = [("attribution_patching", "attribution patching, all heads (the whole cal
 
 def markdown(report: dict) -> str:
   m = report["machine"]
-  lines = [f"# Attribution patching's parts ({m['cpu']}, {m['cores']} cores, "
-           f"ISA: {', '.join(m['isa'])}; jax {report['jax']})", "",
+  lines = [f"# Attribution patching's parts ({m['cpu']}, {m['cpus']} cores, "
+           f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})", "",
            f"Batch {report['batch']} x {report['seq']}, float32, random weights; medians of "
            f"{report['rounds']} interleaved rounds; ratio = median over rounds of time / that "
            "round's forward pass.", ""]

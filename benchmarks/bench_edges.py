@@ -30,8 +30,9 @@ from bertjax.analysis import edges
 from bertjax.analysis import patching as pt
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_forward import cpu_info  # noqa: E402
 from bench_tl import make_inputs  # noqa: E402
+
+from bertjax.utils import cpu_info  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
@@ -79,8 +80,8 @@ def measure(args) -> dict:
 
 def markdown(report: dict) -> str:
   m, r = report["machine"], report["results"]
-  lines = [f"# Edge attribution against one forward pass ({m['cpu']}, {m['cores']} cores, "
-           f"ISA: {', '.join(m['isa'])}; jax {report['jax']})", "",
+  lines = [f"# Edge attribution against one forward pass ({m['cpu']}, {m['cpus']} cores, "
+           f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})", "",
            f"{report['shape']}, batch {report['batch']} x {report['seq']}, float32, random "
            f"weights, every edge of the graph; medians of {report['rounds']} interleaved "
            "rounds, compile apart; ratio = median over rounds of time / that round's forward.",

@@ -140,22 +140,9 @@ def machine() -> dict:
   """CPU model, ISA flags that matter for matrix products, and thread counts."""
   import torch
 
-  info, flags = {}, set()
-  try:  # the first processor's entry
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      key, _, value = (part.strip() for part in line.partition(":"))
-      if key == "flags" and not flags:
-        flags = set(value.split())
-      elif key in ("model name", "vendor_id", "cpu family", "model", "stepping"):
-        info.setdefault(key, value)
-  except OSError:
-    pass
-  model = info.get("model name") or platform.processor() or platform.machine()
-  isa = sorted(f for f in flags if f == "avx2" or f.startswith(("avx512", "amx")))
-  affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": model, "cpu_vendor": info.get("vendor_id"),
-          "cpu_family_model_stepping": [info.get(k) for k in ("cpu family", "model", "stepping")],
-          "isa_flags": isa, "cpus": os.cpu_count(), "cpus_usable": affinity,
+  from bertjax.utils import cpu_info
+
+  return {**cpu_info(),
           "torch_threads": torch.get_num_threads(),
           "torch_interop_threads": torch.get_num_interop_threads(),
           "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import sys
 import tempfile
@@ -31,27 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-ISA_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512bw", "avx512_bf16", "avx512_fp16",
-             "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
-
-
-def cpu_info() -> dict:
-  """CPU model name, the vector ISA flags present, core count."""
-  model, flags = platform.processor() or platform.machine(), set()
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      key, _, value = line.partition(":")
-      if key.strip() == "model name":
-        model = value.strip()
-      elif key.strip() == "flags":
-        flags = set(value.split())
-  except OSError:
-    pass
-  return {"cpu": model, "isa": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count()}
-
-
 def _time(fn) -> float:
   t0 = time.perf_counter()
   fn()
@@ -167,8 +148,8 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
   m, peak = r["machine"], r["matmul_peak_float32"]
-  lines = [f"Forward pass, float32, on {m['cpu']} ({m['cores']} cores; "
-           f"{', '.join(m['isa']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
+  lines = [f"Forward pass, float32, on {m['cpu']} ({m['cpus']} cores; "
+           f"{', '.join(m['isa_flags']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
            f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}. Float32 "
            f"matmul peak measured in the same run ({peak['size']}^3): JAX "
            f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s. "

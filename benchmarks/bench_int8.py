@@ -43,8 +43,8 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def cpu_info() -> dict:
-  """The CPU (bench_forward's record: model name, ISA flags, cores) and the JAX set-up."""
-  from bench_forward import cpu_info as cpu  # the sibling script (benchmarks/ is on sys.path)
+  """The CPU (`bertjax.utils.cpu_info`: model name, ISA flags, cores) and the JAX set-up."""
+  from bertjax.utils import cpu_info as cpu
 
   return {**cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
           "backend": jax.default_backend(), "python": sys.version.split()[0]}
@@ -166,8 +166,8 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
   m, a, mm = r["machine"], r["accuracy"], r["matmul"]
-  isa = ", ".join(m["isa"]) or "none of the listed int8/AVX flags"
-  lines = [(f"Dynamic int8 vs float32, {r['model']}, on {m['cpu']} ({m['cores']} cores; ISA: "
+  isa = ", ".join(m["isa_flags"]) or "none of the listed int8/AVX flags"
+  lines = [(f"Dynamic int8 vs float32, {r['model']}, on {m['cpu']} ({m['cpus']} cores; ISA: "
             f"{isa}; jax {m['jax']})."), "",
            "| batch x seq | float32 (ms) | int8 (ms) | speed-up |", "|---|---|---|---|"]
   for row in r["forward"]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import platform
 import time
@@ -36,8 +35,9 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def machine() -> dict:
-  return {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-          "platform": platform.platform(), "jax": jax.__version__,
+  from bertjax.utils import cpu_info
+
+  return {**cpu_info(), "platform": platform.platform(), "jax": jax.__version__,
           "device": str(jax.devices()[0].device_kind)}
 
 
@@ -105,7 +105,7 @@ def markdown(res: dict) -> str:
   m, f, p = res["machine"], res["features"], res["probes"]
   lines = [
     "# Probing benchmark: UPOS probes on all-MiniLM-L6-v2, UD EWT dev", "",
-    (f"Machine: {m['processor']}, {m['cpu_count']} CPUs, {m['device']}, jax {m['jax']}; "
+    (f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['device']}, jax {m['jax']}; "
     f"{res['sentences']} sentences, {f['extraction']['words']} words; smoke={res['smoke']}."), "",
     "## Feature extraction (all 7 layers, first subword)", "",
     "| | tokens | seconds | tokens/s |", "|---|---|---|---|",

@@ -39,7 +39,6 @@ os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
 import argparse
 import json
 import pathlib
-import platform
 import statistics
 import time
 
@@ -49,6 +48,7 @@ import numpy as np
 import bertjax
 from bertjax import sharding
 from bertjax.analysis import ablation, patching
+from bertjax.utils import cpu_info
 
 MESHES = {"1 device": None, "1x1x1": (1, 1, 1), "8x1": (8, 1, 1), "4x2": (4, 2, 1),
           "2x4": (2, 4, 1), "1x8": (1, 8, 1)}
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
       config.depth if args.analysis == "ablation" else 0)
   result = {"analysis": args.analysis, "preset": args.preset, "masks": masks, "batches": args.batches,
             "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            **cpu_info(),
             "jax": jax.__version__, "xla_flags": os.environ["XLA_FLAGS"], "rows": rows}
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

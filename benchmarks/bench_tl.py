@@ -131,20 +131,12 @@ def machine() -> dict:
   runs on (if any)."""
   import jax
 
-  info = {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-          "affinity": len(os.sched_getaffinity(0)), "xla_flags": os.environ.get("XLA_FLAGS", "")}
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-  except OSError:
-    text = ""
+  from bertjax.utils import cpu_info
+
+  info = {**cpu_info(), "platform": platform.platform(),
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
   if jax.default_backend() != "cpu":
     info["accelerator"] = jax.devices()[0].device_kind
-  for line in text.splitlines():
-    if line.startswith("model name") and "cpu_model" not in info:
-      info["cpu_model"] = line.split(":", 1)[1].strip()
-    if line.startswith("flags") and "isa" not in info:
-      flags = set(line.split(":", 1)[1].split())
-      info["isa"] = sorted(f for f in flags if f.startswith(("avx2", "avx512", "amx", "fma")))
   return info
 
 
@@ -680,8 +672,8 @@ def _table(r: dict, side: str, cmp: str, title: str, heads: int) -> list[str]:
 
 def markdown(report: dict) -> str:
   m, tli = report["machine"], report["tl_info"]
-  cpu = (f"{m.get('cpu_model', '?')}, {m['cpu_count']} CPUs ({m['affinity']} usable), ISA "
-         f"{' '.join(m.get('isa', [])) or '?'}")
+  cpu = (f"{m.get('cpu', '?')}, {m['cpus']} CPUs ({m['cpus_usable']} usable), ISA "
+         f"{' '.join(m.get('isa_flags', [])) or '?'}")
   flags = f"; XLA_FLAGS={m['xla_flags']}" if m.get("xla_flags") else ""
   if "accelerator" in m:  # both sides on the GPU; the CPU only drives them
     title = m["accelerator"]
@@ -690,7 +682,7 @@ def markdown(report: dict) -> str:
              f"{tli.get('gpu')} (TF32 off)")
   else:
     title = "CPU"
-    where = (f"{cpu}; jax {report['bertjax_info']['jax']} (XLA:CPU, {m['affinity']} threads"
+    where = (f"{cpu}; jax {report['bertjax_info']['jax']} (XLA:CPU, {m['cpus_usable']} threads"
              f"{flags}), "
              f"torch {tli['torch']} ({tli['torch_threads']} threads)")
   lines = [

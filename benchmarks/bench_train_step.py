@@ -266,7 +266,7 @@ def run_cpu(args, machine: dict) -> dict:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
-  from bench_forward import cpu_info  # the sibling script: CPU model, ISA flags, cores
+  from bertjax.utils import cpu_info  # CPU model, ISA flags, cores
 
   machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
              "device": jax.devices()[0].device_kind}

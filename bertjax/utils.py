@@ -7,7 +7,8 @@ infinities `null` (JSON has no NaN; `json.dumps` would write the invalid token `
 another (a probe's fitting settings, a run's optimiser) take the nested fields as keywords.
 `compiled_programs` counts the XLA programs this process has compiled, so a long run can
 say how many its shapes cost; `release_compiled_programs` frees them before a long-lived
-process runs out of memory mappings.
+process runs out of memory mappings. `cpu_info` names the CPU and its vector ISA, which every
+committed figure records.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import pathlib
+import platform
 from typing import Any
 
 import numpy as np
@@ -117,6 +119,31 @@ def flat_kwargs(field: str):
 
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+def cpu_info() -> dict[str, Any]:
+  """The CPU a figure comes from: its model name and vendor, family/model/stepping, the vector
+  ISA flags that matter for matrix products (AVX2, AVX-VNNI, AVX-512, AMX), and the CPU count (all, and
+  usable by this process). From the first processor of `/proc/cpuinfo`; off Linux, the model
+  is `platform.processor()` and the flags are empty."""
+  info: dict[str, str] = {}
+  flags: set[str] = set()
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = (part.strip() for part in line.partition(":"))
+      if key == "flags" and not flags:
+        flags = set(value.split())
+      elif key in ("model name", "vendor_id", "cpu family", "model", "stepping"):
+        info.setdefault(key, value)
+  except OSError:
+    pass
+  usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
+          "cpu_vendor": info.get("vendor_id"),
+          "cpu_family_model_stepping": [info.get(k) for k in ("cpu family", "model", "stepping")],
+          "isa_flags": sorted(f for f in flags if f in ("avx2", "avx_vnni")
+                              or f.startswith(("avx512", "amx"))),
+          "cpus": os.cpu_count(), "cpus_usable": usable}
+
+
 _compiles = {"count": 0, "listening": False}
 
 

@@ -460,11 +460,14 @@ def from_json(x: Any) -> Any:
 
 
 def machine() -> dict[str, Any]:
-  """Where the numbers came from: platform, CPU count, JAX backend and devices."""
+  """Where the numbers came from: platform, CPU model and ISA (`bertjax.utils.cpu_info`), JAX
+  backend and devices."""
   import jax
 
-  return {"platform": platform.platform(), "machine": platform.machine(),
-          "cpus": os.cpu_count(), "python": platform.python_version(),
+  from bertjax.utils import cpu_info
+
+  return {"platform": platform.platform(), "machine": platform.machine(), **cpu_info(),
+          "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": [d.device_kind for d in jax.devices()]}
 

@@ -170,3 +170,19 @@ def test_release_compiled_programs_frees_their_memory_mappings():
   np.testing.assert_array_equal(kept[3](x), before)  # compiled again, the same program
   with pytest.raises(ValueError, match="fraction must be in"):
     utils.release_compiled_programs(fraction=0.0)
+
+
+def test_cpu_info_names_the_cpu_and_its_vector_isa():
+  """Every committed figure records `utils.cpu_info()`: the model name and the ISA flags that
+  matter for matrix products, read from /proc/cpuinfo."""
+  from bertjax.utils import cpu_info
+
+  info = cpu_info()
+  assert info["cpu"] and info["cpus"] >= info["cpus_usable"] >= 1
+  text = pathlib.Path("/proc/cpuinfo").read_text() if pathlib.Path("/proc/cpuinfo").exists() else ""
+  flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
+                if ln.startswith("flags")), set())
+  assert set(info["isa_flags"]) <= flags
+  assert ("avx2" in info["isa_flags"]) == ("avx2" in flags)
+  assert all(f in ("avx2", "avx_vnni") or f.startswith(("avx512", "amx"))
+             for f in info["isa_flags"])
