@@ -40,6 +40,8 @@ Commands:
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
                           the shipped samples, no data; 0.5-4 minutes on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
+  docs [--out DIR]        build the documentation site (the README, docs/*.md and the API
+                          reference from the docstrings) into DIR (default: out/site)
   help                    this list
 
 Each of report, pretrain, finetune, export, analyze, data, models, and every experiment and
@@ -141,7 +143,7 @@ setup() {
     # The CPU build of torch first, pinned, so nothing pulls the CUDA wheels.
     stage "installing torch 2.13.0 (CPU build)" "${pip[@]}" "torch==2.13.0"
     stage "installing bertjax and its extras (jax, flax, transformers, tensorflow-cpu, ...)" \
-      "${pip[@]}" -e "$HERE[hf,data,plots,models,dev]"
+      "${pip[@]}" -e "$HERE[hf,data,plots,models,dev,docs]"
     # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for the
     # pruned-checkpoint test, the Flax peer benchmark and AttnLRP's released code (lxt, whose
     # BERT patch is transformers 4's); not on sys.path.
@@ -169,6 +171,7 @@ case "$cmd" in
   demo) setup; exec "$PY" -m bertjax.cli report "$@" ;;
   bench) run_script benchmarks Benchmarks benchmark bench "$@" ;;
   experiment) run_script experiments Experiments experiment experiment "$@" ;;
+  docs) setup; exec "$PY" "$HERE/docs/build.py" "$@" ;;
   help | -h | --help) usage ;;
   *)
     if [[ " $BERTJAX_COMMANDS " == *" $cmd "* ]]; then

@@ -1,9 +1,10 @@
-"""The README's Findings table, generated from the committed experiment results.
+"""The Findings tables, generated from the committed experiment results.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
 scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
-whether it holds) as a Markdown table between the README's `<!-- findings:start -->` and
-`<!-- findings:end -->` markers. The uncertainty of each verdict (`uncertainty`) is computed
+whether it holds) as a Markdown table between docs/findings.md's `<!-- findings:start -->`
+and `<!-- findings:end -->` markers, and each claim's verdicts alone between the README's
+`<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The uncertainty of each verdict (`uncertainty`) is computed
 here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
 (the verdict "inconclusive" where it differs across the interval), else what the row has
 instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
@@ -15,8 +16,8 @@ a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (a
 `findings_refreshed`; the measured numbers are untouched.
 
 Run:
-  .venv/bin/python experiments/findings.py            # rewrite the README's table
-  .venv/bin/python experiments/findings.py --check    # exit 1 if the README is stale
+  .venv/bin/python experiments/findings.py            # rewrite both tables
+  .venv/bin/python experiments/findings.py --check    # exit 1 if either is stale
   .venv/bin/python experiments/findings.py --refresh sixteen_heads   # rows from the JSON
 """
 
@@ -35,7 +36,8 @@ import numpy as np
 from bertjax import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-START, END = "<!-- findings:start -->", "<!-- findings:end -->"
+START, END = "<!-- findings:start -->", "<!-- findings:end -->"  # docs/findings.md
+SUMMARY_START, SUMMARY_END = "<!-- findings-summary:start -->", "<!-- findings-summary:end -->"
 # The order of the experiments in the table (the issue's order); others follow by name.
 ORDER = ("dark_secrets", "random_init", "sixteen_heads", "what_bert_looks_at", "probing_layers",
          "anisotropy", "effective_attention", "attribution", "negation_circuit",
@@ -481,38 +483,65 @@ def _compare(verdicts: dict[str, str], cause: str | None) -> str:
   return f"{head}: {cause}" if cause else head
 
 
-def render(docs: list[dict]) -> str:
-  """The Markdown table (with a line saying where each row comes from): per claim, each
-  model's measurement, uncertainty and verdict, and whether the models agree."""
-  tags = [""] + [t for t in MODELS] + sorted(
-      {d.get("model_tag", "") for d in docs} - {"", *MODELS})
-  heads = [DEFAULT_COLUMN if t == "" else t for t in tags]
-  cols = [f"{h}: measured here | uncertainty | holds?" for h in heads]
-  lines = [f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
-           "|---|---|---|" + "---|---|---|" * len(tags) + "---|"]
+def _tags(docs: list[dict]) -> list[str]:
+  """The model tags of the table's columns: the default run's first, then `MODELS`, then any
+  other model's."""
+  return [""] + list(MODELS) + sorted({d.get("model_tag", "") for d in docs} - {"", *MODELS})
+
+
+def _rows(docs: list[dict], tags: list[str]):
+  """Per claim row: `(experiment, stem, row index, the first model's finding, {tag: (finding,
+  uncertainty)})`, the models that did not measure it absent."""
   for default, others in _groups(docs):
     first = default if default is not None else next(iter(others.values()))
-    name, stem = first["experiment"], first.get("stem", first["experiment"])
-    link = f"[`{name}`](experiments/{name}.py)"
     docs_ = {"": default, **others}
     us = {t: uncertainty(d) for t, d in docs_.items() if d is not None}
     for k, row in enumerate(_matched(default, others)):
       f0 = docs_[next(iter(row))]["findings"][row[next(iter(row))]]
-      cells, verdicts = [], {}
-      for t in tags:
-        if t not in row:
-          why = NOT_RUN.get((name, t)) if t else None
-          cells.append(f"{_cell(why or 'not measured')} | — | —")
-          continue
-        f, u = docs_[t]["findings"][row[t]], us[t][row[t]]
-        verdicts[t] = _verdict(f["holds"], u)
-        cells.append(f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)}")
-      cause = CAUSES.get((stem, k, next((t for t in verdicts if t), "")))
-      if len(verdicts) < 2 and cause is None:
-        cause = next((NOT_RUN[(name, t)] for t in tags if t and (name, t) in NOT_RUN), None)
-        cause = "only one model measured" + (f" ({cause.split(':')[0]})" if cause else "")
-      lines.append(f"| {link} | {_cell(f0['paper'])} | {_cell(f0['claim'])} | "
-                   f"{' | '.join(cells)} | {_cell(_compare(verdicts, cause))} |")
+      got = {t: (docs_[t]["findings"][row[t]], us[t][row[t]]) for t in tags if t in row}
+      yield first["experiment"], first.get("stem", first["experiment"]), k, f0, got
+
+
+def render_summary(docs: list[dict], link_prefix: str = "") -> str:
+  """The README's short table: per claim, each model's verdict (the full rows, with what was
+  measured and how sure it is, are in docs/findings.md)."""
+  tags = _tags(docs)
+  heads = [DEFAULT_COLUMN.split(" (")[0] if t == "" else t for t in tags]
+  lines = [f"| experiment | paper | claim | {' | '.join(heads)} |",
+           "|---|---|---|" + "---|" * len(tags)]
+  for name, _, _, f0, got in _rows(docs, tags):
+    marks = [_holds(got[t][0]["holds"], got[t][1]) if t in got else "—" for t in tags]
+    lines.append(f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
+                 f"{_cell(f0['claim'])} | {' | '.join(marks)} |")
+  return "\n".join(lines)
+
+
+def render(docs: list[dict], link_prefix: str = "") -> str:
+  """The Markdown table (with a line saying where each row comes from): per claim, each
+  model's measurement, uncertainty and verdict, and whether the models agree. Links to the
+  scripts start with `link_prefix` (`"../"` from docs/)."""
+  tags = _tags(docs)
+  heads = [DEFAULT_COLUMN if t == "" else t for t in tags]
+  cols = [f"{h}: measured here | uncertainty | holds?" for h in heads]
+  lines = [f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
+           "|---|---|---|" + "---|---|---|" * len(tags) + "---|"]
+  for name, stem, k, f0, got in _rows(docs, tags):
+    cells, verdicts = [], {}
+    for t in tags:
+      if t not in got:
+        why = NOT_RUN.get((name, t)) if t else None
+        cells.append(f"{_cell(why or 'not measured')} | — | —")
+        continue
+      f, u = got[t]
+      verdicts[t] = _verdict(f["holds"], u)
+      cells.append(f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)}")
+    cause = CAUSES.get((stem, k, next((t for t in verdicts if t), "")))
+    if len(verdicts) < 2 and cause is None:
+      cause = next((NOT_RUN[(name, t)] for t in tags if t and (name, t) in NOT_RUN), None)
+      cause = "only one model measured" + (f" ({cause.split(':')[0]})" if cause else "")
+    lines.append(f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
+                 f"{_cell(f0['claim'])} | {' | '.join(cells)} | "
+                 f"{_cell(_compare(verdicts, cause))} |")
   if not docs:
     lines.append("| — | — | no experiment results committed yet | "
                  + " | ".join("— | — | —" for _ in tags) + " | — |")
@@ -565,16 +594,30 @@ def refresh(path: pathlib.Path) -> bool:
   return True
 
 
-def update(readme_text: str, table: str) -> str:
-  """`readme_text` with the text between the markers replaced by `table`.
+def update(text: str, table: str, markers: tuple[str, str] = (START, END)) -> str:
+  """`text` with what lies between the `markers` replaced by `table`.
 
   Raises:
-    ValueError: the README lacks the markers (or has them out of order).
+    ValueError: the text lacks the markers (or has them out of order).
   """
-  i, j = readme_text.find(START), readme_text.find(END)
+  start, end = markers
+  i, j = text.find(start), text.find(end)
   if i < 0 or j < i:
-    raise ValueError(f"README needs the markers {START} ... {END} (in that order)")
-  return readme_text[:i + len(START)] + "\n" + table + "\n" + readme_text[j:]
+    raise ValueError(f"the file needs the markers {start} ... {end} (in that order)")
+  return text[:i + len(start)] + "\n" + table + "\n" + text[j:]
+
+
+def targets(results: pathlib.Path, findings_page: pathlib.Path, readme: pathlib.Path):
+  """`[(file, its text now, its text generated from the results)]`: the full table in
+  docs/findings.md, the verdicts-only summary in the README."""
+  docs = load(results)
+  full, summary = render(docs, link_prefix="../"), render_summary(docs)
+  out = []
+  for path, table, markers in ((findings_page, full, (START, END)),
+                               (readme, summary, (SUMMARY_START, SUMMARY_END))):
+    text = path.read_text()
+    out.append((path, text, update(text, table, markers)))
+  return out
 
 
 def main(argv=None) -> int:
@@ -582,10 +625,12 @@ def main(argv=None) -> int:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--results", default=str(REPO / "experiments" / "results"), metavar="DIR",
                  help="directory of the experiments' JSON files (default: experiments/results)")
+  p.add_argument("--findings", default=str(REPO / "docs" / "findings.md"), metavar="FILE",
+                 help="the page of the full table (default: docs/findings.md)")
   p.add_argument("--readme", default=str(REPO / "README.md"), metavar="FILE",
-                 help="the README to update (default: README.md)")
+                 help="the README, whose summary table is updated (default: README.md)")
   p.add_argument("--check", action="store_true",
-                 help="do not write; exit 1 if the README's table differs from the results")
+                 help="do not write; exit 1 if a table differs from the results")
   p.add_argument("--refresh", nargs="+", default=(), metavar="NAME",
                  help="first recompute these experiments' rows from their committed numbers "
                       "(their modules' findings(results, settings)); no rerun")
@@ -596,18 +641,18 @@ def main(argv=None) -> int:
       p.error(f"--refresh {name}: no {path}")
     if refresh(path):
       print(f"refreshed the findings of {path}")
-  readme = pathlib.Path(args.readme)
-  text = readme.read_text()
-  new = update(text, render(load(pathlib.Path(args.results))))
-  if args.check:
-    if new != text:
-      print(f"{readme}: the Findings table is stale; run experiments/findings.py", file=sys.stderr)
-      return 1
-    return 0
-  if new != text:
-    readme.write_text(new)
-    print(f"updated the Findings table in {readme}")
-  return 0
+  stale = 0
+  for path, text, new in targets(pathlib.Path(args.results), pathlib.Path(args.findings),
+                                 pathlib.Path(args.readme)):
+    if new == text:
+      continue
+    if args.check:
+      print(f"{path}: the Findings table is stale; run experiments/findings.py", file=sys.stderr)
+      stale = 1
+    else:
+      path.write_text(new)
+      print(f"updated the Findings table in {path}")
+  return stale
 
 
 if __name__ == "__main__":

@@ -175,10 +175,15 @@ def test_smoke_samples_parse_with_the_project_readers():
   assert (root / "tinyshakespeare" / "input.txt").read_text().count("\n") > 10
 
 
-def test_readme_findings_table_is_generated_from_committed_results():
-  readme = (REPO / "README.md").read_text()
-  table = findings.render(findings.load(REPO / "experiments" / "results"))
-  assert findings.update(readme, table) == readme, "run experiments/findings.py"
+def test_findings_tables_are_generated_from_committed_results():
+  """docs/findings.md's full table and the README's verdicts are what the results give."""
+  got = findings.targets(REPO / "experiments" / "results", REPO / "docs" / "findings.md",
+                         REPO / "README.md")
+  assert [p.name for p, _, _ in got] == ["findings.md", "README.md"]
+  for path, text, new in got:
+    assert new == text, f"{path} is stale: run experiments/findings.py"
+  assert "](../experiments/sixteen_heads.py)" in got[0][1]  # links from docs/
+  assert "| [`sixteen_heads`](experiments/sixteen_heads.py) | Michel et al. 2019 |" in got[1][1]
 
 
 def test_findings_render_and_ignore_smoke_runs(tmp_path):
@@ -192,6 +197,8 @@ def test_findings_render_and_ignore_smoke_runs(tmp_path):
   assert findings.update(text, table) == f"intro\n{findings.START}\n{table}\n{findings.END}\nrest\n"
   with pytest.raises(ValueError, match="markers"):
     findings.update("no markers", table)
+  summary = findings.render_summary(findings.load(tmp_path))
+  assert summary.splitlines()[2] == "| [`x`](experiments/x.py) | P 2020 | a \\| b | ◐ partly | — |"
 
 
 def test_findings_state_each_verdict_s_uncertainty():
