@@ -403,3 +403,31 @@ def patching_heatmaps(exact, approx, path, *, title: str = "",
   if title:
     fig.suptitle(title)
   return _save(fig, path)
+
+
+def edge_agreement(exact, scores: Mapping[str, Sequence[float]], faithfulness: Mapping, path, *,
+                   share: float = 0.8) -> pathlib.Path:
+  """Edge scores against exact edge patching (one scatter per method, with its Pearson), and
+  the faithfulness of circuits by size (`faithfulness`: "edges", "normalized"; log x)."""
+  plt = _plt()
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+  ex = np.asarray(exact, np.float64)
+  for (name, values), color in zip(scores.items(), ("tab:orange", "tab:blue", "tab:green")):
+    v = np.asarray(values, np.float64)
+    ok = np.isfinite(v) & np.isfinite(ex)
+    r = np.corrcoef(ex[ok], v[ok])[0, 1] if ok.sum() > 2 else float("nan")
+    a.scatter(ex[ok], v[ok], s=8, alpha=0.5, color=color,
+              label=f"{name.upper().replace('_', '-')} (Pearson {r:.2f})")
+  lim = float(np.nanmax(np.abs(ex))) if np.isfinite(ex).any() else 1.0
+  a.plot([-lim, lim], [-lim, lim], color="gray", lw=0.8)
+  a.set(xlabel="exact edge patching (change of the metric)", ylabel="score",
+        title=f"{len(ex)} edges patched exactly")
+  a.legend(fontsize=8)
+  b.plot(faithfulness["edges"], faithfulness["normalized"], "-o", ms=4)
+  b.axhline(share, color="gray", lw=0.8, ls=":")
+  b.set(xscale="log", xlabel="edges in the top-k circuit", ylabel="normalised faithfulness",
+        title="Circuits from EAP-IG scores")
+  for ax in (a, b):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return _save(fig, path)

@@ -47,7 +47,6 @@ import numpy as np
 NAME = "negation_circuit"
 PAPER_SCORES = "Syed et al. 2023; Hanna et al. 2024"
 PAPER_CIRCUIT = "Conmy et al. 2023; Hanna et al. 2024"
-SIZES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 FAITHFUL = 0.8  # the share of the logit difference a circuit must keep
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
 
@@ -71,16 +70,6 @@ def parse_args(argv: Sequence[str] | None = None):
   return args
 
 
-def agreement(scores: np.ndarray, exact: np.ndarray) -> dict[str, float]:
-  """Pearson and Spearman of `scores` against `exact` over the edges both have."""
-  from bertjax import stats
-
-  ok = np.isfinite(scores) & np.isfinite(exact)
-  x, y = scores[ok], exact[ok]
-  return {"pearson": float(stats.pearson(x, y)), "spearman": float(stats.spearman(x, y)),
-          "edges": int(ok.sum())}
-
-
 def score_verdict(eap: float, eap_ig: float) -> str:
   """Hanna et al.'s claim: EAP-IG agrees with exact patching, and better than EAP."""
   if eap_ig > 0.8 and eap_ig > eap:
@@ -96,14 +85,10 @@ def circuit_verdict(share: float | None) -> str:
   return "yes" if share <= 0.05 else "partly" if share <= 0.2 else "no"
 
 
-def smallest_faithful(faith: dict) -> int | None:
-  """The fewest edges of a circuit in `faith` that keeps FAITHFUL of the logit difference."""
-  ok = [e for e, v in zip(faith["edges"], faith["normalized"]) if v >= FAITHFUL]
-  return min(ok) if ok else None
-
-
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows from the results as written to JSON (`r`) and the settings `s`."""
+  from bertjax.analysis.circuits import smallest_faithful
+
   r = common.from_json(r)
   name, total = r["model"], r["graph"]["edges"]
   a = r["agreement"]
@@ -120,7 +105,7 @@ def findings(r: dict, s: dict) -> list[dict]:
       "> 0.8 and above EAP's, partly if one of the two holds.",
       score_verdict(a["eap"]["pearson"], a["eap_ig"]["pearson"]))]
   topk, greedy = r["faithfulness"]["topk"], r["faithfulness"]["greedy"]
-  n_top, n_greedy = smallest_faithful(topk), smallest_faithful(greedy)
+  n_top, n_greedy = smallest_faithful(topk, FAITHFUL), smallest_faithful(greedy, FAITHFUL)
   best = min((n for n in (n_top, n_greedy) if n is not None), default=None)
   curve = ", ".join(f"{e} edges {v:.2f}" for e, v in zip(topk["edges"], topk["normalized"]))
   smallest = ("no circuit asked for reaches it" if best is None else
@@ -228,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
   from bertjax import report
-  from bertjax.analysis import circuits, edges
+  from bertjax.analysis import circuits
 
   with common.timed(timings, "load"):
     config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(
@@ -239,52 +224,30 @@ def main(argv: Sequence[str] | None = None) -> int:
   clean, corrupted, kept = _pairs(tok, sentences, args.pairs)
   n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
-  run = (params, config, clean, corrupted, probe)
-  g = edges.graph(config)
+  with common.timed(timings, "discover"):
+    d = circuits.discover(params, config, clean, corrupted, probe, targets=targets,
+                          steps=args.steps, exact_edges=args.exact_edges, faithful=FAITHFUL,
+                          seed=args.seed, log=common.log)
+  g, ig, exact, mask = d["graph"], d["eap_ig"], d["exact"], d["mask"]
   total = int(g.valid.sum())
-  common.log(f"{n} pairs; graph: {g.n_senders} senders, {g.n_receivers} receivers, "
-             f"{total:,} edges")
-  with common.timed(timings, "eap"):
-    eap = edges.edge_attribution(*run, targets=targets, method="eap")
-  with common.timed(timings, "eap_ig"):
-    ig = edges.edge_attribution(*run, targets=targets, method="eap-ig", steps=args.steps)
-  wanted = args.exact_edges or (total if total <= 10_000 else 2_000)
-  rng = np.random.default_rng(args.seed)
-  valid = np.argwhere(g.valid)
-  chosen = valid[rng.choice(len(valid), size=min(wanted, len(valid)), replace=False)]
-  mask = np.zeros(g.valid.shape, bool)
-  mask[chosen[:, 0], chosen[:, 1]] = True
-  with common.timed(timings, "exact"):
-    exact = edges.edge_patching(*run, targets=targets, edges=mask)
+  faith, circuit = d["faithfulness"], d["circuit"]
+  for method, f in faith.items():
+    common.log(f"{method}: " + ", ".join(f"{e} {v:.2f}" for e, v in zip(f["edges"],
+                                                                       f["normalized"])))
+  chosen = np.argwhere(mask)
   pick = lambda s: s.values[mask]
-  ex = pick(exact)
-  agree = {"eap": agreement(pick(eap), ex), "eap_ig": agreement(pick(ig), ex)}
-  common.log(f"EAP Pearson {agree['eap']['pearson']:.3f}, EAP-IG {agree['eap_ig']['pearson']:.3f}"
-             f" over {agree['eap']['edges']:,} edges")
-  sizes = [k for k in SIZES if k < total] + [total]
-  faith = {}
-  with common.timed(timings, "faithfulness"):
-    for method in ("topk", "greedy"):
-      faith[method] = circuits.faithfulness(*run, ig, sizes, targets=targets, method=method)
-      common.log(f"{method}: " + ", ".join(f"{e} {v:.2f}" for e, v in zip(
-          faith[method]["edges"], faith[method]["normalized"])))
-  smallest = smallest_faithful(faith["topk"])
-  circuit = None
-  if smallest is not None:
-    k = faith["topk"]["sizes"][faith["topk"]["edges"].index(smallest)]
-    circuit = circuits.top_k_circuit(ig, k)
   r = {"model": name, "pairs": n, "texts": kept,
        "graph": {"senders": g.n_senders, "receivers": g.n_receivers, "edges": total},
        "clean": float(ig.clean), "corrupted": float(ig.corrupted),
-       "agreement": agree, "exact_edges": [[int(s), int(t)] for s, t in chosen],
-       "exact_scores": ex, "edge_scores": {"eap": pick(eap), "eap_ig": pick(ig)},
+       "agreement": d["agreement"], "exact_edges": [[int(s), int(t)] for s, t in chosen],
+       "exact_scores": pick(exact), "edge_scores": {"eap": pick(d["eap"]), "eap_ig": pick(ig)},
        "top_edges": {"eap_ig": ig.top(20), "exact": exact.top(20)},
        "faithfulness": faith,
        "circuit": None if circuit is None else [g.edge_name(s, t)
                                                 for s, t in zip(*np.nonzero(circuit))],
        "timings": timings}
   settings = {"model": name, "pairs": n, "steps": args.steps, "exact_edges": len(chosen),
-              "sizes": sizes, "seed": args.seed, "faithful": FAITHFUL,
+              "sizes": faith["topk"]["sizes"], "seed": args.seed, "faithful": FAITHFUL,
               "probe": "L2 logistic regression on mean-pooled final states of the 385 "
                        "project sentences (experiments/attribution.py's fit_probe)"}
   rows = findings(common.to_json(r), settings)

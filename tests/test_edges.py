@@ -239,6 +239,26 @@ def test_circuit_without_one_edge_is_its_exact_patch(bert):
   np.testing.assert_allclose(res["corrupted"], bert["exact"].corrupted)
 
 
+def test_discover_is_the_pieces_it_runs(bert):
+  """`circuits.discover`: its scores are `edge_attribution`'s, its exact sample is
+  `edge_patching`'s on a seeded set of edges, its agreement is computed on that sample, and its
+  circuit is the smallest top-k one that keeps the asked share."""
+  d = bert["run"](circuits.discover, exact_edges=40, sizes=[10, 30, 100], seed=2,
+                  methods=("topk",), faithful=0.5)
+  g, mask = d["graph"], d["mask"]
+  assert mask.sum() == 40 and not (mask & ~g.valid).any()
+  np.testing.assert_allclose(d["eap"].values, bert["eap"].values, equal_nan=True)
+  np.testing.assert_allclose(d["exact"].values[mask], bert["exact"].values[mask], atol=1e-12)
+  assert np.isnan(d["exact"].values[~mask & g.valid]).all()
+  want = circuits.agreement(bert["eap"].values[mask], bert["exact"].values[mask])
+  assert d["agreement"]["eap"] == pytest.approx(want)
+  f = d["faithfulness"]["topk"]
+  assert f["sizes"][-1] == g.valid.sum() and f["normalized"][-1] == pytest.approx(1.0)
+  k = d["smallest"]["topk"]
+  assert k == min(e for e, v in zip(f["edges"], f["normalized"]) if v >= 0.5)
+  assert d["circuit"].sum() == k
+
+
 def test_pruning_topn_and_greedy_on_hand_examples():
   g = edges.Graph(depth=2, heads=2)
   assert g.n_senders == 7 and g.n_receivers == 15

@@ -13,6 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import negation_circuit as nc
 
+from bertjax.analysis import circuits
+
 RESULTS = REPO / "experiments" / "results"
 
 
@@ -25,8 +27,9 @@ def test_rules():
   assert nc.circuit_verdict(0.1) == "partly"
   assert nc.circuit_verdict(0.5) == "no" and nc.circuit_verdict(None) == "no"
   faith = {"edges": [10, 50, 200], "normalized": [0.3, 0.85, 0.95]}
-  assert nc.smallest_faithful(faith) == 50
-  assert nc.smallest_faithful({"edges": [10], "normalized": [0.2]}) is None
+  assert circuits.smallest_faithful(faith) == 50
+  assert circuits.smallest_faithful(faith, 0.9) == 200
+  assert circuits.smallest_faithful({"edges": [10], "normalized": [0.2]}) is None
 
 
 def test_agreement_against_scipy():
@@ -34,7 +37,7 @@ def test_agreement_against_scipy():
   rng = np.random.default_rng(0)
   x, y = rng.normal(size=50), rng.normal(size=50)
   x[3] = np.nan
-  got = nc.agreement(x, y)
+  got = circuits.agreement(x, y)
   ok = np.isfinite(x)
   assert got["edges"] == 49
   assert got["pearson"] == pytest.approx(stats.pearsonr(x[ok], y[ok])[0], abs=1e-9)

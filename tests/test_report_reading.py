@@ -297,3 +297,42 @@ def test_a_verdict_whose_interval_straddles_its_threshold_is_inconclusive():
                           + rng.normal(0, 0.05, 60)).tolist()
   text = rr.readings(r)["ablation"][1]
   assert rr.verdicts([text], MODEL) == ["inconclusive"], text
+
+
+def _circuit(n: int = 80, noise: float = 0.1, smallest: int | None = 40) -> dict:
+  rng = np.random.default_rng(3)
+  exact = rng.normal(0, 1, n)
+  return {"available": True, "pairs": 12, "edges": 1000, "clean_logit": 4.0,
+          "corrupted_logit": -1.0,
+          "agreement": {"eap": {"pearson": 0.0, "edges": n}, "eap_ig": {"pearson": 0.0, "edges": n}},
+          "exact_scores": exact.tolist(),
+          "scores": {"eap": (exact + rng.normal(0, 1.0, n)).tolist(),
+                     "eap_ig": (exact + rng.normal(0, noise, n)).tolist()},
+          "smallest": smallest}
+
+
+def _with_pearsons(c: dict) -> dict:
+  ex = np.asarray(c["exact_scores"])
+  for k in ("eap", "eap_ig"):
+    c["agreement"][k]["pearson"] = float(np.corrcoef(ex, c["scores"][k])[0, 1])
+  return c
+
+
+def test_circuit_reading_follows_its_numbers():
+  """Section 10: EAP-IG close to exact patching and better than EAP agrees, with its interval
+  over the edges; the circuit's share of the edges sets the second verdict."""
+  r = _results()
+  r["circuit"] = _with_pearsons(_circuit())
+  first, second = rr.readings(r)["circuit"]
+  assert rr.verdicts([first], MODEL) == ["agrees"] and "95% CI over the 80 edges" in first
+  assert "40 of the 1,000 edges (4.0%)" in second and rr.verdicts([second], MODEL) == ["agrees"]
+  r["circuit"] = _with_pearsons(_circuit(noise=3.0, smallest=150))  # EAP-IG no better than EAP
+  first, second = rr.readings(r)["circuit"]
+  assert rr.verdicts([first], MODEL) in (["disagrees"], ["inconclusive"])
+  assert rr.verdicts([second], MODEL) == ["partly agrees"]
+  r["circuit"] = _with_pearsons(_circuit(smallest=None))
+  assert "no top-k circuit" in rr.readings(r)["circuit"][1]
+  assert rr.verdicts([rr.readings(r)["circuit"][1]], MODEL) == ["disagrees"]
+  r["circuit"] = {"available": False, "reason": "no single-token cues"}
+  text = rr.readings(r)["circuit"]
+  assert "did not run (no single-token cues)" in text[0] and not rr.verdicts(text, MODEL)

@@ -206,3 +206,71 @@ def faithfulness(params: Params, config: BertConfig, clean, corrupted, metric: M
           "normalized": ((values[:-1] - corr_m) / span if span else
                          np.full(len(sizes), np.nan)).tolist(),
           "clean": clean_m, "corrupted": corr_m, "empty": float(values[-1]), "method": method}
+
+
+SIZES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # circuit sizes `discover` tries
+
+
+def smallest_faithful(faith: dict, share: float = 0.8) -> int | None:
+  """The fewest edges of a circuit in `faithfulness`'s result keeping `share` of the metric's
+  clean - corrupted difference (None if none does)."""
+  ok = [e for e, v in zip(faith["edges"], faith["normalized"]) if v >= share]
+  return min(ok) if ok else None
+
+
+def agreement(scores: np.ndarray, exact: np.ndarray) -> dict[str, float]:
+  """Pearson and Spearman of edge `scores` against `exact` patching, over the edges both have."""
+  from bertjax import stats
+
+  ok = np.isfinite(scores) & np.isfinite(exact)
+  x, y = scores[ok], exact[ok]
+  return {"pearson": float(stats.pearson(x, y)), "spearman": float(stats.spearman(x, y)),
+          "edges": int(ok.sum())}
+
+
+def discover(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
+             targets: Mapping | None = None, steps: int = 5, exact_edges: int | None = None,
+             sizes: Sequence[int] = SIZES, methods: Sequence[str] = ("topk", "greedy"),
+             faithful: float = 0.8, seed: int = 0, log=None) -> dict:
+  """The whole circuit-discovery pipeline on one task: every edge scored by EAP and EAP-IG
+  (`edges.edge_attribution`), a seeded sample of edges (`exact_edges`; None: every edge up to
+  10,000, else 2,000) patched exactly (`edges.edge_patching`) and each score's agreement with
+  it, circuits of growing size from the EAP-IG scores (`faithfulness`, each of `methods`), and
+  the smallest top-k circuit keeping `faithful` of the metric.
+
+  Returns:
+    "graph" (`edges.Graph`), "eap", "eap_ig", "exact" (`EdgeScores`), "mask" (the edges
+    patched exactly), "agreement" ({"eap", "eap_ig"}: `agreement`), "faithfulness" (method ->
+    `faithfulness`'s result; sizes past the graph's edge count become the whole graph),
+    "smallest" (method -> `smallest_faithful`), "circuit" (the smallest faithful top-k
+    circuit's mask, or None).
+  """
+  from bertjax.analysis import edges as E
+
+  say = log or (lambda *_: None)
+  run = (params, config, clean, corrupted, metric)
+  g = E.graph(config)
+  total = int(g.valid.sum())
+  eap = E.edge_attribution(*run, targets=targets, method="eap")
+  ig = E.edge_attribution(*run, targets=targets, method="eap-ig", steps=steps)
+  say(f"EAP and EAP-IG ({steps} steps) on {total:,} edges")
+  wanted = exact_edges or (total if total <= 10_000 else 2_000)
+  valid = np.argwhere(g.valid)
+  chosen = valid[np.random.default_rng(seed).choice(len(valid), size=min(wanted, len(valid)),
+                                                    replace=False)]
+  mask = np.zeros(g.valid.shape, bool)
+  mask[chosen[:, 0], chosen[:, 1]] = True
+  exact = E.edge_patching(*run, targets=targets, edges=mask)
+  agree = {k: agreement(s.values[mask], exact.values[mask]) for k, s in (("eap", eap),
+                                                                          ("eap_ig", ig))}
+  say(f"exact patching of {int(mask.sum()):,} edges: EAP Pearson {agree['eap']['pearson']:.3f},"
+      f" EAP-IG {agree['eap_ig']['pearson']:.3f}")
+  sizes = [k for k in sizes if k < total] + [total]
+  faith = {m: faithfulness(*run, ig, sizes, targets=targets, method=m) for m in methods}
+  smallest = {m: smallest_faithful(f, faithful) for m, f in faith.items()}
+  circuit = None
+  if "topk" in faith and smallest["topk"] is not None:
+    top = faith["topk"]
+    circuit = top_k_circuit(ig, top["sizes"][top["edges"].index(smallest["topk"])])
+  return {"graph": g, "eap": eap, "eap_ig": ig, "exact": exact, "mask": mask,
+          "agreement": agree, "faithfulness": faith, "smallest": smallest, "circuit": circuit}

@@ -234,3 +234,39 @@ def head_patching(params, config, tok, texts: Sequence[str], probe) -> dict:
   return {"pairs": n, "clean_logit": exact.clean, "corrupted_logit": exact.corrupted,
           "exact": exact.normalized, "attribution": approx.normalized,
           "agreement": patching.agreement(exact, approx), "examples": kept[:5]}
+
+
+def circuit(params, config, tok, texts: Sequence[str], probe, *, steps: int = 5,
+            exact_edges: int | None = None, sizes: Sequence[int] | None = None,
+            seed: int = 0) -> dict:
+  """The circuit that carries negation into `probe` (`circuits.discover`): every edge from the
+  negated sentences to their twins scored by EAP and EAP-IG, a sample patched exactly, and the
+  faithfulness of top-k circuits of growing size from the EAP-IG scores.
+
+  Returns:
+    "pairs", "edges" (the graph's), "clean_logit", "corrupted_logit", "agreement" ({"eap",
+    "eap_ig"}: Pearson, Spearman and edges against exact patching), "exact_scores" and
+    "scores" ({"eap", "eap_ig"}) on the edges patched exactly, "faithfulness" (top-k:
+    "edges", "normalized"), "smallest" (the fewest edges keeping 80%, or None), "circuit"
+    (that circuit's edges by name), "top_edges" (EAP-IG's 10 largest).
+  """
+  from bertjax.analysis import circuits, patching
+
+  clean, corrupted, kept = pairs(tok, texts)
+  metric = patching.ProbeLogitDiff(np.asarray(probe[0], np.float32),
+                                   np.asarray(probe[1], np.float32), "mean")
+  n = len(kept)
+  targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
+  d = circuits.discover(params, config, clean, corrupted, metric, targets=targets, steps=steps,
+                        exact_edges=exact_edges, sizes=sizes or circuits.SIZES,
+                        methods=("topk",), seed=seed)
+  g, mask, top = d["graph"], d["mask"], d["faithfulness"]["topk"]
+  return {"pairs": n, "edges": int(g.valid.sum()), "clean_logit": float(d["eap_ig"].clean),
+          "corrupted_logit": float(d["eap_ig"].corrupted), "agreement": d["agreement"],
+          "exact_scores": d["exact"].values[mask],
+          "scores": {k: d[k].values[mask] for k in ("eap", "eap_ig")},
+          "faithfulness": {"edges": top["edges"], "normalized": top["normalized"]},
+          "smallest": d["smallest"]["topk"],
+          "circuit": [] if d["circuit"] is None else [
+              g.edge_name(s, t) for s, t in zip(*np.nonzero(d["circuit"]))],
+          "top_edges": d["eap_ig"].top(10)}

@@ -187,7 +187,7 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
 
 def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
                   ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
-  """Sections 1-10, and 11 on DeBERTa (timed and logged one by one), keyed as in
+  """Sections 1-11, and 12 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
   still run (`_guarded`)."""
   params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
@@ -213,13 +213,16 @@ def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batc
   clock.log("token attribution and head patching on the negated sentences")
   attrib = _guarded(clock, "attribution", lambda: sections.attribution_section(
       params, config, tok, own, task, settings), {"task": task_results})
+  clock.log("the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness")
+  circ = _guarded(clock, "circuit", lambda: sections.circuit_section(
+      params, config, tok, own, task, settings), {"task": task_results})
   clock.log("outlier dimensions and massive activations")
   outl = _guarded(clock, "outliers", lambda: sections.outlier_section(params, config, tok, batches,
                                                                        settings))
   found = {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
            "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib,
-           "outliers": outl}
-  if config.family.position_bias == "disentangled":  # DeBERTa: section 11; absent elsewhere
+           "circuit": circ, "outliers": outl}
+  if config.family.position_bias == "disentangled":  # DeBERTa: section 12; absent elsewhere
     clock.log("DeBERTa's score terms: content vs position")
     found["disentangled"] = _guarded(clock, "disentangled", lambda: sections.disentangled_section(
         params, config, batches, clark, patterns))

@@ -162,6 +162,14 @@ def _disentangled_figures(r: dict, out: pathlib.Path) -> Figures:
   }
 
 
+def _circuit_figures(r: dict, out: pathlib.Path) -> Figures:
+  c = r["circuit"]
+  if not c.get("available"):
+    return {}
+  return {"circuit": viz.edge_agreement(
+      c["exact_scores"], c["scores"], c["faithfulness"], out / "circuit.png")}
+
+
 def _outlier_figures(r: dict, out: pathlib.Path) -> Figures:
   o = r["outliers"]
   z = np.abs(np.asarray(o["z"], float))  # (L, H)
@@ -182,6 +190,7 @@ _SECTION_FIGURES = (("clark", "clark", _clark_figures), ("patterns", "patterns",
                     ("anisotropy", "anisotropy", _anisotropy_figures),
                     ("pos", "pos", _pos_figures), ("effective", "effective", _effective_figures),
                     ("attribution", "attribution", _attribution_figures),
+                    ("circuit", "circuit", _circuit_figures),
                     ("outliers", "outliers", _outlier_figures),
                     ("disentangled", "disentangled", _disentangled_figures))
 

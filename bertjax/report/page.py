@@ -31,13 +31,14 @@ SECTIONS = (
     ("pos", "7. Part-of-speech probe (UD English EWT)"),
     ("effective", "8. Raw vs effective attention (Brunner et al. 2020)"),
     ("attribution", "9. Token attribution and head patching (negation)"),
-    ("outliers", "10. Outlier dimensions and massive activations (Kovaleva et al. 2021)"),
+    ("circuit", "10. The negation circuit (Syed et al. 2023; Hanna et al. 2024)"),
+    ("outliers", "11. Outlier dimensions and massive activations (Kovaleva et al. 2021)"),
     ("timing", "Run time"),
 )
 # Sections only some models get (absent from report.json and the page otherwise): id, title,
 # the section of `SECTIONS` it follows.
 MODEL_SECTIONS = (
-    ("disentangled", "11. Content vs position in DeBERTa's scores (He et al. 2021)",
+    ("disentangled", "12. Content vs position in DeBERTa's scores (He et al. 2021)",
      "outliers"),
 )
 _TITLES = {**dict(SECTIONS), **{k: t for k, t, _ in MODEL_SECTIONS}}
@@ -392,8 +393,34 @@ def _head_list(heads) -> str:
   return ", ".join(f"L{l}H{h}" for l, h in heads) or "none"
 
 
+def _circuit_html(r: dict, figs: dict, reads: dict) -> list[str]:
+  """Section 10: EAP and EAP-IG against exact edge patching, and the circuits' faithfulness."""
+  c = r.get("circuit")
+  if not c:
+    return []
+  if not c.get("available"):
+    return [_heading("circuit"),
+            f"<p class='note'>Not available: {html_escape(c.get('reason', ''))}</p>"]
+  a, f = c["agreement"], c["faithfulness"]
+  return [
+      _heading("circuit") + "<p>The model as a graph: the embeddings, every head and every FFN "
+      "send into the residual stream; every later head's query, key and value inputs, every "
+      f"FFN and the probe's input receive from it ({c['edges']:,} edges). Each edge is scored "
+      "from the negated sentences (clean) and their affirmative twins (corrupted) by edge "
+      "attribution patching (EAP, one gradient) and EAP-IG (integrated gradients), and a seeded "
+      f"sample of {a['eap']['edges']} edges is patched exactly (the edge carrying its "
+      f"corrupted value) on {c['pairs']} pairs; probe logit {c['clean_logit']:.2f} clean, "
+      f"{c['corrupted_logit']:.2f} corrupted. A circuit keeps its edges clean and corrupts every "
+      "other; its faithfulness is (circuit - corrupted) / (clean - corrupted).</p>",
+      _reading(reads, "circuit"),
+      _fig(figs, "circuit", "EAP and EAP-IG against exact patching; faithfulness by size"),
+      _table(["edges in the top-k circuit", "faithfulness"],
+             [[e, v] for e, v in zip(f["edges"], f["normalized"])], 2),
+      _table(["edge (EAP-IG's largest)", "score"], c["top_edges"], 3)]
+
+
 def _outliers_html(r: dict, figs: dict, reads: dict) -> list[str]:
-  """Section 10: outlier dimensions by layer, massive activations, special-token attention."""
+  """Section 11: outlier dimensions by layer, massive activations, special-token attention."""
   o = r.get("outliers")
   if not o:
     return []
@@ -420,7 +447,7 @@ def _outliers_html(r: dict, figs: dict, reads: dict) -> list[str]:
 
 
 def _disentangled_html(r: dict, figs: dict, reads: dict) -> list[str]:
-  """Section 11 (DeBERTa only): the score terms' shares, and the heads position drives."""
+  """Section 12 (DeBERTa only): the score terms' shares, and the heads position drives."""
   d = r.get("disentangled")
   if not d:
     return []
@@ -484,6 +511,7 @@ _SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
                  ("anisotropy", "anisotropy", _anisotropy_html), ("pos", "pos", _pos_html),
                  ("effective", "effective", _effective_html),
                  ("attribution", "attribution", _attribution_html),
+                 ("circuit", "circuit", _circuit_html),
                  ("outliers", "outliers", _outliers_html),
                  ("disentangled", "disentangled", _disentangled_html),
                  ("timing", "timing", _timing_html))

@@ -481,8 +481,46 @@ def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
           + verdict(model, len(beat) == n, bool(beat), evidence) + ".")
 
 
+def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
+  """Section 10: EAP and EAP-IG against exact edge patching, and the smallest faithful
+  circuit."""
+  if not c.get("available"):
+    return [(f"The circuit section did not run ({c.get('reason', 'no pairs')}), so this report "
+            "cannot compare edge attribution with exact patching.")]
+  a = c["agreement"]
+  eap, ig = a["eap"]["pearson"], a["eap_ig"]["pearson"]
+  items = tuple(np.asarray(v, float) for v in (c["exact_scores"], c["scores"]["eap"],
+                                                c["scores"]["eap_ig"]))
+  ok = np.isfinite(items[0]) & np.isfinite(items[1]) & np.isfinite(items[2])
+  both = lambda ex, e, i: np.stack([stats.pearson_rows(e, ex), stats.pearson_rows(i, ex)], -1)
+  rule = lambda v: levels((v[..., 1] > 0.8) & (v[..., 1] > v[..., 0]),
+                          (v[..., 1] > v[..., 0]) | (v[..., 1] > 0.8))
+  ci = interval(tuple(x[ok] for x in items), both, rule, over=f"the {int(ok.sum())} edges "
+                "patched exactly", shown=[("EAP", 0, "{:.2f}"), ("EAP-IG", 1, "{:.2f}")],
+                resamples=resamples) if ok.sum() > 2 else None
+  first = (
+      "Syed et al. (2023) and Hanna et al. (2024) found that edge attribution patching "
+      "approximates exact edge patching, and its integrated-gradients variant (EAP-IG) better "
+      f"than plain EAP. On {model}'s negation pairs, over {int(ok.sum())} edges patched "
+      f"exactly, EAP's scores correlate {eap:.2f} with the exact effects and EAP-IG's "
+      f"{ig:.2f}. Rule: agrees if EAP-IG's Pearson is above 0.8 and above EAP's, partly if "
+      f"one of the two holds; so {verdict(model, ig > 0.8 and ig > eap, ig > eap or ig > 0.8, ci)}.")
+  k, total = c["smallest"], c["edges"]
+  share = None if k is None else k / total
+  second = (
+      "Conmy et al. (2023) and Hanna et al. (2024) found circuits of a few percent of the "
+      "edges that keep most of a model's behaviour. Here "
+      + ("no top-k circuit from EAP-IG's scores keeps 80% of the logit difference"
+         if k is None else
+         f"the smallest top-k circuit from EAP-IG's scores keeping 80% of the logit difference "
+         f"has {k:,} of the {total:,} edges ({share:.1%})")
+      + ". Rule: agrees within 5% of the edges, partly within 20%; so "
+      f"{verdict(model, share is not None and share <= 0.05, share is not None and share <= 0.2)}.")
+  return [first, second]
+
+
 def disentangled_sentences(d: dict, model: str) -> list[str]:
-  """Section 11 (DeBERTa): how much of the heads' scores position carries, and whether the heads
+  """Section 12 (DeBERTa): how much of the heads' scores position carries, and whether the heads
   it drives are those with a positional pattern (sections 1 and 2)."""
   if not d.get("available", True):
     return [f"The score-term analysis did not run on {model}: {d.get('reason', '')}"]
@@ -561,6 +599,8 @@ def readings(r: dict) -> dict[str, list[str]]:
     makers["outliers"] = lambda: outlier_sentences(r["outliers"], model, n)
   if r.get("attribution"):
     makers["attribution"] = lambda: attribution_sentences(r["attribution"], model, n)
+  if r.get("circuit"):
+    makers["circuit"] = lambda: circuit_sentences(r["circuit"], model, n)
   if r.get("disentangled"):  # DeBERTa only
     makers["disentangled"] = lambda: disentangled_sentences(r["disentangled"], model)
   sources = {"pruning": ("ablation", "task")}

@@ -1,5 +1,5 @@
 """The readings of the representation sections: anisotropy (6), the part-of-speech probe (7)
-and outlier dimensions (10).
+and outlier dimensions (11).
 
 Pure functions of each section's part of `report.json`, as every reading (`reading`): the
 paper's finding, what this model measured, and the verdict under the rule the sentence states,
@@ -109,7 +109,7 @@ def pos_sentences(pos: dict, model: str, resamples: int = RESAMPLES) -> list[str
 
 
 def outlier_sentences(o: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
-  """Section 10: outlier dimensions, the attention they draw, massive activations."""
+  """Section 11: outlier dimensions, the attention they draw, massive activations."""
   dims, hidden = list(o["dims"]), int(o["hidden_size"])
   per_layer = ", ".join(str(int(v)) for v in o["outliers_per_layer"])
   few = max(1, round(0.05 * hidden))  # "a few": at most 5% of the dimensions

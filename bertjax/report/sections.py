@@ -3,9 +3,9 @@ model and returns the section's part of `report.json`.
 
 Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) read the
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
-negation task of `bertjax.report.task`; 7 (`pos_section`) reads UD English EWT and 8
-(`effective_section`) passages of consecutive sentences (`join_passages`). Section 10
-(`outlier_section`) reads the text's batches; so does section 11 (`disentangled_section`,
+negation task of `bertjax.report.task`, as does the circuit section (`circuit_section`); 7 (`pos_section`) reads UD English EWT and 8
+(`effective_section`) passages of consecutive sentences (`join_passages`). Section 11
+(`outlier_section`) reads the text's batches; so does section 12 (`disentangled_section`,
 DeBERTa only), which compares its heads with sections 1 and 2.
 """
 
@@ -385,6 +385,25 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
                                  max_sentences=settings.attribution_sentences)
   patch = negation.head_patching(params, config, tok, negated[:settings.patching_pairs], probe)
   return {"available": True, "cues": cues, "patching": patch}
+
+
+def circuit_section(params, config, tok, sentences: Sequence[Sentence], task: dict,
+                    settings: ReportSettings) -> dict:
+  """The circuit that carries negation into the scoring task's probe (section 3):
+  `negation.circuit` on the negated sentences and their twins (EAP and EAP-IG on every edge,
+  a seeded sample patched exactly, top-k circuits' faithfulness)."""
+  from bertjax.analysis import negation
+
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
+  probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
+  negated = [s.text for s in sentences if s.negated][:settings.circuit_pairs]
+  try:
+    negation.pairs(tok, negated)
+  except ValueError as e:  # a vocabulary without the cues or their twins as single tokens
+    return {"available": False, "reason": str(e)}
+  found = negation.circuit(params, config, tok, negated, probe, steps=settings.circuit_ig_steps,
+                           exact_edges=settings.circuit_exact_edges, seed=settings.seed)
+  return {"available": True, **found}
 
 
 # Clark et al.'s previous/next-token heads: over half of the attention one token back or ahead.

@@ -42,6 +42,9 @@ class ReportSettings:
       (None: every one with a one-token cue).
     attribution_ig_steps: integrated gradients' quadrature points.
     patching_pairs: negated sentences (and twins) the head-patching sweep reads.
+    circuit_pairs: negated sentences (and twins) the circuit section reads.
+    circuit_exact_edges: edges it patches exactly, a seeded sample, to check EAP and EAP-IG.
+    circuit_ig_steps: EAP-IG's integration steps.
     bootstrap_resamples: resamples of each bootstrap confidence interval (the readings').
     seed: the seed of every split and sample.
   """
@@ -65,6 +68,9 @@ class ReportSettings:
   attribution_sentences: int | None = 48
   attribution_ig_steps: int = 32
   patching_pairs: int = 64
+  circuit_pairs: int = 32
+  circuit_exact_edges: int = 300
+  circuit_ig_steps: int = 5
   bootstrap_resamples: int = 1000
   seed: int = 0
 
@@ -75,4 +81,5 @@ class ReportSettings:
                prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
                anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
                ablation_strategy="vmap", attribution_sentences=6, attribution_ig_steps=4,
-               patching_pairs=8, bootstrap_resamples=200)
+               patching_pairs=8, circuit_pairs=6, circuit_exact_edges=24,
+               bootstrap_resamples=200)
