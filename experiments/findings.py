@@ -533,7 +533,8 @@ def render(docs: list[dict], link_prefix: str = "") -> str:
         cells.append(f"{_cell(why or 'not measured')} | — | —")
         continue
       f, u = got[t]
-      verdicts[t] = _verdict(f["holds"], u)
+      if f["holds"] != "n/a":  # a claim the model cannot test is not a verdict to compare
+        verdicts[t] = _verdict(f["holds"], u)
       cells.append(f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)}")
     cause = CAUSES.get((stem, k, next((t for t in verdicts if t), "")))
     if len(verdicts) < 2 and cause is None:
