@@ -3,8 +3,9 @@ model and returns the section's part of `report.json`.
 
 Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) read the
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
-negation task of `bertjax.report.task`, as does the circuit section (`circuit_section`); 7 (`pos_section`) reads UD English EWT and 8
-(`effective_section`) passages of consecutive sentences (`join_passages`). Section 11
+negation task of `bertjax.report.task`, as does 10 (`circuit_section`); 7 (`pos_section`)
+reads UD English EWT and 8 (`effective_section`) passages of consecutive sentences
+(`join_passages`). Section 11
 (`outlier_section`) reads the text's batches; so does section 12 (`disentangled_section`,
 DeBERTa only), which compares its heads with sections 1 and 2.
 """
@@ -244,17 +245,21 @@ def _sentence_sums(params, config, batches, bound) -> tuple[np.ndarray, ...]:
   return np.concatenate(sums), np.concatenate(counts), np.concatenate(above)
 
 
-def _special_mass(params, config, batches, special_ids) -> np.ndarray:
+def _special_mass(params, config, batches, special_ids, chunk: int = 8) -> np.ndarray:
   """(S,) each sentence's attention mass on its special tokens ([CLS]/<s>, [SEP]/</s>), over
-  its real query rows, every head and every layer."""
+  its real query rows, every head and every layer (`chunk` sentences' maps at a time)."""
   out = []
   for _, batch in batches:
-    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                        batch["token_type_ids"], output_attentions=True)
-    a = np.asarray(o.attentions, np.float64)  # (L, B, N, T, T)
-    real = np.asarray(batch["attention_mask"], bool)
-    on_special = (a * np.isin(batch["input_ids"], special_ids)[None, :, None, None]).sum(-1)
-    out.append((on_special * real[None, :, None]).sum(-1).mean((0, 2)) / real.sum(-1))
+    for i in range(0, len(batch["input_ids"]), chunk):
+      b = {k: np.asarray(batch[k])[i:i + chunk]
+           for k in ("input_ids", "attention_mask", "token_type_ids")}
+      o = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
+                          b["token_type_ids"], output_attentions=True)
+      a = np.asarray(o.attentions)  # (L, B, N, T, T)
+      real = b["attention_mask"].astype(bool)
+      on_special = (a * np.isin(b["input_ids"], special_ids)[None, :, None, None]).sum(-1)
+      out.append((on_special * real[None, :, None]).sum(-1, dtype=np.float64).mean((0, 2))
+                 / real.sum(-1))
   return np.concatenate(out)
 
 
@@ -361,6 +366,13 @@ def effective_section(params, config, tok, passages: Sequence[str],
           "example_text": passages[int(idx[0])]}
 
 
+def _task_probe(task: dict) -> tuple[np.ndarray, np.ndarray]:
+  """The scoring task's probe (section 3) as `(w, b)` on raw pooled states (its
+  standardisation folded in), float64."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
+  return p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"]
+
+
 def attribution_section(params, config, tok, sentences: Sequence[Sentence], task: dict,
                         settings: ReportSettings) -> dict:
   """Which attribution method ranks the negation cue first; which heads carry negation.
@@ -371,8 +383,7 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
   """
   from bertjax.analysis import negation
 
-  p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
-  probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
+  probe = _task_probe(task)
   negated = [s.text for s in sentences if s.negated]
   methods = tuple(m for m in negation.methods_for(config) if m != "flow")
   try:
@@ -394,8 +405,7 @@ def circuit_section(params, config, tok, sentences: Sequence[Sentence], task: di
   a seeded sample patched exactly, top-k circuits' faithfulness)."""
   from bertjax.analysis import negation
 
-  p = jax.tree.map(lambda a: np.asarray(a, np.float64), task["params"][PROBE_KEY])
-  probe = (p["w"] / p["scale"][:, None], p["b"] - (p["mean"] / p["scale"]) @ p["w"])
+  probe = _task_probe(task)
   negated = [s.text for s in sentences if s.negated][:settings.circuit_pairs]
   try:
     negation.pairs(tok, negated)
