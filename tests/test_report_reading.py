@@ -336,3 +336,21 @@ def test_circuit_reading_follows_its_numbers():
   r["circuit"] = {"available": False, "reason": "no single-token cues"}
   text = rr.readings(r)["circuit"]
   assert "did not run (no single-token cues)" in text[0] and not rr.verdicts(text, MODEL)
+
+
+def test_sae_reading_follows_its_numbers():
+  """Section 12: the dead share sets the verdict; the interval runs from the count to the
+  bootstrap's upper end, and a verdict that the upper end would turn is inconclusive."""
+  r = _results()
+  r["sae"] = {"available": True, "layer": 2, "latents": 256, "k": 8, "steps": 100,
+              "train_tokens": 900, "held_tokens": 300, "held_sentences": 20, "fvu": 0.3,
+              "l0": 8.0, "dead": 0.04, "dense": 0.01, "dead_ci": [0.05, 0.08]}
+  text = rr.readings(r)["sae"][0]
+  assert rr.verdicts([text], MODEL) == ["agrees"] and "dead share [0.040, 0.080]" in text
+  r["sae"]["dead_ci"] = [0.09, 0.2]
+  assert rr.verdicts(rr.readings(r)["sae"], MODEL) == ["inconclusive"]
+  r["sae"].update(dead=0.3, dead_ci=[0.35, 0.4])
+  assert rr.verdicts(rr.readings(r)["sae"], MODEL) == ["partly agrees"]
+  r["sae"] = {"available": False, "reason": "1 batch of text: none to hold out"}
+  text = rr.readings(r)["sae"]
+  assert "did not run (1 batch of text" in text[0] and not rr.verdicts(text, MODEL)

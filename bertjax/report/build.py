@@ -187,7 +187,7 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
 
 def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
                   ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
-  """Sections 1-11, and 12 on DeBERTa (timed and logged one by one), keyed as in
+  """Sections 1-12, and 13 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
   still run (`_guarded`)."""
   params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
@@ -219,10 +219,13 @@ def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batc
   clock.log("outlier dimensions and massive activations")
   outl = _guarded(clock, "outliers", lambda: sections.outlier_section(params, config, tok, batches,
                                                                        settings))
+  clock.log("a sparse autoencoder on the middle layer")
+  dictionary = _guarded(clock, "sae", lambda: sections.sae_section(params, config, tok, batches,
+                                                                   settings))
   found = {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
            "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib,
-           "circuit": circ, "outliers": outl}
-  if config.family.position_bias == "disentangled":  # DeBERTa: section 12; absent elsewhere
+           "circuit": circ, "outliers": outl, "sae": dictionary}
+  if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
     clock.log("DeBERTa's score terms: content vs position")
     found["disentangled"] = _guarded(clock, "disentangled", lambda: sections.disentangled_section(
         params, config, batches, clark, patterns))

@@ -33,13 +33,14 @@ SECTIONS = (
     ("attribution", "9. Token attribution and head patching (negation)"),
     ("circuit", "10. The negation circuit (Syed et al. 2023; Hanna et al. 2024)"),
     ("outliers", "11. Outlier dimensions and massive activations (Kovaleva et al. 2021)"),
+    ("sae", "12. A sparse dictionary of the middle layer (Gao et al. 2024)"),
     ("timing", "Run time"),
 )
 # Sections only some models get (absent from report.json and the page otherwise): id, title,
 # the section of `SECTIONS` it follows.
 MODEL_SECTIONS = (
-    ("disentangled", "12. Content vs position in DeBERTa's scores (He et al. 2021)",
-     "outliers"),
+    ("disentangled", "13. Content vs position in DeBERTa's scores (He et al. 2021)",
+     "sae"),
 )
 _TITLES = {**dict(SECTIONS), **{k: t for k, t, _ in MODEL_SECTIONS}}
 
@@ -446,8 +447,33 @@ def _outliers_html(r: dict, figs: dict, reads: dict) -> list[str]:
                           "r": ratio}, first=1), 1)]
 
 
+def _sae_html(r: dict, figs: dict, reads: dict) -> list[str]:
+  """Section 12: the SAE's reconstruction and dead latents, and what a few latents fire on."""
+  d = r.get("sae")
+  if not d:
+    return []
+  if not d.get("available"):
+    return [_heading("sae"),
+            f"<p class='note'>Not available: {html_escape(d.get('reason', ''))}</p>"]
+  rows = [[f"latent {k}", f"{html_escape(t['token'])} ({t['value']:.2f})",
+           html_escape(t["text"])] for k, items in d["top"].items() for t in items[:3]]
+  return [
+      _heading("sae") + f"<p>A top-k sparse autoencoder (k = {d['k']}, {d['latents']:,} "
+      f"latents, AuxK; Gao et al. 2024) on layer {d['layer']}'s output, trained for "
+      f"{d['steps']} steps on {d['train_tokens']:,} tokens of the text and evaluated on "
+      f"{d['held_tokens']:,} held-out tokens ({d['held_sentences']} sentences): fraction of "
+      f"variance unexplained {d['fvu']:.3f}, {d['l0']:.1f} active latents per token, "
+      f"{d['dead']:.1%} of the latents dead (firing on no held-out token), {d['dense']:.1%} "
+      "dense (firing on more than 10% of them). Below, eight latents drawn at random among "
+      "those that fire on held-out text, each with its strongest tokens in context.</p>",
+      _reading(reads, "sae"),
+      "<table><tr><th>latent</th><th>token (activation)</th><th>context</th></tr>"
+      + "".join(f"<tr><td>{a}</td><td>{b}</td><td>{c}</td></tr>" for a, b, c in rows)
+      + "</table>"]
+
+
 def _disentangled_html(r: dict, figs: dict, reads: dict) -> list[str]:
-  """Section 12 (DeBERTa only): the score terms' shares, and the heads position drives."""
+  """Section 13 (DeBERTa only): the score terms' shares, and the heads position drives."""
   d = r.get("disentangled")
   if not d:
     return []
@@ -512,7 +538,7 @@ _SECTION_HTML = (("text", "text", _text_html), ("clark", "clark", _clark_html),
                  ("effective", "effective", _effective_html),
                  ("attribution", "attribution", _attribution_html),
                  ("circuit", "circuit", _circuit_html),
-                 ("outliers", "outliers", _outliers_html),
+                 ("outliers", "outliers", _outliers_html), ("sae", "sae", _sae_html),
                  ("disentangled", "disentangled", _disentangled_html),
                  ("timing", "timing", _timing_html))
 

@@ -29,6 +29,7 @@ from bertjax.report.reading_representations import (
   anisotropy_sentences,
   outlier_sentences,
   pos_sentences,
+  sae_sentences,
 )
 
 # Accuracy within this of a reference counts as "no noticeable drop" (Michel et al.'s reading,
@@ -520,7 +521,7 @@ def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[s
 
 
 def disentangled_sentences(d: dict, model: str) -> list[str]:
-  """Section 12 (DeBERTa): how much of the heads' scores position carries, and whether the heads
+  """Section 13 (DeBERTa): how much of the heads' scores position carries, and whether the heads
   it drives are those with a positional pattern (sections 1 and 2)."""
   if not d.get("available", True):
     return [f"The score-term analysis did not run on {model}: {d.get('reason', '')}"]
@@ -601,6 +602,8 @@ def readings(r: dict) -> dict[str, list[str]]:
     makers["attribution"] = lambda: attribution_sentences(r["attribution"], model, n)
   if r.get("circuit"):
     makers["circuit"] = lambda: circuit_sentences(r["circuit"], model, n)
+  if r.get("sae"):
+    makers["sae"] = lambda: sae_sentences(r["sae"], model)
   if r.get("disentangled"):  # DeBERTa only
     makers["disentangled"] = lambda: disentangled_sentences(r["disentangled"], model)
   sources = {"pruning": ("ablation", "task")}

@@ -5,9 +5,9 @@ Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) r
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
 negation task of `bertjax.report.task`, as does 10 (`circuit_section`); 7 (`pos_section`)
 reads UD English EWT and 8 (`effective_section`) passages of consecutive sentences
-(`join_passages`). Section 11
-(`outlier_section`) reads the text's batches; so does section 12 (`disentangled_section`,
-DeBERTa only), which compares its heads with sections 1 and 2.
+(`join_passages`). Sections 11 (`outlier_section`) and 12 (`sae_section`) read the text's
+batches; so does section 13 (`disentangled_section`, DeBERTa only), which compares its heads
+with sections 1 and 2.
 """
 
 from __future__ import annotations
@@ -300,6 +300,58 @@ def outlier_section(params, config, tok, batches, settings: ReportSettings) -> d
                                                "median_abs": massive.median_abs,
                                                "by_sentence": above},
           "special_mass": mass}
+
+
+def sae_section(params, config, tok, batches, settings: ReportSettings) -> dict:
+  """A top-k sparse autoencoder (Gao et al. 2024, `analysis.sae`) on the middle block's output,
+  trained on the text's tokens but its last fifth of batches, evaluated on those.
+
+  Returns FVU, L0, dead and dense shares on the held-out tokens; `dead_ci`, the 95% bootstrap
+  interval of the dead share over the held-out sentences (each resample's latents fire on its
+  sentences' tokens); and the strongest activations, with context, of eight latents drawn
+  (seeded) among those that fire on held-out text.
+  """
+  from bertjax.analysis import sae
+
+  layer = config.depth // 2
+  plain = [b for _, b in batches]
+  held_n = max(1, len(plain) // 5)
+  if len(plain) < 2:
+    return {"available": False, "reason": f"{len(plain)} batch of text: none to hold out"}
+  train_b, held_b = plain[:-held_n], plain[-held_n:]
+  acts = sae.activations(params, config, train_b, "out", layer)
+  held = sae.activations(params, config, held_b, "out", layer)
+  cfg = sae.SAEConfig(d_model=config.hidden_size, latents=settings.sae_expansion
+                      * config.hidden_size, k=min(32, config.hidden_size), lr=1e-3,
+                      dead_tokens=100 * 1024)
+  state, _ = sae.train(acts, cfg, steps=settings.sae_steps, batch_tokens=min(1024, len(acts)),
+                       seed=settings.seed, progress=False)
+  ev = sae.evaluate(state.params, cfg, held)
+  owner = np.concatenate([np.nonzero(np.asarray(b["attention_mask"]) > 0)[0] + 1000 * i
+                          for i, b in enumerate(held_b)])  # each held-out token's sentence
+  _, sentence = np.unique(owner, return_inverse=True)
+  values, indices = (np.asarray(a) for a in sae.encode(state.params, held, cfg.k))
+  fires = np.zeros((sentence.max() + 1, cfg.latents), bool)
+  rows = np.repeat(sentence, cfg.k).reshape(-1, cfg.k)
+  fires[rows[values > 0], indices[values > 0]] = True
+
+  def dead(idx):  # (R, S) resampled sentences -> (R,) share of latents firing on none of them
+    weights = np.zeros((len(idx), len(fires)))
+    np.add.at(weights, (np.arange(len(idx))[:, None], idx), 1)
+    return ((weights @ fires) == 0).mean(-1)
+
+  dead_ci = stats.bootstrap_ci(np.arange(len(fires)), dead, vectorized=True,
+                               n_resamples=settings.bootstrap_resamples, seed=settings.seed)
+  alive = np.flatnonzero(ev["frequency"] > 0)
+  shown = np.random.default_rng(settings.seed).choice(alive, min(8, len(alive)), replace=False)
+  top = sae.top_activating(params, config, tok, held_b, "out", layer, state.params, cfg,
+                           sorted(shown.tolist()), n=5)
+  return {"available": True, "layer": layer + 1, "latents": cfg.latents, "k": cfg.k,
+          "steps": settings.sae_steps, "train_tokens": len(acts), "held_tokens": len(held),
+          "held_sentences": len(fires), "fvu": ev["fvu"], "l0": ev["l0"], "dead": ev["dead"],
+          "dense": ev["dense"], "dead_ci": dead_ci,
+          "top": {str(k): [{"value": t["value"], "token": t["token"], "text": t["text"]}
+                           for t in v] for k, v in top.items()}}
 
 
 def join_passages(sentences: Sequence[str], tok, target: int, count: int) -> list[str]:

@@ -45,6 +45,8 @@ class ReportSettings:
     circuit_pairs: negated sentences (and twins) the circuit section reads.
     circuit_exact_edges: edges it patches exactly, a seeded sample, to check EAP and EAP-IG.
     circuit_ig_steps: EAP-IG's integration steps.
+    sae_steps: training steps of the section-12 sparse autoencoder (1,024 tokens each).
+    sae_expansion: its latents per hidden dimension.
     bootstrap_resamples: resamples of each bootstrap confidence interval (the readings').
     seed: the seed of every split and sample.
   """
@@ -71,6 +73,8 @@ class ReportSettings:
   circuit_pairs: int = 32
   circuit_exact_edges: int = 300
   circuit_ig_steps: int = 5
+  sae_steps: int = 400
+  sae_expansion: int = 4
   bootstrap_resamples: int = 1000
   seed: int = 0
 
@@ -81,5 +85,5 @@ class ReportSettings:
                prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
                anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
                ablation_strategy="vmap", attribution_sentences=6, attribution_ig_steps=4,
-               patching_pairs=8, circuit_pairs=6, circuit_exact_edges=24,
+               patching_pairs=8, circuit_pairs=6, circuit_exact_edges=24, sae_steps=40,
                bootstrap_resamples=200)
