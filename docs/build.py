@@ -61,7 +61,9 @@ def rewrite_links(text: str, source: str) -> str:
     shown = label if label.startswith("`") else f"`{label}`"
     return shown if label.strip("`") == resolved else f"{shown} (`{resolved}`)"
 
-  return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", one, text)
+  parts = re.split(r"(```.*?```)", text, flags=re.DOTALL)  # code blocks stay as written
+  return "".join(part if part.startswith("```") else
+                 re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", one, part) for part in parts)
 
 
 def _normalise(path: str) -> str:

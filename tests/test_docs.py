@@ -81,3 +81,5 @@ def test_links_are_rewritten_for_the_site():
   assert "`x` (`experiments/x.py`)" in got and "[README](index.html#data)" in got
   assert "[data](#data)" in got and "[web](https://jax.dev)" in got
   assert "[manual](manual.html)" in build.rewrite_links("[manual](docs/manual.md)", "README.md")
+  code = "```python\nx = f[0](docs/manual.md)\n```"
+  assert build.rewrite_links(code, "README.md") == code  # code blocks are left alone
