@@ -4,8 +4,8 @@ Reads every full (non-smoke) `experiments/results/*.json` written by the experim
 scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
 whether it holds) as a Markdown table between docs/findings.md's `<!-- findings:start -->`
 and `<!-- findings:end -->` markers, and each claim's verdicts alone between the README's
-`<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The uncertainty of each verdict (`uncertainty`) is computed
-here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
+`<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The
+uncertainty of each verdict (`uncertainty`) is computed here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
 (the verdict "inconclusive" where it differs across the interval), else what the row has
 instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
 
@@ -429,7 +429,7 @@ CAUSES: dict[tuple[str, int, str], str] = {
         "the 0.8 bar; only 'better than EAP' fails on MPNet"),
     ("random_init", 0, "all-mpnet-base-v2"): (
         "a margin, not a difference of kind: r = 0.70 on MPNet (one seed) against 0.76 on "
-        "MiniLM, both across the 0.75 line; the random MPNet reaches 89%, its lexical baseline "
+        "MiniLM, on either side of the 0.75 line; the random MPNet reaches 89%, its lexical baseline "
         "88%, while the pre-trained one reaches 99% (MiniLM: 92% and 100%); 100 test sentences "
         "make one sentence 1 point"),
     ("random_init", 2, "all-mpnet-base-v2"): (

@@ -45,7 +45,7 @@ score), and the CPU speed-up of the forward pass (token-classification logits of
 fixed held-out batch, jitted, compile timed apart, warmed, the models interleaved round
 by round, median over rounds; speed-up = teacher's median / model's median). The CPU
 model, its vector ISA flags and the thread count come from
-`benchmarks/bench_forward.cpu_info`; the machine is shared, so the load average is
+`bertjax.utils.cpu_info`; the machine is shared, so the load average is
 recorded. The committed run takes about 10 minutes on 2 cores.
 
 `--smoke` uses a tiny random 4-layer teacher, the 40-sentence UD sample, and a few steps.
@@ -467,8 +467,7 @@ def run_experiment(args) -> int:
   from bertjax.training import finetune as F
 
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
-  sys.path.insert(0, str(common.REPO / "benchmarks"))
-  from bench_forward import cpu_info
+  from bertjax.utils import cpu_info
 
   timings: dict[str, float] = {}
   tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
@@ -490,7 +489,7 @@ def run_experiment(args) -> int:
   rows = table_rows(models, runs, speed)
   tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
   majority = float(tags_major.max() / tags_major.sum())
-  cpu_line = (f"{cpu['cpu']}, {cpu['cores']} cores ({', '.join(cpu['isa']) or 'no AVX2+'}), "
+  cpu_line = (f"{cpu['cpu']}, {cpu['cpus']} cores ({', '.join(cpu['isa_flags']) or 'no AVX2+'}), "
               f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
               f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
   labels = labels_for(rows, teacher)

@@ -138,7 +138,7 @@ def test_int8_benchmark_smoke():
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads(proc.stdout[proc.stdout.index("{"):])
-  assert doc["smoke"] and doc["machine"]["cpu"] and isinstance(doc["machine"]["isa"], list)
+  assert doc["smoke"] and doc["machine"]["cpu"] and isinstance(doc["machine"]["isa_flags"], list)
   assert doc["forward"][0]["int8"]["median_s"] > 0
   assert doc["accuracy"]["accuracy_float32"] >= 0.8
   assert doc["accuracy"]["embedding_cosine_min"] > 0.99

@@ -455,13 +455,14 @@ def circuit_section(params, config, tok, sentences: Sequence[Sentence], task: di
   """The circuit that carries negation into the scoring task's probe (section 3):
   `negation.circuit` on the negated sentences and their twins (EAP and EAP-IG on every edge,
   a seeded sample patched exactly, top-k circuits' faithfulness)."""
-  from bertjax.analysis import negation
+  from bertjax.analysis import edges, negation
 
   probe = _task_probe(task)
   negated = [s.text for s in sentences if s.negated][:settings.circuit_pairs]
   try:
+    edges.check_supported(config)  # the edge graph's derivation names the families it covers
     negation.pairs(tok, negated)
-  except ValueError as e:  # a vocabulary without the cues or their twins as single tokens
+  except ValueError as e:  # or a vocabulary without the cues or their twins as single tokens
     return {"available": False, "reason": str(e)}
   found = negation.circuit(params, config, tok, negated, probe, steps=settings.circuit_ig_steps,
                            exact_edges=settings.circuit_exact_edges, seed=settings.seed)
