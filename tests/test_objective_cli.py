@@ -6,7 +6,7 @@ import pathlib
 import pytest
 
 import bertjax
-from bertjax.training import commands
+from bertjax.cli import export, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SMOKE_TEXT = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "valid.txt"
@@ -24,13 +24,13 @@ def _metrics(out):
 
 
 def test_pretrain_with_sbo_and_word_order(tmp_path):
-  assert commands.pretrain_main(_argv(tmp_path, "--objective", "none", "--masking", "span",
+  assert train.pretrain_main(_argv(tmp_path, "--objective", "none", "--masking", "span",
                                       "--add-objective", "sbo", "--add-objective",
                                       "word_order", "--word-order-prob", "0.1")) == 0
   rows = _metrics(tmp_path)
   assert len(rows) == 2 and {"mlm_loss", "sbo_loss", "word_order_loss"} <= set(rows[0])
   with pytest.raises(ValueError, match="needs --masking span, got --masking token"):
-    commands.pretrain_main(_argv(tmp_path / "x", "--add-objective", "sbo"))
+    train.pretrain_main(_argv(tmp_path / "x", "--add-objective", "sbo"))
 
 
 @pytest.mark.hf
@@ -52,9 +52,9 @@ def test_pretrain_electra_exports_both_models_for_transformers(tmp_path):
   argv = _argv(run, "--objective", "none", "--config-json", str(cfg), "--lr", "1e-2",
                "--electra-generator-size", "0.5", "--export-hf", str(tmp_path / "final"))
   argv[argv.index("--checkpoint-every") + 1] = "1"
-  assert commands.pretrain_main(argv) == 0
+  assert train.pretrain_main(argv) == 0
   assert {"mlm_loss", "rtd_loss"} <= set(_metrics(run)[0])
-  assert commands.export_main([str(run), "--step", "1", "--to", str(tmp_path / "step1")]) == 0
+  assert export.export_main([str(run), "--step", "1", "--to", str(tmp_path / "step1")]) == 0
   ids = np.random.default_rng(0).integers(1000, 30000, (2, 12))
   ids[:, 0], ids[:, -1] = 101, 102
   mask = np.ones_like(ids)
@@ -88,7 +88,7 @@ def test_pretrain_electra_exports_both_models_for_transformers(tmp_path):
 
 
 def test_pretrain_electra_and_distillation(tmp_path):
-  assert commands.pretrain_main(_argv(tmp_path / "electra", "--objective", "none",
+  assert train.pretrain_main(_argv(tmp_path / "electra", "--objective", "none",
                                       "--preset", "electra-small",
                                       "--electra-generator-size", "0.25")) == 0
   rows = _metrics(tmp_path / "electra")
@@ -97,7 +97,7 @@ def test_pretrain_electra_and_distillation(tmp_path):
                                    num_attention_heads=4, intermediate_size=48,
                                    max_position_embeddings=64)
   bertjax.to_hf(teacher_cfg, bertjax.init(teacher_cfg, 0, ("mlm",)), tmp_path / "teacher")
-  assert commands.pretrain_main(_argv(tmp_path / "student", "--objective", "none",
+  assert train.pretrain_main(_argv(tmp_path / "student", "--objective", "none",
                                       "--teacher", str(tmp_path / "teacher"),
                                       "--distill", "tinybert", "--export-hf",
                                       str(tmp_path / "student_hf"))) == 0
@@ -136,7 +136,7 @@ def test_distilling_a_three_layer_teacher_from_the_hub(tmp_path, monkeypatch, ca
                "bertology/tiny-teacher", "--distill", "tinybert", "--export-hf",
                str(tmp_path / "student_hf"))
   del argv[argv.index("--vocab"):argv.index("--vocab") + 2]  # the teacher's, by default
-  assert commands.pretrain_main(argv) == 0
+  assert train.pretrain_main(argv) == 0
   out = capsys.readouterr().out
   assert "the student uses the teacher's vocabulary" in out and "30522 tokens" in out
   assert "teacher layers 0 (1 of 3; TinyBERT's layer map" in out, out
@@ -161,7 +161,7 @@ def test_distilling_a_three_layer_teacher_from_the_hub(tmp_path, monkeypatch, ca
     argv = [*base[:at - 1], *base[at + 1:]] if vocab is None else [
         *base[:at], vocab, *base[at + 1:]]
     with pytest.raises(ValueError, match=needle):
-      commands.pretrain_main([*argv, *extra])
+      train.pretrain_main([*argv, *extra])
     assert not (tmp_path / "other").exists()
 
 
@@ -179,6 +179,6 @@ def test_finetune_with_a_teacher(tmp_path):
           "--max-len", "32", "--vocab", str(bertjax.minilm_path() / "vocab.txt"),
           "--teacher", str(tmp_path / "teacher"), "--steps", "2", "--batch-size", "4",
           "--output-dir", str(tmp_path / "out"), "--no-progress"]
-  assert commands.finetune_main(argv) == 0
+  assert train.finetune_main(argv) == 0
   config, params = bertjax.from_hf(tmp_path / "out" / "model")
   assert config.num_hidden_layers == 2 and "classifier" in params

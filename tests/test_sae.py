@@ -226,11 +226,11 @@ def test_bad_sites_and_shapes():
 
 MESH_SCRIPT = """
 import json, sys, numpy as np, jax
-from bertjax import sharding
+from bertjax import mesh as mesh_lib
 from bertjax.analysis import sae
 x = np.random.default_rng(0).standard_normal((2048, 32)).astype(np.float32)
 cfg = sae.SAEConfig(d_model=32, latents=128, k=8, auxk=16, lr=1e-3)
-mesh = sharding.analysis_mesh() if sys.argv[1] == "mesh" else None
+mesh = mesh_lib.make_mesh() if sys.argv[1] == "mesh" else None
 state, log = sae.train(x, cfg, steps=6, batch_tokens=256, mesh=mesh, progress=False)
 print(json.dumps({"devices": jax.device_count(), "loss": log[-1][1]["loss"],
                   "W_dec": np.asarray(state.params["W_dec"]).tolist()}))

@@ -81,7 +81,7 @@ MESHES = textwrap.dedent('''
     import jax
     assert jax.device_count() == 8
     exec(open(sys.argv[2]).read())
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
     from bertjax.analysis import ablation as A, attention, cloze, features
 
     cloze_texts = [" ".join(w[:3]) + " [MASK] ." for w in words]
@@ -138,13 +138,13 @@ MESHES = textwrap.dedent('''
     meshes = [("8x1", (8, 1, 1), None), ("4x2", (4, 2, 1), None), ("2x4", (2, 4, 1), None),
               ("2x2x2", (2, 2, 2), ("sweep", "features"))]
     for name, shape, only in meshes:
-      got, seconds = run(sharding.analysis_mesh(*shape), only)
+      got, seconds = run(mesh_lib.make_mesh(*shape), only)
       report["errors"][name] = errors(got, ref)
       report["nan_agree"][name] = all(bool((np.isnan(got[k]) == np.isnan(ref[k])).all())
                                       for k in got)
       report["seconds"][name] = seconds
-    mesh = sharding.analysis_mesh(2, 2, 2)
-    placed = sharding.shard_params(params, mesh)
+    mesh = mesh_lib.make_mesh(2, 2, 2)
+    placed = mesh_lib.shard_params(params, mesh)
     report["fsdp_word_spec"] = str(placed["embeddings"]["word_embeddings"]["embedding"]
                                    .sharding.spec)
     report["reference"] = {k: ref[k].tolist() for k in ("sweep", "features", "patching")}
@@ -153,19 +153,19 @@ MESHES = textwrap.dedent('''
 
 MULTIHOST = textwrap.dedent('''
     import pathlib, sys
-    from bertjax import sharding
-    distributed = sharding.initialize_distributed()  # first, as `bertjax pretrain` does
+    from bertjax import mesh as mesh_lib
+    distributed = mesh_lib.initialize_distributed()  # first, as `bertjax pretrain` does
     import jax
     exec(open(sys.argv[2]).read())
     from bertjax.analysis.jobs import write_json_atomic
 
     out = pathlib.Path(sys.argv[3])
-    mesh = sharding.analysis_mesh(2, 2)  # data 2 x interventions 2 over both processes
+    mesh = mesh_lib.make_mesh(2, 2)  # data 2 x interventions 2 over both processes
     result = {"process": jax.process_index(), "processes": jax.process_count(),
               "devices": jax.device_count(), "sweep": sweep_values(mesh).tolist(),
               "features": feature_values(mesh, out / "cache").tolist(),
               "patching": patching_values(mesh).tolist()}
-    if sharding.is_primary():
+    if mesh_lib.is_primary():
       write_json_atomic(out / "result.json", {k: result[k] for k in ("process", "sweep")})
     print("RESULT " + json.dumps(result), flush=True)
 ''')
@@ -290,17 +290,17 @@ def test_pair_interactions_subtract_single_effects():
 def test_mesh_helpers():
   import jax
 
-  from bertjax import sharding
-  assert sharding.parse_mesh("4x2") == (4, 2, 1)
-  assert sharding.parse_mesh("-1x1x2") == (-1, 1, 2)
+  from bertjax import mesh as mesh_lib
+  assert mesh_lib.parse_mesh("4x2") == (4, 2, 1)
+  assert mesh_lib.parse_mesh("-1x1x2") == (-1, 1, 2)
   with pytest.raises(ValueError, match="'4by2'"):
-    sharding.parse_mesh("4by2")
-  mesh = sharding.analysis_mesh(devices=jax.devices()[:1])
+    mesh_lib.parse_mesh("4by2")
+  mesh = mesh_lib.make_mesh(devices=jax.devices()[:1])
   assert mesh.axis_names == ("data", "interventions", "fsdp") and mesh.devices.shape == (1, 1, 1)
   with pytest.raises(ValueError, match="interventions=2 x fsdp=1 must divide the 1 devices"):
-    sharding.analysis_mesh(interventions=2, devices=jax.devices()[:1])
+    mesh_lib.make_mesh(interventions=2, devices=jax.devices()[:1])
   with pytest.raises(ValueError, match="fsdp=0"):
-    sharding.analysis_mesh(fsdp=0)
-  assert sharding.round_up(10, 8) == 16 and sharding.round_up(0, 4) == 4
-  padded = sharding.pad_rows({"a": np.arange(6).reshape(3, 2)}, 5)["a"]
+    mesh_lib.make_mesh(fsdp=0)
+  assert mesh_lib.round_up(10, 8) == 16 and mesh_lib.round_up(0, 4) == 4
+  padded = mesh_lib.pad_rows({"a": np.arange(6).reshape(3, 2)}, 5)["a"]
   assert padded.tolist() == [[0, 1], [2, 3], [4, 5], [4, 5], [4, 5]]

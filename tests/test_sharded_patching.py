@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent('''
     import jax.numpy as jnp
     import numpy as np
     import bertjax
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
     from bertjax.analysis import attention, patching as pt
     from bertjax.data import corpus as C
 
@@ -129,13 +129,13 @@ SCRIPT = textwrap.dedent('''
               "spread": {k: float(np.nanstd(v)) for k, v in ref.items()}}
     for name, shape, attention_too in (("8x1", (8, 1, 1), True), ("4x2", (4, 2, 1), True),
                                        ("1x8", (1, 8, 1), False)):
-      got = run(sharding.analysis_mesh(*shape), attention_too)
+      got = run(mesh_lib.make_mesh(*shape), attention_too)
       report["errors"][name] = errors(got, ref)
       report["nan_agree"][name] = all(bool((np.isnan(got[k]) == np.isnan(ref[k])).all())
                                       for k in got)
     try:
       pt.head_patching(params, cfg, clean, corrupted, first_logit,
-                       mesh=sharding.analysis_mesh(4, 2))
+                       mesh=mesh_lib.make_mesh(4, 2))
       report["refused"] = None
     except ValueError as e:
       report["refused"] = str(e)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.training import commands
+from bertjax.cli import train
 from bertjax.training import finetune as F
 
 
@@ -118,7 +118,7 @@ def test_glue_through_tfds_mock_data(tokenizer, task, pair):
 
 def test_finetune_help_lists_options(capsys):
   with pytest.raises(SystemExit) as e:
-    commands.finetune_main(["--help"])
+    train.finetune_main(["--help"])
   assert e.value.code == 0
   out = capsys.readouterr().out
   for opt in ("--table", "--blimp", "--ud", "--glue", "--init-from", "--lr", "--steps",
@@ -130,7 +130,7 @@ def test_finetune_main_blimp_from_random_init(tmp_path, minilm_dir, data_dir):
   cfg = tmp_path / "cfg.json"
   cfg.write_text(json.dumps(dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=64)))
-  assert commands.finetune_main([
+  assert train.finetune_main([
       "--blimp", str(data_dir / "blimp" / "anaphor_number_agreement.jsonl"),
       "--max-examples", "64", "--eval-fraction", "0.25", "--vocab", str(minilm_dir),
       "--config-json", str(cfg), "--steps", "6", "--batch-size", "8", "--lr", "1e-3",

@@ -169,7 +169,8 @@ SHARDED = textwrap.dedent('''
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import json, jax, numpy as np, bertjax
-    from bertjax.training import optim, sharding, state as ts, step as tstep
+    from bertjax import mesh as mesh_lib
+    from bertjax.training import optim, state as ts, step as tstep
     assert jax.device_count() == 8
     cfg = bertjax.BertConfig.preset("tiny", hidden_dropout_prob=0.0,
                                     attention_probs_dropout_prob=0.0, num_hidden_layers=1)
@@ -192,15 +193,15 @@ SHARDED = textwrap.dedent('''
     for b in batches:
       single, m = step(single, b)
       ref.append(float(m["loss"]))
-    mesh = sharding.make_mesh(4, 2)
-    state, shard = sharding.shard_state(ts.create_train_state(params, tx, 0), mesh)
+    mesh = mesh_lib.make_mesh(data=4, fsdp=2)
+    state, shard = mesh_lib.shard_state(ts.create_train_state(params, tx, 0), mesh)
     specs = {str(s.spec) for s in jax.tree.leaves(shard)}
     word = state.params["embeddings"]["word_embeddings"]["embedding"]
     sstep = tstep.make_train_step(cfg, tx, state_sharding=shard,
-                                  batch_sharding=sharding.batch_sharding(mesh))
+                                  batch_sharding=mesh_lib.batch_sharding(mesh))
     got = []
     for b in batches:
-      state, m = sstep(state, sharding.shard_batch(b, mesh))
+      state, m = sstep(state, mesh_lib.shard_batch(b, mesh))
       got.append(float(m["loss"]))
     print("RESULT " + json.dumps(dict(ref=ref, got=got, specs=sorted(specs),
                                       word_spec=str(word.sharding.spec),
@@ -227,22 +228,28 @@ def test_sharded_training_matches_single_device(tmp_path):
 def test_mesh_and_shardings_helpers():
   import jax
 
-  from bertjax.training import sharding
-  assert sharding._leaf_spec((1000, 64), 2) == jax.sharding.PartitionSpec("fsdp", None)
-  assert sharding._leaf_spec((3, 64), 2) == jax.sharding.PartitionSpec(None, "fsdp")
-  assert sharding._leaf_spec((3, 5), 2) == jax.sharding.PartitionSpec()
-  assert sharding.parse_mesh_shape("4x2") == (4, 2)
-  with pytest.raises(ValueError, match="'4by2'"):
-    sharding.parse_mesh_shape("4by2")
+  from bertjax import mesh as mesh_lib
+  assert mesh_lib._leaf_spec((1000, 64), 2) == jax.sharding.PartitionSpec("fsdp", None)
+  assert mesh_lib._leaf_spec((3, 64), 2) == jax.sharding.PartitionSpec(None, "fsdp")
+  assert mesh_lib._leaf_spec((3, 5), 2) == jax.sharding.PartitionSpec()
+  # `pretrain --mesh-shape` reads DATAxFSDP; the training mesh is the one mesh, interventions 1.
+  assert mesh_lib.parse_mesh("4x2", ("data", "fsdp")) == (4, 2)
+  with pytest.raises(ValueError, match="'4by2'.*'DATAxFSDP'"):
+    mesh_lib.parse_mesh("4by2", ("data", "fsdp"))
+  with pytest.raises(ValueError, match="'4x2x2'"):
+    mesh_lib.parse_mesh("4x2x2", ("data", "fsdp"))
   with pytest.raises(ValueError, match="fsdp=3"):
-    sharding.make_mesh(-1, 3, devices=jax.devices()[:1])
-  assert not sharding.maybe_initialize_distributed()  # no coordinator variables here
+    mesh_lib.make_mesh(fsdp=3, devices=jax.devices()[:1])
+  one = mesh_lib.make_mesh(devices=jax.devices()[:1])
+  assert one.axis_names == ("data", "interventions", "fsdp")
+  assert mesh_lib.batch_sharding(one).spec == jax.sharding.PartitionSpec(("data", "fsdp"))
+  assert not mesh_lib.initialize_distributed()  # no coordinator variables here
 
 
 def test_pretrain_help_lists_options(capsys):
-  from bertjax.training import commands
+  from bertjax.cli import train
   with pytest.raises(SystemExit) as e:
-    commands.pretrain_main(["--help"])
+    train.pretrain_main(["--help"])
   assert e.value.code == 0
   out = capsys.readouterr().out
   for opt in ("--corpus", "--train-vocab", "--preset", "--config-json", "--init-from",
@@ -259,7 +266,7 @@ def test_pretrain_help_lists_options(capsys):
 def test_pretrain_main_end_to_end(setup):
   root, text, env = setup
   out = root / "cli"
-  code = ("import sys; from bertjax.training.commands import pretrain_main; "
+  code = ("import sys; from bertjax.cli.train import pretrain_main; "
           "sys.exit(pretrain_main(sys.argv[1:]))")
   argv = ["--corpus", str(text), "--corpus-format", "wikitext", "--max-lines", "400",
           "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",
@@ -289,7 +296,7 @@ def test_multihost_pretrain_matches_single_process(setup):
   """`bertjax pretrain` as two processes (jax.distributed over localhost, 2 CPU devices
   each, mesh 2x2, stacking, an Orbax checkpoint) gives the single process's losses."""
   root, text, env = setup
-  code = ("import sys; from bertjax.training.commands import pretrain_main; "
+  code = ("import sys; from bertjax.cli.train import pretrain_main; "
           "sys.exit(pretrain_main(sys.argv[1:]))")
   common = ["--corpus", str(text), "--corpus-format", "wikitext", "--max-lines", "400",
             "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",

@@ -286,7 +286,7 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
     strategy: "prefix" (share the intact blocks below each mask's first modified
       block, vmap the rest), "vmap" (vmap whole forward passes), "loop" (one
       jitted forward pass per mask; the naive reference, one device only).
-    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): batch rows split over
+    mesh: a `jax.sharding.Mesh` (`bertjax.mesh.make_mesh`): batch rows split over
       its "data" (and "fsdp") axis, masks over "interventions", parameters replicated
       (fsdp-sharded with an "fsdp" axis > 1); the values equal the single-device ones to
       float rounding (`bertjax.analysis.sharded`). The metric must sum over rows, as it

@@ -193,7 +193,7 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
       over all real query tokens).
     entropy_smoothing: Clark's 1e-4 by default; 0 for the plain entropy (and the
       kernel path).
-    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): each batch's rows split
+    mesh: a `jax.sharding.Mesh` (`bertjax.mesh.make_mesh`): each batch's rows split
       over all its devices (padded with empty rows, which weigh 0), parameters replicated
       (fsdp-sharded with an "fsdp" axis > 1); the maps path still reduces the maps on the
       host, after gathering them. None: one device.
@@ -319,7 +319,7 @@ def word_level_attention(params: Params, config: BertConfig, batches: Iterable, 
                          keep_special: bool = True, mesh=None):
   """Yields `(maps (layers, heads, W, W), groups)` per sequence; batches need `word_ids`.
 
-  With `mesh` (`bertjax.sharding.analysis_mesh`) each batch's rows are split over all its
+  With `mesh` (`bertjax.mesh.make_mesh`) each batch's rows are split over all its
   devices for the forward pass (padding rows dropped after it); the word maps are formed on
   the host as on one device.
   """
@@ -440,7 +440,7 @@ def pattern_types(params: Params, config: BertConfig, batches: Iterable, *,
     params, config, batches: the model and data (one batch of maps at a time).
     special_ids: ids of the "vertical" tokens, e.g. `[tok.cls_id, tok.sep_id]`.
     thresholds: the classifier's decision list.
-    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): each batch's rows split
+    mesh: a `jax.sharding.Mesh` (`bertjax.mesh.make_mesh`): each batch's rows split
       over all its devices for the forward pass (padded with empty rows, dropped after it),
       parameters replicated (fsdp-sharded with an "fsdp" axis > 1); the maps are gathered
       and classified on the host as on one device. None: one device.

@@ -120,25 +120,25 @@ class _Rows:
   def __init__(self, lm: MaskedLM, mesh: Any = None):
     self.lm, self.mesh, self.params = lm, mesh, lm.params
     if mesh is not None:
-      from bertjax import sharding
+      from bertjax import mesh as mesh_lib
 
-      self.params = sharding.shard_params(lm.params, mesh)
+      self.params = mesh_lib.shard_params(lm.params, mesh)
 
   def rows(self, n: int) -> int:
     """A row count the mesh divides (``n`` itself on one device)."""
     if self.mesh is None:
       return n
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
 
-    return sharding.round_up(n, sharding.size_of(self.mesh, self.mesh.axis_names))
+    return mesh_lib.round_up(n, mesh_lib.size_of(self.mesh, self.mesh.axis_names))
 
   def __call__(self, f, *rows, **static):
     if self.mesh is None:
       return jax.tree.map(np.asarray, f(self.lm.fn, self.params, *rows, **static))
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
 
-    rows = sharding.shard_rows(rows, self.mesh)
-    return sharding.to_host(f(self.lm.fn, self.params, *rows, **static))
+    rows = mesh_lib.shard_rows(rows, self.mesh)
+    return mesh_lib.to_host(f(self.lm.fn, self.params, *rows, **static))
 
 
 def _lm(model: Any) -> MaskedLM:
@@ -224,7 +224,7 @@ def score_queries(
       for every text); None for none.
     k: predictions to keep.
     batch_size: rows per call (a last partial batch is padded to it).
-    mesh: a ``jax.sharding.Mesh`` (``bertjax.sharding.analysis_mesh``): rows split over all
+    mesh: a ``jax.sharding.Mesh`` (``bertjax.mesh.make_mesh``): rows split over all
       its devices (``batch_size`` rounded up to a multiple of their count), parameters
       replicated (fsdp-sharded with an "fsdp" axis > 1); every process gets the scores.
       None: one device.

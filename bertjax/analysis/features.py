@@ -266,7 +266,7 @@ def extract_word_features(
     model_id: a name standing for the model in the cache key (skips hashing the
       parameters); the caller must change it whenever the weights change.
     progress: show a tqdm progress bar.
-    mesh: a ``jax.sharding.Mesh`` (``bertjax.sharding.analysis_mesh``): each batch's rows
+    mesh: a ``jax.sharding.Mesh`` (``bertjax.mesh.make_mesh``): each batch's rows
       split over all its devices (rows rounded up to a multiple of their count; the
       extra rows are padding), parameters replicated (fsdp-sharded with an "fsdp" axis
       > 1); the features equal the single-device ones. With several processes each
@@ -354,10 +354,10 @@ def _plan(corpus: _Corpus, max_tokens: int, length_multiple: int, mesh: Any):
   extraction's token statistics."""
   plan = plan_batches(corpus.lengths, max_tokens, length_multiple)
   if mesh is not None:
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
 
-    devices = sharding.size_of(mesh, mesh.axis_names)
-    plan = [(idx, sharding.round_up(rows, devices), width) for idx, rows, width in plan]
+    devices = mesh_lib.size_of(mesh, mesh.axis_names)
+    plan = [(idx, mesh_lib.round_up(rows, devices), width) for idx, rows, width in plan]
   stats = {"num_tokens": int(corpus.lengths.sum()),
            "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
            "shapes": tuple(sorted({(rows, width) for _, rows, width in plan}))}
@@ -377,9 +377,9 @@ def _place(params: Any, mesh: Any) -> tuple[Any, bool]:
   whether this process writes (of several processes, process 0)."""
   if mesh is None:
     return params, True
-  from bertjax import sharding
+  from bertjax import mesh as mesh_lib
 
-  return sharding.shard_params(params, mesh), sharding.is_primary()
+  return mesh_lib.shard_params(params, mesh), mesh_lib.is_primary()
 
 
 def _progress_bar(num_tokens: int):
@@ -438,16 +438,16 @@ def _fill_features(out: np.ndarray, params: Any, config: Any, tokenizer: Any, co
     How many words produced no subword.
   """
   if mesh is not None:
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
   missing = 0
   for idx, rows, width in plan:
     ids, mask, wids = _bucket_arrays(tokenizer, corpus, idx, rows, width)
     num_words = bucket_width(int(corpus.num_words[idx].max()), length_multiple)
     bertjax.check_inputs(config, ids, mask)
-    arrays = (ids, mask, wids) if mesh is None else sharding.shard_rows((ids, mask, wids), mesh)
+    arrays = (ids, mask, wids) if mesh is None else mesh_lib.shard_rows((ids, mask, wids), mesh)
     pooled, present = _extract(params, config, *arrays, num_words, pooling, dtype)
     if mesh is not None:  # gathered from every device (and process)
-      pooled, present = sharding.to_host((pooled, present))
+      pooled, present = mesh_lib.to_host((pooled, present))
     pooled, present = np.asarray(pooled), np.asarray(present)  # (L+1, rows, num_words, H)
     n = corpus.num_words[idx]  # words of each real row
     rows_of = np.repeat(np.arange(len(idx)), n)

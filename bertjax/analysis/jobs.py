@@ -30,21 +30,18 @@ EWT's dev set with ``--data-dir``):
   attention to [CLS] and [SEP] and their correlation (`effective_attention_statistics`;
   per-sentence SVDs on the host, the slowest analysis here).
 
-With ``--mesh`` every analysis runs on a device mesh (`bertjax.sharding.analysis_mesh`); with
+With ``--mesh`` every analysis runs on a device mesh (`bertjax.mesh.make_mesh`); with
 the multi-host variables of `bertjax pretrain` set, every process runs the job, each feeding
 its devices' rows, and process 0 alone writes.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import pathlib
 import re
-import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -427,7 +424,7 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
     data_dir: a data directory with UD English EWT (None: the shipped sample).
     max_sentences: only the first sentences.
     tokenizer: one tokenizer for every checkpoint (default: each one's own).
-    mesh: a device mesh for every analysis (`bertjax.sharding.analysis_mesh`), or None.
+    mesh: a device mesh for every analysis (`bertjax.mesh.make_mesh`), or None.
     batch_size: rows per batch of the ablation and attention analyses.
     plots: draw ``figures/<analysis>.png`` (needs matplotlib).
     progress: a progress bar over (checkpoint, analysis) pairs.
@@ -437,7 +434,7 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
     The summary also written to ``summary.json``: checkpoints, result files, figures,
     and how many results were computed now and found from before.
   """
-  from bertjax import sharding
+  from bertjax import mesh as mesh_lib
 
   analyses = _check_analyses(analyses)
   if plots:
@@ -447,7 +444,7 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
   specs = expand_checkpoints(checkpoints, tokenizer=tokenizer)
   sentences, source = load_sentences(data_dir, max_sentences)
   out_dir = pathlib.Path(out_dir)
-  primary = sharding.is_primary()
+  primary = mesh_lib.is_primary()
   done = _results_present(out_dir, specs, analyses, primary)
   bar = None
   if progress and primary:
@@ -494,13 +491,13 @@ def _results_present(out_dir: pathlib.Path, specs: Sequence[Checkpoint],
   """bool (checkpoints, analyses): which results are already there, as process 0 sees them
   (so every process runs the same analyses); process 0 first makes `out_dir` and removes the
   temporaries a killed job left."""
-  from bertjax import sharding
+  from bertjax import mesh as mesh_lib
 
   if primary:
     out_dir.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out_dir)
   done = np.asarray([[result_path(out_dir, ck, a).is_file() for a in analyses] for ck in specs])
-  return np.asarray(sharding.broadcast_from_primary(done), bool)
+  return np.asarray(mesh_lib.broadcast_from_primary(done), bool)
 
 
 def _write_summary(out_dir: pathlib.Path, summary: dict[str, Any], analyses: Sequence[str],
@@ -614,75 +611,3 @@ def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[
     os.replace(tmp, path)
     written.append(path)
   return written
-
-
-# The command ---------------------------------------------------------------------------------
-
-
-def analyze_parser() -> argparse.ArgumentParser:
-  """The argument parser of `analyze_main` (`bertjax analyze`)."""
-  p = argparse.ArgumentParser(
-      prog="bertjax analyze", formatter_class=argparse.RawDescriptionHelpFormatter,
-      description="Runs analyses on many checkpoints as one job: one JSON result per\n"
-                  "(checkpoint, analysis) in OUT/results/, each written whole (a restarted job\n"
-                  "skips those present), and figures of every metric in OUT/figures/ (a line\n"
-                  "joins only the steps of one training run; other models are points).\n"
-                  "\nanalyses:\n"
-                  "  head_ablation  every head and layer masked (MLM loss, or embedding cosine)\n"
-                  "  attention      Clark et al.'s [CLS]/[SEP]/punctuation mass and entropy\n"
-                  "  probing        a linear UPOS probe per layer (held-out accuracy)\n"
-                  "  anisotropy     mean cosine of random word pairs per layer\n"
-                  "  patterns       Kovaleva et al.'s five attention-map types (share of each)\n"
-                  "  effective_attention  Brunner et al.'s raw vs effective attention to\n"
-                  "                 [CLS]/[SEP] (per-sentence SVDs on the host: slow)\n\n"
-                  "multi-host: with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and\n"
-                  "JAX_PROCESS_ID set (as for `bertjax pretrain`) every process runs the job\n"
-                  "on the global --mesh, and process 0 alone writes.")
-  p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                 help="a Hugging Face model directory, a hub id, or a `bertjax pretrain` "
-                      "output folder (all its saved steps; RUN@8,16 for some)")
-  p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-  p.add_argument("--analyses", default=",".join(DEFAULT_ANALYSES), metavar="A,B",
-                 help="comma-separated analyses (default: the first four, "
-                      f"{','.join(DEFAULT_ANALYSES)})")
-  p.add_argument("--data-dir", default=None, metavar="DIR",
-                 help="a data directory with ud_english_ewt/ (default: the shipped UD sample)")
-  p.add_argument("--max-sentences", type=int, default=None, metavar="N",
-                 help="only the first N sentences (default: all)")
-  p.add_argument("--tokenizer", default=None, metavar="PATH",
-                 help="one tokenizer for every checkpoint (default: each checkpoint's own; a "
-                      "run's vocab/ folder)")
-  p.add_argument("--mesh", default=None, metavar="DxI[xF]",
-                 help="device mesh data x interventions [x fsdp], e.g. 4x2 (default: one "
-                      "device)")
-  p.add_argument("--batch-size", type=int, default=16, metavar="N",
-                 help="rows per batch of the ablation and attention analyses (default: 16)")
-  p.add_argument("--no-plots", action="store_true", help="write no figures")
-  p.add_argument("--no-progress", action="store_true", help="no progress bar")
-  p.add_argument("--debug", action="store_true",
-                 help="show the Python traceback of an error instead of a one-line message")
-  return p
-
-
-def analyze_main(argv: Sequence[str] | None = None) -> int:
-  """Runs `bertjax analyze` from command-line arguments; prints where the results are."""
-  args = analyze_parser().parse_args(argv)
-  if args.debug:
-    os.environ["BERTJAX_DEBUG"] = "1"
-  from bertjax import sharding
-
-  sharding.initialize_distributed()  # before any other JAX call
-  mesh = sharding.analysis_mesh(*sharding.parse_mesh(args.mesh)) if args.mesh else None
-  t0 = time.perf_counter()
-  summary = analyze_checkpoints(
-      args.checkpoints, [a.strip() for a in args.analyses.split(",") if a.strip()], args.out,
-      data_dir=args.data_dir, max_sentences=args.max_sentences, tokenizer=args.tokenizer,
-      mesh=mesh, batch_size=args.batch_size, plots=not args.no_plots,
-      progress=not args.no_progress)
-  if sharding.is_primary():
-    print(f"analyze: {len(summary['checkpoints'])} checkpoints x {len(summary['analyses'])} "
-          f"analyses: {summary['computed']} computed, {summary['found']} already there "
-          f"({time.perf_counter() - t0:.1f} s); results in {pathlib.Path(args.out) / 'results'}"
-          + (f", figures in {pathlib.Path(args.out) / 'figures'}" if summary["figures"] else ""),
-          file=sys.stdout)
-  return 0

@@ -58,7 +58,7 @@ against 146 forward passes for a loop.
   first token of a sequence head or a "first" probe), through `run_layers(final_rows=)`:
   the same values for a fraction of that block's work. A metric without a `rows` method
   gets every row.
-* `mesh=` (every sweep; `bertjax.sharding.analysis_mesh`): the pair's rows are split over
+* `mesh=` (every sweep; `bertjax.mesh.make_mesh`): the pair's rows are split over
   the mesh's "data" (and "fsdp") axis and the patch set (the heads or positions of each
   layer, the sender heads of path patching) over "interventions", as `ablation_sweep`
   splits its masks; attribution patching, one backward pass with no patch set, splits its
@@ -87,7 +87,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding
+from bertjax import mesh as mesh_lib
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import as_batch, check_same_padding, default_chunk_size
 from bertjax.analysis.patching_metrics import (  # noqa: F401 (their public home is here)
@@ -291,17 +291,17 @@ def _scalar(value, metric):
 def _place(params, config, src, dst, targets, metric, mesh, *, patch_set: bool):
   """The model and the pair on `mesh`, rows over its row axes (every axis without a patch
   set): `(params, src, dst, targets, row_weight)`, row_weight None unless rows were padded."""
-  axes = sharding.row_axes(mesh, interventions=not patch_set)
+  axes = mesh_lib.row_axes(mesh, interventions=not patch_set)
   host = jax.tree.map(np.asarray, (src, dst, targets))
   (src, dst, targets), weight, padded = sharded.place_rows(host, mesh, axes)
   if padded and not getattr(metric, "row_mean", False):
-    rows, size = host[0]["input_ids"].shape[0], sharding.size_of(mesh, axes)
+    rows, size = host[0]["input_ids"].shape[0], mesh_lib.size_of(mesh, axes)
     raise ValueError(f"batch={rows} rows do not split evenly over the {size} devices of mesh "
                      f"axes {axes}, and metric={metric!r} is not marked as a mean over rows "
                      "(row_mean = True, as LogitDiff, AnswerLogProb and ProbeLogitDiff are), so "
                      f"padding rows would change it: give a multiple of {size} rows or such a "
                      "metric")
-  return (sharding.shard_params(params, mesh), src, dst, targets,
+  return (mesh_lib.shard_params(params, mesh), src, dst, targets,
           weight if padded else None)
 
 
@@ -426,7 +426,7 @@ def _run_sweep(params, config, clean, corrupted, metric, targets, site, over, po
                                 site=site, metric=metric, chunk_size=_chunk(chunk_size),
                                 set_sharding=set_sharding)
   values = sharded.flat_interventions(values, len(block_weights), axis=1)
-  clean_m, corrupted_m = _metrics(sharding.to_host(src_m), sharding.to_host(dst_m), direction)
+  clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
   return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
                         np.asarray(values, np.float64), clean_m, corrupted_m, direction)
 
@@ -449,7 +449,7 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     direction: "denoise" (corrupted run, clean values) or "noise".
     chunk_size: patched runs of the blocks after the patched one evaluated at
       once (vmap width); None: `batching.default_chunk_size()`.
-    mesh: a `jax.sharding.Mesh` (`bertjax.sharding.analysis_mesh`): the pair's rows split
+    mesh: a `jax.sharding.Mesh` (`bertjax.mesh.make_mesh`): the pair's rows split
       over "data" (and "fsdp"), each layer's heads over "interventions", parameters
       replicated (fsdp-sharded with "fsdp" > 1); see the module docstring for batches the
       row axes do not divide. None: one device.
@@ -562,13 +562,13 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
   if mesh is not None:
     params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
                                                    mesh, patch_set=False)
-    weights = sharding.shard_rows(np.asarray(weights), mesh, ())  # replicated
+    weights = mesh_lib.shard_rows(np.asarray(weights), mesh, ())  # replicated
   # Two programs: XLA:CPU then keeps the destination's residuals as separate output arrays,
   # which the allocator reuses call after call, instead of one large temporary buffer it
   # maps afresh each time (measured: about 8% of the attribution's time).
   src_m, dst_m, backward = _attribution_forward(params, config, src, dst, targets, weights,
                                                 row_weight, site=site, metric=metric)
-  values, src_m, dst_m = sharding.to_host((_attribution_backward(backward, weights, dst_m),
+  values, src_m, dst_m = mesh_lib.to_host((_attribution_backward(backward, weights, dst_m),
                                            src_m, dst_m))
   clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
   return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
@@ -688,6 +688,6 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
                              set_sharding=set_sharding)
   values = np.full((config.depth, n), np.nan)
   values[:pairs[0][0]] = sharded.flat_interventions(rows, n, axis=1)
-  clean_m, corrupted_m = _metrics(sharding.to_host(src_m), sharding.to_host(dst_m), direction)
+  clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
   return PatchingResult("head_out", ("layer", "head"), np.asarray(values, np.float64), clean_m,
                         corrupted_m, direction, "path")

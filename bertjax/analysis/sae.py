@@ -339,7 +339,7 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
 
   Args:
     mesh: a `jax.sharding.Mesh`: each step's rows split over its row axes, the SAE
-      replicated (fsdp-sharded where the mesh has fsdp > 1; `bertjax.sharding.
+      replicated (fsdp-sharded where the mesh has fsdp > 1; `bertjax.mesh.
       analysis_mesh`); `batch_tokens` must divide evenly.
     progress: a tqdm bar.
     log_every: keep the metrics of every this-many steps (0: of the last step only).
@@ -357,14 +357,14 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
   scale = jnp.float32(mse_scale(acts[rng.permutation(len(acts))[:32768]]))
   place = lambda x: x
   if mesh is not None:
-    from bertjax import sharding
+    from bertjax import mesh as mesh_lib
 
-    axes = sharding.row_axes(mesh, interventions=True)
-    if batch_tokens % sharding.size_of(mesh, axes):
+    axes = mesh_lib.row_axes(mesh, interventions=True)
+    if batch_tokens % mesh_lib.size_of(mesh, axes):
       raise ValueError(f"batch_tokens={batch_tokens} must divide over the mesh's "
-                       f"{sharding.size_of(mesh, axes)} row devices")
-    params = sharding.shard_params(params, mesh)
-    place = lambda x: sharding.shard_rows(x, mesh, axes)
+                       f"{mesh_lib.size_of(mesh, axes)} row devices")
+    params = mesh_lib.shard_params(params, mesh)
+    place = lambda x: mesh_lib.shard_rows(x, mesh, axes)
   state = start(params, config)
   step = make_step(config)
   order, cursor, log = rng.permutation(len(acts)), 0, []

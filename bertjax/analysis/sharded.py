@@ -3,10 +3,10 @@
 `ablation.evaluate_masks`, `ablation_sweep`, `head_importance`, `iterative_pruning` and the
 attention analyses (`clark_statistics`, `pattern_types`, `attention_change`,
 `word_level_attention`, `effective_attention_statistics`) come here when given a ``mesh``
-(`bertjax.sharding.analysis_mesh`); the patching sweeps (`bertjax.analysis.patching`) keep
+(`bertjax.mesh.make_mesh`); the patching sweeps (`bertjax.analysis.patching`) keep
 their programs and place their pair and patch set with `place_rows` and
 `place_interventions`; feature extraction and cloze scoring shard their own row-parallel
-programs with the helpers of `bertjax.sharding`. This module imports no analysis (only
+programs with the helpers of `bertjax.mesh`. This module imports no analysis (only
 `bertjax.analysis.batching`), so the analyses import it at the top.
 
 How an ablation sweep is split: each batch's rows go over ("data", "fsdp"), padded to a
@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax import sharding
+from bertjax import mesh as mesh_lib
 from bertjax.analysis.batching import (
     BASELINE_KEY,
     as_batch,
@@ -62,9 +62,9 @@ def place_rows(tree: Any, mesh: Mesh, axes: tuple[str, ...]):
     padding) placed alike, and whether any row was added.
   """
   n = jax.tree.leaves(tree)[0].shape[0]
-  rows = sharding.round_up(n, sharding.size_of(mesh, axes))
+  rows = mesh_lib.round_up(n, mesh_lib.size_of(mesh, axes))
   weight = (np.arange(rows) < n).astype(np.float32)
-  placed, weight = sharding.shard_rows((sharding.pad_rows(tree, rows), weight), mesh, axes)
+  placed, weight = mesh_lib.shard_rows((mesh_lib.pad_rows(tree, rows), weight), mesh, axes)
   return placed, weight, rows > n
 
 
@@ -78,20 +78,20 @@ def place_interventions(tree: Any, mesh: Mesh):
     `(placed, sharding)`: the global arrays and the `NamedSharding` a program keeps them in
     (`jax.lax.with_sharding_constraint`).
   """
-  n_int = sharding.axis_size(mesh, sharding.INTERVENTIONS)
+  n_int = mesh_lib.axis_size(mesh, mesh_lib.INTERVENTIONS)
   m = jax.tree.leaves(tree)[0].shape[0]
-  rows = sharding.round_up(m, n_int)
+  rows = mesh_lib.round_up(m, n_int)
   tree = jax.tree.map(lambda x: x.reshape(n_int, rows // n_int, *x.shape[1:]),
-                      sharding.pad_rows(tree, rows))
-  axes = (sharding.INTERVENTIONS,) if n_int > 1 else ()
-  spec = P(sharding.INTERVENTIONS) if sharding.INTERVENTIONS in mesh.axis_names else P()
-  return sharding.shard_rows(tree, mesh, axes), NamedSharding(mesh, spec)
+                      mesh_lib.pad_rows(tree, rows))
+  axes = (mesh_lib.INTERVENTIONS,) if n_int > 1 else ()
+  spec = P(mesh_lib.INTERVENTIONS) if mesh_lib.INTERVENTIONS in mesh.axis_names else P()
+  return mesh_lib.shard_rows(tree, mesh, axes), NamedSharding(mesh, spec)
 
 
 def flat_interventions(x, m: int, axis: int = 0) -> np.ndarray:
   """Results over an ``(I, M / I)`` intervention set, at `axis` and `axis + 1`, as the M real
   ones on the host: ``(..., M, ...)``."""
-  x = np.asarray(sharding.to_host(x))
+  x = np.asarray(mesh_lib.to_host(x))
   return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]).take(np.arange(m), axis=axis)
 
 
@@ -158,15 +158,15 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
   if strategy not in ("prefix", "vmap"):
     raise ValueError(f"{strategy=!r} runs on one device only (the naive reference); with a "
                      "mesh use 'prefix' or 'vmap'")
-  params = sharding.shard_params(params, mesh)
-  axes = sharding.row_axes(mesh)
+  params = mesh_lib.shard_params(params, mesh)
+  axes = mesh_lib.row_axes(mesh)
   base = np.zeros(2)
   sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
   n_batches = 0
   for batch in batches:
     b, weight = _place_batch(_host_batch(batch), mesh, axes)
     inputs, last, (bt, bc) = _baseline(params, config, b, weight, metric_fn=metric_fn)
-    base += sharding.to_host((bt, bc))
+    base += mesh_lib.to_host((bt, bc))
     b = {**b, BASELINE_KEY: last}
     for kind in dict.fromkeys(kind for kind, _, _ in mask_sets):
       which = [i for i, (other, _, _) in enumerate(mask_sets) if other == kind]
@@ -217,13 +217,13 @@ def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablati
 def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_fn, xi, *,
                     head_ablation: str, per_example: bool, mesh: Mesh):
   """`head_importance`'s sums on a mesh, rows over every axis: (sum |grad| (L, N), denominator)."""
-  params = sharding.shard_params(params, mesh)
-  axes = sharding.row_axes(mesh, interventions=True)
-  xi = sharding.shard_rows(np.asarray(xi), mesh, ())  # replicated
+  params = mesh_lib.shard_params(params, mesh)
+  axes = mesh_lib.row_axes(mesh, interventions=True)
+  xi = mesh_lib.shard_rows(np.asarray(xi), mesh, ())  # replicated
   total, denom = np.zeros(xi.shape), 0.0
   for batch in batches:
     b, weight = _place_batch(_host_batch(batch), mesh, axes)
-    g, count = sharding.to_host(_importance_batch(params, config, b, weight, xi, loss_fn=loss_fn,
+    g, count = mesh_lib.to_host(_importance_batch(params, config, b, weight, xi, loss_fn=loss_fn,
                                                   head_ablation=head_ablation,
                                                   per_example=per_example))
     total += np.asarray(g, np.float64)
@@ -259,16 +259,16 @@ class AttentionRunner:
 
   def __init__(self, params: Params, config: BertConfig, mesh: Mesh):
     self.config, self.mesh = config, mesh
-    self.params = sharding.shard_params(params, mesh)
-    self.axes = sharding.row_axes(mesh, interventions=True)
+    self.params = mesh_lib.shard_params(params, mesh)
+    self.axes = mesh_lib.row_axes(mesh, interventions=True)
 
   def batch(self, b: dict[str, Any]) -> dict[str, np.ndarray]:
     """The batch on the host, with zero-mask rows up to a multiple of the devices."""
     b = {k: np.asarray(v) for k, v in b.items()}
     n = b["input_ids"].shape[0]
-    rows = sharding.round_up(n, sharding.size_of(self.mesh, self.axes))
+    rows = mesh_lib.round_up(n, mesh_lib.size_of(self.mesh, self.axes))
     if rows > n:
-      b = sharding.pad_rows(b, rows)
+      b = mesh_lib.pad_rows(b, rows)
       b["attention_mask"][n:] = 0
     types = model_token_types(self.config, b["token_type_ids"])
     check_inputs(self.config, b["input_ids"], b["attention_mask"], types)
@@ -276,22 +276,22 @@ class AttentionRunner:
 
   def _args(self, b):
     types = model_token_types(self.config, b["token_type_ids"])
-    return sharding.shard_rows((b["input_ids"], b["attention_mask"], types), self.mesh, self.axes)
+    return mesh_lib.shard_rows((b["input_ids"], b["attention_mask"], types), self.mesh, self.axes)
 
   def maps(self, b) -> np.ndarray:
     """(L, B, N, T, T) attention maps of a padded batch (`batch`) on the host."""
-    return sharding.to_host(_outputs(self.params, self.config, *self._args(b), extra=None)[0])
+    return mesh_lib.to_host(_outputs(self.params, self.config, *self._args(b), extra=None)[0])
 
   def outputs(self, b, extra: str | None = None):
     """`(maps (L, B, N, T, T), extra or None)` of a batch's B rows on the host, as `forward`
     gives them on one device (padded on the mesh, then dropped); `extra` "hidden_states"
     (L + 1, B, T, H) or "v" (the value site, (L, B, T, G, D))."""
     n = np.shape(b["input_ids"])[0]
-    maps, second = sharding.to_host(_outputs(self.params, self.config,
+    maps, second = mesh_lib.to_host(_outputs(self.params, self.config,
                                              *self._args(self.batch(b)), extra=extra))
     return maps[:, :n], None if second is None else second[:, :n]
 
   def statistics(self, b, special_mask) -> dict[str, np.ndarray]:
     """`attention_statistics` of the batch, on the host: name -> (L, B, N)."""
-    special = sharding.shard_rows(np.asarray(special_mask), self.mesh, self.axes)
-    return sharding.to_host(_stats(self.params, self.config, *self._args(b), special))
+    special = mesh_lib.shard_rows(np.asarray(special_mask), self.mesh, self.axes)
+    return mesh_lib.to_host(_stats(self.params, self.config, *self._args(b), special))

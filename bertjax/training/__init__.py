@@ -1,1 +1,2 @@
-"""Training: train state, losses and steps, loop, schedules, checkpoints, stacking, sharding."""
+"""Training: train state, losses and steps, loop, schedules, checkpoints, stacking
+(sharded through `bertjax.mesh`)."""

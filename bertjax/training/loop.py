@@ -22,11 +22,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from bertjax import mesh as mesh_lib
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import init
 from bertjax.training import checkpoint as ckpt_lib
 from bertjax.training import objectives as objectives_lib
-from bertjax.training import optim, sharding, stacking
+from bertjax.training import optim, stacking
 from bertjax.training.events import EventWriter
 from bertjax.training.state import create_train_state
 from bertjax.training.step import make_train_step
@@ -166,7 +167,10 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
   objective = objectives_lib.resolve(data.config.objective if objective is None else objective)
   stages, configs = _check_run(config, data, train, objective)
   tx, schedule = train.make_optimizer()
-  mesh = None if train.mesh_shape is None else sharding.make_mesh(*train.mesh_shape)
+  mesh = None
+  if train.mesh_shape is not None:
+    data_ways, fsdp_ways = train.mesh_shape
+    mesh = mesh_lib.make_mesh(data=data_ways, fsdp=fsdp_ways)
   out_dir, ckpt = _open_checkpointer(train, resume)
   restored = (_restore(ckpt, configs, data, train, objective, tx)
               if resume and ckpt is not None else None)
@@ -299,8 +303,8 @@ def _step_functions(train: TrainConfig, tx, schedule, objective, mesh):
     if key not in cache:
       shard_kw = {}
       if mesh is not None:
-        shard_kw = {"state_sharding": sharding.state_shardings(st, mesh),
-                    "batch_sharding": sharding.batch_sharding(mesh)}
+        shard_kw = {"state_sharding": mesh_lib.state_shardings(st, mesh),
+                    "batch_sharding": mesh_lib.batch_sharding(mesh)}
       cache[key] = make_train_step(
           cfg.replace(dtype=train.dtype), tx, schedule, task="pretrain", objective=objective,
           accumulation_steps=train.accumulation_steps, **shard_kw)
@@ -310,7 +314,7 @@ def _step_functions(train: TrainConfig, tx, schedule, objective, mesh):
 
 
 def _place(state, mesh):
-  return state if mesh is None else sharding.shard_state(state, mesh)[0]
+  return state if mesh is None else mesh_lib.shard_state(state, mesh)[0]
 
 
 def _grow_to(step: int, stage: int, state, stages, configs, train: TrainConfig, mesh):
@@ -331,7 +335,7 @@ def _train_step(step_fn, config: BertConfig, state, data, mesh):
   tokens = int(np.asarray(batch["attention_mask"]).sum())
   t0 = time.perf_counter()
   if mesh is not None:
-    batch = sharding.shard_batch(batch, mesh)
+    batch = mesh_lib.shard_batch(batch, mesh)
   state, metrics = step_fn(config, state)(state, batch)
   metrics = jax.device_get(metrics)
   return state, metrics, tokens, time.perf_counter() - t0

@@ -1,5 +1,10 @@
 """The `bertjax` command: `report`, `data`, `models`, `pretrain`, `finetune`, `export`, `analyze`.
 
+Every argparse of the project lives in this package: `report`, `data` and `models` here;
+`pretrain` and `finetune` in `cli.train` (their objectives' options in `cli.objectives`),
+`export` in `cli.export`, `analyze` in `cli.analyze`; `cli.args` (unknown options named,
+the one-run-per-directory rule) and `cli.help_format` are what they share.
+
 Run as `bertjax COMMAND ...` or `python -m bertjax.cli COMMAND ...` (what `./run.sh demo`
 does); `bertjax COMMAND --help` lists each command's options. A user error (a missing file,
 a bad value) prints one line, `bertjax: error: ...`, and exits with status 1;
@@ -14,8 +19,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from bertjax.help_format import HelpFormatter
-from bertjax.training.command_args import parse_args
+from bertjax.cli.args import parse_args
+from bertjax.cli.help_format import HelpFormatter
 
 DEBUG_FLAG = "--debug"
 
@@ -195,7 +200,7 @@ def _run_models_install(args) -> int:
   return 0
 
 
-# Commands whose parsers live in `bertjax.training.commands` (argparse there, beside the code).
+# Commands whose parsers live in their own modules of this package.
 _DELEGATED = {
     "pretrain": "pre-train a BERT or ALBERT model (MLM + NSP/SOP)",
     "finetune": "fine-tune a model for sequence or token classification",
@@ -205,32 +210,32 @@ _DELEGATED = {
 
 def _delegated_parsers(sub) -> None:
   """`pretrain`, `finetune` and `export`, listed for `bertjax --help`; `main` hands their
-  arguments to `bertjax.training.commands` untouched."""
+  arguments to `cli.train` or `cli.export` untouched."""
   for name, help_text in _DELEGATED.items():
     sub.add_parser(name, help=help_text, add_help=False)
 
 
 def _run_delegated(name: str, argv: Sequence[str]) -> int:
-  from bertjax.training import commands
+  from bertjax.cli import export, train
 
-  main = {"pretrain": commands.pretrain_main, "finetune": commands.finetune_main,
-          "export": commands.export_main}[name]
+  main = {"pretrain": train.pretrain_main, "finetune": train.finetune_main,
+          "export": export.export_main}[name]
   return int(main(list(argv)) or 0)
 
 
 def _analyze_parser(sub) -> None:
   """`bertjax analyze`, listed for `bertjax --help`; `main` hands its arguments to
-  `bertjax.analysis.jobs.analyze_main` untouched (its parser lives there, beside the code)."""
+  `cli.analyze.analyze_main` untouched."""
   sub.add_parser("analyze", add_help=False,
                  help="run analyses over many checkpoints (a run's steps, seeds) as one "
                       "resumable job, with figures against training step")
 
 
 def _run_analyze(argv: Sequence[str]) -> int:
-  from bertjax.analysis import jobs
+  from bertjax.cli import analyze
 
-  parse_args(jobs.analyze_parser(), list(argv))  # unknown options named, before any work
-  return int(jobs.analyze_main(list(argv)) or 0)
+  parse_args(analyze.analyze_parser(), list(argv))  # unknown options named, before any work
+  return int(analyze.analyze_main(list(argv)) or 0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -307,6 +312,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.dup2(devnull, sys.stdout.fileno())
     return 141  # 128 + SIGPIPE
 
-
-if __name__ == "__main__":
-  sys.exit(main())

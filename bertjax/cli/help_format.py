@@ -1,4 +1,4 @@
-"""The help layout every `bertjax` command's parser shares (`bertjax.cli`, `training.commands`)."""
+"""The help layout every `bertjax` command's parser shares (every module of `bertjax.cli`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Command-line entry points: `pretrain_main`, `finetune_main` (and `export_main`, from
-`training.export`).
+"""`bertjax pretrain` and `bertjax finetune`: their parsers and `pretrain_main`, `finetune_main`.
 
-argparse lives only here, in `training.export` and in `bertjax.cli` (which hands these
-commands their arguments); the work is done by the library. Run them as `bertjax pretrain ...`,
-`bertjax finetune ...`, `bertjax export ...`:
+The work is done by the library (`bertjax.training`); this module reads the command line,
+checks the output directory and prints progress. Run them as `bertjax pretrain ...`,
+`bertjax finetune ...` (`bertjax export` is `bertjax.cli.export`):
 
     bertjax pretrain --corpus ../shared/data/wikitext2_tokens/valid.txt --corpus-format wikitext \
         --train-vocab 8000 --preset bert-mini --steps 1000 --output-dir runs/mini
@@ -24,20 +23,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax.help_format import HelpFormatter
-from bertjax.kernels import IMPLS as ATTENTION_IMPLS
-from bertjax.training.command_args import (
+from bertjax.cli.args import (
   check_output_dir,
   clear_output_dir,
   debug_arg,
   parse_args,
 )
-from bertjax.training.export import (  # noqa: F401 (importable from here, as before)
-  export_checkpoint,
-  export_main,
-  export_parser,
-  save_hf_model,
-)
+from bertjax.cli.help_format import HelpFormatter
+from bertjax.kernels import IMPLS as ATTENTION_IMPLS
+from bertjax.training.export import export_checkpoint, save_hf_model
 
 CORPUS_FORMATS = """\
 corpus formats (--corpus-format):
@@ -166,8 +160,8 @@ def pretrain_parser() -> argparse.ArgumentParser:
                  help="MLM masking unit")
   g.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens predicted")
   g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
-  from bertjax.training import objective_cli
-  objective_cli.add_args(p)
+  from bertjax.cli import objectives
+  objectives.add_args(p)
   _model_args(p)
   _optim_args(p, lr=1e-4, steps=1000)
   s = p.add_argument_group("progressive stacking")
@@ -293,13 +287,14 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     0 on success (argparse exits on --help or bad arguments).
   """
   args = parse_args(pretrain_parser(), argv)
+  from bertjax import mesh as mesh_lib
   from bertjax.data import pretraining as P
-  from bertjax.training import loop, sharding
+  from bertjax.training import loop
 
   out = pathlib.Path(args.output_dir)
   doomed = check_output_dir(out, resume=args.resume, overwrite=args.overwrite,
                             run_files=PRETRAIN_FILES)  # before anything is read or written
-  sharding.maybe_initialize_distributed()
+  mesh_lib.initialize_distributed()
   import jax  # after the distributed start, which must come first
   if args.init_from:
     _check_pretrainable(args)
@@ -324,8 +319,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
     params = {**params, **{h: fresh[h] for h in heads if h not in params}}
   pc = P.PretrainingConfig(max_seq_len=args.seq_len, objective=args.objective,
                            masking=args.masking, mask_prob=args.mask_prob)
-  from bertjax.training import objective_cli
-  config, params, data, objective = objective_cli.setup(args, config, params, corpus, pc)
+  from bertjax.cli import objectives
+  config, params, data, objective = objectives.setup(args, config, params, corpus, pc)
   train = loop.TrainConfig(
       steps=args.steps, batch_size=args.batch_size, accumulation_steps=args.grad_accum,
       optimizer=args.optimizer, learning_rate=args.lr, warmup_steps=args.warmup,
@@ -333,7 +328,8 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
       weight_decay=args.weight_decay, dtype=args.dtype, stacking=args.stacking,
       reset_moments=args.reset_moments, seed=args.seed, output_dir=str(out),
       checkpoint_every=args.checkpoint_every, keep=args.keep,
-      mesh_shape=sharding.parse_mesh_shape(args.mesh_shape) if args.mesh_shape else None,
+      mesh_shape=(mesh_lib.parse_mesh(args.mesh_shape, ("data", "fsdp")) if args.mesh_shape
+                  else None),
       progress=not args.no_progress)
   _start_output_dir(out, doomed, tokenizer, new_vocab)
   summary = loop.pretrain(config, data, train, resume=args.resume, params=params,
@@ -411,8 +407,8 @@ def finetune_parser() -> argparse.ArgumentParser:
                       "(default: the --init-from directory's)")
   _model_args(p)
   _optim_args(p, lr=2e-5, steps=500)
-  from bertjax.training import objective_cli
-  objective_cli.add_finetune_args(p)
+  from bertjax.cli import objectives
+  objectives.add_finetune_args(p)
   o = p.add_argument_group("output")
   o.add_argument("--output-dir", default=None, metavar="DIR",
                  help="where model/, metrics.jsonl and summary.json go; refused when it holds "
@@ -566,8 +562,8 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
                                    seed=args.seed,
                                    label_names=labels if names_known else None)
   config = config.replace(**_program(args))
-  from bertjax.training import objective_cli
-  config, params, objective = objective_cli.finetune_setup(args, task, config, params)
+  from bertjax.cli import objectives
+  config, params, objective = objectives.finetune_setup(args, task, config, params)
   hp = F.FinetuneConfig(steps=args.steps, batch_size=args.batch_size,
                         accumulation_steps=args.grad_accum, optimizer=args.optimizer,
                         learning_rate=args.lr, warmup_steps=args.warmup, decay=args.decay,
