@@ -4,7 +4,7 @@ Each experiment in this directory is one script answering one question from the
 BERTology literature. They all:
 
 * take `--out DIR`, `--update-results`, `--seed`, `--smoke` (a tiny model and tiny data:
-  what the tests run, about half a minute to four minutes on a 2-core CPU) and, those
+  what the tests run, 5-32 s each on a 2-core CPU, under 4 minutes for all) and, those
   that read a data set (all but attribution), `--data-dir DIR`; those that analyse a
   trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of a family with
   a tokenizer (`MODEL_FAMILIES`; a directory or a hub id) instead of all-MiniLM-L6-v2 (with

@@ -3,7 +3,7 @@
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
 scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
 whether it holds) as a Markdown table between docs/findings.md's `<!-- findings:start -->`
-and `<!-- findings:end -->` markers, and each claim's verdicts alone between the README's
+and `<!-- findings:end -->` markers, and each claim's verdicts alone, above it, between the
 `<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The
 uncertainty of each verdict (`uncertainty`) is computed here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
 (the verdict "inconclusive" where it differs across the interval), else what the row has
@@ -17,7 +17,7 @@ a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (a
 
 Run:
   .venv/bin/python experiments/findings.py            # rewrite both tables
-  .venv/bin/python experiments/findings.py --check    # exit 1 if either is stale
+  .venv/bin/python experiments/findings.py --check    # exit 1 if a table is stale
   .venv/bin/python experiments/findings.py --refresh sixteen_heads   # rows from the JSON
 """
 
@@ -512,8 +512,8 @@ def _rows(docs: list[dict], tags: list[str]):
 
 
 def render_summary(docs: list[dict], link_prefix: str = "") -> str:
-  """The README's short table: per claim, each model's verdict (the full rows, with what was
-  measured and how sure it is, are in docs/findings.md)."""
+  """The short table: per claim, each model's verdict (the full rows, with what was measured
+  and how sure it is, follow it in docs/findings.md)."""
   tags = _tags(docs)
   heads = [DEFAULT_COLUMN.split(" (")[0] if t == "" else t for t in tags]
   lines = [f"| experiment | paper | claim | {' | '.join(heads)} |",
@@ -617,17 +617,14 @@ def update(text: str, table: str, markers: tuple[str, str] = (START, END)) -> st
   return text[:i + len(start)] + "\n" + table + "\n" + text[j:]
 
 
-def targets(results: pathlib.Path, findings_page: pathlib.Path, readme: pathlib.Path):
-  """`[(file, its text now, its text generated from the results)]`: the full table in
-  docs/findings.md, the verdicts-only summary in the README."""
+def targets(results: pathlib.Path, findings_page: pathlib.Path):
+  """`[(file, its text now, its text generated from the results)]`: docs/findings.md with its
+  verdicts-only summary and its full table."""
   docs = load(results)
-  full, summary = render(docs, link_prefix="../"), render_summary(docs)
-  out = []
-  for path, table, markers in ((findings_page, full, (START, END)),
-                               (readme, summary, (SUMMARY_START, SUMMARY_END))):
-    text = path.read_text()
-    out.append((path, text, update(text, table, markers)))
-  return out
+  text = findings_page.read_text()
+  new = update(text, render_summary(docs, link_prefix="../"), (SUMMARY_START, SUMMARY_END))
+  new = update(new, render(docs, link_prefix="../"), (START, END))
+  return [(findings_page, text, new)]
 
 
 def main(argv=None) -> int:
@@ -636,9 +633,7 @@ def main(argv=None) -> int:
   p.add_argument("--results", default=str(REPO / "experiments" / "results"), metavar="DIR",
                  help="directory of the experiments' JSON files (default: experiments/results)")
   p.add_argument("--findings", default=str(REPO / "docs" / "findings.md"), metavar="FILE",
-                 help="the page of the full table (default: docs/findings.md)")
-  p.add_argument("--readme", default=str(REPO / "README.md"), metavar="FILE",
-                 help="the README, whose summary table is updated (default: README.md)")
+                 help="the page of the two tables (default: docs/findings.md)")
   p.add_argument("--check", action="store_true",
                  help="do not write; exit 1 if a table differs from the results")
   p.add_argument("--refresh", nargs="+", default=(), metavar="NAME",
@@ -652,8 +647,7 @@ def main(argv=None) -> int:
     if refresh(path):
       print(f"refreshed the findings of {path}")
   stale = 0
-  for path, text, new in targets(pathlib.Path(args.results), pathlib.Path(args.findings),
-                                 pathlib.Path(args.readme)):
+  for path, text, new in targets(pathlib.Path(args.results), pathlib.Path(args.findings)):
     if new == text:
       continue
     if args.check:

@@ -145,13 +145,13 @@ def test_kernels_have_no_import_cycle():
   assert _cycle(graph) is None, _cycle(graph)
 
 
-def test_readme_layout_names_every_library_module():
-  readme = (REPO / "README.md").read_text()
-  start = readme.index("## Layout\n")
-  end = readme.find("\n## ", start + 1)
-  layout = readme[start:] if end < 0 else readme[start:end]
+def test_manual_layout_names_every_library_module():
+  manual = (REPO / "docs" / "manual.md").read_text()
+  start = manual.index("## Layout\n")
+  end = manual.find("\n## ", start + 1)
+  layout = manual[start:] if end < 0 else manual[start:end]
   files = [p for p in _module_files(LIBRARY).values() if p.name != "__init__.py"]
   packages = {p.parent.name for p in _module_files(LIBRARY).values() if p.name == "__init__.py"}
   missing = [str(p.relative_to(REPO)) for p in files if p.name not in layout]
   missing += [f"{name}/" for name in sorted(packages - {"bertjax"}) if f"{name}/" not in layout]
-  assert not missing, f"README's Layout section does not name {missing}"
+  assert not missing, f"the manual's Layout section does not name {missing}"
