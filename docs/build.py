@@ -1,42 +1,45 @@
-"""Builds the documentation site: the README and the pages in docs/ as HTML, one navigation bar
-over them, and the API reference generated from the docstrings (pdoc), in one static folder.
+"""Builds the documentation site with MkDocs (Material theme) and mkdocstrings: the README and
+docs/*.md as pages, and an API reference page for every module, from its docstrings, all checked
+strictly (`mkdocs build --strict`): a link to a page or an anchor that does not exist, a
+cross-reference that resolves to nothing or a docstring section that cannot be parsed fails
+the build.
 
 Run:
   ./run.sh docs [--out DIR] [--no-api]     # default DIR: out/site; open DIR/index.html
 
-Links between the pages become links between their HTML files; a link to a file of the
-repository (a script, a result) becomes its path in code type, since the site holds only the
-pages; links to the web stay as they are. The API reference documents every module of
-`bertjax` (`bertjax.kernels` included) under DIR/api/.
+The site's settings are in `mkdocs.yml`. This script stages what MkDocs reads into
+`DIR.src/` (replaced each time):
+
+* the pages, their links rewritten for the site: a link to another page keeps its anchor, a
+  link to a file of the repository (a script, a result) becomes its path in code type, since
+  the site holds only the pages, and links to the web stay as they are;
+* `api/<module>.md` for every module of `bertjax` and of `bertjax.kernels` (the `__main__`
+  entry points aside), each a mkdocstrings `::: module` directive, found by reading the
+  source tree (nothing is imported);
+* a package tree that puts the top-level `kernels/` where the installed package has it
+  (`bertjax/kernels`), for mkdocstrings to read;
+* `mkdocs.yml`: the repository's, with the staged folders and the navigation added.
 """
 
 from __future__ import annotations
 
 import argparse
-import html
+import os
 import pathlib
-import pkgutil
 import re
 import shutil
+import subprocess
 import sys
-import warnings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # (source, page, title), in the navigation's order.
-PAGES = (("README.md", "index.html", "Overview"),
-         ("docs/manual.md", "manual.html", "Manual"),
-         ("docs/results.md", "results.html", "Measured results"),
-         ("docs/findings.md", "findings.html", "Findings"))
-CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1150px;margin:0 auto;
-padding:0 1em 3em;color:#222;line-height:1.5}
-nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:.6em 0;z-index:1}
-nav a{margin-right:1.2em;text-decoration:none;font-weight:600}nav a.here{color:#222}
-table{border-collapse:collapse;margin:.8em 0;font-size:.85em;display:block;overflow-x:auto}
-th,td{border:1px solid #ccc;padding:.25em .5em;vertical-align:top}th{background:#f3f3f3}
-pre{background:#f6f8fa;padding:.8em;overflow-x:auto}code{font-size:.92em}
-h1,h2,h3{scroll-margin-top:3em}
-"""
+PAGES = (("README.md", "index.md", "Overview"),
+         ("docs/manual.md", "manual.md", "Manual"),
+         ("docs/results.md", "results.md", "Measured results"),
+         ("docs/findings.md", "findings.md", "Findings"))
+REPO_PAGES = REPO  # where the PAGES' sources are read from
+# Where each package's source lies: the top-level kernels/ installs as bertjax.kernels.
+SOURCES = (("bertjax", REPO / "bertjax"), ("bertjax.kernels", REPO / "kernels"))
 
 
 def page_of(source: str) -> str | None:
@@ -46,7 +49,8 @@ def page_of(source: str) -> str | None:
 
 def rewrite_links(text: str, source: str) -> str:
   """`text`'s Markdown links rewritten for the site: to another page (with its anchor), to a
-  repository file as its path in code type, web links unchanged."""
+  repository file as its path in code type, web links unchanged. A bracketed list right after
+  a bracketed word (`[CLS] [0.29, 0.36]`) is escaped, or Markdown would read a reference link."""
   base = pathlib.PurePosixPath(source).parent
 
   def one(m: re.Match) -> str:
@@ -61,9 +65,12 @@ def rewrite_links(text: str, source: str) -> str:
     shown = label if label.startswith("`") else f"`{label}`"
     return shown if label.strip("`") == resolved else f"{shown} (`{resolved}`)"
 
+  def prose(part: str) -> str:
+    part = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", one, part)
+    return re.sub(r"\] \[(?=[^\]]*\](?!\())", r"] \\[", part)
+
   parts = re.split(r"(```.*?```)", text, flags=re.DOTALL)  # code blocks stay as written
-  return "".join(part if part.startswith("```") else
-                 re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", one, part) for part in parts)
+  return "".join(part if part.startswith("```") else prose(part) for part in parts)
 
 
 def _normalise(path: str) -> str:
@@ -78,77 +85,82 @@ def _normalise(path: str) -> str:
   return "/".join(out)
 
 
-def render_page(source: str, title: str, api: bool) -> str:
-  """One page's HTML: the navigation bar and the Markdown rendered (tables, fenced code, ids
-  on headings)."""
-  import markdown
-
-  text = rewrite_links((REPO / source).read_text(encoding="utf-8"), source)
-  body = markdown.markdown(text, extensions=["tables", "fenced_code", "toc"],
-                           output_format="html")
-  links = [(page, name) for _, page, name in PAGES] + ([("api/bertjax.html", "API")] if api
-                                                        else [])
-  here = page_of(source)
-  nav = "".join(f"<a href='{p}'{' class=here' if p == here else ''}>{html.escape(n)}</a>"
-                for p, n in links)
-  return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-          f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
-          f"<title>bertjax: {html.escape(title)}</title><style>{CSS}</style></head>"
-          f"<body><nav>{nav}</nav>{body}</body></html>")
-
-
 def api_modules() -> list[str]:
-  """Every module of the installed `bertjax` package, `bertjax.kernels` included (not the
-  `__main__` entry points, which run a command when imported)."""
-  import bertjax
-  from bertjax import kernels  # installed as bertjax.kernels from the top-level kernels/
-
-  names = {"bertjax", "bertjax.kernels"}
-  for package, prefix in ((bertjax, "bertjax."), (kernels, "bertjax.kernels.")):
-    names |= {m.name for m in pkgutil.walk_packages(package.__path__, prefix)
-              if not m.name.endswith(".__main__")}
+  """Every module of `bertjax` and `bertjax.kernels`, from the source tree (not `__main__`)."""
+  names = set()
+  for package, root in SOURCES:
+    for path in root.rglob("*.py"):
+      parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+      if "__pycache__" not in path.parts and parts[-1:] != ["__main__"]:
+        names.add(".".join([package, *parts]))
   return sorted(names)
 
 
-def build_api(out: pathlib.Path) -> int:
-  """The API reference (pdoc, Google-style docstrings) in `out`; returns its page count."""
-  import pdoc
+def stage(src: pathlib.Path, site: pathlib.Path, api: bool = True) -> pathlib.Path:
+  """Writes what MkDocs reads into `src` (replaced); returns the config to build with. With
+  `api=False`, the pages alone."""
+  import yaml
 
-  pdoc.render.configure(docformat="google", search=True)
-  with warnings.catch_warnings():  # a package listed beside its modules is documented once
-    warnings.filterwarnings("ignore", message="The module specification")
-    warnings.filterwarnings("ignore", message="Error parsing type annotation")
-    pdoc.pdoc(*api_modules(), output_directory=out)
-  return sum(1 for _ in out.rglob("*.html"))
+  if src.exists():
+    shutil.rmtree(src)
+  docs = src / "docs"
+  (docs / "api").mkdir(parents=True)
+  for source, page, _ in PAGES:
+    text = (REPO_PAGES / source).read_text(encoding="utf-8")
+    (docs / page).write_text(rewrite_links(text, source), encoding="utf-8")
+  modules = api_modules() if api else []
+  for module in modules:
+    (docs / "api" / f"{module}.md").write_text(f"# `{module}`\n\n::: {module}\n")
+  tree = src / "packages" / "bertjax"
+  tree.mkdir(parents=True)
+  for entry in (REPO / "bertjax").iterdir():
+    if entry.name != "__pycache__":
+      (tree / entry.name).symlink_to(entry)
+  (tree / "kernels").symlink_to(REPO / "kernels")
+  config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+  config.update(docs_dir=str(docs), site_dir=str(site.resolve()), nav=[
+      *({title: page} for _, page, title in PAGES),
+      *([{"API reference": [f"api/{m}.md" for m in modules]}] if modules else [])])
+  for plugin in config["plugins"]:
+    if isinstance(plugin, dict) and "mkdocstrings" in plugin:
+      plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(tree.parent)]
+  path = src / "mkdocs.yml"
+  path.write_text(yaml.safe_dump(config, sort_keys=False))
+  return path
 
 
-def build(out: pathlib.Path, api: bool = True) -> dict[str, int]:
-  """Writes the site into `out` (replaced); returns how many pages of each kind."""
-  if out.exists():
-    shutil.rmtree(out)
-  out.mkdir(parents=True)
-  for source, page, title in PAGES:
-    (out / page).write_text(render_page(source, title, api), encoding="utf-8")
-  return {"pages": len(PAGES), "api_pages": build_api(out / "api") if api else 0}
+def build(site: pathlib.Path, api: bool = True) -> dict[str, int]:
+  """Stages and builds the site into `site` (replaced), strictly; returns how many pages of
+  each kind. Raises RuntimeError with MkDocs' warnings when the build fails."""
+  config = stage(site.with_name(site.name + ".src"), site, api)
+  env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+  run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+                        "-f", str(config)], capture_output=True, text=True, env=env, check=False)
+  if run.returncode:
+    raise RuntimeError(f"mkdocs build --strict failed:\n{run.stdout}{run.stderr}"[-6000:])
+  return {"pages": len(PAGES), "api_pages": len(api_modules()) if api else 0}
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="out/site", metavar="DIR",
-                 help="the site's folder, replaced (default: out/site)")
+                 help="the site's folder, replaced (default: out/site; staged in DIR.src)")
   p.add_argument("--no-api", action="store_true", help="the pages only, no API reference")
   args = p.parse_args(argv)
-  try:
-    import markdown  # noqa: F401
-    if not args.no_api:
-      import pdoc  # noqa: F401
-  except ImportError as e:
-    print(f"docs: {e.name} is missing; `./run.sh setup` installs it (the docs extra)",
-          file=sys.stderr)
-    return 2
+  for module in ("mkdocs", "material", "mkdocstrings", "yaml"):
+    try:
+      __import__(module)
+    except ImportError:
+      print(f"docs: {module} is missing; `./run.sh setup` installs it (the docs extra)",
+            file=sys.stderr)
+      return 2
   out = pathlib.Path(args.out)
-  counts = build(out, api=not args.no_api)
+  try:
+    counts = build(out, api=not args.no_api)
+  except RuntimeError as e:
+    print(f"docs: {e}", file=sys.stderr)
+    return 1
   print(f"wrote {counts['pages']} pages and {counts['api_pages']} API pages to {out}; open "
         f"{out / 'index.html'}")
   return 0

@@ -1,6 +1,6 @@
-"""The documentation site (`docs/build.py`, `./run.sh docs`): every page and the API reference
-are built, every link inside the site resolves to a page and an anchor that exist, and links
-to repository files become their paths."""
+"""The documentation site (`docs/build.py`, `./run.sh docs`): MkDocs builds it strictly, every
+module has its API page from its docstrings, every link inside the site resolves to a page and
+an anchor that exist, and links to repository files become their paths."""
 
 import html.parser
 import pathlib
@@ -12,8 +12,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "docs"))
 import build  # docs/build.py
 
-pytest.importorskip("markdown")
-pytest.importorskip("pdoc")
+pytest.importorskip("mkdocs")
+pytest.importorskip("mkdocstrings")
 
 
 class _Links(html.parser.HTMLParser):
@@ -37,7 +37,7 @@ def _parse(path: pathlib.Path) -> _Links:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-  out = tmp_path_factory.mktemp("site") / "site"
+  out = tmp_path_factory.mktemp("docs") / "site"
   counts = build.build(out)
   return out, counts
 
@@ -45,41 +45,61 @@ def site(tmp_path_factory):
 def test_every_page_and_module_is_built(site):
   out, counts = site
   assert counts["pages"] == len(build.PAGES)
-  assert {p.name for p in out.glob("*.html")} == {page for _, page, _ in build.PAGES}
-  for module in ("bertjax", "bertjax/analysis/outliers", "bertjax/model/forward",
-                 "bertjax/kernels/flash_attention", "bertjax/report/reading"):
+  for _, page, _ in build.PAGES:
+    assert (out / page.replace(".md", ".html")).is_file(), page
+  modules = build.api_modules()
+  assert {"bertjax", "bertjax.mesh", "bertjax.analysis.attention.statistics",
+          "bertjax.kernels.flash_attention", "bertjax.cli.train"} <= set(modules)
+  assert not [m for m in modules if m.endswith("__main__")]
+  for module in modules:
     assert (out / "api" / f"{module}.html").is_file(), module
-  assert counts["api_pages"] >= len(build.api_modules())
   index = (out / "index.html").read_text()
   assert "<table>" in index and "./run.sh demo" in index  # the README's tables and set-up
-  assert "outlier_sentences" in (out / "api/bertjax/report/reading_representations.html").read_text()
+  # The API pages are made from the docstrings: a function's and its arguments'.
+  reading = (out / "api/bertjax.report.reading_representations.html").read_text()
+  assert "outlier_sentences" in reading
+  kernel = (out / "api/bertjax.kernels.attention.html").read_text()
+  assert "kv_lengths" in kernel
 
 
 def test_every_link_inside_the_site_resolves(site):
   out, _ = site
-  pages = sorted(out.glob("*.html"))
-  ids = {p.name: _parse(p).ids for p in pages}
+  pages = sorted(p for p in out.rglob("*.html") if p.name != "404.html")
+  ids = {p: _parse(p).ids for p in pages}
   checked = 0
   for page in pages:
     for href in _parse(page).hrefs:
       if href.startswith(("http:", "https:", "mailto:")):
         continue
       target, _, anchor = href.partition("#")
-      path = out / target if target else page
-      assert path.is_file(), f"{page.name}: {href} points at nothing"
-      if anchor and path.parent == out:
-        assert anchor in ids[path.name], f"{page.name}: {href}: no such anchor"
+      path = (page.parent / target).resolve() if target else page
+      if path.is_dir():
+        path = path / "index.html"
+      assert path.exists(), f"{page.relative_to(out)}: {href} points at nothing"
+      if anchor and path.suffix == ".html":
+        assert anchor in ids[path], f"{page.relative_to(out)}: {href}: no such anchor"
       checked += 1
-  assert checked > 20
+  assert checked > 1000
+
+
+def test_a_broken_link_or_reference_fails_the_build(tmp_path, monkeypatch):
+  page = tmp_path / "README.md"
+  page.write_text("# Title\n\n[a page](docs/nothing.md) and [an anchor](#nowhere)\n")
+  monkeypatch.setattr(build, "PAGES", (("README.md", "index.md", "Overview"),))
+  monkeypatch.setattr(build, "REPO_PAGES", tmp_path)
+  with pytest.raises(RuntimeError, match="nowhere"):
+    build.build(tmp_path / "site", api=False)
 
 
 def test_links_are_rewritten_for_the_site():
   text = ("[manual](docs/manual.md), [data](#data), [`x`](../experiments/x.py), "
           "[README](../README.md#data), [web](https://jax.dev)")
   got = build.rewrite_links(text, "docs/findings.md")
-  assert "[manual](manual.html)" not in got  # docs/docs/manual.md is no page: a path
-  assert "`x` (`experiments/x.py`)" in got and "[README](index.html#data)" in got
+  assert "[manual](manual.md)" not in got  # docs/docs/manual.md is no page: a path
+  assert "`x` (`experiments/x.py`)" in got and "[README](index.md#data)" in got
   assert "[data](#data)" in got and "[web](https://jax.dev)" in got
-  assert "[manual](manual.html)" in build.rewrite_links("[manual](docs/manual.md)", "README.md")
+  assert "[manual](manual.md)" in build.rewrite_links("[manual](docs/manual.md)", "README.md")
   code = "```python\nx = f[0](docs/manual.md)\n```"
   assert build.rewrite_links(code, "README.md") == code  # code blocks are left alone
+  # A bracketed list after a bracketed word is no reference link.
+  assert build.rewrite_links("[CLS] [0.29, 0.36]", "README.md") == "[CLS] \\[0.29, 0.36]"

@@ -1,0 +1,173 @@
+"""Outlier dimensions, massive activations and their cost to int8, for any family.
+
+* **Outlier dimensions** (Kovaleva et al. 2021, "BERT Busters: Outlier Dimensions that Disrupt
+  Transformers"; Puccetti et al. 2022, "Outlier Dimensions that Disrupt Transformers Are
+  Driven by Frequency"). A dimension i of layer l's hidden state is an outlier when its mean
+  activation over the real tokens lies at least `sigmas` (3) standard deviations from the
+  mean of those per-dimension means (over the hidden dimensions of that layer), and an
+  outlier dimension of the model is one that is an outlier in at least `min_fraction` (25%)
+  of the layers -- Puccetti et al.'s reading of Kovaleva et al.'s criterion, on block outputs
+  (`hidden_states[1:]`). `disable_dimensions` is Kovaleva et al.'s test of what they carry:
+  the scale and bias of every LayerNorm (and RMSNorm) set to zero at those dimensions, so
+  no block output carries them, to be scored with any loss.
+* **Massive activations** (Sun et al. 2024, "Massive Activations in Large Language
+  Models"): hidden-state entries whose magnitude exceeds both `threshold` (100) and `ratio`
+  (1000) times the median magnitude of that layer's hidden state; reported per layer with
+  where they sit (dimension, position, token id).
+* **int8 error by layer**: each block output of the dynamic int8 model
+  (`config.quantize="int8"`, per-token activations and per-channel weights) against the
+  float32 one, relative L2 error per layer, beside the layer's largest activation magnitude
+  (how far an outlier stretches a per-token quantisation step).
+
+The attention-sink share of each head (its mass on [CLS]/<s> and [SEP]) is
+`attention.clark_statistics`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from bertjax.analysis.batching import as_batch
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import forward
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutlierDimensions:
+  """Per-layer statistics of the block outputs and the outlier dimensions they give.
+
+  Attributes:
+    mean: (L, H) mean activation of each dimension over the real tokens.
+    z: (L, H) `(mean - mean over dims) / std over dims`, per layer.
+    is_outlier: (L, H) `|z| >= sigmas`.
+    dims: the model's outlier dimensions (outliers in >= `min_fraction` of the layers).
+    tokens: how many real tokens were read.
+  """
+
+  mean: np.ndarray
+  z: np.ndarray
+  is_outlier: np.ndarray
+  dims: tuple[int, ...]
+  tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MassiveActivations:
+  """Per layer: the largest magnitude, the median magnitude, and the massive entries.
+
+  Attributes:
+    max_abs: (L,) the largest |activation| of each block output.
+    median_abs: (L,) the median |activation| (over real tokens and dimensions).
+    count: (L,) how many entries are massive.
+    where: per layer, a list of (dimension, position, token id, value) of its massive
+      entries in the first batch that has any (at most 20 per layer).
+  """
+
+  max_abs: np.ndarray
+  median_abs: np.ndarray
+  count: np.ndarray
+  where: list[list[tuple[int, int, int, float]]]
+
+
+def _hidden(params, config, batch) -> tuple[np.ndarray, np.ndarray]:
+  """Block outputs (L, B, T, H) float64 and the real-token mask (B, T)."""
+  b = as_batch(batch)
+  out = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
+                output_hidden_states=True)
+  return np.asarray(out.hidden_states[1:], np.float64), np.asarray(b["attention_mask"]) > 0
+
+
+def outlier_dimensions(params: Params, config: BertConfig, batches: Iterable, *,
+                       sigmas: float = 3.0, min_fraction: float = 0.25) -> OutlierDimensions:
+  """The outlier dimensions of the block outputs over `batches` (module docstring)."""
+  total, tokens = 0.0, 0
+  for batch in batches:
+    h, real = _hidden(params, config, batch)
+    total = total + h[:, real].sum(1)  # (L, H)
+    tokens += int(real.sum())
+  if not tokens:
+    raise ValueError("outlier_dimensions needs at least one real token; the batches had none")
+  mean = total / tokens
+  z = (mean - mean.mean(-1, keepdims=True)) / mean.std(-1, keepdims=True)
+  is_outlier = np.abs(z) >= sigmas
+  dims = tuple(int(i) for i in np.flatnonzero(is_outlier.mean(0) >= min_fraction))
+  return OutlierDimensions(mean, z, is_outlier, dims, tokens)
+
+
+def massive_activations(params: Params, config: BertConfig, batches: Iterable, *,
+                        threshold: float = 100.0, ratio: float = 1000.0) -> MassiveActivations:
+  """Sun et al.'s massive activations of every block output over `batches`.
+
+  The median is per layer over every real token's dimensions of all batches (kept in
+  memory: L x tokens x H floats)."""
+  mags, seen = [], []
+  for batch in batches:
+    h, real = _hidden(params, config, batch)
+    mags.append(np.abs(h[:, real]))  # (L, n, H)
+    seen.append((np.asarray(as_batch(batch)["input_ids"]), real, np.abs(h)))
+  if not mags:
+    raise ValueError("massive_activations needs at least one batch")
+  allm = np.concatenate(mags, 1)
+  max_abs, median = allm.max((1, 2)), np.median(allm.reshape(allm.shape[0], -1), 1)
+  bound = np.maximum(threshold, ratio * median)  # (L,)
+  count = (allm > bound[:, None, None]).sum((1, 2))
+  where: list[list[tuple[int, int, int, float]]] = [[] for _ in range(len(bound))]
+  for ids, real, mag in seen:
+    for layer in range(len(bound)):
+      if where[layer] or not count[layer]:
+        continue
+      hit = np.argwhere((mag[layer] > bound[layer]) & real[..., None])
+      where[layer] = [(int(d), int(t), int(ids[r, t]), float(mag[layer, r, t, d]))
+                      for r, t, d in hit[:20]]
+  return MassiveActivations(max_abs, median, count, where)
+
+
+def disable_dimensions(params: Params, config: BertConfig, dims) -> Params:
+  """Kovaleva et al.'s ablation: every norm's scale and bias zero at `dims` (the embedding
+  norm, each block's norms, a final norm and the MLM head's transform norm alike)."""
+  dims = np.asarray(sorted({int(d) for d in dims}), np.int32)
+  if dims.size and (dims.min() < 0 or dims.max() >= config.hidden_size):
+    raise ValueError(f"dims must be in [0, {config.hidden_size}); got {dims.tolist()}")
+  keep = np.ones(config.hidden_size, np.float32)
+  keep[dims] = 0
+
+  def visit(tree, in_norm=False):
+    if isinstance(tree, dict):
+      return {k: visit(v, in_norm or "norm" in k.lower()) for k, v in tree.items()}
+    if in_norm and tree.shape[-1] == config.hidden_size:
+      return tree * keep.astype(tree.dtype)
+    return tree
+
+  return visit(params)
+
+
+def int8_error_by_layer(params: Params, config: BertConfig, batches: Iterable) -> dict:
+  """Each block output of the int8 model against the float32 one, over real tokens.
+
+  Returns:
+    `relative_error` (L,) `||h_int8 - h||_2 / ||h||_2` over the real tokens of all batches,
+    `max_abs` (L,) the float model's largest |activation| per layer, and their Spearman
+    correlation across layers (`spearman`)."""
+  from scipy.stats import spearmanr
+
+  q_config = config.replace(quantize="int8")
+  diff = ref = 0.0
+  max_abs = None
+  for batch in batches:
+    h, real = _hidden(params, config, batch)
+    hq, _ = _hidden(params, q_config, batch)
+    diff = diff + ((hq - h)[:, real] ** 2).sum((1, 2))
+    ref = ref + (h[:, real] ** 2).sum((1, 2))
+    m = np.abs(h[:, real]).max((1, 2))
+    max_abs = m if max_abs is None else np.maximum(max_abs, m)
+  if max_abs is None:
+    raise ValueError("int8_error_by_layer needs at least one batch")
+  rel = np.sqrt(diff / ref)
+  rho = float(spearmanr(rel, max_abs).statistic) if len(rel) > 2 else float("nan")
+  return {"relative_error": rel, "max_abs": max_abs, "spearman": rho}

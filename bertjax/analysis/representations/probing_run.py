@@ -1,0 +1,301 @@
+"""The whole probing suite on a model and a UD treebank, in one call.
+
+``run_probing_suite`` extracts word features of every layer once
+(``features.extract_word_features``), splits sentences into train / held-out /
+test, and then runs, each for all layers at once:
+
+* linear probes for UPOS, XPOS (per word) and dependency relations (per
+  (head, dependent) edge, ``[h_head; h_dep]``, edge probing), each with a control
+  task (Hewitt & Liang 2019: every word type gets a random label drawn from the
+  label distribution; for edges, the dependent's type) and its selectivity;
+* optionally an MLP probe for UPOS;
+* structural probes (Hewitt & Manning 2019): distance (UUAS, DSpr.) and depth
+  (root accuracy, NSpr.), on sentences up to ``structural_max_len`` words;
+* anisotropy per layer (Ethayarajh 2019), raw and mean-centred.
+
+It returns a JSON-serialisable dict and, given ``out_dir``, writes
+``probing.json`` and PNG figures there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bertjax import utils
+from bertjax.analysis.representations import features as representations_features
+from bertjax.analysis.representations import geometry, probing
+from bertjax.analysis.representations import structural as representations_structural
+from bertjax.data import conllu
+from bertjax.plots import probing as probing_plots
+
+TASKS = ("upos", "xpos", "deprel")
+DEFAULT_PROBE = probing.ProbeConfig(
+  l2=1e-5, learning_rate=1e-2, max_steps=1500, batch_size=1024, eval_every=50, patience=4)
+DEFAULT_STRUCTURAL = representations_structural.StructuralConfig(
+  rank=64, learning_rate=3e-3, max_steps=1500, batch_size=32, eval_every=100, patience=3)
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteConfig:
+  """What ``run_probing_suite`` runs and how.
+
+  Attributes:
+    tasks: any of ``"upos"``, ``"xpos"``, ``"deprel"``.
+    pooling: subword pooling, ``"first"`` or ``"mean"``.
+    probe: settings of the linear probes (and the MLP probe, with ``kind="mlp"``).
+    mlp: also fit an MLP probe for UPOS.
+    control: fit control tasks and report selectivity.
+    structural: fit distance and depth probes.
+    structural_config: their rank and optimisation settings.
+    structural_max_len: only sentences with at most this many words (memory is
+      quadratic in the padded length).
+    structural_max_sentences: at most this many such sentences (None for all).
+    anisotropy_pairs: random word pairs for anisotropy.
+    val_fraction, test_fraction: shares of sentences held out for early
+      stopping and for the reported scores.
+    seed: the split and control-task seed.
+    max_tokens: the feature-extraction token budget per batch.
+    cache_dir: feature cache directory, or None.
+  """
+
+  tasks: tuple[str, ...] = TASKS
+  pooling: str = "first"
+  probe: probing.ProbeConfig = DEFAULT_PROBE
+  mlp: bool = False
+  control: bool = True
+  structural: bool = True
+  structural_config: representations_structural.StructuralConfig = DEFAULT_STRUCTURAL
+  structural_max_len: int = 40
+  structural_max_sentences: int | None = 1200
+  anisotropy_pairs: int = 2000
+  val_fraction: float = 0.1
+  test_fraction: float = 0.2
+  seed: int = 0
+  max_tokens: int = 4096
+  cache_dir: str | None = None
+
+  def __post_init__(self):
+    unknown = set(self.tasks) - set(TASKS)
+    if unknown:
+      raise ValueError(f"tasks {sorted(unknown)} are unknown; expected a subset of {TASKS}")
+    if not 0 < self.val_fraction + self.test_fraction < 1:
+      raise ValueError(f"{self.val_fraction=} + {self.test_fraction=} must be in (0, 1)")
+
+
+def sentence_splits(num_sentences: int, val_fraction: float, test_fraction: float,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+  """Disjoint sorted sentence indices ``{"train", "val", "test"}`` (seeded)."""
+  rest, test = probing.split_indices(num_sentences, test_fraction, seed)
+  tr, va = probing.split_indices(len(rest), val_fraction / (1 - test_fraction), seed + 1)
+  return {"train": rest[tr], "val": rest[va], "test": test}
+
+
+def _by_sentence(correct, sentence_of_row) -> dict[str, list]:
+  """Test rows' correctness (layers, rows) summed per sentence: the items of a bootstrap
+  interval that resamples sentences (a sentence's words are not independent)."""
+  ids, group = np.unique(sentence_of_row, return_inverse=True)
+  sums = np.zeros((correct.shape[0], len(ids)), np.int64)
+  np.add.at(sums.T, group, correct.T.astype(np.int64))
+  return {"rows": np.bincount(group, minlength=len(ids)).tolist(), "correct": sums.tolist()}
+
+
+def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=0,
+                    sentence_of_row=None):
+  """Task (and control) probe on rows split by ``split``; test accuracy per layer (and, with
+  ``sentence_of_row``, the test rows' correctness per sentence: ``test_by_sentence``)."""
+  tr, va, te = split
+  fit = lambda y: probing.Probe(config, num_classes).fit(feats[:, tr], y[tr], feats[:, va], y[va])
+  probe = fit(labels)
+  out = {"accuracy": probe.accuracy(feats[:, te], labels[te]).tolist(),
+         "train_accuracy": probe.accuracy(feats[:, tr], labels[tr]).tolist(),
+         "steps": probe.fit_info.steps_run.tolist()}
+  if types is not None:
+    mapping = probing.control_task_mapping([types[i] for i in tr], labels[tr], num_classes, seed)
+    # Types unseen in training get their own random labels (same distribution).
+    unseen = sorted({types[i] for i in np.concatenate([va, te])} - set(mapping))
+    rng = np.random.default_rng(seed + 1)
+    probs = np.bincount(labels[tr], minlength=num_classes) / len(tr)
+    mapping.update({t: int(c) for t, c in zip(unseen, rng.choice(num_classes, len(unseen), p=probs))})
+    control = probing.control_labels(types, mapping)
+    cprobe = fit(control)
+    out["control_accuracy"] = cprobe.accuracy(feats[:, te], control[te]).tolist()
+    out["selectivity"] = probing.selectivity(out["accuracy"], out["control_accuracy"]).tolist()
+  if sentence_of_row is not None:
+    owner = np.asarray(sentence_of_row)[te]
+    out["test_by_sentence"] = _by_sentence(probe.predict(feats[:, te]) == labels[te], owner)
+    if types is not None:
+      out["test_by_sentence"]["control_correct"] = _by_sentence(
+          cprobe.predict(feats[:, te]) == control[te], owner)["correct"]
+  best = int(np.argmax(out["accuracy"]))
+  out.update(best_layer=best, best_accuracy=out["accuracy"][best], num_classes=num_classes,
+             train_size=len(tr), test_size=len(te))
+  return out
+
+
+def _rows_of(split: dict[str, np.ndarray], sentence_of_row: np.ndarray):
+  return tuple(np.flatnonzero(np.isin(sentence_of_row, split[k])) for k in ("train", "val", "test"))
+
+
+def _structural(wf, sentences, split, suite):
+  keep = lambda idx: [int(i) for i in idx if 2 <= sentences[i].num_words <= suite.structural_max_len]
+  chosen = {k: keep(v) for k, v in split.items()}
+  if suite.structural_max_sentences is not None:
+    cap = suite.structural_max_sentences
+    total = sum(len(v) for v in chosen.values())
+    chosen = {k: v[: max(1, round(len(v) * cap / total))] if total > cap else v
+              for k, v in chosen.items()}
+  batch = lambda idx: representations_structural.pad_sentences([np.asarray(wf.sentence(i), np.float32) for i in idx],
+                                               [sentences[i].heads for i in idx])
+  train, val, test = (batch(chosen[k]) for k in ("train", "val", "test"))
+  punct = representations_structural.punctuation_masks([sentences[i] for i in chosen["test"]])
+  out = {"sentences": {k: len(v) for k, v in chosen.items()}}
+  for kind in ("distance", "depth"):
+    probe = representations_structural.fit_structural_probe(kind, train, val, suite.structural_config)
+    metrics = representations_structural.evaluate(probe, test, punct)
+    out[kind] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
+  return out
+
+
+def _word_probe(field: str, feats, sentences, word_rows, types, probe: probing.ProbeConfig,
+                suite: SuiteConfig, sentence_of_row=None):
+  """A probe of a per-word field ("upos", "xpos") with its control task; and the labels."""
+  vocab = conllu.build_vocab(sentences, field)
+  labels = conllu.encode_field(sentences, vocab, field)
+  return _fit_classifier(feats, labels, len(vocab), word_rows, probe,
+                         types if suite.control else None, suite.seed, sentence_of_row), vocab
+
+
+def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
+  """The dependency-relation probe on (head, dependent) edges, ``[h_head; h_dep]``; and the
+  labels (relations without subtypes)."""
+  vocab = conllu.build_vocab(sentences, "deprels", strip_subtypes=True)
+  rel = [vocab.encode(conllu.base_deprel(r) for r in s.deprels) for s in sentences]
+  head, dep, labels = probing.dependency_edges(sentences, rel)
+  edge_feats = np.asarray(probing.edge_features(feats, head, dep))  # (L+1, edges, 2H)
+  rows = _rows_of(split, wf.sentence_index[dep])
+  return _fit_classifier(edge_feats, labels, len(vocab), rows, suite.probe,
+                         [types[i] for i in dep] if suite.control else None, suite.seed,
+                         wf.sentence_index[dep]), vocab
+
+
+def run_probing_suite(
+  params: Any,
+  config: Any,
+  tokenizer: Any,
+  sentences: Sequence[conllu.Sentence],
+  out_dir: str | os.PathLike | None = None,
+  *,
+  suite: SuiteConfig = SuiteConfig(),
+  model_name: str = "model",
+  progress: bool = False,
+) -> dict[str, Any]:
+  """Runs the probing suite on every layer of a model.
+
+  Args:
+    params: model parameters.
+    config: the model's ``BertConfig``.
+    tokenizer: its ``bertjax.Tokenizer``.
+    sentences: UD sentences (``conllu.read_conllu``).
+    out_dir: where to write ``probing.json`` and the PNG figures; None writes nothing.
+    suite: what to run.
+    model_name: recorded in the results and figure titles.
+    progress: show the feature-extraction progress bar.
+
+  Returns:
+    A JSON-serialisable dict: ``features`` (extraction summary), ``splits``,
+    one entry per task (per-layer ``accuracy``, ``control_accuracy``,
+    ``selectivity``, ``best_layer`` ..., and ``test_by_sentence``: per test sentence its test
+    rows and how many of them the probe and the control probe get right, per layer, for
+    confidence intervals over sentences), ``upos_mlp``, ``structural``,
+    ``anisotropy``, ``seconds`` per stage and ``figures``.
+  """
+  sentences = list(sentences)
+  if len(sentences) < 10:
+    raise ValueError(f"need at least 10 sentences to split, got {len(sentences)}")
+  seconds: dict[str, float] = {}
+  t0 = time.perf_counter()
+  wf = representations_features.extract_word_features(
+    params, config, tokenizer, sentences, pooling=suite.pooling, max_tokens=suite.max_tokens,
+    cache_dir=suite.cache_dir, progress=progress)
+  feats = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
+  seconds["features"] = time.perf_counter() - t0
+  split = sentence_splits(len(sentences), suite.val_fraction, suite.test_fraction, suite.seed)
+  word_rows = _rows_of(split, wf.sentence_index)
+  types = [w.lower() for s in sentences for w in s.forms]
+  results: dict[str, Any] = {
+    "model": model_name, "layers": int(feats.shape[0]), "features": wf.summary(),
+    "splits": {k: len(v) for k, v in split.items()}, "config": utils.to_json(suite)}
+
+  for task in suite.tasks:
+    t0 = time.perf_counter()
+    if task in ("upos", "xpos"):
+      results[task], vocab = _word_probe(task, feats, sentences, word_rows, types, suite.probe,
+                                         suite, wf.sentence_index)
+    else:
+      results[task], vocab = _edge_probe(feats, wf, sentences, split, types, suite)
+    results[task]["labels"] = list(vocab.labels)
+    seconds[task] = time.perf_counter() - t0
+
+  if suite.mlp:
+    t0 = time.perf_counter()
+    mlp = dataclasses.replace(suite.probe, kind="mlp")
+    results["upos_mlp"], _ = _word_probe("upos", feats, sentences, word_rows, types, mlp, suite,
+                                         wf.sentence_index)
+    seconds["upos_mlp"] = time.perf_counter() - t0
+
+  if suite.structural:
+    t0 = time.perf_counter()
+    results["structural"] = _structural(wf, sentences, split, suite)
+    seconds["structural"] = time.perf_counter() - t0
+
+  t0 = time.perf_counter()
+  results["anisotropy"] = {
+    "raw": geometry.anisotropy(feats, suite.anisotropy_pairs, suite.seed).tolist(),
+    "centered": geometry.anisotropy(feats, suite.anisotropy_pairs, suite.seed,
+                                    centered=True).tolist()}
+  seconds["anisotropy"] = time.perf_counter() - t0
+  results["seconds"] = seconds
+  if out_dir is not None:
+    results["figures"] = write_outputs(results, out_dir)
+  return results
+
+
+def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
+  """Writes the figures and ``probing.json`` for ``run_probing_suite`` results.
+
+  Returns:
+    The paths written (figures first, the JSON last).
+  """
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for task in TASKS:
+    if task in results:
+      r = results[task]
+      paths.append(probing_plots.plot_probing(r["accuracy"], out / f"probe_{task}.png",
+                                              r.get("control_accuracy"), task_name=task))
+  if "upos_mlp" in results:
+    paths.append(probing_plots.plot_layer_curves(
+      {"linear": results["upos"]["accuracy"], "mlp": results["upos_mlp"]["accuracy"]}
+      if "upos" in results else {"mlp": results["upos_mlp"]["accuracy"]},
+      out / "probe_upos_mlp.png", ylabel="accuracy", title="UPOS: linear vs MLP probe"))
+  if "structural" in results:
+    s = results["structural"]
+    paths.append(probing_plots.plot_structural(
+      {"UUAS": s["distance"]["uuas"], "DSpr.": s["distance"]["spearman"],
+       "root acc.": s["depth"]["root_accuracy"], "NSpr.": s["depth"]["spearman"]},
+      out / "structural.png"))
+  paths.append(probing_plots.plot_layer_curves(
+    results["anisotropy"], out / "anisotropy.png", ylabel="mean cosine",
+    title=f"anisotropy ({results.get('model', '')})"))
+  results = {**results, "figures": [str(p) for p in paths]}
+  json_path = out / "probing.json"
+  utils.write_json(json_path, results)
+  return [str(p) for p in paths] + [str(json_path)]

@@ -1,0 +1,198 @@
+"""PNG figures for probing, structural-probe, geometry and CKA results.
+
+Figures are built on ``matplotlib.figure.Figure`` (the Agg canvas, no pyplot),
+so nothing touches global backend state and they render headless. Every
+function writes one PNG and returns its path.
+
+Layers are numbered as everywhere in bertjax: transformer blocks 1..L, the embedding
+output 0. A per-layer vector with the embeddings first (`embeddings_first=True`, length
+L + 1) is drawn at layers 0..L; one without them (length L) at layers 1..L.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
+
+PathLike = str | os.PathLike
+
+
+def _per_layer(name: str, values) -> np.ndarray:
+  arr = np.asarray(values, float)
+  if arr.ndim != 1 or arr.size == 0:
+    raise ValueError(f"{name} must be a non-empty per-layer vector, got shape {arr.shape}")
+  return arr
+
+
+def _figure(**kwargs) -> Figure:
+  """A new figure; matplotlib (the `plots` extra) is imported here, so importing this module
+  (and the analyses that use it) does not need it."""
+  from matplotlib.figure import Figure
+
+  return Figure(**kwargs)
+
+
+def _save(fig: Figure, path: PathLike) -> pathlib.Path:
+  path = pathlib.Path(path)
+  if path.suffix.lower() != ".png":
+    raise ValueError(f"{path=} must end in .png")
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
+  return path
+
+
+def _layers(num_layers: int, embeddings_first: bool) -> np.ndarray:
+  """The layer numbers of a per-layer vector: 0..L with the embeddings first, else 1..L."""
+  return np.arange(num_layers) + (0 if embeddings_first else 1)
+
+
+def _layer_axis(ax, num_layers: int, embeddings_first: bool) -> None:
+  ax.set_xlabel("layer (0 = embeddings)" if embeddings_first else "layer (transformer block)")
+  ax.set_xticks(_layers(num_layers, embeddings_first))
+  ax.grid(alpha=0.3)
+
+
+def plot_layer_curves(
+  curves: Mapping[str, Sequence[float]],
+  path: PathLike,
+  *,
+  ylabel: str = "",
+  title: str = "",
+  embeddings_first: bool = True,
+) -> pathlib.Path:
+  """One line per named per-layer curve.
+
+  Args:
+    curves: ``{name: (layers,)}``; all curves must have the same length.
+    path: the ``.png`` to write.
+    ylabel, title: axis label and title.
+    embeddings_first: the first value is the embedding output (layer 0); False: the values
+      are blocks 1..L.
+
+  Returns:
+    The path written.
+  """
+  if not curves:
+    raise ValueError("curves is empty")
+  arrays = {k: _per_layer(k, v) for k, v in curves.items()}
+  lengths = {k: len(v) for k, v in arrays.items()}
+  if len(set(lengths.values())) != 1:
+    raise ValueError(f"curves have different numbers of layers: {lengths}")
+  fig = _figure(figsize=(6, 3.6))
+  ax = fig.add_subplot()
+  for name, arr in arrays.items():
+    ax.plot(_layers(len(arr), embeddings_first), arr, marker="o", ms=3, label=name)
+  _layer_axis(ax, len(next(iter(arrays.values()))), embeddings_first)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  return _save(fig, path)
+
+
+def plot_probing(
+  task_accuracy: Sequence[float],
+  path: PathLike,
+  control_accuracy: Sequence[float] | None = None,
+  *,
+  task_name: str = "task",
+  embeddings_first: bool = True,
+) -> pathlib.Path:
+  """Per-layer probe accuracy, with control accuracy and selectivity when given."""
+  task = _per_layer("task_accuracy", task_accuracy)
+  fig = _figure(figsize=(6, 3.6))
+  ax = fig.add_subplot()
+  x = _layers(len(task), embeddings_first)
+  ax.plot(x, task, marker="o", ms=3, label=f"{task_name} accuracy")
+  if control_accuracy is not None:
+    control = _per_layer("control_accuracy", control_accuracy)
+    if control.shape != task.shape:
+      raise ValueError(f"control_accuracy shape {control.shape} != task shape {task.shape}")
+    ax.plot(x, control, marker="s", ms=3, label="control accuracy")
+    ax.bar(x, task - control, alpha=0.3, color="gray", label="selectivity")
+  _layer_axis(ax, len(task), embeddings_first)
+  ax.set_ylabel("accuracy")
+  ax.set_ylim(0, 1)
+  ax.set_title(f"{task_name} probe per layer")
+  ax.legend(fontsize=8)
+  return _save(fig, path)
+
+
+def plot_structural(
+  metrics: Mapping[str, Sequence[float]], path: PathLike, *, embeddings_first: bool = True
+) -> pathlib.Path:
+  """Structural-probe metrics per layer (e.g. ``{"UUAS": ..., "DSpr.": ...}``), on [0, 1]."""
+  return plot_layer_curves(
+    metrics, path, ylabel="score", title="structural probes", embeddings_first=embeddings_first
+  )
+
+
+def plot_contextuality(
+  summary: Mapping[str, Sequence[float]], path: PathLike, *, embeddings_first: bool = True
+) -> pathlib.Path:
+  """Ethayarajh's measures from ``geometry.contextuality``: raw (left) and centred (right)."""
+  raw = {k: v for k, v in summary.items() if not k.endswith("_centered")}
+  cen = {k[: -len("_centered")]: v for k, v in summary.items() if k.endswith("_centered")}
+  if not raw:
+    raise ValueError(f"summary has no raw measures, keys {sorted(summary)}")
+  panels = [("raw", raw)] + ([("mean-centred", cen)] if cen else [])
+  fig = _figure(figsize=(5.5 * len(panels), 3.6))
+  for i, (title, curves) in enumerate(panels, start=1):
+    ax = fig.add_subplot(1, len(panels), i)
+    n = 0
+    for name, values in curves.items():
+      arr = _per_layer(name, values)
+      n = len(arr)
+      ax.plot(_layers(n, embeddings_first), arr, marker="o", ms=3, label=name)
+    _layer_axis(ax, n, embeddings_first)
+    ax.set_ylabel("cosine similarity")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def plot_cka(
+  matrix,
+  path: PathLike,
+  *,
+  xlabel: str | None = None,
+  ylabel: str | None = None,
+  title: str = "linear CKA",
+  embeddings_first: bool = True,
+) -> pathlib.Path:
+  """Heat map of a ``(layers_a, layers_b)`` CKA matrix, rows and columns numbered as layers
+  (from 0 with the embeddings first, else from 1)."""
+  matrix = np.asarray(matrix, float)
+  if matrix.ndim != 2:
+    raise ValueError(f"matrix must be 2-d, got shape {matrix.shape}")
+  fig = _figure(figsize=(4.8, 4.2))
+  ax = fig.add_subplot()
+  im = ax.imshow(matrix, vmin=0, vmax=1, cmap="magma", origin="lower")
+  for axis, n in ((ax.set_xticks, matrix.shape[1]), (ax.set_yticks, matrix.shape[0])):
+    axis(range(n), [str(v) for v in _layers(n, embeddings_first)])
+  fig.colorbar(im, ax=ax)
+  default = "layer (0 = embeddings)" if embeddings_first else "layer"
+  ax.set_xlabel(default if xlabel is None else xlabel)
+  ax.set_ylabel(default if ylabel is None else ylabel)
+  ax.set_title(title)
+  return _save(fig, path)
+
+
+def plot_mix_weights(
+  weights: Sequence[float], path: PathLike, gamma: float | None = None
+) -> pathlib.Path:
+  """Bar chart of scalar-mix layer weights (Tenney et al. 2019)."""
+  w = _per_layer("weights", weights)
+  fig = _figure(figsize=(6, 3.2))
+  ax = fig.add_subplot()
+  ax.bar(_layers(len(w), True), w)
+  _layer_axis(ax, len(w), True)
+  ax.set_ylabel("softmax weight")
+  ax.set_title("scalar mix" + (f" (gamma = {gamma:.2f})" if gamma is not None else ""))
+  return _save(fig, path)
