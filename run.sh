@@ -40,8 +40,9 @@ Commands:
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
                           the shipped samples, no data; 5-32 s each on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
-  docs [--out DIR]        build the documentation site (the README, docs/*.md and the API
-                          reference from the docstrings) into DIR (default: out/site)
+  docs [--out DIR]        build the documentation site with MkDocs, strictly (the README,
+                          docs/*.md and the API reference from the docstrings) into DIR
+                          (default: out/site)
   help                    this list
 
 Each of report, pretrain, finetune, export, analyze, data, models, and every experiment and

@@ -53,7 +53,7 @@ import optax
 
 import bertjax
 from bertjax import stats
-from bertjax.analysis import ablation as ab
+from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
 from bertjax.data.conllu import read_conllu
 
@@ -100,7 +100,7 @@ def make_batches(tok, texts, batch_size, multiple=16, labels=None):
   for i in range(0, len(order), batch_size):
     idx = order[i:i + batch_size]
     longest = int(lengths[idx].max())
-    b = ab.as_batch(tok.encode([texts[j] for j in idx], pad_to=-(-longest // multiple) * multiple))
+    b = ablation.as_batch(tok.encode([texts[j] for j in idx], pad_to=-(-longest // multiple) * multiple))
     if labels is not None:
       b["labels"] = jnp.asarray(labels[idx])
     batches.append(b)
@@ -148,7 +148,7 @@ def time_importance(params, config, batches, warm, loss_fn, repeats):
       p, config, bertjax.embed(p, config, b["input_ids"], b["token_type_ids"]),
       b["attention_mask"])[0], None))
   fwd_pass = lambda data: [fwd(params, b) for b in data]
-  imp = lambda data: ab.head_importance(params, config, data, loss_fn)
+  imp = lambda data: ablation.head_importance(params, config, data, loss_fn)
   _, fwd_warm = timed(lambda: fwd_pass(warm))
   _, imp_warm = timed(lambda: imp(warm))
   fwd_s, imp_s = [], []
@@ -193,12 +193,12 @@ def main(argv=None):
   shapes = sorted({tuple(b["input_ids"].shape) for b in batches})
   warm = [next(b for b in batches if tuple(b["input_ids"].shape) == s) for s in shapes]
   padded_tokens = sum(int(np.prod(b["input_ids"].shape)) for b in batches)
-  metric = ab.mean_embedding_cosine
+  metric = ablation.mean_embedding_cosine
   chunks = [int(c) for c in args.chunk_sizes.split(",")]
   methods = [(f"prefix_chunk{c}", "prefix", c) for c in chunks]
   methods += [] if args.skip_naive else [("loop", "loop", 1)]
   methods = [] if args.importance_only else methods
-  run = lambda method, data: ab.ablation_sweep(
+  run = lambda method, data: ablation.ablation_sweep(
       params, config, data, metric, head_ablations=("scale",), include=("heads",),
       chunk_size=method[2], strategy=method[1])["scale"]
   report = {"device": jax.devices()[0].device_kind, "platform": platform.platform(),
@@ -219,7 +219,7 @@ def main(argv=None):
       n = b["input_ids"].shape[0]  # the metric's count: one cosine per sentence
       total, count, wall = total + n * result.heads, count + n, wall + t
       steady_warm += t if id(b) in warm_ids else 0.0
-    results[strategy] = ab.AblationResult("scale", 1.0, total / count, *(None,) * 3)
+    results[strategy] = ablation.AblationResult("scale", 1.0, total / count, *(None,) * 3)
     report[strategy] = {"wall_s": wall, "compile_s": max(warm_s - steady_warm, 0.0),
                             "rss_after_mib": rss_mib()}
     print(f"{strategy}: {wall:.2f} s (compile {warm_s - steady_warm:.1f} s)", flush=True)
@@ -240,7 +240,7 @@ def main(argv=None):
   task_loss, probe = negation_probe(params, config, batches)
   report["negation_probe"] = probe
   report["importance"] = {}
-  for name, loss_fn in (("task", task_loss), ("token_reconstruction", ab.token_reconstruction_loss)):
+  for name, loss_fn in (("task", task_loss), ("token_reconstruction", ablation.token_reconstruction_loss)):
     r = time_importance(params, config, batches, warm, loss_fn, args.repeats)
     report["importance"][name] = r
     print(f"importance ({name}): {r['importance_s']:.2f} s vs forward {r['forward_s']:.2f} s "

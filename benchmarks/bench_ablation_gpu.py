@@ -44,7 +44,7 @@ import jax
 import numpy as np
 
 import bertjax
-from bertjax.analysis import ablation as ab
+from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
 
 
@@ -109,7 +109,7 @@ def make_batches(seqs, batch_size, multiple=32):
     mask = np.zeros((len(chunk), width), np.int32)
     for r, s in enumerate(chunk):
       ids[r, :len(s)], mask[r, :len(s)] = s, 1
-    batches.append(ab.as_batch({"input_ids": ids, "attention_mask": mask}))
+    batches.append(ablation.as_batch({"input_ids": ids, "attention_mask": mask}))
   return batches
 
 
@@ -155,7 +155,7 @@ def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
   def forward_metric(p, b):
     x = bertjax.embed(p, config, b["input_ids"], b["token_type_ids"])
     last = bertjax.run_layers(p, config, x, b["attention_mask"])[0]
-    return metric(p, config, {**b, ab.BASELINE_KEY: last}, last, None)
+    return metric(p, config, {**b, ablation.BASELINE_KEY: last}, last, None)
 
   def forward_all(data):
     return [forward_metric(params, b) for b in data]
@@ -168,7 +168,7 @@ def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
 def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, report: dict) -> dict:
   """Times each `(name, strategy, chunk)` sweep of `methods` into `report[name]`; returns
   name -> `ablation.AblationResult`."""
-  sweep = lambda data, chunk, strategy="prefix": ab.ablation_sweep(
+  sweep = lambda data, chunk, strategy="prefix": ablation.ablation_sweep(
       params, config, data, metric, head_ablations=("scale",), include=("heads",),
       chunk_size=chunk, strategy=strategy)["scale"]
   results = {}
@@ -185,11 +185,11 @@ def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, repo
 def time_importance(params, config, warm, batches, repeats: int) -> dict:
   """Head importance (`head_importance`, token reconstruction loss) against one forward pass
   with the same loss."""
-  importance = lambda data: ab.head_importance(params, config, data,
-                                               ab.token_reconstruction_loss)
+  importance = lambda data: ablation.head_importance(params, config, data,
+                                               ablation.token_reconstruction_loss)
   _, imp_warm = timed(lambda: importance(warm))
   imp_times = [timed(lambda: importance(batches))[1] for _ in range(repeats)]
-  fwd_recon = jax.jit(lambda p, b: ab.token_reconstruction_loss(
+  fwd_recon = jax.jit(lambda p, b: ablation.token_reconstruction_loss(
       p, config, b, bertjax.run_layers(p, config, bertjax.embed(
           p, config, b["input_ids"], b["token_type_ids"]), b["attention_mask"])[0], None))
   timed(lambda: [fwd_recon(params, b) for b in warm])
@@ -223,7 +223,7 @@ def main(argv=None):
   batches = make_batches(seqs, args.batch_size)
   shapes = sorted({tuple(b["input_ids"].shape) for b in batches})
   warm = [next(b for b in batches if tuple(b["input_ids"].shape) == s) for s in shapes]
-  metric = ab.mean_embedding_cosine
+  metric = ablation.mean_embedding_cosine
   real = sum(int(b["attention_mask"].sum()) for b in batches)
   padded = sum(int(np.prod(b["input_ids"].shape)) for b in batches)
   report = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),

@@ -43,7 +43,8 @@ import jax
 import jax.numpy as jnp
 
 import bertjax
-from bertjax.analysis import patching as pt
+from bertjax.analysis.interventions import metrics
+from bertjax.analysis.interventions import patching
 from bertjax.model.forward import run_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -85,7 +86,7 @@ def _tasks(shape: str, args) -> dict:
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
   corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
-  metric = pt.LogitDiff("mlm")
+  metric = metrics.LogitDiff("mlm")
   tasks = {}
 
   def block(f):
@@ -94,25 +95,25 @@ def _tasks(shape: str, args) -> dict:
   # Programs.
   tasks["forward"] = block(lambda: bertjax.forward(params, config, clean["input_ids"],
                                                    clean["attention_mask"]).last_hidden_state)
-  tasks["attribution_patching"] = lambda: pt.attribution_patching(
+  tasks["attribution_patching"] = lambda: patching.attribution_patching(
       params, config, clean, corrupted, metric, targets=targets)
-  src, dst, tg = pt._pair(config, clean, corrupted, targets, "denoise")
-  weights = jnp.asarray(pt._block_weights(config, "head_out", args.seq, "heads", None))
+  src, dst, tg = patching.checked_pair(config, clean, corrupted, targets, "denoise")
+  weights = jnp.asarray(patching._block_weights(config, "head_out", args.seq, "heads", None))
 
   @jax.jit
   def clean_run(params, src):
     batch = {**src, **tg}
-    _, run = pt._run(params, config, src, capture=("head_out",),
-                     final_rows=pt.metric_rows(metric, config, batch))
-    return run.cache["head_out"], pt._metric_of(params, config, metric, run.last, batch, None)
+    _, run = patching._run(params, config, src, capture=("head_out",),
+                     final_rows=metrics.metric_rows(metric, config, batch))
+    return run.cache["head_out"], patching.metric_of(params, config, metric, run.last, batch, None)
 
   tasks["clean_run"] = block(lambda: clean_run(params, src))
-  first = functools.partial(pt._attribution_forward, params, config, src, dst, tg, weights, None,
+  first = functools.partial(patching._attribution_forward, params, config, src, dst, tg, weights, None,
                             site="head_out", metric=metric)
   tasks["attribution_program_1_forward_runs"] = block(first)
   _, dst_m, backward = first()
   tasks["attribution_program_2_backward"] = block(
-      lambda: pt._attribution_backward(backward, weights, dst_m))
+      lambda: patching._attribution_backward(backward, weights, dst_m))
 
   # One block.
   b, t, n, h = args.batch, args.seq, config.num_attention_heads, config.hidden_size

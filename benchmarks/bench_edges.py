@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 
 import bertjax
-from bertjax.analysis import edges
-from bertjax.analysis import patching as pt
+from bertjax.analysis.interventions import edges, metrics
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_tl import make_inputs  # noqa: E402
@@ -48,7 +47,7 @@ def _tasks(args) -> dict:
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
   corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
-  metric = pt.LogitDiff("mlm")
+  metric = metrics.LogitDiff("mlm")
   run = lambda **kw: edges.edge_attribution(params, config, clean, corrupted, metric,
                                             targets=targets, **kw)
   return {

@@ -35,9 +35,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_families import interleaved, machine
 
 import bertjax
-from bench_families import interleaved, machine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 import bertjax
-from bertjax.analysis import features, probing, probing_run
+from bertjax.analysis.representations import features, probing, probing_run
 from bertjax.data import conllu, fetch
 
 RESULTS = pathlib.Path(__file__).parent / "results"

@@ -8,7 +8,7 @@ most 1.5x one forward pass of the model on that batch. Side by side in one run:
 
 * forward: `jax.jit` of `bertjax.forward` (BERT-base: 12 x 768, random weights, float32) on
   8 x 128 random token ids, the output read;
-* sae step: `bertjax.analysis.sae.make_step` on those 1,024 tokens' 768-wide activations
+* sae step: `bertjax.analysis.representations.sae.make_step` on those 1,024 tokens' 768-wide activations
   (16x latents = 12,288, k = 32, AuxK 256): forward, loss, gradients, the decoder's
   projection, Adam and the renormalisation, compiled as one program; once with no dead
   latent (the usual state: the AuxK term in closed form) and once with every latent dead
@@ -34,7 +34,7 @@ import numpy as np
 from bench_families import interleaved, machine
 
 import bertjax
-from bertjax.analysis import sae
+from bertjax.analysis.representations import sae
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

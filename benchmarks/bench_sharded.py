@@ -47,7 +47,7 @@ import numpy as np
 
 import bertjax
 from bertjax import mesh as mesh_lib
-from bertjax.analysis import ablation, patching
+from bertjax.analysis.interventions import ablation, metrics, patching
 from bertjax.utils import cpu_info
 
 MESHES = {"1 device": None, "1x1x1": (1, 1, 1), "8x1": (8, 1, 1), "4x2": (4, 2, 1),
@@ -117,7 +117,7 @@ def make_sweep(args, config, batches):
   if args.analysis == "patching":
     params = bertjax.init(config, 0, heads=("mlm",))
     clean, corrupted, targets = _pair(batches[0], config)
-    metric = patching.LogitDiff("mlm")
+    metric = metrics.LogitDiff("mlm")
     args.batches = 1  # one pair
 
     def sweep(mesh):

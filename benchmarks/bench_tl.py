@@ -217,8 +217,9 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   import jax
 
   import bertjax
-  from bertjax.analysis import ablation as ab
-  from bertjax.analysis import patching as pt
+  from bertjax.analysis.interventions import ablation as interventions_ablation
+  from bertjax.analysis.interventions import metrics
+  from bertjax.analysis.interventions import patching as interventions_patching
 
   if jax.default_backend() == "gpu":
     # XLA:GPU runs float32 dots as TF32 by default; TransformerLens (torch) does not.
@@ -228,7 +229,7 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
   clean = {"input_ids": ids, "attention_mask": mask}
   corr = {"input_ids": corrupted, "attention_mask": mask}
-  metric = pt.LogitDiff("mlm")
+  metric = metrics.LogitDiff("mlm")
   times, results = {}, {}
 
   # bertjax.forward as users call it: input checks, then its jitted program.
@@ -250,7 +251,7 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
                       "bertjax clean run")
   times["capture_forward"] = {"first_s": first, "times_s": t}
 
-  attr = lambda: pt.attribution_patching(params, config, clean, corr, metric, targets=targets)
+  attr = lambda: interventions_patching.attribution_patching(params, config, clean, corr, metric, targets=targets)
   approx, first, t = timed(attr, args.repeats, "bertjax attribution patching")
   times["attribution"] = {"first_s": first, "times_s": t}
   results["attribution"] = approx.values
@@ -262,14 +263,14 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
                                  "forward_s": [f for f, _ in rounds]}
 
   batch = {**clean, **targets}
-  sweep = lambda: ab.ablation_sweep(params, config, [batch], mlm_logit_diff_sum,
+  sweep = lambda: interventions_ablation.ablation_sweep(params, config, [batch], mlm_logit_diff_sum,
                                     head_ablations=("scale",), include=("heads",))["scale"]
   res, first, t = timed(sweep, args.sweep_repeats, "bertjax ablation sweep")
   times["ablation_sweep"] = {"first_s": first, "times_s": t}
   results["ablation"] = res.heads
   results["ablation_baseline"] = np.asarray(res.baseline)
 
-  patch = lambda: pt.head_patching(params, config, clean, corr, metric, targets=targets)
+  patch = lambda: interventions_patching.head_patching(params, config, clean, corr, metric, targets=targets)
   exact, first, t = timed(patch, args.sweep_repeats, "bertjax patching sweep")
   times["patching_sweep"] = {"first_s": first, "times_s": t}
   results["patching"] = exact.values
@@ -280,7 +281,7 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   # in a fresh process, 2026-11-25).
   _, _, t = timed(attr, args.repeats)
   times["attribution_after_sweeps"] = {"first_s": float("nan"), "times_s": t}
-  info = {"agreement": pt.agreement(exact, approx), "clean": exact.clean,
+  info = {"agreement": metrics.agreement(exact, approx), "clean": exact.clean,
           "corrupted": exact.corrupted, "jax": jax.__version__,
           "backend": jax.default_backend()}
   return {"times": times, "info": info}, results

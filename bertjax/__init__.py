@@ -4,7 +4,8 @@ from bertjax import xla_options
 
 xla_options.apply()  # before anything compiles; see bertjax/xla_options.py
 
-from bertjax.model.config import BertConfig, PRESETS
+from bertjax.hub import minilm_path
+from bertjax.model.config import PRESETS, BertConfig
 from bertjax.model.families import FAMILIES, MODEL_TYPES
 from bertjax.model.forward import (
     BertOutput,
@@ -28,11 +29,10 @@ from bertjax.model.heads import (
     sop_logits,
     token_classify,
 )
+from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.model.input_checks import check_inputs
 from bertjax.model.packing import Packing
 from bertjax.model.prune import prune_heads
-from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
-from bertjax.hub import minilm_path
 from bertjax.model.sites import SITES, model_sites, site_shape
 from bertjax.model.tokenizer import Batch, Tokenizer
 

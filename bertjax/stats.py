@@ -1,5 +1,6 @@
-"""Small statistics every analysis shares: mean pooling, ranks, Pearson and Spearman, and the
-bootstrap confidence interval every verdict's uncertainty comes from.
+"""Every statistic the analyses share, once: mean pooling, ranks, Pearson (from arrays or from
+running sums) and Spearman, linear CKA, the exact McNemar and Wilcoxon signed-rank tests, and
+the bootstrap confidence interval every verdict's uncertainty comes from.
 
 One definition each, so that every report, experiment and metric computes them alike:
 `mean_pool` works on NumPy and JAX arrays (and under `jit`); the correlations are NumPy
@@ -10,9 +11,14 @@ method="percentile")`, which draws the same resamples from the same seed).
 
 from __future__ import annotations
 
+import math
 import warnings
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+_HI = jax.lax.Precision.HIGHEST
 
 
 def mean_pool(hidden, mask):
@@ -78,6 +84,44 @@ def spearman(x, y) -> float:
   return float(spearman_rows(np.ravel(x), np.ravel(y)))
 
 
+def pearson_from_sums(sx, sy, sxx, syy, sxy, n):
+  """Pearson correlation from running sums over n pairs (sum x, sum y, sum x^2, sum y^2,
+  sum xy), elementwise over arrays of sums: what a streamed statistic keeps instead of the
+  pairs. 0 where either side is constant (its variance underflows)."""
+  cov = sxy / n - sx * sy / n ** 2
+  var = (sxx / n - (sx / n) ** 2) * (syy / n - (sy / n) ** 2)
+  return cov / np.sqrt(np.maximum(var, 1e-300))
+
+
+def mcnemar_p(base_correct, other_correct) -> float:
+  """Two-sided exact McNemar p-value of paired per-example correctness (bool arrays (n,)):
+  the binomial test of the discordant pairs at 1/2, as `scipy.stats.binomtest(lost,
+  lost + gained, 0.5).pvalue`, in exact integer arithmetic.
+
+  Raises:
+    ValueError: the arrays differ in shape.
+  """
+  a, b = np.asarray(base_correct, bool), np.asarray(other_correct, bool)
+  if a.shape != b.shape:
+    raise ValueError(f"base_correct shape {a.shape} != other_correct shape {b.shape}")
+  lost, gained = int((a & ~b).sum()), int((~a & b).sum())
+  n, k = lost + gained, min(lost, gained)
+  if n == 0:
+    return 1.0
+  return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def wilcoxon_p(base, other) -> float:
+  """Two-sided Wilcoxon signed-rank p-value of paired values (n,) (`scipy.stats.wilcoxon` of
+  their differences; needs scipy); 1.0 when every difference is below 1e-12."""
+  from scipy.stats import wilcoxon
+
+  d = np.asarray(other, np.float64) - np.asarray(base, np.float64)
+  if not np.any(np.abs(d) > 1e-12):
+    return 1.0
+  return float(wilcoxon(d).pvalue)
+
+
 def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float = 0.95,
                  seed: int = 0, vectorized: bool = False):
   """Percentile bootstrap confidence interval of `statistic` over the items of `data`.
@@ -129,3 +173,88 @@ def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float 
     warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, as documented
     low, high = np.nanquantile(values, [alpha, 1 - alpha], axis=0)
   return (float(low), float(high)) if low.ndim == 0 else (low, high)
+
+def _layer_reps(reps) -> jax.Array:
+  reps = jnp.asarray(reps, jnp.float32)
+  if reps.ndim != 3:
+    raise ValueError(f"reps must be (layers, n_tokens, dim), got shape {reps.shape}")
+  return reps
+
+
+# Linear CKA (Kornblith et al. 2019) -------------------------------------------------------
+
+
+def _center_cols(x: jax.Array) -> jax.Array:
+  return x - x.mean(axis=-2, keepdims=True)
+
+
+def _hsic(x: jax.Array, y: jax.Array) -> jax.Array:
+  """``||x^T y||_F^2`` for centred ``(n, dx)``, ``(n, dy)``; the cheaper of two forms."""
+  n, dx, dy = x.shape[0], x.shape[1], y.shape[1]
+  if n < dx * dy / (dx + dy):  # Gram form: O(n^2 (dx + dy)) vs feature form O(n dx dy)
+    kx = jnp.matmul(x, x.T, precision=_HI)
+    ky = jnp.matmul(y, y.T, precision=_HI)
+    return jnp.sum(kx * ky)
+  c = jnp.matmul(x.T, y, precision=_HI)  # (dx, dy)
+  return jnp.sum(c * c)
+
+
+@jax.jit
+def _cka(x, y):
+  x, y = _center_cols(x), _center_cols(y)
+  return _hsic(x, y) / jnp.sqrt(_hsic(x, x) * _hsic(y, y))
+
+
+def linear_cka(x, y) -> float:
+  """Linear CKA between ``x (n, dx)`` and ``y (n, dy)`` (same n examples, any widths).
+
+  ``CKA = ||Yc^T Xc||_F^2 / (||Xc^T Xc||_F ||Yc^T Yc||_F)`` with column-centred
+  ``Xc, Yc``; invariant to orthogonal transforms and isotropic scaling.
+  """
+  x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+  if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
+    raise ValueError(f"x shape {x.shape} and y shape {y.shape} must be (n, dx) and (n, dy)")
+  if x.shape[0] < 2:
+    raise ValueError(f"need >= 2 examples, got {x.shape[0]}")
+  return float(_cka(x, y))
+
+
+@jax.jit
+def _cka_matrix(a, b):
+  a, b = _center_cols(a), _center_cols(b)
+  self_a = jax.vmap(lambda x: jnp.sqrt(_hsic(x, x)))(a)  # (la,)
+  self_b = jax.vmap(lambda y: jnp.sqrt(_hsic(y, y)))(b)  # (lb,)
+  # lax.map over a's layers keeps one row of cross products in memory at a time
+  cross = jax.lax.map(lambda x: jax.vmap(lambda y: _hsic(x, y))(b), a)  # (la, lb)
+  return cross / (self_a[:, None] * self_b[None, :])
+
+
+def cka_matrix(reps_a, reps_b=None) -> np.ndarray:
+  """Linear CKA between every pair of layers.
+
+  Args:
+    reps_a: ``(layers_a, n, dim_a)``.
+    reps_b: ``(layers_b, n, dim_b)`` of another model on the same n tokens, or
+      None for ``reps_a`` against itself.
+
+  Returns:
+    ``(layers_a, layers_b)``.
+  """
+  a = _layer_reps(reps_a)
+  b = a if reps_b is None else _layer_reps(reps_b)
+  if a.shape[1] != b.shape[1]:
+    raise ValueError(f"reps_a shape {a.shape} and reps_b shape {b.shape} must share n_tokens")
+  return np.asarray(_cka_matrix(a, b))
+
+
+def cka_same_layers(reps_a, reps_b) -> np.ndarray:
+  """Linear CKA between layer l of one model and layer l of another: ``(layers,)``."""
+  a, b = _layer_reps(reps_a), _layer_reps(reps_b)
+  if a.shape[:2] != b.shape[:2]:
+    raise ValueError(
+      f"reps_a shape {a.shape} and reps_b shape {b.shape} must share (layers, n_tokens)"
+    )
+  return np.asarray(_cka_same_layers(a, b))
+
+
+_cka_same_layers = jax.jit(jax.vmap(_cka))

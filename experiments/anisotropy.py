@@ -14,7 +14,7 @@ What it measures, on which model and data, and why:
   This script measures, for every layer (0 = embeddings) of the real all-MiniLM-L6-v2:
 
   * anisotropy: mean cosine of random pairs of word tokens (distinct positions), raw and
-    after mean-centring each layer (`bertjax.analysis.geometry.anisotropy`);
+    after mean-centring each layer (`bertjax.analysis.representations.geometry.anisotropy`);
   * self-similarity: mean pairwise cosine between occurrences of the same (lower-cased)
     word type in different contexts, over types seen >= `--min-count` times;
   * intra-sentence similarity: mean cosine between a word and its sentence's mean vector;
@@ -206,7 +206,7 @@ def measure(reps: np.ndarray, types: np.ndarray, measured: np.ndarray, sentence_
     `(m, mv)`: name -> (L+1,) array (the verdict's definition also as `mev`, `mev_baseline`,
     `mev_adjusted`), and that definition's `geometry.max_explainable_variance` result.
   """
-  from bertjax.analysis import geometry
+  from bertjax.analysis.representations import geometry
 
   # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
   self_types = np.where(measured, types, [f"\0{i}" for i in range(len(types))])
@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis import features
+  from bertjax.analysis.representations import features
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir)

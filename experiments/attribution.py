@@ -14,7 +14,7 @@ logit is the target of the gradient methods, and, because it reads the mean of t
 final states, a context-mixing method's score for input token j is the mean over real
 tokens i of its final (rolled-out) matrix `M[i, j]`.
 
-(a) Token attribution (`bertjax.analysis.attribution`), on every held-out-or-not negated
+(a) Token attribution (`bertjax.analysis.attribution.propagation`), on every held-out-or-not negated
     sentence whose negation cue ("not", "never", "no", "nothing", "nobody", "none",
     "nor", "neither", "cannot", or the "t" of "n't") is one token: raw attention of the
     last block (heads averaged), attention rollout and, last block only, attention flow
@@ -27,7 +27,7 @@ tokens i of its final (rolled-out) matrix `M[i, j]`.
     pieces (special tokens excluded), its mean reciprocal rank, the chance level (mean
     1/n), and the agreement between methods (Spearman correlation of the token scores,
     averaged over sentences).
-(b) Patching (`bertjax.analysis.patching`): each negated sentence against its
+(b) Patching (`bertjax.analysis.interventions.patching`): each negated sentence against its
     affirmative twin, the cue replaced by a word of the same length in tokens ("not" ->
     "also", "never" -> "often", ...), so positions align. Clean run: the negated
     sentence; corrupted: the twin. Patching one head's output (`head_out`) from the
@@ -111,17 +111,17 @@ def figures(out, res, patch_res, stem: str = NAME) -> list[str]:
   """The methods' cue ranks and the patching heatmaps, named `stem`_*.png."""
   import pathlib
 
-  from bertjax import viz
+  from bertjax.plots import charts
 
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   a = patch_res["agreement"]
   paths = [
-      viz.method_ranks(res["stats"], res["chance"]["mrr"], res["agreement"]["spearman"],
+      charts.method_ranks(res["stats"], res["chance"]["mrr"], res["agreement"]["spearman"],
                        out / f"{stem}_methods.png",
                        title=f"Where does each method put the negation cue? "
                              f"({len(res['sentences'])} sentences)"),
-      viz.patching_heatmaps(
+      charts.patching_heatmaps(
           patch_res["exact"], patch_res["attribution"], out / f"{stem}_patching.png",
           cbar_label="share of the negation logit restored",
           title=f"Which heads carry negation into the affirmative twin? ({patch_res['pairs']} "
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
   args = common.parser(__doc__, data=False).parse_args(argv)
   t0 = time.perf_counter()
   from bertjax import report
-  from bertjax.analysis import negation
+  from bertjax.tasks import negation
 
   settings = SMOKE if args.smoke else FULL
   timings: dict[str, float] = {}

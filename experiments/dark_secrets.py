@@ -10,7 +10,7 @@ Question: do three of Kovaleva et al.'s headline observations hold for a small r
 
 1. Attention maps fall into a few repeated pattern types (vertical, diagonal,
    vertical+diagonal, block) with vertical the commonest; measured per layer and overall
-   with `attention.pattern_types`, before and after fine-tuning.
+   with `patterns.pattern_types`, before and after fine-tuning.
 2. Disabling single heads or whole layers of the fine-tuned classifier can *improve* its
    accuracy (their Figs. 6-7): every head and every layer disabled in "uniform" mode (their
    method: the map becomes uniform over the real tokens), every layer also in "scale" mode
@@ -19,7 +19,7 @@ Question: do three of Kovaleva et al.'s headline observations hold for a small r
    would double the run's longest step and are left out.)
 3. Fine-tuning changes the last layers' attention most (their Fig. 3): per-head cosine of
    the attention maps before vs after fine-tuning and per-layer linear CKA of the hidden
-   states (`attention.attention_change`).
+   states (`patterns.attention_change`).
 (Their fourth, that fine-tuning from random initialisation does "disturbingly well", is
 tested in `random_init.py`, on tasks with and without lexical cues and with early stopping:
 on this acceptability task alone, where no lexical cue helps, it cannot hold.)
@@ -133,15 +133,15 @@ def batches(data: dict[str, np.ndarray], size: int, limit: int | None = None) ->
 
 def pattern_summary(params, config, data_batches: Sequence[dict], special_ids) -> dict[str, Any]:
   """Kovaleva et al.'s pattern types: counts (layers, heads, 5), ratios per layer and overall."""
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import patterns
 
-  counts = attention.pattern_types(params, config, data_batches, special_ids=special_ids)
+  counts = patterns.pattern_types(params, config, data_batches, special_ids=special_ids)
   overall = counts.overall
   repeated = float(overall[:4].sum())  # every type but "heterogeneous"
-  return {"types": list(attention.PATTERN_TYPES), "counts": counts.counts,
+  return {"types": list(patterns.PATTERN_TYPES), "counts": counts.counts,
           "per_layer": counts.per_layer, "overall": overall, "dominant": counts.dominant,
           "repeated_share": repeated,
-          "commonest_repeated": attention.PATTERN_TYPES[int(np.argmax(overall[:4]))]}
+          "commonest_repeated": patterns.PATTERN_TYPES[int(np.argmax(overall[:4]))]}
 
 
 def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "prefix"):
@@ -155,7 +155,7 @@ def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "pre
   Returns:
     mode -> `ablation.AblationResult`; families not evaluated are NaN.
   """
-  from bertjax.analysis import ablation
+  from bertjax.analysis.interventions import ablation
 
   sweep = lambda kind, include: ablation.ablation_sweep(
       params, config, data_batches, ablation.classification_accuracy, head_ablations=(kind,),
@@ -281,7 +281,7 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   a0.set_yticks(range(d.shape[0]))
   a0.set_xlabel("head")
   a0.set_ylabel("layer")
-  a0.set_title(f"one head disabled (uniform attention); intact accuracy "
+  a0.set_title(f"one head disabled (uniform patterns); intact accuracy "
                f"{100 * u['baseline']:.1f}%", fontsize=9)
   fig.colorbar(im, ax=a0, label="accuracy change (points)", extend=extend)
   bars = [("all heads uniform", u["delta_layers"]), ("all heads zeroed (scale)",
@@ -407,10 +407,10 @@ def analyse(pre_params, params, config, held: dict[str, np.ndarray], special_ids
   changed, and disabling heads and layers of the fine-tuned model.
 
   Returns:
-    `before`, `after` (`pattern_summary`), `change` (`attention.attention_change`), `acc`
+    `before`, `after` (`pattern_summary`), `change` (`patterns.attention_change`), `acc`
     (mode -> `improvements`) and `se` (the intact accuracy's binomial standard error).
   """
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import patterns
 
   held_batches = batches(held, size["eval_batch"])
   analysis = batches(held, size["eval_batch"], size["analysis_sentences"])
@@ -418,7 +418,7 @@ def analyse(pre_params, params, config, held: dict[str, np.ndarray], special_ids
     before = pattern_summary(pre_params, config, analysis, special_ids)
     after = pattern_summary(params, config, analysis, special_ids)
   with common.timed(timings, "attention_change"):
-    change = attention.attention_change(pre_params, config, params, analysis)
+    change = patterns.attention_change(pre_params, config, params, analysis)
   with common.timed(timings, "ablation"):
     sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
   acc = {m: improvements(r) for m, r in sweeps.items()}
@@ -499,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   """Runs the experiment and writes `dark_secrets.json` and its figures."""
   args = common.parser(__doc__).parse_args(argv)
   t_start = time.perf_counter()
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import patterns
 
   size = SIZES["smoke" if args.smoke else "full"]
   timings: dict[str, float] = {}
@@ -530,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> None:
               "task": "BLiMP acceptability, split by minimal pair", **size, "seed": args.seed,
               "ablation": "accuracy; uniform: every head, every layer, block skips; scale: every "
                           "layer", "pattern_thresholds": dataclasses.asdict(
-                              attention.PatternThresholds()),
+                              patterns.PatternThresholds()),
               "analysis": "held-out sentences (patterns and change: the first "
                           f"{size['analysis_sentences']})"}
   common.write_results(NAME, args.out, results, findings=rows, settings=settings,

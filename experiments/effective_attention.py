@@ -15,7 +15,7 @@ What it measures, on which model and data, and why:
   12 heads, d_head = 32), measures for every layer and head:
 
   * the null-space dimension as a function of sequence length n = 8..256: dim = n -
-    rank(T_h), checked against max(0, n - d_head) (`attention.left_null_space`), and the
+    rank(T_h), checked against max(0, n - d_head) (`effective_attention_lib.left_null_space`), and the
     null basis checked to annihilate T_h;
   * that effective attention gives the same head output as raw attention (A_eff T = A T)
     and, with every block's maps replaced by their effective attention through the model's
@@ -23,7 +23,7 @@ What it measures, on which model and data, and why:
   * the Pearson correlation of raw and effective attention per passage, against its length
     (Brunner et al. Fig. 3a), and that of the attention a token receives with its position;
   * the attention mass on [CLS], [SEP] and punctuation, raw vs effective
-    (`attention.effective_attention_statistics`, plus punctuation here).
+    (`effective_attention_lib.effective_attention_statistics`, plus punctuation here).
 
   Data: passages of consecutive sentences of UD English EWT v2.16 dev (their word forms,
   re-tokenised by MiniLM's WordPiece), cut to exactly n tokens including [CLS] at the start
@@ -44,6 +44,8 @@ from typing import Any
 
 import common
 import numpy as np
+
+from bertjax import stats
 
 NAME = "effective_attention"
 PAPER = "Brunner et al. 2020"
@@ -92,14 +94,6 @@ def expected_null_dim(length: int, head_dim: int) -> int:
   return max(0, length - head_dim)
 
 
-def pearson(x, y) -> float:
-  """Pearson correlation of two arrays (flattened); nan when either is constant."""
-  x, y = np.ravel(np.asarray(x, np.float64)), np.ravel(np.asarray(y, np.float64))
-  x, y = x - x.mean(), y - y.mean()
-  den = np.sqrt((x * x).sum() * (y * y).sum())
-  return float((x * y).sum() / den) if den > 0 else float("nan")
-
-
 def block_outputs(params, config, ids: np.ndarray, maps: np.ndarray) -> np.ndarray:
   """Every block's output (L + 1, P, n, H) with `maps` (L, P, N, n, n) in place of each
   block's attention, through the model's own `probs` site (no rebuilt block)."""
@@ -134,7 +128,7 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
     `rebuild`).
   """
   import bertjax
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import effective as effective_attention_lib
 
   ids = np.asarray(ids, np.int32)
   out = bertjax.forward(params, config, ids, np.ones_like(ids), np.zeros_like(ids),
@@ -155,11 +149,11 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
   for i in range(p_count):
     for d in range(config.depth):
       raw = maps[d, i].astype(np.float64)  # (N, n, n)
-      t = attention.head_value_outputs(params, config, d, values[d, i])  # (N, n, H)
-      eff = effective[d, i] = attention.effective_attention(raw, t)
+      t = effective_attention_lib.head_value_outputs(params, config, d, values[d, i])  # (N, n, H)
+      eff = effective[d, i] = effective_attention_lib.effective_attention(raw, t)
       for h in range(config.num_attention_heads):
         if null_space:
-          null = attention.left_null_space(t[h])  # (n, n - rank)
+          null = effective_attention_lib.left_null_space(t[h])  # (n, n - rank)
           r["null_dim"][i, d, h] = null.shape[-1]
           r["rank"][i, d, h] = n - null.shape[-1]
           residual = np.abs(null.T @ t[h]).max() / np.abs(t[h]).max() if null.size else 0.0
@@ -167,7 +161,7 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
         head_out = raw[h] @ t[h]
         r["output_error"][i, d, h] = (np.abs(eff[h] @ t[h] - head_out).max()
                                       / np.abs(head_out).max())
-        r["corr"][i, d, h] = pearson(raw[h], eff[h])
+        r["corr"][i, d, h] = stats.pearson(raw[h], eff[h])
       for kind, a in (("raw", raw), ("effective", eff)):
         for c, m in classes.items():
           r[f"{kind}_{c}"][i, d] = a[..., m[i]].sum(-1).mean(-1)
@@ -418,15 +412,15 @@ def example_head(params, config, tok, main: dict, ids: np.ndarray) -> dict[str, 
   """The head with the most raw [CLS]+[SEP] mass in `main`: its raw and effective maps on the
   passage `ids` ((1, n))."""
   import bertjax
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import effective as effective_attention_lib
 
   layer, head = divmod(int(np.argmax((main["raw_cls"] + main["raw_sep"]).mean(0))),
                        config.num_attention_heads)
   o = bertjax.forward(params, config, ids, output_attentions=True, capture=("v",))
   raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
-  t = attention.head_value_outputs(params, config, layer, np.asarray(o.cache["v"])[layer, 0])
+  t = effective_attention_lib.head_value_outputs(params, config, layer, np.asarray(o.cache["v"])[layer, 0])
   return {"layer": layer, "head": head, "raw": raw[head],
-          "effective": attention.effective_attention(raw, t)[head],
+          "effective": effective_attention_lib.effective_attention(raw, t)[head],
           "tokens": tok.convert_ids_to_tokens(ids[0])}
 
 
@@ -436,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import effective as effective_attention_lib
+  from bertjax.analysis.attention import statistics
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
@@ -447,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   head_dim = config.head_dim
   lengths, length, count, per_len = passage_sizes(args, head_dim)
   stream = token_stream(tok, sentences)
-  punct = attention.punctuation_ids(tok)
+  punct = statistics.punctuation_ids(tok)
   kw = {"cls_id": tok.cls_id, "sep_id": tok.sep_id, "punct_ids": punct, "rebuild": 1}
 
   common.log(f"length sweep {lengths}, {per_len} passages each ({model_name}, d_head={head_dim})")
@@ -461,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   batches = [{"input_ids": ids[i:i + 8], "attention_mask": np.ones_like(ids[i:i + 8]),
               "token_type_ids": np.zeros_like(ids[i:i + 8])} for i in range(0, count, 8)]
   with common.timed(timings, "effective_attention_statistics"):
-    lib = attention.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
+    lib = effective_attention_lib.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
                                                    sep_id=tok.sep_id)
   with common.timed(timings, "per-head analysis"):
     main_r = analyse(params, config, ids, **kw, null_space=False)

@@ -87,7 +87,7 @@ def circuit_verdict(share: float | None) -> str:
 
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows from the results as written to JSON (`r`) and the settings `s`."""
-  from bertjax.analysis.circuits import smallest_faithful
+  from bertjax.analysis.interventions.circuits import smallest_faithful
 
   r = common.from_json(r)
   name, total = r["model"], r["graph"]["edges"]
@@ -189,16 +189,16 @@ def _probe(params, config, tok, sentences):
   final states of every project sentence) as a negated - affirmative logit difference."""
   import attribution as attribution_experiment
 
-  from bertjax.analysis import patching as pt
+  from bertjax.analysis.interventions import metrics
 
   feats, labels = attribution_experiment.pooled_features(params, config, tok, sentences)
   w, b = attribution_experiment.two_class(*attribution_experiment.fit_probe(feats, labels))
-  return pt.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
+  return metrics.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
 
 
 def _pairs(tok, sentences, count: int):
   """The first `count` negated sentences with a one-token cue, and their twins."""
-  from bertjax.analysis import negation
+  from bertjax.tasks import negation
 
   clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated])
   n = min(count, len(kept))
@@ -213,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
   from bertjax import report
-  from bertjax.analysis import circuits
+  from bertjax.analysis.interventions import circuits
 
   with common.timed(timings, "load"):
     config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(

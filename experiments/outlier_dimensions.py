@@ -5,7 +5,7 @@ Run:
   .venv/bin/python experiments/outlier_dimensions.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on the real all-MiniLM-L6-v2 (or `--model`), over UD English EWT dev
-sentences (`bertjax.analysis.outliers` holds every definition):
+sentences (`bertjax.analysis.representations.outliers` holds every definition):
 
 * the census (Kovaleva et al. 2021, "BERT Busters"; Puccetti et al. 2022's reading of
   their criterion): per layer, the dimensions of the block output whose mean activation over
@@ -114,7 +114,7 @@ def probe_scores(params, config, tok, sentences, dims_sets, seed) -> dict:
   """Per condition (intact, outliers, random_i): per held-out word, whether a UPOS probe
   fitted on the intact model's features (the other sentences) is right, at the middle and
   last layer."""
-  from bertjax.analysis import features, outliers, probing
+  from bertjax.analysis.representations import features, outliers, probing
 
   tags = sorted({u for s in sentences for u in s.upos})
   labels = np.asarray([tags.index(u) for s in sentences for u in s.upos])
@@ -143,9 +143,9 @@ def probe_scores(params, config, tok, sentences, dims_sets, seed) -> dict:
 
 def sink_share(params, config, batches, sep_id) -> np.ndarray:
   """(L,) the mean over heads of the attention mass on [CLS] (position 0) and [SEP]."""
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import statistics
 
-  s = attention.clark_statistics(params, config, batches, sep_id=sep_id)
+  s = statistics.clark_statistics(params, config, batches, sep_id=sep_id)
   return np.asarray(s["cls"] + s["sep"]).mean(-1)
 
 
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
-  from bertjax.analysis import outliers
+  from bertjax.analysis.representations import outliers
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir, "ud_english_ewt", "wikitext2_tokens")

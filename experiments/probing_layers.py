@@ -10,7 +10,7 @@ What it measures, on which model and data, and why:
   layers of BERT, not the last, and that part-of-speech (surface) information peaks lower
   than dependency structure; Hewitt & Liang (2019) ask whether a probe's accuracy reflects
   the representation or the probe's own capacity, and answer with control tasks.
-  This script runs bertjax's probing suite (`bertjax.analysis.probing_run.run_probing_suite`)
+  This script runs bertjax's probing suite (`bertjax.analysis.representations.probing_run.run_probing_suite`)
   on every layer (0 = embeddings) of the real all-MiniLM-L6-v2 checkpoint:
 
   * linear probes for UPOS (per word) and for dependency relations (edge probing on
@@ -181,7 +181,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def _suite(args):
-  from bertjax.analysis import probing, probing_run, structural
+  from bertjax.analysis.representations import probing, probing_run, structural
 
   if not args.smoke:
     return probing_run.SuiteConfig(
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis import probing_run
+  from bertjax.analysis.representations import probing_run
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")

@@ -5,7 +5,7 @@ Run:
   .venv/bin/python experiments/sae_scaling.py [--smoke] [--model DIR_OR_HUB_ID]
 
 What it measures, on the real all-MiniLM-L6-v2 (or `--model`): top-k sparse autoencoders
-(`bertjax.analysis.sae`, the released code's definitions) on the block output ("out") of the
+(`bertjax.analysis.representations.sae`, the released code's definitions) on the block output ("out") of the
 middle block (`--layer`, default depth // 2, counted from 0), trained on the token
 activations of WikiText-2's validation paragraphs (64 tokens each) and evaluated on those of
 its test paragraphs:
@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   timings: dict[str, float] = {}
   import jax.numpy as jnp
 
-  from bertjax.analysis import sae
+  from bertjax.analysis.representations import sae
 
   data = common.data_dir(args.data_dir, "wikitext2_tokens")
   with common.timed(timings, "load model"):

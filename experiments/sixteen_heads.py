@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import stats
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import common
 
@@ -65,36 +67,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
           "batch_size": 128, "prune_step": 0.1, "prune_max": 0.9, "random_orders": 8,
           "timing_batch": 32, "timing_length": 64, "timing_repeats": 15, "alpha": 0.01,
           "seed": seed}
-
-
-# Statistics ---------------------------------------------------------------------------------
-
-
-def mcnemar_p(base_correct, other_correct) -> float:
-  """Two-sided exact McNemar p-value of paired per-example correctness (bool arrays (n,)).
-
-  Raises:
-    ValueError: the arrays differ in shape.
-  """
-  from scipy.stats import binomtest
-
-  a, b = np.asarray(base_correct, bool), np.asarray(other_correct, bool)
-  if a.shape != b.shape:
-    raise ValueError(f"base_correct shape {a.shape} != other_correct shape {b.shape}")
-  lost, gained = int((a & ~b).sum()), int((~a & b).sum())
-  if lost + gained == 0:
-    return 1.0
-  return float(binomtest(lost, lost + gained, 0.5).pvalue)
-
-
-def paired_loss_p(base_loss, other_loss) -> float:
-  """Two-sided Wilcoxon signed-rank p-value of paired per-example losses (n,)."""
-  from scipy.stats import wilcoxon
-
-  d = np.asarray(other_loss, np.float64) - np.asarray(base_loss, np.float64)
-  if not np.any(np.abs(d) > 1e-12):
-    return 1.0
-  return float(wilcoxon(d).pvalue)
 
 
 def _per_example_fn():
@@ -134,12 +106,12 @@ def per_example(params, config, batches, head_masks) -> tuple[np.ndarray, np.nda
   first modified block run once per batch, shared by every mask.
   """
   import bertjax
-  from bertjax.analysis import ablation
+  from bertjax.analysis import batching
 
   fn = _per_example_fn()
   head_masks = np.asarray(head_masks, np.float32)
   # An all-ones mask still runs the last block (so no zero-length scan).
-  starts = np.minimum(ablation.first_modified_layer(head_masks), config.depth - 1)
+  starts = np.minimum(batching.first_modified_layer(head_masks), config.depth - 1)
   losses, correct = [], []
   for b in batches:
     hidden = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
@@ -488,7 +460,7 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
 def importance(tparams, config, train, timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
   """`(raw, normalized)` head importance E|dL/dxi| on the training split, (layers, heads)."""
   from bertjax import report
-  from bertjax.analysis import ablation
+  from bertjax.analysis.interventions import ablation
 
   with common.timed(timings, "importance"):
     imp_raw = ablation.head_importance(tparams, config, train, report.task_loss,
@@ -508,7 +480,7 @@ def ablate_heads(tparams, config, test, alpha: float, chunk: int,
     The result file's `ablation` entry.
   """
   from bertjax import report
-  from bertjax.analysis import ablation
+  from bertjax.analysis.interventions import ablation
 
   depth, n_heads = config.depth, config.num_attention_heads
   total_heads = depth * n_heads
@@ -527,8 +499,8 @@ def ablate_heads(tparams, config, test, alpha: float, chunk: int,
     cut = np.cumsum([1, total_heads, depth])
     base_loss, base_acc0 = float(mean_loss[0]), float(mean_acc[0])
     head_loss, head_acc = mean_loss[1:cut[1]], mean_acc[1:cut[1]]
-    p_acc = np.array([mcnemar_p(ex_correct[0], ex_correct[i]) for i in range(1, cut[1])])
-    p_loss = np.array([paired_loss_p(ex_loss[0], ex_loss[i]) for i in range(1, cut[1])])
+    p_acc = np.array([stats.mcnemar_p(ex_correct[0], ex_correct[i]) for i in range(1, cut[1])])
+    p_loss = np.array([stats.wilcoxon_p(ex_loss[0], ex_loss[i]) for i in range(1, cut[1])])
     drop_sig = (p_acc < alpha) & (head_acc < base_acc0)
     loss_sig = (p_loss < alpha) & (head_loss > base_loss)
     # The per-example pass and the library sweep must agree (two code paths, one quantity).
@@ -568,7 +540,7 @@ def pruning_curves(tparams, config, train, test, imp_raw: np.ndarray, imp_norm: 
     The result file's `pruning` entry.
   """
   from bertjax import report
-  from bertjax.analysis import ablation
+  from bertjax.analysis.interventions import ablation
 
   depth, n_heads = config.depth, config.num_attention_heads
   total_heads = depth * n_heads
@@ -671,7 +643,7 @@ def main(argv=None) -> int:
   args = common.parser(__doc__).parse_args(argv)
   start = time.perf_counter()
   from bertjax import report, stats
-  from bertjax.analysis import ablation
+  from bertjax.analysis import batching
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
   s = run_settings(args.smoke, args.seed)
@@ -685,7 +657,7 @@ def main(argv=None) -> int:
     task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
     tparams, train, test = task["params"], task["train"], task["test"]
 
-  chunk = ablation.default_chunk_size()
+  chunk = batching.default_chunk_size()
   imp_raw, imp_norm = importance(tparams, config, train, timings)
   ab = ablate_heads(tparams, config, test, s["alpha"], chunk, timings)
   pr = pruning_curves(tparams, config, train, test, imp_raw, imp_norm,

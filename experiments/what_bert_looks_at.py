@@ -8,7 +8,7 @@ What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads) over the UD
 dev sentences (gold words, heads and relations; the model reads the gold words, tokenised
 into WordPieces):
 
-(a) Where attention goes, by layer (`attention.clark_statistics`): the mass each query token
+(a) Where attention goes, by layer (`statistics.clark_statistics`): the mass each query token
     puts on [CLS], on [SEP], on punctuation, on itself and on the previous and next token,
     and the attention entropy. Clark et al. found BERT-base's middle layers put most of their
     attention on [SEP] and its early layers attend broadly. all-MiniLM-L6-v2 is a 6-layer
@@ -24,7 +24,7 @@ into WordPieces):
     EWT sentences ([CLS] s [SEP]) rather than 1,000 Wikipedia segment pairs of up to 128 tokens.
 
 (b) Clark et al.'s attention-based probe: word-level attention (sum over a word's subword
-    keys, mean over its subword queries, as `attention.word_attention`; [CLS], [SEP] and the
+    keys, mean over its subword queries, as `statistics.word_attention`; [CLS], [SEP] and the
     word itself are excluded from the prediction), and for every frequent dependency relation
     the accuracy of the best single head at predicting the dependent's syntactic head as the
     word the dependent attends to most (dependent -> head), and the dependent as the word the
@@ -86,7 +86,7 @@ def relation(deprel: str) -> str:
 def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
   """Word-level maps (..., num_words, num_words) of one sequence, without special tokens.
 
-  The same quantity as `bertjax.analysis.attention.word_attention(..., keep_special=False)`
+  The same quantity as `bertjax.analysis.attention.statistics.word_attention(..., keep_special=False)`
   (attention to a word: sum over its subword keys; from a word: mean over its subword
   queries), computed with matrix products: that function's three-operand `np.einsum`
   takes ~0.6 s per sentence for 72 maps here. Words the tokenizer gave no subword are
@@ -446,7 +446,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctuation: str,
               smoothing: float) -> dict[str, Any]:
-  """`attention.clark_statistics` of one definition, per head and by layer, beside the entropy
+  """`statistics.clark_statistics` of one definition, per head and by layer, beside the entropy
   of uniform attention averaged alike.
 
   Args:
@@ -456,18 +456,18 @@ def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctu
     punctuation: "clark" ("." and ",") or "all" (every punctuation id of the vocabulary).
     smoothing: the entropy's smoothing eps.
   """
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import statistics
 
-  punct = (attention.clark_punctuation_ids(tok) if punctuation == "clark"
-           else attention.punctuation_ids(tok))
+  punct = (statistics.clark_punctuation_ids(tok) if punctuation == "clark"
+           else statistics.punctuation_ids(tok))
   n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
-  stats = attention.clark_statistics(params, config, plain, sep_id=tok.sep_id,
+  stats = statistics.clark_statistics(params, config, plain, sep_id=tok.sep_id,
                                      punct_ids=punct, weighting=weighting,
                                      entropy_smoothing=smoothing)
   out = {k: np.asarray(v) for k, v in stats.items()}
   out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
   # Entropy of uniform attention over each sequence, averaged like the statistics.
-  out["uniform_entropy"] = attention.uniform_entropy(n_tok, weighting)
+  out["uniform_entropy"] = statistics.uniform_entropy(n_tok, weighting)
   out["definition"] = {"weighting": weighting, "punctuation": punctuation,
                        "punctuation_ids": len(punct), "entropy_smoothing": smoothing}
   return out
@@ -488,11 +488,11 @@ def dependency_probe(params, config, batches, ud, min_count: int,
   Returns:
     `table` (`probe_table` rows: "all" arcs but punctuation, each frequent relation, and
     punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`,
-    `check` (`word_maps` against `attention.word_attention` on a few sentences) and
+    `check` (`word_maps` against `statistics.word_attention` on a few sentences) and
     `per_sentence` (name -> (sentences, L), in the order of the sentences' indices).
   """
   import bertjax
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import statistics
 
   depth, n_heads = config.depth, config.num_attention_heads
   rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
@@ -507,7 +507,7 @@ def dependency_probe(params, config, batches, ud, min_count: int,
       sent = ud[i]
       m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
       if len(check) < 3 and sent.num_words <= 30:
-        ref, groups = attention.word_attention(maps[:, row], b["word_ids"][row],
+        ref, groups = statistics.word_attention(maps[:, row], b["word_ids"][row],
                                                b["attention_mask"][row], keep_special=False)
         check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
       pred = predictions(m).reshape(depth * n_heads, -1)
@@ -584,10 +584,10 @@ def main(argv=None) -> int:
     # The earlier definition, for comparison.
     variant = clark_run(params, config, tok, plain, "token", "all", 0.0)
   with common.timed(timings, "probe"):
-    from bertjax.analysis import attention
+    from bertjax.analysis.attention import statistics
 
-    punct = (attention.clark_punctuation_ids(tok) if args.punctuation == "clark"
-             else attention.punctuation_ids(tok))
+    punct = (statistics.clark_punctuation_ids(tok) if args.punctuation == "clark"
+             else statistics.punctuation_ids(tok))
     probe = dependency_probe(params, config, batches, ud, s["min_count"],
                              (tok.sep_id, punct, args.entropy_smoothing))
   per_sentence = probe["per_sentence"]

@@ -398,9 +398,9 @@ def attention_with_stats(
   Inference only: `dropout_rate` must be 0 (anything else raises; `dropout_seed` is then
   ignored).
 
-  Args: as `attention` (the mask too, taken by each implementation in its form), plus
-    `special_mask` bool `(batch, seq)`. `impl` is "auto" (pallas on GPU, xla elsewhere),
-    "xla" or "pallas" (Triton variant only); "cudnn" has no statistics and raises.
+  The arguments are `attention`'s (the mask too, taken by each implementation in its form),
+  plus `special_mask`, bool `(batch, seq)`. `impl` is "auto" (pallas on GPU, xla elsewhere),
+  "xla" or "pallas" (Triton variant only); "cudnn" has no statistics and raises.
 
   Returns:
     `(out, stats)`: out `(batch, seq, heads, head_dim)`; stats a dict of float32

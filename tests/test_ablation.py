@@ -9,7 +9,8 @@ import pytest
 import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
-from bertjax.analysis import ablation as ab
+from bertjax.analysis.attention import overrides
+from bertjax.analysis.interventions import ablation
 
 CONFIG = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, vocab_size=101, num_labels=3)
 DEPTH, HEADS = CONFIG.depth, CONFIG.num_attention_heads
@@ -60,18 +61,18 @@ def test_mask_ablation_equals_weight_surgery(params):
   layer, head = 1, 2
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[layer, head] = 0
-  _, (scale,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, xi[None])
+  _, (scale,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None])
   surgery = jax.tree.map(lambda a: a, params)
   kernel = params["encoder"]["layers"]["attention"]["output"]["kernel"]
   surgery["encoder"]["layers"]["attention"]["output"]["kernel"] = kernel.at[layer, head].set(0)
   losses = np.concatenate([_loss_by_forward(surgery, CONFIG, b) for b in BATCHES])
   np.testing.assert_allclose(scale, losses.mean(), rtol=1e-5)
   # Uniform: replace the head's attention by a uniform map by hand (the override path).
-  _, (uni,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, xi[None],
+  _, (uni,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None],
                                 head_ablation="uniform")
   by_hand = []
   for b in BATCHES:
-    out = ab.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
+    out = overrides.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
                                     b["token_type_ids"], overrides={(layer, head): "uniform"})
     logp = jax.nn.log_softmax(bertjax.classify(params, CONFIG, out.pooler_output))
     by_hand.append(-np.asarray(jnp.take_along_axis(logp, b["labels"][:, None], -1)).ravel())
@@ -79,11 +80,11 @@ def test_mask_ablation_equals_weight_surgery(params):
   assert abs(uni - scale) > 1e-4
 
 
-@pytest.mark.parametrize("kind", ab.ABLATIONS)
+@pytest.mark.parametrize("kind", ablation.ABLATIONS)
 def test_sweep_with_prefix_reuse_equals_naive_loop(params, kind):
-  prefix = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_batch_loss,
+  prefix = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.classification_batch_loss,
                              head_ablations=(kind,), chunk_size=3)[kind]
-  loop = ab.ablation_sweep(params, CONFIG, BATCHES, ab.classification_batch_loss,
+  loop = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.classification_batch_loss,
                            head_ablations=(kind,), strategy="loop")[kind]
   for name in ("heads", "layers", "keep_one", "layer_skip"):
     np.testing.assert_allclose(getattr(prefix, name), getattr(loop, name), rtol=1e-6, atol=1e-6)
@@ -115,21 +116,21 @@ def test_arbitrary_masks_and_strategies_agree(params):
   masks[0] = 1
   masks[1, :2] = 1  # first modified block is 2
   # Chunks of 2 (a remainder of 1 for 5 masks), and the backend's default (1 on CPU).
-  assert ab.default_chunk_size() == 1
-  results = [ab.evaluate_masks(params, CONFIG, iter(BATCHES), ab.classification_batch_loss, masks,
+  assert ablation.default_chunk_size() == 1
+  results = [ablation.evaluate_masks(params, CONFIG, iter(BATCHES), ablation.classification_batch_loss, masks,
                                strategy=s, chunk_size=None if s == "vmap" else 2)
-             for s in ab.STRATEGIES]
+             for s in ablation.STRATEGIES]
   for base, values in results[1:]:
     assert base == results[0][0]
     np.testing.assert_allclose(values, results[0][1], atol=1e-6)
   assert results[0][1][0] == results[0][0]  # the all-ones mask is the baseline
-  assert ab.first_modified_layer(masks)[0] == DEPTH
+  assert ablation.first_modified_layer(masks)[0] == DEPTH
   with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, np.ones((3, 4)))
+    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, np.ones((3, 4)))
   with pytest.raises(ValueError, match="chunk_size=0 must be a positive int"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks, chunk_size=0)
+    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, chunk_size=0)
   with pytest.raises(ValueError, match="strategy='fast'"):
-    ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks, strategy="fast")
+    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, strategy="fast")
 
 
 def _row_losses(params, config, batch, last_hidden_state, pooled):
@@ -147,10 +148,10 @@ def test_per_row_values_are_what_the_sums_add_up(params):
   masks[1, :2] = 1  # first modified block is 2
   layer_masks = np.ones((4, DEPTH), np.float32)
   layer_masks[3, 1] = 0  # a block skipped
-  _, want = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_batch_loss, masks,
+  _, want = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks,
                               layer_masks)
-  for strategy in ab.STRATEGIES:
-    base, rows = ab.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks,
+  for strategy in ablation.STRATEGIES:
+    base, rows = ablation.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks,
                                            layer_masks, strategy=strategy, chunk_size=2)
     assert base.shape == (6,) and rows.shape == (4, 6)
     np.testing.assert_allclose(rows.mean(1), want, atol=1e-6)
@@ -161,13 +162,13 @@ def test_per_row_values_are_what_the_sums_add_up(params):
     np.testing.assert_allclose(base, np.concatenate([_loss_by_forward(params, CONFIG, b)
                                                      for b in BATCHES]), atol=1e-5)
   with pytest.raises(ValueError, match="strategy='fast'"):
-    ab.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks, strategy="fast")
+    ablation.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks, strategy="fast")
   with pytest.raises(ValueError, match="batches is empty"):
-    ab.evaluate_masks_per_row(params, CONFIG, [], _row_losses, masks)
+    ablation.evaluate_masks_per_row(params, CONFIG, [], _row_losses, masks)
 
 
 def test_embedding_cosine_metric_needs_no_head(params):
-  result = ab.ablation_sweep(params, CONFIG, BATCHES, ab.mean_embedding_cosine,
+  result = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.mean_embedding_cosine,
                              head_ablations=("scale",), include=("heads",))["scale"]
   np.testing.assert_allclose(result.baseline, 1.0, atol=1e-6)
   assert (result.heads < 1).all() and (result.heads > 0).all()
@@ -181,7 +182,7 @@ def test_importance_matches_finite_differences(params, per_example):
   with jax.enable_x64(True):
     config = CONFIG.replace(dtype="float64")
     p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    got = ab.head_importance(p64, config, [batch], ab.classification_batch_loss,
+    got = ablation.head_importance(p64, config, [batch], ablation.classification_batch_loss,
                              per_example=per_example, normalize_layers=False)
     eps = 1e-5
     # All 2 * L * N perturbed masks at once: d loss_b / d xi by central differences.
@@ -194,7 +195,7 @@ def test_importance_matches_finite_differences(params, per_example):
     want = np.abs(grads).mean(-1) if per_example else np.abs(grads.mean(-1))
   assert want.max() > 1e-3
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
-  normed = ab.head_importance(params, CONFIG, [batch], ab.classification_batch_loss,
+  normed = ablation.head_importance(params, CONFIG, [batch], ablation.classification_batch_loss,
                               per_example=per_example)
   np.testing.assert_allclose(np.linalg.norm(normed, axis=-1), 1.0, rtol=1e-5)
   np.testing.assert_allclose(normed, want / np.linalg.norm(want, axis=-1, keepdims=True),
@@ -202,16 +203,16 @@ def test_importance_matches_finite_differences(params, per_example):
 
 
 def test_iterative_pruning(params):
-  result = ab.iterative_pruning(params, CONFIG, BATCHES, ab.classification_batch_loss,
-                                ab.classification_accuracy, step=0.25, max_fraction=0.5)
+  result = ablation.iterative_pruning(params, CONFIG, BATCHES, ablation.classification_batch_loss,
+                                ablation.classification_accuracy, step=0.25, max_fraction=0.5)
   np.testing.assert_allclose(result.fractions, [0, 0.25, 0.5])
   pruned = (result.masks == 0).sum((1, 2))
   assert pruned.tolist() == [0, 3, 6]
   assert (result.masks[2] <= result.masks[1]).all()  # masks only shrink
   # The first step removes the heads least important at the full mask.
-  imp = ab.head_importance(params, CONFIG, BATCHES, ab.classification_batch_loss).ravel()
+  imp = ablation.head_importance(params, CONFIG, BATCHES, ablation.classification_batch_loss).ravel()
   assert set(np.flatnonzero(result.masks[1].ravel() == 0)) == set(np.argsort(imp)[:3])
-  _, (acc,) = ab.evaluate_masks(params, CONFIG, BATCHES, ab.classification_accuracy,
+  _, (acc,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_accuracy,
                                 result.masks[2][None])
   assert result.metrics[2] == acc
 
@@ -220,7 +221,7 @@ def test_no_override_equals_forward(params):
   b = BATCHES[0]
   want = bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"], b["token_type_ids"],
                          output_hidden_states=True, output_attentions=True)
-  got = ab.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
+  got = overrides.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
                                   b["token_type_ids"], output_hidden_states=True,
                                   output_attentions=True)
   m = b["attention_mask"].astype(bool)
@@ -235,7 +236,7 @@ def test_previous_token_override_by_hand(params):
   """Head 1 of block 0 attends to the previous token: recompute block 0 with NumPy."""
   b = BATCHES[0]
   ids, mask = b["input_ids"], b["attention_mask"]
-  got = ab.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
+  got = overrides.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
                                   output_hidden_states=True, output_attentions=True)
   x = np.asarray(bertjax.embed(params, CONFIG, ids), np.float64)
   T = ids.shape[1]
@@ -260,14 +261,14 @@ def test_previous_token_override_by_hand(params):
 
 
 def test_patterns_and_bad_overrides():
-  maps = np.asarray(ab.positional_patterns(np.array([4]), 6))[:, 0]  # (P, T, T)
+  maps = np.asarray(overrides.positional_patterns(np.array([4]), 6))[:, 0]  # (P, T, T)
   np.testing.assert_allclose(maps[:, :4].sum(-1), 1.0)
   assert maps[:, 4:].sum() == 0 and maps[:, :, 4:].sum() == 0
-  by = dict(zip(ab.PATTERNS, maps))
+  by = dict(zip(overrides.PATTERNS, maps))
   assert by["next"][3, 3] == 1 and by["next"][1, 2] == 1 and by["first"][2, 0] == 1
   np.testing.assert_allclose(by["left"][2, :3], 1 / 3)
   np.testing.assert_allclose(by["right"][1, 1:4], 1 / 3)
   with pytest.raises(ValueError, match="'diagonal'"):
-    ab.override_codes(CONFIG, {(0, 0): "diagonal"})
+    overrides.override_codes(CONFIG, {(0, 0): "diagonal"})
   with pytest.raises(ValueError, match=r"\(5, 0\)"):
-    ab.override_codes(CONFIG, {(5, 0): "prev"})
+    overrides.override_codes(CONFIG, {(5, 0): "prev"})

@@ -148,7 +148,9 @@ def test_patterns_and_effective_attention_results(tmp_path):
   import numpy as np
 
   import bertjax
-  from bertjax.analysis import attention, jobs
+  from bertjax.analysis import jobs
+  from bertjax.analysis.attention import effective as effective_attention_lib
+  from bertjax.analysis.attention import patterns as attention_patterns
   from bertjax.data import corpus
 
   with open(REPO / "bertjax" / "resources" / "sentences.tsv") as f:
@@ -173,13 +175,13 @@ def test_patterns_and_effective_attention_results(tmp_path):
   sentences, _ = jobs.load_sentences(max_sentences=6)
   cfg, params, tok2, _ = jobs.load_checkpoint(jobs.expand_checkpoints([str(model)])[0])
   batches = jobs._unmasked(jobs._Context(params, cfg, tok2, sentences, None, 16))
-  counts = attention.pattern_types(params, cfg, batches, special_ids=[tok2.cls_id, tok2.sep_id])
+  counts = attention_patterns.pattern_types(params, cfg, batches, special_ids=[tok2.cls_id, tok2.sep_id])
   assert np.asarray(patterns["arrays"]["counts"]).tolist() == counts.counts.tolist()
   assert counts.counts.sum(-1).tolist() == [[6] * 4] * 2  # every head's map of each sentence
-  shares = [patterns["metrics"][f"share_{t.replace('+', '_')}"] for t in attention.PATTERN_TYPES]
+  shares = [patterns["metrics"][f"share_{t.replace('+', '_')}"] for t in attention_patterns.PATTERN_TYPES]
   np.testing.assert_allclose(shares, counts.overall)
   assert abs(sum(shares) - 1) < 1e-9
-  stats = attention.effective_attention_statistics(params, cfg, batches, cls_id=tok2.cls_id,
+  stats = effective_attention_lib.effective_attention_statistics(params, cfg, batches, cls_id=tok2.cls_id,
                                                    sep_id=tok2.sep_id)
   for kind in ("raw", "effective"):
     for name, value in stats[kind].items():

@@ -1,4 +1,4 @@
-"""AtP* (`bertjax.analysis.atp_star`): the QK fix and GradDrop against direct computations.
+"""AtP* (`bertjax.analysis.interventions.atp_star`): the QK fix and GradDrop against direct computations.
 
 On a tiny random BERT with a large init std (its attention saturates): the QK-fixed estimate of
 each (layer, head) of `k` and `q` equals the metric's derivative along the exact change of the
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import atp_star as ats
-from bertjax.analysis import patching as pt
+from bertjax.analysis.interventions import atp_star
+from bertjax.analysis.interventions import metrics
+from bertjax.analysis.interventions import patching
 
 B, T, L = 3, 9, 3
 
@@ -43,7 +44,7 @@ def _pair():
           {"input_ids": corrupted, "attention_mask": mask}, targets)
 
 
-METRIC = pt.LogitDiff("mlm")
+METRIC = metrics.LogitDiff("mlm")
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_qk_fix_equals_exact_maps_linearised_after_softmax(bert, site):
   new = _softmax_maps(dst["q"] if site == "k" else src["q"],
                       src["k"] if site == "k" else dst["k"], mask)
   want = _along_maps(params, config, corrupted, targets, jnp.asarray(new, jnp.float32))
-  got = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
+  got = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
                      grad_drop=False)
   assert got.scores.shape == (L, config.num_attention_heads) and got.by_drop is None
   assert np.abs(want).max() > 0.1
@@ -137,11 +138,11 @@ def test_qk_fix_on_grouped_rotary_heads():
   # Block l's maps with block l's keys all from the clean run (and nothing else patched).
   maps = jnp.stack([bertjax.forward(
       params, config, corrupted["input_ids"], corrupted["attention_mask"],
-      patch={"k": (k_src, pt.patch_weight(config, "k", T, layers=[l]))},
+      patch={"k": (k_src, patching.patch_weight(config, "k", T, layers=[l]))},
       capture=("probs",)).cache["probs"][l] for l in range(2)])
   per_query_head = _along_maps(params, config, corrupted, targets, maps)
   want = per_query_head.reshape(2, 2, 2).sum(-1)  # query heads 2g, 2g+1 read kv head g
-  got = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k",
+  got = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k",
                      grad_drop=False)
   assert got.scores.shape == (2, 2) and np.abs(want).max() > 1e-2
   np.testing.assert_allclose(got.scores, want, rtol=1e-3, atol=1e-4)
@@ -150,14 +151,14 @@ def test_qk_fix_on_grouped_rotary_heads():
 def test_qk_fix_is_closer_to_exact_patching_than_attribution(bert):
   config, params, clean, corrupted, targets, _ = bert
   site = "k"  # (the q fix is checked against its definition above)
-  exact = pt.head_patching(params, config, clean, corrupted, METRIC, targets=targets,
+  exact = patching.head_patching(params, config, clean, corrupted, METRIC, targets=targets,
                            site=site)
   effect = exact.values - exact.corrupted
-  plain = pt.attribution_patching(params, config, clean, corrupted, METRIC, targets=targets,
+  plain = patching.attribution_patching(params, config, clean, corrupted, METRIC, targets=targets,
                                   site=site)
-  fixed = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
+  fixed = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
                        grad_drop=False)
-  unfixed = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
+  unfixed = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site=site,
                          qk_fix=False, grad_drop=False)
   # Without the fixes AtP* is attribution patching.
   np.testing.assert_allclose(unfixed.scores, plain.values - plain.corrupted, atol=1e-4)
@@ -176,7 +177,7 @@ def test_grad_drop_is_its_definition(bert):
                                       config=config))
 
   want = np.stack([per_head(d) for d in range(L)])  # c_{-d}, (L, L, N)
-  got = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k",
+  got = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k",
                      qk_fix=False)
   np.testing.assert_allclose(got.by_drop, want, rtol=1e-3, atol=1e-5)
   np.testing.assert_allclose(got.scores, np.abs(want).sum(0) / (L - 1), rtol=1e-3, atol=1e-5)
@@ -189,7 +190,7 @@ def test_grad_drop_is_its_definition(bert):
   # With the QK fix, each c_{-d} is the maps' change against the cut gradient.
   mask = corrupted["attention_mask"]
   new = jnp.asarray(_softmax_maps(runs["corrupted"]["q"], runs["clean"]["k"], mask), jnp.float32)
-  both = ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k")
+  both = atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="k")
   for d in range(L):
     np.testing.assert_allclose(both.by_drop[d],
                                _along_maps(params, config, corrupted, targets, new, drop=d),
@@ -199,10 +200,10 @@ def test_grad_drop_is_its_definition(bert):
 def test_refusals_name_what_is_wrong(bert):
   config, params, clean, corrupted, targets, _ = bert
   with pytest.raises(ValueError, match="'probs' is not one atp_star"):
-    ats.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="probs")
+    atp_star.atp_star(params, config, clean, corrupted, METRIC, targets=targets, site="probs")
   pconfig, pparams = bertjax.prune_heads(config, params, {0: [1]})
   with pytest.raises(ValueError, match="this bert config is pruned"):
-    ats.atp_star(pparams, pconfig, clean, corrupted, METRIC, targets=targets)
+    atp_star.atp_star(pparams, pconfig, clean, corrupted, METRIC, targets=targets)
   one = config.replace(num_hidden_layers=1)
   with pytest.raises(ValueError, match="bert model has depth=1"):
-    ats.atp_star(params, one, clean, corrupted, METRIC, targets=targets)  # before any compute
+    atp_star.atp_star(params, one, clean, corrupted, METRIC, targets=targets)  # before any compute

@@ -6,7 +6,9 @@ import pytest
 import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
 
 import bertjax
-from bertjax.analysis import attention as at
+from bertjax.analysis.attention import effective as effective_attention_lib
+from bertjax.analysis.attention import patterns
+from bertjax.analysis.attention import statistics
 
 CONFIG = bertjax.BertConfig.preset("tiny", vocab_size=101)  # 2 layers x 4 heads, head_dim 16
 CLS, SEP = 1, 2
@@ -40,9 +42,9 @@ BATCHES = [_batch(0), _batch(1)]
 
 @pytest.mark.parametrize("smoothing", [0.0, 1e-4])  # kernel statistics path; maps path
 def test_clark_statistics_token_weighted_match_numpy_from_full_maps(params, smoothing):
-  got = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, punct_ids=PUNCT,
+  got = statistics.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, punct_ids=PUNCT,
                             weighting="token", entropy_smoothing=smoothing)
-  sums = {k: 0.0 for k in at.CLARK_NAMES}
+  sums = {k: 0.0 for k in statistics.CLARK_NAMES}
   count = 0
   for b in BATCHES:
     maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
@@ -60,34 +62,34 @@ def test_clark_statistics_token_weighted_match_numpy_from_full_maps(params, smoo
       p = (1 - smoothing) * a + smoothing / n
       sums["entropy"] += -(p * np.log(np.where(p > 0, p, 1))).sum((-1, -2))
       count += n
-  for name in at.CLARK_NAMES:
+  for name in statistics.CLARK_NAMES:
     np.testing.assert_allclose(got[name], sums[name] / count, atol=2e-5, err_msg=name)
   assert got["punct"].max() > 0.01 and got["sep"].max() > 0.01
 
 
 def test_clark_statistics_paths_agree_and_check_arguments(params):
   kw = {"sep_id": SEP, "punct_ids": PUNCT}
-  for weighting in at.WEIGHTINGS:
-    kernel = at.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
+  for weighting in statistics.WEIGHTINGS:
+    kernel = statistics.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
                                  entropy_smoothing=0.0, **kw)
-    maps = at.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
+    maps = statistics.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
                                entropy_smoothing=1e-12, **kw)
-    for name in at.CLARK_NAMES:
+    for name in statistics.CLARK_NAMES:
       np.testing.assert_allclose(kernel[name], maps[name], atol=2e-5, err_msg=name)
-  doc = at.clark_statistics(params, CONFIG, BATCHES, **kw)  # the defaults: Clark's
-  tok = at.clark_statistics(params, CONFIG, BATCHES, weighting="token", **kw)
+  doc = statistics.clark_statistics(params, CONFIG, BATCHES, **kw)  # the defaults: Clark's
+  tok = statistics.clark_statistics(params, CONFIG, BATCHES, weighting="token", **kw)
   assert np.abs(doc["sep"] - tok["sep"]).max() > 1e-3  # the weighting matters here
   with pytest.raises(ValueError, match="weighting='tokens'"):
-    at.clark_statistics(params, CONFIG, BATCHES, weighting="tokens", **kw)
+    statistics.clark_statistics(params, CONFIG, BATCHES, weighting="tokens", **kw)
   with pytest.raises(ValueError, match="entropy_smoothing=1.5"):
-    at.clark_statistics(params, CONFIG, BATCHES, entropy_smoothing=1.5, **kw)
+    statistics.clark_statistics(params, CONFIG, BATCHES, entropy_smoothing=1.5, **kw)
   with pytest.raises(ValueError, match="empty"):
-    at.clark_statistics(params, CONFIG, [], **kw)
-  assert at.uniform_entropy([4, 16]) == pytest.approx((np.log(4) + np.log(16)) / 2)
-  assert at.uniform_entropy([4, 16], "token") == pytest.approx(
+    statistics.clark_statistics(params, CONFIG, [], **kw)
+  assert statistics.uniform_entropy([4, 16]) == pytest.approx((np.log(4) + np.log(16)) / 2)
+  assert statistics.uniform_entropy([4, 16], "token") == pytest.approx(
       (4 * np.log(4) + 16 * np.log(16)) / 20)
   with pytest.raises(ValueError, match="lengths"):
-    at.uniform_entropy([3, 0])
+    statistics.uniform_entropy([3, 0])
 
 
 # Clark et al.'s General_Analysis.ipynb on transformers' maps ------------------------------
@@ -183,20 +185,20 @@ def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
       mask[r, :len(tokens)] = 1
     batches.append({"input_ids": ids, "attention_mask": mask})
   punct = np.asarray([index["."], index[","]], np.int32)
-  got = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct)
-  for name in at.CLARK_NAMES:
+  got = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct)
+  for name in statistics.CLARK_NAMES:
     np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
   lengths = [len(d) for d in docs]
-  assert at.uniform_entropy(lengths) == pytest.approx(want_uniform, rel=1e-12)
+  assert statistics.uniform_entropy(lengths) == pytest.approx(want_uniform, rel=1e-12)
   assert want["sep"].max() > 0.05 and want["punct"].max() > 0.05  # not a vacuous check
   # The kernel path (unsmoothed entropy) is within the stated bound of the notebook's.
-  kernel = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
+  kernel = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
                                entropy_smoothing=0.0)
-  for name in at.CLARK_NAMES:
+  for name in statistics.CLARK_NAMES:
     tol = 2e-3 if name == "entropy" else 1e-5
     np.testing.assert_allclose(kernel[name], want[name], atol=tol, err_msg=name)
   # Token weighting: every query row of every document counts once.
-  tok = at.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
+  tok = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
                             weighting="token")
   sep_rows = sum(a[..., [t == "[SEP]" for t in tokens]].sum((-1, -2)) for tokens, a in reference)
   np.testing.assert_allclose(tok["sep"], sep_rows / sum(lengths), atol=1e-5)
@@ -205,11 +207,11 @@ def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
 
 def test_punctuation_ids_from_tokenizer(minilm_dir):
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  ids = at.punctuation_ids(tok)
+  ids = statistics.punctuation_ids(tok)
   tokens = set(tok.convert_ids_to_tokens(ids))
   assert {",", ".", "!", "?", "##.", "("} <= tokens
   assert not tokens & {"the", "[CLS]", "[SEP]", "a", "1"}
-  clark = at.clark_punctuation_ids(tok)
+  clark = statistics.clark_punctuation_ids(tok)
   assert tok.convert_ids_to_tokens(clark) == [",", "."] and set(clark) <= set(ids.tolist())
 
 
@@ -217,12 +219,12 @@ def test_word_attention():
   rng = np.random.default_rng(0)
   a = rng.dirichlet(np.ones(6), size=(2, 6))  # (heads, T, T), rows sum to 1
   word_ids = np.array([-1, 0, 1, 1, 2, -1])  # [CLS] w0 w1 w1 w2 [SEP]
-  maps, groups = at.word_attention(a, word_ids)
+  maps, groups = statistics.word_attention(a, word_ids)
   assert groups.tolist() == [-1, 0, 1, 2, -1]
   np.testing.assert_allclose(maps.sum(-1), 1.0)
   np.testing.assert_allclose(maps[:, 2, 1], (a[:, 2, 1] + a[:, 3, 1]) / 2)  # mean over queries
   np.testing.assert_allclose(maps[:, 1, 2], a[:, 1, 2] + a[:, 1, 3])  # sum over keys
-  words, groups = at.word_attention(a, word_ids, np.array([1, 1, 1, 1, 0, 0]), keep_special=False)
+  words, groups = statistics.word_attention(a, word_ids, np.array([1, 1, 1, 1, 0, 0]), keep_special=False)
   assert groups.tolist() == [0, 1] and words.shape == (2, 2, 2)
 
 
@@ -248,17 +250,17 @@ def _synthetic(kind, n=24, rng=None):
 
 def test_pattern_classifier_on_synthetic_maps():
   rng = np.random.default_rng(1)
-  for code, kind in enumerate(at.PATTERN_TYPES):
+  for code, kind in enumerate(patterns.PATTERN_TYPES):
     for _ in range(3):
       a, special, seg = _synthetic(kind, rng=rng)
-      feats = at.pattern_features(a[None, None], special[None], np.ones((1, len(a))), seg[None])
-      got = at.classify_patterns(feats)
-      assert got.shape == (1, 1) and at.PATTERN_TYPES[got[0, 0]] == kind, (kind, feats)
+      feats = patterns.pattern_features(a[None, None], special[None], np.ones((1, len(a))), seg[None])
+      got = patterns.classify_patterns(feats)
+      assert got.shape == (1, 1) and patterns.PATTERN_TYPES[got[0, 0]] == kind, (kind, feats)
   # One segment: no block is possible.
   a, special, _ = _synthetic("block")
-  feats = at.pattern_features(a[None, None], special[None], np.ones((1, len(a))),
+  feats = patterns.pattern_features(a[None, None], special[None], np.ones((1, len(a))),
                               np.zeros((1, len(a)), int))
-  assert np.isnan(feats["block"]).all() and at.classify_patterns(feats)[0, 0] != 3
+  assert np.isnan(feats["block"]).all() and patterns.classify_patterns(feats)[0, 0] != 3
 
 
 def _pattern_type_by_hand(a, ids, seg, t):
@@ -285,9 +287,9 @@ def _pattern_type_by_hand(a, ids, seg, t):
 @pytest.mark.parametrize("loose", [False, True])
 def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
   # Loose thresholds make the random model's maps fall into several types.
-  t = (at.PatternThresholds(vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4,
-                            block_min=0.6) if loose else at.PatternThresholds())
-  result = at.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
+  t = (patterns.PatternThresholds(vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4,
+                            block_min=0.6) if loose else patterns.PatternThresholds())
+  result = patterns.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
   want = np.zeros((CONFIG.depth, CONFIG.num_attention_heads, 5), np.int64)
   for b in BATCHES:
     maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
@@ -298,7 +300,7 @@ def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
         for head in range(CONFIG.num_attention_heads):
           kind = _pattern_type_by_hand(maps[layer, i, head, :n, :n], b["input_ids"][i, :n],
                                        b["token_type_ids"][i, :n], t)
-          want[layer, head, at.PATTERN_TYPES.index(kind)] += 1
+          want[layer, head, patterns.PATTERN_TYPES.index(kind)] += 1
   np.testing.assert_array_equal(result.counts, want)
   if loose:
     assert (want.sum((0, 1)) > 0).sum() >= 3, want.sum((0, 1))  # the check tells types apart
@@ -307,15 +309,15 @@ def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
 
 
 def test_attention_change(params):
-  same = at.attention_change(params, CONFIG, params, BATCHES)
+  same = patterns.attention_change(params, CONFIG, params, BATCHES)
   np.testing.assert_allclose(same.cosine, 1.0, atol=1e-6)
   np.testing.assert_allclose(same.cka, 1.0, atol=1e-4)
   other = jax.tree.map(lambda x: x * 1.0, params)
   layers = other["encoder"]["layers"]
   layers["attention"]["query"]["kernel"] = layers["attention"]["query"]["kernel"].at[1].multiply(-1)
-  change = at.attention_change(params, CONFIG, other, BATCHES)
+  change = patterns.attention_change(params, CONFIG, other, BATCHES)
   with pytest.warns(DeprecationWarning, match="attention_change"):  # the README's older order
-    old = at.attention_change(params, other, CONFIG, BATCHES)
+    old = patterns.attention_change(params, other, CONFIG, BATCHES)
   np.testing.assert_array_equal(old.cosine, change.cosine)
   np.testing.assert_allclose(change.cosine[0], 1.0, atol=1e-6)  # block 0 untouched
   assert (change.cosine[1] < 0.999).all()
@@ -329,7 +331,7 @@ def test_attention_change(params):
                                   output_attentions=True).attentions)
   n = b["attention_mask"][1].sum()
   x, y = (m[1, 1, 2, :n, :n].ravel().astype(np.float64) for m in (ma, mb))
-  one = at.attention_change(params, CONFIG, other, [{k: v[1:2] for k, v in b.items()}])
+  one = patterns.attention_change(params, CONFIG, other, [{k: v[1:2] for k, v in b.items()}])
   np.testing.assert_allclose(one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y),
                              atol=1e-6)  # float32 maps of a batch of 1 vs 3
 
@@ -341,13 +343,13 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
   n = int(b["attention_mask"][0].sum())
   block = 1
   e = np.asarray(out.hidden_states[block, 0, :n])
-  t = at.head_value_outputs(params, CONFIG, block, out.cache["v"][block, 0, :n])  # (N, n, H)
+  t = effective_attention_lib.head_value_outputs(params, CONFIG, block, out.cache["v"][block, 0, :n])  # (N, n, H)
   raw = np.asarray(out.attentions[block, 0, :, :n, :n], np.float64)
-  eff = at.effective_attention(raw, t)
+  eff = effective_attention_lib.effective_attention(raw, t)
   np.testing.assert_allclose(np.einsum("nqk,nkh->nqh", eff, t),
                              np.einsum("nqk,nkh->nqh", raw, t), atol=1e-5)
   for h in range(CONFIG.num_attention_heads):
-    null = at.left_null_space(t[h])
+    null = effective_attention_lib.left_null_space(t[h])
     assert null.shape == (n, n - CONFIG.head_dim)
     np.testing.assert_allclose(null.T @ t[h], 0, atol=1e-8)  # it is the left null space
     np.testing.assert_allclose(eff[h] @ null, 0, atol=1e-10)  # effective rows are outside it
@@ -360,8 +362,8 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
 
 
 def test_effective_attention_statistics(params):
-  stats = at.effective_attention_statistics(params, CONFIG, BATCHES, cls_id=CLS, sep_id=SEP)
-  clark = at.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, weighting="token")
+  stats = effective_attention_lib.effective_attention_statistics(params, CONFIG, BATCHES, cls_id=CLS, sep_id=SEP)
+  clark = statistics.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, weighting="token")
   np.testing.assert_allclose(stats["raw"]["cls"], clark["cls"], atol=2e-5)
   np.testing.assert_allclose(stats["raw"]["sep"], clark["sep"], atol=2e-5)
   for kind in ("raw", "effective"):

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import attribution
+from bertjax.analysis.attribution import gradients
+from bertjax.analysis.attribution import propagation
 
 SIZES = {"vocab_size": 99, "hidden_size": 60, "num_hidden_layers": 3, "num_attention_heads": 5,
          "intermediate_size": 37, "max_position_embeddings": 40, "hidden_act": "gelu"}
@@ -313,8 +314,8 @@ def _zero_outside(a, mask, name, lead=1):
 def test_rollout_and_flow_match_abnar_zuidema_code(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
-  roll = attribution.attention_rollout(params, config, ids, mask)
-  flow = attribution.attention_flow(params, config, ids, mask)
+  roll = propagation.attention_rollout(params, config, ids, mask)
+  flow = propagation.attention_flow(params, config, ids, mask)
   assert roll.shape == flow.shape == (config.depth, *ids.shape, ids.shape[1])
   _zero_outside(roll, mask, "rollout")
   _zero_outside(flow, mask, "flow")
@@ -323,9 +324,9 @@ def test_rollout_and_flow_match_abnar_zuidema_code(bert_mlm):
     _close(_real(roll, mask, b), _ref_rollout(r["att"]), f"rollout[{b}]")
     _close(_real(flow, mask, b), _ref_flow(r["att"]), f"flow[{b}]")
   # Only the requested layers; raw-attention rollout.
-  last = attribution.attention_flow(params, config, ids, mask, layers=[config.depth - 1])
+  last = propagation.attention_flow(params, config, ids, mask, layers=[config.depth - 1])
   np.testing.assert_array_equal(last[0], flow[-1])
-  raw = attribution.attention_rollout(params, config, ids, mask, residual=False)
+  raw = propagation.attention_rollout(params, config, ids, mask, residual=False)
   r = _internals(model, ids[0])
   _close(_real(raw, mask, 0), _ref_joint(r["att"].mean(1), residual=False), "raw rollout")
 
@@ -334,7 +335,7 @@ def test_rollout_and_flow_match_abnar_zuidema_code(bert_mlm):
 def test_norm_analysis_matches_kobayashi_code(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
-  norms = attribution.norm_analysis(params, config, ids, mask)
+  norms = propagation.norm_analysis(params, config, ids, mask)
   for b, n in enumerate(mask.sum(-1)):
     want = _ref_norms(_internals(model, ids[b, :n]))
     for key in ("head", "attn", "attnres", "attnresln"):
@@ -350,8 +351,8 @@ def test_norm_analysis_matches_kobayashi_code(bert_mlm):
 def test_alti_and_globenc_match_released_code(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
-  ours_alti = attribution.alti(params, config, ids, mask)
-  ours_globenc = attribution.globenc(params, config, ids, mask)
+  ours_alti = propagation.alti(params, config, ids, mask)
+  ours_globenc = propagation.globenc(params, config, ids, mask)
   for b, n in enumerate(mask.sum(-1)):
     r = _internals(model, ids[b, :n])
     layer, joint = _ref_alti(r)
@@ -380,7 +381,7 @@ def test_alti_matches_released_formula_on_minilm(minilm_dir):
   batch = tok.encode(["Neither of the twins remembered where the spare key had been hidden.",
                       "Rain again?", "The committee, which rarely agrees, voted unanimously."])
   ids, mask = np.asarray(batch.input_ids), np.asarray(batch.attention_mask)
-  ours = attribution.alti(params, config, ids, mask)
+  ours = propagation.alti(params, config, ids, mask)
   for b, n in enumerate(mask.sum(-1)):
     layer, joint = _ref_alti(_internals(model, ids[b, :n]))
     _close(_real(ours.layer, mask, b), layer, f"alti layer[{b}]")
@@ -391,8 +392,8 @@ def test_alti_matches_released_formula_on_minilm(minilm_dir):
 def test_value_zeroing_matches_mohebbi_code(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
-  ours = attribution.value_zeroing(params, config, ids, mask)
-  chunked = attribution.value_zeroing(params, config, ids, mask, chunk_size=3)
+  ours = propagation.value_zeroing(params, config, ids, mask)
+  chunked = propagation.value_zeroing(params, config, ids, mask, chunk_size=3)
   np.testing.assert_allclose(chunked.layer, ours.layer, atol=1e-6)
   for b, n in enumerate(mask.sum(-1)):
     layer, joint = _ref_value_zeroing(model, ids[b, :n])
@@ -405,8 +406,8 @@ def test_value_zeroing_matches_mohebbi_code(bert_mlm):
 def test_second_family_roberta(roberta):
   config, params, model = roberta
   ids, mask = _batch(config.pad_token_id, seed=1)
-  roll = attribution.attention_rollout(params, config, ids, mask)
-  zeroing = attribution.value_zeroing(params, config, ids, mask)
+  roll = propagation.attention_rollout(params, config, ids, mask)
+  zeroing = propagation.value_zeroing(params, config, ids, mask)
   for b, n in enumerate(mask.sum(-1)):
     r = _internals(model, ids[b, :n])
     _close(_real(roll, mask, b), _ref_rollout(r["att"]), f"roberta rollout[{b}]")
@@ -422,8 +423,8 @@ def test_gradient_x_input_matches_torch_autograd(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
   positions, targets = np.array([2, 5, 1]), np.array([7, 8, 9])
-  target = attribution.mlm_target(config, positions, targets)
-  ours = attribution.gradient_x_input(params, config, ids, mask, target_fn=target, reduce=None)
+  target = gradients.mlm_target(config, positions, targets)
+  ours = gradients.gradient_x_input(params, config, ids, mask, target_fn=target, reduce=None)
   for b, n in enumerate(mask.sum(-1)):
     leaf = {}
 
@@ -450,9 +451,9 @@ def test_integrated_gradients_matches_torch_autograd(bert_mlm):
   config, params, model = bert_mlm
   ids, mask = _batch(config.pad_token_id)
   positions, targets = np.array([2, 5, 1]), np.array([7, 8, 9])
-  target = attribution.mlm_target(config, positions, targets)
+  target = gradients.mlm_target(config, positions, targets)
   steps = 8
-  ours = attribution.integrated_gradients(params, config, ids, mask, target_fn=target,
+  ours = gradients.integrated_gradients(params, config, ids, mask, target_fn=target,
                                           steps=steps, reduce=None)
   nodes, weights = np.polynomial.legendre.leggauss(steps)
   alphas, weights = (nodes + 1) / 2, weights / 2  # [-1, 1] -> [0, 1]
@@ -479,7 +480,7 @@ def test_logit_lens_matches_transformers_mlm_head(bert_mlm):
   ids, mask = _batch(config.pad_token_id)
   positions = np.array([[1, 3], [0, 5], [2, 3]])
   targets = np.array([[4, 5], [6, 7], [8, 9]])
-  lens = attribution.logit_lens(params, config, ids, mask, positions=positions, targets=targets,
+  lens = gradients.logit_lens(params, config, ids, mask, positions=positions, targets=targets,
                                 k=3)
   assert lens.top_ids.shape == (config.depth + 1, 3, 2, 3)
   for b, n in enumerate(mask.sum(-1)):
@@ -494,7 +495,7 @@ def test_logit_lens_matches_transformers_mlm_head(bert_mlm):
     order = np.argsort(-at, -1)[..., :3]
     np.testing.assert_array_equal(np.asarray(lens.top_ids)[:, b], order)
     _close(np.asarray(lens.top_log_probs)[:, b], np.take_along_axis(at, order, -1), f"top[{b}]")
-  every = attribution.logit_lens(params, config, ids, mask, k=1)
+  every = gradients.logit_lens(params, config, ids, mask, k=1)
   assert every.top_ids.shape == (config.depth + 1, 3, ids.shape[1], 1)
   assert every.target_log_probs is None
 
@@ -518,7 +519,7 @@ def test_integrated_gradients_completeness(method, baseline, reduce):
   # The model's own prediction at each position, the usual thing to attribute.
   hidden = bertjax.forward(params, config, ids, mask).last_hidden_state
   logits = bertjax.mlm_logits(params, config, hidden[np.arange(3), positions])
-  target = attribution.mlm_target(config, positions, np.asarray(logits).argmax(-1))
+  target = gradients.mlm_target(config, positions, np.asarray(logits).argmax(-1))
   if baseline == "mask":
     # mt-upc's baseline: [CLS] [MASK] ... [MASK] [SEP] on the real tokens (ids 1, 2, 3 here).
     base_ids = np.where(mask > 0, 2, 0)
@@ -527,7 +528,7 @@ def test_integrated_gradients_completeness(method, baseline, reduce):
     base = np.asarray(bertjax.embed(params, config, base_ids))
   else:
     base = np.zeros((*ids.shape, config.hidden_size), np.float32)
-  ig = attribution.integrated_gradients(
+  ig = gradients.integrated_gradients(
       params, config, ids, mask, target_fn=target, baseline=None if baseline == "zeros" else base,
       method=method, steps=64, chunk_size=16, reduce=reduce)
   if reduce is None:
@@ -556,11 +557,11 @@ def test_shared_and_pruned_layers(model_type, extra):
   if pruned:
     config, params = bertjax.prune_heads(config, params, {0: [1, 3], 2: [0]})
   ids, mask = _batch(config.pad_token_id)
-  norms = attribution.norm_analysis(params, config, ids, mask)
+  norms = propagation.norm_analysis(params, config, ids, mask)
   head = np.asarray(norms["head"])
   if pruned:
     assert not head[0, :, [1, 3]].any() and not head[2, :, 0].any()
-  c = attribution.alti(params, config, ids, mask)
+  c = propagation.alti(params, config, ids, mask)
   rows = np.asarray(c.layer).sum(-1)
   np.testing.assert_allclose(rows, np.broadcast_to(mask, rows.shape), atol=1e-5)
   # The decomposition is exact: the summands through LayerNorm 1, plus the output bias and
@@ -568,11 +569,11 @@ def test_shared_and_pruned_layers(model_type, extra):
   cache = bertjax.forward(params, config, ids, mask, capture=("embeddings", "out", "probs", "v",
                                                               "attn_out", "mid")).cache
   x = jnp.concatenate([cache["embeddings"][None], cache["out"][:-1]])
-  bp = attribution._block_params(config, params, jnp.float32)
+  bp = propagation._block_params(config, params, jnp.float32)
 
   @jax.jit
   def rebuild(probs, v, x, attn_out, wo, scale, bo, beta):
-    *_, ln, std = attribution._decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps)
+    *_, ln, std = propagation._decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps)
     return ln.sum(2) + scale * (bo - bo.mean()) / std + beta
 
   real = mask.astype(bool)
@@ -582,7 +583,7 @@ def test_shared_and_pruned_layers(model_type, extra):
     np.testing.assert_allclose(np.asarray(y)[real], np.asarray(cache["mid"][layer])[real],
                                atol=1e-4)
   if pruned:  # rollout averages a pruned block over the heads it still has
-    roll = np.asarray(attribution.attention_rollout(params, config, ids, mask))
+    roll = np.asarray(propagation.attention_rollout(params, config, ids, mask))
     kept = np.asarray(cache["probs"])[0][:, [0, 2, 4]].mean(1)  # (B, T, T)
     want = 0.5 * kept + 0.5 * np.eye(ids.shape[1])
     for b, n in enumerate(mask.sum(-1)):
@@ -592,45 +593,45 @@ def test_shared_and_pruned_layers(model_type, extra):
 def test_jit_and_errors():
   config, params = _tiny_mlm()
   ids, mask = _batch(config.pad_token_id)
-  jitted = jax.jit(attribution.alti, static_argnums=(1,))(params, config, ids, mask)
-  np.testing.assert_allclose(jitted.layer, attribution.alti(params, config, ids, mask).layer,
+  jitted = jax.jit(propagation.alti, static_argnums=(1,))(params, config, ids, mask)
+  np.testing.assert_allclose(jitted.layer, propagation.alti(params, config, ids, mask).layer,
                              atol=1e-6)
   no_head = {k: v for k, v in params.items() if k != "mlm"}
   with pytest.raises(ValueError, match="needs an MLM head"):
-    attribution.logit_lens(no_head, config, ids, mask)
+    gradients.logit_lens(no_head, config, ids, mask)
   with pytest.raises(ValueError, match=r"positions \[8\] are outside \[0, 8\)"):
-    attribution.logit_lens(params, config, ids, mask, positions=np.full((3, 1), 8))
+    gradients.logit_lens(params, config, ids, mask, positions=np.full((3, 1), 8))
   with pytest.raises(ValueError, match=r"layers \[3\] are outside \[0, 3\)"):
-    attribution.attention_flow(params, config, ids, mask, layers=[3])
+    propagation.attention_flow(params, config, ids, mask, layers=[3])
   with pytest.raises(ValueError, match=r"layers=\[\] selects no block"):
-    attribution.attention_flow(params, config, ids, mask, layers=[])
+    propagation.attention_flow(params, config, ids, mask, layers=[])
   # mlm_target: ranges when built, the batch it is given when used.
   with pytest.raises(ValueError, match=r"token_ids\[1\] = 1000000 is outside the vocabulary"):
-    attribution.mlm_target(config, [1, 2, 3], [5, 10**6, 7])
+    gradients.mlm_target(config, [1, 2, 3], [5, 10**6, 7])
   with pytest.raises(ValueError, match=r"positions\[0\] = -1 must be >= 0"):
-    attribution.mlm_target(config, [-1, 2, 3], [5, 6, 7])
+    gradients.mlm_target(config, [-1, 2, 3], [5, 6, 7])
   with pytest.raises(ValueError, match="built for 1 sequences .* the batch has 3 sequences"):
-    attribution.gradient_x_input(params, config, ids, mask,
-                                 target_fn=attribution.mlm_target(config, [3], [25]))
+    gradients.gradient_x_input(params, config, ids, mask,
+                                 target_fn=gradients.mlm_target(config, [3], [25]))
   with pytest.raises(ValueError, match="positions up to 30; the batch has 3 sequences of 8"):
-    attribution.gradient_x_input(params, config, ids, mask,
-                                 target_fn=attribution.mlm_target(config, [1, 2, 30], [5, 6, 7]))
+    gradients.gradient_x_input(params, config, ids, mask,
+                                 target_fn=gradients.mlm_target(config, [1, 2, 30], [5, 6, 7]))
   # Built from traced values inside a jit, its values go unchecked (as the model's inputs).
-  traced = jax.jit(lambda pos, tok: attribution.gradient_x_input(
-      params, config, ids, mask, target_fn=attribution.mlm_target(config, pos, tok)))
+  traced = jax.jit(lambda pos, tok: gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=gradients.mlm_target(config, pos, tok)))
   np.testing.assert_array_equal(
       traced(jnp.asarray([1, 2, 3]), jnp.asarray([5, 6, 7])),
-      attribution.gradient_x_input(params, config, ids, mask,
-                                   target_fn=attribution.mlm_target(config, [1, 2, 3], [5, 6, 7])))
+      gradients.gradient_x_input(params, config, ids, mask,
+                                   target_fn=gradients.mlm_target(config, [1, 2, 3], [5, 6, 7])))
   with pytest.raises(ValueError, match=r"token ids \[120\] are outside the vocabulary"):
-    attribution.attention_rollout(params, config, np.full((1, 4), 120))
+    propagation.attention_rollout(params, config, np.full((1, 4), 120))
   with pytest.raises(ValueError, match="one scalar per sequence"):
-    attribution.gradient_x_input(params, config, ids, mask,
+    gradients.gradient_x_input(params, config, ids, mask,
                                  target_fn=lambda p, out: out.last_hidden_state.sum())
   with pytest.raises(ValueError, match="method='simpson' must be one of"):
-    attribution.integrated_gradients(params, config, ids, mask, target_fn=None, method="simpson")
+    gradients.integrated_gradients(params, config, ids, mask, target_fn=None, method="simpson")
   with pytest.raises(ValueError, match=r"baseline shape \(2, 60\) does not broadcast"):
-    attribution.integrated_gradients(params, config, ids, mask, target_fn=None,
+    gradients.integrated_gradients(params, config, ids, mask, target_fn=None,
                                      baseline=np.zeros((2, 60)))
   with pytest.raises(ValueError, match=r"matrices shape \(3, 4, 5\)"):
-    attribution.rollout(np.zeros((3, 4, 5)))
+    propagation.rollout(np.zeros((3, 4, 5)))

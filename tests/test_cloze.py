@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import cloze
+from bertjax.analysis.representations import cloze
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_modern_families import _batch, _close, _compare
 
 import bertjax
 from bertjax import kernels
-from test_modern_families import _batch, _close, _compare
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -1,8 +1,8 @@
-"""DeBERTa's score terms (`bertjax.analysis.disentangled`) and the report's section 10.
+"""DeBERTa's score terms (`bertjax.analysis.attention.disentangled`) and the report's section 10.
 
 On tiny random DeBERTa models (odd sizes, 0.4-std weights so the position terms matter,
 padded batches): the variances, shares and direct attention changes against a float64 NumPy
-computation from the captured terms (whose softmax is the model's attention), the all-layers
+computation from the captured terms (whose softmax is the model's patterns), the all-layers
 change against NumPy on two forwards' maps, and the direct change against a forward that
 zeroes the terms at one layer only. A model without a term (c2p only; relative attention
 off) gets share 0 and no change for it; a model without disentangled attention is refused
@@ -19,7 +19,7 @@ import pytest
 
 import bertjax
 from bertjax import utils
-from bertjax.analysis import attention, disentangled
+from bertjax.analysis.attention import disentangled, patterns
 from bertjax.report import page, reading, sections
 
 SIZES = dict(vocab_size=67, hidden_size=35, num_hidden_layers=3, num_attention_heads=5,
@@ -172,9 +172,9 @@ def test_section_overlap_reading_and_page():
   top, low = [divmod(int(i), 5) for i in order[:2]], divmod(int(order[-1]), 5)
   prev = np.zeros((3, 5))
   prev[top[0]] = 0.9
-  dominant = np.full((3, 5), attention.PATTERN_TYPES.index("heterogeneous"))
-  dominant[top[1]] = attention.PATTERN_TYPES.index("vertical+diagonal")
-  dominant[low] = attention.PATTERN_TYPES.index("diagonal")
+  dominant = np.full((3, 5), patterns.PATTERN_TYPES.index("heterogeneous"))
+  dominant[top[1]] = patterns.PATTERN_TYPES.index("vertical+diagonal")
+  dominant[low] = patterns.PATTERN_TYPES.index("diagonal")
   clark = {"prev": prev, "next": np.zeros((3, 5))}
   d = sections.disentangled_section(params, config, batches, clark, {"dominant": dominant})
   np.testing.assert_array_equal(d["positional_share"], share)

@@ -1,4 +1,4 @@
-"""DecompX (`bertjax.analysis.decompx`): the released algorithm, completeness, refusals.
+"""DecompX (`bertjax.analysis.attribution.decompx`): the released algorithm, completeness, refusals.
 
 The reference is a NumPy transliteration of the released code (`mohsenfayyaz/DecompX`,
 `src/modeling_bert.py`: `BertLayer.forward` with a `DecompXConfig()`, `bias_decomposer`,
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import decompx as dx
+from bertjax.analysis.attribution import decompx
 from bertjax.model.heads import head_logits
 
 SMALL = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
@@ -158,7 +158,7 @@ def test_matches_the_released_algorithm(tmp_path):
   ids, mask = _batch(config)
   types = (np.arange(ids.shape[1])[None] >= 5).astype(np.int32) * mask
   parts, logits, hf_logits = _released_decompx(model, ids, mask, types)
-  got = dx.decompx(params, config, ids, mask, types, head="classifier")
+  got = decompx.decompx(params, config, ids, mask, types, head="classifier")
   real = (mask[:, :, None] * mask[:, None, :]).astype(bool)
   np.testing.assert_allclose(np.asarray(got.parts)[real], parts[real], atol=1e-4)
   np.testing.assert_allclose(np.asarray(got.logits)[mask > 0], logits[mask > 0], atol=1e-5)
@@ -170,7 +170,7 @@ def test_parts_sum_to_the_states_and_the_logits(family):
   config = _config(SERVED[family])
   params = _randomised(config)
   ids, mask = _batch(config)
-  got = dx.decompx(params, config, ids, mask, head="classifier")
+  got = decompx.decompx(params, config, ids, mask, head="classifier")
   out = bertjax.forward(params, config, ids, mask)
   state = np.asarray(out.last_hidden_state)
   np.testing.assert_allclose(np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0],
@@ -187,16 +187,16 @@ def test_bias_conventions_keep_completeness_and_without_biases_lose_it():
   params = _randomised(config)
   ids, mask = _batch(config)
   state = np.asarray(bertjax.forward(params, config, ids, mask).last_hidden_state)
-  for kind in dx.BIAS_DECOMPOSITIONS:
+  for kind in decompx.BIAS_DECOMPOSITIONS:
     if kind == "dot":  # signed weights can nearly cancel; the sum still holds
       continue
-    got = dx.decompx(params, config, ids, mask, bias_decomp=kind)
+    got = decompx.decompx(params, config, ids, mask, bias_decomp=kind)
     np.testing.assert_allclose(np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0],
                                atol=1e-4, err_msg=kind)
-  cls = np.asarray(dx.decompx(params, config, ids, mask, bias_decomp="cls").parts)
-  absdot = np.asarray(dx.decompx(params, config, ids, mask).parts)
+  cls = np.asarray(decompx.decompx(params, config, ids, mask, bias_decomp="cls").parts)
+  absdot = np.asarray(decompx.decompx(params, config, ids, mask).parts)
   assert np.abs(cls - absdot).max() > 1e-3
-  bare = np.asarray(dx.decompx(params, config, ids, mask, include_biases=False).parts)
+  bare = np.asarray(decompx.decompx(params, config, ids, mask, include_biases=False).parts)
   assert np.abs(bare.sum(2) - state)[mask > 0].max() > 1e-2
 
 
@@ -204,7 +204,7 @@ def test_minilm_parts_sum_to_its_states(minilm_dir):
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   b = tok.encode(["Nobody ever answers the door after nine.", "Did you not see the sign?"])
-  got = dx.decompx(params, config, b.input_ids, b.attention_mask, b.token_type_ids)
+  got = decompx.decompx(params, config, b.input_ids, b.attention_mask, b.token_type_ids)
   state = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
                                      b.token_type_ids).last_hidden_state)
   m = b.attention_mask > 0
@@ -216,14 +216,14 @@ def test_refusals():
   params = _randomised(config)
   ids, mask = _batch(config)
   with pytest.raises(ValueError, match="bias_decomp='x'"):
-    dx.decompx(params, config, ids, mask, bias_decomp="x")
+    decompx.decompx(params, config, ids, mask, bias_decomp="x")
   with pytest.raises(ValueError, match="needs params with a classifier"):
-    dx.decompx(bertjax.init(config), config, ids, mask, head="classifier")
+    decompx.decompx(bertjax.init(config), config, ids, mask, head="classifier")
   modern = bertjax.BertConfig.preset("modernbert-base", **SMALL, pad_token_id=0)
   with pytest.raises(ValueError, match="post-LayerNorm"):
-    dx.decompx(bertjax.init(modern), modern, ids, mask)
+    decompx.decompx(bertjax.init(modern), modern, ids, mask)
   nomic = bertjax.BertConfig.preset("nomic-bert", **SMALL)
   with pytest.raises(ValueError, match="gated"):
-    dx.decompx(bertjax.init(nomic), nomic, ids, mask)
+    decompx.decompx(bertjax.init(nomic), nomic, ids, mask)
   with pytest.raises(ValueError, match="quantize='int8'"):
-    dx.decompx(params, bertjax.BertConfig(**{**config.__dict__, "quantize": "int8"}), ids, mask)
+    decompx.decompx(params, bertjax.BertConfig(**{**config.__dict__, "quantize": "int8"}), ids, mask)

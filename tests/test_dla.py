@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import dla
+from bertjax.analysis.attribution import dla
 
 SIZES = dict(vocab_size=90, hidden_size=30, num_hidden_layers=3, num_attention_heads=5,
              intermediate_size=37, max_position_embeddings=40)

@@ -1,4 +1,4 @@
-"""Edge attribution patching and circuits (`bertjax.analysis.edges`, `.circuits`) against
+"""Edge attribution patching and circuits (`bertjax.analysis.interventions.edges`, `.circuits`) against
 references.
 
 * exact edge patching equals a float64 NumPy forward of the same post-LN blocks with the
@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import circuits, edges
-from bertjax.analysis import patching as pt
+from bertjax.analysis.interventions import circuits, edges, metrics
 from tests.reference_numpy import gelu, layer_norm
 
 B, T = 3, 7
@@ -62,7 +61,7 @@ def _pair():
 
 
 PROBE_W = np.random.default_rng(1).normal(size=(64, 2))
-PROBE = pt.ProbeLogitDiff(PROBE_W, np.array([0.1, -0.2]), pooling="mean")
+PROBE = metrics.ProbeLogitDiff(PROBE_W, np.array([0.1, -0.2]), pooling="mean")
 LABELS = {"answer": np.ones(B, np.int32), "distractor": np.zeros(B, np.int32)}
 
 
@@ -309,7 +308,7 @@ def test_families_outside_the_derivation_are_refused_by_name():
 def test_eap_is_the_derivative_of_exact_patching_on_other_families(x64, family):
   config, params = _model(family)
   clean, corrupted = _pair()
-  probe = pt.ProbeLogitDiff(PROBE_W[:32], np.array([0.1, -0.2]), pooling="mean")
+  probe = metrics.ProbeLogitDiff(PROBE_W[:32], np.array([0.1, -0.2]), pooling="mean")
   run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=LABELS, **kw)
   eap = run(edges.edge_attribution)
   fd = (run(edges.edge_patching, weight=1e-4).values
@@ -321,7 +320,7 @@ def test_eap_is_the_derivative_of_exact_patching_on_other_families(x64, family):
 
 def _negation_task(minilm_dir, n_pairs):
   from bertjax import report
-  from bertjax.analysis import negation
+  from bertjax.tasks import negation
 
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
@@ -333,7 +332,7 @@ def _negation_task(minilm_dir, n_pairs):
   feats = (h * m).sum(1) / m.sum(1)
   negated = np.array([s.negated for s in sentences], bool)
   direction = feats[negated].mean(0) - feats[~negated].mean(0)  # a difference-of-means probe
-  probe = pt.ProbeLogitDiff(np.stack([np.zeros_like(direction), direction], 1), np.zeros(2),
+  probe = metrics.ProbeLogitDiff(np.stack([np.zeros_like(direction), direction], 1), np.zeros(2),
                             pooling="mean")
   clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated][:n_pairs])
   n = len(kept)

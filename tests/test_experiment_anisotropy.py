@@ -17,14 +17,14 @@ RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 
 
 def test_mev_definitions_are_the_library_s():
-  from bertjax.analysis import geometry
+  from bertjax.analysis.representations import geometry
 
   assert an.MEV_DEFINITIONS == geometry.MEV_DEFINITIONS
   assert set(an.MEV_LABELS) == set(an.MEV_DEFINITIONS_DOC) == set(an.MEV_DEFINITIONS)
 
 
 def test_geometry_measures_against_numpy():
-  from bertjax.analysis import geometry
+  from bertjax.analysis.representations import geometry
 
   rng = np.random.default_rng(3)
   reps = rng.normal(size=(2, 12, 6)) + 0.5

@@ -1,4 +1,4 @@
-"""bertjax.analysis.negation and experiments/attribution.py: cue, twins, ranks, probe as metric."""
+"""bertjax.tasks.negation and experiments/attribution.py: cue, twins, ranks, probe as metric."""
 
 import pathlib
 import sys
@@ -14,7 +14,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import attribution  # noqa: E402
 
 from bertjax import stats  # noqa: E402
-from bertjax.analysis import negation  # noqa: E402
+from bertjax.tasks import negation
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_cue_twin_and_rank(tok):
 
 
 def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
-  from bertjax.analysis import patching
+  from bertjax.analysis.interventions import metrics
 
   rng = np.random.default_rng(0)
   x = rng.normal(size=(200, 6))
@@ -49,7 +49,7 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   np.testing.assert_allclose(w, ref.coef_[0], rtol=2e-3, atol=2e-3)
   np.testing.assert_allclose(b, ref.intercept_[0], rtol=2e-3, atol=2e-3)
   # The experiment's metric: the binary probe as two classes on mean-pooled states.
-  metric = patching.ProbeLogitDiff(*attribution.two_class(w, b, mu, sd), "mean")
+  metric = metrics.ProbeLogitDiff(*attribution.two_class(w, b, mu, sd), "mean")
   hidden = rng.normal(size=(3, 4, 6)).astype(np.float32)
   mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
   out = bertjax.BertOutput(last_hidden_state=hidden)
@@ -97,7 +97,7 @@ def test_token_scores_and_statistics_on_a_tiny_model(tok):
 def test_attnlrp_scores_explain_the_probe_logit(tok):
   """The "attnlrp" method is `lrp.attnlrp` of the probe's logit difference on mean-pooled
   final states; with CP-LRP's constant attention the same target's relevance is conserved."""
-  from bertjax.analysis import lrp
+  from bertjax.analysis.attribution import lrp
 
   config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
                               num_attention_heads=2, intermediate_size=64)

@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
 
 import bertjax
-from bertjax.analysis.ablation import AblationResult
+from bertjax.analysis.interventions.ablation import AblationResult
 from bertjax.training import finetune as ft
 
 

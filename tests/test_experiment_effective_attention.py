@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax import stats
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import effective_attention as ea
@@ -54,7 +56,7 @@ def test_make_passages():
 def test_pearson_matches_numpy():
   rng = np.random.default_rng(0)
   x, y = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
-  assert ea.pearson(x, y) == pytest.approx(np.corrcoef(x.ravel(), y.ravel())[0, 1])
+  assert stats.pearson(x, y) == pytest.approx(np.corrcoef(x.ravel(), y.ravel())[0, 1])
 
 
 @pytest.mark.parametrize("length", [12, 16, 24])
@@ -73,7 +75,7 @@ def test_analyse_null_space_and_output_identity(model, length):
 
 def test_masses_against_numpy_and_library(model):
   import bertjax
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import effective as effective_attention_lib
 
   config, params = model
   ids = np.random.default_rng(1).integers(5, 50, (3, 24)).astype(np.int32)
@@ -85,7 +87,7 @@ def test_masses_against_numpy_and_library(model):
   want = np.einsum("lpnqk,pk->pln", maps, punct) / ids.shape[1]
   np.testing.assert_allclose(r["raw_punct"], want, rtol=1e-5)
   np.testing.assert_allclose(r["raw_sep"], maps[..., -1].mean(-1).transpose(1, 0, 2), rtol=1e-5)
-  lib = attention.effective_attention_statistics(
+  lib = effective_attention_lib.effective_attention_statistics(
     params, config, [{"input_ids": ids}], cls_id=1, sep_id=2)
   for kind in ea.KINDS:
     for c in ("cls", "sep"):

@@ -13,7 +13,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import negation_circuit as nc
 
-from bertjax.analysis import circuits
+from bertjax.analysis.interventions import circuits
 
 RESULTS = REPO / "experiments" / "results"
 

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from bertjax.analysis.attention import word_attention
+from bertjax.analysis.attention.statistics import word_attention
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 import what_bert_looks_at as wbl

@@ -145,7 +145,7 @@ def test_missing_data_is_a_one_line_error(tmp_path):
 
 def test_smoke_samples_parse_with_the_project_readers():
   """The shipped samples have the layout and formats of the real sets."""
-  from bertjax.analysis import cloze
+  from bertjax.analysis.representations import cloze
   from bertjax.data import conllu, fetch
   from bertjax.data import corpus as C
   from bertjax.training import finetune as ft

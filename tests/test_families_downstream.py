@@ -28,11 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import FAST_COMPILE
 
 import bertjax
-from bertjax.analysis import ablation, attention, cloze, features, negation
+from bertjax.analysis.attention import patterns
+from bertjax.analysis.attention import statistics
+from bertjax.analysis.interventions import ablation
+from bertjax.analysis.representations import cloze, features
 from bertjax.data import conllu
-from conftest import FAST_COMPILE
+from bertjax.tasks import negation
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -234,11 +238,11 @@ def test_pruning_equals_masking_and_exports(family, tmp_path):
 def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
   name, _, config, params, tok = family
   batches = _pairs(tok)
-  punct = attention.clark_punctuation_ids(tok)
+  punct = statistics.clark_punctuation_ids(tok)
   assert len(punct) >= 2
-  got = attention.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
+  got = statistics.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
                                    weighting="token", entropy_smoothing=smoothing)
-  sums, count = {k: 0.0 for k in attention.CLARK_NAMES}, 0
+  sums, count = {k: 0.0 for k in statistics.CLARK_NAMES}, 0
   for b in batches:
     maps = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
                                       _types(config, b), output_attentions=True).attentions)
@@ -256,7 +260,7 @@ def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
       p = (1 - smoothing) * a + smoothing / n
       sums["entropy"] += -(p * np.log(np.where(p > 0, p, 1))).sum((-1, -2))
       count += n
-  for key in attention.CLARK_NAMES:
+  for key in statistics.CLARK_NAMES:
     np.testing.assert_allclose(got[key], sums[key] / count, atol=2e-5, err_msg=key)
   assert got["sep"].max() > 0.05 and got["punct"].max() > 0.01
 
@@ -275,10 +279,10 @@ def test_attention_statistics_kernel_path_and_patterns(family):
   np.testing.assert_allclose(stats["special"],
                              ((maps * special[None, :, None, None]).sum(-1) * rows).sum(-1),
                              atol=1e-5)
-  counts = attention.pattern_types(params, config, _pairs(tok), special_ids=[tok.cls_id,
+  counts = patterns.pattern_types(params, config, _pairs(tok), special_ids=[tok.cls_id,
                                                                              tok.sep_id])
   assert counts.counts.sum() == 4 * config.depth * config.num_attention_heads
-  feats = attention.pattern_features(maps, special, b.attention_mask, b.token_type_ids)
+  feats = patterns.pattern_features(maps, special, b.attention_mask, b.token_type_ids)
   # Block features need segments: RoBERTa's and DistilBERT's tokenizers give pairs none.
   assert np.isnan(feats["block"]).all() == (family[0] in ("roberta", "distilbert"))
 

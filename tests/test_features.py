@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import features
+from bertjax.analysis.representations import features
 
 SENTENCES = [
   ["Unbelievably", ",", "the", "hypothesized", "transformations", "worked", "."],

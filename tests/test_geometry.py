@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import ortho_group
 
-from bertjax.analysis import geometry
+from bertjax import stats
+from bertjax.analysis.representations import geometry
 
 L, N, D = 3, 120, 24
 
@@ -131,17 +132,17 @@ def test_linear_cka(n):
   rng = np.random.default_rng(1)
   x = rng.normal(size=(n, 20))
   y = x @ rng.normal(size=(20, 12)) + 0.5 * rng.normal(size=(n, 12))
-  assert geometry.linear_cka(x, y) == pytest.approx(np_cka(x, y), abs=1e-5)
-  assert geometry.linear_cka(x, x) == pytest.approx(1.0, abs=1e-6)
+  assert stats.linear_cka(x, y) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert stats.linear_cka(x, x) == pytest.approx(1.0, abs=1e-6)
   q = ortho_group.rvs(20, random_state=2)
-  assert geometry.linear_cka(x @ q * 3.7, y) == pytest.approx(np_cka(x, y), abs=1e-5)
-  assert geometry.linear_cka(x, y * 0.01) == pytest.approx(np_cka(x, y), abs=1e-5)
-  assert geometry.linear_cka(x, rng.normal(size=(n, 12))) < np_cka(x, y) - 0.2
+  assert stats.linear_cka(x @ q * 3.7, y) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert stats.linear_cka(x, y * 0.01) == pytest.approx(np_cka(x, y), abs=1e-5)
+  assert stats.linear_cka(x, rng.normal(size=(n, 12))) < np_cka(x, y) - 0.2
 
 
 def test_cka_matrix_and_same_layers(reps):
   x, _, _ = reps
-  mat = geometry.cka_matrix(x)
+  mat = stats.cka_matrix(x)
   assert mat.shape == (L, L)
   want = np.array(
     [[np_cka(x[a].astype(float), x[b].astype(float)) for b in range(L)] for a in range(L)]
@@ -153,14 +154,14 @@ def test_cka_matrix_and_same_layers(reps):
   q = ortho_group.rvs(D, random_state=4)
   other = (x @ q * 2.0 + 0.3 * rng.normal(size=x.shape)).astype(np.float32)
   other = other[:, :, :16]  # a narrower second model
-  same = geometry.cka_same_layers(x, other)
+  same = stats.cka_same_layers(x, other)
   np.testing.assert_allclose(
     same, [np_cka(x[l].astype(float), other[l].astype(float)) for l in range(L)], atol=1e-5
   )
-  cross = geometry.cka_matrix(x, other)
+  cross = stats.cka_matrix(x, other)
   np.testing.assert_allclose(np.diag(cross), same, atol=1e-5)
   with pytest.raises(ValueError, match="n_tokens"):
-    geometry.cka_matrix(x, other[:, :10])
+    stats.cka_matrix(x, other[:, :10])
 
 
 # Maximum explainable variance ------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""AttnLRP and CP-LRP (`bertjax.analysis.lrp`): the released code, conservation, sites.
+"""AttnLRP and CP-LRP (`bertjax.analysis.attribution.lrp`): the released code, conservation, sites.
 
 The reference is `lxt` 2.1's BERT patch (`rachtibat/LRP-eXplains-Transformers`, run on
 transformers 4.57 by `tests/reference_attnlrp.py`) on a random BERT with randomised norms and
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import lrp
+from bertjax.analysis.attribution import lrp
 
 HF4 = pathlib.Path(sys.prefix) / "hf4"
 HERE = pathlib.Path(__file__).parent

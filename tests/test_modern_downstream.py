@@ -5,7 +5,7 @@ EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` besi
 tokenizer trained here in the family's own files: a byte-level BPE `tokenizer.json` for
 ModernBERT (`[CLS] A [SEP]`) and EuroBERT (`<|begin_of_text|> A <|end_of_text|>`), WordPiece
 `vocab.txt` for MPNet (its `<s> A </s></s> B </s>` template) and NomicBERT, SentencePiece
-`spm.model` for DeBERTa-v3 (disentangled attention, log buckets, shared keys). The checks of
+`spm.model` for DeBERTa-v3 (disentangled statistics, log buckets, shared keys). The checks of
 `test_families_downstream` run on each: sweeps equal loops of masked forwards, importance is
 the mask gradient, pruning equals masking, Clark's statistics on both paths equal NumPy on
 the maps (windows included), word features align to transformers' subwords, cloze and PLL
@@ -24,11 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-import bertjax
-from bertjax.analysis import ablation, attention, attribution, cloze, features, patching
 from conftest import FAST_COMPILE
 from test_families_downstream import SENTENCES, _mlm_batches, _pairs, _texts, _ud
+
+import bertjax
+from bertjax.analysis.attention import statistics
+from bertjax.analysis.attribution import gradients
+from bertjax.analysis.attribution import propagation
+from bertjax.analysis.interventions import ablation, metrics, patching
+from bertjax.analysis.representations import cloze, features
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -225,10 +229,10 @@ def test_pruning_equals_masking(family):
 def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
   _, _, config, params, tok = family
   batches = _pairs(tok)
-  punct = attention.clark_punctuation_ids(tok)
-  got = attention.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
+  punct = statistics.clark_punctuation_ids(tok)
+  got = statistics.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
                                    weighting="token", entropy_smoothing=smoothing)
-  sums, count = {k: 0.0 for k in attention.CLARK_NAMES}, 0
+  sums, count = {k: 0.0 for k in statistics.CLARK_NAMES}, 0
   for b in batches:
     maps = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
                                       _types(config, b), output_attentions=True).attentions)
@@ -245,7 +249,7 @@ def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
       p = (1 - smoothing) * a + smoothing / n
       sums["entropy"] += -(p * np.log(np.where(p > 0, p, 1))).sum((-1, -2))
       count += n
-  for key in attention.CLARK_NAMES:
+  for key in statistics.CLARK_NAMES:
     np.testing.assert_allclose(got[key], sums[key] / count, atol=2e-5, err_msg=key)
 
 
@@ -293,10 +297,10 @@ def test_token_attribution_methods(family):
   args = (params, config, b.input_ids, b.attention_mask, _types(config, b))
   real = b.attention_mask > 0
   pairs = real[:, :, None] & real[:, None, :]
-  alti = attribution.alti(*args)
+  alti = propagation.alti(*args)
   rows = np.asarray(alti.layer).sum(-1)[:, real]
   np.testing.assert_allclose(rows, 1.0, atol=1e-5)  # shares of each real token
-  norms = attribution.norm_analysis(*args)
+  norms = propagation.norm_analysis(*args)
   assert ("attnresln" in norms) == (config.family.norm == "post")
   # The decomposition is the block's own: summed over sources (plus b_O), the attention
   # vectors give the attn_out site.
@@ -304,16 +308,16 @@ def test_token_attribution_methods(family):
   assert np.isfinite(np.asarray(norms["attn"])[:, pairs]).all()
   assert np.asarray(cache["attn_out"]).shape[0] == config.depth
   if config.family.norm == "post":
-    assert np.isfinite(np.asarray(attribution.globenc(*args).rollout)).all()
+    assert np.isfinite(np.asarray(propagation.globenc(*args).rollout)).all()
   else:
     with pytest.raises(ValueError, match=f"a {name} block is pre-norm"):
-      attribution.globenc(*args)
-  rollout = attribution.attention_rollout(*args)
+      propagation.globenc(*args)
+  rollout = propagation.attention_rollout(*args)
   np.testing.assert_allclose(np.asarray(rollout).sum(-1)[:, real], 1.0, atol=1e-5)
-  vz = attribution.value_zeroing(*args)
+  vz = propagation.value_zeroing(*args)
   assert np.isfinite(np.asarray(vz.rollout)).all()
-  target = attribution.mlm_target(config, np.array([1, 2, 1]), np.array([7, 9, 11]))
-  grads = attribution.gradient_x_input(*args, target_fn=target)
+  target = gradients.mlm_target(config, np.array([1, 2, 1]), np.array([7, 9, 11]))
+  grads = gradients.gradient_x_input(*args, target_fn=target)
   assert np.isfinite(np.asarray(grads)).all()
 
 
@@ -344,7 +348,7 @@ def test_attribution_patching_tracks_exact_patching(family):
   _, _, config, params, tok = family
   clean = tok.encode(["She did not like it at all .", "The keys to the cabinet are here ."])
   corrupted = dataclasses_replace(clean, 3)
-  metric = patching.LogitDiff("mlm")
+  metric = metrics.LogitDiff("mlm")
   targets = {"position": np.array([2, 4]), "answer": np.array([7, 8]),
              "distractor": np.array([9, 10])}
   exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets)

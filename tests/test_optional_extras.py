@@ -36,6 +36,6 @@ def test_every_module_imports_without_matplotlib(tmp_path):
   assert run.returncode == 0, run.stderr[-3000:]
   count, *names = run.stdout.split()
   assert int(count) == len(names) > 40
-  for name in ("bertjax.analysis.probing_run", "bertjax.analysis.plots_probing", "bertjax.viz",
+  for name in ("bertjax.analysis.representations.probing_run", "bertjax.plots.probing", "bertjax.plots.charts",
                "bertjax.report", "bertjax.kernels.attention", "bertjax.training.loop"):
     assert name in names

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import outliers
+from bertjax.analysis.representations import outliers
 
 
 def _planted(beta_last=10.0, beta_all=10.0, dim=7):

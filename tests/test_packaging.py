@@ -93,8 +93,68 @@ def _cycle(graph):
 
 def test_library_has_no_import_cycle():
   graph = _import_graph(LIBRARY)
-  assert {"bertjax.kernels.reference", "bertjax.analysis.patching", "bertjax.report"} <= set(graph)
+  assert {"bertjax.kernels.reference", "bertjax.analysis.interventions.patching",
+          "bertjax.report"} <= set(graph)
   assert _cycle(graph) is None, _cycle(graph)
+
+
+# The floors, from the ground (docs/manual.md, "Layout"): a module imports only from its own
+# unit (the package or module named here) and from units on lower floors. Units on one floor
+# stand beside each other and do not import each other; `bertjax` itself (its __init__, the
+# public API) stands above the shared modules it gathers.
+FLOORS = (
+    ("bertjax.kernels", "bertjax.quantize"),
+    ("bertjax.model",),
+    ("bertjax.stats", "bertjax.utils", "bertjax.mesh", "bertjax.xla_options", "bertjax.hub"),
+    ("bertjax",),
+    ("bertjax.data",),
+    ("bertjax.training",),
+    ("bertjax.analysis.batching",),
+    ("bertjax.analysis.sharded",),
+    ("bertjax.analysis.attention", "bertjax.analysis.interventions",
+     "bertjax.analysis.attribution", "bertjax.analysis.representations"),
+    ("bertjax.analysis", "bertjax.analysis.jobs"),
+    ("bertjax.tasks",),
+    ("bertjax.plots",),
+    ("bertjax.report",),
+    ("bertjax.cli",),
+)
+
+
+def _unit(module: str) -> tuple[int, str]:
+  """(floor, unit) of a module: the longest unit of FLOORS that is it or contains it."""
+  best = None
+  for floor, units in enumerate(FLOORS):
+    for unit in units:
+      if (module == unit or module.startswith(unit + ".")) and (
+          best is None or len(unit) > len(best[1])):
+        best = (floor, unit)
+  assert best is not None, f"{module} is on no floor: add it to FLOORS"
+  return best
+
+
+def floor_violations(graph) -> list[str]:
+  """Every import that runs up a floor or across to a unit beside its own."""
+  bad = []
+  for module, targets in sorted(graph.items()):
+    floor, unit = _unit(module)
+    for target in sorted(targets):
+      t_floor, t_unit = _unit(target)
+      if t_unit != unit and t_floor >= floor:
+        way = "up a floor" if t_floor > floor else "across to a unit beside it"
+        bad.append(f"{module} imports {target} ({way})")
+  return bad
+
+
+def test_no_import_runs_up_a_floor_or_across():
+  graph = _import_graph(LIBRARY)
+  assert not floor_violations(graph), "\n".join(floor_violations(graph))
+  # The check sees an import up (training -> analysis) and across (attention -> attribution).
+  assert floor_violations({"bertjax.training.loop": {"bertjax.analysis.jobs"}})
+  assert floor_violations({"bertjax.analysis.attention.patterns":
+                           {"bertjax.analysis.attribution.lrp"}})
+  assert not floor_violations({"bertjax.analysis.attention.patterns":
+                               {"bertjax.analysis.sharded", "bertjax.stats"}})
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
@@ -155,3 +215,14 @@ def test_manual_layout_names_every_library_module():
   missing = [str(p.relative_to(REPO)) for p in files if p.name not in layout]
   missing += [f"{name}/" for name in sorted(packages - {"bertjax"}) if f"{name}/" not in layout]
   assert not missing, f"the manual's Layout section does not name {missing}"
+
+
+def test_pyproject_lists_every_package():
+  """A wheel holds only the packages pyproject.toml lists: every directory with an
+  __init__.py must be there (the top-level kernels/ as bertjax.kernels)."""
+  import tomllib
+
+  listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+               ["packages"])
+  found = {name for name, path in _module_files(LIBRARY).items() if path.name == "__init__.py"}
+  assert listed == found, (sorted(found - listed), sorted(listed - found))

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import patching as pt
+from bertjax.analysis.interventions import metrics as patching_metrics
+from bertjax.analysis.interventions import patching
 
 B, T = 3, 9
 
@@ -66,7 +67,7 @@ def _loop(params, config, clean, corrupted, metric, targets, site, over, directi
   for layer in range(config.depth):
     for i in range(n):
       pick = {"heads": [i], "positions": positions} if over == "heads" else {"positions": [i]}
-      out = pt.patched_forward(params, config, clean, corrupted, site=site, layers=[layer],
+      out = patching.patched_forward(params, config, clean, corrupted, site=site, layers=[layer],
                                direction=direction, **pick)
       values[layer, i] = float(metric(params, config, out, batch))
   return values
@@ -79,8 +80,8 @@ def _loop(params, config, clean, corrupted, metric, targets, site, over, directi
 def test_head_sweep_equals_loop_of_patched_forwards(site, positions, direction):
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.LogitDiff("mlm")
-  got = pt.head_patching(params, config, clean, corrupted, metric, targets=targets, site=site,
+  metric = patching_metrics.LogitDiff("mlm")
+  got = patching.head_patching(params, config, clean, corrupted, metric, targets=targets, site=site,
                          positions=positions, direction=direction, chunk_size=2)
   want = _loop(params, config, clean, corrupted, metric, targets, site, "heads", direction,
                positions)
@@ -101,8 +102,8 @@ def test_head_sweep_equals_loop_of_patched_forwards(site, positions, direction):
 def test_position_sweep_equals_loop_of_patched_forwards(site):
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.AnswerLogProb("mlm")
-  got = pt.position_patching(params, config, clean, corrupted, metric, targets=targets,
+  metric = patching_metrics.AnswerLogProb("mlm")
+  got = patching.position_patching(params, config, clean, corrupted, metric, targets=targets,
                              site=site, chunk_size=3)
   want = _loop(params, config, clean, corrupted, metric, targets, site, "positions")
   assert got.values.shape == (config.depth, T) and np.ptp(want) > 1e-3
@@ -110,22 +111,22 @@ def test_position_sweep_equals_loop_of_patched_forwards(site):
 
 
 def test_normalisation_hand_examples():
-  np.testing.assert_allclose(pt.normalize([[3.0, 1.0, 2.0, 5.0]], clean=3.0, corrupted=1.0),
+  np.testing.assert_allclose(patching_metrics.normalize([[3.0, 1.0, 2.0, 5.0]], clean=3.0, corrupted=1.0),
                              [[1.0, 0.0, 0.5, 2.0]])
   # Noising keeps the same convention: 1 = the clean metric, 0 = the corrupted one.
-  r = pt.PatchingResult("out", ("layer", "position"), np.array([[-2.0, 0.0]]), clean=-2.0,
+  r = patching_metrics.PatchingResult("out", ("layer", "position"), np.array([[-2.0, 0.0]]), clean=-2.0,
                         corrupted=2.0, direction="noise")
   np.testing.assert_allclose(r.normalized, [[1.0, 0.5]])
   with pytest.raises(ValueError, match="must differ"):
-    pt.normalize([1.0], clean=0.5, corrupted=0.5)
+    patching_metrics.normalize([1.0], clean=0.5, corrupted=0.5)
   # On the model: a probe of the [CLS] state is fully restored by patching the last block's
   # output at position 0 and untouched by patching it anywhere else.
   config, params = _tiny()
   clean, corrupted, _ = _pair()
   rng = np.random.default_rng(3)
-  probe = pt.ProbeLogitDiff(rng.normal(size=(config.hidden_size, 3)), rng.normal(size=3))
+  probe = patching_metrics.ProbeLogitDiff(rng.normal(size=(config.hidden_size, 3)), rng.normal(size=3))
   labels = {"answer": np.array([0, 1, 2]), "distractor": np.array([1, 2, 0])}
-  got = pt.position_patching(params, config, clean, corrupted, probe, targets=labels)
+  got = patching.position_patching(params, config, clean, corrupted, probe, targets=labels)
   norm = got.normalized
   np.testing.assert_allclose(norm[-1, 0], 1.0, atol=1e-5)
   np.testing.assert_allclose(norm[-1, 1:], 0.0, atol=1e-5)
@@ -135,12 +136,12 @@ def test_normalisation_hand_examples():
 def test_attribution_equals_finite_difference_directional_derivative():
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.LogitDiff("mlm")
+  metric = patching_metrics.LogitDiff("mlm")
   with jax.enable_x64(True):
     c64 = config.replace(dtype="float64")
     p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    approx = pt.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets)
-    approx_pos = pt.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets,
+    approx = patching.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets)
+    approx_pos = patching.attribution_patching(p64, c64, clean, corrupted, metric, targets=targets,
                                          site="mid", over="positions")
     clean_ho = bertjax.forward(p64, c64, clean["input_ids"], clean["attention_mask"],
                                capture=("head_out", "mid")).cache
@@ -156,22 +157,22 @@ def test_attribution_equals_finite_difference_directional_derivative():
 
     eps = 1e-5
     for layer, head in [(0, 1), (1, 3), (2, 0)]:
-      w = pt.patch_weight(c64, "head_out", T, layers=[layer], heads=[head]).astype(np.float64)
+      w = patching.patch_weight(c64, "head_out", T, layers=[layer], heads=[head]).astype(np.float64)
       fd = (float(f(clean_ho["head_out"], eps * w, "head_out"))
             - float(f(clean_ho["head_out"], -eps * w, "head_out"))) / (2 * eps)
       got = approx.values[layer, head] - approx.corrupted
       assert abs(fd) > 1e-6
       np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-10)
     for layer, position in [(0, 2), (2, 4)]:
-      w = pt.patch_weight(c64, "mid", T, layers=[layer], positions=[position]).astype(np.float64)
+      w = patching.patch_weight(c64, "mid", T, layers=[layer], positions=[position]).astype(np.float64)
       fd = (float(f(clean_ho["mid"], eps * w, "mid"))
             - float(f(clean_ho["mid"], -eps * w, "mid"))) / (2 * eps)
       np.testing.assert_allclose(approx_pos.values[layer, position] - approx_pos.corrupted, fd,
                                  rtol=1e-6, atol=1e-10)
   # Against the exact sweep it is an approximation that ranks heads alike here.
-  exact = pt.head_patching(params, config, clean, corrupted, metric, targets=targets,
+  exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets,
                            chunk_size=2)
-  agree = pt.agreement(exact, pt.attribution_patching(params, config, clean, corrupted, metric,
+  agree = patching_metrics.agreement(exact, patching.attribution_patching(params, config, clean, corrupted, metric,
                                                       targets=targets))
   assert agree["n"] == config.depth * config.num_attention_heads and agree["pearson"] > 0.5
 
@@ -179,9 +180,9 @@ def test_attribution_equals_finite_difference_directional_derivative():
 def test_path_patching_equals_its_two_patched_runs():
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.LogitDiff("mlm")
+  metric = patching_metrics.LogitDiff("mlm")
   receivers = [(2, 1), (2, 3)]
-  got = pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+  got = patching.path_patching(params, config, clean, corrupted, metric, targets=targets,
                          receivers=receivers, receiver_sites=("k", "v"))
   assert np.isnan(got.values[2]).all() and np.isfinite(got.values[:2]).all()
   runs = {name: bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
@@ -189,9 +190,9 @@ def test_path_patching_equals_its_two_patched_runs():
           for name, b in (("clean", clean), ("corrupted", corrupted))}
   batch = {**{k: jnp.asarray(v) for k, v in corrupted.items()},
            **{k: jnp.asarray(v) for k, v in targets.items()}}
-  w_recv = pt.patch_weight(config, "v", T, heads=receivers)
+  w_recv = patching.patch_weight(config, "v", T, heads=receivers)
   for layer, head in [(0, 2), (1, 0)]:
-    sender = pt.patch_weight(config, "head_out", T, layers=[layer], heads=[head])
+    sender = patching.patch_weight(config, "head_out", T, layers=[layer], heads=[head])
     frozen = sender * runs["clean"] + (1 - sender) * runs["corrupted"]
     step = bertjax.forward(params, config, corrupted["input_ids"], corrupted["attention_mask"],
                            patch={"head_out": (frozen, 1.0)}, capture=("k", "v")).cache
@@ -205,39 +206,39 @@ def test_path_patching_equals_its_two_patched_runs():
 
 def test_patch_weight_selects_layers_heads_positions():
   config, _ = _tiny()
-  w = pt.patch_weight(config, "head_out", T, heads=[(0, 1), (2, 3)], positions=[4])
+  w = patching.patch_weight(config, "head_out", T, heads=[(0, 1), (2, 3)], positions=[4])
   assert w.shape == (3, 1, T, 4, 1)
   assert set(zip(*np.nonzero(w[:, 0, :, :, 0]))) == {(0, 4, 1), (2, 4, 3)}
-  w = pt.patch_weight(config, "probs", T, layers=[1], heads=[2], positions=[0, 5])
+  w = patching.patch_weight(config, "probs", T, layers=[1], heads=[2], positions=[0, 5])
   assert w.shape == (3, 1, 4, T, 1) and w.sum() == 2 and w[1, 0, 2, 5, 0] == 1
-  assert pt.patch_weight(config, "out", T, layers=[2]).shape == (3, 1, 1, 1)
-  assert pt.patch_weight(config, "embeddings", T, positions=[3]).shape == (1, T, 1)
+  assert patching.patch_weight(config, "out", T, layers=[2]).shape == (3, 1, 1, 1)
+  assert patching.patch_weight(config, "embeddings", T, positions=[3]).shape == (1, T, 1)
 
 
 def test_bad_input_errors_name_the_value():
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.LogitDiff("mlm")
+  metric = patching_metrics.LogitDiff("mlm")
   with pytest.raises(ValueError, match="'attn_out' is not one head_patching"):
-    pt.head_patching(params, config, clean, corrupted, metric, targets=targets, site="attn_out")
+    patching.head_patching(params, config, clean, corrupted, metric, targets=targets, site="attn_out")
   short = {k: v[:, :5] for k, v in corrupted.items()}
   with pytest.raises(ValueError, match=r"must equal corrupted shape \(3, 5\)"):
-    pt.head_patching(params, config, clean, short, metric, targets=targets)
+    patching.head_patching(params, config, clean, short, metric, targets=targets)
   with pytest.raises(ValueError, match=r"heads \[7\] are outside \[0, 4\)"):
-    pt.patch_weight(config, "head_out", T, heads=[7])
+    patching.patch_weight(config, "head_out", T, heads=[7])
   with pytest.raises(ValueError, match="no head axis"):
-    pt.patch_weight(config, "mid", T, heads=[0])
+    patching.patch_weight(config, "mid", T, heads=[0])
   with pytest.raises(ValueError, match="direction='sideways'"):
-    pt.position_patching(params, config, clean, corrupted, metric, targets=targets,
+    patching.position_patching(params, config, clean, corrupted, metric, targets=targets,
                          direction="sideways")
   with pytest.raises(ValueError, match=r"targets\['answer'\] shape \(2,\)"):
-    pt.head_patching(params, config, clean, corrupted, metric,
+    patching.head_patching(params, config, clean, corrupted, metric,
                      targets={**targets, "answer": np.array([1, 2])})
   with pytest.raises(ValueError, match="include layer 0"):
-    pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+    patching.path_patching(params, config, clean, corrupted, metric, targets=targets,
                      receivers=[(0, 1)])
   with pytest.raises(ValueError, match="'position'"):
-    pt.head_patching(params, config, clean, corrupted, metric,
+    patching.head_patching(params, config, clean, corrupted, metric,
                      targets={"answer": targets["answer"], "distractor": targets["distractor"]})
 
 
@@ -246,7 +247,7 @@ def test_targets_and_metrics_are_checked_before_any_program_runs():
   target must be refused by name first; so must a metric that is not one number."""
   config, params = _tiny()
   clean, corrupted, targets = _pair()
-  metric = pt.LogitDiff("mlm")
+  metric = patching_metrics.LogitDiff("mlm")
   bad = [({"position": np.array([4, 3, 99])}, r"targets\['position'\] = 99 at row 2 .* \[0, 9\)"),
          ({"position": np.array([4, -1, 7])}, r"targets\['position'\] = -1 at row 1"),
          ({"position": np.array([4, 7, 7])}, r"= 7 at row 1 is a padding position"),
@@ -254,35 +255,35 @@ def test_targets_and_metrics_are_checked_before_any_program_runs():
          ({"distractor": np.array([20, 21, 97])}, r"targets\['distractor'\] = 97"),
          ({"position": np.array([4.0, 3.0, 7.0])}, "must be \\(batch,\\) integers")]
   for change, message in bad:
-    for sweep in (pt.head_patching, pt.attribution_patching):
+    for sweep in (patching.head_patching, patching.attribution_patching):
       with pytest.raises(ValueError, match=message):
         sweep(params, config, clean, corrupted, metric, targets={**targets, **change})
     with pytest.raises(ValueError, match=message):
-      pt.path_patching(params, config, clean, corrupted, metric, targets={**targets, **change},
+      patching.path_patching(params, config, clean, corrupted, metric, targets={**targets, **change},
                        receivers=[(2, 1)])
   with pytest.raises(ValueError, match="AnswerLogProb needs targets\\['answer'\\]"):
-    pt.position_patching(params, config, clean, corrupted, pt.AnswerLogProb("mlm"),
+    patching.position_patching(params, config, clean, corrupted, patching_metrics.AnswerLogProb("mlm"),
                          targets={"position": targets["position"]})
-  probe = pt.ProbeLogitDiff(np.ones((config.hidden_size, 2)), np.zeros(2))
+  probe = patching_metrics.ProbeLogitDiff(np.ones((config.hidden_size, 2)), np.zeros(2))
   with pytest.raises(ValueError, match=r"targets\['answer'\] = 5 at row 0 .* class of the probe"):
-    pt.head_patching(params, config, clean, corrupted, probe,
+    patching.head_patching(params, config, clean, corrupted, probe,
                      targets={"answer": np.array([5, 1, 1]), "distractor": np.zeros(3, int)})
 
   def vector(params, config, out, batch):  # per-row values: not a metric
     return out.last_hidden_state[:, 0, 0]
 
   with pytest.raises(ValueError, match=r"returned shape \(3,\); a metric returns one scalar"):
-    pt.head_patching(params, config, clean, corrupted, vector)
+    patching.head_patching(params, config, clean, corrupted, vector)
   # Arguments that used to be ignored or fail obscurely.
   with pytest.raises(ValueError, match=r"receivers=\[2, 1\] must be a sequence of"):
-    pt.path_patching(params, config, clean, corrupted, metric, targets=targets, receivers=(2, 1))
+    patching.path_patching(params, config, clean, corrupted, metric, targets=targets, receivers=(2, 1))
   with pytest.raises(ValueError, match="over='positions' estimates every position"):
-    pt.attribution_patching(params, config, clean, corrupted, metric, targets=targets,
+    patching.attribution_patching(params, config, clean, corrupted, metric, targets=targets,
                             over="positions", positions=[1])
   with pytest.raises(ValueError, match=r"heads=\[\] selects nothing"):
-    pt.patch_weight(config, "head_out", T, heads=[])
+    patching.patch_weight(config, "head_out", T, heads=[])
   # The checks pass what they should: the sweep runs with good targets.
-  pt.head_patching(params, config, clean, corrupted, metric, targets=targets)
+  patching.head_patching(params, config, clean, corrupted, metric, targets=targets)
 
 
 def test_pairs_with_different_padding_are_refused():
@@ -294,17 +295,17 @@ def test_pairs_with_different_padding_are_refused():
   corrupted = dict(corrupted, attention_mask=corrupted["attention_mask"].copy())
   corrupted["attention_mask"][2, 7:] = 0  # row 2 is two tokens shorter in the corrupted run
   corrupted["input_ids"] = np.where(corrupted["attention_mask"] > 0, corrupted["input_ids"], 0)
-  metric = pt.LogitDiff("mlm")
+  metric = patching_metrics.LogitDiff("mlm")
   message = (r"masks differ in 1 row\(s\), first row 2 at positions \[7, 8\] \(at position 7 "
              r"clean mask 1, corrupted 0\)")
-  runs = [lambda: pt.head_patching(params, config, clean, corrupted, metric, targets=targets),
-          lambda: pt.position_patching(params, config, clean, corrupted, metric,
+  runs = [lambda: patching.head_patching(params, config, clean, corrupted, metric, targets=targets),
+          lambda: patching.position_patching(params, config, clean, corrupted, metric,
                                        targets=targets),
-          lambda: pt.attribution_patching(params, config, clean, corrupted, metric,
+          lambda: patching.attribution_patching(params, config, clean, corrupted, metric,
                                           targets=targets),
-          lambda: pt.path_patching(params, config, clean, corrupted, metric, targets=targets,
+          lambda: patching.path_patching(params, config, clean, corrupted, metric, targets=targets,
                                    receivers=[(2, 1)]),
-          lambda: pt.patched_forward(params, config, clean, corrupted, site="head_out",
+          lambda: patching.patched_forward(params, config, clean, corrupted, site="head_out",
                                      layers=[1], direction="noise")]
   for run in runs:
     with pytest.raises(ValueError, match=message):
@@ -312,7 +313,7 @@ def test_pairs_with_different_padding_are_refused():
   # Both directions and any row: the first differing row is named.
   corrupted["attention_mask"][0, 8] = 0
   with pytest.raises(ValueError, match=r"2 row\(s\), first row 0 at positions \[8\]"):
-    pt.head_patching(params, config, clean, corrupted, metric, targets=targets,
+    patching.head_patching(params, config, clean, corrupted, metric, targets=targets,
                      direction="noise")
 
 
@@ -322,16 +323,16 @@ def test_agreement_spearman_averages_tied_ranks():
 
   def result(values):
     values = np.asarray(values, float).reshape(1, -1)
-    return pt.PatchingResult("head_out", ("layer", "head"), values, clean=1.0, corrupted=0.0)
+    return patching_metrics.PatchingResult("head_out", ("layer", "head"), values, clean=1.0, corrupted=0.0)
 
   exact = [0.0, 0.0, 0.0, 1.0, 0.5, 0.5]
   for approx in ([3e-3, 2e-3, 1e-3, 1.0, 0.4, 0.6], [1e-3, 2e-3, 3e-3, 1.0, 0.6, 0.4]):
-    got = pt.agreement(result(exact), result(approx))
+    got = patching_metrics.agreement(result(exact), result(approx))
     want = scipy_stats.spearmanr(exact, approx).statistic
     np.testing.assert_allclose(got["spearman"], want, rtol=1e-12)
     np.testing.assert_allclose(got["pearson"], scipy_stats.pearsonr(exact, approx).statistic,
                                rtol=1e-12)
-  assert np.isnan(pt.agreement(result([1.0, 1.0]), result([0.0, 1.0]))["spearman"])
+  assert np.isnan(patching_metrics.agreement(result([1.0, 1.0]), result([0.0, 1.0]))["spearman"])
 
 
 def _hf_model(tmp_path):
@@ -362,8 +363,8 @@ def test_head_patching_equals_pytorch_pre_hook_edit(tmp_path):
   rng = np.random.default_rng(5)
   weight, bias = rng.normal(size=(32, 3)), rng.normal(size=3)
   labels = {"answer": np.array([0, 1, 2]), "distractor": np.array([2, 0, 1])}
-  probe = pt.ProbeLogitDiff(weight, bias, pooling="mean")
-  got = pt.head_patching(params, config, clean, corrupted, probe, targets=labels)
+  probe = patching_metrics.ProbeLogitDiff(weight, bias, pooling="mean")
+  got = patching.head_patching(params, config, clean, corrupted, probe, targets=labels)
 
   def run(batch, hooks=()):
     handles = [model.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(fn)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from bertjax.analysis import probing
+from bertjax.analysis.representations import probing
 
 L, C, D, N_TRAIN, N_TEST = 3, 4, 16, 600, 400
 SEPARATIONS = (0.2, 0.5, 1.5)  # layer 0 barely separable ... layer 2 nearly separable

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import probing_run, structural
+from bertjax.analysis.representations import probing_run, structural
 from bertjax.data import conllu
 
 # Measured on this subset: layer 0 ~87.7%, best layer (3) ~94.0% UPOS accuracy.
@@ -22,7 +22,7 @@ def test_upos_probe_by_layer_on_minilm(minilm_dir, data_dir, tmp_path):
     tasks=("upos",), anisotropy_pairs=500, structural_max_sentences=150,
     structural_config=structural.StructuralConfig(rank=32, learning_rate=3e-3, max_steps=200,
                                                   batch_size=32, eval_every=100, patience=None))
-  res = probing_run.run_probing_suite(params, config, tok, sents, tmp_path, suite=suite,
+  res = probing_run.run_probing_suite(params, config, tok, sents, suite=suite,
                                       model_name="all-MiniLM-L6-v2")
   upos = res["upos"]
   acc = np.asarray(upos["accuracy"])
@@ -43,6 +43,9 @@ def test_upos_probe_by_layer_on_minilm(minilm_dir, data_dir, tmp_path):
       vals = np.asarray(res["structural"][kind][k])
       assert vals.shape == (7,) and np.all((vals >= -1) & (vals <= 1))
   assert len(res["anisotropy"]["raw"]) == 7
+  from bertjax.plots import probing as probing_plots
+  files = probing_plots.write_probing_outputs(res, tmp_path)
+  assert files[-1] == str(tmp_path / "probing.json")
   written = json.loads((tmp_path / "probing.json").read_text())
   assert written["upos"]["accuracy"] == upos["accuracy"]
   for name in ("probe_upos.png", "structural.png", "anisotropy.png"):

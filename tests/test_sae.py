@@ -1,4 +1,4 @@
-"""Top-k sparse autoencoders (`bertjax.analysis.sae`).
+"""Top-k sparse autoencoders (`bertjax.analysis.representations.sae`).
 
 The encoder, decoder and both loss terms against the same function written in PyTorch
 from Gao et al.'s released definitions (openai/sparse_autoencoder: `FastAutoencoder`,
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import sae
+from bertjax.analysis.representations import sae
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -227,7 +227,7 @@ def test_bad_sites_and_shapes():
 MESH_SCRIPT = """
 import json, sys, numpy as np, jax
 from bertjax import mesh as mesh_lib
-from bertjax.analysis import sae
+from bertjax.analysis.representations import sae
 x = np.random.default_rng(0).standard_normal((2048, 32)).astype(np.float32)
 cfg = sae.SAEConfig(d_model=32, latents=128, k=8, auxk=16, lr=1e-3)
 mesh = mesh_lib.make_mesh() if sys.argv[1] == "mesh" else None

@@ -47,14 +47,15 @@ SETUP = textwrap.dedent('''
                     token_type_ids=enc.token_type_ids, labels=labels)]
 
     def sweep_values(mesh, cache_dir=None):
-      from bertjax.analysis import ablation as A
-      r = A.ablation_sweep(params, cfg, batches, A.mlm_batch_loss, head_ablations=("scale",),
+      from bertjax.analysis.interventions import ablation
+      r = ablation.ablation_sweep(params, cfg, batches, ablation.mlm_batch_loss, head_ablations=("scale",),
                            include=("heads", "layers", "pairs"), mesh=mesh)["scale"]
       return np.concatenate([[r.baseline], r.heads.ravel(), r.layers,
                              r.pairs[~np.isnan(r.pairs)]])
 
     def patching_values(mesh):
-      from bertjax.analysis import patching as pt
+      from bertjax.analysis.interventions import metrics
+      from bertjax.analysis.interventions import patching
       clean = {k: v for k, v in batches[0].items() if k != "labels"}
       rows = np.arange(len(words))
       position = np.ones(len(words), np.int32)  # the first word: a real token in every row
@@ -62,13 +63,13 @@ SETUP = textwrap.dedent('''
       distractor = (answer + 7) % 290 + 5
       corrupted = dict(clean, input_ids=clean["input_ids"].copy())
       corrupted["input_ids"][rows, position] = distractor
-      r = pt.head_patching(params, cfg, clean, corrupted, pt.LogitDiff("mlm"),
+      r = patching.head_patching(params, cfg, clean, corrupted, metrics.LogitDiff("mlm"),
                            targets=dict(position=position, answer=answer,
                                         distractor=distractor), mesh=mesh)
       return np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
 
     def feature_values(mesh, cache_dir=None):
-      from bertjax.analysis import features
+      from bertjax.analysis.representations import features
       wf = features.extract_word_features(params, cfg, tok, words, progress=False,
                                           length_multiple=64, mesh=mesh, cache_dir=cache_dir)
       return np.asarray(wf.features, np.float64).ravel()
@@ -82,12 +83,15 @@ MESHES = textwrap.dedent('''
     assert jax.device_count() == 8
     exec(open(sys.argv[2]).read())
     from bertjax import mesh as mesh_lib
-    from bertjax.analysis import ablation as A, attention, cloze, features
+    from bertjax.analysis.interventions import ablation
+    from bertjax.analysis.attention import statistics
+    from bertjax.analysis.representations import cloze
+    from bertjax.analysis.representations import features
 
     cloze_texts = [" ".join(w[:3]) + " [MASK] ." for w in words]
     candidates = [[w[0], w[1]] for w in words]
     pll_texts = [" ".join(w[:4]) for w in words[:3]]
-    punct = attention.punctuation_ids(tok)
+    punct = statistics.punctuation_ids(tok)
 
     def run(mesh, only=None):
       out, seconds = {}, {}
@@ -99,7 +103,7 @@ MESHES = textwrap.dedent('''
       def sweep():
         return {"sweep": sweep_values(mesh)}
       def pruning():
-        r = A.iterative_pruning(params, cfg, batches, A.mlm_batch_loss, step=0.25,
+        r = ablation.iterative_pruning(params, cfg, batches, ablation.mlm_batch_loss, step=0.25,
                                 max_fraction=0.25, mesh=mesh)
         return {"pruning": np.concatenate([r.metrics, r.masks.ravel()])}
       def features_():
@@ -113,15 +117,15 @@ MESHES = textwrap.dedent('''
       def attention_():
         got = {}
         for smoothing in (1e-4, 0.0):  # the maps path and the kernel statistics path
-          st = attention.clark_statistics(params, cfg, batches, sep_id=tok.sep_id,
+          st = statistics.clark_statistics(params, cfg, batches, sep_id=tok.sep_id,
                                           punct_ids=punct, entropy_smoothing=smoothing,
                                           mesh=mesh)
           got[f"clark_{smoothing}"] = np.concatenate([st[k].ravel()
-                                                      for k in attention.CLARK_NAMES])
+                                                      for k in statistics.CLARK_NAMES])
         return got
       timed("sweep", sweep)
-      timed("importance", lambda: {"importance": A.head_importance(
-          params, cfg, batches, A.mlm_batch_loss, mesh=mesh).ravel()})
+      timed("importance", lambda: {"importance": ablation.head_importance(
+          params, cfg, batches, ablation.mlm_batch_loss, mesh=mesh).ravel()})
       timed("pruning", pruning)
       timed("features", features_)
       timed("cloze", cloze_)
@@ -253,29 +257,29 @@ def test_two_processes_equal_one_and_only_process_0_writes(scripts, mesh_report,
 
 def test_head_pairs_sets_and_prefix_start():
   import bertjax
-  from bertjax.analysis import ablation as A
+  from bertjax.analysis.interventions import ablation
   cfg = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, num_attention_heads=4)
   n = 3 * 4
-  everything, within, across = (A.head_pairs(cfg, p) for p in ("all", "within", "across"))
+  everything, within, across = (ablation.head_pairs(cfg, p) for p in ("all", "within", "across"))
   assert len(everything) == n * (n - 1) // 2 == len(within) + len(across)
   assert len(within) == 3 * 6 and (within[:, 0, 0] == within[:, 1, 0]).all()
   assert (across[:, 0, 0] < across[:, 1, 0]).all()
-  masks, index = A.pair_masks(cfg, [((2, 1), (0, 3)), ((1, 0), (1, 2))])
+  masks, index = ablation.pair_masks(cfg, [((2, 1), (0, 3)), ((1, 0), (1, 2))])
   assert index.tolist() == [[[0, 3], [2, 1]], [[1, 0], [1, 2]]]  # first head first
   assert (masks == 0).sum() == 4 and masks[0, 0, 3] == 0 and masks[0, 2, 1] == 0
-  assert A.first_modified_layer(masks).tolist() == [0, 1]  # prefix reuse from min(l1, l2)
-  sweep = A.sweep_masks(cfg, ("pairs",), pairs="within")
+  assert ablation.first_modified_layer(masks).tolist() == [0, 1]  # prefix reuse from min(l1, l2)
+  sweep = ablation.sweep_masks(cfg, ("pairs",), pairs="within")
   assert sweep["pairs"][0].shape == (18, 3, 4)
   for bad, match in (([((0, 0), (0, 0))], "names one head twice"),
                      ([((0, 0), (3, 0))], r"outside \(layers, heads\)=\(3, 4\)"),
                      ([(0, 1, 2)], r"pairs shape \(1, 3\)"), ("some", "'some' must be one of"),
                      ([], "pairs is empty")):
     with pytest.raises(ValueError, match=match):
-      A.head_pairs(cfg, bad)
+      ablation.head_pairs(cfg, bad)
 
 
 def test_pair_interactions_subtract_single_effects():
-  from bertjax.analysis.ablation import AblationResult
+  from bertjax.analysis.interventions.ablation import AblationResult
   heads = np.asarray([[1.5, 2.0]])
   pairs = np.full((1, 2, 1, 2), np.nan)
   pairs[0, 0, 0, 1] = pairs[0, 1, 0, 0] = 3.0

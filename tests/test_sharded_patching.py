@@ -37,7 +37,11 @@ SCRIPT = textwrap.dedent('''
     import numpy as np
     import bertjax
     from bertjax import mesh as mesh_lib
-    from bertjax.analysis import attention, patching as pt
+    from bertjax.analysis.attention import patterns
+    from bertjax.analysis.attention import effective as effective_attention_lib
+    from bertjax.analysis.attention import statistics
+    from bertjax.analysis.interventions import metrics as patching_metrics
+    from bertjax.analysis.interventions import patching
     from bertjax.data import corpus as C
 
     assert jax.device_count() == 8
@@ -64,7 +68,7 @@ SCRIPT = textwrap.dedent('''
     corrupted = dict(clean, input_ids=clean["input_ids"].copy())
     corrupted["input_ids"][rows, position] = distractor
     targets = {"position": position, "answer": answer, "distractor": distractor}
-    metric = pt.LogitDiff("mlm")
+    metric = patching_metrics.LogitDiff("mlm")
 
     def first_logit(params, config, out, batch):  # a plain function: no row_mean
       return jnp.mean(out.last_hidden_state[:, 0, 0] * 3.0 + out.pooler_output[:, 1])
@@ -73,39 +77,39 @@ SCRIPT = textwrap.dedent('''
 
     def patching_runs(mesh):
       got = {}
-      r = pt.head_patching(params, cfg, clean, corrupted, metric, targets=targets, mesh=mesh)
+      r = patching.head_patching(params, cfg, clean, corrupted, metric, targets=targets, mesh=mesh)
       got["head_out"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.head_patching(params, cfg, clean, corrupted, metric, targets=targets, site="v",
+      r = patching.head_patching(params, cfg, clean, corrupted, metric, targets=targets, site="v",
                            positions=[1, 2], direction="noise", mesh=mesh)
       got["v_noise"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.position_patching(params, cfg, clean, corrupted, metric, targets=targets,
+      r = patching.position_patching(params, cfg, clean, corrupted, metric, targets=targets,
                                mesh=mesh)
       got["positions_out"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.position_patching(params, cfg, clean, corrupted, pt.AnswerLogProb("mlm"),
+      r = patching.position_patching(params, cfg, clean, corrupted, patching_metrics.AnswerLogProb("mlm"),
                                targets=targets, site="mid", mesh=mesh)
       got["positions_mid"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.path_patching(params, cfg, clean, corrupted, metric, targets=targets,
+      r = patching.path_patching(params, cfg, clean, corrupted, metric, targets=targets,
                            receivers=[(2, 0), (2, 2)], receiver_sites=("q", "v"), mesh=mesh)
       got["path"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.attribution_patching(params, cfg, clean, corrupted, metric, targets=targets,
+      r = patching.attribution_patching(params, cfg, clean, corrupted, metric, targets=targets,
                                   mesh=mesh)
       got["attribution"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
-      r = pt.head_patching(params, cfg, eight(clean), eight(corrupted), first_logit,
+      r = patching.head_patching(params, cfg, eight(clean), eight(corrupted), first_logit,
                            mesh=mesh)
       got["plain_metric"] = np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
       return got
 
     def attention_runs(mesh):
       got = {}
-      pc = attention.pattern_types(params, cfg, batches, special_ids=[tok.cls_id, tok.sep_id],
+      pc = patterns.pattern_types(params, cfg, batches, special_ids=[tok.cls_id, tok.sep_id],
                                    mesh=mesh)
       got["patterns"] = pc.counts.ravel().astype(np.float64)
-      ch = attention.attention_change(params, cfg, params_b, batches, max_tokens=50, mesh=mesh)
+      ch = patterns.attention_change(params, cfg, params_b, batches, max_tokens=50, mesh=mesh)
       got["attention_change"] = np.concatenate([ch.cosine.ravel(), ch.cka])
       got["word_attention"] = np.concatenate(
           [np.concatenate([m.ravel(), g]) for m, g in
-           attention.word_level_attention(params, cfg, batches, mesh=mesh)])
-      ef = attention.effective_attention_statistics(params, cfg, batches, cls_id=tok.cls_id,
+           statistics.word_level_attention(params, cfg, batches, mesh=mesh)])
+      ef = effective_attention_lib.effective_attention_statistics(params, cfg, batches, cls_id=tok.cls_id,
                                                     sep_id=tok.sep_id, mesh=mesh)
       got["effective"] = np.concatenate([v.ravel() for kind in ("raw", "effective")
                                          for _, v in sorted(ef[kind].items())])
@@ -134,12 +138,12 @@ SCRIPT = textwrap.dedent('''
       report["nan_agree"][name] = all(bool((np.isnan(got[k]) == np.isnan(ref[k])).all())
                                       for k in got)
     try:
-      pt.head_patching(params, cfg, clean, corrupted, first_logit,
+      patching.head_patching(params, cfg, clean, corrupted, first_logit,
                        mesh=mesh_lib.make_mesh(4, 2))
       report["refused"] = None
     except ValueError as e:
       report["refused"] = str(e)
-    one = pt.head_patching(params, cfg, clean, corrupted, first_logit)  # one device: any rows
+    one = patching.head_patching(params, cfg, clean, corrupted, first_logit)  # one device: any rows
     report["one_device_plain_finite"] = bool(np.isfinite(one.values).all())
     print("RESULT " + json.dumps(report))
 ''')

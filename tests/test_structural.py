@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import rankdata, spearmanr
 
 from bertjax import stats
-from bertjax.analysis import structural
+from bertjax.analysis.representations import structural
 
 
 def random_heads(rng, n):

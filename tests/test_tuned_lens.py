@@ -1,4 +1,4 @@
-"""The tuned lens (`bertjax.analysis.tuned_lens`): the released code's loss and optimiser,
+"""The tuned lens (`bertjax.analysis.attribution.tuned_lens`): the released code's loss and optimiser,
 the logit lens at initialisation, and training that beats the logit lens on held-out text."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis import tuned_lens as tl
+from bertjax.analysis.attribution import tuned_lens
 
 CONFIG = bertjax.BertConfig.preset("tiny", vocab_size=200, hidden_size=32, num_hidden_layers=3,
                                    num_attention_heads=4, intermediate_size=64,
@@ -33,11 +33,11 @@ def _batches(seed, n=4):
 
 
 def test_untrained_lens_is_the_logit_lens(model):
-  lens = tl.init(CONFIG)
+  lens = tuned_lens.init(CONFIG)
   states = jnp.asarray(np.random.default_rng(0).normal(size=(CONFIG.depth, 2, 5, 32)),
                        jnp.float32)
-  np.testing.assert_array_equal(np.asarray(tl.translate(lens, states)), np.asarray(states))
-  got = tl.evaluate(model, CONFIG, lens, _batches(1, 2))
+  np.testing.assert_array_equal(np.asarray(tuned_lens.translate(lens, states)), np.asarray(states))
+  got = tuned_lens.evaluate(model, CONFIG, lens, _batches(1, 2))
   np.testing.assert_allclose(got["tuned"], got["logit"], rtol=1e-6)
   assert len(got["tuned"]) == CONFIG.depth and got["tokens"] > 100
 
@@ -48,12 +48,12 @@ def test_kl_is_the_released_loss(model):
   torch = pytest.importorskip("torch")
   b = _batches(2, 1)[0]
   b["attention_mask"] = np.ones_like(b["attention_mask"])
-  lens = tl.TunedLens(*(0.05 * jnp.asarray(np.random.default_rng(3).normal(size=s), jnp.float32)
+  lens = tuned_lens.TunedLens(*(0.05 * jnp.asarray(np.random.default_rng(3).normal(size=s), jnp.float32)
                         for s in ((CONFIG.depth, 32, 32), (CONFIG.depth, 32))))
-  got = np.asarray(tl._evaluate_batch(model, CONFIG, lens, b)[0])
-  states, final = tl._states(model, CONFIG, b)
+  got = np.asarray(tuned_lens._evaluate_batch(model, CONFIG, lens, b)[0])
+  states, final = tuned_lens._states(model, CONFIG, b)
   labels = torch.tensor(np.asarray(bertjax.mlm_logits(model, CONFIG, final))).log_softmax(-1)
-  moved = tl.translate(lens, states)
+  moved = tuned_lens.translate(lens, states)
   for layer in range(CONFIG.depth):
     logits = torch.tensor(np.asarray(bertjax.mlm_logits(model, CONFIG, moved[layer])))
     want = torch.sum(labels.exp() * (labels - logits.log_softmax(-1)), dim=-1).mean()
@@ -66,7 +66,7 @@ def test_optimizer_is_torch_sgd_nesterov_with_linear_decay():
   torch = pytest.importorskip("torch")
   steps, target = 6, np.array([1.0, -2.0, 0.5])
   x0, scale = np.array([0.3, 0.1, -0.4]), np.array([1.0, 3.0, 0.5])
-  opt = tl.optimizer(steps)
+  opt = tuned_lens.optimizer(steps)
   x, state = jnp.asarray(x0), opt.init(jnp.asarray(x0))
   for _ in range(steps):
     g = jax.grad(lambda v: jnp.sum((v - target) ** 2 * scale))(x)
@@ -84,9 +84,9 @@ def test_optimizer_is_torch_sgd_nesterov_with_linear_decay():
 
 
 def test_training_beats_the_logit_lens_on_held_out_text(model):
-  lens, log = tl.train(model, CONFIG, _batches(4, 6), steps=80, lr_scale=2.0)
+  lens, log = tuned_lens.train(model, CONFIG, _batches(4, 6), steps=80, lr_scale=2.0)
   assert log[-1] < log[0]
-  got = tl.evaluate(model, CONFIG, lens, _batches(5, 3))
+  got = tuned_lens.evaluate(model, CONFIG, lens, _batches(5, 3))
   tuned, logit = np.asarray(got["tuned"]), np.asarray(got["logit"])
   assert (tuned < logit).all(), (tuned, logit)
   assert np.isfinite(tuned).all() and (tuned >= 0).all()
@@ -95,6 +95,6 @@ def test_training_beats_the_logit_lens_on_held_out_text(model):
 def test_refuses_a_model_without_an_mlm_head():
   params = bertjax.init(CONFIG, 0)
   with pytest.raises(ValueError, match="MLM head"):
-    tl.train(params, CONFIG, _batches(0, 1), steps=1)
+    tuned_lens.train(params, CONFIG, _batches(0, 1), steps=1)
   with pytest.raises(ValueError, match="steps=0"):
-    tl.train(bertjax.init(CONFIG, 0, heads=("mlm",)), CONFIG, _batches(0, 1), steps=0)
+    tuned_lens.train(bertjax.init(CONFIG, 0, heads=("mlm",)), CONFIG, _batches(0, 1), steps=0)

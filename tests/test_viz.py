@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bertjax import viz
+from bertjax.plots import charts
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -16,51 +16,51 @@ def _is_png(path):
 def test_head_heatmap(tmp_path):
   values = np.random.default_rng(0).normal(size=(6, 12))
   values[0, 0] = np.nan
-  path = viz.head_heatmap(values, tmp_path / "sub" / "effect.png", title="effect", center=0.0,
+  path = charts.head_heatmap(values, tmp_path / "sub" / "effect.png", title="effect", center=0.0,
                           cmap="RdBu")
   assert path == tmp_path / "sub" / "effect.png" and _is_png(path)
   with pytest.raises(ValueError, match=r"values shape \(12,\) must be \(layers, heads\)"):
-    viz.head_heatmap(values[0], tmp_path / "x.png")
+    charts.head_heatmap(values[0], tmp_path / "x.png")
   with pytest.raises(ValueError, match="must end in .png"):
-    viz.head_heatmap(values, tmp_path / "x.pdf")
+    charts.head_heatmap(values, tmp_path / "x.pdf")
 
 
 def test_pattern_heatmap_and_type_ratios(tmp_path):
   codes = np.random.default_rng(1).integers(0, 5, (6, 12))
-  assert _is_png(viz.pattern_heatmap(codes, tmp_path / "types.png"))
+  assert _is_png(charts.pattern_heatmap(codes, tmp_path / "types.png"))
   ratios = np.random.default_rng(2).dirichlet(np.ones(5), 6)
-  assert _is_png(viz.type_ratios(ratios, tmp_path / "ratios.png"))
+  assert _is_png(charts.type_ratios(ratios, tmp_path / "ratios.png"))
   with pytest.raises(ValueError, match=r"codes in \[0, 7\]"):
-    viz.pattern_heatmap(np.array([[0, 7]]), tmp_path / "bad.png")
+    charts.pattern_heatmap(np.array([[0, 7]]), tmp_path / "bad.png")
 
 
 def test_attention_grid(tmp_path):
   maps = np.random.default_rng(3).dirichlet(np.ones(9), (2, 4, 9))
   tokens = ["[CLS]", "the", "cat", "sat", ".", "[SEP]"]
-  path = viz.attention_grid(maps, tokens, tmp_path / "grid.png", heads=[0, 3], title="sentence")
+  path = charts.attention_grid(maps, tokens, tmp_path / "grid.png", heads=[0, 3], title="sentence")
   assert _is_png(path)
   with pytest.raises(ValueError, match="10 tokens but maps are 9 wide"):
-    viz.attention_grid(maps, ["t"] * 10, tmp_path / "bad.png")
+    charts.attention_grid(maps, ["t"] * 10, tmp_path / "bad.png")
 
 
 def test_pruning_curve(tmp_path):
   x = np.linspace(0, 0.9, 10)
-  path = viz.pruning_curve({"importance": (x, 1 - x ** 2), "random": (x, 1 - x)},
+  path = charts.pruning_curve({"importance": (x, 1 - x ** 2), "random": (x, 1 - x)},
                            tmp_path / "curve.png", baseline=1.0, ylabel="accuracy")
   assert _is_png(path)
   with pytest.raises(ValueError, match="curves is empty"):
-    viz.pruning_curve({}, tmp_path / "bad.png")
+    charts.pruning_curve({}, tmp_path / "bad.png")
 
 
 def test_every_head_and_layer_figure_says_layer(tmp_path, monkeypatch):
   """One word for the rows of every (layers, heads) figure: "layer", numbered 1..L (the
   patching figure said "block" where every other figure says "layer")."""
   drawn = []
-  save = viz._save
-  monkeypatch.setattr(viz, "_save", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
+  save = charts._save
+  monkeypatch.setattr(charts, "_save", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
   grid = np.random.default_rng(4).normal(size=(3, 4))
-  viz.head_heatmap(grid, tmp_path / "heads.png")
-  viz.patching_heatmaps(grid, grid * 0.9, tmp_path / "patching.png")
+  charts.head_heatmap(grid, tmp_path / "heads.png")
+  charts.patching_heatmaps(grid, grid * 0.9, tmp_path / "patching.png")
   for fig in drawn:
     for ax in fig.axes:
       if ax.get_ylabel() and ax.get_label() != "<colorbar>":

@@ -25,7 +25,7 @@ EWT's dev set with ``--data-dir``):
 * ``probing``: a linear UPOS probe per layer on first-subword features, held-out accuracy;
 * ``anisotropy``: Ethayarajh's mean cosine of random word pairs, per layer;
 * ``patterns`` (not in the default set): Kovaleva et al.'s five attention-map types, the
-  share of each over every head and sentence (`attention.pattern_types`);
+  share of each over every head and sentence (`patterns.pattern_types`);
 * ``effective_attention`` (not in the default set): Brunner et al.'s raw vs effective
   attention to [CLS] and [SEP] and their correlation (`effective_attention_statistics`;
   per-sentence SVDs on the host, the slowest analysis here).
@@ -238,7 +238,7 @@ class _Context:
     its `bucket_width`, with MLM labels: 15% of the real, non-special tokens masked (a
     fixed seed)."""
     if self._batches is None:
-      from bertjax.analysis.features import bucket_width
+      from bertjax.analysis.representations.features import bucket_width
 
       words = [list(s.forms) for s in self.sentences]
       rng = np.random.default_rng(0)
@@ -264,7 +264,7 @@ class _Context:
 
   def features(self):
     if self._features is None:
-      from bertjax.analysis.features import extract_word_features
+      from bertjax.analysis.representations.features import extract_word_features
 
       self._features = extract_word_features(self.params, self.config, self.tok, self.sentences,
                                              progress=False, mesh=self.mesh)
@@ -272,7 +272,7 @@ class _Context:
 
 
 def _head_ablation(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import ablation
+  from bertjax.analysis.interventions import ablation
 
   mlm = "mlm" in ctx.params and ctx.tok.mask_id is not None
   metric = ablation.mlm_batch_loss if mlm else ablation.mean_embedding_cosine
@@ -298,11 +298,11 @@ def _unmasked(ctx: _Context) -> list[dict[str, np.ndarray]]:
 
 
 def _attention(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import statistics
 
   batches = _unmasked(ctx)
-  stats = attention.clark_statistics(ctx.params, ctx.config, batches, sep_id=ctx.tok.sep_id,
-                                     punct_ids=attention.clark_punctuation_ids(ctx.tok),
+  stats = statistics.clark_statistics(ctx.params, ctx.config, batches, sep_id=ctx.tok.sep_id,
+                                     punct_ids=statistics.clark_punctuation_ids(ctx.tok),
                                      entropy_smoothing=0.0, mesh=ctx.mesh)
   metrics = {f"mean_{name}": float(stats[name].mean()) for name in ("cls", "sep", "punct",
                                                                     "entropy")}
@@ -315,7 +315,7 @@ def _probe_split(n: int) -> np.ndarray:
 
 
 def _probing(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import probing
+  from bertjax.analysis.representations import probing
   from bertjax.data import conllu
 
   wf = ctx.features()
@@ -332,7 +332,7 @@ def _probing(ctx: _Context) -> tuple[dict, dict]:
 
 
 def _anisotropy(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import geometry
+  from bertjax.analysis.representations import geometry
 
   by_layer = geometry.anisotropy(np.asarray(ctx.features().features, np.float32),
                                  num_pairs=1000, seed=0)
@@ -341,20 +341,20 @@ def _anisotropy(ctx: _Context) -> tuple[dict, dict]:
 
 
 def _patterns(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import patterns
 
-  counts = attention.pattern_types(ctx.params, ctx.config, _unmasked(ctx),
+  counts = patterns.pattern_types(ctx.params, ctx.config, _unmasked(ctx),
                                    special_ids=[ctx.tok.cls_id, ctx.tok.sep_id], mesh=ctx.mesh)
-  names = [t.replace("+", "_") for t in attention.PATTERN_TYPES]
+  names = [t.replace("+", "_") for t in patterns.PATTERN_TYPES]
   metrics = {f"share_{name}": float(v) for name, v in zip(names, counts.overall)}
-  return metrics, {"types": list(attention.PATTERN_TYPES), "counts": counts.counts.tolist(),
+  return metrics, {"types": list(patterns.PATTERN_TYPES), "counts": counts.counts.tolist(),
                    "per_layer": counts.per_layer.tolist()}
 
 
 def _effective_attention(ctx: _Context) -> tuple[dict, dict]:
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import effective as effective_attention_lib
 
-  stats = attention.effective_attention_statistics(ctx.params, ctx.config, _unmasked(ctx),
+  stats = effective_attention_lib.effective_attention_statistics(ctx.params, ctx.config, _unmasked(ctx),
                                                    cls_id=ctx.tok.cls_id, sep_id=ctx.tok.sep_id,
                                                    mesh=ctx.mesh)
   metrics = {f"{kind}_{name}": float(np.mean(stats[kind][name]))

@@ -3,7 +3,7 @@
 `ablation.evaluate_masks`, `ablation_sweep`, `head_importance`, `iterative_pruning` and the
 attention analyses (`clark_statistics`, `pattern_types`, `attention_change`,
 `word_level_attention`, `effective_attention_statistics`) come here when given a ``mesh``
-(`bertjax.mesh.make_mesh`); the patching sweeps (`bertjax.analysis.patching`) keep
+(`bertjax.mesh.make_mesh`); the patching sweeps (`bertjax.analysis.interventions.patching`) keep
 their programs and place their pair and patch set with `place_rows` and
 `place_interventions`; feature extraction and cloze scoring shard their own row-parallel
 programs with the helpers of `bertjax.mesh`. This module imports no analysis (only
@@ -295,3 +295,23 @@ class AttentionRunner:
     """`attention_statistics` of the batch, on the host: name -> (L, B, N)."""
     special = mesh_lib.shard_rows(np.asarray(special_mask), self.mesh, self.axes)
     return mesh_lib.to_host(_stats(self.params, self.config, *self._args(b), special))
+
+
+def maps_runner(params: Params, config: BertConfig, mesh):
+  """`run(batch, extra=None) -> (maps, extra)` on the host: the model's attention maps
+  (L, B, N, T, T) and, when asked, `extra="hidden_states"` (L + 1, B, T, H) or the value
+  site `extra="v"` (L, B, T, G, D) of a batch, on one device (`mesh=None`) or with its rows
+  split over every device of `mesh`."""
+  if mesh is not None:
+    return AttentionRunner(params, config, mesh).outputs
+
+  def run(b, extra=None):
+    out = forward(params, config, b["input_ids"], b["attention_mask"],
+                  model_token_types(config, b["token_type_ids"]), output_attentions=True,
+                  output_hidden_states=extra == "hidden_states",
+                  capture=("v",) if extra == "v" else ())
+    second = {None: None, "hidden_states": out.hidden_states,
+              "v": None if out.cache is None else out.cache.get("v")}[extra]
+    return np.asarray(out.attentions), None if second is None else np.asarray(second)
+
+  return run

@@ -20,8 +20,8 @@ import dataclasses
 import math
 from typing import Any
 
-from bertjax.model.families import FAMILIES, Family, LAYER_TYPES, MODEL_TYPES, family
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
+from bertjax.model.families import FAMILIES, LAYER_TYPES, MODEL_TYPES, Family, family
 
 _ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 # `classifier_pooling` values per family (ModernBERT's and EuroBERT's names).
@@ -71,7 +71,7 @@ class BertConfig:
   # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
   # Linear layers None (float) or "int8" (`bertjax.quantize`); backward rules None (the
-  # gradient), "attnlrp" or "cp-lrp" (`bertjax.analysis.lrp`): the forward values are the same.
+  # gradient), "attnlrp" or "cp-lrp" (`bertjax.analysis.attribution.lrp`): the forward values are the same.
   quantize: str | None = None
   relevance_rules: str | None = None
   # Block options a checkpoint may switch (the family row fixes the rest; BERT's defaults).

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.model.config import BertConfig
 from bertjax.kernels import ABLATIONS
+from bertjax.model.config import BertConfig
 from bertjax.model.sites import SITES, model_sites, site_shape
 
 

@@ -86,7 +86,7 @@ def _gelu_jvp(primals, tangents):
 
 # Relevance rules as backward passes, in gradient x input form: the forward values are
 # unchanged, and `x * grad` at any input is its relevance. Used where `config.relevance_rules`
-# is "attnlrp" (Achtibat et al. 2024) or "cp-lrp" (Ali et al. 2022); `bertjax.analysis.lrp`.
+# is "attnlrp" (Achtibat et al. 2024) or "cp-lrp" (Ali et al. 2022); `bertjax.analysis.attribution.lrp`.
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
@@ -326,7 +326,7 @@ class Embeddings(nn.Module):
 
 
 def final_norm_module(config: BertConfig) -> Norm | None:
-  """The norm after the last block of a pre-LN family (params["encoder"]["LayerNorm"])."""
+  """The norm after the last block of a pre-LN family (`params["encoder"]["LayerNorm"]`)."""
   return _layer_norm(config, "LayerNorm") if config.family.final_norm else None
 
 

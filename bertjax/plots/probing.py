@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from bertjax import utils
+from bertjax.analysis.representations import probing_run
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
@@ -196,3 +199,38 @@ def plot_mix_weights(
   ax.set_ylabel("softmax weight")
   ax.set_title("scalar mix" + (f" (gamma = {gamma:.2f})" if gamma is not None else ""))
   return _save(fig, path)
+
+
+def write_probing_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
+  """Writes the figures and ``probing.json`` of `bertjax.analysis.representations.probing_run.
+  run_probing_suite` results.
+
+  Returns:
+    The paths written (figures first, the JSON last).
+  """
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for task in probing_run.TASKS:
+    if task in results:
+      r = results[task]
+      paths.append(plot_probing(r["accuracy"], out / f"probe_{task}.png",
+                                              r.get("control_accuracy"), task_name=task))
+  if "upos_mlp" in results:
+    paths.append(plot_layer_curves(
+      {"linear": results["upos"]["accuracy"], "mlp": results["upos_mlp"]["accuracy"]}
+      if "upos" in results else {"mlp": results["upos_mlp"]["accuracy"]},
+      out / "probe_upos_mlp.png", ylabel="accuracy", title="UPOS: linear vs MLP probe"))
+  if "structural" in results:
+    s = results["structural"]
+    paths.append(plot_structural(
+      {"UUAS": s["distance"]["uuas"], "DSpr.": s["distance"]["spearman"],
+       "root acc.": s["depth"]["root_accuracy"], "NSpr.": s["depth"]["spearman"]},
+      out / "structural.png"))
+  paths.append(plot_layer_curves(
+    results["anisotropy"], out / "anisotropy.png", ylabel="mean cosine",
+    title=f"anisotropy ({results.get('model', '')})"))
+  results = {**results, "figures": [str(p) for p in paths]}
+  json_path = out / "probing.json"
+  utils.write_json(json_path, results)
+  return [str(p) for p in paths] + [str(json_path)]

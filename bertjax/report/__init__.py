@@ -21,7 +21,7 @@ this model's measured value beside it, and whether they agree under a stated rul
 Modules, one concern each: `sentences` (the project's labelled sentences), `settings`
 (`ReportSettings`, `LAYER_NUMBERING`), `inputs` (model name, data directory, batches),
 `task` (the negation task: `fit_task`, `task_loss`, `task_accuracy`), `sections` (the
-analyses), `figures` (the PNGs, drawn by `bertjax.viz`), `page` (the HTML), `reading`
+analyses), `figures` (the PNGs, drawn by `bertjax.plots.charts`), `page` (the HTML), `reading`
 (the generated readings) and `build` (`build_report`). Their public names are importable
 from here.
 """

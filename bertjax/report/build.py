@@ -19,7 +19,7 @@ import jax
 
 import bertjax
 from bertjax import utils
-from bertjax.analysis import attention
+from bertjax.analysis.attention import patterns as attention_patterns
 from bertjax.hub import DEFAULT_MODEL
 from bertjax.report import figures, inputs, page, reading, sections
 from bertjax.report.sentences import Sentence, builtin_text, load_sentences
@@ -132,7 +132,7 @@ def _patterns(run: _Run, texts: Sequence[str]) -> dict:
   patterns = sections.pattern_section(run.params, run.config, run.tok, pair_batches)
   patterns["num_inputs"] = len(texts) - 1
   patterns["thresholds"] = ", ".join(
-      f"{k} {v}" for k, v in dataclasses.asdict(attention.PatternThresholds()).items())
+      f"{k} {v}" for k, v in dataclasses.asdict(attention_patterns.PatternThresholds()).items())
   return patterns
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.analysis import attention
+from bertjax.analysis.attention import patterns
 from bertjax.report import reading
 
 # id, title: the sections in page order (the table of contents).
@@ -206,7 +206,7 @@ def _clark_html(r: dict, figs: dict, reads: dict) -> list[str]:
 def _patterns_html(r: dict, figs: dict, reads: dict) -> list[str]:
   """Section 2: Kovaleva et al.'s pattern types."""
   p = r["patterns"]
-  names = list(attention.PATTERN_TYPES)
+  names = list(patterns.PATTERN_TYPES)
   parts = [
       _heading("patterns") + "<p>Every head's map of every "
       f"input ({p['num_inputs']} sentence pairs: consecutive sentences of the text, so the "

@@ -92,7 +92,7 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
   point = int(_sink_level(_sink_stats(bl["cls"], bl["sep"], bl["punct"], middle)))
   first = (
       "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
-      "tokens, [SEP] above all (over half of layers 6-10's attention, read as a no-op when a "
+      "tokens, [SEP] above all (over half of layers 6-10's patterns, read as a no-op when a "
       f"head's function does not apply). In {model}'s middle {_block_range(middle)}, [CLS], "
       f"[SEP] and punctuation together take {total:.2f} of the attention and the largest share "
       f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
@@ -125,9 +125,9 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
 
 def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 2: Kovaleva et al.'s five pattern types."""
-  from bertjax.analysis import attention
+  from bertjax.analysis.attention import patterns
 
-  names = list(attention.PATTERN_TYPES)
+  names = list(patterns.PATTERN_TYPES)
   overall = dict(zip(names, (float(v) for v in p["overall"])))
   repeated = 1 - overall["heterogeneous"]
   kinds = {k: v for k, v in overall.items() if k != "heterogeneous"}

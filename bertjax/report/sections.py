@@ -20,8 +20,13 @@ import numpy as np
 
 import bertjax
 from bertjax import stats
-from bertjax.analysis import ablation, attention, disentangled, geometry, outliers
-from bertjax.analysis.batching import model_token_types
+from bertjax.analysis.attention import disentangled
+from bertjax.analysis.attention import effective as effective_attention_lib
+from bertjax.analysis.attention import patterns as attention_patterns
+from bertjax.analysis.attention import statistics as attention_statistics
+from bertjax.analysis.batching import default_chunk_size, model_token_types
+from bertjax.analysis.interventions import ablation
+from bertjax.analysis.representations import geometry, outliers
 from bertjax.report import inputs, reading
 from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings
@@ -32,17 +37,17 @@ def clark_section(params, config, tok, batches) -> dict:
   """Clark et al.'s attention mass on [CLS], [SEP], punctuation; entropy per head.
 
   On the definitions of Clark's released notebook: per-document averages, "." and
-  "," as punctuation, smoothed entropy (`attention.clark_statistics`' defaults). Each
+  "," as punctuation, smoothed entropy (`attention_statistics.clark_statistics`' defaults). Each
   sentence is one call, so its own values are kept (`per_sentence`, averaged over heads: the
   items the reading's confidence intervals resample); their mean is the document-weighted
   statistic.
   """
-  punct = attention.clark_punctuation_ids(tok)
+  punct = attention_statistics.clark_punctuation_ids(tok)
   per = []
   for _, batch in batches:
     b = inputs.plain(batch)
     for i in range(len(b["input_ids"])):
-      per.append(attention.clark_statistics(params, config, [{k: v[i:i + 1] for k, v in b.items()}],
+      per.append(attention_statistics.clark_statistics(params, config, [{k: v[i:i + 1] for k, v in b.items()}],
                                             sep_id=tok.sep_id, punct_ids=punct))
   out = {name: np.mean([p[name] for p in per], 0) for name in per[0]}
   out["by_layer"] = {name: v.mean(-1) for name, v in out.items()}
@@ -57,9 +62,9 @@ def _pattern_codes(params, config, batch, special_ids):
       params, config, batch["input_ids"], batch["attention_mask"],
       model_token_types(config, batch["token_type_ids"]), output_attentions=True).attentions)
   special = np.isin(batch["input_ids"], special_ids)
-  feats = attention.pattern_features(maps, special, batch["attention_mask"],
+  feats = attention_patterns.pattern_features(maps, special, batch["attention_mask"],
                                      batch["token_type_ids"])
-  return maps, feats, attention.classify_patterns(feats)
+  return maps, feats, attention_patterns.classify_patterns(feats)
 
 
 def _example_maps(tok, batch, maps, feats, codes):
@@ -69,7 +74,7 @@ def _example_maps(tok, batch, maps, feats, codes):
   scores = {"vertical": v, "diagonal": d, "vertical+diagonal": v + d,
             "block": np.nan_to_num(feats["block"], nan=-1.0), "heterogeneous": -(v + d)}
   examples = {}
-  for code, name in enumerate(attention.PATTERN_TYPES):
+  for code, name in enumerate(attention_patterns.PATTERN_TYPES):
     found = np.argwhere(codes == code)
     if len(found):
       best = found[np.argmax([scores[name][tuple(f)] for f in found])]
@@ -83,12 +88,12 @@ def _example_maps(tok, batch, maps, feats, codes):
 def pattern_section(params, config, tok, pair_batches) -> dict:
   """Kovaleva et al.'s pattern types of every head on sentence pairs.
 
-  The counts are `attention.pattern_types`' (the same maps, features and decision list),
+  The counts are `attention_patterns.pattern_types`' (the same maps, features and decision list),
   kept per input as well (`per_input`: each input's share of maps of each type, the items the
   reading's confidence interval resamples); the examples come from the middle batch.
   """
   special_ids = [tok.cls_id, tok.sep_id]
-  types = len(attention.PATTERN_TYPES)
+  types = len(attention_patterns.PATTERN_TYPES)
   counts = np.zeros((config.depth, config.num_attention_heads, types), np.int64)
   shares, examples = [], {}
   for k, (_, batch) in enumerate(pair_batches):
@@ -99,7 +104,7 @@ def pattern_section(params, config, tok, pair_batches) -> dict:
     shares.append(one_hot.mean((0, 2)))  # (B, types)
     if k == len(pair_batches) // 2:
       examples = _example_maps(tok, batch, maps, feats, codes)
-  found = attention.PatternCounts(counts)
+  found = attention_patterns.PatternCounts(counts)
   return {"counts": found.counts, "per_layer": found.per_layer, "overall": found.overall,
           "dominant": found.dominant, "examples": examples,
           "per_input": np.concatenate(shares)}
@@ -115,7 +120,7 @@ def ablation_section(task: dict, config, settings: ReportSettings, log) -> dict:
   are their means, and `per_example` keeps them for the readings' confidence intervals.
   """
   params, train, test = task["params"], task["train"], task["test"]
-  chunk = settings.ablation_chunk_size or ablation.default_chunk_size()
+  chunk = settings.ablation_chunk_size or default_chunk_size()
   importance = ablation.head_importance(params, config, train, task_loss)
   # Michel et al.: mask the least important heads step by step, re-estimating
   # importance (on the training split) each time; score each mask on held-out data.
@@ -201,7 +206,7 @@ def anisotropy_section(params, config, tok, batches, settings: ReportSettings) -
 
 def pos_section(params, config, tok, ud_files, settings: ReportSettings, progress: bool) -> dict:
   """A linear UPOS probe on every layer, with its control task (`probing_run`)."""
-  from bertjax.analysis import probing_run
+  from bertjax.analysis.representations import probing_run
   from bertjax.data import conllu
 
   sentences = []
@@ -311,7 +316,7 @@ def sae_section(params, config, tok, batches, settings: ReportSettings) -> dict:
   sentences' tokens); and the strongest activations, with context, of eight latents drawn
   (seeded) among those that fire on held-out text.
   """
-  from bertjax.analysis import sae
+  from bertjax.analysis.representations import sae
 
   layer = config.depth // 2
   plain = [b for _, b in batches]
@@ -380,7 +385,7 @@ def effective_section(params, config, tok, passages: Sequence[str],
   """
   batches = inputs.batches(tok, list(passages), batch_size=8, truncation=True,
                            max_length=min(config.max_length, tok.model_max_length))
-  statistics = attention.effective_attention_statistics(
+  statistics = effective_attention_lib.effective_attention_statistics(
       params, config, [inputs.plain(b) for _, b in batches], cls_id=tok.cls_id, sep_id=tok.sep_id)
   # The heads whose raw attention (on these passages) sits most on [CLS] + [SEP]: where
   # Brunner et al. found raw and effective attention to differ most.
@@ -394,9 +399,9 @@ def effective_section(params, config, tok, passages: Sequence[str],
   maps, values = np.asarray(o.attentions), np.asarray(o.cache["v"])
   examples = []
   for layer, head in heads:
-    t = attention.head_value_outputs(params, config, layer, values[layer, 0, :n])
+    t = effective_attention_lib.head_value_outputs(params, config, layer, values[layer, 0, :n])
     raw = maps[layer, 0, :, :n, :n]
-    eff = attention.effective_attention(raw, t)
+    eff = effective_attention_lib.effective_attention(raw, t)
     examples.append({"layer": layer + 1, "head": head, "raw": raw[head],
                      "effective": eff[head]})
   lengths = np.concatenate([b["attention_mask"].sum(-1) for _, b in batches])
@@ -405,7 +410,7 @@ def effective_section(params, config, tok, passages: Sequence[str],
   per_passage = {"tokens": [], "raw": [], "effective": []}
   for _, b in batches:
     for i in range(len(b["input_ids"])):
-      one = attention.effective_attention_statistics(
+      one = effective_attention_lib.effective_attention_statistics(
           params, config, [{k: v[i:i + 1] for k, v in inputs.plain(b).items()}],
           cls_id=tok.cls_id, sep_id=tok.sep_id)
       per_passage["tokens"].append(int(b["attention_mask"][i].sum()))
@@ -430,10 +435,10 @@ def attribution_section(params, config, tok, sentences: Sequence[Sentence], task
   """Which attribution method ranks the negation cue first; which heads carry negation.
 
   The explained quantity is the scoring task's probe (section 3) on the final layer;
-  see `bertjax.analysis.negation`. Attention flow is left out (max-flow per sentence is
+  see `bertjax.tasks.negation`. Attention flow is left out (max-flow per sentence is
   slow); `experiments/attribution.py` includes it.
   """
-  from bertjax.analysis import negation
+  from bertjax.tasks import negation
 
   probe = _task_probe(task)
   negated = [s.text for s in sentences if s.negated]
@@ -455,7 +460,8 @@ def circuit_section(params, config, tok, sentences: Sequence[Sentence], task: di
   """The circuit that carries negation into the scoring task's probe (section 3):
   `negation.circuit` on the negated sentences and their twins (EAP and EAP-IG on every edge,
   a seeded sample patched exactly, top-k circuits' faithfulness)."""
-  from bertjax.analysis import edges, negation
+  from bertjax.analysis.interventions import edges
+  from bertjax.tasks import negation
 
   probe = _task_probe(task)
   negated = [s.text for s in sentences if s.negated][:settings.circuit_pairs]
@@ -498,7 +504,7 @@ def disentangled_section(params, config, batches, clark: dict | None,
     overlap["prev_next"] = _overlap(positional, (np.asarray(clark["prev"]) > PREV_NEXT_MIN)
                                     | (np.asarray(clark["next"]) > PREV_NEXT_MIN))
   if patterns and not patterns.get("failed"):
-    codes = [attention.PATTERN_TYPES.index(t) for t in DIAGONAL_TYPES]
+    codes = [attention_patterns.PATTERN_TYPES.index(t) for t in DIAGONAL_TYPES]
     overlap["diagonal"] = _overlap(positional, np.isin(patterns["dominant"], codes))
   return {"available": True, "terms": list(disentangled.TERMS),
           "position_terms": list(config.disentangled_terms), "num_pairs": s.num_pairs,

@@ -3,7 +3,7 @@
 `fit_task` fits a logistic-regression probe on every layer's mean-pooled states of a
 stratified training split of the project's own sentences, and puts the final layer's
 probe into the parameters under `PROBE_KEY`; `task_loss` and `task_accuracy` score that
-fixed probe as `bertjax.analysis.ablation` metrics (the ablation and pruning sections,
+fixed probe as `bertjax.analysis.interventions.ablation` metrics (the ablation and pruning sections,
 and `experiments/sixteen_heads.py`).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 import bertjax
 from bertjax import stats
-from bertjax.analysis import probing
+from bertjax.analysis.representations import probing
 from bertjax.report import inputs
 from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax.analysis.attribution import decompx, lrp, propagation
-from bertjax.analysis.attribution import gradients as attribution_gradients
+from bertjax.analysis.attribution import decompx, gradients, lrp, propagation
 from bertjax.stats import spearman
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
@@ -155,10 +154,10 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
       out[method] = np.asarray(lrp.attnlrp(params, config, ids, mask, types,
                                            target_fn=lrp_target).tokens, np.float64)
     elif method == "grad_x_input":
-      out[method] = np.asarray(attribution_gradients.gradient_x_input(params, config, ids, mask, types,
+      out[method] = np.asarray(gradients.gradient_x_input(params, config, ids, mask, types,
                                                      target_fn=target), np.float64)
     else:
-      out[method] = np.asarray(attribution_gradients.integrated_gradients(
+      out[method] = np.asarray(gradients.integrated_gradients(
           params, config, ids, mask, types, target_fn=target, steps=ig_steps).attributions,
           np.float64)
   return out

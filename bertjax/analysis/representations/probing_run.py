@@ -20,8 +20,6 @@ It returns a JSON-serialisable dict and, given ``out_dir``, writes
 from __future__ import annotations
 
 import dataclasses
-import os
-import pathlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,11 +27,9 @@ from typing import Any
 import numpy as np
 
 from bertjax import utils
-from bertjax.analysis.representations import features as representations_features
-from bertjax.analysis.representations import geometry, probing
+from bertjax.analysis.representations import features, geometry, probing
 from bertjax.analysis.representations import structural as representations_structural
 from bertjax.data import conllu
-from bertjax.plots import probing as probing_plots
 
 TASKS = ("upos", "xpos", "deprel")
 DEFAULT_PROBE = probing.ProbeConfig(
@@ -190,7 +186,6 @@ def run_probing_suite(
   config: Any,
   tokenizer: Any,
   sentences: Sequence[conllu.Sentence],
-  out_dir: str | os.PathLike | None = None,
   *,
   suite: SuiteConfig = SuiteConfig(),
   model_name: str = "model",
@@ -203,7 +198,6 @@ def run_probing_suite(
     config: the model's ``BertConfig``.
     tokenizer: its ``bertjax.Tokenizer``.
     sentences: UD sentences (``conllu.read_conllu``).
-    out_dir: where to write ``probing.json`` and the PNG figures; None writes nothing.
     suite: what to run.
     model_name: recorded in the results and figure titles.
     progress: show the feature-extraction progress bar.
@@ -221,7 +215,7 @@ def run_probing_suite(
     raise ValueError(f"need at least 10 sentences to split, got {len(sentences)}")
   seconds: dict[str, float] = {}
   t0 = time.perf_counter()
-  wf = representations_features.extract_word_features(
+  wf = features.extract_word_features(
     params, config, tokenizer, sentences, pooling=suite.pooling, max_tokens=suite.max_tokens,
     cache_dir=suite.cache_dir, progress=progress)
   feats = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
@@ -262,40 +256,4 @@ def run_probing_suite(
                                     centered=True).tolist()}
   seconds["anisotropy"] = time.perf_counter() - t0
   results["seconds"] = seconds
-  if out_dir is not None:
-    results["figures"] = write_outputs(results, out_dir)
   return results
-
-
-def write_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -> list[str]:
-  """Writes the figures and ``probing.json`` for ``run_probing_suite`` results.
-
-  Returns:
-    The paths written (figures first, the JSON last).
-  """
-  out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  paths = []
-  for task in TASKS:
-    if task in results:
-      r = results[task]
-      paths.append(probing_plots.plot_probing(r["accuracy"], out / f"probe_{task}.png",
-                                              r.get("control_accuracy"), task_name=task))
-  if "upos_mlp" in results:
-    paths.append(probing_plots.plot_layer_curves(
-      {"linear": results["upos"]["accuracy"], "mlp": results["upos_mlp"]["accuracy"]}
-      if "upos" in results else {"mlp": results["upos_mlp"]["accuracy"]},
-      out / "probe_upos_mlp.png", ylabel="accuracy", title="UPOS: linear vs MLP probe"))
-  if "structural" in results:
-    s = results["structural"]
-    paths.append(probing_plots.plot_structural(
-      {"UUAS": s["distance"]["uuas"], "DSpr.": s["distance"]["spearman"],
-       "root acc.": s["depth"]["root_accuracy"], "NSpr.": s["depth"]["spearman"]},
-      out / "structural.png"))
-  paths.append(probing_plots.plot_layer_curves(
-    results["anisotropy"], out / "anisotropy.png", ylabel="mean cosine",
-    title=f"anisotropy ({results.get('model', '')})"))
-  results = {**results, "figures": [str(p) for p in paths]}
-  json_path = out / "probing.json"
-  utils.write_json(json_path, results)
-  return [str(p) for p in paths] + [str(json_path)]
