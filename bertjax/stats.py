@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +122,17 @@ def wilcoxon_p(base, other) -> float:
     return 1.0
   return float(wilcoxon(d).pvalue)
 
+
+
+def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
+  """Mean of the last `window` values at each step (fewer at the start): causal smoothing."""
+  if window < 1:
+    raise ValueError(f"{window=} must be >= 1")
+  x = np.asarray(values, np.float64)
+  c = np.concatenate([[0.0], np.cumsum(x)])
+  i = np.arange(1, x.shape[0] + 1)
+  lo = np.maximum(i - window, 0)
+  return (c[i] - c[lo]) / (i - lo)
 
 def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float = 0.95,
                  seed: int = 0, vectorized: bool = False):

@@ -46,7 +46,9 @@ from typing import Any
 import common
 import jax
 import numpy as np
-from stacking import load_data, trailing_mean, train_run
+
+from bertjax import stats
+from bertjax.training.runs import train_run
 
 NAME = "albert_sharing"
 PAPER = "Lan et al. 2020"
@@ -204,7 +206,7 @@ def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -
   for v in VARIANTS:
     r = runs[v]
     steps = np.arange(1, len(r["mlm_loss"]) + 1)
-    ax.plot(steps, trailing_mean(r["mlm_loss"], window),
+    ax.plot(steps, stats.trailing_mean(r["mlm_loss"], window),
             label=f"{v} ({params[v]['total'] / 1e6:.2f}M params)")
   ax.set(xlabel="step", ylabel=f"training MLM loss ({window}-step trailing mean)",
          title="BERT vs ALBERT reductions: same data, steps and schedule")
@@ -242,7 +244,7 @@ def run_experiment(args) -> int:
   t_start = time.perf_counter()
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=10)
   timings: dict[str, float] = {}
-  data = load_data(args, sc, timings)
+  data = common.load_wikitext(args, sc, timings)
   configs = model_configs(sc, data.corpus.vocab_size)
   params = {v: count_params(c, ("mlm",)) for v, c in configs.items()}
   base = base_size_counts()
@@ -251,7 +253,7 @@ def run_experiment(args) -> int:
   runs: dict[str, dict] = {}
   with common.timed(timings, "training"):
     for v in VARIANTS:
-      r = train_run(v, configs[v], data, train, data.eval_batches)
+      r = train_run(v, configs[v], data, train, data.eval_batches, log=common.log)
       r["median_step_s"] = float(np.median(r["loop_step_s"][1:]))  # the first one compiles
       runs[v] = r
   load_end = os.getloadavg()

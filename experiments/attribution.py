@@ -71,42 +71,6 @@ FULL = Settings(max_sentences=None, ig_steps=32, flow=True, batch=16)
 SMOKE = Settings(max_sentences=6, ig_steps=8, flow=True, batch=6)
 
 
-def fit_probe(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2):
-  """L2-regularised logistic regression by BFGS on standardised features: (w, b, mu, sd)."""
-  import jax
-  import jax.numpy as jnp
-  from jax.scipy.optimize import minimize
-
-  mu, sd = features.mean(0), features.std(0) + 1e-6
-  x = jnp.asarray((features - mu) / sd)
-  y = jnp.asarray(labels, x.dtype)
-
-  def loss(theta):
-    logits = x @ theta[:-1] + theta[-1]
-    return jnp.mean(jax.nn.softplus(logits) - y * logits) + l2 * jnp.sum(theta[:-1] ** 2)
-
-  theta = minimize(loss, jnp.zeros(x.shape[1] + 1, x.dtype), method="BFGS").x
-  return np.asarray(theta[:-1]), float(theta[-1]), mu, sd
-
-
-def pooled_features(params, config, tok, sentences):
-  """(features, labels): each sentence's mean-pooled final states (float64) and whether it
-  is negated, what the probe is fitted on."""
-  import bertjax
-  from bertjax import stats
-
-  batch = tok.encode([s.text for s in sentences])
-  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                                      batch.token_type_ids).last_hidden_state, np.float64)
-  return (stats.mean_pool(hidden, batch.attention_mask),
-          np.asarray([s.negated for s in sentences]))
-
-
-def two_class(w, b, mu, sd):
-  """The standardised logistic probe as `(weight (hidden, 2), bias (2,))` on raw pooled states."""
-  return np.stack([np.zeros_like(w), w / sd], 1), np.asarray([0.0, b - (mu / sd) @ w])
-
-
 def figures(out, res, patch_res, stem: str = NAME) -> list[str]:
   """The methods' cue ranks and the patching heatmaps, named `stem`_*.png."""
   import pathlib
@@ -206,21 +170,21 @@ def main(argv=None) -> int:
         0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
-    feats, labels = pooled_features(params, config, tok, sentences)
+    feats, labels = negation.pooled_features(params, config, tok, sentences)
     rng = np.random.default_rng(args.seed)
     test = rng.permutation(len(labels))[:len(labels) // 5]
     train = np.setdiff1d(np.arange(len(labels)), test)
-    probe = fit_probe(feats[train], labels[train])
+    probe = negation.fit_probe(feats[train], labels[train])
     w, b, mu, sd = probe
     acc = float((((feats[test] - mu) / sd @ w + b > 0) == labels[test]).mean())
   negated = [s.text for s in sentences if s.negated]
   methods = tuple(m for m in negation.methods_for(config) if settings.flow or m != "flow")
   with common.timed(timings, "attribution"):
-    res = negation.cue_statistics(params, config, tok, negated, two_class(*probe),
+    res = negation.cue_statistics(params, config, tok, negated, negation.probe_weights(*probe),
                                   methods=methods, ig_steps=settings.ig_steps,
                                   batch_size=settings.batch, max_sentences=settings.max_sentences)
   with common.timed(timings, "patching"):
-    patch_res = negation.head_patching(params, config, tok, negated, two_class(*probe))
+    patch_res = negation.head_patching(params, config, tok, negated, negation.probe_weights(*probe))
   figs = figures(args.out, res, patch_res, common.results_stem(NAME, args.model))
   results = {"model": name, "probe_test_accuracy": acc, **res, "patching": patch_res}
   common.write_results(NAME, args.out, results,

@@ -527,3 +527,15 @@ def savefig(fig, out: str | os.PathLike, name: str) -> str:
   fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
   plt.close(fig)
   return f"{name}.png"
+
+
+def load_wikitext(args, sc: PretrainScale, timings: dict[str, float]):
+  """WikiText-2 for a pretraining experiment at the sizes of `sc`, from `--data-dir` (timed
+  as "data"): `bertjax.training.runs.load_wikitext`'s `PretrainingData`."""
+  from bertjax.training import runs
+
+  with timed(timings, "data"):
+    root = data_dir(args.data_dir, "wikitext2_tokens")
+    return runs.load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
+                              eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
+                              max_lines=sc.max_lines)

@@ -572,10 +572,8 @@ def render(docs: list[dict], link_prefix: str = "") -> str:
 
 
 def module(name: str):
-  """The experiment script `experiments/NAME.py` as a module."""
-  here = str(REPO / "experiments")
-  if here not in sys.path:
-    sys.path.insert(0, here)
+  """The experiment script `experiments/NAME.py` as a module (experiments/ is first on the
+  path when this file runs as a script, as for every experiment)."""
   return importlib.import_module(name)
 
 

@@ -185,14 +185,14 @@ def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[
 
 
 def _probe(params, config, tok, sentences):
-  """The negation probe (`experiments/attribution.py`'s logistic regression on mean-pooled
-  final states of every project sentence) as a negated - affirmative logit difference."""
-  import attribution as attribution_experiment
-
+  """The negation probe (`bertjax.tasks.negation.fit_probe`: a logistic regression on the
+  mean-pooled final states of every project sentence) as a negated - affirmative logit
+  difference."""
   from bertjax.analysis.interventions import metrics
+  from bertjax.tasks import negation
 
-  feats, labels = attribution_experiment.pooled_features(params, config, tok, sentences)
-  w, b = attribution_experiment.two_class(*attribution_experiment.fit_probe(feats, labels))
+  feats, labels = negation.pooled_features(params, config, tok, sentences)
+  w, b = negation.probe_weights(*negation.fit_probe(feats, labels))
   return metrics.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
 
 
@@ -249,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   settings = {"model": name, "pairs": n, "steps": args.steps, "exact_edges": len(chosen),
               "sizes": faith["topk"]["sizes"], "seed": args.seed, "faithful": FAITHFUL,
               "probe": "L2 logistic regression on mean-pooled final states of the 385 "
-                       "project sentences (experiments/attribution.py's fit_probe)"}
+                       "project sentences (bertjax.tasks.negation.fit_probe)"}
   rows = findings(common.to_json(r), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")

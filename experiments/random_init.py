@@ -60,6 +60,9 @@ import common
 import jax
 import numpy as np
 
+from bertjax.tasks import acceptability
+from bertjax.tasks.acceptability import subset
+
 PAPER = "Kovaleva et al. 2019"
 NAME = "random_init"
 TASKS = ("negation", "question", "upos", "blimp")
@@ -119,11 +122,6 @@ def split_groups(groups, n_dev: int, n_test: int, n_train: int | None, *, seed: 
   return tuple(np.flatnonzero(np.isin(groups, np.concatenate(p))) for p in parts)
 
 
-def subset(data: dict[str, np.ndarray], idx) -> dict[str, np.ndarray]:
-  """The rows `idx` of every array of a data dict."""
-  return {k: v[idx] for k, v in data.items()}
-
-
 def sentence_task(tok, field: str, *, max_len: int, limit: int | None = None):
   """The project's sentences labelled by `field` ("negated" or "question"), as padded arrays."""
   from bertjax.report import load_sentences
@@ -149,7 +147,6 @@ def upos_task(path, tok, *, max_len: int):
 
 def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str, dict[str, Any]]:
   """The `wanted` tasks' data, groups, strata, metric description and label count."""
-  import dark_secrets
 
   need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
   root = common.data_dir(args.data_dir, *need) if need else None
@@ -171,7 +168,7 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
                      "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
                      "what": "UD EWT dev, UPOS of each word (token accuracy)"}
   if "blimp" in wanted:
-    data, pairs, _, phenomena = dark_secrets.load_blimp_task(root / "blimp", tok,
+    data, pairs, _, phenomena = acceptability.load_blimp_task(root / "blimp", tok,
                                                             max_len=size["max_len"])
     tasks["blimp"] = {"data": data, "groups": pairs, "strata": None, "num_labels": 2,
                       "kind": "classification", "phenomena": phenomena,

@@ -36,17 +36,14 @@ encoders are known to blur, and the sentence embedding is how this model is used
 from __future__ import annotations
 
 import functools
-import pathlib
 import sys
 import time
 from typing import Any
 
+import common
 import numpy as np
 
 from bertjax import stats
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import common
 
 NAME = "sixteen_heads"
 PAPER = "Michel et al. 2019"

@@ -41,16 +41,13 @@ Relations are UD's without subtypes, except nmod:poss, reported as "poss" (Clark
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import common
+import numpy as np
 
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"

@@ -1,19 +1,12 @@
-"""bertjax.tasks.negation and experiments/attribution.py: cue, twins, ranks, probe as metric."""
+"""bertjax.tasks.negation: cue, twins, ranks, the fitted probe as a metric."""
 
-import pathlib
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 import bertjax
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import attribution  # noqa: E402
-
-from bertjax import stats  # noqa: E402
+from bertjax import stats
 from bertjax.tasks import negation
 
 
@@ -42,14 +35,14 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(200, 6))
   y = (x[:, 0] - 0.5 * x[:, 3] > 0).astype(int)
-  w, b, mu, sd = attribution.fit_probe(x, y)
+  w, b, mu, sd = negation.fit_probe(x, y)
   from sklearn.linear_model import LogisticRegression
 
   ref = LogisticRegression(C=1 / (2 * 1e-2 * 200), max_iter=1000).fit((x - mu) / sd, y)
   np.testing.assert_allclose(w, ref.coef_[0], rtol=2e-3, atol=2e-3)
   np.testing.assert_allclose(b, ref.intercept_[0], rtol=2e-3, atol=2e-3)
   # The experiment's metric: the binary probe as two classes on mean-pooled states.
-  metric = metrics.ProbeLogitDiff(*attribution.two_class(w, b, mu, sd), "mean")
+  metric = metrics.ProbeLogitDiff(*negation.probe_weights(w, b, mu, sd), "mean")
   hidden = rng.normal(size=(3, 4, 6)).astype(np.float32)
   mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
   out = bertjax.BertOutput(last_hidden_state=hidden)

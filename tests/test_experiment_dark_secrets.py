@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.tasks import acceptability
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
@@ -27,9 +29,9 @@ from bertjax.training import finetune as ft
 def task(data_dir, minilm_dir):
   """Held-out BLiMP sentences and a tiny random classifier with MiniLM's vocabulary."""
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  data, pairs, phen, names = ds.load_blimp_task(data_dir / "blimp", tok, max_len=64)
-  _, held_idx = ds.split_by_pair(pairs, 8, 16, seed=3)
-  held = ds.subset(data, held_idx)
+  data, pairs, phen, names = acceptability.load_blimp_task(data_dir / "blimp", tok, max_len=64)
+  _, held_idx = acceptability.split_by_pair(pairs, 8, 16, seed=3)
+  held = acceptability.subset(data, held_idx)
   tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **ds.SMOKE_MODEL)
   config, params = ft.prepare_model("classification", 2, config=tiny, seed=7)
   # Larger weights than the initialiser's, so heads differ and the classifier is not constant.
@@ -42,7 +44,7 @@ def task(data_dir, minilm_dir):
 
 def test_split_keeps_minimal_pairs_together(task):
   pairs = task["pairs"]
-  train, held = ds.split_by_pair(pairs, 20, 50, seed=1)
+  train, held = acceptability.split_by_pair(pairs, 20, 50, seed=1)
   assert len(held) == 40 and len(train) == 100
   assert not set(pairs[train]) & set(pairs[held])
   labels = task["data"]["labels"]
@@ -50,12 +52,12 @@ def test_split_keeps_minimal_pairs_together(task):
     assert np.bincount(pairs[idx]).max() == 2 and labels[idx].mean() == 0.5
   assert len(task["names"]) == len(set(task["phen"].tolist()))
   with pytest.raises(ValueError, match="eval_pairs"):
-    ds.split_by_pair(pairs, len(np.unique(pairs)), None, seed=0)
+    acceptability.split_by_pair(pairs, len(np.unique(pairs)), None, seed=0)
 
 
 def test_ablation_matches_direct_computation(task):
   config, params, held = task["config"], task["params"], task["held"]
-  sweeps = ds.ablate(params, config, ds.batches(held, 8), strategy="vmap")
+  sweeps = ds.ablate(params, config, acceptability.batches(held, 8), strategy="vmap")
   u, s = sweeps["uniform"], sweeps["scale"]
   assert u.baseline == pytest.approx(
       ft.evaluate(params, config, held, "classification")["accuracy"], abs=1e-7)
@@ -78,7 +80,7 @@ def test_ablation_matches_direct_computation(task):
 def test_pattern_ratios_sum_to_one(task):
   config, params, held = task["config"], task["params"], task["held"]
   tok = task["tok"]
-  p = ds.pattern_summary(params, config, ds.batches(held, 8), [tok.cls_id, tok.sep_id])
+  p = ds.pattern_summary(params, config, acceptability.batches(held, 8), [tok.cls_id, tok.sep_id])
   np.testing.assert_allclose(p["per_layer"].sum(-1), 1.0, atol=1e-12)
   assert p["overall"].sum() == pytest.approx(1.0)
   assert p["counts"].sum() == config.depth * config.num_attention_heads * len(held["labels"])

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.tasks import acceptability
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import random_init as ri
@@ -61,7 +63,7 @@ def test_bag_of_words_learns_a_lexical_cue_and_ignores_order():
   ids[labels == 1, rng.integers(1, 5)] = 7  # the cue: subword 7 occurs
   ids[:, 0] = 1  # a "[CLS]" in every row, which the baseline must ignore
   data = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": labels}
-  train, test = ri.subset(data, np.arange(60)), ri.subset(data, np.arange(60, 80))
+  train, test = acceptability.subset(data, np.arange(60)), acceptability.subset(data, np.arange(60, 80))
   assert ri.bag_of_words_accuracy(train, test, [1], steps=300) == 1.0
   # Two sentences with the same subwords in another order get the same prediction.
   swapped = dict(test, input_ids=test["input_ids"][:, ::-1].copy(), labels=test["labels"])
@@ -104,7 +106,7 @@ def test_early_stopping_follows_its_rule(tiny):
   config, params = ft.prepare_model("classification", 2, config=cfg, seed=0)
   size = {**ri.SIZES["smoke"], "max_steps": 40, "min_steps": 4, "eval_every": 2, "patience": 2}
   tr, dv, te = ri.split_groups(np.arange(48), 8, 12, None, seed=0, strata=data["labels"])
-  train, dev, test = (ri.subset(data, i) for i in (tr, dv, te))
+  train, dev, test = (acceptability.subset(data, i) for i in (tr, dv, te))
   run = ri.train_early_stopping(config, params, train, dev, test, kind="classification",
                                 size=size, seed=0)
   dev_scores = [p["dev"] for p in run["curve"]]

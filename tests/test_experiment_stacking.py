@@ -6,17 +6,20 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax import stats
+from bertjax.training import runs
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import stacking
 
 
 def test_trailing_mean_is_causal_with_short_windows_at_the_start():
-  np.testing.assert_allclose(stacking.trailing_mean([4, 2, 6, 0], 2), [4, 3, 4, 3])
-  np.testing.assert_allclose(stacking.trailing_mean([4, 2, 6, 0], 10), [4, 3, 4, 3])
-  np.testing.assert_allclose(stacking.trailing_mean([4, 2, 6], 1), [4, 2, 6])
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6, 0], 2), [4, 3, 4, 3])
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6, 0], 10), [4, 3, 4, 3])
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6], 1), [4, 2, 6])
   with pytest.raises(ValueError, match="window=0"):
-    stacking.trailing_mean([1.0], 0)
+    stats.trailing_mean([1.0], 0)
 
 
 def test_time_to_reach_on_a_hand_made_curve():
@@ -31,16 +34,16 @@ def test_time_to_reach_on_a_hand_made_curve():
 
 
 def test_step_costs_takes_compile_out_of_each_stage():
-  out = stacking.step_costs([10.0, 1.0, 1.0, 1.0, 8.0, 2.0, 2.0], [3, 3, 3, 3, 6, 6, 6])
+  out = runs.step_costs([10.0, 1.0, 1.0, 1.0, 8.0, 2.0, 2.0], [3, 3, 3, 3, 6, 6, 6])
   np.testing.assert_allclose(out["cost_s"], [1, 1, 1, 1, 2, 2, 2])
   np.testing.assert_allclose(out["compile_s"], [9.0, 6.0])
   assert out["stage_starts"] == [0, 4] and out["stage_layers"] == [3, 6]
-  one = stacking.step_costs([5.0, 1.0, 1.0], [6, 6, 6])
+  one = runs.step_costs([5.0, 1.0, 1.0], [6, 6, 6])
   np.testing.assert_allclose(one["compile_s"], [4.0])
 
 
 def _run(losses, cost, layers, compile_s):
-  split = stacking.step_costs(cost, layers)
+  split = runs.step_costs(cost, layers)
   raw = np.asarray(cost, float)
   return {"mlm_loss": list(losses), "layers": list(layers), "cost_s": split["cost_s"],
           "raw_cost_s": raw, "compile_s": compile_s, "stage_starts": split["stage_starts"]}
@@ -93,7 +96,7 @@ def test_timed_iterator_passes_the_iterator_through():
       self.step += 1
       return {"attention_mask": np.ones((2, 3), np.int32)}
 
-  it = stacking.TimedIterator(Fake())
+  it = runs.TimedIterator(Fake())
   assert (it.config, it.batch_size, it.step) == ("cfg", 2, 0)
   next(it), next(it)
   assert it.step == 2 and it.tokens == [6, 6] and it.state() == {"step": 2}
@@ -115,7 +118,7 @@ def test_sorted_ids_fixes_the_vocabulary_order_and_keeps_the_tokenisation():
 
   text = ["the cat sat on the mat", "a dog sat on a log", "the dogs and cats sat"] * 20
   trained = C.train_wordpiece(text, 60)
-  fixed = stacking._sorted_ids(trained)
+  fixed = runs.sorted_vocabulary(trained)
   tokens = [t for t, _ in sorted(fixed.get_vocab().items(), key=lambda kv: kv[1])]
   assert tokens[:5] == list(C.SPECIAL_TOKENS) and tokens[5:] == sorted(tokens[5:])
   assert set(tokens) == set(trained.get_vocab())

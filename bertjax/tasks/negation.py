@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import stats
 from bertjax.analysis.attribution import decompx, gradients, lrp, propagation
 from bertjax.stats import spearman
 
@@ -269,3 +270,41 @@ def circuit(params, config, tok, texts: Sequence[str], probe, *, steps: int = 5,
           "circuit": [] if d["circuit"] is None else [
               g.edge_name(s, t) for s, t in zip(*np.nonzero(d["circuit"]))],
           "top_edges": d["eap_ig"].top(10)}
+
+
+# The probe the experiments fit ----------------------------------------------------------
+
+
+def fit_probe(features: np.ndarray, labels: np.ndarray, l2: float = 1e-2):
+  """The negation probe: L2-regularised logistic regression by BFGS on standardised pooled
+  features (`pooled_features`); returns `(w, b, mu, sd)` (`probe_weights` turns them into the
+  `(weight, bias)` that `ProbeLogitDiff` and the analyses here read)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.scipy.optimize import minimize
+
+  mu, sd = features.mean(0), features.std(0) + 1e-6
+  x = jnp.asarray((features - mu) / sd)
+  y = jnp.asarray(labels, x.dtype)
+
+  def loss(theta):
+    logits = x @ theta[:-1] + theta[-1]
+    return jnp.mean(jax.nn.softplus(logits) - y * logits) + l2 * jnp.sum(theta[:-1] ** 2)
+
+  theta = minimize(loss, jnp.zeros(x.shape[1] + 1, x.dtype), method="BFGS").x
+  return np.asarray(theta[:-1]), float(theta[-1]), mu, sd
+
+
+def pooled_features(params, config, tok, sentences):
+  """(features, labels): each sentence's mean-pooled final states (float64) and whether it
+  is negated, what the probe is fitted on."""
+  batch = tok.encode([s.text for s in sentences])
+  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
+                                      batch.token_type_ids).last_hidden_state, np.float64)
+  return (stats.mean_pool(hidden, batch.attention_mask),
+          np.asarray([s.negated for s in sentences]))
+
+
+def probe_weights(w, b, mu, sd):
+  """The standardised logistic probe as `(weight (hidden, 2), bias (2,))` on raw pooled states."""
+  return np.stack([np.zeros_like(w), w / sd], 1), np.asarray([0.0, b - (mu / sd) @ w])

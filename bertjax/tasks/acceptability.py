@@ -1,0 +1,68 @@
+"""Acceptability as a task: BLiMP's minimal pairs (a grammatical sentence and its
+ungrammatical twin) as labelled sentences, split so that every pair stays on one side, and
+the row and batch helpers the experiments that fine-tune on it share (Kovaleva et al. 2019's
+probing of what fine-tuning changes; their random-initialisation control)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+
+def load_blimp_task(blimp_dir: pathlib.Path, tokenizer, *, max_len: int):
+  """Every BLiMP phenomenon file in `blimp_dir` as acceptability data.
+
+  Returns:
+    `(data, pair_ids, phenomenon, names)`: padded arrays with `labels` (1 grammatical,
+    0 ungrammatical), the (N,) minimal-pair index of each sentence, the (N,) phenomenon
+    index of each sentence, and the phenomenon names (file stems, sorted).
+  """
+  from bertjax.training import finetune as ft
+
+  files = sorted(pathlib.Path(blimp_dir).glob("*.jsonl"))
+  if not files:
+    raise FileNotFoundError(f"no BLiMP *.jsonl files under {blimp_dir}")
+  texts, labels, pairs, phen = [], [], [], []
+  for k, path in enumerate(files):
+    t, _, y = ft.load_blimp(path)  # good, bad, good, bad, ...
+    offset = (pairs[-1] + 1) if pairs else 0
+    texts += t
+    labels.append(y)
+    pairs += list(offset + np.arange(len(t)) // 2)
+    phen += [k] * len(t)
+  data = ft.encode_classification(tokenizer, texts, None, np.concatenate(labels), max_len=max_len)
+  return data, np.asarray(pairs), np.asarray(phen), [p.stem for p in files]
+
+
+def split_by_pair(pair_ids, eval_pairs: int, train_pairs: int | None, *, seed: int):
+  """Sentence indices `(train, eval)` with every minimal pair wholly on one side.
+
+  Args:
+    pair_ids: (N,) pair index of each sentence.
+    eval_pairs: pairs held out.
+    train_pairs: pairs to train on (None: all the others).
+    seed: the permutation's seed.
+  """
+  pair_ids = np.asarray(pair_ids)
+  unique = np.unique(pair_ids)
+  train_pairs = len(unique) - eval_pairs if train_pairs is None else train_pairs
+  if eval_pairs < 1 or train_pairs < 1 or eval_pairs + train_pairs > len(unique):
+    raise ValueError(f"{eval_pairs=} and {train_pairs=} must be >= 1 and fit in the "
+                     f"{len(unique)} minimal pairs")
+  perm = np.random.default_rng(seed).permutation(unique)
+  held, train = perm[:eval_pairs], perm[eval_pairs:eval_pairs + train_pairs]
+  return np.flatnonzero(np.isin(pair_ids, train)), np.flatnonzero(np.isin(pair_ids, held))
+
+
+def subset(data: dict[str, np.ndarray], idx) -> dict[str, np.ndarray]:
+  """The rows `idx` of every array of a data dict."""
+  return {k: v[idx] for k, v in data.items()}
+
+
+def batches(data: dict[str, np.ndarray], size: int, limit: int | None = None) -> list[dict]:
+  """The first `limit` (default all) rows of `data` in consecutive batches of `size`."""
+  n = len(data["labels"]) if limit is None else min(limit, len(data["labels"]))
+  if size < 1 or n < 1:
+    raise ValueError(f"batch {size=} and the {n} rows must both be >= 1")
+  return [{k: v[i:min(i + size, n)] for k, v in data.items()} for i in range(0, n, size)]

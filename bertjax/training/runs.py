@@ -1,0 +1,251 @@
+"""Timed pretraining runs, for the experiments that compare how models train (progressive
+stacking, ALBERT's sharing): WikiText-2 with a vocabulary numbered in a fixed order, batches
+whose hand-over is timed, per-step costs with compile time apart, the held-out MLM loss, and
+one `loop.pretrain` run that returns all of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass
+class PretrainingData:
+  """WikiText-2 ready for the loop: training corpus and examples, fixed held-out batches."""
+
+  corpus: Any
+  examples: Any
+  config: Any
+  eval_batches: list[dict[str, np.ndarray]]
+  stats: dict[str, Any]
+
+  def iterator(self, batch_size: int, seed: int):
+    """A fresh `PretrainingIterator` at step 0 (same order and masks for every call)."""
+    from bertjax.data import pretraining as P
+
+    return P.PretrainingIterator(self.corpus, self.config, batch_size=batch_size, seed=seed,
+                                 examples=self.examples)
+
+def sorted_vocabulary(tokenizer):
+  """The same WordPiece vocabulary with ids in a fixed order: special tokens, then sorted.
+
+  `train_wordpiece` numbers its tokens in an order that changes between processes (and at
+  8k tokens even a few tokens at the size cut-off change), so runs would not repeat; this
+  fixes the order, the part that matters most (which embedding row each token gets). The
+  tokenisation depends only on the token set.
+  """
+  from bertjax.data import corpus as C
+
+  vocab = tokenizer.get_vocab(with_added_tokens=True)
+  special = list(C.SPECIAL_TOKENS)
+  tokens = special + sorted(t for t in vocab if t not in special)
+  with tempfile.TemporaryDirectory(prefix="bertjax-vocab-") as tmp:
+    path = pathlib.Path(tmp) / "vocab.txt"
+    path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    return C.load_tokenizer(path)
+
+def load_wikitext(data_dir: pathlib.Path, *, vocab: int, seq_len: int, eval_batches: int,
+                  batch: int, seed: int, max_lines: int | None = None) -> PretrainingData:
+  """WikiText-2 `valid.txt` for training (vocab trained on it), `test.txt` held out.
+
+  Args:
+    data_dir: the shared data directory (holding `wikitext2_tokens/`).
+    vocab: WordPiece vocabulary size.
+    seq_len: tokens per segment (RoBERTa FULL-SENTENCES packing, MLM only).
+    eval_batches: how many held-out batches of `batch` segments.
+    batch: segments per batch.
+    seed: seeds example building, order and masking.
+    max_lines: read only the first lines of each file (for `--smoke`).
+
+  Returns:
+    The training corpus and examples and the held-out batches (masks fixed by `seed`); the
+    vocabulary's ids are numbered in a fixed order (see `sorted_vocabulary`).
+  """
+  from bertjax.data import corpus as C
+  from bertjax.data import pretraining as P
+
+  root = data_dir / "wikitext2_tokens"
+  train_path, test_path = root / "valid.txt", root / "test.txt"
+  for path in (train_path, test_path):
+    if not path.is_file():
+      raise FileNotFoundError(f"WikiText-2 file {path} is missing (expected under {data_dir})")
+  docs = C.read_documents(train_path, format="wikitext", max_lines=max_lines)
+  tokenizer = sorted_vocabulary(C.train_wordpiece((s for d in docs for s in d), vocab))
+  corpus = C.tokenize_documents(docs, tokenizer)
+  held = C.tokenize_documents(C.read_documents(test_path, format="wikitext",
+                                               max_lines=max_lines), tokenizer)
+  config = P.PretrainingConfig(max_seq_len=seq_len, objective="none")
+  examples = P.build_examples(corpus, config, seed)
+  held_it = P.PretrainingIterator(held, config, batch_size=batch, seed=seed + 1)
+  n_eval = min(eval_batches, held_it.steps_per_epoch)
+  if n_eval < 1:
+    raise ValueError(f"held-out set has {len(held_it.examples)} segments, fewer than {batch=}")
+  evals = [held_it.batch(k) for k in range(n_eval)]
+  # What a model that has learned only token frequencies scores: training unigram
+  # probabilities (add-one) of the held-out masked tokens.
+  counts = np.bincount(corpus.ids, minlength=corpus.vocab_size).astype(np.float64) + 1.0
+  masked = np.concatenate([b["mlm_ids"][b["mlm_weights"] > 0] for b in evals])
+  unigram = float(-np.mean(np.log(counts / counts.sum())[masked]))
+  stats = {"train_file": str(train_path), "heldout_file": str(test_path),
+           "train_tokens": corpus.num_tokens, "train_documents": corpus.num_documents,
+           "train_segments": len(examples), "heldout_tokens": held.num_tokens,
+           "heldout_batches": n_eval,
+           "heldout_masked_tokens": int(sum(b["mlm_weights"].sum() for b in evals)),
+           "vocab_size": corpus.vocab_size, "unk_rate": corpus.unk_rate(),
+           "unigram_heldout_mlm_loss": unigram}
+  return PretrainingData(corpus, examples, config, evals, stats)
+
+class TimedIterator:
+  """Wraps a pretraining iterator; records when each batch is asked for and handed over."""
+
+  def __init__(self, inner):
+    self.inner = inner
+    self.enter: list[float] = []
+    self.exit: list[float] = []
+    self.tokens: list[int] = []
+
+  config = property(lambda self: self.inner.config)
+  batch_size = property(lambda self: self.inner.batch_size)
+  step = property(lambda self: self.inner.step)
+
+  def state(self) -> dict:
+    return self.inner.state()
+
+  def set_state(self, state: dict) -> None:
+    self.inner.set_state(state)
+
+  def __iter__(self) -> Iterator[dict]:
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    self.enter.append(time.perf_counter())
+    batch = next(self.inner)
+    self.tokens.append(int(batch["attention_mask"].sum()))
+    self.exit.append(time.perf_counter())
+    return batch
+
+def step_costs(cost: Sequence[float], layers: Sequence[int]) -> dict[str, Any]:
+  """Splits per-step times into compile (first step of each stage, above the stage median).
+
+  Args:
+    cost: seconds per step (compile included).
+    layers: depth at each step; a change of depth starts a stage.
+
+  Returns:
+    `cost_s` (compile removed), `compile_s` per stage and the stages' first steps.
+  """
+  cost = np.asarray(cost, np.float64).copy()
+  layers = np.asarray(layers)
+  starts = [0] + [int(i) for i in np.flatnonzero(np.diff(layers)) + 1]
+  ends = starts[1:] + [cost.shape[0]]
+  compile_s = []
+  for a, b in zip(starts, ends):
+    typical = float(np.median(cost[a + 1:b])) if b - a > 1 else float(cost[a])
+    compile_s.append(max(float(cost[a]) - typical, 0.0))
+    cost[a] = min(cost[a], typical)
+  return {"cost_s": cost, "compile_s": compile_s, "stage_starts": starts,
+          "stage_layers": [int(layers[a]) for a in starts]}
+
+@functools.cache
+def _eval_step(config):
+  from bertjax.training.step import make_eval_step
+
+  return make_eval_step(config, task="pretrain", objective="none")
+
+
+def heldout_mlm_loss(params: Any, config, batches: Sequence[dict]) -> dict[str, float]:
+  """MLM loss and accuracy over fixed held-out batches, weighted by masked tokens."""
+  fn = _eval_step(config.replace(dtype="float32"))
+  loss = acc = count = 0.0
+  for b in batches:
+    m = jax.device_get(fn(params, b))
+    n = float(b["mlm_weights"].sum())
+    loss += float(m["mlm_loss"]) * n
+    acc += float(m["mlm_accuracy"]) * n
+    count += n
+  return {"mlm_loss": loss / count, "mlm_accuracy": acc / count, "masked_tokens": count}
+
+
+def final_params(out_dir: pathlib.Path, train, heads: tuple[str, ...]) -> Any:
+  """The parameters of the newest checkpoint the loop wrote in `out_dir`."""
+  from bertjax.model.forward import init
+  from bertjax.training import checkpoint as ckpt_lib
+  from bertjax.training.state import create_train_state
+
+  tx, _ = train.make_optimizer()
+
+  def template(meta):
+    cfg = ckpt_lib.config_from_json(meta["config"])
+    return jax.eval_shape(lambda: create_train_state(init(cfg, 0, heads), tx, train.seed))
+
+  ckpt = ckpt_lib.Checkpointer(out_dir / "checkpoints", max_to_keep=None, async_save=False)
+  try:
+    restored = ckpt.restore_latest(template)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"the loop wrote no checkpoint in {out_dir}")
+  return restored[0].params
+
+def train_run(label: str, config, data: PretrainingData, train, eval_batches: Sequence[dict],
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+  """One `loop.pretrain` run with per-step timing and the final model's held-out loss.
+
+  Args:
+    label: the run's name (for logs).
+    config: the final model config.
+    data: the data (a fresh iterator at step 0 is made from it).
+    train: the `TrainConfig` (its `output_dir` is replaced by a temporary directory).
+    eval_batches: fixed held-out batches.
+    log: called with a one-line summary of the run (None: nothing is said).
+
+  Returns:
+    Per-step `mlm_loss`, `layers`, `cost_s` (compile excluded), `raw_cost_s`,
+    `loop_step_s` (the loop's own step time), `compile_s` per stage, totals, load averages
+    and `heldout`.
+  """
+  from bertjax.training import loop
+
+  it = TimedIterator(data.iterator(train.batch_size, train.seed))
+  load_before = os.getloadavg()
+  with tempfile.TemporaryDirectory(prefix="bertjax-run-") as tmp:
+    run = dataclasses.replace(train, output_dir=tmp, checkpoint_every=0, keep=1,
+                              async_checkpoint=False, progress=False)
+    t0 = time.perf_counter()
+    summary = loop.pretrain(config, it, run)
+    wall = time.perf_counter() - t0
+    load_after = os.getloadavg()
+    params = final_params(pathlib.Path(tmp), run, ("mlm",))
+  hist = summary["history"]
+  loop_dt = np.asarray(it.tokens, np.float64) / np.asarray([r["tokens_per_s"] for r in hist])
+  # Step k's cost: from handing over batch k to asking for batch k+1 (the step, the loop's
+  # logging and any growth before the next step); the last step has only its own time.
+  gaps = np.asarray(it.enter[1:]) - np.asarray(it.exit[:-1])
+  raw = np.append(gaps, loop_dt[-1])
+  layers = [r["layers"] for r in hist]
+  split = step_costs(raw, layers)
+  heldout = heldout_mlm_loss(params, config, eval_batches)
+  data_s = float(np.sum(np.asarray(it.exit) - np.asarray(it.enter)))
+  res = {"label": label, "stacking": train.stacking,
+         "mlm_loss": [r["mlm_loss"] for r in hist], "layers": layers,
+         "learning_rate": [r["learning_rate"] for r in hist],
+         "cost_s": split["cost_s"], "raw_cost_s": raw, "loop_step_s": loop_dt,
+         "compile_s": split["compile_s"], "stage_starts": split["stage_starts"],
+         "stage_layers": split["stage_layers"], "total_s": float(split["cost_s"].sum()),
+         "total_with_compile_s": float(raw.sum()), "data_loading_s": data_s,
+         "pretrain_wall_s": wall, "loadavg_before": load_before, "loadavg_after": load_after,
+         "heldout": heldout, "final_train_mlm_loss": hist[-1]["mlm_loss"]}
+  if log is not None:
+    log(f"{label}: {len(hist)} steps, {res['total_s']:.1f}s compute + "
+        f"{sum(res['compile_s']):.1f}s compile, held-out MLM {heldout['mlm_loss']:.4f}, "
+        f"load {load_before[0]:.1f}->{load_after[0]:.1f}")
+  return res
