@@ -61,20 +61,32 @@ from bertjax.data.conllu import read_conllu
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="benchmarks/results", help="output directory")
-  parser.add_argument("--smoke", action="store_true",
-                      help="random tiny model (2 layers x 4 heads) on 16 sentences")
+  parser.add_argument(
+    "--smoke", action="store_true", help="random tiny model (2 layers x 4 heads) on 16 sentences"
+  )
   parser.add_argument("--sentences", type=int, default=512, help="EWT dev sentences (default 512)")
   parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
-  parser.add_argument("--chunk-sizes", default="1,12",
-                      help="comma list of sweep chunk sizes (masks per vmap chunk) to time")
-  parser.add_argument("--data", default=None,
-                      help="CoNLL-U file with '# text =' lines (default: UD EWT dev, found by "
-                           "`bertjax data`'s lookup; --smoke: the shipped sample)")
+  parser.add_argument(
+    "--chunk-sizes",
+    default="1,12",
+    help="comma list of sweep chunk sizes (masks per vmap chunk) to time",
+  )
+  parser.add_argument(
+    "--data",
+    default=None,
+    help="CoNLL-U file with '# text =' lines (default: UD EWT dev, found by "
+    "`bertjax data`'s lookup; --smoke: the shipped sample)",
+  )
   parser.add_argument("--skip-naive", action="store_true", help="time the sweep only")
-  parser.add_argument("--importance-only", action="store_true",
-                      help="time head importance only (no ablation sweep)")
-  parser.add_argument("--repeats", type=int, default=3,
-                      help="timed repeats of forward and importance (medians reported)")
+  parser.add_argument(
+    "--importance-only", action="store_true", help="time head importance only (no ablation sweep)"
+  )
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    default=3,
+    help="timed repeats of forward and importance (medians reported)",
+  )
   return parser.parse_args(argv)
 
 
@@ -98,9 +110,11 @@ def make_batches(tok, texts, batch_size, multiple=16, labels=None):
   order = np.argsort(lengths, kind="stable")
   batches = []
   for i in range(0, len(order), batch_size):
-    idx = order[i:i + batch_size]
+    idx = order[i : i + batch_size]
     longest = int(lengths[idx].max())
-    b = ablation.as_batch(tok.encode([texts[j] for j in idx], pad_to=-(-longest // multiple) * multiple))
+    b = ablation.as_batch(
+      tok.encode([texts[j] for j in idx], pad_to=-(-longest // multiple) * multiple)
+    )
     if labels is not None:
       b["labels"] = jnp.asarray(labels[idx])
     batches.append(b)
@@ -109,9 +123,17 @@ def make_batches(tok, texts, batch_size, multiple=16, labels=None):
 
 def negation_probe(params, config, batches, steps=300):
   """A logistic-regression head (w, b) on intact mean-pooled states, and its loss function."""
-  encode = jax.jit(lambda b: stats.mean_pool(bertjax.run_layers(
-      params, config, bertjax.embed(params, config, b["input_ids"], b["token_type_ids"]),
-      b["attention_mask"])[0], b["attention_mask"]))
+  encode = jax.jit(
+    lambda b: stats.mean_pool(
+      bertjax.run_layers(
+        params,
+        config,
+        bertjax.embed(params, config, b["input_ids"], b["token_type_ids"]),
+        b["attention_mask"],
+      )[0],
+      b["attention_mask"],
+    )
+  )
   x = jnp.concatenate([encode(b) for b in batches])
   y = jnp.concatenate([b["labels"] for b in batches])
   mu, sd = x.mean(0), x.std(0) + 1e-6
@@ -126,7 +148,9 @@ def negation_probe(params, config, batches, steps=300):
 
   @jax.jit
   def step(head, opt):
-    loss, g = jax.value_and_grad(lambda h: head_loss(h, x, y).mean() + 1e-3 * (h["w"] ** 2).sum())(head)
+    loss, g = jax.value_and_grad(lambda h: head_loss(h, x, y).mean() + 1e-3 * (h["w"] ** 2).sum())(
+      head
+    )
     updates, opt = tx.update(g, opt)
     return optax.apply_updates(head, updates), opt, loss
 
@@ -135,18 +159,35 @@ def negation_probe(params, config, batches, steps=300):
   accuracy = float((((x - mu) / sd) @ head["w"] + head["b"]).argmax(-1).__eq__(y).mean())
 
   def loss_fn(params, config, batch, last_hidden_state, pooled):
-    nll = head_loss(head, stats.mean_pool(last_hidden_state, batch["attention_mask"]), batch["labels"])
+    nll = head_loss(
+      head, stats.mean_pool(last_hidden_state, batch["attention_mask"]), batch["labels"]
+    )
     return nll.sum(), jnp.asarray(nll.shape[0], nll.dtype)
 
-  return loss_fn, {"train_loss": float(loss), "train_accuracy": accuracy,
-                   "positives": int(y.sum()), "sentences": int(y.shape[0])}
+  return loss_fn, {
+    "train_loss": float(loss),
+    "train_accuracy": accuracy,
+    "positives": int(y.sum()),
+    "sentences": int(y.shape[0]),
+  }
 
 
 def time_importance(params, config, batches, warm, loss_fn, repeats):
   """Median seconds of head importance and of a forward pass with the same loss, and compile."""
-  fwd = jax.jit(lambda p, b: loss_fn(p, config, b, bertjax.run_layers(
-      p, config, bertjax.embed(p, config, b["input_ids"], b["token_type_ids"]),
-      b["attention_mask"])[0], None))
+  fwd = jax.jit(
+    lambda p, b: loss_fn(
+      p,
+      config,
+      b,
+      bertjax.run_layers(
+        p,
+        config,
+        bertjax.embed(p, config, b["input_ids"], b["token_type_ids"]),
+        b["attention_mask"],
+      )[0],
+      None,
+    )
+  )
   fwd_pass = lambda data: [fwd(params, b) for b in data]
   imp = lambda data: ablation.head_importance(params, config, data, loss_fn)
   _, fwd_warm = timed(lambda: fwd_pass(warm))
@@ -158,11 +199,18 @@ def time_importance(params, config, batches, warm, loss_fn, repeats):
     imp_s.append(t)
   f, i = float(np.median(fwd_s)), float(np.median(imp_s))
   share = sum(int(np.prod(b["input_ids"].shape)) for b in warm) / sum(
-      int(np.prod(b["input_ids"].shape)) for b in batches)
-  return {"forward_s": f, "importance_s": i, "ratio": i / f, "forward_all_s": fwd_s,
-          "importance_all_s": imp_s, "forward_compile_s": max(fwd_warm - f * share, 0.0),
-          "importance_compile_s": max(imp_warm - i * share, 0.0),
-          "importance": np.asarray(importance).tolist()}
+    int(np.prod(b["input_ids"].shape)) for b in batches
+  )
+  return {
+    "forward_s": f,
+    "importance_s": i,
+    "ratio": i / f,
+    "forward_all_s": fwd_s,
+    "importance_all_s": imp_s,
+    "forward_compile_s": max(fwd_warm - f * share, 0.0),
+    "importance_compile_s": max(imp_warm - i * share, 0.0),
+    "importance": np.asarray(importance).tolist(),
+  }
 
 
 def rss_mib():
@@ -199,15 +247,31 @@ def main(argv=None):
   methods += [] if args.skip_naive else [("loop", "loop", 1)]
   methods = [] if args.importance_only else methods
   run = lambda method, data: ablation.ablation_sweep(
-      params, config, data, metric, head_ablations=("scale",), include=("heads",),
-      chunk_size=method[2], strategy=method[1])["scale"]
-  report = {"device": jax.devices()[0].device_kind, "platform": platform.platform(),
-                "cpu_count": jax.local_device_count(), "model": "tiny (random)" if args.smoke
-                else "all-MiniLM-L6-v2", "layers": config.depth, "heads": config.num_attention_heads,
-                "sentences": len(texts), "batches": len(batches), "shapes": [list(s) for s in shapes],
-                "real_tokens": real_tokens, "padded_tokens": padded_tokens,
-                "chunk_sizes": chunks, "metric": "mean-pooled embedding cosine to unablated",
-                "rss_start_mib": rss_mib()}
+    params,
+    config,
+    data,
+    metric,
+    head_ablations=("scale",),
+    include=("heads",),
+    chunk_size=method[2],
+    strategy=method[1],
+  )["scale"]
+  report = {
+    "device": jax.devices()[0].device_kind,
+    "platform": platform.platform(),
+    "cpu_count": jax.local_device_count(),
+    "model": "tiny (random)" if args.smoke else "all-MiniLM-L6-v2",
+    "layers": config.depth,
+    "heads": config.num_attention_heads,
+    "sentences": len(texts),
+    "batches": len(batches),
+    "shapes": [list(s) for s in shapes],
+    "real_tokens": real_tokens,
+    "padded_tokens": padded_tokens,
+    "chunk_sizes": chunks,
+    "metric": "mean-pooled embedding cosine to unablated",
+    "rss_start_mib": rss_mib(),
+  }
   results = {}
   warm_ids = {id(b) for b in warm}
   for method in methods:
@@ -220,36 +284,54 @@ def main(argv=None):
       total, count, wall = total + n * result.heads, count + n, wall + t
       steady_warm += t if id(b) in warm_ids else 0.0
     results[strategy] = ablation.AblationResult("scale", 1.0, total / count, *(None,) * 3)
-    report[strategy] = {"wall_s": wall, "compile_s": max(warm_s - steady_warm, 0.0),
-                            "rss_after_mib": rss_mib()}
+    report[strategy] = {
+      "wall_s": wall,
+      "compile_s": max(warm_s - steady_warm, 0.0),
+      "rss_after_mib": rss_mib(),
+    }
     print(f"{strategy}: {wall:.2f} s (compile {warm_s - steady_warm:.1f} s)", flush=True)
   if "loop" in results:
-    report["max_abs_diff"] = float(max(np.abs(results[m[0]].heads - results["loop"].heads).max()
-                                       for m in methods))
-    report["speedup"] = {m[0]: report["loop"]["wall_s"] / report[m[0]]["wall_s"]
-                         for m in methods if m[0] != "loop"}
+    report["max_abs_diff"] = float(
+      max(np.abs(results[m[0]].heads - results["loop"].heads).max() for m in methods)
+    )
+    report["speedup"] = {
+      m[0]: report["loop"]["wall_s"] / report[m[0]]["wall_s"] for m in methods if m[0] != "loop"
+    }
   if methods:
     sweep = results[methods[0][0]]
     report["baseline"] = 1.0  # the cosine of the intact model to itself
     report["head_ablation"] = sweep.heads.tolist()
     order = np.argsort(sweep.heads.ravel())
-    report["most_harmful"] = [[int(i // config.num_attention_heads),
-                               int(i % config.num_attention_heads),
-                               float(sweep.heads.ravel()[i])] for i in order[:5]]
+    report["most_harmful"] = [
+      [
+        int(i // config.num_attention_heads),
+        int(i % config.num_attention_heads),
+        float(sweep.heads.ravel()[i]),
+      ]
+      for i in order[:5]
+    ]
 
   task_loss, probe = negation_probe(params, config, batches)
   report["negation_probe"] = probe
   report["importance"] = {}
-  for name, loss_fn in (("task", task_loss), ("token_reconstruction", ablation.token_reconstruction_loss)):
+  for name, loss_fn in (
+    ("task", task_loss),
+    ("token_reconstruction", ablation.token_reconstruction_loss),
+  ):
     r = time_importance(params, config, batches, warm, loss_fn, args.repeats)
     report["importance"][name] = r
-    print(f"importance ({name}): {r['importance_s']:.2f} s vs forward {r['forward_s']:.2f} s "
-          f"= {r['ratio']:.2f}x", flush=True)
+    print(
+      f"importance ({name}): {r['importance_s']:.2f} s vs forward {r['forward_s']:.2f} s "
+      f"= {r['ratio']:.2f}x",
+      flush=True,
+    )
   report["rss_end_mib"] = rss_mib()
 
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  name = "ablation_smoke" if args.smoke else f"ablation_{report['device'].lower().replace(' ', '_')}"
+  name = (
+    "ablation_smoke" if args.smoke else f"ablation_{report['device'].lower().replace(' ', '_')}"
+  )
   name += "_importance" if args.importance_only else ""
   (out / f"{name}.json").write_text(json.dumps(report, indent=1))
   (out / f"{name}.md").write_text(markdown(report))
@@ -257,40 +339,67 @@ def main(argv=None):
 
 
 def markdown(r):
-  lines = [f"# Single-head ablation sweep: {r['model']} ({r['layers']}x{r['heads']} heads)", "",
-           (f"{r['sentences']} UD EWT dev sentences, {r['batches']} batches, shapes {r['shapes']}; "
-           f"{r['real_tokens']} real / {r['padded_tokens']} padded tokens; device {r['device']}"
-           + (f"; metric: {r['metric']} (baseline {r['baseline']:.4f})." if "baseline" in r
-              else "."))]
+  lines = [
+    f"# Single-head ablation sweep: {r['model']} ({r['layers']}x{r['heads']} heads)",
+    "",
+    (
+      f"{r['sentences']} UD EWT dev sentences, {r['batches']} batches, shapes {r['shapes']}; "
+      f"{r['real_tokens']} real / {r['padded_tokens']} padded tokens; device {r['device']}"
+      + (f"; metric: {r['metric']} (baseline {r['baseline']:.4f})." if "baseline" in r else ".")
+    ),
+  ]
   keys = [k for k in r if k.startswith("prefix_chunk")] + ["loop"]
   if any(k in r for k in keys):  # not --importance-only
-    lines += ["", "| method | passes | wall (s) | compile (s) | peak RSS after (MiB) |",
-              "|---|---|---|---|---|"]
+    lines += [
+      "",
+      "| method | passes | wall (s) | compile (s) | peak RSS after (MiB) |",
+      "|---|---|---|---|---|",
+    ]
   for key in keys:
-    label = ("naive loop (one jitted forward per mask)" if key == "loop" else
-             f"sweep, prefix reuse, vmap chunk {key.removeprefix('prefix_chunk')}")
+    label = (
+      "naive loop (one jitted forward per mask)"
+      if key == "loop"
+      else f"sweep, prefix reuse, vmap chunk {key.removeprefix('prefix_chunk')}"
+    )
     if key in r:
       x = r[key]
-      lines.append(f"| {label} | {r['layers'] * r['heads'] + 1} | {x['wall_s']:.2f} | "
-                   f"{x['compile_s']:.1f} | "
-                   f"{x['rss_after_mib']:.0f} |")
+      lines.append(
+        f"| {label} | {r['layers'] * r['heads'] + 1} | {x['wall_s']:.2f} | "
+        f"{x['compile_s']:.1f} | "
+        f"{x['rss_after_mib']:.0f} |"
+      )
   if "speedup" in r:
-    lines += ["", "Speed-up over the loop: " + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
-              + f"; max |sweep - loop| = {r['max_abs_diff']:.2e}."]
+    lines += [
+      "",
+      "Speed-up over the loop: "
+      + ", ".join(f"{k} {v:.2f}x" for k, v in r["speedup"].items())
+      + f"; max |sweep - loop| = {r['max_abs_diff']:.2e}.",
+    ]
   probe = r["negation_probe"]
-  lines += ["", ("Head importance (per-example |dL/dxi|) against one forward pass over the same "
-                 "data computing the same loss (medians of interleaved repeats; compile apart). "
-                 f"Task: negation probe ({probe['positives']} of {probe['sentences']} sentences "
-                 f"negated; train accuracy {probe['train_accuracy']:.3f})."), "",
-            "| criterion | importance | forward + loss | ratio | compile (imp / fwd) |",
-            "|---|---|---|---|---|"]
+  lines += [
+    "",
+    (
+      "Head importance (per-example |dL/dxi|) against one forward pass over the same "
+      "data computing the same loss (medians of interleaved repeats; compile apart). "
+      f"Task: negation probe ({probe['positives']} of {probe['sentences']} sentences "
+      f"negated; train accuracy {probe['train_accuracy']:.3f})."
+    ),
+    "",
+    "| criterion | importance | forward + loss | ratio | compile (imp / fwd) |",
+    "|---|---|---|---|---|",
+  ]
   for name, x in r["importance"].items():
-    lines.append(f"| {name} | {x['importance_s']:.2f} s | {x['forward_s']:.2f} s | "
-                 f"**{x['ratio']:.2f}x** | {x['importance_compile_s']:.1f} s / "
-                 f"{x['forward_compile_s']:.1f} s |")
+    lines.append(
+      f"| {name} | {x['importance_s']:.2f} s | {x['forward_s']:.2f} s | "
+      f"**{x['ratio']:.2f}x** | {x['importance_compile_s']:.1f} s / "
+      f"{x['forward_compile_s']:.1f} s |"
+    )
   if "most_harmful" in r:
-    lines += ["", "Most harmful single-head ablations (layer, head, cosine): "
-              + ", ".join(f"({l}, {h}, {v:.4f})" for l, h, v in r["most_harmful"])]
+    lines += [
+      "",
+      "Most harmful single-head ablations (layer, head, cosine): "
+      + ", ".join(f"({l}, {h}, {v:.4f})" for l, h, v in r["most_harmful"]),
+    ]
   return "\n".join(lines + [""])
 
 

@@ -159,15 +159,22 @@ def _windowed(impl, lens, interpret, blocks, window, on_gpu):
   """Sliding-window attention: bertjax's band-skipping kernel or cuDNN's local window."""
   if impl == "bertjax_pallas":
     mask = kernels.Mask(kv_lengths=lens, window=window)
-    return lambda q, k, v: kernels.attention(q, k, v, mask=mask, impl="pallas",
-                                             interpret=interpret, block_sizes=blocks)
+    return lambda q, k, v: kernels.attention(
+      q, k, v, mask=mask, impl="pallas", interpret=interpret, block_sizes=blocks
+    )
   if impl == "cudnn":
     if not on_gpu:
       raise RuntimeError("cudnn needs a GPU")
     half = window // 2
     return lambda q, k, v: jax.nn.dot_product_attention(
-      q, k, v, query_seq_lengths=lens, key_value_seq_lengths=lens, implementation="cudnn",
-      local_window_size=(half, half))
+      q,
+      k,
+      v,
+      query_seq_lengths=lens,
+      key_value_seq_lengths=lens,
+      implementation="cudnn",
+      local_window_size=(half, half),
+    )
   raise ValueError(f"--window compares bertjax_pallas and cudnn, not {impl!r}")
 
 
@@ -308,8 +315,11 @@ def main(argv=None):
   result = run(args)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  stem = ("attention_" + (f"window{result['window']}_" if result["window"] else "")
-          + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower())
+  stem = (
+    "attention_"
+    + (f"window{result['window']}_" if result["window"] else "")
+    + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower()
+  )
   if result["smoke"]:
     stem += "_smoke"
   (out / f"{stem}.json").write_text(json.dumps(result, indent=2))

@@ -43,33 +43,42 @@ import jax
 import jax.numpy as jnp
 
 import bertjax
-from bertjax.analysis.interventions import metrics
-from bertjax.analysis.interventions import patching
+from bertjax.analysis.interventions import metrics, patching
 from bertjax.model.forward import run_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_tl import make_inputs  # noqa: E402
+from bench_tl import make_inputs
 
-from bertjax.utils import cpu_info  # noqa: E402
+from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-SHAPES = {"bert-base": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072),
-          "minilm": dict(hidden_size=384, num_hidden_layers=6, intermediate_size=1536)}
+SHAPES = {
+  "bert-base": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072),
+  "minilm": dict(hidden_size=384, num_hidden_layers=6, intermediate_size=1536),
+}
 SMOKE = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64)
 
 
 def _parse(argv):
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
-                 help="model shapes to measure (default: both)")
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--shapes",
+    nargs="+",
+    choices=tuple(SHAPES),
+    default=list(SHAPES),
+    help="model shapes to measure (default: both)",
+  )
   p.add_argument("--rounds", type=int, default=9, help="interleaved timing rounds (default 9)")
   p.add_argument("--batch", type=int, default=8, help="sequences per batch (default 8)")
   p.add_argument("--seq", type=int, default=128, help="tokens per sequence (default 128)")
-  p.add_argument("--smoke", action="store_true",
-                 help="a tiny model, 2 rounds: checks that the script runs")
-  p.add_argument("--out", type=pathlib.Path, default=RESULTS,
-                 help=f"results folder (default {RESULTS})")
+  p.add_argument(
+    "--smoke", action="store_true", help="a tiny model, 2 rounds: checks that the script runs"
+  )
+  p.add_argument(
+    "--out", type=pathlib.Path, default=RESULTS, help=f"results folder (default {RESULTS})"
+  )
   args = p.parse_args(argv)
   if args.rounds < 1:
     p.error(f"--rounds {args.rounds}: expected at least 1")
@@ -79,8 +88,9 @@ def _parse(argv):
 def _tasks(shape: str, args) -> dict:
   """name -> a function running one timed call (its result blocked on)."""
   sizes = SMOKE if args.smoke else SHAPES[shape]
-  config = bertjax.BertConfig(vocab_size=30522, num_attention_heads=4 if args.smoke else 12,
-                              **sizes)
+  config = bertjax.BertConfig(
+    vocab_size=30522, num_attention_heads=4 if args.smoke else 12, **sizes
+  )
   params = bertjax.init(config, 0, heads=("mlm",))
   inputs = make_inputs(args.batch, args.seq)
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
@@ -93,27 +103,47 @@ def _tasks(shape: str, args) -> dict:
     return lambda: jax.block_until_ready(f())
 
   # Programs.
-  tasks["forward"] = block(lambda: bertjax.forward(params, config, clean["input_ids"],
-                                                   clean["attention_mask"]).last_hidden_state)
+  tasks["forward"] = block(
+    lambda: (
+      bertjax.forward(params, config, clean["input_ids"], clean["attention_mask"]).last_hidden_state
+    )
+  )
   tasks["attribution_patching"] = lambda: patching.attribution_patching(
-      params, config, clean, corrupted, metric, targets=targets)
+    params, config, clean, corrupted, metric, targets=targets
+  )
   src, dst, tg = patching.checked_pair(config, clean, corrupted, targets, "denoise")
   weights = jnp.asarray(patching._block_weights(config, "head_out", args.seq, "heads", None))
 
   @jax.jit
   def clean_run(params, src):
     batch = {**src, **tg}
-    _, run = patching._run(params, config, src, capture=("head_out",),
-                     final_rows=metrics.metric_rows(metric, config, batch))
+    _, run = patching._run(
+      params,
+      config,
+      src,
+      capture=("head_out",),
+      final_rows=metrics.metric_rows(metric, config, batch),
+    )
     return run.cache["head_out"], patching.metric_of(params, config, metric, run.last, batch, None)
 
   tasks["clean_run"] = block(lambda: clean_run(params, src))
-  first = functools.partial(patching._attribution_forward, params, config, src, dst, tg, weights, None,
-                            site="head_out", metric=metric)
+  first = functools.partial(
+    patching._attribution_forward,
+    params,
+    config,
+    src,
+    dst,
+    tg,
+    weights,
+    None,
+    site="head_out",
+    metric=metric,
+  )
   tasks["attribution_program_1_forward_runs"] = block(first)
   _, dst_m, backward = first()
   tasks["attribution_program_2_backward"] = block(
-      lambda: patching._attribution_backward(backward, weights, dst_m))
+    lambda: patching._attribution_backward(backward, weights, dst_m)
+  )
 
   # One block.
   b, t, n, h = args.batch, args.seq, config.num_attention_heads, config.hidden_size
@@ -126,8 +156,16 @@ def _tasks(shape: str, args) -> dict:
   w0 = jnp.zeros((config.depth, 1, 1, n, 1))
 
   def one_block(w, x):
-    return run_layers(params, config, x, mask, start=middle, stop=middle + 1,
-                      patch={"head_out": (value, w)}, unroll=True).last
+    return run_layers(
+      params,
+      config,
+      x,
+      mask,
+      start=middle,
+      stop=middle + 1,
+      patch={"head_out": (value, w)},
+      unroll=True,
+    ).last
 
   fwd = jax.jit(one_block)
   keep = jax.jit(lambda w, x: jax.vjp(one_block, w, x))
@@ -140,9 +178,10 @@ def _tasks(shape: str, args) -> dict:
   tasks["block_dense_products"] = block(_dense_floor(config, b * t))
 
   # The attention core of one block.
-  q, k, v = (jax.random.normal(kk, (b, n, t, config.head_dim))
-             for kk in jax.random.split(keys[3], 3))
-  scale = config.head_dim ** -0.5
+  q, k, v = (
+    jax.random.normal(kk, (b, n, t, config.head_dim)) for kk in jax.random.split(keys[3], 3)
+  )
+  scale = config.head_dim**-0.5
 
   def core(q, k, v):
     probs = jax.nn.softmax(jnp.einsum("bnqd,bnkd->bnqk", q, k) * scale, axis=-1)
@@ -181,35 +220,55 @@ def measure(shape: str, args) -> dict:
       t0 = time.perf_counter()
       f()
       times[name].append(time.perf_counter() - t0)
-    print(f"[{shape}] round {r + 1}/{rounds}: forward {times['forward'][-1] * 1e3:.0f} ms, "
-          f"attribution {times['attribution_patching'][-1] * 1e3:.0f} ms", file=sys.stderr,
-          flush=True)
+    print(
+      f"[{shape}] round {r + 1}/{rounds}: forward {times['forward'][-1] * 1e3:.0f} ms, "
+      f"attribution {times['attribution_patching'][-1] * 1e3:.0f} ms",
+      file=sys.stderr,
+      flush=True,
+    )
   forward = times["forward"]
-  return {name: {"median_ms": 1e3 * statistics.median(ts),
-                 "over_forward": statistics.median(a / f for a, f in zip(ts, forward)),
-                 "times_ms": [1e3 * x for x in ts]} for name, ts in times.items()}
+  return {
+    name: {
+      "median_ms": 1e3 * statistics.median(ts),
+      "over_forward": statistics.median(a / f for a, f in zip(ts, forward)),
+      "times_ms": [1e3 * x for x in ts],
+    }
+    for name, ts in times.items()
+  }
 
 
-ROWS = [("attribution_patching", "attribution patching, all heads (the whole call)"),
-        ("clean_run", "  the clean run alone"),
-        ("attribution_program_1_forward_runs", "  program 1: clean run + corrupted run keeping "
-         "residuals"),
-        ("attribution_program_2_backward", "  program 2: the backward pass"),
-        ("block_forward", "one block: forward"),
-        ("block_forward_keeping_residuals", "one block: forward keeping residuals"),
-        ("block_backward", "one block: backward (activation gradients)"),
-        ("block_dense_products", "one block: its six dense products alone"),
-        ("attention_core_forward", "attention core: forward"),
-        ("attention_core_backward", "attention core: backward")]
+ROWS = [
+  ("attribution_patching", "attribution patching, all heads (the whole call)"),
+  ("clean_run", "  the clean run alone"),
+  (
+    "attribution_program_1_forward_runs",
+    "  program 1: clean run + corrupted run keeping residuals",
+  ),
+  ("attribution_program_2_backward", "  program 2: the backward pass"),
+  ("block_forward", "one block: forward"),
+  ("block_forward_keeping_residuals", "one block: forward keeping residuals"),
+  ("block_backward", "one block: backward (activation gradients)"),
+  ("block_dense_products", "one block: its six dense products alone"),
+  ("attention_core_forward", "attention core: forward"),
+  ("attention_core_backward", "attention core: backward"),
+]
 
 
 def markdown(report: dict) -> str:
   m = report["machine"]
-  lines = [f"# Attribution patching's parts ({m['cpu']}, {m['cpus']} cores, "
-           f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})", "",
-           f"Batch {report['batch']} x {report['seq']}, float32, random weights; medians of "
-           f"{report['rounds']} interleaved rounds; ratio = median over rounds of time / that "
-           "round's forward pass.", ""]
+  lines = [
+    (
+      f"# Attribution patching's parts ({m['cpu']}, {m['cpus']} cores, "
+      f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})"
+    ),
+    "",
+    (
+      f"Batch {report['batch']} x {report['seq']}, float32, random weights; medians of "
+      f"{report['rounds']} interleaved rounds; ratio = median over rounds of time / that "
+      "round's forward pass."
+    ),
+    "",
+  ]
   shapes = list(report["shapes"])
   lines.append("| part | " + " | ".join(f"{s} ms | {s} / forward" for s in shapes) + " |")
   lines.append("|---|" + "---:|---:|" * len(shapes))
@@ -225,10 +284,17 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
   args = _parse(argv)
-  report = {"machine": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend(),
-            "batch": args.batch, "seq": args.seq, "rounds": 2 if args.smoke else args.rounds,
-            "smoke": args.smoke, "shapes": {}}
-  for shape in (args.shapes[:1] if args.smoke else args.shapes):
+  report = {
+    "machine": cpu_info(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "batch": args.batch,
+    "seq": args.seq,
+    "rounds": 2 if args.smoke else args.rounds,
+    "smoke": args.smoke,
+    "shapes": {},
+  }
+  for shape in args.shapes[:1] if args.smoke else args.shapes:
     report["shapes"]["smoke" if args.smoke else shape] = measure(shape, args)
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "attribution_parts_cpu" + ("_smoke" if args.smoke else "")

@@ -29,13 +29,14 @@ import bertjax
 from bertjax.analysis.interventions import edges, metrics
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_tl import make_inputs  # noqa: E402
+from bench_tl import make_inputs
 
-from bertjax.utils import cpu_info  # noqa: E402
+from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, intermediate_size=3072,
-                 num_attention_heads=12)
+BERT_BASE = dict(
+  hidden_size=768, num_hidden_layers=12, intermediate_size=3072, num_attention_heads=12
+)
 SMOKE = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4)
 TARGETS = {"eap": 3.5, "eap_ig_5": 12.0}
 
@@ -48,13 +49,15 @@ def _tasks(args) -> dict:
   corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
   metric = metrics.LogitDiff("mlm")
-  run = lambda **kw: edges.edge_attribution(params, config, clean, corrupted, metric,
-                                            targets=targets, **kw)
+  run = lambda **kw: edges.edge_attribution(
+    params, config, clean, corrupted, metric, targets=targets, **kw
+  )
   return {
-      "forward": lambda: jax.block_until_ready(bertjax.forward(
-          params, config, clean["input_ids"], clean["attention_mask"]).last_hidden_state),
-      "eap": lambda: run(method="eap"),
-      "eap_ig_5": lambda: run(method="eap-ig", steps=5),
+    "forward": lambda: jax.block_until_ready(
+      bertjax.forward(params, config, clean["input_ids"], clean["attention_mask"]).last_hidden_state
+    ),
+    "eap": lambda: run(method="eap"),
+    "eap_ig_5": lambda: run(method="eap-ig", steps=5),
   }
 
 
@@ -69,29 +72,48 @@ def measure(args) -> dict:
       t0 = time.perf_counter()
       f()
       times[name].append(time.perf_counter() - t0)
-    print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-        f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()), file=sys.stderr, flush=True)
+    print(
+      f"round {r + 1}/{args.rounds}: "
+      + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()),
+      file=sys.stderr,
+      flush=True,
+    )
   fwd = times["forward"]
-  return {name: {"median_ms": 1e3 * statistics.median(ts),
-                 "over_forward": statistics.median(a / f for a, f in zip(ts, fwd)),
-                 "times_ms": [1e3 * x for x in ts]} for name, ts in times.items()}
+  return {
+    name: {
+      "median_ms": 1e3 * statistics.median(ts),
+      "over_forward": statistics.median(a / f for a, f in zip(ts, fwd)),
+      "times_ms": [1e3 * x for x in ts],
+    }
+    for name, ts in times.items()
+  }
 
 
 def markdown(report: dict) -> str:
   m, r = report["machine"], report["results"]
-  lines = [f"# Edge attribution against one forward pass ({m['cpu']}, {m['cpus']} cores, "
-           f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})", "",
-           f"{report['shape']}, batch {report['batch']} x {report['seq']}, float32, random "
-           f"weights, every edge of the graph; medians of {report['rounds']} interleaved "
-           "rounds, compile apart; ratio = median over rounds of time / that round's forward.",
-           "", "| task | ms | / forward | target |", "|---|---:|---:|---:|",
-           f"| one forward pass | {r['forward']['median_ms']:.0f} | 1 | |"]
+  lines = [
+    (
+      f"# Edge attribution against one forward pass ({m['cpu']}, {m['cpus']} cores, "
+      f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})"
+    ),
+    "",
+    (
+      f"{report['shape']}, batch {report['batch']} x {report['seq']}, float32, random "
+      f"weights, every edge of the graph; medians of {report['rounds']} interleaved "
+      "rounds, compile apart; ratio = median over rounds of time / that round's forward."
+    ),
+    "",
+    "| task | ms | / forward | target |",
+    "|---|---:|---:|---:|",
+    f"| one forward pass | {r['forward']['median_ms']:.0f} | 1 | |",
+  ]
   labels = {"eap": "EAP, every edge", "eap_ig_5": "EAP-IG, 5 steps, every edge"}
   for key, label in labels.items():
     ratio = r[key]["over_forward"]
     verdict = "met" if ratio <= TARGETS[key] else "NOT met"
-    lines.append(f"| {label} | {r[key]['median_ms']:.0f} | {ratio:.2f}x | <= {TARGETS[key]}x "
-                 f"({verdict}) |")
+    lines.append(
+      f"| {label} | {r[key]['median_ms']:.0f} | {ratio:.2f}x | <= {TARGETS[key]}x ({verdict}) |"
+    )
   return "\n".join(lines) + "\n"
 
 
@@ -105,9 +127,16 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if args.smoke:
     args.rounds = 2
-  report = {"machine": cpu_info(), "jax": jax.__version__, "backend": jax.default_backend(),
-            "shape": "smoke" if args.smoke else "BERT-base", "batch": args.batch,
-            "seq": args.seq, "rounds": args.rounds, "results": measure(args)}
+  report = {
+    "machine": cpu_info(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "shape": "smoke" if args.smoke else "BERT-base",
+    "batch": args.batch,
+    "seq": args.seq,
+    "rounds": args.rounds,
+    "results": measure(args),
+  }
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "edges_cpu" + ("_smoke" if args.smoke else "")
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))

@@ -53,11 +53,12 @@ IMPLS = ("bertjax", "keras_hub", "torch_sdpa")
 
 # model name -> (bertjax preset, sizes; KerasHub class).
 MODELS = {
-    "bert-base": ("bert-base", {}, "BertBackbone"),
-    "roberta-base": ("roberta-base", {}, "RobertaBackbone"),
+  "bert-base": ("bert-base", {}, "BertBackbone"),
+  "roberta-base": ("roberta-base", {}, "RobertaBackbone"),
 }
-SMOKE_SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=128, vocab_size=1000)
+SMOKE_SIZES = dict(
+  hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=1000
+)
 
 # The KerasHub worker, run by the side interpreter: one JSON request per stdin line, one JSON
 # answer per stdout line. "setup" builds and compiles a model; "run" times one forward call.
@@ -109,12 +110,22 @@ class KerasPeer:
   """The KerasHub worker process: `setup(...)` a model, then `call()` times one forward pass."""
 
   def __init__(self, python: pathlib.Path, xla_flags: str):
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "XLA_FLAGS": xla_flags}
+    env = {
+      **os.environ,
+      "KERAS_BACKEND": "jax",
+      "TF_CPP_MIN_LOG_LEVEL": "3",
+      "XLA_FLAGS": xla_flags,
+    }
     env.pop("PYTHONPATH", None)
-    self.proc = subprocess.Popen([str(python), "-c", _KERAS_WORKER], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=env, cwd=tempfile.gettempdir())
+    self.proc = subprocess.Popen(
+      [str(python), "-c", _KERAS_WORKER],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=env,
+      cwd=tempfile.gettempdir(),
+    )
     self.info = self._read()
 
   def _read(self) -> dict:
@@ -142,13 +153,20 @@ def machine() -> dict:
 
   from bertjax.utils import cpu_info
 
-  return {**cpu_info(),
-          "torch_threads": torch.get_num_threads(),
-          "torch_interop_threads": torch.get_num_interop_threads(),
-          "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
-                  if k in os.environ},
-          "python": platform.python_version(), "jax": jax.__version__,
-          "torch": torch.__version__, "backend": jax.default_backend()}
+  return {
+    **cpu_info(),
+    "torch_threads": torch.get_num_threads(),
+    "torch_interop_threads": torch.get_num_interop_threads(),
+    "env": {
+      k: os.environ[k]
+      for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
+      if k in os.environ
+    },
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "torch": torch.__version__,
+    "backend": jax.default_backend(),
+  }
 
 
 def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
@@ -160,7 +178,7 @@ def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]
   names = list(calls)
   times = {n: [] for n in names}
   for r in range(rounds):
-    for n in names[r % len(names):] + names[:r % len(names)]:
+    for n in names[r % len(names) :] + names[: r % len(names)]:
       t0 = time.perf_counter()
       calls[n]()
       times[n].append(time.perf_counter() - t0)
@@ -175,13 +193,22 @@ def _config(name: str, smoke: bool) -> bertjax.BertConfig:
 def _sizes(config: bertjax.BertConfig) -> dict:
   """The sizes both libraries take; the sequence length is the usable one (RoBERTa: 512 of
   514 positions, KerasHub adding the offset itself)."""
-  sizes = {k: getattr(config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers",
-                                           "num_attention_heads", "intermediate_size")}
+  sizes = {
+    k: getattr(config, k)
+    for k in (
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+    )
+  }
   return {**sizes, "max_sequence_length": config.max_length}
 
 
-def bench_case(name: str, batch: int, seq: int, args, keras: KerasPeer | None,
-               keras_reason: str | None) -> dict:
+def bench_case(
+  name: str, batch: int, seq: int, args, keras: KerasPeer | None, keras_reason: str | None
+) -> dict:
   """Times one model at one shape with every implementation; returns its row."""
   import torch
   import transformers
@@ -192,8 +219,14 @@ def bench_case(name: str, batch: int, seq: int, args, keras: KerasPeer | None,
   # Ids clear of the special tokens, as a real batch would be; no padding.
   ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
   mask = np.ones_like(ids)
-  row = {"model": name, "batch": batch, "seq": seq, "tokens": batch * seq,
-         "family": config.model_type, "sizes": _sizes(config)}
+  row = {
+    "model": name,
+    "batch": batch,
+    "seq": seq,
+    "tokens": batch * seq,
+    "family": config.model_type,
+    "sizes": _sizes(config),
+  }
 
   fwd = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state)
   ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
@@ -215,14 +248,15 @@ def bench_case(name: str, batch: int, seq: int, args, keras: KerasPeer | None,
 
   t0 = time.perf_counter()
   theirs = torch_call().numpy()
-  info["torch_sdpa"] = {"first_call_s": time.perf_counter() - t0,
-                        "params": sum(p.numel() for p in model.parameters())}
+  info["torch_sdpa"] = {
+    "first_call_s": time.perf_counter() - t0,
+    "params": sum(p.numel() for p in model.parameters()),
+  }
   row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(ours_out - theirs).max())
   calls["torch_sdpa"] = torch_call
 
   if keras is not None:
-    got = keras.request(cmd="setup", cls=MODELS[name][2], sizes=_sizes(config),
-                        ids=ids.tolist())
+    got = keras.request(cmd="setup", cls=MODELS[name][2], sizes=_sizes(config), ids=ids.tolist())
     info["keras_hub"] = {"compile_s": got["compile_s"], "params": got["params"]}
     calls["keras_hub"] = lambda: keras.request(cmd="run")["seconds"]
   else:
@@ -234,7 +268,7 @@ def bench_case(name: str, batch: int, seq: int, args, keras: KerasPeer | None,
   names = list(calls)
   times = {n: [] for n in names}
   for r in range(args.rounds):
-    for n in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
+    for n in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
       t0 = time.perf_counter()
       reported = calls[n]()
       elapsed = time.perf_counter() - t0
@@ -242,14 +276,23 @@ def bench_case(name: str, batch: int, seq: int, args, keras: KerasPeer | None,
       times[n].append(reported if n == "keras_hub" else elapsed)
   for n in names:
     med = statistics.median(times[n])
-    row[n] = {**info[n], "median_s": med, "min_s": min(times[n]), "times_s": times[n],
-              "tokens_per_s": batch * seq / med}
+    row[n] = {
+      **info[n],
+      "median_s": med,
+      "min_s": min(times[n]),
+      "times_s": times[n],
+      "tokens_per_s": batch * seq / med,
+    }
   ours = row["bertjax"]["median_s"]
   for n in names:
     if n != "bertjax":
       row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
-  print(f"{name:>12} {batch:>3} x {seq}: " + ", ".join(
-      f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in names), file=sys.stderr, flush=True)
+  print(
+    f"{name:>12} {batch:>3} x {seq}: "
+    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in names),
+    file=sys.stderr,
+    flush=True,
+  )
   return row
 
 
@@ -257,38 +300,61 @@ def markdown(r: dict) -> str:
   m = r["machine"]
   isa = ", ".join(m["isa_flags"]) or "none of avx2/avx512/amx"
   fms = "/".join(str(x) for x in m.get("cpu_family_model_stepping", ()) if x is not None)
-  lines = [f"Forward pass by family on the CPU, float32, random weights, no padding: "
-           f"{m['cpu']}{f' (family/model/stepping {fms})' if fms else ''}, "
-           f"{m['cpus_usable']} usable of {m['cpus']} CPUs; ISA: {isa}; "
-           f"torch threads {m['torch_threads']} (inter-op {m['torch_interop_threads']}); "
-           f"jax {m['jax']}, torch {m['torch']}, transformers {r['versions']['transformers']}"
-           + (f", KerasHub {r['versions']['keras_hub']} (keras {r['versions']['keras']}, "
-              f"jax {r['versions']['keras_jax']})" if "keras_hub" in r["versions"] else "")
-           + (f"; KerasHub's XLA_FLAGS: `{r['versions']['keras_xla_flags'] or '(none)'}` "
-              f"({'the same as bertjax' if r['versions']['keras_xla'] == 'same' else 'XLA defaults'})"
-              if "keras_xla" in r["versions"] else "")
-           + f". Medians of {r['rounds']} interleaved rounds after {r['warmup']} warm-up "
-           f"calls; compile (or first call) apart.", ""]
+  lines = [
+    f"Forward pass by family on the CPU, float32, random weights, no padding: "
+    f"{m['cpu']}{f' (family/model/stepping {fms})' if fms else ''}, "
+    f"{m['cpus_usable']} usable of {m['cpus']} CPUs; ISA: {isa}; "
+    f"torch threads {m['torch_threads']} (inter-op {m['torch_interop_threads']}); "
+    f"jax {m['jax']}, torch {m['torch']}, transformers {r['versions']['transformers']}"
+    + (
+      f", KerasHub {r['versions']['keras_hub']} (keras {r['versions']['keras']}, "
+      f"jax {r['versions']['keras_jax']})"
+      if "keras_hub" in r["versions"]
+      else ""
+    )
+    + (
+      f"; KerasHub's XLA_FLAGS: `{r['versions']['keras_xla_flags'] or '(none)'}` "
+      f"({'the same as bertjax' if r['versions']['keras_xla'] == 'same' else 'XLA defaults'})"
+      if "keras_xla" in r["versions"]
+      else ""
+    )
+    + f". Medians of {r['rounds']} interleaved rounds after {r['warmup']} warm-up "
+    f"calls; compile (or first call) apart.",
+    "",
+  ]
   if r.get("keras_hub_skipped"):
     lines += [f"KerasHub skipped: {r['keras_hub_skipped']}", ""]
-  lines += ["| model | batch x seq | bertjax | KerasHub (JAX, jit stateless_call) | "
-            "transformers PyTorch (sdpa) | bertjax vs KerasHub | bertjax vs PyTorch | "
-            "compile: bertjax / KerasHub |", "|---|---|---|---|---|---|---|---|"]
+  lines += [
+    (
+      "| model | batch x seq | bertjax | KerasHub (JAX, jit stateless_call) | "
+      "transformers PyTorch (sdpa) | bertjax vs KerasHub | bertjax vs PyTorch | "
+      "compile: bertjax / KerasHub |"
+    ),
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for row in r["rows"]:
     ms = lambda n, row=row: f"{row[n]['median_s'] * 1e3:.0f} ms" if n in row else "-"
     kh = row.get("bertjax_speedup_vs_keras_hub")
     kh_compile = f"{row['keras_hub']['compile_s']:.2f} s" if "keras_hub" in row else "-"
-    lines.append(f"| {row['model']} | {row['batch']} x {row['seq']} | {ms('bertjax')} | "
-                 f"{ms('keras_hub')} | {ms('torch_sdpa')} | {f'{kh:.2f}x' if kh else '-'} | "
-                 f"{row['bertjax_speedup_vs_torch_sdpa']:.2f}x | "
-                 f"{row['bertjax']['compile_s']:.2f} s / {kh_compile} |")
-  lines += ["", "Speed-ups are the other's median time over bertjax's (> 1: bertjax is "
-            "faster). Parameters: bertjax and PyTorch load the same weights; KerasHub's "
-            "BertBackbone has as many, its RobertaBackbone a little fewer (no pooler, no "
-            "token-type row, 512 positions instead of 514). Max |bertjax - PyTorch| on the "
-            "same weights: " + ", ".join(
-                f"{row['model']} {row['batch']}x{row['seq']} "
-                f"{row['max_abs_diff_bertjax_vs_torch']:.1e}" for row in r["rows"]) + "."]
+    lines.append(
+      f"| {row['model']} | {row['batch']} x {row['seq']} | {ms('bertjax')} | "
+      f"{ms('keras_hub')} | {ms('torch_sdpa')} | {f'{kh:.2f}x' if kh else '-'} | "
+      f"{row['bertjax_speedup_vs_torch_sdpa']:.2f}x | "
+      f"{row['bertjax']['compile_s']:.2f} s / {kh_compile} |"
+    )
+  lines += [
+    "",
+    "Speed-ups are the other's median time over bertjax's (> 1: bertjax is "
+    "faster). Parameters: bertjax and PyTorch load the same weights; KerasHub's "
+    "BertBackbone has as many, its RobertaBackbone a little fewer (no pooler, no "
+    "token-type row, 512 positions instead of 514). Max |bertjax - PyTorch| on the "
+    "same weights: "
+    + ", ".join(
+      f"{row['model']} {row['batch']}x{row['seq']} {row['max_abs_diff_bertjax_vs_torch']:.1e}"
+      for row in r["rows"]
+    )
+    + ".",
+  ]
   return "\n".join(lines) + "\n"
 
 
@@ -299,28 +365,42 @@ def keras_xla_flags(mode: str) -> str:
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument("--models", default="bert-base,roberta-base",
-                      help=f"comma-separated, of {sorted(MODELS)}")
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  parser.add_argument(
+    "--models", default="bert-base,roberta-base", help=f"comma-separated, of {sorted(MODELS)}"
+  )
   parser.add_argument("--batches", default="8,32", help="comma-separated batch sizes")
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--rounds", type=int, default=10, help="timed rounds per implementation")
   parser.add_argument("--warmup", type=int, default=2, help="untimed calls after the first")
-  parser.add_argument("--keras-python", type=pathlib.Path,
-                      default=pathlib.Path(os.environ.get("BERTJAX_KERAS_PYTHON", KERAS_PYTHON)),
-                      help="the interpreter with keras-hub (and jax) installed")
-  parser.add_argument("--keras-xla", choices=("same", "default"), default="same",
-                      help="XLA options of the KerasHub process: 'same' as bertjax's (its "
-                           "XLA_FLAGS, which `import bertjax` extends, see "
-                           "bertjax/xla_options.py), or 'default': XLA's own for those "
-                           "options, as a KerasHub user gets them (results then go to "
-                           "bench_families_keras_xla_default.*)")
-  parser.add_argument("--smoke", action="store_true",
-                      help="tiny models (2 x 64), batches 2 and 4 x 16, one round")
-  parser.add_argument("--out", type=pathlib.Path, default=None,
-                      help="where bench_families.{json,md} go (default: benchmarks/results; "
-                           "--smoke writes only when given, as bench_families_smoke.*)")
+  parser.add_argument(
+    "--keras-python",
+    type=pathlib.Path,
+    default=pathlib.Path(os.environ.get("BERTJAX_KERAS_PYTHON", KERAS_PYTHON)),
+    help="the interpreter with keras-hub (and jax) installed",
+  )
+  parser.add_argument(
+    "--keras-xla",
+    choices=("same", "default"),
+    default="same",
+    help="XLA options of the KerasHub process: 'same' as bertjax's (its "
+    "XLA_FLAGS, which `import bertjax` extends, see "
+    "bertjax/xla_options.py), or 'default': XLA's own for those "
+    "options, as a KerasHub user gets them (results then go to "
+    "bench_families_keras_xla_default.*)",
+  )
+  parser.add_argument(
+    "--smoke", action="store_true", help="tiny models (2 x 64), batches 2 and 4 x 16, one round"
+  )
+  parser.add_argument(
+    "--out",
+    type=pathlib.Path,
+    default=None,
+    help="where bench_families.{json,md} go (default: benchmarks/results; "
+    "--smoke writes only when given, as bench_families_smoke.*)",
+  )
   args = parser.parse_args(argv)
   models = args.models.split(",")
   unknown = [m for m in models if m not in MODELS]
@@ -339,8 +419,10 @@ def main(argv=None) -> dict:
   transformers.utils.logging.disable_progress_bar()
   keras, reason = None, None
   if not args.keras_python.exists():
-    reason = (f"no KerasHub interpreter at {args.keras_python} (python3 -m venv .venv/keras && "
-              ".venv/keras/bin/pip install 'keras-hub==0.32.*' jax==0.10.2 jaxlib==0.10.2)")
+    reason = (
+      f"no KerasHub interpreter at {args.keras_python} (python3 -m venv .venv/keras && "
+      ".venv/keras/bin/pip install 'keras-hub==0.32.*' jax==0.10.2 jaxlib==0.10.2)"
+    )
   else:
     try:
       keras = KerasPeer(args.keras_python, keras_xla_flags(args.keras_xla))
@@ -350,20 +432,34 @@ def main(argv=None) -> dict:
     print(f"KerasHub column skipped: {reason}", file=sys.stderr, flush=True)
   versions = {"transformers": transformers.__version__, "torch": torch.__version__}
   if keras is not None:
-    versions.update(keras_hub=keras.info["keras_hub"], keras=keras.info["keras"],
-                    keras_jax=keras.info["jax"], keras_backend=keras.info["backend"],
-                    keras_xla=args.keras_xla, keras_xla_flags=keras_xla_flags(args.keras_xla))
+    versions.update(
+      keras_hub=keras.info["keras_hub"],
+      keras=keras.info["keras"],
+      keras_jax=keras.info["jax"],
+      keras_backend=keras.info["backend"],
+      keras_xla=args.keras_xla,
+      keras_xla_flags=keras_xla_flags(args.keras_xla),
+    )
   t_start = time.perf_counter()
   try:
-    rows = [bench_case(name, batch, args.seq, args, keras, reason)
-            for name in models for batch in batches]
+    rows = [
+      bench_case(name, batch, args.seq, args, keras, reason) for name in models for batch in batches
+    ]
   finally:
     if keras is not None:
       keras.close()
-  result = {"benchmark": "bench_families", "smoke": args.smoke, "machine": machine(),
-            "versions": versions, "dtype": "float32", "rounds": args.rounds,
-            "warmup": args.warmup, "keras_hub_skipped": reason,
-            "seconds": time.perf_counter() - t_start, "rows": rows}
+  result = {
+    "benchmark": "bench_families",
+    "smoke": args.smoke,
+    "machine": machine(),
+    "versions": versions,
+    "dtype": "float32",
+    "rounds": args.rounds,
+    "warmup": args.warmup,
+    "keras_hub_skipped": reason,
+    "seconds": time.perf_counter() - t_start,
+    "rows": rows,
+  }
   print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
   print(markdown(result))
   if out is not None:

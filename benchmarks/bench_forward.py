@@ -33,6 +33,8 @@ import bertjax
 from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).parent / "results"
+
+
 def _time(fn) -> float:
   t0 = time.perf_counter()
   fn()
@@ -48,7 +50,7 @@ def matmul_peak(torch, size: int, repeats: int) -> dict:
   ta = torch.from_numpy(a)
   with torch.inference_mode():
     torch.mm(ta, ta)
-  flops = 2 * size ** 3
+  flops = 2 * size**3
   t_jax = min(_time(lambda: jax.block_until_ready(mm(ja))) for _ in range(repeats))
   with torch.inference_mode():
     t_torch = min(_time(lambda: torch.mm(ta, ta)) for _ in range(repeats))
@@ -64,8 +66,11 @@ def forward_flops(config, batch: int, seq: int) -> float:
 
 
 def _bert_base_dir(transformers, torch, root: pathlib.Path, smoke: bool) -> pathlib.Path:
-  sizes = (dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=128) if smoke else {})
+  sizes = (
+    dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    if smoke
+    else {}
+  )
   config = transformers.BertConfig(**sizes)
   torch.manual_seed(0)
   model = transformers.BertModel(config)
@@ -102,17 +107,26 @@ def measure(transformers, torch, path, name, batch, seq, rounds, warmup) -> dict
     t_torch.append(_time(theirs))
   med = statistics.median
   flops = forward_flops(config, batch, seq)
-  return {"model": name, "batch": batch, "seq": seq, "max_abs_diff_vs_torch": diff,
-          "gflop": flops / 1e9,
-          "bertjax": {"median_s": med(t_ours), "gflops": flops / med(t_ours) / 1e9,
-                      "compile_s": compile_s},
-          "torch_sdpa": {"median_s": med(t_torch), "gflops": flops / med(t_torch) / 1e9},
-          "speedup_vs_torch": med(t_torch) / med(t_ours)}
+  return {
+    "model": name,
+    "batch": batch,
+    "seq": seq,
+    "max_abs_diff_vs_torch": diff,
+    "gflop": flops / 1e9,
+    "bertjax": {
+      "median_s": med(t_ours),
+      "gflops": flops / med(t_ours) / 1e9,
+      "compile_s": compile_s,
+    },
+    "torch_sdpa": {"median_s": med(t_torch), "gflops": flops / med(t_torch) / 1e9},
+    "speedup_vs_torch": med(t_torch) / med(t_ours),
+  }
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   parser.add_argument("--rounds", type=int, default=11, help="timed rounds per implementation")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
@@ -124,20 +138,33 @@ def main(argv=None) -> dict:
   shapes = [(2, 16)] if args.smoke else [(32, 128), (8, 512)]
   rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
   with tempfile.TemporaryDirectory() as tmp:
-    models = [("all-MiniLM-L6-v2", bertjax.minilm_path()),
-              ("bert-base (random)", _bert_base_dir(transformers, torch, pathlib.Path(tmp),
-                                                    args.smoke))]
-    rows = [measure(transformers, torch, path, name, b, t, rounds, warmup)
-            for name, path in models for b, t in shapes]
+    models = [
+      ("all-MiniLM-L6-v2", bertjax.minilm_path()),
+      ("bert-base (random)", _bert_base_dir(transformers, torch, pathlib.Path(tmp), args.smoke)),
+    ]
+    rows = [
+      measure(transformers, torch, path, name, b, t, rounds, warmup)
+      for name, path in models
+      for b, t in shapes
+    ]
   peak = matmul_peak(torch, 512 if args.smoke else 2048, 3 if args.smoke else 10)
   for row in rows:
     row["bertjax"]["fraction_of_peak"] = row["bertjax"]["gflops"] / peak["jax_gflops"]
     row["torch_sdpa"]["fraction_of_peak"] = row["torch_sdpa"]["gflops"] / peak["torch_gflops"]
-  result = {"machine": {**cpu_info(), "torch_threads": torch.get_num_threads(),
-                        "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
-                        "torch": torch.__version__, "transformers": transformers.__version__,
-                        "backend": jax.default_backend(), "python": sys.version.split()[0]},
-            "matmul_peak_float32": peak, "rows": rows}
+  result = {
+    "machine": {
+      **cpu_info(),
+      "torch_threads": torch.get_num_threads(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "jax": jax.__version__,
+      "torch": torch.__version__,
+      "transformers": transformers.__version__,
+      "backend": jax.default_backend(),
+      "python": sys.version.split()[0],
+    },
+    "matmul_peak_float32": peak,
+    "rows": rows,
+  }
   print(json.dumps(result, indent=2))
   if not args.smoke:
     args.out.mkdir(parents=True, exist_ok=True)
@@ -148,23 +175,31 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
   m, peak = r["machine"], r["matmul_peak_float32"]
-  lines = [f"Forward pass, float32, on {m['cpu']} ({m['cpus']} cores; "
-           f"{', '.join(m['isa_flags']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
-           f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}. Float32 "
-           f"matmul peak measured in the same run ({peak['size']}^3): JAX "
-           f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s. "
-           f"XLA_FLAGS: `{m.get('xla_flags') or '(none)'}`.", "",
-           "| model | batch x seq | bertjax | PyTorch sdpa | bertjax speed-up | bertjax "
-           "GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | max diff |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    (
+      f"Forward pass, float32, on {m['cpu']} ({m['cpus']} cores; "
+      f"{', '.join(m['isa_flags']) or 'no AVX2'}; PyTorch threads {m['torch_threads']}), "
+      f"jax {m['jax']}, torch {m['torch']}, transformers {m['transformers']}. Float32 "
+      f"matmul peak measured in the same run ({peak['size']}^3): JAX "
+      f"{peak['jax_gflops']:.0f} GFLOP/s, PyTorch {peak['torch_gflops']:.0f} GFLOP/s. "
+      f"XLA_FLAGS: `{m.get('xla_flags') or '(none)'}`."
+    ),
+    "",
+    (
+      "| model | batch x seq | bertjax | PyTorch sdpa | bertjax speed-up | bertjax "
+      "GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | max diff |"
+    ),
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for x in r["rows"]:
     ours, theirs = x["bertjax"], x["torch_sdpa"]
     lines.append(
-        f"| {x['model']} | {x['batch']} x {x['seq']} | {ours['median_s'] * 1e3:.0f} ms | "
-        f"{theirs['median_s'] * 1e3:.0f} ms | **{x['speedup_vs_torch']:.2f}x** | "
-        f"{ours['gflops']:.0f} ({ours['fraction_of_peak']:.0%}) | "
-        f"{theirs['gflops']:.0f} ({theirs['fraction_of_peak']:.0%}) | "
-        f"{x['max_abs_diff_vs_torch']:.1e} |")
+      f"| {x['model']} | {x['batch']} x {x['seq']} | {ours['median_s'] * 1e3:.0f} ms | "
+      f"{theirs['median_s'] * 1e3:.0f} ms | **{x['speedup_vs_torch']:.2f}x** | "
+      f"{ours['gflops']:.0f} ({ours['fraction_of_peak']:.0%}) | "
+      f"{theirs['gflops']:.0f} ({theirs['fraction_of_peak']:.0%}) | "
+      f"{x['max_abs_diff_vs_torch']:.1e} |"
+    )
   return "\n".join(lines) + "\n"
 
 

@@ -46,8 +46,13 @@ def cpu_info() -> dict:
   """The CPU (`bertjax.utils.cpu_info`: model name, ISA flags, cores) and the JAX set-up."""
   from bertjax.utils import cpu_info as cpu
 
-  return {**cpu(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
-          "backend": jax.default_backend(), "python": sys.version.split()[0]}
+  return {
+    **cpu(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "python": sys.version.split()[0],
+  }
 
 
 def _interleaved(fns: dict, rounds: int, warmup: int) -> dict:
@@ -66,18 +71,25 @@ def _interleaved(fns: dict, rounds: int, warmup: int) -> dict:
 
 def speed(config, params, shapes, rounds: int, warmup: int) -> list[dict]:
   """Forward seconds, float32 vs int8, at each (batch, seq)."""
-  fwd = jax.jit(lambda p, c, ids, m: bertjax.forward(p, c, ids, m).last_hidden_state,
-                static_argnums=1)
+  fwd = jax.jit(
+    lambda p, c, ids, m: bertjax.forward(p, c, ids, m).last_hidden_state, static_argnums=1
+  )
   q = config.replace(quantize="int8")
   rows = []
   for b, t in shapes:
     ids = np.random.default_rng(0).integers(1000, config.vocab_size, (b, t)).astype(np.int32)
     mask = np.ones((b, t), np.int32)
-    res = _interleaved({"float32": lambda ids=ids, mask=mask: fwd(params, config, ids, mask),
-                        "int8": lambda ids=ids, mask=mask: fwd(params, q, ids, mask)},
-                       rounds, warmup)
-    rows.append({"batch": b, "seq": t, **res,
-                 "speedup": res["float32"]["median_s"] / res["int8"]["median_s"]})
+    res = _interleaved(
+      {
+        "float32": lambda ids=ids, mask=mask: fwd(params, config, ids, mask),
+        "int8": lambda ids=ids, mask=mask: fwd(params, q, ids, mask),
+      },
+      rounds,
+      warmup,
+    )
+    rows.append(
+      {"batch": b, "seq": t, **res, "speedup": res["float32"]["median_s"] / res["int8"]["median_s"]}
+    )
   return rows
 
 
@@ -91,8 +103,11 @@ def matmul(m: int, k: int, n: int, rounds: int, warmup: int) -> dict:
   gflop = 2 * m * k * n / 1e9
   for v in res.values():
     v["gflops"] = gflop / v["median_s"]
-  return {"shape": [m, k, n], **res,
-          "speedup": res["float32"]["median_s"] / res["int8"]["median_s"]}
+  return {
+    "shape": [m, k, n],
+    **res,
+    "speedup": res["float32"]["median_s"] / res["int8"]["median_s"],
+  }
 
 
 def accuracy(config, params, tok, limit: int | None) -> dict:
@@ -104,13 +119,14 @@ def accuracy(config, params, tok, limit: int | None) -> dict:
   sents = load_sentences()[:limit]
   texts = [s.text for s in sents]
   labels = np.array([int(s.negated) for s in sents])
-  fwd = jax.jit(lambda p, c, ids, m: bertjax.forward(p, c, ids, m).last_hidden_state,
-                static_argnums=1)
+  fwd = jax.jit(
+    lambda p, c, ids, m: bertjax.forward(p, c, ids, m).last_hidden_state, static_argnums=1
+  )
 
   def features(cfg):
     out = []
     for i in range(0, len(texts), 32):
-      enc = tok.encode(texts[i:i + 32], pad_to=64)
+      enc = tok.encode(texts[i : i + 32], pad_to=64)
       h = np.asarray(fwd(params, cfg, enc.input_ids, enc.attention_mask), np.float64)
       m = np.asarray(enc.attention_mask, np.float64)[..., None]
       out.append((h * m).sum(1) / m.sum(1))
@@ -122,20 +138,23 @@ def accuracy(config, params, tok, limit: int | None) -> dict:
   probe_q = LogisticRegression(C=1.0, max_iter=2000).fit(q[train], labels[train])
   cos = (f * q).sum(-1) / np.linalg.norm(f, axis=-1) / np.linalg.norm(q, axis=-1)
   return {
-      "task": "negation detection (bertjax/resources/sentences.tsv), logistic probe on "
-              "mean-pooled final states, even sentences train, odd test",
-      "sentences": len(texts), "test_sentences": int(test.sum()),
-      "accuracy_float32": float(probe.score(f[test], labels[test])),
-      "accuracy_int8_float_probe": float(probe.score(q[test], labels[test])),
-      "accuracy_int8_own_probe": float(probe_q.score(q[test], labels[test])),
-      "prediction_agreement": float(np.mean(probe.predict(f[test]) == probe.predict(q[test]))),
-      "embedding_cosine_mean": float(cos.mean()), "embedding_cosine_min": float(cos.min()),
+    "task": "negation detection (bertjax/resources/sentences.tsv), logistic probe on "
+    "mean-pooled final states, even sentences train, odd test",
+    "sentences": len(texts),
+    "test_sentences": int(test.sum()),
+    "accuracy_float32": float(probe.score(f[test], labels[test])),
+    "accuracy_int8_float_probe": float(probe.score(q[test], labels[test])),
+    "accuracy_int8_own_probe": float(probe_q.score(q[test], labels[test])),
+    "prediction_agreement": float(np.mean(probe.predict(f[test]) == probe.predict(q[test]))),
+    "embedding_cosine_mean": float(cos.mean()),
+    "embedding_cosine_min": float(cos.min()),
   }
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   parser.add_argument("--rounds", type=int, default=11, help="timed rounds per mode")
   parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
@@ -148,12 +167,12 @@ def main(argv=None) -> dict:
   rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
   t0 = time.perf_counter()
   result = {
-      "machine": cpu_info(),
-      "model": "all-MiniLM-L6-v2",
-      "smoke": args.smoke,
-      "forward": speed(config, params, shapes, rounds, warmup),
-      "matmul": matmul(*((64, 384, 1536) if args.smoke else (4096, 384, 1536)), rounds, warmup),
-      "accuracy": accuracy(config, params, tok, 40 if args.smoke else None),
+    "machine": cpu_info(),
+    "model": "all-MiniLM-L6-v2",
+    "smoke": args.smoke,
+    "forward": speed(config, params, shapes, rounds, warmup),
+    "matmul": matmul(*((64, 384, 1536) if args.smoke else (4096, 384, 1536)), rounds, warmup),
+    "accuracy": accuracy(config, params, tok, 40 if args.smoke else None),
   }
   result["wall_s"] = time.perf_counter() - t0
   print(json.dumps(result, indent=2))
@@ -167,22 +186,39 @@ def main(argv=None) -> dict:
 def markdown(r: dict) -> str:
   m, a, mm = r["machine"], r["accuracy"], r["matmul"]
   isa = ", ".join(m["isa_flags"]) or "none of the listed int8/AVX flags"
-  lines = [(f"Dynamic int8 vs float32, {r['model']}, on {m['cpu']} ({m['cpus']} cores; ISA: "
-            f"{isa}; jax {m['jax']})."), "",
-           "| batch x seq | float32 (ms) | int8 (ms) | speed-up |", "|---|---|---|---|"]
+  lines = [
+    (
+      f"Dynamic int8 vs float32, {r['model']}, on {m['cpu']} ({m['cpus']} cores; ISA: "
+      f"{isa}; jax {m['jax']})."
+    ),
+    "",
+    "| batch x seq | float32 (ms) | int8 (ms) | speed-up |",
+    "|---|---|---|---|",
+  ]
   for row in r["forward"]:
-    lines.append(f"| {row['batch']} x {row['seq']} | {row['float32']['median_s'] * 1e3:.1f} | "
-                 f"{row['int8']['median_s'] * 1e3:.1f} | {row['speedup']:.2f}x |")
+    lines.append(
+      f"| {row['batch']} x {row['seq']} | {row['float32']['median_s'] * 1e3:.1f} | "
+      f"{row['int8']['median_s'] * 1e3:.1f} | {row['speedup']:.2f}x |"
+    )
   shape = mm["shape"]
-  lines += ["", (f"One {shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]} matmul: float32 "
-                 f"{mm['float32']['gflops']:.1f} GFLOP/s, int8 (quantise, int32 dot, dequantise) "
-                 f"{mm['int8']['gflops']:.1f} GFLOP/s ({mm['speedup']:.2f}x)."), "",
-            (f"{a['task']}: accuracy float32 {a['accuracy_float32']:.3f}, int8 features with "
-             f"the float32 probe {a['accuracy_int8_float_probe']:.3f}, int8 with its own probe "
-             f"{a['accuracy_int8_own_probe']:.3f}; predictions agree on "
-             f"{a['prediction_agreement']:.1%} of {a['test_sentences']} test sentences; "
-             f"sentence embedding cosine mean {a['embedding_cosine_mean']:.4f}, min "
-             f"{a['embedding_cosine_min']:.4f}."), ""]
+  lines += [
+    "",
+    (
+      f"One {shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]} matmul: float32 "
+      f"{mm['float32']['gflops']:.1f} GFLOP/s, int8 (quantise, int32 dot, dequantise) "
+      f"{mm['int8']['gflops']:.1f} GFLOP/s ({mm['speedup']:.2f}x)."
+    ),
+    "",
+    (
+      f"{a['task']}: accuracy float32 {a['accuracy_float32']:.3f}, int8 features with "
+      f"the float32 probe {a['accuracy_int8_float_probe']:.3f}, int8 with its own probe "
+      f"{a['accuracy_int8_own_probe']:.3f}; predictions agree on "
+      f"{a['prediction_agreement']:.1%} of {a['test_sentences']} test sentences; "
+      f"sentence embedding cosine mean {a['embedding_cosine_mean']:.4f}, min "
+      f"{a['embedding_cosine_min']:.4f}."
+    ),
+    "",
+  ]
   return "\n".join(lines)
 
 

@@ -42,17 +42,24 @@ import bertjax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # (model, bertjax preset, batch, seq, variant): "model" as it is, "global" every layer full.
-CASES = [("modernbert-base", "modernbert-base", 8, 128, "model"),
-         ("modernbert-base", "modernbert-base", 8, 512, "model"),
-         ("mpnet-base", "mpnet-base", 8, 128, "model"),
-         ("mpnet-base", "mpnet-base", 8, 512, "model"),
-         ("modernbert-base", "modernbert-base", 8, 2048, "model+global"),
-         ("deberta-v3-base", "deberta-v3-base", 8, 128, "model"),
-         ("deberta-v3-base", "deberta-v3-base", 8, 512, "model")]
-SMOKE = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-             intermediate_size=96, pad_token_id=1)
-HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel",
-            "deberta-v2": "DebertaV2Model"}
+CASES = [
+  ("modernbert-base", "modernbert-base", 8, 128, "model"),
+  ("modernbert-base", "modernbert-base", 8, 512, "model"),
+  ("mpnet-base", "mpnet-base", 8, 128, "model"),
+  ("mpnet-base", "mpnet-base", 8, 512, "model"),
+  ("modernbert-base", "modernbert-base", 8, 2048, "model+global"),
+  ("deberta-v3-base", "deberta-v3-base", 8, 128, "model"),
+  ("deberta-v3-base", "deberta-v3-base", 8, 512, "model"),
+]
+SMOKE = dict(
+  vocab_size=1000,
+  hidden_size=64,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=96,
+  pad_token_id=1,
+)
+HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel", "deberta-v2": "DebertaV2Model"}
 # transformers' attention for each: sdpa where it has one (MPNet and DeBERTa have only eager).
 HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager"}
 
@@ -60,8 +67,9 @@ HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager"}
 def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
   sizes = dict(SMOKE) if smoke else {}
   if smoke and preset.startswith("modernbert"):
-    sizes.update(layer_types=("full_attention", "sliding_attention", "sliding_attention"),
-                 sliding_window=16)
+    sizes.update(
+      layer_types=("full_attention", "sliding_attention", "sliding_attention"), sliding_window=16
+    )
   config = bertjax.BertConfig.preset(preset, **sizes)
   if config.max_length < seq:
     config = config.replace(max_position_embeddings=seq + config.position_offset)
@@ -78,9 +86,15 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
   ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
   ids[:, 0] = 1  # a first token that is not padding
   mask = np.ones_like(ids)
-  row = {"model": name, "batch": batch, "seq": seq, "tokens": batch * seq,
-         "family": config.model_type, "layers": config.depth,
-         "windows": sorted({w for w in config.layer_windows if w})}
+  row = {
+    "model": name,
+    "batch": batch,
+    "seq": seq,
+    "tokens": batch * seq,
+    "family": config.model_type,
+    "layers": config.depth,
+    "windows": sorted({w for w in config.layer_windows if w}),
+  }
   ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
   calls, info, outputs = {}, {}, {}
   configs = {"bertjax": config}
@@ -95,8 +109,11 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
 
   with tempfile.TemporaryDirectory() as tmp:
     bertjax.to_hf(config, params, tmp)
-    model = getattr(transformers, HF_CLASS[config.model_type]).from_pretrained(
-        tmp, attn_implementation=HF_ATTENTION[config.model_type]).eval()
+    model = (
+      getattr(transformers, HF_CLASS[config.model_type])
+      .from_pretrained(tmp, attn_implementation=HF_ATTENTION[config.model_type])
+      .eval()
+    )
   row["torch_attention"] = HF_ATTENTION[config.model_type]
   ids_t, mask_t = torch.tensor(ids).long(), torch.tensor(mask).long()
 
@@ -112,51 +129,80 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
   times = interleaved(calls, args.warmup, args.rounds)
   for n, t in times.items():
     med = statistics.median(t)
-    row[n] = {**info[n], "median_s": med, "min_s": min(t), "times_s": t,
-              "tokens_per_s": batch * seq / med}
+    row[n] = {
+      **info[n],
+      "median_s": med,
+      "min_s": min(t),
+      "times_s": t,
+      "tokens_per_s": batch * seq / med,
+    }
   ours = row["bertjax"]["median_s"]
   for n in times:
     if n != "bertjax":
       row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
-  print(f"{name:>16} {batch} x {seq}: " + ", ".join(
-      f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times), file=sys.stderr, flush=True)
+  print(
+    f"{name:>16} {batch} x {seq}: "
+    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times),
+    file=sys.stderr,
+    flush=True,
+  )
   return row
 
 
 def markdown(r: dict) -> str:
   m = r["machine"]
-  lines = [f"Forward pass of the modern encoders on the CPU, float32, random weights, no "
-           f"padding: {m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: "
-           f"{', '.join(m['isa_flags'])}; torch threads {m['torch_threads']}; jax {m['jax']}, "
-           f"torch {m['torch']}, transformers {r['transformers']}. Medians of {r['rounds']} "
-           f"interleaved rounds after {r['warmup']} warm-up calls; compile (or first call) "
-           "apart.", "",
-           "| model | batch x seq | bertjax | bertjax, every layer global | PyTorch | "
-           "bertjax vs PyTorch | windows vs global | compile |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = [
+    (
+      f"Forward pass of the modern encoders on the CPU, float32, random weights, no "
+      f"padding: {m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: "
+      f"{', '.join(m['isa_flags'])}; torch threads {m['torch_threads']}; jax {m['jax']}, "
+      f"torch {m['torch']}, transformers {r['transformers']}. Medians of {r['rounds']} "
+      f"interleaved rounds after {r['warmup']} warm-up calls; compile (or first call) "
+      "apart."
+    ),
+    "",
+    (
+      "| model | batch x seq | bertjax | bertjax, every layer global | PyTorch | "
+      "bertjax vs PyTorch | windows vs global | compile |"
+    ),
+    "|---|---|---|---|---|---|---|---|",
+  ]
   for row in r["rows"]:
     ms = lambda n, row=row: f"{row[n]['median_s'] * 1e3:.0f} ms" if n in row else "-"
     glob = row.get("bertjax_speedup_vs_bertjax_global")
-    lines.append(f"| {row['model']} | {row['batch']} x {row['seq']} | {ms('bertjax')} | "
-                 f"{ms('bertjax_global')} | {ms('torch_sdpa')} ({row['torch_attention']}) | "
-                 f"{row['bertjax_speedup_vs_torch_sdpa']:.2f}x | "
-                 f"{f'{glob:.2f}x' if glob else '-'} | {row['bertjax']['compile_s']:.1f} s |")
-  lines += ["", "Speed-ups are the other's median time over bertjax's (> 1: bertjax is "
-            "faster). Max |bertjax - PyTorch| on the same weights: " + ", ".join(
-                f"{row['model']} {row['batch']}x{row['seq']} "
-                f"{row['max_abs_diff_bertjax_vs_torch']:.1e}" for row in r["rows"]) + "."]
+    lines.append(
+      f"| {row['model']} | {row['batch']} x {row['seq']} | {ms('bertjax')} | "
+      f"{ms('bertjax_global')} | {ms('torch_sdpa')} ({row['torch_attention']}) | "
+      f"{row['bertjax_speedup_vs_torch_sdpa']:.2f}x | "
+      f"{f'{glob:.2f}x' if glob else '-'} | {row['bertjax']['compile_s']:.1f} s |"
+    )
+  lines += [
+    "",
+    "Speed-ups are the other's median time over bertjax's (> 1: bertjax is "
+    "faster). Max |bertjax - PyTorch| on the same weights: "
+    + ", ".join(
+      f"{row['model']} {row['batch']}x{row['seq']} {row['max_abs_diff_bertjax_vs_torch']:.1e}"
+      for row in r["rows"]
+    )
+    + ".",
+  ]
   return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
   p.add_argument("--rounds", type=int, default=5, help="timed rounds per case")
   p.add_argument("--warmup", type=int, default=1, help="untimed calls per implementation")
-  p.add_argument("--only", default=None, metavar="MODEL",
-                 help="only the cases of this model (modernbert-base, mpnet-base, "
-                      "deberta-v3-base); results go to bench_modern_MODEL.{json,md}")
+  p.add_argument(
+    "--only",
+    default=None,
+    metavar="MODEL",
+    help="only the cases of this model (modernbert-base, mpnet-base, "
+    "deberta-v3-base); results go to bench_modern_MODEL.{json,md}",
+  )
   p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
@@ -167,8 +213,14 @@ def main(argv=None) -> dict:
   if args.smoke:
     cases = [(n, pr, 2, {128: 16, 512: 24, 2048: 40}[s], v) for n, pr, _, s, v in cases]
   rows = [bench_case(*case, args) for case in cases]
-  result = {"machine": machine(), "transformers": transformers.__version__, "rows": rows,
-            "rounds": args.rounds, "warmup": args.warmup, "smoke": args.smoke}
+  result = {
+    "machine": machine(),
+    "transformers": transformers.__version__,
+    "rows": rows,
+    "rounds": args.rounds,
+    "warmup": args.warmup,
+    "smoke": args.smoke,
+  }
   if not args.smoke:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

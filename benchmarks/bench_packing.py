@@ -38,10 +38,16 @@ import bertjax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 MODELS = ("all-MiniLM-L6-v2", "modernbert-base")
-SMOKE = dict(vocab_size=30522, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-             intermediate_size=96, pad_token_id=0,
-             layer_types=("full_attention", "sliding_attention", "sliding_attention"),
-             sliding_window=16)
+SMOKE = dict(
+  vocab_size=30522,
+  hidden_size=64,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=96,
+  pad_token_id=0,
+  layer_types=("full_attention", "sliding_attention", "sliding_attention"),
+  sliding_window=16,
+)
 
 
 def sentences(data_dir: pathlib.Path | None, count: int) -> tuple[list[str], str]:
@@ -64,11 +70,15 @@ def sentences(data_dir: pathlib.Path | None, count: int) -> tuple[list[str], str
 def batches(tok, texts: list[str], size: int) -> list[tuple[np.ndarray, np.ndarray]]:
   out = []
   for i in range(0, len(texts), size):
-    b = tok.encode(texts[i:i + size])
+    b = tok.encode(texts[i : i + size])
     seq = -(-b.input_ids.shape[1] // 8) * 8
     pad = seq - b.input_ids.shape[1]
-    out.append((np.pad(b.input_ids, ((0, 0), (0, pad))).astype(np.int32),
-                np.pad(b.attention_mask, ((0, 0), (0, pad))).astype(np.int32)))
+    out.append(
+      (
+        np.pad(b.input_ids, ((0, 0), (0, pad))).astype(np.int32),
+        np.pad(b.attention_mask, ((0, 0), (0, pad))).astype(np.int32),
+      )
+    )
   return out
 
 
@@ -86,77 +96,113 @@ def model(name: str, smoke: bool):
 
 def bench_model(name: str, data: list, args) -> dict:
   config, params = model(name, args.smoke)
-  forward = jax.jit(lambda p, ids, m, packed=None: bertjax.forward(
-      p, config, ids, m, packed=packed if packed is not None else False).last_hidden_state)
+  forward = jax.jit(
+    lambda p, ids, m, packed=None: (
+      bertjax.forward(
+        p, config, ids, m, packed=packed if packed is not None else False
+      ).last_hidden_state
+    )
+  )
   rows = max(bertjax.Packing.of(m).shape[0] for _, m in data)
 
   def padded():
     return [jax.block_until_ready(forward(params, ids, m)) for ids, m in data]
 
   def packed():
-    return [jax.block_until_ready(forward(params, ids, m, bertjax.Packing.of(m, rows=rows)))
-            for ids, m in data]
+    return [
+      jax.block_until_ready(forward(params, ids, m, bertjax.Packing.of(m, rows=rows)))
+      for ids, m in data
+    ]
 
   calls, info, outs = {"padded": padded, "packed": packed}, {}, {}
   for n, call in calls.items():
     t0 = time.perf_counter()
     outs[n] = call()
     info[n] = {"first_call_s": time.perf_counter() - t0}
-  diff = max(float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
-             for a, b, (_, m) in zip(outs["padded"], outs["packed"], data))
+  diff = max(
+    float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
+    for a, b, (_, m) in zip(outs["padded"], outs["packed"], data)
+  )
   times = interleaved(calls, args.warmup, args.rounds)
   real = sum(int(m.sum()) for _, m in data)
   padded_tokens = sum(m.size for _, m in data)
-  row = {"model": name, "family": config.model_type, "layers": config.depth,
-         "hidden": config.hidden_size, "batches": len(data), "sentences": sum(len(m) for _, m in data),
-         "real_tokens": real, "padded_tokens": padded_tokens,
-         "packed_tokens": rows * sum(m.shape[1] for _, m in data), "packed_rows": rows,
-         "max_abs_diff_real_tokens": diff}
+  row = {
+    "model": name,
+    "family": config.model_type,
+    "layers": config.depth,
+    "hidden": config.hidden_size,
+    "batches": len(data),
+    "sentences": sum(len(m) for _, m in data),
+    "real_tokens": real,
+    "padded_tokens": padded_tokens,
+    "packed_tokens": rows * sum(m.shape[1] for _, m in data),
+    "packed_rows": rows,
+    "max_abs_diff_real_tokens": diff,
+  }
   for n, t in times.items():
     med = statistics.median(t)
-    row[n] = {**info[n], "median_s": med, "min_s": min(t), "times_s": t,
-              "real_tokens_per_s": real / med}
+    row[n] = {
+      **info[n],
+      "median_s": med,
+      "min_s": min(t),
+      "times_s": t,
+      "real_tokens_per_s": real / med,
+    }
   row["packed_speedup"] = row["padded"]["median_s"] / row["packed"]["median_s"]
-  print(f"{name}: padded {row['padded']['median_s']:.2f} s, packed "
-        f"{row['packed']['median_s']:.2f} s ({row['packed_speedup']:.2f}x)",
-        file=sys.stderr, flush=True)
+  print(
+    f"{name}: padded {row['padded']['median_s']:.2f} s, packed "
+    f"{row['packed']['median_s']:.2f} s ({row['packed_speedup']:.2f}x)",
+    file=sys.stderr,
+    flush=True,
+  )
   return row
 
 
 def markdown(r: dict) -> str:
   m = r["machine"]
-  intro = (f"Packed against padded forward passes on the CPU, float32: {m['cpu']}, "
-           f"{m['cpus_usable']} usable CPUs; ISA: {', '.join(m['isa_flags'])}; jax {m['jax']}. "
-           f"{r['sentences']} sentences of {r['data']} in batches of {r['batch']}, padded to "
-           f"each batch's longest (a multiple of 8). Medians of {r['rounds']} interleaved "
-           f"rounds over every batch, after {r['warmup']} warm-up rounds; first calls "
-           "(compile) apart.")
-  header = ("| model | real / padded / packed tokens | padded | packed | packed speed-up | "
-            "max diff at real tokens |")
+  intro = (
+    f"Packed against padded forward passes on the CPU, float32: {m['cpu']}, "
+    f"{m['cpus_usable']} usable CPUs; ISA: {', '.join(m['isa_flags'])}; jax {m['jax']}. "
+    f"{r['sentences']} sentences of {r['data']} in batches of {r['batch']}, padded to "
+    f"each batch's longest (a multiple of 8). Medians of {r['rounds']} interleaved "
+    f"rounds over every batch, after {r['warmup']} warm-up rounds; first calls "
+    "(compile) apart."
+  )
+  header = (
+    "| model | real / padded / packed tokens | padded | packed | packed speed-up | "
+    "max diff at real tokens |"
+  )
   lines = [intro, "", header, "|---|---|---|---|---|---|"]
   for row in r["rows"]:
     lines.append(
-        f"| {row['model']} ({row['layers']} x {row['hidden']}) | {row['real_tokens']} / "
-        f"{row['padded_tokens']} / {row['packed_tokens']} | "
-        f"{row['padded']['median_s']:.2f} s | {row['packed']['median_s']:.2f} s "
-        f"(layout included) | {row['packed_speedup']:.2f}x | "
-        f"{row['max_abs_diff_real_tokens']:.1e} |")
+      f"| {row['model']} ({row['layers']} x {row['hidden']}) | {row['real_tokens']} / "
+      f"{row['padded_tokens']} / {row['packed_tokens']} | "
+      f"{row['padded']['median_s']:.2f} s | {row['packed']['median_s']:.2f} s "
+      f"(layout included) | {row['packed_speedup']:.2f}x | "
+      f"{row['max_abs_diff_real_tokens']:.1e} |"
+    )
   lines += ["", "Speed-up: the padded median over the packed one (> 1: packing is faster)."]
   return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--smoke", action="store_true", help="a tiny model, 32 sentences, one round, "
-                 "no files")
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
+  p.add_argument(
+    "--smoke", action="store_true", help="a tiny model, 32 sentences, one round, no files"
+  )
   p.add_argument("--sentences", type=int, default=512, help="how many sentences")
   p.add_argument("--batch", type=int, default=64, help="sentences per batch")
   p.add_argument("--rounds", type=int, default=5, help="timed rounds")
   p.add_argument("--warmup", type=int, default=1, help="untimed rounds")
-  p.add_argument("--data-dir", default=None, metavar="DIR",
-                 help="where ud_english_ewt is (default: ../shared/data beside the checkout "
-                      "when it exists, else the project's own sentences, said on stderr)")
+  p.add_argument(
+    "--data-dir",
+    default=None,
+    metavar="DIR",
+    help="where ud_english_ewt is (default: ../shared/data beside the checkout "
+    "when it exists, else the project's own sentences, said on stderr)",
+  )
   p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
@@ -167,8 +213,16 @@ def main(argv=None) -> dict:
   texts, source = sentences(data_dir, args.sentences)
   data = batches(tok, texts, args.batch)
   rows = [bench_model(name, data, args) for name in MODELS]
-  result = {"machine": machine(), "data": source, "sentences": len(texts), "batch": args.batch,
-            "rows": rows, "rounds": args.rounds, "warmup": args.warmup, "smoke": args.smoke}
+  result = {
+    "machine": machine(),
+    "data": source,
+    "sentences": len(texts),
+    "batch": args.batch,
+    "rows": rows,
+    "rounds": args.rounds,
+    "warmup": args.warmup,
+    "smoke": args.smoke,
+  }
   if not args.smoke:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,12 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def machine() -> dict:
   from bertjax.utils import cpu_info
 
-  return {**cpu_info(), "platform": platform.platform(), "jax": jax.__version__,
-          "device": str(jax.devices()[0].device_kind)}
+  return {
+    **cpu_info(),
+    "platform": platform.platform(),
+    "jax": jax.__version__,
+    "device": str(jax.devices()[0].device_kind),
+  }
 
 
 def bench_features(params, config, tok, sents, repeats: int) -> dict:
@@ -53,19 +57,31 @@ def bench_features(params, config, tok, sents, repeats: int) -> dict:
     fwd.append(features.forward_throughput(params, config, tok, sents, repeats=1))
   best = min(ext, key=lambda w: w.seconds)
   plain = min(fwd, key=lambda r: r["seconds"])
-  return {"wf": wf, "first_call_s": first, "extraction": best.summary(), "forward": plain,
-          "extraction_seconds_all": [w.seconds for w in ext],
-          "forward_seconds_all": [r["seconds"] for r in fwd],
-          "ratio": best.tokens_per_second / plain["tokens_per_second"]}
+  return {
+    "wf": wf,
+    "first_call_s": first,
+    "extraction": best.summary(),
+    "forward": plain,
+    "extraction_seconds_all": [w.seconds for w in ext],
+    "forward_seconds_all": [r["seconds"] for r in fwd],
+    "ratio": best.tokens_per_second / plain["tokens_per_second"],
+  }
 
 
-def bench_probes(feats, labels, num_classes, train, test, C: float, steps: int,
-                 batch: int, max_iter: int) -> dict:
+def bench_probes(
+  feats, labels, num_classes, train, test, C: float, steps: int, batch: int, max_iter: int
+) -> dict:
   from sklearn.linear_model import LogisticRegression
 
   n = len(train)
-  cfg = probing.ProbeConfig(l2=1.0 / (C * n), learning_rate=1e-2, max_steps=steps,
-                            batch_size=batch, eval_every=steps, patience=None)
+  cfg = probing.ProbeConfig(
+    l2=1.0 / (C * n),
+    learning_rate=1e-2,
+    max_steps=steps,
+    batch_size=batch,
+    eval_every=steps,
+    patience=None,
+  )
   xtr, ytr, xte, yte = feats[:, train], labels[train], feats[:, test], labels[test]
 
   def ours():
@@ -89,12 +105,21 @@ def bench_probes(feats, labels, num_classes, train, test, C: float, steps: int,
   sk_total = float(sum(sk_times))
   acc = [float(a) for a in acc]
   return {
-    "l2": cfg.l2, "C": C, "steps": steps, "batch": batch, "train_words": n,
+    "l2": cfg.l2,
+    "C": C,
+    "steps": steps,
+    "batch": batch,
+    "train_words": n,
     "test_words": len(test),
     "bertjax": {"accuracy": acc, "first_call_s": first, "steady_s": steady},
-    "sklearn": {"accuracy": sk_acc, "seconds": sk_times, "total_s": sk_total,
-                "n_iter": sk_iter, "max_iter": max_iter,
-                "converged": all(i < max_iter for i in sk_iter)},
+    "sklearn": {
+      "accuracy": sk_acc,
+      "seconds": sk_times,
+      "total_s": sk_total,
+      "n_iter": sk_iter,
+      "max_iter": max_iter,
+      "converged": all(i < max_iter for i in sk_iter),
+    },
     "max_abs_accuracy_gap_points": 100 * float(np.max(np.abs(np.subtract(acc, sk_acc)))),
     "speedup_incl_compile": sk_total / first,
     "speedup_steady": sk_total / steady,
@@ -104,32 +129,60 @@ def bench_probes(feats, labels, num_classes, train, test, C: float, steps: int,
 def markdown(res: dict) -> str:
   m, f, p = res["machine"], res["features"], res["probes"]
   lines = [
-    "# Probing benchmark: UPOS probes on all-MiniLM-L6-v2, UD EWT dev", "",
-    (f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['device']}, jax {m['jax']}; "
-    f"{res['sentences']} sentences, {f['extraction']['words']} words; smoke={res['smoke']}."), "",
-    "## Feature extraction (all 7 layers, first subword)", "",
-    "| | tokens | seconds | tokens/s |", "|---|---|---|---|",
-    (f"| extract_word_features (compiled) | {f['extraction']['tokens']} | "
-    f"{f['extraction']['seconds']:.2f} | {f['extraction']['tokens_per_second']:.0f} |"),
-    (f"| plain forward, same batches | {f['forward']['tokens']} | {f['forward']['seconds']:.2f} | "
-    f"{f['forward']['tokens_per_second']:.0f} |"), "",
-    (f"Extraction / forward throughput: {f['ratio']:.2f}. First call including "
-    f"{len(f['extraction']['shapes'])} compilations: {f['first_call_s']:.1f} s. Padding waste "
-    f"{100 * f['extraction']['padding_waste']:.1f}%."), "",
-    (f"## Linear probes (C = {p['C']}, l2 = {p['l2']:.3g}; {p['train_words']} train / "
-    f"{p['test_words']} test words)"), "",
-    "| layer | bertjax acc. | sklearn acc. | sklearn s | sklearn iters |", "|---|---|---|---|---|"]
+    "# Probing benchmark: UPOS probes on all-MiniLM-L6-v2, UD EWT dev",
+    "",
+    (
+      f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['device']}, jax {m['jax']}; "
+      f"{res['sentences']} sentences, {f['extraction']['words']} words; smoke={res['smoke']}."
+    ),
+    "",
+    "## Feature extraction (all 7 layers, first subword)",
+    "",
+    "| | tokens | seconds | tokens/s |",
+    "|---|---|---|---|",
+    (
+      f"| extract_word_features (compiled) | {f['extraction']['tokens']} | "
+      f"{f['extraction']['seconds']:.2f} | {f['extraction']['tokens_per_second']:.0f} |"
+    ),
+    (
+      f"| plain forward, same batches | {f['forward']['tokens']} | {f['forward']['seconds']:.2f} | "
+      f"{f['forward']['tokens_per_second']:.0f} |"
+    ),
+    "",
+    (
+      f"Extraction / forward throughput: {f['ratio']:.2f}. First call including "
+      f"{len(f['extraction']['shapes'])} compilations: {f['first_call_s']:.1f} s. Padding waste "
+      f"{100 * f['extraction']['padding_waste']:.1f}%."
+    ),
+    "",
+    (
+      f"## Linear probes (C = {p['C']}, l2 = {p['l2']:.3g}; {p['train_words']} train / "
+      f"{p['test_words']} test words)"
+    ),
+    "",
+    "| layer | bertjax acc. | sklearn acc. | sklearn s | sklearn iters |",
+    "|---|---|---|---|---|",
+  ]
   for i, (a, b) in enumerate(zip(p["bertjax"]["accuracy"], p["sklearn"]["accuracy"])):
-    lines.append(f"| {i} | {100 * a:.2f} | {100 * b:.2f} | {p['sklearn']['seconds'][i]:.2f} | "
-                 f"{p['sklearn']['n_iter'][i]} |")
+    lines.append(
+      f"| {i} | {100 * a:.2f} | {100 * b:.2f} | {p['sklearn']['seconds'][i]:.2f} | "
+      f"{p['sklearn']['n_iter'][i]} |"
+    )
   lines += [
-    "", "| | wall time (s) |", "|---|---|",
+    "",
+    "| | wall time (s) |",
+    "|---|---|",
     f"| bertjax, all layers, first call (compile + train) | {p['bertjax']['first_call_s']:.2f} |",
     f"| bertjax, all layers, compiled | {p['bertjax']['steady_s']:.2f} |",
-    f"| scikit-learn, layer by layer | {p['sklearn']['total_s']:.2f} |", "",
-    (f"Largest accuracy gap: {p['max_abs_accuracy_gap_points']:.2f} points. Speed-up: "
-    f"{p['speedup_incl_compile']:.1f}x including compilation, {p['speedup_steady']:.1f}x "
-    f"compiled. scikit-learn converged: {p['sklearn']['converged']}."), ""]
+    f"| scikit-learn, layer by layer | {p['sklearn']['total_s']:.2f} |",
+    "",
+    (
+      f"Largest accuracy gap: {p['max_abs_accuracy_gap_points']:.2f} points. Speed-up: "
+      f"{p['speedup_incl_compile']:.1f}x including compilation, {p['speedup_steady']:.1f}x "
+      f"compiled. scikit-learn converged: {p['sklearn']['converged']}."
+    ),
+    "",
+  ]
   return "\n".join(lines)
 
 
@@ -143,9 +196,13 @@ def main(argv=None) -> dict:
   ap.add_argument("--max-iter", type=int, default=5000, help="scikit-learn lbfgs iterations")
   ap.add_argument("--repeats", type=int, default=3, help="timed extraction/forward repeats")
   ap.add_argument("--out", type=pathlib.Path, default=RESULTS, help="results directory")
-  ap.add_argument("--data-dir", default=None, metavar="DIR",
-                  help="the data directory holding ud_english_ewt/ (default: `bertjax data`'s "
-                       "lookup; --smoke: the shipped sample)")
+  ap.add_argument(
+    "--data-dir",
+    default=None,
+    metavar="DIR",
+    help="the data directory holding ud_english_ewt/ (default: `bertjax data`'s "
+    "lookup; --smoke: the shipped sample)",
+  )
   args = ap.parse_args(argv)
   n = 40 if args.smoke and args.sentences is None else args.sentences
   steps, max_iter = (50, 50) if args.smoke else (args.steps, args.max_iter)
@@ -166,8 +223,13 @@ def main(argv=None) -> dict:
   train = np.flatnonzero(np.isin(wf.sentence_index, train_s))
   test = np.flatnonzero(np.isin(wf.sentence_index, split["test"]))
   pres = bench_probes(feats, labels, len(vocab), train, test, args.C, steps, args.batch, max_iter)
-  res = {"machine": machine(), "smoke": args.smoke, "sentences": len(sents),
-         "features": fres, "probes": pres}
+  res = {
+    "machine": machine(),
+    "smoke": args.smoke,
+    "sentences": len(sents),
+    "features": fres,
+    "probes": pres,
+  }
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "probing_cpu_smoke" if args.smoke else "probing_cpu"
   (args.out / f"{stem}.json").write_text(json.dumps(res, indent=1))

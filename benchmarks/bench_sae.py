@@ -41,8 +41,9 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
   p.add_argument("--rounds", type=int, default=7, help="timed rounds")
   p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
@@ -56,21 +57,26 @@ def main(argv=None) -> dict:
     batch, seq = 2, 16
     config = bertjax.BertConfig.preset("tiny")
   params = bertjax.init(config, 0)
-  ids = jnp.asarray(np.random.default_rng(0).integers(5, config.vocab_size, (batch, seq)),
-                    jnp.int32)
+  ids = jnp.asarray(
+    np.random.default_rng(0).integers(5, config.vocab_size, (batch, seq)), jnp.int32
+  )
   mask = jnp.ones_like(ids)
   forward = jax.jit(lambda p, i, m: bertjax.forward(p, config, i, m).last_hidden_state)
-  acts = sae.activations(params, config, [{"input_ids": ids, "attention_mask": mask}], "out",
-                         config.depth // 2)
+  acts = sae.activations(
+    params, config, [{"input_ids": ids, "attention_mask": mask}], "out", config.depth // 2
+  )
   d = config.hidden_size
   cfg = sae.SAEConfig(d_model=d, latents=args.expansion * d, k=32, auxk=256)
   sae_params = sae.init(0, cfg, acts)
   scale = jnp.float32(sae.mse_scale(acts))
   step = sae.make_step(cfg)
   x = jnp.asarray(acts)
-  states = {"sae_step": sae.start(sae_params, cfg),
-            "sae_step_all_dead": sae.start(sae_params, cfg)._replace(
-                tokens_since=jnp.full(cfg.latents, cfg.dead_tokens + 1, jnp.int32))}
+  states = {
+    "sae_step": sae.start(sae_params, cfg),
+    "sae_step_all_dead": sae.start(sae_params, cfg)._replace(
+      tokens_since=jnp.full(cfg.latents, cfg.dead_tokens + 1, jnp.int32)
+    ),
+  }
 
   def run_step(name):
     def call():
@@ -79,10 +85,14 @@ def main(argv=None) -> dict:
       new, metrics = step(state, x, scale)
       jax.block_until_ready(new.params)
       return metrics
+
     return call
 
-  calls = {"forward": lambda: jax.block_until_ready(forward(params, ids, mask)),
-           "sae_step": run_step("sae_step"), "sae_step_all_dead": run_step("sae_step_all_dead")}
+  calls = {
+    "forward": lambda: jax.block_until_ready(forward(params, ids, mask)),
+    "sae_step": run_step("sae_step"),
+    "sae_step_all_dead": run_step("sae_step_all_dead"),
+  }
   info = {}
   for n, call in calls.items():
     t0 = time.perf_counter()
@@ -91,15 +101,28 @@ def main(argv=None) -> dict:
     if n != "forward":
       info[n]["dead_share"] = float(out["dead"])
   times = interleaved(calls, args.warmup, args.rounds)
-  rows = {n: {**info[n], "median_s": statistics.median(t), "min_s": min(t), "times_s": t}
-          for n, t in times.items()}
+  rows = {
+    n: {**info[n], "median_s": statistics.median(t), "min_s": min(t), "times_s": t}
+    for n, t in times.items()
+  }
   fwd = rows["forward"]["median_s"]
-  result = {"machine": machine(), "model": "bert-base (random)" if not args.smoke else "tiny",
-            "batch": batch, "seq": seq, "d_model": d, "latents": cfg.latents, "k": cfg.k,
-            "auxk": cfg.auxk, "site": f"out, block {config.depth // 2}", "rows": rows,
-            "ratio_step_vs_forward": rows["sae_step"]["median_s"] / fwd,
-            "ratio_all_dead_vs_forward": rows["sae_step_all_dead"]["median_s"] / fwd,
-            "rounds": args.rounds, "warmup": args.warmup, "smoke": args.smoke}
+  result = {
+    "machine": machine(),
+    "model": "bert-base (random)" if not args.smoke else "tiny",
+    "batch": batch,
+    "seq": seq,
+    "d_model": d,
+    "latents": cfg.latents,
+    "k": cfg.k,
+    "auxk": cfg.auxk,
+    "site": f"out, block {config.depth // 2}",
+    "rows": rows,
+    "ratio_step_vs_forward": rows["sae_step"]["median_s"] / fwd,
+    "ratio_all_dead_vs_forward": rows["sae_step_all_dead"]["median_s"] / fwd,
+    "rounds": args.rounds,
+    "warmup": args.warmup,
+    "smoke": args.smoke,
+  }
   md = markdown(result)
   if not args.smoke:
     out = pathlib.Path(args.out)
@@ -113,19 +136,26 @@ def main(argv=None) -> dict:
 
 def markdown(r: dict) -> str:
   m = r["machine"]
-  intro = (f"One top-k SAE training step against one forward pass on the CPU, float32: "
-           f"{m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: {', '.join(m['isa_flags'])}; "
-           f"jax {m['jax']}. Model {r['model']}, {r['batch']} x {r['seq']} tokens; SAE at "
-           f"{r['site']}: d = {r['d_model']}, {r['latents']} latents, k = {r['k']}, AuxK "
-           f"{r['auxk']}. Medians of {r['rounds']} interleaved rounds after {r['warmup']} "
-           "warm-up rounds; compile apart.")
+  intro = (
+    f"One top-k SAE training step against one forward pass on the CPU, float32: "
+    f"{m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: {', '.join(m['isa_flags'])}; "
+    f"jax {m['jax']}. Model {r['model']}, {r['batch']} x {r['seq']} tokens; SAE at "
+    f"{r['site']}: d = {r['d_model']}, {r['latents']} latents, k = {r['k']}, AuxK "
+    f"{r['auxk']}. Medians of {r['rounds']} interleaved rounds after {r['warmup']} "
+    "warm-up rounds; compile apart."
+  )
   rows = r["rows"]
   lines = [intro, "", "| call | median | vs forward | compile |", "|---|---|---|---|"]
-  for n, label in (("forward", "forward pass"), ("sae_step", "SAE step (no dead latent)"),
-                   ("sae_step_all_dead", "SAE step (every latent dead before it: AuxK top-k)")):
+  for n, label in (
+    ("forward", "forward pass"),
+    ("sae_step", "SAE step (no dead latent)"),
+    ("sae_step_all_dead", "SAE step (every latent dead before it: AuxK top-k)"),
+  ):
     ratio = rows[n]["median_s"] / rows["forward"]["median_s"]
-    lines.append(f"| {label} | {rows[n]['median_s'] * 1e3:.0f} ms | {ratio:.2f}x | "
-                 f"{rows[n]['first_call_s']:.1f} s |")
+    lines.append(
+      f"| {label} | {rows[n]['median_s'] * 1e3:.0f} ms | {ratio:.2f}x | "
+      f"{rows[n]['first_call_s']:.1f} s |"
+    )
   lines += ["", "Target: a step at most 1.5x the forward pass."]
   return "\n".join(lines) + "\n"
 

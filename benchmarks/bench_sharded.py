@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           + os.environ.get("XLA_FLAGS", ""))
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 " + os.environ.get(
+  "XLA_FLAGS", ""
+)
 
 import argparse
 import json
@@ -50,8 +51,14 @@ from bertjax import mesh as mesh_lib
 from bertjax.analysis.interventions import ablation, metrics, patching
 from bertjax.utils import cpu_info
 
-MESHES = {"1 device": None, "1x1x1": (1, 1, 1), "8x1": (8, 1, 1), "4x2": (4, 2, 1),
-          "2x4": (2, 4, 1), "1x8": (1, 8, 1)}
+MESHES = {
+  "1 device": None,
+  "1x1x1": (1, 1, 1),
+  "8x1": (8, 1, 1),
+  "4x2": (4, 2, 1),
+  "2x4": (2, 4, 1),
+  "1x8": (1, 8, 1),
+}
 
 
 def _batches(config, n, rows, seq, seed=0):
@@ -98,8 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--batch-size", type=int, default=32)
   p.add_argument("--seq-len", type=int, default=32)
   p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--analysis", choices=("ablation", "patching"), default="ablation",
-                 help="the ablation sweep (default) or the head patching sweep")
+  p.add_argument(
+    "--analysis",
+    choices=("ablation", "patching"),
+    default="ablation",
+    help="the ablation sweep (default) or the head patching sweep",
+  )
   p.add_argument("--smoke", action="store_true", help="a tiny model, one repeat")
   p.add_argument("--out", default="out/bench")
   args = p.parse_args(argv)
@@ -121,19 +132,27 @@ def make_sweep(args, config, batches):
     args.batches = 1  # one pair
 
     def sweep(mesh):
-      r = patching.head_patching(params, config, clean, corrupted, metric, targets=targets,
-                                 mesh=mesh)
+      r = patching.head_patching(
+        params, config, clean, corrupted, metric, targets=targets, mesh=mesh
+      )
       return np.concatenate([[r.clean, r.corrupted], r.values.ravel()])
+
     return sweep
 
   params = bertjax.init(config, 0)
 
   def sweep(mesh):
-    r = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
-                                head_ablations=("scale",), include=("heads", "layers"),
-                                mesh=mesh)
-    return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(),
-                           r["scale"].layers])
+    r = ablation.ablation_sweep(
+      params,
+      config,
+      batches,
+      ablation.mean_embedding_cosine,
+      head_ablations=("scale",),
+      include=("heads", "layers"),
+      mesh=mesh,
+    )
+    return np.concatenate([[r["scale"].baseline], r["scale"].heads.ravel(), r["scale"].layers])
+
   return sweep
 
 
@@ -142,16 +161,20 @@ def time_meshes(sweep, args, config) -> dict[str, dict]:
   `args.repeats` interleaved rounds; the rows of the table."""
   rows, meshes, ref = {}, {}, None
   for name, shape in MESHES.items():  # compile (and check) each first
-    devices = jax.devices()[:int(np.prod(shape))] if shape else None
+    devices = jax.devices()[: int(np.prod(shape))] if shape else None
     meshes[name] = None if shape is None else mesh_lib.make_mesh(*shape, devices=devices)
     t0 = time.perf_counter()
     values = sweep(meshes[name])
     ref = values if ref is None else ref
     per_device, total = predicted_work(config, args.batch_size, shape, args.analysis)
-    rows[name] = {"first_call_s": time.perf_counter() - t0, "runs_s": [], "cpu_runs_s": [],
-                  "max_abs_diff": float(np.abs(values - ref).max()),
-                  "model_work_per_device": per_device * args.batches,
-                  "model_work_total": total * args.batches}
+    rows[name] = {
+      "first_call_s": time.perf_counter() - t0,
+      "runs_s": [],
+      "cpu_runs_s": [],
+      "max_abs_diff": float(np.abs(values - ref).max()),
+      "model_work_per_device": per_device * args.batches,
+      "model_work_total": total * args.batches,
+    }
   # Rounds that time every run once, interleaved, so that load from other processes on a
   # shared machine falls on all of them alike; the minimum is the least disturbed.
   for _ in range(args.repeats):
@@ -169,37 +192,58 @@ def time_meshes(sweep, args, config) -> dict[str, dict]:
     r["cpu_overhead"] = r["cpu_min_s"] / base[1] - 1
     r["model_total_vs_1"] = r["model_work_total"] / work
     r["model_per_device_vs_1"] = r["model_work_per_device"] / work
-    print(f"{name:>8}: first call {r['first_call_s']:6.2f} s, min {r['min_s']:.3f} s, median "
-          f"{r['median_s']:.3f} s, max |diff| {r['max_abs_diff']:.1e}", flush=True)
+    print(
+      f"{name:>8}: first call {r['first_call_s']:6.2f} s, min {r['min_s']:.3f} s, median "
+      f"{r['median_s']:.3f} s, max |diff| {r['max_abs_diff']:.1e}",
+      flush=True,
+    )
   return rows
 
 
 def markdown(args, masks: int, rows: dict[str, dict]) -> str:
   """The Markdown table of the runs."""
   what = "Ablation sweep" if args.analysis == "ablation" else "Head patching sweep"
-  title = (f"# {what} on a mesh vs one device (CPU, 8 simulated devices, "
-           f"{os.cpu_count()} cores)")
-  patches = ("single heads + layers masked, prefix reuse, chunk 1" if args.analysis == "ablation"
-             else "head_out of each (layer, head) patched, LogitDiff, prefix reuse, chunk 1")
-  setting = (f"{args.preset}, {masks} masks ({patches}), "
-             f"{args.batches} x {args.batch_size} x {args.seq_len} tokens, {args.repeats} "
-             f"interleaved rounds; jax {jax.__version__}.")
-  lines = [title, "", setting, "",
-           ("| run | first call (s) | wall min (s) | wall median (s) | wall vs 1 device | CPU "
-            "time min (s) | CPU time vs 1 device | cost model: all devices' work | cost model: "
-            "per-device work | max abs diff |"),
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  title = f"# {what} on a mesh vs one device (CPU, 8 simulated devices, {os.cpu_count()} cores)"
+  patches = (
+    "single heads + layers masked, prefix reuse, chunk 1"
+    if args.analysis == "ablation"
+    else "head_out of each (layer, head) patched, LogitDiff, prefix reuse, chunk 1"
+  )
+  setting = (
+    f"{args.preset}, {masks} masks ({patches}), "
+    f"{args.batches} x {args.batch_size} x {args.seq_len} tokens, {args.repeats} "
+    f"interleaved rounds; jax {jax.__version__}."
+  )
+  lines = [
+    title,
+    "",
+    setting,
+    "",
+    (
+      "| run | first call (s) | wall min (s) | wall median (s) | wall vs 1 device | CPU "
+      "time min (s) | CPU time vs 1 device | cost model: all devices' work | cost model: "
+      "per-device work | max abs diff |"
+    ),
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
   for name, r in rows.items():
-    lines.append(f"| {name} | {r['first_call_s']:.2f} | {r['min_s']:.3f} | "
-                 f"{r['median_s']:.3f} | {r['overhead']:+.0%} | {r['cpu_min_s']:.3f} | "
-                 f"{r['cpu_overhead']:+.0%} | {r['model_total_vs_1']:.2f}x | "
-                 f"{r['model_per_device_vs_1']:.2f}x | {r['max_abs_diff']:.1e} |")
-  lines += ["", ("The simulated devices share the CPU's cores, so time follows all devices' "
-                 "work (the unpatched or intact runs repeated on each interventions slice, "
-                 "each group of masks or patches padded to a multiple of the interventions "
-                 "size); on real "
-                 "devices it follows the per-device work. CPU time (this process, all threads) "
-                 "is less disturbed by other processes on a shared machine than wall time.")]
+    lines.append(
+      f"| {name} | {r['first_call_s']:.2f} | {r['min_s']:.3f} | "
+      f"{r['median_s']:.3f} | {r['overhead']:+.0%} | {r['cpu_min_s']:.3f} | "
+      f"{r['cpu_overhead']:+.0%} | {r['model_total_vs_1']:.2f}x | "
+      f"{r['model_per_device_vs_1']:.2f}x | {r['max_abs_diff']:.1e} |"
+    )
+  lines += [
+    "",
+    (
+      "The simulated devices share the CPU's cores, so time follows all devices' "
+      "work (the unpatched or intact runs repeated on each interventions slice, "
+      "each group of masks or patches padded to a multiple of the interventions "
+      "size); on real "
+      "devices it follows the per-device work. CPU time (this process, all threads) "
+      "is less disturbed by other processes on a shared machine than wall time."
+    ),
+  ]
   return "\n".join(lines)
 
 
@@ -211,11 +255,21 @@ def main(argv=None) -> int:
   sweep = make_sweep(args, config, batches)
   rows = time_meshes(sweep, args, config)
   masks = config.depth * config.num_attention_heads + (
-      config.depth if args.analysis == "ablation" else 0)
-  result = {"analysis": args.analysis, "preset": args.preset, "masks": masks, "batches": args.batches,
-            "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
-            **cpu_info(),
-            "jax": jax.__version__, "xla_flags": os.environ["XLA_FLAGS"], "rows": rows}
+    config.depth if args.analysis == "ablation" else 0
+  )
+  result = {
+    "analysis": args.analysis,
+    "preset": args.preset,
+    "masks": masks,
+    "batches": args.batches,
+    "batch_size": args.batch_size,
+    "seq_len": args.seq_len,
+    "repeats": args.repeats,
+    **cpu_info(),
+    "jax": jax.__version__,
+    "xla_flags": os.environ["XLA_FLAGS"],
+    "rows": rows,
+  }
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   stem = "sharded_cpu" if args.analysis == "ablation" else "sharded_patching_cpu"

@@ -86,36 +86,65 @@ RESULTS = REPO / "benchmarks" / "results"
 TL_PYTHON = REPO / ".venv" / "tl" / "bin" / "python"
 BRIDGE_PYTHON = REPO / ".venv" / "tl4" / "bin" / "python"
 SHAPES = {
-    "bert-base": {"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
-                  "intermediate_size": 3072},
-    "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12,
-               "intermediate_size": 1536},
-    "smoke": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
-              "intermediate_size": 64},
+  "bert-base": {
+    "num_hidden_layers": 12,
+    "hidden_size": 768,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+  },
+  "minilm": {
+    "num_hidden_layers": 6,
+    "hidden_size": 384,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+  },
+  "smoke": {
+    "num_hidden_layers": 2,
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+  },
 }
 CLS, SEP, MASK = 101, 102, 103
 
 
 def parse_args(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="output directory")
   parser.add_argument("--smoke", action="store_true", help="a 2-layer model on 2 x 16 tokens")
   parser.add_argument("--models", default="bert-base,minilm", help="comma list of shapes")
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=5,
-                      help="timed repeats of the single passes (forward, maps, attribution)")
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    default=5,
+    help="timed repeats of the single passes (forward, maps, attribution)",
+  )
   parser.add_argument("--sweep-repeats", type=int, default=1, help="timed repeats of each sweep")
-  parser.add_argument("--tl-python", type=pathlib.Path, default=TL_PYTHON,
-                      help="the side environment's interpreter (transformer-lens 3.9.0)")
-  parser.add_argument("--bridge-python", type=pathlib.Path, default=BRIDGE_PYTHON,
-                      help="the interpreter of a second side environment with transformer-lens "
-                           "4.3 (its TransformerBridge); skipped when absent")
-  parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                      help="where TransformerLens runs (torch); bertjax runs on JAX's default "
-                           "backend. On a GPU both sides compute float32 matrix products in "
-                           "full precision (no TF32), as on the CPU")
+  parser.add_argument(
+    "--tl-python",
+    type=pathlib.Path,
+    default=TL_PYTHON,
+    help="the side environment's interpreter (transformer-lens 3.9.0)",
+  )
+  parser.add_argument(
+    "--bridge-python",
+    type=pathlib.Path,
+    default=BRIDGE_PYTHON,
+    help="the interpreter of a second side environment with transformer-lens "
+    "4.3 (its TransformerBridge); skipped when absent",
+  )
+  parser.add_argument(
+    "--device",
+    choices=("cpu", "cuda"),
+    default="cpu",
+    help="where TransformerLens runs (torch); bertjax runs on JAX's default "
+    "backend. On a GPU both sides compute float32 matrix products in "
+    "full precision (no TF32), as on the CPU",
+  )
   parser.add_argument("--tl-peer", type=pathlib.Path, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.smoke:
@@ -133,8 +162,11 @@ def machine() -> dict:
 
   from bertjax.utils import cpu_info
 
-  info = {**cpu_info(), "platform": platform.platform(),
-          "xla_flags": os.environ.get("XLA_FLAGS", "")}
+  info = {
+    **cpu_info(),
+    "platform": platform.platform(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+  }
   if jax.default_backend() != "cpu":
     info["accelerator"] = jax.devices()[0].device_kind
   return info
@@ -192,9 +224,14 @@ def make_inputs(batch: int, seq: int, vocab: int = 30522, seed: int = 0) -> dict
     pick = rng.choice(free, min(16, free.size), replace=False)
     corrupted[b, pick] = rng.integers(1000, vocab, pick.size)
   answer, distractor = rng.choice(np.arange(1000, vocab), (2, batch), replace=True)
-  return {"clean": ids, "corrupted": corrupted, "mask": np.ones_like(ids),
-          "position": position, "answer": answer.astype(np.int32),
-          "distractor": distractor.astype(np.int32)}
+  return {
+    "clean": ids,
+    "corrupted": corrupted,
+    "mask": np.ones_like(ids),
+    "position": position,
+    "answer": answer.astype(np.int32),
+    "distractor": distractor.astype(np.int32),
+  }
 
 
 # bertjax --------------------------------------------------------------------
@@ -238,8 +275,9 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   times["forward"] = {"first_s": first, "times_s": t}
 
   maps = lambda: bertjax.forward(params, config, ids, mask, output_attentions=True).attentions
-  out, first, t = timed(lambda: jax.block_until_ready(maps()), args.repeats,
-                        "bertjax attention maps")
+  out, first, t = timed(
+    lambda: jax.block_until_ready(maps()), args.repeats, "bertjax attention maps"
+  )
   times["attention_maps"] = {"first_s": first, "times_s": t}
   results["attention_maps"] = np.asarray(out)
 
@@ -247,30 +285,39 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   # patching needs it too), then attribution patching: both beside the forward pass, before
   # the sweeps.
   capture = lambda: bertjax.forward(params, config, ids, mask, capture=("head_out",)).cache
-  _, first, t = timed(lambda: jax.block_until_ready(capture()), args.repeats,
-                      "bertjax clean run")
+  _, first, t = timed(lambda: jax.block_until_ready(capture()), args.repeats, "bertjax clean run")
   times["capture_forward"] = {"first_s": first, "times_s": t}
 
-  attr = lambda: interventions_patching.attribution_patching(params, config, clean, corr, metric, targets=targets)
+  attr = lambda: interventions_patching.attribution_patching(
+    params, config, clean, corr, metric, targets=targets
+  )
   approx, first, t = timed(attr, args.repeats, "bertjax attribution patching")
   times["attribution"] = {"first_s": first, "times_s": t}
   results["attribution"] = approx.values
   # Its ratio to one forward pass from interleaved calls (forward, attribution, forward, ...),
   # so a slow spell of the machine falls on both: the median of the per-round ratios.
-  rounds = [(timed(lambda: jax.block_until_ready(fwd()), 1)[2][0], timed(attr, 1)[2][0])
-            for _ in range(2 * args.repeats + 1)]
-  times["attribution_rounds"] = {"first_s": float("nan"), "times_s": [a for _, a in rounds],
-                                 "forward_s": [f for f, _ in rounds]}
+  rounds = [
+    (timed(lambda: jax.block_until_ready(fwd()), 1)[2][0], timed(attr, 1)[2][0])
+    for _ in range(2 * args.repeats + 1)
+  ]
+  times["attribution_rounds"] = {
+    "first_s": float("nan"),
+    "times_s": [a for _, a in rounds],
+    "forward_s": [f for f, _ in rounds],
+  }
 
   batch = {**clean, **targets}
-  sweep = lambda: interventions_ablation.ablation_sweep(params, config, [batch], mlm_logit_diff_sum,
-                                    head_ablations=("scale",), include=("heads",))["scale"]
+  sweep = lambda: interventions_ablation.ablation_sweep(
+    params, config, [batch], mlm_logit_diff_sum, head_ablations=("scale",), include=("heads",)
+  )["scale"]
   res, first, t = timed(sweep, args.sweep_repeats, "bertjax ablation sweep")
   times["ablation_sweep"] = {"first_s": first, "times_s": t}
   results["ablation"] = res.heads
   results["ablation_baseline"] = np.asarray(res.baseline)
 
-  patch = lambda: interventions_patching.head_patching(params, config, clean, corr, metric, targets=targets)
+  patch = lambda: interventions_patching.head_patching(
+    params, config, clean, corr, metric, targets=targets
+  )
   exact, first, t = timed(patch, args.sweep_repeats, "bertjax patching sweep")
   times["patching_sweep"] = {"first_s": first, "times_s": t}
   results["patching"] = exact.values
@@ -281,9 +328,13 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   # in a fresh process, 2026-11-25).
   _, _, t = timed(attr, args.repeats)
   times["attribution_after_sweeps"] = {"first_s": float("nan"), "times_s": t}
-  info = {"agreement": metrics.agreement(exact, approx), "clean": exact.clean,
-          "corrupted": exact.corrupted, "jax": jax.__version__,
-          "backend": jax.default_backend()}
+  info = {
+    "agreement": metrics.agreement(exact, approx),
+    "clean": exact.clean,
+    "corrupted": exact.corrupted,
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+  }
   return {"times": times, "info": info}, results
 
 
@@ -297,8 +348,9 @@ def _bridge_model(model_dir: str, device: str):
   from transformer_lens.model_bridge import TransformerBridge
 
   hf, info = transformers.BertForMaskedLM.from_pretrained(model_dir, output_loading_info=True)
-  bridge = TransformerBridge.boot_transformers(model_dir, hf_model=hf.eval().to(device),
-                                               device=device)
+  bridge = TransformerBridge.boot_transformers(
+    model_dir, hf_model=hf.eval().to(device), device=device
+  )
   bridge.eval()
   return bridge, info["missing_keys"], info["unexpected_keys"]
 
@@ -313,12 +365,21 @@ def _tl_model(model_dir: str, device: str):
 
   hf = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
   c = hf.config
-  cfg = {"d_model": c.hidden_size, "d_head": c.hidden_size // c.num_attention_heads,
-         "n_heads": c.num_attention_heads, "d_mlp": c.intermediate_size,
-         "n_layers": c.num_hidden_layers, "n_ctx": c.max_position_embeddings,
-         "eps": c.layer_norm_eps, "d_vocab": c.vocab_size, "act_fn": "gelu",
-         "attention_dir": "bidirectional", "original_architecture": "BertForMaskedLM",
-         "device": device, "dtype": torch.float32}
+  cfg = {
+    "d_model": c.hidden_size,
+    "d_head": c.hidden_size // c.num_attention_heads,
+    "n_heads": c.num_attention_heads,
+    "d_mlp": c.intermediate_size,
+    "n_layers": c.num_hidden_layers,
+    "n_ctx": c.max_position_embeddings,
+    "eps": c.layer_norm_eps,
+    "d_vocab": c.vocab_size,
+    "act_fn": "gelu",
+    "attention_dir": "bidirectional",
+    "original_architecture": "BertForMaskedLM",
+    "device": device,
+    "dtype": torch.float32,
+  }
   model = HookedEncoder(cfg, move_to_device=True)
   missing, unexpected = model.load_state_dict(convert_bert_weights(hf, model.cfg), strict=False)
   parameters = {name for name, _ in model.named_parameters()}
@@ -401,8 +462,9 @@ class _HookedEncoderRuns(_TLRuns):
     return self.model.run_with_hooks(tokens, fwd_hooks=hooks, one_zero_attention_mask=self.mask)
 
   def cache(self, tokens, names_filter=None):
-    return self.model.run_with_cache(tokens, one_zero_attention_mask=self.mask,
-                                     names_filter=names_filter)[1]
+    return self.model.run_with_cache(
+      tokens, one_zero_attention_mask=self.mask, names_filter=names_filter
+    )[1]
 
 
 class _BridgeRuns(_TLRuns):
@@ -410,8 +472,9 @@ class _BridgeRuns(_TLRuns):
   points live inside the Hugging Face modules, so the lean runs call the model's encoder)."""
 
   def encoder(self, tokens):
-    return self.model.original_model.bert(input_ids=tokens,
-                                          attention_mask=self.mask).last_hidden_state
+    return self.model.original_model.bert(
+      input_ids=tokens, attention_mask=self.mask
+    ).last_hidden_state
 
   def head(self, x):
     return self.model.original_model.cls(x)
@@ -420,8 +483,7 @@ class _BridgeRuns(_TLRuns):
     return self.model.run_with_hooks(tokens, attention_mask=self.mask, fwd_hooks=hooks)
 
   def cache(self, tokens, names_filter=None):
-    return self.model.run_with_cache(tokens, attention_mask=self.mask,
-                                     names_filter=names_filter)[1]
+    return self.model.run_with_cache(tokens, attention_mask=self.mask, names_filter=names_filter)[1]
 
 
 def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -> None:
@@ -434,8 +496,7 @@ def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -
 
   def maps_docs():
     cache = t.cache(ids)
-    return t.done(torch.stack([cache[f"blocks.{l}.attn.hook_pattern"]
-                               for l in range(t.n_layers)]))
+    return t.done(torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(t.n_layers)]))
 
   def maps_lean():  # only the patterns cached, and no logits
     cache = {}
@@ -455,7 +516,6 @@ def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
   """(b) single-head ablation: the docs' hook zeroing one head's values."""
   import functools
 
-
   def ablate_head(v, hook, head):
     v[:, :, head, :] = 0.0
     return v
@@ -465,8 +525,7 @@ def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
     base = float(t.run(t.ids, [], variant))
     for layer in range(t.n_layers):
       for head in range(t.n_heads):
-        hook = (f"blocks.{layer}.attn.hook_v",
-                functools.partial(ablate_head, head=head))
+        hook = (f"blocks.{layer}.attn.hook_v", functools.partial(ablate_head, head=head))
         values[layer, head] = float(t.run(t.ids, [hook], variant))
     return base, values
 
@@ -481,7 +540,6 @@ def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
   """(c) activation patching of each head's z, clean into corrupted (the docs' loop)."""
   import functools
 
-
   def patch_head(z, hook, head, clean_cache):
     z[:, :, head, :] = clean_cache[_layer(hook)][:, :, head, :]
     return z
@@ -493,8 +551,10 @@ def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
     values = np.zeros((t.n_layers, t.n_heads))
     for layer in range(t.n_layers):
       for head in range(t.n_heads):
-        hook = (f"blocks.{layer}.attn.hook_z",
-                functools.partial(patch_head, head=head, clean_cache=clean_cache))
+        hook = (
+          f"blocks.{layer}.attn.hook_z",
+          functools.partial(patch_head, head=head, clean_cache=clean_cache),
+        )
         values[layer, head] = float(t.run(t.corrupted, [hook], variant))
     return clean_m, corrupted_m, values
 
@@ -525,8 +585,13 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
     value.backward()
     model.reset_hooks()
     model.zero_grad(set_to_none=True)
-    return torch.stack([((clean_cache[l] - acts[l]) * grads[l]).sum((0, 1, 3))
-                        for l in range(t.n_layers)]).cpu().numpy()
+    return (
+      torch.stack(
+        [((clean_cache[l] - acts[l]) * grads[l]).sum((0, 1, 3)) for l in range(t.n_layers)]
+      )
+      .cpu()
+      .numpy()
+    )
 
   out, first, ts = timed(attribution, repeats)
   times["attribution"] = {"first_s": first, "times_s": ts}
@@ -561,36 +626,59 @@ def tl_peer(spec_path: pathlib.Path) -> None:
     _tl_ablation(t, sweep_repeats, times, results)
     _tl_patching(t, sweep_repeats, times, results)
   _tl_attribution(t, repeats, times, results)
-  info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-          "torch_interop_threads": torch.get_num_interop_threads(),
-          "transformer_lens": importlib.metadata.version("transformer-lens"),
-          "transformers": transformers.__version__, "device": device,
-          "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-          "missing_keys": list(missing),
-          "unexpected_keys": list(unexpected)}
+  info = {
+    "torch": torch.__version__,
+    "torch_threads": torch.get_num_threads(),
+    "torch_interop_threads": torch.get_num_interop_threads(),
+    "transformer_lens": importlib.metadata.version("transformer-lens"),
+    "transformers": transformers.__version__,
+    "device": device,
+    "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+    "missing_keys": list(missing),
+    "unexpected_keys": list(unexpected),
+  }
   np.savez(spec["results"], **results)
   pathlib.Path(spec["timings"]).write_text(json.dumps({"times": times, "info": info}))
 
 
-def run_tl(args, directory: pathlib.Path, inputs_path: pathlib.Path, work: pathlib.Path,
-           api: str = "hooked_encoder"):
+def run_tl(
+  args,
+  directory: pathlib.Path,
+  inputs_path: pathlib.Path,
+  work: pathlib.Path,
+  api: str = "hooked_encoder",
+):
   """The TransformerLens side in its environment: `api` "hooked_encoder" (3.9, `--tl-python`)
   or "bridge" (4.3's TransformerBridge, `--bridge-python`)."""
   python = args.bridge_python if api == "bridge" else args.tl_python
-  spec = {"model_dir": str(directory), "inputs": str(inputs_path), "repeats": args.repeats,
-          "sweep_repeats": args.sweep_repeats, "results": str(work / f"{api}_results.npz"),
-          "timings": str(work / f"{api}_timings.json"), "api": api, "device": args.device}
+  spec = {
+    "model_dir": str(directory),
+    "inputs": str(inputs_path),
+    "repeats": args.repeats,
+    "sweep_repeats": args.sweep_repeats,
+    "results": str(work / f"{api}_results.npz"),
+    "timings": str(work / f"{api}_timings.json"),
+    "api": api,
+    "device": args.device,
+  }
   (work / "spec.json").write_text(json.dumps(spec))
-  env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-         "PYTHONWARNINGS": "ignore"}
+  env = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "PYTHONWARNINGS": "ignore",
+  }
   env.pop("PYTHONPATH", None)
-  proc = subprocess.run([str(python), str(pathlib.Path(__file__).resolve()),
-                         "--tl-peer", str(work / "spec.json")], env=env, capture_output=True,
-                        text=True, check=False)
+  proc = subprocess.run(
+    [str(python), str(pathlib.Path(__file__).resolve()), "--tl-peer", str(work / "spec.json")],
+    env=env,
+    capture_output=True,
+    text=True,
+    check=False,
+  )
   if proc.returncode != 0:
     raise RuntimeError(f"the TransformerLens side failed ({python}):\n{proc.stderr[-4000:]}")
-  return (json.loads(pathlib.Path(spec["timings"]).read_text()),
-          dict(np.load(spec["results"])))
+  return (json.loads(pathlib.Path(spec["timings"]).read_text()), dict(np.load(spec["results"])))
 
 
 # Report ---------------------------------------------------------------------
@@ -605,42 +693,66 @@ def compare(ours: dict, ours_res: dict, theirs: dict, theirs_res: dict, inputs: 
   t, u = theirs["times"], ours["times"]
   fastest = lambda *keys: min(median(t[k]) for k in keys)
   rows = {
-      "forward": (median(u["forward"]), median(t["forward"])),
-      "attention_maps": (median(u["attention_maps"]),
-                         fastest("attention_maps_docs", "attention_maps_lean")),
-      "ablation_sweep": (median(u["ablation_sweep"]),
-                         fastest("ablation_sweep_docs", "ablation_sweep_lean")),
-      "patching_sweep": (median(u["patching_sweep"]),
-                         fastest("patching_sweep_docs", "patching_sweep_lean")),
-      "attribution": (median(u["attribution"]), median(t["attribution"])),
+    "forward": (median(u["forward"]), median(t["forward"])),
+    "attention_maps": (
+      median(u["attention_maps"]),
+      fastest("attention_maps_docs", "attention_maps_lean"),
+    ),
+    "ablation_sweep": (
+      median(u["ablation_sweep"]),
+      fastest("ablation_sweep_docs", "ablation_sweep_lean"),
+    ),
+    "patching_sweep": (
+      median(u["patching_sweep"]),
+      fastest("patching_sweep_docs", "patching_sweep_lean"),
+    ),
+    "attribution": (median(u["attribution"]), median(t["attribution"])),
   }
   clean_m, corrupted_m = ours_res["patching_clean_corrupted"]
   diffs = {
-      "attention_maps": float(np.abs(ours_res["attention_maps"]
-                                     - theirs_res["attention_maps"]).max()),
-      "ablation": float(max(np.abs(ours_res["ablation"] - theirs_res[f"ablation_{v}"]).max()
-                            for v in ("docs", "lean"))),
-      "ablation_baseline": float(abs(ours_res["ablation_baseline"]
-                                     - theirs_res["ablation_baseline"])),
-      "patching": float(max(np.abs(ours_res["patching"] - theirs_res[f"patching_{v}"]).max()
-                            for v in ("docs", "lean"))),
-      "patching_clean_corrupted": float(np.abs(ours_res["patching_clean_corrupted"]
-                                               - theirs_res["patching_clean_corrupted"]).max()),
-      "attribution": float(np.abs((ours_res["attribution"] - corrupted_m)
-                                  - theirs_res["attribution_delta"]).max()),
+    "attention_maps": float(
+      np.abs(ours_res["attention_maps"] - theirs_res["attention_maps"]).max()
+    ),
+    "ablation": float(
+      max(
+        np.abs(ours_res["ablation"] - theirs_res[f"ablation_{v}"]).max() for v in ("docs", "lean")
+      )
+    ),
+    "ablation_baseline": float(
+      abs(ours_res["ablation_baseline"] - theirs_res["ablation_baseline"])
+    ),
+    "patching": float(
+      max(
+        np.abs(ours_res["patching"] - theirs_res[f"patching_{v}"]).max() for v in ("docs", "lean")
+      )
+    ),
+    "patching_clean_corrupted": float(
+      np.abs(ours_res["patching_clean_corrupted"] - theirs_res["patching_clean_corrupted"]).max()
+    ),
+    "attribution": float(
+      np.abs((ours_res["attribution"] - corrupted_m) - theirs_res["attribution_delta"]).max()
+    ),
   }
-  scale = {"patching_effect_range": float(np.ptp(ours_res["patching"])),
-           "clean_minus_corrupted": float(clean_m - corrupted_m)}
-  return {"seconds": {k: {"bertjax": a, "transformer_lens": b} for k, (a, b) in rows.items()},
-          "speedup": {k: b / a for k, (a, b) in rows.items()},
-          "attribution_over_forward": statistics.median(
-              a / f for a, f in zip(u["attribution_rounds"]["times_s"],
-                                    u["attribution_rounds"]["forward_s"])),
-          "gradient_pass_over_forward": ((median(u["attribution"]) - median(u["capture_forward"]))
-                                         / median(u["forward"])),
-          "attribution_after_sweeps_over_forward": (median(u["attribution_after_sweeps"])
-                                                    / median(u["forward"])),
-          "max_abs_diff": diffs, "scale": scale}
+  scale = {
+    "patching_effect_range": float(np.ptp(ours_res["patching"])),
+    "clean_minus_corrupted": float(clean_m - corrupted_m),
+  }
+  return {
+    "seconds": {k: {"bertjax": a, "transformer_lens": b} for k, (a, b) in rows.items()},
+    "speedup": {k: b / a for k, (a, b) in rows.items()},
+    "attribution_over_forward": statistics.median(
+      a / f
+      for a, f in zip(u["attribution_rounds"]["times_s"], u["attribution_rounds"]["forward_s"])
+    ),
+    "gradient_pass_over_forward": (
+      (median(u["attribution"]) - median(u["capture_forward"])) / median(u["forward"])
+    ),
+    "attribution_after_sweeps_over_forward": (
+      median(u["attribution_after_sweeps"]) / median(u["forward"])
+    ),
+    "max_abs_diff": diffs,
+    "scale": scale,
+  }
 
 
 def _secs(seconds: float) -> str:
@@ -652,71 +764,115 @@ def _table(r: dict, side: str, cmp: str, title: str, heads: int) -> list[str]:
   """One model's task table against one TransformerLens side."""
   s, tl, bj = r[cmp]["seconds"], r[side]["times"], r["bertjax"]["times"]
   d = r[cmp]["max_abs_diff"]
-  lines = [(f"| task | bertjax | {title} (docs / lean) | speed-up | bertjax compile | "
-            "max abs diff |"), "|---|---:|---:|---:|---:|---:|"]
-  rows = [("one forward pass", "forward", None, "-"),
-          ("(a) every attention map", "attention_maps", "attention_maps",
-           f"{d['attention_maps']:.1e}"),
-          (f"(b) {heads} single-head ablations + baseline", "ablation_sweep", "ablation_sweep",
-           f"{d['ablation']:.1e}"),
-          ("(c) (layer, head) patching of head_out / hook_z", "patching_sweep",
-           "patching_sweep", f"{d['patching']:.1e}"),
-          ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}")]
+  lines = [
+    (f"| task | bertjax | {title} (docs / lean) | speed-up | bertjax compile | max abs diff |"),
+    "|---|---:|---:|---:|---:|---:|",
+  ]
+  rows = [
+    ("one forward pass", "forward", None, "-"),
+    ("(a) every attention map", "attention_maps", "attention_maps", f"{d['attention_maps']:.1e}"),
+    (
+      f"(b) {heads} single-head ablations + baseline",
+      "ablation_sweep",
+      "ablation_sweep",
+      f"{d['ablation']:.1e}",
+    ),
+    (
+      "(c) (layer, head) patching of head_out / hook_z",
+      "patching_sweep",
+      "patching_sweep",
+      f"{d['patching']:.1e}",
+    ),
+    ("attribution patching, all heads", "attribution", None, f"{d['attribution']:.1e}"),
+  ]
   for label, key, tl_key, diff in rows:
-    theirs = (f"{_secs(median(tl[tl_key + '_docs']))} / {_secs(median(tl[tl_key + '_lean']))}"
-              if tl_key else _secs(s[key]["transformer_lens"]))
+    theirs = (
+      f"{_secs(median(tl[tl_key + '_docs']))} / {_secs(median(tl[tl_key + '_lean']))}"
+      if tl_key
+      else _secs(s[key]["transformer_lens"])
+    )
     compile_s = max(bj[key]["first_s"] - median(bj[key]), 0.0)
-    lines.append(f"| {label} | {_secs(s[key]['bertjax'])} | {theirs} | "
-                 f"**{r[cmp]['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |")
+    lines.append(
+      f"| {label} | {_secs(s[key]['bertjax'])} | {theirs} | "
+      f"**{r[cmp]['speedup'][key]:.2f}x** | {compile_s:.1f} s | {diff} |"
+    )
   return lines
 
 
 def markdown(report: dict) -> str:
   m, tli = report["machine"], report["tl_info"]
-  cpu = (f"{m.get('cpu', '?')}, {m['cpus']} CPUs ({m['cpus_usable']} usable), ISA "
-         f"{' '.join(m.get('isa_flags', [])) or '?'}")
+  cpu = (
+    f"{m.get('cpu', '?')}, {m['cpus']} CPUs ({m['cpus_usable']} usable), ISA "
+    f"{' '.join(m.get('isa_flags', [])) or '?'}"
+  )
   flags = f"; XLA_FLAGS={m['xla_flags']}" if m.get("xla_flags") else ""
   if "accelerator" in m:  # both sides on the GPU; the CPU only drives them
     title = m["accelerator"]
-    where = (f"{m['accelerator']} (host: {cpu}); jax {report['bertjax_info']['jax']} "
-             f"(XLA:GPU, float32 dots at full precision{flags}), torch {tli['torch']} on "
-             f"{tli.get('gpu')} (TF32 off)")
+    where = (
+      f"{m['accelerator']} (host: {cpu}); jax {report['bertjax_info']['jax']} "
+      f"(XLA:GPU, float32 dots at full precision{flags}), torch {tli['torch']} on "
+      f"{tli.get('gpu')} (TF32 off)"
+    )
   else:
     title = "CPU"
-    where = (f"{cpu}; jax {report['bertjax_info']['jax']} (XLA:CPU, {m['cpus_usable']} threads"
-             f"{flags}), "
-             f"torch {tli['torch']} ({tli['torch_threads']} threads)")
+    where = (
+      f"{cpu}; jax {report['bertjax_info']['jax']} (XLA:CPU, {m['cpus_usable']} threads"
+      f"{flags}), "
+      f"torch {tli['torch']} ({tli['torch_threads']} threads)"
+    )
   lines = [
-      f"# bertjax vs TransformerLens HookedEncoder ({title})", "",
-      (f"{where}, transformer-lens {tli['transformer_lens']}, transformers "
-       f"{tli['transformers']}. Batch {report['batch']} x {report['seq']}, float32, random "
-       "weights shared by both sides (LayerNorms and biases randomised). Medians; compile "
-       "(bertjax) and first-call time apart; TransformerLens's faster variant (docs / lean) "
-       "is the reference."), ""]
+    f"# bertjax vs TransformerLens HookedEncoder ({title})",
+    "",
+    (
+      f"{where}, transformer-lens {tli['transformer_lens']}, transformers "
+      f"{tli['transformers']}. Batch {report['batch']} x {report['seq']}, float32, random "
+      "weights shared by both sides (LayerNorms and biases randomised). Medians; compile "
+      "(bertjax) and first-call time apart; TransformerLens's faster variant (docs / lean) "
+      "is the reference."
+    ),
+    "",
+  ]
   for name, r in report["models"].items():
     shape = r["shape"]
     heads = shape["num_hidden_layers"] * shape["num_attention_heads"]
-    lines += [(f"## {name} ({shape['num_hidden_layers']} x {shape['hidden_size']}, "
-               f"{shape['num_attention_heads']} heads)"), ""]
+    lines += [
+      (
+        f"## {name} ({shape['num_hidden_layers']} x {shape['hidden_size']}, "
+        f"{shape['num_attention_heads']} heads)"
+      ),
+      "",
+    ]
     lines += _table(r, "transformer_lens", "compare", "TransformerLens HookedEncoder", heads)
     if "compare_bridge" in r:
       version = report["bridge_info"]["transformer_lens"]
-      lines += ["", (f"Against TransformerLens {version}'s `TransformerBridge` (its hooks "
-                     "inside transformers' `BertForMaskedLM`), the same bertjax times:"), ""]
+      lines += [
+        "",
+        (
+          f"Against TransformerLens {version}'s `TransformerBridge` (its hooks "
+          "inside transformers' `BertForMaskedLM`), the same bertjax times:"
+        ),
+        "",
+      ]
       lines += _table(r, "transformer_bridge", "compare_bridge", "TransformerBridge", heads)
     agree, info = r["bertjax"]["info"]["agreement"], r["bertjax"]["info"]
-    lines += ["", (f"Attribution patching for all {heads} heads takes "
-                   f"**{r['compare']['attribution_over_forward']:.2f}x** one bertjax forward "
-                   "pass (the median ratio over rounds of interleaved calls: a source forward, "
-                   "a destination forward and one backward; "
-                   f"{r['compare']['gradient_pass_over_forward']:.2f}x without the clean run, "
-                   "which exact patching needs as well; timed again after the sweeps, in the "
-                   "same process: "
-                   f"{r['compare']['attribution_after_sweeps_over_forward']:.2f}x); against "
-                   f"exact patching (c): Pearson {agree['pearson']:.3f}, Spearman "
-                   f"{agree['spearman']:.3f} over the normalised values. Metric clean "
-                   f"{info['clean']:.4f}, corrupted {info['corrupted']:.4f}; patching effects "
-                   f"span {r['compare']['scale']['patching_effect_range']:.2e}."), ""]
+    lines += [
+      "",
+      (
+        f"Attribution patching for all {heads} heads takes "
+        f"**{r['compare']['attribution_over_forward']:.2f}x** one bertjax forward "
+        "pass (the median ratio over rounds of interleaved calls: a source forward, "
+        "a destination forward and one backward; "
+        f"{r['compare']['gradient_pass_over_forward']:.2f}x without the clean run, "
+        "which exact patching needs as well; timed again after the sweeps, in the "
+        "same process: "
+        f"{r['compare']['attribution_after_sweeps_over_forward']:.2f}x); against "
+        f"exact patching (c): Pearson {agree['pearson']:.3f}, Spearman "
+        f"{agree['spearman']:.3f} over the normalised values. Metric clean "
+        f"{info['clean']:.4f}, corrupted {info['corrupted']:.4f}; patching effects "
+        f"span {r['compare']['scale']['patching_effect_range']:.2e}."
+      ),
+      "",
+    ]
   return "\n".join(lines)
 
 
@@ -726,18 +882,28 @@ def main(argv=None) -> dict:
     tl_peer(args.tl_peer)
     return {}
   if not args.tl_python.exists():
-    raise SystemExit(f"the TransformerLens side environment {args.tl_python} is missing; set "
-                     "it up with: python3 -m venv .venv/tl && .venv/tl/bin/pip install "
-                     "torch==2.13.0 transformer-lens==3.9.0")
+    raise SystemExit(
+      f"the TransformerLens side environment {args.tl_python} is missing; set "
+      "it up with: python3 -m venv .venv/tl && .venv/tl/bin/pip install "
+      "torch==2.13.0 transformer-lens==3.9.0"
+    )
   import jax
 
   backend = jax.default_backend()
   if (backend == "gpu") != (args.device == "cuda") or backend not in ("cpu", "gpu"):
     # Both sides on the same kind of device, or the comparison means nothing.
-    raise SystemExit(f"--device {args.device} but JAX runs on {backend!r}: use --device cuda "
-                     "with a CUDA jax, or --device cpu with JAX_PLATFORMS=cpu")
-  report = {"machine": machine(), "batch": args.batch, "seq": args.seq, "models": {},
-            "repeats": args.repeats, "sweep_repeats": args.sweep_repeats}
+    raise SystemExit(
+      f"--device {args.device} but JAX runs on {backend!r}: use --device cuda "
+      "with a CUDA jax, or --device cpu with JAX_PLATFORMS=cpu"
+    )
+  report = {
+    "machine": machine(),
+    "batch": args.batch,
+    "seq": args.seq,
+    "models": {},
+    "repeats": args.repeats,
+    "sweep_repeats": args.sweep_repeats,
+  }
   start = time.perf_counter()
   for name in args.models.split(","):
     if name not in SHAPES:
@@ -751,24 +917,30 @@ def main(argv=None) -> dict:
       print(f"[{name}] bertjax done at {time.perf_counter() - start:.0f} s", flush=True)
       theirs, theirs_res = run_tl(args, work / "model", work / "inputs.npz", work)
       print(f"[{name}] TransformerLens done at {time.perf_counter() - start:.0f} s", flush=True)
-      report["models"][name] = {"shape": SHAPES[name], "bertjax": ours,
-                                "transformer_lens": theirs,
-                                "compare": compare(ours, ours_res, theirs, theirs_res, inputs)}
+      report["models"][name] = {
+        "shape": SHAPES[name],
+        "bertjax": ours,
+        "transformer_lens": theirs,
+        "compare": compare(ours, ours_res, theirs, theirs_res, inputs),
+      }
       report["bertjax_info"], report["tl_info"] = ours["info"], theirs["info"]
       write_report(args, report, start)  # kept should a later side fail or be stopped
       if args.bridge_python.exists():
         bridge, bridge_res = run_tl(args, work / "model", work / "inputs.npz", work, "bridge")
-        print(f"[{name}] TransformerBridge done at {time.perf_counter() - start:.0f} s",
-              flush=True)
+        print(f"[{name}] TransformerBridge done at {time.perf_counter() - start:.0f} s", flush=True)
         report["models"][name].update(
-            transformer_bridge=bridge,
-            compare_bridge=compare(ours, ours_res, bridge, bridge_res, inputs))
+          transformer_bridge=bridge,
+          compare_bridge=compare(ours, ours_res, bridge, bridge_res, inputs),
+        )
         report["bridge_info"] = bridge["info"]
         write_report(args, report, start)
       else:
-        print(f"[{name}] TransformerBridge skipped: {args.bridge_python} is absent (python3 -m "
-              "venv .venv/tl4 && .venv/tl4/bin/pip install torch==2.13.0 "
-              "transformer-lens==4.3.0)", flush=True)
+        print(
+          f"[{name}] TransformerBridge skipped: {args.bridge_python} is absent (python3 -m "
+          "venv .venv/tl4 && .venv/tl4/bin/pip install torch==2.13.0 "
+          "transformer-lens==4.3.0)",
+          flush=True,
+        )
   print(write_report(args, report, start).read_text())
   return report
 
@@ -780,8 +952,9 @@ def write_report(args, report: dict, start: float) -> pathlib.Path:
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "bench_tl_smoke" if args.smoke else "bench_tl"
   if "accelerator" in report["machine"]:
-    stem += "_gpu_" + "".join(c if c.isalnum() else "_" for c in
-                              report["machine"]["accelerator"].lower())
+    stem += "_gpu_" + "".join(
+      c if c.isalnum() else "_" for c in report["machine"]["accelerator"].lower()
+    )
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
   page = args.out / f"{stem}.md"
   page.write_text(markdown(report))

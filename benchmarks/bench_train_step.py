@@ -41,15 +41,18 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 def make_batch(config, batch: int, seq: int, predictions: int, seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   ids = rng.integers(5, config.vocab_size, (batch, seq)).astype(np.int32)
-  positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False)
-                                for _ in range(batch)]), axis=1).astype(np.int32)
+  positions = np.sort(
+    np.stack([rng.choice(np.arange(1, seq - 1), predictions, replace=False) for _ in range(batch)]),
+    axis=1,
+  ).astype(np.int32)
   return {
-      "input_ids": ids, "attention_mask": np.ones_like(ids),
-      "token_type_ids": (np.arange(seq) >= seq // 2).astype(np.int32)[None].repeat(batch, 0),
-      "mlm_positions": positions,
-      "mlm_ids": np.take_along_axis(ids, positions, 1),
-      "mlm_weights": np.ones(positions.shape, np.float32),
-      "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32),
+    "input_ids": ids,
+    "attention_mask": np.ones_like(ids),
+    "token_type_ids": (np.arange(seq) >= seq // 2).astype(np.int32)[None].repeat(batch, 0),
+    "mlm_positions": positions,
+    "mlm_ids": np.take_along_axis(ids, positions, 1),
+    "mlm_weights": np.ones(positions.shape, np.float32),
+    "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32),
   }
 
 
@@ -57,8 +60,9 @@ def ours_step(config, batch, prng_impl=None):
   nsp = "nsp" in config.family.heads  # MLM alone for families without an NSP head
   params = bertjax.init(config, 0, heads=("mlm", "nsp") if nsp else ("mlm",))
   tx = make_optimizer("adamw", 1e-4)
-  step = make_train_step(config, tx, task="pretrain", objective="nsp" if nsp else "none",
-                         donate=True)
+  step = make_train_step(
+    config, tx, task="pretrain", objective="nsp" if nsp else "none", donate=True
+  )
   key = jax.random.key(0) if prng_impl is None else jax.random.key(0, impl=prng_impl)
   state = create_train_state(params, tx, key)
   device_batch = jax.tree.map(jnp.asarray, batch)
@@ -77,17 +81,20 @@ def torch_step(config, batch):
   import torch
   import transformers
 
-  hf = transformers.BertConfig(**{k: v for k, v in config.to_hf_dict().items()
-                                  if k not in ("id2label", "label2id")})
+  hf = transformers.BertConfig(
+    **{k: v for k, v in config.to_hf_dict().items() if k not in ("id2label", "label2id")}
+  )
   model = transformers.BertForPreTraining(hf).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
   labels = np.full(batch["input_ids"].shape, -100, np.int64)
   np.put_along_axis(labels, batch["mlm_positions"], batch["mlm_ids"], 1)
-  inputs = dict(input_ids=torch.tensor(batch["input_ids"]).long(),
-                attention_mask=torch.tensor(batch["attention_mask"]).long(),
-                token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
-                labels=torch.tensor(labels),
-                next_sentence_label=torch.tensor(batch["next_sentence_labels"]).long())
+  inputs = dict(
+    input_ids=torch.tensor(batch["input_ids"]).long(),
+    attention_mask=torch.tensor(batch["attention_mask"]).long(),
+    token_type_ids=torch.tensor(batch["token_type_ids"]).long(),
+    labels=torch.tensor(labels),
+    next_sentence_label=torch.tensor(batch["next_sentence_labels"]).long(),
+  )
 
   def run():
     opt.zero_grad(set_to_none=True)
@@ -99,8 +106,9 @@ def torch_step(config, batch):
   return run
 
 
-def matmul_peak_tflops(dtype=jnp.bfloat16, n: int = 8192, trials: int = 7,
-                       calls: int = 10) -> float:
+def matmul_peak_tflops(
+  dtype=jnp.bfloat16, n: int = 8192, trials: int = 7, calls: int = 10
+) -> float:
   """Measured n x n x n matmul rate: `calls` products back to back per timing, best median."""
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
@@ -145,23 +153,36 @@ def model_flops(config, batch: int, seq: int, predictions: int) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+  )
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--predictions", type=int, default=20)
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--warmup", type=int, default=2)
-  parser.add_argument("--mfu", action="store_true",
-                      help="GPU: BERT-base, bf16, fused attention; model-FLOPs utilisation")
-  parser.add_argument("--variants", default="pallas:threefry:256,pallas:unsafe_rbg:256",
-                      help="--mfu: comma list of attention_impl:prng_impl:batch[:nodrop]"
-                           "[:unrollN] (nodrop: no hidden dropout; unrollN: scan_unroll=N)")
-  parser.add_argument("--profile", default=None,
-                      help="--mfu: write a profiler trace of the last variant to this folder")
+  parser.add_argument(
+    "--mfu",
+    action="store_true",
+    help="GPU: BERT-base, bf16, fused attention; model-FLOPs utilisation",
+  )
+  parser.add_argument(
+    "--variants",
+    default="pallas:threefry:256,pallas:unsafe_rbg:256",
+    help="--mfu: comma list of attention_impl:prng_impl:batch[:nodrop]"
+    "[:unrollN] (nodrop: no hidden dropout; unrollN: scan_unroll=N)",
+  )
+  parser.add_argument(
+    "--profile",
+    default=None,
+    help="--mfu: write a profiler trace of the last variant to this folder",
+  )
   parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
-  parser.add_argument("--preset", default="bert-base",
-                      help="--mfu: the model (a BertConfig preset, e.g. modernbert-base)")
+  parser.add_argument(
+    "--preset",
+    default="bert-base",
+    help="--mfu: the model (a BertConfig preset, e.g. modernbert-base)",
+  )
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
   return parser.parse_args(argv)
 
@@ -175,14 +196,25 @@ def mfu_variant(spec: str, args, profile_it: bool) -> dict:
   impl, prng, size, *rest = spec.split(":")
   dropout = 0.0 if "nodrop" in rest else 0.1
   unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
-  overrides = dict(attention_impl=impl, hidden_dropout_prob=dropout, scan_unroll=unroll,
-                   attention_probs_dropout_prob=0.1 if "attndrop" in rest else 0.0)
+  overrides = dict(
+    attention_impl=impl,
+    hidden_dropout_prob=dropout,
+    scan_unroll=unroll,
+    attention_probs_dropout_prob=0.1 if "attndrop" in rest else 0.0,
+  )
   family = bertjax.BertConfig.preset(args.preset).family
   if family.ffn_dropout == "inside":  # one rate for ModernBERT's dropouts
     overrides["attention_probs_dropout_prob"] = dropout
   if args.smoke:
-    small = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=128, max_position_embeddings=128, pad_token_id=1)
+    small = dict(
+      vocab_size=1000,
+      hidden_size=64,
+      num_hidden_layers=2,
+      num_attention_heads=4,
+      intermediate_size=128,
+      max_position_embeddings=128,
+      pad_token_id=1,
+    )
     config = bertjax.BertConfig.preset(args.preset, **small, **overrides)
     batch_size, seq = 4, 32
   else:
@@ -200,14 +232,26 @@ def mfu_variant(spec: str, args, profile_it: bool) -> dict:
   if profile_it:
     profile(run, pathlib.Path(args.profile))
   flops = model_flops(config, batch_size, seq, args.predictions)
-  row = {"variant": spec, "attention_impl": impl, "prng_impl": prng, "batch": batch_size,
-         "seq": seq, "hidden_dropout": dropout, "scan_unroll": unroll,
-         "median_step_s": med(times),
-         "min_step_s": min(times), "compile_s": compile_s, "model_tflop_per_step": flops / 1e12,
-         "model_tflops": flops / med(times) / 1e12,
-         "tokens_per_s": batch_size * seq / med(times)}
-  print(f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
-        f"{row['model_tflops']:.1f} TFLOP/s, compile {compile_s:.1f} s", flush=True)
+  row = {
+    "variant": spec,
+    "attention_impl": impl,
+    "prng_impl": prng,
+    "batch": batch_size,
+    "seq": seq,
+    "hidden_dropout": dropout,
+    "scan_unroll": unroll,
+    "median_step_s": med(times),
+    "min_step_s": min(times),
+    "compile_s": compile_s,
+    "model_tflop_per_step": flops / 1e12,
+    "model_tflops": flops / med(times) / 1e12,
+    "tokens_per_s": batch_size * seq / med(times),
+  }
+  print(
+    f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
+    f"{row['model_tflops']:.1f} TFLOP/s, compile {compile_s:.1f} s",
+    flush=True,
+  )
   return row
 
 
@@ -218,20 +262,26 @@ def run_mfu(args, machine: dict) -> dict:
     variants, args.rounds = variants[:2], 2
   peak_n = 1024 if args.smoke else 8192
   peaks = [matmul_peak_tflops(n=peak_n)]
-  rows = [mfu_variant(spec, args, bool(args.profile) and spec == variants[-1])
-          for spec in variants]
+  rows = [mfu_variant(spec, args, bool(args.profile) and spec == variants[-1]) for spec in variants]
   peaks.append(matmul_peak_tflops(n=peak_n))
   peak = max(peaks)
   for row in rows:
     row["mfu"] = row["model_tflops"] / peak
   label = f"{args.preset} (smoke sizes)" if args.smoke else f"{args.preset} bf16"
-  return {"machine": machine, "config": label, "seq": args.seq,
-          "predictions_per_sequence": args.predictions, "rounds": args.rounds,
-          "matmul_peak_tflops_measured": peaks, "matmul_peak_tflops": peak,
-          "flop_formula": "6 x non-embedding params x tokens + 12 x seq x keys x hidden x batch "
-                          "summed over layers (keys: seq, or a window's w + 1; attention, "
-                          "fwd+bwd) + 6 x vocab x E x masked positions",
-          "variants": rows, "best": max(rows, key=lambda r: r["mfu"])}
+  return {
+    "machine": machine,
+    "config": label,
+    "seq": args.seq,
+    "predictions_per_sequence": args.predictions,
+    "rounds": args.rounds,
+    "matmul_peak_tflops_measured": peaks,
+    "matmul_peak_tflops": peak,
+    "flop_formula": "6 x non-embedding params x tokens + 12 x seq x keys x hidden x batch "
+    "summed over layers (keys: seq, or a window's w + 1; attention, "
+    "fwd+bwd) + 6 x vocab x E x masked positions",
+    "variants": rows,
+    "best": max(rows, key=lambda r: r["mfu"]),
+  }
 
 
 def run_cpu(args, machine: dict) -> dict:
@@ -255,21 +305,35 @@ def run_cpu(args, machine: dict) -> dict:
   import torch
 
   tokens = args.batch * args.seq
-  return {"machine": {**machine, "torch": torch.__version__}, "config": "bert-mini (4x256)",
-          "batch": args.batch, "seq": args.seq, "predictions": args.predictions,
-          "bertjax": {"median_step_s": med(t_ours), "tokens_per_s": tokens / med(t_ours),
-                      "compile_s": compile_s},
-          "torch_BertForPreTraining": {"median_step_s": med(t_torch),
-                                       "tokens_per_s": tokens / med(t_torch)},
-          "speedup_vs_torch": med(t_torch) / med(t_ours)}
+  return {
+    "machine": {**machine, "torch": torch.__version__},
+    "config": "bert-mini (4x256)",
+    "batch": args.batch,
+    "seq": args.seq,
+    "predictions": args.predictions,
+    "bertjax": {
+      "median_step_s": med(t_ours),
+      "tokens_per_s": tokens / med(t_ours),
+      "compile_s": compile_s,
+    },
+    "torch_BertForPreTraining": {
+      "median_step_s": med(t_torch),
+      "tokens_per_s": tokens / med(t_torch),
+    },
+    "speedup_vs_torch": med(t_torch) / med(t_ours),
+  }
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
   from bertjax.utils import cpu_info  # CPU model, ISA flags, cores
 
-  machine = {**cpu_info(), "xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
-             "device": jax.devices()[0].device_kind}
+  machine = {
+    **cpu_info(),
+    "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    "jax": jax.__version__,
+    "device": jax.devices()[0].device_kind,
+  }
   if args.mfu:
     result = run_mfu(args, machine)
     name = "train_step_gpu_mfu" + ("" if args.preset == "bert-base" else f"_{args.preset}")

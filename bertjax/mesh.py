@@ -57,8 +57,9 @@ def initialize_distributed() -> bool:
   return True
 
 
-def make_mesh(data: int = -1, interventions: int = 1, fsdp: int = 1,
-              devices: Sequence[Any] | None = None) -> Mesh:
+def make_mesh(
+  data: int = -1, interventions: int = 1, fsdp: int = 1, devices: Sequence[Any] | None = None
+) -> Mesh:
   """A mesh with axes ("data", "interventions", "fsdp") over every device (of every process).
 
   Args:
@@ -83,8 +84,10 @@ def make_mesh(data: int = -1, interventions: int = 1, fsdp: int = 1,
   if data == -1:
     data = n // (interventions * fsdp)
   if not isinstance(data, int) or data < 1 or data * interventions * fsdp != n:
-    raise ValueError(f"mesh shape (data={data}, interventions={interventions}, fsdp={fsdp}) "
-                     f"must multiply to the {n} devices")
+    raise ValueError(
+      f"mesh shape (data={data}, interventions={interventions}, fsdp={fsdp}) "
+      f"must multiply to the {n} devices"
+    )
   return Mesh(np.asarray(devices, dtype=object).reshape(data, interventions, fsdp), AXES)
 
 
@@ -101,8 +104,9 @@ def parse_mesh(text: str, axes: Sequence[str] = AXES) -> tuple[int, ...]:
   except ValueError:
     sizes = []
   if not 2 <= len(sizes) <= len(axes):
-    shapes = " or ".join("'" + "x".join(a.upper() for a in axes[:k]) + "'"
-                         for k in range(2, len(axes) + 1))
+    shapes = " or ".join(
+      "'" + "x".join(a.upper() for a in axes[:k]) + "'" for k in range(2, len(axes) + 1)
+    )
     raise ValueError(f"mesh {text!r} must be {shapes}, e.g. '4x2' or '-1x2'")
   return tuple(sizes) + (1,) * (len(axes) - len(sizes))
 
@@ -174,8 +178,10 @@ def shard_rows(tree: Any, mesh: Mesh, axes: Sequence[str] | None = None, *, axis
   def put(x):
     x = np.asarray(x)
     if x.shape[axis] % size:
-      raise ValueError(f"axis {axis} of shape {x.shape} must be divisible by the {size} "
-                       f"devices of mesh axes {axes} (pad it first)")
+      raise ValueError(
+        f"axis {axis} of shape {x.shape} must be divisible by the {size} "
+        f"devices of mesh axes {axes} (pad it first)"
+      )
     spec = [None] * x.ndim
     spec[axis] = axes
     return put_global(x, NamedSharding(mesh, P(*spec)))
@@ -268,7 +274,6 @@ def put_global(x: Any, sharding: NamedSharding) -> jax.Array:
   return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
-
 def shard_state(state: Any, mesh: Mesh) -> tuple[Any, Any]:
   """Places a train state on the mesh (`state_shardings`); returns `(state, shardings)`.
 
@@ -278,8 +283,9 @@ def shard_state(state: Any, mesh: Mesh) -> tuple[Any, Any]:
   return jax.tree.map(put_global, state, shardings), shardings
 
 
-def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh, *,
-                per_process: bool = False) -> dict[str, jax.Array]:
+def shard_batch(
+  batch: dict[str, np.ndarray], mesh: Mesh, *, per_process: bool = False
+) -> dict[str, jax.Array]:
   """Places a host batch on the mesh, split on the batch axis.
 
   Args:
@@ -297,15 +303,17 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh, *,
     x = np.asarray(x)
     if count == 1:
       if x.shape[0] % size:
-        raise ValueError(f"batch size {x.shape[0]} must be divisible by the {size} devices "
-                         "of the mesh")
+        raise ValueError(
+          f"batch size {x.shape[0]} must be divisible by the {size} devices of the mesh"
+        )
       return jax.device_put(x, sharding)
     if not per_process:
       if x.shape[0] % count:
-        raise ValueError(f"global batch size {x.shape[0]} must be divisible by the {count} "
-                         "processes")
+        raise ValueError(
+          f"global batch size {x.shape[0]} must be divisible by the {count} processes"
+        )
       rows = x.shape[0] // count
-      x = x[index * rows:(index + 1) * rows]
+      x = x[index * rows : (index + 1) * rows]
     return jax.make_array_from_process_local_data(sharding, x)
 
   return {k: put(v) for k, v in batch.items()}

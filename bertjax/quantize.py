@@ -47,8 +47,9 @@ def quantize_symmetric(x: jax.Array, axes: Sequence[int]) -> tuple[jax.Array, ja
   return q, scale
 
 
-def int8_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                     preferred_element_type=None) -> jax.Array:
+def int8_dot_general(
+  lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None
+) -> jax.Array:
   """`jax.lax.dot_general` through int8: per-row activations, per-output-channel weights.
 
   A drop-in ``dot_general`` for `flax.linen.Dense` / `DenseGeneral` (lhs: the input,

@@ -89,7 +89,7 @@ def pearson_from_sums(sx, sy, sxx, syy, sxy, n):
   """Pearson correlation from running sums over n pairs (sum x, sum y, sum x^2, sum y^2,
   sum xy), elementwise over arrays of sums: what a streamed statistic keeps instead of the
   pairs. 0 where either side is constant (its variance underflows)."""
-  cov = sxy / n - sx * sy / n ** 2
+  cov = sxy / n - sx * sy / n**2
   var = (sxx / n - (sx / n) ** 2) * (syy / n - (sy / n) ** 2)
   return cov / np.sqrt(np.maximum(var, 1e-300))
 
@@ -109,7 +109,7 @@ def mcnemar_p(base_correct, other_correct) -> float:
   n, k = lost + gained, min(lost, gained)
   if n == 0:
     return 1.0
-  return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+  return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
 def wilcoxon_p(base, other) -> float:
@@ -123,7 +123,6 @@ def wilcoxon_p(base, other) -> float:
   return float(wilcoxon(d).pvalue)
 
 
-
 def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   """Mean of the last `window` values at each step (fewer at the start): causal smoothing."""
   if window < 1:
@@ -134,8 +133,16 @@ def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   lo = np.maximum(i - window, 0)
   return (c[i] - c[lo]) / (i - lo)
 
-def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float = 0.95,
-                 seed: int = 0, vectorized: bool = False):
+
+def bootstrap_ci(
+  data,
+  statistic,
+  *,
+  n_resamples: int = 2000,
+  confidence: float = 0.95,
+  seed: int = 0,
+  vectorized: bool = False,
+):
   """Percentile bootstrap confidence interval of `statistic` over the items of `data`.
 
   Resamples the items (the first axis) with replacement `n_resamples` times, evaluates the
@@ -168,8 +175,10 @@ def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float 
   arrays = tuple(np.asarray(a) for a in (data if isinstance(data, tuple) else (data,)))
   sizes = {a.shape[0] if a.ndim else None for a in arrays}
   if len(sizes) != 1 or None in sizes or 0 in sizes:
-    raise ValueError(f"data must be one or more arrays with the same (>= 1) items on their "
-                     f"first axis; got shapes {[a.shape for a in arrays]}")
+    raise ValueError(
+      f"data must be one or more arrays with the same (>= 1) items on their "
+      f"first axis; got shapes {[a.shape for a in arrays]}"
+    )
   if not (isinstance(n_resamples, int) and n_resamples >= 1):
     raise ValueError(f"{n_resamples=} must be an int >= 1")
   if not 0 < confidence < 1:
@@ -185,6 +194,7 @@ def bootstrap_ci(data, statistic, *, n_resamples: int = 2000, confidence: float 
     warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: NaN, as documented
     low, high = np.nanquantile(values, [alpha, 1 - alpha], axis=0)
   return (float(low), float(high)) if low.ndim == 0 else (low, high)
+
 
 def _layer_reps(reps) -> jax.Array:
   reps = jnp.asarray(reps, jnp.float32)

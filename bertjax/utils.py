@@ -58,8 +58,14 @@ def to_json(x: Any, *, digits: int | None = None) -> Any:
   return x
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
-               digits: int | None = None, sort_keys: bool = False) -> pathlib.Path:
+def write_json(
+  path: str | os.PathLike,
+  obj: Any,
+  *,
+  indent: int | None = 1,
+  digits: int | None = None,
+  sort_keys: bool = False,
+) -> pathlib.Path:
   """Writes `to_json(obj)` to `path` as valid JSON (through a temporary file) and returns it.
 
   Args:
@@ -70,8 +76,9 @@ def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1,
     sort_keys: sort object keys.
   """
   path = pathlib.Path(path)
-  text = json.dumps(to_json(obj, digits=digits), indent=indent, sort_keys=sort_keys,
-                    allow_nan=False)
+  text = json.dumps(
+    to_json(obj, digits=digits), indent=indent, sort_keys=sort_keys, allow_nan=False
+  )
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text(text + "\n")
   tmp.replace(path)
@@ -119,6 +126,8 @@ def flat_kwargs(field: str):
 
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
 def cpu_info() -> dict[str, Any]:
   """The CPU a figure comes from: its model name and vendor, family/model/stepping, the vector
   ISA flags that matter for matrix products (AVX2, AVX-VNNI, AVX-512, AMX), and the CPU count (all, and
@@ -136,12 +145,16 @@ def cpu_info() -> dict[str, Any]:
   except OSError:
     pass
   usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {"cpu": info.get("model name") or platform.processor() or platform.machine(),
-          "cpu_vendor": info.get("vendor_id"),
-          "cpu_family_model_stepping": [info.get(k) for k in ("cpu family", "model", "stepping")],
-          "isa_flags": sorted(f for f in flags if f in ("avx2", "avx_vnni")
-                              or f.startswith(("avx512", "amx"))),
-          "cpus": os.cpu_count(), "cpus_usable": usable}
+  return {
+    "cpu": info.get("model name") or platform.processor() or platform.machine(),
+    "cpu_vendor": info.get("vendor_id"),
+    "cpu_family_model_stepping": [info.get(k) for k in ("cpu family", "model", "stepping")],
+    "isa_flags": sorted(
+      f for f in flags if f in ("avx2", "avx_vnni") or f.startswith(("avx512", "amx"))
+    ),
+    "cpus": os.cpu_count(),
+    "cpus_usable": usable,
+  }
 
 
 _compiles = {"count": 0, "listening": False}

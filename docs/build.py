@@ -33,10 +33,12 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # (source, page, title), in the navigation's order.
-PAGES = (("README.md", "index.md", "Overview"),
-         ("docs/manual.md", "manual.md", "Manual"),
-         ("docs/results.md", "results.md", "Measured results"),
-         ("docs/findings.md", "findings.md", "Findings"))
+PAGES = (
+  ("README.md", "index.md", "Overview"),
+  ("docs/manual.md", "manual.md", "Manual"),
+  ("docs/results.md", "results.md", "Measured results"),
+  ("docs/findings.md", "findings.md", "Findings"),
+)
 REPO_PAGES = REPO  # where the PAGES' sources are read from
 # Where each package's source lies: the top-level kernels/ installs as bertjax.kernels.
 SOURCES = (("bertjax", REPO / "bertjax"), ("bertjax.kernels", REPO / "kernels"))
@@ -118,9 +120,14 @@ def stage(src: pathlib.Path, site: pathlib.Path, api: bool = True) -> pathlib.Pa
       (tree / entry.name).symlink_to(entry)
   (tree / "kernels").symlink_to(REPO / "kernels")
   config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
-  config.update(docs_dir=str(docs), site_dir=str(site.resolve()), nav=[
+  config.update(
+    docs_dir=str(docs),
+    site_dir=str(site.resolve()),
+    nav=[
       *({title: page} for _, page, title in PAGES),
-      *([{"API reference": [f"api/{m}.md" for m in modules]}] if modules else [])])
+      *([{"API reference": [f"api/{m}.md" for m in modules]}] if modules else []),
+    ],
+  )
   for plugin in config["plugins"]:
     if isinstance(plugin, dict) and "mkdocstrings" in plugin:
       plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(tree.parent)]
@@ -134,26 +141,37 @@ def build(site: pathlib.Path, api: bool = True) -> dict[str, int]:
   each kind. Raises RuntimeError with MkDocs' warnings when the build fails."""
   config = stage(site.with_name(site.name + ".src"), site, api)
   env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-  run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
-                        "-f", str(config)], capture_output=True, text=True, env=env, check=False)
+  run = subprocess.run(
+    [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(config)],
+    capture_output=True,
+    text=True,
+    env=env,
+    check=False,
+  )
   if run.returncode:
     raise RuntimeError(f"mkdocs build --strict failed:\n{run.stdout}{run.stderr}"[-6000:])
   return {"pages": len(PAGES), "api_pages": len(api_modules()) if api else 0}
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", default="out/site", metavar="DIR",
-                 help="the site's folder, replaced (default: out/site; staged in DIR.src)")
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--out",
+    default="out/site",
+    metavar="DIR",
+    help="the site's folder, replaced (default: out/site; staged in DIR.src)",
+  )
   p.add_argument("--no-api", action="store_true", help="the pages only, no API reference")
   args = p.parse_args(argv)
   for module in ("mkdocs", "material", "mkdocstrings", "yaml"):
     try:
       __import__(module)
     except ImportError:
-      print(f"docs: {module} is missing; `./run.sh setup` installs it (the docs extra)",
-            file=sys.stderr)
+      print(
+        f"docs: {module} is missing; `./run.sh setup` installs it (the docs extra)", file=sys.stderr
+      )
       return 2
   out = pathlib.Path(args.out)
   try:
@@ -161,8 +179,10 @@ def main(argv=None) -> int:
   except RuntimeError as e:
     print(f"docs: {e}", file=sys.stderr)
     return 1
-  print(f"wrote {counts['pages']} pages and {counts['api_pages']} API pages to {out}; open "
-        f"{out / 'index.html'}")
+  print(
+    f"wrote {counts['pages']} pages and {counts['api_pages']} API pages to {out}; open "
+    f"{out / 'index.html'}"
+  )
   return 0
 
 

@@ -65,27 +65,63 @@ class Scale(common.PretrainScale):
   embedding: int
 
 
-FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, embedding=32, vocab=8000, seq_len=64,
-             batch=32, steps=600, lr=1e-3, warmup=60, max_lines=None, eval_batches=16, window=20)
-SMOKE = Scale(layers=2, hidden=32, heads=2, ffn=64, embedding=8, vocab=300, seq_len=32, batch=8,
-              steps=6, lr=1e-3, warmup=1, max_lines=400, eval_batches=2, window=3)
+FULL = Scale(
+  layers=6,
+  hidden=128,
+  heads=4,
+  ffn=512,
+  embedding=32,
+  vocab=8000,
+  seq_len=64,
+  batch=32,
+  steps=600,
+  lr=1e-3,
+  warmup=60,
+  max_lines=None,
+  eval_batches=16,
+  window=20,
+)
+SMOKE = Scale(
+  layers=2,
+  hidden=32,
+  heads=2,
+  ffn=64,
+  embedding=8,
+  vocab=300,
+  seq_len=32,
+  batch=8,
+  steps=6,
+  lr=1e-3,
+  warmup=1,
+  max_lines=400,
+  eval_batches=2,
+  window=3,
+)
 
 
 def model_configs(sc: Scale, vocab_size: int) -> dict[str, Any]:
   """The four models: BERT, ALBERT (shared + factorised) and the two single reductions."""
   import bertjax
 
-  shared = {"vocab_size": vocab_size, "hidden_size": sc.hidden, "num_hidden_layers": sc.layers,
-            "num_attention_heads": sc.heads, "intermediate_size": sc.ffn,
-            "max_position_embeddings": sc.seq_len, "hidden_act": "gelu",
-            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+  shared = {
+    "vocab_size": vocab_size,
+    "hidden_size": sc.hidden,
+    "num_hidden_layers": sc.layers,
+    "num_attention_heads": sc.heads,
+    "intermediate_size": sc.ffn,
+    "max_position_embeddings": sc.seq_len,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+  }
   albert = {**shared, "model_type": "albert"}
   return {
-      "bert": bertjax.BertConfig(**shared),
-      "albert": bertjax.BertConfig(**albert, embedding_size=sc.embedding, num_hidden_groups=1),
-      "shared_only": bertjax.BertConfig(**albert, embedding_size=sc.hidden, num_hidden_groups=1),
-      "factorized_only": bertjax.BertConfig(**albert, embedding_size=sc.embedding,
-                                            num_hidden_groups=sc.layers),
+    "bert": bertjax.BertConfig(**shared),
+    "albert": bertjax.BertConfig(**albert, embedding_size=sc.embedding, num_hidden_groups=1),
+    "shared_only": bertjax.BertConfig(**albert, embedding_size=sc.hidden, num_hidden_groups=1),
+    "factorized_only": bertjax.BertConfig(
+      **albert, embedding_size=sc.embedding, num_hidden_groups=sc.layers
+    ),
   }
 
 
@@ -112,8 +148,12 @@ def base_size_counts() -> dict[str, Any]:
 
   bert = count_params(bertjax.BertConfig.preset("bert-base"))["model"]
   albert = count_params(bertjax.BertConfig.preset("albert-base"))["model"]
-  return {"bert_base": bert, "albert_base": albert, "ratio": albert / bert,
-          "paper_ratio": PAPER_BASE_RATIO}
+  return {
+    "bert_base": bert,
+    "albert_base": albert,
+    "ratio": albert / bert,
+    "paper_ratio": PAPER_BASE_RATIO,
+  }
 
 
 def quality_verdict(heldout: dict[str, float], unigram: float | None = None) -> str:
@@ -158,43 +198,50 @@ def findings(r: dict, s: dict) -> list[dict]:
   load = r["loadavg"]
   early = unigram - heldout["bert"]
   return [
-      common.finding(
-          PAPER, "ALBERT has far fewer parameters than BERT of the same depth and width "
-          "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
-          f"presets: ALBERT-base {base['albert_base'] / 1e6:.1f}M vs BERT-base "
-          f"{base['bert_base'] / 1e6:.1f}M = 1/{1 / base['ratio']:.1f}; here ({s['layers']} "
-          f"layers x {s['hidden']}, vocab {data['vocab_size']}, with MLM head): ALBERT "
-          f"{params['albert']['total'] / 1e6:.2f}M vs BERT {params['bert']['total'] / 1e6:.2f}M "
-          f"= 1/{1 / small_ratio:.1f} (sharing only {params['shared_only']['total'] / 1e6:.2f}M, "
-          f"factorising only {params['factorized_only']['total'] / 1e6:.2f}M). Rule: yes if the "
-          "base ratio is within 0.02 of 12/108.", param_verdict(base["ratio"], small_ratio)),
-      common.finding(
-          PAPER, "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
-          "layers costs more than factorising the embedding (Tables 3-4).",
-          f"held-out MLM loss after {s['steps']} steps (fixed masks): BERT {heldout['bert']:.3f}, "
-          f"ALBERT {heldout['albert']:.3f} ({d['albert']:+.3f}), sharing only "
-          f"{heldout['shared_only']:.3f} ({d['shared_only']:+.3f}), factorising only "
-          f"{heldout['factorized_only']:.3f} ({d['factorized_only']:+.3f}); token frequencies "
-          f"alone give {unigram:.3f}, BERT's accuracy {r['heldout']['bert']['mlm_accuracy']:.1%}. "
-          f"Differs from Lan et al.: {s['steps']} steps from scratch at {s['layers']} x "
-          f"{s['hidden']} (E = {s['embedding']}) on {data['train_tokens']:,} WikiText-2 tokens, "
-          "scored by held-out MLM loss; Lan et al. compare base-size models (E = 128) after 125k "
-          f"steps on downstream tasks. BERT is only {early:.2f} nats past the unigram loss: at "
-          "this early stage what the models have learned is mostly token statistics, which a "
-          "narrow embedding limits more than shared layers do, so the order of the two costs "
-          "need not carry over to trained models."
-          " Rule: n/a if no model beats the unigram loss by 0.1 nats (too early to tell); else "
-          "yes if ALBERT is worse and sharing costs more than factorising, partly if one holds.",
-          quality_verdict(heldout, unigram)),
-      common.finding(
-          PAPER, "Sharing parameters does not reduce per-step compute (every layer still runs).",
-          f"median train step: BERT {step['bert'] * 1e3:.0f} ms, sharing only "
-          f"{step['shared_only'] * 1e3:.0f} ms ({shared_step:.2f}x), ALBERT "
-          f"{step['albert'] * 1e3:.0f} ms ({step['albert'] / step['bert']:.2f}x), factorising "
-          f"only {step['factorized_only'] * 1e3:.0f} ms; shared CPU, load "
-          f"{load['start'][0]:.1f}->{load['end'][0]:.1f}. Rule: yes if sharing-only >= 0.85x "
-          "BERT.",
-          compute_verdict(shared_step)),
+    common.finding(
+      PAPER,
+      "ALBERT has far fewer parameters than BERT of the same depth and width "
+      "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
+      f"presets: ALBERT-base {base['albert_base'] / 1e6:.1f}M vs BERT-base "
+      f"{base['bert_base'] / 1e6:.1f}M = 1/{1 / base['ratio']:.1f}; here ({s['layers']} "
+      f"layers x {s['hidden']}, vocab {data['vocab_size']}, with MLM head): ALBERT "
+      f"{params['albert']['total'] / 1e6:.2f}M vs BERT {params['bert']['total'] / 1e6:.2f}M "
+      f"= 1/{1 / small_ratio:.1f} (sharing only {params['shared_only']['total'] / 1e6:.2f}M, "
+      f"factorising only {params['factorized_only']['total'] / 1e6:.2f}M). Rule: yes if the "
+      "base ratio is within 0.02 of 12/108.",
+      param_verdict(base["ratio"], small_ratio),
+    ),
+    common.finding(
+      PAPER,
+      "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
+      "layers costs more than factorising the embedding (Tables 3-4).",
+      f"held-out MLM loss after {s['steps']} steps (fixed masks): BERT {heldout['bert']:.3f}, "
+      f"ALBERT {heldout['albert']:.3f} ({d['albert']:+.3f}), sharing only "
+      f"{heldout['shared_only']:.3f} ({d['shared_only']:+.3f}), factorising only "
+      f"{heldout['factorized_only']:.3f} ({d['factorized_only']:+.3f}); token frequencies "
+      f"alone give {unigram:.3f}, BERT's accuracy {r['heldout']['bert']['mlm_accuracy']:.1%}. "
+      f"Differs from Lan et al.: {s['steps']} steps from scratch at {s['layers']} x "
+      f"{s['hidden']} (E = {s['embedding']}) on {data['train_tokens']:,} WikiText-2 tokens, "
+      "scored by held-out MLM loss; Lan et al. compare base-size models (E = 128) after 125k "
+      f"steps on downstream tasks. BERT is only {early:.2f} nats past the unigram loss: at "
+      "this early stage what the models have learned is mostly token statistics, which a "
+      "narrow embedding limits more than shared layers do, so the order of the two costs "
+      "need not carry over to trained models."
+      " Rule: n/a if no model beats the unigram loss by 0.1 nats (too early to tell); else "
+      "yes if ALBERT is worse and sharing costs more than factorising, partly if one holds.",
+      quality_verdict(heldout, unigram),
+    ),
+    common.finding(
+      PAPER,
+      "Sharing parameters does not reduce per-step compute (every layer still runs).",
+      f"median train step: BERT {step['bert'] * 1e3:.0f} ms, sharing only "
+      f"{step['shared_only'] * 1e3:.0f} ms ({shared_step:.2f}x), ALBERT "
+      f"{step['albert'] * 1e3:.0f} ms ({step['albert'] / step['bert']:.2f}x), factorising "
+      f"only {step['factorized_only'] * 1e3:.0f} ms; shared CPU, load "
+      f"{load['start'][0]:.1f}->{load['end'][0]:.1f}. Rule: yes if sharing-only >= 0.85x "
+      "BERT.",
+      compute_verdict(shared_step),
+    ),
   ]
 
 
@@ -206,18 +253,26 @@ def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -
   for v in VARIANTS:
     r = runs[v]
     steps = np.arange(1, len(r["mlm_loss"]) + 1)
-    ax.plot(steps, stats.trailing_mean(r["mlm_loss"], window),
-            label=f"{v} ({params[v]['total'] / 1e6:.2f}M params)")
-  ax.set(xlabel="step", ylabel=f"training MLM loss ({window}-step trailing mean)",
-         title="BERT vs ALBERT reductions: same data, steps and schedule")
+    ax.plot(
+      steps,
+      stats.trailing_mean(r["mlm_loss"], window),
+      label=f"{v} ({params[v]['total'] / 1e6:.2f}M params)",
+    )
+  ax.set(
+    xlabel="step",
+    ylabel=f"training MLM loss ({window}-step trailing mean)",
+    title="BERT vs ALBERT reductions: same data, steps and schedule",
+  )
   ax.legend(fontsize=8)
   names.append(common.savefig(fig, out, f"{NAME}_loss_vs_steps"))
 
   fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
   x = np.arange(len(VARIANTS))
-  panels = [([params[v]["total"] / 1e6 for v in VARIANTS], "parameters (M, with MLM head)"),
-            ([runs[v]["heldout"]["mlm_loss"] for v in VARIANTS], "held-out MLM loss (nats)"),
-            ([runs[v]["median_step_s"] for v in VARIANTS], "median train step (s)")]
+  panels = [
+    ([params[v]["total"] / 1e6 for v in VARIANTS], "parameters (M, with MLM head)"),
+    ([runs[v]["heldout"]["mlm_loss"] for v in VARIANTS], "held-out MLM loss (nats)"),
+    ([runs[v]["median_step_s"] for v in VARIANTS], "median train step (s)"),
+  ]
   for ax, (vals, label) in zip(axes, panels):
     ax.bar(x, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"])
     ax.set_xticks(x, VARIANTS, rotation=20, fontsize=8)
@@ -232,8 +287,12 @@ def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = common.parser(__doc__, model=False)
-  parser.add_argument("--steps", type=int, default=None,
-                      help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)")
+  parser.add_argument(
+    "--steps",
+    type=int,
+    default=None,
+    help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)",
+  )
   args = parser.parse_args(argv)
   with common.smoke_compilation_cache(args.smoke):
     return run_experiment(args)
@@ -264,29 +323,41 @@ def run_experiment(args) -> int:
   figures = _figures(args.out, runs, params, sc.window)
   d = {v: heldout[v] - heldout["bert"] for v in VARIANTS}
   results = {
-      "data": data.stats,
-      "params": params,
-      "base_size": base,
-      "param_ratio_albert_vs_bert": small_ratio,
-      "heldout": {v: runs[v]["heldout"] for v in VARIANTS},
-      "heldout_minus_bert": d,
-      "median_step_s": step,
-      "step_ratio_vs_bert": {v: step[v] / step["bert"] for v in VARIANTS},
-      "compile_s": {v: runs[v]["compile_s"] for v in VARIANTS},
-      "approach": ("one process, runs in the order " + ", ".join(VARIANTS) + "; step time = the "
-                   "loop's own per-step time (data loading excluded), median over steps, "
-                   "first step (compile) excluded"),
-      "loadavg": {"start": load_start, "end": load_end},
-      "runs": runs,
-      "timings_s": timings,
+    "data": data.stats,
+    "params": params,
+    "base_size": base,
+    "param_ratio_albert_vs_bert": small_ratio,
+    "heldout": {v: runs[v]["heldout"] for v in VARIANTS},
+    "heldout_minus_bert": d,
+    "median_step_s": step,
+    "step_ratio_vs_bert": {v: step[v] / step["bert"] for v in VARIANTS},
+    "compile_s": {v: runs[v]["compile_s"] for v in VARIANTS},
+    "approach": (
+      "one process, runs in the order " + ", ".join(VARIANTS) + "; step time = the "
+      "loop's own per-step time (data loading excluded), median over steps, "
+      "first step (compile) excluded"
+    ),
+    "loadavg": {"start": load_start, "end": load_end},
+    "runs": runs,
+    "timings_s": timings,
   }
-  settings = {**dataclasses.asdict(sc), "seed": args.seed,
-              "objective": "none (MLM only, RoBERTa FULL-SENTENCES)",
-              "train": dataclasses.asdict(train),
-              "model_configs": {v: dataclasses.asdict(c) for v, c in configs.items()}}
-  common.write_results(NAME, args.out, results, findings=findings(common.to_json(results),
-                                                                  settings), settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures)
+  settings = {
+    **dataclasses.asdict(sc),
+    "seed": args.seed,
+    "objective": "none (MLM only, RoBERTa FULL-SENTENCES)",
+    "train": dataclasses.asdict(train),
+    "model_configs": {v: dataclasses.asdict(c) for v, c in configs.items()},
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=findings(common.to_json(results), settings),
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+  )
   return 0
 
 

@@ -56,33 +56,43 @@ import numpy as np
 NAME = "anisotropy"
 PAPER = "Ethayarajh 2019"
 MEV_DEFINITIONS = ("truncated_svd", "pca", "uncentred")  # = geometry.MEV_DEFINITIONS
-MEV_LABELS = {"truncated_svd": "TruncatedSVD, the paper's released code",
-              "pca": "centred PCA", "uncentred": "uncentred sigma_1^2 / sum sigma_i^2"}
+MEV_LABELS = {
+  "truncated_svd": "TruncatedSVD, the paper's released code",
+  "pca": "centred PCA",
+  "uncentred": "uncentred sigma_1^2 / sum sigma_i^2",
+}
 MEV_DEFINITIONS_DOC = {
-    "truncated_svd": "sklearn TruncatedSVD(n_components=100).explained_variance_ratio_[0] "
-                     "(kawine/contextual analyze.py, first commit 84d2f97: the code behind "
-                     "the released bert/variance_explained.csv)",
-    "pca": "sklearn PCA(n_components=1).explained_variance_ratio_[0] (kawine/contextual "
-           "analyze.py, commit c10c992)",
-    "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
-                 "Definition 3 as written)"}
+  "truncated_svd": "sklearn TruncatedSVD(n_components=100).explained_variance_ratio_[0] "
+  "(kawine/contextual analyze.py, first commit 84d2f97: the code behind "
+  "the released bert/variance_explained.csv)",
+  "pca": "sklearn PCA(n_components=1).explained_variance_ratio_[0] (kawine/contextual "
+  "analyze.py, commit c10c992)",
+  "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
+  "Definition 3 as written)",
+}
 
 
 def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
   """What differs from Ethayarajh's setting, and the likely cause of a falling last layer."""
   a = np.asarray(anisotropy, float)
   blocks = a[1:]
-  note = (f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
-          "GPT-2 on SemEval STS sentences")
+  note = (
+    f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
+    "GPT-2 on SemEval STS sentences"
+  )
   if "mpnet" in model.lower():
-    note += ("; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
-             "relative-position bias in every layer's attention")
+    note += (
+      "; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
+      "relative-position bias in every layer's attention"
+    )
   # Both real models here are sentence-transformers checkpoints trained with that loss.
   if ("minilm" in model.lower() or "mpnet" in model.lower()) and blocks.argmax() < len(blocks) - 1:
-    note += (f"; {model} was trained further for sentence embeddings with a contrastive loss "
-             "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
-             f"likely cause of the fall from {blocks.max():.2f} at layer "
-             f"{int(blocks.argmax()) + 1} to {blocks[-1]:.2f} at layer {len(blocks)}")
+    note += (
+      f"; {model} was trained further for sentence embeddings with a contrastive loss "
+      "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
+      f"likely cause of the fall from {blocks.max():.2f} at layer "
+      f"{int(blocks.argmax()) + 1} to {blocks[-1]:.2f} at layer {len(blocks)}"
+    )
   return note + ". "
 
 
@@ -96,13 +106,13 @@ def trend(values: Sequence[float]) -> float:
 
 
 def anisotropic_rule(raw: Sequence[float], threshold: float = 0.1) -> str:
-  """"yes": mean cosine >= `threshold` in every contextual layer; "partly": in some."""
+  """ "yes": mean cosine >= `threshold` in every contextual layer; "partly": in some."""
   above = np.asarray(raw) >= threshold
   return "yes" if above.all() else "partly" if above.any() else "no"
 
 
 def rises_rule(values: Sequence[float], falls: bool = False) -> str:
-  """"yes": last layer beyond the first and Spearman trend >= 0.5 in that direction;
+  """ "yes": last layer beyond the first and Spearman trend >= 0.5 in that direction;
   "partly": last beyond first, or most layer-to-layer steps go that way; "no" otherwise.
   `falls` flips the direction."""
   v = -np.asarray(values, np.float64) if falls else np.asarray(values, np.float64)
@@ -112,7 +122,7 @@ def rises_rule(values: Sequence[float], falls: bool = False) -> str:
 
 
 def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
-  """"yes": adjusted MEV < `limit` in every contextual layer; "partly": in some."""
+  """ "yes": adjusted MEV < `limit` in every contextual layer; "partly": in some."""
   below = np.asarray(adjusted) < limit
   return "yes" if below.all() else "partly" if below.any() else "no"
 
@@ -139,26 +149,32 @@ def _figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -
   ax.set(title="Raw measures", ylabel="cosine / variance share", ylim=(-0.03, 1.35))
   ax = axes[2]
   ax.plot(layers, m["self_similarity_adjusted"], marker="o", label="self-similarity - baseline")
-  ax.plot(layers, m["intra_sentence_adjusted"], marker="s",
-          label="intra-sentence - baseline")
+  ax.plot(layers, m["intra_sentence_adjusted"], marker="s", label="intra-sentence - baseline")
   ax.plot(layers, m["mev_adjusted"], marker="^", label=f"MEV - random-word MEV ({definition})")
   ax.axhline(0, color="k", lw=0.8)
   ax.set(title="Anisotropy-adjusted", ylabel="adjusted value")
   for ax in axes:
     ax.set(xlabel="layer (0 = embeddings)", xticks=layers)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if ax is axes[1] else 1, loc="upper center" if ax is axes[1]
-              else "best")
+    ax.legend(
+      fontsize=7, ncol=2 if ax is axes[1] else 1, loc="upper center" if ax is axes[1] else "best"
+    )
   fig.suptitle(f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words")
   figs = [common.savefig(fig, out, f"{stem}_by_layer")]
 
   fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  for key, label in (("self_similarity_centered", "self-similarity"),
-                     ("intra_sentence_centered", "intra-sentence similarity")):
+  for key, label in (
+    ("self_similarity_centered", "self-similarity"),
+    ("intra_sentence_centered", "intra-sentence similarity"),
+  ):
     ax.plot(layers, m[key], marker="o", label=label)
   ax.axhline(0, color="k", lw=0.8)
-  ax.set(xlabel="layer (0 = embeddings)", ylabel="mean cosine (mean-centred vectors)",
-         title="Self- and intra-sentence similarity after mean-centring", xticks=layers)
+  ax.set(
+    xlabel="layer (0 = embeddings)",
+    ylabel="mean cosine (mean-centred vectors)",
+    title="Self- and intra-sentence similarity after mean-centring",
+    xticks=layers,
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   figs.append(common.savefig(fig, out, f"{stem}_centred"))
@@ -168,27 +184,56 @@ def _figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options and the measures' sizes and definitions."""
   p = common.parser(__doc__)
-  p.add_argument("--sentences", type=int, default=None,
-                 help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
-  p.add_argument("--pairs", type=int, default=20000,
-                 help="random word pairs for anisotropy (default: 20000)")
-  p.add_argument("--min-count", type=int, default=5,
-                 help="a word type needs this many occurrences for self-similarity and MEV "
-                      "(default: 5, as Ethayarajh)")
-  p.add_argument("--mev-definition", choices=MEV_DEFINITIONS, default="truncated_svd",
-                 help="the MEV definition of the Findings row (all three are measured; "
-                      "default: truncated_svd, the code behind the paper's released numbers)")
-  p.add_argument("--mev-max-occurrences", type=int, default=None,
-                 help="at most this many occurrences per type for MEV (a seeded sample; "
-                      "default: all, as Ethayarajh)")
-  p.add_argument("--punctuation", choices=("exclude", "include"), default="exclude",
-                 help="whether punctuation words (UPOS PUNCT) are word types of self-similarity "
-                      "and MEV (default: exclude, as Ethayarajh's word index)")
+  p.add_argument(
+    "--sentences",
+    type=int,
+    default=None,
+    help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)",
+  )
+  p.add_argument(
+    "--pairs", type=int, default=20000, help="random word pairs for anisotropy (default: 20000)"
+  )
+  p.add_argument(
+    "--min-count",
+    type=int,
+    default=5,
+    help="a word type needs this many occurrences for self-similarity and MEV "
+    "(default: 5, as Ethayarajh)",
+  )
+  p.add_argument(
+    "--mev-definition",
+    choices=MEV_DEFINITIONS,
+    default="truncated_svd",
+    help="the MEV definition of the Findings row (all three are measured; "
+    "default: truncated_svd, the code behind the paper's released numbers)",
+  )
+  p.add_argument(
+    "--mev-max-occurrences",
+    type=int,
+    default=None,
+    help="at most this many occurrences per type for MEV (a seeded sample; "
+    "default: all, as Ethayarajh)",
+  )
+  p.add_argument(
+    "--punctuation",
+    choices=("exclude", "include"),
+    default="exclude",
+    help="whether punctuation words (UPOS PUNCT) are word types of self-similarity "
+    "and MEV (default: exclude, as Ethayarajh's word index)",
+  )
   return p.parse_args(argv)
 
 
-def measure(reps: np.ndarray, types: np.ndarray, measured: np.ndarray, sentence_index,
-            num_sentences: int, min_count: int, args, timings: dict[str, float]):
+def measure(
+  reps: np.ndarray,
+  types: np.ndarray,
+  measured: np.ndarray,
+  sentence_index,
+  num_sentences: int,
+  min_count: int,
+  args,
+  timings: dict[str, float],
+):
   """Every measure by layer: contextuality (`geometry.contextuality`) and the MEV of every
   definition, with both baselines.
 
@@ -211,19 +256,22 @@ def measure(reps: np.ndarray, types: np.ndarray, measured: np.ndarray, sentence_
   # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
   self_types = np.where(measured, types, [f"\0{i}" for i in range(len(types))])
   with common.timed(timings, "contextuality"):
-    m = geometry.contextuality(reps, self_types, sentence_index, num_pairs=args.pairs,
-                               seed=args.seed, min_count=min_count)
+    m = geometry.contextuality(
+      reps, self_types, sentence_index, num_pairs=args.pairs, seed=args.seed, min_count=min_count
+    )
   m = {k: np.asarray(v, np.float64) for k, v in m.items()}
   mevs = {}
   for definition in MEV_DEFINITIONS:  # the same seed: the same samples for every definition
     with common.timed(timings, f"mev {definition}"):
       mevs[definition] = geometry.max_explainable_variance(
-          reps, types, min_count, args.mev_max_occurrences, args.seed, definition, measured)
+        reps, types, min_count, args.mev_max_occurrences, args.seed, definition, measured
+      )
     for key, suffix in (("mev", ""), ("baseline", "_baseline"), ("adjusted", "_adjusted")):
       m[f"mev_{definition}{suffix}"] = np.asarray(mevs[definition][key], np.float64)
     # The paper's own baseline, for comparison: one MEV of words from distinct random sentences.
-    paper = geometry.random_words_mev(reps, sentence_index, min(1000, num_sentences),
-                                      args.seed, definition)
+    paper = geometry.random_words_mev(
+      reps, sentence_index, min(1000, num_sentences), args.seed, definition
+    )
     m[f"mev_{definition}_baseline_paper"] = paper
     m[f"mev_{definition}_adjusted_paper"] = m[f"mev_{definition}"] - paper
   mv = mevs[args.mev_definition]
@@ -231,21 +279,35 @@ def measure(reps: np.ndarray, types: np.ndarray, measured: np.ndarray, sentence_
   return m, mv
 
 
-def summarise(m: dict[str, np.ndarray], mv: dict, type_counts: np.ndarray, min_count: int,
-              definition: str) -> dict:
+def summarise(
+  m: dict[str, np.ndarray], mv: dict, type_counts: np.ndarray, min_count: int, definition: str
+) -> dict:
   """Depth trends (Spearman over layers 1..L) of the measures, and the word-type counts."""
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
-  return {"trend_anisotropy": trend(m["anisotropy"][ctx]),
-          "trend_self_similarity": trend(m["self_similarity"][ctx]),
-          "trend_self_similarity_adjusted": trend(m["self_similarity_adjusted"][ctx]),
-          "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
-          "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
-          "types_min_count": int((type_counts >= min_count).sum()), "mev_types": mv["types"],
-          "mev_occurrences": mv["occurrences"], "mev_definition": definition}
+  return {
+    "trend_anisotropy": trend(m["anisotropy"][ctx]),
+    "trend_self_similarity": trend(m["self_similarity"][ctx]),
+    "trend_self_similarity_adjusted": trend(m["self_similarity_adjusted"][ctx]),
+    "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
+    "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
+    "types_min_count": int((type_counts >= min_count).sum()),
+    "mev_types": mv["types"],
+    "mev_occurrences": mv["occurrences"],
+    "mev_definition": definition,
+  }
 
 
-def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, model_name: str,
-                 data_name: str, num_sentences: int, min_count: int) -> list[dict]:
+def finding_rows(
+  m: dict[str, np.ndarray],
+  summary: dict,
+  mv: dict,
+  args,
+  *,
+  model_name: str,
+  data_name: str,
+  num_sentences: int,
+  min_count: int,
+) -> list[dict]:
   """The Findings rows: anisotropy, its rise with depth, self-similarity's fall, MEV.
 
   Args:
@@ -270,37 +332,47 @@ def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, mod
   cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
   return [
     common.finding(
-      PAPER, "Contextual word representations are anisotropic: two random words have a mean "
+      PAPER,
+      "Contextual word representations are anisotropic: two random words have a mean "
       "cosine similarity well above 0.",
       f"mean cosine of {args.pairs} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
       f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
       f"{differs}Rule: yes if >= 0.1 in every layer 1-L, partly if in some.",
-      anisotropic_rule(a[ctx])),
+      anisotropic_rule(a[ctx]),
+    ),
     common.finding(
-      PAPER, "Representations grow more anisotropic in upper layers.",
+      PAPER,
+      "Representations grow more anisotropic in upper layers.",
       f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
       f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
       f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}; over layers "
-      f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1:peak + 2]) > 0))} of {peak} steps "
+      f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1 : peak + 2]) > 0))} of {peak} steps "
       f"rise. {differs}Rule: yes if last > "
       "layer 1 and trend >= 0.5, partly if last > layer 1 or most steps rise.",
-      rises_rule(a[ctx])),
+      rises_rule(a[ctx]),
+    ),
     common.finding(
-      PAPER, "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
+      PAPER,
+      "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
       "a word across contexts falls with depth.",
       f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
       f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
       f"{summary['types_min_count']} {kinds} seen >= {min_count} times). Rule: yes if adjusted "
       "last < layer 1 and trend <= -0.5, partly if last < layer 1 or most steps fall.",
-      rises_rule(ss[ctx], falls=True)),
+      rises_rule(ss[ctx], falls=True),
+    ),
     common.finding(
-      PAPER, "A static embedding explains little of a word's contextual representations: on "
+      PAPER,
+      "A static embedding explains little of a word's contextual representations: on "
       "average < 5% of their variance (the maximum explainable variance, MEV).",
       f"MEV ({MEV_LABELS[args.mev_definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
       f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
       f"({mv['types']} {kinds} seen >= {min_count} times, {cap}). "
-      + "; ".join(f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
-                  f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}" for d in other)
+      + "; ".join(
+        f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
+        f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
+        for d in other
+      )
       + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
       "distinct sentences; ours, per type, the MEV of as many random words as the type has "
       f"occurrences. With the paper's baseline the adjusted {args.mev_definition} MEV is "
@@ -308,7 +380,8 @@ def finding_rows(m: dict[str, np.ndarray], summary: dict, mv: dict, args, *, mod
       f"{mev_rule(m[f'mev_{args.mev_definition}_adjusted_paper'][ctx])}). Rule (adjusted MEV, "
       f"{args.mev_definition}, same-count baseline): yes if < 0.05 in every layer 1-L, partly "
       "if in some.",
-      mev_rule(m["mev_adjusted"][ctx])),
+      mev_rule(m["mev_adjusted"][ctx]),
+    ),
   ]
 
 
@@ -319,30 +392,57 @@ def findings(r: dict, s: dict) -> list[dict]:
 
   r = common.from_json(r)
   m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
-  args = argparse.Namespace(pairs=s["pairs"], mev_definition=s["mev_definition"],
-                            mev_max_occurrences=s["mev_max_occurrences"],
-                            punctuation=s["punctuation"])
-  return finding_rows(m, r["summary"], {"types": r["summary"]["mev_types"]}, args,
-                      model_name=s["model"], data_name=pathlib.PurePath(s["data"]).name,
-                      num_sentences=s["sentences"], min_count=s["min_count"])
+  args = argparse.Namespace(
+    pairs=s["pairs"],
+    mev_definition=s["mev_definition"],
+    mev_max_occurrences=s["mev_max_occurrences"],
+    punctuation=s["punctuation"],
+  )
+  return finding_rows(
+    m,
+    r["summary"],
+    {"types": r["summary"]["mev_types"]},
+    args,
+    model_name=s["model"],
+    data_name=pathlib.PurePath(s["data"]).name,
+    num_sentences=s["sentences"],
+    min_count=s["min_count"],
+  )
 
 
-def settings_of(args, *, model_name: str, data_name: str, num_sentences: int, words: int,
-                pooling: str, min_count: int) -> dict:
+def settings_of(
+  args,
+  *,
+  model_name: str,
+  data_name: str,
+  num_sentences: int,
+  words: int,
+  pooling: str,
+  min_count: int,
+) -> dict:
   """The run's settings as the result file records them."""
   n_paper = f"{min(1000, num_sentences):,}"
-  return {"model": model_name, "data": data_name, "sentences": num_sentences, "words": words,
-          "pooling": pooling, "pairs": args.pairs, "min_count": min_count,
-          "mev_max_occurrences": args.mev_max_occurrences,
-          "mev_definition": args.mev_definition, "mev_definitions": MEV_DEFINITIONS_DOC,
-          "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
-                          "drawn uniformly from all words; averaged over types",
-          "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
-                                "from each of as many random sentences (kawine/contextual "
-                                "explore_embedding_space)",
-          "seed": args.seed, "punctuation": args.punctuation,
-          "word_types": "lower-cased UD word forms"
-                        + (", UPOS PUNCT left out" if args.punctuation == "exclude" else "")}
+  return {
+    "model": model_name,
+    "data": data_name,
+    "sentences": num_sentences,
+    "words": words,
+    "pooling": pooling,
+    "pairs": args.pairs,
+    "min_count": min_count,
+    "mev_max_occurrences": args.mev_max_occurrences,
+    "mev_definition": args.mev_definition,
+    "mev_definitions": MEV_DEFINITIONS_DOC,
+    "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
+    "drawn uniformly from all words; averaged over types",
+    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
+    "from each of as many random sentences (kawine/contextual "
+    "explore_embedding_space)",
+    "seed": args.seed,
+    "punctuation": args.punctuation,
+    "word_types": "lower-cased UD word forms"
+    + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
+  }
 
 
 @common.one_blas_thread
@@ -368,23 +468,47 @@ def main(argv: Sequence[str] | None = None) -> int:
   measured = np.ones(len(types), bool)
   if args.punctuation == "exclude":
     measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
-  m, mv = measure(reps, types, measured, wf.sentence_index, len(sentences), min_count, args,
-                  timings)
+  m, mv = measure(
+    reps, types, measured, wf.sentence_index, len(sentences), min_count, args, timings
+  )
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
-  rows = finding_rows(m, summary, mv, args, model_name=model_name, data_name=path.name,
-                      num_sentences=len(sentences), min_count=min_count)
-  figures = _figures(args.out, m, model_name, args.mev_definition,
-                     common.results_stem(NAME, args.model))
+  rows = finding_rows(
+    m,
+    summary,
+    mv,
+    args,
+    model_name=model_name,
+    data_name=path.name,
+    num_sentences=len(sentences),
+    min_count=min_count,
+  )
+  figures = _figures(
+    args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
+  )
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  settings = settings_of(args, model_name=model_name, data_name=str(path.relative_to(data)),
-                         num_sentences=len(sentences), words=int(reps.shape[1]),
-                         pooling=wf.pooling, min_count=min_count)
+  settings = settings_of(
+    args,
+    model_name=model_name,
+    data_name=str(path.relative_to(data)),
+    num_sentences=len(sentences),
+    words=int(reps.shape[1]),
+    pooling=wf.pooling,
+    min_count=min_count,
+  )
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

@@ -81,15 +81,22 @@ def figures(out, res, patch_res, stem: str = NAME) -> list[str]:
   out.mkdir(parents=True, exist_ok=True)
   a = patch_res["agreement"]
   paths = [
-      charts.method_ranks(res["stats"], res["chance"]["mrr"], res["agreement"]["spearman"],
-                       out / f"{stem}_methods.png",
-                       title=f"Where does each method put the negation cue? "
-                             f"({len(res['sentences'])} sentences)"),
-      charts.patching_heatmaps(
-          patch_res["exact"], patch_res["attribution"], out / f"{stem}_patching.png",
-          cbar_label="share of the negation logit restored",
-          title=f"Which heads carry negation into the affirmative twin? ({patch_res['pairs']} "
-                f"pairs; Pearson {a['pearson']:.2f}, Spearman {a['spearman']:.2f})")]
+    charts.method_ranks(
+      res["stats"],
+      res["chance"]["mrr"],
+      res["agreement"]["spearman"],
+      out / f"{stem}_methods.png",
+      title=f"Where does each method put the negation cue? ({len(res['sentences'])} sentences)",
+    ),
+    charts.patching_heatmaps(
+      patch_res["exact"],
+      patch_res["attribution"],
+      out / f"{stem}_patching.png",
+      cbar_label="share of the negation logit restored",
+      title=f"Which heads carry negation into the affirmative twin? ({patch_res['pairs']} "
+      f"pairs; Pearson {a['pearson']:.2f}, Spearman {a['spearman']:.2f})",
+    ),
+  ]
   return [p.name for p in paths]
 
 
@@ -103,32 +110,41 @@ def findings(r: dict, s: dict) -> list[dict]:
   """
   r = common.from_json(r)
   name, stats = r["model"], r["stats"]
-  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing")
-            if k in stats}
+  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
   weights = {k: stats[k]["mrr"] for k in ("attention", "rollout") if k in stats}
   best_weight = max(weights.values())
   above = [k for k, v in mixing.items() if v > best_weight]
   holds = "yes" if len(above) == len(mixing) else "partly" if above else "no"
-  measured = (f"{name}, {len(r['sentences'])} negated sentences, MRR of the negation cue: "
-              + ", ".join(f"{k} {v['mrr']:.2f}" for k, v in stats.items())
-              + f" (chance {r['chance']['mrr']:.2f}); the probe reads negation with held-out "
-              f"accuracy {r['probe_test_accuracy']:.2f}; {len(above)} of the {len(mixing)} "
-              f"value-counting methods ({', '.join(above) or 'none'}) rank the cue above the "
-              f"best attention-weight method ({best_weight:.2f}). Differs from the papers: they "
-              "score faithfulness (agreement with gradient or erasure attributions, deletion "
-              "curves) of fine-tuned classifiers; here the known cue's rank for a linear probe "
-              "on a frozen sentence encoder. Rule: yes if every value-counting method beats raw "
-              "attention and rollout, partly if some do.")
-  rows = [common.finding(
-      PAPER_NORM, "Attention weights alone misplace token importance; methods that also "
+  measured = (
+    f"{name}, {len(r['sentences'])} negated sentences, MRR of the negation cue: "
+    + ", ".join(f"{k} {v['mrr']:.2f}" for k, v in stats.items())
+    + f" (chance {r['chance']['mrr']:.2f}); the probe reads negation with held-out "
+    f"accuracy {r['probe_test_accuracy']:.2f}; {len(above)} of the {len(mixing)} "
+    f"value-counting methods ({', '.join(above) or 'none'}) rank the cue above the "
+    f"best attention-weight method ({best_weight:.2f}). Differs from the papers: they "
+    "score faithfulness (agreement with gradient or erasure attributions, deletion "
+    "curves) of fine-tuned classifiers; here the known cue's rank for a linear probe "
+    "on a frozen sentence encoder. Rule: yes if every value-counting method beats raw "
+    "attention and rollout, partly if some do."
+  )
+  rows = [
+    common.finding(
+      PAPER_NORM,
+      "Attention weights alone misplace token importance; methods that also "
       "count value vectors, the residual and LayerNorm (norm-based, GlobEnc, ALTI, value "
-      "zeroing) attribute to the tokens that matter", measured, holds)]
+      "zeroing) attribute to the tokens that matter",
+      measured,
+      holds,
+    )
+  ]
   p = r["patching"]
   a = p["agreement"]
   exact = np.asarray(p["exact"], float)
   top = np.unravel_index(np.nanargmax(exact), exact.shape)
-  rows.append(common.finding(
-      PAPER_PATCH, "Attribution patching (a first-order gradient estimate) approximates "
+  rows.append(
+    common.finding(
+      PAPER_PATCH,
+      "Attribution patching (a first-order gradient estimate) approximates "
       "activation patching of attention heads well enough to rank them",
       f"{name}, every head's output patched from {p['pairs']} negated sentences into "
       f"their affirmative twins (probe logit {p['clean_logit']:.2f} vs "
@@ -136,7 +152,9 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{a['pearson']:.2f}, Spearman {a['spearman']:.2f}; the strongest head, layer "
       f"{top[0] + 1} head {top[1]}, restores {exact[top]:.2f} of the logit. Rule: yes if "
       "Pearson > 0.8, partly if > 0.5.",
-      "yes" if a["pearson"] > 0.8 else "partly" if a["pearson"] > 0.5 else "no"))
+      "yes" if a["pearson"] > 0.8 else "partly" if a["pearson"] > 0.5 else "no",
+    )
+  )
   decomp = {k: stats[k]["mrr"] for k in DECOMPOSITIONS if k in stats}
   if decomp:
     others = {k: v["mrr"] for k, v in stats.items() if k not in DECOMPOSITIONS}
@@ -144,16 +162,22 @@ def findings(r: dict, s: dict) -> list[dict]:
     best_other = max(others, key=others.get)
     beat_all = [k for k, v in decomp.items() if v > others[best_other]]
     verdict = "yes" if len(beat_all) == len(decomp) else "partly" if beat_all else "no"
-    rows.append(common.finding(
-        PAPER_DECOMP, "Decomposing the whole model (every block with its FFN and norms, to "
+    rows.append(
+      common.finding(
+        PAPER_DECOMP,
+        "Decomposing the whole model (every block with its FFN and norms, to "
         "the output) attributes more faithfully than attention-level methods and gradients",
         f"{name}, the same {len(r['sentences'])} negated sentences and probe logit: MRR of the "
-        "cue " + ", ".join(f"{k} {v:.2f}" for k, v in decomp.items())
+        "cue "
+        + ", ".join(f"{k} {v:.2f}" for k, v in decomp.items())
         + f" against the best other method ({best_other} {others[best_other]:.2f}) and the "
         f"best gradient method ({grads:.2f}). Differs from the papers: they score deletion "
         "faithfulness of fine-tuned classifiers; here the known cue's rank for a probe on "
         "a frozen encoder. Rule: yes if both rank the cue above every other method, partly if "
-        "one does.", verdict))
+        "one does.",
+        verdict,
+      )
+    )
   return rows
 
 
@@ -166,13 +190,14 @@ def main(argv=None) -> int:
   settings = SMOKE if args.smoke else FULL
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(
-        0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
+    config, params, tok, name = common.load_model(
+      args, smoke=lambda: common.tiny_model(0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL)
+    )
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
     feats, labels = negation.pooled_features(params, config, tok, sentences)
     rng = np.random.default_rng(args.seed)
-    test = rng.permutation(len(labels))[:len(labels) // 5]
+    test = rng.permutation(len(labels))[: len(labels) // 5]
     train = np.setdiff1d(np.arange(len(labels)), test)
     probe = negation.fit_probe(feats[train], labels[train])
     w, b, mu, sd = probe
@@ -180,17 +205,32 @@ def main(argv=None) -> int:
   negated = [s.text for s in sentences if s.negated]
   methods = tuple(m for m in negation.methods_for(config) if settings.flow or m != "flow")
   with common.timed(timings, "attribution"):
-    res = negation.cue_statistics(params, config, tok, negated, negation.probe_weights(*probe),
-                                  methods=methods, ig_steps=settings.ig_steps,
-                                  batch_size=settings.batch, max_sentences=settings.max_sentences)
+    res = negation.cue_statistics(
+      params,
+      config,
+      tok,
+      negated,
+      negation.probe_weights(*probe),
+      methods=methods,
+      ig_steps=settings.ig_steps,
+      batch_size=settings.batch,
+      max_sentences=settings.max_sentences,
+    )
   with common.timed(timings, "patching"):
     patch_res = negation.head_patching(params, config, tok, negated, negation.probe_weights(*probe))
   figs = figures(args.out, res, patch_res, common.results_stem(NAME, args.model))
   results = {"model": name, "probe_test_accuracy": acc, **res, "patching": patch_res}
-  common.write_results(NAME, args.out, results,
-                       findings=findings(common.to_json(results), dataclasses.asdict(settings)),
-                       settings=dataclasses.asdict(settings), smoke=args.smoke,
-                       seconds=time.perf_counter() - t0, figures=figs, model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=findings(common.to_json(results), dataclasses.asdict(settings)),
+    settings=dataclasses.asdict(settings),
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t0,
+    figures=figs,
+    model=args.model,
+  )
   return 0
 
 

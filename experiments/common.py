@@ -57,8 +57,10 @@ HOLDS = ("yes", "partly", "no", "n/a")
 SCRATCH = pathlib.Path("out") / "experiments"  # relative to the working directory
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # what the experiments analyse without --model
 MPNET = "sentence-transformers/all-mpnet-base-v2"  # `bertjax models install` puts it in the cache
-MODEL_FAMILIES = ("BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet, NomicBERT, "
-                  "ModernBERT or EuroBERT")  # every family with a tokenizer
+MODEL_FAMILIES = (
+  "BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet, NomicBERT, "
+  "ModernBERT or EuroBERT"
+)  # every family with a tokenizer
 
 
 def model_tag(model: str | os.PathLike | None) -> str:
@@ -85,8 +87,10 @@ def results_stem(name: str, model: str | os.PathLike | None) -> str:
   """
   tag = model_tag(model)
   if tag and not all(c.isalnum() or c in "-_." for c in tag):
-    raise ValueError(f"model {str(model)!r} gives the file-name tag {tag!r}: only letters, "
-                     "digits, '-', '_' and '.' may be in it")
+    raise ValueError(
+      f"model {str(model)!r} gives the file-name tag {tag!r}: only letters, "
+      "digits, '-', '_' and '.' may be in it"
+    )
   return f"{name}_{tag}" if tag else name
 
 
@@ -104,14 +108,18 @@ def describe_model(model: str, depth: int) -> str:
   trained and how it differs from BERT-base (which the papers measured)."""
   low = model.lower()
   if "minilm" in low:
-    return (f"{model} is a {depth}-layer model distilled from a larger one (MiniLM) and "
-            "trained further for sentence embeddings (a contrastive loss on its mean-pooled "
-            "last layer), not BERT-base")
+    return (
+      f"{model} is a {depth}-layer model distilled from a larger one (MiniLM) and "
+      "trained further for sentence embeddings (a contrastive loss on its mean-pooled "
+      "last layer), not BERT-base"
+    )
   if "mpnet" in low:
-    return (f"{model} has BERT-base's shape ({depth} layers x 12 heads) but is not BERT: "
-            "MPNet, pre-trained by permuted language modelling with a relative-position bias "
-            "in every layer's attention, then trained further for sentence embeddings (a "
-            "contrastive loss on its mean-pooled last layer)")
+    return (
+      f"{model} has BERT-base's shape ({depth} layers x 12 heads) but is not BERT: "
+      "MPNet, pre-trained by permuted language modelling with a relative-position bias "
+      "in every layer's attention, then trained further for sentence embeddings (a "
+      "contrastive loss on its mean-pooled last layer)"
+    )
   if "bert-base" in low:
     return ""
   return f"{model} is a different model ({depth} layers), not BERT-base"
@@ -138,11 +146,15 @@ class _Parser(argparse.ArgumentParser):
       out = pathlib.Path(ns.out)
     else:
       out = SCRATCH
-      log(f"results go to {out.resolve()} (a scratch directory; --update-results writes the "
-          f"committed {RESULTS.relative_to(REPO)})")
+      log(
+        f"results go to {out.resolve()} (a scratch directory; --update-results writes the "
+        f"committed {RESULTS.relative_to(REPO)})"
+      )
     if ns.smoke and out.resolve() == RESULTS:
-      self.error(f"--smoke results are not findings: they must not overwrite {RESULTS}; "
-                 "leave out --update-results / --out, or pass another --out DIR")
+      self.error(
+        f"--smoke results are not findings: they must not overwrite {RESULTS}; "
+        "leave out --update-results / --out, or pass another --out DIR"
+      )
     # Checked now, not after the run: the nearest existing folder on the way must be a folder.
     here = out.resolve()
     while not here.exists():
@@ -167,29 +179,46 @@ def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argpars
   """
   sys.excepthook = _excepthook
   p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", default=None, metavar="DIR",
-                 help=f"where NAME.json and the PNG figures go (default: {SCRATCH}, a scratch "
-                      "directory under the working directory)")
-  p.add_argument("--update-results", action="store_true",
-                 help=f"write the committed results in {RESULTS.relative_to(REPO)} (what the "
-                      "README's Findings table is generated from); not with --smoke")
+  p.add_argument(
+    "--out",
+    default=None,
+    metavar="DIR",
+    help=f"where NAME.json and the PNG figures go (default: {SCRATCH}, a scratch "
+    "directory under the working directory)",
+  )
+  p.add_argument(
+    "--update-results",
+    action="store_true",
+    help=f"write the committed results in {RESULTS.relative_to(REPO)} (what the "
+    "README's Findings table is generated from); not with --smoke",
+  )
   if data:
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="the real data sets (ud_english_ewt/, wikitext2_tokens/, blimp/, ...) "
-                        "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
-                        "fills, then ../shared/data beside the repository; with --smoke: the "
-                        "samples shipped in bertjax/resources/smoke)")
+    p.add_argument(
+      "--data-dir",
+      default=None,
+      metavar="DIR",
+      help="the real data sets (ud_english_ewt/, wikitext2_tokens/, blimp/, ...) "
+      "(default: $BERTJAX_DATA_DIR or the user cache that `bertjax data fetch` "
+      "fills, then ../shared/data beside the repository; with --smoke: the "
+      "samples shipped in bertjax/resources/smoke)",
+    )
   if model:
-    p.add_argument("--model", default=None, metavar="DIR_OR_ID",
-                   help=f"a Hugging Face model directory or hub id ({MODEL_FAMILIES}, with its "
-                        "tokenizer) to analyse instead of all-MiniLM-L6-v2, e.g. "
-                        f"{MPNET}; its results are NAME_MODEL.json and NAME_MODEL_*.png (MODEL: "
-                        "the id's or directory's last part); with --smoke, instead of the tiny "
-                        "random model")
+    p.add_argument(
+      "--model",
+      default=None,
+      metavar="DIR_OR_ID",
+      help=f"a Hugging Face model directory or hub id ({MODEL_FAMILIES}, with its "
+      "tokenizer) to analyse instead of all-MiniLM-L6-v2, e.g. "
+      f"{MPNET}; its results are NAME_MODEL.json and NAME_MODEL_*.png (MODEL: "
+      "the id's or directory's last part); with --smoke, instead of the tiny "
+      "random model",
+    )
   p.add_argument("--seed", type=int, default=0, help="seed of every split and sample (default: 0)")
-  p.add_argument("--smoke", action="store_true",
-                 help="a tiny model and the shipped sample data, for the tests (results are not "
-                      "findings)")
+  p.add_argument(
+    "--smoke",
+    action="store_true",
+    help="a tiny model and the shipped sample data, for the tests (results are not findings)",
+  )
   return p
 
 
@@ -236,8 +265,9 @@ def ud_file(data: pathlib.Path, split: str = "dev") -> pathlib.Path:
   hits = sorted((data / "ud_english_ewt").rglob(f"*-ud-{split}.conllu"))
   if not hits:
     raise DataNotFoundError(
-        f"no *-ud-{split}.conllu under {data / 'ud_english_ewt'}; run `bertjax data fetch "
-        f"ud_english_ewt` (the dev split) or pass --data-dir DIR")
+      f"no *-ud-{split}.conllu under {data / 'ud_english_ewt'}; run `bertjax data fetch "
+      f"ud_english_ewt` (the dev split) or pass --data-dir DIR"
+    )
   return hits[0]
 
 
@@ -260,20 +290,29 @@ def pretrained(model: str | os.PathLike):
   except (OSError, ValueError) as e:  # no such directory, no network, an unknown family, ...
     raise UsageError(f"--model {model}: {e}") from e
   if tok.vocab_size > config.vocab_size:
-    raise UsageError(f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
-                     f"model's vocab_size={config.vocab_size}")
-  log(f"model: {model} ({config.model_type}, {config.depth} layers x "
-      f"{config.num_attention_heads} heads, hidden {config.hidden_size})")
+    raise UsageError(
+      f"--model {model}: its tokenizer has {tok.vocab_size} tokens but the "
+      f"model's vocab_size={config.vocab_size}"
+    )
+  log(
+    f"model: {model} ({config.model_type}, {config.depth} layers x "
+    f"{config.num_attention_heads} heads, hidden {config.hidden_size})"
+  )
   return config, params, tok, str(model)
 
 
 # The tiny random model that stands in for a trained one in `--smoke` runs.
-SMOKE_MODEL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-               "intermediate_size": 64}
+SMOKE_MODEL = {
+  "hidden_size": 32,
+  "num_hidden_layers": 2,
+  "num_attention_heads": 2,
+  "intermediate_size": 64,
+}
 
 
-def tiny_model(seed: int = 0, name: str = "random 2x32 (smoke)", *, preset: str | None = None,
-               **config: Any):
+def tiny_model(
+  seed: int = 0, name: str = "random 2x32 (smoke)", *, preset: str | None = None, **config: Any
+):
   """(config, params, tokenizer, name): a random-weight BERT over all-MiniLM-L6-v2's vocabulary.
 
   Args:
@@ -360,8 +399,14 @@ class PretrainScale(Scale):
     """The `loop.TrainConfig` of this budget: AdamW, linear decay after the warm-up."""
     from bertjax.training import loop
 
-    return loop.TrainConfig(steps=self.steps, batch_size=self.batch, learning_rate=self.lr,
-                            warmup_steps=self.warmup, decay="linear", seed=seed)
+    return loop.TrainConfig(
+      steps=self.steps,
+      batch_size=self.batch,
+      learning_rate=self.lr,
+      warmup_steps=self.warmup,
+      decay="linear",
+      seed=seed,
+    )
 
 
 @contextlib.contextmanager
@@ -466,16 +511,30 @@ def machine() -> dict[str, Any]:
 
   from bertjax.utils import cpu_info
 
-  return {"platform": platform.platform(), "machine": platform.machine(), **cpu_info(),
-          "python": platform.python_version(),
-          "jax": jax.__version__, "backend": jax.default_backend(),
-          "devices": [d.device_kind for d in jax.devices()]}
+  return {
+    "platform": platform.platform(),
+    "machine": platform.machine(),
+    **cpu_info(),
+    "python": platform.python_version(),
+    "jax": jax.__version__,
+    "backend": jax.default_backend(),
+    "devices": [d.device_kind for d in jax.devices()],
+  }
 
 
-def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
-                  findings: Sequence[dict[str, str]], settings: dict[str, Any], smoke: bool,
-                  seconds: float, figures: Sequence[str] = (), stem: str | None = None,
-                  model: str | os.PathLike | None = None) -> pathlib.Path:
+def write_results(
+  name: str,
+  out: str | os.PathLike,
+  results: dict[str, Any],
+  *,
+  findings: Sequence[dict[str, str]],
+  settings: dict[str, Any],
+  smoke: bool,
+  seconds: float,
+  figures: Sequence[str] = (),
+  stem: str | None = None,
+  model: str | os.PathLike | None = None,
+) -> pathlib.Path:
   """Writes `out/STEM.json` and returns its path.
 
   Args:
@@ -506,11 +565,19 @@ def write_results(name: str, out: str | os.PathLike, results: dict[str, Any], *,
   wrong = [f for f in figures if not f.startswith(f"{stem}_")]
   if wrong:
     raise ValueError(f"figures {wrong} must be named {stem}_*.png for the results {stem}.json")
-  doc = {"experiment": name, "smoke": smoke, "model_tag": model_tag(model),
-         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-         "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]),
-         "machine": machine(), "seconds": seconds, "settings": settings,
-         "findings": list(findings), "figures": list(figures), "results": results}
+  doc = {
+    "experiment": name,
+    "smoke": smoke,
+    "model_tag": model_tag(model),
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    "command": " ".join([pathlib.Path(sys.argv[0]).name, *sys.argv[1:]]),
+    "machine": machine(),
+    "seconds": seconds,
+    "settings": settings,
+    "findings": list(findings),
+    "figures": list(figures),
+    "results": results,
+  }
   from bertjax.utils import write_json
 
   path = write_json(out / f"{stem}.json", doc)
@@ -536,6 +603,12 @@ def load_wikitext(args, sc: PretrainScale, timings: dict[str, float]):
 
   with timed(timings, "data"):
     root = data_dir(args.data_dir, "wikitext2_tokens")
-    return runs.load_wikitext(root, vocab=sc.vocab, seq_len=sc.seq_len,
-                              eval_batches=sc.eval_batches, batch=sc.batch, seed=args.seed,
-                              max_lines=sc.max_lines)
+    return runs.load_wikitext(
+      root,
+      vocab=sc.vocab,
+      seq_len=sc.seq_len,
+      eval_batches=sc.eval_batches,
+      batch=sc.batch,
+      seed=args.seed,
+      max_lines=sc.max_lines,
+    )

@@ -56,14 +56,32 @@ from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair,
 PAPER = "Kovaleva et al. 2019"
 NAME = "dark_secrets"
 SIZES: dict[str, dict[str, Any]] = {
-    # eval_pairs * 2 must be a multiple of eval_batch (one compiled shape for every batch).
-    "full": {"eval_pairs": 200, "train_pairs": None, "steps": 160, "batch_size": 16,
-             "learning_rate": 1e-4, "warmup_steps": 16, "eval_batch": 100,
-             "analysis_sentences": 200, "max_len": 64, "ablation_strategy": "prefix"},
-    # "vmap" compiles one ablation program per mode instead of one per (mode, layer).
-    "smoke": {"eval_pairs": 12, "train_pairs": 32, "steps": 4, "batch_size": 8,
-              "learning_rate": 1e-3, "warmup_steps": 0, "eval_batch": 24,
-              "analysis_sentences": 24, "max_len": 64, "ablation_strategy": "vmap"},
+  # eval_pairs * 2 must be a multiple of eval_batch (one compiled shape for every batch).
+  "full": {
+    "eval_pairs": 200,
+    "train_pairs": None,
+    "steps": 160,
+    "batch_size": 16,
+    "learning_rate": 1e-4,
+    "warmup_steps": 16,
+    "eval_batch": 100,
+    "analysis_sentences": 200,
+    "max_len": 64,
+    "ablation_strategy": "prefix",
+  },
+  # "vmap" compiles one ablation program per mode instead of one per (mode, layer).
+  "smoke": {
+    "eval_pairs": 12,
+    "train_pairs": 32,
+    "steps": 4,
+    "batch_size": 8,
+    "learning_rate": 1e-3,
+    "warmup_steps": 0,
+    "eval_batch": 24,
+    "analysis_sentences": 24,
+    "max_len": 64,
+    "ablation_strategy": "vmap",
+  },
 }
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
@@ -79,10 +97,15 @@ def pattern_summary(params, config, data_batches: Sequence[dict], special_ids) -
   counts = patterns.pattern_types(params, config, data_batches, special_ids=special_ids)
   overall = counts.overall
   repeated = float(overall[:4].sum())  # every type but "heterogeneous"
-  return {"types": list(patterns.PATTERN_TYPES), "counts": counts.counts,
-          "per_layer": counts.per_layer, "overall": overall, "dominant": counts.dominant,
-          "repeated_share": repeated,
-          "commonest_repeated": patterns.PATTERN_TYPES[int(np.argmax(overall[:4]))]}
+  return {
+    "types": list(patterns.PATTERN_TYPES),
+    "counts": counts.counts,
+    "per_layer": counts.per_layer,
+    "overall": overall,
+    "dominant": counts.dominant,
+    "repeated_share": repeated,
+    "commonest_repeated": patterns.PATTERN_TYPES[int(np.argmax(overall[:4]))],
+  }
 
 
 def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "prefix"):
@@ -99,10 +122,19 @@ def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "pre
   from bertjax.analysis.interventions import ablation
 
   sweep = lambda kind, include: ablation.ablation_sweep(
-      params, config, data_batches, ablation.classification_accuracy, head_ablations=(kind,),
-      include=include, chunk_size=1, strategy=strategy)[kind]
-  return {"uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
-          "scale": sweep("scale", ("layers",))}
+    params,
+    config,
+    data_batches,
+    ablation.classification_accuracy,
+    head_ablations=(kind,),
+    include=include,
+    chunk_size=1,
+    strategy=strategy,
+  )[kind]
+  return {
+    "uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
+    "scale": sweep("scale", ("layers",)),
+  }
 
 
 def improvements(result, *, higher_is_better: bool = True) -> dict[str, Any]:
@@ -118,8 +150,11 @@ def improvements(result, *, higher_is_better: bool = True) -> dict[str, Any]:
   sign = 1.0 if higher_is_better else -1.0
   eps = 1e-9  # a tie is not an improvement
   out: dict[str, Any] = {"baseline": result.baseline}
-  for family, values in (("head", result.heads), ("layer", result.layers),
-                         ("layer_skip", result.layer_skip)):
+  for family, values in (
+    ("head", result.heads),
+    ("layer", result.layers),
+    ("layer_skip", result.layer_skip),
+  ):
     values = np.asarray(values, np.float64)
     if np.isnan(values).all():
       continue
@@ -139,10 +174,11 @@ def layer_means(per_head) -> np.ndarray:
 
 
 def patterns_verdict(before: dict, after: dict) -> str:
-  """"yes" if on both models repeated types cover >= half the maps and vertical is the
+  """ "yes" if on both models repeated types cover >= half the maps and vertical is the
   commonest repeated type; "no" if repeated types cover < 25% on both; else "partly"."""
-  ok = [p["repeated_share"] >= 0.5 and p["commonest_repeated"] == "vertical"
-        for p in (before, after)]
+  ok = [
+    p["repeated_share"] >= 0.5 and p["commonest_repeated"] == "vertical" for p in (before, after)
+  ]
   if all(ok):
     return "yes"
   if all(p["repeated_share"] < 0.25 for p in (before, after)):
@@ -151,7 +187,7 @@ def patterns_verdict(before: dict, after: dict) -> str:
 
 
 def ablation_verdict(acc: dict, standard_error: float) -> str:
-  """"yes" if some head and some layer improve accuracy over the baseline and at least one
+  """ "yes" if some head and some layer improve accuracy over the baseline and at least one
   gain exceeds one binomial standard error of the baseline; "no" if none improves;
   else "partly"."""
   heads, layers = acc["heads_improving"], acc["layers_improving"]
@@ -162,7 +198,7 @@ def ablation_verdict(acc: dict, standard_error: float) -> str:
 
 
 def change_verdict(layer_cosine) -> str:
-  """"yes" if the least-similar layer is in the top third and the top third's mean cosine is
+  """ "yes" if the least-similar layer is in the top third and the top third's mean cosine is
   below the rest's; "no" if neither; "partly" if one."""
   cos = np.asarray(layer_cosine, np.float64)
   k = max(1, round(len(cos) * LAST_FRACTION))
@@ -208,26 +244,41 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   plt = _plt()
   u = acc["uniform"]
   depth = len(u["delta_layers"])  # 12 layers of 12 heads need a taller panel than 6
-  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11.5, max(3.9, 1.3 + 0.33 * depth)),
-                               gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
+  fig, (a0, a1) = plt.subplots(
+    1,
+    2,
+    figsize=(11.5, max(3.9, 1.3 + 0.33 * depth)),
+    gridspec_kw={"width_ratios": [3, 2]},
+    layout="constrained",
+  )
   d = 100 * u["delta_heads"]
   # One badly hurt head would wash out the rest: saturate beyond the 95th percentile.
   span = max(float(np.percentile(np.abs(d), 95)), 0.5)
   extend = "both" if np.abs(d).max() > span else "neither"
   im = a0.imshow(d, cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
   for (l, h), v in np.ndenumerate(d):
-    a0.text(h, l, f"{v:+.1f}" if v else "0", ha="center", va="center", fontsize=6,
-            color="w" if abs(v) > 0.7 * span else "k")
+    a0.text(
+      h,
+      l,
+      f"{v:+.1f}" if v else "0",
+      ha="center",
+      va="center",
+      fontsize=6,
+      color="w" if abs(v) > 0.7 * span else "k",
+    )
   a0.set_xticks(range(d.shape[1]))
   a0.set_yticks(range(d.shape[0]))
   a0.set_xlabel("head")
   a0.set_ylabel("layer")
-  a0.set_title(f"one head disabled (uniform patterns); intact accuracy "
-               f"{100 * u['baseline']:.1f}%", fontsize=9)
+  a0.set_title(
+    f"one head disabled (uniform patterns); intact accuracy {100 * u['baseline']:.1f}%", fontsize=9
+  )
   fig.colorbar(im, ax=a0, label="accuracy change (points)", extend=extend)
-  bars = [("all heads uniform", u["delta_layers"]), ("all heads zeroed (scale)",
-                                                     acc["scale"]["delta_layers"]),
-          ("block skipped", u["delta_layer_skips"])]
+  bars = [
+    ("all heads uniform", u["delta_layers"]),
+    ("all heads zeroed (scale)", acc["scale"]["delta_layers"]),
+    ("block skipped", u["delta_layer_skips"]),
+  ]
   width = 0.8 / len(bars)
   for k, (label, values) in enumerate(bars):
     a1.bar(np.arange(depth) + k * width, 100 * np.asarray(values), width, label=label)
@@ -238,8 +289,10 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   a1.set_title("one layer disabled", fontsize=9)
   a1.grid(axis="y", alpha=0.3)
   a1.legend(fontsize=7)
-  fig.suptitle("Disabling heads and layers of the fine-tuned classifier "
-               "(above 0 / blue = better than intact; Kovaleva et al. Figs. 6-7)")
+  fig.suptitle(
+    "Disabling heads and layers of the fine-tuned classifier "
+    "(above 0 / blue = better than intact; Kovaleva et al. Figs. 6-7)"
+  )
   return common.savefig(fig, out, f"{stem}_ablation")
 
 
@@ -247,10 +300,16 @@ def figure_change(cosine, cka, out, stem: str = NAME) -> str:
   """Per-head cosine of attention maps before vs after fine-tuning, and per-layer means/CKA."""
   plt = _plt()
   cosine = np.asarray(cosine)
-  fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, max(3.8, 1.2 + 0.33 * len(cosine))),
-                               gridspec_kw={"width_ratios": [3, 2]}, layout="constrained")
-  im = a0.imshow(cosine, cmap="viridis", vmin=min(0.5, float(cosine.min())), vmax=1.0,
-                 aspect="auto")
+  fig, (a0, a1) = plt.subplots(
+    1,
+    2,
+    figsize=(11, max(3.8, 1.2 + 0.33 * len(cosine))),
+    gridspec_kw={"width_ratios": [3, 2]},
+    layout="constrained",
+  )
+  im = a0.imshow(
+    cosine, cmap="viridis", vmin=min(0.5, float(cosine.min())), vmax=1.0, aspect="auto"
+  )
   for (l, h), v in np.ndenumerate(cosine):
     a0.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=5.5, color="w")
   a0.set_xticks(range(cosine.shape[1]))
@@ -311,13 +370,13 @@ class Task:
 def load_task(blimp_dir: pathlib.Path, tok, size: dict[str, Any], seed: int) -> Task:
   """The BLiMP files in `blimp_dir` as a `Task` of the run's sizes."""
   data, pair_ids, phen, names = load_blimp_task(blimp_dir, tok, max_len=size["max_len"])
-  train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"],
-                                      seed=seed)
+  train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"], seed=seed)
   return Task(subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names)
 
 
-def finetune(config, pre_params, task: Task, size: dict[str, Any], seed: int,
-             timings: dict[str, float]):
+def finetune(
+  config, pre_params, task: Task, size: dict[str, Any], seed: int, timings: dict[str, float]
+):
   """Fine-tunes the classifier on the task's training sentences.
 
   Returns:
@@ -326,24 +385,42 @@ def finetune(config, pre_params, task: Task, size: dict[str, Any], seed: int,
   """
   from bertjax.training import finetune as ft
 
-  hp = ft.FinetuneConfig(steps=size["steps"], batch_size=size["batch_size"],
-                         learning_rate=size["learning_rate"], warmup_steps=size["warmup_steps"],
-                         seed=seed, eval_batch_size=size["eval_batch"])
+  hp = ft.FinetuneConfig(
+    steps=size["steps"],
+    batch_size=size["batch_size"],
+    learning_rate=size["learning_rate"],
+    warmup_steps=size["warmup_steps"],
+    seed=seed,
+    eval_batch_size=size["eval_batch"],
+  )
   with common.timed(timings, "finetune"):
     tuned = ft.finetune(config, pre_params, task.train, task.held, task="classification", hp=hp)
-  logits = ft.predict(tuned["params"], config, task.held, "classification",
-                      batch_size=size["eval_batch"])
+  logits = ft.predict(
+    tuned["params"], config, task.held, "classification", batch_size=size["eval_batch"]
+  )
   correct = logits.argmax(-1) == task.held["labels"]
-  run = {"metrics": tuned["metrics"], "final_loss": tuned["final_loss"],
-         "loss": [h["loss"] for h in tuned["history"]],
-         "accuracy_by_phenomenon": {name: float(correct[task.held_phenomenon == k].mean())
-                                    for k, name in enumerate(task.phenomena)}}
+  run = {
+    "metrics": tuned["metrics"],
+    "final_loss": tuned["final_loss"],
+    "loss": [h["loss"] for h in tuned["history"]],
+    "accuracy_by_phenomenon": {
+      name: float(correct[task.held_phenomenon == k].mean())
+      for k, name in enumerate(task.phenomena)
+    },
+  }
   common.log(f"fine-tuned: held-out {tuned['metrics']}")
   return tuned["params"], run
 
 
-def analyse(pre_params, params, config, held: dict[str, np.ndarray], special_ids,
-            size: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+def analyse(
+  pre_params,
+  params,
+  config,
+  held: dict[str, np.ndarray],
+  special_ids,
+  size: dict[str, Any],
+  timings: dict[str, float],
+) -> dict[str, Any]:
   """The three measurements: pattern types before and after fine-tuning, what fine-tuning
   changed, and disabling heads and layers of the fine-tuned model.
 
@@ -379,60 +456,75 @@ def finding_rows(m: dict[str, Any], config, model_name: str, n_eval: int) -> lis
   n_heads = config.depth * config.num_attention_heads
   pct = lambda x: f"{100 * x:.0f}%"
   return [
-      common.finding(
-          PAPER, "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
-          "vertical is the commonest.",
-          f"{model_name} on BLiMP sentences: repeated types "
-          f"{pct(before['repeated_share'])} of maps before fine-tuning, "
-          f"{pct(after['repeated_share'])} after (vertical "
-          f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
-          f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
-          f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
-          "single sentences",
-          patterns_verdict(before, after)),
-      common.finding(
-          PAPER, "Disabling some single heads or whole layers improves the fine-tuned model.",
-          f"uniform mode: {u['heads_improving']}/{n_heads} heads and {u['layers_improving']}/"
-          f"{config.depth} layers beat the baseline accuracy {100 * base_acc:.1f}% (best "
-          f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
-          f"{100 * se:.1f}, {n_eval} sentences); {sc['layers_improving']} layers in scale mode, "
-          f"{u['layer_skips_improving']} skipped blocks",
-          ablation_verdict(u, se)),
-      common.finding(
-          PAPER, "Fine-tuning changes the attention of the last layers most.",
-          "mean cosine of attention maps before/after by layer "
-          + ", ".join(f"{c:.2f}" for c in layer_cos)
-          + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
-          f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
-          + ", ".join(f"{c:.2f}" for c in change.cka),
-          change_verdict(layer_cos)),
+    common.finding(
+      PAPER,
+      "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
+      "vertical is the commonest.",
+      f"{model_name} on BLiMP sentences: repeated types "
+      f"{pct(before['repeated_share'])} of maps before fine-tuning, "
+      f"{pct(after['repeated_share'])} after (vertical "
+      f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
+      f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
+      f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
+      "single sentences",
+      patterns_verdict(before, after),
+    ),
+    common.finding(
+      PAPER,
+      "Disabling some single heads or whole layers improves the fine-tuned model.",
+      f"uniform mode: {u['heads_improving']}/{n_heads} heads and {u['layers_improving']}/"
+      f"{config.depth} layers beat the baseline accuracy {100 * base_acc:.1f}% (best "
+      f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
+      f"{100 * se:.1f}, {n_eval} sentences); {sc['layers_improving']} layers in scale mode, "
+      f"{u['layer_skips_improving']} skipped blocks",
+      ablation_verdict(u, se),
+    ),
+    common.finding(
+      PAPER,
+      "Fine-tuning changes the attention of the last layers most.",
+      "mean cosine of attention maps before/after by layer "
+      + ", ".join(f"{c:.2f}" for c in layer_cos)
+      + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
+      f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
+      + ", ".join(f"{c:.2f}" for c in change.cka),
+      change_verdict(layer_cos),
+    ),
   ]
 
 
-def results_of(task: Task, run: dict, m: dict[str, Any], config,
-               timings: dict[str, float]) -> dict[str, Any]:
+def results_of(
+  task: Task, run: dict, m: dict[str, Any], config, timings: dict[str, float]
+) -> dict[str, Any]:
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
   before, after, change = m["before"], m["after"], m["change"]
   held_phen, names = task.held_phenomenon, task.phenomena
   labels = task.held["labels"]
   drop = ("counts", "dominant")
   return {
-      "task": {"name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
-               "phenomena": names, "train_sentences": len(task.train["labels"]),
-               "eval_sentences": len(labels),
-               "chance": float(max(labels.mean(), 1 - labels.mean())),
-               "eval_per_phenomenon": {n: int((held_phen == k).sum())
-                                       for k, n in enumerate(names)}},
-      "finetune": run,
-      "patterns": {"before": {k: v for k, v in before.items() if k not in drop},
-                   "after": {k: v for k, v in after.items() if k not in drop},
-                   "dominant_before": before["dominant"], "dominant_after": after["dominant"],
-                   "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum())},
-      "ablation": {"metric": "held-out accuracy", **m["acc"], "accuracy_standard_error": m["se"]},
-      "attention_change": {"cosine": change.cosine, "layer_cosine": layer_means(change.cosine),
-                           "cka": change.cka,
-                           "last_layers": max(1, round(config.depth * LAST_FRACTION))},
-      "timings_s": timings,
+    "task": {
+      "name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
+      "phenomena": names,
+      "train_sentences": len(task.train["labels"]),
+      "eval_sentences": len(labels),
+      "chance": float(max(labels.mean(), 1 - labels.mean())),
+      "eval_per_phenomenon": {n: int((held_phen == k).sum()) for k, n in enumerate(names)},
+    },
+    "finetune": run,
+    "patterns": {
+      "before": {k: v for k, v in before.items() if k not in drop},
+      "after": {k: v for k, v in after.items() if k not in drop},
+      "dominant_before": before["dominant"],
+      "dominant_after": after["dominant"],
+      "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum()),
+    },
+    "ablation": {"metric": "held-out accuracy", **m["acc"], "accuracy_standard_error": m["se"]},
+    "attention_change": {
+      "cosine": change.cosine,
+      "layer_cosine": layer_means(change.cosine),
+      "cka": change.cka,
+      "last_layers": max(1, round(config.depth * LAST_FRACTION)),
+    },
+    "timings_s": timings,
   }
 
 
@@ -449,9 +541,11 @@ def main(argv: Sequence[str] | None = None) -> None:
   with common.timed(timings, "load"):
     arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
     task = load_task(data_root / "blimp", tok, size, args.seed)
-  common.log(f"{model_name}; BLiMP {task.phenomena}: {len(task.train['labels'])} train / "
-             f"{len(task.held['labels'])} held-out sentences, length "
-             f"{task.held['input_ids'].shape[1]}")
+  common.log(
+    f"{model_name}; BLiMP {task.phenomena}: {len(task.train['labels'])} train / "
+    f"{len(task.held['labels'])} held-out sentences, length "
+    f"{task.held['input_ids'].shape[1]}"
+  )
   params, run = finetune(config, pre_params, task, size, args.seed, timings)
   m = analyse(pre_params, params, config, task.held, [tok.cls_id, tok.sep_id], size, timings)
   rows = finding_rows(m, config, model_name, len(task.held["labels"]))
@@ -460,23 +554,38 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   stem = common.results_stem(NAME, args.model)  # the file names' start
   with common.timed(timings, "figures"):
-    figures = [figure_patterns(m["before"], m["after"], args.out, stem),
-               figure_ablation(m["acc"], args.out, stem),
-               figure_change(m["change"].cosine, m["change"].cka, args.out, stem)]
+    figures = [
+      figure_patterns(m["before"], m["after"], args.out, stem),
+      figure_ablation(m["acc"], args.out, stem),
+      figure_change(m["change"].cosine, m["change"].cka, args.out, stem),
+    ]
 
   results = results_of(task, run, m, config, timings)
-  settings = {"model": model_name, "model_config": {k: getattr(arch, k) for k in (
-      "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")},
-              "special_tokens": common.special_tokens(tok),
-              "task": "BLiMP acceptability, split by minimal pair", **size, "seed": args.seed,
-              "ablation": "accuracy; uniform: every head, every layer, block skips; scale: every "
-                          "layer", "pattern_thresholds": dataclasses.asdict(
-                              patterns.PatternThresholds()),
-              "analysis": "held-out sentences (patterns and change: the first "
-                          f"{size['analysis_sentences']})"}
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  settings = {
+    "model": model_name,
+    "model_config": {
+      k: getattr(arch, k)
+      for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    },
+    "special_tokens": common.special_tokens(tok),
+    "task": "BLiMP acceptability, split by minimal pair",
+    **size,
+    "seed": args.seed,
+    "ablation": "accuracy; uniform: every head, every layer, block skips; scale: every layer",
+    "pattern_thresholds": dataclasses.asdict(patterns.PatternThresholds()),
+    "analysis": f"held-out sentences (patterns and change: the first {size['analysis_sentences']})",
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
 
 
 if __name__ == "__main__":

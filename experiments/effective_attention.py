@@ -57,14 +57,15 @@ def token_stream(tok, sentences) -> list[np.ndarray]:
   """Each sentence's WordPiece ids, without [CLS]/[SEP]."""
   out = []
   for start in range(0, len(sentences), 256):
-    batch = tok.encode_words([s.forms for s in sentences[start:start + 256]])
+    batch = tok.encode_words([s.forms for s in sentences[start : start + 256]])
     for ids, mask in zip(batch.input_ids, batch.attention_mask):
-      out.append(np.asarray(ids[1:int(mask.sum()) - 1], np.int32))
+      out.append(np.asarray(ids[1 : int(mask.sum()) - 1], np.int32))
   return out
 
 
-def make_passages(stream: Sequence[np.ndarray], length: int, count: int, cls_id: int,
-                  sep_id: int, seed: int = 0) -> np.ndarray:
+def make_passages(
+  stream: Sequence[np.ndarray], length: int, count: int, cls_id: int, sep_id: int, seed: int = 0
+) -> np.ndarray:
   """`count` passages of exactly `length` tokens: [CLS], consecutive sentences, [SEP].
 
   Each starts at a random sentence (seeded) and takes the following sentences until
@@ -85,7 +86,7 @@ def make_passages(stream: Sequence[np.ndarray], length: int, count: int, cls_id:
     while sum(len(b) for b in body) < length - 2:
       body.append(stream[i % len(stream)])
       i += 1
-    out[c] = np.concatenate([[cls_id], np.concatenate(body)[:length - 2], [sep_id]])
+    out[c] = np.concatenate([[cls_id], np.concatenate(body)[: length - 2], [sep_id]])
   return out
 
 
@@ -99,15 +100,29 @@ def block_outputs(params, config, ids: np.ndarray, maps: np.ndarray) -> np.ndarr
   block's attention, through the model's own `probs` site (no rebuilt block)."""
   import bertjax
 
-  out = bertjax.forward(params, config, ids, np.ones_like(ids), np.zeros_like(ids),
-                        output_hidden_states=True,
-                        patch={"probs": (np.asarray(maps, np.float32), 1.0)})
+  out = bertjax.forward(
+    params,
+    config,
+    ids,
+    np.ones_like(ids),
+    np.zeros_like(ids),
+    output_hidden_states=True,
+    patch={"probs": (np.asarray(maps, np.float32), 1.0)},
+  )
   return np.asarray(out.hidden_states)
 
 
-def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
-            punct_ids: np.ndarray, rebuild: int | None = None,
-            null_space: bool = True) -> dict[str, np.ndarray]:
+def analyse(
+  params,
+  config,
+  ids: np.ndarray,
+  *,
+  cls_id: int,
+  sep_id: int,
+  punct_ids: np.ndarray,
+  rebuild: int | None = None,
+  null_space: bool = True,
+) -> dict[str, np.ndarray]:
   """Per (passage, layer, head): null-space dimension, checks, correlations and token masses.
 
   Args:
@@ -131,8 +146,16 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
   from bertjax.analysis.attention import effective as effective_attention_lib
 
   ids = np.asarray(ids, np.int32)
-  out = bertjax.forward(params, config, ids, np.ones_like(ids), np.zeros_like(ids),
-                        output_attentions=True, output_hidden_states=True, capture=("v",))
+  out = bertjax.forward(
+    params,
+    config,
+    ids,
+    np.ones_like(ids),
+    np.zeros_like(ids),
+    output_attentions=True,
+    output_hidden_states=True,
+    capture=("v",),
+  )
   maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
   values = np.asarray(out.cache["v"])
   p_count, n = ids.shape
@@ -159,8 +182,7 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
           residual = np.abs(null.T @ t[h]).max() / np.abs(t[h]).max() if null.size else 0.0
           r["null_residual"][i, d, h] = residual
         head_out = raw[h] @ t[h]
-        r["output_error"][i, d, h] = (np.abs(eff[h] @ t[h] - head_out).max()
-                                      / np.abs(head_out).max())
+        r["output_error"][i, d, h] = np.abs(eff[h] @ t[h] - head_out).max() / np.abs(head_out).max()
         r["corr"][i, d, h] = stats.pearson(raw[h], eff[h])
       for kind, a in (("raw", raw), ("effective", eff)):
         for c, m in classes.items():
@@ -169,14 +191,12 @@ def analyse(params, config, ids: np.ndarray, *, cls_id: int, sep_id: int,
   if checked:
     for kind, a in (("raw", maps), ("effective", effective)):
       got = block_outputs(params, config, ids[:checked], a[:, :checked])
-      r[f"block_error_{kind}"][:checked] = np.abs(got - hidden[:, :checked])[1:].max(
-          (-1, -2)).T
+      r[f"block_error_{kind}"][:checked] = np.abs(got - hidden[:, :checked])[1:].max((-1, -2)).T
   return r
 
 
-def null_space_rule(lengths: Sequence[int], null_dims: dict[int, np.ndarray],
-                    head_dim: int) -> str:
-  """"yes": every head at every length has dim = max(0, n - d_head); "partly": dim > 0 for every
+def null_space_rule(lengths: Sequence[int], null_dims: dict[int, np.ndarray], head_dim: int) -> str:
+  """ "yes": every head at every length has dim = max(0, n - d_head); "partly": dim > 0 for every
   head with n > d_head (rank below d_head somewhere); "no": a head with n > d_head has none."""
   exact = all(np.all(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths)
   if exact:
@@ -186,7 +206,7 @@ def null_space_rule(lengths: Sequence[int], null_dims: dict[int, np.ndarray],
 
 
 def special_rule(raw: float, effective: float) -> str:
-  """"yes": effective mass <= half the raw mass; "partly": lower; "no": not lower."""
+  """ "yes": effective mass <= half the raw mass; "partly": lower; "no": not lower."""
   if effective <= 0.5 * raw:
     return "yes"
   return "partly" if effective < raw else "no"
@@ -198,21 +218,38 @@ def _figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_na
   ax = axes[0]
   dims = [sweep[n]["null_dim"].ravel() for n in lengths]
   ax.plot(lengths, [d.mean() for d in dims], "o", ms=7, label="measured (mean over heads)")
-  ax.vlines(lengths, [d.min() for d in dims], [d.max() for d in dims], color="tab:blue",
-            label="min-max over heads and passages")
+  ax.vlines(
+    lengths,
+    [d.min() for d in dims],
+    [d.max() for d in dims],
+    color="tab:blue",
+    label="min-max over heads and passages",
+  )
   grid = np.arange(0, max(lengths) + 1)
-  ax.plot(grid, [expected_null_dim(n, head_dim) for n in grid], "k--", lw=1,
-          label=f"max(0, n - d_head), d_head = {head_dim}")
-  ax.set(xlabel="sequence length n (tokens)", ylabel="dim of left null space of T_h",
-         title="Null-space dimension: non-identifiable when n > d_head")
+  ax.plot(
+    grid,
+    [expected_null_dim(n, head_dim) for n in grid],
+    "k--",
+    lw=1,
+    label=f"max(0, n - d_head), d_head = {head_dim}",
+  )
+  ax.set(
+    xlabel="sequence length n (tokens)",
+    ylabel="dim of left null space of T_h",
+    title="Null-space dimension: non-identifiable when n > d_head",
+  )
   ax.legend(fontsize=8)
   ax = axes[1]
   for d in range(depth):
-    ax.plot(lengths, [sweep[n]["corr"][:, d].mean() for n in lengths], marker="o",
-            label=f"layer {d + 1}")
+    ax.plot(
+      lengths, [sweep[n]["corr"][:, d].mean() for n in lengths], marker="o", label=f"layer {d + 1}"
+    )
   ax.axvline(head_dim, color="gray", ls=":", label="n = d_head")
-  ax.set(xlabel="sequence length n (tokens)", ylabel="Pearson r (mean over heads, passages)",
-         title="Correlation of raw and effective attention vs length")
+  ax.set(
+    xlabel="sequence length n (tokens)",
+    ylabel="Pearson r (mean over heads, passages)",
+    title="Correlation of raw and effective attention vs length",
+  )
   ax.legend(fontsize=7, ncol=2)
   for ax in axes:
     ax.grid(alpha=0.3)
@@ -235,12 +272,18 @@ def _figure_special(plt, out, stem, main, lib, layers, model_name) -> str:
   for kind, style in (("raw", "-o"), ("effective", "--s")):
     ax.plot(layers, np.nanmean(lib[kind]["position_corr"], -1), style, label=kind)
   ax.axhline(0, color="k", lw=0.8)
-  ax.set(xlabel="layer", ylabel="Pearson r (mean over heads)", xticks=layers,
-         title="corr(attention received, token position)")
+  ax.set(
+    xlabel="layer",
+    ylabel="Pearson r (mean over heads)",
+    xticks=layers,
+    title="corr(attention received, token position)",
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.suptitle(f"Raw vs effective attention by layer ({model_name}, "
-               f"{main['raw_cls'].shape[0]} passages of {main['length']} tokens)")
+  fig.suptitle(
+    f"Raw vs effective attention by layer ({model_name}, "
+    f"{main['raw_cls'].shape[0]} passages of {main['length']} tokens)"
+  )
   return common.savefig(fig, out, f"{stem}_special")
 
 
@@ -249,12 +292,16 @@ def _figure_heads(plt, out, stem, main, layers) -> str:
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
   for ax, c in zip(axes, ("cls", "sep", "punct")):
     raw, eff = main[f"raw_{c}"].mean(0), main[f"effective_{c}"].mean(0)  # (layers, heads)
-    sc = ax.scatter(raw.ravel(), eff.ravel(), c=np.repeat(layers, raw.shape[1]), cmap="viridis",
-                    s=18)
+    sc = ax.scatter(
+      raw.ravel(), eff.ravel(), c=np.repeat(layers, raw.shape[1]), cmap="viridis", s=18
+    )
     top = max(raw.max(), eff.max(), 1e-3)
     ax.plot([min(0, eff.min()), top], [min(0, eff.min()), top], "k--", lw=0.8, label="y = x")
-    ax.set(xlabel="raw attention mass", ylabel="effective attention mass",
-           title=f"mass on {CLASS_NAMES[c]}, one point per head")
+    ax.set(
+      xlabel="raw attention mass",
+      ylabel="effective attention mass",
+      title=f"mass on {CLASS_NAMES[c]}, one point per head",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left")
   fig.colorbar(sc, ax=axes, label="layer")
@@ -277,17 +324,22 @@ def _figure_example(plt, out, stem, example) -> str:
     ax.set(xlabel="key position", ylabel="query position")
   for kind in KINDS:
     axes[2].plot(np.asarray(example[kind]).mean(0), label=kind)
-  axes[2].set(xlabel="key position ([CLS] = 0, [SEP] = last)", ylabel="mean attention received",
-              title="attention received by each position")
+  axes[2].set(
+    xlabel="key position ([CLS] = 0, [SEP] = last)",
+    ylabel="mean attention received",
+    title="attention received by each position",
+  )
   axes[2].grid(alpha=0.3)
   axes[2].legend(fontsize=8)
-  fig.suptitle(f"One passage of {len(example['raw'])} tokens; the head with the most raw "
-               "[CLS]+[SEP] mass")
+  fig.suptitle(
+    f"One passage of {len(example['raw'])} tokens; the head with the most raw [CLS]+[SEP] mass"
+  )
   return common.savefig(fig, out, f"{stem}_example")
 
 
-def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name,
-             stem: str = NAME) -> list[str]:
+def _figures(
+  out, sweep, lengths, head_dim, main, lib, example, model_name, stem: str = NAME
+) -> list[str]:
   """Every figure, named `stem`_*.png (`common.results_stem`)."""
   import matplotlib
 
@@ -296,21 +348,32 @@ def _figures(out, sweep, lengths, head_dim, main, lib, example, model_name,
 
   depth = main["raw_cls"].shape[1]
   layers = np.arange(1, depth + 1)
-  return [_figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_name),
-          _figure_special(plt, out, stem, main, lib, layers, model_name),
-          _figure_heads(plt, out, stem, main, layers),
-          _figure_example(plt, out, stem, example)]
+  return [
+    _figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_name),
+    _figure_special(plt, out, stem, main, lib, layers, model_name),
+    _figure_heads(plt, out, stem, main, layers),
+    _figure_example(plt, out, stem, example),
+  ]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options and the passages' sizes."""
   p = common.parser(__doc__)
-  p.add_argument("--passages", type=int, default=32,
-                 help="passages in the main set (default: 32; --smoke: 4)")
-  p.add_argument("--length", type=int, default=128,
-                 help="tokens per main-set passage, [CLS] and [SEP] included (default: 128)")
-  p.add_argument("--sweep-passages", type=int, default=3,
-                 help="passages per length in the length sweep (default: 3)")
+  p.add_argument(
+    "--passages", type=int, default=32, help="passages in the main set (default: 32; --smoke: 4)"
+  )
+  p.add_argument(
+    "--length",
+    type=int,
+    default=128,
+    help="tokens per main-set passage, [CLS] and [SEP] included (default: 128)",
+  )
+  p.add_argument(
+    "--sweep-passages",
+    type=int,
+    default=3,
+    help="passages per length in the length sweep (default: 3)",
+  )
   return p.parse_args(argv)
 
 
@@ -327,46 +390,59 @@ def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
     lengths = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
     length, count, per_len = args.length, args.passages, args.sweep_passages
   if length <= head_dim:
-    raise common.UsageError(f"--length {length} must exceed d_head={head_dim} "
-                            "(else effective = raw)")
+    raise common.UsageError(
+      f"--length {length} must exceed d_head={head_dim} (else effective = raw)"
+    )
   return lengths, length, count, per_len
 
 
-def summarise(sweep: dict[int, dict], lengths: list[int], head_dim: int, main: dict,
-              lib: dict) -> dict[str, Any]:
+def summarise(
+  sweep: dict[int, dict], lengths: list[int], head_dim: int, main: dict, lib: dict
+) -> dict[str, Any]:
   """The run's summary: null-space dimensions and ranks by length, the checks' largest errors,
   the correlation by length and the attention masses."""
   # The library's [CLS]/[SEP] statistics and ours must agree (same passages, same maps).
-  agree = max(float(np.abs(lib[k][c] - main[f"{k}_{c}"].mean(0)).max())
-              for k in KINDS for c in ("cls", "sep"))
+  agree = max(
+    float(np.abs(lib[k][c] - main[f"{k}_{c}"].mean(0)).max()) for k in KINDS for c in ("cls", "sep")
+  )
   null_dims = {n: sweep[n]["null_dim"] for n in lengths}
   all_runs = [sweep[n] for n in lengths] + [main]
   return {
-    "head_dim": head_dim, "lengths": lengths,
-    "rank_min_max": {n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max()))
-                     for n in lengths},
+    "head_dim": head_dim,
+    "lengths": lengths,
+    "rank_min_max": {
+      n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max())) for n in lengths
+    },
     "null_dim_mean": {n: float(null_dims[n].mean()) for n in lengths},
     "null_dim_expected": {n: expected_null_dim(n, head_dim) for n in lengths},
-    "null_dim_matches": {n: float(np.mean(null_dims[n] == expected_null_dim(n, head_dim)))
-                         for n in lengths},
+    "null_dim_matches": {
+      n: float(np.mean(null_dims[n] == expected_null_dim(n, head_dim))) for n in lengths
+    },
     "max_null_residual": max(float(sweep[n]["null_residual"].max()) for n in lengths),
     "max_relative_head_output_error": max(float(r["output_error"].max()) for r in all_runs),
-    "max_block_output_error": {k: max(float(r[f"block_error_{k}"].max()) for r in all_runs)
-                               for k in KINDS},
+    "max_block_output_error": {
+      k: max(float(r[f"block_error_{k}"].max()) for r in all_runs) for k in KINDS
+    },
     "corr_raw_effective_by_length": {n: float(sweep[n]["corr"].mean()) for n in lengths},
     "special_mass": {k: float((main[f"{k}_cls"] + main[f"{k}_sep"]).mean()) for k in KINDS},
-    "mass": {f"{k}_{c}": float(main[f"{k}_{c}"].mean()) for k in KINDS
-             for c in ("cls", "sep", "punct")},
-    "heads_with_lower_effective_special": float(np.mean(
+    "mass": {
+      f"{k}_{c}": float(main[f"{k}_{c}"].mean()) for k in KINDS for c in ("cls", "sep", "punct")
+    },
+    "heads_with_lower_effective_special": float(
+      np.mean(
         (main["effective_cls"] + main["effective_sep"]).mean(0)
-        < (main["raw_cls"] + main["raw_sep"]).mean(0))),
+        < (main["raw_cls"] + main["raw_sep"]).mean(0)
+      )
+    ),
     "library_vs_direct_max_difference": agree,
     "position_corr_mean": {k: float(np.nanmean(lib[k]["position_corr"])) for k in KINDS},
-    "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"]))}
+    "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"])),
+  }
 
 
-def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count: int,
-                 length: int) -> list[dict]:
+def finding_rows(
+  summary: dict[str, Any], sweep: dict[int, dict], config, count: int, length: int
+) -> list[dict]:
   """The Findings rows: the null space, the unchanged output, the mass on [CLS] and [SEP]."""
   head_dim, lengths = summary["head_dim"], summary["lengths"]
   null_dims = {n: sweep[n]["null_dim"] for n in lengths}
@@ -377,7 +453,8 @@ def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count:
   long = [n for n in lengths if n > head_dim]
   return [
     common.finding(
-      PAPER, "Attention weights are not identifiable once the sequence is longer than the head "
+      PAPER,
+      "Attention weights are not identifiable once the sequence is longer than the head "
       "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
       f"d_head {head_dim}; null-space dim = max(0, n - {head_dim}) for "
       f"{100 * np.mean([np.mean(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths]):.0f}% "
@@ -386,17 +463,21 @@ def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count:
       f"correlation {corr_by_len[lengths[0]]:.3f} at n={lengths[0]} -> {corr_by_len[long[-1]]:.3f} "
       f"at n={long[-1]}. Rule: yes if every head matches max(0, n - d_head), partly if dim > 0 "
       "whenever n > d_head.",
-      null_space_rule(lengths, null_dims, head_dim)),
+      null_space_rule(lengths, null_dims, head_dim),
+    ),
     common.finding(
-      PAPER, "Attention can change without changing the output: effective attention (raw minus "
+      PAPER,
+      "Attention can change without changing the output: effective attention (raw minus "
       "its null-space part) gives the same head output.",
       f"max relative |A_eff T - A T| {out_err:.1e} (float64); block outputs with every block's "
       f"effective attention set through the probs site vs the model's hidden states: max abs "
       f"error {block_err['effective']:.1e} (raw: {block_err['raw']:.1e}). Rule: yes if both "
       "< 1e-4.",
-      "yes" if out_err < 1e-4 and block_err["effective"] < 1e-4 else "no"),
+      "yes" if out_err < 1e-4 and block_err["effective"] < 1e-4 else "no",
+    ),
     common.finding(
-      PAPER, "Effective attention puts much less weight on [CLS] and [SEP] than raw attention.",
+      PAPER,
+      "Effective attention puts much less weight on [CLS] and [SEP] than raw attention.",
       f"mean mass per query on [CLS]+[SEP] over {config.depth * config.num_attention_heads} heads, "
       f"{count} passages of {length} tokens: raw {special['raw']:.3f}, effective "
       f"{special['effective']:.3f} ([CLS] {per_class['raw_cls']:.3f} -> "
@@ -404,7 +485,8 @@ def finding_rows(summary: dict[str, Any], sweep: dict[int, dict], config, count:
       f"{per_class['effective_sep']:.3f}; punctuation {per_class['raw_punct']:.3f} -> "
       f"{per_class['effective_punct']:.3f}); lower in {100 * heads_lower:.0f}% of heads. Rule: "
       "yes if effective <= half of raw, partly if lower.",
-      special_rule(special["raw"], special["effective"])),
+      special_rule(special["raw"], special["effective"]),
+    ),
   ]
 
 
@@ -414,14 +496,21 @@ def example_head(params, config, tok, main: dict, ids: np.ndarray) -> dict[str, 
   import bertjax
   from bertjax.analysis.attention import effective as effective_attention_lib
 
-  layer, head = divmod(int(np.argmax((main["raw_cls"] + main["raw_sep"]).mean(0))),
-                       config.num_attention_heads)
+  layer, head = divmod(
+    int(np.argmax((main["raw_cls"] + main["raw_sep"]).mean(0))), config.num_attention_heads
+  )
   o = bertjax.forward(params, config, ids, output_attentions=True, capture=("v",))
   raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
-  t = effective_attention_lib.head_value_outputs(params, config, layer, np.asarray(o.cache["v"])[layer, 0])
-  return {"layer": layer, "head": head, "raw": raw[head],
-          "effective": effective_attention_lib.effective_attention(raw, t)[head],
-          "tokens": tok.convert_ids_to_tokens(ids[0])}
+  t = effective_attention_lib.head_value_outputs(
+    params, config, layer, np.asarray(o.cache["v"])[layer, 0]
+  )
+  return {
+    "layer": layer,
+    "head": head,
+    "raw": raw[head],
+    "effective": effective_attention_lib.effective_attention(raw, t)[head],
+    "tokens": tok.convert_ids_to_tokens(ids[0]),
+  }
 
 
 @common.one_blas_thread
@@ -449,50 +538,97 @@ def main(argv: Sequence[str] | None = None) -> int:
   sweep = {}
   with common.timed(timings, "length sweep"):
     for n in lengths:
-      sweep[n] = analyse(params, config, make_passages(stream, n, per_len, tok.cls_id, tok.sep_id,
-                                                       args.seed + n), **kw)
+      sweep[n] = analyse(
+        params,
+        config,
+        make_passages(stream, n, per_len, tok.cls_id, tok.sep_id, args.seed + n),
+        **kw,
+      )
   common.log(f"main set: {count} passages of {length} tokens")
   ids = make_passages(stream, length, count, tok.cls_id, tok.sep_id, args.seed)
-  batches = [{"input_ids": ids[i:i + 8], "attention_mask": np.ones_like(ids[i:i + 8]),
-              "token_type_ids": np.zeros_like(ids[i:i + 8])} for i in range(0, count, 8)]
+  batches = [
+    {
+      "input_ids": ids[i : i + 8],
+      "attention_mask": np.ones_like(ids[i : i + 8]),
+      "token_type_ids": np.zeros_like(ids[i : i + 8]),
+    }
+    for i in range(0, count, 8)
+  ]
   with common.timed(timings, "effective_attention_statistics"):
-    lib = effective_attention_lib.effective_attention_statistics(params, config, batches, cls_id=tok.cls_id,
-                                                   sep_id=tok.sep_id)
+    lib = effective_attention_lib.effective_attention_statistics(
+      params, config, batches, cls_id=tok.cls_id, sep_id=tok.sep_id
+    )
   with common.timed(timings, "per-head analysis"):
     main_r = analyse(params, config, ids, **kw, null_space=False)
   main_r["length"] = length
   summary = summarise(sweep, lengths, head_dim, main_r, lib)
 
   # An example: the head with the most raw [CLS]+[SEP] mass, on a short passage.
-  ex_ids = make_passages(stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id,
-                         tok.sep_id, args.seed + 1)
+  ex_ids = make_passages(
+    stream, min(48, max(lengths)) if args.smoke else 64, 1, tok.cls_id, tok.sep_id, args.seed + 1
+  )
   example = example_head(params, config, tok, main_r, ex_ids)
   rows = finding_rows(summary, sweep, config, count, length)
-  figures = _figures(args.out, sweep, lengths, head_dim, main_r, lib, example, model_name,
-                     common.results_stem(NAME, args.model))
+  figures = _figures(
+    args.out,
+    sweep,
+    lengths,
+    head_dim,
+    main_r,
+    lib,
+    example,
+    model_name,
+    common.results_stem(NAME, args.model),
+  )
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  settings = {"model": model_name, "data": str(path.relative_to(data)),
-              "sentences": len(sentences), "main_passages": count, "main_length": length,
-              "sweep_lengths": lengths, "sweep_passages_per_length": per_len, "seed": args.seed,
-              "null_space_rtol": 1e-10, "passages": "[CLS] + consecutive EWT dev sentences' "
-              "word pieces (cut) + [SEP], one segment",
-              "indexing": "layers are numbered 1..L (blocks) and heads 0..H-1; per-layer arrays "
-                          "hold layers 1..L in order, (L, H) arrays layer by head"}
+  settings = {
+    "model": model_name,
+    "data": str(path.relative_to(data)),
+    "sentences": len(sentences),
+    "main_passages": count,
+    "main_length": length,
+    "sweep_lengths": lengths,
+    "sweep_passages_per_length": per_len,
+    "seed": args.seed,
+    "null_space_rtol": 1e-10,
+    "passages": "[CLS] + consecutive EWT dev sentences' word pieces (cut) + [SEP], one segment",
+    "indexing": "layers are numbered 1..L (blocks) and heads 0..H-1; per-layer arrays "
+    "hold layers 1..L in order, (L, H) arrays layer by head",
+  }
   per_head = lambda r: {k: r[k].mean(0) for k in r if isinstance(r[k], np.ndarray)}
-  results = {"summary": summary, "library_statistics": lib, "main_per_head": per_head(main_r),
-             "sweep": {n: {"null_dim": sweep[n]["null_dim"].mean(0),
-                           "rank": sweep[n]["rank"].mean(0), "corr": sweep[n]["corr"].mean(0),
-                           "special_raw": (sweep[n]["raw_cls"] + sweep[n]["raw_sep"]).mean(0),
-                           "special_effective": (sweep[n]["effective_cls"]
-                                                 + sweep[n]["effective_sep"]).mean(0)}
-                       for n in lengths},
-             "example": {"layer": example["layer"] + 1, "head": example["head"],
-                         "tokens": example["tokens"]},
-             "timings": timings}
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  results = {
+    "summary": summary,
+    "library_statistics": lib,
+    "main_per_head": per_head(main_r),
+    "sweep": {
+      n: {
+        "null_dim": sweep[n]["null_dim"].mean(0),
+        "rank": sweep[n]["rank"].mean(0),
+        "corr": sweep[n]["corr"].mean(0),
+        "special_raw": (sweep[n]["raw_cls"] + sweep[n]["raw_sep"]).mean(0),
+        "special_effective": (sweep[n]["effective_cls"] + sweep[n]["effective_sep"]).mean(0),
+      }
+      for n in lengths
+    },
+    "example": {
+      "layer": example["layer"] + 1,
+      "head": example["head"],
+      "tokens": example["tokens"],
+    },
+    "timings": timings,
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

@@ -39,10 +39,21 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"  # docs/findings.md
 SUMMARY_START, SUMMARY_END = "<!-- findings-summary:start -->", "<!-- findings-summary:end -->"
 # The order of the experiments in the table (the issue's order); others follow by name.
-ORDER = ("dark_secrets", "random_init", "sixteen_heads", "what_bert_looks_at", "probing_layers",
-         "anisotropy", "effective_attention", "attribution", "negation_circuit",
-         "outlier_dimensions", "stacking",
-         "albert_sharing", "model_compression")
+ORDER = (
+  "dark_secrets",
+  "random_init",
+  "sixteen_heads",
+  "what_bert_looks_at",
+  "probing_layers",
+  "anisotropy",
+  "effective_attention",
+  "attribution",
+  "negation_circuit",
+  "outlier_dimensions",
+  "stacking",
+  "albert_sharing",
+  "model_compression",
+)
 MARK = {"yes": "✅ yes", "partly": "◐ partly", "no": "❌ no", "n/a": "— n/a"}
 
 
@@ -60,8 +71,9 @@ def load(results_dir: pathlib.Path) -> list[dict]:
       continue
     docs.append({**doc, "stem": path.stem, "model_tag": doc.get("model_tag", "")})
   rank = {name: i for i, name in enumerate(ORDER)}
-  return sorted(docs, key=lambda d: (rank.get(d["experiment"], len(ORDER)), d["experiment"],
-                                     d["stem"]))
+  return sorted(
+    docs, key=lambda d: (rank.get(d["experiment"], len(ORDER)), d["experiment"], d["stem"])
+  )
 
 
 # Uncertainty -------------------------------------------------------------------------------
@@ -98,8 +110,9 @@ def _ci(items, statistic, fmt: str = "{:.2f}") -> list[str]:
   """`[low, high]` for each value of a vectorized `statistic` of the resampled items (it maps
   `(R, n, ...)` resamples to `(R,)` or `(R, k)` values)."""
   lo, hi = stats.bootstrap_ci(items, statistic, n_resamples=RESAMPLES, vectorized=True)
-  return [f"[{fmt.format(a)}, {fmt.format(b)}]"
-          for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
+  return [
+    f"[{fmt.format(a)}, {fmt.format(b)}]" for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))
+  ]
 
 
 def _rerun(what: str) -> Uncertainty:
@@ -115,8 +128,9 @@ def _attribution(doc: dict) -> list[Uncertainty]:
   weights = [names.index(k) for k in ("attention", "rollout")]
 
   def rows(rr):
-    stats_ = {k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))}
-              for i, k in enumerate(names)}
+    stats_ = {
+      k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
+    }
     return mod.findings({**r, "stats": stats_}, s)
 
   def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
@@ -125,9 +139,10 @@ def _attribution(doc: dict) -> list[Uncertainty]:
 
   cis = _ci(ranks, margins, "{:+.2f}")
   first = Uncertainty(
-      f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
-      + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
-      _span(ranks, lambda rr: rows(rr)[0]["holds"]))
+    f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
+    + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
+    _span(ranks, lambda rr: rows(rr)[0]["holds"]),
+  )
   p = r["patching"]
   pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
 
@@ -136,8 +151,10 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     return mod.findings({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
 
   lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
-  second = Uncertainty(f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
-                       _span(pairs, with_pearson))
+  second = Uncertainty(
+    f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
+    _span(pairs, with_pearson),
+  )
   decomp = [names.index(k) for k in mod.DECOMPOSITIONS if k in names]
   if not decomp:
     return [first, second]
@@ -149,9 +166,10 @@ def _attribution(doc: dict) -> list[Uncertainty]:
 
   cis = _ci(ranks, decomp_margins, "{:+.2f}")
   third = Uncertainty(
-      f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
-      + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
-      _span(ranks, lambda rr: rows(rr)[2]["holds"]))
+    f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
+    + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
+    _span(ranks, lambda rr: rows(rr)[2]["holds"]),
+  )
   return [first, second, third]
 
 
@@ -162,13 +180,13 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
   eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
   ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
   items = (ex[ok], eap[ok], ig[ok])
-  ci = lambda score: stats.bootstrap_ci((items[0], score), stats.pearson,
-                                        n_resamples=RESAMPLES)
+  ci = lambda score: stats.bootstrap_ci((items[0], score), stats.pearson, n_resamples=RESAMPLES)
   (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
   first = Uncertainty(
-      f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
-      f"[{lo_i:.2f}, {hi_i:.2f}]",
-      _span(items, lambda x, e, i: mod.score_verdict(stats.pearson(e, x), stats.pearson(i, x))))
+    f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
+    f"[{lo_i:.2f}, {hi_i:.2f}]",
+    _span(items, lambda x, e, i: mod.score_verdict(stats.pearson(e, x), stats.pearson(i, x))),
+  )
   return [first, _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")]
 
 
@@ -192,20 +210,30 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
 
   lo, hi = stats.bootstrap_ci(right, drops, n_resamples=RESAMPLES, vectorized=True)
   ablation = _span(right, verdict)
-  first = Uncertainty(f"95% CI over the {len(right):,} held-out words: drop with the outliers "
-                      f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
-                      f"draw up to {100 * hi[1:].max():.1f}", ablation)
+  first = Uncertainty(
+    f"95% CI over the {len(right):,} held-out words: drop with the outliers "
+    f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
+    f"draw up to {100 * hi[1:].max():.1f}",
+    ablation,
+  )
   f = r["frequency"]
   per_type, log_count = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
   mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
   lo_r, hi_r = stats.bootstrap_ci((per_type, log_count), mean_rho, n_resamples=RESAMPLES // 4)
   sinks = r["sink_share"]
   second = Uncertainty(
-      f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
-      f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
-      tuple(mod.frequency_rule([v], sinks["intact"], sinks["disabled"]) for v in (lo_r, hi_r)))
-  return [first, second, exact, Uncertainty("exact: every token's error; the Spearman is over "
-                                            f"{len(r['int8']['max_abs'])} layers")]
+    f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
+    f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
+    tuple(mod.frequency_rule([v], sinks["intact"], sinks["disabled"]) for v in (lo_r, hi_r)),
+  )
+  return [
+    first,
+    second,
+    exact,
+    Uncertainty(
+      f"exact: every token's error; the Spearman is over {len(r['int8']['max_abs'])} layers"
+    ),
+  ]
 
 
 def _sixteen_heads(doc: dict) -> list[Uncertainty]:
@@ -225,14 +253,19 @@ def _sixteen_heads(doc: dict) -> list[Uncertainty]:
 
   cis = _ci(times, speedups, "{:.2f}x")
   n = r["ablation"]["num_test"]
-  return [Uncertainty(f"test the rule applies: exact McNemar per head at p < 0.01 (n = {n}); "
-                      "no interval"),
-          _rerun("per-example correctness under each keep-one mask"),
-          _rerun("per-example correctness along the pruning curve"),
-          _rerun("per-example correctness along the pruning curves"),
-          Uncertainty(f"95% CI over the {len(times)} interleaved rounds: speed-up at "
-                      + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
-                      _span(times, holds))]
+  return [
+    Uncertainty(
+      f"test the rule applies: exact McNemar per head at p < 0.01 (n = {n}); no interval"
+    ),
+    _rerun("per-example correctness under each keep-one mask"),
+    _rerun("per-example correctness along the pruning curve"),
+    _rerun("per-example correctness along the pruning curves"),
+    Uncertainty(
+      f"95% CI over the {len(times)} interleaved rounds: speed-up at "
+      + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
+      _span(times, holds),
+    ),
+  ]
 
 
 def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
@@ -242,22 +275,28 @@ def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
   n = r["probe"]["relations"]["all"]["count_eval"]
   hits = round(best["accuracy"] * n)
   correct = np.r_[np.ones(hits), np.zeros(n - hits)]  # a share is its 0/1 items, exactly
-  lo, hi = stats.bootstrap_ci(correct, lambda c: c.mean(-1), n_resamples=RESAMPLES,
-                              vectorized=True)
+  lo, hi = stats.bootstrap_ci(correct, lambda c: c.mean(-1), n_resamples=RESAMPLES, vectorized=True)
 
   def holds(accuracy):  # the rule is monotone in the share: its verdicts at the two ends
     relations = r["probe"]["relations"]
-    at = {**relations, "all": {**relations["all"],
-                               "dep_to_head": {**best, "accuracy": accuracy}}}
+    at = {**relations, "all": {**relations["all"], "dep_to_head": {**best, "accuracy": accuracy}}}
     return mod.findings({**r, "probe": {**r["probe"], "relations": at}}, s)[3]["holds"]
 
-  overall = Uncertainty(f"95% CI over the {n} held-out arcs: [{lo:.3f}, {hi:.3f}]",
-                        (holds(hi), holds(lo)))
+  overall = Uncertainty(
+    f"95% CI over the {n} held-out arcs: [{lo:.3f}, {hi:.3f}]", (holds(hi), holds(lo))
+  )
   if "per_sentence" not in r:  # written before the run kept them
-    return [_rerun("per-sentence attention masses"), _rerun("per-sentence attention entropies"),
-            _rerun("per-arc correctness of heads and offsets (paired)"), overall]
-  return [*_clark_intervals(r, s, mod), _rerun("per-arc correctness of heads and offsets "
-                                               "(paired)"), overall]
+    return [
+      _rerun("per-sentence attention masses"),
+      _rerun("per-sentence attention entropies"),
+      _rerun("per-arc correctness of heads and offsets (paired)"),
+      overall,
+    ]
+  return [
+    *_clark_intervals(r, s, mod),
+    _rerun("per-arc correctness of heads and offsets (paired)"),
+    overall,
+  ]
 
 
 def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
@@ -277,28 +316,38 @@ def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
 
   def entropy(e):  # (R, n, L) -> (R, 2): layer 1 minus the highest other layer; the halves
     e = e.mean(1)
-    return np.stack([e[:, 0] - e[:, 1:].max(-1),
-                     e[:, :depth // 2].mean(-1) - e[:, depth // 2:].mean(-1)], -1)
+    return np.stack(
+      [e[:, 0] - e[:, 1:].max(-1), e[:, : depth // 2].mean(-1) - e[:, depth // 2 :].mean(-1)], -1
+    )
 
-  (t_lo, m_lo), (t_hi, m_hi) = stats.bootstrap_ci(middle, sink, n_resamples=RESAMPLES,
-                                                  vectorized=True)
-  (f_lo, h_lo), (f_hi, h_hi) = stats.bootstrap_ci(ps["entropy"], entropy,
-                                                  n_resamples=RESAMPLES, vectorized=True)
-  return [Uncertainty(f"95% CI over the {n} sentences: layers {lo}-{hi}'s mass on [CLS], "
-                      f"[SEP] and punctuation [{t_lo:.2f}, {t_hi:.2f}]; [SEP] minus the larger "
-                      f"of the other two [{m_lo:+.2f}, {m_hi:+.2f}]",
-                      (mod.sink_verdict(t_lo, m_lo), mod.sink_verdict(t_hi, m_hi))),
-          Uncertainty(f"95% CI over the {n} sentences: layer 1's entropy minus the highest "
-                      f"other layer's [{f_lo:+.2f}, {f_hi:+.2f}] nats; first half minus second "
-                      f"half [{h_lo:+.2f}, {h_hi:+.2f}]",
-                      (mod.entropy_verdict(f_lo, h_lo), mod.entropy_verdict(f_hi, h_hi)))]
+  (t_lo, m_lo), (t_hi, m_hi) = stats.bootstrap_ci(
+    middle, sink, n_resamples=RESAMPLES, vectorized=True
+  )
+  (f_lo, h_lo), (f_hi, h_hi) = stats.bootstrap_ci(
+    ps["entropy"], entropy, n_resamples=RESAMPLES, vectorized=True
+  )
+  return [
+    Uncertainty(
+      f"95% CI over the {n} sentences: layers {lo}-{hi}'s mass on [CLS], "
+      f"[SEP] and punctuation [{t_lo:.2f}, {t_hi:.2f}]; [SEP] minus the larger "
+      f"of the other two [{m_lo:+.2f}, {m_hi:+.2f}]",
+      (mod.sink_verdict(t_lo, m_lo), mod.sink_verdict(t_hi, m_hi)),
+    ),
+    Uncertainty(
+      f"95% CI over the {n} sentences: layer 1's entropy minus the highest "
+      f"other layer's [{f_lo:+.2f}, {f_hi:+.2f}] nats; first half minus second "
+      f"half [{h_lo:+.2f}, {h_hi:+.2f}]",
+      (mod.entropy_verdict(f_lo, h_lo), mod.entropy_verdict(f_hi, h_hi)),
+    ),
+  ]
 
 
 def _albert_sharing(doc: dict) -> list[Uncertainty]:
   """Parameter counts are exact; the step-time ratio over the runs' steps."""
   r, s, mod = doc["results"], doc["settings"], module("albert_sharing")
-  steps = np.asarray([r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")],
-                     float).T  # (steps, 2); the first step compiles
+  steps = np.asarray(
+    [r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")], float
+  ).T  # (steps, 2); the first step compiles
   slim = {k: v for k, v in r.items() if k != "runs"}
 
   def holds(t):
@@ -307,10 +356,11 @@ def _albert_sharing(doc: dict) -> list[Uncertainty]:
     return mod.findings({**slim, "median_step_s": step}, s)[2]["holds"]
 
   (ci,) = _ci(steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x")
-  return [Uncertainty("exact: parameter counts, nothing sampled"),
-          _rerun("per-token held-out losses"),
-          Uncertainty(f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}",
-                      _span(steps, holds))]
+  return [
+    Uncertainty("exact: parameter counts, nothing sampled"),
+    _rerun("per-token held-out losses"),
+    Uncertainty(f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", _span(steps, holds)),
+  ]
 
 
 def _model_compression(doc: dict) -> list[Uncertainty]:
@@ -319,49 +369,69 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
   rows, sp = r["rows"], r["speed"]
   names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
   rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
-  d_ci, *sh_ci = _ci(rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1),
-                     "{:.2f}x")
+  d_ci, *sh_ci = _ci(
+    rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
+  )
   speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
   d, sh = rows["distilled_3l"], rows.get("shared_6l")
   distil = _span(rounds, lambda t: mod.distil_verdict(d["retained"], speed(t, 1)))
   words = "per-word predictions of each model (paired with the teacher's)"
-  first = Uncertainty(f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
-                      f"retained: rerun needed (the JSON keeps no {words})", distil)
+  first = Uncertainty(
+    f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
+    f"retained: rerun needed (the JSON keeps no {words})",
+    distil,
+  )
   if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
     return [first, Uncertainty("n/a: nothing measured"), _rerun(words)]
-  sharing = _span(rounds, lambda t: mod.sharing_verdict(sh["param_ratio"], speed(t, 2),
-                                                        sh["retained"]))
-  return [first,
-          Uncertainty(f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
-                      f"{sh_ci[0]}; retained: rerun needed (no {words})", sharing),
-          _rerun(words)]
+  sharing = _span(
+    rounds, lambda t: mod.sharing_verdict(sh["param_ratio"], speed(t, 2), sh["retained"])
+  )
+  return [
+    first,
+    Uncertainty(
+      f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
+      f"{sh_ci[0]}; retained: rerun needed (no {words})",
+      sharing,
+    ),
+    _rerun(words),
+  ]
 
 
 UNCERTAINTY = {
-    "attribution": _attribution, "negation_circuit": _negation_circuit,
-    "outlier_dimensions": _outlier_dimensions,
-    "sixteen_heads": _sixteen_heads,
-    "what_bert_looks_at": _what_bert_looks_at, "albert_sharing": _albert_sharing,
-    "model_compression": _model_compression,
-    "dark_secrets": lambda doc: [_rerun("per-sentence pattern types"),
-                                 _rerun("per-sentence correctness under each mask"),
-                                 _rerun("per-sentence attention maps' cosines")],
-    "random_init": lambda doc: [_rerun("per-example predictions; 2 seeds are too few to "
-                                       "resample")] * len(doc["findings"]),
-    "probing_layers": lambda doc: [_rerun("per-word (per-sentence) probe predictions")] * len(
-        doc["findings"]),
-    "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(
-        doc["findings"]),
-    "effective_attention": lambda doc: [
-        Uncertainty("exact: linear algebra (null-space dimensions), nothing sampled"),
-        Uncertainty("exact: float64 reconstruction errors, nothing sampled"),
-        _rerun("per-passage attention masses")],
-    "stacking": lambda doc: [_rerun("repeated runs' times or per-token held-out losses")] * len(
-        doc["findings"]),
-    "sae_scaling": lambda doc: [
-        _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
-        Uncertainty("exact: counted over every held-out token, nothing sampled; one training "
-                    "run per size (seed 0), seeds not repeated")],
+  "attribution": _attribution,
+  "negation_circuit": _negation_circuit,
+  "outlier_dimensions": _outlier_dimensions,
+  "sixteen_heads": _sixteen_heads,
+  "what_bert_looks_at": _what_bert_looks_at,
+  "albert_sharing": _albert_sharing,
+  "model_compression": _model_compression,
+  "dark_secrets": lambda doc: [
+    _rerun("per-sentence pattern types"),
+    _rerun("per-sentence correctness under each mask"),
+    _rerun("per-sentence attention maps' cosines"),
+  ],
+  "random_init": lambda doc: (
+    [_rerun("per-example predictions; 2 seeds are too few to resample")] * len(doc["findings"])
+  ),
+  "probing_layers": lambda doc: (
+    [_rerun("per-word (per-sentence) probe predictions")] * len(doc["findings"])
+  ),
+  "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(doc["findings"]),
+  "effective_attention": lambda doc: [
+    Uncertainty("exact: linear algebra (null-space dimensions), nothing sampled"),
+    Uncertainty("exact: float64 reconstruction errors, nothing sampled"),
+    _rerun("per-passage attention masses"),
+  ],
+  "stacking": lambda doc: (
+    [_rerun("repeated runs' times or per-token held-out losses")] * len(doc["findings"])
+  ),
+  "sae_scaling": lambda doc: [
+    _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
+    Uncertainty(
+      "exact: counted over every held-out token, nothing sampled; one training "
+      "run per size (seed 0), seeds not repeated"
+    ),
+  ],
 }
 
 
@@ -392,15 +462,17 @@ SHORT = {"": "MiniLM", "all-mpnet-base-v2": "MPNet"}
 
 # Why an experiment has no run on a model, with the measurement that says so.
 NOT_RUN: dict[tuple[str, str], str] = {
-    ("stacking", "all-mpnet-base-v2"): (
-        "not run on MPNet: it pre-trains its own BERTs from scratch (progressive stacking), "
-        "which no checkpoint's weights enter; at MPNet's size (12 x 768) one forward of 32 x "
-        "128 tokens takes ~4 s on this CPU class (BERT-base, Measured results), so each "
-        "1,000-step run would take > 3 h and the experiment trains three"),
-    ("albert_sharing", "all-mpnet-base-v2"): (
-        "not run on MPNet: it pre-trains its own small BERT and ALBERT models from scratch, "
-        "which no checkpoint's weights enter (ALBERT's sharing has no MPNet counterpart: "
-        "BertConfig refuses num_hidden_groups for model_type mpnet)"),
+  ("stacking", "all-mpnet-base-v2"): (
+    "not run on MPNet: it pre-trains its own BERTs from scratch (progressive stacking), "
+    "which no checkpoint's weights enter; at MPNet's size (12 x 768) one forward of 32 x "
+    "128 tokens takes ~4 s on this CPU class (BERT-base, Measured results), so each "
+    "1,000-step run would take > 3 h and the experiment trains three"
+  ),
+  ("albert_sharing", "all-mpnet-base-v2"): (
+    "not run on MPNet: it pre-trains its own small BERT and ALBERT models from scratch, "
+    "which no checkpoint's weights enter (ALBERT's sharing has no MPNet counterpart: "
+    "BertConfig refuses num_hidden_groups for model_type mpnet)"
+  ),
 }
 
 # The likely cause of a difference between the models' verdicts (or of the same verdict for
@@ -408,38 +480,45 @@ NOT_RUN: dict[tuple[str, str], str] = {
 # row index, model tag) -> the sentence. A test requires one for every row whose verdicts
 # differ.
 CAUSES: dict[tuple[str, int, str], str] = {
-    ("anisotropy", 1, "all-mpnet-base-v2"): (
-        "the same shape, a different start: both rise up to their second-to-last layer (MiniLM "
-        "4 of 4 steps to 0.21, MPNet 10 of 10 to 0.18) and fall at the last, contrastively "
-        "trained one (0.03, 0.04); MPNet's layer 1 starts low (0.035, MiniLM's 0.116), so its "
-        "last layer ends 0.002 above its first and the rule says yes"),
-    ("what_bert_looks_at", 0, "all-mpnet-base-v2"): (
-        "depth or distillation: MiniLM's 6 layers put their middle-third mass on [CLS] (0.56; "
-        "[SEP] 0.03 in every layer), while MPNet's [SEP] mass rises to 0.29-0.36 in layers 6-11 "
-        "as Clark found in BERT-base's layers 6-10; [CLS] dominates MPNet's layers 3-4 (0.62-0.64) "
-        "too, so the sink moves from [CLS] to [SEP] with depth"),
-    ("what_bert_looks_at", 1, "all-mpnet-base-v2"): (
-        "a small margin in both: MPNet's first half exceeds its second by 0.05 nats (1.30 vs "
-        "1.25) where MiniLM's falls short by 0.09 (1.39 vs 1.48), while both have layer 1 "
-        "highest; MPNet's last layer (1.60) is almost as broad as its first"),
-    ("negation_circuit", 0, "all-mpnet-base-v2"): (
-        "EAP leaves no room: on MPNet's 2,000 sampled edges (6% of its 32,491, most with tiny "
-        "effects where one gradient is exact) EAP already reaches Pearson 0.99, and EAP-IG's 5 "
-        "points give 0.84; on MiniLM, every edge patched, both are near 0.93-0.94. Both pass "
-        "the 0.8 bar; only 'better than EAP' fails on MPNet"),
-    ("random_init", 0, "all-mpnet-base-v2"): (
-        "a margin, not a difference of kind: r = 0.70 on MPNet (one seed) against 0.76 on "
-        "MiniLM, on either side of the 0.75 line; the random MPNet reaches 89%, its lexical baseline "
-        "88%, while the pre-trained one reaches 99% (MiniLM: 92% and 100%); 100 test sentences "
-        "make one sentence 1 point"),
-    ("random_init", 2, "all-mpnet-base-v2"): (
-        "a margin, not a difference of kind: r = 0.747 on MPNet (one seed) against 0.77 on "
-        "MiniLM; the random models reach 75.3% and 76.5% and the pre-trained ones 94.9% and "
-        "94.3%, so the larger pre-trained model widens the gap by under 2 points"),
-    ("probing_layers", 0, "all-mpnet-base-v2"): (
-        "one probe: MPNet's four other measures peak in its middle (L4-L6 of 12), but root "
-        "accuracy from the depth probe peaks at L1 (0.550, with 0.48-0.52 through L2-L7); "
-        "that probe is weak and flat in both models (MiniLM at most 0.53)"),
+  ("anisotropy", 1, "all-mpnet-base-v2"): (
+    "the same shape, a different start: both rise up to their second-to-last layer (MiniLM "
+    "4 of 4 steps to 0.21, MPNet 10 of 10 to 0.18) and fall at the last, contrastively "
+    "trained one (0.03, 0.04); MPNet's layer 1 starts low (0.035, MiniLM's 0.116), so its "
+    "last layer ends 0.002 above its first and the rule says yes"
+  ),
+  ("what_bert_looks_at", 0, "all-mpnet-base-v2"): (
+    "depth or distillation: MiniLM's 6 layers put their middle-third mass on [CLS] (0.56; "
+    "[SEP] 0.03 in every layer), while MPNet's [SEP] mass rises to 0.29-0.36 in layers 6-11 "
+    "as Clark found in BERT-base's layers 6-10; [CLS] dominates MPNet's layers 3-4 (0.62-0.64) "
+    "too, so the sink moves from [CLS] to [SEP] with depth"
+  ),
+  ("what_bert_looks_at", 1, "all-mpnet-base-v2"): (
+    "a small margin in both: MPNet's first half exceeds its second by 0.05 nats (1.30 vs "
+    "1.25) where MiniLM's falls short by 0.09 (1.39 vs 1.48), while both have layer 1 "
+    "highest; MPNet's last layer (1.60) is almost as broad as its first"
+  ),
+  ("negation_circuit", 0, "all-mpnet-base-v2"): (
+    "EAP leaves no room: on MPNet's 2,000 sampled edges (6% of its 32,491, most with tiny "
+    "effects where one gradient is exact) EAP already reaches Pearson 0.99, and EAP-IG's 5 "
+    "points give 0.84; on MiniLM, every edge patched, both are near 0.93-0.94. Both pass "
+    "the 0.8 bar; only 'better than EAP' fails on MPNet"
+  ),
+  ("random_init", 0, "all-mpnet-base-v2"): (
+    "a margin, not a difference of kind: r = 0.70 on MPNet (one seed) against 0.76 on "
+    "MiniLM, on either side of the 0.75 line; the random MPNet reaches 89%, its lexical baseline "
+    "88%, while the pre-trained one reaches 99% (MiniLM: 92% and 100%); 100 test sentences "
+    "make one sentence 1 point"
+  ),
+  ("random_init", 2, "all-mpnet-base-v2"): (
+    "a margin, not a difference of kind: r = 0.747 on MPNet (one seed) against 0.77 on "
+    "MiniLM; the random models reach 75.3% and 76.5% and the pre-trained ones 94.9% and "
+    "94.3%, so the larger pre-trained model widens the gap by under 2 points"
+  ),
+  ("probing_layers", 0, "all-mpnet-base-v2"): (
+    "one probe: MPNet's four other measures peak in its middle (L4-L6 of 12), but root "
+    "accuracy from the depth probe peaks at L1 (0.550, with 0.48-0.52 through L2-L7); "
+    "that probe is weak and flat in both models (MiniLM at most 0.53)"
+  ),
 }
 
 
@@ -516,12 +595,16 @@ def render_summary(docs: list[dict], link_prefix: str = "") -> str:
   and how sure it is, follow it in docs/findings.md)."""
   tags = _tags(docs)
   heads = [DEFAULT_COLUMN.split(" (")[0] if t == "" else t for t in tags]
-  lines = [f"| experiment | paper | claim | {' | '.join(heads)} |",
-           "|---|---|---|" + "---|" * len(tags)]
+  lines = [
+    f"| experiment | paper | claim | {' | '.join(heads)} |",
+    "|---|---|---|" + "---|" * len(tags),
+  ]
   for name, _, _, f0, got in _rows(docs, tags):
     marks = [_holds(got[t][0]["holds"], got[t][1]) if t in got else "—" for t in tags]
-    lines.append(f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
-                 f"{_cell(f0['claim'])} | {' | '.join(marks)} |")
+    lines.append(
+      f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
+      f"{_cell(f0['claim'])} | {' | '.join(marks)} |"
+    )
   return "\n".join(lines)
 
 
@@ -532,8 +615,10 @@ def render(docs: list[dict], link_prefix: str = "") -> str:
   tags = _tags(docs)
   heads = [DEFAULT_COLUMN if t == "" else t for t in tags]
   cols = [f"{h}: measured here | uncertainty | holds?" for h in heads]
-  lines = [f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
-           "|---|---|---|" + "---|---|---|" * len(tags) + "---|"]
+  lines = [
+    f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
+    "|---|---|---|" + "---|---|---|" * len(tags) + "---|",
+  ]
   for name, stem, k, f0, got in _rows(docs, tags):
     cells, verdicts = [], {}
     for t in tags:
@@ -549,25 +634,32 @@ def render(docs: list[dict], link_prefix: str = "") -> str:
     if len(verdicts) < 2 and cause is None:
       cause = next((NOT_RUN[(name, t)] for t in tags if t and (name, t) in NOT_RUN), None)
       cause = "only one model measured" + (f" ({cause.split(':')[0]})" if cause else "")
-    lines.append(f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
-                 f"{_cell(f0['claim'])} | {' | '.join(cells)} | "
-                 f"{_cell(_compare(verdicts, cause))} |")
+    lines.append(
+      f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
+      f"{_cell(f0['claim'])} | {' | '.join(cells)} | "
+      f"{_cell(_compare(verdicts, cause))} |"
+    )
   if not docs:
-    lines.append("| — | — | no experiment results committed yet | "
-                 + " | ".join("— | — | —" for _ in tags) + " | — |")
+    lines.append(
+      "| — | — | no experiment results committed yet | "
+      + " | ".join("— | — | —" for _ in tags)
+      + " | — |"
+    )
   lines.append("")
-  lines.append("Generated by `experiments/findings.py` from `experiments/results/*.json` "
-               "(machine, settings and time taken are in each file; `NAME.json` is the default "
-               "run, `NAME_all-mpnet-base-v2.json` the run with `--model "
-               "sentence-transformers/all-mpnet-base-v2`). Each model's verdict follows the "
-               "same rule. Uncertainty: a 95% "
-               "percentile bootstrap interval (`bertjax.stats.bootstrap_ci`, 2,000 resamples, "
-               "seed 0) over the items the JSON keeps one value per, with the row's rule applied "
-               "to every resample; a verdict that differs between the interval's two ends is "
-               "inconclusive. \"CI: rerun needed\" marks a row whose JSON lacks those values "
-               "(the experiment must be rerun to keep them); \"exact\" a row with nothing "
-               "sampled. The last column says whether the models' verdicts agree and, where "
-               "they differ, the likely cause the numbers show.")
+  lines.append(
+    "Generated by `experiments/findings.py` from `experiments/results/*.json` "
+    "(machine, settings and time taken are in each file; `NAME.json` is the default "
+    "run, `NAME_all-mpnet-base-v2.json` the run with `--model "
+    "sentence-transformers/all-mpnet-base-v2`). Each model's verdict follows the "
+    "same rule. Uncertainty: a 95% "
+    "percentile bootstrap interval (`bertjax.stats.bootstrap_ci`, 2,000 resamples, "
+    "seed 0) over the items the JSON keeps one value per, with the row's rule applied "
+    "to every resample; a verdict that differs between the interval's two ends is "
+    'inconclusive. "CI: rerun needed" marks a row whose JSON lacks those values '
+    '(the experiment must be rerun to keep them); "exact" a row with nothing '
+    "sampled. The last column says whether the models' verdicts agree and, where "
+    "they differ, the likely cause the numbers show."
+  )
   return "\n".join(lines)
 
 
@@ -587,8 +679,10 @@ def refresh(path: pathlib.Path) -> bool:
   mod = module(doc["experiment"])
   make_rows = getattr(mod, "findings", None)
   if make_rows is None:
-    raise ValueError(f"experiments/{doc['experiment']}.py defines no findings(results, "
-                     f"settings); rerun it to change {path.name}'s rows")
+    raise ValueError(
+      f"experiments/{doc['experiment']}.py defines no findings(results, "
+      f"settings); rerun it to change {path.name}'s rows"
+    )
   rows = make_rows(doc["results"], doc["settings"])
   settings = dict(doc["settings"])
   if hasattr(mod, "INDEXING"):
@@ -597,7 +691,8 @@ def refresh(path: pathlib.Path) -> bool:
     return False
   doc["findings"], doc["settings"] = rows, settings
   doc["findings_refreshed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
-      timespec="seconds")
+    timespec="seconds"
+  )
   path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
   return True
 
@@ -612,7 +707,7 @@ def update(text: str, table: str, markers: tuple[str, str] = (START, END)) -> st
   i, j = text.find(start), text.find(end)
   if i < 0 or j < i:
     raise ValueError(f"the file needs the markers {start} ... {end} (in that order)")
-  return text[:i + len(start)] + "\n" + table + "\n" + text[j:]
+  return text[: i + len(start)] + "\n" + table + "\n" + text[j:]
 
 
 def targets(results: pathlib.Path, findings_page: pathlib.Path):
@@ -626,17 +721,32 @@ def targets(results: pathlib.Path, findings_page: pathlib.Path):
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--results", default=str(REPO / "experiments" / "results"), metavar="DIR",
-                 help="directory of the experiments' JSON files (default: experiments/results)")
-  p.add_argument("--findings", default=str(REPO / "docs" / "findings.md"), metavar="FILE",
-                 help="the page of the two tables (default: docs/findings.md)")
-  p.add_argument("--check", action="store_true",
-                 help="do not write; exit 1 if a table differs from the results")
-  p.add_argument("--refresh", nargs="+", default=(), metavar="NAME",
-                 help="first recompute these experiments' rows from their committed numbers "
-                      "(their modules' findings(results, settings)); no rerun")
+  p = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  p.add_argument(
+    "--results",
+    default=str(REPO / "experiments" / "results"),
+    metavar="DIR",
+    help="directory of the experiments' JSON files (default: experiments/results)",
+  )
+  p.add_argument(
+    "--findings",
+    default=str(REPO / "docs" / "findings.md"),
+    metavar="FILE",
+    help="the page of the two tables (default: docs/findings.md)",
+  )
+  p.add_argument(
+    "--check", action="store_true", help="do not write; exit 1 if a table differs from the results"
+  )
+  p.add_argument(
+    "--refresh",
+    nargs="+",
+    default=(),
+    metavar="NAME",
+    help="first recompute these experiments' rows from their committed numbers "
+    "(their modules' findings(results, settings)); no rerun",
+  )
   args = p.parse_args(argv)
   for name in args.refresh:
     path = pathlib.Path(args.results) / f"{name}.json"

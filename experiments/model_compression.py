@@ -71,9 +71,13 @@ import numpy as np
 
 NAME = "model_compression"
 ROWS = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
-LABELS = {"teacher": "teacher (MiniLM-L6, fine-tuned)", "distilled_3l": "DistilBERT-style 3L",
-          "labels_3l": "3L, labels only", "shared_6l": "ALBERT-style shared 6L",
-          "int8": "Q8BERT-style int8"}
+LABELS = {
+  "teacher": "teacher (MiniLM-L6, fine-tuned)",
+  "distilled_3l": "DistilBERT-style 3L",
+  "labels_3l": "3L, labels only",
+  "shared_6l": "ALBERT-style shared 6L",
+  "int8": "Q8BERT-style int8",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,19 +94,48 @@ class Scale(common.Scale):
   warmup_rounds: int
 
 
-FULL = Scale(max_len=64, max_sentences=None, eval_fraction=0.2, steps=150, batch=16, lr=1e-4,
-             warmup=15, temperature=2.0, alpha=0.5, time_batch=32, rounds=9, warmup_rounds=2)
-SMOKE = Scale(max_len=32, max_sentences=None, eval_fraction=0.25, steps=4, batch=8, lr=1e-3,
-              warmup=1, temperature=2.0, alpha=0.5, time_batch=4, rounds=3, warmup_rounds=1)
+FULL = Scale(
+  max_len=64,
+  max_sentences=None,
+  eval_fraction=0.2,
+  steps=150,
+  batch=16,
+  lr=1e-4,
+  warmup=15,
+  temperature=2.0,
+  alpha=0.5,
+  time_batch=32,
+  rounds=9,
+  warmup_rounds=2,
+)
+SMOKE = Scale(
+  max_len=32,
+  max_sentences=None,
+  eval_fraction=0.25,
+  steps=4,
+  batch=8,
+  lr=1e-3,
+  warmup=1,
+  temperature=2.0,
+  alpha=0.5,
+  time_batch=4,
+  rounds=3,
+  warmup_rounds=1,
+)
 
 
 def smoke_teacher_config(vocab_size: int):
   """The tiny random BERT that stands in for MiniLM with --smoke."""
   import bertjax
 
-  return bertjax.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=4,
-                            num_attention_heads=4, intermediate_size=64,
-                            max_position_embeddings=64)
+  return bertjax.BertConfig(
+    vocab_size=vocab_size,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+  )
 
 
 def can_share(t_config) -> bool:
@@ -115,8 +148,9 @@ def check_block(block: int, depth: int) -> None:
   """Raises a `common.UsageError` (a ValueError) unless `block` (`--shared-layer`) names
   one of blocks 1..`depth`."""
   if not 1 <= block <= depth:
-    raise common.UsageError(f"--shared-layer {block} must be in 1..{depth} (the teacher's "
-                            "blocks, counted from 1)")
+    raise common.UsageError(
+      f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, counted from 1)"
+    )
 
 
 def shared_from_teacher(t_config, t_params, block: int):
@@ -136,27 +170,36 @@ def shared_from_teacher(t_config, t_params, block: int):
   import bertjax
 
   if t_config.model_type != "bert" or t_config.num_param_layers != t_config.num_hidden_layers:
-    raise ValueError(f"a shared-layer model is built from a BERT teacher without sharing; got "
-                     f"model_type={t_config.model_type!r}, "
-                     f"num_param_layers={t_config.num_param_layers}")
+    raise ValueError(
+      f"a shared-layer model is built from a BERT teacher without sharing; got "
+      f"model_type={t_config.model_type!r}, "
+      f"num_param_layers={t_config.num_param_layers}"
+    )
   check_block(block, t_config.num_hidden_layers)
-  config = t_config.replace(model_type="albert", embedding_size=t_config.hidden_size,
-                            num_hidden_groups=1, inner_group_num=1)
+  config = t_config.replace(
+    model_type="albert", embedding_size=t_config.hidden_size, num_hidden_groups=1, inner_group_num=1
+  )
   fresh = bertjax.init(config, 0, heads=("token_classifier",))
   params = jax.tree.map(lambda a: a, fresh)
   emb = dict(fresh["embeddings"])
   for name, value in t_params["embeddings"].items():
     if name not in emb:
-      raise ValueError(f"teacher embedding {name!r} has no place in the ALBERT model "
-                       f"(its embeddings: {sorted(emb)})")
+      raise ValueError(
+        f"teacher embedding {name!r} has no place in the ALBERT model "
+        f"(its embeddings: {sorted(emb)})"
+      )
     emb[name] = value
   proj = {k: v for k, v in emb.items() if k not in t_params["embeddings"]}
   for name, sub in proj.items():  # the E -> H map: identity, so embeddings pass unchanged
-    emb[name] = {"kernel": jnp.eye(config.hidden_size, dtype=sub["kernel"].dtype),
-                 "bias": jnp.zeros_like(sub["bias"])}
+    emb[name] = {
+      "kernel": jnp.eye(config.hidden_size, dtype=sub["kernel"].dtype),
+      "bias": jnp.zeros_like(sub["bias"]),
+    }
   params["embeddings"] = emb
-  params["encoder"] = {**t_params["encoder"], "layers": jax.tree.map(
-      lambda a: a[block - 1:block], t_params["encoder"]["layers"])}
+  params["encoder"] = {
+    **t_params["encoder"],
+    "layers": jax.tree.map(lambda a: a[block - 1 : block], t_params["encoder"]["layers"]),
+  }
   params["token_classifier"] = t_params["token_classifier"]
   shapes = jax.tree.map(lambda a: a.shape, fresh)
   got = jax.tree.map(lambda a: a.shape, params)
@@ -196,8 +239,9 @@ def retained(score: float, teacher_score: float) -> float:
   return score / teacher_score
 
 
-def time_forwards(models: dict[str, tuple[Any, Any]], batch: dict, rounds: int,
-                  warmup: int) -> dict[str, dict[str, Any]]:
+def time_forwards(
+  models: dict[str, tuple[Any, Any]], batch: dict, rounds: int, warmup: int
+) -> dict[str, dict[str, Any]]:
   """Compile time, then median/min/all seconds of each model's jitted forward, interleaved.
 
   Args:
@@ -212,6 +256,7 @@ def time_forwards(models: dict[str, tuple[Any, Any]], batch: dict, rounds: int,
   out: dict[str, dict[str, Any]] = {}
   args = tuple(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
   for name, (config, params) in models.items():
+
     def fn(p, ids, mask, types, config=config):
       o = bertjax.forward(p, config, ids, mask, types)
       return bertjax.head_logits(p, config, o, "token_classifier")
@@ -240,18 +285,29 @@ def labels_for(rows: dict[str, dict], teacher: str) -> dict[str, str]:
     return LABELS
   short = common.model_tag(teacher) or teacher
   half = rows["distilled_3l"]["depth"]
-  return {**LABELS, "teacher": f"teacher ({short}, fine-tuned)",
-          "distilled_3l": f"DistilBERT-style {half}L", "labels_3l": f"{half}L, labels only"}
+  return {
+    **LABELS,
+    "teacher": f"teacher ({short}, fine-tuned)",
+    "distilled_3l": f"DistilBERT-style {half}L",
+    "labels_3l": f"{half}L, labels only",
+  }
 
 
 def table(rows: dict[str, dict], cpu: str, labels: dict[str, str] = LABELS) -> str:
   """The Markdown table of the README (one line per row)."""
-  lines = [("| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained "
-            "| CPU speed-up |"), "|---|---|---|---|---|---|---|"]
+  lines = [
+    (
+      "| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained "
+      "| CPU speed-up |"
+    ),
+    "|---|---|---|---|---|---|---|",
+  ]
   for name, r in rows.items():
-    lines.append(f"| {labels[name]} | {r['depth']} ({r['stored_layers']}) | "
-                 f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
-                 f"{r['retained']:.1%} | {r['speedup']:.2f}x |")
+    lines.append(
+      f"| {labels[name]} | {r['depth']} ({r['stored_layers']}) | "
+      f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
+      f"{r['retained']:.1%} | {r['speedup']:.2f}x |"
+    )
   lines.append(f"\nCPU: {cpu}.")
   return "\n".join(lines)
 
@@ -274,21 +330,23 @@ def int8_verdict(retained_: float) -> str:
   return "yes" if retained_ >= 0.99 else "partly" if retained_ >= 0.97 else "no"
 
 
-def _figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS,
-            stem: str = NAME) -> list[str]:
+def _figure(
+  out, rows: dict[str, dict], labels: dict[str, str] = LABELS, stem: str = NAME
+) -> list[str]:
   import matplotlib.pyplot as plt
 
   names = list(rows)
   x = np.arange(len(names))
   fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-  panels = [([rows[n]["params"] / 1e6 for n in names], "parameters (M)"),
-            ([100 * rows[n]["retained"] for n in names], "retained score (% of teacher)"),
-            ([rows[n]["speedup"] for n in names], "CPU forward speed-up (x)")]
+  panels = [
+    ([rows[n]["params"] / 1e6 for n in names], "parameters (M)"),
+    ([100 * rows[n]["retained"] for n in names], "retained score (% of teacher)"),
+    ([rows[n]["speedup"] for n in names], "CPU forward speed-up (x)"),
+  ]
   colors = ["tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:green"]
   for ax, (vals, label) in zip(axes, panels):
-    ax.bar(x, vals, color=colors[:len(names)])
-    ax.set_xticks(x, [labels[n].split(" (")[0] for n in names], rotation=25, fontsize=7,
-                  ha="right")
+    ax.bar(x, vals, color=colors[: len(names)])
+    ax.set_xticks(x, [labels[n].split(" (")[0] for n in names], rotation=25, fontsize=7, ha="right")
     ax.set(ylabel=label, title=label.split(" (")[0])
     if "retained" in label:
       ax.set_ylim(min(vals) - 5, max(100, max(vals)) + 2)
@@ -301,11 +359,18 @@ def _figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS,
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps` and `--shared-layer`."""
   parser = common.parser(__doc__)
-  parser.add_argument("--steps", type=int, default=None,
-                      help=f"fine-tuning steps of each trained model (default: {FULL.steps})")
-  parser.add_argument("--shared-layer", type=int, default=3,
-                      help="the teacher block (1..L) that initialises the shared layer "
-                           "(default: 3)")
+  parser.add_argument(
+    "--steps",
+    type=int,
+    default=None,
+    help=f"fine-tuning steps of each trained model (default: {FULL.steps})",
+  )
+  parser.add_argument(
+    "--shared-layer",
+    type=int,
+    default=3,
+    help="the teacher block (1..L) that initialises the shared layer (default: 3)",
+  )
   return parser.parse_args(argv)
 
 
@@ -319,17 +384,26 @@ def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
 
   with common.timed(timings, "data"):
     ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
-    train, held, tags = F.load_ud_pos(ud, tok, max_len=sc.max_len, field="upos",
-                                      eval_fraction=sc.eval_fraction,
-                                      max_sentences=sc.max_sentences, seed=args.seed)
-  common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences "
-             f"({int((held['labels'] >= 0).sum())} words), {len(tags)} tags, max_len "
-             f"{sc.max_len}")
+    train, held, tags = F.load_ud_pos(
+      ud,
+      tok,
+      max_len=sc.max_len,
+      field="upos",
+      eval_fraction=sc.eval_fraction,
+      max_sentences=sc.max_sentences,
+      seed=args.seed,
+    )
+  common.log(
+    f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences "
+    f"({int((held['labels'] >= 0).sum())} words), {len(tags)} tags, max_len "
+    f"{sc.max_len}"
+  )
   return train, held, tags, ud
 
 
-def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: int,
-                 timings: dict[str, float]):
+def train_models(
+  args, sc: Scale, hp, train, held, tags: list[str], vocab_size: int, timings: dict[str, float]
+):
   """Fine-tunes the teacher, then trains the compressed models from it (`ROWS`; without
   `shared_6l` for a teacher that is not a BERT, see `can_share`).
 
@@ -344,8 +418,9 @@ def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: 
   task = "token_classification"
   base = smoke_teacher_config(vocab_size) if args.smoke and not args.model else None
   source = args.model or (None if args.smoke else bertjax.minilm_path())
-  t_config, t_params = F.prepare_model(task, len(tags), init_from=source, config=base,
-                                       seed=args.seed, label_names=tags)
+  t_config, t_params = F.prepare_model(
+    task, len(tags), init_from=source, config=base, seed=args.seed, label_names=tags
+  )
   check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
   runs: dict[str, dict] = {}
   models: dict[str, tuple[Any, Any]] = {}
@@ -353,16 +428,20 @@ def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: 
   def run(name, config, params, objective=None):
     with common.timed(timings, f"train {name}"):
       r = F.finetune(config, params, train, held, task=task, hp=hp, objective=objective)
-    runs[name] = {"metrics": r["metrics"], "final_loss": r["final_loss"],
-                  "wall_time_s": r["wall_time_s"],
-                  "loss": [h["loss"] for h in r["history"]]}
+    runs[name] = {
+      "metrics": r["metrics"],
+      "final_loss": r["final_loss"],
+      "wall_time_s": r["wall_time_s"],
+      "loss": [h["loss"] for h in r["history"]],
+    }
     models[name] = (r["config"], r["params"])
     common.log(f"{name}: accuracy {r['metrics']['accuracy']:.4f}")
 
   run("teacher", t_config, t_params)
   t_config, t_params = models["teacher"]
-  soft = distill.TaskDistillation(t_config, t_params, task=task, temperature=sc.temperature,
-                                  alpha=sc.alpha)
+  soft = distill.TaskDistillation(
+    t_config, t_params, task=task, temperature=sc.temperature, alpha=sc.alpha
+  )
   s_config, s_params = distill.student_from_teacher(t_config, t_params)
   run("distilled_3l", s_config, s_params, (soft,))
   run("labels_3l", s_config, s_params)
@@ -376,32 +455,36 @@ def train_models(args, sc: Scale, hp, train, held, tags: list[str], vocab_size: 
   return runs, {k: models[k] for k in ROWS if k in models}
 
 
-def table_rows(models: dict[str, tuple[Any, Any]], runs: dict[str, dict],
-               speed: dict[str, dict]) -> dict[str, dict]:
+def table_rows(
+  models: dict[str, tuple[Any, Any]], runs: dict[str, dict], speed: dict[str, dict]
+) -> dict[str, dict]:
   """Each model's columns: parameters, weight bytes, depth, score, retained, speed-up."""
   import bertjax
 
   teacher_score = runs["teacher"]["metrics"]["accuracy"]
   teacher_params = bertjax.count_params(models["teacher"][1])
   rows: dict[str, dict] = {}
-  for name in models:
-    config, params = models[name]
+  for name, (config, params) in models.items():
     count = bertjax.count_params(params)
     score = runs[name]["metrics"]["accuracy"]
     rows[name] = {
-        "params": count, "param_ratio": count / teacher_params,
-        "bytes": weight_bytes(params, int8=name == "int8"),
-        "depth": config.depth, "stored_layers": config.num_param_layers,
-        "score": score, "retained": retained(score, teacher_score),
-        "speedup": speed["teacher"]["median_s"] / speed[name]["median_s"],
-        "forward_median_s": speed[name]["median_s"], "compile_s": speed[name]["compile_s"]}
+      "params": count,
+      "param_ratio": count / teacher_params,
+      "bytes": weight_bytes(params, int8=name == "int8"),
+      "depth": config.depth,
+      "stored_layers": config.num_param_layers,
+      "score": score,
+      "retained": retained(score, teacher_score),
+      "speedup": speed["teacher"]["median_s"] / speed[name]["median_s"],
+      "forward_median_s": speed[name]["median_s"],
+      "compile_s": speed[name]["compile_s"],
+    }
     rows[name]["mb"] = rows[name]["bytes"] / 1e6
     rows[name]["compression"] = rows["teacher"]["bytes"] / rows[name]["bytes"]
   return rows
 
 
-def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
-                 cpu: str) -> list[dict]:
+def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu: str) -> list[dict]:
   """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the table's rows.
 
   Args:
@@ -413,14 +496,20 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
   teacher = rows["teacher"]
   d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
   lab = rows["labels_3l"]
-  sharing = common.finding(
-      "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
+  sharing = (
+    common.finding(
+      "Lan et al. 2020",
+      "Sharing one layer's parameters across all layers divides the "
       "parameter count (ALBERT) but not the compute, at some cost in score.",
       "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
       "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
-      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.", "n/a"
-  ) if sh is None else common.finding(
-      "Lan et al. 2020", "Sharing one layer's parameters across all layers divides the "
+      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.",
+      "n/a",
+    )
+    if sh is None
+    else common.finding(
+      "Lan et al. 2020",
+      "Sharing one layer's parameters across all layers divides the "
       "parameter count (ALBERT) but not the compute, at some cost in score.",
       f"{sh['depth']} layers sharing one set (from teacher block {shared_layer}, distilled): "
       f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
@@ -428,29 +517,35 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int,
       f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
       "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
       "if only the first two hold.",
-      sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"]))
+      sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"]),
+    )
+  )
   return [
-      common.finding(
-          "Sanh et al. 2019", "A student with half the teacher's layers, initialised from every "
-          "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
-          "(DistilBERT).",
-          f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
-          f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
-          "retained "
-          f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
-          f"forward on the CPU; trained on labels only {lab['score']:.2%} "
-          f"({lab['retained']:.1%}). Rule: yes if >= 95% retained and >= 1.3x faster, "
-          "partly if one holds.", distil_verdict(d["retained"], d["speedup"])),
-      sharing,
-      common.finding(
-          "Zafrir et al. 2019", "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x "
-          "smaller linear weights.",
-          f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
-          f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
-          f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
-          f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
-          "integer dot; no fused int8 kernel). Rule: yes if >= 99% retained, partly if >= 97%.",
-          int8_verdict(q["retained"])),
+    common.finding(
+      "Sanh et al. 2019",
+      "A student with half the teacher's layers, initialised from every "
+      "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
+      "(DistilBERT).",
+      f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
+      f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
+      "retained "
+      f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
+      f"forward on the CPU; trained on labels only {lab['score']:.2%} "
+      f"({lab['retained']:.1%}). Rule: yes if >= 95% retained and >= 1.3x faster, "
+      "partly if one holds.",
+      distil_verdict(d["retained"], d["speedup"]),
+    ),
+    sharing,
+    common.finding(
+      "Zafrir et al. 2019",
+      "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
+      f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
+      f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
+      f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
+      f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
+      "integer dot; no fused int8 kernel). Rule: yes if >= 99% retained, partly if >= 97%.",
+      int8_verdict(q["retained"]),
+    ),
   ]
 
 
@@ -471,14 +566,20 @@ def run_experiment(args) -> int:
 
   timings: dict[str, float] = {}
   tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
-  teacher = (str(args.model) if args.model else
-             "random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2")
+  teacher = (
+    str(args.model)
+    if args.model
+    else "random tiny BERT (--smoke)"
+    if args.smoke
+    else "all-MiniLM-L6-v2"
+  )
   train, held, tags, ud = load_upos(args, sc, tok, timings)
-  hp = F.FinetuneConfig(steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr,
-                        warmup_steps=sc.warmup, seed=args.seed)
+  hp = F.FinetuneConfig(
+    steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr, warmup_steps=sc.warmup, seed=args.seed
+  )
   runs, models = train_models(args, sc, hp, train, held, tags, tok.vocab_size, timings)
 
-  timed_batch = {k: v[:sc.time_batch] for k, v in held.items()}
+  timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
   load_start = os.getloadavg()
   with common.timed(timings, "forward timing"):
     speed = time_forwards(models, timed_batch, sc.rounds, sc.warmup_rounds)
@@ -489,28 +590,53 @@ def run_experiment(args) -> int:
   rows = table_rows(models, runs, speed)
   tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
   majority = float(tags_major.max() / tags_major.sum())
-  cpu_line = (f"{cpu['cpu']}, {cpu['cpus']} cores ({', '.join(cpu['isa_flags']) or 'no AVX2+'}), "
-              f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
-              f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}")
+  cpu_line = (
+    f"{cpu['cpu']}, {cpu['cpus']} cores ({', '.join(cpu['isa_flags']) or 'no AVX2+'}), "
+    f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
+    f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}"
+  )
   labels = labels_for(rows, teacher)
   md = table(rows, cpu_line, labels)
   common.log("\n" + md)
   figures = _figure(args.out, rows, labels, common.results_stem(NAME, args.model))
-  results = {"rows": rows, "table_markdown": md, "teacher_score": rows["teacher"]["score"],
-             "majority_tag_accuracy": majority, "runs": runs, "speed": speed,
-             "cpu": cpu, "threads": threads, "loadavg": {"start": load_start, "end": load_end},
-             "data": {"train_sentences": len(train["labels"]),
-                      "heldout_sentences": len(held["labels"]),
-                      "heldout_words": int((held["labels"] >= 0).sum()),
-                      "tags": tags, "file": str(ud.name)},
-             "timings_s": timings}
-  settings = {**dataclasses.asdict(sc), "seed": args.seed, "shared_layer": args.shared_layer,
-              "teacher": teacher, "finetune": dataclasses.asdict(hp),
-              "configs": {k: dataclasses.asdict(models[k][0]) for k in models}}
-  common.write_results(NAME, args.out, results,
-                       findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
-                       settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures, model=args.model)
+  results = {
+    "rows": rows,
+    "table_markdown": md,
+    "teacher_score": rows["teacher"]["score"],
+    "majority_tag_accuracy": majority,
+    "runs": runs,
+    "speed": speed,
+    "cpu": cpu,
+    "threads": threads,
+    "loadavg": {"start": load_start, "end": load_end},
+    "data": {
+      "train_sentences": len(train["labels"]),
+      "heldout_sentences": len(held["labels"]),
+      "heldout_words": int((held["labels"] >= 0).sum()),
+      "tags": tags,
+      "file": str(ud.name),
+    },
+    "timings_s": timings,
+  }
+  settings = {
+    **dataclasses.asdict(sc),
+    "seed": args.seed,
+    "shared_layer": args.shared_layer,
+    "teacher": teacher,
+    "finetune": dataclasses.asdict(hp),
+    "configs": {k: dataclasses.asdict(models[k][0]) for k in models},
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

@@ -53,11 +53,18 @@ SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
 
 def parse_args(argv: Sequence[str] | None = None):
   p = common.parser(__doc__, data=False)
-  p.add_argument("--pairs", type=int, default=48,
-                 help="negated/affirmative pairs analysed (default: 48; --smoke: 6)")
-  p.add_argument("--exact-edges", type=int, default=None,
-                 help="edges patched exactly, chosen at random (default: every edge up to "
-                      "10,000, else 2,000)")
+  p.add_argument(
+    "--pairs",
+    type=int,
+    default=48,
+    help="negated/affirmative pairs analysed (default: 48; --smoke: 6)",
+  )
+  p.add_argument(
+    "--exact-edges",
+    type=int,
+    default=None,
+    help="edges patched exactly, chosen at random (default: every edge up to 10,000, else 2,000)",
+  )
   p.add_argument("--steps", type=int, default=5, help="EAP-IG's steps (default: 5)")
   args = p.parse_args(argv)
   if args.smoke:
@@ -92,8 +99,10 @@ def findings(r: dict, s: dict) -> list[dict]:
   r = common.from_json(r)
   name, total = r["model"], r["graph"]["edges"]
   a = r["agreement"]
-  rows = [common.finding(
-      PAPER_SCORES, "Edge attribution patching approximates exact edge patching, and its "
+  rows = [
+    common.finding(
+      PAPER_SCORES,
+      "Edge attribution patching approximates exact edge patching, and its "
       "integrated-gradients variant (EAP-IG) better than plain EAP",
       f"{name}, {r['pairs']} negated sentences against their affirmative twins, the negation "
       f"probe's logit difference (clean {r['clean']:.2f}, corrupted {r['corrupted']:.2f}); "
@@ -103,23 +112,32 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"{a['eap_ig']['spearman']:.2f}). Differs from the papers: decoders with answer "
       "logits; here a sentence encoder and a linear probe. Rule: yes if EAP-IG's Pearson "
       "> 0.8 and above EAP's, partly if one of the two holds.",
-      score_verdict(a["eap"]["pearson"], a["eap_ig"]["pearson"]))]
+      score_verdict(a["eap"]["pearson"], a["eap_ig"]["pearson"]),
+    )
+  ]
   topk, greedy = r["faithfulness"]["topk"], r["faithfulness"]["greedy"]
   n_top, n_greedy = smallest_faithful(topk, FAITHFUL), smallest_faithful(greedy, FAITHFUL)
   best = min((n for n in (n_top, n_greedy) if n is not None), default=None)
   curve = ", ".join(f"{e} edges {v:.2f}" for e, v in zip(topk["edges"], topk["normalized"]))
-  smallest = ("no circuit asked for reaches it" if best is None else
-              f"the smallest reaching it has {best:,} edges ({best / total:.1%} of the graph; "
-              f"top-k {n_top if n_top is not None else 'none'}, greedy "
-              f"{n_greedy if n_greedy is not None else 'none'})")
-  rows.append(common.finding(
-      PAPER_CIRCUIT, "A circuit of a few percent of the edges, found from attribution scores, "
+  smallest = (
+    "no circuit asked for reaches it"
+    if best is None
+    else f"the smallest reaching it has {best:,} edges ({best / total:.1%} of the graph; "
+    f"top-k {n_top if n_top is not None else 'none'}, greedy "
+    f"{n_greedy if n_greedy is not None else 'none'})"
+  )
+  rows.append(
+    common.finding(
+      PAPER_CIRCUIT,
+      "A circuit of a few percent of the edges, found from attribution scores, "
       "keeps most of the model's behaviour",
       f"{name}, the same pairs: top-k circuits from EAP-IG scores keep {curve} of the logit "
       f"difference; {smallest}. Differs from the papers: GPT-2 tasks; here negation read by "
       f"a probe. Rule: a circuit keeping >= {FAITHFUL:.0%} of the logit difference within "
       "5% of the edges: yes; within 20%: partly; else no.",
-      circuit_verdict(None if best is None else best / total)))
+      circuit_verdict(None if best is None else best / total),
+    )
+  )
   return rows
 
 
@@ -131,19 +149,27 @@ def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[
   for key, label, color in (("eap", "EAP", "tab:orange"), ("eap_ig", "EAP-IG", "tab:blue")):
     v = np.asarray(r["edge_scores"][key], float)
     a = r["agreement"][key]
-    axes[0].scatter(ex, v, s=6, alpha=0.5, color=color,
-                    label=f"{label} (Pearson {a['pearson']:.2f})")
+    axes[0].scatter(
+      ex, v, s=6, alpha=0.5, color=color, label=f"{label} (Pearson {a['pearson']:.2f})"
+    )
   lim = np.nanmax(np.abs(ex)) if np.isfinite(ex).any() else 1.0
   axes[0].plot([-lim, lim], [-lim, lim], color="gray", lw=0.8)
-  axes[0].set(xlabel="exact patching (change of the probe logit)", ylabel="score",
-              title=f"{len(ex):,} edges patched exactly")
+  axes[0].set(
+    xlabel="exact patching (change of the probe logit)",
+    ylabel="score",
+    title=f"{len(ex):,} edges patched exactly",
+  )
   axes[0].legend(fontsize=8)
   for key, style in (("topk", "-o"), ("greedy", "--s")):
     f = r["faithfulness"][key]
     axes[1].plot(f["edges"], f["normalized"], style, label=key, ms=4)
   axes[1].axhline(FAITHFUL, color="gray", lw=0.8, ls=":")
-  axes[1].set(xscale="log", xlabel="edges in the circuit", ylabel="normalised faithfulness",
-              title="Circuits from EAP-IG scores")
+  axes[1].set(
+    xscale="log",
+    xlabel="edges in the circuit",
+    ylabel="normalised faithfulness",
+    title="Circuits from EAP-IG scores",
+  )
   axes[1].legend(fontsize=8)
   ax = axes[2]
   layers = max((int(s[1:].split(".")[0]) for s in graph.senders if s[0] in "am"), default=0) + 1
@@ -160,6 +186,7 @@ def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[
     head = int(base.split(".h")[1])
     heads = sum(1 for s in graph.senders if s.startswith(f"a{layer - 1}."))
     return layer - 0.25, (head - (heads - 1) / 2) / max(heads, 1) * 2
+
   if circuit is not None:
     nodes = set()
     for s, t in zip(*np.nonzero(circuit)):
@@ -172,12 +199,13 @@ def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[
       ax.scatter([x], [y], s=30, color="tab:red" if n[0] == "a" else "black", zorder=3)
       if n in ("input", "logits") or n[0] == "m":
         ax.annotate(n, (x, y), fontsize=7, xytext=(2, 4), textcoords="offset points")
-    ax.set_title(f"The smallest top-k circuit keeping {FAITHFUL:.0%}: {int(circuit.sum())} edges "
-                 "(heads red, FFNs black)")
+    ax.set_title(
+      f"The smallest top-k circuit keeping {FAITHFUL:.0%}: {int(circuit.sum())} edges "
+      "(heads red, FFNs black)"
+    )
   else:
     ax.set_title(f"No circuit asked for keeps {FAITHFUL:.0%}")
-  ax.set(xlabel="layer (heads left of the tick, the FFN right; 1 = the first block)",
-         yticks=[])
+  ax.set(xlabel="layer (heads left of the tick, the FFN right; 1 = the first block)", yticks=[])
   ax.set_xticks(range(1, layers + 1))
   fig.suptitle(f"{r['model']}: the edges that carry negation into the probe", fontsize=11)
   fig.tight_layout()
@@ -203,8 +231,12 @@ def _pairs(tok, sentences, count: int):
   clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated])
   n = min(count, len(kept))
   take = lambda x: dataclasses.replace(
-      x, **{f: np.asarray(getattr(x, f))[:n] for f in ("input_ids", "attention_mask",
-                                                         "token_type_ids", "word_ids")})
+    x,
+    **{
+      f: np.asarray(getattr(x, f))[:n]
+      for f in ("input_ids", "attention_mask", "token_type_ids", "word_ids")
+    },
+  )
   return take(clean), take(corrupted), kept[:n]
 
 
@@ -216,8 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   from bertjax.analysis.interventions import circuits
 
   with common.timed(timings, "load"):
-    config, params, tok, name = common.load_model(args, smoke=lambda: common.tiny_model(
-        0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL))
+    config, params, tok, name = common.load_model(
+      args, smoke=lambda: common.tiny_model(0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL)
+    )
     sentences = report.load_sentences()
   with common.timed(timings, "probe"):
     probe = _probe(params, config, tok, sentences)
@@ -225,38 +258,72 @@ def main(argv: Sequence[str] | None = None) -> int:
   n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
   with common.timed(timings, "discover"):
-    d = circuits.discover(params, config, clean, corrupted, probe, targets=targets,
-                          steps=args.steps, exact_edges=args.exact_edges, faithful=FAITHFUL,
-                          seed=args.seed, log=common.log)
+    d = circuits.discover(
+      params,
+      config,
+      clean,
+      corrupted,
+      probe,
+      targets=targets,
+      steps=args.steps,
+      exact_edges=args.exact_edges,
+      faithful=FAITHFUL,
+      seed=args.seed,
+      log=common.log,
+    )
   g, ig, exact, mask = d["graph"], d["eap_ig"], d["exact"], d["mask"]
   total = int(g.valid.sum())
   faith, circuit = d["faithfulness"], d["circuit"]
   for method, f in faith.items():
-    common.log(f"{method}: " + ", ".join(f"{e} {v:.2f}" for e, v in zip(f["edges"],
-                                                                       f["normalized"])))
+    common.log(
+      f"{method}: " + ", ".join(f"{e} {v:.2f}" for e, v in zip(f["edges"], f["normalized"]))
+    )
   chosen = np.argwhere(mask)
   pick = lambda s: s.values[mask]
-  r = {"model": name, "pairs": n, "texts": kept,
-       "graph": {"senders": g.n_senders, "receivers": g.n_receivers, "edges": total},
-       "clean": float(ig.clean), "corrupted": float(ig.corrupted),
-       "agreement": d["agreement"], "exact_edges": [[int(s), int(t)] for s, t in chosen],
-       "exact_scores": pick(exact), "edge_scores": {"eap": pick(d["eap"]), "eap_ig": pick(ig)},
-       "top_edges": {"eap_ig": ig.top(20), "exact": exact.top(20)},
-       "faithfulness": faith,
-       "circuit": None if circuit is None else [g.edge_name(s, t)
-                                                for s, t in zip(*np.nonzero(circuit))],
-       "timings": timings}
-  settings = {"model": name, "pairs": n, "steps": args.steps, "exact_edges": len(chosen),
-              "sizes": faith["topk"]["sizes"], "seed": args.seed, "faithful": FAITHFUL,
-              "probe": "L2 logistic regression on mean-pooled final states of the 385 "
-                       "project sentences (bertjax.tasks.negation.fit_probe)"}
+  r = {
+    "model": name,
+    "pairs": n,
+    "texts": kept,
+    "graph": {"senders": g.n_senders, "receivers": g.n_receivers, "edges": total},
+    "clean": float(ig.clean),
+    "corrupted": float(ig.corrupted),
+    "agreement": d["agreement"],
+    "exact_edges": [[int(s), int(t)] for s, t in chosen],
+    "exact_scores": pick(exact),
+    "edge_scores": {"eap": pick(d["eap"]), "eap_ig": pick(ig)},
+    "top_edges": {"eap_ig": ig.top(20), "exact": exact.top(20)},
+    "faithfulness": faith,
+    "circuit": None
+    if circuit is None
+    else [g.edge_name(s, t) for s, t in zip(*np.nonzero(circuit))],
+    "timings": timings,
+  }
+  settings = {
+    "model": name,
+    "pairs": n,
+    "steps": args.steps,
+    "exact_edges": len(chosen),
+    "sizes": faith["topk"]["sizes"],
+    "seed": args.seed,
+    "faithful": FAITHFUL,
+    "probe": "L2 logistic regression on mean-pooled final states of the 385 "
+    "project sentences (bertjax.tasks.negation.fit_probe)",
+  }
   rows = findings(common.to_json(r), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   figures = _figure(args.out, r, g, circuit, common.results_stem(NAME, args.model))
-  common.write_results(NAME, args.out, r, findings=rows, settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    r,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

@@ -49,10 +49,18 @@ PROBE_LAYERS = ("middle", "last")
 
 def parse_args(argv: Sequence[str] | None = None):
   p = common.parser(__doc__)
-  p.add_argument("--sentences", type=int, default=1000,
-                 help="EWT dev sentences read (default: 1000; --smoke: 60)")
-  p.add_argument("--random-draws", type=int, default=5,
-                 help="draws of as many random dimensions, the ablation's control (default: 5)")
+  p.add_argument(
+    "--sentences",
+    type=int,
+    default=1000,
+    help="EWT dev sentences read (default: 1000; --smoke: 60)",
+  )
+  p.add_argument(
+    "--random-draws",
+    type=int,
+    default=5,
+    help="draws of as many random dimensions, the ablation's control (default: 5)",
+  )
   p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
   args = p.parse_args(argv)
   for name in ("sentences", "random_draws", "batch_size"):
@@ -69,9 +77,9 @@ def token_counts(tok, paths) -> np.ndarray:
   for path in paths:
     lines = [ln.strip() for ln in path.open(encoding="utf-8") if ln.strip()]
     for i in range(0, len(lines), 256):
-      enc = tok.encode(lines[i:i + 256], max_length=512, truncation=True)
+      enc = tok.encode(lines[i : i + 256], max_length=512, truncation=True)
       ids = np.asarray(enc.input_ids)[np.asarray(enc.attention_mask) > 0]
-      counts += np.bincount(ids, minlength=tok.vocab_size)[:tok.vocab_size]
+      counts += np.bincount(ids, minlength=tok.vocab_size)[: tok.vocab_size]
   for special in tok.special_ids:
     counts[special] = 0
   return counts
@@ -84,8 +92,9 @@ def dimension_activations(params, config, batches, dims, special_ids):
 
   acts, ids = [], []
   for b in batches:
-    out = bertjax.forward(params, config, b.input_ids, b.attention_mask, b.token_type_ids,
-                          output_hidden_states=True)
+    out = bertjax.forward(
+      params, config, b.input_ids, b.attention_mask, b.token_type_ids, output_hidden_states=True
+    )
     h = np.asarray(out.hidden_states[1:])[..., list(dims)]  # (L, B, T, k)
     keep = (np.asarray(b.attention_mask) > 0) & ~np.isin(b.input_ids, list(special_ids))
     acts.append(h[:, keep])
@@ -129,16 +138,24 @@ def probe_scores(params, config, tok, sentences, dims_sets, seed) -> dict:
   fit, val = probing.split_indices(len(train), 0.1, seed, groups=groups[train])
   mu, sd = intact[:, train].mean(1, keepdims=True), intact[:, train].std(1, keepdims=True) + 1e-6
   norm = lambda x: (x - mu) / sd
-  probe = probing.fit_probe(norm(intact)[:, train[fit]], labels[train[fit]],
-                            norm(intact)[:, train[val]], labels[train[val]],
-                            config=probing.ProbeConfig(l2=1e-4), num_classes=len(tags))
+  probe = probing.fit_probe(
+    norm(intact)[:, train[fit]],
+    labels[train[fit]],
+    norm(intact)[:, train[val]],
+    labels[train[val]],
+    config=probing.ProbeConfig(l2=1e-4),
+    num_classes=len(tags),
+  )
   right = {"intact": probe.predict(norm(intact)[:, test]) == labels[test]}
   for name, dims in dims_sets.items():
     x, _ = feats(outliers.disable_dimensions(params, config, dims))
     right[name] = probe.predict(norm(x)[:, test]) == labels[test]
-  return {"layers": [layer for layer in layers], "tags": len(tags),
-          "correct": {k: v.astype(np.int8) for k, v in right.items()},
-          "accuracy": {k: v.mean(1) for k, v in right.items()}}
+  return {
+    "layers": [layer for layer in layers],
+    "tags": len(tags),
+    "correct": {k: v.astype(np.int8) for k, v in right.items()},
+    "accuracy": {k: v.mean(1) for k, v in right.items()},
+  }
 
 
 def sink_share(params, config, batches, sep_id) -> np.ndarray:
@@ -150,7 +167,7 @@ def sink_share(params, config, batches, sep_id) -> np.ndarray:
 
 
 def ablation_rule(dims, drop: float, random_drops: Sequence[float]) -> str:
-  """"yes": outlier dimensions exist and disabling them costs >= 5 points more than the worst
+  """ "yes": outlier dimensions exist and disabling them costs >= 5 points more than the worst
   random draw; "partly": they cost more than every random draw; "no" otherwise."""
   if not dims:
     return "no"
@@ -159,7 +176,7 @@ def ablation_rule(dims, drop: float, random_drops: Sequence[float]) -> str:
 
 
 def frequency_rule(rho: Sequence[float], sink_intact: float, sink_disabled: float) -> str:
-  """"yes": the mean Spearman with log frequency >= 0.3 and the special-token attention falls
+  """ "yes": the mean Spearman with log frequency >= 0.3 and the special-token attention falls
   without the dimensions; "partly": one of the two; "n/a" without outlier dimensions."""
   if not len(rho):
     return "n/a"
@@ -168,13 +185,13 @@ def frequency_rule(rho: Sequence[float], sink_intact: float, sink_disabled: floa
 
 
 def massive_rule(count: Sequence[int]) -> str:
-  """"yes": massive activations in at least half the layers; "partly": in some; "no"."""
+  """ "yes": massive activations in at least half the layers; "partly": in some; "no"."""
   has = np.asarray(count) > 0
   return "yes" if has.mean() >= 0.5 else "partly" if has.any() else "no"
 
 
 def int8_rule(rho: float) -> str:
-  """"yes": Spearman(int8 error, largest magnitude) over layers >= 0.5; "partly": >= 0.2."""
+  """ "yes": Spearman(int8 error, largest magnitude) over layers >= 0.5; "partly": >= 0.2."""
   return "yes" if rho >= 0.5 else "partly" if rho >= 0.2 else "no"
 
 
@@ -187,17 +204,24 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
   random_drops = [acc["intact"][last] - acc[k][last] for k in randoms]
   model, layers = s["model"], len(per_layer)
   dim_text = ", ".join(f"{d} (|z| up to {z:.1f})" for d, z in zip(dims, r["max_abs_z"])) or "none"
-  probe = (f"UPOS probe on layer {r['probe']['layers'][last]} (fitted on the intact model, "
-           f"{r['probe']['test_words']:,} held-out words): intact {100 * acc['intact'][last]:.1f}%"
-           + (f", outliers disabled {100 * acc['outliers'][last]:.1f}%" if dims else "")
-           + (f", {len(randoms)} draws of as many random dimensions "
-              f"{100 * min(acc[k][last] for k in randoms):.1f}-"
-              f"{100 * max(acc[k][last] for k in randoms):.1f}%" if dims else ""))
+  probe = (
+    f"UPOS probe on layer {r['probe']['layers'][last]} (fitted on the intact model, "
+    f"{r['probe']['test_words']:,} held-out words): intact {100 * acc['intact'][last]:.1f}%"
+    + (f", outliers disabled {100 * acc['outliers'][last]:.1f}%" if dims else "")
+    + (
+      f", {len(randoms)} draws of as many random dimensions "
+      f"{100 * min(acc[k][last] for k in randoms):.1f}-"
+      f"{100 * max(acc[k][last] for k in randoms):.1f}%"
+      if dims
+      else ""
+    )
+  )
   freq, sinks, massive, q = r["frequency"], r["sink_share"], r["massive"], r["int8"]
   mean_rho = float(np.mean(freq["rho"])) if dims else float("nan")
   return [
     common.finding(
-      "Kovaleva et al. 2021", "A few LayerNorm output dimensions are outliers in most layers; "
+      "Kovaleva et al. 2021",
+      "A few LayerNorm output dimensions are outliers in most layers; "
       "disabling them (their LayerNorm scale and bias zero) degrades the model far more than "
       "disabling as many random dimensions.",
       f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
@@ -205,22 +229,29 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
       f"{probe}. The paper's MLM loss is not measured: the checkpoint ships no MLM head. Rule: "
       "yes if disabling them costs >= 5 points more than the worst random draw, partly if more "
       "than every draw, no otherwise (or without outlier dimensions).",
-      ablation_rule(dims, drop, random_drops)),
+      ablation_rule(dims, drop, random_drops),
+    ),
     common.finding(
-      "Puccetti et al. 2022", "Outlier dimensions are driven by token frequency (frequent tokens "
+      "Puccetti et al. 2022",
+      "Outlier dimensions are driven by token frequency (frequent tokens "
       "activate them most) and they drive the attention heads' focus on special tokens.",
-      (f"Spearman over {freq['types']:,} token types between the activation in each outlier "
-       f"dimension and log WikiText-2 frequency: "
-       + ", ".join(f"{d}: {v:.2f}" for d, v in zip(dims, freq["rho"]))
-       + f" (mean {mean_rho:.2f}); attention on [CLS]+[SEP] (mean over heads and layers) "
-       f"{sinks['intact']:.3f} intact, {sinks['disabled']:.3f} with them disabled. "
-       if dims else "no outlier dimensions to correlate. ")
+      (
+        f"Spearman over {freq['types']:,} token types between the activation in each outlier "
+        f"dimension and log WikiText-2 frequency: "
+        + ", ".join(f"{d}: {v:.2f}" for d, v in zip(dims, freq["rho"]))
+        + f" (mean {mean_rho:.2f}); attention on [CLS]+[SEP] (mean over heads and layers) "
+        f"{sinks['intact']:.3f} intact, {sinks['disabled']:.3f} with them disabled. "
+        if dims
+        else "no outlier dimensions to correlate. "
+      )
       + "Differs from the paper: WikiText-2 counts stand in for the pre-training corpus. Rule: "
       "yes if the mean Spearman >= 0.3 and the special-token attention falls without them, "
       "partly if one holds.",
-      frequency_rule(freq["rho"] if dims else [], sinks["intact"], sinks["disabled"])),
+      frequency_rule(freq["rho"] if dims else [], sinks["intact"], sinks["disabled"]),
+    ),
     common.finding(
-      "Sun et al. 2024", "A few activations are massive (> 100 and > 1000x the median "
+      "Sun et al. 2024",
+      "A few activations are massive (> 100 and > 1000x the median "
       "magnitude), at fixed dimensions, in most layers.",
       f"massive entries per layer 1-{layers}: {', '.join(map(str, massive['count']))}; largest "
       f"magnitude / median by layer: "
@@ -228,17 +259,21 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
       + f"; dimensions holding them: {massive['dims'] or 'none'}. Differs from the paper: "
       "measured on LLMs (LLaMA2, Mixtral), here an encoder. Rule: yes if in >= half the layers, "
       "partly if in some.",
-      massive_rule(massive["count"])),
+      massive_rule(massive["count"]),
+    ),
     common.finding(
-      "Bondarenko et al. 2021", "Outlier activations are what makes transformer activations "
+      "Bondarenko et al. 2021",
+      "Outlier activations are what makes transformer activations "
       "hard to quantise: the int8 error is largest where activations are largest.",
       "dynamic int8 (per-token activations, per-channel weights) block-output error by layer: "
       + ", ".join(f"{100 * e:.1f}%" for e in q["relative_error"])
-      + "; largest magnitude: " + ", ".join(f"{m:.0f}" for m in q["max_abs"])
+      + "; largest magnitude: "
+      + ", ".join(f"{m:.0f}" for m in q["max_abs"])
       + f"; Spearman over layers {q['spearman']:.2f}. Differs from the paper: per-tensor "
       "static int8 there; the error here accumulates over the layers below. Rule: yes if "
       "Spearman >= 0.5, partly if >= 0.2.",
-      int8_rule(q["spearman"])),
+      int8_rule(q["spearman"]),
+    ),
   ]
 
 
@@ -258,8 +293,12 @@ def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
   for d in r["dims"]:
     ax.plot(layers, np.abs(z[:, d]), ".--", label=f"dimension {d}")
   ax.axhline(3, color="k", lw=0.8, ls=":", label="outlier threshold (3 sd)")
-  ax.set(xlabel="layer", ylabel="|z| of the mean activation", xticks=layers,
-         title=f"Outlier dimensions: {model_name}")
+  ax.set(
+    xlabel="layer",
+    ylabel="|z| of the mean activation",
+    xticks=layers,
+    title=f"Outlier dimensions: {model_name}",
+  )
   ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
   ax = axes[1]
   acc = r["probe"]["accuracy"]
@@ -273,8 +312,12 @@ def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
   ax = axes[2]
   q = r["int8"]
   ax.plot(layers, 100 * np.asarray(q["relative_error"]), "o-", color="tab:red")
-  ax.set(xlabel="layer", ylabel="int8 block-output error (%)", xticks=layers,
-         title=f"int8 error vs largest activation (Spearman {q['spearman']:.2f})")
+  ax.set(
+    xlabel="layer",
+    ylabel="int8 block-output error (%)",
+    xticks=layers,
+    title=f"int8 error vs largest activation (Spearman {q['spearman']:.2f})",
+  )
   ax2 = ax.twinx()
   ax2.plot(layers, q["max_abs"], "s--", color="tab:gray")
   ax2.set_ylabel("largest |activation|", color="tab:gray")
@@ -296,29 +339,48 @@ def main(argv: Sequence[str] | None = None) -> int:
   path = common.ud_file(data, "dev")
   with common.timed(timings, "load model"):
     config, params, tok, model_name = common.load_model(args)
-  sentences = [s for s in conllu.read_conllu(path, max_sentences=args.sentences)
-               if len(tok.encode_words([s.forms]).input_ids[0]) <= min(config.max_length, 128)]
-  batches = [tok.encode_words([s.forms for s in sentences[i:i + args.batch_size]])
-             for i in range(0, len(sentences), args.batch_size)]
+  sentences = [
+    s
+    for s in conllu.read_conllu(path, max_sentences=args.sentences)
+    if len(tok.encode_words([s.forms]).input_ids[0]) <= min(config.max_length, 128)
+  ]
+  batches = [
+    tok.encode_words([s.forms for s in sentences[i : i + args.batch_size]])
+    for i in range(0, len(sentences), args.batch_size)
+  ]
   common.log(f"{model_name}: {len(sentences)} sentences of {path.name}")
   r: dict = {}
   with common.timed(timings, "census"):
     census = outliers.outlier_dimensions(params, config, batches)
   dims = list(census.dims)
-  r.update(z=census.z, outliers_per_layer=census.is_outlier.sum(1), dims=dims,
-           max_abs_z=[float(np.abs(census.z[:, d]).max()) for d in dims])
+  r.update(
+    z=census.z,
+    outliers_per_layer=census.is_outlier.sum(1),
+    dims=dims,
+    max_abs_z=[float(np.abs(census.z[:, d]).max()) for d in dims],
+  )
   common.log(f"outlier dimensions {dims}; per layer {r['outliers_per_layer'].tolist()}")
   with common.timed(timings, "massive activations"):
     m = outliers.massive_activations(params, config, batches)
-  r["massive"] = {"count": m.count, "max_abs": m.max_abs, "median_abs": m.median_abs,
-                  "dims": sorted({w[0] for layer in m.where for w in layer}),
-                  "where": m.where}
+  r["massive"] = {
+    "count": m.count,
+    "max_abs": m.max_abs,
+    "median_abs": m.median_abs,
+    "dims": sorted({w[0] for layer in m.where for w in layer}),
+    "where": m.where,
+  }
   with common.timed(timings, "int8 error"):
     r["int8"] = outliers.int8_error_by_layer(params, config, batches)
   rng = np.random.default_rng(args.seed)
   others = np.setdiff1d(np.arange(config.hidden_size), dims)
-  dims_sets = ({"outliers": dims} | {f"random_{i}": rng.choice(others, len(dims), replace=False)
-                                     for i in range(args.random_draws)} if dims else {})
+  dims_sets = (
+    {"outliers": dims}
+    | {
+      f"random_{i}": rng.choice(others, len(dims), replace=False) for i in range(args.random_draws)
+    }
+    if dims
+    else {}
+  )
   with common.timed(timings, "probe ablation"):
     r["probe"] = probe_scores(params, config, tok, sentences, dims_sets, args.seed)
   r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
@@ -329,25 +391,44 @@ def main(argv: Sequence[str] | None = None) -> int:
       acts, ids = dimension_activations(params, config, batches, dims, tok.special_ids)
       r["frequency"] = frequency_correlation(acts, ids, counts, census, dims)
       off = outliers.disable_dimensions(params, config, dims)
-      r["sink_share"] = {"intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
-                         "disabled": float(sink_share(off, config, batches, tok.sep_id).mean())}
+      r["sink_share"] = {
+        "intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
+        "disabled": float(sink_share(off, config, batches, tok.sep_id).mean()),
+      }
     else:
       r["frequency"] = {"rho": [], "types": 0}
-      r["sink_share"] = {"intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
-                         "disabled": float("nan")}
+      r["sink_share"] = {
+        "intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
+        "disabled": float("nan"),
+      }
   r["timings"] = timings
-  settings = {"model": model_name, "data": f"{path.relative_to(data)} ({len(sentences)} "
-              "sentences); wikitext2_tokens/valid.txt + test.txt (token counts)",
-              "sentences": len(sentences), "tokens": census.tokens, "seed": args.seed,
-              "random_draws": args.random_draws, "sigmas": 3.0, "min_fraction": 0.25,
-              "indexing": "layers 1..L are the block outputs; dimensions count from 0"}
+  settings = {
+    "model": model_name,
+    "data": f"{path.relative_to(data)} ({len(sentences)} "
+    "sentences); wikitext2_tokens/valid.txt + test.txt (token counts)",
+    "sentences": len(sentences),
+    "tokens": census.tokens,
+    "seed": args.seed,
+    "random_draws": args.random_draws,
+    "sigmas": 3.0,
+    "min_fraction": 0.25,
+    "indexing": "layers 1..L are the block outputs; dimensions count from 0",
+  }
   rows = finding_rows(common.from_json(common.to_json(r)), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
-  common.write_results(NAME, args.out, r, findings=rows, settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    r,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

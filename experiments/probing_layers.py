@@ -44,8 +44,14 @@ NAME = "probing_layers"
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
 # The syntactic measures whose peak layer is compared with the middle of the network.
 SYNTACTIC = ("deprel", "uuas", "dspr", "root_acc", "nspr")
-LABELS = {"upos": "UPOS accuracy", "deprel": "dep. relation accuracy", "uuas": "UUAS (distance)",
-          "dspr": "DSpr. (distance)", "root_acc": "root accuracy (depth)", "nspr": "NSpr. (depth)"}
+LABELS = {
+  "upos": "UPOS accuracy",
+  "deprel": "dep. relation accuracy",
+  "uuas": "UUAS (distance)",
+  "dspr": "DSpr. (distance)",
+  "root_acc": "root accuracy (depth)",
+  "nspr": "NSpr. (depth)",
+}
 
 
 def expected_layer(scores: Sequence[float]) -> float:
@@ -80,7 +86,7 @@ def middle_layers(num_layers: int) -> tuple[int, int]:
 
 
 def syntax_peaks_rule(peaks: dict[str, int], num_layers: int) -> str:
-  """"yes": every syntactic measure peaks in the middle third; "partly": most peak before the
+  """ "yes": every syntactic measure peaks in the middle third; "partly": most peak before the
   last layer; "no": otherwise."""
   lo, hi = middle_layers(num_layers)
   last = num_layers - 1
@@ -92,7 +98,7 @@ def syntax_peaks_rule(peaks: dict[str, int], num_layers: int) -> str:
 
 
 def pos_lower_rule(e_pos: float, e_syntax: dict[str, float], margin: float = 0.1) -> str:
-  """"yes": UPOS's expected layer is below every syntactic one by >= `margin` layers;
+  """ "yes": UPOS's expected layer is below every syntactic one by >= `margin` layers;
   "partly": below their mean; "no" otherwise."""
   values = [v for v in e_syntax.values() if np.isfinite(v)]
   if not np.isfinite(e_pos) or not values:
@@ -102,18 +108,18 @@ def pos_lower_rule(e_pos: float, e_syntax: dict[str, float], margin: float = 0.1
   return "partly" if e_pos < np.mean(values) else "no"
 
 
-def selectivity_rule(selectivity: dict[str, float], strong: float = 0.2,
-                     weak: float = 0.05) -> str:
-  """"yes": every task's selectivity at its best layer >= `strong`; "partly": any >= `weak`."""
+def selectivity_rule(selectivity: dict[str, float], strong: float = 0.2, weak: float = 0.05) -> str:
+  """ "yes": every task's selectivity at its best layer >= `strong`; "partly": any >= `weak`."""
   values = list(selectivity.values())
   if all(v >= strong for v in values):
     return "yes"
   return "partly" if any(v >= weak for v in values) else "no"
 
 
-def mlp_rule(linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float,
-             tolerance: float = 0.02) -> str:
-  """"yes": the MLP probe is less selective and about as accurate (within `tolerance`);
+def mlp_rule(
+  linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float, tolerance: float = 0.02
+) -> str:
+  """ "yes": the MLP probe is less selective and about as accurate (within `tolerance`);
   "partly": only less selective; "no": not less selective."""
   if mlp_sel >= linear_sel:
     return "no"
@@ -138,45 +144,59 @@ def findings(r: dict, s: dict) -> list[dict]:
   fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
   rows = [
     common.finding(
-      PAPERS, "Syntactic information (dependency labels, tree distance and depth) peaks in the "
+      PAPERS,
+      "Syntactic information (dependency labels, tree distance and depth) peaks in the "
       "middle layers, not the last.",
-      f"best layer of {last}: " + "; ".join(fmt(k) for k in SYNTACTIC)
+      f"best layer of {last}: "
+      + "; ".join(fmt(k) for k in SYNTACTIC)
       + f". Differs from the papers: {data}, one linear probe per layer (Tenney: edge probing "
       "with scalar mixes on OntoNotes; Hewitt & Manning: BERT-large on the PTB). Rule: yes if "
       f"all 5 peak in the middle layers {lo}-{hi}, partly if most peak before the last.",
-      syntax_peaks_rule({k: peaks[k] for k in SYNTACTIC}, num_layers)),
+      syntax_peaks_rule({k: peaks[k] for k in SYNTACTIC}, num_layers),
+    ),
     common.finding(
-      "Tenney et al. 2019", "POS (surface) information sits lower in the network than "
+      "Tenney et al. 2019",
+      "POS (surface) information sits lower in the network than "
       "syntactic structure (expected layer of POS < that of parsing tasks).",
       f"expected layer E[l]: UPOS {expected['upos']:.2f} vs dependency labels (Tenney's "
       f"dependency task) {expected['deprel']:.2f}; against the structural probes, which are "
-      "not Tenney's tasks: " + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC[1:])
+      "not Tenney's tasks: "
+      + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC[1:])
       + f"; UPOS peaks at L{peaks['upos']}. Differs from Tenney: {data}; E[l] from the running "
       "best of one probe per layer, not from scalar-mixed probes; constituents, SRL and "
       "coreference are not probed. Rule: yes if UPOS's E[l] is below the dependency task's by "
       ">= 0.1 layer, partly if below it.",
-      pos_lower_rule(expected["upos"], {"deprel": expected["deprel"]})),
+      pos_lower_rule(expected["upos"], {"deprel": expected["deprel"]}),
+    ),
     common.finding(
-      "Hewitt & Liang 2019", "Linear probes are selective: high accuracy on the linguistic task, "
+      "Hewitt & Liang 2019",
+      "Linear probes are selective: high accuracy on the linguistic task, "
       "much lower on a control task of random word-type labels.",
-      "selectivity at the best layer: " + ", ".join(
+      "selectivity at the best layer: "
+      + ", ".join(
         f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
-        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})" for t in ("upos", "deprel"))
+        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})"
+        for t in ("upos", "deprel")
+      )
       + f". Differs from Hewitt & Liang: {data}, not ELMo on the PTB. Rule: yes if both >= 20 "
       "pts, partly if either >= 5.",
-      selectivity_rule(sel_at_best)),
+      selectivity_rule(sel_at_best),
+    ),
   ]
   if "upos_mlp" in r:
     lin, mlp = sel_at_best["upos"], sm["mlp_selectivity_at_best_layer"]
-    rows.append(common.finding(
-      "Hewitt & Liang 2019", "MLP probes reach similar accuracy but are less selective than "
-      "linear probes.",
-      f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
-      f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs "
-      f"{100 * r['upos_mlp']['best_accuracy']:.1f}). Differs from Hewitt & Liang: {data}, not "
-      "ELMo on the PTB. Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of "
-      "(or above) the linear probe's, partly if only less selective.",
-      mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"])))
+    rows.append(
+      common.finding(
+        "Hewitt & Liang 2019",
+        "MLP probes reach similar accuracy but are less selective than linear probes.",
+        f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
+        f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs "
+        f"{100 * r['upos_mlp']['best_accuracy']:.1f}). Differs from Hewitt & Liang: {data}, not "
+        "ELMo on the PTB. Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of "
+        "(or above) the linear probe's, partly if only less selective.",
+        mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"]),
+      )
+    )
   return rows
 
 
@@ -185,21 +205,37 @@ def _suite(args):
 
   if not args.smoke:
     return probing_run.SuiteConfig(
-      tasks=("upos", "deprel"), mlp=args.mlp, control=True, structural=True,
-      structural_max_sentences=args.structural_sentences, seed=args.seed)
+      tasks=("upos", "deprel"),
+      mlp=args.mlp,
+      control=True,
+      structural=True,
+      structural_max_sentences=args.structural_sentences,
+      seed=args.seed,
+    )
   return probing_run.SuiteConfig(
-    tasks=("upos", "deprel"), mlp=args.mlp, control=True, structural=True,
+    tasks=("upos", "deprel"),
+    mlp=args.mlp,
+    control=True,
+    structural=True,
     probe=probing.ProbeConfig(learning_rate=1e-2, max_steps=20, batch_size=256, eval_every=10),
-    structural_config=structural.StructuralConfig(rank=8, max_steps=20, batch_size=8,
-                                                  eval_every=10),
-    anisotropy_pairs=200, seed=args.seed)
+    structural_config=structural.StructuralConfig(
+      rank=8, max_steps=20, batch_size=8, eval_every=10
+    ),
+    anisotropy_pairs=200,
+    seed=args.seed,
+  )
 
 
 def _curves(r: dict) -> dict[str, np.ndarray]:
   s = r["structural"]
-  return {"upos": r["upos"]["accuracy"], "deprel": r["deprel"]["accuracy"],
-          "uuas": s["distance"]["uuas"], "dspr": s["distance"]["spearman"],
-          "root_acc": s["depth"]["root_accuracy"], "nspr": s["depth"]["spearman"]}
+  return {
+    "upos": r["upos"]["accuracy"],
+    "deprel": r["deprel"]["accuracy"],
+    "uuas": s["distance"]["uuas"],
+    "dspr": s["distance"]["spearman"],
+    "root_acc": s["depth"]["root_accuracy"],
+    "nspr": s["depth"]["spearman"],
+  }
 
 
 def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
@@ -212,11 +248,15 @@ def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str
   figs = []
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for key, ys in curves.items():
-    line, = ax.plot(layers, ys, marker="o", label=LABELS[key])
+    (line,) = ax.plot(layers, ys, marker="o", label=LABELS[key])
     best = int(np.nanargmax(ys))
     ax.plot(best, ys[best], marker="*", ms=14, color=line.get_color())
-  ax.set(xlabel="layer (0 = embeddings)", ylabel="score on EWT test sentences",
-         title=f"Probes by layer ({model_name}); ★ = best layer", xticks=layers)
+  ax.set(
+    xlabel="layer (0 = embeddings)",
+    ylabel="score on EWT test sentences",
+    title=f"Probes by layer ({model_name}); ★ = best layer",
+    xticks=layers,
+  )
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
   figs.append(common.savefig(fig, out, f"{stem}_scores"))
@@ -230,26 +270,38 @@ def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str
     if task == "upos" and "upos_mlp" in r:
       m = r["upos_mlp"]
       ax.plot(layers, m["accuracy"], "--o", color="tab:blue", mfc="none", label="MLP probe")
-      ax.plot(layers, m["control_accuracy"], "--s", color="tab:orange", mfc="none",
-              label="MLP control task")
-    ax.set(xlabel="layer (0 = embeddings)", title=f"{LABELS[task]}: selectivity",
-           xticks=layers)
+      ax.plot(
+        layers,
+        m["control_accuracy"],
+        "--s",
+        color="tab:orange",
+        mfc="none",
+        label="MLP control task",
+      )
+    ax.set(xlabel="layer (0 = embeddings)", title=f"{LABELS[task]}: selectivity", xticks=layers)
     ax.grid(alpha=0.3)
   axes[0].set_ylabel("accuracy / selectivity")
   axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=3)
-  fig.suptitle("Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
-               "selectivity = task - control)")
+  fig.suptitle(
+    "Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
+    "selectivity = task - control)"
+  )
   figs.append(common.savefig(fig, out, f"{stem}_selectivity"))
 
   fig, ax = plt.subplots(figsize=(6.5, 3.6))
   keys = list(expected)
   vals = [expected[k] for k in keys]
-  ax.barh(range(len(keys)), np.nan_to_num(vals), color=["tab:blue"] + ["tab:orange"] * (len(keys) - 1))
+  ax.barh(
+    range(len(keys)), np.nan_to_num(vals), color=["tab:blue"] + ["tab:orange"] * (len(keys) - 1)
+  )
   for i, v in enumerate(vals):
     ax.text(np.nan_to_num(v) + 0.03, i, f"{v:.2f}", va="center", fontsize=8)
   ax.set_yticks(range(len(keys)), [LABELS[k] for k in keys])
-  ax.set(xlabel="expected layer E[l] (running-best gains)", xlim=(0, len(layers) - 0.5),
-         title="Tenney's expected layer: POS (blue) vs syntax (orange)")
+  ax.set(
+    xlabel="expected layer E[l] (running-best gains)",
+    xlim=(0, len(layers) - 0.5),
+    title="Tenney's expected layer: POS (blue) vs syntax (orange)",
+  )
   ax.grid(alpha=0.3, axis="x")
   ax.invert_yaxis()
   figs.append(common.savefig(fig, out, f"{stem}_expected_layer"))
@@ -259,13 +311,25 @@ def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str
 @common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
   p = common.parser(__doc__)
-  p.add_argument("--sentences", type=int, default=None,
-                 help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)")
-  p.add_argument("--structural-sentences", type=int, default=1200,
-                 help="at most this many sentences (<= 40 words) for the structural probes")
-  p.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=True,
-                 help="also fit an MLP UPOS probe with its control task, for Hewitt & Liang's "
-                      "linear-vs-MLP selectivity comparison (default: on)")
+  p.add_argument(
+    "--sentences",
+    type=int,
+    default=None,
+    help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)",
+  )
+  p.add_argument(
+    "--structural-sentences",
+    type=int,
+    default=1200,
+    help="at most this many sentences (<= 40 words) for the structural probes",
+  )
+  p.add_argument(
+    "--mlp",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help="also fit an MLP UPOS probe with its control task, for Hewitt & Liang's "
+    "linear-vs-MLP selectivity comparison (default: on)",
+  )
   args = p.parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
@@ -282,8 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   suite = _suite(args)
   common.log(f"probing {model_name} on {len(sentences)} sentences of {path.name}")
   with common.timed(timings, "probing suite"):
-    r = probing_run.run_probing_suite(params, config, tok, sentences, suite=suite,
-                                      model_name=model_name)
+    r = probing_run.run_probing_suite(
+      params, config, tok, sentences, suite=suite, model_name=model_name
+    )
 
   curves = {k: np.asarray(v, np.float64) for k, v in _curves(r).items()}
   num_layers = len(curves["upos"])
@@ -294,34 +359,59 @@ def main(argv: Sequence[str] | None = None) -> int:
   sel_at_best = {t: float(r[t]["selectivity"][r[t]["best_layer"]]) for t in ("upos", "deprel")}
   last = num_layers - 1
   drop = {k: float(v[peaks[k]] - v[last]) for k, v in curves.items()}
-  summary = {"peak_layer": peaks, "expected_layer": expected, "middle_layers": [lo, hi],
-             "drop_from_peak_to_last": drop, "selectivity_at_best_layer": sel_at_best,
-             "max_selectivity": best_sel,
-             "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"]))
-                                       for t in ("upos", "deprel")}}
+  summary = {
+    "peak_layer": peaks,
+    "expected_layer": expected,
+    "middle_layers": [lo, hi],
+    "drop_from_peak_to_last": drop,
+    "selectivity_at_best_layer": sel_at_best,
+    "max_selectivity": best_sel,
+    "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"])) for t in ("upos", "deprel")},
+  }
   if "upos_mlp" in r:
     summary["mlp_selectivity_at_best_layer"] = float(
-      r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]])
+      r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]]
+    )
 
-  figures = _figures(args.out, curves, expected, r, model_name,
-                     common.results_stem(NAME, args.model))
-  settings = {"model": model_name, "data": str(path.relative_to(data)),
-              "sentences": len(sentences), "split": "sentence-disjoint split of EWT dev: "
-              f"{r['splits']}", "suite": common.to_json(suite),
-              "structural_sentences": r["structural"]["sentences"]}
-  results = {"summary": summary, "curves": curves,
-             "upos": _strip(r["upos"]), "deprel": _strip(r["deprel"]),
-             "structural": r["structural"], "anisotropy": r["anisotropy"],
-             "features": r["features"], "splits": r["splits"],
-             "suite_seconds": r["seconds"], "timings": timings}
+  figures = _figures(
+    args.out, curves, expected, r, model_name, common.results_stem(NAME, args.model)
+  )
+  settings = {
+    "model": model_name,
+    "data": str(path.relative_to(data)),
+    "sentences": len(sentences),
+    "split": f"sentence-disjoint split of EWT dev: {r['splits']}",
+    "suite": common.to_json(suite),
+    "structural_sentences": r["structural"]["sentences"],
+  }
+  results = {
+    "summary": summary,
+    "curves": curves,
+    "upos": _strip(r["upos"]),
+    "deprel": _strip(r["deprel"]),
+    "structural": r["structural"],
+    "anisotropy": r["anisotropy"],
+    "features": r["features"],
+    "splits": r["splits"],
+    "suite_seconds": r["seconds"],
+    "timings": timings,
+  }
   if "upos_mlp" in r:
     results["upos_mlp"] = _strip(r["upos_mlp"])
   rows = findings(common.to_json(results), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

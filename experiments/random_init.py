@@ -67,22 +67,58 @@ PAPER = "Kovaleva et al. 2019"
 NAME = "random_init"
 TASKS = ("negation", "question", "upos", "blimp")
 SIZES: dict[str, dict[str, Any]] = {
-    # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
-    "full": {"seeds": 2, "batch_size": 16, "learning_rate": 1e-4, "warmup_steps": 10,
-             "max_steps": 600, "min_steps": 60, "eval_every": 20, "patience": 3,
-             "sentence_dev": 60, "sentence_test": 100, "upos_max_len": 32, "upos_dev": 100,
-             "upos_test": 300, "upos_train": 600, "blimp_dev": 50, "blimp_test": 150,
-             "blimp_train": 500, "max_len": 64, "eval_batch": 50, "bow_steps": 300},
-    "smoke": {"seeds": 1, "batch_size": 8, "learning_rate": 1e-3, "warmup_steps": 0,
-              "max_steps": 6, "min_steps": 3, "eval_every": 3, "patience": 1,
-              "sentence_dev": 12, "sentence_test": 16, "sentence_limit": 72,
-              "upos_max_len": 32, "upos_dev": 6, "upos_test": 10, "upos_train": 20,
-              "blimp_dev": 6, "blimp_test": 10, "blimp_train": 24, "max_len": 64,
-              "eval_batch": 16, "bow_steps": 50},
+  # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
+  "full": {
+    "seeds": 2,
+    "batch_size": 16,
+    "learning_rate": 1e-4,
+    "warmup_steps": 10,
+    "max_steps": 600,
+    "min_steps": 60,
+    "eval_every": 20,
+    "patience": 3,
+    "sentence_dev": 60,
+    "sentence_test": 100,
+    "upos_max_len": 32,
+    "upos_dev": 100,
+    "upos_test": 300,
+    "upos_train": 600,
+    "blimp_dev": 50,
+    "blimp_test": 150,
+    "blimp_train": 500,
+    "max_len": 64,
+    "eval_batch": 50,
+    "bow_steps": 300,
+  },
+  "smoke": {
+    "seeds": 1,
+    "batch_size": 8,
+    "learning_rate": 1e-3,
+    "warmup_steps": 0,
+    "max_steps": 6,
+    "min_steps": 3,
+    "eval_every": 3,
+    "patience": 1,
+    "sentence_dev": 12,
+    "sentence_test": 16,
+    "sentence_limit": 72,
+    "upos_max_len": 32,
+    "upos_dev": 6,
+    "upos_test": 10,
+    "upos_train": 20,
+    "blimp_dev": 6,
+    "blimp_test": 10,
+    "blimp_train": 24,
+    "max_len": 64,
+    "eval_batch": 16,
+    "bow_steps": 50,
+  },
 }
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
-RULE = ("r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
-        "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority")
+RULE = (
+  "r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
+  "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority"
+)
 YES, PARTLY = 0.75, 0.4
 IGNORE = -100
 
@@ -90,8 +126,9 @@ IGNORE = -100
 # Data -----------------------------------------------------------------------------------
 
 
-def split_groups(groups, n_dev: int, n_test: int, n_train: int | None, *, seed: int,
-                 strata=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def split_groups(
+  groups, n_dev: int, n_test: int, n_train: int | None, *, seed: int, strata=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Row indices `(train, dev, test)`, each group of rows wholly on one side.
 
   Args:
@@ -106,8 +143,9 @@ def split_groups(groups, n_dev: int, n_test: int, n_train: int | None, *, seed: 
   unique, first = np.unique(groups, return_index=True)
   n_train = len(unique) - n_dev - n_test if n_train is None else n_train
   if min(n_dev, n_test, n_train) < 1 or n_dev + n_test + n_train > len(unique):
-    raise ValueError(f"{n_dev=}, {n_test=} and {n_train=} must be >= 1 and fit in the "
-                     f"{len(unique)} groups")
+    raise ValueError(
+      f"{n_dev=}, {n_test=} and {n_train=} must be >= 1 and fit in the {len(unique)} groups"
+    )
   rng = np.random.default_rng(seed)
   labels = np.zeros(len(unique), np.int64) if strata is None else np.asarray(strata)[first]
   parts: list[list[np.ndarray]] = [[], [], []]
@@ -116,8 +154,9 @@ def split_groups(groups, n_dev: int, n_test: int, n_train: int | None, *, seed: 
     share = len(members) / len(unique)
     k_dev, k_test = round(n_dev * share), round(n_test * share)
     k_train = round(n_train * share)
-    for part, (a, b) in zip(parts, ((k_dev + k_test, k_dev + k_test + k_train), (0, k_dev),
-                                    (k_dev, k_dev + k_test))):
+    for part, (a, b) in zip(
+      parts, ((k_dev + k_test, k_dev + k_test + k_train), (0, k_dev), (k_dev, k_dev + k_test))
+    ):
       part.append(members[a:b])
   return tuple(np.flatnonzero(np.isin(groups, np.concatenate(p))) for p in parts)
 
@@ -131,8 +170,7 @@ def sentence_task(tok, field: str, *, max_len: int, limit: int | None = None):
   if limit is not None:  # smoke: a slice that keeps both labels (the file is grouped by type)
     sentences = [sentences[i] for i in np.linspace(0, len(sentences) - 1, limit).astype(int)]
   labels = np.asarray([getattr(s, field) for s in sentences], np.int32)
-  return ft.encode_classification(tok, [s.text for s in sentences], None, labels,
-                                  max_len=max_len)
+  return ft.encode_classification(tok, [s.text for s in sentences], None, labels, max_len=max_len)
 
 
 def upos_task(path, tok, *, max_len: int):
@@ -157,23 +195,41 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
       continue
     data = sentence_task(tok, field, max_len=size["max_len"], limit=limit)
     n = len(data["labels"])
-    tasks[name] = {"data": data, "groups": np.arange(n), "strata": data["labels"],
-                   "num_labels": 2, "kind": "classification",
-                   "counts": (size["sentence_dev"], size["sentence_test"], None),
-                   "what": f"sentences.tsv, {field} = 1 (sentence accuracy)"}
+    tasks[name] = {
+      "data": data,
+      "groups": np.arange(n),
+      "strata": data["labels"],
+      "num_labels": 2,
+      "kind": "classification",
+      "counts": (size["sentence_dev"], size["sentence_test"], None),
+      "what": f"sentences.tsv, {field} = 1 (sentence accuracy)",
+    }
   if "upos" in wanted:
     data, tags = upos_task(common.ud_file(root), tok, max_len=size["upos_max_len"])
-    tasks["upos"] = {"data": data, "groups": np.arange(len(data["labels"])), "strata": None,
-                     "num_labels": len(tags), "kind": "token_classification", "tags": tags,
-                     "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
-                     "what": "UD EWT dev, UPOS of each word (token accuracy)"}
+    tasks["upos"] = {
+      "data": data,
+      "groups": np.arange(len(data["labels"])),
+      "strata": None,
+      "num_labels": len(tags),
+      "kind": "token_classification",
+      "tags": tags,
+      "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
+      "what": "UD EWT dev, UPOS of each word (token accuracy)",
+    }
   if "blimp" in wanted:
-    data, pairs, _, phenomena = acceptability.load_blimp_task(root / "blimp", tok,
-                                                            max_len=size["max_len"])
-    tasks["blimp"] = {"data": data, "groups": pairs, "strata": None, "num_labels": 2,
-                      "kind": "classification", "phenomena": phenomena,
-                      "counts": (size["blimp_dev"], size["blimp_test"], size["blimp_train"]),
-                      "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)"}
+    data, pairs, _, phenomena = acceptability.load_blimp_task(
+      root / "blimp", tok, max_len=size["max_len"]
+    )
+    tasks["blimp"] = {
+      "data": data,
+      "groups": pairs,
+      "strata": None,
+      "num_labels": 2,
+      "kind": "classification",
+      "phenomena": phenomena,
+      "counts": (size["blimp_dev"], size["blimp_test"], size["blimp_train"]),
+      "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)",
+    }
   return tasks
 
 
@@ -197,13 +253,21 @@ def word_tag_accuracy(train: dict, test: dict) -> float:
   n_tags = int(max(tags.max(), test["labels"][keep_te].max())) + 1
   for i, t in zip(ids.tolist(), tags.tolist()):
     counts.setdefault(i, np.zeros(n_tags, np.int64))[t] += 1
-  pred = np.asarray([counts[i].argmax() if i in counts else default
-                     for i in test["input_ids"][keep_te].tolist()])
+  pred = np.asarray(
+    [counts[i].argmax() if i in counts else default for i in test["input_ids"][keep_te].tolist()]
+  )
   return float((pred == test["labels"][keep_te]).mean())
 
 
-def bag_of_words_accuracy(train: dict, test: dict, special_ids: Sequence[int], *,
-                          steps: int, l2: float = 1e-3, learning_rate: float = 0.5) -> float:
+def bag_of_words_accuracy(
+  train: dict,
+  test: dict,
+  special_ids: Sequence[int],
+  *,
+  steps: int,
+  l2: float = 1e-3,
+  learning_rate: float = 0.5,
+) -> float:
   """Test accuracy of an L2 logistic regression on which subwords a sentence contains
   (no order, no context), fitted by full-batch gradient descent on the training split."""
   vocab = np.unique(train["input_ids"][train["attention_mask"] > 0])
@@ -251,8 +315,14 @@ def accuracy(params, config, data: dict, kind: str, batch_size: int) -> float:
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size) % n
     real = min(batch_size, n - start)
-    logits = _logits(params, data["input_ids"][idx], data["attention_mask"][idx],
-                     data["token_type_ids"][idx], config=config, kind=kind)
+    logits = _logits(
+      params,
+      data["input_ids"][idx],
+      data["attention_mask"][idx],
+      data["token_type_ids"][idx],
+      config=config,
+      kind=kind,
+    )
     pred = np.asarray(logits).argmax(-1)[:real]
     labels = data["labels"][idx][:real]
     keep = labels != IGNORE
@@ -272,8 +342,9 @@ def _trainer(config, kind: str, learning_rate: float, warmup_steps: int, max_ste
   return tx, make_train_step(config, tx, schedule, task=kind)
 
 
-def train_early_stopping(config, params, train: dict, dev: dict, test: dict, *, kind: str,
-                         size: dict, seed: int) -> dict[str, Any]:
+def train_early_stopping(
+  config, params, train: dict, dev: dict, test: dict, *, kind: str, size: dict, seed: int
+) -> dict[str, Any]:
   """Fine-tunes until dev accuracy stops improving; scores the best-dev checkpoint on test.
 
   Returns:
@@ -286,8 +357,9 @@ def train_early_stopping(config, params, train: dict, dev: dict, test: dict, *, 
   n, bs = len(train["labels"]), size["batch_size"]
   if n < bs:
     raise ValueError(f"batch_size={bs} exceeds the {n} training examples")
-  tx, step_fn = _trainer(config, kind, size["learning_rate"], size["warmup_steps"],
-                         size["max_steps"])
+  tx, step_fn = _trainer(
+    config, kind, size["learning_rate"], size["warmup_steps"], size["max_steps"]
+  )
   state = create_train_state(params, tx, seed)
   per_epoch = n // bs
   curve, losses = [], []
@@ -297,7 +369,7 @@ def train_early_stopping(config, params, train: dict, dev: dict, test: dict, *, 
     epoch, i = divmod(k, per_epoch)
     if i == 0:
       perm = np.random.default_rng([seed, epoch]).permutation(n)
-    state, m = step_fn(state, subset(train, perm[i * bs:(i + 1) * bs]))
+    state, m = step_fn(state, subset(train, perm[i * bs : (i + 1) * bs]))
     m = jax.device_get(m)
     if not m["finite"]:
       raise FloatingPointError(f"non-finite loss={float(m['loss'])} at step {k + 1}")
@@ -314,15 +386,22 @@ def train_early_stopping(config, params, train: dict, dev: dict, test: dict, *, 
     if stale >= size["patience"] and k + 1 >= size["min_steps"]:
       converged = True
       break
-  return {"curve": curve, "best_step": best_step, "steps": k + 1, "converged": converged,
-          "dev": best, "test": accuracy(best_params, config, test, kind, size["eval_batch"])}
+  return {
+    "curve": curve,
+    "best_step": best_step,
+    "steps": k + 1,
+    "converged": converged,
+    "dev": best,
+    "test": accuracy(best_params, config, test, kind, size["eval_batch"]),
+  }
 
 
 # Verdict --------------------------------------------------------------------------------
 
 
-def random_init_verdict(random: float, pretrained: float, majority: float
-                        ) -> tuple[str, float | None]:
+def random_init_verdict(
+  random: float, pretrained: float, majority: float
+) -> tuple[str, float | None]:
   """`(holds, r)` by `RULE`: r is random's share of the pre-trained gain over the majority."""
   gain = pretrained - majority
   if gain <= 0:
@@ -340,15 +419,25 @@ def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
   gap = pre - rnd
   holds, r = random_init_verdict(float(rnd.mean()), float(pre.mean()), majority)
   sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else 0.0
-  return {"pretrained": float(pre.mean()), "pretrained_sd": sd(pre),
-          "random": float(rnd.mean()), "random_sd": sd(rnd), "majority": majority,
-          "lexical_baseline": lexical, "gap": float(gap.mean()), "gap_sd": sd(gap),
-          "gap_min": float(gap.min()), "gap_max": float(gap.max()),
-          "gain_ratio": r, "score_ratio": float(rnd.mean() / pre.mean()),
-          "converged": {init: sum(r[init]["converged"] for r in runs) for init in
-                        ("pretrained", "random")},
-          "steps": {init: [r[init]["steps"] for r in runs] for init in ("pretrained", "random")},
-          "holds": holds}
+  return {
+    "pretrained": float(pre.mean()),
+    "pretrained_sd": sd(pre),
+    "random": float(rnd.mean()),
+    "random_sd": sd(rnd),
+    "majority": majority,
+    "lexical_baseline": lexical,
+    "gap": float(gap.mean()),
+    "gap_sd": sd(gap),
+    "gap_min": float(gap.min()),
+    "gap_max": float(gap.max()),
+    "gain_ratio": r,
+    "score_ratio": float(rnd.mean() / pre.mean()),
+    "converged": {
+      init: sum(r[init]["converged"] for r in runs) for init in ("pretrained", "random")
+    },
+    "steps": {init: [r[init]["steps"] for r in runs] for init in ("pretrained", "random")},
+    "holds": holds,
+  }
 
 
 # Figures --------------------------------------------------------------------------------
@@ -370,14 +459,21 @@ LABELS = {"pretrained": "pre-trained", "random": "random init"}
 def figure_curves(results: dict[str, dict], out, stem: str = NAME) -> str:
   """Dev accuracy against steps for every run, a panel per task."""
   plt = _plt()
-  fig, axes = plt.subplots(1, len(results), figsize=(3.4 * len(results), 3.3),
-                           layout="constrained", squeeze=False)
+  fig, axes = plt.subplots(
+    1, len(results), figsize=(3.4 * len(results), 3.3), layout="constrained", squeeze=False
+  )
   for ax, (task, res) in zip(axes[0], results.items()):
     for run in res["runs"]:
       for init in ("pretrained", "random"):
         c = run[init]["curve"]
-        ax.plot([p["step"] for p in c], [100 * p["dev"] for p in c], color=COLOURS[init],
-                alpha=0.8, lw=1.2, label=LABELS[init] if run is res["runs"][0] else None)
+        ax.plot(
+          [p["step"] for p in c],
+          [100 * p["dev"] for p in c],
+          color=COLOURS[init],
+          alpha=0.8,
+          lw=1.2,
+          label=LABELS[init] if run is res["runs"][0] else None,
+        )
         ax.plot(run[init]["best_step"], 100 * run[init]["dev"], "o", ms=3, color=COLOURS[init])
     s = res["summary"]
     ax.axhline(100 * s["majority"], color="grey", ls="--", lw=1, label="majority")
@@ -395,10 +491,12 @@ def figure_scores(results: dict[str, dict], out, stem: str = NAME) -> str:
   """Test accuracy per task: baselines, random init and pre-trained (bars: seed spread)."""
   plt = _plt()
   fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
-  bars = [("majority", "majority", None, "lightgrey"),
-          ("lexical baseline", "lexical_baseline", None, "darkgrey"),
-          ("random init", "random", "random_sd", COLOURS["random"]),
-          ("pre-trained", "pretrained", "pretrained_sd", COLOURS["pretrained"])]
+  bars = [
+    ("majority", "majority", None, "lightgrey"),
+    ("lexical baseline", "lexical_baseline", None, "darkgrey"),
+    ("random init", "random", "random_sd", COLOURS["random"]),
+    ("pre-trained", "pretrained", "pretrained_sd", COLOURS["pretrained"]),
+  ]
   x = np.arange(len(results))
   width = 0.8 / len(bars)
   for k, (label, key, sd, colour) in enumerate(bars):
@@ -407,14 +505,18 @@ def figure_scores(results: dict[str, dict], out, stem: str = NAME) -> str:
     ax.bar(x + k * width, vals, width, yerr=err, capsize=2, label=label, color=colour)
   for i, r in enumerate(results.values()):
     ratio = r["summary"]["gain_ratio"]
-    ax.text(i + 0.4, 102, f"r={ratio:.2f}" if ratio is not None else "r=n/a", ha="center",
-            fontsize=8)
+    ax.text(
+      i + 0.4, 102, f"r={ratio:.2f}" if ratio is not None else "r=n/a", ha="center", fontsize=8
+    )
   ax.set_xticks(x + width * (len(bars) - 1) / 2, list(results))
   ax.set_ylim(0, 108)
   ax.set_ylabel("test accuracy (%)")
   ax.legend(fontsize=7, loc="lower left")
-  ax.set_title("Pre-trained vs random initialisation at equal budgets (Kovaleva et al. 2019); "
-               "r = random's share of the gain over majority", fontsize=9)
+  ax.set_title(
+    "Pre-trained vs random initialisation at equal budgets (Kovaleva et al. 2019); "
+    "r = random's share of the gain over majority",
+    fontsize=9,
+  )
   return common.savefig(fig, out, f"{stem}_scores")
 
 
@@ -442,11 +544,17 @@ def main(argv: Sequence[str] | None = None) -> None:
   import bertjax
 
   p = common.parser(__doc__)
-  p.add_argument("--tasks", default=",".join(TASKS),
-                 help=f"comma-separated subset of {','.join(TASKS)} (default: all)")
-  p.add_argument("--seeds", type=int, default=None,
-                 help=f"seeds per task (default: {SIZES['full']['seeds']}; --smoke: "
-                      f"{SIZES['smoke']['seeds']})")
+  p.add_argument(
+    "--tasks",
+    default=",".join(TASKS),
+    help=f"comma-separated subset of {','.join(TASKS)} (default: all)",
+  )
+  p.add_argument(
+    "--seeds",
+    type=int,
+    default=None,
+    help=f"seeds per task (default: {SIZES['full']['seeds']}; --smoke: {SIZES['smoke']['seeds']})",
+  )
   args = p.parse_args(argv)
   t_start = time.perf_counter()
   size = dict(SIZES["smoke" if args.smoke else "full"])
@@ -454,8 +562,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     size["seeds"] = args.seeds
   wanted = [t for t in args.tasks.split(",") if t]
   if not wanted or set(wanted) - set(TASKS) or size["seeds"] < 1:
-    p.error(f"--tasks {args.tasks!r} must name some of {TASKS} and --seeds {size['seeds']} "
-            "must be >= 1")
+    p.error(
+      f"--tasks {args.tasks!r} must name some of {TASKS} and --seeds {size['seeds']} must be >= 1"
+    )
   timings: dict[str, float] = {}
   if args.model:
     _, _, tok, model_name = common.pretrained(args.model)
@@ -471,56 +580,86 @@ def main(argv: Sequence[str] | None = None) -> None:
     with common.timed(timings, name):
       for s in range(size["seeds"]):
         seed = args.seed + s
-        tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed,
-                                  strata=task["strata"])
+        tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed, strata=task["strata"])
         train, dev, test = (subset(task["data"], i) for i in (tr, dv, te))
         splits.append({"train": len(tr), "dev": len(dv), "test": len(te)})
-        lexical = (word_tag_accuracy(train, test) if task["kind"] == "token_classification"
-                   else bag_of_words_accuracy(train, test, special, steps=size["bow_steps"]))
+        lexical = (
+          word_tag_accuracy(train, test)
+          if task["kind"] == "token_classification"
+          else bag_of_words_accuracy(train, test, special, steps=size["bow_steps"])
+        )
         baselines.append({"majority": majority_accuracy(train, test), "lexical": lexical})
         config, pre, rnd = _models(args, tok.vocab_size, task["num_labels"], task["kind"], seed)
         run = {"seed": seed}
         for init, params in (("pretrained", pre), ("random", rnd)):
-          run[init] = train_early_stopping(config, params, train, dev, test,
-                                           kind=task["kind"], size=size, seed=seed)
-          common.log(f"{name} seed {seed} {init}: test {run[init]['test']:.3f} (dev "
-                     f"{run[init]['dev']:.3f} at step {run[init]['best_step']} of "
-                     f"{run[init]['steps']}; converged {run[init]['converged']})")
+          run[init] = train_early_stopping(
+            config, params, train, dev, test, kind=task["kind"], size=size, seed=seed
+          )
+          common.log(
+            f"{name} seed {seed} {init}: test {run[init]['test']:.3f} (dev "
+            f"{run[init]['dev']:.3f} at step {run[init]['best_step']} of "
+            f"{run[init]['steps']}; converged {run[init]['converged']})"
+          )
         runs.append(run)
-    results[name] = {"what": task["what"], "kind": task["kind"], "splits": splits,
-                     "baselines": baselines, "runs": runs,
-                     "summary": summarise(runs, baselines)}
+    results[name] = {
+      "what": task["what"],
+      "kind": task["kind"],
+      "splits": splits,
+      "baselines": baselines,
+      "runs": runs,
+      "summary": summarise(runs, baselines),
+    }
     common.log(f"{name}: {results[name]['summary']}")
 
   results = {"tasks": results, "timings_s": timings}
-  settings = {"model": model_name, **size, "seed": args.seed, "rule": RULE,
-              "optimizer": "AdamW (weight decay 0.01, clip 1.0), constant learning rate after "
-                           "linear warm-up, same for both initialisations",
-              "stopping": "dev accuracy every eval_every steps; stop after patience "
-                          "evaluations without improvement (not before min_steps); test "
-                          "accuracy of the best-dev checkpoint",
-              "lexical_baseline": "sentence tasks: L2 logistic regression on the set of "
-                                  "subwords; upos: commonest training tag of the word's first "
-                                  "subword"}
+  settings = {
+    "model": model_name,
+    **size,
+    "seed": args.seed,
+    "rule": RULE,
+    "optimizer": "AdamW (weight decay 0.01, clip 1.0), constant learning rate after "
+    "linear warm-up, same for both initialisations",
+    "stopping": "dev accuracy every eval_every steps; stop after patience "
+    "evaluations without improvement (not before min_steps); test "
+    "accuracy of the best-dev checkpoint",
+    "lexical_baseline": "sentence tasks: L2 logistic regression on the set of "
+    "subwords; upos: commonest training tag of the word's first "
+    "subword",
+  }
   rows = findings(results, settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
   with common.timed(timings, "figures"):
     stem = common.results_stem(NAME, args.model)  # the file names' start
-    figures = [figure_curves(results["tasks"], args.out, stem),
-               figure_scores(results["tasks"], args.out, stem)]
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures, model=args.model)
+    figures = [
+      figure_curves(results["tasks"], args.out, stem),
+      figure_scores(results["tasks"], args.out, stem),
+    ]
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
 
 
-CLAIM = ("Fine-tuning the same architecture from random initialisation does disturbingly well "
-         "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).")
+CLAIM = (
+  "Fine-tuning the same architecture from random initialisation does disturbingly well "
+  "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE)."
+)
 # The control: Kovaleva et al. put the random model's success down to lexical cues, so where
 # no lexical cue decides the task it should fall far short. Its row holds when r is low.
 CONTROL_TASKS = ("blimp",)
-CONTROL_CLAIM = ("(control for the row above) Where no lexical cue decides the task, random "
-                 "initialisation falls far short of the pre-trained weights, as the paper's "
-                 "explanation (lexical cues) implies.")
+CONTROL_CLAIM = (
+  "(control for the row above) Where no lexical cue decides the task, random "
+  "initialisation falls far short of the pre-trained weights, as the paper's "
+  "explanation (lexical cues) implies."
+)
 
 
 def findings(results: dict, settings: dict) -> list[dict[str, str]]:
@@ -537,21 +676,26 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
   conv = s["converged"]
   ratio = "n/a" if s["gain_ratio"] is None else f"{s['gain_ratio']:.2f}"
   measured = (
-      f"{name}: {res['what']}, test: random init {pct(s['random'])} ± {pct(s['random_sd'])} vs "
-      f"pre-trained {pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; "
-      f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
-      f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
-      f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
-      f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). ")
+    f"{name}: {res['what']}, test: random init {pct(s['random'])} ± {pct(s['random_sd'])} vs "
+    f"pre-trained {pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; "
+    f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
+    f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
+    f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
+    f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). "
+  )
   if name not in CONTROL_TASKS:
-    return common.finding(PAPER, CLAIM, measured + "Rule: yes if r >= 0.75, partly if >= 0.4.",
-                          s["holds"])
+    return common.finding(
+      PAPER, CLAIM, measured + "Rule: yes if r >= 0.75, partly if >= 0.4.", s["holds"]
+    )
   r = s["gain_ratio"]
   holds = "n/a" if r is None else "yes" if r < 0.4 else "partly" if r < 0.75 else "no"
-  return common.finding(PAPER, CONTROL_CLAIM,
-                        measured + "Rule: yes if r < 0.4, partly if < 0.75 (the task's own "
-                        "summary in the JSON applies the lexical-cue rule: r >= 0.75 yes).",
-                        holds)
+  return common.finding(
+    PAPER,
+    CONTROL_CLAIM,
+    measured + "Rule: yes if r < 0.4, partly if < 0.75 (the task's own "
+    "summary in the JSON applies the lexical-cue rule: r >= 0.75 yes).",
+    holds,
+  )
 
 
 if __name__ == "__main__":

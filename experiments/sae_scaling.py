@@ -46,12 +46,15 @@ DEAD_LIMIT = 0.10  # the paper's 16M-latent GPT-4 SAE: 7% dead
 
 def parse_args(argv: Sequence[str] | None = None):
   p = common.parser(__doc__)
-  p.add_argument("--layer", type=int, default=None,
-                 help="the block whose output is read, counted from 0 (default: depth // 2)")
+  p.add_argument(
+    "--layer",
+    type=int,
+    default=None,
+    help="the block whose output is read, counted from 0 (default: depth // 2)",
+  )
   p.add_argument("--k", type=int, default=32, help="latents kept per token (default: 32)")
   p.add_argument("--steps", type=int, default=300, help="training steps per size (default: 300)")
-  p.add_argument("--batch-tokens", type=int, default=1024,
-                 help="tokens per step (default: 1024)")
+  p.add_argument("--batch-tokens", type=int, default=1024, help="tokens per step (default: 1024)")
   p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate (default: 1e-3)")
   args = p.parse_args(argv)
   for name in ("k", "steps", "batch_tokens"):
@@ -79,7 +82,7 @@ def power_law(sizes, fvu) -> dict[str, float]:
 
 
 def scaling_rule(fvu: Sequence[float], r2: float) -> str:
-  """"yes": FVU falls with every doubling and the log-log fit has R^2 >= 0.95; "partly": the
+  """ "yes": FVU falls with every doubling and the log-log fit has R^2 >= 0.95; "partly": the
   largest below the smallest; "no" otherwise."""
   fvu = np.asarray(fvu, float)
   if (np.diff(fvu) < 0).all() and r2 >= 0.95:
@@ -88,7 +91,7 @@ def scaling_rule(fvu: Sequence[float], r2: float) -> str:
 
 
 def dead_rule(dead: Sequence[float], limit: float = DEAD_LIMIT) -> str:
-  """"yes": at most `limit` of the latents dead at every size; "partly": at some; "no"."""
+  """ "yes": at most `limit` of the latents dead at every size; "partly": at some; "no"."""
   ok = np.asarray(dead, float) <= limit
   return "yes" if ok.all() else "partly" if ok.any() else "no"
 
@@ -101,8 +104,8 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
   rec = r["loss_recovered"]
   return [
     common.finding(
-      PAPER, "Reconstruction error of top-k SAEs falls as a power law in the number of "
-      "latents.",
+      PAPER,
+      "Reconstruction error of top-k SAEs falls as a power law in the number of latents.",
       f"held-out FVU by latents (k = {s['k']}, {s['model']} layer {s['layer'] + 1} output, "
       f"{budget} each, {r['held_out_tokens']:,} held-out WikiText-2 tokens): {per}; fit FVU = "
       f"{fit['coefficient']:.2f} N^{fit['exponent']:.3f}, R^2 {fit['r2']:.3f}. With the largest "
@@ -112,16 +115,19 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
       "fixed token budget for every size rather than each trained to convergence. Rule: yes if "
       "FVU falls with every doubling and R^2 >= 0.95, partly if the largest beats the "
       "smallest.",
-      scaling_rule(fvu, fit["r2"])),
+      scaling_rule(fvu, fit["r2"]),
+    ),
     common.finding(
-      PAPER, "With TopK, the AuxK loss and the tied initialisation few latents die, even at "
+      PAPER,
+      "With TopK, the AuxK loss and the tied initialisation few latents die, even at "
       "large sizes (their 16M-latent GPT-4 SAE: 7% dead).",
       "dead latents (firing on no held-out token) by size: "
       + ", ".join(f"{n}: {100 * v:.1f}%" for n, v in zip(sizes, dead))
       + "; dense (firing on > 10% of tokens): "
       + ", ".join(f"{100 * v:.1f}%" for v in r["dense"])
       + f". Rule: yes if <= {100 * DEAD_LIMIT:.0f}% dead at every size, partly if at some.",
-      dead_rule(dead)),
+      dead_rule(dead),
+    ),
   ]
 
 
@@ -137,10 +143,17 @@ def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
   n = np.asarray(r["latents"], float)
   a.loglog(n, r["fvu"], "o-", label="held-out FVU")
   fit = r["fit"]
-  a.loglog(n, fit["coefficient"] * n ** fit["exponent"], "--",
-           label=f"fit: {fit['coefficient']:.2f} N^{fit['exponent']:.2f} (R² {fit['r2']:.2f})")
-  a.set(xlabel="latents N", ylabel="fraction of variance unexplained",
-        title=f"Top-k SAE scaling: {model_name}")
+  a.loglog(
+    n,
+    fit["coefficient"] * n ** fit["exponent"],
+    "--",
+    label=f"fit: {fit['coefficient']:.2f} N^{fit['exponent']:.2f} (R² {fit['r2']:.2f})",
+  )
+  a.set(
+    xlabel="latents N",
+    ylabel="fraction of variance unexplained",
+    title=f"Top-k SAE scaling: {model_name}",
+  )
   a.legend()
   b.semilogx(n, 100 * np.asarray(r["dead"]), "o-", label="dead (no held-out token)")
   b.semilogx(n, 100 * np.asarray(r["dense"]), "s-", label="dense (> 10% of tokens)")
@@ -167,8 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   layer = config.depth // 2 if args.layer is None else args.layer
   if not 0 <= layer < config.depth:
     raise common.UsageError(f"--layer={layer} must be a block index in [0, {config.depth})")
-  encode = lambda texts: [tok.encode(texts[i:i + 32], max_length=64, truncation=True)
-                          for i in range(0, len(texts), 32)]
+  encode = lambda texts: [
+    tok.encode(texts[i : i + 32], max_length=64, truncation=True) for i in range(0, len(texts), 32)
+  ]
   train_batches = encode(paragraphs(data / "wikitext2_tokens" / "valid.txt"))
   test_batches = encode(paragraphs(data / "wikitext2_tokens" / "test.txt", 256))
   with common.timed(timings, "activations"):
@@ -177,19 +191,40 @@ def main(argv: Sequence[str] | None = None) -> int:
   common.log(f"{len(train):,} training and {len(held):,} held-out tokens of block {layer}")
   d = config.hidden_size
   expansions = (2, 4) if args.smoke else EXPANSIONS
-  r = {"latents": [], "fvu": [], "dead": [], "dense": [], "l0": [], "train_log": [],
-       "held_out_tokens": len(held), "train_tokens": len(train)}
+  r = {
+    "latents": [],
+    "fvu": [],
+    "dead": [],
+    "dense": [],
+    "l0": [],
+    "train_log": [],
+    "held_out_tokens": len(held),
+    "train_tokens": len(train),
+  }
   states = {}
   for e in expansions:
     # Dead after 100 steps without firing (the released 10M tokens: 76 of its 131k-token steps).
-    cfg = sae.SAEConfig(d_model=d, latents=e * d, k=min(args.k, e * d), lr=args.lr,
-                        dead_tokens=100 * args.batch_tokens)
+    cfg = sae.SAEConfig(
+      d_model=d,
+      latents=e * d,
+      k=min(args.k, e * d),
+      lr=args.lr,
+      dead_tokens=100 * args.batch_tokens,
+    )
     with common.timed(timings, f"train {e}x"):
-      state, log = sae.train(train, cfg, steps=args.steps, batch_tokens=args.batch_tokens,
-                             seed=args.seed, progress=False, log_every=max(args.steps // 10, 1))
+      state, log = sae.train(
+        train,
+        cfg,
+        steps=args.steps,
+        batch_tokens=args.batch_tokens,
+        seed=args.seed,
+        progress=False,
+        log_every=max(args.steps // 10, 1),
+      )
     ev = sae.evaluate(state.params, cfg, held)
-    common.log(f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, "
-               f"dense {ev['dense']:.3f}")
+    common.log(
+      f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, dense {ev['dense']:.3f}"
+    )
     for key in ("fvu", "dead", "dense", "l0"):
       r[key].append(ev[key])
     r["latents"].append(e * d)
@@ -209,28 +244,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     return jnp.mean(jnp.sum((pooled(out, b) - clean[key]) ** 2, -1))
 
   with common.timed(timings, "loss recovered"):
-    r["loss_recovered"] = sae.loss_recovered(params, config, test_batches[:4], "out", layer,
-                                             state.params, cfg, distance)
+    r["loss_recovered"] = sae.loss_recovered(
+      params, config, test_batches[:4], "out", layer, state.params, cfg, distance
+    )
   top = np.argsort(-ev["frequency"])[:3]
-  r["top_activating"] = {str(k): v for k, v in sae.top_activating(
-      params, config, tok, test_batches[:4], "out", layer, state.params, cfg, top,
-      n=6).items()}
+  r["top_activating"] = {
+    str(k): v
+    for k, v in sae.top_activating(
+      params, config, tok, test_batches[:4], "out", layer, state.params, cfg, top, n=6
+    ).items()
+  }
   r["timings"] = timings
-  settings = {"model": model_name, "depth": config.depth, "layer": layer, "site": "out",
-              "k": args.k,
-              "steps": args.steps, "batch_tokens": args.batch_tokens, "lr": args.lr,
-              "expansions": list(expansions), "seed": args.seed,
-              "data": "wikitext2_tokens/valid.txt (training), test.txt (held out; 256 "
-                      "paragraphs), 64 tokens each",
-              "indexing": "settings.layer is the block index counted from 0; the rows name it "
-                          "layer + 1, the README's numbering"}
+  settings = {
+    "model": model_name,
+    "depth": config.depth,
+    "layer": layer,
+    "site": "out",
+    "k": args.k,
+    "steps": args.steps,
+    "batch_tokens": args.batch_tokens,
+    "lr": args.lr,
+    "expansions": list(expansions),
+    "seed": args.seed,
+    "data": "wikitext2_tokens/valid.txt (training), test.txt (held out; 256 "
+    "paragraphs), 64 tokens each",
+    "indexing": "settings.layer is the block index counted from 0; the rows name it "
+    "layer + 1, the README's numbering",
+  }
   rows = finding_rows(r, settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
-  common.write_results(NAME, args.out, r, findings=rows, settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - t_start, figures=figures,
-                       model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    r,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    model=args.model,
+  )
   return 0
 
 

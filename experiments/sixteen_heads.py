@@ -48,22 +48,44 @@ from bertjax import stats
 NAME = "sixteen_heads"
 PAPER = "Michel et al. 2019"
 PRUNE_TARGETS = (0.2, 0.4, 0.6)  # fractions of heads physically removed for the timing
-INDEXING = ("layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1; "
-            "per-layer arrays hold layers 1..L in order, (L, H) arrays layer by head; "
-            "task.probe_accuracy_by_layer and probe_loss_by_layer hold layers 0..L")
+INDEXING = (
+  "layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1; "
+  "per-layer arrays hold layers 1..L in order, (L, H) arrays layer by head; "
+  "task.probe_accuracy_by_layer and probe_loss_by_layer hold layers 0..L"
+)
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
   """The sizes of a run: the full one, or the small smoke one."""
   if smoke:
-    return {"model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
-            "max_sentences": 48, "probe_steps": 60, "batch_size": 64, "prune_step": 0.25,
-            "prune_max": 0.75, "random_orders": 2, "timing_batch": 4, "timing_length": 32,
-            "timing_repeats": 3, "alpha": 0.01, "seed": seed}
-  return {"model": "all-MiniLM-L6-v2", "max_sentences": None, "probe_steps": 500,
-          "batch_size": 128, "prune_step": 0.1, "prune_max": 0.9, "random_orders": 8,
-          "timing_batch": 32, "timing_length": 64, "timing_repeats": 15, "alpha": 0.01,
-          "seed": seed}
+    return {
+      "model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
+      "max_sentences": 48,
+      "probe_steps": 60,
+      "batch_size": 64,
+      "prune_step": 0.25,
+      "prune_max": 0.75,
+      "random_orders": 2,
+      "timing_batch": 4,
+      "timing_length": 32,
+      "timing_repeats": 3,
+      "alpha": 0.01,
+      "seed": seed,
+    }
+  return {
+    "model": "all-MiniLM-L6-v2",
+    "max_sentences": None,
+    "probe_steps": 500,
+    "batch_size": 128,
+    "prune_step": 0.1,
+    "prune_max": 0.9,
+    "random_orders": 8,
+    "timing_batch": 32,
+    "timing_length": 64,
+    "timing_repeats": 15,
+    "alpha": 0.01,
+    "seed": seed,
+  }
 
 
 def _per_example_fn():
@@ -81,13 +103,16 @@ def _per_example_fn():
   @functools.partial(jax.jit, static_argnums=(1, 4))
   def fn(params, config, batch, hidden_in, start, head_masks):
     def one(mask):
-      last = bertjax.run_layers(params, config, hidden_in, batch["attention_mask"],
-                                start=start, head_mask=mask).last
+      last = bertjax.run_layers(
+        params, config, hidden_in, batch["attention_mask"], start=start, head_mask=mask
+      ).last
 
       def example(h, m, y):
         small = {"attention_mask": m[None], "labels": y[None]}
-        return (report.task_loss(params, config, small, h[None], None)[0],
-                report.task_accuracy(params, config, small, h[None], None)[0])
+        return (
+          report.task_loss(params, config, small, h[None], None)[0],
+          report.task_accuracy(params, config, small, h[None], None)[0],
+        )
 
       return jax.vmap(example)(last, batch["attention_mask"], batch["labels"])
 
@@ -111,8 +136,14 @@ def per_example(params, config, batches, head_masks) -> tuple[np.ndarray, np.nda
   starts = np.minimum(batching.first_modified_layer(head_masks), config.depth - 1)
   losses, correct = [], []
   for b in batches:
-    hidden = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                             b["token_type_ids"], output_hidden_states=True).hidden_states
+    hidden = bertjax.forward(
+      params,
+      config,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"],
+      output_hidden_states=True,
+    ).hidden_states
     loss = np.zeros((len(head_masks), b["input_ids"].shape[0]))
     acc = np.zeros_like(loss)
     for start in np.unique(starts):
@@ -132,7 +163,7 @@ def order_masks(order, counts, shape) -> np.ndarray:
   order = np.asarray(order)
   masks = np.ones((len(counts), *shape), np.float32)
   for i, k in enumerate(counts):
-    masks[i].ravel()[order[:int(k)]] = 0.0
+    masks[i].ravel()[order[: int(k)]] = 0.0
   return masks
 
 
@@ -149,8 +180,11 @@ def iterative_order(pruning_masks, importance) -> np.ndarray:
 
 def heads_to_prune(mask) -> dict[int, list[int]]:
   """`bertjax.prune_heads`'s argument for the zeros of a (layers, heads) mask."""
-  return {int(layer): [int(h) for h in np.flatnonzero(row == 0)]
-          for layer, row in enumerate(np.asarray(mask)) if (row == 0).any()}
+  return {
+    int(layer): [int(h) for h in np.flatnonzero(row == 0)]
+    for layer, row in enumerate(np.asarray(mask))
+    if (row == 0).any()
+  }
 
 
 def curve_area(fractions, values) -> float:
@@ -174,8 +208,9 @@ def pruned_vs_masked(params, config, mask, ids, attn) -> tuple[Any, Any, float]:
   return pconfig, pparams, diff
 
 
-def time_models(models: dict[str, tuple[Any, Any, Any]], ids, attn,
-                repeats: int) -> dict[str, dict]:
+def time_models(
+  models: dict[str, tuple[Any, Any, Any]], ids, attn, repeats: int
+) -> dict[str, dict]:
   """Median forward time of each `name -> (config, params, head_mask or None)`.
 
   Each model is called once (its compile, unless already compiled, is in
@@ -191,6 +226,7 @@ def time_models(models: dict[str, tuple[Any, Any, Any]], ids, attn,
     # its masked twin is already compiled here; its first call then reports no compile.
     def fn(p, i, m, c=config, hm=hm):
       return bertjax.forward(p, c, i, m, head_mask=hm).last_hidden_state
+
     t0 = time.perf_counter()
     fn(params, ids, attn).block_until_ready()
     first = time.perf_counter() - t0
@@ -199,7 +235,7 @@ def time_models(models: dict[str, tuple[Any, Any, Any]], ids, attn,
     out[name] = {"first_call_s": first, "times_s": []}
   names = list(models)
   for r in range(repeats):
-    for name in names[r % len(names):] + names[:r % len(names)]:  # rotate the order
+    for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
       t0 = time.perf_counter()
       fns[name](models[name][1], ids, attn).block_until_ready()
       out[name]["times_s"].append(time.perf_counter() - t0)
@@ -223,17 +259,19 @@ def _row_single_heads(ab: dict, s: dict, differs: str) -> dict:
   base_acc0, n_test = ab["baseline_accuracy"], ab["num_test"]
   removable = ab["heads_removable_alone"] / total_heads
   return common.finding(
-      PAPER, "Most attention heads can be removed individually at test time without a "
-      "statistically significant drop in performance.",
-      f"{ab['heads_removable_alone']} of {total_heads} heads ({removable:.0%}) removed alone "
-      f"give no significant held-out accuracy drop on negation detection (exact McNemar "
-      f"p<{s['alpha']}, n={n_test}; baseline {base_acc0:.3f}, worst single head "
-      f"-{ab['max_single_head_accuracy_drop']:.3f}); "
-      f"{ab['significant_loss_rises']} raise the per-example loss significantly (Wilcoxon). "
-      f"{differs} With n={n_test} the test detects only drops of "
-      f">= {min_detectable_drop(n_test, s['alpha']):.3f} (Michel: MNLI's ~10k examples). "
-      "Rule: yes if >=75% of heads, partly if >=50%.",
-      "yes" if removable >= 0.75 else "partly" if removable >= 0.5 else "no")
+    PAPER,
+    "Most attention heads can be removed individually at test time without a "
+    "statistically significant drop in performance.",
+    f"{ab['heads_removable_alone']} of {total_heads} heads ({removable:.0%}) removed alone "
+    f"give no significant held-out accuracy drop on negation detection (exact McNemar "
+    f"p<{s['alpha']}, n={n_test}; baseline {base_acc0:.3f}, worst single head "
+    f"-{ab['max_single_head_accuracy_drop']:.3f}); "
+    f"{ab['significant_loss_rises']} raise the per-example loss significantly (Wilcoxon). "
+    f"{differs} With n={n_test} the test detects only drops of "
+    f">= {min_detectable_drop(n_test, s['alpha']):.3f} (Michel: MNLI's ~10k examples). "
+    "Rule: yes if >=75% of heads, partly if >=50%.",
+    "yes" if removable >= 0.75 else "partly" if removable >= 0.5 else "no",
+  )
 
 
 def _row_one_head_enough(ab: dict, tolerance: float) -> dict:
@@ -243,14 +281,15 @@ def _row_one_head_enough(ab: dict, tolerance: float) -> dict:
   best_keep = np.max(ab["keep_one_accuracy"], 1)
   layers_ok = int((best_keep >= base_acc0 - tolerance).sum())
   return common.finding(
-      PAPER, "In many layers a single head is enough: all heads but one can be removed "
-      "with little loss.",
-      f"keeping only the best head of a layer (best on the held-out split itself, as Michel's "
-      f"Table 2) stays within {tolerance:.0%} accuracy of the intact model in {layers_ok} of "
-      f"{depth} layers (best-head accuracy, layers 1-{depth}: "
-      f"{np.round(best_keep, 3).tolist()}, baseline {base_acc0:.3f}). "
-      "Rule: yes if >=2/3 of layers, partly if >=1/3.",
-      "yes" if layers_ok >= 2 * depth / 3 else "partly" if layers_ok >= depth / 3 else "no")
+    PAPER,
+    "In many layers a single head is enough: all heads but one can be removed with little loss.",
+    f"keeping only the best head of a layer (best on the held-out split itself, as Michel's "
+    f"Table 2) stays within {tolerance:.0%} accuracy of the intact model in {layers_ok} of "
+    f"{depth} layers (best-head accuracy, layers 1-{depth}: "
+    f"{np.round(best_keep, 3).tolist()}, baseline {base_acc0:.3f}). "
+    "Rule: yes if >=2/3 of layers, partly if >=1/3.",
+    "yes" if layers_ok >= 2 * depth / 3 else "partly" if layers_ok >= depth / 3 else "no",
+  )
 
 
 def _row_pruning_curve(pr: dict, layer_acc: np.ndarray, lower: int) -> dict:
@@ -262,21 +301,25 @@ def _row_pruning_curve(pr: dict, layer_acc: np.ndarray, lower: int) -> dict:
   peak = int(np.argmax(pa["iterative"]))
   rises = pa["iterative"][peak] > base_acc + tolerance
   return common.finding(
-      PAPER, "Iterative importance pruning removes 20-40% of heads with no noticeable drop "
-      "(BERT: 40%).",
-      f"held-out accuracy stays within {tolerance:.0%} of the intact {base_acc:.3f} up to "
-      f"{keep_frac:.0%} of heads masked (accuracy by fraction "
-      f"{np.round(pa['iterative'], 3).tolist()} at {np.round(fractions, 2).tolist()}; "
-      f"held-out loss {pl['iterative'][0]:.3f} intact, {pl['iterative'][-1]:.3f} at the end; "
-      f"training loss {pr['train_loss_iterative'][0]:.3f} -> "
-      f"{pr['train_loss_iterative'][-1]:.3f}). "
-      + (f"The curve rises (to {pa['iterative'][peak]:.3f} at {fractions[peak]:.0%}), likely "
-         f"because the probe reads negation better nearer the embeddings (layer {lower} "
-         f"{layer_acc[lower]:.3f} vs final {layer_acc[-1]:.3f}) and masking heads moves the "
-         "final state that way: on this task pruning is a weak test. "
-         if rises and layer_acc[lower] > layer_acc[-1] + tolerance else "")
-      + "Rule: yes if >=35%, partly if >=15%.",
-      "yes" if keep_frac >= 0.35 else "partly" if keep_frac >= 0.15 else "no")
+    PAPER,
+    "Iterative importance pruning removes 20-40% of heads with no noticeable drop (BERT: 40%).",
+    f"held-out accuracy stays within {tolerance:.0%} of the intact {base_acc:.3f} up to "
+    f"{keep_frac:.0%} of heads masked (accuracy by fraction "
+    f"{np.round(pa['iterative'], 3).tolist()} at {np.round(fractions, 2).tolist()}; "
+    f"held-out loss {pl['iterative'][0]:.3f} intact, {pl['iterative'][-1]:.3f} at the end; "
+    f"training loss {pr['train_loss_iterative'][0]:.3f} -> "
+    f"{pr['train_loss_iterative'][-1]:.3f}). "
+    + (
+      f"The curve rises (to {pa['iterative'][peak]:.3f} at {fractions[peak]:.0%}), likely "
+      f"because the probe reads negation better nearer the embeddings (layer {lower} "
+      f"{layer_acc[lower]:.3f} vs final {layer_acc[-1]:.3f}) and masking heads moves the "
+      "final state that way: on this task pruning is a weak test. "
+      if rises and layer_acc[lower] > layer_acc[-1] + tolerance
+      else ""
+    )
+    + "Rule: yes if >=35%, partly if >=15%.",
+    "yes" if keep_frac >= 0.35 else "partly" if keep_frac >= 0.15 else "no",
+  )
 
 
 def _row_importance_order(pr: dict, importance: dict) -> dict:
@@ -286,16 +329,17 @@ def _row_importance_order(pr: dict, importance: dict) -> dict:
   beats_all = area["iterative"] > max(area_random)
   beats_mean = area["iterative"] > float(np.mean(area_random))
   return common.finding(
-      PAPER, "Pruning by head importance degrades the model far more slowly than pruning in "
-      "random order.",
-      f"mean held-out accuracy over the curve (0-{fractions[-1]:.0%} masked): "
-      f"importance, re-estimated {area['iterative']:.3f}; static normalised "
-      f"{area['static_normalized']:.3f}; static raw {area['static_raw']:.3f}; random orders "
-      f"{np.mean(area_random):.3f} (range {min(area_random):.3f}-{max(area_random):.3f}, "
-      f"{len(area_random)} orders); importance vs the single-head ablation loss change: "
-      f"Spearman {importance['spearman_vs_single_ablation_loss']:.2f}. Rule: yes if above "
-      "every random order, partly if above their mean.",
-      "yes" if beats_all else "partly" if beats_mean else "no")
+    PAPER,
+    "Pruning by head importance degrades the model far more slowly than pruning in random order.",
+    f"mean held-out accuracy over the curve (0-{fractions[-1]:.0%} masked): "
+    f"importance, re-estimated {area['iterative']:.3f}; static normalised "
+    f"{area['static_normalized']:.3f}; static raw {area['static_raw']:.3f}; random orders "
+    f"{np.mean(area_random):.3f} (range {min(area_random):.3f}-{max(area_random):.3f}, "
+    f"{len(area_random)} orders); importance vs the single-head ablation loss change: "
+    f"Spearman {importance['spearman_vs_single_ablation_loss']:.2f}. Rule: yes if above "
+    "every random order, partly if above their mean.",
+    "yes" if beats_all else "partly" if beats_mean else "no",
+  )
 
 
 def _row_speedup(sp: dict) -> dict:
@@ -306,17 +350,21 @@ def _row_speedup(sp: dict) -> dict:
   s40, s60 = speedup[1], speedup[2]
   f = sp["fractions"]
   return common.finding(
-      PAPER, "Physically pruning heads speeds up inference (BERT, 50% of heads pruned: up to "
-      "17.5% faster).",
-      f"{sp['backend']} batch {sp['batch']}x{sp['length']}, median of "
-      f"{sp['repeats']}: speed-up {speedup[0]:.2f}x / {s40:.2f}x / {s60:.2f}x with "
-      f"{f[0]:.0%} / {f[1]:.0%} / {f[2]:.0%} of heads removed "
-      f"(fastest of the repeats: {' / '.join(f'{x:.2f}x' for x in speedup_min)}; head-masked "
-      f"model, every head still computed: {sp['speedup_masked']:.2f}x); "
-      f"pruned outputs equal masked ones to {max(diffs):.1e}. Rule: yes if outputs equal "
-      "(<1e-4) and >=1.10x at 60% and >=1.05x at 40%, partly if any speed-up >=1.02x.",
-      "yes" if equal and s60 >= 1.10 and s40 >= 1.05 else
-      "partly" if equal and max(speedup) >= 1.02 else "no")
+    PAPER,
+    "Physically pruning heads speeds up inference (BERT, 50% of heads pruned: up to 17.5% faster).",
+    f"{sp['backend']} batch {sp['batch']}x{sp['length']}, median of "
+    f"{sp['repeats']}: speed-up {speedup[0]:.2f}x / {s40:.2f}x / {s60:.2f}x with "
+    f"{f[0]:.0%} / {f[1]:.0%} / {f[2]:.0%} of heads removed "
+    f"(fastest of the repeats: {' / '.join(f'{x:.2f}x' for x in speedup_min)}; head-masked "
+    f"model, every head still computed: {sp['speedup_masked']:.2f}x); "
+    f"pruned outputs equal masked ones to {max(diffs):.1e}. Rule: yes if outputs equal "
+    "(<1e-4) and >=1.10x at 60% and >=1.05x at 40%, partly if any speed-up >=1.02x.",
+    "yes"
+    if equal and s60 >= 1.10 and s40 >= 1.05
+    else "partly"
+    if equal and max(speedup) >= 1.02
+    else "no",
+  )
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -331,14 +379,20 @@ def findings(r: dict, s: dict) -> list[dict]:
   layer_acc = np.asarray(r["task"]["probe_accuracy_by_layer"])
   lower = int(np.argmax(layer_acc[:-1]))
   model = common.describe_model(s.get("model") or "the model", s.get("layers", len(layer_acc) - 1))
-  differs = (f"Differs from Michel: {model + '; ' if model else ''}a fixed linear probe on the "
-             f"frozen encoder's final layer for negation, a lexical cue the probe reads as well "
-             f"from layer {lower} ({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), "
-             "rather than a fine-tuned model on MNLI or translation, so heads are less needed "
-             "than there.")
-  return [_row_single_heads(ab, s, differs), _row_one_head_enough(ab, pr["tolerance"]),
-          _row_pruning_curve(pr, layer_acc, lower), _row_importance_order(pr, r["importance"]),
-          _row_speedup(r["speed"])]
+  differs = (
+    f"Differs from Michel: {model + '; ' if model else ''}a fixed linear probe on the "
+    f"frozen encoder's final layer for negation, a lexical cue the probe reads as well "
+    f"from layer {lower} ({layer_acc[lower]:.3f}; final layer {layer_acc[-1]:.3f}), "
+    "rather than a fine-tuned model on MNLI or translation, so heads are less needed "
+    "than there."
+  )
+  return [
+    _row_single_heads(ab, s, differs),
+    _row_one_head_enough(ab, pr["tolerance"]),
+    _row_pruning_curve(pr, layer_acc, lower),
+    _row_importance_order(pr, r["importance"]),
+    _row_speedup(r["speed"]),
+  ]
 
 
 # Figures ------------------------------------------------------------------------------------
@@ -370,19 +424,32 @@ def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(17, 4), layout="constrained")  # no label overlaps
   a = r["ablation"]
-  _heatmap(axes[0], fig, r["importance"]["normalized"],
-           "Head importance (per-layer L2 normalised)", "importance")
-  _heatmap(axes[1], fig, r["importance"]["raw"], "Head importance (raw E|dL/dxi|)",
-           "importance")
-  _heatmap(axes[2], fig, np.asarray(a["head_accuracy"]) - a["baseline_accuracy"],
-           "Held-out accuracy change, one head removed", "accuracy - baseline", "RdBu", 0.0)
+  _heatmap(
+    axes[0],
+    fig,
+    r["importance"]["normalized"],
+    "Head importance (per-layer L2 normalised)",
+    "importance",
+  )
+  _heatmap(axes[1], fig, r["importance"]["raw"], "Head importance (raw E|dL/dxi|)", "importance")
+  _heatmap(
+    axes[2],
+    fig,
+    np.asarray(a["head_accuracy"]) - a["baseline_accuracy"],
+    "Held-out accuracy change, one head removed",
+    "accuracy - baseline",
+    "RdBu",
+    0.0,
+  )
   names.append(common.savefig(fig, out, f"{stem}_heads"))
 
   c = r["pruning"]
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
   x = c["fractions"]
-  for ax, key, label in ((axes[0], "accuracy", "held-out accuracy (negation)"),
-                         (axes[1], "loss", "held-out cross-entropy (negation)")):
+  for ax, key, label in (
+    (axes[0], "accuracy", "held-out accuracy (negation)"),
+    (axes[1], "loss", "held-out cross-entropy (negation)"),
+  ):
     v = c[key]
     ax.plot(x, v["iterative"], "o-", label="importance, re-estimated (Michel)")
     ax.plot(x, v["static_normalized"], "s--", label="importance, static, normalised")
@@ -402,25 +469,31 @@ def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
   fig, ax = plt.subplots(figsize=(6.5, 4))
   labels = ["unpruned", "masked 40%"] + [f"pruned {f:.0%}" for f in s["fractions"]]
   values = [1.0, s["speedup_masked"]] + list(s["speedup"])
-  ax.bar(labels, values, color=["gray", "lightgray"] + ["tab:blue"] * len(s["fractions"]),
-         label="median of repeats")
-  ax.plot(labels, [1.0, s["speedup_masked_fastest"]] + list(s["speedup_fastest"]), "kD",
-          label="fastest of repeats")
+  ax.bar(
+    labels,
+    values,
+    color=["gray", "lightgray"] + ["tab:blue"] * len(s["fractions"]),
+    label="median of repeats",
+  )
+  ax.plot(
+    labels,
+    [1.0, s["speedup_masked_fastest"]] + list(s["speedup_fastest"]),
+    "kD",
+    label="fastest of repeats",
+  )
   ax.legend(fontsize=8, loc="lower right")
   ax.axhline(1.0, color="k", lw=0.8)
   for i, v in enumerate(values):
     ax.text(i, v, f"{v:.2f}x", ha="center", va="bottom", fontsize=8)
   ax.set_ylabel("speed-up over the unpruned model")
   ax.set_xlabel("model (heads physically removed)")
-  ax.set_title(f"Inference speed-up, batch {s['batch']} x {s['length']} tokens, "
-               f"{s['backend']}")
+  ax.set_title(f"Inference speed-up, batch {s['batch']} x {s['length']} tokens, {s['backend']}")
   names.append(common.savefig(fig, out, f"{stem}_speedup"))
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
   layers = np.arange(1, depth + 1)  # blocks 1..L
   ax.plot(layers, a["layer_heads_accuracy"], "o-", label="all heads of the layer removed")
-  ax.plot(layers, np.max(a["keep_one_accuracy"], 1), "s-",
-          label="all but the best head removed")
+  ax.plot(layers, np.max(a["keep_one_accuracy"], 1), "s-", label="all but the best head removed")
   ax.axhline(a["baseline_accuracy"], color="k", ls="--", label="intact model")
   ax.set_xlabel("layer")
   ax.set_xticks(layers)
@@ -444,13 +517,18 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
   from bertjax import report
 
   with common.timed(timings, "load"):
-    config, params, tok, s["model"] = common.load_model(args, lambda: common.tiny_model(
-        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512))
+    config, params, tok, s["model"] = common.load_model(
+      args,
+      lambda: common.tiny_model(
+        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512
+      ),
+    )
     sentences = report.load_sentences()
     if s["max_sentences"]:
       rng = np.random.default_rng(args.seed)
-      sentences = [sentences[i] for i in np.sort(rng.choice(len(sentences), s["max_sentences"],
-                                                            replace=False))]
+      sentences = [
+        sentences[i] for i in np.sort(rng.choice(len(sentences), s["max_sentences"], replace=False))
+      ]
   return config, params, tok, sentences
 
 
@@ -460,16 +538,18 @@ def importance(tparams, config, train, timings: dict[str, float]) -> tuple[np.nd
   from bertjax.analysis.interventions import ablation
 
   with common.timed(timings, "importance"):
-    imp_raw = ablation.head_importance(tparams, config, train, report.task_loss,
-                                       normalize_layers=False)
+    imp_raw = ablation.head_importance(
+      tparams, config, train, report.task_loss, normalize_layers=False
+    )
     # Michel's per-layer L2 normalisation, as `head_importance(normalize_layers=True)`
     # computes it (applied here to save a second pass over the data).
-    imp_norm = imp_raw / (np.sqrt((imp_raw ** 2).sum(-1, keepdims=True)) + 1e-20)
+    imp_norm = imp_raw / (np.sqrt((imp_raw**2).sum(-1, keepdims=True)) + 1e-20)
   return imp_raw, imp_norm
 
 
-def ablate_heads(tparams, config, test, alpha: float, chunk: int,
-                 timings: dict[str, float]) -> dict[str, Any]:
+def ablate_heads(
+  tparams, config, test, alpha: float, chunk: int, timings: dict[str, float]
+) -> dict[str, Any]:
   """Held-out loss and accuracy with each head, each layer's heads and all heads of a layer
   but one removed, with paired significance tests of every single head (Michel Table 1).
 
@@ -483,52 +563,79 @@ def ablate_heads(tparams, config, test, alpha: float, chunk: int,
   total_heads = depth * n_heads
   with common.timed(timings, "ablation"):
     # The library sweep (single heads, held-out loss) ...
-    loss_heads = ablation.ablation_sweep(tparams, config, test, report.task_loss,
-                                         head_ablations=("scale",), include=("heads",),
-                                         chunk_size=chunk, strategy="prefix")["scale"]
+    loss_heads = ablation.ablation_sweep(
+      tparams,
+      config,
+      test,
+      report.task_loss,
+      head_ablations=("scale",),
+      include=("heads",),
+      chunk_size=chunk,
+      strategy="prefix",
+    )["scale"]
     # ... and per-example values under every sweep mask, for the significance tests
     # (Michel Table 1: p < 0.01) and the accuracies; both metrics come from one pass.
     sweep = ablation.sweep_masks(config, ("heads", "layers", "keep_one"))
-    masks = np.concatenate([np.ones((1, depth, n_heads), np.float32), sweep["heads"][0],
-                            sweep["layers"][0], sweep["keep_one"][0]])
+    masks = np.concatenate(
+      [
+        np.ones((1, depth, n_heads), np.float32),
+        sweep["heads"][0],
+        sweep["layers"][0],
+        sweep["keep_one"][0],
+      ]
+    )
     ex_loss, ex_correct = per_example(tparams, config, test, masks)
     mean_loss, mean_acc = ex_loss.mean(1), ex_correct.mean(1)
     cut = np.cumsum([1, total_heads, depth])
     base_loss, base_acc0 = float(mean_loss[0]), float(mean_acc[0])
-    head_loss, head_acc = mean_loss[1:cut[1]], mean_acc[1:cut[1]]
+    head_loss, head_acc = mean_loss[1 : cut[1]], mean_acc[1 : cut[1]]
     p_acc = np.array([stats.mcnemar_p(ex_correct[0], ex_correct[i]) for i in range(1, cut[1])])
     p_loss = np.array([stats.wilcoxon_p(ex_loss[0], ex_loss[i]) for i in range(1, cut[1])])
     drop_sig = (p_acc < alpha) & (head_acc < base_acc0)
     loss_sig = (p_loss < alpha) & (head_loss > base_loss)
     # The per-example pass and the library sweep must agree (two code paths, one quantity).
-    consistency = float(max(abs(loss_heads.baseline - base_loss),
-                            np.abs(loss_heads.heads.ravel() - head_loss).max()))
-    common.log(f"single heads: {int(drop_sig.sum())} of {total_heads} significant accuracy "
-               f"drops, {int(loss_sig.sum())} significant loss rises; sweep vs per-example "
-               f"{consistency:.1e}")
+    consistency = float(
+      max(abs(loss_heads.baseline - base_loss), np.abs(loss_heads.heads.ravel() - head_loss).max())
+    )
+    common.log(
+      f"single heads: {int(drop_sig.sum())} of {total_heads} significant accuracy "
+      f"drops, {int(loss_sig.sum())} significant loss rises; sweep vs per-example "
+      f"{consistency:.1e}"
+    )
   return {
-      "baseline_loss": base_loss, "baseline_accuracy": base_acc0,
-      "head_loss": head_loss.reshape(depth, n_heads),
-      "head_accuracy": head_acc.reshape(depth, n_heads),
-      "head_loss_ablation_sweep": loss_heads.heads,
-      "layer_heads_loss": mean_loss[cut[1]:cut[2]], "layer_heads_accuracy": mean_acc[cut[1]:cut[2]],
-      "keep_one_loss": mean_loss[cut[2]:].reshape(depth, n_heads),
-      "keep_one_accuracy": mean_acc[cut[2]:].reshape(depth, n_heads),
-      "head_accuracy_p_mcnemar": p_acc.reshape(depth, n_heads),
-      "head_loss_p_wilcoxon": p_loss.reshape(depth, n_heads),
-      "significant_accuracy_drops": int(drop_sig.sum()),
-      "significant_loss_rises": int(loss_sig.sum()),
-      "heads_removable_alone": int(total_heads - drop_sig.sum()),
-      "heads_improving_accuracy": int((head_acc > base_acc0).sum()),
-      "max_single_head_accuracy_drop": float(base_acc0 - head_acc.min()),
-      "sweep_vs_per_example_max_diff": consistency,
-      "num_test": int(ex_correct.shape[1]),
+    "baseline_loss": base_loss,
+    "baseline_accuracy": base_acc0,
+    "head_loss": head_loss.reshape(depth, n_heads),
+    "head_accuracy": head_acc.reshape(depth, n_heads),
+    "head_loss_ablation_sweep": loss_heads.heads,
+    "layer_heads_loss": mean_loss[cut[1] : cut[2]],
+    "layer_heads_accuracy": mean_acc[cut[1] : cut[2]],
+    "keep_one_loss": mean_loss[cut[2] :].reshape(depth, n_heads),
+    "keep_one_accuracy": mean_acc[cut[2] :].reshape(depth, n_heads),
+    "head_accuracy_p_mcnemar": p_acc.reshape(depth, n_heads),
+    "head_loss_p_wilcoxon": p_loss.reshape(depth, n_heads),
+    "significant_accuracy_drops": int(drop_sig.sum()),
+    "significant_loss_rises": int(loss_sig.sum()),
+    "heads_removable_alone": int(total_heads - drop_sig.sum()),
+    "heads_improving_accuracy": int((head_acc > base_acc0).sum()),
+    "max_single_head_accuracy_drop": float(base_acc0 - head_acc.min()),
+    "sweep_vs_per_example_max_diff": consistency,
+    "num_test": int(ex_correct.shape[1]),
   }
 
 
-def pruning_curves(tparams, config, train, test, imp_raw: np.ndarray, imp_norm: np.ndarray,
-                   majority: float, s: dict[str, Any], chunk: int,
-                   timings: dict[str, float]) -> dict[str, Any]:
+def pruning_curves(
+  tparams,
+  config,
+  train,
+  test,
+  imp_raw: np.ndarray,
+  imp_norm: np.ndarray,
+  majority: float,
+  s: dict[str, Any],
+  chunk: int,
+  timings: dict[str, float],
+) -> dict[str, Any]:
   """Held-out accuracy and loss against the fraction of heads masked: iterative importance
   pruning (Michel), static importance orders and random orders (`majority`: the majority
   class's accuracy, drawn beside them).
@@ -542,24 +649,38 @@ def pruning_curves(tparams, config, train, test, imp_raw: np.ndarray, imp_norm: 
   depth, n_heads = config.depth, config.num_attention_heads
   total_heads = depth * n_heads
   with common.timed(timings, "pruning"):
-    pruning = ablation.iterative_pruning(tparams, config, train, report.task_loss,
-                                         step=s["prune_step"], max_fraction=s["prune_max"],
-                                         chunk_size=chunk)
+    pruning = ablation.iterative_pruning(
+      tparams,
+      config,
+      train,
+      report.task_loss,
+      step=s["prune_step"],
+      max_fraction=s["prune_max"],
+      chunk_size=chunk,
+    )
     counts = np.rint(pruning.fractions * total_heads).astype(int)
     rng = np.random.default_rng(s["seed"] + 1)
-    curves = {"iterative": pruning.masks,
-              "static_normalized": order_masks(np.argsort(imp_norm.ravel(), kind="stable"), counts,
-                                               (depth, n_heads)),
-              "static_raw": order_masks(np.argsort(imp_raw.ravel(), kind="stable"), counts,
-                                        (depth, n_heads))}
-    randoms = [order_masks(rng.permutation(total_heads), counts, (depth, n_heads))
-               for _ in range(s["random_orders"])]
+    curves = {
+      "iterative": pruning.masks,
+      "static_normalized": order_masks(
+        np.argsort(imp_norm.ravel(), kind="stable"), counts, (depth, n_heads)
+      ),
+      "static_raw": order_masks(
+        np.argsort(imp_raw.ravel(), kind="stable"), counts, (depth, n_heads)
+      ),
+    }
+    randoms = [
+      order_masks(rng.permutation(total_heads), counts, (depth, n_heads))
+      for _ in range(s["random_orders"])
+    ]
     all_masks = np.concatenate([*curves.values(), *randoms])
     pr_loss, pr_correct = per_example(tparams, config, test, all_masks)
     pr_loss, pr_acc = pr_loss.mean(1), pr_correct.mean(1)
     k = len(counts)
-    split = lambda v: ({name: v[i * k:(i + 1) * k] for i, name in enumerate(curves)},
-                       v[len(curves) * k:].reshape(-1, k))
+    split = lambda v: (
+      {name: v[i * k : (i + 1) * k] for i, name in enumerate(curves)},
+      v[len(curves) * k :].reshape(-1, k),
+    )
     (pa, ra), (pl, rl) = split(pr_acc), split(pr_loss)
     pa["random"], pl["random"] = ra, rl
     base_acc = float(pa["iterative"][0])
@@ -569,17 +690,35 @@ def pruning_curves(tparams, config, train, test, imp_raw: np.ndarray, imp_norm: 
     keep_frac = float(pruning.fractions[-1] if ok.all() else pruning.fractions[np.argmin(ok) - 1])
     area = {name: curve_area(pruning.fractions, v) for name, v in pa.items() if name != "random"}
     area_random = [curve_area(pruning.fractions, v) for v in ra]
-    common.log(f"pruning: iterative accuracy {np.round(pa['iterative'], 3).tolist()}; "
-               f"random mean {np.round(ra.mean(0), 3).tolist()}")
-  return {"fractions": pruning.fractions, "heads_masked": counts,
-          "train_loss_iterative": pruning.metrics, "accuracy": pa, "loss": pl,
-          "masks_iterative": pruning.masks, "majority_accuracy": majority, "tolerance": tolerance,
-          "max_fraction_within_tolerance": keep_frac, "mean_accuracy_over_curve": area,
-          "mean_accuracy_over_curve_random": area_random}
+    common.log(
+      f"pruning: iterative accuracy {np.round(pa['iterative'], 3).tolist()}; "
+      f"random mean {np.round(ra.mean(0), 3).tolist()}"
+    )
+  return {
+    "fractions": pruning.fractions,
+    "heads_masked": counts,
+    "train_loss_iterative": pruning.metrics,
+    "accuracy": pa,
+    "loss": pl,
+    "masks_iterative": pruning.masks,
+    "majority_accuracy": majority,
+    "tolerance": tolerance,
+    "max_fraction_within_tolerance": keep_frac,
+    "mean_accuracy_over_curve": area,
+    "mean_accuracy_over_curve_random": area_random,
+  }
 
 
-def speed(params, config, tok, data, masks_iterative, imp_norm: np.ndarray, s: dict[str, Any],
-          timings: dict[str, float]) -> dict[str, Any]:
+def speed(
+  params,
+  config,
+  tok,
+  data,
+  masks_iterative,
+  imp_norm: np.ndarray,
+  s: dict[str, Any],
+  timings: dict[str, float],
+) -> dict[str, Any]:
   """The inference speed-up of physically pruned models (`PRUNE_TARGETS`, in the iterative
   pruning order) and of a head-masked one, on a batch of UD EWT dev sentences.
 
@@ -599,9 +738,11 @@ def speed(params, config, tok, data, masks_iterative, imp_norm: np.ndarray, s: d
     lengths = tok.encode_words(words).attention_mask.sum(-1)
     fit = [w for w, n in zip(words, lengths) if n <= s["timing_length"]]
     if len(fit) < s["timing_batch"]:
-      raise ValueError(f"only {len(fit)} UD sentences fit timing_length={s['timing_length']}; "
-                       f"need timing_batch={s['timing_batch']}")
-    b = tok.encode_words(fit[:s["timing_batch"]], pad_to=s["timing_length"])
+      raise ValueError(
+        f"only {len(fit)} UD sentences fit timing_length={s['timing_length']}; "
+        f"need timing_batch={s['timing_batch']}"
+      )
+    b = tok.encode_words(fit[: s["timing_batch"]], pad_to=s["timing_length"])
     ids, attn = b.input_ids, b.attention_mask
     order = iterative_order(masks_iterative, imp_norm)
     fractions, diffs, n_pruned = [], [], []
@@ -623,17 +764,28 @@ def speed(params, config, tok, data, masks_iterative, imp_norm: np.ndarray, s: d
     # Fastest-of-repeats ratios too: on a shared machine the minimum is the least disturbed.
     fastest = {name: min(v["times_s"]) for name, v in times.items()}
     speedup_min = [fastest["unpruned"] / fastest[f"pruned_{t:.1f}"] for t in PRUNE_TARGETS]
-    common.log(f"speed-up at {np.round(fractions, 3).tolist()} pruned: "
-               f"{np.round(speedup, 3).tolist()}; max |pruned - masked| {max(diffs):.1e}")
+    common.log(
+      f"speed-up at {np.round(fractions, 3).tolist()} pruned: "
+      f"{np.round(speedup, 3).tolist()}; max |pruned - masked| {max(diffs):.1e}"
+    )
     nparams = {name: int(bertjax.count_params(p)) for name, (_, p, _) in models.items()}
-  return {"fractions": fractions, "heads_removed": n_pruned, "targets": PRUNE_TARGETS,
-          "batch": s["timing_batch"], "length": s["timing_length"],
-          "repeats": s["timing_repeats"], "backend": jax.default_backend(),
-          "times": times, "speedup": speedup, "speedup_fastest": speedup_min,
-          "speedup_masked_fastest": fastest["unpruned"] / fastest["masked_0.4"],
-          "speedup_masked": base_t / times["masked_0.4"]["median_s"],
-          "max_abs_diff_pruned_vs_masked": diffs, "parameters": nparams,
-          "real_tokens": int(attn.sum())}
+  return {
+    "fractions": fractions,
+    "heads_removed": n_pruned,
+    "targets": PRUNE_TARGETS,
+    "batch": s["timing_batch"],
+    "length": s["timing_length"],
+    "repeats": s["timing_repeats"],
+    "backend": jax.default_backend(),
+    "times": times,
+    "speedup": speedup,
+    "speedup_fastest": speedup_min,
+    "speedup_masked_fastest": fastest["unpruned"] / fastest["masked_0.4"],
+    "speedup_masked": base_t / times["masked_0.4"]["median_s"],
+    "max_abs_diff_pruned_vs_masked": diffs,
+    "parameters": nparams,
+    "real_tokens": int(attn.sum()),
+  }
 
 
 def main(argv=None) -> int:
@@ -649,37 +801,66 @@ def main(argv=None) -> int:
   depth, n_heads = config.depth, config.num_attention_heads
 
   with common.timed(timings, "task"):
-    rs = report.ReportSettings(batch_size=s["batch_size"], probe_steps=s["probe_steps"],
-                               seed=args.seed)
+    rs = report.ReportSettings(
+      batch_size=s["batch_size"], probe_steps=s["probe_steps"], seed=args.seed
+    )
     task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
     tparams, train, test = task["params"], task["train"], task["test"]
 
   chunk = batching.default_chunk_size()
   imp_raw, imp_norm = importance(tparams, config, train, timings)
   ab = ablate_heads(tparams, config, test, s["alpha"], chunk, timings)
-  pr = pruning_curves(tparams, config, train, test, imp_raw, imp_norm,
-                      task_results["majority_accuracy"], s, chunk, timings)
+  pr = pruning_curves(
+    tparams,
+    config,
+    train,
+    test,
+    imp_raw,
+    imp_norm,
+    task_results["majority_accuracy"],
+    s,
+    chunk,
+    timings,
+  )
   results = {
-      "task": task_results,
-      "importance": {"normalized": imp_norm, "raw": imp_raw,
-                     "spearman_normalized_vs_raw": stats.spearman(imp_norm, imp_raw),
-                     "spearman_vs_single_ablation_loss": stats.spearman(
-                         imp_norm, ab["head_loss"] - ab["baseline_loss"])},
-      "ablation": ab,
-      "pruning": pr,
-      "speed": speed(params, config, tok, data, pr["masks_iterative"], imp_norm, s, timings),
+    "task": task_results,
+    "importance": {
+      "normalized": imp_norm,
+      "raw": imp_raw,
+      "spearman_normalized_vs_raw": stats.spearman(imp_norm, imp_raw),
+      "spearman_vs_single_ablation_loss": stats.spearman(
+        imp_norm, ab["head_loss"] - ab["baseline_loss"]
+      ),
+    },
+    "ablation": ab,
+    "pruning": pr,
+    "speed": speed(params, config, tok, data, pr["masks_iterative"], imp_norm, s, timings),
   }
 
   findings_ = findings(common.to_json(results), {**s, "layers": depth})
   seconds = time.perf_counter() - start
   results["timings_s"] = timings
   figs = figures(results, args.out, depth, common.results_stem(NAME, args.model))
-  common.write_results(NAME, args.out, results, findings=findings_, settings={
-      **s, "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
-      "criterion": task_results["why"], "layers": depth, "heads": n_heads,
-      "chunk_size": chunk, "ablation_strategy": "prefix",
-      "indexing": INDEXING},
-      smoke=args.smoke, seconds=seconds, figures=figs, model=args.model)
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=findings_,
+    settings={
+      **s,
+      "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
+      "criterion": task_results["why"],
+      "layers": depth,
+      "heads": n_heads,
+      "chunk_size": chunk,
+      "ablation_strategy": "prefix",
+      "indexing": INDEXING,
+    },
+    smoke=args.smoke,
+    seconds=seconds,
+    figures=figs,
+    model=args.model,
+  )
   return 0
 
 

@@ -90,17 +90,65 @@ class Scale(common.PretrainScale):
   shallow_fraction: float
 
 
-FULL = Scale(layers=6, hidden=128, heads=4, ffn=512, vocab=8000, seq_len=64, batch=32,
-             steps=1000, lr=1e-3, warmup=100, max_lines=None, eval_batches=16, window=20,
-             repeats=2, rounds=20, shallow=3, shallow_fraction=0.5)
+FULL = Scale(
+  layers=6,
+  hidden=128,
+  heads=4,
+  ffn=512,
+  vocab=8000,
+  seq_len=64,
+  batch=32,
+  steps=1000,
+  lr=1e-3,
+  warmup=100,
+  max_lines=None,
+  eval_batches=16,
+  window=20,
+  repeats=2,
+  rounds=20,
+  shallow=3,
+  shallow_fraction=0.5,
+)
 # A 12-layer model for a GPU (`--scale gpu`), stacked 6 -> 12 halfway; 600 steps of 64 x 128
 # tokens are ~20 epochs of the 228k-token training text (more would only memorise it).
-GPU = Scale(layers=12, hidden=256, heads=4, ffn=1024, vocab=8000, seq_len=128, batch=64,
-            steps=600, lr=5e-4, warmup=60, max_lines=None, eval_batches=8, window=20,
-            repeats=2, rounds=20, shallow=6, shallow_fraction=0.5)
-SMOKE = Scale(layers=2, hidden=32, heads=2, ffn=64, vocab=300, seq_len=32, batch=8, steps=8,
-              lr=1e-3, warmup=1, max_lines=400, eval_batches=2, window=3, repeats=1, rounds=3,
-              shallow=1, shallow_fraction=0.5)
+GPU = Scale(
+  layers=12,
+  hidden=256,
+  heads=4,
+  ffn=1024,
+  vocab=8000,
+  seq_len=128,
+  batch=64,
+  steps=600,
+  lr=5e-4,
+  warmup=60,
+  max_lines=None,
+  eval_batches=8,
+  window=20,
+  repeats=2,
+  rounds=20,
+  shallow=6,
+  shallow_fraction=0.5,
+)
+SMOKE = Scale(
+  layers=2,
+  hidden=32,
+  heads=2,
+  ffn=64,
+  vocab=300,
+  seq_len=32,
+  batch=8,
+  steps=8,
+  lr=1e-3,
+  warmup=1,
+  max_lines=400,
+  eval_batches=2,
+  window=3,
+  repeats=1,
+  rounds=3,
+  shallow=1,
+  shallow_fraction=0.5,
+)
 
 
 # Curves ---------------------------------------------------------------------
@@ -124,8 +172,9 @@ def time_to_reach(times: Sequence[float], values: Sequence[float], target: float
 # Training -------------------------------------------------------------------
 
 
-def interleaved_step_times(config, data: PretrainingData, train, depths: Sequence[int],
-                           rounds: int) -> dict[int, list[float]]:
+def interleaved_step_times(
+  config, data: PretrainingData, train, depths: Sequence[int], rounds: int
+) -> dict[int, list[float]]:
   """Seconds per train step at each depth, timed in turns (A, B, A, B, ...).
 
   The library's train step (the one `loop.pretrain` runs) is compiled once per depth, then
@@ -166,8 +215,9 @@ def interleaved_step_times(config, data: PretrainingData, train, depths: Sequenc
   return times
 
 
-def compare(baseline: dict, stacked: dict, window: int, step_price: dict[int, float] | None = None
-            ) -> dict[str, Any]:
+def compare(
+  baseline: dict, stacked: dict, window: int, step_price: dict[int, float] | None = None
+) -> dict[str, Any]:
   """Time for `stacked` to reach `baseline`'s final smoothed loss, over baseline's time.
 
   Args:
@@ -181,6 +231,7 @@ def compare(baseline: dict, stacked: dict, window: int, step_price: dict[int, fl
     `baseline_reach_step`: when the baseline itself first got there (a plateau shows as a
     step well before its last).
   """
+
   def times(run, with_compile=False):
     if step_price is not None:
       c = np.asarray([step_price[n] for n in run["layers"]])
@@ -211,8 +262,9 @@ def compare(baseline: dict, stacked: dict, window: int, step_price: dict[int, fl
 # Figures --------------------------------------------------------------------
 
 
-def _figures(out, runs: list[dict], window: int, target: float, base_total: float,
-             prefix: str = NAME) -> list[str]:
+def _figures(
+  out, runs: list[dict], window: int, target: float, base_total: float, prefix: str = NAME
+) -> list[str]:
   import matplotlib.pyplot as plt
 
   colors = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
@@ -220,15 +272,26 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for r in runs:
     kind = r["label"].split("#")[0]
-    ax.plot(np.cumsum(r["cost_s"]), stats.trailing_mean(r["mlm_loss"], window),
-            color=colors[kind], ls="-" if r["label"].endswith("1") else "--",
-            label=f"{r['label']} ({r['stacking'] or 'full depth'})")
+    ax.plot(
+      np.cumsum(r["cost_s"]),
+      stats.trailing_mean(r["mlm_loss"], window),
+      color=colors[kind],
+      ls="-" if r["label"].endswith("1") else "--",
+      label=f"{r['label']} ({r['stacking'] or 'full depth'})",
+    )
   ax.axhline(target, color="gray", lw=0.8, label="baseline final (smoothed)")
-  ax.axvline(TARGET_RATIO * base_total, color="red", lw=0.8, ls=":",
-             label=f"{TARGET_RATIO}x baseline time (mean)")
-  ax.set(xlabel="cumulative step time, compile excluded (s)",
-         ylabel=f"training MLM loss ({window}-step trailing mean)",
-         title="Progressive stacking vs full depth: MLM loss against wall-clock time")
+  ax.axvline(
+    TARGET_RATIO * base_total,
+    color="red",
+    lw=0.8,
+    ls=":",
+    label=f"{TARGET_RATIO}x baseline time (mean)",
+  )
+  ax.set(
+    xlabel="cumulative step time, compile excluded (s)",
+    ylabel=f"training MLM loss ({window}-step trailing mean)",
+    title="Progressive stacking vs full depth: MLM loss against wall-clock time",
+  )
   ax.legend(fontsize=7)
   names.append(common.savefig(fig, out, f"{prefix}_loss_vs_time"))
 
@@ -241,23 +304,39 @@ def _figures(out, runs: list[dict], window: int, target: float, base_total: floa
     seen.add(kind)
     steps = np.arange(1, len(r["mlm_loss"]) + 1)
     ax.plot(steps, r["mlm_loss"], color=colors[kind], alpha=0.25)
-    ax.plot(steps, stats.trailing_mean(r["mlm_loss"], window), color=colors[kind],
-            label=f"{kind} ({r['stacking'] or 'full depth'})")
+    ax.plot(
+      steps,
+      stats.trailing_mean(r["mlm_loss"], window),
+      color=colors[kind],
+      label=f"{kind} ({r['stacking'] or 'full depth'})",
+    )
     for s in r["stage_starts"][1:]:
       ax.axvline(s + 1, color=colors[kind], lw=0.8, ls=":")
-  ax.set(xlabel="step", ylabel="training MLM loss (faint: per step; solid: trailing mean)",
-         title="MLM loss against steps (dotted: stacking)")
+  ax.set(
+    xlabel="step",
+    ylabel="training MLM loss (faint: per step; solid: trailing mean)",
+    title="MLM loss against steps (dotted: stacking)",
+  )
   ax.legend(fontsize=7)
   names.append(common.savefig(fig, out, f"{prefix}_loss_vs_steps"))
 
   fig, ax = plt.subplots(figsize=(7, 4))
   for r in runs:
     kind = r["label"].split("#")[0]
-    ax.plot(np.arange(1, len(r["raw_cost_s"]) + 1), r["raw_cost_s"], color=colors[kind],
-            ls="-" if r["label"].endswith("1") else "--", lw=0.8, label=r["label"])
+    ax.plot(
+      np.arange(1, len(r["raw_cost_s"]) + 1),
+      r["raw_cost_s"],
+      color=colors[kind],
+      ls="-" if r["label"].endswith("1") else "--",
+      lw=0.8,
+      label=r["label"],
+    )
   ax.set_yscale("log")
-  ax.set(xlabel="step", ylabel="step time incl. compile (s, log)",
-         title="Per-step time of every run (spikes: compiles and machine load)")
+  ax.set(
+    xlabel="step",
+    ylabel="step time incl. compile (s, log)",
+    title="Per-step time of every run (spikes: compiles and machine load)",
+  )
   ax.legend(fontsize=7)
   names.append(common.savefig(fig, out, f"{prefix}_step_time"))
   return names
@@ -284,13 +363,26 @@ def _fmt(r: float | None) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps`, `--repeats` and `--scale`."""
   parser = common.parser(__doc__, model=False)
-  parser.add_argument("--steps", type=int, default=None,
-                      help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)")
-  parser.add_argument("--repeats", type=int, choices=(1, 2), default=None,
-                      help=f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})")
-  parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
-                      help="cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked "
-                           "6 -> 12 (results and figures named stacking_gpu*)")
+  parser.add_argument(
+    "--steps",
+    type=int,
+    default=None,
+    help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)",
+  )
+  parser.add_argument(
+    "--repeats",
+    type=int,
+    choices=(1, 2),
+    default=None,
+    help=f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})",
+  )
+  parser.add_argument(
+    "--scale",
+    choices=("cpu", "gpu"),
+    default="cpu",
+    help="cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked "
+    "6 -> 12 (results and figures named stacking_gpu*)",
+  )
   return parser.parse_args(argv)
 
 
@@ -303,8 +395,9 @@ def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
   return {n: float(np.median(v)) for n, v in by_depth.items()}
 
 
-def abba_runs(config, data: PretrainingData, train, schedule: str, repeats: int,
-              timings: dict[str, float]) -> list[dict]:
+def abba_runs(
+  config, data: PretrainingData, train, schedule: str, repeats: int, timings: dict[str, float]
+) -> list[dict]:
   """The baseline and stacked `train_run`s: ABBA (baseline, stacked, stacked, baseline, so
   that a linear drift in load cancels) for 2 repeats, else baseline, stacked."""
   order = ["baseline", "stacked"] + (["stacked", "baseline"] if repeats > 1 else [])
@@ -314,13 +407,15 @@ def abba_runs(config, data: PretrainingData, train, schedule: str, repeats: int,
     for kind in order:
       counts[kind] += 1
       tc = train if kind == "baseline" else dataclasses.replace(train, stacking=schedule)
-      runs.append(train_run(f"{kind}#{counts[kind]}", config, data, tc, data.eval_batches,
-                            log=common.log))
+      runs.append(
+        train_run(f"{kind}#{counts[kind]}", config, data, tc, data.eval_batches, log=common.log)
+      )
   return runs
 
 
-def estimates(runs: list[dict], config, data: PretrainingData, train, sc: Scale,
-              timings: dict[str, float]) -> dict[str, Any]:
+def estimates(
+  runs: list[dict], config, data: PretrainingData, train, sc: Scale, timings: dict[str, float]
+) -> dict[str, Any]:
   """Every estimate of the time ratio: per repeat as measured, priced at the median step times
   of all runs, and priced at step times measured in turns after the runs.
 
@@ -341,15 +436,29 @@ def estimates(runs: list[dict], config, data: PretrainingData, train, sc: Scale,
   # Repeats draw the same batches, masks and dropout: their losses should agree bitwise.
   determinism = None
   if sc.repeats > 1:
-    determinism = max(float(np.max(np.abs(np.subtract(a["mlm_loss"], b["mlm_loss"]))))
-                      for a, b in (base, stack))
-  return {"per_repeat": per_repeat, "priced": priced, "turns": turns,
-          "turn_price": turn_price, "interleaved": interleaved, "ratios": ratios,
-          "determinism": determinism}
+    determinism = max(
+      float(np.max(np.abs(np.subtract(a["mlm_loss"], b["mlm_loss"])))) for a, b in (base, stack)
+    )
+  return {
+    "per_repeat": per_repeat,
+    "priced": priced,
+    "turns": turns,
+    "turn_price": turn_price,
+    "interleaved": interleaved,
+    "ratios": ratios,
+    "determinism": determinism,
+  }
 
 
-def variation_run(runs: list[dict], per_repeat: list[dict], config, data: PretrainingData,
-                  train, sc: Scale, timings: dict[str, float]) -> dict[str, Any]:
+def variation_run(
+  runs: list[dict],
+  per_repeat: list[dict],
+  config,
+  data: PretrainingData,
+  train,
+  sc: Scale,
+  timings: dict[str, float],
+) -> dict[str, Any]:
   """One variation of the shallow stage's length, run when the criterion fails: a quality
   shortfall (never reached) gets a shorter shallow stage, a time shortfall a longer one.
 
@@ -360,22 +469,41 @@ def variation_run(runs: list[dict], per_repeat: list[dict], config, data: Pretra
   frac = 0.3 if never else 0.7
   var_schedule = f"{sc.shallow}:{round(sc.steps * frac)},{sc.layers}"
   with common.timed(timings, "variation"):
-    run = train_run("variation#1", config, data,
-                    dataclasses.replace(train, stacking=var_schedule), data.eval_batches,
-                    log=common.log)
+    run = train_run(
+      "variation#1",
+      config,
+      data,
+      dataclasses.replace(train, stacking=var_schedule),
+      data.eval_batches,
+      log=common.log,
+    )
   runs.append(run)
   v_measured = [compare(b, run, sc.window) for b in base]
   # The variation ran once: its measured time against each baseline repeat, and priced.
   v_priced = compare(base[0], run, sc.window, step_price=median_step_prices(runs))
-  return {"schedule": var_schedule, "why": "never reached the target: shorter shallow "
-          "stage" if never else "reached it too late: longer shallow stage",
-          "shallow_fraction": frac, "vs_each_baseline": v_measured, "priced": v_priced,
-          "verdict": _holds([c["ratio"] for c in v_measured] + [v_priced["ratio"]])}
+  return {
+    "schedule": var_schedule,
+    "why": "never reached the target: shorter shallow stage"
+    if never
+    else "reached it too late: longer shallow stage",
+    "shallow_fraction": frac,
+    "vs_each_baseline": v_measured,
+    "priced": v_priced,
+    "verdict": _holds([c["ratio"] for c in v_measured] + [v_priced["ratio"]]),
+  }
 
 
-def finding_rows(runs: list[dict], est: dict[str, Any], verdict: str, variation: dict | None,
-                 config, data: PretrainingData, sc: Scale, schedule: str,
-                 where: str) -> list[dict]:
+def finding_rows(
+  runs: list[dict],
+  est: dict[str, Any],
+  verdict: str,
+  variation: dict | None,
+  config,
+  data: PretrainingData,
+  sc: Scale,
+  schedule: str,
+  where: str,
+) -> list[dict]:
   """The Findings rows: the time to the baseline's loss, the final quality, and the
   variation's time when there was one."""
   base = [r for r in runs if r["label"].startswith("baseline")]
@@ -388,15 +516,21 @@ def finding_rows(runs: list[dict], est: dict[str, Any], verdict: str, variation:
   learned = unigram - hb >= 0.1  # past the stage where only token frequencies are known
   quality = "yes" if gap <= 0.05 and learned else "partly" if gap <= 0.15 else "no"
   acc = base[0]["heldout"]["mlm_accuracy"]
-  caveat = (f"Both models are {'past' if learned else 'still at'} the unigram stage (held-out "
-            f"MLM loss {hb:.3f}, accuracy {acc:.1%}; token frequencies alone give {unigram:.3f})"
-            f"; the baseline itself first reached its final smoothed loss at step "
-            f"{per_repeat[0]['baseline_reach_step']} of {sc.steps}, stacked at step "
-            f"{per_repeat[0]['reach_step']}.")
-  rep = "; ".join(f"repeat {i + 1} {_fmt(c['ratio'])} ({_fmt(c['ratio_with_compile'])} with "
-                  "compile)" for i, c in enumerate(per_repeat))
-  rows = [common.finding(
-      PAPER, "Progressive stacking reaches the full-depth model's loss in less wall-clock "
+  caveat = (
+    f"Both models are {'past' if learned else 'still at'} the unigram stage (held-out "
+    f"MLM loss {hb:.3f}, accuracy {acc:.1%}; token frequencies alone give {unigram:.3f})"
+    f"; the baseline itself first reached its final smoothed loss at step "
+    f"{per_repeat[0]['baseline_reach_step']} of {sc.steps}, stacked at step "
+    f"{per_repeat[0]['reach_step']}."
+  )
+  rep = "; ".join(
+    f"repeat {i + 1} {_fmt(c['ratio'])} ({_fmt(c['ratio_with_compile'])} with compile)"
+    for i, c in enumerate(per_repeat)
+  )
+  rows = [
+    common.finding(
+      PAPER,
+      "Progressive stacking reaches the full-depth model's loss in less wall-clock "
       f"time (issue #6: <= {TARGET_RATIO}x the baseline's time).",
       f"{where}{config.num_hidden_layers}-layer {config.hidden_size}-wide BERT, {sc.steps} "
       "steps on "
@@ -408,34 +542,49 @@ def finding_rows(runs: list[dict], est: dict[str, Any], verdict: str, variation:
       f"compile; {sc.shallow}/{sc.layers}-layer step "
       f"{turn_price[sc.shallow] / turn_price[sc.layers]:.2f}x). {caveat} Rule (compile "
       f"excluded): yes if every estimate <= {TARGET_RATIO}, partly if some is or all < 1, "
-      "no if never reached.", verdict),
+      "no if never reached.",
+      verdict,
+    ),
     common.finding(
-      PAPER, "The stacked model ends as good as the one trained at full depth.",
+      PAPER,
+      "The stacked model ends as good as the one trained at full depth.",
       f"held-out MLM loss (fixed masks, {data.stats['heldout_masked_tokens']} tokens): "
       f"stacked {hs:.3f} vs full depth {hb:.3f} (diff {gap:+.3f} nats; unigram "
       f"{unigram:.3f}). Rule: yes if <= +0.05 and the baseline beats the unigram loss by "
-      ">= 0.1 nats (else the test is weak), partly if <= +0.15.", quality)]
+      ">= 0.1 nats (else the test is weak), partly if <= +0.15.",
+      quality,
+    ),
+  ]
   if variation is not None:
-    vr = "; ".join(f"vs baseline repeat {i + 1} {_fmt(c['ratio'])}"
-                   for i, c in enumerate(variation["vs_each_baseline"]))
-    rows.append(common.finding(
-        PAPER, f"(variation, as the {schedule} schedule missed {TARGET_RATIO}x) stacking with "
+    vr = "; ".join(
+      f"vs baseline repeat {i + 1} {_fmt(c['ratio'])}"
+      for i, c in enumerate(variation["vs_each_baseline"])
+    )
+    rows.append(
+      common.finding(
+        PAPER,
+        f"(variation, as the {schedule} schedule missed {TARGET_RATIO}x) stacking with "
         f"schedule {variation['schedule']} reaches the full-depth loss in <= {TARGET_RATIO}x "
         "the time.",
         f"{vr}; priced {_fmt(variation['priced']['ratio'])}; held-out MLM loss "
-        f"{runs[-1]['heldout']['mlm_loss']:.3f} vs {hb:.3f}. Same rule.", variation["verdict"]))
+        f"{runs[-1]['heldout']['mlm_loss']:.3f} vs {hb:.3f}. Same rule.",
+        variation["verdict"],
+      )
+    )
   return rows
 
 
-APPROACH = ("per-step time = from handing over batch k to asking for batch k+1 "
-            "(step, logging, growth), data loading excluded; compile = first step of each "
-            "stage minus the stage's median step, removed from the curves and reported; "
-            "smoothed loss = trailing {window}-step mean of the training MLM loss "
-            "(same batches and masks in every run); target = baseline's final smoothed "
-            "loss; ratio = first time the stacked smoothed loss <= target / baseline "
-            "total time; 'priced' prices each step at the median step time of its depth "
-            "over all runs (robust to load spikes); 'interleaved' at the median of steps "
-            "of each depth timed in turns after the runs (robust to load drift)")
+APPROACH = (
+  "per-step time = from handing over batch k to asking for batch k+1 "
+  "(step, logging, growth), data loading excluded; compile = first step of each "
+  "stage minus the stage's median step, removed from the curves and reported; "
+  "smoothed loss = trailing {window}-step mean of the training MLM loss "
+  "(same batches and masks in every run); target = baseline's final smoothed "
+  "loss; ratio = first time the stacked smoothed loss <= target / baseline "
+  "total time; 'priced' prices each step at the median step time of its depth "
+  "over all runs (robust to load spikes); 'interleaved' at the median of steps "
+  "of each depth timed in turns after the runs (robust to load drift)"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -457,9 +606,14 @@ def run_experiment(args) -> int:
     sc = dataclasses.replace(sc, repeats=args.repeats)
   timings: dict[str, float] = {}
   data = common.load_wikitext(args, sc, timings)
-  config = bertjax.BertConfig(vocab_size=data.corpus.vocab_size, hidden_size=sc.hidden,
-                              num_hidden_layers=sc.layers, num_attention_heads=sc.heads,
-                              intermediate_size=sc.ffn, max_position_embeddings=sc.seq_len)
+  config = bertjax.BertConfig(
+    vocab_size=data.corpus.vocab_size,
+    hidden_size=sc.hidden,
+    num_hidden_layers=sc.layers,
+    num_attention_heads=sc.heads,
+    intermediate_size=sc.ffn,
+    max_position_embeddings=sc.seq_len,
+  )
   train = sc.train_config(args.seed)
   shallow_steps = round(sc.steps * sc.shallow_fraction)
   schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
@@ -475,39 +629,64 @@ def run_experiment(args) -> int:
 
   per_repeat = est["per_repeat"]
   base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
-  figures = _figures(args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"],
-                     base_total, prefix)
+  figures = _figures(
+    args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"], base_total, prefix
+  )
   rows = finding_rows(runs, est, verdict, variation, config, data, sc, schedule, where)
   results = {
-      "data": data.stats,
-      "model": {"layers": config.num_hidden_layers, "hidden": config.hidden_size,
-                "params": int(sum(x.size for x in jax.tree.leaves(
-                    jax.eval_shape(lambda: bertjax.init(config, 0, ("mlm",))))))},
-      "approach": ("one process; runs in the order " + ", ".join(r["label"] for r in runs)
-                   + "; " + APPROACH.format(window=sc.window)),
-      "schedule": schedule,
-      "ratio_per_repeat": per_repeat,
-      "ratio_priced": est["priced"],
-      "ratio_interleaved": est["interleaved"],
-      "interleaved_step_s": est["turns"],
-      "interleaved_median_step_s": est["turn_price"],
-      "median_step_s_by_depth": price,
-      "ratio_target": TARGET_RATIO,
-      "verdict": verdict,
-      "variation": variation,
-      "repeat_max_abs_loss_diff": est["determinism"],
-      "heldout_mlm_loss": {r["label"]: r["heldout"] for r in runs},
-      "compile_s": {r["label"]: r["compile_s"] for r in runs},
-      "loadavg": {"start": load_start, "end": load_end},
-      "runs": runs,
-      "timings_s": timings,
+    "data": data.stats,
+    "model": {
+      "layers": config.num_hidden_layers,
+      "hidden": config.hidden_size,
+      "params": int(
+        sum(
+          x.size for x in jax.tree.leaves(jax.eval_shape(lambda: bertjax.init(config, 0, ("mlm",))))
+        )
+      ),
+    },
+    "approach": (
+      "one process; runs in the order "
+      + ", ".join(r["label"] for r in runs)
+      + "; "
+      + APPROACH.format(window=sc.window)
+    ),
+    "schedule": schedule,
+    "ratio_per_repeat": per_repeat,
+    "ratio_priced": est["priced"],
+    "ratio_interleaved": est["interleaved"],
+    "interleaved_step_s": est["turns"],
+    "interleaved_median_step_s": est["turn_price"],
+    "median_step_s_by_depth": price,
+    "ratio_target": TARGET_RATIO,
+    "verdict": verdict,
+    "variation": variation,
+    "repeat_max_abs_loss_diff": est["determinism"],
+    "heldout_mlm_loss": {r["label"]: r["heldout"] for r in runs},
+    "compile_s": {r["label"]: r["compile_s"] for r in runs},
+    "loadavg": {"start": load_start, "end": load_end},
+    "runs": runs,
+    "timings_s": timings,
   }
-  settings = {**dataclasses.asdict(sc), "seed": args.seed, "objective": "none (MLM only, "
-              "RoBERTa FULL-SENTENCES)", "optimizer": "adamw", "decay": "linear",
-              "train": dataclasses.asdict(train), "model_config": dataclasses.asdict(config)}
-  common.write_results(NAME, args.out, results, findings=rows, settings=settings,
-                       smoke=args.smoke, seconds=time.perf_counter() - t_start, figures=figures,
-                       stem=prefix)
+  settings = {
+    **dataclasses.asdict(sc),
+    "seed": args.seed,
+    "objective": "none (MLM only, RoBERTa FULL-SENTENCES)",
+    "optimizer": "adamw",
+    "decay": "linear",
+    "train": dataclasses.asdict(train),
+    "model_config": dataclasses.asdict(config),
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=rows,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - t_start,
+    figures=figures,
+    stem=prefix,
+  )
   return 0
 
 

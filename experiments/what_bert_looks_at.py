@@ -51,23 +51,61 @@ import numpy as np
 
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"
-CLARK_RELATIONS = ("nsubj", "obj", "iobj", "amod", "det", "case", "advmod", "aux", "nmod",
-                   "obl", "compound", "mark", "cc", "conj", "poss", "nummod", "cop", "advcl",
-                   "xcomp", "ccomp", "acl", "appos", "expl", "flat", "fixed", "parataxis")
+CLARK_RELATIONS = (
+  "nsubj",
+  "obj",
+  "iobj",
+  "amod",
+  "det",
+  "case",
+  "advmod",
+  "aux",
+  "nmod",
+  "obl",
+  "compound",
+  "mark",
+  "cc",
+  "conj",
+  "poss",
+  "nummod",
+  "cop",
+  "advcl",
+  "xcomp",
+  "ccomp",
+  "acl",
+  "appos",
+  "expl",
+  "flat",
+  "fixed",
+  "parataxis",
+)
 MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
-INDEXING = ("layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
-            "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
-            "layers 1..L in order, (L, H) arrays layer by head")
+INDEXING = (
+  "layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
+  "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
+  "layers 1..L in order, (L, H) arrays layer by head"
+)
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
   """The sizes of a run: the full one, or the small smoke one."""
   if smoke:
-    return {"model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
-            "max_sentences": 24, "max_tokens": 128, "batch_size": 16, "min_count": 3,
-            "seed": seed}
-  return {"model": "all-MiniLM-L6-v2", "max_sentences": None, "max_tokens": 128,
-          "batch_size": 32, "min_count": 100, "seed": seed}
+    return {
+      "model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
+      "max_sentences": 24,
+      "max_tokens": 128,
+      "batch_size": 16,
+      "min_count": 3,
+      "seed": seed,
+    }
+  return {
+    "model": "all-MiniLM-L6-v2",
+    "max_sentences": None,
+    "max_tokens": 128,
+    "batch_size": 32,
+    "min_count": 100,
+    "seed": seed,
+  }
 
 
 def relation(deprel: str) -> str:
@@ -106,8 +144,9 @@ def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
 SENTENCE_STATS = ("cls", "sep", "punct", "entropy")  # kept per sentence, for the intervals
 
 
-def sentence_statistics(attn, ids, attention_mask, sep_id: int, punct_ids,
-                        smoothing: float) -> dict[str, np.ndarray]:
+def sentence_statistics(
+  attn, ids, attention_mask, sep_id: int, punct_ids, smoothing: float
+) -> dict[str, np.ndarray]:
   """Clark's statistics of one sentence by layer, (L,) each, mean over its heads: the mass
   each real query row puts on [CLS] (position 0), [SEP] and punctuation, and its entropy in
   nats of `(1 - smoothing) a + smoothing / n`, averaged over the real query rows (the
@@ -124,9 +163,12 @@ def sentence_statistics(attn, ids, attention_mask, sep_id: int, punct_ids,
   a = np.asarray(attn, np.float64)[..., real, :][..., real]  # (L, heads, n, n)
   ids = np.asarray(ids)[real]
   p = (1 - smoothing) * a + smoothing / real.sum()
-  per_row = {"cls": a[..., 0], "sep": a[..., ids == sep_id].sum(-1),
-             "punct": a[..., np.isin(ids, punct_ids)].sum(-1),
-             "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)}
+  per_row = {
+    "cls": a[..., 0],
+    "sep": a[..., ids == sep_id].sum(-1),
+    "punct": a[..., np.isin(ids, punct_ids)].sum(-1),
+    "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1),
+  }
   return {k: v.mean((-1, -2)) for k, v in per_row.items()}
 
 
@@ -173,8 +215,9 @@ def _layer_head(flat: int, config_shape: tuple[int, int]) -> list[int]:
   return [int(layer) + 1, int(head)]
 
 
-def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[str],
-                config_shape: tuple[int, int]) -> dict[str, dict]:
+def probe_table(
+  rels, offsets, split, dep_hits, head_hits, relations: Sequence[str], config_shape: tuple[int, int]
+) -> dict[str, dict]:
   """Best head (each direction) and best offset per relation, held out and in sample.
 
   Args:
@@ -200,17 +243,21 @@ def probe_table(rels, offsets, split, dep_hits, head_hits, relations: Sequence[s
       acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
       best = int(np.argmax(acc_sel))
       row[name] = {
-          "head": _layer_head(best, config_shape),
-          "select_accuracy": float(acc_sel[best]),
-          "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
-          "in_sample_head": _layer_head(int(np.argmax(acc_all)), config_shape),
-          "in_sample_accuracy": float(acc_all.max()),
-          "per_head_in_sample": acc_all.reshape(config_shape)}
+        "head": _layer_head(best, config_shape),
+        "select_accuracy": float(acc_sel[best]),
+        "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
+        "in_sample_head": _layer_head(int(np.argmax(acc_all)), config_shape),
+        "in_sample_accuracy": float(acc_all.max()),
+        "per_head_in_sample": acc_all.reshape(config_shape),
+      }
     k, _ = best_offset(offsets, a)
     k_all, share_all = best_offset(offsets, sel)
-    row["baseline"] = {"offset": k, "accuracy": float((offsets[b] == k).mean()) if b.any()
-                       else float("nan"),
-                       "in_sample_offset": k_all, "in_sample_accuracy": share_all}
+    row["baseline"] = {
+      "offset": k,
+      "accuracy": float((offsets[b] == k).mean()) if b.any() else float("nan"),
+      "in_sample_offset": k_all,
+      "in_sample_accuracy": share_all,
+    }
     out[rel] = row
   return out
 
@@ -221,11 +268,20 @@ def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_token
   order = [i for i in np.argsort(lengths, kind="stable") if lengths[i] <= max_tokens]
   out = []
   for start in range(0, len(order), batch_size):
-    idx = np.sort(order[start:start + batch_size])
+    idx = np.sort(order[start : start + batch_size])
     width = int(-(-lengths[idx].max() // 8) * 8)
     b = tok.encode_words([words[i] for i in idx], pad_to=width)
-    out.append((idx, {"input_ids": b.input_ids, "attention_mask": b.attention_mask,
-                      "token_type_ids": b.token_type_ids, "word_ids": b.word_ids}))
+    out.append(
+      (
+        idx,
+        {
+          "input_ids": b.input_ids,
+          "attention_mask": b.attention_mask,
+          "token_type_ids": b.token_type_ids,
+          "word_ids": b.word_ids,
+        },
+      )
+    )
   return out
 
 
@@ -254,8 +310,13 @@ def _roles(s: dict) -> str:
   """Which tokens play [CLS] and [SEP] where they are not BERT's strings (MPNet: <s>, </s>)."""
   tokens = s.get("special_tokens") or {}
   other = {k: v for k, v in tokens.items() if k in ("[CLS]", "[SEP]") and k != v}
-  return ("" if not other else " ([CLS] and [SEP] are the tokenizer's roles: "
-          + ", ".join(f"{k} is {v}" for k, v in other.items()) + ")")
+  return (
+    ""
+    if not other
+    else " ([CLS] and [SEP] are the tokenizer's roles: "
+    + ", ".join(f"{k} is {v}" for k, v in other.items())
+    + ")"
+  )
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -274,18 +335,26 @@ def findings(r: dict, s: dict) -> list[dict]:
   # The middle third of the blocks (1-based lo..hi), where Clark's BERT-base puts its [SEP] mass.
   lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
   inner = slice(lo - 1, max(hi, lo))
-  masses = {name: float(by[key][inner].mean())
-            for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))}
+  masses = {
+    name: float(by[key][inner].mean())
+    for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))
+  }
   total = sum(masses.values())
   sink = max(masses, key=masses.get)
   d = clark["definition"]
-  how = ("per sentence, then over sentences (Clark's notebook)" if d["weighting"] == "document"
-         else "over all tokens")
-  punct_how = ('"." and ","' if d["punctuation"] == "clark"
-               else f"all {d['punctuation_ids']} punctuation ids")
+  how = (
+    "per sentence, then over sentences (Clark's notebook)"
+    if d["weighting"] == "document"
+    else "over all tokens"
+  )
+  punct_how = (
+    '"." and ","' if d["punctuation"] == "clark" else f"all {d['punctuation_ids']} punctuation ids"
+  )
   rounded = lambda v, k=3: np.round(v, k).tolist()
-  rows = [common.finding(
-      PAPER, "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
+  rows = [
+    common.finding(
+      PAPER,
+      "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
       "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
       "when a head's function does not apply.",
       f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
@@ -301,17 +370,23 @@ def findings(r: dict, s: dict) -> list[dict]:
       "may differ. "
       "Rule: yes if the middle third gives over half its attention to these tokens with [SEP] "
       "the largest, partly if over half but another token is the sink, no otherwise.",
-      sink_verdict(total, masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])))]
-  first_half, second_half = ent[:depth // 2].mean(), ent[depth // 2:].mean()
-  rows.append(common.finding(
-      PAPER, "Early layers attend broadly (high attention entropy); later heads focus.",
+      sink_verdict(total, masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])),
+    )
+  ]
+  first_half, second_half = ent[: depth // 2].mean(), ent[depth // 2 :].mean()
+  rows.append(
+    common.finding(
+      PAPER,
+      "Early layers attend broadly (high attention entropy); later heads focus.",
       f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
       f"{d['entropy_smoothing']:g}; uniform attention: {clark['uniform_entropy']:.2f}); first "
       f"half {first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
       f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
       "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
       "second's, partly if only one of the two.",
-      entropy_verdict(ent[0] - ent[1:].max(), first_half - second_half)))
+      entropy_verdict(ent[0] - ent[1:].max(), first_half - second_half),
+    )
+  )
   table, frequent = probe["relations"], probe["frequent"]
   # The direction of each relation is chosen on the selection half too, then scored held out.
   chosen, margins = probe["accuracy_chosen_direction"], probe["margin_chosen_direction_vs_offset"]
@@ -319,24 +394,32 @@ def findings(r: dict, s: dict) -> list[dict]:
   share = len(beat) / max(len(frequent), 1)
   best = sorted(frequent, key=lambda x: -margins[x])[:5]
   below = [x for x in frequent if x not in beat]
-  rows.append(common.finding(
-      PAPER, "Particular heads track particular dependency relations well, well above a "
+  rows.append(
+    common.finding(
+      PAPER,
+      "Particular heads track particular dependency relations well, well above a "
       "fixed-offset baseline.",
       f"the best single head (head and direction chosen on even sentences) beats the best fixed "
       f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
-      "relations; largest margins: " + ", ".join(
-          f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
+      "relations; largest margins: "
+      + ", ".join(f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
       + f"; under the 5-point margin: {', '.join(below) or 'none'}"
       + ". Differs from Clark: UD relations on EWT, not Stanford dependencies on the WSJ. "
       "Rule: yes if >=2/3 of the relations, partly if >=1/3.",
-      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no"))
+      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no",
+    )
+  )
   overall = table["all"]["dep_to_head"]["accuracy"]
-  rows.append(common.finding(
-      PAPER, "No single head does well at syntax overall.",
+  rows.append(
+    common.finding(
+      PAPER,
+      "No single head does well at syntax overall.",
       f"the best single head over all non-punctuation arcs predicts the head for "
       f"{overall:.2f} of held-out arcs (best fixed offset "
       f"{table['all']['baseline']['accuracy']:.2f}). Rule: yes if below 0.5, partly if below 0.7.",
-      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no"))
+      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no",
+    )
+  )
   return rows
 
 
@@ -353,12 +436,21 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
 
   names = []
   by = r["clark"]["by_layer"]
-  averaged = ("per sentence, then over sentences"
-              if r["clark"]["definition"]["weighting"] == "document" else "over tokens")
+  averaged = (
+    "per sentence, then over sentences"
+    if r["clark"]["definition"]["weighting"] == "document"
+    else "over tokens"
+  )
   layers = np.arange(1, len(by["sep"]) + 1)
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
-  for key, style in (("cls", "o-"), ("sep", "s-"), ("punct", "^-"), ("self", "x--"),
-                     ("prev", "<--"), ("next", ">--")):
+  for key, style in (
+    ("cls", "o-"),
+    ("sep", "s-"),
+    ("punct", "^-"),
+    ("self", "x--"),
+    ("prev", "<--"),
+    ("next", ">--"),
+  ):
     label = {"cls": "[CLS]", "sep": "[SEP]"}.get(key, key)
     if key == "punct" and r["clark"]["definition"]["punctuation"] == "clark":
       label = '". ," (Clark)'
@@ -369,8 +461,12 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
   axes[0].set_xticks(layers)
   axes[0].legend(fontsize=8)
   axes[1].plot(layers, by["entropy"], "o-", color="tab:purple", label="attention")
-  axes[1].plot(layers, r["clark"]["uniform_entropy"] * np.ones(len(layers)), "k:",
-               label="uniform over the sentence")
+  axes[1].plot(
+    layers,
+    r["clark"]["uniform_entropy"] * np.ones(len(layers)),
+    "k:",
+    label="uniform over the sentence",
+  )
   axes[1].set_xlabel("layer")
   axes[1].set_ylabel(f"mean entropy, nats ({averaged})", fontsize=8)
   axes[1].set_title("Attention entropy by layer")
@@ -390,18 +486,30 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
   rels = [x for x in ("all", *relations) if x in t]
   x = np.arange(len(rels))
   fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rels) + 2), 4.5))
-  ax.bar(x - 0.27, [t[k]["dep_to_head"]["accuracy"] for k in rels], 0.27,
-         label="best head, dependent -> head")
-  ax.bar(x, [t[k]["head_to_dep"]["accuracy"] for k in rels], 0.27,
-         label="best head, head -> dependent")
-  ax.bar(x + 0.27, [t[k]["baseline"]["accuracy"] for k in rels], 0.27, color="gray",
-         label="best fixed offset")
+  ax.bar(
+    x - 0.27,
+    [t[k]["dep_to_head"]["accuracy"] for k in rels],
+    0.27,
+    label="best head, dependent -> head",
+  )
+  ax.bar(
+    x, [t[k]["head_to_dep"]["accuracy"] for k in rels], 0.27, label="best head, head -> dependent"
+  )
+  ax.bar(
+    x + 0.27,
+    [t[k]["baseline"]["accuracy"] for k in rels],
+    0.27,
+    color="gray",
+    label="best fixed offset",
+  )
   ax.set_xticks(x, [f"{k}\n({t[k]['count_eval']})" for k in rels], fontsize=7)
   ax.set_xlabel("relation (held-out arcs)")
   ax.set_ylabel("held-out accuracy")
   ax.set_ylim(0, 1)
-  ax.set_title("Attention-based dependency probe: best single head vs fixed offset "
-               "(chosen on even sentences, scored on odd)")
+  ax.set_title(
+    "Attention-based dependency probe: best single head vs fixed offset "
+    "(chosen on even sentences, scored on odd)"
+  )
   ax.legend(fontsize=8)
   names.append(common.savefig(fig, out, f"{stem}_relations"))
 
@@ -417,7 +525,7 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
     ax.set_xticks(range(grid.shape[1]))
     ax.tick_params(labelsize=7)
     fig.colorbar(im, ax=ax, label="accuracy")
-  for ax in axes.ravel()[len(shown):]:
+  for ax in axes.ravel()[len(shown) :]:
     ax.axis("off")
   fig.suptitle("Per-head accuracy of the attention probe (all sentences)")
   names.append(common.savefig(fig, out, f"{stem}_heads"))
@@ -430,19 +538,32 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options and the attention statistics' definition."""
   p = common.parser(__doc__)
-  p.add_argument("--weighting", choices=("document", "token"), default="document",
-                 help="average the attention statistics per sentence, then over sentences "
-                      "(document, Clark's notebook), or over all tokens (default: document)")
-  p.add_argument("--punctuation", choices=("clark", "all"), default="clark",
-                 help='punctuation keys: "." and "," (clark) or every punctuation entry of the '
-                      "vocabulary (all) (default: clark)")
-  p.add_argument("--entropy-smoothing", type=float, default=1e-4,
-                 help="entropy of (1 - eps) a + eps / n, Clark's 1e-4 (default); 0: unsmoothed")
+  p.add_argument(
+    "--weighting",
+    choices=("document", "token"),
+    default="document",
+    help="average the attention statistics per sentence, then over sentences "
+    "(document, Clark's notebook), or over all tokens (default: document)",
+  )
+  p.add_argument(
+    "--punctuation",
+    choices=("clark", "all"),
+    default="clark",
+    help='punctuation keys: "." and "," (clark) or every punctuation entry of the '
+    "vocabulary (all) (default: clark)",
+  )
+  p.add_argument(
+    "--entropy-smoothing",
+    type=float,
+    default=1e-4,
+    help="entropy of (1 - eps) a + eps / n, Clark's 1e-4 (default); 0: unsmoothed",
+  )
   return p.parse_args(argv)
 
 
-def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctuation: str,
-              smoothing: float) -> dict[str, Any]:
+def clark_run(
+  params, config, tok, plain: Sequence[dict], weighting: str, punctuation: str, smoothing: float
+) -> dict[str, Any]:
   """`statistics.clark_statistics` of one definition, per head and by layer, beside the entropy
   of uniform attention averaged alike.
 
@@ -455,23 +576,37 @@ def clark_run(params, config, tok, plain: Sequence[dict], weighting: str, punctu
   """
   from bertjax.analysis.attention import statistics
 
-  punct = (statistics.clark_punctuation_ids(tok) if punctuation == "clark"
-           else statistics.punctuation_ids(tok))
+  punct = (
+    statistics.clark_punctuation_ids(tok)
+    if punctuation == "clark"
+    else statistics.punctuation_ids(tok)
+  )
   n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
-  stats = statistics.clark_statistics(params, config, plain, sep_id=tok.sep_id,
-                                     punct_ids=punct, weighting=weighting,
-                                     entropy_smoothing=smoothing)
+  stats = statistics.clark_statistics(
+    params,
+    config,
+    plain,
+    sep_id=tok.sep_id,
+    punct_ids=punct,
+    weighting=weighting,
+    entropy_smoothing=smoothing,
+  )
   out = {k: np.asarray(v) for k, v in stats.items()}
   out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
   # Entropy of uniform attention over each sequence, averaged like the statistics.
   out["uniform_entropy"] = statistics.uniform_entropy(n_tok, weighting)
-  out["definition"] = {"weighting": weighting, "punctuation": punctuation,
-                       "punctuation_ids": len(punct), "entropy_smoothing": smoothing}
+  out["definition"] = {
+    "weighting": weighting,
+    "punctuation": punctuation,
+    "punctuation_ids": len(punct),
+    "entropy_smoothing": smoothing,
+  }
   return out
 
 
-def dependency_probe(params, config, batches, ud, min_count: int,
-                     clark_definition: tuple[int, Sequence[int], float]) -> dict[str, Any]:
+def dependency_probe(
+  params, config, batches, ud, min_count: int, clark_definition: tuple[int, Sequence[int], float]
+) -> dict[str, Any]:
   """Clark et al.'s attention-based probe over every arc of the used sentences, and
   `sentence_statistics` of every sentence (from the same maps).
 
@@ -496,16 +631,26 @@ def dependency_probe(params, config, batches, ud, min_count: int,
   check = []  # word_maps vs bertjax's word_attention on a few sentences
   per_sentence: dict[int, dict[str, np.ndarray]] = {}
   for idx, b in batches:
-    maps = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                                      b["token_type_ids"], output_attentions=True).attentions)
+    maps = np.asarray(
+      bertjax.forward(
+        params,
+        config,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        output_attentions=True,
+      ).attentions
+    )
     for row, i in enumerate(idx):
-      per_sentence[int(i)] = sentence_statistics(maps[:, row], b["input_ids"][row],
-                                                 b["attention_mask"][row], *clark_definition)
+      per_sentence[int(i)] = sentence_statistics(
+        maps[:, row], b["input_ids"][row], b["attention_mask"][row], *clark_definition
+      )
       sent = ud[i]
       m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
       if len(check) < 3 and sent.num_words <= 30:
-        ref, groups = statistics.word_attention(maps[:, row], b["word_ids"][row],
-                                               b["attention_mask"][row], keep_special=False)
+        ref, groups = statistics.word_attention(
+          maps[:, row], b["word_ids"][row], b["attention_mask"][row], keep_special=False
+        )
         check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
       pred = predictions(m).reshape(depth * n_heads, -1)
       heads = sent.heads_array()
@@ -519,38 +664,72 @@ def dependency_probe(params, config, batches, ud, min_count: int,
   offsets, split = np.concatenate(offsets), np.concatenate(split)
   dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
   counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
-  frequent = [r for r in sorted(counts, key=lambda r: -counts[r])
-              if counts[r] >= min_count and r not in ("punct", "root")]
+  frequent = [
+    r
+    for r in sorted(counts, key=lambda r: -counts[r])
+    if counts[r] >= min_count and r not in ("punct", "root")
+  ]
   keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
-  table = probe_table(rels[keep], offsets[keep], split[keep], dep_hits[keep], head_hits[keep],
-                      ["all"], (depth, n_heads))
-  table.update(probe_table(rels, offsets, split, dep_hits, head_hits,
-                           [*frequent, *(["punct"] if "punct" in counts else [])],
-                           (depth, n_heads)))
-  common.log("best head (held-out, dep->head) vs offset: " + ", ".join(
+  table = probe_table(
+    rels[keep],
+    offsets[keep],
+    split[keep],
+    dep_hits[keep],
+    head_hits[keep],
+    ["all"],
+    (depth, n_heads),
+  )
+  table.update(
+    probe_table(
+      rels,
+      offsets,
+      split,
+      dep_hits,
+      head_hits,
+      [*frequent, *(["punct"] if "punct" in counts else [])],
+      (depth, n_heads),
+    )
+  )
+  common.log(
+    "best head (held-out, dep->head) vs offset: "
+    + ", ".join(
       f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
-      for r in ["all", *frequent]))
+      for r in ["all", *frequent]
+    )
+  )
   order = sorted(per_sentence)
-  return {"table": table, "frequent": frequent, "counts": counts, "arcs": len(rels),
-          "check": check, "per_sentence": {k: np.stack([per_sentence[i][k] for i in order])
-                                           for k in SENTENCE_STATS}}
+  return {
+    "table": table,
+    "frequent": frequent,
+    "counts": counts,
+    "arcs": len(rels),
+    "check": check,
+    "per_sentence": {k: np.stack([per_sentence[i][k] for i in order]) for k in SENTENCE_STATS},
+  }
 
 
 def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
   """The result file's `probe` entry: the table, and each frequent relation's margin over the
   best fixed offset, for dependent -> head and for the direction chosen on the selection half."""
-  margins = {x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"]
-             for x in frequent}
+  margins = {
+    x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"] for x in frequent
+  }
   # The direction of each relation is chosen on the selection half too, then scored held out.
-  direction = {x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
-               for x in frequent}
+  direction = {
+    x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
+    for x in frequent
+  }
   chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
   margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
-  return {"relations": table, "frequent": frequent,
-          "margin_dep_to_head_vs_offset": margins,
-          "direction_chosen": direction, "accuracy_chosen_direction": chosen,
-          "margin_chosen_direction_vs_offset": margins_any,
-          "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0}
+  return {
+    "relations": table,
+    "frequent": frequent,
+    "margin_dep_to_head_vs_offset": margins,
+    "direction_chosen": direction,
+    "accuracy_chosen_direction": chosen,
+    "margin_chosen_direction_vs_offset": margins_any,
+    "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0,
+  }
 
 
 def main(argv=None) -> int:
@@ -564,8 +743,12 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    config, params, tok, s["model"] = common.load_model(args, lambda: common.tiny_model(
-        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512))
+    config, params, tok, s["model"] = common.load_model(
+      args,
+      lambda: common.tiny_model(
+        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512
+      ),
+    )
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]
@@ -574,8 +757,9 @@ def main(argv=None) -> int:
   plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]
 
   with common.timed(timings, "clark"):
-    clark = clark_run(params, config, tok, plain, args.weighting, args.punctuation,
-                      args.entropy_smoothing)
+    clark = clark_run(
+      params, config, tok, plain, args.weighting, args.punctuation, args.entropy_smoothing
+    )
     common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
   with common.timed(timings, "clark token-weighted"):
     # The earlier definition, for comparison.
@@ -583,46 +767,73 @@ def main(argv=None) -> int:
   with common.timed(timings, "probe"):
     from bertjax.analysis.attention import statistics
 
-    punct = (statistics.clark_punctuation_ids(tok) if args.punctuation == "clark"
-             else statistics.punctuation_ids(tok))
-    probe = dependency_probe(params, config, batches, ud, s["min_count"],
-                             (tok.sep_id, punct, args.entropy_smoothing))
+    punct = (
+      statistics.clark_punctuation_ids(tok)
+      if args.punctuation == "clark"
+      else statistics.punctuation_ids(tok)
+    )
+    probe = dependency_probe(
+      params, config, batches, ud, s["min_count"], (tok.sep_id, punct, args.entropy_smoothing)
+    )
   per_sentence = probe["per_sentence"]
   # Each sentence's statistics, averaged over sentences, are the library's document-weighted
   # ones (the intervals of the Findings resample these).
-  gap = (max(float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max())
-             for k in SENTENCE_STATS) if args.weighting == "document" else float("nan"))
+  gap = (
+    max(float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max()) for k in SENTENCE_STATS)
+    if args.weighting == "document"
+    else float("nan")
+  )
   common.log(f"per-sentence statistics vs clark_statistics: max |diff| {gap:.1e}")
   n_tok = sum(int(b["attention_mask"].sum()) for b in plain)
   results = {
-      "data": {"file": path.name, "sentences": len(ud), "sentences_used": len(used),
-               "tokens": n_tok, "arcs": probe["arcs"], "relation_counts": probe["counts"]},
-      "clark": clark,
-      "clark_token_all_punct": variant,
-      "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
-      # (sentences, L) each, rounded to 1e-5: what the Findings' intervals resample.
-      "per_sentence": {k: np.round(v, 5) for k, v in per_sentence.items()},
-      "per_sentence_vs_clark_max_diff": gap,
+    "data": {
+      "file": path.name,
+      "sentences": len(ud),
+      "sentences_used": len(used),
+      "tokens": n_tok,
+      "arcs": probe["arcs"],
+      "relation_counts": probe["counts"],
+    },
+    "clark": clark,
+    "clark_token_all_punct": variant,
+    "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
+    # (sentences, L) each, rounded to 1e-5: what the Findings' intervals resample.
+    "per_sentence": {k: np.round(v, 5) for k, v in per_sentence.items()},
+    "per_sentence_vs_clark_max_diff": gap,
   }
   results["timings_s"] = timings
   figs = figures(results, args.out, probe["frequent"], common.results_stem(NAME, args.model))
   settings = {
-      **s, "data": f"UD English EWT {path.name}", "layers": config.depth,
-      "special_tokens": common.special_tokens(tok),
-      "heads": config.num_attention_heads,
-      "backend": jax.default_backend(), "max_offset": MAX_OFFSET, "indexing": INDEXING,
-      "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
-      "prediction": "argmax of word-level attention over the sentence's other words "
-                    "([CLS], [SEP] and the word itself excluded)",
-      "clark_relations_of_interest": CLARK_RELATIONS,
-      "clark_statistics": {**clark["definition"], "source": "clarkkev/attention-analysis "
-                           "General_Analysis.ipynb (cells 5 and 7) when document / clark / 1e-4",
-                           "variant": "clark_token_all_punct: token-weighted, every punctuation "
-                                      "id, unsmoothed entropy"}}
-  common.write_results(NAME, args.out, results, findings=findings(common.to_json(results),
-                                                                  settings),
-                       settings=settings, smoke=args.smoke,
-                       seconds=time.perf_counter() - start, figures=figs, model=args.model)
+    **s,
+    "data": f"UD English EWT {path.name}",
+    "layers": config.depth,
+    "special_tokens": common.special_tokens(tok),
+    "heads": config.num_attention_heads,
+    "backend": jax.default_backend(),
+    "max_offset": MAX_OFFSET,
+    "indexing": INDEXING,
+    "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
+    "prediction": "argmax of word-level attention over the sentence's other words "
+    "([CLS], [SEP] and the word itself excluded)",
+    "clark_relations_of_interest": CLARK_RELATIONS,
+    "clark_statistics": {
+      **clark["definition"],
+      "source": "clarkkev/attention-analysis "
+      "General_Analysis.ipynb (cells 5 and 7) when document / clark / 1e-4",
+      "variant": "clark_token_all_punct: token-weighted, every punctuation id, unsmoothed entropy",
+    },
+  }
+  common.write_results(
+    NAME,
+    args.out,
+    results,
+    findings=findings(common.to_json(results), settings),
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - start,
+    figures=figs,
+    model=args.model,
+  )
   return 0
 
 

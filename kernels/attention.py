@@ -47,8 +47,8 @@ from . import dropout as drop
 from . import flash_attention as fa
 from . import flash_attention_stats as fa_stats
 from . import flash_attention_tpu as fa_tpu
-from .masks import Mask, mask_of
 from .disentangled import BIASES, DisentangledBias
+from .masks import Mask, mask_of
 from .position_bias import PositionBias
 from .reference import (
   ABLATIONS,
@@ -242,8 +242,9 @@ def attention(
   impl = _resolve_impl(impl, return_probs)
   _check_combination(impl, dropout_rate, return_probs, backward)
   if impl == "xla":
-    return _xla(q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate,
-                dropout_seed, bias)
+    return _xla(
+      q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate, dropout_seed, bias
+    )
   if impl == "cudnn":
     _check_fused_variants(impl, q, k, mask, bias)
     return _cudnn_attention(q, k, v, mask, head_mask, ablation, scale)
@@ -266,12 +267,17 @@ def attention(
   return fa.flash_attention(q, k, v, backward=backward, bias=bias, **kwargs)
 
 
-def _xla(q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate, dropout_seed,
-         bias):
+def _xla(q, k, v, mask, head_mask, ablation, scale, return_probs, dropout_rate, dropout_seed, bias):
   """`impl="xla"`: the reference when the maps are returned; a window layer whose band is
   narrower than half the sequence on its band alone; otherwise the custom-backward path."""
-  kw = dict(head_mask=head_mask, ablation=ablation, scale=scale, dropout_rate=dropout_rate,
-            dropout_seed=dropout_seed, bias=bias)
+  kw = dict(
+    head_mask=head_mask,
+    ablation=ablation,
+    scale=scale,
+    dropout_rate=dropout_rate,
+    dropout_seed=dropout_seed,
+    bias=bias,
+  )
   if return_probs:
     return reference_attention(q, k, v, mask=mask, return_probs=True, **kw)
   if mask.window is not None and q.shape[1] >= 2 * band_width(mask.window):

@@ -54,8 +54,9 @@ def log_bucket(relative: np.ndarray, buckets: int, max_position: int) -> np.ndar
   return np.where(abs_pos <= mid, relative, log_pos * sign).astype(np.int64)
 
 
-def relative_index(seq_q: int, seq_k: int, span: int, buckets: int = -1,
-                   max_position: int = -1) -> np.ndarray:
+def relative_index(
+  seq_q: int, seq_k: int, span: int, buckets: int = -1, max_position: int = -1
+) -> np.ndarray:
   """`(seq_q, seq_k)` int32 rows of the relative tables: `clip(bucket(i - j) + span, 0,
   2 span - 1)` (no bucketing unless both `buckets` and `max_position` are positive)."""
   rel = np.arange(seq_q)[:, None] - np.arange(seq_k)[None, :]
@@ -103,8 +104,9 @@ class DisentangledBias:
       shape = jnp.shape(table)
       want = (2 * self.span, heads, head_dim if head_dim is not None else shape[-1])
       if shape != want:
-        raise ValueError(f"DisentangledBias {name} of shape {shape} must be "
-                         f"(2 * span, heads, head_dim) = {want}")
+        raise ValueError(
+          f"DisentangledBias {name} of shape {shape} must be (2 * span, heads, head_dim) = {want}"
+        )
 
   def index(self, seq_q: int, seq_k: int) -> np.ndarray:
     """The relative index `r(i, j)` `(seq_q, seq_k)` (static)."""
@@ -122,13 +124,13 @@ class DisentangledBias:
     idx = jnp.asarray(idx - lo)
     out = {}
     if self.pos_key is not None:
-      full = jnp.einsum("bqhd,rhd->bhqr", q.astype(dtype),
-                        jnp.asarray(self.pos_key, dtype)[lo:hi])
+      full = jnp.einsum("bqhd,rhd->bhqr", q.astype(dtype), jnp.asarray(self.pos_key, dtype)[lo:hi])
       out["c2p"] = _gather_rows(full, idx) * jnp.asarray(self.scale, dtype)
     if self.pos_query is not None:
       # p2c at (i, j) reads key j's row of k . Qr^T at r(i, j): gather over keys, transpose.
-      full = jnp.einsum("bkhd,rhd->bhkr", k.astype(dtype),
-                        jnp.asarray(self.pos_query, dtype)[lo:hi])
+      full = jnp.einsum(
+        "bkhd,rhd->bhkr", k.astype(dtype), jnp.asarray(self.pos_query, dtype)[lo:hi]
+      )
       out["p2c"] = jnp.swapaxes(_gather_rows(full, idx.T), -1, -2) * jnp.asarray(self.scale, dtype)
     return out
 

@@ -64,8 +64,8 @@ from jax.experimental import pallas as pl
 
 from . import dropout as drop
 from .masks import Mask
-from .reference import Ablation, reference_attention
 from .position_bias import PositionBias
+from .reference import Ablation, reference_attention
 from .tiling import (
   MASK_VALUE,
   BlockSizes,
@@ -179,8 +179,9 @@ def _table_spec(cfg: KernelConfig):
   return pl.BlockSpec((None, width), lambda b, h, i: (h, 0))
 
 
-def forward_call(cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None,
-                 table=None):
+def forward_call(
+  cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None, table=None
+):
   """Runs the forward kernel on padded inputs (the statistics pass reuses it for the lse).
 
   `table` (heads, entries): the position bias table when `cfg.bias_kind`.
@@ -286,8 +287,10 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
       q_slice = block_slice(i * block_q, block_q)
       q_idx = i * block_q + jnp.arange(block_q)
       seg_q = segq_ref[q_slice] if cfg.has_segments else None
-      allowed = allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window) & (
-        q_idx < length)[:, None]
+      allowed = (
+        allowed_tile(q_idx, k_idx, length, seg_q, seg_k, cfg.half_window)
+        & (q_idx < length)[:, None]
+      )
       q = q_ref[q_slice, r, :]
       do = do_ref[q_slice, r, :]
       s = dot(q, k, trans_b=True) * cfg.scale  # (bq, bk)
@@ -406,7 +409,7 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
 def _bwd_dkv(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table, count):
   """dK, dV: grid over key/value heads and key blocks; each program loops over the query
   heads of its group (g of them) and the query blocks that see its keys."""
-  batch, seq_pad, heads, head_dim = q.shape
+  batch, seq_pad, _heads, head_dim = q.shape
   kv_heads, g = k.shape[2], cfg.groups
   bs = cfg.block_sizes
   seg_args = [seg, seg] if cfg.has_segments else []
@@ -518,8 +521,9 @@ def _reference_padded(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed, table)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(cfg: KernelConfig, q, k, v, lengths, seg, xi, seed, table):
-  (out,) = forward_call(cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed,
-                        table=table)
+  (out,) = forward_call(
+    cfg, q, k, v, lengths, seg, xi, with_residuals=False, seed=seed, table=table
+  )
   return out
 
 
@@ -596,9 +600,18 @@ def flash_attention(
   block_sizes = block_sizes or BlockSizes.get_default()
   q, k, v = (pad_head_dim(x) for x in (q, k, v))
   bs, _, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
-  cfg = kernel_config(q, k, mask, bias, scale=scale, ablation=ablation, block_sizes=bs,
-                      interpret=interpret, backward=backward,
-                      dropout_rate=drop.check_rate(dropout_rate))
+  cfg = kernel_config(
+    q,
+    k,
+    mask,
+    bias,
+    scale=scale,
+    ablation=ablation,
+    block_sizes=bs,
+    interpret=interpret,
+    backward=backward,
+    dropout_rate=drop.check_rate(dropout_rate),
+  )
   seed = drop.seed_to_int32(dropout_seed) if cfg.dropout else None
   out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed, bias_table(bias))
   return out[:, :seq, :, :head_dim]

@@ -135,11 +135,21 @@ def attention_statistics_pallas(
     q, k, v, mask, head_mask, block_sizes, special
   )
   xi = xi.astype(jnp.float32)
-  cfg = kernel_config(q, k, mask, bias, scale=scale, ablation=ablation, block_sizes=bs,
-                      interpret=interpret, backward="pallas")
+  cfg = kernel_config(
+    q,
+    k,
+    mask,
+    bias,
+    scale=scale,
+    ablation=ablation,
+    block_sizes=bs,
+    interpret=interpret,
+    backward="pallas",
+  )
   table = bias_table(bias)
-  out, lse, _, *uniform_res = forward_call(cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True,
-                                           table=table)
+  out, lse, _, *uniform_res = forward_call(
+    cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True, table=table
+  )
   out, lse, qp, kp = map(lax.stop_gradient, (out, lse, qp, kp))
 
   in_specs = common_specs(cfg, seq_pad, padded_head_dim, bs.block_q)

@@ -51,8 +51,10 @@ class Mask:
   def __post_init__(self):
     w = self.window
     if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
-      raise ValueError(f"window={w!r} must be None or a Python int >= 2 (the keys within "
-                       "window // 2 positions either side of the query)")
+      raise ValueError(
+        f"window={w!r} must be None or a Python int >= 2 (the keys within "
+        "window // 2 positions either side of the query)"
+      )
 
   @property
   def half_window(self) -> int | None:
@@ -140,7 +142,9 @@ def mask_of(mask: Mask | None, kv_lengths=None, segment_ids=None, key_mask=None)
     raise TypeError(f"mask={type(mask).__name__} must be a kernels.Mask")
   given = [
     name
-    for name, part in zip(("kv_lengths", "segment_ids", "key_mask"), (kv_lengths, segment_ids, key_mask))
+    for name, part in zip(
+      ("kv_lengths", "segment_ids", "key_mask"), (kv_lengths, segment_ids, key_mask)
+    )
     if part is not None
   ]
   if given:

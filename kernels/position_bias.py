@@ -54,6 +54,7 @@ def relative_position_bucket(relative_position, num_buckets: int = 32, max_dista
 def alibi_slopes(heads: int) -> jax.Array:
   """ALiBi's head slopes: the geometric sequence `2^(-8 i / n)` of Press et al. (n a power of
   two; otherwise the closest power's slopes plus every other slope of the next one)."""
+
   def powers(n):
     start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
     return [start * start**i for i in range(n)]
@@ -96,8 +97,10 @@ class PositionBias:
     shape = jnp.shape(self.table)
     if self.kind == "buckets":
       if len(shape) != 2 or shape[1] != heads or shape[0] < self.num_buckets:
-        raise ValueError(f"a 'buckets' PositionBias table of shape {shape} must be "
-                         f"(>= num_buckets={self.num_buckets}, heads={heads})")
+        raise ValueError(
+          f"a 'buckets' PositionBias table of shape {shape} must be "
+          f"(>= num_buckets={self.num_buckets}, heads={heads})"
+        )
     elif shape != (heads,):
       raise ValueError(f"an 'alibi' PositionBias table of shape {shape} must be ({heads},)")
 

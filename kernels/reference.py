@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from . import dropout as drop
-from .masks import Mask, mask_of
 from .disentangled import add_bias, bias_scores, default_scale
+from .masks import Mask, mask_of
 from .position_bias import PositionBias
 
 # How a head mask xi enters attention: "scale" (Michel et al.) or "uniform" (Kovaleva et al.).

@@ -75,6 +75,8 @@ def mpnet_dir() -> pathlib.Path:
 
   path = hub.installed_path(hub.MODELS["sentence-transformers/all-mpnet-base-v2"])
   if path is None:
-    pytest.skip("all-mpnet-base-v2 is not installed: run `./run.sh models install "
-                "sentence-transformers/all-mpnet-base-v2`")
+    pytest.skip(
+      "all-mpnet-base-v2 is not installed: run `./run.sh models install "
+      "sentence-transformers/all-mpnet-base-v2`"
+    )
   return path

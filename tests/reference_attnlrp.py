@@ -26,8 +26,11 @@ import torch
 def _package(name: str) -> None:
   parent = name.rpartition(".")[0]
   spec = importlib.util.find_spec(name.split(".")[0]) if not parent else None
-  root = pathlib.Path(spec.submodule_search_locations[0]) if spec else pathlib.Path(
-      sys.modules[parent].__path__[0]) / name.rpartition(".")[2]
+  root = (
+    pathlib.Path(spec.submodule_search_locations[0])
+    if spec
+    else pathlib.Path(sys.modules[parent].__path__[0]) / name.rpartition(".")[2]
+  )
   module = types.ModuleType(name)
   module.__path__ = [str(root)]
   sys.modules[name] = module
@@ -40,6 +43,7 @@ def _lxt_bert():
   for target, patch in lxt_bert.attnLRP.items():  # as lxt.efficient.monkey_patch does
     patch(target)
   from transformers.models.bert import modeling_bert
+
   return modeling_bert
 
 
@@ -54,11 +58,19 @@ def _randomise(model, seed: int) -> None:
 def main(out: pathlib.Path) -> None:
   modeling_bert = _lxt_bert()
   import transformers
-  config = transformers.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=3,
-                                   num_attention_heads=4, intermediate_size=72,
-                                   max_position_embeddings=40, num_labels=3,
-                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                   attn_implementation="eager")
+
+  config = transformers.BertConfig(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=72,
+    max_position_embeddings=40,
+    num_labels=3,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    attn_implementation="eager",
+  )
   torch.manual_seed(0)
   mlm = modeling_bert.BertForMaskedLM(config).eval()
   _randomise(mlm, 1)
@@ -79,17 +91,31 @@ def main(out: pathlib.Path) -> None:
   def relevance(model, pick):
     embeds = model.bert.embeddings.word_embeddings(torch.as_tensor(ids)).detach()
     embeds.requires_grad_(True)
-    logits = model(inputs_embeds=embeds, attention_mask=torch.as_tensor(mask),
-                   token_type_ids=torch.as_tensor(types_)).logits
+    logits = model(
+      inputs_embeds=embeds,
+      attention_mask=torch.as_tensor(mask),
+      token_type_ids=torch.as_tensor(types_),
+    ).logits
     target = pick(logits)
     target.sum().backward()
     return (embeds * embeds.grad).sum(-1).detach().numpy(), target.detach().numpy()
 
   r_cls, t_cls = relevance(classifier, lambda z: z[:, cls])
   r_mlm, t_mlm = relevance(mlm, lambda z: z[np.arange(3), positions, tokens])
-  np.savez(out / "reference.npz", ids=ids, mask=mask, types=types_, cls=cls,
-           positions=positions, tokens=tokens, r_cls=r_cls, t_cls=t_cls, r_mlm=r_mlm,
-           t_mlm=t_mlm, transformers=transformers.__version__)
+  np.savez(
+    out / "reference.npz",
+    ids=ids,
+    mask=mask,
+    types=types_,
+    cls=cls,
+    positions=positions,
+    tokens=tokens,
+    r_cls=r_cls,
+    t_cls=t_cls,
+    r_mlm=r_mlm,
+    t_mlm=t_mlm,
+    transformers=transformers.__version__,
+  )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,9 @@ def after_attention(p, x, attention_output, eps: float):
   return layer_norm(h + y, p["LayerNorm"], eps)
 
 
-def encoder_layer(p, x, mask, eps: float, xi=None, head_ablation: str = "scale",
-                  edit_probs: Callable | None = None):
+def encoder_layer(
+  p, x, mask, eps: float, xi=None, head_ablation: str = "scale", edit_probs: Callable | None = None
+):
   """One block: `(output (B, T, H), probs (B, N, T, T))`.
 
   Args:
@@ -76,8 +77,9 @@ def encoder_layer(p, x, mask, eps: float, xi=None, head_ablation: str = "scale",
     if head_ablation == "scale":
       probs = xi * probs
     else:
-      uniform = np.broadcast_to(mask[:, None, None, :] / mask.sum(-1)[:, None, None, None],
-                                probs.shape)
+      uniform = np.broadcast_to(
+        mask[:, None, None, :] / mask.sum(-1)[:, None, None, None], probs.shape
+      )
       probs = xi * probs + (1 - xi) * uniform
   if edit_probs is not None:
     probs = edit_probs(probs)

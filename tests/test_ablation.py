@@ -31,8 +31,12 @@ def _batch(seed=0, batch=3, seq=9):
   mask[1, 6:] = 0
   mask[-1, 3:] = 0
   labels = rng.integers(0, CONFIG.num_labels, batch).astype(np.int32)
-  return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids),
-          "labels": labels}
+  return {
+    "input_ids": ids,
+    "attention_mask": mask,
+    "token_type_ids": np.zeros_like(ids),
+    "labels": labels,
+  }
 
 
 BATCHES = [_batch(0), _batch(1)]  # one shape: one compilation per program
@@ -41,19 +45,36 @@ BATCHES = [_batch(0), _batch(1)]  # one shape: one compilation per program
 @functools.partial(jax.jit, static_argnames=("config", "head_ablation"))
 def _losses(params, config, batch, head_mask, layer_mask, head_ablation="scale"):
   """Per-example loss through bertjax.forward itself (the reference), one compilation per kind."""
-  out = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                        batch["token_type_ids"], head_mask=head_mask, head_ablation=head_ablation,
-                        layer_mask=layer_mask)
+  out = bertjax.forward(
+    params,
+    config,
+    batch["input_ids"],
+    batch["attention_mask"],
+    batch["token_type_ids"],
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+  )
   logp = jax.nn.log_softmax(bertjax.classify(params, config, out.pooler_output))
   return -jnp.take_along_axis(logp, batch["labels"][:, None], -1)[:, 0]
 
 
 def _loss_by_forward(params, config, batch, head_mask=None, layer_mask=None, head_ablation="scale"):
   dtype = jnp.float64 if config.dtype == "float64" else jnp.float32
-  hm = jnp.ones((config.depth, config.num_attention_heads), dtype) if head_mask is None else head_mask
+  hm = (
+    jnp.ones((config.depth, config.num_attention_heads), dtype) if head_mask is None else head_mask
+  )
   lm = jnp.ones(config.depth, dtype) if layer_mask is None else layer_mask
-  return np.asarray(_losses(params, config, batch, jnp.asarray(hm, dtype), jnp.asarray(lm, dtype),
-                            head_ablation=head_ablation))
+  return np.asarray(
+    _losses(
+      params,
+      config,
+      batch,
+      jnp.asarray(hm, dtype),
+      jnp.asarray(lm, dtype),
+      head_ablation=head_ablation,
+    )
+  )
 
 
 def test_mask_ablation_equals_weight_surgery(params):
@@ -61,19 +82,28 @@ def test_mask_ablation_equals_weight_surgery(params):
   layer, head = 1, 2
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[layer, head] = 0
-  _, (scale,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None])
+  _, (scale,) = ablation.evaluate_masks(
+    params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None]
+  )
   surgery = jax.tree.map(lambda a: a, params)
   kernel = params["encoder"]["layers"]["attention"]["output"]["kernel"]
   surgery["encoder"]["layers"]["attention"]["output"]["kernel"] = kernel.at[layer, head].set(0)
   losses = np.concatenate([_loss_by_forward(surgery, CONFIG, b) for b in BATCHES])
   np.testing.assert_allclose(scale, losses.mean(), rtol=1e-5)
   # Uniform: replace the head's attention by a uniform map by hand (the override path).
-  _, (uni,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None],
-                                head_ablation="uniform")
+  _, (uni,) = ablation.evaluate_masks(
+    params, CONFIG, BATCHES, ablation.classification_batch_loss, xi[None], head_ablation="uniform"
+  )
   by_hand = []
   for b in BATCHES:
-    out = overrides.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
-                                    b["token_type_ids"], overrides={(layer, head): "uniform"})
+    out = overrides.forward_with_overrides(
+      params,
+      CONFIG,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"],
+      overrides={(layer, head): "uniform"},
+    )
     logp = jax.nn.log_softmax(bertjax.classify(params, CONFIG, out.pooler_output))
     by_hand.append(-np.asarray(jnp.take_along_axis(logp, b["labels"][:, None], -1)).ravel())
   np.testing.assert_allclose(uni, np.concatenate(by_hand).mean(), rtol=1e-5)
@@ -82,30 +112,45 @@ def test_mask_ablation_equals_weight_surgery(params):
 
 @pytest.mark.parametrize("kind", ablation.ABLATIONS)
 def test_sweep_with_prefix_reuse_equals_naive_loop(params, kind):
-  prefix = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.classification_batch_loss,
-                             head_ablations=(kind,), chunk_size=3)[kind]
-  loop = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.classification_batch_loss,
-                           head_ablations=(kind,), strategy="loop")[kind]
+  prefix = ablation.ablation_sweep(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.classification_batch_loss,
+    head_ablations=(kind,),
+    chunk_size=3,
+  )[kind]
+  loop = ablation.ablation_sweep(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.classification_batch_loss,
+    head_ablations=(kind,),
+    strategy="loop",
+  )[kind]
   for name in ("heads", "layers", "keep_one", "layer_skip"):
     np.testing.assert_allclose(getattr(prefix, name), getattr(loop, name), rtol=1e-6, atol=1e-6)
   assert prefix.baseline == loop.baseline
   # ... and the loop agrees with bertjax.forward itself.
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[2, 1] = 0
-  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind)
-                         for b in BATCHES]).mean()
+  want = np.concatenate(
+    [_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind) for b in BATCHES]
+  ).mean()
   np.testing.assert_allclose(prefix.heads[2, 1], want, rtol=1e-5)
   lm = np.ones(DEPTH, np.float32)
   lm[0] = 0
-  want = np.concatenate([_loss_by_forward(params, CONFIG, b, layer_mask=lm)
-                         for b in BATCHES]).mean()
+  want = np.concatenate(
+    [_loss_by_forward(params, CONFIG, b, layer_mask=lm) for b in BATCHES]
+  ).mean()
   np.testing.assert_allclose(prefix.layer_skip[0], want, rtol=1e-5)
   # Keep-one with only head h of layer l left == mask of ones but that row.
   xi = np.ones((DEPTH, HEADS), np.float32)
   xi[1] = 0
   xi[1, 3] = 1
-  want = np.concatenate([_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind)
-                         for b in BATCHES]).mean()
+  want = np.concatenate(
+    [_loss_by_forward(params, CONFIG, b, head_mask=xi, head_ablation=kind) for b in BATCHES]
+  ).mean()
   np.testing.assert_allclose(prefix.keep_one[1, 3], want, rtol=1e-5)
   assert np.ptp(prefix.heads) > 1e-4
 
@@ -117,20 +162,35 @@ def test_arbitrary_masks_and_strategies_agree(params):
   masks[1, :2] = 1  # first modified block is 2
   # Chunks of 2 (a remainder of 1 for 5 masks), and the backend's default (1 on CPU).
   assert ablation.default_chunk_size() == 1
-  results = [ablation.evaluate_masks(params, CONFIG, iter(BATCHES), ablation.classification_batch_loss, masks,
-                               strategy=s, chunk_size=None if s == "vmap" else 2)
-             for s in ablation.STRATEGIES]
+  results = [
+    ablation.evaluate_masks(
+      params,
+      CONFIG,
+      iter(BATCHES),
+      ablation.classification_batch_loss,
+      masks,
+      strategy=s,
+      chunk_size=None if s == "vmap" else 2,
+    )
+    for s in ablation.STRATEGIES
+  ]
   for base, values in results[1:]:
     assert base == results[0][0]
     np.testing.assert_allclose(values, results[0][1], atol=1e-6)
   assert results[0][1][0] == results[0][0]  # the all-ones mask is the baseline
   assert ablation.first_modified_layer(masks)[0] == DEPTH
   with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
-    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, np.ones((3, 4)))
+    ablation.evaluate_masks(
+      params, CONFIG, BATCHES, ablation.classification_batch_loss, np.ones((3, 4))
+    )
   with pytest.raises(ValueError, match="chunk_size=0 must be a positive int"):
-    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, chunk_size=0)
+    ablation.evaluate_masks(
+      params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, chunk_size=0
+    )
   with pytest.raises(ValueError, match="strategy='fast'"):
-    ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, strategy="fast")
+    ablation.evaluate_masks(
+      params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, strategy="fast"
+    )
 
 
 def _row_losses(params, config, batch, last_hidden_state, pooled):
@@ -148,19 +208,23 @@ def test_per_row_values_are_what_the_sums_add_up(params):
   masks[1, :2] = 1  # first modified block is 2
   layer_masks = np.ones((4, DEPTH), np.float32)
   layer_masks[3, 1] = 0  # a block skipped
-  _, want = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_batch_loss, masks,
-                              layer_masks)
+  _, want = ablation.evaluate_masks(
+    params, CONFIG, BATCHES, ablation.classification_batch_loss, masks, layer_masks
+  )
   for strategy in ablation.STRATEGIES:
-    base, rows = ablation.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks,
-                                           layer_masks, strategy=strategy, chunk_size=2)
+    base, rows = ablation.evaluate_masks_per_row(
+      params, CONFIG, BATCHES, _row_losses, masks, layer_masks, strategy=strategy, chunk_size=2
+    )
     assert base.shape == (6,) and rows.shape == (4, 6)
     np.testing.assert_allclose(rows.mean(1), want, atol=1e-6)
     for m in range(4):
-      got = np.concatenate([_loss_by_forward(params, CONFIG, b, masks[m], layer_masks[m])
-                            for b in BATCHES])
+      got = np.concatenate(
+        [_loss_by_forward(params, CONFIG, b, masks[m], layer_masks[m]) for b in BATCHES]
+      )
       np.testing.assert_allclose(rows[m], got, atol=1e-5)
-    np.testing.assert_allclose(base, np.concatenate([_loss_by_forward(params, CONFIG, b)
-                                                     for b in BATCHES]), atol=1e-5)
+    np.testing.assert_allclose(
+      base, np.concatenate([_loss_by_forward(params, CONFIG, b) for b in BATCHES]), atol=1e-5
+    )
   with pytest.raises(ValueError, match="strategy='fast'"):
     ablation.evaluate_masks_per_row(params, CONFIG, BATCHES, _row_losses, masks, strategy="fast")
   with pytest.raises(ValueError, match="batches is empty"):
@@ -168,8 +232,14 @@ def test_per_row_values_are_what_the_sums_add_up(params):
 
 
 def test_embedding_cosine_metric_needs_no_head(params):
-  result = ablation.ablation_sweep(params, CONFIG, BATCHES, ablation.mean_embedding_cosine,
-                             head_ablations=("scale",), include=("heads",))["scale"]
+  result = ablation.ablation_sweep(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.mean_embedding_cosine,
+    head_ablations=("scale",),
+    include=("heads",),
+  )["scale"]
   np.testing.assert_allclose(result.baseline, 1.0, atol=1e-6)
   assert (result.heads < 1).all() and (result.heads > 0).all()
   assert np.isnan(result.layers).all()
@@ -182,62 +252,100 @@ def test_importance_matches_finite_differences(params, per_example):
   with jax.enable_x64(True):
     config = CONFIG.replace(dtype="float64")
     p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    got = ablation.head_importance(p64, config, [batch], ablation.classification_batch_loss,
-                             per_example=per_example, normalize_layers=False)
+    got = ablation.head_importance(
+      p64,
+      config,
+      [batch],
+      ablation.classification_batch_loss,
+      per_example=per_example,
+      normalize_layers=False,
+    )
     eps = 1e-5
     # All 2 * L * N perturbed masks at once: d loss_b / d xi by central differences.
     steps = eps * np.eye(DEPTH * HEADS).reshape(-1, DEPTH, HEADS)
     masks = jnp.asarray(np.concatenate([1 + steps, 1 - steps]))
     ones = jnp.ones(DEPTH, jnp.float64)
     losses = jax.vmap(lambda xi: _losses(p64, config, batch, xi, ones))(masks)  # (2LN, B)
-    grads = np.asarray((losses[:DEPTH * HEADS] - losses[DEPTH * HEADS:]) / (2 * eps))
+    grads = np.asarray((losses[: DEPTH * HEADS] - losses[DEPTH * HEADS :]) / (2 * eps))
     grads = grads.reshape(DEPTH, HEADS, -1)
     want = np.abs(grads).mean(-1) if per_example else np.abs(grads.mean(-1))
   assert want.max() > 1e-3
   np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-9)
-  normed = ablation.head_importance(params, CONFIG, [batch], ablation.classification_batch_loss,
-                              per_example=per_example)
+  normed = ablation.head_importance(
+    params, CONFIG, [batch], ablation.classification_batch_loss, per_example=per_example
+  )
   np.testing.assert_allclose(np.linalg.norm(normed, axis=-1), 1.0, rtol=1e-5)
-  np.testing.assert_allclose(normed, want / np.linalg.norm(want, axis=-1, keepdims=True),
-                             rtol=2e-3)
+  np.testing.assert_allclose(normed, want / np.linalg.norm(want, axis=-1, keepdims=True), rtol=2e-3)
 
 
 def test_iterative_pruning(params):
-  result = ablation.iterative_pruning(params, CONFIG, BATCHES, ablation.classification_batch_loss,
-                                ablation.classification_accuracy, step=0.25, max_fraction=0.5)
+  result = ablation.iterative_pruning(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.classification_batch_loss,
+    ablation.classification_accuracy,
+    step=0.25,
+    max_fraction=0.5,
+  )
   np.testing.assert_allclose(result.fractions, [0, 0.25, 0.5])
   pruned = (result.masks == 0).sum((1, 2))
   assert pruned.tolist() == [0, 3, 6]
   assert (result.masks[2] <= result.masks[1]).all()  # masks only shrink
   # The first step removes the heads least important at the full mask.
-  imp = ablation.head_importance(params, CONFIG, BATCHES, ablation.classification_batch_loss).ravel()
+  imp = ablation.head_importance(
+    params, CONFIG, BATCHES, ablation.classification_batch_loss
+  ).ravel()
   assert set(np.flatnonzero(result.masks[1].ravel() == 0)) == set(np.argsort(imp)[:3])
-  _, (acc,) = ablation.evaluate_masks(params, CONFIG, BATCHES, ablation.classification_accuracy,
-                                result.masks[2][None])
+  _, (acc,) = ablation.evaluate_masks(
+    params, CONFIG, BATCHES, ablation.classification_accuracy, result.masks[2][None]
+  )
   assert result.metrics[2] == acc
 
 
 def test_no_override_equals_forward(params):
   b = BATCHES[0]
-  want = bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                         output_hidden_states=True, output_attentions=True)
-  got = overrides.forward_with_overrides(params, CONFIG, b["input_ids"], b["attention_mask"],
-                                  b["token_type_ids"], output_hidden_states=True,
-                                  output_attentions=True)
+  want = bertjax.forward(
+    params,
+    CONFIG,
+    b["input_ids"],
+    b["attention_mask"],
+    b["token_type_ids"],
+    output_hidden_states=True,
+    output_attentions=True,
+  )
+  got = overrides.forward_with_overrides(
+    params,
+    CONFIG,
+    b["input_ids"],
+    b["attention_mask"],
+    b["token_type_ids"],
+    output_hidden_states=True,
+    output_attentions=True,
+  )
   m = b["attention_mask"].astype(bool)
-  np.testing.assert_allclose(np.asarray(got.hidden_states)[:, m],
-                             np.asarray(want.hidden_states)[:, m], atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got.hidden_states)[:, m], np.asarray(want.hidden_states)[:, m], atol=1e-5
+  )
   np.testing.assert_allclose(np.asarray(got.attentions), np.asarray(want.attentions), atol=1e-6)
-  np.testing.assert_allclose(np.asarray(got.pooler_output), np.asarray(want.pooler_output),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got.pooler_output), np.asarray(want.pooler_output), atol=1e-5
+  )
 
 
 def test_previous_token_override_by_hand(params):
   """Head 1 of block 0 attends to the previous token: recompute block 0 with NumPy."""
   b = BATCHES[0]
   ids, mask = b["input_ids"], b["attention_mask"]
-  got = overrides.forward_with_overrides(params, CONFIG, ids, mask, overrides={(0, 1): "prev"},
-                                  output_hidden_states=True, output_attentions=True)
+  got = overrides.forward_with_overrides(
+    params,
+    CONFIG,
+    ids,
+    mask,
+    overrides={(0, 1): "prev"},
+    output_hidden_states=True,
+    output_attentions=True,
+  )
   x = np.asarray(bertjax.embed(params, CONFIG, ids), np.float64)
   T = ids.shape[1]
   prev = np.zeros((T, T))
@@ -249,8 +357,9 @@ def test_previous_token_override_by_hand(params):
     probs[:, 1] = prev
     return probs
 
-  y, _ = ref.encoder_layer(ref.layer_params(params, 0), x, mask, CONFIG.layer_norm_eps,
-                           edit_probs=override)
+  y, _ = ref.encoder_layer(
+    ref.layer_params(params, 0), x, mask, CONFIG.layer_norm_eps, edit_probs=override
+  )
   m = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(got.hidden_states[1])[m], y[m], atol=2e-5)
   np.testing.assert_allclose(np.asarray(got.attentions[0, 0, 1]), prev, atol=0)

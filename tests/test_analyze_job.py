@@ -24,30 +24,65 @@ ANALYSES = ("head_ablation", "attention", "probing", "anisotropy")
 
 # The killed job: the library call `bertjax analyze` makes, slowed after each result file
 # so that the kill lands mid-way.
-SLOW_JOB = textwrap.dedent('''
+SLOW_JOB = textwrap.dedent("""
     import sys, time
     from bertjax.analysis import jobs
     jobs.analyze_checkpoints([sys.argv[1]], out_dir=sys.argv[2], max_sentences=12,
                              progress=False, callback=lambda path: time.sleep(2.0))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
   """A 4-step tiny pretraining run with checkpoints at steps 2 and 4."""
   root = tmp_path_factory.mktemp("analyze")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE,
-             JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=FAST_COMPILE,
+    JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
   env.pop("JAX_COORDINATOR_ADDRESS", None)
   run = root / "run"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "pretrain", "--corpus", str(CORPUS),
-       "--corpus-format", "wikitext", "--train-vocab", "300", "--preset", "tiny",
-       "--seq-len", "32", "--batch-size", "8", "--steps", "4", "--warmup", "2",
-       "--checkpoint-every", "2", "--keep", "10", "--output-dir", str(run), "--no-progress"],
-      env=env, cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "pretrain",
+      "--corpus",
+      str(CORPUS),
+      "--corpus-format",
+      "wikitext",
+      "--train-vocab",
+      "300",
+      "--preset",
+      "tiny",
+      "--seq-len",
+      "32",
+      "--batch-size",
+      "8",
+      "--steps",
+      "4",
+      "--warmup",
+      "2",
+      "--checkpoint-every",
+      "2",
+      "--keep",
+      "10",
+      "--output-dir",
+      str(run),
+      "--no-progress",
+    ],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=400,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
   return root, run, env
@@ -55,10 +90,27 @@ def pretrained(tmp_path_factory):
 
 def _analyze(pretrained, out, *extra):
   _, run, env = pretrained
-  proc = subprocess.run([sys.executable, "-m", "bertjax.cli", "analyze", str(run), "--out",
-                         str(out), "--max-sentences", "12", "--no-progress", *extra],
-                        env=env, cwd=REPO, capture_output=True, text=True, timeout=400,
-                        check=False)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "analyze",
+      str(run),
+      "--out",
+      str(out),
+      "--max-sentences",
+      "12",
+      "--no-progress",
+      *extra,
+    ],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=400,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout
 
@@ -86,8 +138,13 @@ def test_killed_and_restarted_job_equals_uninterrupted(pretrained):
   assert all(want[f][:8] == b"\x89PNG\r\n\x1a\n" for f in figures)
 
   killed = root / "killed"
-  proc = subprocess.Popen([sys.executable, "-c", SLOW_JOB, str(run), str(killed)], env=env,
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = subprocess.Popen(
+    [sys.executable, "-c", SLOW_JOB, str(run), str(killed)],
+    env=env,
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   deadline = time.time() + 300
   while not list((killed / "results").glob("*/*.json")):
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -107,6 +164,7 @@ def test_killed_and_restarted_job_equals_uninterrupted(pretrained):
 
 def test_expand_checkpoints_names_steps_and_errors(tmp_path):
   from bertjax.analysis import jobs
+
   run = tmp_path / "run-a"
   for s in ("10", "20", "20.orbax-checkpoint-tmp-1", "manifests"):
     (run / "checkpoints" / s).mkdir(parents=True)
@@ -114,9 +172,13 @@ def test_expand_checkpoints_names_steps_and_errors(tmp_path):
   hf.mkdir()
   (hf / "config.json").write_text("{}")
   got = jobs.expand_checkpoints([str(run), f"{run}@20", str(hf), "google/multiberts-seed_1"])
-  assert [c.label for c in got] == ["run-a-step0000010", "run-a-step0000020",
-                                    "run-a-step0000020-2", "multiberts-seed_3-step_20k",
-                                    "google--multiberts-seed_1"]
+  assert [c.label for c in got] == [
+    "run-a-step0000010",
+    "run-a-step0000020",
+    "run-a-step0000020-2",
+    "multiberts-seed_3-step_20k",
+    "google--multiberts-seed_1",
+  ]
   assert [c.step for c in got] == [10, 20, 20, 20000, None]
   assert [c.seed for c in got] == [None, None, None, 3, 1]  # a run's seed comes from its steps
   assert got[0].tokenizer == str(run / "vocab") and got[0].path == str(run / "checkpoints")
@@ -132,13 +194,23 @@ def test_expand_checkpoints_names_steps_and_errors(tmp_path):
 def test_analyze_help_lists_analyses_and_defaults():
   from bertjax.analysis import jobs
   from bertjax.cli import analyze
+
   text = analyze.analyze_parser().format_help()
   assert all(a in text for a in jobs.ANALYSES) and tuple(jobs.DEFAULT_ANALYSES) == ANALYSES
   assert jobs.ANALYSES == ANALYSES + ("patterns", "effective_attention")
   assert f"(default: the first four, {','.join(ANALYSES)})" in " ".join(text.split())
   assert "(default: None)" not in text and "(default: 16)" in text
-  for option in ("--out", "--analyses", "--data-dir", "--max-sentences", "--tokenizer", "--mesh",
-                 "--no-plots", "--no-progress", "RUN@8,16"):
+  for option in (
+    "--out",
+    "--analyses",
+    "--data-dir",
+    "--max-sentences",
+    "--tokenizer",
+    "--mesh",
+    "--no-plots",
+    "--no-progress",
+    "RUN@8,16",
+  ):
     assert option in text, option
 
 
@@ -156,18 +228,32 @@ def test_patterns_and_effective_attention_results(tmp_path):
   with open(REPO / "bertjax" / "resources" / "sentences.tsv") as f:
     texts = [r["sentence"] for r in csv.DictReader(f, delimiter="\t")]
   tok = bertjax.Tokenizer(corpus.train_wordpiece(texts, 300), 64)
-  config = bertjax.BertConfig.preset("tiny", vocab_size=300, hidden_size=32,
-                                     num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, max_position_embeddings=64)
+  config = bertjax.BertConfig.preset(
+    "tiny",
+    vocab_size=300,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+  )
   model = tmp_path / "tiny-seed_2"
   bertjax.to_hf(config, bertjax.init(config, 0), model)
   tok.save_pretrained(model)
   out = tmp_path / "out"
-  summary = jobs.analyze_checkpoints([str(model)], ["patterns", "effective_attention"], out,
-                                     max_sentences=6, plots=False, progress=False)
+  summary = jobs.analyze_checkpoints(
+    [str(model)],
+    ["patterns", "effective_attention"],
+    out,
+    max_sentences=6,
+    plots=False,
+    progress=False,
+  )
   assert summary["computed"] == 2
-  assert summary["results"] == ["results/tiny-seed_2/patterns.json",
-                                "results/tiny-seed_2/effective_attention.json"]
+  assert summary["results"] == [
+    "results/tiny-seed_2/patterns.json",
+    "results/tiny-seed_2/effective_attention.json",
+  ]
   patterns = json.loads((out / summary["results"][0]).read_text())
   effective = json.loads((out / summary["results"][1]).read_text())
   assert patterns["checkpoint"]["seed"] == 2
@@ -175,28 +261,36 @@ def test_patterns_and_effective_attention_results(tmp_path):
   sentences, _ = jobs.load_sentences(max_sentences=6)
   cfg, params, tok2, _ = jobs.load_checkpoint(jobs.expand_checkpoints([str(model)])[0])
   batches = jobs._unmasked(jobs._Context(params, cfg, tok2, sentences, None, 16))
-  counts = attention_patterns.pattern_types(params, cfg, batches, special_ids=[tok2.cls_id, tok2.sep_id])
+  counts = attention_patterns.pattern_types(
+    params, cfg, batches, special_ids=[tok2.cls_id, tok2.sep_id]
+  )
   assert np.asarray(patterns["arrays"]["counts"]).tolist() == counts.counts.tolist()
   assert counts.counts.sum(-1).tolist() == [[6] * 4] * 2  # every head's map of each sentence
-  shares = [patterns["metrics"][f"share_{t.replace('+', '_')}"] for t in attention_patterns.PATTERN_TYPES]
+  shares = [
+    patterns["metrics"][f"share_{t.replace('+', '_')}"] for t in attention_patterns.PATTERN_TYPES
+  ]
   np.testing.assert_allclose(shares, counts.overall)
   assert abs(sum(shares) - 1) < 1e-9
-  stats = effective_attention_lib.effective_attention_statistics(params, cfg, batches, cls_id=tok2.cls_id,
-                                                   sep_id=tok2.sep_id)
+  stats = effective_attention_lib.effective_attention_statistics(
+    params, cfg, batches, cls_id=tok2.cls_id, sep_id=tok2.sep_id
+  )
   for kind in ("raw", "effective"):
     for name, value in stats[kind].items():
       np.testing.assert_allclose(effective["arrays"][kind][name], value, rtol=1e-12)
   assert 0 < effective["metrics"]["raw_cls"] < 1
   assert effective["metrics"]["raw_effective_corr"] == pytest.approx(
-      float(np.mean(stats["effective"]["raw_corr"])))
+    float(np.mean(stats["effective"]["raw_corr"]))
+  )
 
 
 def _result(tmp_path, label, kind, path, step, seed, run, metrics):
   from bertjax.analysis import jobs
 
   ck = jobs.Checkpoint(label, kind, path, step, seed, run)
-  jobs.write_json_atomic(tmp_path / "results" / label / "attention.json",
-                         {"analysis": "attention", "checkpoint": ck.describe(), "metrics": metrics})
+  jobs.write_json_atomic(
+    tmp_path / "results" / label / "attention.json",
+    {"analysis": "attention", "checkpoint": ck.describe(), "metrics": metrics},
+  )
 
 
 def _figures(tmp_path, monkeypatch):
@@ -207,8 +301,9 @@ def _figures(tmp_path, monkeypatch):
 
   drawn = []
   save = Figure.savefig
-  monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig),
-                                                                save(fig, *a, **k))[1])
+  monkeypatch.setattr(
+    Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))[1]
+  )
   assert jobs.plot_results(tmp_path, ["attention"]) == [tmp_path / "figures" / "attention.png"]
   assert len(drawn) == 1
   return drawn[0]
@@ -226,8 +321,16 @@ def test_figures_join_only_one_run_s_steps(tmp_path, monkeypatch):
   metric = lambda v: {"mean_cls": v, "mean_sep": v / 2}
   _result(tmp_path, "run-step0000002", "orbax", "/x/run/checkpoints", 2, 0, "run", metric(0.1))
   _result(tmp_path, "run-step0000004", "orbax", "/x/run/checkpoints", 4, 0, "run", metric(0.2))
-  _result(tmp_path, "google--multiberts-seed_0-step_20k", "hf", "google/multiberts-seed_0-step_20k",
-          20000, 0, "google/multiberts-seed_0", metric(0.5))
+  _result(
+    tmp_path,
+    "google--multiberts-seed_0-step_20k",
+    "hf",
+    "google/multiberts-seed_0-step_20k",
+    20000,
+    0,
+    "google/multiberts-seed_0",
+    metric(0.5),
+  )
   _result(tmp_path, "bert-small", "hf", "models/bert-small", None, None, "bert-small", metric(0.7))
   fig = _figures(tmp_path, monkeypatch)
   texts = _legend_texts(fig)
@@ -248,11 +351,21 @@ def test_figures_join_only_one_run_s_steps(tmp_path, monkeypatch):
 def test_figures_of_runs_with_steps_are_against_the_step(tmp_path, monkeypatch):
   for run, seed in (("run-a", 0), ("run-b", 1)):
     for step in (10, 20, 30):
-      _result(tmp_path, f"{run}-step{step:07d}", "orbax", f"/x/{run}", step, seed, run,
-              {"mean_cls": step / 100 + seed})
+      _result(
+        tmp_path,
+        f"{run}-step{step:07d}",
+        "orbax",
+        f"/x/{run}",
+        step,
+        seed,
+        run,
+        {"mean_cls": step / 100 + seed},
+      )
   fig = _figures(tmp_path, monkeypatch)
   (ax,) = fig.axes
   assert ax.get_xlabel() == "training step"
-  assert sorted(_legend_texts(fig)) == ["run-a (seed 0): steps 10-30",
-                                        "run-b (seed 1): steps 10-30"]
+  assert sorted(_legend_texts(fig)) == [
+    "run-a (seed 0): steps 10-30",
+    "run-b (seed 1): steps 10-30",
+  ]
   assert [list(line.get_xdata()) for line in ax.get_lines()] == [[10, 20, 30]] * 2

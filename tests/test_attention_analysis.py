@@ -7,8 +7,7 @@ import reference_numpy as ref  # the float64 NumPy encoder block (tests/referenc
 
 import bertjax
 from bertjax.analysis.attention import effective as effective_attention_lib
-from bertjax.analysis.attention import patterns
-from bertjax.analysis.attention import statistics
+from bertjax.analysis.attention import patterns, statistics
 
 CONFIG = bertjax.BertConfig.preset("tiny", vocab_size=101)  # 2 layers x 4 heads, head_dim 16
 CLS, SEP = 1, 2
@@ -32,7 +31,7 @@ def _batch(seed, batch=3, seq=20):
   ids[np.arange(batch), lengths - 1] = SEP
   ids[0, seq // 2] = SEP  # a sentence pair
   types = np.zeros_like(ids)
-  types[0, seq // 2 + 1:] = 1
+  types[0, seq // 2 + 1 :] = 1
   ids = np.where(mask > 0, ids, 0)
   return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types * mask}
 
@@ -42,13 +41,28 @@ BATCHES = [_batch(0), _batch(1)]
 
 @pytest.mark.parametrize("smoothing", [0.0, 1e-4])  # kernel statistics path; maps path
 def test_clark_statistics_token_weighted_match_numpy_from_full_maps(params, smoothing):
-  got = statistics.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, punct_ids=PUNCT,
-                            weighting="token", entropy_smoothing=smoothing)
+  got = statistics.clark_statistics(
+    params,
+    CONFIG,
+    BATCHES,
+    sep_id=SEP,
+    punct_ids=PUNCT,
+    weighting="token",
+    entropy_smoothing=smoothing,
+  )
   sums = {k: 0.0 for k in statistics.CLARK_NAMES}
   count = 0
   for b in BATCHES:
-    maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
-                                      b["token_type_ids"], output_attentions=True).attentions)
+    maps = np.asarray(
+      bertjax.forward(
+        params,
+        CONFIG,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        output_attentions=True,
+      ).attentions
+    )
     for i in range(len(b["input_ids"])):
       n = b["attention_mask"][i].sum()
       a = maps[:, i, :, :n, :n].astype(np.float64)  # (L, N, n, n)
@@ -70,10 +84,12 @@ def test_clark_statistics_token_weighted_match_numpy_from_full_maps(params, smoo
 def test_clark_statistics_paths_agree_and_check_arguments(params):
   kw = {"sep_id": SEP, "punct_ids": PUNCT}
   for weighting in statistics.WEIGHTINGS:
-    kernel = statistics.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
-                                 entropy_smoothing=0.0, **kw)
-    maps = statistics.clark_statistics(params, CONFIG, BATCHES, weighting=weighting,
-                               entropy_smoothing=1e-12, **kw)
+    kernel = statistics.clark_statistics(
+      params, CONFIG, BATCHES, weighting=weighting, entropy_smoothing=0.0, **kw
+    )
+    maps = statistics.clark_statistics(
+      params, CONFIG, BATCHES, weighting=weighting, entropy_smoothing=1e-12, **kw
+    )
     for name in statistics.CLARK_NAMES:
       np.testing.assert_allclose(kernel[name], maps[name], atol=2e-5, err_msg=name)
   doc = statistics.clark_statistics(params, CONFIG, BATCHES, **kw)  # the defaults: Clark's
@@ -87,7 +103,8 @@ def test_clark_statistics_paths_agree_and_check_arguments(params):
     statistics.clark_statistics(params, CONFIG, [], **kw)
   assert statistics.uniform_entropy([4, 16]) == pytest.approx((np.log(4) + np.log(16)) / 2)
   assert statistics.uniform_entropy([4, 16], "token") == pytest.approx(
-      (4 * np.log(4) + 16 * np.log(16)) / 20)
+    (4 * np.log(4) + 16 * np.log(16)) / 20
+  )
   with pytest.raises(ValueError, match="lengths"):
     statistics.uniform_entropy([3, 0])
 
@@ -127,25 +144,35 @@ def clark_notebook(docs_attns):
       if token == "." or token == ",":
         puncts[position] = 1
     selectors = {
-        "self": np.eye(n_tokens, n_tokens),
-        "right": np.eye(n_tokens, n_tokens, 1),
-        "left": np.eye(n_tokens, n_tokens, -1),
-        "sep": np.tile(seps[np.newaxis], [n_tokens, 1]),
-        "cls": np.tile(clss[np.newaxis], [n_tokens, 1]),
-        "punct": np.tile(puncts[np.newaxis], [n_tokens, 1]),
+      "self": np.eye(n_tokens, n_tokens),
+      "right": np.eye(n_tokens, n_tokens, 1),
+      "left": np.eye(n_tokens, n_tokens, -1),
+      "sep": np.tile(seps[np.newaxis], [n_tokens, 1]),
+      "cls": np.tile(clss[np.newaxis], [n_tokens, 1]),
+      "punct": np.tile(puncts[np.newaxis], [n_tokens, 1]),
     }
     for key, selector in selectors.items():
-      avg_attns[key] += ((attns * selector[np.newaxis, np.newaxis]).sum(-1).sum(-1)
-                         / (n_docs * n_tokens))
+      avg_attns[key] += (attns * selector[np.newaxis, np.newaxis]).sum(-1).sum(-1) / (
+        n_docs * n_tokens
+      )
   uniform_attn_entropy = 0
   entropies = np.zeros(shape)
   for _, attns in docs_attns:
     attns = 0.9999 * attns + (0.0001 / attns.shape[-1])  # smooth to avoid NaNs
     uniform_attn_entropy -= np.log(1.0 / attns.shape[-1])
     entropies -= (attns * np.log(attns)).sum(-1).mean(-1)
-  return ({"cls": avg_attns["cls"], "sep": avg_attns["sep"], "punct": avg_attns["punct"],
-           "self": avg_attns["self"], "prev": avg_attns["left"], "next": avg_attns["right"],
-           "entropy": entropies / n_docs}, uniform_attn_entropy / n_docs)
+  return (
+    {
+      "cls": avg_attns["cls"],
+      "sep": avg_attns["sep"],
+      "punct": avg_attns["punct"],
+      "self": avg_attns["self"],
+      "prev": avg_attns["left"],
+      "next": avg_attns["right"],
+      "entropy": entropies / n_docs,
+    },
+    uniform_attn_entropy / n_docs,
+  )
 
 
 @pytest.mark.hf
@@ -156,8 +183,14 @@ def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
 
   torch.manual_seed(0)
   hf_config = transformers.BertConfig(
-      vocab_size=len(HF_VOCAB), hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-      intermediate_size=64, max_position_embeddings=64, attn_implementation="eager")
+    vocab_size=len(HF_VOCAB),
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    attn_implementation="eager",
+  )
   model = transformers.BertModel(hf_config).eval()
   with torch.no_grad():  # sharper attention than the 0.02 initialisation gives
     for name, p in model.named_parameters():
@@ -181,8 +214,8 @@ def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
     ids = np.zeros((len(group), width), np.int32)
     mask = np.zeros_like(ids)
     for r, tokens in enumerate(group):
-      ids[r, :len(tokens)] = [index[t] for t in tokens]
-      mask[r, :len(tokens)] = 1
+      ids[r, : len(tokens)] = [index[t] for t in tokens]
+      mask[r, : len(tokens)] = 1
     batches.append({"input_ids": ids, "attention_mask": mask})
   punct = np.asarray([index["."], index[","]], np.int32)
   got = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct)
@@ -192,14 +225,16 @@ def test_clark_statistics_match_clark_notebook_on_transformers_maps(tmp_path):
   assert statistics.uniform_entropy(lengths) == pytest.approx(want_uniform, rel=1e-12)
   assert want["sep"].max() > 0.05 and want["punct"].max() > 0.05  # not a vacuous check
   # The kernel path (unsmoothed entropy) is within the stated bound of the notebook's.
-  kernel = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
-                               entropy_smoothing=0.0)
+  kernel = statistics.clark_statistics(
+    params, config, batches, sep_id=index["[SEP]"], punct_ids=punct, entropy_smoothing=0.0
+  )
   for name in statistics.CLARK_NAMES:
     tol = 2e-3 if name == "entropy" else 1e-5
     np.testing.assert_allclose(kernel[name], want[name], atol=tol, err_msg=name)
   # Token weighting: every query row of every document counts once.
-  tok = statistics.clark_statistics(params, config, batches, sep_id=index["[SEP]"], punct_ids=punct,
-                            weighting="token")
+  tok = statistics.clark_statistics(
+    params, config, batches, sep_id=index["[SEP]"], punct_ids=punct, weighting="token"
+  )
   sep_rows = sum(a[..., [t == "[SEP]" for t in tokens]].sum((-1, -2)) for tokens, a in reference)
   np.testing.assert_allclose(tok["sep"], sep_rows / sum(lengths), atol=1e-5)
   assert np.abs(tok["sep"] - got["sep"]).max() > 1e-3
@@ -224,7 +259,9 @@ def test_word_attention():
   np.testing.assert_allclose(maps.sum(-1), 1.0)
   np.testing.assert_allclose(maps[:, 2, 1], (a[:, 2, 1] + a[:, 3, 1]) / 2)  # mean over queries
   np.testing.assert_allclose(maps[:, 1, 2], a[:, 1, 2] + a[:, 1, 3])  # sum over keys
-  words, groups = statistics.word_attention(a, word_ids, np.array([1, 1, 1, 1, 0, 0]), keep_special=False)
+  words, groups = statistics.word_attention(
+    a, word_ids, np.array([1, 1, 1, 1, 0, 0]), keep_special=False
+  )
   assert groups.tolist() == [0, 1] and words.shape == (2, 2, 2)
 
 
@@ -240,11 +277,13 @@ def _synthetic(kind, n=24, rng=None):
   stripes = special[None].repeat(n, 0) / special.sum()
   band = (np.abs(i - j) <= 1) / (np.abs(i - j) <= 1).sum(-1, keepdims=True)
   blocks = (seg[:, None] == seg[None]) / (seg[:, None] == seg[None]).sum(-1, keepdims=True)
-  maps = {"vertical": 0.85 * stripes + 0.15 * noise,
-          "diagonal": 0.85 * band + 0.15 * noise,
-          "vertical+diagonal": 0.45 * stripes + 0.45 * band + 0.1 * noise,
-          "block": 0.9 * blocks + 0.1 * noise,
-          "heterogeneous": noise}
+  maps = {
+    "vertical": 0.85 * stripes + 0.15 * noise,
+    "diagonal": 0.85 * band + 0.15 * noise,
+    "vertical+diagonal": 0.45 * stripes + 0.45 * band + 0.1 * noise,
+    "block": 0.9 * blocks + 0.1 * noise,
+    "heterogeneous": noise,
+  }
   return maps[kind], special, seg
 
 
@@ -253,13 +292,16 @@ def test_pattern_classifier_on_synthetic_maps():
   for code, kind in enumerate(patterns.PATTERN_TYPES):
     for _ in range(3):
       a, special, seg = _synthetic(kind, rng=rng)
-      feats = patterns.pattern_features(a[None, None], special[None], np.ones((1, len(a))), seg[None])
+      feats = patterns.pattern_features(
+        a[None, None], special[None], np.ones((1, len(a))), seg[None]
+      )
       got = patterns.classify_patterns(feats)
       assert got.shape == (1, 1) and patterns.PATTERN_TYPES[got[0, 0]] == kind, (kind, feats)
   # One segment: no block is possible.
   a, special, _ = _synthetic("block")
-  feats = patterns.pattern_features(a[None, None], special[None], np.ones((1, len(a))),
-                              np.zeros((1, len(a)), int))
+  feats = patterns.pattern_features(
+    a[None, None], special[None], np.ones((1, len(a))), np.zeros((1, len(a)), int)
+  )
   assert np.isnan(feats["block"]).all() and patterns.classify_patterns(feats)[0, 0] != 3
 
 
@@ -271,8 +313,9 @@ def _pattern_type_by_hand(a, ids, seg, t):
   vertical = np.mean([a[q, special].sum() for q in range(n)])
   diagonal = np.mean([sum(a[q, k] for k in plain if abs(q - k) <= 1) for q in range(n)])
   if len({seg[k] for k in plain}) > 1:
-    block = np.mean([sum(a[q, k] for k in plain if seg[k] == seg[q]) / a[q, plain].sum()
-                     for q in range(n)])
+    block = np.mean(
+      [sum(a[q, k] for k in plain if seg[k] == seg[q]) / a[q, plain].sum() for q in range(n)]
+    )
   else:
     block = -1.0
   if vertical >= t.mixed_each and diagonal >= t.mixed_each and vertical + diagonal >= t.mixed_sum:
@@ -287,19 +330,33 @@ def _pattern_type_by_hand(a, ids, seg, t):
 @pytest.mark.parametrize("loose", [False, True])
 def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
   # Loose thresholds make the random model's maps fall into several types.
-  t = (patterns.PatternThresholds(vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4,
-                            block_min=0.6) if loose else patterns.PatternThresholds())
+  t = (
+    patterns.PatternThresholds(
+      vertical_min=0.2, diagonal_min=0.3, mixed_each=0.15, mixed_sum=0.4, block_min=0.6
+    )
+    if loose
+    else patterns.PatternThresholds()
+  )
   result = patterns.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
   want = np.zeros((CONFIG.depth, CONFIG.num_attention_heads, 5), np.int64)
   for b in BATCHES:
-    maps = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
-                                      b["token_type_ids"], output_attentions=True).attentions,
-                      np.float64)  # (L, B, N, T, T)
+    maps = np.asarray(
+      bertjax.forward(
+        params,
+        CONFIG,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        output_attentions=True,
+      ).attentions,
+      np.float64,
+    )  # (L, B, N, T, T)
     for i, n in enumerate(b["attention_mask"].sum(-1)):
       for layer in range(CONFIG.depth):
         for head in range(CONFIG.num_attention_heads):
-          kind = _pattern_type_by_hand(maps[layer, i, head, :n, :n], b["input_ids"][i, :n],
-                                       b["token_type_ids"][i, :n], t)
+          kind = _pattern_type_by_hand(
+            maps[layer, i, head, :n, :n], b["input_ids"][i, :n], b["token_type_ids"][i, :n], t
+          )
           want[layer, head, patterns.PATTERN_TYPES.index(kind)] += 1
   np.testing.assert_array_equal(result.counts, want)
   if loose:
@@ -325,29 +382,46 @@ def test_attention_change(params):
   assert change.cka[2] < 0.9999
   # Reference cosine of one head by hand.
   b = BATCHES[0]
-  ma = np.asarray(bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
-                                  output_attentions=True).attentions)
-  mb = np.asarray(bertjax.forward(other, CONFIG, b["input_ids"], b["attention_mask"],
-                                  output_attentions=True).attentions)
+  ma = np.asarray(
+    bertjax.forward(
+      params, CONFIG, b["input_ids"], b["attention_mask"], output_attentions=True
+    ).attentions
+  )
+  mb = np.asarray(
+    bertjax.forward(
+      other, CONFIG, b["input_ids"], b["attention_mask"], output_attentions=True
+    ).attentions
+  )
   n = b["attention_mask"][1].sum()
   x, y = (m[1, 1, 2, :n, :n].ravel().astype(np.float64) for m in (ma, mb))
   one = patterns.attention_change(params, CONFIG, other, [{k: v[1:2] for k, v in b.items()}])
-  np.testing.assert_allclose(one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y),
-                             atol=1e-6)  # float32 maps of a batch of 1 vs 3
+  np.testing.assert_allclose(
+    one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y), atol=1e-6
+  )  # float32 maps of a batch of 1 vs 3
 
 
 def test_effective_attention_preserves_output_and_leaves_null_space(params):
   b = BATCHES[0]  # n = 20 > head_dim 16: the left null space is non-trivial
-  out = bertjax.forward(params, CONFIG, b["input_ids"], b["attention_mask"],
-                        output_attentions=True, output_hidden_states=True, capture=("v",))
+  out = bertjax.forward(
+    params,
+    CONFIG,
+    b["input_ids"],
+    b["attention_mask"],
+    output_attentions=True,
+    output_hidden_states=True,
+    capture=("v",),
+  )
   n = int(b["attention_mask"][0].sum())
   block = 1
   e = np.asarray(out.hidden_states[block, 0, :n])
-  t = effective_attention_lib.head_value_outputs(params, CONFIG, block, out.cache["v"][block, 0, :n])  # (N, n, H)
+  t = effective_attention_lib.head_value_outputs(
+    params, CONFIG, block, out.cache["v"][block, 0, :n]
+  )  # (N, n, H)
   raw = np.asarray(out.attentions[block, 0, :, :n, :n], np.float64)
   eff = effective_attention_lib.effective_attention(raw, t)
-  np.testing.assert_allclose(np.einsum("nqk,nkh->nqh", eff, t),
-                             np.einsum("nqk,nkh->nqh", raw, t), atol=1e-5)
+  np.testing.assert_allclose(
+    np.einsum("nqk,nkh->nqh", eff, t), np.einsum("nqk,nkh->nqh", raw, t), atol=1e-5
+  )
   for h in range(CONFIG.num_attention_heads):
     null = effective_attention_lib.left_null_space(t[h])
     assert null.shape == (n, n - CONFIG.head_dim)
@@ -357,12 +431,17 @@ def test_effective_attention_preserves_output_and_leaves_null_space(params):
   # The heads' outputs really are A @ T: rebuild the block's attention output.
   p = ref.layer_params(params, block)
   total = np.einsum("nqk,nkh->qh", raw, t) + p["attention"]["output"]["bias"]
-  np.testing.assert_allclose(ref.after_attention(p, e, total, CONFIG.layer_norm_eps),
-                             np.asarray(out.hidden_states[block + 1, 0, :n]), atol=5e-5)
+  np.testing.assert_allclose(
+    ref.after_attention(p, e, total, CONFIG.layer_norm_eps),
+    np.asarray(out.hidden_states[block + 1, 0, :n]),
+    atol=5e-5,
+  )
 
 
 def test_effective_attention_statistics(params):
-  stats = effective_attention_lib.effective_attention_statistics(params, CONFIG, BATCHES, cls_id=CLS, sep_id=SEP)
+  stats = effective_attention_lib.effective_attention_statistics(
+    params, CONFIG, BATCHES, cls_id=CLS, sep_id=SEP
+  )
   clark = statistics.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP, weighting="token")
   np.testing.assert_allclose(stats["raw"]["cls"], clark["cls"], atol=2e-5)
   np.testing.assert_allclose(stats["raw"]["sep"], clark["sep"], atol=2e-5)

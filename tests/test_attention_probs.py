@@ -20,10 +20,15 @@ def test_probs_equal_reference_values_and_gradients():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
     weight = jnp.asarray(rng.standard_normal(got.shape))
     f = lambda fn: lambda q_, k_: (fn(q_, k_) * weight).sum()
-    ours = jax.grad(f(lambda a, b: kernels.attention_probs(a, b, key_mask=key_mask)),
-                    argnums=(0, 1))(q64, k64)
-    ref = jax.grad(f(lambda a, b: kernels.reference_attention(
-        a, b, v64, key_mask=key_mask, return_probs=True)[1]), argnums=(0, 1))(q64, k64)
+    ours = jax.grad(
+      f(lambda a, b: kernels.attention_probs(a, b, key_mask=key_mask)), argnums=(0, 1)
+    )(q64, k64)
+    ref = jax.grad(
+      f(
+        lambda a, b: kernels.reference_attention(a, b, v64, key_mask=key_mask, return_probs=True)[1]
+      ),
+      argnums=(0, 1),
+    )(q64, k64)
     for a, b in zip(ours, ref):
       np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
   lengths = jnp.asarray([9, 5, 1])

@@ -17,11 +17,17 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis.attribution import gradients
-from bertjax.analysis.attribution import propagation
+from bertjax.analysis.attribution import gradients, propagation
 
-SIZES = {"vocab_size": 99, "hidden_size": 60, "num_hidden_layers": 3, "num_attention_heads": 5,
-         "intermediate_size": 37, "max_position_embeddings": 40, "hidden_act": "gelu"}
+SIZES = {
+  "vocab_size": 99,
+  "hidden_size": 60,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 5,
+  "intermediate_size": 37,
+  "max_position_embeddings": 40,
+  "hidden_act": "gelu",
+}
 LENGTHS = (8, 6, 4)
 TOL = 1e-5
 
@@ -69,8 +75,9 @@ def roberta(tmp_path_factory):
   params = bertjax.init(config, 3)
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(4), len(leaves))
-  params = jax.tree.unflatten(tree, [a + 0.1 * jax.random.normal(k, a.shape, a.dtype)
-                                     for a, k in zip(leaves, keys)])
+  params = jax.tree.unflatten(
+    tree, [a + 0.1 * jax.random.normal(k, a.shape, a.dtype) for a, k in zip(leaves, keys)]
+  )
   path = tmp_path_factory.mktemp("roberta")
   bertjax.to_hf(config, params, path)
   model = transformers.RobertaModel.from_pretrained(path, attn_implementation="eager")
@@ -89,31 +96,49 @@ def _internals(model, ids):
   got = collections.defaultdict(list)
   hooks = []
   for layer in enc.encoder.layer:
-    hooks.append(layer.attention.self.value.register_forward_hook(
-        lambda m, i, o: got["value"].append(o[0].detach().numpy())))
-    hooks.append(layer.attention.output.LayerNorm.register_forward_pre_hook(
-        lambda m, i: got["pre_ln1"].append(i[0][0].detach().numpy())))
-    hooks.append(layer.attention.output.LayerNorm.register_forward_hook(
-        lambda m, i, o: got["post_ln1"].append(o[0].detach().numpy())))
-    hooks.append(layer.output.LayerNorm.register_forward_pre_hook(
-        lambda m, i: got["pre_ln2"].append(i[0][0].detach().numpy())))
+    hooks.append(
+      layer.attention.self.value.register_forward_hook(
+        lambda m, i, o: got["value"].append(o[0].detach().numpy())
+      )
+    )
+    hooks.append(
+      layer.attention.output.LayerNorm.register_forward_pre_hook(
+        lambda m, i: got["pre_ln1"].append(i[0][0].detach().numpy())
+      )
+    )
+    hooks.append(
+      layer.attention.output.LayerNorm.register_forward_hook(
+        lambda m, i, o: got["post_ln1"].append(o[0].detach().numpy())
+      )
+    )
+    hooks.append(
+      layer.output.LayerNorm.register_forward_pre_hook(
+        lambda m, i: got["pre_ln2"].append(i[0][0].detach().numpy())
+      )
+    )
   with torch.no_grad():
-    out = enc(input_ids=torch.tensor(ids)[None], output_hidden_states=True,
-              output_attentions=True)
+    out = enc(input_ids=torch.tensor(ids)[None], output_hidden_states=True, output_attentions=True)
   for h in hooks:
     h.remove()
   layers = enc.encoder.layer
   f64 = lambda t: t.detach().numpy().astype(np.float64)
   return dict(
-      hidden=np.stack([f64(h[0]) for h in out.hidden_states]),  # (L+1, T, H)
-      att=np.stack([f64(a[0]) for a in out.attentions]),  # (L, N, T, T)
-      **{k: np.stack(v).astype(np.float64) for k, v in got.items()},
-      dense=[f64(l_.attention.output.dense.weight) for l_ in layers],  # (H, H), (out, in)
-      dense_bias=[f64(l_.attention.output.dense.bias) for l_ in layers],
-      ln1=[(f64(l_.attention.output.LayerNorm.weight), f64(l_.attention.output.LayerNorm.bias),
-            l_.attention.output.LayerNorm.eps) for l_ in layers],
-      ln2=[(f64(l_.output.LayerNorm.weight), l_.output.LayerNorm.eps) for l_ in layers],
-      heads=enc.config.num_attention_heads)
+    hidden=np.stack([f64(h[0]) for h in out.hidden_states]),  # (L+1, T, H)
+    att=np.stack([f64(a[0]) for a in out.attentions]),  # (L, N, T, T)
+    **{k: np.stack(v).astype(np.float64) for k, v in got.items()},
+    dense=[f64(l_.attention.output.dense.weight) for l_ in layers],  # (H, H), (out, in)
+    dense_bias=[f64(l_.attention.output.dense.bias) for l_ in layers],
+    ln1=[
+      (
+        f64(l_.attention.output.LayerNorm.weight),
+        f64(l_.attention.output.LayerNorm.bias),
+        l_.attention.output.LayerNorm.eps,
+      )
+      for l_ in layers
+    ],
+    ln2=[(f64(l_.output.LayerNorm.weight), l_.output.LayerNorm.eps) for l_ in layers],
+    heads=enc.config.num_attention_heads,
+  )
 
 
 def _close(ours, want, name, tol=TOL):
@@ -162,10 +187,15 @@ def _ref_flow(att):
     pre_layer = u // length - 1
     for v in range(length):
       flow_values[u][pre_layer * length + v] = nx.maximum_flow_value(
-          graph, u, v, flow_func=nx.algorithms.flow.edmonds_karp)
+        graph, u, v, flow_func=nx.algorithms.flow.edmonds_karp
+      )
     flow_values[u] /= flow_values[u].sum()
-  return np.stack([flow_values[(i + 1) * length:(i + 2) * length, i * length:(i + 1) * length]
-                   for i in range(n_layers)])
+  return np.stack(
+    [
+      flow_values[(i + 1) * length : (i + 2) * length, i * length : (i + 1) * length]
+      for i in range(n_layers)
+    ]
+  )
 
 
 def _ref_norms(r):
@@ -194,13 +224,17 @@ def _ref_norms(r):
       pn, mn = np.linalg.norm(preserving, axis=-1), np.linalg.norm(mixing, axis=-1)
       return mn / (mn + pn)
 
-    for key, value in (("f", np.linalg.norm(transformed, axis=-1)),
-                       ("head", np.linalg.norm(weighted, axis=-1)),
-                       ("attn", np.linalg.norm(summed, axis=-1)),
-                       ("attnres", np.linalg.norm(res_weighted, axis=-1)),
-                       ("attnresln", np.linalg.norm(post_ln, axis=-1)),
-                       ("mixing_attn", ratio(summed)), ("mixing_attnres", ratio(res_weighted)),
-                       ("mixing_attnresln", ratio(post_ln)), ("post_ln_layer", post_ln)):
+    for key, value in (
+      ("f", np.linalg.norm(transformed, axis=-1)),
+      ("head", np.linalg.norm(weighted, axis=-1)),
+      ("attn", np.linalg.norm(summed, axis=-1)),
+      ("attnres", np.linalg.norm(res_weighted, axis=-1)),
+      ("attnresln", np.linalg.norm(post_ln, axis=-1)),
+      ("mixing_attn", ratio(summed)),
+      ("mixing_attnres", ratio(res_weighted)),
+      ("mixing_attnresln", ratio(post_ln)),
+      ("post_ln_layer", post_ln),
+    ):
       out[key].append(value)
   return {k: np.stack(v) for k, v in out.items()}
 
@@ -220,8 +254,9 @@ def _ref_alti(r):
     t, h = r["value"][layer].shape
     value_layer = r["value"][layer].reshape(t, r["heads"], -1).transpose(1, 0, 2)
     dense = r["dense"][layer].reshape(h, r["heads"], -1)
-    summed = np.einsum("hks,hsd->ksd", r["att"][layer],
-                       np.einsum("hsv,dhv->hsd", value_layer, dense))
+    summed = np.einsum(
+      "hks,hsd->ksd", r["att"][layer], np.einsum("hsv,dhv->hsd", value_layer, dense)
+    )
     res_weighted = summed + np.einsum("sk,sd->skd", np.eye(t), r["hidden"][layer])
     w, b, eps = r["ln1"][layer]
 
@@ -235,12 +270,14 @@ def _ref_alti(r):
     # The released code's own check: the decomposition rebuilds the LayerNorm output.
     assert np.linalg.norm(resultant - r["post_ln1"][layer]) < 1e-3 * resultant.size
     vectors = l_transform(res_weighted) * ln_std_coef[:, :, None]
-    importance = -F.pairwise_distance(torch.tensor(vectors), torch.tensor(resultant)[:, None],
-                                      p=1).numpy()
+    importance = -F.pairwise_distance(
+      torch.tensor(vectors), torch.tensor(resultant)[:, None], p=1
+    ).numpy()
     # torch's pairwise_distance is ||x1 - x2 + eps||_p with eps=1e-6 by default: the NumPy
     # form below (`_pairwise_l1`) is the same number.
-    np.testing.assert_allclose(-_pairwise_l1(vectors, resultant[:, None]), importance,
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+      -_pairwise_l1(vectors, resultant[:, None]), importance, rtol=1e-12, atol=1e-12
+    )
     contributions.append(importance)
     resultant_norms.append(np.abs(resultant).sum(-1))
   normalized = []
@@ -278,6 +315,7 @@ def _ref_value_zeroing(model, ids):
   scores = np.zeros((n_layers, seq, seq))
   for layer in range(n_layers):
     for t in range(seq):
+
       def zero(module, inputs, output, t=t):
         output = output.clone()
         output[:, t] = 0
@@ -287,8 +325,9 @@ def _ref_value_zeroing(model, ids):
       with torch.no_grad():
         new = enc(input_ids=x, output_hidden_states=True).hidden_states[layer + 1]
       hook.remove()
-      scores[layer, :, t] = cosine_distances(new[0].double().numpy(),
-                                             org[layer + 1][0].double().numpy()).diagonal()
+      scores[layer, :, t] = cosine_distances(
+        new[0].double().numpy(), org[layer + 1][0].double().numpy()
+      ).diagonal()
   scores = scores / np.sum(scores, axis=-1, keepdims=True)
   return scores, _ref_joint(scores, residual=False)
 
@@ -378,8 +417,13 @@ def test_alti_matches_released_formula_on_minilm(minilm_dir):
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   model = transformers.BertModel.from_pretrained(minilm_dir, attn_implementation="eager").eval()
-  batch = tok.encode(["Neither of the twins remembered where the spare key had been hidden.",
-                      "Rain again?", "The committee, which rarely agrees, voted unanimously."])
+  batch = tok.encode(
+    [
+      "Neither of the twins remembered where the spare key had been hidden.",
+      "Rain again?",
+      "The committee, which rarely agrees, voted unanimously.",
+    ]
+  )
   ids, mask = np.asarray(batch.input_ids), np.asarray(batch.attention_mask)
   ours = propagation.alti(params, config, ids, mask)
   for b, n in enumerate(mask.sum(-1)):
@@ -433,7 +477,7 @@ def test_gradient_x_input_matches_torch_autograd(bert_mlm):
       return leaf["e"]
 
     hook = model.bert.embeddings.register_forward_hook(swap)
-    logits = model(input_ids=torch.tensor(ids[b:b + 1, :n])).logits
+    logits = model(input_ids=torch.tensor(ids[b : b + 1, :n])).logits
     hook.remove()
     torch.log_softmax(logits[0, positions[b]], -1)[targets[b]].backward()
     want = (leaf["e"] * leaf["e"].grad)[0].detach().numpy()
@@ -453,18 +497,19 @@ def test_integrated_gradients_matches_torch_autograd(bert_mlm):
   positions, targets = np.array([2, 5, 1]), np.array([7, 8, 9])
   target = gradients.mlm_target(config, positions, targets)
   steps = 8
-  ours = gradients.integrated_gradients(params, config, ids, mask, target_fn=target,
-                                          steps=steps, reduce=None)
+  ours = gradients.integrated_gradients(
+    params, config, ids, mask, target_fn=target, steps=steps, reduce=None
+  )
   nodes, weights = np.polynomial.legendre.leggauss(steps)
   alphas, weights = (nodes + 1) / 2, weights / 2  # [-1, 1] -> [0, 1]
   for b, n in enumerate(mask.sum(-1)):
     with torch.no_grad():
-      e = model.bert.embeddings(input_ids=torch.tensor(ids[b:b + 1, :n]))
+      e = model.bert.embeddings(input_ids=torch.tensor(ids[b : b + 1, :n]))
     total = torch.zeros_like(e)
     for a, w in zip(alphas, weights):
       point = (a * e).detach().requires_grad_(True)  # baseline zeros
       hook = model.bert.embeddings.register_forward_hook(lambda m, i, o, x=point: x)
-      logits = model(input_ids=torch.tensor(ids[b:b + 1, :n])).logits
+      logits = model(input_ids=torch.tensor(ids[b : b + 1, :n])).logits
       hook.remove()
       torch.log_softmax(logits[0, positions[b]], -1)[targets[b]].backward()
       total += float(w) * point.grad
@@ -480,18 +525,22 @@ def test_logit_lens_matches_transformers_mlm_head(bert_mlm):
   ids, mask = _batch(config.pad_token_id)
   positions = np.array([[1, 3], [0, 5], [2, 3]])
   targets = np.array([[4, 5], [6, 7], [8, 9]])
-  lens = gradients.logit_lens(params, config, ids, mask, positions=positions, targets=targets,
-                                k=3)
+  lens = gradients.logit_lens(params, config, ids, mask, positions=positions, targets=targets, k=3)
   assert lens.top_ids.shape == (config.depth + 1, 3, 2, 3)
   for b, n in enumerate(mask.sum(-1)):
     with torch.no_grad():
-      states = model(input_ids=torch.tensor(ids[b:b + 1, :n]), output_hidden_states=True
-                     ).hidden_states
-      log_probs = np.stack([torch.log_softmax(model.cls(h), -1)[0].double().numpy()
-                            for h in states])  # (L+1, T, V)
+      states = model(
+        input_ids=torch.tensor(ids[b : b + 1, :n]), output_hidden_states=True
+      ).hidden_states
+      log_probs = np.stack(
+        [torch.log_softmax(model.cls(h), -1)[0].double().numpy() for h in states]
+      )  # (L+1, T, V)
     at = log_probs[:, positions[b]]  # (L+1, P, V)
-    _close(np.asarray(lens.target_log_probs)[:, b],
-           np.take_along_axis(at, targets[b][None, :, None], -1)[..., 0], f"target[{b}]")
+    _close(
+      np.asarray(lens.target_log_probs)[:, b],
+      np.take_along_axis(at, targets[b][None, :, None], -1)[..., 0],
+      f"target[{b}]",
+    )
     order = np.argsort(-at, -1)[..., :3]
     np.testing.assert_array_equal(np.asarray(lens.top_ids)[:, b], order)
     _close(np.asarray(lens.top_log_probs)[:, b], np.take_along_axis(at, order, -1), f"top[{b}]")
@@ -505,13 +554,16 @@ def _tiny_mlm(model_type="bert", **extra):
   params = bertjax.init(config, 0, heads=("mlm",))
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(1), len(leaves))
-  params = jax.tree.unflatten(tree, [a + 0.1 * jax.random.normal(k, a.shape, a.dtype)
-                                     for a, k in zip(leaves, keys)])
+  params = jax.tree.unflatten(
+    tree, [a + 0.1 * jax.random.normal(k, a.shape, a.dtype) for a, k in zip(leaves, keys)]
+  )
   return config, params
 
 
-@pytest.mark.parametrize("method, baseline, reduce", [
-    ("gausslegendre", "mask", "sum"), ("riemann_trapezoid", "zeros", None)])
+@pytest.mark.parametrize(
+  "method, baseline, reduce",
+  [("gausslegendre", "mask", "sum"), ("riemann_trapezoid", "zeros", None)],
+)
 def test_integrated_gradients_completeness(method, baseline, reduce):
   config, params = _tiny_mlm()
   ids, mask = _batch(config.pad_token_id)
@@ -529,8 +581,17 @@ def test_integrated_gradients_completeness(method, baseline, reduce):
   else:
     base = np.zeros((*ids.shape, config.hidden_size), np.float32)
   ig = gradients.integrated_gradients(
-      params, config, ids, mask, target_fn=target, baseline=None if baseline == "zeros" else base,
-      method=method, steps=64, chunk_size=16, reduce=reduce)
+    params,
+    config,
+    ids,
+    mask,
+    target_fn=target,
+    baseline=None if baseline == "zeros" else base,
+    method=method,
+    steps=64,
+    chunk_size=16,
+    reduce=reduce,
+  )
   if reduce is None:
     assert ig.attributions.shape == (*ids.shape, config.hidden_size)
 
@@ -545,10 +606,13 @@ def test_integrated_gradients_completeness(method, baseline, reduce):
   np.testing.assert_allclose(ig.delta, total - change, atol=1e-5)
 
 
-@pytest.mark.parametrize("model_type, extra", [
+@pytest.mark.parametrize(
+  "model_type, extra",
+  [
     ("albert", {"embedding_size": 16, "num_hidden_groups": 1}),
     ("bert", {"pruned": True}),
-])
+  ],
+)
 def test_shared_and_pruned_layers(model_type, extra):
   """ALBERT blocks read their group's weights; pruned blocks their kept heads."""
   extra = dict(extra)
@@ -566,8 +630,9 @@ def test_shared_and_pruned_layers(model_type, extra):
   np.testing.assert_allclose(rows, np.broadcast_to(mask, rows.shape), atol=1e-5)
   # The decomposition is exact: the summands through LayerNorm 1, plus the output bias and
   # beta, rebuild the mid site.
-  cache = bertjax.forward(params, config, ids, mask, capture=("embeddings", "out", "probs", "v",
-                                                              "attn_out", "mid")).cache
+  cache = bertjax.forward(
+    params, config, ids, mask, capture=("embeddings", "out", "probs", "v", "attn_out", "mid")
+  ).cache
   x = jnp.concatenate([cache["embeddings"][None], cache["out"][:-1]])
   bp = propagation._block_params(config, params, jnp.float32)
 
@@ -578,10 +643,16 @@ def test_shared_and_pruned_layers(model_type, extra):
 
   real = mask.astype(bool)
   for layer in range(config.depth):
-    y = rebuild(cache["probs"][layer], cache["v"][layer], x[layer], cache["attn_out"][layer],
-                *(bp[k][layer] for k in ("wo", "ln1_scale", "bo", "ln1_bias")))
-    np.testing.assert_allclose(np.asarray(y)[real], np.asarray(cache["mid"][layer])[real],
-                               atol=1e-4)
+    y = rebuild(
+      cache["probs"][layer],
+      cache["v"][layer],
+      x[layer],
+      cache["attn_out"][layer],
+      *(bp[k][layer] for k in ("wo", "ln1_scale", "bo", "ln1_bias")),
+    )
+    np.testing.assert_allclose(
+      np.asarray(y)[real], np.asarray(cache["mid"][layer])[real], atol=1e-4
+    )
   if pruned:  # rollout averages a pruned block over the heads it still has
     roll = np.asarray(propagation.attention_rollout(params, config, ids, mask))
     kept = np.asarray(cache["probs"])[0][:, [0, 2, 4]].mean(1)  # (B, T, T)
@@ -594,8 +665,9 @@ def test_jit_and_errors():
   config, params = _tiny_mlm()
   ids, mask = _batch(config.pad_token_id)
   jitted = jax.jit(propagation.alti, static_argnums=(1,))(params, config, ids, mask)
-  np.testing.assert_allclose(jitted.layer, propagation.alti(params, config, ids, mask).layer,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    jitted.layer, propagation.alti(params, config, ids, mask).layer, atol=1e-6
+  )
   no_head = {k: v for k, v in params.items() if k != "mlm"}
   with pytest.raises(ValueError, match="needs an MLM head"):
     gradients.logit_lens(no_head, config, ids, mask)
@@ -611,27 +683,36 @@ def test_jit_and_errors():
   with pytest.raises(ValueError, match=r"positions\[0\] = -1 must be >= 0"):
     gradients.mlm_target(config, [-1, 2, 3], [5, 6, 7])
   with pytest.raises(ValueError, match="built for 1 sequences .* the batch has 3 sequences"):
-    gradients.gradient_x_input(params, config, ids, mask,
-                                 target_fn=gradients.mlm_target(config, [3], [25]))
+    gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=gradients.mlm_target(config, [3], [25])
+    )
   with pytest.raises(ValueError, match="positions up to 30; the batch has 3 sequences of 8"):
-    gradients.gradient_x_input(params, config, ids, mask,
-                                 target_fn=gradients.mlm_target(config, [1, 2, 30], [5, 6, 7]))
+    gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=gradients.mlm_target(config, [1, 2, 30], [5, 6, 7])
+    )
   # Built from traced values inside a jit, its values go unchecked (as the model's inputs).
-  traced = jax.jit(lambda pos, tok: gradients.gradient_x_input(
-      params, config, ids, mask, target_fn=gradients.mlm_target(config, pos, tok)))
+  traced = jax.jit(
+    lambda pos, tok: gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=gradients.mlm_target(config, pos, tok)
+    )
+  )
   np.testing.assert_array_equal(
-      traced(jnp.asarray([1, 2, 3]), jnp.asarray([5, 6, 7])),
-      gradients.gradient_x_input(params, config, ids, mask,
-                                   target_fn=gradients.mlm_target(config, [1, 2, 3], [5, 6, 7])))
+    traced(jnp.asarray([1, 2, 3]), jnp.asarray([5, 6, 7])),
+    gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=gradients.mlm_target(config, [1, 2, 3], [5, 6, 7])
+    ),
+  )
   with pytest.raises(ValueError, match=r"token ids \[120\] are outside the vocabulary"):
     propagation.attention_rollout(params, config, np.full((1, 4), 120))
   with pytest.raises(ValueError, match="one scalar per sequence"):
-    gradients.gradient_x_input(params, config, ids, mask,
-                                 target_fn=lambda p, out: out.last_hidden_state.sum())
+    gradients.gradient_x_input(
+      params, config, ids, mask, target_fn=lambda p, out: out.last_hidden_state.sum()
+    )
   with pytest.raises(ValueError, match="method='simpson' must be one of"):
     gradients.integrated_gradients(params, config, ids, mask, target_fn=None, method="simpson")
   with pytest.raises(ValueError, match=r"baseline shape \(2, 60\) does not broadcast"):
-    gradients.integrated_gradients(params, config, ids, mask, target_fn=None,
-                                     baseline=np.zeros((2, 60)))
+    gradients.integrated_gradients(
+      params, config, ids, mask, target_fn=None, baseline=np.zeros((2, 60))
+    )
   with pytest.raises(ValueError, match=r"matrices shape \(3, 4, 5\)"):
     propagation.rollout(np.zeros((3, 4, 5)))

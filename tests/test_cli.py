@@ -32,22 +32,36 @@ CORPUS = fetch.smoke_dir() / "wikitext2_tokens" / "valid.txt"  # shipped: no dat
 def env(tmp_path_factory):
   """The user's environment, with no ../shared data and one JAX compilation cache."""
   cache = tmp_path_factory.mktemp("jax_cache")
-  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-              BERTJAX_NO_SHARED_DATA="1", BERTJAX_DATA_DIR=str(cache / "no-data"),
-              JAX_COMPILATION_CACHE_DIR=str(cache),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  return dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    BERTJAX_NO_SHARED_DATA="1",
+    BERTJAX_DATA_DIR=str(cache / "no-data"),
+    JAX_COMPILATION_CACHE_DIR=str(cache),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
 
 
 def bertjax_cmd(*args, cwd, env, timeout=600, extra_env=None):
   """`bertjax ARGS` in `cwd`, as the console script runs it."""
-  return subprocess.run([sys.executable, "-m", "bertjax.cli", *map(str, args)], cwd=cwd,
-                        env=dict(env, **(extra_env or {})), capture_output=True, text=True,
-                        timeout=timeout, check=False)
+  return subprocess.run(
+    [sys.executable, "-m", "bertjax.cli", *map(str, args)],
+    cwd=cwd,
+    env=dict(env, **(extra_env or {})),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
 
 
 def _ok(proc):
-  assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+  assert proc.returncode == 0, (
+    f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+  )
   return proc
 
 
@@ -56,11 +70,33 @@ def _ok(proc):
 
 def _pretrain(cwd, env, hash_seed):
   cwd.mkdir(parents=True, exist_ok=True)
-  return _ok(bertjax_cmd(
-      "pretrain", "--corpus", CORPUS, "--corpus-format", "wikitext", "--train-vocab", 300,
-      "--preset", "tiny", "--seq-len", 32, "--batch-size", 4, "--steps", 2,
-      "--checkpoint-every", 1, "--output-dir", "run", "--no-progress", cwd=cwd, env=env,
-      extra_env={"PYTHONHASHSEED": str(hash_seed)}))
+  return _ok(
+    bertjax_cmd(
+      "pretrain",
+      "--corpus",
+      CORPUS,
+      "--corpus-format",
+      "wikitext",
+      "--train-vocab",
+      300,
+      "--preset",
+      "tiny",
+      "--seq-len",
+      32,
+      "--batch-size",
+      4,
+      "--steps",
+      2,
+      "--checkpoint-every",
+      1,
+      "--output-dir",
+      "run",
+      "--no-progress",
+      cwd=cwd,
+      env=env,
+      extra_env={"PYTHONHASHSEED": str(hash_seed)},
+    )
+  )
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +111,15 @@ def pretrain_runs(tmp_path_factory, env):
 def test_train_vocab_runs_write_identical_vocabularies(pretrain_runs):
   (a, b), procs = pretrain_runs
   assert (a / "vocab" / "vocab.txt").read_bytes() == (b / "vocab" / "vocab.txt").read_bytes()
-  assert (a / "vocab" / "tokenizer.json").read_bytes() == (b / "vocab" / "tokenizer.json"
-                                                           ).read_bytes()
+  assert (a / "vocab" / "tokenizer.json").read_bytes() == (
+    b / "vocab" / "tokenizer.json"
+  ).read_bytes()
   tokens = (a / "vocab" / "vocab.txt").read_text().splitlines()
   assert len(tokens) == 300 and tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
   # Same seed, same run: the losses repeat too.
-  losses = [[json.loads(r)["loss"] for r in (d / "metrics.jsonl").read_text().splitlines()]
-            for d in (a, b)]
+  losses = [
+    [json.loads(r)["loss"] for r in (d / "metrics.jsonl").read_text().splitlines()] for d in (a, b)
+  ]
   assert losses[0] == losses[1] and len(losses[0]) == 2
   # The end of the run is a short summary, not a JSON dump.
   out = procs[0].stdout
@@ -95,8 +133,14 @@ def test_export_a_mid_run_checkpoint(pretrain_runs, tmp_path, env):
   proc = _ok(bertjax_cmd("export", run, "--step", 1, "--to", "model", cwd=tmp_path, env=env))
   model = tmp_path / "model"
   assert "exported step 1" in proc.stdout and "bertjax report --model" in proc.stdout
-  for name in ("config.json", "model.safetensors", "tokenizer.json", "vocab.txt",
-               "tokenizer_config.json", "special_tokens_map.json"):
+  for name in (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+  ):
     assert (model / name).is_file(), name
     assert (model / name).stat().st_mode & 0o044 == 0o044, f"{name} is not readable by others"
   assert (model / "vocab.txt").read_bytes() == (run / "vocab" / "vocab.txt").read_bytes()
@@ -125,8 +169,20 @@ def test_export_a_mid_run_checkpoint(pretrain_runs, tmp_path, env):
   np.testing.assert_allclose(np.asarray(got), want.numpy(), atol=1e-4)
 
   # `bertjax report` reads the exported directory as it is.
-  rep = _ok(bertjax_cmd("report", "--model", "model", "--out", "rep", "--reduced", "--quiet",
-                        cwd=tmp_path, env=env, timeout=900))
+  rep = _ok(
+    bertjax_cmd(
+      "report",
+      "--model",
+      "model",
+      "--out",
+      "rep",
+      "--reduced",
+      "--quiet",
+      cwd=tmp_path,
+      env=env,
+      timeout=900,
+    )
+  )
   assert "report:" in rep.stdout
   saved = json.loads((tmp_path / "rep" / "report.json").read_text())
   assert saved["model"]["layers"] == 2 and saved["model"]["model_type"] == "bert"
@@ -152,9 +208,27 @@ def _in_process(capsys, *argv) -> tuple[int, str, str]:
 
 
 def _small_pretrain(run, *extra):
-  return ["pretrain", "--corpus", CORPUS, "--corpus-format", "wikitext", "--max-lines", 300,
-          "--preset", "tiny", "--seq-len", 32, "--batch-size", 4, "--checkpoint-every", 1,
-          "--output-dir", run, "--no-progress", *extra]
+  return [
+    "pretrain",
+    "--corpus",
+    CORPUS,
+    "--corpus-format",
+    "wikitext",
+    "--max-lines",
+    300,
+    "--preset",
+    "tiny",
+    "--seq-len",
+    32,
+    "--batch-size",
+    4,
+    "--checkpoint-every",
+    1,
+    "--output-dir",
+    run,
+    "--no-progress",
+    *extra,
+  ]
 
 
 def test_a_run_directory_is_never_mixed_with_another(tmp_path, capsys, monkeypatch, minilm_dir):
@@ -174,13 +248,15 @@ def test_a_run_directory_is_never_mixed_with_another(tmp_path, capsys, monkeypat
   for needle in (f"--output-dir {run} is not empty", "checkpoints/", "--resume", "--overwrite"):
     assert needle in err, (needle, err)
   # --resume with another vocabulary than the run's own: refused, naming both.
-  code, _, err = _in_process(capsys, *_small_pretrain(run, "--vocab", minilm_dir / "vocab.txt",
-                                                      "--steps", 4, "--resume"))
+  code, _, err = _in_process(
+    capsys, *_small_pretrain(run, "--vocab", minilm_dir / "vocab.txt", "--steps", 4, "--resume")
+  )
   assert code == 1 and "30522 tokens" in err and "200 tokens" in err, err
   assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == kept
   # --overwrite: the earlier run is deleted first; the new run is alone in D.
-  code, out, err = _in_process(capsys, *_small_pretrain(run, "--train-vocab", 100, "--steps", 2,
-                                                        "--overwrite"))
+  code, out, err = _in_process(
+    capsys, *_small_pretrain(run, "--train-vocab", 100, "--steps", 2, "--overwrite")
+  )
   assert code == 0, err[-3000:]
   assert f"deleted the earlier run in {run}" in out
   assert len((run / "vocab" / "vocab.txt").read_text().splitlines()) == 100
@@ -189,10 +265,11 @@ def test_a_run_directory_is_never_mixed_with_another(tmp_path, capsys, monkeypat
   # --overwrite deletes only a run, and never the directory the user is in.
   (tmp_path / "notes").mkdir()
   (tmp_path / "notes" / "todo.txt").write_text("keep me")
-  for where, needle in ((tmp_path / "notes", "none of it a run's files"),
-                        (tmp_path, "holds the current directory")):
-    code, _, err = _in_process(capsys, *_small_pretrain(where, "--train-vocab", 100,
-                                                        "--overwrite"))
+  for where, needle in (
+    (tmp_path / "notes", "none of it a run's files"),
+    (tmp_path, "holds the current directory"),
+  ):
+    code, _, err = _in_process(capsys, *_small_pretrain(where, "--train-vocab", 100, "--overwrite"))
     assert code == 1 and needle in err, err
   assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
   # The first run's checkpoints (vocabulary 200) beside the second run's vocab/ (100), as
@@ -212,12 +289,36 @@ def test_finetune_refuses_an_earlier_run_directory(tmp_path, capsys, monkeypatch
   monkeypatch.delenv("BERTJAX_DEBUG", raising=False)
   monkeypatch.chdir(tmp_path)
   _reviews(tmp_path / "reviews.tsv", 2)
-  (tmp_path / "tiny.json").write_text(json.dumps({
-      "vocab_size": 30522, "hidden_size": 16, "num_hidden_layers": 1,
-      "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16}))
-  argv = ["finetune", "--table", "reviews.tsv", "--vocab", minilm_dir, "--config-json",
-          "tiny.json", "--steps", 2, "--batch-size", 8, "--max-len", 16, "--no-progress",
-          "--output-dir", "mine"]
+  (tmp_path / "tiny.json").write_text(
+    json.dumps(
+      {
+        "vocab_size": 30522,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 16,
+      }
+    )
+  )
+  argv = [
+    "finetune",
+    "--table",
+    "reviews.tsv",
+    "--vocab",
+    minilm_dir,
+    "--config-json",
+    "tiny.json",
+    "--steps",
+    2,
+    "--batch-size",
+    8,
+    "--max-len",
+    16,
+    "--no-progress",
+    "--output-dir",
+    "mine",
+  ]
   (tmp_path / "mine" / "model").mkdir(parents=True)
   (tmp_path / "mine" / "model" / "vocab.txt").write_text("[PAD]\n")  # an earlier model's
   code, _, err = _in_process(capsys, *argv)
@@ -246,33 +347,58 @@ def test_user_errors_are_one_line_naming_the_value(tmp_path, env, minilm_dir):
   table = tmp_path / "reviews.tsv"
   table.write_text("sentence\tlabel\nGreat fun.\tpositive\nDull.\tnegative\n")
   cases = [
-      (["finetune", "--table", "missing.tsv", "--vocab", minilm_dir], ["missing.tsv"]),
-      (["finetune", "--table", table, "--label-column", "stars", "--vocab", minilm_dir],
-       ["'stars'", "'label'"]),
-      (["report", "--model", "no-such-model"], ["no-such-model"]),
-      (["pretrain", "--corpus", "missing.txt", "--train-vocab", 100, "--output-dir", "o"],
-       ["missing.txt"]),
+    (["finetune", "--table", "missing.tsv", "--vocab", minilm_dir], ["missing.tsv"]),
+    (
+      ["finetune", "--table", table, "--label-column", "stars", "--vocab", minilm_dir],
+      ["'stars'", "'label'"],
+    ),
+    (["report", "--model", "no-such-model"], ["no-such-model"]),
+    (
+      ["pretrain", "--corpus", "missing.txt", "--train-vocab", 100, "--output-dir", "o"],
+      ["missing.txt"],
+    ),
   ]
   for argv, needles in cases:
     _one_line_error(bertjax_cmd(*argv, cwd=tmp_path, env=env), *needles)
-  debug = bertjax_cmd("finetune", "--table", "missing.tsv", "--vocab", minilm_dir, "--debug",
-                      cwd=tmp_path, env=env)
+  debug = bertjax_cmd(
+    "finetune", "--table", "missing.tsv", "--vocab", minilm_dir, "--debug", cwd=tmp_path, env=env
+  )
   assert debug.returncode == 1 and "Traceback" in debug.stderr and "missing.tsv" in debug.stderr
 
 
 @pytest.mark.slow
 def test_bad_option_values_are_named_by_argparse(tmp_path, env):
-  proc = bertjax_cmd("pretrain", "--corpus", CORPUS, "--preset", "bert-huge", "--output-dir",
-                     "o", cwd=tmp_path, env=env)
+  proc = bertjax_cmd(
+    "pretrain",
+    "--corpus",
+    CORPUS,
+    "--preset",
+    "bert-huge",
+    "--output-dir",
+    "o",
+    cwd=tmp_path,
+    env=env,
+  )
   assert proc.returncode == 2 and "Traceback" not in proc.stderr
   assert "'bert-huge'" in proc.stderr and "bert-base" in proc.stderr
 
 
-@pytest.mark.parametrize("argv", [["pretrain"], ["finetune"], ["export"], ["analyze"],
-                                  ["report"], ["data", "list"], ["data", "fetch"],
-                                  ["models", "list"], ["models", "install"],
-                                  ["pretrain", "--corpus", "c.txt", "--output-dir", "o"]],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+  "argv",
+  [
+    ["pretrain"],
+    ["finetune"],
+    ["export"],
+    ["analyze"],
+    ["report"],
+    ["data", "list"],
+    ["data", "fetch"],
+    ["models", "list"],
+    ["models", "install"],
+    ["pretrain", "--corpus", "c.txt", "--output-dir", "o"],
+  ],
+  ids=lambda a: " ".join(a),
+)
 def test_unknown_options_are_named(argv, capsys):
   # argparse named the missing required options and never the unknown one.
   from bertjax import cli
@@ -284,8 +410,15 @@ def test_unknown_options_are_named(argv, capsys):
   assert "required" not in err and "Traceback" not in err
 
 
-HELP = [["--help"], ["pretrain", "--help"], ["finetune", "--help"], ["export", "--help"],
-        ["report", "--help"], ["data", "fetch", "--help"], ["data", "list", "--help"]]
+HELP = [
+  ["--help"],
+  ["pretrain", "--help"],
+  ["finetune", "--help"],
+  ["export", "--help"],
+  ["report", "--help"],
+  ["data", "fetch", "--help"],
+  ["data", "list", "--help"],
+]
 
 
 @pytest.mark.slow
@@ -298,9 +431,11 @@ def test_help_texts_are_clean(argv, tmp_path, env):
   for line in " ".join(text.split()).split("(default:")[1:]:
     assert "(default:" not in line.split(")")[0]
   import re
+
   assert not re.search(r"\(default: [^)]*\)\s*\(default:", " ".join(text.split())), text
   if argv[0] == "pretrain":
     from bertjax.model.config import PRESETS
+
     flat = " ".join(text.split())
     assert all(name in flat for name in PRESETS)
     assert "corpus formats" in text and "wikitext" in text and "<unk> becomes [UNK]" in flat
@@ -317,9 +452,15 @@ def test_help_texts_are_clean(argv, tmp_path, env):
 @pytest.mark.slow
 @pytest.mark.parametrize("reader", ["head -n 2", "true"])
 def test_data_list_into_a_closed_pipe_ends_quietly(reader, tmp_path, env):
-  proc = subprocess.run(["bash", "-c", f"{sys.executable} -m bertjax.cli data list | {reader}"],
-                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-                        check=False)
+  proc = subprocess.run(
+    ["bash", "-c", f"{sys.executable} -m bertjax.cli data list | {reader}"],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
   assert proc.returncode == 0
   assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
   if reader.startswith("head"):
@@ -328,10 +469,26 @@ def test_data_list_into_a_closed_pipe_ends_quietly(reader, tmp_path, env):
 
 # Fine-tuning --------------------------------------------------------------------------------------
 
-POSITIVE = ["a great film", "I loved it", "wonderful acting", "a joy to watch", "truly moving",
-            "brilliant and funny", "superb story", "a delight"]
-NEGATIVE = ["a dull film", "I hated it", "terrible acting", "a chore to watch", "truly boring",
-            "flat and humourless", "awful story", "a mess"]
+POSITIVE = [
+  "a great film",
+  "I loved it",
+  "wonderful acting",
+  "a joy to watch",
+  "truly moving",
+  "brilliant and funny",
+  "superb story",
+  "a delight",
+]
+NEGATIVE = [
+  "a dull film",
+  "I hated it",
+  "terrible acting",
+  "a chore to watch",
+  "truly boring",
+  "flat and humourless",
+  "awful story",
+  "a mess",
+]
 
 
 def _reviews(path: pathlib.Path, repeat: int) -> None:
@@ -343,12 +500,38 @@ def _reviews(path: pathlib.Path, repeat: int) -> None:
 def tiny_finetune(tmp_path, minilm_dir):
   _reviews(tmp_path / "reviews.tsv", 3)
   _reviews(tmp_path / "dev.tsv", 1)
-  (tmp_path / "tiny.json").write_text(json.dumps({
-      "vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 1,
-      "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64}))
-  return ["finetune", "--table", "reviews.tsv", "dev.tsv", "--vocab", str(minilm_dir),
-          "--config-json", "tiny.json", "--steps", 8, "--batch-size", 8, "--lr", 1e-3,
-          "--max-len", 16, "--eval-every", 4]
+  (tmp_path / "tiny.json").write_text(
+    json.dumps(
+      {
+        "vocab_size": 30522,
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+      }
+    )
+  )
+  return [
+    "finetune",
+    "--table",
+    "reviews.tsv",
+    "dev.tsv",
+    "--vocab",
+    str(minilm_dir),
+    "--config-json",
+    "tiny.json",
+    "--steps",
+    8,
+    "--batch-size",
+    8,
+    "--lr",
+    1e-3,
+    "--max-len",
+    16,
+    "--eval-every",
+    4,
+  ]
 
 
 @pytest.mark.hf
@@ -396,9 +579,14 @@ def _run_on_a_terminal(argv, cwd, env, timeout=600) -> tuple[int, str, str]:
   """Runs with stderr on a pseudo-terminal (as in a user's shell); returns (code, out, err)."""
   master, slave = pty.openpty()
   fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 40 x 120
-  proc = subprocess.Popen([sys.executable, "-m", "bertjax.cli", *map(str, argv)], cwd=cwd,
-                          env=env, stdout=subprocess.PIPE, stderr=slave,
-                          text=True)
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "bertjax.cli", *map(str, argv)],
+    cwd=cwd,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=slave,
+    text=True,
+  )
   os.close(slave)
   chunks = []
   while True:

@@ -37,11 +37,16 @@ def _pll_loop(params, config, tokenizer, sentence):
 
 def test_pll_matches_one_mask_at_a_time(tiny_mlm, tokenizer):
   config, params = tiny_mlm
-  sentences = ["The cat sat on the mat.", "Susan revealed herself.",
-               "Unbelievably, hypothesized transformations were reconfigured yesterday!", "Hi"]
+  sentences = [
+    "The cat sat on the mat.",
+    "Susan revealed herself.",
+    "Unbelievably, hypothesized transformations were reconfigured yesterday!",
+    "Hi",
+  ]
   # max_rows=16 forces several packed batches, one sentence longer than a batch.
-  pll, per_token = cloze.pseudo_log_likelihood((config, params), tokenizer, sentences,
-                                               max_rows=16, return_tokens=True)
+  pll, per_token = cloze.pseudo_log_likelihood(
+    (config, params), tokenizer, sentences, max_rows=16, return_tokens=True
+  )
   for s, got, toks in zip(sentences, pll, per_token):
     assert len(toks) == len(tokenizer.encode([s]).input_ids[0]) - 2
     np.testing.assert_allclose(got, _pll_loop(params, config, tokenizer, s), atol=1e-4, rtol=0)
@@ -49,11 +54,14 @@ def test_pll_matches_one_mask_at_a_time(tiny_mlm, tokenizer):
 
 def test_blimp_accuracy_uses_pll(tiny_mlm, tokenizer):
   config, params = tiny_mlm
-  records = [{"sentence_good": "Susan revealed herself.", "sentence_bad": "Susan revealed themselves."},
-             {"sentence_good": "Paula references Robert.", "sentence_bad": "Paula reference Robert."}]
+  records = [
+    {"sentence_good": "Susan revealed herself.", "sentence_bad": "Susan revealed themselves."},
+    {"sentence_good": "Paula references Robert.", "sentence_bad": "Paula reference Robert."},
+  ]
   out = cloze.blimp_probe((config, params), tokenizer, records)
-  pll = cloze.pseudo_log_likelihood((config, params), tokenizer,
-                                    [r[k] for k in ("sentence_good", "sentence_bad") for r in records])
+  pll = cloze.pseudo_log_likelihood(
+    (config, params), tokenizer, [r[k] for k in ("sentence_good", "sentence_bad") for r in records]
+  )
   np.testing.assert_allclose(out["pll_good"], pll[:2], atol=1e-5)
   assert out["accuracy"] == np.mean(pll[:2] > pll[2:])
   assert cloze.minimal_pair_accuracy([1.0, 2.0, 3.0], [0.0, 2.0, 4.0]) == pytest.approx(1 / 3)
@@ -79,13 +87,17 @@ def _bigram_lm(vocab_size, favourites):
 
 def test_score_queries_and_lama_on_a_fake_lm(tokenizer):
   tid = lambda w: cloze.single_token_id(tokenizer, w)
-  lm = _bigram_lm(tokenizer.vocab_size, {tid("in"): [tid("paris"), tid("london")],
-                                         tid("the"): [tid("cat"), tid("dog"), tid("gold")]})
+  lm = _bigram_lm(
+    tokenizer.vocab_size,
+    {tid("in"): [tid("paris"), tid("london")], tid("the"): [tid("cat"), tid("dog"), tid("gold")]},
+  )
   records = [
     {"masked_sentences": ["He was born in [MASK] ."], "obj_label": "Paris"},  # P@1 hit
     {"masked_sentences": ["She lives in [MASK] ."], "obj_label": "London"},  # P@10 hit only
-    {"masked_sentences": ["It is the [MASK] color, a long sentence to get another width."],
-     "obj_label": "gold"},  # rank 3: P@10 hit
+    {
+      "masked_sentences": ["It is the [MASK] color, a long sentence to get another width."],
+      "obj_label": "gold",
+    },  # rank 3: P@10 hit
     {"masked_sentences": ["the [MASK] ."], "obj_label": "cat"},  # P@1 hit
     {"masked_sentences": ["A [MASK] ."], "obj_label": "zzzqqxlinebackerz"},  # not one token
   ]
@@ -120,16 +132,28 @@ def _lookup(table):
 
 def test_neg136_scoring():
   items = [
-    {"context_aff": "A trout is (a|an)", "context_neg": "A trout is not (a|an)",
-     "target_aff": "fish", "target_neg": "tool"},
-    {"context_aff": "An ant is (a|an)", "context_neg": "An ant is not (a|an)",
-     "target_aff": "insect", "target_neg": "vegetable"},
+    {
+      "context_aff": "A trout is (a|an)",
+      "context_neg": "A trout is not (a|an)",
+      "target_aff": "fish",
+      "target_neg": "tool",
+    },
+    {
+      "context_aff": "An ant is (a|an)",
+      "context_neg": "An ant is not (a|an)",
+      "target_aff": "insect",
+      "target_neg": "vegetable",
+    },
   ]
   table = {  # the model ignores negation: the true-in-affirmative word always wins
-    ("A trout is a", "fish"): -1.0, ("A trout is a", "tool"): -3.0,
-    ("A trout is not a", "fish"): -1.5, ("A trout is not a", "tool"): -3.5,
-    ("An ant is an", "insect"): -1.0, ("An ant is a", "vegetable"): -4.0,
-    ("An ant is not an", "insect"): -0.5, ("An ant is not a", "vegetable"): -4.5,
+    ("A trout is a", "fish"): -1.0,
+    ("A trout is a", "tool"): -3.0,
+    ("A trout is not a", "fish"): -1.5,
+    ("A trout is not a", "tool"): -3.5,
+    ("An ant is an", "insect"): -1.0,
+    ("An ant is a", "vegetable"): -4.0,
+    ("An ant is not an", "insect"): -0.5,
+    ("An ant is not a", "vegetable"): -4.5,
     ("An ant is not a", "insect"): -0.6,
   }
   out = cloze.neg136_scores(items, _lookup(table), ks=(1,), simp=True)
@@ -140,10 +164,18 @@ def test_neg136_scoring():
 
 def test_role88_and_cprag_scoring():
   role = [
-    {"item": "1-a", "context": "which customer the waitress had", "expected": "served|seen",
-     "target": "served"},
-    {"item": "1-b", "context": "which waitress the customer had", "expected": "tipped",
-     "target": "served"},
+    {
+      "item": "1-a",
+      "context": "which customer the waitress had",
+      "expected": "served|seen",
+      "target": "served",
+    },
+    {
+      "item": "1-b",
+      "context": "which waitress the customer had",
+      "expected": "tipped",
+      "target": "served",
+    },
   ]
   table = {
     ("which customer the waitress had", "served"): -1.0,
@@ -153,8 +185,16 @@ def test_role88_and_cprag_scoring():
   }
   out = cloze.role88_scores(role, _lookup(table), ks=(1,))
   assert out["top1"] == 0.5 and out["sensitivity"] == 0.0 and out["pairs"] == 1
-  cprag = [{"context_s1": "Checkmate.", "context_s2": "She was good at", "expected": "chess",
-            "within_category": "monopoly", "between_category": "football", "constraint": "H"}]
+  cprag = [
+    {
+      "context_s1": "Checkmate.",
+      "context_s2": "She was good at",
+      "expected": "chess",
+      "within_category": "monopoly",
+      "between_category": "football",
+      "constraint": "H",
+    }
+  ]
   ctx = "Checkmate. She was good at"
   table = {(ctx, "chess"): -2.0, (ctx, "monopoly"): -1.0, (ctx, "football"): -3.0}
   out = cloze.cprag102_scores(cprag, _lookup(table), ks=(1, 2))

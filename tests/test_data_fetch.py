@@ -40,7 +40,7 @@ class _Truncating(http.server.BaseHTTPRequestHandler):
     self.send_response(200)
     self.send_header("Content-Length", str(len(body)))
     self.end_headers()
-    self.wfile.write(body[:len(body) // 2])
+    self.wfile.write(body[: len(body) // 2])
     self.wfile.flush()
     self.close_connection = True
 
@@ -66,8 +66,15 @@ def server(data_dir):
 
 def _cli(*args, env=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-  return subprocess.run([sys.executable, "-m", "bertjax.cli", *args], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=300, check=False)
+  return subprocess.run(
+    [sys.executable, "-m", "bertjax.cli", *args],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
 
 
 def _leftovers(root: pathlib.Path) -> list[str]:
@@ -98,8 +105,14 @@ def test_wrong_checksum_gives_one_line_error_and_leaves_nothing(server, tmp_path
   bad = dict(sums, **{key: "0" * 64})
   dest = tmp_path / "data"
   with pytest.raises(fetch.DataError) as e:
-    fetch.fetch_one(fetch.DATASETS["lm_diagnostics"], dest, mirror=server, sums=bad,
-                    progress=False, log=lambda _: None)
+    fetch.fetch_one(
+      fetch.DATASETS["lm_diagnostics"],
+      dest,
+      mirror=server,
+      sums=bad,
+      progress=False,
+      log=lambda _: None,
+    )
   msg = str(e.value)
   assert "\n" not in msg and key in msg and "0" * 64 in msg and sums[key] in msg
   assert _leftovers(dest) == []
@@ -115,8 +128,16 @@ def test_wrong_checksum_from_cli(data_dir, tmp_path):
   with open(mirror / "test.jsonl", "ab") as f:
     f.write(b"{}\n")
   dest = tmp_path / "data"
-  proc = _cli("data", "fetch", "lama_squad", "--to", str(dest), "--mirror",
-              (tmp_path / "mirror").as_uri(), "--quiet")
+  proc = _cli(
+    "data",
+    "fetch",
+    "lama_squad",
+    "--to",
+    str(dest),
+    "--mirror",
+    (tmp_path / "mirror").as_uri(),
+    "--quiet",
+  )
   assert proc.returncode == 1
   err = proc.stderr.strip()
   assert err.startswith("bertjax: error: checksum mismatch for lama_squad/test.jsonl")
@@ -135,11 +156,13 @@ def test_interrupted_download_leaves_nothing_and_keeps_existing_copy(data_dir, t
       fetch.fetch(["tinyshakespeare"], dest, mirror=url, progress=False, log=lambda _: None)
     assert _leftovers(dest) == []
     # A verified copy already there survives a failed forced re-download, byte for byte.
-    fetch.fetch(["tinyshakespeare"], dest, mirror=data_dir.as_uri(), progress=False,
-                log=lambda _: None)
+    fetch.fetch(
+      ["tinyshakespeare"], dest, mirror=data_dir.as_uri(), progress=False, log=lambda _: None
+    )
     before = (dest / "tinyshakespeare" / "input.txt").read_bytes()
-    proc = _cli("data", "fetch", "tinyshakespeare", "--to", str(dest), "--mirror", url,
-                "--force", "--quiet")
+    proc = _cli(
+      "data", "fetch", "tinyshakespeare", "--to", str(dest), "--mirror", url, "--force", "--quiet"
+    )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "interrupted: got" in proc.stderr and "tinyshakespeare/input.txt" in proc.stderr
     assert (dest / "tinyshakespeare" / "input.txt").read_bytes() == before
@@ -160,8 +183,12 @@ def test_archive_source_is_unpacked(data_dir, tmp_path):
   (served / "blimp.zip").write_bytes(buf.getvalue())
   srv, url = _serve(functools.partial(_Quiet, directory=str(served)))
   try:
-    ds = dataclasses.replace(blimp, base_url=url, archive="blimp.zip", files=tuple(
-        dataclasses.replace(f, source=f"blimp-master/{f.src}") for f in blimp.files))
+    ds = dataclasses.replace(
+      blimp,
+      base_url=url,
+      archive="blimp.zip",
+      files=tuple(dataclasses.replace(f, source=f"blimp-master/{f.src}") for f in blimp.files),
+    )
     folder = fetch.fetch_one(ds, tmp_path / "data", progress=False, log=lambda _: None)
   finally:
     srv.shutdown()
@@ -176,7 +203,9 @@ def test_archive_source_is_unpacked(data_dir, tmp_path):
 def test_data_list_runs(tmp_path, data_dir):
   fetch.fetch(["blimp"], tmp_path, mirror=data_dir.as_uri(), progress=False, log=lambda _: None)
   (tmp_path / "ud_english_ewt").mkdir()
-  proc = _cli("data", "list", env={"BERTJAX_DATA_DIR": str(tmp_path), "BERTJAX_NO_SHARED_DATA": "1"})
+  proc = _cli(
+    "data", "list", env={"BERTJAX_DATA_DIR": str(tmp_path), "BERTJAX_NO_SHARED_DATA": "1"}
+  )
   assert proc.returncode == 0, proc.stderr
   out = proc.stdout
   assert f"  1. {tmp_path}\n" in out and "  2. " not in out

@@ -22,18 +22,41 @@ from bertjax import utils
 from bertjax.analysis.attention import disentangled, patterns
 from bertjax.report import page, reading, sections
 
-SIZES = dict(vocab_size=67, hidden_size=35, num_hidden_layers=3, num_attention_heads=5,
-             intermediate_size=23, max_position_embeddings=48, initializer_range=0.4)
+SIZES = dict(
+  vocab_size=67,
+  hidden_size=35,
+  num_hidden_layers=3,
+  num_attention_heads=5,
+  intermediate_size=23,
+  max_position_embeddings=48,
+  initializer_range=0.4,
+)
 CONFIGS = {
-    "v3": dict(relative_attention=True, pos_att_type=("p2c", "c2p"), position_buckets=6,
-               max_relative_positions=20, share_att_key=True, norm_rel_ebd="layer_norm",
-               position_biased_input=False, type_vocab_size=0),
-    # v2's layout: own position projections, absolute positions, token types.
-    "v2": dict(relative_attention=True, pos_att_type=("c2p", "p2c"), max_relative_positions=16,
-               type_vocab_size=2),
-    "c2p_only": dict(relative_attention=True, pos_att_type=("c2p",), max_relative_positions=12,
-                     type_vocab_size=0, position_biased_input=False),
-    "no_relative": dict(pos_att_type=("p2c", "c2p"), type_vocab_size=0),
+  "v3": dict(
+    relative_attention=True,
+    pos_att_type=("p2c", "c2p"),
+    position_buckets=6,
+    max_relative_positions=20,
+    share_att_key=True,
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+  ),
+  # v2's layout: own position projections, absolute positions, token types.
+  "v2": dict(
+    relative_attention=True,
+    pos_att_type=("c2p", "p2c"),
+    max_relative_positions=16,
+    type_vocab_size=2,
+  ),
+  "c2p_only": dict(
+    relative_attention=True,
+    pos_att_type=("c2p",),
+    max_relative_positions=12,
+    type_vocab_size=0,
+    position_biased_input=False,
+  ),
+  "no_relative": dict(pos_att_type=("p2c", "c2p"), type_vocab_size=0),
 }
 
 
@@ -49,10 +72,10 @@ def _batches(config, seed=1):
   for lengths, width in (([9, 5, 7, 11], 11), ([11, 1, 4, 11], 11)):
     ids = rng.integers(4, config.vocab_size, (len(lengths), width))
     mask = (np.arange(width) < np.asarray(lengths)[:, None]).astype(np.int32)
-    types = (rng.integers(0, 2, ids.shape) * mask if config.type_vocab_size
-             else np.zeros_like(ids))
-    out.append({"input_ids": np.where(mask, ids, 0), "attention_mask": mask,
-                "token_type_ids": types})
+    types = rng.integers(0, 2, ids.shape) * mask if config.type_vocab_size else np.zeros_like(ids)
+    out.append(
+      {"input_ids": np.where(mask, ids, 0), "attention_mask": mask, "token_type_ids": types}
+    )
   return out
 
 
@@ -71,17 +94,30 @@ def _reference(params, config, batches):
   moments, direct = np.zeros((layers, heads, 3, 3)), np.zeros((layers, heads, 3))
   total, pairs, rows, gap = np.zeros((layers, heads)), 0, 0, 0.0
   for b in batches:
-    inputs = (b["input_ids"], b["attention_mask"],
-              b["token_type_ids"] if config.type_vocab_size else None)
+    inputs = (
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"] if config.type_vocab_size else None,
+    )
     cache = bertjax.forward(params, config, *inputs, capture=(*sites, "probs")).cache
-    patched = bertjax.forward(params, config, *inputs, capture=("probs",), patch={
-        s: (0.0, 1.0) for s in sites[1:]}).cache if present else cache
+    patched = (
+      bertjax.forward(
+        params, config, *inputs, capture=("probs",), patch={s: (0.0, 1.0) for s in sites[1:]}
+      ).cache
+      if present
+      else cache
+    )
     for i, m in enumerate(np.asarray(b["attention_mask"], bool)):
+
       def cut(a, i=i, m=m):  # sequence i's real rows and keys, (L, N, n, n)
         return np.asarray(a, np.float64)[:, i][:, :, m][:, :, :, m]
 
-      c2c, c2p, p2c = (cut(cache[f"scores_{t}"]) if f"scores_{t}" in cache
-                       else np.zeros_like(cut(cache["scores_c2c"])) for t in disentangled.TERMS)
+      c2c, c2p, p2c = (
+        cut(cache[f"scores_{t}"])
+        if f"scores_{t}" in cache
+        else np.zeros_like(cut(cache["scores_c2c"]))
+        for t in disentangled.TERMS
+      )
       dev = np.stack([x - x.mean(-1, keepdims=True) for x in (c2c, c2p, p2c)])
       moments += np.einsum("slnqk,ulnqk->lnsu", dev, dev)
       probs = cut(cache["probs"])
@@ -100,8 +136,11 @@ def test_shares_and_changes_equal_numpy(key):
   got = disentangled.score_term_shares(params, config, batches)
   moments, direct, total, pairs, rows, gap = _reference(params, config, batches)
   assert gap < 1e-5  # the captured terms are the logits: their softmax is the model's map
-  assert (got.num_pairs, got.num_rows) == (pairs, rows) == (81 + 25 + 49 + 3 * 121 + 1 + 16,
-                                                            9 + 5 + 7 + 3 * 11 + 1 + 4)
+  assert (
+    (got.num_pairs, got.num_rows)
+    == (pairs, rows)
+    == (81 + 25 + 49 + 3 * 121 + 1 + 16, 9 + 5 + 7 + 3 * 11 + 1 + 4)
+  )
   scale = np.abs(moments).max()
   np.testing.assert_allclose(got.moments, moments, rtol=1e-4, atol=1e-6 * scale)
   share = moments.sum(-1) / moments.sum((-2, -1))[..., None]
@@ -118,7 +157,8 @@ def test_shares_and_changes_equal_numpy(key):
   for i, term in enumerate(disentangled.TERMS[1:], 1):
     if term in present:  # the randomised weights make every present term matter
       assert (got.variance[..., i] > 1e-3 * got.variance[..., 0]).all() and (
-          got.tv_direct[..., i - 1] > 1e-3).all()
+        got.tv_direct[..., i - 1] > 1e-3
+      ).all()
     else:  # an absent term is zero: no variance, no share, removing it changes nothing
       assert (got.variance[..., i] == 0).all() and (got.share[..., i] == 0).all()
       assert (got.tv_direct[..., i - 1] < 1e-6).all()
@@ -134,8 +174,11 @@ def test_direct_change_is_one_layer_patched():
   b = _batches(config)[1]
   got = disentangled.score_term_shares(params, config, [b])
   m = np.asarray(b["attention_mask"], bool)
-  run = lambda **kw: np.asarray(bertjax.forward(params, config, b["input_ids"], m.astype(int),
-                                                capture=("probs",), **kw).cache["probs"])
+  run = lambda **kw: np.asarray(
+    bertjax.forward(params, config, b["input_ids"], m.astype(int), capture=("probs",), **kw).cache[
+      "probs"
+    ]
+  )
   intact = run()
   for r, removed in enumerate((("c2p",), ("p2c",), ("c2p", "p2c"))):
     for layer in range(config.depth):
@@ -143,17 +186,23 @@ def test_direct_change_is_one_layer_patched():
       weight[layer] = 1
       patched = run(patch={f"scores_{t}": (0.0, weight) for t in removed})
       tv = 0.5 * np.abs(patched[layer] - intact[layer]).sum(-1)  # (B, N, T)
-      np.testing.assert_allclose(got.tv_direct[layer, :, r],
-                                 tv.transpose(1, 0, 2)[:, m].mean(-1), atol=1e-6)
+      np.testing.assert_allclose(
+        got.tv_direct[layer, :, r], tv.transpose(1, 0, 2)[:, m].mean(-1), atol=1e-6
+      )
       # Lower layers untouched, up to another compiled program's rounding (a real change: ~0.1).
       np.testing.assert_allclose(patched[:layer], intact[:layer], atol=1e-5)
 
 
 def test_refuses_models_without_disentangled_attention():
   for family in ("bert", "modernbert"):
-    config = bertjax.BertConfig.for_family(family, vocab_size=50, hidden_size=16,
-                                           num_hidden_layers=1, num_attention_heads=2,
-                                           intermediate_size=8)
+    config = bertjax.BertConfig.for_family(
+      family,
+      vocab_size=50,
+      hidden_size=16,
+      num_hidden_layers=1,
+      num_attention_heads=2,
+      intermediate_size=8,
+    )
     with pytest.raises(ValueError, match=f"model_type='{family}' has no c2p/p2c"):
       disentangled.score_term_shares({}, config, [])
   config, params = _model("v3")
@@ -192,8 +241,9 @@ def test_section_overlap_reading_and_page():
   union = found.copy()
   union[top[0]] = True
   rate, other = positional[union].mean(), positional[~union].mean()
-  expected = ("agrees" if rate > 0.5 and rate > other else "partly agrees" if rate > other
-              else "disagrees")
+  expected = (
+    "agrees" if rate > 0.5 and rate > other else "partly agrees" if rate > other else "disagrees"
+  )
   first, second = reading.disentangled_sentences(d, "M")
   assert f"{len(d['positional_heads'])} of the 15 heads are mostly positional" in first
   assert "Of the 3 such heads here" in second
@@ -204,11 +254,14 @@ def test_section_overlap_reading_and_page():
   assert f"L{top[0][0] + 1}H{top[0][1]}" in html
   # No DeBERTa, no section: absent from the readings and the page's contents.
   assert page._disentangled_html({}, {}, {}) == [] and "#disentangled" not in page._contents(
-      [k for k, _ in page.SECTIONS])
+    [k for k, _ in page.SECTIONS]
+  )
   failed = sections.disentangled_section(params, config, batches, {"failed": True}, None)
   assert failed["overlap"] == {"prev_next": None, "diagonal": None}
-  assert "failed" in reading.disentangled_sentences(
-      json.loads(json.dumps(utils.to_json(failed))), "M")[1]
+  assert (
+    "failed"
+    in reading.disentangled_sentences(json.loads(json.dumps(utils.to_json(failed))), "M")[1]
+  )
 
 
 @pytest.mark.hf
@@ -223,9 +276,24 @@ def test_report_runs_on_deberta(tmp_path):
   directory = _build("deberta-v2", tmp_path / "deberta", _texts())
   out = tmp_path / "report"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "report", "--model", str(directory), "--reduced",
-       "--out", str(out)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-      timeout=900, check=False)
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "report",
+      "--model",
+      str(directory),
+      "--reduced",
+      "--out",
+      str(out),
+    ],
+    cwd=tmp_path,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=900,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   doc = json.loads((out / "report.json").read_text())
   assert doc["model"]["model_type"] == "deberta-v2"
@@ -239,8 +307,9 @@ def test_report_runs_on_deberta(tmp_path):
   assert all(np.isfinite(np.asarray(d[k], float)).all() for k in ("tv_direct", "tv_total"))
   assert d["overlap"]["prev_next"] is not None and d["overlap"]["diagonal"] is not None
   assert {"disentangled_layers", "disentangled_heads"} <= set(doc["figures"])
-  assert doc["readings"]["disentangled"] and "He et al. (2021)" in doc["readings"][
-      "disentangled"][0]
+  assert (
+    doc["readings"]["disentangled"] and "He et al. (2021)" in doc["readings"]["disentangled"][0]
+  )
   html = (out / "index.html").read_text()
   assert "<h2 id='disentangled'>" in html and "href='#disentangled'" in html
   assert "Traceback" not in html and "failed" not in html.lower(), html[:2000]

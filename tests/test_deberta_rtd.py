@@ -13,7 +13,6 @@ import json
 import pathlib
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref  # float64 NumPy LayerNorm and GELU
@@ -30,10 +29,19 @@ SMOKE_TEXT = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "va
 def gdes_configs(position_biased_input=False):
   """A tiny DeBERTa-v3 discriminator (3 layers) and its generator (same width, 2 layers)."""
   disc = bertjax.BertConfig.for_family(
-      "deberta-v2", vocab_size=97, hidden_size=30, num_hidden_layers=3, num_attention_heads=5,
-      intermediate_size=37, max_position_embeddings=40, position_buckets=8,
-      max_relative_positions=16, position_biased_input=position_biased_input,
-      type_vocab_size=0, use_pooler=False)
+    "deberta-v2",
+    vocab_size=97,
+    hidden_size=30,
+    num_hidden_layers=3,
+    num_attention_heads=5,
+    intermediate_size=37,
+    max_position_embeddings=40,
+    position_buckets=8,
+    max_relative_positions=16,
+    position_biased_input=position_biased_input,
+    type_vocab_size=0,
+    use_pooler=False,
+  )
   return disc.replace(num_hidden_layers=2), disc
 
 
@@ -48,8 +56,14 @@ def _batch(rng, b=3, t=14, p=4, vocab=97):
   orig = np.take_along_axis(ids, pos, 1)
   masked = ids.copy()
   np.put_along_axis(masked, pos, 4, 1)  # 4 plays [MASK]
-  return {"input_ids": masked, "attention_mask": mask, "token_type_ids": np.zeros_like(ids),
-          "mlm_positions": pos, "mlm_ids": orig, "mlm_weights": weights}
+  return {
+    "input_ids": masked,
+    "attention_mask": mask,
+    "token_type_ids": np.zeros_like(ids),
+    "mlm_positions": pos,
+    "mlm_ids": orig,
+    "mlm_weights": weights,
+  }
 
 
 def _params(gen, disc, seed=0):
@@ -77,17 +91,19 @@ def rtd_head_numpy(p, h, eps):
 def test_gdes_tables_and_gradients_are_disentangled(position_biased_input):
   gen, disc = gdes_configs(position_biased_input)
   tables = E.shared_tables(gen, disc)
-  assert tables == ("word_embeddings",) + (("position_embeddings",) if position_biased_input
-                                           else ())
+  assert tables == ("word_embeddings",) + (
+    ("position_embeddings",) if position_biased_input else ()
+  )
   params = _params(gen, disc)
   assert {f"{t}_delta" for t in tables} <= set(params["discriminator"]["embeddings"])
   assert not set(tables) & set(params["discriminator"]["embeddings"])
   full = E.discriminator_params(params, gen, disc)
   for t in tables:  # the discriminator reads E_G + E_delta
     np.testing.assert_array_equal(
-        full["embeddings"][t]["embedding"],
-        params["generator"]["embeddings"][t]["embedding"]
-        + params["discriminator"]["embeddings"][f"{t}_delta"]["embedding"])
+      full["embeddings"][t]["embedding"],
+      params["generator"]["embeddings"][t]["embedding"]
+      + params["discriminator"]["embeddings"][f"{t}_delta"]["embedding"],
+    )
   batch = _batch(np.random.default_rng(0))
 
   def grads(**weights):
@@ -96,8 +112,8 @@ def test_gdes_tables_and_gradients_are_disentangled(position_biased_input):
 
   both, mlm_only, rtd_only = grads(), grads(rtd_weight=0.0), grads(mlm_weight=0.0)
   for t in tables:
-    g = lambda tree: np.asarray(tree["generator"]["embeddings"][t]["embedding"])
-    d = lambda tree: np.asarray(tree["discriminator"]["embeddings"][f"{t}_delta"]["embedding"])
+    g = lambda tree, t=t: np.asarray(tree["generator"]["embeddings"][t]["embedding"])
+    d = lambda tree, t=t: np.asarray(tree["discriminator"]["embeddings"][f"{t}_delta"]["embedding"])
     assert np.abs(g(both)).sum() > 0 and np.abs(d(both)).sum() > 0
     # The stop-gradient: RTD never reaches E_G, MLM never reaches E_delta.
     assert not g(rtd_only).any() and not d(mlm_only).any()
@@ -122,8 +138,11 @@ def test_gdes_loss_equals_numpy_of_the_paper_s_definition():
   g_out = bertjax.forward(params["generator"], gen, batch["input_ids"], batch["attention_mask"])
   logits = np.asarray(bertjax.head_logits(params["generator"], gen, g_out, "mlm"), np.float64)
   logits = np.take_along_axis(logits, batch["mlm_positions"][..., None], 1)
-  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-      - logits.max(-1, keepdims=True)
+  logp = (
+    logits
+    - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    - logits.max(-1, keepdims=True)
+  )
   w = batch["mlm_weights"].astype(np.float64)
   nll = -np.take_along_axis(logp, batch["mlm_ids"][..., None], -1)[..., 0]
   mlm = (nll * w).sum() / w.sum()
@@ -169,13 +188,13 @@ def test_gdes_export_loads_in_transformers(tmp_path):
   batch = _batch(np.random.default_rng(2))
   ids, mask = batch["input_ids"], batch["attention_mask"]
   real = mask > 0
-  model, info = transformers.DebertaV2ForMaskedLM.from_pretrained(gen_dir,
-                                                                  output_loading_info=True)
+  model, info = transformers.DebertaV2ForMaskedLM.from_pretrained(gen_dir, output_loading_info=True)
   assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   with torch.no_grad():
     theirs = model.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits
-  ours = bertjax.head_logits(params["generator"], gen,
-                             bertjax.forward(params["generator"], gen, ids, mask), "mlm")
+  ours = bertjax.head_logits(
+    params["generator"], gen, bertjax.forward(params["generator"], gen, ids, mask), "mlm"
+  )
   np.testing.assert_allclose(np.asarray(ours)[real], theirs.numpy()[real], atol=1e-4)
   d_config, d_params = bertjax.from_hf(disc_dir)
   assert set(d_params) >= {"rtd"} and "mlm" not in d_params
@@ -186,25 +205,63 @@ def test_gdes_export_loads_in_transformers(tmp_path):
   with torch.no_grad():
     hidden = base(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
   ours = bertjax.forward(d_params, d_config, ids, mask).last_hidden_state
-  np.testing.assert_allclose(np.asarray(ours)[real], hidden.last_hidden_state.numpy()[real],
-                             atol=1e-4)
+  np.testing.assert_allclose(
+    np.asarray(ours)[real], hidden.last_hidden_state.numpy()[real], atol=1e-4
+  )
 
 
 def test_pretrain_trains_deberta_v3_rtd_with_gdes(tmp_path):
   cfg = tmp_path / "deberta.json"
-  cfg.write_text(json.dumps({"model_type": "deberta-v2", "vocab_size": 30522,
-                             "hidden_size": 32, "num_hidden_layers": 2,
-                             "num_attention_heads": 4, "intermediate_size": 48,
-                             "max_position_embeddings": 64, "relative_attention": True,
-                             "position_buckets": 16, "pos_att_type": "p2c|c2p",
-                             "position_biased_input": False, "type_vocab_size": 0,
-                             "share_att_key": True, "norm_rel_ebd": "layer_norm"}))
+  cfg.write_text(
+    json.dumps(
+      {
+        "model_type": "deberta-v2",
+        "vocab_size": 30522,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 48,
+        "max_position_embeddings": 64,
+        "relative_attention": True,
+        "position_buckets": 16,
+        "pos_att_type": "p2c|c2p",
+        "position_biased_input": False,
+        "type_vocab_size": 0,
+        "share_att_key": True,
+        "norm_rel_ebd": "layer_norm",
+      }
+    )
+  )
   run = tmp_path / "run"
-  argv = ["--corpus", str(SMOKE_TEXT), "--corpus-format", "wikitext", "--vocab",
-          str(bertjax.minilm_path() / "vocab.txt"), "--seq-len", "32", "--steps", "2",
-          "--batch-size", "4", "--output-dir", str(run), "--checkpoint-every", "1",
-          "--no-progress", "--objective", "none", "--config-json", str(cfg), "--lr", "1e-2",
-          "--rtd-generator-layers", "1", "--export-hf", str(tmp_path / "final")]
+  argv = [
+    "--corpus",
+    str(SMOKE_TEXT),
+    "--corpus-format",
+    "wikitext",
+    "--vocab",
+    str(bertjax.minilm_path() / "vocab.txt"),
+    "--seq-len",
+    "32",
+    "--steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--output-dir",
+    str(run),
+    "--checkpoint-every",
+    "1",
+    "--no-progress",
+    "--objective",
+    "none",
+    "--config-json",
+    str(cfg),
+    "--lr",
+    "1e-2",
+    "--rtd-generator-layers",
+    "1",
+    "--export-hf",
+    str(tmp_path / "final"),
+  ]
   assert train.pretrain_main(argv) == 0
   rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
   assert len(rows) == 2 and {"mlm_loss", "rtd_loss"} <= set(rows[0])

@@ -17,17 +17,22 @@ import bertjax
 from bertjax.analysis.attribution import decompx
 from bertjax.model.heads import head_logits
 
-SMALL = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 4,
-         "intermediate_size": 48, "max_position_embeddings": 64}
+SMALL = {
+  "vocab_size": 300,
+  "hidden_size": 32,
+  "num_hidden_layers": 3,
+  "num_attention_heads": 4,
+  "intermediate_size": 48,
+  "max_position_embeddings": 64,
+}
 SERVED = {
-    "bert": {},
-    "roberta": {"preset": "roberta-base", "max_position_embeddings": 66},
-    "distilbert": {"preset": "distilbert-base"},
-    "albert": {"preset": "albert-base", "embedding_size": 16, "num_hidden_groups": 1},
-    "electra": {"preset": "electra-base"},
-    "mpnet": {"preset": "mpnet-base"},
-    "deberta": {"preset": "deberta-v3-base", "position_buckets": 8,
-                "max_relative_positions": 16},
+  "bert": {},
+  "roberta": {"preset": "roberta-base", "max_position_embeddings": 66},
+  "distilbert": {"preset": "distilbert-base"},
+  "albert": {"preset": "albert-base", "embedding_size": 16, "num_hidden_groups": 1},
+  "electra": {"preset": "electra-base"},
+  "mpnet": {"preset": "mpnet-base"},
+  "deberta": {"preset": "deberta-v3-base", "position_buckets": 8, "max_relative_positions": 16},
 }
 
 
@@ -41,9 +46,12 @@ def _randomised(config, seed=1):
   params = bertjax.init(config, seed, heads=("classifier",))
   leaves, tree = jax.tree_util.tree_flatten_with_path(params)
   rng = np.random.default_rng(seed)
-  out = [leaf + 0.2 * rng.standard_normal(leaf.shape).astype(leaf.dtype)
-         if "norm" in jax.tree_util.keystr(path).lower() or "bias" in jax.tree_util.keystr(path)
-         else leaf for path, leaf in leaves]
+  out = [
+    leaf + 0.2 * rng.standard_normal(leaf.shape).astype(leaf.dtype)
+    if "norm" in jax.tree_util.keystr(path).lower() or "bias" in jax.tree_util.keystr(path)
+    else leaf
+    for path, leaf in leaves
+  ]
   return jax.tree_util.tree_unflatten(tree, out)
 
 
@@ -59,11 +67,13 @@ def _batch(config):
 
 def _bias(parts, bias):
   """`BertLayer.bias_decomposer`, "absdot"."""
-  w = np.abs(np.einsum("...kd,...d->...k", parts, np.broadcast_to(
-      bias, parts.shape[:-2] + bias.shape[-1:])))
+  w = np.abs(
+    np.einsum("...kd,...d->...k", parts, np.broadcast_to(bias, parts.shape[:-2] + bias.shape[-1:]))
+  )
   w = w / (w.sum(-1, keepdims=True) + 1e-12)
-  return parts + w[..., None] * np.broadcast_to(bias, parts.shape[:-2] + bias.shape[-1:])[
-      ..., None, :]
+  return (
+    parts + w[..., None] * np.broadcast_to(bias, parts.shape[:-2] + bias.shape[-1:])[..., None, :]
+  )
 
 
 def _ln(parts, pre, gamma, beta, eps):
@@ -80,20 +90,27 @@ def _released_decompx(model, ids, mask, types):
   def keep(name, which):
     def hook(module, inputs, output):
       grab.setdefault(name, []).append((inputs[0] if which == "in" else output).detach().numpy())
+
     return hook
 
   layers = model.bert.encoder.layer
   handles = []
   for layer in layers:
-    handles += [layer.attention.output.LayerNorm.register_forward_hook(keep("pre_ln1", "in")),
-                layer.attention.self.value.register_forward_hook(keep("value", "out")),
-                layer.intermediate.dense.register_forward_hook(keep("pre_act", "out")),
-                layer.intermediate.register_forward_hook(keep("act", "out")),
-                layer.output.LayerNorm.register_forward_hook(keep("pre_ln2", "in"))]
+    handles += [
+      layer.attention.output.LayerNorm.register_forward_hook(keep("pre_ln1", "in")),
+      layer.attention.self.value.register_forward_hook(keep("value", "out")),
+      layer.intermediate.dense.register_forward_hook(keep("pre_act", "out")),
+      layer.intermediate.register_forward_hook(keep("act", "out")),
+      layer.output.LayerNorm.register_forward_hook(keep("pre_ln2", "in")),
+    ]
   with torch.no_grad():
-    out = model(input_ids=torch.as_tensor(ids).long(), attention_mask=torch.as_tensor(mask).long(),
-                token_type_ids=torch.as_tensor(types).long(), output_attentions=True,
-                output_hidden_states=True)
+    out = model(
+      input_ids=torch.as_tensor(ids).long(),
+      attention_mask=torch.as_tensor(mask).long(),
+      token_type_ids=torch.as_tensor(types).long(),
+      output_attentions=True,
+      output_hidden_states=True,
+    )
   for h in handles:
     h.remove()
   w = lambda t: t.detach().numpy().astype(np.float64)
@@ -116,25 +133,32 @@ def _released_decompx(model, ids, mask, types):
       transformed = np.einsum("bsqnv,dnv->bnsqd", dv, wo)
       attn = np.einsum("bnks,bnsqd->bkqd", probs, transformed)
       residual = parts
-      bias = w(layer.attention.output.dense.weight) @ w(layer.attention.self.value.bias) \
-          + w(layer.attention.output.dense.bias)
+      bias = w(layer.attention.output.dense.weight) @ w(layer.attention.self.value.bias) + w(
+        layer.attention.output.dense.bias
+      )
     res = _bias(attn + residual, bias)
     ln1 = layer.attention.output.LayerNorm
     post_ln = _ln(res, grab["pre_ln1"][l].astype(np.float64), w(ln1.weight), w(ln1.bias), ln1.eps)
-    z = _bias(np.einsum("ld,bskd->bskl", w(layer.intermediate.dense.weight), post_ln),
-              w(layer.intermediate.dense.bias))
+    z = _bias(
+      np.einsum("ld,bskd->bskl", w(layer.intermediate.dense.weight), post_ln),
+      w(layer.intermediate.dense.bias),
+    )
     m = grab["act"][l].astype(np.float64) / (grab["pre_act"][l].astype(np.float64) + 1e-12)
-    ffn = _bias(np.einsum("bskl,dl->bskd", z * m[:, :, None, :], w(layer.output.dense.weight)),
-                w(layer.output.dense.bias))
+    ffn = _bias(
+      np.einsum("bskl,dl->bskd", z * m[:, :, None, :], w(layer.output.dense.weight)),
+      w(layer.output.dense.bias),
+    )
     ln2 = layer.output.LayerNorm
-    parts = _ln(post_ln + ffn, grab["pre_ln2"][l].astype(np.float64), w(ln2.weight),
-                w(ln2.bias), ln2.eps)
+    parts = _ln(
+      post_ln + ffn, grab["pre_ln2"][l].astype(np.float64), w(ln2.weight), w(ln2.bias), ln2.eps
+    )
   pooler = model.bert.pooler.dense
   pre = hidden[-1][:, 0] @ w(pooler.weight).T + w(pooler.bias)
   pooled = _bias(np.einsum("ld,bsd->bsl", w(pooler.weight), parts[:, 0]), w(pooler.bias))
   pooled = pooled * (np.tanh(pre) / (pre + 1e-12))[:, None, :]
-  logits = _bias(np.einsum("ld,bkd->bkl", w(model.classifier.weight), pooled),
-                 w(model.classifier.bias))
+  logits = _bias(
+    np.einsum("ld,bkd->bkl", w(model.classifier.weight), pooled), w(model.classifier.bias)
+  )
   return parts, logits, out.logits.numpy()
 
 
@@ -142,10 +166,16 @@ def _released_decompx(model, ids, mask, types):
 def test_matches_the_released_algorithm(tmp_path):
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  cfg = transformers.BertConfig(vocab_size=120, hidden_size=48, num_hidden_layers=3,
-                                num_attention_heads=4, intermediate_size=72,
-                                max_position_embeddings=40, num_labels=3,
-                                attn_implementation="eager")
+  cfg = transformers.BertConfig(
+    vocab_size=120,
+    hidden_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=72,
+    max_position_embeddings=40,
+    num_labels=3,
+    attn_implementation="eager",
+  )
   torch.manual_seed(0)
   model = transformers.BertForSequenceClassification(cfg).eval()
   gen = torch.Generator().manual_seed(1)
@@ -173,11 +203,14 @@ def test_parts_sum_to_the_states_and_the_logits(family):
   got = decompx.decompx(params, config, ids, mask, head="classifier")
   out = bertjax.forward(params, config, ids, mask)
   state = np.asarray(out.last_hidden_state)
-  np.testing.assert_allclose(np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0],
-                             atol=2e-5 * np.abs(state).max())
-  np.testing.assert_allclose(np.asarray(got.logits).sum(1),
-                             np.asarray(head_logits(params, config, out, "classifier")),
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0], atol=2e-5 * np.abs(state).max()
+  )
+  np.testing.assert_allclose(
+    np.asarray(got.logits).sum(1),
+    np.asarray(head_logits(params, config, out, "classifier")),
+    atol=1e-5,
+  )
   parts = np.asarray(got.parts)
   assert not parts[mask == 0].any() and not parts.swapaxes(1, 2)[mask == 0].any()  # padding
 
@@ -191,8 +224,9 @@ def test_bias_conventions_keep_completeness_and_without_biases_lose_it():
     if kind == "dot":  # signed weights can nearly cancel; the sum still holds
       continue
     got = decompx.decompx(params, config, ids, mask, bias_decomp=kind)
-    np.testing.assert_allclose(np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0],
-                               atol=1e-4, err_msg=kind)
+    np.testing.assert_allclose(
+      np.asarray(got.parts).sum(2)[mask > 0], state[mask > 0], atol=1e-4, err_msg=kind
+    )
   cls = np.asarray(decompx.decompx(params, config, ids, mask, bias_decomp="cls").parts)
   absdot = np.asarray(decompx.decompx(params, config, ids, mask).parts)
   assert np.abs(cls - absdot).max() > 1e-3
@@ -205,8 +239,11 @@ def test_minilm_parts_sum_to_its_states(minilm_dir):
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   b = tok.encode(["Nobody ever answers the door after nine.", "Did you not see the sign?"])
   got = decompx.decompx(params, config, b.input_ids, b.attention_mask, b.token_type_ids)
-  state = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
-                                     b.token_type_ids).last_hidden_state)
+  state = np.asarray(
+    bertjax.forward(
+      params, config, b.input_ids, b.attention_mask, b.token_type_ids
+    ).last_hidden_state
+  )
   m = b.attention_mask > 0
   np.testing.assert_allclose(np.asarray(got.parts).sum(2)[m], state[m], atol=1e-4)
 
@@ -226,4 +263,6 @@ def test_refusals():
   with pytest.raises(ValueError, match="gated"):
     decompx.decompx(bertjax.init(nomic), nomic, ids, mask)
   with pytest.raises(ValueError, match="quantize='int8'"):
-    decompx.decompx(params, bertjax.BertConfig(**{**config.__dict__, "quantize": "int8"}), ids, mask)
+    decompx.decompx(
+      params, bertjax.BertConfig(**{**config.__dict__, "quantize": "int8"}), ids, mask
+    )

@@ -11,9 +11,14 @@ from bertjax.training.objectives import init_objective_params
 
 
 def _teacher(max_positions=24):
-  cfg = bertjax.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=4,
-                           num_attention_heads=4, intermediate_size=48,
-                           max_position_embeddings=max_positions)
+  cfg = bertjax.BertConfig(
+    vocab_size=61,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=max_positions,
+  )
   return cfg, bertjax.init(cfg, 0, ("mlm",))
 
 
@@ -23,24 +28,32 @@ def _batch(b=3, t=12, p=3):
   mask[1, 9:] = 0
   w = np.ones((b, p), np.float32)
   w[2, 2] = 0
-  return {"input_ids": r.integers(5, 61, (b, t)).astype(np.int32), "attention_mask": mask,
-          "token_type_ids": np.zeros((b, t), np.int32),
-          "mlm_positions": np.sort(r.choice(np.arange(1, 9), (b, p)), 1).astype(np.int32),
-          "mlm_ids": r.integers(5, 61, (b, p)).astype(np.int32), "mlm_weights": w}
+  return {
+    "input_ids": r.integers(5, 61, (b, t)).astype(np.int32),
+    "attention_mask": mask,
+    "token_type_ids": np.zeros((b, t), np.int32),
+    "mlm_positions": np.sort(r.choice(np.arange(1, 9), (b, p)), 1).astype(np.int32),
+    "mlm_ids": r.integers(5, 61, (b, p)).astype(np.int32),
+    "mlm_weights": w,
+  }
 
 
 def test_student_takes_every_other_teacher_layer():
   t_cfg, t_params = _teacher()
   s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
   assert s_cfg.num_hidden_layers == 2
-  for s, t in zip(jax.tree.leaves(s_params["encoder"]["layers"]),
-                  jax.tree.leaves(t_params["encoder"]["layers"]), strict=True):
+  for s, t in zip(
+    jax.tree.leaves(s_params["encoder"]["layers"]),
+    jax.tree.leaves(t_params["encoder"]["layers"]),
+    strict=True,
+  ):
     np.testing.assert_array_equal(s, t[np.array([0, 2])])
   np.testing.assert_array_equal(s_params["mlm"]["bias"], t_params["mlm"]["bias"])
   with pytest.raises(ValueError, match="layers=\\(0, 7\\)"):
     D.student_from_teacher(t_cfg, t_params, (0, 7))
-  albert = bertjax.BertConfig.preset("albert-base", num_hidden_layers=2, hidden_size=32,
-                                     num_attention_heads=4, intermediate_size=48)
+  albert = bertjax.BertConfig.preset(
+    "albert-base", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=48
+  )
   with pytest.raises(ValueError, match="shared layers"):
     D.student_from_teacher(albert, bertjax.init(albert, 0, ("mlm",)))
 
@@ -53,8 +66,9 @@ def _log_softmax(z):
 def test_distillation_losses_match_numpy():
   t_cfg, t_params = _teacher()
   s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
-  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
-                          s_params)
+  s_params = jax.tree.map(
+    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), s_params
+  )
   obj = D.Distillation(t_cfg, t_params, tinybert=True)
   params = {**s_params, **init_objective_params((obj,), s_cfg, 3)}
   assert set(params) - set(s_params) == {"distill_proj"}
@@ -63,24 +77,30 @@ def test_distillation_losses_match_numpy():
   loss, m, grads = f(params, batch, jax.random.key(0))
   assert float(np.abs(grads["distill_proj"]["kernel"]).sum()) > 0
 
-  run = lambda p, c: bertjax.forward(p, c, batch["input_ids"], batch["attention_mask"],
-                                     output_hidden_states=True, output_attentions=True)
+  run = lambda p, c: bertjax.forward(
+    p,
+    c,
+    batch["input_ids"],
+    batch["attention_mask"],
+    output_hidden_states=True,
+    output_attentions=True,
+  )
   so, to = run(s_params, s_cfg), run(t_params, t_cfg)
   rows = np.arange(3)[:, None]
   pos, w = batch["mlm_positions"], batch["mlm_weights"]
-  zs = np.asarray(bertjax.mlm_logits(s_params, s_cfg, so.last_hidden_state[rows, pos]),
-                  np.float64)
-  zt = np.asarray(bertjax.mlm_logits(t_params, t_cfg, to.last_hidden_state[rows, pos]),
-                  np.float64)
+  zs = np.asarray(bertjax.mlm_logits(s_params, s_cfg, so.last_hidden_state[rows, pos]), np.float64)
+  zt = np.asarray(bertjax.mlm_logits(t_params, t_cfg, to.last_hidden_state[rows, pos]), np.float64)
   T = 2.0
   soft = np.exp(_log_softmax(zt / T))
   want_ce = (-(soft * _log_softmax(zs / T)).sum(-1) * T**2 * w).sum() / w.sum()
-  want_mlm = (-np.take_along_axis(_log_softmax(zs), batch["mlm_ids"][..., None], -1)[..., 0]
-              * w).sum() / w.sum()
+  want_mlm = (
+    -np.take_along_axis(_log_softmax(zs), batch["mlm_ids"][..., None], -1)[..., 0] * w
+  ).sum() / w.sum()
   real = batch["attention_mask"].astype(bool)
   hs, ht = (np.asarray(o.last_hidden_state, np.float64)[real] for o in (so, to))
-  want_cos = np.mean(1 - (hs * ht).sum(-1) / np.linalg.norm(hs, axis=-1)
-                     / np.linalg.norm(ht, axis=-1))
+  want_cos = np.mean(
+    1 - (hs * ht).sum(-1) / np.linalg.norm(hs, axis=-1) / np.linalg.norm(ht, axis=-1)
+  )
   proj = jax.tree.map(lambda a: np.asarray(a, np.float64), params["distill_proj"])
   sh = np.asarray(so.hidden_states, np.float64) @ proj["kernel"] + proj["bias"]  # (3, B, T, H)
   th = np.asarray(to.hidden_states, np.float64)[[0, 2, 4]]
@@ -90,10 +110,15 @@ def test_distillation_losses_match_numpy():
   keys = real[None, :, None, None, :]  # TinyBERT's l x l maps: real keys, mean over heads
   per_row = ((sa - ta) ** 2 * keys).sum(-1) / real.sum(-1)[None, :, None, None]
   want_attn = per_row.mean(2).sum(0)[real].mean()
-  for name, want in [("distill_ce", want_ce), ("mlm", want_mlm), ("cos", want_cos),
-                     ("hidden", want_hidden), ("attn", want_attn)]:
+  for name, want in [
+    ("distill_ce", want_ce),
+    ("mlm", want_mlm),
+    ("cos", want_cos),
+    ("hidden", want_hidden),
+    ("attn", want_attn),
+  ]:
     np.testing.assert_allclose(m[f"{name}_loss"], want, rtol=2e-5, atol=1e-7, err_msg=name)
-  total = (5 * want_ce + 2 * want_mlm + want_cos + want_hidden + want_attn)
+  total = 5 * want_ce + 2 * want_mlm + want_cos + want_hidden + want_attn
   np.testing.assert_allclose(loss, total, rtol=2e-5)
   # The teacher is frozen: no gradient reaches it (its parameters are not in the tree).
   assert set(grads) == set(params)
@@ -106,8 +131,9 @@ def test_distillation_losses_do_not_depend_on_padding():
   # averaged over every key column, padding included (0.242, 0.145, 0.0726 in the issue).
   t_cfg, t_params = _teacher(max_positions=40)
   s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
-  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
-                          s_params)
+  s_params = jax.tree.map(
+    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), s_params
+  )
   obj = D.Distillation(t_cfg, t_params, tinybert=True)
   params = {**s_params, **init_objective_params((obj,), s_cfg, 3)}
   f = jax.jit(St.make_loss_and_grad(s_cfg, objective=(obj,), deterministic=True))
@@ -128,21 +154,33 @@ def test_distillation_losses_do_not_depend_on_padding():
 
 
 def test_task_distillation_matches_numpy():
-  t_cfg = bertjax.BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=4,
-                             num_attention_heads=4, intermediate_size=48,
-                             max_position_embeddings=24, num_labels=3)
+  t_cfg = bertjax.BertConfig(
+    vocab_size=61,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=24,
+    num_labels=3,
+  )
   t_params = bertjax.init(t_cfg, 0, ("classifier",))
   s_cfg, s_params = D.student_from_teacher(t_cfg, t_params)
-  s_params = jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
-                          s_params)
+  s_params = jax.tree.map(
+    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), s_params
+  )
   batch = _batch()
   batch["labels"] = np.array([0, 2, 1], np.int32)
   obj = D.TaskDistillation(t_cfg, t_params, temperature=3.0, alpha=0.7)
-  f = jax.jit(St.make_loss_and_grad(s_cfg, task="classification", objective=(obj,),
-                                    deterministic=True))
+  f = jax.jit(
+    St.make_loss_and_grad(s_cfg, task="classification", objective=(obj,), deterministic=True)
+  )
   loss, m, _ = f(s_params, batch, jax.random.key(0))
-  logits = lambda p, c: np.asarray(bertjax.head_logits(p, c, bertjax.forward(
-      p, c, batch["input_ids"], batch["attention_mask"]), "classifier"), np.float64)
+  logits = lambda p, c: np.asarray(
+    bertjax.head_logits(
+      p, c, bertjax.forward(p, c, batch["input_ids"], batch["attention_mask"]), "classifier"
+    ),
+    np.float64,
+  )
   zs, zt = logits(s_params, s_cfg), logits(t_params, t_cfg)
   hard = -_log_softmax(zs)[np.arange(3), batch["labels"]].mean()
   soft = -(np.exp(_log_softmax(zt / 3)) * _log_softmax(zs / 3)).sum(-1).mean() * 9

@@ -8,8 +8,14 @@ import pytest
 import bertjax
 from bertjax.analysis.attribution import dla
 
-SIZES = dict(vocab_size=90, hidden_size=30, num_hidden_layers=3, num_attention_heads=5,
-             intermediate_size=37, max_position_embeddings=40)
+SIZES = dict(
+  vocab_size=90,
+  hidden_size=30,
+  num_hidden_layers=3,
+  num_attention_heads=5,
+  intermediate_size=37,
+  max_position_embeddings=40,
+)
 
 
 def _model(model_type, **extra):
@@ -33,12 +39,16 @@ def _batch(config):
 def numpy_decomposition(params, config, batch):
   """Every component's carried contribution to h_L, (n, B, T, H) float64, in the order
   embeddings, then per layer: heads 0..N-1, FFN; and the carried biases summed, (B, T, H)."""
-  x = np.asarray(bertjax.embed(params, config, batch["input_ids"], batch["token_type_ids"]),
-                 np.float64)
-  run = bertjax.run_layers(params, config, bertjax.embed(params, config, batch["input_ids"],
-                                                         batch["token_type_ids"]),
-                           batch["attention_mask"],
-                           capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
+  x = np.asarray(
+    bertjax.embed(params, config, batch["input_ids"], batch["token_type_ids"]), np.float64
+  )
+  run = bertjax.run_layers(
+    params,
+    config,
+    bertjax.embed(params, config, batch["input_ids"], batch["token_type_ids"]),
+    batch["attention_mask"],
+    capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+  )
   c = {k: np.asarray(v, np.float64) for k, v in run.cache.items()}
   lay = jax.tree.map(lambda a: np.asarray(a, np.float64), params["encoder"]["layers"])
   idx = config.layer_param_index
@@ -56,8 +66,10 @@ def numpy_decomposition(params, config, batch):
     parts += list(heads)
     bias = bias + p["attention"]["output"]["bias"]
     parts = [ln(v, c["resid_mid"][layer], p["attention"]["LayerNorm"]["scale"]) for v in parts]
-    bias = ln(bias, c["resid_mid"][layer], p["attention"]["LayerNorm"]["scale"]) \
-        + p["attention"]["LayerNorm"]["bias"]
+    bias = (
+      ln(bias, c["resid_mid"][layer], p["attention"]["LayerNorm"]["scale"])
+      + p["attention"]["LayerNorm"]["bias"]
+    )
     parts.append(c["ffn_out"][layer])
     parts = [ln(v, c["resid_out"][layer], p["LayerNorm"]["scale"]) for v in parts]
     bias = ln(bias, c["resid_out"][layer], p["LayerNorm"]["scale"]) + p["LayerNorm"]["bias"]
@@ -74,8 +86,11 @@ def test_dla_equals_the_numpy_decomposition_and_sums_to_the_readout(model_type):
   d = np.random.default_rng(3).normal(size=config.hidden_size)
   positions = np.array([[0, 3, 6], [1, 2, 6]])
   got = dla.direct_logit_attribution(params, config, batch, d, positions=positions)
-  at = lambda a: np.take_along_axis(  # (..., B, T, H) -> (..., B, P, H)
-      a, np.broadcast_to(positions[..., None], a.shape[:-3] + positions.shape + (1,)), -2)
+  at = (
+    lambda a: np.take_along_axis(  # (..., B, T, H) -> (..., B, P, H)
+      a, np.broadcast_to(positions[..., None], a.shape[:-3] + positions.shape + (1,)), -2
+    )
+  )
   want = at(parts) @ d  # (n, B, P)
   n, depth = config.num_attention_heads, config.depth
   per_layer = want[1:].reshape(depth, n + 1, *want.shape[1:])
@@ -106,5 +121,6 @@ def test_dla_refuses_by_name():
   with pytest.raises(ValueError, match="direction shape"):
     dla.direct_logit_attribution(params, config, _batch(config), np.ones(7))
   with pytest.raises(ValueError, match="positions must be in"):
-    dla.direct_logit_attribution(params, config, _batch(config), np.ones(30),
-                                 positions=np.array([[0], [11]]))
+    dla.direct_logit_attribution(
+      params, config, _batch(config), np.ones(30), positions=np.array([[0], [11]])
+    )

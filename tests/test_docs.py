@@ -48,8 +48,13 @@ def test_every_page_and_module_is_built(site):
   for _, page, _ in build.PAGES:
     assert (out / page.replace(".md", ".html")).is_file(), page
   modules = build.api_modules()
-  assert {"bertjax", "bertjax.mesh", "bertjax.analysis.attention.statistics",
-          "bertjax.kernels.flash_attention", "bertjax.cli.train"} <= set(modules)
+  assert {
+    "bertjax",
+    "bertjax.mesh",
+    "bertjax.analysis.attention.statistics",
+    "bertjax.kernels.flash_attention",
+    "bertjax.cli.train",
+  } <= set(modules)
   assert not [m for m in modules if m.endswith("__main__")]
   for module in modules:
     assert (out / "api" / f"{module}.html").is_file(), module
@@ -92,8 +97,10 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path, monkeypatch):
 
 
 def test_links_are_rewritten_for_the_site():
-  text = ("[manual](docs/manual.md), [data](#data), [`x`](../experiments/x.py), "
-          "[README](../README.md#data), [web](https://jax.dev)")
+  text = (
+    "[manual](docs/manual.md), [data](#data), [`x`](../experiments/x.py), "
+    "[README](../README.md#data), [web](https://jax.dev)"
+  )
   got = build.rewrite_links(text, "docs/findings.md")
   assert "[manual](manual.md)" not in got  # docs/docs/manual.md is no page: a path
   assert "`x` (`experiments/x.py`)" in got and "[README](index.md#data)" in got

@@ -36,17 +36,29 @@ def x64():
 
 def _model(family="bert", **kw):
   preset = {"bert": "tiny", "albert": "albert-base", "mpnet": "mpnet-base"}[family]
-  size = dict(hidden_size=32, num_attention_heads=4, intermediate_size=48) if family != "bert" \
-      else {}
-  config = bertjax.BertConfig.preset(preset, vocab_size=97, max_position_embeddings=40,
-                                     num_hidden_layers=2, initializer_range=0.2,
-                                     dtype="float64", **size, **kw)
+  size = (
+    dict(hidden_size=32, num_attention_heads=4, intermediate_size=48) if family != "bert" else {}
+  )
+  config = bertjax.BertConfig.preset(
+    preset,
+    vocab_size=97,
+    max_position_embeddings=40,
+    num_hidden_layers=2,
+    initializer_range=0.2,
+    dtype="float64",
+    **size,
+    **kw,
+  )
   params = bertjax.init(config, 0, heads=("mlm",))
   leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   keys = jax.random.split(jax.random.key(3), len(leaves))
   # Random LayerNorm scales and biases (far from 1 and 0), float64.
-  leaves = [(a + 0.3 * jax.random.normal(k, a.shape) if "LayerNorm" in jax.tree_util.keystr(p)
-             else a).astype(jnp.float64) for (p, a), k in zip(leaves, keys)]
+  leaves = [
+    (
+      a + 0.3 * jax.random.normal(k, a.shape) if "LayerNorm" in jax.tree_util.keystr(p) else a
+    ).astype(jnp.float64)
+    for (p, a), k in zip(leaves, keys)
+  ]
   return config, jax.tree_util.tree_unflatten(treedef, leaves)
 
 
@@ -72,8 +84,9 @@ def bert(x64):
   run = lambda fn, **kw: fn(params, config, clean, corrupted, PROBE, targets=LABELS, **kw)
   eap = run(edges.edge_attribution)
   exact = run(edges.edge_patching)
-  return dict(config=config, params=params, clean=clean, corrupted=corrupted, run=run, eap=eap,
-              exact=exact)
+  return dict(
+    config=config, params=params, clean=clean, corrupted=corrupted, run=run, eap=eap, exact=exact
+  )
 
 
 # A float64 NumPy forward with receiver inputs edited -------------------------------
@@ -86,7 +99,9 @@ def _np_run(params, config, x0, mask, edits):
   eps = config.layer_norm_eps
   x, outs, sig = x0, {"input": x0}, []
   for layer in range(config.depth):
-    p = jax.tree.map(lambda a: np.asarray(a[layer], np.float64), params["encoder"]["layers"])
+    p = jax.tree.map(
+      lambda a, layer=layer: np.asarray(a[layer], np.float64), params["encoder"]["layers"]
+    )
     a = p["attention"]
     proj = {}
     for s, name in zip("qkv", ("query", "key", "value")):
@@ -132,33 +147,50 @@ def _np_carry(params, config, delta, first: int, stop: int, sig):
 
 
 def _embeddings(params, config, batch):
-  out = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                        capture=("embeddings",))
+  out = bertjax.forward(
+    params, config, batch["input_ids"], batch["attention_mask"], capture=("embeddings",)
+  )
   return np.asarray(out.cache["embeddings"], np.float64)
 
 
 def test_exact_edge_patching_equals_a_numpy_forward_with_the_edited_input(bert):
-  params, config, clean, corrupted = bert["params"], bert["config"], bert["clean"], bert["corrupted"]
+  params, config, clean, corrupted = (
+    bert["params"],
+    bert["config"],
+    bert["clean"],
+    bert["corrupted"],
+  )
   g, mask = bert["exact"].graph, clean["attention_mask"]
   final, outs, sig = _np_run(params, config, _embeddings(params, config, clean), mask, {})
   _, corr_outs, _ = _np_run(params, config, _embeddings(params, config, corrupted), mask, {})
   np.testing.assert_allclose(bert["exact"].clean, _np_metric(final, mask), atol=1e-9)
-  for name in ("input->a0.h1<q>", "input->a1.h2<k>", "a0.h3->a1.h0<v>", "m0->a1.h1<q>",
-               "a0.h2->m0", "input->m1", "a1.h3->m1", "m0->logits", "a1.h0->logits",
-               "input->logits"):
+  for name in (
+    "input->a0.h1<q>",
+    "input->a1.h2<k>",
+    "a0.h3->a1.h0<v>",
+    "m0->a1.h1<q>",
+    "a0.h2->m0",
+    "input->m1",
+    "a1.h3->m1",
+    "m0->logits",
+    "a1.h0->logits",
+    "input->logits",
+  ):
     s, r = g.edge(name)
     parent, child = name.split("->")
     first = g.sender_stage[s]
-    delta = _np_carry(params, config, corr_outs[parent] - outs[parent], first,
-                      g.receiver_stage[r], sig)
+    delta = _np_carry(
+      params, config, corr_outs[parent] - outs[parent], first, g.receiver_stage[r], sig
+    )
     if child == "logits":
       key = "logits"
     elif child.startswith("m"):
       key = ("ffn", int(child[1:]))
     else:
       key = (child[-2], int(child[1]), int(child.split(".h")[1][0]))
-    want = _np_metric(_np_run(params, config, _embeddings(params, config, clean), mask,
-                              {key: delta})[0], mask) - _np_metric(final, mask)
+    want = _np_metric(
+      _np_run(params, config, _embeddings(params, config, clean), mask, {key: delta})[0], mask
+    ) - _np_metric(final, mask)
     np.testing.assert_allclose(bert["exact"].values[s, r], want, atol=1e-9, err_msg=name)
   assert np.nanmax(np.abs(bert["exact"].values)) > 1e-2
 
@@ -178,7 +210,12 @@ def test_eap_is_the_derivative_of_exact_edge_patching(bert):
 
 
 def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
-  params, config, clean, corrupted = bert["params"], bert["config"], bert["clean"], bert["corrupted"]
+  params, config, clean, corrupted = (
+    bert["params"],
+    bert["config"],
+    bert["clean"],
+    bert["corrupted"],
+  )
   steps = 2
   ig = bert["run"](edges.edge_attribution, method="eap-ig", steps=steps)
   g, mask = ig.graph, clean["attention_mask"]
@@ -195,8 +232,9 @@ def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
   for name in ("input->a1.h2<k>", "m0->a1.h0<q>", "a0.h0->m1", "a1.h2->logits"):
     s, r = g.edge(name)
     parent, child = name.split("->")
-    delta = _np_carry(params, config, corr_outs[parent] - outs[parent], g.sender_stage[s],
-                      g.receiver_stage[r], sig)
+    delta = _np_carry(
+      params, config, corr_outs[parent] - outs[parent], g.sender_stage[s], g.receiver_stage[r], sig
+    )
     grads = []
     for k in range(steps):
       x = x_corr + k / steps * (x_clean - x_corr)
@@ -214,10 +252,16 @@ def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
         site = letter
       own = bertjax.forward(params, config, ids, mask, capture=(site,), patch=emb).cache[site]
       value = own.at[layer].add(add)
-      onehot = jnp.zeros(config.depth).at[layer].set(1.0).reshape(
-          (config.depth,) + (1,) * (own.ndim - 1))
-      grads.append(jax.grad(lambda alpha: metric(bertjax.forward(
-          params, config, ids, mask, patch={**emb, site: (value, alpha * onehot)})))(0.0))
+      onehot = (
+        jnp.zeros(config.depth).at[layer].set(1.0).reshape((config.depth,) + (1,) * (own.ndim - 1))
+      )
+      grads.append(
+        jax.grad(
+          lambda alpha, emb=emb, site=site, value=value, onehot=onehot: metric(
+            bertjax.forward(params, config, ids, mask, patch={**emb, site: (value, alpha * onehot)})
+          )
+        )(0.0)
+      )
     np.testing.assert_allclose(ig.values[s, r], np.mean(grads), atol=1e-8, err_msg=name)
 
 
@@ -229,11 +273,11 @@ def test_circuit_without_one_edge_is_its_exact_patch(bert):
     c[g.edge(name)] = False
   got = bert["run"](circuits.circuit_metric, circuits=np.stack(masks))
   for name, value in zip(names, got):
-    np.testing.assert_allclose(value - bert["exact"].clean, bert["exact"].values[g.edge(name)],
-                               atol=1e-10, err_msg=name)
+    np.testing.assert_allclose(
+      value - bert["exact"].clean, bert["exact"].values[g.edge(name)], atol=1e-10, err_msg=name
+    )
   np.testing.assert_allclose(got[-1], bert["exact"].clean, atol=1e-10)
-  res = bert["run"](circuits.faithfulness, scores=bert["eap"],
-                    sizes=[10, 60, int(g.valid.sum())])
+  res = bert["run"](circuits.faithfulness, scores=bert["eap"], sizes=[10, 60, int(g.valid.sum())])
   assert res["edges"][-1] == g.valid.sum() and res["normalized"][-1] == pytest.approx(1.0)
   np.testing.assert_allclose(res["corrupted"], bert["exact"].corrupted)
 
@@ -242,8 +286,9 @@ def test_discover_is_the_pieces_it_runs(bert):
   """`circuits.discover`: its scores are `edge_attribution`'s, its exact sample is
   `edge_patching`'s on a seeded set of edges, its agreement is computed on that sample, and its
   circuit is the smallest top-k one that keeps the asked share."""
-  d = bert["run"](circuits.discover, exact_edges=40, sizes=[10, 30, 100], seed=2,
-                  methods=("topk",), faithful=0.5)
+  d = bert["run"](
+    circuits.discover, exact_edges=40, sizes=[10, 30, 100], seed=2, methods=("topk",), faithful=0.5
+  )
   g, mask = d["graph"], d["mask"]
   assert mask.sum() == 40 and not (mask & ~g.valid).any()
   np.testing.assert_allclose(d["eap"].values, bert["eap"].values, equal_nan=True)
@@ -273,30 +318,44 @@ def test_pruning_topn_and_greedy_on_hand_examples():
   assert not kept[g.edge("input->a0.h0<q>")] and kept[g.edge("m0->logits")]
   assert kept.sum() == 2
   values = np.where(g.valid, 0.0, np.nan)
-  values[g.edge("input->a0.h0<q>")] = 5.0   # best score, but not connected to the logits
+  values[g.edge("input->a0.h0<q>")] = 5.0  # best score, but not connected to the logits
   values[g.edge("a0.h0->logits")] = -0.5
   values[g.edge("m0->logits")] = 1.0
   values[g.edge("input->m0")] = 0.9
-  values[g.edge("input->a1.h1<v>")] = 4.0   # high, but a1.h1 never reaches the logits
+  values[g.edge("input->a1.h1<v>")] = 4.0  # high, but a1.h1 never reaches the logits
   scores = edges.EdgeScores(g, values, 1.0, 0.0, "eap")
   # The top 4 hold a0.h0's input but none of its outputs: pruned away; the top 5 connect it.
   top = circuits.top_k_circuit(scores, 4)
   assert {g.edge_name(*e) for e in np.argwhere(top)} == {"m0->logits", "input->m0"}
   top = circuits.top_k_circuit(scores, 5)
   assert {g.edge_name(*e) for e in np.argwhere(top)} == {
-      "input->a0.h0<q>", "a0.h0->logits", "m0->logits", "input->m0"}
+    "input->a0.h0<q>",
+    "a0.h0->logits",
+    "m0->logits",
+    "input->m0",
+  }
   # Greedy grows from the logits: m0 (1.0), then m0's input (0.9), then a0.h0 (0.5) and
   # its query input (5.0).
   greedy = circuits.greedy_circuit(scores, 4)
   assert {g.edge_name(*e) for e in np.argwhere(greedy)} == {
-      "m0->logits", "input->m0", "a0.h0->logits", "input->a0.h0<q>"}
+    "m0->logits",
+    "input->m0",
+    "a0.h0->logits",
+    "input->a0.h0<q>",
+  }
   assert scores.top(2)[0] == ("input->a0.h0<q>", 5.0)
 
 
 def test_families_outside_the_derivation_are_refused_by_name():
-  modern = bertjax.BertConfig.preset("modernbert-base", vocab_size=100, pad_token_id=0,
-                                     hidden_size=32, num_attention_heads=4,
-                                     intermediate_size=48, num_hidden_layers=2)
+  modern = bertjax.BertConfig.preset(
+    "modernbert-base",
+    vocab_size=100,
+    pad_token_id=0,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=48,
+    num_hidden_layers=2,
+  )
   with pytest.raises(ValueError, match="'modernbert' model is not covered .*pre-LN"):
     edges.graph(modern)
   assert {"bert", "albert", "roberta", "mpnet"} <= set(edges.SUPPORTED)
@@ -311,8 +370,9 @@ def test_eap_is_the_derivative_of_exact_patching_on_other_families(x64, family):
   probe = metrics.ProbeLogitDiff(PROBE_W[:32], np.array([0.1, -0.2]), pooling="mean")
   run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=LABELS, **kw)
   eap = run(edges.edge_attribution)
-  fd = (run(edges.edge_patching, weight=1e-4).values
-        - run(edges.edge_patching, weight=-1e-4).values) / 2e-4
+  fd = (
+    run(edges.edge_patching, weight=1e-4).values - run(edges.edge_patching, weight=-1e-4).values
+  ) / 2e-4
   v = eap.graph.valid
   np.testing.assert_allclose(eap.values[v], fd[v], atol=1e-7)
   assert np.abs(eap.values[v]).max() > 1e-2
@@ -326,18 +386,27 @@ def _negation_task(minilm_dir, n_pairs):
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   sentences = report.load_sentences()
   batch = tok.encode([s.text for s in sentences])
-  h = np.asarray(bertjax.forward(params, config, batch.input_ids,
-                                 batch.attention_mask).last_hidden_state, np.float64)
+  h = np.asarray(
+    bertjax.forward(params, config, batch.input_ids, batch.attention_mask).last_hidden_state,
+    np.float64,
+  )
   m = batch.attention_mask[..., None]
   feats = (h * m).sum(1) / m.sum(1)
   negated = np.array([s.negated for s in sentences], bool)
   direction = feats[negated].mean(0) - feats[~negated].mean(0)  # a difference-of-means probe
-  probe = metrics.ProbeLogitDiff(np.stack([np.zeros_like(direction), direction], 1), np.zeros(2),
-                            pooling="mean")
+  probe = metrics.ProbeLogitDiff(
+    np.stack([np.zeros_like(direction), direction], 1), np.zeros(2), pooling="mean"
+  )
   clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated][:n_pairs])
   n = len(kept)
-  return config, params, clean, corrupted, probe, {"answer": np.ones(n, np.int32),
-                                                   "distractor": np.zeros(n, np.int32)}
+  return (
+    config,
+    params,
+    clean,
+    corrupted,
+    probe,
+    {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)},
+  )
 
 
 @pytest.mark.slow

@@ -25,8 +25,14 @@ def test_variants_differ_only_in_sharing_and_embedding_width():
   c = A.model_configs(A.FULL, 8000)
   assert list(c) == list(A.VARIANTS)
   for v in A.VARIANTS:
-    assert (c[v].depth, c[v].hidden_size, c[v].num_attention_heads, c[v].intermediate_size,
-            c[v].hidden_act, c[v].hidden_dropout_prob) == (6, 128, 4, 512, "gelu", 0.1)
+    assert (
+      c[v].depth,
+      c[v].hidden_size,
+      c[v].num_attention_heads,
+      c[v].intermediate_size,
+      c[v].hidden_act,
+      c[v].hidden_dropout_prob,
+    ) == (6, 128, 4, 512, "gelu", 0.1)
   assert (c["bert"].embed_dim, c["bert"].num_param_layers) == (128, 6)
   assert (c["albert"].embed_dim, c["albert"].num_param_layers) == (32, 1)
   assert (c["shared_only"].embed_dim, c["shared_only"].num_param_layers) == (128, 1)
@@ -69,8 +75,10 @@ def test_verdict_rules():
   assert A.quality_verdict(good) == "yes"
   assert A.quality_verdict({**good, "shared_only": 6.0, "factorized_only": 6.1}) == "partly"
   assert A.quality_verdict({**good, "albert": 5.9}) == "partly"
-  assert A.quality_verdict({"bert": 6.0, "albert": 5.9, "shared_only": 5.9,
-                            "factorized_only": 6.0}) == "no"
+  assert (
+    A.quality_verdict({"bert": 6.0, "albert": 5.9, "shared_only": 5.9, "factorized_only": 6.0})
+    == "no"
+  )
   assert A.quality_verdict(good, unigram=6.5) == "yes"
   assert A.quality_verdict(good, unigram=6.05) == "n/a"  # nothing learned beyond frequencies
   assert A.compute_verdict(1.02) == "yes" and A.compute_verdict(0.8) == "partly"

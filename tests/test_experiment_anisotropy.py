@@ -66,19 +66,25 @@ def test_committed_results_are_consistent():
     pytest.skip(f"{RESULTS} not written yet (./run.sh experiment anisotropy)")
   doc = json.loads(RESULTS.read_text())
   m = {k: np.asarray(v, float) for k, v in doc["results"]["per_layer"].items()}
-  np.testing.assert_allclose(m["self_similarity_adjusted"], m["self_similarity"] - m["anisotropy"],
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    m["self_similarity_adjusted"], m["self_similarity"] - m["anisotropy"], atol=1e-6
+  )
   np.testing.assert_allclose(m["mev_adjusted"], m["mev"] - m["mev_baseline"], atol=1e-9)
   definition = doc["settings"]["mev_definition"]
   assert definition == doc["results"]["summary"]["mev_definition"]
   for d in an.MEV_DEFINITIONS:
-    np.testing.assert_allclose(m[f"mev_{d}_adjusted"], m[f"mev_{d}"] - m[f"mev_{d}_baseline"],
-                               atol=1e-9)
-    np.testing.assert_allclose(m[f"mev_{d}_adjusted_paper"],
-                               m[f"mev_{d}"] - m[f"mev_{d}_baseline_paper"], atol=1e-9)
+    np.testing.assert_allclose(
+      m[f"mev_{d}_adjusted"], m[f"mev_{d}"] - m[f"mev_{d}_baseline"], atol=1e-9
+    )
+    np.testing.assert_allclose(
+      m[f"mev_{d}_adjusted_paper"], m[f"mev_{d}"] - m[f"mev_{d}_baseline_paper"], atol=1e-9
+    )
     assert d in doc["settings"]["mev_definitions"]
   np.testing.assert_array_equal(m["mev"], m[f"mev_{definition}"])
   holds = [f["holds"] for f in doc["findings"]]
-  assert holds == [an.anisotropic_rule(m["anisotropy"][1:]), an.rises_rule(m["anisotropy"][1:]),
-                   an.rises_rule(m["self_similarity_adjusted"][1:], falls=True),
-                   an.mev_rule(m["mev_adjusted"][1:])]
+  assert holds == [
+    an.anisotropic_rule(m["anisotropy"][1:]),
+    an.rises_rule(m["anisotropy"][1:]),
+    an.rises_rule(m["self_similarity_adjusted"][1:], falls=True),
+    an.mev_rule(m["mev_adjusted"][1:]),
+  ]

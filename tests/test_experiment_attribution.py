@@ -1,6 +1,5 @@
 """bertjax.tasks.negation: cue, twins, ranks, the fitted probe as a metric."""
 
-
 import jax
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ def test_cue_twin_and_rank(tok):
   twin = negation.twin_ids(tok, batch, 0, pos)
   assert tok.decode(twin[batch.attention_mask[0] > 0][1:-1]) == "she did also like it."
   pos = negation.cue_position(tok, batch, 1)  # the "t" of "n't"
-  assert tok.convert_ids_to_tokens(batch.input_ids[1, pos - 2:pos + 1]) == ["didn", "'", "t"]
+  assert tok.convert_ids_to_tokens(batch.input_ids[1, pos - 2 : pos + 1]) == ["didn", "'", "t"]
   assert negation.cue_position(tok, batch, 2) is None  # three cues: ambiguous
   real = np.array([False, True, True, True, False])
   assert negation.cue_rank(np.array([9.0, 0.5, 0.7, 0.1, 9.0]), 2, real) == 1
@@ -46,45 +45,66 @@ def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   hidden = rng.normal(size=(3, 4, 6)).astype(np.float32)
   mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
   out = bertjax.BertOutput(last_hidden_state=hidden)
-  batch = {"attention_mask": mask, "answer": np.ones(3, np.int32),
-           "distractor": np.zeros(3, np.int32)}
+  batch = {
+    "attention_mask": mask,
+    "answer": np.ones(3, np.int32),
+    "distractor": np.zeros(3, np.int32),
+  }
   pooled = stats.mean_pool(hidden.astype(np.float64), mask)
   want = (((pooled - mu) / sd) @ w + b).mean()
   np.testing.assert_allclose(float(metric(None, None, out, batch)), want, rtol=1e-5)
 
 
 def test_token_scores_and_statistics_on_a_tiny_model(tok):
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=64)
+  config = bertjax.BertConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+  )
   # Random biases too: with the zero biases of a fresh init, a post-LN model is scale
   # invariant along the path from the zero baseline and integrated gradients cannot complete.
   rng = np.random.default_rng(2)
-  params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype),
-                                bertjax.init(config, 0))
+  params = jax.tree.map(
+    lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype), bertjax.init(config, 0)
+  )
   probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
   texts = ["She did not like it.", "He never came back.", "Nobody saw the cat."]
-  res = negation.cue_statistics(params, config, tok, texts, probe,
-                                methods=("attention", "alti", "integrated_gradients"),
-                                ig_steps=64)
+  res = negation.cue_statistics(
+    params,
+    config,
+    tok,
+    texts,
+    probe,
+    methods=("attention", "alti", "integrated_gradients"),
+    ig_steps=64,
+  )
   assert [s["cue"] for s in res["sentences"]] == ["not", "never", "nobody"]
-  for k, st in res["stats"].items():
+  for st in res["stats"].values():
     assert 0 < st["mrr"] <= 1 and 1 <= st["mean_rank"] <= 7
   agree = np.asarray(res["agreement"]["spearman"])
   np.testing.assert_allclose(np.diag(agree), 1.0)
   # Integrated gradients explains the probe logit: completeness against a zero baseline.
   batch = tok.encode(texts)
-  scores = negation.token_scores(params, config, batch, probe,
-                                 methods=("integrated_gradients",), ig_steps=64)
+  scores = negation.token_scores(
+    params, config, batch, probe, methods=("integrated_gradients",), ig_steps=64
+  )
   out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask)
   m = batch.attention_mask[..., None]
   pooled = (np.asarray(out.last_hidden_state) * m).sum(1) / m.sum(1)
   logit = pooled @ (probe[0][:, 1] - probe[0][:, 0]) + probe[1][1] - probe[1][0]
-  zero = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                         patch={"embeddings": (0.0, 1.0)}).last_hidden_state
-  base = ((np.asarray(zero) * m).sum(1) / m.sum(1)) @ (probe[0][:, 1] - probe[0][:, 0]) \
-      + probe[1][1] - probe[1][0]
-  np.testing.assert_allclose(scores["integrated_gradients"].sum(1), logit - base, rtol=0.01,
-                             atol=1e-3)
+  zero = bertjax.forward(
+    params, config, batch.input_ids, batch.attention_mask, patch={"embeddings": (0.0, 1.0)}
+  ).last_hidden_state
+  base = (
+    ((np.asarray(zero) * m).sum(1) / m.sum(1)) @ (probe[0][:, 1] - probe[0][:, 0])
+    + probe[1][1]
+    - probe[1][0]
+  )
+  np.testing.assert_allclose(
+    scores["integrated_gradients"].sum(1), logit - base, rtol=0.01, atol=1e-3
+  )
 
 
 def test_attnlrp_scores_explain_the_probe_logit(tok):
@@ -92,8 +112,13 @@ def test_attnlrp_scores_explain_the_probe_logit(tok):
   final states; with CP-LRP's constant attention the same target's relevance is conserved."""
   from bertjax.analysis.attribution import lrp
 
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=64)
+  config = bertjax.BertConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+  )
   params = bertjax.init(config, 0)
   probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
   batch = tok.encode(["She did not like it.", "Nobody saw the cat."])
@@ -104,40 +129,73 @@ def test_attnlrp_scores_explain_the_probe_logit(tok):
   def logit(p, c, out):
     return ((out.last_hidden_state * m).sum(1) / m.sum(1)) @ d + probe[1][1] - probe[1][0]
 
-  want = lrp.attnlrp(params, config, batch.input_ids, batch.attention_mask,
-                     batch.token_type_ids, target_fn=logit)
+  want = lrp.attnlrp(
+    params, config, batch.input_ids, batch.attention_mask, batch.token_type_ids, target_fn=logit
+  )
   np.testing.assert_allclose(got, want.tokens, rtol=1e-5, atol=1e-6)
-  cp = lrp.attnlrp(params, config, batch.input_ids, batch.attention_mask,
-                   batch.token_type_ids, target_fn=logit, rules="cp-lrp", biases=True)
+  cp = lrp.attnlrp(
+    params,
+    config,
+    batch.input_ids,
+    batch.attention_mask,
+    batch.token_type_ids,
+    target_fn=logit,
+    rules="cp-lrp",
+    biases=True,
+  )
   offset = probe[1][1] - probe[1][0]  # the probe's own bias, not a model parameter
-  np.testing.assert_allclose((cp.tokens + cp.positions + cp.token_types).sum(1) + cp.biases,
-                             cp.target - offset, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    (cp.tokens + cp.positions + cp.token_types).sum(1) + cp.biases,
+    cp.target - offset,
+    rtol=1e-4,
+    atol=1e-5,
+  )
 
 
 def test_decompx_scores_sum_to_the_probe_logit(tok):
   """The "decompx" method: each token's part of the mean-pooled final state, read by the
   probe; with the biases split among the tokens, the scores sum to the logit difference
   less the probe's own offset."""
-  config = bertjax.BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=64)
+  config = bertjax.BertConfig(
+    vocab_size=tok.vocab_size,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+  )
   rng = np.random.default_rng(3)
-  params = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype),
-                        bertjax.init(config, 0))
+  params = jax.tree.map(
+    lambda a: a + 0.1 * rng.normal(size=a.shape).astype(a.dtype), bertjax.init(config, 0)
+  )
   probe = (np.random.default_rng(1).normal(size=(32, 2)), np.array([0.1, -0.2]))
   batch = tok.encode(["She did not like it.", "Nobody saw the cat."])
   got = negation.token_scores(params, config, batch, probe, methods=("decompx",))["decompx"]
   out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask)
   m = batch.attention_mask[..., None]
   pooled = (np.asarray(out.last_hidden_state) * m).sum(1) / m.sum(1)
-  np.testing.assert_allclose(got.sum(1), pooled @ (probe[0][:, 1] - probe[0][:, 0]),
-                             rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    got.sum(1), pooled @ (probe[0][:, 1] - probe[0][:, 0]), rtol=1e-4, atol=1e-5
+  )
   assert not got[batch.attention_mask == 0].any()
 
 
 def test_cues_behind_word_start_markers():
   """Byte-level BPE ("Ġnot", "'t") and SentencePiece ("▁never") cues and their twins."""
-  vocab = ["<s>", "</s>", "ĠShe", "Ġdid", "Ġnot", "Ġalso", "Ġgo", ".", "didn", "'t", "'s",
-           "▁never", "▁often"]
+  vocab = [
+    "<s>",
+    "</s>",
+    "ĠShe",
+    "Ġdid",
+    "Ġnot",
+    "Ġalso",
+    "Ġgo",
+    ".",
+    "didn",
+    "'t",
+    "'s",
+    "▁never",
+    "▁often",
+  ]
 
   class Stub:
     def convert_ids_to_tokens(self, ids):
@@ -151,9 +209,11 @@ def test_cues_behind_word_start_markers():
     return bertjax.Batch(ids, np.ones_like(ids), np.zeros_like(ids), np.zeros_like(ids))
 
   tok = Stub()
-  for tokens, cue, twin in ((("<s>", "ĠShe", "Ġdid", "Ġnot", "Ġgo", ".", "</s>"), 3, "Ġalso"),
-                            (("<s>", "ĠShe", "didn", "'t", "Ġgo", "</s>"), 3, "'s"),
-                            (("<s>", "▁never", "Ġgo", "</s>"), 1, "▁often")):
+  for tokens, cue, twin in (
+    (("<s>", "ĠShe", "Ġdid", "Ġnot", "Ġgo", ".", "</s>"), 3, "Ġalso"),
+    (("<s>", "ĠShe", "didn", "'t", "Ġgo", "</s>"), 3, "'s"),
+    (("<s>", "▁never", "Ġgo", "</s>"), 1, "▁often"),
+  ):
     b = batch(*tokens)
     assert negation.cue_position(tok, b, 0) == cue
     assert tok.convert_ids_to_tokens([negation.twin_ids(tok, b, 0, cue)[cue]]) == [twin]

@@ -37,9 +37,18 @@ def task(data_dir, minilm_dir):
   # Larger weights than the initialiser's, so heads differ and the classifier is not constant.
   rng = np.random.default_rng(0)
   params = jax.tree.map(
-      lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params)
-  return {"tok": tok, "data": data, "pairs": pairs, "phen": phen, "names": names,
-          "held": held, "config": config, "params": params}
+    lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params
+  )
+  return {
+    "tok": tok,
+    "data": data,
+    "pairs": pairs,
+    "phen": phen,
+    "names": names,
+    "held": held,
+    "config": config,
+    "params": params,
+  }
 
 
 def test_split_keeps_minimal_pairs_together(task):
@@ -60,13 +69,21 @@ def test_ablation_matches_direct_computation(task):
   sweeps = ds.ablate(params, config, acceptability.batches(held, 8), strategy="vmap")
   u, s = sweeps["uniform"], sweeps["scale"]
   assert u.baseline == pytest.approx(
-      ft.evaluate(params, config, held, "classification")["accuracy"], abs=1e-7)
+    ft.evaluate(params, config, held, "classification")["accuracy"], abs=1e-7
+  )
   assert s.baseline == u.baseline
   assert np.isnan(s.heads).all() and np.isfinite(u.heads).all()
 
   def accuracy(head_mask, mode):
-    out = bertjax.forward(params, config, held["input_ids"], held["attention_mask"],
-                          held["token_type_ids"], head_mask=head_mask, head_ablation=mode)
+    out = bertjax.forward(
+      params,
+      config,
+      held["input_ids"],
+      held["attention_mask"],
+      held["token_type_ids"],
+      head_mask=head_mask,
+      head_ablation=mode,
+    )
     logits = bertjax.classify(params, config, out.pooler_output)
     return float((np.asarray(logits).argmax(-1) == held["labels"]).mean())
 
@@ -89,12 +106,20 @@ def test_pattern_ratios_sum_to_one(task):
 
 
 def test_improvements_and_verdict_rules():
-  res = AblationResult(head_ablation="uniform", baseline=0.8,
-                       heads=np.array([[0.8, 0.85], [0.7, 0.81]]), layers=np.array([0.79, 0.9]),
-                       keep_one=np.full((2, 2), np.nan), layer_skip=np.array([0.8, 0.6]))
+  res = AblationResult(
+    head_ablation="uniform",
+    baseline=0.8,
+    heads=np.array([[0.8, 0.85], [0.7, 0.81]]),
+    layers=np.array([0.79, 0.9]),
+    keep_one=np.full((2, 2), np.nan),
+    layer_skip=np.array([0.8, 0.6]),
+  )
   acc = ds.improvements(res, higher_is_better=True)
-  assert (acc["heads_improving"], acc["layers_improving"],
-          acc["layer_skips_improving"]) == (2, 1, 0)
+  assert (acc["heads_improving"], acc["layers_improving"], acc["layer_skips_improving"]) == (
+    2,
+    1,
+    0,
+  )
   assert acc["best_head_delta"] == pytest.approx(0.05)
   assert acc["layer_skips_improving"] == 0 and acc["best_layer_skip_delta"] == pytest.approx(0)
   loss = ds.improvements(res, higher_is_better=False)

@@ -22,9 +22,14 @@ RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
 def model():
   import bertjax
 
-  config = bertjax.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=48,
-                              max_position_embeddings=64)
+  config = bertjax.BertConfig(
+    vocab_size=50,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
   return config, bertjax.init(config, 0)
 
 
@@ -48,7 +53,7 @@ def test_make_passages():
   flat = np.concatenate(stream * 2)
   for row in p:  # consecutive sentences from a sentence start
     starts = [0, 5, 8]
-    assert any(np.array_equal(row[1:-1], flat[s:s + 7]) for s in starts)
+    assert any(np.array_equal(row[1:-1], flat[s : s + 7]) for s in starts)
   with pytest.raises(ValueError, match="length"):
     ea.make_passages(stream, 100, 1, 1, 2)
 
@@ -88,7 +93,8 @@ def test_masses_against_numpy_and_library(model):
   np.testing.assert_allclose(r["raw_punct"], want, rtol=1e-5)
   np.testing.assert_allclose(r["raw_sep"], maps[..., -1].mean(-1).transpose(1, 0, 2), rtol=1e-5)
   lib = effective_attention_lib.effective_attention_statistics(
-    params, config, [{"input_ids": ids}], cls_id=1, sep_id=2)
+    params, config, [{"input_ids": ids}], cls_id=1, sep_id=2
+  )
   for kind in ea.KINDS:
     for c in ("cls", "sep"):
       np.testing.assert_allclose(lib[kind][c], r[f"{kind}_{c}"].mean(0), atol=1e-9)
@@ -114,8 +120,12 @@ def test_committed_results_are_consistent():
   holds = [f["holds"] for f in doc["findings"]]
   if all(s["null_dim_matches"][n] == 1.0 for n in s["null_dim_mean"]):  # every head, every n
     assert holds[0] == "yes"
-  assert holds[1] == ("yes" if s["max_relative_head_output_error"] < 1e-4
-                      and s["max_block_output_error"]["effective"] < 1e-4 else "no")
+  assert holds[1] == (
+    "yes"
+    if s["max_relative_head_output_error"] < 1e-4
+    and s["max_block_output_error"]["effective"] < 1e-4
+    else "no"
+  )
   assert holds[2] == ea.special_rule(s["special_mass"]["raw"], s["special_mass"]["effective"])
   # Same passages, batched by 8 in the library and all at once here: float32 maps differ ~1e-7.
   assert s["library_vs_direct_max_difference"] < 1e-6

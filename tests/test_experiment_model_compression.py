@@ -18,12 +18,20 @@ import model_compression as C
 
 
 def _teacher(layers=4):
-  config = bertjax.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=layers,
-                              num_attention_heads=4, intermediate_size=48,
-                              max_position_embeddings=16, num_labels=5, use_pooler=False)
+  config = bertjax.BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=layers,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=16,
+    num_labels=5,
+    use_pooler=False,
+  )
   params = bertjax.init(config, 3, heads=("token_classifier",))
-  return config, jax.tree.map(lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape),
-                              params)
+  return config, jax.tree.map(
+    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), params
+  )
 
 
 def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
@@ -31,8 +39,13 @@ def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
   config, params = C.shared_from_teacher(t_config, t_params, block=3)
   assert (config.model_type, config.depth, config.num_param_layers) == ("albert", 4, 1)
   # The same computation as BERT with the teacher's block 3 (index 2) in all four places.
-  tiled = {**t_params, "encoder": {**t_params["encoder"], "layers": jax.tree.map(
-      lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"])}}
+  tiled = {
+    **t_params,
+    "encoder": {
+      **t_params["encoder"],
+      "layers": jax.tree.map(lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"]),
+    },
+  }
   ids = np.random.default_rng(0).integers(0, 120, (2, 9))
   mask = np.ones_like(ids)
   mask[1, 6:] = 0
@@ -78,8 +91,9 @@ def test_smoke_table_describes_its_models(tmp_path):
   rows, configs = doc["results"]["rows"], doc["settings"]["configs"]
   teacher = rows["teacher"]
   for name, r in rows.items():
-    config = bertjax.BertConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                   for k, v in configs[name].items()})
+    config = bertjax.BertConfig(
+      **{k: tuple(v) if isinstance(v, list) else v for k, v in configs[name].items()}
+    )
     shapes = jax.eval_shape(lambda c=config: bertjax.init(c, 0, heads=("token_classifier",)))
     assert r["params"] == bertjax.count_params(shapes), name
     assert (r["depth"], r["stored_layers"]) == (config.depth, config.num_param_layers)
@@ -110,10 +124,24 @@ def test_shared_layer_out_of_range_fails_before_training(tmp_path):
 def test_a_bad_shared_layer_is_one_line_without_a_traceback(tmp_path):
   import subprocess
 
-  run = subprocess.run([sys.executable, str(REPO / "experiments" / "model_compression.py"),
-                        "--smoke", "--out", str(tmp_path), "--shared-layer", "9"],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  run = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "experiments" / "model_compression.py"),
+      "--smoke",
+      "--out",
+      str(tmp_path),
+      "--shared-layer",
+      "9",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=600,
+    cwd=tmp_path,
+    check=False,
+  )
   assert run.returncode == 1, run.stderr[-2000:]
   assert "Traceback" not in run.stderr
   assert run.stderr.strip().splitlines()[-1] == (
-      "error: --shared-layer 9 must be in 1..4 (the teacher's blocks, counted from 1)")
+    "error: --shared-layer 9 must be in 1..4 (the teacher's blocks, counted from 1)"
+  )

@@ -46,9 +46,19 @@ def test_agreement_against_scipy():
 
 @pytest.mark.slow
 def test_smoke_run(tmp_path):
-  result = subprocess.run([sys.executable, str(REPO / "experiments" / "negation_circuit.py"),
-                           "--smoke", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=900, check=False)
+  result = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "experiments" / "negation_circuit.py"),
+      "--smoke",
+      "--out",
+      str(tmp_path),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=900,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   doc = json.loads((tmp_path / "negation_circuit.json").read_text())
   r = doc["results"]

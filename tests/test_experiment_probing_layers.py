@@ -61,12 +61,14 @@ def test_committed_results_are_consistent():
   r = doc["results"]
   curves = {k: np.asarray(v, float) for k, v in r["curves"].items()}
   assert np.allclose(curves["upos"], r["upos"]["accuracy"])
-  assert np.allclose(r["upos"]["selectivity"],
-                     np.subtract(r["upos"]["accuracy"], r["upos"]["control_accuracy"]))
+  assert np.allclose(
+    r["upos"]["selectivity"], np.subtract(r["upos"]["accuracy"], r["upos"]["control_accuracy"])
+  )
   for key, ys in curves.items():
     assert r["summary"]["peak_layer"][key] == int(np.argmax(ys))
     e = r["summary"]["expected_layer"][key]
     assert (e is None and np.isnan(pl.expected_layer(ys))) or e == pytest.approx(
-      pl.expected_layer(ys))
+      pl.expected_layer(ys)
+    )
   peaks = {k: r["summary"]["peak_layer"][k] for k in pl.SYNTACTIC}
   assert doc["findings"][0]["holds"] == pl.syntax_peaks_rule(peaks, len(curves["upos"]))

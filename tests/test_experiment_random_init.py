@@ -48,8 +48,10 @@ def test_baselines_on_hand_made_data():
   test = {"labels": np.array([1, 0, 0, 0]), "input_ids": np.zeros((4, 2), np.int32)}
   assert ri.majority_accuracy(train, test) == 0.25
   # Tokens: word 5 is tagged 2 twice and 3 once, word 6 is tagged 1; -100 marks no label.
-  train = {"input_ids": np.array([[0, 5, 6, 5], [0, 5, 9, 0]]),
-           "labels": np.array([[-100, 2, 1, 2], [-100, 3, -100, -100]])}
+  train = {
+    "input_ids": np.array([[0, 5, 6, 5], [0, 5, 9, 0]]),
+    "labels": np.array([[-100, 2, 1, 2], [-100, 3, -100, -100]]),
+  }
   test = {"input_ids": np.array([[0, 5, 6, 7]]), "labels": np.array([[-100, 2, 2, 2]])}
   # 5 -> 2 (right), 6 -> 1 (wrong), 7 unseen -> the commonest tag 2 (right).
   assert ri.word_tag_accuracy(train, test) == pytest.approx(2 / 3)
@@ -63,7 +65,10 @@ def test_bag_of_words_learns_a_lexical_cue_and_ignores_order():
   ids[labels == 1, rng.integers(1, 5)] = 7  # the cue: subword 7 occurs
   ids[:, 0] = 1  # a "[CLS]" in every row, which the baseline must ignore
   data = {"input_ids": ids, "attention_mask": np.ones_like(ids), "labels": labels}
-  train, test = acceptability.subset(data, np.arange(60)), acceptability.subset(data, np.arange(60, 80))
+  train, test = (
+    acceptability.subset(data, np.arange(60)),
+    acceptability.subset(data, np.arange(60, 80)),
+  )
   assert ri.bag_of_words_accuracy(train, test, [1], steps=300) == 1.0
   # Two sentences with the same subwords in another order get the same prediction.
   swapped = dict(test, input_ids=test["input_ids"][:, ::-1].copy(), labels=test["labels"])
@@ -83,7 +88,8 @@ def test_accuracy_matches_finetune_evaluate(tiny):
   config, params = ft.prepare_model("classification", 2, config=cfg, seed=3)
   rng = np.random.default_rng(1)  # larger weights, so the classifier is not constant
   params = jax.tree.map(
-      lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params)
+    lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params
+  )
   want = ft.evaluate(params, config, data, "classification")["accuracy"]
   assert ri.accuracy(params, config, data, "classification", 16) == pytest.approx(want)
   words = [["Dogs", "bark", "."], ["It", "is", "n't", "raining", "today", "."]]
@@ -91,12 +97,17 @@ def test_accuracy_matches_finetune_evaluate(tiny):
   labels = np.full(enc.input_ids.shape, -100)
   first = enc.first_subword()
   for row, w in enumerate(words):
-    labels[row, first[row, :len(w)]] = np.arange(len(w)) % 3
-  tokens = {"input_ids": enc.input_ids, "attention_mask": enc.attention_mask,
-            "token_type_ids": enc.token_type_ids, "labels": labels}
+    labels[row, first[row, : len(w)]] = np.arange(len(w)) % 3
+  tokens = {
+    "input_ids": enc.input_ids,
+    "attention_mask": enc.attention_mask,
+    "token_type_ids": enc.token_type_ids,
+    "labels": labels,
+  }
   config, params = ft.prepare_model("token_classification", 3, config=cfg, seed=4)
   params = jax.tree.map(
-      lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params)
+    lambda x: jnp.asarray(x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)), params
+  )
   want = ft.evaluate(params, config, tokens, "token_classification")["accuracy"]
   assert ri.accuracy(params, config, tokens, "token_classification", 1) == pytest.approx(want)
 
@@ -107,8 +118,9 @@ def test_early_stopping_follows_its_rule(tiny):
   size = {**ri.SIZES["smoke"], "max_steps": 40, "min_steps": 4, "eval_every": 2, "patience": 2}
   tr, dv, te = ri.split_groups(np.arange(48), 8, 12, None, seed=0, strata=data["labels"])
   train, dev, test = (acceptability.subset(data, i) for i in (tr, dv, te))
-  run = ri.train_early_stopping(config, params, train, dev, test, kind="classification",
-                                size=size, seed=0)
+  run = ri.train_early_stopping(
+    config, params, train, dev, test, kind="classification", size=size, seed=0
+  )
   dev_scores = [p["dev"] for p in run["curve"]]
   assert [p["step"] for p in run["curve"]] == list(range(2, run["steps"] + 1, 2))
   assert run["dev"] == max(dev_scores)
@@ -136,8 +148,9 @@ def test_verdict_rule_on_synthetic_numbers():
   runs = [run(0.98, 0.95), run(0.96, 0.90), run(0.97, 0.91)]
   s = ri.summarise(runs, [{"majority": 0.7, "lexical": 0.9}] * 3)
   assert s["pretrained"] == pytest.approx(0.97) and s["random"] == pytest.approx(0.92)
-  assert s["gap"] == pytest.approx(0.05) and s["gap_sd"] == pytest.approx(np.std(
-      [0.03, 0.06, 0.06], ddof=1))
+  assert s["gap"] == pytest.approx(0.05) and s["gap_sd"] == pytest.approx(
+    np.std([0.03, 0.06, 0.06], ddof=1)
+  )
   assert (s["gap_min"], s["gap_max"]) == (pytest.approx(0.03), pytest.approx(0.06))
   assert s["gain_ratio"] == pytest.approx(0.22 / 0.27) and s["holds"] == "yes"
   assert s["converged"] == {"pretrained": 3, "random": 3}
@@ -164,8 +177,7 @@ def test_smoke_run_json_and_verdicts_follow_the_numbers(tmp_path, monkeypatch):
         r = run[init]
         assert r["steps"] <= doc["settings"]["max_steps"] and 0 <= r["test"] <= 1
         assert r["dev"] == max(p["dev"] for p in r["curve"])
-    assert s["pretrained"] == pytest.approx(np.mean([r["pretrained"]["test"]
-                                                     for r in res["runs"]]))
+    assert s["pretrained"] == pytest.approx(np.mean([r["pretrained"]["test"] for r in res["runs"]]))
     holds, ratio = ri.random_init_verdict(s["random"], s["pretrained"], s["majority"])
     assert f["holds"] == s["holds"] == holds and s["gain_ratio"] == ratio
     assert f["measured"].startswith(f"{name}: ") and f["paper"] == ri.PAPER

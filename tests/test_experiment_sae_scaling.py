@@ -18,12 +18,12 @@ RESULTS = REPO / "experiments" / "results" / "sae_scaling.json"
 def test_power_law_fit_against_scipy():
   stats = pytest.importorskip("scipy.stats")
   n = np.array([384, 768, 1536, 3072, 6144])
-  fvu = 2.1 * n ** -0.23 * np.exp(np.array([0.01, -0.02, 0.015, 0.0, -0.01]))
+  fvu = 2.1 * n**-0.23 * np.exp(np.array([0.01, -0.02, 0.015, 0.0, -0.01]))
   fit = ss.power_law(n, fvu)
   ref = stats.linregress(np.log(n), np.log(fvu))
   assert fit["exponent"] == pytest.approx(ref.slope, rel=1e-9)
   assert fit["coefficient"] == pytest.approx(np.exp(ref.intercept), rel=1e-9)
-  assert fit["r2"] == pytest.approx(ref.rvalue ** 2, rel=1e-9)
+  assert fit["r2"] == pytest.approx(ref.rvalue**2, rel=1e-9)
 
 
 def test_rules():

@@ -56,7 +56,7 @@ def test_mcnemar_exact_and_curve_area():
   other = base.copy()
   other[:8] = False  # 8 lost
   base[19], other[19] = False, True  # 1 gained
-  expected = min(1.0, 2 * sum(math.comb(9, k) for k in range(2)) / 2 ** 9)
+  expected = min(1.0, 2 * sum(math.comb(9, k) for k in range(2)) / 2**9)
   assert math.isclose(stats.mcnemar_p(base, other), expected, rel_tol=1e-9)
   assert stats.mcnemar_p(base, base) == 1.0
   assert stats.wilcoxon_p(np.ones(5), np.ones(5)) == 1.0

@@ -45,8 +45,14 @@ def test_step_costs_takes_compile_out_of_each_stage():
 def _run(losses, cost, layers, compile_s):
   split = runs.step_costs(cost, layers)
   raw = np.asarray(cost, float)
-  return {"mlm_loss": list(losses), "layers": list(layers), "cost_s": split["cost_s"],
-          "raw_cost_s": raw, "compile_s": compile_s, "stage_starts": split["stage_starts"]}
+  return {
+    "mlm_loss": list(losses),
+    "layers": list(layers),
+    "cost_s": split["cost_s"],
+    "raw_cost_s": raw,
+    "compile_s": compile_s,
+    "stage_starts": split["stage_starts"],
+  }
 
 
 @pytest.mark.slow

@@ -50,8 +50,15 @@ def test_attention_to_the_head_gives_accuracy_one():
   assert dep_to_head[:, 0].all()  # map 0: every dependent's top word is its head
   # Map 1: word 1 attends to word 0 and word 4 to word 3, so exactly those arcs hit.
   np.testing.assert_array_equal(head_to_dep[:, 1], [True, False, True, False])
-  table = wbl.probe_table(np.array(["a"] * 4), HEADS[arcs] - 1 - arcs, np.array([0, 1, 0, 1]),
-                          dep_to_head, head_to_dep, ["a"], (1, 2))
+  table = wbl.probe_table(
+    np.array(["a"] * 4),
+    HEADS[arcs] - 1 - arcs,
+    np.array([0, 1, 0, 1]),
+    dep_to_head,
+    head_to_dep,
+    ["a"],
+    (1, 2),
+  )
   assert table["a"]["dep_to_head"]["head"] == [1, 0]  # layer 1 (the first block), head 0
   assert table["a"]["dep_to_head"]["accuracy"] == 1.0
   assert table["a"]["dep_to_head"]["in_sample_accuracy"] == 1.0
@@ -85,7 +92,9 @@ def test_relation_labels():
 def test_committed_results_record_clark_s_definition():
   import json
 
-  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / f"{wbl.NAME}.json"
+  path = (
+    pathlib.Path(__file__).resolve().parents[1] / "experiments" / "results" / f"{wbl.NAME}.json"
+  )
   if not path.exists():
     return
   doc = json.loads(path.read_text())
@@ -94,9 +103,12 @@ def test_committed_results_record_clark_s_definition():
   assert definition["entropy_smoothing"] == 1e-4
   clark, variant = doc["results"]["clark"], doc["results"]["clark_token_all_punct"]
   assert clark["definition"]["punctuation_ids"] == 2
-  assert variant["definition"] == {"weighting": "token", "punctuation": "all",
-                                   "punctuation_ids": variant["definition"]["punctuation_ids"],
-                                   "entropy_smoothing": 0.0}
+  assert variant["definition"] == {
+    "weighting": "token",
+    "punctuation": "all",
+    "punctuation_ids": variant["definition"]["punctuation_ids"],
+    "entropy_smoothing": 0.0,
+  }
   for name in ("cls", "sep", "punct", "entropy"):
     np.testing.assert_allclose(clark["by_layer"][name], np.mean(clark[name], -1), atol=1e-12)
   sep = np.asarray(clark["by_layer"]["sep"])

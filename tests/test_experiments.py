@@ -22,8 +22,11 @@ import pytest
 from test_report import _check_png, _numbers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p.stem for p in (REPO / "experiments").glob("*.py")
-                 if p.stem not in ("common", "findings") and not p.stem.startswith("_"))
+SCRIPTS = sorted(
+  p.stem
+  for p in (REPO / "experiments").glob("*.py")
+  if p.stem not in ("common", "findings") and not p.stem.startswith("_")
+)
 
 sys.path.insert(0, str(REPO / "experiments"))
 import findings
@@ -35,15 +38,23 @@ def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
   """The environment of a machine without data: an empty data directory, no ../shared."""
   empty = cwd / "no-data"
   empty.mkdir(exist_ok=True)
-  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-              MPLBACKEND="Agg", BERTJAX_DATA_DIR=str(empty), BERTJAX_NO_SHARED_DATA="1")
+  return dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    MPLBACKEND="Agg",
+    BERTJAX_DATA_DIR=str(empty),
+    BERTJAX_NO_SHARED_DATA="1",
+  )
 
 
 def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.Path]:
   """Runs `experiments/NAME.py --smoke` in `cwd` with no data; returns its JSON and folder."""
   cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", *extra]
-  proc = subprocess.run(cmd, cwd=cwd, env=no_data_env(cwd), capture_output=True, text=True,
-                        timeout=600, check=False)
+  proc = subprocess.run(
+    cmd, cwd=cwd, env=no_data_env(cwd), capture_output=True, text=True, timeout=600, check=False
+  )
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
   out = cwd / "out" / "experiments"
   assert f"results go to {out}" in proc.stderr
@@ -56,8 +67,11 @@ def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.
 
 
 def _committed() -> dict[str, str]:
-  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-          for p in sorted((REPO / "experiments" / "results").iterdir()) if p.is_file()}
+  return {
+    p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+    for p in sorted((REPO / "experiments" / "results").iterdir())
+    if p.is_file()
+  }
 
 
 @pytest.mark.slow
@@ -82,8 +96,14 @@ def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help_names_the_run_command(name):
-  proc = subprocess.run([sys.executable, str(REPO / "experiments" / f"{name}.py"), "--help"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--help"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr
   assert "--smoke" in proc.stdout and f"{name}.py" in proc.stdout
   assert "--update-results" in proc.stdout
@@ -103,9 +123,13 @@ def test_output_directory_rules(tmp_path, monkeypatch):
   assert parse("--smoke", "--data-dir", "d").data_dir == "d"
   assert parse().data_dir is None
   (tmp_path / "afile").write_text("")
-  for bad in (["--smoke", "--update-results"], ["--smoke", "--out", results],
-              ["--update-results", "--out", "elsewhere"], ["--out", "afile"],
-              ["--out", "afile/below"]):
+  for bad in (
+    ["--smoke", "--update-results"],
+    ["--smoke", "--out", results],
+    ["--update-results", "--out", "elsewhere"],
+    ["--out", "afile"],
+    ["--out", "afile/below"],
+  ):
     with pytest.raises(SystemExit) as e:
       parse(*bad)
     assert e.value.code == 2
@@ -125,18 +149,35 @@ def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
 @pytest.mark.slow
 def test_smoke_refuses_to_write_committed_results(tmp_path):
   before = _committed()
-  proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py"),
-                         "--smoke", "--update-results"], cwd=tmp_path, env=no_data_env(tmp_path),
-                        capture_output=True, text=True, timeout=300, check=False)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      str(REPO / "experiments" / "probing_layers.py"),
+      "--smoke",
+      "--update-results",
+    ],
+    cwd=tmp_path,
+    env=no_data_env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 2 and "--smoke results are not findings" in proc.stderr
   assert "Traceback" not in proc.stderr and _committed() == before
 
 
 @pytest.mark.slow
 def test_missing_data_is_a_one_line_error(tmp_path):
-  proc = subprocess.run([sys.executable, str(REPO / "experiments" / "probing_layers.py")],
-                        cwd=tmp_path, env=no_data_env(tmp_path), capture_output=True, text=True,
-                        timeout=300, check=False)
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "experiments" / "probing_layers.py")],
+    cwd=tmp_path,
+    env=no_data_env(tmp_path),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   line = proc.stderr.strip().splitlines()[-1]
   assert line.startswith("error: data set ud_english_ewt not found (looked in ")
@@ -161,11 +202,12 @@ def test_smoke_samples_parse_with_the_project_readers():
   for name in names:
     texts, _, labels = ft.load_blimp(root / "blimp" / name)
     assert len(texts) == 32 and labels.tolist() == [1, 0] * 16
-  columns = {"NEG-136/NEG-136-SIMP.tsv": "context_aff context_neg target_aff target_neg",
-             "NEG-136/NEG-136-NAT.tsv": "context_aff context_neg target_aff target_neg",
-             "ROLE-88/ROLE-88.tsv": "item context expected target",
-             "CPRAG-102/CPRAG-102.tsv": "context_s1 context_s2 expected within_category "
-                                        "between_category"}
+  columns = {
+    "NEG-136/NEG-136-SIMP.tsv": "context_aff context_neg target_aff target_neg",
+    "NEG-136/NEG-136-NAT.tsv": "context_aff context_neg target_aff target_neg",
+    "ROLE-88/ROLE-88.tsv": "item context expected target",
+    "CPRAG-102/CPRAG-102.tsv": "context_s1 context_s2 expected within_category between_category",
+  }
   for rel, cols in columns.items():
     rows = cloze.read_tsv(root / "lm_diagnostics" / "datasets" / rel)
     assert rows and all(set(cols.split()) <= set(r) for r in rows), rel
@@ -179,18 +221,22 @@ def test_findings_tables_are_generated_from_committed_results():
   """docs/findings.md's verdicts and full table are what the results give."""
   got = findings.targets(REPO / "experiments" / "results", REPO / "docs" / "findings.md")
   assert [p.name for p, _, _ in got] == ["findings.md"]
-  (path, text, new), = got
+  ((path, text, new),) = got
   assert new == text, f"{path} is stale: run experiments/findings.py"
-  summary = text[text.index(findings.SUMMARY_START):text.index(findings.SUMMARY_END)]
+  summary = text[text.index(findings.SUMMARY_START) : text.index(findings.SUMMARY_END)]
   assert "| [`sixteen_heads`](../experiments/sixteen_heads.py) | Michel et al. 2019 |" in summary
-  full = text[text.index(findings.START):text.index(findings.END)]
+  full = text[text.index(findings.START) : text.index(findings.END)]
   assert "](../experiments/sixteen_heads.py)" in full and "uncertainty" in full
 
 
 def test_findings_render_and_ignore_smoke_runs(tmp_path):
   row = {"paper": "P 2020", "claim": "a | b", "measured": "0.5", "holds": "partly"}
-  (tmp_path / "x.json").write_text(json.dumps({"experiment": "x", "smoke": False, "findings": [row]}))
-  (tmp_path / "y.json").write_text(json.dumps({"experiment": "y", "smoke": True, "findings": [row]}))
+  (tmp_path / "x.json").write_text(
+    json.dumps({"experiment": "x", "smoke": False, "findings": [row]})
+  )
+  (tmp_path / "y.json").write_text(
+    json.dumps({"experiment": "y", "smoke": True, "findings": [row]})
+  )
   table = findings.render(findings.load(tmp_path))
   assert "[`x`](experiments/x.py)" in table and "`y`" not in table
   assert "a \\| b" in table and "◐ partly" in table
@@ -215,13 +261,17 @@ def test_findings_state_each_verdict_s_uncertainty():
   head = table.splitlines()[0].split(" | ")
   models = len(findings.MODELS) + 1  # the default run's column group, then each model's
   assert [head[3 + 3 * k] for k in range(models)] == [
-      f"{m}: measured here" for m in (findings.DEFAULT_COLUMN, *findings.MODELS)], head
+    f"{m}: measured here" for m in (findings.DEFAULT_COLUMN, *findings.MODELS)
+  ], head
   assert [head[3 + 3 * k + 1] for k in range(models)] == ["uncertainty"] * models, head
   assert [head[3 + 3 * k + 2] for k in range(models)] == ["holds?"] * models, head
   assert head[-1] == "the models |"
   cells = [row.split(" | ")[3 + 3 * k + 1] for row in rows for k in range(models)]
-  assert all(c.startswith(("95% CI", "CI: rerun needed", "exact", "test the rule applies",
-                            "n/a: ")) or c == "—" for c in cells), cells
+  assert all(
+    c.startswith(("95% CI", "CI: rerun needed", "exact", "test the rule applies", "n/a: "))
+    or c == "—"
+    for c in cells
+  ), cells
   # Every committed row of every model is in the table, in its model's column.
   for doc in docs:
     k = ([""] + list(findings.MODELS)).index(doc["model_tag"])
@@ -243,8 +293,9 @@ def test_findings_state_each_verdict_s_uncertainty():
   assert row.split(" | ")[5] == "❔ inconclusive (partly to yes within the CI)", row
 
 
-@pytest.mark.parametrize("stem", [p.stem for p in sorted((REPO / "experiments" / "results")
-                                                          .glob("*.json"))])
+@pytest.mark.parametrize(
+  "stem", [p.stem for p in sorted((REPO / "experiments" / "results").glob("*.json"))]
+)
 def test_committed_rows_follow_the_current_rules(stem):
   """Where a script makes its rows from the JSON (`findings(results, settings)`), the committed
   rows (of every model's run: `NAME.json`, `NAME_all-mpnet-base-v2.json`) are what its current
@@ -254,7 +305,8 @@ def test_committed_rows_follow_the_current_rules(stem):
   if make_rows is None:
     pytest.skip(f"experiments/{doc['experiment']}.py makes its rows inside the run only")
   assert make_rows(doc["results"], doc["settings"]) == doc["findings"], (
-      f"run experiments/findings.py --refresh {stem}")
+    f"run experiments/findings.py --refresh {stem}"
+  )
 
 
 def test_refresh_rewrites_rows_from_the_numbers(tmp_path):
@@ -266,8 +318,9 @@ def test_refresh_rewrites_rows_from_the_numbers(tmp_path):
   path.write_text(json.dumps(doc))
   assert findings.refresh(path)
   new = json.loads(path.read_text())
-  assert new["findings"][0]["holds"] == "no" and "30 of 72 heads (42%)" in new["findings"][0][
-      "measured"]
+  assert (
+    new["findings"][0]["holds"] == "no" and "30 of 72 heads (42%)" in new["findings"][0]["measured"]
+  )
   assert new["results"] == doc["results"] and new["findings_refreshed"]
   doc["results"]["ablation"]["heads_removable_alone"] = 60  # 83%: yes
   path.write_text(json.dumps(doc))

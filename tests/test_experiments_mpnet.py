@@ -27,13 +27,16 @@ def committed(name: str) -> dict:
   """The committed MPNet result document of experiment `name` (skips when absent)."""
   path = RESULTS / f"{name}_{TAG}.json"
   if not path.exists():
-    pytest.skip(f"{path.name} is not committed (run experiments/{name}.py --model "
-                f"sentence-transformers/{TAG} --update-results)")
+    pytest.skip(
+      f"{path.name} is not committed (run experiments/{name}.py --model "
+      f"sentence-transformers/{TAG} --update-results)"
+    )
   return json.loads(path.read_text())
 
 
-def wiki_sentences(data_dir: pathlib.Path, count: int, *, min_words: int = 8,
-                   max_words: int = 40) -> list[list[str]]:
+def wiki_sentences(
+  data_dir: pathlib.Path, count: int, *, min_words: int = 8, max_words: int = 40
+) -> list[list[str]]:
   """The first `count` WikiText-2 test sentences of `min_words`..`max_words` words with no
   `<unk>` or `@-@`-style joiners, as word lists (the file is already word-tokenised)."""
   out: list[list[str]] = []
@@ -43,8 +46,11 @@ def wiki_sentences(data_dir: pathlib.Path, count: int, *, min_words: int = 8,
       continue
     for sent in line.split(" . "):
       words = sent.split() + ["."]
-      if (min_words <= len(words) <= max_words and "<unk>" not in words
-          and not any(w.startswith("@") for w in words)):
+      if (
+        min_words <= len(words) <= max_words
+        and "<unk>" not in words
+        and not any(w.startswith("@") for w in words)
+      ):
         out.append(words)
         if len(out) == count:
           return out
@@ -68,11 +74,16 @@ def run_torch(model, batch):
   import torch
 
   with torch.no_grad():
-    out = model(torch.tensor(batch.input_ids).long(),
-                attention_mask=torch.tensor(batch.attention_mask).long(),
-                output_hidden_states=True, output_attentions=True)
-  return (np.stack([h.numpy() for h in out.hidden_states]),
-          np.stack([a.numpy() for a in out.attentions]))
+    out = model(
+      torch.tensor(batch.input_ids).long(),
+      attention_mask=torch.tensor(batch.attention_mask).long(),
+      output_hidden_states=True,
+      output_attentions=True,
+    )
+  return (
+    np.stack([h.numpy() for h in out.hidden_states]),
+    np.stack([a.numpy() for a in out.attentions]),
+  )
 
 
 def clark_per_sentence(attn, ids, mask, sep_id: int, punct_ids) -> dict[str, np.ndarray]:
@@ -83,9 +94,11 @@ def clark_per_sentence(attn, ids, mask, sep_id: int, punct_ids) -> dict[str, np.
   n = real.sum(-1)  # (B,)
   a = attn * real[None, :, None, None, :]
   rows = lambda v: (v * real[None, :, None, :]).sum(-1).mean(-1) / n[None]  # (L, B)
-  return {"cls": rows(a[..., 0]).T,
-          "sep": rows((a * (ids == sep_id)[None, :, None, None, :]).sum(-1)).T,
-          "punct": rows((a * np.isin(ids, punct_ids)[None, :, None, None, :]).sum(-1)).T}
+  return {
+    "cls": rows(a[..., 0]).T,
+    "sep": rows((a * (ids == sep_id)[None, :, None, None, :]).sum(-1)).T,
+    "punct": rows((a * np.isin(ids, punct_ids)[None, :, None, None, :]).sum(-1)).T,
+  }
 
 
 def test_clark_sink_on_held_out_wikipedia(mpnet, data_dir):
@@ -96,8 +109,9 @@ def test_clark_sink_on_held_out_wikipedia(mpnet, data_dir):
   batch = tok.encode_words(wiki_sentences(data_dir, 32, max_words=30))
   _, attn = run_torch(model, batch)
   vocab = tok.tokenizer.get_vocab()
-  ours = clark_per_sentence(attn, batch.input_ids, batch.attention_mask, tok.sep_id,
-                            [vocab["."], vocab[","]])
+  ours = clark_per_sentence(
+    attn, batch.input_ids, batch.attention_mask, tok.sep_id, [vocab["."], vocab[","]]
+  )
   by = {k: np.asarray(v) for k, v in doc["results"]["clark"]["by_layer"].items()}
   depth = len(by["sep"])
   assert depth == 12 and attn.shape[:3] == (12, 32, 12)
@@ -129,8 +143,11 @@ def test_anisotropy_on_held_out_wikipedia(mpnet, data_dir):
   words = [pool[k] for k in np.linspace(0, len(pool) - 1, 128).round().astype(int)]
   batch = tok.encode_words(words)
   hidden, _ = run_torch(model, batch)  # (L + 1, B, T, H)
-  first = [(b, int(np.flatnonzero(batch.word_ids[b] == w)[0]))
-           for b in range(len(words)) for w in range(len(words[b]))]
+  first = [
+    (b, int(np.flatnonzero(batch.word_ids[b] == w)[0]))
+    for b in range(len(words))
+    for w in range(len(words[b]))
+  ]
   reps = np.stack([hidden[:, b, t] for b, t in first], 1).astype(np.float64)  # (L + 1, n, H)
   unit = reps / np.linalg.norm(reps, axis=-1, keepdims=True)
   rng = np.random.default_rng(0)
@@ -162,16 +179,18 @@ def test_pruned_heads_equal_masked_heads_on_held_out_wikipedia(mpnet_dir, data_d
   step = np.where((masks == 0).any(0), (masks == 0).argmax(0), len(masks))
   order = np.lexsort((np.asarray(r["importance"]["normalized"]).ravel(), step))
   mask = np.ones(144, np.float32)
-  mask[order[:round(0.4 * 144)]] = 0
+  mask[order[: round(0.4 * 144)]] = 0
   mask = mask.reshape(12, 12)
   config, params = bertjax.from_hf(mpnet_dir)
-  batch = bertjax.Tokenizer.from_pretrained(mpnet_dir).encode_words(
-      wiki_sentences(data_dir, 16))
+  batch = bertjax.Tokenizer.from_pretrained(mpnet_dir).encode_words(wiki_sentences(data_dir, 16))
   pruned_config, pruned = bertjax.prune_heads(
-      config, params, {l: np.flatnonzero(mask[l] == 0).tolist() for l in range(12)
-                       if (mask[l] == 0).any()})
-  masked = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                           head_mask=mask).last_hidden_state
+    config,
+    params,
+    {l: np.flatnonzero(mask[l] == 0).tolist() for l in range(12) if (mask[l] == 0).any()},
+  )
+  masked = bertjax.forward(
+    params, config, batch.input_ids, batch.attention_mask, head_mask=mask
+  ).last_hidden_state
   out = bertjax.forward(pruned, pruned_config, batch.input_ids, batch.attention_mask)
   real = batch.attention_mask.astype(bool)
   diff = np.abs(np.asarray(out.last_hidden_state) - np.asarray(masked))[real].max()

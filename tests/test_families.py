@@ -21,42 +21,92 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 ATOL = 1e-4
-SIZES = dict(vocab_size=99, hidden_size=60, num_hidden_layers=3, num_attention_heads=5,
-             intermediate_size=37, max_position_embeddings=40, hidden_act="gelu")
-DISTIL_SIZES = dict(vocab_size=99, dim=60, n_layers=3, n_heads=5, hidden_dim=37,
-                    max_position_embeddings=40, activation="gelu")
+SIZES = dict(
+  vocab_size=99,
+  hidden_size=60,
+  num_hidden_layers=3,
+  num_attention_heads=5,
+  intermediate_size=37,
+  max_position_embeddings=40,
+  hidden_act="gelu",
+)
+DISTIL_SIZES = dict(
+  vocab_size=99,
+  dim=60,
+  n_layers=3,
+  n_heads=5,
+  hidden_dim=37,
+  max_position_embeddings=40,
+  activation="gelu",
+)
 
 # (model_type, transformers class, our head or None, extra config)
 CASES = [
-    ("bert", "BertModel", None, {}),
-    ("bert", "BertForPreTraining", "mlm+nsp", {}),
-    ("albert", "AlbertForPreTraining", "mlm+sop",
-     dict(embedding_size=16, num_hidden_groups=1, inner_group_num=1)),
-    ("roberta", "RobertaModel", None, dict(type_vocab_size=1, pad_token_id=1)),
-    ("roberta", "RobertaForMaskedLM", "mlm", dict(type_vocab_size=1, pad_token_id=1)),
-    ("roberta", "RobertaForSequenceClassification", "classifier",
-     dict(type_vocab_size=1, pad_token_id=1, num_labels=3)),
-    ("roberta", "RobertaForTokenClassification", "token_classifier",
-     dict(type_vocab_size=1, pad_token_id=1, num_labels=4)),
-    ("xlm-roberta", "XLMRobertaModel", None, dict(type_vocab_size=1, pad_token_id=1)),
-    ("xlm-roberta", "XLMRobertaForMaskedLM", "mlm", dict(type_vocab_size=1, pad_token_id=1)),
-    ("xlm-roberta", "XLMRobertaForTokenClassification", "token_classifier",
-     dict(type_vocab_size=1, pad_token_id=1, num_labels=3)),
-    ("xlm-roberta", "XLMRobertaForSequenceClassification", "classifier",
-     dict(type_vocab_size=1, pad_token_id=1, num_labels=2)),
-    ("electra", "ElectraModel", None, dict(embedding_size=24)),
-    ("electra", "ElectraForPreTraining", "rtd", dict(embedding_size=24)),
-    ("electra", "ElectraForMaskedLM", "mlm", dict(embedding_size=24)),
-    ("electra", "ElectraForSequenceClassification", "classifier",
-     dict(embedding_size=60, num_labels=3)),
-    ("electra", "ElectraForTokenClassification", "token_classifier",
-     dict(embedding_size=24, num_labels=4)),
-    ("distilbert", "DistilBertModel", None, dict(sinusoidal_pos_embds=True)),
-    ("distilbert", "DistilBertForMaskedLM", "mlm", dict(sinusoidal_pos_embds=False)),
-    ("distilbert", "DistilBertForSequenceClassification", "classifier",
-     dict(sinusoidal_pos_embds=True, num_labels=3)),
-    ("distilbert", "DistilBertForTokenClassification", "token_classifier",
-     dict(sinusoidal_pos_embds=False, num_labels=4)),
+  ("bert", "BertModel", None, {}),
+  ("bert", "BertForPreTraining", "mlm+nsp", {}),
+  (
+    "albert",
+    "AlbertForPreTraining",
+    "mlm+sop",
+    dict(embedding_size=16, num_hidden_groups=1, inner_group_num=1),
+  ),
+  ("roberta", "RobertaModel", None, dict(type_vocab_size=1, pad_token_id=1)),
+  ("roberta", "RobertaForMaskedLM", "mlm", dict(type_vocab_size=1, pad_token_id=1)),
+  (
+    "roberta",
+    "RobertaForSequenceClassification",
+    "classifier",
+    dict(type_vocab_size=1, pad_token_id=1, num_labels=3),
+  ),
+  (
+    "roberta",
+    "RobertaForTokenClassification",
+    "token_classifier",
+    dict(type_vocab_size=1, pad_token_id=1, num_labels=4),
+  ),
+  ("xlm-roberta", "XLMRobertaModel", None, dict(type_vocab_size=1, pad_token_id=1)),
+  ("xlm-roberta", "XLMRobertaForMaskedLM", "mlm", dict(type_vocab_size=1, pad_token_id=1)),
+  (
+    "xlm-roberta",
+    "XLMRobertaForTokenClassification",
+    "token_classifier",
+    dict(type_vocab_size=1, pad_token_id=1, num_labels=3),
+  ),
+  (
+    "xlm-roberta",
+    "XLMRobertaForSequenceClassification",
+    "classifier",
+    dict(type_vocab_size=1, pad_token_id=1, num_labels=2),
+  ),
+  ("electra", "ElectraModel", None, dict(embedding_size=24)),
+  ("electra", "ElectraForPreTraining", "rtd", dict(embedding_size=24)),
+  ("electra", "ElectraForMaskedLM", "mlm", dict(embedding_size=24)),
+  (
+    "electra",
+    "ElectraForSequenceClassification",
+    "classifier",
+    dict(embedding_size=60, num_labels=3),
+  ),
+  (
+    "electra",
+    "ElectraForTokenClassification",
+    "token_classifier",
+    dict(embedding_size=24, num_labels=4),
+  ),
+  ("distilbert", "DistilBertModel", None, dict(sinusoidal_pos_embds=True)),
+  ("distilbert", "DistilBertForMaskedLM", "mlm", dict(sinusoidal_pos_embds=False)),
+  (
+    "distilbert",
+    "DistilBertForSequenceClassification",
+    "classifier",
+    dict(sinusoidal_pos_embds=True, num_labels=3),
+  ),
+  (
+    "distilbert",
+    "DistilBertForTokenClassification",
+    "token_classifier",
+    dict(sinusoidal_pos_embds=False, num_labels=4),
+  ),
 ]
 
 
@@ -105,8 +155,13 @@ def _torch_heads(cls_name, hf_out):
     return {"mlm": hf_out.prediction_logits, "sop": hf_out.sop_logits}
   if cls_name == "ElectraForPreTraining":
     return {"rtd": hf_out.logits}
-  return {"mlm" if "MaskedLM" in cls_name else
-          "token_classifier" if "Token" in cls_name else "classifier": hf_out.logits}
+  return {
+    "mlm"
+    if "MaskedLM" in cls_name
+    else "token_classifier"
+    if "Token" in cls_name
+    else "classifier": hf_out.logits
+  }
 
 
 def _compare(tmp_path, model_type, cls_name, head, extra, left=False):
@@ -121,10 +176,18 @@ def _compare(tmp_path, model_type, cls_name, head, extra, left=False):
     types[:, 6:] = 1
     kwargs["token_type_ids"] = torch.tensor(types)
   with torch.no_grad():
-    hf_out = model(input_ids=torch.tensor(ids), output_hidden_states=True,
-                   output_attentions=True, **kwargs)
-  out = bertjax.forward(params, config, ids, mask, kwargs.get("token_type_ids"),
-                        output_hidden_states=True, output_attentions=True)
+    hf_out = model(
+      input_ids=torch.tensor(ids), output_hidden_states=True, output_attentions=True, **kwargs
+    )
+  out = bertjax.forward(
+    params,
+    config,
+    ids,
+    mask,
+    kwargs.get("token_type_ids"),
+    output_hidden_states=True,
+    output_attentions=True,
+  )
   real = mask.astype(bool)
   states = hf_out.hidden_states
   attentions = hf_out.attentions
@@ -132,8 +195,12 @@ def _compare(tmp_path, model_type, cls_name, head, extra, left=False):
   for i, h in enumerate(states):
     _close(out.hidden_states[i], h.numpy(), real, f"hidden_states[{i}]")
   for i, a in enumerate(attentions):
-    _close(np.moveaxis(np.asarray(out.attentions[i]), 1, 2), np.moveaxis(a.numpy(), 1, 2), real,
-           f"attentions[{i}]")
+    _close(
+      np.moveaxis(np.asarray(out.attentions[i]), 1, 2),
+      np.moveaxis(a.numpy(), 1, 2),
+      real,
+      f"attentions[{i}]",
+    )
   if head is None:
     if getattr(hf_out, "pooler_output", None) is not None:
       np.testing.assert_allclose(out.pooler_output, hf_out.pooler_output.numpy(), atol=ATOL)
@@ -144,25 +211,34 @@ def _compare(tmp_path, model_type, cls_name, head, extra, left=False):
   theirs = _torch_heads(cls_name, hf_out)
   for name, logits in ours.items():
     expected = theirs[name].numpy()
-    _close(logits, expected, real if expected.ndim >= 2 and expected.shape[1] == ids.shape[1]
-           else slice(None), f"{name} logits")
+    _close(
+      logits,
+      expected,
+      real if expected.ndim >= 2 and expected.shape[1] == ids.shape[1] else slice(None),
+      f"{name} logits",
+    )
   return config, params, out, ours
 
 
-@pytest.mark.parametrize("model_type, cls_name, head, extra", CASES,
-                         ids=[c[1] + "-" + str(c[3].get("sinusoidal_pos_embds", "")) for c in CASES])
+@pytest.mark.parametrize(
+  "model_type, cls_name, head, extra",
+  CASES,
+  ids=[c[1] + "-" + str(c[3].get("sinusoidal_pos_embds", "")) for c in CASES],
+)
 def test_family_parity_and_export(tmp_path, model_type, cls_name, head, extra):
-  config, params, out, logits = _compare(tmp_path, model_type, cls_name, head, extra)
+  config, params, _out, _logits = _compare(tmp_path, model_type, cls_name, head, extra)
   # Export: transformers loads it with no missing or unexpected keys, same outputs.
   bertjax.to_hf(config, params, tmp_path / "ours")
-  loaded, info = getattr(transformers, cls_name).from_pretrained(
-      tmp_path / "ours", output_loading_info=True, attn_implementation="eager")
+  _loaded, info = getattr(transformers, cls_name).from_pretrained(
+    tmp_path / "ours", output_loading_info=True, attn_implementation="eager"
+  )
   assert not info["missing_keys"] and not info["unexpected_keys"], info
   assert not info["mismatched_keys"], info
   config2, params2 = bertjax.from_hf(tmp_path / "ours")
   assert config2 == config
-  leaves = lambda p: {jax.tree_util.keystr(k): np.asarray(v)
-                      for k, v in jax.tree_util.tree_leaves_with_path(p)}
+  leaves = lambda p: {
+    jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(p)
+  }
   a, b = leaves(params), leaves(params2)
   assert a.keys() == b.keys()
   for k in a:
@@ -172,8 +248,7 @@ def test_family_parity_and_export(tmp_path, model_type, cls_name, head, extra):
 def test_roberta_left_and_right_padding(tmp_path):
   extra = dict(type_vocab_size=1, pad_token_id=1)
   _compare(tmp_path / "right", "roberta", "RobertaForMaskedLM", "mlm", extra, left=False)
-  config, *_ = _compare(tmp_path / "left", "roberta", "RobertaForMaskedLM", "mlm", extra,
-                        left=True)
+  config, *_ = _compare(tmp_path / "left", "roberta", "RobertaForMaskedLM", "mlm", extra, left=True)
   # The usable length: max_position_embeddings - pad_token_id - 1.
   assert config.max_length == 40 - 1 - 1
   params = bertjax.init(config, 0)
@@ -185,9 +260,12 @@ def test_roberta_left_and_right_padding(tmp_path):
 @pytest.mark.parametrize("model_type", ["bert", "roberta", "electra", "distilbert", "albert"])
 def test_scale_head_mask_zero_equals_zeroed_output_slice(model_type):
   """Head mask "scale" with a zero = that head's slice of the output projection zeroed."""
-  extra = {"roberta": dict(type_vocab_size=1, pad_token_id=1), "electra": dict(embedding_size=24),
-           "albert": dict(embedding_size=16, num_hidden_groups=3),
-           "distilbert": dict(type_vocab_size=0)}.get(model_type, {})
+  extra = {
+    "roberta": dict(type_vocab_size=1, pad_token_id=1),
+    "electra": dict(embedding_size=24),
+    "albert": dict(embedding_size=16, num_hidden_groups=3),
+    "distilbert": dict(type_vocab_size=0),
+  }.get(model_type, {})
   config = bertjax.BertConfig(model_type=model_type, **{**SIZES, **extra})
   params = bertjax.init(config, 1)
   ids, mask = _batch(config)
@@ -208,10 +286,11 @@ def test_sharded_export_and_load(tmp_path):
   assert len(shards) > 2 and (tmp_path / "model.safetensors.index.json").exists()
   assert not (tmp_path / "model.safetensors").exists()
   assert oct((tmp_path / shards[0]).stat().st_mode & 0o777) != oct(0o600)
-  model, info = transformers.ElectraForPreTraining.from_pretrained(
-      tmp_path, output_loading_info=True)
+  _model, info = transformers.ElectraForPreTraining.from_pretrained(
+    tmp_path, output_loading_info=True
+  )
   assert not info["missing_keys"] and not info["unexpected_keys"]
-  config2, params2 = bertjax.from_hf(tmp_path)
+  _config2, params2 = bertjax.from_hf(tmp_path)
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
     assert np.array_equal(np.asarray(x), np.asarray(y))
 
@@ -229,14 +308,23 @@ def test_hub_id_from_local_cache(tmp_path, monkeypatch):
   (refs / "main").write_text(commit)
   import subprocess
   import sys
-  code = ("import bertjax, sys\n"
-          "c, p = bertjax.from_hf('bertology/tiny-roberta')\n"
-          "print(c.model_type, sorted(p))\n"
-          "try:\n  bertjax.from_hf('bertology/not-cached')\n"
-          "except FileNotFoundError as e:\n  print('ERR', e)\n")
+
+  code = (
+    "import bertjax, sys\n"
+    "c, p = bertjax.from_hf('bertology/tiny-roberta')\n"
+    "print(c.model_type, sorted(p))\n"
+    "try:\n  bertjax.from_hf('bertology/not-cached')\n"
+    "except FileNotFoundError as e:\n  print('ERR', e)\n"
+  )
   env = dict(__import__("os").environ, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1")
-  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=300)
+  run = subprocess.run(
+    [sys.executable, "-c", code],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=300,
+    check=False,
+  )
   assert run.returncode == 0, run.stderr
   assert "roberta ['embeddings', 'encoder', 'mlm']" in run.stdout
   err = run.stdout.split("ERR", 1)[1]
@@ -259,7 +347,8 @@ def test_sharded_pytorch_bin_checkpoint_loads(tmp_path):
     torch.save({k: state[k].clone() for k in shard}, tmp_path / file)
     weight_map.update(dict.fromkeys(shard, file))
   (tmp_path / "pytorch_model.bin.index.json").write_text(
-      json.dumps({"metadata": {}, "weight_map": weight_map}))
+    json.dumps({"metadata": {}, "weight_map": weight_map})
+  )
   config, params = bertjax.from_hf(tmp_path)
   ids, mask = _batch(config)
   out = bertjax.forward(params, config, ids, mask)
@@ -274,28 +363,31 @@ def test_fused_kernel_and_sites_on_the_family(model_type):
   """The fused Pallas kernel (interpret mode) gives the XLA path's outputs on every family,
   with a head mask; capture and patch work there too: `out` stacks the hidden states,
   weight 0 is the unpatched run, weight 1 takes the patched value."""
-  extra = {"roberta": dict(type_vocab_size=1, pad_token_id=1), "electra": dict(embedding_size=24),
-           "distilbert": dict(sinusoidal_pos_embds=True)}[model_type]
+  extra = {
+    "roberta": dict(type_vocab_size=1, pad_token_id=1),
+    "electra": dict(embedding_size=24),
+    "distilbert": dict(sinusoidal_pos_embds=True),
+  }[model_type]
   sizes = {**(DISTIL_SIZES if model_type == "distilbert" else SIZES), **extra}
   config = bertjax.BertConfig.from_hf_dict({"model_type": model_type, **sizes})
   params = bertjax.init(config, 0)
   ids, mask = _batch(config)  # right padding, as the fused kernel assumes
   hm = np.ones((config.depth, config.num_attention_heads), np.float32)
   hm[1, 2] = 0.0
-  xla = bertjax.forward(params, config, ids, mask, head_mask=hm, output_hidden_states=True,
-                        capture=("out", "head_out"))
-  fused = bertjax.forward(params, config.replace(attention_impl="pallas"), ids, mask,
-                          head_mask=hm)
+  xla = bertjax.forward(
+    params, config, ids, mask, head_mask=hm, output_hidden_states=True, capture=("out", "head_out")
+  )
+  fused = bertjax.forward(params, config.replace(attention_impl="pallas"), ids, mask, head_mask=hm)
   real = mask.astype(bool)
   _close(fused.last_hidden_state, xla.last_hidden_state, real, f"{model_type} pallas")
   np.testing.assert_array_equal(np.asarray(xla.cache["out"]), np.asarray(xla.hidden_states[1:]))
   assert not np.asarray(xla.cache["head_out"][1, :, :, 2]).any()  # the masked head
   value = xla.cache["head_out"] + 1.0
   for w, want in ((0.0, xla.last_hidden_state), (1.0, None)):
-    out = bertjax.forward(params, config, ids, mask, head_mask=hm, capture=("head_out",),
-                          patch={"head_out": (value, w)})
+    out = bertjax.forward(
+      params, config, ids, mask, head_mask=hm, capture=("head_out",), patch={"head_out": (value, w)}
+    )
     if want is not None:
       np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(want))
     else:
-      np.testing.assert_allclose(np.asarray(out.cache["head_out"]), np.asarray(value),
-                                 atol=1e-6)
+      np.testing.assert_allclose(np.asarray(out.cache["head_out"]), np.asarray(value), atol=1e-6)

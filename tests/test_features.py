@@ -31,8 +31,9 @@ def _reference(params, config, tokenizer, words, pooling):
   """One unpadded forward pass; word spans found by tokenising each word on its own."""
   pieces = [tokenizer.tokenizer.encode(w, add_special_tokens=False).ids for w in words]
   ids = np.asarray([[tokenizer.cls_id] + [i for p in pieces for i in p] + [tokenizer.sep_id]])
-  hidden = np.asarray(bertjax.forward(params, config, ids, output_hidden_states=True)
-                      .hidden_states)[:, 0]  # (L+1, T, H)
+  hidden = np.asarray(
+    bertjax.forward(params, config, ids, output_hidden_states=True).hidden_states
+  )[:, 0]  # (L+1, T, H)
   out, start = [], 1
   for p in pieces:
     span = hidden[:, start : start + len(p)]
@@ -44,17 +45,20 @@ def _reference(params, config, tokenizer, words, pooling):
 @pytest.mark.parametrize("pooling", ["first", "mean"])
 def test_one_pass_equals_per_sentence_passes(model, tokenizer, pooling):
   config, params = model
-  wf = features.extract_word_features(params, config, tokenizer, SENTENCES, pooling=pooling,
-                                      max_tokens=64, progress=False)
+  wf = features.extract_word_features(
+    params, config, tokenizer, SENTENCES, pooling=pooling, max_tokens=64, progress=False
+  )
   assert wf.features.shape == (config.depth + 1, sum(map(len, SENTENCES)), config.hidden_size)
   assert wf.features.dtype == np.float32 and wf.missing_words == 0
   assert wf.num_batches > 1  # the budget forces several buckets
   for i, words in enumerate(SENTENCES):
-    np.testing.assert_allclose(wf.sentence(i), _reference(params, config, tokenizer, words, pooling),
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+      wf.sentence(i), _reference(params, config, tokenizer, words, pooling), atol=1e-5, rtol=0
+    )
     np.testing.assert_array_equal(wf.sentence_index[wf.offsets[i] : wf.offsets[i + 1]], i)
-    np.testing.assert_array_equal(wf.word_index[wf.offsets[i] : wf.offsets[i + 1]],
-                                  np.arange(len(words)))
+    np.testing.assert_array_equal(
+      wf.word_index[wf.offsets[i] : wf.offsets[i + 1]], np.arange(len(words))
+    )
 
 
 def test_alignment_of_words_split_into_several_subwords(model, tokenizer):
@@ -63,11 +67,13 @@ def test_alignment_of_words_split_into_several_subwords(model, tokenizer):
   split = [w for w in words if len(tokenizer.tokenizer.encode(w, add_special_tokens=False).ids) > 1]
   assert len(split) >= 2  # the sentence does exercise multi-piece words
   first = features.extract_word_features(params, config, tokenizer, [words], progress=False)
-  mean = features.extract_word_features(params, config, tokenizer, [words], pooling="mean",
-                                        progress=False)
+  mean = features.extract_word_features(
+    params, config, tokenizer, [words], pooling="mean", progress=False
+  )
   batch = tokenizer.encode_words([words])
-  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids,
-                                      output_hidden_states=True).hidden_states)[:, 0]
+  hidden = np.asarray(
+    bertjax.forward(params, config, batch.input_ids, output_hidden_states=True).hidden_states
+  )[:, 0]
   for w, word in enumerate(words):
     pos = np.flatnonzero(batch.word_ids[0] == w)
     np.testing.assert_allclose(first.features[:, w], hidden[:, pos[0]], atol=1e-6)
@@ -79,8 +85,9 @@ def test_alignment_of_words_split_into_several_subwords(model, tokenizer):
 def test_float16_option(model, tokenizer):
   config, params = model
   a = features.extract_word_features(params, config, tokenizer, SENTENCES, progress=False)
-  b = features.extract_word_features(params, config, tokenizer, SENTENCES, dtype="float16",
-                                     progress=False)
+  b = features.extract_word_features(
+    params, config, tokenizer, SENTENCES, dtype="float16", progress=False
+  )
   assert b.features.dtype == np.float16
   np.testing.assert_allclose(b.features, a.features, atol=2e-2, rtol=1e-2)
   with pytest.raises(ValueError, match="pooling='last'"):
@@ -126,7 +133,9 @@ def test_cache_reused_and_invalidated(model, tokenizer, tmp_path, monkeypatch):
 
   mean = features.extract_word_features(params, config, tokenizer, SENTENCES, pooling="mean", **kw)
   assert not mean.from_cache and mean.cache_path != first.cache_path
-  other = features.extract_word_features(bertjax.init(config, 2), config, tokenizer, SENTENCES, **kw)
+  other = features.extract_word_features(
+    bertjax.init(config, 2), config, tokenizer, SENTENCES, **kw
+  )
   assert not other.from_cache  # new weights, new key
   fewer = features.extract_word_features(params, config, tokenizer, SENTENCES[:3], **kw)
   assert not fewer.from_cache  # new data, new key

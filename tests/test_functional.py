@@ -10,8 +10,13 @@ import reference_numpy as ref  # the float64 NumPy encoder block (tests/referenc
 
 import bertjax
 
-CONFIG = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, vocab_size=101,
-                                   hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+CONFIG = bertjax.BertConfig.preset(
+  "tiny",
+  num_hidden_layers=3,
+  vocab_size=101,
+  hidden_dropout_prob=0.1,
+  attention_probs_dropout_prob=0.1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +26,8 @@ def params():
   leaves, tree = jax.tree.flatten(p)
   keys = jax.random.split(jax.random.key(1), len(leaves))
   return jax.tree.unflatten(
-      tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  )
 
 
 def _batch(seed=0, batch=3, seq=10):
@@ -37,8 +43,9 @@ def _batch(seed=0, batch=3, seq=10):
 def test_numpy_reference_layer_matches(params):
   ids, mask, types = _batch()
   x = bertjax.embed(params, CONFIG, ids, types)
-  out = bertjax.forward(params, CONFIG, ids, mask, types, output_hidden_states=True,
-                        output_attentions=True)
+  out = bertjax.forward(
+    params, CONFIG, ids, mask, types, output_hidden_states=True, output_attentions=True
+  )
   h = np.asarray(x, np.float64)
   m = mask.astype(bool)
   for i in range(CONFIG.depth):
@@ -72,12 +79,19 @@ def test_head_mask_matches_numpy_reference(params, ablation):
   rng = np.random.default_rng(3)
   xi = rng.uniform(0, 1, (CONFIG.depth, CONFIG.num_attention_heads)).astype(np.float32)
   xi[0, 1] = 0.0
-  out = bertjax.forward(params, CONFIG, ids, mask, types, head_mask=xi, head_ablation=ablation,
-                        output_attentions=True)
+  out = bertjax.forward(
+    params, CONFIG, ids, mask, types, head_mask=xi, head_ablation=ablation, output_attentions=True
+  )
   h = np.asarray(bertjax.embed(params, CONFIG, ids, types), np.float64)
   for i in range(CONFIG.depth):
-    h, probs = ref.encoder_layer(ref.layer_params(params, i), h, mask, CONFIG.layer_norm_eps,
-                                 xi[i].astype(np.float64), ablation)
+    h, _probs = ref.encoder_layer(
+      ref.layer_params(params, i),
+      h,
+      mask,
+      CONFIG.layer_norm_eps,
+      xi[i].astype(np.float64),
+      ablation,
+    )
   m = mask.astype(bool)
   np.testing.assert_allclose(np.asarray(out.last_hidden_state)[m], h[m], atol=2e-5)
   if ablation == "uniform":
@@ -92,12 +106,13 @@ def test_head_mask_matches_numpy_reference(params, ablation):
 def test_per_example_head_mask(params):
   ids, mask, types = _batch(4)
   rng = np.random.default_rng(5)
-  xi = (rng.uniform(size=(len(ids), CONFIG.depth, CONFIG.num_attention_heads)) > 0.5)
+  xi = rng.uniform(size=(len(ids), CONFIG.depth, CONFIG.num_attention_heads)) > 0.5
   xi = xi.astype(np.float32)
   together = bertjax.forward(params, CONFIG, ids, mask, types, head_mask=xi).last_hidden_state
   for b in range(len(ids)):
-    alone = bertjax.forward(params, CONFIG, ids[b:b + 1], mask[b:b + 1], types[b:b + 1],
-                            head_mask=xi[b]).last_hidden_state
+    alone = bertjax.forward(
+      params, CONFIG, ids[b : b + 1], mask[b : b + 1], types[b : b + 1], head_mask=xi[b]
+    ).last_hidden_state
     np.testing.assert_allclose(np.asarray(together)[b], np.asarray(alone)[0], atol=1e-5)
 
 
@@ -108,16 +123,18 @@ def test_head_mask_gradient_matches_finite_differences(params, ablation):
   with jax.enable_x64(True):
     config = CONFIG.replace(dtype="float64")
     p64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), params)
-    direction = jax.random.normal(jax.random.key(0), (len(ids), ids.shape[1], CONFIG.hidden_size),
-                                  jnp.float64)
+    direction = jax.random.normal(
+      jax.random.key(0), (len(ids), ids.shape[1], CONFIG.hidden_size), jnp.float64
+    )
     weight = jnp.asarray(mask, jnp.float64)[..., None] * direction
 
     def f(xi):
       out = bertjax.forward(p64, config, ids, mask, types, head_mask=xi, head_ablation=ablation)
       return jnp.sum(out.last_hidden_state * weight)
 
-    xi0 = jnp.asarray(np.random.default_rng(7).uniform(0.3, 1.0, (CONFIG.depth,
-                                                                 CONFIG.num_attention_heads)))
+    xi0 = jnp.asarray(
+      np.random.default_rng(7).uniform(0.3, 1.0, (CONFIG.depth, CONFIG.num_attention_heads))
+    )
     grad = np.asarray(jax.jit(jax.grad(f))(xi0))
     f_jit = jax.jit(f)
     eps = 1e-5
@@ -135,8 +152,9 @@ def test_layer_mask_skips_blocks_and_run_layers_compose(params):
   ids, mask, types = _batch(8)
   x = bertjax.embed(params, CONFIG, ids, types)
   # Skipping block 1 == running block 0, then block 2 on its output.
-  skip = bertjax.forward(params, CONFIG, ids, mask, types,
-                         layer_mask=jnp.array([1.0, 0.0, 1.0])).last_hidden_state
+  skip = bertjax.forward(
+    params, CONFIG, ids, mask, types, layer_mask=jnp.array([1.0, 0.0, 1.0])
+  ).last_hidden_state
   h0 = bertjax.run_layers(params, CONFIG, x, mask, start=0, stop=1).last
   h2 = bertjax.run_layers(params, CONFIG, h0, mask, start=2, stop=3).last
   np.testing.assert_allclose(np.asarray(skip), np.asarray(h2), atol=1e-5)
@@ -156,8 +174,9 @@ def test_forward_jits_with_static_config_and_vmaps_over_masks(params):
   b = bertjax.forward(params, CONFIG, ids, mask, types).last_hidden_state
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
   masks = jnp.stack([jnp.ones((3, 4)), jnp.ones((3, 4)).at[0, 0].set(0)])
-  sweep = jax.vmap(lambda xi: bertjax.forward(params, CONFIG, ids, mask, types,
-                                              head_mask=xi).last_hidden_state)(masks)
+  sweep = jax.vmap(
+    lambda xi: bertjax.forward(params, CONFIG, ids, mask, types, head_mask=xi).last_hidden_state
+  )(masks)
   np.testing.assert_allclose(np.asarray(sweep[0]), np.asarray(b), atol=1e-5)
   single = bertjax.forward(params, CONFIG, ids, mask, types, head_mask=masks[1])
   np.testing.assert_allclose(np.asarray(sweep[1]), np.asarray(single.last_hidden_state), atol=1e-5)
@@ -171,10 +190,22 @@ def test_scan_unroll_changes_nothing_but_the_program(params):
   xi = jnp.ones((3, 4)).at[1, 2].set(0.5)
 
   def run(config):
-    out = bertjax.forward(params, config, ids, mask, types, head_mask=xi,
-                          output_hidden_states=True, deterministic=False, rng=key)
-    grad = jax.grad(lambda m: jnp.sum(bertjax.forward(
-        params, config, ids, mask, types, head_mask=m).last_hidden_state ** 2))(xi)
+    out = bertjax.forward(
+      params,
+      config,
+      ids,
+      mask,
+      types,
+      head_mask=xi,
+      output_hidden_states=True,
+      deterministic=False,
+      rng=key,
+    )
+    grad = jax.grad(
+      lambda m: jnp.sum(
+        bertjax.forward(params, config, ids, mask, types, head_mask=m).last_hidden_state ** 2
+      )
+    )(xi)
     x = bertjax.embed(params, config, ids, types)
     tail = bertjax.run_layers(params, config, x, mask, start=1, stop=3)[0]
     return out.hidden_states, grad, tail
@@ -192,23 +223,28 @@ def test_dropout():
   config = CONFIG
   params = bertjax.init(config, 0)
   ids, mask, types = _batch(10)
-  run = lambda key: bertjax.forward(params, config, ids, mask, types, deterministic=False,
-                                    rng=key).last_hidden_state
+  run = lambda key: (
+    bertjax.forward(
+      params, config, ids, mask, types, deterministic=False, rng=key
+    ).last_hidden_state
+  )
   a, b = run(jax.random.key(1)), run(jax.random.key(2))
   assert np.abs(np.asarray(a) - np.asarray(b)).max() > 1e-3
   np.testing.assert_array_equal(np.asarray(a), np.asarray(run(jax.random.key(1))))
   with pytest.raises(ValueError, match="rng"):
     bertjax.forward(params, config, ids, mask, types, deterministic=False)
   no_dropout = config.replace(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  c = bertjax.forward(params, no_dropout, ids, mask, types, deterministic=False,
-                      rng=jax.random.key(1)).last_hidden_state
+  c = bertjax.forward(
+    params, no_dropout, ids, mask, types, deterministic=False, rng=jax.random.key(1)
+  ).last_hidden_state
   d = bertjax.forward(params, no_dropout, ids, mask, types).last_hidden_state
   np.testing.assert_allclose(np.asarray(c), np.asarray(d), atol=1e-6)
 
 
 def test_param_counts_match_published_models():
-  count = lambda name, **kw: bertjax.count_params(jax.eval_shape(
-      lambda: bertjax.init(bertjax.BertConfig.preset(name, **kw), 0)))
+  count = lambda name, **kw: bertjax.count_params(
+    jax.eval_shape(lambda: bertjax.init(bertjax.BertConfig.preset(name, **kw), 0))
+  )
   assert count("bert-base") == 109_482_240  # bert-base-uncased BertModel
   assert count("bert-large") == 335_141_888  # bert-large-uncased BertModel
   assert count("albert-base") == 11_683_584  # albert-base-v2 AlbertModel
@@ -216,11 +252,13 @@ def test_param_counts_match_published_models():
 
 
 def test_albert_group_to_layer_rule():
-  c = bertjax.BertConfig(model_type="albert", num_hidden_layers=12, num_hidden_groups=3,
-                         inner_group_num=2)
+  c = bertjax.BertConfig(
+    model_type="albert", num_hidden_layers=12, num_hidden_groups=3, inner_group_num=2
+  )
   # int(i / (12 / 3)): layers 0-3 -> group 0, 4-7 -> 1, 8-11 -> 2; 2 blocks per layer.
-  assert c.layer_param_index == tuple(g * 2 + j for g in (0, 1, 2) for _ in range(4)
-                                      for j in (0, 1))
+  assert c.layer_param_index == tuple(
+    g * 2 + j for g in (0, 1, 2) for _ in range(4) for j in (0, 1)
+  )
   assert c.depth == 24 and c.num_param_layers == 6
 
 
@@ -236,11 +274,16 @@ def test_bfloat16_within_documented_tolerance(minilm_dir):
   """bf16 compute (float32 params, LayerNorm statistics and softmax) stays within 3% of float32."""
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  batch = tok.encode(["A sentence about cats and dogs.", "Another, much longer sentence that "
-                      "talks about the weather in the mountains."])
+  batch = tok.encode(
+    [
+      "A sentence about cats and dogs.",
+      "Another, much longer sentence that talks about the weather in the mountains.",
+    ]
+  )
   f32 = bertjax.forward(params, config, batch.input_ids, batch.attention_mask).last_hidden_state
-  bf16 = bertjax.forward(params, config.replace(dtype="bfloat16"), batch.input_ids,
-                         batch.attention_mask).last_hidden_state
+  bf16 = bertjax.forward(
+    params, config.replace(dtype="bfloat16"), batch.input_ids, batch.attention_mask
+  ).last_hidden_state
   m = batch.attention_mask.astype(bool)
   a, b = np.asarray(f32)[m], np.asarray(bf16, np.float32)[m]
   rel = np.linalg.norm(a - b) / np.linalg.norm(a)
@@ -253,7 +296,9 @@ def test_bfloat16_within_documented_tolerance(minilm_dir):
 # Bad input --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(input_ids=np.array([[1, 2, 101]])), r"token ids \[101\] are outside the vocabulary"),
     (dict(input_ids=np.array([[1, -1, 2]])), r"token ids \[-1\]"),
     (dict(input_ids=np.ones((1, 129), np.int32)), "seq_len=129 must be <= max_position"),
@@ -266,7 +311,8 @@ def test_bfloat16_within_documented_tolerance(minilm_dir):
     (dict(head_mask=np.ones((3, 5))), r"head_mask shape \(3, 5\) must be"),
     (dict(layer_mask=np.ones((2,))), r"layer_mask shape \(2,\) must be"),
     (dict(head_ablation="zero"), "head_ablation='zero' must be one of"),
-])
+  ],
+)
 def test_bad_input_is_named(params, kwargs, match):
   args = dict(input_ids=np.array([[1, 2, 3]], np.int32))
   args.update(kwargs)
@@ -335,15 +381,24 @@ def test_albert_sentencepiece_tokenizer_matches_transformers(tmp_path, data_dir)
   lines = (data_dir / "tinyshakespeare" / "input.txt").read_text().splitlines()[:3000]
   (tmp_path / "corpus.txt").write_text("\n".join(t for t in lines if t.strip()))
   spm.SentencePieceTrainer.train(
-      input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "spiece"), vocab_size=500,
-      user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], pad_id=0, unk_id=1, bos_id=-1,
-      eos_id=-1, pad_piece="<pad>", unk_piece="<unk>", minloglevel=2)
+    input=str(tmp_path / "corpus.txt"),
+    model_prefix=str(tmp_path / "spiece"),
+    vocab_size=500,
+    user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"],
+    pad_id=0,
+    unk_id=1,
+    bos_id=-1,
+    eos_id=-1,
+    pad_piece="<pad>",
+    unk_piece="<unk>",
+    minloglevel=2,
+  )
   tok = bertjax.Tokenizer.from_pretrained(tmp_path)
   text = ["First Citizen: before we proceed any further, hear me speak.", "All: Speak, speak."]
   ours = tok.encode(text)
   theirs = transformers.AlbertTokenizer.from_pretrained(str(tmp_path))(text)["input_ids"]
   for row, ids in zip(ours.input_ids, theirs):
-    assert row[:len(ids)].tolist() == ids
+    assert row[: len(ids)].tolist() == ids
   assert tok.pad_id == 0 and tok.mask_id is not None
   words = tok.encode_words([["First", "Citizen", "speaks"]])
   spans = words.word_spans(0)
@@ -353,9 +408,11 @@ def test_albert_sentencepiece_tokenizer_matches_transformers(tmp_path, data_dir)
 def test_checked_forward_raises_under_jit_what_eager_raises(params):
   ids = np.array([[1, 2, 3]], np.int32)
   got = bertjax.checked_forward(params, CONFIG, ids, output_hidden_states=True)
-  np.testing.assert_allclose(got.hidden_states,
-                             bertjax.forward(params, CONFIG, ids, output_hidden_states=True)
-                             .hidden_states, atol=1e-6)
+  np.testing.assert_allclose(
+    got.hidden_states,
+    bertjax.forward(params, CONFIG, ids, output_hidden_states=True).hidden_states,
+    atol=1e-6,
+  )
   with pytest.raises(ValueError, match=r"token ids in \[1, 101\] are outside the vocabulary"):
     bertjax.checked_forward(params, CONFIG, np.array([[1, 2, 101]], np.int32))
   with pytest.raises(ValueError, match=r"token_type_ids in \[0, 5\] must lie in"):
@@ -383,5 +440,6 @@ def test_broken_files_are_named(tmp_path):
 
 def test_checked_forward_names_bad_attention_mask_values(params):
   with pytest.raises(ValueError, match="attention_mask values in .* must be 0"):
-    bertjax.checked_forward(params, CONFIG, np.array([[1, 2, 3]], np.int32),
-                            np.array([[1, 1, -1]], np.int32))
+    bertjax.checked_forward(
+      params, CONFIG, np.array([[1, 2, 3]], np.int32), np.array([[1, 1, -1]], np.int32)
+    )

@@ -66,8 +66,11 @@ def test_anisotropy_of_resampled_sentences(reps):
   x, _, sents = reps
   sums, squares, counts = geometry.unit_sums(x, sents)
   assert sums.shape == (12, L, D) and counts.tolist() == [10] * 12
-  np.testing.assert_allclose(geometry.anisotropy_of_groups(sums, squares, counts),
-                             geometry.anisotropy(x, num_pairs=None), atol=1e-5)
+  np.testing.assert_allclose(
+    geometry.anisotropy_of_groups(sums, squares, counts),
+    geometry.anisotropy(x, num_pairs=None),
+    atol=1e-5,
+  )
   take = np.array([0, 0, 3, 5, 5, 5, 7])  # a resample: sentence 0 twice, 5 three times
   weights = np.bincount(take, minlength=12)
   tokens = np.concatenate([np.flatnonzero(sents == g) for g in take])
@@ -76,8 +79,9 @@ def test_anisotropy_of_resampled_sentences(reps):
     u = x[l, tokens] / np.linalg.norm(x[l, tokens], axis=-1, keepdims=True)
     own = tokens[:, None] == tokens[None, :]  # a token and its copies (itself included)
     want.append((u @ u.T)[~own].mean())
-  np.testing.assert_allclose(geometry.anisotropy_of_groups(sums, squares, counts, weights), want,
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    geometry.anisotropy_of_groups(sums, squares, counts, weights), want, atol=1e-5
+  )
   both = geometry.anisotropy_of_groups(sums, squares, counts, np.stack([weights, np.ones(12)]))
   np.testing.assert_allclose(both[0], want, atol=1e-5)
 
@@ -225,16 +229,19 @@ def test_max_explainable_variance_types_and_baseline_counts(monkeypatch):
   reps = rng.normal(size=(layers, len(ids), d)) + rng.normal(size=d)
   measured = ids != "p"
   for definition in geometry.MEV_DEFINITIONS:
-    got = geometry.max_explainable_variance(reps, ids, min_count=5, seed=3,
-                                            definition=definition, measured=measured)
+    got = geometry.max_explainable_variance(
+      reps, ids, min_count=5, seed=3, definition=definition, measured=measured
+    )
     assert got["types"] == 2 and got["occurrences"] == 15 and got["definition"] == definition
     want = np.mean([geometry.mev(reps[:, ids == w], definition) for w in ("a", "b")], 0)
     np.testing.assert_allclose(got["mev"], want, rtol=1e-12)
     # The baseline: for each measured type in order, as many random tokens (same seed, same
     # draws) as it has occurrences.
     draw = np.random.default_rng(3)
-    base = [geometry.mev(reps[:, np.sort(draw.choice(len(ids), counts[w], replace=False))],
-                         definition) for w in ("a", "b")]
+    base = [
+      geometry.mev(reps[:, np.sort(draw.choice(len(ids), counts[w], replace=False))], definition)
+      for w in ("a", "b")
+    ]
     np.testing.assert_allclose(got["baseline"], np.mean(base, 0), rtol=1e-12)
     np.testing.assert_allclose(got["adjusted"], got["mev"] - got["baseline"])
   capped = geometry.max_explainable_variance(reps, ids, min_count=5, max_occurrences=6)

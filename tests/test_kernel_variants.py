@@ -20,19 +20,20 @@ from bertjax import kernels
 B, T, H, D = 2, 45, 4, 8
 # (kv heads, window, bias kind, ablation, dropout)
 CASES = [
-    (4, None, None, "scale", 0.0),
-    (2, None, None, "uniform", 0.0),
-    (4, 10, None, "scale", 0.0),
-    (4, 10, None, "uniform", 0.3),
-    (1, None, "buckets", "scale", 0.0),
-    (2, 6, "alibi", "uniform", 0.0),
-    (2, 12, "buckets", "uniform", 0.25),
+  (4, None, None, "scale", 0.0),
+  (2, None, None, "uniform", 0.0),
+  (4, 10, None, "scale", 0.0),
+  (4, 10, None, "uniform", 0.3),
+  (1, None, "buckets", "scale", 0.0),
+  (2, 6, "alibi", "uniform", 0.0),
+  (2, 12, "buckets", "uniform", 0.25),
 ]
 IMPLS = {
-    "pallas": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="pallas", **kw),
-    "xla": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="xla", **kw),
-    "banded": lambda q, k, v, **kw: banded_attention(
-        q, k, v, **{**kw, "head_mask": jnp.broadcast_to(kw["head_mask"], (B, H))}),
+  "pallas": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="pallas", **kw),
+  "xla": lambda q, k, v, **kw: kernels.attention(q, k, v, impl="xla", **kw),
+  "banded": lambda q, k, v, **kw: banded_attention(
+    q, k, v, **{**kw, "head_mask": jnp.broadcast_to(kw["head_mask"], (B, H))}
+  ),
 }
 
 
@@ -56,20 +57,25 @@ def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate
   if impl == "banded" and window is None:
     pytest.skip("the banded path is for window layers")
   q, k, v, xi, table, mask = _case(kv, window, kind)
-  kw = dict(mask=mask, ablation=ablation, dropout_rate=rate,
-            dropout_seed=jnp.int32(7) if rate else None)
+  kw = dict(
+    mask=mask, ablation=ablation, dropout_rate=rate, dropout_seed=jnp.int32(7) if rate else None
+  )
   probe = np.cos(np.arange(D))
-  loss = lambda fn: lambda q, k, v, xi, t: (fn(q, k, v, head_mask=xi, bias=_bias(kind, t),
-                                               **kw) * probe).sum()
+  loss = lambda fn: (
+    lambda q, k, v, xi, t: (fn(q, k, v, head_mask=xi, bias=_bias(kind, t), **kw) * probe).sum()
+  )
   fn = IMPLS[impl]
   out = fn(q, k, v, head_mask=jnp.asarray(xi), bias=_bias(kind, table), **kw)
   grads = jax.grad(loss(fn), argnums=(0, 1, 2, 3, 4))(q, k, v, xi, table)
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, table)]
-    ref = np.asarray(kernels.reference_attention(*f64[:3], head_mask=f64[3],
-                                                 bias=_bias(kind, f64[4]), **kw))
-    want = [np.asarray(g) for g in jax.grad(loss(kernels.reference_attention),
-                                            argnums=(0, 1, 2, 3, 4))(*f64)]
+    ref = np.asarray(
+      kernels.reference_attention(*f64[:3], head_mask=f64[3], bias=_bias(kind, f64[4]), **kw)
+    )
+    want = [
+      np.asarray(g)
+      for g in jax.grad(loss(kernels.reference_attention), argnums=(0, 1, 2, 3, 4))(*f64)
+    ]
   np.testing.assert_allclose(out, ref, atol=2e-6)
   for name, got, w in zip(("dq", "dk", "dv", "dxi", "dtable"), grads, want):
     np.testing.assert_allclose(got, w, atol=2e-5, err_msg=name)
@@ -82,14 +88,27 @@ def test_statistics_pass_equals_reference(kv, window, kind, ablation, rate):
   q, k, v, xi, table, mask = _case(kv, window, kind, seed=1)
   special = np.zeros((B, T), bool)
   special[:, [0, 7]] = True
-  _, got = kernels.attention_with_stats(q, k, v, mask=mask, head_mask=xi, ablation=ablation,
-                                        special_mask=special, impl="pallas",
-                                        bias=_bias(kind, table))
+  _, got = kernels.attention_with_stats(
+    q,
+    k,
+    v,
+    mask=mask,
+    head_mask=xi,
+    ablation=ablation,
+    special_mask=special,
+    impl="pallas",
+    bias=_bias(kind, table),
+  )
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, table)]
-    want = kernels.reference_statistics(*f64[:3], mask=mask, head_mask=f64[3],
-                                        ablation=ablation, special_mask=special,
-                                        bias=_bias(kind, f64[4]))
+    want = kernels.reference_statistics(
+      *f64[:3],
+      mask=mask,
+      head_mask=f64[3],
+      ablation=ablation,
+      special_mask=special,
+      bias=_bias(kind, f64[4]),
+    )
     want = {n: np.asarray(x) for n, x in want.items()}
   for name in kernels.STAT_NAMES:
     np.testing.assert_allclose(got[name], want[name], atol=2e-6, err_msg=name)
@@ -99,13 +118,24 @@ def test_window_tiles_outside_the_band_are_skipped():
   """A query block visits exactly the key blocks its band meets, and a key block exactly the
   query blocks that see it: the cost is T x window, not T x T."""
   half, block, length = 20, 16, 200
-  cfg = KernelConfig(scale=1.0, ablation="scale", block_sizes=kernels.BlockSizes(),
-                     has_segments=False, interpret=True, backward="pallas", half_window=half)
+  cfg = KernelConfig(
+    scale=1.0,
+    ablation="scale",
+    block_sizes=kernels.BlockSizes(),
+    has_segments=False,
+    interpret=True,
+    backward="pallas",
+    half_window=half,
+  )
   for start in range(0, 224, block):
     lo, hi = (int(x) for x in key_blocks(cfg, jnp.int32(start), block, block, length))
-    meets = [j for j in range(-(-length // block))
-             if start < length and j * block <= start + block - 1 + half
-             and (j + 1) * block - 1 >= start - half]
+    meets = [
+      j
+      for j in range(-(-length // block))
+      if start < length
+      and j * block <= start + block - 1 + half
+      and (j + 1) * block - 1 >= start - half
+    ]
     assert list(range(lo, hi)) == meets, (start, lo, hi)
     lo, hi = (int(x) for x in query_blocks(cfg, jnp.int32(start), block, block, length))
     assert list(range(lo, hi)) == meets
@@ -114,8 +144,11 @@ def test_window_tiles_outside_the_band_are_skipped():
 
 @pytest.mark.parametrize("variant", ["window", "bias", "groups"])
 def test_implementations_without_a_variant_refuse_it(variant):
-  q, k, v, xi, table, mask = _case(2 if variant == "groups" else 4, 10 if variant == "window"
-                                   else None, "buckets" if variant == "bias" else None)
+  q, k, v, _xi, table, mask = _case(
+    2 if variant == "groups" else 4,
+    10 if variant == "window" else None,
+    "buckets" if variant == "bias" else None,
+  )
   kw = dict(mask=mask, bias=_bias("buckets", table) if variant == "bias" else None)
   with pytest.raises(ValueError, match="kernel_variant='tpu' does not support"):
     kernels.attention(q, k, v, impl="pallas", kernel_variant="tpu", interpret=True, **kw)
@@ -125,14 +158,21 @@ def test_implementations_without_a_variant_refuse_it(variant):
 def test_model_on_the_fused_kernel_equals_the_xla_path(family):
   """A model of each family runs on the fused kernel (interpret mode): outputs, statistics,
   and the gradients of its parameters (MPNet's bias table included) equal the XLA path's."""
-  extra = {"modernbert": dict(layer_types=("full_attention", "sliding_attention"),
-                              sliding_window=6),
-           "mpnet": dict(pad_token_id=1, type_vocab_size=0),
-           "eurobert": dict(num_key_value_heads=2)}[family]
-  config = bertjax.BertConfig.for_family(family, vocab_size=50, hidden_size=32,
-                                         num_hidden_layers=2, num_attention_heads=4,
-                                         intermediate_size=40, max_position_embeddings=64,
-                                         **extra)
+  extra = {
+    "modernbert": dict(layer_types=("full_attention", "sliding_attention"), sliding_window=6),
+    "mpnet": dict(pad_token_id=1, type_vocab_size=0),
+    "eurobert": dict(num_key_value_heads=2),
+  }[family]
+  config = bertjax.BertConfig.for_family(
+    family,
+    vocab_size=50,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=40,
+    max_position_embeddings=64,
+    **extra,
+  )
   params = bertjax.init(config, 0, heads=("mlm",))
   rng = np.random.default_rng(0)
   ids = rng.integers(3, 50, (2, 21))

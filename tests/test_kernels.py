@@ -470,8 +470,11 @@ def test_xla_arbitrary_key_mask():
 
 MASKINGS = {
   "none": {},
-  "key_mask": {"key_mask": np.array([[1, 1, 0, 1, 1, 0, 1], [1, 1, 1, 0, 0, 0, 0],
-                                     [0, 0, 0, 0, 0, 0, 0]], bool)},
+  "key_mask": {
+    "key_mask": np.array(
+      [[1, 1, 0, 1, 1, 0, 1], [1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]], bool
+    )
+  },
   "kv_lengths": {"kv_lengths": np.array([7, 3, 0])},
   "segment_ids": {"segment_ids": np.array([[0, 0, 0, 1, 1, 1, 1]] * 3)},
 }
@@ -492,8 +495,10 @@ def test_xla_custom_backward_equals_reference_autodiff(ablation, masking):
     lean = lambda q, k, v, xi: kernels.attention(q, k, v, head_mask=xi, impl="xla", **kw)
     ref = lambda q, k, v, xi: reference_attention(q, k, v, head_mask=xi, **kw)
     np.testing.assert_allclose(lean(q, k, v, xi), ref(q, k, v, xi), atol=1e-14)
-    grads = [jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums=(0, 1, 2, 3))(q, k, v, xi)
-             for f in (lean, ref)]
+    grads = [
+      jax.grad(lambda *a, f=f: (f(*a) * w).sum(), argnums=(0, 1, 2, 3))(q, k, v, xi)
+      for f in (lean, ref)
+    ]
     for name, got, want in zip(("q", "k", "v", "xi"), *grads):
       assert got.dtype == jnp.float64, name
       np.testing.assert_allclose(got, want, atol=1e-13, err_msg=name)
@@ -505,15 +510,23 @@ def test_xla_custom_backward_bf16_inputs():
 
   q, k, v, _, xi = _inputs(11, 2, 24, 3, 16, jnp.bfloat16)
   lens = jnp.asarray([24, 9])
-  f = lambda impl: lambda q, k, v: (
-    kernels.attention(q, k, v, kv_lengths=lens, head_mask=xi, impl="xla") if impl == "xla"
-    else reference_attention(q, k, v, kv_lengths=lens, head_mask=xi)
-  ).astype(jnp.float32).sum()
+  f = lambda impl: (
+    lambda q, k, v: (
+      (
+        kernels.attention(q, k, v, kv_lengths=lens, head_mask=xi, impl="xla")
+        if impl == "xla"
+        else reference_attention(q, k, v, kv_lengths=lens, head_mask=xi)
+      )
+      .astype(jnp.float32)
+      .sum()
+    )
+  )
   got, want = (jax.grad(f(i), argnums=(0, 1, 2))(q, k, v) for i in ("xla", "ref"))
   for g, r in zip(got, want):
     assert g.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32),
-                               rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+      np.asarray(g, np.float32), np.asarray(r, np.float32), rtol=2e-2, atol=2e-2
+    )
 
 
 @pytest.mark.parametrize("impl", ["xla", "pallas"])

@@ -24,19 +24,29 @@ from bertjax.analysis.attribution import lrp
 HF4 = pathlib.Path(sys.prefix) / "hf4"
 HERE = pathlib.Path(__file__).parent
 
-SMALL = {"vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "intermediate_size": 48, "max_position_embeddings": 64}
+SMALL = {
+  "vocab_size": 300,
+  "hidden_size": 32,
+  "num_hidden_layers": 2,
+  "num_attention_heads": 4,
+  "intermediate_size": 48,
+  "max_position_embeddings": 64,
+}
 WINDOWS = ("full_attention", "sliding_attention")
 FAMILIES = {
-    "bert": {},
-    "roberta": {"preset": "roberta-base", "max_position_embeddings": 66},
-    "distilbert": {"preset": "distilbert-base", "sinusoidal_positions": True},
-    "albert": {"preset": "albert-base", "embedding_size": 16, "num_hidden_groups": 1},
-    "modernbert": {"preset": "modernbert-base", "pad_token_id": 0, "layer_types": WINDOWS,
-                   "sliding_window": 4},
-    "eurobert": {"preset": "eurobert-210m", "pad_token_id": 0, "num_key_value_heads": 2},
-    "nomic_bert": {"preset": "nomic-bert"},
-    "mpnet": {"preset": "mpnet-base"},
+  "bert": {},
+  "roberta": {"preset": "roberta-base", "max_position_embeddings": 66},
+  "distilbert": {"preset": "distilbert-base", "sinusoidal_positions": True},
+  "albert": {"preset": "albert-base", "embedding_size": 16, "num_hidden_groups": 1},
+  "modernbert": {
+    "preset": "modernbert-base",
+    "pad_token_id": 0,
+    "layer_types": WINDOWS,
+    "sliding_window": 4,
+  },
+  "eurobert": {"preset": "eurobert-210m", "pad_token_id": 0, "num_key_value_heads": 2},
+  "nomic_bert": {"preset": "nomic-bert"},
+  "mpnet": {"preset": "mpnet-base"},
 }
 
 
@@ -79,8 +89,14 @@ def reference(tmp_path_factory):
     pytest.skip(f"lxt (AttnLRP's released code) expected at {HF4} (./run.sh setup installs it)")
   out = tmp_path_factory.mktemp("lxt")
   env = {**os.environ, "PYTHONPATH": str(HF4), "HF_HUB_OFFLINE": "1"}
-  result = subprocess.run([sys.executable, str(HERE / "reference_attnlrp.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+  result = subprocess.run(
+    [sys.executable, str(HERE / "reference_attnlrp.py"), str(out)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   ref = dict(np.load(out / "reference.npz"))
   assert str(ref["transformers"]).startswith("4.57")
@@ -91,17 +107,22 @@ def reference(tmp_path_factory):
 def test_matches_the_released_code(reference, kind):
   out, ref = reference
   config, params = bertjax.from_hf(out / kind)
-  target = (lrp.head_logit("classifier", int(ref["cls"])) if kind == "classifier" else
-            lrp.token_logit(ref["positions"], ref["tokens"]))
+  target = (
+    lrp.head_logit("classifier", int(ref["cls"]))
+    if kind == "classifier"
+    else lrp.token_logit(ref["positions"], ref["tokens"])
+  )
   got = lrp.attnlrp(params, config, ref["ids"], ref["mask"], ref["types"], target_fn=target)
   want = ref["r_cls" if kind == "classifier" else "r_mlm"]
-  np.testing.assert_allclose(got.target, ref["t_cls" if kind == "classifier" else "t_mlm"],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    got.target, ref["t_cls" if kind == "classifier" else "t_mlm"], atol=1e-5
+  )
   scale = np.abs(want).max()
   np.testing.assert_allclose(np.asarray(got.tokens), want, atol=1e-4 * scale)
   # The rules change the answer: plain gradient x input on the word embeddings differs.
-  plain = lrp.attnlrp(params, config, ref["ids"], ref["mask"], ref["types"], target_fn=target,
-                      rules="gradient")
+  plain = lrp.attnlrp(
+    params, config, ref["ids"], ref["mask"], ref["types"], target_fn=target, rules="gradient"
+  )
   assert np.abs(np.asarray(plain.tokens) - want).max() > 0.05 * scale
 
 
@@ -110,8 +131,10 @@ def test_cp_lrp_conserves_exactly_and_attnlrp_leaves_softmax_part(family):
   config = _config(family)
   params = _randomised(config)
   ids, mask = _batch(config)
-  got = {rules: lrp.attnlrp(params, config, ids, mask, target_fn=_state_target, biases=True,
-                            rules=rules) for rules in ("cp-lrp", "attnlrp")}
+  got = {
+    rules: lrp.attnlrp(params, config, ids, mask, target_fn=_state_target, biases=True, rules=rules)
+    for rules in ("cp-lrp", "attnlrp")
+  }
   cp = got["cp-lrp"]
   parts = (cp.tokens + cp.positions + cp.token_types).sum(-1) + cp.biases
   np.testing.assert_allclose(parts, cp.target, rtol=1e-4, atol=1e-4)
@@ -179,12 +202,26 @@ def test_cp_lrp_conserves_on_minilm(minilm_dir):
   """Real weights: CP-LRP's parts sum to the target; AttnLRP's softmax part is measured."""
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  b = tok.encode(["The kettle clicked off just as the phone started ringing.",
-                  "Nobody ever answers the door after nine.",
-                  "Did you not see the sign?"])
-  got = {rules: lrp.attnlrp(params, config, b.input_ids, b.attention_mask, b.token_type_ids,
-                            target_fn=_state_target, biases=True, rules=rules)
-         for rules in ("cp-lrp", "attnlrp")}
+  b = tok.encode(
+    [
+      "The kettle clicked off just as the phone started ringing.",
+      "Nobody ever answers the door after nine.",
+      "Did you not see the sign?",
+    ]
+  )
+  got = {
+    rules: lrp.attnlrp(
+      params,
+      config,
+      b.input_ids,
+      b.attention_mask,
+      b.token_type_ids,
+      target_fn=_state_target,
+      biases=True,
+      rules=rules,
+    )
+    for rules in ("cp-lrp", "attnlrp")
+  }
   cp = got["cp-lrp"]
   parts = (cp.tokens + cp.positions + cp.token_types).sum(-1) + cp.biases
   np.testing.assert_allclose(parts, cp.target, rtol=1e-4, atol=1e-4)
@@ -204,8 +241,9 @@ def test_refusals():
     lrp.attnlrp(params, config, ids, mask, target_fn=_state_target, sites=("nope",))
   with pytest.raises(ValueError, match="one value per sequence"):
     lrp.attnlrp(params, config, ids, mask, target_fn=lambda p, c, o: o.last_hidden_state)
-  deberta = bertjax.BertConfig.preset("deberta-v3-base", **SMALL, position_buckets=8,
-                                      max_relative_positions=16)
+  deberta = bertjax.BertConfig.preset(
+    "deberta-v3-base", **SMALL, position_buckets=8, max_relative_positions=16
+  )
   with pytest.raises(ValueError, match="deberta-v2"):
     lrp.attnlrp(bertjax.init(deberta), deberta, ids, mask, target_fn=_state_target)
   with pytest.raises(ValueError, match="relevance_rules='x'"):

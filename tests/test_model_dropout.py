@@ -8,8 +8,9 @@ import bertjax
 
 
 def _setup(impl):
-  config = bertjax.BertConfig.preset("tiny", attention_impl=impl, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.2)
+  config = bertjax.BertConfig.preset(
+    "tiny", attention_impl=impl, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.2
+  )
   params = bertjax.init(config, 0)
   rng = np.random.default_rng(0)
   ids = rng.integers(5, config.vocab_size, (2, 16)).astype(np.int32)
@@ -21,8 +22,9 @@ def _setup(impl):
 def test_training_forward_with_pallas_runs_the_kernel_and_matches_xla():
   config, params, ids, mask = _setup("pallas")
   key = jax.random.key(4)
-  run = lambda p, c: bertjax.forward(p, c, ids, mask, deterministic=False,
-                                     rng=key).last_hidden_state
+  run = lambda p, c: (
+    bertjax.forward(p, c, ids, mask, deterministic=False, rng=key).last_hidden_state
+  )
   jaxpr = str(jax.make_jaxpr(lambda p: run(p, config))(params))
   assert "pallas_call" in jaxpr
   fused = run(params, config)
@@ -41,8 +43,11 @@ def test_training_forward_with_pallas_runs_the_kernel_and_matches_xla():
 
 def test_different_keys_give_different_masks():
   config, params, ids, mask = _setup("xla")
-  run = lambda k: bertjax.forward(params, config, ids, mask, deterministic=False,
-                                  rng=jax.random.key(k)).last_hidden_state
+  run = lambda k: (
+    bertjax.forward(
+      params, config, ids, mask, deterministic=False, rng=jax.random.key(k)
+    ).last_hidden_state
+  )
   assert np.array_equal(np.asarray(run(1)), np.asarray(run(1)))
   assert not np.array_equal(np.asarray(run(1)), np.asarray(run(2)))
 
@@ -50,5 +55,11 @@ def test_different_keys_give_different_masks():
 def test_unhonourable_combination_is_an_error():
   config, params, ids, mask = _setup("xla")
   with pytest.raises(ValueError, match="cudnn"):
-    bertjax.forward(params, config.replace(attention_impl="cudnn"), ids, mask,
-                    deterministic=False, rng=jax.random.key(0))
+    bertjax.forward(
+      params,
+      config.replace(attention_impl="cudnn"),
+      ids,
+      mask,
+      deterministic=False,
+      rng=jax.random.key(0),
+    )

@@ -29,8 +29,7 @@ from test_families_downstream import SENTENCES, _mlm_batches, _pairs, _texts, _u
 
 import bertjax
 from bertjax.analysis.attention import statistics
-from bertjax.analysis.attribution import gradients
-from bertjax.analysis.attribution import propagation
+from bertjax.analysis.attribution import gradients, propagation
 from bertjax.analysis.interventions import ablation, metrics, patching
 from bertjax.analysis.representations import cloze, features
 
@@ -42,33 +41,51 @@ pytestmark = pytest.mark.hf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert", "deberta-v2")
-SIZES = dict(hidden_size=40, num_hidden_layers=3, num_attention_heads=5, intermediate_size=48,
-             initializer_range=0.3, max_position_embeddings=128)
+SIZES = dict(
+  hidden_size=40,
+  num_hidden_layers=3,
+  num_attention_heads=5,
+  intermediate_size=48,
+  initializer_range=0.3,
+  max_position_embeddings=128,
+)
 EXTRA = {
-    "modernbert": dict(sliding_window=4, norm_bias=True,
-                       layer_types=("full_attention", "sliding_attention",
-                                    "sliding_attention")),
-    "eurobert": dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=48,
-                     classifier_pooling="mean"),
-    "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
-    "nomic_bert": dict(),
-    "deberta-v2": dict(relative_attention=True, pos_att_type=("p2c", "c2p"), position_buckets=8,
-                       max_relative_positions=64, share_att_key=True, norm_rel_ebd="layer_norm",
-                       position_biased_input=False, type_vocab_size=0,
-                       # Three score terms: at 0.3 the logits are so peaked that attribution
-                       # patching's linearisation breaks down (Pearson -0.40 against exact
-                       # patching; 0.99997 with every matrix scaled by 0.3).
-                       initializer_range=0.15),
+  "modernbert": dict(
+    sliding_window=4,
+    norm_bias=True,
+    layer_types=("full_attention", "sliding_attention", "sliding_attention"),
+  ),
+  "eurobert": dict(
+    num_attention_heads=4, num_key_value_heads=2, hidden_size=48, classifier_pooling="mean"
+  ),
+  "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
+  "nomic_bert": dict(),
+  "deberta-v2": dict(
+    relative_attention=True,
+    pos_att_type=("p2c", "c2p"),
+    position_buckets=8,
+    max_relative_positions=64,
+    share_att_key=True,
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+    # Three score terms: at 0.3 the logits are so peaked that attribution
+    # patching's linearisation breaks down (Pearson -0.40 against exact
+    # patching; 0.99997 with every matrix scaled by 0.3).
+    initializer_range=0.15,
+  ),
 }
 SPECIALS = {
-    "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
-    "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
-    "mpnet": ("<s>", "</s>", "<mask>"),
-    "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
-    "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
+  "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
+  "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
+  "mpnet": ("<s>", "</s>", "<mask>"),
+  "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
+  "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
 }
-CLASSES = {"modernbert": "ModernBertForSequenceClassification",
-           "eurobert": "EuroBertForSequenceClassification"}
+CLASSES = {
+  "modernbert": "ModernBertForSequenceClassification",
+  "eurobert": "EuroBertForSequenceClassification",
+}
 
 
 def _byte_level(texts, specials, single, pair, roles):
@@ -77,12 +94,20 @@ def _byte_level(texts, specials, single, pair, roles):
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  tok.train_from_iterator(texts, trainers.BpeTrainer(
-      vocab_size=700, special_tokens=specials, show_progress=False,
-      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  tok.train_from_iterator(
+    texts,
+    trainers.BpeTrainer(
+      vocab_size=700,
+      special_tokens=specials,
+      show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ),
+  )
   tok.post_processor = processors.TemplateProcessing(
-      single=single, pair=pair,
-      special_tokens=[(t, tok.token_to_id(t)) for t in (roles["cls"], roles["sep"])])
+    single=single,
+    pair=pair,
+    special_tokens=[(t, tok.token_to_id(t)) for t in (roles["cls"], roles["sep"])],
+  )
   tok.add_special_tokens([AddedToken(roles["mask"], lstrip=True, normalized=False)])
   return tok
 
@@ -94,8 +119,9 @@ def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
     cls, sep, mask = SPECIALS[family]
     pad, unk = ("[PAD]", "[UNK]") if family == "modernbert" else ("<|pad|>", "<|unk|>")
     roles = dict(cls=cls, sep=sep, mask=mask, pad=pad, unk=unk)
-    tok = _byte_level(texts, [cls, sep, pad, mask, unk], f"{cls} $A {sep}",
-                      f"{cls} $A {sep} $B:1 {sep}:1", roles)
+    tok = _byte_level(
+      texts, [cls, sep, pad, mask, unk], f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1", roles
+    )
     tok.save(str(directory / "tokenizer.json"))
     settings = {f"{k}_token": v for k, v in roles.items()}
     settings.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=128)
@@ -104,26 +130,47 @@ def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
   elif family == "deberta-v2":  # DeBERTa-v3's spm.model: [PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3
     spm = pytest.importorskip("sentencepiece")
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_prefix=str(directory / "spm"), vocab_size=700,
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
-        eos_piece="[SEP]", unk_piece="[UNK]", user_defined_symbols=["[MASK]"],
-        model_type="unigram", minloglevel=2)
+      sentence_iterator=iter(texts),
+      model_prefix=str(directory / "spm"),
+      vocab_size=700,
+      pad_id=0,
+      bos_id=1,
+      eos_id=2,
+      unk_id=3,
+      pad_piece="[PAD]",
+      bos_piece="[CLS]",
+      eos_piece="[SEP]",
+      unk_piece="[UNK]",
+      user_defined_symbols=["[MASK]"],
+      model_type="unigram",
+      minloglevel=2,
+    )
     vocab, pad_id = 700, 0
   else:
-    specials = (["<s>", "<pad>", "</s>", "[UNK]", "<mask>"] if family == "mpnet" else
-                ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    specials = (
+      ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
+      if family == "mpnet"
+      else ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    )
     tok = tokenizers.BertWordPieceTokenizer(lowercase=True)
     tok.train_from_iterator(texts, vocab_size=600, show_progress=False, special_tokens=specials)
     tok.save_model(str(directory))
     settings = {"do_lower_case": True}
     if family == "mpnet":
-      settings.update(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
-                      pad_token="<pad>", unk_token="[UNK]", mask_token="<mask>")
+      settings.update(
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="[UNK]",
+        mask_token="<mask>",
+      )
     (directory / "tokenizer_config.json").write_text(json.dumps(settings))
     vocab, pad_id = tok.get_vocab_size(), tok.token_to_id(specials[1 if family == "mpnet" else 0])
   config = bertjax.BertConfig.for_family(
-      family, vocab_size=vocab, use_pooler=False,
-      **{**SIZES, "pad_token_id": pad_id, **EXTRA[family]})
+    family, vocab_size=vocab, use_pooler=False, **{**SIZES, "pad_token_id": pad_id, **EXTRA[family]}
+  )
   bertjax.to_hf(config, bertjax.init(config, 3, heads=("mlm",)), directory)
   return directory
 
@@ -163,19 +210,33 @@ def test_models_are_what_the_family_ships(family):
 def test_ablation_sweep_equals_loop_of_masked_forwards(family):
   _, _, config, params, tok = family
   batches = [tok.encode(SENTENCES, SENTENCES[::-1])]
-  got = ablation.ablation_sweep(params, config, batches, ablation.mean_embedding_cosine,
-                                include=("heads", "layer_skip"))
+  got = ablation.ablation_sweep(
+    params, config, batches, ablation.mean_embedding_cosine, include=("heads", "layer_skip")
+  )
   masks = ablation.sweep_masks(config, ("heads", "layer_skip"))
   b = batches[0]
   real = b.attention_mask[..., None]
   pooled = lambda h: (np.asarray(h) * real).sum(1) / real.sum(1)
-  base = pooled(bertjax.forward(params, config, b.input_ids, b.attention_mask,
-                                _types(config, b)).last_hidden_state)
+  base = pooled(
+    bertjax.forward(
+      params, config, b.input_ids, b.attention_mask, _types(config, b)
+    ).last_hidden_state
+  )
   for kind in ablation.ABLATIONS:
     want = []
     for hm, lm in zip(*masks["heads"]):
-      x = pooled(bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b),
-                                 head_mask=hm, head_ablation=kind, layer_mask=lm).last_hidden_state)
+      x = pooled(
+        bertjax.forward(
+          params,
+          config,
+          b.input_ids,
+          b.attention_mask,
+          _types(config, b),
+          head_mask=hm,
+          head_ablation=kind,
+          layer_mask=lm,
+        ).last_hidden_state
+      )
       cos = (x * base).sum(-1) / np.linalg.norm(x, axis=-1) / np.linalg.norm(base, axis=-1)
       want.append(cos.mean())
     np.testing.assert_allclose(got[kind].heads.ravel(), want, atol=2e-5)
@@ -185,13 +246,20 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
 def test_head_importance_is_the_mask_gradient(family):
   _, _, config, params, tok = family
   batches = _mlm_batches(tok)[:1]
-  got = ablation.head_importance(params, config, batches, ablation.mlm_batch_loss,
-                                 per_example=False, normalize_layers=False)
+  got = ablation.head_importance(
+    params, config, batches, ablation.mlm_batch_loss, per_example=False, normalize_layers=False
+  )
   b = batches[0]
 
   def loss(xi):
-    out = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                          b["token_type_ids"] if config.type_vocab_size else None, head_mask=xi)
+    out = bertjax.forward(
+      params,
+      config,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"] if config.type_vocab_size else None,
+      head_mask=xi,
+    )
     logp = jax.nn.log_softmax(bertjax.head_logits(params, config, out, "mlm"))
     keep = b["labels"] >= 0
     nll = -jnp.take_along_axis(logp, np.where(keep, b["labels"], 0)[..., None], -1)[..., 0]
@@ -203,7 +271,7 @@ def test_head_importance_is_the_mask_gradient(family):
 
 
 def test_pruning_equals_masking(family):
-  name, _, config, params, tok = family
+  _name, _, config, params, tok = family
   prune = {0: [1, 3], 2: [0, 2]}
   if config.kv_heads != config.num_attention_heads:  # grouped heads: masks, not pruning
     with pytest.raises(ValueError, match="grouped key/value heads"):
@@ -215,8 +283,9 @@ def test_pruning_equals_masking(family):
     mask[layer, heads] = 0
   b = _pairs(tok)[0]
   real = b.attention_mask > 0
-  masked = bertjax.forward(params, config, b.input_ids, b.attention_mask, _types(config, b),
-                           head_mask=mask)
+  masked = bertjax.forward(
+    params, config, b.input_ids, b.attention_mask, _types(config, b), head_mask=mask
+  )
   pruned = bertjax.forward(pparams, pconfig, b.input_ids, b.attention_mask, _types(config, b))
   diff = np.abs(np.asarray(pruned.last_hidden_state) - np.asarray(masked.last_hidden_state))
   # Pruned matmuls sum in another order, and random 0.3-std weights give large, peaked
@@ -230,12 +299,22 @@ def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
   _, _, config, params, tok = family
   batches = _pairs(tok)
   punct = statistics.clark_punctuation_ids(tok)
-  got = statistics.clark_statistics(params, config, batches, sep_id=tok.sep_id, punct_ids=punct,
-                                   weighting="token", entropy_smoothing=smoothing)
+  got = statistics.clark_statistics(
+    params,
+    config,
+    batches,
+    sep_id=tok.sep_id,
+    punct_ids=punct,
+    weighting="token",
+    entropy_smoothing=smoothing,
+  )
   sums, count = {k: 0.0 for k in statistics.CLARK_NAMES}, 0
   for b in batches:
-    maps = np.asarray(bertjax.forward(params, config, b.input_ids, b.attention_mask,
-                                      _types(config, b), output_attentions=True).attentions)
+    maps = np.asarray(
+      bertjax.forward(
+        params, config, b.input_ids, b.attention_mask, _types(config, b), output_attentions=True
+      ).attentions
+    )
     for i in range(len(b.input_ids)):
       n = int(b.attention_mask[i].sum())
       a = maps[:, i, :, :n, :n].astype(np.float64)
@@ -254,19 +333,23 @@ def test_clark_statistics_equal_numpy_on_the_maps(family, smoothing):
 
 
 def test_word_features_align_as_transformers_tokenizers(family):
-  name, directory, config, params, tok = family
+  _name, directory, config, params, tok = family
   sentences = [list(s.forms) for s in _ud()[:8]]
   theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
-  got = features.extract_word_features(params, config, tok, sentences, pooling="first",
-                                       length_multiple=64, progress=False)
+  got = features.extract_word_features(
+    params, config, tok, sentences, pooling="first", length_multiple=64, progress=False
+  )
   # Byte-level BPE: every word starts with a space, as RoBERTa's add_prefix_space=True does
   # (transformers' generic fast tokenizer leaves that to the caller).
-  words = ([[" " + w for w in s] for s in sentences] if tok.byte_level else sentences)
+  words = [[" " + w for w in s] for s in sentences] if tok.byte_level else sentences
   enc = theirs(words, is_split_into_words=True, padding=True, return_tensors="np")
   ours = tok.encode_words(sentences)
   np.testing.assert_array_equal(ours.input_ids, enc["input_ids"])
-  hidden = np.asarray(bertjax.forward(params, config, enc["input_ids"], enc["attention_mask"],
-                                      output_hidden_states=True).hidden_states)
+  hidden = np.asarray(
+    bertjax.forward(
+      params, config, enc["input_ids"], enc["attention_mask"], output_hidden_states=True
+    ).hidden_states
+  )
   for i in range(len(sentences)):
     word_ids = np.asarray([-1 if w is None else w for w in enc.word_ids(i)])
     np.testing.assert_array_equal(ours.word_ids[i], word_ids)
@@ -283,8 +366,9 @@ def test_cloze_and_pll_come_from_the_mlm_head(family):
   logp = np.asarray(jax.nn.log_softmax(bertjax.head_logits(params, config, out, "mlm")))[0]
   at = enc.input_ids[0].tolist().index(tok.mask_id)
   assert set(scores.topk[0].tolist()) == set(np.argsort(-logp[at])[:5].tolist())
-  got, per_token = cloze.pseudo_log_likelihood((config, params), tok, [SENTENCES[0]],
-                                               return_tokens=True)
+  got, per_token = cloze.pseudo_log_likelihood(
+    (config, params), tok, [SENTENCES[0]], return_tokens=True
+  )
   assert np.isfinite(per_token[0]).all() and got[0] == pytest.approx(per_token[0].sum(), abs=1e-3)
 
 
@@ -333,8 +417,9 @@ def test_gradients_through_the_block_match_finite_differences(family):
     probe = jax.random.normal(jax.random.key(3), x.shape, jnp.float64)
 
     def f(eps):
-      out = bertjax.forward(p64, c64, b.input_ids, b.attention_mask,
-                            patch={"embeddings": (x + eps * probe, 1.0)})
+      out = bertjax.forward(
+        p64, c64, b.input_ids, b.attention_mask, patch={"embeddings": (x + eps * probe, 1.0)}
+      )
       return bertjax.head_logits(p64, c64, out, "mlm")[:, 1, 7].sum()
 
     # Fourth-order central differences: truncation ~h^4, and these random models are peaked
@@ -349,26 +434,39 @@ def test_attribution_patching_tracks_exact_patching(family):
   clean = tok.encode(["She did not like it at all .", "The keys to the cabinet are here ."])
   corrupted = dataclasses_replace(clean, 3)
   metric = metrics.LogitDiff("mlm")
-  targets = {"position": np.array([2, 4]), "answer": np.array([7, 8]),
-             "distractor": np.array([9, 10])}
+  targets = {
+    "position": np.array([2, 4]),
+    "answer": np.array([7, 8]),
+    "distractor": np.array([9, 10]),
+  }
   exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets)
-  approx = patching.attribution_patching(params, config, clean, corrupted, metric,
-                                         targets=targets)
+  approx = patching.attribution_patching(params, config, clean, corrupted, metric, targets=targets)
   assert np.asarray(exact.values).shape == (config.depth, config.num_attention_heads)
   assert np.isfinite(np.asarray(approx.values)).all()
   # Attribution patching is the first-order term of exact patching: a patch of weight +-eps
   # of one head's clean output into the corrupted run, by central differences. (How well
   # the full patch is tracked depends on the random model -- its tokenizer's vocabulary
   # order varies between processes -- so it is no test of the code.)
-  batch = {"input_ids": corrupted.input_ids, "attention_mask": corrupted.attention_mask,
-           **targets}
-  own = bertjax.forward(params, config, clean.input_ids, clean.attention_mask,
-                        _types(config, clean), capture=("head_out",)).cache["head_out"]
+  batch = {"input_ids": corrupted.input_ids, "attention_mask": corrupted.attention_mask, **targets}
+  own = bertjax.forward(
+    params,
+    config,
+    clean.input_ids,
+    clean.attention_mask,
+    _types(config, clean),
+    capture=("head_out",),
+  ).cache["head_out"]
   eps = 2e-3
 
   def patched(weight):
-    out = bertjax.forward(params, config, corrupted.input_ids, corrupted.attention_mask,
-                          _types(config, corrupted), patch={"head_out": (own, weight)})
+    out = bertjax.forward(
+      params,
+      config,
+      corrupted.input_ids,
+      corrupted.attention_mask,
+      _types(config, corrupted),
+      patch={"head_out": (own, weight)},
+    )
     return float(metric(params, config, out, batch))
 
   linear = np.zeros((config.depth, config.num_attention_heads))
@@ -378,8 +476,11 @@ def test_attribution_patching_tracks_exact_patching(family):
       w[layer, :, :, head] = eps
       linear[layer, head] = (patched(w) - patched(-w)) / (2 * eps)
   base = patched(np.zeros((config.depth, 1, 1, config.num_attention_heads, 1), np.float32))
-  np.testing.assert_allclose(np.asarray(approx.values) - base, linear,  # values: base + term
-                             atol=3e-3 * max(np.abs(linear).max(), 1e-3))
+  np.testing.assert_allclose(
+    np.asarray(approx.values) - base,
+    linear,  # values: base + term
+    atol=3e-3 * max(np.abs(linear).max(), 1e-3),
+  )
 
 
 def dataclasses_replace(batch, position):
@@ -397,8 +498,14 @@ def dataclasses_replace(batch, position):
 def _env(**extra):
   import os
 
-  return dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-              XLA_FLAGS=FAST_COMPILE, **extra)
+  return dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    TRANSFORMERS_OFFLINE="1",
+    XLA_FLAGS=FAST_COMPILE,
+    **extra,
+  )
 
 
 @pytest.mark.slow
@@ -410,30 +517,62 @@ def test_finetune_exports_what_transformers_loads(model_dirs, name, tmp_path):
   with open(REPO / "bertjax" / "resources" / "sentences.tsv", encoding="utf-8") as f:
     rows = list(csv.DictReader(f, delimiter="\t"))[:32]
   table = tmp_path / "train.tsv"
-  table.write_text("sentence\tlabel\n" + "".join(
-      f"{r['sentence']}\t{'negated' if r['negated'] == '1' else 'plain'}\n" for r in rows))
+  table.write_text(
+    "sentence\tlabel\n"
+    + "".join(f"{r['sentence']}\t{'negated' if r['negated'] == '1' else 'plain'}\n" for r in rows)
+  )
   out = tmp_path / "run"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "finetune", "--init-from", str(directory),
-       "--table", str(table), "--steps", "3", "--batch-size", "8", "--lr", "1e-3",
-       "--max-len", "64", "--output-dir", str(out)],
-      cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "finetune",
+      "--init-from",
+      str(directory),
+      "--table",
+      str(table),
+      "--steps",
+      "3",
+      "--batch-size",
+      "8",
+      "--lr",
+      "1e-3",
+      "--max-len",
+      "64",
+      "--output-dir",
+      str(out),
+    ],
+    cwd=tmp_path,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   model_dir = out / "model"
   hf = json.loads((model_dir / "config.json").read_text())
   assert hf["architectures"] == [CLASSES[name]] and hf["model_type"] == name
   config2, params2 = bertjax.from_hf(model_dir)
   model, info = getattr(transformers, CLASSES[name]).from_pretrained(
-      str(model_dir), output_loading_info=True, attn_implementation="eager")
+    str(model_dir), output_loading_info=True, attn_implementation="eager"
+  )
   assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   tok2 = bertjax.Tokenizer.from_pretrained(model_dir)
   b = tok2.encode(SENTENCES)
-  ours = bertjax.head_logits(params2, config2, bertjax.forward(
-      params2, config2, b.input_ids, b.attention_mask), "classifier",
-      attention_mask=b.attention_mask)
+  ours = bertjax.head_logits(
+    params2,
+    config2,
+    bertjax.forward(params2, config2, b.input_ids, b.attention_mask),
+    "classifier",
+    attention_mask=b.attention_mask,
+  )
   with torch.no_grad():
-    theirs = model.eval()(input_ids=torch.tensor(b.input_ids).long(),
-                          attention_mask=torch.tensor(b.attention_mask).long()).logits
+    theirs = model.eval()(
+      input_ids=torch.tensor(b.input_ids).long(),
+      attention_mask=torch.tensor(b.attention_mask).long(),
+    ).logits
   np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), atol=1e-4)
 
 
@@ -452,9 +591,24 @@ def test_report_runs_on_modernbert(model_dirs, tmp_path):
   """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)."""
   out = tmp_path / "report"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "report", "--model", str(model_dirs["modernbert"]),
-       "--reduced", "--out", str(out)], cwd=tmp_path, env=_env(), capture_output=True,
-      text=True, timeout=900, check=False)
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "report",
+      "--model",
+      str(model_dirs["modernbert"]),
+      "--reduced",
+      "--out",
+      str(out),
+    ],
+    cwd=tmp_path,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=900,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   doc = json.loads((out / "report.json").read_text())
   assert doc["model"]["model_type"] == "modernbert" and doc["model"]["layers"] == 3
@@ -473,21 +627,58 @@ def test_pretrain_continues_mlm_and_exports(model_dirs, name, tmp_path):
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(SENTENCES * 8) + "\n")
   run = lambda *extra: subprocess.run(
-      [sys.executable, "-m", "bertjax.cli", "pretrain", "--corpus", str(corpus), "--init-from",
-       str(model_dirs[name]), "--steps", "2", "--batch-size", "4", "--seq-len", "32",
-       "--output-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, env=_env(),
-      capture_output=True, text=True, timeout=600, check=False)
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "pretrain",
+      "--corpus",
+      str(corpus),
+      "--init-from",
+      str(model_dirs[name]),
+      "--steps",
+      "2",
+      "--batch-size",
+      "4",
+      "--seq-len",
+      "32",
+      "--output-dir",
+      str(tmp_path / "run"),
+      *extra,
+    ],
+    cwd=tmp_path,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   refused = run()
   assert refused.returncode != 0 and "no NSP head" in refused.stderr, refused.stderr[-2000:]
   proc = run("--objective", "none")
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-  exported = subprocess.run([sys.executable, "-m", "bertjax.cli", "export", str(tmp_path / "run"),
-                             "--to", str(tmp_path / "model")], cwd=tmp_path, env=_env(),
-                            capture_output=True, text=True, timeout=600, check=False)
+  exported = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "bertjax.cli",
+      "export",
+      str(tmp_path / "run"),
+      "--to",
+      str(tmp_path / "model"),
+    ],
+    cwd=tmp_path,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert exported.returncode == 0, exported.stderr[-3000:]
   cls = {"modernbert": "ModernBertForMaskedLM", "mpnet": "MPNetForMaskedLM"}[name]
-  model, info = getattr(transformers, cls).from_pretrained(str(tmp_path / "model"),
-                                                          output_loading_info=True)
+  _model, info = getattr(transformers, cls).from_pretrained(
+    str(tmp_path / "model"), output_loading_info=True
+  )
   assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "model"))
   ours = bertjax.Tokenizer.from_pretrained(tmp_path / "model")

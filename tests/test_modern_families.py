@@ -24,30 +24,74 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.hf
 
 ATOL = 1e-4
-SIZES = dict(vocab_size=99, hidden_size=60, num_hidden_layers=4, num_attention_heads=5,
-             intermediate_size=37, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-             eos_token_id=2, num_labels=3)
+SIZES = dict(
+  vocab_size=99,
+  hidden_size=60,
+  num_hidden_layers=4,
+  num_attention_heads=5,
+  intermediate_size=37,
+  max_position_embeddings=64,
+  pad_token_id=0,
+  bos_token_id=1,
+  eos_token_id=2,
+  num_labels=3,
+)
 # key -> (model_type, class prefix, extra config)
 CONFIGS = {
-    "modernbert": ("modernbert", "ModernBert",
-                   dict(global_attn_every_n_layers=2, local_attention=4, cls_token_id=1,
-                        sep_token_id=2, norm_bias=True, attention_bias=True, mlp_bias=True,
-                        classifier_bias=True, classifier_pooling="mean",
-                        classifier_activation="silu")),
-    "modernbert_nobias": ("modernbert", "ModernBert",
-                          dict(global_attn_every_n_layers=3, local_attention=6, cls_token_id=1,
-                               sep_token_id=2, decoder_bias=False)),
-    "eurobert": ("eurobert", "EuroBert", dict(num_key_value_heads=5, mask_token_id=3,
-                                              classifier_pooling="late")),
-    "eurobert_gqa": ("eurobert", "EuroBert",
-                     dict(num_attention_heads=6, num_key_value_heads=2, mask_token_id=3,
-                          mlp_bias=True, attention_bias=True, classifier_pooling="bos",
-                          tie_word_embeddings=True)),
-    "mpnet": ("mpnet", "MPNet", dict(pad_token_id=1)),
-    "nomic_bert": ("nomic_bert", "NomicBert", {}),
+  "modernbert": (
+    "modernbert",
+    "ModernBert",
+    dict(
+      global_attn_every_n_layers=2,
+      local_attention=4,
+      cls_token_id=1,
+      sep_token_id=2,
+      norm_bias=True,
+      attention_bias=True,
+      mlp_bias=True,
+      classifier_bias=True,
+      classifier_pooling="mean",
+      classifier_activation="silu",
+    ),
+  ),
+  "modernbert_nobias": (
+    "modernbert",
+    "ModernBert",
+    dict(
+      global_attn_every_n_layers=3,
+      local_attention=6,
+      cls_token_id=1,
+      sep_token_id=2,
+      decoder_bias=False,
+    ),
+  ),
+  "eurobert": (
+    "eurobert",
+    "EuroBert",
+    dict(num_key_value_heads=5, mask_token_id=3, classifier_pooling="late"),
+  ),
+  "eurobert_gqa": (
+    "eurobert",
+    "EuroBert",
+    dict(
+      num_attention_heads=6,
+      num_key_value_heads=2,
+      mask_token_id=3,
+      mlp_bias=True,
+      attention_bias=True,
+      classifier_pooling="bos",
+      tie_word_embeddings=True,
+    ),
+  ),
+  "mpnet": ("mpnet", "MPNet", dict(pad_token_id=1)),
+  "nomic_bert": ("nomic_bert", "NomicBert", {}),
 }
-CLASSES = {"Model": None, "ForMaskedLM": "mlm", "ForSequenceClassification": "classifier",
-           "ForTokenClassification": "token_classifier"}
+CLASSES = {
+  "Model": None,
+  "ForMaskedLM": "mlm",
+  "ForSequenceClassification": "classifier",
+  "ForTokenClassification": "token_classifier",
+}
 CASES = [(key, cls) for key in CONFIGS for cls in CLASSES]
 
 
@@ -87,10 +131,15 @@ def _close(ours, theirs, name):
 def _compare(model, config, params, cls, left=False):
   ids, mask = _batch(config.pad_token_id, left=left)
   with torch.no_grad():
-    ref = model(torch.tensor(ids), attention_mask=torch.tensor(mask), output_hidden_states=True,
-                output_attentions=True)
-  out = bertjax.forward(params, config, ids, mask, output_hidden_states=True,
-                        output_attentions=True)
+    ref = model(
+      torch.tensor(ids),
+      attention_mask=torch.tensor(mask),
+      output_hidden_states=True,
+      output_attentions=True,
+    )
+  out = bertjax.forward(
+    params, config, ids, mask, output_hidden_states=True, output_attentions=True
+  )
   real = mask.astype(bool)
   assert len(ref.hidden_states) == config.depth + 1
   for i, h in enumerate(ref.hidden_states):
@@ -123,7 +172,8 @@ def test_family_matches_transformers(tmp_path, key, cls):
   # reading it back gives the same parameters bit for bit.
   bertjax.to_hf(config, params, tmp_path / "out")
   back = getattr(transformers, CONFIGS[key][1] + cls).from_pretrained(
-      tmp_path / "out", attn_implementation="eager", output_loading_info=True)
+    tmp_path / "out", attn_implementation="eager", output_loading_info=True
+  )
   reloaded, info = back
   assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   with torch.no_grad():
@@ -147,10 +197,15 @@ def test_modernbert_legacy_config_layout(tmp_path):
     hf.pop(key, None)
   hf.update(global_attn_every_n_layers=3, global_rope_theta=50000.0, local_rope_theta=2000.0)
   file.write_text(json.dumps(hf))
-  legacy = transformers.ModernBertModel.from_pretrained(tmp_path / "hf",
-                                                       attn_implementation="eager").eval()
-  assert legacy.config.layer_types == ["full_attention", "sliding_attention",
-                                       "sliding_attention", "full_attention"]
+  legacy = transformers.ModernBertModel.from_pretrained(
+    tmp_path / "hf", attn_implementation="eager"
+  ).eval()
+  assert legacy.config.layer_types == [
+    "full_attention",
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+  ]
   config, params = bertjax.from_hf(tmp_path / "hf")
   assert config.layer_types == tuple(legacy.config.layer_types)
   assert (config.rope_theta, config.local_rope_theta) == (50000.0, 2000.0)
@@ -182,11 +237,16 @@ def test_block_options_are_named_errors():
   with pytest.raises(ValueError, match="rope_theta.*no rotary"):
     bertjax.BertConfig(rope_theta=10000.0)
   with pytest.raises(ValueError, match="num_key_value_heads=3"):
-    bertjax.BertConfig.for_family("eurobert", num_attention_heads=4, hidden_size=64,
-                                  num_key_value_heads=3)
+    bertjax.BertConfig.for_family(
+      "eurobert", num_attention_heads=4, hidden_size=64, num_key_value_heads=3
+    )
   with pytest.raises(ValueError, match="sliding_window is required"):
-    bertjax.BertConfig.for_family("modernbert", num_hidden_layers=2, sliding_window=None,
-                                  layer_types=("full_attention", "sliding_attention"))
+    bertjax.BertConfig.for_family(
+      "modernbert",
+      num_hidden_layers=2,
+      sliding_window=None,
+      layer_types=("full_attention", "sliding_attention"),
+    )
   with pytest.raises(ValueError, match="classifier_pooling='late'"):
     bertjax.BertConfig.for_family("modernbert", classifier_pooling="late")
   with pytest.raises(ValueError, match="ffn_gate.*does not exist on a bert block"):
@@ -196,6 +256,11 @@ def test_block_options_are_named_errors():
 def test_preset_depth_keeps_the_layer_pattern():
   """A ModernBERT preset at another depth repeats its global-every-third pattern."""
   config = bertjax.BertConfig.preset("modernbert-base", num_hidden_layers=5)
-  assert config.layer_types == ("full_attention", "sliding_attention", "sliding_attention",
-                                "full_attention", "sliding_attention")
+  assert config.layer_types == (
+    "full_attention",
+    "sliding_attention",
+    "sliding_attention",
+    "full_attention",
+    "sliding_attention",
+  )
   assert len(bertjax.BertConfig.preset("modernbert-base").layer_types) == 22

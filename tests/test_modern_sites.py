@@ -13,7 +13,6 @@ keys a layer may see (its window included).
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,7 +20,7 @@ import bertjax
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from test_modern_families import CONFIGS, _batch, _hf_model  # noqa: E402
+from test_modern_families import _batch, _hf_model
 
 pytestmark = pytest.mark.hf
 
@@ -30,43 +29,86 @@ FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet", "deberta")
 # Per family: the layers, and site -> (module path in a layer, "out" output | "in" input).
 # q, k, v come from the projections' outputs (then transformers' rotary function).
 HOOKS = {
-    "modernbert": dict(
-        layers="layers", attn_in=("attn", "in"), head_out=("attn.Wo", "in"),
-        attn_out=("attn.Wo", "out"), mid=("mlp_norm", "in"), resid_mid=("mlp_norm", "in"),
-        ffn_in=("mlp", "in"), ffn_gate=("mlp.act", "out"), ffn_act=("mlp.Wo", "in"),
-        ffn_out=("mlp.Wo", "out"), resid_out=("", "out"), out=("", "out")),
-    "eurobert": dict(
-        layers="layers", attn_in=("input_layernorm", "out"), q=("self_attn.q_proj", "out"),
-        k=("self_attn.k_proj", "out"), v=("self_attn.v_proj", "out"),
-        head_out=("self_attn.o_proj", "in"), attn_out=("self_attn.o_proj", "out"),
-        mid=("post_attention_layernorm", "in"), resid_mid=("post_attention_layernorm", "in"),
-        ffn_in=("post_attention_layernorm", "out"), ffn_gate=("mlp.act_fn", "out"),
-        ffn_act=("mlp.down_proj", "in"), ffn_out=("mlp.down_proj", "out"),
-        resid_out=("", "out"), out=("", "out")),
-    "nomic_bert": dict(
-        layers="layers", attn_in=("", "in"), q=("self_attn.q_proj", "out"),
-        k=("self_attn.k_proj", "out"), v=("self_attn.v_proj", "out"),
-        head_out=("self_attn.o_proj", "in"), attn_out=("self_attn.o_proj", "out"),
-        resid_mid=("post_attention_layernorm", "in"), mid=("post_attention_layernorm", "out"),
-        ffn_in=("mlp", "in"), ffn_gate=("mlp.act_fn", "out"), ffn_act=("mlp.down_proj", "in"),
-        ffn_out=("mlp.down_proj", "out"), resid_out=("post_mlp_layernorm", "in"),
-        out=("", "out")),
-    "mpnet": dict(
-        layers="encoder.layer", attn_in=("", "in"), q=("attention.attn.q", "out"),
-        k=("attention.attn.k", "out"), v=("attention.attn.v", "out"),
-        head_out=("attention.attn.o", "in"), attn_out=("attention.attn.o", "out"),
-        resid_mid=("attention.LayerNorm", "in"), mid=("attention.LayerNorm", "out"),
-        ffn_in=("intermediate", "in"), ffn_act=("intermediate", "out"),
-        ffn_out=("output.dense", "out"), resid_out=("output.LayerNorm", "in"),
-        out=("", "out")),
-    "deberta": dict(
-        layers="encoder.layer", attn_in=("", "in"), q=("attention.self.query_proj", "out"),
-        k=("attention.self.key_proj", "out"), v=("attention.self.value_proj", "out"),
-        head_out=("attention.output.dense", "in"), attn_out=("attention.output.dense", "out"),
-        resid_mid=("attention.output.LayerNorm", "in"),
-        mid=("attention.output.LayerNorm", "out"), ffn_in=("intermediate", "in"),
-        ffn_act=("intermediate", "out"), ffn_out=("output.dense", "out"),
-        resid_out=("output.LayerNorm", "in"), out=("", "out")),
+  "modernbert": dict(
+    layers="layers",
+    attn_in=("attn", "in"),
+    head_out=("attn.Wo", "in"),
+    attn_out=("attn.Wo", "out"),
+    mid=("mlp_norm", "in"),
+    resid_mid=("mlp_norm", "in"),
+    ffn_in=("mlp", "in"),
+    ffn_gate=("mlp.act", "out"),
+    ffn_act=("mlp.Wo", "in"),
+    ffn_out=("mlp.Wo", "out"),
+    resid_out=("", "out"),
+    out=("", "out"),
+  ),
+  "eurobert": dict(
+    layers="layers",
+    attn_in=("input_layernorm", "out"),
+    q=("self_attn.q_proj", "out"),
+    k=("self_attn.k_proj", "out"),
+    v=("self_attn.v_proj", "out"),
+    head_out=("self_attn.o_proj", "in"),
+    attn_out=("self_attn.o_proj", "out"),
+    mid=("post_attention_layernorm", "in"),
+    resid_mid=("post_attention_layernorm", "in"),
+    ffn_in=("post_attention_layernorm", "out"),
+    ffn_gate=("mlp.act_fn", "out"),
+    ffn_act=("mlp.down_proj", "in"),
+    ffn_out=("mlp.down_proj", "out"),
+    resid_out=("", "out"),
+    out=("", "out"),
+  ),
+  "nomic_bert": dict(
+    layers="layers",
+    attn_in=("", "in"),
+    q=("self_attn.q_proj", "out"),
+    k=("self_attn.k_proj", "out"),
+    v=("self_attn.v_proj", "out"),
+    head_out=("self_attn.o_proj", "in"),
+    attn_out=("self_attn.o_proj", "out"),
+    resid_mid=("post_attention_layernorm", "in"),
+    mid=("post_attention_layernorm", "out"),
+    ffn_in=("mlp", "in"),
+    ffn_gate=("mlp.act_fn", "out"),
+    ffn_act=("mlp.down_proj", "in"),
+    ffn_out=("mlp.down_proj", "out"),
+    resid_out=("post_mlp_layernorm", "in"),
+    out=("", "out"),
+  ),
+  "mpnet": dict(
+    layers="encoder.layer",
+    attn_in=("", "in"),
+    q=("attention.attn.q", "out"),
+    k=("attention.attn.k", "out"),
+    v=("attention.attn.v", "out"),
+    head_out=("attention.attn.o", "in"),
+    attn_out=("attention.attn.o", "out"),
+    resid_mid=("attention.LayerNorm", "in"),
+    mid=("attention.LayerNorm", "out"),
+    ffn_in=("intermediate", "in"),
+    ffn_act=("intermediate", "out"),
+    ffn_out=("output.dense", "out"),
+    resid_out=("output.LayerNorm", "in"),
+    out=("", "out"),
+  ),
+  "deberta": dict(
+    layers="encoder.layer",
+    attn_in=("", "in"),
+    q=("attention.self.query_proj", "out"),
+    k=("attention.self.key_proj", "out"),
+    v=("attention.self.value_proj", "out"),
+    head_out=("attention.output.dense", "in"),
+    attn_out=("attention.output.dense", "out"),
+    resid_mid=("attention.output.LayerNorm", "in"),
+    mid=("attention.output.LayerNorm", "out"),
+    ffn_in=("intermediate", "in"),
+    ffn_act=("intermediate", "out"),
+    ffn_out=("output.dense", "out"),
+    resid_out=("output.LayerNorm", "in"),
+    out=("", "out"),
+  ),
 }
 
 
@@ -99,21 +141,31 @@ def _torch_sites(model, family, ids, mask):
     for site, (path, where) in spec.items():
       module = _module(layer, path)
       if where == "out":
-        hooks.append(module.register_forward_hook(
-            lambda m, i, o, s=site: record(s, o if torch.is_tensor(o) else o[0])))
+        hooks.append(
+          module.register_forward_hook(
+            lambda m, i, o, s=site: record(s, o if torch.is_tensor(o) else o[0])
+          )
+        )
       else:
-        hooks.append(module.register_forward_pre_hook(
-            lambda m, i, kw, s=site: record(s, i[0] if i else kw["hidden_states"]),
-            with_kwargs=True))
+        hooks.append(
+          module.register_forward_pre_hook(
+            lambda m, i, kw, s=site: record(s, i[0] if i else kw["hidden_states"]), with_kwargs=True
+          )
+        )
     if family == "modernbert":
       hooks.append(layer.attn.Wqkv.register_forward_hook(lambda m, i, o: record("qkv", o)))
     if family == "deberta":  # the position terms' sum, as transformers adds it to the logits
       attn = layer.attention.self
-      attn.disentangled_attention_bias = (
-          lambda *a, f=attn.disentangled_attention_bias: _recorded(f(*a), record))
+      attn.disentangled_attention_bias = lambda *a, f=attn.disentangled_attention_bias: _recorded(
+        f(*a), record
+      )
   with torch.no_grad():
-    out = model(torch.tensor(ids), attention_mask=torch.tensor(mask), output_attentions=True,
-                output_hidden_states=True)
+    out = model(
+      torch.tensor(ids),
+      attention_mask=torch.tensor(mask),
+      output_attentions=True,
+      output_hidden_states=True,
+    )
   for h in hooks:
     h.remove()
   if family == "deberta":
@@ -124,8 +176,11 @@ def _torch_sites(model, family, ids, mask):
     qkv = sites.pop("qkv")
     sites["q"], sites["k"], sites["v"] = np.split(qkv, 3, axis=-1)
   split = lambda x, n: x.reshape(*x.shape[:-1], n, d)
-  sites["q"], sites["k"], sites["v"] = (split(sites["q"], heads), split(sites["k"], kv),
-                                        split(sites["v"], kv))
+  sites["q"], sites["k"], sites["v"] = (
+    split(sites["q"], heads),
+    split(sites["k"], kv),
+    split(sites["v"], kv),
+  )
   sites["head_out"] = split(sites["head_out"], heads)
   if hasattr(base, "rotary_emb"):  # q and k after rotation, by transformers' own function
     module = __import__(type(base).__module__, fromlist=["apply_rotary_pos_emb"])
@@ -142,7 +197,8 @@ def _torch_sites(model, family, ids, mask):
     sites["scores_pos"] = pos.reshape(pos.shape[0], -1, heads, *pos.shape[2:])
     factor = 1 + len(config.pos_att_type)
     sites["scores_c2c"] = np.einsum("lbqhd,lbkhd->lbhqk", sites["q"], sites["k"]) / np.sqrt(
-        d * factor)
+      d * factor
+    )
   sites["probs"] = np.stack([a.numpy() for a in out.attentions])
   sites["embeddings"] = out.hidden_states[0].numpy()
   return sites
@@ -209,14 +265,13 @@ def test_head_out_patch_equals_pytorch_hook_edit(family):
       x = inputs[0].clone()
       for l_, h in chosen:
         if l_ == layer:
-          x[..., h * d:(h + 1) * d] = torch.tensor(
-              np.asarray(source[layer])[..., h, :])
+          x[..., h * d : (h + 1) * d] = torch.tensor(np.asarray(source[layer])[..., h, :])
       return (x,)
+
     return pre_hook
 
   path = spec["head_out"][0]
-  hooks = [_module(layers[i], path).register_forward_pre_hook(edit(i))
-           for i in range(config.depth)]
+  hooks = [_module(layers[i], path).register_forward_pre_hook(edit(i)) for i in range(config.depth)]
   try:
     with torch.no_grad():
       want = model(torch.tensor(ids), attention_mask=torch.tensor(mask))[0].numpy()
@@ -230,7 +285,7 @@ def test_head_out_patch_equals_pytorch_hook_edit(family):
 
 
 def test_weight_zero_is_bitwise_the_unpatched_forward(family):
-  key, model, config, params, ids, mask = family
+  key, _model, config, params, ids, mask = family
   sites = bertjax.model_sites(config)
   if key != "modernbert":  # the mechanism is one; ModernBERT's block has every kind of site
     sites = tuple(s for s in sites if s in ("attn_in", "k", "probs", "ffn_gate", "resid_out"))
@@ -241,18 +296,20 @@ def test_weight_zero_is_bitwise_the_unpatched_forward(family):
     value = jax.random.normal(jax.random.key(1), base.cache[site].shape)
     zero = bertjax.forward(params, config, ids, mask, patch={site: (value, 0.0)})
     want = maps if site == "probs" else plain
-    assert np.array_equal(np.asarray(zero.last_hidden_state),
-                          np.asarray(want.last_hidden_state)), site
+    assert np.array_equal(np.asarray(zero.last_hidden_state), np.asarray(want.last_hidden_state)), (
+      site
+    )
 
 
 def test_head_masks_fused_and_map_path_agree(family):
-  key, model, config, params, ids, mask = family
+  _key, _model, config, params, ids, mask = family
   rng = np.random.default_rng(0)
   xi = rng.uniform(size=(config.depth, config.num_attention_heads)).astype(np.float32)
   for mode in ("scale", "uniform"):
     fused = bertjax.forward(params, config, ids, mask, head_mask=xi, head_ablation=mode)
-    maps = bertjax.forward(params, config, ids, mask, head_mask=xi, head_ablation=mode,
-                           output_attentions=True)
+    maps = bertjax.forward(
+      params, config, ids, mask, head_mask=xi, head_ablation=mode, output_attentions=True
+    )
     np.testing.assert_allclose(fused.last_hidden_state, maps.last_hidden_state, atol=2e-5)
   # "uniform" = the attention mixed with the uniform distribution over the keys each layer
   # may see (real keys, within its window), set through the probs site.
@@ -267,7 +324,7 @@ def test_head_masks_fused_and_map_path_agree(family):
 
 
 def test_layer_mask_zero_skips_a_block(family):
-  key, model, config, params, ids, mask = family
+  _key, _model, config, params, ids, mask = family
   lm = np.ones(config.depth, np.float32)
   lm[1] = 0.0
   out = bertjax.forward(params, config, ids, mask, layer_mask=lm, output_hidden_states=True)

@@ -13,10 +13,26 @@ SMOKE_TEXT = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "va
 
 
 def _argv(out, *extra):
-  return ["--corpus", str(SMOKE_TEXT), "--corpus-format", "wikitext", "--vocab",
-          str(bertjax.minilm_path() / "vocab.txt"), "--seq-len", "32", "--steps", "2",
-          "--batch-size", "4", "--output-dir", str(out), "--checkpoint-every", "0",
-          "--no-progress", *extra]
+  return [
+    "--corpus",
+    str(SMOKE_TEXT),
+    "--corpus-format",
+    "wikitext",
+    "--vocab",
+    str(bertjax.minilm_path() / "vocab.txt"),
+    "--seq-len",
+    "32",
+    "--steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--output-dir",
+    str(out),
+    "--checkpoint-every",
+    "0",
+    "--no-progress",
+    *extra,
+  ]
 
 
 def _metrics(out):
@@ -24,9 +40,24 @@ def _metrics(out):
 
 
 def test_pretrain_with_sbo_and_word_order(tmp_path):
-  assert train.pretrain_main(_argv(tmp_path, "--objective", "none", "--masking", "span",
-                                      "--add-objective", "sbo", "--add-objective",
-                                      "word_order", "--word-order-prob", "0.1")) == 0
+  assert (
+    train.pretrain_main(
+      _argv(
+        tmp_path,
+        "--objective",
+        "none",
+        "--masking",
+        "span",
+        "--add-objective",
+        "sbo",
+        "--add-objective",
+        "word_order",
+        "--word-order-prob",
+        "0.1",
+      )
+    )
+    == 0
+  )
   rows = _metrics(tmp_path)
   assert len(rows) == 2 and {"mlm_loss", "sbo_loss", "word_order_loss"} <= set(rows[0])
   with pytest.raises(ValueError, match="needs --masking span, got --masking token"):
@@ -44,13 +75,34 @@ def test_pretrain_electra_exports_both_models_for_transformers(tmp_path):
   from bertjax.training import electra as E
 
   cfg = tmp_path / "electra.json"
-  cfg.write_text(json.dumps({"model_type": "electra", "vocab_size": 30522, "hidden_size": 64,
-                             "embedding_size": 32, "num_hidden_layers": 2,
-                             "num_attention_heads": 4, "intermediate_size": 96,
-                             "max_position_embeddings": 64}))
+  cfg.write_text(
+    json.dumps(
+      {
+        "model_type": "electra",
+        "vocab_size": 30522,
+        "hidden_size": 64,
+        "embedding_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 96,
+        "max_position_embeddings": 64,
+      }
+    )
+  )
   run = tmp_path / "run"
-  argv = _argv(run, "--objective", "none", "--config-json", str(cfg), "--lr", "1e-2",
-               "--electra-generator-size", "0.5", "--export-hf", str(tmp_path / "final"))
+  argv = _argv(
+    run,
+    "--objective",
+    "none",
+    "--config-json",
+    str(cfg),
+    "--lr",
+    "1e-2",
+    "--electra-generator-size",
+    "0.5",
+    "--export-hf",
+    str(tmp_path / "final"),
+  )
   argv[argv.index("--checkpoint-every") + 1] = "1"
   assert train.pretrain_main(argv) == 0
   assert {"mlm_loss", "rtd_loss"} <= set(_metrics(run)[0])
@@ -65,42 +117,79 @@ def test_pretrain_electra_exports_both_models_for_transformers(tmp_path):
     disc = K.config_from_json(meta["config"])
     gen = E.generator_from_meta(meta)
     assert gen.hidden_size == 32 and disc.hidden_size == 64
-    models = {"generator": (gen, E.generator_params(params, gen, disc), "mlm",
-                            transformers.ElectraForMaskedLM),
-              "discriminator": (disc, params["discriminator"], "rtd",
-                                transformers.ElectraForPreTraining)}
+    models = {
+      "generator": (
+        gen,
+        E.generator_params(params, gen, disc),
+        "mlm",
+        transformers.ElectraForMaskedLM,
+      ),
+      "discriminator": (disc, params["discriminator"], "rtd", transformers.ElectraForPreTraining),
+    }
     for role, (config, p, head, cls) in models.items():
       model, info = cls.from_pretrained(out / role, output_loading_info=True)
       assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), (
-          role, info)
-      ours = np.asarray(bertjax.head_logits(p, config, bertjax.forward(p, config, ids, mask),
-                                            head))
+        role,
+        info,
+      )
+      ours = np.asarray(bertjax.head_logits(p, config, bertjax.forward(p, config, ids, mask), head))
       with torch.no_grad():
-        theirs = model.eval()(input_ids=torch.tensor(ids),
-                              attention_mask=torch.tensor(mask)).logits.numpy()
+        theirs = model.eval()(
+          input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)
+        ).logits.numpy()
       assert ours.shape == theirs.shape
       np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, err_msg=f"{role} {step}")
       tok = transformers.AutoTokenizer.from_pretrained(out / role)
       assert tok("the cat")["input_ids"][0] == 101 and tok.vocab_size == 30522
   a, b = (K.restore_params(run / "checkpoints", s)[1] for s in (1, 2))  # two steps differ
-  assert not np.allclose(a["discriminator"]["embeddings"]["word_embeddings"]["embedding"],
-                         b["discriminator"]["embeddings"]["word_embeddings"]["embedding"])
+  assert not np.allclose(
+    a["discriminator"]["embeddings"]["word_embeddings"]["embedding"],
+    b["discriminator"]["embeddings"]["word_embeddings"]["embedding"],
+  )
 
 
 def test_pretrain_electra_and_distillation(tmp_path):
-  assert train.pretrain_main(_argv(tmp_path / "electra", "--objective", "none",
-                                      "--preset", "electra-small",
-                                      "--electra-generator-size", "0.25")) == 0
+  assert (
+    train.pretrain_main(
+      _argv(
+        tmp_path / "electra",
+        "--objective",
+        "none",
+        "--preset",
+        "electra-small",
+        "--electra-generator-size",
+        "0.25",
+      )
+    )
+    == 0
+  )
   rows = _metrics(tmp_path / "electra")
   assert {"mlm_loss", "rtd_loss"} <= set(rows[0])
-  teacher_cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=4,
-                                   num_attention_heads=4, intermediate_size=48,
-                                   max_position_embeddings=64)
+  teacher_cfg = bertjax.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
   bertjax.to_hf(teacher_cfg, bertjax.init(teacher_cfg, 0, ("mlm",)), tmp_path / "teacher")
-  assert train.pretrain_main(_argv(tmp_path / "student", "--objective", "none",
-                                      "--teacher", str(tmp_path / "teacher"),
-                                      "--distill", "tinybert", "--export-hf",
-                                      str(tmp_path / "student_hf"))) == 0
+  assert (
+    train.pretrain_main(
+      _argv(
+        tmp_path / "student",
+        "--objective",
+        "none",
+        "--teacher",
+        str(tmp_path / "teacher"),
+        "--distill",
+        "tinybert",
+        "--export-hf",
+        str(tmp_path / "student_hf"),
+      )
+    )
+    == 0
+  )
   rows = _metrics(tmp_path / "student")
   assert {"distill_ce_loss", "cos_loss", "hidden_loss", "attn_loss"} <= set(rows[0])
   config, _ = bertjax.from_hf(tmp_path / "student_hf")
@@ -124,61 +213,103 @@ def test_distilling_a_three_layer_teacher_from_the_hub(tmp_path, monkeypatch, ca
   # map; the distances were logged with accuracies of 0.
   pytest.importorskip("huggingface_hub")
   from huggingface_hub import constants
-  cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3,
-                           num_attention_heads=4, intermediate_size=48,
-                           max_position_embeddings=64)
+
+  cfg = bertjax.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
   teacher = tmp_path / "teacher"
   bertjax.to_hf(cfg, bertjax.init(cfg, 0, ("mlm",)), teacher)
   (teacher / "vocab.txt").write_bytes((bertjax.minilm_path() / "vocab.txt").read_bytes())
   monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
   _hub_cache(teacher, tmp_path / "hub", "bertology/tiny-teacher")
-  argv = _argv(tmp_path / "student", "--objective", "none", "--teacher",
-               "bertology/tiny-teacher", "--distill", "tinybert", "--export-hf",
-               str(tmp_path / "student_hf"))
-  del argv[argv.index("--vocab"):argv.index("--vocab") + 2]  # the teacher's, by default
+  argv = _argv(
+    tmp_path / "student",
+    "--objective",
+    "none",
+    "--teacher",
+    "bertology/tiny-teacher",
+    "--distill",
+    "tinybert",
+    "--export-hf",
+    str(tmp_path / "student_hf"),
+  )
+  del argv[argv.index("--vocab") : argv.index("--vocab") + 2]  # the teacher's, by default
   assert train.pretrain_main(argv) == 0
   out = capsys.readouterr().out
   assert "the student uses the teacher's vocabulary" in out and "30522 tokens" in out
   assert "teacher layers 0 (1 of 3; TinyBERT's layer map" in out, out
   rows = _metrics(tmp_path / "student")
   assert {"distill_ce_loss", "cos_loss", "hidden_loss", "attn_loss"} <= set(rows[0])
-  assert {k for k in rows[0] if k.endswith("_accuracy")} == {"mlm_accuracy",
-                                                             "distill_ce_accuracy"}
+  assert {k for k in rows[0] if k.endswith("_accuracy")} == {"mlm_accuracy", "distill_ce_accuracy"}
   config, _ = bertjax.from_hf(tmp_path / "student_hf")
   assert config.num_hidden_layers == 1
   assert (tmp_path / "student" / "vocab" / "vocab.txt").read_bytes() == (
-      teacher / "vocab.txt").read_bytes()
+    teacher / "vocab.txt"
+  ).read_bytes()
   # --vocab takes a hub id too; a vocabulary of another size, a trained one, a preset that
   # would be ignored are named before any training.
   base = _argv(tmp_path / "other", "--objective", "none", "--teacher", str(teacher))
   at = base.index("--vocab") + 1
-  for vocab, extra, needle in (("bertology/tiny-teacher", ["--preset", "bert-mini"],
-                                "--preset with --teacher"),
-                               (None, ["--train-vocab", "200"], "--train-vocab 200 with"),
-                               (str(tmp_path / "v.txt"), [], "vocab_size=30522 differs")):
-    (tmp_path / "v.txt").write_text("".join(f"{t}\n" for t in [
-        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"]))
-    argv = [*base[:at - 1], *base[at + 1:]] if vocab is None else [
-        *base[:at], vocab, *base[at + 1:]]
+  for vocab, extra, needle in (
+    ("bertology/tiny-teacher", ["--preset", "bert-mini"], "--preset with --teacher"),
+    (None, ["--train-vocab", "200"], "--train-vocab 200 with"),
+    (str(tmp_path / "v.txt"), [], "vocab_size=30522 differs"),
+  ):
+    (tmp_path / "v.txt").write_text(
+      "".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a"])
+    )
+    argv = (
+      [*base[: at - 1], *base[at + 1 :]] if vocab is None else [*base[:at], vocab, *base[at + 1 :]]
+    )
     with pytest.raises(ValueError, match=needle):
       train.pretrain_main([*argv, *extra])
     assert not (tmp_path / "other").exists()
 
 
 def test_finetune_with_a_teacher(tmp_path):
-  teacher_cfg = bertjax.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=4,
-                                   num_attention_heads=4, intermediate_size=48,
-                                   max_position_embeddings=64, num_labels=2)
+  teacher_cfg = bertjax.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+    num_labels=2,
+  )
   bertjax.to_hf(teacher_cfg, bertjax.init(teacher_cfg, 0, ("classifier",)), tmp_path / "teacher")
-  rows = [line.split("\t") for line in
-          (REPO / "bertjax" / "resources" / "sentences.tsv").read_text().splitlines()[1:17]]
+  rows = [
+    line.split("\t")
+    for line in (REPO / "bertjax" / "resources" / "sentences.tsv").read_text().splitlines()[1:17]
+  ]
   table = tmp_path / "neg.tsv"
-  table.write_text("sentence\tlabel\n" + "".join(  # two classes (the labels do not matter)
-      f"{r[0]}\t{'odd' if i % 2 else 'even'}\n" for i, r in enumerate(rows)))
-  argv = ["--table", str(table),
-          "--max-len", "32", "--vocab", str(bertjax.minilm_path() / "vocab.txt"),
-          "--teacher", str(tmp_path / "teacher"), "--steps", "2", "--batch-size", "4",
-          "--output-dir", str(tmp_path / "out"), "--no-progress"]
+  table.write_text(
+    "sentence\tlabel\n"
+    + "".join(  # two classes (the labels do not matter)
+      f"{r[0]}\t{'odd' if i % 2 else 'even'}\n" for i, r in enumerate(rows)
+    )
+  )
+  argv = [
+    "--table",
+    str(table),
+    "--max-len",
+    "32",
+    "--vocab",
+    str(bertjax.minilm_path() / "vocab.txt"),
+    "--teacher",
+    str(tmp_path / "teacher"),
+    "--steps",
+    "2",
+    "--batch-size",
+    "4",
+    "--output-dir",
+    str(tmp_path / "out"),
+    "--no-progress",
+  ]
   assert train.finetune_main(argv) == 0
   config, params = bertjax.from_hf(tmp_path / "out" / "model")
   assert config.num_hidden_layers == 2 and "classifier" in params

@@ -33,9 +33,16 @@ SMOKE_TEXT = REPO / "bertjax" / "resources" / "smoke" / "wikitext2_tokens" / "va
 def _tiny(model_type="bert", **kw):
   extra = {"embedding_size": 16} if model_type == "albert" else {}
   extra.update(kw)
-  return bertjax.BertConfig.preset(f"{model_type}-base", num_hidden_layers=2, hidden_size=32,
-                                   num_attention_heads=4, intermediate_size=64, vocab_size=97,
-                                   max_position_embeddings=32, **extra)
+  return bertjax.BertConfig.preset(
+    f"{model_type}-base",
+    num_hidden_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=97,
+    max_position_embeddings=32,
+    **extra,
+  )
 
 
 def _batch(objective, seed=0, b=4, t=16, p=4, vocab=97):
@@ -50,9 +57,14 @@ def _batch(objective, seed=0, b=4, t=16, p=4, vocab=97):
   w = np.ones((b, p), np.float32)
   w[2, 3] = 0
   w[0, 2:] = 0
-  out = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
-         "mlm_positions": pos.astype(np.int32),
-         "mlm_ids": r.integers(5, vocab, (b, p)).astype(np.int32), "mlm_weights": w}
+  out = {
+    "input_ids": ids,
+    "attention_mask": mask,
+    "token_type_ids": types,
+    "mlm_positions": pos.astype(np.int32),
+    "mlm_ids": r.integers(5, vocab, (b, p)).astype(np.int32),
+    "mlm_weights": w,
+  }
   if objective == "nsp":
     out["next_sentence_labels"] = r.integers(0, 2, b).astype(np.int32)
   if objective == "sop":
@@ -72,25 +84,50 @@ def _batch(objective, seed=0, b=4, t=16, p=4, vocab=97):
 # by one ulp (ALBERT sop k=1: 0x1.35c868p+1 -> 0x1.35c866p+1; BERT MLM-only k=1:
 # 0x1.58d710p+1 -> 0x1.58d712p+1); those two are re-recorded.
 BEFORE = {
-    ("bert", "nsp", 1, True): ({"loss": "0x1.533bac0000000p+2", "mlm_loss": "0x1.2702140000000p+2",
-                                "nsp_accuracy": "0x1.8000000000000p-1",
-                                "nsp_loss": "0x1.61ccbe0000000p-1"}, "0x1.5a1b240000000p+1"),
-    ("bert", "nsp", 2, False): ({"loss": "0x1.53c7d00000000p+2",
-                                 "mlm_loss": "0x1.2781480000000p+2",
-                                 "nsp_accuracy": "0x1.0000000000000p-1",
-                                 "nsp_loss": "0x1.6234340000000p-1"}, "0x1.512ec00000000p+1"),
-    ("albert", "sop", 1, True): ({"loss": "0x1.50d36c0000000p+2",
-                                  "mlm_loss": "0x1.2463be0000000p+2",
-                                  "sop_accuracy": "0x1.0000000000000p-1",
-                                  "sop_loss": "0x1.637d700000000p-1"}, "0x1.35c8660000000p+1"),
-    ("albert", "sop", 2, False): ({"loss": "0x1.50f7580000000p+2",
-                                   "mlm_loss": "0x1.2463be0000000p+2",
-                                   "sop_accuracy": "0x1.0000000000000p-1",
-                                   "sop_loss": "0x1.649cca0000000p-1"}, "0x1.3590bc0000000p+1"),
-    ("bert", "none", 1, True): ({"loss": "0x1.2702140000000p+2",
-                                 "mlm_loss": "0x1.2702140000000p+2"}, "0x1.58d7120000000p+1"),
-    ("bert", "none", 2, False): ({"loss": "0x1.2781480000000p+2",
-                                  "mlm_loss": "0x1.2781480000000p+2"}, "0x1.4fc8380000000p+1"),
+  ("bert", "nsp", 1, True): (
+    {
+      "loss": "0x1.533bac0000000p+2",
+      "mlm_loss": "0x1.2702140000000p+2",
+      "nsp_accuracy": "0x1.8000000000000p-1",
+      "nsp_loss": "0x1.61ccbe0000000p-1",
+    },
+    "0x1.5a1b240000000p+1",
+  ),
+  ("bert", "nsp", 2, False): (
+    {
+      "loss": "0x1.53c7d00000000p+2",
+      "mlm_loss": "0x1.2781480000000p+2",
+      "nsp_accuracy": "0x1.0000000000000p-1",
+      "nsp_loss": "0x1.6234340000000p-1",
+    },
+    "0x1.512ec00000000p+1",
+  ),
+  ("albert", "sop", 1, True): (
+    {
+      "loss": "0x1.50d36c0000000p+2",
+      "mlm_loss": "0x1.2463be0000000p+2",
+      "sop_accuracy": "0x1.0000000000000p-1",
+      "sop_loss": "0x1.637d700000000p-1",
+    },
+    "0x1.35c8660000000p+1",
+  ),
+  ("albert", "sop", 2, False): (
+    {
+      "loss": "0x1.50f7580000000p+2",
+      "mlm_loss": "0x1.2463be0000000p+2",
+      "sop_accuracy": "0x1.0000000000000p-1",
+      "sop_loss": "0x1.649cca0000000p-1",
+    },
+    "0x1.3590bc0000000p+1",
+  ),
+  ("bert", "none", 1, True): (
+    {"loss": "0x1.2702140000000p+2", "mlm_loss": "0x1.2702140000000p+2"},
+    "0x1.58d7120000000p+1",
+  ),
+  ("bert", "none", 2, False): (
+    {"loss": "0x1.2781480000000p+2", "mlm_loss": "0x1.2781480000000p+2"},
+    "0x1.4fc8380000000p+1",
+  ),
 }
 
 
@@ -103,10 +140,19 @@ def test_mlm_nsp_sop_losses_bitwise_as_before_components():
 
   flags = xla_options.without_cpu_options(os.environ.get("XLA_FLAGS", ""))
   env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags}
-  code = ("import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
-          "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))")
-  run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=900, check=False)
+  code = (
+    "import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
+    "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))"
+  )
+  run = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+    check=False,
+  )
   assert run.returncode == 0 and f"ok {len(BEFORE)}" in run.stdout, run.stderr[-3000:]
 
 
@@ -137,7 +183,8 @@ def test_weights_and_errors():
   params = bertjax.init(cfg, 0, ("mlm", "nsp"))
   batch = _batch("nsp")
   f = lambda objs: jax.jit(St.make_loss_and_grad(cfg, objective=objs, deterministic=True))(
-      params, batch, jax.random.key(0))[1]
+    params, batch, jax.random.key(0)
+  )[1]
   m = f((O.MaskedLM(weight=0.5), O.SentencePair("nsp", weight=2.0)))
   np.testing.assert_allclose(m["loss"], 0.5 * m["mlm_loss"] + 2.0 * m["nsp_loss"], rtol=1e-6)
   with pytest.raises(ValueError, match="unknown names \\['foo'\\]"):
@@ -187,20 +234,23 @@ def test_span_boundaries_and_word_order_batches(smoke_corpus):
       assert len(wpos) % 3 == 0 and not (set(wpos.tolist()) & masked)
       np.testing.assert_array_equal(wids, ref["input_ids"][r][wpos])  # the original tokens
       for s in range(0, len(wpos), 3):
-        tri = wpos[s:s + 3]
-        assert tri[2] - tri[0] == 2 and not np.isin(wids[s:s + 3], special).any()
-        assert sorted(b["input_ids"][r][tri]) == sorted(wids[s:s + 3])  # a permutation
+        tri = wpos[s : s + 3]
+        assert tri[2] - tri[0] == 2 and not np.isin(wids[s : s + 3], special).any()
+        assert sorted(b["input_ids"][r][tri]) == sorted(wids[s : s + 3])  # a permutation
       other = np.setdiff1d(np.arange(48), wpos)
       np.testing.assert_array_equal(b["input_ids"][r][other], ref["input_ids"][r][other])
-  moved = sum((b["input_ids"] != ref["input_ids"]).sum() for b, ref in
-              [(it.batch(s), plain.batch(s)) for s in range(3)])
+  moved = sum(
+    (b["input_ids"] != ref["input_ids"]).sum()
+    for b, ref in [(it.batch(s), plain.batch(s)) for s in range(3)]
+  )
   assert moved > 0
   state = it.state()
   again = P.WordOrderIterator(smoke_corpus, pc, batch_size=8, seed=1, word_order_prob=0.15)
   again.set_state(state)
   with pytest.raises(ValueError, match="word_order_prob"):
-    P.WordOrderIterator(smoke_corpus, pc, batch_size=8, seed=1,
-                        word_order_prob=0.1).set_state(state)
+    P.WordOrderIterator(smoke_corpus, pc, batch_size=8, seed=1, word_order_prob=0.1).set_state(
+      state
+    )
 
 
 def _spm_batch(smoke_corpus):
@@ -211,38 +261,52 @@ def _spm_batch(smoke_corpus):
 
 def test_sbo_and_word_order_losses_match_numpy(smoke_corpus):
   batch = _spm_batch(smoke_corpus)
-  cfg = bertjax.BertConfig(vocab_size=smoke_corpus.vocab_size, hidden_size=24,
-                           num_hidden_layers=2, num_attention_heads=3, intermediate_size=48,
-                           max_position_embeddings=64)
+  cfg = bertjax.BertConfig(
+    vocab_size=smoke_corpus.vocab_size,
+    hidden_size=24,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
   objs = O.resolve("mlm+sbo+word_order")
   params = init_for_objectives(cfg, 0, objs)
-  params["sbo"] = jax.tree.map(lambda a: a + 0.1 * jax.random.normal(jax.random.key(5), a.shape),
-                               params["sbo"])  # non-trivial LayerNorms and biases
+  params["sbo"] = jax.tree.map(
+    lambda a: a + 0.1 * jax.random.normal(jax.random.key(5), a.shape), params["sbo"]
+  )  # non-trivial LayerNorms and biases
   f = jax.jit(St.make_loss_and_grad(cfg, objective=objs, deterministic=True))
   _, m, grads = f(params, batch, jax.random.key(0))
   assert float(jnp.abs(grads["sbo"]["position_embeddings"]).sum()) > 0
 
-  h = np.asarray(bertjax.forward(params, cfg, batch["input_ids"], batch["attention_mask"],
-                                 batch["token_type_ids"]).last_hidden_state, np.float64)
+  h = np.asarray(
+    bertjax.forward(
+      params, cfg, batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+    ).last_hidden_state,
+    np.float64,
+  )
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
   word = p["embeddings"]["word_embeddings"]["embedding"]
   rows = np.arange(4)[:, None]
   pos, left, right = batch["mlm_positions"], batch["span_left"], batch["span_right"]
   sbo = p["sbo"]
-  x = np.concatenate([h[rows, left], h[rows, right], sbo["position_embeddings"][pos - left - 1]],
-                     -1)
+  x = np.concatenate(
+    [h[rows, left], h[rows, right], sbo["position_embeddings"][pos - left - 1]], -1
+  )
   eps = cfg.layer_norm_eps
-  hh = ref.layer_norm(ref.gelu(x @ sbo["dense1"]["kernel"] + sbo["dense1"]["bias"]), sbo["ln1"],
-                      eps)
-  y = ref.layer_norm(ref.gelu(hh @ sbo["dense2"]["kernel"] + sbo["dense2"]["bias"]), sbo["ln2"],
-                     eps)
+  hh = ref.layer_norm(
+    ref.gelu(x @ sbo["dense1"]["kernel"] + sbo["dense1"]["bias"]), sbo["ln1"], eps
+  )
+  y = ref.layer_norm(
+    ref.gelu(hh @ sbo["dense2"]["kernel"] + sbo["dense2"]["bias"]), sbo["ln2"], eps
+  )
   want = _np_ce(y @ word.T + sbo["bias"], batch["mlm_ids"], batch["mlm_weights"])
   np.testing.assert_allclose(m["sbo_loss"], want, rtol=1e-5)
 
   mh = p["mlm"]  # BERT's MLM head: dense, GELU, LayerNorm, tied decoder + bias
   wpos = batch["word_order_positions"]
-  t = ref.layer_norm(ref.gelu(h[rows, wpos] @ mh["dense"]["kernel"] + mh["dense"]["bias"]),
-                     mh["LayerNorm"], eps)
+  t = ref.layer_norm(
+    ref.gelu(h[rows, wpos] @ mh["dense"]["kernel"] + mh["dense"]["bias"]), mh["LayerNorm"], eps
+  )
   want = _np_ce(t @ word.T + mh["bias"], batch["word_order_ids"], batch["word_order_weights"])
   np.testing.assert_allclose(m["word_order_loss"], want, rtol=1e-5)
 
@@ -251,9 +315,16 @@ def test_sbo_and_word_order_losses_match_numpy(smoke_corpus):
 
 
 def _electra_configs(vocab=97, embed=16):
-  disc = bertjax.BertConfig(model_type="electra", vocab_size=vocab, embedding_size=embed,
-                            hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            intermediate_size=64, max_position_embeddings=32)
+  disc = bertjax.BertConfig(
+    model_type="electra",
+    vocab_size=vocab,
+    embedding_size=embed,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+  )
   gen = disc.replace(hidden_size=16, num_attention_heads=2, intermediate_size=32)
   return gen, disc
 
@@ -270,17 +341,21 @@ def test_electra_shares_embeddings_and_samples_inside_the_step():
   loss, m, grads = f(params, batch, jax.random.key(1))
   np.testing.assert_allclose(loss, m["mlm_loss"] + 50 * m["rtd_loss"], rtol=1e-6)
   # The shared word embeddings learn from both models' losses.
-  gm = jax.jit(St.make_loss_and_grad(disc, objective=(E.Electra(gen, rtd_weight=0.0),),
-                                     deterministic=False))(params, batch, jax.random.key(1))[2]
+  gm = jax.jit(
+    St.make_loss_and_grad(disc, objective=(E.Electra(gen, rtd_weight=0.0),), deterministic=False)
+  )(params, batch, jax.random.key(1))[2]
   w = lambda g: g["discriminator"]["embeddings"]["word_embeddings"]["embedding"]
   assert float(jnp.abs(w(gm)).sum()) > 0 and not np.allclose(w(gm), w(grads))
   run = jax.jit(el.run, static_argnums=(1, 4))(params, disc, batch, jax.random.key(7), True)
   live = batch["mlm_weights"] > 0
   rows = np.nonzero(live)[0]
-  np.testing.assert_array_equal(np.asarray(run["original"])[rows, batch["mlm_positions"][live]],
-                                batch["mlm_ids"][live])
-  np.testing.assert_array_equal(np.asarray(run["corrupted"])[rows, batch["mlm_positions"][live]],
-                                np.asarray(run["sampled"])[live])
+  np.testing.assert_array_equal(
+    np.asarray(run["original"])[rows, batch["mlm_positions"][live]], batch["mlm_ids"][live]
+  )
+  np.testing.assert_array_equal(
+    np.asarray(run["corrupted"])[rows, batch["mlm_positions"][live]],
+    np.asarray(run["sampled"])[live],
+  )
   sel = np.zeros(batch["input_ids"].shape, bool)
   sel[rows, batch["mlm_positions"][live]] = True
   np.testing.assert_array_equal(np.asarray(run["corrupted"])[~sel], batch["input_ids"][~sel])
@@ -295,12 +370,12 @@ def test_rtd_loss_matches_transformers_and_export_loads_strict(tmp_path):
   transformers = pytest.importorskip("transformers")
   gen, disc = _electra_configs()
   params = E.init_electra(gen, disc, 0)
-  params = jax.tree.map(lambda a: a + 0.02 * jax.random.normal(jax.random.key(2), a.shape),
-                        params)
+  params = jax.tree.map(lambda a: a + 0.02 * jax.random.normal(jax.random.key(2), a.shape), params)
   el = E.Electra(gen)
   batch = _batch("none", p=4)
   metrics = jax.jit(St.make_loss_and_grad(disc, objective=(el,), deterministic=True))(
-      params, batch, jax.random.key(4))[1]
+    params, batch, jax.random.key(4)
+  )[1]
   run = el.run(params, disc, batch, jax.random.key(4), True)
   labels = np.asarray(run["labels"])
   assert 0 < labels.sum() < labels.size
@@ -312,22 +387,28 @@ def test_rtd_loss_matches_transformers_and_export_loads_strict(tmp_path):
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
   t = lambda a: torch.tensor(np.asarray(a), dtype=torch.long)
   with torch.no_grad():
-    hf = d(input_ids=t(run["corrupted"]), attention_mask=t(batch["attention_mask"]),
-           token_type_ids=t(batch["token_type_ids"]), labels=t(labels))
+    hf = d(
+      input_ids=t(run["corrupted"]),
+      attention_mask=t(batch["attention_mask"]),
+      token_type_ids=t(batch["token_type_ids"]),
+      labels=t(labels),
+    )
   np.testing.assert_allclose(float(metrics["rtd_loss"]), float(hf.loss), rtol=1e-5)
   real = batch["attention_mask"] > 0  # padding positions are not compared (nor in the loss)
-  np.testing.assert_allclose(np.asarray(run["rtd_logits"])[real], hf.logits.numpy()[real],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(run["rtd_logits"])[real], hf.logits.numpy()[real], atol=1e-5
+  )
   # The generator's export carries the shared tables: its MLM logits match ours.
   full = E.generator_params(params, gen, disc)
-  ours = bertjax.head_logits(full, gen, bertjax.forward(full, gen, batch["input_ids"],
-                                                        batch["attention_mask"]), "mlm")
+  ours = bertjax.head_logits(
+    full, gen, bertjax.forward(full, gen, batch["input_ids"], batch["attention_mask"]), "mlm"
+  )
   with torch.no_grad():
     theirs = g(input_ids=t(batch["input_ids"]), attention_mask=t(batch["attention_mask"])).logits
   np.testing.assert_allclose(np.asarray(ours)[real], theirs.numpy()[real], atol=1e-4)
 
 
-RUNNER = textwrap.dedent('''
+RUNNER = textwrap.dedent("""
     import json, sys, time
     import bertjax
     from bertjax.data import corpus as C, pretraining as P
@@ -364,12 +445,14 @@ RUNNER = textwrap.dedent('''
                             objective=E.Electra(gen))
     summary.pop("history")
     print("SUMMARY " + json.dumps(summary))
-''')
+""")
 
 
 def _records(out):
-  return [(r["step"], r["loss"], r["mlm_loss"], r["rtd_loss"]) for r in
-          map(json.loads, (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines())]
+  return [
+    (r["step"], r["loss"], r["mlm_loss"], r["rtd_loss"])
+    for r in map(json.loads, (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines())
+  ]
 
 
 @pytest.mark.slow
@@ -377,16 +460,27 @@ def _records(out):
 def test_electra_kill_and_resume_is_bitwise(tmp_path, family):
   """ELECTRA, and DeBERTa-v3's RTD with GDES (the residual tables in the checkpoint)."""
   (tmp_path / "runner.py").write_text(RUNNER)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1",
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", XLA_FLAGS=FAST_COMPILE)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    XLA_FLAGS=FAST_COMPILE,
+  )
 
   def run(**kw):
     args = {"text": str(SMOKE_TEXT), "steps": 8, "family": family, **kw}
-    proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
-                          env=env, cwd=REPO, check=False, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+      [sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
+      env=env,
+      cwd=REPO,
+      check=False,
+      capture_output=True,
+      text=True,
+      timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.split("SUMMARY ", 1)[1])
 
@@ -394,10 +488,20 @@ def test_electra_kill_and_resume_is_bitwise(tmp_path, family):
   ref = _records(tmp_path / "ref")
   assert [r[0] for r in ref] == list(range(1, 9))
   killed = tmp_path / "killed"
-  args = {"text": str(SMOKE_TEXT), "steps": 8, "out": str(killed), "slow_after": 3,
-          "family": family}
-  proc = subprocess.Popen([sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
-                          env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  args = {
+    "text": str(SMOKE_TEXT),
+    "steps": 8,
+    "out": str(killed),
+    "slow_after": 3,
+    "family": family,
+  }
+  proc = subprocess.Popen(
+    [sys.executable, str(tmp_path / "runner.py"), json.dumps(args)],
+    env=env,
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   deadline = time.time() + 240
   while not (killed / "checkpoints" / "2").is_dir():
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]

@@ -31,11 +31,23 @@ print(len(names), " ".join(names))
 
 @pytest.mark.slow
 def test_every_module_imports_without_matplotlib(tmp_path):
-  run = subprocess.run([sys.executable, "-c", _CODE], check=False, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+  run = subprocess.run(
+    [sys.executable, "-c", _CODE],
+    check=False,
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   count, *names = run.stdout.split()
   assert int(count) == len(names) > 40
-  for name in ("bertjax.analysis.representations.probing_run", "bertjax.plots.probing", "bertjax.plots.charts",
-               "bertjax.report", "bertjax.kernels.attention", "bertjax.training.loop"):
+  for name in (
+    "bertjax.analysis.representations.probing_run",
+    "bertjax.plots.probing",
+    "bertjax.plots.charts",
+    "bertjax.report",
+    "bertjax.kernels.attention",
+    "bertjax.training.loop",
+  ):
     assert name in names

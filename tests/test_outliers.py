@@ -10,9 +10,14 @@ from bertjax.analysis.representations import outliers
 
 
 def _planted(beta_last=10.0, beta_all=10.0, dim=7):
-  config = bertjax.BertConfig(vocab_size=90, hidden_size=32, num_hidden_layers=4,
-                              num_attention_heads=4, intermediate_size=40,
-                              max_position_embeddings=40)
+  config = bertjax.BertConfig(
+    vocab_size=90,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    intermediate_size=40,
+    max_position_embeddings=40,
+  )
   params = bertjax.init(config, 0)
   ln = params["encoder"]["layers"]["LayerNorm"]  # each block's output norm, (L, H)
   bias = np.asarray(ln["bias"]).copy()
@@ -28,7 +33,7 @@ def _batches(config):
   for t in (9, 12):
     ids = rng.integers(5, config.vocab_size, (3, t)).astype(np.int32)
     mask = np.ones_like(ids)
-    mask[2, t - 3:] = 0
+    mask[2, t - 3 :] = 0
     out.append({"input_ids": ids, "attention_mask": mask})
   return out
 
@@ -36,8 +41,9 @@ def _batches(config):
 def _states(params, config, batches):
   hs = []
   for b in batches:
-    out = bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                          output_hidden_states=True)
+    out = bertjax.forward(
+      params, config, b["input_ids"], b["attention_mask"], output_hidden_states=True
+    )
     real = b["attention_mask"] > 0
     hs.append(np.asarray(out.hidden_states[1:], np.float64)[:, real])
   return np.concatenate(hs, 1)  # (L, n, H)
@@ -88,7 +94,7 @@ def test_int8_error_by_layer_equals_its_definition():
   got = outliers.int8_error_by_layer(params, config, batches)
   h = _states(params, config, batches)
   hq = _states(params, config.replace(quantize="int8"), batches)
-  want = np.sqrt(((hq - h) ** 2).sum((1, 2)) / (h ** 2).sum((1, 2)))
+  want = np.sqrt(((hq - h) ** 2).sum((1, 2)) / (h**2).sum((1, 2)))
   np.testing.assert_allclose(got["relative_error"], want, rtol=1e-6)
   assert (0 < want).all() and (want < 0.2).all()
   np.testing.assert_allclose(got["max_abs"], np.abs(h).max((1, 2)), rtol=1e-6)
@@ -108,8 +114,9 @@ def test_report_section_matches_the_library_and_numpy():
     b["input_ids"][:, 4] = 3
     b["token_type_ids"] = np.zeros_like(b["input_ids"])
   tok = type("Tok", (), {"cls_id": 2, "sep_id": 3})()
-  got = sections.outlier_section(params, config, tok, list(enumerate(batches)),
-                                 ReportSettings(bootstrap_resamples=50))
+  got = sections.outlier_section(
+    params, config, tok, list(enumerate(batches)), ReportSettings(bootstrap_resamples=50)
+  )
   census = outliers.outlier_dimensions(params, config, batches)
   assert got["dims"] == [7] and np.allclose(got["z"], census.z)
   assert got["count_ci"][0] <= 1 <= got["count_ci"][1]
@@ -118,8 +125,12 @@ def test_report_section_matches_the_library_and_numpy():
   np.testing.assert_array_equal(np.asarray(got["massive"]["by_sentence"]).sum(0), massive.count)
   want = []
   for b in batches:
-    a = np.asarray(bertjax.forward(params, config, b["input_ids"], b["attention_mask"],
-                                   output_attentions=True).attentions, np.float64)
+    a = np.asarray(
+      bertjax.forward(
+        params, config, b["input_ids"], b["attention_mask"], output_attentions=True
+      ).attentions,
+      np.float64,
+    )
     for i in range(len(b["input_ids"])):
       real = b["attention_mask"][i] > 0
       cols = real & np.isin(b["input_ids"][i], [2, 3])

@@ -4,20 +4,29 @@ import ast
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
 
 @pytest.mark.slow
 def test_kernels_install_as_bertjax_kernels(tmp_path):
-  code = ("import importlib.util, bertjax\n"
-          "from bertjax import kernels\n"
-          "from bertjax.kernels.flash_attention import BlockSizes\n"
-          "assert kernels.BlockSizes is BlockSizes\n"
-          "print(kernels.__name__, importlib.util.find_spec('kernels'))\n")
+  code = (
+    "import importlib.util, bertjax\n"
+    "from bertjax import kernels\n"
+    "from bertjax.kernels.flash_attention import BlockSizes\n"
+    "assert kernels.BlockSizes is BlockSizes\n"
+    "print(kernels.__name__, importlib.util.find_spec('kernels'))\n"
+  )
   # From a directory outside the checkout, so only the installed mapping can resolve it.
-  run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300)
+  run = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=tmp_path,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   assert run.stdout.split() == ["bertjax.kernels", "None"]  # no bare `kernels` name claimed
 
@@ -25,10 +34,12 @@ def test_kernels_install_as_bertjax_kernels(tmp_path):
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # The installed library: bertjax/ and the top-level kernels/ (installed as bertjax.kernels).
 LIBRARY = ((REPO / "bertjax", "bertjax"), (REPO / "kernels", "bertjax.kernels"))
-# Readability limits (issue 18): no library file over ~700 lines, no function whose code
-# (its docstring aside) runs over ~80 lines in the library, the experiments or the benchmarks.
-MAX_FILE_LINES = 700
-MAX_FUNCTION_LINES = 80
+# Size is a smell test (issue 35), not a reason to split: a library file over ~700 lines or a
+# function over ~80 lines of code (its docstring aside, as `ruff format` lays it out) is named
+# in a warning in the test report, to be split by idea when an idea has grown; only sizes far
+# past those fail.
+SMELL_FILE_LINES, MAX_FILE_LINES = 700, 1200
+SMELL_FUNCTION_LINES, MAX_FUNCTION_LINES = 80, 150
 
 
 def _module_files(roots) -> dict[str, pathlib.Path]:
@@ -74,7 +85,7 @@ def _cycle(graph):
     stack.append(m)
     for n in sorted(graph[m]):
       if state.get(n) == 1:
-        return stack[stack.index(n):] + [n]
+        return stack[stack.index(n) :] + [n]
       if n not in state:
         found = visit(n)
         if found:
@@ -93,8 +104,11 @@ def _cycle(graph):
 
 def test_library_has_no_import_cycle():
   graph = _import_graph(LIBRARY)
-  assert {"bertjax.kernels.reference", "bertjax.analysis.interventions.patching",
-          "bertjax.report"} <= set(graph)
+  assert {
+    "bertjax.kernels.reference",
+    "bertjax.analysis.interventions.patching",
+    "bertjax.report",
+  } <= set(graph)
   assert _cycle(graph) is None, _cycle(graph)
 
 
@@ -103,21 +117,25 @@ def test_library_has_no_import_cycle():
 # stand beside each other and do not import each other; `bertjax` itself (its __init__, the
 # public API) stands above the shared modules it gathers.
 FLOORS = (
-    ("bertjax.kernels", "bertjax.quantize"),
-    ("bertjax.model",),
-    ("bertjax.stats", "bertjax.utils", "bertjax.mesh", "bertjax.xla_options", "bertjax.hub"),
-    ("bertjax",),
-    ("bertjax.data",),
-    ("bertjax.training",),
-    ("bertjax.analysis.batching",),
-    ("bertjax.analysis.sharded",),
-    ("bertjax.analysis.attention", "bertjax.analysis.interventions",
-     "bertjax.analysis.attribution", "bertjax.analysis.representations"),
-    ("bertjax.analysis", "bertjax.analysis.jobs"),
-    ("bertjax.tasks",),
-    ("bertjax.plots",),
-    ("bertjax.report",),
-    ("bertjax.cli",),
+  ("bertjax.kernels", "bertjax.quantize"),
+  ("bertjax.model",),
+  ("bertjax.stats", "bertjax.utils", "bertjax.mesh", "bertjax.xla_options", "bertjax.hub"),
+  ("bertjax",),
+  ("bertjax.data",),
+  ("bertjax.training",),
+  ("bertjax.analysis.batching",),
+  ("bertjax.analysis.sharded",),
+  (
+    "bertjax.analysis.attention",
+    "bertjax.analysis.interventions",
+    "bertjax.analysis.attribution",
+    "bertjax.analysis.representations",
+  ),
+  ("bertjax.analysis", "bertjax.analysis.jobs"),
+  ("bertjax.tasks",),
+  ("bertjax.plots",),
+  ("bertjax.report",),
+  ("bertjax.cli",),
 )
 
 
@@ -127,7 +145,8 @@ def _unit(module: str) -> tuple[int, str]:
   for floor, units in enumerate(FLOORS):
     for unit in units:
       if (module == unit or module.startswith(unit + ".")) and (
-          best is None or len(unit) > len(best[1])):
+        best is None or len(unit) > len(best[1])
+      ):
         best = (floor, unit)
   assert best is not None, f"{module} is on no floor: add it to FLOORS"
   return best
@@ -151,10 +170,12 @@ def test_no_import_runs_up_a_floor_or_across():
   assert not floor_violations(graph), "\n".join(floor_violations(graph))
   # The check sees an import up (training -> analysis) and across (attention -> attribution).
   assert floor_violations({"bertjax.training.loop": {"bertjax.analysis.jobs"}})
-  assert floor_violations({"bertjax.analysis.attention.patterns":
-                           {"bertjax.analysis.attribution.lrp"}})
-  assert not floor_violations({"bertjax.analysis.attention.patterns":
-                               {"bertjax.analysis.sharded", "bertjax.stats"}})
+  assert floor_violations(
+    {"bertjax.analysis.attention.patterns": {"bertjax.analysis.attribution.lrp"}}
+  )
+  assert not floor_violations(
+    {"bertjax.analysis.attention.patterns": {"bertjax.analysis.sharded", "bertjax.stats"}}
+  )
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
@@ -175,23 +196,39 @@ def _function_lengths(path: pathlib.Path):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
       lines = node.end_lineno - node.lineno + 1
       first = node.body[0]
-      if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-          and isinstance(first.value.value, str)):
+      if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+      ):
         lines -= first.end_lineno - first.lineno + 1
       yield node.name, node.lineno, lines
 
 
 def test_library_files_stay_under_the_size_limit():
-  long = {str(p.relative_to(REPO)): n for p in _module_files(LIBRARY).values()
-          if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES}
+  sizes = {
+    str(p.relative_to(REPO)): len(p.read_text().splitlines())
+    for p in _module_files(LIBRARY).values()
+  }
+  smell = {k: n for k, n in sizes.items() if n > SMELL_FILE_LINES}
+  if smell:
+    warnings.warn(f"library files over {SMELL_FILE_LINES} lines: {smell}", stacklevel=1)
+  long = {k: n for k, n in sizes.items() if n > MAX_FILE_LINES}
   assert not long, f"files over {MAX_FILE_LINES} lines: {long}"
 
 
 def test_functions_stay_under_the_length_limit(tmp_path):
   roots = [REPO / d for d in ("bertjax", "kernels", "experiments", "benchmarks")]
-  long = [f"{p.relative_to(REPO)}:{line} {name} ({n} lines)"
-          for root in roots for p in sorted(root.rglob("*.py"))
-          for name, line, n in _function_lengths(p) if n > MAX_FUNCTION_LINES]
+  lengths = [
+    (f"{p.relative_to(REPO)}:{line} {name} ({n} lines)", n)
+    for root in roots
+    for p in sorted(root.rglob("*.py"))
+    for name, line, n in _function_lengths(p)
+  ]
+  smell = [where for where, n in lengths if n > SMELL_FUNCTION_LINES]
+  if smell:
+    warnings.warn(f"functions over {SMELL_FUNCTION_LINES} lines of code: {smell}", stacklevel=1)
+  long = [where for where, n in lengths if n > MAX_FUNCTION_LINES]
   assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code: {long}"
   # The measure itself: a docstring does not count, every other line does.
   body = "\n".join(f"  x{i} = {i}" for i in range(81))
@@ -222,7 +259,8 @@ def test_pyproject_lists_every_package():
   __init__.py must be there (the top-level kernels/ as bertjax.kernels)."""
   import tomllib
 
-  listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-               ["packages"])
+  listed = set(
+    tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+  )
   found = {name for name, path in _module_files(LIBRARY).items() if path.name == "__init__.py"}
   assert listed == found, (sorted(found - listed), sorted(listed - found))

@@ -16,20 +16,27 @@ import pytest
 import bertjax
 from bertjax.model import packing as pk
 
-SMALL = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-             intermediate_size=64, max_position_embeddings=64)
+SMALL = dict(
+  vocab_size=1000,
+  hidden_size=32,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=64,
+  max_position_embeddings=64,
+)
 WINDOWS = ("full_attention", "sliding_attention", "sliding_attention")
 CONFIGS = {
-    "bert": dict(),
-    "roberta": dict(preset="roberta-base", max_position_embeddings=66),
-    "distilbert": dict(preset="distilbert-base", sinusoidal_positions=True),
-    "albert": dict(preset="albert-base", embedding_size=16, num_hidden_groups=1),
-    "modernbert": dict(preset="modernbert-base", pad_token_id=0, layer_types=WINDOWS,
-                       sliding_window=6),
-    "eurobert": dict(preset="eurobert-210m", pad_token_id=0, num_key_value_heads=2),
-    "nomic_bert": dict(preset="nomic-bert"),
-    "mpnet": dict(preset="mpnet-base"),
-    "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),
+  "bert": dict(),
+  "roberta": dict(preset="roberta-base", max_position_embeddings=66),
+  "distilbert": dict(preset="distilbert-base", sinusoidal_positions=True),
+  "albert": dict(preset="albert-base", embedding_size=16, num_hidden_groups=1),
+  "modernbert": dict(
+    preset="modernbert-base", pad_token_id=0, layer_types=WINDOWS, sliding_window=6
+  ),
+  "eurobert": dict(preset="eurobert-210m", pad_token_id=0, num_key_value_heads=2),
+  "nomic_bert": dict(preset="nomic-bert"),
+  "mpnet": dict(preset="mpnet-base"),
+  "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),
 }
 LENGTHS = (5, 12, 3, 9, 16, 7)  # padded to 16: first-fit decreasing packs them in 4 rows
 
@@ -89,12 +96,15 @@ def test_layout_first_fit_decreasing():
   assert bertjax.Packing.of(mask, length=20, rows=5).shape == (5, 20)
 
 
-@pytest.mark.parametrize("bad, message", [
+@pytest.mark.parametrize(
+  "bad, message",
+  [
     (dict(mask=[[1, 0, 1, 0]]), "row 0 is not right padding"),
     (dict(mask=[[1, 1, 1, 0]], length=2), "length=2 must be at least the longest"),
     (dict(mask=[[1, 1, 1, 0], [1, 1, 0, 0]], rows=1), "rows=1 is too few"),
     (dict(mask=[1, 1]), r"must be \(batch, seq\)"),
-])
+  ],
+)
 def test_layout_refuses_what_cannot_be_packed(bad, message):
   mask = np.asarray(bad.pop("mask"))
   with pytest.raises(ValueError, match=message):
@@ -112,31 +122,46 @@ def test_packed_equals_padded_everywhere(name):
   depth, heads = config.depth, config.num_attention_heads
   head_mask = rng.uniform(0, 1, (len(ids), depth, heads)).astype(np.float32)
   mid = bertjax.site_shape(config, "mid", *ids.shape)
-  patch = {"mid": (rng.standard_normal(mid).astype(np.float32),
-                   rng.uniform(0, 1, mid[:3] + (1,)).astype(np.float32)),
-           "v": (0.0, np.float32(0.25))}  # one that broadcasts over batch and seq
+  patch = {
+    "mid": (
+      rng.standard_normal(mid).astype(np.float32),
+      rng.uniform(0, 1, mid[:3] + (1,)).astype(np.float32),
+    ),
+    "v": (0.0, np.float32(0.25)),
+  }  # one that broadcasts over batch and seq
   for ablation in ("uniform", "scale"):
-    kw = dict(capture=sites, output_attentions=True, output_hidden_states=True,
-              head_mask=head_mask, head_ablation=ablation,
-              layer_mask=np.linspace(1, 0.5, depth, dtype=np.float32), patch=patch)
+    kw = dict(
+      capture=sites,
+      output_attentions=True,
+      output_hidden_states=True,
+      head_mask=head_mask,
+      head_ablation=ablation,
+      layer_mask=np.linspace(1, 0.5, depth, dtype=np.float32),
+      patch=patch,
+    )
     padded = bertjax.forward(params, config, ids, mask, **kw)
     packed = bertjax.forward(params, config, ids, mask, packed=True, **kw)
     for field in ("last_hidden_state", "hidden_states", "attentions"):
       a, b = getattr(padded, field), getattr(packed, field)
       depth_axis = field != "last_hidden_state"
       axes = "batch heads seq seq" if field == "attentions" else "batch seq hidden"
-      np.testing.assert_allclose(_at_real(b, axes, real, depth_axis),
-                                 _at_real(a, axes, real, depth_axis), atol=2e-5,
-                                 err_msg=f"{name} {ablation} {field}")
+      np.testing.assert_allclose(
+        _at_real(b, axes, real, depth_axis),
+        _at_real(a, axes, real, depth_axis),
+        atol=2e-5,
+        err_msg=f"{name} {ablation} {field}",
+      )
       assert not np.asarray(b)[..., ~real, :].any() if field == "last_hidden_state" else True
     if padded.pooler_output is not None:
       np.testing.assert_allclose(packed.pooler_output, padded.pooler_output, atol=2e-5)
     for site in sites:
       axes = bertjax.SITES[site][0]
       np.testing.assert_allclose(
-          _at_real(packed.cache[site], axes, real, site != "embeddings"),
-          _at_real(padded.cache[site], axes, real, site != "embeddings"), atol=2e-5,
-          err_msg=f"{name} {ablation} {site}")
+        _at_real(packed.cache[site], axes, real, site != "embeddings"),
+        _at_real(padded.cache[site], axes, real, site != "embeddings"),
+        atol=2e-5,
+        err_msg=f"{name} {ablation} {site}",
+      )
 
 
 def test_pallas_kernel_runs_packed_rows():
@@ -148,14 +173,22 @@ def test_pallas_kernel_runs_packed_rows():
   real = mask.astype(bool)
   padded = bertjax.forward(params, config, ids, mask)
   fused = config.replace(attention_impl="pallas")
-  packed = bertjax.forward(params, fused, ids, mask, packed=True,
-                           head_mask=np.full((config.depth, 4), 0.5, np.float32))
-  masked = bertjax.forward(params, config, ids, mask,
-                           head_mask=np.full((config.depth, 4), 0.5, np.float32))
-  np.testing.assert_allclose(np.asarray(packed.last_hidden_state)[real],
-                             np.asarray(masked.last_hidden_state)[real], atol=2e-5)
-  assert not np.allclose(np.asarray(packed.last_hidden_state)[real],
-                         np.asarray(padded.last_hidden_state)[real], atol=1e-3)
+  packed = bertjax.forward(
+    params, fused, ids, mask, packed=True, head_mask=np.full((config.depth, 4), 0.5, np.float32)
+  )
+  masked = bertjax.forward(
+    params, config, ids, mask, head_mask=np.full((config.depth, 4), 0.5, np.float32)
+  )
+  np.testing.assert_allclose(
+    np.asarray(packed.last_hidden_state)[real],
+    np.asarray(masked.last_hidden_state)[real],
+    atol=2e-5,
+  )
+  assert not np.allclose(
+    np.asarray(packed.last_hidden_state)[real],
+    np.asarray(padded.last_hidden_state)[real],
+    atol=1e-3,
+  )
 
 
 def test_pruned_longer_rows_probs_patches_and_fused_bias():
@@ -169,29 +202,43 @@ def test_pruned_longer_rows_probs_patches_and_fused_bias():
   params = _random_norms(bertjax.init(config, 0))
   pruned_config, pruned = bertjax.prune_heads(config, params, {0: [1, 3], 2: [0]})
   for cfg, prm, kw in (
-      (pruned_config, pruned, dict(head_mask=np.full((3, 4), 0.7, np.float32))),
-      (config, params, dict(packed_layout=dict(length=20))),
-      # Weight on real keys only: weight on a padded key mixes in the padding's values,
-      # which the packed rows do not have (documented).
-      (config, params, dict(patch={"probs": (np.float32(0.01),
-                                             0.5 * mask[:, None, None, :].astype(np.float32))},
-                            capture=("probs",))),
+    (pruned_config, pruned, dict(head_mask=np.full((3, 4), 0.7, np.float32))),
+    (config, params, dict(packed_layout=dict(length=20))),
+    # Weight on real keys only: weight on a padded key mixes in the padding's values,
+    # which the packed rows do not have (documented).
+    (
+      config,
+      params,
+      dict(
+        patch={"probs": (np.float32(0.01), 0.5 * mask[:, None, None, :].astype(np.float32))},
+        capture=("probs",),
+      ),
+    ),
   ):
     layout = kw.pop("packed_layout", None)
     packed = bertjax.Packing.of(mask, **layout) if layout else True
     a = bertjax.forward(prm, cfg, ids, mask, **kw)
     b = bertjax.forward(prm, cfg, ids, mask, packed=packed, **kw)
-    np.testing.assert_allclose(np.asarray(b.last_hidden_state)[real],
-                               np.asarray(a.last_hidden_state)[real], atol=2e-5)
+    np.testing.assert_allclose(
+      np.asarray(b.last_hidden_state)[real], np.asarray(a.last_hidden_state)[real], atol=2e-5
+    )
   assert bertjax.Packing.of(mask, length=20).shape == (3, 20)
   config = _config("mpnet")
   params = _random_norms(bertjax.init(config, 0))
   xi = np.random.default_rng(6).uniform(0, 1, (len(ids), 3, 4)).astype(np.float32)
   a = bertjax.forward(params, config, ids, mask, head_mask=xi, head_ablation="uniform")
-  b = bertjax.forward(params, config.replace(attention_impl="pallas"), ids, mask, packed=True,
-                      head_mask=xi, head_ablation="uniform")
-  np.testing.assert_allclose(np.asarray(b.last_hidden_state)[real],
-                             np.asarray(a.last_hidden_state)[real], atol=2e-5)
+  b = bertjax.forward(
+    params,
+    config.replace(attention_impl="pallas"),
+    ids,
+    mask,
+    packed=True,
+    head_mask=xi,
+    head_ablation="uniform",
+  )
+  np.testing.assert_allclose(
+    np.asarray(b.last_hidden_state)[real], np.asarray(a.last_hidden_state)[real], atol=2e-5
+  )
 
 
 def test_packing_inside_jit_and_checked_forward():
@@ -201,13 +248,14 @@ def test_packing_inside_jit_and_checked_forward():
   real = mask.astype(bool)
   padded = bertjax.forward(params, config, ids, mask).last_hidden_state
   layout = bertjax.Packing.of(mask, rows=5)  # a fixed row count: one program across batches
-  run = jax.jit(lambda p, i, m, lay: bertjax.forward(p, config, i, m, packed=lay)
-                .last_hidden_state)
-  np.testing.assert_allclose(np.asarray(run(params, ids, mask, layout))[real],
-                             np.asarray(padded)[real], atol=2e-5)
+  run = jax.jit(lambda p, i, m, lay: bertjax.forward(p, config, i, m, packed=lay).last_hidden_state)
+  np.testing.assert_allclose(
+    np.asarray(run(params, ids, mask, layout))[real], np.asarray(padded)[real], atol=2e-5
+  )
   checked = bertjax.checked_forward(params, config, ids, mask, packed=True)
-  np.testing.assert_allclose(np.asarray(checked.last_hidden_state)[real],
-                             np.asarray(padded)[real], atol=2e-5)
+  np.testing.assert_allclose(
+    np.asarray(checked.last_hidden_state)[real], np.asarray(padded)[real], atol=2e-5
+  )
   unpacked = bertjax.checked_forward(params, config, ids, mask, packed=False)
   np.testing.assert_array_equal(unpacked.last_hidden_state, padded)
   with pytest.raises(TypeError, match="concrete attention_mask"):
@@ -219,8 +267,9 @@ def test_packing_refusals():
   params = bertjax.init(config, 0)
   ids, mask = _batch()
   with pytest.raises(ValueError, match="function patches"):
-    bertjax.forward(params, config, ids, mask, packed=True,
-                    patch={"out": lambda value, layer: value})
+    bertjax.forward(
+      params, config, ids, mask, packed=True, patch={"out": lambda value, layer: value}
+    )
   with pytest.raises(ValueError, match="not 'cudnn'"):
     bertjax.forward(params, config.replace(attention_impl="cudnn"), ids, mask, packed=True)
   with pytest.raises(ValueError, match="not right padding"):

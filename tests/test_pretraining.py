@@ -424,8 +424,9 @@ def _random_sequence(rng, length):
   return words, maskable, ids.astype(np.int32)
 
 
-@pytest.mark.parametrize("mask_prob,length,rows", [(0.25, 40, 400), (0.15, 40, 400),
-                                                   (0.4, 64, 200)])
+@pytest.mark.parametrize(
+  "mask_prob,length,rows", [(0.25, 40, 400), (0.15, 40, 400), (0.4, 64, 200)]
+)
 def test_span_boundaries_are_never_masked(mask_prob, length, rows):
   # Spans drawn side by side were two spans, each with its boundary inside the other
   # (44 of 200 rows at 0.25): SpanBERT merges them first, so boundaries are unmasked tokens.
@@ -436,8 +437,16 @@ def test_span_boundaries_are_never_masked(mask_prob, length, rows):
   for _ in range(rows):
     words, maskable, ids = _random_sequence(rng, length)
     groups = []
-    _, pos = P.mask_sequence(ids, words, maskable, config, rng, mask_id=MASK,
-                             random_ids=np.arange(200, 900), groups_out=groups)
+    _, pos = P.mask_sequence(
+      ids,
+      words,
+      maskable,
+      config,
+      rng,
+      mask_id=MASK,
+      random_ids=np.arange(200, 900),
+      groups_out=groups,
+    )
     if not groups:
       continue
     assert all(a[-1] + 1 < b[0] for a, b in itertools.pairwise(groups))  # apart, in order
@@ -447,4 +456,4 @@ def test_span_boundaries_are_never_masked(mask_prob, length, rows):
     assert not masked[left].any() and not masked[right].any()
     assert left.min() >= 0 and right.max() < length
     for p, l_, r_ in zip(pos, left, right, strict=True):
-      assert masked[l_ + 1:r_].all() and l_ < p < r_  # a maximal run of masked positions
+      assert masked[l_ + 1 : r_].all() and l_ < p < r_  # a maximal run of masked positions

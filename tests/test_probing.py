@@ -28,7 +28,9 @@ def test_linear_probe_matches_sklearn(clusters):
     # Full-batch Adam at a constant step size hovers around the optimum at about lr / 10;
     # a small step with enough steps settles within 3e-4 of it under any matmul emitter
     # (lr 0.05 x 1000 steps left 3e-3 to 8e-3, depending on XLA's CPU options).
-    xtr, ytr, config=probing.ProbeConfig(l2=lam, learning_rate=0.005, max_steps=4000, eval_every=100)
+    xtr,
+    ytr,
+    config=probing.ProbeConfig(l2=lam, learning_rate=0.005, max_steps=4000, eval_every=100),
   )
   acc = probe.accuracy(xte, yte)
   assert acc.shape == (L,)

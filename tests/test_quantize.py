@@ -30,8 +30,9 @@ def test_int8_matmul_equals_numpy_integer_computation():
   rq, rs = Q.quantize_symmetric(jnp.asarray(w), (0,))
   np.testing.assert_array_equal(rq, qw)
   np.testing.assert_array_equal(rs, sw)
-  acc_jax = jax.lax.dot_general(lq, jnp.asarray(qw), (((2,), (0,)), ((), ())),
-                                preferred_element_type=jnp.int32)
+  acc_jax = jax.lax.dot_general(
+    lq, jnp.asarray(qw), (((2,), (0,)), ((), ())), preferred_element_type=jnp.int32
+  )
   np.testing.assert_array_equal(acc_jax, acc)
   # Dequantised in float32: equal up to the rounding of the two scale products (XLA may
   # fuse or reorder them).
@@ -73,12 +74,18 @@ def test_config_rejects_unknown_mode():
 def test_int8_forward_within_tolerance_on_minilm(minilm_dir):
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  batch = tok.encode(["The keys to the cabinet are on the table.", "Is it raining?",
-                      "He did not go to the party because he was tired."])
+  batch = tok.encode(
+    [
+      "The keys to the cabinet are on the table.",
+      "Is it raining?",
+      "He did not go to the party because he was tired.",
+    ]
+  )
   f = jax.jit(bertjax.forward, static_argnames=("config",))
   o = f(params, config, batch.input_ids, batch.attention_mask).last_hidden_state
-  q = f(params, config.replace(quantize="int8"), batch.input_ids,
-        batch.attention_mask).last_hidden_state
+  q = f(
+    params, config.replace(quantize="int8"), batch.input_ids, batch.attention_mask
+  ).last_hidden_state
   m = np.asarray(batch.attention_mask, bool)
   a, b = np.asarray(o, np.float64), np.asarray(q, np.float64)
   assert not np.array_equal(a[m], b[m])  # the quantised path really ran
@@ -102,9 +109,12 @@ def test_readme_states_the_measured_int8_cosine(minilm_dir):
 
   readme = pathlib.Path(__file__).resolve().parents[1] / "docs" / "manual.md"
   text = " ".join(readme.read_text().split())
-  claim = re.search(r"over the project's (\d+) sentences \(([\d,]+) real tokens\) the final "
-                    r"states' cosine with float32's is at least ([\d.]+) at every token and at "
-                    r"least 0\.99 at ([\d.]+)% of them", text)
+  claim = re.search(
+    r"over the project's (\d+) sentences \(([\d,]+) real tokens\) the final "
+    r"states' cosine with float32's is at least ([\d.]+) at every token and at "
+    r"least 0\.99 at ([\d.]+)% of them",
+    text,
+  )
   assert claim, "the manual's int8 sentence changed; keep it stating what this test measures"
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
@@ -112,10 +122,12 @@ def test_readme_states_the_measured_int8_cosine(minilm_dir):
   f = jax.jit(bertjax.forward, static_argnames=("config",))
   cos = []
   for start in range(0, len(texts), 64):
-    b = tok.encode(texts[start:start + 64])
+    b = tok.encode(texts[start : start + 64])
     m = np.asarray(b.attention_mask, bool)
-    a, q = (np.asarray(f(params, c, b.input_ids, b.attention_mask).last_hidden_state,
-                       np.float64)[m] for c in (config, config.replace(quantize="int8")))
+    a, q = (
+      np.asarray(f(params, c, b.input_ids, b.attention_mask).last_hidden_state, np.float64)[m]
+      for c in (config, config.replace(quantize="int8"))
+    )
     cos.append((a * q).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(q, axis=-1))
   cos = np.concatenate(cos)
   assert (len(texts), cos.size) == (int(claim[1]), int(claim[2].replace(",", "")))
@@ -133,11 +145,17 @@ def test_int8_benchmark_smoke():
   import sys
 
   repo = pathlib.Path(__file__).resolve().parents[1]
-  proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "bench_int8.py"), "--smoke"],
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=repo, check=False,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, str(repo / "benchmarks" / "bench_int8.py"), "--smoke"],
+    env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    cwd=repo,
+    check=False,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
-  doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+  doc = json.loads(proc.stdout[proc.stdout.index("{") :])
   assert doc["smoke"] and doc["machine"]["cpu"] and isinstance(doc["machine"]["isa_flags"], list)
   assert doc["forward"][0]["int8"]["median_s"] > 0
   assert doc["accuracy"]["accuracy_float32"] >= 0.8

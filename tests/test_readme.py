@@ -20,12 +20,13 @@ def _run_sh_commands() -> set[str]:
   """The commands run.sh accepts: the labels of its `case "$cmd" in ... esac` and the bertjax
   commands it passes on (`BERTJAX_COMMANDS`)."""
   text = (REPO / "run.sh").read_text()
-  body = text[text.index('case "$cmd" in'):]
-  body = body[:body.index("\nesac")]
+  body = text[text.index('case "$cmd" in') :]
+  body = body[: body.index("\nesac")]
   labels = re.findall(r"^\s*([\w|\s-]+)\)", body, flags=re.MULTILINE)
   passed = re.search(r'^BERTJAX_COMMANDS="([^"]*)"', text, flags=re.MULTILINE)
-  return ({c.strip() for label in labels for c in label.split("|")}
-          | set(passed[1].split() if passed else ()))
+  return {c.strip() for label in labels for c in label.split("|")} | set(
+    passed[1].split() if passed else ()
+  )
 
 
 def readme_command_problems(text: str) -> list[str]:
@@ -53,8 +54,10 @@ def test_readme_commands_are_ones_run_sh_runs():
   # The check sees a wrong command, a missing experiment and a changed setup block.
   text = README.read_text()
   assert any("./run.sh demos" in p for p in readme_command_problems(text + " `./run.sh demos`"))
-  assert any("no experiments/nothing_here.py" in p for p in readme_command_problems(
-      text + " `./run.sh experiment nothing_here`"))
+  assert any(
+    "no experiments/nothing_here.py" in p
+    for p in readme_command_problems(text + " `./run.sh experiment nothing_here`")
+  )
   changed = text.replace("./run.sh test   # set up", "./run.sh bench  # set up", 1)
   assert changed != text and any("setup block" in p for p in readme_command_problems(changed))
 
@@ -124,8 +127,12 @@ def test_api_tour_runs(minilm_dir, capsys):
 
   same, out = namespace["same"], namespace["out"]
   m = namespace["batch"].attention_mask.astype(bool)
-  assert np.abs(np.asarray(same.last_hidden_state)[m] - np.asarray(out.last_hidden_state)[m]).max() < 1e-4
+  assert (
+    np.abs(np.asarray(same.last_hidden_state)[m] - np.asarray(out.last_hidden_state)[m]).max()
+    < 1e-4
+  )
   assert namespace["sweep"].shape == (12, 2, 384)
   # The patching pair is token-for-token: both runs have the same padding.
-  np.testing.assert_array_equal(namespace["clean"].attention_mask,
-                                namespace["negated"].attention_mask)
+  np.testing.assert_array_equal(
+    namespace["clean"].attention_mask, namespace["negated"].attention_mask
+  )

@@ -28,10 +28,10 @@ def _check_png(path: pathlib.Path) -> None:
   assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
   pos, names = 8, []
   while pos < len(data):
-    (length,) = struct.unpack(">I", data[pos:pos + 4])
-    name = data[pos + 4:pos + 8]
-    body = data[pos + 8:pos + 8 + length]
-    (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+    (length,) = struct.unpack(">I", data[pos : pos + 4])
+    name = data[pos + 4 : pos + 8]
+    body = data[pos + 8 : pos + 8 + length]
+    (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
     assert zlib.crc32(name + body) == crc, f"{path}: bad CRC in chunk {name!r}"
     names.append(name)
     pos += 12 + length
@@ -116,8 +116,9 @@ def _check_consistency(r: dict) -> None:
     pos = r["pos"]
     assert len(pos["accuracy"]) == layers + 1
     assert all(0 <= v <= 1 for v in pos["accuracy"])
-    np.testing.assert_allclose(np.subtract(pos["accuracy"], pos["control_accuracy"]),
-                               pos["selectivity"], atol=1e-5)
+    np.testing.assert_allclose(
+      np.subtract(pos["accuracy"], pos["control_accuracy"]), pos["selectivity"], atol=1e-5
+    )
   else:
     assert r["pos"]["reason"]
 
@@ -130,17 +131,18 @@ def _check_consistency(r: dict) -> None:
     np.testing.assert_allclose(raw.sum(-1), 1, atol=1e-3)
 
   # The per-item values behind the readings' confidence intervals average to the numbers shown.
-  np.testing.assert_allclose(np.mean(clark["per_sentence"]["sep"], 0), clark["by_layer"]["sep"],
-                             atol=1e-5)
+  np.testing.assert_allclose(
+    np.mean(clark["per_sentence"]["sep"], 0), clark["by_layer"]["sep"], atol=1e-5
+  )
   np.testing.assert_allclose(np.mean(pat["per_input"], 0), pat["overall"], atol=1e-5)
-  np.testing.assert_allclose(np.mean(task["probe_correct_by_layer"], 1),
-                             task["probe_accuracy_by_layer"], atol=1e-6)
+  np.testing.assert_allclose(
+    np.mean(task["probe_correct_by_layer"], 1), task["probe_accuracy_by_layer"], atol=1e-6
+  )
   ex = ab["per_example"]
   assert np.mean(ex["loss_baseline"]) == pytest.approx(ab["baseline_loss"], abs=1e-4)
   np.testing.assert_allclose(np.mean(ex["loss_heads"], -1), ab["head_loss"], atol=1e-4)
   np.testing.assert_allclose(np.mean(ex["loss_layers"], -1), ab["layer_heads_loss"], atol=1e-4)
-  np.testing.assert_allclose(np.mean(ex["correct_pruning"], -1), ab["pruning_accuracy"],
-                             atol=1e-6)
+  np.testing.assert_allclose(np.mean(ex["correct_pruning"], -1), ab["pruning_accuracy"], atol=1e-6)
   low, high = (np.asarray(x) for x in an["ci"]["anisotropy"])
   point = np.asarray(an["ci"]["all_pairs"])
   assert ((low <= point) & (point <= high)).all()
@@ -157,11 +159,22 @@ def _check_consistency(r: dict) -> None:
 def minilm_report(minilm_dir, tmp_path_factory):
   """`bertjax report --reduced` as a user runs it: a subprocess in a fresh directory."""
   cwd = tmp_path_factory.mktemp("user")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", BERTJAX_NO_SHARED_DATA="1",
-             BERTJAX_DATA_DIR=str(cwd / "no-data"))
-  proc = subprocess.run([sys.executable, "-m", "bertjax.cli", "report", "--reduced", "--out",
-                         "report"], cwd=cwd, env=env, capture_output=True, text=True,
-                        timeout=1800, check=False)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    HF_HUB_OFFLINE="1",
+    BERTJAX_NO_SHARED_DATA="1",
+    BERTJAX_DATA_DIR=str(cwd / "no-data"),
+  )
+  proc = subprocess.run(
+    [sys.executable, "-m", "bertjax.cli", "report", "--reduced", "--out", "report"],
+    cwd=cwd,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=1800,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-4000:]
   out = cwd / "report"
   assert f"report: {pathlib.Path('report') / 'index.html'}" in proc.stdout
@@ -177,8 +190,16 @@ def test_reduced_report_on_minilm(minilm_report):
   assert (saved["model"]["layers"], saved["model"]["heads"]) == (6, 12)
   _check_consistency(saved)
   html = (out / "index.html").read_text()
-  for title in ("Clark et al.", "Kovaleva et al.", "Michel et al.", "Ethayarajh",
-                "Brunner et al.", "negation", "Run time", "Contents"):
+  for title in (
+    "Clark et al.",
+    "Kovaleva et al.",
+    "Michel et al.",
+    "Ethayarajh",
+    "Brunner et al.",
+    "negation",
+    "Run time",
+    "Contents",
+  ):
     assert title in html
   assert "<title>BERTology report: all-MiniLM-L6-v2</title>" in html
   # Each stage says how many XLA programs it compiled (the log and the run-time table).
@@ -216,8 +237,9 @@ def test_sentences_are_labelled():
     assert s.question == int(s.text.endswith("?")), s
   negated = [s.negated for s in sentences]
   assert 0.25 < np.mean(negated) < 0.5
-  assert {"declarative", "question", "negation", "agreement", "punctuation",
-          "relative_clause"} <= {s.phenomenon for s in sentences}
+  assert {"declarative", "question", "negation", "agreement", "punctuation", "relative_clause"} <= {
+    s.phenomenon for s in sentences
+  }
 
 
 def test_bad_sentences_file(tmp_path):
@@ -247,8 +269,11 @@ def test_missing_model_dir(tmp_path):
 @pytest.mark.parametrize("model_type", ["bert", pytest.param("albert", marks=pytest.mark.slow)])
 def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypatch):
   """`bertjax report --model PATH` on a random-weight Hugging Face directory."""
-  extra = ({"model_type": "albert", "embedding_size": 32, "num_hidden_groups": 1,
-            "hidden_act": "gelu_new"} if model_type == "albert" else {})
+  extra = (
+    {"model_type": "albert", "embedding_size": 32, "num_hidden_groups": 1, "hidden_act": "gelu_new"}
+    if model_type == "albert"
+    else {}
+  )
   config = bertjax.BertConfig.preset("tiny", vocab_size=30522, **extra)
   model = tmp_path / f"random-{model_type}"
   bertjax.to_hf(config, bertjax.init(config, 0), model)
@@ -258,8 +283,7 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
   monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))  # no POS probe: faster
   monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
   out = tmp_path / "out"
-  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced",
-                   "--quiet"]) == 0
+  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]) == 0
   saved = json.loads((out / "report.json").read_text())
   assert saved["model"]["name"] == model.name and saved["model"]["model_type"] == model_type
   assert (saved["model"]["layers"], saved["model"]["heads"]) == (2, 4)
@@ -271,9 +295,17 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
 def _roberta_64(minilm_dir, directory):
   """A random RoBERTa-style checkpoint with 64 usable positions (65 position embeddings, the
   first for padding) and MiniLM's tokenizer, whose own limit is 512."""
-  config = bertjax.BertConfig(model_type="roberta", vocab_size=30522, hidden_size=32,
-                              num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
-                              max_position_embeddings=65, pad_token_id=0, type_vocab_size=2)
+  config = bertjax.BertConfig(
+    model_type="roberta",
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=37,
+    max_position_embeddings=65,
+    pad_token_id=0,
+    type_vocab_size=2,
+  )
   assert config.max_length == 64
   bertjax.to_hf(config, bertjax.init(config, 0), directory)
   for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json"):
@@ -292,8 +324,9 @@ def test_effective_section_reads_no_more_than_the_model_s_usable_length(minilm_d
   tok = bertjax.Tokenizer.from_pretrained(tmp_path / "model")
   assert tok.model_max_length > config.max_length
   passage = " ".join(s.text for s in report.load_sentences()[:12])  # well over 64 tokens
-  eff = sections.effective_section(params, config, tok, [passage, passage[:200]],
-                                   ReportSettings.reduced())
+  eff = sections.effective_section(
+    params, config, tok, [passage, passage[:200]], ReportSettings.reduced()
+  )
   assert len(eff["example_tokens"]) == config.max_length
   assert eff["mean_passage_tokens"] <= config.max_length
 
@@ -304,9 +337,16 @@ def test_sentences_longer_than_the_model_reads_are_left_out(minilm_dir, tmp_path
   from bertjax.report import build
   from bertjax.report.settings import ReportSettings
 
-  config = bertjax.BertConfig(model_type="roberta", vocab_size=30522, hidden_size=32,
-                              num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
-                              max_position_embeddings=17, pad_token_id=0)
+  config = bertjax.BertConfig(
+    model_type="roberta",
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=37,
+    max_position_embeddings=17,
+    pad_token_id=0,
+  )
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   run = build._Run(None, config, tok, ReportSettings.reduced(), build._Clock(False), False)
   own = report.load_sentences()
@@ -317,8 +357,9 @@ def test_sentences_longer_than_the_model_reads_are_left_out(minilm_dir, tmp_path
   assert 0 < len(kept) < len(own)
 
 
-def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(minilm_dir, tmp_path,
-                                                                        monkeypatch):
+def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(
+  minilm_dir, tmp_path, monkeypatch
+):
   """`bertjax report --reduced` on a model with 64 usable positions, one section made to fail:
   the page and report.json are written, the failed section says so with its error, and every
   other section (effective attention included) has its numbers and figures."""
@@ -331,8 +372,7 @@ def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(minilm_di
   monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))
   monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
   model, out = _roberta_64(minilm_dir, tmp_path / "roberta-64"), tmp_path / "out"
-  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced",
-                   "--quiet"]) == 0
+  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]) == 0
   saved = json.loads((out / "report.json").read_text())
   assert saved["anisotropy"] == {"failed": True, "error": "RuntimeError: a stand-in failure"}
   html = (out / "index.html").read_text()
@@ -352,7 +392,8 @@ def test_model_names(tmp_path):
   cache.mkdir(parents=True)
   assert report.model_name(cache) == "google-bert/bert-base-uncased"
   assert report.model_name(cache, "google-bert/bert-base-uncased") == (
-      "google-bert/bert-base-uncased")
+    "google-bert/bert-base-uncased"
+  )
   run = tmp_path / "finetune-negation" / "model"
   run.mkdir(parents=True)
   assert report.model_name(run) == "finetune-negation/model"
@@ -369,18 +410,30 @@ def test_default_data_dir_uses_the_one_lookup(tmp_path, monkeypatch):
 
 # The page in a real browser -------------------------------------------------------------------
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+  "--disable-dev-shm-usage",
+]
 
 
 def _chromium() -> str:
   """Debian's chromium (or $BERTJAX_CHROMIUM); skips, saying how to get it, when absent."""
-  exe = (os.environ.get("BERTJAX_CHROMIUM") or shutil.which("chromium")
-         or shutil.which("chromium-browser"))
+  exe = (
+    os.environ.get("BERTJAX_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+  )
   if not exe:
-    pytest.skip("headless Chromium not found: install Debian's chromium (apt-get install "
-                "chromium; .ci/run does) or set BERTJAX_CHROMIUM to a Chromium executable")
+    pytest.skip(
+      "headless Chromium not found: install Debian's chromium (apt-get install "
+      "chromium; .ci/run does) or set BERTJAX_CHROMIUM to a Chromium executable"
+    )
   return exe
 
 
@@ -394,7 +447,8 @@ def served_report(minilm_report):
   """The report directory on an HTTP server at 127.0.0.1 (a thread); yields its URL."""
   out, _ = minilm_report
   server = http.server.ThreadingHTTPServer(
-      ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out)))
+    ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(out))
+  )
   thread = threading.Thread(target=server.serve_forever, daemon=True)
   thread.start()
   try:
@@ -412,7 +466,8 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
   size; a full-page screenshot is saved beside the test."""
   exe = _chromium()
   sync_api = pytest.importorskip(
-      "playwright.sync_api", reason="playwright is not installed (./run.sh setup installs it)")
+    "playwright.sync_api", reason="playwright is not installed (./run.sh setup installs it)"
+  )
   from bertjax.report.page import SECTIONS
 
   _, saved = minilm_report
@@ -421,12 +476,18 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
     browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
     try:
       page = browser.new_page(viewport={"width": 1280, "height": 900})
-      page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-              if m.type in ("error", "warning") else None)
+      page.on(
+        "console",
+        lambda m: (
+          problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+        ),
+      )
       page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
       page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-      page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
-              if r.status >= 400 else None)
+      page.on(
+        "response",
+        lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None,
+      )
       response = page.goto(f"{served_report}/index.html", wait_until="load")
       assert response is not None and response.ok
       page.wait_for_function("Array.from(document.images).every(i => i.complete)")
@@ -434,12 +495,17 @@ def test_report_in_a_real_browser(minilm_report, served_report, tmp_path):
       images = page.evaluate("""() => Array.from(document.images).map(i => ({
           src: i.getAttribute('src'), natural: i.naturalWidth, shown: i.width,
           link: i.parentElement.tagName === 'A' ? i.parentElement.getAttribute('href') : null}))""")
-      sections = page.evaluate("() => Array.from(document.querySelectorAll('h2[id]'))"
-                               ".map(h => h.id)")
-      links = page.evaluate("() => Array.from(document.querySelectorAll('nav.toc a'))"
-                            ".map(a => [a.getAttribute('href'), a.textContent])")
-      targets = page.evaluate("ids => ids.map(id => document.getElementById(id) !== null)",
-                              [href[1:] for href, _ in links])
+      sections = page.evaluate(
+        "() => Array.from(document.querySelectorAll('h2[id]')).map(h => h.id)"
+      )
+      links = page.evaluate(
+        "() => Array.from(document.querySelectorAll('nav.toc a'))"
+        ".map(a => [a.getAttribute('href'), a.textContent])"
+      )
+      targets = page.evaluate(
+        "ids => ids.map(id => document.getElementById(id) !== null)",
+        [href[1:] for href, _ in links],
+      )
       shot = tmp_path / "report.png"
       page.screenshot(path=str(shot), full_page=True)
     finally:
@@ -468,10 +534,13 @@ def test_attribution_section_counts_what_each_part_read():
   stats = {k: {"mrr": 0.5, "top1": 0.2, "mean_rank": 2.0} for k in ("attention", "norm")}
   exact = np.zeros((2, 3))
   exact[1, 2] = 0.6
-  r = {"attribution": {
+  r = {
+    "attribution": {
       "available": True,
       "cues": {"sentences": ["s"] * 48, "stats": stats, "chance": {"mrr": 0.3}},
-      "patching": {"pairs": 64, "exact": exact, "agreement": {"pearson": 0.9}}}}
+      "patching": {"pairs": 64, "exact": exact, "agreement": {"pearson": 0.9}},
+    }
+  }
   html = " ".join(page._attribution_html(r, {}, {}))
   assert "For each of 48 negated sentences" in html and "Then 64 negated sentences" in html
   assert "from each of 64 negated sentences" in reading.attribution_sentences(r["attribution"])[1]
@@ -485,29 +554,74 @@ def test_attribution_sentences_follow_the_numbers():
     stats = {k: {"mrr": v, "top1": 0.0, "mean_rank": 1 / v} for k, v in mrr.items()}
     exact = np.zeros((2, 3))
     exact[1, 2] = 0.6
-    return {"cues": {"stats": stats, "chance": {"mrr": 0.3}},
-            "patching": {"exact": exact, "agreement": {"pearson": pearson}}}
+    return {
+      "cues": {"stats": stats, "chance": {"mrr": 0.3}},
+      "patching": {"exact": exact, "agreement": {"pearson": pearson}},
+    }
 
-  agree = reading.attribution_sentences(section(
-      {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
-       "value_zeroing": 0.6}, 0.95))
+  agree = reading.attribution_sentences(
+    section(
+      {
+        "attention": 0.3,
+        "rollout": 0.2,
+        "norm": 0.5,
+        "globenc": 0.4,
+        "alti": 0.45,
+        "value_zeroing": 0.6,
+      },
+      0.95,
+    )
+  )
   assert "best method is value_zeroing" in agree[0] and "so this model agrees" in agree[0]
   assert "layer 2 head 2 alone restores 0.60" in agree[1] and "as they report" in agree[1]
-  disagree = reading.attribution_sentences(section(
-      {"attention": 0.7, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.45,
-       "value_zeroing": 0.6}, 0.3))
+  disagree = reading.attribution_sentences(
+    section(
+      {
+        "attention": 0.7,
+        "rollout": 0.2,
+        "norm": 0.5,
+        "globenc": 0.4,
+        "alti": 0.45,
+        "value_zeroing": 0.6,
+      },
+      0.3,
+    )
+  )
   assert "so this model disagrees" in disagree[0] and "poor estimate" in disagree[1]
-  partly = reading.attribution_sentences(section(
-      {"attention": 0.45, "rollout": 0.2, "norm": 0.5, "globenc": 0.4, "alti": 0.3,
-       "value_zeroing": 0.6}, 0.9))
+  partly = reading.attribution_sentences(
+    section(
+      {
+        "attention": 0.45,
+        "rollout": 0.2,
+        "norm": 0.5,
+        "globenc": 0.4,
+        "alti": 0.3,
+        "value_zeroing": 0.6,
+      },
+      0.9,
+    )
+  )
   assert "2 of the 4" in partly[0] and "partly agrees" in partly[0]
   assert len(partly) == 2  # no decompositions in the section, no third sentence
-  both = reading.attribution_sentences(section(
-      {"attention": 0.3, "rollout": 0.2, "norm": 0.5, "integrated_gradients": 0.6,
-       "decompx": 0.8, "attnlrp": 0.9}, 0.9))
+  both = reading.attribution_sentences(
+    section(
+      {
+        "attention": 0.3,
+        "rollout": 0.2,
+        "norm": 0.5,
+        "integrated_gradients": 0.6,
+        "decompx": 0.8,
+        "attnlrp": 0.9,
+      },
+      0.9,
+    )
+  )
   assert "decompx 0.80, attnlrp 0.90" in both[2] and "integrated_gradients (0.60)" in both[2]
   assert "so this model agrees" in both[2]
-  one = reading.attribution_sentences(section(
-      {"attention": 0.3, "norm": 0.5, "integrated_gradients": 0.85, "decompx": 0.8,
-       "attnlrp": 0.9}, 0.9))
+  one = reading.attribution_sentences(
+    section(
+      {"attention": 0.3, "norm": 0.5, "integrated_gradients": 0.85, "decompx": 0.8, "attnlrp": 0.9},
+      0.9,
+    )
+  )
   assert "partly agrees" in one[2]

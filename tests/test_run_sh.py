@@ -14,14 +14,35 @@ import subprocess
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COMMANDS = ("setup", "demo", "test", "report", "pretrain", "finetune", "export", "analyze",
-            "data list", "data fetch", "models list", "models install", "experiment", "bench",
-            "help")
+COMMANDS = (
+  "setup",
+  "demo",
+  "test",
+  "report",
+  "pretrain",
+  "finetune",
+  "export",
+  "analyze",
+  "data list",
+  "data fetch",
+  "models list",
+  "models install",
+  "experiment",
+  "bench",
+  "help",
+)
 
 
 def _run(*args, env=None, cwd=REPO):
-  return subprocess.run([str(REPO / "run.sh"), *args], cwd=cwd, capture_output=True, text=True,
-                        timeout=120, check=False, env=dict(os.environ, **(env or {})))
+  return subprocess.run(
+    [str(REPO / "run.sh"), *args],
+    cwd=cwd,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+    env=dict(os.environ, **(env or {})),
+  )
 
 
 def _bertjax_commands() -> list[str]:
@@ -140,17 +161,29 @@ def _recorded(tmp_path, *args, env=None) -> dict:
   work.mkdir(exist_ok=True)
   record = tmp_path / "record.txt"
   record.unlink(missing_ok=True)
-  base = {k: v for k, v in os.environ.items()
-          if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")}
-  proc = subprocess.run([str(REPO / "run.sh"), *args], cwd=work, capture_output=True, text=True,
-                        timeout=60, check=False,
-                        env=dict(base, BERTJAX_VENV=str(_recording_venv(tmp_path)),
-                                 FAKE_RECORD=str(record), **(env or {})))
+  base = {
+    k: v
+    for k, v in os.environ.items()
+    if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+  }
+  proc = subprocess.run(
+    [str(REPO / "run.sh"), *args],
+    cwd=work,
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=False,
+    env=dict(
+      base, BERTJAX_VENV=str(_recording_venv(tmp_path)), FAKE_RECORD=str(record), **(env or {})
+    ),
+  )
   assert proc.returncode == 0, proc.stderr
   lines = record.read_text().splitlines()
-  return {"cwd": pathlib.Path(lines[0].removeprefix("cwd=")),
-          "offline": lines[1].removeprefix("offline="),
-          "args": [line.removeprefix("arg=") for line in lines[2:]]}
+  return {
+    "cwd": pathlib.Path(lines[0].removeprefix("cwd=")),
+    "offline": lines[1].removeprefix("offline="),
+    "args": [line.removeprefix("arg=") for line in lines[2:]],
+  }
 
 
 @pytest.mark.slow
@@ -188,8 +221,13 @@ def test_setup_is_quiet_and_staged(tmp_path):
   assert all(line.startswith("[setup] ") for line in lines), lines
   assert len(lines) <= 8
   assert f"pip's output: {venv / 'setup.log'}" in proc.stderr
-  for stage in ("upgrading pip", "installing torch", "installing bertjax", "transformers 4.57",
-                "installing playwright"):
+  for stage in (
+    "upgrading pip",
+    "installing torch",
+    "installing bertjax",
+    "transformers 4.57",
+    "installing playwright",
+  ):
     assert any(stage in line for line in lines), stage
   assert "WARNING" not in proc.stderr and "Collecting" not in proc.stdout
   log = (venv / "setup.log").read_text()
@@ -204,7 +242,8 @@ def test_setup_is_quiet_and_staged(tmp_path):
   late = _run("setup", env={"BERTJAX_VENV": str(venv)})
   assert late.returncode == 0 and late.stdout == ""
   assert late.stderr.strip().splitlines() == [
-      line for line in late.stderr.strip().splitlines() if "installing playwright" in line]
+    line for line in late.stderr.strip().splitlines() if "installing playwright" in line
+  ]
   assert len(late.stderr.strip().splitlines()) == 1
 
 

@@ -29,10 +29,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def _random_sae(config: sae.SAEConfig, seed: int = 0) -> dict:
   rng = np.random.default_rng(seed)
   d, m = config.d_model, config.latents
-  return {"pre_bias": jnp.asarray(rng.standard_normal(d), jnp.float32) * 0.1,
-          "W_enc": jnp.asarray(rng.standard_normal((d, m)), jnp.float32) / np.sqrt(d),
-          "latent_bias": jnp.asarray(rng.standard_normal(m), jnp.float32) * 0.05,
-          "W_dec": sae.unit_rows(jnp.asarray(rng.standard_normal((m, d)), jnp.float32))}
+  return {
+    "pre_bias": jnp.asarray(rng.standard_normal(d), jnp.float32) * 0.1,
+    "W_enc": jnp.asarray(rng.standard_normal((d, m)), jnp.float32) / np.sqrt(d),
+    "latent_bias": jnp.asarray(rng.standard_normal(m), jnp.float32) * 0.05,
+    "W_dec": sae.unit_rows(jnp.asarray(rng.standard_normal((m, d)), jnp.float32)),
+  }
 
 
 def _torch_loss(p, x, config, dead, scale):
@@ -68,21 +70,25 @@ def test_forward_loss_and_gradients_against_pytorch(not_dead):
     dead[:] = False  # the closed form of the AuxK term with no dead latent
   scale = sae.mse_scale(x)
   terms = sae.loss_terms(params, x, config, jnp.asarray(dead), scale)
-  grads = jax.grad(lambda p: sae.loss_terms(p, x, config, jnp.asarray(dead), scale)["loss"])(
-      params)
-  tp = {k: torch.tensor(np.asarray(v), dtype=torch.float64, requires_grad=True)
-        for k, v in params.items()}
-  loss, recons, mse, aux = _torch_loss(tp, torch.tensor(x, dtype=torch.float64), config,
-                                       torch.tensor(dead, dtype=torch.float64), scale)
+  grads = jax.grad(lambda p: sae.loss_terms(p, x, config, jnp.asarray(dead), scale)["loss"])(params)
+  tp = {
+    k: torch.tensor(np.asarray(v), dtype=torch.float64, requires_grad=True)
+    for k, v in params.items()
+  }
+  loss, recons, mse, aux = _torch_loss(
+    tp, torch.tensor(x, dtype=torch.float64), config, torch.tensor(dead, dtype=torch.float64), scale
+  )
   loss.backward()
-  np.testing.assert_allclose(sae.reconstruct(params, x, config.k), recons.detach().numpy(),
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+    sae.reconstruct(params, x, config.k), recons.detach().numpy(), rtol=1e-5, atol=1e-5
+  )
   np.testing.assert_allclose(terms["mse"], mse.item(), rtol=1e-5)
   np.testing.assert_allclose(terms["auxk"], aux.item(), rtol=1e-5)
   assert aux.item() > 0.1  # the dead latents (or b_pre alone) really enter
   for name in params:
-    np.testing.assert_allclose(grads[name], tp[name].grad.numpy(), rtol=1e-4, atol=1e-6,
-                               err_msg=name)
+    np.testing.assert_allclose(
+      grads[name], tp[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name
+    )
   # The dense form of the sparse latents is what the torch scatter gives.
   values, indices = sae.encode(params, x, config.k)
   dense = np.asarray(sae.dense_latents(values, indices, config.latents))
@@ -95,8 +101,9 @@ def test_geometric_median_minimises_summed_distances():
   x = np.concatenate([rng.standard_normal((200, 5)), 30 + rng.standard_normal((20, 5))])
   ours = np.asarray(sae.geometric_median(x), np.float64)
   cost = lambda y: np.linalg.norm(x - y, axis=1).sum()
-  ref = scipy_opt.minimize(cost, x.mean(0), method="Nelder-Mead",
-                           options=dict(xatol=1e-9, fatol=1e-9, maxiter=20000)).x
+  ref = scipy_opt.minimize(
+    cost, x.mean(0), method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-9, maxiter=20000)
+  ).x
   assert cost(ours) <= cost(ref) * (1 + 1e-6)
   assert np.linalg.norm(ours - np.median(x, 0)) < np.linalg.norm(x.mean(0) - np.median(x, 0))
 
@@ -121,7 +128,7 @@ def test_init_and_step_keep_the_decoder_rows_unit_and_count_dead_latents():
   step = sae.make_step(config)
   losses = []
   for i in range(30):
-    state, m = step(state, x[(i * 32) % 512:(i * 32) % 512 + 32], sae.mse_scale(x))
+    state, m = step(state, x[(i * 32) % 512 : (i * 32) % 512 + 32], sae.mse_scale(x))
     losses.append(float(m["loss"]))
   np.testing.assert_allclose(np.linalg.norm(state.params["W_dec"], axis=1), 1, rtol=1e-5)
   since = np.asarray(state.tokens_since)
@@ -138,9 +145,12 @@ def test_exact_and_zero_saes_bound_the_loss_recovered(minilm_dir):
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   batch = tok.encode(["The keys to the cabinet are on the table.", "No dog barked."])
   d = config.hidden_size
-  exact = {"pre_bias": jnp.zeros(d), "latent_bias": jnp.zeros(2 * d),
-           "W_enc": jnp.concatenate([jnp.eye(d), -jnp.eye(d)], 1),
-           "W_dec": jnp.concatenate([jnp.eye(d), -jnp.eye(d)], 0)}
+  exact = {
+    "pre_bias": jnp.zeros(d),
+    "latent_bias": jnp.zeros(2 * d),
+    "W_enc": jnp.concatenate([jnp.eye(d), -jnp.eye(d)], 1),
+    "W_dec": jnp.concatenate([jnp.eye(d), -jnp.eye(d)], 0),
+  }
   cfg = sae.SAEConfig(d_model=d, latents=2 * d, k=d)
   pooled = lambda out, b: jnp.sum(out.last_hidden_state[:, 0] ** 2)  # any differentiable read
   r = sae.loss_recovered(params, config, [batch], "mid", 2, exact, cfg, pooled)
@@ -153,8 +163,9 @@ def test_exact_and_zero_saes_bound_the_loss_recovered(minilm_dir):
   # Only block 2 is edited: the zero ablation equals an array patch of that block alone.
   weight = np.zeros((config.depth, 1, 1, 1), np.float32)
   weight[2] = 1
-  out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                        patch={"mid": (0.0, weight)})
+  out = bertjax.forward(
+    params, config, batch.input_ids, batch.attention_mask, patch={"mid": (0.0, weight)}
+  )
   np.testing.assert_allclose(r0["zero"], float(pooled(out, None)), rtol=1e-5)
 
 
@@ -165,16 +176,19 @@ def test_sae_on_minilm_residual_stream(minilm_dir, data_dir):
   and each latent's top tokens are real tokens where it fires."""
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  lines = [ln.strip() for ln in (data_dir / "wikitext2_tokens" / "valid.txt").open()
-           if len(ln.split()) > 12 and not ln.strip().startswith("=")][:800]
-  batches = [tok.encode(lines[i:i + 32], max_length=64, truncation=True)
-             for i in range(0, len(lines), 32)]
+  lines = [
+    ln.strip()
+    for ln in (data_dir / "wikitext2_tokens" / "valid.txt").open()
+    if len(ln.split()) > 12 and not ln.strip().startswith("=")
+  ][:800]
+  batches = [
+    tok.encode(lines[i : i + 32], max_length=64, truncation=True) for i in range(0, len(lines), 32)
+  ]
   acts = sae.activations(params, config, batches, "out", 3)
   assert acts.shape[1] == 384 and len(acts) > 40000, acts.shape
   train, held = acts[:-8192], acts[-8192:]
   cfg = sae.SAEConfig(d_model=384, latents=8 * 384, k=32, lr=1e-3, dead_tokens=200_000)
-  state, log = sae.train(train, cfg, steps=100, batch_tokens=1024, progress=False,
-                         log_every=50)
+  state, log = sae.train(train, cfg, steps=100, batch_tokens=1024, progress=False, log_every=50)
   assert log[-1][1]["loss"] < log[0][1]["loss"]
   ev = sae.evaluate(state.params, cfg, held)
   assert ev["fvu"] < 0.4, ev["fvu"]  # 0.30 on the Xeon (Sapphire Rapids)
@@ -192,18 +206,35 @@ def test_sae_on_minilm_residual_stream(minilm_dir, data_dir):
 
   r = sae.loss_recovered(params, config, batches[-2:], "out", 3, state.params, cfg, loss_fn)
   assert r["clean"] == 0 and 0.5 < r["recovered"] <= 1, r
-  top = sae.top_activating(params, config, tok, batches[-2:], "out", 3, state.params, cfg,
-                           [int(np.argmax(ev["frequency"]))], n=5)
+  top = sae.top_activating(
+    params,
+    config,
+    tok,
+    batches[-2:],
+    "out",
+    3,
+    state.params,
+    cfg,
+    [int(np.argmax(ev["frequency"]))],
+    n=5,
+  )
   (items,) = top.values()
   assert len(items) == 5 and items[0]["value"] >= items[-1]["value"] > 0
-  assert all(i["token"] in i["text"].replace(" ", "") or i["token"].startswith("##")
-             or i["token"].startswith("[") for i in items)
+  assert all(
+    i["token"] in i["text"].replace(" ", "")
+    or i["token"].startswith("##")
+    or i["token"].startswith("[")
+    for i in items
+  )
 
 
-@pytest.mark.parametrize("bad, message", [
+@pytest.mark.parametrize(
+  "bad, message",
+  [
     (dict(d_model=8, latents=4, k=5), "k=5 must be at most latents=4"),
     (dict(d_model=0, latents=4), "d_model=0 must be a positive int"),
-])
+  ],
+)
 def test_bad_configs(bad, message):
   with pytest.raises(ValueError, match=message):
     sae.SAEConfig(**bad)
@@ -243,8 +274,15 @@ def test_training_on_a_mesh_equals_one_device():
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
   runs = {}
   for mode in ("mesh", "single"):
-    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, mode], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+      [sys.executable, "-c", MESH_SCRIPT, mode],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
   assert runs["mesh"]["devices"] == 2
@@ -260,9 +298,14 @@ def test_report_section_counts_dead_latents_per_held_out_sentence():
   from bertjax.report import sections
   from bertjax.report.settings import ReportSettings
 
-  config = bertjax.BertConfig(vocab_size=90, hidden_size=32, num_hidden_layers=2,
-                              num_attention_heads=4, intermediate_size=40,
-                              max_position_embeddings=40)
+  config = bertjax.BertConfig(
+    vocab_size=90,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=40,
+    max_position_embeddings=40,
+  )
   params = bertjax.init(config, 0)
   rng = np.random.default_rng(0)
   batches = []
@@ -270,12 +313,27 @@ def test_report_section_counts_dead_latents_per_held_out_sentence():
     ids = rng.integers(5, 90, (6, 12)).astype(np.int32)
     mask = np.ones_like(ids)
     mask[1, 7:] = 0
-    batches.append((np.arange(6 * i, 6 * i + 6),
-                    {"input_ids": ids, "attention_mask": mask, "token_type_ids": 0 * ids}))
-  tok = type("Tok", (), {"convert_ids_to_tokens": lambda self, ids: [str(i) for i in ids],
-                         "decode": lambda self, ids: " ".join(map(str, ids))})()
-  got = sections.sae_section(params, config, tok, batches,
-                             ReportSettings(sae_steps=20, sae_expansion=2, bootstrap_resamples=50))
+    batches.append(
+      (
+        np.arange(6 * i, 6 * i + 6),
+        {"input_ids": ids, "attention_mask": mask, "token_type_ids": 0 * ids},
+      )
+    )
+  tok = type(
+    "Tok",
+    (),
+    {
+      "convert_ids_to_tokens": lambda self, ids: [str(i) for i in ids],
+      "decode": lambda self, ids: " ".join(map(str, ids)),
+    },
+  )()
+  got = sections.sae_section(
+    params,
+    config,
+    tok,
+    batches,
+    ReportSettings(sae_steps=20, sae_expansion=2, bootstrap_resamples=50),
+  )
   assert got["available"] and got["held_sentences"] == 6 and got["latents"] == 64
   assert got["held_tokens"] == 6 * 12 - 5 and got["train_tokens"] == 4 * (6 * 12 - 5)
   assert got["dead"] <= got["dead_ci"][1] and 0 <= got["dead"] < 1

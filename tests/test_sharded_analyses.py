@@ -26,7 +26,7 @@ SENTENCES = REPO / "bertjax" / "resources" / "sentences.tsv"
 
 # A tiny model and tokenizer, ten sentences (rows divisible by neither 8 nor 4: every mesh
 # pads), MLM labels; shared by both scripts.
-SETUP = textwrap.dedent('''
+SETUP = textwrap.dedent("""
     import csv, json, sys
     import numpy as np
     import bertjax
@@ -73,9 +73,9 @@ SETUP = textwrap.dedent('''
       wf = features.extract_word_features(params, cfg, tok, words, progress=False,
                                           length_multiple=64, mesh=mesh, cache_dir=cache_dir)
       return np.asarray(wf.features, np.float64).ravel()
-''')
+""")
 
-MESHES = textwrap.dedent('''
+MESHES = textwrap.dedent("""
     import os, sys, time
     os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
                                + os.environ.get("XLA_FLAGS", ""))
@@ -153,9 +153,9 @@ MESHES = textwrap.dedent('''
                                    .sharding.spec)
     report["reference"] = {k: ref[k].tolist() for k in ("sweep", "features", "patching")}
     print("RESULT " + json.dumps(report))
-''')
+""")
 
-MULTIHOST = textwrap.dedent('''
+MULTIHOST = textwrap.dedent("""
     import pathlib, sys
     from bertjax import mesh as mesh_lib
     distributed = mesh_lib.initialize_distributed()  # first, as `bertjax pretrain` does
@@ -172,7 +172,7 @@ MULTIHOST = textwrap.dedent('''
     if mesh_lib.is_primary():
       write_json_atomic(out / "result.json", {k: result[k] for k in ("process", "sweep")})
     print("RESULT " + json.dumps(result), flush=True)
-''')
+""")
 
 
 def _free_port() -> int:
@@ -199,9 +199,15 @@ def scripts(tmp_path_factory):
 def mesh_report(scripts):
   """Every analysis on one device and on each mesh: errors, timings, reference values."""
   root, env = scripts
-  proc = subprocess.run([sys.executable, str(root / "meshes.py"), str(SENTENCES),
-                         str(root / "setup.py")], env=env, cwd=REPO, capture_output=True,
-                        text=True, timeout=600, check=False)
+  proc = subprocess.run(
+    [sys.executable, str(root / "meshes.py"), str(SENTENCES), str(root / "setup.py")],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return _result(proc.stdout)
 
@@ -211,9 +217,22 @@ def test_every_sharded_analysis_equals_single_device(mesh_report):
   report = mesh_report
   assert set(report["errors"]) == {"8x1", "4x2", "2x4", "2x2x2"}
   for mesh, errors in report["errors"].items():
-    assert set(errors) >= ({"sweep", "features"} if mesh == "2x2x2" else
-                           {"sweep", "importance", "pruning", "features", "cloze_logprob",
-                            "cloze_topk", "pll", "clark_0.0001", "clark_0.0", "patching"}), errors
+    assert set(errors) >= (
+      {"sweep", "features"}
+      if mesh == "2x2x2"
+      else {
+        "sweep",
+        "importance",
+        "pruning",
+        "features",
+        "cloze_logprob",
+        "cloze_topk",
+        "pll",
+        "clark_0.0001",
+        "clark_0.0",
+        "patching",
+      }
+    ), errors
     for name, err in errors.items():
       assert err <= 1e-6, (mesh, name, err)  # relative (absolute below 1)
     assert report["nan_agree"][mesh], mesh  # a candidate that is no single token: NaN in both
@@ -229,11 +248,27 @@ def test_two_processes_equal_one_and_only_process_0_writes(scripts, mesh_report,
   procs = []
   for i, (out, err) in enumerate(logs):  # output to files: a full pipe would stall a process
     with open(out, "w") as o, open(err, "w") as e:
-      procs.append(subprocess.Popen(
-          [sys.executable, str(root / "multihost.py"), str(SENTENCES), str(root / "setup.py"),
-           str(tmp_path / "multi")], cwd=REPO, text=True, stdout=o, stderr=e,
-          env=dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                   JAX_PROCESS_ID=str(i))))
+      procs.append(
+        subprocess.Popen(
+          [
+            sys.executable,
+            str(root / "multihost.py"),
+            str(SENTENCES),
+            str(root / "setup.py"),
+            str(tmp_path / "multi"),
+          ],
+          cwd=REPO,
+          text=True,
+          stdout=o,
+          stderr=e,
+          env=dict(
+            env,
+            JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+            JAX_NUM_PROCESSES="2",
+            JAX_PROCESS_ID=str(i),
+          ),
+        )
+      )
   for p, (_, err) in zip(procs, logs):
     p.wait(timeout=500)
     assert p.returncode == 0, err.read_text()[-3000:]
@@ -258,6 +293,7 @@ def test_two_processes_equal_one_and_only_process_0_writes(scripts, mesh_report,
 def test_head_pairs_sets_and_prefix_start():
   import bertjax
   from bertjax.analysis.interventions import ablation
+
   cfg = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, num_attention_heads=4)
   n = 3 * 4
   everything, within, across = (ablation.head_pairs(cfg, p) for p in ("all", "within", "across"))
@@ -270,16 +306,20 @@ def test_head_pairs_sets_and_prefix_start():
   assert ablation.first_modified_layer(masks).tolist() == [0, 1]  # prefix reuse from min(l1, l2)
   sweep = ablation.sweep_masks(cfg, ("pairs",), pairs="within")
   assert sweep["pairs"][0].shape == (18, 3, 4)
-  for bad, match in (([((0, 0), (0, 0))], "names one head twice"),
-                     ([((0, 0), (3, 0))], r"outside \(layers, heads\)=\(3, 4\)"),
-                     ([(0, 1, 2)], r"pairs shape \(1, 3\)"), ("some", "'some' must be one of"),
-                     ([], "pairs is empty")):
+  for bad, match in (
+    ([((0, 0), (0, 0))], "names one head twice"),
+    ([((0, 0), (3, 0))], r"outside \(layers, heads\)=\(3, 4\)"),
+    ([(0, 1, 2)], r"pairs shape \(1, 3\)"),
+    ("some", "'some' must be one of"),
+    ([], "pairs is empty"),
+  ):
     with pytest.raises(ValueError, match=match):
       ablation.head_pairs(cfg, bad)
 
 
 def test_pair_interactions_subtract_single_effects():
   from bertjax.analysis.interventions.ablation import AblationResult
+
   heads = np.asarray([[1.5, 2.0]])
   pairs = np.full((1, 2, 1, 2), np.nan)
   pairs[0, 0, 0, 1] = pairs[0, 1, 0, 0] = 3.0
@@ -295,6 +335,7 @@ def test_mesh_helpers():
   import jax
 
   from bertjax import mesh as mesh_lib
+
   assert mesh_lib.parse_mesh("4x2") == (4, 2, 1)
   assert mesh_lib.parse_mesh("-1x1x2") == (-1, 1, 2)
   with pytest.raises(ValueError, match="'4by2'"):

@@ -28,7 +28,7 @@ from conftest import FAST_COMPILE
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SENTENCES = REPO / "bertjax" / "resources" / "sentences.tsv"
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import csv, json, os, sys, time
     os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
                                + os.environ.get("XLA_FLAGS", ""))
@@ -146,7 +146,7 @@ SCRIPT = textwrap.dedent('''
     one = patching.head_patching(params, cfg, clean, corrupted, first_logit)  # one device: any rows
     report["one_device_plain_finite"] = bool(np.isfinite(one.values).all())
     print("RESULT " + json.dumps(report))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
@@ -154,14 +154,28 @@ def report(tmp_path_factory):
   root = tmp_path_factory.mktemp("sharded_patching")
   (root / "script.py").write_text(SCRIPT)
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_COMPILE)
-  proc = subprocess.run([sys.executable, str(root / "script.py"), str(SENTENCES)], env=env,
-                        cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
+  proc = subprocess.run(
+    [sys.executable, str(root / "script.py"), str(SENTENCES)],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=1200,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
 
 
-PATCHING = {"head_out", "v_noise", "positions_out", "positions_mid", "path", "attribution",
-            "plain_metric"}
+PATCHING = {
+  "head_out",
+  "v_noise",
+  "positions_out",
+  "positions_mid",
+  "path",
+  "attribution",
+  "plain_metric",
+}
 ATTENTION = {"patterns", "attention_change", "word_attention", "effective"}
 
 

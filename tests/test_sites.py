@@ -15,10 +15,8 @@ import pytest
 import bertjax
 from bertjax.model.sites import ROW_AXIS, block_sites, take_rows
 
-SENTENCES_A = ["The keys to the cabinet are on the table.", "She did not like it at all.",
-               "Why?"]
-SENTENCES_B = ["The key to the cabinets is on the tables.", "She did like it a lot.",
-               "Because."]
+SENTENCES_A = ["The keys to the cabinet are on the table.", "She did not like it at all.", "Why?"]
+SENTENCES_B = ["The key to the cabinets is on the tables.", "She did like it a lot.", "Because."]
 
 
 def _torch_sites(model, batch):
@@ -30,11 +28,13 @@ def _torch_sites(model, batch):
 
   def keep(name, fn=lambda x: x):
     return lambda module, inputs, output: got.setdefault(name, []).append(
-        fn(output if not isinstance(output, tuple) else output[0]).detach().numpy())
+      fn(output if not isinstance(output, tuple) else output[0]).detach().numpy()
+    )
 
   heads, head_dim = model.config.num_attention_heads, 0
   head_dim = model.config.hidden_size // heads
   split = lambda x: x.reshape(x.shape[0], x.shape[1], heads, head_dim)
+
   def keep_input(name):
     return lambda module, inputs: got.setdefault(name, []).append(inputs[0].detach().numpy())
 
@@ -46,8 +46,11 @@ def _torch_sites(model, batch):
     hooks.append(layer.output.LayerNorm.register_forward_pre_hook(keep_input("resid_out")))
     for site, module in (("q", a.self.query), ("k", a.self.key), ("v", a.self.value)):
       hooks.append(module.register_forward_hook(keep(site, split)))
-    hooks.append(a.output.dense.register_forward_pre_hook(
-        lambda m, inputs: got.setdefault("head_out", []).append(split(inputs[0]).detach().numpy())))
+    hooks.append(
+      a.output.dense.register_forward_pre_hook(
+        lambda m, inputs: got.setdefault("head_out", []).append(split(inputs[0]).detach().numpy())
+      )
+    )
     hooks.append(a.output.dense.register_forward_hook(keep("attn_out")))
     hooks.append(a.output.LayerNorm.register_forward_hook(keep("mid")))
     hooks.append(layer.intermediate.register_forward_hook(keep("ffn_act")))
@@ -55,9 +58,12 @@ def _torch_sites(model, batch):
     hooks.append(layer.output.register_forward_hook(keep("out")))
   hooks.append(model.embeddings.register_forward_hook(keep("embeddings")))
   with torch.no_grad():
-    out = model(input_ids=torch.tensor(batch.input_ids).long(),
-                attention_mask=torch.tensor(batch.attention_mask).long(),
-                token_type_ids=torch.tensor(batch.token_type_ids).long(), output_attentions=True)
+    out = model(
+      input_ids=torch.tensor(batch.input_ids).long(),
+      attention_mask=torch.tensor(batch.attention_mask).long(),
+      token_type_ids=torch.tensor(batch.token_type_ids).long(),
+      output_attentions=True,
+    )
   for h in hooks:
     h.remove()
   sites = {k: np.stack(v) for k, v in got.items()}
@@ -82,8 +88,9 @@ def test_every_site_equals_pytorch_hooks(minilm):
   batch = tok.encode(SENTENCES_A)
   theirs, _ = _torch_sites(model, batch)
   sites = bertjax.model_sites(config)
-  out = bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                        batch.token_type_ids, capture=sites)
+  out = bertjax.forward(
+    params, config, batch.input_ids, batch.attention_mask, batch.token_type_ids, capture=sites
+  )
   real = batch.attention_mask.astype(bool)
   assert set(out.cache) == set(sites) == set(theirs)  # every site of a BERT block, hooked
   for site, want in theirs.items():
@@ -107,16 +114,23 @@ def test_head_out_patch_equals_pytorch_hook_edit(minilm):
   config, params, tok, model = minilm
   a = tok.encode(SENTENCES_A, pad_to=14)
   b = tok.encode(SENTENCES_B, pad_to=14)
-  run_b = bertjax.forward(params, config, b.input_ids, b.attention_mask, b.token_type_ids,
-                          capture=("head_out",))
+  run_b = bertjax.forward(
+    params, config, b.input_ids, b.attention_mask, b.token_type_ids, capture=("head_out",)
+  )
   chosen = {(1, 3), (1, 7), (4, 0)}
   # Positions real in both runs (a padded query's context is defined differently here).
   both = (a.attention_mask * b.attention_mask).astype(np.float32)  # (B, T)
   weight = np.zeros((config.depth, *both.shape, config.num_attention_heads, 1), np.float32)
   for layer, head in chosen:
     weight[layer, ..., head, 0] = both
-  ours = bertjax.forward(params, config, a.input_ids, a.attention_mask, a.token_type_ids,
-                         patch={"head_out": (run_b.cache["head_out"], weight)}).last_hidden_state
+  ours = bertjax.forward(
+    params,
+    config,
+    a.input_ids,
+    a.attention_mask,
+    a.token_type_ids,
+    patch={"head_out": (run_b.cache["head_out"], weight)},
+  ).last_hidden_state
 
   theirs_b, _ = _torch_sites(model, b)
   d = config.head_dim
@@ -127,18 +141,25 @@ def test_head_out_patch_equals_pytorch_hook_edit(minilm):
       keep = torch.tensor(both)[..., None]
       for l_, h in chosen:
         if l_ == layer:
-          patched = torch.tensor(theirs_b["head_out"][layer].reshape(x.shape)[..., h * d:(h + 1) * d])
-          x[..., h * d:(h + 1) * d] = keep * patched + (1 - keep) * x[..., h * d:(h + 1) * d]
+          patched = torch.tensor(
+            theirs_b["head_out"][layer].reshape(x.shape)[..., h * d : (h + 1) * d]
+          )
+          x[..., h * d : (h + 1) * d] = keep * patched + (1 - keep) * x[..., h * d : (h + 1) * d]
       return (x,)
+
     return pre_hook
 
-  hooks = [model.encoder.layer[i].attention.output.dense.register_forward_pre_hook(edit(i))
-           for i in range(config.depth)]
+  hooks = [
+    model.encoder.layer[i].attention.output.dense.register_forward_pre_hook(edit(i))
+    for i in range(config.depth)
+  ]
   try:
     with torch.no_grad():
-      want = model(input_ids=torch.tensor(a.input_ids).long(),
-                   attention_mask=torch.tensor(a.attention_mask).long(),
-                   token_type_ids=torch.tensor(a.token_type_ids).long()).last_hidden_state.numpy()
+      want = model(
+        input_ids=torch.tensor(a.input_ids).long(),
+        attention_mask=torch.tensor(a.attention_mask).long(),
+        token_type_ids=torch.tensor(a.token_type_ids).long(),
+      ).last_hidden_state.numpy()
   finally:
     for h in hooks:
       h.remove()
@@ -182,9 +203,16 @@ def test_patch_weight_gradient_matches_finite_differences():
     probe = jax.random.normal(jax.random.key(2), (2, 9, config.hidden_size), jnp.float64)
 
     def f(w_heads, w_mid):
-      out = bertjax.forward(p64, c64, ids, mask, patch={
+      out = bertjax.forward(
+        p64,
+        c64,
+        ids,
+        mask,
+        patch={
           "head_out": (value["head_out"], w_heads[:, None, None, :, None]),
-          "mid": (value["mid"], w_mid[:, None, None, None])})
+          "mid": (value["mid"], w_mid[:, None, None, None]),
+        },
+      )
       return jnp.sum(out.last_hidden_state * probe)
 
     w_heads = jnp.full((config.depth, config.num_attention_heads), 0.3, jnp.float64)
@@ -207,11 +235,14 @@ def test_patch_sweep_vmaps_and_matches_a_loop():
   config, params, ids, mask = _tiny()
   value = bertjax.forward(params, config, ids[::-1].copy(), mask, capture=("head_out",)).cache
   n = config.depth * config.num_attention_heads
-  weights = np.eye(n, dtype=np.float32).reshape(n, config.depth, 1, 1, config.num_attention_heads, 1)
+  weights = np.eye(n, dtype=np.float32).reshape(
+    n, config.depth, 1, 1, config.num_attention_heads, 1
+  )
 
   def run(w):
-    return bertjax.forward(params, config, ids, mask,
-                           patch={"head_out": (value["head_out"], w)}).last_hidden_state[:, 0]
+    return bertjax.forward(
+      params, config, ids, mask, patch={"head_out": (value["head_out"], w)}
+    ).last_hidden_state[:, 0]
 
   swept = jax.jit(jax.vmap(run))(jnp.asarray(weights))
   for i in (0, 5, n - 1):
@@ -226,8 +257,9 @@ def test_patch_with_prefix_reuse_and_pruned_model():
   weight[2] = 0.5
   want = bertjax.forward(params, config, ids, mask, patch={"ffn_act": (value, weight)})
   start = full.cache["out"][1]  # the input of block 2
-  got = bertjax.run_layers(params, config, start, mask, start=2,
-                           patch={"ffn_act": (value, weight)}, capture=("out",))
+  got = bertjax.run_layers(
+    params, config, start, mask, start=2, patch={"ffn_act": (value, weight)}, capture=("out",)
+  )
   np.testing.assert_allclose(got.last, want.last_hidden_state, atol=1e-6)
   assert got.cache["out"].shape[0] == 1
   # A pruned model: captured head sites keep the original head indexing (zeros removed).
@@ -267,8 +299,11 @@ def test_bad_sites_are_named():
   # depth) would otherwise be read as constant over depth.
   h1 = bertjax.forward(params, config, ids, mask, output_hidden_states=True).hidden_states[1]
   outs = bertjax.forward(params, config, ids, mask, capture=("out",)).cache["out"]
-  with pytest.raises(ValueError, match=r"value shape \(2, 2, 9, 64\) does not broadcast to the "
-                                       r"site's stacked shape \(3, 2, 9, 64\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"value shape \(2, 2, 9, 64\) does not broadcast to the "
+    r"site's stacked shape \(3, 2, 9, 64\)",
+  ):
     bertjax.run_layers(params, config, h1, mask, start=1, patch={"out": (outs[1:], 1.0)})
   with pytest.raises(ValueError, match=r"sites \['bogus'\] are unknown"):
     bertjax.run_layers(params, config, h1, mask, capture=("bogus",))
@@ -285,28 +320,54 @@ def test_patch_values_from_torch_are_accepted():
   config, params, ids, mask = _tiny()
   value = np.random.default_rng(2).normal(size=(config.depth, 2, 9, 4, 16)).astype(np.float32)
   want = bertjax.forward(params, config, ids, mask, patch={"q": (value, 0.5)})
-  got = bertjax.forward(params, config, ids, mask,
-                        patch={"q": (torch.from_numpy(value), torch.tensor(0.5))})
+  got = bertjax.forward(
+    params, config, ids, mask, patch={"q": (torch.from_numpy(value), torch.tensor(0.5))}
+  )
   np.testing.assert_array_equal(got.last_hidden_state, want.last_hidden_state)
   x = bertjax.embed(params, config, ids)
   got = bertjax.run_layers(params, config, x, mask, patch={"q": (torch.from_numpy(value), 0.5)})
   np.testing.assert_allclose(got.last, want.last_hidden_state, atol=1e-6)
   with pytest.raises(ValueError, match=r"patch\['q'\] value cannot be read as an array"):
-    bertjax.forward(params, config, ids, mask,
-                    patch={"q": (torch.from_numpy(value).requires_grad_(), 0.5)})
+    bertjax.forward(
+      params, config, ids, mask, patch={"q": (torch.from_numpy(value).requires_grad_(), 0.5)}
+    )
 
 
 def test_forward_under_jit_with_static_argnames():
   """The README's jit recipe: config and program-shaping flags static, patches traced."""
   config, params, ids, mask = _tiny()
-  jitted = jax.jit(bertjax.forward, static_argnames=(
-      "config", "head_ablation", "output_hidden_states", "output_attentions", "capture",
-      "deterministic"))
+  jitted = jax.jit(
+    bertjax.forward,
+    static_argnames=(
+      "config",
+      "head_ablation",
+      "output_hidden_states",
+      "output_attentions",
+      "capture",
+      "deterministic",
+    ),
+  )
   hm = np.ones((config.depth, config.num_attention_heads), np.float32)
-  got = jitted(params, config, ids, mask, head_mask=hm, head_ablation="uniform",
-               output_attentions=True, capture=("mid",))
-  want = bertjax.forward(params, config, ids, mask, head_mask=hm, head_ablation="uniform",
-                         output_attentions=True, capture=("mid",))
+  got = jitted(
+    params,
+    config,
+    ids,
+    mask,
+    head_mask=hm,
+    head_ablation="uniform",
+    output_attentions=True,
+    capture=("mid",),
+  )
+  want = bertjax.forward(
+    params,
+    config,
+    ids,
+    mask,
+    head_mask=hm,
+    head_ablation="uniform",
+    output_attentions=True,
+    capture=("mid",),
+  )
   np.testing.assert_allclose(got.cache["mid"], want.cache["mid"], atol=1e-6)
   assert got.attentions.shape == want.attentions.shape
 
@@ -315,8 +376,10 @@ def _final_rows_case(config, params, ids, mask, rows, **kwargs):
   """(full, restricted) `run_layers` outputs with every site captured and maps on."""
   x = bertjax.embed(params, config, ids)
   kw = dict(capture=block_sites(config), output_hidden_states=True, **kwargs)
-  return (bertjax.run_layers(params, config, x, mask, **kw),
-          bertjax.run_layers(params, config, x, mask, final_rows=rows, **kw))
+  return (
+    bertjax.run_layers(params, config, x, mask, **kw),
+    bertjax.run_layers(params, config, x, mask, final_rows=rows, **kw),
+  )
 
 
 @pytest.mark.parametrize("variant", ["bert", "albert", "pruned", "maps", "pallas"])
@@ -327,8 +390,9 @@ def test_final_rows_equal_the_full_block_at_those_rows(variant):
   config, params, ids, mask = _tiny()
   kwargs = {}
   if variant == "albert":
-    config = bertjax.BertConfig.preset("tiny", model_type="albert", embedding_size=32,
-                                       num_hidden_layers=3)  # one shared group
+    config = bertjax.BertConfig.preset(
+      "tiny", model_type="albert", embedding_size=32, num_hidden_layers=3
+    )  # one shared group
     params = bertjax.init(config, 1)
   elif variant == "pruned":
     config, params = bertjax.prune_heads(config, params, {2: [1], 0: [0, 3]})
@@ -363,15 +427,24 @@ def test_final_rows_patches_and_gradients_match_the_full_block():
   """A patched last block at chosen rows: same metric, same gradient w.r.t. the weights."""
   config, params, ids, mask = _tiny()
   x = bertjax.embed(params, config, ids)
-  value = bertjax.forward(params, config, ids[::-1].copy(), mask,
-                          capture=("head_out", "ffn_act")).cache
+  value = bertjax.forward(
+    params, config, ids[::-1].copy(), mask, capture=("head_out", "ffn_act")
+  ).cache
   rows = jnp.asarray([[4], [2]])
   probe = jax.random.normal(jax.random.key(3), (config.hidden_size,))
 
   def metric(w, final_rows):
-    out = bertjax.run_layers(params, config, x, mask, final_rows=final_rows,
-                             patch={"head_out": (value["head_out"], w[:, None, None, :, None]),
-                                    "ffn_act": (value["ffn_act"], w[:, :1, None, None])})
+    out = bertjax.run_layers(
+      params,
+      config,
+      x,
+      mask,
+      final_rows=final_rows,
+      patch={
+        "head_out": (value["head_out"], w[:, None, None, :, None]),
+        "ffn_act": (value["ffn_act"], w[:, :1, None, None]),
+      },
+    )
     return jnp.sum(take(out.last) @ probe)
 
   take = lambda h: h[jnp.arange(2)[:, None], rows]
@@ -390,8 +463,9 @@ def test_unrolled_blocks_equal_the_scan(model_type):
   maps and gradients as the scan (a part of the stack too)."""
   config, params, ids, mask = _tiny()
   if model_type == "albert":
-    config = bertjax.BertConfig.preset("tiny", model_type="albert", embedding_size=32,
-                                       num_hidden_layers=3)
+    config = bertjax.BertConfig.preset(
+      "tiny", model_type="albert", embedding_size=32, num_hidden_layers=3
+    )
     params = bertjax.init(config, 1)
   x = bertjax.embed(params, config, ids)
   kw = dict(capture=("head_out", "ffn_act"), output_hidden_states=True, output_attentions=True)
@@ -403,8 +477,9 @@ def test_unrolled_blocks_equal_the_scan(model_type):
   value = jax.random.normal(jax.random.key(5), (config.depth, 2, 9, 4, config.head_dim))
 
   def metric(w, unroll):
-    out = bertjax.run_layers(params, config, x, mask, unroll=unroll,
-                             patch={"head_out": (value, w[:, None, None, :, None])})
+    out = bertjax.run_layers(
+      params, config, x, mask, unroll=unroll, patch={"head_out": (value, w[:, None, None, :, None])}
+    )
     return jnp.sum(out.last[:, 0] ** 2)
 
   w = jnp.full((config.depth, config.num_attention_heads), 0.2)
@@ -423,20 +498,33 @@ def test_a_function_patch_is_a_traced_edit():
   xi = np.ones((config.depth, config.num_attention_heads), np.float32)
   xi[1, 3] = 0.0
   want = bertjax.forward(params, config, ids, mask, head_mask=xi).last_hidden_state
-  got = bertjax.forward(params, config, ids, mask,
-                        patch={"head_out": _zero_head_3_of_layer_2}).last_hidden_state
+  got = bertjax.forward(
+    params, config, ids, mask, patch={"head_out": _zero_head_3_of_layer_2}
+  ).last_hidden_state
   np.testing.assert_allclose(got, want, atol=1e-6)
-  assert np.abs(np.asarray(got) - np.asarray(bertjax.forward(
-      params, config, ids, mask).last_hidden_state)).max() > 1e-3
+  assert (
+    np.abs(
+      np.asarray(got) - np.asarray(bertjax.forward(params, config, ids, mask).last_hidden_state)
+    ).max()
+    > 1e-3
+  )
   # Under the caller's jit and vmap (over sequences), and differentiated.
-  run = jax.jit(lambda i, m: bertjax.forward(
-      params, config, i, m, patch={"head_out": _zero_head_3_of_layer_2}).last_hidden_state)
+  run = jax.jit(
+    lambda i, m: (
+      bertjax.forward(
+        params, config, i, m, patch={"head_out": _zero_head_3_of_layer_2}
+      ).last_hidden_state
+    )
+  )
   np.testing.assert_allclose(run(ids, mask), want, atol=1e-6)
   per_row = jax.vmap(lambda i, m: run(i[None], m[None])[0])(ids, mask)
   np.testing.assert_allclose(per_row, want, atol=1e-5)
   emb = bertjax.embed(params, config, ids)
-  grad = jax.grad(lambda x: bertjax.run_layers(
-      params, config, x, mask, patch={"head_out": _zero_head_3_of_layer_2}).last.sum())(emb)
+  grad = jax.grad(
+    lambda x: bertjax.run_layers(
+      params, config, x, mask, patch={"head_out": _zero_head_3_of_layer_2}
+    ).last.sum()
+  )(emb)
   assert np.isfinite(np.asarray(grad)).all()
   with pytest.raises(ValueError, match=r"patch\['mid'\] function returned shape"):
     bertjax.forward(params, config, ids, mask, patch={"mid": _first_row_only})

@@ -20,9 +20,14 @@ FUSED_SITES = tuple(s for s in bertjax.model_sites(bertjax.BertConfig()) if s !=
 
 
 def _model():
-  config = bertjax.BertConfig(vocab_size=500, hidden_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, intermediate_size=256,
-                              max_position_embeddings=64)
+  config = bertjax.BertConfig(
+    vocab_size=500,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=256,
+    max_position_embeddings=64,
+  )
   params = bertjax.init(config, 0)
   rng = np.random.default_rng(0)
   ids = rng.integers(5, config.vocab_size, (2, 3, 64)).astype(np.int32)  # runs A and B
@@ -33,8 +38,11 @@ def _model():
 
 
 def _precision():
-  return (jax.default_matmul_precision("float32") if jax.default_backend() == "gpu"
-          else contextlib.nullcontext())
+  return (
+    jax.default_matmul_precision("float32")
+    if jax.default_backend() == "gpu"
+    else contextlib.nullcontext()
+  )
 
 
 def _sites_patch_and_gradient(config, params, ids, mask):
@@ -44,9 +52,17 @@ def _sites_patch_and_gradient(config, params, ids, mask):
   probe = jax.random.normal(jax.random.key(3), (*ids[0].shape, config.hidden_size))
 
   def run(w_heads, w_mid):
-    out = bertjax.forward(params, config, ids[0], mask, capture=FUSED_SITES, patch={
+    out = bertjax.forward(
+      params,
+      config,
+      ids[0],
+      mask,
+      capture=FUSED_SITES,
+      patch={
         "head_out": (value["head_out"], w_heads[:, None, None, :, None]),
-        "mid": (value["mid"], w_mid[:, None, None, None])})
+        "mid": (value["mid"], w_mid[:, None, None, None]),
+      },
+    )
     return jnp.sum(out.last_hidden_state * probe), out
 
   w_heads = jnp.asarray([[0.0, 0.7], [0.4, 0.0]], jnp.float32)
@@ -56,10 +72,19 @@ def _sites_patch_and_gradient(config, params, ids, mask):
   return plain.cache, patched.last_hidden_state, grads
 
 
-@pytest.mark.parametrize("where", [
+@pytest.mark.parametrize(
+  "where",
+  [
     "here",
-    pytest.param("gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        jax.default_backend() != "gpu", reason="needs a GPU (compiled kernels)")])])
+    pytest.param(
+      "gpu",
+      marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU (compiled kernels)"),
+      ],
+    ),
+  ],
+)
 def test_sites_patches_and_gradients_through_the_kernel_equal_the_map_path(where):
   config, params, ids, mask = _model()
   real = mask.astype(bool)

@@ -25,8 +25,9 @@ def test_pearson_from_running_sums_equals_pearson():
   np.testing.assert_allclose(stats.pearson_from_sums(*sums), stats.pearson_rows(x, y), atol=1e-12)
 
 
-@pytest.mark.parametrize(("lost", "gained", "same"), [(8, 1, 11), (0, 0, 5), (3, 3, 0),
-                                                       (30, 12, 70), (0, 9, 1)])
+@pytest.mark.parametrize(
+  ("lost", "gained", "same"), [(8, 1, 11), (0, 0, 5), (3, 3, 0), (30, 12, 70), (0, 9, 1)]
+)
 def test_mcnemar_is_scipys_exact_binomial_test(lost, gained, same):
   base = np.array([True] * lost + [False] * gained + [True] * same)
   other = np.array([False] * lost + [True] * gained + [True] * same)

@@ -92,13 +92,26 @@ def test_bootstrap_ci_is_scipy_s_percentile_interval():
   x, y = rng.normal(size=40), rng.normal(size=40)
   y = y + 0.5 * x
   ours = stats.bootstrap_ci(x, lambda a: a.mean(-1), n_resamples=999, seed=3, vectorized=True)
-  theirs = scipy_stats.bootstrap((x,), np.mean, method="percentile", n_resamples=999,
-                                 rng=np.random.default_rng(3), vectorized=True)
+  theirs = scipy_stats.bootstrap(
+    (x,),
+    np.mean,
+    method="percentile",
+    n_resamples=999,
+    rng=np.random.default_rng(3),
+    vectorized=True,
+  )
   np.testing.assert_allclose(ours, tuple(theirs.confidence_interval), rtol=1e-12)
   ours = stats.bootstrap_ci((x, y), stats.spearman, n_resamples=300, seed=1, confidence=0.9)
-  theirs = scipy_stats.bootstrap((x, y), stats.spearman, paired=True, vectorized=False,
-                                 method="percentile", n_resamples=300, confidence_level=0.9,
-                                 rng=np.random.default_rng(1))
+  theirs = scipy_stats.bootstrap(
+    (x, y),
+    stats.spearman,
+    paired=True,
+    vectorized=False,
+    method="percentile",
+    n_resamples=300,
+    confidence_level=0.9,
+    rng=np.random.default_rng(1),
+  )
   np.testing.assert_allclose(ours, tuple(theirs.confidence_interval), rtol=1e-12)
   # Seeded; a statistic with several values gets an interval for each; NaN resamples left out.
   assert stats.bootstrap_ci(x, np.mean, seed=4) == stats.bootstrap_ci(x, np.mean, seed=4)

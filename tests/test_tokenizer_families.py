@@ -20,16 +20,20 @@ tokenizers = pytest.importorskip("tokenizers")
 
 pytestmark = pytest.mark.hf
 
-SENTENCES = ["The keys to the cabinet are on the table.", "She didn't like it, did she?",
-             "Colorless green ideas sleep furiously.", "A robin is a bird; a rose is not.",
-             "Nobody has ever seen it never."]
+SENTENCES = [
+  "The keys to the cabinet are on the table.",
+  "She didn't like it, did she?",
+  "Colorless green ideas sleep furiously.",
+  "A robin is a bird; a rose is not.",
+  "Nobody has ever seen it never.",
+]
 
 
 def _ud_texts(data_dir, limit=400):
   texts = []
   for line in (data_dir / "ud_english_ewt" / "en_ewt-ud-dev.conllu").open(encoding="utf-8"):
     if line.startswith("# text = "):
-      texts.append(line[len("# text = "):].rstrip("\n"))
+      texts.append(line[len("# text = ") :].rstrip("\n"))
       if len(texts) == limit:
         break
   return texts
@@ -51,8 +55,12 @@ def _compare(ours, theirs, texts):
 @pytest.mark.data
 def test_byte_level_bpe_vocab_and_merges(tmp_path, corpus):
   bpe = tokenizers.ByteLevelBPETokenizer()
-  bpe.train_from_iterator(corpus, vocab_size=600, min_frequency=2,
-                          special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+  bpe.train_from_iterator(
+    corpus,
+    vocab_size=600,
+    min_frequency=2,
+    special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+  )
   bpe.save_model(str(tmp_path))  # vocab.json + merges.txt, as RoBERTa ships them
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta"}))
   ours = bertjax.Tokenizer.from_pretrained(tmp_path)
@@ -60,11 +68,15 @@ def test_byte_level_bpe_vocab_and_merges(tmp_path, corpus):
   _compare(ours, theirs, corpus)
   vocab = json.loads((tmp_path / "vocab.json").read_text())
   assert (ours.cls_id, ours.sep_id, ours.pad_id, ours.mask_id) == (
-      vocab["<s>"], vocab["</s>"], vocab["<pad>"], vocab["<mask>"])
+    vocab["<s>"],
+    vocab["</s>"],
+    vocab["<pad>"],
+    vocab["<mask>"],
+  )
   # Pairs: <s> A </s></s> B </s>, as transformers builds them.
   pair = ours.encode(SENTENCES[:2], SENTENCES[2:4])
   want = theirs(SENTENCES[0], SENTENCES[2])["input_ids"]
-  assert pair.input_ids[0, :len(want)].tolist() == want
+  assert pair.input_ids[0, : len(want)].tolist() == want
   # Pre-split words: every word gets its leading space (add_prefix_space=True).
   words = [s.rstrip(".?").split() for s in SENTENCES]
   batch = ours.encode_words(words)
@@ -80,8 +92,9 @@ def test_byte_level_bpe_vocab_and_merges(tmp_path, corpus):
 @pytest.mark.data
 def test_wordpiece_vocab_txt(tmp_path, corpus):
   wp = tokenizers.BertWordPieceTokenizer(lowercase=True)
-  wp.train_from_iterator(corpus, vocab_size=500,
-                         special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+  wp.train_from_iterator(
+    corpus, vocab_size=500, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  )
   wp.save_model(str(tmp_path))
   ours = bertjax.Tokenizer.from_pretrained(tmp_path)
   theirs = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
@@ -92,17 +105,27 @@ def test_wordpiece_vocab_txt(tmp_path, corpus):
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "distilbert"}))
   distil = bertjax.Tokenizer.from_pretrained(tmp_path)
   pair = distil.encode(["a b"], ["c d"])
-  assert not pair.token_type_ids.any() and (pair.input_ids == ours.encode(["a b"], ["c d"])
-                                            .input_ids).all()
+  assert (
+    not pair.token_type_ids.any()
+    and (pair.input_ids == ours.encode(["a b"], ["c d"]).input_ids).all()
+  )
 
 
 @pytest.mark.data
 def test_sentencepiece_model(tmp_path, corpus):
   spm = pytest.importorskip("sentencepiece")
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "spiece"), vocab_size=300,
-      pad_id=0, unk_id=1, bos_id=2, eos_id=3, user_defined_symbols=["[MASK]"],
-      control_symbols=["[CLS]", "[SEP]"], model_type="unigram")
+    sentence_iterator=iter(corpus),
+    model_prefix=str(tmp_path / "spiece"),
+    vocab_size=300,
+    pad_id=0,
+    unk_id=1,
+    bos_id=2,
+    eos_id=3,
+    user_defined_symbols=["[MASK]"],
+    control_symbols=["[CLS]", "[SEP]"],
+    model_type="unigram",
+  )
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "albert"}))
   ours = bertjax.Tokenizer.from_pretrained(tmp_path)
   theirs = transformers.AlbertTokenizerFast.from_pretrained(str(tmp_path))
@@ -116,14 +139,21 @@ def test_xlm_roberta_sentencepiece_bpe_model(tmp_path, corpus):
   <mask> last) against transformers' XLMRobertaTokenizerFast built from the same file."""
   spm = pytest.importorskip("sentencepiece")
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(corpus), model_prefix=str(tmp_path / "sentencepiece.bpe"),
-      vocab_size=300, model_type="bpe")  # sentencepiece's ids: <unk> 0, <s> 1, </s> 2
+    sentence_iterator=iter(corpus),
+    model_prefix=str(tmp_path / "sentencepiece.bpe"),
+    vocab_size=300,
+    model_type="bpe",
+  )  # sentencepiece's ids: <unk> 0, <s> 1, </s> 2
   (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlm-roberta"}))
   ours = bertjax.Tokenizer.from_pretrained(tmp_path)
   theirs = transformers.XLMRobertaTokenizerFast.from_pretrained(str(tmp_path))
   _compare(ours, theirs, corpus)
   assert (ours.cls_id, ours.pad_id, ours.sep_id, ours.mask_id) == (
-      theirs.cls_token_id, theirs.pad_token_id, theirs.sep_token_id, theirs.mask_token_id)
+    theirs.cls_token_id,
+    theirs.pad_token_id,
+    theirs.sep_token_id,
+    theirs.mask_token_id,
+  )
   assert (ours.cls_token, ours.mask_token) == ("<s>", "<mask>") and ours.pad_id == 1
 
 
@@ -132,9 +162,16 @@ def test_roles_from_tokenizer_config(tmp_path):
   vocab = {t: i for i, t in enumerate(["<pad>", "<unk>", "<bos>", "<eos>", "<m>", "a", "b"])}
   tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
   tok.save(str(tmp_path / "tokenizer.json"))
-  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-      {"cls_token": "<bos>", "sep_token": {"content": "<eos>"}, "mask_token": "<m>",
-       "pad_token": "<pad>"}))
+  (tmp_path / "tokenizer_config.json").write_text(
+    json.dumps(
+      {
+        "cls_token": "<bos>",
+        "sep_token": {"content": "<eos>"},
+        "mask_token": "<m>",
+        "pad_token": "<pad>",
+      }
+    )
+  )
   ours = bertjax.Tokenizer.from_pretrained(tmp_path)
   assert (ours.cls_id, ours.sep_id, ours.mask_id, ours.pad_id) == (2, 3, 4, 0)
   assert np.isin([2, 3, 4, 0], list(ours.special_ids)).all()

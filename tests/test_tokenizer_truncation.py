@@ -15,20 +15,24 @@ transformers = pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.hf
 
-LONG = ("The keys to the cabinet, which nobody had seen for years, are on the table in the hall "
-        "beside the old clock that stopped when the war began.")
+LONG = (
+  "The keys to the cabinet, which nobody had seen for years, are on the table in the hall "
+  "beside the old clock that stopped when the war began."
+)
 SHORT = "Nobody knows why."
 MEDIUM = "She didn't like it, but she said nothing and went home early."
 
 
 @pytest.fixture(scope="module")
 def pair(minilm_dir):
-  return (bertjax.Tokenizer.from_pretrained(minilm_dir),
-          transformers.AutoTokenizer.from_pretrained(str(minilm_dir)))
+  return (
+    bertjax.Tokenizer.from_pretrained(minilm_dir),
+    transformers.AutoTokenizer.from_pretrained(str(minilm_dir)),
+  )
 
 
 def _ids(batch, b=0):
-  return batch.input_ids[b, :int(batch.attention_mask[b].sum())].tolist()
+  return batch.input_ids[b, : int(batch.attention_mask[b].sum())].tolist()
 
 
 @pytest.mark.parametrize("max_length", [6, 9, 14, 25, 60])
@@ -40,11 +44,13 @@ def test_encode_truncation_equals_transformers(pair, max_length, strategy, secon
     want = theirs(LONG, second, truncation=strategy, max_length=max_length)
   except Exception:  # noqa: BLE001 - transformers cannot cut this; neither may we, clearly
     with pytest.raises(ValueError, match=f"max_length={max_length}"):
-      ours.encode([LONG], None if second is None else [second], truncation=strategy,
-                  max_length=max_length)
+      ours.encode(
+        [LONG], None if second is None else [second], truncation=strategy, max_length=max_length
+      )
     return
-  got = ours.encode([LONG], None if second is None else [second], truncation=strategy,
-                    max_length=max_length)
+  got = ours.encode(
+    [LONG], None if second is None else [second], truncation=strategy, max_length=max_length
+  )
   assert _ids(got) == want["input_ids"]
   n = len(want["input_ids"])
   assert got.token_type_ids[0, :n].tolist() == want["token_type_ids"]
@@ -102,8 +108,9 @@ def test_windows_equal_return_overflowing_tokens(pair, max_length, stride):
   ours, theirs = pair
   doc = " ".join([LONG, MEDIUM, SHORT] * 4)
   windows = ours.encode_windows(doc, max_length=max_length, stride=stride)
-  want = theirs(doc, truncation=True, max_length=max_length, stride=stride,
-                return_overflowing_tokens=True)["input_ids"]
+  want = theirs(
+    doc, truncation=True, max_length=max_length, stride=stride, return_overflowing_tokens=True
+  )["input_ids"]
   assert len(windows.sample) == len(want) > 3
   assert (windows.sample == 0).all()
   full = ours.encode([doc], max_length=100_000).input_ids[0, 1:-1]  # the text's own tokens
@@ -111,7 +118,7 @@ def test_windows_equal_return_overflowing_tokens(pair, max_length, stride):
     assert _ids(windows.batch, k) == ids
     content = np.asarray(ids[1:-1])
     start = int(windows.start[k])
-    np.testing.assert_array_equal(full[start:start + len(content)], content)
+    np.testing.assert_array_equal(full[start : start + len(content)], content)
     if k:  # consecutive windows share `stride` tokens
       prev = int(windows.start[k - 1])
       assert start - prev == max_length - 2 - stride
@@ -126,17 +133,21 @@ def test_windows_of_several_texts_with_a_question(pair):
   got = [_ids(windows.batch, k) for k in range(len(windows.sample))]
   want = []
   for doc, q in zip(docs, questions):
-    want += theirs(q, doc, truncation="only_second", max_length=32, stride=6,
-                   return_overflowing_tokens=True)["input_ids"]
+    want += theirs(
+      q, doc, truncation="only_second", max_length=32, stride=6, return_overflowing_tokens=True
+    )["input_ids"]
   assert got == want
   assert windows.sample.tolist() == sorted(windows.sample.tolist()) and set(windows.sample) == {
-      0, 1, 2}
+    0,
+    1,
+    2,
+  }
   for k in range(len(got)):
     i = int(windows.sample[k])
-    types = windows.batch.token_type_ids[k, :len(got[k])]
+    types = windows.batch.token_type_ids[k, : len(got[k])]
     text_ids = np.asarray(got[k])[(types == 1)][:-1]  # segment 1 without its [SEP]
     full = ours.encode([docs[i]], max_length=100_000).input_ids[0, 1:-1]
     start = int(windows.start[k])
-    np.testing.assert_array_equal(full[start:start + len(text_ids)], text_ids)
+    np.testing.assert_array_equal(full[start : start + len(text_ids)], text_ids)
   with pytest.raises(ValueError, match="stride=30"):
     ours.encode_windows(docs, questions, max_length=32, stride=30)

@@ -25,9 +25,14 @@ def _batch(rng, b=8, t=16, p=4, vocab=1000, objective="nsp"):
   positions = np.stack([rng.choice(np.arange(1, t // 2), p, replace=False) for _ in range(b)])
   weights = (rng.random((b, p)) < 0.8).astype(np.float32)
   weights[:, 0] = 1.0
-  out = dict(input_ids=ids, attention_mask=mask, token_type_ids=np.zeros((b, t), np.int32),
-             mlm_positions=positions.astype(np.int32),
-             mlm_ids=rng.integers(5, vocab, (b, p)).astype(np.int32), mlm_weights=weights)
+  out = dict(
+    input_ids=ids,
+    attention_mask=mask,
+    token_type_ids=np.zeros((b, t), np.int32),
+    mlm_positions=positions.astype(np.int32),
+    mlm_ids=rng.integers(5, vocab, (b, p)).astype(np.int32),
+    mlm_weights=weights,
+  )
   if objective == "nsp":
     out["next_sentence_labels"] = rng.integers(0, 2, b).astype(np.int32)
   return out
@@ -41,8 +46,9 @@ def test_mlm_loss_matches_full_vocabulary_reference():
   batch = _batch(np.random.default_rng(0))
   out = bertjax.forward(params, CFG, batch["input_ids"], batch["attention_mask"])
   hidden = out.last_hidden_state
-  loss, acc = losses.mlm_loss(params, CFG, hidden, batch["mlm_positions"], batch["mlm_ids"],
-                              batch["mlm_weights"])
+  loss, acc = losses.mlm_loss(
+    params, CFG, hidden, batch["mlm_positions"], batch["mlm_ids"], batch["mlm_weights"]
+  )
   full = np.asarray(jax.nn.log_softmax(bertjax.mlm_logits(params, CFG, hidden), -1))  # (B, T, V)
   at_pos = np.take_along_axis(full, batch["mlm_positions"][..., None], 1)  # (B, P, V)
   nll = -np.take_along_axis(at_pos, batch["mlm_ids"][..., None], -1)[..., 0]  # (B, P)
@@ -85,8 +91,10 @@ def test_decay_mask_excludes_biases_and_layernorm():
   assert flat["['embeddings']['word_embeddings']['embedding']"] is True
   assert flat["['encoder']['layers']['LayerNorm']['scale']"] is False
   # With zero gradients only decay moves parameters: LayerNorm and biases stay, kernels shrink.
-  small = {"dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
-           "LayerNorm": {"scale": jnp.ones(2), "bias": jnp.ones(2)}}
+  small = {
+    "dense": {"kernel": jnp.ones((2, 2)), "bias": jnp.ones(2)},
+    "LayerNorm": {"scale": jnp.ones(2), "bias": jnp.ones(2)},
+  }
   for name in optim.OPTIMIZERS:
     tx = optim.make_optimizer(name, 0.1, weight_decay=0.5, clip_norm=None)
     updates, _ = tx.update(jax.tree.map(jnp.zeros_like, small), tx.init(small), small)
@@ -128,18 +136,18 @@ def test_lamb_and_clipping_match_a_numpy_reference():
     grads = {"w": rng.normal(scale=50.0, size=(3, 4)), "bias": rng.normal(scale=50.0, size=4)}
     updates, state = tx.update(jax.tree.map(jnp.asarray, grads), state, params)
     params = optax.apply_updates(params, updates)
-    norm = np.sqrt(sum((g ** 2).sum() for g in grads.values()))
+    norm = np.sqrt(sum((g**2).sum() for g in grads.values()))
     for k, g in grads.items():
       g = g * min(1.0, clip / norm)
       m[k] = b1 * m[k] + (1 - b1) * g
       v[k] = b2 * v[k] + (1 - b2) * g * g
-      r = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
+      r = (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps)
       if k == "w":  # no weight decay on biases
         r = r + wd * p[k]
       trust = np.linalg.norm(p[k]) / np.linalg.norm(r)
       p[k] = p[k] - lr * trust * r
-    for k in p:
-      np.testing.assert_allclose(np.asarray(params[k]), p[k], rtol=2e-5, atol=1e-6)
+    for k, want in p.items():
+      np.testing.assert_allclose(np.asarray(params[k]), want, rtol=2e-5, atol=1e-6)
   # The clipping acted: a raw gradient of norm ~50 per entry was scaled down to norm 1.
   assert norm > 100 * clip
 
@@ -209,15 +217,25 @@ def test_nonfinite_step_is_flagged_and_skipped():
 
 def test_parse_schedule():
   assert stacking.parse_schedule("3:50000,6:70000,12") == [
-      stacking.Stage(3, 50000), stacking.Stage(6, 70000), stacking.Stage(12, None)]
+    stacking.Stage(3, 50000),
+    stacking.Stage(6, 70000),
+    stacking.Stage(12, None),
+  ]
   assert stacking.stage_boundaries(stacking.parse_schedule("3:5,6:7,12")) == [5, 12]
-  assert [stacking.stage_at(stacking.parse_schedule("3:5,6:7,12"), s) for s in (0, 4, 5, 11, 12)] \
-      == [0, 0, 1, 1, 2]
-  for bad, match in [("", "empty"), ("3:50,6:x,12", "'6:x' must hold integers"),
-                     ("3:50,6", None), ("3:50,12:10", "last stage '12:10'"),
-                     ("3,6", "stage 0 '3' needs a step count"),
-                     ("6:10,3", "layers must increase"), ("0:10,3", "layers=0"),
-                     ("3:0,6", "steps=0"), ("3:1:2,6", "'3:1:2'")]:
+  assert [
+    stacking.stage_at(stacking.parse_schedule("3:5,6:7,12"), s) for s in (0, 4, 5, 11, 12)
+  ] == [0, 0, 1, 1, 2]
+  for bad, match in [
+    ("", "empty"),
+    ("3:50,6:x,12", "'6:x' must hold integers"),
+    ("3:50,6", None),
+    ("3:50,12:10", "last stage '12:10'"),
+    ("3,6", "stage 0 '3' needs a step count"),
+    ("6:10,3", "layers must increase"),
+    ("0:10,3", "layers=0"),
+    ("3:0,6", "steps=0"),
+    ("3:1:2,6", "'3:1:2'"),
+  ]:
     if match is None:
       stacking.parse_schedule(bad)
       continue
@@ -238,8 +256,10 @@ def test_grow_copies_layers_and_moments():
   assert q5.shape[0] == 5
   for i in range(5):
     np.testing.assert_array_equal(q5[i], q[i % 2])
-  np.testing.assert_array_equal(p["embeddings"]["word_embeddings"]["embedding"],
-                                state.params["embeddings"]["word_embeddings"]["embedding"])
+  np.testing.assert_array_equal(
+    p["embeddings"]["word_embeddings"]["embedding"],
+    state.params["embeddings"]["word_embeddings"]["embedding"],
+  )
   adam = o[1][0]  # chain(clip, adamw) -> adamw = chain(scale_by_adam, ...)
   old_adam = state.opt_state[1][0]
   mu = adam.mu["encoder"]["layers"]["intermediate"]["kernel"]
@@ -247,8 +267,10 @@ def test_grow_copies_layers_and_moments():
   assert float(jnp.abs(old_mu).max()) > 0
   for i in range(5):
     np.testing.assert_array_equal(mu[i], old_mu[i % 2])
-    np.testing.assert_array_equal(adam.nu["encoder"]["layers"]["intermediate"]["kernel"][i],
-                                  old_adam.nu["encoder"]["layers"]["intermediate"]["kernel"][i % 2])
+    np.testing.assert_array_equal(
+      adam.nu["encoder"]["layers"]["intermediate"]["kernel"][i],
+      old_adam.nu["encoder"]["layers"]["intermediate"]["kernel"][i % 2],
+    )
   assert int(adam.count) == int(old_adam.count) == 1
   # Training continues with the grown state and the same schedule step.
   grown = state.replace(params=p, opt_state=o)
@@ -261,8 +283,9 @@ def test_grow_copies_layers_and_moments():
 
 
 def test_grow_rejects_albert_and_shrinking():
-  albert = bertjax.BertConfig.preset("tiny", model_type="albert", num_hidden_groups=1,
-                                     embedding_size=32)
+  albert = bertjax.BertConfig.preset(
+    "tiny", model_type="albert", num_hidden_groups=1, embedding_size=32
+  )
   with pytest.raises(ValueError, match="ALBERT shares its layers"):
     stacking.grow(albert, {}, None, 4)
   with pytest.raises(ValueError, match="new_layers=2"):
@@ -289,8 +312,11 @@ def test_corrupt_checkpoint_falls_back(tmp_path, damage):
     states[s] = _state(s).replace(step=jnp.int32(s))
     assert mgr.save(s, states[s], config=cfg, data_state={"step": s}, stage=0)
   mgr.close()
-  files = sorted(p for p in (tmp_path / "2" / "state").rglob("*") if p.is_file()
-                 and p.stat().st_size > 1000 and "ocdbt.process_0" in str(p))
+  files = sorted(
+    p
+    for p in (tmp_path / "2" / "state").rglob("*")
+    if p.is_file() and p.stat().st_size > 1000 and "ocdbt.process_0" in str(p)
+  )
   victim = max(files, key=lambda p: p.stat().st_size)
   if damage == "delete":
     victim.unlink()
@@ -301,8 +327,9 @@ def test_corrupt_checkpoint_falls_back(tmp_path, damage):
     state, meta = mgr.restore_latest(_state(0))
   assert meta["step"] == 1 and meta["data_state"] == {"step": 1}
   assert int(state.step) == 1
-  for a, b in zip(jax.tree.leaves(ts.state_to_tree(state)),
-                  jax.tree.leaves(ts.state_to_tree(states[1]))):
+  for a, b in zip(
+    jax.tree.leaves(ts.state_to_tree(state)), jax.tree.leaves(ts.state_to_tree(states[1]))
+  ):
     np.testing.assert_array_equal(a, b)
   assert ck.config_from_json(meta["config"]) == cfg
   mgr.close()
@@ -318,5 +345,7 @@ def test_export_checkpoint_to_hf(tmp_path):
   assert json.loads((tmp_path / "hf" / "config.json").read_text())["num_hidden_layers"] == 1
   cfg2, params = bertjax.from_hf(tmp_path / "hf")
   assert cfg2.num_hidden_layers == out_cfg.num_hidden_layers == 1
-  np.testing.assert_array_equal(params["embeddings"]["word_embeddings"]["embedding"],
-                                st.params["embeddings"]["word_embeddings"]["embedding"])
+  np.testing.assert_array_equal(
+    params["embeddings"]["word_embeddings"]["embedding"],
+    st.params["embeddings"]["word_embeddings"]["embedding"],
+  )

@@ -69,6 +69,7 @@ def test_ud_pos_first_subword_labels_and_training(data_dir, tokenizer):
   train, evaluation, tags = F.load_ud_pos(path, tokenizer, max_len=64, max_sentences=80)
   assert "NOUN" in tags
   from bertjax.data import conllu
+
   sents = [s for s in conllu.read_conllu(path, max_sentences=80)]
   # Every labelled position is a word's first subword; counts match the words.
   labelled = (train["labels"] != -100).sum() + (evaluation["labels"] != -100).sum()
@@ -112,8 +113,9 @@ def test_glue_through_tfds_mock_data(tokenizer, task, pair):
     assert set(np.unique(types[mask > 0])) == ({0, 1} if pair else {0})
     assert set(np.unique(data["labels"])) <= {0, 1} and data["labels"].shape == (12,)
   # The class names come from the task's tfds metadata (they become the export's id2label).
-  assert labels == {"sst2": ["negative", "positive"],
-                    "mrpc": ["not_equivalent", "equivalent"]}[task]
+  assert (
+    labels == {"sst2": ["negative", "positive"], "mrpc": ["not_equivalent", "equivalent"]}[task]
+  )
 
 
 def test_finetune_help_lists_options(capsys):
@@ -121,20 +123,60 @@ def test_finetune_help_lists_options(capsys):
     train.finetune_main(["--help"])
   assert e.value.code == 0
   out = capsys.readouterr().out
-  for opt in ("--table", "--blimp", "--ud", "--glue", "--init-from", "--lr", "--steps",
-              "--pair-column", "(default: 2e-05)"):
+  for opt in (
+    "--table",
+    "--blimp",
+    "--ud",
+    "--glue",
+    "--init-from",
+    "--lr",
+    "--steps",
+    "--pair-column",
+    "(default: 2e-05)",
+  ):
     assert opt in out, opt
 
 
 def test_finetune_main_blimp_from_random_init(tmp_path, minilm_dir, data_dir):
   cfg = tmp_path / "cfg.json"
-  cfg.write_text(json.dumps(dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1,
-                                 num_attention_heads=2, intermediate_size=64)))
-  assert train.finetune_main([
-      "--blimp", str(data_dir / "blimp" / "anaphor_number_agreement.jsonl"),
-      "--max-examples", "64", "--eval-fraction", "0.25", "--vocab", str(minilm_dir),
-      "--config-json", str(cfg), "--steps", "6", "--batch-size", "8", "--lr", "1e-3",
-      "--max-len", "24", "--output-dir", str(tmp_path / "out")]) == 0
+  cfg.write_text(
+    json.dumps(
+      dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+      )
+    )
+  )
+  assert (
+    train.finetune_main(
+      [
+        "--blimp",
+        str(data_dir / "blimp" / "anaphor_number_agreement.jsonl"),
+        "--max-examples",
+        "64",
+        "--eval-fraction",
+        "0.25",
+        "--vocab",
+        str(minilm_dir),
+        "--config-json",
+        str(cfg),
+        "--steps",
+        "6",
+        "--batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--max-len",
+        "24",
+        "--output-dir",
+        str(tmp_path / "out"),
+      ]
+    )
+    == 0
+  )
   metrics = json.loads((tmp_path / "out" / "summary.json").read_text())
   assert set(metrics["metrics"]) == {"accuracy", "f1", "matthews"}
   assert metrics["labels"] == ["bad", "good"] and np.isfinite(metrics["final_loss"])

@@ -59,37 +59,61 @@ RUNNER = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, data_dir):
   from bertjax.data import corpus as C
+
   root = tmp_path_factory.mktemp("loop")
   text = data_dir / "wikitext2_tokens" / "valid.txt"
   docs = C.read_documents(text, format="wikitext", max_lines=400)
   C.train_wordpiece((s for d in docs for s in d), 1000, save_dir=root / "vocab")
   (root / "runner.py").write_text(RUNNER)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", XLA_FLAGS=FAST_COMPILE)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    XLA_FLAGS=FAST_COMPILE,
+  )
   return root, text, env
 
 
 def _args(setup, out, **kw):
   root, text, _ = setup
-  args = dict(vocab=str(root / "vocab"), text=str(text), max_lines=400, seq_len=32,
-              objective="nsp", batch=8, layers=2, steps=16, every=4, stacking="1:6,2",
-              out=str(out))
+  args = dict(
+    vocab=str(root / "vocab"),
+    text=str(text),
+    max_lines=400,
+    seq_len=32,
+    objective="nsp",
+    batch=8,
+    layers=2,
+    steps=16,
+    every=4,
+    stacking="1:6,2",
+    out=str(out),
+  )
   args.update(kw)
   return args
 
 
 def _run(setup, args, timeout=300):
-  proc = subprocess.run([sys.executable, str(setup[0] / "runner.py"), json.dumps(args)],
-                        env=setup[2], cwd=REPO, check=False, capture_output=True, text=True,
-                        timeout=timeout)
+  proc = subprocess.run(
+    [sys.executable, str(setup[0] / "runner.py"), json.dumps(args)],
+    env=setup[2],
+    cwd=REPO,
+    check=False,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc.stdout
 
 
 def _losses(out):
-  return [(r["step"], r["loss"], r["mlm_loss"], r["layers"])
-          for r in map(json.loads, (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines())]
+  return [
+    (r["step"], r["loss"], r["mlm_loss"], r["layers"])
+    for r in map(json.loads, (pathlib.Path(out) / "metrics.jsonl").read_text().splitlines())
+  ]
 
 
 @pytest.mark.slow
@@ -105,8 +129,13 @@ def test_kill_and_resume_is_bitwise_identical_across_stacking(setup):
 
   # Killed with SIGKILL once the step-4 checkpoint is on disk (before the stacking boundary).
   args = _args(setup, run_out, slow_after=5)
-  proc = subprocess.Popen([sys.executable, str(root / "runner.py"), json.dumps(args)],
-                          env=setup[2], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  proc = subprocess.Popen(
+    [sys.executable, str(root / "runner.py"), json.dumps(args)],
+    env=setup[2],
+    cwd=REPO,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
   deadline = time.time() + 240
   while not (run_out / "checkpoints" / "4").is_dir():
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -146,15 +175,24 @@ def test_short_wikitext_pretraining_lowers_mlm_loss(setup, tmp_path):
   from bertjax.data import corpus as C
   from bertjax.data import pretraining as P
   from bertjax.training import loop
+
   text = setup[1]
   docs = C.read_documents(text, format="wikitext", max_lines=600)
   tok = C.train_wordpiece((s for d in docs for s in d), 200)
   corpus = C.tokenize_documents(docs, tok)
-  data = P.PretrainingIterator(corpus, P.PretrainingConfig(max_seq_len=64, objective="none"),
-                               batch_size=16, seed=0)
+  data = P.PretrainingIterator(
+    corpus, P.PretrainingConfig(max_seq_len=64, objective="none"), batch_size=16, seed=0
+  )
   cfg = bertjax.BertConfig.preset("tiny", vocab_size=corpus.vocab_size)
-  train = loop.TrainConfig(steps=200, batch_size=16, learning_rate=3e-3, warmup_steps=20,
-                           progress=False, output_dir=str(tmp_path), checkpoint_every=0)
+  train = loop.TrainConfig(
+    steps=200,
+    batch_size=16,
+    learning_rate=3e-3,
+    warmup_steps=20,
+    progress=False,
+    output_dir=str(tmp_path),
+    checkpoint_every=0,
+  )
   summary = loop.pretrain(cfg, data, train)
   mlm = [r["mlm_loss"] for r in summary["history"]]
   first, last = np.mean(mlm[:3]), np.mean(mlm[-20:])
@@ -165,7 +203,7 @@ def test_short_wikitext_pretraining_lowers_mlm_loss(setup, tmp_path):
   assert summary["last_checkpoint"] == 200 and summary["tokens_per_s"] > 0
 
 
-SHARDED = textwrap.dedent('''
+SHARDED = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import json, jax, numpy as np, bertjax
@@ -206,7 +244,7 @@ SHARDED = textwrap.dedent('''
     print("RESULT " + json.dumps(dict(ref=ref, got=got, specs=sorted(specs),
                                       word_spec=str(word.sharding.spec),
                                       devices=len(word.sharding.device_set))))
-''')
+""")
 
 
 @pytest.mark.slow
@@ -215,8 +253,15 @@ def test_sharded_training_matches_single_device(tmp_path):
   script.write_text(SHARDED)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, str(script)], env=env, cwd=REPO, check=False,
-                        capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(
+    [sys.executable, str(script)],
+    env=env,
+    cwd=REPO,
+    check=False,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   res = json.loads(proc.stdout.split("RESULT ", 1)[1])
   np.testing.assert_allclose(res["got"], res["ref"], atol=1e-5, rtol=0)
@@ -229,6 +274,7 @@ def test_mesh_and_shardings_helpers():
   import jax
 
   from bertjax import mesh as mesh_lib
+
   assert mesh_lib._leaf_spec((1000, 64), 2) == jax.sharding.PartitionSpec("fsdp", None)
   assert mesh_lib._leaf_spec((3, 64), 2) == jax.sharding.PartitionSpec(None, "fsdp")
   assert mesh_lib._leaf_spec((3, 5), 2) == jax.sharding.PartitionSpec()
@@ -248,17 +294,43 @@ def test_mesh_and_shardings_helpers():
 
 def test_pretrain_help_lists_options(capsys):
   from bertjax.cli import train
+
   with pytest.raises(SystemExit) as e:
     train.pretrain_main(["--help"])
   assert e.value.code == 0
   out = capsys.readouterr().out
-  for opt in ("--corpus", "--train-vocab", "--preset", "--config-json", "--init-from",
-              "--objective", "--masking", "--seq-len", "--batch-size", "--grad-accum",
-              "--optimizer", "--lr", "--warmup", "--decay", "--clip", "--weight-decay",
-              "--dtype", "--steps", "--stacking", "--reset-moments", "--output-dir",
-              "--checkpoint-every", "--keep", "--resume", "--seed", "--mesh-shape",
-              "--scan-unroll", "--attention-impl",
-              "(default: 0.0001)", "(default: nsp)"):
+  for opt in (
+    "--corpus",
+    "--train-vocab",
+    "--preset",
+    "--config-json",
+    "--init-from",
+    "--objective",
+    "--masking",
+    "--seq-len",
+    "--batch-size",
+    "--grad-accum",
+    "--optimizer",
+    "--lr",
+    "--warmup",
+    "--decay",
+    "--clip",
+    "--weight-decay",
+    "--dtype",
+    "--steps",
+    "--stacking",
+    "--reset-moments",
+    "--output-dir",
+    "--checkpoint-every",
+    "--keep",
+    "--resume",
+    "--seed",
+    "--mesh-shape",
+    "--scan-unroll",
+    "--attention-impl",
+    "(default: 0.0001)",
+    "(default: nsp)",
+  ):
     assert opt in out, opt
 
 
@@ -266,15 +338,51 @@ def test_pretrain_help_lists_options(capsys):
 def test_pretrain_main_end_to_end(setup):
   root, text, env = setup
   out = root / "cli"
-  code = ("import sys; from bertjax.cli.train import pretrain_main; "
-          "sys.exit(pretrain_main(sys.argv[1:]))")
-  argv = ["--corpus", str(text), "--corpus-format", "wikitext", "--max-lines", "400",
-          "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",
-          "--batch-size", "8", "--lr", "1e-3", "--warmup", "3", "--steps", "16",
-          "--stacking", "1:6,2", "--checkpoint-every", "8", "--output-dir", str(out),
-          "--export-hf", str(out / "hf"), "--no-progress", "--scan-unroll", "2"]
-  proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=REPO,
-                        check=False, capture_output=True, text=True, timeout=300)
+  code = (
+    "import sys; from bertjax.cli.train import pretrain_main; sys.exit(pretrain_main(sys.argv[1:]))"
+  )
+  argv = [
+    "--corpus",
+    str(text),
+    "--corpus-format",
+    "wikitext",
+    "--max-lines",
+    "400",
+    "--vocab",
+    str(root / "vocab"),
+    "--preset",
+    "tiny",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "3",
+    "--steps",
+    "16",
+    "--stacking",
+    "1:6,2",
+    "--checkpoint-every",
+    "8",
+    "--output-dir",
+    str(out),
+    "--export-hf",
+    str(out / "hf"),
+    "--no-progress",
+    "--scan-unroll",
+    "2",
+  ]
+  proc = subprocess.run(
+    [sys.executable, "-c", code, *argv],
+    env=env,
+    cwd=REPO,
+    check=False,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = json.loads((out / "summary.json").read_text())
   assert summary["steps"] == 16 and summary["last_checkpoint"] == 16
@@ -286,6 +394,7 @@ def test_pretrain_main_end_to_end(setup):
 
 def _free_port() -> int:
   import socket
+
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
@@ -296,25 +405,66 @@ def test_multihost_pretrain_matches_single_process(setup):
   """`bertjax pretrain` as two processes (jax.distributed over localhost, 2 CPU devices
   each, mesh 2x2, stacking, an Orbax checkpoint) gives the single process's losses."""
   root, text, env = setup
-  code = ("import sys; from bertjax.cli.train import pretrain_main; "
-          "sys.exit(pretrain_main(sys.argv[1:]))")
-  common = ["--corpus", str(text), "--corpus-format", "wikitext", "--max-lines", "400",
-            "--vocab", str(root / "vocab"), "--preset", "tiny", "--seq-len", "32",
-            "--batch-size", "8", "--lr", "1e-3", "--warmup", "2", "--steps", "6",
-            "--stacking", "1:3,2", "--checkpoint-every", "3", "--no-progress"]
+  code = (
+    "import sys; from bertjax.cli.train import pretrain_main; sys.exit(pretrain_main(sys.argv[1:]))"
+  )
+  common = [
+    "--corpus",
+    str(text),
+    "--corpus-format",
+    "wikitext",
+    "--max-lines",
+    "400",
+    "--vocab",
+    str(root / "vocab"),
+    "--preset",
+    "tiny",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "2",
+    "--steps",
+    "6",
+    "--stacking",
+    "1:3,2",
+    "--checkpoint-every",
+    "3",
+    "--no-progress",
+  ]
   single = root / "single"
-  proc = subprocess.run([sys.executable, "-c", code, *common, "--output-dir", str(single)],
-                        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
-                        check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", code, *common, "--output-dir", str(single)],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   multi = root / "multi"
   port = _free_port()
-  procs = [subprocess.Popen(
+  procs = [
+    subprocess.Popen(
       [sys.executable, "-c", code, *common, "--output-dir", str(multi), "--mesh-shape", "2x2"],
-      env=dict(env, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-               JAX_PROCESS_ID=str(i),
-               XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}"),
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+      env=dict(
+        env,
+        JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+        JAX_NUM_PROCESSES="2",
+        JAX_PROCESS_ID=str(i),
+        XLA_FLAGS=f"--xla_force_host_platform_device_count=2 {FAST_COMPILE}",
+      ),
+      cwd=REPO,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   outs = [p.communicate(timeout=400) for p in procs]
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
@@ -324,7 +474,10 @@ def test_multihost_pretrain_matches_single_process(setup):
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
   summary = json.loads((multi / "summary.json").read_text())
   assert summary["num_hidden_layers"] == 2 and summary["last_checkpoint"] == 6
-  assert sorted(int(p.name) for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == [3, 6]
+  assert sorted(int(p.name) for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == [
+    3,
+    6,
+  ]
 
 
 def _read_losses(path) -> list[float]:

@@ -9,9 +9,15 @@ import pytest
 import bertjax
 from bertjax.analysis.attribution import tuned_lens
 
-CONFIG = bertjax.BertConfig.preset("tiny", vocab_size=200, hidden_size=32, num_hidden_layers=3,
-                                   num_attention_heads=4, intermediate_size=64,
-                                   max_position_embeddings=32)
+CONFIG = bertjax.BertConfig.preset(
+  "tiny",
+  vocab_size=200,
+  hidden_size=32,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=64,
+  max_position_embeddings=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +40,7 @@ def _batches(seed, n=4):
 
 def test_untrained_lens_is_the_logit_lens(model):
   lens = tuned_lens.init(CONFIG)
-  states = jnp.asarray(np.random.default_rng(0).normal(size=(CONFIG.depth, 2, 5, 32)),
-                       jnp.float32)
+  states = jnp.asarray(np.random.default_rng(0).normal(size=(CONFIG.depth, 2, 5, 32)), jnp.float32)
   np.testing.assert_array_equal(np.asarray(tuned_lens.translate(lens, states)), np.asarray(states))
   got = tuned_lens.evaluate(model, CONFIG, lens, _batches(1, 2))
   np.testing.assert_allclose(got["tuned"], got["logit"], rtol=1e-6)
@@ -48,8 +53,12 @@ def test_kl_is_the_released_loss(model):
   torch = pytest.importorskip("torch")
   b = _batches(2, 1)[0]
   b["attention_mask"] = np.ones_like(b["attention_mask"])
-  lens = tuned_lens.TunedLens(*(0.05 * jnp.asarray(np.random.default_rng(3).normal(size=s), jnp.float32)
-                        for s in ((CONFIG.depth, 32, 32), (CONFIG.depth, 32))))
+  lens = tuned_lens.TunedLens(
+    *(
+      0.05 * jnp.asarray(np.random.default_rng(3).normal(size=s), jnp.float32)
+      for s in ((CONFIG.depth, 32, 32), (CONFIG.depth, 32))
+    )
+  )
   got = np.asarray(tuned_lens._evaluate_batch(model, CONFIG, lens, b)[0])
   states, final = tuned_lens._states(model, CONFIG, b)
   labels = torch.tensor(np.asarray(bertjax.mlm_logits(model, CONFIG, final))).log_softmax(-1)

@@ -16,8 +16,9 @@ def _is_png(path):
 def test_head_heatmap(tmp_path):
   values = np.random.default_rng(0).normal(size=(6, 12))
   values[0, 0] = np.nan
-  path = charts.head_heatmap(values, tmp_path / "sub" / "effect.png", title="effect", center=0.0,
-                          cmap="RdBu")
+  path = charts.head_heatmap(
+    values, tmp_path / "sub" / "effect.png", title="effect", center=0.0, cmap="RdBu"
+  )
   assert path == tmp_path / "sub" / "effect.png" and _is_png(path)
   with pytest.raises(ValueError, match=r"values shape \(12,\) must be \(layers, heads\)"):
     charts.head_heatmap(values[0], tmp_path / "x.png")
@@ -45,8 +46,12 @@ def test_attention_grid(tmp_path):
 
 def test_pruning_curve(tmp_path):
   x = np.linspace(0, 0.9, 10)
-  path = charts.pruning_curve({"importance": (x, 1 - x ** 2), "random": (x, 1 - x)},
-                           tmp_path / "curve.png", baseline=1.0, ylabel="accuracy")
+  path = charts.pruning_curve(
+    {"importance": (x, 1 - x**2), "random": (x, 1 - x)},
+    tmp_path / "curve.png",
+    baseline=1.0,
+    ylabel="accuracy",
+  )
   assert _is_png(path)
   with pytest.raises(ValueError, match="curves is empty"):
     charts.pruning_curve({}, tmp_path / "bad.png")

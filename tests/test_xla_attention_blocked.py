@@ -16,8 +16,9 @@ from bertjax import kernels
 
 def _inputs(batch=3, seq=24, heads=6, dim=16, seed=0):
   rng = np.random.default_rng(seed)
-  q, k, v = (jnp.asarray(rng.standard_normal((batch, seq, heads, dim)), jnp.float32)
-             for _ in range(3))
+  q, k, v = (
+    jnp.asarray(rng.standard_normal((batch, seq, heads, dim)), jnp.float32) for _ in range(3)
+  )
   return q, k, v
 
 
@@ -40,13 +41,18 @@ def test_blocked_path_equals_reference(blocked, case, ablation):
   masks = {
     "lengths": {"kv_lengths": jnp.array([24, 11, 1], jnp.int32)},
     "key_mask": {"key_mask": jnp.asarray(np.random.default_rng(1).random((3, 24)) > 0.3)},
-    "segments": {"segment_ids": jnp.asarray(np.repeat([[0, 1, 2]], 8, axis=1).repeat(3, 0)),
-                     "kv_lengths": jnp.array([24, 20, 16], jnp.int32)},
+    "segments": {
+      "segment_ids": jnp.asarray(np.repeat([[0, 1, 2]], 8, axis=1).repeat(3, 0)),
+      "kv_lengths": jnp.array([24, 20, 16], jnp.int32),
+    },
   }[case]
   head_mask = jnp.asarray(np.random.default_rng(2).random((3, 6)), jnp.float32)
   assert xla_attention._heads_per_block(3, 6, 24, 24, 4) == 2
-  ours = jax.jit(lambda q, k, v: kernels.attention(
-      q, k, v, impl="xla", head_mask=head_mask, ablation=ablation, **masks))(q, k, v)
+  ours = jax.jit(
+    lambda q, k, v: kernels.attention(
+      q, k, v, impl="xla", head_mask=head_mask, ablation=ablation, **masks
+    )
+  )(q, k, v)
   ref = reference.reference_attention(q, k, v, head_mask=head_mask, ablation=ablation, **masks)
   np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=2e-6, rtol=0)
 

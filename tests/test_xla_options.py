@@ -19,12 +19,15 @@ from bertjax import xla_options
 def test_apply_adds_each_option_once_and_keeps_the_users_flags():
   env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
   assert xla_options.apply(env) == list(xla_options.CPU_OPTIONS)
-  assert env["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=8 "
-                              "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE")
+  assert env["XLA_FLAGS"] == (
+    "--xla_force_host_platform_device_count=8 "
+    "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE"
+  )
   assert xla_options.apply(env) == []  # a second import changes nothing
   assert env["XLA_FLAGS"].count("ynn_fusion_type") == 1
-  assert (xla_options.without_cpu_options(env["XLA_FLAGS"])
-          == "--xla_force_host_platform_device_count=8")
+  assert (
+    xla_options.without_cpu_options(env["XLA_FLAGS"]) == "--xla_force_host_platform_device_count=8"
+  )
 
 
 def test_user_setting_and_opt_out_win():
@@ -37,12 +40,14 @@ def test_user_setting_and_opt_out_win():
 def test_import_sets_the_flag_in_a_fresh_process():
   code = "import os, bertjax; print(os.environ.get('XLA_FLAGS', ''))"
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_options.OPT_OUT)}
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       check=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+  ).stdout
   assert "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_REDUCE" in out
   env[xla_options.OPT_OUT] = "0"
-  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       check=True).stdout
+  out = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+  ).stdout
   assert "ynn_fusion_type" not in out
 
 
@@ -50,8 +55,13 @@ def test_forward_equals_the_xla_default_compilation():
   """The options change which emitter runs the attention and the dots, not the function:
   with bertjax's options, with YNNPACK's dot fusions and with every YNNPACK fusion off,
   outputs agree to float32 rounding."""
-  config = bertjax.BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, intermediate_size=128)
+  config = bertjax.BertConfig(
+    vocab_size=120,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+  )
   params = bertjax.init(config, 0)
   ids = jnp.asarray(np.random.default_rng(0).integers(5, 120, (3, 17)), jnp.int32)
   mask = jnp.ones_like(ids).at[1, 9:].set(0)
@@ -68,15 +78,19 @@ def test_forward_equals_the_xla_default_compilation():
 def test_the_reduce_fusion_takes_the_attention_and_not_the_layer_norms():
   """What the options are for: a YNNPACK fusion of the softmax with its product with the
   values (output (batch, heads, seq, head_dim)), and none for the LayerNorms' statistics."""
-  config = bertjax.BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=1,
-                              num_attention_heads=4, intermediate_size=128)
+  config = bertjax.BertConfig(
+    vocab_size=120,
+    hidden_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    intermediate_size=128,
+  )
   params = bertjax.init(config, 0)
   ids = jnp.ones((8, 128), jnp.int32)  # YNNPACK's cost model leaves tiny shapes to XLA
   fn = lambda p, x: bertjax.forward(p, config, x).last_hidden_state
   text = jax.jit(fn, compiler_options=xla_options.CPU_OPTIONS).lower(params, ids).compile()
   text = text.as_text()
-  calls = dict(re.findall(r"%ynn_fusion[.\d]* = (\S+)\{[\d,]*\} fusion\(.*calls=(%[\w.]+)",
-                          text))
+  calls = dict(re.findall(r"%ynn_fusion[.\d]* = (\S+)\{[\d,]*\} fusion\(.*calls=(%[\w.]+)", text))
   assert "f32[8,4,128,16]" in calls, calls
   body = text.split(f"{calls['f32[8,4,128,16]']} ")[1].split("\n}\n")[0]
   assert " dot(" in body and " exponential(" in body and " reduce(" in body
@@ -111,9 +125,18 @@ def test_a_cached_executable_with_the_reduce_fusion_reads_back(tmp_path):
   forward and its gradient under the layer scan) in one process and a second process reads
   it back and runs it: same numbers, no recompilation."""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_options.OPT_OUT)}
-  runs = [json.loads(subprocess.run(
-      [sys.executable, "-c", _CACHE_ROUND_TRIP, str(tmp_path)], env=env, capture_output=True,
-      text=True, check=True).stdout.splitlines()[-1]) for _ in range(2)]
+  runs = [
+    json.loads(
+      subprocess.run(
+        [sys.executable, "-c", _CACHE_ROUND_TRIP, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+      ).stdout.splitlines()[-1]
+    )
+    for _ in range(2)
+  ]
   assert runs[0]["ynn"] > 0 and runs[0]["hits"] == 0
   assert runs[1]["hits"] >= 1
   assert (runs[1]["value"], runs[1]["grad"]) == (runs[0]["value"], runs[0]["grad"])
@@ -180,9 +203,11 @@ def test_cpu_info_names_the_cpu_and_its_vector_isa():
   info = cpu_info()
   assert info["cpu"] and info["cpus"] >= info["cpus_usable"] >= 1
   text = pathlib.Path("/proc/cpuinfo").read_text() if pathlib.Path("/proc/cpuinfo").exists() else ""
-  flags = next((set(ln.split(":", 1)[1].split()) for ln in text.splitlines()
-                if ln.startswith("flags")), set())
+  flags = next(
+    (set(ln.split(":", 1)[1].split()) for ln in text.splitlines() if ln.startswith("flags")), set()
+  )
   assert set(info["isa_flags"]) <= flags
   assert ("avx2" in info["isa_flags"]) == ("avx2" in flags)
-  assert all(f in ("avx2", "avx_vnni") or f.startswith(("avx512", "amx"))
-             for f in info["isa_flags"])
+  assert all(
+    f in ("avx2", "avx_vnni") or f.startswith(("avx512", "amx")) for f in info["isa_flags"]
+  )

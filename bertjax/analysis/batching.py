@@ -31,8 +31,11 @@ def as_batch(batch) -> dict[str, jax.Array]:
   ids = np.asarray(batch["input_ids"])
   if ids.ndim != 2:
     raise ValueError(f"input_ids must be (batch, seq); got shape {ids.shape}")
-  out = {k: jnp.asarray(v) for k, v in batch.items()
-         if v is not None and k != BASELINE_KEY and isinstance(v, (np.ndarray, jax.Array))}
+  out = {
+    k: jnp.asarray(v)
+    for k, v in batch.items()
+    if v is not None and k != BASELINE_KEY and isinstance(v, (np.ndarray, jax.Array))
+  }
   if batch.get("attention_mask") is None:
     out["attention_mask"] = jnp.ones(ids.shape, jnp.int32)
   if batch.get("token_type_ids") is None:
@@ -63,11 +66,12 @@ def check_same_padding(clean_mask, corrupted_mask) -> None:
     shown = positions[:8].tolist() + (["..."] if positions.size > 8 else [])
     first = int(positions[0])
     raise ValueError(
-        f"clean and corrupted attention masks differ in {rows.size} row(s), first row {row} at "
-        f"positions {shown} (at position {first} clean mask {int(a[row, first])}, corrupted "
-        f"{int(b[row, first])}): patching would carry values computed at padding into real "
-        "tokens (or the reverse); give both runs the same padding (token-for-token "
-        "counterparts, padded to the same lengths)")
+      f"clean and corrupted attention masks differ in {rows.size} row(s), first row {row} at "
+      f"positions {shown} (at position {first} clean mask {int(a[row, first])}, corrupted "
+      f"{int(b[row, first])}): patching would carry values computed at padding into real "
+      "tokens (or the reverse); give both runs the same padding (token-for-token "
+      "counterparts, padded to the same lengths)"
+    )
 
 
 def model_token_types(config: BertConfig, token_type_ids):

@@ -47,8 +47,14 @@ from typing import Any
 
 import numpy as np
 
-ANALYSES = ("head_ablation", "attention", "probing", "anisotropy", "patterns",
-            "effective_attention")
+ANALYSES = (
+  "head_ablation",
+  "attention",
+  "probing",
+  "anisotropy",
+  "patterns",
+  "effective_attention",
+)
 DEFAULT_ANALYSES = ANALYSES[:4]
 RESULT_VERSION = 1
 PathLike = str | os.PathLike
@@ -92,7 +98,7 @@ def _name_number(pattern: str, text: str) -> int | None:
 
 
 def _step_of(name: str) -> int | None:
-  """"multiberts-seed_0-step_20k" -> 20000; None without a step in the name."""
+  """ "multiberts-seed_0-step_20k" -> 20000; None without a step in the name."""
   return _name_number(r"step[_-]?(\d+)(k?)(?![a-z])", name)
 
 
@@ -137,8 +143,9 @@ def expand_checkpoints(sources: Sequence[str], *, tokenizer: str | None = None) 
     path = pathlib.Path(base).expanduser()
     dirs = _run_dirs(path) if path.is_dir() else None
     if steps_text and dirs is None:
-      raise ValueError(f"{src!r}: '@STEP' needs a `bertjax pretrain` output folder, and {base!r} "
-                       "is not one")
+      raise ValueError(
+        f"{src!r}: '@STEP' needs a `bertjax pretrain` output folder, and {base!r} is not one"
+      )
     if dirs is not None and not (path / "config.json").is_file():
       ckpt_dir, run = dirs
       saved = _saved_steps(ckpt_dir)
@@ -148,24 +155,40 @@ def expand_checkpoints(sources: Sequence[str], *, tokenizer: str | None = None) 
         raise ValueError(f"{src!r}: steps {steps_text!r} must be integers, e.g. RUN@8,16") from None
       missing = sorted(set(wanted) - set(saved))
       if missing or not wanted:
-        raise ValueError(f"{src!r}: steps {missing or wanted} are not saved in {ckpt_dir} "
-                         f"(saved: {saved})")
+        raise ValueError(
+          f"{src!r}: steps {missing or wanted} are not saved in {ckpt_dir} (saved: {saved})"
+        )
       tok = tokenizer or str(run / "vocab")
-      out += [Checkpoint(f"{run.name}-step{s:07d}", "orbax", str(ckpt_dir), s, None,
-                         run.name, tok) for s in wanted]
+      out += [
+        Checkpoint(f"{run.name}-step{s:07d}", "orbax", str(ckpt_dir), s, None, run.name, tok)
+        for s in wanted
+      ]
     elif path.is_dir():
       if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{str(path)!r} is neither a Hugging Face model directory "
-                                "(no config.json) nor a `bertjax pretrain` output folder")
+        raise FileNotFoundError(
+          f"{str(path)!r} is neither a Hugging Face model directory "
+          "(no config.json) nor a `bertjax pretrain` output folder"
+        )
       name = path.resolve().name
-      out.append(Checkpoint(name, "hf", str(path), _step_of(name), _seed_of(name),
-                            _series(name), tokenizer))
+      out.append(
+        Checkpoint(name, "hf", str(path), _step_of(name), _seed_of(name), _series(name), tokenizer)
+      )
     elif re.fullmatch(r"[\w.-]+/[\w.-]+", base):
-      out.append(Checkpoint(base.replace("/", "--"), "hf", base, _step_of(base), _seed_of(base),
-                            _series(base), tokenizer))
+      out.append(
+        Checkpoint(
+          base.replace("/", "--"),
+          "hf",
+          base,
+          _step_of(base),
+          _seed_of(base),
+          _series(base),
+          tokenizer,
+        )
+      )
     else:
-      raise FileNotFoundError(f"checkpoint {src!r} is not a directory, a pretraining run or a "
-                              "hub id (owner/name)")
+      raise FileNotFoundError(
+        f"checkpoint {src!r} is not a directory, a pretraining run or a hub id (owner/name)"
+      )
   seen: dict[str, int] = {}
   unique = []
   for ck in out:  # the same name twice (two runs called "run"): number the later ones
@@ -198,8 +221,10 @@ def load_checkpoint(ck: Checkpoint):
     config, params = bertjax.from_hf(ck.path)
     tok = bertjax.Tokenizer.from_pretrained(ck.tokenizer or ck.path)
   if tok.vocab_size > config.vocab_size:
-    raise ValueError(f"{ck.label}: the tokenizer has {tok.vocab_size} tokens but the model's "
-                     f"vocab_size={config.vocab_size}")
+    raise ValueError(
+      f"{ck.label}: the tokenizer has {tok.vocab_size} tokens but the model's "
+      f"vocab_size={config.vocab_size}"
+    )
   return config, params, tok, ck
 
 
@@ -244,7 +269,7 @@ class _Context:
       rng = np.random.default_rng(0)
       out = []
       for start in range(0, len(words), self.batch_size):
-        chunk = words[start:start + self.batch_size]
+        chunk = words[start : start + self.batch_size]
         b = self.tok.encode_words(chunk, max_length=self.config.max_length, truncation=True)
         n, t = b.input_ids.shape
         width = min(bucket_width(t), self.config.max_length)
@@ -257,8 +282,15 @@ class _Context:
         inputs = ids.copy()
         if self.tok.mask_id is not None:
           inputs[chosen] = self.tok.mask_id
-        out.append({"input_ids": inputs, "attention_mask": mask, "token_type_ids": types,
-                    "labels": labels, "unmasked_ids": ids})
+        out.append(
+          {
+            "input_ids": inputs,
+            "attention_mask": mask,
+            "token_type_ids": types,
+            "labels": labels,
+            "unmasked_ids": ids,
+          }
+        )
       self._batches = out
     return self._batches
 
@@ -266,8 +298,9 @@ class _Context:
     if self._features is None:
       from bertjax.analysis.representations.features import extract_word_features
 
-      self._features = extract_word_features(self.params, self.config, self.tok, self.sentences,
-                                             progress=False, mesh=self.mesh)
+      self._features = extract_word_features(
+        self.params, self.config, self.tok, self.sentences, progress=False, mesh=self.mesh
+      )
     return self._features
 
 
@@ -279,33 +312,55 @@ def _head_ablation(ctx: _Context) -> tuple[dict, dict]:
   batches = ctx.batches()
   if not mlm:  # the cosine reads the sentences themselves
     batches = [{**b, "input_ids": b["unmasked_ids"]} for b in batches]
-  res = ablation.ablation_sweep(ctx.params, ctx.config, batches, metric,
-                                head_ablations=("scale",), include=("heads", "layers"),
-                                mesh=ctx.mesh)["scale"]
+  res = ablation.ablation_sweep(
+    ctx.params,
+    ctx.config,
+    batches,
+    metric,
+    head_ablations=("scale",),
+    include=("heads", "layers"),
+    mesh=ctx.mesh,
+  )["scale"]
   sign = 1.0 if mlm else -1.0  # damage: the loss going up, or the cosine going down
   heads, layers = sign * (res.heads - res.baseline), sign * (res.layers - res.baseline)
-  metrics = {"baseline": res.baseline, "mean_head_damage": float(heads.mean()),
-             "max_head_damage": float(heads.max()), "max_layer_damage": float(layers.max())}
-  arrays = {"metric": "mlm_loss" if mlm else "mean_embedding_cosine",
-            "heads": res.heads.tolist(), "layers": res.layers.tolist()}
+  metrics = {
+    "baseline": res.baseline,
+    "mean_head_damage": float(heads.mean()),
+    "max_head_damage": float(heads.max()),
+    "max_layer_damage": float(layers.max()),
+  }
+  arrays = {
+    "metric": "mlm_loss" if mlm else "mean_embedding_cosine",
+    "heads": res.heads.tolist(),
+    "layers": res.layers.tolist(),
+  }
   return metrics, arrays
 
 
 def _unmasked(ctx: _Context) -> list[dict[str, np.ndarray]]:
   """The batches with the sentences' own tokens (no MLM masking)."""
-  return [{k: b[k] for k in ("attention_mask", "token_type_ids")}
-          | {"input_ids": b["unmasked_ids"]} for b in ctx.batches()]
+  return [
+    {k: b[k] for k in ("attention_mask", "token_type_ids")} | {"input_ids": b["unmasked_ids"]}
+    for b in ctx.batches()
+  ]
 
 
 def _attention(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis.attention import statistics
 
   batches = _unmasked(ctx)
-  stats = statistics.clark_statistics(ctx.params, ctx.config, batches, sep_id=ctx.tok.sep_id,
-                                     punct_ids=statistics.clark_punctuation_ids(ctx.tok),
-                                     entropy_smoothing=0.0, mesh=ctx.mesh)
-  metrics = {f"mean_{name}": float(stats[name].mean()) for name in ("cls", "sep", "punct",
-                                                                    "entropy")}
+  stats = statistics.clark_statistics(
+    ctx.params,
+    ctx.config,
+    batches,
+    sep_id=ctx.tok.sep_id,
+    punct_ids=statistics.clark_punctuation_ids(ctx.tok),
+    entropy_smoothing=0.0,
+    mesh=ctx.mesh,
+  )
+  metrics = {
+    f"mean_{name}": float(stats[name].mean()) for name in ("cls", "sep", "punct", "entropy")
+  }
   return metrics, {name: v.tolist() for name, v in stats.items()}
 
 
@@ -325,49 +380,79 @@ def _probing(ctx: _Context) -> tuple[dict, dict]:
   probe = probing.Probe(probing.ProbeConfig(max_steps=300, eval_every=50, patience=None))
   probe.fit(feats[:, ~test], labels[~test])
   acc = probe.accuracy(feats[:, test], labels[test])
-  metrics = {"best_accuracy": float(acc.max()), "best_layer": int(acc.argmax()),
-             "last_layer_accuracy": float(acc[-1])}
-  return metrics, {"accuracy": acc.tolist(), "train_words": int((~test).sum()),
-                   "test_words": int(test.sum())}
+  metrics = {
+    "best_accuracy": float(acc.max()),
+    "best_layer": int(acc.argmax()),
+    "last_layer_accuracy": float(acc[-1]),
+  }
+  return metrics, {
+    "accuracy": acc.tolist(),
+    "train_words": int((~test).sum()),
+    "test_words": int(test.sum()),
+  }
 
 
 def _anisotropy(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis.representations import geometry
 
-  by_layer = geometry.anisotropy(np.asarray(ctx.features().features, np.float32),
-                                 num_pairs=1000, seed=0)
-  return ({"last_layer": float(by_layer[-1]), "mean": float(by_layer.mean())},
-          {"by_layer": by_layer.tolist()})
+  by_layer = geometry.anisotropy(
+    np.asarray(ctx.features().features, np.float32), num_pairs=1000, seed=0
+  )
+  return (
+    {"last_layer": float(by_layer[-1]), "mean": float(by_layer.mean())},
+    {"by_layer": by_layer.tolist()},
+  )
 
 
 def _patterns(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis.attention import patterns
 
-  counts = patterns.pattern_types(ctx.params, ctx.config, _unmasked(ctx),
-                                   special_ids=[ctx.tok.cls_id, ctx.tok.sep_id], mesh=ctx.mesh)
+  counts = patterns.pattern_types(
+    ctx.params,
+    ctx.config,
+    _unmasked(ctx),
+    special_ids=[ctx.tok.cls_id, ctx.tok.sep_id],
+    mesh=ctx.mesh,
+  )
   names = [t.replace("+", "_") for t in patterns.PATTERN_TYPES]
   metrics = {f"share_{name}": float(v) for name, v in zip(names, counts.overall)}
-  return metrics, {"types": list(patterns.PATTERN_TYPES), "counts": counts.counts.tolist(),
-                   "per_layer": counts.per_layer.tolist()}
+  return metrics, {
+    "types": list(patterns.PATTERN_TYPES),
+    "counts": counts.counts.tolist(),
+    "per_layer": counts.per_layer.tolist(),
+  }
 
 
 def _effective_attention(ctx: _Context) -> tuple[dict, dict]:
   from bertjax.analysis.attention import effective as effective_attention_lib
 
-  stats = effective_attention_lib.effective_attention_statistics(ctx.params, ctx.config, _unmasked(ctx),
-                                                   cls_id=ctx.tok.cls_id, sep_id=ctx.tok.sep_id,
-                                                   mesh=ctx.mesh)
-  metrics = {f"{kind}_{name}": float(np.mean(stats[kind][name]))
-             for kind in ("raw", "effective") for name in ("cls", "sep")}
+  stats = effective_attention_lib.effective_attention_statistics(
+    ctx.params,
+    ctx.config,
+    _unmasked(ctx),
+    cls_id=ctx.tok.cls_id,
+    sep_id=ctx.tok.sep_id,
+    mesh=ctx.mesh,
+  )
+  metrics = {
+    f"{kind}_{name}": float(np.mean(stats[kind][name]))
+    for kind in ("raw", "effective")
+    for name in ("cls", "sep")
+  }
   metrics["raw_effective_corr"] = float(np.mean(stats["effective"]["raw_corr"]))
-  return metrics, {kind: {name: v.tolist() for name, v in stats[kind].items()}
-                   for kind in ("raw", "effective")}
+  return metrics, {
+    kind: {name: v.tolist() for name, v in stats[kind].items()} for kind in ("raw", "effective")
+  }
 
 
 RUNNERS: dict[str, Callable[[_Context], tuple[dict, dict]]] = {
-    "head_ablation": _head_ablation, "attention": _attention, "probing": _probing,
-    "anisotropy": _anisotropy, "patterns": _patterns,
-    "effective_attention": _effective_attention}
+  "head_ablation": _head_ablation,
+  "attention": _attention,
+  "probing": _probing,
+  "anisotropy": _anisotropy,
+  "patterns": _patterns,
+  "effective_attention": _effective_attention,
+}
 
 
 # Files -------------------------------------------------------------------------------------
@@ -396,8 +481,9 @@ def _check_analyses(analyses: Sequence[str]) -> tuple[str, ...]:
   analyses = tuple(dict.fromkeys(analyses))
   unknown = [a for a in analyses if a not in RUNNERS]
   if unknown or not analyses:
-    raise ValueError(f"analyses {unknown or list(analyses)} must be a non-empty subset of "
-                     f"{ANALYSES}")
+    raise ValueError(
+      f"analyses {unknown or list(analyses)} must be a non-empty subset of {ANALYSES}"
+    )
   return analyses
 
 
@@ -405,16 +491,25 @@ def _require_matplotlib() -> None:
   try:
     import matplotlib  # noqa: F401
   except ImportError:
-    raise ImportError("the figures need matplotlib: pip install 'bertjax[plots]', or pass "
-                      "--no-plots (plots=False)") from None
+    raise ImportError(
+      "the figures need matplotlib: pip install 'bertjax[plots]', or pass --no-plots (plots=False)"
+    ) from None
 
 
-def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DEFAULT_ANALYSES,
-                        out_dir: PathLike = "out/analyze", *, data_dir: PathLike | None = None,
-                        max_sentences: int | None = None, tokenizer: str | None = None,
-                        mesh=None, batch_size: int = 16, plots: bool = True,
-                        progress: bool = True,
-                        callback: Callable[[pathlib.Path], None] | None = None) -> dict[str, Any]:
+def analyze_checkpoints(
+  checkpoints: Sequence[str],
+  analyses: Sequence[str] = DEFAULT_ANALYSES,
+  out_dir: PathLike = "out/analyze",
+  *,
+  data_dir: PathLike | None = None,
+  max_sentences: int | None = None,
+  tokenizer: str | None = None,
+  mesh=None,
+  batch_size: int = 16,
+  plots: bool = True,
+  progress: bool = True,
+  callback: Callable[[pathlib.Path], None] | None = None,
+) -> dict[str, Any]:
   """Runs `analyses` on every checkpoint, one result file each; skips results already there.
 
   Args:
@@ -450,8 +545,9 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
   if progress and primary:
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=done.size, initial=int(done.sum()), desc="analyze", unit="result",
-               dynamic_ncols=True)
+    bar = tqdm(
+      total=done.size, initial=int(done.sum()), desc="analyze", unit="result", dynamic_ncols=True
+    )
   computed = 0
   try:
     for i, ck in enumerate(specs):
@@ -466,10 +562,17 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
         metrics, arrays = RUNNERS[name](ctx)
         computed += 1
         if primary:
-          path = write_json_atomic(result_path(out_dir, ck, name), {
-              "version": RESULT_VERSION, "analysis": name, "checkpoint": ck.describe(),
+          path = write_json_atomic(
+            result_path(out_dir, ck, name),
+            {
+              "version": RESULT_VERSION,
+              "analysis": name,
+              "checkpoint": ck.describe(),
               "data": {"source": source, "sentences": len(sentences)},
-              "metrics": metrics, "arrays": arrays})
+              "metrics": metrics,
+              "arrays": arrays,
+            },
+          )
           if callback is not None:
             callback(path)
         if bar is not None:
@@ -477,17 +580,25 @@ def analyze_checkpoints(checkpoints: Sequence[str], analyses: Sequence[str] = DE
   finally:
     if bar is not None:
       bar.close()
-  summary = {"checkpoints": [ck.label for ck in specs], "analyses": list(analyses),
-             "data": source, "computed": computed, "found": int(done.sum()),
-             "results": [str(result_path(out_dir, ck, a).relative_to(out_dir))
-                         for ck in specs for a in analyses], "figures": []}
+  summary = {
+    "checkpoints": [ck.label for ck in specs],
+    "analyses": list(analyses),
+    "data": source,
+    "computed": computed,
+    "found": int(done.sum()),
+    "results": [
+      str(result_path(out_dir, ck, a).relative_to(out_dir)) for ck in specs for a in analyses
+    ],
+    "figures": [],
+  }
   if primary:
     _write_summary(out_dir, summary, analyses, plots)
   return summary
 
 
-def _results_present(out_dir: pathlib.Path, specs: Sequence[Checkpoint],
-                     analyses: Sequence[str], primary: bool) -> np.ndarray:
+def _results_present(
+  out_dir: pathlib.Path, specs: Sequence[Checkpoint], analyses: Sequence[str], primary: bool
+) -> np.ndarray:
   """bool (checkpoints, analyses): which results are already there, as process 0 sees them
   (so every process runs the same analyses); process 0 first makes `out_dir` and removes the
   temporaries a killed job left."""
@@ -500,13 +611,15 @@ def _results_present(out_dir: pathlib.Path, specs: Sequence[Checkpoint],
   return np.asarray(mesh_lib.broadcast_from_primary(done), bool)
 
 
-def _write_summary(out_dir: pathlib.Path, summary: dict[str, Any], analyses: Sequence[str],
-                   plots: bool) -> None:
+def _write_summary(
+  out_dir: pathlib.Path, summary: dict[str, Any], analyses: Sequence[str], plots: bool
+) -> None:
   """Draws the figures (listed in `summary`) and writes ``summary.json``."""
   if plots:
     summary["figures"] = [str(p.relative_to(out_dir)) for p in plot_results(out_dir, analyses)]
-  write_json_atomic(out_dir / "summary.json", {k: v for k, v in summary.items()
-                                               if k not in ("computed", "found")})
+  write_json_atomic(
+    out_dir / "summary.json", {k: v for k, v in summary.items() if k not in ("computed", "found")}
+  )
 
 
 # Figures -----------------------------------------------------------------------------------
@@ -549,15 +662,26 @@ def figure_series(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     members.sort(key=lambda r: r["checkpoint"]["step"])
     in_runs.update(id(r) for r in members)
     steps = [r["checkpoint"]["step"] for r in members]
-    series.append({"name": f"{run}{f' (seed {seed})' if seed is not None else ''}: steps "
-                           f"{steps[0]}-{steps[-1]}", "line": True,
-                   "points": [(r["checkpoint"]["step"], _model_name(r["checkpoint"]),
-                               r["metrics"]) for r in members]})
+    series.append(
+      {
+        "name": f"{run}{f' (seed {seed})' if seed is not None else ''}: steps "
+        f"{steps[0]}-{steps[-1]}",
+        "line": True,
+        "points": [
+          (r["checkpoint"]["step"], _model_name(r["checkpoint"]), r["metrics"]) for r in members
+        ],
+      }
+    )
   for r in results:
     if id(r) not in in_runs:
       ck = r["checkpoint"]
-      series.append({"name": _model_name(ck), "line": False,
-                     "points": [(ck["step"], _model_name(ck), r["metrics"])]})
+      series.append(
+        {
+          "name": _model_name(ck),
+          "line": False,
+          "points": [(ck["step"], _model_name(ck), r["metrics"])],
+        }
+      )
   return series
 
 
@@ -582,16 +706,28 @@ def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[
     by_step = all(p[0] is not None for s in series for p in s["points"])
     slots = [p[1] for s in series for p in s["points"]]  # the x-axis when not by step
     starts = np.cumsum([0] + [len(s["points"]) for s in series])
-    fig = Figure(figsize=(max(3.4 * len(names), 6.0), 3.0 + (0 if by_step else 0.12 * max(
-        len(x) for x in slots)) + 0.22 * len(series)), layout="constrained")
+    fig = Figure(
+      figsize=(
+        max(3.4 * len(names), 6.0),
+        3.0 + (0 if by_step else 0.12 * max(len(x) for x in slots)) + 0.22 * len(series),
+      ),
+      layout="constrained",
+    )
     axes = fig.subplots(1, len(names), squeeze=False)[0]
     colours = [f"C{i % 10}" for i in range(len(series))]
     for ax, name in zip(axes, names):
       for s, colour, start in zip(series, colours, starts):
         xs = [p[0] for p in s["points"]] if by_step else start + np.arange(len(s["points"]))
         ys = [p[2].get(name, np.nan) for p in s["points"]]
-        ax.plot(xs, ys, marker="o", markersize=4, linestyle="-" if s["line"] else "none",
-                color=colour, label=s["name"])
+        ax.plot(
+          xs,
+          ys,
+          marker="o",
+          markersize=4,
+          linestyle="-" if s["line"] else "none",
+          color=colour,
+          label=s["name"],
+        )
       ax.set_title(name, fontsize=9)
       if by_step:
         ax.set_xlabel("training step")
@@ -600,9 +736,15 @@ def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[
         ax.set_xlabel("checkpoint")
       ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", fontsize=7,
-               ncol=min(len(series), 3), title="models (a line: one run's steps)",
-               title_fontsize=7)
+    fig.legend(
+      handles,
+      labels,
+      loc="outside lower center",
+      fontsize=7,
+      ncol=min(len(series), 3),
+      title="models (a line: one run's steps)",
+      title_fontsize=7,
+    )
     fig.suptitle(analysis)
     path = pathlib.Path(out_dir) / "figures" / f"{analysis}.png"
     path.parent.mkdir(parents=True, exist_ok=True)

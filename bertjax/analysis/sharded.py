@@ -34,10 +34,10 @@ from jax.sharding import PartitionSpec as P
 
 from bertjax import mesh as mesh_lib
 from bertjax.analysis.batching import (
-    BASELINE_KEY,
-    as_batch,
-    first_modified_layer,
-    model_token_types,
+  BASELINE_KEY,
+  as_batch,
+  first_modified_layer,
+  model_token_types,
 )
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import attention_statistics, embed, forward, run_layers
@@ -81,8 +81,9 @@ def place_interventions(tree: Any, mesh: Mesh):
   n_int = mesh_lib.axis_size(mesh, mesh_lib.INTERVENTIONS)
   m = jax.tree.leaves(tree)[0].shape[0]
   rows = mesh_lib.round_up(m, n_int)
-  tree = jax.tree.map(lambda x: x.reshape(n_int, rows // n_int, *x.shape[1:]),
-                      mesh_lib.pad_rows(tree, rows))
+  tree = jax.tree.map(
+    lambda x: x.reshape(n_int, rows // n_int, *x.shape[1:]), mesh_lib.pad_rows(tree, rows)
+  )
   axes = (mesh_lib.INTERVENTIONS,) if n_int > 1 else ()
   spec = P(mesh_lib.INTERVENTIONS) if mesh_lib.INTERVENTIONS in mesh.axis_names else P()
   return mesh_lib.shard_rows(tree, mesh, axes), NamedSharding(mesh, spec)
@@ -92,7 +93,7 @@ def flat_interventions(x, m: int, axis: int = 0) -> np.ndarray:
   """Results over an ``(I, M / I)`` intervention set, at `axis` and `axis + 1`, as the M real
   ones on the host: ``(..., M, ...)``."""
   x = np.asarray(mesh_lib.to_host(x))
-  return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2:]).take(np.arange(m), axis=axis)
+  return x.reshape(*x.shape[:axis], -1, *x.shape[axis + 2 :]).take(np.arange(m), axis=axis)
 
 
 def _place_batch(batch: dict[str, np.ndarray], mesh: Mesh, axes: tuple[str, ...]):
@@ -125,15 +126,31 @@ def _baseline(params, config, batch, weight, *, metric_fn):
   layers = run_layers(params, config, x, batch["attention_mask"], output_hidden_states=True)
   last = layers.last
   inputs = jnp.concatenate([x[None], layers.hidden_states])  # inputs[l] = input of block l
-  t, c = _weighted(weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last,
-                                        metric_fn))
+  t, c = _weighted(
+    weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last, metric_fn)
+  )
   return inputs, last, (t.sum(), c.sum())
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "head_ablation",
-                                             "chunk_size", "masks_sharding"))
-def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, start,
-            head_ablation, metric_fn, chunk_size, masks_sharding):
+@functools.partial(
+  jax.jit,
+  static_argnames=("config", "metric_fn", "start", "head_ablation", "chunk_size", "masks_sharding"),
+)
+def _suffix(
+  params,
+  config,
+  batch,
+  weight,
+  inputs,
+  head_masks,
+  layer_masks,
+  *,
+  start,
+  head_ablation,
+  metric_fn,
+  chunk_size,
+  masks_sharding,
+):
   """Blocks `start ..` for masks (I, m, ...) split over "interventions": totals, counts (I, m)."""
   head_masks = jax.lax.with_sharding_constraint(head_masks, masks_sharding)
   layer_masks = jax.lax.with_sharding_constraint(layer_masks, masks_sharding)
@@ -142,8 +159,16 @@ def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, s
   def group(hm, lm):
     def one(masks):
       h, l = masks
-      last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
-                        head_mask=h, head_ablation=head_ablation, layer_mask=l).last
+      last = run_layers(
+        params,
+        config,
+        hidden_in,
+        batch["attention_mask"],
+        start=start,
+        head_mask=h,
+        head_ablation=head_ablation,
+        layer_mask=l,
+      ).last
       return _weighted(weight, *_row_totals(params, config, batch, last, metric_fn))  # (B,)
 
     return jax.lax.map(one, (hm, lm), batch_size=chunk_size)  # (m, B) each
@@ -152,12 +177,22 @@ def _suffix(params, config, batch, weight, inputs, head_masks, layer_masks, *, s
   return t.sum(-1), c.sum(-1)
 
 
-def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, mask_sets,
-             chunk_size: int, strategy: str, mesh: Mesh):
+def evaluate(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  metric_fn,
+  mask_sets,
+  chunk_size: int,
+  strategy: str,
+  mesh: Mesh,
+):
   """`ablation._evaluate` on a mesh: (baseline, [values (M,) per mask set])."""
   if strategy not in ("prefix", "vmap"):
-    raise ValueError(f"{strategy=!r} runs on one device only (the naive reference); with a "
-                     "mesh use 'prefix' or 'vmap'")
+    raise ValueError(
+      f"{strategy=!r} runs on one device only (the naive reference); with a "
+      "mesh use 'prefix' or 'vmap'"
+    )
   params = mesh_lib.shard_params(params, mesh)
   axes = mesh_lib.row_axes(mesh)
   base = np.zeros(2)
@@ -174,19 +209,31 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
       layer_masks = np.concatenate([mask_sets[i][2] for i in which])
       m = len(head_masks)
       totals = np.zeros((2, m))
-      starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
-                else np.zeros(m, int))
+      starts = (
+        first_modified_layer(head_masks, layer_masks) if strategy == "prefix" else np.zeros(m, int)
+      )
       for start in np.unique(starts):
         idx = np.flatnonzero(starts == start)
         (hm, lm), masks_sharding = place_interventions((head_masks[idx], layer_masks[idx]), mesh)
-        t, c = _suffix(params, config, b, weight, inputs, hm, lm, start=int(start),
-                       head_ablation=kind, metric_fn=metric_fn, chunk_size=chunk_size,
-                       masks_sharding=masks_sharding)
+        t, c = _suffix(
+          params,
+          config,
+          b,
+          weight,
+          inputs,
+          hm,
+          lm,
+          start=int(start),
+          head_ablation=kind,
+          metric_fn=metric_fn,
+          chunk_size=chunk_size,
+          masks_sharding=masks_sharding,
+        )
         totals[0, idx] = flat_interventions(t, len(idx))
         totals[1, idx] = flat_interventions(c, len(idx))
       offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
       for k, i in enumerate(which):
-        sums[i] += totals[:, offsets[k]:offsets[k + 1]]
+        sums[i] += totals[:, offsets[k] : offsets[k + 1]]
     n_batches += 1
   if n_batches == 0:
     raise ValueError("batches is empty")
@@ -194,17 +241,19 @@ def evaluate(params: Params, config: BertConfig, batches: Iterable, metric_fn, m
 
 
 @functools.partial(jax.jit, static_argnames=("config", "loss_fn", "head_ablation", "per_example"))
-def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablation,
-                      per_example):
+def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablation, per_example):
   batch_size = batch["input_ids"].shape[0]
 
   def loss(mask):
-    x = embed(params, config, batch["input_ids"],
-              model_token_types(config, batch["token_type_ids"]))
-    last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
-                      head_ablation=head_ablation).last
-    t, c = _weighted(weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last,
-                                          loss_fn))
+    x = embed(
+      params, config, batch["input_ids"], model_token_types(config, batch["token_type_ids"])
+    )
+    last = run_layers(
+      params, config, x, batch["attention_mask"], head_mask=mask, head_ablation=head_ablation
+    ).last
+    t, c = _weighted(
+      weight, *_row_totals(params, config, {**batch, BASELINE_KEY: last}, last, loss_fn)
+    )
     total, count = t.sum(), c.sum()
     return (total if per_example else total / count), count
 
@@ -214,8 +263,17 @@ def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablati
   return (grad.sum(0) if per_example else grad), count
 
 
-def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_fn, xi, *,
-                    head_ablation: str, per_example: bool, mesh: Mesh):
+def importance_sums(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  loss_fn,
+  xi,
+  *,
+  head_ablation: str,
+  per_example: bool,
+  mesh: Mesh,
+):
   """`head_importance`'s sums on a mesh, rows over every axis: (sum |grad| (L, N), denominator)."""
   params = mesh_lib.shard_params(params, mesh)
   axes = mesh_lib.row_axes(mesh, interventions=True)
@@ -223,9 +281,18 @@ def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_
   total, denom = np.zeros(xi.shape), 0.0
   for batch in batches:
     b, weight = _place_batch(_host_batch(batch), mesh, axes)
-    g, count = mesh_lib.to_host(_importance_batch(params, config, b, weight, xi, loss_fn=loss_fn,
-                                                  head_ablation=head_ablation,
-                                                  per_example=per_example))
+    g, count = mesh_lib.to_host(
+      _importance_batch(
+        params,
+        config,
+        b,
+        weight,
+        xi,
+        loss_fn=loss_fn,
+        head_ablation=head_ablation,
+        per_example=per_example,
+      )
+    )
     total += np.asarray(g, np.float64)
     denom += float(count) if per_example else 1.0
   return total, denom
@@ -236,11 +303,21 @@ def importance_sums(params: Params, config: BertConfig, batches: Iterable, loss_
 
 @functools.partial(jax.jit, static_argnames=("config", "extra"))
 def _outputs(params, config, ids, mask, types, *, extra):
-  out = forward(params, config, ids, mask, types, output_attentions=True,
-                output_hidden_states=extra == "hidden_states",
-                capture=("v",) if extra == "v" else ())
-  return out.attentions, {None: None, "hidden_states": out.hidden_states,
-                          "v": None if out.cache is None else out.cache.get("v")}[extra]
+  out = forward(
+    params,
+    config,
+    ids,
+    mask,
+    types,
+    output_attentions=True,
+    output_hidden_states=extra == "hidden_states",
+    capture=("v",) if extra == "v" else (),
+  )
+  return out.attentions, {
+    None: None,
+    "hidden_states": out.hidden_states,
+    "v": None if out.cache is None else out.cache.get("v"),
+  }[extra]
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -287,8 +364,9 @@ class AttentionRunner:
     gives them on one device (padded on the mesh, then dropped); `extra` "hidden_states"
     (L + 1, B, T, H) or "v" (the value site, (L, B, T, G, D))."""
     n = np.shape(b["input_ids"])[0]
-    maps, second = mesh_lib.to_host(_outputs(self.params, self.config,
-                                             *self._args(self.batch(b)), extra=extra))
+    maps, second = mesh_lib.to_host(
+      _outputs(self.params, self.config, *self._args(self.batch(b)), extra=extra)
+    )
     return maps[:, :n], None if second is None else second[:, :n]
 
   def statistics(self, b, special_mask) -> dict[str, np.ndarray]:
@@ -306,12 +384,21 @@ def maps_runner(params: Params, config: BertConfig, mesh):
     return AttentionRunner(params, config, mesh).outputs
 
   def run(b, extra=None):
-    out = forward(params, config, b["input_ids"], b["attention_mask"],
-                  model_token_types(config, b["token_type_ids"]), output_attentions=True,
-                  output_hidden_states=extra == "hidden_states",
-                  capture=("v",) if extra == "v" else ())
-    second = {None: None, "hidden_states": out.hidden_states,
-              "v": None if out.cache is None else out.cache.get("v")}[extra]
+    out = forward(
+      params,
+      config,
+      b["input_ids"],
+      b["attention_mask"],
+      model_token_types(config, b["token_type_ids"]),
+      output_attentions=True,
+      output_hidden_states=extra == "hidden_states",
+      capture=("v",) if extra == "v" else (),
+    )
+    second = {
+      None: None,
+      "hidden_states": out.hidden_states,
+      "v": None if out.cache is None else out.cache.get("v"),
+    }[extra]
     return np.asarray(out.attentions), None if second is None else np.asarray(second)
 
   return run

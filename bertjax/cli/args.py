@@ -54,8 +54,11 @@ def parse_args(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
 
 def debug_arg(p: argparse.ArgumentParser) -> None:
   """Adds `--debug` (`bertjax.cli` acts on it before the command parses)."""
-  p.add_argument("--debug", action="store_true",
-                 help="show the Python traceback of an error instead of a one-line message")
+  p.add_argument(
+    "--debug",
+    action="store_true",
+    help="show the Python traceback of an error instead of a one-line message",
+  )
 
 
 def _names(entries: list[pathlib.Path], most: int = 6) -> str:
@@ -63,8 +66,9 @@ def _names(entries: list[pathlib.Path], most: int = 6) -> str:
   return shown + (f", ... ({len(entries)} entries)" if len(entries) > most else "")
 
 
-def check_output_dir(out: pathlib.Path, *, overwrite: bool, run_files: Iterable[str],
-                     resume: bool | None = None) -> list[pathlib.Path]:
+def check_output_dir(
+  out: pathlib.Path, *, overwrite: bool, run_files: Iterable[str], resume: bool | None = None
+) -> list[pathlib.Path]:
   """What `--overwrite` will delete from `--output-dir out`; raises if the run may not start.
 
   Reads only. A missing or empty directory is fine; so is any directory with `resume`
@@ -88,18 +92,24 @@ def check_output_dir(out: pathlib.Path, *, overwrite: bool, run_files: Iterable[
     return []
   if not overwrite:
     ways = ("--resume to continue that run, " if resume is not None else "") + "--overwrite"
-    raise FileExistsError(f"--output-dir {out} is not empty ({_names(entries)}); a new run "
-                          f"there would mix with what is there: add {ways} to delete it "
-                          "and start again, or choose another directory")
+    raise FileExistsError(
+      f"--output-dir {out} is not empty ({_names(entries)}); a new run "
+      f"there would mix with what is there: add {ways} to delete it "
+      "and start again, or choose another directory"
+    )
   here = pathlib.Path.cwd().resolve()
   if out.resolve() == here or out.resolve() in here.parents:
-    raise ValueError(f"--overwrite would delete --output-dir {out}, which holds the current "
-                     "directory; choose another --output-dir")
+    raise ValueError(
+      f"--overwrite would delete --output-dir {out}, which holds the current "
+      "directory; choose another --output-dir"
+    )
   run_files = tuple(run_files)
   if not any(p.name in run_files for p in entries):
-    raise FileExistsError(f"--output-dir {out} holds {_names(entries)}, none of it a run's "
-                          f"files ({', '.join(run_files)}); --overwrite deletes only an "
-                          "earlier run: choose another directory")
+    raise FileExistsError(
+      f"--output-dir {out} holds {_names(entries)}, none of it a run's "
+      f"files ({', '.join(run_files)}); --overwrite deletes only an "
+      "earlier run: choose another directory"
+    )
   return entries
 
 
@@ -112,5 +122,4 @@ def clear_output_dir(out: pathlib.Path, entries: list[pathlib.Path], command: st
       shutil.rmtree(p)
     else:
       p.unlink()
-  print(f"{command}: --overwrite: deleted the earlier run in {out} ({_names(entries)})",
-        flush=True)
+  print(f"{command}: --overwrite: deleted the earlier run in {out} ({_names(entries)})", flush=True)

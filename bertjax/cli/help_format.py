@@ -20,8 +20,15 @@ class HelpFormatter(argparse.HelpFormatter):
   def _fill_text(self, text: str, width: int, indent: str) -> str:
     if "\n" in text:
       return "".join(indent + line for line in text.splitlines(keepends=True))
-    return "\n".join(textwrap.wrap(" ".join(text.split()), width, initial_indent=indent,
-                                   subsequent_indent=indent, break_on_hyphens=False))
+    return "\n".join(
+      textwrap.wrap(
+        " ".join(text.split()),
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+      )
+    )
 
   def _split_lines(self, text: str, width: int) -> list[str]:
     return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
@@ -29,8 +36,15 @@ class HelpFormatter(argparse.HelpFormatter):
   def _get_help_string(self, action: argparse.Action) -> str:
     text = action.help or ""
     default = action.default
-    if (not action.option_strings or action.required or "default" in text
-        or default is None or default is False or default is argparse.SUPPRESS
-        or default == [] or action.nargs == 0):
+    if (
+      not action.option_strings
+      or action.required
+      or "default" in text
+      or default is None
+      or default is False
+      or default is argparse.SUPPRESS
+      or default == []
+      or action.nargs == 0
+    ):
       return text
     return f"{text} (default: %(default)s)"

@@ -60,40 +60,75 @@ def _model_args(p: argparse.ArgumentParser) -> None:
   g = p.add_argument_group("model")
   src = g.add_mutually_exclusive_group()
   presets = _presets()
-  src.add_argument("--preset", default=None, choices=presets, metavar="NAME",
-                   help=f"a BertConfig preset: {', '.join(presets)} (default: tiny)")
-  src.add_argument("--config-json", default=None, metavar="FILE",
-                   help="build the model from a Hugging Face config.json (or a JSON of "
-                        "BertConfig fields) instead of a preset")
-  src.add_argument("--init-from", default=None, metavar="DIR|ID",
-                   help="start from a Hugging Face model directory or hub id, e.g. "
-                        "google-bert/bert-base-uncased (weights, config and, unless --vocab "
-                        "is given, tokenizer; hub ids are read from the huggingface_hub "
-                        "cache)")
-  g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                 help="compute dtype; weights stay float32")
-  g.add_argument("--attention-impl", default=None, choices=ATTENTION_IMPLS,
-                 help="attention implementation (default: the model config's, 'xla')")
-  g.add_argument("--scan-unroll", type=int, default=1, metavar="N",
-                 help="layers per iteration of the layer scan; the depth unrolls it "
-                      "(same numerics; 1.5x faster BERT-base steps on an H100)")
+  src.add_argument(
+    "--preset",
+    default=None,
+    choices=presets,
+    metavar="NAME",
+    help=f"a BertConfig preset: {', '.join(presets)} (default: tiny)",
+  )
+  src.add_argument(
+    "--config-json",
+    default=None,
+    metavar="FILE",
+    help="build the model from a Hugging Face config.json (or a JSON of "
+    "BertConfig fields) instead of a preset",
+  )
+  src.add_argument(
+    "--init-from",
+    default=None,
+    metavar="DIR|ID",
+    help="start from a Hugging Face model directory or hub id, e.g. "
+    "google-bert/bert-base-uncased (weights, config and, unless --vocab "
+    "is given, tokenizer; hub ids are read from the huggingface_hub "
+    "cache)",
+  )
+  g.add_argument(
+    "--dtype",
+    default="float32",
+    choices=("float32", "bfloat16"),
+    help="compute dtype; weights stay float32",
+  )
+  g.add_argument(
+    "--attention-impl",
+    default=None,
+    choices=ATTENTION_IMPLS,
+    help="attention implementation (default: the model config's, 'xla')",
+  )
+  g.add_argument(
+    "--scan-unroll",
+    type=int,
+    default=1,
+    metavar="N",
+    help="layers per iteration of the layer scan; the depth unrolls it "
+    "(same numerics; 1.5x faster BERT-base steps on an H100)",
+  )
 
 
 def _optim_args(p: argparse.ArgumentParser, lr: float, steps: int) -> None:
   g = p.add_argument_group("optimisation")
   g.add_argument("--steps", type=int, default=steps, help="optimizer steps")
   g.add_argument("--batch-size", type=int, default=32, help="examples per optimizer step")
-  g.add_argument("--grad-accum", type=int, default=1,
-                 help="micro-batches per step (gradient accumulation)")
+  g.add_argument(
+    "--grad-accum", type=int, default=1, help="micro-batches per step (gradient accumulation)"
+  )
   g.add_argument("--optimizer", default="adamw", choices=("adamw", "lamb"), help="optimizer")
   g.add_argument("--lr", type=float, default=lr, help="peak learning rate")
   g.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
-  g.add_argument("--decay", default="linear", choices=("linear", "cosine", "constant"),
-                 help="learning-rate decay after warm-up")
+  g.add_argument(
+    "--decay",
+    default="linear",
+    choices=("linear", "cosine", "constant"),
+    help="learning-rate decay after warm-up",
+  )
   g.add_argument("--end-lr-ratio", type=float, default=0.0, help="final lr / peak lr")
   g.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0: off)")
-  g.add_argument("--weight-decay", type=float, default=0.01,
-                 help="decoupled weight decay (never on biases and LayerNorm)")
+  g.add_argument(
+    "--weight-decay",
+    type=float,
+    default=0.01,
+    help="decoupled weight decay (never on biases and LayerNorm)",
+  )
   g.add_argument("--seed", type=int, default=0, help="initialisation, data and dropout seed")
 
 
@@ -107,6 +142,7 @@ def _program(args) -> dict:
 
 def _model_config(args, vocab_size: int | None):
   import bertjax
+
   if args.init_from:
     config, params = bertjax.from_hf(args.init_from)
     return config, params
@@ -138,56 +174,112 @@ def _table(rows: Sequence[tuple[str, str]], indent: str = "  ") -> str:
 
 def pretrain_parser() -> argparse.ArgumentParser:
   """The argument parser of `pretrain_main`."""
-  p = argparse.ArgumentParser(prog="bertjax pretrain", formatter_class=HelpFormatter,
-                              description="Pretrain BERT/ALBERT with MLM (+ NSP or SOP).",
-                              epilog=CORPUS_FORMATS)
+  p = argparse.ArgumentParser(
+    prog="bertjax pretrain",
+    formatter_class=HelpFormatter,
+    description="Pretrain BERT/ALBERT with MLM (+ NSP or SOP).",
+    epilog=CORPUS_FORMATS,
+  )
   g = p.add_argument_group("data")
   g.add_argument("--corpus", nargs="+", required=True, metavar="FILE", help="text files")
-  g.add_argument("--corpus-format", default="plain", choices=("plain", "lines", "wikitext"),
-                 help="how documents and sentences are read (see 'corpus formats' below)")
-  g.add_argument("--max-lines", type=int, default=None, metavar="N",
-                 help="read only the first N lines of each file (default: all)")
+  g.add_argument(
+    "--corpus-format",
+    default="plain",
+    choices=("plain", "lines", "wikitext"),
+    help="how documents and sentences are read (see 'corpus formats' below)",
+  )
+  g.add_argument(
+    "--max-lines",
+    type=int,
+    default=None,
+    metavar="N",
+    help="read only the first N lines of each file (default: all)",
+  )
   v = g.add_mutually_exclusive_group()
-  v.add_argument("--vocab", default=None, metavar="PATH|ID",
-                 help="a vocab.txt / tokenizer.json, a model directory or a hub id (default: "
-                      "the --init-from model's, else the --teacher's)")
-  v.add_argument("--train-vocab", type=int, default=None, metavar="SIZE",
-                 help="train a WordPiece vocabulary of this size on the corpus (the same "
-                      "corpus gives the same vocab.txt in every run)")
-  g.add_argument("--objective", default="nsp", choices=("nsp", "sop", "none"),
-                 help="sentence-level objective besides MLM")
-  g.add_argument("--masking", default="token", choices=("token", "whole_word", "span"),
-                 help="MLM masking unit")
+  v.add_argument(
+    "--vocab",
+    default=None,
+    metavar="PATH|ID",
+    help="a vocab.txt / tokenizer.json, a model directory or a hub id (default: "
+    "the --init-from model's, else the --teacher's)",
+  )
+  v.add_argument(
+    "--train-vocab",
+    type=int,
+    default=None,
+    metavar="SIZE",
+    help="train a WordPiece vocabulary of this size on the corpus (the same "
+    "corpus gives the same vocab.txt in every run)",
+  )
+  g.add_argument(
+    "--objective",
+    default="nsp",
+    choices=("nsp", "sop", "none"),
+    help="sentence-level objective besides MLM",
+  )
+  g.add_argument(
+    "--masking", default="token", choices=("token", "whole_word", "span"), help="MLM masking unit"
+  )
   g.add_argument("--mask-prob", type=float, default=0.15, help="fraction of tokens predicted")
   g.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
   from bertjax.cli import objectives
+
   objectives.add_args(p)
   _model_args(p)
   _optim_args(p, lr=1e-4, steps=1000)
   s = p.add_argument_group("progressive stacking")
-  s.add_argument("--stacking", default=None, metavar="SCHEDULE",
-                 help="grow the model during the run: 'layers:steps,...,layers', e.g. "
-                      "'3:500,6:700,12' (default: train at full depth)")
-  s.add_argument("--reset-moments", action="store_true",
-                 help="zero Adam moments when growing instead of copying them")
+  s.add_argument(
+    "--stacking",
+    default=None,
+    metavar="SCHEDULE",
+    help="grow the model during the run: 'layers:steps,...,layers', e.g. "
+    "'3:500,6:700,12' (default: train at full depth)",
+  )
+  s.add_argument(
+    "--reset-moments",
+    action="store_true",
+    help="zero Adam moments when growing instead of copying them",
+  )
   o = p.add_argument_group("output")
-  o.add_argument("--output-dir", required=True, metavar="DIR",
-                 help="checkpoints/, vocab/, metrics.jsonl, summary.json and TensorBoard "
-                      "events")
-  o.add_argument("--checkpoint-every", type=int, default=1000, metavar="N",
-                 help="save a checkpoint every N steps (0: only at the end)")
+  o.add_argument(
+    "--output-dir",
+    required=True,
+    metavar="DIR",
+    help="checkpoints/, vocab/, metrics.jsonl, summary.json and TensorBoard events",
+  )
+  o.add_argument(
+    "--checkpoint-every",
+    type=int,
+    default=1000,
+    metavar="N",
+    help="save a checkpoint every N steps (0: only at the end)",
+  )
   o.add_argument("--keep", type=int, default=3, help="checkpoints to keep")
   again = o.add_mutually_exclusive_group()
-  again.add_argument("--resume", action="store_true",
-                     help="continue the run in --output-dir from its newest checkpoint")
-  again.add_argument("--overwrite", action="store_true",
-                     help="delete the earlier run in --output-dir first (without this or "
-                          "--resume, a non-empty --output-dir is refused)")
-  o.add_argument("--export-hf", default=None, metavar="DIR",
-                 help="write the final model here as a Hugging Face directory (for any other "
-                      "step: `bertjax export`)")
-  o.add_argument("--mesh-shape", default=None, metavar="DATAxFSDP",
-                 help="device mesh, e.g. '4x2' (default: one device)")
+  again.add_argument(
+    "--resume",
+    action="store_true",
+    help="continue the run in --output-dir from its newest checkpoint",
+  )
+  again.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="delete the earlier run in --output-dir first (without this or "
+    "--resume, a non-empty --output-dir is refused)",
+  )
+  o.add_argument(
+    "--export-hf",
+    default=None,
+    metavar="DIR",
+    help="write the final model here as a Hugging Face directory (for any other "
+    "step: `bertjax export`)",
+  )
+  o.add_argument(
+    "--mesh-shape",
+    default=None,
+    metavar="DATAxFSDP",
+    help="device mesh, e.g. '4x2' (default: one device)",
+  )
   o.add_argument("--no-progress", action="store_true", help="no progress bar")
   debug_arg(p)
   return p
@@ -206,13 +298,17 @@ def _check_pretrainable(args) -> None:
   config = bertjax.BertConfig.from_hf_dict(json.loads(config_file.read_text()))
   heads = config.family.heads
   if "mlm" not in heads:
-    raise ValueError(f"pretrain trains a masked-LM head, which a {config.model_type!r} model "
-                     f"has not; --init-from {args.init_from}: fine-tune it with "
-                     "`bertjax finetune --init-from`")
+    raise ValueError(
+      f"pretrain trains a masked-LM head, which a {config.model_type!r} model "
+      f"has not; --init-from {args.init_from}: fine-tune it with "
+      "`bertjax finetune --init-from`"
+    )
   if args.objective != "none" and args.objective not in heads:
-    raise ValueError(f"--objective {args.objective}: a {config.model_type!r} model has no "
-                     f"{args.objective.upper()} head (its heads: {sorted(heads)}); continue it "
-                     f"with MLM alone, --objective none (--init-from {args.init_from})")
+    raise ValueError(
+      f"--objective {args.objective}: a {config.model_type!r} model has no "
+      f"{args.objective.upper()} head (its heads: {sorted(heads)}); continue it "
+      f"with MLM alone, --objective none (--init-from {args.init_from})"
+    )
 
 
 PRETRAIN_FILES = ("checkpoints", "vocab", "metrics.jsonl", "summary.json", "tensorboard")
@@ -230,8 +326,10 @@ def _vocab_source(args) -> pathlib.Path | str:
     return hf.resolve_model_path(args.vocab)
   if args.init_from or args.teacher:
     return args.init_from or args.teacher
-  raise ValueError("pretrain needs a vocabulary: give --vocab PATH, --train-vocab SIZE, "
-                   "--init-from DIR or --teacher DIR")
+  raise ValueError(
+    "pretrain needs a vocabulary: give --vocab PATH, --train-vocab SIZE, "
+    "--init-from DIR or --teacher DIR"
+  )
 
 
 def _pretrain_corpus(args, vocab_dir: pathlib.Path):
@@ -250,14 +348,20 @@ def _pretrain_corpus(args, vocab_dir: pathlib.Path):
     mine = C.load_tokenizer(vocab_dir).get_vocab(with_added_tokens=True)
     theirs = tokenizer.get_vocab(with_added_tokens=True)
     if mine != theirs:
-      raise ValueError(f"--resume: the vocabulary {source} ({len(theirs)} tokens) is not the "
-                       f"run's own, {vocab_dir} ({len(mine)} tokens), which its checkpoints "
-                       "were trained with; drop --vocab, or start a new run")
+      raise ValueError(
+        f"--resume: the vocabulary {source} ({len(theirs)} tokens) is not the "
+        f"run's own, {vocab_dir} ({len(mine)} tokens), which its checkpoints "
+        "were trained with; drop --vocab, or start a new run"
+      )
   if args.teacher and not (args.vocab or args.init_from):
-    print(f"pretrain: the student uses the teacher's vocabulary, {source} "
-          f"({tokenizer.get_vocab_size(with_added_tokens=True)} tokens)", flush=True)
-  corpus = C.load_corpus(args.corpus, tokenizer, format=args.corpus_format,
-                         max_lines=args.max_lines)
+    print(
+      f"pretrain: the student uses the teacher's vocabulary, {source} "
+      f"({tokenizer.get_vocab_size(with_added_tokens=True)} tokens)",
+      flush=True,
+    )
+  corpus = C.load_corpus(
+    args.corpus, tokenizer, format=args.corpus_format, max_lines=args.max_lines
+  )
   return tokenizer, corpus, not own
 
 
@@ -292,48 +396,74 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   from bertjax.training import loop
 
   out = pathlib.Path(args.output_dir)
-  doomed = check_output_dir(out, resume=args.resume, overwrite=args.overwrite,
-                            run_files=PRETRAIN_FILES)  # before anything is read or written
+  doomed = check_output_dir(
+    out, resume=args.resume, overwrite=args.overwrite, run_files=PRETRAIN_FILES
+  )  # before anything is read or written
   mesh_lib.initialize_distributed()
   import jax  # after the distributed start, which must come first
+
   if args.init_from:
     _check_pretrainable(args)
   if args.teacher:
     from bertjax.model import hf
 
     if args.train_vocab:
-      raise ValueError(f"--train-vocab {args.train_vocab} with --teacher {args.teacher}: a "
-                       "distilled student uses the teacher's vocabulary (the default); drop "
-                       "--train-vocab")
+      raise ValueError(
+        f"--train-vocab {args.train_vocab} with --teacher {args.teacher}: a "
+        "distilled student uses the teacher's vocabulary (the default); drop "
+        "--train-vocab"
+      )
     args.teacher = str(hf.resolve_model_path(args.teacher))
   tokenizer, corpus, new_vocab = _pretrain_corpus(args, out / "vocab")
   config, params = _model_config(args, None if args.init_from else corpus.vocab_size)
   config = config.replace(**_program(args))
   if config.vocab_size < corpus.vocab_size:
-    raise ValueError(f"the model's vocab_size={config.vocab_size} is smaller than the "
-                     f"tokenizer's {corpus.vocab_size}")
+    raise ValueError(
+      f"the model's vocab_size={config.vocab_size} is smaller than the "
+      f"tokenizer's {corpus.vocab_size}"
+    )
   heads = ("mlm",) + ((args.objective,) if args.objective != "none" else ())
   if params is not None and any(h not in params for h in heads):
     import bertjax
+
     fresh = bertjax.init(config, args.seed, heads)  # a checkpoint without these heads
     params = {**params, **{h: fresh[h] for h in heads if h not in params}}
-  pc = P.PretrainingConfig(max_seq_len=args.seq_len, objective=args.objective,
-                           masking=args.masking, mask_prob=args.mask_prob)
+  pc = P.PretrainingConfig(
+    max_seq_len=args.seq_len,
+    objective=args.objective,
+    masking=args.masking,
+    mask_prob=args.mask_prob,
+  )
   from bertjax.cli import objectives
+
   config, params, data, objective = objectives.setup(args, config, params, corpus, pc)
   train = loop.TrainConfig(
-      steps=args.steps, batch_size=args.batch_size, accumulation_steps=args.grad_accum,
-      optimizer=args.optimizer, learning_rate=args.lr, warmup_steps=args.warmup,
-      decay=args.decay, end_lr_ratio=args.end_lr_ratio, clip_norm=args.clip or None,
-      weight_decay=args.weight_decay, dtype=args.dtype, stacking=args.stacking,
-      reset_moments=args.reset_moments, seed=args.seed, output_dir=str(out),
-      checkpoint_every=args.checkpoint_every, keep=args.keep,
-      mesh_shape=(mesh_lib.parse_mesh(args.mesh_shape, ("data", "fsdp")) if args.mesh_shape
-                  else None),
-      progress=not args.no_progress)
+    steps=args.steps,
+    batch_size=args.batch_size,
+    accumulation_steps=args.grad_accum,
+    optimizer=args.optimizer,
+    learning_rate=args.lr,
+    warmup_steps=args.warmup,
+    decay=args.decay,
+    end_lr_ratio=args.end_lr_ratio,
+    clip_norm=args.clip or None,
+    weight_decay=args.weight_decay,
+    dtype=args.dtype,
+    stacking=args.stacking,
+    reset_moments=args.reset_moments,
+    seed=args.seed,
+    output_dir=str(out),
+    checkpoint_every=args.checkpoint_every,
+    keep=args.keep,
+    mesh_shape=(
+      mesh_lib.parse_mesh(args.mesh_shape, ("data", "fsdp")) if args.mesh_shape else None
+    ),
+    progress=not args.no_progress,
+  )
   _start_output_dir(out, doomed, tokenizer, new_vocab)
-  summary = loop.pretrain(config, data, train, resume=args.resume, params=params,
-                          objective=objective)
+  summary = loop.pretrain(
+    config, data, train, resume=args.resume, params=params, objective=objective
+  )
   summary.pop("history")
   if args.export_hf and jax.process_index() == 0:
     export_checkpoint(out, args.export_hf, tokenizer=out / "vocab")  # the newest step
@@ -345,23 +475,53 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_pretrain_summary(args, out: pathlib.Path, summary: dict) -> None:
-  steps = (f"{summary['steps']} ({summary['steps_this_run']} this run, "
-           f"{summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:.0f} tokens/s)")
-  loss = (f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f} (MLM "
-          f"{summary['first_mlm_loss']:.4f} -> {summary['final_mlm_loss']:.4f})")
-  saved = (f"{summary['checkpoint_dir']} (last: step {summary['last_checkpoint']}; "
-           f"`bertjax export {out} --to DIR` makes a model of any step)")
-  rows = [("steps", steps), ("loss", loss), ("layers", str(summary["num_hidden_layers"])),
-          ("checkpoints", saved), ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
+  steps = (
+    f"{summary['steps']} ({summary['steps_this_run']} this run, "
+    f"{summary['wall_time_s']:.1f} s, {summary['tokens_per_s']:.0f} tokens/s)"
+  )
+  loss = (
+    f"{summary['first_loss']:.4f} -> {summary['final_loss']:.4f} (MLM "
+    f"{summary['first_mlm_loss']:.4f} -> {summary['final_mlm_loss']:.4f})"
+  )
+  saved = (
+    f"{summary['checkpoint_dir']} (last: step {summary['last_checkpoint']}; "
+    f"`bertjax export {out} --to DIR` makes a model of any step)"
+  )
+  rows = [
+    ("steps", steps),
+    ("loss", loss),
+    ("layers", str(summary["num_hidden_layers"])),
+    ("checkpoints", saved),
+    ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}"),
+  ]
   if args.export_hf:
     from bertjax.training.electra import ROLES
 
     pair = all((pathlib.Path(args.export_hf) / r).is_dir() for r in ROLES)
-    classes = {r: (json.loads((pathlib.Path(args.export_hf) / r / "config.json").read_text())
-                   .get("architectures") or ["?"])[0] for r in ROLES} if pair else {}
-    rows.append(("model", f"{args.export_hf}" + (
-        f" (generator/: {classes['generator']}, discriminator/: {classes['discriminator']})"
-        if pair else "")))
+    classes = (
+      {
+        r: (
+          json.loads((pathlib.Path(args.export_hf) / r / "config.json").read_text()).get(
+            "architectures"
+          )
+          or ["?"]
+        )[0]
+        for r in ROLES
+      }
+      if pair
+      else {}
+    )
+    rows.append(
+      (
+        "model",
+        f"{args.export_hf}"
+        + (
+          f" (generator/: {classes['generator']}, discriminator/: {classes['discriminator']})"
+          if pair
+          else ""
+        ),
+      )
+    )
   print("pretrain: done\n" + _table(rows))
 
 
@@ -371,55 +531,107 @@ def _print_pretrain_summary(args, out: pathlib.Path, summary: dict) -> None:
 def finetune_parser() -> argparse.ArgumentParser:
   """The argument parser of `finetune_main`."""
   p = argparse.ArgumentParser(
-      prog="bertjax finetune", formatter_class=HelpFormatter,
-      description="Fine-tune for sequence or token classification. Shows a progress bar on a "
-                  "terminal (a line every few steps otherwise), writes metrics.jsonl, "
-                  "summary.json and the model (Hugging Face format, with its label names and "
-                  "tokenizer) to the output directory, and prints a short summary.",
-      epilog=UD_FIELDS)
+    prog="bertjax finetune",
+    formatter_class=HelpFormatter,
+    description="Fine-tune for sequence or token classification. Shows a progress bar on a "
+    "terminal (a line every few steps otherwise), writes metrics.jsonl, "
+    "summary.json and the model (Hugging Face format, with its label names and "
+    "tokenizer) to the output directory, and prints a short summary.",
+    epilog=UD_FIELDS,
+  )
   g = p.add_argument_group("data (one source)")
   src = g.add_mutually_exclusive_group(required=True)
-  src.add_argument("--table", nargs="+", metavar="PATH",
-                   help="TSV (header row) or JSONL file(s): train [eval]; columns set below; "
-                        "string labels keep their names")
-  src.add_argument("--blimp", nargs="+", metavar="JSONL",
-                   help="BLiMP files: sentence_good -> good, sentence_bad -> bad")
+  src.add_argument(
+    "--table",
+    nargs="+",
+    metavar="PATH",
+    help="TSV (header row) or JSONL file(s): train [eval]; columns set below; "
+    "string labels keep their names",
+  )
+  src.add_argument(
+    "--blimp",
+    nargs="+",
+    metavar="JSONL",
+    help="BLiMP files: sentence_good -> good, sentence_bad -> bad",
+  )
   src.add_argument("--ud", metavar="CONLLU", help="a UD treebank, for tagging (see below)")
-  src.add_argument("--glue", choices=("sst2", "mrpc", "rte"),
-                   help="a GLUE task through tensorflow-datasets")
+  src.add_argument(
+    "--glue", choices=("sst2", "mrpc", "rte"), help="a GLUE task through tensorflow-datasets"
+  )
   g.add_argument("--text-column", default="sentence", help="text column of --table")
-  g.add_argument("--pair-column", default=None,
-                 help="second sentence column of --table (sentence pairs; default: none)")
+  g.add_argument(
+    "--pair-column",
+    default=None,
+    help="second sentence column of --table (sentence pairs; default: none)",
+  )
   g.add_argument("--label-column", default="label", help="label column of --table")
   g.add_argument("--regression", action="store_true", help="float labels, MSE loss")
-  g.add_argument("--ud-field", default="upos", choices=("upos", "xpos", "deprels"),
-                 help="the tag --ud predicts: upos, xpos or deprels (see below)")
-  g.add_argument("--eval-fraction", type=float, default=0.1,
-                 help="held-out fraction when no eval file/split is given")
-  g.add_argument("--max-examples", type=int, default=None, metavar="N",
-                 help="use only the first N examples (default: all)")
-  g.add_argument("--tfds-dir", default=None, metavar="DIR",
-                 help="tensorflow-datasets data_dir (default: tfds's own)")
-  g.add_argument("--max-len", type=int, default=128,
-                 help="tokens per sequence (longer texts are truncated)")
-  g.add_argument("--vocab", default=None, metavar="PATH",
-                 help="the tokenizer: a model directory or tokenizer.json / vocab.txt "
-                      "(default: the --init-from directory's)")
+  g.add_argument(
+    "--ud-field",
+    default="upos",
+    choices=("upos", "xpos", "deprels"),
+    help="the tag --ud predicts: upos, xpos or deprels (see below)",
+  )
+  g.add_argument(
+    "--eval-fraction",
+    type=float,
+    default=0.1,
+    help="held-out fraction when no eval file/split is given",
+  )
+  g.add_argument(
+    "--max-examples",
+    type=int,
+    default=None,
+    metavar="N",
+    help="use only the first N examples (default: all)",
+  )
+  g.add_argument(
+    "--tfds-dir",
+    default=None,
+    metavar="DIR",
+    help="tensorflow-datasets data_dir (default: tfds's own)",
+  )
+  g.add_argument(
+    "--max-len", type=int, default=128, help="tokens per sequence (longer texts are truncated)"
+  )
+  g.add_argument(
+    "--vocab",
+    default=None,
+    metavar="PATH",
+    help="the tokenizer: a model directory or tokenizer.json / vocab.txt "
+    "(default: the --init-from directory's)",
+  )
   _model_args(p)
   _optim_args(p, lr=2e-5, steps=500)
   from bertjax.cli import objectives
+
   objectives.add_finetune_args(p)
   o = p.add_argument_group("output")
-  o.add_argument("--output-dir", default=None, metavar="DIR",
-                 help="where model/, metrics.jsonl and summary.json go; refused when it holds "
-                      "anything, unless --overwrite (default: a new out/finetune/SOURCE-TIME "
-                      "folder, printed)")
-  o.add_argument("--overwrite", action="store_true",
-                 help="delete the earlier run in --output-dir first")
-  o.add_argument("--eval-every", type=int, default=0, metavar="N",
-                 help="evaluate every N steps (0: only at the end)")
-  o.add_argument("--log-every", type=int, default=0, metavar="N",
-                 help="without a terminal: a progress line every N steps (0: about 20 lines)")
+  o.add_argument(
+    "--output-dir",
+    default=None,
+    metavar="DIR",
+    help="where model/, metrics.jsonl and summary.json go; refused when it holds "
+    "anything, unless --overwrite (default: a new out/finetune/SOURCE-TIME "
+    "folder, printed)",
+  )
+  o.add_argument(
+    "--overwrite", action="store_true", help="delete the earlier run in --output-dir first"
+  )
+  o.add_argument(
+    "--eval-every",
+    type=int,
+    default=0,
+    metavar="N",
+    help="evaluate every N steps (0: only at the end)",
+  )
+  o.add_argument(
+    "--log-every",
+    type=int,
+    default=0,
+    metavar="N",
+    help="without a terminal: a progress line every N steps (0: about 20 lines)",
+  )
   o.add_argument("--no-progress", action="store_true", help="no progress bar or lines")
   debug_arg(p)
   return p
@@ -463,15 +675,22 @@ class _Progress:
         sized = os.get_terminal_size(self.stream.fileno()).columns > 0
       except (OSError, ValueError):
         sized = False
-      self.bar = tqdm(total=steps, desc="finetune", unit="step", file=self.stream,
-                      dynamic_ncols=sized, ncols=None if sized else 100)
+      self.bar = tqdm(
+        total=steps,
+        desc="finetune",
+        unit="step",
+        file=self.stream,
+        dynamic_ncols=sized,
+        ncols=None if sized else 100,
+      )
 
   def __call__(self, kind: str, record: dict) -> None:
     if not self.enabled:
       return
     if kind == "eval":
       text = f"eval at step {record['step']}: " + ", ".join(
-          f"{k[5:]} {v:.4f}" for k, v in record.items() if k.startswith("eval_"))
+        f"{k[5:]} {v:.4f}" for k, v in record.items() if k.startswith("eval_")
+      )
       if self.bar is not None:
         self.bar.write(text, file=self.stream)
       else:
@@ -479,12 +698,16 @@ class _Progress:
       return
     if self.bar is not None:
       self.bar.update(1)
-      self.bar.set_postfix(loss=f"{record['loss']:.4f}",
-                           ex_s=f"{record['examples_per_s']:.0f}", refresh=False)
+      self.bar.set_postfix(
+        loss=f"{record['loss']:.4f}", ex_s=f"{record['examples_per_s']:.0f}", refresh=False
+      )
     elif record["step"] % self.every == 0 or record["step"] in (1, self.steps):
-      print(f"step {record['step']}/{self.steps}  loss {record['loss']:.4f}  "
-            f"lr {record['learning_rate']:.2e}  {record['examples_per_s']:.1f} examples/s",
-            file=self.stream, flush=True)
+      print(
+        f"step {record['step']}/{self.steps}  loss {record['loss']:.4f}  "
+        f"lr {record['learning_rate']:.2e}  {record['examples_per_s']:.1f} examples/s",
+        file=self.stream,
+        flush=True,
+      )
 
   def close(self) -> None:
     if self.bar is not None:
@@ -497,28 +720,52 @@ def _load_finetune_data(args, tokenizer):
 
   if args.ud:
     train, evaluation, names = F.load_ud_pos(
-        args.ud, tokenizer, max_len=args.max_len, field=args.ud_field,
-        eval_fraction=args.eval_fraction, max_sentences=args.max_examples, seed=args.seed)
+      args.ud,
+      tokenizer,
+      max_len=args.max_len,
+      field=args.ud_field,
+      eval_fraction=args.eval_fraction,
+      max_sentences=args.max_examples,
+      seed=args.seed,
+    )
     return "token_classification", train, evaluation, names
   if args.glue:
-    train, evaluation, names = F.load_glue(args.glue, tokenizer, max_len=args.max_len,
-                                           data_dir=args.tfds_dir,
-                                           max_examples=args.max_examples)
+    train, evaluation, names = F.load_glue(
+      args.glue,
+      tokenizer,
+      max_len=args.max_len,
+      data_dir=args.tfds_dir,
+      max_examples=args.max_examples,
+    )
     return "classification", train, evaluation, names
   if args.blimp:
     table = F.LabelledTexts(*F.load_blimp(args.blimp), label_names=("bad", "good"))
   else:
-    table = F.read_table(args.table[0], args.text_column, args.label_column, args.pair_column,
-                         regression=args.regression)
+    table = F.read_table(
+      args.table[0],
+      args.text_column,
+      args.label_column,
+      args.pair_column,
+      regression=args.regression,
+    )
   if args.max_examples:
     table = table.head(args.max_examples)
-  data = F.encode_classification(tokenizer, table.texts, table.pairs, table.labels,
-                                 max_len=args.max_len)
+  data = F.encode_classification(
+    tokenizer, table.texts, table.pairs, table.labels, max_len=args.max_len
+  )
   if args.table and len(args.table) > 1:
-    held = F.read_table(args.table[1], args.text_column, args.label_column, args.pair_column,
-                        regression=args.regression, label_names=table.label_names)
-    train, evaluation = data, F.encode_classification(tokenizer, held.texts, held.pairs,
-                                                      held.labels, max_len=args.max_len)
+    held = F.read_table(
+      args.table[1],
+      args.text_column,
+      args.label_column,
+      args.pair_column,
+      regression=args.regression,
+      label_names=table.label_names,
+    )
+    train, evaluation = (
+      data,
+      F.encode_classification(tokenizer, held.texts, held.pairs, held.labels, max_len=args.max_len),
+    )
   else:
     train, evaluation = F.split(data, args.eval_fraction, seed=args.seed)
   if args.regression:
@@ -544,61 +791,101 @@ def finetune_main(argv: Sequence[str] | None = None) -> int:
   doomed = check_output_dir(out, overwrite=args.overwrite, run_files=FINETUNE_FILES)
   vocab = args.vocab or args.init_from or args.teacher  # a student uses its teacher's
   if vocab is None:
-    raise ValueError("finetune needs a tokenizer: give --init-from DIR (a model with its "
-                     "tokenizer), --vocab PATH or --teacher DIR")
+    raise ValueError(
+      "finetune needs a tokenizer: give --init-from DIR (a model with its "
+      "tokenizer), --vocab PATH or --teacher DIR"
+    )
   if args.vocab and not args.init_from and pathlib.Path(args.vocab).is_file():
     from bertjax.data import corpus as C
 
     tokenizer = Tokenizer(C.load_tokenizer(args.vocab), args.max_len)
   else:
     tokenizer = Tokenizer.from_pretrained(vocab)
-  print(f"finetune: writing to {out}" + ("" if args.output_dir else
-                                          " (choose with --output-dir)"), flush=True)
+  print(
+    f"finetune: writing to {out}" + ("" if args.output_dir else " (choose with --output-dir)"),
+    flush=True,
+  )
   task, train_data, eval_data, labels = _load_finetune_data(args, tokenizer)
   num_labels = 1 if labels is None else len(labels)
   names_known = labels is not None and not all(n == str(i) for i, n in enumerate(labels))
   base = None if args.init_from else _model_config(args, tokenizer.vocab_size)[0]
-  config, params = F.prepare_model(task, num_labels, init_from=args.init_from, config=base,
-                                   seed=args.seed,
-                                   label_names=labels if names_known else None)
+  config, params = F.prepare_model(
+    task,
+    num_labels,
+    init_from=args.init_from,
+    config=base,
+    seed=args.seed,
+    label_names=labels if names_known else None,
+  )
   config = config.replace(**_program(args))
   from bertjax.cli import objectives
+
   config, params, objective = objectives.finetune_setup(args, task, config, params)
-  hp = F.FinetuneConfig(steps=args.steps, batch_size=args.batch_size,
-                        accumulation_steps=args.grad_accum, optimizer=args.optimizer,
-                        learning_rate=args.lr, warmup_steps=args.warmup, decay=args.decay,
-                        clip_norm=args.clip or None, weight_decay=args.weight_decay,
-                        dtype=args.dtype, seed=args.seed, eval_every=args.eval_every)
+  hp = F.FinetuneConfig(
+    steps=args.steps,
+    batch_size=args.batch_size,
+    accumulation_steps=args.grad_accum,
+    optimizer=args.optimizer,
+    learning_rate=args.lr,
+    warmup_steps=args.warmup,
+    decay=args.decay,
+    clip_norm=args.clip or None,
+    weight_decay=args.weight_decay,
+    dtype=args.dtype,
+    seed=args.seed,
+    eval_every=args.eval_every,
+  )
   clear_output_dir(out, doomed, "finetune")  # now that everything before has worked
   out.mkdir(parents=True, exist_ok=True)
   progress = _Progress(hp.steps, enabled=not args.no_progress, every=args.log_every)
   with open(out / "metrics.jsonl", "w", encoding="utf-8") as jsonl:
+
     def on_record(kind: str, record: dict) -> None:
       jsonl.write(json.dumps(record) + "\n")
       jsonl.flush()
       progress(kind, record)
 
     try:
-      result = F.finetune(config, params, train_data, eval_data, task=task, hp=hp,
-                          callback=on_record, objective=objective)
+      result = F.finetune(
+        config,
+        params,
+        train_data,
+        eval_data,
+        task=task,
+        hp=hp,
+        callback=on_record,
+        objective=objective,
+      )
     finally:
       progress.close()
   model_dir = save_hf_model(result["config"], result["params"], tokenizer, out / "model")
   summary = {k: v for k, v in result.items() if k not in ("params", "config", "history")}
-  summary.update(task=task, labels=labels, num_train=len(train_data["labels"]),
-                 num_eval=len(eval_data["labels"]), output_dir=str(out),
-                 model_dir=str(model_dir))
+  summary.update(
+    task=task,
+    labels=labels,
+    num_train=len(train_data["labels"]),
+    num_eval=len(eval_data["labels"]),
+    output_dir=str(out),
+    model_dir=str(model_dir),
+  )
   (out / "summary.json").write_text(json.dumps(summary, indent=2))
-  speed = (f"{summary['steps']} in {summary['wall_time_s']:.1f} s "
-           f"({summary['examples_per_s']:.1f} examples/s)")
+  speed = (
+    f"{summary['steps']} in {summary['wall_time_s']:.1f} s "
+    f"({summary['examples_per_s']:.1f} examples/s)"
+  )
   loss = f"{result['history'][0]['loss']:.4f} -> {summary['final_loss']:.4f}"
-  rows = [("steps", speed), ("training loss", loss),
-          ("examples", f"{summary['num_train']} train, {summary['num_eval']} eval")]
+  rows = [
+    ("steps", speed),
+    ("training loss", loss),
+    ("examples", f"{summary['num_train']} train, {summary['num_eval']} eval"),
+  ]
   rows += [(f"eval {k}", f"{v:.4f}") for k, v in summary["metrics"].items()]
   if labels is not None:
     shown = ", ".join(labels[:12]) + (f", ... ({len(labels)} in all)" if len(labels) > 12 else "")
     rows.append(("labels", shown))
-  rows += [("model", f"{model_dir} (Hugging Face: config.json, model.safetensors, tokenizer)"),
-           ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}")]
+  rows += [
+    ("model", f"{model_dir} (Hugging Face: config.json, model.safetensors, tokenizer)"),
+    ("metrics", f"{out / 'metrics.jsonl'}, {out / 'summary.json'}"),
+  ]
   print("finetune: done\n" + _table(rows))
   return 0

@@ -62,6 +62,8 @@ def special_token_ids(tokenizer) -> dict[str, int]:
   if missing:
     raise ValueError(f"tokenizer lacks a token for each of the special roles {missing}")
   return ids
+
+
 FORMATS = ("plain", "lines", "wikitext")
 
 PathLike = str | os.PathLike
@@ -243,8 +245,9 @@ def _bert_wordpiece(vocab: dict[str, int] | None, lowercase: bool):
   tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tokenizer.decoder = decoders.WordPiece()
   if vocab and "[CLS]" in vocab and "[SEP]" in vocab:
-    tokenizer.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]),
-                                                         ("[CLS]", vocab["[CLS]"]))
+    tokenizer.post_processor = processors.BertProcessing(
+      ("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"])
+    )
   return tokenizer
 
 
@@ -308,8 +311,13 @@ def _word_counts(sentences: Iterable[str], tokenizer) -> dict[str, int]:
   return counts
 
 
-def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
-                  limit_alphabet: int | None, prefix: str = "##") -> list[str]:
+def _train_merges(
+  counts: dict[str, int],
+  vocab_size: int,
+  min_frequency: int,
+  limit_alphabet: int | None,
+  prefix: str = "##",
+) -> list[str]:
   """The tokens of a WordPiece vocabulary learnt as `tokenizers`' WordPiece trainer learns it.
 
   The algorithm is the `tokenizers` library's (a BPE over characters where every non-initial
@@ -363,8 +371,9 @@ def _train_merges(counts: dict[str, int], vocab_size: int, min_frequency: int,
   return tokens
 
 
-def _alphabet(counts: dict[str, int], limit_alphabet: int | None,
-              prefix: str) -> tuple[list[str], list[str]]:
+def _alphabet(
+  counts: dict[str, int], limit_alphabet: int | None, prefix: str
+) -> tuple[list[str], list[str]]:
   """The initial tokens: the alphabet sorted (its `limit_alphabet` most frequent characters,
   ties by character), and the sorted continuation forms (`prefix` + character) that occur."""
   chars: dict[str, int] = {}
@@ -380,9 +389,13 @@ def _alphabet(counts: dict[str, int], limit_alphabet: int | None,
   return alphabet, continuation
 
 
-def _apply_merge(words: list[list[int]], weights: list[int],
-                 where: dict[tuple[int, int], set[int]], pair: tuple[int, int],
-                 new: int) -> dict[tuple[int, int], int]:
+def _apply_merge(
+  words: list[list[int]],
+  weights: list[int],
+  where: dict[tuple[int, int], set[int]],
+  pair: tuple[int, int],
+  new: int,
+) -> dict[tuple[int, int], int]:
   """Replaces `pair` by `new` in every word that holds it (updating `words` and `where`).
 
   Returns:
@@ -446,8 +459,9 @@ def train_wordpiece(
     raise ValueError(f"{vocab_size=} must exceed the {len(SPECIAL_TOKENS)} special tokens")
   counts = _word_counts(sentences, _bert_wordpiece(None, lowercase))
   learnt = _train_merges(counts, vocab_size - len(SPECIAL_TOKENS), min_frequency, limit_alphabet)
-  vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *(t for t in learnt
-                                                          if t not in SPECIAL_TOKENS)])}
+  vocab = {
+    t: i for i, t in enumerate([*SPECIAL_TOKENS, *(t for t in learnt if t not in SPECIAL_TOKENS)])
+  }
   tokenizer = _bert_wordpiece(vocab, lowercase)
   tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
   _prepare(tokenizer)

@@ -113,54 +113,92 @@ def _files(*paths: str, prefix: str = "") -> tuple[DataFile, ...]:
   return tuple(DataFile(p, prefix + p) for p in paths)
 
 
-DATASETS: dict[str, DataSet] = {d.name: d for d in (
+DATASETS: dict[str, DataSet] = {
+  d.name: d
+  for d in (
     DataSet(
-        "ud_english_ewt",
-        "Universal Dependencies English Web Treebank v2.16, dev split (2,001 sentences, CoNLL-U)",
-        "CC BY-SA 4.0", "https://github.com/UniversalDependencies/UD_English-EWT",
-        _gh("UniversalDependencies/UD_English-EWT", "4c89b5833a70aa5ed3a00bad2f23f57992cc7df8"),
-        _files("en_ewt-ud-dev.conllu", "LICENSE.txt", "README.md", "stats.xml"), 1_856_978),
+      "ud_english_ewt",
+      "Universal Dependencies English Web Treebank v2.16, dev split (2,001 sentences, CoNLL-U)",
+      "CC BY-SA 4.0",
+      "https://github.com/UniversalDependencies/UD_English-EWT",
+      _gh("UniversalDependencies/UD_English-EWT", "4c89b5833a70aa5ed3a00bad2f23f57992cc7df8"),
+      _files("en_ewt-ud-dev.conllu", "LICENSE.txt", "README.md", "stats.xml"),
+      1_856_978,
+    ),
     DataSet(
-        "wikitext2_tokens",
-        "WikiText-2 validation and test text (tokenized, with <unk>; ~460k words)",
-        "CC BY-SA 3.0 (text); BSD-3-Clause (pytorch/examples)",
-        "https://github.com/pytorch/examples/tree/main/word_language_model",
-        _gh("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8"),
-        (*_files("valid.txt", "test.txt", "README", prefix="word_language_model/data/wikitext-2/"),
-         DataFile("LICENSE.pytorch-examples", "LICENSE")), 2_379_809),
+      "wikitext2_tokens",
+      "WikiText-2 validation and test text (tokenized, with <unk>; ~460k words)",
+      "CC BY-SA 3.0 (text); BSD-3-Clause (pytorch/examples)",
+      "https://github.com/pytorch/examples/tree/main/word_language_model",
+      _gh("pytorch/examples", "77f55b912142e11fcfdf5b530231fb9c52f181e8"),
+      (
+        *_files("valid.txt", "test.txt", "README", prefix="word_language_model/data/wikitext-2/"),
+        DataFile("LICENSE.pytorch-examples", "LICENSE"),
+      ),
+      2_379_809,
+    ),
     DataSet(
-        "tinyshakespeare", "The collected works of Shakespeare as one text file (1.1 MB)",
-        "public domain (text)", "https://github.com/karpathy/char-rnn",
-        _gh("karpathy/char-rnn", "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e"),
-        (DataFile("input.txt", "data/tinyshakespeare/input.txt"),), 1_115_394),
+      "tinyshakespeare",
+      "The collected works of Shakespeare as one text file (1.1 MB)",
+      "public domain (text)",
+      "https://github.com/karpathy/char-rnn",
+      _gh("karpathy/char-rnn", "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e"),
+      (DataFile("input.txt", "data/tinyshakespeare/input.txt"),),
+      1_115_394,
+    ),
     DataSet(
-        "lm_diagnostics",
-        "Ettinger (2020) psycholinguistic diagnostics: NEG-136, ROLE-88, CPRAG-102 (cloze)",
-        "MIT", "https://github.com/aetting/lm-diagnostics",
-        _gh("aetting/lm-diagnostics", "080de8d8b29a3d6f5fe133af73d7e9170f4d4c0c"),
-        _files("LICENSE", "README.md", "datasets/CPRAG-102/CPRAG-102.tsv",
-               "datasets/CPRAG-102/CPRAG-explanations.tsv", "datasets/CPRAG-102/README.md",
-               "datasets/NEG-136/NEG-136-NAT.tsv", "datasets/NEG-136/NEG-136-SIMP.tsv",
-               "datasets/NEG-136/README.md", "datasets/ROLE-88/README.md",
-               "datasets/ROLE-88/ROLE-88.tsv"), 34_182),
+      "lm_diagnostics",
+      "Ettinger (2020) psycholinguistic diagnostics: NEG-136, ROLE-88, CPRAG-102 (cloze)",
+      "MIT",
+      "https://github.com/aetting/lm-diagnostics",
+      _gh("aetting/lm-diagnostics", "080de8d8b29a3d6f5fe133af73d7e9170f4d4c0c"),
+      _files(
+        "LICENSE",
+        "README.md",
+        "datasets/CPRAG-102/CPRAG-102.tsv",
+        "datasets/CPRAG-102/CPRAG-explanations.tsv",
+        "datasets/CPRAG-102/README.md",
+        "datasets/NEG-136/NEG-136-NAT.tsv",
+        "datasets/NEG-136/NEG-136-SIMP.tsv",
+        "datasets/NEG-136/README.md",
+        "datasets/ROLE-88/README.md",
+        "datasets/ROLE-88/ROLE-88.tsv",
+      ),
+      34_182,
+    ),
     DataSet(
-        "blimp",
-        "BLiMP minimal pairs (1,000 each, JSONL): anaphor number, determiner-noun and "
-        "subject-verb agreement",
-        "CC BY 4.0", "https://github.com/alexwarstadt/blimp",
-        _gh("alexwarstadt/blimp", "3e56b06fcabca9b30822fc66435fca6b1aa40bb1"),
-        (DataFile("README.md"),
-         *_files("anaphor_number_agreement.jsonl", "determiner_noun_agreement_1.jsonl",
-                 "regular_plural_subject_verb_agreement_1.jsonl", prefix="data/")), 1_376_526),
+      "blimp",
+      "BLiMP minimal pairs (1,000 each, JSONL): anaphor number, determiner-noun and "
+      "subject-verb agreement",
+      "CC BY 4.0",
+      "https://github.com/alexwarstadt/blimp",
+      _gh("alexwarstadt/blimp", "3e56b06fcabca9b30822fc66435fca6b1aa40bb1"),
+      (
+        DataFile("README.md"),
+        *_files(
+          "anaphor_number_agreement.jsonl",
+          "determiner_noun_agreement_1.jsonl",
+          "regular_plural_subject_verb_agreement_1.jsonl",
+          prefix="data/",
+        ),
+      ),
+      1_376_526,
+    ),
     DataSet(
-        "lama_squad",
-        "LAMA SQuAD cloze probes (305) and the relation templates (the copy in "
-        "norakassner/BERT-kNN of LAMA's data.zip)",
-        "CC BY-NC 4.0: research use only", "https://github.com/facebookresearch/LAMA",
-        _gh("norakassner/BERT-kNN", "f9c832b3a9851ce4e0b19592e0092df90e5a3fee"),
-        (DataFile("relations.jsonl", "data/relations.jsonl"),
-         DataFile("test.jsonl", "data/Squad/test.jsonl")), 62_113),
-)}
+      "lama_squad",
+      "LAMA SQuAD cloze probes (305) and the relation templates (the copy in "
+      "norakassner/BERT-kNN of LAMA's data.zip)",
+      "CC BY-NC 4.0: research use only",
+      "https://github.com/facebookresearch/LAMA",
+      _gh("norakassner/BERT-kNN", "f9c832b3a9851ce4e0b19592e0092df90e5a3fee"),
+      (
+        DataFile("relations.jsonl", "data/relations.jsonl"),
+        DataFile("test.jsonl", "data/Squad/test.jsonl"),
+      ),
+      62_113,
+    ),
+  )
+}
 
 
 def checksums() -> dict[str, str]:
@@ -230,8 +268,7 @@ def _fetch_hint(names: Sequence[str]) -> str:
   return f"bertjax data fetch {'all' if every else ' '.join(names)}"
 
 
-def find_root(data_dir: str | os.PathLike | None = None,
-              need: Sequence[str] = ()) -> pathlib.Path:
+def find_root(data_dir: str | os.PathLike | None = None, need: Sequence[str] = ()) -> pathlib.Path:
   """The first data directory of `search_path(data_dir)` that holds every set in `need`.
 
   Args:
@@ -258,10 +295,14 @@ def find_root(data_dir: str | os.PathLike | None = None,
     msg = f"{what} found (looked in {where})"
   it = "them" if len(need) != 1 else "it"
   if data_dir is not None:
-    raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)} --to {places[0]}` to download "
-                            f"{it} there, or give --data-dir the directory that holds {it}")
-  raise DataNotFoundError(f"{msg}; run `{_fetch_hint(need)}` to download {it}, or pass "
-                          "--data-dir DIR (a directory holding ud_english_ewt/, blimp/, ...)")
+    raise DataNotFoundError(
+      f"{msg}; run `{_fetch_hint(need)} --to {places[0]}` to download "
+      f"{it} there, or give --data-dir the directory that holds {it}"
+    )
+  raise DataNotFoundError(
+    f"{msg}; run `{_fetch_hint(need)}` to download {it}, or pass "
+    "--data-dir DIR (a directory holding ud_english_ewt/, blimp/, ...)"
+  )
 
 
 def find(name: str, data_dir: str | os.PathLike | None = None) -> pathlib.Path:
@@ -300,8 +341,7 @@ def status(name: str | DataSet, root: str | os.PathLike) -> str:
   return "ok"
 
 
-def locate(name: str, data_dir: str | os.PathLike | None = None
-           ) -> tuple[str, pathlib.Path | None]:
+def locate(name: str, data_dir: str | os.PathLike | None = None) -> tuple[str, pathlib.Path | None]:
   """`(status, folder)` of set `name`: the first complete copy on the search path, else the
   first partial one, else `("missing", None)`."""
   found = [(status(name, r), r / name) for r in search_path(data_dir)]
@@ -327,7 +367,7 @@ def resolve_names(names: str | Iterable[str]) -> list[str]:
     raise DataError(f"name a data set to fetch: {', '.join(DATASETS)} or all")
   out = []
   for n in names:
-    for m in (DATASETS if n == "all" else [_dataset(n).name]):
+    for m in DATASETS if n == "all" else [_dataset(n).name]:
       if m not in out:
         out.append(m)
   return out
@@ -336,8 +376,9 @@ def resolve_names(names: str | Iterable[str]) -> list[str]:
 # Fetching -----------------------------------------------------------------------------------
 
 
-def _download(url: str, dest: pathlib.Path, *, expected: str | None, label: str, progress: bool,
-              timeout: float) -> None:
+def _download(
+  url: str, dest: pathlib.Path, *, expected: str | None, label: str, progress: bool, timeout: float
+) -> None:
   """Streams `url` to `dest`, checking the byte count and (when given) the SHA-256 sum."""
   from tqdm.auto import tqdm
 
@@ -353,8 +394,16 @@ def _download(url: str, dest: pathlib.Path, *, expected: str | None, label: str,
   length = resp.headers.get("Content-Length")
   total = int(length) if length and length.isdigit() else None
   h, got = hashlib.sha256(), 0
-  bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
-             disable=None if progress else True, leave=False, file=sys.stderr)
+  bar = tqdm(
+    total=total,
+    unit="B",
+    unit_scale=True,
+    unit_divisor=1024,
+    desc=label,
+    disable=None if progress else True,
+    leave=False,
+    file=sys.stderr,
+  )
   try:
     with resp, open(dest, "wb") as f:
       while True:
@@ -366,19 +415,22 @@ def _download(url: str, dest: pathlib.Path, *, expected: str | None, label: str,
         got += len(chunk)
         bar.update(len(chunk))
   except (OSError, http.client.HTTPException) as e:
-    raise DataError(f"download of {label} from {url} interrupted after {got} bytes "
-                    f"({type(e).__name__}: {e})") from None
+    raise DataError(
+      f"download of {label} from {url} interrupted after {got} bytes ({type(e).__name__}: {e})"
+    ) from None
   finally:
     bar.close()
   if total is not None and got != total:
     raise DataError(f"download of {label} from {url} interrupted: got {got} of {total} bytes")
   if expected is not None and h.hexdigest() != expected:
-    raise DataError(f"checksum mismatch for {label}: expected sha256 {expected}, got "
-                    f"{h.hexdigest()} (from {url})")
+    raise DataError(
+      f"checksum mismatch for {label}: expected sha256 {expected}, got {h.hexdigest()} (from {url})"
+    )
 
 
-def _unpack(archive: pathlib.Path, ds: DataSet, folder: pathlib.Path, sums: Mapping[str, str]
-            ) -> None:
+def _unpack(
+  archive: pathlib.Path, ds: DataSet, folder: pathlib.Path, sums: Mapping[str, str]
+) -> None:
   """Unpacks `ds.files` (members `f.src`) from `archive` into `folder`, verifying each."""
   name = ds.archive or ""
   if zipfile.is_zipfile(archive):
@@ -405,14 +457,23 @@ def _copy_members(ds, folder, sums, members, opener, archive_name) -> None:
         out.write(chunk)
         h.update(chunk)
     if h.hexdigest() != sums[label]:
-      raise DataError(f"checksum mismatch for {label}: expected sha256 {sums[label]}, got "
-                      f"{h.hexdigest()} (from {archive_name})")
+      raise DataError(
+        f"checksum mismatch for {label}: expected sha256 {sums[label]}, got "
+        f"{h.hexdigest()} (from {archive_name})"
+      )
 
 
-def fetch_one(ds: DataSet, to: str | os.PathLike | None = None, *, mirror: str | None = None,
-              force: bool = False, progress: bool = True, timeout: float = 60.0,
-              sums: Mapping[str, str] | None = None,
-              log: Callable[[str], None] = print) -> pathlib.Path:
+def fetch_one(
+  ds: DataSet,
+  to: str | os.PathLike | None = None,
+  *,
+  mirror: str | None = None,
+  force: bool = False,
+  progress: bool = True,
+  timeout: float = 60.0,
+  sums: Mapping[str, str] | None = None,
+  log: Callable[[str], None] = print,
+) -> pathlib.Path:
   """Downloads one data set into `to/ds.name`, verified, and returns that folder.
 
   Args:
@@ -452,15 +513,27 @@ def fetch_one(ds: DataSet, to: str | os.PathLike | None = None, *, mirror: str |
   try:
     if ds.archive and not mirror:
       archive = tmp / ".archive"
-      _download(f"{ds.base_url}/{ds.archive}", archive, expected=None,
-                label=f"{ds.name}/{ds.archive}", progress=progress, timeout=timeout)
+      _download(
+        f"{ds.base_url}/{ds.archive}",
+        archive,
+        expected=None,
+        label=f"{ds.name}/{ds.archive}",
+        progress=progress,
+        timeout=timeout,
+      )
       _unpack(archive, ds, tmp, sums)
       archive.unlink()
     else:
       for f in ds.files:
         url = f"{mirror}/{ds.name}/{f.path}" if mirror else ds.url(f)
-        _download(url, tmp / f.path, expected=sums[f"{ds.name}/{f.path}"],
-                  label=f"{ds.name}/{f.path}", progress=progress, timeout=timeout)
+        _download(
+          url,
+          tmp / f.path,
+          expected=sums[f"{ds.name}/{f.path}"],
+          label=f"{ds.name}/{f.path}",
+          progress=progress,
+          timeout=timeout,
+        )
     _move_into_place(tmp, folder, ds)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
@@ -480,16 +553,24 @@ def _move_into_place(tmp: pathlib.Path, folder: pathlib.Path, ds: DataSet) -> No
     os.replace(tmp / f.path, dest)
 
 
-def fetch(names: str | Iterable[str] = "all", to: str | os.PathLike | None = None, *,
-          mirror: str | None = None, force: bool = False, progress: bool = True,
-          log: Callable[[str], None] = print) -> list[pathlib.Path]:
+def fetch(
+  names: str | Iterable[str] = "all",
+  to: str | os.PathLike | None = None,
+  *,
+  mirror: str | None = None,
+  force: bool = False,
+  progress: bool = True,
+  log: Callable[[str], None] = print,
+) -> list[pathlib.Path]:
   """Downloads data sets by name (`"all"` for every one); see `fetch_one`.
 
   Returns:
     The folders of the sets, in order.
   """
-  return [fetch_one(DATASETS[n], to, mirror=mirror, force=force, progress=progress, log=log)
-          for n in resolve_names(names)]
+  return [
+    fetch_one(DATASETS[n], to, mirror=mirror, force=force, progress=progress, log=log)
+    for n in resolve_names(names)
+  ]
 
 
 def describe(data_dir: str | os.PathLike | None = None) -> list[dict[str, object]]:
@@ -497,9 +578,19 @@ def describe(data_dir: str | os.PathLike | None = None) -> list[dict[str, object
   rows = []
   for ds in DATASETS.values():
     state, path = locate(ds.name, data_dir)
-    rows.append({"name": ds.name, "title": ds.title, "license": ds.license, "size": ds.size,
-                 "homepage": ds.homepage, "source": ds.base_url, "archive": ds.archive,
-                 "status": state, "path": path})
+    rows.append(
+      {
+        "name": ds.name,
+        "title": ds.title,
+        "license": ds.license,
+        "size": ds.size,
+        "homepage": ds.homepage,
+        "source": ds.base_url,
+        "archive": ds.archive,
+        "status": state,
+        "path": path,
+      }
+    )
   return rows
 
 

@@ -23,7 +23,16 @@ from typing import Any
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
 from bertjax.model.families import FAMILIES, LAYER_TYPES, MODEL_TYPES, Family, family
 
-_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+_ACTIVATIONS = (
+  "gelu",
+  "gelu_new",
+  "gelu_pytorch_tanh",
+  "gelu_fast",
+  "relu",
+  "silu",
+  "swish",
+  "tanh",
+)
 # `classifier_pooling` values per family (ModernBERT's and EuroBERT's names).
 _POOLINGS = {"modernbert": ("cls", "mean"), "eurobert": ("bos", "mean", "late")}
 _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
@@ -113,9 +122,17 @@ class BertConfig:
   legacy: bool = True
 
   def __post_init__(self):
-    for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "max_position_embeddings",
-                 "inner_group_num", "num_labels", "scan_unroll"):
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "max_position_embeddings",
+      "inner_group_num",
+      "num_labels",
+      "scan_unroll",
+    ):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
@@ -124,45 +141,65 @@ class BertConfig:
     fam = self.family
     least = int(fam.token_types and not fam.optional_token_types)
     if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < least:
-      raise ValueError(f"type_vocab_size={self.type_vocab_size!r} must be an int >= "
-                       f"{least} for model_type={self.model_type!r}")
+      raise ValueError(
+        f"type_vocab_size={self.type_vocab_size!r} must be an int >= "
+        f"{least} for model_type={self.model_type!r}"
+      )
     if not fam.token_types and self.type_vocab_size:
-      raise ValueError(f"model_type={self.model_type!r} has no token-type embeddings; got "
-                       f"type_vocab_size={self.type_vocab_size}")
+      raise ValueError(
+        f"model_type={self.model_type!r} has no token-type embeddings; got "
+        f"type_vocab_size={self.type_vocab_size}"
+      )
     if self.label_names is not None and len(self.label_names) != self.num_labels:
-      raise ValueError(f"label_names={self.label_names} must name num_labels={self.num_labels} "
-                       "classes")
+      raise ValueError(
+        f"label_names={self.label_names} must name num_labels={self.num_labels} classes"
+      )
     if not isinstance(self.pad_token_id, int) or not 0 <= self.pad_token_id < self.vocab_size:
-      raise ValueError(f"pad_token_id={self.pad_token_id!r} must be an id in [0, "
-                       f"vocab_size={self.vocab_size})")
+      raise ValueError(
+        f"pad_token_id={self.pad_token_id!r} must be an id in [0, vocab_size={self.vocab_size})"
+      )
     if self.max_length < 1:
-      raise ValueError(f"max_position_embeddings={self.max_position_embeddings} leaves no usable "
-                       f"positions after pad_token_id={self.pad_token_id} ({self.model_type})")
-    for name, allowed in (("hidden_act", _ACTIVATIONS), ("dtype", _DTYPES),
-                          ("attention_impl", _ATTENTION_IMPLS), ("quantize", (None, "int8")),
-                          ("relevance_rules", (None, "attnlrp", "cp-lrp"))):
+      raise ValueError(
+        f"max_position_embeddings={self.max_position_embeddings} leaves no usable "
+        f"positions after pad_token_id={self.pad_token_id} ({self.model_type})"
+      )
+    for name, allowed in (
+      ("hidden_act", _ACTIVATIONS),
+      ("dtype", _DTYPES),
+      ("attention_impl", _ATTENTION_IMPLS),
+      ("quantize", (None, "int8")),
+      ("relevance_rules", (None, "attnlrp", "cp-lrp")),
+    ):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{name}={getattr(self, name)!r} must be one of {allowed}")
     if self.hidden_size % self.num_attention_heads:
       raise ValueError(
-          f"hidden_size={self.hidden_size} must be divisible by "
-          f"num_attention_heads={self.num_attention_heads}")
+        f"hidden_size={self.hidden_size} must be divisible by "
+        f"num_attention_heads={self.num_attention_heads}"
+      )
     groups = self.groups
     if not 1 <= groups <= self.num_hidden_layers:
       raise ValueError(
-          f"num_hidden_groups={groups} must be in [1, num_hidden_layers={self.num_hidden_layers}]")
+        f"num_hidden_groups={groups} must be in [1, num_hidden_layers={self.num_hidden_layers}]"
+      )
     if not fam.shared_layers and (groups != self.num_hidden_layers or self.inner_group_num != 1):
       raise ValueError(
-          f"model_type={self.model_type!r} has no layer sharing: got num_hidden_groups={groups}, "
-          f"inner_group_num={self.inner_group_num}; use model_type='albert'")
+        f"model_type={self.model_type!r} has no layer sharing: got num_hidden_groups={groups}, "
+        f"inner_group_num={self.inner_group_num}; use model_type='albert'"
+      )
     for layer, heads in self.pruned_heads:
       if fam.shared_layers:
-        raise ValueError(f"pruned_heads is not supported for model_type={self.model_type!r} "
-                         "(its layers share weights: use head masks)")
+        raise ValueError(
+          f"pruned_heads is not supported for model_type={self.model_type!r} "
+          "(its layers share weights: use head masks)"
+        )
       if not 0 <= layer < self.num_hidden_layers or any(
-          not 0 <= h < self.num_attention_heads for h in heads):
-        raise ValueError(f"pruned_heads entry {(layer, heads)} is out of range for "
-                         f"{self.num_hidden_layers} layers x {self.num_attention_heads} heads")
+        not 0 <= h < self.num_attention_heads for h in heads
+      ):
+        raise ValueError(
+          f"pruned_heads entry {(layer, heads)} is out of range for "
+          f"{self.num_hidden_layers} layers x {self.num_attention_heads} heads"
+        )
     for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
@@ -174,31 +211,46 @@ class BertConfig:
       if field in fam.config_defaults and field not in fam.config_fields:
         fixed = fam.config_defaults[field]
         if getattr(self, field) != fixed:
-          raise ValueError(f"{field}={getattr(self, field)!r}: a {self.model_type} block has "
-                           f"{field}={fixed!r} (BertConfig.for_family({self.model_type!r}, ...) "
-                           "starts from the family's values)")
+          raise ValueError(
+            f"{field}={getattr(self, field)!r}: a {self.model_type} block has "
+            f"{field}={fixed!r} (BertConfig.for_family({self.model_type!r}, ...) "
+            "starts from the family's values)"
+          )
     kv = self.num_key_value_heads
     if kv is not None and (not isinstance(kv, int) or kv < 1 or self.num_attention_heads % kv):
-      raise ValueError(f"num_key_value_heads={kv!r} must be a positive divisor of "
-                       f"num_attention_heads={self.num_attention_heads}")
+      raise ValueError(
+        f"num_key_value_heads={kv!r} must be a positive divisor of "
+        f"num_attention_heads={self.num_attention_heads}"
+      )
     if kv not in (None, self.num_attention_heads) and self.pruned_heads:
-      raise ValueError("pruned_heads is not supported with grouped key/value heads "
-                       f"(num_key_value_heads={kv}); use head masks")
+      raise ValueError(
+        "pruned_heads is not supported with grouped key/value heads "
+        f"(num_key_value_heads={kv}); use head masks"
+      )
     rotary = fam.positions == "rotary"
     for name in ("rope_theta", "local_rope_theta"):
       value = getattr(self, name)
       if value is not None and (not rotary or not isinstance(value, (int, float)) or value <= 0):
-        raise ValueError(f"{name}={value!r}: " + (
-            "must be a positive number" if rotary else
-            f"model_type={self.model_type!r} has no rotary positions"))
+        raise ValueError(
+          f"{name}={value!r}: "
+          + (
+            "must be a positive number"
+            if rotary
+            else f"model_type={self.model_type!r} has no rotary positions"
+          )
+        )
     if rotary and self.rope_theta is None:
-      raise ValueError(f"model_type={self.model_type!r} has rotary positions: rope_theta is "
-                       "required")
+      raise ValueError(
+        f"model_type={self.model_type!r} has rotary positions: rope_theta is required"
+      )
     if self.layer_types is not None:
-      if (len(self.layer_types) != self.num_hidden_layers
-          or any(t not in LAYER_TYPES for t in self.layer_types)):
-        raise ValueError(f"layer_types={self.layer_types} must give one of {LAYER_TYPES} for "
-                         f"each of the {self.num_hidden_layers} layers")
+      if len(self.layer_types) != self.num_hidden_layers or any(
+        t not in LAYER_TYPES for t in self.layer_types
+      ):
+        raise ValueError(
+          f"layer_types={self.layer_types} must give one of {LAYER_TYPES} for "
+          f"each of the {self.num_hidden_layers} layers"
+        )
       if "sliding_attention" in self.layer_types and self.sliding_window is None:
         raise ValueError("layer_types has sliding_attention layers: sliding_window is required")
     w = self.sliding_window
@@ -206,59 +258,85 @@ class BertConfig:
       raise ValueError(f"sliding_window={w!r} must be an int >= 2")
     self._check_disentangled(fam)
     if fam.position_bias == "relative_buckets" and self.relative_attention_num_buckets < 32:
-      raise ValueError(f"relative_attention_num_buckets={self.relative_attention_num_buckets} "
-                       f"must be >= 32 ({self.model_type} buckets distances into 32)")
+      raise ValueError(
+        f"relative_attention_num_buckets={self.relative_attention_num_buckets} "
+        f"must be >= 32 ({self.model_type} buckets distances into 32)"
+      )
     poolings = _POOLINGS.get(self.model_type, ("cls",))
     if self.classifier_pooling not in poolings:
-      raise ValueError(f"classifier_pooling={self.classifier_pooling!r} must be one of "
-                       f"{poolings} for model_type={self.model_type!r}")
-    if self.classifier_activation is not None and self.classifier_activation not in _ACTIVATIONS:
-      raise ValueError(f"classifier_activation={self.classifier_activation!r} must be one of "
-                       f"{_ACTIVATIONS}")
-    if fam.ffn_dropout == "inside" and self.hidden_dropout_prob != self.attention_probs_dropout_prob:
       raise ValueError(
-          f"a {self.model_type} model has one dropout rate in bertjax: hidden_dropout_prob="
-          f"{self.hidden_dropout_prob} and attention_probs_dropout_prob="
-          f"{self.attention_probs_dropout_prob} must be equal")
+        f"classifier_pooling={self.classifier_pooling!r} must be one of "
+        f"{poolings} for model_type={self.model_type!r}"
+      )
+    if self.classifier_activation is not None and self.classifier_activation not in _ACTIVATIONS:
+      raise ValueError(
+        f"classifier_activation={self.classifier_activation!r} must be one of {_ACTIVATIONS}"
+      )
+    if (
+      fam.ffn_dropout == "inside" and self.hidden_dropout_prob != self.attention_probs_dropout_prob
+    ):
+      raise ValueError(
+        f"a {self.model_type} model has one dropout rate in bertjax: hidden_dropout_prob="
+        f"{self.hidden_dropout_prob} and attention_probs_dropout_prob="
+        f"{self.attention_probs_dropout_prob} must be equal"
+      )
 
   def _check_disentangled(self, fam: Family) -> None:
     """DeBERTa's options: only on its family, each value checked by name."""
     if fam.position_bias != "disentangled":
       for name, default in _DISENTANGLED_DEFAULTS.items():
         if getattr(self, name) != default:
-          raise ValueError(f"{name}={getattr(self, name)!r} is a DeBERTa option; "
-                           f"model_type={self.model_type!r} has no disentangled attention")
+          raise ValueError(
+            f"{name}={getattr(self, name)!r} is a DeBERTa option; "
+            f"model_type={self.model_type!r} has no disentangled attention"
+          )
       return
     terms = self.pos_att_type
     if isinstance(terms, (str, list)):  # config.json's "p2c|c2p" or a list, as a tuple
-      terms = tuple(t.strip().lower() for t in (terms.split("|") if isinstance(terms, str)
-                                                else terms) if str(t).strip())
+      terms = tuple(
+        t.strip().lower()
+        for t in (terms.split("|") if isinstance(terms, str) else terms)
+        if str(t).strip()
+      )
       object.__setattr__(self, "pos_att_type", terms)
-    if not isinstance(terms, tuple) or any(t not in _POS_ATT_TYPES for t in terms) or len(
-        set(terms)) != len(terms):
-      raise ValueError(f"pos_att_type={terms!r} must be a tuple of distinct terms from "
-                       f"{_POS_ATT_TYPES}")
+    if (
+      not isinstance(terms, tuple)
+      or any(t not in _POS_ATT_TYPES for t in terms)
+      or len(set(terms)) != len(terms)
+    ):
+      raise ValueError(
+        f"pos_att_type={terms!r} must be a tuple of distinct terms from {_POS_ATT_TYPES}"
+      )
     if self.norm_rel_ebd not in ("none", "layer_norm"):
       raise ValueError(f"norm_rel_ebd={self.norm_rel_ebd!r} must be 'none' or 'layer_norm'")
     for name in ("position_buckets", "max_relative_positions"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an int (<= 0: unset)")
-    if self.position_buckets == 1 or (0 < self.position_buckets
-                                      and self.rel_max_position <= self.position_buckets // 2):
-      raise ValueError(f"position_buckets={self.position_buckets} needs max_relative_positions="
-                       f"{self.rel_max_position} > position_buckets // 2 (and >= 2 buckets)")
+        # ValueError, as every other bad config field gets.
+        raise ValueError(f"{name}={value!r} must be an int (<= 0: unset)")  # noqa: TRY004
+    if self.position_buckets == 1 or (
+      0 < self.position_buckets and self.rel_max_position <= self.position_buckets // 2
+    ):
+      raise ValueError(
+        f"position_buckets={self.position_buckets} needs max_relative_positions="
+        f"{self.rel_max_position} > position_buckets // 2 (and >= 2 buckets)"
+      )
     if not self.legacy and self.embed_dim != self.hidden_size:
-      raise ValueError(f"legacy=False (DeBERTa's lm_predictions head) needs embedding_size="
-                       f"{self.embed_dim} == hidden_size={self.hidden_size}")
+      raise ValueError(
+        f"legacy=False (DeBERTa's lm_predictions head) needs embedding_size="
+        f"{self.embed_dim} == hidden_size={self.hidden_size}"
+      )
 
   # Derived structure -------------------------------------------------------
 
   @property
   def rel_max_position(self) -> int:
     """DeBERTa's `max_relative_positions`, or `max_position_embeddings` when unset."""
-    return self.max_relative_positions if self.max_relative_positions >= 1 else (
-        self.max_position_embeddings)
+    return (
+      self.max_relative_positions
+      if self.max_relative_positions >= 1
+      else (self.max_position_embeddings)
+    )
 
   @property
   def rel_span(self) -> int:
@@ -288,7 +366,6 @@ class BertConfig:
   def lm_head_layout(self) -> bool:
     """DeBERTa's MLM head in its own layout (`lm_predictions.lm_head`, `legacy=False`)."""
     return not self.legacy
-
 
   @property
   def family(self) -> Family:
@@ -418,8 +495,9 @@ class BertConfig:
     if types and "layer_types" not in overrides and len(types) != fields["num_hidden_layers"]:
       # A preset's layer pattern repeats (ModernBERT: global every third layer); another depth
       # keeps the pattern rather than failing on the preset's own count.
-      period = next(p for p in range(1, len(types) + 1)
-                    if all(t == types[i % p] for i, t in enumerate(types)))
+      period = next(
+        p for p in range(1, len(types) + 1) if all(t == types[i % p] for i, t in enumerate(types))
+      )
       fields["layer_types"] = tuple(types[i % period] for i in range(fields["num_hidden_layers"]))
     return cls.for_family(fields.pop("model_type", "bert"), **fields)
 
@@ -430,15 +508,20 @@ class BertConfig:
     """Builds a config from a Hugging Face `config.json` dictionary of any supported family."""
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
-      raise ValueError(f"model_type={model_type!r} in config.json is not supported; "
-                       f"expected one of {MODEL_TYPES}")
+      raise ValueError(
+        f"model_type={model_type!r} in config.json is not supported; expected one of {MODEL_TYPES}"
+      )
     fam = FAMILIES[model_type]
     if hf.get("position_embedding_type", "absolute") != "absolute":
-      raise ValueError(f"position_embedding_type={hf['position_embedding_type']!r} is not "
-                       "supported; expected 'absolute'")
+      raise ValueError(
+        f"position_embedding_type={hf['position_embedding_type']!r} is not "
+        "supported; expected 'absolute'"
+      )
     if hf.get("tie_word_embeddings") is False and "tie_word_embeddings" not in fam.config_fields:
-      raise ValueError(f"tie_word_embeddings=False is not supported for {model_type}: bertjax "
-                       "ties its MLM decoder to the word embeddings")
+      raise ValueError(
+        f"tie_word_embeddings=False is not supported for {model_type}: bertjax "
+        "ties its MLM decoder to the word embeddings"
+      )
     kwargs: dict[str, Any] = {"model_type": model_type}
     for field in fam.config_fields:
       value = hf.get(fam.config_keys.get(field, field))
@@ -452,8 +535,9 @@ class BertConfig:
     labels = hf.get("id2label") or {}
     kwargs["num_labels"] = hf.get("num_labels") or len(labels) or 2
     if labels and len(labels) == kwargs["num_labels"]:
-      names = tuple(str(labels.get(str(i), labels.get(i, f"LABEL_{i}")))
-                    for i in range(len(labels)))
+      names = tuple(
+        str(labels.get(str(i), labels.get(i, f"LABEL_{i}"))) for i in range(len(labels))
+      )
       if names != tuple(f"LABEL_{i}" for i in range(len(labels))):
         kwargs["label_names"] = names
     pruned = {int(k): tuple(sorted(set(v))) for k, v in (hf.get("pruned_heads") or {}).items()}
@@ -469,28 +553,37 @@ class BertConfig:
     fam = self.family
     if self.has_embedding_projection and "embedding_size" not in fam.config_fields:
       raise ValueError(
-          f"a {self.model_type} config with embedding_size={self.embed_dim} != hidden_size="
-          f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert' or "
-          "'electra'")
+        f"a {self.model_type} config with embedding_size={self.embed_dim} != hidden_size="
+        f"{self.hidden_size} has no Hugging Face equivalent; use model_type='albert' or "
+        "'electra'"
+      )
     for field in sorted(set(fam.config_defaults) - set(fam.config_fields)):
       if field in _BLOCK_KEYS:
         continue  # written below in the family's own layout
       if getattr(self, field) != fam.config_defaults[field]:
-        raise ValueError(f"{field}={getattr(self, field)!r} has no Hugging Face equivalent for "
-                         f"model_type={self.model_type!r} (it is fixed at "
-                         f"{fam.config_defaults[field]!r})")
-    values = dict(embedding_size=self.embed_dim, num_hidden_groups=self.groups,
-                  classifier_dropout_prob=(self.classifier_dropout if fam.shared_layers
-                                           else self.classifier_dropout_prob))
+        raise ValueError(
+          f"{field}={getattr(self, field)!r} has no Hugging Face equivalent for "
+          f"model_type={self.model_type!r} (it is fixed at "
+          f"{fam.config_defaults[field]!r})"
+        )
+    values = dict(
+      embedding_size=self.embed_dim,
+      num_hidden_groups=self.groups,
+      classifier_dropout_prob=(
+        self.classifier_dropout if fam.shared_layers else self.classifier_dropout_prob
+      ),
+    )
     hf: dict[str, Any] = {"model_type": self.model_type}
     for field in fam.config_fields:
       hf[fam.config_keys.get(field, field)] = values.get(field, getattr(self, field))
     if fam.positions != "rotary" and not fam.position_bias:
       hf["position_embedding_type"] = "absolute"
     hf.update(self._hf_block_options())
-    hf.update(num_labels=self.num_labels,
-              id2label={str(i): self.label_name(i) for i in range(self.num_labels)},
-              label2id={self.label_name(i): i for i in range(self.num_labels)})
+    hf.update(
+      num_labels=self.num_labels,
+      id2label={str(i): self.label_name(i) for i in range(self.num_labels)},
+      label2id={self.label_name(i): i for i in range(self.num_labels)},
+    )
     if self.is_pruned:
       hf["pruned_heads"] = {str(layer): list(heads) for layer, heads in self.pruned_heads}
     if architectures:
@@ -506,8 +599,9 @@ class BertConfig:
       if self.model_type == "modernbert" or self.layer_types is not None:
         local = self.local_rope_theta if self.local_rope_theta is not None else self.rope_theta
         hf["rope_parameters"] = {
-            "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
-            "sliding_attention": {"rope_type": "default", "rope_theta": local}}
+          "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
+          "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        }
       else:
         hf["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.layer_types is not None or self.model_type == "modernbert":
@@ -520,14 +614,26 @@ class BertConfig:
 
 
 # DeBERTa's config fields and their values on every other family.
-_DISENTANGLED_DEFAULTS = dict(relative_attention=False, pos_att_type=(), position_buckets=-1,
-                              max_relative_positions=-1, share_att_key=False,
-                              norm_rel_ebd="none", position_biased_input=True, legacy=True)
+_DISENTANGLED_DEFAULTS = dict(
+  relative_attention=False,
+  pos_att_type=(),
+  position_buckets=-1,
+  max_relative_positions=-1,
+  share_att_key=False,
+  norm_rel_ebd="none",
+  position_biased_input=True,
+  legacy=True,
+)
 _POS_ATT_TYPES = ("c2p", "p2c")
 
 # Block fields a family may fix (in its config_defaults, not read from config.json).
-_FIXED_BLOCK_FIELDS = ("norm_bias", "attention_bias", "mlp_bias", "tie_word_embeddings",
-                       "classifier_pooling")
+_FIXED_BLOCK_FIELDS = (
+  "norm_bias",
+  "attention_bias",
+  "mlp_bias",
+  "tie_word_embeddings",
+  "classifier_pooling",
+)
 
 # Config fields read from (and written to) config.json in a family's own layout
 # (`_hf_block_options`), not as a plain key.
@@ -540,12 +646,15 @@ def _rope_theta(params: Any, where: str) -> float | None:
     return None
   rope_type = params.get("rope_type", params.get("type", "default"))
   if rope_type != "default":
-    raise ValueError(f"{where} has rope_type={rope_type!r}; bertjax supports 'default' rotary "
-                     "positions only")
+    raise ValueError(
+      f"{where} has rope_type={rope_type!r}; bertjax supports 'default' rotary positions only"
+    )
   for key in ("factor", "partial_rotary_factor"):
     if params.get(key) not in (None, 1, 1.0):
-      raise ValueError(f"{where} has {key}={params[key]!r}; bertjax supports plain rotary "
-                       "positions over the whole head only")
+      raise ValueError(
+        f"{where} has {key}={params[key]!r}; bertjax supports plain rotary "
+        "positions over the whole head only"
+      )
   return params.get("rope_theta")
 
 
@@ -560,8 +669,10 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
   head_dim = hf.get("head_dim")
   heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
   if head_dim is not None and heads and hidden and head_dim * heads != hidden:
-    raise ValueError(f"head_dim={head_dim} with num_attention_heads={heads} does not give "
-                     f"hidden_size={hidden}; bertjax needs head_dim = hidden_size / heads")
+    raise ValueError(
+      f"head_dim={head_dim} with num_attention_heads={heads} does not give "
+      f"hidden_size={hidden}; bertjax needs head_dim = hidden_size / heads"
+    )
   if fam.positions == "rotary":
     rope = hf.get("rope_parameters") or hf.get("rope_scaling")
     if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
@@ -579,16 +690,20 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
     types = hf.get("layer_types")
     if types is None:
       every = hf.get("global_attn_every_n_layers", 3)
-      types = ["sliding_attention" if i % every else "full_attention"
-               for i in range(hf.get("num_hidden_layers", 22))]
+      types = [
+        "sliding_attention" if i % every else "full_attention"
+        for i in range(hf.get("num_hidden_layers", 22))
+      ]
     out["layer_types"] = tuple(types)
   if fam.ffn_dropout == "inside":
     for key in ("embedding_dropout",):
       rate = hf.get(key, 0.0)
       mlp = hf.get(fam.config_keys.get("hidden_dropout_prob", "hidden_dropout_prob"), 0.0)
       if rate != mlp:
-        raise ValueError(f"{key}={rate} differs from mlp_dropout={mlp}: bertjax gives a "
-                         f"{fam.model_type} model one dropout rate")
+        raise ValueError(
+          f"{key}={rate} differs from mlp_dropout={mlp}: bertjax gives a "
+          f"{fam.model_type} model one dropout rate"
+        )
   return out
 
 
@@ -597,87 +712,173 @@ def _hf_disentangled_options(hf: dict[str, Any]) -> dict[str, Any]:
   as `BertConfig` normalises it), `norm_rel_ebd` lower-cased; the convolution after block 0
   of some v2 checkpoints is refused by name."""
   if hf.get("conv_kernel_size", 0) > 0:
-    raise ValueError(f"conv_kernel_size={hf['conv_kernel_size']} (the convolution DeBERTa-v2 "
-                     "xlarge/xxlarge add after block 0) is not supported by bertjax")
+    raise ValueError(
+      f"conv_kernel_size={hf['conv_kernel_size']} (the convolution DeBERTa-v2 "
+      "xlarge/xxlarge add after block 0) is not supported by bertjax"
+    )
   out: dict[str, Any] = {"pos_att_type": hf.get("pos_att_type") or ()}
   if hf.get("embedding_size") in (None, hf.get("hidden_size")):
     out["embedding_size"] = None  # not factorised (transformers writes it either way)
   if hf.get("norm_rel_ebd") is not None:
     out["norm_rel_ebd"] = "|".join(t.strip() for t in str(hf["norm_rel_ebd"]).lower().split("|"))
-  if hf.get("attention_head_size") not in (None, hf.get("hidden_size", 0) // max(
-      hf.get("num_attention_heads", 1), 1)):
-    raise ValueError(f"attention_head_size={hf['attention_head_size']} differs from hidden_size"
-                     " / num_attention_heads; bertjax needs head_dim = hidden_size / heads")
+  if hf.get("attention_head_size") not in (
+    None,
+    hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1),
+  ):
+    raise ValueError(
+      f"attention_head_size={hf['attention_head_size']} differs from hidden_size"
+      " / num_attention_heads; bertjax needs head_dim = hidden_size / heads"
+    )
   return out
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Devlin et al. 2019.
-    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                      intermediate_size=3072),
-    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                       intermediate_size=4096),
-    # Turc et al. 2019 ("Well-read students"): the small BERT family.
-    "bert-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=512),
-    "bert-mini": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                      intermediate_size=1024),
-    "bert-small": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8,
-                       intermediate_size=2048),
-    "bert-medium": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                        intermediate_size=2048),
-    # Lan et al. 2020.
-    "albert-base": dict(model_type="albert", vocab_size=30000, embedding_size=128,
-                        hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                        intermediate_size=3072, num_hidden_groups=1, hidden_act="gelu_new",
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                        classifier_dropout_prob=0.1),
-    "albert-large": dict(model_type="albert", vocab_size=30000, embedding_size=128,
-                         hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                         intermediate_size=4096, num_hidden_groups=1, hidden_act="gelu_new",
-                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                         classifier_dropout_prob=0.1),
-    # Liu et al. 2019.
-    "roberta-base": dict(model_type="roberta", vocab_size=50265, max_position_embeddings=514,
-                         type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
-    # Clark et al. 2020 (the discriminators).
-    "electra-small": dict(model_type="electra", embedding_size=128, hidden_size=256,
-                          num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024),
-    "electra-base": dict(model_type="electra", embedding_size=768),
-    # Sanh et al. 2019.
-    "distilbert-base": dict(model_type="distilbert", num_hidden_layers=6, type_vocab_size=0,
-                            classifier_dropout_prob=0.2),
-    # Song et al. 2020 (all-mpnet-base-v2's shape).
-    "mpnet-base": dict(model_type="mpnet", vocab_size=30527, max_position_embeddings=514,
-                       pad_token_id=1, type_vocab_size=0, layer_norm_eps=1e-5),
-    # Warner et al. 2024 (answerdotai/ModernBERT-base and -large).
-    "modernbert-base": dict(model_type="modernbert", vocab_size=50368, hidden_size=768,
-                            num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152,
-                            max_position_embeddings=8192, pad_token_id=50283,
-                            layer_types=tuple("sliding_attention" if i % 3 else "full_attention"
-                                              for i in range(22))),
-    "modernbert-large": dict(model_type="modernbert", vocab_size=50368, hidden_size=1024,
-                             num_hidden_layers=28, num_attention_heads=16,
-                             intermediate_size=2624, max_position_embeddings=8192,
-                             pad_token_id=50283,
-                             layer_types=tuple("sliding_attention" if i % 3 else "full_attention"
-                                               for i in range(28))),
-    # Boizard et al. 2025 (EuroBERT-210m's sizes, transformers' default config).
-    "eurobert-210m": dict(model_type="eurobert", vocab_size=128256, hidden_size=768,
-                          num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                          max_position_embeddings=8192, pad_token_id=128001),
-    # Nussbaum et al. 2024 (nomic-embed-text-v1.5's shape).
-    "nomic-bert": dict(model_type="nomic_bert", vocab_size=30528, max_position_embeddings=2048,
-                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-    # He et al. 2023 (microsoft/deberta-v3-base's shape).
-    "deberta-v3-base": dict(model_type="deberta-v2", vocab_size=128100, type_vocab_size=0,
-                            relative_attention=True, max_relative_positions=-1,
-                            position_buckets=256, norm_rel_ebd="layer_norm",
-                            share_att_key=True, pos_att_type=("p2c", "c2p"),
-                            position_biased_input=False, layer_norm_eps=1e-7),
-    # For tests: small enough to compile and run in a second on a CPU.
-    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=128, max_position_embeddings=128),
+  # Devlin et al. 2019.
+  "bert-base": dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072
+  ),
+  "bert-large": dict(
+    hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+  ),
+  # Turc et al. 2019 ("Well-read students"): the small BERT family.
+  "bert-tiny": dict(
+    hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
+  ),
+  "bert-mini": dict(
+    hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+  ),
+  "bert-small": dict(
+    hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048
+  ),
+  "bert-medium": dict(
+    hidden_size=512, num_hidden_layers=8, num_attention_heads=8, intermediate_size=2048
+  ),
+  # Lan et al. 2020.
+  "albert-base": dict(
+    model_type="albert",
+    vocab_size=30000,
+    embedding_size=128,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    num_hidden_groups=1,
+    hidden_act="gelu_new",
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    classifier_dropout_prob=0.1,
+  ),
+  "albert-large": dict(
+    model_type="albert",
+    vocab_size=30000,
+    embedding_size=128,
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    intermediate_size=4096,
+    num_hidden_groups=1,
+    hidden_act="gelu_new",
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    classifier_dropout_prob=0.1,
+  ),
+  # Liu et al. 2019.
+  "roberta-base": dict(
+    model_type="roberta",
+    vocab_size=50265,
+    max_position_embeddings=514,
+    type_vocab_size=1,
+    pad_token_id=1,
+    layer_norm_eps=1e-5,
+  ),
+  # Clark et al. 2020 (the discriminators).
+  "electra-small": dict(
+    model_type="electra",
+    embedding_size=128,
+    hidden_size=256,
+    num_hidden_layers=12,
+    num_attention_heads=4,
+    intermediate_size=1024,
+  ),
+  "electra-base": dict(model_type="electra", embedding_size=768),
+  # Sanh et al. 2019.
+  "distilbert-base": dict(
+    model_type="distilbert", num_hidden_layers=6, type_vocab_size=0, classifier_dropout_prob=0.2
+  ),
+  # Song et al. 2020 (all-mpnet-base-v2's shape).
+  "mpnet-base": dict(
+    model_type="mpnet",
+    vocab_size=30527,
+    max_position_embeddings=514,
+    pad_token_id=1,
+    type_vocab_size=0,
+    layer_norm_eps=1e-5,
+  ),
+  # Warner et al. 2024 (answerdotai/ModernBERT-base and -large).
+  "modernbert-base": dict(
+    model_type="modernbert",
+    vocab_size=50368,
+    hidden_size=768,
+    num_hidden_layers=22,
+    num_attention_heads=12,
+    intermediate_size=1152,
+    max_position_embeddings=8192,
+    pad_token_id=50283,
+    layer_types=tuple("sliding_attention" if i % 3 else "full_attention" for i in range(22)),
+  ),
+  "modernbert-large": dict(
+    model_type="modernbert",
+    vocab_size=50368,
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    intermediate_size=2624,
+    max_position_embeddings=8192,
+    pad_token_id=50283,
+    layer_types=tuple("sliding_attention" if i % 3 else "full_attention" for i in range(28)),
+  ),
+  # Boizard et al. 2025 (EuroBERT-210m's sizes, transformers' default config).
+  "eurobert-210m": dict(
+    model_type="eurobert",
+    vocab_size=128256,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=8192,
+    pad_token_id=128001,
+  ),
+  # Nussbaum et al. 2024 (nomic-embed-text-v1.5's shape).
+  "nomic-bert": dict(
+    model_type="nomic_bert",
+    vocab_size=30528,
+    max_position_embeddings=2048,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+  ),
+  # He et al. 2023 (microsoft/deberta-v3-base's shape).
+  "deberta-v3-base": dict(
+    model_type="deberta-v2",
+    vocab_size=128100,
+    type_vocab_size=0,
+    relative_attention=True,
+    max_relative_positions=-1,
+    position_buckets=256,
+    norm_rel_ebd="layer_norm",
+    share_att_key=True,
+    pos_att_type=("p2c", "c2p"),
+    position_biased_input=False,
+    layer_norm_eps=1e-7,
+  ),
+  # For tests: small enough to compile and run in a second on a CPU.
+  "tiny": dict(
+    vocab_size=1000,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=128,
+  ),
 }
 
 
@@ -688,8 +889,10 @@ def config_to_json(config: BertConfig) -> dict[str, Any]:
 
 def config_from_json(d: dict[str, Any]) -> BertConfig:
   """Inverse of `config_to_json` (JSON lists become the tuples the frozen config needs)."""
+
   def tuples(v):
     return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
   fields = {f.name for f in dataclasses.fields(BertConfig)}
   unknown = sorted(set(d) - fields)
   if unknown:

@@ -24,18 +24,18 @@ from collections.abc import Mapping
 # Roles of a layer's tensors -> our parameter path (under encoder/layers). Each role is a
 # linear module (kernel + optional bias) or a norm (scale + optional bias).
 LAYER_ROLES: dict[str, tuple[str, ...]] = {
-    "query": ("attention", "query"),
-    "key": ("attention", "key"),
-    "value": ("attention", "value"),
-    "attn_output": ("attention", "output"),
-    "attn_norm": ("attention", "LayerNorm"),
-    "ffn_in": ("intermediate",),
-    "ffn_gate": ("gate",),
-    "ffn_out": ("output",),
-    "ffn_norm": ("LayerNorm",),
-    # DeBERTa: the projections of the shared relative embeddings (absent with share_att_key).
-    "pos_key": ("attention", "pos_key"),
-    "pos_query": ("attention", "pos_query"),
+  "query": ("attention", "query"),
+  "key": ("attention", "key"),
+  "value": ("attention", "value"),
+  "attn_output": ("attention", "output"),
+  "attn_norm": ("attention", "LayerNorm"),
+  "ffn_in": ("intermediate",),
+  "ffn_gate": ("gate",),
+  "ffn_out": ("output",),
+  "ffn_norm": ("LayerNorm",),
+  # DeBERTa: the projections of the shared relative embeddings (absent with share_att_key).
+  "pos_key": ("attention", "pos_key"),
+  "pos_query": ("attention", "pos_query"),
 }
 NORM_ROLES = ("attn_norm", "ffn_norm")
 # Fused Hugging Face tensors -> the roles they hold, in order along the output axis.
@@ -50,42 +50,108 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _bert_layer(query, key, value, out, attn_norm, ffn_in, ffn_out, ffn_norm):
-  return dict(query=query, key=key, value=value, attn_output=out, attn_norm=attn_norm,
-              ffn_in=ffn_in, ffn_out=ffn_out, ffn_norm=ffn_norm)
+  return dict(
+    query=query,
+    key=key,
+    value=value,
+    attn_output=out,
+    attn_norm=attn_norm,
+    ffn_in=ffn_in,
+    ffn_out=ffn_out,
+    ffn_norm=ffn_norm,
+  )
 
 
-BERT_LAYER = _bert_layer("attention.self.query", "attention.self.key", "attention.self.value",
-                         "attention.output.dense", "attention.output.LayerNorm",
-                         "intermediate.dense", "output.dense", "output.LayerNorm")
-ALBERT_LAYER = _bert_layer("attention.query", "attention.key", "attention.value",
-                           "attention.dense", "attention.LayerNorm", "ffn", "ffn_output",
-                           "full_layer_layer_norm")
-DISTILBERT_LAYER = _bert_layer("attention.q_lin", "attention.k_lin", "attention.v_lin",
-                               "attention.out_lin", "sa_layer_norm", "ffn.lin1", "ffn.lin2",
-                               "output_layer_norm")
-MPNET_LAYER = _bert_layer("attention.attn.q", "attention.attn.k", "attention.attn.v",
-                          "attention.attn.o", "attention.LayerNorm", "intermediate.dense",
-                          "output.dense", "output.LayerNorm")
+BERT_LAYER = _bert_layer(
+  "attention.self.query",
+  "attention.self.key",
+  "attention.self.value",
+  "attention.output.dense",
+  "attention.output.LayerNorm",
+  "intermediate.dense",
+  "output.dense",
+  "output.LayerNorm",
+)
+ALBERT_LAYER = _bert_layer(
+  "attention.query",
+  "attention.key",
+  "attention.value",
+  "attention.dense",
+  "attention.LayerNorm",
+  "ffn",
+  "ffn_output",
+  "full_layer_layer_norm",
+)
+DISTILBERT_LAYER = _bert_layer(
+  "attention.q_lin",
+  "attention.k_lin",
+  "attention.v_lin",
+  "attention.out_lin",
+  "sa_layer_norm",
+  "ffn.lin1",
+  "ffn.lin2",
+  "output_layer_norm",
+)
+MPNET_LAYER = _bert_layer(
+  "attention.attn.q",
+  "attention.attn.k",
+  "attention.attn.v",
+  "attention.attn.o",
+  "attention.LayerNorm",
+  "intermediate.dense",
+  "output.dense",
+  "output.LayerNorm",
+)
 # The Llama-style layer of EuroBERT and NomicBERT (NomicBERT's norms sit after the residual).
-LLAMA_LAYER = dict(query="self_attn.q_proj", key="self_attn.k_proj", value="self_attn.v_proj",
-                   attn_output="self_attn.o_proj", ffn_gate="mlp.gate_proj",
-                   ffn_in="mlp.up_proj", ffn_out="mlp.down_proj")
-DEBERTA_LAYER = dict(_bert_layer("attention.self.query_proj", "attention.self.key_proj",
-                                  "attention.self.value_proj", "attention.output.dense",
-                                  "attention.output.LayerNorm", "intermediate.dense",
-                                  "output.dense", "output.LayerNorm"),
-                     pos_key="attention.self.pos_key_proj",
-                     pos_query="attention.self.pos_query_proj")
-MODERNBERT_LAYER = dict(qkv="attn.Wqkv", attn_output="attn.Wo", attn_norm="attn_norm",
-                        gate_in="mlp.Wi", ffn_out="mlp.Wo", ffn_norm="mlp_norm")
+LLAMA_LAYER = dict(
+  query="self_attn.q_proj",
+  key="self_attn.k_proj",
+  value="self_attn.v_proj",
+  attn_output="self_attn.o_proj",
+  ffn_gate="mlp.gate_proj",
+  ffn_in="mlp.up_proj",
+  ffn_out="mlp.down_proj",
+)
+DEBERTA_LAYER = dict(
+  _bert_layer(
+    "attention.self.query_proj",
+    "attention.self.key_proj",
+    "attention.self.value_proj",
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate.dense",
+    "output.dense",
+    "output.LayerNorm",
+  ),
+  pos_key="attention.self.pos_key_proj",
+  pos_query="attention.self.pos_query_proj",
+)
+MODERNBERT_LAYER = dict(
+  qkv="attn.Wqkv",
+  attn_output="attn.Wo",
+  attn_norm="attn_norm",
+  gate_in="mlp.Wi",
+  ffn_out="mlp.Wo",
+  ffn_norm="mlp_norm",
+)
 
 
 # Our config fields that every family's `config.json` carries (under `Family.config_keys`
 # names where they differ); `Family.config_fields` adds the family's own.
-COMMON_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "hidden_act", "hidden_dropout_prob",
-                 "attention_probs_dropout_prob", "max_position_embeddings", "initializer_range",
-                 "pad_token_id", "classifier_dropout_prob")
+COMMON_FIELDS = (
+  "vocab_size",
+  "hidden_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "intermediate_size",
+  "hidden_act",
+  "hidden_dropout_prob",
+  "attention_probs_dropout_prob",
+  "max_position_embeddings",
+  "initializer_range",
+  "pad_token_id",
+  "classifier_dropout_prob",
+)
 _BERT_FIELDS = COMMON_FIELDS + ("type_vocab_size", "layer_norm_eps")
 
 
@@ -129,19 +195,26 @@ class Head:
 
   def present(self, config) -> tuple[tuple[tuple[str, ...], str, str], ...]:
     """(our sub-path, Hugging Face name, kind) of the tensors `config` gives this head."""
-    return tuple((path, name, kind) for path, name, kind, flag in self.tensors
-                 if flag is None or getattr(config, flag))
+    return tuple(
+      (path, name, kind)
+      for path, name, kind, flag in self.tensors
+      if flag is None or getattr(config, flag)
+    )
 
 
 def _dense(ours: str, hf: str, bias: str | None = None):
   """A linear module's tensors; `bias` names the config flag its bias depends on, if any."""
-  return (((ours, "kernel"), f"{hf}.weight", "linear", None),
-          ((ours, "bias"), f"{hf}.bias", "plain", bias))
+  return (
+    ((ours, "kernel"), f"{hf}.weight", "linear", None),
+    ((ours, "bias"), f"{hf}.bias", "plain", bias),
+  )
 
 
 def _norm(ours: str, hf: str, bias: str | None = None):
-  return (((ours, "scale"), f"{hf}.weight", "plain", None),
-          ((ours, "bias"), f"{hf}.bias", "plain", bias))
+  return (
+    ((ours, "scale"), f"{hf}.weight", "plain", None),
+    ((ours, "bias"), f"{hf}.bias", "plain", bias),
+  )
 
 
 def _mlm(dense: str, norm: str, bias: str, tied: tuple[str, ...], act: str | None) -> Head:
@@ -234,9 +307,14 @@ class Family:
   architectures: Mapping[tuple[str, ...], str]
   no_pooler: frozenset[str]
   special_tokens: Mapping[str, str]
-  embedding_names: Mapping[str, str] = dataclasses.field(default_factory=lambda: dict(
-      word="embeddings.word_embeddings", position="embeddings.position_embeddings",
-      token_type="embeddings.token_type_embeddings", norm="embeddings.LayerNorm"))
+  embedding_names: Mapping[str, str] = dataclasses.field(
+    default_factory=lambda: dict(
+      word="embeddings.word_embeddings",
+      position="embeddings.position_embeddings",
+      token_type="embeddings.token_type_embeddings",
+      norm="embeddings.LayerNorm",
+    )
+  )
   final_norm: str | None = None
   relative_bias: str | None = None
   relative_norm: str | None = None
@@ -255,18 +333,26 @@ class Family:
   what_differs: str = ""
 
   def __post_init__(self):
-    for name, allowed in (("norm", NORMS), ("norm_kind", NORM_KINDS), ("positions", POSITIONS),
-                          ("position_bias", POSITION_BIASES), ("ffn", FFNS),
-                          ("ffn_dropout", ("after", "inside"))):
+    for name, allowed in (
+      ("norm", NORMS),
+      ("norm_kind", NORM_KINDS),
+      ("positions", POSITIONS),
+      ("position_bias", POSITION_BIASES),
+      ("ffn", FFNS),
+      ("ffn_dropout", ("after", "inside")),
+    ):
       if getattr(self, name) not in allowed:
-        raise ValueError(f"Family {self.model_type!r}: {name}={getattr(self, name)!r} must be "
-                         f"one of {allowed}")
+        raise ValueError(
+          f"Family {self.model_type!r}: {name}={getattr(self, name)!r} must be one of {allowed}"
+        )
 
   def architecture(self, heads: tuple[str, ...]) -> str:
     key = tuple(sorted(heads))
     if key not in self.architectures:
-      raise ValueError(f"heads={list(key)} on a {self.model_type} model have no Hugging Face "
-                       f"class; supported: {sorted(self.architectures)}")
+      raise ValueError(
+        f"heads={list(key)} on a {self.model_type} model have no Hugging Face "
+        f"class; supported: {sorted(self.architectures)}"
+      )
     return self.architectures[key]
 
   @property
@@ -279,14 +365,18 @@ class Family:
 
 
 _BERT_TOKENS = dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
-_ROBERTA_TOKENS = dict(cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>", bos="<s>",
-                       eos="</s>")
+_ROBERTA_TOKENS = dict(
+  cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>", bos="<s>", eos="</s>"
+)
 
 
 def _standard(model_type: str, cls_prefix: str, heads: tuple[str, ...]):
   """architectures and no_pooler for a family whose classes are {prefix}Model / For*."""
-  names = {"mlm": "MaskedLM", "classifier": "SequenceClassification",
-           "token_classifier": "TokenClassification"}
+  names = {
+    "mlm": "MaskedLM",
+    "classifier": "SequenceClassification",
+    "token_classifier": "TokenClassification",
+  }
   arch = {(): f"{cls_prefix}Model"}
   arch.update({(h,): f"{cls_prefix}For{names[h]}" for h in heads})
   return arch
@@ -294,24 +384,37 @@ def _standard(model_type: str, cls_prefix: str, heads: tuple[str, ...]):
 
 def _roberta_like(model_type: str, cls_prefix: str) -> Family:
   return Family(
-      model_type=model_type, prefix="roberta", layer_prefix="encoder.layer.{i}.",
-      layer_names=BERT_LAYER, config_fields=_BERT_FIELDS,
-      config_keys={"classifier_dropout_prob": "classifier_dropout"},
-      config_defaults=dict(pad_token_id=1),
-      projection=None, pooler="pooler.dense", positions="after_padding", token_types=True,
-      shared_layers=False,
-      heads={
-          "mlm": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
-                      ("lm_head.decoder.weight", "lm_head.decoder.bias"), act="gelu"),
-          "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
-          "token_classifier": _linear("tokens", "classifier"),
-      },
-      architectures=_standard(model_type, cls_prefix, ("mlm", "classifier", "token_classifier")),
-      no_pooler=frozenset(f"{cls_prefix}For{t}" for t in (
-          "MaskedLM", "SequenceClassification", "TokenClassification")),
-      special_tokens=_ROBERTA_TOKENS,
-      what_differs="BERT with positions counted after the padding index, byte-level BPE"
-      + ("" if model_type == "roberta" else " (SentencePiece: XLM-R)"))
+    model_type=model_type,
+    prefix="roberta",
+    layer_prefix="encoder.layer.{i}.",
+    layer_names=BERT_LAYER,
+    config_fields=_BERT_FIELDS,
+    config_keys={"classifier_dropout_prob": "classifier_dropout"},
+    config_defaults=dict(pad_token_id=1),
+    projection=None,
+    pooler="pooler.dense",
+    positions="after_padding",
+    token_types=True,
+    shared_layers=False,
+    heads={
+      "mlm": _mlm(
+        "lm_head.dense",
+        "lm_head.layer_norm",
+        "lm_head.bias",
+        ("lm_head.decoder.weight", "lm_head.decoder.bias"),
+        act="gelu",
+      ),
+      "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures=_standard(model_type, cls_prefix, ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(
+      f"{cls_prefix}For{t}" for t in ("MaskedLM", "SequenceClassification", "TokenClassification")
+    ),
+    special_tokens=_ROBERTA_TOKENS,
+    what_differs="BERT with positions counted after the padding index, byte-level BPE"
+    + ("" if model_type == "roberta" else " (SentencePiece: XLM-R)"),
+  )
 
 
 # ModernBERT's prediction head: dense (classifier_bias) -> classifier_activation -> norm.
@@ -320,281 +423,530 @@ def _modernbert_transform(dense: str, norm: str):
 
 
 FAMILIES: dict[str, Family] = {
-    "bert": Family(
-        model_type="bert", prefix="bert", layer_prefix="encoder.layer.{i}.",
-        layer_names=BERT_LAYER, config_fields=_BERT_FIELDS,
-        config_keys={"classifier_dropout_prob": "classifier_dropout"},
-        config_defaults={}, projection=None, pooler="pooler.dense", positions="absolute",
-        token_types=True, shared_layers=False,
-        heads={
-            "mlm": _mlm("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                        "cls.predictions.bias",
-                        ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-                        act=None),
-            "nsp": _linear("pooled", "cls.seq_relationship"),
-            "classifier": _linear("pooled", "classifier"),
-            "token_classifier": _linear("tokens", "classifier"),
-        },
-        architectures={(): "BertModel", ("mlm",): "BertForMaskedLM",
-                       ("mlm", "nsp"): "BertForPreTraining",
-                       ("nsp",): "BertForNextSentencePrediction",
-                       ("classifier",): "BertForSequenceClassification",
-                       ("token_classifier",): "BertForTokenClassification"},
-        no_pooler=frozenset({"BertForMaskedLM", "BertForTokenClassification"}),
-        special_tokens=_BERT_TOKENS,
-        what_differs="the reference block: post-LN, learned absolute positions, GELU FFN"),
-    "albert": Family(
-        model_type="albert", prefix="albert",
-        layer_prefix="encoder.albert_layer_groups.{g}.albert_layers.{j}.",
-        layer_names=ALBERT_LAYER,
-        config_fields=_BERT_FIELDS + ("embedding_size", "num_hidden_groups", "inner_group_num"),
-        config_keys={},
-        config_defaults=dict(embedding_size=128, num_hidden_groups=1, inner_group_num=1,
-                             classifier_dropout_prob=0.1, vocab_size=30000),
-        projection="encoder.embedding_hidden_mapping_in", always_project=True, pooler="pooler",
-        positions="absolute", token_types=True, shared_layers=True,
-        heads={
-            "mlm": _mlm("predictions.dense", "predictions.LayerNorm", "predictions.bias",
-                        ("predictions.decoder.weight", "predictions.decoder.bias"), act=None),
-            "sop": _linear("pooled", "sop_classifier.classifier"),
-            "classifier": _linear("pooled", "classifier"),
-            "token_classifier": _linear("tokens", "classifier"),
-        },
-        architectures={(): "AlbertModel", ("mlm",): "AlbertForMaskedLM",
-                       ("mlm", "sop"): "AlbertForPreTraining",
-                       ("classifier",): "AlbertForSequenceClassification",
-                       ("token_classifier",): "AlbertForTokenClassification"},
-        no_pooler=frozenset({"AlbertForMaskedLM", "AlbertForTokenClassification"}),
-        special_tokens=dict(_BERT_TOKENS, pad="<pad>", unk="<unk>"),
-        what_differs="layers shared in groups, factorised embeddings (E -> H)"),
-    "roberta": _roberta_like("roberta", "Roberta"),
-    "xlm-roberta": _roberta_like("xlm-roberta", "XLMRoberta"),
-    "electra": Family(
-        model_type="electra", prefix="electra", layer_prefix="encoder.layer.{i}.",
-        layer_names=BERT_LAYER, config_fields=_BERT_FIELDS + ("embedding_size",),
-        config_keys={"classifier_dropout_prob": "classifier_dropout"},
-        config_defaults=dict(embedding_size=128),
-        projection="embeddings_project", pooler=None, positions="absolute", token_types=True,
-        shared_layers=False,
-        heads={
-            # The generator: transform to E with a fixed GELU, decoder tied to the embeddings.
-            "mlm": _mlm("generator_predictions.dense", "generator_predictions.LayerNorm",
-                        "generator_lm_head.bias", ("generator_lm_head.weight",), act="gelu"),
-            # The discriminator: dense -> hidden_act -> one logit per token.
-            "rtd": Head("tokens", _dense("dense", "discriminator_predictions.dense")
-                        + _dense("out", "discriminator_predictions.dense_prediction")),
-            "classifier": _two_layer("classifier.dense", "classifier.out_proj", "gelu"),
-            "token_classifier": _linear("tokens", "classifier"),
-        },
-        architectures={(): "ElectraModel", ("mlm",): "ElectraForMaskedLM",
-                       ("rtd",): "ElectraForPreTraining",
-                       ("classifier",): "ElectraForSequenceClassification",
-                       ("token_classifier",): "ElectraForTokenClassification"},
-        no_pooler=frozenset(), special_tokens=_BERT_TOKENS,
-        what_differs="BERT's block; embeddings projected E -> H; discriminator (RTD) head"),
-    "distilbert": Family(
-        model_type="distilbert", prefix="distilbert", layer_prefix="transformer.layer.{i}.",
-        layer_names=DISTILBERT_LAYER,
-        config_fields=COMMON_FIELDS + ("sinusoidal_positions",),
-        config_keys=dict(hidden_size="dim", num_hidden_layers="n_layers",
-                         num_attention_heads="n_heads", intermediate_size="hidden_dim",
-                         hidden_act="activation", hidden_dropout_prob="dropout",
-                         attention_probs_dropout_prob="attention_dropout",
-                         classifier_dropout_prob="seq_classif_dropout",
-                         sinusoidal_positions="sinusoidal_pos_embds"),
-        config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-12,
-                             classifier_dropout_prob=0.2, hidden_size=768, num_hidden_layers=6,
-                             num_attention_heads=12, intermediate_size=3072),
-        projection=None, pooler=None, positions="absolute", token_types=False,
-        shared_layers=False,
-        heads={
-            "mlm": _mlm("vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
-                        ("vocab_projector.weight",), act=None),
-            "classifier": dataclasses.replace(
-                _two_layer("pre_classifier", "classifier", "relu"), pre_dropout=False),
-            "token_classifier": dataclasses.replace(_linear("tokens", "classifier"),
-                                                    dropout="hidden"),
-        },
-        architectures={(): "DistilBertModel", ("mlm",): "DistilBertForMaskedLM",
-                       ("classifier",): "DistilBertForSequenceClassification",
-                       ("token_classifier",): "DistilBertForTokenClassification"},
-        no_pooler=frozenset(), special_tokens=_BERT_TOKENS,
-        what_differs="no token types; optional fixed sinusoidal positions"),
-    "mpnet": Family(
-        model_type="mpnet", prefix="mpnet", layer_prefix="encoder.layer.{i}.",
-        layer_names=MPNET_LAYER,
-        config_fields=COMMON_FIELDS + ("layer_norm_eps", "relative_attention_num_buckets"),
-        config_keys={}, config_defaults=dict(pad_token_id=1, type_vocab_size=0,
-                                             classifier_dropout_prob=None),
-        projection=None, pooler="pooler.dense", positions="after_padding",
-        position_bias="relative_buckets", relative_bias="encoder.relative_attention_bias",
-        token_types=False, shared_layers=False,
-        heads={
-            "mlm": _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias",
-                        ("lm_head.decoder.weight", "lm_head.decoder.bias"), act="gelu"),
-            "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
-            "token_classifier": _linear("tokens", "classifier"),
-        },
-        architectures=_standard("mpnet", "MPNet", ("mlm", "classifier", "token_classifier")),
-        no_pooler=frozenset({"MPNetForMaskedLM", "MPNetForSequenceClassification",
-                             "MPNetForTokenClassification"}),
-        special_tokens=dict(_ROBERTA_TOKENS, unk="[UNK]"), wordpiece_class="MPNetTokenizerFast",
-        what_differs="BERT's block plus a T5-style relative-position bias (32 buckets, one "
-        "table for every layer) on each layer's scores; positions after padding; no token types"),
-    "nomic_bert": Family(
-        # The hub's (and transformers' save_pretrained's) layout: transformers renames it to
-        # q_proj/k_proj/v_proj, up/gate/down_proj, post_*_layernorm when it loads.
-        model_type="nomic_bert", prefix="nomic_bert", layer_prefix="encoder.layers.{i}.",
-        layer_names=dict(qkv="attn.Wqkv", attn_output="attn.out_proj", ffn_in="mlp.fc11",
-                         ffn_gate="mlp.fc12", ffn_out="mlp.fc2", attn_norm="norm1",
-                         ffn_norm="norm2"),
-        config_fields=_BERT_FIELDS,
-        config_keys={"classifier_dropout_prob": "classifier_dropout"},
-        config_defaults=dict(attention_bias=False, mlp_bias=False, rope_theta=1000.0,
-                             hidden_act="silu"),
-        embedding_names=dict(word="embeddings.word_embeddings",
-                             token_type="embeddings.token_type_embeddings", norm="emb_ln"),
-        projection=None, pooler="pooler.dense", positions="rotary", ffn="gated",
-        token_types=True, shared_layers=False,
-        heads={
-            "mlm": _mlm("cls.predictions.transform.dense", "cls.predictions.transform.layer_norm",
-                        "cls.predictions.bias",
-                        ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-                        act=None),
-            "classifier": _linear("pooled", "classifier"),
-            "token_classifier": _linear("tokens", "classifier"),
-        },
-        architectures=_standard("nomic_bert", "NomicBert",
-                                ("mlm", "classifier", "token_classifier")),
-        no_pooler=frozenset({"NomicBertModel", "NomicBertForMaskedLM",
-                             "NomicBertForTokenClassification"}),
-        special_tokens=_BERT_TOKENS,
-        what_differs="post-LN with rotary q/k (theta 1000, no position table), SwiGLU FFN, no "
-        "biases in attention or FFN"),
-    "modernbert": Family(
-        model_type="modernbert", prefix="model", layer_prefix="layers.{i}.",
-        layer_names=MODERNBERT_LAYER,
-        config_fields=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                       "intermediate_size", "hidden_act", "hidden_dropout_prob",
-                       "attention_probs_dropout_prob", "max_position_embeddings",
-                       "initializer_range", "pad_token_id", "classifier_dropout_prob",
-                       "layer_norm_eps", "norm_bias", "attention_bias", "mlp_bias",
-                       "decoder_bias", "classifier_bias", "classifier_activation",
-                       "classifier_pooling", "sliding_window"),
-        config_keys=dict(hidden_act="hidden_activation", layer_norm_eps="norm_eps",
-                         hidden_dropout_prob="mlp_dropout",
-                         attention_probs_dropout_prob="attention_dropout",
-                         classifier_dropout_prob="classifier_dropout",
-                         sliding_window="local_attention"),
-        config_defaults=dict(type_vocab_size=0, norm_bias=False, attention_bias=False,
-                             mlp_bias=False, decoder_bias=True, classifier_bias=False,
-                             classifier_activation="gelu", classifier_pooling="cls",
-                             hidden_act="gelu", layer_norm_eps=1e-5, hidden_dropout_prob=0.0,
-                             attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
-                             sliding_window=128, rope_theta=160000.0, local_rope_theta=10000.0),
-        embedding_names=dict(word="embeddings.tok_embeddings", norm="embeddings.norm"),
-        projection=None, pooler=None, final_norm="final_norm", positions="rotary",
-        norm="pre", ffn="gated", first_attn_norm=False, ffn_dropout="inside",
-        token_types=False, shared_layers=False,
-        heads={
-            "mlm": Head("tokens", _modernbert_transform("dense", "LayerNorm")
-                        + ((("bias",), "decoder.bias", "plain", "decoder_bias"),),
-                        tied=("decoder.weight",), act="classifier"),
-            "classifier": Head("pooling", _modernbert_transform("pre", "norm")
-                               + _dense("dense", "classifier"), act="classifier",
-                               pre_dropout=False),
-            "token_classifier": Head("tokens", _modernbert_transform("pre", "norm")
-                                     + _dense("dense", "classifier"), act="classifier",
-                                     pre_dropout=False),
-        },
-        architectures=_standard("modernbert", "ModernBert",
-                                ("mlm", "classifier", "token_classifier")),
-        no_pooler=frozenset(),
-        special_tokens=dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]"),
-        what_differs="pre-LN without biases, rotary q/k with a theta per layer type, a "
-        "sliding window (128 tokens) in two of every three layers, GeGLU, fused Wqkv"),
-    "eurobert": Family(
-        model_type="eurobert", prefix="model", layer_prefix="layers.{i}.",
-        layer_names=dict(LLAMA_LAYER, attn_norm="input_layernorm",
-                         ffn_norm="post_attention_layernorm"),
-        config_fields=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                       "intermediate_size", "hidden_act", "attention_probs_dropout_prob",
-                       "max_position_embeddings", "initializer_range", "pad_token_id",
-                       "layer_norm_eps", "attention_bias", "mlp_bias", "num_key_value_heads",
-                       "tie_word_embeddings", "classifier_pooling"),
-        config_keys=dict(layer_norm_eps="rms_norm_eps",
-                         attention_probs_dropout_prob="attention_dropout"),
-        config_defaults=dict(type_vocab_size=0, norm_bias=False, attention_bias=False,
-                             mlp_bias=False, hidden_act="silu", layer_norm_eps=1e-5,
-                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                             classifier_dropout_prob=0.0, rope_theta=10000.0,
-                             tie_word_embeddings=False, classifier_pooling="late"),
-        embedding_names=dict(word="embed_tokens"),
-        projection=None, pooler=None, final_norm="norm", positions="rotary",
-        norm="pre", norm_kind="rmsnorm", ffn="gated", token_types=False, shared_layers=False,
-        heads={
-            # No transform; the decoder is its own matrix unless tie_word_embeddings.
-            "mlm": Head("tokens", ((("decoder",), "lm_head.weight", "linear", "untied"),
-                                   (("bias",), "lm_head.bias", "plain", "mlp_bias")),
-                        tied=("lm_head.weight",)),
-            "classifier": Head("pooling", _dense("pre", "dense") + _dense("dense", "classifier"),
-                               act="gelu", pre_dropout=False, dropout="none"),
-            "token_classifier": dataclasses.replace(_linear("tokens", "classifier"),
-                                                    dropout="none"),
-        },
-        architectures=_standard("eurobert", "EuroBert", ("mlm", "classifier", "token_classifier")),
-        no_pooler=frozenset(),
-        special_tokens=dict(cls="<|begin_of_text|>", sep="<|end_of_text|>", pad="<|end_of_text|>",
-                            mask="<|mask|>", bos="<|begin_of_text|>", eos="<|end_of_text|>"),
-        what_differs="Llama-like: pre-RMSNorm, SwiGLU, rotary q/k, grouped key/value heads, no "
-        "biases; an untied MLM decoder"),
-    "deberta-v2": Family(
-        model_type="deberta-v2", prefix="deberta", layer_prefix="encoder.layer.{i}.",
-        layer_names=DEBERTA_LAYER,
-        config_fields=_BERT_FIELDS + (
-            "embedding_size", "relative_attention", "max_relative_positions",
-            "position_buckets", "pos_att_type", "share_att_key", "norm_rel_ebd",
-            "position_biased_input", "legacy", "classifier_activation"),
-        config_keys=dict(classifier_dropout_prob="cls_dropout",
-                         classifier_activation="pooler_hidden_act"),
-        config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-7,
-                             classifier_activation="gelu"),
-        projection="embeddings.embed_proj", projection_bias=False, project_before_norm=True,
-        pooler=None,
-        optional_token_types=True,
-        positions="absolute", position_bias="disentangled",
-        relative_bias="encoder.rel_embeddings", relative_norm="encoder.LayerNorm",
-        token_types=True, shared_layers=False,
-        heads={
-            # transformers' two layouts: `legacy` (BERT's head, the default) or
-            # `lm_predictions.lm_head` (DeBERTa's own, as the released v3 checkpoints hold).
-            "mlm": Head("tokens", tuple(
-                (path, name, kind, "legacy") for path, name, kind, _ in _mlm(
-                    "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
-                    "cls.predictions.bias", (), act=None).tensors) + tuple(
-                (path, name, kind, "lm_head_layout") for path, name, kind, _ in _mlm(
-                    "lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm",
-                    "lm_predictions.lm_head.bias", (), act=None).tensors),
-                tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")),
-            # ContextPooler (dense -> pooler_hidden_act on the first token), then the classifier.
-            "classifier": Head("first", _dense("pre", "pooler.dense")
-                               + _dense("dense", "classifier"), act="classifier"),
-            "token_classifier": _linear("tokens", "classifier"),
-            # DeBERTa-v3's discriminator (the released code's `LMMaskPredictionHead`, held by
-            # the released v3 checkpoints): LayerNorm(h + h_first) -> dense -> hidden_act ->
-            # one logit per token. transformers has no class for it and skips its tensors.
-            "rtd": Head("tokens", _norm("norm", "mask_predictions.LayerNorm")
-                        + _dense("dense", "mask_predictions.dense")
-                        + _dense("out", "mask_predictions.classifier")),
-        },
-        architectures={**_standard("deberta-v2", "DebertaV2",
-                                   ("mlm", "classifier", "token_classifier")),
-                       # transformers reads the base (and MLM head) and skips mask_predictions.
-                       ("rtd",): "DebertaV2Model", ("mlm", "rtd"): "DebertaV2ForMaskedLM"},
-        no_pooler=frozenset(), special_tokens=dict(_BERT_TOKENS),
-        what_differs="post-LN BERT whose scores add content-to-position and position-to-content "
-        "terms (log-bucketed relative embeddings shared by every layer, projected by each; "
-        "scaled 1/sqrt(3d)); no absolute positions in v3; SentencePiece"),
+  "bert": Family(
+    model_type="bert",
+    prefix="bert",
+    layer_prefix="encoder.layer.{i}.",
+    layer_names=BERT_LAYER,
+    config_fields=_BERT_FIELDS,
+    config_keys={"classifier_dropout_prob": "classifier_dropout"},
+    config_defaults={},
+    projection=None,
+    pooler="pooler.dense",
+    positions="absolute",
+    token_types=True,
+    shared_layers=False,
+    heads={
+      "mlm": _mlm(
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.LayerNorm",
+        "cls.predictions.bias",
+        ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+        act=None,
+      ),
+      "nsp": _linear("pooled", "cls.seq_relationship"),
+      "classifier": _linear("pooled", "classifier"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures={
+      (): "BertModel",
+      ("mlm",): "BertForMaskedLM",
+      ("mlm", "nsp"): "BertForPreTraining",
+      ("nsp",): "BertForNextSentencePrediction",
+      ("classifier",): "BertForSequenceClassification",
+      ("token_classifier",): "BertForTokenClassification",
+    },
+    no_pooler=frozenset({"BertForMaskedLM", "BertForTokenClassification"}),
+    special_tokens=_BERT_TOKENS,
+    what_differs="the reference block: post-LN, learned absolute positions, GELU FFN",
+  ),
+  "albert": Family(
+    model_type="albert",
+    prefix="albert",
+    layer_prefix="encoder.albert_layer_groups.{g}.albert_layers.{j}.",
+    layer_names=ALBERT_LAYER,
+    config_fields=_BERT_FIELDS + ("embedding_size", "num_hidden_groups", "inner_group_num"),
+    config_keys={},
+    config_defaults=dict(
+      embedding_size=128,
+      num_hidden_groups=1,
+      inner_group_num=1,
+      classifier_dropout_prob=0.1,
+      vocab_size=30000,
+    ),
+    projection="encoder.embedding_hidden_mapping_in",
+    always_project=True,
+    pooler="pooler",
+    positions="absolute",
+    token_types=True,
+    shared_layers=True,
+    heads={
+      "mlm": _mlm(
+        "predictions.dense",
+        "predictions.LayerNorm",
+        "predictions.bias",
+        ("predictions.decoder.weight", "predictions.decoder.bias"),
+        act=None,
+      ),
+      "sop": _linear("pooled", "sop_classifier.classifier"),
+      "classifier": _linear("pooled", "classifier"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures={
+      (): "AlbertModel",
+      ("mlm",): "AlbertForMaskedLM",
+      ("mlm", "sop"): "AlbertForPreTraining",
+      ("classifier",): "AlbertForSequenceClassification",
+      ("token_classifier",): "AlbertForTokenClassification",
+    },
+    no_pooler=frozenset({"AlbertForMaskedLM", "AlbertForTokenClassification"}),
+    special_tokens=dict(_BERT_TOKENS, pad="<pad>", unk="<unk>"),
+    what_differs="layers shared in groups, factorised embeddings (E -> H)",
+  ),
+  "roberta": _roberta_like("roberta", "Roberta"),
+  "xlm-roberta": _roberta_like("xlm-roberta", "XLMRoberta"),
+  "electra": Family(
+    model_type="electra",
+    prefix="electra",
+    layer_prefix="encoder.layer.{i}.",
+    layer_names=BERT_LAYER,
+    config_fields=_BERT_FIELDS + ("embedding_size",),
+    config_keys={"classifier_dropout_prob": "classifier_dropout"},
+    config_defaults=dict(embedding_size=128),
+    projection="embeddings_project",
+    pooler=None,
+    positions="absolute",
+    token_types=True,
+    shared_layers=False,
+    heads={
+      # The generator: transform to E with a fixed GELU, decoder tied to the embeddings.
+      "mlm": _mlm(
+        "generator_predictions.dense",
+        "generator_predictions.LayerNorm",
+        "generator_lm_head.bias",
+        ("generator_lm_head.weight",),
+        act="gelu",
+      ),
+      # The discriminator: dense -> hidden_act -> one logit per token.
+      "rtd": Head(
+        "tokens",
+        _dense("dense", "discriminator_predictions.dense")
+        + _dense("out", "discriminator_predictions.dense_prediction"),
+      ),
+      "classifier": _two_layer("classifier.dense", "classifier.out_proj", "gelu"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures={
+      (): "ElectraModel",
+      ("mlm",): "ElectraForMaskedLM",
+      ("rtd",): "ElectraForPreTraining",
+      ("classifier",): "ElectraForSequenceClassification",
+      ("token_classifier",): "ElectraForTokenClassification",
+    },
+    no_pooler=frozenset(),
+    special_tokens=_BERT_TOKENS,
+    what_differs="BERT's block; embeddings projected E -> H; discriminator (RTD) head",
+  ),
+  "distilbert": Family(
+    model_type="distilbert",
+    prefix="distilbert",
+    layer_prefix="transformer.layer.{i}.",
+    layer_names=DISTILBERT_LAYER,
+    config_fields=COMMON_FIELDS + ("sinusoidal_positions",),
+    config_keys=dict(
+      hidden_size="dim",
+      num_hidden_layers="n_layers",
+      num_attention_heads="n_heads",
+      intermediate_size="hidden_dim",
+      hidden_act="activation",
+      hidden_dropout_prob="dropout",
+      attention_probs_dropout_prob="attention_dropout",
+      classifier_dropout_prob="seq_classif_dropout",
+      sinusoidal_positions="sinusoidal_pos_embds",
+    ),
+    config_defaults=dict(
+      type_vocab_size=0,
+      layer_norm_eps=1e-12,
+      classifier_dropout_prob=0.2,
+      hidden_size=768,
+      num_hidden_layers=6,
+      num_attention_heads=12,
+      intermediate_size=3072,
+    ),
+    projection=None,
+    pooler=None,
+    positions="absolute",
+    token_types=False,
+    shared_layers=False,
+    heads={
+      "mlm": _mlm(
+        "vocab_transform",
+        "vocab_layer_norm",
+        "vocab_projector.bias",
+        ("vocab_projector.weight",),
+        act=None,
+      ),
+      "classifier": dataclasses.replace(
+        _two_layer("pre_classifier", "classifier", "relu"), pre_dropout=False
+      ),
+      "token_classifier": dataclasses.replace(_linear("tokens", "classifier"), dropout="hidden"),
+    },
+    architectures={
+      (): "DistilBertModel",
+      ("mlm",): "DistilBertForMaskedLM",
+      ("classifier",): "DistilBertForSequenceClassification",
+      ("token_classifier",): "DistilBertForTokenClassification",
+    },
+    no_pooler=frozenset(),
+    special_tokens=_BERT_TOKENS,
+    what_differs="no token types; optional fixed sinusoidal positions",
+  ),
+  "mpnet": Family(
+    model_type="mpnet",
+    prefix="mpnet",
+    layer_prefix="encoder.layer.{i}.",
+    layer_names=MPNET_LAYER,
+    config_fields=COMMON_FIELDS + ("layer_norm_eps", "relative_attention_num_buckets"),
+    config_keys={},
+    config_defaults=dict(pad_token_id=1, type_vocab_size=0, classifier_dropout_prob=None),
+    projection=None,
+    pooler="pooler.dense",
+    positions="after_padding",
+    position_bias="relative_buckets",
+    relative_bias="encoder.relative_attention_bias",
+    token_types=False,
+    shared_layers=False,
+    heads={
+      "mlm": _mlm(
+        "lm_head.dense",
+        "lm_head.layer_norm",
+        "lm_head.bias",
+        ("lm_head.decoder.weight", "lm_head.decoder.bias"),
+        act="gelu",
+      ),
+      "classifier": _two_layer("classifier.dense", "classifier.out_proj", "tanh"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures=_standard("mpnet", "MPNet", ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(
+      {"MPNetForMaskedLM", "MPNetForSequenceClassification", "MPNetForTokenClassification"}
+    ),
+    special_tokens=dict(_ROBERTA_TOKENS, unk="[UNK]"),
+    wordpiece_class="MPNetTokenizerFast",
+    what_differs="BERT's block plus a T5-style relative-position bias (32 buckets, one "
+    "table for every layer) on each layer's scores; positions after padding; no token types",
+  ),
+  "nomic_bert": Family(
+    # The hub's (and transformers' save_pretrained's) layout: transformers renames it to
+    # q_proj/k_proj/v_proj, up/gate/down_proj, post_*_layernorm when it loads.
+    model_type="nomic_bert",
+    prefix="nomic_bert",
+    layer_prefix="encoder.layers.{i}.",
+    layer_names=dict(
+      qkv="attn.Wqkv",
+      attn_output="attn.out_proj",
+      ffn_in="mlp.fc11",
+      ffn_gate="mlp.fc12",
+      ffn_out="mlp.fc2",
+      attn_norm="norm1",
+      ffn_norm="norm2",
+    ),
+    config_fields=_BERT_FIELDS,
+    config_keys={"classifier_dropout_prob": "classifier_dropout"},
+    config_defaults=dict(
+      attention_bias=False, mlp_bias=False, rope_theta=1000.0, hidden_act="silu"
+    ),
+    embedding_names=dict(
+      word="embeddings.word_embeddings",
+      token_type="embeddings.token_type_embeddings",
+      norm="emb_ln",
+    ),
+    projection=None,
+    pooler="pooler.dense",
+    positions="rotary",
+    ffn="gated",
+    token_types=True,
+    shared_layers=False,
+    heads={
+      "mlm": _mlm(
+        "cls.predictions.transform.dense",
+        "cls.predictions.transform.layer_norm",
+        "cls.predictions.bias",
+        ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+        act=None,
+      ),
+      "classifier": _linear("pooled", "classifier"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures=_standard("nomic_bert", "NomicBert", ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(
+      {"NomicBertModel", "NomicBertForMaskedLM", "NomicBertForTokenClassification"}
+    ),
+    special_tokens=_BERT_TOKENS,
+    what_differs="post-LN with rotary q/k (theta 1000, no position table), SwiGLU FFN, no "
+    "biases in attention or FFN",
+  ),
+  "modernbert": Family(
+    model_type="modernbert",
+    prefix="model",
+    layer_prefix="layers.{i}.",
+    layer_names=MODERNBERT_LAYER,
+    config_fields=(
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "hidden_dropout_prob",
+      "attention_probs_dropout_prob",
+      "max_position_embeddings",
+      "initializer_range",
+      "pad_token_id",
+      "classifier_dropout_prob",
+      "layer_norm_eps",
+      "norm_bias",
+      "attention_bias",
+      "mlp_bias",
+      "decoder_bias",
+      "classifier_bias",
+      "classifier_activation",
+      "classifier_pooling",
+      "sliding_window",
+    ),
+    config_keys=dict(
+      hidden_act="hidden_activation",
+      layer_norm_eps="norm_eps",
+      hidden_dropout_prob="mlp_dropout",
+      attention_probs_dropout_prob="attention_dropout",
+      classifier_dropout_prob="classifier_dropout",
+      sliding_window="local_attention",
+    ),
+    config_defaults=dict(
+      type_vocab_size=0,
+      norm_bias=False,
+      attention_bias=False,
+      mlp_bias=False,
+      decoder_bias=True,
+      classifier_bias=False,
+      classifier_activation="gelu",
+      classifier_pooling="cls",
+      hidden_act="gelu",
+      layer_norm_eps=1e-5,
+      hidden_dropout_prob=0.0,
+      attention_probs_dropout_prob=0.0,
+      classifier_dropout_prob=0.0,
+      sliding_window=128,
+      rope_theta=160000.0,
+      local_rope_theta=10000.0,
+    ),
+    embedding_names=dict(word="embeddings.tok_embeddings", norm="embeddings.norm"),
+    projection=None,
+    pooler=None,
+    final_norm="final_norm",
+    positions="rotary",
+    norm="pre",
+    ffn="gated",
+    first_attn_norm=False,
+    ffn_dropout="inside",
+    token_types=False,
+    shared_layers=False,
+    heads={
+      "mlm": Head(
+        "tokens",
+        _modernbert_transform("dense", "LayerNorm")
+        + ((("bias",), "decoder.bias", "plain", "decoder_bias"),),
+        tied=("decoder.weight",),
+        act="classifier",
+      ),
+      "classifier": Head(
+        "pooling",
+        _modernbert_transform("pre", "norm") + _dense("dense", "classifier"),
+        act="classifier",
+        pre_dropout=False,
+      ),
+      "token_classifier": Head(
+        "tokens",
+        _modernbert_transform("pre", "norm") + _dense("dense", "classifier"),
+        act="classifier",
+        pre_dropout=False,
+      ),
+    },
+    architectures=_standard("modernbert", "ModernBert", ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(),
+    special_tokens=dict(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]"),
+    what_differs="pre-LN without biases, rotary q/k with a theta per layer type, a "
+    "sliding window (128 tokens) in two of every three layers, GeGLU, fused Wqkv",
+  ),
+  "eurobert": Family(
+    model_type="eurobert",
+    prefix="model",
+    layer_prefix="layers.{i}.",
+    layer_names=dict(LLAMA_LAYER, attn_norm="input_layernorm", ffn_norm="post_attention_layernorm"),
+    config_fields=(
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "attention_probs_dropout_prob",
+      "max_position_embeddings",
+      "initializer_range",
+      "pad_token_id",
+      "layer_norm_eps",
+      "attention_bias",
+      "mlp_bias",
+      "num_key_value_heads",
+      "tie_word_embeddings",
+      "classifier_pooling",
+    ),
+    config_keys=dict(
+      layer_norm_eps="rms_norm_eps", attention_probs_dropout_prob="attention_dropout"
+    ),
+    config_defaults=dict(
+      type_vocab_size=0,
+      norm_bias=False,
+      attention_bias=False,
+      mlp_bias=False,
+      hidden_act="silu",
+      layer_norm_eps=1e-5,
+      hidden_dropout_prob=0.0,
+      attention_probs_dropout_prob=0.0,
+      classifier_dropout_prob=0.0,
+      rope_theta=10000.0,
+      tie_word_embeddings=False,
+      classifier_pooling="late",
+    ),
+    embedding_names=dict(word="embed_tokens"),
+    projection=None,
+    pooler=None,
+    final_norm="norm",
+    positions="rotary",
+    norm="pre",
+    norm_kind="rmsnorm",
+    ffn="gated",
+    token_types=False,
+    shared_layers=False,
+    heads={
+      # No transform; the decoder is its own matrix unless tie_word_embeddings.
+      "mlm": Head(
+        "tokens",
+        (
+          (("decoder",), "lm_head.weight", "linear", "untied"),
+          (("bias",), "lm_head.bias", "plain", "mlp_bias"),
+        ),
+        tied=("lm_head.weight",),
+      ),
+      "classifier": Head(
+        "pooling",
+        _dense("pre", "dense") + _dense("dense", "classifier"),
+        act="gelu",
+        pre_dropout=False,
+        dropout="none",
+      ),
+      "token_classifier": dataclasses.replace(_linear("tokens", "classifier"), dropout="none"),
+    },
+    architectures=_standard("eurobert", "EuroBert", ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(),
+    special_tokens=dict(
+      cls="<|begin_of_text|>",
+      sep="<|end_of_text|>",
+      pad="<|end_of_text|>",
+      mask="<|mask|>",
+      bos="<|begin_of_text|>",
+      eos="<|end_of_text|>",
+    ),
+    what_differs="Llama-like: pre-RMSNorm, SwiGLU, rotary q/k, grouped key/value heads, no "
+    "biases; an untied MLM decoder",
+  ),
+  "deberta-v2": Family(
+    model_type="deberta-v2",
+    prefix="deberta",
+    layer_prefix="encoder.layer.{i}.",
+    layer_names=DEBERTA_LAYER,
+    config_fields=_BERT_FIELDS
+    + (
+      "embedding_size",
+      "relative_attention",
+      "max_relative_positions",
+      "position_buckets",
+      "pos_att_type",
+      "share_att_key",
+      "norm_rel_ebd",
+      "position_biased_input",
+      "legacy",
+      "classifier_activation",
+    ),
+    config_keys=dict(
+      classifier_dropout_prob="cls_dropout", classifier_activation="pooler_hidden_act"
+    ),
+    config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-7, classifier_activation="gelu"),
+    projection="embeddings.embed_proj",
+    projection_bias=False,
+    project_before_norm=True,
+    pooler=None,
+    optional_token_types=True,
+    positions="absolute",
+    position_bias="disentangled",
+    relative_bias="encoder.rel_embeddings",
+    relative_norm="encoder.LayerNorm",
+    token_types=True,
+    shared_layers=False,
+    heads={
+      # transformers' two layouts: `legacy` (BERT's head, the default) or
+      # `lm_predictions.lm_head` (DeBERTa's own, as the released v3 checkpoints hold).
+      "mlm": Head(
+        "tokens",
+        tuple(
+          (path, name, kind, "legacy")
+          for path, name, kind, _ in _mlm(
+            "cls.predictions.transform.dense",
+            "cls.predictions.transform.LayerNorm",
+            "cls.predictions.bias",
+            (),
+            act=None,
+          ).tensors
+        )
+        + tuple(
+          (path, name, kind, "lm_head_layout")
+          for path, name, kind, _ in _mlm(
+            "lm_predictions.lm_head.dense",
+            "lm_predictions.lm_head.LayerNorm",
+            "lm_predictions.lm_head.bias",
+            (),
+            act=None,
+          ).tensors
+        ),
+        tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+      ),
+      # ContextPooler (dense -> pooler_hidden_act on the first token), then the classifier.
+      "classifier": Head(
+        "first", _dense("pre", "pooler.dense") + _dense("dense", "classifier"), act="classifier"
+      ),
+      "token_classifier": _linear("tokens", "classifier"),
+      # DeBERTa-v3's discriminator (the released code's `LMMaskPredictionHead`, held by
+      # the released v3 checkpoints): LayerNorm(h + h_first) -> dense -> hidden_act ->
+      # one logit per token. transformers has no class for it and skips its tensors.
+      "rtd": Head(
+        "tokens",
+        _norm("norm", "mask_predictions.LayerNorm")
+        + _dense("dense", "mask_predictions.dense")
+        + _dense("out", "mask_predictions.classifier"),
+      ),
+    },
+    architectures={
+      **_standard("deberta-v2", "DebertaV2", ("mlm", "classifier", "token_classifier")),
+      # transformers reads the base (and MLM head) and skips mask_predictions.
+      ("rtd",): "DebertaV2Model",
+      ("mlm", "rtd"): "DebertaV2ForMaskedLM",
+    },
+    no_pooler=frozenset(),
+    special_tokens=dict(_BERT_TOKENS),
+    what_differs="post-LN BERT whose scores add content-to-position and position-to-content "
+    "terms (log-bucketed relative embeddings shared by every layer, projected by each; "
+    "scaled 1/sqrt(3d)); no absolute positions in v3; SentencePiece",
+  ),
 }
 
 MODEL_TYPES = tuple(FAMILIES)

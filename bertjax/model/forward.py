@@ -31,21 +31,21 @@ from bertjax import kernels
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import Pooler, _head_module, pool
 from bertjax.model.input_checks import (
-    as_array,
-    capture_tuple,
-    check_block_sites,
-    check_inputs,
-    patch_arrays,
-    split_patch_functions,
-    value_checks,
+  as_array,
+  capture_tuple,
+  check_block_sites,
+  check_inputs,
+  patch_arrays,
+  split_patch_functions,
+  value_checks,
 )
 from bertjax.model.layers import (
-    Embeddings,
-    EncoderLayer,
-    Params,
-    compute_dtype,
-    final_norm_module,
-    relative_embeddings,
+  Embeddings,
+  EncoderLayer,
+  Params,
+  compute_dtype,
+  final_norm_module,
+  relative_embeddings,
 )
 from bertjax.model.packing import Packing, pack, pack_site, unpack, unpack_site
 from bertjax.model.prune import prune_heads
@@ -94,8 +94,10 @@ def init(config: BertConfig, rng: int | jax.Array = 0, heads: tuple[str, ...] = 
   """
   unknown = set(heads) - set(config.family.heads)
   if unknown:
-    raise ValueError(f"heads={sorted(unknown)} are not heads of a {config.model_type} model; "
-                     f"expected a subset of {tuple(config.family.heads)}")
+    raise ValueError(
+      f"heads={sorted(unknown)} are not heads of a {config.model_type} model; "
+      f"expected a subset of {tuple(config.family.heads)}"
+    )
   key = jax.random.key(rng) if isinstance(rng, int) else rng
   return _init(config, key, tuple(sorted(heads)))
 
@@ -115,8 +117,9 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   bias_table = relative_embeddings(params, config)
   # Block 1's structure (block 0 of ModernBERT skips its attention norm, so its init would
   # not create one); every block has the same parameters.
-  layer_init = lambda k: EncoderLayer(config).init(k, x, mask, layer=min(1, config.depth - 1),
-                                                   bias_table=bias_table)["params"]
+  layer_init = lambda k: EncoderLayer(config).init(
+    k, x, mask, layer=min(1, config.depth - 1), bias_table=bias_table
+  )["params"]
   layer_keys = jax.random.split(k_layers, config.num_param_layers)
   params["encoder"]["layers"] = jax.vmap(layer_init)(layer_keys)
   norm = final_norm_module(config)
@@ -140,28 +143,40 @@ def _init_position_table(config: BertConfig, key) -> Params:
   fam = config.family
   if fam.position_bias == "relative_buckets":
     shape = (config.relative_attention_num_buckets, config.num_attention_heads)
-    return {"relative_attention_bias": {
-        "embedding": jax.random.normal(key, shape) * config.initializer_range}}
+    return {
+      "relative_attention_bias": {
+        "embedding": jax.random.normal(key, shape) * config.initializer_range
+      }
+    }
   if not config.disentangled_terms:
     return {}
   shape = (2 * config.rel_span, config.hidden_size)
-  tables = {"rel_embeddings": {"embedding": jax.random.normal(key, shape)
-                               * config.initializer_range}}
+  tables = {
+    "rel_embeddings": {"embedding": jax.random.normal(key, shape) * config.initializer_range}
+  }
   if config.norm_rel_ebd == "layer_norm":
-    tables["rel_norm"] = {"scale": jnp.ones(config.hidden_size),
-                          "bias": jnp.zeros(config.hidden_size)}
+    tables["rel_norm"] = {
+      "scale": jnp.ones(config.hidden_size),
+      "bias": jnp.zeros(config.hidden_size),
+    }
   return tables
 
 
 # Checked forward ------------------------------------------------------------
 
 
-_STATIC_FORWARD_ARGS = ("head_ablation", "output_hidden_states", "output_attentions", "capture",
-                        "deterministic")
+_STATIC_FORWARD_ARGS = (
+  "head_ablation",
+  "output_hidden_states",
+  "output_attentions",
+  "capture",
+  "deterministic",
+)
 
 
-def checked_forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                    token_type_ids=None, **kwargs) -> BertOutput:
+def checked_forward(
+  params: Params, config: BertConfig, input_ids, attention_mask=None, token_type_ids=None, **kwargs
+) -> BertOutput:
   """A compiled `forward` whose value checks are compiled in too.
 
   Takes `forward`'s arguments and is itself jitted (call it directly, not inside
@@ -178,14 +193,22 @@ def checked_forward(params: Params, config: BertConfig, input_ids, attention_mas
     # The layout needs the concrete mask, outside the jit; False is no packing.
     packed = dynamic.pop("packed")
     if packed is True:
-      dynamic["packed"] = Packing.of(np.ones(np.shape(input_ids)) if attention_mask is None
-                                     else attention_mask)
+      dynamic["packed"] = Packing.of(
+        np.ones(np.shape(input_ids)) if attention_mask is None else attention_mask
+      )
     elif packed not in (False, None):
       raise TypeError(f"packed={type(packed).__name__} must be True, False or a Packing")
   if "capture" in kwargs:
     static = tuple((k, capture_tuple(v) if k == "capture" else v) for k, v in static)
-  err, out = _checked_forward(params, config, as_array(input_ids), as_array(attention_mask),
-                              as_array(token_type_ids), dynamic, static)
+  err, out = _checked_forward(
+    params,
+    config,
+    as_array(input_ids),
+    as_array(attention_mask),
+    as_array(token_type_ids),
+    dynamic,
+    static,
+  )
   try:
     err.throw()
   except checkify.JaxRuntimeError as e:
@@ -202,8 +225,9 @@ def _checked_forward(params, config, input_ids, attention_mask, token_type_ids, 
 
   def run(params, input_ids, attention_mask, token_type_ids, dynamic):
     value_checks(config, input_ids, token_type_ids, attention_mask)
-    return forward(params, config, input_ids, attention_mask, token_type_ids, **dynamic,
-                   **dict(static))
+    return forward(
+      params, config, input_ids, attention_mask, token_type_ids, **dynamic, **dict(static)
+    )
 
   return checkify.checkify(run)(params, input_ids, attention_mask, token_type_ids, dynamic)
 
@@ -211,12 +235,24 @@ def _checked_forward(params, config, input_ids, attention_mask, token_type_ids, 
 # The forward pass -----------------------------------------------------------
 
 
-def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
-            token_type_ids=None, *, head_mask=None, head_ablation: str = "scale",
-            layer_mask=None, output_hidden_states: bool = False,
-            output_attentions: bool = False, capture=(), patch=None,
-            deterministic: bool = True, rng: jax.Array | None = None,
-            packed: bool | Packing = False) -> BertOutput:
+def forward(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  head_mask=None,
+  head_ablation: str = "scale",
+  layer_mask=None,
+  output_hidden_states: bool = False,
+  output_attentions: bool = False,
+  capture=(),
+  patch=None,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+  packed: bool | Packing = False,
+) -> BertOutput:
   """Runs the encoder (and pooler) on a batch.
 
   Args:
@@ -264,16 +300,41 @@ def forward(params: Params, config: BertConfig, input_ids, attention_mask=None,
   """
   capture = capture_tuple(capture)
   input_ids, attention_mask, token_type_ids, head_mask, layer_mask = map(
-      as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask))
-  check_inputs(config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
-               head_ablation, capture=capture, patch=patch)
+    as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask)
+  )
+  check_inputs(
+    config,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    head_mask,
+    layer_mask,
+    head_ablation,
+    capture=capture,
+    patch=patch,
+  )
   patch, functions = split_patch_functions(patch_arrays(patch))
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
   packing = _packing_of(config, packed, input_ids, attention_mask, functions)
-  return _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask,
-                  layer_mask, rng, patch, head_ablation, output_hidden_states, output_attentions,
-                  deterministic, capture, functions, packing)
+  return _forward(
+    params,
+    config,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    head_mask,
+    layer_mask,
+    rng,
+    patch,
+    head_ablation,
+    output_hidden_states,
+    output_attentions,
+    deterministic,
+    capture,
+    functions,
+    packing,
+  )
 
 
 def _packing_of(config, packed, input_ids, attention_mask, functions) -> Packing | None:
@@ -281,80 +342,168 @@ def _packing_of(config, packed, input_ids, attention_mask, functions) -> Packing
   if packed is False or packed is None:
     return None
   if functions:
-    raise ValueError(f"packed=True takes array patches; the function patches of "
-                     f"{[site for site, _ in functions]} would see packed rows, not the batch")
+    raise ValueError(
+      f"packed=True takes array patches; the function patches of "
+      f"{[site for site, _ in functions]} would see packed rows, not the batch"
+    )
   if kernels.attention_impl(config.attention_impl) == "cudnn":
-    raise ValueError("packed=True needs segment ids in the attention kernel: use "
-                     "attention_impl 'pallas' or 'xla', not 'cudnn'")
+    raise ValueError(
+      "packed=True needs segment ids in the attention kernel: use "
+      "attention_impl 'pallas' or 'xla', not 'cudnn'"
+    )
   if packed is True:
     mask = np.ones(np.shape(input_ids), bool) if attention_mask is None else attention_mask
     return Packing.of(mask)
   if not isinstance(packed, Packing):
     raise TypeError(f"packed={type(packed).__name__} must be True, False or a Packing")
   if tuple(packed.row.shape) != (np.shape(input_ids)[0],) or packed.seq != np.shape(input_ids)[1]:
-    raise ValueError(f"the Packing is of a ({packed.row.shape[0]}, {packed.seq}) batch; "
-                     f"input_ids is {tuple(np.shape(input_ids))}")
+    raise ValueError(
+      f"the Packing is of a ({packed.row.shape[0]}, {packed.seq}) batch; "
+      f"input_ids is {tuple(np.shape(input_ids))}"
+    )
   concrete = not any(isinstance(a, jax.core.Tracer) for a in (attention_mask, packed.lengths))
   if attention_mask is not None and concrete:
     lengths = np.asarray(attention_mask).astype(bool).sum(1)
     if not np.array_equal(lengths, np.asarray(packed.lengths)):
-      raise ValueError(f"the Packing holds sequences of {np.asarray(packed.lengths).tolist()} "
-                       f"tokens; attention_mask has {lengths.tolist()} (a layout of another "
-                       "batch)")
+      raise ValueError(
+        f"the Packing holds sequences of {np.asarray(packed.lengths).tolist()} "
+        f"tokens; attention_mask has {lengths.tolist()} (a layout of another "
+        "batch)"
+      )
   return packed
 
 
 @functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13, 14))
-def _forward(params, config, input_ids, attention_mask, token_type_ids, head_mask, layer_mask,
-             rng, patch, head_ablation, output_hidden_states, output_attentions, deterministic,
-             capture, functions=(), packing=None):
+def _forward(
+  params,
+  config,
+  input_ids,
+  attention_mask,
+  token_type_ids,
+  head_mask,
+  layer_mask,
+  rng,
+  patch,
+  head_ablation,
+  output_hidden_states,
+  output_attentions,
+  deterministic,
+  capture,
+  functions=(),
+  packing=None,
+):
   rng_embed, rng_layers = (None, None) if rng is None else jax.random.split(rng)
   if packing is not None:
-    return _packed_forward(params, config, packing, input_ids, token_type_ids, head_mask,
-                           layer_mask, (rng_embed, rng_layers), patch or {}, head_ablation,
-                           output_hidden_states, output_attentions, deterministic, capture)
+    return _packed_forward(
+      params,
+      config,
+      packing,
+      input_ids,
+      token_type_ids,
+      head_mask,
+      layer_mask,
+      (rng_embed, rng_layers),
+      patch or {},
+      head_ablation,
+      output_hidden_states,
+      output_attentions,
+      deterministic,
+      capture,
+    )
   patch = {**(patch or {}), **dict(functions)}
-  x = embed(params, config, input_ids, token_type_ids, deterministic=deterministic,
-            rng=rng_embed, patch=patch.get("embeddings"))
+  x = embed(
+    params,
+    config,
+    input_ids,
+    token_type_ids,
+    deterministic=deterministic,
+    rng=rng_embed,
+    patch=patch.get("embeddings"),
+  )
   layers = run_layers(
-      params, config, x, attention_mask, head_mask=head_mask, head_ablation=head_ablation,
-      layer_mask=layer_mask, output_hidden_states=output_hidden_states,
-      output_attentions=output_attentions, capture=tuple(c for c in capture if c != "embeddings"),
-      patch={k: v for k, v in patch.items() if k != "embeddings"},
-      deterministic=deterministic, rng=rng_layers)
+    params,
+    config,
+    x,
+    attention_mask,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+    output_hidden_states=output_hidden_states,
+    output_attentions=output_attentions,
+    capture=tuple(c for c in capture if c != "embeddings"),
+    patch={k: v for k, v in patch.items() if k != "embeddings"},
+    deterministic=deterministic,
+    rng=rng_layers,
+  )
   cache = dict(layers.cache)
   if "embeddings" in capture:
     cache["embeddings"] = x
   return BertOutput(
-      last_hidden_state=layers.last,
-      pooler_output=pool(params, config, layers.last),
-      hidden_states=(None if layers.hidden_states is None
-                     else jnp.concatenate([x[None], layers.hidden_states])),
-      attentions=layers.attentions,
-      cache=cache if capture else None)
+    last_hidden_state=layers.last,
+    pooler_output=pool(params, config, layers.last),
+    hidden_states=(
+      None if layers.hidden_states is None else jnp.concatenate([x[None], layers.hidden_states])
+    ),
+    attentions=layers.attentions,
+    cache=cache if capture else None,
+  )
 
 
-def _packed_forward(params, config, packing: Packing, input_ids, token_type_ids, head_mask,
-                    layer_mask, rngs, patch, head_ablation, output_hidden_states,
-                    output_attentions, deterministic, capture) -> BertOutput:
+def _packed_forward(
+  params,
+  config,
+  packing: Packing,
+  input_ids,
+  token_type_ids,
+  head_mask,
+  layer_mask,
+  rngs,
+  patch,
+  head_ablation,
+  output_hidden_states,
+  output_attentions,
+  deterministic,
+  capture,
+) -> BertOutput:
   """`_forward` on packed rows: inputs, head masks and patches packed, every block run on
   the rows, every output unpacked (`forward(packed=)`)."""
   batch, seq = input_ids.shape
   ids = pack(input_ids, packing)
   types = None if token_type_ids is None else pack(token_type_ids, packing)
-  patch = {site: tuple(pack_site(a, SITES[site][0], packing, depth=site != "embeddings")
-                       for a in entry) for site, entry in patch.items()}
+  patch = {
+    site: tuple(pack_site(a, SITES[site][0], packing, depth=site != "embeddings") for a in entry)
+    for site, entry in patch.items()
+  }
   if head_mask is not None and head_mask.ndim == 3:  # (B, L, N): per token, (R, P, L, N)
-    head_mask = pack(jnp.broadcast_to(head_mask[:, None], (batch, seq) + head_mask.shape[1:]),
-                     packing)
-  x = embed(params, config, ids, types, deterministic=deterministic, rng=rngs[0],
-            patch=patch.get("embeddings"), positions=packing.positions)
+    head_mask = pack(
+      jnp.broadcast_to(head_mask[:, None], (batch, seq) + head_mask.shape[1:]), packing
+    )
+  x = embed(
+    params,
+    config,
+    ids,
+    types,
+    deterministic=deterministic,
+    rng=rngs[0],
+    patch=patch.get("embeddings"),
+    positions=packing.positions,
+  )
   layers = _run_blocks(
-      params, config, x, packing.key_mask, head_mask=head_mask, head_ablation=head_ablation,
-      layer_mask=layer_mask, output_hidden_states=output_hidden_states,
-      output_attentions=output_attentions, capture=tuple(c for c in capture if c != "embeddings"),
-      patch={k: v for k, v in patch.items() if k != "embeddings"},
-      deterministic=deterministic, rng=rngs[1], packing=packing)
+    params,
+    config,
+    x,
+    packing.key_mask,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+    output_hidden_states=output_hidden_states,
+    output_attentions=output_attentions,
+    capture=tuple(c for c in capture if c != "embeddings"),
+    patch={k: v for k, v in patch.items() if k != "embeddings"},
+    deterministic=deterministic,
+    rng=rngs[1],
+    packing=packing,
+  )
   cache = {site: unpack_site(v, SITES[site][0], packing) for site, v in layers.cache.items()}
   if "embeddings" in capture:
     cache["embeddings"] = unpack(x, packing)
@@ -362,15 +511,32 @@ def _packed_forward(params, config, packing: Packing, input_ids, token_type_ids,
   states = None
   if layers.hidden_states is not None:
     states = unpack_site(jnp.concatenate([x[None], layers.hidden_states]), "batch seq", packing)
-  maps = (None if layers.attentions is None
-          else unpack_site(layers.attentions, "batch heads seq seq", packing))
-  return BertOutput(last_hidden_state=last, pooler_output=pool(params, config, last),
-                    hidden_states=states, attentions=maps, cache=cache if capture else None)
+  maps = (
+    None
+    if layers.attentions is None
+    else unpack_site(layers.attentions, "batch heads seq seq", packing)
+  )
+  return BertOutput(
+    last_hidden_state=last,
+    pooler_output=pool(params, config, last),
+    hidden_states=states,
+    attentions=maps,
+    cache=cache if capture else None,
+  )
 
 
-def embed(params: Params, config: BertConfig, input_ids, token_type_ids=None, *,
-          deterministic: bool = True, rng: jax.Array | None = None, patch=None,
-          positions=None, offset=None) -> jax.Array:
+def embed(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  token_type_ids=None,
+  *,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+  patch=None,
+  positions=None,
+  offset=None,
+) -> jax.Array:
   """The embedding block's output (batch, seq, hidden): the input of block 0.
 
   `patch` is the `embeddings` site's `(value, weight)`, if any; `positions` (batch, seq)
@@ -381,9 +547,15 @@ def embed(params: Params, config: BertConfig, input_ids, token_type_ids=None, *,
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(input_ids)
   rngs = None if deterministic else {"dropout": rng}
-  x = Embeddings(config).apply({"params": params["embeddings"]}, input_ids, token_type_ids,
-                               deterministic=deterministic, positions=positions,
-                               offset=offset, rngs=rngs)
+  x = Embeddings(config).apply(
+    {"params": params["embeddings"]},
+    input_ids,
+    token_type_ids,
+    deterministic=deterministic,
+    positions=positions,
+    offset=offset,
+    rngs=rngs,
+  )
   return x if patch is None else mix(x, *patch)
 
 
@@ -409,13 +581,26 @@ def _split_patch(config: BertConfig, patch, start: int, stop: int):
   return scanned, const
 
 
-def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, *,
-               start: int = 0, stop: int | None = None, head_mask=None,
-               head_ablation: str = "scale", layer_mask=None,
-               output_hidden_states: bool = False, output_attentions: bool = False,
-               capture=(), patch=None, deterministic: bool = True,
-               rng: jax.Array | None = None, final_rows=None,
-               unroll: bool = False) -> LayersOutput:
+def run_layers(
+  params: Params,
+  config: BertConfig,
+  hidden,
+  attention_mask=None,
+  *,
+  start: int = 0,
+  stop: int | None = None,
+  head_mask=None,
+  head_ablation: str = "scale",
+  layer_mask=None,
+  output_hidden_states: bool = False,
+  output_attentions: bool = False,
+  capture=(),
+  patch=None,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+  final_rows=None,
+  unroll: bool = False,
+) -> LayersOutput:
   """Runs encoder blocks `start .. stop-1` on `hidden` (the input of block `start`).
 
   `head_mask`, `layer_mask` and `patch` cover all `config.depth` blocks (as in
@@ -442,19 +627,50 @@ def run_layers(params: Params, config: BertConfig, hidden, attention_mask=None, 
     attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
   """
   capture, patch = check_block_sites(config, hidden, capture, patch)  # functions kept
-  return _run_blocks(params, config, hidden, attention_mask, start=start, stop=stop,
-                     head_mask=head_mask, head_ablation=head_ablation, layer_mask=layer_mask,
-                     output_hidden_states=output_hidden_states,
-                     output_attentions=output_attentions, capture=capture,
-                     patch=patch, deterministic=deterministic, rng=rng, final_rows=final_rows,
-                     unroll=unroll)
+  return _run_blocks(
+    params,
+    config,
+    hidden,
+    attention_mask,
+    start=start,
+    stop=stop,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+    output_hidden_states=output_hidden_states,
+    output_attentions=output_attentions,
+    capture=capture,
+    patch=patch,
+    deterministic=deterministic,
+    rng=rng,
+    final_rows=final_rows,
+    unroll=unroll,
+  )
 
 
-def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=None,
-                head_mask=None, head_ablation="scale", layer_mask=None,
-                output_hidden_states=False, output_attentions=False, capture=(), patch=None,
-                deterministic=True, rng=None, stats=False, special_mask=None,
-                final_rows=None, unroll=False, packing=None) -> LayersOutput:
+def _run_blocks(
+  params,
+  config,
+  hidden,
+  attention_mask=None,
+  *,
+  start=0,
+  stop=None,
+  head_mask=None,
+  head_ablation="scale",
+  layer_mask=None,
+  output_hidden_states=False,
+  output_attentions=False,
+  capture=(),
+  patch=None,
+  deterministic=True,
+  rng=None,
+  stats=False,
+  special_mask=None,
+  final_rows=None,
+  unroll=False,
+  packing=None,
+) -> LayersOutput:
   """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones (and
   with `unroll`).
 
@@ -501,28 +717,48 @@ def _run_blocks(params, config, hidden, attention_mask=None, *, start=0, stop=No
     arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight
     block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
     fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
-    sites = Sites(capture, block_patch, hm, head_ablation, lm, kept=kept,
-                  num_heads=config.num_attention_heads, rows=None if fused else rows,
-                  functions=functions, layer=layer, packing=packing)
+    sites = Sites(
+      capture,
+      block_patch,
+      hm,
+      head_ablation,
+      lm,
+      kept=kept,
+      num_heads=config.num_attention_heads,
+      rows=None if fused else rows,
+      functions=functions,
+      layer=layer,
+      packing=packing,
+    )
     n = None if kept is None else len(kept)
     y, maps = EncoderLayer(config, n).apply(
-        {"params": layer_params}, h, key_mask, sites, output_attentions,
-        deterministic, special_mask, stats, layer, bias_table,
-        rngs=None if key is None else {"dropout": key})
+      {"params": layer_params},
+      h,
+      key_mask,
+      sites,
+      output_attentions,
+      deterministic,
+      special_mask,
+      stats,
+      layer,
+      bias_table,
+      rngs=None if key is None else {"dropout": key},
+    )
     if rows is not None:  # zeros at the rows not asked for (`run_layers`)
       y, maps, captured = _at_final_rows(y, maps, sites.captured, rows, h.shape[1], fused)
       sites.captured = captured
-    return y, (y if output_hidden_states else None, maps if want_maps else None,
-               sites.captured)
+    return y, (y if output_hidden_states else None, maps if want_maps else None, sites.captured)
 
   if config.is_pruned or unroll:
     if stats:
       raise ValueError("attention statistics do not support pruned models; use head masks")
-    out = _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys,
-                        scanned, block, final_rows)
+    out = _run_unrolled(
+      params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block, final_rows
+    )
   else:
-    out = _run_scanned(params, config, hidden, start, stop,
-                       (head_mask, layer_mask, keys, scanned), block, final_rows)
+    out = _run_scanned(
+      params, config, hidden, start, stop, (head_mask, layer_mask, keys, scanned), block, final_rows
+    )
   if stop == config.depth and stop > start and config.family.final_norm:
     out = _final_norm(params, config, out, final_rows)
   return out
@@ -533,8 +769,9 @@ def _final_norm(params, config, out: LayersOutput, final_rows) -> LayersOutput:
   them) on the last hidden state; zero again outside `final_rows`."""
   last = final_norm(params, config, out.last)
   if final_rows is not None:
-    keep = jnp.zeros(last.shape[:2], bool).at[
-        jnp.arange(last.shape[0])[:, None], final_rows].set(True)
+    keep = (
+      jnp.zeros(last.shape[:2], bool).at[jnp.arange(last.shape[0])[:, None], final_rows].set(True)
+    )
     last = jnp.where(keep[:, :, None], last, 0)
   states = out.hidden_states
   if states is not None:
@@ -571,8 +808,12 @@ def _run_scanned(params, config, hidden, start, stop, per_block, block, final_ro
   whole = not shared and (start, scan_stop) == (0, config.depth)
   layer_xs = stacked if whole else None
   scanned = per_block if final_rows is None else tuple(at(t, slice(0, -1)) for t in per_block)
-  last, ys = jax.lax.scan(body, hidden, (jnp.arange(start, scan_stop), layer_xs, *scanned),
-                          unroll=min(config.scan_unroll, max(scan_stop - start, 1)))
+  last, ys = jax.lax.scan(
+    body,
+    hidden,
+    (jnp.arange(start, scan_stop), layer_xs, *scanned),
+    unroll=min(config.scan_unroll, max(scan_stop - start, 1)),
+  )
   if final_rows is None:
     return LayersOutput(last, *ys)
   # The last block on its own, at the rows read; its outputs join the scanned ones.
@@ -602,17 +843,27 @@ def _at_final_rows(y, maps, captured, rows, seq_len, full: bool):
     keep = jnp.zeros(y.shape[:2], bool).at[jnp.arange(y.shape[0])[:, None], rows].set(True)
     y = jnp.where(keep[:, :, None], y, 0)
     maps = None if maps is None else jnp.where(keep[:, None, :, None], maps, 0)
-    captured = {name: jnp.where(jnp.expand_dims(keep, [a for a in range(2, v.ndim)])
-                                if ROW_AXIS[name] == 1 else keep[:, None, :, None], v, 0)
-                if name in ROW_AXIS else v for name, v in captured.items()}
+    captured = {
+      name: jnp.where(
+        jnp.expand_dims(keep, [a for a in range(2, v.ndim)])
+        if ROW_AXIS[name] == 1
+        else keep[:, None, :, None],
+        v,
+        0,
+      )
+      if name in ROW_AXIS
+      else v
+      for name, v in captured.items()
+    }
     return y, maps, captured
   y = put_rows(y, rows, seq_len)
   maps = None if maps is None else put_rows(maps, rows, seq_len, axis=2)
   return y, maps, captured  # captures were placed by `Sites.visit`
 
 
-def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block,
-                  final_rows=None):
+def _run_unrolled(
+  params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block, final_rows=None
+):
   """The same block in a Python loop: a pruned model's blocks (different head counts cannot
   share a scan), or any model's on request (`run_layers(unroll=True)`)."""
   layers = params["encoder"]["layers"]
@@ -628,8 +879,17 @@ def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, ke
     hm = None if hm is None else hm[i]
     lm = None if layer_mask is None else layer_mask[i]
     rows = final_rows if d == stop - 1 else None
-    h, out = block(d, layer_params, h, hm, lm, None if keys is None else keys[i],
-                   {k: v[i] for k, v in scanned.items()}, kept=kept, rows=rows)
+    h, out = block(
+      d,
+      layer_params,
+      h,
+      hm,
+      lm,
+      None if keys is None else keys[i],
+      {k: v[i] for k, v in scanned.items()},
+      kept=kept,
+      rows=rows,
+    )
     states, maps, cache = out
     if maps is not None and kept is not None:  # pruned heads show as all-zero maps
       full = jnp.zeros(maps.shape[:1] + (config.num_attention_heads,) + maps.shape[2:], maps.dtype)
@@ -641,9 +901,17 @@ def _run_unrolled(params, config, hidden, start, stop, head_mask, layer_mask, ke
   return LayersOutput(h, stack(list(states)), stack(list(maps)), cache)
 
 
-def attention_statistics(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                         token_type_ids=None, *, special_mask=None, head_mask=None,
-                         head_ablation: str = "scale") -> dict[str, jax.Array]:
+def attention_statistics(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  special_mask=None,
+  head_mask=None,
+  head_ablation: str = "scale",
+) -> dict[str, jax.Array]:
   """Per-layer, per-head attention statistics without materialising attention maps.
 
   With `config.attention_impl` "pallas" (or "auto" on GPU/TPU) they are
@@ -664,18 +932,37 @@ def attention_statistics(params: Params, config: BertConfig, input_ids, attentio
   if config.is_pruned:
     raise ValueError("attention_statistics does not support pruned models; use head masks")
   if special_mask is not None and tuple(np.shape(special_mask)) != tuple(np.shape(input_ids)):
-    raise ValueError(f"special_mask shape {tuple(np.shape(special_mask))} must equal input_ids "
-                     f"shape {tuple(np.shape(input_ids))}")
-  return _attention_statistics(params, config, input_ids, attention_mask, token_type_ids,
-                               special_mask, head_mask, head_ablation)
+    raise ValueError(
+      f"special_mask shape {tuple(np.shape(special_mask))} must equal input_ids "
+      f"shape {tuple(np.shape(input_ids))}"
+    )
+  return _attention_statistics(
+    params,
+    config,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    special_mask,
+    head_mask,
+    head_ablation,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 7))
-def _attention_statistics(params, config, input_ids, attention_mask, token_type_ids,
-                          special_mask, head_mask, head_ablation):
+def _attention_statistics(
+  params, config, input_ids, attention_mask, token_type_ids, special_mask, head_mask, head_ablation
+):
   x = embed(params, config, input_ids, token_type_ids)
-  return _run_blocks(params, config, x, attention_mask, head_mask=head_mask,
-                     head_ablation=head_ablation, stats=True, special_mask=special_mask).attentions
+  return _run_blocks(
+    params,
+    config,
+    x,
+    attention_mask,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    stats=True,
+    special_mask=special_mask,
+  ).attentions
 
 
 def count_params(params: Params) -> int:

@@ -19,13 +19,13 @@ from flax import linen as nn
 from bertjax.model.config import BertConfig
 from bertjax.model.families import HEADS
 from bertjax.model.layers import (
-    Params,
-    _dense_kw,
-    _init,
-    _layer_norm,
-    accum_dtype,
-    activation_of,
-    compute_dtype,
+  Params,
+  _dense_kw,
+  _init,
+  _layer_norm,
+  accum_dtype,
+  activation_of,
+  compute_dtype,
 )
 
 # `out` arguments are `forward.BertOutput`s (not imported: forward imports this module).
@@ -41,9 +41,13 @@ class Pooler(nn.Module):
   def __call__(self, hidden):
     cfg = self.config
     x = hidden[:, 0]
-    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg),
-                 dtype=compute_dtype(cfg),
-                 name="dense")(x)
+    x = nn.Dense(
+      cfg.hidden_size,
+      kernel_init=_init(cfg),
+      **_dense_kw(cfg),
+      dtype=compute_dtype(cfg),
+      name="dense",
+    )(x)
     return activation_of(cfg, "tanh")(x)
 
 
@@ -68,11 +72,18 @@ class MLMHead(nn.Module):
     dtype = compute_dtype(cfg)
     x = hidden
     if spec.has("dense"):
-      x = nn.Dense(cfg.embed_dim, use_bias=spec.has_tensor(cfg, ("dense", "bias")),
-                   kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense")(x)
+      x = nn.Dense(
+        cfg.embed_dim,
+        use_bias=spec.has_tensor(cfg, ("dense", "bias")),
+        kernel_init=_init(cfg),
+        **_dense_kw(cfg),
+        dtype=dtype,
+        name="dense",
+      )(x)
       x = activation_of(cfg, head_activation(cfg, spec.act))(x)
-      x = _layer_norm(cfg, "LayerNorm", kind="layernorm",
-                      use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias")))(x)
+      x = _layer_norm(
+        cfg, "LayerNorm", kind="layernorm", use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias"))
+      )(x)
     if spec.has_tensor(cfg, ("decoder",)):
       decoder = self.param("decoder", _init(cfg), (cfg.embed_dim, cfg.vocab_size))
       logits = jnp.einsum("...e,ev->...v", x, decoder.astype(dtype))
@@ -105,15 +116,23 @@ class Classifier(nn.Module):
     if spec is not None and spec.has("pre"):
       if spec.pre_dropout:
         x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-      x = nn.Dense(cfg.hidden_size, use_bias=spec.has_tensor(cfg, ("pre", "bias")),
-                   kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="pre")(x)
+      x = nn.Dense(
+        cfg.hidden_size,
+        use_bias=spec.has_tensor(cfg, ("pre", "bias")),
+        kernel_init=_init(cfg),
+        **_dense_kw(cfg),
+        dtype=dtype,
+        name="pre",
+      )(x)
       x = activation_of(cfg, head_activation(cfg, spec.act))(x)
       if spec.has("norm"):
-        x = _layer_norm(cfg, "norm", kind="layernorm",
-                        use_bias=spec.has_tensor(cfg, ("norm", "bias")))(x)
+        x = _layer_norm(
+          cfg, "norm", kind="layernorm", use_bias=spec.has_tensor(cfg, ("norm", "bias"))
+        )(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
-    x = nn.Dense(self.num_outputs, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                 name="dense")(x)
+    x = nn.Dense(
+      self.num_outputs, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense"
+    )(x)
     return x.astype(accum_dtype(cfg))
 
 
@@ -131,8 +150,9 @@ class RTDHead(nn.Module):
     dtype = compute_dtype(cfg)
     if cfg.family.heads["rtd"].has("norm"):
       hidden = _layer_norm(cfg, "norm", kind="layernorm")(hidden + hidden[..., :1, :])
-    x = nn.Dense(cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                 name="dense")(hidden)
+    x = nn.Dense(
+      cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense"
+    )(hidden)
     x = activation_of(cfg, cfg.hidden_act)(x)
     x = nn.Dense(1, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="out")(x)
     return x[..., 0].astype(accum_dtype(cfg))
@@ -146,8 +166,11 @@ def _head_module(config: BertConfig, head: str):
     return RTDHead(config)
   if head == "nsp":
     return Classifier(config, 2, 0.0)
-  dropout = {"classifier": config.classifier_dropout, "hidden": config.hidden_dropout_prob,
-             "none": 0.0}[spec.dropout]
+  dropout = {
+    "classifier": config.classifier_dropout,
+    "hidden": config.hidden_dropout_prob,
+    "none": 0.0,
+  }[spec.dropout]
   # Hugging Face sizes ALBERT's SOP head by num_labels too (2 in every released model).
   return Classifier(config, config.num_labels, dropout, spec)
 
@@ -166,8 +189,14 @@ def _head_params(params: Params, head: str) -> Params:
   return params[head]
 
 
-def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic: bool = True,
-                rng: jax.Array | None = None) -> jax.Array:
+def _apply_head(
+  head: str,
+  params: Params,
+  config: BertConfig,
+  x,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+) -> jax.Array:
   head_reads(config, head)  # a head the family has
   rngs = None if deterministic else {"dropout": rng}
   module = _head_module(config, head)
@@ -176,25 +205,28 @@ def _apply_head(head: str, params: Params, config: BertConfig, x, deterministic:
     return module.apply({"params": _head_params(params, head)}, x, word)
   if head == "rtd":
     return module.apply({"params": _head_params(params, head)}, x)
-  return module.apply({"params": _head_params(params, head)}, x, deterministic=deterministic,
-                      rngs=rngs)
+  return module.apply(
+    {"params": _head_params(params, head)}, x, deterministic=deterministic, rngs=rngs
+  )
 
 
 def head_reads(config: BertConfig, head: str) -> str:
   """What `head` reads: "pooled", "first", "tokens", "mean" or "late" (the family's head,
   with `config.classifier_pooling` deciding where the family pools by config)."""
   if head not in config.family.heads:
-    raise ValueError(f"a {config.model_type} model has no {head!r} head; its heads are "
-                     f"{tuple(config.family.heads)}")
+    raise ValueError(
+      f"a {config.model_type} model has no {head!r} head; its heads are "
+      f"{tuple(config.family.heads)}"
+    )
   reads = config.family.heads[head].reads
   if reads == "pooling":
-    return {"cls": "first", "bos": "first"}.get(config.classifier_pooling,
-                                                config.classifier_pooling)
+    return {"cls": "first", "bos": "first"}.get(
+      config.classifier_pooling, config.classifier_pooling
+    )
   return reads
 
 
-def head_input(config: BertConfig, out: BertOutput, head: str,
-               attention_mask=None) -> jax.Array:
+def head_input(config: BertConfig, out: BertOutput, head: str, attention_mask=None) -> jax.Array:
   """What `head` reads from a forward output: the pooler output, the first token, the
   masked mean of the tokens ("mean" pooling; `attention_mask` None means all real), or all
   tokens (token heads, and "late" pooling, whose logits are averaged afterwards)."""
@@ -219,9 +251,16 @@ def masked_mean(x, attention_mask=None):
   return (x * m).sum(1) / m.sum(1)
 
 
-def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, *,
-                attention_mask=None, deterministic: bool = True,
-                rng: jax.Array | None = None) -> jax.Array:
+def head_logits(
+  params: Params,
+  config: BertConfig,
+  out: BertOutput,
+  head: str,
+  *,
+  attention_mask=None,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+) -> jax.Array:
   """A task head's logits from `forward`'s output, for any family.
 
   Each head reads what its Hugging Face class reads: BERT's, ALBERT's and NomicBERT's
@@ -242,8 +281,9 @@ def head_logits(params: Params, config: BertConfig, out: BertOutput, head: str, 
   Returns:
     The logits.
   """
-  logits = _apply_head(head, params, config, head_input(config, out, head, attention_mask),
-                       deterministic, rng)
+  logits = _apply_head(
+    head, params, config, head_input(config, out, head, attention_mask), deterministic, rng
+  )
   if head_reads(config, head) == "late":
     logits = masked_mean(logits, attention_mask)
   return logits
@@ -269,14 +309,21 @@ def nsp_logits(params: Params, config: BertConfig, pooled) -> jax.Array:
   return _apply_head("nsp", params, config, pooled)
 
 
-def sop_logits(params: Params, config: BertConfig, pooled, *, deterministic: bool = True,
-               rng: jax.Array | None = None) -> jax.Array:
+def sop_logits(
+  params: Params,
+  config: BertConfig,
+  pooled,
+  *,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+) -> jax.Array:
   """ALBERT sentence-order-prediction logits (batch, 2) from the pooler output."""
   return _apply_head("sop", params, config, pooled, deterministic, rng)
 
 
-def classify(params: Params, config: BertConfig, x, *, deterministic: bool = True,
-             rng: jax.Array | None = None) -> jax.Array:
+def classify(
+  params: Params, config: BertConfig, x, *, deterministic: bool = True, rng: jax.Array | None = None
+) -> jax.Array:
   """Sequence-classification logits from what the family's head reads.
 
   `x` is the pooler output for BERT and ALBERT and the first token's final state
@@ -288,7 +335,13 @@ def classify(params: Params, config: BertConfig, x, *, deterministic: bool = Tru
   return _apply_head("classifier", params, config, x, deterministic, rng)
 
 
-def token_classify(params: Params, config: BertConfig, hidden, *, deterministic: bool = True,
-                   rng: jax.Array | None = None) -> jax.Array:
+def token_classify(
+  params: Params,
+  config: BertConfig,
+  hidden,
+  *,
+  deterministic: bool = True,
+  rng: jax.Array | None = None,
+) -> jax.Array:
   """Token-classification logits (batch, seq, num_labels) from the last hidden state."""
   return _apply_head("token_classifier", params, config, hidden, deterministic, rng)

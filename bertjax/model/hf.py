@@ -14,7 +14,8 @@ import json
 import os
 import pathlib
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,24 +27,37 @@ from bertjax.model.layers import Params
 
 # How a tensor is stored here vs in torch; `to_hf` and `from_hf` are inverses.
 # Each kind maps (our array, config) -> torch array and back.
-_Kind = tuple[Callable[[np.ndarray, BertConfig], np.ndarray],
-              Callable[[np.ndarray, BertConfig], np.ndarray]]
+_Kind = tuple[
+  Callable[[np.ndarray, BertConfig], np.ndarray], Callable[[np.ndarray, BertConfig], np.ndarray]
+]
 _KINDS: dict[str, _Kind] = {
-    "plain": (lambda a, c: a, lambda a, c: a),
-    "linear": (lambda a, c: a.T, lambda a, c: a.T),
-    # query/key/value kernels: ours (H, N, D), torch (N*D, H).
-    # (N varies per layer in a pruned model, and is the key/value heads for k and v.)
-    "qkv": (lambda a, c: a.reshape(a.shape[0], -1).T,
-            lambda a, c: a.T.reshape(a.shape[1], -1, c.head_dim)),
-    "qkv_bias": (lambda a, c: a.reshape(-1), lambda a, c: a.reshape(-1, c.head_dim)),
-    # attention output kernel: ours (N, D, H), torch (H, N*D).
-    "out": (lambda a, c: a.reshape(-1, a.shape[-1]).T,
-            lambda a, c: a.T.reshape(-1, c.head_dim, a.shape[0])),
+  "plain": (lambda a, c: a, lambda a, c: a),
+  "linear": (lambda a, c: a.T, lambda a, c: a.T),
+  # query/key/value kernels: ours (H, N, D), torch (N*D, H).
+  # (N varies per layer in a pruned model, and is the key/value heads for k and v.)
+  "qkv": (
+    lambda a, c: a.reshape(a.shape[0], -1).T,
+    lambda a, c: a.T.reshape(a.shape[1], -1, c.head_dim),
+  ),
+  "qkv_bias": (lambda a, c: a.reshape(-1), lambda a, c: a.reshape(-1, c.head_dim)),
+  # attention output kernel: ours (N, D, H), torch (H, N*D).
+  "out": (
+    lambda a, c: a.reshape(-1, a.shape[-1]).T,
+    lambda a, c: a.T.reshape(-1, c.head_dim, a.shape[0]),
+  ),
 }
 # The kind of each layer role's kernel (its bias is "qkv_bias" for q/k/v, else "plain").
-_ROLE_KINDS = {"query": "qkv", "key": "qkv", "value": "qkv", "attn_output": "out",
-               "ffn_in": "linear", "ffn_gate": "linear", "ffn_out": "linear",
-               "pos_key": "qkv", "pos_query": "qkv"}
+_ROLE_KINDS = {
+  "query": "qkv",
+  "key": "qkv",
+  "value": "qkv",
+  "attn_output": "out",
+  "ffn_in": "linear",
+  "ffn_gate": "linear",
+  "ffn_out": "linear",
+  "pos_key": "qkv",
+  "pos_query": "qkv",
+}
 _ATTENTION_ROLES = ("query", "key", "value", "attn_output", "pos_key", "pos_query")
 
 
@@ -62,11 +76,13 @@ def _role_tensors(config: BertConfig, role: str):
   if role in NORM_ROLES:
     bias = config.norm_bias and config.family.norm_kind == "layernorm"
     return [(path + ("scale",), "weight", "plain")] + (
-        [(path + ("bias",), "bias", "plain")] if bias else [])
+      [(path + ("bias",), "bias", "plain")] if bias else []
+    )
   bias = config.attention_bias if role in _ATTENTION_ROLES else config.mlp_bias
   kernel = _ROLE_KINDS[role]
   return [(path + ("kernel",), "weight", kernel)] + (
-      [(path + ("bias",), "bias", "qkv_bias" if kernel == "qkv" else "plain")] if bias else [])
+    [(path + ("bias",), "bias", "qkv_bias" if kernel == "qkv" else "plain")] if bias else []
+  )
 
 
 def _layer_entries(config: BertConfig, layer: int):
@@ -84,8 +100,9 @@ def _layer_entries(config: BertConfig, layer: int):
       for i, (_, suffix, kind) in enumerate(parts[0]):
         entries.append((f"{hf}.{suffix}", [part[i][0] for part in parts], kind))
     else:
-      entries += [(f"{hf}.{suffix}", [path], kind)
-                  for path, suffix, kind in _role_tensors(config, name)]
+      entries += [
+        (f"{hf}.{suffix}", [path], kind) for path, suffix, kind in _role_tensors(config, name)
+      ]
   return entries
 
 
@@ -101,28 +118,46 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
   if config.type_vocab_size:
     tables.append(("token_type", "token_type_embeddings"))
   for role, ours in tables:
-    entries.append((f"{base}{names[role]}.weight", [("embeddings", ours, "embedding")], None,
-                    "plain"))
+    entries.append(
+      (f"{base}{names[role]}.weight", [("embeddings", ours, "embedding")], None, "plain")
+    )
   if "norm" in names:
     norm_bias = ["bias"] if config.norm_bias else []
     for ours, theirs in [("scale", "weight")] + [("bias", "bias")] * len(norm_bias):
-      entries.append((f"{base}{names['norm']}.{theirs}", [("embeddings", "LayerNorm", ours)],
-                      None, "plain"))
+      entries.append(
+        (f"{base}{names['norm']}.{theirs}", [("embeddings", "LayerNorm", ours)], None, "plain")
+      )
   if config.has_embedding_projection:
-    parts = (("kernel", "weight", "linear"),) + ((("bias", "bias", "plain"),)
-                                                 if fam.projection_bias else ())
+    parts = (("kernel", "weight", "linear"),) + (
+      (("bias", "bias", "plain"),) if fam.projection_bias else ()
+    )
     for ours, theirs, kind in parts:
-      entries.append((f"{base}{fam.projection}.{theirs}", [("embeddings", "projection", ours)],
-                      None, kind))
+      entries.append(
+        (f"{base}{fam.projection}.{theirs}", [("embeddings", "projection", ours)], None, kind)
+      )
   if fam.position_bias == "relative_buckets":
-    entries.append((f"{base}{fam.relative_bias}.weight",
-                    [("encoder", "relative_attention_bias", "embedding")], None, "plain"))
+    entries.append(
+      (
+        f"{base}{fam.relative_bias}.weight",
+        [("encoder", "relative_attention_bias", "embedding")],
+        None,
+        "plain",
+      )
+    )
   elif config.disentangled_terms:
-    entries.append((f"{base}{fam.relative_bias}.weight",
-                    [("encoder", "rel_embeddings", "embedding")], None, "plain"))
+    entries.append(
+      (
+        f"{base}{fam.relative_bias}.weight",
+        [("encoder", "rel_embeddings", "embedding")],
+        None,
+        "plain",
+      )
+    )
     if config.norm_rel_ebd == "layer_norm":
-      entries += [(f"{base}{fam.relative_norm}.{theirs}", [("encoder", "rel_norm", ours)], None,
-                   "plain") for ours, theirs in (("scale", "weight"), ("bias", "bias"))]
+      entries += [
+        (f"{base}{fam.relative_norm}.{theirs}", [("encoder", "rel_norm", ours)], None, "plain")
+        for ours, theirs in (("scale", "weight"), ("bias", "bias"))
+      ]
   for p in range(config.num_param_layers):
     g, j = divmod(p, config.inner_group_num)
     prefix = base + fam.layer_prefix.format(i=p, g=g, j=j)
@@ -130,14 +165,16 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
       entries.append((prefix + suffix, [("encoder", "layers") + sub for sub in paths], p, kind))
   if fam.final_norm:
     for path, suffix, kind in _role_tensors(config, "attn_norm"):
-      entries.append((f"{base}{fam.final_norm}.{suffix}", [("encoder", "LayerNorm", path[-1])],
-                      None, kind))
+      entries.append(
+        (f"{base}{fam.final_norm}.{suffix}", [("encoder", "LayerNorm", path[-1])], None, kind)
+      )
   if pooler:
     for ours, theirs, kind in (("kernel", "weight", "linear"), ("bias", "bias", "plain")):
       entries.append((f"{base}{fam.pooler}.{theirs}", [("pooler", "dense", ours)], None, kind))
   for head in heads:
-    entries += [(name, [(head,) + sub], None, kind)
-                for sub, name, kind in fam.heads[head].present(config)]
+    entries += [
+      (name, [(head,) + sub], None, kind) for sub, name, kind in fam.heads[head].present(config)
+    ]
   return entries
 
 
@@ -147,8 +184,9 @@ def _to_torch(kind: str, arrays: list[np.ndarray], config: BertConfig) -> np.nda
   return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
-def _from_torch(kind: str, array: np.ndarray, config: BertConfig,
-                sizes: list[int]) -> list[np.ndarray]:
+def _from_torch(
+  kind: str, array: np.ndarray, config: BertConfig, sizes: list[int]
+) -> list[np.ndarray]:
   """A torch-layout array as our arrays; a fused one split into parts of `sizes` rows."""
   cuts = np.cumsum(sizes)[:-1]
   return [_KINDS[kind][1](part, config) for part in np.split(array, cuts, axis=0)]
@@ -175,15 +213,17 @@ def _read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
   state = {}
   try:
     with safe_open(str(file), framework="numpy") as f:
-      for name in f.keys():
+      for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
         try:
           state[name] = f.get_tensor(name)
         except (TypeError, ValueError):  # bfloat16 has no NumPy dtype: go through torch.
           with safe_open(str(file), framework="pt") as g:
             state[name] = g.get_tensor(name).float().numpy()
   except SafetensorError as e:
-    raise ValueError(f"{file} cannot be read as safetensors ({e}); is it truncated or "
-                     "corrupt? Download or export it again") from None
+    raise ValueError(
+      f"{file} cannot be read as safetensors ({e}); is it truncated or "
+      "corrupt? Download or export it again"
+    ) from None
   return state
 
 
@@ -196,16 +236,20 @@ def _read_torch(file: pathlib.Path) -> dict[str, np.ndarray]:
   try:
     raw = torch.load(str(file), map_location="cpu", weights_only=True)
   except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
-    raise ValueError(f"{file} cannot be read as a PyTorch checkpoint "
-                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); is it "
-                     "truncated or corrupt?") from None
+    raise ValueError(
+      f"{file} cannot be read as a PyTorch checkpoint "
+      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); is it "
+      "truncated or corrupt?"
+    ) from None
   return {k: v.float().numpy() for k, v in raw.items()}
 
 
 def _read_state_dict(path: pathlib.Path) -> dict[str, np.ndarray]:
   """Every tensor of a checkpoint directory: one file, or shards listed by an index."""
-  for single, read in (("model.safetensors", _read_safetensors),
-                       ("pytorch_model.bin", _read_torch)):
+  for single, read in (
+    ("model.safetensors", _read_safetensors),
+    ("pytorch_model.bin", _read_torch),
+  ):
     if (path / single).exists():
       return read(path / single)
     index = path / f"{single}.index.json"
@@ -234,8 +278,9 @@ def _normalise_name(name: str) -> str:
 _HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "merges.txt"]
 
 
-def resolve_model_path(name: str | os.PathLike, cache_dir: str | os.PathLike | None = None
-                       ) -> pathlib.Path:
+def resolve_model_path(
+  name: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+) -> pathlib.Path:
   """A model directory from a path or a Hugging Face hub id ("org/name").
 
   A hub id is looked up in the `huggingface_hub` cache (`cache_dir`, default
@@ -250,8 +295,9 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: str | os.PathLike | N
   if path.is_dir():
     return path
   if path.is_file():
-    raise FileNotFoundError(f"{str(name)!r} is a file; a model is its folder: pass "
-                            f"{str(path.parent)!r}")
+    raise FileNotFoundError(
+      f"{str(name)!r} is a file; a model is its folder: pass {str(path.parent)!r}"
+    )
   text = str(name)
   if path.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
     raise FileNotFoundError(f"model directory {text!r} does not exist")
@@ -259,21 +305,28 @@ def resolve_model_path(name: str | os.PathLike, cache_dir: str | os.PathLike | N
     import huggingface_hub
     from huggingface_hub import constants
   except ImportError as e:
-    raise FileNotFoundError(f"{text!r} is not a directory, and reading hub ids needs "
-                            "huggingface_hub (pip install 'bertjax[hf]')") from e
+    raise FileNotFoundError(
+      f"{text!r} is not a directory, and reading hub ids needs "
+      "huggingface_hub (pip install 'bertjax[hf]')"
+    ) from e
   try:
-    return pathlib.Path(huggingface_hub.snapshot_download(
-        text, allow_patterns=_HUB_FILES, cache_dir=None if cache_dir is None else str(cache_dir)))
+    return pathlib.Path(
+      huggingface_hub.snapshot_download(
+        text, allow_patterns=_HUB_FILES, cache_dir=None if cache_dir is None else str(cache_dir)
+      )
+    )
   except Exception as e:  # noqa: BLE001 (offline, not cached, unknown repo, no network)
     offline = " (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else ""
     raise FileNotFoundError(
-        f"{text!r} is neither a model directory nor a model in the Hugging Face cache at "
-        f"{cache_dir or constants.HF_HUB_CACHE}, and it could not be downloaded{offline}: "
-        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+      f"{text!r} is neither a model directory nor a model in the Hugging Face cache at "
+      f"{cache_dir or constants.HF_HUB_CACHE}, and it could not be downloaded{offline}: "
+      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    ) from None
 
 
-def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-            **config_overrides: Any) -> tuple[BertConfig, Params]:
+def from_hf(
+  path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, **config_overrides: Any
+) -> tuple[BertConfig, Params]:
   """Loads a Hugging Face model of any family in `bertjax.families`.
 
   Reads `config.json` and `model.safetensors` (or `pytorch_model.bin`, or their
@@ -310,8 +363,12 @@ def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
   head_names = _head_names(config)
   if not any(k.startswith(base) for k in state):  # a base model saved without its prefix
     state = {(k if k in head_names else base + k): v for k, v in state.items()}
-  if (fam.heads.get("mlm") and config.legacy and "lm_predictions.lm_head.dense.weight" in state
-      and "cls.predictions.transform.dense.weight" not in state):
+  if (
+    fam.heads.get("mlm")
+    and config.legacy
+    and "lm_predictions.lm_head.dense.weight" in state
+    and "cls.predictions.transform.dense.weight" not in state
+  ):
     # DeBERTa's own MLM head layout, as the released v3 checkpoints hold it (their
     # config.json leaves `legacy` at its default, with which transformers would not load it).
     config = config.replace(legacy=False)
@@ -327,8 +384,9 @@ def from_hf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = No
   return config, params
 
 
-def _detect_heads(config: BertConfig, state: dict[str, np.ndarray],
-                  hf_config: dict[str, Any]) -> tuple[str, ...]:
+def _detect_heads(
+  config: BertConfig, state: dict[str, np.ndarray], hf_config: dict[str, Any]
+) -> tuple[str, ...]:
   """The task heads whose tensors the checkpoint holds.
 
   A head whose tensors are all part of another present head's (a linear token classifier
@@ -346,22 +404,30 @@ def _detect_heads(config: BertConfig, state: dict[str, np.ndarray],
   return tuple(heads)
 
 
-def _params_from_state(config: BertConfig, heads: tuple[str, ...],
-                       state: dict[str, np.ndarray]) -> Params:
+def _params_from_state(
+  config: BertConfig, heads: tuple[str, ...], state: dict[str, np.ndarray]
+) -> Params:
   entries = _name_map(config, heads, config.has_pooler)
   expected = {name for name, *_ in entries}
-  ignorable = _tied_names(config) | {k for k in state if k.endswith(("position_ids", "inv_freq"))
-                                     or k.startswith(config.family.ignored_prefixes)}
+  ignorable = _tied_names(config) | {
+    k
+    for k in state
+    if k.endswith(("position_ids", "inv_freq")) or k.startswith(config.family.ignored_prefixes)
+  }
   missing = sorted(expected - set(state))
   unexpected = sorted(set(state) - expected - ignorable)
   shapes = _expected_shapes(config, heads)
-  wrong = [f"{name}: {state[name].shape} != expected {shapes[name]}"
-           for name, *_ in entries if name in state and state[name].shape != shapes[name]]
+  wrong = [
+    f"{name}: {state[name].shape} != expected {shapes[name]}"
+    for name, *_ in entries
+    if name in state and state[name].shape != shapes[name]
+  ]
   if missing or unexpected or wrong:
     raise ValueError(
-        f"checkpoint does not match a {config.model_type} model with heads {list(heads)}:\n"
-        f"  missing ({len(missing)}): {missing}\n  unexpected ({len(unexpected)}): {unexpected}\n"
-        f"  wrong shape ({len(wrong)}): {wrong}")
+      f"checkpoint does not match a {config.model_type} model with heads {list(heads)}:\n"
+      f"  missing ({len(missing)}): {missing}\n  unexpected ({len(unexpected)}): {unexpected}\n"
+      f"  wrong shape ({len(wrong)}): {wrong}"
+    )
 
   abstract = _abstract(config, heads)
   per_layer: dict[tuple[str, ...], list] = {}
@@ -377,11 +443,14 @@ def _params_from_state(config: BertConfig, heads: tuple[str, ...],
   for path, arrays in per_layer.items():  # a tensor a layer lacks (ModernBERT's first norm)
     for i, array in enumerate(arrays):
       if array is None:
-        arrays[i] = np.full(_shape(abstract, path, i), 1.0 if path[-1] == "scale" else 0.0,
-                            np.float32)
+        arrays[i] = np.full(
+          _shape(abstract, path, i), 1.0 if path[-1] == "scale" else 0.0, np.float32
+        )
   params = _unflatten({k: jnp.asarray(v) for k, v in flat.items()})
-  layer_trees = [_unflatten({path[2:]: jnp.asarray(arrays[i]) for path, arrays in per_layer.items()})
-                 for i in range(config.num_param_layers)]
+  layer_trees = [
+    _unflatten({path[2:]: jnp.asarray(arrays[i]) for path, arrays in per_layer.items()})
+    for i in range(config.num_param_layers)
+  ]
   encoder = params.setdefault("encoder", {})
   if config.is_pruned:  # head counts differ between layers: a list, not a stack
     encoder["layers"] = layer_trees
@@ -411,9 +480,12 @@ def _torch_rows(kind: str, shape: tuple[int, ...], config: BertConfig) -> int:
 def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
   """Torch-side shapes of every tensor, derived from freshly initialised parameters."""
   abstract = _abstract(config, heads)
-  return {name: _to_torch(kind, [np.zeros(_shape(abstract, path, layer), np.float32)
-                                 for path in paths], config).shape
-          for name, paths, layer, kind in _name_map(config, heads, config.has_pooler)}
+  return {
+    name: _to_torch(
+      kind, [np.zeros(_shape(abstract, path, layer), np.float32) for path in paths], config
+    ).shape
+    for name, paths, layer, kind in _name_map(config, heads, config.has_pooler)
+  }
 
 
 def _leaf(tree, path, layer):
@@ -487,8 +559,14 @@ def _shards(state: dict[str, np.ndarray], limit: int | None) -> list[dict[str, n
 PRUNED_FORMATS = ("zeros", "remove")
 
 
-def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
-          max_shard_size: int | str | None = "5GB", pruned: str = "zeros") -> None:
+def to_hf(
+  config: BertConfig,
+  params: Params,
+  path: str | pathlib.Path,
+  *,
+  max_shard_size: int | str | None = "5GB",
+  pruned: str = "zeros",
+) -> None:
   """Writes `config.json` (with `model_type` and `architectures`) and the weights.
 
   The result loads in `transformers` with no missing or unexpected keys. The
@@ -520,8 +598,11 @@ def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
   umask = os.umask(0)
   os.umask(umask)
   shards = _shards(state, limit)
-  names = (["model.safetensors"] if len(shards) == 1 else
-           [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+  names = (
+    ["model.safetensors"]
+    if len(shards) == 1
+    else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+  )
   files = {}
   # Write to temporaries, then rename: a crash never leaves a half-written model.
   for name, shard in zip(names, shards):
@@ -529,8 +610,10 @@ def to_hf(config: BertConfig, params: Params, path: str | pathlib.Path, *,
     save_file(shard, str(tmp), metadata={"format": "pt"})
     files[name] = tmp
   if len(shards) > 1:
-    index = {"metadata": {"total_size": int(sum(a.nbytes for a in state.values()))},
-             "weight_map": {k: n for n, shard in zip(names, shards) for k in shard}}
+    index = {
+      "metadata": {"total_size": int(sum(a.nbytes for a in state.values()))},
+      "weight_map": {k: n for n, shard in zip(names, shards) for k in shard},
+    }
     files["model.safetensors.index.json"] = path / "model.safetensors.index.json.tmp"
     files["model.safetensors.index.json"].write_text(json.dumps(index, indent=2) + "\n")
   files["config.json"] = path / "config.json.tmp"

@@ -43,44 +43,62 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
   absent = [s for s in tuple(capture) + tuple(patch or {}) if s not in model_sites(config)]
   if absent:
-    why = [f"its feed-forward is {config.family.ffn}" if s == "ffn_gate" else
-           "its attention has no disentangled term of that name (pos_att_type: "
-           f"{'|'.join(config.disentangled_terms) or 'none'})" if s.startswith("scores_") else
-           "not a block site" for s in absent]
-    raise ValueError(f"sites {absent} do not exist on a {config.model_type} block "
-                     f"({'; '.join(dict.fromkeys(why))}); its sites: {model_sites(config)}")
+    why = [
+      f"its feed-forward is {config.family.ffn}"
+      if s == "ffn_gate"
+      else "its attention has no disentangled term of that name (pos_att_type: "
+      f"{'|'.join(config.disentangled_terms) or 'none'})"
+      if s.startswith("scores_")
+      else "not a block site"
+      for s in absent
+    ]
+    raise ValueError(
+      f"sites {absent} do not exist on a {config.model_type} block "
+      f"({'; '.join(dict.fromkeys(why))}); its sites: {model_sites(config)}"
+    )
   for site, entry in (patch or {}).items():
     if callable(entry):  # a function patch: fn(value, layer) -> the new value
       if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):
-        raise ValueError(f"patch[{site!r}] is a function, which a pruned model's per-head "
-                         "sites do not take (their head axes differ by layer); give a "
-                         "(value, weight) pair")
+        raise ValueError(
+          f"patch[{site!r}] is a function, which a pruned model's per-head "
+          "sites do not take (their head axes differ by layer); give a "
+          "(value, weight) pair"
+        )
       if site == "embeddings":
-        raise ValueError("patch['embeddings'] is a function; the embeddings site takes a "
-                         "(value, weight) pair")
+        raise ValueError(
+          "patch['embeddings'] is a function; the embeddings site takes a (value, weight) pair"
+        )
       continue
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-      raise ValueError(f"patch[{site!r}] must be a (value, weight) pair or a function "
-                       f"fn(value, layer); got {type(entry).__name__}")
+      raise ValueError(
+        f"patch[{site!r}] must be a (value, weight) pair or a function "
+        f"fn(value, layer); got {type(entry).__name__}"
+      )
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
       try:
         dtype = (np.asarray(array) if array is None else as_array(array)).dtype
       except (TypeError, RuntimeError) as e:  # e.g. a torch tensor on a GPU or needing grad
-        raise ValueError(f"patch[{site!r}] {what} cannot be read as an array ({e}); pass a "
-                         "NumPy or JAX array (a torch tensor: .detach().cpu())") from None
+        raise ValueError(
+          f"patch[{site!r}] {what} cannot be read as an array ({e}); pass a "
+          "NumPy or JAX array (a torch tensor: .detach().cpu())"
+        ) from None
       if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
-        raise ValueError(f"patch[{site!r}] {what} must be a number or an array of numbers; "
-                         f"got {type(array).__name__}")
+        raise ValueError(
+          f"patch[{site!r}] {what} must be a number or an array of numbers; "
+          f"got {type(array).__name__}"
+        )
       got = tuple(np.shape(array))
       try:
         ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
       except ValueError:
         ok = False
       if not ok:
-        raise ValueError(f"patch[{site!r}] {what} shape {got} does not broadcast to the site's "
-                         f"stacked shape {shape} ({SITES[site][0]}"
-                         f"{'' if site == 'embeddings' else ', after depth'})")
+        raise ValueError(
+          f"patch[{site!r}] {what} shape {got} does not broadcast to the site's "
+          f"stacked shape {shape} ({SITES[site][0]}"
+          f"{'' if site == 'embeddings' else ', after depth'})"
+        )
 
 
 def patch_arrays(patch):
@@ -88,8 +106,10 @@ def patch_arrays(patch):
   the inputs are; JAX arrays and tracers as they are)."""
   if not patch:
     return patch
-  return {site: entry if callable(entry) else tuple(as_array(a) for a in entry)
-          for site, entry in patch.items()}
+  return {
+    site: entry if callable(entry) else tuple(as_array(a) for a in entry)
+    for site, entry in patch.items()
+  }
 
 
 def split_patch_functions(patch) -> tuple[dict, tuple]:
@@ -112,8 +132,9 @@ def capture_tuple(capture) -> tuple[str, ...]:
     raise ValueError(f"capture={capture!r} must be site names (a tuple of str)") from None
   bad = [c for c in names if not isinstance(c, str)]
   if bad:
-    raise ValueError(f"capture entries {bad!r} are not site names (str); expected names "
-                     f"from {tuple(SITES)}")
+    raise ValueError(
+      f"capture entries {bad!r} are not site names (str); expected names from {tuple(SITES)}"
+    )
   return tuple(sorted(set(names)))
 
 
@@ -121,17 +142,28 @@ def check_block_sites(config: BertConfig, hidden, capture, patch):
   """`run_layers`' sites checked as `forward`'s are: `(capture tuple, patch of arrays)`."""
   capture = capture_tuple(capture)
   if "embeddings" in capture or "embeddings" in (patch or {}):
-    raise ValueError("run_layers captures and patches block sites; 'embeddings' is the "
-                     "hidden state you pass it (forward captures and patches it)")
+    raise ValueError(
+      "run_layers captures and patches block sites; 'embeddings' is the "
+      "hidden state you pass it (forward captures and patches it)"
+    )
   if jnp.ndim(hidden) != 3:
     raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
   check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
   return capture, patch_arrays(patch)
 
 
-def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_ids=None,
-                 head_mask=None, layer_mask=None, head_ablation: str = "scale", *,
-                 capture=(), patch=None) -> None:
+def check_inputs(
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  head_mask=None,
+  layer_mask=None,
+  head_ablation: str = "scale",
+  *,
+  capture=(),
+  patch=None,
+) -> None:
   """Raises ValueError, naming the value, for inputs the model would silently mishandle.
 
   Shapes are always checked; values (token ids, token types, padding side) when
@@ -146,25 +178,31 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
   batch, seq_len = ids_shape
   if seq_len > config.max_length:
     if config.position_offset:
-      raise ValueError(f"{seq_len=} must be <= {config.max_length} (max_position_embeddings="
-                       f"{config.max_position_embeddings} minus the {config.position_offset} "
-                       f"positions {config.model_type} reserves for padding)")
-    raise ValueError(f"{seq_len=} must be <= max_position_embeddings="
-                     f"{config.max_position_embeddings}")
+      raise ValueError(
+        f"{seq_len=} must be <= {config.max_length} (max_position_embeddings="
+        f"{config.max_position_embeddings} minus the {config.position_offset} "
+        f"positions {config.model_type} reserves for padding)"
+      )
+    raise ValueError(
+      f"{seq_len=} must be <= max_position_embeddings={config.max_position_embeddings}"
+    )
   if seq_len == 0:
     raise ValueError("input_ids has an empty sequence axis")
   for name, value in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
     if value is not None and tuple(np.shape(value)) != ids_shape:
-      raise ValueError(f"{name} shape {tuple(np.shape(value))} must equal input_ids shape "
-                       f"{ids_shape}")
+      raise ValueError(
+        f"{name} shape {tuple(np.shape(value))} must equal input_ids shape {ids_shape}"
+      )
   if head_ablation not in ABLATIONS:
     raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
   depth, heads = config.depth, config.num_attention_heads
   if head_mask is not None:
     shape = tuple(np.shape(head_mask))
     if shape not in ((depth, heads), (batch, depth, heads)):
-      raise ValueError(f"head_mask shape {shape} must be (layers, heads)=({depth}, {heads}) or "
-                       f"(batch, layers, heads)=({batch}, {depth}, {heads})")
+      raise ValueError(
+        f"head_mask shape {shape} must be (layers, heads)=({depth}, {heads}) or "
+        f"(batch, layers, heads)=({batch}, {depth}, {heads})"
+      )
   if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
     raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
   check_sites(config, capture, patch, batch, seq_len)
@@ -173,31 +211,39 @@ def check_inputs(config: BertConfig, input_ids, attention_mask=None, token_type_
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= config.vocab_size:
       bad = ids[(ids < 0) | (ids >= config.vocab_size)]
-      raise ValueError(f"token ids {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
-                       f"[0, {config.vocab_size})")
+      raise ValueError(
+        f"token ids {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
+        f"[0, {config.vocab_size})"
+      )
   if _concrete(token_type_ids):
     types = np.asarray(token_type_ids)
     if types.min() < 0 or types.max() >= max(config.type_vocab_size, 1):
-      what = (f"lie in [0, {config.type_vocab_size})" if config.type_vocab_size
-              else f"be 0 ({config.model_type} has no token types)")
+      what = (
+        f"lie in [0, {config.type_vocab_size})"
+        if config.type_vocab_size
+        else f"be 0 ({config.model_type} has no token types)"
+      )
       raise ValueError(f"token_type_ids in [{types.min()}, {types.max()}] must {what}")
   if _concrete(attention_mask):
     values = np.unique(np.asarray(attention_mask))
     bad = values[~np.isin(values, (0, 1))]
     if bad.size:  # -1 or 0.5 would be read as real tokens; transformers masks them
-      raise ValueError(f"attention_mask values {bad.tolist()[:10]} must be 0 (padding) or 1 "
-                       "(a real token), or booleans")
+      raise ValueError(
+        f"attention_mask values {bad.tolist()[:10]} must be 0 (padding) or 1 "
+        "(a real token), or booleans"
+      )
   if _concrete(attention_mask) and config.attention_impl not in ("xla",):
     mask = np.asarray(attention_mask) > 0
     lengths = mask.sum(-1)
     if (mask != (np.arange(seq_len)[None] < lengths[:, None])).any():
-      raise ValueError(f"attention_impl={config.attention_impl!r} takes right padding only "
-                       "(real tokens first); this attention_mask has padding elsewhere: use "
-                       "attention_impl='xla' or pad on the right")
+      raise ValueError(
+        f"attention_impl={config.attention_impl!r} takes right padding only "
+        "(real tokens first); this attention_mask has padding elsewhere: use "
+        "attention_impl='xla' or pad on the right"
+      )
 
 
-def value_checks(config: BertConfig, input_ids, token_type_ids=None,
-                 attention_mask=None) -> None:
+def value_checks(config: BertConfig, input_ids, token_type_ids=None, attention_mask=None) -> None:
   """The value checks of `check_inputs` as `jax.experimental.checkify` checks.
 
   Call inside a function transformed by `checkify.checkify` (as `checked_forward`
@@ -207,17 +253,25 @@ def value_checks(config: BertConfig, input_ids, token_type_ids=None,
   from jax.experimental import checkify
 
   ids = jnp.asarray(input_ids)
-  checkify.check(jnp.all((ids >= 0) & (ids < config.vocab_size)),
-                 f"token ids in [{{lo}}, {{hi}}] are outside the vocabulary "
-                 f"[0, {config.vocab_size})",
-                 lo=ids.min(), hi=ids.max())
+  checkify.check(
+    jnp.all((ids >= 0) & (ids < config.vocab_size)),
+    f"token ids in [{{lo}}, {{hi}}] are outside the vocabulary [0, {config.vocab_size})",
+    lo=ids.min(),
+    hi=ids.max(),
+  )
   if token_type_ids is not None:
     types = jnp.asarray(token_type_ids)
-    checkify.check(jnp.all((types >= 0) & (types < max(config.type_vocab_size, 1))),
-                   f"token_type_ids in [{{lo}}, {{hi}}] must lie in "
-                   f"[0, {max(config.type_vocab_size, 1)})", lo=types.min(), hi=types.max())
+    checkify.check(
+      jnp.all((types >= 0) & (types < max(config.type_vocab_size, 1))),
+      f"token_type_ids in [{{lo}}, {{hi}}] must lie in [0, {max(config.type_vocab_size, 1)})",
+      lo=types.min(),
+      hi=types.max(),
+    )
   if attention_mask is not None:
     mask = jnp.asarray(attention_mask)
-    checkify.check(jnp.all((mask == 0) | (mask == 1)),
-                   "attention_mask values in [{lo}, {hi}] must be 0 (padding) or 1 (a real "
-                   "token), or booleans", lo=mask.min(), hi=mask.max())
+    checkify.check(
+      jnp.all((mask == 0) | (mask == 1)),
+      "attention_mask values in [{lo}, {hi}] must be 0 (padding) or 1 (a real token), or booleans",
+      lo=mask.min(),
+      hi=mask.max(),
+    )

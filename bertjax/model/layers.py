@@ -44,6 +44,7 @@ from bertjax.quantize import int8_dot_general
 
 Params = dict[str, Any]
 
+
 def activation(name: str):
   """The activation function a Hugging Face `hidden_act` names."""
   if name == "gelu":
@@ -145,9 +146,11 @@ def compute_dtype(config: BertConfig):
     ValueError: for "float64" without 64-bit JAX, which would compute in float32.
   """
   if config.dtype == "float64" and not jax.config.jax_enable_x64:
-    raise ValueError("config.dtype='float64' needs 64-bit JAX: call "
-                     "jax.config.update('jax_enable_x64', True) first (without it JAX "
-                     "computes in float32)")
+    raise ValueError(
+      "config.dtype='float64' needs 64-bit JAX: call "
+      "jax.config.update('jax_enable_x64', True) first (without it JAX "
+      "computes in float32)"
+    )
   return {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[config.dtype]
 
 
@@ -203,8 +206,11 @@ class Norm(nn.Module):
       y = x * detach(jax.lax.rsqrt(row_mean(x * x) + self.epsilon)) * scale.astype(acc)
     else:
       centred = x - row_mean(x)
-      y = centred * detach(jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon)) * \
-          scale.astype(acc)
+      y = (
+        centred
+        * detach(jax.lax.rsqrt(row_mean(centred * centred) + self.epsilon))
+        * scale.astype(acc)
+      )
     if self.use_bias:
       y = y + self.param("bias", nn.initializers.zeros, (n,)).astype(acc)
     return y.astype(self.dtype)
@@ -213,13 +219,18 @@ class Norm(nn.Module):
 LayerNorm = Norm  # the BERT families' norm
 
 
-def _layer_norm(config: BertConfig, name: str, kind: str | None = None,
-                use_bias: bool | None = None) -> Norm:
+def _layer_norm(
+  config: BertConfig, name: str, kind: str | None = None, use_bias: bool | None = None
+) -> Norm:
   """The family's norm (its kind, `config.norm_bias`) under `name`."""
-  return Norm(epsilon=config.layer_norm_eps, dtype=compute_dtype(config),
-              kind=kind or config.family.norm_kind,
-              use_bias=config.norm_bias if use_bias is None else use_bias,
-              detach_scale=relevance_rules(config), name=name)
+  return Norm(
+    epsilon=config.layer_norm_eps,
+    dtype=compute_dtype(config),
+    kind=kind or config.family.norm_kind,
+    use_bias=config.norm_bias if use_bias is None else use_bias,
+    detach_scale=relevance_rules(config),
+    name=name,
+  )
 
 
 def sinusoidal_table(positions: int, dim: int) -> np.ndarray:
@@ -289,32 +300,39 @@ class Embeddings(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, input_ids, token_type_ids, deterministic: bool = True, positions=None,
-               offset=None):
+  def __call__(
+    self, input_ids, token_type_ids, deterministic: bool = True, positions=None, offset=None
+  ):
     cfg = self.config
     fam = cfg.family
     dtype = compute_dtype(cfg)
     embed = lambda n, name, init=None: nn.Embed(
-        n, cfg.embed_dim, embedding_init=init or _init(cfg), dtype=accum_dtype(cfg), name=name)
+      n, cfg.embed_dim, embedding_init=init or _init(cfg), dtype=accum_dtype(cfg), name=name
+    )
     # Same summation order as Hugging Face: (word + type) + position.
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
     if cfg.type_vocab_size:
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
     if fam.positions != "rotary" and cfg.position_biased_input:
       if cfg.sinusoidal_positions:
-        fixed = lambda *_: jnp.asarray(
-            sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
+        fixed = lambda *_: jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
         table = embed(cfg.max_position_embeddings, "position_embeddings", fixed)
         x = x + jax.lax.stop_gradient(table(position_ids(cfg, input_ids, positions)))  # fixed
       else:
         x = x + embed(cfg.max_position_embeddings, "position_embeddings")(
-            position_ids(cfg, input_ids, positions))
+          position_ids(cfg, input_ids, positions)
+        )
     if offset is not None:  # (B, T, E) added to the sum: its gradient is the sum's
       x = x + offset
     x = x.astype(dtype)
-    project = lambda x: nn.Dense(cfg.hidden_size, use_bias=fam.projection_bias,
-                                 kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                                 name="projection")(x)
+    project = lambda x: nn.Dense(
+      cfg.hidden_size,
+      use_bias=fam.projection_bias,
+      kernel_init=_init(cfg),
+      **_dense_kw(cfg),
+      dtype=dtype,
+      name="projection",
+    )(x)
     if cfg.has_embedding_projection and fam.project_before_norm:  # DeBERTa: E -> H, then norm
       x = project(x)
     if "norm" in fam.embedding_names:
@@ -360,17 +378,31 @@ class SelfAttention(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, sites: Sites, output_attentions: bool = False,
-               deterministic: bool = True, stats_special_mask=None, stats: bool = False,
-               layer=0, bias_table=None):
+  def __call__(
+    self,
+    x,
+    key_mask,
+    sites: Sites,
+    output_attentions: bool = False,
+    deterministic: bool = True,
+    stats_special_mask=None,
+    stats: bool = False,
+    layer=0,
+    bias_table=None,
+  ):
     cfg = self.config
     fam = cfg.family
     dtype = compute_dtype(cfg)
     n = cfg.num_attention_heads if self.num_heads is None else self.num_heads
     d = cfg.head_dim
     proj = lambda heads, name: nn.DenseGeneral(
-        (heads, d), use_bias=cfg.attention_bias, kernel_init=_init(cfg), **_dense_kw(cfg),
-        dtype=dtype, name=name)
+      (heads, d),
+      use_bias=cfg.attention_bias,
+      kernel_init=_init(cfg),
+      **_dense_kw(cfg),
+      dtype=dtype,
+      name=name,
+    )
     norm = _layer_norm(cfg, "LayerNorm")
     q_proj, k_proj = proj(n, "query"), None
     a_in = x
@@ -403,11 +435,15 @@ class SelfAttention(nn.Module):
       bias_table = jax.lax.stop_gradient(bias_table)
     bias = None
     if fam.position_bias == "relative_buckets":
-      bias = kernels.PositionBias(bias_table[:, :n] if self.num_heads is None else
-                                  bias_table[:, np.asarray(sites.kept, np.int32)])
+      bias = kernels.PositionBias(
+        bias_table[:, :n]
+        if self.num_heads is None
+        else bias_table[:, np.asarray(sites.kept, np.int32)]
+      )
     elif cfg.disentangled_terms:
-      bias = _disentangled_bias(cfg, bias_table, q_proj, k_proj, proj(n, "pos_key"),
-                                proj(n, "pos_query"), deterministic)
+      bias = _disentangled_bias(
+        cfg, bias_table, q_proj, k_proj, proj(n, "pos_key"), proj(n, "pos_query"), deterministic
+      )
     dropout = 0.0 if deterministic else cfg.attention_probs_dropout_prob
     map_path = output_attentions or any(sites.needs(s) for s in ("probs",) + SCORE_SITES)
     # Created only where used: a module's name is part of its dropout key (Dropout_0, ...).
@@ -416,34 +452,69 @@ class SelfAttention(nn.Module):
     if dropout and not (map_path or stats or n == 0):
       # The kernels draw the mask from a counter-based stream keyed by this seed.
       seed = jax.random.bits(self.make_rng("dropout"), (), jnp.uint32)
-    head_out, maps = _attention_core(cfg, q, k, v, key_mask, sites, layer, bias, stats,
-                                     stats_special_mask, output_attentions, probs_dropout, seed)
+    head_out, maps = _attention_core(
+      cfg,
+      q,
+      k,
+      v,
+      key_mask,
+      sites,
+      layer,
+      bias,
+      stats,
+      stats_special_mask,
+      output_attentions,
+      probs_dropout,
+      seed,
+    )
     if cfg.relevance_rules == "attnlrp":  # the uniform rule on the product probs v
       head_out = divide_gradient(head_out, 2.0)
     if real is not None and not map_path:
       head_out = head_out * real[:, :, None, None].astype(head_out.dtype)
     if not stats and sites.head_mask is not None:
-      head_out = _per_window(attention_windows(cfg), jnp.asarray(_window_index(cfg))[layer],
-                             lambda w: sites.mask_heads(head_out.astype(dtype), v, key_mask, w,
-                                                        sites.rows))
+      head_out = _per_window(
+        attention_windows(cfg),
+        jnp.asarray(_window_index(cfg))[layer],
+        lambda w: sites.mask_heads(head_out.astype(dtype), v, key_mask, w, sites.rows),
+      )
     head_out = sites.visit("head_out", head_out.astype(dtype))
-    y = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=cfg.attention_bias,
-                        kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype,
-                        name="output")(head_out)  # (B, T, H)
+    y = nn.DenseGeneral(
+      cfg.hidden_size,
+      axis=(-2, -1),
+      use_bias=cfg.attention_bias,
+      kernel_init=_init(cfg),
+      **_dense_kw(cfg),
+      dtype=dtype,
+      name="output",
+    )(head_out)  # (B, T, H)
     y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     resid = sites.visit("resid_mid", x_q + y)
     return sites.visit("mid", norm(resid) if fam.norm == "post" else resid), maps
 
 
-def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bias, stats: bool,
-                    special_mask, output_attentions: bool, probs_dropout, seed):
+def _attention_core(
+  cfg: BertConfig,
+  q,
+  k,
+  v,
+  key_mask,
+  sites: Sites,
+  layer,
+  bias,
+  stats: bool,
+  special_mask,
+  output_attentions: bool,
+  probs_dropout,
+  seed,
+):
   """Each head's context (B, T | R, N, D) and the maps (or statistics), on the path the
   request needs: the statistics pass, the map path (maps returned, captured or patched) or
   the config's attention implementation; a window layer's band through `_per_window`."""
   n = q.shape[2]
-  per_window = functools.partial(_per_window, attention_windows(cfg),
-                                 jnp.asarray(_window_index(cfg))[layer])
+  per_window = functools.partial(
+    _per_window, attention_windows(cfg), jnp.asarray(_window_index(cfg))[layer]
+  )
   mask = lambda w: sites.attention_mask(key_mask, w)
   scale = cfg.attention_scale  # None: 1 / sqrt(head_dim)
   if n == 0:  # every head pruned: the block adds only the output bias
@@ -457,14 +528,26 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
     # it; the head mask acts inside the kernel so the statistics see it. cuDNN has no
     # statistics pass: its configs compute them with xla.
     impl = "xla" if cfg.attention_impl == "cudnn" else cfg.attention_impl
-    return per_window(lambda w: kernels.attention_with_stats(
-        q, k, v, mask=mask(w), head_mask=sites.head_mask, ablation=sites.head_ablation,
-        special_mask=special_mask, impl=impl, bias=bias, scale=scale))
+    return per_window(
+      lambda w: kernels.attention_with_stats(
+        q,
+        k,
+        v,
+        mask=mask(w),
+        head_mask=sites.head_mask,
+        ablation=sites.head_ablation,
+        special_mask=special_mask,
+        impl=impl,
+        bias=bias,
+        scale=scale,
+      )
+    )
   if any(sites.needs(s) for s in SCORE_SITES):
     probs = _probs_from_terms(cfg, q, k, key_mask, sites, bias)
   elif output_attentions or sites.needs("probs"):
-    probs = per_window(lambda w: kernels.attention_probs(q, k, mask=mask(w), bias=bias,
-                                                         scale=scale))
+    probs = per_window(
+      lambda w: kernels.attention_probs(q, k, mask=mask(w), bias=bias, scale=scale)
+    )
   if output_attentions or any(sites.needs(s) for s in ("probs",) + SCORE_SITES):
     if sites.rows is not None:  # padded rows among the chosen ones give zeros
       real = take_rows(key_mask, sites.rows)
@@ -474,10 +557,14 @@ def _attention_core(cfg: BertConfig, q, k, v, key_mask, sites: Sites, layer, bia
     head_out = _mix_values(used, v).astype(compute_dtype(cfg))  # (B, T, N, D)
     maps = per_window(lambda w: sites.mask_maps(probs, key_mask, w)) if output_attentions else None
     return head_out, maps
-  extra = {} if seed is None else {"dropout_rate": cfg.attention_probs_dropout_prob,
-                                   "dropout_seed": seed}
-  return per_window(lambda w: kernels.attention(
-      q, k, v, mask=mask(w), impl=cfg.attention_impl, bias=bias, scale=scale, **extra)), None
+  extra = (
+    {} if seed is None else {"dropout_rate": cfg.attention_probs_dropout_prob, "dropout_seed": seed}
+  )
+  return per_window(
+    lambda w: kernels.attention(
+      q, k, v, mask=mask(w), impl=cfg.attention_impl, bias=bias, scale=scale, **extra
+    )
+  ), None
 
 
 def _probs_from_terms(cfg: BertConfig, q, k, key_mask, sites: Sites, bias):
@@ -487,13 +574,13 @@ def _probs_from_terms(cfg: BertConfig, q, k, key_mask, sites: Sites, bias):
   (padded query rows zero)."""
   acc = accum_dtype(cfg)
   c2c = jnp.einsum("bqhd,bkhd->bhqk", q.astype(acc), k.astype(acc)) * jnp.asarray(
-      cfg.attention_scale, acc)
+    cfg.attention_scale, acc
+  )
   logits = sites.visit("scores_c2c", c2c)
   if bias is not None:
     for term, value in bias.terms(q, k, acc).items():
       logits = logits + sites.visit(f"scores_{term}", value)
-  allowed, row_real = sites.attention_mask(key_mask).allowed(*logits.shape[:1],
-                                                             *logits.shape[2:])
+  allowed, row_real = sites.attention_mask(key_mask).allowed(*logits.shape[:1], *logits.shape[2:])
   allowed = allowed[:, None]  # (B, 1, Tq, Tk)
   logits = jnp.where(allowed, logits, -jnp.inf)
   row_max = jax.lax.stop_gradient(jnp.max(logits, -1, keepdims=True))
@@ -502,8 +589,9 @@ def _probs_from_terms(cfg: BertConfig, q, k, key_mask, sites: Sites, bias):
   return probs * row_real[:, None, :, None].astype(acc)
 
 
-def _disentangled_bias(cfg: BertConfig, rel, q_proj, k_proj, pos_key_proj, pos_query_proj,
-                       deterministic: bool) -> kernels.DisentangledBias:
+def _disentangled_bias(
+  cfg: BertConfig, rel, q_proj, k_proj, pos_key_proj, pos_query_proj, deterministic: bool
+) -> kernels.DisentangledBias:
   """DeBERTa's position terms for this block: its projections of the shared relative
   embeddings `rel` (2 s, H) (after their dropout, as transformers' `pos_dropout`): position
   keys for c2p, position queries for p2c, through the content projections with
@@ -516,9 +604,14 @@ def _disentangled_bias(cfg: BertConfig, rel, q_proj, k_proj, pos_key_proj, pos_q
     pos_key = (k_proj if cfg.share_att_key else pos_key_proj)(rel)[0]  # (2 s, N, D)
   if "p2c" in terms:
     pos_query = (q_proj if cfg.share_att_key else pos_query_proj)(rel)[0]
-  return kernels.DisentangledBias(pos_key, pos_query, span=cfg.rel_span,
-                                  buckets=cfg.position_buckets,
-                                  max_position=cfg.rel_max_position, scale=cfg.attention_scale)
+  return kernels.DisentangledBias(
+    pos_key,
+    pos_query,
+    span=cfg.rel_span,
+    buckets=cfg.position_buckets,
+    max_position=cfg.rel_max_position,
+    scale=cfg.attention_scale,
+  )
 
 
 def relative_embeddings(params: Params, config: BertConfig):
@@ -574,26 +667,44 @@ class EncoderLayer(nn.Module):
   num_heads: int | None = None
 
   @nn.compact
-  def __call__(self, x, key_mask, sites: Sites | None = None,
-               output_attentions: bool = False, deterministic: bool = True,
-               stats_special_mask=None, stats: bool = False, layer=0, bias_table=None):
+  def __call__(
+    self,
+    x,
+    key_mask,
+    sites: Sites | None = None,
+    output_attentions: bool = False,
+    deterministic: bool = True,
+    stats_special_mask=None,
+    stats: bool = False,
+    layer=0,
+    bias_table=None,
+  ):
     cfg = self.config
     fam = cfg.family
     dtype = compute_dtype(cfg)
     sites = Sites() if sites is None else sites
     sites.seq_len = x.shape[1]
     h, maps = SelfAttention(cfg, self.num_heads, name="attention")(
-        x, key_mask, sites, output_attentions, deterministic, stats_special_mask, stats,
-        layer, bias_table)
+      x,
+      key_mask,
+      sites,
+      output_attentions,
+      deterministic,
+      stats_special_mask,
+      stats,
+      layer,
+      bias_table,
+    )
     norm = _layer_norm(cfg, "LayerNorm")
-    dense = lambda n, name: nn.Dense(n, use_bias=cfg.mlp_bias, kernel_init=_init(cfg),
-                                     **_dense_kw(cfg), dtype=dtype, name=name)
+    dense = lambda n, name: nn.Dense(
+      n, use_bias=cfg.mlp_bias, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name=name
+    )
     f_in = sites.visit("ffn_in", norm(h) if fam.norm == "pre" else h)
     a = dense(cfg.intermediate_size, "intermediate")(f_in)
     if fam.ffn == "gated":
-      gate = sites.visit("ffn_gate",
-                         activation_of(cfg, cfg.hidden_act)(dense(cfg.intermediate_size,
-                                                                  "gate")(f_in)))
+      gate = sites.visit(
+        "ffn_gate", activation_of(cfg, cfg.hidden_act)(dense(cfg.intermediate_size, "gate")(f_in))
+      )
       if cfg.relevance_rules == "cp-lrp":  # the gate is a constant
         gate = jax.lax.stop_gradient(gate)
       a = gate * a

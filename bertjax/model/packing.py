@@ -101,9 +101,11 @@ class Packing:
       TypeError: a traced mask.
     """
     if isinstance(attention_mask, jax.core.Tracer):
-      raise TypeError("packing needs a concrete attention_mask (its lengths decide the "
-                      "layout); inside jit, build `Packing.of(mask)` outside and pass it as "
-                      "`packed=`")
+      raise TypeError(
+        "packing needs a concrete attention_mask (its lengths decide the "
+        "layout); inside jit, build `Packing.of(mask)` outside and pass it as "
+        "`packed=`"
+      )
     mask = np.asarray(attention_mask)
     if mask.ndim != 2:
       raise ValueError(f"attention_mask.shape={mask.shape} must be (batch, seq)")
@@ -113,13 +115,17 @@ class Packing:
     right = np.arange(seq)[None, :] < lengths[:, None]
     bad = np.flatnonzero((real != right).any(1))
     if bad.size:
-      raise ValueError(f"attention_mask row {int(bad[0])} is not right padding "
-                       f"({mask[bad[0]].astype(int).tolist()}); packing needs each row's "
-                       "real tokens first")
+      raise ValueError(
+        f"attention_mask row {int(bad[0])} is not right padding "
+        f"({mask[bad[0]].astype(int).tolist()}); packing needs each row's "
+        "real tokens first"
+      )
     length = seq if length is None else int(length)
     if length < max(int(lengths.max(initial=0)), 1):
-      raise ValueError(f"length={length} must be at least the longest sequence "
-                       f"({int(lengths.max(initial=0))} tokens)")
+      raise ValueError(
+        f"length={length} must be at least the longest sequence "
+        f"({int(lengths.max(initial=0))} tokens)"
+      )
     row, offset, used = np.zeros(batch, np.int32), np.zeros(batch, np.int32), []
     for b in sorted(range(batch), key=lambda b: (-lengths[b], b)):  # first-fit decreasing
       r = next((i for i, u in enumerate(used) if u + lengths[b] <= length), len(used))
@@ -130,8 +136,9 @@ class Packing:
     num_rows = max(len(used), 1)
     if rows is not None:
       if rows < num_rows:
-        raise ValueError(f"rows={rows} is too few: these {batch} sequences need {num_rows} "
-                         f"rows of {length} tokens")
+        raise ValueError(
+          f"rows={rows} is too few: these {batch} sequences need {num_rows} rows of {length} tokens"
+        )
       num_rows = int(rows)
     segment_ids = np.zeros((num_rows, length), np.int32)
     positions = np.zeros((num_rows, length), np.int32)
@@ -149,10 +156,17 @@ class Packing:
       positions[r, span] = np.arange(n)
       starts[r, span], ends[r, span] = o, o + n
       source[r, span] = b * seq + np.arange(n)
-    return cls(row=jnp.asarray(row), offset=jnp.asarray(offset), lengths=jnp.asarray(lengths),
-               segment_ids=jnp.asarray(segment_ids), positions=jnp.asarray(positions),
-               starts=jnp.asarray(starts), ends=jnp.asarray(ends), source=jnp.asarray(source),
-               seq=seq)
+    return cls(
+      row=jnp.asarray(row),
+      offset=jnp.asarray(offset),
+      lengths=jnp.asarray(lengths),
+      segment_ids=jnp.asarray(segment_ids),
+      positions=jnp.asarray(positions),
+      starts=jnp.asarray(starts),
+      ends=jnp.asarray(ends),
+      source=jnp.asarray(source),
+      seq=seq,
+    )
 
 
 def pack(x, packing: Packing):

@@ -19,8 +19,9 @@ from bertjax.model.layers import Params
 _HEAD_PROJECTIONS = {"query", "key", "value", "pos_key", "pos_query"}
 
 
-def prune_heads(config: BertConfig, params: Params,
-                heads_to_prune: dict[int, list[int]]) -> tuple[BertConfig, Params]:
+def prune_heads(
+  config: BertConfig, params: Params, heads_to_prune: dict[int, list[int]]
+) -> tuple[BertConfig, Params]:
   """Physically removes attention heads, so the model gets smaller and faster.
 
   Args:
@@ -37,18 +38,26 @@ def prune_heads(config: BertConfig, params: Params,
     attention maps and captured sites keep the original `(layers, heads)` indexing.
   """
   if config.family.shared_layers:
-    raise ValueError(f"prune_heads does not support model_type={config.model_type!r}: its "
-                     "layers share weights; use head masks")
+    raise ValueError(
+      f"prune_heads does not support model_type={config.model_type!r}: its "
+      "layers share weights; use head masks"
+    )
   removed = {layer: set(heads) for layer, heads in config.pruned_heads}
   for layer, heads in heads_to_prune.items():
     heads = [int(h) for h in heads]
     if not 0 <= layer < config.num_hidden_layers or any(
-        not 0 <= h < config.num_attention_heads for h in heads):
-      raise ValueError(f"heads_to_prune[{layer}]={heads} is out of range for "
-                       f"{config.num_hidden_layers} layers x {config.num_attention_heads} heads")
+      not 0 <= h < config.num_attention_heads for h in heads
+    ):
+      raise ValueError(
+        f"heads_to_prune[{layer}]={heads} is out of range for "
+        f"{config.num_hidden_layers} layers x {config.num_attention_heads} heads"
+      )
     removed.setdefault(int(layer), set()).update(heads)
-  new_config = config.replace(pruned_heads=tuple(
-      (layer, tuple(sorted(heads))) for layer, heads in sorted(removed.items()) if heads))
+  new_config = config.replace(
+    pruned_heads=tuple(
+      (layer, tuple(sorted(heads))) for layer, heads in sorted(removed.items()) if heads
+    )
+  )
   layers = params["encoder"]["layers"]
   if not isinstance(layers, list):
     layers = [jax.tree.map(lambda a, i=i: a[i], layers) for i in range(config.num_hidden_layers)]
@@ -78,13 +87,18 @@ def unprune_heads(config: BertConfig, params: Params) -> tuple[BertConfig, Param
   layers = []
   for layer, p in enumerate(params["encoder"]["layers"]):
     kept = np.asarray(config.kept_heads(layer), np.int32)
-    full = lambda a, axis: jnp.zeros(a.shape[:axis] + (n,) + a.shape[axis + 1:], a.dtype).at[
-        (slice(None),) * axis + (kept,)].set(a)
+    full = lambda a, axis, kept=kept: (
+      jnp.zeros(a.shape[:axis] + (n,) + a.shape[axis + 1 :], a.dtype)
+      .at[(slice(None),) * axis + (kept,)]
+      .set(a)
+    )
     a = dict(p["attention"])
     for name in _HEAD_PROJECTIONS & a.keys():
       a[name] = {k: full(v, 1 if k == "kernel" else 0) for k, v in a[name].items()}
     a["output"] = {**a["output"], "kernel": full(a["output"]["kernel"], 0)}
     layers.append({**p, "attention": a})
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
-  return (config.replace(pruned_heads=()),
-          {**params, "encoder": {**params["encoder"], "layers": stacked}})
+  return (
+    config.replace(pruned_heads=()),
+    {**params, "encoder": {**params["encoder"], "layers": stacked}},
+  )

@@ -19,49 +19,108 @@ from bertjax.model.config import BertConfig
 
 # Site name -> (axes after depth, what it is). "embeddings" has no depth axis. In block order.
 SITES = {
-    "embeddings": ("batch seq hidden", "the embedding output (after LayerNorm, projection)"),
-    "attn_in": ("batch seq hidden", "what the attention reads: the block input x (post-LN), or "
-                "the attention norm of x (pre-LN)"),
-    "q": ("batch seq heads head_dim", "query projection with bias, before scaling; after "
-          "rotation on rotary families"),
-    "k": ("batch seq kv_heads head_dim", "key projection with bias; after rotation on rotary "
-          "families; kv_heads < heads with grouped key/value heads"),
-    "v": ("batch seq kv_heads head_dim", "value projection with bias"),
-    "scores_c2c": ("batch heads seq seq", "DeBERTa: the content-to-content logit q.k / "
-                   "sqrt(f d), before the mask (needs the map path)"),
-    "scores_c2p": ("batch heads seq seq", "DeBERTa: the content-to-position term "
-                   "q_i.Kr[r(i,j)] / sqrt(f d) (with c2p in pos_att_type)"),
-    "scores_p2c": ("batch heads seq seq", "DeBERTa: the position-to-content term "
-                   "k_j.Qr[r(i,j)] / sqrt(f d) (with p2c in pos_att_type)"),
-    "probs": ("batch heads seq seq", "attention probabilities (needs the map path)"),
-    "head_out": ("batch seq heads head_dim",
-                 "each head's context sum_j probs_ij v_j after any head mask"),
-    "attn_out": ("batch seq hidden", "attention output projection (with bias), before residual"),
-    "resid_mid": ("batch seq hidden", "the residual sum x + attn_out, before any norm (post-LN: "
-                  "the LayerNorm's input; pre-LN: equal to mid)"),
-    "mid": ("batch seq hidden", "the residual stream between attention and FFN: "
-            "LayerNorm(x + attn_out) (post-LN), x + attn_out (pre-LN)"),
-    "ffn_in": ("batch seq hidden", "what the FFN reads: mid (post-LN), or its FFN norm (pre-LN)"),
-    "ffn_gate": ("batch seq intermediate", "gated FFNs: the activated gate act(ffn_in Wg)"),
-    "ffn_act": ("batch seq intermediate", "the FFN's hidden activation (gated: "
-                "ffn_gate * ffn_in W1), as the output projection reads it"),
-    "ffn_out": ("batch seq hidden", "the FFN's output projection, before residual"),
-    "resid_out": ("batch seq hidden", "the residual sum mid + ffn_out, before any norm (post-LN: "
-                  "the block's LayerNorm input; pre-LN: equal to out)"),
-    "out": ("batch seq hidden", "the block's output (= hidden_states[1:], except a pre-LN "
-            "model's last entry, which is after the final norm as in transformers)"),
+  "embeddings": ("batch seq hidden", "the embedding output (after LayerNorm, projection)"),
+  "attn_in": (
+    "batch seq hidden",
+    "what the attention reads: the block input x (post-LN), or the attention norm of x (pre-LN)",
+  ),
+  "q": (
+    "batch seq heads head_dim",
+    "query projection with bias, before scaling; after rotation on rotary families",
+  ),
+  "k": (
+    "batch seq kv_heads head_dim",
+    (
+      "key projection with bias; after rotation on rotary "
+      "families; kv_heads < heads with grouped key/value heads"
+    ),
+  ),
+  "v": ("batch seq kv_heads head_dim", "value projection with bias"),
+  "scores_c2c": (
+    "batch heads seq seq",
+    "DeBERTa: the content-to-content logit q.k / sqrt(f d), before the mask (needs the map path)",
+  ),
+  "scores_c2p": (
+    "batch heads seq seq",
+    "DeBERTa: the content-to-position term q_i.Kr[r(i,j)] / sqrt(f d) (with c2p in pos_att_type)",
+  ),
+  "scores_p2c": (
+    "batch heads seq seq",
+    "DeBERTa: the position-to-content term k_j.Qr[r(i,j)] / sqrt(f d) (with p2c in pos_att_type)",
+  ),
+  "probs": ("batch heads seq seq", "attention probabilities (needs the map path)"),
+  "head_out": (
+    "batch seq heads head_dim",
+    "each head's context sum_j probs_ij v_j after any head mask",
+  ),
+  "attn_out": ("batch seq hidden", "attention output projection (with bias), before residual"),
+  "resid_mid": (
+    "batch seq hidden",
+    (
+      "the residual sum x + attn_out, before any norm (post-LN: "
+      "the LayerNorm's input; pre-LN: equal to mid)"
+    ),
+  ),
+  "mid": (
+    "batch seq hidden",
+    (
+      "the residual stream between attention and FFN: "
+      "LayerNorm(x + attn_out) (post-LN), x + attn_out (pre-LN)"
+    ),
+  ),
+  "ffn_in": ("batch seq hidden", "what the FFN reads: mid (post-LN), or its FFN norm (pre-LN)"),
+  "ffn_gate": ("batch seq intermediate", "gated FFNs: the activated gate act(ffn_in Wg)"),
+  "ffn_act": (
+    "batch seq intermediate",
+    "the FFN's hidden activation (gated: ffn_gate * ffn_in W1), as the output projection reads it",
+  ),
+  "ffn_out": ("batch seq hidden", "the FFN's output projection, before residual"),
+  "resid_out": (
+    "batch seq hidden",
+    (
+      "the residual sum mid + ffn_out, before any norm (post-LN: "
+      "the block's LayerNorm input; pre-LN: equal to out)"
+    ),
+  ),
+  "out": (
+    "batch seq hidden",
+    (
+      "the block's output (= hidden_states[1:], except a pre-LN "
+      "model's last entry, which is after the final norm as in transformers)"
+    ),
+  ),
 }
 BLOCK_SITES = tuple(s for s in SITES if s != "embeddings")
 # Sites with a head axis, and where it sits in one block's array.
-HEAD_AXIS = {"q": 2, "k": 2, "v": 2, "head_out": 2, "probs": 1, "scores_c2c": 1,
-             "scores_c2p": 1, "scores_p2c": 1}
+HEAD_AXIS = {
+  "q": 2,
+  "k": 2,
+  "v": 2,
+  "head_out": 2,
+  "probs": 1,
+  "scores_c2c": 1,
+  "scores_c2p": 1,
+  "scores_p2c": 1,
+}
 # DeBERTa's score terms: the logits are their sum (`bertjax.kernels.DisentangledBias`).
 SCORE_SITES = ("scores_c2c", "scores_c2p", "scores_p2c")
 # Sites with a query-position axis, and where it sits in one block's array: a block run at
 # chosen rows only (`Sites.rows`, `run_layers(final_rows=)`) computes them there. Keys and
 # values keep every position.
-ROW_AXIS = {"q": 1, "probs": 2, "head_out": 1, "attn_out": 1, "resid_mid": 1, "mid": 1,
-            "ffn_in": 1, "ffn_gate": 1, "ffn_act": 1, "ffn_out": 1, "resid_out": 1, "out": 1}
+ROW_AXIS = {
+  "q": 1,
+  "probs": 2,
+  "head_out": 1,
+  "attn_out": 1,
+  "resid_mid": 1,
+  "mid": 1,
+  "ffn_in": 1,
+  "ffn_gate": 1,
+  "ffn_act": 1,
+  "ffn_out": 1,
+  "resid_out": 1,
+  "out": 1,
+}
 
 
 def block_sites(config: BertConfig) -> tuple[str, ...]:
@@ -69,9 +128,12 @@ def block_sites(config: BertConfig) -> tuple[str, ...]:
   score terms only on DeBERTa, each position term where `pos_att_type` has it)."""
   fam = config.family
   terms = ("scores_c2c",) + tuple(f"scores_{t}" for t in config.disentangled_terms)
-  return tuple(s for s in BLOCK_SITES
-               if (s != "ffn_gate" or fam.ffn == "gated")
-               and (s not in SCORE_SITES or (fam.position_bias == "disentangled" and s in terms)))
+  return tuple(
+    s
+    for s in BLOCK_SITES
+    if (s != "ffn_gate" or fam.ffn == "gated")
+    and (s not in SCORE_SITES or (fam.position_bias == "disentangled" and s in terms))
+  )
 
 
 def model_sites(config: BertConfig) -> tuple[str, ...]:
@@ -84,13 +146,24 @@ def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int
   if site not in SITES:
     raise ValueError(f"site {site!r} is unknown; expected one of {tuple(SITES)}")
   if site != "embeddings" and site not in block_sites(config):
-    why = (f"its feed-forward is {config.family.ffn}" if site == "ffn_gate" else
-           "it has no disentangled attention term of that name")
-    raise ValueError(f"site {site!r} does not exist on a {config.model_type} block ({why}); "
-                     f"its sites: {block_sites(config)}")
-  sizes = dict(batch=batch, seq=seq, hidden=config.hidden_size, heads=config.num_attention_heads,
-               kv_heads=config.kv_heads, head_dim=config.head_dim,
-               intermediate=config.intermediate_size)
+    why = (
+      f"its feed-forward is {config.family.ffn}"
+      if site == "ffn_gate"
+      else "it has no disentangled attention term of that name"
+    )
+    raise ValueError(
+      f"site {site!r} does not exist on a {config.model_type} block ({why}); "
+      f"its sites: {block_sites(config)}"
+    )
+  sizes = dict(
+    batch=batch,
+    seq=seq,
+    hidden=config.hidden_size,
+    heads=config.num_attention_heads,
+    kv_heads=config.kv_heads,
+    head_dim=config.head_dim,
+    intermediate=config.intermediate_size,
+  )
   shape = tuple(sizes[a] for a in SITES[site][0].split())
   return shape if site == "embeddings" else (config.depth,) + shape
 
@@ -146,9 +219,20 @@ class Sites:
       else None.
   """
 
-  def __init__(self, capture=(), patch=None, head_mask=None, head_ablation="scale",
-               layer_mask=None, kept=None, num_heads=None, rows=None, functions=(),
-               layer=None, packing=None):
+  def __init__(
+    self,
+    capture=(),
+    patch=None,
+    head_mask=None,
+    head_ablation="scale",
+    layer_mask=None,
+    kept=None,
+    num_heads=None,
+    rows=None,
+    functions=(),
+    layer=None,
+    packing=None,
+  ):
     self.capture = frozenset(capture)
     self.patch = patch or {}
     self.functions = dict(functions)  # site -> fn(value, layer): a function patch
@@ -171,8 +255,10 @@ class Sites:
     if name in self.functions:
       new = self.functions[name](value, self.layer)
       if jnp.shape(new) != value.shape:
-        raise ValueError(f"patch[{name!r}] function returned shape {jnp.shape(new)}; the site "
-                         f"is {value.shape} in each block (it must return the same shape)")
+        raise ValueError(
+          f"patch[{name!r}] function returned shape {jnp.shape(new)}; the site "
+          f"is {value.shape} in each block (it must return the same shape)"
+        )
       value = jnp.asarray(new).astype(value.dtype)
     if name in self.patch:
       target, weight = self.patch[name]
@@ -225,8 +311,11 @@ class Sites:
     if xi is None:
       return head_out
     xi = jnp.asarray(xi)
-    xi = {1: lambda: xi[None, None, :, None], 2: lambda: xi[:, None, :, None],
-          3: lambda: xi[..., None]}[xi.ndim]().astype(head_out.dtype)  # (B?, T?, N, 1)
+    xi = {
+      1: lambda: xi[None, None, :, None],
+      2: lambda: xi[:, None, :, None],
+      3: lambda: xi[..., None],
+    }[xi.ndim]().astype(head_out.dtype)  # (B?, T?, N, 1)
     if self.head_ablation == "scale":
       return head_out * xi
     bounds = None if self.packing is None else (self.packing.starts, self.packing.ends)
@@ -239,8 +328,11 @@ class Sites:
     if xi is None:
       return probs
     xi = jnp.asarray(xi)
-    xi = {1: lambda: xi[None, :, None, None], 2: lambda: xi[:, :, None, None],
-          3: lambda: jnp.moveaxis(xi, 2, 1)[..., None]}[xi.ndim]().astype(probs.dtype)
+    xi = {
+      1: lambda: xi[None, :, None, None],
+      2: lambda: xi[:, :, None, None],
+      3: lambda: jnp.moveaxis(xi, 2, 1)[..., None],
+    }[xi.ndim]().astype(probs.dtype)
     if self.head_ablation == "scale":
       return xi * probs
     seq_q, seq_k = probs.shape[-2:]
@@ -279,8 +371,9 @@ def uniform_values(v, key_mask, window, heads: int, rows=None, bounds=None):
       hi = jnp.minimum(q_idx + window // 2 + 1, hi)
       lo = jnp.maximum(q_idx - window // 2, lo)
     hi = jnp.maximum(hi, lo)
-    band = lambda c: (jnp.take_along_axis(c, _index(hi, c), 1)
-                      - jnp.take_along_axis(c, _index(lo, c), 1))
+    band = lambda c: (
+      jnp.take_along_axis(c, _index(hi, c), 1) - jnp.take_along_axis(c, _index(lo, c), 1)
+    )
     mean_v = band(sums) / jnp.maximum(band(counts), 1)
   return jnp.repeat(mean_v, heads // v.shape[2], axis=2) if v.shape[2] != heads else mean_v
 
@@ -288,5 +381,3 @@ def uniform_values(v, key_mask, window, heads: int, rows=None, bounds=None):
 def _index(idx, c):
   """(1 | B, T) positions as a take_along_axis index for (B, T + 1, G, D) prefix sums."""
   return jnp.broadcast_to(idx[:, :, None, None], (c.shape[0], idx.shape[1], 1, 1))
-
-

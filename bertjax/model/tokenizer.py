@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import json
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,16 +65,26 @@ class Windows:
 
 
 # `truncation=` values -> the `tokenizers` strategy (None: no truncation).
-_TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first",
-               "longest_first": "longest_first", "only_first": "only_first",
-               "only_second": "only_second"}
+_TRUNCATION = {
+  False: None,
+  "do_not_truncate": None,
+  True: "longest_first",
+  "longest_first": "longest_first",
+  "only_first": "only_first",
+  "only_second": "only_second",
+}
 
 
 class Tokenizer:
   """Tokenises text or pre-split words into padded NumPy batches."""
 
-  def __init__(self, tokenizer, model_max_length: int = 512,
-               roles: dict[str, str] | None = None, token_types: bool = True):
+  def __init__(
+    self,
+    tokenizer,
+    model_max_length: int = 512,
+    roles: dict[str, str] | None = None,
+    token_types: bool = True,
+  ):
     self.tokenizer = tokenizer
     self.model_max_length = model_max_length
     # False for families without token-type embeddings (DistilBERT): ids are all 0.
@@ -82,9 +92,15 @@ class Tokenizer:
     vocab = tokenizer.get_vocab()
     roles = dict(roles or {})
     # Without declared roles: the first of the families' conventions the vocabulary has.
-    for role, names in (("cls", ("[CLS]", "<s>")), ("sep", ("[SEP]", "</s>")),
-                        ("pad", ("[PAD]", "<pad>")), ("mask", ("[MASK]", "<mask>")),
-                        ("unk", ("[UNK]", "<unk>")), ("bos", ("<s>",)), ("eos", ("</s>",))):
+    for role, names in (
+      ("cls", ("[CLS]", "<s>")),
+      ("sep", ("[SEP]", "</s>")),
+      ("pad", ("[PAD]", "<pad>")),
+      ("mask", ("[MASK]", "<mask>")),
+      ("unk", ("[UNK]", "<unk>")),
+      ("bos", ("<s>",)),
+      ("eos", ("</s>",)),
+    ):
       if role not in roles:
         roles[role] = next((n for n in names if n in vocab), None)
     self.roles = {role: token for role, token in roles.items() if token in vocab}
@@ -98,8 +114,11 @@ class Tokenizer:
     self.eos_id = ids.get("eos")
     if self.pad_id is None:
       raise ValueError(f"tokenizer has no padding token (roles found: {self.roles})")
-    self.special_ids = frozenset(i for i in (self.pad_id, self.cls_id, self.sep_id, self.mask_id,
-                                             self.bos_id, self.eos_id) if i is not None)
+    self.special_ids = frozenset(
+      i
+      for i in (self.pad_id, self.cls_id, self.sep_id, self.mask_id, self.bos_id, self.eos_id)
+      if i is not None
+    )
     # Byte-level BPE marks a word start by a leading space: pre-split words need one.
     self.byte_level = '"ByteLevel"' in tokenizer.to_str()
 
@@ -139,12 +158,19 @@ class Tokenizer:
 
     # Pairs get segment ids where the model has token-type embeddings (DeBERTa-v3 has none).
     token_types = (FAMILIES[model_type].token_types if model_type in FAMILIES else True) and (
-        model_config.get("type_vocab_size") != 0)
+      model_config.get("type_vocab_size") != 0
+    )
     return cls(tok, max_len, roles, token_types)
 
-  def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
-             max_length: int | None = None, pad_to: int | None = None,
-             truncation: bool | str = False) -> Batch:
+  def encode(
+    self,
+    texts: Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_length: int | None = None,
+    pad_to: int | None = None,
+    truncation: bool | str = False,
+  ) -> Batch:
     """Tokenises sentences (or sentence pairs) with [CLS]/[SEP], padded to the longest (or `pad_to`).
 
     Args:
@@ -171,8 +197,14 @@ class Tokenizer:
       encodings = self.tokenizer.encode_batch(inputs)
     return self._batch(encodings, max_length, pad_to)
 
-  def encode_words(self, sentences: Sequence[Sequence[str]], *, max_length: int | None = None,
-                   pad_to: int | None = None, truncation: bool | str = False) -> Batch:
+  def encode_words(
+    self,
+    sentences: Sequence[Sequence[str]],
+    *,
+    max_length: int | None = None,
+    pad_to: int | None = None,
+    truncation: bool | str = False,
+  ) -> Batch:
     """Tokenises pre-split words (e.g. UD tokens); `word_ids` index those words.
 
     `truncation` and `max_length` as in `encode` (truncated words are simply absent
@@ -184,9 +216,15 @@ class Tokenizer:
       encodings = self.tokenizer.encode_batch(words, is_pretokenized=True)
     return self._batch(encodings, max_length, pad_to)
 
-  def encode_windows(self, texts: str | Sequence[str], pairs: Sequence[str] | None = None, *,
-                     max_length: int | None = None, stride: int = 0,
-                     pad_to: int | None = None) -> Windows:
+  def encode_windows(
+    self,
+    texts: str | Sequence[str],
+    pairs: Sequence[str] | None = None,
+    *,
+    max_length: int | None = None,
+    stride: int = 0,
+    pad_to: int | None = None,
+  ) -> Windows:
     """Long documents as overlapping windows, as transformers' `return_overflowing_tokens`.
 
     Each text is tokenised whole and cut into windows of at most `max_length` tokens
@@ -217,15 +255,19 @@ class Tokenizer:
     inputs = texts if pairs is None else list(zip(pairs, texts))
     # The text's room in a window: what the special tokens and the whole pair leave.
     specials = self.tokenizer.num_special_tokens_to_add(pairs is not None)
-    fixed = ([0] * len(texts) if pairs is None else
-             [len(e.ids) for e in self.tokenizer.encode_batch(list(pairs),
-                                                              add_special_tokens=False)])
+    fixed = (
+      [0] * len(texts)
+      if pairs is None
+      else [len(e.ids) for e in self.tokenizer.encode_batch(list(pairs), add_special_tokens=False)]
+    )
     for i, n in enumerate(fixed):
       room = max_length - specials - n
       if room <= stride:
-        raise ValueError(f"max_length={max_length} leaves {room} tokens of text {i} per window "
-                         f"(after {specials} special tokens and {n} of its pair), which must "
-                         f"exceed {stride=}")
+        raise ValueError(
+          f"max_length={max_length} leaves {room} tokens of text {i} per window "
+          f"(after {specials} special tokens and {n} of its pair), which must "
+          f"exceed {stride=}"
+        )
     strategy = "longest_first" if pairs is None else "only_second"
     encodings, sample, start = [], [], []
     with self._truncating(strategy, max_length, stride=stride):
@@ -235,8 +277,11 @@ class Tokenizer:
           encodings.append(window)
           sample.append(i)
           start.append(k * step)
-    return Windows(self._batch(encodings, max_length, pad_to), np.asarray(sample, np.int32),
-                   np.asarray(start, np.int32))
+    return Windows(
+      self._batch(encodings, max_length, pad_to),
+      np.asarray(sample, np.int32),
+      np.asarray(start, np.int32),
+    )
 
   def _split_words(self, sentences: Sequence[Sequence[str]]) -> list[list[str]]:
     words = [list(s) for s in sentences]
@@ -248,8 +293,10 @@ class Tokenizer:
   def _truncating(self, truncation: bool | str, max_length: int, stride: int = 0):
     """The backend set to truncate (or not) for one call, then restored."""
     if not isinstance(truncation, (bool, str)) or truncation not in _TRUNCATION:
-      raise ValueError(f"truncation={truncation!r} must be True, False or one of "
-                       f"{[k for k in _TRUNCATION if isinstance(k, str)]}")
+      raise ValueError(
+        f"truncation={truncation!r} must be True, False or one of "
+        f"{[k for k in _TRUNCATION if isinstance(k, str)]}"
+      )
     strategy = _TRUNCATION[truncation]
     if not isinstance(max_length, int) or max_length < 1:
       raise ValueError(f"max_length={max_length!r} must be a positive int")
@@ -264,8 +311,9 @@ class Tokenizer:
     except Exception as e:  # `tokenizers` raises a bare Exception when a cut cannot fit
       if strategy is None or isinstance(e, (ValueError, TypeError)):
         raise
-      raise ValueError(f"cannot truncate to max_length={max_length} with "
-                       f"truncation={truncation!r}: {e}") from e
+      raise ValueError(
+        f"cannot truncate to max_length={max_length} with truncation={truncation!r}: {e}"
+      ) from e
     finally:
       if before is None:
         backend.no_truncation()
@@ -276,8 +324,10 @@ class Tokenizer:
     max_length = max_length or self.model_max_length
     longest = max((len(e.ids) for e in encodings), default=0)
     if longest > max_length:
-      raise ValueError(f"a sequence has {longest} tokens; max_length={max_length} "
-                       "(pass truncation=True, use encode_windows, or raise max_length)")
+      raise ValueError(
+        f"a sequence has {longest} tokens; max_length={max_length} "
+        "(pass truncation=True, use encode_windows, or raise max_length)"
+      )
     width = pad_to or longest
     if width < longest:
       raise ValueError(f"{pad_to=} is shorter than the longest sequence ({longest} tokens)")
@@ -315,14 +365,18 @@ class Tokenizer:
     backend = self.tokenizer
     state = json.loads(backend.to_str())
     if state.get("truncation") or state.get("padding"):
-      raise ValueError("the tokenizer has truncation or padding switched on; call "
-                       "tokenizer.tokenizer.no_truncation() / no_padding() first")
+      raise ValueError(
+        "the tokenizer has truncation or padding switched on; call "
+        "tokenizer.tokenizer.no_truncation() / no_padding() first"
+      )
     backend.save(str(directory / "tokenizer.json"))
     if state["model"]["type"] == "WordPiece":
       by_id = sorted(backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
       if [i for _, i in by_id] != list(range(len(by_id))):
-        raise ValueError(f"token ids are not contiguous from 0 (vocabulary of {len(by_id)}); "
-                         "cannot write vocab.txt")
+        raise ValueError(
+          f"token ids are not contiguous from 0 (vocabulary of {len(by_id)}); "
+          "cannot write vocab.txt"
+        )
       (directory / "vocab.txt").write_text("".join(t + "\n" for t, _ in by_id), encoding="utf-8")
     roles = {f"{role}_token": token for role, token in self.roles.items()}
     settings = {"model_max_length": self.model_max_length, **roles}
@@ -371,8 +425,9 @@ def _roles(path: pathlib.Path, settings: dict, model_type: str | None) -> dict[s
   return roles
 
 
-def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
-                  model_type: str | None = None):
+def _load_backend(
+  path: pathlib.Path, settings: dict, roles: dict[str, str], model_type: str | None = None
+):
   import tokenizers
 
   from bertjax.model.families import FAMILIES
@@ -385,8 +440,9 @@ def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
   if (path / "vocab.txt").exists():
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    return BertWordPieceTokenizer(str(path / "vocab.txt"),
-                                  lowercase=settings.get("do_lower_case", True))._tokenizer
+    return BertWordPieceTokenizer(
+      str(path / "vocab.txt"), lowercase=settings.get("do_lower_case", True)
+    )._tokenizer
   if (path / "vocab.json").exists() and (path / "merges.txt").exists():
     return _byte_level_bpe(path, roles)
   if (path / "spiece.model").exists():
@@ -395,8 +451,10 @@ def _load_backend(path: pathlib.Path, settings: dict, roles: dict[str, str],
     return _transformers_backend("XLMRobertaTokenizerFast", path)
   if (path / "spm.model").exists():
     return _transformers_backend("DebertaV2TokenizerFast", path)
-  raise FileNotFoundError(f"no tokenizer.json, vocab.txt, vocab.json + merges.txt, spiece.model, "
-                          f"sentencepiece.bpe.model or spm.model in {path}")
+  raise FileNotFoundError(
+    f"no tokenizer.json, vocab.txt, vocab.json + merges.txt, spiece.model, "
+    f"sentencepiece.bpe.model or spm.model in {path}"
+  )
 
 
 def _byte_level_bpe(path: pathlib.Path, roles: dict[str, str]):
@@ -412,8 +470,11 @@ def _byte_level_bpe(path: pathlib.Path, roles: dict[str, str]):
   if missing:
     raise ValueError(f"{path / 'vocab.json'} lacks the special tokens {missing}")
   tok.post_processor = processors.RobertaProcessing(
-      (sep_token, vocab[sep_token]), (cls_token, vocab[cls_token]), trim_offsets=True,
-      add_prefix_space=False)
+    (sep_token, vocab[sep_token]),
+    (cls_token, vocab[cls_token]),
+    trim_offsets=True,
+    add_prefix_space=False,
+  )
   specials = [t for t in roles.values() if t in vocab]
   tok.add_special_tokens(specials)
   return tok

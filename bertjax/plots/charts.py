@@ -54,9 +54,17 @@ def _layer_ticks(ax, n: int, first_layer: int, axis: str = "y") -> None:
     ax.set_xticks(ticks, labels)
 
 
-def head_heatmap(values, path, *, title: str = "", cbar_label: str = "", cmap: str = "viridis",
-                 center: float | None = None, annotate: bool | None = None,
-                 first_layer: int = 1) -> pathlib.Path:
+def head_heatmap(
+  values,
+  path,
+  *,
+  title: str = "",
+  cbar_label: str = "",
+  cmap: str = "viridis",
+  center: float | None = None,
+  annotate: bool | None = None,
+  first_layer: int = 1,
+) -> pathlib.Path:
   """A layers x heads heatmap (ablation effect, importance, special-token mass ...).
 
   Args:
@@ -89,15 +97,27 @@ def head_heatmap(values, path, *, title: str = "", cbar_label: str = "", cmap: s
   if annotate or (annotate is None and values.size <= 144):
     for (l, h), v in np.ndenumerate(values):
       if np.isfinite(v):
-        ax.text(h, l, f"{v:.2g}", ha="center", va="center", fontsize=7,
-                color=_text_colour(im.cmap(im.norm(v))))
+        ax.text(
+          h,
+          l,
+          f"{v:.2g}",
+          ha="center",
+          va="center",
+          fontsize=7,
+          color=_text_colour(im.cmap(im.norm(v))),
+        )
   ax.set_title(title)
   return _save(fig, path)
 
 
-def pattern_heatmap(codes, path, *, names: Sequence[str] | None = None,
-                    title: str = "Dominant attention pattern",
-                    first_layer: int = 1) -> pathlib.Path:
+def pattern_heatmap(
+  codes,
+  path,
+  *,
+  names: Sequence[str] | None = None,
+  title: str = "Dominant attention pattern",
+  first_layer: int = 1,
+) -> pathlib.Path:
   """Categorical layers x heads map of pattern types (e.g. `PatternCounts.dominant`)."""
   plt = _plt()
   from matplotlib.colors import ListedColormap
@@ -108,9 +128,10 @@ def pattern_heatmap(codes, path, *, names: Sequence[str] | None = None,
   if codes.ndim != 2:
     raise ValueError(f"codes shape {codes.shape} must be (layers, heads)")
   if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
-    raise ValueError(f"codes in [{codes.min()}, {codes.max()}] must index names of length "
-                     f"{len(names)}")
-  colours = plt.get_cmap("tab10").colors[:len(names)]
+    raise ValueError(
+      f"codes in [{codes.min()}, {codes.max()}] must index names of length {len(names)}"
+    )
+  colours = plt.get_cmap("tab10").colors[: len(names)]
   fig, ax = plt.subplots(figsize=(1.5 + 0.45 * codes.shape[1], 0.8 + 0.4 * codes.shape[0]))
   ax.imshow(codes, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(names) - 0.5, aspect="auto")
   handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
@@ -123,8 +144,15 @@ def pattern_heatmap(codes, path, *, names: Sequence[str] | None = None,
   return _save(fig, path)
 
 
-def attention_grid(maps, tokens: Sequence[str], path, *, layers: Sequence[int] | None = None,
-                   heads: Sequence[int] | None = None, title: str = "") -> pathlib.Path:
+def attention_grid(
+  maps,
+  tokens: Sequence[str],
+  path,
+  *,
+  layers: Sequence[int] | None = None,
+  heads: Sequence[int] | None = None,
+  title: str = "",
+) -> pathlib.Path:
   """Attention maps of one sentence, a grid of (layer rows, head columns).
 
   Args:
@@ -145,8 +173,12 @@ def attention_grid(maps, tokens: Sequence[str], path, *, layers: Sequence[int] |
     raise ValueError(f"{n} tokens but maps are {maps.shape[-1]} wide")
   layers = list(range(maps.shape[0])) if layers is None else list(layers)
   heads = list(range(maps.shape[1])) if heads is None else list(heads)
-  fig, axes = plt.subplots(len(layers), len(heads), squeeze=False,
-                           figsize=(1.9 * len(heads) + 0.5, 1.9 * len(layers) + 0.5))
+  fig, axes = plt.subplots(
+    len(layers),
+    len(heads),
+    squeeze=False,
+    figsize=(1.9 * len(heads) + 0.5, 1.9 * len(layers) + 0.5),
+  )
   label = n <= 24
   for r, l in enumerate(layers):
     for c, h in enumerate(heads):
@@ -163,9 +195,14 @@ def attention_grid(maps, tokens: Sequence[str], path, *, layers: Sequence[int] |
   return _save(fig, path)
 
 
-def pruning_curve(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path, *,
-                  ylabel: str = "metric", baseline: float | None = None,
-                  title: str = "Iterative head pruning") -> pathlib.Path:
+def pruning_curve(
+  curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+  path,
+  *,
+  ylabel: str = "metric",
+  baseline: float | None = None,
+  title: str = "Iterative head pruning",
+) -> pathlib.Path:
   """Metric against the fraction of heads pruned; `curves` maps a label to (fractions, values)."""
   plt = _plt()
   if not curves:
@@ -186,9 +223,14 @@ def pruning_curve(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
   return _save(fig, path)
 
 
-def type_ratios(per_layer, path, *, names: Sequence[str] | None = None,
-                title: str = "Attention pattern types per layer",
-                first_layer: int = 1) -> pathlib.Path:
+def type_ratios(
+  per_layer,
+  path,
+  *,
+  names: Sequence[str] | None = None,
+  title: str = "Attention pattern types per layer",
+  first_layer: int = 1,
+) -> pathlib.Path:
   """Stacked bars of pattern-type ratios per layer (`PatternCounts.per_layer`, (layers, types))."""
   plt = _plt()
   if names is None:
@@ -209,9 +251,15 @@ def type_ratios(per_layer, path, *, names: Sequence[str] | None = None,
   return _save(fig, path)
 
 
-def layer_curves(curves: Mapping[str, Sequence[float]], path, *, ylabel: str = "",
-                 title: str = "", first_layer: int = 0,
-                 xlabel: str | None = None) -> pathlib.Path:
+def layer_curves(
+  curves: Mapping[str, Sequence[float]],
+  path,
+  *,
+  ylabel: str = "",
+  title: str = "",
+  first_layer: int = 0,
+  xlabel: str | None = None,
+) -> pathlib.Path:
   """One line per named per-layer curve, the x axis numbered from `first_layer`.
 
   Args:
@@ -246,12 +294,19 @@ def _decade_ticks(top: float, linthresh: float, most: int = 5) -> list[float]:
   """0 and about `most` powers of ten up to `top` on each side, none inside the linear part."""
   lo, hi = int(np.floor(np.log10(linthresh))) + 1, int(np.ceil(np.log10(top)))
   step = max(1, -(-(hi - lo + 1) // most))
-  decades = [10.0 ** k for k in range(hi, lo - 1, -step)]
+  decades = [10.0**k for k in range(hi, lo - 1, -step)]
   return sorted([0.0, *decades, *(-d for d in decades)])
 
 
-def layer_bars(series: Mapping[str, Sequence[float]], path, *, ylabel: str, title: str,
-               baseline: float | None = None, first_layer: int = 1) -> pathlib.Path:
+def layer_bars(
+  series: Mapping[str, Sequence[float]],
+  path,
+  *,
+  ylabel: str,
+  title: str,
+  baseline: float | None = None,
+  first_layer: int = 1,
+) -> pathlib.Path:
   """Grouped bars per layer; a symmetric-log axis when the values span decades.
 
   On the symmetric-log axis only 0 and a few powers of ten are labelled (the small
@@ -302,9 +357,15 @@ def layer_bars(series: Mapping[str, Sequence[float]], path, *, ylabel: str, titl
   return _save(fig, path)
 
 
-def attention_maps(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path, *,
-                   columns: int = 2, title: str = "", max_labels: int = 40,
-                   panel_inches: float = 4.3) -> pathlib.Path:
+def attention_maps(
+  panels: Sequence[tuple[str, np.ndarray, Sequence[str]]],
+  path,
+  *,
+  columns: int = 2,
+  title: str = "",
+  max_labels: int = 40,
+  panel_inches: float = 4.3,
+) -> pathlib.Path:
   """Attention maps in rows of `columns`, each with its title, token labels and colour bar.
 
   Args:
@@ -322,10 +383,13 @@ def attention_maps(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path
     raise ValueError("panels is empty")
   columns = max(1, min(columns, len(panels)))
   rows = -(-len(panels) // columns)
-  fig, axes = plt.subplots(rows, columns, squeeze=False,
-                           figsize=(panel_inches * columns + 0.6, (panel_inches + 0.5) * rows
-                                    + (0.4 if title else 0)))
-  for ax in axes.ravel()[len(panels):]:
+  fig, axes = plt.subplots(
+    rows,
+    columns,
+    squeeze=False,
+    figsize=(panel_inches * columns + 0.6, (panel_inches + 0.5) * rows + (0.4 if title else 0)),
+  )
+  for ax in axes.ravel()[len(panels) :]:
     ax.axis("off")
   for ax, (name, grid, tokens) in zip(axes.ravel(), panels):
     grid = np.asarray(grid, np.float64)
@@ -352,8 +416,9 @@ def attention_maps(panels: Sequence[tuple[str, np.ndarray, Sequence[str]]], path
   return _save(fig, path)
 
 
-def method_ranks(stats: Mapping[str, Mapping[str, float]], chance_mrr: float, agreement,
-                 path, *, title: str = "") -> pathlib.Path:
+def method_ranks(
+  stats: Mapping[str, Mapping[str, float]], chance_mrr: float, agreement, path, *, title: str = ""
+) -> pathlib.Path:
   """Left: each attribution method's mean reciprocal rank and top-1 rate of a target token;
   right: the methods' mean Spearman agreement matrix."""
   plt = _plt()
@@ -376,23 +441,33 @@ def method_ranks(stats: Mapping[str, Mapping[str, float]], chance_mrr: float, ag
   for i in range(len(names)):
     for j in range(len(names)):
       if np.isfinite(agree[i, j]):
-        ax2.text(j, i, f"{agree[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                 color=_text_colour(im.cmap(im.norm(agree[i, j]))))
+        ax2.text(
+          j,
+          i,
+          f"{agree[i, j]:.2f}",
+          ha="center",
+          va="center",
+          fontsize=7,
+          color=_text_colour(im.cmap(im.norm(agree[i, j]))),
+        )
   fig.colorbar(im, ax=ax2, label="Spearman (token scores)")
   ax2.set_title("Agreement between methods")
   return _save(fig, path)
 
 
-def patching_heatmaps(exact, approx, path, *, title: str = "",
-                      cbar_label: str = "share restored") -> pathlib.Path:
+def patching_heatmaps(
+  exact, approx, path, *, title: str = "", cbar_label: str = "share restored"
+) -> pathlib.Path:
   """Exact and attribution patching of every (layer, head), side by side, on one colour scale
   (rows are layers 1..L, as in every other figure)."""
   plt = _plt()
   exact, approx = _check_grid(exact, "exact"), _check_grid(approx, "approx")
   lim = float(np.nanmax(np.abs(np.concatenate([exact.ravel(), approx.ravel()])))) or 1.0
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-  for ax, values, name in ((axes[0], exact, "exact activation patching"),
-                           (axes[1], approx, "attribution patching (gradient)")):
+  for ax, values, name in (
+    (axes[0], exact, "exact activation patching"),
+    (axes[1], approx, "attribution patching (gradient)"),
+  ):
     im = ax.imshow(values, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_xlabel("head")
     ax.set_xticks(range(values.shape[1]))
@@ -405,8 +480,9 @@ def patching_heatmaps(exact, approx, path, *, title: str = "",
   return _save(fig, path)
 
 
-def edge_agreement(exact, scores: Mapping[str, Sequence[float]], faithfulness: Mapping, path, *,
-                   share: float = 0.8) -> pathlib.Path:
+def edge_agreement(
+  exact, scores: Mapping[str, Sequence[float]], faithfulness: Mapping, path, *, share: float = 0.8
+) -> pathlib.Path:
   """Edge scores against exact edge patching (one scatter per method, with its Pearson), and
   the faithfulness of circuits by size (`faithfulness`: "edges", "normalized"; log x)."""
   plt = _plt()
@@ -416,17 +492,30 @@ def edge_agreement(exact, scores: Mapping[str, Sequence[float]], faithfulness: M
     v = np.asarray(values, np.float64)
     ok = np.isfinite(v) & np.isfinite(ex)
     r = np.corrcoef(ex[ok], v[ok])[0, 1] if ok.sum() > 2 else float("nan")
-    a.scatter(ex[ok], v[ok], s=8, alpha=0.5, color=color,
-              label=f"{name.upper().replace('_', '-')} (Pearson {r:.2f})")
+    a.scatter(
+      ex[ok],
+      v[ok],
+      s=8,
+      alpha=0.5,
+      color=color,
+      label=f"{name.upper().replace('_', '-')} (Pearson {r:.2f})",
+    )
   lim = float(np.nanmax(np.abs(ex))) if np.isfinite(ex).any() else 1.0
   a.plot([-lim, lim], [-lim, lim], color="gray", lw=0.8)
-  a.set(xlabel="exact edge patching (change of the metric)", ylabel="score",
-        title=f"{len(ex)} edges patched exactly")
+  a.set(
+    xlabel="exact edge patching (change of the metric)",
+    ylabel="score",
+    title=f"{len(ex)} edges patched exactly",
+  )
   a.legend(fontsize=8)
   b.plot(faithfulness["edges"], faithfulness["normalized"], "-o", ms=4)
   b.axhline(share, color="gray", lw=0.8, ls=":")
-  b.set(xscale="log", xlabel="edges in the top-k circuit", ylabel="normalised faithfulness",
-        title="Circuits from EAP-IG scores")
+  b.set(
+    xscale="log",
+    xlabel="edges in the top-k circuit",
+    ylabel="normalised faithfulness",
+    title="Circuits from EAP-IG scores",
+  )
   for ax in (a, b):
     ax.grid(alpha=0.3)
   fig.tight_layout()

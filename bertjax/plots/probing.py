@@ -214,22 +214,43 @@ def write_probing_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -
   for task in probing_run.TASKS:
     if task in results:
       r = results[task]
-      paths.append(plot_probing(r["accuracy"], out / f"probe_{task}.png",
-                                              r.get("control_accuracy"), task_name=task))
+      paths.append(
+        plot_probing(
+          r["accuracy"], out / f"probe_{task}.png", r.get("control_accuracy"), task_name=task
+        )
+      )
   if "upos_mlp" in results:
-    paths.append(plot_layer_curves(
-      {"linear": results["upos"]["accuracy"], "mlp": results["upos_mlp"]["accuracy"]}
-      if "upos" in results else {"mlp": results["upos_mlp"]["accuracy"]},
-      out / "probe_upos_mlp.png", ylabel="accuracy", title="UPOS: linear vs MLP probe"))
+    paths.append(
+      plot_layer_curves(
+        {"linear": results["upos"]["accuracy"], "mlp": results["upos_mlp"]["accuracy"]}
+        if "upos" in results
+        else {"mlp": results["upos_mlp"]["accuracy"]},
+        out / "probe_upos_mlp.png",
+        ylabel="accuracy",
+        title="UPOS: linear vs MLP probe",
+      )
+    )
   if "structural" in results:
     s = results["structural"]
-    paths.append(plot_structural(
-      {"UUAS": s["distance"]["uuas"], "DSpr.": s["distance"]["spearman"],
-       "root acc.": s["depth"]["root_accuracy"], "NSpr.": s["depth"]["spearman"]},
-      out / "structural.png"))
-  paths.append(plot_layer_curves(
-    results["anisotropy"], out / "anisotropy.png", ylabel="mean cosine",
-    title=f"anisotropy ({results.get('model', '')})"))
+    paths.append(
+      plot_structural(
+        {
+          "UUAS": s["distance"]["uuas"],
+          "DSpr.": s["distance"]["spearman"],
+          "root acc.": s["depth"]["root_accuracy"],
+          "NSpr.": s["depth"]["spearman"],
+        },
+        out / "structural.png",
+      )
+    )
+  paths.append(
+    plot_layer_curves(
+      results["anisotropy"],
+      out / "anisotropy.png",
+      ylabel="mean cosine",
+      title=f"anisotropy ({results.get('model', '')})",
+    )
+  )
   results = {**results, "figures": [str(p) for p in paths]}
   json_path = out / "probing.json"
   utils.write_json(json_path, results)

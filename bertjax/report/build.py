@@ -49,8 +49,7 @@ class _Clock:
     self.last = now
     count = utils.compiled_programs()
     self.compiles[name], self.last_compiles = count - self.last_compiles, count
-    self.log(f"{name} done ({self.timing[name]:.1f}s, {self.compiles[name]} XLA programs "
-             "compiled)")
+    self.log(f"{name} done ({self.timing[name]:.1f}s, {self.compiles[name]} XLA programs compiled)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,19 +83,24 @@ def _load_model(model_path: pathlib.Path):
   """`(params, config, tokenizer)` of an unpruned checkpoint."""
   config, params = bertjax.from_hf(model_path)
   if config.is_pruned:
-    raise ValueError(f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
-                     " the report needs every head")
+    raise ValueError(
+      f"{model_path} is a pruned checkpoint (pruned_heads={config.pruned_heads});"
+      " the report needs every head"
+    )
   return params, config, bertjax.Tokenizer.from_pretrained(model_path)
 
 
 def fitting(run: _Run, sentences: Sequence[Sentence]) -> list[Sentence]:
   """The sentences the model reads whole (`_Run.max_len`: `config.max_length` and the
   tokenizer's limit), as the UD text is chosen; the others are left out, and logged."""
-  lengths = run.tok.encode([s.text for s in sentences], truncation=False,
-                           max_length=10**6).attention_mask.sum(-1)
+  lengths = run.tok.encode(
+    [s.text for s in sentences], truncation=False, max_length=10**6
+  ).attention_mask.sum(-1)
   if (lengths > run.max_len).any():
-    run.clock.log(f"{int((lengths > run.max_len).sum())} of the {len(sentences)} sentences are "
-                  f"longer than the {run.max_len} tokens the model reads; left out")
+    run.clock.log(
+      f"{int((lengths > run.max_len).sum())} of the {len(sentences)} sentences are "
+      f"longer than the {run.max_len} tokens the model reads; left out"
+    )
   return [s for s, n in zip(sentences, lengths) if n <= run.max_len]
 
 
@@ -111,14 +115,17 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
     ud = [s for s in ud if len(run.tok.encode_words([s.forms]).input_ids[0]) <= run.max_len]
     words = [list(s.forms) for s in ud]
     texts = [" ".join(w) for w in words]
-    batches = inputs.batches(run.tok, words=words, batch_size=settings.batch_size,
-                             max_length=run.max_len)
-    text = {"source": "ud", "num_sentences": len(ud),
-            "description": f"{len(ud)} UD English EWT sentences ({ud_files[0].name})"}
+    batches = inputs.batches(
+      run.tok, words=words, batch_size=settings.batch_size, max_length=run.max_len
+    )
+    text = {
+      "source": "ud",
+      "num_sentences": len(ud),
+      "description": f"{len(ud)} UD English EWT sentences ({ud_files[0].name})",
+    }
   else:
     texts = [s.text for s in own]
-    batches = inputs.batches(run.tok, texts, batch_size=settings.batch_size,
-                             max_length=run.max_len)
+    batches = inputs.batches(run.tok, texts, batch_size=settings.batch_size, max_length=run.max_len)
     text = builtin_text(own)
   text["num_tokens"] = int(sum(b["attention_mask"].sum() for _, b in batches))
   return texts, batches, text
@@ -126,13 +133,19 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
 
 def _patterns(run: _Run, texts: Sequence[str]) -> dict:
   """Section 2 on consecutive sentences of the text as pairs (so blocks can occur)."""
-  pair_batches = inputs.batches(run.tok, texts[:-1], pairs=texts[1:],
-                                batch_size=run.settings.batch_size, max_length=run.max_len,
-                                truncation=True)
+  pair_batches = inputs.batches(
+    run.tok,
+    texts[:-1],
+    pairs=texts[1:],
+    batch_size=run.settings.batch_size,
+    max_length=run.max_len,
+    truncation=True,
+  )
   patterns = sections.pattern_section(run.params, run.config, run.tok, pair_batches)
   patterns["num_inputs"] = len(texts) - 1
   patterns["thresholds"] = ", ".join(
-      f"{k} {v}" for k, v in dataclasses.asdict(attention_patterns.PatternThresholds()).items())
+    f"{k} {v}" for k, v in dataclasses.asdict(attention_patterns.PatternThresholds()).items()
+  )
   return patterns
 
 
@@ -140,8 +153,10 @@ def _pos(run: _Run, ud_files: Sequence[pathlib.Path], data_dir, data_path) -> di
   """Section 7 when UD files are present, else why not (`available` says which)."""
   if ud_files:
     run.clock.log(f"POS probe on {ud_files[0].parent}")
-    return {"available": True, **sections.pos_section(run.params, run.config, run.tok, ud_files,
-                                                      run.settings, run.progress)}
+    return {
+      "available": True,
+      **sections.pos_section(run.params, run.config, run.tok, ud_files, run.settings, run.progress),
+    }
   from bertjax.data import fetch
 
   try:
@@ -172,8 +187,10 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
   name -> results) failed does not run and says which."""
   broken = [k for k, v in (needs or {}).items() if failed(v) or v is None]
   if broken:
-    out = {"failed": True, "error": f"not run: it needs the {', '.join(broken)} section, "
-                                    "which failed"}
+    out = {
+      "failed": True,
+      "error": f"not run: it needs the {', '.join(broken)} section, which failed",
+    }
   else:
     try:
       out = compute()
@@ -185,61 +202,101 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
   return out
 
 
-def _run_sections(run: _Run, own: Sequence[Sentence], texts: Sequence[str], batches,
-                  ud_files: Sequence[pathlib.Path], data_dir, data_path) -> dict:
+def _run_sections(
+  run: _Run,
+  own: Sequence[Sentence],
+  texts: Sequence[str],
+  batches,
+  ud_files: Sequence[pathlib.Path],
+  data_dir,
+  data_path,
+) -> dict:
   """Sections 1-12, and 13 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
   still run (`_guarded`)."""
   params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
   clock.log(f"negation task: fitting probes on {len(own)} sentences")
-  fitted = _guarded(clock, "task", lambda: fit_task(params, config, tok, own, settings,
-                                                     clock.log))
+  fitted = _guarded(clock, "task", lambda: fit_task(params, config, tok, own, settings, clock.log))
   task_results, task = (fitted, None) if failed(fitted) else fitted
   clock.log("Clark et al. attention statistics")
   clark = _guarded(clock, "clark", lambda: sections.clark_section(params, config, tok, batches))
   clock.log("Kovaleva et al. pattern types")
   patterns = _guarded(clock, "patterns", lambda: _patterns(run, texts))
-  clock.log(f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
-            "layers), importance and pruning")
-  abl = _guarded(clock, "ablation", lambda: sections.ablation_section(task, config, settings,
-                                                                      clock.log),
-                 {"task": task_results})
+  clock.log(
+    f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
+    "layers), importance and pruning"
+  )
+  abl = _guarded(
+    clock,
+    "ablation",
+    lambda: sections.ablation_section(task, config, settings, clock.log),
+    {"task": task_results},
+  )
   clock.log("anisotropy")
-  aniso = _guarded(clock, "anisotropy",
-                   lambda: sections.anisotropy_section(params, config, tok, batches, settings))
+  aniso = _guarded(
+    clock, "anisotropy", lambda: sections.anisotropy_section(params, config, tok, batches, settings)
+  )
   pos = _guarded(clock, "pos", lambda: _pos(run, ud_files, data_dir, data_path))
   clock.log("effective attention")
   eff = _guarded(clock, "effective", lambda: _effective(run, texts))
   clock.log("token attribution and head patching on the negated sentences")
-  attrib = _guarded(clock, "attribution", lambda: sections.attribution_section(
-      params, config, tok, own, task, settings), {"task": task_results})
+  attrib = _guarded(
+    clock,
+    "attribution",
+    lambda: sections.attribution_section(params, config, tok, own, task, settings),
+    {"task": task_results},
+  )
   clock.log("the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness")
-  circ = _guarded(clock, "circuit", lambda: sections.circuit_section(
-      params, config, tok, own, task, settings), {"task": task_results})
+  circ = _guarded(
+    clock,
+    "circuit",
+    lambda: sections.circuit_section(params, config, tok, own, task, settings),
+    {"task": task_results},
+  )
   clock.log("outlier dimensions and massive activations")
-  outl = _guarded(clock, "outliers", lambda: sections.outlier_section(params, config, tok, batches,
-                                                                       settings))
+  outl = _guarded(
+    clock, "outliers", lambda: sections.outlier_section(params, config, tok, batches, settings)
+  )
   clock.log("a sparse autoencoder on the middle layer")
-  dictionary = _guarded(clock, "sae", lambda: sections.sae_section(params, config, tok, batches,
-                                                                   settings))
-  found = {"clark": clark, "patterns": patterns, "task": task_results, "ablation": abl,
-           "anisotropy": aniso, "pos": pos, "effective": eff, "attribution": attrib,
-           "circuit": circ, "outliers": outl, "sae": dictionary}
+  dictionary = _guarded(
+    clock, "sae", lambda: sections.sae_section(params, config, tok, batches, settings)
+  )
+  found = {
+    "clark": clark,
+    "patterns": patterns,
+    "task": task_results,
+    "ablation": abl,
+    "anisotropy": aniso,
+    "pos": pos,
+    "effective": eff,
+    "attribution": attrib,
+    "circuit": circ,
+    "outliers": outl,
+    "sae": dictionary,
+  }
   if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
     clock.log("DeBERTa's score terms: content vs position")
-    found["disentangled"] = _guarded(clock, "disentangled", lambda: sections.disentangled_section(
-        params, config, batches, clark, patterns))
+    found["disentangled"] = _guarded(
+      clock,
+      "disentangled",
+      lambda: sections.disentangled_section(params, config, batches, clark, patterns),
+    )
   return found
 
 
 def _model_section(run: _Run, model_path: pathlib.Path, name: str) -> dict:
   """The analysed model as the page's header names it."""
   origin = inputs.read_json(model_path / "config.json").get("_name_or_path")
-  return {"name": name, "path": str(model_path), "model_type": run.config.model_type,
-          "name_or_path": origin if isinstance(origin, str) and origin else None,
-          "layers": run.config.depth, "heads": run.config.num_attention_heads,
-          "hidden_size": run.config.hidden_size,
-          "parameters": int(bertjax.count_params(run.params))}
+  return {
+    "name": name,
+    "path": str(model_path),
+    "model_type": run.config.model_type,
+    "name_or_path": origin if isinstance(origin, str) and origin else None,
+    "layers": run.config.depth,
+    "heads": run.config.num_attention_heads,
+    "hidden_size": run.config.hidden_size,
+    "parameters": int(bertjax.count_params(run.params)),
+  }
 
 
 def _write(results: dict, figs: dict[str, str], out: pathlib.Path, clock: _Clock) -> dict:
@@ -255,16 +312,23 @@ def _write(results: dict, figs: dict[str, str], out: pathlib.Path, clock: _Clock
   results["readings"] = reading.readings(results)
   utils.write_json(out / "report.json", results)
   (out / "index.html").write_text(page.render_html(results, figs), encoding="utf-8")
-  results["files"] = [str(out / "index.html"), str(out / "report.json"),
-                      *(str(out / f) for f in figs.values())]
+  results["files"] = [
+    str(out / "index.html"),
+    str(out / "report.json"),
+    *(str(out / f) for f in figs.values()),
+  ]
   clock.log(f"wrote {out / 'index.html'} ({clock.timing['total_seconds']:.1f}s)")
   return results
 
 
-def build_report(model_dir: str | os.PathLike | None = None,
-                 out_dir: str | os.PathLike = "out/report",
-                 data_dir: str | os.PathLike | None = None, reduced: bool = False,
-                 progress: bool = True, settings: ReportSettings | None = None) -> dict:
+def build_report(
+  model_dir: str | os.PathLike | None = None,
+  out_dir: str | os.PathLike = "out/report",
+  data_dir: str | os.PathLike | None = None,
+  reduced: bool = False,
+  progress: bool = True,
+  settings: ReportSettings | None = None,
+) -> dict:
   """Analyses a checkpoint of any family and writes the HTML report.
 
   Args:
@@ -308,10 +372,16 @@ def build_report(model_dir: str | os.PathLike | None = None,
     clock.lap("setup")
     found = _run_sections(run, own, texts, batches, ud_files, data_dir, data_path)
     results = {
-        "layer_numbering": LAYER_NUMBERING, "model": _model_section(run, model_path, name),
-        "text": text, "settings": dataclasses.asdict(settings), **found,
-        "run": {"mode": "reduced" if reduced or settings.max_sentences else "full",
-                "backend": jax.default_backend(), "jax_version": jax.__version__},
+      "layer_numbering": LAYER_NUMBERING,
+      "model": _model_section(run, model_path, name),
+      "text": text,
+      "settings": dataclasses.asdict(settings),
+      **found,
+      "run": {
+        "mode": "reduced" if reduced or settings.max_sentences else "full",
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+      },
     }
     figure_errors: dict[str, str] = {}
     figs = figures.write_figures(results, out, errors=figure_errors)

@@ -10,8 +10,23 @@ import numpy as np
 
 import bertjax
 
-_GENERIC_NAMES = {"model", "models", "hf", "export", "exported", "final", "latest", "best",
-                  "output", "outputs", "out", "snapshot", "checkpoint", "pytorch", "weights"}
+_GENERIC_NAMES = {
+  "model",
+  "models",
+  "hf",
+  "export",
+  "exported",
+  "final",
+  "latest",
+  "best",
+  "output",
+  "outputs",
+  "out",
+  "snapshot",
+  "checkpoint",
+  "pytorch",
+  "weights",
+}
 
 
 def default_data_dir() -> pathlib.Path | None:
@@ -43,9 +58,12 @@ def model_name(path: pathlib.Path, given: str | None = None) -> str:
     if part.startswith("models--") and part.count("--") >= 2:
       return "/".join(part.split("--")[1:])
   name = path.name
-  generic = (name.lower() in _GENERIC_NAMES or name.isdigit()
-             or (len(name) == 40 and all(c in "0123456789abcdef" for c in name))
-             or name.lower().startswith(("checkpoint", "step")))
+  generic = (
+    name.lower() in _GENERIC_NAMES
+    or name.isdigit()
+    or (len(name) == 40 and all(c in "0123456789abcdef" for c in name))
+    or name.lower().startswith(("checkpoint", "step"))
+  )
   return f"{path.parent.name}/{name}" if generic and path.parent.name else name
 
 
@@ -75,9 +93,17 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-def batches(tok: bertjax.Tokenizer, texts=None, words=None, pairs=None, *, batch_size: int,
-            max_length: int, extra: dict[str, np.ndarray] | None = None,
-            truncation: bool = False):
+def batches(
+  tok: bertjax.Tokenizer,
+  texts=None,
+  words=None,
+  pairs=None,
+  *,
+  batch_size: int,
+  max_length: int,
+  extra: dict[str, np.ndarray] | None = None,
+  truncation: bool = False,
+):
   """Length-sorted padded batches: a list of `(indices, batch dict)`.
 
   Give `texts` (with optional `pairs`) or `words` (pre-split). Padded lengths
@@ -89,21 +115,27 @@ def batches(tok: bertjax.Tokenizer, texts=None, words=None, pairs=None, *, batch
 
   def encode(idx, pad_to=None) -> bertjax.Batch:
     if texts is None:
-      return tok.encode_words([words[i] for i in idx], max_length=max_length, pad_to=pad_to,
-                              truncation=truncation)
+      return tok.encode_words(
+        [words[i] for i in idx], max_length=max_length, pad_to=pad_to, truncation=truncation
+      )
     second = None if pairs is None else [pairs[i] for i in idx]
-    return tok.encode([texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to,
-                      truncation=truncation)
+    return tok.encode(
+      [texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to, truncation=truncation
+    )
 
   lengths = encode(range(len(items))).attention_mask.sum(-1)
   order = np.argsort(lengths, kind="stable")
   out = []
   for start in range(0, len(order), batch_size):
-    idx = np.sort(order[start:start + batch_size])
+    idx = np.sort(order[start : start + batch_size])
     width = min(_round_up(int(lengths[idx].max()), 8), max_length)
     b = encode(idx, pad_to=width)
-    batch = {"input_ids": b.input_ids, "attention_mask": b.attention_mask,
-             "token_type_ids": b.token_type_ids, "word_ids": b.word_ids}
+    batch = {
+      "input_ids": b.input_ids,
+      "attention_mask": b.attention_mask,
+      "token_type_ids": b.token_type_ids,
+      "word_ids": b.word_ids,
+    }
     for name, values in (extra or {}).items():
       batch[name] = np.asarray(values)[idx]
     out.append((idx, batch))

@@ -31,8 +31,15 @@ class Interval:
   text: str
 
 
-def interval(items, values: Callable, level: Callable, *, over: str,
-             shown: Sequence[tuple[str, int, str]], resamples: int = RESAMPLES) -> Interval:
+def interval(
+  items,
+  values: Callable,
+  level: Callable,
+  *,
+  over: str,
+  shown: Sequence[tuple[str, int, str]],
+  resamples: int = RESAMPLES,
+) -> Interval:
   """The 95% percentile bootstrap interval of a rule's statistics and of its verdict.
 
   Args:
@@ -47,24 +54,33 @@ def interval(items, values: Callable, level: Callable, *, over: str,
   Returns:
     The `Interval`.
   """
+
   def both(*resampled):
     v = np.asarray(values(*resampled), np.float64)
     return np.concatenate([v, np.asarray(level(v), np.float64)[:, None]], 1)
 
   low, high = stats.bootstrap_ci(items, both, n_resamples=resamples, seed=SEED, vectorized=True)
   text = f"95% CI over {over}: " + ", ".join(
-      f"{label} [{fmt.format(low[c])}, {fmt.format(high[c])}]" for label, c, fmt in shown)
+    f"{label} [{fmt.format(low[c])}, {fmt.format(high[c])}]" for label, c, fmt in shown
+  )
   return Interval((int(np.floor(low[-1])), int(np.ceil(high[-1]))), text)
 
 
-def at_ends(low: np.ndarray, high: np.ndarray, level: Callable, *, over: str,
-            shown: Sequence[tuple[str, int, str]]) -> Interval:
+def at_ends(
+  low: np.ndarray,
+  high: np.ndarray,
+  level: Callable,
+  *,
+  over: str,
+  shown: Sequence[tuple[str, int, str]],
+) -> Interval:
   """An `Interval` from statistics' intervals computed elsewhere (a section whose items are too
   large for report.json): the rule, monotone in each statistic, applied at both ends."""
   low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
   ends = sorted((int(level(low[None])[0]), int(level(high[None])[0])))
   text = f"95% CI over {over}: " + ", ".join(
-      f"{label} [{fmt.format(low[c])}, {fmt.format(high[c])}]" for label, c, fmt in shown)
+    f"{label} [{fmt.format(low[c])}, {fmt.format(high[c])}]" for label, c, fmt in shown
+  )
   return Interval((ends[0], ends[1]), text)
 
 
@@ -77,13 +93,17 @@ def verdict(model: str, full: bool, part: bool = False, evidence: Interval | Non
   different verdicts."""
   point = 2 if full else 1 if part else 0
   if evidence is None:
-    return (f"{model} {WORDS[point]} (no confidence interval: report.json keeps no per-item "
-            "values for this rule)")
+    return (
+      f"{model} {WORDS[point]} (no confidence interval: report.json keeps no per-item "
+      "values for this rule)"
+    )
   low, high = min(evidence.levels[0], point), max(evidence.levels[1], point)
   if low == high:
     return f"{model} {WORDS[point]} ({evidence.text}; the same verdict across it)"
-  return (f"the verdict on {model} is inconclusive ({evidence.text}: from '{WORDS[low]}' to "
-          f"'{WORDS[high]}' within it)")
+  return (
+    f"the verdict on {model} is inconclusive ({evidence.text}: from '{WORDS[low]}' to "
+    f"'{WORDS[high]}' within it)"
+  )
 
 
 def levels(full, part=None):

@@ -77,28 +77,39 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
   _, middle, _ = _thirds(n)
   if middle.start >= middle.stop:  # one or two blocks: no middle third
     middle = slice(0, n)
-  sinks = {"[CLS]": float(bl["cls"][middle].mean()), "[SEP]": float(bl["sep"][middle].mean()),
-           "punctuation": float(bl["punct"][middle].mean())}
+  sinks = {
+    "[CLS]": float(bl["cls"][middle].mean()),
+    "[SEP]": float(bl["sep"][middle].mean()),
+    "punctuation": float(bl["punct"][middle].mean()),
+  }
   total = sum(sinks.values())
   top = max(sinks, key=sinks.get)
   sep_peak = int(np.argmax(bl["sep"]))
   per = c.get("per_sentence")
   over = f"the {len(per['sep'])} sentences" if per else ""
-  sink = interval(
+  sink = (
+    interval(
       np.stack([np.asarray(per[k], float) for k in ("cls", "sep", "punct")], 1),
-      lambda a: _sink_stats(*np.moveaxis(a.mean(1), 1, 0), middle), _sink_level, over=over,
+      lambda a: _sink_stats(*np.moveaxis(a.mean(1), 1, 0), middle),
+      _sink_level,
+      over=over,
       shown=[("middle-layer total", 0, "{:.2f}"), ("[SEP]'s lead", 1, "{:+.2f}")],
-      resamples=resamples) if per else None
+      resamples=resamples,
+    )
+    if per
+    else None
+  )
   point = int(_sink_level(_sink_stats(bl["cls"], bl["sep"], bl["punct"], middle)))
   first = (
-      "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
-      "tokens, [SEP] above all (over half of layers 6-10's patterns, read as a no-op when a "
-      f"head's function does not apply). In {model}'s middle {_block_range(middle)}, [CLS], "
-      f"[SEP] and punctuation together take {total:.2f} of the attention and the largest share "
-      f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
-      f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
-      "layers' attention with [SEP] the largest, partly if over half goes to them but another "
-      f"token is the sink; so {verdict(model, point == 2, point >= 1, sink)}.")
+    "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
+    "tokens, [SEP] above all (over half of layers 6-10's patterns, read as a no-op when a "
+    f"head's function does not apply). In {model}'s middle {_block_range(middle)}, [CLS], "
+    f"[SEP] and punctuation together take {total:.2f} of the attention and the largest share "
+    f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
+    f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
+    "layers' attention with [SEP] the largest, partly if over half goes to them but another "
+    f"token is the sink; so {verdict(model, point == 2, point >= 1, sink)}."
+  )
   ent = bl["entropy"]
   top_ent = int(np.argmax(ent))
   half = max(1, n // 2)
@@ -109,17 +120,27 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
   def entropy_level(v):  # v (..., 2): first half minus second, index of the highest entropy
     return levels((v[..., 1] < third) & (v[..., 0] > 0), (v[..., 1] < third) | (v[..., 0] > 0))
 
-  spread = interval(np.asarray(per["entropy"], float), lambda a: _entropy_stats(a.mean(1), n),
-                    entropy_level, over=over, shown=[("first half minus second", 0, "{:+.2f}")],
-                    resamples=resamples) if per else None
+  spread = (
+    interval(
+      np.asarray(per["entropy"], float),
+      lambda a: _entropy_stats(a.mean(1), n),
+      entropy_level,
+      over=over,
+      shown=[("first half minus second", 0, "{:+.2f}")],
+      resamples=resamples,
+    )
+    if per
+    else None
+  )
   point = int(entropy_level(_entropy_stats(ent, n)))
   second = (
-      "They also found the early layers attending broadly (high entropy) and later heads "
-      f"focusing: here the highest mean entropy is at layer {top_ent + 1} ({ent[top_ent]:.2f} "
-      f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
-      "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
-      "the first half exceeds the second, partly if one of the two; so "
-      f"{verdict(model, point == 2, point >= 1, spread)}.")
+    "They also found the early layers attending broadly (high entropy) and later heads "
+    f"focusing: here the highest mean entropy is at layer {top_ent + 1} ({ent[top_ent]:.2f} "
+    f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
+    "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
+    "the first half exceeds the second, partly if one of the two; so "
+    f"{verdict(model, point == 2, point >= 1, spread)}."
+  )
   return [first, second]
 
 
@@ -136,30 +157,45 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
 
   def shares(a):  # (R, inputs, types) -> (R, 2): repeated share, vertical's lead
     m = a.mean(1)
-    return np.stack([1 - m[:, names.index("heterogeneous")],
-                     m[:, names.index("vertical")] - m[:, other].max(-1)], -1)
+    return np.stack(
+      [1 - m[:, names.index("heterogeneous")], m[:, names.index("vertical")] - m[:, other].max(-1)],
+      -1,
+    )
 
   def level(v):  # v (..., 2): repeated share, vertical's lead over the other repeated types
     return levels((v[..., 0] >= 0.5) & (v[..., 1] >= 0), (v[..., 0] >= 0.5) | (v[..., 1] >= 0))
 
   per = p.get("per_input")
-  evidence = interval(np.asarray(per, float), shares, level, over=f"the {len(per)} inputs",
-                      shown=[("repeated share", 0, "{:.2f}"), ("vertical's lead", 1, "{:+.2f}")],
-                      resamples=resamples) if per is not None else None
+  evidence = (
+    interval(
+      np.asarray(per, float),
+      shares,
+      level,
+      over=f"the {len(per)} inputs",
+      shown=[("repeated share", 0, "{:.2f}"), ("vertical's lead", 1, "{:+.2f}")],
+      resamples=resamples,
+    )
+    if per is not None
+    else None
+  )
   point = int(level(shares(np.asarray(p["overall"], float)[None, None])[0]))
   first = (
-      "Kovaleva et al. (2019) found that BERT's attention maps fall mostly into a few repeated "
-      "types (vertical, diagonal, both, block), vertical being the commonest, which they read "
-      f"as heads over-parametrised for the task. Of {model}'s maps, {repeated:.0%} are of a "
-      f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
-      f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
-      "at least half of the maps and vertical leads them, partly if one of the two; so "
-      + verdict(model, point == 2, point >= 1, evidence) + ".")
+    "Kovaleva et al. (2019) found that BERT's attention maps fall mostly into a few repeated "
+    "types (vertical, diagonal, both, block), vertical being the commonest, which they read "
+    f"as heads over-parametrised for the task. Of {model}'s maps, {repeated:.0%} are of a "
+    f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
+    f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
+    "at least half of the maps and vertical leads them, partly if one of the two; so "
+    + verdict(model, point == 2, point >= 1, evidence)
+    + "."
+  )
   out = [first]
   if overall["block"] == 0:
-    out.append("No map was classified as block: the block type needs attention confined to "
-               "each segment of a sentence pair, which this model's heads do not show with these "
-               "thresholds.")
+    out.append(
+      "No map was classified as block: the block type needs attention confined to "
+      "each segment of a sentence pair, which this model's heads do not show with these "
+      "thresholds."
+    )
   return out
 
 
@@ -184,30 +220,44 @@ def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]
   not_last = final < acc[best] - TOLERANCE
   point = int(_readable_level(_readable_stats(acc)))
   correct = t.get("probe_correct_by_layer")
-  evidence = interval(
-      np.asarray(correct, float).T, lambda c: _readable_stats(c.mean(1)), _readable_level,
+  evidence = (
+    interval(
+      np.asarray(correct, float).T,
+      lambda c: _readable_stats(c.mean(1)),
+      _readable_level,
       over=f"the {len(correct[0])} held-out sentences",
-      shown=[("layer 0 minus the best layer", 0, "{:+.3f}"),
-             ("final minus the best", 1, "{:+.3f}")], resamples=resamples) if correct else None
+      shown=[
+        ("layer 0 minus the best layer", 0, "{:+.3f}"),
+        ("final minus the best", 1, "{:+.3f}"),
+      ],
+      resamples=resamples,
+    )
+    if correct
+    else None
+  )
   first = (
-      "Probing studies (Tenney et al. 2019; Liu et al. 2019) find lexical properties readable "
-      "in the lowest layers and the last layers the most specific to the pre-training objective, "
-      "not the best place to read such a property. Negation here is marked by a word (not, "
-      f"never, ...): {model}'s probe reads it at {acc[0]:.3f} on the embeddings (layer 0), "
-      f"{acc[best]:.3f} at its best layer {best} and {final:.3f} on the final layer "
-      f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
-      f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
-      "layer is worse, partly if one of the two; so "
-      f"{verdict(model, point == 2, point >= 1, evidence)}.")
+    "Probing studies (Tenney et al. 2019; Liu et al. 2019) find lexical properties readable "
+    "in the lowest layers and the last layers the most specific to the pre-training objective, "
+    "not the best place to read such a property. Negation here is marked by a word (not, "
+    f"never, ...): {model}'s probe reads it at {acc[0]:.3f} on the embeddings (layer 0), "
+    f"{acc[best]:.3f} at its best layer {best} and {final:.3f} on the final layer "
+    f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
+    f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
+    "layer is worse, partly if one of the two; so "
+    f"{verdict(model, point == 2, point >= 1, evidence)}."
+  )
   out = [first]
   if not_last:
     out.append(
-        "The ablation and pruning sections score a probe fitted on the final layer, which reads "
-        f"negation {acc[best] - final:.3f} worse than layer {best}: removing heads can move the "
-        "final state towards the lower layers' and so raise accuracy.")
+      "The ablation and pruning sections score a probe fitted on the final layer, which reads "
+      f"negation {acc[best] - final:.3f} worse than layer {best}: removing heads can move the "
+      "final state towards the lower layers' and so raise accuracy."
+    )
   if final < t["majority_accuracy"] + 0.05:
-    out.append("The final-layer probe barely beats the majority class, so the ablation sections "
-               "below measure little.")
+    out.append(
+      "The final-layer probe barely beats the majority class, so the ablation sections "
+      "below measure little."
+    )
   return out
 
 
@@ -232,48 +282,76 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
   small = float(_within_share(np.r_[base, delta.ravel() + base])[0])
   ex = ab.get("per_example")
   over = f"the {len(ex['loss_baseline'])} held-out sentences" if ex else ""
-  heads_ci = interval(
-      np.concatenate([np.asarray(ex["loss_baseline"], float)[:, None],
-                      np.asarray(ex["loss_heads"], float).reshape(delta.size, -1).T], 1),
-      lambda a: _within_share(a.mean(1)), _share_level, over=over,
-      shown=[("share of heads within it", 0, "{:.2f}")], resamples=resamples) if ex else None
+  heads_ci = (
+    interval(
+      np.concatenate(
+        [
+          np.asarray(ex["loss_baseline"], float)[:, None],
+          np.asarray(ex["loss_heads"], float).reshape(delta.size, -1).T,
+        ],
+        1,
+      ),
+      lambda a: _within_share(a.mean(1)),
+      _share_level,
+      over=over,
+      shown=[("share of heads within it", 0, "{:.2f}")],
+      resamples=resamples,
+    )
+    if ex
+    else None
+  )
   worst = np.unravel_index(int(np.argmax(delta)), delta.shape)
   first = (
-      "Michel et al. (2019) found that most heads can be removed one at a time with no "
-      f"significant loss. Removing one of {model}'s {delta.size} heads changes the held-out "
-      f"cross-entropy by at most {limit:.3f} (10% of the baseline {base:.3f}) for "
-      f"{small:.0%} of them; "
-      + (f"the most harmful is layer {worst[0] + 1} head {worst[1]} ({delta[worst]:+.3f})"
-         if delta[worst] > 0 else
-         f"none raises the loss (the smallest gain: layer {worst[0] + 1} head {worst[1]}, "
-         f"{delta[worst]:+.3f})")
-      + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
-      f"{verdict(model, small >= 0.75, small >= 0.5, heads_ci)}.")
+    "Michel et al. (2019) found that most heads can be removed one at a time with no "
+    f"significant loss. Removing one of {model}'s {delta.size} heads changes the held-out "
+    f"cross-entropy by at most {limit:.3f} (10% of the baseline {base:.3f}) for "
+    f"{small:.0%} of them; "
+    + (
+      f"the most harmful is layer {worst[0] + 1} head {worst[1]} ({delta[worst]:+.3f})"
+      if delta[worst] > 0
+      else f"none raises the loss (the smallest gain: layer {worst[0] + 1} head {worst[1]}, "
+      f"{delta[worst]:+.3f})"
+    )
+    + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
+    f"{verdict(model, small >= 0.75, small >= 0.5, heads_ci)}."
+  )
   heads_off = np.asarray(ab["layer_heads_loss"], float) - base
   best_gain = lambda means: (means[..., 1:] - means[..., :1]).min(-1, keepdims=True)
   improves = lambda v: levels(v[..., 0] < 0)
-  layers_ci = interval(
-      np.concatenate([np.asarray(ex["loss_baseline"], float)[:, None],
-                      np.asarray(ex["loss_layers"], float).T], 1),
-      lambda a: best_gain(a.mean(1)), improves, over=over,
+  layers_ci = (
+    interval(
+      np.concatenate(
+        [np.asarray(ex["loss_baseline"], float)[:, None], np.asarray(ex["loss_layers"], float).T], 1
+      ),
+      lambda a: best_gain(a.mean(1)),
+      improves,
+      over=over,
       shown=[("the best layer's loss change", 0, "{:+.3f}")],
-      resamples=resamples) if ex else None
+      resamples=resamples,
+    )
+    if ex
+    else None
+  )
   better = [i + 1 for i in np.flatnonzero(heads_off < 0)]
   worst_layer = int(np.argmax(heads_off))
   # A cost is a rise in loss: where masking every layer lowers it, the smallest gain is named
   # as a gain, never as a negative cost.
-  cost = (f" and costs most at layer {worst_layer + 1} ({heads_off[worst_layer]:+.3f})"
-          if heads_off[worst_layer] > 0 else
-          f", so it costs nothing in any layer (the smallest gain: layer {worst_layer + 1}, "
-          f"{heads_off[worst_layer]:+.3f})")
+  cost = (
+    f" and costs most at layer {worst_layer + 1} ({heads_off[worst_layer]:+.3f})"
+    if heads_off[worst_layer] > 0
+    else f", so it costs nothing in any layer (the smallest gain: layer {worst_layer + 1}, "
+    f"{heads_off[worst_layer]:+.3f})"
+  )
   second = (
-      "Kovaleva et al. (2019) found that disabling all heads of some layer can even improve a "
-      f"fine-tuned model. Here masking a whole layer's heads lowers the held-out loss in "
-      f"{len(better)} of {len(heads_off)} layers"
-      + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better
-         else "")
-      + cost + ". Rule: agrees if any layer improves; so "
-      + verdict(model, bool(better), evidence=layers_ci) + ".")
+    "Kovaleva et al. (2019) found that disabling all heads of some layer can even improve a "
+    f"fine-tuned model. Here masking a whole layer's heads lowers the held-out loss in "
+    f"{len(better)} of {len(heads_off)} layers"
+    + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better else "")
+    + cost
+    + ". Rule: agrees if any layer improves; so "
+    + verdict(model, bool(better), evidence=layers_ci)
+    + "."
+  )
   return [first, second]
 
 
@@ -289,10 +367,11 @@ def importance_vs_ablation(ab: dict) -> dict[str, float]:
   """
   importance = np.asarray(ab["importance"], float)
   delta = np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])
-  return {"spearman_abs": stats.spearman(importance, np.abs(delta)),
-          "spearman_abs_within_layer": float(np.nanmean(stats.spearman_rows(importance,
-                                                                            np.abs(delta)))),
-          "spearman_signed": stats.spearman(importance, delta)}
+  return {
+    "spearman_abs": stats.spearman(importance, np.abs(delta)),
+    "spearman_abs_within_layer": float(np.nanmean(stats.spearman_rows(importance, np.abs(delta)))),
+    "spearman_signed": stats.spearman(importance, delta),
+  }
 
 
 def _kept(accuracy, fractions):
@@ -315,47 +394,69 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
   drop = None if ok.all() else int(np.argmin(ok))  # the first step below the tolerance
   keep = float(_kept(np.r_[base, acc], fractions)[0])
   ex = ab.get("per_example")
-  kept_ci = interval(
-      np.concatenate([np.asarray(ex["correct_baseline"], float)[:, None],
-                      np.asarray(ex["correct_pruning"], float).T], 1),
-      lambda c: _kept(c.mean(1), fractions), lambda v: levels(v[..., 0] >= 0.35,
-                                                               v[..., 0] >= 0.15),
+  kept_ci = (
+    interval(
+      np.concatenate(
+        [
+          np.asarray(ex["correct_baseline"], float)[:, None],
+          np.asarray(ex["correct_pruning"], float).T,
+        ],
+        1,
+      ),
+      lambda c: _kept(c.mean(1), fractions),
+      lambda v: levels(v[..., 0] >= 0.35, v[..., 0] >= 0.15),
       over=f"the {len(ex['correct_baseline'])} held-out sentences",
       shown=[("heads masked within the tolerance", 0, "{:.0%}")],
-      resamples=resamples) if ex else None
+      resamples=resamples,
+    )
+    if ex
+    else None
+  )
   first = (
-      "Michel et al. (2019) pruned 20-40% of heads (40% in BERT on MNLI) by importance with no "
-      f"noticeable drop. {model}'s held-out accuracy stays within {TOLERANCE:.2f} of the intact "
-      f"{base:.3f} up to {keep:.0%} of heads masked"
-      + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
-      + ". Rule: agrees if at least 35%, partly if at least 15%; so "
-      f"{verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}.")
+    "Michel et al. (2019) pruned 20-40% of heads (40% in BERT on MNLI) by importance with no "
+    f"noticeable drop. {model}'s held-out accuracy stays within {TOLERANCE:.2f} of the intact "
+    f"{base:.3f} up to {keep:.0%} of heads masked"
+    + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
+    + ". Rule: agrees if at least 35%, partly if at least 15%; so "
+    f"{verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}."
+  )
   out = [first]
   peak = int(np.argmax(acc))
   layer_acc = np.asarray(task["probe_accuracy_by_layer"], float)
   lower = int(np.argmax(layer_acc[:-1]))
   if acc[peak] > base + TOLERANCE:
-    cause = (f"; the likely cause is that the probe on the final layer ({layer_acc[-1]:.3f}) is "
-             f"weaker than on layer {lower} ({layer_acc[lower]:.3f}), and masking heads brings the "
-             "final state closer to the lower layers'"
-             if layer_acc[lower] > layer_acc[-1] + TOLERANCE else "")
-    out.append(f"The curve rises, to {acc[peak]:.3f} with {fractions[peak]:.0%} of heads masked"
-               + cause + ".")
+    cause = (
+      f"; the likely cause is that the probe on the final layer ({layer_acc[-1]:.3f}) is "
+      f"weaker than on layer {lower} ({layer_acc[lower]:.3f}), and masking heads brings the "
+      "final state closer to the lower layers'"
+      if layer_acc[lower] > layer_acc[-1] + TOLERANCE
+      else ""
+    )
+    out.append(
+      f"The curve rises, to {acc[peak]:.3f} with {fractions[peak]:.0%} of heads masked"
+      + cause
+      + "."
+    )
   rho = importance_vs_ablation(ab)
   importance = np.asarray(ab["importance"], float).ravel()
   size = np.abs(np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])).ravel()
-  rho_ci = interval((importance, size), lambda i, d: stats.spearman_rows(i, d)[:, None],
-                    lambda v: levels(v[..., 0] >= 0.5, v[..., 0] > 0),
-                    over=f"the {importance.size} heads", shown=[("Spearman", 0, "{:.2f}")],
-                    resamples=resamples)
+  rho_ci = interval(
+    (importance, size),
+    lambda i, d: stats.spearman_rows(i, d)[:, None],
+    lambda v: levels(v[..., 0] >= 0.5, v[..., 0] > 0),
+    over=f"the {importance.size} heads",
+    shown=[("Spearman", 0, "{:.2f}")],
+    resamples=resamples,
+  )
   out.append(
-      "Michel et al. use importance (the unsigned E|dL/dxi|) as a cheap proxy for how much the "
-      "loss changes when a head is removed; its Spearman correlation with the size of that "
-      f"change, |delta L| of the single-head ablation, is {rho['spearman_abs']:.2f} over all "
-      f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
-      f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
-      "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
-      f"{verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}.")
+    "Michel et al. use importance (the unsigned E|dL/dxi|) as a cheap proxy for how much the "
+    "loss changes when a head is removed; its Spearman correlation with the size of that "
+    f"change, |delta L| of the single-head ablation, is {rho['spearman_abs']:.2f} over all "
+    f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
+    f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
+    "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
+    f"{verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}."
+  )
   return out
 
 
@@ -372,36 +473,52 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
     raw_m, eff_m = (t * raw_).sum(-1) / t.sum(-1), (t * eff_).sum(-1) / t.sum(-1)
     return np.stack([eff_m / raw_m, eff_m - raw_m], -1)
 
-  evidence = interval(
-      tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")), masses,
+  evidence = (
+    interval(
+      tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")),
+      masses,
       lambda v: levels(v[..., 0] <= 0.5, v[..., 1] < 0),
-      over=f"the {len(per['tokens'])} passages", shown=[("effective / raw", 0, "{:.2f}")],
-      resamples=resamples) if per else None
+      over=f"the {len(per['tokens'])} passages",
+      shown=[("effective / raw", 0, "{:.2f}")],
+      resamples=resamples,
+    )
+    if per
+    else None
+  )
   first = (
-      "Brunner et al. (2020) found that once sequences are longer than the head dimension, "
-      "effective attention (raw attention less its part in the null space of the value "
-      "outputs) puts much less weight on [CLS] and [SEP] than raw attention does. On "
-      f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
-      f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
-      "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
-      f"{verdict(model, effective <= raw / 2, effective < raw, evidence)}.")
-  second = (f"Raw and effective maps correlate {corr:.2f} on average over heads"
-            + ("" if longer else "; the passages are not longer than the head dimension, so "
-               "there is no null space and the two should be equal")
-            + ": the lower, the more of what raw attention shows changes nothing downstream.")
+    "Brunner et al. (2020) found that once sequences are longer than the head dimension, "
+    "effective attention (raw attention less its part in the null space of the value "
+    "outputs) puts much less weight on [CLS] and [SEP] than raw attention does. On "
+    f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
+    f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
+    "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
+    f"{verdict(model, effective <= raw / 2, effective < raw, evidence)}."
+  )
+  second = (
+    f"Raw and effective maps correlate {corr:.2f} on average over heads"
+    + (
+      ""
+      if longer
+      else "; the passages are not longer than the head dimension, so "
+      "there is no null space and the two should be equal"
+    )
+    + ": the lower, the more of what raw attention shows changes nothing downstream."
+  )
   return [first, second]
 
 
-def attribution_sentences(a: dict, model: str = "this model",
-                          resamples: int = RESAMPLES) -> list[str]:
+def attribution_sentences(
+  a: dict, model: str = "this model", resamples: int = RESAMPLES
+) -> list[str]:
   """Section 9: which attribution method finds the negation cue; which heads carry it."""
   if not a.get("available", True):
     return [f"Token attribution did not run on {model}: {a.get('reason', '')}"]
   stats_, chance = a["cues"]["stats"], a["cues"]["chance"]["mrr"]
   best = max(stats_, key=lambda k: stats_[k]["mrr"])
   weights = max(stats_[k]["mrr"] for k in ("attention", "rollout") if k in stats_)
-  mixing = {k: stats_[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing")
-            if k in stats_}
+  mixing = {
+    k: stats_[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats_
+  }
   above = [k for k, v in mixing.items() if v > weights]
   ranks = a["cues"].get("ranks")
   evidence = None
@@ -415,48 +532,71 @@ def attribution_sentences(a: dict, model: str = "this model",
 
     k = len(names) - n_weights
     evidence = interval(
-        np.asarray([ranks[m] for m in names], float).T, margins,
-        lambda v: levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
-        over=f"the {len(ranks[names[0]])} sentences, each method's MRR minus the best "
-             "attention-weight method's",
-        shown=[(m, i, "{:+.2f}") for i, m in enumerate(names[n_weights:])], resamples=resamples)
-  first = (f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
-           "attention weights alone misplace token importance and that counting the value "
-           "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
-           f"best method is {best} (mean reciprocal rank of the cue {stats_[best]['mrr']:.2f}; "
-           f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
-           f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
-           "agrees with them if all do, partly if some), so "
-           + verdict(model, len(above) == len(mixing), bool(above), evidence) + ".")
+      np.asarray([ranks[m] for m in names], float).T,
+      margins,
+      lambda v: levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
+      over=f"the {len(ranks[names[0]])} sentences, each method's MRR minus the best "
+      "attention-weight method's",
+      shown=[(m, i, "{:+.2f}") for i, m in enumerate(names[n_weights:])],
+      resamples=resamples,
+    )
+  first = (
+    f"Kobayashi et al. (2020), Ferrando et al. (2022) and Mohebbi et al. (2023) argue that "
+    "attention weights alone misplace token importance and that counting the value "
+    "vectors, residual and LayerNorm does better. Here, on the negation probe, the "
+    f"best method is {best} (mean reciprocal rank of the cue {stats_[best]['mrr']:.2f}; "
+    f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
+    f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
+    "agrees with them if all do, partly if some), so "
+    + verdict(model, len(above) == len(mixing), bool(above), evidence)
+    + "."
+  )
   patch = a["patching"]
   exact = np.asarray(patch["exact"], float)
   top = np.unravel_index(np.nanargmax(exact), exact.shape)
   pearson = patch["agreement"]["pearson"]
-  pairs = (f"each of {patch['pairs']} negated sentences" if "pairs" in patch
-           else "a negated sentence")
+  pairs = (
+    f"each of {patch['pairs']} negated sentences" if "pairs" in patch else "a negated sentence"
+  )
   approx = np.asarray(patch.get("attribution", np.full(exact.shape, np.nan)), float)
   fine = np.isfinite(exact.ravel()) & np.isfinite(approx.ravel())
-  sure = interval((exact.ravel()[fine], approx.ravel()[fine]),
-                  lambda x, y: stats.pearson_rows(x, y)[:, None],
-                  lambda v: levels(v[..., 0] > 0.8), over=f"the {int(fine.sum())} heads",
-                  shown=[("Pearson", 0, "{:.2f}")], resamples=resamples) if fine.sum() > 2 else None
+  sure = (
+    interval(
+      (exact.ravel()[fine], approx.ravel()[fine]),
+      lambda x, y: stats.pearson_rows(x, y)[:, None],
+      lambda v: levels(v[..., 0] > 0.8),
+      over=f"the {int(fine.sum())} heads",
+      shown=[("Pearson", 0, "{:.2f}")],
+      resamples=resamples,
+    )
+    if fine.sum() > 2
+    else None
+  )
   straddles = sure is not None and sure.levels[0] != sure.levels[1]
-  second = (f"Patching one head's output from {pairs} into its affirmative twin, "
-            f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
-            f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
-            f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
-            + " (rule: above 0.8" + (f"; {sure.text}" if sure is not None else "") + ")"
-            + ("; the interval straddles 0.8, so whether it matches as they report is "
-               "inconclusive." if straddles else
-               ", as they report." if pearson > 0.8 else
-               "; here it is a poor estimate, likely because the effect is non-linear "
-               "(LayerNorm, later blocks) for the heads that matter."))
+  second = (
+    f"Patching one head's output from {pairs} into its affirmative twin, "
+    f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
+    f"probe's negation logit. Attribution patching (Nanda 2023; Syed et al. 2023 find it "
+    f"a good first-order estimate) matches the exact sweep with Pearson {pearson:.2f}"
+    + " (rule: above 0.8"
+    + (f"; {sure.text}" if sure is not None else "")
+    + ")"
+    + (
+      "; the interval straddles 0.8, so whether it matches as they report is inconclusive."
+      if straddles
+      else ", as they report."
+      if pearson > 0.8
+      else "; here it is a poor estimate, likely because the effect is non-linear "
+      "(LayerNorm, later blocks) for the heads that matter."
+    )
+  )
   third = _decomposition_sentence(stats_, ranks, model, resamples)
   return [first, second] if third is None else [first, second, third]
 
 
-def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
-                            resamples: int) -> str | None:
+def _decomposition_sentence(
+  stats_: dict, ranks: dict | None, model: str, resamples: int
+) -> str | None:
   """Section 9's third sentence: DecompX and AttnLRP against the best other method."""
   decomp = [k for k in ("decompx", "attnlrp") if k in stats_]
   if not decomp:
@@ -467,56 +607,80 @@ def _decomposition_sentence(stats_: dict, ranks: dict | None, model: str,
   evidence, n = None, len(decomp)
   if ranks and all(k in ranks for k in decomp + others):
     evidence = interval(  # (R, sentences, methods) -> each decomposition's MRR over the rival's
-        np.asarray([ranks[m] for m in decomp + others], float).T,
-        lambda r: (1 / r).mean(1)[:, :n] - (1 / r).mean(1)[:, n:].max(-1, keepdims=True),
-        lambda v: levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
-        over=f"the {len(ranks[decomp[0]])} sentences, each decomposition's MRR minus the best "
-             "other method's",
-        shown=[(m, i, "{:+.2f}") for i, m in enumerate(decomp)], resamples=resamples)
-  return ("Modarressi et al. (2023, DecompX) and Achtibat et al. (2024, AttnLRP) decompose the "
-          "whole model, every block's FFN and norms included, down to the output, and find it "
-          "more faithful than attention-level methods and gradients. Here they rank the cue at "
-          + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
-          + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
-          "agrees if both beat every other method, partly if one does), so "
-          + verdict(model, len(beat) == n, bool(beat), evidence) + ".")
+      np.asarray([ranks[m] for m in decomp + others], float).T,
+      lambda r: (1 / r).mean(1)[:, :n] - (1 / r).mean(1)[:, n:].max(-1, keepdims=True),
+      lambda v: levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
+      over=f"the {len(ranks[decomp[0]])} sentences, each decomposition's MRR minus the best "
+      "other method's",
+      shown=[(m, i, "{:+.2f}") for i, m in enumerate(decomp)],
+      resamples=resamples,
+    )
+  return (
+    "Modarressi et al. (2023, DecompX) and Achtibat et al. (2024, AttnLRP) decompose the "
+    "whole model, every block's FFN and norms included, down to the output, and find it "
+    "more faithful than attention-level methods and gradients. Here they rank the cue at "
+    + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
+    + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
+    "agrees if both beat every other method, partly if one does), so "
+    + verdict(model, len(beat) == n, bool(beat), evidence)
+    + "."
+  )
 
 
 def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
   """Section 10: EAP and EAP-IG against exact edge patching, and the smallest faithful
   circuit."""
   if not c.get("available"):
-    return [(f"The circuit section did not run ({c.get('reason', 'no pairs')}), so this report "
-            "cannot compare edge attribution with exact patching.")]
+    return [
+      (
+        f"The circuit section did not run ({c.get('reason', 'no pairs')}), so this report "
+        "cannot compare edge attribution with exact patching."
+      )
+    ]
   a = c["agreement"]
   eap, ig = a["eap"]["pearson"], a["eap_ig"]["pearson"]
-  items = tuple(np.asarray(v, float) for v in (c["exact_scores"], c["scores"]["eap"],
-                                                c["scores"]["eap_ig"]))
+  items = tuple(
+    np.asarray(v, float) for v in (c["exact_scores"], c["scores"]["eap"], c["scores"]["eap_ig"])
+  )
   ok = np.isfinite(items[0]) & np.isfinite(items[1]) & np.isfinite(items[2])
   both = lambda ex, e, i: np.stack([stats.pearson_rows(e, ex), stats.pearson_rows(i, ex)], -1)
-  rule = lambda v: levels((v[..., 1] > 0.8) & (v[..., 1] > v[..., 0]),
-                          (v[..., 1] > v[..., 0]) | (v[..., 1] > 0.8))
-  ci = interval(tuple(x[ok] for x in items), both, rule, over=f"the {int(ok.sum())} edges "
-                "patched exactly", shown=[("EAP", 0, "{:.2f}"), ("EAP-IG", 1, "{:.2f}")],
-                resamples=resamples) if ok.sum() > 2 else None
+  rule = lambda v: levels(
+    (v[..., 1] > 0.8) & (v[..., 1] > v[..., 0]), (v[..., 1] > v[..., 0]) | (v[..., 1] > 0.8)
+  )
+  ci = (
+    interval(
+      tuple(x[ok] for x in items),
+      both,
+      rule,
+      over=f"the {int(ok.sum())} edges patched exactly",
+      shown=[("EAP", 0, "{:.2f}"), ("EAP-IG", 1, "{:.2f}")],
+      resamples=resamples,
+    )
+    if ok.sum() > 2
+    else None
+  )
   first = (
-      "Syed et al. (2023) and Hanna et al. (2024) found that edge attribution patching "
-      "approximates exact edge patching, and its integrated-gradients variant (EAP-IG) better "
-      f"than plain EAP. On {model}'s negation pairs, over {int(ok.sum())} edges patched "
-      f"exactly, EAP's scores correlate {eap:.2f} with the exact effects and EAP-IG's "
-      f"{ig:.2f}. Rule: agrees if EAP-IG's Pearson is above 0.8 and above EAP's, partly if "
-      f"one of the two holds; so {verdict(model, ig > 0.8 and ig > eap, ig > eap or ig > 0.8, ci)}.")
+    "Syed et al. (2023) and Hanna et al. (2024) found that edge attribution patching "
+    "approximates exact edge patching, and its integrated-gradients variant (EAP-IG) better "
+    f"than plain EAP. On {model}'s negation pairs, over {int(ok.sum())} edges patched "
+    f"exactly, EAP's scores correlate {eap:.2f} with the exact effects and EAP-IG's "
+    f"{ig:.2f}. Rule: agrees if EAP-IG's Pearson is above 0.8 and above EAP's, partly if "
+    f"one of the two holds; so {verdict(model, ig > 0.8 and ig > eap, ig > eap or ig > 0.8, ci)}."
+  )
   k, total = c["smallest"], c["edges"]
   share = None if k is None else k / total
   second = (
-      "Conmy et al. (2023) and Hanna et al. (2024) found circuits of a few percent of the "
-      "edges that keep most of a model's behaviour. Here "
-      + ("no top-k circuit from EAP-IG's scores keeps 80% of the logit difference"
-         if k is None else
-         f"the smallest top-k circuit from EAP-IG's scores keeping 80% of the logit difference "
-         f"has {k:,} of the {total:,} edges ({share:.1%})")
-      + ". Rule: agrees within 5% of the edges, partly within 20%; so "
-      f"{verdict(model, share is not None and share <= 0.05, share is not None and share <= 0.2)}.")
+    "Conmy et al. (2023) and Hanna et al. (2024) found circuits of a few percent of the "
+    "edges that keep most of a model's behaviour. Here "
+    + (
+      "no top-k circuit from EAP-IG's scores keeps 80% of the logit difference"
+      if k is None
+      else f"the smallest top-k circuit from EAP-IG's scores keeping 80% of the logit difference "
+      f"has {k:,} of the {total:,} edges ({share:.1%})"
+    )
+    + ". Rule: agrees within 5% of the edges, partly within 20%; so "
+    f"{verdict(model, share is not None and share <= 0.05, share is not None and share <= 0.2)}."
+  )
   return [first, second]
 
 
@@ -531,49 +695,68 @@ def disentangled_sentences(d: dict, model: str) -> list[str]:
   share = np.asarray(d["positional_share"], float)
   names = lambda hs: ", ".join(f"L{l}H{h}" for l, h in hs)
   first = (
-      "He et al. (2021) add two relative-position terms to each head's content score, "
-      "content-to-position (c2p) and position-to-content (p2c), and find that removing either "
-      f"lowers accuracy. In {model}, c2p and p2c carry {np.nanmean(pos):.2f} of the heads' "
-      f"within-row score variance on average (c2p {np.nanmean(bl['share_c2p']):.2f}, p2c "
-      f"{np.nanmean(bl['share_p2c']):.2f}): {pos[0]:.2f} in layer 1, {pos[-1]:.2f} in layer "
-      f"{len(pos)}, most in layer {peak + 1} ({pos[peak]:.2f}); removing both from one head "
-      "alone changes its attention by a total variation of "
-      f"{np.nanmean(bl['tv_direct_c2p+p2c']):.2f} on average. {len(heads)} of the {share.size} "
-      f"heads are mostly positional (c2p + p2c over {thr})"
-      + (f": {names(heads[:12])}" + (f" and {len(heads) - 12} more" if len(heads) > 12 else "")
-         + "." if heads else "."))
+    "He et al. (2021) add two relative-position terms to each head's content score, "
+    "content-to-position (c2p) and position-to-content (p2c), and find that removing either "
+    f"lowers accuracy. In {model}, c2p and p2c carry {np.nanmean(pos):.2f} of the heads' "
+    f"within-row score variance on average (c2p {np.nanmean(bl['share_c2p']):.2f}, p2c "
+    f"{np.nanmean(bl['share_p2c']):.2f}): {pos[0]:.2f} in layer 1, {pos[-1]:.2f} in layer "
+    f"{len(pos)}, most in layer {peak + 1} ({pos[peak]:.2f}); removing both from one head "
+    "alone changes its attention by a total variation of "
+    f"{np.nanmean(bl['tv_direct_c2p+p2c']):.2f} on average. {len(heads)} of the {share.size} "
+    f"heads are mostly positional (c2p + p2c over {thr})"
+    + (
+      f": {names(heads[:12])}" + (f" and {len(heads) - 12} more" if len(heads) > 12 else "") + "."
+      if heads
+      else "."
+    )
+  )
   sets = [o for o in d["overlap"].values() if o is not None]
   if not sets:
-    return [first, ("Sections 1 and 2 failed, so this report cannot say whether these "
-                    "heads are the ones with a positional pattern.")]
+    return [
+      first,
+      (
+        "Sections 1 and 2 failed, so this report cannot say whether these "
+        "heads are the ones with a positional pattern."
+      ),
+    ]
   found = {tuple(h) for o in sets for h in o["heads"]}
   if not found:
-    return [first, ("No head here puts over half its attention on the previous or next "
-                    "token or has a diagonal pattern as its most frequent type, so this report "
-                    "cannot test whether position drives the heads with a positional pattern.")]
+    return [
+      first,
+      (
+        "No head here puts over half its attention on the previous or next "
+        "token or has a diagonal pattern as its most frequent type, so this report "
+        "cannot test whether position drives the heads with a positional pattern."
+      ),
+    ]
   grid = np.zeros(share.shape, bool)
   for l, h in found:
     grid[l - 1, h] = True
   positional = share > thr
   rate, other = positional[grid].mean(), positional[~grid].mean() if (~grid).any() else 0.0
   second = (
-      "If the position terms do the positional work, the heads that attend by position "
-      "(previous/next-token heads, section 1; diagonal types, section 2) should be mostly "
-      f"positional. Of the {len(found)} such heads here "
-      f"({names(sorted(found))}), {int(positional[grid].sum())} are ({rate:.0%}), against "
-      f"{other:.0%} of the other heads. Rule: agrees if over half of them are and more often "
-      "than the other heads, partly if more often only; so "
-      f"{verdict(model, rate > 0.5 and rate > other, rate > other)}.")
+    "If the position terms do the positional work, the heads that attend by position "
+    "(previous/next-token heads, section 1; diagonal types, section 2) should be mostly "
+    f"positional. Of the {len(found)} such heads here "
+    f"({names(sorted(found))}), {int(positional[grid].sum())} are ({rate:.0%}), against "
+    f"{other:.0%} of the other heads. Rule: agrees if over half of them are and more often "
+    "than the other heads, partly if more often only; so "
+    f"{verdict(model, rate > 0.5 and rate > other, rate > other)}."
+  )
   return [first, second]
 
 
 def text_sentences(r: dict, model: str) -> list[str]:
   """The text section: what was read, and how it differs from the papers' inputs."""
   t = r["text"]
-  return [(f"{model} ({r['model']['layers']} layers x {r['model']['heads']} heads) reads "
-          f"{t['description']} ({t['num_tokens']} tokens). The papers read other text (Clark et "
-          "al.: Wikipedia segment pairs; Kovaleva et al.: GLUE; Ethayarajh: SemEval STS), so the "
-          "verdicts below compare the direction of each finding, not its exact values.")]
+  return [
+    (
+      f"{model} ({r['model']['layers']} layers x {r['model']['heads']} heads) reads "
+      f"{t['description']} ({t['num_tokens']} tokens). The papers read other text (Clark et "
+      "al.: Wikipedia segment pairs; Kovaleva et al.: GLUE; Ethayarajh: SemEval STS), so the "
+      "verdicts below compare the direction of each finding, not its exact values."
+    )
+  ]
 
 
 def readings(r: dict) -> dict[str, list[str]]:
@@ -587,15 +770,17 @@ def readings(r: dict) -> dict[str, list[str]]:
   """
   model = r["model"]["name"]
   n = int((r.get("settings") or {}).get("bootstrap_resamples") or RESAMPLES)
-  makers = {"text": lambda: text_sentences(r, model),
-            "clark": lambda: clark_sentences(r["clark"], model, n),
-            "patterns": lambda: pattern_sentences(r["patterns"], model, n),
-            "task": lambda: task_sentences(r["task"], model, n),
-            "ablation": lambda: ablation_sentences(r["ablation"], model, n),
-            "pruning": lambda: pruning_sentences(r["ablation"], r["task"], model, n),
-            "anisotropy": lambda: anisotropy_sentences(r["anisotropy"], model),
-            "pos": lambda: pos_sentences(r["pos"], model, n),
-            "effective": lambda: effective_sentences(r["effective"], model, n)}
+  makers = {
+    "text": lambda: text_sentences(r, model),
+    "clark": lambda: clark_sentences(r["clark"], model, n),
+    "patterns": lambda: pattern_sentences(r["patterns"], model, n),
+    "task": lambda: task_sentences(r["task"], model, n),
+    "ablation": lambda: ablation_sentences(r["ablation"], model, n),
+    "pruning": lambda: pruning_sentences(r["ablation"], r["task"], model, n),
+    "anisotropy": lambda: anisotropy_sentences(r["anisotropy"], model),
+    "pos": lambda: pos_sentences(r["pos"], model, n),
+    "effective": lambda: effective_sentences(r["effective"], model, n),
+  }
   if r.get("outliers"):
     makers["outliers"] = lambda: outlier_sentences(r["outliers"], model, n)
   if r.get("attribution"):
@@ -610,8 +795,14 @@ def readings(r: dict) -> dict[str, list[str]]:
   out = {}
   for section, make in makers.items():
     broken = [r[k] for k in sources.get(section, (section,)) if _failed(r.get(k))]
-    failure = (f"This section failed ({broken[0]['error']}), so this report cannot compare it "
-               "with the paper.") if broken else None
+    failure = (
+      (
+        f"This section failed ({broken[0]['error']}), so this report cannot compare it "
+        "with the paper."
+      )
+      if broken
+      else None
+    )
     out[section] = [failure] if broken else make()
   return out
 
@@ -624,6 +815,8 @@ def verdicts(sentences: Sequence[str], model: str) -> list[str]:
   """The verdicts in `sentences` ("agrees", "partly agrees", "disagrees", "inconclusive"), in
   order."""
   name = re.escape(model)
-  pattern = re.compile(rf"(?:the verdict on {name} is (inconclusive)\b|"
-                       rf"{name} (partly agrees|disagrees|agrees)\b)")
+  pattern = re.compile(
+    rf"(?:the verdict on {name} is (inconclusive)\b|"
+    rf"{name} (partly agrees|disagrees|agrees)\b)"
+  )
   return [m.group(1) or m.group(2) for s in sentences for m in pattern.finditer(s)]

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 
 SENTENCE_COLUMNS = ("sentence", "negated", "question", "phenomenon")
 
-ABOUT = ("A few hundred English sentences written for this project: "
-         "declaratives, questions (including negated ones), negation, long-distance "
-         "subject-verb agreement across prepositional phrases and relative clauses, "
-         "punctuation-heavy sentences, relative clauses, coordination, passives, "
-         "conditionals, comparatives, indirect questions and imperatives.")
+ABOUT = (
+  "A few hundred English sentences written for this project: "
+  "declaratives, questions (including negated ones), negation, long-distance "
+  "subject-verb agreement across prepositional phrases and relative clauses, "
+  "punctuation-heavy sentences, relative clauses, coordination, passives, "
+  "conditionals, comparatives, indirect questions and imperatives."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +81,11 @@ def builtin_text(sentences: Sequence[Sentence]) -> dict:
     row[0] += 1
     row[1] += s.negated
     row[2] += s.question
-  return {"source": "builtin", "num_sentences": len(sentences), "phenomena": phenomena,
-          "description": f"{len(sentences)} of the project's own sentences "
-                         "(bertjax/resources/sentences.tsv)",
-          "about": ABOUT}
+  return {
+    "source": "builtin",
+    "num_sentences": len(sentences),
+    "phenomena": phenomena,
+    "description": f"{len(sentences)} of the project's own sentences "
+    "(bertjax/resources/sentences.tsv)",
+    "about": ABOUT,
+  }

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 LAYER_NUMBERING = {
-    "layers": "transformer blocks are layers 1..L; the embedding output is layer 0",
-    "heads": "heads are numbered 0..H-1 within a layer, as in head-mask arrays",
-    "arrays": "per-block arrays (length L, or L x H) hold layers 1..L in order; arrays "
-              "with the embeddings (length L + 1) hold layers 0..L; every 'layer' field "
-              "is a layer number"}
+  "layers": "transformer blocks are layers 1..L; the embedding output is layer 0",
+  "heads": "heads are numbered 0..H-1 within a layer, as in head-mask arrays",
+  "arrays": "per-block arrays (length L, or L x H) hold layers 1..L in order; arrays "
+  "with the embeddings (length L + 1) hold layers 0..L; every 'layer' field "
+  "is a layer number",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +82,25 @@ class ReportSettings:
   @classmethod
   def reduced(cls) -> ReportSettings:
     """A few sentences and steps: the whole report in well under a minute or two."""
-    return cls(max_sentences=60, max_text_sentences=40, batch_size=32, probe_steps=150,
-               prune_step=0.25, prune_max=0.5, pos_sentences=60, pos_probe_steps=100,
-               anisotropy_pairs=500, passage_tokens=64, passages=2, example_heads=2,
-               ablation_strategy="vmap", attribution_sentences=6, attribution_ig_steps=4,
-               patching_pairs=8, circuit_pairs=6, circuit_exact_edges=24, sae_steps=40,
-               bootstrap_resamples=200)
+    return cls(
+      max_sentences=60,
+      max_text_sentences=40,
+      batch_size=32,
+      probe_steps=150,
+      prune_step=0.25,
+      prune_max=0.5,
+      pos_sentences=60,
+      pos_probe_steps=100,
+      anisotropy_pairs=500,
+      passage_tokens=64,
+      passages=2,
+      example_heads=2,
+      ablation_strategy="vmap",
+      attribution_sentences=6,
+      attribution_ig_steps=4,
+      patching_pairs=8,
+      circuit_pairs=6,
+      circuit_exact_edges=24,
+      sae_steps=40,
+      bootstrap_resamples=200,
+    )

@@ -26,16 +26,17 @@ PROBE_KEY = "report_task_probe"  # where the task classifier rides inside the pa
 
 TASK_NAME = "negation detection from the sentence embedding"
 TASK_WHY = (
-    "Every sentence of the project's own set is labelled negated (it contains not, n't, never, "
-    "no, nobody, nothing, none, neither, nor or nowhere) or affirmative, so the task needs no "
-    "download. A logistic-regression head is fitted on the frozen model's mean-pooled final "
-    "layer (the sentence embedding all-MiniLM-L6-v2 is used through) of a stratified training "
-    "split and scored on the held-out split. The head stays fixed while heads and layers are "
-    "ablated, so every change in held-out cross-entropy and accuracy is the encoder's doing. "
-    "Negation is a property sentence-embedding models are known to blur (their training pulls "
-    "'X' and 'not X' together), so how well it survives to the last layer, and which heads "
-    "carry it there, is a question worth asking of this model; questions vs statements "
-    "would be decided by the final '?' alone.")
+  "Every sentence of the project's own set is labelled negated (it contains not, n't, never, "
+  "no, nobody, nothing, none, neither, nor or nowhere) or affirmative, so the task needs no "
+  "download. A logistic-regression head is fitted on the frozen model's mean-pooled final "
+  "layer (the sentence embedding all-MiniLM-L6-v2 is used through) of a stratified training "
+  "split and scored on the held-out split. The head stays fixed while heads and layers are "
+  "ablated, so every change in held-out cross-entropy and accuracy is the encoder's doing. "
+  "Negation is a property sentence-embedding models are known to blur (their training pulls "
+  "'X' and 'not X' together), so how well it survives to the last layer, and which heads "
+  "carry it there, is a question worth asking of this model; questions vs statements "
+  "would be decided by the final '?' alone."
+)
 
 _mean_pool = jax.jit(stats.mean_pool)
 
@@ -89,14 +90,26 @@ def _sentence_embeddings(params, config, batches, n: int) -> np.ndarray:
   """Mean-pooled hidden states of every layer, embeddings first: (layers + 1, n, H)."""
   out = np.zeros((config.depth + 1, n, config.hidden_size), np.float32)
   for idx, batch in batches:
-    o = bertjax.forward(params, config, batch["input_ids"], batch["attention_mask"],
-                        batch["token_type_ids"], output_hidden_states=True)
+    o = bertjax.forward(
+      params,
+      config,
+      batch["input_ids"],
+      batch["attention_mask"],
+      batch["token_type_ids"],
+      output_hidden_states=True,
+    )
     out[:, idx] = np.asarray(_mean_pool(o.hidden_states, jnp.asarray(batch["attention_mask"])))
   return out
 
 
-def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: ReportSettings,
-             log: Callable[[str], None]) -> tuple[dict, dict]:
+def fit_task(
+  params,
+  config,
+  tok,
+  sentences: Sequence[Sentence],
+  settings: ReportSettings,
+  log: Callable[[str], None],
+) -> tuple[dict, dict]:
   """Fits the negation heads (one per layer) and returns `(results, task)`.
 
   Args:
@@ -116,19 +129,23 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
   texts = [s.text for s in sentences]
   labels = np.asarray([s.negated for s in sentences], np.int32)
   if len(np.unique(labels)) < 2:
-    raise ValueError(f"the task needs negated and affirmative sentences; labels are all "
-                     f"{labels[0]}")
+    raise ValueError(
+      f"the task needs negated and affirmative sentences; labels are all {labels[0]}"
+    )
   train, test = _stratified_split(labels, settings.test_fraction, settings.seed)
-  batches = inputs.batches(tok, texts, batch_size=settings.batch_size,
-                           max_length=config.max_length)
+  batches = inputs.batches(tok, texts, batch_size=settings.batch_size, max_length=config.max_length)
   feats = _sentence_embeddings(params, config, batches, len(texts))  # (L + 1, n, H)
   mean = feats[:, train].mean(1, keepdims=True)
   scale = feats[:, train].std(1, keepdims=True) + 1e-6
   z = (feats - mean) / scale
   probe = probing.fit_probe(
-      z[:, train], labels[train], num_classes=2,
-      config=probing.ProbeConfig(l2=settings.probe_l2, max_steps=settings.probe_steps,
-                                 patience=None, seed=settings.seed))
+    z[:, train],
+    labels[train],
+    num_classes=2,
+    config=probing.ProbeConfig(
+      l2=settings.probe_l2, max_steps=settings.probe_steps, patience=None, seed=settings.seed
+    ),
+  )
   logits = np.asarray(probe.logits(z[:, test]), np.float64)  # (L + 1, n_test, 2)
   logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
   nll = -np.take_along_axis(logp, labels[test][None, :, None], -1)[..., 0].mean(-1)
@@ -136,23 +153,42 @@ def fit_task(params, config, tok, sentences: Sequence[Sentence], settings: Repor
   correct = probe.predict(z[:, test]) == labels[test]  # (L + 1, n_test)
   log(f"negation probe held-out accuracy by layer: {np.round(acc, 3).tolist()}")
   head = jax.tree.map(lambda a: np.asarray(a[-1]), probe.params)
-  task_params = {**params, PROBE_KEY: {
-      "mean": jnp.asarray(mean[-1, 0]), "scale": jnp.asarray(scale[-1, 0]),
-      "w": jnp.asarray(head["w"]), "b": jnp.asarray(head["b"])}}
-  split = lambda idx: [inputs.plain(b) for _, b in inputs.batches(
-      tok, [texts[i] for i in idx], batch_size=settings.batch_size,
-      max_length=config.max_length, extra={"labels": labels[idx]})]
+  task_params = {
+    **params,
+    PROBE_KEY: {
+      "mean": jnp.asarray(mean[-1, 0]),
+      "scale": jnp.asarray(scale[-1, 0]),
+      "w": jnp.asarray(head["w"]),
+      "b": jnp.asarray(head["b"]),
+    },
+  }
+  split = lambda idx: [
+    inputs.plain(b)
+    for _, b in inputs.batches(
+      tok,
+      [texts[i] for i in idx],
+      batch_size=settings.batch_size,
+      max_length=config.max_length,
+      extra={"labels": labels[idx]},
+    )
+  ]
   results = {
-      "name": TASK_NAME, "why": TASK_WHY,
-      "classifier": (f"logistic regression (linear probe, L2 {settings.probe_l2}, "
-                     f"{settings.probe_steps} full-batch Adam steps) on standardised mean-pooled "
-                     "states"),
-      "num_train": len(train), "num_test": len(test),
-      "test_negated_fraction": float(labels[test].mean()),
-      "majority_accuracy": float(max(labels[test].mean(), 1 - labels[test].mean())),
-      "probe_accuracy_by_layer": acc.tolist(), "probe_loss_by_layer": nll.tolist(),
-      "test_accuracy": float(acc[-1]), "test_loss": float(nll[-1]),
-      # Per held-out sentence, for the reading's confidence interval.
-      "probe_correct_by_layer": correct.astype(np.int8),
+    "name": TASK_NAME,
+    "why": TASK_WHY,
+    "classifier": (
+      f"logistic regression (linear probe, L2 {settings.probe_l2}, "
+      f"{settings.probe_steps} full-batch Adam steps) on standardised mean-pooled "
+      "states"
+    ),
+    "num_train": len(train),
+    "num_test": len(test),
+    "test_negated_fraction": float(labels[test].mean()),
+    "majority_accuracy": float(max(labels[test].mean(), 1 - labels[test].mean())),
+    "probe_accuracy_by_layer": acc.tolist(),
+    "probe_loss_by_layer": nll.tolist(),
+    "test_accuracy": float(acc[-1]),
+    "test_loss": float(nll[-1]),
+    # Per held-out sentence, for the reading's confidence interval.
+    "probe_correct_by_layer": correct.astype(np.int8),
   }
   return results, {"params": task_params, "train": split(train), "test": split(test)}

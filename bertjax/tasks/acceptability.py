@@ -48,10 +48,11 @@ def split_by_pair(pair_ids, eval_pairs: int, train_pairs: int | None, *, seed: i
   unique = np.unique(pair_ids)
   train_pairs = len(unique) - eval_pairs if train_pairs is None else train_pairs
   if eval_pairs < 1 or train_pairs < 1 or eval_pairs + train_pairs > len(unique):
-    raise ValueError(f"{eval_pairs=} and {train_pairs=} must be >= 1 and fit in the "
-                     f"{len(unique)} minimal pairs")
+    raise ValueError(
+      f"{eval_pairs=} and {train_pairs=} must be >= 1 and fit in the {len(unique)} minimal pairs"
+    )
   perm = np.random.default_rng(seed).permutation(unique)
-  held, train = perm[:eval_pairs], perm[eval_pairs:eval_pairs + train_pairs]
+  held, train = perm[:eval_pairs], perm[eval_pairs : eval_pairs + train_pairs]
   return np.flatnonzero(np.isin(pair_ids, train)), np.flatnonzero(np.isin(pair_ids, held))
 
 
@@ -65,4 +66,4 @@ def batches(data: dict[str, np.ndarray], size: int, limit: int | None = None) ->
   n = len(data["labels"]) if limit is None else min(limit, len(data["labels"]))
   if size < 1 or n < 1:
     raise ValueError(f"batch {size=} and the {n} rows must both be >= 1")
-  return [{k: v[i:min(i + size, n)] for k, v in data.items()} for i in range(0, n, size)]
+  return [{k: v[i : min(i + size, n)] for k, v in data.items()} for i in range(0, n, size)]

@@ -24,11 +24,32 @@ from bertjax.stats import spearman
 
 CUES = ("not", "never", "no", "nothing", "nobody", "none", "nor", "neither", "cannot")
 # Same-length, non-negating replacements for the affirmative twins ("t" and "'t": of "n't").
-TWINS = {"not": "also", "never": "often", "no": "some", "nothing": "something",
-         "nobody": "somebody", "none": "some", "nor": "and", "neither": "either",
-         "cannot": "can", "t": "s", "'t": "'s"}
-METHODS = ("attention", "rollout", "flow", "norm", "globenc", "alti", "value_zeroing",
-           "grad_x_input", "integrated_gradients", "attnlrp", "decompx")
+TWINS = {
+  "not": "also",
+  "never": "often",
+  "no": "some",
+  "nothing": "something",
+  "nobody": "somebody",
+  "none": "some",
+  "nor": "and",
+  "neither": "either",
+  "cannot": "can",
+  "t": "s",
+  "'t": "'s",
+}
+METHODS = (
+  "attention",
+  "rollout",
+  "flow",
+  "norm",
+  "globenc",
+  "alti",
+  "value_zeroing",
+  "grad_x_input",
+  "integrated_gradients",
+  "attnlrp",
+  "decompx",
+)
 
 
 def methods_for(config, methods=METHODS) -> tuple[str, ...]:
@@ -38,16 +59,20 @@ def methods_for(config, methods=METHODS) -> tuple[str, ...]:
   disentangled attention (`lrp.check_supported`)."""
   fam = config.family
   post_ln = fam.norm == "post" and fam.norm_kind == "layernorm"
-  return tuple(m for m in methods if (post_ln or m != "globenc")
-               and (post_ln and fam.ffn != "gated" or m != "decompx")
-               and (not config.disentangled_terms or m != "attnlrp"))
+  return tuple(
+    m
+    for m in methods
+    if (post_ln or m != "globenc")
+    and (post_ln and fam.ffn != "gated" or m != "decompx")
+    and (not config.disentangled_terms or m != "attnlrp")
+  )
 
 
 def _split(token: str) -> tuple[str, str]:
   """(word-start marker, lower-cased rest): byte-level BPE's "Ġ", SentencePiece's "▁", or ""."""
   for mark in ("Ġ", "▁"):
     if token.startswith(mark):
-      return mark, token[len(mark):].lower()
+      return mark, token[len(mark) :].lower()
   return "", token.lower()
 
 
@@ -59,8 +84,13 @@ def cue_position(tok, batch, b: int) -> int | None:
   """
   tokens = tok.convert_ids_to_tokens(batch.input_ids[b][batch.attention_mask[b] > 0])
   words = [_split(t)[1] for t in tokens]
-  hits = [i for i, w in enumerate(words) if w in CUES or w == "'t"
-          or (w == "t" and i >= 2 and words[i - 1] == "'" and words[i - 2].endswith("n"))]
+  hits = [
+    i
+    for i, w in enumerate(words)
+    if w in CUES
+    or w == "'t"
+    or (w == "t" and i >= 2 and words[i - 1] == "'" and words[i - 2].endswith("n"))
+  ]
   return hits[0] if len(hits) == 1 else None
 
 
@@ -96,14 +126,19 @@ def pairs(tok, texts: Sequence[str]):
     raise ValueError("none of the sentences has a one-token negation cue with a twin")
   width = int(batch.attention_mask[keep].sum(1).max())
   take = lambda a: np.asarray(a)[keep][:, :width]
-  clean = bertjax.Batch(take(batch.input_ids), take(batch.attention_mask),
-                        take(batch.token_type_ids), take(batch.word_ids))
+  clean = bertjax.Batch(
+    take(batch.input_ids),
+    take(batch.attention_mask),
+    take(batch.token_type_ids),
+    take(batch.word_ids),
+  )
   corrupted = dataclasses.replace(clean, input_ids=np.stack(twins)[:, :width])
   return clean, corrupted, [texts[b] for b in keep]
 
 
-def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHODS,
-                 ig_steps: int = 32) -> dict[str, np.ndarray]:
+def token_scores(
+  params, config, batch, probe, *, methods: Sequence[str] = METHODS, ig_steps: int = 32
+) -> dict[str, np.ndarray]:
   """method -> (batch, seq) score of every input token for the probe's negation logit.
 
   Args:
@@ -119,18 +154,22 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
   ids, mask = jnp.asarray(batch.input_ids), jnp.asarray(batch.attention_mask)
   types = jnp.asarray(batch.token_type_ids)
   m = np.asarray(batch.attention_mask, np.float64)
-  pooled = lambda mat: (np.einsum("bij,bi->bj", np.asarray(mat, np.float64), m)
-                        / m.sum(1, keepdims=True))
+  pooled = lambda mat: (
+    np.einsum("bij,bi->bj", np.asarray(mat, np.float64), m) / m.sum(1, keepdims=True)
+  )
   last = config.depth - 1
   matrices = {
-      "attention": lambda: np.asarray(bertjax.forward(
-          params, config, ids, mask, types, output_attentions=True).attentions[last]).mean(1),
-      "rollout": lambda: propagation.attention_rollout(params, config, ids, mask, types)[last],
-      "flow": lambda: propagation.attention_flow(params, config, ids, mask, types, layers=[last])[-1],
-      "norm": lambda: propagation.norm_analysis(params, config, ids, mask, types)["attn"][last],
-      "globenc": lambda: propagation.globenc(params, config, ids, mask, types).rollout[last],
-      "alti": lambda: propagation.alti(params, config, ids, mask, types).rollout[last],
-      "value_zeroing": lambda: propagation.value_zeroing(params, config, ids, mask, types).rollout[last],
+    "attention": lambda: np.asarray(
+      bertjax.forward(params, config, ids, mask, types, output_attentions=True).attentions[last]
+    ).mean(1),
+    "rollout": lambda: propagation.attention_rollout(params, config, ids, mask, types)[last],
+    "flow": lambda: propagation.attention_flow(params, config, ids, mask, types, layers=[last])[-1],
+    "norm": lambda: propagation.norm_analysis(params, config, ids, mask, types)["attn"][last],
+    "globenc": lambda: propagation.globenc(params, config, ids, mask, types).rollout[last],
+    "alti": lambda: propagation.alti(params, config, ids, mask, types).rollout[last],
+    "value_zeroing": lambda: propagation.value_zeroing(params, config, ids, mask, types).rollout[
+      last
+    ],
   }
   weight, bias = (jnp.asarray(a, jnp.float32) for a in probe)
   direction, offset = weight[:, 1] - weight[:, 0], bias[1] - bias[0]
@@ -152,21 +191,35 @@ def token_scores(params, config, batch, probe, *, methods: Sequence[str] = METHO
       pooled_parts = (parts * mask[:, :, None, None]).sum(1) / mask.sum(1)[:, None, None]
       out[method] = np.asarray(pooled_parts @ direction, np.float64)
     elif method == "attnlrp":  # relevance of each token's word embedding
-      out[method] = np.asarray(lrp.attnlrp(params, config, ids, mask, types,
-                                           target_fn=lrp_target).tokens, np.float64)
+      out[method] = np.asarray(
+        lrp.attnlrp(params, config, ids, mask, types, target_fn=lrp_target).tokens, np.float64
+      )
     elif method == "grad_x_input":
-      out[method] = np.asarray(gradients.gradient_x_input(params, config, ids, mask, types,
-                                                     target_fn=target), np.float64)
+      out[method] = np.asarray(
+        gradients.gradient_x_input(params, config, ids, mask, types, target_fn=target), np.float64
+      )
     else:
-      out[method] = np.asarray(gradients.integrated_gradients(
-          params, config, ids, mask, types, target_fn=target, steps=ig_steps).attributions,
-          np.float64)
+      out[method] = np.asarray(
+        gradients.integrated_gradients(
+          params, config, ids, mask, types, target_fn=target, steps=ig_steps
+        ).attributions,
+        np.float64,
+      )
   return out
 
 
-def cue_statistics(params, config, tok, texts: Sequence[str], probe, *,
-                   methods: Sequence[str] = METHODS, ig_steps: int = 32, batch_size: int = 16,
-                   max_sentences: int | None = None) -> dict:
+def cue_statistics(
+  params,
+  config,
+  tok,
+  texts: Sequence[str],
+  probe,
+  *,
+  methods: Sequence[str] = METHODS,
+  ig_steps: int = 32,
+  batch_size: int = 16,
+  max_sentences: int | None = None,
+) -> dict:
   """Where each method ranks the negation cue of each sentence, and how the methods agree.
 
   Returns:
@@ -178,7 +231,7 @@ def cue_statistics(params, config, tok, texts: Sequence[str], probe, *,
   if max_sentences:
     batch_size = min(batch_size, max_sentences)
   for start in range(0, len(texts), batch_size):
-    batch = tok.encode(list(texts[start:start + batch_size]))
+    batch = tok.encode(list(texts[start : start + batch_size]))
     cues = [cue_position(tok, batch, b) for b in range(len(batch.input_ids))]
     if all(c is None for c in cues):
       continue
@@ -187,8 +240,13 @@ def cue_statistics(params, config, tok, texts: Sequence[str], probe, *,
       if cue is None:
         continue
       real = (batch.attention_mask[b] > 0) & ~np.isin(batch.input_ids[b], list(tok.special_ids))
-      kept.append({"text": texts[start + b], "tokens": int(real.sum()),
-                   "cue": tok.convert_ids_to_tokens([batch.input_ids[b, cue]])[0]})
+      kept.append(
+        {
+          "text": texts[start + b],
+          "tokens": int(real.sum()),
+          "cue": tok.convert_ids_to_tokens([batch.input_ids[b, cue]])[0],
+        }
+      )
       per_sentence.append({k: scores[k][b][real] for k in methods})
       for k in methods:
         rows[k].append(cue_rank(scores[k][b], cue, real))
@@ -200,18 +258,29 @@ def cue_statistics(params, config, tok, texts: Sequence[str], probe, *,
     kept, per_sentence = kept[:max_sentences], per_sentence[:max_sentences]
     rows = {k: r[:max_sentences] for k, r in rows.items()}
   n_tokens = np.asarray([k["tokens"] for k in kept])
-  stats = {k: {"top1": float(np.mean(np.asarray(r) == 1)),
-               "mrr": float(np.mean(1.0 / np.asarray(r))),
-               "mean_rank": float(np.mean(r))} for k, r in rows.items()}
+  stats = {
+    k: {
+      "top1": float(np.mean(np.asarray(r) == 1)),
+      "mrr": float(np.mean(1.0 / np.asarray(r))),
+      "mean_rank": float(np.mean(r)),
+    }
+    for k, r in rows.items()
+  }
   agree = np.full((len(methods), len(methods)), np.nan)
   for i, a in enumerate(methods):
     for j, b in enumerate(methods):
       vals = np.asarray([spearman(s[a], s[b]) for s in per_sentence])
       agree[i, j] = np.nanmean(vals) if np.isfinite(vals).any() else np.nan
-  return {"sentences": kept, "ranks": rows, "stats": stats,
-          "chance": {"top1": float(np.mean(1.0 / n_tokens)),
-                     "mrr": float(np.mean([np.mean(1.0 / np.arange(1, n + 1)) for n in n_tokens]))},
-          "agreement": {"methods": list(methods), "spearman": agree}}
+  return {
+    "sentences": kept,
+    "ranks": rows,
+    "stats": stats,
+    "chance": {
+      "top1": float(np.mean(1.0 / n_tokens)),
+      "mrr": float(np.mean([np.mean(1.0 / np.arange(1, n + 1)) for n in n_tokens])),
+    },
+    "agreement": {"methods": list(methods), "spearman": agree},
+  }
 
 
 def head_patching(params, config, tok, texts: Sequence[str], probe) -> dict:
@@ -229,16 +298,30 @@ def head_patching(params, config, tok, texts: Sequence[str], probe) -> dict:
   n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
   exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets)
-  approx = patching.attribution_patching(params, config, clean, corrupted, metric,
-                                         targets=targets)
-  return {"pairs": n, "clean_logit": exact.clean, "corrupted_logit": exact.corrupted,
-          "exact": exact.normalized, "attribution": approx.normalized,
-          "agreement": metrics.agreement(exact, approx), "examples": kept[:5]}
+  approx = patching.attribution_patching(params, config, clean, corrupted, metric, targets=targets)
+  return {
+    "pairs": n,
+    "clean_logit": exact.clean,
+    "corrupted_logit": exact.corrupted,
+    "exact": exact.normalized,
+    "attribution": approx.normalized,
+    "agreement": metrics.agreement(exact, approx),
+    "examples": kept[:5],
+  }
 
 
-def circuit(params, config, tok, texts: Sequence[str], probe, *, steps: int = 5,
-            exact_edges: int | None = None, sizes: Sequence[int] | None = None,
-            seed: int = 0) -> dict:
+def circuit(
+  params,
+  config,
+  tok,
+  texts: Sequence[str],
+  probe,
+  *,
+  steps: int = 5,
+  exact_edges: int | None = None,
+  sizes: Sequence[int] | None = None,
+  seed: int = 0,
+) -> dict:
   """The circuit that carries negation into `probe` (`circuits.discover`): every edge from the
   negated sentences to their twins scored by EAP and EAP-IG, a sample patched exactly, and the
   faithfulness of top-k circuits of growing size from the EAP-IG scores.
@@ -253,23 +336,40 @@ def circuit(params, config, tok, texts: Sequence[str], probe, *, steps: int = 5,
   from bertjax.analysis.interventions import circuits, metrics
 
   clean, corrupted, kept = pairs(tok, texts)
-  metric = metrics.ProbeLogitDiff(np.asarray(probe[0], np.float32),
-                                   np.asarray(probe[1], np.float32), "mean")
+  metric = metrics.ProbeLogitDiff(
+    np.asarray(probe[0], np.float32), np.asarray(probe[1], np.float32), "mean"
+  )
   n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
-  d = circuits.discover(params, config, clean, corrupted, metric, targets=targets, steps=steps,
-                        exact_edges=exact_edges, sizes=sizes or circuits.SIZES,
-                        methods=("topk",), seed=seed)
+  d = circuits.discover(
+    params,
+    config,
+    clean,
+    corrupted,
+    metric,
+    targets=targets,
+    steps=steps,
+    exact_edges=exact_edges,
+    sizes=sizes or circuits.SIZES,
+    methods=("topk",),
+    seed=seed,
+  )
   g, mask, top = d["graph"], d["mask"], d["faithfulness"]["topk"]
-  return {"pairs": n, "edges": int(g.valid.sum()), "clean_logit": float(d["eap_ig"].clean),
-          "corrupted_logit": float(d["eap_ig"].corrupted), "agreement": d["agreement"],
-          "exact_scores": d["exact"].values[mask],
-          "scores": {k: d[k].values[mask] for k in ("eap", "eap_ig")},
-          "faithfulness": {"edges": top["edges"], "normalized": top["normalized"]},
-          "smallest": d["smallest"]["topk"],
-          "circuit": [] if d["circuit"] is None else [
-              g.edge_name(s, t) for s, t in zip(*np.nonzero(d["circuit"]))],
-          "top_edges": d["eap_ig"].top(10)}
+  return {
+    "pairs": n,
+    "edges": int(g.valid.sum()),
+    "clean_logit": float(d["eap_ig"].clean),
+    "corrupted_logit": float(d["eap_ig"].corrupted),
+    "agreement": d["agreement"],
+    "exact_scores": d["exact"].values[mask],
+    "scores": {k: d[k].values[mask] for k in ("eap", "eap_ig")},
+    "faithfulness": {"edges": top["edges"], "normalized": top["normalized"]},
+    "smallest": d["smallest"]["topk"],
+    "circuit": []
+    if d["circuit"] is None
+    else [g.edge_name(s, t) for s, t in zip(*np.nonzero(d["circuit"]))],
+    "top_edges": d["eap_ig"].top(10),
+  }
 
 
 # The probe the experiments fit ----------------------------------------------------------
@@ -299,10 +399,13 @@ def pooled_features(params, config, tok, sentences):
   """(features, labels): each sentence's mean-pooled final states (float64) and whether it
   is negated, what the probe is fitted on."""
   batch = tok.encode([s.text for s in sentences])
-  hidden = np.asarray(bertjax.forward(params, config, batch.input_ids, batch.attention_mask,
-                                      batch.token_type_ids).last_hidden_state, np.float64)
-  return (stats.mean_pool(hidden, batch.attention_mask),
-          np.asarray([s.negated for s in sentences]))
+  hidden = np.asarray(
+    bertjax.forward(
+      params, config, batch.input_ids, batch.attention_mask, batch.token_type_ids
+    ).last_hidden_state,
+    np.float64,
+  )
+  return (stats.mean_pool(hidden, batch.attention_mask), np.asarray([s.negated for s in sentences]))
 
 
 def probe_weights(w, b, mu, sd):

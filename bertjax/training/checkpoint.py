@@ -48,8 +48,11 @@ def _crc(path: pathlib.Path) -> int:
 
 
 def _file_table(step_dir: pathlib.Path) -> dict[str, list[int]]:
-  return {str(p.relative_to(step_dir)): [p.stat().st_size, _crc(p)]
-          for p in sorted(step_dir.rglob("*")) if p.is_file()}
+  return {
+    str(p.relative_to(step_dir)): [p.stat().st_size, _crc(p)]
+    for p in sorted(step_dir.rglob("*"))
+    if p.is_file()
+  }
 
 
 class Checkpointer:
@@ -62,18 +65,26 @@ class Checkpointer:
     async_save: write in a background thread while training continues.
   """
 
-  def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int | None = 3,
-               save_every: int = 0, async_save: bool = True):
+  def __init__(
+    self,
+    directory: str | pathlib.Path,
+    *,
+    max_to_keep: int | None = 3,
+    save_every: int = 0,
+    async_save: bool = True,
+  ):
     if max_to_keep is not None and max_to_keep < 1:
       raise ValueError(f"{max_to_keep=} must be >= 1 or None")
     if save_every < 0:
       raise ValueError(f"{save_every=} must be >= 0")
     self.directory = pathlib.Path(directory).absolute()
     self.save_every = save_every
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "meta"))
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
+    )
+    self._manager = ocp.CheckpointManager(
+      self.directory, options=options, item_names=("state", "meta")
+    )
     self._manifest_dir = self.directory / "manifests"
     self._pending: list[int] = []
 
@@ -83,9 +94,17 @@ class Checkpointer:
     """Whether `step` is a multiple of `save_every`."""
     return bool(self.save_every) and step > 0 and step % self.save_every == 0
 
-  def save(self, step: int, state: TrainState, *, config: BertConfig,
-           data_state: dict | None = None, stage: int = 0, extra: dict | None = None,
-           force: bool = False) -> bool:
+  def save(
+    self,
+    step: int,
+    state: TrainState,
+    *,
+    config: BertConfig,
+    data_state: dict | None = None,
+    stage: int = 0,
+    extra: dict | None = None,
+    force: bool = False,
+  ) -> bool:
     """Starts saving `state` as step `step` (async); returns whether it saves.
 
     Args:
@@ -101,11 +120,20 @@ class Checkpointer:
       return False
     if step in self.all_steps():
       return False
-    meta = {"step": int(step), "config": config_to_json(config), "data_state": data_state,
-            "stage": int(stage), "extra": extra or {}}
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state_to_tree(state)), meta=ocp.args.JsonSave(meta)),
-        force=True)
+    meta = {
+      "step": int(step),
+      "config": config_to_json(config),
+      "data_state": data_state,
+      "stage": int(stage),
+      "extra": extra or {},
+    }
+    self._manager.save(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state_to_tree(state)), meta=ocp.args.JsonSave(meta)
+      ),
+      force=True,
+    )
     self._pending.append(step)
     self._write_manifests(wait=False)
     return True
@@ -167,16 +195,18 @@ class Checkpointer:
     changed = sorted(f for f in expected if f in actual and actual[f] != expected[f])
     if missing or changed:
       raise CorruptCheckpointError(
-          f"checkpoint step {step} in {self.directory} is corrupt: missing files {missing}, "
-          f"changed or truncated files {changed}")
+        f"checkpoint step {step} in {self.directory} is corrupt: missing files {missing}, "
+        f"changed or truncated files {changed}"
+      )
 
   def restore_meta(self, step: int) -> dict[str, Any]:
     """The JSON metadata of a step."""
     meta = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     return dict(meta["meta"])
 
-  def restore(self, step: int, template: Callable[[dict], TrainState] | TrainState
-              ) -> tuple[TrainState, dict[str, Any]]:
+  def restore(
+    self, step: int, template: Callable[[dict], TrainState] | TrainState
+  ) -> tuple[TrainState, dict[str, Any]]:
     """Restores one step.
 
     Args:
@@ -196,19 +226,21 @@ class Checkpointer:
       meta = self.restore_meta(step)
       tmpl = template(meta) if callable(template) else template
       target = jax.tree.map(_abstract, state_to_tree(tmpl))
-      out = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target)))
+      out = self._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+      )
       state = state_from_tree(out["state"])
     except CorruptCheckpointError:
       raise
     except Exception as e:  # Orbax raises many types for damaged files.
       raise CorruptCheckpointError(
-          f"checkpoint step {step} in {self.directory} could not be read: "
-          f"{type(e).__name__}: {e}") from e
+        f"checkpoint step {step} in {self.directory} could not be read: {type(e).__name__}: {e}"
+      ) from e
     return state, meta
 
-  def restore_latest(self, template: Callable[[dict], TrainState] | TrainState
-                     ) -> tuple[TrainState, dict[str, Any]] | None:
+  def restore_latest(
+    self, template: Callable[[dict], TrainState] | TrainState
+  ) -> tuple[TrainState, dict[str, Any]] | None:
     """Restores the newest good step, skipping corrupt ones with a warning.
 
     Returns:
@@ -273,14 +305,18 @@ def restore_params(directory: str | pathlib.Path, step: int) -> tuple[BertConfig
         tree = ocp.StandardCheckpointer().metadata(ckpt.directory / str(step) / "state")
       finally:
         absl.setLevel(level)
-      target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=local),
-                            getattr(tree, "item_metadata", tree),
-                            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"))
-      out = ckpt._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target)))
+      target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=local),
+        getattr(tree, "item_metadata", tree),
+        is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+      )
+      out = ckpt._manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+      )
     except Exception as e:  # Orbax raises many types for damaged files.
-      raise CorruptCheckpointError(f"checkpoint step {step} in {ckpt.directory} could not be "
-                                   f"read: {type(e).__name__}: {e}") from e
+      raise CorruptCheckpointError(
+        f"checkpoint step {step} in {ckpt.directory} could not be read: {type(e).__name__}: {e}"
+      ) from e
   finally:
     ckpt._manager.close()
   config = config_from_json(meta["config"]).replace(dtype="float32")
@@ -288,8 +324,9 @@ def restore_params(directory: str | pathlib.Path, step: int) -> tuple[BertConfig
   return config, params, meta
 
 
-def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
-              step: int | None = None) -> BertConfig:
+def export_hf(
+  directory: str | pathlib.Path, path: str | pathlib.Path, *, step: int | None = None
+) -> BertConfig:
   """Writes a training checkpoint as a Hugging Face model directory (`bertjax.to_hf`).
 
   Only the parameters are read (the optimizer state is skipped). An ELECTRA run's pair
@@ -315,17 +352,19 @@ def export_hf(directory: str | pathlib.Path, path: str | pathlib.Path, *,
   if step is not None and step not in steps:
     raise ValueError(f"{step=} is not among the checkpoints {steps} in {directory}")
   last_error = None
-  for s in ([step] if step is not None else list(reversed(steps))):
+  for s in [step] if step is not None else list(reversed(steps)):
     try:
       ckpt.verify(s)
       meta = ckpt.restore_meta(s)
-      out = ckpt._manager.restore(s, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore()))
+      out = ckpt._manager.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
       params = out["state"]["params"]
       break
     except Exception as e:  # noqa: BLE001 - reported below
-      warnings.warn(f"checkpoint step {s} could not be exported ({e}); trying an earlier one",
-                    RuntimeWarning, stacklevel=2)
+      warnings.warn(
+        f"checkpoint step {s} could not be exported ({e}); trying an earlier one",
+        RuntimeWarning,
+        stacklevel=2,
+      )
       last_error = e
   else:
     raise CorruptCheckpointError(f"no exportable checkpoint in {directory}: {last_error}")

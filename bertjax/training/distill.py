@@ -54,8 +54,9 @@ from bertjax.training import losses
 from bertjax.training.objective_base import Context, Objective
 
 
-def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
-                         layers: tuple[int, ...] | None = None) -> tuple[BertConfig, Params]:
+def student_from_teacher(
+  teacher_config: BertConfig, teacher_params: Params, layers: tuple[int, ...] | None = None
+) -> tuple[BertConfig, Params]:
   """A student initialised from a teacher's layers (DistilBERT: every other layer).
 
   Args:
@@ -68,9 +69,11 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
     ``(student_config, student_params)``.
   """
   if teacher_config.num_param_layers != teacher_config.num_hidden_layers:
-    raise ValueError(f"a {teacher_config.model_type} teacher with shared layers "
-                     f"(num_param_layers={teacher_config.num_param_layers}) cannot seed a "
-                     "student layer by layer")
+    raise ValueError(
+      f"a {teacher_config.model_type} teacher with shared layers "
+      f"(num_param_layers={teacher_config.num_param_layers}) cannot seed a "
+      "student layer by layer"
+    )
   n = teacher_config.num_hidden_layers
   layers = default_student_layers(teacher_config) if layers is None else tuple(layers)
   if not layers or any(not 0 <= i < n for i in layers):
@@ -79,14 +82,16 @@ def student_from_teacher(teacher_config: BertConfig, teacher_params: Params,
     raise ValueError("a pruned teacher cannot seed a student layer by layer")
   index = jnp.asarray(layers)
   student = dict(teacher_params)
-  student["encoder"] = {**teacher_params["encoder"],
-                        "layers": jax.tree.map(lambda a: a[index],
-                                               teacher_params["encoder"]["layers"])}
+  student["encoder"] = {
+    **teacher_params["encoder"],
+    "layers": jax.tree.map(lambda a: a[index], teacher_params["encoder"]["layers"]),
+  }
   return teacher_config.replace(num_hidden_layers=len(layers)), student
 
 
-def default_student_layers(teacher_config: BertConfig, *, tinybert: bool = False
-                           ) -> tuple[int, ...]:
+def default_student_layers(
+  teacher_config: BertConfig, *, tinybert: bool = False
+) -> tuple[int, ...]:
   """The teacher layers a student starts from when none are chosen.
 
   Every other layer (DistilBERT). TinyBERT's layer map needs a student depth that divides
@@ -178,26 +183,43 @@ class Distillation(Objective):
     """g(m): the teacher layer each student layer m = 0..L_s (0: embeddings) is matched to."""
     ls, lt = student.num_hidden_layers, self.teacher_config.num_hidden_layers
     if lt % ls:
-      raise ValueError(f"teacher num_hidden_layers={lt} must be a multiple of the student's "
-                       f"{ls} for the layer map g(m) = m * {lt} / {ls}")
+      raise ValueError(
+        f"teacher num_hidden_layers={lt} must be a multiple of the student's "
+        f"{ls} for the layer map g(m) = m * {lt} / {ls}"
+      )
     return [m * (lt // ls) for m in range(ls + 1)]
 
   def terms(self, ctx: Context):
     b, cfg = ctx.batch, ctx.config
     t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
     student = {k: v for k, v in ctx.params.items() if k != "distill_proj"}
-    s_out = forward(student, cfg, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                    deterministic=ctx.deterministic, rng=ctx.forward_rng,
-                    output_hidden_states=self.tinybert, output_attentions=self.tinybert)
-    t_out = forward(self.teacher_params, t_cfg, b["input_ids"], b["attention_mask"],
-                    b["token_type_ids"], output_hidden_states=self.tinybert,
-                    output_attentions=self.tinybert)
+    s_out = forward(
+      student,
+      cfg,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"],
+      deterministic=ctx.deterministic,
+      rng=ctx.forward_rng,
+      output_hidden_states=self.tinybert,
+      output_attentions=self.tinybert,
+    )
+    t_out = forward(
+      self.teacher_params,
+      t_cfg,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"],
+      output_hidden_states=self.tinybert,
+      output_attentions=self.tinybert,
+    )
     t_out = jax.tree.map(jax.lax.stop_gradient, t_out)
     pos, ids = b["mlm_positions"], b["mlm_ids"].astype(jnp.int32)
     w = b["mlm_weights"].astype(jnp.float32)
     s_logits = mlm_logits(student, cfg, losses.gather_positions(s_out.last_hidden_state, pos))
-    t_logits = mlm_logits(self.teacher_params, t_cfg,
-                          losses.gather_positions(t_out.last_hidden_state, pos))
+    t_logits = mlm_logits(
+      self.teacher_params, t_cfg, losses.gather_positions(t_out.last_hidden_state, pos)
+    )
     s_logits, t_logits = s_logits.astype(jnp.float32), jax.lax.stop_gradient(t_logits)
     temp = self.temperature
     soft = jax.nn.softmax(t_logits.astype(jnp.float32) / temp, -1)
@@ -209,11 +231,12 @@ class Distillation(Objective):
     hs = s_out.last_hidden_state.astype(jnp.float32)
     ht = t_out.last_hidden_state.astype(jnp.float32)
     cos = jnp.sum(hs * ht, -1) / jnp.maximum(
-        jnp.linalg.norm(hs, axis=-1) * jnp.linalg.norm(ht, axis=-1), 1e-8)
+      jnp.linalg.norm(hs, axis=-1) * jnp.linalg.norm(ht, axis=-1), 1e-8
+    )
     out = {
-        "mlm": {"loss_sum": jnp.sum(ce * w), "correct_sum": jnp.sum(correct * w)},
-        "distill_ce": {"loss_sum": jnp.sum(ce_soft * w), "correct_sum": jnp.sum(agree * w)},
-        "cos": {"loss_sum": jnp.sum((1 - cos) * real)},  # no accuracy: nothing to count
+      "mlm": {"loss_sum": jnp.sum(ce * w), "correct_sum": jnp.sum(correct * w)},
+      "distill_ce": {"loss_sum": jnp.sum(ce_soft * w), "correct_sum": jnp.sum(agree * w)},
+      "cos": {"loss_sum": jnp.sum((1 - cos) * real)},  # no accuracy: nothing to count
     }
     if self.tinybert:
       g = jnp.asarray(self.layer_map(cfg))
@@ -224,8 +247,10 @@ class Distillation(Objective):
       s_a = s_out.attentions.astype(jnp.float32)  # (L_s, B, N, T, T)
       t_a = t_out.attentions.astype(jnp.float32)[g[1:] - 1]
       if s_a.shape[2] != t_a.shape[2]:
-        raise ValueError(f"attention distillation needs equal head counts; student "
-                         f"{s_a.shape[2]}, teacher {t_a.shape[2]}")
+        raise ValueError(
+          f"attention distillation needs equal head counts; student "
+          f"{s_a.shape[2]}, teacher {t_a.shape[2]}"
+        )
       out["hidden"] = {"loss_sum": jnp.sum(hidden * real)}
       out["attn"] = {"loss_sum": jnp.sum(_attention_rows(s_a, t_a, real) * real)}
     return out
@@ -255,16 +280,19 @@ class TaskDistillation(Objective):
 
   def __post_init__(self):
     if not isinstance(self.teacher_config, BertConfig):
-      raise TypeError(f"TaskDistillation needs the teacher's BertConfig, got "
-                      f"{self.teacher_config!r}")
+      raise TypeError(
+        f"TaskDistillation needs the teacher's BertConfig, got {self.teacher_config!r}"
+      )
     if self.task not in ("classification", "token_classification"):
       raise ValueError(f"task={self.task!r} must be 'classification' or 'token_classification'")
     head = self.head
     if self.teacher_params is None or head not in self.teacher_params:
       raise ValueError(f"the teacher has no {head!r} head (a model fine-tuned for {self.task})")
     if self.teacher_config.num_labels < 2:
-      raise ValueError(f"teacher num_labels={self.teacher_config.num_labels}: soft targets need "
-                       ">= 2 classes (regression is not supported)")
+      raise ValueError(
+        f"teacher num_labels={self.teacher_config.num_labels}: soft targets need "
+        ">= 2 classes (regression is not supported)"
+      )
     if not self.temperature > 0 or not 0 <= self.alpha <= 1:
       raise ValueError(f"{self.temperature=} must be > 0 and {self.alpha=} in [0, 1]")
 
@@ -298,10 +326,12 @@ class TaskDistillation(Objective):
   def terms(self, ctx: Context):
     b, cfg = ctx.batch, ctx.config
     t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
-    s = head_logits(ctx.params, cfg, ctx.out, self.head, deterministic=ctx.deterministic,
-                    rng=ctx.head_rng).astype(jnp.float32)
-    t_out = forward(self.teacher_params, t_cfg, b["input_ids"], b["attention_mask"],
-                    b["token_type_ids"])
+    s = head_logits(
+      ctx.params, cfg, ctx.out, self.head, deterministic=ctx.deterministic, rng=ctx.head_rng
+    ).astype(jnp.float32)
+    t_out = forward(
+      self.teacher_params, t_cfg, b["input_ids"], b["attention_mask"], b["token_type_ids"]
+    )
     t = jax.lax.stop_gradient(head_logits(self.teacher_params, t_cfg, t_out, self.head))
     labels = b["labels"]
     if self.task == "classification":
@@ -314,5 +344,7 @@ class TaskDistillation(Objective):
     soft = jax.nn.softmax(t.astype(jnp.float32) / temp, -1)
     ce = -jnp.sum(soft * jax.nn.log_softmax(s / temp, -1), -1) * temp**2
     agree = (jnp.argmax(s, -1) == jnp.argmax(t, -1)).astype(jnp.float32)
-    return {self._hard: {"loss_sum": hard["loss_sum"], "correct_sum": hard["correct_sum"]},
-            "distill_ce": {"loss_sum": jnp.sum(ce * valid), "correct_sum": jnp.sum(agree * valid)}}
+    return {
+      self._hard: {"loss_sum": hard["loss_sum"], "correct_sum": hard["correct_sum"]},
+      "distill_ce": {"loss_sum": jnp.sum(ce * valid), "correct_sum": jnp.sum(agree * valid)},
+    }

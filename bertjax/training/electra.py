@@ -70,11 +70,15 @@ def sharing(generator: BertConfig, discriminator: BertConfig) -> str:
   """
   for c, role in ((generator, "generator"), (discriminator, "discriminator")):
     if c.model_type not in SHARING:
-      raise ValueError(f"the {role} config has model_type={c.model_type!r}; replaced-token "
-                       f"detection is trained for {sorted(SHARING)}")
+      raise ValueError(
+        f"the {role} config has model_type={c.model_type!r}; replaced-token "
+        f"detection is trained for {sorted(SHARING)}"
+      )
   if generator.model_type != discriminator.model_type:
-    raise ValueError(f"generator model_type={generator.model_type!r} differs from the "
-                     f"discriminator's {discriminator.model_type!r}")
+    raise ValueError(
+      f"generator model_type={generator.model_type!r} differs from the "
+      f"discriminator's {discriminator.model_type!r}"
+    )
   return SHARING[discriminator.model_type]
 
 
@@ -84,27 +88,36 @@ def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str
   mode = sharing(generator, discriminator)
   keys = ("embed_dim", "vocab_size", "max_position_embeddings", "type_vocab_size")
   if any(getattr(generator, k) != getattr(discriminator, k) for k in keys[1:]):
-    raise ValueError("generator and discriminator must agree on vocab_size, "
-                     "max_position_embeddings and type_vocab_size; got "
-                     f"{[getattr(generator, k) for k in keys[1:]]} vs "
-                     f"{[getattr(discriminator, k) for k in keys[1:]]}")
+    raise ValueError(
+      "generator and discriminator must agree on vocab_size, "
+      "max_position_embeddings and type_vocab_size; got "
+      f"{[getattr(generator, k) for k in keys[1:]]} vs "
+      f"{[getattr(discriminator, k) for k in keys[1:]]}"
+    )
   if mode == "gdes":
     if (generator.embed_dim, generator.position_biased_input) != (
-        discriminator.embed_dim, discriminator.position_biased_input):
-      raise ValueError("GDES shares the embedding tables: generator and discriminator must "
-                       "agree on embedding_size and position_biased_input; got "
-                       f"{(generator.embed_dim, generator.position_biased_input)} vs "
-                       f"{(discriminator.embed_dim, discriminator.position_biased_input)}")
-    return ("word_embeddings",) + (("position_embeddings",)
-                                   if discriminator.position_biased_input else ())
+      discriminator.embed_dim,
+      discriminator.position_biased_input,
+    ):
+      raise ValueError(
+        "GDES shares the embedding tables: generator and discriminator must "
+        "agree on embedding_size and position_biased_input; got "
+        f"{(generator.embed_dim, generator.position_biased_input)} vs "
+        f"{(discriminator.embed_dim, discriminator.position_biased_input)}"
+      )
+    return ("word_embeddings",) + (
+      ("position_embeddings",) if discriminator.position_biased_input else ()
+    )
   if generator.embed_dim != discriminator.embed_dim:
     return ()
-  return tuple(t for t in SHARED_TABLES if t != "token_type_embeddings"
-               or generator.type_vocab_size)
+  return tuple(
+    t for t in SHARED_TABLES if t != "token_type_embeddings" or generator.type_vocab_size
+  )
 
 
-def init_electra(generator: BertConfig, discriminator: BertConfig,
-                 rng: int | jax.Array = 0) -> Params:
+def init_electra(
+  generator: BertConfig, discriminator: BertConfig, rng: int | jax.Array = 0
+) -> Params:
   """Fresh ``{"generator", "discriminator"}`` parameters: ELECTRA's shared tables only in the
   discriminator; with GDES the tables in the generator and zero residuals
   (``{table}_delta``) in the discriminator."""
@@ -115,8 +128,7 @@ def init_electra(generator: BertConfig, discriminator: BertConfig,
   shared = shared_tables(generator, discriminator)
   if sharing(generator, discriminator) == "gdes":
     emb = {k: v for k, v in disc["embeddings"].items() if k not in shared}
-    emb.update({f"{t}_delta": jax.tree.map(jnp.zeros_like, disc["embeddings"][t])
-                for t in shared})
+    emb.update({f"{t}_delta": jax.tree.map(jnp.zeros_like, disc["embeddings"][t]) for t in shared})
     return {"generator": gen, "discriminator": {**disc, "embeddings": emb}}
   gen["embeddings"] = {k: v for k, v in gen["embeddings"].items() if k not in shared}
   return {"generator": gen, "discriminator": disc}
@@ -135,8 +147,9 @@ def generator_params(params: Params, generator: BertConfig, discriminator: BertC
   return {**gen, "embeddings": emb}
 
 
-def discriminator_params(params: Params, generator: BertConfig,
-                         discriminator: BertConfig) -> Params:
+def discriminator_params(
+  params: Params, generator: BertConfig, discriminator: BertConfig
+) -> Params:
   """The discriminator's full parameter tree: as stored (ELECTRA), or with GDES each shared
   table ``stop_gradient(E_G) + E_delta``."""
   disc = params["discriminator"]
@@ -144,13 +157,17 @@ def discriminator_params(params: Params, generator: BertConfig,
     return disc
   emb = {k: v for k, v in disc["embeddings"].items() if not k.endswith("_delta")}
   for t in shared_tables(generator, discriminator):
-    emb[t] = jax.tree.map(lambda g, d: jax.lax.stop_gradient(g) + d,
-                          params["generator"]["embeddings"][t], disc["embeddings"][f"{t}_delta"])
+    emb[t] = jax.tree.map(
+      lambda g, d: jax.lax.stop_gradient(g) + d,
+      params["generator"]["embeddings"][t],
+      disc["embeddings"][f"{t}_delta"],
+    )
   return {**disc, "embeddings": emb}
 
 
-def replace_tokens(input_ids: jax.Array, positions: jax.Array, values: jax.Array,
-                   weights: jax.Array) -> jax.Array:
+def replace_tokens(
+  input_ids: jax.Array, positions: jax.Array, values: jax.Array, weights: jax.Array
+) -> jax.Array:
   """`input_ids` with ``values`` written at ``positions`` where ``weights > 0``.
 
   Args:
@@ -163,13 +180,17 @@ def replace_tokens(input_ids: jax.Array, positions: jax.Array, values: jax.Array
   rows = jnp.arange(b)[:, None]
   live = weights > 0
   sel = jnp.zeros(input_ids.shape, bool).at[rows, positions].max(live)
-  vals = jnp.zeros(input_ids.shape, input_ids.dtype).at[rows, positions].add(
-      jnp.where(live, values, 0).astype(input_ids.dtype))
+  vals = (
+    jnp.zeros(input_ids.shape, input_ids.dtype)
+    .at[rows, positions]
+    .add(jnp.where(live, values, 0).astype(input_ids.dtype))
+  )
   return jnp.where(sel, vals, input_ids)
 
 
-def rtd_loss_terms(logits: jax.Array, labels: jax.Array, attention_mask: jax.Array
-                   ) -> dict[str, jax.Array]:
+def rtd_loss_terms(
+  logits: jax.Array, labels: jax.Array, attention_mask: jax.Array
+) -> dict[str, jax.Array]:
   """Summed binary cross-entropy of RTD logits over real tokens, and correct predictions.
 
   Args:
@@ -212,11 +233,12 @@ class Electra(Objective):
     if not self.temperature > 0:
       raise ValueError(f"{self.temperature=} must be > 0")
     if self.generator.model_type not in SHARING:
-      raise ValueError(f"generator model_type={self.generator.model_type!r}: replaced-token "
-                       f"detection is trained for {sorted(SHARING)}")
+      raise ValueError(
+        f"generator model_type={self.generator.model_type!r}: replaced-token "
+        f"detection is trained for {sorted(SHARING)}"
+      )
     if self.rtd_weight is None:
-      object.__setattr__(self, "rtd_weight",
-                         DEFAULT_RTD_WEIGHT[SHARING[self.generator.model_type]])
+      object.__setattr__(self, "rtd_weight", DEFAULT_RTD_WEIGHT[SHARING[self.generator.model_type]])
 
   @property
   def fields(self):
@@ -227,16 +249,23 @@ class Electra(Objective):
     return {"mlm": self.mlm_weight, "rtd": self.rtd_weight}
 
   def counts(self, batch):
-    return {"mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
-            "rtd": jnp.sum(batch["attention_mask"].astype(jnp.float32))}
+    return {
+      "mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
+      "rtd": jnp.sum(batch["attention_mask"].astype(jnp.float32)),
+    }
 
   def checkpoint_meta(self) -> dict:
     """What a training checkpoint records beside the pair (the generator's config), so
     `bertjax export` can rebuild both models from the checkpoint alone."""
-    return {"electra": {"generator": dataclasses.asdict(self.generator),
-                        "sharing": SHARING[self.generator.model_type],
-                        "rtd_weight": self.rtd_weight, "mlm_weight": self.mlm_weight,
-                        "temperature": self.temperature}}
+    return {
+      "electra": {
+        "generator": dataclasses.asdict(self.generator),
+        "sharing": SHARING[self.generator.model_type],
+        "rtd_weight": self.rtd_weight,
+        "mlm_weight": self.mlm_weight,
+        "temperature": self.temperature,
+      }
+    }
 
   def init_model(self, config: BertConfig, rng) -> Params:
     """The pair tree for discriminator ``config`` (see `init_electra`)."""
@@ -244,11 +273,19 @@ class Electra(Objective):
 
   def terms(self, ctx: Context):
     run = self.run(ctx.params, ctx.config, ctx.batch, ctx.rng, ctx.deterministic)
-    return {"mlm": run["mlm"], "rtd": rtd_loss_terms(run["rtd_logits"], run["labels"],
-                                                     ctx.batch["attention_mask"])}
+    return {
+      "mlm": run["mlm"],
+      "rtd": rtd_loss_terms(run["rtd_logits"], run["labels"], ctx.batch["attention_mask"]),
+    }
 
-  def run(self, params: Params, config: BertConfig, batch: dict, rng: jax.Array,
-          deterministic: bool = True) -> dict:
+  def run(
+    self,
+    params: Params,
+    config: BertConfig,
+    batch: dict,
+    rng: jax.Array,
+    deterministic: bool = True,
+  ) -> dict:
     """One ELECTRA forward: generator MLM, sampling, discriminator.
 
     Args:
@@ -264,13 +301,21 @@ class Electra(Objective):
     """
     b = batch
     if set(params) != {"generator", "discriminator"}:
-      raise ValueError(f"ELECTRA params must be {{'generator', 'discriminator'}}; got "
-                       f"{sorted(params)}")
+      raise ValueError(
+        f"ELECTRA params must be {{'generator', 'discriminator'}}; got {sorted(params)}"
+      )
     k_gen, k_disc, k_sample = jax.random.split(rng, 3)
     gen = generator_params(params, self.generator, config)
     gen_cfg = self.generator.replace(dtype=config.dtype)
-    g_out = forward(gen, gen_cfg, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                    deterministic=deterministic, rng=k_gen)
+    g_out = forward(
+      gen,
+      gen_cfg,
+      b["input_ids"],
+      b["attention_mask"],
+      b["token_type_ids"],
+      deterministic=deterministic,
+      rng=k_gen,
+    )
     hidden = losses.gather_positions(g_out.last_hidden_state, b["mlm_positions"])
     logits = mlm_logits(gen, gen_cfg, hidden).astype(jnp.float32)  # (B, P, V)
     weights = b["mlm_weights"].astype(jnp.float32)
@@ -284,11 +329,24 @@ class Electra(Objective):
     corrupted = replace_tokens(original, b["mlm_positions"], sampled, weights)
     labels = (corrupted != original).astype(jnp.int32)
     disc = discriminator_params(params, self.generator, config)
-    d_out = forward(disc, config, corrupted, b["attention_mask"], b["token_type_ids"],
-                    deterministic=deterministic, rng=k_disc)
+    d_out = forward(
+      disc,
+      config,
+      corrupted,
+      b["attention_mask"],
+      b["token_type_ids"],
+      deterministic=deterministic,
+      rng=k_disc,
+    )
     d_logits = rtd_logits(disc, config, d_out.last_hidden_state)
-    return {"mlm": mlm, "sampled": sampled, "original": original, "corrupted": corrupted,
-            "labels": labels, "rtd_logits": d_logits}
+    return {
+      "mlm": mlm,
+      "sampled": sampled,
+      "original": original,
+      "corrupted": corrupted,
+      "labels": labels,
+      "rtd_logits": d_logits,
+    }
 
 
 def is_pair(params: Params) -> bool:
@@ -305,15 +363,18 @@ def generator_from_meta(meta: dict) -> BertConfig:
   """
   record = (meta.get("extra") or {}).get("electra")
   if not record or "generator" not in record:
-    raise ValueError(f"checkpoint step {meta.get('step')} holds an ELECTRA pair but its "
-                     f"metadata records no generator config (extra keys: "
-                     f"{sorted(meta.get('extra') or {})}); export it with "
-                     "bertjax.training.electra.save_electra and the generator's BertConfig")
+    raise ValueError(
+      f"checkpoint step {meta.get('step')} holds an ELECTRA pair but its "
+      f"metadata records no generator config (extra keys: "
+      f"{sorted(meta.get('extra') or {})}); export it with "
+      "bertjax.training.electra.save_electra and the generator's BertConfig"
+    )
   return config_from_json(record["generator"])
 
 
-def save_electra(params: Params, generator: BertConfig, discriminator: BertConfig,
-                 directory: str | pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+def save_electra(
+  params: Params, generator: BertConfig, discriminator: BertConfig, directory: str | pathlib.Path
+) -> tuple[pathlib.Path, pathlib.Path]:
   """Writes ``directory/generator`` (`ElectraForMaskedLM`) and ``directory/discriminator``.
 
   The discriminator is `ElectraForPreTraining`; the generator carries the shared tables

@@ -59,15 +59,21 @@ def _bytes_field(num: int, data: bytes) -> bytes:
   return _field(num, 2, _varint(len(data)) + data)
 
 
-def _event(step: int, wall_time: float, *, file_version: str | None = None,
-           values: dict[str, float] | None = None) -> bytes:
+def _event(
+  step: int,
+  wall_time: float,
+  *,
+  file_version: str | None = None,
+  values: dict[str, float] | None = None,
+) -> bytes:
   msg = _field(1, 1, struct.pack("<d", wall_time)) + _field(2, 0, _varint(step))
   if file_version is not None:
     msg += _bytes_field(3, file_version.encode())
   if values:
     summary = b"".join(
-        _bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
-        for tag, v in values.items())
+      _bytes_field(1, _bytes_field(1, tag.encode()) + _field(2, 5, struct.pack("<f", v)))
+      for tag, v in values.items()
+    )
     msg += _bytes_field(5, summary)
   return msg
 
@@ -84,8 +90,9 @@ class EventWriter:
 
   def _write(self, data: bytes) -> None:
     header = struct.pack("<Q", len(data))
-    self._file.write(header + struct.pack("<I", _masked(header)) + data
-                     + struct.pack("<I", _masked(data)))
+    self._file.write(
+      header + struct.pack("<I", _masked(header)) + data + struct.pack("<I", _masked(data))
+    )
 
   def scalars(self, step: int, values: dict[str, float]) -> None:
     """Writes one event with the given scalar values at `step`."""

@@ -41,8 +41,10 @@ def _as_tokenizer(tokenizer, config):
   if not isinstance(tokenizer, bertjax.Tokenizer):
     tokenizer = bertjax.Tokenizer(tokenizer, config.max_position_embeddings)
   if tokenizer.vocab_size > config.vocab_size:
-    raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
-                     f"vocab_size={config.vocab_size}")
+    raise ValueError(
+      f"the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+      f"vocab_size={config.vocab_size}"
+    )
   return tokenizer
 
 
@@ -75,8 +77,13 @@ def save_hf_model(config, params, tokenizer, directory: str | os.PathLike) -> pa
   return directory
 
 
-def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, *,
-                      step: int | None = None, tokenizer=None):
+def export_checkpoint(
+  checkpoint_dir: str | os.PathLike,
+  to: str | os.PathLike,
+  *,
+  step: int | None = None,
+  tokenizer=None,
+):
   """A training checkpoint as a Hugging Face directory with the run's tokenizer files.
 
   An ELECTRA run (a generator and a discriminator) becomes two model directories,
@@ -101,8 +108,9 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
   ckpt_dir, run = _checkpoint_dirs(pathlib.Path(checkpoint_dir))
   source = pathlib.Path(tokenizer) if tokenizer else run / "vocab"
   if not source.exists():
-    raise FileNotFoundError(f"no tokenizer at {source} (the run's vocab/ folder); pass "
-                            "--tokenizer PATH")
+    raise FileNotFoundError(
+      f"no tokenizer at {source} (the run's vocab/ folder); pass --tokenizer PATH"
+    )
   backend = C.load_tokenizer(source)
   steps = K.Checkpointer(ckpt_dir, max_to_keep=None, async_save=False).all_steps()
   if not steps:
@@ -113,7 +121,7 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
 
   def fill(tmp):
     errors = []
-    for s in ([step] if step is not None else sorted(steps, reverse=True)):
+    for s in [step] if step is not None else sorted(steps, reverse=True):
       try:  # newest first: a corrupt step falls back to the one before, as `--resume` does
         with warnings.catch_warnings():
           warnings.simplefilter("ignore", RuntimeWarning)
@@ -122,16 +130,19 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, to: str | os.PathLike, 
       except K.CorruptCheckpointError as e:
         errors.append(f"step {s}: {e}")
         if step is None:
-          print(f"export: checkpoint step {s} is unreadable; trying the one before",
-                file=sys.stderr)
+          print(
+            f"export: checkpoint step {s} is unreadable; trying the one before", file=sys.stderr
+          )
     else:
       raise K.CorruptCheckpointError(f"no readable checkpoint in {ckpt_dir}: {'; '.join(errors)}")
     n = backend.get_vocab_size(with_added_tokens=True)
     if n != config.vocab_size:  # a model that tokenises to the wrong rows is worse than none
-      raise ValueError(f"the tokenizer {source} has {n} tokens but step {s} of {ckpt_dir} has "
-                       f"word embeddings for vocab_size={config.vocab_size}: it is not the "
-                       "vocabulary these weights were trained with; pass the run's own with "
-                       "--tokenizer PATH")
+      raise ValueError(
+        f"the tokenizer {source} has {n} tokens but step {s} of {ckpt_dir} has "
+        f"word embeddings for vocab_size={config.vocab_size}: it is not the "
+        "vocabulary these weights were trained with; pass the run's own with "
+        "--tokenizer PATH"
+      )
     tok = _as_tokenizer(backend, config)
     for model_dir in [tmp / r for r in ROLES if (tmp / r).is_dir()] or [tmp]:
       tok.save_pretrained(model_dir)
@@ -149,6 +160,8 @@ def _checkpoint_dirs(path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     return path / "checkpoints", path
   if any(p.name.isdigit() for p in path.iterdir() if p.is_dir()):
     return path, path.parent
-  raise FileNotFoundError(f"{str(path)!r} holds no training checkpoints (expected a `bertjax "
-                          "pretrain --output-dir` folder, with checkpoints/<step>/, or its "
-                          "checkpoints/ folder)")
+  raise FileNotFoundError(
+    f"{str(path)!r} holds no training checkpoints (expected a `bertjax "
+    "pretrain --output-dir` folder, with checkpoints/<step>/, or its "
+    "checkpoints/ folder)"
+  )

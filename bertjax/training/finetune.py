@@ -39,9 +39,9 @@ from bertjax.utils import flat_kwargs
 TASKS = ("classification", "token_classification")
 _HEAD = {"classification": "classifier", "token_classification": "token_classifier"}
 GLUE = {  # name -> (text key, pair key or None, number of labels, eval split)
-    "sst2": ("sentence", None, 2, "validation"),
-    "mrpc": ("sentence1", "sentence2", 2, "validation"),
-    "rte": ("sentence1", "sentence2", 2, "validation"),
+  "sst2": ("sentence", None, 2, "validation"),
+  "mrpc": ("sentence1", "sentence2", 2, "validation"),
+  "rte": ("sentence1", "sentence2", 2, "validation"),
 }
 
 
@@ -74,8 +74,11 @@ def classification_metrics(preds, labels, num_labels: int) -> dict[str, float]:
 def regression_metrics(preds, targets) -> dict[str, float]:
   """Pearson, Spearman and mean squared error."""
   preds, targets = np.asarray(preds, np.float64).ravel(), np.asarray(targets, np.float64).ravel()
-  return {"pearson": pearson(preds, targets), "spearman": spearman(preds, targets),
-          "mse": float(np.mean((preds - targets) ** 2))}
+  return {
+    "pearson": pearson(preds, targets),
+    "spearman": spearman(preds, targets),
+    "mse": float(np.mean((preds - targets) ** 2)),
+  }
 
 
 # Data -------------------------------------------------------------------------
@@ -92,13 +95,23 @@ class LabelledTexts:
 
   def head(self, n: int) -> LabelledTexts:
     """The first `n` examples."""
-    return dataclasses.replace(self, texts=self.texts[:n], labels=self.labels[:n],
-                               pairs=None if self.pairs is None else self.pairs[:n])
+    return dataclasses.replace(
+      self,
+      texts=self.texts[:n],
+      labels=self.labels[:n],
+      pairs=None if self.pairs is None else self.pairs[:n],
+    )
 
 
-def read_table(path: str | pathlib.Path, text_column: str, label_column: str,
-               pair_column: str | None = None, *, regression: bool = False,
-               label_names: Sequence[str] | None = None) -> LabelledTexts:
+def read_table(
+  path: str | pathlib.Path,
+  text_column: str,
+  label_column: str,
+  pair_column: str | None = None,
+  *,
+  regression: bool = False,
+  label_names: Sequence[str] | None = None,
+) -> LabelledTexts:
   """Reads a TSV (header row) or JSONL file of labelled sentences or pairs.
 
   Args:
@@ -140,8 +153,7 @@ def read_table(path: str | pathlib.Path, text_column: str, label_column: str,
     try:
       labels = np.asarray([float(v) for v in raw], np.float32)
     except (TypeError, ValueError) as e:
-      raise ValueError(f"{path}: regression needs numeric labels in {label_column!r}: {e}") \
-          from e
+      raise ValueError(f"{path}: regression needs numeric labels in {label_column!r}: {e}") from e
   elif label_names is not None:
     names = tuple(label_names)
     unknown = sorted({str(v) for v in raw} - set(names))
@@ -160,16 +172,22 @@ def read_table(path: str | pathlib.Path, text_column: str, label_column: str,
   return LabelledTexts(texts, pairs, labels, names)
 
 
-def load_table(path: str | pathlib.Path, text_column: str, label_column: str,
-               pair_column: str | None = None, *, regression: bool = False
-               ) -> tuple[list[str], list[str] | None, np.ndarray]:
+def load_table(
+  path: str | pathlib.Path,
+  text_column: str,
+  label_column: str,
+  pair_column: str | None = None,
+  *,
+  regression: bool = False,
+) -> tuple[list[str], list[str] | None, np.ndarray]:
   """`read_table` as `(texts, pairs or None, labels)`; string labels become ids in sorted order."""
   t = read_table(path, text_column, label_column, pair_column, regression=regression)
   return t.texts, t.pairs, t.labels
 
 
-def load_blimp(paths: str | pathlib.Path | Sequence[str | pathlib.Path]
-               ) -> tuple[list[str], None, np.ndarray]:
+def load_blimp(
+  paths: str | pathlib.Path | Sequence[str | pathlib.Path],
+) -> tuple[list[str], None, np.ndarray]:
   """BLiMP minimal pairs as acceptability data: ``sentence_good`` -> 1, ``sentence_bad`` -> 0."""
   if isinstance(paths, (str, pathlib.Path)):
     paths = [paths]
@@ -186,20 +204,36 @@ def load_blimp(paths: str | pathlib.Path | Sequence[str | pathlib.Path]
   return texts, None, np.asarray(labels, np.int32)
 
 
-def encode_classification(tokenizer, texts: Sequence[str], pairs: Sequence[str] | None,
-                          labels, *, max_len: int = 128) -> dict[str, np.ndarray]:
+def encode_classification(
+  tokenizer, texts: Sequence[str], pairs: Sequence[str] | None, labels, *, max_len: int = 128
+) -> dict[str, np.ndarray]:
   """Tokenizes (and truncates to `max_len`) sentences or pairs into padded arrays with labels."""
   if len(texts) != len(labels) or (pairs is not None and len(pairs) != len(texts)):
-    raise ValueError(f"{len(texts)} texts, {None if pairs is None else len(pairs)} pairs and "
-                     f"{len(labels)} labels must have the same length")
-  batch = tokenizer.encode(list(texts), None if pairs is None else list(pairs),
-                           max_length=max_len, truncation=True)
-  return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-          "token_type_ids": batch.token_type_ids, "labels": np.asarray(labels)}
+    raise ValueError(
+      f"{len(texts)} texts, {None if pairs is None else len(pairs)} pairs and "
+      f"{len(labels)} labels must have the same length"
+    )
+  batch = tokenizer.encode(
+    list(texts), None if pairs is None else list(pairs), max_length=max_len, truncation=True
+  )
+  return {
+    "input_ids": batch.input_ids,
+    "attention_mask": batch.attention_mask,
+    "token_type_ids": batch.token_type_ids,
+    "labels": np.asarray(labels),
+  }
 
 
-def load_ud_pos(path: str | pathlib.Path, tokenizer, *, max_len: int = 128, field: str = "upos",
-                eval_fraction: float = 0.1, max_sentences: int | None = None, seed: int = 0):
+def load_ud_pos(
+  path: str | pathlib.Path,
+  tokenizer,
+  *,
+  max_len: int = 128,
+  field: str = "upos",
+  eval_fraction: float = 0.1,
+  max_sentences: int | None = None,
+  seed: int = 0,
+):
   """UD POS tagging: each word's tag on its first subword, -100 on the other tokens.
 
   Sentences longer than `max_len` subwords are dropped.
@@ -222,14 +256,24 @@ def load_ud_pos(path: str | pathlib.Path, tokenizer, *, max_len: int = 128, fiel
     pos = first[row, : len(tags)]
     ok = pos >= 0
     labels[row, pos[ok]] = tags[ok]
-  data = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-          "token_type_ids": batch.token_type_ids, "labels": labels}
+  data = {
+    "input_ids": batch.input_ids,
+    "attention_mask": batch.attention_mask,
+    "token_type_ids": batch.token_type_ids,
+    "labels": labels,
+  }
   train, evaluation = split(data, eval_fraction, seed=seed)
   return train, evaluation, list(vocab.labels)
 
 
-def load_glue(name: str, tokenizer, *, max_len: int = 128, data_dir: str | None = None,
-              max_examples: int | None = None):
+def load_glue(
+  name: str,
+  tokenizer,
+  *,
+  max_len: int = 128,
+  data_dir: str | None = None,
+  max_examples: int | None = None,
+):
   """A GLUE task (``sst2``, ``mrpc``, ``rte``) through `tensorflow_datasets.load`.
 
   Returns:
@@ -253,8 +297,11 @@ def load_glue(name: str, tokenizer, *, max_len: int = 128, data_dir: str | None 
       if pair_key:
         pairs.append(ex[pair_key].decode("utf-8"))
       labels.append(int(ex["label"]))
-    out.append(encode_classification(tokenizer, texts, pairs if pair_key else None,
-                                     np.asarray(labels, np.int32), max_len=max_len))
+    out.append(
+      encode_classification(
+        tokenizer, texts, pairs if pair_key else None, np.asarray(labels, np.int32), max_len=max_len
+      )
+    )
   return out[0], out[1], names
 
 
@@ -272,9 +319,15 @@ def split(data: dict[str, np.ndarray], eval_fraction: float, *, seed: int = 0):
 # Model ------------------------------------------------------------------------
 
 
-def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path | None = None,
-                  config: BertConfig | None = None, seed: int = 0,
-                  label_names: Sequence[str] | None = None):
+def prepare_model(
+  task: str,
+  num_labels: int,
+  *,
+  init_from: str | pathlib.Path | None = None,
+  config: BertConfig | None = None,
+  seed: int = 0,
+  label_names: Sequence[str] | None = None,
+):
   """A model with a fresh task head: from a Hugging Face model (any family) or random.
 
   The head is the family's (`config.family.heads`): BERT's and ALBERT's sequence
@@ -304,16 +357,14 @@ def prepare_model(task: str, num_labels: int, *, init_from: str | pathlib.Path |
   if label_names is not None:
     label_names = tuple(str(name) for name in label_names)
     if len(label_names) != num_labels:
-      raise ValueError(f"label_names={list(label_names)} must name num_labels={num_labels} "
-                       "classes")
+      raise ValueError(f"label_names={list(label_names)} must name num_labels={num_labels} classes")
   head = _HEAD[task]
   base = None
   if init_from is not None:
     config, base = from_hf(init_from)
   reads_pooler = config.family.heads[head].reads == "pooled"
   # Labels of the checkpoint's own head (a different task) do not carry over.
-  config = config.replace(num_labels=num_labels, label_names=label_names,
-                          use_pooler=reads_pooler)
+  config = config.replace(num_labels=num_labels, label_names=label_names, use_pooler=reads_pooler)
   fresh = init(config, seed, heads=(head,))
   if base is None:
     return config, fresh
@@ -351,9 +402,11 @@ class FinetuneConfig:
   eval_batch_size: int = 64
 
 
-def predict(params, config: BertConfig, data: dict[str, np.ndarray], task: str, *,
-            batch_size: int = 64) -> np.ndarray:
+def predict(
+  params, config: BertConfig, data: dict[str, np.ndarray], task: str, *, batch_size: int = 64
+) -> np.ndarray:
   """Logits for every example: (N, C) or (N, T, C); the last batch is padded (one compile)."""
+
   @jax.jit
   def logits_fn(p, ids, mask, types):
     out = forward(p, config, ids, mask, types)
@@ -365,14 +418,16 @@ def predict(params, config: BertConfig, data: dict[str, np.ndarray], task: str, 
   chunks = []
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size) % n
-    part = logits_fn(params, data["input_ids"][idx], data["attention_mask"][idx],
-                     data["token_type_ids"][idx])
+    part = logits_fn(
+      params, data["input_ids"][idx], data["attention_mask"][idx], data["token_type_ids"][idx]
+    )
     chunks.append(np.asarray(part)[: min(batch_size, n - start)])
   return np.concatenate(chunks)
 
 
-def evaluate(params, config: BertConfig, data: dict[str, np.ndarray], task: str, *,
-             batch_size: int = 64) -> dict[str, float]:
+def evaluate(
+  params, config: BertConfig, data: dict[str, np.ndarray], task: str, *, batch_size: int = 64
+) -> dict[str, float]:
   """Task metrics on `data`: classification or regression metrics, token accuracy/F1."""
   logits = predict(params, config, data, task, batch_size=batch_size).astype(np.float32)
   labels = data["labels"]
@@ -385,11 +440,17 @@ def evaluate(params, config: BertConfig, data: dict[str, np.ndarray], task: str,
   return classification_metrics(preds, labels, logits.shape[-1])
 
 
-def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
-             eval_data: dict[str, np.ndarray] | None, *, task: str,
-             hp: FinetuneConfig = FinetuneConfig(),
-             callback: Callable[[str, dict], None] | None = None,
-             objective: Any = None) -> dict[str, Any]:
+def finetune(
+  config: BertConfig,
+  params,
+  train_data: dict[str, np.ndarray],
+  eval_data: dict[str, np.ndarray] | None,
+  *,
+  task: str,
+  hp: FinetuneConfig = FinetuneConfig(),
+  callback: Callable[[str, dict], None] | None = None,
+  objective: Any = None,
+) -> dict[str, Any]:
   """Fine-tunes and evaluates.
 
   Batches are drawn from a seeded permutation per epoch (batch k is a pure
@@ -420,9 +481,14 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
     raise ValueError(f"batch_size={hp.batch_size} exceeds the {n} training examples")
   tx, schedule = hp.optim.make(hp.steps)
   state = create_train_state(params, tx, hp.seed)
-  step_fn = make_train_step(config.replace(dtype=hp.dtype), tx, schedule, task=task,
-                            accumulation_steps=hp.accumulation_steps,
-                            **({} if objective is None else {"objective": objective}))
+  step_fn = make_train_step(
+    config.replace(dtype=hp.dtype),
+    tx,
+    schedule,
+    task=task,
+    accumulation_steps=hp.accumulation_steps,
+    **({} if objective is None else {"objective": objective}),
+  )
   report = callback or (lambda kind, record: None)
   per_epoch = n // hp.batch_size
   history, eval_history = [], []
@@ -433,7 +499,7 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
     if epoch != perm_epoch:
       perm = np.random.default_rng([hp.seed, epoch]).permutation(n)
       perm_epoch = epoch
-    idx = perm[i * hp.batch_size:(i + 1) * hp.batch_size]
+    idx = perm[i * hp.batch_size : (i + 1) * hp.batch_size]
     batch = {key: v[idx] for key, v in train_data.items()}
     t0 = time.perf_counter()
     state, m = step_fn(state, batch)
@@ -441,9 +507,13 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
     now = time.perf_counter()
     if not m["finite"]:
       raise FloatingPointError(f"non-finite fine-tuning loss={float(m['loss'])} at step {k + 1}")
-    record = {"step": k + 1, "loss": float(m["loss"]),
-              "learning_rate": float(m["learning_rate"]),
-              "examples_per_s": hp.batch_size / max(now - t0, 1e-9), "seconds": now - start}
+    record = {
+      "step": k + 1,
+      "loss": float(m["loss"]),
+      "learning_rate": float(m["learning_rate"]),
+      "examples_per_s": hp.batch_size / max(now - t0, 1e-9),
+      "seconds": now - start,
+    }
     history.append(record)
     report("train", record)
     if eval_data is not None and hp.eval_every and (k + 1) % hp.eval_every == 0:
@@ -451,11 +521,21 @@ def finetune(config: BertConfig, params, train_data: dict[str, np.ndarray],
       eval_history.append({"step": k + 1, **metrics})
       report("eval", {"step": k + 1, **{f"eval_{name}": v for name, v in metrics.items()}})
   wall = time.perf_counter() - start
-  metrics = (evaluate(state.params, config, eval_data, task, batch_size=hp.eval_batch_size)
-             if eval_data is not None else {})
+  metrics = (
+    evaluate(state.params, config, eval_data, task, batch_size=hp.eval_batch_size)
+    if eval_data is not None
+    else {}
+  )
   if metrics and (not eval_history or eval_history[-1]["step"] != hp.steps):
     report("eval", {"step": hp.steps, **{f"eval_{name}": v for name, v in metrics.items()}})
-  return {"metrics": metrics, "eval_history": eval_history, "history": history,
-          "final_loss": history[-1]["loss"], "steps": hp.steps, "wall_time_s": wall,
-          "examples_per_s": hp.steps * hp.batch_size / max(wall, 1e-9),
-          "params": jax.tree.map(jnp.asarray, state.params), "config": config}
+  return {
+    "metrics": metrics,
+    "eval_history": eval_history,
+    "history": history,
+    "final_loss": history[-1]["loss"],
+    "steps": hp.steps,
+    "wall_time_s": wall,
+    "examples_per_s": hp.steps * hp.batch_size / max(wall, 1e-9),
+    "params": jax.tree.map(jnp.asarray, state.params),
+    "config": config,
+  }

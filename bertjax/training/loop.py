@@ -80,8 +80,10 @@ class TrainConfig:
     if self.steps < 1:
       raise ValueError(f"steps={self.steps} must be >= 1")
     if self.batch_size < 1 or self.batch_size % self.accumulation_steps:
-      raise ValueError(f"batch_size={self.batch_size} must be a positive multiple of "
-                       f"accumulation_steps={self.accumulation_steps}")
+      raise ValueError(
+        f"batch_size={self.batch_size} must be a positive multiple of "
+        f"accumulation_steps={self.accumulation_steps}"
+      )
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
     if self.checkpoint_every < 0:
@@ -119,12 +121,16 @@ def _stage_configs(config: BertConfig, train: TrainConfig):
     return [stacking.Stage(config.num_hidden_layers, None)], [config]
   stages = stacking.parse_schedule(train.stacking)
   if stages[-1].layers != config.num_hidden_layers:
-    raise ValueError(f"stacking schedule {train.stacking!r} ends with {stages[-1].layers} "
-                     f"layers but the model config has num_hidden_layers="
-                     f"{config.num_hidden_layers}")
+    raise ValueError(
+      f"stacking schedule {train.stacking!r} ends with {stages[-1].layers} "
+      f"layers but the model config has num_hidden_layers="
+      f"{config.num_hidden_layers}"
+    )
   if config.model_type != "bert":
-    raise ValueError(f"progressive stacking needs model_type='bert', got "
-                     f"{config.model_type!r} (ALBERT shares its layers)")
+    raise ValueError(
+      f"progressive stacking needs model_type='bert', got "
+      f"{config.model_type!r} (ALBERT shares its layers)"
+    )
   return stages, [config.replace(num_hidden_layers=s.layers) for s in stages]
 
 
@@ -140,8 +146,15 @@ def _read_jsonl(path: pathlib.Path) -> list[dict]:
   return out
 
 
-def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = False,
-             params: Any = None, objective: Any = None) -> dict[str, Any]:
+def pretrain(
+  config: BertConfig,
+  data,
+  train: TrainConfig,
+  *,
+  resume: bool = False,
+  params: Any = None,
+  objective: Any = None,
+) -> dict[str, Any]:
   """Pretrains with MLM (+ NSP or SOP, from the data's objective) or any objectives.
 
   Args:
@@ -172,8 +185,9 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
     data_ways, fsdp_ways = train.mesh_shape
     mesh = mesh_lib.make_mesh(data=data_ways, fsdp=fsdp_ways)
   out_dir, ckpt = _open_checkpointer(train, resume)
-  restored = (_restore(ckpt, configs, data, train, objective, tx)
-              if resume and ckpt is not None else None)
+  restored = (
+    _restore(ckpt, configs, data, train, objective, tx) if resume and ckpt is not None else None
+  )
   if restored is None:
     stage, state = 0, _fresh_state(configs, train, objective, tx, params)
   else:
@@ -198,17 +212,33 @@ def pretrain(config: BertConfig, data, train: TrainConfig, *, resume: bool = Fal
       step += 1
       logs.add(_step_record(step, stage, configs[stage], metrics, tokens, seconds))
       due = ckpt is not None and (ckpt.should_save(step) or step == train.steps)
-      if due and ckpt.save(step, state, config=configs[stage], data_state=data.state(),
-                           stage=stage, extra=extra, force=True):
+      if due and ckpt.save(
+        step,
+        state,
+        config=configs[stage],
+        data_state=data.state(),
+        stage=stage,
+        extra=extra,
+        force=True,
+      ):
         last_saved = step
   finally:
     logs.close()
     if ckpt is not None:
       ckpt.close()
-  return _summary(logs.history, step=step, start_step=start_step, resumed=restored is not None,
-                  tokens=tokens_total, wall=time.perf_counter() - t_start,
-                  config=configs[stage], stage=stage, out_dir=out_dir, ckpt=ckpt,
-                  last_saved=last_saved)
+  return _summary(
+    logs.history,
+    step=step,
+    start_step=start_step,
+    resumed=restored is not None,
+    tokens=tokens_total,
+    wall=time.perf_counter() - t_start,
+    config=configs[stage],
+    stage=stage,
+    out_dir=out_dir,
+    ckpt=ckpt,
+    last_saved=last_saved,
+  )
 
 
 # The steps of `pretrain` -------------------------------------------------------------------
@@ -222,15 +252,20 @@ def _owns_models(objective) -> bool:
 def _check_run(config: BertConfig, data, train: TrainConfig, objective):
   """The stacking stages and their configs, once data, config and objectives are checked."""
   if _owns_models(objective) and train.stacking:
-    raise ValueError(f"stacking={train.stacking!r} is not supported with objectives that "
-                     f"train their own model pair ({[type(o).__name__ for o in objective]})")
+    raise ValueError(
+      f"stacking={train.stacking!r} is not supported with objectives that "
+      f"train their own model pair ({[type(o).__name__ for o in objective]})"
+    )
   stages, configs = _stage_configs(config, train)
   if data.config.max_seq_len > config.max_position_embeddings:
-    raise ValueError(f"data max_seq_len={data.config.max_seq_len} exceeds "
-                     f"max_position_embeddings={config.max_position_embeddings}")
+    raise ValueError(
+      f"data max_seq_len={data.config.max_seq_len} exceeds "
+      f"max_position_embeddings={config.max_position_embeddings}"
+    )
   if getattr(data, "batch_size", train.batch_size) != train.batch_size:
-    raise ValueError(f"data batch_size={data.batch_size} must equal the train batch_size="
-                     f"{train.batch_size}")
+    raise ValueError(
+      f"data batch_size={data.batch_size} must equal the train batch_size={train.batch_size}"
+    )
   return stages, configs
 
 
@@ -242,9 +277,12 @@ def _open_checkpointer(train: TrainConfig, resume: bool):
     return None, None
   out_dir = pathlib.Path(train.output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  return out_dir, ckpt_lib.Checkpointer(out_dir / "checkpoints", max_to_keep=train.keep,
-                                        save_every=train.checkpoint_every,
-                                        async_save=train.async_checkpoint)
+  return out_dir, ckpt_lib.Checkpointer(
+    out_dir / "checkpoints",
+    max_to_keep=train.keep,
+    save_every=train.checkpoint_every,
+    async_save=train.async_checkpoint,
+  )
 
 
 def _restore(ckpt, configs, data, train: TrainConfig, objective, tx):
@@ -252,8 +290,9 @@ def _restore(ckpt, configs, data, train: TrainConfig, objective, tx):
 
   def template(meta):
     cfg = ckpt_lib.config_from_json(meta["config"])
-    return jax.eval_shape(lambda: create_train_state(init_for_objectives(cfg, 0, objective),
-                                                     tx, train.seed))
+    return jax.eval_shape(
+      lambda: create_train_state(init_for_objectives(cfg, 0, objective), tx, train.seed)
+    )
 
   restored = ckpt.restore_latest(template)
   if restored is None:
@@ -262,8 +301,9 @@ def _restore(ckpt, configs, data, train: TrainConfig, objective, tx):
   stage = meta["stage"]
   saved = ckpt_lib.config_from_json(meta["config"])
   if saved.num_hidden_layers != configs[stage].num_hidden_layers:
-    raise ValueError(f"checkpoint stage {stage} config does not match the stacking schedule "
-                     f"{train.stacking!r}")
+    raise ValueError(
+      f"checkpoint stage {stage} config does not match the stacking schedule {train.stacking!r}"
+    )
   data.set_state(meta["data_state"])
   log.info("resumed from step %d (stage %d) in %s", int(state.step), stage, ckpt.directory)
   return stage, state
@@ -273,15 +313,21 @@ def _fresh_state(configs, train: TrainConfig, objective, tx, params):
   """The state at step 0, from `params` (checked against the first stage) or fresh ones."""
   if params is None:
     params = init_for_objectives(configs[0], train.seed, objective)
-  depth = (jax.tree.leaves(params["encoder"]["layers"])[0].shape[0]
-           if not _owns_models(objective) else configs[0].num_param_layers)
+  depth = (
+    jax.tree.leaves(params["encoder"]["layers"])[0].shape[0]
+    if not _owns_models(objective)
+    else configs[0].num_param_layers
+  )
   if depth != configs[0].num_param_layers:
-    raise ValueError(f"initial params have {depth} stacked layers but the first stage needs "
-                     f"{configs[0].num_param_layers} (stacking={train.stacking!r})")
+    raise ValueError(
+      f"initial params have {depth} stacked layers but the first stage needs "
+      f"{configs[0].num_param_layers} (stacking={train.stacking!r})"
+    )
   missing = [h for h in objectives_lib.heads_of(objective) if h not in params]
   if missing:
-    raise ValueError(f"initial params lack the heads {missing} needed for objectives "
-                     f"{[o.name for o in objective]}")
+    raise ValueError(
+      f"initial params lack the heads {missing} needed for objectives {[o.name for o in objective]}"
+    )
   return create_train_state(params, tx, train.seed)
 
 
@@ -303,11 +349,19 @@ def _step_functions(train: TrainConfig, tx, schedule, objective, mesh):
     if key not in cache:
       shard_kw = {}
       if mesh is not None:
-        shard_kw = {"state_sharding": mesh_lib.state_shardings(st, mesh),
-                    "batch_sharding": mesh_lib.batch_sharding(mesh)}
+        shard_kw = {
+          "state_sharding": mesh_lib.state_shardings(st, mesh),
+          "batch_sharding": mesh_lib.batch_sharding(mesh),
+        }
       cache[key] = make_train_step(
-          cfg.replace(dtype=train.dtype), tx, schedule, task="pretrain", objective=objective,
-          accumulation_steps=train.accumulation_steps, **shard_kw)
+        cfg.replace(dtype=train.dtype),
+        tx,
+        schedule,
+        task="pretrain",
+        objective=objective,
+        accumulation_steps=train.accumulation_steps,
+        **shard_kw,
+      )
     return cache[key]
 
   return step_fn
@@ -321,8 +375,9 @@ def _grow_to(step: int, stage: int, state, stages, configs, train: TrainConfig, 
   """`(stage, state)` after growing through every stacking boundary at or before `step`."""
   boundaries = stacking.stage_boundaries(stages)
   while stage < len(stages) - 1 and step >= boundaries[stage]:
-    new_cfg, p, o = stacking.grow(configs[stage], state.params, state.opt_state,
-                                  stages[stage + 1].layers, train.reset_moments)
+    new_cfg, p, o = stacking.grow(
+      configs[stage], state.params, state.opt_state, stages[stage + 1].layers, train.reset_moments
+    )
     stage += 1
     state = _place(state.replace(params=p, opt_state=o), mesh)
     log.info("step %d: stacked to %d layers", step, new_cfg.num_hidden_layers)
@@ -345,17 +400,21 @@ def _non_finite_error(metrics, step: int, stage: int, ckpt) -> FloatingPointErro
   """The error for a non-finite step, naming the last good checkpoint once saves are done."""
   if ckpt is not None:
     ckpt.wait()
-  where = (f"the last good checkpoint is step {ckpt.latest_step()} in {ckpt.directory}"
-           if ckpt is not None and ckpt.latest_step() is not None else
-           "no checkpoint was written")
+  where = (
+    f"the last good checkpoint is step {ckpt.latest_step()} in {ckpt.directory}"
+    if ckpt is not None and ckpt.latest_step() is not None
+    else "no checkpoint was written"
+  )
   return FloatingPointError(
-      f"non-finite loss={float(metrics['loss'])} / grad_norm="
-      f"{float(metrics['grad_norm'])} at step {step + 1} (stage {stage}); training "
-      f"stopped without applying it; {where}")
+    f"non-finite loss={float(metrics['loss'])} / grad_norm="
+    f"{float(metrics['grad_norm'])} at step {step + 1} (stage {stage}); training "
+    f"stopped without applying it; {where}"
+  )
 
 
-def _step_record(step: int, stage: int, config: BertConfig, metrics, tokens: int,
-                 seconds: float) -> dict[str, Any]:
+def _step_record(
+  step: int, stage: int, config: BertConfig, metrics, tokens: int, seconds: float
+) -> dict[str, Any]:
   """The log record of a finished step."""
   record = {"step": step, "stage": stage, "layers": config.num_hidden_layers}
   record.update({k: float(v) for k, v in metrics.items() if k != "finite"})
@@ -370,8 +429,7 @@ class _RunLog:
   A resumed run keeps the records of metrics.jsonl up to its step; a new one starts it anew.
   """
 
-  def __init__(self, out_dir: pathlib.Path | None, train: TrainConfig, step: int, *,
-               resumed: bool):
+  def __init__(self, out_dir: pathlib.Path | None, train: TrainConfig, step: int, *, resumed: bool):
     primary = jax.process_index() == 0
     self.history: list[dict] = []
     self._jsonl = self._events = self._bar = None
@@ -383,6 +441,7 @@ class _RunLog:
       self._events = EventWriter(out_dir / "tensorboard")
     if train.progress and primary:
       from tqdm.auto import tqdm
+
       self._bar = tqdm(total=train.steps, initial=step, desc="pretrain", dynamic_ncols=True)
 
   def add(self, record: dict[str, Any]) -> None:
@@ -394,9 +453,12 @@ class _RunLog:
       self._events.scalars(record["step"], {k: v for k, v in record.items() if k != "step"})
     if self._bar is not None:
       self._bar.update(1)
-      self._bar.set_postfix(loss=f"{record['loss']:.4f}",
-                            mlm=f"{record.get('mlm_loss', math.nan):.4f}",
-                            tok_s=f"{record['tokens_per_s']:.0f}", L=record["layers"])
+      self._bar.set_postfix(
+        loss=f"{record['loss']:.4f}",
+        mlm=f"{record.get('mlm_loss', math.nan):.4f}",
+        tok_s=f"{record['tokens_per_s']:.0f}",
+        L=record["layers"],
+      )
 
   def close(self) -> None:
     for f in (self._bar, self._jsonl, self._events):
@@ -404,26 +466,37 @@ class _RunLog:
         f.close()
 
 
-def _summary(history: list[dict], *, step: int, start_step: int, resumed: bool, tokens: int,
-             wall: float, config: BertConfig, stage: int, out_dir, ckpt,
-             last_saved) -> dict[str, Any]:
+def _summary(
+  history: list[dict],
+  *,
+  step: int,
+  start_step: int,
+  resumed: bool,
+  tokens: int,
+  wall: float,
+  config: BertConfig,
+  stage: int,
+  out_dir,
+  ckpt,
+  last_saved,
+) -> dict[str, Any]:
   """What `pretrain` returns."""
   losses = [r["loss"] for r in history]
   return {
-      "steps": step,
-      "steps_this_run": step - start_step,
-      "resumed_from": start_step if resumed else None,
-      "first_loss": losses[0] if losses else math.nan,
-      "final_loss": losses[-1] if losses else math.nan,
-      "first_mlm_loss": history[0].get("mlm_loss", math.nan) if history else math.nan,
-      "final_mlm_loss": history[-1].get("mlm_loss", math.nan) if history else math.nan,
-      "tokens_this_run": tokens,
-      "wall_time_s": wall,
-      "tokens_per_s": tokens / max(wall, 1e-9),
-      "num_hidden_layers": config.num_hidden_layers,
-      "stage": stage,
-      "output_dir": None if out_dir is None else str(out_dir),
-      "checkpoint_dir": None if ckpt is None else str(ckpt.directory),
-      "last_checkpoint": last_saved,
-      "history": history,
+    "steps": step,
+    "steps_this_run": step - start_step,
+    "resumed_from": start_step if resumed else None,
+    "first_loss": losses[0] if losses else math.nan,
+    "final_loss": losses[-1] if losses else math.nan,
+    "first_mlm_loss": history[0].get("mlm_loss", math.nan) if history else math.nan,
+    "final_mlm_loss": history[-1].get("mlm_loss", math.nan) if history else math.nan,
+    "tokens_this_run": tokens,
+    "wall_time_s": wall,
+    "tokens_per_s": tokens / max(wall, 1e-9),
+    "num_hidden_layers": config.num_hidden_layers,
+    "stage": stage,
+    "output_dir": None if out_dir is None else str(out_dir),
+    "checkpoint_dir": None if ckpt is None else str(ckpt.directory),
+    "last_checkpoint": last_saved,
+    "history": history,
   }

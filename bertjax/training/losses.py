@@ -32,8 +32,14 @@ def gather_positions(hidden: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.take_along_axis(hidden, positions[..., None].astype(jnp.int32), axis=1)
 
 
-def mlm_loss_terms(params: Params, config: BertConfig, hidden: jax.Array, positions: jax.Array,
-                   ids: jax.Array, weights: jax.Array) -> dict[str, jax.Array]:
+def mlm_loss_terms(
+  params: Params,
+  config: BertConfig,
+  hidden: jax.Array,
+  positions: jax.Array,
+  ids: jax.Array,
+  weights: jax.Array,
+) -> dict[str, jax.Array]:
   """Weighted sums of the masked-LM cross-entropy and of correct predictions.
 
   Only the gathered positions go through the vocabulary projection.
@@ -54,12 +60,21 @@ def mlm_loss_terms(params: Params, config: BertConfig, hidden: jax.Array, positi
   weights = weights.astype(jnp.float32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, ids.astype(jnp.int32))
   correct = (jnp.argmax(logits, -1) == ids).astype(jnp.float32)
-  return {"loss_sum": jnp.sum(ce * weights), "correct_sum": jnp.sum(correct * weights),
-          "count": jnp.sum(weights)}
+  return {
+    "loss_sum": jnp.sum(ce * weights),
+    "correct_sum": jnp.sum(correct * weights),
+    "count": jnp.sum(weights),
+  }
 
 
-def mlm_loss(params: Params, config: BertConfig, hidden: jax.Array, positions: jax.Array,
-             ids: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+def mlm_loss(
+  params: Params,
+  config: BertConfig,
+  hidden: jax.Array,
+  positions: jax.Array,
+  ids: jax.Array,
+  weights: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
   """Masked-LM loss: weighted mean cross-entropy at the masked positions.
 
   Returns:
@@ -76,8 +91,11 @@ def _ce_terms(logits: jax.Array, labels: jax.Array, valid: jax.Array) -> dict[st
   safe = jnp.where(valid > 0, labels, 0).astype(jnp.int32)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, safe)
   correct = (jnp.argmax(logits, -1) == safe).astype(jnp.float32)
-  return {"loss_sum": jnp.sum(ce * valid), "correct_sum": jnp.sum(correct * valid),
-          "count": jnp.sum(valid)}
+  return {
+    "loss_sum": jnp.sum(ce * valid),
+    "correct_sum": jnp.sum(correct * valid),
+    "count": jnp.sum(valid),
+  }
 
 
 def sentence_loss_terms(logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
@@ -103,8 +121,11 @@ def classification_loss_terms(logits: jax.Array, labels: jax.Array) -> dict[str,
   """
   if logits.shape[-1] == 1:
     err = logits[..., 0].astype(jnp.float32) - labels.astype(jnp.float32)
-    return {"loss_sum": jnp.sum(err**2), "correct_sum": jnp.zeros((), jnp.float32),
-            "count": jnp.asarray(labels.shape[0], jnp.float32)}
+    return {
+      "loss_sum": jnp.sum(err**2),
+      "correct_sum": jnp.zeros((), jnp.float32),
+      "count": jnp.asarray(labels.shape[0], jnp.float32),
+    }
   return _ce_terms(logits, labels, jnp.ones(labels.shape, jnp.float32))
 
 
@@ -118,8 +139,9 @@ def classification_loss(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array
   return t["loss_sum"] / t["count"], t["correct_sum"] / t["count"]
 
 
-def token_classification_loss_terms(logits: jax.Array, labels: jax.Array,
-                                    ignore_index: int = IGNORE_INDEX) -> dict[str, jax.Array]:
+def token_classification_loss_terms(
+  logits: jax.Array, labels: jax.Array, ignore_index: int = IGNORE_INDEX
+) -> dict[str, jax.Array]:
   """Summed token-classification cross-entropy over labels != `ignore_index`.
 
   Args:
@@ -130,8 +152,9 @@ def token_classification_loss_terms(logits: jax.Array, labels: jax.Array,
   return _ce_terms(logits, labels, labels != ignore_index)
 
 
-def token_classification_loss(logits: jax.Array, labels: jax.Array,
-                              ignore_index: int = IGNORE_INDEX) -> tuple[jax.Array, jax.Array]:
+def token_classification_loss(
+  logits: jax.Array, labels: jax.Array, ignore_index: int = IGNORE_INDEX
+) -> tuple[jax.Array, jax.Array]:
   """Mean token-classification loss over labelled tokens; returns `(loss, accuracy)`."""
   t = token_classification_loss_terms(logits, labels, ignore_index)
   count = jnp.maximum(t["count"], 1e-8)

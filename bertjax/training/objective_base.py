@@ -26,8 +26,7 @@ class Context:
   and `key(i)` derives independent keys for anything else an objective samples.
   """
 
-  def __init__(self, params, config: BertConfig, batch: dict, rng: jax.Array,
-               deterministic: bool):
+  def __init__(self, params, config: BertConfig, batch: dict, rng: jax.Array, deterministic: bool):
     self.params, self.config, self.batch = params, config, batch
     self.deterministic = deterministic
     self.rng = rng
@@ -39,9 +38,15 @@ class Context:
     """`forward` of the main model on the batch (computed once)."""
     if self._out is None:
       b = self.batch
-      self._out = forward(self.params, self.config, b["input_ids"], b["attention_mask"],
-                          b["token_type_ids"], deterministic=self.deterministic,
-                          rng=self.forward_rng)
+      self._out = forward(
+        self.params,
+        self.config,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        deterministic=self.deterministic,
+        rng=self.forward_rng,
+      )
     return self._out
 
   def key(self, i: int) -> jax.Array:
@@ -87,5 +92,7 @@ class Objective:
     """Raises naming the missing fields, before any compute."""
     missing = [f for f in self.fields if f not in batch]
     if missing:
-      raise ValueError(f"objective {self.name!r} needs batch fields {list(self.fields)}; "
-                       f"missing {missing} (batch has {sorted(batch)})")
+      raise ValueError(
+        f"objective {self.name!r} needs batch fields {list(self.fields)}; "
+        f"missing {missing} (batch has {sorted(batch)})"
+      )

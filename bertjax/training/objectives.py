@@ -56,8 +56,16 @@ class MaskedLM(Objective):
 
   def terms(self, ctx):
     b = ctx.batch
-    return {self.name: losses.mlm_loss_terms(ctx.params, ctx.config, ctx.out.last_hidden_state,
-                                             b["mlm_positions"], b["mlm_ids"], b["mlm_weights"])}
+    return {
+      self.name: losses.mlm_loss_terms(
+        ctx.params,
+        ctx.config,
+        ctx.out.last_hidden_state,
+        b["mlm_positions"],
+        b["mlm_ids"],
+        b["mlm_weights"],
+      )
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +91,9 @@ class SentencePair(Objective):
     if self.name == "nsp":
       logits = nsp_logits(ctx.params, ctx.config, pooled)
     else:
-      logits = sop_logits(ctx.params, ctx.config, pooled, deterministic=ctx.deterministic,
-                          rng=ctx.head_rng)
+      logits = sop_logits(
+        ctx.params, ctx.config, pooled, deterministic=ctx.deterministic, rng=ctx.head_rng
+      )
     return {self.name: losses.sentence_loss_terms(logits, ctx.batch[self.fields[0]])}
 
 
@@ -103,8 +112,14 @@ class Classification(Objective):
     return ("labels",)
 
   def terms(self, ctx):
-    logits = head_logits(ctx.params, ctx.config, ctx.out, "classifier",
-                         deterministic=ctx.deterministic, rng=ctx.head_rng)
+    logits = head_logits(
+      ctx.params,
+      ctx.config,
+      ctx.out,
+      "classifier",
+      deterministic=ctx.deterministic,
+      rng=ctx.head_rng,
+    )
     return {self.name: losses.classification_loss_terms(logits, ctx.batch["labels"])}
 
 
@@ -126,18 +141,23 @@ class TokenClassification(Objective):
     return {self.name: jnp.sum((batch["labels"] != losses.IGNORE_INDEX).astype(jnp.float32))}
 
   def terms(self, ctx):
-    logits = token_classify(ctx.params, ctx.config, ctx.out.last_hidden_state,
-                            deterministic=ctx.deterministic, rng=ctx.head_rng)
+    logits = token_classify(
+      ctx.params,
+      ctx.config,
+      ctx.out.last_hidden_state,
+      deterministic=ctx.deterministic,
+      rng=ctx.head_rng,
+    )
     return {self.name: losses.token_classification_loss_terms(logits, ctx.batch["labels"])}
 
 
 def _registry() -> dict[str, Any]:
   return {
-      "mlm": MaskedLM,
-      "nsp": lambda: SentencePair("nsp"),
-      "sop": lambda: SentencePair("sop"),
-      "sbo": span_objectives.SpanBoundary,
-      "word_order": span_objectives.WordOrder,
+    "mlm": MaskedLM,
+    "nsp": lambda: SentencePair("nsp"),
+    "sop": lambda: SentencePair("sop"),
+    "sbo": span_objectives.SpanBoundary,
+    "word_order": span_objectives.WordOrder,
   }
 
 
@@ -161,7 +181,8 @@ def resolve(objective, *, task: str = "pretrain") -> tuple[Objective, ...]:
     A tuple of objectives with distinct term names.
   """
   components = isinstance(objective, Objective) or (
-      isinstance(objective, (tuple, list)) and len(objective) > 0)
+    isinstance(objective, (tuple, list)) and len(objective) > 0
+  )
   if task == "classification" and not components:
     return (Classification(),)
   if task == "token_classification" and not components:
@@ -183,18 +204,21 @@ def resolve(objective, *, task: str = "pretrain") -> tuple[Objective, ...]:
       parts = [p.strip() for p in objective.split("+") if p.strip()]
       unknown = [p for p in parts if p not in registry]
       if not parts or unknown:
-        raise ValueError(f"objective={objective!r}: unknown names {unknown}; expected 'nsp', "
-                         f"'sop', 'none' or '+'-joined names of {tuple(registry)}")
+        raise ValueError(
+          f"objective={objective!r}: unknown names {unknown}; expected 'nsp', "
+          f"'sop', 'none' or '+'-joined names of {tuple(registry)}"
+        )
       objs = tuple(registry[p]() for p in parts)
   else:
-    raise TypeError(f"objective={objective!r} must be a string, an Objective or a sequence "
-                     f"of them")
+    raise TypeError(f"objective={objective!r} must be a string, an Objective or a sequence of them")
   seen: dict[str, str] = {}
   for o in objs:
     for term in o.weights:
       if term in seen:
-        raise ValueError(f"term {term!r} comes from two objectives ({seen[term]} and "
-                         f"{type(o).__name__}); give one a different name")
+        raise ValueError(
+          f"term {term!r} comes from two objectives ({seen[term]} and "
+          f"{type(o).__name__}); give one a different name"
+        )
       seen[term] = type(o).__name__
   return objs
 

@@ -22,8 +22,13 @@ DECAYS = ("linear", "cosine", "constant")
 _NO_DECAY_NAMES = ("bias", "LayerNorm", "layer_norm", "layernorm", "ln")
 
 
-def learning_rate_schedule(peak: float, total_steps: int, warmup_steps: int = 0,
-                           decay: str = "linear", end_ratio: float = 0.0) -> optax.Schedule:
+def learning_rate_schedule(
+  peak: float,
+  total_steps: int,
+  warmup_steps: int = 0,
+  decay: str = "linear",
+  end_ratio: float = 0.0,
+) -> optax.Schedule:
   """Linear warm-up from 0 to `peak`, then linear or cosine decay to `end_ratio * peak`.
 
   Args:
@@ -68,14 +73,23 @@ def decay_mask(params: Any) -> Any:
   Biases and LayerNorm parameters (scale and bias) get False; everything else
   (kernels, embeddings) True.
   """
+
   def keep(path, _):
     return not any(n in _NO_DECAY_NAMES for n in _path_names(path))
+
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
-def make_optimizer(name: str = "adamw", learning_rate: float | optax.Schedule = 1e-4, *,
-                   weight_decay: float = 0.01, clip_norm: float | None = 1.0, b1: float = 0.9,
-                   b2: float = 0.999, eps: float = 1e-6) -> optax.GradientTransformation:
+def make_optimizer(
+  name: str = "adamw",
+  learning_rate: float | optax.Schedule = 1e-4,
+  *,
+  weight_decay: float = 0.01,
+  clip_norm: float | None = 1.0,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-6,
+) -> optax.GradientTransformation:
   """AdamW or LAMB with global-norm clipping and no decay on biases / LayerNorm.
 
   Args:
@@ -95,11 +109,13 @@ def make_optimizer(name: str = "adamw", learning_rate: float | optax.Schedule = 
   if clip_norm is not None and clip_norm < 0:
     raise ValueError(f"{clip_norm=} must be >= 0 or None")
   if name == "adamw":
-    opt = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                      mask=decay_mask)
+    opt = optax.adamw(
+      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+    )
   else:
-    opt = optax.lamb(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                     mask=decay_mask)
+    opt = optax.lamb(
+      learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=decay_mask
+    )
   if clip_norm:
     return optax.chain(optax.clip_by_global_norm(clip_norm), opt)
   return opt
@@ -134,8 +150,16 @@ class OptimConfig:
 
   def make(self, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """`(tx, schedule)` for a run of `steps` optimizer steps."""
-    schedule = learning_rate_schedule(self.learning_rate, steps, self.warmup_steps, self.decay,
-                                      self.end_lr_ratio)
-    tx = make_optimizer(self.optimizer, schedule, weight_decay=self.weight_decay,
-                        clip_norm=self.clip_norm, b1=self.b1, b2=self.b2, eps=self.eps)
+    schedule = learning_rate_schedule(
+      self.learning_rate, steps, self.warmup_steps, self.decay, self.end_lr_ratio
+    )
+    tx = make_optimizer(
+      self.optimizer,
+      schedule,
+      weight_decay=self.weight_decay,
+      clip_norm=self.clip_norm,
+      b1=self.b1,
+      b2=self.b2,
+      eps=self.eps,
+    )
     return tx, schedule

@@ -32,8 +32,10 @@ class PretrainingData:
     """A fresh `PretrainingIterator` at step 0 (same order and masks for every call)."""
     from bertjax.data import pretraining as P
 
-    return P.PretrainingIterator(self.corpus, self.config, batch_size=batch_size, seed=seed,
-                                 examples=self.examples)
+    return P.PretrainingIterator(
+      self.corpus, self.config, batch_size=batch_size, seed=seed, examples=self.examples
+    )
+
 
 def sorted_vocabulary(tokenizer):
   """The same WordPiece vocabulary with ids in a fixed order: special tokens, then sorted.
@@ -53,8 +55,17 @@ def sorted_vocabulary(tokenizer):
     path.write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
     return C.load_tokenizer(path)
 
-def load_wikitext(data_dir: pathlib.Path, *, vocab: int, seq_len: int, eval_batches: int,
-                  batch: int, seed: int, max_lines: int | None = None) -> PretrainingData:
+
+def load_wikitext(
+  data_dir: pathlib.Path,
+  *,
+  vocab: int,
+  seq_len: int,
+  eval_batches: int,
+  batch: int,
+  seed: int,
+  max_lines: int | None = None,
+) -> PretrainingData:
   """WikiText-2 `valid.txt` for training (vocab trained on it), `test.txt` held out.
 
   Args:
@@ -81,8 +92,9 @@ def load_wikitext(data_dir: pathlib.Path, *, vocab: int, seq_len: int, eval_batc
   docs = C.read_documents(train_path, format="wikitext", max_lines=max_lines)
   tokenizer = sorted_vocabulary(C.train_wordpiece((s for d in docs for s in d), vocab))
   corpus = C.tokenize_documents(docs, tokenizer)
-  held = C.tokenize_documents(C.read_documents(test_path, format="wikitext",
-                                               max_lines=max_lines), tokenizer)
+  held = C.tokenize_documents(
+    C.read_documents(test_path, format="wikitext", max_lines=max_lines), tokenizer
+  )
   config = P.PretrainingConfig(max_seq_len=seq_len, objective="none")
   examples = P.build_examples(corpus, config, seed)
   held_it = P.PretrainingIterator(held, config, batch_size=batch, seed=seed + 1)
@@ -95,14 +107,21 @@ def load_wikitext(data_dir: pathlib.Path, *, vocab: int, seq_len: int, eval_batc
   counts = np.bincount(corpus.ids, minlength=corpus.vocab_size).astype(np.float64) + 1.0
   masked = np.concatenate([b["mlm_ids"][b["mlm_weights"] > 0] for b in evals])
   unigram = float(-np.mean(np.log(counts / counts.sum())[masked]))
-  stats = {"train_file": str(train_path), "heldout_file": str(test_path),
-           "train_tokens": corpus.num_tokens, "train_documents": corpus.num_documents,
-           "train_segments": len(examples), "heldout_tokens": held.num_tokens,
-           "heldout_batches": n_eval,
-           "heldout_masked_tokens": int(sum(b["mlm_weights"].sum() for b in evals)),
-           "vocab_size": corpus.vocab_size, "unk_rate": corpus.unk_rate(),
-           "unigram_heldout_mlm_loss": unigram}
+  stats = {
+    "train_file": str(train_path),
+    "heldout_file": str(test_path),
+    "train_tokens": corpus.num_tokens,
+    "train_documents": corpus.num_documents,
+    "train_segments": len(examples),
+    "heldout_tokens": held.num_tokens,
+    "heldout_batches": n_eval,
+    "heldout_masked_tokens": int(sum(b["mlm_weights"].sum() for b in evals)),
+    "vocab_size": corpus.vocab_size,
+    "unk_rate": corpus.unk_rate(),
+    "unigram_heldout_mlm_loss": unigram,
+  }
   return PretrainingData(corpus, examples, config, evals, stats)
+
 
 class TimedIterator:
   """Wraps a pretraining iterator; records when each batch is asked for and handed over."""
@@ -133,6 +152,7 @@ class TimedIterator:
     self.exit.append(time.perf_counter())
     return batch
 
+
 def step_costs(cost: Sequence[float], layers: Sequence[int]) -> dict[str, Any]:
   """Splits per-step times into compile (first step of each stage, above the stage median).
 
@@ -149,11 +169,16 @@ def step_costs(cost: Sequence[float], layers: Sequence[int]) -> dict[str, Any]:
   ends = starts[1:] + [cost.shape[0]]
   compile_s = []
   for a, b in zip(starts, ends):
-    typical = float(np.median(cost[a + 1:b])) if b - a > 1 else float(cost[a])
+    typical = float(np.median(cost[a + 1 : b])) if b - a > 1 else float(cost[a])
     compile_s.append(max(float(cost[a]) - typical, 0.0))
     cost[a] = min(cost[a], typical)
-  return {"cost_s": cost, "compile_s": compile_s, "stage_starts": starts,
-          "stage_layers": [int(layers[a]) for a in starts]}
+  return {
+    "cost_s": cost,
+    "compile_s": compile_s,
+    "stage_starts": starts,
+    "stage_layers": [int(layers[a]) for a in starts],
+  }
+
 
 @functools.cache
 def _eval_step(config):
@@ -196,8 +221,15 @@ def final_params(out_dir: pathlib.Path, train, heads: tuple[str, ...]) -> Any:
     raise FileNotFoundError(f"the loop wrote no checkpoint in {out_dir}")
   return restored[0].params
 
-def train_run(label: str, config, data: PretrainingData, train, eval_batches: Sequence[dict],
-              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+
+def train_run(
+  label: str,
+  config,
+  data: PretrainingData,
+  train,
+  eval_batches: Sequence[dict],
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
   """One `loop.pretrain` run with per-step timing and the final model's held-out loss.
 
   Args:
@@ -218,8 +250,9 @@ def train_run(label: str, config, data: PretrainingData, train, eval_batches: Se
   it = TimedIterator(data.iterator(train.batch_size, train.seed))
   load_before = os.getloadavg()
   with tempfile.TemporaryDirectory(prefix="bertjax-run-") as tmp:
-    run = dataclasses.replace(train, output_dir=tmp, checkpoint_every=0, keep=1,
-                              async_checkpoint=False, progress=False)
+    run = dataclasses.replace(
+      train, output_dir=tmp, checkpoint_every=0, keep=1, async_checkpoint=False, progress=False
+    )
     t0 = time.perf_counter()
     summary = loop.pretrain(config, it, run)
     wall = time.perf_counter() - t0
@@ -235,17 +268,31 @@ def train_run(label: str, config, data: PretrainingData, train, eval_batches: Se
   split = step_costs(raw, layers)
   heldout = heldout_mlm_loss(params, config, eval_batches)
   data_s = float(np.sum(np.asarray(it.exit) - np.asarray(it.enter)))
-  res = {"label": label, "stacking": train.stacking,
-         "mlm_loss": [r["mlm_loss"] for r in hist], "layers": layers,
-         "learning_rate": [r["learning_rate"] for r in hist],
-         "cost_s": split["cost_s"], "raw_cost_s": raw, "loop_step_s": loop_dt,
-         "compile_s": split["compile_s"], "stage_starts": split["stage_starts"],
-         "stage_layers": split["stage_layers"], "total_s": float(split["cost_s"].sum()),
-         "total_with_compile_s": float(raw.sum()), "data_loading_s": data_s,
-         "pretrain_wall_s": wall, "loadavg_before": load_before, "loadavg_after": load_after,
-         "heldout": heldout, "final_train_mlm_loss": hist[-1]["mlm_loss"]}
+  res = {
+    "label": label,
+    "stacking": train.stacking,
+    "mlm_loss": [r["mlm_loss"] for r in hist],
+    "layers": layers,
+    "learning_rate": [r["learning_rate"] for r in hist],
+    "cost_s": split["cost_s"],
+    "raw_cost_s": raw,
+    "loop_step_s": loop_dt,
+    "compile_s": split["compile_s"],
+    "stage_starts": split["stage_starts"],
+    "stage_layers": split["stage_layers"],
+    "total_s": float(split["cost_s"].sum()),
+    "total_with_compile_s": float(raw.sum()),
+    "data_loading_s": data_s,
+    "pretrain_wall_s": wall,
+    "loadavg_before": load_before,
+    "loadavg_after": load_after,
+    "heldout": heldout,
+    "final_train_mlm_loss": hist[-1]["mlm_loss"],
+  }
   if log is not None:
-    log(f"{label}: {len(hist)} steps, {res['total_s']:.1f}s compute + "
-        f"{sum(res['compile_s']):.1f}s compile, held-out MLM {heldout['mlm_loss']:.4f}, "
-        f"load {load_before[0]:.1f}->{load_after[0]:.1f}")
+    log(
+      f"{label}: {len(hist)} steps, {res['total_s']:.1f}s compute + "
+      f"{sum(res['compile_s']):.1f}s compile, held-out MLM {heldout['mlm_loss']:.4f}, "
+      f"load {load_before[0]:.1f}->{load_after[0]:.1f}"
+    )
   return res

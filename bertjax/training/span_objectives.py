@@ -40,12 +40,12 @@ def init_sbo_params(config: BertConfig, rng: jax.Array, max_positions: int = 32)
   std = config.initializer_range
   normal = lambda key, shape: std * jax.random.normal(key, shape, jnp.float32)
   return {
-      "position_embeddings": normal(k[0], (max_positions, h)),
-      "dense1": {"kernel": normal(k[1], (3 * h, h)), "bias": jnp.zeros(h)},
-      "ln1": {"scale": jnp.ones(h), "bias": jnp.zeros(h)},
-      "dense2": {"kernel": normal(k[2], (h, e)), "bias": jnp.zeros(e)},
-      "ln2": {"scale": jnp.ones(e), "bias": jnp.zeros(e)},
-      "bias": jnp.zeros(config.vocab_size),
+    "position_embeddings": normal(k[0], (max_positions, h)),
+    "dense1": {"kernel": normal(k[1], (3 * h, h)), "bias": jnp.zeros(h)},
+    "ln1": {"scale": jnp.ones(h), "bias": jnp.zeros(h)},
+    "dense2": {"kernel": normal(k[2], (h, e)), "bias": jnp.zeros(e)},
+    "ln2": {"scale": jnp.ones(e), "bias": jnp.zeros(e)},
+    "bias": jnp.zeros(config.vocab_size),
   }
 
 
@@ -55,8 +55,15 @@ def _layer_norm(x, p, eps):
   return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def sbo_logits(sbo: dict, word_embeddings: jax.Array, config: BertConfig, hidden: jax.Array,
-               positions: jax.Array, left: jax.Array, right: jax.Array) -> jax.Array:
+def sbo_logits(
+  sbo: dict,
+  word_embeddings: jax.Array,
+  config: BertConfig,
+  hidden: jax.Array,
+  positions: jax.Array,
+  left: jax.Array,
+  right: jax.Array,
+) -> jax.Array:
   """Span-boundary logits for the masked positions.
 
   Args:
@@ -73,8 +80,9 @@ def sbo_logits(sbo: dict, word_embeddings: jax.Array, config: BertConfig, hidden
   hidden = hidden.astype(jnp.float32)
   table = sbo["position_embeddings"]
   rel = jnp.clip(positions - left - 1, 0, table.shape[0] - 1)  # (B, P)
-  x = jnp.concatenate([losses.gather_positions(hidden, left),
-                       losses.gather_positions(hidden, right), table[rel]], -1)  # (B, P, 3H)
+  x = jnp.concatenate(
+    [losses.gather_positions(hidden, left), losses.gather_positions(hidden, right), table[rel]], -1
+  )  # (B, P, 3H)
   gelu = lambda v: jax.nn.gelu(v, approximate=False)
   eps = config.layer_norm_eps
   h = _layer_norm(gelu(x @ sbo["dense1"]["kernel"] + sbo["dense1"]["bias"]), sbo["ln1"], eps)
@@ -113,11 +121,20 @@ class SpanBoundary(Objective):
   def terms(self, ctx: Context):
     b = ctx.batch
     if "sbo" not in ctx.params:
-      raise ValueError("the span boundary objective needs params['sbo'] "
-                       "(objectives.init_objective_params or span_objectives.init_sbo_params)")
+      raise ValueError(
+        "the span boundary objective needs params['sbo'] "
+        "(objectives.init_objective_params or span_objectives.init_sbo_params)"
+      )
     word = ctx.params["embeddings"]["word_embeddings"]["embedding"]
-    logits = sbo_logits(ctx.params["sbo"], word, ctx.config, ctx.out.last_hidden_state,
-                        b["mlm_positions"], b["span_left"], b["span_right"])
+    logits = sbo_logits(
+      ctx.params["sbo"],
+      word,
+      ctx.config,
+      ctx.out.last_hidden_state,
+      b["mlm_positions"],
+      b["span_left"],
+      b["span_right"],
+    )
     return {self.name: _ce(logits, b["mlm_ids"], b["mlm_weights"])}
 
 
@@ -140,7 +157,12 @@ class WordOrder(Objective):
 
   def terms(self, ctx: Context):
     b = ctx.batch
-    t = losses.mlm_loss_terms(ctx.params, ctx.config, ctx.out.last_hidden_state,
-                              b["word_order_positions"], b["word_order_ids"],
-                              b["word_order_weights"])
+    t = losses.mlm_loss_terms(
+      ctx.params,
+      ctx.config,
+      ctx.out.last_hidden_state,
+      b["word_order_positions"],
+      b["word_order_ids"],
+      b["word_order_weights"],
+    )
     return {self.name: t}

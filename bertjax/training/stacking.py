@@ -48,27 +48,36 @@ def parse_schedule(schedule: str) -> list[Stage]:
     last = i == len(parts) - 1
     fields = part.split(":")
     if len(fields) > 2 or not part:
-      raise ValueError(f"stacking schedule {schedule!r}: stage {i} {part!r} must be "
-                       "'layers:steps' (or 'layers' for the last stage)")
+      raise ValueError(
+        f"stacking schedule {schedule!r}: stage {i} {part!r} must be "
+        "'layers:steps' (or 'layers' for the last stage)"
+      )
     try:
       layers = int(fields[0])
       steps = int(fields[1]) if len(fields) == 2 else None
     except ValueError:
-      raise ValueError(f"stacking schedule {schedule!r}: stage {i} {part!r} must hold "
-                       "integers, 'layers:steps'") from None
+      raise ValueError(
+        f"stacking schedule {schedule!r}: stage {i} {part!r} must hold integers, 'layers:steps'"
+      ) from None
     if layers < 1:
       raise ValueError(f"stacking schedule {schedule!r}: stage {i} has {layers=}; must be >= 1")
     if steps is None and not last:
-      raise ValueError(f"stacking schedule {schedule!r}: stage {i} {part!r} needs a step count "
-                       "('layers:steps'); only the last stage runs to the end")
+      raise ValueError(
+        f"stacking schedule {schedule!r}: stage {i} {part!r} needs a step count "
+        "('layers:steps'); only the last stage runs to the end"
+      )
     if steps is not None and last:
-      raise ValueError(f"stacking schedule {schedule!r}: the last stage {part!r} runs to the end "
-                       f"and takes no step count; write '{layers}'")
+      raise ValueError(
+        f"stacking schedule {schedule!r}: the last stage {part!r} runs to the end "
+        f"and takes no step count; write '{layers}'"
+      )
     if steps is not None and steps < 1:
       raise ValueError(f"stacking schedule {schedule!r}: stage {i} has {steps=}; must be >= 1")
     if stages and layers <= stages[-1].layers:
-      raise ValueError(f"stacking schedule {schedule!r}: layers must increase, but stage {i} has "
-                       f"{layers} after {stages[-1].layers}")
+      raise ValueError(
+        f"stacking schedule {schedule!r}: layers must increase, but stage {i} has "
+        f"{layers} after {stages[-1].layers}"
+      )
     stages.append(Stage(layers, steps))
   return stages
 
@@ -98,8 +107,9 @@ def _under_layers(path) -> bool:
   return any(a == "encoder" and b == "layers" for a, b in itertools.pairwise(names))
 
 
-def grow(config: BertConfig, params: Any, opt_state: Any, new_layers: int,
-         reset_moments: bool = False) -> tuple[BertConfig, Any, Any]:
+def grow(
+  config: BertConfig, params: Any, opt_state: Any, new_layers: int, reset_moments: bool = False
+) -> tuple[BertConfig, Any, Any]:
   """Deepens a BERT model by stacking its layers on themselves.
 
   It returns a whole model, so it takes the `(config, params)` pair first, as
@@ -119,13 +129,16 @@ def grow(config: BertConfig, params: Any, opt_state: Any, new_layers: int,
     `(new_config, new_params, new_opt_state)`.
   """
   if not isinstance(config, BertConfig):
-    raise TypeError(f"grow takes (config, params, opt_state, new_layers); its first argument "
-                    f"is a {type(config).__name__}, not a BertConfig")
+    raise TypeError(
+      f"grow takes (config, params, opt_state, new_layers); its first argument "
+      f"is a {type(config).__name__}, not a BertConfig"
+    )
   if config.model_type != "bert" or config.num_param_layers != config.num_hidden_layers:
     raise ValueError(
-        f"progressive stacking needs one parameter set per layer (BERT); got model_type="
-        f"{config.model_type!r} with {config.num_param_layers} parameter layers for "
-        f"{config.depth} blocks: ALBERT shares its layers, so copying them changes nothing")
+      f"progressive stacking needs one parameter set per layer (BERT); got model_type="
+      f"{config.model_type!r} with {config.num_param_layers} parameter layers for "
+      f"{config.depth} blocks: ALBERT shares its layers, so copying them changes nothing"
+    )
   old = config.num_hidden_layers
   if not isinstance(new_layers, int) or new_layers <= old:
     raise ValueError(f"{new_layers=} must be an int > the current num_hidden_layers={old}")
@@ -143,5 +156,6 @@ def grow(config: BertConfig, params: Any, opt_state: Any, new_layers: int,
     new_opt = jax.tree_util.tree_map_with_path(grow_leaf, opt_state)
     if reset_moments:
       new_opt = jax.tree.map(
-          lambda a: jnp.zeros_like(a) if jnp.issubdtype(a.dtype, jnp.floating) else a, new_opt)
+        lambda a: jnp.zeros_like(a) if jnp.issubdtype(a.dtype, jnp.floating) else a, new_opt
+      )
   return config.replace(num_hidden_layers=new_layers), new_params, new_opt

@@ -28,8 +28,9 @@ class TrainState:
   rng: jax.Array
 
 
-def create_train_state(params: Any, tx: optax.GradientTransformation,
-                       rng: int | jax.Array = 0) -> TrainState:
+def create_train_state(
+  params: Any, tx: optax.GradientTransformation, rng: int | jax.Array = 0
+) -> TrainState:
   """A fresh train state at step 0.
 
   Args:
@@ -39,8 +40,9 @@ def create_train_state(params: Any, tx: optax.GradientTransformation,
   """
   params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
   key = jax.random.key(rng) if isinstance(rng, int) else rng
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                    rng=key)
+  return TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=key
+  )
 
 
 def state_to_tree(state: TrainState) -> dict[str, Any]:
@@ -57,5 +59,9 @@ def state_to_tree(state: TrainState) -> dict[str, Any]:
 
 def state_from_tree(tree: dict[str, Any]) -> TrainState:
   """Inverse of `state_to_tree`."""
-  return TrainState(step=jnp.asarray(tree["step"], jnp.int32), params=tree["params"],
-                    opt_state=tree["opt_state"], rng=jax.random.wrap_key_data(tree["rng"]))
+  return TrainState(
+    step=jnp.asarray(tree["step"], jnp.int32),
+    params=tree["params"],
+    opt_state=tree["opt_state"],
+    rng=jax.random.wrap_key_data(tree["rng"]),
+  )

@@ -33,8 +33,14 @@ def _validate(task: str, objective, accumulation_steps: int):
   return objectives_lib.resolve(objective, task=task)
 
 
-def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective: str = "nsp",
-                       accumulation_steps: int = 1, deterministic: bool = False) -> Callable:
+def make_loss_and_grad(
+  config: BertConfig,
+  *,
+  task: str = "pretrain",
+  objective: str = "nsp",
+  accumulation_steps: int = 1,
+  deterministic: bool = False,
+) -> Callable:
   """`f(params, batch, rng) -> (loss, metrics, grads)` over the accumulated batch (not jitted).
 
   Args:
@@ -72,12 +78,20 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
     def micro_loss(p, mb, key):
       terms = micro_terms(p, mb, key)
       # A weight of 1 is not multiplied in, so MLM/NSP/SOP losses stay bitwise as before.
-      loss = sum(t["loss_sum"] / counts[name] * weights[name] if weights[name] != 1.0
-                 else t["loss_sum"] / counts[name] for name, t in terms.items())
+      loss = sum(
+        t["loss_sum"] / counts[name] * weights[name]
+        if weights[name] != 1.0
+        else t["loss_sum"] / counts[name]
+        for name, t in terms.items()
+      )
       # A term without "correct_sum" (a distance, not a prediction) gets no accuracy.
-      sums = {name: {"loss": t["loss_sum"], **({"correct": t["correct_sum"]}
-                                               if "correct_sum" in t else {})}
-              for name, t in terms.items()}
+      sums = {
+        name: {
+          "loss": t["loss_sum"],
+          **({"correct": t["correct_sum"]} if "correct_sum" in t else {}),
+        }
+        for name, t in terms.items()
+      }
       return loss, sums
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -91,11 +105,11 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
         (l, s), g = grad_fn(params, mb, key)
         return jax.tree.map(jnp.add, carry, (l, s, g)), None
 
-      zeros = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda a: a[0], micro),
-                                             keys[0]))
+      zeros = jax.eval_shape(lambda: grad_fn(params, jax.tree.map(lambda a: a[0], micro), keys[0]))
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
-      (loss, sums, grads), _ = jax.lax.scan(body, (zeros[0][0], zeros[0][1], zeros[1]),
-                                            (micro, keys))
+      (loss, sums, grads), _ = jax.lax.scan(
+        body, (zeros[0][0], zeros[0][1], zeros[1]), (micro, keys)
+      )
     metrics = {"loss": loss}
     for name, s in sums.items():
       metrics[f"{name}_loss"] = s["loss"] / counts[name]
@@ -106,11 +120,19 @@ def make_loss_and_grad(config: BertConfig, *, task: str = "pretrain", objective:
   return loss_and_grad
 
 
-def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
-                    schedule: Callable | None = None, *, task: str = "pretrain",
-                    objective: str = "nsp", accumulation_steps: int = 1,
-                    deterministic: bool = False, state_sharding: Any = None,
-                    batch_sharding: Any = None, donate: bool = False) -> Callable:
+def make_train_step(
+  config: BertConfig,
+  tx: optax.GradientTransformation,
+  schedule: Callable | None = None,
+  *,
+  task: str = "pretrain",
+  objective: str = "nsp",
+  accumulation_steps: int = 1,
+  deterministic: bool = False,
+  state_sharding: Any = None,
+  batch_sharding: Any = None,
+  donate: bool = False,
+) -> Callable:
   """A jitted `step(state, batch) -> (state, metrics)`.
 
   Args:
@@ -133,9 +155,13 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
     "learning_rate", "finite" (bool; when False the update is skipped and the state returned
     unchanged, so the caller can stop with the last good state).
   """
-  loss_and_grad = make_loss_and_grad(config, task=task, objective=objective,
-                                     accumulation_steps=accumulation_steps,
-                                     deterministic=deterministic)
+  loss_and_grad = make_loss_and_grad(
+    config,
+    task=task,
+    objective=objective,
+    accumulation_steps=accumulation_steps,
+    deterministic=deterministic,
+  )
 
   def step(state: TrainState, batch: dict):
     rng = jax.random.fold_in(state.rng, state.step)
@@ -145,19 +171,26 @@ def make_train_step(config: BertConfig, tx: optax.GradientTransformation,
     params = optax.apply_updates(state.params, updates)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     keep = lambda a, b: jnp.where(finite, a, b)
-    new = state.replace(step=jnp.where(finite, state.step + 1, state.step),
-                        params=jax.tree.map(keep, params, state.params),
-                        opt_state=jax.tree.map(keep, opt_state, state.opt_state))
+    new = state.replace(
+      step=jnp.where(finite, state.step + 1, state.step),
+      params=jax.tree.map(keep, params, state.params),
+      opt_state=jax.tree.map(keep, opt_state, state.opt_state),
+    )
     metrics["grad_norm"] = grad_norm
-    metrics["learning_rate"] = (jnp.asarray(schedule(state.step), jnp.float32)
-                                if schedule is not None else jnp.float32(jnp.nan))
+    metrics["learning_rate"] = (
+      jnp.asarray(schedule(state.step), jnp.float32)
+      if schedule is not None
+      else jnp.float32(jnp.nan)
+    )
     metrics["finite"] = finite
     return new, metrics
 
   kwargs = {}
   if state_sharding is not None:
-    kwargs = {"in_shardings": (state_sharding, batch_sharding),
-              "out_shardings": (state_sharding, None)}
+    kwargs = {
+      "in_shardings": (state_sharding, batch_sharding),
+      "out_shardings": (state_sharding, None),
+    }
   return jax.jit(step, donate_argnums=(0,) if donate else (), **kwargs)
 
 

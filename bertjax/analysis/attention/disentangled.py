@@ -105,8 +105,7 @@ class TermShares:
     out = {f"share_{t}": share[..., i].mean(-1) for i, t in enumerate(TERMS)}
     out["positional_share"] = self.positional_share.mean(-1)
     out["mostly_positional"] = self.mostly_positional().mean(-1)
-    out.update({f"tv_direct_{r}": self.tv_direct[..., i].mean(-1)
-                for i, r in enumerate(REMOVALS)})
+    out.update({f"tv_direct_{r}": self.tv_direct[..., i].mean(-1) for i, r in enumerate(REMOVALS)})
     out["tv_total"] = self.tv_total.mean(-1)
     return out
 
@@ -114,8 +113,10 @@ class TermShares:
 def check_disentangled(config: BertConfig, what: str = "score_term_shares") -> None:
   """Refuses, naming `model_type`, a model whose scores are not DeBERTa's three terms."""
   if config.family.position_bias != "disentangled":
-    raise ValueError(f"{what} needs DeBERTa's disentangled attention (model_type='deberta-v2'); "
-                     f"model_type={config.model_type!r} has no c2p/p2c score terms")
+    raise ValueError(
+      f"{what} needs DeBERTa's disentangled attention (model_type='deberta-v2'); "
+      f"model_type={config.model_type!r} has no c2p/p2c score terms"
+    )
 
 
 def _softmax_real(logits, keys):
@@ -180,8 +181,11 @@ def score_term_shares(params: Params, config: BertConfig, batches: Iterable) -> 
     types = model_token_types(config, b["token_type_ids"])
     cache = forward(params, config, ids, mask, types, capture=capture).cache
     probs = cache["probs"]  # (L, B, N, T, T)
-    patched = (forward(params, config, ids, mask, types, capture=("probs",),
-                       patch=removed).cache["probs"] if removed else probs)
+    patched = (
+      forward(params, config, ids, mask, types, capture=("probs",), patch=removed).cache["probs"]
+      if removed
+      else probs
+    )
     zeros = jnp.zeros_like(cache["scores_c2c"])
     terms = jnp.stack([cache.get(f"scores_{t}", zeros) for t in TERMS], 1)  # (L, 3, B, N, T, T)
     real = jnp.asarray(mask) != 0
@@ -191,9 +195,14 @@ def score_term_shares(params: Params, config: BertConfig, batches: Iterable) -> 
       direct[layer] += np.asarray(d, np.float64)
       total[layer] += np.asarray(t, np.float64)
     lengths = np.asarray(real).sum(-1)
-    pairs += int((lengths ** 2).sum())
+    pairs += int((lengths**2).sum())
     rows += int(lengths.sum())
   if rows == 0:
     raise ValueError("batches is empty (no real tokens): nothing to measure")
-  return TermShares(moments=moments / pairs, tv_direct=direct / rows, tv_total=total / rows,
-                    num_pairs=pairs, num_rows=rows)
+  return TermShares(
+    moments=moments / pairs,
+    tv_direct=direct / rows,
+    tv_total=total / rows,
+    num_pairs=pairs,
+    num_rows=rows,
+  )

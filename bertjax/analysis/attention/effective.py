@@ -72,9 +72,9 @@ def effective_attention(attn, t, rtol: float = 1e-10) -> np.ndarray:
   return (attn @ u) @ np.swapaxes(u, -1, -2)
 
 
-def effective_attention_statistics(params: Params, config: BertConfig, batches: Iterable, *,
-                                   cls_id: int, sep_id: int,
-                                   mesh=None) -> dict[str, dict[str, np.ndarray]]:
+def effective_attention_statistics(
+  params: Params, config: BertConfig, batches: Iterable, *, cls_id: int, sep_id: int, mesh=None
+) -> dict[str, dict[str, np.ndarray]]:
   """Raw vs effective attention, side by side (Brunner et al. 2020, Sec. 4).
 
   Per head, over all real tokens of the data set (streamed sums):
@@ -120,13 +120,13 @@ def effective_attention_statistics(params: Params, config: BertConfig, batches: 
           s = pos[kind]
           s[0][d] += position.sum()
           s[1][d] += received.sum(-1)
-          s[2][d] += (position ** 2).sum()
-          s[3][d] += (received ** 2).sum(-1)
+          s[2][d] += (position**2).sum()
+          s[3][d] += (received**2).sum(-1)
           s[4][d] += (received * position).sum(-1)
         pair[0][d] += raw.sum((-1, -2))
         pair[1][d] += eff.sum((-1, -2))
-        pair[2][d] += (raw ** 2).sum((-1, -2))
-        pair[3][d] += (eff ** 2).sum((-1, -2))
+        pair[2][d] += (raw**2).sum((-1, -2))
+        pair[3][d] += (eff**2).sum((-1, -2))
         pair[4][d] += (raw * eff).sum((-1, -2))
       rows += n
       cols += n

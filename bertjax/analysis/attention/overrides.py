@@ -25,8 +25,9 @@ def override_codes(config: BertConfig, overrides: Mapping[tuple[int, int], str])
   for key, pattern in overrides.items():
     layer, head = key
     if not (0 <= layer < config.depth and 0 <= head < config.num_attention_heads):
-      raise ValueError(f"override (layer, head)={key} is outside ({config.depth}, "
-                       f"{config.num_attention_heads})")
+      raise ValueError(
+        f"override (layer, head)={key} is outside ({config.depth}, {config.num_attention_heads})"
+      )
     if pattern not in PATTERNS:
       raise ValueError(f"override pattern {pattern!r} for {key} must be one of {PATTERNS}")
     codes[layer, head] = PATTERNS.index(pattern)
@@ -44,8 +45,15 @@ def positional_patterns(lengths, seq_len: int) -> jax.Array:
   i = jnp.arange(seq_len)[None, :, None]
   j = jnp.arange(seq_len)[None, None, :]
   real_k = j < n
-  maps = [j == jnp.maximum(i - 1, 0), j == jnp.minimum(i + 1, n - 1), j == 0, j == i,
-          (j <= i) & real_k, (j >= i) & real_k, real_k & (i >= 0)]
+  maps = [
+    j == jnp.maximum(i - 1, 0),
+    j == jnp.minimum(i + 1, n - 1),
+    j == 0,
+    j == i,
+    (j <= i) & real_k,
+    (j >= i) & real_k,
+    real_k & (i >= 0),
+  ]
   maps = jnp.stack([jnp.broadcast_to(m, (n.shape[0], seq_len, seq_len)) for m in maps])
   maps = maps.astype(jnp.float32)
   maps = maps / jnp.maximum(maps.sum(-1, keepdims=True), 1.0)
@@ -71,10 +79,17 @@ def override_patch(codes, lengths, seq_len: int):
   return {"probs": (value, weight)}
 
 
-def forward_with_overrides(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                           token_type_ids=None, *, overrides=None,
-                           output_hidden_states: bool = False,
-                           output_attentions: bool = False) -> BertOutput:
+def forward_with_overrides(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  overrides=None,
+  output_hidden_states: bool = False,
+  output_attentions: bool = False,
+) -> BertOutput:
   """`forward` with chosen heads' attention replaced by fixed positional patterns.
 
   A patch of the `probs` site (`override_patch`), so it runs the model's own
@@ -100,8 +115,18 @@ def forward_with_overrides(params: Params, config: BertConfig, input_ids, attent
   else:
     codes = np.asarray(overrides, np.int32)
     if codes.shape != (config.depth, config.num_attention_heads):
-      raise ValueError(f"overrides shape {codes.shape} must be (layers, heads)="
-                       f"({config.depth}, {config.num_attention_heads})")
+      raise ValueError(
+        f"overrides shape {codes.shape} must be (layers, heads)="
+        f"({config.depth}, {config.num_attention_heads})"
+      )
   patch = override_patch(codes, mask.sum(-1), ids.shape[1])
-  return forward(params, config, ids, mask, token_type_ids, patch=patch,
-                 output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+  return forward(
+    params,
+    config,
+    ids,
+    mask,
+    token_type_ids,
+    patch=patch,
+    output_hidden_states=output_hidden_states,
+    output_attentions=output_attentions,
+  )

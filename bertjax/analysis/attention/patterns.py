@@ -91,8 +91,9 @@ def classify_patterns(features, thresholds: PatternThresholds = PatternThreshold
   t = thresholds
   mixed = (v >= t.mixed_each) & (d >= t.mixed_each) & (v + d >= t.mixed_sum)
   block = np.nan_to_num(b, nan=-1.0) >= t.block_min
-  return np.select([mixed, v >= t.vertical_min, d >= t.diagonal_min, block],
-                   [2, 0, 1, 3], default=4).astype(np.int32)
+  return np.select(
+    [mixed, v >= t.vertical_min, d >= t.diagonal_min, block], [2, 0, 1, 3], default=4
+  ).astype(np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,10 +120,15 @@ class PatternCounts:
     return self.counts.argmax(-1)
 
 
-def pattern_types(params: Params, config: BertConfig, batches: Iterable, *,
-                  special_ids: Sequence[int],
-                  thresholds: PatternThresholds = PatternThresholds(),
-                  mesh=None) -> PatternCounts:
+def pattern_types(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  *,
+  special_ids: Sequence[int],
+  thresholds: PatternThresholds = PatternThresholds(),
+  mesh=None,
+) -> PatternCounts:
   """Classifies every head's map of every sequence (Kovaleva et al.'s five types).
 
   Args:
@@ -144,8 +150,9 @@ def pattern_types(params: Params, config: BertConfig, batches: Iterable, *,
     b = as_batch(batch)
     maps, _ = run(b)  # (L, B, N, T, T)
     special = np.isin(np.asarray(b["input_ids"]), special_ids)
-    codes = classify_patterns(pattern_features(maps, special, b["attention_mask"],
-                                               b["token_type_ids"]), thresholds)  # (L, B, N)
+    codes = classify_patterns(
+      pattern_features(maps, special, b["attention_mask"], b["token_type_ids"]), thresholds
+    )  # (L, B, N)
     counts += (codes[..., None] == np.arange(len(PATTERN_TYPES))).sum(1)
   return PatternCounts(counts)
 
@@ -158,9 +165,16 @@ class AttentionChange:
   cka: np.ndarray  # (layers + 1,): linear CKA of hidden states, embeddings first
 
 
-def attention_change(params_a: Params, config: BertConfig, params_b: Params, batches: Iterable, *,
-                     config_b: BertConfig | None = None, max_tokens: int = 4096,
-                     mesh=None) -> AttentionChange:
+def attention_change(
+  params_a: Params,
+  config: BertConfig,
+  params_b: Params,
+  batches: Iterable,
+  *,
+  config_b: BertConfig | None = None,
+  max_tokens: int = 4096,
+  mesh=None,
+) -> AttentionChange:
   """Per-head cosine similarity of attention maps and per-layer CKA between two checkpoints.
 
   A computation, so `(params, config, ...)` first, as in `forward`; the second model follows.
@@ -182,14 +196,19 @@ def attention_change(params_a: Params, config: BertConfig, params_b: Params, bat
     maps (padded entries are zero in both), averaged over sequences.
   """
   if isinstance(params_b, BertConfig) and not isinstance(config, BertConfig):
-    warnings.warn("attention_change(params_a, params_b, config, batches) is deprecated; use "
-                  "attention_change(params_a, config, params_b, batches)", DeprecationWarning,
-                  stacklevel=2)
+    warnings.warn(
+      "attention_change(params_a, params_b, config, batches) is deprecated; use "
+      "attention_change(params_a, config, params_b, batches)",
+      DeprecationWarning,
+      stacklevel=2,
+    )
     config, params_b = params_b, config
   config_b = config_b or config
   if (config_b.depth, config_b.num_attention_heads) != (config.depth, config.num_attention_heads):
-    raise ValueError(f"depth x heads differ: {config.depth}x{config.num_attention_heads} vs "
-                     f"{config_b.depth}x{config_b.num_attention_heads}")
+    raise ValueError(
+      f"depth x heads differ: {config.depth}x{config.num_attention_heads} vs "
+      f"{config_b.depth}x{config_b.num_attention_heads}"
+    )
   cos_sum = np.zeros((config.depth, config.num_attention_heads))
   sequences = 0
   reps_a, reps_b, kept = [], [], 0
@@ -204,7 +223,7 @@ def attention_change(params_a: Params, config: BertConfig, params_b: Params, bat
     sequences += ma.shape[1]
     if kept < max_tokens:
       real = np.asarray(b["attention_mask"], bool)
-      ha, hb = ha[:, real][:, :max_tokens - kept], hb[:, real][:, :max_tokens - kept]
+      ha, hb = ha[:, real][:, : max_tokens - kept], hb[:, real][:, : max_tokens - kept]
       reps_a.append(ha)
       reps_b.append(hb)
       kept += ha.shape[1]

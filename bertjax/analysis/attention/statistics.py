@@ -46,8 +46,9 @@ WEIGHTINGS = ("document", "token")
 
 
 def _is_punct(text: str) -> bool:
-  return bool(text) and all(unicodedata.category(c).startswith("P") or c in "$+<=>^`|~"
-                            for c in text)
+  return bool(text) and all(
+    unicodedata.category(c).startswith("P") or c in "$+<=>^`|~" for c in text
+  )
 
 
 def _word_start_markers(tokenizer) -> tuple[str, ...]:
@@ -73,9 +74,11 @@ def punctuation_ids(tokenizer) -> np.ndarray:
       tok = tok.removeprefix(m)
     return tok
 
-  ids = [i for tok, i in vocab.items()
-         if i not in special and not (tok.startswith("[") and tok.endswith("]"))
-         and _is_punct(bare(tok))]
+  ids = [
+    i
+    for tok, i in vocab.items()
+    if i not in special and not (tok.startswith("[") and tok.endswith("]")) and _is_punct(bare(tok))
+  ]
   return np.asarray(sorted(ids), np.int32)
 
 
@@ -123,10 +126,17 @@ def _maps_statistics(maps, ids, mask, sep_id: int, punct_ids, smoothing: float):
   return {name: np.stack(v) for name, v in out.items()}
 
 
-def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, sep_id: int,
-                     punct_ids: Sequence[int] = (), weighting: str = "document",
-                     entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
-                     mesh=None) -> dict[str, np.ndarray]:
+def clark_statistics(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  *,
+  sep_id: int,
+  punct_ids: Sequence[int] = (),
+  weighting: str = "document",
+  entropy_smoothing: float = CLARK_ENTROPY_SMOOTHING,
+  mesh=None,
+) -> dict[str, np.ndarray]:
   """Clark et al.'s per-head attention statistics over a data set.
 
   Follows "Computing Average Attention to Particular Tokens/Positions" and
@@ -185,8 +195,7 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
     lengths = np.asarray(b["attention_mask"]).sum(-1).astype(np.float64)  # (B,)
     # Per-sequence weights: 1 per non-empty document, or its number of real tokens.
     weight = (lengths > 0).astype(np.float64) if weighting == "document" else lengths
-    stats = _batch_clark_statistics(params, config, b, runner, sep_id, punct_ids,
-                                    entropy_smoothing)
+    stats = _batch_clark_statistics(params, config, b, runner, sep_id, punct_ids, entropy_smoothing)
     for name in CLARK_NAMES:  # (layers, B, heads) per-sequence means, weighted over B
       per_seq = np.nan_to_num(np.asarray(stats[name], np.float64))  # empty rows: 0 x weight 0
       sums[name] += np.einsum("dbn,b->dn", per_seq, weight)
@@ -196,27 +205,40 @@ def clark_statistics(params: Params, config: BertConfig, batches: Iterable, *, s
   return {name: s / count for name, s in sums.items()}
 
 
-def _batch_clark_statistics(params, config, b, runner, sep_id: int, punct_ids,
-                            entropy_smoothing: float) -> dict[str, Any]:
+def _batch_clark_statistics(
+  params, config, b, runner, sep_id: int, punct_ids, entropy_smoothing: float
+) -> dict[str, Any]:
   """Per-sequence means of one batch, (depth, B, heads) each: from the maps with smoothing,
   else from the kernel statistics path (a second pass for punctuation)."""
   types = model_token_types(config, b["token_type_ids"])
   ids, mask = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"])
   if entropy_smoothing > 0:
-    maps = (forward(params, config, b["input_ids"], b["attention_mask"], types,
-                    output_attentions=True).attentions if runner is None
-            else runner.maps(b))  # (L, B, N, T, T)
+    maps = (
+      forward(
+        params, config, b["input_ids"], b["attention_mask"], types, output_attentions=True
+      ).attentions
+      if runner is None
+      else runner.maps(b)
+    )  # (L, B, N, T, T)
     return _maps_statistics(np.asarray(maps), ids, mask, sep_id, punct_ids, entropy_smoothing)
   if runner is not None:
     stats_of = runner.statistics
   else:
     stats_of = lambda b, special: attention_statistics(
-        params, config, b["input_ids"], b["attention_mask"], types,
-        special_mask=jnp.asarray(special))
+      params, config, b["input_ids"], b["attention_mask"], types, special_mask=jnp.asarray(special)
+    )
   out = stats_of(b, ids == sep_id)
-  stats = {ours: out[theirs] for ours, theirs in (
-      ("cls", "first"), ("sep", "special"), ("self", "self"), ("prev", "prev"),
-      ("next", "next"), ("entropy", "entropy"))}
+  stats = {
+    ours: out[theirs]
+    for ours, theirs in (
+      ("cls", "first"),
+      ("sep", "special"),
+      ("self", "self"),
+      ("prev", "prev"),
+      ("next", "next"),
+      ("entropy", "entropy"),
+    )
+  }
   stats["punct"] = np.zeros_like(stats["cls"])
   if punct_ids.size:
     stats["punct"] = stats_of(b, np.isin(ids, punct_ids))["special"]
@@ -286,8 +308,9 @@ def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = 
   return maps, np.asarray(labels, np.int32)
 
 
-def word_level_attention(params: Params, config: BertConfig, batches: Iterable, *,
-                         keep_special: bool = True, mesh=None):
+def word_level_attention(
+  params: Params, config: BertConfig, batches: Iterable, *, keep_special: bool = True, mesh=None
+):
   """Yields `(maps (layers, heads, W, W), groups)` per sequence; batches need `word_ids`.
 
   With `mesh` (`bertjax.mesh.make_mesh`) each batch's rows are split over all its
@@ -298,8 +321,14 @@ def word_level_attention(params: Params, config: BertConfig, batches: Iterable, 
   for batch in batches:
     b = as_batch(batch)
     if "word_ids" not in b:
-      raise ValueError("word_level_attention needs batches with 'word_ids' (Tokenizer.encode_words)")
+      raise ValueError(
+        "word_level_attention needs batches with 'word_ids' (Tokenizer.encode_words)"
+      )
     maps, _ = run(b)
     for i in range(maps.shape[1]):
-      yield word_attention(maps[:, i], np.asarray(b["word_ids"][i]),
-                           np.asarray(b["attention_mask"][i]), keep_special=keep_special)
+      yield word_attention(
+        maps[:, i],
+        np.asarray(b["word_ids"][i]),
+        np.asarray(b["attention_mask"][i]),
+        keep_special=keep_special,
+      )

@@ -64,11 +64,15 @@ def check_supported(config: BertConfig, head: str | None = None) -> None:
   """Raises ValueError for a block or head DecompX's derivation does not cover."""
   fam = config.family
   if fam.norm != "post" or fam.norm_kind != "layernorm":
-    raise ValueError(f"decompx is derived for post-LayerNorm blocks; a {config.model_type} "
-                     f"block is {fam.norm}-norm with {fam.norm_kind}")
+    raise ValueError(
+      f"decompx is derived for post-LayerNorm blocks; a {config.model_type} "
+      f"block is {fam.norm}-norm with {fam.norm_kind}"
+    )
   if fam.ffn == "gated":
-    raise ValueError(f"decompx linearises one activation per neuron; a {config.model_type} "
-                     f"FFN is {fam.ffn} (a product of two decomposed vectors)")
+    raise ValueError(
+      f"decompx linearises one activation per neuron; a {config.model_type} "
+      f"FFN is {fam.ffn} (a product of two decomposed vectors)"
+    )
   if config.kv_heads != config.num_attention_heads:
     raise ValueError("decompx needs one value head per attention head")
   if config.quantize is not None:
@@ -79,13 +83,23 @@ def check_supported(config: BertConfig, head: str | None = None) -> None:
     reads = head_reads(config, "classifier")
     spec = fam.heads["classifier"]
     if reads not in ("pooled", "first") or spec.has("norm"):
-      raise ValueError(f"decompx decomposes classifiers on the pooler or the first token; "
-                       f"{config.model_type}'s reads {reads!r}")
+      raise ValueError(
+        f"decompx decomposes classifiers on the pooler or the first token; "
+        f"{config.model_type}'s reads {reads!r}"
+      )
 
 
-def decompx(params: Params, config: BertConfig, input_ids, attention_mask=None,
-            token_type_ids=None, *, head: str | None = None, include_biases: bool = True,
-            bias_decomp: str = "absdot") -> DecompX:
+def decompx(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  head: str | None = None,
+  include_biases: bool = True,
+  bias_decomp: str = "absdot",
+) -> DecompX:
   """DecompX (Modarressi et al. 2023): final states and logits decomposed by input token.
 
   Args:
@@ -108,8 +122,16 @@ def decompx(params: Params, config: BertConfig, input_ids, attention_mask=None,
     raise ValueError(f"bias_decomp={bias_decomp!r} must be one of {BIAS_DECOMPOSITIONS}")
   if head == "classifier" and "classifier" not in params:
     raise ValueError("head='classifier' needs params with a classifier head")
-  return _decompx(params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids,
-                  head, include_biases, bias_decomp)
+  return _decompx(
+    params,
+    config,
+    input_ids,
+    real_tokens(input_ids, attention_mask),
+    token_type_ids,
+    head,
+    include_biases,
+    bias_decomp,
+  )
 
 
 def _split_bias(parts, bias, kind: str, include: bool):
@@ -164,25 +186,41 @@ def _stacked(config: BertConfig, params: Params, dtype) -> dict[str, jax.Array]:
       wv = zeros(h, n, d).at[:, kept].set(wv)
       bv = zeros(n, d).at[kept].set(bv)
       wo = zeros(n, d, h).at[kept].set(wo)
-    return {"wv": wv, "bv": bv, "wo": wo, "bo": a["output"].get("bias", zeros(h)),
-            "ln1_scale": a["LayerNorm"]["scale"], "ln1_bias": a["LayerNorm"].get("bias", zeros(h)),
-            "w1": p["intermediate"]["kernel"],
-            "b1": p["intermediate"].get("bias", zeros(config.intermediate_size)),
-            "w2": p["output"]["kernel"], "b2": p["output"].get("bias", zeros(h)),
-            "ln2_scale": p["LayerNorm"]["scale"], "ln2_bias": p["LayerNorm"].get("bias", zeros(h))}
+    return {
+      "wv": wv,
+      "bv": bv,
+      "wo": wo,
+      "bo": a["output"].get("bias", zeros(h)),
+      "ln1_scale": a["LayerNorm"]["scale"],
+      "ln1_bias": a["LayerNorm"].get("bias", zeros(h)),
+      "w1": p["intermediate"]["kernel"],
+      "b1": p["intermediate"].get("bias", zeros(config.intermediate_size)),
+      "w2": p["output"]["kernel"],
+      "b2": p["output"].get("bias", zeros(h)),
+      "ln2_scale": p["LayerNorm"]["scale"],
+      "ln2_bias": p["LayerNorm"].get("bias", zeros(h)),
+    }
 
   if isinstance(layers, list):
     per_block = [pick(layers[b], b) for b in range(config.depth)]
   else:
-    per_block = [pick(jax.tree.map(lambda a, i=i: a[i], layers), b)
-                 for b, i in enumerate(config.layer_param_index)]
+    per_block = [
+      pick(jax.tree.map(lambda a, i=i: a[i], layers), b)
+      for b, i in enumerate(config.layer_param_index)
+    ]
   return jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x, dtype) for x in xs]), *per_block)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 5, 6, 7))
 def _decompx(params, config, input_ids, mask, token_type_ids, head, include, kind):
-  cache = captured_sites(params, config, input_ids, mask, token_type_ids,
-                    ("embeddings", "probs", "resid_mid", "mid", "ffn_act", "resid_out", "out"))
+  cache = captured_sites(
+    params,
+    config,
+    input_ids,
+    mask,
+    token_type_ids,
+    ("embeddings", "probs", "resid_mid", "mid", "ffn_act", "resid_out", "out"),
+  )
   dtype = analysis_dtype(config)
   w = _stacked(config, params, dtype)
   eps = config.layer_norm_eps
@@ -207,25 +245,33 @@ def _decompx(params, config, input_ids, mask, token_type_ids, head, include, kin
     ln1 = _layer_norm_parts(res, resid_mid, p["ln1_scale"], p["ln1_bias"], eps, kind, include)
     pre = mid @ p["w1"] + p["b1"]  # the FFN's pre-activation (B, T, I)
     z = _split_bias(jnp.einsum("bikh,hf->bikf", ln1, p["w1"]), p["b1"], kind, include)
-    ffn = _split_bias(jnp.einsum("bikf,fh->bikh", _zo(z, pre, ffn_act), p["w2"]), p["b2"],
-                      kind, include)
-    out = _layer_norm_parts(ln1 + ffn, resid_out, p["ln2_scale"], p["ln2_bias"], eps, kind,
-                            include)
+    ffn = _split_bias(
+      jnp.einsum("bikf,fh->bikh", _zo(z, pre, ffn_act), p["w2"]), p["b2"], kind, include
+    )
+    out = _layer_norm_parts(ln1 + ffn, resid_out, p["ln2_scale"], p["ln2_bias"], eps, kind, include)
     return out * keep
 
-  xs = (w, cache["probs"].astype(dtype), cache["resid_mid"].astype(dtype),
-        cache["mid"].astype(dtype), cache["ffn_act"].astype(dtype),
-        cache["resid_out"].astype(dtype))
+  xs = (
+    w,
+    cache["probs"].astype(dtype),
+    cache["resid_mid"].astype(dtype),
+    cache["mid"].astype(dtype),
+    cache["ffn_act"].astype(dtype),
+    cache["resid_out"].astype(dtype),
+  )
   emb = cache["embeddings"].astype(dtype)
   parts = jnp.eye(seq, dtype=dtype)[None, :, :, None] * emb[:, :, None, :] * keep
   parts = block(parts, jax.tree.map(lambda a: a[0], xs), True)
   if config.depth > 1:
-    parts, _ = jax.lax.scan(lambda c, x: (block(c, x, False), None), parts,
-                            jax.tree.map(lambda a: a[1:], xs))
+    parts, _ = jax.lax.scan(
+      lambda c, x: (block(c, x, False), None), parts, jax.tree.map(lambda a: a[1:], xs)
+    )
   logits = None
   if head == "classifier":
-    logits = _classifier_parts(params, config, parts, cache["out"][-1].astype(dtype), kind,
-                               include) * real[:, :, None]
+    logits = (
+      _classifier_parts(params, config, parts, cache["out"][-1].astype(dtype), kind, include)
+      * real[:, :, None]
+    )
   return DecompX(parts, logits)
 
 

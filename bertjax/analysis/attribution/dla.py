@@ -67,16 +67,21 @@ def check_supported(config: BertConfig) -> None:
   """Raises a ValueError naming the family unless its blocks are post-LN LayerNorm."""
   fam = config.family
   if fam.norm != "post" or fam.norm_kind != "layernorm":
-    raise ValueError(f"direct_logit_attribution with frozen LayerNorms is written for post-LN "
-                     f"LayerNorm blocks; a {config.model_type} block is {fam.norm}-norm "
-                     f"({fam.norm_kind})")
+    raise ValueError(
+      f"direct_logit_attribution with frozen LayerNorms is written for post-LN "
+      f"LayerNorm blocks; a {config.model_type} block is {fam.norm}-norm "
+      f"({fam.norm_kind})"
+    )
   if config.is_pruned:
-    raise ValueError(f"this {config.model_type} config is pruned; attribute the unpruned "
-                     "model with a head mask instead")
+    raise ValueError(
+      f"this {config.model_type} config is pruned; attribute the unpruned "
+      "model with a head mask instead"
+    )
 
 
-def direct_logit_attribution(params: Params, config: BertConfig, batch, direction, *,
-                             positions=None) -> DLA:
+def direct_logit_attribution(
+  params: Params, config: BertConfig, batch, direction, *, positions=None
+) -> DLA:
   """Each component's direct share of `direction . h_L` at `positions`, LayerNorms frozen.
 
   Args:
@@ -96,15 +101,18 @@ def direct_logit_attribution(params: Params, config: BertConfig, batch, directio
     positions = np.broadcast_to(np.arange(seq), (batch_size, seq))
   positions = np.asarray(positions)
   if positions.ndim != 2 or positions.shape[0] != batch_size:
-    raise ValueError(f"positions shape {positions.shape} must be (batch, P) with "
-                     f"batch={batch_size}")
+    raise ValueError(
+      f"positions shape {positions.shape} must be (batch, P) with batch={batch_size}"
+    )
   if positions.size and (positions.min() < 0 or positions.max() >= seq):
     raise ValueError(f"positions must be in [0, {seq}); got {positions.min()}..{positions.max()}")
   direction = jnp.asarray(direction, accum_dtype(config))
   want = [(config.hidden_size,), positions.shape + (config.hidden_size,)]
   if direction.shape not in want:
-    raise ValueError(f"direction shape {direction.shape} must be (hidden,) = {want[0]} or "
-                     f"(batch, P, hidden) = {want[1]}")
+    raise ValueError(
+      f"direction shape {direction.shape} must be (hidden,) = {want[0]} or "
+      f"(batch, P, hidden) = {want[1]}"
+    )
   return _dla(params, config, b, direction, jnp.asarray(positions))
 
 
@@ -118,8 +126,13 @@ def _take(x, positions):
 def _dla(params, config, b, direction, positions) -> DLA:
   acc = accum_dtype(config)
   x = embed(params, config, b["input_ids"], b["token_type_ids"])
-  run = run_layers(params, config, x, b["attention_mask"],
-                   capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
+  run = run_layers(
+    params,
+    config,
+    x,
+    b["attention_mask"],
+    capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+  )
   c = run.cache
   idx = np.asarray(config.layer_param_index)
   layers = params["encoder"]["layers"]
@@ -127,9 +140,13 @@ def _dla(params, config, b, direction, positions) -> DLA:
   f = lambda a: jnp.asarray(a, acc)[idx]
   gammas = jnp.stack([f(att["LayerNorm"]["scale"]), f(layers["LayerNorm"]["scale"])], 1)
   zeros = jnp.zeros((config.depth, config.hidden_size), acc)
-  betas = jnp.stack([f(att["LayerNorm"]["bias"]) if "bias" in att["LayerNorm"] else zeros,
-                     f(layers["LayerNorm"]["bias"]) if "bias" in layers["LayerNorm"] else zeros],
-                    1)
+  betas = jnp.stack(
+    [
+      f(att["LayerNorm"]["bias"]) if "bias" in att["LayerNorm"] else zeros,
+      f(layers["LayerNorm"]["bias"]) if "bias" in layers["LayerNorm"] else zeros,
+    ],
+    1,
+  )
   out_bias = f(att["output"]["bias"]) if "bias" in att["output"] else zeros
   wo = f(att["output"]["kernel"])  # (L, N, D, H)
   # Every LayerNorm's frozen scale at the read positions, in stream order: (L, 2, B, P).
@@ -138,8 +155,9 @@ def _dla(params, config, b, direction, positions) -> DLA:
   sigma = jnp.sqrt((centred * centred).mean(-1) + config.layer_norm_eps)
   u = jnp.broadcast_to(direction, positions.shape + (config.hidden_size,))
   heads, ffn, bias = [], [], jnp.zeros(positions.shape, acc)
-  head_out = _take(c["head_out"].reshape(c["head_out"].shape[:3] + (-1,)).astype(acc),
-                   positions)  # (L, B, P, N D)
+  head_out = _take(
+    c["head_out"].reshape(c["head_out"].shape[:3] + (-1,)).astype(acc), positions
+  )  # (L, B, P, N D)
   head_out = head_out.reshape(head_out.shape[:3] + (config.num_attention_heads, -1))
   ffn_out = _take(c["ffn_out"].astype(acc), positions)
   for layer in reversed(range(config.depth)):
@@ -152,8 +170,7 @@ def _dla(params, config, b, direction, positions) -> DLA:
     heads.append((u[None] * per_head).sum(-1))
     bias = bias + (u * out_bias[layer]).sum(-1)
   emb = (u * _take(x.astype(acc), positions)).sum(-1)
-  total = (jnp.broadcast_to(direction, u.shape)
-           * _take(run.last.astype(acc), positions)).sum(-1)
+  total = (jnp.broadcast_to(direction, u.shape) * _take(run.last.astype(acc), positions)).sum(-1)
   return DLA(emb, jnp.stack(heads[::-1]), jnp.stack(ffn[::-1]), bias, total)
 
 

@@ -77,8 +77,10 @@ def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
     `target_fn(params, out) -> (batch,)`.
   """
   if jnp.ndim(positions) != 1 or jnp.shape(token_ids) != jnp.shape(positions):
-    raise ValueError(f"positions shape {jnp.shape(positions)} and token_ids shape "
-                     f"{jnp.shape(token_ids)} must both be (batch,)")
+    raise ValueError(
+      f"positions shape {jnp.shape(positions)} and token_ids shape "
+      f"{jnp.shape(token_ids)} must both be (batch,)"
+    )
   for name, v in (("positions", positions), ("token_ids", token_ids)):
     dtype = v.dtype if hasattr(v, "dtype") else np.asarray(v).dtype
     if not jnp.issubdtype(dtype, jnp.integer):
@@ -93,16 +95,19 @@ def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
       raise ValueError(f"positions[{bad[0]}] = {pos[bad[0]]} must be >= 0")
     bad = np.flatnonzero((ids < 0) | (ids >= config.vocab_size))
     if bad.size:
-      raise ValueError(f"token_ids[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary "
-                       f"[0, {config.vocab_size})")
+      raise ValueError(
+        f"token_ids[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary [0, {config.vocab_size})"
+      )
   positions, token_ids = jnp.asarray(positions, jnp.int32), jnp.asarray(token_ids, jnp.int32)
 
   def target_fn(params, out):
     batch, seq = out.last_hidden_state.shape[:2]
     if batch != positions.shape[0] or (pos is not None and pos.size and pos.max() >= seq):
       top = "" if pos is None or not pos.size else f" with positions up to {pos.max()}"
-      raise ValueError(f"mlm_target was built for {positions.shape[0]} sequences{top}; the "
-                       f"batch has {batch} sequences of {seq} tokens")
+      raise ValueError(
+        f"mlm_target was built for {positions.shape[0]} sequences{top}; the "
+        f"batch has {batch} sequences of {seq} tokens"
+      )
     b = jnp.arange(batch)
     logits = mlm_logits(params, config, out.last_hidden_state[b, positions])  # (B, V)
     return jax.nn.log_softmax(logits, -1)[b, token_ids]
@@ -111,12 +116,20 @@ def mlm_target(config: BertConfig, positions, token_ids) -> TargetFn:
 
 
 def _target_on_embeddings(params, config, input_ids, mask, token_type_ids, target_fn, e):
-  out = forward(params, config, input_ids, mask, token_type_ids,
-                patch={"embeddings": (e, jnp.ones((), e.dtype))})
+  out = forward(
+    params,
+    config,
+    input_ids,
+    mask,
+    token_type_ids,
+    patch={"embeddings": (e, jnp.ones((), e.dtype))},
+  )
   value = target_fn(params, out)
   if value.shape != (input_ids.shape[0],):
-    raise ValueError(f"target_fn must return one scalar per sequence, shape "
-                     f"({input_ids.shape[0]},); got shape {value.shape}")
+    raise ValueError(
+      f"target_fn must return one scalar per sequence, shape "
+      f"({input_ids.shape[0]},); got shape {value.shape}"
+    )
   return value
 
 
@@ -128,9 +141,16 @@ def _reduce(attr, reduce):
   return attr
 
 
-def gradient_x_input(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                     token_type_ids=None, *, target_fn: TargetFn,
-                     reduce: str | None = "sum") -> jax.Array:
+def gradient_x_input(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  target_fn: TargetFn,
+  reduce: str | None = "sum",
+) -> jax.Array:
   """Gradient x input on the embedding output (Shrikumar et al. 2017; Kindermans et al. 2016).
 
   The input is the `embeddings` site (word + position + type embeddings after
@@ -152,16 +172,24 @@ def gradient_x_input(params: Params, config: BertConfig, input_ids, attention_ma
   check_inputs(config, input_ids, attention_mask, token_type_ids)
   if reduce not in REDUCTIONS:
     raise ValueError(f"{reduce=!r} must be one of {REDUCTIONS}")
-  return _gradient_x_input(params, config, input_ids, real_tokens(input_ids, attention_mask),
-                           token_type_ids, target_fn, reduce)
+  return _gradient_x_input(
+    params,
+    config,
+    input_ids,
+    real_tokens(input_ids, attention_mask),
+    token_type_ids,
+    target_fn,
+    reduce,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 5, 6))
 def _gradient_x_input(params, config, input_ids, mask, token_type_ids, target_fn, reduce):
   e = captured_sites(params, config, input_ids, mask, token_type_ids, ("embeddings",))["embeddings"]
   e = e.astype(compute_dtype(config))
-  f = lambda e: _target_on_embeddings(params, config, input_ids, mask, token_type_ids,
-                                      target_fn, e).sum()
+  f = lambda e: _target_on_embeddings(
+    params, config, input_ids, mask, token_type_ids, target_fn, e
+  ).sum()
   grad = jax.grad(f)(e)
   return _reduce((e * grad).astype(analysis_dtype(config)), reduce)
 
@@ -177,11 +205,20 @@ def _quadrature(method: str, steps: int) -> tuple[np.ndarray, np.ndarray]:
   return alphas, w
 
 
-def integrated_gradients(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                         token_type_ids=None, *, target_fn: TargetFn, baseline=None,
-                         steps: int = 50, method: str = "gausslegendre",
-                         reduce: str | None = "sum",
-                         chunk_size: int | None = None) -> IntegratedGradients:
+def integrated_gradients(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  target_fn: TargetFn,
+  baseline=None,
+  steps: int = 50,
+  method: str = "gausslegendre",
+  reduce: str | None = "sum",
+  chunk_size: int | None = None,
+) -> IntegratedGradients:
   """Integrated gradients on the embedding output (Sundararajan et al. 2017).
 
   `attr = (e - e') * integral_0^1 d target(e' + a (e - e')) / d e da`, with Captum's
@@ -220,27 +257,50 @@ def integrated_gradients(params: Params, config: BertConfig, input_ids, attentio
     except ValueError:
       ok = False
     if not ok:
-      raise ValueError(f"baseline shape {np.shape(baseline)} does not broadcast to "
-                       f"(batch, seq, hidden)={shape}")
+      raise ValueError(
+        f"baseline shape {np.shape(baseline)} does not broadcast to (batch, seq, hidden)={shape}"
+      )
   alphas, weights = _quadrature(method, steps)
-  return _integrated_gradients(params, config, input_ids, real_tokens(input_ids, attention_mask),
-                               token_type_ids, baseline, jnp.asarray(alphas),
-                               jnp.asarray(weights), target_fn, reduce, chunk_size)
+  return _integrated_gradients(
+    params,
+    config,
+    input_ids,
+    real_tokens(input_ids, attention_mask),
+    token_type_ids,
+    baseline,
+    jnp.asarray(alphas),
+    jnp.asarray(weights),
+    target_fn,
+    reduce,
+    chunk_size,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 8, 9, 10))
-def _integrated_gradients(params, config, input_ids, mask, token_type_ids, baseline, alphas,
-                          weights, target_fn, reduce, chunk_size):
+def _integrated_gradients(
+  params,
+  config,
+  input_ids,
+  mask,
+  token_type_ids,
+  baseline,
+  alphas,
+  weights,
+  target_fn,
+  reduce,
+  chunk_size,
+):
   dtype = compute_dtype(config)
   e = captured_sites(params, config, input_ids, mask, token_type_ids, ("embeddings",))["embeddings"]
   e = e.astype(dtype)
-  base = (jnp.zeros_like(e) if baseline is None
-          else jnp.broadcast_to(baseline, e.shape).astype(dtype))
-  f = lambda x: _target_on_embeddings(params, config, input_ids, mask, token_type_ids,
-                                      target_fn, x)
+  base = (
+    jnp.zeros_like(e) if baseline is None else jnp.broadcast_to(baseline, e.shape).astype(dtype)
+  )
+  f = lambda x: _target_on_embeddings(params, config, input_ids, mask, token_type_ids, target_fn, x)
   grad = jax.grad(lambda x: f(x).sum())
-  grads = jax.lax.map(lambda a: grad(base + a.astype(dtype) * (e - base)), alphas,
-                      batch_size=chunk_size)  # (steps, B, T, H)
+  grads = jax.lax.map(
+    lambda a: grad(base + a.astype(dtype) * (e - base)), alphas, batch_size=chunk_size
+  )  # (steps, B, T, H)
   acc = analysis_dtype(config)
   total = jnp.tensordot(weights.astype(acc), grads.astype(acc), axes=1)
   attr = (e - base).astype(acc) * total
@@ -251,8 +311,17 @@ def _integrated_gradients(params, config, input_ids, mask, token_type_ids, basel
 # The logit lens --------------------------------------------------------------------
 
 
-def logit_lens(params: Params, config: BertConfig, input_ids, attention_mask=None,
-               token_type_ids=None, *, positions=None, targets=None, k: int = 5) -> LogitLens:
+def logit_lens(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  positions=None,
+  targets=None,
+  k: int = 5,
+) -> LogitLens:
   """The logit lens for masked LMs: every block's output read by the MLM head.
 
   nostalgebraist 2020, "interpreting GPT: the logit lens" (LessWrong): the final
@@ -273,8 +342,10 @@ def logit_lens(params: Params, config: BertConfig, input_ids, attention_mask=Non
   """
   check_inputs(config, input_ids, attention_mask, token_type_ids)
   if "mlm" not in params:
-    raise ValueError("logit_lens needs an MLM head; these parameters have none (load a "
-                     "*ForMaskedLM / *ForPreTraining checkpoint or init(..., heads=('mlm',)))")
+    raise ValueError(
+      "logit_lens needs an MLM head; these parameters have none (load a "
+      "*ForMaskedLM / *ForPreTraining checkpoint or init(..., heads=('mlm',)))"
+    )
   if "mlm" not in config.family.heads:
     raise ValueError(f"a {config.model_type} model has no 'mlm' head")
   batch, seq = np.shape(input_ids)
@@ -292,36 +363,48 @@ def logit_lens(params: Params, config: BertConfig, input_ids, attention_mask=Non
   if targets is not None:
     targets = jnp.asarray(targets)
     if targets.shape != positions.shape:
-      raise ValueError(f"targets shape {targets.shape} must equal positions shape "
-                       f"{positions.shape}")
+      raise ValueError(
+        f"targets shape {targets.shape} must equal positions shape {positions.shape}"
+      )
     if not isinstance(targets, jax.core.Tracer):
       t = np.asarray(targets)
       bad = t[(t < 0) | (t >= config.vocab_size)]
       if bad.size:
-        raise ValueError(f"targets {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
-                         f"[0, {config.vocab_size})")
+        raise ValueError(
+          f"targets {sorted(set(bad.tolist()))[:10]} are outside the vocabulary "
+          f"[0, {config.vocab_size})"
+        )
   if not 1 <= k <= config.vocab_size:
     raise ValueError(f"{k=} must lie in [1, vocab_size={config.vocab_size}]")
-  return _logit_lens(params, config, input_ids, attention_mask, token_type_ids,
-                     positions.astype(jnp.int32),
-                     None if targets is None else targets.astype(jnp.int32), k)
+  return _logit_lens(
+    params,
+    config,
+    input_ids,
+    attention_mask,
+    token_type_ids,
+    positions.astype(jnp.int32),
+    None if targets is None else targets.astype(jnp.int32),
+    k,
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 7))
-def _logit_lens(params, config, input_ids, attention_mask, token_type_ids, positions, targets,
-                k):
-  cache = captured_sites(params, config, input_ids, attention_mask, token_type_ids,
-                    ("embeddings", "out"))
+def _logit_lens(params, config, input_ids, attention_mask, token_type_ids, positions, targets, k):
+  cache = captured_sites(
+    params, config, input_ids, attention_mask, token_type_ids, ("embeddings", "out")
+  )
   states = jnp.concatenate([cache["embeddings"][None], cache["out"]])  # (L+1, B, T, H)
   states = jnp.take_along_axis(states, positions[None, :, :, None], axis=2)  # (L+1, B, P, H)
   states = states.astype(compute_dtype(config))
 
   def read(h):
-    log_probs = jax.nn.log_softmax(mlm_logits(params, config, h).astype(
-        analysis_dtype(config)), -1)  # (B, P, V)
+    log_probs = jax.nn.log_softmax(
+      mlm_logits(params, config, h).astype(analysis_dtype(config)), -1
+    )  # (B, P, V)
     top, ids = jax.lax.top_k(log_probs, k)
-    target = None if targets is None else jnp.take_along_axis(
-        log_probs, targets[..., None], -1)[..., 0]
+    target = (
+      None if targets is None else jnp.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
+    )
     return ids, top, target
 
   ids, top, target = jax.lax.map(read, states)

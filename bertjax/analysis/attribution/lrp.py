@@ -90,16 +90,27 @@ class Relevance(NamedTuple):
 def check_supported(config: BertConfig) -> None:
   """Raises ValueError for a config AttnLRP's rules do not cover (see the module docstring)."""
   if config.disentangled_terms:
-    raise ValueError(f"attnlrp does not support model_type={config.model_type!r}: its "
-                     "content-to-position scores multiply one input-dependent factor by a "
-                     "learned table, which the uniform rule on q k^T would halve wrongly")
+    raise ValueError(
+      f"attnlrp does not support model_type={config.model_type!r}: its "
+      "content-to-position scores multiply one input-dependent factor by a "
+      "learned table, which the uniform rule on q k^T would halve wrongly"
+    )
   if config.quantize is not None:
     raise ValueError(f"attnlrp needs the float forward pass; got quantize={config.quantize!r}")
 
 
-def attnlrp(params: Params, config: BertConfig, input_ids, attention_mask=None,
-            token_type_ids=None, *, target_fn: TargetFn, sites=(),
-            biases: bool = False, rules: str = "attnlrp") -> Relevance:
+def attnlrp(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  target_fn: TargetFn,
+  sites=(),
+  biases: bool = False,
+  rules: str = "attnlrp",
+) -> Relevance:
   """AttnLRP relevance of a target for every token (and every unit of `sites`).
 
   Args:
@@ -125,18 +136,28 @@ def attnlrp(params: Params, config: BertConfig, input_ids, attention_mask=None,
   sites = tuple(sites)
   for site in sites:
     if site not in block_sites(config):
-      raise ValueError(f"site {site!r} is not a block site of {config.model_type}; expected "
-                       f"some of {block_sites(config)}")
+      raise ValueError(
+        f"site {site!r} is not a block site of {config.model_type}; expected "
+        f"some of {block_sites(config)}"
+      )
     if config.is_pruned and site in HEAD_AXIS:
-      raise ValueError(f"site {site!r} has a head axis, which a pruned model's blocks do not "
-                       "keep whole; ask for it on the unpruned model with a head mask")
+      raise ValueError(
+        f"site {site!r} has a head axis, which a pruned model's blocks do not "
+        "keep whole; ask for it on the unpruned model with a head mask"
+      )
   if token_type_ids is None:
     token_type_ids = jnp.zeros_like(jnp.asarray(input_ids))
-  rules_config = dataclasses.replace(config,
-                                     relevance_rules=None if rules == "gradient" else rules)
-  return _attnlrp(params, rules_config, jnp.asarray(input_ids),
-                  real_tokens(input_ids, attention_mask), jnp.asarray(token_type_ids), target_fn,
-                  sites, biases)
+  rules_config = dataclasses.replace(config, relevance_rules=None if rules == "gradient" else rules)
+  return _attnlrp(
+    params,
+    rules_config,
+    jnp.asarray(input_ids),
+    real_tokens(input_ids, attention_mask),
+    jnp.asarray(token_type_ids),
+    target_fn,
+    sites,
+    biases,
+  )
 
 
 def _is_bias(path) -> bool:
@@ -167,12 +188,16 @@ def _embedding_parts(params, config: BertConfig, input_ids, token_type_ids):
   dtype = accum_dtype(config)
   word = emb["word_embeddings"]["embedding"][input_ids].astype(dtype)
   zeros = jnp.zeros_like(word)
-  types = (emb["token_type_embeddings"]["embedding"][token_type_ids].astype(dtype)
-           if config.type_vocab_size else zeros)
+  types = (
+    emb["token_type_embeddings"]["embedding"][token_type_ids].astype(dtype)
+    if config.type_vocab_size
+    else zeros
+  )
   positions = zeros
   if "position_embeddings" in emb and config.position_biased_input:
-    positions = emb["position_embeddings"]["embedding"][
-        position_ids(config, input_ids)].astype(dtype)
+    positions = emb["position_embeddings"]["embedding"][position_ids(config, input_ids)].astype(
+      dtype
+    )
   return word, positions, types
 
 
@@ -191,28 +216,40 @@ def _attnlrp(params, config, input_ids, mask, token_type_ids, target_fn, sites, 
     out = forward(p, config, input_ids, mask, token_type_ids, patch=patch, capture=sites)
     value = target_fn(p, config, out)
     if value.shape != (batch,):
-      raise ValueError(f"target_fn must return one value per sequence, shape ({batch},); "
-                       f"got shape {value.shape}")
+      raise ValueError(
+        f"target_fn must return one value per sequence, shape ({batch},); got shape {value.shape}"
+      )
     return value, out.cache or {}
 
-  site_offsets = {s: jnp.zeros(site_shape(config, s, batch, seq), accum_dtype(config))
-                  for s in sites}
-  value, backward, cache = jax.vjp(explained, jnp.zeros_like(word), site_offsets, bias_values,
-                                   has_aux=True)
+  site_offsets = {
+    s: jnp.zeros(site_shape(config, s, batch, seq), accum_dtype(config)) for s in sites
+  }
+  value, backward, cache = jax.vjp(
+    explained, jnp.zeros_like(word), site_offsets, bias_values, has_aux=True
+  )
   g_offset, g_sites, _ = backward(jnp.ones_like(value))
   per_token = lambda part: (part * g_offset).sum(-1)
   tokens, pos, typ = per_token(word), per_token(positions), per_token(types)
   bias_share = None
   if biases:
+
     def share(seed):
       g = backward(seed)[2]
-      return sum((b.astype(value.dtype) * gb.astype(value.dtype)).sum()
-                 for b, gb in zip(bias_values, g))
+      return sum(
+        (b.astype(value.dtype) * gb.astype(value.dtype)).sum() for b, gb in zip(bias_values, g)
+      )
+
     bias_share = jax.lax.map(share, jnp.eye(batch, dtype=value.dtype))
   relevance = {s: cache[s].astype(g_sites[s].dtype) * g_sites[s] for s in sites}
-  return Relevance(tokens=tokens, positions=pos, token_types=typ, target=value,
-                   absorbed=value - (tokens + pos + typ).sum(-1), biases=bias_share,
-                   sites=relevance)
+  return Relevance(
+    tokens=tokens,
+    positions=pos,
+    token_types=typ,
+    target=value,
+    absorbed=value - (tokens + pos + typ).sum(-1),
+    biases=bias_share,
+    sites=relevance,
+  )
 
 
 def _plus(offsets, value, layer):

@@ -49,7 +49,7 @@ from bertjax.model.input_checks import check_inputs
 from bertjax.model.layers import compute_dtype
 
 # attention_flow: SciPy's max-flow takes integer capacities; these are in units of 2^-30.
-FLOW_SCALE = 2 ** 30
+FLOW_SCALE = 2**30
 
 
 class Contributions(NamedTuple):
@@ -126,9 +126,14 @@ def _block_params(config: BertConfig, params: Params, dtype) -> dict[str, jax.Ar
     if config.is_pruned:
       kept = np.asarray(config.kept_heads(block), np.int32)
       wo = jnp.zeros((n, d, h), dtype).at[kept].set(wo)
-    return {"wo": wo, "bo": a["output"].get("bias", zeros),
-            "ln1_scale": a["LayerNorm"]["scale"], "ln1_bias": a["LayerNorm"].get("bias", zeros),
-            "ln2_scale": p["LayerNorm"]["scale"], "ln2_bias": p["LayerNorm"].get("bias", zeros)}
+    return {
+      "wo": wo,
+      "bo": a["output"].get("bias", zeros),
+      "ln1_scale": a["LayerNorm"]["scale"],
+      "ln1_bias": a["LayerNorm"].get("bias", zeros),
+      "ln2_scale": p["LayerNorm"]["scale"],
+      "ln2_bias": p["LayerNorm"].get("bias", zeros),
+    }
 
   if isinstance(layers, list):  # pruned: one dict per layer
     per_block = [pick(layers[b], b) for b in range(config.depth)]
@@ -186,16 +191,24 @@ def _require_post_ln(config: BertConfig, method: str) -> None:
   fam = config.family
   if fam.norm != "post" or fam.norm_kind != "layernorm":
     raise ValueError(
-        f"{method} is derived for post-LayerNorm blocks (LayerNorm after each residual); a "
-        f"{config.model_type} block is {fam.norm}-norm with {fam.norm_kind}, for which its "
-        "authors define no decomposition. norm_analysis and alti decompose pre-norm blocks.")
+      f"{method} is derived for post-LayerNorm blocks (LayerNorm after each residual); a "
+      f"{config.model_type} block is {fam.norm}-norm with {fam.norm_kind}, for which its "
+      "authors define no decomposition. norm_analysis and alti decompose pre-norm blocks."
+    )
 
 
 # Abnar & Zuidema 2020: attention rollout and attention flow ---------------------
 
 
-def attention_rollout(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                      token_type_ids=None, *, residual: bool = True) -> jax.Array:
+def attention_rollout(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  residual: bool = True,
+) -> jax.Array:
   """Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers").
 
   As `compute_joint_attention` in samiraabnar/attention_flow (attention_graph_util.py,
@@ -213,8 +226,9 @@ def attention_rollout(params: Params, config: BertConfig, input_ids, attention_m
     after block l; rows of real tokens sum to 1, padded rows and columns are 0.
   """
   check_inputs(config, input_ids, attention_mask, token_type_ids)
-  return _attention_rollout(params, config, input_ids, real_tokens(input_ids, attention_mask),
-                            token_type_ids, residual)
+  return _attention_rollout(
+    params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids, residual
+  )
 
 
 @functools.partial(jax.jit, static_argnums=(1, 5))
@@ -235,8 +249,15 @@ def _attention_matrices(params, config, input_ids, mask, token_type_ids):
 _attention_matrices_jit = jax.jit(_attention_matrices, static_argnums=(1,))
 
 
-def attention_flow(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                   token_type_ids=None, *, layers=None) -> np.ndarray:
+def attention_flow(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  layers=None,
+) -> np.ndarray:
   """Attention flow (Abnar & Zuidema 2020): max-flow from each token to each input token.
 
   As `compute_flows` in samiraabnar/attention_flow: the layered graph has one node
@@ -275,8 +296,10 @@ def attention_flow(params: Params, config: BertConfig, input_ids, attention_mask
   if bad:
     raise ValueError(f"layers {bad} are outside [0, {config.depth})")
   mask = np.asarray(real_tokens(input_ids, attention_mask))
-  mats = np.asarray(_attention_matrices_jit(params, config, input_ids, jnp.asarray(mask),
-                                            token_type_ids), np.float64)
+  mats = np.asarray(
+    _attention_matrices_jit(params, config, input_ids, jnp.asarray(mask), token_type_ids),
+    np.float64,
+  )
   batch, seq = mats.shape[1:3]
   flows = np.zeros((len(layers), batch, seq, seq))
   top = max(layers) + 1
@@ -294,12 +317,15 @@ def attention_flow(params: Params, config: BertConfig, input_ids, attention_mask
       cols.append((m - 1) * n + j)
       caps.append(np.round(a[m - 1][i, j] * FLOW_SCALE))
     nodes = (top + 1) * n
-    graph = csr_array((np.concatenate(caps).astype(np.int32),
-                       (np.concatenate(rows), np.concatenate(cols))), shape=(nodes, nodes))
+    graph = csr_array(
+      (np.concatenate(caps).astype(np.int32), (np.concatenate(rows), np.concatenate(cols))),
+      shape=(nodes, nodes),
+    )
     for k, layer in enumerate(layers):
       for i in range(n):
-        values = np.array([maximum_flow(graph, (layer + 1) * n + i, j).flow_value
-                           for j in range(n)], np.float64)
+        values = np.array(
+          [maximum_flow(graph, (layer + 1) * n + i, j).flow_value for j in range(n)], np.float64
+        )
         flows[k, b, real[i], real] = values / values.sum()
   return flows
 
@@ -307,8 +333,9 @@ def attention_flow(params: Params, config: BertConfig, input_ids, attention_mask
 # Kobayashi et al. 2020, 2021: norm-based analysis --------------------------------
 
 
-def norm_analysis(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                  token_type_ids=None) -> dict[str, jax.Array]:
+def norm_analysis(
+  params: Params, config: BertConfig, input_ids, attention_mask=None, token_type_ids=None
+) -> dict[str, jax.Array]:
   """Norm-based analysis of attention (Kobayashi et al. 2020, 2021).
 
   Kobayashi et al. 2020, "Attention is Not Only a Weight: Analyzing Transformers
@@ -343,8 +370,9 @@ def norm_analysis(params: Params, config: BertConfig, input_ids, attention_mask=
     and the mixing ratios (depth, batch, seq). Padded queries and sources are 0.
   """
   check_inputs(config, input_ids, attention_mask, token_type_ids)
-  return _norm_analysis(params, config, input_ids, real_tokens(input_ids, attention_mask),
-                        token_type_ids)
+  return _norm_analysis(
+    params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids
+  )
 
 
 def _mixing_ratio(vectors):
@@ -358,8 +386,9 @@ def _mixing_ratio(vectors):
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _norm_analysis(params, config, input_ids, mask, token_type_ids):
-  cache = captured_sites(params, config, input_ids, mask, token_type_ids,
-                    ("embeddings", "out", "probs", "v", "attn_out"))
+  cache = captured_sites(
+    params, config, input_ids, mask, token_type_ids, ("embeddings", "out", "probs", "v", "attn_out")
+  )
   dtype = cache["x"].dtype
   bp = _block_params(config, params, dtype)
   m = mask.astype(dtype)
@@ -369,21 +398,27 @@ def _norm_analysis(params, config, input_ids, mask, token_type_ids):
 
   def block(xs):
     probs, v, x, attn_out, wo, scale = xs
-    f, attn, res, ln, _ = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps,
-                                     post_ln)
+    f, attn, res, ln, _ = _decompose(
+      probs, v, x, attn_out, wo, scale, config.layer_norm_eps, post_ln
+    )
     f_norm = jnp.linalg.norm(f, axis=-1) * m[:, None, :]  # (B, N, T)
     out = {
-        "f": f_norm, "head": probs * f_norm[:, :, None, :] * pairs[:, None],
-        "attn": jnp.linalg.norm(attn, axis=-1) * pairs,
-        "attnres": jnp.linalg.norm(res, axis=-1) * pairs,
-        "mixing_attn": _mixing_ratio(attn) * m, "mixing_attnres": _mixing_ratio(res) * m}
+      "f": f_norm,
+      "head": probs * f_norm[:, :, None, :] * pairs[:, None],
+      "attn": jnp.linalg.norm(attn, axis=-1) * pairs,
+      "attnres": jnp.linalg.norm(res, axis=-1) * pairs,
+      "mixing_attn": _mixing_ratio(attn) * m,
+      "mixing_attnres": _mixing_ratio(res) * m,
+    }
     if post_ln:
-      out.update(attnresln=jnp.linalg.norm(ln, axis=-1) * pairs,
-                 mixing_attnresln=_mixing_ratio(ln) * m)
+      out.update(
+        attnresln=jnp.linalg.norm(ln, axis=-1) * pairs, mixing_attnresln=_mixing_ratio(ln) * m
+      )
     return out
 
-  return jax.lax.map(block, (cache["probs"], cache["v"], cache["x"], cache["attn_out"],
-                             bp["wo"], bp["ln1_scale"]))
+  return jax.lax.map(
+    block, (cache["probs"], cache["v"], cache["x"], cache["attn_out"], bp["wo"], bp["ln1_scale"])
+  )
 
 
 # Ferrando et al. 2022 (ALTI) and Modarressi et al. 2022 (GlobEnc) ---------------
@@ -392,8 +427,9 @@ def _norm_analysis(params, config, input_ids, mask, token_type_ids):
 ALTI_EPS = 1e-6
 
 
-def alti(params: Params, config: BertConfig, input_ids, attention_mask=None,
-         token_type_ids=None) -> Contributions:
+def alti(
+  params: Params, config: BertConfig, input_ids, attention_mask=None, token_type_ids=None
+) -> Contributions:
   """ALTI: Aggregation of Layer-wise Token-to-token Interactions (Ferrando et al. 2022).
 
   Ferrando, Gallego & Costa-jussa 2022, "Measuring the Mixing of Contextual
@@ -432,8 +468,9 @@ def alti(params: Params, config: BertConfig, input_ids, attention_mask=None,
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _alti(params, config, input_ids, mask, token_type_ids):
-  cache = captured_sites(params, config, input_ids, mask, token_type_ids,
-                    ("embeddings", "out", "probs", "v", "attn_out"))
+  cache = captured_sites(
+    params, config, input_ids, mask, token_type_ids, ("embeddings", "out", "probs", "v", "attn_out")
+  )
   dtype = cache["x"].dtype
   bp = _block_params(config, params, dtype)
   pairs = _pairs(mask, dtype)
@@ -442,8 +479,7 @@ def _alti(params, config, input_ids, mask, token_type_ids):
 
   def block(xs):
     probs, v, x, attn_out, wo, bo, scale, bias = xs
-    _, _, res, t, std = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps,
-                                   post_ln)
+    _, _, res, t, std = _decompose(probs, v, x, attn_out, wo, scale, config.layer_norm_eps, post_ln)
     if post_ln:
       bias_term = scale * (bo - bo.mean()) / std  # (B, T, H): L(b_O) / sigma_i
       y = t.sum(2) + bias_term + bias  # (B, T, H), = the mid site
@@ -456,13 +492,25 @@ def _alti(params, config, input_ids, mask, token_type_ids):
     c = jnp.maximum(jnp.abs(y).sum(-1)[:, :, None] - distance, 0) * pairs
     return _safe_normalize(c)
 
-  layer = jax.lax.map(block, (cache["probs"], cache["v"], cache["x"], cache["attn_out"], bp["wo"],
-                              bp["bo"], bp["ln1_scale"], bp["ln1_bias"]))
+  layer = jax.lax.map(
+    block,
+    (
+      cache["probs"],
+      cache["v"],
+      cache["x"],
+      cache["attn_out"],
+      bp["wo"],
+      bp["bo"],
+      bp["ln1_scale"],
+      bp["ln1_bias"],
+    ),
+  )
   return Contributions(layer, rollout(layer) * pairs)
 
 
-def globenc(params: Params, config: BertConfig, input_ids, attention_mask=None,
-            token_type_ids=None) -> Contributions:
+def globenc(
+  params: Params, config: BertConfig, input_ids, attention_mask=None, token_type_ids=None
+) -> Contributions:
   """GlobEnc (Modarressi et al. 2022): norms through the whole encoder layer, rolled out.
 
   Modarressi, Fayyaz, Yaghoobzadeh & Pilehvar 2022, "GlobEnc: Quantifying Global
@@ -490,8 +538,14 @@ def globenc(params: Params, config: BertConfig, input_ids, attention_mask=None,
 
 @functools.partial(jax.jit, static_argnums=(1,))
 def _globenc(params, config, input_ids, mask, token_type_ids):
-  cache = captured_sites(params, config, input_ids, mask, token_type_ids,
-                    ("embeddings", "out", "probs", "v", "attn_out", "mid", "ffn_out"))
+  cache = captured_sites(
+    params,
+    config,
+    input_ids,
+    mask,
+    token_type_ids,
+    ("embeddings", "out", "probs", "v", "attn_out", "mid", "ffn_out"),
+  )
   dtype = cache["x"].dtype
   bp = _block_params(config, params, dtype)
   pairs = _pairs(mask, dtype)
@@ -502,17 +556,35 @@ def _globenc(params, config, input_ids, mask, token_type_ids):
     ln2, _ = _layer_norm_vectors(ln1, mid + ffn_out, scale2, config.layer_norm_eps)
     return jnp.linalg.norm(ln2, axis=-1) * pairs
 
-  layer = jax.lax.map(block, (cache["probs"], cache["v"], cache["x"], cache["attn_out"],
-                              cache["mid"], cache["ffn_out"], bp["wo"], bp["ln1_scale"],
-                              bp["ln2_scale"]))
+  layer = jax.lax.map(
+    block,
+    (
+      cache["probs"],
+      cache["v"],
+      cache["x"],
+      cache["attn_out"],
+      cache["mid"],
+      cache["ffn_out"],
+      bp["wo"],
+      bp["ln1_scale"],
+      bp["ln2_scale"],
+    ),
+  )
   return Contributions(layer, rollout(layer) * pairs)
 
 
 # Mohebbi et al. 2023: value zeroing -----------------------------------------------
 
 
-def value_zeroing(params: Params, config: BertConfig, input_ids, attention_mask=None,
-                  token_type_ids=None, *, chunk_size: int | None = None) -> Contributions:
+def value_zeroing(
+  params: Params,
+  config: BertConfig,
+  input_ids,
+  attention_mask=None,
+  token_type_ids=None,
+  *,
+  chunk_size: int | None = None,
+) -> Contributions:
   """Value zeroing (Mohebbi et al. 2023).
 
   Mohebbi, Zuidema, Chrupala & Alishahi 2023, "Quantifying Context Mixing in
@@ -539,8 +611,9 @@ def value_zeroing(params: Params, config: BertConfig, input_ids, attention_mask=
   check_inputs(config, input_ids, attention_mask, token_type_ids)
   if chunk_size is not None and chunk_size < 1:
     raise ValueError(f"{chunk_size=} must be a positive int or None")
-  return _value_zeroing(params, config, input_ids, real_tokens(input_ids, attention_mask),
-                        token_type_ids, chunk_size)
+  return _value_zeroing(
+    params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids, chunk_size
+  )
 
 
 def _cosine_distance(a, b):
@@ -565,8 +638,9 @@ def _value_zeroing(params, config, input_ids, mask, token_type_ids, chunk_size):
 
     def zeroed(j, x=x, layer=layer):
       w = (jnp.arange(seq) == j).astype(compute_dtype(config))[None, None, :, None, None]
-      return run_layers(params, config, x, mask, start=layer, stop=layer + 1,
-                        patch={"v": (zero, w)}).last  # (B, T, H)
+      return run_layers(
+        params, config, x, mask, start=layer, stop=layer + 1, patch={"v": (zero, w)}
+      ).last  # (B, T, H)
 
     outs = jax.lax.map(zeroed, jnp.arange(seq), batch_size=chunk_size)  # (T_j, B, T_i, H)
     d = _cosine_distance(outs.astype(dtype), cache["out"][layer][None])  # (T_j, B, T_i)

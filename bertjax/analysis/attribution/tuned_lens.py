@@ -57,21 +57,30 @@ class TunedLens(NamedTuple):
 def init(config: BertConfig) -> TunedLens:
   """The zero translators: the logit lens."""
   h = config.hidden_size
-  return TunedLens(jnp.zeros((config.depth, h, h), jnp.float32),
-                   jnp.zeros((config.depth, h), jnp.float32))
+  return TunedLens(
+    jnp.zeros((config.depth, h, h), jnp.float32), jnp.zeros((config.depth, h), jnp.float32)
+  )
 
 
 def _check(params: Params, config: BertConfig) -> None:
   if "mlm" not in params or "mlm" not in config.family.heads:
-    raise ValueError("the tuned lens reads states with the MLM head; these parameters have "
-                     "none (load a *ForMaskedLM / *ForPreTraining checkpoint or "
-                     "init(..., heads=('mlm',)))")
+    raise ValueError(
+      "the tuned lens reads states with the MLM head; these parameters have "
+      "none (load a *ForMaskedLM / *ForPreTraining checkpoint or "
+      "init(..., heads=('mlm',)))"
+    )
 
 
 def _states(params, config, b):
   """(depth, B, T, H) the lens's inputs and (B, T, H) the last block's output."""
-  out = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                capture=("embeddings", "out"))
+  out = forward(
+    params,
+    config,
+    b["input_ids"],
+    b["attention_mask"],
+    b["token_type_ids"],
+    capture=("embeddings", "out"),
+  )
   states = jnp.concatenate([out.cache["embeddings"][None], out.cache["out"][:-1]])
   return states.astype(jnp.float32), out.cache["out"][-1].astype(jnp.float32)
 
@@ -101,9 +110,11 @@ def _kl_terms(params, config, lens: TunedLens | None, states, final, mask):
 @functools.partial(jax.jit, static_argnums=(1,))
 def _evaluate_batch(params, config, lens, b):
   states, final = _states(params, config, b)
-  return (_kl_terms(params, config, lens, states, final, b["attention_mask"]),
-          _kl_terms(params, config, None, states, final, b["attention_mask"]),
-          b["attention_mask"].sum())
+  return (
+    _kl_terms(params, config, lens, states, final, b["attention_mask"]),
+    _kl_terms(params, config, None, states, final, b["attention_mask"]),
+    b["attention_mask"].sum(),
+  )
 
 
 def evaluate(params: Params, config: BertConfig, lens: TunedLens, batches) -> dict:
@@ -123,22 +134,36 @@ def evaluate(params: Params, config: BertConfig, lens: TunedLens, batches) -> di
     tuned, logit, tokens = tuned + np.asarray(t) * n, logit + np.asarray(lg) * n, tokens + n
   if not tokens:
     raise ValueError("the batches have no real tokens")
-  return {"tuned": (tuned / tokens).tolist(), "logit": (logit / tokens).tolist(),
-          "tokens": int(tokens)}
+  return {
+    "tuned": (tuned / tokens).tolist(),
+    "logit": (logit / tokens).tolist(),
+    "tokens": int(tokens),
+  }
 
 
-def optimizer(steps: int, lr_scale: float = 1.0, momentum: float = 0.9,
-              weight_decay: float = 1e-3) -> optax.GradientTransformation:
+def optimizer(
+  steps: int, lr_scale: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3
+) -> optax.GradientTransformation:
   """The released code's SGD: Nesterov momentum, `lr_scale * (1 - momentum)` decaying
   linearly to 0 over `steps`, weight decay added to the gradient."""
   schedule = optax.linear_schedule(lr_scale * (1 - momentum), 0.0, steps)
-  return optax.chain(optax.add_decayed_weights(weight_decay),
-                     optax.sgd(schedule, momentum=momentum, nesterov=True))
+  return optax.chain(
+    optax.add_decayed_weights(weight_decay), optax.sgd(schedule, momentum=momentum, nesterov=True)
+  )
 
 
-def train(params: Params, config: BertConfig, batches: Sequence, *, steps: int = 250,
-          lr_scale: float = 1.0, momentum: float = 0.9, weight_decay: float = 1e-3,
-          lens: TunedLens | None = None, progress: bool = False) -> tuple[TunedLens, list]:
+def train(
+  params: Params,
+  config: BertConfig,
+  batches: Sequence,
+  *,
+  steps: int = 250,
+  lr_scale: float = 1.0,
+  momentum: float = 0.9,
+  weight_decay: float = 1e-3,
+  lens: TunedLens | None = None,
+  progress: bool = False,
+) -> tuple[TunedLens, list]:
   """Trains every translator on `batches` (cycled, one batch a step).
 
   Args:
@@ -164,7 +189,8 @@ def train(params: Params, config: BertConfig, batches: Sequence, *, steps: int =
   def step(lens, state, b):
     states, final = _states(params, config, b)
     loss, grads = jax.value_and_grad(
-        lambda ln: _kl_terms(params, config, ln, states, final, b["attention_mask"]).sum())(lens)
+      lambda ln: _kl_terms(params, config, ln, states, final, b["attention_mask"]).sum()
+    )(lens)
     updates, state = opt.update(grads, state, lens)
     return optax.apply_updates(lens, updates), state, loss
 
@@ -172,6 +198,7 @@ def train(params: Params, config: BertConfig, batches: Sequence, *, steps: int =
   bar = None
   if progress:
     from tqdm.auto import tqdm
+
     bar = tqdm(total=steps, desc="tuned lens", unit="step")
   for i in range(steps):
     lens, state, loss = step(lens, state, batches[i % len(batches)])

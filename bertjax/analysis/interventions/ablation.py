@@ -61,14 +61,17 @@ def _check_masks(config: BertConfig, head_masks, layer_masks):
   head_masks = np.asarray(head_masks, np.float32)
   shape = (config.depth, config.num_attention_heads)
   if head_masks.ndim != 3 or head_masks.shape[1:] != shape:
-    raise ValueError(f"head_masks shape {head_masks.shape} must be (masks, layers, heads)="
-                     f"(M, {shape[0]}, {shape[1]})")
+    raise ValueError(
+      f"head_masks shape {head_masks.shape} must be (masks, layers, heads)="
+      f"(M, {shape[0]}, {shape[1]})"
+    )
   if layer_masks is None:
     layer_masks = np.ones(head_masks.shape[:2], np.float32)
   layer_masks = np.asarray(layer_masks, np.float32)
   if layer_masks.shape != head_masks.shape[:2]:
-    raise ValueError(f"layer_masks shape {layer_masks.shape} must be (masks, layers)="
-                     f"{head_masks.shape[:2]}")
+    raise ValueError(
+      f"layer_masks shape {layer_masks.shape} must be (masks, layers)={head_masks.shape[:2]}"
+    )
   return head_masks, layer_masks
 
 
@@ -125,9 +128,11 @@ def token_reconstruction_loss(params, config, batch, last_hidden_state, pooled):
   """
   word = params["embeddings"]["word_embeddings"]["embedding"]
   if word.shape[-1] != last_hidden_state.shape[-1]:
-    raise ValueError(f"word embeddings width {word.shape[-1]} != hidden width "
-                     f"{last_hidden_state.shape[-1]} (a factorised embedding: ALBERT, ELECTRA "
-                     "with embedding_size != hidden_size); use mlm_batch_loss")
+    raise ValueError(
+      f"word embeddings width {word.shape[-1]} != hidden width "
+      f"{last_hidden_state.shape[-1]} (a factorised embedding: ALBERT, ELECTRA "
+      "with embedding_size != hidden_size); use mlm_batch_loss"
+    )
   dtype = jnp.promote_types(last_hidden_state.dtype, jnp.float32)
   logits = jnp.einsum("bth,vh->btv", last_hidden_state, word.astype(last_hidden_state.dtype))
   logp = jax.nn.log_softmax(logits.astype(dtype))
@@ -167,16 +172,36 @@ def _baseline(params, config, batch, *, metric_fn):
   return inputs, last, _metric(params, config, batch, last, metric_fn)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric_fn", "start", "head_ablation",
-                                             "chunk_size"))
-def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *, start,
-                    head_ablation, metric_fn, chunk_size):
+@functools.partial(
+  jax.jit, static_argnames=("config", "metric_fn", "start", "head_ablation", "chunk_size")
+)
+def _suffix_metrics(
+  params,
+  config,
+  batch,
+  hidden_in,
+  head_masks,
+  layer_masks,
+  *,
+  start,
+  head_ablation,
+  metric_fn,
+  chunk_size,
+):
   """Blocks `start ..` from `hidden_in` for each of M masks, chunked vmap: (M,), (M,)."""
 
   def one(masks):
     hm, lm = masks
-    last = run_layers(params, config, hidden_in, batch["attention_mask"], start=start,
-                      head_mask=hm, head_ablation=head_ablation, layer_mask=lm).last
+    last = run_layers(
+      params,
+      config,
+      hidden_in,
+      batch["attention_mask"],
+      start=start,
+      head_mask=hm,
+      head_ablation=head_ablation,
+      layer_mask=lm,
+    ).last
     return _metric(params, config, batch, last, metric_fn)
 
   return jax.lax.map(one, (head_masks, layer_masks), batch_size=chunk_size)
@@ -186,8 +211,15 @@ def _suffix_metrics(params, config, batch, hidden_in, head_masks, layer_masks, *
 def _full_metric(params, config, batch, head_mask, layer_mask, *, head_ablation, metric_fn):
   """One full forward pass with one mask (the naive loop's step)."""
   x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-  last = run_layers(params, config, x, batch["attention_mask"], head_mask=head_mask,
-                    head_ablation=head_ablation, layer_mask=layer_mask).last
+  last = run_layers(
+    params,
+    config,
+    x,
+    batch["attention_mask"],
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+  ).last
   return _metric(params, config, batch, last, metric_fn)
 
 
@@ -206,22 +238,38 @@ def _evaluate_batch(params, config, batch, metric_fn, mask_sets, chunk_size, str
     totals, counts = np.zeros((m, *np.shape(base[0]))), np.zeros(m)
     if strategy == "loop":
       for i in range(m):
-        t, c = _full_metric(params, config, batch, jnp.asarray(head_masks[i]),
-                            jnp.asarray(layer_masks[i]), head_ablation=kind,
-                            metric_fn=metric_fn)
+        t, c = _full_metric(
+          params,
+          config,
+          batch,
+          jnp.asarray(head_masks[i]),
+          jnp.asarray(layer_masks[i]),
+          head_ablation=kind,
+          metric_fn=metric_fn,
+        )
         totals[i], counts[i] = np.asarray(t, np.float64), float(c)
     else:
-      starts = (first_modified_layer(head_masks, layer_masks) if strategy == "prefix"
-                else np.zeros(m, int))
+      starts = (
+        first_modified_layer(head_masks, layer_masks) if strategy == "prefix" else np.zeros(m, int)
+      )
       for start in np.unique(starts):
         idx = np.flatnonzero(starts == start)
-        t, c = _suffix_metrics(params, config, batch, inputs[start], jnp.asarray(head_masks[idx]),
-                               jnp.asarray(layer_masks[idx]), start=int(start),
-                               head_ablation=kind, metric_fn=metric_fn, chunk_size=chunk_size)
+        t, c = _suffix_metrics(
+          params,
+          config,
+          batch,
+          inputs[start],
+          jnp.asarray(head_masks[idx]),
+          jnp.asarray(layer_masks[idx]),
+          start=int(start),
+          head_ablation=kind,
+          metric_fn=metric_fn,
+          chunk_size=chunk_size,
+        )
         totals[idx], counts[idx] = np.asarray(t, np.float64), np.asarray(c, np.float64)
     offsets = np.cumsum([0] + [len(mask_sets[i][1]) for i in which])
     for k, i in enumerate(which):
-      results[i] = (totals[offsets[k]:offsets[k + 1]], counts[offsets[k]:offsets[k + 1]])
+      results[i] = (totals[offsets[k] : offsets[k + 1]], counts[offsets[k] : offsets[k + 1]])
   return (np.asarray(base[0], np.float64), float(base[1])), results
 
 
@@ -241,14 +289,16 @@ def _checked_run(strategy, chunk_size, mask_sets) -> int:
 def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh=None):
   chunk_size = _checked_run(strategy, chunk_size, mask_sets)
   if mesh is not None:
-    return sharded.evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strategy,
-                            mesh)
+    return sharded.evaluate(
+      params, config, batches, metric_fn, mask_sets, chunk_size, strategy, mesh
+    )
   base = np.zeros(2)
   sums = [np.zeros((2, len(hm))) for _, hm, _ in mask_sets]
   n_batches = 0
   for batch in batches:
-    (bt, bc), results = _evaluate_batch(params, config, as_batch(batch), metric_fn, mask_sets,
-                                        chunk_size, strategy)
+    (bt, bc), results = _evaluate_batch(
+      params, config, as_batch(batch), metric_fn, mask_sets, chunk_size, strategy
+    )
     base += (bt, bc)
     for acc, (t, c) in zip(sums, results):
       acc += np.stack([t, c])
@@ -258,10 +308,19 @@ def _evaluate(params, config, batches, metric_fn, mask_sets, chunk_size, strateg
   return base[0] / base[1], [acc[0] / acc[1] for acc in sums]
 
 
-def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn,
-                   head_masks, layer_masks=None, *, head_ablation: str = "scale",
-                   chunk_size: int | None = None, strategy: str = "prefix",
-                   mesh=None) -> tuple[float, np.ndarray]:
+def evaluate_masks(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  metric_fn: MetricFn,
+  head_masks,
+  layer_masks=None,
+  *,
+  head_ablation: str = "scale",
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+  mesh=None,
+) -> tuple[float, np.ndarray]:
   """The metric under each of M arbitrary masks, summed over batches.
 
   Args:
@@ -289,9 +348,16 @@ def evaluate_masks(params: Params, config: BertConfig, batches: Iterable, metric
     `(baseline, values)`: the intact model's metric and (M,) values.
   """
   head_masks, layer_masks = _check_masks(config, head_masks, layer_masks)
-  base, (values,) = _evaluate(params, config, batches, metric_fn,
-                              [(head_ablation, head_masks, layer_masks)], chunk_size, strategy,
-                              mesh)
+  base, (values,) = _evaluate(
+    params,
+    config,
+    batches,
+    metric_fn,
+    [(head_ablation, head_masks, layer_masks)],
+    chunk_size,
+    strategy,
+    mesh,
+  )
   return float(base), values
 
 
@@ -305,10 +371,18 @@ class _Rows:
     return self.fn(params, config, batch, last_hidden_state, pooled), jnp.zeros(())
 
 
-def evaluate_masks_per_row(params: Params, config: BertConfig, batches: Iterable, row_fn,
-                           head_masks, layer_masks=None, *, head_ablation: str = "scale",
-                           chunk_size: int | None = None,
-                           strategy: str = "prefix") -> tuple[np.ndarray, np.ndarray]:
+def evaluate_masks_per_row(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  row_fn,
+  head_masks,
+  layer_masks=None,
+  *,
+  head_ablation: str = "scale",
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+) -> tuple[np.ndarray, np.ndarray]:
   """A per-row quantity under each of M masks: `evaluate_masks` that keeps every row.
 
   The same programs as `evaluate_masks` (prefix reuse, chunks, strategies; one device), for
@@ -329,8 +403,9 @@ def evaluate_masks_per_row(params: Params, config: BertConfig, batches: Iterable
   chunk_size = _checked_run(strategy, chunk_size, sets)
   bases, values = [], []
   for batch in batches:
-    (base, _), ((rows, _),) = _evaluate_batch(params, config, as_batch(batch), _Rows(row_fn),
-                                              sets, chunk_size, strategy)
+    (base, _), ((rows, _),) = _evaluate_batch(
+      params, config, as_batch(batch), _Rows(row_fn), sets, chunk_size, strategy
+    )
     bases.append(base)
     values.append(rows)
   if not bases:
@@ -357,8 +432,9 @@ class AblationResult:
     effects predicts, `pairs - (heads_1 - baseline) - (heads_2 - baseline) - baseline`; 0 for
     heads that do not interact, NaN where no pair was evaluated."""
     if self.pairs is None:
-      raise ValueError("this sweep has no pairs; run ablation_sweep(..., include=('heads', "
-                       "'pairs'))")
+      raise ValueError(
+        "this sweep has no pairs; run ablation_sweep(..., include=('heads', 'pairs'))"
+      )
     single = self.heads - self.baseline
     return self.pairs - single[:, :, None, None] - single[None, None] - self.baseline
 
@@ -379,8 +455,10 @@ def head_pairs(config: BertConfig, pairs="all") -> np.ndarray:
   depth, n = config.depth, config.num_attention_heads
   if isinstance(pairs, str):
     if pairs not in PAIR_SETS:
-      raise ValueError(f"pairs={pairs!r} must be one of {PAIR_SETS} or a sequence of "
-                       "((layer, head), (layer, head)) pairs")
+      raise ValueError(
+        f"pairs={pairs!r} must be one of {PAIR_SETS} or a sequence of "
+        "((layer, head), (layer, head)) pairs"
+      )
     i, j = np.triu_indices(depth * n, k=1)
     same = i // n == j // n
     keep = {"all": np.ones_like(same), "within": same, "across": ~same}[pairs]
@@ -390,12 +468,14 @@ def head_pairs(config: BertConfig, pairs="all") -> np.ndarray:
     raise ValueError("pairs is empty; give at least one ((l1, h1), (l2, h2)) pair")
   out = np.asarray(pairs, np.int64)
   if out.ndim != 3 or out.shape[1:] != (2, 2):
-    raise ValueError(f"pairs shape {out.shape} must be (P, 2, 2): ((layer, head), (layer, head)) "
-                     "each")
+    raise ValueError(
+      f"pairs shape {out.shape} must be (P, 2, 2): ((layer, head), (layer, head)) each"
+    )
   for k, ((l1, h1), (l2, h2)) in enumerate(out.tolist()):
     if not all(0 <= l < depth and 0 <= h < n for l, h in ((l1, h1), (l2, h2))):
-      raise ValueError(f"pairs[{k}]={((l1, h1), (l2, h2))} lies outside (layers, heads)="
-                       f"({depth}, {n})")
+      raise ValueError(
+        f"pairs[{k}]={((l1, h1), (l2, h2))} lies outside (layers, heads)=({depth}, {n})"
+      )
     if (l1, h1) == (l2, h2):
       raise ValueError(f"pairs[{k}]={((l1, h1), (l2, h2))} names one head twice")
   # (l1, h1) first, so prefix reuse starts at the pair's first modified layer.
@@ -419,15 +499,20 @@ def pair_masks(config: BertConfig, pairs="all") -> tuple[np.ndarray, np.ndarray]
   return masks, index
 
 
-def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers", "keep_one",
-                                                              "layer_skip"), *, pairs="all"):
+def sweep_masks(
+  config: BertConfig,
+  include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
+  *,
+  pairs="all",
+):
   """The masks of `ablation_sweep`: dict name -> (head_masks (M, L, N), layer_masks (M, L));
   "pairs" from `pair_masks(config, pairs)`."""
   depth, n = config.depth, config.num_attention_heads
   unknown = set(include) - set(SWEEP_FAMILIES)
   if unknown:
-    raise ValueError(f"include={sorted(unknown)} has unknown entries; expected some of "
-                     f"{SWEEP_FAMILIES}")
+    raise ValueError(
+      f"include={sorted(unknown)} has unknown entries; expected some of {SWEEP_FAMILIES}"
+    )
   ones_l = lambda m: np.ones((m, depth), np.float32)
   out = {}
   eye = np.eye(depth * n, dtype=np.float32).reshape(depth * n, depth, n)
@@ -436,25 +521,37 @@ def sweep_masks(config: BertConfig, include: Sequence[str] = ("heads", "layers",
   if "keep_one" in include:
     keep = np.ones((depth * n, depth, n), np.float32)
     for l in range(depth):
-      keep[l * n:(l + 1) * n, l] = np.eye(n)
+      keep[l * n : (l + 1) * n, l] = np.eye(n)
     out["keep_one"] = (keep, ones_l(depth * n))
   if "layers" in include:
     lay = np.ones((depth, depth, n), np.float32)
     lay[np.arange(depth), np.arange(depth)] = 0
     out["layers"] = (lay, ones_l(depth))
   if "layer_skip" in include:
-    out["layer_skip"] = (np.ones((depth, depth, n), np.float32), 1 - np.eye(depth, dtype=np.float32))
+    out["layer_skip"] = (
+      np.ones((depth, depth, n), np.float32),
+      1 - np.eye(depth, dtype=np.float32),
+    )
   if "pairs" in include:
     masks, _ = pair_masks(config, pairs)
     out["pairs"] = (masks, ones_l(len(masks)))
   return out
 
 
-def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric_fn: MetricFn, *,
-                   head_ablations: Sequence[str] = ABLATIONS,
-                   include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
-                   chunk_size: int | None = None, strategy: str = "prefix", pairs="all",
-                   mesh=None, modes: Sequence[str] | None = None) -> dict[str, AblationResult]:
+def ablation_sweep(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  metric_fn: MetricFn,
+  *,
+  head_ablations: Sequence[str] = ABLATIONS,
+  include: Sequence[str] = ("heads", "layers", "keep_one", "layer_skip"),
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+  pairs="all",
+  mesh=None,
+  modes: Sequence[str] | None = None,
+) -> dict[str, AblationResult]:
   """Every single head, every whole layer, and "keep only one head" ablated, in each kind.
 
   One pass over `batches` evaluates every mask of every head-ablation kind; with
@@ -478,12 +575,14 @@ def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric
     head ablation kind -> `AblationResult`; families not included are filled with NaN.
   """
   if modes is not None:
-    warnings.warn("ablation_sweep(modes=) is deprecated; use head_ablations=",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+      "ablation_sweep(modes=) is deprecated; use head_ablations=", DeprecationWarning, stacklevel=2
+    )
     head_ablations = modes
   if not head_ablations or set(head_ablations) - set(ABLATIONS):
-    raise ValueError(f"head_ablations={tuple(head_ablations)} must be a non-empty subset of "
-                     f"{ABLATIONS}")
+    raise ValueError(
+      f"head_ablations={tuple(head_ablations)} must be a non-empty subset of {ABLATIONS}"
+    )
   masks = sweep_masks(config, include, pairs=pairs)
   names, sets = [], []
   for i, kind in enumerate(head_ablations):
@@ -507,12 +606,18 @@ def ablation_sweep(params: Params, config: BertConfig, batches: Iterable, metric
     out[l1, h1, l2, h2] = out[l2, h2, l1, h1] = got[(kind, "pairs")]
     return out
 
-  return {kind: AblationResult(
-      head_ablation=kind, baseline=float(base),
+  return {
+    kind: AblationResult(
+      head_ablation=kind,
+      baseline=float(base),
       heads=got.get((kind, "heads"), nan(depth * n)).reshape(depth, n),
       layers=got.get((kind, "layers"), nan(depth)),
       keep_one=got.get((kind, "keep_one"), nan(depth * n)).reshape(depth, n),
-      layer_skip=skip, pairs=pair_matrix(kind)) for kind in head_ablations}
+      layer_skip=skip,
+      pairs=pair_matrix(kind),
+    )
+    for kind in head_ablations
+  }
 
 
 # Head importance (Michel et al. 2019) ----------------------------------------
@@ -524,8 +629,9 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, head_ablation, per_
 
   def loss(mask):
     x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-    last = run_layers(params, config, x, batch["attention_mask"], head_mask=mask,
-                      head_ablation=head_ablation).last
+    last = run_layers(
+      params, config, x, batch["attention_mask"], head_mask=mask, head_ablation=head_ablation
+    ).last
     total, count = _metric(params, config, {**batch, BASELINE_KEY: last}, last, loss_fn)
     return (total if per_example else total / count), count
 
@@ -535,10 +641,19 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, head_ablation, per_
   return (grad.sum(0) if per_example else grad), count
 
 
-def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_fn: MetricFn, *,
-                    head_mask=None, head_ablation: str = "scale", per_example: bool = True,
-                    normalize_layers: bool = True, exponent: float = 2.0,
-                    mesh=None) -> np.ndarray:
+def head_importance(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  loss_fn: MetricFn,
+  *,
+  head_mask=None,
+  head_ablation: str = "scale",
+  per_example: bool = True,
+  normalize_layers: bool = True,
+  exponent: float = 2.0,
+  mesh=None,
+) -> np.ndarray:
   """Michel et al.'s head importance `I_h = E_x |dL(x)/dxi_h|` at the mask `head_mask`.
 
   With `per_example=True` (the paper's definition) the mask is broadcast to one
@@ -570,20 +685,34 @@ def head_importance(params: Params, config: BertConfig, batches: Iterable, loss_
   xi = xi.astype(compute_dtype(config))
   total, denom = np.zeros(shape), 0.0
   if mesh is not None:
-    total, denom = sharded.importance_sums(params, config, batches, loss_fn, xi,
-                                           head_ablation=head_ablation, per_example=per_example,
-                                           mesh=mesh)
+    total, denom = sharded.importance_sums(
+      params,
+      config,
+      batches,
+      loss_fn,
+      xi,
+      head_ablation=head_ablation,
+      per_example=per_example,
+      mesh=mesh,
+    )
   else:
     for batch in batches:
-      g, count = _importance_batch(params, config, as_batch(batch), xi, loss_fn=loss_fn,
-                                   head_ablation=head_ablation, per_example=per_example)
+      g, count = _importance_batch(
+        params,
+        config,
+        as_batch(batch),
+        xi,
+        loss_fn=loss_fn,
+        head_ablation=head_ablation,
+        per_example=per_example,
+      )
       total += np.asarray(g, np.float64)
       denom += float(count) if per_example else 1.0
   if denom == 0:
     raise ValueError("batches is empty (or every count is zero)")
   importance = total / denom
   if normalize_layers:
-    norm = (importance ** exponent).sum(-1, keepdims=True) ** (1 / exponent)
+    norm = (importance**exponent).sum(-1, keepdims=True) ** (1 / exponent)
     importance = importance / (norm + 1e-20)
   return importance
 
@@ -597,11 +726,20 @@ class PruningResult:
   masks: np.ndarray  # (steps + 1, layers, heads)
 
 
-def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, loss_fn: MetricFn,
-                      metric_fn: MetricFn | None = None, *, step: float = 0.1,
-                      max_fraction: float = 0.9, head_ablation: str = "scale",
-                      per_example: bool = True, chunk_size: int | None = None,
-                      mesh=None) -> PruningResult:
+def iterative_pruning(
+  params: Params,
+  config: BertConfig,
+  batches: Sequence,
+  loss_fn: MetricFn,
+  metric_fn: MetricFn | None = None,
+  *,
+  step: float = 0.1,
+  max_fraction: float = 0.9,
+  head_ablation: str = "scale",
+  per_example: bool = True,
+  chunk_size: int | None = None,
+  mesh=None,
+) -> PruningResult:
   """Michel et al.'s pruning: mask the least important `step` of all heads, re-estimate, repeat.
 
   Importance is re-estimated at the current mask after each step (already
@@ -637,19 +775,35 @@ def iterative_pruning(params: Params, config: BertConfig, batches: Sequence, los
   mask = np.ones(shape, np.float32)
   fractions, metrics, masks = [], [], []
   while True:
-    _, (value,) = evaluate_masks(params, config, batches, metric_fn, mask[None],
-                                 head_ablation=head_ablation, chunk_size=chunk_size, mesh=mesh)
+    _, (value,) = evaluate_masks(
+      params,
+      config,
+      batches,
+      metric_fn,
+      mask[None],
+      head_ablation=head_ablation,
+      chunk_size=chunk_size,
+      mesh=mesh,
+    )
     pruned = int((mask == 0).sum())
     fractions.append(pruned / total)
     metrics.append(float(value))
     masks.append(mask.copy())
     if pruned >= limit:
       break
-    importance = head_importance(params, config, batches, loss_fn, head_mask=mask,
-                                 head_ablation=head_ablation, per_example=per_example,
-                                 normalize_layers=True, mesh=mesh)
+    importance = head_importance(
+      params,
+      config,
+      batches,
+      loss_fn,
+      head_mask=mask,
+      head_ablation=head_ablation,
+      per_example=per_example,
+      normalize_layers=True,
+      mesh=mesh,
+    )
     importance = np.where(mask == 0, np.inf, importance).ravel()
-    order = np.argsort(importance, kind="stable")[:min(per_step, limit - pruned)]
+    order = np.argsort(importance, kind="stable")[: min(per_step, limit - pruned)]
     mask.ravel()[order] = 0.0
   return PruningResult(np.asarray(fractions), np.asarray(metrics), np.stack(masks))
 
@@ -658,7 +812,10 @@ def __getattr__(name: str):
   # `mlm_loss` was this module's name for `mlm_batch_loss` (and is the README's older example);
   # `bertjax.training.losses.mlm_loss` is a different function (gathered positions, a mean).
   if name == "mlm_loss":
-    warnings.warn("bertjax.analysis.interventions.ablation.mlm_loss is deprecated; use mlm_batch_loss",
-                  DeprecationWarning, stacklevel=2)
+    warnings.warn(
+      "bertjax.analysis.interventions.ablation.mlm_loss is deprecated; use mlm_batch_loss",
+      DeprecationWarning,
+      stacklevel=2,
+    )
     return mlm_batch_loss
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -137,8 +137,7 @@ def _gradient(params, config, dst, targets, drop, *, grad_site, metric):
     return jnp.where(layer == drop, jax.lax.stop_gradient(value), value)
 
   def f(delta):
-    patch = {grad_site: lambda value, layer: value + delta[layer], "attn_out": cut,
-             "ffn_out": cut}
+    patch = {grad_site: lambda value, layer: value + delta[layer], "attn_out": cut, "ffn_out": cut}
     run = run_layers(params, config, x, dst["attention_mask"], patch=patch, unroll=True)
     return metric_of(params, config, metric, run.last, {**dst, **targets}, None)
 
@@ -154,8 +153,16 @@ def _qk_fixed(params, config, inputs, mask, value, weights, grads, *, site):
   for l in range(config.depth):
 
     def probs(w, l=l):  # block l alone, its site mixed with the source's by w: (B, N, T, T)
-      return run_layers(params, config, inputs[l], mask, start=l, stop=l + 1,
-                        patch={site: (value[l:l + 1], w)}, capture=("probs",)).cache["probs"][0]
+      return run_layers(
+        params,
+        config,
+        inputs[l],
+        mask,
+        start=l,
+        stop=l + 1,
+        patch={site: (value[l : l + 1], w)},
+        capture=("probs",),
+      ).cache["probs"][0]
 
     own = probs(jnp.zeros_like(weights[0]))  # the same program's unpatched maps
 
@@ -166,9 +173,19 @@ def _qk_fixed(params, config, inputs, mask, value, weights, grads, *, site):
   return jnp.moveaxis(jnp.stack(rows), -1, 0)  # (D, L, P)
 
 
-def atp_star(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-             targets: Mapping | None = None, site: str = "k", direction: str = "denoise",
-             qk_fix: bool = True, grad_drop: bool = True) -> AtPStarResult:
+def atp_star(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  site: str = "k",
+  direction: str = "denoise",
+  qk_fix: bool = True,
+  grad_drop: bool = True,
+) -> AtPStarResult:
   """AtP* estimates of patching each (layer, head) of a head site (module docstring).
 
   Args:
@@ -187,32 +204,44 @@ def atp_star(params: Params, config: BertConfig, clean, corrupted, metric: Metri
     GradDrop, magnitude estimates with it.
   """
   if site not in ATP_STAR_SITES:
-    raise ValueError(f"site {site!r} is not one atp_star estimates; expected one of "
-                     f"{ATP_STAR_SITES}")
+    raise ValueError(
+      f"site {site!r} is not one atp_star estimates; expected one of {ATP_STAR_SITES}"
+    )
   if config.is_pruned:
-    raise ValueError(f"atp_star needs stacked layers; this {config.model_type} config is "
-                     "pruned (the QK fix reruns single blocks of the stacked model)")
+    raise ValueError(
+      f"atp_star needs stacked layers; this {config.model_type} config is "
+      "pruned (the QK fix reruns single blocks of the stacked model)"
+    )
   if grad_drop and config.depth < 2:
-    raise ValueError(f"grad_drop=True averages over the L - 1 other blocks; this "
-                     f"{config.model_type} model has depth={config.depth}; pass grad_drop=False")
+    raise ValueError(
+      f"grad_drop=True averages over the L - 1 other blocks; this "
+      f"{config.model_type} model has depth={config.depth}; pass grad_drop=False"
+    )
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
-  src_value, own, inputs, src_m, dst_m = _runs(params, config, src, dst, targets, site=site,
-                                               metric=metric)
+  src_value, own, inputs, src_m, dst_m = _runs(
+    params, config, src, dst, targets, site=site, metric=metric
+  )
   fix = qk_fix and site in QK_SITES
   grad_site = "probs" if fix else site
   drops = [-1] + (list(range(config.depth)) if grad_drop else [])
-  grads = jnp.stack([_gradient(params, config, dst, targets, jnp.int32(d), grad_site=grad_site,
-                               metric=metric) for d in drops])  # (D, L, ...)
+  grads = jnp.stack(
+    [
+      _gradient(params, config, dst, targets, jnp.int32(d), grad_site=grad_site, metric=metric)
+      for d in drops
+    ]
+  )  # (D, L, ...)
   if fix:
     seq = dst["input_ids"].shape[1]
     weights = jnp.asarray(_block_weights(config, site, seq, "heads", None), src_value.dtype)
-    deltas = _qk_fixed(params, config, inputs, dst["attention_mask"], src_value, weights, grads,
-                       site=site)
+    deltas = _qk_fixed(
+      params, config, inputs, dst["attention_mask"], src_value, weights, grads, site=site
+    )
   else:
     deltas = _head_sum(grads * (src_value - own)[None])  # (D, L, N)
   deltas = np.asarray(deltas, np.float64)
   by_drop = deltas[1:] if grad_drop else None
   scores = np.abs(by_drop).sum(0) / (config.depth - 1) if grad_drop else deltas[0]
   clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
-  return AtPStarResult(site, ("layer", "head"), scores, by_drop, clean_m, corrupted_m, direction,
-                       qk_fix, grad_drop)
+  return AtPStarResult(
+    site, ("layer", "head"), scores, by_drop, clean_m, corrupted_m, direction, qk_fix, grad_drop
+  )

@@ -63,8 +63,11 @@ def prune(g: Graph, in_circuit) -> np.ndarray:
 def top_k_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.ndarray:
   """The k highest-scoring edges (EAP-IG's `apply_topn`), pruned: (n_s, n_r) bool."""
   g = scores.graph
-  v = np.where(g.valid & ~np.isnan(scores.values),
-               np.abs(scores.values) if absolute else scores.values, -np.inf)
+  v = np.where(
+    g.valid & ~np.isnan(scores.values),
+    np.abs(scores.values) if absolute else scores.values,
+    -np.inf,
+  )
   if not 0 <= k <= int(np.isfinite(v).sum()):
     raise ValueError(f"{k=} must be in [0, {int(np.isfinite(v).sum())}] (the scored edges)")
   mask = np.zeros(v.shape, bool)
@@ -77,8 +80,9 @@ def greedy_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.n
   node already in the circuit joins, and then its sender's own incoming edges become
   candidates; pruned. Returns (n_s, n_r) bool."""
   g = scores.graph
-  v = np.where(np.isnan(scores.values), -np.inf,
-               np.abs(scores.values) if absolute else scores.values)
+  v = np.where(
+    np.isnan(scores.values), -np.inf, np.abs(scores.values) if absolute else scores.values
+  )
   receivers_of = {s: np.nonzero(g.sender_of_receiver == s)[0] for s in range(g.n_senders)}
   heap: list = []
 
@@ -120,28 +124,54 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
     x = x_clean
     for layer in range(depth):
       base = layer * (3 * n + 1)
-      into = jnp.einsum("sbth,sr->rbth", carried, out_w[:, base:base + 3 * n])
-      patch = {s: functools.partial(_add_at, layer=layer, rows=None,
-                                    add=jnp.einsum("nbth,hnd->btnd", into[i * n:(i + 1) * n],
-                                                   w[s][layer]))
-               for i, s in enumerate("qkv")}
-      first = run_layers(params, config, x, mask, start=layer, stop=layer + 1, patch=patch,
-                         capture=("head_out", "resid_mid"))
-      heads = jnp.einsum("btnd,ndh->nbth", (corr.cache["head_out"][layer]
-                                            - first.cache["head_out"][0]).astype(acc),
-                         w["o"][layer])
+      into = jnp.einsum("sbth,sr->rbth", carried, out_w[:, base : base + 3 * n])
+      patch = {
+        s: functools.partial(
+          _add_at,
+          layer=layer,
+          rows=None,
+          add=jnp.einsum("nbth,hnd->btnd", into[i * n : (i + 1) * n], w[s][layer]),
+        )
+        for i, s in enumerate("qkv")
+      }
+      first = run_layers(
+        params,
+        config,
+        x,
+        mask,
+        start=layer,
+        stop=layer + 1,
+        patch=patch,
+        capture=("head_out", "resid_mid"),
+      )
+      heads = jnp.einsum(
+        "btnd,ndh->nbth",
+        (corr.cache["head_out"][layer] - first.cache["head_out"][0]).astype(acc),
+        w["o"][layer],
+      )
       lo = 1 + layer * (n + 1)
-      carried = carried.at[lo:lo + n].set(heads)
-      carried = _ln_linear(carried, w["gammas"][2 * layer],
-                           _sigma(first.cache["resid_mid"][0], eps))
+      carried = carried.at[lo : lo + n].set(heads)
+      carried = _ln_linear(
+        carried, w["gammas"][2 * layer], _sigma(first.cache["resid_mid"][0], eps)
+      )
       ffn_add = jnp.einsum("sbth,s->bth", carried, out_w[:, base + 3 * n])
       patch = dict(patch, ffn_in=functools.partial(_add_at, layer=layer, rows=None, add=ffn_add))
-      second = run_layers(params, config, x, mask, start=layer, stop=layer + 1, patch=patch,
-                          capture=("ffn_out", "resid_out"))
-      carried = carried.at[lo + n].set((corr.cache["ffn_out"][layer]
-                                        - second.cache["ffn_out"][0]).astype(acc))
-      carried = _ln_linear(carried, w["gammas"][2 * layer + 1],
-                           _sigma(second.cache["resid_out"][0], eps))
+      second = run_layers(
+        params,
+        config,
+        x,
+        mask,
+        start=layer,
+        stop=layer + 1,
+        patch=patch,
+        capture=("ffn_out", "resid_out"),
+      )
+      carried = carried.at[lo + n].set(
+        (corr.cache["ffn_out"][layer] - second.cache["ffn_out"][0]).astype(acc)
+      )
+      carried = _ln_linear(
+        carried, w["gammas"][2 * layer + 1], _sigma(second.cache["resid_out"][0], eps)
+      )
       x = second.last
     last = x + jnp.einsum("sbth,s->bth", carried, out_w[:, -1]).astype(x.dtype)
     return metric_of(params, config, metric, last, cb, None)
@@ -149,9 +179,17 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
   return jax.lax.map(one, circuits, batch_size=chunk)
 
 
-def circuit_metric(params: Params, config: BertConfig, clean, corrupted, metric: Metric,
-                   circuits, *, targets: Mapping | None = None,
-                   chunk_size: int = 4) -> np.ndarray:
+def circuit_metric(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  circuits,
+  *,
+  targets: Mapping | None = None,
+  chunk_size: int = 4,
+) -> np.ndarray:
   """The metric of the clean run with every edge outside each circuit carrying the
   corrupted run's activation (EAP-IG's `evaluate_graph`).
 
@@ -172,17 +210,32 @@ def circuit_metric(params: Params, config: BertConfig, clean, corrupted, metric:
   single = c.ndim == 2
   c = c[None] if single else c
   if c.shape[1:] != g.valid.shape:
-    raise ValueError(f"circuits shape {c.shape} must end in {g.valid.shape} (n_senders, "
-                     "n_receivers)")
+    raise ValueError(
+      f"circuits shape {c.shape} must end in {g.valid.shape} (n_senders, n_receivers)"
+    )
   src, dst, targets = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
-  got = np.asarray(_circuits(params, config, src, dst, targets, jnp.asarray(c & g.valid),
-                             metric=metric, chunk=chunk_size), np.float64)
+  got = np.asarray(
+    _circuits(
+      params, config, src, dst, targets, jnp.asarray(c & g.valid), metric=metric, chunk=chunk_size
+    ),
+    np.float64,
+  )
   return float(got[0]) if single else got
 
 
-def faithfulness(params: Params, config: BertConfig, clean, corrupted, metric: Metric,
-                 scores: EdgeScores, sizes: Sequence[int], *, targets: Mapping | None = None,
-                 method: str = "topk", absolute: bool = True) -> dict:
+def faithfulness(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  scores: EdgeScores,
+  sizes: Sequence[int],
+  *,
+  targets: Mapping | None = None,
+  method: str = "topk",
+  absolute: bool = True,
+) -> dict:
   """Circuits of growing size from `scores` and how much of the model's behaviour each keeps.
 
   Returns:
@@ -195,17 +248,23 @@ def faithfulness(params: Params, config: BertConfig, clean, corrupted, metric: M
     raise ValueError(f"{method=!r} must be 'topk' or 'greedy'")
   pick = top_k_circuit if method == "topk" else greedy_circuit
   g = scores.graph
-  masks = np.stack([pick(scores, int(k), absolute=absolute) for k in sizes]
-                   + [np.zeros(g.valid.shape, bool)])
+  masks = np.stack(
+    [pick(scores, int(k), absolute=absolute) for k in sizes] + [np.zeros(g.valid.shape, bool)]
+  )
   values = circuit_metric(params, config, clean, corrupted, metric, masks, targets=targets)
   src, dst, tg = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
   clean_m, corr_m = _baselines(params, config, src, dst, tg, metric)
   span = clean_m - corr_m
-  return {"sizes": [int(k) for k in sizes], "edges": [int(m.sum()) for m in masks[:-1]],
-          "metric": values[:-1].tolist(),
-          "normalized": ((values[:-1] - corr_m) / span if span else
-                         np.full(len(sizes), np.nan)).tolist(),
-          "clean": clean_m, "corrupted": corr_m, "empty": float(values[-1]), "method": method}
+  return {
+    "sizes": [int(k) for k in sizes],
+    "edges": [int(m.sum()) for m in masks[:-1]],
+    "metric": values[:-1].tolist(),
+    "normalized": ((values[:-1] - corr_m) / span if span else np.full(len(sizes), np.nan)).tolist(),
+    "clean": clean_m,
+    "corrupted": corr_m,
+    "empty": float(values[-1]),
+    "method": method,
+  }
 
 
 SIZES = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)  # circuit sizes `discover` tries
@@ -224,14 +283,29 @@ def agreement(scores: np.ndarray, exact: np.ndarray) -> dict[str, float]:
 
   ok = np.isfinite(scores) & np.isfinite(exact)
   x, y = scores[ok], exact[ok]
-  return {"pearson": float(stats.pearson(x, y)), "spearman": float(stats.spearman(x, y)),
-          "edges": int(ok.sum())}
+  return {
+    "pearson": float(stats.pearson(x, y)),
+    "spearman": float(stats.spearman(x, y)),
+    "edges": int(ok.sum()),
+  }
 
 
-def discover(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-             targets: Mapping | None = None, steps: int = 5, exact_edges: int | None = None,
-             sizes: Sequence[int] = SIZES, methods: Sequence[str] = ("topk", "greedy"),
-             faithful: float = 0.8, seed: int = 0, log=None) -> dict:
+def discover(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  steps: int = 5,
+  exact_edges: int | None = None,
+  sizes: Sequence[int] = SIZES,
+  methods: Sequence[str] = ("topk", "greedy"),
+  faithful: float = 0.8,
+  seed: int = 0,
+  log=None,
+) -> dict:
   """The whole circuit-discovery pipeline on one task: every edge scored by EAP and EAP-IG
   (`edges.edge_attribution`), a seeded sample of edges (`exact_edges`; None: every edge up to
   10,000, else 2,000) patched exactly (`edges.edge_patching`) and each score's agreement with
@@ -256,15 +330,19 @@ def discover(params: Params, config: BertConfig, clean, corrupted, metric: Metri
   say(f"EAP and EAP-IG ({steps} steps) on {total:,} edges")
   wanted = exact_edges or (total if total <= 10_000 else 2_000)
   valid = np.argwhere(g.valid)
-  chosen = valid[np.random.default_rng(seed).choice(len(valid), size=min(wanted, len(valid)),
-                                                    replace=False)]
+  chosen = valid[
+    np.random.default_rng(seed).choice(len(valid), size=min(wanted, len(valid)), replace=False)
+  ]
   mask = np.zeros(g.valid.shape, bool)
   mask[chosen[:, 0], chosen[:, 1]] = True
   exact = interventions_edges.edge_patching(*run, targets=targets, edges=mask)
-  agree = {k: agreement(s.values[mask], exact.values[mask]) for k, s in (("eap", eap),
-                                                                          ("eap_ig", ig))}
-  say(f"exact patching of {int(mask.sum()):,} edges: EAP Pearson {agree['eap']['pearson']:.3f},"
-      f" EAP-IG {agree['eap_ig']['pearson']:.3f}")
+  agree = {
+    k: agreement(s.values[mask], exact.values[mask]) for k, s in (("eap", eap), ("eap_ig", ig))
+  }
+  say(
+    f"exact patching of {int(mask.sum()):,} edges: EAP Pearson {agree['eap']['pearson']:.3f},"
+    f" EAP-IG {agree['eap_ig']['pearson']:.3f}"
+  )
   sizes = [k for k in sizes if k < total] + [total]
   faith = {m: faithfulness(*run, ig, sizes, targets=targets, method=m) for m in methods}
   smallest = {m: smallest_faithful(f, faithful) for m, f in faith.items()}
@@ -272,5 +350,14 @@ def discover(params: Params, config: BertConfig, clean, corrupted, metric: Metri
   if "topk" in faith and smallest["topk"] is not None:
     top = faith["topk"]
     circuit = top_k_circuit(ig, top["sizes"][top["edges"].index(smallest["topk"])])
-  return {"graph": g, "eap": eap, "eap_ig": ig, "exact": exact, "mask": mask,
-          "agreement": agree, "faithfulness": faith, "smallest": smallest, "circuit": circuit}
+  return {
+    "graph": g,
+    "eap": eap,
+    "eap_ig": ig,
+    "exact": exact,
+    "mask": mask,
+    "agreement": agree,
+    "faithfulness": faith,
+    "smallest": smallest,
+    "circuit": circuit,
+  }

@@ -77,27 +77,40 @@ from bertjax.model.sites import take_rows
 
 Params = dict[str, Any]
 METHODS = ("eap", "eap-ig")
-SUPPORTED = tuple(name for name, fam in FAMILIES.items()
-                  if fam.norm == "post" and fam.norm_kind == "layernorm"
-                  and fam.positions != "rotary" and fam.position_bias != "disentangled")
+SUPPORTED = tuple(
+  name
+  for name, fam in FAMILIES.items()
+  if fam.norm == "post"
+  and fam.norm_kind == "layernorm"
+  and fam.positions != "rotary"
+  and fam.position_bias != "disentangled"
+)
 
 
 def check_supported(config: BertConfig, what: str = "edge attribution") -> None:
   """Raises a ValueError naming the family when the graph's derivation does not cover it."""
   fam = config.family
   if config.model_type not in SUPPORTED:
-    why = ("a pre-LN block reads the stream through a norm of each receiver's own"
-           if fam.norm == "pre" else
-           "its q and k are rotated" if fam.positions == "rotary" else
-           "its attention adds disentangled position terms (and a convolution after block 0)"
-           if fam.position_bias == "disentangled" else "its norms are not LayerNorms")
-    raise ValueError(f"{what} is derived for post-LN LayerNorm blocks; a {config.model_type!r} "
-                     f"model is not covered ({why}); supported families: {SUPPORTED}")
+    why = (
+      "a pre-LN block reads the stream through a norm of each receiver's own"
+      if fam.norm == "pre"
+      else "its q and k are rotated"
+      if fam.positions == "rotary"
+      else "its attention adds disentangled position terms (and a convolution after block 0)"
+      if fam.position_bias == "disentangled"
+      else "its norms are not LayerNorms"
+    )
+    raise ValueError(
+      f"{what} is derived for post-LN LayerNorm blocks; a {config.model_type!r} "
+      f"model is not covered ({why}); supported families: {SUPPORTED}"
+    )
   if config.is_pruned:
     raise ValueError(f"{what} needs every head of every layer; this config is pruned")
   if config.kv_heads != config.num_attention_heads:
-    raise ValueError(f"{what}: grouped key/value heads ({config.kv_heads} for "
-                     f"{config.num_attention_heads}) are not covered")
+    raise ValueError(
+      f"{what}: grouped key/value heads ({config.kv_heads} for "
+      f"{config.num_attention_heads}) are not covered"
+    )
 
 
 # The graph ---------------------------------------------------------------------
@@ -190,8 +203,10 @@ class Graph:
     """(sender, receiver) indices of an edge named as EAP-IG names it ('a0.h1->m2')."""
     parent, _, child = name.partition("->")
     if parent not in self.senders or child not in self.receivers:
-      raise ValueError(f"edge {name!r} is not of this graph (names like 'input->a0.h1<q>', "
-                       f"'a0.h1->m2', 'm{self.depth - 1}->logits')")
+      raise ValueError(
+        f"edge {name!r} is not of this graph (names like 'input->a0.h1<q>', "
+        f"'a0.h1->m2', 'm{self.depth - 1}->logits')"
+      )
     s, r = self.senders.index(parent), self.receivers.index(child)
     if not self.valid[s, r]:
       raise ValueError(f"edge {name!r}: {child} reads the stream before {parent} writes it")
@@ -219,8 +234,11 @@ class EdgeScores:
     """The k highest-scoring edges (by absolute value unless `absolute=False`), named."""
     v = np.where(np.isnan(self.values), -np.inf, np.abs(self.values) if absolute else self.values)
     order = np.argsort(-v, axis=None)[:k]
-    return [(self.graph.edge_name(*np.unravel_index(i, v.shape)), float(self.values.flat[i]))
-            for i in order if np.isfinite(v.flat[i])]
+    return [
+      (self.graph.edge_name(*np.unravel_index(i, v.shape)), float(self.values.flat[i]))
+      for i in order
+      if np.isfinite(v.flat[i])
+    ]
 
 
 # Pieces shared by the scores, the exact patches and circuits ----------------------
@@ -232,10 +250,15 @@ def _weights(params, config: BertConfig) -> dict:
   layers = params["encoder"]["layers"]
   att = layers["attention"]
   f32 = lambda a: jnp.asarray(a, accum_dtype(config))[idx]
-  return dict(q=f32(att["query"]["kernel"]), k=f32(att["key"]["kernel"]),
-              v=f32(att["value"]["kernel"]), o=f32(att["output"]["kernel"]),
-              gammas=jnp.stack([f32(att["LayerNorm"]["scale"]), f32(layers["LayerNorm"]["scale"])],
-                               1).reshape(2 * config.depth, -1))  # LN 2l: attention's, 2l+1: FFN's
+  return dict(
+    q=f32(att["query"]["kernel"]),
+    k=f32(att["key"]["kernel"]),
+    v=f32(att["value"]["kernel"]),
+    o=f32(att["output"]["kernel"]),
+    gammas=jnp.stack(
+      [f32(att["LayerNorm"]["scale"]), f32(layers["LayerNorm"]["scale"])], 1
+    ).reshape(2 * config.depth, -1),
+  )  # LN 2l: attention's, 2l+1: FFN's
 
 
 def _sigma(r, eps: float):
@@ -269,8 +292,9 @@ def _sender_deltas(config, d_emb, d_head_out, d_ffn, wo):
   """(n_senders, B, T, H): corrupted - clean output of every sender, in sender order."""
   heads = _head_outputs(d_head_out, wo)  # (L, N, B, T, H)
   per_layer = jnp.concatenate([heads, d_ffn.astype(wo.dtype)[:, None]], 1)  # (L, N+1, ...)
-  return jnp.concatenate([d_emb.astype(wo.dtype)[None],
-                          per_layer.reshape((-1,) + per_layer.shape[2:])])
+  return jnp.concatenate(
+    [d_emb.astype(wo.dtype)[None], per_layer.reshape((-1,) + per_layer.shape[2:])]
+  )
 
 
 def _run(params, config, batch, x=None, **kwargs):
@@ -283,11 +307,13 @@ def _run(params, config, batch, x=None, **kwargs):
 def _adder(deltas, rows):
   """A function patch adding `deltas[layer]` (full length; read at `rows` where a block runs
   at some rows only) to a site, in an unrolled run (`layer` a Python int)."""
+
   def fn(value, layer):
     d = deltas[layer]
     if d.shape[1] != value.shape[1]:
       d = take_rows(d, rows)
     return value + d.astype(value.dtype)
+
   return fn
 
 
@@ -301,13 +327,26 @@ def _gradients(params, config, batch, metric, x, rows):
   n, d, h = config.num_attention_heads, config.head_dim, config.hidden_size
   acc = accum_dtype(config)
   zeros = lambda *shape: [jnp.zeros((b, t) + shape, acc) for _ in range(config.depth)]
-  eps = {"q": zeros(n, d), "k": zeros(n, d), "v": zeros(n, d), "ffn_in": zeros(h),
-         "out": jnp.zeros((b, t, h), acc)}
+  eps = {
+    "q": zeros(n, d),
+    "k": zeros(n, d),
+    "v": zeros(n, d),
+    "ffn_in": zeros(h),
+    "out": jnp.zeros((b, t, h), acc),
+  }
 
   def f(eps):
     fns = {s: _adder(eps[s], rows) for s in ("q", "k", "v", "ffn_in")}
-    _, run = _run(params, config, batch, x, patch=fns, final_rows=rows, unroll=True,
-                  capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
+    _, run = _run(
+      params,
+      config,
+      batch,
+      x,
+      patch=fns,
+      final_rows=rows,
+      unroll=True,
+      capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+    )
     last = run.last + eps["out"].astype(run.last.dtype)
     return metric_of(params, config, metric, last, batch, None), run.cache
 
@@ -348,15 +387,15 @@ def _score_matrix(config, g: Graph, w, deltas, sigma, grads):
   def block(gin, t: int, n_send: int):  # gin (R, B, T, H): receivers reading stage t
     gh = gin * G[t] * S[t][None, ..., None]
     nu = jnp.einsum("rbth,kh->rbtk", gh, Ginv[:k_ln]) * (np.arange(k_ln) < t)
-    out = (jnp.einsum("sbth,rbth->sr", z[:n_send], gh)
-           - jnp.einsum("sbtk,rbtk->sr", mu[:n_send], nu))
+    out = jnp.einsum("sbth,rbth->sr", z[:n_send], gh) - jnp.einsum("sbtk,rbtk->sr", mu[:n_send], nu)
     return jnp.zeros((g.n_senders, gin.shape[0]), out.dtype).at[:n_send].set(out)
 
   cols = []
   for layer in range(depth):
     before = 1 + layer * (n + 1)
-    gin = jnp.concatenate([jnp.einsum("btnd,hnd->nbth", grads[s][layer], w[s][layer])
-                           for s in "qkv"])  # (3N, B, T, H)
+    gin = jnp.concatenate(
+      [jnp.einsum("btnd,hnd->nbth", grads[s][layer], w[s][layer]) for s in "qkv"]
+    )  # (3N, B, T, H)
     cols.append(block(gin, 2 * layer, before))
     cols.append(block(grads["ffn_in"][layer][None], 2 * layer + 1, before + n))
   cols.append(block(grads["out"][None], k_ln, g.n_senders))
@@ -372,8 +411,14 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
   x_corr = embed(params, config, corrupted["input_ids"], corrupted["token_type_ids"])
   if method == "eap":
-    _, corr = _run(params, config, corrupted, x_corr, capture=("head_out", "ffn_out"),
-                   final_rows=metric_rows(metric, config, xb))
+    _, corr = _run(
+      params,
+      config,
+      corrupted,
+      x_corr,
+      capture=("head_out", "ffn_out"),
+      final_rows=metric_rows(metric, config, xb),
+    )
     corr_m = metric_of(params, config, metric, corr.last, xb, None)
     clean_m, grads, cache = _gradients(params, config, cb, metric, x_clean, rows)
     corr_cache = corr.cache
@@ -387,19 +432,38 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
 
     grads, _ = jax.lax.scan(step, grads, jnp.arange(1, steps, dtype=x_clean.dtype))
     grads = jax.tree.map(lambda a: a / steps, grads)
-    _, run = _run(params, config, clean, x_clean, final_rows=rows,
-                  capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
+    _, run = _run(
+      params,
+      config,
+      clean,
+      x_clean,
+      final_rows=rows,
+      capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+    )
     cache = run.cache
     clean_m = metric_of(params, config, metric, run.last, cb, None)
-  deltas = _sender_deltas(config, x_corr - x_clean, corr_cache["head_out"] - cache["head_out"],
-                          corr_cache["ffn_out"] - cache["ffn_out"], w["o"])
+  deltas = _sender_deltas(
+    config,
+    x_corr - x_clean,
+    corr_cache["head_out"] - cache["head_out"],
+    corr_cache["ffn_out"] - cache["ffn_out"],
+    w["o"],
+  )
   sigma = _sigmas(config, cache["resid_mid"], cache["resid_out"])
   return _score_matrix(config, g, w, deltas, sigma, grads), clean_m, corr_m
 
 
-def edge_attribution(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                     targets: Mapping | None = None, method: str = "eap",
-                     steps: int = 5) -> EdgeScores:
+def edge_attribution(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  method: str = "eap",
+  steps: int = 5,
+) -> EdgeScores:
   """Every edge's attribution score: EAP, or EAP-IG along the embeddings path.
 
   `score(u -> v) ~= metric(clean run with edge u -> v carrying the corrupted run's
@@ -424,12 +488,22 @@ def edge_attribution(params: Params, config: BertConfig, clean, corrupted, metri
     raise ValueError(f"{steps=!r} must be a positive int")
   g = graph(config)
   src, dst, targets = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
-  values, clean_m, corr_m = _attribute(params, config, src, dst, targets, metric=metric,
-                                       method=method, steps=steps if method == "eap-ig" else 1)
+  values, clean_m, corr_m = _attribute(
+    params,
+    config,
+    src,
+    dst,
+    targets,
+    metric=metric,
+    method=method,
+    steps=steps if method == "eap-ig" else 1,
+  )
   values = np.asarray(values, np.float64)
   if not np.isfinite(values[g.valid]).all():
-    raise ValueError("edge scores are not finite: the LayerNorm chain's products left float32 "
-                     "range (a LayerNorm scale of zero, or sigmas far from 1 over many layers)")
+    raise ValueError(
+      "edge scores are not finite: the LayerNorm chain's products left float32 "
+      "range (a LayerNorm scale of zero, or sigmas far from 1 over many layers)"
+    )
   return EdgeScores(g, np.where(g.valid, values, np.nan), float(clean_m), float(corr_m), method)
 
 
@@ -437,8 +511,9 @@ def edge_attribution(params: Params, config: BertConfig, clean, corrupted, metri
 
 
 @functools.partial(jax.jit, static_argnames=("config", "metric", "chunk"))
-def _patch_edges(params, config, clean, corrupted, targets, senders, receivers, weight, *,
-                 metric, chunk):
+def _patch_edges(
+  params, config, clean, corrupted, targets, senders, receivers, weight, *, metric, chunk
+):
   """metric(clean run with each edge (senders[e] -> receivers[e]) patched): (E,).
 
   One program for every kind of edge: each patch is gated by the receiver's layer and kind,
@@ -447,11 +522,17 @@ def _patch_edges(params, config, clean, corrupted, targets, senders, receivers, 
   w = _weights(params, config)
   cb = {**clean, **targets}
   rows = metric_rows(metric, config, cb)
-  x_clean, run = _run(params, config, clean,
-                      capture=("head_out", "ffn_out", "resid_mid", "resid_out"))
+  x_clean, run = _run(
+    params, config, clean, capture=("head_out", "ffn_out", "resid_mid", "resid_out")
+  )
   x_corr, corr = _run(params, config, corrupted, capture=("head_out", "ffn_out"))
-  deltas = _sender_deltas(config, x_corr - x_clean, corr.cache["head_out"] - run.cache["head_out"],
-                          corr.cache["ffn_out"] - run.cache["ffn_out"], w["o"])
+  deltas = _sender_deltas(
+    config,
+    x_corr - x_clean,
+    corr.cache["head_out"] - run.cache["head_out"],
+    corr.cache["ffn_out"] - run.cache["ffn_out"],
+    w["o"],
+  )
   sigma = _sigmas(config, run.cache["resid_mid"], run.cache["resid_out"])
   stage, t_of = jnp.asarray(g.sender_stage), jnp.asarray(g.receiver_stage)
   n = config.num_attention_heads
@@ -463,15 +544,22 @@ def _patch_edges(params, config, clean, corrupted, targets, senders, receivers, 
     t = t_of[r]
     delta = deltas[s] * weight
     for k in range(2 * config.depth):  # LayerNorm k acts between the sender and the receiver
-      delta = jnp.where((k >= stage[s]) & (k < t), _ln_linear(delta, w["gammas"][k], sigma[k]),
-                        delta)
+      delta = jnp.where(
+        (k >= stage[s]) & (k < t), _ln_linear(delta, w["gammas"][k], sigma[k]), delta
+      )
     layer, j = r // (3 * n + 1), r % (3 * n + 1)
     which = jnp.where(r == g.n_receivers - 1, 4, jnp.where(j == 3 * n, 3, j // n))
     onehot = (jnp.arange(n) == j % n)[None, None, :, None]
-    proj = jnp.einsum("bth,hnd->btnd", delta, w_qkv[jnp.minimum(layer, config.depth - 1),
-                                                      jnp.minimum(which, 2)]) * onehot
-    patch = {site: functools.partial(_add_at, add=proj * (which == i), layer=layer, rows=rows)
-             for i, site in enumerate("qkv")}
+    proj = (
+      jnp.einsum(
+        "bth,hnd->btnd", delta, w_qkv[jnp.minimum(layer, config.depth - 1), jnp.minimum(which, 2)]
+      )
+      * onehot
+    )
+    patch = {
+      site: functools.partial(_add_at, add=proj * (which == i), layer=layer, rows=rows)
+      for i, site in enumerate("qkv")
+    }
     patch["ffn_in"] = functools.partial(_add_at, add=delta * (which == 3), layer=layer, rows=rows)
     out = run_layers(params, config, x_clean, mask, patch=patch, final_rows=rows).last
     out = out + (delta * (which == 4)).astype(out.dtype)
@@ -498,8 +586,10 @@ def _edge_mask(g: Graph, edges) -> np.ndarray:
       raise ValueError(f"an edge mask has shape {arr.shape}; the graph's is {g.valid.shape}")
     if (arr & ~g.valid).any():
       s, r = np.argwhere(arr & ~g.valid)[0]
-      raise ValueError(f"the edge mask selects ({s}, {r}), {g.senders[s]} -> {g.receivers[r]}, "
-                       "which is no edge of the graph")
+      raise ValueError(
+        f"the edge mask selects ({s}, {r}), {g.senders[s]} -> {g.receivers[r]}, "
+        "which is no edge of the graph"
+      )
     return arr.copy()
   mask = np.zeros(g.valid.shape, bool)
   for e in edges:
@@ -510,9 +600,18 @@ def _edge_mask(g: Graph, edges) -> np.ndarray:
   return mask
 
 
-def edge_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                  targets: Mapping | None = None, edges=None, weight: float = 1.0,
-                  chunk_size: int = 16) -> EdgeScores:
+def edge_patching(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  edges=None,
+  weight: float = 1.0,
+  chunk_size: int = 16,
+) -> EdgeScores:
   """Exact edge patching: each edge alone carries the corrupted run's activation.
 
   For edge u -> v the clean run is rerun with v's input (the query, key or value input of
@@ -541,8 +640,18 @@ def edge_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   s, r = np.nonzero(mask)
   clean_m, corr_m = _baselines(params, config, src, dst, targets, metric)
   if s.size:
-    got = _patch_edges(params, config, src, dst, targets, jnp.asarray(s), jnp.asarray(r),
-                       jnp.asarray(weight), metric=metric, chunk=chunk_size)
+    got = _patch_edges(
+      params,
+      config,
+      src,
+      dst,
+      targets,
+      jnp.asarray(s),
+      jnp.asarray(r),
+      jnp.asarray(weight),
+      metric=metric,
+      chunk=chunk_size,
+    )
     values[s, r] = np.asarray(got, np.float64) - clean_m
   return EdgeScores(g, values, clean_m, corr_m, "exact")
 

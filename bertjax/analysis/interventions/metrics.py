@@ -38,16 +38,19 @@ def _head_logits_at(params, config, out: BertOutput, batch, head: str) -> jax.Ar
   """(B, C) logits of `head`: token heads read `batch["position"]`, sequence heads their input."""
   if head in ("mlm", "token_classifier"):
     if "position" not in batch:
-      raise ValueError(f"the {head!r} head reads one token per sequence: targets need "
-                       f"'position' (batch,); got keys {sorted(batch)}")
+      raise ValueError(
+        f"the {head!r} head reads one token per sequence: targets need "
+        f"'position' (batch,); got keys {sorted(batch)}"
+      )
     b = jnp.arange(out.last_hidden_state.shape[0])
     hidden = out.last_hidden_state[b, batch["position"].astype(jnp.int32)]  # (B, H)
     fn = mlm_logits if head == "mlm" else token_classify
     return fn(params, config, hidden)
   if head in ("nsp", "sop", "classifier"):
     return head_logits(params, config, out, head)
-  raise ValueError(f"{head=!r} must be one of 'mlm', 'token_classifier', 'nsp', 'sop', "
-                   "'classifier'")
+  raise ValueError(
+    f"{head=!r} must be one of 'mlm', 'token_classifier', 'nsp', 'sop', 'classifier'"
+  )
 
 
 def _token_rows(config, batch, head: str):
@@ -81,12 +84,15 @@ def _check_index(batch, key: str, size: int, what: str) -> np.ndarray:
     raise ValueError(f"targets need {key!r} (batch,): {what}; got keys {sorted(batch)}")
   v = np.asarray(batch[key])
   if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer):
-    raise ValueError(f"targets[{key!r}] must be (batch,) integers ({what}); got shape "
-                     f"{v.shape}, dtype {v.dtype}")
+    raise ValueError(
+      f"targets[{key!r}] must be (batch,) integers ({what}); got shape {v.shape}, dtype {v.dtype}"
+    )
   bad = np.flatnonzero((v < 0) | (v >= size))
   if bad.size:
-    raise ValueError(f"targets[{key!r}] = {v[bad[0]]} at row {bad[0]} is out of range: "
-                     f"{what} must be in [0, {size})")
+    raise ValueError(
+      f"targets[{key!r}] = {v[bad[0]]} at row {bad[0]} is out of range: "
+      f"{what} must be in [0, {size})"
+    )
   return v.astype(np.int64)
 
 
@@ -110,8 +116,10 @@ def _check_head_targets(params, config, batch, head: str) -> None:
     mask = np.asarray(batch["attention_mask"])
     padded = np.flatnonzero(mask[np.arange(len(position)), position] == 0)
     if padded.size:
-      raise ValueError(f"targets['position'] = {position[padded[0]]} at row {padded[0]} is "
-                       "a padding position (attention_mask 0); point it at a real token")
+      raise ValueError(
+        f"targets['position'] = {position[padded[0]]} at row {padded[0]} is "
+        "a padding position (attention_mask 0); point it at a real token"
+      )
   classes = _head_classes(params, config, head)
   for key in ("answer", "distractor"):
     if key in batch:
@@ -270,8 +278,10 @@ def normalize(values, clean: float, corrupted: float) -> np.ndarray:
     ValueError: when the clean and corrupted metrics are equal (nothing to restore).
   """
   if not np.isfinite(clean - corrupted) or clean == corrupted:
-    raise ValueError(f"clean={clean} and corrupted={corrupted} metrics must differ (and be "
-                     "finite) to normalise; compare the raw values instead")
+    raise ValueError(
+      f"clean={clean} and corrupted={corrupted} metrics must differ (and be "
+      "finite) to normalise; compare the raw values instead"
+    )
   return (np.asarray(values, np.float64) - corrupted) / (clean - corrupted)
 
 
@@ -290,6 +300,9 @@ def agreement(exact: PatchingResult, approx: PatchingResult) -> dict[str, float]
   keep = np.isfinite(a) & np.isfinite(b)
   a, b = a[keep], b[keep]
   few = a.size < 2
-  return {"pearson": float("nan") if few else stats.pearson(a, b),
-          "spearman": float("nan") if few else stats.spearman(a, b),
-          "max_abs_diff": float(np.abs(a - b).max()) if a.size else float("nan"), "n": int(a.size)}
+  return {
+    "pearson": float("nan") if few else stats.pearson(a, b),
+    "spearman": float("nan") if few else stats.spearman(a, b),
+    "max_abs_diff": float(np.abs(a - b).max()) if a.size else float("nan"),
+    "n": int(a.size),
+  }

@@ -91,11 +91,11 @@ from bertjax import mesh as mesh_lib
 from bertjax.analysis import sharded
 from bertjax.analysis.batching import as_batch, check_same_padding, default_chunk_size
 from bertjax.analysis.interventions.metrics import (
-    Metric,
-    PatchingResult,
-    at_least_f32,
-    check_targets,
-    metric_rows,
+  Metric,
+  PatchingResult,
+  at_least_f32,
+  check_targets,
+  metric_rows,
 )
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import BertOutput, embed, forward, run_layers
@@ -144,8 +144,9 @@ def _index_mask(size: int, chosen, what: str) -> np.ndarray:
   return mask
 
 
-def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, heads=None,
-                 positions=None) -> np.ndarray:
+def patch_weight(
+  config: BertConfig, site: str, seq_len: int, *, layers=None, heads=None, positions=None
+) -> np.ndarray:
   """The 0/1 patch weight that selects layers, heads and positions of a site.
 
   Args:
@@ -167,25 +168,26 @@ def patch_weight(config: BertConfig, site: str, seq_len: int, *, layers=None, he
   axes = _axes(site)
   head_axis = _head_axis(site)
   if heads is not None and head_axis is None:
-    raise ValueError(f"heads={heads} given for site {site!r}, which has no head axis "
-                     f"(sites with heads: {HEAD_SITES})")
+    raise ValueError(
+      f"heads={heads} given for site {site!r}, which has no head axis "
+      f"(sites with heads: {HEAD_SITES})"
+    )
   depth, n = config.depth, head_count(config, site)
   if site == "embeddings" and layers is not None:
     raise ValueError(f"layers={layers} given for the 'embeddings' site, which has no depth axis")
-  pairs = heads is not None and len(heads) > 0 and all(
-      isinstance(h, (tuple, list)) for h in heads)
+  pairs = heads is not None and len(heads) > 0 and all(isinstance(h, (tuple, list)) for h in heads)
   if pairs:
     if layers is not None:
-      raise ValueError(f"heads given as (layer, head) pairs {heads}; then layers={layers} "
-                       "must be None")
+      raise ValueError(
+        f"heads given as (layer, head) pairs {heads}; then layers={layers} must be None"
+      )
     grid = np.zeros((depth, n), bool)
     for pair in heads:
       if len(pair) != 2 or not (0 <= pair[0] < depth and 0 <= pair[1] < n):
         raise ValueError(f"(layer, head)={tuple(pair)} is outside ({depth}, {n})")
       grid[pair[0], pair[1]] = True
   else:
-    grid = (_index_mask(depth, layers, "layers")[:, None]
-            & _index_mask(n, heads, "heads")[None, :])
+    grid = _index_mask(depth, layers, "layers")[:, None] & _index_mask(n, heads, "heads")[None, :]
   pos = _index_mask(seq_len, positions, "positions")
   # Depth, then the site's axes, each 1 except the first seq axis (the query position)
   # when positions are chosen and the head axis when heads are.
@@ -214,8 +216,10 @@ def checked_pair(config, clean, corrupted, targets, direction, params=None, metr
     raise ValueError(f"{direction=!r} must be one of {DIRECTIONS}")
   clean, corrupted = as_batch(clean), as_batch(corrupted)
   if clean["input_ids"].shape != corrupted["input_ids"].shape:
-    raise ValueError(f"clean input_ids shape {tuple(clean['input_ids'].shape)} must equal "
-                     f"corrupted shape {tuple(corrupted['input_ids'].shape)}")
+    raise ValueError(
+      f"clean input_ids shape {tuple(clean['input_ids'].shape)} must equal "
+      f"corrupted shape {tuple(corrupted['input_ids'].shape)}"
+    )
   batch = clean["input_ids"].shape[0]
   targets = {k: jnp.asarray(v) for k, v in dict(targets or {}).items()}
   for k, v in targets.items():
@@ -240,8 +244,7 @@ def checked_pair(config, clean, corrupted, targets, direction, params=None, metr
 
 def _check_site(site: str, allowed: Sequence[str], what: str) -> None:
   if site not in allowed:
-    raise ValueError(f"site {site!r} is not one {what} can sweep; expected one of "
-                     f"{tuple(allowed)}")
+    raise ValueError(f"site {site!r} is not one {what} can sweep; expected one of {tuple(allowed)}")
 
 
 def _chunk(chunk_size):
@@ -267,8 +270,12 @@ def metric_of(params, config, metric, last, batch, row_weight):
     return _scalar(metric(params, config, _output(params, config, last), batch), metric)
 
   def one(h, row):
-    return _scalar(metric(params, config, _output(params, config, h[None]),
-                          jax.tree.map(lambda x: x[None], row)), metric)
+    return _scalar(
+      metric(
+        params, config, _output(params, config, h[None]), jax.tree.map(lambda x: x[None], row)
+      ),
+      metric,
+    )
 
   values = at_least_f32(jax.vmap(one)(last, batch))
   keep = row_weight > 0
@@ -278,8 +285,10 @@ def metric_of(params, config, metric, last, batch, row_weight):
 def _scalar(value, metric):
   """A metric's value, checked (at trace time) to be one number."""
   if jnp.ndim(value) != 0:
-    raise ValueError(f"metric {metric!r} returned shape {jnp.shape(value)}; a metric returns "
-                     "one scalar (a mean over the batch's rows, as LogitDiff does)")
+    raise ValueError(
+      f"metric {metric!r} returned shape {jnp.shape(value)}; a metric returns "
+      "one scalar (a mean over the batch's rows, as LogitDiff does)"
+    )
   return value
 
 
@@ -291,13 +300,14 @@ def _place(params, config, src, dst, targets, metric, mesh, *, patch_set: bool):
   (src, dst, targets), weight, padded = sharded.place_rows(host, mesh, axes)
   if padded and not getattr(metric, "row_mean", False):
     rows, size = host[0]["input_ids"].shape[0], mesh_lib.size_of(mesh, axes)
-    raise ValueError(f"batch={rows} rows do not split evenly over the {size} devices of mesh "
-                     f"axes {axes}, and metric={metric!r} is not marked as a mean over rows "
-                     "(row_mean = True, as LogitDiff, AnswerLogProb and ProbeLogitDiff are), so "
-                     f"padding rows would change it: give a multiple of {size} rows or such a "
-                     "metric")
-  return (mesh_lib.shard_params(params, mesh), src, dst, targets,
-          weight if padded else None)
+    raise ValueError(
+      f"batch={rows} rows do not split evenly over the {size} devices of mesh "
+      f"axes {axes}, and metric={metric!r} is not marked as a mean over rows "
+      "(row_mean = True, as LogitDiff, AnswerLogProb and ProbeLogitDiff are), so "
+      f"padding rows would change it: give a multiple of {size} rows or such a "
+      "metric"
+    )
+  return (mesh_lib.shard_params(params, mesh), src, dst, targets, weight if padded else None)
 
 
 def _map_set(one, patches, chunk_size):
@@ -326,9 +336,20 @@ def _run(params, config, batch, **kwargs):
 # One patched forward --------------------------------------------------------
 
 
-def patched_forward(params: Params, config: BertConfig, clean, corrupted, *, site: str,
-                    layers=None, heads=None, positions=None, direction: str = "denoise",
-                    weight=None, **forward_kwargs) -> BertOutput:
+def patched_forward(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  *,
+  site: str,
+  layers=None,
+  heads=None,
+  positions=None,
+  direction: str = "denoise",
+  weight=None,
+  **forward_kwargs,
+) -> BertOutput:
   """The destination run with `site` at the chosen layers, heads and positions from the source.
 
   Args:
@@ -348,10 +369,18 @@ def patched_forward(params: Params, config: BertConfig, clean, corrupted, *, sit
   seq = dst["input_ids"].shape[1]
   if weight is None:
     weight = patch_weight(config, site, seq, layers=layers, heads=heads, positions=positions)
-  value = forward(params, config, src["input_ids"], src["attention_mask"], src["token_type_ids"],
-                  capture=(site,)).cache[site]
-  return forward(params, config, dst["input_ids"], dst["attention_mask"], dst["token_type_ids"],
-                 patch={site: (value, weight)}, **forward_kwargs)
+  value = forward(
+    params, config, src["input_ids"], src["attention_mask"], src["token_type_ids"], capture=(site,)
+  ).cache[site]
+  return forward(
+    params,
+    config,
+    dst["input_ids"],
+    dst["attention_mask"],
+    dst["token_type_ids"],
+    patch={site: (value, weight)},
+    **forward_kwargs,
+  )
 
 
 # Exact sweeps ---------------------------------------------------------------
@@ -360,17 +389,21 @@ def patched_forward(params: Params, config: BertConfig, clean, corrupted, *, sit
 def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
   """(P, 1, *site axes) block-local 0/1 weights, one per patch of a sweep."""
   if over == "heads":
-    ws = [patch_weight(config, site, seq_len, layers=[0], heads=[h], positions=positions)
-          for h in range(head_count(config, site))]
+    ws = [
+      patch_weight(config, site, seq_len, layers=[0], heads=[h], positions=positions)
+      for h in range(head_count(config, site))
+    ]
   else:
     ws = [patch_weight(config, site, seq_len, layers=[0], positions=[t]) for t in range(seq_len)]
   return np.stack([w[:1] for w in ws])
 
 
-@functools.partial(jax.jit, static_argnames=("config", "site", "metric", "chunk_size",
-                                             "set_sharding"))
-def _sweep(params, config, src, dst, targets, weights, row_weight, *, site, metric, chunk_size,
-           set_sharding):
+@functools.partial(
+  jax.jit, static_argnames=("config", "site", "metric", "chunk_size", "set_sharding")
+)
+def _sweep(
+  params, config, src, dst, targets, weights, row_weight, *, site, metric, chunk_size, set_sharding
+):
   """One program: source and destination runs, then every patch of every layer: (L, I, m).
 
   `weights` (I, m, 1, *site axes): the block-local weights of the patch set, split over
@@ -397,39 +430,89 @@ def _sweep(params, config, src, dst, targets, weights, row_weight, *, site, metr
       if site == "out":  # block l's output is stored: the site's own mix, no block to run
         h = mix(inputs[l + 1], value[l], w[0])
       else:  # block l from its stored input, patched (leading 1: the one block run)
-        h = run_layers(params, config, inputs[l], mask, start=l, stop=l + 1,
-                       patch={site: (value[l:l + 1], w)}, final_rows=read).last
-      last = h if l == depth - 1 else run_layers(params, config, h, mask, start=l + 1,
-                                                 final_rows=read).last
+        h = run_layers(
+          params,
+          config,
+          inputs[l],
+          mask,
+          start=l,
+          stop=l + 1,
+          patch={site: (value[l : l + 1], w)},
+          final_rows=read,
+        ).last
+      last = (
+        h
+        if l == depth - 1
+        else run_layers(params, config, h, mask, start=l + 1, final_rows=read).last
+      )
       return metric_of(params, config, metric, last, dst_batch, row_weight)
 
     rows.append(_map_set(one, weights, chunk_size))
   return jnp.stack(rows), src_m, dst_m
 
 
-def _run_sweep(params, config, clean, corrupted, metric, targets, site, over, positions,
-               direction, chunk_size, mesh):
+def _run_sweep(
+  params,
+  config,
+  clean,
+  corrupted,
+  metric,
+  targets,
+  site,
+  over,
+  positions,
+  direction,
+  chunk_size,
+  mesh,
+):
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
   block_weights = _block_weights(config, site, seq, over, positions)
   weights, set_sharding = _patch_set(block_weights, mesh)
   row_weight = None
   if mesh is not None:
-    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
-                                                   mesh, patch_set=True)
-  values, src_m, dst_m = _sweep(params, config, src, dst, targets, weights, row_weight,
-                                site=site, metric=metric, chunk_size=_chunk(chunk_size),
-                                set_sharding=set_sharding)
+    params, src, dst, targets, row_weight = _place(
+      params, config, src, dst, targets, metric, mesh, patch_set=True
+    )
+  values, src_m, dst_m = _sweep(
+    params,
+    config,
+    src,
+    dst,
+    targets,
+    weights,
+    row_weight,
+    site=site,
+    metric=metric,
+    chunk_size=_chunk(chunk_size),
+    set_sharding=set_sharding,
+  )
   values = sharded.flat_interventions(values, len(block_weights), axis=1)
   clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
-  return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
-                        np.asarray(values, np.float64), clean_m, corrupted_m, direction)
+  return PatchingResult(
+    site,
+    ("layer", "head" if over == "heads" else "position"),
+    np.asarray(values, np.float64),
+    clean_m,
+    corrupted_m,
+    direction,
+  )
 
 
-def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                  targets: Mapping | None = None, site: str = "head_out", positions=None,
-                  direction: str = "denoise", chunk_size: int | None = None,
-                  mesh=None) -> PatchingResult:
+def head_patching(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  site: str = "head_out",
+  positions=None,
+  direction: str = "denoise",
+  chunk_size: int | None = None,
+  mesh=None,
+) -> PatchingResult:
   """Patches every (layer, head) of a site alone: one compiled program.
 
   Args:
@@ -455,14 +538,35 @@ def head_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
   _check_site(site, HEAD_SITES, "head_patching")
   if config.is_pruned:
     raise ValueError("head_patching needs stacked layers; this config is pruned")
-  return _run_sweep(params, config, clean, corrupted, metric, targets, site, "heads", positions,
-                    direction, chunk_size, mesh)
+  return _run_sweep(
+    params,
+    config,
+    clean,
+    corrupted,
+    metric,
+    targets,
+    site,
+    "heads",
+    positions,
+    direction,
+    chunk_size,
+    mesh,
+  )
 
 
-def position_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                      targets: Mapping | None = None, site: str = "out",
-                      direction: str = "denoise", chunk_size: int | None = None,
-                      mesh=None) -> PatchingResult:
+def position_patching(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  site: str = "out",
+  direction: str = "denoise",
+  chunk_size: int | None = None,
+  mesh=None,
+) -> PatchingResult:
   """Patches every (layer, position) of a site alone (all heads, all features): one program.
 
   Args:
@@ -479,21 +583,33 @@ def position_patching(params: Params, config: BertConfig, clean, corrupted, metr
   _check_site(site, BLOCK_SITES, "position_patching")
   if config.is_pruned:
     raise ValueError("position_patching needs stacked layers; this config is pruned")
-  return _run_sweep(params, config, clean, corrupted, metric, targets, site, "positions", None,
-                    direction, chunk_size, mesh)
+  return _run_sweep(
+    params,
+    config,
+    clean,
+    corrupted,
+    metric,
+    targets,
+    site,
+    "positions",
+    None,
+    direction,
+    chunk_size,
+    mesh,
+  )
 
 
 # Attribution patching ----------------------------------------------------------
 
 
 @functools.partial(jax.jit, static_argnames=("config", "site", "metric"))
-def _attribution_forward(params, config, src, dst, targets, weights, row_weight, *, site,
-                         metric):
+def _attribution_forward(params, config, src, dst, targets, weights, row_weight, *, site, metric):
   """The source run, and the destination run keeping what its backward pass needs:
   `(src_m, dst_m, backward)`, `backward` the metric's VJP w.r.t. per-layer patch weights."""
   src_batch, dst_batch = {**src, **targets}, {**dst, **targets}
-  _, src_run = _run(params, config, src, capture=(site,),
-                    final_rows=metric_rows(metric, config, src_batch))
+  _, src_run = _run(
+    params, config, src, capture=(site,), final_rows=metric_rows(metric, config, src_batch)
+  )
   src_m = metric_of(params, config, metric, src_run.last, src_batch, row_weight)
   value = jax.lax.stop_gradient(src_run.cache[site])
   read = metric_rows(metric, config, dst_batch)
@@ -516,10 +632,20 @@ def _attribution_backward(backward, weights, dst_m):
   return dst_m + delta
 
 
-def attribution_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                         targets: Mapping | None = None, site: str = "head_out",
-                         over: str = "heads", positions=None,
-                         direction: str = "denoise", mesh=None) -> PatchingResult:
+def attribution_patching(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  targets: Mapping | None = None,
+  site: str = "head_out",
+  over: str = "heads",
+  positions=None,
+  direction: str = "denoise",
+  mesh=None,
+) -> PatchingResult:
   """Attribution patching: every patch of a sweep estimated from one backward pass.
 
   `metric(patched) ~= metric(dst) + sum (source - own) * d metric / d site`, the
@@ -546,49 +672,82 @@ def attribution_patching(params: Params, config: BertConfig, clean, corrupted, m
   if over not in ("heads", "positions"):
     raise ValueError(f"{over=!r} must be 'heads' or 'positions'")
   if over == "positions" and positions is not None:
-    raise ValueError(f"positions={positions!r} chooses the positions of head patches "
-                     "(over='heads'); over='positions' estimates every position already")
+    raise ValueError(
+      f"positions={positions!r} chooses the positions of head patches "
+      "(over='heads'); over='positions' estimates every position already"
+    )
   _check_site(site, HEAD_SITES if over == "heads" else BLOCK_SITES, f"attribution over {over}")
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
-  weights = jnp.asarray(_block_weights(config, site, seq, over,
-                                       positions if over == "heads" else None))
+  weights = jnp.asarray(
+    _block_weights(config, site, seq, over, positions if over == "heads" else None)
+  )
   row_weight = None
   if mesh is not None:
-    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
-                                                   mesh, patch_set=False)
+    params, src, dst, targets, row_weight = _place(
+      params, config, src, dst, targets, metric, mesh, patch_set=False
+    )
     weights = mesh_lib.shard_rows(np.asarray(weights), mesh, ())  # replicated
   # Two programs: XLA:CPU then keeps the destination's residuals as separate output arrays,
   # which the allocator reuses call after call, instead of one large temporary buffer it
   # maps afresh each time (measured: about 8% of the attribution's time).
-  src_m, dst_m, backward = _attribution_forward(params, config, src, dst, targets, weights,
-                                                row_weight, site=site, metric=metric)
-  values, src_m, dst_m = mesh_lib.to_host((_attribution_backward(backward, weights, dst_m),
-                                           src_m, dst_m))
+  src_m, dst_m, backward = _attribution_forward(
+    params, config, src, dst, targets, weights, row_weight, site=site, metric=metric
+  )
+  values, src_m, dst_m = mesh_lib.to_host(
+    (_attribution_backward(backward, weights, dst_m), src_m, dst_m)
+  )
   clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
-  return PatchingResult(site, ("layer", "head" if over == "heads" else "position"),
-                        np.asarray(values, np.float64), clean_m, corrupted_m, direction,
-                        "attribution")
+  return PatchingResult(
+    site,
+    ("layer", "head" if over == "heads" else "position"),
+    np.asarray(values, np.float64),
+    clean_m,
+    corrupted_m,
+    direction,
+    "attribution",
+  )
 
 
 # Path patching -----------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "receivers", "receiver_sites", "metric",
-                                             "chunk_size", "set_sharding"))
-def _path(params, config, src, dst, targets, senders, row_weight, *, receivers, receiver_sites,
-          metric, chunk_size, set_sharding):
+@functools.partial(
+  jax.jit,
+  static_argnames=("config", "receivers", "receiver_sites", "metric", "chunk_size", "set_sharding"),
+)
+def _path(
+  params,
+  config,
+  src,
+  dst,
+  targets,
+  senders,
+  row_weight,
+  *,
+  receivers,
+  receiver_sites,
+  metric,
+  chunk_size,
+  set_sharding,
+):
   """Every sender head (I, m) of every layer below the first receiver: (first, I, m)."""
   if set_sharding is not None:
     senders = jax.lax.with_sharding_constraint(senders, set_sharding)
   depth, n = config.depth, config.num_attention_heads
   dst_batch = {**dst, **targets}
   read = metric_rows(metric, config, dst_batch)  # the last block's rows the metric reads
-  _, src_run = _run(params, config, src, capture=("head_out",),
-                    final_rows=metric_rows(metric, config, {**src, **targets}))
+  _, src_run = _run(
+    params,
+    config,
+    src,
+    capture=("head_out",),
+    final_rows=metric_rows(metric, config, {**src, **targets}),
+  )
   mask = dst["attention_mask"]
-  x, dst_run = _run(params, config, dst, output_hidden_states=True, capture=("head_out",),
-                    final_rows=read)
+  x, dst_run = _run(
+    params, config, dst, output_hidden_states=True, capture=("head_out",), final_rows=read
+  )
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])
   src_m = metric_of(params, config, metric, src_run.last, {**src, **targets}, row_weight)
   dst_m = metric_of(params, config, metric, dst_run.last, dst_batch, row_weight)
@@ -605,25 +764,43 @@ def _path(params, config, src, dst, targets, senders, row_weight, *, receivers, 
       sender = (jnp.arange(n) == h)[None, None, :, None]  # (1, 1, N, 1)
       # Every head frozen at the destination's own output except the sender (source).
       frozen = dst_ho.at[l].set(jnp.where(sender, src_ho[l], dst_ho[l]))
-      step = run_layers(params, config, inputs[l], mask, start=l, stop=last + 1,
-                        patch={"head_out": (frozen, jnp.ones((), frozen.dtype))},
-                        capture=receiver_sites)
+      step = run_layers(
+        params,
+        config,
+        inputs[l],
+        mask,
+        start=l,
+        stop=last + 1,
+        patch={"head_out": (frozen, jnp.ones((), frozen.dtype))},
+        capture=receiver_sites,
+      )
       patch = {}
       for s in receiver_sites:  # the receivers' inputs as the sender's path left them
         full = jnp.zeros((depth, *step.cache[s].shape[1:]), step.cache[s].dtype)
-        patch[s] = (full.at[l:last + 1].set(step.cache[s]), w_recv)
-      out = run_layers(params, config, inputs[first], mask, start=first, patch=patch,
-                       final_rows=read).last
+        patch[s] = (full.at[l : last + 1].set(step.cache[s]), w_recv)
+      out = run_layers(
+        params, config, inputs[first], mask, start=first, patch=patch, final_rows=read
+      ).last
       return metric_of(params, config, metric, out, dst_batch, row_weight)
 
     rows.append(_map_set(one, senders, chunk_size))
   return jnp.stack(rows), src_m, dst_m
 
 
-def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: Metric, *,
-                  receivers: Sequence[tuple[int, int]], receiver_sites: str | Sequence[str] = "v",
-                  targets: Mapping | None = None, direction: str = "denoise",
-                  chunk_size: int | None = None, mesh=None) -> PatchingResult:
+def path_patching(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  *,
+  receivers: Sequence[tuple[int, int]],
+  receiver_sites: str | Sequence[str] = "v",
+  targets: Mapping | None = None,
+  direction: str = "denoise",
+  chunk_size: int | None = None,
+  mesh=None,
+) -> PatchingResult:
   """Path patching from every head below the receivers into the receivers' q/k/v inputs.
 
   Wang et al. 2023 ("Interpretability in the wild", IOI): for each sender head,
@@ -652,37 +829,61 @@ def path_patching(params: Params, config: BertConfig, clean, corrupted, metric: 
     raise ValueError(f"receiver_sites={receiver_sites!r} must be some of {RECEIVER_SITES}")
   receivers = list(receivers)
   if any(np.ndim(r) != 1 or len(r) != 2 for r in receivers):
-    raise ValueError(f"receivers={receivers!r} must be a sequence of (layer, head) pairs, "
-                     "e.g. [(2, 1)] for one receiver")
+    raise ValueError(
+      f"receivers={receivers!r} must be a sequence of (layer, head) pairs, "
+      "e.g. [(2, 1)] for one receiver"
+    )
   pairs = tuple(sorted({(int(layer), int(head)) for layer, head in receivers}))
   if not pairs:
     raise ValueError("receivers is empty; give (layer, head) pairs")
   for layer, head in pairs:
     if not (0 <= layer < config.depth and 0 <= head < config.num_attention_heads):
-      raise ValueError(f"receiver (layer, head)={(layer, head)} is outside "
-                       f"({config.depth}, {config.num_attention_heads})")
+      raise ValueError(
+        f"receiver (layer, head)={(layer, head)} is outside "
+        f"({config.depth}, {config.num_attention_heads})"
+      )
   if pairs[0][0] == 0:
     raise ValueError(f"receivers {list(pairs)} include layer 0, which no head precedes")
   if config.is_pruned:
     raise ValueError("path_patching needs stacked layers; this config is pruned")
   if config.kv_heads != config.num_attention_heads and set(sites) & {"k", "v"}:
-    raise ValueError(f"path_patching into receivers' {sorted(set(sites) & {'k', 'v'})}: a "
-                     f"{config.model_type} model groups its key/value heads "
-                     f"({config.kv_heads} for {config.num_attention_heads}), so a receiver "
-                     "head has no key or value of its own; use receiver_sites=('q',)")
+    raise ValueError(
+      f"path_patching into receivers' {sorted(set(sites) & {'k', 'v'})}: a "
+      f"{config.model_type} model groups its key/value heads "
+      f"({config.kv_heads} for {config.num_attention_heads}), so a receiver "
+      "head has no key or value of its own; use receiver_sites=('q',)"
+    )
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
   n = config.num_attention_heads
   senders, set_sharding = _patch_set(np.arange(n, dtype=np.int32), mesh)
   row_weight = None
   if mesh is not None:
-    params, src, dst, targets, row_weight = _place(params, config, src, dst, targets, metric,
-                                                   mesh, patch_set=True)
-  rows, src_m, dst_m = _path(params, config, src, dst, targets, senders, row_weight,
-                             receivers=pairs, receiver_sites=tuple(sorted(set(sites))),
-                             metric=metric, chunk_size=_chunk(chunk_size),
-                             set_sharding=set_sharding)
+    params, src, dst, targets, row_weight = _place(
+      params, config, src, dst, targets, metric, mesh, patch_set=True
+    )
+  rows, src_m, dst_m = _path(
+    params,
+    config,
+    src,
+    dst,
+    targets,
+    senders,
+    row_weight,
+    receivers=pairs,
+    receiver_sites=tuple(sorted(set(sites))),
+    metric=metric,
+    chunk_size=_chunk(chunk_size),
+    set_sharding=set_sharding,
+  )
   values = np.full((config.depth, n), np.nan)
-  values[:pairs[0][0]] = sharded.flat_interventions(rows, n, axis=1)
+  values[: pairs[0][0]] = sharded.flat_interventions(rows, n, axis=1)
   clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
-  return PatchingResult("head_out", ("layer", "head"), np.asarray(values, np.float64), clean_m,
-                        corrupted_m, direction, "path")
+  return PatchingResult(
+    "head_out",
+    ("layer", "head"),
+    np.asarray(values, np.float64),
+    clean_m,
+    corrupted_m,
+    direction,
+    "path",
+  )

@@ -93,7 +93,8 @@ def masked_lm(params: Any, config: Any) -> MaskedLM:
       f"cloze probes need a masked-LM head, but these parameters have no 'mlm' head "
       f"(task heads present: {present}); load a checkpoint with one (BertForMaskedLM, "
       "BertForPreTraining, AlbertForMaskedLM, RobertaForMaskedLM, ElectraForMaskedLM (the "
-      "generator), DistilBertForMaskedLM) or init with heads=('mlm',)")
+      "generator), DistilBertForMaskedLM) or init with heads=('mlm',)"
+    )
   return MaskedLM(_BertMLM(config), params)
 
 
@@ -146,8 +147,10 @@ def _lm(model: Any) -> MaskedLM:
   if isinstance(model, tuple) and len(model) == 2:
     config, params = model
     if isinstance(params, bertjax.BertConfig) and not isinstance(config, bertjax.BertConfig):
-      raise TypeError("model=(params, config): a whole model is (config, params), the pair "
-                      "from_hf returns; swap them")
+      raise TypeError(
+        "model=(params, config): a whole model is (config, params), the pair "
+        "from_hf returns; swap them"
+      )
     return masked_lm(params, config)
   if not isinstance(model, MaskedLM):
     raise TypeError(f"model must be a MaskedLM or (config, params), got {type(model).__name__}")
@@ -239,16 +242,19 @@ def score_queries(
     raise ValueError("the tokenizer has no [MASK] token")
   texts = list(texts)
   n_cand = len(candidates[0]) if candidates else 0
-  if candidates is not None and (len(candidates) != len(texts)
-                                 or any(len(c) != n_cand for c in candidates)):
+  if candidates is not None and (
+    len(candidates) != len(texts) or any(len(c) != n_cand for c in candidates)
+  ):
     raise ValueError(f"candidates must give {n_cand} words for each of the {len(texts)} texts")
   enc, positions = [], []
   for i, text in enumerate(texts):
     ids = tokenizer.encode([mask_text(tokenizer, text)]).input_ids[0]
     where = np.flatnonzero(ids == tokenizer.mask_id)
     if len(where) != 1:
-      raise ValueError(f"texts[{i}]={text!r} must contain exactly one [MASK] (or "
-                       f"{tokenizer.mask_token}); found {len(where)}")
+      raise ValueError(
+        f"texts[{i}]={text!r} must contain exactly one [MASK] (or "
+        f"{tokenizer.mask_token}); found {len(where)}"
+      )
     enc.append(ids)
     positions.append(int(where[0]))
   targets = np.full((len(texts), max(n_cand, 1)), -1, np.int32)
@@ -279,8 +285,9 @@ def topk_accuracy(topk: np.ndarray, gold: Sequence[Sequence[int]], k: int) -> fl
     raise ValueError(f"topk shape {topk.shape} must be ({len(gold)}, >= {k=})")
   if not len(gold):
     return float("nan")
-  return float(np.mean([bool(set(map(int, g)) & set(topk[i, :k].tolist()))
-                        for i, g in enumerate(gold)]))
+  return float(
+    np.mean([bool(set(map(int, g)) & set(topk[i, :k].tolist())) for i, g in enumerate(gold)])
+  )
 
 
 # ----------------------------------------------------------------------------
@@ -307,8 +314,9 @@ def fill_template(template: str, subject: str, mask: str = "[MASK]") -> str:
   return template.replace("[X]", subject).replace("[Y]", mask)
 
 
-def lama_queries(records: Sequence[Mapping[str, Any]],
-                 templates: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+def lama_queries(
+  records: Sequence[Mapping[str, Any]], templates: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
   """``(text, object)`` pairs from LAMA records.
 
   A record with ``masked_sentences`` (SQuAD, Google-RE, ConceptNet) uses them,
@@ -330,8 +338,9 @@ def lama_queries(records: Sequence[Mapping[str, Any]],
   return out
 
 
-def lama_scores(topk: np.ndarray, object_ids: Sequence[int | None],
-                ks: Sequence[int] = (1, 10)) -> dict[str, float]:
+def lama_scores(
+  topk: np.ndarray, object_ids: Sequence[int | None], ks: Sequence[int] = (1, 10)
+) -> dict[str, float]:
   """P@k over queries whose object is a single token (``object_ids`` None elsewhere).
 
   Returns:
@@ -345,9 +354,16 @@ def lama_scores(topk: np.ndarray, object_ids: Sequence[int | None],
   return out
 
 
-def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
-               templates: Mapping[str, str] | None = None, ks: Sequence[int] = (1, 10),
-               batch_size: int = 32, mesh: Any = None) -> dict[str, float]:
+def lama_probe(
+  model: MaskedLM | tuple[Any, Any],
+  tokenizer: Any,
+  records,
+  *,
+  templates: Mapping[str, str] | None = None,
+  ks: Sequence[int] = (1, 10),
+  batch_size: int = 32,
+  mesh: Any = None,
+) -> dict[str, float]:
   """LAMA P@k (mean over single-token-object queries).
 
   Args:
@@ -368,8 +384,9 @@ def lama_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records, *,
   queries = lama_queries(records, templates)
   object_ids = [single_token_id(tokenizer, obj) for _, obj in queries]
   keep = [i for i, o in enumerate(object_ids) if o is not None]
-  scores = score_queries(lm, tokenizer, [queries[i][0] for i in keep], k=max(ks),
-                         batch_size=batch_size, mesh=mesh)
+  scores = score_queries(
+    lm, tokenizer, [queries[i][0] for i in keep], k=max(ks), batch_size=batch_size, mesh=mesh
+  )
   topk = np.zeros((len(queries), max(ks)), np.int32)
   topk[keep] = scores.topk
   return lama_scores(topk, object_ids, ks)
@@ -395,12 +412,26 @@ def cloze_text(context: str, suffix: str = " .") -> str:
   return f"{context.strip()} [MASK]{suffix}"
 
 
-def _logprob_table(lm, tokenizer, pairs: Sequence[tuple[str, str]], k: int, batch_size: int,
-                   suffix: str, mesh: Any = None):
+def _logprob_table(
+  lm,
+  tokenizer,
+  pairs: Sequence[tuple[str, str]],
+  k: int,
+  batch_size: int,
+  suffix: str,
+  mesh: Any = None,
+):
   """Scores distinct (context, word) pairs: {pair: (logprob, topk)}."""
   uniq = list(dict.fromkeys(pairs))
-  s = score_queries(lm, tokenizer, [cloze_text(c, suffix) for c, _ in uniq],
-                    [[w] for _, w in uniq], k=k, batch_size=batch_size, mesh=mesh)
+  s = score_queries(
+    lm,
+    tokenizer,
+    [cloze_text(c, suffix) for c, _ in uniq],
+    [[w] for _, w in uniq],
+    k=k,
+    batch_size=batch_size,
+    mesh=mesh,
+  )
   return {p: (float(s.target_logprob[i, 0]), s.topk[i]) for i, p in enumerate(uniq)}
 
 
@@ -408,8 +439,12 @@ def _mean(flags: Sequence[bool]) -> float:
   return float(np.mean(flags)) if len(flags) else float("nan")
 
 
-def neg136_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str], tuple],
-                  ks: Sequence[int] = (1, 5), simp: bool = True) -> dict[str, float]:
+def neg136_scores(
+  items: Sequence[Mapping[str, str]],
+  lookup: Callable[[str, str], tuple],
+  ks: Sequence[int] = (1, 5),
+  simp: bool = True,
+) -> dict[str, float]:
   """NEG-136 scores from a ``lookup(context, word) -> (logprob, topk ids, word id)``.
 
   Accuracy: the true completion (``target_aff`` after the affirmative context,
@@ -420,10 +455,13 @@ def neg136_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str
   probability when the context is negated.
   For NAT, ``*_licensed`` repeats the measures on items marked ``licensing == "Y"``.
   """
+
   def measures(rows):
     out = {}
-    for side, true_key, false_key in (("aff", "target_aff", "target_neg"),
-                                      ("neg", "target_neg", "target_aff")):
+    for side, true_key, false_key in (
+      ("aff", "target_aff", "target_neg"),
+      ("neg", "target_neg", "target_aff"),
+    ):
       ctx = f"context_{side}"
       acc = {k: [] for k in ks}
       sens = []
@@ -454,13 +492,20 @@ def neg136_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str
 
   out = measures(items)
   if not simp:
-    out.update({f"{k}_licensed": v for k, v in
-                measures([r for r in items if r.get("licensing") == "Y"]).items()})
+    out.update(
+      {
+        f"{k}_licensed": v
+        for k, v in measures([r for r in items if r.get("licensing") == "Y"]).items()
+      }
+    )
   return out
 
 
-def role88_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str], tuple],
-                  ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+def role88_scores(
+  items: Sequence[Mapping[str, str]],
+  lookup: Callable[[str, str], tuple],
+  ks: Sequence[int] = (1, 5),
+) -> dict[str, float]:
   """ROLE-88: top-k accuracy of any ``expected`` word (``|``-separated) for every context;
   sensitivity: share of item pairs (``N-a`` / ``N-b``) where ``target`` is more
   probable after the appropriate ``-a`` context than after the role-reversed ``-b``."""
@@ -492,8 +537,11 @@ def role88_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str
   return out
 
 
-def cprag102_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, str], tuple],
-                    ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+def cprag102_scores(
+  items: Sequence[Mapping[str, str]],
+  lookup: Callable[[str, str], tuple],
+  ks: Sequence[int] = (1, 5),
+) -> dict[str, float]:
   """CPRAG-102: top-k accuracy of ``expected``, overall and by ``constraint`` (H/L);
   sensitivity: share of items where ``expected`` is more probable than the
   ``within_category`` completion; also within-category over between-category."""
@@ -515,14 +563,20 @@ def cprag102_scores(items: Sequence[Mapping[str, str]], lookup: Callable[[str, s
       within_between.append(lp_w > lp_b)
   out = {f"top{k}": _mean(acc[k]) for k in ks}
   out.update({f"top{ks[0]}_{c}": _mean(v) for c, v in sorted(by_constraint.items())})
-  out.update(sensitivity=_mean(sens), within_over_between=_mean(within_between),
-             n=len(acc[ks[0]]))
+  out.update(sensitivity=_mean(sens), within_over_between=_mean(within_between), n=len(acc[ks[0]]))
   return out
 
 
-def ettinger_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, datasets_dir: PathLike, *,
-                   ks: Sequence[int] = (1, 5), suffix: str = " .",
-                   batch_size: int = 32, mesh: Any = None) -> dict[str, dict[str, float]]:
+def ettinger_probe(
+  model: MaskedLM | tuple[Any, Any],
+  tokenizer: Any,
+  datasets_dir: PathLike,
+  *,
+  ks: Sequence[int] = (1, 5),
+  suffix: str = " .",
+  batch_size: int = 32,
+  mesh: Any = None,
+) -> dict[str, dict[str, float]]:
   """All four Ettinger diagnostics from ``lm_diagnostics/datasets``.
 
   Completions that are not a single vocabulary token are skipped (counted in
@@ -593,9 +647,15 @@ def _pll_rows(fn, params, ids, mask, positions, mask_id):
   return logp[rows, original]
 
 
-def pseudo_log_likelihood(model: MaskedLM | tuple[Any, Any], tokenizer: Any,
-                          sentences: Sequence[str], *, max_rows: int = 128,
-                          return_tokens: bool = False, mesh: Any = None):
+def pseudo_log_likelihood(
+  model: MaskedLM | tuple[Any, Any],
+  tokenizer: Any,
+  sentences: Sequence[str],
+  *,
+  max_rows: int = 128,
+  return_tokens: bool = False,
+  mesh: Any = None,
+):
   """PLL of each sentence (Salazar et al. 2020), special tokens excluded.
 
   A sentence of T word pieces becomes T copies, copy t with piece t masked; the
@@ -660,14 +720,21 @@ def minimal_pair_accuracy(score_good, score_bad) -> float:
   """Share of pairs where the acceptable sentence scores strictly higher."""
   good, bad = np.asarray(score_good, float), np.asarray(score_bad, float)
   if good.shape != bad.shape or good.ndim != 1:
-    raise ValueError(f"score_good shape {good.shape} and score_bad shape {bad.shape} must be "
-                     "equal 1-d shapes")
+    raise ValueError(
+      f"score_good shape {good.shape} and score_bad shape {bad.shape} must be equal 1-d shapes"
+    )
   return float(np.mean(good > bad)) if good.size else float("nan")
 
 
-def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
-                *, max_pairs: int | None = None, max_rows: int = 128,
-                mesh: Any = None) -> dict[str, Any]:
+def blimp_probe(
+  model: MaskedLM | tuple[Any, Any],
+  tokenizer: Any,
+  records,
+  *,
+  max_pairs: int | None = None,
+  max_rows: int = 128,
+  mesh: Any = None,
+) -> dict[str, Any]:
   """BLiMP accuracy by PLL: share of pairs with ``PLL(sentence_good) > PLL(sentence_bad)``.
 
   Args:
@@ -688,9 +755,17 @@ def blimp_probe(model: MaskedLM | tuple[Any, Any], tokenizer: Any, records,
   for i, r in enumerate(records):
     if "sentence_good" not in r or "sentence_bad" not in r:
       raise ValueError(f"records[{i}] lacks sentence_good/sentence_bad (keys {sorted(r)})")
-  pll = pseudo_log_likelihood(lm, tokenizer, [r["sentence_good"] for r in records]
-                              + [r["sentence_bad"] for r in records], max_rows=max_rows,
-                              mesh=mesh)
+  pll = pseudo_log_likelihood(
+    lm,
+    tokenizer,
+    [r["sentence_good"] for r in records] + [r["sentence_bad"] for r in records],
+    max_rows=max_rows,
+    mesh=mesh,
+  )
   good, bad = pll[: len(records)], pll[len(records) :]
-  return {"accuracy": minimal_pair_accuracy(good, bad), "n": len(records),
-          "pll_good": good.tolist(), "pll_bad": bad.tolist()}
+  return {
+    "accuracy": minimal_pair_accuracy(good, bad),
+    "n": len(records),
+    "pll_good": good.tolist(),
+    "pll_bad": bad.tolist(),
+  }

@@ -143,7 +143,9 @@ def bucket_width(length: int, length_multiple: int = 8) -> int:
 
 
 def plan_batches(
-  lengths: Sequence[int], max_tokens: int = 4096, length_multiple: int = 8,
+  lengths: Sequence[int],
+  max_tokens: int = 4096,
+  length_multiple: int = 8,
   row_multiple: int = 8,
 ) -> list[tuple[np.ndarray, int, int]]:
   """Groups sequences into length buckets under a token budget.
@@ -195,8 +197,14 @@ def _hash_params(params: Any, config: Any) -> str:
   return h.hexdigest()
 
 
-def cache_key(params: Any, config: Any, encodings: Sequence[tuple[np.ndarray, np.ndarray]],
-              pooling: str, dtype: str, model_id: str | None = None) -> str:
+def cache_key(
+  params: Any,
+  config: Any,
+  encodings: Sequence[tuple[np.ndarray, np.ndarray]],
+  pooling: str,
+  dtype: str,
+  model_id: str | None = None,
+) -> str:
   """The cache key: a hash of model (or ``model_id``), token ids, word alignment, pooling, dtype."""
   h = hashlib.sha256(f"v{CACHE_VERSION}|{pooling}|{dtype}|".encode())
   h.update((model_id if model_id is not None else _hash_params(params, config)).encode())
@@ -229,8 +237,9 @@ def _sentence_index(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @functools.partial(jax.jit, static_argnames=("config", "num_words", "pooling", "dtype"))
 def _extract(params, config, ids, mask, word_ids, num_words, pooling, dtype):
   """One compiled program per bucket shape: forward with all hidden states, then pooling."""
-  hidden = bertjax.forward(params, config, ids, mask, jnp.zeros_like(ids),
-                           output_hidden_states=True).hidden_states  # (L+1, rows, width, H)
+  hidden = bertjax.forward(
+    params, config, ids, mask, jnp.zeros_like(ids), output_hidden_states=True
+  ).hidden_states  # (L+1, rows, width, H)
   # probing.pool_subwords' jitted core, traced into this program (no host round trip).
   pooled, present = probing.pool_words(hidden, word_ids, num_words, pooling)
   return pooled.astype(dtype), present  # (L+1, rows, num_words, H), (rows, num_words)
@@ -293,16 +302,34 @@ def extract_word_features(
     path = pathlib.Path(cache_dir) / f"features-{key}.npy"
     feats = _load_cached(path, shape, dtype)
     if feats is not None:
-      return WordFeatures(feats, sent_idx, word_idx, corpus.offsets, pooling, **stats,
-                          from_cache=True, cache_path=path)
+      return WordFeatures(
+        feats,
+        sent_idx,
+        word_idx,
+        corpus.offsets,
+        pooling,
+        **stats,
+        from_cache=True,
+        cache_path=path,
+      )
   params, writer = _place(params, mesh)
   out = _Output(path if writer else None, shape, dtype)
   bar = _progress_bar(stats["num_tokens"]) if progress and writer else None
   t0 = time.perf_counter()
   try:
-    missing = _fill_features(out.array, params, config, tokenizer, corpus, plan,
-                             pooling=pooling, dtype=dtype, length_multiple=length_multiple,
-                             mesh=mesh, bar=bar)
+    missing = _fill_features(
+      out.array,
+      params,
+      config,
+      tokenizer,
+      corpus,
+      plan,
+      pooling=pooling,
+      dtype=dtype,
+      length_multiple=length_multiple,
+      mesh=mesh,
+      bar=bar,
+    )
     seconds = time.perf_counter() - t0
   except BaseException:
     out.discard()
@@ -310,11 +337,21 @@ def extract_word_features(
   finally:
     if bar is not None:
       bar.close()
-  feats = out.finish({"pooling": pooling, "dtype": dtype, "shape": list(shape),
-                      "sentences": len(words)})
-  return WordFeatures(feats, sent_idx, word_idx, corpus.offsets, pooling, **stats,
-                      num_batches=len(plan), missing_words=missing, seconds=seconds,
-                      cache_path=out.path)
+  feats = out.finish(
+    {"pooling": pooling, "dtype": dtype, "shape": list(shape), "sentences": len(words)}
+  )
+  return WordFeatures(
+    feats,
+    sent_idx,
+    word_idx,
+    corpus.offsets,
+    pooling,
+    **stats,
+    num_batches=len(plan),
+    missing_words=missing,
+    seconds=seconds,
+    cache_path=out.path,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,9 +380,11 @@ def _encode_corpus(config: Any, tokenizer: Any, words: list[list[str]]) -> _Corp
   lengths = np.asarray([len(ids) for ids, _ in encodings])
   too_long = np.flatnonzero(lengths > max_len)
   if too_long.size:
-    raise ValueError(f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
-                     f"the model's {max_len} positions ({config.model_type}, "
-                     f"max_position_embeddings={config.max_position_embeddings})")
+    raise ValueError(
+      f"sentence {too_long[0]} has {lengths[too_long[0]]} subwords, more than "
+      f"the model's {max_len} positions ({config.model_type}, "
+      f"max_position_embeddings={config.max_position_embeddings})"
+    )
   return _Corpus(encodings, lengths, num_words, offsets)
 
 
@@ -358,9 +397,11 @@ def _plan(corpus: _Corpus, max_tokens: int, length_multiple: int, mesh: Any):
 
     devices = mesh_lib.size_of(mesh, mesh.axis_names)
     plan = [(idx, mesh_lib.round_up(rows, devices), width) for idx, rows, width in plan]
-  stats = {"num_tokens": int(corpus.lengths.sum()),
-           "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
-           "shapes": tuple(sorted({(rows, width) for _, rows, width in plan}))}
+  stats = {
+    "num_tokens": int(corpus.lengths.sum()),
+    "padded_tokens": int(sum(rows * width for _, rows, width in plan)),
+    "shapes": tuple(sorted({(rows, width) for _, rows, width in plan})),
+  }
   return plan, stats
 
 
@@ -429,9 +470,20 @@ def _bucket_arrays(tokenizer: Any, corpus: _Corpus, idx: np.ndarray, rows: int, 
   return ids, mask, wids
 
 
-def _fill_features(out: np.ndarray, params: Any, config: Any, tokenizer: Any, corpus: _Corpus,
-                   plan, *, pooling: str, dtype: str, length_multiple: int, mesh: Any,
-                   bar: Any) -> int:
+def _fill_features(
+  out: np.ndarray,
+  params: Any,
+  config: Any,
+  tokenizer: Any,
+  corpus: _Corpus,
+  plan,
+  *,
+  pooling: str,
+  dtype: str,
+  length_multiple: int,
+  mesh: Any,
+  bar: Any,
+) -> int:
   """Runs every batch of `plan` and writes its words' features into `out` in corpus order.
 
   Returns:
@@ -460,8 +512,14 @@ def _fill_features(out: np.ndarray, params: Any, config: Any, tokenizer: Any, co
 
 
 def forward_throughput(
-  params: Any, config: Any, tokenizer: Any, sentences: Sequence[Any], *,
-  max_tokens: int = 4096, length_multiple: int = 8, repeats: int = 1,
+  params: Any,
+  config: Any,
+  tokenizer: Any,
+  sentences: Sequence[Any],
+  *,
+  max_tokens: int = 4096,
+  length_multiple: int = 8,
+  repeats: int = 1,
 ) -> dict[str, float]:
   """Plain forward throughput (last hidden state only) on the batches extraction would run.
 
@@ -490,5 +548,8 @@ def forward_throughput(
     for ids, mask in batches:
       np.asarray(run(ids, mask).last_hidden_state)
     best = min(best, time.perf_counter() - t0)
-  return {"tokens": int(lengths.sum()), "seconds": best,
-          "tokens_per_second": float(lengths.sum() / best)}
+  return {
+    "tokens": int(lengths.sum()),
+    "seconds": best,
+    "tokens_per_second": float(lengths.sum() / best),
+  }

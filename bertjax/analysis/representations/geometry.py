@@ -78,8 +78,9 @@ def _pair_cosine(reps, i, j):
 @jax.jit
 def _all_pairs_cosine(reps):
   u = _unit(reps)  # (layers, n, dim): all tokens as one group
-  return anisotropy_of_groups(u.sum(1)[None], jnp.sum(u * u, -1).sum(1)[None],
-                              jnp.full((1,), u.shape[1], u.dtype))
+  return anisotropy_of_groups(
+    u.sum(1)[None], jnp.sum(u * u, -1).sum(1)[None], jnp.full((1,), u.shape[1], u.dtype)
+  )
 
 
 def anisotropy_of_groups(sums, squares, counts, weights=None):

@@ -78,13 +78,25 @@ class MassiveActivations:
 def _hidden(params, config, batch) -> tuple[np.ndarray, np.ndarray]:
   """Block outputs (L, B, T, H) float64 and the real-token mask (B, T)."""
   b = as_batch(batch)
-  out = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-                output_hidden_states=True)
+  out = forward(
+    params,
+    config,
+    b["input_ids"],
+    b["attention_mask"],
+    b["token_type_ids"],
+    output_hidden_states=True,
+  )
   return np.asarray(out.hidden_states[1:], np.float64), np.asarray(b["attention_mask"]) > 0
 
 
-def outlier_dimensions(params: Params, config: BertConfig, batches: Iterable, *,
-                       sigmas: float = 3.0, min_fraction: float = 0.25) -> OutlierDimensions:
+def outlier_dimensions(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  *,
+  sigmas: float = 3.0,
+  min_fraction: float = 0.25,
+) -> OutlierDimensions:
   """The outlier dimensions of the block outputs over `batches` (module docstring)."""
   total, tokens = 0.0, 0
   for batch in batches:
@@ -100,8 +112,14 @@ def outlier_dimensions(params: Params, config: BertConfig, batches: Iterable, *,
   return OutlierDimensions(mean, z, is_outlier, dims, tokens)
 
 
-def massive_activations(params: Params, config: BertConfig, batches: Iterable, *,
-                        threshold: float = 100.0, ratio: float = 1000.0) -> MassiveActivations:
+def massive_activations(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  *,
+  threshold: float = 100.0,
+  ratio: float = 1000.0,
+) -> MassiveActivations:
   """Sun et al.'s massive activations of every block output over `batches`.
 
   The median is per layer over every real token's dimensions of all batches (kept in
@@ -123,8 +141,9 @@ def massive_activations(params: Params, config: BertConfig, batches: Iterable, *
       if where[layer] or not count[layer]:
         continue
       hit = np.argwhere((mag[layer] > bound[layer]) & real[..., None])
-      where[layer] = [(int(d), int(t), int(ids[r, t]), float(mag[layer, r, t, d]))
-                      for r, t, d in hit[:20]]
+      where[layer] = [
+        (int(d), int(t), int(ids[r, t]), float(mag[layer, r, t, d])) for r, t, d in hit[:20]
+      ]
   return MassiveActivations(max_abs, median, count, where)
 
 

@@ -33,9 +33,11 @@ from bertjax.data import conllu
 
 TASKS = ("upos", "xpos", "deprel")
 DEFAULT_PROBE = probing.ProbeConfig(
-  l2=1e-5, learning_rate=1e-2, max_steps=1500, batch_size=1024, eval_every=50, patience=4)
+  l2=1e-5, learning_rate=1e-2, max_steps=1500, batch_size=1024, eval_every=50, patience=4
+)
 DEFAULT_STRUCTURAL = representations_structural.StructuralConfig(
-  rank=64, learning_rate=3e-3, max_steps=1500, batch_size=32, eval_every=100, patience=3)
+  rank=64, learning_rate=3e-3, max_steps=1500, batch_size=32, eval_every=100, patience=3
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +87,9 @@ class SuiteConfig:
       raise ValueError(f"{self.val_fraction=} + {self.test_fraction=} must be in (0, 1)")
 
 
-def sentence_splits(num_sentences: int, val_fraction: float, test_fraction: float,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+def sentence_splits(
+  num_sentences: int, val_fraction: float, test_fraction: float, seed: int = 0
+) -> dict[str, np.ndarray]:
   """Disjoint sorted sentence indices ``{"train", "val", "test"}`` (seeded)."""
   rest, test = probing.split_indices(num_sentences, test_fraction, seed)
   tr, va = probing.split_indices(len(rest), val_fraction / (1 - test_fraction), seed + 1)
@@ -102,23 +105,28 @@ def _by_sentence(correct, sentence_of_row) -> dict[str, list]:
   return {"rows": np.bincount(group, minlength=len(ids)).tolist(), "correct": sums.tolist()}
 
 
-def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=0,
-                    sentence_of_row=None):
+def _fit_classifier(
+  feats, labels, num_classes, split, config, types=None, seed=0, sentence_of_row=None
+):
   """Task (and control) probe on rows split by ``split``; test accuracy per layer (and, with
   ``sentence_of_row``, the test rows' correctness per sentence: ``test_by_sentence``)."""
   tr, va, te = split
   fit = lambda y: probing.Probe(config, num_classes).fit(feats[:, tr], y[tr], feats[:, va], y[va])
   probe = fit(labels)
-  out = {"accuracy": probe.accuracy(feats[:, te], labels[te]).tolist(),
-         "train_accuracy": probe.accuracy(feats[:, tr], labels[tr]).tolist(),
-         "steps": probe.fit_info.steps_run.tolist()}
+  out = {
+    "accuracy": probe.accuracy(feats[:, te], labels[te]).tolist(),
+    "train_accuracy": probe.accuracy(feats[:, tr], labels[tr]).tolist(),
+    "steps": probe.fit_info.steps_run.tolist(),
+  }
   if types is not None:
     mapping = probing.control_task_mapping([types[i] for i in tr], labels[tr], num_classes, seed)
     # Types unseen in training get their own random labels (same distribution).
     unseen = sorted({types[i] for i in np.concatenate([va, te])} - set(mapping))
     rng = np.random.default_rng(seed + 1)
     probs = np.bincount(labels[tr], minlength=num_classes) / len(tr)
-    mapping.update({t: int(c) for t, c in zip(unseen, rng.choice(num_classes, len(unseen), p=probs))})
+    mapping.update(
+      {t: int(c) for t, c in zip(unseen, rng.choice(num_classes, len(unseen), p=probs))}
+    )
     control = probing.control_labels(types, mapping)
     cprobe = fit(control)
     out["control_accuracy"] = cprobe.accuracy(feats[:, te], control[te]).tolist()
@@ -128,10 +136,16 @@ def _fit_classifier(feats, labels, num_classes, split, config, types=None, seed=
     out["test_by_sentence"] = _by_sentence(probe.predict(feats[:, te]) == labels[te], owner)
     if types is not None:
       out["test_by_sentence"]["control_correct"] = _by_sentence(
-          cprobe.predict(feats[:, te]) == control[te], owner)["correct"]
+        cprobe.predict(feats[:, te]) == control[te], owner
+      )["correct"]
   best = int(np.argmax(out["accuracy"]))
-  out.update(best_layer=best, best_accuracy=out["accuracy"][best], num_classes=num_classes,
-             train_size=len(tr), test_size=len(te))
+  out.update(
+    best_layer=best,
+    best_accuracy=out["accuracy"][best],
+    num_classes=num_classes,
+    train_size=len(tr),
+    test_size=len(te),
+  )
   return out
 
 
@@ -140,32 +154,54 @@ def _rows_of(split: dict[str, np.ndarray], sentence_of_row: np.ndarray):
 
 
 def _structural(wf, sentences, split, suite):
-  keep = lambda idx: [int(i) for i in idx if 2 <= sentences[i].num_words <= suite.structural_max_len]
+  keep = lambda idx: [
+    int(i) for i in idx if 2 <= sentences[i].num_words <= suite.structural_max_len
+  ]
   chosen = {k: keep(v) for k, v in split.items()}
   if suite.structural_max_sentences is not None:
     cap = suite.structural_max_sentences
     total = sum(len(v) for v in chosen.values())
-    chosen = {k: v[: max(1, round(len(v) * cap / total))] if total > cap else v
-              for k, v in chosen.items()}
-  batch = lambda idx: representations_structural.pad_sentences([np.asarray(wf.sentence(i), np.float32) for i in idx],
-                                               [sentences[i].heads for i in idx])
+    chosen = {
+      k: v[: max(1, round(len(v) * cap / total))] if total > cap else v for k, v in chosen.items()
+    }
+  batch = lambda idx: representations_structural.pad_sentences(
+    [np.asarray(wf.sentence(i), np.float32) for i in idx], [sentences[i].heads for i in idx]
+  )
   train, val, test = (batch(chosen[k]) for k in ("train", "val", "test"))
   punct = representations_structural.punctuation_masks([sentences[i] for i in chosen["test"]])
   out = {"sentences": {k: len(v) for k, v in chosen.items()}}
   for kind in ("distance", "depth"):
-    probe = representations_structural.fit_structural_probe(kind, train, val, suite.structural_config)
+    probe = representations_structural.fit_structural_probe(
+      kind, train, val, suite.structural_config
+    )
     metrics = representations_structural.evaluate(probe, test, punct)
     out[kind] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
   return out
 
 
-def _word_probe(field: str, feats, sentences, word_rows, types, probe: probing.ProbeConfig,
-                suite: SuiteConfig, sentence_of_row=None):
+def _word_probe(
+  field: str,
+  feats,
+  sentences,
+  word_rows,
+  types,
+  probe: probing.ProbeConfig,
+  suite: SuiteConfig,
+  sentence_of_row=None,
+):
   """A probe of a per-word field ("upos", "xpos") with its control task; and the labels."""
   vocab = conllu.build_vocab(sentences, field)
   labels = conllu.encode_field(sentences, vocab, field)
-  return _fit_classifier(feats, labels, len(vocab), word_rows, probe,
-                         types if suite.control else None, suite.seed, sentence_of_row), vocab
+  return _fit_classifier(
+    feats,
+    labels,
+    len(vocab),
+    word_rows,
+    probe,
+    types if suite.control else None,
+    suite.seed,
+    sentence_of_row,
+  ), vocab
 
 
 def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
@@ -176,9 +212,16 @@ def _edge_probe(feats, wf, sentences, split, types, suite: SuiteConfig):
   head, dep, labels = probing.dependency_edges(sentences, rel)
   edge_feats = np.asarray(probing.edge_features(feats, head, dep))  # (L+1, edges, 2H)
   rows = _rows_of(split, wf.sentence_index[dep])
-  return _fit_classifier(edge_feats, labels, len(vocab), rows, suite.probe,
-                         [types[i] for i in dep] if suite.control else None, suite.seed,
-                         wf.sentence_index[dep]), vocab
+  return _fit_classifier(
+    edge_feats,
+    labels,
+    len(vocab),
+    rows,
+    suite.probe,
+    [types[i] for i in dep] if suite.control else None,
+    suite.seed,
+    wf.sentence_index[dep],
+  ), vocab
 
 
 def run_probing_suite(
@@ -216,22 +259,34 @@ def run_probing_suite(
   seconds: dict[str, float] = {}
   t0 = time.perf_counter()
   wf = features.extract_word_features(
-    params, config, tokenizer, sentences, pooling=suite.pooling, max_tokens=suite.max_tokens,
-    cache_dir=suite.cache_dir, progress=progress)
+    params,
+    config,
+    tokenizer,
+    sentences,
+    pooling=suite.pooling,
+    max_tokens=suite.max_tokens,
+    cache_dir=suite.cache_dir,
+    progress=progress,
+  )
   feats = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
   seconds["features"] = time.perf_counter() - t0
   split = sentence_splits(len(sentences), suite.val_fraction, suite.test_fraction, suite.seed)
   word_rows = _rows_of(split, wf.sentence_index)
   types = [w.lower() for s in sentences for w in s.forms]
   results: dict[str, Any] = {
-    "model": model_name, "layers": int(feats.shape[0]), "features": wf.summary(),
-    "splits": {k: len(v) for k, v in split.items()}, "config": utils.to_json(suite)}
+    "model": model_name,
+    "layers": int(feats.shape[0]),
+    "features": wf.summary(),
+    "splits": {k: len(v) for k, v in split.items()},
+    "config": utils.to_json(suite),
+  }
 
   for task in suite.tasks:
     t0 = time.perf_counter()
     if task in ("upos", "xpos"):
-      results[task], vocab = _word_probe(task, feats, sentences, word_rows, types, suite.probe,
-                                         suite, wf.sentence_index)
+      results[task], vocab = _word_probe(
+        task, feats, sentences, word_rows, types, suite.probe, suite, wf.sentence_index
+      )
     else:
       results[task], vocab = _edge_probe(feats, wf, sentences, split, types, suite)
     results[task]["labels"] = list(vocab.labels)
@@ -240,8 +295,9 @@ def run_probing_suite(
   if suite.mlp:
     t0 = time.perf_counter()
     mlp = dataclasses.replace(suite.probe, kind="mlp")
-    results["upos_mlp"], _ = _word_probe("upos", feats, sentences, word_rows, types, mlp, suite,
-                                         wf.sentence_index)
+    results["upos_mlp"], _ = _word_probe(
+      "upos", feats, sentences, word_rows, types, mlp, suite, wf.sentence_index
+    )
     seconds["upos_mlp"] = time.perf_counter() - t0
 
   if suite.structural:
@@ -252,8 +308,10 @@ def run_probing_suite(
   t0 = time.perf_counter()
   results["anisotropy"] = {
     "raw": geometry.anisotropy(feats, suite.anisotropy_pairs, suite.seed).tolist(),
-    "centered": geometry.anisotropy(feats, suite.anisotropy_pairs, suite.seed,
-                                    centered=True).tolist()}
+    "centered": geometry.anisotropy(
+      feats, suite.anisotropy_pairs, suite.seed, centered=True
+    ).tolist(),
+  }
   seconds["anisotropy"] = time.perf_counter() - t0
   results["seconds"] = seconds
   return results

@@ -105,8 +105,9 @@ def geometric_median(x, iters: int = 200, tol: float = 1e-7) -> jax.Array:
     new = (w[:, None] * x).sum(0) / w.sum()
     return new, jnp.linalg.norm(new - y) / jnp.maximum(jnp.linalg.norm(y), 1e-12), i + 1
 
-  y, _, _ = jax.lax.while_loop(lambda s: (s[1] > tol) & (s[2] < iters), body,
-                               (x.mean(0), jnp.asarray(jnp.inf, jnp.float32), 0))
+  y, _, _ = jax.lax.while_loop(
+    lambda s: (s[1] > tol) & (s[2] < iters), body, (x.mean(0), jnp.asarray(jnp.inf, jnp.float32), 0)
+  )
   return y
 
 
@@ -119,8 +120,12 @@ def init(key, config: SAEConfig, sample) -> Params:
   d, m = config.d_model, config.latents
   bound = 1 / np.sqrt(d)
   w_enc = jax.random.uniform(k_enc, (d, m), jnp.float32, -bound, bound)
-  params = {"pre_bias": geometric_median(sample[:32768]), "W_enc": w_enc,
-            "latent_bias": jnp.zeros(m, jnp.float32), "W_dec": unit_rows(w_enc.T)}
+  params = {
+    "pre_bias": geometric_median(sample[:32768]),
+    "W_enc": w_enc,
+    "latent_bias": jnp.zeros(m, jnp.float32),
+    "W_dec": unit_rows(w_enc.T),
+  }
   x = jax.random.normal(k_x, (256, d), jnp.float32)
   x = x / jnp.linalg.norm(x, axis=-1, keepdims=True) + params["pre_bias"]
   norm = jnp.linalg.norm(reconstruct(params, x, config.k) - params["pre_bias"], axis=-1).mean()
@@ -174,8 +179,9 @@ def _mse(a, b):
   return jnp.mean((a - b) ** 2)
 
 
-def loss_terms(params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *,
-               tokens_since=None) -> dict[str, jax.Array]:
+def loss_terms(
+  params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *, tokens_since=None
+) -> dict[str, jax.Array]:
   """The training loss and its parts for activations `x` (n, d).
 
   Args:
@@ -195,8 +201,12 @@ def loss_terms(params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *
   values, indices = jax.lax.top_k(pre, config.k)
   terms = {}
   if tokens_since is not None:
-    fired = jnp.zeros(config.latents, jnp.int32).at[indices.reshape(-1)].add(
-        (values > 1e-3).reshape(-1).astype(jnp.int32)) > 0
+    fired = (
+      jnp.zeros(config.latents, jnp.int32)
+      .at[indices.reshape(-1)]
+      .add((values > 1e-3).reshape(-1).astype(jnp.int32))
+      > 0
+    )
     since = jnp.where(fired, 0, tokens_since) + x.shape[0]
     terms["tokens_since"] = jnp.minimum(since, config.dead_tokens + x.shape[0])
     dead = since > config.dead_tokens
@@ -211,8 +221,7 @@ def loss_terms(params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *
       pre_dead = pre * dead.astype(jnp.float32)
       aux_values, aux_indices = jax.lax.top_k(pre_dead, config.auxk_latents)
       aux_recon = decode(p, jax.nn.relu(aux_values), aux_indices)
-      term = _mse(aux_recon, target) / _mse(jnp.broadcast_to(target.mean(0), target.shape),
-                                            target)
+      term = _mse(aux_recon, target) / _mse(jnp.broadcast_to(target.mean(0), target.shape), target)
       return jnp.nan_to_num(term, nan=0.0, posinf=0.0, neginf=0.0)
 
     def idle_term(p, pre):
@@ -220,12 +229,12 @@ def loss_terms(params: Params, x, config: SAEConfig, dead=None, mse_scale=1.0, *
       # the term is mse(b_pre, target) / var(target) (its gradient reaches b_pre only),
       # written in closed form to skip a top-k over every latent.
       term = _mse(jnp.broadcast_to(p["pre_bias"], target.shape), target) / _mse(
-          jnp.broadcast_to(target.mean(0), target.shape), target)
+        jnp.broadcast_to(target.mean(0), target.shape), target
+      )
       return jnp.nan_to_num(term, nan=0.0, posinf=0.0, neginf=0.0)
 
     auxk = jax.lax.cond(jnp.any(dead), aux_term, idle_term, params, pre)
-  return {**terms, "loss": mse + config.auxk_coef * auxk, "mse": mse, "auxk": auxk,
-          "dead": dead}
+  return {**terms, "loss": mse + config.auxk_coef * auxk, "mse": mse, "auxk": auxk, "dead": dead}
 
 
 def mse_scale(sample) -> float:
@@ -241,8 +250,12 @@ def optimizer(config: SAEConfig) -> optax.GradientTransformation:
 
 def start(params: Params, config: SAEConfig) -> TrainState:
   """The training state of fresh (or loaded) parameters."""
-  return TrainState(params, optimizer(config).init(params),
-                    jnp.zeros(config.latents, jnp.int32), jnp.zeros((), jnp.int32))
+  return TrainState(
+    params,
+    optimizer(config).init(params),
+    jnp.zeros(config.latents, jnp.int32),
+    jnp.zeros((), jnp.int32),
+  )
 
 
 def make_step(config: SAEConfig) -> Callable:
@@ -268,8 +281,12 @@ def make_step(config: SAEConfig) -> Callable:
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     params = {**params, "W_dec": unit_rows(params["W_dec"])}
-    metrics = {"loss": terms["loss"], "mse": terms["mse"], "auxk": terms["auxk"],
-               "dead": jnp.mean(terms["dead"])}
+    metrics = {
+      "loss": terms["loss"],
+      "mse": terms["mse"],
+      "auxk": terms["auxk"],
+      "dead": jnp.mean(terms["dead"]),
+    }
     return TrainState(params, opt_state, terms["tokens_since"], state.step + 1), metrics
 
   return step
@@ -280,38 +297,55 @@ def make_step(config: SAEConfig) -> Callable:
 
 def _check_site(config: BertConfig, site: str, layer: int | None) -> None:
   if site not in model_sites(config):
-    raise ValueError(f"site={site!r} is not a site of a {config.model_type} model; expected one "
-                     f"of {model_sites(config)}")
+    raise ValueError(
+      f"site={site!r} is not a site of a {config.model_type} model; expected one "
+      f"of {model_sites(config)}"
+    )
   if site != "embeddings" and (layer is None or not 0 <= layer < config.depth):
-    raise ValueError(f"layer={layer!r} must be a block index in [0, {config.depth}) for site "
-                     f"{site!r}")
+    raise ValueError(
+      f"layer={layer!r} must be a block index in [0, {config.depth}) for site {site!r}"
+    )
   if site in ("probs", "scores_c2c", "scores_c2p", "scores_p2c"):
-    raise ValueError(f"site={site!r} is an attention map, not a token activation; an SAE reads "
-                     "a token's vector (a head's q, k, v, head_out flatten its heads)")
+    raise ValueError(
+      f"site={site!r} is an attention map, not a token activation; an SAE reads "
+      "a token's vector (a head's q, k, v, head_out flatten its heads)"
+    )
 
 
 def site_width(config: BertConfig, site: str) -> int:
   """The width of one token's activation at `site` (heads and head_dim flattened)."""
   axes = SITES[site][0].split()[2:]
-  sizes = dict(hidden=config.hidden_size, heads=config.num_attention_heads,
-               kv_heads=config.kv_heads, head_dim=config.head_dim,
-               intermediate=config.intermediate_size)
+  sizes = dict(
+    hidden=config.hidden_size,
+    heads=config.num_attention_heads,
+    kv_heads=config.kv_heads,
+    head_dim=config.head_dim,
+    intermediate=config.intermediate_size,
+  )
   return int(np.prod([sizes[a] for a in axes]))
 
 
 def _site_rows(params: Params, config: BertConfig, b: dict, site: str, layer: int | None):
   """One batch's site at its real tokens, (tokens, width) float32 (row-major over the
   batch's real positions), with the batch's ids and real-token mask as NumPy."""
-  o = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"],
-              capture=(site,))
+  o = forward(
+    params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"], capture=(site,)
+  )
   value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
   ids, real = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"]) > 0
   rows = np.asarray(value, np.float32)[real]
   return rows.reshape(len(rows), -1), ids, real
 
 
-def activations(params: Params, config: BertConfig, batches: Iterable, site: str,
-                layer: int | None = None, *, max_tokens: int | None = None) -> np.ndarray:
+def activations(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  site: str,
+  layer: int | None = None,
+  *,
+  max_tokens: int | None = None,
+) -> np.ndarray:
   """The site's activation at every real token of `batches`, (n_tokens, width) float32.
 
   Args:
@@ -332,8 +366,17 @@ def activations(params: Params, config: BertConfig, batches: Iterable, site: str
   return x[:max_tokens] if max_tokens is not None else x
 
 
-def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed: int = 0,
-          mesh=None, progress: bool = True, log_every: int = 0) -> tuple[TrainState, list]:
+def train(
+  acts,
+  config: SAEConfig,
+  *,
+  steps: int,
+  batch_tokens: int = 4096,
+  seed: int = 0,
+  mesh=None,
+  progress: bool = True,
+  log_every: int = 0,
+) -> tuple[TrainState, list]:
   """Trains a top-k SAE on activations `acts` (n, d): `steps` steps of `batch_tokens` rows,
   drawn in shuffled epochs.
 
@@ -361,8 +404,10 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
 
     axes = mesh_lib.row_axes(mesh, interventions=True)
     if batch_tokens % mesh_lib.size_of(mesh, axes):
-      raise ValueError(f"batch_tokens={batch_tokens} must divide over the mesh's "
-                       f"{mesh_lib.size_of(mesh, axes)} row devices")
+      raise ValueError(
+        f"batch_tokens={batch_tokens} must divide over the mesh's "
+        f"{mesh_lib.size_of(mesh, axes)} row devices"
+      )
     params = mesh_lib.shard_params(params, mesh)
     place = lambda x: mesh_lib.shard_rows(x, mesh, axes)
   state = start(params, config)
@@ -376,7 +421,7 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
   for i in range(steps):
     if cursor + batch_tokens > len(order):
       order, cursor = rng.permutation(len(acts)), 0
-    x = place(acts[order[cursor:cursor + batch_tokens]])
+    x = place(acts[order[cursor : cursor + batch_tokens]])
     cursor += batch_tokens
     state, metrics = step(state, x, scale)
     if (log_every and i % log_every == 0) or i == steps - 1:
@@ -388,8 +433,9 @@ def train(acts, config: SAEConfig, *, steps: int, batch_tokens: int = 4096, seed
   return state, log
 
 
-def evaluate(params: Params, config: SAEConfig, acts, *, dense_above: float = 0.1,
-             chunk: int = 8192) -> dict[str, Any]:
+def evaluate(
+  params: Params, config: SAEConfig, acts, *, dense_above: float = 0.1, chunk: int = 8192
+) -> dict[str, Any]:
   """How well the SAE explains held-out activations `acts` (n, d).
 
   Returns:
@@ -404,7 +450,7 @@ def evaluate(params: Params, config: SAEConfig, acts, *, dense_above: float = 0.
   counts = np.zeros(config.latents, np.int64)
   l0 = 0
   for i in range(0, len(acts), chunk):
-    x = acts[i:i + chunk]
+    x = acts[i : i + chunk]
     values, indices = run(params, x, config.k)
     recon = np.asarray(decode(params, values, indices), np.float64)
     err += float(np.sum((recon - x) ** 2))
@@ -413,9 +459,14 @@ def evaluate(params: Params, config: SAEConfig, acts, *, dense_above: float = 0.
     l0 += int(on.sum())
   var = float(np.sum((acts.astype(np.float64) - acts.mean(0, dtype=np.float64)) ** 2))
   freq = counts / max(len(acts), 1)
-  return {"fvu": err / var, "l0": l0 / max(len(acts), 1), "frequency": freq,
-          "dead": float(np.mean(counts == 0)), "dense": float(np.mean(freq > dense_above)),
-          "tokens": len(acts)}
+  return {
+    "fvu": err / var,
+    "l0": l0 / max(len(acts), 1),
+    "frequency": freq,
+    "dead": float(np.mean(counts == 0)),
+    "dense": float(np.mean(freq > dense_above)),
+    "tokens": len(acts),
+  }
 
 
 def _edit(sae: Params, k: int, zero: bool):
@@ -433,13 +484,19 @@ def _edit(sae: Params, k: int, zero: bool):
 
 def _at_layer(edit, layer: int):
   """A function patch applying `edit` in block `layer` only (one branch runs per block)."""
-  return lambda value, block: jax.lax.cond(jnp.asarray(block) == layer, edit, lambda v: v,
-                                           value)
+  return lambda value, block: jax.lax.cond(jnp.asarray(block) == layer, edit, lambda v: v, value)
 
 
-def loss_recovered(params: Params, config: BertConfig, batches: Iterable, site: str,
-                   layer: int | None, sae: Params, sae_config: SAEConfig,
-                   loss_fn: Callable[[Any, dict], jax.Array]) -> dict[str, float]:
+def loss_recovered(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  site: str,
+  layer: int | None,
+  sae: Params,
+  sae_config: SAEConfig,
+  loss_fn: Callable[[Any, dict], jax.Array],
+) -> dict[str, float]:
   """The model's loss with the site replaced by the SAE's reconstruction at `layer`.
 
   Args:
@@ -476,17 +533,30 @@ def loss_recovered(params: Params, config: BertConfig, batches: Iterable, site: 
   return means
 
 
-def top_activating(params: Params, config: BertConfig, tok, batches: Iterable, site: str,
-                   layer: int | None, sae: Params, sae_config: SAEConfig, latents, *,
-                   n: int = 8, context: int = 4) -> dict[int, list[dict]]:
+def top_activating(
+  params: Params,
+  config: BertConfig,
+  tok,
+  batches: Iterable,
+  site: str,
+  layer: int | None,
+  sae: Params,
+  sae_config: SAEConfig,
+  latents,
+  *,
+  n: int = 8,
+  context: int = 4,
+) -> dict[int, list[dict]]:
   """Each of `latents`' `n` strongest activations over `batches`, with the token and
   `context` tokens either side: {latent: [{"value", "token", "text", "batch", "row",
   "position"}, ...]} strongest first."""
   latents = [int(i) for i in latents]
   best: dict[int, list[tuple[float, int, int, int]]] = {i: [] for i in latents}
   kept = np.asarray(latents)
-  encoded, cached = jax.jit(lambda x: dense_latents(*encode(sae, x, sae_config.k),
-                                                    sae_config.latents)[:, kept]), []
+  encoded, cached = (
+    jax.jit(lambda x: dense_latents(*encode(sae, x, sae_config.k), sae_config.latents)[:, kept]),
+    [],
+  )
   for bi, batch in enumerate(batches):
     b = as_batch(batch)
     flat, ids, real = _site_rows(params, config, b, site, layer)
@@ -495,14 +565,23 @@ def top_activating(params: Params, config: BertConfig, tok, batches: Iterable, s
     cached.append((ids, real.sum(1)))
     for j, latent in enumerate(latents):
       top = np.argsort(-z[:, j])[:n]
-      best[latent] += [(float(z[t, j]), bi, int(rows[t]), int(pos[t])) for t in top
-                       if z[t, j] > 0]
+      best[latent] += [(float(z[t, j]), bi, int(rows[t]), int(pos[t])) for t in top if z[t, j] > 0]
   out = {}
   for latent, items in best.items():
     items = sorted(items, key=lambda t: -t[0])[:n]
-    out[latent] = [{"value": v, "batch": bi, "row": r, "position": p,
-                    "token": tok.convert_ids_to_tokens([int(cached[bi][0][r, p])])[0],
-                    "text": tok.decode(cached[bi][0][r, max(0, p - context):min(
-                        p + context + 1, int(cached[bi][1][r]))].tolist())}
-                   for v, bi, r, p in items]
+    out[latent] = [
+      {
+        "value": v,
+        "batch": bi,
+        "row": r,
+        "position": p,
+        "token": tok.convert_ids_to_tokens([int(cached[bi][0][r, p])])[0],
+        "text": tok.decode(
+          cached[bi][0][
+            r, max(0, p - context) : min(p + context + 1, int(cached[bi][1][r]))
+          ].tolist()
+        ),
+      }
+      for v, bi, r, p in items
+    ]
   return out

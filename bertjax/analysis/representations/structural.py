@@ -215,7 +215,8 @@ class StructuralConfig:
 
   rank: int = 64
   fit: probing.FitConfig = probing.FitConfig(  # noqa: RUF009 (frozen)
-      learning_rate=1e-3, max_steps=2000, eval_every=100)
+    learning_rate=1e-3, max_steps=2000, eval_every=100
+  )
 
   def __post_init__(self):
     if self.rank < 1:
