@@ -19,8 +19,8 @@ or two codes differ, the docstring says which convention is kept.
 * `logit_lens`: every block's output through the MLM head (nostalgebraist 2020).
 
 This module holds the methods that decompose the encoder blocks; the gradient methods and
-the logit lens live in `attribution_gradients` and the pieces both share in
-`attribution_common`; every public name is importable from here.
+the logit lens live in `bertjax.analysis.attribution.gradients`, and the pieces both share in
+`bertjax.analysis.attribution.common`.
 
 Conventions shared by all: a contribution matrix `M[l, b, i, j]` says how much
 token j of block l's *input* contributes to token i of block l's *output*;

@@ -23,8 +23,8 @@ object each time to reuse compilations. Ready ones: `LogitDiff` (a task head's
 logit difference, the usual patching metric), `AnswerLogProb` and `ProbeLogitDiff`
 (a linear probe on the final states). These are means over the batch's rows and say so
 with a class attribute `row_mean = True`, which lets a mesh pad the rows (below). They,
-`PatchingResult`, `normalize` and `agreement` live in `patching_metrics` and are
-importable from here.
+`PatchingResult`, `normalize` and `agreement` live in
+`bertjax.analysis.interventions.metrics`.
 
 Results are normalised as is conventional, `(patched - corrupted) / (clean -
 corrupted)`, in either direction: 1 is the clean run's metric, 0 the corrupted
@@ -54,7 +54,7 @@ against 146 forward passes for a loop.
   allocator reuses. `agreement` reports how well it matches the exact sweep (Pearson and
   Spearman correlation).
 * Every run whose output a metric scores runs the model's last block only at the rows
-  the metric reads (`patching_metrics.metric_rows`: the `position` of a token head, the
+  the metric reads (`metrics.metric_rows`: the `position` of a token head, the
   first token of a sequence head or a "first" probe), through `run_layers(final_rows=)`:
   the same values for a fraction of that block's work. A metric without a `rows` method
   gets every row.
