@@ -114,7 +114,7 @@ def accuracy(config, params, tok, limit: int | None) -> dict:
   """The negation task with float32 and int8 sentence features (see the docstring)."""
   from sklearn.linear_model import LogisticRegression
 
-  from bertjax.report import load_sentences
+  from bertjax.tasks.sentences import load_sentences
 
   sents = load_sentences()[:limit]
   texts = [s.text for s in sents]

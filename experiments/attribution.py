@@ -184,8 +184,8 @@ def findings(r: dict, s: dict) -> list[dict]:
 def main(argv=None) -> int:
   args = common.parser(__doc__, data=False).parse_args(argv)
   t0 = time.perf_counter()
-  from bertjax import report
   from bertjax.tasks import negation
+  from bertjax.tasks.sentences import load_sentences
 
   settings = SMOKE if args.smoke else FULL
   timings: dict[str, float] = {}
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     config, params, tok, name = common.load_model(
       args, smoke=lambda: common.tiny_model(0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL)
     )
-    sentences = report.load_sentences()
+    sentences = load_sentences()
   with common.timed(timings, "probe"):
     feats, labels = negation.pooled_features(params, config, tok, sentences)
     rng = np.random.default_rng(args.seed)

@@ -244,14 +244,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
-  from bertjax import report
   from bertjax.analysis.interventions import circuits
+  from bertjax.tasks.sentences import load_sentences
 
   with common.timed(timings, "load"):
     config, params, tok, name = common.load_model(
       args, smoke=lambda: common.tiny_model(0, "tiny random BERT (smoke stand-in)", **SMOKE_MODEL)
     )
-    sentences = report.load_sentences()
+    sentences = load_sentences()
   with common.timed(timings, "probe"):
     probe = _probe(params, config, tok, sentences)
   clean, corrupted, kept = _pairs(tok, sentences, args.pairs)

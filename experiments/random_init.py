@@ -163,7 +163,7 @@ def split_groups(
 
 def sentence_task(tok, field: str, *, max_len: int, limit: int | None = None):
   """The project's sentences labelled by `field` ("negated" or "question"), as padded arrays."""
-  from bertjax.report import load_sentences
+  from bertjax.tasks.sentences import load_sentences
   from bertjax.training import finetune as ft
 
   sentences = load_sentences()

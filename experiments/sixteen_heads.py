@@ -514,7 +514,7 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
   Returns:
     `(config, params, tok, sentences)`.
   """
-  from bertjax import report
+  from bertjax.tasks.sentences import load_sentences
 
   with common.timed(timings, "load"):
     config, params, tok, s["model"] = common.load_model(
@@ -523,7 +523,7 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
         0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512
       ),
     )
-    sentences = report.load_sentences()
+    sentences = load_sentences()
     if s["max_sentences"]:
       rng = np.random.default_rng(args.seed)
       sentences = [

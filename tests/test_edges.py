@@ -379,12 +379,12 @@ def test_eap_is_the_derivative_of_exact_patching_on_other_families(x64, family):
 
 
 def _negation_task(minilm_dir, n_pairs):
-  from bertjax import report
   from bertjax.tasks import negation
+  from bertjax.tasks.sentences import load_sentences
 
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  sentences = report.load_sentences()
+  sentences = load_sentences()
   batch = tok.encode([s.text for s in sentences])
   h = np.asarray(
     bertjax.forward(params, config, batch.input_ids, batch.attention_mask).last_hidden_state,

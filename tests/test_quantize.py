@@ -105,7 +105,7 @@ def test_readme_states_the_measured_int8_cosine(minilm_dir):
   import pathlib
   import re
 
-  from bertjax import report
+  from bertjax.tasks.sentences import load_sentences
 
   readme = pathlib.Path(__file__).resolve().parents[1] / "docs" / "manual.md"
   text = " ".join(readme.read_text().split())
@@ -118,7 +118,7 @@ def test_readme_states_the_measured_int8_cosine(minilm_dir):
   assert claim, "the manual's int8 sentence changed; keep it stating what this test measures"
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  texts = [s.text for s in report.load_sentences()]
+  texts = [s.text for s in load_sentences()]
   f = jax.jit(bertjax.forward, static_argnames=("config",))
   cos = []
   for start in range(0, len(texts), 64):

@@ -18,6 +18,7 @@ import pytest
 
 import bertjax
 from bertjax import cli, report
+from bertjax.tasks.sentences import load_sentences
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -230,7 +231,7 @@ def test_reduced_report_on_minilm(minilm_report):
 
 
 def test_sentences_are_labelled():
-  sentences = report.load_sentences()
+  sentences = load_sentences()
   assert len(sentences) >= 300
   assert len({s.text for s in sentences}) == len(sentences), "duplicate sentences"
   for s in sentences:
@@ -246,10 +247,10 @@ def test_bad_sentences_file(tmp_path):
   bad = tmp_path / "s.tsv"
   bad.write_text("sentence\tnegated\tquestion\tphenomenon\nIt rains.\t2\t0\tdeclarative\n")
   with pytest.raises(ValueError, match="negated='2'"):
-    report.load_sentences(bad)
+    load_sentences(bad)
   bad.write_text("sentence\tnegated\nIt rains.\t0\n")
   with pytest.raises(ValueError, match="lacks the columns"):
-    report.load_sentences(bad)
+    load_sentences(bad)
 
 
 def test_report_help(capsys):
@@ -323,7 +324,7 @@ def test_effective_section_reads_no_more_than_the_model_s_usable_length(minilm_d
   config, params = bertjax.from_hf(_roberta_64(minilm_dir, tmp_path / "model"))
   tok = bertjax.Tokenizer.from_pretrained(tmp_path / "model")
   assert tok.model_max_length > config.max_length
-  passage = " ".join(s.text for s in report.load_sentences()[:12])  # well over 64 tokens
+  passage = " ".join(s.text for s in load_sentences()[:12])  # well over 64 tokens
   eff = sections.effective_section(
     params, config, tok, [passage, passage[:200]], ReportSettings.reduced()
   )
@@ -349,7 +350,7 @@ def test_sentences_longer_than_the_model_reads_are_left_out(minilm_dir, tmp_path
   )
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
   run = build._Run(None, config, tok, ReportSettings.reduced(), build._Clock(False), False)
-  own = report.load_sentences()
+  own = load_sentences()
   kept = build.fitting(run, own)
   lengths = [len(tok.encode([s.text]).input_ids[0]) for s in own]
   assert run.max_len == config.max_length == 16

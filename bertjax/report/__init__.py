@@ -18,7 +18,8 @@ each head's scores its position terms carry (He et al. 2021). Each section ends 
 generated reading (`bertjax.report.reading`, stored under `readings`): the paper's finding,
 this model's measured value beside it, and whether they agree under a stated rule.
 
-Modules, one concern each: `sentences` (the project's labelled sentences), `settings`
+The project's labelled sentences are `bertjax.tasks.sentences`, shared with the experiments.
+Modules, one concern each: `settings`
 (`ReportSettings`, `LAYER_NUMBERING`), `inputs` (model name, data directory, batches),
 `task` (the negation task: `fit_task`, `task_loss`, `task_accuracy`), `sections` (the
 analyses), `figures` (the PNGs, drawn by `bertjax.plots.charts`), `page` (the HTML), `reading`
@@ -41,7 +42,6 @@ from bertjax.report.sections import (
   pattern_section,
   pos_section,
 )
-from bertjax.report.sentences import SENTENCE_COLUMNS, Sentence, load_sentences, sentences_path
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.report.task import PROBE_KEY, TASK_NAME, TASK_WHY, fit_task, task_accuracy, task_loss
 
@@ -50,11 +50,9 @@ __all__ = [
   "MODEL_SECTIONS",
   "PROBE_KEY",
   "SECTIONS",
-  "SENTENCE_COLUMNS",
   "TASK_NAME",
   "TASK_WHY",
   "ReportSettings",
-  "Sentence",
   "ablation_section",
   "anisotropy_section",
   "attribution_section",
@@ -64,13 +62,11 @@ __all__ = [
   "disentangled_section",
   "effective_section",
   "fit_task",
-  "load_sentences",
   "model_name",
   "pattern_section",
   "pos_section",
   "readings",
   "render_html",
-  "sentences_path",
   "task_accuracy",
   "task_loss",
   "verdicts",

@@ -22,9 +22,9 @@ from bertjax import utils
 from bertjax.analysis.attention import patterns as attention_patterns
 from bertjax.hub import DEFAULT_MODEL
 from bertjax.report import figures, inputs, page, reading, sections
-from bertjax.report.sentences import Sentence, builtin_text, load_sentences
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.report.task import fit_task
+from bertjax.tasks.sentences import Sentence, builtin_text, load_sentences
 
 
 class _Clock:

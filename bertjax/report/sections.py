@@ -28,9 +28,9 @@ from bertjax.analysis.batching import default_chunk_size, model_token_types
 from bertjax.analysis.interventions import ablation
 from bertjax.analysis.representations import geometry, outliers
 from bertjax.report import inputs, reading
-from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings
 from bertjax.report.task import PROBE_KEY, task_loss, task_rows
+from bertjax.tasks.sentences import Sentence
 
 
 def clark_section(params, config, tok, batches) -> dict:

@@ -19,8 +19,8 @@ import bertjax
 from bertjax import stats
 from bertjax.analysis.representations import probing
 from bertjax.report import inputs
-from bertjax.report.sentences import Sentence
 from bertjax.report.settings import ReportSettings
+from bertjax.tasks.sentences import Sentence
 
 PROBE_KEY = "report_task_probe"  # where the task classifier rides inside the params pytree
 
