@@ -41,8 +41,9 @@ Commands:
                           the shipped samples, no data; 5-32 s each on 2 CPU cores)
   bench NAME [ARGS]       run benchmarks/NAME.py
   docs [--out DIR]        build the documentation site with MkDocs, strictly (the README,
-                          docs/*.md and the API reference from the docstrings) into DIR
-                          (default: out/site)
+                          docs/*.md, the tutorials, run, and the API reference from the
+                          docstrings) into DIR (default: out/site; --no-run: the tutorials'
+                          code without running it)
   help                    this list
 
 Each of report, pretrain, finetune, export, analyze, data, models, and every experiment and

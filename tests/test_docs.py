@@ -1,9 +1,12 @@
 """The documentation site (`docs/build.py`, `./run.sh docs`): MkDocs builds it strictly, every
 module has its API page from its docstrings, every link inside the site resolves to a page and
-an anchor that exist, and links to repository files become their paths."""
+an anchor that exist, links to repository files become their paths, and the three tutorials
+run (on the real MiniLM, in a fresh kernel) with their output on their pages."""
 
+import html
 import html.parser
 import pathlib
+import re
 import sys
 
 import pytest
@@ -14,6 +17,8 @@ import build  # docs/build.py
 
 pytest.importorskip("mkdocs")
 pytest.importorskip("mkdocstrings")
+pytest.importorskip("jupytext")
+pytest.importorskip("nbclient")
 
 
 class _Links(html.parser.HTMLParser):
@@ -29,6 +34,11 @@ class _Links(html.parser.HTMLParser):
       self.hrefs.append(a["href"])
 
 
+def _text(page: pathlib.Path) -> str:
+  """A page's text, tags (and the highlighter's spans) removed."""
+  return html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
+
+
 def _parse(path: pathlib.Path) -> _Links:
   p = _Links()
   p.feed(path.read_text(encoding="utf-8"))
@@ -36,7 +46,8 @@ def _parse(path: pathlib.Path) -> _Links:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, minilm_dir):
+  """The whole site, tutorials run (they read the real MiniLM)."""
   out = tmp_path_factory.mktemp("docs") / "site"
   counts = build.build(out)
   return out, counts
@@ -92,8 +103,44 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path, monkeypatch):
   page.write_text("# Title\n\n[a page](docs/nothing.md) and [an anchor](#nowhere)\n")
   monkeypatch.setattr(build, "PAGES", (("README.md", "index.md", "Overview"),))
   monkeypatch.setattr(build, "REPO_PAGES", tmp_path)
+  monkeypatch.setattr(build, "TUTORIALS", ())
   with pytest.raises(RuntimeError, match="nowhere"):
     build.build(tmp_path / "site", api=False)
+
+
+def test_tutorials_run_and_show_their_output(site):
+  """Each tutorial's page holds its prose, its code and what the code printed and drew."""
+  out, counts = site
+  assert counts["tutorials"] == len(build.TUTORIALS) == 3
+  expected = {
+    "clark_attention": ("most to [CLS]", "largest difference"),
+    "negation_patching": ("held-out accuracy", "exact against attribution patching", "attnlrp"),
+    "adding_a_family": ("camembert", "MLM logits: largest difference", "CamembertForMaskedLM"),
+  }
+  for source, title in build.TUTORIALS:
+    page = out / build.tutorial_page(source).replace(".md", ".html")
+    text = _text(page)
+    assert title in text, source
+    for shown in expected[pathlib.Path(source).stem]:
+      assert shown in text, (source, shown)
+  figures = sorted((out / "tutorials").glob("*.png"))
+  assert {f.name.rsplit("-", 1)[0] for f in figures} == {"clark_attention", "negation_patching"}
+  assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
+
+
+def test_a_failing_tutorial_fails_the_build(tmp_path, monkeypatch):
+  (tmp_path / "README.md").write_text("# Title\n")
+  (tmp_path / "bad.py").write_text(
+    "# %% [markdown]\n# # Bad\n\n# %%\nx = 1\n\n# %%\nraise ValueError(f'boom {x}')\n"
+  )
+  monkeypatch.setattr(build, "PAGES", (("README.md", "index.md", "Overview"),))
+  monkeypatch.setattr(build, "REPO_PAGES", tmp_path)
+  monkeypatch.setattr(build, "TUTORIALS", (("bad.py", "Bad"),))
+  with pytest.raises(RuntimeError, match=r"(?s)tutorial bad.py failed.*boom 1"):
+    build.build(tmp_path / "site", api=False)
+  # Without running, the same script renders as code.
+  build.build(tmp_path / "site", api=False, run_tutorials=False)
+  assert "raise ValueError" in _text(tmp_path / "site/tutorials/bad.html")
 
 
 def test_links_are_rewritten_for_the_site():

@@ -391,3 +391,47 @@ def test_fused_kernel_and_sites_on_the_family(model_type):
       np.testing.assert_array_equal(np.asarray(out.last_hidden_state), np.asarray(want))
     else:
       np.testing.assert_allclose(np.asarray(out.cache["head_out"]), np.asarray(value), atol=1e-6)
+
+
+def test_a_registered_row_is_a_family(tmp_path, monkeypatch):
+  """`families.register`: a row added at run time (CamemBERT, RoBERTa's block under its own
+  class names) loads a transformers checkpoint and matches it; duplicates and unknown roles
+  or heads are refused by name."""
+  import dataclasses
+
+  from bertjax.model import families
+
+  roberta = families.FAMILIES["roberta"]
+  rename = lambda name: name.replace("Roberta", "Camembert")
+  row = dataclasses.replace(
+    roberta,
+    model_type="camembert",
+    architectures={k: rename(v) for k, v in roberta.architectures.items()},
+    no_pooler=frozenset(map(rename, roberta.no_pooler)),
+  )
+  with pytest.raises(ValueError, match="'camembert' in config.json is not supported"):
+    bertjax.BertConfig.from_hf_dict({"model_type": "camembert"})
+  monkeypatch.setitem(families.FAMILIES, "camembert", row)  # the row goes again after the test
+  del families.FAMILIES["camembert"]
+  assert families.register(row) is row
+  with pytest.raises(ValueError, match="already a family"):
+    families.register(row)
+  with pytest.raises(ValueError, match="layer role 'querry'"):
+    families.register(dataclasses.replace(row, layer_names={"querry": "q"}), replace=True)
+  with pytest.raises(ValueError, match="head 'pooler'"):
+    families.register(dataclasses.replace(row, heads={"pooler": None}), replace=True)
+  torch.manual_seed(0)
+  hf = transformers.CamembertForMaskedLM(
+    transformers.CamembertConfig(**{**SIZES, "intermediate_size": 37})
+  ).eval()
+  hf.save_pretrained(tmp_path)
+  config, params = bertjax.from_hf(tmp_path)
+  assert config.model_type == "camembert" and "mlm" in params
+  ids = np.random.RandomState(0).randint(3, 99, (2, 9))
+  mask = np.ones((2, 9), np.int64)
+  mask[1, 6:] = 0
+  out = bertjax.forward(params, config, ids, mask)
+  with torch.no_grad():
+    ref = hf(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+  got = np.asarray(bertjax.head_logits(params, config, out, "mlm"))
+  np.testing.assert_allclose(got[mask == 1], ref[mask == 1], atol=ATOL)

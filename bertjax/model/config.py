@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
-from bertjax.model.families import FAMILIES, LAYER_TYPES, MODEL_TYPES, Family, family
+from bertjax.model.families import FAMILIES, LAYER_TYPES, Family, family
 
 _ACTIVATIONS = (
   "gelu",
@@ -136,8 +136,8 @@ class BertConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive int")
-    if self.model_type not in MODEL_TYPES:
-      raise ValueError(f"model_type={self.model_type!r} must be one of {MODEL_TYPES}")
+    if self.model_type not in FAMILIES:
+      raise ValueError(f"model_type={self.model_type!r} must be one of {tuple(FAMILIES)}")
     fam = self.family
     least = int(fam.token_types and not fam.optional_token_types)
     if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < least:
@@ -509,7 +509,8 @@ class BertConfig:
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
       raise ValueError(
-        f"model_type={model_type!r} in config.json is not supported; expected one of {MODEL_TYPES}"
+        f"model_type={model_type!r} in config.json is not supported; expected one of "
+        f"{tuple(FAMILIES)}"
       )
     fam = FAMILIES[model_type]
     if hf.get("position_embedding_type", "absolute") != "absolute":

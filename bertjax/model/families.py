@@ -949,12 +949,39 @@ FAMILIES: dict[str, Family] = {
   ),
 }
 
-MODEL_TYPES = tuple(FAMILIES)
+MODEL_TYPES = tuple(FAMILIES)  # the built-in families; `register` adds to FAMILIES
 HEADS = ("mlm", "nsp", "sop", "rtd", "classifier", "token_classifier")
 
 
 def family(model_type: str) -> Family:
   """The row for `model_type`, or a ValueError naming the supported ones."""
   if model_type not in FAMILIES:
-    raise ValueError(f"model_type={model_type!r} is not supported; expected one of {MODEL_TYPES}")
+    raise ValueError(
+      f"model_type={model_type!r} is not supported; expected one of {tuple(FAMILIES)}"
+    )
   return FAMILIES[model_type]
+
+
+def register(row: Family, *, replace: bool = False) -> Family:
+  """Adds a family: `row` becomes `FAMILIES[row.model_type]`, so `BertConfig`, `from_hf`,
+  `to_hf`, `forward`, every site and every analysis serve checkpoints whose `config.json`
+  names that `model_type` (docs/tutorials/adding_a_family.py builds CamemBERT this way and
+  checks it against transformers). A family already present is an error unless `replace`,
+  so a typo cannot redefine BERT silently. Returns `row`."""
+  if not isinstance(row, Family):
+    raise TypeError(f"row must be a families.Family, not {type(row).__name__}")
+  if row.model_type in FAMILIES and not replace:
+    raise ValueError(
+      f"model_type={row.model_type!r} is already a family; pass replace=True to redefine it"
+    )
+  for role in row.layer_names:
+    if role not in LAYER_ROLES and role not in FUSED:
+      raise ValueError(
+        f"Family {row.model_type!r}: layer role {role!r} must be one of "
+        f"{tuple(LAYER_ROLES) + tuple(FUSED)}"
+      )
+  for head in row.heads:
+    if head not in HEADS:
+      raise ValueError(f"Family {row.model_type!r}: head {head!r} must be one of {HEADS}")
+  FAMILIES[row.model_type] = row
+  return row
