@@ -77,20 +77,27 @@ from bertjax.model.sites import take_rows
 
 Params = dict[str, Any]
 METHODS = ("eap", "eap-ig")
-SUPPORTED = tuple(
-  name
-  for name, fam in FAMILIES.items()
-  if fam.norm == "post"
-  and fam.norm_kind == "layernorm"
-  and fam.positions != "rotary"
-  and fam.position_bias != "disentangled"
-)
+
+
+def covered(family) -> bool:
+  """Whether the graph's derivation covers a family's block (post-LN LayerNorm, no rotary
+  q and k, no disentangled attention); a family added with `families.register` is judged by
+  its row too."""
+  return (
+    family.norm == "post"
+    and family.norm_kind == "layernorm"
+    and family.positions != "rotary"
+    and family.position_bias != "disentangled"
+  )
+
+
+SUPPORTED = tuple(name for name, fam in FAMILIES.items() if covered(fam))  # built-in families
 
 
 def check_supported(config: BertConfig, what: str = "edge attribution") -> None:
   """Raises a ValueError naming the family when the graph's derivation does not cover it."""
   fam = config.family
-  if config.model_type not in SUPPORTED:
+  if not covered(fam):
     why = (
       "a pre-LN block reads the stream through a norm of each receiver's own"
       if fam.norm == "pre"
@@ -384,22 +391,33 @@ def _score_matrix(config, g: Graph, w, deltas, sigma, grads):
   flat = p.reshape(-1, k_ln)
   mu = jax.scipy.linalg.solve_triangular(a.T, flat.T, lower=True).T.reshape(p.shape)
 
-  def block(gin, t: int, n_send: int):  # gin (R, B, T, H): receivers reading stage t
-    gh = gin * G[t] * S[t][None, ..., None]
-    nu = jnp.einsum("rbth,kh->rbtk", gh, Ginv[:k_ln]) * (np.arange(k_ln) < t)
-    out = jnp.einsum("sbth,rbth->sr", z[:n_send], gh) - jnp.einsum("sbtk,rbtk->sr", mu[:n_send], nu)
-    return jnp.zeros((g.n_senders, gin.shape[0]), out.dtype).at[:n_send].set(out)
+  flat_z, flat_mu = z.reshape(z.shape[0], -1), mu.reshape(mu.shape[0], -1)
 
-  cols = []
-  for layer in range(depth):
-    before = 1 + layer * (n + 1)
-    gin = jnp.concatenate(
-      [jnp.einsum("btnd,hnd->nbth", grads[s][layer], w[s][layer]) for s in "qkv"]
-    )  # (3N, B, T, H)
-    cols.append(block(gin, 2 * layer, before))
-    cols.append(block(grads["ffn_in"][layer][None], 2 * layer + 1, before + n))
-  cols.append(block(grads["out"][None], k_ln, g.n_senders))
-  return jnp.concatenate(cols, 1)
+  def scores(gh, stages):  # gh (R, B, T, H): input gradients times Lambda at their `stages`
+    nu = (
+      jnp.einsum("rbth,kh->rbtk", gh, Ginv[:k_ln])
+      * (np.arange(k_ln) < stages[:, None])[:, None, None, :]
+    )
+    # One product over every sender: the pairs off the graph are computed too and zeroed
+    # below, which is faster than a product per receiver stage on its senders alone.
+    return flat_z @ gh.reshape(gh.shape[0], -1).T - flat_mu @ nu.reshape(nu.shape[0], -1).T
+
+  # The heads' query, key and value inputs, (L, 3, N) receivers: each one's Lambda is folded
+  # into its projection (per dimension) and its gradient (per token) before the projection.
+  t_heads = 2 * np.arange(depth)
+  w_qkv = jnp.stack([w[s] for s in "qkv"], 1) * G[t_heads][:, None, :, None, None]
+  g_qkv = jnp.stack([jnp.stack(grads[s]) for s in "qkv"], 1)  # (L, 3, B, T, N, d)
+  g_qkv = g_qkv * S[t_heads][:, None, :, :, None, None].astype(g_qkv.dtype)
+  gh = jnp.einsum("lsbtnd,lshnd->lsnbth", g_qkv, w_qkv)
+  heads = scores(gh.reshape((-1,) + gh.shape[3:]), np.repeat(t_heads, 3 * n))
+  t_ffn = t_heads + 1
+  ffn_in = jnp.stack(grads["ffn_in"]) * G[t_ffn][:, None, None, :] * S[t_ffn][..., None]
+  ffn = scores(ffn_in, t_ffn)
+  logits = scores((grads["out"] * G[k_ln] * S[k_ln][..., None])[None], np.asarray([k_ln]))
+  # The columns in receiver order: per layer its 3N head inputs and its FFN, the logits last.
+  per_layer = jnp.concatenate([heads.reshape(-1, depth, 3 * n), ffn[:, :, None]], 2)
+  out = jnp.concatenate([per_layer.reshape(per_layer.shape[0], -1), logits], 1)
+  return jnp.where(g.valid, out, 0.0)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps"))
