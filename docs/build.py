@@ -76,9 +76,9 @@ def rewrite_links(text: str, source: str, page: str = "") -> str:
       return m.group(0)
     path, _, anchor = target.partition("#")
     resolved = _normalise(f"{base}/{path}") if path else source
-    page = page_of(resolved)
-    if page is not None:
-      return f"[{label}]({up}{page}{'#' + anchor if anchor else ''})"
+    linked = page_of(resolved)
+    if linked is not None:
+      return f"[{label}]({up}{linked}{'#' + anchor if anchor else ''})"
     shown = label if label.startswith("`") else f"`{label}`"
     return shown if label.strip("`") == resolved else f"{shown} (`{resolved}`)"
 
@@ -125,8 +125,8 @@ def run_tutorial(script: pathlib.Path, figures: pathlib.Path, run: bool = True) 
   kernel (nbclient) whose working directory is the repository.
 
   Raises:
-    RuntimeError: a cell failed; the message names the tutorial and holds the cell and its
-      traceback.
+    RuntimeError: a cell failed, ran past `TUTORIAL_TIMEOUT` or killed its kernel; the
+      message names the tutorial and holds the cell and its traceback.
   """
   import jupytext
   import nbclient
@@ -146,7 +146,11 @@ def run_tutorial(script: pathlib.Path, figures: pathlib.Path, run: bool = True) 
     )
     try:
       client.execute()
-    except nbclient.exceptions.CellExecutionError as e:
+    except (
+      nbclient.exceptions.CellExecutionError,
+      nbclient.exceptions.CellTimeoutError,
+      nbclient.exceptions.DeadKernelError,
+    ) as e:
       raise RuntimeError(f"tutorial {script.name} failed:\n{e}") from None
   return _markdown(nb, script.stem, figures)
 
