@@ -177,6 +177,8 @@ def test_export_a_mid_run_checkpoint(pretrain_runs, tmp_path, env):
       "--out",
       "rep",
       "--reduced",
+      "--sections",
+      "clark",
       "--quiet",
       cwd=tmp_path,
       env=env,

@@ -284,6 +284,8 @@ def test_report_runs_on_deberta(tmp_path):
       "--model",
       str(directory),
       "--reduced",
+      "--sections",
+      "disentangled",  # with clark and patterns, which it reads
       "--out",
       str(out),
     ],

@@ -599,6 +599,8 @@ def test_report_runs_on_modernbert(model_dirs, tmp_path):
       "--model",
       str(model_dirs["modernbert"]),
       "--reduced",
+      "--sections",
+      "clark,attribution",
       "--out",
       str(out),
     ],

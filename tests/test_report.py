@@ -284,13 +284,24 @@ def test_report_on_random_checkpoint(model_type, minilm_dir, tmp_path, monkeypat
   monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))  # no POS probe: faster
   monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
   out = tmp_path / "out"
-  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]) == 0
+  # The sections `_check_consistency` checks (the MiniLM report above runs them all).
+  argv = ["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]
+  assert cli.main([*argv, "--sections", "clark,patterns,ablation,anisotropy,pos,effective"]) == 0
   saved = json.loads((out / "report.json").read_text())
   assert saved["model"]["name"] == model.name and saved["model"]["model_type"] == model_type
   assert (saved["model"]["layers"], saved["model"]["heads"]) == (2, 4)
   _check_outputs(out, saved)
   _check_consistency(saved)
   assert not saved["pos"]["available"]
+  assert saved["run"]["sections"] == [
+    "task",
+    "clark",
+    "patterns",
+    "ablation",
+    "anisotropy",
+    "pos",
+    "effective",
+  ]
 
 
 def _roberta_64(minilm_dir, directory):
@@ -373,7 +384,8 @@ def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(
   monkeypatch.setenv("BERTJAX_DATA_DIR", str(tmp_path / "no-data"))
   monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
   model, out = _roberta_64(minilm_dir, tmp_path / "roberta-64"), tmp_path / "out"
-  assert cli.main(["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]) == 0
+  argv = ["report", "--model", str(model), "--out", str(out), "--reduced", "--quiet"]
+  assert cli.main([*argv, "--sections", "clark,anisotropy,effective,ablation"]) == 0
   saved = json.loads((out / "report.json").read_text())
   assert saved["anisotropy"] == {"failed": True, "error": "RuntimeError: a stand-in failure"}
   html = (out / "index.html").read_text()
@@ -381,11 +393,32 @@ def test_a_failing_section_is_shown_and_the_rest_of_the_report_written(
   assert "anisotropy.png" not in html and not (out / "anisotropy.png").exists()
   assert "failed" in saved["readings"]["anisotropy"][0]
   assert not reading.verdicts(saved["readings"]["anisotropy"], saved["model"]["name"])
-  for key in ("clark", "patterns", "task", "ablation", "effective", "attribution"):
-    assert not saved[key].get("failed"), (key, saved[key])
+  for key in ("clark", "task", "ablation", "effective"):  # ablation reads task: it ran too
+    assert saved[key] and not saved[key].get("failed"), (key, saved[key])
+  assert reading.verdicts(saved["readings"]["pruning"], saved["model"]["name"])
   assert len(saved["effective"]["example_tokens"]) <= 64
   _check_outputs(out, saved)
   assert all(f"<h2 id='{k}'>" in html for k, _ in page.SECTIONS)  # every section, in place
+  # The sections not asked for are on the page, in report.json and in the readings as not run.
+  for key in ("patterns", "pos", "attribution", "circuit", "outliers", "sae"):
+    assert saved[key] == {
+      "skipped": True,
+      "reason": "not asked for: this report was run for task, clark, ablation, anisotropy, "
+      "effective only",
+    }, key
+    assert saved["readings"][key][0].startswith("This section was not run (not asked for")
+    assert key not in saved["timing"] and f"{key}.png" not in html
+  assert html.count("This section was not run</b>: not asked for") == 6
+
+
+def test_report_sections_are_checked_before_the_model_is_read(tmp_path, capsys):
+  code = cli.main(["report", "--model", str(tmp_path / "nowhere"), "--sections", "clark,pruned"])
+  err = capsys.readouterr().err
+  assert code != 0 and "sections=pruned not understood" in err and "Traceback" not in err
+  assert "clark, patterns, ablation" in err and not (tmp_path / "nowhere").exists()
+  assert report.build.chosen_sections(["pruning", "circuit"]) == {"ablation", "circuit", "task"}
+  assert report.build.chosen_sections(["disentangled"]) == {"disentangled", "clark", "patterns"}
+  assert report.build.chosen_sections(None) is None
 
 
 def test_model_names(tmp_path):

@@ -65,6 +65,16 @@ def _report_parser(sub) -> None:
     action="store_true",
     help="a small, fast run (few sentences and pruning steps), for tests",
   )
+  p.add_argument(
+    "--sections",
+    default=None,
+    metavar="LIST",
+    help="compute only these sections, comma-separated, and those they read (ablation, "
+    "attribution and circuit read task; disentangled reads clark and patterns); the page "
+    "shows the others as not run. Sections: task, clark, patterns, ablation (with pruning), "
+    "anisotropy, pos, effective, attribution, circuit, outliers, sae, disentangled "
+    "(DeBERTa) (default: all)",
+  )
   p.add_argument("--quiet", action="store_true", help="no progress lines")
   _debug_argument(p)
   p.set_defaults(run=_run_report)
@@ -74,7 +84,12 @@ def _run_report(args) -> int:
   from bertjax.report import build_report
 
   results = build_report(
-    args.model, args.out, args.data_dir, reduced=args.reduced, progress=not args.quiet
+    args.model,
+    args.out,
+    args.data_dir,
+    reduced=args.reduced,
+    progress=not args.quiet,
+    sections=None if args.sections is None else args.sections.split(","),
   )
   print(f"report: {results['files'][0]} ({results['timing']['total_seconds']:.1f}s)")
   return 0

@@ -26,6 +26,54 @@ from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.report.task import fit_task
 from bertjax.tasks.sentences import Sentence, builtin_text, load_sentences
 
+# The sections `build_report` computes (page ids; section 5, pruning, is computed with 4,
+# ablation), and the sections each one reads: asking for one computes what it needs too.
+COMPUTED = (
+  "task",
+  "clark",
+  "patterns",
+  "ablation",
+  "anisotropy",
+  "pos",
+  "effective",
+  "attribution",
+  "circuit",
+  "outliers",
+  "sae",
+  "disentangled",
+)
+NEEDS = {
+  "ablation": ("task",),
+  "attribution": ("task",),
+  "circuit": ("task",),
+  "disentangled": ("clark", "patterns"),
+}
+
+
+def chosen_sections(names: Sequence[str] | None) -> frozenset[str] | None:
+  """The sections to compute for `names` (page ids, `pruning` meaning `ablation`), with the
+  sections they read; None (all) for None.
+
+  Raises:
+    ValueError: a name is not a section the report computes, or none is given.
+  """
+  if names is None:
+    return None
+  names = [{"pruning": "ablation"}.get(n, n) for n in (x.strip() for x in names) if n]
+  unknown = [n for n in names if n not in COMPUTED]
+  if unknown or not names:
+    raise ValueError(
+      f"sections={', '.join(unknown) or '(none)'!s} not understood: expected one or more of "
+      f"{', '.join(COMPUTED)} (and pruning, computed with ablation)"
+    )
+  return frozenset(names).union(*(NEEDS.get(n, ()) for n in names))
+
+
+def skipped(section) -> bool:
+  """Whether a section was left out by `build_report(sections=...)`
+  (`{"skipped": True, "reason": ...}`)."""
+  return isinstance(section, dict) and bool(section.get("skipped"))
+
 
 class _Clock:
   """Progress lines (`log`) and the seconds each stage took (`lap`, into `timing`)."""
@@ -62,6 +110,7 @@ class _Run:
   settings: ReportSettings
   clock: _Clock
   progress: bool
+  sections: frozenset[str] | None = None  # None: every section
 
   @property
   def max_len(self) -> int:
@@ -181,10 +230,16 @@ def failed(section) -> bool:
   return isinstance(section, dict) and bool(section.get("failed"))
 
 
-def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = None):
-  """Runs one stage; a failure becomes `{"failed": True, "error": ...}` for that section, so
-  that every other section and the page are still written. A stage whose inputs (`needs`:
-  name -> results) failed does not run and says which."""
+def _guarded(run: _Run, name: str, what: str, compute, needs: dict[str, Any] | None = None) -> dict:
+  """Runs one stage, logging `what` first; a failure becomes `{"failed": True, "error": ...}`
+  for that section, so that every other section and the page are still written. A stage
+  whose inputs (`needs`: name -> results) failed does not run and says which; one not among
+  `run.sections` does not run either (`{"skipped": True, "reason": ...}`, untimed)."""
+  if run.sections is not None and name not in run.sections:
+    asked = ", ".join(s for s in COMPUTED if s in run.sections)
+    return {"skipped": True, "reason": f"not asked for: this report was run for {asked} only"}
+  if what:
+    run.clock.log(what)
   broken = [k for k, v in (needs or {}).items() if failed(v) or v is None]
   if broken:
     out = {
@@ -198,7 +253,7 @@ def _guarded(clock: _Clock, name: str, compute, needs: dict[str, Any] | None = N
       out = {"failed": True, "error": f"{type(e).__name__}: {e}"}
   if failed(out):
     print(f"[report] section {name!r} failed: {out['error']}", file=sys.stderr, flush=True)
-  clock.lap(name)
+  run.clock.lap(name)
   return out
 
 
@@ -213,72 +268,78 @@ def _run_sections(
 ) -> dict:
   """Sections 1-12, and 13 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
-  still run (`_guarded`)."""
-  params, config, tok, settings, clock = run.params, run.config, run.tok, run.settings, run.clock
-  clock.log(f"negation task: fitting probes on {len(own)} sentences")
-  fitted = _guarded(clock, "task", lambda: fit_task(params, config, tok, own, settings, clock.log))
-  task_results, task = (fitted, None) if failed(fitted) else fitted
-  clock.log("Clark et al. attention statistics")
-  clark = _guarded(clock, "clark", lambda: sections.clark_section(params, config, tok, batches))
-  clock.log("Kovaleva et al. pattern types")
-  patterns = _guarded(clock, "patterns", lambda: _patterns(run, texts))
-  clock.log(
-    f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
-    "layers), importance and pruning"
+  still run (`_guarded`); one left out by `run.sections` is `{"skipped": True, ...}`."""
+  params, config, tok, settings, log = run.params, run.config, run.tok, run.settings, run.clock.log
+  fitted = _guarded(
+    run,
+    "task",
+    f"negation task: fitting probes on {len(own)} sentences",
+    lambda: fit_task(params, config, tok, own, settings, log),
   )
-  abl = _guarded(
-    clock,
-    "ablation",
-    lambda: sections.ablation_section(task, config, settings, clock.log),
-    {"task": task_results},
-  )
-  clock.log("anisotropy")
-  aniso = _guarded(
-    clock, "anisotropy", lambda: sections.anisotropy_section(params, config, tok, batches, settings)
-  )
-  pos = _guarded(clock, "pos", lambda: _pos(run, ud_files, data_dir, data_path))
-  clock.log("effective attention")
-  eff = _guarded(clock, "effective", lambda: _effective(run, texts))
-  clock.log("token attribution and head patching on the negated sentences")
-  attrib = _guarded(
-    clock,
-    "attribution",
-    lambda: sections.attribution_section(params, config, tok, own, task, settings),
-    {"task": task_results},
-  )
-  clock.log("the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness")
-  circ = _guarded(
-    clock,
-    "circuit",
-    lambda: sections.circuit_section(params, config, tok, own, task, settings),
-    {"task": task_results},
-  )
-  clock.log("outlier dimensions and massive activations")
-  outl = _guarded(
-    clock, "outliers", lambda: sections.outlier_section(params, config, tok, batches, settings)
-  )
-  clock.log("a sparse autoencoder on the middle layer")
-  dictionary = _guarded(
-    clock, "sae", lambda: sections.sae_section(params, config, tok, batches, settings)
-  )
+  task_results, task = (fitted, None) if failed(fitted) or skipped(fitted) else fitted
+  needs_task = {"task": task_results}
   found = {
-    "clark": clark,
-    "patterns": patterns,
+    "clark": _guarded(
+      run,
+      "clark",
+      "Clark et al. attention statistics",
+      lambda: sections.clark_section(params, config, tok, batches),
+    ),
+    "patterns": _guarded(
+      run, "patterns", "Kovaleva et al. pattern types", lambda: _patterns(run, texts)
+    ),
     "task": task_results,
-    "ablation": abl,
-    "anisotropy": aniso,
-    "pos": pos,
-    "effective": eff,
-    "attribution": attrib,
-    "circuit": circ,
-    "outliers": outl,
-    "sae": dictionary,
   }
+  found["ablation"] = _guarded(
+    run,
+    "ablation",
+    f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
+    "layers), importance and pruning",
+    lambda: sections.ablation_section(task, config, settings, log),
+    needs_task,
+  )
+  found["anisotropy"] = _guarded(
+    run,
+    "anisotropy",
+    "anisotropy",
+    lambda: sections.anisotropy_section(params, config, tok, batches, settings),
+  )
+  found["pos"] = _guarded(run, "pos", "", lambda: _pos(run, ud_files, data_dir, data_path))
+  found["effective"] = _guarded(
+    run, "effective", "effective attention", lambda: _effective(run, texts)
+  )
+  found["attribution"] = _guarded(
+    run,
+    "attribution",
+    "token attribution and head patching on the negated sentences",
+    lambda: sections.attribution_section(params, config, tok, own, task, settings),
+    needs_task,
+  )
+  found["circuit"] = _guarded(
+    run,
+    "circuit",
+    "the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness",
+    lambda: sections.circuit_section(params, config, tok, own, task, settings),
+    needs_task,
+  )
+  found["outliers"] = _guarded(
+    run,
+    "outliers",
+    "outlier dimensions and massive activations",
+    lambda: sections.outlier_section(params, config, tok, batches, settings),
+  )
+  found["sae"] = _guarded(
+    run,
+    "sae",
+    "a sparse autoencoder on the middle layer",
+    lambda: sections.sae_section(params, config, tok, batches, settings),
+  )
   if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
-    clock.log("DeBERTa's score terms: content vs position")
+    clark, patterns = found["clark"], found["patterns"]
     found["disentangled"] = _guarded(
-      clock,
+      run,
       "disentangled",
+      "DeBERTa's score terms: content vs position",
       lambda: sections.disentangled_section(params, config, batches, clark, patterns),
     )
   return found
@@ -328,6 +389,7 @@ def build_report(
   reduced: bool = False,
   progress: bool = True,
   settings: ReportSettings | None = None,
+  sections: Sequence[str] | None = None,
 ) -> dict:
   """Analyses a checkpoint of any family and writes the HTML report.
 
@@ -342,14 +404,19 @@ def build_report(
     reduced: a small, fast run (`ReportSettings.reduced()`), for tests.
     progress: print progress lines.
     settings: explicit sizes (overrides `reduced`).
+    sections: compute only these sections (`COMPUTED` ids; `pruning` is computed with
+      `ablation`) and the sections they read (`NEEDS`); the others are on the page and in
+      `report.json` as not run (`{"skipped": True, "reason": ...}`). None: every section.
 
   Returns:
     The results (as written to `report.json`), with `files`: the paths written.
 
   Raises:
     FileNotFoundError: `model_dir` or an explicit `data_dir` does not exist.
-    ValueError: the checkpoint is physically pruned (the analyses need every head).
+    ValueError: the checkpoint is physically pruned (the analyses need every head), or
+      `sections` names a section the report does not compute.
   """
+  chosen = chosen_sections(sections)
   clock = _Clock(progress)
   settings = settings or (ReportSettings.reduced() if reduced else ReportSettings())
   model_path, name = _resolve_model(model_dir)
@@ -362,7 +429,12 @@ def build_report(
 
   with utils.single_thread_blas():
     clock.log(f"loading {name} from {model_path}")
-    run = _Run(*_load_model(model_path), settings, clock, progress)
+    run = _Run(*_load_model(model_path), settings, clock, progress, chosen)
+    if chosen and "disentangled" in chosen and run.config.family.position_bias != "disentangled":
+      raise ValueError(
+        f"sections=disentangled: {name} is a {run.config.model_type} model; only DeBERTa "
+        "models (disentangled attention) have that section"
+      )
     own = load_sentences()
     own = [own[i] for i in inputs.spread(len(own), settings.max_sentences)]
     own = fitting(run, own)
@@ -379,6 +451,7 @@ def build_report(
       **found,
       "run": {
         "mode": "reduced" if reduced or settings.max_sentences else "full",
+        "sections": None if chosen is None else [s for s in COMPUTED if s in chosen],
         "backend": jax.default_backend(),
         "jax_version": jax.__version__,
       },

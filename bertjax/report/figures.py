@@ -297,14 +297,14 @@ def write_figures(
 
   Returns:
     Figure key -> file name (relative to `out`), in page order; a section without its
-    data (no POS probe, no attribution, a section that failed) has no figure.
+    data (no POS probe, no attribution, a section that failed or was not run) has no figure.
   """
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
   figs: Figures = {}
   for section, source, draw in _SECTION_FIGURES:
     data = results.get(source)
-    if data is None or (isinstance(data, dict) and data.get("failed")):
+    if data is None or (isinstance(data, dict) and (data.get("failed") or data.get("skipped"))):
       continue
     try:
       figs.update(draw(results, out))

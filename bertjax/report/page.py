@@ -730,10 +730,13 @@ def _failed_note(section: str, what: str, error: str) -> list[str]:
 
 def _section(r: dict, figs: dict, reads: dict, section: str, source: str, helper) -> list[str]:
   """One section's HTML; a section that failed (or cannot be laid out) says so, with the
-  error, in place of its tables and figures."""
+  error, in place of its tables and figures, as one left out (`build_report(sections=...)`)
+  says why."""
   data = r.get(source)
   if isinstance(data, dict) and data.get("failed"):
     return _failed_note(section, "This section failed, so it has no numbers", data["error"])
+  if isinstance(data, dict) and data.get("skipped"):
+    return _failed_note(section, "This section was not run", data["reason"])
   try:
     parts = helper(r, figs, reads)
   except Exception as e:  # noqa: BLE001 (the rest of the page is still written)

@@ -794,16 +794,25 @@ def readings(r: dict) -> dict[str, list[str]]:
   sources = {"pruning": ("ablation", "task")}
   out = {}
   for section, make in makers.items():
-    broken = [r[k] for k in sources.get(section, (section,)) if _failed(r.get(k))]
-    failure = (
-      (
-        f"This section failed ({broken[0]['error']}), so this report cannot compare it "
-        "with the paper."
-      )
-      if broken
-      else None
-    )
-    out[section] = [failure] if broken else make()
+    read = [r.get(k) for k in sources.get(section, (section,))]
+    broken = [x for x in read if _failed(x)]
+    left_out = [x for x in read if isinstance(x, dict) and x.get("skipped")]
+    if broken:
+      out[section] = [
+        (
+          f"This section failed ({broken[0]['error']}), so this report cannot compare it "
+          "with the paper."
+        )
+      ]
+    elif left_out:
+      out[section] = [
+        (
+          f"This section was not run ({left_out[0]['reason']}), so this report does not "
+          "compare it with the paper."
+        )
+      ]
+    else:
+      out[section] = make()
   return out
 
 
