@@ -22,7 +22,7 @@ What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads):
   pruned model's outputs equal the head-masked model's.
 
 Criterion. Michel et al. score a fine-tuned classifier; all-MiniLM-L6-v2 has no task head and
-nothing may be downloaded, so the task is the report's negation detection (`bertjax.report`):
+nothing may be downloaded, so the task is the report's negation detection (`bertjax.tasks.negation_probe`):
 a logistic-regression head on the frozen, mean-pooled final layer, fitted on a stratified
 training split of the project's own 385 labelled sentences (`bertjax/resources/sentences.tsv`)
 and scored on the held-out split. The head stays fixed while attention heads are removed, so
@@ -98,7 +98,7 @@ def _per_example_fn():
   import jax
 
   import bertjax
-  from bertjax import report
+  from bertjax.tasks import negation_probe
 
   @functools.partial(jax.jit, static_argnums=(1, 4))
   def fn(params, config, batch, hidden_in, start, head_masks):
@@ -110,8 +110,8 @@ def _per_example_fn():
       def example(h, m, y):
         small = {"attention_mask": m[None], "labels": y[None]}
         return (
-          report.task_loss(params, config, small, h[None], None)[0],
-          report.task_accuracy(params, config, small, h[None], None)[0],
+          negation_probe.task_loss(params, config, small, h[None], None)[0],
+          negation_probe.task_accuracy(params, config, small, h[None], None)[0],
         )
 
       return jax.vmap(example)(last, batch["attention_mask"], batch["labels"])
@@ -534,12 +534,12 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
 
 def importance(tparams, config, train, timings: dict[str, float]) -> tuple[np.ndarray, np.ndarray]:
   """`(raw, normalized)` head importance E|dL/dxi| on the training split, (layers, heads)."""
-  from bertjax import report
   from bertjax.analysis.interventions import ablation
+  from bertjax.tasks import negation_probe
 
   with common.timed(timings, "importance"):
     imp_raw = ablation.head_importance(
-      tparams, config, train, report.task_loss, normalize_layers=False
+      tparams, config, train, negation_probe.task_loss, normalize_layers=False
     )
     # Michel's per-layer L2 normalisation, as `head_importance(normalize_layers=True)`
     # computes it (applied here to save a second pass over the data).
@@ -556,8 +556,8 @@ def ablate_heads(
   Returns:
     The result file's `ablation` entry.
   """
-  from bertjax import report
   from bertjax.analysis.interventions import ablation
+  from bertjax.tasks import negation_probe
 
   depth, n_heads = config.depth, config.num_attention_heads
   total_heads = depth * n_heads
@@ -567,7 +567,7 @@ def ablate_heads(
       tparams,
       config,
       test,
-      report.task_loss,
+      negation_probe.task_loss,
       head_ablations=("scale",),
       include=("heads",),
       chunk_size=chunk,
@@ -643,8 +643,8 @@ def pruning_curves(
   Returns:
     The result file's `pruning` entry.
   """
-  from bertjax import report
   from bertjax.analysis.interventions import ablation
+  from bertjax.tasks import negation_probe
 
   depth, n_heads = config.depth, config.num_attention_heads
   total_heads = depth * n_heads
@@ -653,7 +653,7 @@ def pruning_curves(
       tparams,
       config,
       train,
-      report.task_loss,
+      negation_probe.task_loss,
       step=s["prune_step"],
       max_fraction=s["prune_max"],
       chunk_size=chunk,
@@ -791,8 +791,9 @@ def speed(
 def main(argv=None) -> int:
   args = common.parser(__doc__).parse_args(argv)
   start = time.perf_counter()
-  from bertjax import report, stats
+  from bertjax import stats
   from bertjax.analysis import batching
+  from bertjax.tasks import negation_probe
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
   s = run_settings(args.smoke, args.seed)
@@ -801,10 +802,10 @@ def main(argv=None) -> int:
   depth, n_heads = config.depth, config.num_attention_heads
 
   with common.timed(timings, "task"):
-    rs = report.ReportSettings(
+    rs = negation_probe.TaskSettings(
       batch_size=s["batch_size"], probe_steps=s["probe_steps"], seed=args.seed
     )
-    task_results, task = report.fit_task(params, config, tok, sentences, rs, common.log)
+    task_results, task = negation_probe.fit_task(params, config, tok, sentences, rs, common.log)
     tparams, train, test = task["params"], task["train"], task["test"]
 
   chunk = batching.default_chunk_size()

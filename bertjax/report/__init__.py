@@ -18,13 +18,14 @@ each head's scores its position terms carry (He et al. 2021). Each section ends 
 generated reading (`bertjax.report.reading`, stored under `readings`): the paper's finding,
 this model's measured value beside it, and whether they agree under a stated rule.
 
-The project's labelled sentences are `bertjax.tasks.sentences`, shared with the experiments.
-Modules, one concern each: `settings`
-(`ReportSettings`, `LAYER_NUMBERING`), `inputs` (model name, data directory, batches),
-`task` (the negation task: `fit_task`, `task_loss`, `task_accuracy`), `sections` (the
-analyses), `figures` (the PNGs, drawn by `bertjax.plots.charts`), `page` (the HTML), `reading`
-(the generated readings) and `build` (`build_report`). Their public names are importable
-from here.
+The project's labelled sentences (`bertjax.tasks.sentences`), their batches
+(`bertjax.tasks.text_batches`) and the negation task scored by a fixed probe
+(`bertjax.tasks.negation_probe`: `fit_task`, `task_loss`, `task_accuracy`) are shared with
+the experiments. Modules, one concern each: `settings` (`ReportSettings`,
+`LAYER_NUMBERING`), `inputs` (model name, data directory), `sections` (the analyses),
+`figures` (the PNGs, drawn by `bertjax.plots.charts`), `page` (the HTML), `reading` (the
+generated readings) and `build` (`build_report`). Their public names are importable from
+here.
 """
 
 from bertjax.report.build import build_report
@@ -43,15 +44,11 @@ from bertjax.report.sections import (
   pos_section,
 )
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
-from bertjax.report.task import PROBE_KEY, TASK_NAME, TASK_WHY, fit_task, task_accuracy, task_loss
 
 __all__ = [
   "LAYER_NUMBERING",
   "MODEL_SECTIONS",
-  "PROBE_KEY",
   "SECTIONS",
-  "TASK_NAME",
-  "TASK_WHY",
   "ReportSettings",
   "ablation_section",
   "anisotropy_section",
@@ -61,14 +58,11 @@ __all__ = [
   "default_data_dir",
   "disentangled_section",
   "effective_section",
-  "fit_task",
   "model_name",
   "pattern_section",
   "pos_section",
   "readings",
   "render_html",
-  "task_accuracy",
-  "task_loss",
   "verdicts",
   "write_figures",
 ]

@@ -23,7 +23,8 @@ from bertjax.analysis.attention import patterns as attention_patterns
 from bertjax.hub import DEFAULT_MODEL
 from bertjax.report import figures, inputs, page, reading, sections
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
-from bertjax.report.task import fit_task
+from bertjax.tasks import text_batches
+from bertjax.tasks.negation_probe import fit_task
 from bertjax.tasks.sentences import Sentence, builtin_text, load_sentences
 
 # The sections `build_report` computes (page ids; section 5, pruning, is computed with 4,
@@ -164,7 +165,7 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
     ud = [s for s in ud if len(run.tok.encode_words([s.forms]).input_ids[0]) <= run.max_len]
     words = [list(s.forms) for s in ud]
     texts = [" ".join(w) for w in words]
-    batches = inputs.batches(
+    batches = text_batches.batches(
       run.tok, words=words, batch_size=settings.batch_size, max_length=run.max_len
     )
     text = {
@@ -174,7 +175,9 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
     }
   else:
     texts = [s.text for s in own]
-    batches = inputs.batches(run.tok, texts, batch_size=settings.batch_size, max_length=run.max_len)
+    batches = text_batches.batches(
+      run.tok, texts, batch_size=settings.batch_size, max_length=run.max_len
+    )
     text = builtin_text(own)
   text["num_tokens"] = int(sum(b["attention_mask"].sum() for _, b in batches))
   return texts, batches, text
@@ -182,7 +185,7 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
 
 def _patterns(run: _Run, texts: Sequence[str]) -> dict:
   """Section 2 on consecutive sentences of the text as pairs (so blocks can occur)."""
-  pair_batches = inputs.batches(
+  pair_batches = text_batches.batches(
     run.tok,
     texts[:-1],
     pairs=texts[1:],
@@ -274,75 +277,75 @@ def _run_sections(
     run,
     "task",
     f"negation task: fitting probes on {len(own)} sentences",
-    lambda: fit_task(params, config, tok, own, settings, log),
+    lambda: fit_task(params, config, tok, own, settings.task, log),
   )
   task_results, task = (fitted, None) if failed(fitted) or skipped(fitted) else fitted
-  needs_task = {"task": task_results}
-  found = {
-    "clark": _guarded(
-      run,
+  found = {"task": task_results}
+  heads = config.depth * config.num_attention_heads
+  # In page order: the section, its progress line, how it is computed, whether it reads the
+  # task. Each runs when the loop reaches it, so a later one reads the earlier results.
+  stages = (
+    (
       "clark",
       "Clark et al. attention statistics",
       lambda: sections.clark_section(params, config, tok, batches),
+      False,
     ),
-    "patterns": _guarded(
-      run, "patterns", "Kovaleva et al. pattern types", lambda: _patterns(run, texts)
+    ("patterns", "Kovaleva et al. pattern types", lambda: _patterns(run, texts), False),
+    (
+      "ablation",
+      f"ablation sweeps ({heads} heads, {config.depth} layers), importance and pruning",
+      lambda: sections.ablation_section(task, config, settings, log),
+      True,
     ),
-    "task": task_results,
-  }
-  found["ablation"] = _guarded(
-    run,
-    "ablation",
-    f"ablation sweeps ({config.depth * config.num_attention_heads} heads, {config.depth} "
-    "layers), importance and pruning",
-    lambda: sections.ablation_section(task, config, settings, log),
-    needs_task,
-  )
-  found["anisotropy"] = _guarded(
-    run,
-    "anisotropy",
-    "anisotropy",
-    lambda: sections.anisotropy_section(params, config, tok, batches, settings),
-  )
-  found["pos"] = _guarded(run, "pos", "", lambda: _pos(run, ud_files, data_dir, data_path))
-  found["effective"] = _guarded(
-    run, "effective", "effective attention", lambda: _effective(run, texts)
-  )
-  found["attribution"] = _guarded(
-    run,
-    "attribution",
-    "token attribution and head patching on the negated sentences",
-    lambda: sections.attribution_section(params, config, tok, own, task, settings),
-    needs_task,
-  )
-  found["circuit"] = _guarded(
-    run,
-    "circuit",
-    "the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness",
-    lambda: sections.circuit_section(params, config, tok, own, task, settings),
-    needs_task,
-  )
-  found["outliers"] = _guarded(
-    run,
-    "outliers",
-    "outlier dimensions and massive activations",
-    lambda: sections.outlier_section(params, config, tok, batches, settings),
-  )
-  found["sae"] = _guarded(
-    run,
-    "sae",
-    "a sparse autoencoder on the middle layer",
-    lambda: sections.sae_section(params, config, tok, batches, settings),
+    (
+      "anisotropy",
+      "anisotropy",
+      lambda: sections.anisotropy_section(params, config, tok, batches, settings),
+      False,
+    ),
+    ("pos", "", lambda: _pos(run, ud_files, data_dir, data_path), False),
+    ("effective", "effective attention", lambda: _effective(run, texts), False),
+    (
+      "attribution",
+      "token attribution and head patching on the negated sentences",
+      lambda: sections.attribution_section(params, config, tok, own, task, settings),
+      True,
+    ),
+    (
+      "circuit",
+      "the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness",
+      lambda: sections.circuit_section(params, config, tok, own, task, settings),
+      True,
+    ),
+    (
+      "outliers",
+      "outlier dimensions and massive activations",
+      lambda: sections.outlier_section(params, config, tok, batches, settings),
+      False,
+    ),
+    (
+      "sae",
+      "a sparse autoencoder on the middle layer",
+      lambda: sections.sae_section(params, config, tok, batches, settings),
+      False,
+    ),
   )
   if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
-    clark, patterns = found["clark"], found["patterns"]
-    found["disentangled"] = _guarded(
-      run,
-      "disentangled",
-      "DeBERTa's score terms: content vs position",
-      lambda: sections.disentangled_section(params, config, batches, clark, patterns),
+    stages += (
+      (
+        "disentangled",
+        "DeBERTa's score terms: content vs position",
+        lambda: sections.disentangled_section(
+          params, config, batches, found["clark"], found["patterns"]
+        ),
+        False,
+      ),
     )
-  return found
+  for name, what, compute, reads_task in stages:
+    found[name] = _guarded(run, name, what, compute, {"task": task_results} if reads_task else None)
+  # report.json's order: sections 1-2, then the task, then the rest.
+  return {k: found[k] for k in ("clark", "patterns", "task", *(s[0] for s in stages[2:]))}
 
 
 def _model_section(run: _Run, model_path: pathlib.Path, name: str) -> dict:
@@ -436,7 +439,7 @@ def build_report(
         "models (disentangled attention) have that section"
       )
     own = load_sentences()
-    own = [own[i] for i in inputs.spread(len(own), settings.max_sentences)]
+    own = [own[i] for i in text_batches.spread(len(own), settings.max_sentences)]
     own = fitting(run, own)
     if explicit_data and not ud_files:
       clock.log(f"no ud_english_ewt/*.conllu under {data_path}; using the built-in sentences")

@@ -1,14 +1,11 @@
-"""What the report reads besides its sentences: the analysed model's name (`model_name`), the
-data directory (`default_data_dir`, `ud_files`), and length-sorted padded batches (`batches`)."""
+"""What the report reads besides its sentences and batches: the analysed model's name
+(`model_name`), the data directory (`default_data_dir`, `ud_files`) and JSON files
+(`read_json`). Batches are `bertjax.tasks.text_batches`'."""
 
 from __future__ import annotations
 
 import json
 import pathlib
-
-import numpy as np
-
-import bertjax
 
 _GENERIC_NAMES = {
   "model",
@@ -80,68 +77,3 @@ def read_json(path: pathlib.Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
   except (OSError, ValueError):
     return {}
-
-
-def spread(n: int, k: int | None) -> np.ndarray:
-  """`k` indices spread evenly over `range(n)` (all of them when k is None or >= n)."""
-  if k is None or k >= n:
-    return np.arange(n)
-  return np.unique(np.linspace(0, n - 1, k).round().astype(int))
-
-
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
-def batches(
-  tok: bertjax.Tokenizer,
-  texts=None,
-  words=None,
-  pairs=None,
-  *,
-  batch_size: int,
-  max_length: int,
-  extra: dict[str, np.ndarray] | None = None,
-  truncation: bool = False,
-):
-  """Length-sorted padded batches: a list of `(indices, batch dict)`.
-
-  Give `texts` (with optional `pairs`) or `words` (pre-split). Padded lengths
-  are multiples of 8, so few shapes compile. `extra` arrays (n, ...) are sliced
-  into each batch (e.g. labels). `truncation` cuts longer inputs to `max_length`
-  (as transformers' `truncation=True`) instead of refusing them.
-  """
-  items = texts if texts is not None else words
-
-  def encode(idx, pad_to=None) -> bertjax.Batch:
-    if texts is None:
-      return tok.encode_words(
-        [words[i] for i in idx], max_length=max_length, pad_to=pad_to, truncation=truncation
-      )
-    second = None if pairs is None else [pairs[i] for i in idx]
-    return tok.encode(
-      [texts[i] for i in idx], second, max_length=max_length, pad_to=pad_to, truncation=truncation
-    )
-
-  lengths = encode(range(len(items))).attention_mask.sum(-1)
-  order = np.argsort(lengths, kind="stable")
-  out = []
-  for start in range(0, len(order), batch_size):
-    idx = np.sort(order[start : start + batch_size])
-    width = min(_round_up(int(lengths[idx].max()), 8), max_length)
-    b = encode(idx, pad_to=width)
-    batch = {
-      "input_ids": b.input_ids,
-      "attention_mask": b.attention_mask,
-      "token_type_ids": b.token_type_ids,
-      "word_ids": b.word_ids,
-    }
-    for name, values in (extra or {}).items():
-      batch[name] = np.asarray(values)[idx]
-    out.append((idx, batch))
-  return out
-
-
-def plain(batch: dict) -> dict:
-  """The model inputs (and labels) of a batch, without `word_ids`."""
-  return {k: v for k, v in batch.items() if k != "word_ids"}

@@ -3,7 +3,7 @@ model and returns the section's part of `report.json`.
 
 Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) read the
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
-negation task of `bertjax.report.task`, as does 10 (`circuit_section`); 7 (`pos_section`)
+negation task of `bertjax.tasks.negation_probe`, as does 10 (`circuit_section`); 7 (`pos_section`)
 reads UD English EWT and 8 (`effective_section`) passages of consecutive sentences
 (`join_passages`). Sections 11 (`outlier_section`) and 12 (`sae_section`) read the text's
 batches; so does section 13 (`disentangled_section`, DeBERTa only), which compares its heads
@@ -27,9 +27,10 @@ from bertjax.analysis.attention import statistics as attention_statistics
 from bertjax.analysis.batching import default_chunk_size, model_token_types
 from bertjax.analysis.interventions import ablation
 from bertjax.analysis.representations import geometry, outliers
-from bertjax.report import inputs, reading
+from bertjax.report import reading
 from bertjax.report.settings import ReportSettings
-from bertjax.report.task import PROBE_KEY, task_loss, task_rows
+from bertjax.tasks import text_batches
+from bertjax.tasks.negation_probe import PROBE_KEY, task_loss, task_rows
 from bertjax.tasks.sentences import Sentence
 
 
@@ -45,7 +46,7 @@ def clark_section(params, config, tok, batches) -> dict:
   punct = attention_statistics.clark_punctuation_ids(tok)
   per = []
   for _, batch in batches:
-    b = inputs.plain(batch)
+    b = text_batches.plain(batch)
     for i in range(len(b["input_ids"])):
       per.append(
         attention_statistics.clark_statistics(
@@ -124,7 +125,7 @@ def pattern_section(params, config, tok, pair_batches) -> dict:
   counts = np.zeros((config.depth, config.num_attention_heads, types), np.int64)
   shares, examples = [], {}
   for k, (_, batch) in enumerate(pair_batches):
-    batch = inputs.plain(batch)
+    batch = text_batches.plain(batch)
     maps, feats, codes = _pattern_codes(params, config, batch, special_ids)
     one_hot = codes[..., None] == np.arange(types)  # (L, B, N, types)
     counts += one_hot.sum(1)
@@ -528,7 +529,7 @@ def effective_section(
   Passages longer than the model reads (`config.max_length`, which for RoBERTa-style
   positions is less than `max_position_embeddings`, or the tokenizer's limit) are cut there.
   """
-  batches = inputs.batches(
+  batches = text_batches.batches(
     tok,
     list(passages),
     batch_size=8,
@@ -536,7 +537,11 @@ def effective_section(
     max_length=min(config.max_length, tok.model_max_length),
   )
   statistics = effective_attention_lib.effective_attention_statistics(
-    params, config, [inputs.plain(b) for _, b in batches], cls_id=tok.cls_id, sep_id=tok.sep_id
+    params,
+    config,
+    [text_batches.plain(b) for _, b in batches],
+    cls_id=tok.cls_id,
+    sep_id=tok.sep_id,
   )
   # The heads whose raw attention (on these passages) sits most on [CLS] + [SEP]: where
   # Brunner et al. found raw and effective attention to differ most.
@@ -571,7 +576,7 @@ def effective_section(
       one = effective_attention_lib.effective_attention_statistics(
         params,
         config,
-        [{k: v[i : i + 1] for k, v in inputs.plain(b).items()}],
+        [{k: v[i : i + 1] for k, v in text_batches.plain(b).items()}],
         cls_id=tok.cls_id,
         sep_id=tok.sep_id,
       )
@@ -686,7 +691,7 @@ def disentangled_section(
   `next` mass > `PREV_NEXT_MIN`) and section 2's heads whose most frequent type is in
   `DIAGONAL_TYPES` (`overlap`; None where that section failed). Head lists are `[layer,
   head]`, layers numbered from 1."""
-  s = disentangled.score_term_shares(params, config, [inputs.plain(b) for _, b in batches])
+  s = disentangled.score_term_shares(params, config, [text_batches.plain(b) for _, b in batches])
   positional = s.mostly_positional()
   overlap = {"prev_next": None, "diagonal": None}
   if clark and not clark.get("failed"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertjax.tasks.negation_probe import TaskSettings
+
 LAYER_NUMBERING = {
   "layers": "transformer blocks are layers 1..L; the embedding output is layer 0",
   "heads": "heads are numbered 0..H-1 within a layer, as in head-mask arrays",
@@ -78,6 +80,17 @@ class ReportSettings:
   sae_expansion: int = 4
   bootstrap_resamples: int = 1000
   seed: int = 0
+
+  @property
+  def task(self) -> TaskSettings:
+    """The negation task's split and probe (`bertjax.tasks.negation_probe.fit_task`)."""
+    return TaskSettings(
+      test_fraction=self.test_fraction,
+      probe_steps=self.probe_steps,
+      probe_l2=self.probe_l2,
+      batch_size=self.batch_size,
+      seed=self.seed,
+    )
 
   @classmethod
   def reduced(cls) -> ReportSettings:

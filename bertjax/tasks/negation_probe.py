@@ -1,14 +1,15 @@
-"""The report's scoring task: negation detection from the sentence embedding.
+"""Negation detection from the sentence embedding, scored by a fixed probe.
 
 `fit_task` fits a logistic-regression probe on every layer's mean-pooled states of a
-stratified training split of the project's own sentences, and puts the final layer's
-probe into the parameters under `PROBE_KEY`; `task_loss` and `task_accuracy` score that
-fixed probe as `bertjax.analysis.interventions.ablation` metrics (the ablation and pruning sections,
-and `experiments/sixteen_heads.py`).
+stratified training split of labelled sentences, and puts the final layer's probe into the
+parameters under `PROBE_KEY`; `task_loss`, `task_accuracy` and `task_rows` score that fixed
+probe as `bertjax.analysis.interventions.ablation` metrics. The report's sections 3-5, 9 and
+10 and `experiments/sixteen_heads.py` read it; `TaskSettings` holds its sizes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import jax
@@ -18,9 +19,27 @@ import numpy as np
 import bertjax
 from bertjax import stats
 from bertjax.analysis.representations import probing
-from bertjax.report import inputs
-from bertjax.report.settings import ReportSettings
+from bertjax.tasks import text_batches
 from bertjax.tasks.sentences import Sentence
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSettings:
+  """The task's split and probe.
+
+  Attributes:
+    test_fraction: held-out share of the sentences (stratified by label).
+    probe_steps, probe_l2: the probes' full-batch Adam steps and L2 penalty.
+    batch_size: sentences per forward call.
+    seed: the seed of the split and of the probes.
+  """
+
+  test_fraction: float = 0.3
+  probe_steps: int = 500
+  probe_l2: float = 0.1
+  batch_size: int = 64
+  seed: int = 0
+
 
 PROBE_KEY = "report_task_probe"  # where the task classifier rides inside the params pytree
 
@@ -48,21 +67,21 @@ def _task_logits(params, last_hidden_state, attention_mask):
 
 
 def task_loss(params, config, batch, last_hidden_state, pooled):
-  """Cross-entropy of the report's task head on `batch["labels"]`: (sum, count)."""
+  """Cross-entropy of the task head on `batch["labels"]`: (sum, count)."""
   logp = jax.nn.log_softmax(_task_logits(params, last_hidden_state, batch["attention_mask"]))
   nll = -jnp.take_along_axis(logp, batch["labels"][:, None].astype(jnp.int32), -1)[:, 0]
   return nll.sum(), jnp.asarray(nll.shape[0], jnp.float32)
 
 
 def task_accuracy(params, config, batch, last_hidden_state, pooled):
-  """Accuracy of the report's task head on `batch["labels"]`: (correct, count)."""
+  """Accuracy of the task head on `batch["labels"]`: (correct, count)."""
   pred = _task_logits(params, last_hidden_state, batch["attention_mask"]).argmax(-1)
   correct = (pred == batch["labels"]).astype(jnp.float32)
   return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
 
 
 def task_rows(params, config, batch, last_hidden_state, pooled):
-  """Per sentence, the report's task head's cross-entropy and correctness: (batch, 2).
+  """Per sentence, the task head's cross-entropy and correctness: (batch, 2).
 
   Their means are `task_loss` and `task_accuracy`; as an `ablation.evaluate_masks_per_row`
   function they give the per-sentence values behind every ablation and pruning number (the
@@ -107,19 +126,20 @@ def fit_task(
   config,
   tok,
   sentences: Sequence[Sentence],
-  settings: ReportSettings,
-  log: Callable[[str], None],
+  settings: TaskSettings,
+  log: Callable[[str], None] = print,
 ) -> tuple[dict, dict]:
   """Fits the negation heads (one per layer) and returns `(results, task)`.
 
   Args:
     params, config, tok: the model under analysis and its tokenizer.
     sentences: labelled sentences (both labels present), split by `settings`.
-    settings: the split, the probes' steps and L2, the batch size and the seed.
+    settings: the split, the probes' steps and L2, the batch size and the seed (the report
+      passes `ReportSettings.task`).
     log: where the per-layer held-out accuracies are reported.
 
   Returns:
-    `results`: the task section of `report.json`. `task`: the parameters with the
+    `results`: the task's numbers (the report's section 3). `task`: the parameters with the
     final layer's head under `PROBE_KEY`, and the held-out (`test`) and training
     (`train`) batches, with labels, for the ablation analyses.
 
@@ -133,7 +153,9 @@ def fit_task(
       f"the task needs negated and affirmative sentences; labels are all {labels[0]}"
     )
   train, test = _stratified_split(labels, settings.test_fraction, settings.seed)
-  batches = inputs.batches(tok, texts, batch_size=settings.batch_size, max_length=config.max_length)
+  batches = text_batches.batches(
+    tok, texts, batch_size=settings.batch_size, max_length=config.max_length
+  )
   feats = _sentence_embeddings(params, config, batches, len(texts))  # (L + 1, n, H)
   mean = feats[:, train].mean(1, keepdims=True)
   scale = feats[:, train].std(1, keepdims=True) + 1e-6
@@ -163,8 +185,8 @@ def fit_task(
     },
   }
   split = lambda idx: [
-    inputs.plain(b)
-    for _, b in inputs.batches(
+    text_batches.plain(b)
+    for _, b in text_batches.batches(
       tok,
       [texts[i] for i in idx],
       batch_size=settings.batch_size,
