@@ -260,6 +260,65 @@ def _guarded(run: _Run, name: str, what: str, compute, needs: dict[str, Any] | N
   return out
 
 
+def _stages(run: _Run, own, texts, batches, ud_files, data_dir, data_path, found: dict):
+  """The sections after the task, in page order: (id, progress line, how it is computed).
+  Each reads `found` (the task, and the sections before it) when it runs."""
+  params, config, tok, settings = run.params, run.config, run.tok, run.settings
+  task = lambda: found["task_state"]
+  heads = config.depth * config.num_attention_heads
+  stages = [
+    (
+      "clark",
+      "Clark et al. attention statistics",
+      lambda: sections.clark_section(params, config, tok, batches),
+    ),
+    ("patterns", "Kovaleva et al. pattern types", lambda: _patterns(run, texts)),
+    (
+      "ablation",
+      f"ablation sweeps ({heads} heads, {config.depth} layers), importance and pruning",
+      lambda: sections.ablation_section(task(), config, settings, run.clock.log),
+    ),
+    (
+      "anisotropy",
+      "anisotropy",
+      lambda: sections.anisotropy_section(params, config, tok, batches, settings),
+    ),
+    ("pos", "", lambda: _pos(run, ud_files, data_dir, data_path)),
+    ("effective", "effective attention", lambda: _effective(run, texts)),
+    (
+      "attribution",
+      "token attribution and head patching on the negated sentences",
+      lambda: sections.attribution_section(params, config, tok, own, task(), settings),
+    ),
+    (
+      "circuit",
+      "the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness",
+      lambda: sections.circuit_section(params, config, tok, own, task(), settings),
+    ),
+    (
+      "outliers",
+      "outlier dimensions and massive activations",
+      lambda: sections.outlier_section(params, config, tok, batches, settings),
+    ),
+    (
+      "sae",
+      "a sparse autoencoder on the middle layer",
+      lambda: sections.sae_section(params, config, tok, batches, settings),
+    ),
+  ]
+  if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
+    stages.append(
+      (
+        "disentangled",
+        "DeBERTa's score terms: content vs position",
+        lambda: sections.disentangled_section(
+          params, config, batches, found["clark"], found["patterns"]
+        ),
+      )
+    )
+  return stages
+
+
 def _run_sections(
   run: _Run,
   own: Sequence[Sentence],
@@ -272,78 +331,22 @@ def _run_sections(
   """Sections 1-12, and 13 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
   still run (`_guarded`); one left out by `run.sections` is `{"skipped": True, ...}`."""
-  params, config, tok, settings, log = run.params, run.config, run.tok, run.settings, run.clock.log
+  params, config, tok = run.params, run.config, run.tok
   fitted = _guarded(
     run,
     "task",
     f"negation task: fitting probes on {len(own)} sentences",
-    lambda: fit_task(params, config, tok, own, settings.task, log),
+    lambda: fit_task(params, config, tok, own, run.settings.task, run.clock.log),
   )
-  task_results, task = (fitted, None) if failed(fitted) or skipped(fitted) else fitted
-  found = {"task": task_results}
-  heads = config.depth * config.num_attention_heads
-  # In page order: the section, its progress line, how it is computed, whether it reads the
-  # task. Each runs when the loop reaches it, so a later one reads the earlier results.
-  stages = (
-    (
-      "clark",
-      "Clark et al. attention statistics",
-      lambda: sections.clark_section(params, config, tok, batches),
-      False,
-    ),
-    ("patterns", "Kovaleva et al. pattern types", lambda: _patterns(run, texts), False),
-    (
-      "ablation",
-      f"ablation sweeps ({heads} heads, {config.depth} layers), importance and pruning",
-      lambda: sections.ablation_section(task, config, settings, log),
-      True,
-    ),
-    (
-      "anisotropy",
-      "anisotropy",
-      lambda: sections.anisotropy_section(params, config, tok, batches, settings),
-      False,
-    ),
-    ("pos", "", lambda: _pos(run, ud_files, data_dir, data_path), False),
-    ("effective", "effective attention", lambda: _effective(run, texts), False),
-    (
-      "attribution",
-      "token attribution and head patching on the negated sentences",
-      lambda: sections.attribution_section(params, config, tok, own, task, settings),
-      True,
-    ),
-    (
-      "circuit",
-      "the negation circuit: EAP, EAP-IG, exact edge patching, faithfulness",
-      lambda: sections.circuit_section(params, config, tok, own, task, settings),
-      True,
-    ),
-    (
-      "outliers",
-      "outlier dimensions and massive activations",
-      lambda: sections.outlier_section(params, config, tok, batches, settings),
-      False,
-    ),
-    (
-      "sae",
-      "a sparse autoencoder on the middle layer",
-      lambda: sections.sae_section(params, config, tok, batches, settings),
-      False,
-    ),
+  found = {}
+  found["task"], found["task_state"] = (
+    (fitted, None) if failed(fitted) or skipped(fitted) else fitted
   )
-  if config.family.position_bias == "disentangled":  # DeBERTa: section 13; absent elsewhere
-    stages += (
-      (
-        "disentangled",
-        "DeBERTa's score terms: content vs position",
-        lambda: sections.disentangled_section(
-          params, config, batches, found["clark"], found["patterns"]
-        ),
-        False,
-      ),
-    )
-  for name, what, compute, reads_task in stages:
-    found[name] = _guarded(run, name, what, compute, {"task": task_results} if reads_task else None)
+  stages = _stages(run, own, texts, batches, ud_files, data_dir, data_path, found)
+  for name, what, compute in stages:
+    # Only the task is a hard need: section 13 still runs when 1 or 2 failed (it says so).
+    needs = {"task": found["task"]} if "task" in NEEDS.get(name, ()) else None
+    found[name] = _guarded(run, name, what, compute, needs)
   # report.json's order: sections 1-2, then the task, then the rest.
   return {k: found[k] for k in ("clark", "patterns", "task", *(s[0] for s in stages[2:]))}
 
