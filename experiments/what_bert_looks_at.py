@@ -51,35 +51,6 @@ import numpy as np
 
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"
-CLARK_RELATIONS = (
-  "nsubj",
-  "obj",
-  "iobj",
-  "amod",
-  "det",
-  "case",
-  "advmod",
-  "aux",
-  "nmod",
-  "obl",
-  "compound",
-  "mark",
-  "cc",
-  "conj",
-  "poss",
-  "nummod",
-  "cop",
-  "advcl",
-  "xcomp",
-  "ccomp",
-  "acl",
-  "appos",
-  "expl",
-  "flat",
-  "fixed",
-  "parataxis",
-)
-MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
 INDEXING = (
   "layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
   "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
@@ -106,160 +77,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
     "min_count": 100,
     "seed": seed,
   }
-
-
-def relation(deprel: str) -> str:
-  """The relation label used here: UD's without subtype, nmod:poss as "poss"."""
-  from bertjax.data.conllu import base_deprel
-
-  return "poss" if deprel == "nmod:poss" else base_deprel(deprel)
-
-
-# Word-level attention and the probe ---------------------------------------------------------
-
-
-def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
-  """Word-level maps (..., num_words, num_words) of one sequence, without special tokens.
-
-  The same quantity as `bertjax.analysis.attention.statistics.word_attention(..., keep_special=False)`
-  (attention to a word: sum over its subword keys; from a word: mean over its subword
-  queries), computed with matrix products: that function's three-operand `np.einsum`
-  takes ~0.6 s per sentence for 72 maps here. Words the tokenizer gave no subword are
-  all-zero rows and columns.
-
-  Args:
-    attn: (..., T, T) maps.
-    word_ids: (T,) word index per position, -1 for special tokens and padding.
-    attention_mask: (T,) 1 for real tokens.
-    num_words: the sentence's number of words.
-  """
-  word_ids = np.asarray(word_ids)
-  real = np.asarray(attention_mask, bool) & (word_ids >= 0)
-  member = np.zeros((word_ids.shape[0], num_words))
-  member[np.flatnonzero(real), word_ids[real]] = 1.0  # (T, W)
-  mean_q = (member / np.maximum(member.sum(0), 1)).T  # (W, T)
-  return mean_q @ np.asarray(attn, np.float64) @ member
-
-
-SENTENCE_STATS = ("cls", "sep", "punct", "entropy")  # kept per sentence, for the intervals
-
-
-def sentence_statistics(
-  attn, ids, attention_mask, sep_id: int, punct_ids, smoothing: float
-) -> dict[str, np.ndarray]:
-  """Clark's statistics of one sentence by layer, (L,) each, mean over its heads: the mass
-  each real query row puts on [CLS] (position 0), [SEP] and punctuation, and its entropy in
-  nats of `(1 - smoothing) a + smoothing / n`, averaged over the real query rows (the
-  notebook's per-document value; their mean over sentences is `clark_statistics`' with
-  `weighting="document"`, which the run checks).
-
-  Args:
-    attn: (L, heads, T, T) maps of one sequence.
-    ids, attention_mask: (T,) its token ids and real-token mask.
-    sep_id, punct_ids: the [SEP] id and the punctuation ids.
-    smoothing: the entropy's smoothing.
-  """
-  real = np.asarray(attention_mask, bool)
-  a = np.asarray(attn, np.float64)[..., real, :][..., real]  # (L, heads, n, n)
-  ids = np.asarray(ids)[real]
-  p = (1 - smoothing) * a + smoothing / real.sum()
-  per_row = {
-    "cls": a[..., 0],
-    "sep": a[..., ids == sep_id].sum(-1),
-    "punct": a[..., np.isin(ids, punct_ids)].sum(-1),
-    "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1),
-  }
-  return {k: v.mean((-1, -2)) for k, v in per_row.items()}
-
-
-def predictions(maps) -> np.ndarray:
-  """int (..., W): for each word, the other word it attends to most (itself excluded)."""
-  maps = np.array(maps, np.float64)
-  w = maps.shape[-1]
-  maps[..., np.arange(w), np.arange(w)] = -np.inf
-  return maps.argmax(-1)
-
-
-def arc_hits(pred, heads) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Per-arc hits of every head's predictions for one sentence.
-
-  Args:
-    pred: int (heads, W) from `predictions`, flattened over (layer, head).
-    heads: int (W,) gold heads, 1-based, 0 for the root.
-
-  Returns:
-    `(arcs, dep_to_head, head_to_dep)`: the indices of the non-root words (A,), and bool
-    (A, heads) arrays: whether the dependent's top word is its head, and whether the head's
-    top word is the dependent.
-  """
-  heads = np.asarray(heads)
-  arcs = np.flatnonzero(heads > 0)
-  gov = heads[arcs] - 1
-  return arcs, (pred[:, arcs] == gov[None]).T, (pred[:, gov] == arcs[None]).T
-
-
-def best_offset(offsets, select) -> tuple[int, float]:
-  """The most frequent offset among `offsets[select]` (ties: smallest |k|, then k): (k, share)."""
-  o = np.asarray(offsets)[np.asarray(select, bool)]
-  if o.size == 0:
-    return 0, 0.0
-  ks = np.arange(-MAX_OFFSET, MAX_OFFSET + 1)
-  counts = np.array([(o == k).sum() for k in ks])
-  order = np.lexsort((ks, np.abs(ks), -counts))
-  return int(ks[order[0]]), float(counts[order[0]] / o.size)
-
-
-def _layer_head(flat: int, config_shape: tuple[int, int]) -> list[int]:
-  """`[layer, head]` of a flat (layers * heads) index: layers numbered 1..L, heads 0..H-1."""
-  layer, head = np.unravel_index(flat, config_shape)
-  return [int(layer) + 1, int(head)]
-
-
-def probe_table(
-  rels, offsets, split, dep_hits, head_hits, relations: Sequence[str], config_shape: tuple[int, int]
-) -> dict[str, dict]:
-  """Best head (each direction) and best offset per relation, held out and in sample.
-
-  Args:
-    rels: (A,) relation of each arc.
-    offsets: (A,) head position minus dependent position.
-    split: (A,) 0 = selection half, 1 = evaluation half.
-    dep_hits, head_hits: bool (A, layers * heads) from `arc_hits`.
-    relations: the relations to report ("all" means every arc given).
-    config_shape: (layers, heads).
-
-  Returns:
-    Per relation, each direction's best head as `[layer, head]` (layers 1..L, heads 0..H-1),
-    its accuracies and the per-head grid (row i is layer i + 1), and the offset baseline.
-  """
-  rels, offsets, split = np.asarray(rels), np.asarray(offsets), np.asarray(split)
-  out = {}
-  for rel in relations:
-    sel = np.ones(len(rels), bool) if rel == "all" else rels == rel
-    a, b = sel & (split == 0), sel & (split == 1)
-    row = {"count": int(sel.sum()), "count_select": int(a.sum()), "count_eval": int(b.sum())}
-    for name, hits in (("dep_to_head", dep_hits), ("head_to_dep", head_hits)):
-      acc_all = hits[sel].mean(0)
-      acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
-      best = int(np.argmax(acc_sel))
-      row[name] = {
-        "head": _layer_head(best, config_shape),
-        "select_accuracy": float(acc_sel[best]),
-        "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
-        "in_sample_head": _layer_head(int(np.argmax(acc_all)), config_shape),
-        "in_sample_accuracy": float(acc_all.max()),
-        "per_head_in_sample": acc_all.reshape(config_shape),
-      }
-    k, _ = best_offset(offsets, a)
-    k_all, share_all = best_offset(offsets, sel)
-    row["baseline"] = {
-      "offset": k,
-      "accuracy": float((offsets[b] == k).mean()) if b.any() else float("nan"),
-      "in_sample_offset": k_all,
-      "in_sample_accuracy": share_all,
-    }
-    out[rel] = row
-  return out
 
 
 def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_tokens: int):
@@ -604,139 +421,12 @@ def clark_run(
   return out
 
 
-def dependency_probe(
-  params, config, batches, ud, min_count: int, clark_definition: tuple[int, Sequence[int], float]
-) -> dict[str, Any]:
-  """Clark et al.'s attention-based probe over every arc of the used sentences, and
-  `sentence_statistics` of every sentence (from the same maps).
-
-  Args:
-    params, config: the model.
-    batches: `make_batches`' `(sentence indices, batch)` pairs.
-    ud: the UD sentences.
-    min_count: arcs a relation needs to get a row of its own.
-    clark_definition: `(sep_id, punct_ids, smoothing)` of `sentence_statistics`.
-
-  Returns:
-    `table` (`probe_table` rows: "all" arcs but punctuation, each frequent relation, and
-    punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`,
-    `check` (`word_maps` against `statistics.word_attention` on a few sentences) and
-    `per_sentence` (name -> (sentences, L), in the order of the sentences' indices).
-  """
-  import bertjax
-  from bertjax.analysis.attention import statistics
-
-  depth, n_heads = config.depth, config.num_attention_heads
-  rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
-  check = []  # word_maps vs bertjax's word_attention on a few sentences
-  per_sentence: dict[int, dict[str, np.ndarray]] = {}
-  for idx, b in batches:
-    maps = np.asarray(
-      bertjax.forward(
-        params,
-        config,
-        b["input_ids"],
-        b["attention_mask"],
-        b["token_type_ids"],
-        output_attentions=True,
-      ).attentions
-    )
-    for row, i in enumerate(idx):
-      per_sentence[int(i)] = sentence_statistics(
-        maps[:, row], b["input_ids"][row], b["attention_mask"][row], *clark_definition
-      )
-      sent = ud[i]
-      m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
-      if len(check) < 3 and sent.num_words <= 30:
-        ref, groups = statistics.word_attention(
-          maps[:, row], b["word_ids"][row], b["attention_mask"][row], keep_special=False
-        )
-        check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
-      pred = predictions(m).reshape(depth * n_heads, -1)
-      heads = sent.heads_array()
-      arcs, dh, hd = arc_hits(pred, heads)
-      rels += [relation(sent.deprels[a]) for a in arcs]
-      offsets.append(heads[arcs] - 1 - arcs)
-      split.append(np.full(len(arcs), i % 2))
-      dep_hits.append(dh)
-      head_hits.append(hd)
-  rels = np.asarray(rels)
-  offsets, split = np.concatenate(offsets), np.concatenate(split)
-  dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
-  counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
-  frequent = [
-    r
-    for r in sorted(counts, key=lambda r: -counts[r])
-    if counts[r] >= min_count and r not in ("punct", "root")
-  ]
-  keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
-  table = probe_table(
-    rels[keep],
-    offsets[keep],
-    split[keep],
-    dep_hits[keep],
-    head_hits[keep],
-    ["all"],
-    (depth, n_heads),
-  )
-  table.update(
-    probe_table(
-      rels,
-      offsets,
-      split,
-      dep_hits,
-      head_hits,
-      [*frequent, *(["punct"] if "punct" in counts else [])],
-      (depth, n_heads),
-    )
-  )
-  common.log(
-    "best head (held-out, dep->head) vs offset: "
-    + ", ".join(
-      f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
-      for r in ["all", *frequent]
-    )
-  )
-  order = sorted(per_sentence)
-  return {
-    "table": table,
-    "frequent": frequent,
-    "counts": counts,
-    "arcs": len(rels),
-    "check": check,
-    "per_sentence": {k: np.stack([per_sentence[i][k] for i in order]) for k in SENTENCE_STATS},
-  }
-
-
-def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
-  """The result file's `probe` entry: the table, and each frequent relation's margin over the
-  best fixed offset, for dependent -> head and for the direction chosen on the selection half."""
-  margins = {
-    x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"] for x in frequent
-  }
-  # The direction of each relation is chosen on the selection half too, then scored held out.
-  direction = {
-    x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
-    for x in frequent
-  }
-  chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
-  margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
-  return {
-    "relations": table,
-    "frequent": frequent,
-    "margin_dep_to_head_vs_offset": margins,
-    "direction_chosen": direction,
-    "accuracy_chosen_direction": chosen,
-    "margin_chosen_direction_vs_offset": margins_any,
-    "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0,
-  }
-
-
 def main(argv=None) -> int:
   args = parse_args(argv)
   start = time.perf_counter()
   import jax
 
+  from bertjax.analysis.attention import syntax
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir)
@@ -772,14 +462,23 @@ def main(argv=None) -> int:
       if args.punctuation == "clark"
       else statistics.punctuation_ids(tok)
     )
-    probe = dependency_probe(
-      params, config, batches, ud, s["min_count"], (tok.sep_id, punct, args.entropy_smoothing)
+    probe = syntax.dependency_probe(
+      params,
+      config,
+      batches,
+      ud,
+      s["min_count"],
+      (tok.sep_id, punct, args.entropy_smoothing),
+      common.log,
     )
   per_sentence = probe["per_sentence"]
   # Each sentence's statistics, averaged over sentences, are the library's document-weighted
   # ones (the intervals of the Findings resample these).
   gap = (
-    max(float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max()) for k in SENTENCE_STATS)
+    max(
+      float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max())
+      for k in syntax.SENTENCE_STATS
+    )
     if args.weighting == "document"
     else float("nan")
   )
@@ -796,7 +495,7 @@ def main(argv=None) -> int:
     },
     "clark": clark,
     "clark_token_all_punct": variant,
-    "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
+    "probe": syntax.probe_results(probe["table"], probe["frequent"], probe["check"]),
     # (sentences, L) each, rounded to 1e-5: what the Findings' intervals resample.
     "per_sentence": {k: np.round(v, 5) for k, v in per_sentence.items()},
     "per_sentence_vs_clark_max_diff": gap,
@@ -810,12 +509,12 @@ def main(argv=None) -> int:
     "special_tokens": common.special_tokens(tok),
     "heads": config.num_attention_heads,
     "backend": jax.default_backend(),
-    "max_offset": MAX_OFFSET,
+    "max_offset": syntax.MAX_OFFSET,
     "indexing": INDEXING,
     "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
     "prediction": "argmax of word-level attention over the sentence's other words "
     "([CLS], [SEP] and the word itself excluded)",
-    "clark_relations_of_interest": CLARK_RELATIONS,
+    "clark_relations_of_interest": syntax.CLARK_RELATIONS,
     "clark_statistics": {
       **clark["definition"],
       "source": "clarkkev/attention-analysis "

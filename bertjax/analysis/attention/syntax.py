@@ -1,0 +1,338 @@
+"""Clark et al. (2019)'s attention-based dependency probe: which word each head attends to
+most, scored against UD's gold arcs.
+
+`word_maps` turns a sequence's token maps into word-level maps (attention to a word: the sum
+over its subword keys; from a word: the mean over its subword queries), `predictions` takes
+each word's most-attended other word, `arc_hits` scores those per gold arc in both
+directions (dependent -> head, head -> dependent), and `probe_table` picks each relation's
+best head and best fixed offset (Clark's Table 1) on one half of the sentences and scores
+them on the other. `dependency_probe` runs it all over a model's batches of UD sentences,
+with Clark's per-sentence statistics (`sentence_statistics`) from the same maps;
+`experiments/what_bert_looks_at.py` reports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from bertjax.analysis.attention import statistics
+from bertjax.data.conllu import base_deprel
+from bertjax.model.forward import forward
+
+# The relations Clark et al. report, in UD's labels (nmod:poss as "poss").
+CLARK_RELATIONS = (
+  "nsubj",
+  "obj",
+  "iobj",
+  "amod",
+  "det",
+  "case",
+  "advmod",
+  "aux",
+  "nmod",
+  "obl",
+  "compound",
+  "mark",
+  "cc",
+  "conj",
+  "poss",
+  "nummod",
+  "cop",
+  "advcl",
+  "xcomp",
+  "ccomp",
+  "acl",
+  "appos",
+  "expl",
+  "flat",
+  "fixed",
+  "parataxis",
+)
+MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
+
+
+def relation(deprel: str) -> str:
+  """The relation label used here: UD's without subtype, nmod:poss as "poss"."""
+  return "poss" if deprel == "nmod:poss" else base_deprel(deprel)
+
+
+def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
+  """Word-level maps (..., num_words, num_words) of one sequence, without special tokens.
+
+  The same quantity as `bertjax.analysis.attention.statistics.word_attention(..., keep_special=False)`
+  (attention to a word: sum over its subword keys; from a word: mean over its subword
+  queries), computed with matrix products: that function's three-operand `np.einsum`
+  takes ~0.6 s per sentence for 72 maps here. Words the tokenizer gave no subword are
+  all-zero rows and columns.
+
+  Args:
+    attn: (..., T, T) maps.
+    word_ids: (T,) word index per position, -1 for special tokens and padding.
+    attention_mask: (T,) 1 for real tokens.
+    num_words: the sentence's number of words.
+  """
+  word_ids = np.asarray(word_ids)
+  real = np.asarray(attention_mask, bool) & (word_ids >= 0)
+  member = np.zeros((word_ids.shape[0], num_words))
+  member[np.flatnonzero(real), word_ids[real]] = 1.0  # (T, W)
+  mean_q = (member / np.maximum(member.sum(0), 1)).T  # (W, T)
+  return mean_q @ np.asarray(attn, np.float64) @ member
+
+
+SENTENCE_STATS = ("cls", "sep", "punct", "entropy")  # kept per sentence, for the intervals
+
+
+def sentence_statistics(
+  attn, ids, attention_mask, sep_id: int, punct_ids, smoothing: float
+) -> dict[str, np.ndarray]:
+  """Clark's statistics of one sentence by layer, (L,) each, mean over its heads: the mass
+  each real query row puts on [CLS] (position 0), [SEP] and punctuation, and its entropy in
+  nats of `(1 - smoothing) a + smoothing / n`, averaged over the real query rows (the
+  notebook's per-document value; their mean over sentences is `clark_statistics`' with
+  `weighting="document"`, which the run checks).
+
+  Args:
+    attn: (L, heads, T, T) maps of one sequence.
+    ids, attention_mask: (T,) its token ids and real-token mask.
+    sep_id, punct_ids: the [SEP] id and the punctuation ids.
+    smoothing: the entropy's smoothing.
+  """
+  real = np.asarray(attention_mask, bool)
+  a = np.asarray(attn, np.float64)[..., real, :][..., real]  # (L, heads, n, n)
+  ids = np.asarray(ids)[real]
+  p = (1 - smoothing) * a + smoothing / real.sum()
+  per_row = {
+    "cls": a[..., 0],
+    "sep": a[..., ids == sep_id].sum(-1),
+    "punct": a[..., np.isin(ids, punct_ids)].sum(-1),
+    "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1),
+  }
+  return {k: v.mean((-1, -2)) for k, v in per_row.items()}
+
+
+def predictions(maps) -> np.ndarray:
+  """int (..., W): for each word, the other word it attends to most (itself excluded)."""
+  maps = np.array(maps, np.float64)
+  w = maps.shape[-1]
+  maps[..., np.arange(w), np.arange(w)] = -np.inf
+  return maps.argmax(-1)
+
+
+def arc_hits(pred, heads) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Per-arc hits of every head's predictions for one sentence.
+
+  Args:
+    pred: int (heads, W) from `predictions`, flattened over (layer, head).
+    heads: int (W,) gold heads, 1-based, 0 for the root.
+
+  Returns:
+    `(arcs, dep_to_head, head_to_dep)`: the indices of the non-root words (A,), and bool
+    (A, heads) arrays: whether the dependent's top word is its head, and whether the head's
+    top word is the dependent.
+  """
+  heads = np.asarray(heads)
+  arcs = np.flatnonzero(heads > 0)
+  gov = heads[arcs] - 1
+  return arcs, (pred[:, arcs] == gov[None]).T, (pred[:, gov] == arcs[None]).T
+
+
+def best_offset(offsets, select) -> tuple[int, float]:
+  """The most frequent offset among `offsets[select]` (ties: smallest |k|, then k): (k, share)."""
+  o = np.asarray(offsets)[np.asarray(select, bool)]
+  if o.size == 0:
+    return 0, 0.0
+  ks = np.arange(-MAX_OFFSET, MAX_OFFSET + 1)
+  counts = np.array([(o == k).sum() for k in ks])
+  order = np.lexsort((ks, np.abs(ks), -counts))
+  return int(ks[order[0]]), float(counts[order[0]] / o.size)
+
+
+def layer_head(flat: int, config_shape: tuple[int, int]) -> list[int]:
+  """`[layer, head]` of a flat (layers * heads) index: layers numbered 1..L, heads 0..H-1."""
+  layer, head = np.unravel_index(flat, config_shape)
+  return [int(layer) + 1, int(head)]
+
+
+def probe_table(
+  rels, offsets, split, dep_hits, head_hits, relations: Sequence[str], config_shape: tuple[int, int]
+) -> dict[str, dict]:
+  """Best head (each direction) and best offset per relation, held out and in sample.
+
+  Args:
+    rels: (A,) relation of each arc.
+    offsets: (A,) head position minus dependent position.
+    split: (A,) 0 = selection half, 1 = evaluation half.
+    dep_hits, head_hits: bool (A, layers * heads) from `arc_hits`.
+    relations: the relations to report ("all" means every arc given).
+    config_shape: (layers, heads).
+
+  Returns:
+    Per relation, each direction's best head as `[layer, head]` (layers 1..L, heads 0..H-1),
+    its accuracies and the per-head grid (row i is layer i + 1), and the offset baseline.
+  """
+  rels, offsets, split = np.asarray(rels), np.asarray(offsets), np.asarray(split)
+  out = {}
+  for rel in relations:
+    sel = np.ones(len(rels), bool) if rel == "all" else rels == rel
+    a, b = sel & (split == 0), sel & (split == 1)
+    row = {"count": int(sel.sum()), "count_select": int(a.sum()), "count_eval": int(b.sum())}
+    for name, hits in (("dep_to_head", dep_hits), ("head_to_dep", head_hits)):
+      acc_all = hits[sel].mean(0)
+      acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
+      best = int(np.argmax(acc_sel))
+      row[name] = {
+        "head": layer_head(best, config_shape),
+        "select_accuracy": float(acc_sel[best]),
+        "accuracy": float(hits[b, best].mean()) if b.any() else float("nan"),
+        "in_sample_head": layer_head(int(np.argmax(acc_all)), config_shape),
+        "in_sample_accuracy": float(acc_all.max()),
+        "per_head_in_sample": acc_all.reshape(config_shape),
+      }
+    k, _ = best_offset(offsets, a)
+    k_all, share_all = best_offset(offsets, sel)
+    row["baseline"] = {
+      "offset": k,
+      "accuracy": float((offsets[b] == k).mean()) if b.any() else float("nan"),
+      "in_sample_offset": k_all,
+      "in_sample_accuracy": share_all,
+    }
+    out[rel] = row
+  return out
+
+
+def dependency_probe(
+  params,
+  config,
+  batches,
+  ud,
+  min_count: int,
+  clark_definition: tuple[int, Sequence[int], float],
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+  """Clark et al.'s attention-based probe over every arc of the used sentences, and
+  `sentence_statistics` of every sentence (from the same maps).
+
+  Args:
+    params, config: the model.
+    batches: `(sentence indices, batch)` pairs; each batch holds `input_ids`,
+      `attention_mask`, `token_type_ids` and `word_ids` (`Tokenizer.encode_words`).
+    ud: the UD sentences (`bertjax.data.conllu.read_conllu`), indexed as the batches are.
+    min_count: arcs a relation needs to get a row of its own.
+    clark_definition: `(sep_id, punct_ids, smoothing)` of `sentence_statistics`.
+    log: where the held-out accuracies of the best heads, beside the offsets', are
+      reported (None: not reported).
+
+  Returns:
+    `table` (`probe_table` rows: "all" arcs but punctuation, each frequent relation, and
+    punctuation), `frequent` (the relations by count), `counts` (arcs by relation), `arcs`,
+    `check` (`word_maps` against `statistics.word_attention` on a few sentences) and
+    `per_sentence` (name -> (sentences, L), in the order of the sentences' indices).
+  """
+  depth, n_heads = config.depth, config.num_attention_heads
+  rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
+  check = []  # word_maps vs bertjax's word_attention on a few sentences
+  per_sentence: dict[int, dict[str, np.ndarray]] = {}
+  for idx, b in batches:
+    maps = np.asarray(
+      forward(
+        params,
+        config,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        output_attentions=True,
+      ).attentions
+    )
+    for row, i in enumerate(idx):
+      per_sentence[int(i)] = sentence_statistics(
+        maps[:, row], b["input_ids"][row], b["attention_mask"][row], *clark_definition
+      )
+      sent = ud[i]
+      m = word_maps(maps[:, row], b["word_ids"][row], b["attention_mask"][row], sent.num_words)
+      if len(check) < 3 and sent.num_words <= 30:
+        ref, groups = statistics.word_attention(
+          maps[:, row], b["word_ids"][row], b["attention_mask"][row], keep_special=False
+        )
+        check.append(float(np.abs(m[..., groups[:, None], groups[None, :]] - ref).max()))
+      pred = predictions(m).reshape(depth * n_heads, -1)
+      heads = sent.heads_array()
+      arcs, dh, hd = arc_hits(pred, heads)
+      rels += [relation(sent.deprels[a]) for a in arcs]
+      offsets.append(heads[arcs] - 1 - arcs)
+      split.append(np.full(len(arcs), i % 2))
+      dep_hits.append(dh)
+      head_hits.append(hd)
+  rels = np.asarray(rels)
+  offsets, split = np.concatenate(offsets), np.concatenate(split)
+  dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
+  counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
+  frequent = [
+    r
+    for r in sorted(counts, key=lambda r: -counts[r])
+    if counts[r] >= min_count and r not in ("punct", "root")
+  ]
+  keep = rels != "punct"  # "all": every arc but punctuation, as Clark et al.'s tables
+  table = probe_table(
+    rels[keep],
+    offsets[keep],
+    split[keep],
+    dep_hits[keep],
+    head_hits[keep],
+    ["all"],
+    (depth, n_heads),
+  )
+  table.update(
+    probe_table(
+      rels,
+      offsets,
+      split,
+      dep_hits,
+      head_hits,
+      [*frequent, *(["punct"] if "punct" in counts else [])],
+      (depth, n_heads),
+    )
+  )
+  if log is not None:
+    log(
+      "best head (held-out, dep->head) vs offset: "
+      + ", ".join(
+        f"{r} {table[r]['dep_to_head']['accuracy']:.2f}/{table[r]['baseline']['accuracy']:.2f}"
+        for r in ["all", *frequent]
+      )
+    )
+  order = sorted(per_sentence)
+  return {
+    "table": table,
+    "frequent": frequent,
+    "counts": counts,
+    "arcs": len(rels),
+    "check": check,
+    "per_sentence": {k: np.stack([per_sentence[i][k] for i in order]) for k in SENTENCE_STATS},
+  }
+
+
+def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
+  """The result file's `probe` entry: the table, and each frequent relation's margin over the
+  best fixed offset, for dependent -> head and for the direction chosen on the selection half."""
+  margins = {
+    x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"] for x in frequent
+  }
+  # The direction of each relation is chosen on the selection half too, then scored held out.
+  direction = {
+    x: max(("dep_to_head", "head_to_dep"), key=lambda d: table[x][d]["select_accuracy"])
+    for x in frequent
+  }
+  chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
+  margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
+  return {
+    "relations": table,
+    "frequent": frequent,
+    "margin_dep_to_head_vs_offset": margins,
+    "direction_chosen": direction,
+    "accuracy_chosen_direction": chosen,
+    "margin_chosen_direction_vs_offset": margins_any,
+    "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0,
+  }
