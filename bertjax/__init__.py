@@ -39,7 +39,7 @@ from bertjax.model.heads import (
 from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.model.input_checks import check_inputs
 from bertjax.model.packing import Packing
-from bertjax.model.prune import prune_heads
+from bertjax.model.prune import heads_of_mask, prune_heads
 from bertjax.model.sites import SITES, model_sites, site_shape
 from bertjax.model.tokenizer import Batch, Tokenizer
 
@@ -66,6 +66,7 @@ __all__ = [
   "from_hf",
   "head_input",
   "head_logits",
+  "heads_of_mask",
   "hf_state_dict",
   "init",
   "minilm_path",

@@ -112,6 +112,22 @@ def mcnemar_p(base_correct, other_correct) -> float:
   return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
 
 
+def mcnemar_min_detectable_drop(n: int, alpha: float) -> float:
+  """The smallest accuracy drop an exact two-sided McNemar test on `n` examples can call
+  significant at `alpha` (every discordant pair against the ablated model: p = 2 / 2^b)."""
+  b = 1
+  while 2 * 0.5**b >= alpha:
+    b += 1
+  return b / n
+
+
+def curve_area(fractions, values) -> float:
+  """The trapezoid area under a curve `values` over `fractions`, divided by their range: the
+  curve's mean height (Michel et al.'s pruning curves compared by one number)."""
+  x, y = np.asarray(fractions, np.float64), np.asarray(values, np.float64)
+  return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
+
+
 def wilcoxon_p(base, other) -> float:
   """Two-sided Wilcoxon signed-rank p-value of paired values (n,) (`scipy.stats.wilcoxon` of
   their differences; needs scipy); 1.0 when every difference is below 1e-12."""

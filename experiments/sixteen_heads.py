@@ -155,44 +155,6 @@ def per_example(params, config, batches, head_masks) -> tuple[np.ndarray, np.nda
   return np.concatenate(losses, 1), np.concatenate(correct, 1)
 
 
-# Pruning orders -----------------------------------------------------------------------------
-
-
-def order_masks(order, counts, shape) -> np.ndarray:
-  """Masks (len(counts), L, N) with the first `counts[i]` heads of the flat `order` at zero."""
-  order = np.asarray(order)
-  masks = np.ones((len(counts), *shape), np.float32)
-  for i, k in enumerate(counts):
-    masks[i].ravel()[order[: int(k)]] = 0.0
-  return masks
-
-
-def iterative_order(pruning_masks, importance) -> np.ndarray:
-  """The flat head order of an iterative pruning run: by step pruned, ties by `importance`.
-
-  Heads never pruned come last (least important first), so every prefix of the order
-  extends the run's masks.
-  """
-  masks = np.asarray(pruning_masks).reshape(len(pruning_masks), -1)
-  step = np.where((masks == 0).any(0), (masks == 0).argmax(0), len(masks))
-  return np.lexsort((np.asarray(importance).ravel(), step))
-
-
-def heads_to_prune(mask) -> dict[int, list[int]]:
-  """`bertjax.prune_heads`'s argument for the zeros of a (layers, heads) mask."""
-  return {
-    int(layer): [int(h) for h in np.flatnonzero(row == 0)]
-    for layer, row in enumerate(np.asarray(mask))
-    if (row == 0).any()
-  }
-
-
-def curve_area(fractions, values) -> float:
-  """Trapezoid area under a curve over [0, max fraction], divided by the range (a mean)."""
-  x, y = np.asarray(fractions, np.float64), np.asarray(values, np.float64)
-  return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / (x[-1] - x[0]))
-
-
 # Timing -------------------------------------------------------------------------------------
 
 
@@ -200,7 +162,7 @@ def pruned_vs_masked(params, config, mask, ids, attn) -> tuple[Any, Any, float]:
   """Physically prunes the zeros of `mask`; returns (config, params, max |pruned - masked|)."""
   import bertjax
 
-  pconfig, pparams = bertjax.prune_heads(config, params, heads_to_prune(mask))
+  pconfig, pparams = bertjax.prune_heads(config, params, bertjax.heads_of_mask(mask))
   masked = bertjax.forward(params, config, ids, attn, head_mask=mask).last_hidden_state
   pruned = bertjax.forward(pparams, pconfig, ids, attn).last_hidden_state
   real = np.asarray(attn, bool)
@@ -244,15 +206,6 @@ def time_models(
   return out
 
 
-def min_detectable_drop(n: int, alpha: float) -> float:
-  """The smallest accuracy drop an exact two-sided McNemar test on `n` examples can call
-  significant at `alpha` (every discordant pair against the ablated model: p = 2 / 2^b)."""
-  b = 1
-  while 2 * 0.5**b >= alpha:
-    b += 1
-  return b / n
-
-
 def _row_single_heads(ab: dict, s: dict, differs: str) -> dict:
   """Michel Table 1: how many heads can go alone without a significant accuracy drop."""
   total_heads = np.size(ab["head_loss"])
@@ -268,7 +221,7 @@ def _row_single_heads(ab: dict, s: dict, differs: str) -> dict:
     f"-{ab['max_single_head_accuracy_drop']:.3f}); "
     f"{ab['significant_loss_rises']} raise the per-example loss significantly (Wilcoxon). "
     f"{differs} With n={n_test} the test detects only drops of "
-    f">= {min_detectable_drop(n_test, s['alpha']):.3f} (Michel: MNLI's ~10k examples). "
+    f">= {stats.mcnemar_min_detectable_drop(n_test, s['alpha']):.3f} (Michel: MNLI's ~10k examples). "
     "Rule: yes if >=75% of heads, partly if >=50%.",
     "yes" if removable >= 0.75 else "partly" if removable >= 0.5 else "no",
   )
@@ -662,15 +615,15 @@ def pruning_curves(
     rng = np.random.default_rng(s["seed"] + 1)
     curves = {
       "iterative": pruning.masks,
-      "static_normalized": order_masks(
+      "static_normalized": ablation.order_masks(
         np.argsort(imp_norm.ravel(), kind="stable"), counts, (depth, n_heads)
       ),
-      "static_raw": order_masks(
+      "static_raw": ablation.order_masks(
         np.argsort(imp_raw.ravel(), kind="stable"), counts, (depth, n_heads)
       ),
     }
     randoms = [
-      order_masks(rng.permutation(total_heads), counts, (depth, n_heads))
+      ablation.order_masks(rng.permutation(total_heads), counts, (depth, n_heads))
       for _ in range(s["random_orders"])
     ]
     all_masks = np.concatenate([*curves.values(), *randoms])
@@ -688,8 +641,10 @@ def pruning_curves(
     ok = pa["iterative"] >= base_acc - tolerance
     # The largest fraction reached with every step so far within the tolerance.
     keep_frac = float(pruning.fractions[-1] if ok.all() else pruning.fractions[np.argmin(ok) - 1])
-    area = {name: curve_area(pruning.fractions, v) for name, v in pa.items() if name != "random"}
-    area_random = [curve_area(pruning.fractions, v) for v in ra]
+    area = {
+      name: stats.curve_area(pruning.fractions, v) for name, v in pa.items() if name != "random"
+    }
+    area_random = [stats.curve_area(pruning.fractions, v) for v in ra]
     common.log(
       f"pruning: iterative accuracy {np.round(pa['iterative'], 3).tolist()}; "
       f"random mean {np.round(ra.mean(0), 3).tolist()}"
@@ -728,6 +683,7 @@ def speed(
   import jax
 
   import bertjax
+  from bertjax.analysis.interventions import ablation
   from bertjax.data import conllu
 
   depth, n_heads = config.depth, config.num_attention_heads
@@ -744,19 +700,19 @@ def speed(
       )
     b = tok.encode_words(fit[: s["timing_batch"]], pad_to=s["timing_length"])
     ids, attn = b.input_ids, b.attention_mask
-    order = iterative_order(masks_iterative, imp_norm)
+    order = ablation.pruning_order(masks_iterative, imp_norm)
     fractions, diffs, n_pruned = [], [], []
     models = {"unpruned": (config, params, None)}
     for target in PRUNE_TARGETS:
       kcount = round(target * total_heads)
-      mask = order_masks(order, [kcount], (depth, n_heads))[0]
+      mask = ablation.order_masks(order, [kcount], (depth, n_heads))[0]
       pconfig, pparams, diff = pruned_vs_masked(params, config, mask, ids, attn)
       models[f"pruned_{target:.1f}"] = (pconfig, pparams, None)
       fractions.append(kcount / total_heads)
       n_pruned.append(kcount)
       diffs.append(diff)
     # The masked model computes every head (then scales some by 0): no faster than intact.
-    mask40 = order_masks(order, [round(0.4 * total_heads)], (depth, n_heads))[0]
+    mask40 = ablation.order_masks(order, [round(0.4 * total_heads)], (depth, n_heads))[0]
     models["masked_0.4"] = (config, params, mask40)
     times = time_models(models, ids, attn, s["timing_repeats"])
     base_t = times["unpruned"]["median_s"]

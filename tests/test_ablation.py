@@ -381,3 +381,22 @@ def test_patterns_and_bad_overrides():
     overrides.override_codes(CONFIG, {(0, 0): "diagonal"})
   with pytest.raises(ValueError, match=r"\(5, 0\)"):
     overrides.override_codes(CONFIG, {(5, 0): "prev"})
+
+
+def test_pruning_orders_extend_the_iterative_masks():
+  rng = np.random.default_rng(1)
+  shape = (3, 4)
+  importance = rng.random(shape)
+  steps = np.ones((4, *shape), np.float32)
+  first, second = [5, 0, 9], [2, 11, 7]
+  for i, heads in ((1, first), (2, first + second), (3, first + second + [1, 4])):
+    steps[i].ravel()[heads] = 0
+  order = ablation.pruning_order(steps, importance)
+  assert sorted(order.tolist()) == list(range(12))
+  # Each step's heads come before the next step's, so every step's mask is a prefix.
+  masks = ablation.order_masks(order, [0, 3, 6, 8], shape)
+  np.testing.assert_array_equal(masks, steps)
+  # Within a step, least important first; never-pruned heads last, by importance.
+  assert list(order[:3]) == sorted(first, key=lambda h: importance.ravel()[h])
+  rest = [h for h in range(12) if h not in first + second + [1, 4]]
+  assert list(order[8:]) == sorted(rest, key=lambda h: importance.ravel()[h])

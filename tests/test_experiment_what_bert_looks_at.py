@@ -8,6 +8,7 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 import what_bert_looks_at as wbl
 
+
 def test_committed_results_record_clark_s_definition():
   import json
 

@@ -1,5 +1,7 @@
 """`bertjax.stats`, where every shared statistic is defined once, against SciPy and NumPy."""
 
+import math
+
 import numpy as np
 import pytest
 from scipy import stats as scipy_stats
@@ -42,3 +44,31 @@ def test_wilcoxon_p():
   a, b = rng.normal(size=30), rng.normal(size=30) + 0.5
   assert stats.wilcoxon_p(a, b) == pytest.approx(scipy_stats.wilcoxon(b - a).pvalue)
   assert stats.wilcoxon_p(a, a) == 1.0
+
+
+def test_mcnemar_exact_and_curve_area():
+  base = np.array([True] * 20)
+  other = base.copy()
+  other[:8] = False  # 8 lost
+  base[19], other[19] = False, True  # 1 gained
+  expected = min(1.0, 2 * sum(math.comb(9, k) for k in range(2)) / 2**9)
+  assert math.isclose(stats.mcnemar_p(base, other), expected, rel_tol=1e-9)
+  assert stats.mcnemar_p(base, base) == 1.0
+  assert stats.wilcoxon_p(np.ones(5), np.ones(5)) == 1.0
+  assert math.isclose(stats.curve_area([0, 0.5, 1.0], [1.0, 1.0, 0.0]), 0.75)
+  x, y = np.array([0.0, 0.1, 0.25, 0.5]), np.array([0.9, 0.8, 0.85, 0.4])
+  assert math.isclose(stats.curve_area(x, y), np.trapezoid(y, x) / 0.5, rel_tol=1e-12)
+
+
+def test_min_detectable_drop_is_the_first_significant_count():
+  # Exact McNemar with every discordant pair one way: p = 2 / 2^b.
+  assert (
+    stats.mcnemar_min_detectable_drop(115, 0.01) == 8 / 115
+  )  # 2 / 2^8 = 0.0078; 2 / 2^7 = 0.0156
+  assert stats.mcnemar_min_detectable_drop(100, 0.05) == 6 / 100
+  lost = np.ones(115, bool)
+  other = lost.copy()
+  other[:8] = False
+  assert stats.mcnemar_p(lost, other) < 0.01
+  other[7] = True
+  assert stats.mcnemar_p(lost, other) >= 0.01

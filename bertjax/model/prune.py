@@ -19,6 +19,15 @@ from bertjax.model.layers import Params
 _HEAD_PROJECTIONS = {"query", "key", "value", "pos_key", "pos_query"}
 
 
+def heads_of_mask(mask) -> dict[int, list[int]]:
+  """`prune_heads`' argument for the zeros of a (layers, heads) head mask: layer -> heads."""
+  return {
+    int(layer): [int(h) for h in np.flatnonzero(row == 0)]
+    for layer, row in enumerate(np.asarray(mask))
+    if (row == 0).any()
+  }
+
+
 def prune_heads(
   config: BertConfig, params: Params, heads_to_prune: dict[int, list[int]]
 ) -> tuple[BertConfig, Params]:

@@ -808,6 +808,28 @@ def iterative_pruning(
   return PruningResult(np.asarray(fractions), np.asarray(metrics), np.stack(masks))
 
 
+def pruning_order(pruning_masks, importance) -> np.ndarray:
+  """The flat head order of an iterative pruning run (`PruningResult.masks`): by the step
+  that pruned each head, ties by `importance` (least important first).
+
+  Heads never pruned come last (least important first), so every prefix of the order
+  extends the run's masks.
+  """
+  masks = np.asarray(pruning_masks).reshape(len(pruning_masks), -1)
+  step = np.where((masks == 0).any(0), (masks == 0).argmax(0), len(masks))
+  return np.lexsort((np.asarray(importance).ravel(), step))
+
+
+def order_masks(order, counts, shape) -> np.ndarray:
+  """Masks (len(counts), L, N) with the first `counts[i]` heads of the flat `order` at zero
+  (with `pruning_order`, a pruning run's masks at any head counts)."""
+  order = np.asarray(order)
+  masks = np.ones((len(counts), *shape), np.float32)
+  for i, k in enumerate(counts):
+    masks[i].ravel()[order[: int(k)]] = 0.0
+  return masks
+
+
 def __getattr__(name: str):
   # `mlm_loss` was this module's name for `mlm_batch_loss` (and is the README's older example);
   # `bertjax.training.losses.mlm_loss` is a different function (gathered positions, a mean).
