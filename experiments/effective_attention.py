@@ -15,7 +15,7 @@ What it measures, on which model and data, and why:
   12 heads, d_head = 32), measures for every layer and head:
 
   * the null-space dimension as a function of sequence length n = 8..256: dim = n -
-    rank(T_h), checked against max(0, n - d_head) (`effective_attention_lib.left_null_space`), and the
+    rank(T_h), checked against max(0, n - d_head) (`effective.left_null_space`), and the
     null basis checked to annihilate T_h;
   * that effective attention gives the same head output as raw attention (A_eff T = A T)
     and, with every block's maps replaced by their effective attention through the model's
@@ -23,7 +23,7 @@ What it measures, on which model and data, and why:
   * the Pearson correlation of raw and effective attention per passage, against its length
     (Brunner et al. Fig. 3a), and that of the attention a token receives with its position;
   * the attention mass on [CLS], [SEP] and punctuation, raw vs effective
-    (`effective_attention_lib.effective_attention_statistics`, plus punctuation here).
+    (`effective.effective_attention_statistics`, plus punctuation here).
 
   Data: passages of consecutive sentences of UD English EWT v2.16 dev (their word forms,
   re-tokenised by MiniLM's WordPiece), cut to exactly n tokens including [CLS] at the start
@@ -45,11 +45,10 @@ from typing import Any
 import common
 import numpy as np
 
-from bertjax import stats
+from bertjax.analysis.attention import effective as effective_attention_lib
 
 NAME = "effective_attention"
 PAPER = "Brunner et al. 2020"
-KINDS = ("raw", "effective")
 CLASS_NAMES = {"cls": "[CLS]", "sep": "[SEP]", "punct": "punctuation"}
 
 
@@ -90,115 +89,12 @@ def make_passages(
   return out
 
 
-def expected_null_dim(length: int, head_dim: int) -> int:
-  """Brunner et al.'s rule: rank(T) = min(n, d_head) for generic inputs, so dim = max(0, n - d)."""
-  return max(0, length - head_dim)
-
-
-def block_outputs(params, config, ids: np.ndarray, maps: np.ndarray) -> np.ndarray:
-  """Every block's output (L + 1, P, n, H) with `maps` (L, P, N, n, n) in place of each
-  block's attention, through the model's own `probs` site (no rebuilt block)."""
-  import bertjax
-
-  out = bertjax.forward(
-    params,
-    config,
-    ids,
-    np.ones_like(ids),
-    np.zeros_like(ids),
-    output_hidden_states=True,
-    patch={"probs": (np.asarray(maps, np.float32), 1.0)},
-  )
-  return np.asarray(out.hidden_states)
-
-
-def analyse(
-  params,
-  config,
-  ids: np.ndarray,
-  *,
-  cls_id: int,
-  sep_id: int,
-  punct_ids: np.ndarray,
-  rebuild: int | None = None,
-  null_space: bool = True,
-) -> dict[str, np.ndarray]:
-  """Per (passage, layer, head): null-space dimension, checks, correlations and token masses.
-
-  Args:
-    params, config: the model.
-    ids: (P, n) passages of one length, no padding.
-    cls_id, sep_id, punct_ids: the token classes whose attention mass is measured.
-    rebuild: check the block outputs for only the first this many passages (None: all).
-    null_space: compute each head's left null space (the costliest part; the length sweep
-      needs it, the token-mass statistics do not).
-
-  Returns:
-    name -> (P, layers, heads) arrays: with `null_space`, "rank", "null_dim",
-    "null_residual" (max |U^T T| / max |T| over the null basis U); "output_error" (max |A_eff T - A T| / max |A T|),
-    "corr" (Pearson of the raw and effective map), "{raw,effective}_{cls,sep,punct}"
-    (mean mass a query puts on them); and (P, layers): "block_error_{raw,effective}" (max
-    abs difference of each block's output, with every block's maps set to the raw or
-    effective ones through the `probs` site, from the model's own; 0 for passages past
-    `rebuild`).
-  """
-  import bertjax
-  from bertjax.analysis.attention import effective as effective_attention_lib
-
-  ids = np.asarray(ids, np.int32)
-  out = bertjax.forward(
-    params,
-    config,
-    ids,
-    np.ones_like(ids),
-    np.zeros_like(ids),
-    output_attentions=True,
-    output_hidden_states=True,
-    capture=("v",),
-  )
-  maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
-  values = np.asarray(out.cache["v"])
-  p_count, n = ids.shape
-  shape = (p_count, config.depth, config.num_attention_heads)
-  names = ("rank", "null_dim", "null_residual") if null_space else ()
-  r = {k: np.zeros(shape) for k in (*names, "output_error", "corr")}
-  classes = {"cls": ids == cls_id, "sep": ids == sep_id, "punct": np.isin(ids, punct_ids)}
-  for kind in KINDS:
-    for c in classes:
-      r[f"{kind}_{c}"] = np.zeros(shape)
-  for kind in KINDS:
-    r[f"block_error_{kind}"] = np.zeros(shape[:2])
-  effective = np.zeros_like(maps, np.float64)
-  for i in range(p_count):
-    for d in range(config.depth):
-      raw = maps[d, i].astype(np.float64)  # (N, n, n)
-      t = effective_attention_lib.head_value_outputs(params, config, d, values[d, i])  # (N, n, H)
-      eff = effective[d, i] = effective_attention_lib.effective_attention(raw, t)
-      for h in range(config.num_attention_heads):
-        if null_space:
-          null = effective_attention_lib.left_null_space(t[h])  # (n, n - rank)
-          r["null_dim"][i, d, h] = null.shape[-1]
-          r["rank"][i, d, h] = n - null.shape[-1]
-          residual = np.abs(null.T @ t[h]).max() / np.abs(t[h]).max() if null.size else 0.0
-          r["null_residual"][i, d, h] = residual
-        head_out = raw[h] @ t[h]
-        r["output_error"][i, d, h] = np.abs(eff[h] @ t[h] - head_out).max() / np.abs(head_out).max()
-        r["corr"][i, d, h] = stats.pearson(raw[h], eff[h])
-      for kind, a in (("raw", raw), ("effective", eff)):
-        for c, m in classes.items():
-          r[f"{kind}_{c}"][i, d] = a[..., m[i]].sum(-1).mean(-1)
-  checked = p_count if rebuild is None else min(rebuild, p_count)
-  if checked:
-    for kind, a in (("raw", maps), ("effective", effective)):
-      got = block_outputs(params, config, ids[:checked], a[:, :checked])
-      r[f"block_error_{kind}"][:checked] = np.abs(got - hidden[:, :checked])[1:].max((-1, -2)).T
-  return r
-
-
 def null_space_rule(lengths: Sequence[int], null_dims: dict[int, np.ndarray], head_dim: int) -> str:
   """ "yes": every head at every length has dim = max(0, n - d_head); "partly": dim > 0 for every
   head with n > d_head (rank below d_head somewhere); "no": a head with n > d_head has none."""
-  exact = all(np.all(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths)
+  exact = all(
+    np.all(null_dims[n] == effective_attention_lib.expected_null_dim(n, head_dim)) for n in lengths
+  )
   if exact:
     return "yes"
   longer = [n for n in lengths if n > head_dim]
@@ -228,7 +124,7 @@ def _figure_null_space(plt, out, stem, sweep, lengths, head_dim, depth, model_na
   grid = np.arange(0, max(lengths) + 1)
   ax.plot(
     grid,
-    [expected_null_dim(n, head_dim) for n in grid],
+    [effective_attention_lib.expected_null_dim(n, head_dim) for n in grid],
     "k--",
     lw=1,
     label=f"max(0, n - d_head), d_head = {head_dim}",
@@ -322,7 +218,7 @@ def _figure_example(plt, out, stem, example) -> str:
   axes[1].set_title("effective (negative = red)")
   for ax in axes[:2]:
     ax.set(xlabel="key position", ylabel="query position")
-  for kind in KINDS:
+  for kind in effective_attention_lib.KINDS:
     axes[2].plot(np.asarray(example[kind]).mean(0), label=kind)
   axes[2].set(
     xlabel="key position ([CLS] = 0, [SEP] = last)",
@@ -403,7 +299,9 @@ def summarise(
   the correlation by length and the attention masses."""
   # The library's [CLS]/[SEP] statistics and ours must agree (same passages, same maps).
   agree = max(
-    float(np.abs(lib[k][c] - main[f"{k}_{c}"].mean(0)).max()) for k in KINDS for c in ("cls", "sep")
+    float(np.abs(lib[k][c] - main[f"{k}_{c}"].mean(0)).max())
+    for k in effective_attention_lib.KINDS
+    for c in ("cls", "sep")
   )
   null_dims = {n: sweep[n]["null_dim"] for n in lengths}
   all_runs = [sweep[n] for n in lengths] + [main]
@@ -414,19 +312,27 @@ def summarise(
       n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max())) for n in lengths
     },
     "null_dim_mean": {n: float(null_dims[n].mean()) for n in lengths},
-    "null_dim_expected": {n: expected_null_dim(n, head_dim) for n in lengths},
+    "null_dim_expected": {
+      n: effective_attention_lib.expected_null_dim(n, head_dim) for n in lengths
+    },
     "null_dim_matches": {
-      n: float(np.mean(null_dims[n] == expected_null_dim(n, head_dim))) for n in lengths
+      n: float(np.mean(null_dims[n] == effective_attention_lib.expected_null_dim(n, head_dim)))
+      for n in lengths
     },
     "max_null_residual": max(float(sweep[n]["null_residual"].max()) for n in lengths),
     "max_relative_head_output_error": max(float(r["output_error"].max()) for r in all_runs),
     "max_block_output_error": {
-      k: max(float(r[f"block_error_{k}"].max()) for r in all_runs) for k in KINDS
+      k: max(float(r[f"block_error_{k}"].max()) for r in all_runs)
+      for k in effective_attention_lib.KINDS
     },
     "corr_raw_effective_by_length": {n: float(sweep[n]["corr"].mean()) for n in lengths},
-    "special_mass": {k: float((main[f"{k}_cls"] + main[f"{k}_sep"]).mean()) for k in KINDS},
+    "special_mass": {
+      k: float((main[f"{k}_cls"] + main[f"{k}_sep"]).mean()) for k in effective_attention_lib.KINDS
+    },
     "mass": {
-      f"{k}_{c}": float(main[f"{k}_{c}"].mean()) for k in KINDS for c in ("cls", "sep", "punct")
+      f"{k}_{c}": float(main[f"{k}_{c}"].mean())
+      for k in effective_attention_lib.KINDS
+      for c in ("cls", "sep", "punct")
     },
     "heads_with_lower_effective_special": float(
       np.mean(
@@ -435,7 +341,9 @@ def summarise(
       )
     ),
     "library_vs_direct_max_difference": agree,
-    "position_corr_mean": {k: float(np.nanmean(lib[k]["position_corr"])) for k in KINDS},
+    "position_corr_mean": {
+      k: float(np.nanmean(lib[k]["position_corr"])) for k in effective_attention_lib.KINDS
+    },
     "raw_effective_corr_mean": float(np.nanmean(lib["effective"]["raw_corr"])),
   }
 
@@ -457,7 +365,7 @@ def finding_rows(
       "Attention weights are not identifiable once the sequence is longer than the head "
       "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
       f"d_head {head_dim}; null-space dim = max(0, n - {head_dim}) for "
-      f"{100 * np.mean([np.mean(null_dims[n] == expected_null_dim(n, head_dim)) for n in lengths]):.0f}% "
+      f"{100 * np.mean([np.mean(null_dims[n] == effective_attention_lib.expected_null_dim(n, head_dim)) for n in lengths]):.0f}% "
       f"of heads x passages over n = {lengths[0]}..{lengths[-1]} (rank range "
       f"{min(r[0] for r in ranks.values())}-{max(r[1] for r in ranks.values())}); raw/effective "
       f"correlation {corr_by_len[lengths[0]]:.3f} at n={lengths[0]} -> {corr_by_len[long[-1]]:.3f} "
@@ -494,7 +402,6 @@ def example_head(params, config, tok, main: dict, ids: np.ndarray) -> dict[str, 
   """The head with the most raw [CLS]+[SEP] mass in `main`: its raw and effective maps on the
   passage `ids` ((1, n))."""
   import bertjax
-  from bertjax.analysis.attention import effective as effective_attention_lib
 
   layer, head = divmod(
     int(np.argmax((main["raw_cls"] + main["raw_sep"]).mean(0))), config.num_attention_heads
@@ -519,7 +426,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis.attention import effective as effective_attention_lib
   from bertjax.analysis.attention import statistics
   from bertjax.data import conllu
 
@@ -538,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   sweep = {}
   with common.timed(timings, "length sweep"):
     for n in lengths:
-      sweep[n] = analyse(
+      sweep[n] = effective_attention_lib.head_analysis(
         params,
         config,
         make_passages(stream, n, per_len, tok.cls_id, tok.sep_id, args.seed + n),
@@ -559,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       params, config, batches, cls_id=tok.cls_id, sep_id=tok.sep_id
     )
   with common.timed(timings, "per-head analysis"):
-    main_r = analyse(params, config, ids, **kw, null_space=False)
+    main_r = effective_attention_lib.head_analysis(params, config, ids, **kw, null_space=False)
   main_r["length"] = length
   summary = summarise(sweep, lengths, head_dim, main_r, lib)
 

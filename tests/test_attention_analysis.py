@@ -449,3 +449,62 @@ def test_effective_attention_statistics(params):
     assert np.all(np.abs(stats[kind]["position_corr"]) <= 1 + 1e-9)
   assert np.all(np.abs(stats["effective"]["raw_corr"]) <= 1 + 1e-9)
   assert not np.allclose(stats["raw"]["sep"], stats["effective"]["sep"])
+
+
+@pytest.fixture(scope="module")
+def small_model():
+  """2 layers x 2 heads of 16 dimensions: null spaces from 17 tokens on."""
+  import bertjax
+
+  config = bertjax.BertConfig(
+    vocab_size=50,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
+  return config, bertjax.init(config, 0)
+
+
+@pytest.mark.parametrize("length", [12, 16, 24])
+def test_head_analysis_null_space_and_output_identity(small_model, length):
+  """`effective.head_analysis`: each head's null space has Brunner et al.'s dimension, effective
+  attention leaves the head's output, and every block's, unchanged."""
+  config, params = small_model
+  ids = np.random.default_rng(length).integers(5, 50, (2, length)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = 1, 2
+  r = effective_attention_lib.head_analysis(
+    params, config, ids, cls_id=1, sep_id=2, punct_ids=np.array([7, 8])
+  )
+  assert np.all(
+    r["null_dim"] == effective_attention_lib.expected_null_dim(length, config.head_dim)
+  )  # d_head 16
+  assert np.all(r["rank"] == min(length, config.head_dim))
+  assert r["null_residual"].max() < 1e-10 and r["output_error"].max() < 1e-10
+  assert r["block_error_raw"].max() < 1e-4 and r["block_error_effective"].max() < 1e-4
+  if length <= config.head_dim:  # no null space: effective attention is raw attention
+    np.testing.assert_allclose(r["effective_sep"], r["raw_sep"], atol=1e-10)
+
+
+def test_head_analysis_masses_against_numpy_and_library(small_model):
+  import bertjax
+
+  config, params = small_model
+  ids = np.random.default_rng(1).integers(5, 50, (3, 24)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = 1, 2
+  ids[:, 5] = 7
+  r = effective_attention_lib.head_analysis(
+    params, config, ids, cls_id=1, sep_id=2, punct_ids=np.array([7, 8])
+  )
+  maps = np.asarray(bertjax.forward(params, config, ids, output_attentions=True).attentions)
+  punct = np.isin(ids, [7, 8])  # (P, n)
+  want = np.einsum("lpnqk,pk->pln", maps, punct) / ids.shape[1]
+  np.testing.assert_allclose(r["raw_punct"], want, rtol=1e-5)
+  np.testing.assert_allclose(r["raw_sep"], maps[..., -1].mean(-1).transpose(1, 0, 2), rtol=1e-5)
+  lib = effective_attention_lib.effective_attention_statistics(
+    params, config, [{"input_ids": ids}], cls_id=1, sep_id=2
+  )
+  for kind in effective_attention_lib.KINDS:
+    for c in ("cls", "sep"):
+      np.testing.assert_allclose(lib[kind][c], r[f"{kind}_{c}"].mean(0), atol=1e-9)

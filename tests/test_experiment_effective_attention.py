@@ -1,6 +1,6 @@
-"""Checks of `experiments/effective_attention.py` on a small random model: the null-space
-dimension rule, the head-output identity, the rebuilt block output, and the token-class
-masses against a direct NumPy computation and against `effective_attention_statistics`."""
+"""Checks of `experiments/effective_attention.py`: the null-space dimension rule and the
+Findings rules, the passages it reads, and its committed results (the per-head analysis it
+runs, `effective.head_analysis`, is checked in tests/test_attention_analysis.py)."""
 
 import json
 import pathlib
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import stats
+from bertjax.analysis.attention import effective as effective_attention_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -18,26 +19,11 @@ import effective_attention as ea
 RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
 
 
-@pytest.fixture(scope="module")
-def model():
-  import bertjax
-
-  config = bertjax.BertConfig(
-    vocab_size=50,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=48,
-    max_position_embeddings=64,
-  )
-  return config, bertjax.init(config, 0)
-
-
 def test_expected_null_dim_rule():
-  assert ea.expected_null_dim(20, 32) == 0
-  assert ea.expected_null_dim(32, 32) == 0
-  assert ea.expected_null_dim(33, 32) == 1
-  assert ea.expected_null_dim(128, 32) == 96
+  assert effective_attention_lib.expected_null_dim(20, 32) == 0
+  assert effective_attention_lib.expected_null_dim(32, 32) == 0
+  assert effective_attention_lib.expected_null_dim(33, 32) == 1
+  assert effective_attention_lib.expected_null_dim(128, 32) == 96
   assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.full(3, 8)}, 32) == "yes"
   assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.array([8, 9, 8])}, 32) == "partly"
   assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.array([8, 0, 8])}, 32) == "no"
@@ -64,42 +50,6 @@ def test_pearson_matches_numpy():
   assert stats.pearson(x, y) == pytest.approx(np.corrcoef(x.ravel(), y.ravel())[0, 1])
 
 
-@pytest.mark.parametrize("length", [12, 16, 24])
-def test_analyse_null_space_and_output_identity(model, length):
-  config, params = model
-  ids = np.random.default_rng(length).integers(5, 50, (2, length)).astype(np.int32)
-  ids[:, 0], ids[:, -1] = 1, 2
-  r = ea.analyse(params, config, ids, cls_id=1, sep_id=2, punct_ids=np.array([7, 8]))
-  assert np.all(r["null_dim"] == ea.expected_null_dim(length, config.head_dim))  # d_head 16
-  assert np.all(r["rank"] == min(length, config.head_dim))
-  assert r["null_residual"].max() < 1e-10 and r["output_error"].max() < 1e-10
-  assert r["block_error_raw"].max() < 1e-4 and r["block_error_effective"].max() < 1e-4
-  if length <= config.head_dim:  # no null space: effective attention is raw attention
-    np.testing.assert_allclose(r["effective_sep"], r["raw_sep"], atol=1e-10)
-
-
-def test_masses_against_numpy_and_library(model):
-  import bertjax
-  from bertjax.analysis.attention import effective as effective_attention_lib
-
-  config, params = model
-  ids = np.random.default_rng(1).integers(5, 50, (3, 24)).astype(np.int32)
-  ids[:, 0], ids[:, -1] = 1, 2
-  ids[:, 5] = 7
-  r = ea.analyse(params, config, ids, cls_id=1, sep_id=2, punct_ids=np.array([7, 8]))
-  maps = np.asarray(bertjax.forward(params, config, ids, output_attentions=True).attentions)
-  punct = np.isin(ids, [7, 8])  # (P, n)
-  want = np.einsum("lpnqk,pk->pln", maps, punct) / ids.shape[1]
-  np.testing.assert_allclose(r["raw_punct"], want, rtol=1e-5)
-  np.testing.assert_allclose(r["raw_sep"], maps[..., -1].mean(-1).transpose(1, 0, 2), rtol=1e-5)
-  lib = effective_attention_lib.effective_attention_statistics(
-    params, config, [{"input_ids": ids}], cls_id=1, sep_id=2
-  )
-  for kind in ea.KINDS:
-    for c in ("cls", "sep"):
-      np.testing.assert_allclose(lib[kind][c], r[f"{kind}_{c}"].mean(0), atol=1e-9)
-
-
 def test_committed_results_are_consistent():
   if not RESULTS.exists():
     pytest.skip(f"{RESULTS} not written yet (./run.sh experiment effective_attention)")
@@ -110,7 +60,11 @@ def test_committed_results_are_consistent():
   # empty effective attention is raw attention (correlation 1).
   assert doc["settings"]["model"] == "all-MiniLM-L6-v2" and s["head_dim"] == 384 // 12
   for n, dim in s["null_dim_mean"].items():
-    assert s["null_dim_expected"][n] == max(0, int(n) - 32) == ea.expected_null_dim(int(n), 32)
+    assert (
+      s["null_dim_expected"][n]
+      == max(0, int(n) - 32)
+      == effective_attention_lib.expected_null_dim(int(n), 32)
+    )
     assert dim == pytest.approx(max(0, int(n) - 32))
     assert s["rank_min_max"][n] == [min(int(n), 32)] * 2
     if int(n) <= 32:

@@ -13,8 +13,10 @@ from bertjax import stats
 from bertjax.analysis.batching import as_batch
 from bertjax.analysis.sharded import maps_runner
 from bertjax.model.config import BertConfig
+from bertjax.model.forward import forward
 
 Params = dict[str, Any]
+KINDS = ("raw", "effective")  # the attention maps `head_analysis` measures
 
 
 def head_value_outputs(params: Params, config: BertConfig, block: int, v) -> np.ndarray:
@@ -139,3 +141,103 @@ def effective_attention_statistics(
     result[kind]["position_corr"] = stats.pearson_from_sums(*pos[kind], cols)
   result["effective"]["raw_corr"] = stats.pearson_from_sums(*pair, weights)
   return result
+
+
+def expected_null_dim(length: int, head_dim: int) -> int:
+  """Brunner et al.'s rule: rank(T) = min(n, d_head) for generic inputs, so dim = max(0, n - d)."""
+  return max(0, length - head_dim)
+
+
+def block_outputs_with_maps(params, config, ids: np.ndarray, maps: np.ndarray) -> np.ndarray:
+  """Every block's output (L + 1, P, n, H) with `maps` (L, P, N, n, n) in place of each
+  block's attention, through the model's own `probs` site (no rebuilt block)."""
+  out = forward(
+    params,
+    config,
+    ids,
+    np.ones_like(ids),
+    np.zeros_like(ids),
+    output_hidden_states=True,
+    patch={"probs": (np.asarray(maps, np.float32), 1.0)},
+  )
+  return np.asarray(out.hidden_states)
+
+
+def head_analysis(
+  params,
+  config,
+  ids: np.ndarray,
+  *,
+  cls_id: int,
+  sep_id: int,
+  punct_ids: np.ndarray,
+  rebuild: int | None = None,
+  null_space: bool = True,
+) -> dict[str, np.ndarray]:
+  """Per (passage, layer, head): null-space dimension, checks, correlations and token masses.
+
+  Args:
+    params, config: the model.
+    ids: (P, n) passages of one length, no padding.
+    cls_id, sep_id, punct_ids: the token classes whose attention mass is measured.
+    rebuild: check the block outputs for only the first this many passages (None: all).
+    null_space: compute each head's left null space (the costliest part; the length sweep
+      needs it, the token-mass statistics do not).
+
+  Returns:
+    name -> (P, layers, heads) arrays: with `null_space`, "rank", "null_dim",
+    "null_residual" (max |U^T T| / max |T| over the null basis U); "output_error" (max |A_eff T - A T| / max |A T|),
+    "corr" (Pearson of the raw and effective map), "{raw,effective}_{cls,sep,punct}"
+    (mean mass a query puts on them); and (P, layers): "block_error_{raw,effective}" (max
+    abs difference of each block's output, with every block's maps set to the raw or
+    effective ones through the `probs` site, from the model's own; 0 for passages past
+    `rebuild`).
+  """
+  ids = np.asarray(ids, np.int32)
+  out = forward(
+    params,
+    config,
+    ids,
+    np.ones_like(ids),
+    np.zeros_like(ids),
+    output_attentions=True,
+    output_hidden_states=True,
+    capture=("v",),
+  )
+  maps, hidden = np.asarray(out.attentions), np.asarray(out.hidden_states)
+  values = np.asarray(out.cache["v"])
+  p_count, n = ids.shape
+  shape = (p_count, config.depth, config.num_attention_heads)
+  names = ("rank", "null_dim", "null_residual") if null_space else ()
+  r = {k: np.zeros(shape) for k in (*names, "output_error", "corr")}
+  classes = {"cls": ids == cls_id, "sep": ids == sep_id, "punct": np.isin(ids, punct_ids)}
+  for kind in KINDS:
+    for c in classes:
+      r[f"{kind}_{c}"] = np.zeros(shape)
+  for kind in KINDS:
+    r[f"block_error_{kind}"] = np.zeros(shape[:2])
+  effective = np.zeros_like(maps, np.float64)
+  for i in range(p_count):
+    for d in range(config.depth):
+      raw = maps[d, i].astype(np.float64)  # (N, n, n)
+      t = head_value_outputs(params, config, d, values[d, i])  # (N, n, H)
+      eff = effective[d, i] = effective_attention(raw, t)
+      for h in range(config.num_attention_heads):
+        if null_space:
+          null = left_null_space(t[h])  # (n, n - rank)
+          r["null_dim"][i, d, h] = null.shape[-1]
+          r["rank"][i, d, h] = n - null.shape[-1]
+          residual = np.abs(null.T @ t[h]).max() / np.abs(t[h]).max() if null.size else 0.0
+          r["null_residual"][i, d, h] = residual
+        head_out = raw[h] @ t[h]
+        r["output_error"][i, d, h] = np.abs(eff[h] @ t[h] - head_out).max() / np.abs(head_out).max()
+        r["corr"][i, d, h] = stats.pearson(raw[h], eff[h])
+      for kind, a in (("raw", raw), ("effective", eff)):
+        for c, m in classes.items():
+          r[f"{kind}_{c}"][i, d] = a[..., m[i]].sum(-1).mean(-1)
+  checked = p_count if rebuild is None else min(rebuild, p_count)
+  if checked:
+    for kind, a in (("raw", maps), ("effective", effective)):
+      got = block_outputs_with_maps(params, config, ids[:checked], a[:, :checked])
+      r[f"block_error_{kind}"][:checked] = np.abs(got - hidden[:, :checked])[1:].max((-1, -2)).T
+  return r
