@@ -258,7 +258,7 @@ def test_report_help(capsys):
     cli.main(["report", "--help"])
   assert e.value.code == 0
   text = capsys.readouterr().out
-  for flag in ("--model", "--out", "--data-dir", "--reduced"):
+  for flag in ("--model", "--out", "--data-dir", "--reduced", "--sections"):
     assert flag in text
 
 
