@@ -90,24 +90,6 @@ LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4
 # Measurements ---------------------------------------------------------------------------
 
 
-def pattern_summary(params, config, data_batches: Sequence[dict], special_ids) -> dict[str, Any]:
-  """Kovaleva et al.'s pattern types: counts (layers, heads, 5), ratios per layer and overall."""
-  from bertjax.analysis.attention import patterns
-
-  counts = patterns.pattern_types(params, config, data_batches, special_ids=special_ids)
-  overall = counts.overall
-  repeated = float(overall[:4].sum())  # every type but "heterogeneous"
-  return {
-    "types": list(patterns.PATTERN_TYPES),
-    "counts": counts.counts,
-    "per_layer": counts.per_layer,
-    "overall": overall,
-    "dominant": counts.dominant,
-    "repeated_share": repeated,
-    "commonest_repeated": patterns.PATTERN_TYPES[int(np.argmax(overall[:4]))],
-  }
-
-
 def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "prefix"):
   """Held-out accuracy with each head, each layer, or each whole block disabled.
 
@@ -135,34 +117,6 @@ def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "pre
     "uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
     "scale": sweep("scale", ("layers",)),
   }
-
-
-def improvements(result, *, higher_is_better: bool = True) -> dict[str, Any]:
-  """What disabling does relative to the intact baseline (positive delta = better).
-
-  Families of `result` that were not evaluated (all NaN) are left out.
-
-  Returns:
-    For heads (layers, heads), layers (layers,) and skipped blocks (layers,): the deltas
-    ("delta_heads", ...), how many improve on the baseline strictly ("heads_improving", ...)
-    and the largest delta ("best_head_delta", ...); and the "baseline".
-  """
-  sign = 1.0 if higher_is_better else -1.0
-  eps = 1e-9  # a tie is not an improvement
-  out: dict[str, Any] = {"baseline": result.baseline}
-  for family, values in (
-    ("head", result.heads),
-    ("layer", result.layers),
-    ("layer_skip", result.layer_skip),
-  ):
-    values = np.asarray(values, np.float64)
-    if np.isnan(values).all():
-      continue
-    delta = sign * (values - result.baseline)
-    out[f"delta_{family}s"] = delta
-    out[f"{family}s_improving"] = int((delta > eps).sum())
-    out[f"best_{family}_delta"] = float(np.max(delta))
-  return out
 
 
 def layer_means(per_head) -> np.ndarray:
@@ -425,21 +379,21 @@ def analyse(
   changed, and disabling heads and layers of the fine-tuned model.
 
   Returns:
-    `before`, `after` (`pattern_summary`), `change` (`patterns.attention_change`), `acc`
-    (mode -> `improvements`) and `se` (the intact accuracy's binomial standard error).
+    `before`, `after` (`PatternCounts.summary`), `change` (`patterns.attention_change`),
+    `acc` (mode -> `AblationResult.improvements`) and `se` (the intact accuracy's binomial standard error).
   """
   from bertjax.analysis.attention import patterns
 
   held_batches = batches(held, size["eval_batch"])
   analysis = batches(held, size["eval_batch"], size["analysis_sentences"])
   with common.timed(timings, "patterns"):
-    before = pattern_summary(pre_params, config, analysis, special_ids)
-    after = pattern_summary(params, config, analysis, special_ids)
+    types = lambda p: patterns.pattern_types(p, config, analysis, special_ids=special_ids)
+    before, after = types(pre_params).summary(), types(params).summary()
   with common.timed(timings, "attention_change"):
     change = patterns.attention_change(pre_params, config, params, analysis)
   with common.timed(timings, "ablation"):
     sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
-  acc = {m: improvements(r) for m, r in sweeps.items()}
+  acc = {m: r.improvements() for m, r in sweeps.items()}
   base_acc = acc["uniform"]["baseline"]
   se = float(np.sqrt(base_acc * (1 - base_acc) / len(held["labels"])))
   return {"before": before, "after": after, "change": change, "acc": acc, "se": se}

@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
 
 import bertjax
+from bertjax.analysis.attention import patterns
 from bertjax.analysis.interventions.ablation import AblationResult
 from bertjax.training import finetune as ft
 
@@ -90,14 +91,16 @@ def test_ablation_matches_direct_computation(task):
   ones = jnp.ones((config.depth, config.num_attention_heads))
   assert u.heads[1, 0] == pytest.approx(accuracy(ones.at[1, 0].set(0.0), "uniform"), abs=1e-7)
   assert s.layers[0] == pytest.approx(accuracy(ones.at[0].set(0.0), "scale"), abs=1e-7)
-  acc = ds.improvements(s)
+  acc = s.improvements()
   assert "delta_heads" not in acc and acc["delta_layers"].shape == (config.depth,)
 
 
 def test_pattern_ratios_sum_to_one(task):
   config, params, held = task["config"], task["params"], task["held"]
   tok = task["tok"]
-  p = ds.pattern_summary(params, config, acceptability.batches(held, 8), [tok.cls_id, tok.sep_id])
+  p = patterns.pattern_types(
+    params, config, acceptability.batches(held, 8), special_ids=[tok.cls_id, tok.sep_id]
+  ).summary()
   np.testing.assert_allclose(p["per_layer"].sum(-1), 1.0, atol=1e-12)
   assert p["overall"].sum() == pytest.approx(1.0)
   assert p["counts"].sum() == config.depth * config.num_attention_heads * len(held["labels"])
@@ -114,7 +117,7 @@ def test_improvements_and_verdict_rules():
     keep_one=np.full((2, 2), np.nan),
     layer_skip=np.array([0.8, 0.6]),
   )
-  acc = ds.improvements(res, higher_is_better=True)
+  acc = res.improvements(higher_is_better=True)
   assert (acc["heads_improving"], acc["layers_improving"], acc["layer_skips_improving"]) == (
     2,
     1,
@@ -122,7 +125,7 @@ def test_improvements_and_verdict_rules():
   )
   assert acc["best_head_delta"] == pytest.approx(0.05)
   assert acc["layer_skips_improving"] == 0 and acc["best_layer_skip_delta"] == pytest.approx(0)
-  loss = ds.improvements(res, higher_is_better=False)
+  loss = res.improvements(higher_is_better=False)
   assert loss["heads_improving"] == 1 and loss["delta_heads"][1, 0] == pytest.approx(0.1)
   assert ds.ablation_verdict(acc, standard_error=0.02) == "yes"
   assert ds.ablation_verdict(acc, standard_error=0.2) == "partly"

@@ -119,6 +119,21 @@ class PatternCounts:
     """(layers, heads) most frequent type code of each head."""
     return self.counts.argmax(-1)
 
+  def summary(self) -> dict:
+    """Kovaleva et al.'s figures of the counts: the type names, counts, ratios per layer and
+    overall, each head's dominant type, the share of the four repeated types (every type but
+    heterogeneous) and the commonest of them."""
+    overall = self.overall
+    return {
+      "types": list(PATTERN_TYPES),
+      "counts": self.counts,
+      "per_layer": self.per_layer,
+      "overall": overall,
+      "dominant": self.dominant,
+      "repeated_share": float(overall[:4].sum()),
+      "commonest_repeated": PATTERN_TYPES[int(np.argmax(overall[:4]))],
+    }
+
 
 def pattern_types(
   params: Params,

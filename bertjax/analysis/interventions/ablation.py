@@ -438,6 +438,34 @@ class AblationResult:
     single = self.heads - self.baseline
     return self.pairs - single[:, :, None, None] - single[None, None] - self.baseline
 
+  def improvements(self, *, higher_is_better: bool = True) -> dict[str, Any]:
+    """What disabling does relative to the intact baseline (positive delta = better), as
+    Kovaleva et al. count the heads and layers whose removal helps.
+
+    Families not evaluated (all NaN) are left out.
+
+    Returns:
+      For heads (layers, heads), layers (layers,) and skipped blocks (layers,): the deltas
+      ("delta_heads", ...), how many improve on the baseline strictly ("heads_improving", ...)
+      and the largest delta ("best_head_delta", ...); and the "baseline".
+    """
+    sign = 1.0 if higher_is_better else -1.0
+    eps = 1e-9  # a tie is not an improvement
+    out: dict[str, Any] = {"baseline": self.baseline}
+    for family, values in (
+      ("head", self.heads),
+      ("layer", self.layers),
+      ("layer_skip", self.layer_skip),
+    ):
+      values = np.asarray(values, np.float64)
+      if np.isnan(values).all():
+        continue
+      delta = sign * (values - self.baseline)
+      out[f"delta_{family}s"] = delta
+      out[f"{family}s_improving"] = int((delta > eps).sum())
+      out[f"best_{family}_delta"] = float(np.max(delta))
+    return out
+
 
 SWEEP_FAMILIES = ("heads", "layers", "keep_one", "layer_skip", "pairs")
 PAIR_SETS = ("all", "within", "across")
