@@ -266,7 +266,9 @@ def test_head_importance_is_the_mask_gradient(family):
     return jnp.where(keep, nll, 0).sum() / keep.sum()
 
   want = np.abs(jax.grad(loss)(jnp.ones((config.depth, config.num_attention_heads))))
-  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+  # Float32 rounding of a gradient is absolute on the scale of the largest entries: a head
+  # with a tiny importance (2.4e-3 beside 0.84 on NomicBERT) once differed by 3.4e-7.
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
   assert (got > 0).all()
 
 
