@@ -50,18 +50,19 @@ training; its numbers are not findings).
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import common
-import jax
 import numpy as np
 
 from bertjax.tasks import acceptability
-from bertjax.tasks.acceptability import subset
+from bertjax.tasks.acceptability import split_groups, subset
+from bertjax.tasks.baselines import bag_of_words_accuracy, majority_accuracy, word_tag_accuracy
+from bertjax.tasks.sentences import labelled_sentences
+from bertjax.training.early_stopping import EarlyStopping, train_early_stopping
 
 PAPER = "Kovaleva et al. 2019"
 NAME = "random_init"
@@ -120,71 +121,14 @@ RULE = (
   "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority"
 )
 YES, PARTLY = 0.75, 0.4
-IGNORE = -100
 
 
 # Data -----------------------------------------------------------------------------------
 
 
-def split_groups(
-  groups, n_dev: int, n_test: int, n_train: int | None, *, seed: int, strata=None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Row indices `(train, dev, test)`, each group of rows wholly on one side.
-
-  Args:
-    groups: (N,) group id of each row (a minimal pair; `arange(N)` for independent rows).
-    n_dev, n_test: groups held out for dev and test.
-    n_train: groups to train on (None: all the others).
-    seed: the permutation's seed.
-    strata: optional (N,) label of each row, constant within a group; each split then takes
-      every label in proportion to its share (rounded, so counts may move by one).
-  """
-  groups = np.asarray(groups)
-  unique, first = np.unique(groups, return_index=True)
-  n_train = len(unique) - n_dev - n_test if n_train is None else n_train
-  if min(n_dev, n_test, n_train) < 1 or n_dev + n_test + n_train > len(unique):
-    raise ValueError(
-      f"{n_dev=}, {n_test=} and {n_train=} must be >= 1 and fit in the {len(unique)} groups"
-    )
-  rng = np.random.default_rng(seed)
-  labels = np.zeros(len(unique), np.int64) if strata is None else np.asarray(strata)[first]
-  parts: list[list[np.ndarray]] = [[], [], []]
-  for value in np.unique(labels):
-    members = rng.permutation(unique[labels == value])
-    share = len(members) / len(unique)
-    k_dev, k_test = round(n_dev * share), round(n_test * share)
-    k_train = round(n_train * share)
-    for part, (a, b) in zip(
-      parts, ((k_dev + k_test, k_dev + k_test + k_train), (0, k_dev), (k_dev, k_dev + k_test))
-    ):
-      part.append(members[a:b])
-  return tuple(np.flatnonzero(np.isin(groups, np.concatenate(p))) for p in parts)
-
-
-def sentence_task(tok, field: str, *, max_len: int, limit: int | None = None):
-  """The project's sentences labelled by `field` ("negated" or "question"), as padded arrays."""
-  from bertjax.tasks.sentences import load_sentences
-  from bertjax.training import finetune as ft
-
-  sentences = load_sentences()
-  if limit is not None:  # smoke: a slice that keeps both labels (the file is grouped by type)
-    sentences = [sentences[i] for i in np.linspace(0, len(sentences) - 1, limit).astype(int)]
-  labels = np.asarray([getattr(s, field) for s in sentences], np.int32)
-  return ft.encode_classification(tok, [s.text for s in sentences], None, labels, max_len=max_len)
-
-
-def upos_task(path, tok, *, max_len: int):
-  """UD UPOS tags on each word's first subword (-100 elsewhere); sentences over `max_len`
-  subwords are dropped. Returns `(data, tag_names)`."""
-  from bertjax.training import finetune as ft
-
-  # load_ud_pos splits; a tiny held-out fraction is put back so the seeds split it themselves.
-  train, held, tags = ft.load_ud_pos(path, tok, max_len=max_len, eval_fraction=0.01)
-  return {k: np.concatenate([train[k], held[k]]) for k in train}, tags
-
-
 def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str, dict[str, Any]]:
   """The `wanted` tasks' data, groups, strata, metric description and label count."""
+  from bertjax.training import finetune as ft
 
   need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
   root = common.data_dir(args.data_dir, *need) if need else None
@@ -193,7 +137,7 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
   for name, field in (("negation", "negated"), ("question", "question")):
     if name not in wanted:
       continue
-    data = sentence_task(tok, field, max_len=size["max_len"], limit=limit)
+    data = labelled_sentences(tok, field, max_len=size["max_len"], limit=limit)
     n = len(data["labels"])
     tasks[name] = {
       "data": data,
@@ -205,7 +149,11 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
       "what": f"sentences.tsv, {field} = 1 (sentence accuracy)",
     }
   if "upos" in wanted:
-    data, tags = upos_task(common.ud_file(root), tok, max_len=size["upos_max_len"])
+    # load_ud_pos splits; its tiny held-out share is put back so each seed splits the lot.
+    part, held, tags = ft.load_ud_pos(
+      common.ud_file(root), tok, max_len=size["upos_max_len"], eval_fraction=0.01
+    )
+    data = {k: np.concatenate([part[k], held[k]]) for k in part}
     tasks["upos"] = {
       "data": data,
       "groups": np.arange(len(data["labels"])),
@@ -231,169 +179,6 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
       "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)",
     }
   return tasks
-
-
-# Baselines ------------------------------------------------------------------------------
-
-
-def majority_accuracy(train: dict, test: dict) -> float:
-  """Accuracy of always predicting the training split's commonest label (tag)."""
-  y_train, y_test = train["labels"], test["labels"]
-  y_train, y_test = y_train[y_train != IGNORE], y_test[y_test != IGNORE]
-  return float((y_test == np.bincount(y_train).argmax()).mean())
-
-
-def word_tag_accuracy(train: dict, test: dict) -> float:
-  """Token accuracy of each word's commonest training tag, keyed by its first subword id
-  (unseen words get the commonest tag overall): what a model without context can do."""
-  keep_tr, keep_te = train["labels"] != IGNORE, test["labels"] != IGNORE
-  ids, tags = train["input_ids"][keep_tr], train["labels"][keep_tr]
-  default = int(np.bincount(tags).argmax())
-  counts: dict[int, np.ndarray] = {}
-  n_tags = int(max(tags.max(), test["labels"][keep_te].max())) + 1
-  for i, t in zip(ids.tolist(), tags.tolist()):
-    counts.setdefault(i, np.zeros(n_tags, np.int64))[t] += 1
-  pred = np.asarray(
-    [counts[i].argmax() if i in counts else default for i in test["input_ids"][keep_te].tolist()]
-  )
-  return float((pred == test["labels"][keep_te]).mean())
-
-
-def bag_of_words_accuracy(
-  train: dict,
-  test: dict,
-  special_ids: Sequence[int],
-  *,
-  steps: int,
-  l2: float = 1e-3,
-  learning_rate: float = 0.5,
-) -> float:
-  """Test accuracy of an L2 logistic regression on which subwords a sentence contains
-  (no order, no context), fitted by full-batch gradient descent on the training split."""
-  vocab = np.unique(train["input_ids"][train["attention_mask"] > 0])
-  vocab = vocab[~np.isin(vocab, special_ids)]
-  col = {int(v): j for j, v in enumerate(vocab)}
-
-  def features(data):
-    x = np.zeros((len(data["labels"]), len(vocab) + 1))
-    x[:, -1] = 1.0  # bias
-    for row, (ids, mask) in enumerate(zip(data["input_ids"], data["attention_mask"])):
-      for i in ids[mask > 0].tolist():
-        if i in col:
-          x[row, col[i]] = 1.0
-    return x
-
-  x, y = features(train), train["labels"]
-  classes = int(max(y.max(), test["labels"].max())) + 1
-  onehot = np.eye(classes)[y]
-  w = np.zeros((x.shape[1], classes))
-  for _ in range(steps):
-    z = x @ w
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    w -= learning_rate * (x.T @ (p - onehot) / len(y) + l2 * w)
-  return float(((features(test) @ w).argmax(1) == test["labels"]).mean())
-
-
-# Fine-tuning with early stopping --------------------------------------------------------
-
-
-@functools.partial(jax.jit, static_argnames=("config", "kind"))
-def _logits(params, ids, mask, types, *, config, kind: str):
-  import bertjax
-
-  out = bertjax.forward(params, config, ids, mask, types)
-  if kind == "classification":
-    return bertjax.head_logits(params, config, out, "classifier")
-  return bertjax.head_logits(params, config, out, "token_classifier")
-
-
-def accuracy(params, config, data: dict, kind: str, batch_size: int) -> float:
-  """Sentence accuracy, or token accuracy over the labelled tokens; batches are padded to one
-  shape (one compilation)."""
-  n, correct, total = len(data["labels"]), 0, 0
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size) % n
-    real = min(batch_size, n - start)
-    logits = _logits(
-      params,
-      data["input_ids"][idx],
-      data["attention_mask"][idx],
-      data["token_type_ids"][idx],
-      config=config,
-      kind=kind,
-    )
-    pred = np.asarray(logits).argmax(-1)[:real]
-    labels = data["labels"][idx][:real]
-    keep = labels != IGNORE
-    correct += int((pred == labels)[keep].sum())
-    total += int(keep.sum())
-  return correct / total
-
-
-@functools.cache
-def _trainer(config, kind: str, learning_rate: float, warmup_steps: int, max_steps: int):
-  """(optimizer, jitted step) shared by every run of a task: compiled once, not per run."""
-  from bertjax.training import optim
-  from bertjax.training.step import make_train_step
-
-  schedule = optim.learning_rate_schedule(learning_rate, max_steps, warmup_steps, "constant")
-  tx = optim.make_optimizer("adamw", schedule, weight_decay=0.01, clip_norm=1.0)
-  return tx, make_train_step(config, tx, schedule, task=kind)
-
-
-def train_early_stopping(
-  config, params, train: dict, dev: dict, test: dict, *, kind: str, size: dict, seed: int
-) -> dict[str, Any]:
-  """Fine-tunes until dev accuracy stops improving; scores the best-dev checkpoint on test.
-
-  Returns:
-    "curve" (per evaluation: step, mean training loss since the last one, dev accuracy),
-    "best_step", "steps" run, "converged" (stopped by the patience rule, not by
-    `max_steps`), "dev" (best) and "test" (at the best step) accuracy.
-  """
-  from bertjax.training.state import create_train_state
-
-  n, bs = len(train["labels"]), size["batch_size"]
-  if n < bs:
-    raise ValueError(f"batch_size={bs} exceeds the {n} training examples")
-  tx, step_fn = _trainer(
-    config, kind, size["learning_rate"], size["warmup_steps"], size["max_steps"]
-  )
-  state = create_train_state(params, tx, seed)
-  per_epoch = n // bs
-  curve, losses = [], []
-  best, best_step, best_params, stale = -1.0, 0, state.params, 0
-  converged = False
-  for k in range(size["max_steps"]):
-    epoch, i = divmod(k, per_epoch)
-    if i == 0:
-      perm = np.random.default_rng([seed, epoch]).permutation(n)
-    state, m = step_fn(state, subset(train, perm[i * bs : (i + 1) * bs]))
-    m = jax.device_get(m)
-    if not m["finite"]:
-      raise FloatingPointError(f"non-finite loss={float(m['loss'])} at step {k + 1}")
-    losses.append(float(m["loss"]))
-    if (k + 1) % size["eval_every"]:
-      continue
-    score = accuracy(state.params, config, dev, kind, size["eval_batch"])
-    curve.append({"step": k + 1, "train_loss": float(np.mean(losses)), "dev": score})
-    losses = []
-    if score > best + 1e-9:
-      best, best_step, best_params, stale = score, k + 1, state.params, 0
-    else:
-      stale += 1
-    if stale >= size["patience"] and k + 1 >= size["min_steps"]:
-      converged = True
-      break
-  return {
-    "curve": curve,
-    "best_step": best_step,
-    "steps": k + 1,
-    "converged": converged,
-    "dev": best,
-    "test": accuracy(best_params, config, test, kind, size["eval_batch"]),
-  }
 
 
 # Verdict --------------------------------------------------------------------------------
@@ -574,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   with common.timed(timings, "load"):
     tasks = load_tasks(args, size, tok, wanted)
   special = [tok.cls_id, tok.sep_id, tok.pad_id]
+  rule = EarlyStopping.pick(size)
   results: dict[str, dict] = {}
   for name, task in tasks.items():
     runs, baselines, splits = [], [], []
@@ -593,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         run = {"seed": seed}
         for init, params in (("pretrained", pre), ("random", rnd)):
           run[init] = train_early_stopping(
-            config, params, train, dev, test, kind=task["kind"], size=size, seed=seed
+            config, params, train, dev, test, kind=task["kind"], rule=rule, seed=seed
           )
           common.log(
             f"{name} seed {seed} {init}: test {run[init]['test']:.3f} (dev "

@@ -56,6 +56,41 @@ def split_by_pair(pair_ids, eval_pairs: int, train_pairs: int | None, *, seed: i
   return np.flatnonzero(np.isin(pair_ids, train)), np.flatnonzero(np.isin(pair_ids, held))
 
 
+def split_groups(
+  groups, n_dev: int, n_test: int, n_train: int | None, *, seed: int, strata=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Row indices `(train, dev, test)`, each group of rows wholly on one side.
+
+  Args:
+    groups: (N,) group id of each row (a minimal pair; `arange(N)` for independent rows).
+    n_dev, n_test: groups held out for dev and test.
+    n_train: groups to train on (None: all the others).
+    seed: the permutation's seed.
+    strata: optional (N,) label of each row, constant within a group; each split then takes
+      every label in proportion to its share (rounded, so counts may move by one).
+  """
+  groups = np.asarray(groups)
+  unique, first = np.unique(groups, return_index=True)
+  n_train = len(unique) - n_dev - n_test if n_train is None else n_train
+  if min(n_dev, n_test, n_train) < 1 or n_dev + n_test + n_train > len(unique):
+    raise ValueError(
+      f"{n_dev=}, {n_test=} and {n_train=} must be >= 1 and fit in the {len(unique)} groups"
+    )
+  rng = np.random.default_rng(seed)
+  labels = np.zeros(len(unique), np.int64) if strata is None else np.asarray(strata)[first]
+  parts: list[list[np.ndarray]] = [[], [], []]
+  for value in np.unique(labels):
+    members = rng.permutation(unique[labels == value])
+    share = len(members) / len(unique)
+    k_dev, k_test = round(n_dev * share), round(n_test * share)
+    k_train = round(n_train * share)
+    for part, (a, b) in zip(
+      parts, ((k_dev + k_test, k_dev + k_test + k_train), (0, k_dev), (k_dev, k_dev + k_test))
+    ):
+      part.append(members[a:b])
+  return tuple(np.flatnonzero(np.isin(groups, np.concatenate(p))) for p in parts)
+
+
 def subset(data: dict[str, np.ndarray], idx) -> dict[str, np.ndarray]:
   """The rows `idx` of every array of a data dict."""
   return {k: v[idx] for k, v in data.items()}

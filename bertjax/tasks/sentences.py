@@ -1,5 +1,6 @@
 """The project's own labelled sentences (`bertjax/resources/sentences.tsv`): `Sentence`, its
-loader `load_sentences`, and `builtin_text`, the report's description of them."""
+loader `load_sentences`, `builtin_text` (the report's description of them) and
+`labelled_sentences` (them as a padded classification data set)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,23 @@ def builtin_text(sentences: Sequence[Sentence]) -> dict:
     "(bertjax/resources/sentences.tsv)",
     "about": ABOUT,
   }
+
+
+def labelled_sentences(tokenizer, field: str, *, max_len: int, limit: int | None = None) -> dict:
+  """The project's sentences as a classification data set: padded "input_ids",
+  "attention_mask", "token_type_ids" and "labels", the sentence's `field` ("negated" or
+  "question", 0/1). `limit` takes that many sentences spread evenly over the file (which is
+  grouped by kind, so both labels stay in)."""
+  import numpy as np
+
+  from bertjax.training import finetune as ft
+
+  if field not in ("negated", "question"):
+    raise ValueError(f"field={field!r} not understood: expected 'negated' or 'question'")
+  sentences = load_sentences()
+  if limit is not None:
+    sentences = [sentences[i] for i in np.linspace(0, len(sentences) - 1, limit).astype(int)]
+  labels = np.asarray([getattr(s, field) for s in sentences], np.int32)
+  return ft.encode_classification(
+    tokenizer, [s.text for s in sentences], None, labels, max_len=max_len
+  )
