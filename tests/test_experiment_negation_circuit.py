@@ -1,9 +1,8 @@
-"""Checks of `experiments/negation_circuit.py`: its rules, a smoke run end to end, and the
-committed results (their rows are what the rules give for their numbers)."""
+"""Checks of `experiments/negation_circuit.py`: its rules, its smoke run (`check_smoke`, run
+by `test_experiments.py`), and the committed results (their rows are what the rules give for their numbers)."""
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -44,30 +43,15 @@ def test_agreement_against_scipy():
   assert got["spearman"] == pytest.approx(stats.spearmanr(x[ok], y[ok])[0], abs=1e-9)
 
 
-@pytest.mark.slow
-def test_smoke_run(tmp_path):
-  result = subprocess.run(
-    [
-      sys.executable,
-      str(REPO / "experiments" / "negation_circuit.py"),
-      "--smoke",
-      "--out",
-      str(tmp_path),
-    ],
-    capture_output=True,
-    text=True,
-    timeout=900,
-    check=False,
-  )
-  assert result.returncode == 0, result.stderr[-3000:]
-  doc = json.loads((tmp_path / "negation_circuit.json").read_text())
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """This script's own checks of its `--smoke` run (run by `test_experiments.py`)."""
   r = doc["results"]
   assert doc["smoke"] and len(doc["findings"]) == 2
   assert r["agreement"]["eap"]["edges"] == r["graph"]["edges"]  # every edge patched
   assert len(r["faithfulness"]["topk"]["normalized"]) == len(doc["settings"]["sizes"])
   # The full graph is the full model: every edge kept restores the clean logit difference.
   assert r["faithfulness"]["topk"]["normalized"][-1] == pytest.approx(1.0, abs=1e-3)
-  assert (tmp_path / "negation_circuit_circuit.png").stat().st_size > 10_000
+  assert (out / "negation_circuit_circuit.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("stem", ["negation_circuit", "negation_circuit_all-mpnet-base-v2"])

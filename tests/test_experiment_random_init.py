@@ -1,11 +1,10 @@
 """Checks of `experiments/random_init.py` (Kovaleva et al. 2019's random-initialisation test).
 
-The verdict rule on synthetic numbers, and a smoke run in process (two tasks, no data) for
-the JSON's structure and for verdicts that follow its own numbers. The library pieces it runs
+The verdict rule on synthetic numbers, and `check_smoke` (run by `test_experiments.py` on its
+smoke run without data) for the JSON's structure and for verdicts that follow its own numbers. The library pieces it runs
 (splits, baselines, accuracy, early stopping) are checked in `test_early_stopping.py`.
 """
 
-import json
 import pathlib
 import sys
 
@@ -42,17 +41,12 @@ def test_verdict_rule_on_synthetic_numbers():
   assert low["holds"] == "no" and low["random_sd"] == 0.0
 
 
-def test_smoke_run_json_and_verdicts_follow_the_numbers(tmp_path, monkeypatch):
-  empty = tmp_path / "no-data"
-  empty.mkdir()
-  monkeypatch.setenv("BERTJAX_DATA_DIR", str(empty))
-  monkeypatch.setenv("BERTJAX_NO_SHARED_DATA", "1")
-  ri.main(["--smoke", "--out", str(tmp_path), "--tasks", "negation,upos"])
-  doc = json.loads((tmp_path / "random_init.json").read_text())
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run's JSON and verdicts follow its own numbers (run by `test_experiments.py`)."""
   assert doc["smoke"] is True and doc["experiment"] == "random_init"
   assert doc["settings"]["rule"] == ri.RULE
   tasks = doc["results"]["tasks"]
-  assert list(tasks) == ["negation", "upos"] and len(doc["findings"]) == 2
+  assert list(tasks) == list(ri.TASKS) and len(doc["findings"]) == len(ri.TASKS)
   for (name, res), f in zip(tasks.items(), doc["findings"]):
     s = res["summary"]
     assert len(res["runs"]) == doc["settings"]["seeds"] == len(res["splits"])
@@ -66,4 +60,4 @@ def test_smoke_run_json_and_verdicts_follow_the_numbers(tmp_path, monkeypatch):
     assert f["holds"] == s["holds"] == holds and s["gain_ratio"] == ratio
     assert f["measured"].startswith(f"{name}: ") and f["paper"] == ri.PAPER
   for fig in doc["figures"]:
-    assert (tmp_path / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

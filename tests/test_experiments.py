@@ -6,10 +6,12 @@ all (`$BERTJAX_DATA_DIR` empty, the `../shared/data` fallback turned off), so it
 the samples shipped in `bertjax/resources/smoke/`. It must write a well-formed `NAME.json`
 (finite numbers, Findings rows of the right shape, `smoke: true`) and valid PNG figures into
 the scratch directory `out/experiments`, and leave the committed `experiments/results/`
-untouched. Script-specific consistency checks live in `tests/test_experiment_NAME.py`.
+untouched. Script-specific consistency checks live in `tests/test_experiment_NAME.py`; its
+`check_smoke(doc, out)`, where it has one, is run on this same run (one smoke run each).
 """
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -91,6 +93,11 @@ def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
   assert doc["figures"], "an experiment must draw at least one figure"
   for fig in doc["figures"]:
     _check_png(out / fig)
+  # A script's own checks of this run, where `tests/test_experiment_NAME.py` has them.
+  if (REPO / "tests" / f"test_experiment_{name}.py").exists():
+    check = getattr(importlib.import_module(f"test_experiment_{name}"), "check_smoke", None)
+    if check is not None:
+      check(doc, out)
 
 
 @pytest.mark.slow
