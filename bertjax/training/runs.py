@@ -1,7 +1,8 @@
 """Timed pretraining runs, for the experiments that compare how models train (progressive
 stacking, ALBERT's sharing): WikiText-2 with a vocabulary numbered in a fixed order, batches
-whose hand-over is timed, per-step costs with compile time apart, the held-out MLM loss, and
-one `loop.pretrain` run that returns all of it."""
+whose hand-over is timed, per-step costs with compile time apart, the held-out MLM loss,
+one `loop.pretrain` run that returns all of it, and the comparison of two runs by the time
+one takes to reach the other's final loss (Gong et al. 2019's measure for stacking)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from bertjax import stats
 
 
 @dataclasses.dataclass
@@ -296,3 +299,117 @@ def train_run(
       f"load {load_before[0]:.1f}->{load_after[0]:.1f}"
     )
   return res
+
+
+# Comparing runs: time to a target loss ------------------------------------------------
+
+
+def time_to_reach(times: Sequence[float], values: Sequence[float], target: float) -> float | None:
+  """The first time at which `values <= target`, or None if never.
+
+  Args:
+    times: cumulative time at the end of each step.
+    values: the (smoothed) loss after each step.
+    target: the loss to reach.
+  """
+  times, values = np.asarray(times, np.float64), np.asarray(values, np.float64)
+  if times.shape != values.shape:
+    raise ValueError(f"times {times.shape} and values {values.shape} must have the same shape")
+  hit = np.flatnonzero(values <= target)
+  return float(times[hit[0]]) if hit.size else None
+
+
+def interleaved_step_times(
+  config, data: PretrainingData, train, depths: Sequence[int], rounds: int
+) -> dict[int, list[float]]:
+  """Seconds per train step at each depth, timed in turns (A, B, A, B, ...).
+
+  The library's train step (the one `loop.pretrain` runs) is compiled once per depth, then
+  the depths take turns on the same batches, so a change in machine load hits them alike
+  and the ratio of their medians is robust to it.
+
+  Args:
+    config: the model config (its depth is replaced by each of `depths`).
+    data: the data (the first `rounds` batches are used).
+    train: the `TrainConfig` (optimizer and schedule).
+    depths: the layer counts to time.
+    rounds: steps per depth.
+
+  Returns:
+    `{depth: [seconds of each step]}` (compile excluded).
+  """
+  from bertjax.model.forward import init
+  from bertjax.training.state import create_train_state
+  from bertjax.training.step import make_train_step
+
+  tx, schedule = train.make_optimizer()
+  it = data.iterator(train.batch_size, train.seed)
+  batches = [next(it) for _ in range(rounds)]
+  steps, states = {}, {}
+  for n in depths:
+    cfg = config.replace(num_hidden_layers=n, dtype=train.dtype)
+    steps[n] = make_train_step(cfg, tx, schedule, task="pretrain", objective="none")
+    states[n] = create_train_state(init(cfg, train.seed, ("mlm",)), tx, train.seed)
+    states[n], m = steps[n](states[n], batches[0])  # compiles
+    jax.device_get(m)
+  times: dict[int, list[float]] = {n: [] for n in depths}
+  for batch in batches:
+    for n in depths:
+      t0 = time.perf_counter()
+      states[n], m = steps[n](states[n], batch)
+      jax.device_get(m)
+      times[n].append(time.perf_counter() - t0)
+  return times
+
+
+def compare_runs(
+  baseline: dict, stacked: dict, window: int, step_price: dict[int, float] | None = None
+) -> dict[str, Any]:
+  """Time for `stacked` to reach `baseline`'s final smoothed loss, over baseline's time.
+
+  Args:
+    baseline, stacked: `train_run` results.
+    window: trailing-mean window of the training MLM loss.
+    step_price: if given, seconds per step by depth (replaces measured step times).
+
+  Returns:
+    `target`, `t_reach_s` (None if never), `baseline_s`, `ratio` (None if never), the same
+    with compile time included (`ratio_with_compile`), `reach_step`, and
+    `baseline_reach_step`: when the baseline itself first got there (a plateau shows as a
+    step well before its last).
+  """
+
+  def times(run, with_compile=False):
+    if step_price is not None:
+      c = np.asarray([step_price[n] for n in run["layers"]])
+      if with_compile:
+        c = c.copy()
+        for s, x in zip(run["stage_starts"], run["compile_s"]):
+          c[s] += x
+      return np.cumsum(c)
+    return np.cumsum(run["raw_cost_s"] if with_compile else run["cost_s"])
+
+  base_s = stats.trailing_mean(baseline["mlm_loss"], window)
+  stack_s = stats.trailing_mean(stacked["mlm_loss"], window)
+  target = float(base_s[-1])
+  out = {"target_smoothed_mlm_loss": target, "stacked_final_smoothed_mlm_loss": float(stack_s[-1])}
+  for suffix, wc in (("", False), ("_with_compile", True)):
+    tb, ts = times(baseline, wc), times(stacked, wc)
+    reach = time_to_reach(ts, stack_s, target)
+    out[f"baseline_s{suffix}"] = float(tb[-1])
+    out[f"stacked_total_s{suffix}"] = float(ts[-1])
+    out[f"t_reach_s{suffix}"] = reach
+    out[f"ratio{suffix}"] = None if reach is None else reach / float(tb[-1])
+  hit = np.flatnonzero(stack_s <= target)
+  out["reach_step"] = int(hit[0]) + 1 if hit.size else None
+  out["baseline_reach_step"] = int(np.flatnonzero(base_s <= target)[0]) + 1
+  return out
+
+
+def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
+  """Load-robust pricing: the median compile-free step time of each depth over `runs`."""
+  by_depth: dict[int, list[float]] = {}
+  for r in runs:
+    for n, c in zip(r["layers"], r["cost_s"]):
+      by_depth.setdefault(n, []).append(c)
+  return {n: float(np.median(v)) for n, v in by_depth.items()}

@@ -1,0 +1,110 @@
+"""Checks of `bertjax.training.runs` that need no training: the smoothed curves, per-step
+costs with compile time apart, the time to a target loss, the comparison of two runs, the
+timed iterator and the vocabulary order."""
+
+import numpy as np
+import pytest
+
+from bertjax import stats
+from bertjax.training import runs
+
+
+def test_trailing_mean_is_causal_with_short_windows_at_the_start():
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6, 0], 2), [4, 3, 4, 3])
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6, 0], 10), [4, 3, 4, 3])
+  np.testing.assert_allclose(stats.trailing_mean([4, 2, 6], 1), [4, 2, 6])
+  with pytest.raises(ValueError, match="window=0"):
+    stats.trailing_mean([1.0], 0)
+
+
+def test_time_to_reach_on_a_hand_made_curve():
+  times, values = [1.0, 2.5, 3.0, 4.0], [5.0, 4.0, 3.0, 2.0]
+  assert runs.time_to_reach(times, values, 3.0) == 3.0  # reaching means <=
+  assert runs.time_to_reach(times, values, 3.5) == 3.0
+  assert runs.time_to_reach(times, values, 9.0) == 1.0
+  assert runs.time_to_reach(times, values, 1.9) is None
+  assert runs.time_to_reach(times, [5.0, 2.0, 6.0, 6.0], 3.0) == 2.5  # the first time
+  with pytest.raises(ValueError, match="same shape"):
+    runs.time_to_reach([1.0, 2.0], [1.0], 0.5)
+
+
+def test_step_costs_takes_compile_out_of_each_stage():
+  out = runs.step_costs([10.0, 1.0, 1.0, 1.0, 8.0, 2.0, 2.0], [3, 3, 3, 3, 6, 6, 6])
+  np.testing.assert_allclose(out["cost_s"], [1, 1, 1, 1, 2, 2, 2])
+  np.testing.assert_allclose(out["compile_s"], [9.0, 6.0])
+  assert out["stage_starts"] == [0, 4] and out["stage_layers"] == [3, 6]
+  one = runs.step_costs([5.0, 1.0, 1.0], [6, 6, 6])
+  np.testing.assert_allclose(one["compile_s"], [4.0])
+
+
+def _run(losses, cost, layers, compile_s):
+  split = runs.step_costs(cost, layers)
+  raw = np.asarray(cost, float)
+  return {
+    "mlm_loss": list(losses),
+    "layers": list(layers),
+    "cost_s": split["cost_s"],
+    "raw_cost_s": raw,
+    "compile_s": compile_s,
+    "stage_starts": split["stage_starts"],
+  }
+
+
+def test_compare_gives_the_ratio_of_a_hand_made_pair_of_runs():
+  losses = np.linspace(10, 1, 10)
+  # Baseline: 1 s per step at 6 layers, 5 s of compile on the first step.
+  base = _run(losses, [6.0] + [1.0] * 9, [6] * 10, [5.0])
+  # Stacked: the same losses, 0.5 s per step at 3 layers for 5 steps, then 1 s at 6 layers;
+  # compiles of 3 s and 2 s on each stage's first step.
+  stacked = _run(losses, [3.5] + [0.5] * 4 + [3.0] + [1.0] * 4, [3] * 5 + [6] * 5, [3.0, 2.0])
+  out = runs.compare_runs(base, stacked, window=1)
+  assert out["target_smoothed_mlm_loss"] == pytest.approx(1.0)
+  assert out["reach_step"] == 10
+  assert out["t_reach_s"] == pytest.approx(7.5) and out["baseline_s"] == pytest.approx(10.0)
+  assert out["ratio"] == pytest.approx(0.75)
+  assert out["ratio_with_compile"] == pytest.approx(12.5 / 15.0)
+  priced = runs.compare_runs(base, stacked, window=1, step_price={3: 0.5, 6: 1.0})
+  assert priced["ratio"] == pytest.approx(0.75)
+  assert priced["ratio_with_compile"] == pytest.approx(12.5 / 15.0)
+  # A stacked run whose loss stays above the target never reaches it.
+  worse = dict(stacked, mlm_loss=list(losses + 0.5))
+  assert runs.compare_runs(base, worse, window=1)["ratio"] is None
+  # One that is better reaches it earlier: losses 1 lower reach 1.0 at step 9 (0.5 * 5 + 4 * 1).
+  better = dict(stacked, mlm_loss=list(losses - 1.0))
+  assert runs.compare_runs(base, better, window=1)["ratio"] == pytest.approx(0.65)
+
+
+def test_timed_iterator_passes_the_iterator_through():
+  class Fake:
+    config, batch_size, step = "cfg", 2, 0
+
+    def state(self):
+      return {"step": self.step}
+
+    def set_state(self, s):
+      self.step = s["step"]
+
+    def __next__(self):
+      self.step += 1
+      return {"attention_mask": np.ones((2, 3), np.int32)}
+
+  it = runs.TimedIterator(Fake())
+  assert (it.config, it.batch_size, it.step) == ("cfg", 2, 0)
+  next(it), next(it)
+  assert it.step == 2 and it.tokens == [6, 6] and it.state() == {"step": 2}
+  assert len(it.enter) == len(it.exit) == 2 and all(a <= b for a, b in zip(it.enter, it.exit))
+  it.set_state({"step": 0})
+  assert it.step == 0
+
+
+def test_sorted_ids_fixes_the_vocabulary_order_and_keeps_the_tokenisation():
+  from bertjax.data import corpus as C
+
+  text = ["the cat sat on the mat", "a dog sat on a log", "the dogs and cats sat"] * 20
+  trained = C.train_wordpiece(text, 60)
+  fixed = runs.sorted_vocabulary(trained)
+  tokens = [t for t, _ in sorted(fixed.get_vocab().items(), key=lambda kv: kv[1])]
+  assert tokens[:5] == list(C.SPECIAL_TOKENS) and tokens[5:] == sorted(tokens[5:])
+  assert set(tokens) == set(trained.get_vocab())
+  for s in ("the cats sat on a mat", "dogs log"):
+    assert fixed.encode(s).tokens == trained.encode(s).tokens
