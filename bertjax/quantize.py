@@ -21,6 +21,7 @@ No maintained JAX quantisation library was installed here (AQT is published as
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -77,3 +78,27 @@ def int8_dot_general(
 def int8_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
   """``x @ w`` (x: (..., K), w: (K, N)) through `int8_dot_general`."""
   return int8_dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+
+
+def _contracted(path: tuple[str, ...], shape: tuple[int, ...]) -> int:
+  """The contracted size of a Dense kernel (its input width), the layer axis stripped."""
+  if path[:2] == ("encoder", "layers"):
+    shape = shape[1:]  # (layers, ...) stacked
+  if len(shape) == 3 and shape[0] * shape[1] == shape[2]:
+    return shape[0] * shape[1]  # attention output (heads, head_dim, hidden)
+  return shape[0]  # (in, out) and q/k/v (hidden, heads, head_dim)
+
+
+def weight_bytes(params, int8: bool = False) -> int:
+  """Bytes of a model's weights: all float32, or (`int8`) with every Dense kernel stored as
+  int8 plus a float32 scale per output channel, as `quantize="int8"` quantises them
+  (embeddings, norms and biases stay float32)."""
+  total = 0
+  for path, a in jax.tree_util.tree_leaves_with_path(params):
+    keys = tuple(str(getattr(k, "key", k)) for k in path)
+    n = math.prod(a.shape)
+    if int8 and keys[-1] == "kernel":
+      total += n + 4 * (n // _contracted(keys, a.shape))
+    else:
+      total += 4 * n
+  return total

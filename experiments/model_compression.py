@@ -69,6 +69,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.quantize import weight_bytes
+from bertjax.training.distill import shared_student_from_teacher
+
 NAME = "model_compression"
 ROWS = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
 LABELS = {
@@ -139,7 +142,7 @@ def smoke_teacher_config(vocab_size: int):
 
 
 def can_share(t_config) -> bool:
-  """Whether `shared_from_teacher` can build the ALBERT-style model: a BERT teacher without
+  """Whether `shared_student_from_teacher` can build the ALBERT-style model: a BERT teacher without
   sharing (another family's block, e.g. MPNet's relative-position bias, has no ALBERT row)."""
   return t_config.model_type == "bert" and t_config.num_param_layers == t_config.depth
 
@@ -151,85 +154,6 @@ def check_block(block: int, depth: int) -> None:
     raise common.UsageError(
       f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, counted from 1)"
     )
-
-
-def shared_from_teacher(t_config, t_params, block: int):
-  """An ALBERT-style model of the teacher's depth and width, every layer the teacher's `block`.
-
-  Embeddings (with an identity E -> H projection, E = H), the shared layer and the
-  task head are copied, so before training it computes the teacher's block `block`
-  `depth` times over.
-
-  Args:
-    t_config, t_params: the teacher (a BERT without sharing, with a token classifier).
-    block: the teacher's block to share, counted from 1 (1..L, as `--shared-layer`).
-
-  Returns:
-    `(config, params)`.
-  """
-  import bertjax
-
-  if t_config.model_type != "bert" or t_config.num_param_layers != t_config.num_hidden_layers:
-    raise ValueError(
-      f"a shared-layer model is built from a BERT teacher without sharing; got "
-      f"model_type={t_config.model_type!r}, "
-      f"num_param_layers={t_config.num_param_layers}"
-    )
-  check_block(block, t_config.num_hidden_layers)
-  config = t_config.replace(
-    model_type="albert", embedding_size=t_config.hidden_size, num_hidden_groups=1, inner_group_num=1
-  )
-  fresh = bertjax.init(config, 0, heads=("token_classifier",))
-  params = jax.tree.map(lambda a: a, fresh)
-  emb = dict(fresh["embeddings"])
-  for name, value in t_params["embeddings"].items():
-    if name not in emb:
-      raise ValueError(
-        f"teacher embedding {name!r} has no place in the ALBERT model "
-        f"(its embeddings: {sorted(emb)})"
-      )
-    emb[name] = value
-  proj = {k: v for k, v in emb.items() if k not in t_params["embeddings"]}
-  for name, sub in proj.items():  # the E -> H map: identity, so embeddings pass unchanged
-    emb[name] = {
-      "kernel": jnp.eye(config.hidden_size, dtype=sub["kernel"].dtype),
-      "bias": jnp.zeros_like(sub["bias"]),
-    }
-  params["embeddings"] = emb
-  params["encoder"] = {
-    **t_params["encoder"],
-    "layers": jax.tree.map(lambda a: a[block - 1 : block], t_params["encoder"]["layers"]),
-  }
-  params["token_classifier"] = t_params["token_classifier"]
-  shapes = jax.tree.map(lambda a: a.shape, fresh)
-  got = jax.tree.map(lambda a: a.shape, params)
-  if shapes != got:
-    raise ValueError(f"the shared model's parameters do not fit its config: {got} vs {shapes}")
-  return config, params
-
-
-def _contracted(path: tuple[str, ...], shape: tuple[int, ...]) -> int:
-  """The contracted size of a Dense kernel (its input width), layer axis stripped."""
-  if path[:2] == ("encoder", "layers"):
-    shape = shape[1:]  # (layers, ...) stacked
-  if len(shape) == 3 and shape[0] * shape[1] == shape[2]:
-    return shape[0] * shape[1]  # attention output (heads, head_dim, hidden)
-  return shape[0]  # (in, out) and q/k/v (hidden, heads, head_dim)
-
-
-def weight_bytes(params, int8: bool = False) -> int:
-  """Bytes of the weights: float32, or with every Dense kernel int8 plus a float32 scale per
-  output channel (what `config.quantize="int8"` quantises; embeddings, LayerNorm and biases
-  stay float32)."""
-  total = 0
-  for path, a in jax.tree_util.tree_leaves_with_path(params):
-    keys = tuple(str(getattr(k, "key", k)) for k in path)
-    n = int(np.prod(a.shape))
-    if int8 and keys[-1] == "kernel":
-      total += n + 4 * (n // _contracted(keys, a.shape))
-    else:
-      total += 4 * n
-  return total
 
 
 def retained(score: float, teacher_score: float) -> float:
@@ -446,7 +370,7 @@ def train_models(
   run("distilled_3l", s_config, s_params, (soft,))
   run("labels_3l", s_config, s_params)
   if can_share(t_config):
-    a_config, a_params = shared_from_teacher(t_config, t_params, args.shared_layer)
+    a_config, a_params = shared_student_from_teacher(t_config, t_params, args.shared_layer - 1)
     run("shared_6l", a_config, a_params, (soft,))
   q_config = t_config.replace(quantize="int8")
   with common.timed(timings, "evaluate int8"):

@@ -189,3 +189,48 @@ def test_task_distillation_matches_numpy():
   np.testing.assert_allclose(loss, 0.3 * hard + 0.7 * soft, rtol=1e-5)
   with pytest.raises(ValueError, match="no 'token_classifier' head"):
     D.TaskDistillation(t_cfg, t_params, task="token_classification")
+
+
+def _classifier_teacher(layers=4):
+  config = bertjax.BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=layers,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=16,
+    num_labels=5,
+    use_pooler=False,
+  )
+  params = bertjax.init(config, 3, heads=("token_classifier",))
+  return config, jax.tree.map(
+    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), params
+  )
+
+
+def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
+  t_config, t_params = _classifier_teacher()
+  config, params = D.shared_student_from_teacher(t_config, t_params, 2)
+  assert (config.model_type, config.depth, config.num_param_layers) == ("albert", 4, 1)
+  # The same computation as BERT with the teacher's layer 2 in all four places.
+  tiled = {
+    **t_params,
+    "encoder": {
+      **t_params["encoder"],
+      "layers": jax.tree.map(lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"]),
+    },
+  }
+  ids = np.random.default_rng(0).integers(0, 120, (2, 9))
+  mask = np.ones_like(ids)
+  mask[1, 6:] = 0
+  ours = bertjax.forward(params, config, ids, mask).last_hidden_state
+  want = bertjax.forward(tiled, t_config, ids, mask).last_hidden_state
+  np.testing.assert_allclose(ours, want, atol=1e-5)
+  stored = bertjax.count_params(params) - bertjax.count_params(t_params)
+  layer = bertjax.count_params(t_params["encoder"]["layers"]) // 4
+  assert stored == 32 * 32 + 32 - 3 * layer  # + the E -> H map, - three layers
+  for layer in (-1, 4):
+    with pytest.raises(ValueError, match=rf"layer={layer} must be a teacher layer in \[0, 4\)"):
+      D.shared_student_from_teacher(t_config, t_params, layer)
+  with pytest.raises(ValueError, match="model_type='albert'"):
+    D.shared_student_from_teacher(config, params, 0)

@@ -6,7 +6,6 @@ import pathlib
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 import bertjax
@@ -14,60 +13,6 @@ import bertjax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import model_compression as C
-
-
-def _teacher(layers=4):
-  config = bertjax.BertConfig(
-    vocab_size=120,
-    hidden_size=32,
-    num_hidden_layers=layers,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=16,
-    num_labels=5,
-    use_pooler=False,
-  )
-  params = bertjax.init(config, 3, heads=("token_classifier",))
-  return config, jax.tree.map(
-    lambda a: a + 0.05 * jax.random.normal(jax.random.key(1), a.shape), params
-  )
-
-
-def test_shared_model_runs_the_chosen_teacher_layer_at_every_depth():
-  t_config, t_params = _teacher()
-  config, params = C.shared_from_teacher(t_config, t_params, block=3)
-  assert (config.model_type, config.depth, config.num_param_layers) == ("albert", 4, 1)
-  # The same computation as BERT with the teacher's block 3 (index 2) in all four places.
-  tiled = {
-    **t_params,
-    "encoder": {
-      **t_params["encoder"],
-      "layers": jax.tree.map(lambda a: np.repeat(a[2:3], 4, axis=0), t_params["encoder"]["layers"]),
-    },
-  }
-  ids = np.random.default_rng(0).integers(0, 120, (2, 9))
-  mask = np.ones_like(ids)
-  mask[1, 6:] = 0
-  ours = bertjax.forward(params, config, ids, mask).last_hidden_state
-  want = bertjax.forward(tiled, t_config, ids, mask).last_hidden_state
-  np.testing.assert_allclose(ours, want, atol=1e-5)
-  stored = bertjax.count_params(params) - bertjax.count_params(t_params)
-  layer = bertjax.count_params(t_params["encoder"]["layers"]) // 4
-  assert stored == 32 * 32 + 32 - 3 * layer  # + the E -> H map, - three layers
-  for block in (0, 5):  # blocks count from 1, as everywhere in the project
-    with pytest.raises(ValueError, match=rf"--shared-layer {block} must be in 1\.\.4"):
-      C.shared_from_teacher(t_config, t_params, block=block)
-
-
-def test_weight_bytes_count_int8_kernels_and_their_scales():
-  _, params = _teacher(layers=2)
-  h, f, n = 32, 48, bertjax.count_params(params)
-  assert C.weight_bytes(params) == 4 * n
-  # Per layer: q, k, v, out (h x h, h scales each), FFN in (h x f, f scales), out (f x h, h);
-  # the token classifier (h x 5, 5 scales). All else stays float32.
-  kernels = 2 * (4 * h * h + 2 * h * f) + h * 5
-  scales = 2 * (4 * h + f + h) + 5
-  assert C.weight_bytes(params, int8=True) == 4 * (n - kernels) + kernels + 4 * scales
 
 
 def test_verdict_rules_and_retained():

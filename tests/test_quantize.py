@@ -160,3 +160,23 @@ def test_int8_benchmark_smoke():
   assert doc["forward"][0]["int8"]["median_s"] > 0
   assert doc["accuracy"]["accuracy_float32"] >= 0.8
   assert doc["accuracy"]["embedding_cosine_min"] > 0.99
+
+
+def test_weight_bytes_count_int8_kernels_and_their_scales():
+  config = bertjax.BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    num_labels=5,
+    use_pooler=False,
+  )
+  params = bertjax.init(config, 3, heads=("token_classifier",))
+  h, f, n = 32, 48, bertjax.count_params(params)
+  assert Q.weight_bytes(params) == 4 * n
+  # Per layer: q, k, v, out (h x h, h scales each), FFN in (h x f, f scales), out (f x h, h);
+  # the token classifier (h x 5, 5 scales). All else stays float32.
+  kernels = 2 * (4 * h * h + 2 * h * f) + h * 5
+  scales = 2 * (4 * h + f + h) + 5
+  assert Q.weight_bytes(params, int8=True) == 4 * (n - kernels) + kernels + 4 * scales

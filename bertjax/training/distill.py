@@ -34,7 +34,8 @@ The teacher is frozen: its parameters live in the objective (not in the train st
 neither the optimizer nor weight decay touches them) and its outputs are under
 ``stop_gradient``. `student_from_teacher` builds DistilBERT's initialisation: the
 teacher with every other layer (`default_student_layers`, which for TinyBERT's layer map
-picks a depth that divides the teacher's).
+picks a depth that divides the teacher's); `shared_student_from_teacher` an ALBERT-style
+student whose one shared layer is a chosen teacher layer.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import forward
+from bertjax.model.forward import forward, init
 from bertjax.model.heads import head_logits, mlm_logits
 from bertjax.model.layers import Params
 from bertjax.training import losses
@@ -87,6 +88,69 @@ def student_from_teacher(
     "layers": jax.tree.map(lambda a: a[index], teacher_params["encoder"]["layers"]),
   }
   return teacher_config.replace(num_hidden_layers=len(layers)), student
+
+
+def shared_student_from_teacher(
+  teacher_config: BertConfig, teacher_params: Params, layer: int
+) -> tuple[BertConfig, Params]:
+  """An ALBERT-style student (Lan et al. 2020: one layer shared by every depth) of the
+  teacher's depth and width, seeded with the teacher's `layer` (0-based).
+
+  The embeddings (with an identity E -> H projection, E = H), the shared layer, the pooler
+  and the task heads are copied, so before training the student runs the teacher's layer
+  `layer` at every depth.
+
+  Args:
+    teacher_config: a BERT without shared layers.
+    teacher_params: its parameters; every head it has must be an ALBERT head too.
+    layer: the teacher layer to share, in [0, depth).
+
+  Returns:
+    ``(student_config, student_params)``.
+  """
+  n = teacher_config.num_hidden_layers
+  if teacher_config.model_type != "bert" or teacher_config.num_param_layers != n:
+    raise ValueError(
+      "a shared-layer student is built from a BERT teacher without sharing; got "
+      f"model_type={teacher_config.model_type!r}, "
+      f"num_param_layers={teacher_config.num_param_layers}"
+    )
+  if not 0 <= layer < n:
+    raise ValueError(f"{layer=} must be a teacher layer in [0, {n})")
+  config = teacher_config.replace(
+    model_type="albert",
+    embedding_size=teacher_config.hidden_size,
+    num_hidden_groups=1,
+    inner_group_num=1,
+  )
+  rest = [k for k in teacher_params if k not in ("embeddings", "encoder")]
+  fresh = init(config, 0, heads=tuple(k for k in rest if k in config.family.heads))
+  emb = dict(fresh["embeddings"])
+  for name, value in teacher_params["embeddings"].items():
+    if name not in emb:
+      raise ValueError(
+        f"teacher embedding {name!r} has no place in the ALBERT student (its embeddings: "
+        f"{sorted(emb)})"
+      )
+    emb[name] = value
+  for name in set(fresh["embeddings"]) - set(teacher_params["embeddings"]):
+    sub = emb[name]  # the E -> H map: identity, so the embeddings pass unchanged
+    emb[name] = {
+      "kernel": jnp.eye(config.hidden_size, dtype=sub["kernel"].dtype),
+      "bias": jnp.zeros_like(sub["bias"]),
+    }
+  student = {
+    "embeddings": emb,
+    "encoder": {
+      **teacher_params["encoder"],
+      "layers": jax.tree.map(lambda a: a[layer : layer + 1], teacher_params["encoder"]["layers"]),
+    },
+    **{k: teacher_params[k] for k in rest},
+  }
+  want, got = (jax.tree.map(lambda a: a.shape, p) for p in (fresh, student))
+  if want != got:
+    raise ValueError(f"the teacher's parameters do not fit the ALBERT student: {got} vs {want}")
+  return config, student
 
 
 def default_student_layers(
