@@ -46,6 +46,7 @@ from typing import Any
 import common
 import jax
 import numpy as np
+from findings import Rule, Test
 
 from bertjax import stats
 from bertjax.training.runs import train_run
@@ -156,30 +157,43 @@ def base_size_counts() -> dict[str, Any]:
   }
 
 
-def quality_verdict(heldout: dict[str, float], unigram: float | None = None) -> str:
-  """Whether the held-out losses order as Lan et al. report.
+BASE = "ALBERT-base's parameters over BERT-base's"
+BASE_ERROR = "the distance of ALBERT-base's parameters over BERT-base's from 12/108"
+SMALL = "ALBERT's share of BERT's parameters here"
+LEAD = "the best model's lead over the unigram loss (nats)"
+ALBERT_COST = "ALBERT's held-out loss minus BERT's"
+SHARING_EXTRA = "sharing's cost minus factorising's"
+STEP = "the sharing-only step time over BERT's"
+PARAMS = Rule(
+  PAPER,
+  "ALBERT has far fewer parameters than BERT of the same depth and width "
+  "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
+  yes=(Test(BASE_ERROR, "<=", 0.02), Test(SMALL, "<", 1)),
+  partly=(Test(BASE, "<", 0.5),),
+  partly_if="all",
+)
+QUALITY = Rule(
+  PAPER,
+  "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
+  "layers costs more than factorising the embedding (Tables 3-4).",
+  yes=(Test(ALBERT_COST, ">", 0), Test(SHARING_EXTRA, ">", 0)),
+  applies=(Test(LEAD, ">=", 0.1),),  # before that, the models know only token frequencies
+)
+COMPUTE = Rule(
+  PAPER,
+  "Sharing parameters does not reduce per-step compute (every layer still runs).",
+  yes=(Test(STEP, ">=", 0.85),),
+  partly=(Test(STEP, ">=", 0.7),),
+)
 
-  'n/a' when no model beats the unigram loss (token frequencies alone) by 0.1 nats: the
-  models have not yet learned what depth, sharing or embedding width could change. Else
-  'yes' if ALBERT is worse than BERT and sharing costs more than factorising, 'partly' if
-  one of the two holds, 'no' if neither.
-  """
-  if unigram is not None and unigram - min(heldout.values()) < 0.1:
-    return "n/a"
-  worse = heldout["albert"] > heldout["bert"]
-  ordered = heldout["shared_only"] - heldout["bert"] > heldout["factorized_only"] - heldout["bert"]
-  return "yes" if worse and ordered else "partly" if worse or ordered else "no"
 
-
-def compute_verdict(step_ratio: float) -> str:
-  """'yes' if a shared model's step takes >= 0.85x BERT's, 'partly' >= 0.7x, else 'no'."""
-  return "yes" if step_ratio >= 0.85 else "partly" if step_ratio >= 0.7 else "no"
-
-
-def param_verdict(base_ratio: float, small_ratio: float) -> str:
-  """'yes' if the base-size ratio is within 0.02 of 12/108 and ALBERT is smaller here too."""
-  near = abs(base_ratio - PAPER_BASE_RATIO) <= 0.02
-  return "yes" if near and small_ratio < 1 else "partly" if base_ratio < 0.5 else "no"
+def quality_quantities(heldout: dict[str, float], unigram: float) -> dict[str, float]:
+  """What `QUALITY` reads from the held-out MLM losses and the unigram loss."""
+  return {
+    LEAD: unigram - min(heldout.values()),
+    ALBERT_COST: heldout["albert"] - heldout["bert"],
+    SHARING_EXTRA: heldout["shared_only"] - heldout["factorized_only"],
+  }
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -198,23 +212,20 @@ def findings(r: dict, s: dict) -> list[dict]:
   load = r["loadavg"]
   early = unigram - heldout["bert"]
   return [
-    common.finding(
-      PAPER,
-      "ALBERT has far fewer parameters than BERT of the same depth and width "
-      "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
+    PARAMS.row(
       f"presets: ALBERT-base {base['albert_base'] / 1e6:.1f}M vs BERT-base "
       f"{base['bert_base'] / 1e6:.1f}M = 1/{1 / base['ratio']:.1f}; here ({s['layers']} "
       f"layers x {s['hidden']}, vocab {data['vocab_size']}, with MLM head): ALBERT "
       f"{params['albert']['total'] / 1e6:.2f}M vs BERT {params['bert']['total'] / 1e6:.2f}M "
       f"= 1/{1 / small_ratio:.1f} (sharing only {params['shared_only']['total'] / 1e6:.2f}M, "
-      f"factorising only {params['factorized_only']['total'] / 1e6:.2f}M). Rule: yes if the "
-      "base ratio is within 0.02 of 12/108.",
-      param_verdict(base["ratio"], small_ratio),
+      f"factorising only {params['factorized_only']['total'] / 1e6:.2f}M).",
+      {
+        BASE: base["ratio"],
+        BASE_ERROR: abs(base["ratio"] - PAPER_BASE_RATIO),
+        SMALL: small_ratio,
+      },
     ),
-    common.finding(
-      PAPER,
-      "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
-      "layers costs more than factorising the embedding (Tables 3-4).",
+    QUALITY.row(
       f"held-out MLM loss after {s['steps']} steps (fixed masks): BERT {heldout['bert']:.3f}, "
       f"ALBERT {heldout['albert']:.3f} ({d['albert']:+.3f}), sharing only "
       f"{heldout['shared_only']:.3f} ({d['shared_only']:+.3f}), factorising only "
@@ -226,21 +237,16 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"steps on downstream tasks. BERT is only {early:.2f} nats past the unigram loss: at "
       "this early stage what the models have learned is mostly token statistics, which a "
       "narrow embedding limits more than shared layers do, so the order of the two costs "
-      "need not carry over to trained models."
-      " Rule: n/a if no model beats the unigram loss by 0.1 nats (too early to tell); else "
-      "yes if ALBERT is worse and sharing costs more than factorising, partly if one holds.",
-      quality_verdict(heldout, unigram),
+      "need not carry over to trained models.",
+      quality_quantities(heldout, unigram),
     ),
-    common.finding(
-      PAPER,
-      "Sharing parameters does not reduce per-step compute (every layer still runs).",
+    COMPUTE.row(
       f"median train step: BERT {step['bert'] * 1e3:.0f} ms, sharing only "
       f"{step['shared_only'] * 1e3:.0f} ms ({shared_step:.2f}x), ALBERT "
       f"{step['albert'] * 1e3:.0f} ms ({step['albert'] / step['bert']:.2f}x), factorising "
       f"only {step['factorized_only'] * 1e3:.0f} ms; shared CPU, load "
-      f"{load['start'][0]:.1f}->{load['end'][0]:.1f}. Rule: yes if sharing-only >= 0.85x "
-      "BERT.",
-      compute_verdict(shared_step),
+      f"{load['start'][0]:.1f}->{load['end'][0]:.1f}.",
+      {STEP: shared_step},
     ),
   ]
 

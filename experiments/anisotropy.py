@@ -52,6 +52,7 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 NAME = "anisotropy"
 PAPER = "Ethayarajh 2019"
@@ -105,26 +106,63 @@ def trend(values: Sequence[float]) -> float:
   return float(np.corrcoef(rank(np.arange(v.size)), rank(v))[0, 1])
 
 
-def anisotropic_rule(raw: Sequence[float], threshold: float = 0.1) -> str:
-  """ "yes": mean cosine >= `threshold` in every contextual layer; "partly": in some."""
-  above = np.asarray(raw) >= threshold
-  return "yes" if above.all() else "partly" if above.any() else "no"
+LOWEST, HIGHEST = "the lowest layer's mean cosine", "the highest layer's"
+RISE, RISE_TREND, RISE_STEPS = (
+  "the last layer's minus layer 1's",
+  "the Spearman with depth",
+  "the share of steps that rise",
+)
+FALL, FALL_TREND, FALL_STEPS = (
+  "layer 1's adjusted self-similarity minus the last layer's",
+  "the Spearman with depth",
+  "the share of steps that fall",
+)
+MEV_HIGHEST, MEV_LOWEST = "the highest layer's adjusted MEV", "the lowest layer's"
+ANISOTROPIC = Rule(
+  PAPER,
+  "Contextual word representations are anisotropic: two random words have a mean "
+  "cosine similarity well above 0.",
+  yes=(Test(LOWEST, ">=", 0.1),),
+  partly=(Test(HIGHEST, ">=", 0.1),),
+)
+RISES = Rule(
+  PAPER,
+  "Representations grow more anisotropic in upper layers.",
+  yes=(Test(RISE, ">", 0), Test(RISE_TREND, ">=", 0.5)),
+  partly=(Test(RISE, ">", 0), Test(RISE_STEPS, ">", 0.5)),
+)
+FALLS = Rule(
+  PAPER,
+  "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
+  "a word across contexts falls with depth.",
+  yes=(Test(FALL, ">", 0), Test(FALL_TREND, "<=", -0.5)),
+  partly=(Test(FALL, ">", 0), Test(FALL_STEPS, ">", 0.5)),
+)
+MEV = Rule(
+  PAPER,
+  "A static embedding explains little of a word's contextual representations: on "
+  "average < 5% of their variance (the maximum explainable variance, MEV).",
+  yes=(Test(MEV_HIGHEST, "<", 0.05),),
+  partly=(Test(MEV_LOWEST, "<", 0.05),),
+)
 
 
-def rises_rule(values: Sequence[float], falls: bool = False) -> str:
-  """ "yes": last layer beyond the first and Spearman trend >= 0.5 in that direction;
-  "partly": last beyond first, or most layer-to-layer steps go that way; "no" otherwise.
-  `falls` flips the direction."""
-  v = -np.asarray(values, np.float64) if falls else np.asarray(values, np.float64)
-  if v[-1] > v[0] and trend(v) >= 0.5:
-    return "yes"
-  return "partly" if v[-1] > v[0] or np.mean(np.diff(v) > 0) > 0.5 else "no"
+def anisotropy_quantities(raw: Sequence[float]) -> dict[str, float]:
+  """What `ANISOTROPIC` reads from the mean cosine of layers 1-L."""
+  return {LOWEST: float(np.min(raw)), HIGHEST: float(np.max(raw))}
 
 
-def mev_rule(adjusted: Sequence[float], limit: float = 0.05) -> str:
-  """ "yes": adjusted MEV < `limit` in every contextual layer; "partly": in some."""
-  below = np.asarray(adjusted) < limit
-  return "yes" if below.all() else "partly" if below.any() else "no"
+def trend_quantities(values: Sequence[float], falls: bool = False) -> dict[str, float]:
+  """What `RISES` (or with `falls`, `FALLS`) reads from a value of layers 1-L."""
+  v = np.asarray(values, np.float64)
+  if falls:
+    return {FALL: v[0] - v[-1], FALL_TREND: trend(v), FALL_STEPS: np.mean(np.diff(v) < 0)}
+  return {RISE: v[-1] - v[0], RISE_TREND: trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
+
+
+def mev_quantities(adjusted: Sequence[float]) -> dict[str, float]:
+  """What `MEV` reads from the adjusted MEV of layers 1-L."""
+  return {MEV_HIGHEST: float(np.max(adjusted)), MEV_LOWEST: float(np.min(adjusted))}
 
 
 def _figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -> list[str]:
@@ -330,58 +368,44 @@ def finding_rows(
   differs = differs_note(model_name, data_name, a)
   peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
   cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
+  paper_mev = m[f"mev_{args.mev_definition}_adjusted_paper"][ctx]
+  mev_text = (
+    f"MEV ({MEV_LABELS[args.mev_definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
+    f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
+    f"({mv['types']} {kinds} seen >= {min_count} times, {cap}). "
+    + "; ".join(
+      f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
+      f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
+      for d in other
+    )
+    + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
+    "distinct sentences; ours, per type, the MEV of as many random words as the type has "
+    f"occurrences. With the paper's baseline the adjusted {args.mev_definition} MEV is "
+    f"{per_layer(paper_mev)} (rule: {MEV.verdict(mev_quantities(paper_mev))}). The rule reads "
+    f"the adjusted {args.mev_definition} MEV with the same-count baseline."
+  )
   return [
-    common.finding(
-      PAPER,
-      "Contextual word representations are anisotropic: two random words have a mean "
-      "cosine similarity well above 0.",
+    ANISOTROPIC.row(
       f"mean cosine of {args.pairs} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
       f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
-      f"{differs}Rule: yes if >= 0.1 in every layer 1-L, partly if in some.",
-      anisotropic_rule(a[ctx]),
+      f"{differs}",
+      anisotropy_quantities(a[ctx]),
     ),
-    common.finding(
-      PAPER,
-      "Representations grow more anisotropic in upper layers.",
+    RISES.row(
       f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
       f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
       f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}; over layers "
       f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1 : peak + 2]) > 0))} of {peak} steps "
-      f"rise. {differs}Rule: yes if last > "
-      "layer 1 and trend >= 0.5, partly if last > layer 1 or most steps rise.",
-      rises_rule(a[ctx]),
+      f"rise. {differs}",
+      trend_quantities(a[ctx]),
     ),
-    common.finding(
-      PAPER,
-      "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
-      "a word across contexts falls with depth.",
+    FALLS.row(
       f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
       f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
-      f"{summary['types_min_count']} {kinds} seen >= {min_count} times). Rule: yes if adjusted "
-      "last < layer 1 and trend <= -0.5, partly if last < layer 1 or most steps fall.",
-      rises_rule(ss[ctx], falls=True),
+      f"{summary['types_min_count']} {kinds} seen >= {min_count} times).",
+      trend_quantities(ss[ctx], falls=True),
     ),
-    common.finding(
-      PAPER,
-      "A static embedding explains little of a word's contextual representations: on "
-      "average < 5% of their variance (the maximum explainable variance, MEV).",
-      f"MEV ({MEV_LABELS[args.mev_definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
-      f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
-      f"({mv['types']} {kinds} seen >= {min_count} times, {cap}). "
-      + "; ".join(
-        f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
-        f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
-        for d in other
-      )
-      + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
-      "distinct sentences; ours, per type, the MEV of as many random words as the type has "
-      f"occurrences. With the paper's baseline the adjusted {args.mev_definition} MEV is "
-      f"{per_layer(m[f'mev_{args.mev_definition}_adjusted_paper'][ctx])} (rule: "
-      f"{mev_rule(m[f'mev_{args.mev_definition}_adjusted_paper'][ctx])}). Rule (adjusted MEV, "
-      f"{args.mev_definition}, same-count baseline): yes if < 0.05 in every layer 1-L, partly "
-      "if in some.",
-      mev_rule(m["mev_adjusted"][ctx]),
-    ),
+    MEV.row(mev_text, mev_quantities(m["mev_adjusted"][ctx])),
   ]
 
 

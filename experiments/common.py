@@ -470,20 +470,6 @@ def timed(timings: dict[str, float], key: str) -> Iterator[None]:
   log(f"{key}: {timings[key]:.1f}s")
 
 
-def finding(paper: str, claim: str, measured: str, holds: str) -> dict[str, str]:
-  """One row of the README's Findings table.
-
-  Args:
-    paper: short citation, e.g. "Michel et al. 2019".
-    claim: the paper's headline claim, in a sentence.
-    measured: what this run measured, with numbers.
-    holds: "yes", "partly", "no" or "n/a".
-  """
-  if holds not in HOLDS:
-    raise ValueError(f"holds must be one of {HOLDS}, got {holds!r}")
-  return {"paper": paper, "claim": claim, "measured": measured, "holds": holds}
-
-
 def to_json(x: Any) -> Any:
   """`x` as plain JSON values, NaN as None (`bertjax.utils.to_json`, imported when called)."""
   from bertjax.utils import to_json as convert
@@ -541,7 +527,7 @@ def write_results(
     name: the experiment's name (its script's stem).
     out: the output directory (created if missing).
     results: every measured number (NumPy arrays become lists; NaN/inf become null).
-    findings: rows made with `finding`.
+    findings: rows made with `findings.Rule.row`.
     settings: the run's settings (sizes, steps, model), so the run can be repeated.
     smoke: whether this was a `--smoke` run (such files never reach the README).
     seconds: the wall time of the whole run.
@@ -560,7 +546,7 @@ def write_results(
   out.mkdir(parents=True, exist_ok=True)
   for f in findings:
     if set(f) != {"paper", "claim", "measured", "holds"} or f["holds"] not in HOLDS:
-      raise ValueError(f"malformed finding {f!r}: make it with common.finding")
+      raise ValueError(f"malformed finding {f!r}: make it with findings.Rule.row")
   stem = stem or results_stem(name, model)
   wrong = [f for f in figures if not f.startswith(f"{stem}_")]
   if wrong:

@@ -50,6 +50,7 @@ from typing import Any
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
 
@@ -124,40 +125,60 @@ def layer_means(per_head) -> np.ndarray:
   return np.asarray(per_head, np.float64).mean(-1)
 
 
-# Verdicts (stated rules, applied to the numbers) ----------------------------------------
+# Rules (data that findings.py applies) ---------------------------------------------------
+
+FEWEST, MOST = "the lower of the two models' repeated-type shares", "the higher"
+VERTICAL = "the models whose commonest repeated type is vertical"
+HEADS, LAYERS = "the heads that improve when disabled", "the layers"
+OVER_SE = "the best gain minus one standard error"
+LAST_LOWEST = "the least-similar layer lies in the last third (1 or 0)"
+LAST_GAP = "the last third's mean cosine minus the rest's"
+PATTERNS = Rule(
+  PAPER,
+  "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
+  "vertical is the commonest.",
+  yes=(Test(FEWEST, ">=", 0.5), Test(VERTICAL, ">=", 2)),
+  partly=(Test(MOST, ">=", 0.25),),
+  partly_if="all",
+)
+DISABLING = Rule(
+  PAPER,
+  "Disabling some single heads or whole layers improves the fine-tuned model.",
+  yes=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0), Test(OVER_SE, ">", 0)),
+  partly=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0)),
+)
+CHANGE = Rule(
+  PAPER,
+  "Fine-tuning changes the attention of the last layers most.",
+  yes=(Test(LAST_LOWEST, ">=", 1), Test(LAST_GAP, "<", 0)),
+)
 
 
-def patterns_verdict(before: dict, after: dict) -> str:
-  """ "yes" if on both models repeated types cover >= half the maps and vertical is the
-  commonest repeated type; "no" if repeated types cover < 25% on both; else "partly"."""
-  ok = [
-    p["repeated_share"] >= 0.5 and p["commonest_repeated"] == "vertical" for p in (before, after)
-  ]
-  if all(ok):
-    return "yes"
-  if all(p["repeated_share"] < 0.25 for p in (before, after)):
-    return "no"
-  return "partly"
+def pattern_quantities(before: dict, after: dict) -> dict[str, float]:
+  """What `PATTERNS` reads from the two models' `PatternCounts.summary`."""
+  shares = [p["repeated_share"] for p in (before, after)]
+  vertical = sum(p["commonest_repeated"] == "vertical" for p in (before, after))
+  return {FEWEST: min(shares), MOST: max(shares), VERTICAL: vertical}
 
 
-def ablation_verdict(acc: dict, standard_error: float) -> str:
-  """ "yes" if some head and some layer improve accuracy over the baseline and at least one
-  gain exceeds one binomial standard error of the baseline; "no" if none improves;
-  else "partly"."""
-  heads, layers = acc["heads_improving"], acc["layers_improving"]
-  if heads == 0 and layers == 0:
-    return "no"
+def disabling_quantities(acc: dict, standard_error: float) -> dict[str, float]:
+  """What `DISABLING` reads from one mode's `AblationResult.improvements`."""
   best = max(acc["best_head_delta"], acc["best_layer_delta"])
-  return "yes" if heads > 0 and layers > 0 and best > standard_error else "partly"
+  return {
+    HEADS: acc["heads_improving"],
+    LAYERS: acc["layers_improving"],
+    OVER_SE: best - standard_error,
+  }
 
 
-def change_verdict(layer_cosine) -> str:
-  """ "yes" if the least-similar layer is in the top third and the top third's mean cosine is
-  below the rest's; "no" if neither; "partly" if one."""
+def change_quantities(layer_cosine) -> dict[str, float]:
+  """What `CHANGE` reads from the mean cosine of each layer's maps before and after."""
   cos = np.asarray(layer_cosine, np.float64)
   k = max(1, round(len(cos) * LAST_FRACTION))
-  conditions = [int(np.argmin(cos)) >= len(cos) - k, cos[-k:].mean() < cos[:-k].mean()]
-  return "yes" if all(conditions) else ("partly" if any(conditions) else "no")
+  return {
+    LAST_LOWEST: float(int(np.argmin(cos)) >= len(cos) - k),
+    LAST_GAP: float(cos[-k:].mean() - cos[:-k].mean()),
+  }
 
 
 # Figures --------------------------------------------------------------------------------
@@ -399,51 +420,77 @@ def analyse(
   return {"before": before, "after": after, "change": change, "acc": acc, "se": se}
 
 
-def finding_rows(m: dict[str, Any], config, model_name: str, n_eval: int) -> list[dict]:
-  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
-  from `analyse`'s measurements `m`."""
-  before, after, change, acc, se = m["before"], m["after"], m["change"], m["acc"], m["se"]
-  layer_cos = layer_means(change.cosine)
-  k_last = max(1, round(config.depth * LAST_FRACTION))
+def finding_rows(
+  before: dict,
+  after: dict,
+  layer_cos: np.ndarray,
+  cka,
+  acc: dict,
+  se: float,
+  *,
+  heads: int,
+  model_name: str,
+  n_eval: int,
+) -> list[dict]:
+  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes).
+
+  Args:
+    before, after: `PatternCounts.summary` of the pre-trained and fine-tuned models.
+    layer_cos: (layers,) mean cosine of each layer's maps before and after fine-tuning.
+    cka: hidden-state CKA before vs after, embeddings then layers.
+    acc: mode -> `AblationResult.improvements`; se: the baseline's binomial standard error.
+    heads: heads per layer; model_name: the model's name; n_eval: held-out sentences.
+  """
+  depth = len(layer_cos)
+  k_last = max(1, round(depth * LAST_FRACTION))
   u, sc = acc["uniform"], acc["scale"]
-  base_acc = u["baseline"]
-  n_heads = config.depth * config.num_attention_heads
   pct = lambda x: f"{100 * x:.0f}%"
   return [
-    common.finding(
-      PAPER,
-      "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
-      "vertical is the commonest.",
+    PATTERNS.row(
       f"{model_name} on BLiMP sentences: repeated types "
       f"{pct(before['repeated_share'])} of maps before fine-tuning, "
       f"{pct(after['repeated_share'])} after (vertical "
       f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
       f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
       f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
-      "single sentences",
-      patterns_verdict(before, after),
+      "single sentences.",
+      pattern_quantities(before, after),
     ),
-    common.finding(
-      PAPER,
-      "Disabling some single heads or whole layers improves the fine-tuned model.",
-      f"uniform mode: {u['heads_improving']}/{n_heads} heads and {u['layers_improving']}/"
-      f"{config.depth} layers beat the baseline accuracy {100 * base_acc:.1f}% (best "
+    DISABLING.row(
+      f"uniform mode: {u['heads_improving']}/{depth * heads} heads and {u['layers_improving']}/"
+      f"{depth} layers beat the baseline accuracy {100 * u['baseline']:.1f}% (best "
       f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
       f"{100 * se:.1f}, {n_eval} sentences); {sc['layers_improving']} layers in scale mode, "
-      f"{u['layer_skips_improving']} skipped blocks",
-      ablation_verdict(u, se),
+      f"{u['layer_skips_improving']} skipped blocks.",
+      disabling_quantities(u, se),
     ),
-    common.finding(
-      PAPER,
-      "Fine-tuning changes the attention of the last layers most.",
+    CHANGE.row(
       "mean cosine of attention maps before/after by layer "
       + ", ".join(f"{c:.2f}" for c in layer_cos)
       + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
       f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
-      + ", ".join(f"{c:.2f}" for c in change.cka),
-      change_verdict(layer_cos),
+      + ", ".join(f"{c:.2f}" for c in cka)
+      + ".",
+      change_quantities(layer_cos),
     ),
   ]
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
+  p, change = r["patterns"], r["attention_change"]
+  ablation = {k: v for k, v in r["ablation"].items() if k in ("uniform", "scale")}
+  return finding_rows(
+    p["before"],
+    p["after"],
+    np.asarray(change["layer_cosine"], np.float64),
+    change["cka"],
+    ablation,
+    r["ablation"]["accuracy_standard_error"],
+    heads=len(change["cosine"][0]),
+    model_name=s["model"],
+    n_eval=r["task"]["eval_sentences"],
+  )
 
 
 def results_of(
@@ -502,7 +549,18 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   params, run = finetune(config, pre_params, task, size, args.seed, timings)
   m = analyse(pre_params, params, config, task.held, [tok.cls_id, tok.sep_id], size, timings)
-  rows = finding_rows(m, config, model_name, len(task.held["labels"]))
+  change = m["change"]
+  rows = finding_rows(
+    m["before"],
+    m["after"],
+    layer_means(change.cosine),
+    change.cka,
+    m["acc"],
+    m["se"],
+    heads=config.num_attention_heads,
+    model_name=model_name,
+    n_eval=len(task.held["labels"]),
+  )
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
 

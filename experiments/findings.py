@@ -1,16 +1,23 @@
-"""The Findings tables, generated from the committed experiment results.
+"""The Findings: the rules every experiment's verdicts follow, and the tables generated from
+the committed experiment results.
+
+A rule is data (`Rule`): the paper's claim and the tests its verdict reads, each a measured
+quantity against a threshold (`Test`). An experiment declares its rules, measures the
+quantities they name, and `Rule.row` applies the rule and states it in the row; the
+uncertainty below applies the same rules to resampled quantities.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
 scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
 whether it holds) as a Markdown table between docs/findings.md's `<!-- findings:start -->`
 and `<!-- findings:end -->` markers, and each claim's verdicts alone, above it, between the
 `<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The
-uncertainty of each verdict (`uncertainty`) is computed here from the committed numbers: a bootstrap interval where the JSON keeps per-item values
-(the verdict "inconclusive" where it differs across the interval), else what the row has
-instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
+uncertainty of each verdict (`uncertainty`) is computed here from the committed numbers: a
+bootstrap interval where the JSON keeps per-item values (the verdict "inconclusive" where it
+differs across the interval), else what the row has instead ("CI: rerun needed" where the
+experiment must be rerun to keep those values).
 
 Experiments whose module defines `findings(results, settings)` (rows from the numbers as
-written to JSON) can have their committed rows recomputed without a rerun, after a change to
+written to JSON; every one but `stacking`) can have their committed rows recomputed without a rerun, after a change to
 a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (and its
 `settings["indexing"]` when the module defines `INDEXING`), recording when under
 `findings_refreshed`; the measured numbers are untouched.
@@ -28,9 +35,12 @@ import dataclasses
 import datetime
 import importlib
 import json
+import operator
 import pathlib
 import sys
+from collections.abc import Mapping, Sequence
 
+import common
 import numpy as np
 
 from bertjax import stats
@@ -76,6 +86,133 @@ def load(results_dir: pathlib.Path) -> list[dict]:
   )
 
 
+# Rules -------------------------------------------------------------------------------------
+#
+# A Findings row's rule is data: the paper's claim and the tests its verdict reads, each a
+# measured quantity compared with a threshold (a number, or another quantity). An experiment
+# names its quantities and measures them; `Rule.row` applies the rule and states it in the
+# row, and the uncertainty below applies the same rule to resampled quantities.
+
+OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+VERDICTS = common.HOLDS  # "yes", "partly", "no", "n/a"
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+  """`quantity op threshold`: a measured quantity against a number or another quantity's
+  name, with `op` one of >=, >, <=, <."""
+
+  quantity: str
+  op: str
+  threshold: float | str
+
+  def __post_init__(self):
+    if self.op not in OPS:
+      raise ValueError(f"op={self.op!r} not understood: expected one of {', '.join(OPS)}")
+
+  def names(self) -> tuple[str, ...]:
+    """The quantities the test reads."""
+    return (self.quantity,) + ((self.threshold,) if isinstance(self.threshold, str) else ())
+
+  def holds(self, quantities: Mapping[str, float]) -> bool:
+    """Whether the test holds on `quantities` (which must name every quantity it reads)."""
+    missing = [n for n in self.names() if n not in quantities]
+    if missing:
+      raise KeyError(f"the rule reads {missing}, which the quantities {sorted(quantities)} lack")
+    right = self.threshold
+    if isinstance(right, str):
+      right = quantities[right]
+    return bool(OPS[self.op](float(quantities[self.quantity]), float(right)))
+
+  def text(self, after: str | None = None) -> str:
+    """The test in words; the quantity's name is left out when it is `after`, the quantity
+    the text just named ("x > 0.8 and > y")."""
+    right = self.threshold if isinstance(self.threshold, str) else f"{self.threshold:.3g}"
+    left = "" if self.quantity == after else f"{self.quantity} "
+    return f"{left}{self.op} {right}"
+
+
+def _joined(tests: Sequence[Test], word: str, after: str | None) -> str:
+  texts = []
+  for t in tests:
+    texts.append(t.text(after))
+    after = t.quantity
+  return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + f" {word} " + texts[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A Findings row's rule: the `claim` of `paper` and how its verdict is read.
+
+  "yes" when every `yes` test holds. Else "partly" when the `partly` tests hold: every one
+  with `partly_if="all"`, at least one with `"any"` (without `partly` tests, some but not
+  all of the `yes` tests), never with `"never"`. Else "no". Where an `applies` test fails,
+  the claim cannot be judged yet: "n/a". A quantity measured as None (not measured, or never
+  reached) gives `missing` (`missing_when` says when, in words); with no `missing`, None is
+  an error.
+  """
+
+  paper: str
+  claim: str
+  yes: tuple[Test, ...]
+  partly: tuple[Test, ...] = ()
+  partly_if: str = "any"
+  missing: str | None = None
+  missing_when: str = "a quantity has no value"
+  applies: tuple[Test, ...] = ()
+
+  def __post_init__(self):
+    ok = self.partly_if == "any" or (self.partly_if == "all") == bool(self.partly)
+    if not self.yes or not ok or self.missing not in (None, *VERDICTS):
+      raise ValueError(
+        f"Rule({self.claim[:40]!r}...) not understood: it needs yes tests, partly_if "
+        f"'any', 'never' (no partly tests) or 'all' (with them) (got {self.partly_if!r}) and "
+        f"missing one of {VERDICTS} (got {self.missing!r})"
+      )
+
+  def verdict(self, quantities: Mapping[str, float | None]) -> str:
+    """The verdict ("yes", "partly", "no", or `missing`) on the measured `quantities`."""
+    names = {n for t in self.yes + self.partly + self.applies for n in t.names()}
+    none = sorted(n for n in names if n in quantities and quantities[n] is None)
+    if none and self.missing is None:
+      raise ValueError(f"{none} measured as None, and the rule gives no verdict without them")
+    if none:
+      return self.missing
+    if not all(t.holds(quantities) for t in self.applies):
+      return "n/a"
+    if all(t.holds(quantities) for t in self.yes):
+      return "yes"
+    if self.partly_if == "never":
+      return "no"
+    partly = [t.holds(quantities) for t in (self.partly or self.yes)]
+    return "partly" if (any if self.partly_if == "any" else all)(partly) else "no"
+
+  def text(self) -> str:
+    """The rule in words, as the row states it."""
+    last = self.yes[-1].quantity
+    out = "Rule: "
+    if self.applies:
+      out += f"n/a unless {_joined(self.applies, 'and', None)}; "
+    out += f"yes if {_joined(self.yes, 'and', None)}"
+    if self.partly:
+      word = "or" if self.partly_if == "any" else "and"
+      out += f"; partly if {_joined(self.partly, word, last)}"
+    elif self.partly_if == "any" and len(self.yes) > 1:
+      out += "; partly if some of these hold"
+    if self.missing is not None:
+      out += f"; {self.missing} if {self.missing_when}"
+    return out + "; else no."
+
+  def row(self, measured: str, quantities: Mapping[str, float | None]) -> dict[str, str]:
+    """The Findings row: paper, claim, `measured` followed by the rule, and the verdict."""
+    return {
+      "paper": self.paper,
+      "claim": self.claim,
+      "measured": f"{measured.rstrip()} {self.text()}",
+      "holds": self.verdict(quantities),
+    }
+
+
 # Uncertainty -------------------------------------------------------------------------------
 #
 # Every row states the uncertainty of its verdict: a 95% percentile bootstrap interval
@@ -83,7 +220,7 @@ def load(results_dir: pathlib.Path) -> list[dict]:
 # (sentences, arcs, timing rounds or steps; heads where the statistic is a correlation across
 # heads), the test the rule itself applies, "exact" where nothing was sampled, or "CI: rerun
 # needed" where the JSON lacks the per-item values (no interval is made up). The rule is applied
-# to every resample (through the experiment's own `findings` or verdict function); where the
+# to every resample (through the experiment's own `findings` or its `Rule`); where the
 # verdicts at the two ends of the interval differ, the row's verdict is "inconclusive".
 
 LEVEL = {"no": 0, "partly": 1, "yes": 2}
@@ -185,7 +322,12 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
   first = Uncertainty(
     f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
     f"[{lo_i:.2f}, {hi_i:.2f}]",
-    _span(items, lambda x, e, i: mod.score_verdict(stats.pearson(e, x), stats.pearson(i, x))),
+    _span(
+      items,
+      lambda x, e, i: mod.SCORES.verdict(
+        {mod.EAP: stats.pearson(e, x), mod.EAP_IG: stats.pearson(i, x)}
+      ),
+    ),
   )
   return [first, _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")]
 
@@ -206,7 +348,7 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
 
   def verdict(x):  # one resample (words, conditions)
     cost = x[:, 0].mean() - x[:, 1:].mean(0)
-    return mod.ablation_rule(r["dims"], cost[0], cost[1:].tolist())
+    return mod.ABLATION.verdict({mod.MARGIN: mod.ablation_margin(cost[0], cost[1:].tolist())})
 
   lo, hi = stats.bootstrap_ci(right, drops, n_resamples=RESAMPLES, vectorized=True)
   ablation = _span(right, verdict)
@@ -224,7 +366,10 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
   second = Uncertainty(
     f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
     f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
-    tuple(mod.frequency_rule([v], sinks["intact"], sinks["disabled"]) for v in (lo_r, hi_r)),
+    tuple(
+      mod.FREQUENCY.verdict({mod.RHO: v, mod.SINK_FALL: sinks["intact"] - sinks["disabled"]})
+      for v in (lo_r, hi_r)
+    ),
   )
   return [
     first,
@@ -301,7 +446,7 @@ def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
 
 def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
   """The sink and entropy rows of `what_bert_looks_at` over its sentences: intervals of the
-  statistics their rules compare (`mod.sink_verdict`, `mod.entropy_verdict`, each monotone in
+  statistics their rules compare (`mod.SINK`, `mod.ENTROPY`, each monotone in
   both), and the verdicts at the intervals' two ends."""
   ps = {k: np.asarray(r["per_sentence"][k], float) for k in ("cls", "sep", "punct", "entropy")}
   n, depth = ps["entropy"].shape
@@ -331,13 +476,18 @@ def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
       f"95% CI over the {n} sentences: layers {lo}-{hi}'s mass on [CLS], "
       f"[SEP] and punctuation [{t_lo:.2f}, {t_hi:.2f}]; [SEP] minus the larger "
       f"of the other two [{m_lo:+.2f}, {m_hi:+.2f}]",
-      (mod.sink_verdict(t_lo, m_lo), mod.sink_verdict(t_hi, m_hi)),
+      tuple(
+        mod.SINK.verdict({mod.MIDDLE: t, mod.SEP_MARGIN: m})
+        for t, m in ((t_lo, m_lo), (t_hi, m_hi))
+      ),
     ),
     Uncertainty(
       f"95% CI over the {n} sentences: layer 1's entropy minus the highest "
       f"other layer's [{f_lo:+.2f}, {f_hi:+.2f}] nats; first half minus second "
       f"half [{h_lo:+.2f}, {h_hi:+.2f}]",
-      (mod.entropy_verdict(f_lo, h_lo), mod.entropy_verdict(f_hi, h_hi)),
+      tuple(
+        mod.ENTROPY.verdict({mod.FIRST: f, mod.HALVES: h}) for f, h in ((f_lo, h_lo), (f_hi, h_hi))
+      ),
     ),
   ]
 
@@ -374,7 +524,9 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
   )
   speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
   d, sh = rows["distilled_3l"], rows.get("shared_6l")
-  distil = _span(rounds, lambda t: mod.distil_verdict(d["retained"], speed(t, 1)))
+  distil = _span(
+    rounds, lambda t: mod.DISTIL.verdict({mod.RETAINED: d["retained"], mod.SPEEDUP: speed(t, 1)})
+  )
   words = "per-word predictions of each model (paired with the teacher's)"
   first = Uncertainty(
     f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
@@ -384,7 +536,10 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
   if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
     return [first, Uncertainty("n/a: nothing measured"), _rerun(words)]
   sharing = _span(
-    rounds, lambda t: mod.sharing_verdict(sh["param_ratio"], speed(t, 2), sh["retained"])
+    rounds,
+    lambda t: mod.SHARING.verdict(
+      {mod.PARAMS: sh["param_ratio"], mod.SPEEDUP: speed(t, 2), mod.RETAINED: sh["retained"]}
+    ),
   )
   return [
     first,

@@ -68,6 +68,7 @@ import common
 import jax
 import jax.numpy as jnp
 import numpy as np
+from findings import Rule, Test
 
 from bertjax.quantize import weight_bytes
 from bertjax.training.distill import shared_student_from_teacher
@@ -236,22 +237,31 @@ def table(rows: dict[str, dict], cpu: str, labels: dict[str, str] = LABELS) -> s
   return "\n".join(lines)
 
 
-def distil_verdict(retained_: float, speedup: float) -> str:
-  """DistilBERT: 'yes' if >= 95% retained and >= 1.3x faster, 'partly' if one holds."""
-  ok = (retained_ >= 0.95, speedup >= 1.3)
-  return "yes" if all(ok) else "partly" if any(ok) else "no"
-
-
-def sharing_verdict(param_ratio: float, speedup: float, retained_: float) -> str:
-  """ALBERT: 'yes' if parameters fall by >= 30%, the forward is not faster (< 1.25x) and
-  >= 90% is retained; 'partly' if the parameter and speed parts hold; else 'no'."""
-  shape = param_ratio <= 0.7 and speedup < 1.25
-  return "yes" if shape and retained_ >= 0.9 else "partly" if shape else "no"
-
-
-def int8_verdict(retained_: float) -> str:
-  """Q8BERT: 'yes' if >= 99% of the score is retained, 'partly' if >= 97%, else 'no'."""
-  return "yes" if retained_ >= 0.99 else "partly" if retained_ >= 0.97 else "no"
+RETAINED = "the score retained"
+SPEEDUP = "the forward speed-up"
+PARAMS = "the parameters over the teacher's"
+DISTIL = Rule(
+  "Sanh et al. 2019",
+  "A student with half the teacher's layers, initialised from every other layer and "
+  "distilled, keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
+  yes=(Test(RETAINED, ">=", 0.95), Test(SPEEDUP, ">=", 1.3)),
+)
+SHARING = Rule(
+  "Lan et al. 2020",
+  "Sharing one layer's parameters across all layers divides the parameter count (ALBERT) "
+  "but not the compute, at some cost in score.",
+  yes=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25), Test(RETAINED, ">=", 0.9)),
+  partly=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25)),
+  partly_if="all",
+  missing="n/a",
+  missing_when="the teacher has no ALBERT counterpart",
+)
+INT8 = Rule(
+  "Zafrir et al. 2019",
+  "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
+  yes=(Test(RETAINED, ">=", 0.99),),
+  partly=(Test(RETAINED, ">=", 0.97),),
+)
 
 
 def _figure(
@@ -420,57 +430,46 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu:
   teacher = rows["teacher"]
   d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
   lab = rows["labels_3l"]
-  sharing = (
-    common.finding(
-      "Lan et al. 2020",
-      "Sharing one layer's parameters across all layers divides the "
-      "parameter count (ALBERT) but not the compute, at some cost in score.",
+  if sh is None:
+    sharing = SHARING.row(
       "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
       "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
       "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.",
-      "n/a",
+      {PARAMS: None, SPEEDUP: None, RETAINED: None},
     )
-    if sh is None
-    else common.finding(
-      "Lan et al. 2020",
-      "Sharing one layer's parameters across all layers divides the "
-      "parameter count (ALBERT) but not the compute, at some cost in score.",
+  else:
+    sharing = SHARING.row(
       f"{sh['depth']} layers sharing one set (from teacher block {shared_layer}, distilled): "
       f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
       f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
-      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed. "
-      "Rule: yes if parameters fall >= 30%, speed-up < 1.25x and >= 90% retained; partly "
-      "if only the first two hold.",
-      sharing_verdict(sh["param_ratio"], sh["speedup"], sh["retained"]),
+      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed.",
+      {PARAMS: sh["param_ratio"], SPEEDUP: sh["speedup"], RETAINED: sh["retained"]},
     )
-  )
   return [
-    common.finding(
-      "Sanh et al. 2019",
-      "A student with half the teacher's layers, initialised from every "
-      "other layer and distilled, keeps ~97% of the score and runs ~1.6x faster "
-      "(DistilBERT).",
+    DISTIL.row(
       f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
       f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
       "retained "
       f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
       f"forward on the CPU; trained on labels only {lab['score']:.2%} "
-      f"({lab['retained']:.1%}). Rule: yes if >= 95% retained and >= 1.3x faster, "
-      "partly if one holds.",
-      distil_verdict(d["retained"], d["speedup"]),
+      f"({lab['retained']:.1%}).",
+      {RETAINED: d["retained"], SPEEDUP: d["speedup"]},
     ),
     sharing,
-    common.finding(
-      "Zafrir et al. 2019",
-      "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
+    INT8.row(
       f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
       f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
       f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
       f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
-      "integer dot; no fused int8 kernel). Rule: yes if >= 99% retained, partly if >= 97%.",
-      int8_verdict(q["retained"]),
+      "integer dot; no fused int8 kernel).",
+      {RETAINED: q["retained"]},
     ),
   ]
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
+  return finding_rows(r["rows"], r["majority_tag_accuracy"], s["shared_layer"], r["cpu"]["cpu"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,11 +43,27 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 NAME = "negation_circuit"
-PAPER_SCORES = "Syed et al. 2023; Hanna et al. 2024"
-PAPER_CIRCUIT = "Conmy et al. 2023; Hanna et al. 2024"
 FAITHFUL = 0.8  # the share of the logit difference a circuit must keep
+EAP, EAP_IG = "EAP's Pearson", "EAP-IG's Pearson"  # each against exact patching, over edges
+SHARE = "the smallest faithful circuit's share of the edges"
+SCORES = Rule(
+  "Syed et al. 2023; Hanna et al. 2024",
+  "Edge attribution patching approximates exact edge patching, and its "
+  "integrated-gradients variant (EAP-IG) better than plain EAP",
+  yes=(Test(EAP_IG, ">", 0.8), Test(EAP_IG, ">", EAP)),
+)
+CIRCUIT = Rule(
+  "Conmy et al. 2023; Hanna et al. 2024",
+  "A circuit of a few percent of the edges, found from attribution scores, "
+  "keeps most of the model's behaviour",
+  yes=(Test(SHARE, "<=", 0.05),),
+  partly=(Test(SHARE, "<=", 0.2),),
+  missing="no",
+  missing_when=f"no circuit asked for keeps {FAITHFUL:.0%} of the logit difference",
+)
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
 
 
@@ -77,21 +93,6 @@ def parse_args(argv: Sequence[str] | None = None):
   return args
 
 
-def score_verdict(eap: float, eap_ig: float) -> str:
-  """Hanna et al.'s claim: EAP-IG agrees with exact patching, and better than EAP."""
-  if eap_ig > 0.8 and eap_ig > eap:
-    return "yes"
-  return "partly" if eap_ig > eap or eap_ig > 0.8 else "no"
-
-
-def circuit_verdict(share: float | None) -> str:
-  """A faithful circuit (>= FAITHFUL of the logit difference) in few edges: yes within 5% of
-  the graph's edges, partly within 20%, no beyond (or never)."""
-  if share is None:
-    return "no"
-  return "yes" if share <= 0.05 else "partly" if share <= 0.2 else "no"
-
-
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows from the results as written to JSON (`r`) and the settings `s`."""
   from bertjax.analysis.interventions.circuits import smallest_faithful
@@ -99,22 +100,16 @@ def findings(r: dict, s: dict) -> list[dict]:
   r = common.from_json(r)
   name, total = r["model"], r["graph"]["edges"]
   a = r["agreement"]
-  rows = [
-    common.finding(
-      PAPER_SCORES,
-      "Edge attribution patching approximates exact edge patching, and its "
-      "integrated-gradients variant (EAP-IG) better than plain EAP",
-      f"{name}, {r['pairs']} negated sentences against their affirmative twins, the negation "
-      f"probe's logit difference (clean {r['clean']:.2f}, corrupted {r['corrupted']:.2f}); "
-      f"against exact patching of {a['eap']['edges']:,} of the {total:,} edges: EAP Pearson "
-      f"{a['eap']['pearson']:.2f} (Spearman {a['eap']['spearman']:.2f}), EAP-IG with "
-      f"{s['steps']} steps Pearson {a['eap_ig']['pearson']:.2f} (Spearman "
-      f"{a['eap_ig']['spearman']:.2f}). Differs from the papers: decoders with answer "
-      "logits; here a sentence encoder and a linear probe. Rule: yes if EAP-IG's Pearson "
-      "> 0.8 and above EAP's, partly if one of the two holds.",
-      score_verdict(a["eap"]["pearson"], a["eap_ig"]["pearson"]),
-    )
-  ]
+  measured = (
+    f"{name}, {r['pairs']} negated sentences against their affirmative twins, the negation "
+    f"probe's logit difference (clean {r['clean']:.2f}, corrupted {r['corrupted']:.2f}); "
+    f"against exact patching of {a['eap']['edges']:,} of the {total:,} edges: EAP Pearson "
+    f"{a['eap']['pearson']:.2f} (Spearman {a['eap']['spearman']:.2f}), EAP-IG with "
+    f"{s['steps']} steps Pearson {a['eap_ig']['pearson']:.2f} (Spearman "
+    f"{a['eap_ig']['spearman']:.2f}). Differs from the papers: decoders with answer "
+    "logits; here a sentence encoder and a linear probe."
+  )
+  rows = [SCORES.row(measured, {EAP: a["eap"]["pearson"], EAP_IG: a["eap_ig"]["pearson"]})]
   topk, greedy = r["faithfulness"]["topk"], r["faithfulness"]["greedy"]
   n_top, n_greedy = smallest_faithful(topk, FAITHFUL), smallest_faithful(greedy, FAITHFUL)
   best = min((n for n in (n_top, n_greedy) if n is not None), default=None)
@@ -126,18 +121,12 @@ def findings(r: dict, s: dict) -> list[dict]:
     f"top-k {n_top if n_top is not None else 'none'}, greedy "
     f"{n_greedy if n_greedy is not None else 'none'})"
   )
-  rows.append(
-    common.finding(
-      PAPER_CIRCUIT,
-      "A circuit of a few percent of the edges, found from attribution scores, "
-      "keeps most of the model's behaviour",
-      f"{name}, the same pairs: top-k circuits from EAP-IG scores keep {curve} of the logit "
-      f"difference; {smallest}. Differs from the papers: GPT-2 tasks; here negation read by "
-      f"a probe. Rule: a circuit keeping >= {FAITHFUL:.0%} of the logit difference within "
-      "5% of the edges: yes; within 20%: partly; else no.",
-      circuit_verdict(None if best is None else best / total),
-    )
+  measured = (
+    f"{name}, the same pairs: top-k circuits from EAP-IG scores keep {curve} of the logit "
+    f"difference; {smallest}. Differs from the papers: GPT-2 tasks; here negation read by "
+    f"a probe. A circuit is faithful if it keeps >= {FAITHFUL:.0%} of the logit difference."
   )
+  rows.append(CIRCUIT.row(measured, {SHARE: None if best is None else best / total}))
   return rows
 
 

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 NAME = "outlier_dimensions"
 PROBE_LAYERS = ("middle", "last")
@@ -166,33 +167,48 @@ def sink_share(params, config, batches, sep_id) -> np.ndarray:
   return np.asarray(s["cls"] + s["sep"]).mean(-1)
 
 
-def ablation_rule(dims, drop: float, random_drops: Sequence[float]) -> str:
-  """ "yes": outlier dimensions exist and disabling them costs >= 5 points more than the worst
-  random draw; "partly": they cost more than every random draw; "no" otherwise."""
-  if not dims:
-    return "no"
-  worst = max(random_drops, default=0.0)
-  return "yes" if drop >= worst + 0.05 else "partly" if drop > worst else "no"
+MARGIN = "the outliers' cost minus the worst random draw's (points)"
+RHO = "the mean Spearman with log frequency"
+SINK_FALL = "the fall in special-token attention without them"
+MASSIVE_SHARE = "the share of layers with massive activations"
+INT8_RHO = "the Spearman of int8 error and largest magnitude over layers"
+ABLATION = Rule(
+  "Kovaleva et al. 2021",
+  "A few LayerNorm output dimensions are outliers in most layers; disabling them (their "
+  "LayerNorm scale and bias zero) degrades the model far more than disabling as many random "
+  "dimensions.",
+  yes=(Test(MARGIN, ">=", 5),),
+  partly=(Test(MARGIN, ">", 0),),
+  missing="no",
+  missing_when="there are no outlier dimensions",
+)
+FREQUENCY = Rule(
+  "Puccetti et al. 2022",
+  "Outlier dimensions are driven by token frequency (frequent tokens activate them most) and "
+  "they drive the attention heads' focus on special tokens.",
+  yes=(Test(RHO, ">=", 0.3), Test(SINK_FALL, ">", 0)),
+  missing="n/a",
+  missing_when="there are no outlier dimensions",
+)
+MASSIVE = Rule(
+  "Sun et al. 2024",
+  "A few activations are massive (> 100 and > 1000x the median magnitude), at fixed "
+  "dimensions, in most layers.",
+  yes=(Test(MASSIVE_SHARE, ">=", 0.5),),
+  partly=(Test(MASSIVE_SHARE, ">", 0),),
+)
+INT8 = Rule(
+  "Bondarenko et al. 2021",
+  "Outlier activations are what makes transformer activations hard to quantise: the int8 "
+  "error is largest where activations are largest.",
+  yes=(Test(INT8_RHO, ">=", 0.5),),
+  partly=(Test(INT8_RHO, ">=", 0.2),),
+)
 
 
-def frequency_rule(rho: Sequence[float], sink_intact: float, sink_disabled: float) -> str:
-  """ "yes": the mean Spearman with log frequency >= 0.3 and the special-token attention falls
-  without the dimensions; "partly": one of the two; "n/a" without outlier dimensions."""
-  if not len(rho):
-    return "n/a"
-  hits = (float(np.mean(rho)) >= 0.3) + (sink_disabled < sink_intact)
-  return "yes" if hits == 2 else "partly" if hits else "no"
-
-
-def massive_rule(count: Sequence[int]) -> str:
-  """ "yes": massive activations in at least half the layers; "partly": in some; "no"."""
-  has = np.asarray(count) > 0
-  return "yes" if has.mean() >= 0.5 else "partly" if has.any() else "no"
-
-
-def int8_rule(rho: float) -> str:
-  """ "yes": Spearman(int8 error, largest magnitude) over layers >= 0.5; "partly": >= 0.2."""
-  return "yes" if rho >= 0.5 else "partly" if rho >= 0.2 else "no"
+def ablation_margin(drop: float, random_drops: Sequence[float]) -> float:
+  """Points of accuracy the outliers cost beyond the worst of the random draws."""
+  return 100 * (drop - max(random_drops, default=0.0))
 
 
 def finding_rows(r: dict, s: dict) -> list[dict]:
@@ -218,62 +234,41 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
   )
   freq, sinks, massive, q = r["frequency"], r["sink_share"], r["massive"], r["int8"]
   mean_rho = float(np.mean(freq["rho"])) if dims else float("nan")
+  census = (
+    f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
+    f"{', '.join(map(str, per_layer))}; the model's (in >= 25% of layers): {dim_text}. "
+    f"{probe}. The paper's MLM loss is not measured: the checkpoint ships no MLM head."
+  )
+  frequency = (
+    f"Spearman over {freq['types']:,} token types between the activation in each outlier "
+    f"dimension and log WikiText-2 frequency: "
+    + ", ".join(f"{d}: {v:.2f}" for d, v in zip(dims, freq["rho"]))
+    + f" (mean {mean_rho:.2f}); attention on [CLS]+[SEP] (mean over heads and layers) "
+    f"{sinks['intact']:.3f} intact, {sinks['disabled']:.3f} with them disabled. "
+    if dims
+    else "no outlier dimensions to correlate. "
+  ) + "Differs from the paper: WikiText-2 counts stand in for the pre-training corpus."
+  massive_text = (
+    f"massive entries per layer 1-{layers}: {', '.join(map(str, massive['count']))}; largest "
+    f"magnitude / median by layer: "
+    + ", ".join(f"{a / m:.0f}x" for a, m in zip(massive["max_abs"], massive["median_abs"]))
+    + f"; dimensions holding them: {massive['dims'] or 'none'}. Differs from the paper: "
+    "measured on LLMs (LLaMA2, Mixtral), here an encoder."
+  )
+  int8 = (
+    "dynamic int8 (per-token activations, per-channel weights) block-output error by layer: "
+    + ", ".join(f"{100 * e:.1f}%" for e in q["relative_error"])
+    + "; largest magnitude: "
+    + ", ".join(f"{m:.0f}" for m in q["max_abs"])
+    + f"; Spearman over layers {q['spearman']:.2f}. Differs from the paper: per-tensor "
+    "static int8 there; the error here accumulates over the layers below."
+  )
+  sink_fall = sinks["intact"] - sinks["disabled"] if dims else None
   return [
-    common.finding(
-      "Kovaleva et al. 2021",
-      "A few LayerNorm output dimensions are outliers in most layers; "
-      "disabling them (their LayerNorm scale and bias zero) degrades the model far more than "
-      "disabling as many random dimensions.",
-      f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
-      f"{', '.join(map(str, per_layer))}; the model's (in >= 25% of layers): {dim_text}. "
-      f"{probe}. The paper's MLM loss is not measured: the checkpoint ships no MLM head. Rule: "
-      "yes if disabling them costs >= 5 points more than the worst random draw, partly if more "
-      "than every draw, no otherwise (or without outlier dimensions).",
-      ablation_rule(dims, drop, random_drops),
-    ),
-    common.finding(
-      "Puccetti et al. 2022",
-      "Outlier dimensions are driven by token frequency (frequent tokens "
-      "activate them most) and they drive the attention heads' focus on special tokens.",
-      (
-        f"Spearman over {freq['types']:,} token types between the activation in each outlier "
-        f"dimension and log WikiText-2 frequency: "
-        + ", ".join(f"{d}: {v:.2f}" for d, v in zip(dims, freq["rho"]))
-        + f" (mean {mean_rho:.2f}); attention on [CLS]+[SEP] (mean over heads and layers) "
-        f"{sinks['intact']:.3f} intact, {sinks['disabled']:.3f} with them disabled. "
-        if dims
-        else "no outlier dimensions to correlate. "
-      )
-      + "Differs from the paper: WikiText-2 counts stand in for the pre-training corpus. Rule: "
-      "yes if the mean Spearman >= 0.3 and the special-token attention falls without them, "
-      "partly if one holds.",
-      frequency_rule(freq["rho"] if dims else [], sinks["intact"], sinks["disabled"]),
-    ),
-    common.finding(
-      "Sun et al. 2024",
-      "A few activations are massive (> 100 and > 1000x the median "
-      "magnitude), at fixed dimensions, in most layers.",
-      f"massive entries per layer 1-{layers}: {', '.join(map(str, massive['count']))}; largest "
-      f"magnitude / median by layer: "
-      + ", ".join(f"{a / m:.0f}x" for a, m in zip(massive["max_abs"], massive["median_abs"]))
-      + f"; dimensions holding them: {massive['dims'] or 'none'}. Differs from the paper: "
-      "measured on LLMs (LLaMA2, Mixtral), here an encoder. Rule: yes if in >= half the layers, "
-      "partly if in some.",
-      massive_rule(massive["count"]),
-    ),
-    common.finding(
-      "Bondarenko et al. 2021",
-      "Outlier activations are what makes transformer activations "
-      "hard to quantise: the int8 error is largest where activations are largest.",
-      "dynamic int8 (per-token activations, per-channel weights) block-output error by layer: "
-      + ", ".join(f"{100 * e:.1f}%" for e in q["relative_error"])
-      + "; largest magnitude: "
-      + ", ".join(f"{m:.0f}" for m in q["max_abs"])
-      + f"; Spearman over layers {q['spearman']:.2f}. Differs from the paper: per-tensor "
-      "static int8 there; the error here accumulates over the layers below. Rule: yes if "
-      "Spearman >= 0.5, partly if >= 0.2.",
-      int8_rule(q["spearman"]),
-    ),
+    ABLATION.row(census, {MARGIN: ablation_margin(drop, random_drops) if dims else None}),
+    FREQUENCY.row(frequency, {RHO: mean_rho if dims else None, SINK_FALL: sink_fall}),
+    MASSIVE.row(massive_text, {MASSIVE_SHARE: float(np.mean(np.asarray(massive["count"]) > 0))}),
+    INT8.row(int8, {INT8_RHO: q["spearman"]}),
   ]
 
 

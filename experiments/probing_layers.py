@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 NAME = "probing_layers"
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
@@ -85,45 +86,70 @@ def middle_layers(num_layers: int) -> tuple[int, int]:
   return lo, hi
 
 
-def syntax_peaks_rule(peaks: dict[str, int], num_layers: int) -> str:
-  """ "yes": every syntactic measure peaks in the middle third; "partly": most peak before the
-  last layer; "no": otherwise."""
+IN_MIDDLE = "the share of syntactic measures peaking in the middle third"
+BEFORE_LAST = "the share peaking before the last layer"
+LOWEST_GAP = "the lowest syntactic E[l] minus UPOS's"
+MEAN_GAP = "their mean minus UPOS's"
+LEAST, MOST = "the lower task's selectivity (pts)", "the higher task's"
+LESS_SELECTIVE = "linear minus MLP selectivity (pts)"
+ACCURACY = "MLP minus linear accuracy (pts)"
+PEAKS = Rule(
+  PAPERS,
+  "Syntactic information (dependency labels, tree distance and depth) peaks in the "
+  "middle layers, not the last.",
+  yes=(Test(IN_MIDDLE, ">=", 1),),
+  partly=(Test(BEFORE_LAST, ">", 0.5),),
+)
+POS_LOWER = Rule(
+  "Tenney et al. 2019",
+  "POS (surface) information sits lower in the network than "
+  "syntactic structure (expected layer of POS < that of parsing tasks).",
+  yes=(Test(LOWEST_GAP, ">=", 0.1),),
+  partly=(Test(MEAN_GAP, ">", 0),),
+  missing="no",
+  missing_when="an expected layer is not finite",
+)
+SELECTIVE = Rule(
+  "Hewitt & Liang 2019",
+  "Linear probes are selective: high accuracy on the linguistic task, "
+  "much lower on a control task of random word-type labels.",
+  yes=(Test(LEAST, ">=", 20),),
+  partly=(Test(MOST, ">=", 5),),
+)
+MLP = Rule(
+  "Hewitt & Liang 2019",
+  "MLP probes reach similar accuracy but are less selective than linear probes.",
+  yes=(Test(LESS_SELECTIVE, ">", 0), Test(ACCURACY, ">=", -2)),
+  partly=(Test(LESS_SELECTIVE, ">", 0),),
+  partly_if="all",
+)
+
+
+def peak_quantities(peaks: dict[str, int], num_layers: int) -> dict[str, float]:
+  """What `PEAKS` reads from each syntactic measure's best layer (0 = the embeddings)."""
   lo, hi = middle_layers(num_layers)
-  last = num_layers - 1
-  in_middle = sum(lo <= p <= hi for p in peaks.values())
-  before_last = sum(p < last for p in peaks.values())
-  if in_middle == len(peaks):
-    return "yes"
-  return "partly" if before_last > len(peaks) / 2 else "no"
+  p = np.asarray(list(peaks.values()))
+  return {IN_MIDDLE: np.mean((lo <= p) & (p <= hi)), BEFORE_LAST: np.mean(p < num_layers - 1)}
 
 
-def pos_lower_rule(e_pos: float, e_syntax: dict[str, float], margin: float = 0.1) -> str:
-  """ "yes": UPOS's expected layer is below every syntactic one by >= `margin` layers;
-  "partly": below their mean; "no" otherwise."""
+def pos_quantities(e_pos: float, e_syntax: dict[str, float]) -> dict[str, float | None]:
+  """What `POS_LOWER` reads from the expected layers (None where one is not finite)."""
   values = [v for v in e_syntax.values() if np.isfinite(v)]
   if not np.isfinite(e_pos) or not values:
-    return "no"
-  if all(e_pos <= v - margin for v in values):
-    return "yes"
-  return "partly" if e_pos < np.mean(values) else "no"
+    return {LOWEST_GAP: None, MEAN_GAP: None}
+  return {LOWEST_GAP: min(values) - e_pos, MEAN_GAP: float(np.mean(values)) - e_pos}
 
 
-def selectivity_rule(selectivity: dict[str, float], strong: float = 0.2, weak: float = 0.05) -> str:
-  """ "yes": every task's selectivity at its best layer >= `strong`; "partly": any >= `weak`."""
-  values = list(selectivity.values())
-  if all(v >= strong for v in values):
-    return "yes"
-  return "partly" if any(v >= weak for v in values) else "no"
+def selectivity_quantities(selectivity: dict[str, float]) -> dict[str, float]:
+  """What `SELECTIVE` reads from each task's selectivity at its best layer (fractions)."""
+  return {LEAST: 100 * min(selectivity.values()), MOST: 100 * max(selectivity.values())}
 
 
-def mlp_rule(
-  linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float, tolerance: float = 0.02
-) -> str:
-  """ "yes": the MLP probe is less selective and about as accurate (within `tolerance`);
-  "partly": only less selective; "no": not less selective."""
-  if mlp_sel >= linear_sel:
-    return "no"
-  return "yes" if mlp_acc >= linear_acc - tolerance else "partly"
+def mlp_quantities(
+  linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float
+) -> dict[str, float]:
+  """What `MLP` reads from the two probes' selectivity and accuracy (fractions)."""
+  return {LESS_SELECTIVE: 100 * (linear_sel - mlp_sel), ACCURACY: 100 * (mlp_acc - linear_acc)}
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -143,58 +169,44 @@ def findings(r: dict, s: dict) -> list[dict]:
   data = f"{s['model']} on UD EWT {pathlib.PurePath(s['data']).name}"
   fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
   rows = [
-    common.finding(
-      PAPERS,
-      "Syntactic information (dependency labels, tree distance and depth) peaks in the "
-      "middle layers, not the last.",
+    PEAKS.row(
       f"best layer of {last}: "
       + "; ".join(fmt(k) for k in SYNTACTIC)
       + f". Differs from the papers: {data}, one linear probe per layer (Tenney: edge probing "
-      "with scalar mixes on OntoNotes; Hewitt & Manning: BERT-large on the PTB). Rule: yes if "
-      f"all 5 peak in the middle layers {lo}-{hi}, partly if most peak before the last.",
-      syntax_peaks_rule({k: peaks[k] for k in SYNTACTIC}, num_layers),
+      "with scalar mixes on OntoNotes; Hewitt & Manning: BERT-large on the PTB). The middle "
+      f"third is layers {lo}-{hi}.",
+      peak_quantities({k: peaks[k] for k in SYNTACTIC}, num_layers),
     ),
-    common.finding(
-      "Tenney et al. 2019",
-      "POS (surface) information sits lower in the network than "
-      "syntactic structure (expected layer of POS < that of parsing tasks).",
+    POS_LOWER.row(
       f"expected layer E[l]: UPOS {expected['upos']:.2f} vs dependency labels (Tenney's "
       f"dependency task) {expected['deprel']:.2f}; against the structural probes, which are "
       "not Tenney's tasks: "
       + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC[1:])
       + f"; UPOS peaks at L{peaks['upos']}. Differs from Tenney: {data}; E[l] from the running "
       "best of one probe per layer, not from scalar-mixed probes; constituents, SRL and "
-      "coreference are not probed. Rule: yes if UPOS's E[l] is below the dependency task's by "
-      ">= 0.1 layer, partly if below it.",
-      pos_lower_rule(expected["upos"], {"deprel": expected["deprel"]}),
+      "coreference are not probed. The rule reads the dependency task alone.",
+      pos_quantities(expected["upos"], {"deprel": expected["deprel"]}),
     ),
-    common.finding(
-      "Hewitt & Liang 2019",
-      "Linear probes are selective: high accuracy on the linguistic task, "
-      "much lower on a control task of random word-type labels.",
+    SELECTIVE.row(
       "selectivity at the best layer: "
       + ", ".join(
         f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
         f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})"
         for t in ("upos", "deprel")
       )
-      + f". Differs from Hewitt & Liang: {data}, not ELMo on the PTB. Rule: yes if both >= 20 "
-      "pts, partly if either >= 5.",
-      selectivity_rule(sel_at_best),
+      + f". Differs from Hewitt & Liang: {data}, not ELMo on the PTB.",
+      selectivity_quantities(sel_at_best),
     ),
   ]
   if "upos_mlp" in r:
     lin, mlp = sel_at_best["upos"], sm["mlp_selectivity_at_best_layer"]
+    accuracy = r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"]
     rows.append(
-      common.finding(
-        "Hewitt & Liang 2019",
-        "MLP probes reach similar accuracy but are less selective than linear probes.",
+      MLP.row(
         f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
-        f"(accuracy {100 * r['upos']['best_accuracy']:.1f} vs "
-        f"{100 * r['upos_mlp']['best_accuracy']:.1f}). Differs from Hewitt & Liang: {data}, not "
-        "ELMo on the PTB. Rule: yes if MLP selectivity is lower and its accuracy within 2 pts of "
-        "(or above) the linear probe's, partly if only less selective.",
-        mlp_rule(lin, mlp, r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"]),
+        f"(accuracy {100 * accuracy[0]:.1f} vs {100 * accuracy[1]:.1f}). Differs from Hewitt & "
+        f"Liang: {data}, not ELMo on the PTB.",
+        mlp_quantities(lin, mlp, *accuracy),
       )
     )
   return rows

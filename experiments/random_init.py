@@ -57,6 +57,7 @@ from typing import Any
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 from bertjax.tasks import acceptability
 from bertjax.tasks.acceptability import split_groups, subset
@@ -120,7 +121,6 @@ RULE = (
   "r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
   "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority"
 )
-YES, PARTLY = 0.75, 0.4
 
 
 # Data -----------------------------------------------------------------------------------
@@ -184,15 +184,11 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
 # Verdict --------------------------------------------------------------------------------
 
 
-def random_init_verdict(
-  random: float, pretrained: float, majority: float
-) -> tuple[str, float | None]:
-  """`(holds, r)` by `RULE`: r is random's share of the pre-trained gain over the majority."""
+def gain_ratio(random: float, pretrained: float, majority: float) -> float | None:
+  """r: random's share of the pre-trained model's gain over the majority class (None when the
+  pre-trained model does not beat it)."""
   gain = pretrained - majority
-  if gain <= 0:
-    return "n/a", None
-  r = (random - majority) / gain
-  return ("yes" if r >= YES else "partly" if r >= PARTLY else "no"), float(r)
+  return None if gain <= 0 else float((random - majority) / gain)
 
 
 def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
@@ -202,7 +198,7 @@ def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
   majority = float(np.mean([b["majority"] for b in baselines]))
   lexical = float(np.mean([b["lexical"] for b in baselines]))
   gap = pre - rnd
-  holds, r = random_init_verdict(float(rnd.mean()), float(pre.mean()), majority)
+  r = gain_ratio(float(rnd.mean()), float(pre.mean()), majority)
   sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else 0.0
   return {
     "pretrained": float(pre.mean()),
@@ -221,7 +217,7 @@ def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
       init: sum(r[init]["converged"] for r in runs) for init in ("pretrained", "random")
     },
     "steps": {init: [r[init]["steps"] for r in runs] for init in ("pretrained", "random")},
-    "holds": holds,
+    "holds": LEXICAL.verdict({R: r}),
   }
 
 
@@ -434,23 +430,33 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
 
 
-CLAIM = (
+R = "r"  # random's share of the pre-trained gain over the majority class (`gain_ratio`)
+LEXICAL = Rule(
+  PAPER,
   "Fine-tuning the same architecture from random initialisation does disturbingly well "
-  "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE)."
+  "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).",
+  yes=(Test(R, ">=", 0.75),),
+  partly=(Test(R, ">=", 0.4),),
+  missing="n/a",
+  missing_when="the pre-trained model does not beat the majority class",
 )
 # The control: Kovaleva et al. put the random model's success down to lexical cues, so where
 # no lexical cue decides the task it should fall far short. Its row holds when r is low.
 CONTROL_TASKS = ("blimp",)
-CONTROL_CLAIM = (
+CONTROL = Rule(
+  PAPER,
   "(control for the row above) Where no lexical cue decides the task, random "
   "initialisation falls far short of the pre-trained weights, as the paper's "
-  "explanation (lexical cues) implies."
+  "explanation (lexical cues) implies.",
+  yes=(Test(R, "<", 0.4),),
+  partly=(Test(R, "<", 0.75),),
+  missing="n/a",
+  missing_when="the pre-trained model does not beat the majority class",
 )
 
 
 def findings(results: dict, settings: dict) -> list[dict[str, str]]:
-  """The Findings rows, one per task, from the numbers as written to the JSON (so
-  `findings.py --refresh random_init` can recompute them)."""
+  """The Findings rows, one per task, from the numbers as written to the JSON."""
   return [_finding(name, res, settings) for name, res in results["tasks"].items()]
 
 
@@ -467,21 +473,11 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
     f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
     f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
     f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
-    f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n}). "
+    f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n})."
   )
-  if name not in CONTROL_TASKS:
-    return common.finding(
-      PAPER, CLAIM, measured + "Rule: yes if r >= 0.75, partly if >= 0.4.", s["holds"]
-    )
-  r = s["gain_ratio"]
-  holds = "n/a" if r is None else "yes" if r < 0.4 else "partly" if r < 0.75 else "no"
-  return common.finding(
-    PAPER,
-    CONTROL_CLAIM,
-    measured + "Rule: yes if r < 0.4, partly if < 0.75 (the task's own "
-    "summary in the JSON applies the lexical-cue rule: r >= 0.75 yes).",
-    holds,
-  )
+  if name in CONTROL_TASKS:
+    measured += " (The task's summary in the JSON applies the row above's rule.)"
+  return (CONTROL if name in CONTROL_TASKS else LEXICAL).row(measured, {R: s["gain_ratio"]})
 
 
 if __name__ == "__main__":

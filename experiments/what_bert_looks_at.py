@@ -48,6 +48,7 @@ from typing import Any
 
 import common
 import numpy as np
+from findings import Rule, Test
 
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"
@@ -108,19 +109,38 @@ def _not_bert_base(model: str, depth: int) -> str:
   return f"{what}; " if what else ""
 
 
-def sink_verdict(total: float, sep_margin: float) -> str:
-  """Clark's sink rule: "yes" if the middle third gives over half its attention to [CLS],
-  [SEP] and punctuation (`total`) with [SEP] the largest (`sep_margin`: [SEP]'s mass minus the
-  larger of the other two, > 0), "partly" if over half but another is the sink, else "no"."""
-  return "yes" if total > 0.5 and sep_margin > 0 else "partly" if total > 0.5 else "no"
-
-
-def entropy_verdict(first_margin: float, halves: float) -> str:
-  """Clark's entropy rule: "yes" if layer 1 has the highest entropy (`first_margin`: its
-  entropy minus the highest other layer's, >= 0) and the first half's mean exceeds the
-  second's (`halves` > 0), "partly" if one of the two, else "no"."""
-  ok = (first_margin >= 0, halves > 0)
-  return "yes" if all(ok) else "partly" if any(ok) else "no"
+MIDDLE = "the middle third's attention to [CLS], [SEP] and punctuation"
+SEP_MARGIN = "[SEP]'s share minus the larger other's"
+FIRST = "layer 1's entropy minus the highest other layer's"
+HALVES = "the first half's mean entropy minus the second's"
+BEATEN = "the share of frequent relations where a head beats the offset by 5 points"
+OVERALL = "the best head's accuracy over all arcs"
+SINK = Rule(
+  PAPER,
+  "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
+  "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
+  "when a head's function does not apply.",
+  yes=(Test(MIDDLE, ">", 0.5), Test(SEP_MARGIN, ">", 0)),
+  partly=(Test(MIDDLE, ">", 0.5),),
+)
+ENTROPY = Rule(
+  PAPER,
+  "Early layers attend broadly (high attention entropy); later heads focus.",
+  yes=(Test(FIRST, ">=", 0), Test(HALVES, ">", 0)),
+)
+RELATIONS = Rule(
+  PAPER,
+  "Particular heads track particular dependency relations well, well above a "
+  "fixed-offset baseline.",
+  yes=(Test(BEATEN, ">=", 2 / 3),),
+  partly=(Test(BEATEN, ">=", 1 / 3),),
+)
+NO_SYNTAX_HEAD = Rule(
+  PAPER,
+  "No single head does well at syntax overall.",
+  yes=(Test(OVERALL, "<", 0.5),),
+  partly=(Test(OVERALL, "<", 0.7),),
+)
 
 
 def _roles(s: dict) -> str:
@@ -168,42 +188,30 @@ def findings(r: dict, s: dict) -> list[dict]:
     '"." and ","' if d["punctuation"] == "clark" else f"all {d['punctuation_ids']} punctuation ids"
   )
   rounded = lambda v, k=3: np.round(v, k).tolist()
-  rows = [
-    common.finding(
-      PAPER,
-      "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
-      "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
-      "when a head's function does not apply.",
-      f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
-      f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}"
-      + ("" if sink == "[SEP]" else f"; [SEP] {masses['[SEP]']:.2f}")
-      + f"). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
-      f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
-      f"{rounded(by['punct'])}. Averaged over all tokens with all "
-      f"{variant['definition']['punctuation_ids']} punctuation ids instead: [SEP] "
-      f"{rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation {rounded(vb['punct'])}. "
-      f"Differs from Clark: {_not_bert_base(model, depth)}read on single EWT sentences with "
-      "one [SEP] rather than Wikipedia segment pairs, so which special token serves as the sink "
-      "may differ. "
-      "Rule: yes if the middle third gives over half its attention to these tokens with [SEP] "
-      "the largest, partly if over half but another token is the sink, no otherwise.",
-      sink_verdict(total, masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])),
-    )
-  ]
-  first_half, second_half = ent[: depth // 2].mean(), ent[depth // 2 :].mean()
-  rows.append(
-    common.finding(
-      PAPER,
-      "Early layers attend broadly (high attention entropy); later heads focus.",
-      f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
-      f"{d['entropy_smoothing']:g}; uniform attention: {clark['uniform_entropy']:.2f}); first "
-      f"half {first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
-      f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f}). "
-      "Rule: yes if layer 1 has the highest entropy and the first half's mean exceeds the "
-      "second's, partly if only one of the two.",
-      entropy_verdict(ent[0] - ent[1:].max(), first_half - second_half),
-    )
+  measured = (
+    f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
+    f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}"
+    + ("" if sink == "[SEP]" else f"; [SEP] {masses['[SEP]']:.2f}")
+    + f"). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
+    f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
+    f"{rounded(by['punct'])}. Averaged over all tokens with all "
+    f"{variant['definition']['punctuation_ids']} punctuation ids instead: [SEP] "
+    f"{rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation {rounded(vb['punct'])}. "
+    f"Differs from Clark: {_not_bert_base(model, depth)}read on single EWT sentences with "
+    "one [SEP] rather than Wikipedia segment pairs, so which special token serves as the sink "
+    "may differ."
   )
+  margin = masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])
+  rows = [SINK.row(measured, {MIDDLE: total, SEP_MARGIN: margin})]
+  first_half, second_half = ent[: depth // 2].mean(), ent[depth // 2 :].mean()
+  measured = (
+    f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
+    f"{d['entropy_smoothing']:g}; uniform attention: {clark['uniform_entropy']:.2f}); first "
+    f"half {first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
+    f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f})."
+  )
+  quantities = {FIRST: ent[0] - ent[1:].max(), HALVES: first_half - second_half}
+  rows.append(ENTROPY.row(measured, quantities))
   table, frequent = probe["relations"], probe["frequent"]
   # The direction of each relation is chosen on the selection half too, then scored held out.
   chosen, margins = probe["accuracy_chosen_direction"], probe["margin_chosen_direction_vs_offset"]
@@ -211,32 +219,22 @@ def findings(r: dict, s: dict) -> list[dict]:
   share = len(beat) / max(len(frequent), 1)
   best = sorted(frequent, key=lambda x: -margins[x])[:5]
   below = [x for x in frequent if x not in beat]
-  rows.append(
-    common.finding(
-      PAPER,
-      "Particular heads track particular dependency relations well, well above a "
-      "fixed-offset baseline.",
-      f"the best single head (head and direction chosen on even sentences) beats the best fixed "
-      f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
-      "relations; largest margins: "
-      + ", ".join(f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
-      + f"; under the 5-point margin: {', '.join(below) or 'none'}"
-      + ". Differs from Clark: UD relations on EWT, not Stanford dependencies on the WSJ. "
-      "Rule: yes if >=2/3 of the relations, partly if >=1/3.",
-      "yes" if share >= 2 / 3 else "partly" if share >= 1 / 3 else "no",
-    )
+  measured = (
+    f"the best single head (head and direction chosen on even sentences) beats the best fixed "
+    f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
+    "relations; largest margins: "
+    + ", ".join(f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
+    + f"; under the 5-point margin: {', '.join(below) or 'none'}"
+    + ". Differs from Clark: UD relations on EWT, not Stanford dependencies on the WSJ."
   )
+  rows.append(RELATIONS.row(measured, {BEATEN: share}))
   overall = table["all"]["dep_to_head"]["accuracy"]
-  rows.append(
-    common.finding(
-      PAPER,
-      "No single head does well at syntax overall.",
-      f"the best single head over all non-punctuation arcs predicts the head for "
-      f"{overall:.2f} of held-out arcs (best fixed offset "
-      f"{table['all']['baseline']['accuracy']:.2f}). Rule: yes if below 0.5, partly if below 0.7.",
-      "yes" if overall < 0.5 else "partly" if overall < 0.7 else "no",
-    )
+  measured = (
+    f"the best single head over all non-punctuation arcs predicts the head for "
+    f"{overall:.2f} of held-out arcs (best fixed offset "
+    f"{table['all']['baseline']['accuracy']:.2f})."
   )
+  rows.append(NO_SYNTAX_HEAD.row(measured, {OVERALL: overall}))
   return rows
 
 

@@ -71,17 +71,18 @@ def test_mlm_head_is_counted_once_with_its_tied_decoder():
 
 
 def test_verdict_rules():
+  quality = lambda h, unigram=99.0: A.QUALITY.verdict(A.quality_quantities(h, unigram))
   good = {"bert": 6.0, "albert": 6.3, "shared_only": 6.25, "factorized_only": 6.05}
-  assert A.quality_verdict(good) == "yes"
-  assert A.quality_verdict({**good, "shared_only": 6.0, "factorized_only": 6.1}) == "partly"
-  assert A.quality_verdict({**good, "albert": 5.9}) == "partly"
-  assert (
-    A.quality_verdict({"bert": 6.0, "albert": 5.9, "shared_only": 5.9, "factorized_only": 6.0})
-    == "no"
+  assert quality(good) == "yes"
+  assert quality({**good, "shared_only": 6.0, "factorized_only": 6.1}) == "partly"
+  assert quality({**good, "albert": 5.9}) == "partly"
+  assert quality({"bert": 6.0, "albert": 5.9, "shared_only": 5.9, "factorized_only": 6.0}) == "no"
+  assert quality(good, unigram=6.5) == "yes"
+  assert quality(good, unigram=6.05) == "n/a"  # nothing learned beyond frequencies
+  compute = lambda ratio: A.COMPUTE.verdict({A.STEP: ratio})
+  assert compute(1.02) == "yes" and compute(0.8) == "partly" and compute(0.5) == "no"
+  params = lambda base, small: A.PARAMS.verdict(
+    {A.BASE: base, A.BASE_ERROR: abs(base - A.PAPER_BASE_RATIO), A.SMALL: small}
   )
-  assert A.quality_verdict(good, unigram=6.5) == "yes"
-  assert A.quality_verdict(good, unigram=6.05) == "n/a"  # nothing learned beyond frequencies
-  assert A.compute_verdict(1.02) == "yes" and A.compute_verdict(0.8) == "partly"
-  assert A.compute_verdict(0.5) == "no"
-  assert A.param_verdict(0.107, 0.2) == "yes" and A.param_verdict(0.3, 0.5) == "partly"
-  assert A.param_verdict(0.9, 0.95) == "no"
+  assert params(0.107, 0.2) == "yes" and params(0.3, 0.5) == "partly"
+  assert params(0.9, 0.95) == "no"

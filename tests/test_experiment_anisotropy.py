@@ -46,19 +46,20 @@ def test_geometry_measures_against_numpy():
 
 
 def test_trend_and_rules():
+  rises = lambda v: an.RISES.verdict(an.trend_quantities(v))
   assert an.trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
   assert an.trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
   assert np.isnan(an.trend([0.2, 0.2]))
-  assert an.anisotropic_rule([0.2, 0.3]) == "yes"
-  assert an.anisotropic_rule([0.05, 0.3]) == "partly"
-  assert an.anisotropic_rule([0.05, 0.0]) == "no"
-  assert an.rises_rule([0.1, 0.2, 0.3]) == "yes"
-  assert an.rises_rule([0.1, 0.3, 0.25, 0.2, 0.15, 0.12]) == "partly"  # last > first, trend < 0.5
-  assert an.rises_rule([0.3, 0.2, 0.1]) == "no"
-  assert an.rises_rule([0.12, 0.13, 0.15, 0.17, 0.21, 0.03]) == "partly"  # 4 of 5 steps rise
-  assert an.rises_rule([0.3, 0.2, 0.1], falls=True) == "yes"
-  assert an.mev_rule([0.01, 0.04]) == "yes"
-  assert an.mev_rule([0.01, 0.2]) == "partly"
+  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.2, 0.3])) == "yes"
+  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.05, 0.3])) == "partly"
+  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.05, 0.0])) == "no"
+  assert rises([0.1, 0.2, 0.3]) == "yes"
+  assert rises([0.1, 0.3, 0.25, 0.2, 0.15, 0.12]) == "partly"  # last > first, trend < 0.5
+  assert rises([0.3, 0.2, 0.1]) == "no"
+  assert rises([0.12, 0.13, 0.15, 0.17, 0.21, 0.03]) == "partly"  # 4 of 5 steps rise
+  assert an.FALLS.verdict(an.trend_quantities([0.3, 0.2, 0.1], falls=True)) == "yes"
+  assert an.MEV.verdict(an.mev_quantities([0.01, 0.04])) == "yes"
+  assert an.MEV.verdict(an.mev_quantities([0.01, 0.2])) == "partly"
 
 
 def test_committed_results_are_consistent():
@@ -83,8 +84,8 @@ def test_committed_results_are_consistent():
   np.testing.assert_array_equal(m["mev"], m[f"mev_{definition}"])
   holds = [f["holds"] for f in doc["findings"]]
   assert holds == [
-    an.anisotropic_rule(m["anisotropy"][1:]),
-    an.rises_rule(m["anisotropy"][1:]),
-    an.rises_rule(m["self_similarity_adjusted"][1:], falls=True),
-    an.mev_rule(m["mev_adjusted"][1:]),
+    an.ANISOTROPIC.verdict(an.anisotropy_quantities(m["anisotropy"][1:])),
+    an.RISES.verdict(an.trend_quantities(m["anisotropy"][1:])),
+    an.FALLS.verdict(an.trend_quantities(m["self_similarity_adjusted"][1:], falls=True)),
+    an.MEV.verdict(an.mev_quantities(m["mev_adjusted"][1:])),
   ]

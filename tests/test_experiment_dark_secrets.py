@@ -127,17 +127,20 @@ def test_improvements_and_verdict_rules():
   assert acc["layer_skips_improving"] == 0 and acc["best_layer_skip_delta"] == pytest.approx(0)
   loss = res.improvements(higher_is_better=False)
   assert loss["heads_improving"] == 1 and loss["delta_heads"][1, 0] == pytest.approx(0.1)
-  assert ds.ablation_verdict(acc, standard_error=0.02) == "yes"
-  assert ds.ablation_verdict(acc, standard_error=0.2) == "partly"
-  assert ds.ablation_verdict({**acc, "layers_improving": 0}, standard_error=0.02) == "partly"
-  assert ds.ablation_verdict({**acc, "heads_improving": 0, "layers_improving": 0}, 0.02) == "no"
+  disabling = lambda a, se: ds.DISABLING.verdict(ds.disabling_quantities(a, se))
+  change = lambda cos: ds.CHANGE.verdict(ds.change_quantities(cos))
+  patterns = lambda before, after: ds.PATTERNS.verdict(ds.pattern_quantities(before, after))
+  assert disabling(acc, 0.02) == "yes"
+  assert disabling(acc, 0.2) == "partly"
+  assert disabling({**acc, "layers_improving": 0}, 0.02) == "partly"
+  assert disabling({**acc, "heads_improving": 0, "layers_improving": 0}, 0.02) == "no"
 
-  assert ds.change_verdict([0.9, 0.9, 0.9, 0.9, 0.8, 0.7]) == "yes"
-  assert ds.change_verdict([0.6, 0.9, 0.9, 0.9, 0.8, 0.7]) == "partly"
-  assert ds.change_verdict([0.7, 0.9, 0.9, 0.9, 0.95, 0.95]) == "no"
+  assert change([0.9, 0.9, 0.9, 0.9, 0.8, 0.7]) == "yes"
+  assert change([0.6, 0.9, 0.9, 0.9, 0.8, 0.7]) == "partly"
+  assert change([0.7, 0.9, 0.9, 0.9, 0.95, 0.95]) == "no"
 
   vertical = {"repeated_share": 0.6, "commonest_repeated": "vertical"}
-  assert ds.patterns_verdict(vertical, vertical) == "yes"
-  assert ds.patterns_verdict(vertical, {**vertical, "commonest_repeated": "diagonal"}) == "partly"
+  assert patterns(vertical, vertical) == "yes"
+  assert patterns(vertical, {**vertical, "commonest_repeated": "diagonal"}) == "partly"
   few = {"repeated_share": 0.1, "commonest_repeated": "vertical"}
-  assert ds.patterns_verdict(few, few) == "no"
+  assert patterns(few, few) == "no"

@@ -24,12 +24,14 @@ def test_expected_null_dim_rule():
   assert effective_attention_lib.expected_null_dim(32, 32) == 0
   assert effective_attention_lib.expected_null_dim(33, 32) == 1
   assert effective_attention_lib.expected_null_dim(128, 32) == 96
-  assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.full(3, 8)}, 32) == "yes"
-  assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.array([8, 9, 8])}, 32) == "partly"
-  assert ea.null_space_rule([8, 40], {8: np.zeros(3), 40: np.array([8, 0, 8])}, 32) == "no"
-  assert ea.special_rule(0.5, 0.2) == "yes"
-  assert ea.special_rule(0.5, 0.4) == "partly"
-  assert ea.special_rule(0.5, 0.6) == "no"
+  null_space = lambda *a: ea.NULL_SPACE.verdict(ea.null_space_quantities(*a))
+  special = lambda raw, effective: ea.SPECIAL.verdict({ea.SPECIAL_RATIO: effective / raw})
+  assert null_space([8, 40], {8: np.zeros(3), 40: np.full(3, 8)}, 32) == "yes"
+  assert null_space([8, 40], {8: np.zeros(3), 40: np.array([8, 9, 8])}, 32) == "partly"
+  assert null_space([8, 40], {8: np.zeros(3), 40: np.array([8, 0, 8])}, 32) == "no"
+  assert special(0.5, 0.2) == "yes"
+  assert special(0.5, 0.4) == "partly"
+  assert special(0.5, 0.6) == "no"
 
 
 def test_make_passages():
@@ -80,6 +82,7 @@ def test_committed_results_are_consistent():
     and s["max_block_output_error"]["effective"] < 1e-4
     else "no"
   )
-  assert holds[2] == ea.special_rule(s["special_mass"]["raw"], s["special_mass"]["effective"])
+  ratio = s["special_mass"]["effective"] / s["special_mass"]["raw"]
+  assert holds[2] == ea.SPECIAL.verdict({ea.SPECIAL_RATIO: ratio})
   # Same passages, batched by 8 in the library and all at once here: float32 maps differ ~1e-7.
   assert s["library_vs_direct_max_difference"] < 1e-6

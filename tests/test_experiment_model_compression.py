@@ -19,13 +19,16 @@ def test_verdict_rules_and_retained():
   assert C.retained(0.9, 0.96) == pytest.approx(0.9375)
   with pytest.raises(ValueError, match="teacher_score=0"):
     C.retained(0.5, 0)
-  assert C.distil_verdict(0.97, 1.8) == "yes" and C.distil_verdict(0.9, 1.8) == "partly"
-  assert C.distil_verdict(0.9, 1.1) == "no"
-  assert C.sharing_verdict(0.6, 1.0, 0.95) == "yes"
-  assert C.sharing_verdict(0.6, 1.0, 0.8) == "partly"
-  assert C.sharing_verdict(0.9, 1.0, 0.95) == "no" and C.sharing_verdict(0.6, 2.0, 0.95) == "no"
-  assert C.int8_verdict(0.995) == "yes" and C.int8_verdict(0.98) == "partly"
-  assert C.int8_verdict(0.9) == "no"
+  distil = lambda kept, speed: C.DISTIL.verdict({C.RETAINED: kept, C.SPEEDUP: speed})
+  assert distil(0.97, 1.8) == "yes" and distil(0.9, 1.8) == "partly" and distil(0.9, 1.1) == "no"
+  sharing = lambda params, speed, kept: C.SHARING.verdict(
+    {C.PARAMS: params, C.SPEEDUP: speed, C.RETAINED: kept}
+  )
+  assert sharing(0.6, 1.0, 0.95) == "yes" and sharing(0.6, 1.0, 0.8) == "partly"
+  assert sharing(0.9, 1.0, 0.95) == "no" and sharing(0.6, 2.0, 0.95) == "no"
+  assert sharing(None, None, None) == "n/a"  # a teacher without an ALBERT counterpart
+  int8 = lambda kept: C.INT8.verdict({C.RETAINED: kept})
+  assert int8(0.995) == "yes" and int8(0.98) == "partly" and int8(0.9) == "no"
 
 
 def check_smoke(doc: dict, out: pathlib.Path) -> None:

@@ -18,13 +18,15 @@ RESULTS = REPO / "experiments" / "results"
 
 
 def test_rules():
-  assert nc.score_verdict(0.7, 0.9) == "yes"
-  assert nc.score_verdict(0.95, 0.9) == "partly"  # agrees, but not better than EAP
-  assert nc.score_verdict(0.5, 0.6) == "partly"  # better than EAP, but below 0.8
-  assert nc.score_verdict(0.6, 0.5) == "no"
-  assert nc.circuit_verdict(0.01) == "yes"
-  assert nc.circuit_verdict(0.1) == "partly"
-  assert nc.circuit_verdict(0.5) == "no" and nc.circuit_verdict(None) == "no"
+  score = lambda eap, eap_ig: nc.SCORES.verdict({nc.EAP: eap, nc.EAP_IG: eap_ig})
+  assert score(0.7, 0.9) == "yes"
+  assert score(0.95, 0.9) == "partly"  # agrees, but not better than EAP
+  assert score(0.5, 0.6) == "partly"  # better than EAP, but below 0.8
+  assert score(0.6, 0.5) == "no"
+  circuit = lambda share: nc.CIRCUIT.verdict({nc.SHARE: share})
+  assert circuit(0.01) == "yes"
+  assert circuit(0.1) == "partly"
+  assert circuit(0.5) == "no" and circuit(None) == "no"
   faith = {"edges": [10, 50, 200], "normalized": [0.3, 0.85, 0.95]}
   assert circuits.smallest_faithful(faith) == 50
   assert circuits.smallest_faithful(faith, 0.9) == 200

@@ -56,19 +56,22 @@ def test_frequency_correlation_against_a_loop():
 
 
 def test_rules():
-  assert od.ablation_rule([], 0.5, [0.0]) == "no"
-  assert od.ablation_rule([1], 0.08, [0.01, 0.02]) == "yes"
-  assert od.ablation_rule([1], 0.04, [0.01, 0.02]) == "partly"
-  assert od.ablation_rule([1], 0.01, [0.01, 0.02]) == "no"
-  assert od.frequency_rule([], 0.5, 0.4) == "n/a"
-  assert od.frequency_rule([0.4, 0.3], 0.5, 0.4) == "yes"
-  assert od.frequency_rule([0.4, 0.3], 0.5, 0.6) == "partly"
-  assert od.frequency_rule([0.0], 0.5, 0.4) == "partly"
-  assert od.frequency_rule([0.0], 0.5, 0.6) == "no"
-  assert od.massive_rule([0, 3, 2]) == "yes"
-  assert od.massive_rule([0, 0, 2]) == "partly"
-  assert od.massive_rule([0, 0, 0]) == "no"
-  assert [od.int8_rule(v) for v in (0.6, 0.3, 0.1)] == ["yes", "partly", "no"]
+  ablation = lambda drop, randoms: od.ABLATION.verdict(
+    {od.MARGIN: od.ablation_margin(drop, randoms)}
+  )
+  assert od.ABLATION.verdict({od.MARGIN: None}) == "no"  # no outlier dimensions
+  assert ablation(0.08, [0.01, 0.02]) == "yes"
+  assert ablation(0.04, [0.01, 0.02]) == "partly"
+  assert ablation(0.01, [0.01, 0.02]) == "no"
+  frequency = lambda rho, fall: od.FREQUENCY.verdict({od.RHO: rho, od.SINK_FALL: fall})
+  assert frequency(None, None) == "n/a"
+  assert frequency(0.35, 0.1) == "yes"
+  assert frequency(0.35, -0.1) == "partly"
+  assert frequency(0.0, 0.1) == "partly"
+  assert frequency(0.0, -0.1) == "no"
+  massive = lambda share: od.MASSIVE.verdict({od.MASSIVE_SHARE: share})
+  assert [massive(v) for v in (2 / 3, 1 / 3, 0.0)] == ["yes", "partly", "no"]
+  assert [od.INT8.verdict({od.INT8_RHO: v}) for v in (0.6, 0.3, 0.1)] == ["yes", "partly", "no"]
 
 
 @pytest.mark.parametrize("stem", ["outlier_dimensions", "outlier_dimensions_all-mpnet-base-v2"])

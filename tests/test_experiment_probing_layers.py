@@ -40,18 +40,21 @@ def test_expected_layer_rejects_bad_shapes():
 
 def test_rules():
   assert pl.middle_layers(7) == (2, 4)  # 6 blocks: the middle third is 2-4
-  assert pl.syntax_peaks_rule({"a": 2, "b": 4}, 7) == "yes"
-  assert pl.syntax_peaks_rule({"a": 2, "b": 5, "c": 1}, 7) == "partly"
-  assert pl.syntax_peaks_rule({"a": 6, "b": 6, "c": 3}, 7) == "no"
-  assert pl.pos_lower_rule(1.0, {"a": 1.2, "b": 2.0}) == "yes"
-  assert pl.pos_lower_rule(1.15, {"a": 1.2, "b": 2.0}) == "partly"  # within the 0.1 margin
-  assert pl.pos_lower_rule(3.0, {"a": 1.2, "b": 2.0}) == "no"
-  assert pl.selectivity_rule({"upos": 0.3, "deprel": 0.25}) == "yes"
-  assert pl.selectivity_rule({"upos": 0.3, "deprel": 0.01}) == "partly"
-  assert pl.selectivity_rule({"upos": -0.1, "deprel": 0.01}) == "no"
-  assert pl.mlp_rule(0.3, 0.2, 0.93, 0.94) == "yes"
-  assert pl.mlp_rule(0.3, 0.2, 0.93, 0.80) == "partly"
-  assert pl.mlp_rule(0.3, 0.4, 0.93, 0.94) == "no"
+  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 2, "b": 4}, 7)) == "yes"
+  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 2, "b": 5, "c": 1}, 7)) == "partly"
+  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 6, "b": 6, "c": 3}, 7)) == "no"
+  assert pl.POS_LOWER.verdict(pl.pos_quantities(1.0, {"a": 1.2, "b": 2.0})) == "yes"
+  assert (
+    pl.POS_LOWER.verdict(pl.pos_quantities(1.15, {"a": 1.2, "b": 2.0})) == "partly"
+  )  # within the 0.1 margin
+  assert pl.POS_LOWER.verdict(pl.pos_quantities(3.0, {"a": 1.2, "b": 2.0})) == "no"
+  assert pl.POS_LOWER.verdict(pl.pos_quantities(float("nan"), {"a": 1.2})) == "no"
+  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": 0.3, "deprel": 0.25})) == "yes"
+  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": 0.3, "deprel": 0.01})) == "partly"
+  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": -0.1, "deprel": 0.01})) == "no"
+  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.2, 0.93, 0.94)) == "yes"
+  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.2, 0.93, 0.80)) == "partly"
+  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.4, 0.93, 0.94)) == "no"
 
 
 def test_committed_results_are_consistent():
@@ -71,4 +74,6 @@ def test_committed_results_are_consistent():
       pl.expected_layer(ys)
     )
   peaks = {k: r["summary"]["peak_layer"][k] for k in pl.SYNTACTIC}
-  assert doc["findings"][0]["holds"] == pl.syntax_peaks_rule(peaks, len(curves["upos"]))
+  assert doc["findings"][0]["holds"] == pl.PEAKS.verdict(
+    pl.peak_quantities(peaks, len(curves["upos"]))
+  )

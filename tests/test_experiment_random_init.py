@@ -17,12 +17,22 @@ import random_init as ri
 
 
 def test_verdict_rule_on_synthetic_numbers():
-  assert ri.random_init_verdict(0.92, 0.98, 0.66) == ("yes", pytest.approx(0.8125))
-  assert ri.random_init_verdict(0.88, 0.98, 0.66)[0] == "partly"  # r = 0.69
-  assert ri.random_init_verdict(0.80, 0.98, 0.66)[0] == "partly"  # r = 0.44
-  assert ri.random_init_verdict(0.78, 0.98, 0.66)[0] == "no"  # r = 0.375
-  assert ri.random_init_verdict(0.50, 0.92, 0.50) == ("no", 0.0)
-  assert ri.random_init_verdict(0.60, 0.50, 0.50) == ("n/a", None)
+  def verdict(random, pretrained, majority, rule=ri.LEXICAL):
+    r = ri.gain_ratio(random, pretrained, majority)
+    return rule.verdict({ri.R: r}), r
+
+  assert verdict(0.92, 0.98, 0.66) == ("yes", pytest.approx(0.8125))
+  assert verdict(0.88, 0.98, 0.66)[0] == "partly"  # r = 0.69
+  assert verdict(0.80, 0.98, 0.66)[0] == "partly"  # r = 0.44
+  assert verdict(0.78, 0.98, 0.66)[0] == "no"  # r = 0.375
+  assert verdict(0.50, 0.92, 0.50) == ("no", 0.0)
+  assert verdict(0.60, 0.50, 0.50) == ("n/a", None)
+  # The control row (BLiMP) holds where r is low.
+  assert [verdict(x, 0.98, 0.66, ri.CONTROL)[0] for x in (0.70, 0.85, 0.95)] == [
+    "yes",
+    "partly",
+    "no",
+  ]
 
   def run(pre, rnd):
     curve = lambda s: {"test": s, "converged": True, "steps": 100}
@@ -56,8 +66,10 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
         assert r["steps"] <= doc["settings"]["max_steps"] and 0 <= r["test"] <= 1
         assert r["dev"] == max(p["dev"] for p in r["curve"])
     assert s["pretrained"] == pytest.approx(np.mean([r["pretrained"]["test"] for r in res["runs"]]))
-    holds, ratio = ri.random_init_verdict(s["random"], s["pretrained"], s["majority"])
-    assert f["holds"] == s["holds"] == holds and s["gain_ratio"] == ratio
+    ratio = ri.gain_ratio(s["random"], s["pretrained"], s["majority"])
+    rule = ri.CONTROL if name in ri.CONTROL_TASKS else ri.LEXICAL
+    assert s["holds"] == ri.LEXICAL.verdict({ri.R: ratio}) and s["gain_ratio"] == ratio
+    assert f["holds"] == rule.verdict({ri.R: ratio})
     assert f["measured"].startswith(f"{name}: ") and f["paper"] == ri.PAPER
   for fig in doc["figures"]:
     assert (out / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -27,13 +27,15 @@ def test_power_law_fit_against_scipy():
 
 
 def test_rules():
-  assert ss.scaling_rule([0.4, 0.35, 0.3], 0.99) == "yes"
-  assert ss.scaling_rule([0.4, 0.35, 0.3], 0.90) == "partly"  # falls, but not a power law
-  assert ss.scaling_rule([0.4, 0.41, 0.3], 0.99) == "partly"  # one doubling did not help
-  assert ss.scaling_rule([0.3, 0.35, 0.4], 0.99) == "no"
-  assert ss.dead_rule([0.0, 0.05, 0.1]) == "yes"
-  assert ss.dead_rule([0.0, 0.2]) == "partly"
-  assert ss.dead_rule([0.3, 0.2]) == "no"
+  scaling = lambda fvu, r2: ss.SCALING.verdict(ss.scaling_quantities(fvu, r2))
+  assert scaling([0.4, 0.35, 0.3], 0.99) == "yes"
+  assert scaling([0.4, 0.35, 0.3], 0.90) == "partly"  # falls, but not a power law
+  assert scaling([0.4, 0.41, 0.3], 0.99) == "partly"  # one doubling did not help
+  assert scaling([0.3, 0.35, 0.4], 0.99) == "no"
+  dead = lambda d: ss.DEAD.verdict(ss.dead_quantities(d))
+  assert dead([0.0, 0.05, 0.1]) == "yes"
+  assert dead([0.0, 0.2]) == "partly"
+  assert dead([0.3, 0.2]) == "no"
 
 
 def test_paragraphs_skip_headings_and_short_lines(tmp_path):

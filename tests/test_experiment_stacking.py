@@ -10,11 +10,12 @@ import stacking
 
 
 def test_holds_rule():
-  assert stacking._holds([0.7, 0.75, 0.8]) == "yes"
-  assert stacking._holds([0.7, 0.85, 0.9]) == "partly"
-  assert stacking._holds([0.9, 0.95, 0.99]) == "partly"
-  assert stacking._holds([1.1, 1.2, 0.95]) == "no"
-  assert stacking._holds([None, 0.5, 0.5]) == "no"
+  holds = lambda ratios: stacking.TIME.verdict(stacking.time_quantities(ratios))
+  assert holds([0.7, 0.75, 0.8]) == "yes"
+  assert holds([0.7, 0.85, 0.9]) == "partly"
+  assert holds([0.9, 0.95, 0.99]) == "partly"
+  assert holds([1.1, 1.2, 0.95]) == "no"
+  assert holds([None, 0.5, 0.5]) == "no"
 
 
 def test_docstring_states_the_full_scale():
@@ -23,3 +24,10 @@ def test_docstring_states_the_full_scale():
   doc = stacking.__doc__
   assert schedule in doc and f"{sc.steps} steps" in doc
   assert f"{sc.layers}-layer, {sc.hidden}-wide" in doc and f"batch {sc.batch}" in doc
+
+
+def test_quality_rule():
+  quality = lambda gap, lead: stacking.QUALITY.verdict({stacking.GAP: gap, stacking.LEAD: lead})
+  assert quality(0.03, 0.5) == "yes"
+  assert quality(0.03, 0.05) == "partly"  # still at the unigram stage: a weak test
+  assert quality(0.1, 0.5) == "partly" and quality(0.2, 0.5) == "no"
