@@ -52,6 +52,7 @@ import common
 import numpy as np
 from findings import Rule, Test
 
+from bertjax.plots import charts
 from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
 
 PAPER = "Kovaleva et al. 2019"
@@ -205,7 +206,7 @@ def figure_patterns(before: dict, after: dict, out, stem: str = NAME) -> str:
     for k, name in enumerate(types):
       ax.bar(x, ratios[:, k], bottom=bottom, label=name, color=plt.get_cmap("tab10")(k))
       bottom += ratios[:, k]
-    ax.set_xticks(x, [str(i) for i in range(len(ratios) - 1)] + ["all"])
+    ax.set_xticks(x, [str(i + 1) for i in range(len(ratios) - 1)] + ["all"])  # blocks 1..L
     ax.set_xlabel("layer")
     ax.set_title(f"{label} (repeated types {100 * p['repeated_share']:.0f}%)")
   axes[0].set_ylabel("fraction of attention maps")
@@ -229,26 +230,19 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   d = 100 * u["delta_heads"]
   # One badly hurt head would wash out the rest: saturate beyond the 95th percentile.
   span = max(float(np.percentile(np.abs(d), 95)), 0.5)
-  extend = "both" if np.abs(d).max() > span else "neither"
-  im = a0.imshow(d, cmap="RdBu", vmin=-span, vmax=span, aspect="auto")
-  for (l, h), v in np.ndenumerate(d):
-    a0.text(
-      h,
-      l,
-      f"{v:+.1f}" if v else "0",
-      ha="center",
-      va="center",
-      fontsize=6,
-      color="w" if abs(v) > 0.7 * span else "k",
-    )
-  a0.set_xticks(range(d.shape[1]))
-  a0.set_yticks(range(d.shape[0]))
-  a0.set_xlabel("head")
-  a0.set_ylabel("layer")
-  a0.set_title(
-    f"one head disabled (uniform patterns); intact accuracy {100 * u['baseline']:.1f}%", fontsize=9
+  charts.draw_head_grid(
+    a0,
+    d,
+    title=f"one head disabled (uniform patterns); intact accuracy {100 * u['baseline']:.1f}%",
+    cbar_label="accuracy change (points)",
+    cmap="RdBu",
+    center=0.0,
+    span=span,
+    annotate=True,
+    fmt="{:+.1f}",
+    fontsize=6,
   )
-  fig.colorbar(im, ax=a0, label="accuracy change (points)", extend=extend)
+  a0.title.set_fontsize(9)
   bars = [
     ("all heads uniform", u["delta_layers"]),
     ("all heads zeroed (scale)", acc["scale"]["delta_layers"]),
@@ -258,7 +252,7 @@ def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
   for k, (label, values) in enumerate(bars):
     a1.bar(np.arange(depth) + k * width, 100 * np.asarray(values), width, label=label)
   a1.axhline(0, color="k", lw=0.8)
-  a1.set_xticks(np.arange(depth) + width * (len(bars) - 1) / 2, [str(i) for i in range(depth)])
+  a1.set_xticks(np.arange(depth) + width * (len(bars) - 1) / 2, [str(i + 1) for i in range(depth)])
   a1.set_xlabel("layer disabled")
   a1.set_ylabel("accuracy change (points)")
   a1.set_title("one layer disabled", fontsize=9)
@@ -282,21 +276,22 @@ def figure_change(cosine, cka, out, stem: str = NAME) -> str:
     gridspec_kw={"width_ratios": [3, 2]},
     layout="constrained",
   )
-  im = a0.imshow(
-    cosine, cmap="viridis", vmin=min(0.5, float(cosine.min())), vmax=1.0, aspect="auto"
+  charts.draw_head_grid(
+    a0,
+    cosine,
+    title="cosine of attention maps, pre-trained vs fine-tuned",
+    cbar_label="cosine similarity",
+    vmin=min(0.5, float(cosine.min())),
+    vmax=1.0,
+    annotate=True,
+    fmt="{:.2f}",
+    fontsize=5.5,
   )
-  for (l, h), v in np.ndenumerate(cosine):
-    a0.text(h, l, f"{v:.2f}", ha="center", va="center", fontsize=5.5, color="w")
-  a0.set_xticks(range(cosine.shape[1]))
-  a0.set_yticks(range(cosine.shape[0]))
-  a0.set_xlabel("head")
-  a0.set_ylabel("layer")
-  a0.set_title("cosine of attention maps, pre-trained vs fine-tuned", fontsize=9)
-  fig.colorbar(im, ax=a0, label="cosine similarity")
+  a0.title.set_fontsize(9)
   layers = np.arange(cosine.shape[0])
   a1.plot(layers, layer_means(cosine), marker="o", label="attention-map cosine (mean of heads)")
   a1.plot(layers, np.asarray(cka)[1:], marker="s", label="CKA of the layer's output")
-  a1.set_xticks(layers)
+  a1.set_xticks(layers, [str(i + 1) for i in layers])  # blocks 1..L
   a1.set_xlabel("layer")
   a1.set_ylabel("similarity")
   a1.set_title(f"per layer (embeddings' CKA {float(cka[0]):.3f})", fontsize=9)

@@ -373,21 +373,6 @@ def findings(r: dict, s: dict) -> list[dict]:
 # Figures ------------------------------------------------------------------------------------
 
 
-def _heatmap(ax, fig, grid, title, label, cmap="viridis", center=None):
-  grid = np.asarray(grid, np.float64)
-  kw = {}
-  if center is not None:
-    span = max(float(np.nanmax(np.abs(grid - center))), 0.01)  # all-zero grids stay readable
-    kw = {"vmin": center - span, "vmax": center + span}
-  im = ax.imshow(grid, cmap=cmap, aspect="auto", **kw)
-  ax.set_title(title)
-  ax.set_xlabel("head")
-  ax.set_ylabel("layer")
-  ax.set_xticks(range(grid.shape[1]))
-  ax.set_yticks(range(grid.shape[0]), [str(i + 1) for i in range(grid.shape[0])])  # blocks 1..L
-  fig.colorbar(im, ax=ax, label=label)
-
-
 def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
   """Importance and ablation heatmaps, the pruning curves and the speed-up bars (`stem`: the
   file names' start, `common.results_stem`)."""
@@ -396,25 +381,25 @@ def figures(r: dict, out, depth: int, stem: str = NAME) -> list[str]:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from bertjax.plots import charts
+
   names = []
   fig, axes = plt.subplots(1, 3, figsize=(17, 4), layout="constrained")  # no label overlaps
   a = r["ablation"]
-  _heatmap(
-    axes[0],
-    fig,
-    r["importance"]["normalized"],
-    "Head importance (per-layer L2 normalised)",
-    "importance",
-  )
-  _heatmap(axes[1], fig, r["importance"]["raw"], "Head importance (raw E|dL/dxi|)", "importance")
-  _heatmap(
+  importance, change = r["importance"], np.asarray(a["head_accuracy"]) - a["baseline_accuracy"]
+  for ax, values, title in (
+    (axes[0], importance["normalized"], "Head importance (per-layer L2 normalised)"),
+    (axes[1], importance["raw"], "Head importance (raw E|dL/dxi|)"),
+  ):
+    charts.draw_head_grid(ax, values, title=title, cbar_label="importance")
+  charts.draw_head_grid(
     axes[2],
-    fig,
-    np.asarray(a["head_accuracy"]) - a["baseline_accuracy"],
-    "Held-out accuracy change, one head removed",
-    "accuracy - baseline",
-    "RdBu",
-    0.0,
+    change,
+    title="Held-out accuracy change, one head removed",
+    cbar_label="accuracy - baseline",
+    cmap="RdBu",
+    center=0.0,
+    span=max(float(np.nanmax(np.abs(change))), 0.01),  # an all-zero grid stays readable
   )
   names.append(common.savefig(fig, out, f"{stem}_heads"))
 

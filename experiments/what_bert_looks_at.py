@@ -50,6 +50,8 @@ import common
 import numpy as np
 from findings import Rule, Test
 
+from bertjax.plots import charts
+
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"
 INDEXING = (
@@ -287,14 +289,14 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
   axes[1].set_title("Attention entropy by layer")
   axes[1].set_xticks(layers)
   axes[1].legend(fontsize=8)
-  sep = np.asarray(r["clark"]["sep"])
-  im = axes[2].imshow(sep, aspect="auto", cmap="viridis", vmin=0, vmax=1)
-  axes[2].set_xlabel("head")
-  axes[2].set_ylabel("layer")
-  axes[2].set_yticks(range(sep.shape[0]), [str(i + 1) for i in range(sep.shape[0])])
-  axes[2].set_xticks(range(sep.shape[1]))
-  axes[2].set_title("Attention mass on [SEP], per head")
-  fig.colorbar(im, ax=axes[2], label="mean mass on [SEP]")
+  charts.draw_head_grid(
+    axes[2],
+    r["clark"]["sep"],
+    title="Attention mass on [SEP], per head",
+    cbar_label="mean mass on [SEP]",
+    vmin=0,
+    vmax=1,
+  )
   names.append(common.savefig(fig, out, f"{stem}_special_tokens"))
 
   t = r["probe"]["relations"]
@@ -331,15 +333,17 @@ def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[st
   shown = [x for x in ("all", *relations) if x in t][:8]
   fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), squeeze=False, constrained_layout=True)
   for ax, rel in zip(axes.ravel(), shown):
-    grid = np.asarray(t[rel]["dep_to_head"]["per_head_in_sample"])
-    im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=0, vmax=1)
-    ax.set_title(f"{rel}: dependent -> head (n={t[rel]['count']})", fontsize=9)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.set_yticks(range(grid.shape[0]), [str(i + 1) for i in range(grid.shape[0])])
-    ax.set_xticks(range(grid.shape[1]))
+    charts.draw_head_grid(
+      ax,
+      t[rel]["dep_to_head"]["per_head_in_sample"],
+      title=f"{rel}: dependent -> head (n={t[rel]['count']})",
+      cbar_label="accuracy",
+      cmap="magma",
+      vmin=0,
+      vmax=1,
+    )
+    ax.title.set_fontsize(9)
     ax.tick_params(labelsize=7)
-    fig.colorbar(im, ax=ax, label="accuracy")
   for ax in axes.ravel()[len(shown) :]:
     ax.axis("off")
   fig.suptitle("Per-head accuracy of the attention probe (all sentences)")

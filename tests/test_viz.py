@@ -72,3 +72,21 @@ def test_every_head_and_layer_figure_says_layer(tmp_path, monkeypatch):
         assert ax.get_ylabel() == "layer", ax.get_ylabel()
         assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "2", "3"]
   assert len(drawn) == 2
+
+
+def test_draw_head_grid_into_a_panel(tmp_path):
+  plt = charts._plt()
+  fig, (a0, a1) = plt.subplots(1, 2)
+  values = np.array([[0.0, 2.0], [-0.5, np.nan], [0.25, -3.0]])
+  im = charts.draw_head_grid(
+    a0, values, title="t", cbar_label="c", center=0.0, span=1.0, annotate=True, fmt="{:+.1f}"
+  )
+  assert im.norm.vmin == -1.0 and im.norm.vmax == 1.0  # saturated at the span
+  assert fig.axes[-1].get_label() == "<colorbar>" and fig.axes[-1].get_ylabel() == "c"
+  assert [t.get_text() for t in a0.get_yticklabels()] == ["1", "2", "3"]
+  texts = sorted(t.get_text() for t in a0.texts)
+  assert texts == sorted(["+0.0", "+2.0", "-0.5", "+0.2", "-3.0"])  # NaN left blank
+  im = charts.draw_head_grid(a1, values[:2], vmin=0, vmax=1, first_layer=0)
+  assert (im.norm.vmin, im.norm.vmax) == (0, 1) and not a1.texts
+  assert [t.get_text() for t in a1.get_yticklabels()] == ["0", "1"]
+  plt.close(fig)

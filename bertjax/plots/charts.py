@@ -54,6 +54,60 @@ def _layer_ticks(ax, n: int, first_layer: int, axis: str = "y") -> None:
     ax.set_xticks(ticks, labels)
 
 
+def draw_head_grid(
+  ax,
+  values,
+  *,
+  title: str = "",
+  cbar_label: str = "",
+  cmap: str = "viridis",
+  center: float | None = None,
+  span: float | None = None,
+  vmin: float | None = None,
+  vmax: float | None = None,
+  annotate: bool = False,
+  fmt: str = "{:.2g}",
+  fontsize: float = 7,
+  first_layer: int = 1,
+):
+  """Draws a layers x heads grid into `ax`, with its colour bar; returns the image.
+
+  Args:
+    ax: a matplotlib axes (one panel of a larger figure, or its only one).
+    values: (layers, heads); NaN cells are left blank.
+    title, cbar_label: texts.
+    cmap: a matplotlib colormap name.
+    center: a diverging scale symmetric about this value, `span` either side (default: the
+      largest distance from it); cells beyond `span` saturate and the bar says so.
+    vmin, vmax: the colour scale's ends, without `center` (default: the data's).
+    annotate: print each value in its cell with `fmt` (`fontsize` pt), black on light
+      cells and white on dark ones.
+    first_layer: the number of the first row (default 1: the rows are blocks 1..L).
+  """
+  values = _check_grid(values)
+  layers, heads = values.shape
+  kw: dict = {"vmin": vmin, "vmax": vmax}
+  extend = "neither"
+  if center is not None:
+    far = float(np.nanmax(np.abs(values - center))) if np.isfinite(values).any() else 0.0
+    span = (far or 1.0) if span is None else span
+    kw = {"vmin": center - span, "vmax": center + span}
+    extend = "both" if far > span else "neither"
+  im = ax.imshow(values, cmap=cmap, aspect="auto", **kw)
+  ax.figure.colorbar(im, ax=ax, label=cbar_label, extend=extend)
+  ax.set_xlabel("head")
+  ax.set_ylabel("layer")
+  ax.set_xticks(range(heads))
+  _layer_ticks(ax, layers, first_layer)
+  if annotate:
+    for (l, h), v in np.ndenumerate(values):
+      if np.isfinite(v):
+        colour = _text_colour(im.cmap(im.norm(v)))
+        ax.text(h, l, fmt.format(v), ha="center", va="center", fontsize=fontsize, color=colour)
+  ax.set_title(title)
+  return im
+
+
 def head_heatmap(
   values,
   path,
@@ -65,7 +119,8 @@ def head_heatmap(
   annotate: bool | None = None,
   first_layer: int = 1,
 ) -> pathlib.Path:
-  """A layers x heads heatmap (ablation effect, importance, special-token mass ...).
+  """A layers x heads heatmap (ablation effect, importance, special-token mass ...) in a
+  figure of its own (`draw_head_grid` draws one into a panel).
 
   Args:
     values: (layers, heads); NaN cells are left blank.
@@ -80,33 +135,19 @@ def head_heatmap(
   Returns:
     The saved path.
   """
-  plt = _plt()
   values = _check_grid(values)
   layers, heads = values.shape
-  fig, ax = plt.subplots(figsize=(1.6 + 0.5 * heads, 1.0 + 0.42 * layers))
-  kw = {}
-  if center is not None:
-    span = np.nanmax(np.abs(values - center)) or 1.0
-    kw = {"vmin": center - span, "vmax": center + span}
-  im = ax.imshow(values, cmap=cmap, aspect="auto", **kw)
-  fig.colorbar(im, ax=ax, label=cbar_label)
-  ax.set_xlabel("head")
-  ax.set_ylabel("layer")
-  ax.set_xticks(range(heads))
-  _layer_ticks(ax, layers, first_layer)
-  if annotate or (annotate is None and values.size <= 144):
-    for (l, h), v in np.ndenumerate(values):
-      if np.isfinite(v):
-        ax.text(
-          h,
-          l,
-          f"{v:.2g}",
-          ha="center",
-          va="center",
-          fontsize=7,
-          color=_text_colour(im.cmap(im.norm(v))),
-        )
-  ax.set_title(title)
+  fig, ax = _plt().subplots(figsize=(1.6 + 0.5 * heads, 1.0 + 0.42 * layers))
+  draw_head_grid(
+    ax,
+    values,
+    title=title,
+    cbar_label=cbar_label,
+    cmap=cmap,
+    center=center,
+    annotate=annotate or (annotate is None and values.size <= 144),
+    first_layer=first_layer,
+  )
   return _save(fig, path)
 
 
