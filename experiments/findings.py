@@ -162,7 +162,9 @@ class Rule:
   applies: tuple[Test, ...] = ()
 
   def __post_init__(self):
-    ok = self.partly_if == "any" or (self.partly_if == "all") == bool(self.partly)
+    ok = self.partly_if == "any" or (
+      self.partly_if in ("all", "never") and (self.partly_if == "all") == bool(self.partly)
+    )
     if not self.yes or not ok or self.missing not in (None, *VERDICTS):
       raise ValueError(
         f"Rule({self.claim[:40]!r}...) not understood: it needs yes tests, partly_if "

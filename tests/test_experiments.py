@@ -380,6 +380,10 @@ def test_rules_are_data_that_findings_applies():
   strict = findings.Rule("P", "C", yes=(T("a", "<", 1), T("b", "<", 1)), partly_if="never")
   assert strict.verdict({"a": 0, "b": 2}) == "no" and strict.verdict({"a": 0, "b": 0}) == "yes"
   assert strict.text() == "Rule: yes if a < 1 and b < 1; else no."
-  for bad in ({"partly_if": "all"}, {"partly_if": "never", "partly": (T("s", "<", 2),)}):
+  for bad in (
+    {"partly_if": "all"},
+    {"partly_if": "never", "partly": (T("s", "<", 2),)},
+    {"partly_if": "some"},
+  ):
     with pytest.raises(ValueError, match=r"partly_if 'any', 'never' \(no partly tests\)"):
       findings.Rule("P", "C", yes=(T("s", "<", 1),), **bad)
