@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 
-def _plt():
+def pyplot():
+  """`matplotlib.pyplot` on the Agg backend (unless a backend was already chosen)."""
   import matplotlib
 
   matplotlib.use("Agg", force=False)
@@ -23,13 +24,14 @@ def _plt():
   return plt
 
 
-def _save(fig, path) -> pathlib.Path:
+def save_png(fig, path) -> pathlib.Path:
+  """Saves `fig` as the PNG `path` (parents made; 120 dpi), closes it, returns the path."""
   path = pathlib.Path(path)
   if path.suffix.lower() != ".png":
     raise ValueError(f"path={str(path)!r} must end in .png")
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120, bbox_inches="tight")
-  _plt().close(fig)
+  pyplot().close(fig)
   return path
 
 
@@ -137,7 +139,7 @@ def head_heatmap(
   """
   values = _check_grid(values)
   layers, heads = values.shape
-  fig, ax = _plt().subplots(figsize=(1.6 + 0.5 * heads, 1.0 + 0.42 * layers))
+  fig, ax = pyplot().subplots(figsize=(1.6 + 0.5 * heads, 1.0 + 0.42 * layers))
   draw_head_grid(
     ax,
     values,
@@ -148,7 +150,7 @@ def head_heatmap(
     annotate=annotate or (annotate is None and values.size <= 144),
     first_layer=first_layer,
   )
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def pattern_heatmap(
@@ -160,7 +162,7 @@ def pattern_heatmap(
   first_layer: int = 1,
 ) -> pathlib.Path:
   """Categorical layers x heads map of pattern types (e.g. `PatternCounts.dominant`)."""
-  plt = _plt()
+  plt = pyplot()
   from matplotlib.colors import ListedColormap
 
   if names is None:
@@ -182,7 +184,7 @@ def pattern_heatmap(
   ax.set_xticks(range(codes.shape[1]))
   _layer_ticks(ax, codes.shape[0], first_layer)
   ax.set_title(title)
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def attention_grid(
@@ -205,7 +207,7 @@ def attention_grid(
       are titled by layer number (block index + 1) and head.
     title: figure title.
   """
-  plt = _plt()
+  plt = pyplot()
   maps = np.asarray(maps, np.float64)
   if maps.ndim != 4 or maps.shape[-1] != maps.shape[-2]:
     raise ValueError(f"maps shape {maps.shape} must be (layers, heads, T, T)")
@@ -233,7 +235,7 @@ def attention_grid(
         ax.set_yticklabels(tokens, fontsize=5)
       ax.set_title(f"L{l + 1} H{h}", fontsize=7)  # blocks 1..L, heads 0..H-1
   fig.suptitle(title)
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def pruning_curve(
@@ -245,7 +247,7 @@ def pruning_curve(
   title: str = "Iterative head pruning",
 ) -> pathlib.Path:
   """Metric against the fraction of heads pruned; `curves` maps a label to (fractions, values)."""
-  plt = _plt()
+  plt = pyplot()
   if not curves:
     raise ValueError("curves is empty")
   fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -261,7 +263,7 @@ def pruning_curve(
   ax.set_title(title)
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3)
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def type_ratios(
@@ -273,7 +275,7 @@ def type_ratios(
   first_layer: int = 1,
 ) -> pathlib.Path:
   """Stacked bars of pattern-type ratios per layer (`PatternCounts.per_layer`, (layers, types))."""
-  plt = _plt()
+  plt = pyplot()
   if names is None:
     from bertjax.analysis.attention.patterns import PATTERN_TYPES as names
   ratios = _check_grid(per_layer, "per_layer")
@@ -289,7 +291,7 @@ def type_ratios(
   ax.set_ylabel("fraction of maps")
   ax.set_title(title)
   ax.legend(fontsize=8, bbox_to_anchor=(1.01, 1), loc="upper left")
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def layer_curves(
@@ -311,7 +313,7 @@ def layer_curves(
       1 when the curve holds blocks 1..L.
     xlabel: the x label (default: says what layer 0 is, when there is one).
   """
-  plt = _plt()
+  plt = pyplot()
   if not curves:
     raise ValueError("curves is empty")
   arrays = {k: np.asarray(v, np.float64) for k, v in curves.items()}
@@ -328,7 +330,7 @@ def layer_curves(
   ax.set_title(title)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def _decade_ticks(top: float, linthresh: float, most: int = 5) -> list[float]:
@@ -361,7 +363,7 @@ def layer_bars(
     baseline: a horizontal reference line (e.g. the intact model), or None.
     first_layer: the number of the first bar's layer (1: blocks 1..L).
   """
-  plt = _plt()
+  plt = pyplot()
   from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
   values = {k: np.asarray(v, np.float64) for k, v in series.items()}
@@ -395,7 +397,7 @@ def layer_bars(
   ax.grid(alpha=0.3, axis="y")
   ax.margins(y=0.12)
   ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def attention_maps(
@@ -419,7 +421,7 @@ def attention_maps(
       k-th token (the tick marks say which).
     panel_inches: each map's width; at 120 dpi, 4.3 inches is about 520 px.
   """
-  plt = _plt()
+  plt = pyplot()
   if not panels:
     raise ValueError("panels is empty")
   columns = max(1, min(columns, len(panels)))
@@ -454,7 +456,7 @@ def attention_maps(
   if title:
     fig.suptitle(title, fontsize=11)
   fig.tight_layout()
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def method_ranks(
@@ -462,7 +464,7 @@ def method_ranks(
 ) -> pathlib.Path:
   """Left: each attribution method's mean reciprocal rank and top-1 rate of a target token;
   right: the methods' mean Spearman agreement matrix."""
-  plt = _plt()
+  plt = pyplot()
   names = list(stats)
   agree = np.asarray(agreement, float)
   # Constrained layout keeps the matrix's long method names clear of the bar panel.
@@ -493,7 +495,7 @@ def method_ranks(
         )
   fig.colorbar(im, ax=ax2, label="Spearman (token scores)")
   ax2.set_title("Agreement between methods")
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def patching_heatmaps(
@@ -501,7 +503,7 @@ def patching_heatmaps(
 ) -> pathlib.Path:
   """Exact and attribution patching of every (layer, head), side by side, on one colour scale
   (rows are layers 1..L, as in every other figure)."""
-  plt = _plt()
+  plt = pyplot()
   exact, approx = _check_grid(exact, "exact"), _check_grid(approx, "approx")
   lim = float(np.nanmax(np.abs(np.concatenate([exact.ravel(), approx.ravel()])))) or 1.0
   fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -518,7 +520,7 @@ def patching_heatmaps(
     fig.colorbar(im, ax=ax, label=cbar_label)
   if title:
     fig.suptitle(title)
-  return _save(fig, path)
+  return save_png(fig, path)
 
 
 def edge_agreement(
@@ -526,7 +528,7 @@ def edge_agreement(
 ) -> pathlib.Path:
   """Edge scores against exact edge patching (one scatter per method, with its Pearson), and
   the faithfulness of circuits by size (`faithfulness`: "edges", "normalized"; log x)."""
-  plt = _plt()
+  plt = pyplot()
   fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
   ex = np.asarray(exact, np.float64)
   for (name, values), color in zip(scores.items(), ("tab:orange", "tab:blue", "tab:green")):
@@ -560,4 +562,4 @@ def edge_agreement(
   for ax in (a, b):
     ax.grid(alpha=0.3)
   fig.tight_layout()
-  return _save(fig, path)
+  return save_png(fig, path)

@@ -739,10 +739,19 @@ def head_importance(
   if denom == 0:
     raise ValueError("batches is empty (or every count is zero)")
   importance = total / denom
-  if normalize_layers:
-    norm = (importance**exponent).sum(-1, keepdims=True) ** (1 / exponent)
-    importance = importance / (norm + 1e-20)
-  return importance
+  return layer_normalized(importance, exponent) if normalize_layers else importance
+
+
+def layer_normalized(importance, exponent: float = 2.0) -> np.ndarray:
+  """Michel et al.'s normalisation: each layer's head scores over their `exponent`-norm.
+
+  Args:
+    importance: (layers, heads) non-negative scores, as `head_importance` gives.
+    exponent: the norm's exponent (Michel: 2).
+  """
+  importance = np.asarray(importance, np.float64)
+  norm = (importance**exponent).sum(-1, keepdims=True) ** (1 / exponent)
+  return importance / (norm + 1e-20)
 
 
 @dataclasses.dataclass(frozen=True)

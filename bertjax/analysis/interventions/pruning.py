@@ -1,0 +1,355 @@
+"""Michel et al. 2019's head-pruning study: per-head significance, pruning curves, speed-ups.
+
+`ablation` gives the masks and their metrics; this module runs the study built on them:
+
+* `head_ablation_tests`: each head, each layer's heads, and all heads of a layer but one
+  removed (Michel's Tables 1 and 2), each single head tested against the intact model on
+  the same examples (exact McNemar for correctness, Wilcoxon signed-rank for the loss);
+* `pruning_curves`: held-out loss and accuracy against the fraction of heads masked, by
+  iterative importance pruning, by static importance orders and by random orders;
+* `pruned_speedups`: the measured speed-up of physically pruned models (`prune_heads`)
+  over the intact one, timed side by side, with the check that each pruned model's
+  outputs equal the head-masked model's.
+
+A **row function** `row_fn(params, config, batch, last_hidden_state, pooled) -> (B, 2)` gives
+each example's loss and correctness (1.0 or 0.0), as `bertjax.tasks.negation_probe.task_rows`
+does; it is what `ablation.evaluate_masks_per_row` evaluates under every mask.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from bertjax import stats
+from bertjax.analysis.interventions import ablation
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import count_params, forward
+from bertjax.model.prune import heads_of_mask, prune_heads
+
+Params = dict[str, Any]
+
+
+def _losses_and_correct(params, config, batches, row_fn, masks, chunk_size, strategy):
+  """Per-example loss and correctness under each mask: two (M, examples) arrays."""
+  _, rows = ablation.evaluate_masks_per_row(
+    params, config, batches, row_fn, masks, chunk_size=chunk_size, strategy=strategy
+  )
+  if rows.ndim != 3 or rows.shape[-1] != 2:
+    raise ValueError(
+      f"row_fn must return (batch, 2) rows of loss and correctness, got {rows.shape[1:]}"
+    )
+  return rows[..., 0], rows[..., 1] > 0.5
+
+
+def head_ablation_tests(
+  params: Params,
+  config: BertConfig,
+  batches: Sequence,
+  row_fn: Callable,
+  *,
+  alpha: float = 0.01,
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+) -> dict[str, Any]:
+  """Held-out loss and accuracy with each head, each layer's heads and all heads of a layer
+  but one removed, and a paired test of every single head against the intact model.
+
+  A head's removal is a significant accuracy drop when the exact McNemar test on the
+  examples' correctness gives p < `alpha` and the accuracy fell (Michel et al.'s Table 1),
+  a significant loss rise when the Wilcoxon signed-rank test on the examples' losses gives
+  p < `alpha` and the mean loss rose.
+
+  Args:
+    params, config: the model (with whatever head `row_fn` reads).
+    batches: the held-out batches (as `ablation.evaluate_masks`).
+    row_fn: per-example (loss, correctness), see the module docstring.
+    alpha: the tests' level, in (0, 1).
+    chunk_size, strategy: as `ablation.evaluate_masks`.
+
+  Returns:
+    `baseline_loss`, `baseline_accuracy`; (layers, heads) `head_loss`, `head_accuracy`,
+    `keep_one_loss`, `keep_one_accuracy` (all heads of layer l but h removed),
+    `head_accuracy_p_mcnemar`, `head_loss_p_wilcoxon`; (layers,) `layer_heads_loss`,
+    `layer_heads_accuracy`; the counts `significant_accuracy_drops`,
+    `significant_loss_rises`, `heads_removable_alone` (heads without a significant drop),
+    `heads_improving_accuracy`; `max_single_head_accuracy_drop` and `num_test`.
+  """
+  if not 0 < alpha < 1:
+    raise ValueError(f"alpha={alpha} must be in (0, 1)")
+  shape = (config.depth, config.num_attention_heads)
+  n = shape[0] * shape[1]
+  sweep = ablation.sweep_masks(config, ("heads", "layers", "keep_one"))
+  masks = np.concatenate(
+    [np.ones((1, *shape), np.float32), sweep["heads"][0], sweep["layers"][0], sweep["keep_one"][0]]
+  )
+  loss, correct = _losses_and_correct(params, config, batches, row_fn, masks, chunk_size, strategy)
+  mean_loss, mean_acc = loss.mean(1), correct.mean(1)
+  base_loss, base_acc = float(mean_loss[0]), float(mean_acc[0])
+  heads, layers, keep_one = (
+    slice(1, n + 1),
+    slice(n + 1, n + 1 + shape[0]),
+    slice(n + 1 + shape[0], None),
+  )
+  p_acc = np.array([stats.mcnemar_p(correct[0], c) for c in correct[heads]])
+  p_loss = np.array([stats.wilcoxon_p(loss[0], x) for x in loss[heads]])
+  drops = (p_acc < alpha) & (mean_acc[heads] < base_acc)
+  rises = (p_loss < alpha) & (mean_loss[heads] > base_loss)
+  return {
+    "baseline_loss": base_loss,
+    "baseline_accuracy": base_acc,
+    "head_loss": mean_loss[heads].reshape(shape),
+    "head_accuracy": mean_acc[heads].reshape(shape),
+    "layer_heads_loss": mean_loss[layers],
+    "layer_heads_accuracy": mean_acc[layers],
+    "keep_one_loss": mean_loss[keep_one].reshape(shape),
+    "keep_one_accuracy": mean_acc[keep_one].reshape(shape),
+    "head_accuracy_p_mcnemar": p_acc.reshape(shape),
+    "head_loss_p_wilcoxon": p_loss.reshape(shape),
+    "significant_accuracy_drops": int(drops.sum()),
+    "significant_loss_rises": int(rises.sum()),
+    "heads_removable_alone": int(n - drops.sum()),
+    "heads_improving_accuracy": int((mean_acc[heads] > base_acc).sum()),
+    "max_single_head_accuracy_drop": float(base_acc - mean_acc[heads].min()),
+    "num_test": int(correct.shape[1]),
+  }
+
+
+def pruning_curves(
+  params: Params,
+  config: BertConfig,
+  train: Sequence,
+  test: Sequence,
+  loss_fn: Callable,
+  row_fn: Callable,
+  importance_raw,
+  importance_normalized,
+  *,
+  step: float = 0.1,
+  max_fraction: float = 0.9,
+  random_orders: int = 8,
+  seed: int = 0,
+  tolerance: float = 0.02,
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+) -> dict[str, Any]:
+  """Held-out accuracy and loss against the fraction of heads masked, four ways.
+
+  Michel et al.'s iterative pruning (`ablation.iterative_pruning`, importance re-estimated
+  on `train` after each step), the static orders of the normalised and raw importance, and
+  `random_orders` random orders; every curve is scored on `test` at the iterative run's head
+  counts, in one `ablation.evaluate_masks_per_row` pass.
+
+  Args:
+    params, config: the model.
+    train, test: batches for importance and for scoring.
+    loss_fn: the differentiable `(total, count)` loss importance is the gradient of.
+    row_fn: per-example (loss, correctness), see the module docstring.
+    importance_raw, importance_normalized: (layers, heads) static importance scores.
+    step, max_fraction: as `ablation.iterative_pruning`.
+    random_orders: how many random orders (seeded by `seed`).
+    tolerance: the accuracy drop that still counts as none.
+    chunk_size, strategy: as `ablation.evaluate_masks`.
+
+  Returns:
+    `fractions`, `heads_masked`, `train_loss_iterative` (the run's training loss),
+    `accuracy` and `loss` (each `{"iterative", "static_normalized", "static_raw": (steps,),
+    "random": (orders, steps)}`), `masks_iterative`, `tolerance`,
+    `max_fraction_within_tolerance` (the largest fraction with the iterative accuracy within
+    `tolerance` of the intact model at every step so far), and the mean accuracy over the
+    curve, `mean_accuracy_over_curve` (per named curve) and `mean_accuracy_over_curve_random`.
+  """
+  if random_orders < 1:
+    raise ValueError(f"random_orders={random_orders} must be at least 1")
+  shape = (config.depth, config.num_attention_heads)
+  for name, imp in (
+    ("importance_raw", importance_raw),
+    ("importance_normalized", importance_normalized),
+  ):
+    if np.shape(imp) != shape:
+      raise ValueError(f"{name} shape {np.shape(imp)} must be (layers, heads)={shape}")
+  run = ablation.iterative_pruning(
+    params, config, train, loss_fn, step=step, max_fraction=max_fraction, chunk_size=chunk_size
+  )
+  counts = np.rint(run.fractions * shape[0] * shape[1]).astype(int)
+  rng = np.random.default_rng(seed)
+  curves = {
+    "iterative": run.masks,
+    "static_normalized": ablation.order_masks(
+      np.argsort(np.ravel(importance_normalized), kind="stable"), counts, shape
+    ),
+    "static_raw": ablation.order_masks(
+      np.argsort(np.ravel(importance_raw), kind="stable"), counts, shape
+    ),
+  }
+  randoms = [
+    ablation.order_masks(rng.permutation(shape[0] * shape[1]), counts, shape)
+    for _ in range(random_orders)
+  ]
+  loss, correct = _losses_and_correct(
+    params, config, test, row_fn, np.concatenate([*curves.values(), *randoms]), chunk_size, strategy
+  )
+  k = len(counts)
+
+  def split(values):
+    named = {name: values[i * k : (i + 1) * k] for i, name in enumerate(curves)}
+    named["random"] = values[len(curves) * k :].reshape(random_orders, k)
+    return named
+
+  acc, losses = split(correct.mean(1)), split(loss.mean(1))
+  ok = acc["iterative"] >= acc["iterative"][0] - tolerance
+  keep = float(run.fractions[-1] if ok.all() else run.fractions[np.argmin(ok) - 1])
+  return {
+    "fractions": run.fractions,
+    "heads_masked": counts,
+    "train_loss_iterative": run.metrics,
+    "accuracy": acc,
+    "loss": losses,
+    "masks_iterative": run.masks,
+    "tolerance": tolerance,
+    "max_fraction_within_tolerance": keep,
+    "mean_accuracy_over_curve": {
+      name: stats.curve_area(run.fractions, v) for name, v in acc.items() if name != "random"
+    },
+    "mean_accuracy_over_curve_random": [stats.curve_area(run.fractions, v) for v in acc["random"]],
+  }
+
+
+# Speed ------------------------------------------------------------------------------------
+
+
+def pruned_vs_masked(params: Params, config: BertConfig, head_mask, ids, attention_mask):
+  """Physically prunes the zeros of `head_mask`.
+
+  Returns:
+    `(pruned config, pruned params, max |pruned - masked|)`: the largest difference of the
+    last hidden states at real tokens between the pruned model and the head-masked one.
+  """
+  pconfig, pparams = prune_heads(config, params, heads_of_mask(head_mask))
+  masked = forward(params, config, ids, attention_mask, head_mask=head_mask).last_hidden_state
+  pruned = forward(pparams, pconfig, ids, attention_mask).last_hidden_state
+  real = np.asarray(attention_mask, bool)
+  return pconfig, pparams, float(np.abs(np.asarray(pruned) - np.asarray(masked))[real].max())
+
+
+def time_forwards(
+  models: Mapping[str, tuple], ids, attention_mask, repeats: int
+) -> dict[str, dict]:
+  """Forward-pass times of `name -> (config, params, head_mask or None)`, side by side.
+
+  Each model is called once (its compile, if any, is in `first_call_s`, apart) and once more
+  to warm up; then `repeats` rounds time every model once, in a rotating order, so load on
+  a shared machine falls on all of them alike.
+
+  Returns:
+    `{name: {"first_call_s", "times_s": [one per round], "median_s"}}`.
+  """
+  if repeats < 1:
+    raise ValueError(f"repeats={repeats} must be at least 1")
+  fns, out = {}, {}
+  for name, (config, params, head_mask) in models.items():
+
+    def fn(p, c=config, m=head_mask):
+      return forward(p, c, ids, attention_mask, head_mask=m).last_hidden_state
+
+    t0 = time.perf_counter()
+    fn(params).block_until_ready()
+    first = time.perf_counter() - t0
+    fn(params).block_until_ready()  # warm-up
+    fns[name] = fn
+    out[name] = {"first_call_s": first, "times_s": []}
+  names = list(models)
+  for r in range(repeats):
+    for name in names[r % len(names) :] + names[: r % len(names)]:
+      t0 = time.perf_counter()
+      fns[name](models[name][1]).block_until_ready()
+      out[name]["times_s"].append(time.perf_counter() - t0)
+  for v in out.values():
+    v["median_s"] = float(np.median(v["times_s"]))
+  return out
+
+
+def pruned_speedups(
+  params: Params,
+  config: BertConfig,
+  ids,
+  attention_mask,
+  order,
+  *,
+  targets: Sequence[float] = (0.2, 0.4, 0.6),
+  masked_fraction: float = 0.4,
+  repeats: int = 15,
+) -> dict[str, Any]:
+  """The inference speed-up of physically pruned models over the intact one.
+
+  For each target fraction, the first heads of the flat `order` (least important first, as
+  `ablation.pruning_order` gives) are removed by `prune_heads`; a head-masked model at
+  `masked_fraction` (every head still computed, some scaled by 0) is timed beside them.
+
+  Args:
+    params, config: the model.
+    ids, attention_mask: the (B, T) batch every model runs on.
+    order: a permutation of the layers x heads flat head indices.
+    targets: fractions of heads to remove, each in (0, 1); the models are named
+      `pruned_{target:.1f}`, so targets must differ at one decimal.
+    masked_fraction: the head-masked model's fraction.
+    repeats: timed rounds (`time_forwards`).
+
+  Returns:
+    `fractions` and `heads_removed` (what each target rounds to), `targets`, `times`
+    (`time_forwards`), `speedup` (median time ratios) and `speedup_fastest` (fastest-round
+    ratios) per target, `speedup_masked` and `speedup_masked_fastest`,
+    `max_abs_diff_pruned_vs_masked` per target, `parameters` per model, `repeats`,
+    `backend` and `real_tokens`.
+  """
+  shape = (config.depth, config.num_attention_heads)
+  total = shape[0] * shape[1]
+  order = np.asarray(order)
+  if sorted(order.tolist()) != list(range(total)):
+    raise ValueError(f"order must be a permutation of the {total} flat head indices")
+  for f in (*targets, masked_fraction):
+    if not 0 < f < 1:
+      raise ValueError(f"every fraction must be in (0, 1), got {f}")
+  if len({f"{t:.1f}" for t in targets}) < len(targets):
+    raise ValueError(
+      f"targets={tuple(targets)} must differ at one decimal (models are named by it)"
+    )
+  models = {"unpruned": (config, params, None)}
+  fractions, removed, diffs = [], [], []
+  for target in targets:
+    k = round(target * total)
+    mask = ablation.order_masks(order, [k], shape)[0]
+    pconfig, pparams, diff = pruned_vs_masked(params, config, mask, ids, attention_mask)
+    models[f"pruned_{target:.1f}"] = (pconfig, pparams, None)
+    fractions.append(k / total)
+    removed.append(k)
+    diffs.append(diff)
+  masked = f"masked_{masked_fraction:.1f}"
+  models[masked] = (
+    config,
+    params,
+    ablation.order_masks(order, [round(masked_fraction * total)], shape)[0],
+  )
+  times = time_forwards(models, ids, attention_mask, repeats)
+  median = {name: v["median_s"] for name, v in times.items()}
+  fastest = {name: min(v["times_s"]) for name, v in times.items()}  # the least disturbed round
+  pruned = [f"pruned_{t:.1f}" for t in targets]
+  return {
+    "fractions": fractions,
+    "heads_removed": removed,
+    "targets": tuple(targets),
+    "repeats": repeats,
+    "backend": jax.default_backend(),
+    "times": times,
+    "speedup": [median["unpruned"] / median[p] for p in pruned],
+    "speedup_fastest": [fastest["unpruned"] / fastest[p] for p in pruned],
+    "speedup_masked": median["unpruned"] / median[masked],
+    "speedup_masked_fastest": fastest["unpruned"] / fastest[masked],
+    "max_abs_diff_pruned_vs_masked": diffs,
+    "parameters": {name: int(count_params(p)) for name, (_, p, _) in models.items()},
+    "real_tokens": int(np.asarray(attention_mask).sum()),
+  }
