@@ -508,3 +508,49 @@ def test_head_analysis_masses_against_numpy_and_library(small_model):
   for kind in effective_attention_lib.KINDS:
     for c in ("cls", "sep"):
       np.testing.assert_allclose(lib[kind][c], r[f"{kind}_{c}"].mean(0), atol=1e-9)
+
+
+def test_summarise_example_head_and_figures(small_model, tmp_path):
+  """`effective.summarise` counts what the analyses hold; `example_head` is one head's maps, the
+  effective one with the same output; the figures draw them."""
+  import bertjax
+  from bertjax.plots import effective as plots
+
+  config, params = small_model
+  rng = np.random.default_rng(3)
+  sweep = {}
+  for n in (12, 24):
+    ids = rng.integers(5, 50, (2, n)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = 1, 2
+    sweep[n] = effective_attention_lib.head_analysis(
+      params, config, ids, cls_id=1, sep_id=2, punct_ids=np.array([7])
+    )
+  main = dict(sweep[24])
+  lib = effective_attention_lib.effective_attention_statistics(
+    params, config, [{"input_ids": ids}], cls_id=1, sep_id=2
+  )
+  s = effective_attention_lib.summarise(sweep, main, lib, config.head_dim)
+  assert s["null_dim_expected"] == {12: 0, 24: 8} and s["null_dim_matches"] == {12: 1.0, 24: 1.0}
+  assert s["rank_min_max"] == {12: (12, 12), 24: (16, 16)}
+  assert s["corr_raw_effective_by_length"][12] == pytest.approx(1.0)
+  special = main["effective_cls"] + main["effective_sep"]
+  assert s["special_mass"]["effective"] == pytest.approx(special.mean())
+  lower = special.mean(0) < (main["raw_cls"] + main["raw_sep"]).mean(0)
+  assert s["heads_with_lower_effective_special"] == lower.mean()
+  assert s["library_vs_direct_max_difference"] < 1e-6
+  ex = effective_attention_lib.example_head(params, config, ids[:1], 1, 0)
+  maps = bertjax.forward(params, config, ids[:1], output_attentions=True).attentions
+  np.testing.assert_allclose(ex["raw"], np.asarray(maps)[1, 0, 0], atol=1e-7)
+  assert np.abs(ex["effective"] - ex["raw"]).max() > 1e-3  # 24 tokens > d_head: they differ
+  with pytest.raises(ValueError, match=r"layer=2, head=0 must be within"):
+    effective_attention_lib.example_head(params, config, ids[:1], 2, 0)
+  with pytest.raises(ValueError, match=r"\(1, n\)"):
+    effective_attention_lib.example_head(params, config, ids, 0, 0)
+  main["length"] = 24
+  paths = [
+    plots.null_space_by_length(sweep, config.head_dim, tmp_path / "a.png"),
+    plots.class_mass_by_layer(main, lib, tmp_path / "b.png"),
+    plots.class_mass_by_head(main, tmp_path / "c.png"),
+    plots.example_maps(**ex, layer=1, head=0, path=tmp_path / "d.png"),
+  ]
+  assert all(p.stat().st_size > 10_000 for p in paths)

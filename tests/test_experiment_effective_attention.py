@@ -1,5 +1,5 @@
 """Checks of `experiments/effective_attention.py`: the null-space dimension rule and the
-Findings rules, the passages it reads, and its committed results (the per-head analysis it
+Findings rules and its committed results (the per-head analysis it
 runs, `effective.head_analysis`, is checked in tests/test_attention_analysis.py)."""
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import stats
-from bertjax.analysis.attention import effective as effective_attention_lib
+from bertjax.analysis.attention import effective
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -20,10 +20,10 @@ RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
 
 
 def test_expected_null_dim_rule():
-  assert effective_attention_lib.expected_null_dim(20, 32) == 0
-  assert effective_attention_lib.expected_null_dim(32, 32) == 0
-  assert effective_attention_lib.expected_null_dim(33, 32) == 1
-  assert effective_attention_lib.expected_null_dim(128, 32) == 96
+  assert effective.expected_null_dim(20, 32) == 0
+  assert effective.expected_null_dim(32, 32) == 0
+  assert effective.expected_null_dim(33, 32) == 1
+  assert effective.expected_null_dim(128, 32) == 96
   null_space = lambda *a: ea.NULL_SPACE.verdict(ea.null_space_quantities(*a))
   special = lambda raw, effective: ea.SPECIAL.verdict({ea.SPECIAL_RATIO: effective / raw})
   assert null_space([8, 40], {8: np.zeros(3), 40: np.full(3, 8)}, 32) == "yes"
@@ -32,18 +32,6 @@ def test_expected_null_dim_rule():
   assert special(0.5, 0.2) == "yes"
   assert special(0.5, 0.4) == "partly"
   assert special(0.5, 0.6) == "no"
-
-
-def test_make_passages():
-  stream = [np.arange(10, 15), np.arange(20, 23), np.arange(30, 40)]
-  p = ea.make_passages(stream, 9, 5, cls_id=1, sep_id=2, seed=0)
-  assert p.shape == (5, 9) and np.all(p[:, 0] == 1) and np.all(p[:, -1] == 2)
-  flat = np.concatenate(stream * 2)
-  for row in p:  # consecutive sentences from a sentence start
-    starts = [0, 5, 8]
-    assert any(np.array_equal(row[1:-1], flat[s : s + 7]) for s in starts)
-  with pytest.raises(ValueError, match="length"):
-    ea.make_passages(stream, 100, 1, 1, 2)
 
 
 def test_pearson_matches_numpy():
@@ -63,9 +51,7 @@ def test_committed_results_are_consistent():
   assert doc["settings"]["model"] == "all-MiniLM-L6-v2" and s["head_dim"] == 384 // 12
   for n, dim in s["null_dim_mean"].items():
     assert (
-      s["null_dim_expected"][n]
-      == max(0, int(n) - 32)
-      == effective_attention_lib.expected_null_dim(int(n), 32)
+      s["null_dim_expected"][n] == max(0, int(n) - 32) == effective.expected_null_dim(int(n), 32)
     )
     assert dim == pytest.approx(max(0, int(n) - 32))
     assert s["rank_min_max"][n] == [min(int(n), 32)] * 2

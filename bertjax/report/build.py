@@ -23,6 +23,7 @@ from bertjax.analysis.attention import patterns as attention_patterns
 from bertjax.hub import DEFAULT_MODEL
 from bertjax.report import figures, inputs, page, reading, sections
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
+from bertjax.tasks import passages as tasks_passages
 from bertjax.tasks import text_batches
 from bertjax.tasks.negation_probe import fit_task
 from bertjax.tasks.sentences import Sentence, builtin_text, load_sentences
@@ -224,7 +225,7 @@ def _effective(run: _Run, texts: Sequence[str]) -> dict:
   """Section 8 on passages of consecutive sentences of the text."""
   # Longer than the head dimension, or effective attention equals raw attention.
   target = min(max(run.settings.passage_tokens, 2 * run.config.head_dim), run.max_len - 16)
-  passages = sections.join_passages(texts, run.tok, target, run.settings.passages)
+  passages = tasks_passages.joined(texts, run.tok, target, run.settings.passages)
   return sections.effective_section(run.params, run.config, run.tok, passages, run.settings)
 
 

@@ -5,7 +5,7 @@ Sections 1-2 (`clark_section`, `pattern_section`) and 6 (`anisotropy_section`) r
 text's batches; 4-5 (`ablation_section`) and 9 (`attribution_section`) score the
 negation task of `bertjax.tasks.negation_probe`, as does 10 (`circuit_section`); 7 (`pos_section`)
 reads UD English EWT and 8 (`effective_section`) passages of consecutive sentences
-(`join_passages`). Sections 11 (`outlier_section`) and 12 (`sae_section`) read the text's
+(`bertjax.tasks.passages.joined`). Sections 11 (`outlier_section`) and 12 (`sae_section`) read the text's
 batches; so does section 13 (`disentangled_section`, DeBERTa only), which compares its heads
 with sections 1 and 2.
 """
@@ -502,23 +502,6 @@ def sae_section(params, config, tok, batches, settings: ReportSettings) -> dict:
       for k, v in top.items()
     },
   }
-
-
-def join_passages(sentences: Sequence[str], tok, target: int, count: int) -> list[str]:
-  """Consecutive sentences joined into passages of about `target` tokens."""
-  lengths = tok.encode(list(sentences)).attention_mask.sum(-1) - 2
-  out, current, size = [], [], 2
-  for text, n in zip(sentences, lengths):
-    current.append(text)
-    size += int(n)
-    if size >= target:
-      out.append(" ".join(current))
-      current, size = [], 2
-      if len(out) == count:
-        break
-  if current and len(out) < count:
-    out.append(" ".join(current))
-  return out
 
 
 def effective_section(

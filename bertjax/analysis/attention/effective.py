@@ -241,3 +241,77 @@ def head_analysis(
       got = block_outputs_with_maps(params, config, ids[:checked], a[:, :checked])
       r[f"block_error_{kind}"][:checked] = np.abs(got - hidden[:, :checked])[1:].max((-1, -2)).T
   return r
+
+
+def example_head(params, config, ids, layer: int, head: int) -> dict[str, np.ndarray]:
+  """One head's raw and effective (n, n) maps on one passage `ids` (1, n), float64."""
+  ids = np.asarray(ids, np.int32)
+  if ids.ndim != 2 or ids.shape[0] != 1:
+    raise ValueError(f"ids shape {ids.shape} must be (1, n): one passage")
+  if not (0 <= layer < config.depth and 0 <= head < config.num_attention_heads):
+    raise ValueError(
+      f"layer={layer}, head={head} must be within (layers, heads)="
+      f"({config.depth}, {config.num_attention_heads})"
+    )
+  o = forward(params, config, ids, output_attentions=True, capture=("v",))
+  raw = np.asarray(o.attentions)[layer, 0].astype(np.float64)
+  t = head_value_outputs(params, config, layer, np.asarray(o.cache["v"])[layer, 0])
+  return {"raw": raw[head], "effective": effective_attention(raw, t)[head]}
+
+
+def summarise(
+  sweep: dict[int, dict], analysis: dict, statistics: dict, head_dim: int
+) -> dict[str, Any]:
+  """What a length sweep and a main set of passages show, in numbers.
+
+  Args:
+    sweep: length -> `head_analysis` (with the null space) of passages of that length.
+    analysis: `head_analysis` of the main set.
+    statistics: `effective_attention_statistics` of the same main set.
+    head_dim: the heads' dimension.
+
+  Returns:
+    By length: `rank_min_max`, `null_dim_mean`, `null_dim_expected` (`expected_null_dim`),
+    `null_dim_matches` (the share of heads x passages that match it) and
+    `corr_raw_effective_by_length`; the checks' largest errors
+    (`max_null_residual`, `max_relative_head_output_error`, `max_block_output_error` by
+    kind); the main set's `special_mass` ([CLS] + [SEP]) and `mass` per kind and class,
+    `heads_with_lower_effective_special`, `position_corr_mean`, `raw_effective_corr_mean`; and
+    `library_vs_direct_max_difference`: `statistics` (the batched, jitted pass) against
+    `analysis` (per head, float64) on the [CLS] and [SEP] masses, two paths to one quantity.
+  """
+  lengths = sorted(sweep)
+  runs = [sweep[n] for n in lengths] + [analysis]
+  special = {k: analysis[f"{k}_cls"] + analysis[f"{k}_sep"] for k in KINDS}
+  return {
+    "head_dim": head_dim,
+    "lengths": lengths,
+    "rank_min_max": {
+      n: (int(sweep[n]["rank"].min()), int(sweep[n]["rank"].max())) for n in lengths
+    },
+    "null_dim_mean": {n: float(sweep[n]["null_dim"].mean()) for n in lengths},
+    "null_dim_expected": {n: expected_null_dim(n, head_dim) for n in lengths},
+    "null_dim_matches": {
+      n: float(np.mean(sweep[n]["null_dim"] == expected_null_dim(n, head_dim))) for n in lengths
+    },
+    "max_null_residual": max(float(sweep[n]["null_residual"].max()) for n in lengths),
+    "max_relative_head_output_error": max(float(r["output_error"].max()) for r in runs),
+    "max_block_output_error": {
+      k: max(float(r[f"block_error_{k}"].max()) for r in runs) for k in KINDS
+    },
+    "corr_raw_effective_by_length": {n: float(sweep[n]["corr"].mean()) for n in lengths},
+    "special_mass": {k: float(special[k].mean()) for k in KINDS},
+    "mass": {
+      f"{k}_{c}": float(analysis[f"{k}_{c}"].mean()) for k in KINDS for c in ("cls", "sep", "punct")
+    },
+    "heads_with_lower_effective_special": float(
+      np.mean(special["effective"].mean(0) < special["raw"].mean(0))
+    ),
+    "library_vs_direct_max_difference": max(
+      float(np.abs(statistics[k][c] - analysis[f"{k}_{c}"].mean(0)).max())
+      for k in KINDS
+      for c in ("cls", "sep")
+    ),
+    "position_corr_mean": {k: float(np.nanmean(statistics[k]["position_corr"])) for k in KINDS},
+    "raw_effective_corr_mean": float(np.nanmean(statistics["effective"]["raw_corr"])),
+  }
