@@ -46,6 +46,7 @@ What it measures, on which model and data, and why:
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -54,9 +55,11 @@ import common
 import numpy as np
 from findings import Rule, Test
 
+from bertjax import stats
+from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
+
 NAME = "anisotropy"
 PAPER = "Ethayarajh 2019"
-MEV_DEFINITIONS = ("truncated_svd", "pca", "uncentred")  # = geometry.MEV_DEFINITIONS
 MEV_LABELS = {
   "truncated_svd": "TruncatedSVD, the paper's released code",
   "pca": "centred PCA",
@@ -98,12 +101,8 @@ def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
 
 
 def trend(values: Sequence[float]) -> float:
-  """Spearman rank correlation between layer index and value (ties averaged); nan if constant."""
-  v = np.asarray(values, np.float64)
-  if v.size < 2 or np.ptp(v) == 0:
-    return float("nan")
-  rank = lambda a: np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
-  return float(np.corrcoef(rank(np.arange(v.size)), rank(v))[0, 1])
+  """Spearman rank correlation between layer index and value; nan if constant."""
+  return stats.spearman(np.arange(len(values)), values)
 
 
 LOWEST, HIGHEST = "the lowest layer's mean cosine", "the highest layer's"
@@ -165,58 +164,19 @@ def mev_quantities(adjusted: Sequence[float]) -> dict[str, float]:
   return {MEV_HIGHEST: float(np.max(adjusted)), MEV_LOWEST: float(np.min(adjusted))}
 
 
-def _figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -> list[str]:
-  import matplotlib
+def figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -> list[str]:
+  """The by-layer and the mean-centred figures, `out/stem_{by_layer,centred}.png`."""
+  from bertjax.plots import geometry as plots
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  layers = np.arange(len(m["anisotropy"]))
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-  ax = axes[0]
-  ax.plot(layers, m["anisotropy"], marker="o", label="random-pair cosine (raw)")
-  ax.plot(layers, m["anisotropy_centered"], marker="s", label="after mean-centring")
-  ax.axhline(0, color="k", lw=0.8)
-  ax.set(title="Anisotropy", ylabel="mean cosine similarity")
-  ax = axes[1]
-  ax.plot(layers, m["self_similarity"], marker="o", label="self-similarity")
-  ax.plot(layers, m["intra_sentence"], marker="s", label="intra-sentence similarity")
-  for d, style in zip(MEV_DEFINITIONS, ("^-", "v:", "d:")):
-    ax.plot(layers, m[f"mev_{d}"], style, label=f"MEV, {d}")
-  ax.plot(layers, m["anisotropy"], ls="--", color="gray", label="anisotropy baseline")
-  ax.set(title="Raw measures", ylabel="cosine / variance share", ylim=(-0.03, 1.35))
-  ax = axes[2]
-  ax.plot(layers, m["self_similarity_adjusted"], marker="o", label="self-similarity - baseline")
-  ax.plot(layers, m["intra_sentence_adjusted"], marker="s", label="intra-sentence - baseline")
-  ax.plot(layers, m["mev_adjusted"], marker="^", label=f"MEV - random-word MEV ({definition})")
-  ax.axhline(0, color="k", lw=0.8)
-  ax.set(title="Anisotropy-adjusted", ylabel="adjusted value")
-  for ax in axes:
-    ax.set(xlabel="layer (0 = embeddings)", xticks=layers)
-    ax.grid(alpha=0.3)
-    ax.legend(
-      fontsize=7, ncol=2 if ax is axes[1] else 1, loc="upper center" if ax is axes[1] else "best"
-    )
-  fig.suptitle(f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words")
-  figs = [common.savefig(fig, out, f"{stem}_by_layer")]
-
-  fig, ax = plt.subplots(figsize=(6.5, 4.2))
-  for key, label in (
-    ("self_similarity_centered", "self-similarity"),
-    ("intra_sentence_centered", "intra-sentence similarity"),
-  ):
-    ax.plot(layers, m[key], marker="o", label=label)
-  ax.axhline(0, color="k", lw=0.8)
-  ax.set(
-    xlabel="layer (0 = embeddings)",
-    ylabel="mean cosine (mean-centred vectors)",
-    title="Self- and intra-sentence similarity after mean-centring",
-    xticks=layers,
+  out = pathlib.Path(out)
+  title = f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words"
+  paths = (
+    plots.contextuality_by_layer(
+      m, out / f"{stem}_by_layer.png", definition=definition, title=title
+    ),
+    plots.centred_similarity(m, out / f"{stem}_centred.png"),
   )
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  figs.append(common.savefig(fig, out, f"{stem}_centred"))
-  return figs
+  return [p.name for p in paths]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -260,61 +220,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     "and MEV (default: exclude, as Ethayarajh's word index)",
   )
   return p.parse_args(argv)
-
-
-def measure(
-  reps: np.ndarray,
-  types: np.ndarray,
-  measured: np.ndarray,
-  sentence_index,
-  num_sentences: int,
-  min_count: int,
-  args,
-  timings: dict[str, float],
-):
-  """Every measure by layer: contextuality (`geometry.contextuality`) and the MEV of every
-  definition, with both baselines.
-
-  Args:
-    reps: (L+1, n_words, H) word representations.
-    types: (n_words,) lower-cased word forms.
-    measured: (n_words,) whether a word counts as a word type of self-similarity and MEV.
-    sentence_index: (n_words,) each word's sentence.
-    num_sentences: how many sentences (the paper's baseline draws from at most 1,000).
-    min_count: occurrences a word type needs.
-    args: the parsed options (`--pairs`, `--mev-definition`, `--mev-max-occurrences`, seed).
-    timings: where the timed steps' seconds go.
-
-  Returns:
-    `(m, mv)`: name -> (L+1,) array (the verdict's definition also as `mev`, `mev_baseline`,
-    `mev_adjusted`), and that definition's `geometry.max_explainable_variance` result.
-  """
-  from bertjax.analysis.representations import geometry
-
-  # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
-  self_types = np.where(measured, types, [f"\0{i}" for i in range(len(types))])
-  with common.timed(timings, "contextuality"):
-    m = geometry.contextuality(
-      reps, self_types, sentence_index, num_pairs=args.pairs, seed=args.seed, min_count=min_count
-    )
-  m = {k: np.asarray(v, np.float64) for k, v in m.items()}
-  mevs = {}
-  for definition in MEV_DEFINITIONS:  # the same seed: the same samples for every definition
-    with common.timed(timings, f"mev {definition}"):
-      mevs[definition] = geometry.max_explainable_variance(
-        reps, types, min_count, args.mev_max_occurrences, args.seed, definition, measured
-      )
-    for key, suffix in (("mev", ""), ("baseline", "_baseline"), ("adjusted", "_adjusted")):
-      m[f"mev_{definition}{suffix}"] = np.asarray(mevs[definition][key], np.float64)
-    # The paper's own baseline, for comparison: one MEV of words from distinct random sentences.
-    paper = geometry.random_words_mev(
-      reps, sentence_index, min(1000, num_sentences), args.seed, definition
-    )
-    m[f"mev_{definition}_baseline_paper"] = paper
-    m[f"mev_{definition}_adjusted_paper"] = m[f"mev_{definition}"] - paper
-  mv = mevs[args.mev_definition]
-  m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
-  return m, mv
 
 
 def summarise(
@@ -412,8 +317,6 @@ def finding_rows(
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows from the results as written to JSON (`r`) and the settings `s` (what
   `experiments/findings.py --refresh anisotropy` recomputes without a rerun)."""
-  import pathlib
-
   r = common.from_json(r)
   m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
   args = argparse.Namespace(
@@ -475,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis.representations import features
+  from bertjax.analysis.representations import features, geometry
   from bertjax.data import conllu
 
   data = common.data_dir(args.data_dir)
@@ -492,9 +395,19 @@ def main(argv: Sequence[str] | None = None) -> int:
   measured = np.ones(len(types), bool)
   if args.punctuation == "exclude":
     measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
-  m, mv = measure(
-    reps, types, measured, wf.sentence_index, len(sentences), min_count, args, timings
-  )
+  with common.timed(timings, "measures"):
+    m, mevs = geometry.ethayarajh_measures(
+      reps,
+      types,
+      wf.sentence_index,
+      measured=measured,
+      num_pairs=args.pairs,
+      min_count=min_count,
+      max_occurrences=args.mev_max_occurrences,
+      seed=args.seed,
+    )
+  mv = mevs[args.mev_definition]  # the verdict's definition
+  m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
   rows = finding_rows(
@@ -507,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     num_sentences=len(sentences),
     min_count=min_count,
   )
-  figures = _figures(
+  figs = figures(
     args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
   )
   for f in rows:
@@ -530,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figures,
+    figures=figs,
     model=args.model,
   )
   return 0

@@ -279,3 +279,36 @@ def test_random_words_mev_draws_one_word_from_each_of_distinct_sentences(monkeyp
   np.testing.assert_allclose(again, geometry.mev(reps[:, rows]))  # same seed, same words
   with pytest.raises(ValueError, match="num_samples=31"):
     geometry.random_words_mev(reps, sents, num_samples=31)
+
+
+def test_ethayarajh_measures_count_only_measured_types():
+  """`ethayarajh_measures` is `contextuality` with unmeasured tokens in no word type, and every
+  MEV definition with both baselines on the same samples."""
+  rng = np.random.default_rng(5)
+  reps = rng.normal(size=(2, 30, 6)) + 0.4
+  words = np.array(list("aabbbcacbdde") * 2 + list("aabcdd"))
+  sentences = np.repeat(np.arange(6), 5)
+  measured = words != "c"  # say "c" is punctuation
+  m, mevs = geometry.ethayarajh_measures(
+    reps, words, sentences, measured=measured, num_pairs=None, min_count=2, paper_samples=4
+  )
+  unit = reps / np.linalg.norm(reps, axis=-1, keepdims=True)
+  want = []
+  for layer in unit:
+    sims = []
+    for w in "abde":
+      idx = np.flatnonzero(words == w)
+      c = layer[idx] @ layer[idx].T
+      sims.append(c[~np.eye(len(idx), dtype=bool)].mean())
+    want.append(np.mean(sims))
+  np.testing.assert_allclose(m["self_similarity"], want, rtol=1e-5)
+  np.testing.assert_allclose(m["self_similarity_adjusted"], m["self_similarity"] - m["anisotropy"])
+  for d in geometry.MEV_DEFINITIONS:
+    alone = geometry.max_explainable_variance(reps, words, 2, None, 0, d, measured)
+    np.testing.assert_allclose(m[f"mev_{d}"], alone["mev"])
+    np.testing.assert_allclose(m[f"mev_{d}_adjusted"], alone["adjusted"])
+    assert mevs[d]["types"] == 4  # a, b, d, e: "c" is not measured
+    paper = geometry.random_words_mev(reps, sentences, 4, 0, d)
+    np.testing.assert_allclose(m[f"mev_{d}_adjusted_paper"], m[f"mev_{d}"] - paper)
+  with pytest.raises(ValueError, match=r"measured shape \(3,\)"):
+    geometry.ethayarajh_measures(reps, words, sentences, measured=np.ones(3, bool))

@@ -442,3 +442,60 @@ def random_words_mev(
   chosen = rng.choice(k, num_samples, replace=False)
   words = [order[starts[s] + rng.integers(starts[s + 1] - starts[s])] for s in chosen]
   return mev(reps[:, np.asarray(words)], definition)
+
+
+def ethayarajh_measures(
+  reps,
+  word_ids: Sequence[Any],
+  sentence_ids: Sequence[Any],
+  *,
+  measured=None,
+  num_pairs: int | None = 20000,
+  min_count: int = 5,
+  max_occurrences: int | None = None,
+  paper_samples: int = 1000,
+  seed: int = 0,
+) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+  """Every measure of Ethayarajh (2019) by layer: `contextuality` and the MEV of each of
+  `MEV_DEFINITIONS`, each with both baselines.
+
+  Args:
+    reps: `(layers, n_tokens, dim)` word representations.
+    word_ids: `(n_tokens,)` each token's word type.
+    sentence_ids: `(n_tokens,)` each token's sentence.
+    measured: optional bool `(n_tokens,)`: only these tokens' types count for
+      self-similarity and MEV (the paper leaves punctuation out); random pairs, sentences and
+      baselines still draw from every token.
+    num_pairs: random token pairs of the anisotropy baseline.
+    min_count: occurrences a word type needs.
+    max_occurrences: at most this many occurrences per type for MEV (None: all).
+    paper_samples: sentences of the paper's random-words MEV baseline (at most the number of
+      sentences are drawn).
+    seed: the seed of every sample; every MEV definition sees the same samples.
+
+  Returns:
+    `(per_layer, mev)`: per_layer maps a name to a `(layers,)` float64 array: the
+    `contextuality` measures, and for each definition `d`: `mev_d`, `mev_d_baseline`,
+    `mev_d_adjusted` (`max_explainable_variance`'s same-count baseline) and
+    `mev_d_baseline_paper`, `mev_d_adjusted_paper` (`random_words_mev`); `mev` maps each
+    definition to its `max_explainable_variance` result (types and occurrences counted).
+  """
+  n = np.shape(reps)[1]
+  keep = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
+  if keep.shape != (n,):
+    raise ValueError(f"measured shape {keep.shape} must be ({n},) to match reps")
+  ids, k = _group_ids(word_ids, n, "word_ids")
+  # Unmeasured tokens get a type of their own (seen once), so no self-similarity counts them.
+  self_types = np.where(keep, ids, k + np.arange(n))
+  out = contextuality(reps, self_types, sentence_ids, num_pairs, seed, min_count)
+  out = {k: np.asarray(v, np.float64) for k, v in out.items()}
+  sentences = len(np.unique(np.asarray(sentence_ids)))
+  mevs = {}
+  for d in MEV_DEFINITIONS:
+    mevs[d] = max_explainable_variance(reps, word_ids, min_count, max_occurrences, seed, d, keep)
+    for key, suffix in (("mev", ""), ("baseline", "_baseline"), ("adjusted", "_adjusted")):
+      out[f"mev_{d}{suffix}"] = np.asarray(mevs[d][key], np.float64)
+    paper = random_words_mev(reps, sentence_ids, min(paper_samples, sentences), seed, d)
+    out[f"mev_{d}_baseline_paper"] = paper
+    out[f"mev_{d}_adjusted_paper"] = out[f"mev_{d}"] - paper
+  return out, mevs
