@@ -212,3 +212,47 @@ def release_compiled_programs(fraction: float = 0.5) -> bool:
   jax.clear_caches()
   gc.collect()
   return True
+
+
+def interleaved_times(
+  calls: dict[str, Any], rounds: int, *, warmup: int = 1, rotate: bool = True
+) -> dict[str, dict[str, Any]]:
+  """Wall times of several calls measured side by side, so machine load falls on all alike.
+
+  Each call is made once (`first_call_s`: its compile, if it compiles) and `warmup` times
+  more, untimed; then each of `rounds` rounds makes every call once, in an order rotated by
+  one each round with `rotate` (else in the given order). A call's result is waited for
+  (`jax.block_until_ready`) before its clock stops.
+
+  Args:
+    calls: name -> a function of no arguments.
+    rounds: timed rounds (>= 1).
+    warmup: untimed calls after the first.
+    rotate: rotate the order each round.
+
+  Returns:
+    `{name: {"first_call_s", "times_s": [one per round], "median_s", "min_s"}}`.
+  """
+  import time
+
+  import jax
+
+  if rounds < 1 or warmup < 0:
+    raise ValueError(f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0")
+  out: dict[str, dict[str, Any]] = {}
+  for name, call in calls.items():
+    t0 = time.perf_counter()
+    jax.block_until_ready(call())
+    out[name] = {"first_call_s": time.perf_counter() - t0, "times_s": []}
+    for _ in range(warmup):
+      jax.block_until_ready(call())
+  names = list(calls)
+  for r in range(rounds):
+    k = r % len(names) if rotate else 0
+    for name in names[k:] + names[:k]:
+      t0 = time.perf_counter()
+      jax.block_until_ready(calls[name]())
+      out[name]["times_s"].append(time.perf_counter() - t0)
+  for v in out.values():
+    v["median_s"], v["min_s"] = float(np.median(v["times_s"])), min(v["times_s"])
+  return out

@@ -57,8 +57,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -167,41 +167,38 @@ def retained(score: float, teacher_score: float) -> float:
 def time_forwards(
   models: dict[str, tuple[Any, Any]], batch: dict, rounds: int, warmup: int
 ) -> dict[str, dict[str, Any]]:
-  """Compile time, then median/min/all seconds of each model's jitted forward, interleaved.
+  """Each model's jitted forward to token-classification logits, timed side by side
+  (`utils.interleaved_times`): `compile_s` (the first call, compile included), then
+  `median_s`, `min_s` and `rounds_s` over `rounds` interleaved rounds after `warmup` calls.
 
   Args:
-    models: name -> (config, params); the forward returns token-classification logits.
+    models: name -> (config, params).
     batch: `input_ids`, `attention_mask`, `token_type_ids` (one fixed batch for all).
-    rounds: timed rounds (each runs every model once, in turn).
-    warmup: untimed calls of each model after compiling.
   """
   import bertjax
+  from bertjax import utils
 
-  fns = {}
-  out: dict[str, dict[str, Any]] = {}
   args = tuple(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
-  for name, (config, params) in models.items():
 
-    def fn(p, ids, mask, types, config=config):
-      o = bertjax.forward(p, config, ids, mask, types)
-      return bertjax.head_logits(p, config, o, "token_classifier")
+  def logits(p, ids, mask, types, config):
+    return bertjax.head_logits(
+      p, config, bertjax.forward(p, config, ids, mask, types), "token_classifier"
+    )
 
-    jitted = jax.jit(fn)
-    t0 = time.perf_counter()
-    compiled = jitted.lower(params, *args).compile()
-    out[name] = {"compile_s": time.perf_counter() - t0}
-    fns[name] = (compiled, params)
-    for _ in range(warmup):
-      jax.block_until_ready(compiled(params, *args))
-  times: dict[str, list[float]] = {k: [] for k in fns}
-  for _ in range(rounds):
-    for name, (compiled, params) in fns.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(compiled(params, *args))
-      times[name].append(time.perf_counter() - t0)
-  for name, ts in times.items():
-    out[name].update(median_s=statistics.median(ts), min_s=min(ts), rounds_s=ts)
-  return out
+  calls = {
+    name: functools.partial(jax.jit(logits, static_argnames="config"), params, *args, config=config)
+    for name, (config, params) in models.items()
+  }
+  times = utils.interleaved_times(calls, rounds, warmup=warmup)
+  return {
+    name: {
+      "compile_s": t["first_call_s"],
+      "median_s": t["median_s"],
+      "min_s": t["min_s"],
+      "rounds_s": t["times_s"],
+    }
+    for name, t in times.items()
+  }
 
 
 def labels_for(rows: dict[str, dict], teacher: str) -> dict[str, str]:

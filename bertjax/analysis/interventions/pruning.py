@@ -18,14 +18,13 @@ does; it is what `ablation.evaluate_masks_per_row` evaluates under every mask.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from bertjax import stats
+from bertjax import stats, utils
 from bertjax.analysis.interventions import ablation
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import count_params, forward
@@ -239,38 +238,20 @@ def pruned_vs_masked(params: Params, config: BertConfig, head_mask, ids, attenti
 def time_forwards(
   models: Mapping[str, tuple], ids, attention_mask, repeats: int
 ) -> dict[str, dict]:
-  """Forward-pass times of `name -> (config, params, head_mask or None)`, side by side.
-
-  Each model is called once (its compile, if any, is in `first_call_s`, apart) and once more
-  to warm up; then `repeats` rounds time every model once, in a rotating order, so load on
-  a shared machine falls on all of them alike.
+  """Forward-pass times of `name -> (config, params, head_mask or None)`, side by side
+  (`utils.interleaved_times`: compile apart in `first_call_s`, one warm-up, `repeats`
+  rounds in a rotating order).
 
   Returns:
-    `{name: {"first_call_s", "times_s": [one per round], "median_s"}}`.
+    `{name: {"first_call_s", "times_s": [one per round], "median_s", "min_s"}}`.
   """
-  if repeats < 1:
-    raise ValueError(f"repeats={repeats} must be at least 1")
-  fns, out = {}, {}
-  for name, (config, params, head_mask) in models.items():
 
-    def fn(p, c=config, m=head_mask):
-      return forward(p, c, ids, attention_mask, head_mask=m).last_hidden_state
+  def call(config, params, head_mask):
+    return lambda: (
+      forward(params, config, ids, attention_mask, head_mask=head_mask).last_hidden_state
+    )
 
-    t0 = time.perf_counter()
-    fn(params).block_until_ready()
-    first = time.perf_counter() - t0
-    fn(params).block_until_ready()  # warm-up
-    fns[name] = fn
-    out[name] = {"first_call_s": first, "times_s": []}
-  names = list(models)
-  for r in range(repeats):
-    for name in names[r % len(names) :] + names[: r % len(names)]:
-      t0 = time.perf_counter()
-      fns[name](models[name][1]).block_until_ready()
-      out[name]["times_s"].append(time.perf_counter() - t0)
-  for v in out.values():
-    v["median_s"] = float(np.median(v["times_s"]))
-  return out
+  return utils.interleaved_times({k: call(*m) for k, m in models.items()}, repeats)
 
 
 def pruned_speedups(
@@ -336,7 +317,7 @@ def pruned_speedups(
   )
   times = time_forwards(models, ids, attention_mask, repeats)
   median = {name: v["median_s"] for name, v in times.items()}
-  fastest = {name: min(v["times_s"]) for name, v in times.items()}  # the least disturbed round
+  fastest = {name: v["min_s"] for name, v in times.items()}  # the least disturbed round
   pruned = [f"pruned_{t:.1f}" for t in targets]
   return {
     "fractions": fractions,
