@@ -52,7 +52,7 @@ import common
 import numpy as np
 from findings import Rule, Test
 
-from bertjax.plots import charts
+from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
 
 PAPER = "Kovaleva et al. 2019"
@@ -180,125 +180,6 @@ def change_quantities(layer_cosine) -> dict[str, float]:
     LAST_LOWEST: float(int(np.argmin(cos)) >= len(cos) - k),
     LAST_GAP: float(cos[-k:].mean() - cos[:-k].mean()),
   }
-
-
-# Figures --------------------------------------------------------------------------------
-
-
-def _plt():
-  import matplotlib
-
-  matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
-def figure_patterns(before: dict, after: dict, out, stem: str = NAME) -> str:
-  """Stacked pattern-type ratios per layer (and overall), before and after fine-tuning."""
-  plt = _plt()
-  types = before["types"]
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True, layout="constrained")
-  for ax, (label, p) in zip(axes, (("pre-trained", before), ("fine-tuned", after))):
-    ratios = np.vstack([p["per_layer"], p["overall"][None]])
-    x = np.arange(len(ratios))
-    bottom = np.zeros(len(ratios))
-    for k, name in enumerate(types):
-      ax.bar(x, ratios[:, k], bottom=bottom, label=name, color=plt.get_cmap("tab10")(k))
-      bottom += ratios[:, k]
-    ax.set_xticks(x, [str(i + 1) for i in range(len(ratios) - 1)] + ["all"])  # blocks 1..L
-    ax.set_xlabel("layer")
-    ax.set_title(f"{label} (repeated types {100 * p['repeated_share']:.0f}%)")
-  axes[0].set_ylabel("fraction of attention maps")
-  axes[1].legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-  fig.suptitle("Attention pattern types per layer (Kovaleva et al. Fig. 2 style)")
-  return common.savefig(fig, out, f"{stem}_patterns")
-
-
-def figure_ablation(acc: dict[str, dict], out, stem: str = NAME) -> str:
-  """Accuracy change per disabled head ("uniform") and per disabled layer (every mode)."""
-  plt = _plt()
-  u = acc["uniform"]
-  depth = len(u["delta_layers"])  # 12 layers of 12 heads need a taller panel than 6
-  fig, (a0, a1) = plt.subplots(
-    1,
-    2,
-    figsize=(11.5, max(3.9, 1.3 + 0.33 * depth)),
-    gridspec_kw={"width_ratios": [3, 2]},
-    layout="constrained",
-  )
-  d = 100 * u["delta_heads"]
-  # One badly hurt head would wash out the rest: saturate beyond the 95th percentile.
-  span = max(float(np.percentile(np.abs(d), 95)), 0.5)
-  charts.draw_head_grid(
-    a0,
-    d,
-    title=f"one head disabled (uniform patterns); intact accuracy {100 * u['baseline']:.1f}%",
-    cbar_label="accuracy change (points)",
-    cmap="RdBu",
-    center=0.0,
-    span=span,
-    annotate=True,
-    fmt="{:+.1f}",
-    fontsize=6,
-  )
-  a0.title.set_fontsize(9)
-  bars = [
-    ("all heads uniform", u["delta_layers"]),
-    ("all heads zeroed (scale)", acc["scale"]["delta_layers"]),
-    ("block skipped", u["delta_layer_skips"]),
-  ]
-  width = 0.8 / len(bars)
-  for k, (label, values) in enumerate(bars):
-    a1.bar(np.arange(depth) + k * width, 100 * np.asarray(values), width, label=label)
-  a1.axhline(0, color="k", lw=0.8)
-  a1.set_xticks(np.arange(depth) + width * (len(bars) - 1) / 2, [str(i + 1) for i in range(depth)])
-  a1.set_xlabel("layer disabled")
-  a1.set_ylabel("accuracy change (points)")
-  a1.set_title("one layer disabled", fontsize=9)
-  a1.grid(axis="y", alpha=0.3)
-  a1.legend(fontsize=7)
-  fig.suptitle(
-    "Disabling heads and layers of the fine-tuned classifier "
-    "(above 0 / blue = better than intact; Kovaleva et al. Figs. 6-7)"
-  )
-  return common.savefig(fig, out, f"{stem}_ablation")
-
-
-def figure_change(cosine, cka, out, stem: str = NAME) -> str:
-  """Per-head cosine of attention maps before vs after fine-tuning, and per-layer means/CKA."""
-  plt = _plt()
-  cosine = np.asarray(cosine)
-  fig, (a0, a1) = plt.subplots(
-    1,
-    2,
-    figsize=(11, max(3.8, 1.2 + 0.33 * len(cosine))),
-    gridspec_kw={"width_ratios": [3, 2]},
-    layout="constrained",
-  )
-  charts.draw_head_grid(
-    a0,
-    cosine,
-    title="cosine of attention maps, pre-trained vs fine-tuned",
-    cbar_label="cosine similarity",
-    vmin=min(0.5, float(cosine.min())),
-    vmax=1.0,
-    annotate=True,
-    fmt="{:.2f}",
-    fontsize=5.5,
-  )
-  a0.title.set_fontsize(9)
-  layers = np.arange(cosine.shape[0])
-  a1.plot(layers, layer_means(cosine), marker="o", label="attention-map cosine (mean of heads)")
-  a1.plot(layers, np.asarray(cka)[1:], marker="s", label="CKA of the layer's output")
-  a1.set_xticks(layers, [str(i + 1) for i in layers])  # blocks 1..L
-  a1.set_xlabel("layer")
-  a1.set_ylabel("similarity")
-  a1.set_title(f"per layer (embeddings' CKA {float(cka[0]):.3f})", fontsize=9)
-  a1.grid(alpha=0.3)
-  a1.legend(fontsize=7)
-  fig.suptitle("What fine-tuning changes (Kovaleva et al. Fig. 3)")
-  return common.savefig(fig, out, f"{stem}_change")
 
 
 # The run --------------------------------------------------------------------------------
@@ -561,11 +442,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   stem = common.results_stem(NAME, args.model)  # the file names' start
   with common.timed(timings, "figures"):
+    out = pathlib.Path(args.out)
     figures = [
-      figure_patterns(m["before"], m["after"], args.out, stem),
-      figure_ablation(m["acc"], args.out, stem),
-      figure_change(m["change"].cosine, m["change"].cka, args.out, stem),
+      plots.pattern_types_before_after(m["before"], m["after"], out / f"{stem}_patterns.png"),
+      plots.disabled_heads_and_layers(m["acc"], out / f"{stem}_ablation.png"),
+      plots.attention_change(change.cosine, change.cka, out / f"{stem}_change.png"),
     ]
+    figures = [p.name for p in figures]
 
   results = results_of(task, run, m, config, timings)
   settings = {

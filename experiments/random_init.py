@@ -50,6 +50,7 @@ training; its numbers are not findings).
 
 from __future__ import annotations
 
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -221,86 +222,6 @@ def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
   }
 
 
-# Figures --------------------------------------------------------------------------------
-
-
-def _plt():
-  import matplotlib
-
-  matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt
-
-  return plt
-
-
-COLOURS = {"pretrained": "tab:blue", "random": "tab:orange"}
-LABELS = {"pretrained": "pre-trained", "random": "random init"}
-
-
-def figure_curves(results: dict[str, dict], out, stem: str = NAME) -> str:
-  """Dev accuracy against steps for every run, a panel per task."""
-  plt = _plt()
-  fig, axes = plt.subplots(
-    1, len(results), figsize=(3.4 * len(results), 3.3), layout="constrained", squeeze=False
-  )
-  for ax, (task, res) in zip(axes[0], results.items()):
-    for run in res["runs"]:
-      for init in ("pretrained", "random"):
-        c = run[init]["curve"]
-        ax.plot(
-          [p["step"] for p in c],
-          [100 * p["dev"] for p in c],
-          color=COLOURS[init],
-          alpha=0.8,
-          lw=1.2,
-          label=LABELS[init] if run is res["runs"][0] else None,
-        )
-        ax.plot(run[init]["best_step"], 100 * run[init]["dev"], "o", ms=3, color=COLOURS[init])
-    s = res["summary"]
-    ax.axhline(100 * s["majority"], color="grey", ls="--", lw=1, label="majority")
-    ax.axhline(100 * s["lexical_baseline"], color="grey", ls=":", lw=1, label="lexical baseline")
-    ax.set_title(task, fontsize=10)
-    ax.set_xlabel("fine-tuning step")
-    ax.grid(alpha=0.3)
-  axes[0, 0].set_ylabel("dev accuracy (%)")
-  axes[0, 0].legend(fontsize=7)
-  fig.suptitle("Learning curves, one line per seed (dots: the best-dev checkpoint)")
-  return common.savefig(fig, out, f"{stem}_curves")
-
-
-def figure_scores(results: dict[str, dict], out, stem: str = NAME) -> str:
-  """Test accuracy per task: baselines, random init and pre-trained (bars: seed spread)."""
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(8, 3.8), layout="constrained")
-  bars = [
-    ("majority", "majority", None, "lightgrey"),
-    ("lexical baseline", "lexical_baseline", None, "darkgrey"),
-    ("random init", "random", "random_sd", COLOURS["random"]),
-    ("pre-trained", "pretrained", "pretrained_sd", COLOURS["pretrained"]),
-  ]
-  x = np.arange(len(results))
-  width = 0.8 / len(bars)
-  for k, (label, key, sd, colour) in enumerate(bars):
-    vals = [100 * r["summary"][key] for r in results.values()]
-    err = None if sd is None else [100 * r["summary"][sd] for r in results.values()]
-    ax.bar(x + k * width, vals, width, yerr=err, capsize=2, label=label, color=colour)
-  for i, r in enumerate(results.values()):
-    ratio = r["summary"]["gain_ratio"]
-    ax.text(
-      i + 0.4, 102, f"r={ratio:.2f}" if ratio is not None else "r=n/a", ha="center", fontsize=8
-    )
-  ax.set_xticks(x + width * (len(bars) - 1) / 2, list(results))
-  ax.set_ylim(0, 108)
-  ax.set_ylabel("test accuracy (%)")
-  ax.legend(fontsize=7, loc="lower left")
-  ax.set_title(
-    "Pre-trained vs random initialisation at equal budgets (Kovaleva et al. 2019); "
-    "r = random's share of the gain over majority",
-    fontsize=9,
-  )
-  return common.savefig(fig, out, f"{stem}_scores")
-
-
 # The run --------------------------------------------------------------------------------
 
 
@@ -412,10 +333,13 @@ def main(argv: Sequence[str] | None = None) -> None:
   for f in rows:
     common.log(f"[{f['holds']}] {f['measured']}")
   with common.timed(timings, "figures"):
+    from bertjax.plots import finetuning as plots
+
     stem = common.results_stem(NAME, args.model)  # the file names' start
+    out = pathlib.Path(args.out)
     figures = [
-      figure_curves(results["tasks"], args.out, stem),
-      figure_scores(results["tasks"], args.out, stem),
+      plots.init_learning_curves(results["tasks"], out / f"{stem}_curves.png").name,
+      plots.init_scores(results["tasks"], out / f"{stem}_scores.png").name,
     ]
   common.write_results(
     NAME,
