@@ -41,6 +41,7 @@ Relations are UD's without subtypes, except nmod:poss, reported as "poss" (Clark
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -49,8 +50,6 @@ from typing import Any
 import common
 import numpy as np
 from findings import Rule, Test
-
-from bertjax.plots import charts
 
 NAME = "what_bert_looks_at"
 PAPER = "Clark et al. 2019"
@@ -80,29 +79,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
     "min_count": 100,
     "seed": seed,
   }
-
-
-def make_batches(tok, words: Sequence[Sequence[str]], batch_size: int, max_tokens: int):
-  """Length-sorted padded batches of pre-split sentences: a list of (indices, batch dict)."""
-  lengths = tok.encode_words(words).attention_mask.sum(-1)
-  order = [i for i in np.argsort(lengths, kind="stable") if lengths[i] <= max_tokens]
-  out = []
-  for start in range(0, len(order), batch_size):
-    idx = np.sort(order[start : start + batch_size])
-    width = int(-(-lengths[idx].max() // 8) * 8)
-    b = tok.encode_words([words[i] for i in idx], pad_to=width)
-    out.append(
-      (
-        idx,
-        {
-          "input_ids": b.input_ids,
-          "attention_mask": b.attention_mask,
-          "token_type_ids": b.token_type_ids,
-          "word_ids": b.word_ids,
-        },
-      )
-    )
-  return out
 
 
 def _not_bert_base(model: str, depth: int) -> str:
@@ -244,111 +220,16 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[str]:
-  """Attention by layer, [SEP] mass per head, and the probe's bar chart (`stem`: the file
-  names' start, `common.results_stem`)."""
-  import matplotlib
+  """Attention by layer, the probe by relation and by head (`stem`: the file names' start)."""
+  from bertjax.plots import attention as plots
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  names = []
-  by = r["clark"]["by_layer"]
-  averaged = (
-    "per sentence, then over sentences"
-    if r["clark"]["definition"]["weighting"] == "document"
-    else "over tokens"
+  out, table = pathlib.Path(out), r["probe"]["relations"]
+  paths = (
+    plots.clark_by_layer(r["clark"], out / f"{stem}_special_tokens.png"),
+    plots.probe_relations(table, relations, out / f"{stem}_relations.png"),
+    plots.probe_head_grids(table, relations, out / f"{stem}_heads.png"),
   )
-  layers = np.arange(1, len(by["sep"]) + 1)
-  fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
-  for key, style in (
-    ("cls", "o-"),
-    ("sep", "s-"),
-    ("punct", "^-"),
-    ("self", "x--"),
-    ("prev", "<--"),
-    ("next", ">--"),
-  ):
-    label = {"cls": "[CLS]", "sep": "[SEP]"}.get(key, key)
-    if key == "punct" and r["clark"]["definition"]["punctuation"] == "clark":
-      label = '". ," (Clark)'
-    axes[0].plot(layers, by[key], style, label=label)
-  axes[0].set_xlabel("layer")
-  axes[0].set_ylabel(f"mean attention mass ({averaged}; mean of heads)", fontsize=8)
-  axes[0].set_title("Where attention goes, by layer")
-  axes[0].set_xticks(layers)
-  axes[0].legend(fontsize=8)
-  axes[1].plot(layers, by["entropy"], "o-", color="tab:purple", label="attention")
-  axes[1].plot(
-    layers,
-    r["clark"]["uniform_entropy"] * np.ones(len(layers)),
-    "k:",
-    label="uniform over the sentence",
-  )
-  axes[1].set_xlabel("layer")
-  axes[1].set_ylabel(f"mean entropy, nats ({averaged})", fontsize=8)
-  axes[1].set_title("Attention entropy by layer")
-  axes[1].set_xticks(layers)
-  axes[1].legend(fontsize=8)
-  charts.draw_head_grid(
-    axes[2],
-    r["clark"]["sep"],
-    title="Attention mass on [SEP], per head",
-    cbar_label="mean mass on [SEP]",
-    vmin=0,
-    vmax=1,
-  )
-  names.append(common.savefig(fig, out, f"{stem}_special_tokens"))
-
-  t = r["probe"]["relations"]
-  rels = [x for x in ("all", *relations) if x in t]
-  x = np.arange(len(rels))
-  fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(rels) + 2), 4.5))
-  ax.bar(
-    x - 0.27,
-    [t[k]["dep_to_head"]["accuracy"] for k in rels],
-    0.27,
-    label="best head, dependent -> head",
-  )
-  ax.bar(
-    x, [t[k]["head_to_dep"]["accuracy"] for k in rels], 0.27, label="best head, head -> dependent"
-  )
-  ax.bar(
-    x + 0.27,
-    [t[k]["baseline"]["accuracy"] for k in rels],
-    0.27,
-    color="gray",
-    label="best fixed offset",
-  )
-  ax.set_xticks(x, [f"{k}\n({t[k]['count_eval']})" for k in rels], fontsize=7)
-  ax.set_xlabel("relation (held-out arcs)")
-  ax.set_ylabel("held-out accuracy")
-  ax.set_ylim(0, 1)
-  ax.set_title(
-    "Attention-based dependency probe: best single head vs fixed offset "
-    "(chosen on even sentences, scored on odd)"
-  )
-  ax.legend(fontsize=8)
-  names.append(common.savefig(fig, out, f"{stem}_relations"))
-
-  shown = [x for x in ("all", *relations) if x in t][:8]
-  fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), squeeze=False, constrained_layout=True)
-  for ax, rel in zip(axes.ravel(), shown):
-    charts.draw_head_grid(
-      ax,
-      t[rel]["dep_to_head"]["per_head_in_sample"],
-      title=f"{rel}: dependent -> head (n={t[rel]['count']})",
-      cbar_label="accuracy",
-      cmap="magma",
-      vmin=0,
-      vmax=1,
-    )
-    ax.title.set_fontsize(9)
-    ax.tick_params(labelsize=7)
-  for ax in axes.ravel()[len(shown) :]:
-    ax.axis("off")
-  fig.suptitle("Per-head accuracy of the attention probe (all sentences)")
-  names.append(common.savefig(fig, out, f"{stem}_heads"))
-  return names
+  return [p.name for p in paths]
 
 
 # The run ------------------------------------------------------------------------------------
@@ -380,56 +261,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def clark_run(
-  params, config, tok, plain: Sequence[dict], weighting: str, punctuation: str, smoothing: float
-) -> dict[str, Any]:
-  """`statistics.clark_statistics` of one definition, per head and by layer, beside the entropy
-  of uniform attention averaged alike.
-
-  Args:
-    params, config, tok: the model and its tokenizer.
-    plain: the batches (`input_ids`, `attention_mask`, `token_type_ids`).
-    weighting: "document" or "token".
-    punctuation: "clark" ("." and ",") or "all" (every punctuation id of the vocabulary).
-    smoothing: the entropy's smoothing eps.
-  """
-  from bertjax.analysis.attention import statistics
-
-  punct = (
-    statistics.clark_punctuation_ids(tok)
-    if punctuation == "clark"
-    else statistics.punctuation_ids(tok)
-  )
-  n_tok = np.concatenate([b["attention_mask"].sum(-1) for b in plain]).astype(np.float64)
-  stats = statistics.clark_statistics(
-    params,
-    config,
-    plain,
-    sep_id=tok.sep_id,
-    punct_ids=punct,
-    weighting=weighting,
-    entropy_smoothing=smoothing,
-  )
-  out = {k: np.asarray(v) for k, v in stats.items()}
-  out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
-  # Entropy of uniform attention over each sequence, averaged like the statistics.
-  out["uniform_entropy"] = statistics.uniform_entropy(n_tok, weighting)
-  out["definition"] = {
-    "weighting": weighting,
-    "punctuation": punctuation,
-    "punctuation_ids": len(punct),
-    "entropy_smoothing": smoothing,
-  }
-  return out
-
-
 def main(argv=None) -> int:
   args = parse_args(argv)
   start = time.perf_counter()
   import jax
 
-  from bertjax.analysis.attention import syntax
+  from bertjax.analysis.attention import statistics, syntax
   from bertjax.data import conllu
+  from bertjax.tasks import text_batches
 
   data = common.data_dir(args.data_dir)
   s = run_settings(args.smoke, args.seed)
@@ -444,26 +283,28 @@ def main(argv=None) -> int:
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]
-    batches = make_batches(tok, words, s["batch_size"], s["max_tokens"])
-    used = np.sort(np.concatenate([idx for idx, _ in batches]))
-  plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]
-
+    lengths = tok.encode_words(words).attention_mask.sum(-1)
+    keep = np.flatnonzero(lengths <= s["max_tokens"])  # longer sentences are left out
+    batches = [
+      (keep[idx], b)
+      for idx, b in text_batches.batches(
+        tok, words=[words[i] for i in keep], batch_size=s["batch_size"], max_length=s["max_tokens"]
+      )
+    ]
+  plain = [text_batches.plain(b) for _, b in batches]
+  clark_kw = {"punctuation": args.punctuation, "smoothing": args.entropy_smoothing}
   with common.timed(timings, "clark"):
-    clark = clark_run(
-      params, config, tok, plain, args.weighting, args.punctuation, args.entropy_smoothing
+    clark = statistics.clark_summary(
+      params, config, tok, plain, weighting=args.weighting, **clark_kw
     )
     common.log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
   with common.timed(timings, "clark token-weighted"):
     # The earlier definition, for comparison.
-    variant = clark_run(params, config, tok, plain, "token", "all", 0.0)
-  with common.timed(timings, "probe"):
-    from bertjax.analysis.attention import statistics
-
-    punct = (
-      statistics.clark_punctuation_ids(tok)
-      if args.punctuation == "clark"
-      else statistics.punctuation_ids(tok)
+    variant = statistics.clark_summary(
+      params, config, tok, plain, weighting="token", punctuation="all", smoothing=0.0
     )
+  with common.timed(timings, "probe"):
+    punct = statistics.punctuation_of(tok, args.punctuation)
     probe = syntax.dependency_probe(
       params,
       config,
@@ -490,7 +331,7 @@ def main(argv=None) -> int:
     "data": {
       "file": path.name,
       "sentences": len(ud),
-      "sentences_used": len(used),
+      "sentences_used": len(keep),
       "tokens": n_tok,
       "arcs": probe["arcs"],
       "relation_counts": probe["counts"],

@@ -554,3 +554,38 @@ def test_summarise_example_head_and_figures(small_model, tmp_path):
     plots.example_maps(**ex, layer=1, head=0, path=tmp_path / "d.png"),
   ]
   assert all(p.stat().st_size > 10_000 for p in paths)
+
+
+def test_clark_summary_is_the_statistics_by_layer_and_draws(params, minilm_dir, tmp_path):
+  """`statistics.clark_summary` holds `clark_statistics` of the chosen definition per head, their
+  means over heads, and uniform attention's entropy averaged alike; the figure draws it."""
+  from bertjax.plots import attention as plots
+
+  tok = bertjax.Tokenizer.from_pretrained(minilm_dir)  # [SEP] = 102: outside the tiny vocabulary
+  batches = [
+    {**b, "input_ids": np.where(b["input_ids"] == SEP, tok.sep_id, b["input_ids"])} for b in BATCHES
+  ]
+  tiny = CONFIG.replace(vocab_size=tok.sep_id + 1)
+  p = bertjax.init(tiny, 11)
+  got = statistics.clark_summary(
+    p, tiny, tok, batches, weighting="token", punctuation="all", smoothing=0.0
+  )
+  want = statistics.clark_statistics(
+    p,
+    tiny,
+    batches,
+    sep_id=tok.sep_id,
+    punct_ids=statistics.punctuation_ids(tok),
+    weighting="token",
+  )
+  for k in statistics.CLARK_NAMES:
+    np.testing.assert_allclose(got[k], want[k], atol=1e-7)
+    np.testing.assert_allclose(got["by_layer"][k], np.asarray(want[k]).mean(-1), atol=1e-7)
+  assert got["sep"].min() > 0  # [SEP] is seen
+  lengths = np.concatenate([b["attention_mask"].sum(-1) for b in batches])
+  assert got["uniform_entropy"] == pytest.approx((lengths * np.log(lengths)).sum() / lengths.sum())
+  assert got["definition"]["punctuation_ids"] == len(statistics.punctuation_ids(tok))
+  assert len(statistics.punctuation_of(tok, "clark")) == 2
+  with pytest.raises(ValueError, match="punctuation='some' must be one of"):
+    statistics.punctuation_of(tok, "some")
+  assert plots.clark_by_layer(got, tmp_path / "c.png").stat().st_size > 10_000

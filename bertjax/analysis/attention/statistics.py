@@ -264,6 +264,67 @@ def uniform_entropy(lengths, weighting: str = "document") -> float:
   return float(np.log(n).mean() if weighting == "document" else (n * np.log(n)).sum() / n.sum())
 
 
+PUNCTUATION_KINDS = ("clark", "all")
+
+
+def punctuation_of(tokenizer, kind: str = "clark") -> np.ndarray:
+  """The punctuation ids a statistic counts: "clark" ("." and ",", `clark_punctuation_ids`) or
+  "all" (every punctuation entry of the vocabulary, `punctuation_ids`)."""
+  if kind not in PUNCTUATION_KINDS:
+    raise ValueError(f"punctuation={kind!r} must be one of {PUNCTUATION_KINDS}")
+  return clark_punctuation_ids(tokenizer) if kind == "clark" else punctuation_ids(tokenizer)
+
+
+def clark_summary(
+  params: Params,
+  config: BertConfig,
+  tokenizer,
+  batches: Sequence,
+  *,
+  weighting: str = "document",
+  punctuation: str = "clark",
+  smoothing: float = CLARK_ENTROPY_SMOOTHING,
+) -> dict[str, Any]:
+  """`clark_statistics` of one definition, per head and by layer, with the entropy of uniform
+  attention averaged alike (Clark et al.'s reference line).
+
+  Args:
+    params, config: the model.
+    tokenizer: its tokenizer ([SEP] and the punctuation ids).
+    batches: batches with `input_ids` and `attention_mask` (a list: read twice).
+    weighting: "document" or "token" (`clark_statistics`).
+    punctuation: "clark" or "all" (`punctuation_of`).
+    smoothing: the entropy's smoothing eps (0: unsmoothed).
+
+  Returns:
+    name -> (layers, heads) for each of `CLARK_NAMES`; `by_layer`: name -> (layers,), the
+    mean over heads; `uniform_entropy`; `definition`: the settings above and how many
+    punctuation ids were counted.
+  """
+  batches = list(batches)
+  punct = punctuation_of(tokenizer, punctuation)
+  stats = clark_statistics(
+    params,
+    config,
+    batches,
+    sep_id=tokenizer.sep_id,
+    punct_ids=punct,
+    weighting=weighting,
+    entropy_smoothing=smoothing,
+  )
+  out: dict[str, Any] = {k: np.asarray(v) for k, v in stats.items()}
+  out["by_layer"] = {k: v.mean(-1) for k, v in out.items()}
+  lengths = np.concatenate([np.asarray(as_batch(b)["attention_mask"]).sum(-1) for b in batches])
+  out["uniform_entropy"] = uniform_entropy(lengths, weighting)
+  out["definition"] = {
+    "weighting": weighting,
+    "punctuation": punctuation,
+    "punctuation_ids": len(punct),
+    "entropy_smoothing": smoothing,
+  }
+  return out
+
+
 def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = True):
   """Clark et al.'s word-level attention of one sequence.
 
