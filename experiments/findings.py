@@ -16,8 +16,8 @@ bootstrap interval where the JSON keeps per-item values (the verdict "inconclusi
 differs across the interval), else what the row has instead ("CI: rerun needed" where the
 experiment must be rerun to keep those values).
 
-Experiments whose module defines `findings(results, settings)` (rows from the numbers as
-written to JSON; every one but `stacking`) can have their committed rows recomputed without a rerun, after a change to
+Every experiment's module defines `findings(results, settings)` (rows from the numbers as
+written to JSON), so committed rows can be recomputed without a rerun, after a change to
 a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (and its
 `settings["indexing"]` when the module defines `INDEXING`), recording when under
 `findings_refreshed`; the measured numbers are untouched.

@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -66,7 +67,6 @@ import jax
 import numpy as np
 from findings import Rule, Test
 
-from bertjax import stats
 from bertjax.training.runs import (
   PretrainingData,
   compare_runs,
@@ -161,84 +161,40 @@ SMOKE = Scale(
 # Figures --------------------------------------------------------------------
 
 
-def _figures(
+def figures(
   out, runs: list[dict], window: int, target: float, base_total: float, prefix: str = NAME
 ) -> list[str]:
-  import matplotlib.pyplot as plt
+  """Loss against time and against steps, and every step's time (`prefix_*.png`)."""
+  from bertjax.plots import training as plots
 
-  colors = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
-  names = []
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  out = pathlib.Path(out)
+  colours = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
+  named = [{**r, "legend": f"{r['label']} ({r['stacking'] or 'full depth'})"} for r in runs]
+  first: dict[str, dict] = {}  # of each kind: repeats have the same losses (same seeds)
   for r in runs:
-    kind = r["label"].split("#")[0]
-    ax.plot(
-      np.cumsum(r["cost_s"]),
-      stats.trailing_mean(r["mlm_loss"], window),
-      color=colors[kind],
-      ls="-" if r["label"].endswith("1") else "--",
-      label=f"{r['label']} ({r['stacking'] or 'full depth'})",
-    )
-  ax.axhline(target, color="gray", lw=0.8, label="baseline final (smoothed)")
-  ax.axvline(
-    TARGET_RATIO * base_total,
-    color="red",
-    lw=0.8,
-    ls=":",
-    label=f"{TARGET_RATIO}x baseline time (mean)",
+    first.setdefault(r["label"].split("#")[0], r)
+  firsts = [{**r, "legend": f"{k} ({r['stacking'] or 'full depth'})"} for k, r in first.items()]
+  paths = (
+    plots.loss_against_time(
+      named,
+      window,
+      out / f"{prefix}_loss_vs_time.png",
+      colours=colours,
+      target=target,
+      deadline=(TARGET_RATIO * base_total, f"{TARGET_RATIO}x baseline time (mean)"),
+      title="Progressive stacking vs full depth: MLM loss against wall-clock time",
+    ),
+    plots.loss_against_steps(
+      firsts,
+      window,
+      out / f"{prefix}_loss_vs_steps.png",
+      colours=colours,
+      per_step=True,
+      title="MLM loss against steps (dotted: stacking)",
+    ),
+    plots.step_times(runs, out / f"{prefix}_step_time.png", colours=colours),
   )
-  ax.set(
-    xlabel="cumulative step time, compile excluded (s)",
-    ylabel=f"training MLM loss ({window}-step trailing mean)",
-    title="Progressive stacking vs full depth: MLM loss against wall-clock time",
-  )
-  ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{prefix}_loss_vs_time"))
-
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  seen = set()
-  for r in runs:
-    kind = r["label"].split("#")[0]
-    if kind in seen:
-      continue  # repeats have identical losses (same seeds)
-    seen.add(kind)
-    steps = np.arange(1, len(r["mlm_loss"]) + 1)
-    ax.plot(steps, r["mlm_loss"], color=colors[kind], alpha=0.25)
-    ax.plot(
-      steps,
-      stats.trailing_mean(r["mlm_loss"], window),
-      color=colors[kind],
-      label=f"{kind} ({r['stacking'] or 'full depth'})",
-    )
-    for s in r["stage_starts"][1:]:
-      ax.axvline(s + 1, color=colors[kind], lw=0.8, ls=":")
-  ax.set(
-    xlabel="step",
-    ylabel="training MLM loss (faint: per step; solid: trailing mean)",
-    title="MLM loss against steps (dotted: stacking)",
-  )
-  ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{prefix}_loss_vs_steps"))
-
-  fig, ax = plt.subplots(figsize=(7, 4))
-  for r in runs:
-    kind = r["label"].split("#")[0]
-    ax.plot(
-      np.arange(1, len(r["raw_cost_s"]) + 1),
-      r["raw_cost_s"],
-      color=colors[kind],
-      ls="-" if r["label"].endswith("1") else "--",
-      lw=0.8,
-      label=r["label"],
-    )
-  ax.set_yscale("log")
-  ax.set(
-    xlabel="step",
-    ylabel="step time incl. compile (s, log)",
-    title="Per-step time of every run (spikes: compiles and machine load)",
-  )
-  ax.legend(fontsize=7)
-  names.append(common.savefig(fig, out, f"{prefix}_step_time"))
-  return names
+  return [p.name for p in paths]
 
 
 # Main -----------------------------------------------------------------------
@@ -403,54 +359,50 @@ def variation_run(
   }
 
 
-def finding_rows(
-  runs: list[dict],
-  est: dict[str, Any],
-  variation: dict | None,
-  config,
-  data: PretrainingData,
-  sc: Scale,
-  schedule: str,
-  where: str,
-) -> list[dict]:
-  """The Findings rows: the time to the baseline's loss, the final quality, and the
-  variation's time when there was one."""
-  base = [r for r in runs if r["label"].startswith("baseline")]
-  stack = [r for r in runs if r["label"].startswith("stacked")]
-  per_repeat, priced, interleaved = est["per_repeat"], est["priced"], est["interleaved"]
-  turn_price = est["turn_price"]
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows from the results as written to JSON (`r`) and the settings `s`: the
+  time to the baseline's loss, the final quality, and the variation's time when there was one."""
+  runs = r["runs"]
+  base = [x for x in runs if x["label"].startswith("baseline")]
+  stack = [x for x in runs if x["label"].startswith("stacked")]
+  per_repeat, priced, interleaved = r["ratio_per_repeat"], r["ratio_priced"], r["ratio_interleaved"]
+  turn_price = {int(k): v for k, v in r["interleaved_median_step_s"].items()}
+  stats_, schedule, variation = r["data"], r["schedule"], r["variation"]
   hb, hs = base[0]["heldout"]["mlm_loss"], stack[0]["heldout"]["mlm_loss"]
   gap = hs - hb
-  unigram = data.stats["unigram_heldout_mlm_loss"]
+  unigram = stats_["unigram_heldout_mlm_loss"]
   learned = unigram - hb >= 0.1  # past the stage where only token frequencies are known
   acc = base[0]["heldout"]["mlm_accuracy"]
   caveat = (
     f"Both models are {'past' if learned else 'still at'} the unigram stage (held-out "
     f"MLM loss {hb:.3f}, accuracy {acc:.1%}; token frequencies alone give {unigram:.3f})"
     f"; the baseline itself first reached its final smoothed loss at step "
-    f"{per_repeat[0]['baseline_reach_step']} of {sc.steps}, stacked at step "
+    f"{per_repeat[0]['baseline_reach_step']} of {s['steps']}, stacked at step "
     f"{per_repeat[0]['reach_step']}."
   )
   rep = "; ".join(
     f"repeat {i + 1} {_fmt(c['ratio'])} ({_fmt(c['ratio_with_compile'])} with compile)"
     for i, c in enumerate(per_repeat)
   )
+  where = f"on {s['device']}, " if s.get("device") else ""
+  shallow, layers = s["shallow"], s["layers"]
+  ratios = [c["ratio"] for c in per_repeat] + [priced["ratio"], interleaved["ratio"]]
   rows = [
     TIME.row(
-      f"{where}{config.num_hidden_layers}-layer {config.hidden_size}-wide BERT, {sc.steps} "
+      f"{where}{r['model']['layers']}-layer {r['model']['hidden']}-wide BERT, {s['steps']} "
       "steps on "
       f"WikiText-2, schedule {schedule}: time to reach the baseline's final smoothed MLM loss "
       f"{per_repeat[0]['target_smoothed_mlm_loss']:.3f} / baseline time = {rep}; "
       f"priced at median step times of all runs {_fmt(priced['ratio'])} "
       f"({_fmt(priced['ratio_with_compile'])} with compile); priced at step times measured in "
       f"turns {_fmt(interleaved['ratio'])} ({_fmt(interleaved['ratio_with_compile'])} with "
-      f"compile; {sc.shallow}/{sc.layers}-layer step "
-      f"{turn_price[sc.shallow] / turn_price[sc.layers]:.2f}x). {caveat} The rule reads the "
+      f"compile; {shallow}/{layers}-layer step "
+      f"{turn_price[shallow] / turn_price[layers]:.2f}x). {caveat} The rule reads the "
       "estimates with compile time excluded.",
-      time_quantities(est["ratios"]),
+      time_quantities(ratios),
     ),
     QUALITY.row(
-      f"held-out MLM loss (fixed masks, {data.stats['heldout_masked_tokens']} tokens): "
+      f"held-out MLM loss (fixed masks, {stats_['heldout_masked_tokens']} tokens): "
       f"stacked {hs:.3f} vs full depth {hb:.3f} (diff {gap:+.3f} nats; unigram "
       f"{unigram:.3f}).",
       {GAP: gap, LEAD: unigram - hb},
@@ -503,7 +455,6 @@ def run_experiment(args) -> int:
 
   sc = SMOKE if args.smoke else GPU if args.scale == "gpu" else FULL
   prefix = NAME if args.scale == "cpu" else f"{NAME}_gpu"
-  where = "" if args.scale == "cpu" else f"on {jax.devices()[0].device_kind}, "
   sc = sc.with_steps(args.steps, minimum=10)
   if args.repeats is not None:
     sc = dataclasses.replace(sc, repeats=args.repeats)
@@ -532,10 +483,9 @@ def run_experiment(args) -> int:
 
   per_repeat = est["per_repeat"]
   base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
-  figures = _figures(
+  figs = figures(
     args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"], base_total, prefix
   )
-  rows = finding_rows(runs, est, variation, config, data, sc, schedule, where)
   results = {
     "data": data.stats,
     "model": {
@@ -578,7 +528,9 @@ def run_experiment(args) -> int:
     "decay": "linear",
     "train": dataclasses.asdict(train),
     "model_config": dataclasses.asdict(config),
+    "device": jax.devices()[0].device_kind if args.scale == "gpu" else None,
   }
+  rows = findings(common.to_json(results), common.to_json(settings))
   common.write_results(
     NAME,
     args.out,
@@ -587,7 +539,7 @@ def run_experiment(args) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figures,
+    figures=figs,
     stem=prefix,
   )
   return 0

@@ -1,0 +1,146 @@
+"""Figures of training runs (`bertjax.training.runs.train_run` results) and of models compared
+side by side: loss against time and steps, per-step times, and bars per model.
+
+A run is a dict with `label`, `mlm_loss` (per step), and, where a figure needs them, `cost_s`
+(seconds per step, compile excluded), `raw_cost_s` (compile included) and `stage_starts`
+(the steps where a stacking stage began). Each function saves a PNG and returns its path.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from bertjax import stats
+from bertjax.plots.charts import pyplot, save_png
+
+
+def _style(run: Mapping, colours: Mapping[str, str] | None) -> dict:
+  """A run's colour by its kind (the label before "#") and a dashed line for repeats after
+  the first ("kind#2" ...)."""
+  kind, _, repeat = run["label"].partition("#")
+  style = {"ls": "--" if repeat not in ("", "1") else "-"}
+  if colours and kind in colours:
+    style["color"] = colours[kind]
+  return style
+
+
+def loss_against_time(
+  runs: Sequence[Mapping],
+  window: int,
+  path,
+  *,
+  colours: Mapping[str, str] | None = None,
+  target: float | None = None,
+  deadline: tuple[float, str] | None = None,
+  title: str = "MLM loss against wall-clock time",
+) -> pathlib.Path:
+  """Each run's smoothed training loss against its cumulative step time, with an optional
+  `target` loss line and a `deadline` (seconds, label) line."""
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for r in runs:
+    ax.plot(
+      np.cumsum(r["cost_s"]),
+      stats.trailing_mean(r["mlm_loss"], window),
+      label=r.get("legend", r["label"]),
+      **_style(r, colours),
+    )
+  if target is not None:
+    ax.axhline(target, color="gray", lw=0.8, label="baseline final (smoothed)")
+  if deadline is not None:
+    ax.axvline(deadline[0], color="red", lw=0.8, ls=":", label=deadline[1])
+  ax.set(
+    xlabel="cumulative step time, compile excluded (s)",
+    ylabel=f"training MLM loss ({window}-step trailing mean)",
+    title=title,
+  )
+  ax.legend(fontsize=7)
+  return save_png(fig, path)
+
+
+def loss_against_steps(
+  runs: Sequence[Mapping],
+  window: int,
+  path,
+  *,
+  colours: Mapping[str, str] | None = None,
+  per_step: bool = False,
+  title: str = "MLM loss against steps",
+) -> pathlib.Path:
+  """Each run's smoothed training loss against steps (`per_step`: the raw losses faint
+  behind it); a run's stacking stages, if any, as dotted lines."""
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  for r in runs:
+    steps = np.arange(1, len(r["mlm_loss"]) + 1)
+    line = ax.plot(
+      steps,
+      stats.trailing_mean(r["mlm_loss"], window),
+      label=r.get("legend", r["label"]),
+      **{**_style(r, colours), "ls": "-"},
+    )[0]
+    if per_step:
+      ax.plot(steps, r["mlm_loss"], color=line.get_color(), alpha=0.25)
+    for s in r.get("stage_starts", [])[1:]:
+      ax.axvline(s + 1, color=line.get_color(), lw=0.8, ls=":")
+  ylabel = f"training MLM loss ({window}-step trailing mean)"
+  if per_step:
+    ylabel = "training MLM loss (faint: per step; solid: trailing mean)"
+  ax.set(xlabel="step", ylabel=ylabel, title=title)
+  ax.legend(fontsize=7 if per_step else 8)
+  return save_png(fig, path)
+
+
+def step_times(
+  runs: Sequence[Mapping], path, *, colours: Mapping[str, str] | None = None
+) -> pathlib.Path:
+  """Every run's per-step time, compile included, on a log scale."""
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for r in runs:
+    steps = np.arange(1, len(r["raw_cost_s"]) + 1)
+    ax.plot(steps, r["raw_cost_s"], lw=0.8, label=r["label"], **_style(r, colours))
+  ax.set_yscale("log")
+  ax.set(
+    xlabel="step",
+    ylabel="step time incl. compile (s, log)",
+    title="Per-step time of every run (spikes: compiles and machine load)",
+  )
+  ax.legend(fontsize=7)
+  return save_png(fig, path)
+
+
+def model_bars(
+  names: Sequence[str],
+  panels: Sequence[Mapping],
+  path,
+  *,
+  title: str = "",
+  colours: Sequence[str] = ("tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:green"),
+) -> pathlib.Path:
+  """One panel of bars per quantity, a bar per model.
+
+  Args:
+    names: the models' tick labels.
+    panels: each `{"values": (models,), "label": axis label (its part before " (" is the
+      panel's title), "ylim": optional (low, high), "hline": optional value drawn across}`.
+    path: the PNG.
+    title: the figure's title.
+    colours: the bars' colours, model by model.
+  """
+  plt = pyplot()
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.8), squeeze=False)
+  x = np.arange(len(names))
+  for ax, panel in zip(axes[0], panels):
+    ax.bar(x, panel["values"], color=list(colours)[: len(names)])
+    ax.set_xticks(x, names, rotation=25, fontsize=7, ha="right")
+    ax.set(ylabel=panel["label"], title=panel["label"].split(" (")[0])
+    if panel.get("ylim") is not None:
+      ax.set_ylim(*panel["ylim"])
+    if panel.get("hline") is not None:
+      ax.axhline(panel["hline"], color="k", lw=0.8)
+  fig.suptitle(title)
+  return save_png(fig, path)
