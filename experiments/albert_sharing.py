@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -48,7 +49,6 @@ import jax
 import numpy as np
 from findings import Rule, Test
 
-from bertjax import stats
 from bertjax.training.runs import train_run
 
 NAME = "albert_sharing"
@@ -251,44 +251,44 @@ def findings(r: dict, s: dict) -> list[dict]:
   ]
 
 
-def _figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -> list[str]:
-  import matplotlib.pyplot as plt
+def figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -> list[str]:
+  """Loss against steps and the bars of parameters, held-out loss and step time per model."""
+  from bertjax.plots import training as plots
 
-  names = []
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for v in VARIANTS:
-    r = runs[v]
-    steps = np.arange(1, len(r["mlm_loss"]) + 1)
-    ax.plot(
-      steps,
-      stats.trailing_mean(r["mlm_loss"], window),
-      label=f"{v} ({params[v]['total'] / 1e6:.2f}M params)",
-    )
-  ax.set(
-    xlabel="step",
-    ylabel=f"training MLM loss ({window}-step trailing mean)",
-    title="BERT vs ALBERT reductions: same data, steps and schedule",
-  )
-  ax.legend(fontsize=8)
-  names.append(common.savefig(fig, out, f"{NAME}_loss_vs_steps"))
-
-  fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
-  x = np.arange(len(VARIANTS))
-  panels = [
-    ([params[v]["total"] / 1e6 for v in VARIANTS], "parameters (M, with MLM head)"),
-    ([runs[v]["heldout"]["mlm_loss"] for v in VARIANTS], "held-out MLM loss (nats)"),
-    ([runs[v]["median_step_s"] for v in VARIANTS], "median train step (s)"),
+  out = pathlib.Path(out)
+  curves = [
+    {**runs[v], "label": v, "legend": f"{v} ({params[v]['total'] / 1e6:.2f}M params)"}
+    for v in VARIANTS
   ]
-  for ax, (vals, label) in zip(axes, panels):
-    ax.bar(x, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"])
-    ax.set_xticks(x, VARIANTS, rotation=20, fontsize=8)
-    ax.set(ylabel=label, title=label.split(" (")[0])
-    if "loss" in label:
-      lo = min(vals)
-      ax.set_ylim(lo - 0.2, max(vals) + 0.1)
-  fig.suptitle("Parameters, held-out MLM loss and step time per model")
-  names.append(common.savefig(fig, out, f"{NAME}_summary"))
-  return names
+  loss = [runs[v]["heldout"]["mlm_loss"] for v in VARIANTS]
+  panels = [
+    {
+      "values": [params[v]["total"] / 1e6 for v in VARIANTS],
+      "label": "parameters (M, with MLM head)",
+    },
+    {
+      "values": loss,
+      "label": "held-out MLM loss (nats)",
+      "ylim": (min(loss) - 0.2, max(loss) + 0.1),
+    },
+    {"values": [runs[v]["median_step_s"] for v in VARIANTS], "label": "median train step (s)"},
+  ]
+  paths = (
+    plots.loss_against_steps(
+      curves,
+      window,
+      out / f"{NAME}_loss_vs_steps.png",
+      title="BERT vs ALBERT reductions: same data, steps and schedule",
+    ),
+    plots.model_bars(
+      VARIANTS,
+      panels,
+      out / f"{NAME}_summary.png",
+      title="Parameters, held-out MLM loss and step time per model",
+      colours=("tab:blue", "tab:orange", "tab:green", "tab:red"),
+    ),
+  )
+  return [p.name for p in paths]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -326,7 +326,7 @@ def run_experiment(args) -> int:
   heldout = {v: runs[v]["heldout"]["mlm_loss"] for v in VARIANTS}
   step = {v: runs[v]["median_step_s"] for v in VARIANTS}
   small_ratio = params["albert"]["total"] / params["bert"]["total"]
-  figures = _figures(args.out, runs, params, sc.window)
+  figs = figures(args.out, runs, params, sc.window)
   d = {v: heldout[v] - heldout["bert"] for v in VARIANTS}
   results = {
     "data": data.stats,
@@ -362,7 +362,7 @@ def run_experiment(args) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figures,
+    figures=figs,
   )
   return 0
 

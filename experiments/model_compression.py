@@ -59,6 +59,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -261,30 +262,32 @@ INT8 = Rule(
 )
 
 
-def _figure(
-  out, rows: dict[str, dict], labels: dict[str, str] = LABELS, stem: str = NAME
-) -> list[str]:
-  import matplotlib.pyplot as plt
+def figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS, stem: str = NAME) -> str:
+  """Parameters, retained score and speed-up per model, as bars (`stem_table.png`)."""
+  from bertjax.plots import training as plots
 
   names = list(rows)
-  x = np.arange(len(names))
-  fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+  kept = [100 * rows[n]["retained"] for n in names]
   panels = [
-    ([rows[n]["params"] / 1e6 for n in names], "parameters (M)"),
-    ([100 * rows[n]["retained"] for n in names], "retained score (% of teacher)"),
-    ([rows[n]["speedup"] for n in names], "CPU forward speed-up (x)"),
+    {"values": [rows[n]["params"] / 1e6 for n in names], "label": "parameters (M)"},
+    {
+      "values": kept,
+      "label": "retained score (% of teacher)",
+      "ylim": (min(kept) - 5, max(100, max(kept)) + 2),
+    },
+    {
+      "values": [rows[n]["speedup"] for n in names],
+      "label": "CPU forward speed-up (x)",
+      "hline": 1.0,
+    },
   ]
-  colors = ["tab:gray", "tab:blue", "tab:cyan", "tab:orange", "tab:green"]
-  for ax, (vals, label) in zip(axes, panels):
-    ax.bar(x, vals, color=colors[: len(names)])
-    ax.set_xticks(x, [labels[n].split(" (")[0] for n in names], rotation=25, fontsize=7, ha="right")
-    ax.set(ylabel=label, title=label.split(" (")[0])
-    if "retained" in label:
-      ax.set_ylim(min(vals) - 5, max(100, max(vals)) + 2)
-    if "speed" in label:
-      ax.axhline(1.0, color="k", lw=0.8)
-  fig.suptitle(f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)")
-  return [common.savefig(fig, out, f"{stem}_table")]
+  path = plots.model_bars(
+    [labels[n].split(" (")[0] for n in names],
+    panels,
+    pathlib.Path(out) / f"{stem}_table.png",
+    title=f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)",
+  )
+  return path.name
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -518,7 +521,7 @@ def run_experiment(args) -> int:
   labels = labels_for(rows, teacher)
   md = table(rows, cpu_line, labels)
   common.log("\n" + md)
-  figures = _figure(args.out, rows, labels, common.results_stem(NAME, args.model))
+  figures = [figure(args.out, rows, labels, common.results_stem(NAME, args.model))]
   results = {
     "rows": rows,
     "table_markdown": md,

@@ -132,7 +132,9 @@ def model_bars(
     colours: the bars' colours, model by model.
   """
   plt = pyplot()
-  fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.8), squeeze=False)
+  fig, axes = plt.subplots(
+    1, len(panels), figsize=(4.3 * len(panels), 3.8), squeeze=False, layout="constrained"
+  )
   x = np.arange(len(names))
   for ax, panel in zip(axes[0], panels):
     ax.bar(x, panel["values"], color=list(colours)[: len(names)])
