@@ -36,6 +36,7 @@ findings.
 
 from __future__ import annotations
 
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -70,101 +71,6 @@ def parse_args(argv: Sequence[str] | None = None):
   if args.smoke:
     args.sentences, args.random_draws = min(args.sentences, 60), min(args.random_draws, 2)
   return args
-
-
-def token_counts(tok, paths) -> np.ndarray:
-  """(vocab,) how often the tokenizer emits each id over the lines of `paths` (no specials)."""
-  counts = np.zeros(tok.vocab_size, np.int64)
-  for path in paths:
-    lines = [ln.strip() for ln in path.open(encoding="utf-8") if ln.strip()]
-    for i in range(0, len(lines), 256):
-      enc = tok.encode(lines[i : i + 256], max_length=512, truncation=True)
-      ids = np.asarray(enc.input_ids)[np.asarray(enc.attention_mask) > 0]
-      counts += np.bincount(ids, minlength=tok.vocab_size)[: tok.vocab_size]
-  for special in tok.special_ids:
-    counts[special] = 0
-  return counts
-
-
-def dimension_activations(params, config, batches, dims, special_ids):
-  """`(acts (L, n, k), ids (n,))`: the block outputs at `dims` of every real, non-special
-  token."""
-  import bertjax
-
-  acts, ids = [], []
-  for b in batches:
-    out = bertjax.forward(
-      params, config, b.input_ids, b.attention_mask, b.token_type_ids, output_hidden_states=True
-    )
-    h = np.asarray(out.hidden_states[1:])[..., list(dims)]  # (L, B, T, k)
-    keep = (np.asarray(b.attention_mask) > 0) & ~np.isin(b.input_ids, list(special_ids))
-    acts.append(h[:, keep])
-    ids.append(np.asarray(b.input_ids)[keep])
-  return np.concatenate(acts, 1), np.concatenate(ids)
-
-
-def frequency_correlation(acts, ids, counts, census, dims) -> dict:
-  """Per outlier dimension: Spearman over token types of the type's mean activation (signed
-  towards the outlying side, mean over the layers that flag it) and log(1 + count)."""
-  from bertjax import stats
-
-  types, inverse = np.unique(ids, return_inverse=True)
-  per_type = np.zeros((len(types), len(dims)))
-  for j, d in enumerate(dims):
-    layers = np.flatnonzero(census.is_outlier[:, d])
-    side = np.sign(census.z[layers, d].mean())
-    value = side * acts[layers, :, j].mean(0)  # (n,)
-    per_type[:, j] = np.bincount(inverse, value) / np.bincount(inverse)
-  log_count = np.log1p(counts[types])
-  rho = [stats.spearman(per_type[:, j], log_count) for j in range(len(dims))]
-  return {"rho": rho, "types": len(types), "per_type": per_type, "log_count": log_count}
-
-
-def probe_scores(params, config, tok, sentences, dims_sets, seed) -> dict:
-  """Per condition (intact, outliers, random_i): per held-out word, whether a UPOS probe
-  fitted on the intact model's features (the other sentences) is right, at the middle and
-  last layer."""
-  from bertjax.analysis.representations import features, outliers, probing
-
-  tags = sorted({u for s in sentences for u in s.upos})
-  labels = np.asarray([tags.index(u) for s in sentences for u in s.upos])
-  layers = [config.depth // 2, config.depth]
-
-  def feats(p):
-    wf = features.extract_word_features(p, config, tok, sentences, progress=False)
-    return np.asarray(wf.features, np.float32)[layers], wf.sentence_index
-
-  intact, groups = feats(params)
-  train, test = probing.split_indices(len(labels), 0.5, seed, groups=groups)
-  fit, val = probing.split_indices(len(train), 0.1, seed, groups=groups[train])
-  mu, sd = intact[:, train].mean(1, keepdims=True), intact[:, train].std(1, keepdims=True) + 1e-6
-  norm = lambda x: (x - mu) / sd
-  probe = probing.fit_probe(
-    norm(intact)[:, train[fit]],
-    labels[train[fit]],
-    norm(intact)[:, train[val]],
-    labels[train[val]],
-    config=probing.ProbeConfig(l2=1e-4),
-    num_classes=len(tags),
-  )
-  right = {"intact": probe.predict(norm(intact)[:, test]) == labels[test]}
-  for name, dims in dims_sets.items():
-    x, _ = feats(outliers.disable_dimensions(params, config, dims))
-    right[name] = probe.predict(norm(x)[:, test]) == labels[test]
-  return {
-    "layers": [layer for layer in layers],
-    "tags": len(tags),
-    "correct": {k: v.astype(np.int8) for k, v in right.items()},
-    "accuracy": {k: v.mean(1) for k, v in right.items()},
-  }
-
-
-def sink_share(params, config, batches, sep_id) -> np.ndarray:
-  """(L,) the mean over heads of the attention mass on [CLS] (position 0) and [SEP]."""
-  from bertjax.analysis.attention import statistics
-
-  s = statistics.clark_statistics(params, config, batches, sep_id=sep_id)
-  return np.asarray(s["cls"] + s["sep"]).mean(-1)
 
 
 MARGIN = "the outliers' cost minus the worst random draw's (points)"
@@ -277,51 +183,6 @@ def findings(r: dict, s: dict) -> list[dict]:
   return finding_rows(common.from_json(r), s)
 
 
-def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
-  import matplotlib.pyplot as plt
-
-  z = np.asarray(r["z"])  # (L, H)
-  layers = np.arange(1, len(z) + 1)
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-  ax = axes[0]
-  ax.plot(layers, np.abs(z).max(1), "o-", label="largest |z| of the layer")
-  for d in r["dims"]:
-    ax.plot(layers, np.abs(z[:, d]), ".--", label=f"dimension {d}")
-  ax.axhline(3, color="k", lw=0.8, ls=":", label="outlier threshold (3 sd)")
-  ax.set(
-    xlabel="layer",
-    ylabel="|z| of the mean activation",
-    xticks=layers,
-    title=f"Outlier dimensions: {model_name}",
-  )
-  ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.22))
-  ax = axes[1]
-  acc = r["probe"]["accuracy"]
-  names = list(acc)
-  x = np.arange(len(names))
-  for i, layer in enumerate(r["probe"]["layers"]):
-    ax.bar(x + 0.4 * i - 0.2, [100 * acc[k][i] for k in names], 0.4, label=f"layer {layer}")
-  ax.set_xticks(x, [n.replace("_", " ") for n in names], rotation=30, ha="right", fontsize=8)
-  ax.set(ylabel="UPOS probe accuracy (%)", title="Dimensions disabled (norm scale and bias 0)")
-  ax.legend(fontsize=8)
-  ax = axes[2]
-  q = r["int8"]
-  ax.plot(layers, 100 * np.asarray(q["relative_error"]), "o-", color="tab:red")
-  ax.set(
-    xlabel="layer",
-    ylabel="int8 block-output error (%)",
-    xticks=layers,
-    title=f"int8 error vs largest activation (Spearman {q['spearman']:.2f})",
-  )
-  ax2 = ax.twinx()
-  ax2.plot(layers, q["max_abs"], "s--", color="tab:gray")
-  ax2.set_ylabel("largest |activation|", color="tab:gray")
-  for a in axes:
-    a.grid(alpha=0.3)
-  fig.tight_layout()
-  return [common.savefig(fig, out, f"{stem}_census")]
-
-
 @common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
@@ -377,23 +238,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     else {}
   )
   with common.timed(timings, "probe ablation"):
-    r["probe"] = probe_scores(params, config, tok, sentences, dims_sets, args.seed)
+    r["probe"] = outliers.probe_without_dimensions(
+      params, config, tok, sentences, dims_sets, args.seed
+    )
   r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
   r["random_dims"] = {k: v for k, v in dims_sets.items() if k != "outliers"}
+  sinks = lambda p: outliers.special_attention_by_layer(p, config, batches, tok.sep_id)
   with common.timed(timings, "frequency and sinks"):
-    counts = token_counts(tok, [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")])
+    texts = [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")]
+    counts = outliers.token_frequencies(tok, texts)
     if dims:
-      acts, ids = dimension_activations(params, config, batches, dims, tok.special_ids)
-      r["frequency"] = frequency_correlation(acts, ids, counts, census, dims)
+      acts, ids = outliers.dimension_activations(params, config, batches, dims, tok.special_ids)
+      r["frequency"] = outliers.frequency_correlation(acts, ids, counts, census, dims)
       off = outliers.disable_dimensions(params, config, dims)
       r["sink_share"] = {
-        "intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
-        "disabled": float(sink_share(off, config, batches, tok.sep_id).mean()),
+        "intact": float(sinks(params).mean()),
+        "disabled": float(sinks(off).mean()),
       }
     else:
       r["frequency"] = {"rho": [], "types": 0}
       r["sink_share"] = {
-        "intact": float(sink_share(params, config, batches, tok.sep_id).mean()),
+        "intact": float(sinks(params).mean()),
         "disabled": float("nan"),
       }
   r["timings"] = timings
@@ -412,7 +277,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   rows = finding_rows(common.from_json(common.to_json(r)), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
+  from bertjax.plots import outliers as plots
+
+  stem = common.results_stem(NAME, args.model)
+  path = pathlib.Path(args.out) / f"{stem}_census.png"
+  figures = [plots.outlier_census(r, path, title=f"Outlier dimensions: {model_name}").name]
   common.write_results(
     NAME,
     args.out,

@@ -2,8 +2,11 @@
 by layer (`analysis.outliers`), against NumPy on the model's own hidden states, with
 outliers planted through the LayerNorm biases."""
 
+import types
+
 import numpy as np
 import pytest
+from scipy import stats as sps
 
 import bertjax
 from bertjax.analysis.representations import outliers
@@ -137,3 +140,52 @@ def test_report_section_matches_the_library_and_numpy():
       want.append(a[:, i][:, :, real][..., cols].sum(-1).mean())
   np.testing.assert_allclose(got["special_mass"]["intact"], want, rtol=1e-6)
   assert np.mean(got["special_mass"]["disabled"]) != pytest.approx(np.mean(want))
+
+
+def test_token_counts_against_the_tokenizer(tmp_path):
+
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  lines = ["the cat sat on the mat .", "", "the dog , the cat and the bird ."]
+  path = tmp_path / "t.txt"
+  path.write_text("\n".join(lines) + "\n")
+  counts = outliers.token_frequencies(tok, [path, path])
+  want = np.zeros(tok.vocab_size, np.int64)
+  for line in lines:
+    if line:
+      for i in tok.tokenizer.encode(line).ids:
+        want[i] += 2
+  for special in tok.special_ids:
+    want[special] = 0
+  np.testing.assert_array_equal(counts, want)
+  assert counts[tok.tokenizer.token_to_id("the")] == 2 * 5
+
+
+def test_frequency_correlation_against_a_loop():
+  rng = np.random.default_rng(0)
+  layers, n, hidden = 4, 300, 10
+  ids = rng.integers(5, 40, n)
+  acts = rng.normal(size=(layers, n, 2))
+  z = rng.normal(size=(layers, hidden))
+  z[:, 3], z[:, 7] = [4, 5, 0, 0], [-3.5, 0, -4, -6]  # dimension 7 outlies downwards
+  census = types.SimpleNamespace(z=z, is_outlier=np.abs(z) >= 3)
+  counts = rng.integers(0, 1000, 50)
+  got = outliers.frequency_correlation(acts, ids, counts, census, [3, 7])
+  uniq = np.unique(ids)
+  for j, (d, sign, flagged) in enumerate([(3, 1, [0, 1]), (7, -1, [0, 2, 3])]):
+    per_type = [sign * acts[flagged][:, ids == t, j].mean() for t in uniq]
+    want = sps.spearmanr(per_type, np.log1p(counts[uniq])).statistic
+    assert got["rho"][j] == pytest.approx(want, abs=1e-12), d
+  assert got["types"] == len(uniq)
+
+
+def test_dimension_activations_are_the_hidden_states_of_real_ordinary_tokens():
+  config, params = _planted()
+  batches = _batches(config)
+  special = [5, 6]
+  acts, ids = outliers.dimension_activations(params, config, batches, [7, 3], special)
+  h = _states(params, config, batches)  # (L, n real, H)
+  real_ids = np.concatenate([b["input_ids"][b["attention_mask"] > 0] for b in batches])
+  keep = ~np.isin(real_ids, special)
+  assert keep.sum() < keep.size  # some specials were dropped
+  np.testing.assert_array_equal(ids, real_ids[keep])
+  np.testing.assert_allclose(acts, h[:, keep][..., [7, 3]], rtol=1e-6, atol=1e-6)

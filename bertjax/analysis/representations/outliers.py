@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import stats
 from bertjax.analysis.batching import as_batch
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import forward
@@ -190,3 +191,144 @@ def int8_error_by_layer(params: Params, config: BertConfig, batches: Iterable) -
   rel = np.sqrt(diff / ref)
   rho = float(spearmanr(rel, max_abs).statistic) if len(rel) > 2 else float("nan")
   return {"relative_error": rel, "max_abs": max_abs, "spearman": rho}
+
+
+# What outlier dimensions do (Puccetti et al. 2022; Kovaleva et al. 2021) -----------------
+
+
+def token_frequencies(tokenizer, paths) -> np.ndarray:
+  """(vocab,) how often the tokenizer emits each id over the non-empty lines of the text
+  files `paths` (special tokens counted 0)."""
+  counts = np.zeros(tokenizer.vocab_size, np.int64)
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      lines = [ln.strip() for ln in f if ln.strip()]
+    for i in range(0, len(lines), 256):
+      enc = tokenizer.encode(lines[i : i + 256], max_length=512, truncation=True)
+      ids = np.asarray(enc.input_ids)[np.asarray(enc.attention_mask) > 0]
+      counts += np.bincount(ids, minlength=tokenizer.vocab_size)[: tokenizer.vocab_size]
+  counts[list(tokenizer.special_ids)] = 0
+  return counts
+
+
+def dimension_activations(
+  params: Params, config: BertConfig, batches: Iterable, dims, special_ids
+) -> tuple[np.ndarray, np.ndarray]:
+  """`(acts (L, n, k), ids (n,))`: every block's output at the dimensions `dims` (k of them)
+  for each of the n real tokens that are not `special_ids`, and those tokens' ids."""
+  acts, ids = [], []
+  for batch in batches:
+    b = as_batch(batch)
+    out = forward(
+      params,
+      config,
+      b["input_ids"],
+      b.get("attention_mask"),
+      b.get("token_type_ids"),
+      output_hidden_states=True,
+    )
+    h = np.asarray(out.hidden_states[1:])[..., list(dims)]  # (L, B, T, k)
+    token_ids = np.asarray(b["input_ids"])
+    real = (
+      np.ones(token_ids.shape, bool)
+      if "attention_mask" not in b
+      else np.asarray(b["attention_mask"]) > 0
+    )
+    keep = real & ~np.isin(token_ids, list(special_ids))
+    acts.append(h[:, keep])
+    ids.append(token_ids[keep])
+  return np.concatenate(acts, 1), np.concatenate(ids)
+
+
+def frequency_correlation(acts, ids, counts, census: OutlierDimensions, dims) -> dict[str, Any]:
+  """Per outlier dimension, the Spearman correlation over token types between the type's mean
+  activation (signed towards the dimension's outlying side, averaged over the layers where it
+  outlies) and log(1 + its count).
+
+  Args:
+    acts, ids: `dimension_activations` at `dims`.
+    counts: (vocab,) token counts (`token_frequencies`).
+    census: the `outlier_dimensions` result that flagged `dims`.
+    dims: the dimensions, in the order of `acts`' last axis.
+
+  Returns:
+    `rho` (per dimension), `types`, `per_type` (types, k) and `log_count` (types,).
+  """
+  types, inverse = np.unique(ids, return_inverse=True)
+  per_type = np.zeros((len(types), len(dims)))
+  for j, d in enumerate(dims):
+    layers = np.flatnonzero(census.is_outlier[:, d])
+    if layers.size == 0:
+      raise ValueError(f"dimension {d} outlies in no layer of the census")
+    side = np.sign(census.z[layers, d].mean())
+    value = side * acts[layers, :, j].mean(0)  # (n,)
+    per_type[:, j] = np.bincount(inverse, value) / np.bincount(inverse)
+  log_count = np.log1p(counts[types])
+  rho = [stats.spearman(per_type[:, j], log_count) for j in range(len(dims))]
+  return {"rho": rho, "types": len(types), "per_type": per_type, "log_count": log_count}
+
+
+def probe_without_dimensions(
+  params: Params, config: BertConfig, tokenizer, sentences, dims_sets, seed: int = 0
+) -> dict[str, Any]:
+  """Whether a UPOS probe fitted on the intact model still reads the tags with dimensions
+  disabled (`disable_dimensions`), at the middle and the last layer.
+
+  The probe (linear, standardised features) is fitted on the intact model's word features of
+  half the sentences (10% of them for early stopping) and scored on the other half, intact
+  and with each set of `dims_sets` disabled.
+
+  Args:
+    params, config, tokenizer: the model.
+    sentences: `bertjax.data.conllu` sentences (forms and UPOS tags).
+    dims_sets: name -> dimensions to disable.
+    seed: the split's seed.
+
+  Returns:
+    `layers`, `tags`; `correct`: condition ("intact" and each name) -> (2, test words) int8
+    marks; `accuracy`: condition -> (2,).
+  """
+  from bertjax.analysis.representations import features, probing
+
+  tags = sorted({u for s in sentences for u in s.upos})
+  labels = np.asarray([tags.index(u) for s in sentences for u in s.upos])
+  layers = [config.depth // 2, config.depth]
+
+  def feats(p):
+    wf = features.extract_word_features(p, config, tokenizer, sentences, progress=False)
+    return np.asarray(wf.features, np.float32)[layers], wf.sentence_index
+
+  intact, groups = feats(params)
+  train, test = probing.split_indices(len(labels), 0.5, seed, groups=groups)
+  fit, val = probing.split_indices(len(train), 0.1, seed, groups=groups[train])
+  mu, sd = intact[:, train].mean(1, keepdims=True), intact[:, train].std(1, keepdims=True) + 1e-6
+  norm = lambda x: (x - mu) / sd
+  probe = probing.fit_probe(
+    norm(intact)[:, train[fit]],
+    labels[train[fit]],
+    norm(intact)[:, train[val]],
+    labels[train[val]],
+    config=probing.ProbeConfig(l2=1e-4),
+    num_classes=len(tags),
+  )
+  right = {"intact": probe.predict(norm(intact)[:, test]) == labels[test]}
+  for name, dims in dims_sets.items():
+    x, _ = feats(disable_dimensions(params, config, dims))
+    right[name] = probe.predict(norm(x)[:, test]) == labels[test]
+  return {
+    "layers": layers,
+    "tags": len(tags),
+    "correct": {k: v.astype(np.int8) for k, v in right.items()},
+    "accuracy": {k: v.mean(1) for k, v in right.items()},
+  }
+
+
+def special_attention_by_layer(
+  params: Params, config: BertConfig, batches, sep_id: int
+) -> np.ndarray:
+  """(L,) the attention mass on [CLS] (position 0) and [SEP] by layer, mean over heads
+  (`statistics.clark_statistics`, per sentence then over sentences)."""
+  from bertjax.analysis.attention import statistics
+
+  s = statistics.clark_statistics(params, config, batches, sep_id=sep_id)
+  return np.asarray(s["cls"] + s["sep"]).mean(-1)
