@@ -139,6 +139,30 @@ def wilcoxon_p(base, other) -> float:
   return float(wilcoxon(d).pvalue)
 
 
+def expected_layer(scores: Sequence[float]) -> float:
+  """Tenney et al.'s expected layer of a task, from per-layer probe scores.
+
+  Tenney et al. use the score differences Δ_l = s_l - s_{l-1} of cumulative (scalar-mixed)
+  probes, which cannot get worse with depth, and report E[l] = Σ_l l Δ_l / Σ_l Δ_l. We fit
+  one probe per layer, make the scores cumulative the same way: s*_l = max_{k<=l}
+  s_k (the best layer so far), Δ_l = s*_l - s*_{l-1} >= 0 for l = 1..L.
+
+  Args:
+    scores: (layers,) scores, layer 0 first (the embeddings).
+
+  Returns:
+    E[l] in [1, L]; nan when no layer improves on layer 0.
+  """
+  s = np.asarray(scores, np.float64)
+  if s.ndim != 1 or s.size < 2:
+    raise ValueError(f"scores must be a per-layer vector of >= 2 layers, got shape {s.shape}")
+  delta = np.diff(np.maximum.accumulate(s))  # (L,) for layers 1..L
+  total = delta.sum()
+  if total <= 0:
+    return float("nan")
+  return float(np.sum(np.arange(1, s.size) * delta) / total)
+
+
 def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   """Mean of the last `window` values at each step (fewer at the start): causal smoothing."""
   if window < 1:

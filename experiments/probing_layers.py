@@ -18,7 +18,7 @@ What it measures, on which model and data, and why:
     random label) and its selectivity = task accuracy - control accuracy;
   * Hewitt & Manning's structural probes: distance (UUAS, DSpr.) and depth (root
     accuracy, NSpr.), punctuation excluded from UUAS and root accuracy;
-  * Tenney's "expected layer" of each task (see `expected_layer`).
+  * Tenney's "expected layer" of each task (`bertjax.stats.expected_layer`).
 
   Data: UD English EWT v2.16 *dev* (2,001 sentences; the only split in ../shared/data).
   Its sentences are split, sentence-disjoint and seeded, into 70% train (probe fitting),
@@ -41,6 +41,8 @@ import common
 import numpy as np
 from findings import Rule, Test
 
+from bertjax import stats
+
 NAME = "probing_layers"
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
 # The syntactic measures whose peak layer is compared with the middle of the network.
@@ -53,30 +55,6 @@ LABELS = {
   "root_acc": "root accuracy (depth)",
   "nspr": "NSpr. (depth)",
 }
-
-
-def expected_layer(scores: Sequence[float]) -> float:
-  """Tenney et al.'s expected layer of a task, from per-layer probe scores.
-
-  Tenney et al. use the score differences Δ_l = s_l - s_{l-1} of cumulative (scalar-mixed)
-  probes, which cannot get worse with depth, and report E[l] = Σ_l l Δ_l / Σ_l Δ_l. We fit
-  one probe per layer, so we make the scores cumulative the same way: s*_l = max_{k<=l}
-  s_k (the best layer so far), Δ_l = s*_l - s*_{l-1} >= 0 for l = 1..L.
-
-  Args:
-    scores: (layers,) scores, layer 0 first (the embeddings).
-
-  Returns:
-    E[l] in [1, L]; nan when no layer improves on layer 0.
-  """
-  s = np.asarray(scores, np.float64)
-  if s.ndim != 1 or s.size < 2:
-    raise ValueError(f"scores must be a per-layer vector of >= 2 layers, got shape {s.shape}")
-  delta = np.diff(np.maximum.accumulate(s))  # (L,) for layers 1..L
-  total = delta.sum()
-  if total <= 0:
-    return float("nan")
-  return float(np.sum(np.arange(1, s.size) * delta) / total)
 
 
 def middle_layers(num_layers: int) -> tuple[int, int]:
@@ -250,74 +228,22 @@ def _curves(r: dict) -> dict[str, np.ndarray]:
   }
 
 
-def _figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
-  import matplotlib
+def figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
+  """The scores by layer, the control tasks' selectivity and the expected layers."""
+  from bertjax.plots import probing as plots
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  layers = np.arange(len(curves["upos"]))
-  figs = []
-  fig, ax = plt.subplots(figsize=(7, 4.5))
-  for key, ys in curves.items():
-    (line,) = ax.plot(layers, ys, marker="o", label=LABELS[key])
-    best = int(np.nanargmax(ys))
-    ax.plot(best, ys[best], marker="*", ms=14, color=line.get_color())
-  ax.set(
-    xlabel="layer (0 = embeddings)",
-    ylabel="score on EWT test sentences",
-    title=f"Probes by layer ({model_name}); ★ = best layer",
-    xticks=layers,
+  out = pathlib.Path(out)
+  tasks = {LABELS[t]: r[t] for t in ("upos", "deprel")}
+  mlp = {LABELS["upos"]: r["upos_mlp"]} if "upos_mlp" in r else None
+  title = f"Probes by layer ({model_name}); ★ = best layer"
+  paths = (
+    plots.plot_scores_with_best(curves, out / f"{stem}_scores.png", labels=LABELS, title=title),
+    plots.plot_selectivity_panels(tasks, out / f"{stem}_selectivity.png", mlp=mlp),
+    plots.plot_expected_layers(
+      expected, len(curves["upos"]), out / f"{stem}_expected_layer.png", labels=LABELS
+    ),
   )
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-  figs.append(common.savefig(fig, out, f"{stem}_scores"))
-
-  fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-  for ax, task in zip(axes, ("upos", "deprel")):
-    t = r[task]
-    ax.plot(layers, t["accuracy"], marker="o", label="task accuracy")
-    ax.plot(layers, t["control_accuracy"], marker="s", label="control-task accuracy")
-    ax.bar(layers, t["selectivity"], alpha=0.35, color="tab:green", label="selectivity")
-    if task == "upos" and "upos_mlp" in r:
-      m = r["upos_mlp"]
-      ax.plot(layers, m["accuracy"], "--o", color="tab:blue", mfc="none", label="MLP probe")
-      ax.plot(
-        layers,
-        m["control_accuracy"],
-        "--s",
-        color="tab:orange",
-        mfc="none",
-        label="MLP control task",
-      )
-    ax.set(xlabel="layer (0 = embeddings)", title=f"{LABELS[task]}: selectivity", xticks=layers)
-    ax.grid(alpha=0.3)
-  axes[0].set_ylabel("accuracy / selectivity")
-  axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=3)
-  fig.suptitle(
-    "Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
-    "selectivity = task - control)"
-  )
-  figs.append(common.savefig(fig, out, f"{stem}_selectivity"))
-
-  fig, ax = plt.subplots(figsize=(6.5, 3.6))
-  keys = list(expected)
-  vals = [expected[k] for k in keys]
-  ax.barh(
-    range(len(keys)), np.nan_to_num(vals), color=["tab:blue"] + ["tab:orange"] * (len(keys) - 1)
-  )
-  for i, v in enumerate(vals):
-    ax.text(np.nan_to_num(v) + 0.03, i, f"{v:.2f}", va="center", fontsize=8)
-  ax.set_yticks(range(len(keys)), [LABELS[k] for k in keys])
-  ax.set(
-    xlabel="expected layer E[l] (running-best gains)",
-    xlim=(0, len(layers) - 0.5),
-    title="Tenney's expected layer: POS (blue) vs syntax (orange)",
-  )
-  ax.grid(alpha=0.3, axis="x")
-  ax.invert_yaxis()
-  figs.append(common.savefig(fig, out, f"{stem}_expected_layer"))
-  return figs
+  return [p.name for p in paths]
 
 
 @common.one_blas_thread
@@ -366,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   num_layers = len(curves["upos"])
   lo, hi = middle_layers(num_layers)
   peaks = {k: int(np.argmax(v)) for k, v in curves.items()}
-  expected = {k: expected_layer(v) for k, v in curves.items()}
+  expected = {k: stats.expected_layer(v) for k, v in curves.items()}
   best_sel = {t: float(np.max(r[t]["selectivity"])) for t in ("upos", "deprel")}
   sel_at_best = {t: float(r[t]["selectivity"][r[t]["best_layer"]]) for t in ("upos", "deprel")}
   last = num_layers - 1
@@ -385,9 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]]
     )
 
-  figures = _figures(
-    args.out, curves, expected, r, model_name, common.results_stem(NAME, args.model)
-  )
+  figs = figures(args.out, curves, expected, r, model_name, common.results_stem(NAME, args.model))
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),
@@ -421,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figures,
+    figures=figs,
     model=args.model,
   )
   return 0

@@ -1,5 +1,6 @@
-"""Checks of `experiments/probing_layers.py`: Tenney's expected layer, the verdict rules, and
-the committed results' internal consistency (the smoke run is in test_experiments.py)."""
+"""Checks of `experiments/probing_layers.py`: the verdict rules and the committed results'
+internal consistency (Tenney's expected layer is `stats.expected_layer`, in test_stats.py;
+the smoke run is in test_experiments.py)."""
 
 import json
 import pathlib
@@ -8,34 +9,13 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax import stats
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import probing_layers as pl
 
 RESULTS = REPO / "experiments" / "results" / "probing_layers.json"
-
-
-def test_expected_layer_hand_example():
-  # running best 0.5, 0.7, 0.9, 0.9: gains 0.2 (layer 1), 0.2 (layer 2), 0 (layer 3)
-  assert pl.expected_layer([0.5, 0.7, 0.9, 0.8]) == pytest.approx(1.5)
-  assert pl.expected_layer([0.0, 1.0, 2.0, 3.0]) == pytest.approx(2.0)  # (1 + 2 + 3) / 3
-  assert pl.expected_layer([0.0, 0.0, 0.0, 3.0]) == pytest.approx(3.0)
-  assert np.isnan(pl.expected_layer([0.9, 0.8, 0.7]))  # nothing improves on layer 0
-
-
-def test_expected_layer_is_tenneys_formula_for_monotone_scores():
-  rng = np.random.default_rng(0)
-  s = np.cumsum(rng.uniform(0, 1, 8))
-  delta = np.diff(s)
-  want = np.sum(np.arange(1, 8) * delta) / delta.sum()
-  assert pl.expected_layer(s) == pytest.approx(want)
-
-
-def test_expected_layer_rejects_bad_shapes():
-  with pytest.raises(ValueError, match="scores"):
-    pl.expected_layer([0.5])
-  with pytest.raises(ValueError, match="scores"):
-    pl.expected_layer(np.zeros((2, 3)))
 
 
 def test_rules():
@@ -70,8 +50,8 @@ def test_committed_results_are_consistent():
   for key, ys in curves.items():
     assert r["summary"]["peak_layer"][key] == int(np.argmax(ys))
     e = r["summary"]["expected_layer"][key]
-    assert (e is None and np.isnan(pl.expected_layer(ys))) or e == pytest.approx(
-      pl.expected_layer(ys)
+    assert (e is None and np.isnan(stats.expected_layer(ys))) or e == pytest.approx(
+      stats.expected_layer(ys)
     )
   peaks = {k: r["summary"]["peak_layer"][k] for k in pl.SYNTACTIC}
   assert doc["findings"][0]["holds"] == pl.PEAKS.verdict(

@@ -72,3 +72,26 @@ def test_min_detectable_drop_is_the_first_significant_count():
   assert stats.mcnemar_p(lost, other) < 0.01
   other[7] = True
   assert stats.mcnemar_p(lost, other) >= 0.01
+
+
+def test_expected_layer_hand_example():
+  # running best 0.5, 0.7, 0.9, 0.9: gains 0.2 (layer 1), 0.2 (layer 2), 0 (layer 3)
+  assert stats.expected_layer([0.5, 0.7, 0.9, 0.8]) == pytest.approx(1.5)
+  assert stats.expected_layer([0.0, 1.0, 2.0, 3.0]) == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+  assert stats.expected_layer([0.0, 0.0, 0.0, 3.0]) == pytest.approx(3.0)
+  assert np.isnan(stats.expected_layer([0.9, 0.8, 0.7]))  # nothing improves on layer 0
+
+
+def test_expected_layer_is_tenneys_formula_for_monotone_scores():
+  rng = np.random.default_rng(0)
+  s = np.cumsum(rng.uniform(0, 1, 8))
+  delta = np.diff(s)
+  want = np.sum(np.arange(1, 8) * delta) / delta.sum()
+  assert stats.expected_layer(s) == pytest.approx(want)
+
+
+def test_expected_layer_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="scores"):
+    stats.expected_layer([0.5])
+  with pytest.raises(ValueError, match="scores"):
+    stats.expected_layer(np.zeros((2, 3)))

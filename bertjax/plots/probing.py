@@ -255,3 +255,87 @@ def write_probing_outputs(results: dict[str, Any], out_dir: str | os.PathLike) -
   json_path = out / "probing.json"
   utils.write_json(json_path, results)
   return [str(p) for p in paths] + [str(json_path)]
+
+
+def plot_scores_with_best(
+  curves: Mapping[str, Sequence[float]],
+  path: PathLike,
+  *,
+  labels: Mapping[str, str] | None = None,
+  title: str = "Probes by layer; ★ = best layer",
+) -> pathlib.Path:
+  """Every probe's score by layer (layer 0 = embeddings), its best layer starred."""
+  fig = _figure(figsize=(7, 4.5))
+  ax = fig.add_subplot()
+  n = None
+  for key, ys in curves.items():
+    ys = _per_layer(key, ys)
+    n = len(ys)
+    (line,) = ax.plot(np.arange(n), ys, marker="o", label=(labels or {}).get(key, key))
+    best = int(np.nanargmax(ys))
+    ax.plot(best, ys[best], marker="*", ms=14, color=line.get_color())
+  _layer_axis(ax, n, True)
+  ax.set(ylabel="score on held-out sentences", title=title)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+  return _save(fig, path)
+
+
+def plot_selectivity_panels(
+  tasks: Mapping[str, Mapping], path: PathLike, *, mlp: Mapping[str, Mapping] | None = None
+) -> pathlib.Path:
+  """A panel per task: linear probe and control-task accuracy by layer, selectivity as bars,
+  and where `mlp` has the task, the MLP probe's two curves dashed (Hewitt & Liang 2019).
+
+  Args:
+    tasks: task name -> `probing.Probe` results with `accuracy`, `control_accuracy`,
+      `selectivity` (layers,) each.
+    path: the PNG.
+    mlp: task name -> the MLP probe's results, for the tasks that have one.
+  """
+  fig = _figure(figsize=(5 * len(tasks), 4))
+  axes = np.atleast_1d(fig.subplots(1, len(tasks), sharey=True))
+  for ax, (task, t) in zip(axes, tasks.items()):
+    x = np.arange(len(t["accuracy"]))
+    ax.plot(x, t["accuracy"], marker="o", label="task accuracy")
+    ax.plot(x, t["control_accuracy"], marker="s", label="control-task accuracy")
+    ax.bar(x, t["selectivity"], alpha=0.35, color="tab:green", label="selectivity")
+    if mlp and task in mlp:
+      m = mlp[task]
+      ax.plot(x, m["accuracy"], "--o", color="tab:blue", mfc="none", label="MLP probe")
+      ax.plot(
+        x, m["control_accuracy"], "--s", color="tab:orange", mfc="none", label="MLP control task"
+      )
+    _layer_axis(ax, len(x), True)
+    ax.set_title(f"{task}: selectivity")
+  axes[0].set_ylabel("accuracy / selectivity")
+  axes[0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=3)
+  fig.suptitle(
+    "Hewitt & Liang control tasks (solid: linear probes, dashed: MLP; bars: linear "
+    "selectivity = task - control)"
+  )
+  return _save(fig, path)
+
+
+def plot_expected_layers(
+  expected: Mapping[str, float],
+  num_layers: int,
+  path: PathLike,
+  *,
+  labels: Mapping[str, str] | None = None,
+  title: str = "Tenney's expected layer: POS (blue) vs syntax (orange)",
+) -> pathlib.Path:
+  """Each task's expected layer (`stats.expected_layer`) as a bar, the first task in blue and
+  the rest in orange; `num_layers` counts layer 0 (the embeddings)."""
+  fig = _figure(figsize=(6.5, 3.6))
+  ax = fig.add_subplot()
+  keys = list(expected)
+  vals = [expected[k] for k in keys]
+  colours = ["tab:blue"] + ["tab:orange"] * (len(keys) - 1)
+  ax.barh(range(len(keys)), np.nan_to_num(vals), color=colours)
+  for i, v in enumerate(vals):
+    ax.text(np.nan_to_num(v) + 0.03, i, f"{v:.2f}", va="center", fontsize=8)
+  ax.set_yticks(range(len(keys)), [(labels or {}).get(k, k) for k in keys])
+  ax.set(xlabel="expected layer E[l] (running-best gains)", xlim=(0, num_layers - 0.5), title=title)
+  ax.grid(alpha=0.3, axis="x")
+  ax.invert_yaxis()
+  return _save(fig, path)
