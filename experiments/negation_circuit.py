@@ -37,6 +37,7 @@ the "logits" node is the probe's input.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -130,75 +131,21 @@ def findings(r: dict, s: dict) -> list[dict]:
   return rows
 
 
-def _figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[str]:
-  import matplotlib.pyplot as plt
+def figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[str]:
+  """Scores against exact patching, faithfulness by size, and the circuit (`stem_circuit.png`)."""
+  from bertjax.plots import circuits as plots
 
-  fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1, 1, 1.5]})
-  ex = np.asarray(r["exact_scores"], float)
-  for key, label, color in (("eap", "EAP", "tab:orange"), ("eap_ig", "EAP-IG", "tab:blue")):
-    v = np.asarray(r["edge_scores"][key], float)
-    a = r["agreement"][key]
-    axes[0].scatter(
-      ex, v, s=6, alpha=0.5, color=color, label=f"{label} (Pearson {a['pearson']:.2f})"
-    )
-  lim = np.nanmax(np.abs(ex)) if np.isfinite(ex).any() else 1.0
-  axes[0].plot([-lim, lim], [-lim, lim], color="gray", lw=0.8)
-  axes[0].set(
-    xlabel="exact patching (change of the probe logit)",
-    ylabel="score",
-    title=f"{len(ex):,} edges patched exactly",
+  path = plots.edge_agreement(
+    r["exact_scores"],
+    {k: r["edge_scores"][k] for k in ("eap", "eap_ig")},
+    {k: r["faithfulness"][k] for k in ("topk", "greedy")},
+    pathlib.Path(out) / f"{stem}_circuit.png",
+    share=FAITHFUL,
+    graph=graph,
+    circuit=circuit,
+    title=f"{r['model']}: the edges that carry negation into the probe",
   )
-  axes[0].legend(fontsize=8)
-  for key, style in (("topk", "-o"), ("greedy", "--s")):
-    f = r["faithfulness"][key]
-    axes[1].plot(f["edges"], f["normalized"], style, label=key, ms=4)
-  axes[1].axhline(FAITHFUL, color="gray", lw=0.8, ls=":")
-  axes[1].set(
-    xscale="log",
-    xlabel="edges in the circuit",
-    ylabel="normalised faithfulness",
-    title="Circuits from EAP-IG scores",
-  )
-  axes[1].legend(fontsize=8)
-  ax = axes[2]
-  layers = max((int(s[1:].split(".")[0]) for s in graph.senders if s[0] in "am"), default=0) + 1
-
-  def place(node: str) -> tuple[float, float]:
-    base = node.split("<")[0]
-    if base == "input":
-      return 0.0, 0.0
-    if base == "logits":
-      return layers + 1.0, 0.0
-    layer = int(base[1:].split(".")[0]) + 1  # the README's numbering: block 0 is layer 1
-    if base.startswith("m"):
-      return layer + 0.25, 0.0
-    head = int(base.split(".h")[1])
-    heads = sum(1 for s in graph.senders if s.startswith(f"a{layer - 1}."))
-    return layer - 0.25, (head - (heads - 1) / 2) / max(heads, 1) * 2
-
-  if circuit is not None:
-    nodes = set()
-    for s, t in zip(*np.nonzero(circuit)):
-      a, b = graph.senders[s], graph.receivers[t]
-      (x0, y0), (x1, y1) = place(a), place(b)
-      ax.plot([x0, x1], [y0, y1], color="tab:blue", alpha=0.35, lw=0.8)
-      nodes.update([a, b.split("<")[0]])
-    for n in nodes:
-      x, y = place(n)
-      ax.scatter([x], [y], s=30, color="tab:red" if n[0] == "a" else "black", zorder=3)
-      if n in ("input", "logits") or n[0] == "m":
-        ax.annotate(n, (x, y), fontsize=7, xytext=(2, 4), textcoords="offset points")
-    ax.set_title(
-      f"The smallest top-k circuit keeping {FAITHFUL:.0%}: {int(circuit.sum())} edges "
-      "(heads red, FFNs black)"
-    )
-  else:
-    ax.set_title(f"No circuit asked for keeps {FAITHFUL:.0%}")
-  ax.set(xlabel="layer (heads left of the tick, the FFN right; 1 = the first block)", yticks=[])
-  ax.set_xticks(range(1, layers + 1))
-  fig.suptitle(f"{r['model']}: the edges that carry negation into the probe", fontsize=11)
-  fig.tight_layout()
-  return [common.savefig(fig, out, f"{stem}_circuit")]
+  return [path.name]
 
 
 def _probe(params, config, tok, sentences):
@@ -301,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   rows = findings(common.to_json(r), settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  figures = _figure(args.out, r, g, circuit, common.results_stem(NAME, args.model))
+  figures = figure(args.out, r, g, circuit, common.results_stem(NAME, args.model))
   common.write_results(
     NAME,
     args.out,

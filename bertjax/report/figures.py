@@ -12,6 +12,7 @@ import pathlib
 import numpy as np
 
 from bertjax.plots import charts
+from bertjax.plots import circuits as circuit_plots
 from bertjax.plots import probing as probing_plots
 
 Figures = dict[str, pathlib.Path]  # figure key -> the PNG written
@@ -242,7 +243,7 @@ def _circuit_figures(r: dict, out: pathlib.Path) -> Figures:
   if not c.get("available"):
     return {}
   return {
-    "circuit": charts.edge_agreement(
+    "circuit": circuit_plots.edge_agreement(
       c["exact_scores"], c["scores"], c["faithfulness"], out / "circuit.png"
     )
   }
