@@ -163,6 +163,26 @@ def expected_layer(scores: Sequence[float]) -> float:
   return float(np.sum(np.arange(1, s.size) * delta) / total)
 
 
+def power_law_fit(sizes, values) -> dict[str, float]:
+  """The least-squares line through (log size, log value), as `scipy.stats.linregress` fits it:
+  `values ~ coefficient * sizes ** exponent`, with the fit's R^2 in log space (1.0 for two
+  points).
+
+  Raises:
+    ValueError: fewer than two points, or a size or value that is not positive.
+  """
+  n, v = np.asarray(sizes, np.float64), np.asarray(values, np.float64)
+  if n.shape != v.shape or n.ndim != 1 or n.size < 2:
+    raise ValueError(f"sizes {n.shape} and values {v.shape} must be two equal vectors of >= 2")
+  if (n <= 0).any() or (v <= 0).any():
+    raise ValueError("sizes and values must be positive for a fit in log space")
+  x, y = np.log(n), np.log(v)
+  b, a = np.polyfit(x, y, 1)
+  resid = y - (a + b * x)
+  r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if len(x) > 2 else 1.0
+  return {"exponent": float(b), "coefficient": float(np.exp(a)), "r2": r2}
+
+
 def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   """Mean of the last `window` values at each step (fewer at the start): causal smoothing."""
   if window < 1:

@@ -31,6 +31,7 @@ are further from convergence than the smaller ones.
 
 from __future__ import annotations
 
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -64,22 +65,6 @@ def parse_args(argv: Sequence[str] | None = None):
   if args.smoke:
     args.steps, args.batch_tokens = min(args.steps, 20), min(args.batch_tokens, 256)
   return args
-
-
-def paragraphs(path, count: int | None = None) -> list[str]:
-  """WikiText-2 paragraphs of more than 12 words, headings left out, in file order."""
-  lines = [ln.strip() for ln in path.open(encoding="utf-8")]
-  kept = [ln for ln in lines if len(ln.split()) > 12 and not ln.startswith("=")]
-  return kept[:count] if count else kept
-
-
-def power_law(sizes, fvu) -> dict[str, float]:
-  """The least-squares fit of log FVU = log c + b log N: exponent b, c, and R^2."""
-  x, y = np.log(np.asarray(sizes, float)), np.log(np.asarray(fvu, float))
-  b, a = np.polyfit(x, y, 1)
-  resid = y - (a + b * x)
-  r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if len(x) > 2 else 1.0
-  return {"exponent": float(b), "coefficient": float(np.exp(a)), "r2": r2}
 
 
 FALLS = "the share of doublings that lower the FVU"
@@ -146,34 +131,12 @@ def findings(r: dict, s: dict) -> list[dict]:
   return finding_rows(common.from_json(r), s)
 
 
-def _figure(out, r: dict, model_name: str, stem: str) -> list[str]:
-  import matplotlib.pyplot as plt
+def figure(out, r: dict, model_name: str, stem: str) -> list[str]:
+  """The FVU against the latents with its power-law fit, and the dead and dense latents."""
+  from bertjax.plots import sae as plots
 
-  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-  n = np.asarray(r["latents"], float)
-  a.loglog(n, r["fvu"], "o-", label="held-out FVU")
-  fit = r["fit"]
-  a.loglog(
-    n,
-    fit["coefficient"] * n ** fit["exponent"],
-    "--",
-    label=f"fit: {fit['coefficient']:.2f} N^{fit['exponent']:.2f} (R² {fit['r2']:.2f})",
-  )
-  a.set(
-    xlabel="latents N",
-    ylabel="fraction of variance unexplained",
-    title=f"Top-k SAE scaling: {model_name}",
-  )
-  a.legend()
-  b.semilogx(n, 100 * np.asarray(r["dead"]), "o-", label="dead (no held-out token)")
-  b.semilogx(n, 100 * np.asarray(r["dense"]), "s-", label="dense (> 10% of tokens)")
-  b.set(xlabel="latents N", ylabel="% of latents", title="Dead and dense latents")
-  b.legend()
-  for ax in (a, b):  # one labelled tick per size, no minor labels
-    ax.set_xticks(n, [f"{int(v):,}" for v in n])
-    ax.xaxis.set_minor_formatter(plt.NullFormatter())
-  fig.tight_layout()
-  return [common.savefig(fig, out, f"{stem}_scaling")]
+  path = pathlib.Path(out) / f"{stem}_scaling.png"
+  return [plots.scaling(r, path, title=f"Top-k SAE scaling: {model_name}").name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   timings: dict[str, float] = {}
   import jax.numpy as jnp
 
+  from bertjax import stats
   from bertjax.analysis.representations import sae
+  from bertjax.tasks import passages
 
   data = common.data_dir(args.data_dir, "wikitext2_tokens")
   with common.timed(timings, "load model"):
@@ -193,8 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   encode = lambda texts: [
     tok.encode(texts[i : i + 32], max_length=64, truncation=True) for i in range(0, len(texts), 32)
   ]
-  train_batches = encode(paragraphs(data / "wikitext2_tokens" / "valid.txt"))
-  test_batches = encode(paragraphs(data / "wikitext2_tokens" / "test.txt", 256))
+  train_batches = encode(passages.wikitext_paragraphs(data / "wikitext2_tokens" / "valid.txt"))
+  test_batches = encode(passages.wikitext_paragraphs(data / "wikitext2_tokens" / "test.txt", 256))
   with common.timed(timings, "activations"):
     train = sae.activations(params, config, train_batches, "out", layer)
     held = sae.activations(params, config, test_batches, "out", layer)
@@ -240,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r["latents"].append(e * d)
     r["train_log"].append(log)
     states[e] = (state, cfg, ev)
-  r["fit"] = power_law(r["latents"], r["fvu"])
+  r["fit"] = stats.power_law_fit(r["latents"], r["fvu"])
   state, cfg, ev = states[expansions[-1]]
   clean: dict[bytes, object] = {}
 
@@ -284,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   rows = finding_rows(r, settings)
   for f in rows:
     common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
-  figures = _figure(args.out, r, model_name, common.results_stem(NAME, args.model))
+  figures = figure(args.out, r, model_name, common.results_stem(NAME, args.model))
   common.write_results(
     NAME,
     args.out,

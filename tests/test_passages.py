@@ -50,3 +50,9 @@ def test_fixed_length_refuses_what_it_cannot_build():
     passages.fixed_length(stream, 100, 1, 1, 2)
   with pytest.raises(ValueError, match="length=2 must be >= 3"):
     passages.fixed_length(stream, 2, 1, 1, 2)
+
+
+def test_paragraphs_skip_headings_and_short_lines(tmp_path):
+  f = tmp_path / "t.txt"
+  f.write_text(" = Heading = \n\n short line here .\n" + " ".join(["word"] * 13) + "\n")
+  assert passages.wikitext_paragraphs(f) == [" ".join(["word"] * 13)]

@@ -95,3 +95,15 @@ def test_expected_layer_rejects_bad_shapes():
     stats.expected_layer([0.5])
   with pytest.raises(ValueError, match="scores"):
     stats.expected_layer(np.zeros((2, 3)))
+
+
+def test_power_law_fit_against_scipy():
+  n = np.array([384, 768, 1536, 3072, 6144])
+  fvu = 2.1 * n**-0.23 * np.exp(np.array([0.01, -0.02, 0.015, 0.0, -0.01]))
+  fit = stats.power_law_fit(n, fvu)
+  ref = scipy_stats.linregress(np.log(n), np.log(fvu))
+  assert fit["exponent"] == pytest.approx(ref.slope, rel=1e-9)
+  assert fit["coefficient"] == pytest.approx(np.exp(ref.intercept), rel=1e-9)
+  assert fit["r2"] == pytest.approx(ref.rvalue**2, rel=1e-9)
+  with pytest.raises(ValueError, match="positive"):
+    stats.power_law_fit([1, 2], [0.5, 0.0])

@@ -1,6 +1,6 @@
 """Passages of consecutive sentences: what effective attention and long-range analyses read.
 
-Two kinds: `joined` texts of about a target length (whole sentences, tokenised later, as the
+Three kinds: `wikitext_paragraphs` (WikiText's paragraphs, headings left out), `joined` texts of about a target length (whole sentences, tokenised later, as the
 report's section 8 reads them), and `fixed_length` id arrays of exactly `length` tokens
 ([CLS], consecutive sentences' word pieces cut to fit, [SEP]), as
 `experiments/effective_attention.py` sweeps the sequence length.
@@ -77,3 +77,12 @@ def fixed_length(
       i += 1
     out[c] = np.concatenate([[cls_id], np.concatenate(body)[: length - 2], [sep_id]])
   return out
+
+
+def wikitext_paragraphs(path, count: int | None = None, min_words: int = 13) -> list[str]:
+  """The paragraphs (lines) of a WikiText file with at least `min_words` words, headings
+  (" = Title = ") left out, in file order; the first `count` of them when given."""
+  with open(path, encoding="utf-8") as f:
+    lines = [ln.strip() for ln in f]
+  kept = [ln for ln in lines if len(ln.split()) >= min_words and not ln.startswith("=")]
+  return kept[:count] if count else kept
