@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 
@@ -48,8 +49,6 @@ from bertjax.model.forward import run_layers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_tl import make_inputs
-
-from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {
@@ -285,7 +284,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
   args = _parse(argv)
   report = {
-    "machine": cpu_info(),
+    "machine": common.machine(),
     "jax": jax.__version__,
     "backend": jax.default_backend(),
     "batch": args.batch,

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 
@@ -30,8 +31,6 @@ from bertjax.analysis.interventions import edges, metrics
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_tl import make_inputs
-
-from bertjax.utils import cpu_info
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BERT_BASE = dict(
@@ -128,7 +127,7 @@ def main(argv=None) -> int:
   if args.smoke:
     args.rounds = 2
   report = {
-    "machine": cpu_info(),
+    "machine": common.machine(),
     "jax": jax.__version__,
     "backend": jax.default_backend(),
     "shape": "smoke" if args.smoke else "BERT-base",

@@ -32,13 +32,13 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,8 +46,7 @@ import numpy as np
 import bertjax
 from bertjax import xla_options
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+REPO, RESULTS = common.REPO, common.RESULTS
 KERAS_PYTHON = REPO / ".venv" / "keras" / "bin" / "python"
 IMPLS = ("bertjax", "keras_hub", "torch_sdpa")
 
@@ -145,44 +144,6 @@ class KerasPeer:
       self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
       self.proc.stdin.flush()
       self.proc.wait(timeout=60)
-
-
-def machine() -> dict:
-  """CPU model, ISA flags that matter for matrix products, and thread counts."""
-  import torch
-
-  from bertjax.utils import cpu_info
-
-  return {
-    **cpu_info(),
-    "torch_threads": torch.get_num_threads(),
-    "torch_interop_threads": torch.get_num_interop_threads(),
-    "env": {
-      k: os.environ[k]
-      for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
-      if k in os.environ
-    },
-    "python": platform.python_version(),
-    "jax": jax.__version__,
-    "torch": torch.__version__,
-    "backend": jax.default_backend(),
-  }
-
-
-def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
-  """Seconds of each call over `rounds` interleaved rounds, after `warmup` untimed ones; the
-  order rotates each round, so no call always runs first (the benchmarks' shared timer)."""
-  for _ in range(warmup):
-    for call in calls.values():
-      call()
-  names = list(calls)
-  times = {n: [] for n in names}
-  for r in range(rounds):
-    for n in names[r % len(names) :] + names[: r % len(names)]:
-      t0 = time.perf_counter()
-      calls[n]()
-      times[n].append(time.perf_counter() - t0)
-  return times
 
 
 def _config(name: str, smoke: bool) -> bertjax.BertConfig:
@@ -451,7 +412,7 @@ def main(argv=None) -> dict:
   result = {
     "benchmark": "bench_families",
     "smoke": args.smoke,
-    "machine": machine(),
+    "machine": common.machine(torch=True),
     "versions": versions,
     "dtype": "float32",
     "rounds": args.rounds,

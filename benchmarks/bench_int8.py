@@ -26,47 +26,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import statistics
-import sys
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
 from bertjax.quantize import int8_matmul
+from bertjax.utils import interleaved_times
 
-RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def cpu_info() -> dict:
-  """The CPU (`bertjax.utils.cpu_info`: model name, ISA flags, cores) and the JAX set-up."""
-  from bertjax.utils import cpu_info as cpu
-
-  return {
-    **cpu(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "jax": jax.__version__,
-    "backend": jax.default_backend(),
-    "python": sys.version.split()[0],
-  }
+RESULTS = common.RESULTS
 
 
 def _interleaved(fns: dict, rounds: int, warmup: int) -> dict:
-  """Median and min seconds of each zero-argument function, timed round by round."""
-  for fn in fns.values():
-    for _ in range(warmup):
-      jax.block_until_ready(fn())
-  times = {k: [] for k in fns}
-  for _ in range(rounds):
-    for k, fn in fns.items():
-      t0 = time.perf_counter()
-      jax.block_until_ready(fn())
-      times[k].append(time.perf_counter() - t0)
-  return {k: {"median_s": statistics.median(v), "min_s": min(v)} for k, v in times.items()}
+  """Median and min seconds of each zero-argument function, side by side."""
+  times = interleaved_times(fns, rounds, warmup=max(warmup - 1, 0))
+  return {k: {"median_s": v["median_s"], "min_s": v["min_s"]} for k, v in times.items()}
 
 
 def speed(config, params, shapes, rounds: int, warmup: int) -> list[dict]:
@@ -167,7 +145,7 @@ def main(argv=None) -> dict:
   rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
   t0 = time.perf_counter()
   result = {
-    "machine": cpu_info(),
+    "machine": common.machine(),
     "model": "all-MiniLM-L6-v2",
     "smoke": args.smoke,
     "forward": speed(config, params, shapes, rounds, warmup),

@@ -24,23 +24,18 @@ then timed in interleaved rounds with a rotating order. Results name the CPU and
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import statistics
 import sys
 import tempfile
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_families import interleaved, machine
 
 import bertjax
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 # (model, bertjax preset, batch, seq, variant): "model" as it is, "global" every layer full.
 CASES = [
   ("modernbert-base", "modernbert-base", 8, 128, "model"),
@@ -126,7 +121,7 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
   info["torch_sdpa"] = {"first_call_s": time.perf_counter() - t0}
   row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(outputs["bertjax"] - theirs).max())
   calls["torch_sdpa"] = torch_call
-  times = interleaved(calls, args.warmup, args.rounds)
+  times = common.interleaved(calls, args.warmup, args.rounds)
   for n, t in times.items():
     med = statistics.median(t)
     row[n] = {
@@ -190,12 +185,7 @@ def markdown(r: dict) -> str:
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
-  p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
-  p.add_argument("--rounds", type=int, default=5, help="timed rounds per case")
-  p.add_argument("--warmup", type=int, default=1, help="untimed calls per implementation")
+  p = common.parser(__doc__, rounds=5, warmup=1)
   p.add_argument(
     "--only",
     default=None,
@@ -203,7 +193,6 @@ def main(argv=None) -> dict:
     help="only the cases of this model (modernbert-base, mpnet-base, "
     "deberta-v3-base); results go to bench_modern_MODEL.{json,md}",
   )
-  p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
     args.rounds, args.warmup = 1, 0
@@ -214,21 +203,15 @@ def main(argv=None) -> dict:
     cases = [(n, pr, 2, {128: 16, 512: 24, 2048: 40}[s], v) for n, pr, _, s, v in cases]
   rows = [bench_case(*case, args) for case in cases]
   result = {
-    "machine": machine(),
+    "machine": common.machine(torch=True),
     "transformers": transformers.__version__,
     "rows": rows,
     "rounds": args.rounds,
     "warmup": args.warmup,
     "smoke": args.smoke,
   }
-  if not args.smoke:
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench_modern_{args.only}" if args.only else "bench_modern"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(result))
-  print(markdown(result), file=sys.stderr)
-  print(json.dumps(result))
+  stem = f"bench_modern_{args.only}" if args.only else "bench_modern"
+  common.write(result, markdown(result), args.out, stem, files=not args.smoke)
   return result
 
 

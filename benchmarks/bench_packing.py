@@ -22,21 +22,18 @@ The outputs of the two are compared at real tokens. Results name the CPU and its
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 import statistics
 import sys
 import time
 
+import common
 import jax
 import numpy as np
-from bench_families import interleaved, machine
 
 import bertjax
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+REPO = common.REPO
 MODELS = ("all-MiniLM-L6-v2", "modernbert-base")
 SMOKE = dict(
   vocab_size=30522,
@@ -123,7 +120,7 @@ def bench_model(name: str, data: list, args) -> dict:
     float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
     for a, b, (_, m) in zip(outs["padded"], outs["packed"], data)
   )
-  times = interleaved(calls, args.warmup, args.rounds)
+  times = common.interleaved(calls, args.warmup, args.rounds)
   real = sum(int(m.sum()) for _, m in data)
   padded_tokens = sum(m.size for _, m in data)
   row = {
@@ -186,16 +183,9 @@ def markdown(r: dict) -> str:
 
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
-  p.add_argument(
-    "--smoke", action="store_true", help="a tiny model, 32 sentences, one round, no files"
-  )
+  p = common.parser(__doc__, rounds=5, warmup=1)
   p.add_argument("--sentences", type=int, default=512, help="how many sentences")
   p.add_argument("--batch", type=int, default=64, help="sentences per batch")
-  p.add_argument("--rounds", type=int, default=5, help="timed rounds")
-  p.add_argument("--warmup", type=int, default=1, help="untimed rounds")
   p.add_argument(
     "--data-dir",
     default=None,
@@ -203,7 +193,6 @@ def main(argv=None) -> dict:
     help="where ud_english_ewt is (default: ../shared/data beside the checkout "
     "when it exists, else the project's own sentences, said on stderr)",
   )
-  p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   if args.smoke:
     args.rounds, args.warmup, args.sentences, args.batch = 1, 0, 32, 16
@@ -214,7 +203,7 @@ def main(argv=None) -> dict:
   data = batches(tok, texts, args.batch)
   rows = [bench_model(name, data, args) for name in MODELS]
   result = {
-    "machine": machine(),
+    "machine": common.machine(),
     "data": source,
     "sentences": len(texts),
     "batch": args.batch,
@@ -223,13 +212,7 @@ def main(argv=None) -> dict:
     "warmup": args.warmup,
     "smoke": args.smoke,
   }
-  if not args.smoke:
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_packing.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "bench_packing.md").write_text(markdown(result))
-  print(markdown(result), file=sys.stderr)
-  print(json.dumps(result))
+  common.write(result, markdown(result), args.out, "bench_packing", files=not args.smoke)
   return result
 
 

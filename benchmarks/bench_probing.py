@@ -21,10 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import platform
 import time
 
-import jax
+import common
 import numpy as np
 
 import bertjax
@@ -32,17 +31,6 @@ from bertjax.analysis.representations import features, probing, probing_run
 from bertjax.data import conllu, fetch
 
 RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def machine() -> dict:
-  from bertjax.utils import cpu_info
-
-  return {
-    **cpu_info(),
-    "platform": platform.platform(),
-    "jax": jax.__version__,
-    "device": str(jax.devices()[0].device_kind),
-  }
 
 
 def bench_features(params, config, tok, sents, repeats: int) -> dict:
@@ -224,7 +212,7 @@ def main(argv=None) -> dict:
   test = np.flatnonzero(np.isin(wf.sentence_index, split["test"]))
   pres = bench_probes(feats, labels, len(vocab), train, test, args.C, steps, args.batch, max_iter)
   res = {
-    "machine": machine(),
+    "machine": common.machine(),
     "smoke": args.smoke,
     "sentences": len(sents),
     "features": fres,

@@ -21,34 +21,21 @@ with a rotating order. Results name the CPU and its ISA.
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
 import statistics
-import sys
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
-from bench_families import interleaved, machine
 
 import bertjax
 from bertjax.analysis.representations import sae
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
-
 
 def main(argv=None) -> dict:
-  p = argparse.ArgumentParser(
-    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
-  p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
-  p.add_argument("--rounds", type=int, default=7, help="timed rounds")
-  p.add_argument("--warmup", type=int, default=2, help="untimed rounds")
+  p = common.parser(__doc__, rounds=7, warmup=2)
   p.add_argument("--expansion", type=int, default=16, help="latents per model dimension")
-  p.add_argument("--out", default=str(RESULTS), metavar="DIR", help="where results go")
   args = p.parse_args(argv)
   batch, seq = 8, 128
   config = bertjax.BertConfig.preset("bert-base")
@@ -100,14 +87,14 @@ def main(argv=None) -> dict:
     info[n] = {"first_call_s": time.perf_counter() - t0}
     if n != "forward":
       info[n]["dead_share"] = float(out["dead"])
-  times = interleaved(calls, args.warmup, args.rounds)
+  times = common.interleaved(calls, args.warmup, args.rounds)
   rows = {
     n: {**info[n], "median_s": statistics.median(t), "min_s": min(t), "times_s": t}
     for n, t in times.items()
   }
   fwd = rows["forward"]["median_s"]
   result = {
-    "machine": machine(),
+    "machine": common.machine(),
     "model": "bert-base (random)" if not args.smoke else "tiny",
     "batch": batch,
     "seq": seq,
@@ -123,14 +110,7 @@ def main(argv=None) -> dict:
     "warmup": args.warmup,
     "smoke": args.smoke,
   }
-  md = markdown(result)
-  if not args.smoke:
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_sae.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "bench_sae.md").write_text(md)
-  print(md, file=sys.stderr)
-  print(json.dumps(result))
+  common.write(result, markdown(result), args.out, "bench_sae", files=not args.smoke)
   return result
 
 

@@ -43,13 +43,13 @@ import pathlib
 import statistics
 import time
 
+import common
 import jax
 import numpy as np
 
 import bertjax
 from bertjax import mesh as mesh_lib
 from bertjax.analysis.interventions import ablation, metrics, patching
-from bertjax.utils import cpu_info
 
 MESHES = {
   "1 device": None,
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     "batch_size": args.batch_size,
     "seq_len": args.seq_len,
     "repeats": args.repeats,
-    **cpu_info(),
+    **common.machine(),
     "jax": jax.__version__,
     "xla_flags": os.environ["XLA_FLAGS"],
     "rows": rows,

@@ -73,12 +73,12 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import tempfile
 import time
 
+import common
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -153,23 +153,6 @@ def parse_args(argv=None):
 
 
 # Machine --------------------------------------------------------------------
-
-
-def machine() -> dict:
-  """CPU model, ISA flags that matter for matmuls, thread counts, and the accelerator JAX
-  runs on (if any)."""
-  import jax
-
-  from bertjax.utils import cpu_info
-
-  info = {
-    **cpu_info(),
-    "platform": platform.platform(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-  }
-  if jax.default_backend() != "cpu":
-    info["accelerator"] = jax.devices()[0].device_kind
-  return info
 
 
 def timed(fn, repeats: int, label: str | None = None):
@@ -897,7 +880,7 @@ def main(argv=None) -> dict:
       "with a CUDA jax, or --device cpu with JAX_PLATFORMS=cpu"
     )
   report = {
-    "machine": machine(),
+    "machine": common.machine(),
     "batch": args.batch,
     "seq": args.seq,
     "models": {},
