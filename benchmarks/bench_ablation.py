@@ -53,6 +53,7 @@ import optax
 
 import bertjax
 from bertjax import stats
+from bertjax.analysis import batching
 from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
 from bertjax.data.conllu import read_conllu
@@ -112,7 +113,7 @@ def make_batches(tok, texts, batch_size, multiple=16, labels=None):
   for i in range(0, len(order), batch_size):
     idx = order[i : i + batch_size]
     longest = int(lengths[idx].max())
-    b = ablation.as_batch(
+    b = batching.as_batch(
       tok.encode([texts[j] for j in idx], pad_to=-(-longest // multiple) * multiple)
     )
     if labels is not None:

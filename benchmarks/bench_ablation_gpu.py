@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 import bertjax
+from bertjax.analysis import batching
 from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
 
@@ -122,7 +123,7 @@ def make_batches(seqs, batch_size, multiple=32):
     mask = np.zeros((len(chunk), width), np.int32)
     for r, s in enumerate(chunk):
       ids[r, : len(s)], mask[r, : len(s)] = s, 1
-    batches.append(ablation.as_batch({"input_ids": ids, "attention_mask": mask}))
+    batches.append(batching.as_batch({"input_ids": ids, "attention_mask": mask}))
   return batches
 
 
@@ -177,7 +178,7 @@ def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
   def forward_metric(p, b):
     x = bertjax.embed(p, config, b["input_ids"], b["token_type_ids"])
     last = bertjax.run_layers(p, config, x, b["attention_mask"])[0]
-    return metric(p, config, {**b, ablation.BASELINE_KEY: last}, last, None)
+    return metric(p, config, {**b, batching.BASELINE_KEY: last}, last, None)
 
   def forward_all(data):
     return [forward_metric(params, b) for b in data]

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
+from bertjax.kernels import ABLATIONS
 
 import bertjax
+from bertjax.analysis import batching
 from bertjax.analysis.attention import overrides
 from bertjax.analysis.interventions import ablation
 
@@ -110,7 +112,7 @@ def test_mask_ablation_equals_weight_surgery(params):
   assert abs(uni - scale) > 1e-4
 
 
-@pytest.mark.parametrize("kind", ablation.ABLATIONS)
+@pytest.mark.parametrize("kind", ABLATIONS)
 def test_sweep_with_prefix_reuse_equals_naive_loop(params, kind):
   prefix = ablation.ablation_sweep(
     params,
@@ -161,7 +163,7 @@ def test_arbitrary_masks_and_strategies_agree(params):
   masks[0] = 1
   masks[1, :2] = 1  # first modified block is 2
   # Chunks of 2 (a remainder of 1 for 5 masks), and the backend's default (1 on CPU).
-  assert ablation.default_chunk_size() == 1
+  assert batching.default_chunk_size() == 1
   results = [
     ablation.evaluate_masks(
       params,
@@ -178,7 +180,7 @@ def test_arbitrary_masks_and_strategies_agree(params):
     assert base == results[0][0]
     np.testing.assert_allclose(values, results[0][1], atol=1e-6)
   assert results[0][1][0] == results[0][0]  # the all-ones mask is the baseline
-  assert ablation.first_modified_layer(masks)[0] == DEPTH
+  assert batching.first_modified_layer(masks)[0] == DEPTH
   with pytest.raises(ValueError, match=r"head_masks shape \(3, 4\)"):
     ablation.evaluate_masks(
       params, CONFIG, BATCHES, ablation.classification_batch_loss, np.ones((3, 4))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
 
 import bertjax
@@ -187,7 +188,7 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
       out.append(total / count)
     return np.asarray(out)
 
-  for kind in ablation.ABLATIONS:
+  for kind in ABLATIONS:
     res = got[kind]
     assert res.baseline == pytest.approx(1.0, abs=1e-6)
     np.testing.assert_allclose(res.heads.ravel(), loop(kind, *masks["heads"]), atol=2e-5)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
 from test_families_downstream import SENTENCES, _mlm_batches, _pairs, _texts, _ud
 
@@ -222,7 +223,7 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
       params, config, b.input_ids, b.attention_mask, _types(config, b)
     ).last_hidden_state
   )
-  for kind in ablation.ABLATIONS:
+  for kind in ABLATIONS:
     want = []
     for hm, lm in zip(*masks["heads"]):
       x = pooled(

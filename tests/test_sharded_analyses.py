@@ -292,6 +292,7 @@ def test_two_processes_equal_one_and_only_process_0_writes(scripts, mesh_report,
 
 def test_head_pairs_sets_and_prefix_start():
   import bertjax
+  from bertjax.analysis import batching
   from bertjax.analysis.interventions import ablation
 
   cfg = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, num_attention_heads=4)
@@ -303,7 +304,7 @@ def test_head_pairs_sets_and_prefix_start():
   masks, index = ablation.pair_masks(cfg, [((2, 1), (0, 3)), ((1, 0), (1, 2))])
   assert index.tolist() == [[[0, 3], [2, 1]], [[1, 0], [1, 2]]]  # first head first
   assert (masks == 0).sum() == 4 and masks[0, 0, 3] == 0 and masks[0, 2, 1] == 0
-  assert ablation.first_modified_layer(masks).tolist() == [0, 1]  # prefix reuse from min(l1, l2)
+  assert batching.first_modified_layer(masks).tolist() == [0, 1]  # prefix reuse from min(l1, l2)
   sweep = ablation.sweep_masks(cfg, ("pairs",), pairs="within")
   assert sweep["pairs"][0].shape == (18, 3, 4)
   for bad, match in (

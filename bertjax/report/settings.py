@@ -40,7 +40,7 @@ class ReportSettings:
     example_heads: heads shown raw vs effective.
     ablation_strategy: `ablation.evaluate_masks`'s strategy.
     ablation_chunk_size: masks evaluated at once; None means
-      `ablation.default_chunk_size()` (1 on CPU, fastest there; 16 on accelerators).
+      `batching.default_chunk_size()` (1 on CPU, fastest there; 16 on accelerators).
     attribution_sentences: negated sentences the token-attribution methods explain
       (None: every one with a one-token cue).
     attribution_ig_steps: integrated gradients' quadrature points.
