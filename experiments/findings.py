@@ -387,7 +387,7 @@ def _sixteen_heads(doc: dict) -> list[Uncertainty]:
   """The speed rounds (interleaved, paired by round); the per-head tests of the first row."""
   r, s, mod = doc["results"], doc["settings"], module("sixteen_heads")
   sp = r["speed"]
-  names = ["unpruned"] + [f"pruned_{f:.1f}" for f in (0.2, 0.4, 0.6)]
+  names = ["unpruned"] + [f"pruned_{f:.1f}" for f in sp["targets"]]  # as pruned_speedups names them
   times = np.asarray([sp["times"][k]["times_s"] for k in names], float).T  # (rounds, models)
 
   def speedups(t):  # (R, n, models) -> (R, models - 1)

@@ -556,7 +556,7 @@ def test_summarise_example_head_and_figures(small_model, tmp_path):
   assert all(p.stat().st_size > 10_000 for p in paths)
 
 
-def test_clark_summary_is_the_statistics_by_layer_and_draws(params, minilm_dir, tmp_path):
+def test_clark_summary_is_the_statistics_by_layer_and_draws(minilm_dir, tmp_path):
   """`statistics.clark_summary` holds `clark_statistics` of the chosen definition per head, their
   means over heads, and uniform attention's entropy averaged alike; the figure draws it."""
   from bertjax.plots import attention as plots

@@ -61,8 +61,8 @@ def test_every_head_and_layer_figure_says_layer(tmp_path, monkeypatch):
   """One word for the rows of every (layers, heads) figure: "layer", numbered 1..L (the
   patching figure said "block" where every other figure says "layer")."""
   drawn = []
-  save = charts._save
-  monkeypatch.setattr(charts, "_save", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
+  save = charts.save_png
+  monkeypatch.setattr(charts, "save_png", lambda fig, path: (drawn.append(fig), save(fig, path))[1])
   grid = np.random.default_rng(4).normal(size=(3, 4))
   charts.head_heatmap(grid, tmp_path / "heads.png")
   charts.patching_heatmaps(grid, grid * 0.9, tmp_path / "patching.png")
@@ -75,7 +75,7 @@ def test_every_head_and_layer_figure_says_layer(tmp_path, monkeypatch):
 
 
 def test_draw_head_grid_into_a_panel(tmp_path):
-  plt = charts._plt()
+  plt = charts.pyplot()
   fig, (a0, a1) = plt.subplots(1, 2)
   values = np.array([[0.0, 2.0], [-0.5, np.nan], [0.25, -3.0]])
   im = charts.draw_head_grid(
