@@ -571,17 +571,6 @@ def write_results(
   return path
 
 
-def savefig(fig, out: str | os.PathLike, name: str) -> str:
-  """Saves a matplotlib figure as `out/NAME.png`, closes it, and returns the file name."""
-  import matplotlib.pyplot as plt
-
-  out = pathlib.Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  fig.savefig(out / f"{name}.png", dpi=110, bbox_inches="tight")
-  plt.close(fig)
-  return f"{name}.png"
-
-
 def load_wikitext(args, sc: PretrainScale, timings: dict[str, float]):
   """WikiText-2 for a pretraining experiment at the sizes of `sc`, from `--data-dir` (timed
   as "data"): `bertjax.training.runs.load_wikitext`'s `PretrainingData`."""

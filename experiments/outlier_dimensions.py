@@ -188,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
+  from bertjax.analysis.attention import statistics
   from bertjax.analysis.representations import outliers
   from bertjax.data import conllu
 
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
   r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
   r["random_dims"] = {k: v for k, v in dims_sets.items() if k != "outliers"}
-  sinks = lambda p: outliers.special_attention_by_layer(p, config, batches, tok.sep_id)
+  sinks = lambda p: statistics.special_mass_by_layer(p, config, batches, tok.sep_id)
   with common.timed(timings, "frequency and sinks"):
     texts = [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")]
     counts = outliers.token_frequencies(tok, texts)

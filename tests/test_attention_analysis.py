@@ -589,3 +589,10 @@ def test_clark_summary_is_the_statistics_by_layer_and_draws(minilm_dir, tmp_path
   with pytest.raises(ValueError, match="punctuation='some' must be one of"):
     statistics.punctuation_of(tok, "some")
   assert plots.clark_by_layer(got, tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_special_mass_by_layer_is_cls_and_sep_mass_over_heads(params):
+  got = statistics.special_mass_by_layer(params, CONFIG, BATCHES, SEP)
+  s = statistics.clark_statistics(params, CONFIG, BATCHES, sep_id=SEP)
+  np.testing.assert_allclose(got, (np.asarray(s["cls"]) + np.asarray(s["sep"])).mean(-1))
+  assert got.shape == (CONFIG.depth,) and np.all((got > 0) & (got < 1))

@@ -325,6 +325,14 @@ def clark_summary(
   return out
 
 
+def special_mass_by_layer(params: Params, config: BertConfig, batches, sep_id: int) -> np.ndarray:
+  """(L,) the attention mass on [CLS] (position 0) and [SEP] by layer, mean over heads
+  (`clark_statistics`, per sentence then over sentences): where attention sinks, which
+  outlier dimensions are said to drive."""
+  s = clark_statistics(params, config, batches, sep_id=sep_id)
+  return np.asarray(s["cls"] + s["sep"]).mean(-1)
+
+
 def word_attention(attn, word_ids, attention_mask=None, *, keep_special: bool = True):
   """Clark et al.'s word-level attention of one sequence.
 

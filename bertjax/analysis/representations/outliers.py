@@ -321,14 +321,3 @@ def probe_without_dimensions(
     "correct": {k: v.astype(np.int8) for k, v in right.items()},
     "accuracy": {k: v.mean(1) for k, v in right.items()},
   }
-
-
-def special_attention_by_layer(
-  params: Params, config: BertConfig, batches, sep_id: int
-) -> np.ndarray:
-  """(L,) the attention mass on [CLS] (position 0) and [SEP] by layer, mean over heads
-  (`statistics.clark_statistics`, per sentence then over sentences)."""
-  from bertjax.analysis.attention import statistics
-
-  s = statistics.clark_statistics(params, config, batches, sep_id=sep_id)
-  return np.asarray(s["cls"] + s["sep"]).mean(-1)
