@@ -67,6 +67,21 @@ def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]
   return {name: t["times_s"] for name, t in times.items()}
 
 
+def _count(minimum: int):
+  """An argparse type: an integer of at least `minimum` (else a usage error naming it)."""
+
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < minimum:
+      raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+    return value
+
+  return parse
+
+
 def parser(
   doc: str, *, out: pathlib.Path | str = RESULTS, **rounds: int
 ) -> argparse.ArgumentParser:
@@ -78,9 +93,9 @@ def parser(
   p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
   p.add_argument("--out", default=str(out), metavar="DIR", help="where results go")
   if "rounds" in rounds:
-    p.add_argument("--rounds", type=int, default=rounds["rounds"], help="timed rounds")
+    p.add_argument("--rounds", type=_count(1), default=rounds["rounds"], help="timed rounds")
   if "warmup" in rounds:
-    p.add_argument("--warmup", type=int, default=rounds["warmup"], help="untimed calls first")
+    p.add_argument("--warmup", type=_count(0), default=rounds["warmup"], help="untimed calls first")
   return p
 
 

@@ -185,3 +185,19 @@ def test_gpu_suite_smoke(tmp_path):
     assert f"== {step}" in proc.stdout and (tmp_path / f"{step}.log").is_file()
   window = json.loads(next(tmp_path.glob("attention_window128_*_smoke.json")).read_text())
   assert window["window"] == 128 and {r["impl"] for r in window["rows"]} >= {"bertjax_pallas"}
+
+
+@pytest.mark.parametrize(
+  ("option", "said"), [("--rounds=0", "0 must be >= 1"), ("--warmup=x", "'x' is not an integer")]
+)
+def test_a_bad_count_is_a_usage_error(option, said):
+  """benchmarks/common.py's options refuse a count they cannot time, before any work."""
+  proc = subprocess.run(
+    [sys.executable, str(REPO / "benchmarks" / "bench_sae.py"), option],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+  assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
