@@ -42,6 +42,7 @@ PAGES = (
   ("docs/manual.md", "manual.md", "Manual"),
   ("docs/results.md", "results.md", "Measured results"),
   ("docs/findings.md", "findings.md", "Findings"),
+  ("docs/experiments.md", "experiments.md", "Experiments"),
 )
 REPO_PAGES = REPO  # where the PAGES' sources are read from
 # (script, title) of the tutorials, jupytext percent scripts run on MiniLM, in order.

@@ -3,35 +3,8 @@
     ./run.sh experiment albert_sharing
     .venv/bin/python experiments/albert_sharing.py [--smoke] [--out DIR] [--data-dir DIR]
 
-Lan et al. 2020 (ALBERT) shrink BERT with cross-layer parameter sharing and a factorised
-embedding (vocabulary -> E -> H, E << H): ALBERT-base has 12M parameters to BERT-base's
-108M (~1/9). At the same depth and width it is somewhat worse (their Tables 3 and 4:
-sharing all layers costs ~1.5-2.5 points on average, a 128-wide embedding much less), and
-sharing saves memory, not compute: every layer still runs.
-
-What it measures: four models of the same depth and width (6 layers, 128 wide, 4 heads,
-FFN 512, GELU, dropout 0.1 for all, so only the two reductions differ):
-
-* `bert`: BERT;
-* `albert`: all 6 layers share one parameter set, embeddings E = 32 (128/4; ALBERT-base
-  has 128/768);
-* `shared_only`: sharing, E = H (ALBERT always projects E -> H, so it keeps an H x H map);
-* `factorized_only`: E = 32, no sharing (`num_hidden_groups` = 6).
-
-Each is trained with `bertjax.training.loop.pretrain` on the same data and budget:
-WikiText-2 `valid.txt` (the copy in ../shared/data has no train split), an 8k WordPiece
-vocabulary trained on it, RoBERTa-style FULL-SENTENCES segments of 64 tokens (MLM only),
-batch 32, AdamW at 1e-3, 10% warm-up then linear decay, 600 steps, the same data order,
-masks and dropout keys. Reported: parameter counts (also at base size, from the presets),
-held-out MLM loss and accuracy on 16 x 32 `test.txt` segments with fixed masks, the
-training curves, and the median train-step time (compile excluded, from the loop's
-per-step timing; the machine is shared, so the load average is recorded). The scale is
-what an idle 2-core CPU trains four times in ~10 minutes (`--steps` changes it). Small
-models on little data leave the unigram stage late, so the held-out loss is set beside
-what token frequencies alone give (the unigram loss), and the quality finding is "n/a"
-while no model beats it by 0.1 nats.
-
-`--smoke` runs 2-layer, 32-wide models for 6 steps on the first 400 lines.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`albert_sharing` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,43 +4,8 @@ Run:
   ./run.sh experiment anisotropy            # the full run (~1.5 min on 2 CPU cores)
   .venv/bin/python experiments/anisotropy.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on which model and data, and why:
-  Ethayarajh (2019, "How Contextual are Contextualized Word Representations?") found that
-  contextual representations are anisotropic (two random words have a clearly positive
-  cosine similarity), more so in upper layers, and that upper layers are more context-specific:
-  the same word in different contexts is less similar to itself (self-similarity falls with
-  depth, even after subtracting the anisotropy baseline), and that a static embedding (the
-  first principal component of a word's occurrences) explains little of their variance.
-  This script measures, for every layer (0 = embeddings) of the real all-MiniLM-L6-v2:
-
-  * anisotropy: mean cosine of random pairs of word tokens (distinct positions), raw and
-    after mean-centring each layer (`bertjax.analysis.representations.geometry.anisotropy`);
-  * self-similarity: mean pairwise cosine between occurrences of the same (lower-cased)
-    word type in different contexts, over types seen >= `--min-count` times;
-  * intra-sentence similarity: mean cosine between a word and its sentence's mean vector;
-  * each of these minus the anisotropy baseline ("adjusted", Ethayarajh Sec. 3.3)
-    (`geometry.contextuality`);
-  * maximum explainable variance (MEV): the share of the variance of a word type's
-    occurrences explained by their first principal component, averaged over types, and its
-    anisotropy-adjusted version (minus the MEV of as many random word tokens, type by type)
-    (`geometry.max_explainable_variance`). The paper's formula and its released code
-    disagree, so all three definitions are measured (`geometry.mev`): "truncated_svd", the
-    code behind the paper's released numbers (sklearn TruncatedSVD's
-    explained_variance_ratio_[0]: uncentred direction, centred variance) and the verdict's
-    definition (`--mev-definition` picks another); "pca" (centred, the code's later
-    version); "uncentred" (sigma_1^2 / sum sigma_i^2 of the raw matrix, the paper's
-    Definition 3 as written). The paper's own baseline, one MEV of 1,000 words drawn from
-    distinct random sentences (`geometry.random_words_mev`), is reported beside ours.
-
-  Word types, as Ethayarajh's word index (kawine/contextual `preprocess.py`): types seen
-  >= 5 times, punctuation left out (here: UD UPOS PUNCT; the paper: spaCy's is_punct), every
-  occurrence used. Random pairs and sentences include every word, as the paper's.
-
-  Data: the sentences of UD English EWT v2.16 dev (2,001 sentences, ~25k words; the
-  treebank's word segmentation, each word represented by its first subword).
-
-  `--smoke` uses a tiny random-weight model (MiniLM's vocabulary) and 40 sentences; its
-  numbers are not findings.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`anisotropy` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -5,40 +5,8 @@ Run:
   .venv/bin/python experiments/attribution.py [--smoke] [--out DIR | --update-results]
       [--model DIR_OR_ID] [--seed N]
 
-Model: all-MiniLM-L6-v2 (or `--model`). Data: the project's own labelled sentences
-(`bertjax/resources/sentences.tsv`, 131 negated of 385); needs no download.
-
-The quantity explained is a negation probe: a logistic regression fitted (L2, BFGS) on
-the frozen model's mean-pooled final states of every sentence but a held-out fifth. Its
-logit is the target of the gradient methods, and, because it reads the mean of the
-final states, a context-mixing method's score for input token j is the mean over real
-tokens i of its final (rolled-out) matrix `M[i, j]`.
-
-(a) Token attribution (`bertjax.analysis.attribution.propagation`), on every held-out-or-not negated
-    sentence whose negation cue ("not", "never", "no", "nothing", "nobody", "none",
-    "nor", "neither", "cannot", or the "t" of "n't") is one token: raw attention of the
-    last block (heads averaged), attention rollout and, last block only, attention flow
-    (Abnar & Zuidema 2020), the norm-based Attn-N of the last block (Kobayashi et al.
-    2020), GlobEnc (Modarressi et al. 2022), ALTI (Ferrando et al. 2022), value zeroing
-    (Mohebbi et al. 2023), gradient x input and integrated gradients (Sundararajan et
-    al. 2017), and two decompositions through the whole model: DecompX (Modarressi et
-    al. 2023; each token's part of the pooled state, read by the probe) and AttnLRP
-    (Achtibat et al. 2024; the word embeddings' relevance of the probe logit). Per method: how often the cue ranks first among the sentence's word
-    pieces (special tokens excluded), its mean reciprocal rank, the chance level (mean
-    1/n), and the agreement between methods (Spearman correlation of the token scores,
-    averaged over sentences).
-(b) Patching (`bertjax.analysis.interventions.patching`): each negated sentence against its
-    affirmative twin, the cue replaced by a word of the same length in tokens ("not" ->
-    "also", "never" -> "often", ...), so positions align. Clean run: the negated
-    sentence; corrupted: the twin. Patching one head's output (`head_out`) from the
-    clean run into the corrupted one, for every (layer, head) in one compiled sweep,
-    measures how much of the probe's negation logit that head restores, normalised to
-    (patched - corrupted) / (clean - corrupted); attribution patching (the gradient
-    approximation) is computed beside it, and their agreement reported.
-
-The full run takes a few minutes of CPU time (attention flow dominates); `--smoke` uses
-a tiny random BERT with MiniLM's vocabulary, six sentences for the token attribution and
-every pair for the patching (its numbers are not findings).
+The method, the data and what differs from the paper: docs/experiments.md, section
+`attribution` (the site's Experiments page).
 """
 
 from __future__ import annotations

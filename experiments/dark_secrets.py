@@ -5,38 +5,8 @@ Run:
   .venv/bin/python experiments/dark_secrets.py [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
       [--data-dir DIR] [--seed N]
 
-Question: do three of Kovaleva et al.'s headline observations hold for a small real encoder
-(all-MiniLM-L6-v2: 6 layers x 12 heads) fine-tuned on a real classification task?
-
-1. Attention maps fall into a few repeated pattern types (vertical, diagonal,
-   vertical+diagonal, block) with vertical the commonest; measured per layer and overall
-   with `patterns.pattern_types`, before and after fine-tuning.
-2. Disabling single heads or whole layers of the fine-tuned classifier can *improve* its
-   accuracy (their Figs. 6-7): every head and every layer disabled in "uniform" mode (their
-   method: the map becomes uniform over the real tokens), every layer also in "scale" mode
-   (the heads' outputs zeroed, Michel et al.) and skipped outright, by
-   `ablation.ablation_sweep`, scored by held-out accuracy. (Single heads in "scale" mode
-   would double the run's longest step and are left out.)
-3. Fine-tuning changes the last layers' attention most (their Fig. 3): per-head cosine of
-   the attention maps before vs after fine-tuning and per-layer linear CKA of the hidden
-   states (`patterns.attention_change`).
-(Their fourth, that fine-tuning from random initialisation does "disturbingly well", is
-tested in `random_init.py`, on tasks with and without lexical cues and with early stopping:
-on this acceptability task alone, where no lexical cue helps, it cannot hold.)
-
-Task: BLiMP acceptability classification (Warstadt et al. 2020) over the phenomena in
-`DATA/blimp/*.jsonl` (here anaphor number agreement, determiner-noun agreement and
-subject-verb agreement): each minimal pair gives a grammatical sentence (label 1) and an
-ungrammatical one (label 0). Why: it needs no download, it is the closest local analogue of
-CoLA (the acceptability task of Kovaleva et al.'s GLUE set), and because the two sentences
-of a pair differ in one word, bag-of-words cues cannot solve it, so it tests what
-pre-training adds. The held-out split is by minimal pair (both sentences of a pair fall on
-the same side), so the classes are exactly balanced and chance is 50%.
-
-The full run (about 2-3 minutes of CPU time) fine-tunes the pre-trained model once and
-analyses the held-out sentences. `--smoke` swaps the model for a tiny
-random BERT with MiniLM's vocabulary and a few dozen sentences (about 30 s of CPU time,
-mostly compiling the train step; its numbers are not findings).
+The method, the data and what differs from the paper: docs/experiments.md, section
+`dark_secrets` (the site's Experiments page).
 """
 
 from __future__ import annotations

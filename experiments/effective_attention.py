@@ -4,34 +4,8 @@ Run:
   ./run.sh experiment effective_attention            # the full run (~1.5 min CPU; 3-6 min wall)
   .venv/bin/python experiments/effective_attention.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on which model and data, and why:
-  Brunner et al. (2020, "On Identifiability in Transformers") show that a head's output
-  `A_h T_h` (T_h = (E W_V^h + b_V^h) W_O^h, an n x H matrix of rank <= d_head) does not
-  determine its attention map A_h once the sequence is longer than the head dimension:
-  any component of a row of A_h in the left null space of T_h (dimension n - rank(T_h))
-  changes nothing. Removing it gives "effective attention", which they find puts far less
-  weight on [SEP], [CLS] and punctuation than raw attention, so raw attention weights are a
-  poor account of what a head uses. This script, on the real all-MiniLM-L6-v2 (6 layers x
-  12 heads, d_head = 32), measures for every layer and head:
-
-  * the null-space dimension as a function of sequence length n = 8..256: dim = n -
-    rank(T_h), checked against max(0, n - d_head) (`effective.left_null_space`), and the
-    null basis checked to annihilate T_h;
-  * that effective attention gives the same head output as raw attention (A_eff T = A T)
-    and, with every block's maps replaced by their effective attention through the model's
-    `probs` site, the model's own hidden states;
-  * the Pearson correlation of raw and effective attention per passage, against its length
-    (Brunner et al. Fig. 3a), and that of the attention a token receives with its position;
-  * the attention mass on [CLS], [SEP] and punctuation, raw vs effective
-    (`effective.effective_attention_statistics`, plus punctuation here).
-
-  Data: passages of consecutive sentences of UD English EWT v2.16 dev (their word forms,
-  re-tokenised by MiniLM's WordPiece), cut to exactly n tokens including [CLS] at the start
-  and [SEP] at the end, so that every passage of the main set (n = 128) is longer than
-  d_head.
-
-  `--smoke` uses a tiny random-weight model (2 heads of 16) and a handful of short passages;
-  its numbers are not findings.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`effective_attention` (the site's Experiments page).
 """
 
 from __future__ import annotations

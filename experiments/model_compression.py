@@ -4,53 +4,8 @@
     .venv/bin/python experiments/model_compression.py [--smoke] [--out DIR] [--data-dir DIR]
         [--model DIR_OR_HUB_ID]
 
-The Primer's compression table (Rogers et al. 2020, Table 1) sets BERT-base beside
-models made smaller from it: DistilBERT (Sanh et al. 2019: half the layers, distilled;
-97% of the score, 1.6x faster), TinyBERT and PKD (layer-wise distillation), ALBERT (Lan
-et al. 2020: one layer's parameters shared by every layer, ~1/9 of the parameters but
-every layer still runs) and Q8BERT (Zafrir et al. 2019: int8 linear layers; 4x smaller
-weights, ~99% of the score). This script fills in the same columns (parameters, task
-score, retained score, speed-up) on models this machine trains in minutes:
-
-* `teacher`: the real all-MiniLM-L6-v2 (6 layers x 384, `bertjax.minilm_path()`)
-  fine-tuned for UD English EWT part-of-speech tagging (UPOS, 17 tags, each word's
-  tag on its first subword; the dev file, split 80/20 into train and held-out
-  sentences by the seed);
-* `distilled_3l` (DistilBERT): 3 layers initialised from the teacher's every other
-  layer (blocks 1, 3, 5; `distill.student_from_teacher`), trained with the task distillation
-  loss (`distill.TaskDistillation`: labels + the teacher's soft targets at T = 2,
-  alpha = 0.5) for the teacher's number of steps;
-* `labels_3l`: the same 3-layer start trained on the labels alone (how much the
-  teacher's soft targets add);
-* `shared_6l` (ALBERT-style): 6 layers of one shared parameter set
-  (`model_type="albert"`, `num_hidden_groups=1`, E = H with an identity E -> H map),
-  the shared layer initialised from the teacher's block `--shared-layer` (1..L, as
-  everywhere in the project; default 3; result files written while the flag counted from
-  0 record `shared_layer: 2` for block 3),
-  embeddings and head copied, distilled as `distilled_3l`;
-* `int8`: the fine-tuned teacher with `config.quantize="int8"` (dynamic Q8BERT-style
-  int8 linear layers, `bertjax.quantize`), no retraining.
-
-`--model DIR_OR_HUB_ID` makes another checkpoint the teacher (e.g.
-sentence-transformers/all-mpnet-base-v2, 12 layers x 768: then `distilled_3l` and `labels_3l`
-are its 6-layer students, the keys naming the role, half the teacher's depth, as in the
-MiniLM run). `shared_6l` needs a family whose row allows layer sharing (BERT, whose blocks
-become ALBERT's); for any other family (MPNet: its relative-position bias has no ALBERT
-counterpart) the row is left out and its finding is "n/a", with the reason.
-
-Columns: parameters (`bertjax.count_params`, head included), weight bytes (float32; for
-int8 the Dense kernels at one byte plus a float32 scale per output channel), the task
-score (accuracy over the held-out sentences' words), retained score (score / teacher's
-score), and the CPU speed-up of the forward pass (token-classification logits of one
-fixed held-out batch, jitted, compile timed apart, warmed, the models interleaved round
-by round, median over rounds; speed-up = teacher's median / model's median). The CPU
-model, its vector ISA flags and the thread count come from
-`bertjax.utils.cpu_info`; the machine is shared, so the load average is
-recorded. The committed run takes about 10 minutes on 2 cores.
-
-`--smoke` uses a tiny random 4-layer teacher, the 40-sentence UD sample, and a few steps.
-(The script is not named `compression.py`: experiments/ comes first on `sys.path`, and
-JAX imports the standard library's `compression` package.)
+The method, the data and what differs from the paper: docs/experiments.md, section
+`model_compression` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -5,33 +5,8 @@ Run:
   .venv/bin/python experiments/negation_circuit.py [--smoke] [--model DIR_OR_HUB_ID]
       [--pairs N] [--exact-edges N] [--out DIR | --update-results]
 
-Model: all-MiniLM-L6-v2 (or `--model`). Data: the project's own negated sentences
-(`bertjax/resources/sentences.tsv`) whose negation cue is one token, each against its
-same-length affirmative twin (the cue replaced: "not" -> "also", "never" -> "often", ...;
-`analysis.negation.pairs`); needs no download.
-
-The behaviour is a negation probe: a logistic regression (as `experiments/attribution.py`)
-fitted on the frozen model's mean-pooled final states of every project sentence, read as its
-negated - affirmative logit difference (`patching.ProbeLogitDiff`, mean pooling). Clean run:
-the negated sentences; corrupted: their twins. On the encoder's graph (`analysis.edges`:
-senders the embeddings, every head and FFN; receivers every head's q, k and v inputs, every
-FFN and the logits):
-
-* every edge's score by EAP (Syed et al. 2023) and by EAP-IG with 5 steps (Hanna et al.
-  2024), from one clean and one corrupted run plus gradients;
-* exact patching of each edge (`edges.edge_patching`, the edge carrying its corrupted value),
-  on every edge or on `--exact-edges` chosen at random; each score's agreement with it
-  (Pearson, Spearman, over the edges patched);
-* circuits of growing size from EAP-IG's scores, top-k and greedy (`analysis.circuits`), and
-  their faithfulness: the probe logit with every edge outside the circuit corrupted,
-  normalised as `(circuit - corrupted) / (clean - corrupted)`;
-* a figure of the smallest top-k circuit that keeps 80% of the logit difference.
-
-Differs from the papers: they study decoders (GPT-2: IOI, greater-than, ...) with answer
-logits; here a 6-layer sentence encoder (or `--model`) and a probe on its pooled states, so
-the "logits" node is the probe's input.
-
-`--smoke` runs a tiny random BERT with MiniLM's vocabulary on six pairs.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`negation_circuit` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,34 +4,8 @@ Run:
   ./run.sh experiment outlier_dimensions
   .venv/bin/python experiments/outlier_dimensions.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on the real all-MiniLM-L6-v2 (or `--model`), over UD English EWT dev
-sentences (`bertjax.analysis.representations.outliers` holds every definition):
-
-* the census (Kovaleva et al. 2021, "BERT Busters"; Puccetti et al. 2022's reading of
-  their criterion): per layer, the dimensions of the block output whose mean activation over
-  the real tokens lies >= 3 standard deviations from the layer's mean of those means; the
-  model's outlier dimensions are those flagged in >= 25% of the layers;
-* what they carry (Kovaleva et al.'s ablation): every norm's scale and bias set to zero at
-  those dimensions (`outliers.disable_dimensions`), against as many random non-outlier
-  dimensions (`--random-draws` draws). A linear UPOS probe is fitted on the intact model's
-  word features (first subword; half of the sentences) and scored on the other half's
-  features from the intact and from each disabled model, at the middle and the last layer.
-  Neither checkpoint here ships an MLM head, so the MLM loss of the paper is not measured;
-  the probe stands in for "the model's use";
-* their link to token frequency (Puccetti et al. 2022): for each outlier dimension, the
-  Spearman correlation over the token types of the EWT text between the type's mean
-  activation (signed towards the dimension's outlying side, averaged over the layers that
-  flag it) and the log of its count in WikiText-2 (validation + test, tokenised by the
-  model's own tokenizer): a stand-in for the pre-training corpus the paper counts in;
-  and the attention mass on [CLS] and [SEP] (Clark et al.'s statistics) with and without
-  the dimensions, which the paper finds they drive;
-* massive activations (Sun et al. 2024): entries above both 100 and 1000 x the layer's
-  median magnitude;
-* their cost to int8 (Bondarenko et al. 2021): each block output of the dynamic int8 model
-  against the float one, relative error per layer, beside the layer's largest magnitude.
-
-`--smoke` runs a tiny random-weight model on the shipped samples; its numbers are not
-findings.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`outlier_dimensions` (the site's Experiments page).
 """
 
 from __future__ import annotations

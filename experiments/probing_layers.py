@@ -4,29 +4,8 @@ Run:
   ./run.sh experiment probing_layers            # the full run (~2.5 min CPU; 4-8 min wall)
   .venv/bin/python experiments/probing_layers.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on which model and data, and why:
-  Tenney et al. (2019, "BERT Rediscovers the Classical NLP Pipeline"), Lin et al. (2019)
-  and Hewitt & Manning (2019) report that syntactic information is strongest in the middle
-  layers of BERT, not the last, and that part-of-speech (surface) information peaks lower
-  than dependency structure; Hewitt & Liang (2019) ask whether a probe's accuracy reflects
-  the representation or the probe's own capacity, and answer with control tasks.
-  This script runs bertjax's probing suite (`bertjax.analysis.representations.probing_run.run_probing_suite`)
-  on every layer (0 = embeddings) of the real all-MiniLM-L6-v2 checkpoint:
-
-  * linear probes for UPOS (per word) and for dependency relations (edge probing on
-    [h_head; h_dep]), each with a Hewitt & Liang control task (every word type gets a
-    random label) and its selectivity = task accuracy - control accuracy;
-  * Hewitt & Manning's structural probes: distance (UUAS, DSpr.) and depth (root
-    accuracy, NSpr.), punctuation excluded from UUAS and root accuracy;
-  * Tenney's "expected layer" of each task (`bertjax.stats.expected_layer`).
-
-  Data: UD English EWT v2.16 *dev* (2,001 sentences; the only split in ../shared/data).
-  Its sentences are split, sentence-disjoint and seeded, into 70% train (probe fitting),
-  10% validation (early stopping) and 20% test; every score reported is on the test
-  sentences. Words are the first subword's vector.
-
-  `--smoke` uses a tiny random-weight model (MiniLM's vocabulary) and 40 sentences; its
-  numbers are not findings.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`probing_layers` (the site's Experiments page).
 """
 
 from __future__ import annotations

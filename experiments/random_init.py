@@ -5,47 +5,8 @@ Run:
   .venv/bin/python experiments/random_init.py [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
       [--data-dir DIR] [--seed N] [--update-results]
 
-Question: Kovaleva et al. (2019, "Revealing the Dark Secrets of BERT") fine-tuned BERT on
-GLUE tasks both from its pre-trained weights and from random initialisation, and found the
-random model doing "disturbingly well" on some of them, which they put down to the lexical
-and surface cues those tasks can be solved with. Does the same hold for a small real encoder
-(all-MiniLM-L6-v2: 6 blocks x 12 heads) on tasks where lexical cues suffice, and fail where
-they do not?
-
-Tasks (each fine-tuned in full, every weight trained, a fresh head on top):
-  negation   the project's own 385 sentences (`bertjax/resources/sentences.tsv`), label 1 if
-             negated (not, n't, never, no, ...): a lexical cue decides it.
-  question   the same sentences, label 1 for questions (a "?" and the word order).
-  upos       UD English EWT dev (the sentences of at most `upos_max_len` subwords), UPOS tag
-             of each word on its first subword, scored by token accuracy: mostly lexical
-             (a word's commonest tag), partly contextual.
-  blimp      BLiMP acceptability (`DATA/blimp/*.jsonl`; grammatical 1 vs ungrammatical 0,
-             single sentences; split by minimal pair): the two sentences of a pair differ
-             in one word, so no bag-of-words cue separates them. The closest local analogue
-             of CoLA.
-
-Protocol: for each task and seed, one split into train / dev / test (stratified by label
-for the sentence tasks, by minimal pair for BLiMP), then two fine-tunings with the same
-budget and hyper-parameters (Kovaleva et al. used the same settings for both): the
-pre-trained model, and the same architecture initialised at random (`prepare_model(config=)`,
-the seed's own draw). Both train at a constant learning rate after warm-up, are scored on
-dev every `eval_every` steps, and stop once dev accuracy has not improved for `patience`
-evaluations (not before `min_steps`, never after `max_steps`); the test score is the
-best-dev checkpoint's. A run that reaches `max_steps` is marked not converged. Beside them:
-the majority class, and a lexical baseline that sees no context (a bag-of-subwords
-logistic regression for the sentence tasks; each word's commonest training tag, keyed by
-its first subword, for UPOS).
-
-Verdict per task (written in the JSON): r = (random - majority) / (pre-trained - majority),
-on the seeds' mean test accuracies: the share of the pre-trained model's gain over the
-majority class that random initialisation recovers. "yes" if r >= 0.75, "partly" if
-r >= 0.4, "no" below, "n/a" when the pre-trained model does not beat the majority class.
-
-The full run (2 seeds, 16 fine-tunings of a few hundred steps) took 18 minutes
-of a 2-core CPU.
-`--smoke` swaps the model for a tiny random BERT with MiniLM's vocabulary, the data for the
-shipped samples and a few dozen sentences, and the budget for a few steps (seconds of
-training; its numbers are not findings).
+The method, the data and what differs from the paper: docs/experiments.md, section
+`random_init` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,29 +4,8 @@ Run:
   ./run.sh experiment sae_scaling
   .venv/bin/python experiments/sae_scaling.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on the real all-MiniLM-L6-v2 (or `--model`): top-k sparse autoencoders
-(`bertjax.analysis.representations.sae`, the released code's definitions) on the block output ("out") of the
-middle block (`--layer`, default depth // 2, counted from 0), trained on the token
-activations of WikiText-2's validation paragraphs (64 tokens each) and evaluated on those of
-its test paragraphs:
-
-* the fraction of variance unexplained (FVU) on the held-out tokens for dictionaries of 1, 2,
-  4, 8 and 16 times the model width, k = 32, each trained on the same token budget
-  (`--steps` steps of `--batch-tokens`), and the power law `FVU = c N^b` fitted to them
-  (least squares in log-log, with its R^2);
-* the dead latents of each (firing on none of the held-out tokens) and the dense ones
-  (firing on more than 10% of them);
-* for the largest, the loss recovered on what the model is used for, its mean-pooled
-  sentence embedding: the squared distance of the embedding to the clean one with the SAE in
-  place of the site, against the site zero-ablated (`sae.loss_recovered`); and the tokens
-  that most activate its three most frequent latents.
-
-Differs from the paper: GPT-2 small / GPT-4 activations and token budgets of billions with
-each size trained to convergence; here a 6-layer sentence encoder and a fixed budget of
-steps x batch tokens (a few epochs of the validation split), so the larger dictionaries
-are further from convergence than the smaller ones.
-
-`--smoke` runs a tiny random-weight model on the shipped samples with two small sizes.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`sae_scaling` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,29 +4,8 @@ Run:
   ./run.sh experiment sixteen_heads
   .venv/bin/python experiments/sixteen_heads.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures (`bertjax.analysis.interventions.pruning` runs each part):
-
-* head importance I_h = E_x |dL/dxi_h| (`ablation.head_importance`), raw and with Michel's
-  per-layer L2 normalisation;
-* each head, each layer's heads, and all heads of a layer but one removed
-  (`head_ablation_tests`, Michel's Tables 1 and 2), each head tested against the intact
-  model by an exact McNemar test (p < 0.01, as Michel's Table 1);
-* the pruning curve (`pruning_curves`): accuracy against the fraction of heads masked, 10% at
-  a time by re-estimated importance, against static importance orders and random orders;
-* the measured inference speed-up of the physically pruned model at about 20/40/60% of heads
-  removed (`pruned_speedups`: timed side by side, compile apart, median of interleaved
-  rounds, on real UD EWT dev sentences padded to one length), and the check that the pruned
-  model's outputs equal the head-masked model's.
-
-Criterion. Michel et al. score a fine-tuned classifier; all-MiniLM-L6-v2 has no task head and
-nothing may be downloaded, so the task is the report's negation detection
-(`bertjax.tasks.negation_probe`): a logistic-regression head on the frozen, mean-pooled final
-layer, fitted on a stratified training split of the project's 385 labelled sentences and
-scored on the held-out split. The head stays fixed while heads are removed, so every change is
-the encoder's doing; importance is estimated on the training split, every curve is scored on
-the held-out one.
-
-`--smoke` runs a tiny random-weight model (MiniLM's tokenizer vocabulary) on 48 sentences.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`sixteen_heads` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,51 +4,8 @@
     .venv/bin/python experiments/stacking.py [--smoke] [--out DIR] [--data-dir DIR]
     .venv/bin/python experiments/stacking.py --scale gpu     (on a GPU: stacking_gpu.json)
 
-Gong et al. 2019 ("Efficient Training of BERT by Progressively Stacking") train a
-shallow BERT, copy its layers on top of themselves, and keep training; the deep model
-reaches the loss of one trained at full depth from scratch in less wall-clock time.
-The project's acceptance criterion (issue #6): the stacked run reaches the full-depth
-baseline's final MLM loss in at most 0.8x the baseline's wall-clock time.
-
-What it measures: a 6-layer, 128-wide BERT (4 heads, FFN 512) trained with the
-`bertjax.training.loop.pretrain` loop on WikiText-2 `valid.txt` (the copy in
-../shared/data has no train split; `test.txt` is the held-out set), an 8k WordPiece
-vocabulary trained on the training text (a small vocabulary keeps the output layer
-cheap, so the encoder dominates the step), RoBERTa-style FULL-SENTENCES segments of 64
-tokens (objective "none": MLM only, no NSP), batch 32, AdamW at 1e-3, 10% warm-up then
-linear decay, 1000 steps (~15 epochs; at 200, the first committed scale, both models were
-still at the unigram stage). The scale is what an idle 2-core CPU trains four times in
-~15 minutes (`--steps` changes it). Two runs with the same data order, masks,
-dropout keys, batch, optimizer and schedule:
-
-* baseline: 6 layers from step 0;
-* stacked: `TrainConfig.stacking="3:500,6"`, 3 layers for half the steps, then stacked
-  to 6 (layers and Adam moments copied, schedule continued).
-
-Wall clock: the machine is shared, so (1) both run in one process, in the order
-baseline, stacked, stacked, baseline (ABBA cancels a linear drift in load), and both
-repeats are reported; (2) every step's time is recorded (the loop's own per-step
-compute time, plus the loop's overhead and the growth between steps; data loading is
-excluded, it is identical for both); (3) compile time (the first step of each stage)
-is taken out of the curves and reported apart, since stacking compiles once per stage.
-Two more estimates price every step of the curves at a step time of its depth: the
-median over all runs, and the median of 20 steps per depth timed in turns (3, 6, 3, 6,
-...) after the runs, which a change in load hits alike. The time to reach the target
-uses a trailing 20-step mean of the training MLM loss (both runs see the same batches
-with the same masks, so batch noise is shared); the target is the baseline's final
-smoothed loss. Held-out MLM loss of both final models is measured on 16 x 32 `test.txt`
-segments with fixed masks, beside the loss of token frequencies alone (the unigram stage
-every model passes first). If the 0.8x criterion fails, one variation of the shallow
-stage's length is tried and reported beside it.
-
-`--scale gpu` runs the same comparison, ABBA, for a 12-layer, 256-wide BERT (4 heads, FFN
-1024) stacked 6 -> 12 at step 300 of 600 (schedule 6:300,12), sequences of 128, batch 64,
-AdamW at 5e-4 (the training text allows ~20 epochs of this before it is memorised), and
-writes `stacking_gpu.json` and `stacking_gpu_*.png`; the committed one ran on an H100.
-
-`--smoke` runs a 2-layer, 32-wide model for 8 steps on the first 400 lines, with JAX's
-persistent compilation cache in the temporary directory (compiles dominate it). Full runs
-never use that cache: every run pays its own compiles, as it would alone.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`stacking` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -4,38 +4,8 @@ Run:
   ./run.sh experiment what_bert_looks_at
   .venv/bin/python experiments/what_bert_looks_at.py [--smoke] [--model DIR_OR_HUB_ID]
 
-What it measures, on the real all-MiniLM-L6-v2 (6 layers x 12 heads) over the UD English EWT
-dev sentences (gold words, heads and relations; the model reads the gold words, tokenised
-into WordPieces):
-
-(a) Where attention goes, by layer (`statistics.clark_statistics`): the mass each query token
-    puts on [CLS], on [SEP], on punctuation, on itself and on the previous and next token,
-    and the attention entropy. Clark et al. found BERT-base's middle layers put most of their
-    attention on [SEP] and its early layers attend broadly. all-MiniLM-L6-v2 is a 6-layer
-    model distilled (MiniLM) and then trained for sentence embeddings, so we report what it
-    does rather than expect the same layers. The statistics follow Clark's released notebook
-    (clarkkev/attention-analysis, General_Analysis.ipynb) by default: every query row of a
-    sentence ([CLS] and [SEP] rows too) averaged per sentence, then sentences averaged
-    (`--weighting document`); "." and "," as punctuation (`--punctuation clark`); entropy in
-    nats of 0.9999 a + 0.0001 / n (`--entropy-smoothing 1e-4`). The variant averaging over all
-    tokens with every punctuation entry of the vocabulary and no smoothing (`--weighting
-    token --punctuation all --entropy-smoothing 0`, the earlier default of this script) is
-    computed too and stored as "clark_token_all_punct". What still differs from Clark: single
-    EWT sentences ([CLS] s [SEP]) rather than 1,000 Wikipedia segment pairs of up to 128 tokens.
-
-(b) Clark et al.'s attention-based probe: word-level attention (sum over a word's subword
-    keys, mean over its subword queries, as `statistics.word_attention`; [CLS], [SEP] and the
-    word itself are excluded from the prediction), and for every frequent dependency relation
-    the accuracy of the best single head at predicting the dependent's syntactic head as the
-    word the dependent attends to most (dependent -> head), and the dependent as the word the
-    head attends to most (head -> dependent), against the best fixed-offset baseline (the
-    best relative position per relation, Clark's Table 1). The best head and offset are
-    chosen on the even-numbered sentences and scored on the odd ones (held out); the
-    in-sample numbers (chosen and scored on all, as Clark et al.) are reported too.
-
-Relations are UD's without subtypes, except nmod:poss, reported as "poss" (Clark's poss).
-
-`--smoke` runs a tiny random-weight model (MiniLM's tokenizer vocabulary) on 24 sentences.
+The method, the data and what differs from the paper: docs/experiments.md, section
+`what_bert_looks_at` (the site's Experiments page).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Checks of `experiments/stacking.py` that need no training: its rule and its docstring (the
-library pieces it runs are checked in `test_training_runs.py`)."""
+"""Checks of `experiments/stacking.py` that need no training: its rule and its method as
+docs/experiments.md states it (the library pieces it runs are checked in
+`test_training_runs.py`)."""
 
 import pathlib
 import sys
@@ -18,10 +19,11 @@ def test_holds_rule():
   assert holds([None, 0.5, 0.5]) == "no"
 
 
-def test_docstring_states_the_full_scale():
+def test_the_method_page_states_the_full_scale():
   sc = stacking.FULL
   schedule = f"{sc.shallow}:{round(sc.steps * sc.shallow_fraction)},{sc.layers}"
-  doc = stacking.__doc__
+  page = (REPO / "docs" / "experiments.md").read_text()
+  doc = page.split("## `stacking`")[1].split("\n## ")[0]
   assert schedule in doc and f"{sc.steps} steps" in doc
   assert f"{sc.layers}-layer, {sc.hidden}-wide" in doc and f"batch {sc.batch}" in doc
 
