@@ -12,25 +12,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import pathlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import common
-import jax
-import jax.numpy as jnp
 import numpy as np
 from findings import Rule, Test
 
-from bertjax.quantize import weight_bytes
-from bertjax.training.distill import shared_student_from_teacher
+from bertjax.training import compression
 
 NAME = "model_compression"
-ROWS = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
+ROWS = compression.ROLES
 LABELS = {
   "teacher": "teacher (MiniLM-L6, fine-tuned)",
   "distilled_3l": "DistilBERT-style 3L",
@@ -98,12 +93,6 @@ def smoke_teacher_config(vocab_size: int):
   )
 
 
-def can_share(t_config) -> bool:
-  """Whether `shared_student_from_teacher` can build the ALBERT-style model: a BERT teacher without
-  sharing (another family's block, e.g. MPNet's relative-position bias, has no ALBERT row)."""
-  return t_config.model_type == "bert" and t_config.num_param_layers == t_config.depth
-
-
 def check_block(block: int, depth: int) -> None:
   """Raises a `common.UsageError` (a ValueError) unless `block` (`--shared-layer`) names
   one of blocks 1..`depth`."""
@@ -111,52 +100,6 @@ def check_block(block: int, depth: int) -> None:
     raise common.UsageError(
       f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, counted from 1)"
     )
-
-
-def retained(score: float, teacher_score: float) -> float:
-  """The score as a fraction of the teacher's."""
-  if not teacher_score > 0:
-    raise ValueError(f"teacher_score={teacher_score} must be > 0 to compute a retained score")
-  return score / teacher_score
-
-
-def time_forwards(
-  models: dict[str, tuple[Any, Any]], batch: dict, rounds: int, warmup: int
-) -> dict[str, dict[str, Any]]:
-  """Each model's forward to token-classification logits, compiled ahead of time (`compile_s`)
-  and then timed side by side (`utils.interleaved_times`): `median_s`, `min_s` and `rounds_s`
-  over `rounds` interleaved rounds after `warmup` untimed calls.
-
-  Args:
-    models: name -> (config, params).
-    batch: `input_ids`, `attention_mask`, `token_type_ids` (one fixed batch for all).
-  """
-  import bertjax
-  from bertjax import utils
-
-  args = tuple(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
-  calls, compile_s = {}, {}
-  for name, (config, params) in models.items():
-
-    def logits(p, ids, mask, types, config=config):
-      return bertjax.head_logits(
-        p, config, bertjax.forward(p, config, ids, mask, types), "token_classifier"
-      )
-
-    t0 = time.perf_counter()
-    compiled = jax.jit(logits).lower(params, *args).compile()
-    compile_s[name] = time.perf_counter() - t0
-    calls[name] = functools.partial(compiled, params, *args)
-  times = utils.interleaved_times(calls, rounds, warmup=max(warmup - 1, 0))
-  return {
-    name: {
-      "compile_s": compile_s[name],
-      "median_s": t["median_s"],
-      "min_s": t["min_s"],
-      "rounds_s": t["times_s"],
-    }
-    for name, t in times.items()
-  }
 
 
 def labels_for(rows: dict[str, dict], teacher: str) -> dict[str, str]:
@@ -292,89 +235,6 @@ def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
   return train, held, tags, ud
 
 
-def train_models(
-  args, sc: Scale, hp, train, held, tags: list[str], vocab_size: int, timings: dict[str, float]
-):
-  """Fine-tunes the teacher, then trains the compressed models from it (`ROWS`; without
-  `shared_6l` for a teacher that is not a BERT, see `can_share`).
-
-  Returns:
-    `(runs, models)`: name -> metrics and loss curve; name -> `(config, params)`, in `ROWS`'
-    order.
-  """
-  import bertjax
-  from bertjax.training import distill
-  from bertjax.training import finetune as F
-
-  task = "token_classification"
-  base = smoke_teacher_config(vocab_size) if args.smoke and not args.model else None
-  source = args.model or (None if args.smoke else bertjax.minilm_path())
-  t_config, t_params = F.prepare_model(
-    task, len(tags), init_from=source, config=base, seed=args.seed, label_names=tags
-  )
-  check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
-  runs: dict[str, dict] = {}
-  models: dict[str, tuple[Any, Any]] = {}
-
-  def run(name, config, params, objective=None):
-    with common.timed(timings, f"train {name}"):
-      r = F.finetune(config, params, train, held, task=task, hp=hp, objective=objective)
-    runs[name] = {
-      "metrics": r["metrics"],
-      "final_loss": r["final_loss"],
-      "wall_time_s": r["wall_time_s"],
-      "loss": [h["loss"] for h in r["history"]],
-    }
-    models[name] = (r["config"], r["params"])
-    common.log(f"{name}: accuracy {r['metrics']['accuracy']:.4f}")
-
-  run("teacher", t_config, t_params)
-  t_config, t_params = models["teacher"]
-  soft = distill.TaskDistillation(
-    t_config, t_params, task=task, temperature=sc.temperature, alpha=sc.alpha
-  )
-  s_config, s_params = distill.student_from_teacher(t_config, t_params)
-  run("distilled_3l", s_config, s_params, (soft,))
-  run("labels_3l", s_config, s_params)
-  if can_share(t_config):
-    a_config, a_params = shared_student_from_teacher(t_config, t_params, args.shared_layer - 1)
-    run("shared_6l", a_config, a_params, (soft,))
-  q_config = t_config.replace(quantize="int8")
-  with common.timed(timings, "evaluate int8"):
-    runs["int8"] = {"metrics": F.evaluate(t_params, q_config, held, task)}
-  models["int8"] = (q_config, t_params)
-  return runs, {k: models[k] for k in ROWS if k in models}
-
-
-def table_rows(
-  models: dict[str, tuple[Any, Any]], runs: dict[str, dict], speed: dict[str, dict]
-) -> dict[str, dict]:
-  """Each model's columns: parameters, weight bytes, depth, score, retained, speed-up."""
-  import bertjax
-
-  teacher_score = runs["teacher"]["metrics"]["accuracy"]
-  teacher_params = bertjax.count_params(models["teacher"][1])
-  rows: dict[str, dict] = {}
-  for name, (config, params) in models.items():
-    count = bertjax.count_params(params)
-    score = runs[name]["metrics"]["accuracy"]
-    rows[name] = {
-      "params": count,
-      "param_ratio": count / teacher_params,
-      "bytes": weight_bytes(params, int8=name == "int8"),
-      "depth": config.depth,
-      "stored_layers": config.num_param_layers,
-      "score": score,
-      "retained": retained(score, teacher_score),
-      "speedup": speed["teacher"]["median_s"] / speed[name]["median_s"],
-      "forward_median_s": speed[name]["median_s"],
-      "compile_s": speed[name]["compile_s"],
-    }
-    rows[name]["mb"] = rows[name]["bytes"] / 1e6
-    rows[name]["compression"] = rows["teacher"]["bytes"] / rows[name]["bytes"]
-  return rows
-
-
 def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu: str) -> list[dict]:
   """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the table's rows.
 
@@ -457,17 +317,40 @@ def run_experiment(args) -> int:
   hp = F.FinetuneConfig(
     steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr, warmup_steps=sc.warmup, seed=args.seed
   )
-  runs, models = train_models(args, sc, hp, train, held, tags, tok.vocab_size, timings)
+  base = smoke_teacher_config(tok.vocab_size) if args.smoke and not args.model else None
+  source = args.model or (None if args.smoke else bertjax.minilm_path())
+  t_config, t_params = F.prepare_model(
+    "token_classification",
+    len(tags),
+    init_from=source,
+    config=base,
+    seed=args.seed,
+    label_names=tags,
+  )
+  check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
+  with common.timed(timings, "train"):
+    runs, models = compression.compress(
+      t_config,
+      t_params,
+      train,
+      held,
+      task="token_classification",
+      hp=hp,
+      temperature=sc.temperature,
+      alpha=sc.alpha,
+      shared_layer=args.shared_layer - 1,
+      log=common.log,
+    )
 
   timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
   load_start = os.getloadavg()
   with common.timed(timings, "forward timing"):
-    speed = time_forwards(models, timed_batch, sc.rounds, sc.warmup_rounds)
+    speed = compression.time_logits(models, timed_batch, rounds=sc.rounds, warmup=sc.warmup_rounds)
   load_end = os.getloadavg()
   cpu = cpu_info()
   threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
 
-  rows = table_rows(models, runs, speed)
+  rows = compression.compression_rows(models, runs, speed)
   tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
   majority = float(tags_major.max() / tags_major.sum())
   cpu_line = (
