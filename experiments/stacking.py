@@ -26,9 +26,10 @@ from findings import Rule, Test
 
 from bertjax.training.runs import (
   PretrainingData,
+  abba_runs,
   compare_runs,
-  interleaved_step_times,
   median_step_prices,
+  time_ratio_estimates,
   train_run,
 )
 
@@ -216,61 +217,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def abba_runs(
-  config, data: PretrainingData, train, schedule: str, repeats: int, timings: dict[str, float]
-) -> list[dict]:
-  """The baseline and stacked `train_run`s: ABBA (baseline, stacked, stacked, baseline, so
-  that a linear drift in load cancels) for 2 repeats, else baseline, stacked."""
-  order = ["baseline", "stacked"] + (["stacked", "baseline"] if repeats > 1 else [])
-  runs: list[dict] = []
-  counts = {"baseline": 0, "stacked": 0}
-  with common.timed(timings, "training"):
-    for kind in order:
-      counts[kind] += 1
-      tc = train if kind == "baseline" else dataclasses.replace(train, stacking=schedule)
-      runs.append(
-        train_run(f"{kind}#{counts[kind]}", config, data, tc, data.eval_batches, log=common.log)
-      )
-  return runs
-
-
-def estimates(
-  runs: list[dict], config, data: PretrainingData, train, sc: Scale, timings: dict[str, float]
-) -> dict[str, Any]:
-  """Every estimate of the time ratio: per repeat as measured, priced at the median step times
-  of all runs, and priced at step times measured in turns after the runs.
-
-  Returns:
-    `per_repeat`, `priced`, `turns`, `turn_price`, `interleaved`, `ratios` (of all estimates)
-    and `determinism` (the repeats' max loss difference; None for one repeat).
-  """
-  base = [r for r in runs if r["label"].startswith("baseline")]
-  stack = [r for r in runs if r["label"].startswith("stacked")]
-  per_repeat = [compare_runs(b, s, sc.window) for b, s in zip(base, stack)]
-  priced = compare_runs(base[0], stack[0], sc.window, step_price=median_step_prices(runs))
-  with common.timed(timings, "interleaved timing"):
-    turns = interleaved_step_times(config, data, train, (sc.shallow, sc.layers), sc.rounds)
-  turn_price = {n: float(np.median(v)) for n, v in turns.items()}
-  interleaved = compare_runs(base[0], stack[0], sc.window, step_price=turn_price)
-  common.log(f"interleaved step times {turn_price}: ratio {interleaved['ratio']}")
-  ratios = [c["ratio"] for c in per_repeat] + [priced["ratio"], interleaved["ratio"]]
-  # Repeats draw the same batches, masks and dropout: their losses should agree bitwise.
-  determinism = None
-  if sc.repeats > 1:
-    determinism = max(
-      float(np.max(np.abs(np.subtract(a["mlm_loss"], b["mlm_loss"])))) for a, b in (base, stack)
-    )
-  return {
-    "per_repeat": per_repeat,
-    "priced": priced,
-    "turns": turns,
-    "turn_price": turn_price,
-    "interleaved": interleaved,
-    "ratios": ratios,
-    "determinism": determinism,
-  }
-
-
 def variation_run(
   runs: list[dict],
   per_repeat: list[dict],
@@ -429,8 +375,19 @@ def run_experiment(args) -> int:
   shallow_steps = round(sc.steps * sc.shallow_fraction)
   schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
   load_start = os.getloadavg()
-  runs = abba_runs(config, data, train, schedule, sc.repeats, timings)
-  est = estimates(runs, config, data, train, sc, timings)
+  with common.timed(timings, "training"):
+    runs = abba_runs(config, data, train, schedule, repeats=sc.repeats, log=common.log)
+  with common.timed(timings, "interleaved timing"):
+    est = time_ratio_estimates(
+      runs,
+      config,
+      data,
+      train,
+      window=sc.window,
+      depths=(sc.shallow, sc.layers),
+      rounds=sc.rounds,
+      log=common.log,
+    )
   verdict = TIME.verdict(time_quantities(est["ratios"]))
   variation = None
   if verdict != "yes":

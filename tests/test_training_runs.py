@@ -1,6 +1,6 @@
 """Checks of `bertjax.training.runs` that need no training: the smoothed curves, per-step
-costs with compile time apart, the time to a target loss, the comparison of two runs, the
-timed iterator and the vocabulary order."""
+costs with compile time apart, the time to a target loss, the comparison of two runs and its
+ABBA bookkeeping, the timed iterator and the vocabulary order."""
 
 import numpy as np
 import pytest
@@ -72,6 +72,48 @@ def test_compare_gives_the_ratio_of_a_hand_made_pair_of_runs():
   # One that is better reaches it earlier: losses 1 lower reach 1.0 at step 9 (0.5 * 5 + 4 * 1).
   better = dict(stacked, mlm_loss=list(losses - 1.0))
   assert runs.compare_runs(base, better, window=1)["ratio"] == pytest.approx(0.65)
+
+
+def test_abba_runs_in_order_and_estimates_every_ratio(monkeypatch):
+  """The comparison's bookkeeping on hand-made runs (the training itself runs in the stacking
+  experiment's smoke test): ABBA order and schedules, then each estimate's ratio."""
+  import dataclasses
+  from types import SimpleNamespace
+
+  losses = np.linspace(10, 1, 10)
+  made = {
+    "baseline": _run(losses, [6.0] + [1.0] * 9, [6] * 10, [5.0]),
+    "stacked": _run(losses, [3.5] + [0.5] * 4 + [3.0] + [1.0] * 4, [3] * 5 + [6] * 5, [3.0, 2.0]),
+  }
+  calls = []
+
+  def train_run(label, config, data, train, eval_batches, log=None):
+    calls.append((label, train.stacking))
+    return {"label": label, **made[label.split("#")[0]]}
+
+  @dataclasses.dataclass
+  class Train:
+    stacking: str | None = None
+
+  monkeypatch.setattr(runs, "train_run", train_run)
+  data = SimpleNamespace(eval_batches=[])
+  done = runs.abba_runs(None, data, Train(), "3:5,6", repeats=2)
+  assert calls == [
+    ("baseline#1", None),
+    ("stacked#1", "3:5,6"),
+    ("stacked#2", "3:5,6"),
+    ("baseline#2", None),
+  ]
+  with pytest.raises(ValueError, match="repeats=3"):
+    runs.abba_runs(None, data, Train(), "3:5,6", repeats=3)
+  turns = {3: [0.25, 0.25], 6: [1.0, 1.0]}
+  monkeypatch.setattr(runs, "interleaved_step_times", lambda *a: turns)
+  est = runs.time_ratio_estimates(done, None, data, Train(), window=1, depths=(3, 6), rounds=2)
+  # Measured per repeat 0.75 (see the test above); at the turns' prices (0.25 s at 3 layers)
+  # the stacked run reaches the target in 5 * 0.25 + 5 * 1 = 6.25 s of the baseline's 10.
+  assert est["ratios"][:3] == pytest.approx([0.75, 0.75, 0.75])
+  assert est["ratios"][3] == pytest.approx(0.625) and est["turn_price"] == {3: 0.25, 6: 1.0}
+  assert est["determinism"] == 0.0
 
 
 def test_timed_iterator_passes_the_iterator_through():

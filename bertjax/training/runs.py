@@ -2,7 +2,8 @@
 stacking, ALBERT's sharing): WikiText-2 with a vocabulary numbered in a fixed order, batches
 whose hand-over is timed, per-step costs with compile time apart, the held-out MLM loss,
 one `loop.pretrain` run that returns all of it, and the comparison of two runs by the time
-one takes to reach the other's final loss (Gong et al. 2019's measure for stacking)."""
+one takes to reach the other's final loss (Gong et al. 2019's measure for stacking): run in
+ABBA order (`abba_runs`) and estimated three ways (`time_ratio_estimates`)."""
 
 from __future__ import annotations
 
@@ -413,3 +414,70 @@ def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
     for n, c in zip(r["layers"], r["cost_s"]):
       by_depth.setdefault(n, []).append(c)
   return {n: float(np.median(v)) for n, v in by_depth.items()}
+
+
+def abba_runs(
+  config, data: PretrainingData, train, schedule: str, *, repeats: int = 2, log=None
+) -> list[dict]:
+  """The full-depth baseline (`train`) and the stacked run (`train` with `stacking=schedule`)
+  as `train_run`s, labelled "baseline#1", "stacked#1", ...: for `repeats=2` in the order
+  baseline, stacked, stacked, baseline (ABBA, so that a linear drift in the machine's load
+  cancels), for 1 baseline, stacked."""
+  if repeats not in (1, 2):
+    raise ValueError(f"repeats={repeats} must be 1 (baseline, stacked) or 2 (ABBA)")
+  order = ["baseline", "stacked"] + (["stacked", "baseline"] if repeats > 1 else [])
+  runs, counts = [], {"baseline": 0, "stacked": 0}
+  for kind in order:
+    counts[kind] += 1
+    tc = train if kind == "baseline" else dataclasses.replace(train, stacking=schedule)
+    runs.append(train_run(f"{kind}#{counts[kind]}", config, data, tc, data.eval_batches, log=log))
+  return runs
+
+
+def time_ratio_estimates(
+  runs: Sequence[dict],
+  config,
+  data: PretrainingData,
+  train,
+  *,
+  window: int,
+  depths: tuple[int, int],
+  rounds: int,
+  log=None,
+) -> dict[str, Any]:
+  """Every estimate of the stacked run's time to the baseline's final loss over the
+  baseline's (`compare_runs`, loss smoothed over `window` steps), from `abba_runs`' runs: per
+  repeat as measured; every step priced at the median step time of its depth over all runs
+  (`median_step_prices`); and priced at step times of the `depths` (shallow, full) measured in
+  turns after the runs (`interleaved_step_times`, `rounds` each), which a change in load hits
+  alike.
+
+  Returns:
+    `per_repeat`, `priced`, `turns`, `turn_price`, `interleaved`, `ratios` (every estimate's
+    ratio, None where the target was never reached) and `determinism`: the largest loss
+    difference between repeats, which draw the same batches, masks and dropout (None for one
+    repeat).
+  """
+  base = [r for r in runs if r["label"].startswith("baseline")]
+  stack = [r for r in runs if r["label"].startswith("stacked")]
+  per_repeat = [compare_runs(b, s, window) for b, s in zip(base, stack, strict=True)]
+  priced = compare_runs(base[0], stack[0], window, step_price=median_step_prices(runs))
+  turns = interleaved_step_times(config, data, train, depths, rounds)
+  turn_price = {n: float(np.median(v)) for n, v in turns.items()}
+  interleaved = compare_runs(base[0], stack[0], window, step_price=turn_price)
+  if log:
+    log(f"interleaved step times {turn_price}: ratio {interleaved['ratio']}")
+  determinism = None
+  if len(base) > 1:
+    determinism = max(
+      float(np.max(np.abs(np.subtract(a["mlm_loss"], b["mlm_loss"])))) for a, b in (base, stack)
+    )
+  return {
+    "per_repeat": per_repeat,
+    "priced": priced,
+    "turns": turns,
+    "turn_price": turn_price,
+    "interleaved": interleaved,
+    "ratios": [c["ratio"] for c in per_repeat] + [priced["ratio"], interleaved["ratio"]],
+    "determinism": determinism,
+  }
