@@ -22,6 +22,7 @@ import common
 import numpy as np
 from findings import Rule, Test
 
+from bertjax.analysis.finetuning import fine_tuning_effects, layer_means
 from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
 
@@ -57,43 +58,6 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
-
-
-# Measurements ---------------------------------------------------------------------------
-
-
-def ablate(params, config, data_batches: Sequence[dict], *, strategy: str = "prefix"):
-  """Held-out accuracy with each head, each layer, or each whole block disabled.
-
-  Heads and layers are disabled in "uniform" mode (Kovaleva et al.'s method: the map
-  becomes uniform over the real tokens); whole layers also in "scale" mode (the heads'
-  outputs zeroed, Michel et al.); "layer_skip" replaces a block by the identity. Single
-  heads in "scale" mode are left out: they would double the run's longest step.
-
-  Returns:
-    mode -> `ablation.AblationResult`; families not evaluated are NaN.
-  """
-  from bertjax.analysis.interventions import ablation
-
-  sweep = lambda kind, include: ablation.ablation_sweep(
-    params,
-    config,
-    data_batches,
-    ablation.classification_accuracy,
-    head_ablations=(kind,),
-    include=include,
-    chunk_size=1,
-    strategy=strategy,
-  )[kind]
-  return {
-    "uniform": sweep("uniform", ("heads", "layers", "layer_skip")),
-    "scale": sweep("scale", ("layers",)),
-  }
-
-
-def layer_means(per_head) -> np.ndarray:
-  """(layers,) mean over heads of a (layers, heads) array."""
-  return np.asarray(per_head, np.float64).mean(-1)
 
 
 # Rules (data that findings.py applies) ---------------------------------------------------
@@ -233,39 +197,6 @@ def finetune(
   return tuned["params"], run
 
 
-def analyse(
-  pre_params,
-  params,
-  config,
-  held: dict[str, np.ndarray],
-  special_ids,
-  size: dict[str, Any],
-  timings: dict[str, float],
-) -> dict[str, Any]:
-  """The three measurements: pattern types before and after fine-tuning, what fine-tuning
-  changed, and disabling heads and layers of the fine-tuned model.
-
-  Returns:
-    `before`, `after` (`PatternCounts.summary`), `change` (`patterns.attention_change`),
-    `acc` (mode -> `AblationResult.improvements`) and `se` (the intact accuracy's binomial standard error).
-  """
-  from bertjax.analysis.attention import patterns
-
-  held_batches = batches(held, size["eval_batch"])
-  analysis = batches(held, size["eval_batch"], size["analysis_sentences"])
-  with common.timed(timings, "patterns"):
-    types = lambda p: patterns.pattern_types(p, config, analysis, special_ids=special_ids)
-    before, after = types(pre_params).summary(), types(params).summary()
-  with common.timed(timings, "attention_change"):
-    change = patterns.attention_change(pre_params, config, params, analysis)
-  with common.timed(timings, "ablation"):
-    sweeps = ablate(params, config, held_batches, strategy=size["ablation_strategy"])
-  acc = {m: r.improvements() for m, r in sweeps.items()}
-  base_acc = acc["uniform"]["baseline"]
-  se = float(np.sqrt(base_acc * (1 - base_acc) / len(held["labels"])))
-  return {"before": before, "after": after, "change": change, "acc": acc, "se": se}
-
-
 def finding_rows(
   before: dict,
   after: dict,
@@ -394,7 +325,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     f"{task.held['input_ids'].shape[1]}"
   )
   params, run = finetune(config, pre_params, task, size, args.seed, timings)
-  m = analyse(pre_params, params, config, task.held, [tok.cls_id, tok.sep_id], size, timings)
+  held = batches(task.held, size["eval_batch"])
+  m = fine_tuning_effects(
+    pre_params,
+    params,
+    config,
+    held,
+    batches(task.held, size["eval_batch"], size["analysis_sentences"]),
+    special_ids=[tok.cls_id, tok.sep_id],
+    strategy=size["ablation_strategy"],
+  )
+  timings.update(m.pop("seconds"))
   change = m["change"]
   rows = finding_rows(
     m["before"],

@@ -1,4 +1,5 @@
-"""Consistency checks of `experiments/dark_secrets.py` (Kovaleva et al. 2019) on a tiny model.
+"""Consistency checks of `experiments/dark_secrets.py` and `bertjax.analysis.finetuning`
+(Kovaleva et al. 2019) on a tiny model.
 
 The smoke run itself is covered by `test_experiments.py`; here the script's own pieces are
 checked against independent computations: the minimal-pair split, the ablation baseline
@@ -21,6 +22,7 @@ sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
 
 import bertjax
+from bertjax.analysis import finetuning
 from bertjax.analysis.attention import patterns
 from bertjax.analysis.interventions.ablation import AblationResult
 from bertjax.training import finetune as ft
@@ -67,7 +69,9 @@ def test_split_keeps_minimal_pairs_together(task):
 
 def test_ablation_matches_direct_computation(task):
   config, params, held = task["config"], task["params"], task["held"]
-  sweeps = ds.ablate(params, config, acceptability.batches(held, 8), strategy="vmap")
+  sweeps = finetuning.disabling_sweeps(
+    params, config, acceptability.batches(held, 8), strategy="vmap"
+  )
   u, s = sweeps["uniform"], sweeps["scale"]
   assert u.baseline == pytest.approx(
     ft.evaluate(params, config, held, "classification")["accuracy"], abs=1e-7
