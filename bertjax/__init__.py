@@ -23,6 +23,7 @@ from bertjax.model.forward import (
   embed,
   forward,
   init,
+  param_counts,
   run_layers,
 )
 from bertjax.model.heads import (
@@ -73,6 +74,7 @@ __all__ = [
   "mlm_logits",
   "model_sites",
   "nsp_logits",
+  "param_counts",
   "pool",
   "prune_heads",
   "resolve_model_path",

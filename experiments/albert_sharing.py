@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import common
-import jax
 import numpy as np
 from findings import Rule, Test
 
@@ -99,29 +98,12 @@ def model_configs(sc: Scale, vocab_size: int) -> dict[str, Any]:
   }
 
 
-def count_params(config, heads: tuple[str, ...] = ()) -> dict[str, int]:
-  """Parameter counts by part (no arrays are allocated: `jax.eval_shape`).
-
-  Returns:
-    `embeddings` (with ALBERT's E -> H projection), `encoder` (the stored, possibly shared,
-    layers), `pooler`, each head, `model` (embeddings + encoder + pooler, what Hugging
-    Face's `BertModel` / `AlbertModel` count) and `total`.
-  """
-  import bertjax
-
-  shapes = jax.eval_shape(lambda: bertjax.init(config, 0, heads))
-  out = {k: int(sum(np.prod(x.shape) for x in jax.tree.leaves(v))) for k, v in shapes.items()}
-  out["model"] = out["embeddings"] + out["encoder"] + out.get("pooler", 0)
-  out["total"] = sum(v for k, v in out.items() if k != "model")
-  return out
-
-
 def base_size_counts() -> dict[str, Any]:
   """BERT-base and ALBERT-base (the presets, each with its own vocabulary), as in Table 1."""
   import bertjax
 
-  bert = count_params(bertjax.BertConfig.preset("bert-base"))["model"]
-  albert = count_params(bertjax.BertConfig.preset("albert-base"))["model"]
+  bert = bertjax.param_counts(bertjax.BertConfig.preset("bert-base"))["model"]
+  albert = bertjax.param_counts(bertjax.BertConfig.preset("albert-base"))["model"]
   return {
     "bert_base": bert,
     "albert_base": albert,
@@ -280,11 +262,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_experiment(args) -> int:
   """The experiment on parsed arguments."""
   t_start = time.perf_counter()
+  import bertjax
+
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=10)
   timings: dict[str, float] = {}
   data = common.load_wikitext(args, sc, timings)
   configs = model_configs(sc, data.corpus.vocab_size)
-  params = {v: count_params(c, ("mlm",)) for v, c in configs.items()}
+  params = {v: bertjax.param_counts(c, ("mlm",)) for v, c in configs.items()}
   base = base_size_counts()
   train = sc.train_config(args.seed)
   load_start = os.getloadavg()

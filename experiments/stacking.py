@@ -405,11 +405,7 @@ def run_experiment(args) -> int:
     "model": {
       "layers": config.num_hidden_layers,
       "hidden": config.hidden_size,
-      "params": int(
-        sum(
-          x.size for x in jax.tree.leaves(jax.eval_shape(lambda: bertjax.init(config, 0, ("mlm",))))
-        )
-      ),
+      "params": bertjax.param_counts(config, ("mlm",))["total"],
     },
     "approach": (
       "one process; runs in the order "

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+import bertjax
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import albert_sharing as A
@@ -41,7 +43,7 @@ def test_variants_differ_only_in_sharing_and_embedding_width():
 
 def test_param_counts_match_a_formula_and_the_published_base_sizes():
   for config in A.model_configs(A.FULL, 8000).values():
-    assert A.count_params(config)["model"] == _formula(config)
+    assert bertjax.param_counts(config)["model"] == _formula(config)
   base = A.base_size_counts()
   # Hugging Face bert-base-uncased BertModel and albert-base-v2 AlbertModel.
   assert base["bert_base"] == 109_482_240 and base["albert_base"] == 11_683_584
@@ -58,12 +60,12 @@ def test_param_counts_match_transformers_models_built_from_the_same_configs():
       model = transformers.AlbertModel(transformers.AlbertConfig(**hf))
     else:
       model = transformers.BertModel(transformers.BertConfig(**hf))
-    assert A.count_params(config)["model"] == sum(p.numel() for p in model.parameters())
+    assert bertjax.param_counts(config)["model"] == sum(p.numel() for p in model.parameters())
 
 
 def test_mlm_head_is_counted_once_with_its_tied_decoder():
   c = A.model_configs(A.FULL, 8000)["albert"]
-  with_head, without = A.count_params(c, ("mlm",)), A.count_params(c)
+  with_head, without = bertjax.param_counts(c, ("mlm",)), bertjax.param_counts(c)
   e, v = c.embed_dim, c.vocab_size
   # dense H -> E, LayerNorm(E), output bias; the decoder is the word embedding matrix.
   assert with_head["mlm"] == c.hidden_size * e + e + 2 * e + v

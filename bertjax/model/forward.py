@@ -968,3 +968,19 @@ def _attention_statistics(
 def count_params(params: Params) -> int:
   """Number of scalars in a parameter pytree."""
   return sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))
+
+
+def param_counts(config: BertConfig, heads: tuple[str, ...] = ()) -> dict[str, int]:
+  """The parameters of `init(config, 0, heads)` by part, without allocating them.
+
+  Returns:
+    one count per top-level part (`embeddings`, with ALBERT's E -> H projection; `encoder`,
+    the stored layers, shared ones once; `pooler` where the family has one; each head), plus
+    `model` (embeddings + encoder + pooler: what Hugging Face's base models count) and
+    `total` (every part).
+  """
+  shapes = jax.eval_shape(lambda: init(config, 0, heads))
+  out = {k: count_params(v) for k, v in shapes.items()}
+  out["model"] = out["embeddings"] + out["encoder"] + out.get("pooler", 0)
+  out["total"] = sum(v for k, v in out.items() if k != "model")
+  return out
