@@ -315,7 +315,7 @@ def run_experiment(args) -> int:
     NAME,
     args.out,
     results,
-    findings=findings(common.to_json(results), settings),
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -375,21 +375,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
-  rows = finding_rows(
-    m,
-    summary,
-    mv,
-    args,
-    model_name=model_name,
-    data_name=path.name,
-    num_sentences=len(sentences),
-    min_count=min_count,
-  )
   figs = figures(
     args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
   )
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = settings_of(
     args,
     model_name=model_name,
@@ -404,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

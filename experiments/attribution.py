@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     NAME,
     args.out,
     results,
-    findings=findings(common.to_json(results), dataclasses.asdict(settings)),
+    findings=findings,
     settings=dataclasses.asdict(settings),
     smoke=args.smoke,
     seconds=time.perf_counter() - t0,

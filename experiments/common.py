@@ -46,7 +46,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -477,9 +477,6 @@ def to_json(x: Any) -> Any:
   return convert(x)
 
 
-_jsonable = to_json  # the name scripts used before `to_json`
-
-
 def from_json(x: Any) -> Any:
   """`x` read back from a result file with every None (a NaN or inf written as null) as NaN,
   so a script's `findings(results, settings)` computes the same from the file as in the run."""
@@ -513,7 +510,7 @@ def write_results(
   out: str | os.PathLike,
   results: dict[str, Any],
   *,
-  findings: Sequence[dict[str, str]],
+  findings: Sequence[dict[str, str]] | Callable[[dict, dict], Sequence[dict[str, str]]],
   settings: dict[str, Any],
   smoke: bool,
   seconds: float,
@@ -527,7 +524,9 @@ def write_results(
     name: the experiment's name (its script's stem).
     out: the output directory (created if missing).
     results: every measured number (NumPy arrays become lists; NaN/inf become null).
-    findings: rows made with `findings.Rule.row`.
+    findings: rows made with `findings.Rule.row`, or the script's `findings(results,
+      settings)`: then the rows are made from the results and settings as the JSON holds them,
+      as `findings.py --refresh` makes them, and logged.
     settings: the run's settings (sizes, steps, model), so the run can be repeated.
     smoke: whether this was a `--smoke` run (such files never reach the README).
     seconds: the wall time of the whole run.
@@ -544,6 +543,10 @@ def write_results(
   """
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
+  if callable(findings):
+    findings = findings(to_json(results), to_json(settings))
+    for f in findings:
+      log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   for f in findings:
     if set(f) != {"paper", "claim", "measured", "holds"} or f["holds"] not in HOLDS:
       raise ValueError(f"malformed finding {f!r}: make it with findings.Rule.row")

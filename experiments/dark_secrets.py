@@ -197,34 +197,23 @@ def finetune(
   return tuned["params"], run
 
 
-def finding_rows(
-  before: dict,
-  after: dict,
-  layer_cos: np.ndarray,
-  cka,
-  acc: dict,
-  se: float,
-  *,
-  heads: int,
-  model_name: str,
-  n_eval: int,
-) -> list[dict]:
-  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes).
-
-  Args:
-    before, after: `PatternCounts.summary` of the pre-trained and fine-tuned models.
-    layer_cos: (layers,) mean cosine of each layer's maps before and after fine-tuning.
-    cka: hidden-state CKA before vs after, embeddings then layers.
-    acc: mode -> `AblationResult.improvements`; se: the baseline's binomial standard error.
-    heads: heads per layer; model_name: the model's name; n_eval: held-out sentences.
-  """
-  depth = len(layer_cos)
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
+  from the results and settings as written to JSON."""
+  before, after = r["patterns"]["before"], r["patterns"]["after"]
+  change = r["attention_change"]
+  layer_cos = np.asarray(change["layer_cosine"], np.float64)
+  depth, heads = len(layer_cos), len(change["cosine"][0])
   k_last = max(1, round(depth * LAST_FRACTION))
-  u, sc = acc["uniform"], acc["scale"]
+  u, sc, se = (
+    r["ablation"]["uniform"],
+    r["ablation"]["scale"],
+    r["ablation"]["accuracy_standard_error"],
+  )
   pct = lambda x: f"{100 * x:.0f}%"
   return [
     PATTERNS.row(
-      f"{model_name} on BLiMP sentences: repeated types "
+      f"{s['model']} on BLiMP sentences: repeated types "
       f"{pct(before['repeated_share'])} of maps before fine-tuning, "
       f"{pct(after['repeated_share'])} after (vertical "
       f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
@@ -237,8 +226,8 @@ def finding_rows(
       f"uniform mode: {u['heads_improving']}/{depth * heads} heads and {u['layers_improving']}/"
       f"{depth} layers beat the baseline accuracy {100 * u['baseline']:.1f}% (best "
       f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
-      f"{100 * se:.1f}, {n_eval} sentences); {sc['layers_improving']} layers in scale mode, "
-      f"{u['layer_skips_improving']} skipped blocks.",
+      f"{100 * se:.1f}, {r['task']['eval_sentences']} sentences); {sc['layers_improving']} "
+      f"layers in scale mode, {u['layer_skips_improving']} skipped blocks.",
       disabling_quantities(u, se),
     ),
     CHANGE.row(
@@ -246,28 +235,11 @@ def finding_rows(
       + ", ".join(f"{c:.2f}" for c in layer_cos)
       + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
       f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
-      + ", ".join(f"{c:.2f}" for c in cka)
+      + ", ".join(f"{c:.2f}" for c in change["cka"])
       + ".",
       change_quantities(layer_cos),
     ),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
-  p, change = r["patterns"], r["attention_change"]
-  ablation = {k: v for k, v in r["ablation"].items() if k in ("uniform", "scale")}
-  return finding_rows(
-    p["before"],
-    p["after"],
-    np.asarray(change["layer_cosine"], np.float64),
-    change["cka"],
-    ablation,
-    r["ablation"]["accuracy_standard_error"],
-    heads=len(change["cosine"][0]),
-    model_name=s["model"],
-    n_eval=r["task"]["eval_sentences"],
-  )
 
 
 def results_of(
@@ -337,20 +309,6 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   timings.update(m.pop("seconds"))
   change = m["change"]
-  rows = finding_rows(
-    m["before"],
-    m["after"],
-    layer_means(change.cosine),
-    change.cka,
-    m["acc"],
-    m["se"],
-    heads=config.num_attention_heads,
-    model_name=model_name,
-    n_eval=len(task.held["labels"]),
-  )
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['measured']}")
-
   stem = common.results_stem(NAME, args.model)  # the file names' start
   with common.timed(timings, "figures"):
     out = pathlib.Path(args.out)
@@ -380,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -240,11 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     "layer": int(layer),
     "head": int(head),
   }
-  rows = finding_rows(summary, sweep, special.size, count, length)
   stem = common.results_stem(NAME, args.model)
   figs = figures(args.out, stem, model_name, sweep, head_dim, main_r, lib, example)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),
@@ -285,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -393,7 +393,7 @@ def run_experiment(args) -> int:
     NAME,
     args.out,
     results,
-    findings=finding_rows(rows, majority, args.shared_layer, cpu["cpu"]),
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

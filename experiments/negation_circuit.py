@@ -220,15 +220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     "probe": "L2 logistic regression on mean-pooled final states of the 385 "
     "project sentences (bertjax.tasks.negation.fit_probe)",
   }
-  rows = findings(common.to_json(r), settings)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   figures = figure(args.out, r, g, circuit, common.results_stem(NAME, args.model))
   common.write_results(
     NAME,
     args.out,
     r,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

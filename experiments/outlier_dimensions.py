@@ -249,9 +249,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     "min_fraction": 0.25,
     "indexing": "layers 1..L are the block outputs; dimensions count from 0",
   }
-  rows = finding_rows(common.from_json(common.to_json(r)), settings)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   from bertjax.plots import outliers as plots
 
   stem = common.results_stem(NAME, args.model)
@@ -261,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     NAME,
     args.out,
     r,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

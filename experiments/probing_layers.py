@@ -313,14 +313,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   }
   if "upos_mlp" in r:
     results["upos_mlp"] = _strip(r["upos_mlp"])
-  rows = findings(common.to_json(results), settings)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   common.write_results(
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

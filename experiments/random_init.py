@@ -290,9 +290,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     "subwords; upos: commonest training tag of the word's first "
     "subword",
   }
-  rows = findings(results, settings)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['measured']}")
   with common.timed(timings, "figures"):
     from bertjax.plots import finetuning as plots
 
@@ -306,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -225,15 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     "indexing": "settings.layer is the block index counted from 0; the rows name it "
     "layer + 1, the README's numbering",
   }
-  rows = finding_rows(r, settings)
-  for f in rows:
-    common.log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   figures = figure(args.out, r, model_name, common.results_stem(NAME, args.model))
   common.write_results(
     NAME,
     args.out,
     r,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -440,12 +440,11 @@ def run_experiment(args) -> int:
     "model_config": dataclasses.asdict(config),
     "device": jax.devices()[0].device_kind if args.scale == "gpu" else None,
   }
-  rows = findings(common.to_json(results), common.to_json(settings))
   common.write_results(
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     NAME,
     args.out,
     results,
-    findings=findings(common.to_json(results), settings),
+    findings=findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - start,
