@@ -21,11 +21,9 @@ import common
 import numpy as np
 from findings import Rule, Test
 
-from bertjax.tasks import acceptability
-from bertjax.tasks.acceptability import split_groups, subset
-from bertjax.tasks.baselines import bag_of_words_accuracy, majority_accuracy, word_tag_accuracy
+from bertjax.tasks import acceptability, init_control
 from bertjax.tasks.sentences import labelled_sentences
-from bertjax.training.early_stopping import EarlyStopping, train_early_stopping
+from bertjax.training.early_stopping import EarlyStopping
 
 PAPER = "Kovaleva et al. 2019"
 NAME = "random_init"
@@ -146,41 +144,10 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
 # Verdict --------------------------------------------------------------------------------
 
 
-def gain_ratio(random: float, pretrained: float, majority: float) -> float | None:
-  """r: random's share of the pre-trained model's gain over the majority class (None when the
-  pre-trained model does not beat it)."""
-  gain = pretrained - majority
-  return None if gain <= 0 else float((random - majority) / gain)
-
-
 def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
-  """Means, spreads, the per-seed gaps and the verdict of one task's runs."""
-  pre = np.asarray([r["pretrained"]["test"] for r in runs])
-  rnd = np.asarray([r["random"]["test"] for r in runs])
-  majority = float(np.mean([b["majority"] for b in baselines]))
-  lexical = float(np.mean([b["lexical"] for b in baselines]))
-  gap = pre - rnd
-  r = gain_ratio(float(rnd.mean()), float(pre.mean()), majority)
-  sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else 0.0
-  return {
-    "pretrained": float(pre.mean()),
-    "pretrained_sd": sd(pre),
-    "random": float(rnd.mean()),
-    "random_sd": sd(rnd),
-    "majority": majority,
-    "lexical_baseline": lexical,
-    "gap": float(gap.mean()),
-    "gap_sd": sd(gap),
-    "gap_min": float(gap.min()),
-    "gap_max": float(gap.max()),
-    "gain_ratio": r,
-    "score_ratio": float(rnd.mean() / pre.mean()),
-    "converged": {
-      init: sum(r[init]["converged"] for r in runs) for init in ("pretrained", "random")
-    },
-    "steps": {init: [r[init]["steps"] for r in runs] for init in ("pretrained", "random")},
-    "holds": LEXICAL.verdict({R: r}),
-  }
+  """`init_control.summarise` of one task's runs with the verdict of `LEXICAL` (`holds`)."""
+  summary = init_control.summarise(runs, baselines)
+  return {**summary, "holds": LEXICAL.verdict({R: summary["gain_ratio"]})}
 
 
 # The run --------------------------------------------------------------------------------
@@ -240,38 +207,23 @@ def main(argv: Sequence[str] | None = None) -> None:
   rule = EarlyStopping.pick(size)
   results: dict[str, dict] = {}
   for name, task in tasks.items():
-    runs, baselines, splits = [], [], []
     with common.timed(timings, name):
-      for s in range(size["seeds"]):
-        seed = args.seed + s
-        tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed, strata=task["strata"])
-        train, dev, test = (subset(task["data"], i) for i in (tr, dv, te))
-        splits.append({"train": len(tr), "dev": len(dv), "test": len(te)})
-        lexical = (
-          word_tag_accuracy(train, test)
-          if task["kind"] == "token_classification"
-          else bag_of_words_accuracy(train, test, special, steps=size["bow_steps"])
-        )
-        baselines.append({"majority": majority_accuracy(train, test), "lexical": lexical})
-        config, pre, rnd = _models(args, tok.vocab_size, task["num_labels"], task["kind"], seed)
-        run = {"seed": seed}
-        for init, params in (("pretrained", pre), ("random", rnd)):
-          run[init] = train_early_stopping(
-            config, params, train, dev, test, kind=task["kind"], rule=rule, seed=seed
-          )
-          common.log(
-            f"{name} seed {seed} {init}: test {run[init]['test']:.3f} (dev "
-            f"{run[init]['dev']:.3f} at step {run[init]['best_step']} of "
-            f"{run[init]['steps']}; converged {run[init]['converged']})"
-          )
-        runs.append(run)
+      done = init_control.compare_inits(
+        task,
+        lambda seed, task=task: _models(
+          args, tok.vocab_size, task["num_labels"], task["kind"], seed
+        ),
+        seeds=[args.seed + s for s in range(size["seeds"])],
+        rule=rule,
+        special_ids=special,
+        bow_steps=size["bow_steps"],
+        log=lambda line, name=name: common.log(f"{name} {line}"),
+      )
     results[name] = {
       "what": task["what"],
       "kind": task["kind"],
-      "splits": splits,
-      "baselines": baselines,
-      "runs": runs,
-      "summary": summarise(runs, baselines),
+      **done,
+      "summary": summarise(done["runs"], done["baselines"]),
     }
     common.log(f"{name}: {results[name]['summary']}")
 

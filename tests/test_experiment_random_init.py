@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax.tasks import init_control
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import random_init as ri
@@ -18,7 +20,7 @@ import random_init as ri
 
 def test_verdict_rule_on_synthetic_numbers():
   def verdict(random, pretrained, majority, rule=ri.LEXICAL):
-    r = ri.gain_ratio(random, pretrained, majority)
+    r = init_control.gain_ratio(random, pretrained, majority)
     return rule.verdict({ri.R: r}), r
 
   assert verdict(0.92, 0.98, 0.66) == ("yes", pytest.approx(0.8125))
@@ -66,7 +68,7 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
         assert r["steps"] <= doc["settings"]["max_steps"] and 0 <= r["test"] <= 1
         assert r["dev"] == max(p["dev"] for p in r["curve"])
     assert s["pretrained"] == pytest.approx(np.mean([r["pretrained"]["test"] for r in res["runs"]]))
-    ratio = ri.gain_ratio(s["random"], s["pretrained"], s["majority"])
+    ratio = init_control.gain_ratio(s["random"], s["pretrained"], s["majority"])
     rule = ri.CONTROL if name in ri.CONTROL_TASKS else ri.LEXICAL
     assert s["holds"] == ri.LEXICAL.verdict({ri.R: ratio}) and s["gain_ratio"] == ratio
     assert f["holds"] == rule.verdict({ri.R: ratio})
