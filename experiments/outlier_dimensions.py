@@ -165,15 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
   from bertjax.analysis.attention import statistics
   from bertjax.analysis.representations import outliers
   from bertjax.data import conllu
+  from bertjax.tasks import text_batches
 
   data = common.data_dir(args.data_dir, "ud_english_ewt", "wikitext2_tokens")
   path = common.ud_file(data, "dev")
   with common.timed(timings, "load model"):
     config, params, tok, model_name = common.load_model(args)
+  sentences = conllu.read_conllu(path, max_sentences=args.sentences)
   sentences = [
-    s
-    for s in conllu.read_conllu(path, max_sentences=args.sentences)
-    if len(tok.encode_words([s.forms]).input_ids[0]) <= min(config.max_length, 128)
+    sentences[i]
+    for i in text_batches.fitting(tok, [s.forms for s in sentences], min(config.max_length, 128))
   ]
   batches = [
     tok.encode_words([s.forms for s in sentences[i : i + args.batch_size]])

@@ -275,12 +275,12 @@ def timing_batch(tok, data, s: dict[str, Any]):
   """The first `timing_batch` UD EWT dev sentences of at most `timing_length` tokens, padded
   to that length: `(ids, attention_mask)`."""
   from bertjax.data import conllu
+  from bertjax.tasks import text_batches
 
   words = [
     list(x.forms) for x in conllu.read_conllu(common.ud_file(data, "dev"), max_sentences=400)
   ]
-  lengths = tok.encode_words(words).attention_mask.sum(-1)
-  fit = [w for w, n in zip(words, lengths) if n <= s["timing_length"]]
+  fit = [words[i] for i in text_batches.fitting(tok, words, s["timing_length"])]
   if len(fit) < s["timing_batch"]:
     raise common.UsageError(
       f"only {len(fit)} UD sentences fit timing_length={s['timing_length']}; need timing_batch={s['timing_batch']}"

@@ -253,8 +253,7 @@ def main(argv=None) -> int:
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]
-    lengths = tok.encode_words(words).attention_mask.sum(-1)
-    keep = np.flatnonzero(lengths <= s["max_tokens"])  # longer sentences are left out
+    keep = text_batches.fitting(tok, words, s["max_tokens"])
     batches = [
       (keep[idx], b)
       for idx, b in text_batches.batches(

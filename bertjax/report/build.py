@@ -163,7 +163,7 @@ def _read_text(run: _Run, own: Sequence[Sentence], ud_files: Sequence[pathlib.Pa
     from bertjax.data import conllu
 
     ud = conllu.read_conllu(ud_files[0], max_sentences=settings.max_text_sentences)
-    ud = [s for s in ud if len(run.tok.encode_words([s.forms]).input_ids[0]) <= run.max_len]
+    ud = [ud[i] for i in text_batches.fitting(run.tok, [s.forms for s in ud], run.max_len)]
     words = [list(s.forms) for s in ud]
     texts = [" ".join(w) for w in words]
     batches = text_batches.batches(

@@ -291,9 +291,7 @@ def pos_section(params, config, tok, ud_files, settings: ReportSettings, progres
   # Sentences the model cannot read whole (its usable length) are left out, not cut.
   max_len = min(config.max_length, tok.model_max_length)
   sentences = [
-    s
-    for s in sentences
-    if len(tok.encode_words([s.forms], truncation=False, max_length=10**6).input_ids[0]) <= max_len
+    sentences[i] for i in text_batches.fitting(tok, [s.forms for s in sentences], max_len)
   ]
   suite = probing_run.SuiteConfig(
     tasks=("upos",),

@@ -2,7 +2,7 @@
 
 What the report, the tasks and the experiments feed the analyses: `batches` sorts the texts
 by length and pads each batch to a multiple of 8 tokens, so a run compiles a few shapes
-however many sentence lengths it reads.
+however many sentence lengths it reads; `fitting` picks the sentences a model reads whole.
 """
 
 from __future__ import annotations
@@ -75,3 +75,12 @@ def batches(
 def plain(batch: dict) -> dict:
   """The model inputs (and labels) of a batch, without `word_ids`."""
   return {k: v for k, v in batch.items() if k != "word_ids"}
+
+
+def fitting(tok: bertjax.Tokenizer, words, max_tokens: int) -> np.ndarray:
+  """The indices of the sentences (each a list of words, as UD's) that the model reads whole:
+  at most `max_tokens` tokens, [CLS] and [SEP] included. Longer ones are left out, not cut."""
+  if not len(words):
+    return np.zeros(0, int)
+  lengths = tok.encode_words(words, truncation=False, max_length=10**6).attention_mask.sum(-1)
+  return np.flatnonzero(lengths <= max_tokens)

@@ -1,0 +1,31 @@
+"""`bertjax.tasks.text_batches` with MiniLM's real tokenizer: which sentences a model reads whole,
+and the even spread of indices."""
+
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.tasks import text_batches
+
+
+@pytest.fixture(scope="module")
+def tok(minilm_dir):
+  return bertjax.Tokenizer.from_pretrained(minilm_dir)
+
+
+def test_fitting_keeps_the_sentences_read_whole(tok):
+  words = [["The", "cat", "sat", "."], ["Rain", "."], ["An", "extraordinarily"] * 300]
+  lengths = [
+    len(tok.encode_words([w], truncation=False, max_length=10**6).input_ids[0]) for w in words
+  ]
+  assert lengths[2] > 512  # longer than the model: counted whole, never cut to fit
+  for limit in (lengths[1] - 1, lengths[1], lengths[0], lengths[2]):
+    want = [i for i, n in enumerate(lengths) if n <= limit]
+    np.testing.assert_array_equal(text_batches.fitting(tok, words, limit), want)
+  assert text_batches.fitting(tok, [], 8).size == 0
+
+
+def test_spread_is_even_and_whole_when_asked_for_all():
+  np.testing.assert_array_equal(text_batches.spread(5, None), np.arange(5))
+  np.testing.assert_array_equal(text_batches.spread(5, 9), np.arange(5))
+  np.testing.assert_array_equal(text_batches.spread(9, 3), [0, 4, 8])
