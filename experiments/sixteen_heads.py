@@ -358,14 +358,13 @@ def main(argv=None) -> int:
     "speed": sp,
   }
   depth = config.depth
-  rows = findings(common.to_json(results), {**s, "layers": depth})
   seconds = time.perf_counter() - start
   results["timings_s"] = timings
   common.write_results(
     NAME,
     args.out,
     results,
-    findings=rows,
+    findings=findings,
     settings={
       **s,
       "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
