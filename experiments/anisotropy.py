@@ -205,44 +205,27 @@ def summarise(
   }
 
 
-def finding_rows(
-  m: dict[str, np.ndarray],
-  summary: dict,
-  mv: dict,
-  args,
-  *,
-  model_name: str,
-  data_name: str,
-  num_sentences: int,
-  min_count: int,
-) -> list[dict]:
-  """The Findings rows: anisotropy, its rise with depth, self-similarity's fall, MEV.
-
-  Args:
-    m: `measure`'s per-layer arrays.
-    summary: `summarise`'s trends and counts.
-    mv: the verdict's MEV definition's result (`measure`).
-    args: the parsed options.
-    model_name: the model's name.
-    data_name: the UD file's name.
-    num_sentences: how many sentences were read.
-    min_count: occurrences a word type needed.
-  """
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (anisotropy, its rise with depth, self-similarity's fall, MEV) from the
+  results and settings as written to JSON (`findings.py --refresh` recomputes them)."""
+  r = common.from_json(r)
+  m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
+  summary, definition, min_count = r["summary"], s["mev_definition"], s["min_count"]
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
   last = len(m["anisotropy"]) - 1
   a, ss = m["anisotropy"], m["self_similarity_adjusted"]
   per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
-  other = [d for d in MEV_DEFINITIONS if d != args.mev_definition]
-  n_paper = f"{min(1000, num_sentences):,}"
-  kinds = "non-punctuation types" if args.punctuation == "exclude" else "types"
-  differs = differs_note(model_name, data_name, a)
+  other = [d for d in MEV_DEFINITIONS if d != definition]
+  n_paper = f"{min(1000, s['sentences']):,}"
+  kinds = "non-punctuation types" if s["punctuation"] == "exclude" else "types"
+  differs = differs_note(s["model"], pathlib.PurePath(s["data"]).name, a)
   peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
-  cap = (f"<= {args.mev_max_occurrences}" if args.mev_max_occurrences else "all") + " occurrences"
-  paper_mev = m[f"mev_{args.mev_definition}_adjusted_paper"][ctx]
+  cap = (f"<= {s['mev_max_occurrences']}" if s["mev_max_occurrences"] else "all") + " occurrences"
+  paper_mev = m[f"mev_{definition}_adjusted_paper"][ctx]
   mev_text = (
-    f"MEV ({MEV_LABELS[args.mev_definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
+    f"MEV ({MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
     f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
-    f"({mv['types']} {kinds} seen >= {min_count} times, {cap}). "
+    f"({summary['mev_types']} {kinds} seen >= {min_count} times, {cap}). "
     + "; ".join(
       f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
       f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
@@ -250,13 +233,13 @@ def finding_rows(
     )
     + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
     "distinct sentences; ours, per type, the MEV of as many random words as the type has "
-    f"occurrences. With the paper's baseline the adjusted {args.mev_definition} MEV is "
+    f"occurrences. With the paper's baseline the adjusted {definition} MEV is "
     f"{per_layer(paper_mev)} (rule: {MEV.verdict(mev_quantities(paper_mev))}). The rule reads "
-    f"the adjusted {args.mev_definition} MEV with the same-count baseline."
+    f"the adjusted {definition} MEV with the same-count baseline."
   )
   return [
     ANISOTROPIC.row(
-      f"mean cosine of {args.pairs} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
+      f"mean cosine of {s['pairs']} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
       f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
       f"{differs}",
       anisotropy_quantities(a[ctx]),
@@ -277,29 +260,6 @@ def finding_rows(
     ),
     MEV.row(mev_text, mev_quantities(m["mev_adjusted"][ctx])),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`r`) and the settings `s` (what
-  `experiments/findings.py --refresh anisotropy` recomputes without a rerun)."""
-  r = common.from_json(r)
-  m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
-  args = argparse.Namespace(
-    pairs=s["pairs"],
-    mev_definition=s["mev_definition"],
-    mev_max_occurrences=s["mev_max_occurrences"],
-    punctuation=s["punctuation"],
-  )
-  return finding_rows(
-    m,
-    r["summary"],
-    {"types": r["summary"]["mev_types"]},
-    args,
-    model_name=s["model"],
-    data_name=pathlib.PurePath(s["data"]).name,
-    num_sentences=s["sentences"],
-    min_count=s["min_count"],
-  )
 
 
 def settings_of(
