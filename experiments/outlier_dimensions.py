@@ -91,8 +91,9 @@ def ablation_margin(drop: float, random_drops: Sequence[float]) -> float:
   return 100 * (drop - max(random_drops, default=0.0))
 
 
-def finding_rows(r: dict, s: dict) -> list[dict]:
-  """The four rows, from the results as written to JSON (`findings.py --refresh`)."""
+def findings(r: dict, s: dict) -> list[dict]:
+  """The four rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  r = common.from_json(r)
   dims, per_layer = r["dims"], r["outliers_per_layer"]
   acc, last = r["probe"]["accuracy"], -1
   randoms = [k for k in acc if k.startswith("random")]
@@ -150,11 +151,6 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
     MASSIVE.row(massive_text, {MASSIVE_SHARE: float(np.mean(np.asarray(massive["count"]) > 0))}),
     INT8.row(int8, {INT8_RHO: q["spearman"]}),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
-  return finding_rows(common.from_json(r), s)
 
 
 @common.one_blas_thread

@@ -77,7 +77,9 @@ def dead_quantities(dead: Sequence[float]) -> dict[str, float]:
   return {MOST_DEAD: float(np.max(dead)), LEAST_DEAD: float(np.min(dead))}
 
 
-def finding_rows(r: dict, s: dict) -> list[dict]:
+def findings(r: dict, s: dict) -> list[dict]:
+  """The two rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  r = common.from_json(r)
   sizes, fvu, dead = r["latents"], r["fvu"], r["dead"]
   fit = r["fit"]
   per = ", ".join(f"{n}: {v:.3f}" for n, v in zip(sizes, fvu))
@@ -103,11 +105,6 @@ def finding_rows(r: dict, s: dict) -> list[dict]:
     SCALING.row(scaling, scaling_quantities(fvu, fit["r2"])),
     DEAD.row(dead_text, dead_quantities(dead)),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
-  return finding_rows(common.from_json(r), s)
 
 
 def figure(out, r: dict, model_name: str, stem: str) -> list[str]:
