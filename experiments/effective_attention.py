@@ -15,7 +15,6 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import common
 import numpy as np
@@ -130,15 +129,16 @@ def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
   return lengths, length, count, per_len
 
 
-def finding_rows(
-  summary: dict[str, Any], sweep: dict[int, dict], heads: int, count: int, length: int
-) -> list[dict]:
-  """The Findings rows: the null space, the unchanged output, the mass on [CLS] and [SEP].
-
-  Args:
-    summary: `effective.summarise`'s; sweep: per length, the heads' null-space dimensions;
-    heads: the model's heads (layers x heads); count, length: the main passages.
-  """
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (the null space, the unchanged output, the mass on [CLS] and [SEP])
+  from the results and settings as written to JSON (`findings.py --refresh`)."""
+  summary = dict(r["summary"])
+  summary["corr_raw_effective_by_length"] = {
+    int(n): v for n, v in summary["corr_raw_effective_by_length"].items()
+  }
+  sweep = {int(n): v for n, v in r["sweep"].items()}
+  heads = int(np.size(r["main_per_head"]["raw_cls"]))
+  count, length = s["main_passages"], s["main_length"]
   head_dim, lengths = summary["head_dim"], summary["lengths"]
   null_dims = {n: np.asarray(sweep[n]["null_dim"]) for n in lengths}
   ranks, corr_by_len = summary["rank_min_max"], summary["corr_raw_effective_by_length"]
@@ -172,17 +172,6 @@ def finding_rows(
       {SPECIAL_RATIO: special["effective"] / special["raw"]},
     ),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
-  summary = dict(r["summary"])
-  summary["corr_raw_effective_by_length"] = {
-    int(n): v for n, v in summary["corr_raw_effective_by_length"].items()
-  }
-  sweep = {int(n): v for n, v in r["sweep"].items()}
-  heads = int(np.size(r["main_per_head"]["raw_cls"]))
-  return finding_rows(summary, sweep, heads, s["main_passages"], s["main_length"])
 
 
 @common.one_blas_thread

@@ -235,15 +235,10 @@ def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
   return train, held, tags, ud
 
 
-def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu: str) -> list[dict]:
-  """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the table's rows.
-
-  Args:
-    rows: `table_rows`.
-    majority: the majority tag's share of the held-out words.
-    shared_layer: the teacher block (1..L) the shared model started from.
-    cpu: the CPU's name.
-  """
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the results and settings as written to
+  JSON (`findings.py --refresh`)."""
+  rows, majority, cpu = r["rows"], r["majority_tag_accuracy"], r["cpu"]["cpu"]
   teacher = rows["teacher"]
   d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
   lab = rows["labels_3l"]
@@ -256,7 +251,8 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu:
     )
   else:
     sharing = SHARING.row(
-      f"{sh['depth']} layers sharing one set (from teacher block {shared_layer}, distilled): "
+      f"{sh['depth']} layers sharing one set (from teacher block {s['shared_layer']}, "
+      "distilled): "
       f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
       f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
       f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed.",
@@ -282,11 +278,6 @@ def finding_rows(rows: dict[str, dict], majority: float, shared_layer: int, cpu:
       {RETAINED: q["retained"]},
     ),
   ]
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`findings.py --refresh`)."""
-  return finding_rows(r["rows"], r["majority_tag_accuracy"], s["shared_layer"], r["cpu"]["cpu"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
