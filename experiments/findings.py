@@ -17,7 +17,8 @@ differs across the interval), else what the row has instead ("CI: rerun needed" 
 experiment must be rerun to keep those values).
 
 Every experiment's module defines `findings(results, settings)` (rows from the numbers as
-written to JSON), so committed rows can be recomputed without a rerun, after a change to
+written to JSON; a run passes it to `common.write_results`, which calls it on what it writes),
+so committed rows can be recomputed without a rerun, after a change to
 a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (and its
 `settings["indexing"]` when the module defines `INDEXING`), recording when under
 `findings_refreshed`; the measured numbers are untouched.
