@@ -20,8 +20,6 @@ import common
 import numpy as np
 from findings import Rule, Test
 
-from bertjax import stats
-
 NAME = "probing_layers"
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
 # The syntactic measures whose peak layer is compared with the middle of the network.
@@ -195,18 +193,6 @@ def _suite(args):
   )
 
 
-def _curves(r: dict) -> dict[str, np.ndarray]:
-  s = r["structural"]
-  return {
-    "upos": r["upos"]["accuracy"],
-    "deprel": r["deprel"]["accuracy"],
-    "uuas": s["distance"]["uuas"],
-    "dspr": s["distance"]["spearman"],
-    "root_acc": s["depth"]["root_accuracy"],
-    "nspr": s["depth"]["spearman"],
-  }
-
-
 def figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
   """The scores by layer, the control tasks' selectivity and the expected layers."""
   from bertjax.plots import probing as plots
@@ -267,28 +253,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       params, config, tok, sentences, suite=suite, model_name=model_name
     )
 
-  curves = {k: np.asarray(v, np.float64) for k, v in _curves(r).items()}
-  num_layers = len(curves["upos"])
-  lo, hi = middle_layers(num_layers)
-  peaks = {k: int(np.argmax(v)) for k, v in curves.items()}
-  expected = {k: stats.expected_layer(v) for k, v in curves.items()}
-  best_sel = {t: float(np.max(r[t]["selectivity"])) for t in ("upos", "deprel")}
-  sel_at_best = {t: float(r[t]["selectivity"][r[t]["best_layer"]]) for t in ("upos", "deprel")}
-  last = num_layers - 1
-  drop = {k: float(v[peaks[k]] - v[last]) for k, v in curves.items()}
+  curves = probing_run.layer_curves(r)
   summary = {
-    "peak_layer": peaks,
-    "expected_layer": expected,
-    "middle_layers": [lo, hi],
-    "drop_from_peak_to_last": drop,
-    "selectivity_at_best_layer": sel_at_best,
-    "max_selectivity": best_sel,
-    "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"])) for t in ("upos", "deprel")},
+    **probing_run.layer_summary(r, curves),
+    "middle_layers": list(middle_layers(len(curves["upos"]))),
   }
-  if "upos_mlp" in r:
-    summary["mlp_selectivity_at_best_layer"] = float(
-      r["upos_mlp"]["selectivity"][r["upos_mlp"]["best_layer"]]
-    )
+  expected = summary["expected_layer"]
 
   figs = figures(args.out, curves, expected, r, model_name, common.results_stem(NAME, args.model))
   settings = {

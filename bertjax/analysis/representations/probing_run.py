@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import utils
+from bertjax import stats, utils
 from bertjax.analysis.representations import features, geometry, probing
 from bertjax.analysis.representations import structural as representations_structural
 from bertjax.data import conllu
@@ -315,3 +315,43 @@ def run_probing_suite(
   seconds["anisotropy"] = time.perf_counter() - t0
   results["seconds"] = seconds
   return results
+
+
+def layer_curves(r: dict[str, Any]) -> dict[str, np.ndarray]:
+  """Each measure by layer (0 = embeddings) from `run_probing_suite`'s results with the UPOS
+  and dependency-relation probes and the structural probes: `upos` and `deprel` (test
+  accuracy), `uuas` and `dspr` (distance probe), `root_acc` and `nspr` (depth probe)."""
+  s = r["structural"]
+  curves = {
+    "upos": r["upos"]["accuracy"],
+    "deprel": r["deprel"]["accuracy"],
+    "uuas": s["distance"]["uuas"],
+    "dspr": s["distance"]["spearman"],
+    "root_acc": s["depth"]["root_accuracy"],
+    "nspr": s["depth"]["spearman"],
+  }
+  return {k: np.asarray(v, np.float64) for k, v in curves.items()}
+
+
+def layer_summary(r: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[str, Any]:
+  """Where each measure of `curves` (`layer_curves`) peaks (`peak_layer`), its expected layer
+  (`expected_layer`, Tenney et al. 2019: `stats.expected_layer`), how far it falls from the
+  peak to the last layer, and the UPOS and relation probes' selectivity (Hewitt & Liang 2019)
+  at their best layer and at most (with the MLP UPOS probe's at its best layer when run)."""
+
+  peaks = {k: int(np.argmax(v)) for k, v in curves.items()}
+  probes = ("upos", "deprel")
+  out = {
+    "peak_layer": peaks,
+    "expected_layer": {k: stats.expected_layer(v) for k, v in curves.items()},
+    "drop_from_peak_to_last": {k: float(v[peaks[k]] - v[-1]) for k, v in curves.items()},
+    "selectivity_at_best_layer": {
+      t: float(r[t]["selectivity"][r[t]["best_layer"]]) for t in probes
+    },
+    "max_selectivity": {t: float(np.max(r[t]["selectivity"])) for t in probes},
+    "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"])) for t in probes},
+  }
+  if "upos_mlp" in r:
+    mlp = r["upos_mlp"]
+    out["mlp_selectivity_at_best_layer"] = float(mlp["selectivity"][mlp["best_layer"]])
+  return out
