@@ -17,13 +17,8 @@ import time
 
 import common
 import numpy as np
-from findings import Rule, Test
+from rules import attribution as rules
 
-PAPER_NORM = "Kobayashi et al. 2020; Ferrando et al. 2022; Mohebbi et al. 2023"
-PAPER_PATCH = "Nanda 2023; Syed et al. 2023"
-PAPER_DECOMP = "Modarressi et al. 2023; Achtibat et al. 2024"
-GRADIENT_METHODS = ("grad_x_input", "integrated_gradients")
-DECOMPOSITIONS = ("decompx", "attnlrp")
 NAME = "attribution"
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
 
@@ -69,97 +64,6 @@ def figures(out, res, patch_res, stem: str = NAME) -> list[str]:
   return [p.name for p in paths]
 
 
-WORST_MIXING = "the lowest value-counting method's MRR minus the best attention-weight method's"
-BEST_MIXING = "the highest's"
-PEARSON = "attribution vs exact patching Pearson"
-WORST_DECOMP = "the lower decomposition's MRR minus the best other method's"
-BEST_DECOMP = "the higher's"
-VALUE_COUNTING = Rule(
-  PAPER_NORM,
-  "Attention weights alone misplace token importance; methods that also "
-  "count value vectors, the residual and LayerNorm (norm-based, GlobEnc, ALTI, value "
-  "zeroing) attribute to the tokens that matter",
-  yes=(Test(WORST_MIXING, ">", 0),),
-  partly=(Test(BEST_MIXING, ">", 0),),
-)
-PATCHING = Rule(
-  PAPER_PATCH,
-  "Attribution patching (a first-order gradient estimate) approximates "
-  "activation patching of attention heads well enough to rank them",
-  yes=(Test(PEARSON, ">", 0.8),),
-  partly=(Test(PEARSON, ">", 0.5),),
-)
-DECOMPOSITION = Rule(
-  PAPER_DECOMP,
-  "Decomposing the whole model (every block with its FFN and norms, to "
-  "the output) attributes more faithfully than attention-level methods and gradients",
-  yes=(Test(WORST_DECOMP, ">", 0),),
-  partly=(Test(BEST_DECOMP, ">", 0),),
-)
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
-
-  The first row's rule compares the methods that count value vectors (the claim's four: norm,
-  GlobEnc, ALTI, value zeroing) with the best of the attention-weight methods (raw attention,
-  rollout); the second's, attribution with exact patching; the third's (where the results
-  have them), the whole-model decompositions (DecompX, AttnLRP) with every other method.
-  """
-  r = common.from_json(r)
-  name, stats = r["model"], r["stats"]
-  mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
-  weights = {k: stats[k]["mrr"] for k in ("attention", "rollout") if k in stats}
-  best_weight = max(weights.values())
-  above = [k for k, v in mixing.items() if v > best_weight]
-  measured = (
-    f"{name}, {len(r['sentences'])} negated sentences, MRR of the negation cue: "
-    + ", ".join(f"{k} {v['mrr']:.2f}" for k, v in stats.items())
-    + f" (chance {r['chance']['mrr']:.2f}); the probe reads negation with held-out "
-    f"accuracy {r['probe_test_accuracy']:.2f}; {len(above)} of the {len(mixing)} "
-    f"value-counting methods ({', '.join(above) or 'none'}) rank the cue above the "
-    f"best attention-weight method ({best_weight:.2f}). Differs from the papers: they "
-    "score faithfulness (agreement with gradient or erasure attributions, deletion "
-    "curves) of fine-tuned classifiers; here the known cue's rank for a linear probe "
-    "on a frozen sentence encoder."
-  )
-  margins = [v - best_weight for v in mixing.values()]
-  rows = [VALUE_COUNTING.row(measured, {WORST_MIXING: min(margins), BEST_MIXING: max(margins)})]
-  p = r["patching"]
-  a = p["agreement"]
-  exact = np.asarray(p["exact"], float)
-  top = np.unravel_index(np.nanargmax(exact), exact.shape)
-  rows.append(
-    PATCHING.row(
-      f"{name}, every head's output patched from {p['pairs']} negated sentences into "
-      f"their affirmative twins (probe logit {p['clean_logit']:.2f} vs "
-      f"{p['corrupted_logit']:.2f}): attribution vs exact patching Pearson "
-      f"{a['pearson']:.2f}, Spearman {a['spearman']:.2f}; the strongest head, layer "
-      f"{top[0] + 1} head {top[1]}, restores {exact[top]:.2f} of the logit.",
-      {PEARSON: a["pearson"]},
-    )
-  )
-  decomp = {k: stats[k]["mrr"] for k in DECOMPOSITIONS if k in stats}
-  if decomp:
-    others = {k: v["mrr"] for k, v in stats.items() if k not in DECOMPOSITIONS}
-    grads = max(others[k] for k in GRADIENT_METHODS if k in others)
-    best_other = max(others, key=others.get)
-    margins = [v - others[best_other] for v in decomp.values()]
-    rows.append(
-      DECOMPOSITION.row(
-        f"{name}, the same {len(r['sentences'])} negated sentences and probe logit: MRR of the "
-        "cue "
-        + ", ".join(f"{k} {v:.2f}" for k, v in decomp.items())
-        + f" against the best other method ({best_other} {others[best_other]:.2f}) and the "
-        f"best gradient method ({grads:.2f}). Differs from the papers: they score deletion "
-        "faithfulness of fine-tuned classifiers; here the known cue's rank for a probe on "
-        "a frozen encoder.",
-        {WORST_DECOMP: min(margins), BEST_DECOMP: max(margins)},
-      )
-    )
-  return rows
-
-
 def main(argv=None) -> int:
   args = common.parser(__doc__, data=False).parse_args(argv)
   t0 = time.perf_counter()
@@ -203,7 +107,7 @@ def main(argv=None) -> int:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=dataclasses.asdict(settings),
     smoke=args.smoke,
     seconds=time.perf_counter() - t0,

@@ -20,13 +20,12 @@ from typing import Any
 
 import common
 import numpy as np
-from findings import Rule, Test
+from rules import dark_secrets as rules
 
 from bertjax.analysis.finetuning import fine_tuning_effects, layer_means
 from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
 
-PAPER = "Kovaleva et al. 2019"
 NAME = "dark_secrets"
 SIZES: dict[str, dict[str, Any]] = {
   # eval_pairs * 2 must be a multiple of eval_batch (one compiled shape for every batch).
@@ -57,63 +56,9 @@ SIZES: dict[str, dict[str, Any]] = {
   },
 }
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
-LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
 
 
 # Rules (data that findings.py applies) ---------------------------------------------------
-
-FEWEST, MOST = "the lower of the two models' repeated-type shares", "the higher"
-VERTICAL = "the models whose commonest repeated type is vertical"
-HEADS, LAYERS = "the heads that improve when disabled", "the layers"
-OVER_SE = "the best gain minus one standard error"
-LAST_LOWEST = "the least-similar layer lies in the last third (1 or 0)"
-LAST_GAP = "the last third's mean cosine minus the rest's"
-PATTERNS = Rule(
-  PAPER,
-  "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
-  "vertical is the commonest.",
-  yes=(Test(FEWEST, ">=", 0.5), Test(VERTICAL, ">=", 2)),
-  partly=(Test(MOST, ">=", 0.25),),
-  partly_if="all",
-)
-DISABLING = Rule(
-  PAPER,
-  "Disabling some single heads or whole layers improves the fine-tuned model.",
-  yes=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0), Test(OVER_SE, ">", 0)),
-  partly=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0)),
-)
-CHANGE = Rule(
-  PAPER,
-  "Fine-tuning changes the attention of the last layers most.",
-  yes=(Test(LAST_LOWEST, ">=", 1), Test(LAST_GAP, "<", 0)),
-)
-
-
-def pattern_quantities(before: dict, after: dict) -> dict[str, float]:
-  """What `PATTERNS` reads from the two models' `PatternCounts.summary`."""
-  shares = [p["repeated_share"] for p in (before, after)]
-  vertical = sum(p["commonest_repeated"] == "vertical" for p in (before, after))
-  return {FEWEST: min(shares), MOST: max(shares), VERTICAL: vertical}
-
-
-def disabling_quantities(acc: dict, standard_error: float) -> dict[str, float]:
-  """What `DISABLING` reads from one mode's `AblationResult.improvements`."""
-  best = max(acc["best_head_delta"], acc["best_layer_delta"])
-  return {
-    HEADS: acc["heads_improving"],
-    LAYERS: acc["layers_improving"],
-    OVER_SE: best - standard_error,
-  }
-
-
-def change_quantities(layer_cosine) -> dict[str, float]:
-  """What `CHANGE` reads from the mean cosine of each layer's maps before and after."""
-  cos = np.asarray(layer_cosine, np.float64)
-  k = max(1, round(len(cos) * LAST_FRACTION))
-  return {
-    LAST_LOWEST: float(int(np.argmin(cos)) >= len(cos) - k),
-    LAST_GAP: float(cos[-k:].mean() - cos[:-k].mean()),
-  }
 
 
 # The run --------------------------------------------------------------------------------
@@ -197,51 +142,6 @@ def finetune(
   return tuned["params"], run
 
 
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
-  from the results and settings as written to JSON."""
-  before, after = r["patterns"]["before"], r["patterns"]["after"]
-  change = r["attention_change"]
-  layer_cos = np.asarray(change["layer_cosine"], np.float64)
-  depth, heads = len(layer_cos), len(change["cosine"][0])
-  k_last = max(1, round(depth * LAST_FRACTION))
-  u, sc, se = (
-    r["ablation"]["uniform"],
-    r["ablation"]["scale"],
-    r["ablation"]["accuracy_standard_error"],
-  )
-  pct = lambda x: f"{100 * x:.0f}%"
-  return [
-    PATTERNS.row(
-      f"{s['model']} on BLiMP sentences: repeated types "
-      f"{pct(before['repeated_share'])} of maps before fine-tuning, "
-      f"{pct(after['repeated_share'])} after (vertical "
-      f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
-      f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
-      f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
-      "single sentences.",
-      pattern_quantities(before, after),
-    ),
-    DISABLING.row(
-      f"uniform mode: {u['heads_improving']}/{depth * heads} heads and {u['layers_improving']}/"
-      f"{depth} layers beat the baseline accuracy {100 * u['baseline']:.1f}% (best "
-      f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
-      f"{100 * se:.1f}, {r['task']['eval_sentences']} sentences); {sc['layers_improving']} "
-      f"layers in scale mode, {u['layer_skips_improving']} skipped blocks.",
-      disabling_quantities(u, se),
-    ),
-    CHANGE.row(
-      "mean cosine of attention maps before/after by layer "
-      + ", ".join(f"{c:.2f}" for c in layer_cos)
-      + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
-      f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
-      + ", ".join(f"{c:.2f}" for c in change["cka"])
-      + ".",
-      change_quantities(layer_cos),
-    ),
-  ]
-
-
 def results_of(
   task: Task, run: dict, m: dict[str, Any], config, timings: dict[str, float]
 ) -> dict[str, Any]:
@@ -272,7 +172,7 @@ def results_of(
       "cosine": change.cosine,
       "layer_cosine": layer_means(change.cosine),
       "cka": change.cka,
-      "last_layers": max(1, round(config.depth * LAST_FRACTION)),
+      "last_layers": max(1, round(config.depth * rules.LAST_FRACTION)),
     },
     "timings_s": timings,
   }
@@ -338,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

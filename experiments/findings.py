@@ -2,8 +2,9 @@
 the committed experiment results.
 
 A rule is data (`Rule`): the paper's claim and the tests its verdict reads, each a measured
-quantity against a threshold (`Test`). An experiment declares its rules, measures the
-quantities they name, and `Rule.row` applies the rule and states it in the row; the
+quantity against a threshold (`Test`). Each experiment's rules live in `rules/NAME.py`,
+apart from the script that measures the quantities they name, and `Rule.row` applies the
+rule and states it in the row; the
 uncertainty below applies the same rules to resampled quantities.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
@@ -16,8 +17,9 @@ bootstrap interval where the JSON keeps per-item values (the verdict "inconclusi
 differs across the interval), else what the row has instead ("CI: rerun needed" where the
 experiment must be rerun to keep those values).
 
-Every experiment's module defines `findings(results, settings)` (rows from the numbers as
-written to JSON; a run passes it to `common.write_results`, which calls it on what it writes),
+Every experiment's rules module `rules/NAME.py` defines `findings(results, settings)` (rows
+from the numbers as written to JSON; a run passes it to `common.write_results`, which calls
+it on what it writes),
 so committed rows can be recomputed without a rerun, after a change to
 a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (and its
 `settings["indexing"]` when the module defines `INDEXING`), recording when under
@@ -822,9 +824,9 @@ def render(docs: list[dict], link_prefix: str = "") -> str:
 
 
 def module(name: str):
-  """The experiment script `experiments/NAME.py` as a module (experiments/ is first on the
-  path when this file runs as a script, as for every experiment)."""
-  return importlib.import_module(name)
+  """The rules of experiment NAME, `experiments/rules/NAME.py`, as a module (experiments/ is
+  first on the path when this file runs as a script, as for every experiment)."""
+  return importlib.import_module(f"rules.{name}")
 
 
 def refresh(path: pathlib.Path) -> bool:
@@ -838,7 +840,7 @@ def refresh(path: pathlib.Path) -> bool:
   make_rows = getattr(mod, "findings", None)
   if make_rows is None:
     raise ValueError(
-      f"experiments/{doc['experiment']}.py defines no findings(results, "
+      f"experiments/rules/{doc['experiment']}.py defines no findings(results, "
       f"settings); rerun it to change {path.name}'s rows"
     )
   rows = make_rows(doc["results"], doc["settings"])

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from findings import Rule, Test
+from rules import model_compression as rules
 
 from bertjax.training import compression
 
@@ -135,33 +135,6 @@ def table(rows: dict[str, dict], cpu: str, labels: dict[str, str] = LABELS) -> s
   return "\n".join(lines)
 
 
-RETAINED = "the score retained"
-SPEEDUP = "the forward speed-up"
-PARAMS = "the parameters over the teacher's"
-DISTIL = Rule(
-  "Sanh et al. 2019",
-  "A student with half the teacher's layers, initialised from every other layer and "
-  "distilled, keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
-  yes=(Test(RETAINED, ">=", 0.95), Test(SPEEDUP, ">=", 1.3)),
-)
-SHARING = Rule(
-  "Lan et al. 2020",
-  "Sharing one layer's parameters across all layers divides the parameter count (ALBERT) "
-  "but not the compute, at some cost in score.",
-  yes=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25), Test(RETAINED, ">=", 0.9)),
-  partly=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25)),
-  partly_if="all",
-  missing="n/a",
-  missing_when="the teacher has no ALBERT counterpart",
-)
-INT8 = Rule(
-  "Zafrir et al. 2019",
-  "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
-  yes=(Test(RETAINED, ">=", 0.99),),
-  partly=(Test(RETAINED, ">=", 0.97),),
-)
-
-
 def figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS, stem: str = NAME) -> str:
   """Parameters, retained score and speed-up per model, as bars (`stem_table.png`)."""
   from bertjax.plots import training as plots
@@ -233,51 +206,6 @@ def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
     f"{sc.max_len}"
   )
   return train, held, tags, ud
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the results and settings as written to
-  JSON (`findings.py --refresh`)."""
-  rows, majority, cpu = r["rows"], r["majority_tag_accuracy"], r["cpu"]["cpu"]
-  teacher = rows["teacher"]
-  d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
-  lab = rows["labels_3l"]
-  if sh is None:
-    sharing = SHARING.row(
-      "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
-      "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
-      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.",
-      {PARAMS: None, SPEEDUP: None, RETAINED: None},
-    )
-  else:
-    sharing = SHARING.row(
-      f"{sh['depth']} layers sharing one set (from teacher block {s['shared_layer']}, "
-      "distilled): "
-      f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
-      f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
-      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed.",
-      {PARAMS: sh["param_ratio"], SPEEDUP: sh["speedup"], RETAINED: sh["retained"]},
-    )
-  return [
-    DISTIL.row(
-      f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
-      f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
-      "retained "
-      f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
-      f"forward on the CPU; trained on labels only {lab['score']:.2%} "
-      f"({lab['retained']:.1%}).",
-      {RETAINED: d["retained"], SPEEDUP: d["speedup"]},
-    ),
-    sharing,
-    INT8.row(
-      f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
-      f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
-      f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
-      f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
-      "integer dot; no fused int8 kernel).",
-      {RETAINED: q["retained"]},
-    ),
-  ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -384,7 +312,7 @@ def run_experiment(args) -> int:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

@@ -17,13 +17,9 @@ import time
 from collections.abc import Sequence
 
 import common
-import numpy as np
-from findings import Rule, Test
+from rules import probing_layers as rules
 
 NAME = "probing_layers"
-PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
-# The syntactic measures whose peak layer is compared with the middle of the network.
-SYNTACTIC = ("deprel", "uuas", "dspr", "root_acc", "nspr")
 LABELS = {
   "upos": "UPOS accuracy",
   "deprel": "dep. relation accuracy",
@@ -32,139 +28,6 @@ LABELS = {
   "root_acc": "root accuracy (depth)",
   "nspr": "NSpr. (depth)",
 }
-
-
-def middle_layers(num_layers: int) -> tuple[int, int]:
-  """The middle third of the transformer blocks 1..L (inclusive bounds), at least one layer."""
-  last = num_layers - 1
-  lo, hi = max(1, round(last / 3)), max(1, round(2 * last / 3))
-  return lo, hi
-
-
-IN_MIDDLE = "the share of syntactic measures peaking in the middle third"
-BEFORE_LAST = "the share peaking before the last layer"
-LOWEST_GAP = "the lowest syntactic E[l] minus UPOS's"
-MEAN_GAP = "their mean minus UPOS's"
-LEAST, MOST = "the lower task's selectivity (pts)", "the higher task's"
-LESS_SELECTIVE = "linear minus MLP selectivity (pts)"
-ACCURACY = "MLP minus linear accuracy (pts)"
-PEAKS = Rule(
-  PAPERS,
-  "Syntactic information (dependency labels, tree distance and depth) peaks in the "
-  "middle layers, not the last.",
-  yes=(Test(IN_MIDDLE, ">=", 1),),
-  partly=(Test(BEFORE_LAST, ">", 0.5),),
-)
-POS_LOWER = Rule(
-  "Tenney et al. 2019",
-  "POS (surface) information sits lower in the network than "
-  "syntactic structure (expected layer of POS < that of parsing tasks).",
-  yes=(Test(LOWEST_GAP, ">=", 0.1),),
-  partly=(Test(MEAN_GAP, ">", 0),),
-  missing="no",
-  missing_when="an expected layer is not finite",
-)
-SELECTIVE = Rule(
-  "Hewitt & Liang 2019",
-  "Linear probes are selective: high accuracy on the linguistic task, "
-  "much lower on a control task of random word-type labels.",
-  yes=(Test(LEAST, ">=", 20),),
-  partly=(Test(MOST, ">=", 5),),
-)
-MLP = Rule(
-  "Hewitt & Liang 2019",
-  "MLP probes reach similar accuracy but are less selective than linear probes.",
-  yes=(Test(LESS_SELECTIVE, ">", 0), Test(ACCURACY, ">=", -2)),
-  partly=(Test(LESS_SELECTIVE, ">", 0),),
-  partly_if="all",
-)
-
-
-def peak_quantities(peaks: dict[str, int], num_layers: int) -> dict[str, float]:
-  """What `PEAKS` reads from each syntactic measure's best layer (0 = the embeddings)."""
-  lo, hi = middle_layers(num_layers)
-  p = np.asarray(list(peaks.values()))
-  return {IN_MIDDLE: np.mean((lo <= p) & (p <= hi)), BEFORE_LAST: np.mean(p < num_layers - 1)}
-
-
-def pos_quantities(e_pos: float, e_syntax: dict[str, float]) -> dict[str, float | None]:
-  """What `POS_LOWER` reads from the expected layers (None where one is not finite)."""
-  values = [v for v in e_syntax.values() if np.isfinite(v)]
-  if not np.isfinite(e_pos) or not values:
-    return {LOWEST_GAP: None, MEAN_GAP: None}
-  return {LOWEST_GAP: min(values) - e_pos, MEAN_GAP: float(np.mean(values)) - e_pos}
-
-
-def selectivity_quantities(selectivity: dict[str, float]) -> dict[str, float]:
-  """What `SELECTIVE` reads from each task's selectivity at its best layer (fractions)."""
-  return {LEAST: 100 * min(selectivity.values()), MOST: 100 * max(selectivity.values())}
-
-
-def mlp_quantities(
-  linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float
-) -> dict[str, float]:
-  """What `MLP` reads from the two probes' selectivity and accuracy (fractions)."""
-  return {LESS_SELECTIVE: 100 * (linear_sel - mlp_sel), ACCURACY: 100 * (mlp_acc - linear_acc)}
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
-
-  Layers are numbered 0 (the embeddings) .. L; each `holds` follows the stated rule, and each
-  row says where the papers' probes, models or data differ from these.
-  """
-  r = common.from_json(r)
-  sm = r["summary"]
-  curves = {k: np.asarray(v, np.float64) for k, v in r["curves"].items()}
-  num_layers = len(curves["upos"])
-  last = num_layers - 1
-  lo, hi = sm["middle_layers"]
-  peaks, expected = sm["peak_layer"], sm["expected_layer"]
-  sel_at_best = sm["selectivity_at_best_layer"]
-  data = f"{s['model']} on UD EWT {pathlib.PurePath(s['data']).name}"
-  fmt = lambda k: f"{k} L{peaks[k]} ({curves[k][peaks[k]]:.3f}, last {curves[k][last]:.3f})"
-  rows = [
-    PEAKS.row(
-      f"best layer of {last}: "
-      + "; ".join(fmt(k) for k in SYNTACTIC)
-      + f". Differs from the papers: {data}, one linear probe per layer (Tenney: edge probing "
-      "with scalar mixes on OntoNotes; Hewitt & Manning: BERT-large on the PTB). The middle "
-      f"third is layers {lo}-{hi}.",
-      peak_quantities({k: peaks[k] for k in SYNTACTIC}, num_layers),
-    ),
-    POS_LOWER.row(
-      f"expected layer E[l]: UPOS {expected['upos']:.2f} vs dependency labels (Tenney's "
-      f"dependency task) {expected['deprel']:.2f}; against the structural probes, which are "
-      "not Tenney's tasks: "
-      + ", ".join(f"{k} {expected[k]:.2f}" for k in SYNTACTIC[1:])
-      + f"; UPOS peaks at L{peaks['upos']}. Differs from Tenney: {data}; E[l] from the running "
-      "best of one probe per layer, not from scalar-mixed probes; constituents, SRL and "
-      "coreference are not probed. The rule reads the dependency task alone.",
-      pos_quantities(expected["upos"], {"deprel": expected["deprel"]}),
-    ),
-    SELECTIVE.row(
-      "selectivity at the best layer: "
-      + ", ".join(
-        f"{t} {100 * sel_at_best[t]:.1f} pts (acc {100 * r[t]['best_accuracy']:.1f} vs control "
-        f"{100 * r[t]['control_accuracy'][r[t]['best_layer']]:.1f})"
-        for t in ("upos", "deprel")
-      )
-      + f". Differs from Hewitt & Liang: {data}, not ELMo on the PTB.",
-      selectivity_quantities(sel_at_best),
-    ),
-  ]
-  if "upos_mlp" in r:
-    lin, mlp = sel_at_best["upos"], sm["mlp_selectivity_at_best_layer"]
-    accuracy = r["upos"]["best_accuracy"], r["upos_mlp"]["best_accuracy"]
-    rows.append(
-      MLP.row(
-        f"UPOS selectivity at the best layer: linear {100 * lin:.1f} pts, MLP {100 * mlp:.1f} pts "
-        f"(accuracy {100 * accuracy[0]:.1f} vs {100 * accuracy[1]:.1f}). Differs from Hewitt & "
-        f"Liang: {data}, not ELMo on the PTB.",
-        mlp_quantities(lin, mlp, *accuracy),
-      )
-    )
-  return rows
 
 
 def _suite(args):
@@ -256,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   curves = probing_run.layer_curves(r)
   summary = {
     **probing_run.layer_summary(r, curves),
-    "middle_layers": list(middle_layers(len(curves["upos"]))),
+    "middle_layers": list(rules.middle_layers(len(curves["upos"]))),
   }
   expected = summary["expected_layer"]
 
@@ -287,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,

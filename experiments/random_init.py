@@ -19,13 +19,12 @@ from typing import Any
 
 import common
 import numpy as np
-from findings import Rule, Test
+from rules import random_init as rules
 
 from bertjax.tasks import acceptability, init_control
 from bertjax.tasks.sentences import labelled_sentences
 from bertjax.training.early_stopping import EarlyStopping
 
-PAPER = "Kovaleva et al. 2019"
 NAME = "random_init"
 TASKS = ("negation", "question", "upos", "blimp")
 SIZES: dict[str, dict[str, Any]] = {
@@ -145,9 +144,9 @@ def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str
 
 
 def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
-  """`init_control.summarise` of one task's runs with the verdict of `LEXICAL` (`holds`)."""
+  """`init_control.summarise` of one task's runs with the verdict of `rules.LEXICAL` (`holds`)."""
   summary = init_control.summarise(runs, baselines)
-  return {**summary, "holds": LEXICAL.verdict({R: summary["gain_ratio"]})}
+  return {**summary, "holds": rules.LEXICAL.verdict({rules.R: summary["gain_ratio"]})}
 
 
 # The run --------------------------------------------------------------------------------
@@ -255,63 +254,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
     figures=figures,
     model=args.model,
   )
-
-
-R = "r"  # random's share of the pre-trained gain over the majority class (`gain_ratio`)
-LEXICAL = Rule(
-  PAPER,
-  "Fine-tuning the same architecture from random initialisation does disturbingly well "
-  "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).",
-  yes=(Test(R, ">=", 0.75),),
-  partly=(Test(R, ">=", 0.4),),
-  missing="n/a",
-  missing_when="the pre-trained model does not beat the majority class",
-)
-# The control: Kovaleva et al. put the random model's success down to lexical cues, so where
-# no lexical cue decides the task it should fall far short. Its row holds when r is low.
-CONTROL_TASKS = ("blimp",)
-CONTROL = Rule(
-  PAPER,
-  "(control for the row above) Where no lexical cue decides the task, random "
-  "initialisation falls far short of the pre-trained weights, as the paper's "
-  "explanation (lexical cues) implies.",
-  yes=(Test(R, "<", 0.4),),
-  partly=(Test(R, "<", 0.75),),
-  missing="n/a",
-  missing_when="the pre-trained model does not beat the majority class",
-)
-
-
-def findings(results: dict, settings: dict) -> list[dict[str, str]]:
-  """The Findings rows, one per task, from the numbers as written to the JSON."""
-  return [_finding(name, res, settings) for name, res in results["tasks"].items()]
-
-
-def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
-  """The Findings row of one task."""
-  s = res["summary"]
-  n = len(res["runs"])
-  pct = lambda x: f"{100 * x:.1f}"
-  conv = s["converged"]
-  ratio = "n/a" if s["gain_ratio"] is None else f"{s['gain_ratio']:.2f}"
-  measured = (
-    f"{name}: {res['what']}, test: random init {pct(s['random'])} ± {pct(s['random_sd'])} vs "
-    f"pre-trained {pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; "
-    f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
-    f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
-    f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
-    f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n})."
-  )
-  if name in CONTROL_TASKS:
-    measured += " (The task's summary in the JSON applies the row above's rule.)"
-  return (CONTROL if name in CONTROL_TASKS else LEXICAL).row(measured, {R: s["gain_ratio"]})
 
 
 if __name__ == "__main__":

@@ -19,15 +19,9 @@ from typing import Any
 
 import common
 import numpy as np
-from findings import Rule, Test
+from rules import what_bert_looks_at as rules
 
 NAME = "what_bert_looks_at"
-PAPER = "Clark et al. 2019"
-INDEXING = (
-  "layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
-  "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
-  "layers 1..L in order, (L, H) arrays layer by head"
-)
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
@@ -49,141 +43,6 @@ def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
     "min_count": 100,
     "seed": seed,
   }
-
-
-def _not_bert_base(model: str, depth: int) -> str:
-  """How the analysed model differs from Clark's BERT-base (empty for a BERT-base)."""
-  what = common.describe_model(model, depth)
-  return f"{what}; " if what else ""
-
-
-MIDDLE = "the middle third's attention to [CLS], [SEP] and punctuation"
-SEP_MARGIN = "[SEP]'s share minus the larger other's"
-FIRST = "layer 1's entropy minus the highest other layer's"
-HALVES = "the first half's mean entropy minus the second's"
-BEATEN = "the share of frequent relations where a head beats the offset by 5 points"
-OVERALL = "the best head's accuracy over all arcs"
-SINK = Rule(
-  PAPER,
-  "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
-  "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
-  "when a head's function does not apply.",
-  yes=(Test(MIDDLE, ">", 0.5), Test(SEP_MARGIN, ">", 0)),
-  partly=(Test(MIDDLE, ">", 0.5),),
-)
-ENTROPY = Rule(
-  PAPER,
-  "Early layers attend broadly (high attention entropy); later heads focus.",
-  yes=(Test(FIRST, ">=", 0), Test(HALVES, ">", 0)),
-)
-RELATIONS = Rule(
-  PAPER,
-  "Particular heads track particular dependency relations well, well above a "
-  "fixed-offset baseline.",
-  yes=(Test(BEATEN, ">=", 2 / 3),),
-  partly=(Test(BEATEN, ">=", 1 / 3),),
-)
-NO_SYNTAX_HEAD = Rule(
-  PAPER,
-  "No single head does well at syntax overall.",
-  yes=(Test(OVERALL, "<", 0.5),),
-  partly=(Test(OVERALL, "<", 0.7),),
-)
-
-
-def _roles(s: dict) -> str:
-  """Which tokens play [CLS] and [SEP] where they are not BERT's strings (MPNet: <s>, </s>)."""
-  tokens = s.get("special_tokens") or {}
-  other = {k: v for k, v in tokens.items() if k in ("[CLS]", "[SEP]") and k != v}
-  return (
-    ""
-    if not other
-    else " ([CLS] and [SEP] are the tokenizer's roles: "
-    + ", ".join(f"{k} is {v}" for k, v in other.items())
-    + ")"
-  )
-
-
-def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows from the results as written to JSON (`r`) and the settings `s`.
-
-  Each `holds` follows the stated rule from the numbers; each row says where the data or the
-  model differ from Clark et al.'s (BERT-base on Wikipedia segment pairs).
-  """
-  r = common.from_json(r)
-  clark, variant, probe = r["clark"], r["clark_token_all_punct"], r["probe"]
-  depth, model = s["layers"], s.get("model") or "the model"
-  by = {k: np.asarray(v, float) for k, v in clark["by_layer"].items()}
-  vb = variant["by_layer"]
-  sep, ent = by["sep"], by["entropy"]
-  peak = int(np.argmax(sep))
-  # The middle third of the blocks (1-based lo..hi), where Clark's BERT-base puts its [SEP] mass.
-  lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
-  inner = slice(lo - 1, max(hi, lo))
-  masses = {
-    name: float(by[key][inner].mean())
-    for name, key in (("[CLS]", "cls"), ("[SEP]", "sep"), ("punctuation", "punct"))
-  }
-  total = sum(masses.values())
-  sink = max(masses, key=masses.get)
-  d = clark["definition"]
-  how = (
-    "per sentence, then over sentences (Clark's notebook)"
-    if d["weighting"] == "document"
-    else "over all tokens"
-  )
-  punct_how = (
-    '"." and ","' if d["punctuation"] == "clark" else f"all {d['punctuation_ids']} punctuation ids"
-  )
-  rounded = lambda v, k=3: np.round(v, k).tolist()
-  measured = (
-    f"in layers {lo}-{hi} of {depth} (the middle third) [CLS], [SEP] and punctuation take "
-    f"{total:.2f} of the attention{_roles(s)}, most of it {sink} ({masses[sink]:.2f}"
-    + ("" if sink == "[SEP]" else f"; [SEP] {masses['[SEP]']:.2f}")
-    + f"). By layer, averaged {how}: [SEP] {rounded(sep)} (peak at layer "
-    f"{peak + 1} ({sep[peak]:.2f})), [CLS] {rounded(by['cls'])}, punctuation ({punct_how}) "
-    f"{rounded(by['punct'])}. Averaged over all tokens with all "
-    f"{variant['definition']['punctuation_ids']} punctuation ids instead: [SEP] "
-    f"{rounded(vb['sep'])}, [CLS] {rounded(vb['cls'])}, punctuation {rounded(vb['punct'])}. "
-    f"Differs from Clark: {_not_bert_base(model, depth)}read on single EWT sentences with "
-    "one [SEP] rather than Wikipedia segment pairs, so which special token serves as the sink "
-    "may differ."
-  )
-  margin = masses["[SEP]"] - max(masses["[CLS]"], masses["punctuation"])
-  rows = [SINK.row(measured, {MIDDLE: total, SEP_MARGIN: margin})]
-  first_half, second_half = ent[: depth // 2].mean(), ent[depth // 2 :].mean()
-  measured = (
-    f"mean entropy by layer {rounded(ent, 2)} nats (averaged {how}, smoothing "
-    f"{d['entropy_smoothing']:g}; uniform attention: {clark['uniform_entropy']:.2f}); first "
-    f"half {first_half:.2f} vs second half {second_half:.2f}. Over all tokens, unsmoothed: "
-    f"{rounded(vb['entropy'], 2)} (uniform {variant['uniform_entropy']:.2f})."
-  )
-  quantities = {FIRST: ent[0] - ent[1:].max(), HALVES: first_half - second_half}
-  rows.append(ENTROPY.row(measured, quantities))
-  table, frequent = probe["relations"], probe["frequent"]
-  # The direction of each relation is chosen on the selection half too, then scored held out.
-  chosen, margins = probe["accuracy_chosen_direction"], probe["margin_chosen_direction_vs_offset"]
-  beat = [x for x in frequent if margins[x] >= 0.05]
-  share = len(beat) / max(len(frequent), 1)
-  best = sorted(frequent, key=lambda x: -margins[x])[:5]
-  below = [x for x in frequent if x not in beat]
-  measured = (
-    f"the best single head (head and direction chosen on even sentences) beats the best fixed "
-    f"offset by >=5 points on the odd sentences in {len(beat)} of {len(frequent)} frequent "
-    "relations; largest margins: "
-    + ", ".join(f"{x} {chosen[x]:.2f} vs {table[x]['baseline']['accuracy']:.2f}" for x in best)
-    + f"; under the 5-point margin: {', '.join(below) or 'none'}"
-    + ". Differs from Clark: UD relations on EWT, not Stanford dependencies on the WSJ."
-  )
-  rows.append(RELATIONS.row(measured, {BEATEN: share}))
-  overall = table["all"]["dep_to_head"]["accuracy"]
-  measured = (
-    f"the best single head over all non-punctuation arcs predicts the head for "
-    f"{overall:.2f} of held-out arcs (best fixed offset "
-    f"{table['all']['baseline']['accuracy']:.2f})."
-  )
-  rows.append(NO_SYNTAX_HEAD.row(measured, {OVERALL: overall}))
-  return rows
 
 
 # Figures ------------------------------------------------------------------------------------
@@ -322,7 +181,7 @@ def main(argv=None) -> int:
     "heads": config.num_attention_heads,
     "backend": jax.default_backend(),
     "max_offset": syntax.MAX_OFFSET,
-    "indexing": INDEXING,
+    "indexing": rules.INDEXING,
     "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
     "prediction": "argmax of word-level attention over the sentence's other words "
     "([CLS], [SEP] and the word itself excluded)",
@@ -338,7 +197,7 @@ def main(argv=None) -> int:
     NAME,
     args.out,
     results,
-    findings=findings,
+    findings=rules.findings,
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - start,

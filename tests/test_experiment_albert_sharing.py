@@ -10,6 +10,7 @@ import bertjax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import albert_sharing as A
+from rules import albert_sharing as rules
 
 
 def _formula(config) -> int:
@@ -73,7 +74,7 @@ def test_mlm_head_is_counted_once_with_its_tied_decoder():
 
 
 def test_verdict_rules():
-  quality = lambda h, unigram=99.0: A.QUALITY.verdict(A.quality_quantities(h, unigram))
+  quality = lambda h, unigram=99.0: rules.QUALITY.verdict(rules.quality_quantities(h, unigram))
   good = {"bert": 6.0, "albert": 6.3, "shared_only": 6.25, "factorized_only": 6.05}
   assert quality(good) == "yes"
   assert quality({**good, "shared_only": 6.0, "factorized_only": 6.1}) == "partly"
@@ -81,10 +82,10 @@ def test_verdict_rules():
   assert quality({"bert": 6.0, "albert": 5.9, "shared_only": 5.9, "factorized_only": 6.0}) == "no"
   assert quality(good, unigram=6.5) == "yes"
   assert quality(good, unigram=6.05) == "n/a"  # nothing learned beyond frequencies
-  compute = lambda ratio: A.COMPUTE.verdict({A.STEP: ratio})
+  compute = lambda ratio: rules.COMPUTE.verdict({rules.STEP: ratio})
   assert compute(1.02) == "yes" and compute(0.8) == "partly" and compute(0.5) == "no"
-  params = lambda base, small: A.PARAMS.verdict(
-    {A.BASE: base, A.BASE_ERROR: abs(base - A.PAPER_BASE_RATIO), A.SMALL: small}
+  params = lambda base, small: rules.PARAMS.verdict(
+    {rules.BASE: base, rules.BASE_ERROR: abs(base - rules.PAPER_BASE_RATIO), rules.SMALL: small}
   )
   assert params(0.107, 0.2) == "yes" and params(0.3, 0.5) == "partly"
   assert params(0.9, 0.95) == "no"

@@ -11,6 +11,7 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import anisotropy as an
+from rules import anisotropy as rules
 
 RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 
@@ -18,24 +19,24 @@ RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 def test_every_mev_definition_is_labelled_and_documented():
   from bertjax.analysis.representations import geometry
 
-  assert set(an.MEV_LABELS) == set(an.MEV_DEFINITIONS_DOC) == set(geometry.MEV_DEFINITIONS)
+  assert set(rules.MEV_LABELS) == set(an.MEV_DEFINITIONS_DOC) == set(geometry.MEV_DEFINITIONS)
 
 
 def test_trend_and_rules():
-  rises = lambda v: an.RISES.verdict(an.trend_quantities(v))
-  assert an.trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
-  assert an.trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
-  assert np.isnan(an.trend([0.2, 0.2]))
-  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.2, 0.3])) == "yes"
-  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.05, 0.3])) == "partly"
-  assert an.ANISOTROPIC.verdict(an.anisotropy_quantities([0.05, 0.0])) == "no"
+  rises = lambda v: rules.RISES.verdict(rules.trend_quantities(v))
+  assert rules.trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
+  assert rules.trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
+  assert np.isnan(rules.trend([0.2, 0.2]))
+  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.2, 0.3])) == "yes"
+  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.3])) == "partly"
+  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.0])) == "no"
   assert rises([0.1, 0.2, 0.3]) == "yes"
   assert rises([0.1, 0.3, 0.25, 0.2, 0.15, 0.12]) == "partly"  # last > first, trend < 0.5
   assert rises([0.3, 0.2, 0.1]) == "no"
   assert rises([0.12, 0.13, 0.15, 0.17, 0.21, 0.03]) == "partly"  # 4 of 5 steps rise
-  assert an.FALLS.verdict(an.trend_quantities([0.3, 0.2, 0.1], falls=True)) == "yes"
-  assert an.MEV.verdict(an.mev_quantities([0.01, 0.04])) == "yes"
-  assert an.MEV.verdict(an.mev_quantities([0.01, 0.2])) == "partly"
+  assert rules.FALLS.verdict(rules.trend_quantities([0.3, 0.2, 0.1], falls=True)) == "yes"
+  assert rules.MEV.verdict(rules.mev_quantities([0.01, 0.04])) == "yes"
+  assert rules.MEV.verdict(rules.mev_quantities([0.01, 0.2])) == "partly"
 
 
 def test_committed_results_are_consistent():
@@ -60,8 +61,8 @@ def test_committed_results_are_consistent():
   np.testing.assert_array_equal(m["mev"], m[f"mev_{definition}"])
   holds = [f["holds"] for f in doc["findings"]]
   assert holds == [
-    an.ANISOTROPIC.verdict(an.anisotropy_quantities(m["anisotropy"][1:])),
-    an.RISES.verdict(an.trend_quantities(m["anisotropy"][1:])),
-    an.FALLS.verdict(an.trend_quantities(m["self_similarity_adjusted"][1:], falls=True)),
-    an.MEV.verdict(an.mev_quantities(m["mev_adjusted"][1:])),
+    rules.ANISOTROPIC.verdict(rules.anisotropy_quantities(m["anisotropy"][1:])),
+    rules.RISES.verdict(rules.trend_quantities(m["anisotropy"][1:])),
+    rules.FALLS.verdict(rules.trend_quantities(m["self_similarity_adjusted"][1:], falls=True)),
+    rules.MEV.verdict(rules.mev_quantities(m["mev_adjusted"][1:])),
   ]

@@ -20,6 +20,7 @@ from bertjax.tasks import acceptability
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
+from rules import dark_secrets as rules
 
 import bertjax
 from bertjax.analysis import finetuning
@@ -131,9 +132,9 @@ def test_improvements_and_verdict_rules():
   assert acc["layer_skips_improving"] == 0 and acc["best_layer_skip_delta"] == pytest.approx(0)
   loss = res.improvements(higher_is_better=False)
   assert loss["heads_improving"] == 1 and loss["delta_heads"][1, 0] == pytest.approx(0.1)
-  disabling = lambda a, se: ds.DISABLING.verdict(ds.disabling_quantities(a, se))
-  change = lambda cos: ds.CHANGE.verdict(ds.change_quantities(cos))
-  patterns = lambda before, after: ds.PATTERNS.verdict(ds.pattern_quantities(before, after))
+  disabling = lambda a, se: rules.DISABLING.verdict(rules.disabling_quantities(a, se))
+  change = lambda cos: rules.CHANGE.verdict(rules.change_quantities(cos))
+  patterns = lambda before, after: rules.PATTERNS.verdict(rules.pattern_quantities(before, after))
   assert disabling(acc, 0.02) == "yes"
   assert disabling(acc, 0.2) == "partly"
   assert disabling({**acc, "layers_improving": 0}, 0.02) == "partly"

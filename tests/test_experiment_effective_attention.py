@@ -14,7 +14,7 @@ from bertjax.analysis.attention import effective
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-import effective_attention as ea
+from rules import effective_attention as rules
 
 RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
 
@@ -24,8 +24,8 @@ def test_expected_null_dim_rule():
   assert effective.expected_null_dim(32, 32) == 0
   assert effective.expected_null_dim(33, 32) == 1
   assert effective.expected_null_dim(128, 32) == 96
-  null_space = lambda *a: ea.NULL_SPACE.verdict(ea.null_space_quantities(*a))
-  special = lambda raw, effective: ea.SPECIAL.verdict({ea.SPECIAL_RATIO: effective / raw})
+  null_space = lambda *a: rules.NULL_SPACE.verdict(rules.null_space_quantities(*a))
+  special = lambda raw, effective: rules.SPECIAL.verdict({rules.SPECIAL_RATIO: effective / raw})
   assert null_space([8, 40], {8: np.zeros(3), 40: np.full(3, 8)}, 32) == "yes"
   assert null_space([8, 40], {8: np.zeros(3), 40: np.array([8, 9, 8])}, 32) == "partly"
   assert null_space([8, 40], {8: np.zeros(3), 40: np.array([8, 0, 8])}, 32) == "no"
@@ -69,6 +69,6 @@ def test_committed_results_are_consistent():
     else "no"
   )
   ratio = s["special_mass"]["effective"] / s["special_mass"]["raw"]
-  assert holds[2] == ea.SPECIAL.verdict({ea.SPECIAL_RATIO: ratio})
+  assert holds[2] == rules.SPECIAL.verdict({rules.SPECIAL_RATIO: ratio})
   # Same passages, batched by 8 in the library and all at once here: float32 maps differ ~1e-7.
   assert s["library_vs_direct_max_difference"] < 1e-6

@@ -13,18 +13,19 @@ import bertjax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import model_compression as C
+from rules import model_compression as rules
 
 
 def test_verdict_rules():
-  distil = lambda kept, speed: C.DISTIL.verdict({C.RETAINED: kept, C.SPEEDUP: speed})
+  distil = lambda kept, speed: rules.DISTIL.verdict({rules.RETAINED: kept, rules.SPEEDUP: speed})
   assert distil(0.97, 1.8) == "yes" and distil(0.9, 1.8) == "partly" and distil(0.9, 1.1) == "no"
-  sharing = lambda params, speed, kept: C.SHARING.verdict(
-    {C.PARAMS: params, C.SPEEDUP: speed, C.RETAINED: kept}
+  sharing = lambda params, speed, kept: rules.SHARING.verdict(
+    {rules.PARAMS: params, rules.SPEEDUP: speed, rules.RETAINED: kept}
   )
   assert sharing(0.6, 1.0, 0.95) == "yes" and sharing(0.6, 1.0, 0.8) == "partly"
   assert sharing(0.9, 1.0, 0.95) == "no" and sharing(0.6, 2.0, 0.95) == "no"
   assert sharing(None, None, None) == "n/a"  # a teacher without an ALBERT counterpart
-  int8 = lambda kept: C.INT8.verdict({C.RETAINED: kept})
+  int8 = lambda kept: rules.INT8.verdict({rules.RETAINED: kept})
   assert int8(0.995) == "yes" and int8(0.98) == "partly" and int8(0.9) == "no"
 
 

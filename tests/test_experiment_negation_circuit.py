@@ -10,7 +10,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-import negation_circuit as nc
+from rules import negation_circuit as rules
 
 from bertjax.analysis.interventions import circuits
 
@@ -18,12 +18,12 @@ RESULTS = REPO / "experiments" / "results"
 
 
 def test_rules():
-  score = lambda eap, eap_ig: nc.SCORES.verdict({nc.EAP: eap, nc.EAP_IG: eap_ig})
+  score = lambda eap, eap_ig: rules.SCORES.verdict({rules.EAP: eap, rules.EAP_IG: eap_ig})
   assert score(0.7, 0.9) == "yes"
   assert score(0.95, 0.9) == "partly"  # agrees, but not better than EAP
   assert score(0.5, 0.6) == "partly"  # better than EAP, but below 0.8
   assert score(0.6, 0.5) == "no"
-  circuit = lambda share: nc.CIRCUIT.verdict({nc.SHARE: share})
+  circuit = lambda share: rules.CIRCUIT.verdict({rules.SHARE: share})
   assert circuit(0.01) == "yes"
   assert circuit(0.1) == "partly"
   assert circuit(0.5) == "no" and circuit(None) == "no"
@@ -62,6 +62,6 @@ def test_committed_rows_follow_the_rules(stem):
   if not path.exists():
     pytest.skip(f"{path.name} is not committed")
   doc = json.loads(path.read_text())
-  assert not doc["smoke"] and doc["findings"] == nc.findings(doc["results"], doc["settings"])
+  assert not doc["smoke"] and doc["findings"] == rules.findings(doc["results"], doc["settings"])
   r = doc["results"]
   assert r["agreement"]["eap_ig"]["edges"] >= 2000 and r["pairs"] >= 32

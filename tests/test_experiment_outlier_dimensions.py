@@ -11,28 +11,32 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-import outlier_dimensions as od
+from rules import outlier_dimensions as rules
 
 RESULTS = REPO / "experiments" / "results"
 
 
 def test_rules():
-  ablation = lambda drop, randoms: od.ABLATION.verdict(
-    {od.MARGIN: od.ablation_margin(drop, randoms)}
+  ablation = lambda drop, randoms: rules.ABLATION.verdict(
+    {rules.MARGIN: rules.ablation_margin(drop, randoms)}
   )
-  assert od.ABLATION.verdict({od.MARGIN: None}) == "no"  # no outlier dimensions
+  assert rules.ABLATION.verdict({rules.MARGIN: None}) == "no"  # no outlier dimensions
   assert ablation(0.08, [0.01, 0.02]) == "yes"
   assert ablation(0.04, [0.01, 0.02]) == "partly"
   assert ablation(0.01, [0.01, 0.02]) == "no"
-  frequency = lambda rho, fall: od.FREQUENCY.verdict({od.RHO: rho, od.SINK_FALL: fall})
+  frequency = lambda rho, fall: rules.FREQUENCY.verdict({rules.RHO: rho, rules.SINK_FALL: fall})
   assert frequency(None, None) == "n/a"
   assert frequency(0.35, 0.1) == "yes"
   assert frequency(0.35, -0.1) == "partly"
   assert frequency(0.0, 0.1) == "partly"
   assert frequency(0.0, -0.1) == "no"
-  massive = lambda share: od.MASSIVE.verdict({od.MASSIVE_SHARE: share})
+  massive = lambda share: rules.MASSIVE.verdict({rules.MASSIVE_SHARE: share})
   assert [massive(v) for v in (2 / 3, 1 / 3, 0.0)] == ["yes", "partly", "no"]
-  assert [od.INT8.verdict({od.INT8_RHO: v}) for v in (0.6, 0.3, 0.1)] == ["yes", "partly", "no"]
+  assert [rules.INT8.verdict({rules.INT8_RHO: v}) for v in (0.6, 0.3, 0.1)] == [
+    "yes",
+    "partly",
+    "no",
+  ]
 
 
 @pytest.mark.parametrize("stem", ["outlier_dimensions", "outlier_dimensions_all-mpnet-base-v2"])
@@ -42,7 +46,7 @@ def test_committed_results_are_consistent(stem):
     pytest.skip(f"{path.name} is not committed")
   doc = json.loads(path.read_text())
   r, s = doc["results"], doc["settings"]
-  assert not doc["smoke"] and doc["findings"] == od.findings(r, s)
+  assert not doc["smoke"] and doc["findings"] == rules.findings(r, s)
   z = np.asarray(r["z"])
   assert z.shape[0] in (6, 12) and np.allclose(z.mean(1), 0, atol=1e-6)
   outlying = np.abs(z) >= s["sigmas"]

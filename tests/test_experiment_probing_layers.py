@@ -13,28 +13,34 @@ from bertjax import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
-import probing_layers as pl
+from rules import probing_layers as rules
 
 RESULTS = REPO / "experiments" / "results" / "probing_layers.json"
 
 
 def test_rules():
-  assert pl.middle_layers(7) == (2, 4)  # 6 blocks: the middle third is 2-4
-  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 2, "b": 4}, 7)) == "yes"
-  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 2, "b": 5, "c": 1}, 7)) == "partly"
-  assert pl.PEAKS.verdict(pl.peak_quantities({"a": 6, "b": 6, "c": 3}, 7)) == "no"
-  assert pl.POS_LOWER.verdict(pl.pos_quantities(1.0, {"a": 1.2, "b": 2.0})) == "yes"
+  assert rules.middle_layers(7) == (2, 4)  # 6 blocks: the middle third is 2-4
+  assert rules.PEAKS.verdict(rules.peak_quantities({"a": 2, "b": 4}, 7)) == "yes"
+  assert rules.PEAKS.verdict(rules.peak_quantities({"a": 2, "b": 5, "c": 1}, 7)) == "partly"
+  assert rules.PEAKS.verdict(rules.peak_quantities({"a": 6, "b": 6, "c": 3}, 7)) == "no"
+  assert rules.POS_LOWER.verdict(rules.pos_quantities(1.0, {"a": 1.2, "b": 2.0})) == "yes"
   assert (
-    pl.POS_LOWER.verdict(pl.pos_quantities(1.15, {"a": 1.2, "b": 2.0})) == "partly"
+    rules.POS_LOWER.verdict(rules.pos_quantities(1.15, {"a": 1.2, "b": 2.0})) == "partly"
   )  # within the 0.1 margin
-  assert pl.POS_LOWER.verdict(pl.pos_quantities(3.0, {"a": 1.2, "b": 2.0})) == "no"
-  assert pl.POS_LOWER.verdict(pl.pos_quantities(float("nan"), {"a": 1.2})) == "no"
-  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": 0.3, "deprel": 0.25})) == "yes"
-  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": 0.3, "deprel": 0.01})) == "partly"
-  assert pl.SELECTIVE.verdict(pl.selectivity_quantities({"upos": -0.1, "deprel": 0.01})) == "no"
-  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.2, 0.93, 0.94)) == "yes"
-  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.2, 0.93, 0.80)) == "partly"
-  assert pl.MLP.verdict(pl.mlp_quantities(0.3, 0.4, 0.93, 0.94)) == "no"
+  assert rules.POS_LOWER.verdict(rules.pos_quantities(3.0, {"a": 1.2, "b": 2.0})) == "no"
+  assert rules.POS_LOWER.verdict(rules.pos_quantities(float("nan"), {"a": 1.2})) == "no"
+  assert (
+    rules.SELECTIVE.verdict(rules.selectivity_quantities({"upos": 0.3, "deprel": 0.25})) == "yes"
+  )
+  assert (
+    rules.SELECTIVE.verdict(rules.selectivity_quantities({"upos": 0.3, "deprel": 0.01})) == "partly"
+  )
+  assert (
+    rules.SELECTIVE.verdict(rules.selectivity_quantities({"upos": -0.1, "deprel": 0.01})) == "no"
+  )
+  assert rules.MLP.verdict(rules.mlp_quantities(0.3, 0.2, 0.93, 0.94)) == "yes"
+  assert rules.MLP.verdict(rules.mlp_quantities(0.3, 0.2, 0.93, 0.80)) == "partly"
+  assert rules.MLP.verdict(rules.mlp_quantities(0.3, 0.4, 0.93, 0.94)) == "no"
 
 
 def test_committed_results_are_consistent():
@@ -53,7 +59,7 @@ def test_committed_results_are_consistent():
     assert (e is None and np.isnan(stats.expected_layer(ys))) or e == pytest.approx(
       stats.expected_layer(ys)
     )
-  peaks = {k: r["summary"]["peak_layer"][k] for k in pl.SYNTACTIC}
-  assert doc["findings"][0]["holds"] == pl.PEAKS.verdict(
-    pl.peak_quantities(peaks, len(curves["upos"]))
+  peaks = {k: r["summary"]["peak_layer"][k] for k in rules.SYNTACTIC}
+  assert doc["findings"][0]["holds"] == rules.PEAKS.verdict(
+    rules.peak_quantities(peaks, len(curves["upos"]))
   )

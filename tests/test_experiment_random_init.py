@@ -16,12 +16,13 @@ from bertjax.tasks import init_control
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import random_init as ri
+from rules import random_init as rules
 
 
 def test_verdict_rule_on_synthetic_numbers():
-  def verdict(random, pretrained, majority, rule=ri.LEXICAL):
+  def verdict(random, pretrained, majority, rule=rules.LEXICAL):
     r = init_control.gain_ratio(random, pretrained, majority)
-    return rule.verdict({ri.R: r}), r
+    return rule.verdict({rules.R: r}), r
 
   assert verdict(0.92, 0.98, 0.66) == ("yes", pytest.approx(0.8125))
   assert verdict(0.88, 0.98, 0.66)[0] == "partly"  # r = 0.69
@@ -30,7 +31,7 @@ def test_verdict_rule_on_synthetic_numbers():
   assert verdict(0.50, 0.92, 0.50) == ("no", 0.0)
   assert verdict(0.60, 0.50, 0.50) == ("n/a", None)
   # The control row (BLiMP) holds where r is low.
-  assert [verdict(x, 0.98, 0.66, ri.CONTROL)[0] for x in (0.70, 0.85, 0.95)] == [
+  assert [verdict(x, 0.98, 0.66, rules.CONTROL)[0] for x in (0.70, 0.85, 0.95)] == [
     "yes",
     "partly",
     "no",
@@ -69,9 +70,9 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
         assert r["dev"] == max(p["dev"] for p in r["curve"])
     assert s["pretrained"] == pytest.approx(np.mean([r["pretrained"]["test"] for r in res["runs"]]))
     ratio = init_control.gain_ratio(s["random"], s["pretrained"], s["majority"])
-    rule = ri.CONTROL if name in ri.CONTROL_TASKS else ri.LEXICAL
-    assert s["holds"] == ri.LEXICAL.verdict({ri.R: ratio}) and s["gain_ratio"] == ratio
-    assert f["holds"] == rule.verdict({ri.R: ratio})
-    assert f["measured"].startswith(f"{name}: ") and f["paper"] == ri.PAPER
+    rule = rules.CONTROL if name in rules.CONTROL_TASKS else rules.LEXICAL
+    assert s["holds"] == rules.LEXICAL.verdict({rules.R: ratio}) and s["gain_ratio"] == ratio
+    assert f["holds"] == rule.verdict({rules.R: ratio})
+    assert f["measured"].startswith(f"{name}: ") and f["paper"] == rules.PAPER
   for fig in doc["figures"]:
     assert (out / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,17 +10,18 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import sae_scaling as ss
+from rules import sae_scaling as rules
 
 RESULTS = REPO / "experiments" / "results" / "sae_scaling.json"
 
 
 def test_rules():
-  scaling = lambda fvu, r2: ss.SCALING.verdict(ss.scaling_quantities(fvu, r2))
+  scaling = lambda fvu, r2: rules.SCALING.verdict(rules.scaling_quantities(fvu, r2))
   assert scaling([0.4, 0.35, 0.3], 0.99) == "yes"
   assert scaling([0.4, 0.35, 0.3], 0.90) == "partly"  # falls, but not a power law
   assert scaling([0.4, 0.41, 0.3], 0.99) == "partly"  # one doubling did not help
   assert scaling([0.3, 0.35, 0.4], 0.99) == "no"
-  dead = lambda d: ss.DEAD.verdict(ss.dead_quantities(d))
+  dead = lambda d: rules.DEAD.verdict(rules.dead_quantities(d))
   assert dead([0.0, 0.05, 0.1]) == "yes"
   assert dead([0.0, 0.2]) == "partly"
   assert dead([0.3, 0.2]) == "no"
@@ -30,7 +31,7 @@ def test_committed_rows_follow_the_rules():
   if not RESULTS.exists():
     pytest.skip("sae_scaling.json is not committed")
   doc = json.loads(RESULTS.read_text())
-  assert not doc["smoke"] and doc["findings"] == ss.findings(doc["results"], doc["settings"])
+  assert not doc["smoke"] and doc["findings"] == rules.findings(doc["results"], doc["settings"])
   r = doc["results"]
   assert r["latents"] == [e * 384 for e in ss.EXPANSIONS] and len(r["fvu"]) == 5
   assert all(0 < v < 1 for v in r["fvu"]) and r["held_out_tokens"] > 10000

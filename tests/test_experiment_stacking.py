@@ -8,10 +8,11 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
 import stacking
+from rules import stacking as rules
 
 
 def test_holds_rule():
-  holds = lambda ratios: stacking.TIME.verdict(stacking.time_quantities(ratios))
+  holds = lambda ratios: rules.TIME.verdict(rules.time_quantities(ratios))
   assert holds([0.7, 0.75, 0.8]) == "yes"
   assert holds([0.7, 0.85, 0.9]) == "partly"
   assert holds([0.9, 0.95, 0.99]) == "partly"
@@ -29,7 +30,7 @@ def test_the_method_page_states_the_full_scale():
 
 
 def test_quality_rule():
-  quality = lambda gap, lead: stacking.QUALITY.verdict({stacking.GAP: gap, stacking.LEAD: lead})
+  quality = lambda gap, lead: rules.QUALITY.verdict({rules.GAP: gap, rules.LEAD: lead})
   assert quality(0.03, 0.5) == "yes"
   assert quality(0.03, 0.05) == "partly"  # still at the unigram stage: a weak test
   assert quality(0.1, 0.5) == "partly" and quality(0.2, 0.5) == "no"
