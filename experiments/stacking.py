@@ -13,24 +13,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import common
 import jax
 import numpy as np
 from rules import stacking as rules
 
+from bertjax.plots import training as plots
 from bertjax.training.runs import (
-  PretrainingData,
+  TIMING_METHOD,
   abba_runs,
-  compare_runs,
   median_step_prices,
+  stage_variation,
   time_ratio_estimates,
-  train_run,
 )
 
 NAME = "stacking"
@@ -114,45 +112,6 @@ SMOKE = Scale(
 )
 
 
-# Figures --------------------------------------------------------------------
-
-
-def figures(
-  out, runs: list[dict], window: int, target: float, base_total: float, prefix: str = NAME
-) -> list[str]:
-  """Loss against time and against steps, and every step's time (`prefix_*.png`)."""
-  from bertjax.plots import training as plots
-
-  out = pathlib.Path(out)
-  colours = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
-  named = [{**r, "legend": f"{r['label']} ({r['stacking'] or 'full depth'})"} for r in runs]
-  first: dict[str, dict] = {}  # of each kind: repeats have the same losses (same seeds)
-  for r in runs:
-    first.setdefault(r["label"].split("#")[0], r)
-  firsts = [{**r, "legend": f"{k} ({r['stacking'] or 'full depth'})"} for k, r in first.items()]
-  paths = (
-    plots.loss_against_time(
-      named,
-      window,
-      out / f"{prefix}_loss_vs_time.png",
-      colours=colours,
-      target=target,
-      deadline=(rules.TARGET_RATIO * base_total, f"{rules.TARGET_RATIO}x baseline time (mean)"),
-      title="Progressive stacking vs full depth: MLM loss against wall-clock time",
-    ),
-    plots.loss_against_steps(
-      firsts,
-      window,
-      out / f"{prefix}_loss_vs_steps.png",
-      colours=colours,
-      per_step=True,
-      title="MLM loss against steps (dotted: stacking)",
-    ),
-    plots.step_times(runs, out / f"{prefix}_step_time.png", colours=colours),
-  )
-  return [p.name for p in paths]
-
-
 # Main -----------------------------------------------------------------------
 
 
@@ -180,64 +139,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     "6 -> 12 (results and figures named stacking_gpu*)",
   )
   return parser.parse_args(argv)
-
-
-def variation_run(
-  runs: list[dict],
-  per_repeat: list[dict],
-  config,
-  data: PretrainingData,
-  train,
-  sc: Scale,
-  timings: dict[str, float],
-) -> dict[str, Any]:
-  """One variation of the shallow stage's length, run when the criterion fails: a quality
-  shortfall (never reached) gets a shorter shallow stage, a time shortfall a longer one.
-
-  Appends the run to `runs`. Returns its schedule, why, its estimates and its verdict.
-  """
-  base = [r for r in runs if r["label"].startswith("baseline")]
-  never = any(c["ratio"] is None for c in per_repeat)
-  frac = 0.3 if never else 0.7
-  var_schedule = f"{sc.shallow}:{round(sc.steps * frac)},{sc.layers}"
-  with common.timed(timings, "variation"):
-    run = train_run(
-      "variation#1",
-      config,
-      data,
-      dataclasses.replace(train, stacking=var_schedule),
-      data.eval_batches,
-      log=common.log,
-    )
-  runs.append(run)
-  v_measured = [compare_runs(b, run, sc.window) for b in base]
-  # The variation ran once: its measured time against each baseline repeat, and priced.
-  v_priced = compare_runs(base[0], run, sc.window, step_price=median_step_prices(runs))
-  return {
-    "schedule": var_schedule,
-    "why": "never reached the target: shorter shallow stage"
-    if never
-    else "reached it too late: longer shallow stage",
-    "shallow_fraction": frac,
-    "vs_each_baseline": v_measured,
-    "priced": v_priced,
-    "verdict": rules.TIME.verdict(
-      rules.time_quantities([c["ratio"] for c in v_measured] + [v_priced["ratio"]])
-    ),
-  }
-
-
-APPROACH = (
-  "per-step time = from handing over batch k to asking for batch k+1 "
-  "(step, logging, growth), data loading excluded; compile = first step of each "
-  "stage minus the stage's median step, removed from the curves and reported; "
-  "smoothed loss = trailing {window}-step mean of the training MLM loss "
-  "(same batches and masks in every run); target = baseline's final smoothed "
-  "loss; ratio = first time the stacked smoothed loss <= target / baseline "
-  "total time; 'priced' prices each step at the median step time of its depth "
-  "over all runs (robust to load spikes); 'interleaved' at the median of steps "
-  "of each depth timed in turns after the runs (robust to load drift)"
-)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -286,14 +187,24 @@ def run_experiment(args) -> int:
   verdict = rules.TIME.verdict(rules.time_quantities(est["ratios"]))
   variation = None
   if verdict != "yes":
-    variation = variation_run(runs, est["per_repeat"], config, data, train, sc, timings)
+    with common.timed(timings, "variation"):
+      variation = stage_variation(
+        runs, est["per_repeat"], config, data, train, shallow=sc.shallow, window=sc.window
+      )
+    ratios = [c["ratio"] for c in variation["vs_each_baseline"]] + [variation["priced"]["ratio"]]
+    variation["verdict"] = rules.TIME.verdict(rules.time_quantities(ratios))
   price = median_step_prices(runs)
   load_end = os.getloadavg()
 
   per_repeat = est["per_repeat"]
   base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
-  figs = figures(
-    args.out, runs, sc.window, per_repeat[0]["target_smoothed_mlm_loss"], base_total, prefix
+  figs = plots.stacking_figures(
+    runs,
+    args.out,
+    prefix,
+    window=sc.window,
+    target=per_repeat[0]["target_smoothed_mlm_loss"],
+    deadline=(rules.TARGET_RATIO * base_total, f"{rules.TARGET_RATIO}x baseline time (mean)"),
   )
   results = {
     "data": data.stats,
@@ -306,7 +217,7 @@ def run_experiment(args) -> int:
       "one process; runs in the order "
       + ", ".join(r["label"] for r in runs)
       + "; "
-      + APPROACH.format(window=sc.window)
+      + TIMING_METHOD.format(window=sc.window)
     ),
     "schedule": schedule,
     "ratio_per_repeat": per_repeat,
@@ -343,7 +254,7 @@ def run_experiment(args) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figs,
+    figures=[p.name for p in figs],
     stem=prefix,
   )
   return 0

@@ -115,6 +115,20 @@ def test_abba_runs_in_order_and_estimates_every_ratio(monkeypatch):
   assert est["ratios"][3] == pytest.approx(0.625) and est["turn_price"] == {3: 0.25, 6: 1.0}
   assert est["determinism"] == 0.0
 
+  # A stacked run that reached the target too late is tried with a longer shallow stage (70%
+  # of 10 steps), one that never reached it with a shorter one (30%).
+  config = SimpleNamespace(num_hidden_layers=6)
+  train = Train()
+  train.steps = 10
+  made["variation"] = made["stacked"]
+  late = runs.stage_variation(done, est["per_repeat"], config, data, train, shallow=3, window=1)
+  assert calls[-1] == ("variation#1", "3:7,6") and done[-1]["label"] == "variation#1"
+  assert late["schedule"] == "3:7,6" and late["why"].startswith("reached it too late")
+  assert [c["ratio"] for c in late["vs_each_baseline"]] == pytest.approx([0.75, 0.75])
+  never = [{**c, "ratio": None} for c in est["per_repeat"]]
+  short = runs.stage_variation(done[:4], never, config, data, train, shallow=3, window=1)
+  assert short["schedule"] == "3:3,6" and short["shallow_fraction"] == 0.3
+
 
 def test_timed_iterator_passes_the_iterator_through():
   class Fake:

@@ -113,6 +113,50 @@ def step_times(
   return save_png(fig, path)
 
 
+def stacking_figures(
+  runs: Sequence[Mapping],
+  out,
+  prefix: str,
+  *,
+  window: int,
+  target: float,
+  deadline: tuple[float, str],
+) -> list[pathlib.Path]:
+  """A stacking comparison's three figures, `out/prefix_loss_vs_time.png`,
+  `_loss_vs_steps.png` and `_step_time.png`: every run's smoothed loss (over `window` steps)
+  against time, with the `target` loss and the `deadline` (seconds, label); the first run of
+  each kind against steps (repeats draw the same batches, so their losses are equal); and
+  every step's time. Runs are labelled "baseline#1", "stacked#2", "variation#1", ... and
+  carry `stacking` (their schedule, or None at full depth)."""
+  out = pathlib.Path(out)
+  colours = {"baseline": "tab:blue", "stacked": "tab:orange", "variation": "tab:green"}
+  named = [{**r, "legend": f"{r['label']} ({r['stacking'] or 'full depth'})"} for r in runs]
+  first: dict[str, Mapping] = {}
+  for r in runs:
+    first.setdefault(r["label"].split("#")[0], r)
+  firsts = [{**r, "legend": f"{k} ({r['stacking'] or 'full depth'})"} for k, r in first.items()]
+  return [
+    loss_against_time(
+      named,
+      window,
+      out / f"{prefix}_loss_vs_time.png",
+      colours=colours,
+      target=target,
+      deadline=deadline,
+      title="Progressive stacking vs full depth: MLM loss against wall-clock time",
+    ),
+    loss_against_steps(
+      firsts,
+      window,
+      out / f"{prefix}_loss_vs_steps.png",
+      colours=colours,
+      per_step=True,
+      title="MLM loss against steps (dotted: stacking)",
+    ),
+    step_times(runs, out / f"{prefix}_step_time.png", colours=colours),
+  ]
+
+
 def model_bars(
   names: Sequence[str],
   panels: Sequence[Mapping],
