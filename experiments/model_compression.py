@@ -22,17 +22,11 @@ import common
 import numpy as np
 from rules import model_compression as rules
 
+from bertjax.plots import training as plots
 from bertjax.training import compression
 
 NAME = "model_compression"
 ROWS = compression.ROLES
-LABELS = {
-  "teacher": "teacher (MiniLM-L6, fine-tuned)",
-  "distilled_3l": "DistilBERT-style 3L",
-  "labels_3l": "3L, labels only",
-  "shared_6l": "ALBERT-style shared 6L",
-  "int8": "Q8BERT-style int8",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,67 +94,6 @@ def check_block(block: int, depth: int) -> None:
     raise common.UsageError(
       f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, counted from 1)"
     )
-
-
-def labels_for(rows: dict[str, dict], teacher: str) -> dict[str, str]:
-  """Each row's label, its depth from the numbers (`LABELS` for the MiniLM teacher)."""
-  if teacher == "all-MiniLM-L6-v2":
-    return LABELS
-  short = common.model_tag(teacher) or teacher
-  half = rows["distilled_3l"]["depth"]
-  return {
-    **LABELS,
-    "teacher": f"teacher ({short}, fine-tuned)",
-    "distilled_3l": f"DistilBERT-style {half}L",
-    "labels_3l": f"{half}L, labels only",
-  }
-
-
-def table(rows: dict[str, dict], cpu: str, labels: dict[str, str] = LABELS) -> str:
-  """The Markdown table of the README (one line per row)."""
-  lines = [
-    (
-      "| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained "
-      "| CPU speed-up |"
-    ),
-    "|---|---|---|---|---|---|---|",
-  ]
-  for name, r in rows.items():
-    lines.append(
-      f"| {labels[name]} | {r['depth']} ({r['stored_layers']}) | "
-      f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
-      f"{r['retained']:.1%} | {r['speedup']:.2f}x |"
-    )
-  lines.append(f"\nCPU: {cpu}.")
-  return "\n".join(lines)
-
-
-def figure(out, rows: dict[str, dict], labels: dict[str, str] = LABELS, stem: str = NAME) -> str:
-  """Parameters, retained score and speed-up per model, as bars (`stem_table.png`)."""
-  from bertjax.plots import training as plots
-
-  names = list(rows)
-  kept = [100 * rows[n]["retained"] for n in names]
-  panels = [
-    {"values": [rows[n]["params"] / 1e6 for n in names], "label": "parameters (M)"},
-    {
-      "values": kept,
-      "label": "retained score (% of teacher)",
-      "ylim": (min(kept) - 5, max(100, max(kept)) + 2),
-    },
-    {
-      "values": [rows[n]["speedup"] for n in names],
-      "label": "CPU forward speed-up (x)",
-      "hline": 1.0,
-    },
-  ]
-  path = plots.model_bars(
-    [labels[n].split(" (")[0] for n in names],
-    panels,
-    pathlib.Path(out) / f"{stem}_table.png",
-    title=f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)",
-  )
-  return path.name
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -277,10 +210,13 @@ def run_experiment(args) -> int:
     f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
     f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}"
   )
-  labels = labels_for(rows, teacher)
-  md = table(rows, cpu_line, labels)
+  labels = compression.row_labels(rows, teacher, common.model_tag(teacher) or teacher)
+  md = compression.compression_table(rows, cpu_line, labels)
   common.log("\n" + md)
-  figures = [figure(args.out, rows, labels, common.results_stem(NAME, args.model))]
+  stem = common.results_stem(NAME, args.model)
+  figures = [
+    plots.compression_bars(rows, labels, pathlib.Path(args.out) / f"{stem}_table.png").name
+  ]
   results = {
     "rows": rows,
     "table_markdown": md,

@@ -65,3 +65,21 @@ def test_rows_and_timing_describe_the_models():
   assert rows["int8"]["compression"] == pytest.approx(4 * count / rows["int8"]["bytes"])
   want = speed["teacher"]["median_s"] / speed["student"]["median_s"]
   assert rows["student"]["speedup"] == pytest.approx(want) and rows["teacher"]["speedup"] == 1
+
+
+def test_table_and_labels_follow_the_rows():
+  """One Markdown line per row under its label, and labels that name another teacher and its
+  students' depth."""
+  row = {"depth": 6, "stored_layers": 1, "params": 2.5e6, "mb": 9.96, "score": 0.9,
+         "retained": 0.95, "speedup": 1.234}  # fmt: skip
+  rows = {r: dict(row) for r in compression.ROLES}
+  rows["distilled_3l"]["depth"] = 6
+  assert compression.row_labels(rows, "all-MiniLM-L6-v2", "x") == compression.LABELS
+  labels = compression.row_labels(rows, "/models/mpnet", "mpnet")
+  assert labels["teacher"] == "teacher (mpnet, fine-tuned)"
+  assert (
+    labels["distilled_3l"] == "DistilBERT-style 6L" and labels["labels_3l"] == "6L, labels only"
+  )
+  md = compression.compression_table(rows, "a 2-core CPU", labels).splitlines()
+  assert len(md) == 2 + len(rows) + 2 and md[-1] == "CPU: a 2-core CPU."
+  assert md[2] == "| teacher (mpnet, fine-tuned) | 6 (1) | 2.50M | 10.0 | 90.00% | 95.0% | 1.23x |"

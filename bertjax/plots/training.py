@@ -190,3 +190,29 @@ def model_bars(
       ax.axhline(panel["hline"], color="k", lw=0.8)
   fig.suptitle(title)
   return save_png(fig, path)
+
+
+def compression_bars(rows: Mapping[str, Mapping], labels: Mapping[str, str], path) -> pathlib.Path:
+  """Parameters, retained score and CPU speed-up per compressed model, as bars (`rows`:
+  `bertjax.training.compression.compression_rows`, `labels`: its `row_labels`)."""
+  names = list(rows)
+  kept = [100 * rows[n]["retained"] for n in names]
+  panels = [
+    {"values": [rows[n]["params"] / 1e6 for n in names], "label": "parameters (M)"},
+    {
+      "values": kept,
+      "label": "retained score (% of teacher)",
+      "ylim": (min(kept) - 5, max(100, max(kept)) + 2),
+    },
+    {
+      "values": [rows[n]["speedup"] for n in names],
+      "label": "CPU forward speed-up (x)",
+      "hline": 1.0,
+    },
+  ]
+  return model_bars(
+    [labels[n].split(" (")[0] for n in names],
+    panels,
+    path,
+    title=f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)",
+  )

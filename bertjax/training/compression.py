@@ -3,8 +3,9 @@
 the labels alone, one layer's parameters shared by every depth (ALBERT), and dynamic int8 linear
 layers (Q8BERT); each scored on held-out data and timed side by side with the teacher.
 
-`compress` trains the models, `time_logits` times their forwards, and `compression_rows` turns
-both into one row per model (parameters, weight bytes, depth, score, retained score, speed-up).
+`compress` trains the models, `time_logits` times their forwards, `compression_rows` turns
+both into one row per model (parameters, weight bytes, depth, score, retained score, speed-up),
+and `compression_table` writes the rows as Markdown under each row's `row_labels` label.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from bertjax.training import finetune as F
 # The models `compress` makes, in the table's order (without "shared_6l" for a teacher that
 # `can_share` refuses).
 ROLES = ("teacher", "distilled_3l", "labels_3l", "shared_6l", "int8")
+
+
+# Each role's label for an all-MiniLM-L6-v2 teacher (`row_labels` for another).
+LABELS = {
+  "teacher": "teacher (MiniLM-L6, fine-tuned)",
+  "distilled_3l": "DistilBERT-style 3L",
+  "labels_3l": "3L, labels only",
+  "shared_6l": "ALBERT-style shared 6L",
+  "int8": "Q8BERT-style int8",
+}
 
 
 def can_share(config: BertConfig) -> bool:
@@ -186,3 +197,36 @@ def compression_rows(
       "compression": teacher_bytes / size,
     }
   return rows
+
+
+def row_labels(rows: Mapping[str, Mapping], teacher: str, short: str) -> dict[str, str]:
+  """Each role's label: `LABELS` for the all-MiniLM-L6-v2 `teacher`, else with the teacher's
+  `short` name and the students' depth from `rows` (`compression_rows`)."""
+  if teacher == "all-MiniLM-L6-v2":
+    return dict(LABELS)
+  half = rows["distilled_3l"]["depth"]
+  return {
+    **LABELS,
+    "teacher": f"teacher ({short}, fine-tuned)",
+    "distilled_3l": f"DistilBERT-style {half}L",
+    "labels_3l": f"{half}L, labels only",
+  }
+
+
+def compression_table(
+  rows: Mapping[str, Mapping], cpu: str, labels: Mapping[str, str] = LABELS
+) -> str:
+  """The rows of `compression_rows` as a Markdown table, one line per model, and the line
+  `cpu` (the machine and how the speed-ups were timed) below it."""
+  lines = [
+    "| model | layers (stored) | parameters | weights (MB) | UPOS accuracy | retained | CPU speed-up |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for name, r in rows.items():
+    lines.append(
+      f"| {labels[name]} | {r['depth']} ({r['stored_layers']}) | "
+      f"{r['params'] / 1e6:.2f}M | {r['mb']:.1f} | {r['score']:.2%} | "
+      f"{r['retained']:.1%} | {r['speedup']:.2f}x |"
+    )
+  lines.append(f"\nCPU: {cpu}.")
+  return "\n".join(lines)
