@@ -18,15 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import common
-import numpy as np
 from rules import random_init as rules
 
-from bertjax.tasks import acceptability, init_control
-from bertjax.tasks.sentences import labelled_sentences
+from bertjax.tasks import init_control
 from bertjax.training.early_stopping import EarlyStopping
 
 NAME = "random_init"
-TASKS = ("negation", "question", "upos", "blimp")
+TASKS = init_control.TASKS
 SIZES: dict[str, dict[str, Any]] = {
   # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
   "full": {
@@ -80,64 +78,6 @@ RULE = (
   "r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
   "yes if r >= 0.75, partly if r >= 0.4, no below; n/a if pre-trained <= majority"
 )
-
-
-# Data -----------------------------------------------------------------------------------
-
-
-def load_tasks(args, size: dict, tok, wanted: Sequence[str] = TASKS) -> dict[str, dict[str, Any]]:
-  """The `wanted` tasks' data, groups, strata, metric description and label count."""
-  from bertjax.training import finetune as ft
-
-  need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
-  root = common.data_dir(args.data_dir, *need) if need else None
-  limit = size.get("sentence_limit")
-  tasks = {}
-  for name, field in (("negation", "negated"), ("question", "question")):
-    if name not in wanted:
-      continue
-    data = labelled_sentences(tok, field, max_len=size["max_len"], limit=limit)
-    n = len(data["labels"])
-    tasks[name] = {
-      "data": data,
-      "groups": np.arange(n),
-      "strata": data["labels"],
-      "num_labels": 2,
-      "kind": "classification",
-      "counts": (size["sentence_dev"], size["sentence_test"], None),
-      "what": f"sentences.tsv, {field} = 1 (sentence accuracy)",
-    }
-  if "upos" in wanted:
-    # load_ud_pos splits; its tiny held-out share is put back so each seed splits the lot.
-    part, held, tags = ft.load_ud_pos(
-      common.ud_file(root), tok, max_len=size["upos_max_len"], eval_fraction=0.01
-    )
-    data = {k: np.concatenate([part[k], held[k]]) for k in part}
-    tasks["upos"] = {
-      "data": data,
-      "groups": np.arange(len(data["labels"])),
-      "strata": None,
-      "num_labels": len(tags),
-      "kind": "token_classification",
-      "tags": tags,
-      "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
-      "what": "UD EWT dev, UPOS of each word (token accuracy)",
-    }
-  if "blimp" in wanted:
-    data, pairs, _, phenomena = acceptability.load_blimp_task(
-      root / "blimp", tok, max_len=size["max_len"]
-    )
-    tasks["blimp"] = {
-      "data": data,
-      "groups": pairs,
-      "strata": None,
-      "num_labels": 2,
-      "kind": "classification",
-      "phenomena": phenomena,
-      "counts": (size["blimp_dev"], size["blimp_test"], size["blimp_train"]),
-      "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)",
-    }
-  return tasks
 
 
 # Verdict --------------------------------------------------------------------------------
@@ -201,7 +141,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
     model_name = "tiny random BERT (smoke stand-in)" if args.smoke else "all-MiniLM-L6-v2"
   with common.timed(timings, "load"):
-    tasks = load_tasks(args, size, tok, wanted)
+    need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
+    root = common.data_dir(args.data_dir, *need) if need else None
+    tasks = init_control.control_tasks(
+      tok,
+      size,
+      ud=common.ud_file(root) if "upos" in wanted else None,
+      blimp=root / "blimp" if "blimp" in wanted else None,
+      wanted=wanted,
+    )
   special = [tok.cls_id, tok.sep_id, tok.pad_id]
   rule = EarlyStopping.pick(size)
   results: dict[str, dict] = {}

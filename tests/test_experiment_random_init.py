@@ -76,3 +76,24 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
     assert f["measured"].startswith(f"{name}: ") and f["paper"] == rules.PAPER
   for fig in doc["figures"]:
     assert (out / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_control_tasks_load_the_sentences_and_name_missing_data():
+  """The two sentence tasks from the shipped sentences, each sentence its own group; a task
+  without its data, or unknown, is refused by name."""
+  import bertjax
+
+  tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
+  size = {"max_len": 32, "sentence_dev": 4, "sentence_test": 6, "sentence_limit": 40}
+  tasks = init_control.control_tasks(tok, size, wanted=("negation", "question"))
+  assert list(tasks) == ["negation", "question"]
+  for t in tasks.values():
+    n = len(t["data"]["labels"])
+    assert 0 < n <= 40 and t["data"]["input_ids"].shape[0] == n
+    assert t["data"]["input_ids"].shape[1] <= 32  # padded to the longest, at most max_len
+    assert (t["groups"] == np.arange(n)).all() and (t["strata"] == t["data"]["labels"]).all()
+    assert t["counts"] == (4, 6, None) and t["num_labels"] == 2
+  with pytest.raises(ValueError, match=r"\['upos'\] need their data"):
+    init_control.control_tasks(tok, size, wanted=("upos",))
+  with pytest.raises(ValueError, match="'parsing'"):
+    init_control.control_tasks(tok, size, wanted=("parsing",))

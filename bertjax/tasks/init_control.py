@@ -2,22 +2,103 @@
 pre-trained weights and from random ones, with the same budget and early stopping, on fresh
 train / dev / test splits per seed, beside a majority-class and a lexical baseline.
 
-`compare_inits` runs one task over its seeds; `summarise` gives the means, spreads and the
+`control_tasks` loads the four tasks (negation and questions from the shipped sentences, UD EWT
+UPOS, BLiMP's minimal pairs), `compare_inits` runs one task over its seeds; `summarise` gives the means, spreads and the
 gain ratio r, random's share of the pre-trained model's gain over the majority class.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import pathlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from bertjax.tasks.acceptability import split_groups, subset
+from bertjax.tasks.acceptability import load_blimp_task, split_groups, subset
 from bertjax.tasks.baselines import bag_of_words_accuracy, majority_accuracy, word_tag_accuracy
+from bertjax.tasks.sentences import labelled_sentences
 from bertjax.training.early_stopping import EarlyStopping, train_early_stopping
 
 INITS = ("pretrained", "random")
+TASKS = ("negation", "question", "upos", "blimp")
+
+
+def control_tasks(
+  tok,
+  size: Mapping[str, Any],
+  *,
+  ud: pathlib.Path | None = None,
+  blimp: pathlib.Path | None = None,
+  wanted: Sequence[str] = TASKS,
+) -> dict[str, dict[str, Any]]:
+  """The `wanted` tasks of `TASKS` as `compare_inits` takes them: each one's data, groups
+  (what a split keeps together: BLiMP's minimal pairs), strata, label count, kind, the
+  (dev, test, train) counts from `size` and what its metric is.
+
+  Args:
+    tok: the model's `bertjax.Tokenizer`.
+    size: the sizes: `max_len`, `sentence_dev`, `sentence_test`, `sentence_limit` (optional:
+      the first sentences only), `upos_max_len`, `upos_dev`, `upos_test`, `upos_train`,
+      `blimp_dev`, `blimp_test`, `blimp_train`.
+    ud: UD English EWT's dev `.conllu` file (needed for "upos").
+    blimp: the directory of BLiMP's paradigms (needed for "blimp").
+    wanted: which of `TASKS`.
+
+  Raises:
+    ValueError: a task of `wanted` that is not in `TASKS`, or whose data was not given.
+  """
+  unknown = [t for t in wanted if t not in TASKS]
+  missing = [t for t, p in (("upos", ud), ("blimp", blimp)) if t in wanted and p is None]
+  if unknown or missing:
+    raise ValueError(
+      f"tasks {unknown} are not among {TASKS}" if unknown else f"tasks {missing} need their data"
+    )
+  from bertjax.training import finetune as ft
+
+  limit = size.get("sentence_limit")
+  tasks = {}
+  for name, field in (("negation", "negated"), ("question", "question")):
+    if name not in wanted:
+      continue
+    data = labelled_sentences(tok, field, max_len=size["max_len"], limit=limit)
+    n = len(data["labels"])
+    tasks[name] = {
+      "data": data,
+      "groups": np.arange(n),
+      "strata": data["labels"],
+      "num_labels": 2,
+      "kind": "classification",
+      "counts": (size["sentence_dev"], size["sentence_test"], None),
+      "what": f"sentences.tsv, {field} = 1 (sentence accuracy)",
+    }
+  if "upos" in wanted:
+    # load_ud_pos splits; its tiny held-out share is put back so each seed splits the lot.
+    part, held, tags = ft.load_ud_pos(ud, tok, max_len=size["upos_max_len"], eval_fraction=0.01)
+    data = {k: np.concatenate([part[k], held[k]]) for k in part}
+    tasks["upos"] = {
+      "data": data,
+      "groups": np.arange(len(data["labels"])),
+      "strata": None,
+      "num_labels": len(tags),
+      "kind": "token_classification",
+      "tags": tags,
+      "counts": (size["upos_dev"], size["upos_test"], size["upos_train"]),
+      "what": "UD EWT dev, UPOS of each word (token accuracy)",
+    }
+  if "blimp" in wanted:
+    data, pairs, _, phenomena = load_blimp_task(blimp, tok, max_len=size["max_len"])
+    tasks["blimp"] = {
+      "data": data,
+      "groups": pairs,
+      "strata": None,
+      "num_labels": 2,
+      "kind": "classification",
+      "phenomena": phenomena,
+      "counts": (size["blimp_dev"], size["blimp_test"], size["blimp_train"]),
+      "what": "BLiMP " + ", ".join(phenomena) + " (sentence accuracy)",
+    }
+  return tasks
 
 
 def compare_inits(
