@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import common
-import numpy as np
 from rules import dark_secrets as rules
 
 from bertjax.analysis.finetuning import fine_tuning_effects, layer_means
 from bertjax.plots import finetuning as plots
-from bertjax.tasks.acceptability import batches, load_blimp_task, split_by_pair, subset
+from bertjax.tasks.acceptability import PairSplit, batches, load_pair_split
 
 NAME = "dark_secrets"
 SIZES: dict[str, dict[str, Any]] = {
@@ -58,9 +57,6 @@ SIZES: dict[str, dict[str, Any]] = {
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 
 
-# Rules (data that findings.py applies) ---------------------------------------------------
-
-
 # The run --------------------------------------------------------------------------------
 
 
@@ -87,25 +83,8 @@ def _model(smoke: bool, seed: int, model: str | None = None):
   return config, cfg, params, tok, "all-MiniLM-L6-v2"
 
 
-@dataclasses.dataclass
-class Task:
-  """BLiMP acceptability sentences, split by minimal pair into training and held-out sets."""
-
-  train: dict[str, np.ndarray]
-  held: dict[str, np.ndarray]
-  held_phenomenon: np.ndarray  # (held,) phenomenon index of each held-out sentence
-  phenomena: list[str]
-
-
-def load_task(blimp_dir: pathlib.Path, tok, size: dict[str, Any], seed: int) -> Task:
-  """The BLiMP files in `blimp_dir` as a `Task` of the run's sizes."""
-  data, pair_ids, phen, names = load_blimp_task(blimp_dir, tok, max_len=size["max_len"])
-  train_idx, eval_idx = split_by_pair(pair_ids, size["eval_pairs"], size["train_pairs"], seed=seed)
-  return Task(subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names)
-
-
 def finetune(
-  config, pre_params, task: Task, size: dict[str, Any], seed: int, timings: dict[str, float]
+  config, pre_params, task: PairSplit, size: dict[str, Any], seed: int, timings: dict[str, float]
 ):
   """Fine-tunes the classifier on the task's training sentences.
 
@@ -143,7 +122,7 @@ def finetune(
 
 
 def results_of(
-  task: Task, run: dict, m: dict[str, Any], config, timings: dict[str, float]
+  task: PairSplit, run: dict, m: dict[str, Any], config, timings: dict[str, float]
 ) -> dict[str, Any]:
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
   before, after, change = m["before"], m["after"], m["change"]
@@ -190,7 +169,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   with common.timed(timings, "load"):
     arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
-    task = load_task(data_root / "blimp", tok, size, args.seed)
+    task = load_pair_split(
+      data_root / "blimp",
+      tok,
+      max_len=size["max_len"],
+      eval_pairs=size["eval_pairs"],
+      train_pairs=size["train_pairs"],
+      seed=args.seed,
+    )
   common.log(
     f"{model_name}; BLiMP {task.phenomena}: {len(task.train['labels'])} train / "
     f"{len(task.held['labels'])} held-out sentences, length "

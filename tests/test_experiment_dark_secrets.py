@@ -36,6 +36,9 @@ def task(data_dir, minilm_dir):
   data, pairs, phen, names = acceptability.load_blimp_task(data_dir / "blimp", tok, max_len=64)
   _, held_idx = acceptability.split_by_pair(pairs, 8, 16, seed=3)
   held = acceptability.subset(data, held_idx)
+  split = acceptability.load_pair_split(
+    data_dir / "blimp", tok, max_len=64, eval_pairs=8, train_pairs=16, seed=3
+  )
   tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **ds.SMOKE_MODEL)
   config, params = ft.prepare_model("classification", 2, config=tiny, seed=7)
   # Larger weights than the initialiser's, so heads differ and the classifier is not constant.
@@ -50,6 +53,8 @@ def task(data_dir, minilm_dir):
     "phen": phen,
     "names": names,
     "held": held,
+    "held_phenomenon": phen[held_idx],
+    "split": split,
     "config": config,
     "params": params,
   }
@@ -66,6 +71,11 @@ def test_split_keeps_minimal_pairs_together(task):
   assert len(task["names"]) == len(set(task["phen"].tolist()))
   with pytest.raises(ValueError, match="eval_pairs"):
     acceptability.split_by_pair(pairs, len(np.unique(pairs)), None, seed=0)
+  # load_pair_split: the same split in one call, with each held-out sentence's phenomenon.
+  split = task["split"]
+  assert split.phenomena == task["names"] and len(split.train["labels"]) == 32
+  assert all(np.array_equal(split.held[k], task["held"][k]) for k in task["held"])
+  assert np.array_equal(split.held_phenomenon, task["held_phenomenon"])
 
 
 def test_ablation_matches_direct_computation(task):

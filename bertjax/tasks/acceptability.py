@@ -5,6 +5,7 @@ probing of what fine-tuning changes; their random-initialisation control)."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -54,6 +55,33 @@ def split_by_pair(pair_ids, eval_pairs: int, train_pairs: int | None, *, seed: i
   perm = np.random.default_rng(seed).permutation(unique)
   held, train = perm[:eval_pairs], perm[eval_pairs : eval_pairs + train_pairs]
   return np.flatnonzero(np.isin(pair_ids, train)), np.flatnonzero(np.isin(pair_ids, held))
+
+
+@dataclasses.dataclass
+class PairSplit:
+  """BLiMP acceptability sentences split by minimal pair into training and held-out sets
+  (`load_pair_split`)."""
+
+  train: dict[str, np.ndarray]
+  held: dict[str, np.ndarray]
+  held_phenomenon: np.ndarray  # (held,) phenomenon index of each held-out sentence
+  phenomena: list[str]
+
+
+def load_pair_split(
+  blimp_dir: pathlib.Path,
+  tokenizer,
+  *,
+  max_len: int,
+  eval_pairs: int,
+  train_pairs: int | None,
+  seed: int,
+) -> PairSplit:
+  """The BLiMP files in `blimp_dir` (`load_blimp_task`), `eval_pairs` minimal pairs held out
+  and `train_pairs` (None: the rest) to train on, drawn by `split_by_pair` with `seed`."""
+  data, pair_ids, phen, names = load_blimp_task(blimp_dir, tokenizer, max_len=max_len)
+  train_idx, eval_idx = split_by_pair(pair_ids, eval_pairs, train_pairs, seed=seed)
+  return PairSplit(subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names)
 
 
 def split_groups(
