@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -21,6 +20,7 @@ import common
 import numpy as np
 from rules import albert_sharing as rules
 
+from bertjax.plots import training as plots
 from bertjax.training.runs import train_run
 
 NAME = "albert_sharing"
@@ -109,46 +109,6 @@ def base_size_counts() -> dict[str, Any]:
   }
 
 
-def figures(out, runs: dict[str, dict], params: dict[str, dict], window: int) -> list[str]:
-  """Loss against steps and the bars of parameters, held-out loss and step time per model."""
-  from bertjax.plots import training as plots
-
-  out = pathlib.Path(out)
-  curves = [
-    {**runs[v], "label": v, "legend": f"{v} ({params[v]['total'] / 1e6:.2f}M params)"}
-    for v in VARIANTS
-  ]
-  loss = [runs[v]["heldout"]["mlm_loss"] for v in VARIANTS]
-  panels = [
-    {
-      "values": [params[v]["total"] / 1e6 for v in VARIANTS],
-      "label": "parameters (M, with MLM head)",
-    },
-    {
-      "values": loss,
-      "label": "held-out MLM loss (nats)",
-      "ylim": (min(loss) - 0.2, max(loss) + 0.1),
-    },
-    {"values": [runs[v]["median_step_s"] for v in VARIANTS], "label": "median train step (s)"},
-  ]
-  paths = (
-    plots.loss_against_steps(
-      curves,
-      window,
-      out / f"{NAME}_loss_vs_steps.png",
-      title="BERT vs ALBERT reductions: same data, steps and schedule",
-    ),
-    plots.model_bars(
-      VARIANTS,
-      panels,
-      out / f"{NAME}_summary.png",
-      title="Parameters, held-out MLM loss and step time per model",
-      colours=("tab:blue", "tab:orange", "tab:green", "tab:red"),
-    ),
-  )
-  return [p.name for p in paths]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = common.parser(__doc__, model=False)
   parser.add_argument(
@@ -186,7 +146,8 @@ def run_experiment(args) -> int:
   heldout = {v: runs[v]["heldout"]["mlm_loss"] for v in VARIANTS}
   step = {v: runs[v]["median_step_s"] for v in VARIANTS}
   small_ratio = params["albert"]["total"] / params["bert"]["total"]
-  figs = figures(args.out, runs, params, sc.window)
+  title = "BERT vs ALBERT reductions: same data, steps and schedule"
+  figs = plots.variant_figures(runs, params, sc.window, args.out, NAME, title)
   d = {v: heldout[v] - heldout["bert"] for v in VARIANTS}
   results = {
     "data": data.stats,
@@ -222,7 +183,7 @@ def run_experiment(args) -> int:
     settings=settings,
     smoke=args.smoke,
     seconds=time.perf_counter() - t_start,
-    figures=figs,
+    figures=[p.name for p in figs],
   )
   return 0
 

@@ -1,5 +1,6 @@
 """Figures of training runs (`bertjax.training.runs.train_run` results) and of models compared
-side by side: loss against time and steps, per-step times, and bars per model.
+side by side: loss against time and steps, per-step times, and bars per model; and the sets
+each comparison draws (`stacking_figures`, `variant_figures`, `compression_bars`).
 
 A run is a dict with `label`, `mlm_loss` (per step), and, where a figure needs them, `cost_s`
 (seconds per step, compile excluded), `raw_cost_s` (compile included) and `stage_starts`
@@ -216,3 +217,47 @@ def compression_bars(rows: Mapping[str, Mapping], labels: Mapping[str, str], pat
     path,
     title=f"Compressing a fine-tuned {rows['teacher']['depth']}-layer model (UD EWT UPOS)",
   )
+
+
+def variant_figures(
+  runs: Mapping[str, Mapping],
+  params: Mapping[str, Mapping],
+  window: int,
+  out,
+  stem: str,
+  title: str = "Models trained alike: same data, steps and schedule",
+) -> list[pathlib.Path]:
+  """Models trained alike (`runs` by name, each a `train_run` result with `median_step_s`,
+  and `params` their `bertjax.param_counts`), side by side: the loss against steps
+  (`out/stem_loss_vs_steps.png`, smoothed over `window` steps) and the bars of parameters,
+  held-out MLM loss and median step time (`stem_summary.png`); `title` heads the first."""
+  out, names = pathlib.Path(out), list(runs)
+  curves = [
+    {**runs[v], "label": v, "legend": f"{v} ({params[v]['total'] / 1e6:.2f}M params)"}
+    for v in names
+  ]
+  loss = [runs[v]["heldout"]["mlm_loss"] for v in names]
+  panels = [
+    {"values": [params[v]["total"] / 1e6 for v in names], "label": "parameters (M, with MLM head)"},
+    {
+      "values": loss,
+      "label": "held-out MLM loss (nats)",
+      "ylim": (min(loss) - 0.2, max(loss) + 0.1),
+    },
+    {"values": [runs[v]["median_step_s"] for v in names], "label": "median train step (s)"},
+  ]
+  return [
+    loss_against_steps(
+      curves,
+      window,
+      out / f"{stem}_loss_vs_steps.png",
+      title=title,
+    ),
+    model_bars(
+      names,
+      panels,
+      out / f"{stem}_summary.png",
+      title="Parameters, held-out MLM loss and step time per model",
+      colours=("tab:blue", "tab:orange", "tab:green", "tab:red"),
+    ),
+  ]
