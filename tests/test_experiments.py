@@ -386,3 +386,25 @@ def test_rules_are_data_that_findings_applies():
   ):
     with pytest.raises(ValueError, match=r"partly_if 'any', 'never' \(no partly tests\)"):
       findings.Rule("P", "C", yes=(T("s", "<", 1),), **bad)
+
+
+def test_scripts_measure_and_their_rules_modules_judge():
+  """Each script has its rules module and defines no rule or `findings` itself; no script
+  imports another script (a rules module is not one) or touches sys.path."""
+  import ast
+
+  for name in SCRIPTS:
+    tree = ast.parse((REPO / "experiments" / f"{name}.py").read_text())
+    assert (REPO / "experiments" / "rules" / f"{name}.py").is_file(), name
+    top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert "findings" not in top, f"{name}.py defines findings(): it belongs in rules/{name}.py"
+    calls = {
+      n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    }
+    assert not calls & {"Rule", "Test"}, f"{name}.py makes a Rule: it belongs in rules/{name}.py"
+    imported = {
+      a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not imported & (set(SCRIPTS) - {name}), f"{name}.py imports another experiment"
+    assert "sys.path" not in ast.unparse(tree), f"{name}.py touches sys.path"
