@@ -51,27 +51,24 @@ def figures(out, stem: str, model: str, sweep, head_dim: int, analysis, statisti
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options and the passages' sizes."""
   p = common.parser(__doc__)
-  p.add_argument(
-    "--passages", type=int, default=32, help="passages in the main set (default: 32; --smoke: 4)"
-  )
+  p.add_argument("--passages", type=int, help="passages in the main set (default: 32; --smoke: 4)")
   p.add_argument(
     "--length",
     type=int,
-    default=128,
-    help="tokens per main-set passage, [CLS] and [SEP] included (default: 128)",
+    help="tokens per main-set passage, [CLS] and [SEP] included (default: 128; --smoke: 40)",
   )
   p.add_argument(
     "--sweep-passages",
     type=int,
-    default=3,
-    help="passages per length in the length sweep (default: 3)",
+    help="passages per length in the length sweep (default: 3; --smoke: 2)",
   )
   return p.parse_args(argv)
 
 
 def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
   """`(lengths, length, count, per_len)`: the sweep's lengths, the main set's passage length
-  and count, and the sweep's passages per length.
+  and count, and the sweep's passages per length: the run's (`--smoke`: the small one's),
+  with `--length`, `--passages` and `--sweep-passages` where given.
 
   Raises:
     ValueError: the main set's passages are not longer than `head_dim`.
@@ -79,8 +76,10 @@ def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
   if args.smoke:
     lengths, length, count, per_len = [8, 16, 24, 32, 48], 40, 4, 2
   else:
-    lengths = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256]
-    length, count, per_len = args.length, args.passages, args.sweep_passages
+    lengths, length, count, per_len = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256], 128, 32, 3
+  length = length if args.length is None else args.length
+  count = count if args.passages is None else args.passages
+  per_len = per_len if args.sweep_passages is None else args.sweep_passages
   if length <= head_dim:
     raise common.UsageError(
       f"--length {length} must exceed d_head={head_dim} (else effective = raw)"

@@ -14,6 +14,7 @@ from bertjax.analysis.attention import effective
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
+import effective_attention as ea
 from rules import effective_attention as rules
 
 RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
@@ -32,6 +33,15 @@ def test_expected_null_dim_rule():
   assert special(0.5, 0.2) == "yes"
   assert special(0.5, 0.4) == "partly"
   assert special(0.5, 0.6) == "no"
+
+
+def test_passage_sizes_take_the_options_given_with_smoke_too():
+  assert ea.passage_sizes(ea.parse_args([]), 32)[1:] == (128, 32, 3)
+  assert ea.passage_sizes(ea.parse_args(["--smoke"]), 32)[1:] == (40, 4, 2)
+  given = ea.parse_args(["--smoke", "--length", "64", "--passages", "2", "--sweep-passages", "1"])
+  assert ea.passage_sizes(given, 32)[1:] == (64, 2, 1)
+  with pytest.raises(ValueError, match="--length 32 must exceed d_head=32"):
+    ea.passage_sizes(ea.parse_args(["--length", "32"]), 32)
 
 
 def test_pearson_matches_numpy():
