@@ -2,9 +2,10 @@
 pre-trained weights and from random ones, with the same budget and early stopping, on fresh
 train / dev / test splits per seed, beside a majority-class and a lexical baseline.
 
-`control_tasks` loads the four tasks (negation and questions from the shipped sentences, UD EWT
-UPOS, BLiMP's minimal pairs), `compare_inits` runs one task over its seeds; `summarise` gives the means, spreads and the
-gain ratio r, random's share of the pre-trained model's gain over the majority class.
+`control_tasks` loads the four tasks (negation and questions from the shipped sentences, UD
+EWT UPOS, BLiMP's minimal pairs), `compare_inits` runs one task over its seeds, and
+`summarise` gives the means, spreads and the gain ratio r, random's share of the pre-trained
+model's gain over the majority class.
 """
 
 from __future__ import annotations
