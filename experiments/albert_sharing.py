@@ -35,38 +35,7 @@ class Scale(common.PretrainScale):
   embedding: int
 
 
-FULL = Scale(
-  layers=6,
-  hidden=128,
-  heads=4,
-  ffn=512,
-  embedding=32,
-  vocab=8000,
-  seq_len=64,
-  batch=32,
-  steps=600,
-  lr=1e-3,
-  warmup=60,
-  max_lines=None,
-  eval_batches=16,
-  window=20,
-)
-SMOKE = Scale(
-  layers=2,
-  hidden=32,
-  heads=2,
-  ffn=64,
-  embedding=8,
-  vocab=300,
-  seq_len=32,
-  batch=8,
-  steps=6,
-  lr=1e-3,
-  warmup=1,
-  max_lines=400,
-  eval_batches=2,
-  window=3,
-)
+FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 
 
 def model_configs(sc: Scale, vocab_size: int) -> dict[str, Any]:
@@ -175,16 +144,7 @@ def run_experiment(args) -> int:
     "train": dataclasses.asdict(train),
     "model_configs": {v: dataclasses.asdict(c) for v, c in configs.items()},
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=[p.name for p in figs],
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=[p.name for p in figs])
   return 0
 
 

@@ -11,7 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -32,21 +31,6 @@ MEV_DEFINITIONS_DOC = {
   "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
   "Definition 3 as written)",
 }
-
-
-def figures(out, m: dict, model_name: str, definition: str, stem: str = NAME) -> list[str]:
-  """The by-layer and the mean-centred figures, `out/stem_{by_layer,centred}.png`."""
-  from bertjax.plots import geometry as plots
-
-  out = pathlib.Path(out)
-  title = f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words"
-  paths = (
-    plots.contextuality_by_layer(
-      m, out / f"{stem}_by_layer.png", definition=definition, title=title
-    ),
-    plots.centred_similarity(m, out / f"{stem}_centred.png"),
-  )
-  return [p.name for p in paths]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -153,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   from bertjax.analysis.representations import features, geometry
   from bertjax.data import conllu
+  from bertjax.plots.geometry import anisotropy_figures
 
   data = common.data_dir(args.data_dir)
   path = common.ud_file(data, "dev")
@@ -183,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
-  figs = figures(
+  figs = anisotropy_figures(
     args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
   )
   settings = settings_of(
@@ -196,17 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     min_count=min_count,
   )
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figs,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figs)
   return 0
 
 

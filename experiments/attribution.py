@@ -17,7 +17,6 @@ import time
 
 import common
 import numpy as np
-from rules import attribution as rules
 
 NAME = "attribution"
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
@@ -103,17 +102,7 @@ def main(argv=None) -> int:
     patch_res = negation.head_patching(params, config, tok, negated, negation.probe_weights(*probe))
   figs = figures(args.out, res, patch_res, common.results_stem(NAME, args.model))
   results = {"model": name, "probe_test_accuracy": acc, **res, "patching": patch_res}
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=dataclasses.asdict(settings),
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t0,
-    figures=figs,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, dataclasses.asdict(settings), started=t0, figures=figs)
   return 0
 
 

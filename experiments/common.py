@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import datetime
 import functools
+import importlib
 import os
 import pathlib
 import platform
@@ -48,6 +49,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import tomllib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
@@ -342,6 +345,20 @@ def load_model(args, smoke=None):
   return (*minilm(), "all-MiniLM-L6-v2")
 
 
+def sizes(name: str) -> dict[str, dict[str, Any]]:
+  """The sizes of experiment `name`'s runs, by scale ("full", "smoke", maybe "gpu"), read
+  from `experiments/sizes.toml`; a size that another of its scales gives and this one leaves
+  out is None (TOML has no null).
+
+  Raises:
+    KeyError: `sizes.toml` has no table for `name`.
+  """
+  with open(pathlib.Path(__file__).with_name("sizes.toml"), "rb") as f:
+    tables = tomllib.load(f)[name]
+  keys = dict.fromkeys(k for table in tables.values() for k in table)
+  return {scale: {k: table.get(k) for k in keys} for scale, table in tables.items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Scale:
   """The training budget of an experiment that trains models; each one's sizes subclass it.
@@ -572,6 +589,33 @@ def write_results(
   path = write_json(out / f"{stem}.json", doc)
   log(f"wrote {path}")
   return path
+
+
+def finish(
+  name: str,
+  args: argparse.Namespace,
+  results: dict[str, Any],
+  settings: dict[str, Any],
+  *,
+  started: float,
+  figures: Sequence[str] = (),
+  stem: str | None = None,
+) -> pathlib.Path:
+  """`write_results` for a script's parsed `args` (`--out`, `--smoke`, `--model`): the rows
+  are made by its rules module's `findings` (`experiments/rules/NAME.py`), and the run took
+  from `started` (a `time.perf_counter()` value) until now."""
+  return write_results(
+    name,
+    args.out,
+    results,
+    findings=importlib.import_module(f"rules.{name}").findings,
+    settings=settings,
+    smoke=args.smoke,
+    seconds=time.perf_counter() - started,
+    figures=figures,
+    stem=stem,
+    model=getattr(args, "model", None),
+  )
 
 
 def load_wikitext(args, sc: PretrainScale, timings: dict[str, float]):

@@ -26,34 +26,7 @@ from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import PairSplit, batches, load_pair_split
 
 NAME = "dark_secrets"
-SIZES: dict[str, dict[str, Any]] = {
-  # eval_pairs * 2 must be a multiple of eval_batch (one compiled shape for every batch).
-  "full": {
-    "eval_pairs": 200,
-    "train_pairs": None,
-    "steps": 160,
-    "batch_size": 16,
-    "learning_rate": 1e-4,
-    "warmup_steps": 16,
-    "eval_batch": 100,
-    "analysis_sentences": 200,
-    "max_len": 64,
-    "ablation_strategy": "prefix",
-  },
-  # "vmap" compiles one ablation program per mode instead of one per (mode, layer).
-  "smoke": {
-    "eval_pairs": 12,
-    "train_pairs": 32,
-    "steps": 4,
-    "batch_size": 8,
-    "learning_rate": 1e-3,
-    "warmup_steps": 0,
-    "eval_batch": 24,
-    "analysis_sentences": 24,
-    "max_len": 64,
-    "ablation_strategy": "vmap",
-  },
-}
+SIZES = common.sizes(NAME)  # experiments/sizes.toml
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 
 
@@ -220,17 +193,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     "pattern_thresholds": dataclasses.asdict(patterns.PatternThresholds()),
     "analysis": f"held-out sentences (patterns and change: the first {size['analysis_sentences']})",
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figures)
 
 
 if __name__ == "__main__":

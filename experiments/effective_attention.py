@@ -11,41 +11,16 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
 
 import common
 import numpy as np
-from rules import effective_attention as rules
 
 from bertjax.analysis.attention import effective
 
 NAME = "effective_attention"
-
-
-def figures(out, stem: str, model: str, sweep, head_dim: int, analysis, statistics, example):
-  """The four figures, `out/stem_{null_space,special,heads,example}.png`; their names."""
-  from bertjax.plots import effective as plots
-
-  out = pathlib.Path(out)
-  n = np.shape(analysis["raw_cls"])[0]
-  paths = (
-    plots.null_space_by_length(
-      sweep, head_dim, out / f"{stem}_null_space.png", title=f"Brunner et al. (2020) on {model}"
-    ),
-    plots.class_mass_by_layer(
-      analysis,
-      statistics,
-      out / f"{stem}_special.png",
-      title=f"Raw vs effective attention by layer ({model}, {n} passages of "
-      f"{analysis['length']} tokens)",
-    ),
-    plots.class_mass_by_head(analysis, out / f"{stem}_heads.png"),
-    plots.example_maps(**example, path=out / f"{stem}_example.png"),
-  )
-  return [p.name for p in paths]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -95,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   from bertjax.analysis.attention import statistics
   from bertjax.data import conllu
+  from bertjax.plots.effective import effective_attention_figures
   from bertjax.tasks import passages
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
@@ -143,7 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     "head": int(head),
   }
   stem = common.results_stem(NAME, args.model)
-  figs = figures(args.out, stem, model_name, sweep, head_dim, main_r, lib, example)
+  figs = effective_attention_figures(
+    args.out, stem, model_name, sweep, head_dim, main_r, lib, example
+  )
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),
@@ -180,17 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     },
     "timings": timings,
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figs,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figs)
   return 0
 
 

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from rules import model_compression as rules
 
 from bertjax.plots import training as plots
 from bertjax.training import compression
@@ -34,66 +33,16 @@ class Scale(common.Scale):
   """Data, training and timing sizes of one run (the budget: `common.Scale`)."""
 
   max_len: int
-  max_sentences: int | None
   eval_fraction: float
   temperature: float
   alpha: float
   time_batch: int
   rounds: int
   warmup_rounds: int
+  max_sentences: int | None = None  # None: every sentence of UD EWT dev
 
 
-FULL = Scale(
-  max_len=64,
-  max_sentences=None,
-  eval_fraction=0.2,
-  steps=150,
-  batch=16,
-  lr=1e-4,
-  warmup=15,
-  temperature=2.0,
-  alpha=0.5,
-  time_batch=32,
-  rounds=9,
-  warmup_rounds=2,
-)
-SMOKE = Scale(
-  max_len=32,
-  max_sentences=None,
-  eval_fraction=0.25,
-  steps=4,
-  batch=8,
-  lr=1e-3,
-  warmup=1,
-  temperature=2.0,
-  alpha=0.5,
-  time_batch=4,
-  rounds=3,
-  warmup_rounds=1,
-)
-
-
-def smoke_teacher_config(vocab_size: int):
-  """The tiny random BERT that stands in for MiniLM with --smoke."""
-  import bertjax
-
-  return bertjax.BertConfig(
-    vocab_size=vocab_size,
-    hidden_size=32,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-  )
-
-
-def check_block(block: int, depth: int) -> None:
-  """Raises a `common.UsageError` (a ValueError) unless `block` (`--shared-layer`) names
-  one of blocks 1..`depth`."""
-  if not 1 <= block <= depth:
-    raise common.UsageError(
-      f"--shared-layer {block} must be in 1..{depth} (the teacher's blocks, counted from 1)"
-    )
+FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -114,33 +63,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
-def load_upos(args, sc: Scale, tok, timings: dict[str, float]):
-  """UD EWT dev's UPOS tags, split into train and held-out sentences.
-
-  Returns:
-    `(train, held, tags, ud)`: the two splits, the tag names and the `.conllu` file.
-  """
-  from bertjax.training import finetune as F
-
-  with common.timed(timings, "data"):
-    ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
-    train, held, tags = F.load_ud_pos(
-      ud,
-      tok,
-      max_len=sc.max_len,
-      field="upos",
-      eval_fraction=sc.eval_fraction,
-      max_sentences=sc.max_sentences,
-      seed=args.seed,
-    )
-  common.log(
-    f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences "
-    f"({int((held['labels'] >= 0).sum())} words), {len(tags)} tags, max_len "
-    f"{sc.max_len}"
-  )
-  return train, held, tags, ud
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   with common.smoke_compilation_cache(args.smoke):
@@ -158,28 +80,36 @@ def run_experiment(args) -> int:
 
   timings: dict[str, float] = {}
   tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
-  teacher = (
-    str(args.model)
-    if args.model
-    else "random tiny BERT (--smoke)"
-    if args.smoke
-    else "all-MiniLM-L6-v2"
-  )
-  train, held, tags, ud = load_upos(args, sc, tok, timings)
+  teacher = args.model or ("random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2")
+  with common.timed(timings, "data"):
+    ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
+    train, held, tags = F.load_ud_pos(
+      ud,
+      tok,
+      field="upos",
+      seed=args.seed,
+      **{k: getattr(sc, k) for k in ("max_len", "eval_fraction", "max_sentences")},
+    )
+  words = int((held["labels"] >= 0).sum())
+  common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
   hp = F.FinetuneConfig(
     steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr, warmup_steps=sc.warmup, seed=args.seed
   )
-  base = smoke_teacher_config(tok.vocab_size) if args.smoke and not args.model else None
-  source = args.model or (None if args.smoke else bertjax.minilm_path())
+  tiny = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
+  base = bertjax.BertConfig(vocab_size=tok.vocab_size, max_position_embeddings=64, **tiny)
   t_config, t_params = F.prepare_model(
     "token_classification",
     len(tags),
-    init_from=source,
-    config=base,
+    init_from=args.model or (None if args.smoke else bertjax.minilm_path()),
+    config=base if args.smoke and not args.model else None,
     seed=args.seed,
     label_names=tags,
   )
-  check_block(args.shared_layer, t_config.num_hidden_layers)  # before any training
+  if not 1 <= args.shared_layer <= t_config.depth:  # before any training
+    raise common.UsageError(
+      f"--shared-layer {args.shared_layer} must be in 1..{t_config.depth} "
+      "(the teacher's blocks, counted from 1)"
+    )
   with common.timed(timings, "train"):
     runs, models = compression.compress(
       t_config,
@@ -230,7 +160,7 @@ def run_experiment(args) -> int:
     "data": {
       "train_sentences": len(train["labels"]),
       "heldout_sentences": len(held["labels"]),
-      "heldout_words": int((held["labels"] >= 0).sum()),
+      "heldout_words": words,
       "tags": tags,
       "file": str(ud.name),
     },
@@ -244,17 +174,7 @@ def run_experiment(args) -> int:
     "finetune": dataclasses.asdict(hp),
     "configs": {k: dataclasses.asdict(models[k][0]) for k in models},
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figures)
   return 0
 
 

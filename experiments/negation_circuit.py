@@ -166,17 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     "project sentences (bertjax.tasks.negation.fit_probe)",
   }
   figures = figure(args.out, r, g, circuit, common.results_stem(NAME, args.model))
-  common.write_results(
-    NAME,
-    args.out,
-    r,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, r, settings, started=t_start, figures=figures)
   return 0
 
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from rules import outlier_dimensions as rules
 
 NAME = "outlier_dimensions"
 PROBE_LAYERS = ("middle", "last")
@@ -145,17 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   stem = common.results_stem(NAME, args.model)
   path = pathlib.Path(args.out) / f"{stem}_census.png"
   figures = [plots.outlier_census(r, path, title=f"Outlier dimensions: {model_name}").name]
-  common.write_results(
-    NAME,
-    args.out,
-    r,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, r, settings, started=t_start, figures=figures)
   return 0
 
 

@@ -11,7 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -20,14 +19,6 @@ import common
 from rules import probing_layers as rules
 
 NAME = "probing_layers"
-LABELS = {
-  "upos": "UPOS accuracy",
-  "deprel": "dep. relation accuracy",
-  "uuas": "UUAS (distance)",
-  "dspr": "DSpr. (distance)",
-  "root_acc": "root accuracy (depth)",
-  "nspr": "NSpr. (depth)",
-}
 
 
 def _suite(args):
@@ -54,24 +45,6 @@ def _suite(args):
     anisotropy_pairs=200,
     seed=args.seed,
   )
-
-
-def figures(out, curves, expected, r, model_name, stem: str = NAME) -> list[str]:
-  """The scores by layer, the control tasks' selectivity and the expected layers."""
-  from bertjax.plots import probing as plots
-
-  out = pathlib.Path(out)
-  tasks = {LABELS[t]: r[t] for t in ("upos", "deprel")}
-  mlp = {LABELS["upos"]: r["upos_mlp"]} if "upos_mlp" in r else None
-  title = f"Probes by layer ({model_name}); ★ = best layer"
-  paths = (
-    plots.plot_scores_with_best(curves, out / f"{stem}_scores.png", labels=LABELS, title=title),
-    plots.plot_selectivity_panels(tasks, out / f"{stem}_selectivity.png", mlp=mlp),
-    plots.plot_expected_layers(
-      expected, len(curves["upos"]), out / f"{stem}_expected_layer.png", labels=LABELS
-    ),
-  )
-  return [p.name for p in paths]
 
 
 @common.one_blas_thread
@@ -102,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   from bertjax.analysis.representations import probing_run
   from bertjax.data import conllu
+  from bertjax.plots.probing import probing_layers_figures
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
   n_sent = args.sentences or (40 if args.smoke else None)
@@ -123,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   }
   expected = summary["expected_layer"]
 
-  figs = figures(args.out, curves, expected, r, model_name, common.results_stem(NAME, args.model))
+  stem = common.results_stem(NAME, args.model)
+  figs = probing_layers_figures(curves, expected, r, model_name, args.out, stem)
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),
@@ -146,17 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   }
   if "upos_mlp" in r:
     results["upos_mlp"] = _strip(r["upos_mlp"])
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figs,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figs)
   return 0
 
 

@@ -25,54 +25,7 @@ from bertjax.training.early_stopping import EarlyStopping
 
 NAME = "random_init"
 TASKS = init_control.TASKS
-SIZES: dict[str, dict[str, Any]] = {
-  # Counts are sentences (minimal pairs for BLiMP); dev and test are held out per seed.
-  "full": {
-    "seeds": 2,
-    "batch_size": 16,
-    "learning_rate": 1e-4,
-    "warmup_steps": 10,
-    "max_steps": 600,
-    "min_steps": 60,
-    "eval_every": 20,
-    "patience": 3,
-    "sentence_dev": 60,
-    "sentence_test": 100,
-    "upos_max_len": 32,
-    "upos_dev": 100,
-    "upos_test": 300,
-    "upos_train": 600,
-    "blimp_dev": 50,
-    "blimp_test": 150,
-    "blimp_train": 500,
-    "max_len": 64,
-    "eval_batch": 50,
-    "bow_steps": 300,
-  },
-  "smoke": {
-    "seeds": 1,
-    "batch_size": 8,
-    "learning_rate": 1e-3,
-    "warmup_steps": 0,
-    "max_steps": 6,
-    "min_steps": 3,
-    "eval_every": 3,
-    "patience": 1,
-    "sentence_dev": 12,
-    "sentence_test": 16,
-    "sentence_limit": 72,
-    "upos_max_len": 32,
-    "upos_dev": 6,
-    "upos_test": 10,
-    "upos_train": 20,
-    "blimp_dev": 6,
-    "blimp_test": 10,
-    "blimp_train": 24,
-    "max_len": 64,
-    "eval_batch": 16,
-    "bow_steps": 50,
-  },
-}
+SIZES = common.sizes(NAME)  # experiments/sizes.toml
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 RULE = (
   "r = (random - majority) / (pre-trained - majority) on the seeds' mean test accuracy; "
@@ -198,17 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       plots.init_learning_curves(results["tasks"], out / f"{stem}_curves.png").name,
       plots.init_scores(results["tasks"], out / f"{stem}_scores.png").name,
     ]
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=t_start, figures=figures)
 
 
 if __name__ == "__main__":

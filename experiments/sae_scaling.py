@@ -17,7 +17,6 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from rules import sae_scaling as rules
 
 NAME = "sae_scaling"
 EXPANSIONS = (1, 2, 4, 8, 16)
@@ -160,17 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     "layer + 1, the README's numbering",
   }
   figures = figure(args.out, r, model_name, common.results_stem(NAME, args.model))
-  common.write_results(
-    NAME,
-    args.out,
-    r,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=figures,
-    model=args.model,
-  )
+  common.finish(NAME, args, r, settings, started=t_start, figures=figures)
   return 0
 
 

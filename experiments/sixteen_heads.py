@@ -10,7 +10,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 
 from __future__ import annotations
 
-import pathlib
 import sys
 import time
 from typing import Any
@@ -26,59 +25,11 @@ PRUNE_TARGETS = (0.2, 0.4, 0.6)  # fractions of heads physically removed for the
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
-  """The sizes of a run: the full one, or the small smoke one."""
-  if smoke:
-    return {
-      "model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
-      "max_sentences": 48,
-      "probe_steps": 60,
-      "batch_size": 64,
-      "prune_step": 0.25,
-      "prune_max": 0.75,
-      "random_orders": 2,
-      "timing_batch": 4,
-      "timing_length": 32,
-      "timing_repeats": 3,
-      "alpha": 0.01,
-      "seed": seed,
-    }
-  return {
-    "model": "all-MiniLM-L6-v2",
-    "max_sentences": None,
-    "probe_steps": 500,
-    "batch_size": 128,
-    "prune_step": 0.1,
-    "prune_max": 0.9,
-    "random_orders": 8,
-    "timing_batch": 32,
-    "timing_length": 64,
-    "timing_repeats": 15,
-    "alpha": 0.01,
-    "seed": seed,
-  }
+  """The sizes of a run (`experiments/sizes.toml`): the full one, or the small smoke one."""
+  return {**common.sizes(NAME)["smoke" if smoke else "full"], "seed": seed}
 
 
-# Figures and the run -----------------------------------------------------------------------
-
-
-def figures(r: dict, out, stem: str = NAME) -> list[str]:
-  """Importance and ablation heatmaps, the pruning curves, the speed-up bars and the layer
-  ablation (`stem`: the file names' start, `common.results_stem`)."""
-  from bertjax.plots import pruning as plots
-
-  out = pathlib.Path(out)
-  paths = (
-    plots.importance_and_ablation(r["importance"], r["ablation"], out / f"{stem}_heads.png"),
-    plots.pruning_panels(
-      r["pruning"],
-      out / f"{stem}_pruning.png",
-      task="negation",
-      majority=r["pruning"]["majority_accuracy"],
-    ),
-    plots.speedup_bars(r["speed"], out / f"{stem}_speedup.png"),
-    plots.layer_ablation(r["ablation"], out / f"{stem}_layers.png"),
-  )
-  return [p.name for p in paths]
+# The run -----------------------------------------------------------------------------------
 
 
 def load(args, s: dict[str, Any], timings: dict[str, float]):
@@ -102,30 +53,15 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
   return config, params, tok, sentences
 
 
-def timing_batch(tok, data, s: dict[str, Any]):
-  """The first `timing_batch` UD EWT dev sentences of at most `timing_length` tokens, padded
-  to that length: `(ids, attention_mask)`."""
-  from bertjax.data import conllu
-  from bertjax.tasks import text_batches
-
-  words = [
-    list(x.forms) for x in conllu.read_conllu(common.ud_file(data, "dev"), max_sentences=400)
-  ]
-  fit = [words[i] for i in text_batches.fitting(tok, words, s["timing_length"])]
-  if len(fit) < s["timing_batch"]:
-    raise common.UsageError(
-      f"only {len(fit)} UD sentences fit timing_length={s['timing_length']}; need timing_batch={s['timing_batch']}"
-    )
-  b = tok.encode_words(fit[: s["timing_batch"]], pad_to=s["timing_length"])
-  return b.input_ids, b.attention_mask
-
-
 def main(argv=None) -> int:
   args = common.parser(__doc__).parse_args(argv)
   start = time.perf_counter()
   from bertjax.analysis import batching
   from bertjax.analysis.interventions import ablation, pruning
+  from bertjax.data import conllu
+  from bertjax.plots.pruning import sixteen_heads_figures
   from bertjax.tasks import negation_probe as task
+  from bertjax.tasks import text_batches
 
   data = common.data_dir(args.data_dir, "ud_english_ewt")
   s = run_settings(args.smoke, args.seed)
@@ -165,7 +101,11 @@ def main(argv=None) -> int:
     pr["majority_accuracy"] = task_results["majority_accuracy"]
     common.log(f"pruning: iterative accuracy {np.round(pr['accuracy']['iterative'], 3).tolist()}")
   with common.timed(timings, "speed"):
-    ids, attn = timing_batch(tok, data, s)
+    ud = conllu.read_conllu(common.ud_file(data, "dev"), max_sentences=400)
+    batch = text_batches.first_fitting(
+      tok, [list(x.forms) for x in ud], s["timing_batch"], s["timing_length"]
+    )
+    ids, attn = batch.input_ids, batch.attention_mask
     order = ablation.pruning_order(pr["masks_iterative"], imp_norm)
     sp = pruning.pruned_speedups(
       params, config, ids, attn, order, targets=PRUNE_TARGETS, repeats=s["timing_repeats"]
@@ -188,29 +128,19 @@ def main(argv=None) -> int:
     "pruning": pr,
     "speed": sp,
   }
-  depth = config.depth
-  seconds = time.perf_counter() - start
   results["timings_s"] = timings
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings={
-      **s,
-      "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
-      "criterion": task_results["why"],
-      "layers": depth,
-      "heads": config.num_attention_heads,
-      "chunk_size": chunk,
-      "ablation_strategy": "prefix",
-      "indexing": rules.INDEXING,
-    },
-    smoke=args.smoke,
-    seconds=seconds,
-    figures=figures(results, args.out, common.results_stem(NAME, args.model)),
-    model=args.model,
-  )
+  settings = {
+    **s,
+    "data": "bertjax/resources/sentences.tsv (negation task); UD EWT dev (timing batch)",
+    "criterion": task_results["why"],
+    "layers": config.depth,
+    "heads": config.num_attention_heads,
+    "chunk_size": chunk,
+    "ablation_strategy": "prefix",
+    "indexing": rules.INDEXING,
+  }
+  figs = sixteen_heads_figures(results, args.out, common.results_stem(NAME, args.model))
+  common.finish(NAME, args, results, settings, started=start, figures=figs)
   return 0
 
 

@@ -51,65 +51,7 @@ class Scale(common.PretrainScale):
   shallow_fraction: float
 
 
-FULL = Scale(
-  layers=6,
-  hidden=128,
-  heads=4,
-  ffn=512,
-  vocab=8000,
-  seq_len=64,
-  batch=32,
-  steps=1000,
-  lr=1e-3,
-  warmup=100,
-  max_lines=None,
-  eval_batches=16,
-  window=20,
-  repeats=2,
-  rounds=20,
-  shallow=3,
-  shallow_fraction=0.5,
-)
-# A 12-layer model for a GPU (`--scale gpu`), stacked 6 -> 12 halfway; 600 steps of 64 x 128
-# tokens are ~20 epochs of the 228k-token training text (more would only memorise it).
-GPU = Scale(
-  layers=12,
-  hidden=256,
-  heads=4,
-  ffn=1024,
-  vocab=8000,
-  seq_len=128,
-  batch=64,
-  steps=600,
-  lr=5e-4,
-  warmup=60,
-  max_lines=None,
-  eval_batches=8,
-  window=20,
-  repeats=2,
-  rounds=20,
-  shallow=6,
-  shallow_fraction=0.5,
-)
-SMOKE = Scale(
-  layers=2,
-  hidden=32,
-  heads=2,
-  ffn=64,
-  vocab=300,
-  seq_len=32,
-  batch=8,
-  steps=8,
-  lr=1e-3,
-  warmup=1,
-  max_lines=400,
-  eval_batches=2,
-  window=3,
-  repeats=1,
-  rounds=3,
-  shallow=1,
-  shallow_fraction=0.5,
-)
+FULL, GPU, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "gpu", "smoke"))
 
 
 # Main -----------------------------------------------------------------------
@@ -246,16 +188,8 @@ def run_experiment(args) -> int:
     "model_config": dataclasses.asdict(config),
     "device": jax.devices()[0].device_kind if args.scale == "gpu" else None,
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - t_start,
-    figures=[p.name for p in figs],
-    stem=prefix,
+  common.finish(
+    NAME, args, results, settings, started=t_start, figures=[p.name for p in figs], stem=prefix
   )
   return 0
 

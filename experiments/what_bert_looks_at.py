@@ -11,7 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -25,40 +24,8 @@ NAME = "what_bert_looks_at"
 
 
 def run_settings(smoke: bool, seed: int) -> dict[str, Any]:
-  """The sizes of a run: the full one, or the small smoke one."""
-  if smoke:
-    return {
-      "model": "tiny random (2 layers x 4 heads, 64 wide, MiniLM vocabulary)",
-      "max_sentences": 24,
-      "max_tokens": 128,
-      "batch_size": 16,
-      "min_count": 3,
-      "seed": seed,
-    }
-  return {
-    "model": "all-MiniLM-L6-v2",
-    "max_sentences": None,
-    "max_tokens": 128,
-    "batch_size": 32,
-    "min_count": 100,
-    "seed": seed,
-  }
-
-
-# Figures ------------------------------------------------------------------------------------
-
-
-def figures(r: dict, out, relations: Sequence[str], stem: str = NAME) -> list[str]:
-  """Attention by layer, the probe by relation and by head (`stem`: the file names' start)."""
-  from bertjax.plots import attention as plots
-
-  out, table = pathlib.Path(out), r["probe"]["relations"]
-  paths = (
-    plots.clark_by_layer(r["clark"], out / f"{stem}_special_tokens.png"),
-    plots.probe_relations(table, relations, out / f"{stem}_relations.png"),
-    plots.probe_head_grids(table, relations, out / f"{stem}_heads.png"),
-  )
-  return [p.name for p in paths]
+  """The sizes of a run (`experiments/sizes.toml`): the full one, or the small smoke one."""
+  return {**common.sizes(NAME)["smoke" if smoke else "full"], "seed": seed}
 
 
 # The run ------------------------------------------------------------------------------------
@@ -97,6 +64,7 @@ def main(argv=None) -> int:
 
   from bertjax.analysis.attention import statistics, syntax
   from bertjax.data import conllu
+  from bertjax.plots.attention import clark_figures
   from bertjax.tasks import text_batches
 
   data = common.data_dir(args.data_dir)
@@ -172,7 +140,8 @@ def main(argv=None) -> int:
     "per_sentence_vs_clark_max_diff": gap,
   }
   results["timings_s"] = timings
-  figs = figures(results, args.out, probe["frequent"], common.results_stem(NAME, args.model))
+  stem = common.results_stem(NAME, args.model)
+  figs = clark_figures(results, probe["frequent"], args.out, stem)
   settings = {
     **s,
     "data": f"UD English EWT {path.name}",
@@ -193,17 +162,7 @@ def main(argv=None) -> int:
       "variant": "clark_token_all_punct: token-weighted, every punctuation id, unsmoothed entropy",
     },
   }
-  common.write_results(
-    NAME,
-    args.out,
-    results,
-    findings=rules.findings,
-    settings=settings,
-    smoke=args.smoke,
-    seconds=time.perf_counter() - start,
-    figures=figs,
-    model=args.model,
-  )
+  common.finish(NAME, args, results, settings, started=start, figures=figs)
   return 0
 
 

@@ -29,3 +29,14 @@ def test_spread_is_even_and_whole_when_asked_for_all():
   np.testing.assert_array_equal(text_batches.spread(5, None), np.arange(5))
   np.testing.assert_array_equal(text_batches.spread(5, 9), np.arange(5))
   np.testing.assert_array_equal(text_batches.spread(9, 3), [0, 4, 8])
+
+
+def test_first_fitting_is_one_padded_batch_of_whole_sentences(tok):
+  words = [["An", "extraordinarily"] * 30, ["The", "cat", "sat", "."], ["Rain", "."], ["Go", "."]]
+  b = text_batches.first_fitting(tok, words, 2, 16)
+  assert b.input_ids.shape == b.attention_mask.shape == (2, 16)
+  want = tok.encode_words(words[1:3], pad_to=16)
+  np.testing.assert_array_equal(b.input_ids, want.input_ids)
+  np.testing.assert_array_equal(b.attention_mask.sum(-1), [6, 4])
+  with pytest.raises(ValueError, match="only 3 sentences fit in 16 tokens; 4 are needed"):
+    text_batches.first_fitting(tok, words, 4, 16)

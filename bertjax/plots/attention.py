@@ -118,3 +118,20 @@ def probe_head_grids(
     ax.axis("off")
   fig.suptitle("Per-head accuracy of the attention probe (all sentences)")
   return save_png(fig, path)
+
+
+def clark_figures(r: Mapping, relations: Sequence[str], out, stem: str) -> list[str]:
+  """The three figures of the `what_bert_looks_at` experiment from its results `r`, saved in
+  `out`: `STEM_special_tokens.png` (attention by layer), `_relations` and `_heads` (the
+  dependency probe for `relations`).
+
+  Returns:
+    The file names.
+  """
+  out, table = pathlib.Path(out), r["probe"]["relations"]
+  paths = (
+    clark_by_layer(r["clark"], out / f"{stem}_special_tokens.png"),
+    probe_relations(table, relations, out / f"{stem}_relations.png"),
+    probe_head_grids(table, relations, out / f"{stem}_heads.png"),
+  )
+  return [p.name for p in paths]

@@ -156,3 +156,32 @@ def example_maps(raw, effective, layer: int, head: int, path) -> pathlib.Path:
   axes[2].legend(fontsize=8)
   fig.suptitle(f"One passage of {len(raw)} tokens; the head with the most raw [CLS]+[SEP] mass")
   return save_png(fig, path)
+
+
+def effective_attention_figures(
+  out, stem: str, model: str, sweep, head_dim: int, analysis, statistics, example
+) -> list[str]:
+  """The four figures of the `effective_attention` experiment, saved in `out` as
+  `STEM_null_space.png` (`null_space_by_length` of `sweep`), `_special` (`class_mass_by_layer`
+  of `analysis` and `statistics`), `_heads` and `_example` (`example_maps(**example)`).
+
+  Returns:
+    The file names.
+  """
+  out = pathlib.Path(out)
+  n = np.shape(analysis["raw_cls"])[0]
+  paths = (
+    null_space_by_length(
+      sweep, head_dim, out / f"{stem}_null_space.png", title=f"Brunner et al. (2020) on {model}"
+    ),
+    class_mass_by_layer(
+      analysis,
+      statistics,
+      out / f"{stem}_special.png",
+      title=f"Raw vs effective attention by layer ({model}, {n} passages of "
+      f"{analysis['length']} tokens)",
+    ),
+    class_mass_by_head(analysis, out / f"{stem}_heads.png"),
+    example_maps(**example, path=out / f"{stem}_example.png"),
+  )
+  return [p.name for p in paths]

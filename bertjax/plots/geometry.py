@@ -77,3 +77,20 @@ def centred_similarity(m: Mapping, path) -> pathlib.Path:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   return save_png(fig, path)
+
+
+def anisotropy_figures(out, m: Mapping, model_name: str, definition: str, stem: str) -> list[str]:
+  """The two figures of the `anisotropy` experiment from its measures `m`, saved in `out`:
+  `STEM_by_layer.png` (`contextuality_by_layer`, with the MEV `definition`) and
+  `STEM_centred.png` (`centred_similarity`).
+
+  Returns:
+    The file names.
+  """
+  out = pathlib.Path(out)
+  title = f"Ethayarajh (2019) measures by layer: {model_name}, UD EWT dev words"
+  paths = (
+    contextuality_by_layer(m, out / f"{stem}_by_layer.png", definition=definition, title=title),
+    centred_similarity(m, out / f"{stem}_centred.png"),
+  )
+  return [p.name for p in paths]

@@ -339,3 +339,42 @@ def plot_expected_layers(
   ax.grid(alpha=0.3, axis="x")
   ax.invert_yaxis()
   return _save(fig, path)
+
+
+# The names of the layer-wise probing tasks in the probing_layers figures.
+PROBING_LAYERS_LABELS = {
+  "upos": "UPOS accuracy",
+  "deprel": "dep. relation accuracy",
+  "uuas": "UUAS (distance)",
+  "dspr": "DSpr. (distance)",
+  "root_acc": "root accuracy (depth)",
+  "nspr": "NSpr. (depth)",
+}
+
+
+def probing_layers_figures(curves, expected, r, model_name: str, out, stem: str) -> list[str]:
+  """The three figures of the `probing_layers` experiment, saved in `out`: the scores by layer
+  (`curves`) with the best layer marked, the selectivity against the control tasks (the
+  results `r`) and the expected layers (`expected`), as `STEM_scores.png`, `_selectivity` and
+  `_expected_layer`.
+
+  Returns:
+    The file names.
+  """
+  out = pathlib.Path(out)
+  tasks = {PROBING_LAYERS_LABELS[t]: r[t] for t in ("upos", "deprel")}
+  mlp = {PROBING_LAYERS_LABELS["upos"]: r["upos_mlp"]} if "upos_mlp" in r else None
+  title = f"Probes by layer ({model_name}); ★ = best layer"
+  paths = (
+    plot_scores_with_best(
+      curves, out / f"{stem}_scores.png", labels=PROBING_LAYERS_LABELS, title=title
+    ),
+    plot_selectivity_panels(tasks, out / f"{stem}_selectivity.png", mlp=mlp),
+    plot_expected_layers(
+      expected,
+      len(curves["upos"]),
+      out / f"{stem}_expected_layer.png",
+      labels=PROBING_LAYERS_LABELS,
+    ),
+  )
+  return [p.name for p in paths]

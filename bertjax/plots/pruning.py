@@ -122,3 +122,25 @@ def layer_ablation(ablation: Mapping, path) -> pathlib.Path:
   ax.set_title("Whole-layer ablation and 'one head is enough' (Michel Table 2)")
   ax.legend(fontsize=8)
   return save_png(fig, path)
+
+
+def sixteen_heads_figures(r: Mapping, out, stem: str) -> list[str]:
+  """The four figures of the `sixteen_heads` experiment from its results `r`, saved in `out`
+  as `STEM_heads.png` (importance and ablation), `_pruning`, `_speedup` and `_layers`.
+
+  Returns:
+    The file names.
+  """
+  out = pathlib.Path(out)
+  paths = (
+    importance_and_ablation(r["importance"], r["ablation"], out / f"{stem}_heads.png"),
+    pruning_panels(
+      r["pruning"],
+      out / f"{stem}_pruning.png",
+      task="negation",
+      majority=r["pruning"]["majority_accuracy"],
+    ),
+    speedup_bars(r["speed"], out / f"{stem}_speedup.png"),
+    layer_ablation(r["ablation"], out / f"{stem}_layers.png"),
+  )
+  return [p.name for p in paths]

@@ -84,3 +84,19 @@ def fitting(tok: bertjax.Tokenizer, words, max_tokens: int) -> np.ndarray:
     return np.zeros(0, int)
   lengths = tok.encode_words(words, truncation=False, max_length=10**6).attention_mask.sum(-1)
   return np.flatnonzero(lengths <= max_tokens)
+
+
+def first_fitting(tok: bertjax.Tokenizer, words, count: int, length: int):
+  """The first `count` sentences (word lists) that the model reads whole in `length` tokens
+  (`fitting`), padded to `length`: one batch of a fixed shape, e.g. for timing a forward.
+
+  Returns:
+    The tokenizer's batch (`input_ids`, `attention_mask`, ...), each (count, length).
+
+  Raises:
+    ValueError: fewer than `count` sentences fit, naming both numbers.
+  """
+  fit = fitting(tok, words, length)
+  if len(fit) < count:
+    raise ValueError(f"only {len(fit)} sentences fit in {length} tokens; {count} are needed")
+  return tok.encode_words([words[i] for i in fit[:count]], pad_to=length)
