@@ -40,25 +40,14 @@ FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 
 def model_configs(sc: Scale, vocab_size: int) -> dict[str, Any]:
   """The four models: BERT, ALBERT (shared + factorised) and the two single reductions."""
-  import bertjax
-
-  shared = {
-    "vocab_size": vocab_size,
-    "hidden_size": sc.hidden,
-    "num_hidden_layers": sc.layers,
-    "num_attention_heads": sc.heads,
-    "intermediate_size": sc.ffn,
-    "max_position_embeddings": sc.seq_len,
-    "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1,
-    "attention_probs_dropout_prob": 0.1,
-  }
+  dropout = {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+  shared = {"vocab_size": vocab_size, "hidden_act": "gelu", **dropout}
   albert = {**shared, "model_type": "albert"}
   return {
-    "bert": bertjax.BertConfig(**shared),
-    "albert": bertjax.BertConfig(**albert, embedding_size=sc.embedding, num_hidden_groups=1),
-    "shared_only": bertjax.BertConfig(**albert, embedding_size=sc.hidden, num_hidden_groups=1),
-    "factorized_only": bertjax.BertConfig(
+    "bert": sc.bert_config(**shared),
+    "albert": sc.bert_config(**albert, embedding_size=sc.embedding, num_hidden_groups=1),
+    "shared_only": sc.bert_config(**albert, embedding_size=sc.hidden, num_hidden_groups=1),
+    "factorized_only": sc.bert_config(
       **albert, embedding_size=sc.embedding, num_hidden_groups=sc.layers
     ),
   }

@@ -22,15 +22,6 @@ from rules import anisotropy as rules
 from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
 
 NAME = "anisotropy"
-MEV_DEFINITIONS_DOC = {
-  "truncated_svd": "sklearn TruncatedSVD(n_components=100).explained_variance_ratio_[0] "
-  "(kawine/contextual analyze.py, first commit 84d2f97: the code behind "
-  "the released bert/variance_explained.csv)",
-  "pca": "sklearn PCA(n_components=1).explained_variance_ratio_[0] (kawine/contextual "
-  "analyze.py, commit c10c992)",
-  "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
-  "Definition 3 as written)",
-}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -94,41 +85,6 @@ def summarise(
   }
 
 
-def settings_of(
-  args,
-  *,
-  model_name: str,
-  data_name: str,
-  num_sentences: int,
-  words: int,
-  pooling: str,
-  min_count: int,
-) -> dict:
-  """The run's settings as the result file records them."""
-  n_paper = f"{min(1000, num_sentences):,}"
-  return {
-    "model": model_name,
-    "data": data_name,
-    "sentences": num_sentences,
-    "words": words,
-    "pooling": pooling,
-    "pairs": args.pairs,
-    "min_count": min_count,
-    "mev_max_occurrences": args.mev_max_occurrences,
-    "mev_definition": args.mev_definition,
-    "mev_definitions": MEV_DEFINITIONS_DOC,
-    "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
-    "drawn uniformly from all words; averaged over types",
-    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {n_paper} words, one "
-    "from each of as many random sentences (kawine/contextual "
-    "explore_embedding_space)",
-    "seed": args.seed,
-    "punctuation": args.punctuation,
-    "word_types": "lower-cased UD word forms"
-    + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
-  }
-
-
 @common.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
@@ -171,15 +127,24 @@ def main(argv: Sequence[str] | None = None) -> int:
   figs = anisotropy_figures(
     args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
   )
-  settings = settings_of(
-    args,
-    model_name=model_name,
-    data_name=str(path.relative_to(data)),
-    num_sentences=len(sentences),
-    words=int(reps.shape[1]),
-    pooling=wf.pooling,
-    min_count=min_count,
-  )
+  settings = {
+    "model": model_name,
+    "data": str(path.relative_to(data)),
+    "sentences": len(sentences),
+    "words": int(reps.shape[1]),
+    "pooling": wf.pooling,
+    "min_count": min_count,
+    **{k: getattr(args, k) for k in ("pairs", "mev_max_occurrences", "mev_definition", "seed")},
+    "mev_definitions": geometry.MEV_SOURCES,
+    "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
+    "drawn uniformly from all words; averaged over types",
+    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {min(1000, len(sentences)):,} "
+    "words, one from each of as many random sentences (kawine/contextual "
+    "explore_embedding_space)",
+    "punctuation": args.punctuation,
+    "word_types": "lower-cased UD word forms"
+    + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
+  }
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
   common.finish(NAME, args, results, settings, started=t_start, figures=figs)
   return 0

@@ -412,6 +412,21 @@ class PretrainScale(Scale):
   eval_batches: int
   window: int
 
+  def bert_config(self, vocab_size: int, **fields: Any):
+    """The `BertConfig` of this model over `vocab_size` tokens (its positions: `seq_len`);
+    `fields` set or override any other `BertConfig` field."""
+    import bertjax
+
+    return bertjax.BertConfig(
+      vocab_size=vocab_size,
+      hidden_size=self.hidden,
+      num_hidden_layers=self.layers,
+      num_attention_heads=self.heads,
+      intermediate_size=self.ffn,
+      max_position_embeddings=self.seq_len,
+      **fields,
+    )
+
   def train_config(self, seed: int):
     """The `loop.TrainConfig` of this budget: AdamW, linear decay after the warm-up."""
     from bertjax.training import loop

@@ -23,7 +23,7 @@ from rules import dark_secrets as rules
 
 from bertjax.analysis.finetuning import fine_tuning_effects, layer_means
 from bertjax.plots import finetuning as plots
-from bertjax.tasks.acceptability import PairSplit, batches, load_pair_split
+from bertjax.tasks.acceptability import PairSplit, batches, finetune_classifier, load_pair_split
 
 NAME = "dark_secrets"
 SIZES = common.sizes(NAME)  # experiments/sizes.toml
@@ -54,44 +54,6 @@ def _model(smoke: bool, seed: int, model: str | None = None):
   config, _, tok = common.minilm()
   cfg, params = ft.prepare_model("classification", 2, init_from=bertjax.minilm_path(), seed=seed)
   return config, cfg, params, tok, "all-MiniLM-L6-v2"
-
-
-def finetune(
-  config, pre_params, task: PairSplit, size: dict[str, Any], seed: int, timings: dict[str, float]
-):
-  """Fine-tunes the classifier on the task's training sentences.
-
-  Returns:
-    `(params, run)`: the fine-tuned parameters, and its held-out metrics, loss curve and
-    accuracy by phenomenon.
-  """
-  from bertjax.training import finetune as ft
-
-  hp = ft.FinetuneConfig(
-    steps=size["steps"],
-    batch_size=size["batch_size"],
-    learning_rate=size["learning_rate"],
-    warmup_steps=size["warmup_steps"],
-    seed=seed,
-    eval_batch_size=size["eval_batch"],
-  )
-  with common.timed(timings, "finetune"):
-    tuned = ft.finetune(config, pre_params, task.train, task.held, task="classification", hp=hp)
-  logits = ft.predict(
-    tuned["params"], config, task.held, "classification", batch_size=size["eval_batch"]
-  )
-  correct = logits.argmax(-1) == task.held["labels"]
-  run = {
-    "metrics": tuned["metrics"],
-    "final_loss": tuned["final_loss"],
-    "loss": [h["loss"] for h in tuned["history"]],
-    "accuracy_by_phenomenon": {
-      name: float(correct[task.held_phenomenon == k].mean())
-      for k, name in enumerate(task.phenomena)
-    },
-  }
-  common.log(f"fine-tuned: held-out {tuned['metrics']}")
-  return tuned["params"], run
 
 
 def results_of(
@@ -135,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   args = common.parser(__doc__).parse_args(argv)
   t_start = time.perf_counter()
   from bertjax.analysis.attention import patterns
+  from bertjax.training import finetune as ft
 
   size = SIZES["smoke" if args.smoke else "full"]
   timings: dict[str, float] = {}
@@ -155,7 +118,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     f"{len(task.held['labels'])} held-out sentences, length "
     f"{task.held['input_ids'].shape[1]}"
   )
-  params, run = finetune(config, pre_params, task, size, args.seed, timings)
+  budget = {k: size[k] for k in ("steps", "batch_size", "learning_rate", "warmup_steps")}
+  hp = ft.FinetuneConfig(**budget, seed=args.seed, eval_batch_size=size["eval_batch"])
+  with common.timed(timings, "finetune"):
+    params, run = finetune_classifier(config, pre_params, task, hp)
+  common.log(f"fine-tuned: held-out {run['metrics']}")
   held = batches(task.held, size["eval_batch"])
   m = fine_tuning_effects(
     pre_params,

@@ -42,19 +42,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def passage_sizes(args, head_dim: int) -> tuple[list[int], int, int, int]:
   """`(lengths, length, count, per_len)`: the sweep's lengths, the main set's passage length
-  and count, and the sweep's passages per length: the run's (`--smoke`: the small one's),
-  with `--length`, `--passages` and `--sweep-passages` where given.
+  and count, and the sweep's passages per length: the run's (`--smoke`: the small one's;
+  `experiments/sizes.toml`), with `--length`, `--passages` and `--sweep-passages` where given.
 
   Raises:
     ValueError: the main set's passages are not longer than `head_dim`.
   """
-  if args.smoke:
-    lengths, length, count, per_len = [8, 16, 24, 32, 48], 40, 4, 2
-  else:
-    lengths, length, count, per_len = [8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256], 128, 32, 3
-  length = length if args.length is None else args.length
-  count = count if args.passages is None else args.passages
-  per_len = per_len if args.sweep_passages is None else args.sweep_passages
+  size = common.sizes(NAME)["smoke" if args.smoke else "full"]
+  given = {k: getattr(args, k) for k in ("length", "passages", "sweep_passages")}
+  size.update({k: v for k, v in given.items() if v is not None})
+  lengths, length, count, per_len = (size[k] for k in ("lengths", *given))
   if length <= head_dim:
     raise common.UsageError(
       f"--length {length} must exceed d_head={head_dim} (else effective = raw)"
@@ -141,16 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     "summary": summary,
     "library_statistics": lib,
     "main_per_head": per_head(main_r),
-    "sweep": {
-      n: {
-        "null_dim": sweep[n]["null_dim"].mean(0),
-        "rank": sweep[n]["rank"].mean(0),
-        "corr": sweep[n]["corr"].mean(0),
-        "special_raw": (sweep[n]["raw_cls"] + sweep[n]["raw_sep"]).mean(0),
-        "special_effective": (sweep[n]["effective_cls"] + sweep[n]["effective_sep"]).mean(0),
-      }
-      for n in lengths
-    },
+    "sweep": effective.sweep_means(sweep),
     "example": {
       "layer": example["layer"] + 1,
       "head": example["head"],

@@ -11,7 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 
 from __future__ import annotations
 
-import dataclasses
 import pathlib
 import sys
 import time
@@ -68,39 +67,12 @@ def figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[s
   return [path.name]
 
 
-def _probe(params, config, tok, sentences):
-  """The negation probe (`bertjax.tasks.negation.fit_probe`: a logistic regression on the
-  mean-pooled final states of every project sentence) as a negated - affirmative logit
-  difference."""
-  from bertjax.analysis.interventions import metrics
-  from bertjax.tasks import negation
-
-  feats, labels = negation.pooled_features(params, config, tok, sentences)
-  w, b = negation.probe_weights(*negation.fit_probe(feats, labels))
-  return metrics.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")
-
-
-def _pairs(tok, sentences, count: int):
-  """The first `count` negated sentences with a one-token cue, and their twins."""
-  from bertjax.tasks import negation
-
-  clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated])
-  n = min(count, len(kept))
-  take = lambda x: dataclasses.replace(
-    x,
-    **{
-      f: np.asarray(getattr(x, f))[:n]
-      for f in ("input_ids", "attention_mask", "token_type_ids", "word_ids")
-    },
-  )
-  return take(clean), take(corrupted), kept[:n]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
   from bertjax.analysis.interventions import circuits
+  from bertjax.tasks import negation
   from bertjax.tasks.sentences import load_sentences
 
   with common.timed(timings, "load"):
@@ -109,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sentences = load_sentences()
   with common.timed(timings, "probe"):
-    probe = _probe(params, config, tok, sentences)
-  clean, corrupted, kept = _pairs(tok, sentences, args.pairs)
+    probe = negation.probe_metric(params, config, tok, sentences)
+  clean, corrupted, kept = negation.pairs(tok, [s.text for s in sentences if s.negated], args.pairs)
   n = len(kept)
   targets = {"answer": np.ones(n, np.int32), "distractor": np.zeros(n, np.int32)}
   with common.timed(timings, "discover"):

@@ -57,7 +57,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   timings: dict[str, float] = {}
   import jax.numpy as jnp
 
-  from bertjax import stats
   from bertjax.analysis.representations import sae
   from bertjax.tasks import passages
 
@@ -76,49 +75,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     train = sae.activations(params, config, train_batches, "out", layer)
     held = sae.activations(params, config, test_batches, "out", layer)
   common.log(f"{len(train):,} training and {len(held):,} held-out tokens of block {layer}")
-  d = config.hidden_size
   expansions = (2, 4) if args.smoke else EXPANSIONS
-  r = {
-    "latents": [],
-    "fvu": [],
-    "dead": [],
-    "dense": [],
-    "l0": [],
-    "train_log": [],
-    "held_out_tokens": len(held),
-    "train_tokens": len(train),
-  }
-  states = {}
-  for e in expansions:
-    # Dead after 100 steps without firing (the released 10M tokens: 76 of its 131k-token steps).
-    cfg = sae.SAEConfig(
-      d_model=d,
-      latents=e * d,
-      k=min(args.k, e * d),
-      lr=args.lr,
-      dead_tokens=100 * args.batch_tokens,
+  with common.timed(timings, "train"):
+    r, (state, cfg, ev) = sae.scaling_sweep(
+      train,
+      held,
+      expansions,
+      **{k: getattr(args, k) for k in ("k", "lr", "steps", "batch_tokens", "seed")},
+      log=common.log,
     )
-    with common.timed(timings, f"train {e}x"):
-      state, log = sae.train(
-        train,
-        cfg,
-        steps=args.steps,
-        batch_tokens=args.batch_tokens,
-        seed=args.seed,
-        progress=False,
-        log_every=max(args.steps // 10, 1),
-      )
-    ev = sae.evaluate(state.params, cfg, held)
-    common.log(
-      f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, dense {ev['dense']:.3f}"
-    )
-    for key in ("fvu", "dead", "dense", "l0"):
-      r[key].append(ev[key])
-    r["latents"].append(e * d)
-    r["train_log"].append(log)
-    states[e] = (state, cfg, ev)
-  r["fit"] = stats.power_law_fit(r["latents"], r["fvu"])
-  state, cfg, ev = states[expansions[-1]]
   clean: dict[bytes, object] = {}
 
   def pooled(out, b):

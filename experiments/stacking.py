@@ -101,14 +101,7 @@ def run_experiment(args) -> int:
     sc = dataclasses.replace(sc, repeats=args.repeats)
   timings: dict[str, float] = {}
   data = common.load_wikitext(args, sc, timings)
-  config = bertjax.BertConfig(
-    vocab_size=data.corpus.vocab_size,
-    hidden_size=sc.hidden,
-    num_hidden_layers=sc.layers,
-    num_attention_heads=sc.heads,
-    intermediate_size=sc.ffn,
-    max_position_embeddings=sc.seq_len,
-  )
+  config = sc.bert_config(data.corpus.vocab_size)
   train = sc.train_config(args.seed)
   shallow_steps = round(sc.steps * sc.shallow_fraction)
   schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"

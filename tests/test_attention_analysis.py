@@ -538,6 +538,11 @@ def test_summarise_example_head_and_figures(small_model, tmp_path):
   lower = special.mean(0) < (main["raw_cls"] + main["raw_sep"]).mean(0)
   assert s["heads_with_lower_effective_special"] == lower.mean()
   assert s["library_vs_direct_max_difference"] < 1e-6
+  means = effective_attention_lib.sweep_means(sweep)
+  assert list(means) == [12, 24] and means[24]["rank"].shape == sweep[24]["rank"].shape[1:]
+  np.testing.assert_array_equal(means[12]["null_dim"], sweep[12]["null_dim"].mean(0))
+  raw = sweep[24]["raw_cls"][:, 1, 0] + sweep[24]["raw_sep"][:, 1, 0]
+  assert means[24]["special_raw"][1, 0] == pytest.approx(raw.mean())
   ex = effective_attention_lib.example_head(params, config, ids[:1], 1, 0)
   maps = bertjax.forward(params, config, ids[:1], output_attentions=True).attentions
   np.testing.assert_allclose(ex["raw"], np.asarray(maps)[1, 0, 0], atol=1e-7)

@@ -19,7 +19,7 @@ RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 def test_every_mev_definition_is_labelled_and_documented():
   from bertjax.analysis.representations import geometry
 
-  assert set(rules.MEV_LABELS) == set(an.MEV_DEFINITIONS_DOC) == set(geometry.MEV_DEFINITIONS)
+  assert set(rules.MEV_LABELS) == set(geometry.MEV_SOURCES) == set(geometry.MEV_DEFINITIONS)
 
 
 def test_trend_and_rules():

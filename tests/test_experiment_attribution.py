@@ -28,6 +28,19 @@ def test_cue_twin_and_rank(tok):
   assert negation.cue_rank(np.array([9.0, 0.5, 0.7, 0.7, 9.0]), 2, real) == 2  # ties pessimistic
 
 
+def test_pairs_keep_the_first_sentences_with_a_cue(tok):
+  texts = ["No, never, not.", "She did not like it.", "He didn't go.", "I never ran."]
+  clean, corrupted, kept = negation.pairs(tok, texts)
+  assert kept == texts[1:]
+  first, _, kept2 = negation.pairs(tok, texts, limit=2)
+  assert kept2 == texts[1:3] and len(first.input_ids) == 2
+  real = first.attention_mask > 0
+  np.testing.assert_array_equal(
+    first.input_ids[real], clean.input_ids[:2, : first.input_ids.shape[1]][real]
+  )
+  assert (corrupted.input_ids != clean.input_ids).sum(1).tolist() == [1, 1, 1]
+
+
 def test_probe_fit_and_two_class_metric_equal_the_logistic_logit():
   from bertjax.analysis.interventions import metrics
 

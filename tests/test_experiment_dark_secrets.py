@@ -159,3 +159,14 @@ def test_improvements_and_verdict_rules():
   assert patterns(vertical, {**vertical, "commonest_repeated": "diagonal"}) == "partly"
   few = {"repeated_share": 0.1, "commonest_repeated": "vertical"}
   assert patterns(few, few) == "no"
+
+
+def test_accuracy_by_phenomenon_counts_each_phenomenon_alone(task):
+  split = task["split"]
+  phen = split.held_phenomenon
+  correct = np.arange(len(phen)) % 3 == 0
+  got = acceptability.accuracy_by_phenomenon(correct, split)
+  assert list(got) == split.phenomena
+  for k, name in enumerate(split.phenomena):
+    mine = [c for c, p in zip(correct, phen) if p == k]
+    assert got[name] == pytest.approx(sum(mine) / len(mine))

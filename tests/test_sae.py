@@ -338,3 +338,24 @@ def test_report_section_counts_dead_latents_per_held_out_sentence():
   assert got["held_tokens"] == 6 * 12 - 5 and got["train_tokens"] == 4 * (6 * 12 - 5)
   assert got["dead"] <= got["dead_ci"][1] and 0 <= got["dead"] < 1
   assert 1 <= len(got["top"]) <= 8 and all(v for v in got["top"].values())
+
+
+def test_scaling_sweep_is_one_train_and_evaluate_per_size():
+  rng = np.random.default_rng(0)
+  acts = (rng.normal(size=(640, 4)) @ rng.normal(size=(4, 8))).astype(np.float32)
+  train, held = acts[:512], acts[512:]
+  kw = dict(k=4, lr=1e-3, steps=6, batch_tokens=64, seed=1)
+  lines = []
+  r, (state, cfg, ev) = sae.scaling_sweep(train, held, (1, 2), **kw, log=lines.append)
+  assert r["latents"] == [8, 16] and len(lines) == 2 and "16 latents: FVU" in lines[1]
+  assert (r["train_tokens"], r["held_out_tokens"]) == (512, 128)
+  for i, e in enumerate((1, 2)):
+    c = sae.SAEConfig(d_model=8, latents=8 * e, k=4, lr=1e-3, dead_tokens=6400)
+    s, _ = sae.train(train, c, steps=6, batch_tokens=64, seed=1, progress=False)
+    want = sae.evaluate(s.params, c, held)
+    for key in ("fvu", "dead", "dense", "l0"):
+      assert r[key][i] == pytest.approx(want[key], rel=1e-6), key
+  assert cfg.latents == 16 and ev["fvu"] == r["fvu"][-1]
+  from bertjax import stats
+
+  assert r["fit"] == stats.power_law_fit([8, 16], r["fvu"])

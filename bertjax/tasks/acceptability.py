@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any
 
 import numpy as np
 
@@ -130,3 +131,41 @@ def batches(data: dict[str, np.ndarray], size: int, limit: int | None = None) ->
   if size < 1 or n < 1:
     raise ValueError(f"batch {size=} and the {n} rows must both be >= 1")
   return [{k: v[i : min(i + size, n)] for k, v in data.items()} for i in range(0, n, size)]
+
+
+def accuracy_by_phenomenon(correct, split: PairSplit) -> dict[str, float]:
+  """The share of `correct` (a bool per held-out sentence of `split`) in each phenomenon."""
+  correct = np.asarray(correct)
+  return {
+    name: float(correct[split.held_phenomenon == k].mean())
+    for k, name in enumerate(split.phenomena)
+  }
+
+
+def finetune_classifier(config, params, split: PairSplit, hp) -> tuple[Any, dict[str, Any]]:
+  """Fine-tunes a sentence classifier (grammatical = 1) on the split's training sentences.
+
+  Args:
+    config, params: the model with its classification head (`finetune.prepare_model`).
+    split: the BLiMP sentences, split by minimal pair (`load_pair_split`).
+    hp: the `finetune.FinetuneConfig` (its `eval_batch_size` also batches the prediction).
+
+  Returns:
+    `(params, run)`: the fine-tuned parameters, and the run's held-out `metrics`,
+    `final_loss`, `loss` curve and `accuracy_by_phenomenon`.
+  """
+  from bertjax.training import finetune as ft
+
+  tuned = ft.finetune(config, params, split.train, split.held, task="classification", hp=hp)
+  logits = ft.predict(
+    tuned["params"], config, split.held, "classification", batch_size=hp.eval_batch_size
+  )
+  run = {
+    "metrics": tuned["metrics"],
+    "final_loss": tuned["final_loss"],
+    "loss": [h["loss"] for h in tuned["history"]],
+    "accuracy_by_phenomenon": accuracy_by_phenomenon(
+      logits.argmax(-1) == split.held["labels"], split
+    ),
+  }
+  return tuned["params"], run

@@ -112,8 +112,9 @@ def cue_rank(scores: np.ndarray, cue: int, real: np.ndarray) -> int:
   return int((scores[real] >= scores[cue]).sum())
 
 
-def pairs(tok, texts: Sequence[str]):
-  """(clean, corrupted, kept texts): negated sentences and their same-length affirmative twins."""
+def pairs(tok, texts: Sequence[str], limit: int | None = None):
+  """(clean, corrupted, kept texts): negated sentences and their same-length affirmative twins;
+  only the first `limit` pairs when given (each sentence without a one-token cue is skipped)."""
   batch = tok.encode(list(texts))
   keep, twins = [], []
   for b in range(len(texts)):
@@ -124,6 +125,7 @@ def pairs(tok, texts: Sequence[str]):
       twins.append(twin)
   if not keep:
     raise ValueError("none of the sentences has a one-token negation cue with a twin")
+  keep, twins = keep[:limit], twins[:limit]
   width = int(batch.attention_mask[keep].sum(1).max())
   take = lambda a: np.asarray(a)[keep][:, :width]
   clean = bertjax.Batch(
@@ -411,3 +413,13 @@ def pooled_features(params, config, tok, sentences):
 def probe_weights(w, b, mu, sd):
   """The standardised logistic probe as `(weight (hidden, 2), bias (2,))` on raw pooled states."""
   return np.stack([np.zeros_like(w), w / sd], 1), np.asarray([0.0, b - (mu / sd) @ w])
+
+
+def probe_metric(params, config, tok, sentences):
+  """The negation probe fitted on `sentences` (`pooled_features`, `fit_probe`) as the metric
+  the circuit analyses read: `ProbeLogitDiff` (float32) of negated - affirmative on the
+  mean-pooled final states."""
+  from bertjax.analysis.interventions import metrics
+
+  w, b = probe_weights(*fit_probe(*pooled_features(params, config, tok, sentences)))
+  return metrics.ProbeLogitDiff(w.astype(np.float32), b.astype(np.float32), pooling="mean")

@@ -259,6 +259,19 @@ def example_head(params, config, ids, layer: int, head: int) -> dict[str, np.nda
   return {"raw": raw[head], "effective": effective_attention(raw, t)[head]}
 
 
+def sweep_means(sweep: dict[int, dict[str, np.ndarray]]) -> dict[int, dict[str, np.ndarray]]:
+  """A length sweep's `head_analysis` per length, as (L, H) means over its passages: the
+  left null space's dimension ("null_dim"), T's "rank", the raw-effective correlation
+  ("corr"), and the [CLS] + [SEP] mass of raw and of effective attention ("special_raw",
+  "special_effective")."""
+  out = {}
+  for n, r in sweep.items():
+    out[n] = {k: r[k].mean(0) for k in ("null_dim", "rank", "corr")}
+    out[n]["special_raw"] = (r["raw_cls"] + r["raw_sep"]).mean(0)
+    out[n]["special_effective"] = (r["effective_cls"] + r["effective_sep"]).mean(0)
+  return out
+
+
 def summarise(
   sweep: dict[int, dict], analysis: dict, statistics: dict, head_dim: int
 ) -> dict[str, Any]:

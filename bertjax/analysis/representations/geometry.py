@@ -254,6 +254,16 @@ def contextuality(
 # Maximum explainable variance (Ethayarajh 2019, Sec. 4.4)
 
 MEV_DEFINITIONS = ("truncated_svd", "pca", "uncentred")
+# Where each definition comes from (the anisotropy experiment records this with its results).
+MEV_SOURCES = {
+  "truncated_svd": "sklearn TruncatedSVD(n_components=100).explained_variance_ratio_[0] "
+  "(kawine/contextual analyze.py, first commit 84d2f97: the code behind "
+  "the released bert/variance_explained.csv)",
+  "pca": "sklearn PCA(n_components=1).explained_variance_ratio_[0] (kawine/contextual "
+  "analyze.py, commit c10c992)",
+  "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
+  "Definition 3 as written)",
+}
 
 
 def mev(occurrences, definition: str = "truncated_svd") -> np.ndarray:

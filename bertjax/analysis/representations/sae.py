@@ -469,6 +469,60 @@ def evaluate(
   }
 
 
+def scaling_sweep(
+  train_acts,
+  held_acts,
+  expansions,
+  *,
+  k: int,
+  lr: float,
+  steps: int,
+  batch_tokens: int,
+  seed: int = 0,
+  log: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], tuple[TrainState, SAEConfig, dict[str, Any]]]:
+  """One top-k SAE per expansion e (e x d latents, k kept, at most all), trained on
+  `train_acts` (`train`) and evaluated on `held_acts` (`evaluate`), with the power law
+  FVU = a * latents^b fitted over the sizes (`stats.power_law_fit`). A latent is dead after
+  100 steps without firing (the released 10M tokens are 76 of its 131k-token steps).
+
+  Returns:
+    `(r, last)`: `r` holds, per size in order, "latents", "fvu", "dead", "dense", "l0" and
+    "train_log", with "fit", "train_tokens" and "held_out_tokens"; `last` is the largest
+    SAE's (state, config, evaluation).
+  """
+  from bertjax import stats
+
+  d = np.shape(train_acts)[1]
+  keys = ("fvu", "dead", "dense", "l0")
+  r: dict[str, Any] = {"latents": [], **{key: [] for key in keys}, "train_log": []}
+  r.update(held_out_tokens=len(held_acts), train_tokens=len(train_acts))
+  last = None
+  for e in expansions:
+    cfg = SAEConfig(
+      d_model=d, latents=e * d, k=min(k, e * d), lr=lr, dead_tokens=100 * batch_tokens
+    )
+    state, train_log = train(
+      train_acts,
+      cfg,
+      steps=steps,
+      batch_tokens=batch_tokens,
+      seed=seed,
+      progress=False,
+      log_every=max(steps // 10, 1),
+    )
+    ev = evaluate(state.params, cfg, held_acts)
+    if log is not None:
+      log(f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, dense {ev['dense']:.3f}")
+    for key in keys:
+      r[key].append(ev[key])
+    r["latents"].append(e * d)
+    r["train_log"].append(train_log)
+    last = (state, cfg, ev)
+  r["fit"] = stats.power_law_fit(r["latents"], r["fvu"])
+  return r, last
+
+
 def _edit(sae: Params, k: int, zero: bool):
   """A site's value (any leading axes, one token's vector flattened last) replaced by its
   reconstruction, or by zeros."""
