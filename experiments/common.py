@@ -474,6 +474,17 @@ def smoke_compilation_cache(enabled: bool = True):
     shutil.rmtree(path, ignore_errors=True)
 
 
+def smoke_cached(run):
+  """Decorates a script's `run(args)` to run inside `smoke_compilation_cache(args.smoke)`."""
+
+  @functools.wraps(run)
+  def wrapper(args, *rest, **kwargs):
+    with smoke_compilation_cache(args.smoke):
+      return run(args, *rest, **kwargs)
+
+  return wrapper
+
+
 def one_blas_thread(main):
   """Decorates a script's `main` to run with NumPy's BLAS on one thread
   (`bertjax.utils.single_thread_blas`: its pool thrashes small SVDs on a shared machine)."""

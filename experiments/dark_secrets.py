@@ -21,7 +21,7 @@ from typing import Any
 import common
 from rules import dark_secrets as rules
 
-from bertjax.analysis.finetuning import fine_tuning_effects, layer_means
+from bertjax.analysis.finetuning import effects_record, fine_tuning_effects
 from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import PairSplit, batches, finetune_classifier, load_pair_split
 
@@ -56,40 +56,20 @@ def _model(smoke: bool, seed: int, model: str | None = None):
   return config, cfg, params, tok, "all-MiniLM-L6-v2"
 
 
-def results_of(
-  task: PairSplit, run: dict, m: dict[str, Any], config, timings: dict[str, float]
-) -> dict[str, Any]:
+def results_of(task: PairSplit, run: dict, m: dict[str, Any], config) -> dict[str, Any]:
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
-  before, after, change = m["before"], m["after"], m["change"]
-  held_phen, names = task.held_phenomenon, task.phenomena
-  labels = task.held["labels"]
-  drop = ("counts", "dominant")
-  return {
-    "task": {
-      "name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
-      "phenomena": names,
-      "train_sentences": len(task.train["labels"]),
-      "eval_sentences": len(labels),
-      "chance": float(max(labels.mean(), 1 - labels.mean())),
-      "eval_per_phenomenon": {n: int((held_phen == k).sum()) for k, n in enumerate(names)},
-    },
-    "finetune": run,
-    "patterns": {
-      "before": {k: v for k, v in before.items() if k not in drop},
-      "after": {k: v for k, v in after.items() if k not in drop},
-      "dominant_before": before["dominant"],
-      "dominant_after": after["dominant"],
-      "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum()),
-    },
-    "ablation": {"metric": "held-out accuracy", **m["acc"], "accuracy_standard_error": m["se"]},
-    "attention_change": {
-      "cosine": change.cosine,
-      "layer_cosine": layer_means(change.cosine),
-      "cka": change.cka,
-      "last_layers": max(1, round(config.depth * rules.LAST_FRACTION)),
-    },
-    "timings_s": timings,
+  held_phen, names, labels = task.held_phenomenon, task.phenomena, task.held["labels"]
+  r = effects_record(m)
+  r["attention_change"]["last_layers"] = max(1, round(config.depth * rules.LAST_FRACTION))
+  task_record = {
+    "name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
+    "phenomena": names,
+    "train_sentences": len(task.train["labels"]),
+    "eval_sentences": len(labels),
+    "chance": float(max(labels.mean(), 1 - labels.mean())),
+    "eval_per_phenomenon": {n: int((held_phen == k).sum()) for k, n in enumerate(names)},
   }
+  return {"task": task_record, "finetune": run, **r}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -145,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     figures = [p.name for p in figures]
 
-  results = results_of(task, run, m, config, timings)
+  results = {**results_of(task, run, m, config), "timings_s": timings}
   settings = {
     "model": model_name,
     "model_config": {

@@ -64,11 +64,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = parse_args(argv)
-  with common.smoke_compilation_cache(args.smoke):
-    return run_experiment(args)
+  return run_experiment(parse_args(argv))
 
 
+@common.smoke_cached
 def run_experiment(args) -> int:
   """The experiment on parsed arguments."""
   t_start = time.perf_counter()
@@ -129,19 +128,15 @@ def run_experiment(args) -> int:
   with common.timed(timings, "forward timing"):
     speed = compression.time_logits(models, timed_batch, rounds=sc.rounds, warmup=sc.warmup_rounds)
   load_end = os.getloadavg()
-  cpu = cpu_info()
   threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
-
   rows = compression.compression_rows(models, runs, speed)
-  tags_major = np.bincount(held["labels"][held["labels"] >= 0], minlength=len(tags))
-  majority = float(tags_major.max() / tags_major.sum())
-  cpu_line = (
-    f"{cpu['cpu']}, {cpu['cpus']} cores ({', '.join(cpu['isa_flags']) or 'no AVX2+'}), "
-    f"batch {sc.time_batch} x {sc.max_len}, float32 unless int8, median of "
-    f"{sc.rounds} interleaved rounds, load {load_start[0]:.1f}->{load_end[0]:.1f}"
+  tag_counts = np.bincount(held["labels"][held["labels"] >= 0])
+  cpu, load = cpu_info(), (load_start[0], load_end[0])
+  caption = compression.timing_caption(
+    cpu, batch=sc.time_batch, length=sc.max_len, rounds=sc.rounds, load=load
   )
   labels = compression.row_labels(rows, teacher, common.model_tag(teacher) or teacher)
-  md = compression.compression_table(rows, cpu_line, labels)
+  md = compression.compression_table(rows, caption, labels)
   common.log("\n" + md)
   stem = common.results_stem(NAME, args.model)
   figures = [
@@ -151,7 +146,7 @@ def run_experiment(args) -> int:
     "rows": rows,
     "table_markdown": md,
     "teacher_score": rows["teacher"]["score"],
-    "majority_tag_accuracy": majority,
+    "majority_tag_accuracy": float(tag_counts.max() / tag_counts.sum()),
     "runs": runs,
     "speed": speed,
     "cpu": cpu,

@@ -24,9 +24,8 @@ from rules import stacking as rules
 
 from bertjax.plots import training as plots
 from bertjax.training.runs import (
-  TIMING_METHOD,
   abba_runs,
-  median_step_prices,
+  estimates_record,
   stage_variation,
   time_ratio_estimates,
 )
@@ -84,11 +83,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args = parse_args(argv)
-  with common.smoke_compilation_cache(args.smoke):
-    return run_experiment(args)
+  return run_experiment(parse_args(argv))
 
 
+@common.smoke_cached
 def run_experiment(args) -> int:
   """The experiment on parsed arguments."""
   t_start = time.perf_counter()
@@ -128,7 +126,6 @@ def run_experiment(args) -> int:
       )
     ratios = [c["ratio"] for c in variation["vs_each_baseline"]] + [variation["priced"]["ratio"]]
     variation["verdict"] = rules.TIME.verdict(rules.time_quantities(ratios))
-  price = median_step_prices(runs)
   load_end = os.getloadavg()
 
   per_repeat = est["per_repeat"]
@@ -148,25 +145,11 @@ def run_experiment(args) -> int:
       "hidden": config.hidden_size,
       "params": bertjax.param_counts(config, ("mlm",))["total"],
     },
-    "approach": (
-      "one process; runs in the order "
-      + ", ".join(r["label"] for r in runs)
-      + "; "
-      + TIMING_METHOD.format(window=sc.window)
-    ),
     "schedule": schedule,
-    "ratio_per_repeat": per_repeat,
-    "ratio_priced": est["priced"],
-    "ratio_interleaved": est["interleaved"],
-    "interleaved_step_s": est["turns"],
-    "interleaved_median_step_s": est["turn_price"],
-    "median_step_s_by_depth": price,
+    **estimates_record(runs, est, sc.window),
     "ratio_target": rules.TARGET_RATIO,
     "verdict": verdict,
     "variation": variation,
-    "repeat_max_abs_loss_diff": est["determinism"],
-    "heldout_mlm_loss": {r["label"]: r["heldout"] for r in runs},
-    "compile_s": {r["label"]: r["compile_s"] for r in runs},
     "loadavg": {"start": load_start, "end": load_end},
     "runs": runs,
     "timings_s": timings,

@@ -113,14 +113,8 @@ def main(argv=None) -> int:
   per_sentence = probe["per_sentence"]
   # Each sentence's statistics, averaged over sentences, are the library's document-weighted
   # ones (the intervals of the Findings resample these).
-  gap = (
-    max(
-      float(np.abs(per_sentence[k].mean(0) - clark["by_layer"][k]).max())
-      for k in syntax.SENTENCE_STATS
-    )
-    if args.weighting == "document"
-    else float("nan")
-  )
+  document = args.weighting == "document"
+  gap = syntax.per_sentence_gap(per_sentence, clark["by_layer"]) if document else float("nan")
   common.log(f"per-sentence statistics vs clark_statistics: max |diff| {gap:.1e}")
   n_tok = sum(int(b["attention_mask"].sum()) for b in plain)
   results = {

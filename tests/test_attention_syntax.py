@@ -182,3 +182,7 @@ def test_the_probe_on_minilm_equals_an_arc_by_arc_loop(minilm_probe):
     np.testing.assert_allclose(
       probe["per_sentence"][k].mean(0), np.asarray(ref[k]).mean(-1), atol=1e-5
     )
+  by_layer = {k: np.asarray(ref[k]).mean(-1) for k in syntax.SENTENCE_STATS}
+  assert syntax.per_sentence_gap(probe["per_sentence"], by_layer) < 1e-5
+  by_layer["sep"] = by_layer["sep"] + 0.25  # one statistic off by 0.25: the gap names it
+  assert syntax.per_sentence_gap(probe["per_sentence"], by_layer) == pytest.approx(0.25, abs=1e-5)

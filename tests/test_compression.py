@@ -83,3 +83,12 @@ def test_table_and_labels_follow_the_rows():
   md = compression.compression_table(rows, "a 2-core CPU", labels).splitlines()
   assert len(md) == 2 + len(rows) + 2 and md[-1] == "CPU: a 2-core CPU."
   assert md[2] == "| teacher (mpnet, fine-tuned) | 6 (1) | 2.50M | 10.0 | 90.00% | 95.0% | 1.23x |"
+  cpu = {"cpu": "Intel Xeon", "cpus": 2, "isa_flags": ["avx2", "amx"]}
+  caption = compression.timing_caption(cpu, batch=32, length=64, rounds=9, load=(1.04, 2.0))
+  assert caption == (
+    "Intel Xeon, 2 cores (avx2, amx), batch 32 x 64, float32 unless int8, median of 9 "
+    "interleaved rounds, load 1.0->2.0"
+  )
+  assert "(no AVX2+)" in compression.timing_caption(
+    {**cpu, "isa_flags": []}, batch=1, length=8, rounds=1, load=(0, 0)
+  )

@@ -170,3 +170,31 @@ def test_accuracy_by_phenomenon_counts_each_phenomenon_alone(task):
   for k, name in enumerate(split.phenomena):
     mine = [c for c, p in zip(correct, phen) if p == k]
     assert got[name] == pytest.approx(sum(mine) / len(mine))
+
+
+def test_effects_record_keeps_the_summaries_and_counts_changed_heads():
+  from types import SimpleNamespace
+
+  from bertjax.analysis.finetuning import effects_record
+
+  dominant = np.array([[0, 1], [2, 3]])
+  before = {"overall": np.ones(5) / 5, "counts": np.ones(5), "dominant": dominant}
+  after = {**before, "dominant": np.array([[0, 2], [2, 0]])}
+  cos = np.array([[1.0, 0.5], [0.2, 0.4]])
+  m = {
+    "before": before,
+    "after": after,
+    "change": SimpleNamespace(cosine=cos, cka=cos * 0),
+    "acc": {"uniform": {"baseline": 0.8}},
+    "se": 0.01,
+  }
+  r = effects_record(m)
+  assert (
+    set(r["patterns"]["before"]) == {"overall"} and r["patterns"]["dominant_changed_heads"] == 2
+  )
+  assert r["ablation"] == {
+    "metric": "held-out accuracy",
+    "uniform": {"baseline": 0.8},
+    "accuracy_standard_error": 0.01,
+  }
+  np.testing.assert_allclose(r["attention_change"]["layer_cosine"], [0.75, 0.3])

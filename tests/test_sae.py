@@ -356,6 +356,7 @@ def test_scaling_sweep_is_one_train_and_evaluate_per_size():
     for key in ("fvu", "dead", "dense", "l0"):
       assert r[key][i] == pytest.approx(want[key], rel=1e-6), key
   assert cfg.latents == 16 and ev["fvu"] == r["fvu"][-1]
+  assert state.params["W_dec"].shape[0] == 16
   from bertjax import stats
 
   assert r["fit"] == stats.power_law_fit([8, 16], r["fvu"])

@@ -114,6 +114,16 @@ def test_abba_runs_in_order_and_estimates_every_ratio(monkeypatch):
   assert est["ratios"][:3] == pytest.approx([0.75, 0.75, 0.75])
   assert est["ratios"][3] == pytest.approx(0.625) and est["turn_price"] == {3: 0.25, 6: 1.0}
   assert est["determinism"] == 0.0
+  timed = [{**r, "heldout": {"mlm_loss": 2.0}, "compile_s": 0.5} for r in done]
+  record = runs.estimates_record(timed, est, window=1)
+  assert record["approach"].startswith(
+    "one process; runs in the order baseline#1, stacked#1, stacked#2, baseline#2; per-step"
+  )
+  assert "trailing 1-step mean" in record["approach"]
+  assert record["ratio_interleaved"]["ratio"] == est["ratios"][3]
+  assert record["median_step_s_by_depth"] == runs.median_step_prices(done)
+  assert list(record["compile_s"]) == [r["label"] for r in done]
+  assert record["heldout_mlm_loss"]["stacked#2"] == {"mlm_loss": 2.0}
 
   # A stacked run that reached the target too late is tried with a longer shallow stage (70%
   # of 10 steps), one that never reached it with a shorter one (30%).

@@ -113,3 +113,28 @@ def fine_tuning_effects(
     "se": se,
     "seconds": seconds,
   }
+
+
+def effects_record(m: dict[str, Any]) -> dict[str, Any]:
+  """`fine_tuning_effects`' result `m` as a result file records it: "patterns" (the pattern
+  types before and after without their per-head counts, each head's dominant type before
+  and after, and how many heads changed it), "ablation" (the sweeps' accuracies with the
+  intact accuracy's standard error) and "attention_change" (cosine and CKA per head, the
+  cosine's layer means)."""
+  before, after, change = m["before"], m["after"], m["change"]
+  drop = ("counts", "dominant")
+  return {
+    "patterns": {
+      "before": {k: v for k, v in before.items() if k not in drop},
+      "after": {k: v for k, v in after.items() if k not in drop},
+      "dominant_before": before["dominant"],
+      "dominant_after": after["dominant"],
+      "dominant_changed_heads": int((before["dominant"] != after["dominant"]).sum()),
+    },
+    "ablation": {"metric": "held-out accuracy", **m["acc"], "accuracy_standard_error": m["se"]},
+    "attention_change": {
+      "cosine": change.cosine,
+      "layer_cosine": layer_means(change.cosine),
+      "cka": change.cka,
+    },
+  }

@@ -213,6 +213,19 @@ def row_labels(rows: Mapping[str, Mapping], teacher: str, short: str) -> dict[st
   }
 
 
+def timing_caption(
+  cpu: Mapping[str, Any], *, batch: int, length: int, rounds: int, load: tuple[float, float]
+) -> str:
+  """The line under `compression_table`: the machine (`utils.cpu_info`: model, cores, ISA),
+  the timed batch (`batch` x `length` tokens), the interleaved `rounds` and the 1-minute load
+  average before and after the timing."""
+  isa = ", ".join(cpu["isa_flags"]) or "no AVX2+"
+  return (
+    f"{cpu['cpu']}, {cpu['cpus']} cores ({isa}), batch {batch} x {length}, float32 unless int8, "
+    f"median of {rounds} interleaved rounds, load {load[0]:.1f}->{load[1]:.1f}"
+  )
+
+
 def compression_table(
   rows: Mapping[str, Mapping], cpu: str, labels: Mapping[str, str] = LABELS
 ) -> str:

@@ -498,6 +498,27 @@ TIMING_METHOD = (
 )
 
 
+def estimates_record(runs: Sequence[dict], est: dict[str, Any], window: int) -> dict[str, Any]:
+  """`abba_runs`' runs and their `time_ratio_estimates` `est` as the stacking experiment's
+  result file records them: how they were timed ("approach": the run order and
+  `TIMING_METHOD`), each estimate ("ratio_per_repeat", "ratio_priced", "ratio_interleaved"),
+  the step times behind them, the repeats' largest loss difference, and each run's held-out
+  loss and compile time."""
+  order = ", ".join(r["label"] for r in runs)
+  return {
+    "approach": f"one process; runs in the order {order}; " + TIMING_METHOD.format(window=window),
+    "ratio_per_repeat": est["per_repeat"],
+    "ratio_priced": est["priced"],
+    "ratio_interleaved": est["interleaved"],
+    "interleaved_step_s": est["turns"],
+    "interleaved_median_step_s": est["turn_price"],
+    "median_step_s_by_depth": median_step_prices(runs),
+    "repeat_max_abs_loss_diff": est["determinism"],
+    "heldout_mlm_loss": {r["label"]: r["heldout"] for r in runs},
+    "compile_s": {r["label"]: r["compile_s"] for r in runs},
+  }
+
+
 def stage_variation(
   runs: list[dict],
   per_repeat: Sequence[dict],

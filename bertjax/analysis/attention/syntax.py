@@ -85,6 +85,17 @@ def word_maps(attn, word_ids, attention_mask, num_words: int) -> np.ndarray:
 SENTENCE_STATS = ("cls", "sep", "punct", "entropy")  # kept per sentence, for the intervals
 
 
+def per_sentence_gap(per_sentence: dict[str, np.ndarray], by_layer: dict[str, np.ndarray]) -> float:
+  """The largest |difference| between the mean over sentences of each of `SENTENCE_STATS`
+  (`per_sentence[k]`: (sentences, L)) and the document-weighted statistic by layer
+  (`statistics.clark_summary(..., weighting="document")["by_layer"][k]`): 0 up to rounding
+  when the per-sentence statistics are the ones the summary averages."""
+  return max(
+    float(np.abs(np.mean(per_sentence[k], 0) - np.asarray(by_layer[k])).max())
+    for k in SENTENCE_STATS
+  )
+
+
 def sentence_statistics(
   attn, ids, attention_mask, sep_id: int, punct_ids, smoothing: float
 ) -> dict[str, np.ndarray]:
