@@ -68,13 +68,7 @@ def base_size_counts() -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = common.parser(__doc__, model=False)
-  parser.add_argument(
-    "--steps",
-    type=int,
-    default=None,
-    help=f"optimizer steps per model (default: {FULL.steps}; warm-up stays 10%%)",
-  )
+  parser = common.parser(__doc__, model=False, steps=FULL.steps)
   args = parser.parse_args(argv)
   with common.smoke_compilation_cache(args.smoke):
     return run_experiment(args)

@@ -25,10 +25,12 @@ BERTology literature. They all:
 
 Those that train models size a run with a `Scale` subclass (the budget: steps, batch, learning
 rate, warm-up; `Scale.with_steps` applies `--steps`), those that pre-train a BERT on WikiText-2
-with a `PretrainScale` (the model's and the data's sizes too).
+with a `PretrainScale` (the model's and the data's sizes too). The sizes themselves, of the
+full, smoke and GPU runs, are data in `experiments/sizes.toml` (`sizes`).
 
-`write_results` puts the Findings rows in a fixed shape: the paper, its headline claim,
-what we measured, and whether the claim holds here ("yes", "partly", "no", or "n/a").
+`write_results` (through `finish`, which takes the rows from the script's rules module) puts
+the Findings rows in a fixed shape: the paper, its headline claim, what we measured, and
+whether the claim holds here ("yes", "partly", "no", or "n/a").
 `experiments/findings.py` turns the committed full (non-smoke) JSON files into the table.
 """
 
@@ -167,7 +169,9 @@ class _Parser(argparse.ArgumentParser):
     return str(out)
 
 
-def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argparse.ArgumentParser:
+def parser(
+  doc: str | None, *, model: bool = True, data: bool = True, steps: int | None = None
+) -> argparse.ArgumentParser:
   """An argument parser with the shared options; the script's docstring is its help text.
 
   After parsing, `args.out` is the output directory (the scratch directory when neither
@@ -179,6 +183,8 @@ def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argpars
     model: add `--model DIR_OR_ID` (`args.model`, None when not given; see `load_model`);
       False for experiments that train their own models from scratch.
     data: add `--data-dir DIR`; False for experiments that read no data set.
+    steps: the default optimizer steps of each model a script trains: add `--steps N`
+      (`args.steps`, None when not given; see `Scale.with_steps`).
   """
   sys.excepthook = _excepthook
   p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,6 +201,13 @@ def parser(doc: str | None, *, model: bool = True, data: bool = True) -> argpars
     help=f"write the committed results in {RESULTS.relative_to(REPO)} (what the "
     "README's Findings table is generated from); not with --smoke",
   )
+  if steps is not None:
+    p.add_argument(
+      "--steps",
+      type=int,
+      default=None,
+      help=f"optimizer steps of each trained model (default: {steps}; warm-up: 10%% of them)",
+    )
   if data:
     p.add_argument(
       "--data-dir",
@@ -332,6 +345,42 @@ def tiny_model(
   return cfg, bertjax.init(cfg, seed), tok, name
 
 
+def tiny_stand_in(name: str) -> Callable[[], tuple]:
+  """`load_model`'s `smoke` for analyses that read a grid of heads: `tiny_model` of the "tiny"
+  preset (4 heads, 64 wide) at 2 layers and 512 positions, called `name`."""
+  return lambda: tiny_model(
+    0, name, preset="tiny", num_hidden_layers=2, max_position_embeddings=512
+  )
+
+
+def finetune_model(
+  args, task: str, num_labels: int, *, smoke: dict[str, Any], seed: int, label_names=None
+):
+  """(config, params, tokenizer, name): the model a fine-tuning experiment starts from, with a
+  fresh `task` head of `num_labels` outputs (`finetune.prepare_model`): `--model` when given,
+  else with `--smoke` a random BERT of the `smoke` fields over all-MiniLM-L6-v2's vocabulary,
+  else all-MiniLM-L6-v2.
+
+  Raises:
+    UsageError: `--model` cannot be loaded.
+  """
+  import bertjax
+  from bertjax.training import finetune as ft
+
+  source = args.model or bertjax.minilm_path()
+  kw = {"seed": seed, "label_names": label_names}
+  try:
+    tok = bertjax.Tokenizer.from_pretrained(source)
+    if args.smoke and not args.model:
+      tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **smoke)
+      config, params = ft.prepare_model(task, num_labels, config=tiny, **kw)
+      return config, params, tok, "tiny random BERT (smoke stand-in)"
+    config, params = ft.prepare_model(task, num_labels, init_from=source, **kw)
+  except (OSError, ValueError) as e:  # no such directory, no network, an unknown family, ...
+    raise UsageError(f"--model {args.model}: {e}") from e
+  return config, params, tok, str(args.model or DEFAULT_MODEL)
+
+
 def load_model(args, smoke=None):
   """(config, params, tokenizer, name): the model an experiment analyses.
 
@@ -387,6 +436,19 @@ class Scale:
     if steps < minimum:
       raise UsageError(f"--steps={steps} must be >= {minimum}")
     return dataclasses.replace(self, steps=steps, warmup=max(min_warmup, steps // 10))
+
+  def finetune_config(self, seed: int, **fields: Any):
+    """The `finetune.FinetuneConfig` of this budget; `fields` set its other fields."""
+    from bertjax.training import finetune
+
+    return finetune.FinetuneConfig(
+      steps=self.steps,
+      batch_size=self.batch,
+      learning_rate=self.lr,
+      warmup_steps=self.warmup,
+      seed=seed,
+      **fields,
+    )
 
 
 @dataclasses.dataclass(frozen=True)

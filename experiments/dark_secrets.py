@@ -33,29 +33,6 @@ SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny 
 # The run --------------------------------------------------------------------------------
 
 
-def _model(smoke: bool, seed: int, model: str | None = None):
-  """(architecture, pre-trained params with a fresh classifier, tokenizer, init description).
-
-  `model` (`--model`): a Hugging Face directory or hub id of any family, fine-tuned instead
-  of all-MiniLM-L6-v2 (or, with `smoke`, of the tiny random BERT).
-  """
-  import bertjax
-  from bertjax.training import finetune as ft
-
-  if model:
-    config, _, tok, name = common.pretrained(model)
-    cfg, params = ft.prepare_model("classification", 2, init_from=model, seed=seed)
-    return config, cfg, params, tok, name
-  if smoke:  # a tiny random BERT with MiniLM's vocabulary stands in for the pre-trained one
-    tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
-    tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **SMOKE_MODEL)
-    cfg, params = ft.prepare_model("classification", 2, config=tiny, seed=seed + 1000)
-    return tiny, cfg, params, tok, "tiny random BERT (smoke stand-in)"
-  config, _, tok = common.minilm()
-  cfg, params = ft.prepare_model("classification", 2, init_from=bertjax.minilm_path(), seed=seed)
-  return config, cfg, params, tok, "all-MiniLM-L6-v2"
-
-
 def results_of(task: PairSplit, run: dict, m: dict[str, Any], config) -> dict[str, Any]:
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
   held_phen, names, labels = task.held_phenomenon, task.phenomena, task.held["labels"]
@@ -84,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> None:
   data_root = common.data_dir(args.data_dir, "blimp")
 
   with common.timed(timings, "load"):
-    arch, config, pre_params, tok, model_name = _model(args.smoke, args.seed, args.model)
+    config, pre_params, tok, model_name = common.finetune_model(
+      args, "classification", 2, smoke=SMOKE_MODEL, seed=args.seed
+    )
     task = load_pair_split(
       data_root / "blimp",
       tok,
@@ -129,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   settings = {
     "model": model_name,
     "model_config": {
-      k: getattr(arch, k)
+      k: getattr(config, k)
       for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     },
     "special_tokens": common.special_tokens(tok),

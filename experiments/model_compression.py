@@ -47,13 +47,7 @@ FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps` and `--shared-layer`."""
-  parser = common.parser(__doc__)
-  parser.add_argument(
-    "--steps",
-    type=int,
-    default=None,
-    help=f"fine-tuning steps of each trained model (default: {FULL.steps})",
-  )
+  parser = common.parser(__doc__, steps=FULL.steps)
   parser.add_argument(
     "--shared-layer",
     type=int,
@@ -73,13 +67,11 @@ def run_experiment(args) -> int:
   t_start = time.perf_counter()
   import bertjax
   from bertjax.training import finetune as F
-
-  sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
   from bertjax.utils import cpu_info
 
+  sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
   timings: dict[str, float] = {}
   tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
-  teacher = args.model or ("random tiny BERT (--smoke)" if args.smoke else "all-MiniLM-L6-v2")
   with common.timed(timings, "data"):
     ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
     train, held, tags = F.load_ud_pos(
@@ -91,16 +83,13 @@ def run_experiment(args) -> int:
     )
   words = int((held["labels"] >= 0).sum())
   common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
-  hp = F.FinetuneConfig(
-    steps=sc.steps, batch_size=sc.batch, learning_rate=sc.lr, warmup_steps=sc.warmup, seed=args.seed
-  )
+  hp = sc.finetune_config(args.seed)
   tiny = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
-  base = bertjax.BertConfig(vocab_size=tok.vocab_size, max_position_embeddings=64, **tiny)
-  t_config, t_params = F.prepare_model(
+  t_config, t_params, _, teacher = common.finetune_model(
+    args,
     "token_classification",
     len(tags),
-    init_from=args.model or (None if args.smoke else bertjax.minilm_path()),
-    config=base if args.smoke and not args.model else None,
+    smoke={**tiny, "max_position_embeddings": 64},
     seed=args.seed,
     label_names=tags,
   )
@@ -117,8 +106,7 @@ def run_experiment(args) -> int:
       held,
       task="token_classification",
       hp=hp,
-      temperature=sc.temperature,
-      alpha=sc.alpha,
+      **{k: getattr(sc, k) for k in ("temperature", "alpha")},
       shared_layer=args.shared_layer - 1,
       log=common.log,
     )

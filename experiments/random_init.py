@@ -45,18 +45,16 @@ def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
 # The run --------------------------------------------------------------------------------
 
 
-def _models(args, vocab_size: int, num_labels: int, kind: str, seed: int):
-  """(config, pre-trained params, random params of the same architecture), fresh heads."""
-  import bertjax
+def _models(args, num_labels: int, kind: str, seed: int):
+  """(config, pre-trained params, random params of the same architecture), fresh heads; the
+  smoke run's stand-in for the pre-trained model is drawn with another seed than the random one."""
   from bertjax.training import finetune as ft
 
-  if args.model:
-    config, pre = ft.prepare_model(kind, num_labels, init_from=args.model, seed=seed)
-  elif args.smoke:  # a tiny random BERT with MiniLM's vocabulary stands in for MiniLM
-    tiny = bertjax.BertConfig(vocab_size=vocab_size, **SMOKE_MODEL)
-    config, pre = ft.prepare_model(kind, num_labels, config=tiny, seed=10_000 + seed)
-  else:
-    config, pre = ft.prepare_model(kind, num_labels, init_from=bertjax.minilm_path(), seed=seed)
+  stand_in = args.smoke and not args.model
+  pre_seed = 10_000 + seed if stand_in else seed
+  config, pre, _, _ = common.finetune_model(
+    args, kind, num_labels, smoke=SMOKE_MODEL, seed=pre_seed
+  )
   _, rnd = ft.prepare_model(kind, num_labels, config=config, seed=seed)
   return config, pre, rnd
 
@@ -110,9 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with common.timed(timings, name):
       done = init_control.compare_inits(
         task,
-        lambda seed, task=task: _models(
-          args, tok.vocab_size, task["num_labels"], task["kind"], seed
-        ),
+        lambda seed, task=task: _models(args, task["num_labels"], task["kind"], seed),
         seeds=[args.seed + s for s in range(size["seeds"])],
         rule=rule,
         special_ids=special,

@@ -38,12 +38,7 @@ def load(args, s: dict[str, Any], timings: dict[str, float]):
   from bertjax.tasks.sentences import load_sentences
 
   with common.timed(timings, "load"):
-    config, params, tok, s["model"] = common.load_model(
-      args,
-      lambda: common.tiny_model(
-        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512
-      ),
-    )
+    config, params, tok, s["model"] = common.load_model(args, common.tiny_stand_in(s["model"]))
     sentences = load_sentences()
     if s["max_sentences"]:
       pick = np.random.default_rng(args.seed).choice(

@@ -23,12 +23,7 @@ import numpy as np
 from rules import stacking as rules
 
 from bertjax.plots import training as plots
-from bertjax.training.runs import (
-  abba_runs,
-  estimates_record,
-  stage_variation,
-  time_ratio_estimates,
-)
+from bertjax.training.runs import estimates_record, stacking_comparison
 
 NAME = "stacking"
 
@@ -58,13 +53,7 @@ FULL, GPU, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "gpu", "smo
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps`, `--repeats` and `--scale`."""
-  parser = common.parser(__doc__, model=False)
-  parser.add_argument(
-    "--steps",
-    type=int,
-    default=None,
-    help=f"optimizer steps per run (default: {FULL.steps}; warm-up stays 10%%)",
-  )
+  parser = common.parser(__doc__, model=False, steps=FULL.steps)
   parser.add_argument(
     "--repeats",
     type=int,
@@ -101,31 +90,21 @@ def run_experiment(args) -> int:
   data = common.load_wikitext(args, sc, timings)
   config = sc.bert_config(data.corpus.vocab_size)
   train = sc.train_config(args.seed)
-  shallow_steps = round(sc.steps * sc.shallow_fraction)
-  schedule = f"{sc.shallow}:{shallow_steps},{sc.layers}"
   load_start = os.getloadavg()
-  with common.timed(timings, "training"):
-    runs = abba_runs(config, data, train, schedule, repeats=sc.repeats, log=common.log)
-  with common.timed(timings, "interleaved timing"):
-    est = time_ratio_estimates(
-      runs,
+  with common.timed(timings, "runs and timing"):
+    c = stacking_comparison(
       config,
       data,
       train,
+      shallow=sc.shallow,
+      shallow_steps=round(sc.steps * sc.shallow_fraction),
+      repeats=sc.repeats,
       window=sc.window,
-      depths=(sc.shallow, sc.layers),
       rounds=sc.rounds,
+      judge=lambda ratios: rules.TIME.verdict(rules.time_quantities(ratios)),
       log=common.log,
     )
-  verdict = rules.TIME.verdict(rules.time_quantities(est["ratios"]))
-  variation = None
-  if verdict != "yes":
-    with common.timed(timings, "variation"):
-      variation = stage_variation(
-        runs, est["per_repeat"], config, data, train, shallow=sc.shallow, window=sc.window
-      )
-    ratios = [c["ratio"] for c in variation["vs_each_baseline"]] + [variation["priced"]["ratio"]]
-    variation["verdict"] = rules.TIME.verdict(rules.time_quantities(ratios))
+  runs, est = c["runs"], c["estimates"]
   load_end = os.getloadavg()
 
   per_repeat = est["per_repeat"]
@@ -145,11 +124,11 @@ def run_experiment(args) -> int:
       "hidden": config.hidden_size,
       "params": bertjax.param_counts(config, ("mlm",))["total"],
     },
-    "schedule": schedule,
+    "schedule": c["schedule"],
     **estimates_record(runs, est, sc.window),
     "ratio_target": rules.TARGET_RATIO,
-    "verdict": verdict,
-    "variation": variation,
+    "verdict": c["verdict"],
+    "variation": c["variation"],
     "loadavg": {"start": load_start, "end": load_end},
     "runs": runs,
     "timings_s": timings,

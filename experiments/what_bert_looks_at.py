@@ -71,22 +71,12 @@ def main(argv=None) -> int:
   s = run_settings(args.smoke, args.seed)
   timings: dict[str, float] = {}
   with common.timed(timings, "load"):
-    config, params, tok, s["model"] = common.load_model(
-      args,
-      lambda: common.tiny_model(
-        0, s["model"], preset="tiny", num_hidden_layers=2, max_position_embeddings=512
-      ),
-    )
+    config, params, tok, s["model"] = common.load_model(args, common.tiny_stand_in(s["model"]))
     path = common.ud_file(data, "dev")
     ud = conllu.read_conllu(path, max_sentences=s["max_sentences"])
     words = [list(x.forms) for x in ud]
-    keep = text_batches.fitting(tok, words, s["max_tokens"])
-    batches = [
-      (keep[idx], b)
-      for idx, b in text_batches.batches(
-        tok, words=[words[i] for i in keep], batch_size=s["batch_size"], max_length=s["max_tokens"]
-      )
-    ]
+    size = {k: s[k] for k in ("batch_size", "max_tokens")}
+    batches = text_batches.fitting_batches(tok, words, **size)
   plain = [text_batches.plain(b) for _, b in batches]
   clark_kw = {"punctuation": args.punctuation, "smoothing": args.entropy_smoothing}
   with common.timed(timings, "clark"):
@@ -121,7 +111,7 @@ def main(argv=None) -> int:
     "data": {
       "file": path.name,
       "sentences": len(ud),
-      "sentences_used": len(keep),
+      "sentences_used": sum(len(idx) for idx, _ in batches),
       "tokens": n_tok,
       "arcs": probe["arcs"],
       "relation_counts": probe["counts"],

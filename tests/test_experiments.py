@@ -10,6 +10,7 @@ untouched. Script-specific consistency checks live in `tests/test_experiment_NAM
 `check_smoke(doc, out)`, where it has one, is run on this same run (one smoke run each).
 """
 
+import argparse
 import hashlib
 import importlib
 import json
@@ -151,6 +152,22 @@ def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
 
   with pytest.raises(common.UsageError, match=f"--model {tmp_path / 'none'}: "):
     common.pretrained(tmp_path / "none")
+  args = argparse.Namespace(model=str(tmp_path / "none"), smoke=True)
+  with pytest.raises(common.UsageError, match=f"--model {tmp_path / 'none'}: "):
+    common.finetune_model(args, "classification", 2, smoke={}, seed=0)
+  # Without --model: all-MiniLM-L6-v2 with a fresh head, or with --smoke the tiny random BERT.
+  args = argparse.Namespace(model=None, smoke=False)
+  config, params, _, name = common.finetune_model(
+    args, "token_classification", 3, smoke={}, seed=0, label_names=["a", "b", "c"]
+  )
+  assert name == "all-MiniLM-L6-v2" and config.depth == 6
+  assert params["token_classifier"]["dense"]["kernel"].shape == (384, 3)
+  args.smoke = True
+  config, _, tok, name = common.finetune_model(
+    args, "classification", 2, smoke=common.SMOKE_MODEL, seed=0
+  )
+  assert (config.depth, config.hidden_size, config.vocab_size) == (2, 32, tok.vocab_size)
+  assert "smoke" in name
 
 
 @pytest.mark.slow

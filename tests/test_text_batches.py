@@ -40,3 +40,12 @@ def test_first_fitting_is_one_padded_batch_of_whole_sentences(tok):
   np.testing.assert_array_equal(b.attention_mask.sum(-1), [6, 4])
   with pytest.raises(ValueError, match="only 3 sentences fit in 16 tokens; 4 are needed"):
     text_batches.first_fitting(tok, words, 4, 16)
+
+
+def test_fitting_batches_index_the_sentences_given(tok):
+  words = [["Rain", "."], ["An", "extraordinarily"] * 30, ["The", "cat", "sat", "."], ["Go", "."]]
+  got = text_batches.fitting_batches(tok, words, batch_size=2, max_tokens=16)
+  assert sorted(i for idx, _ in got for i in idx) == [0, 2, 3]  # the long one is left out
+  for idx, b in got:
+    want = tok.encode_words([words[i] for i in idx], pad_to=b["input_ids"].shape[1])
+    np.testing.assert_array_equal(b["input_ids"], want.input_ids)

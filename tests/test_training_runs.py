@@ -139,6 +139,22 @@ def test_abba_runs_in_order_and_estimates_every_ratio(monkeypatch):
   short = runs.stage_variation(done[:4], never, config, data, train, shallow=3, window=1)
   assert short["schedule"] == "3:3,6" and short["shallow_fraction"] == 0.3
 
+  # The whole comparison: a verdict short of "yes" adds the variation, judged the same way.
+  judged = []
+
+  def judge(ratios):
+    judged.append(list(ratios))
+    return "partly"
+
+  kw = dict(shallow=3, shallow_steps=5, repeats=2, window=1, rounds=2)
+  c = runs.stacking_comparison(config, data, train, **kw, judge=judge)
+  assert c["schedule"] == "3:5,6" and c["verdict"] == c["variation"]["verdict"] == "partly"
+  labels = ["baseline#1", "stacked#1", "stacked#2", "baseline#2", "variation#1"]
+  assert [r["label"] for r in c["runs"]] == labels
+  assert judged[0] == pytest.approx(est["ratios"]) and judged[1] == pytest.approx([0.75] * 3)
+  quick = runs.stacking_comparison(config, data, train, **kw, judge=lambda ratios: "yes")
+  assert quick["variation"] is None and len(quick["runs"]) == 4
+
 
 def test_timed_iterator_passes_the_iterator_through():
   class Fake:

@@ -100,3 +100,14 @@ def first_fitting(tok: bertjax.Tokenizer, words, count: int, length: int):
   if len(fit) < count:
     raise ValueError(f"only {len(fit)} sentences fit in {length} tokens; {count} are needed")
   return tok.encode_words([words[i] for i in fit[:count]], pad_to=length)
+
+
+def fitting_batches(tok: bertjax.Tokenizer, words, *, batch_size: int, max_tokens: int):
+  """`batches` of the sentences (word lists) that the model reads whole (`fitting`): a list of
+  `(indices into words, batch dict)`; longer sentences are left out, not cut."""
+  keep = fitting(tok, words, max_tokens)
+  kept = [words[i] for i in keep]
+  return [
+    (keep[idx], b)
+    for idx, b in batches(tok, words=kept, batch_size=batch_size, max_length=max_tokens)
+  ]

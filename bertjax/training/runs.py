@@ -558,3 +558,46 @@ def stage_variation(
     "vs_each_baseline": [compare_runs(b, run, window) for b in base],
     "priced": compare_runs(base[0], run, window, step_price=median_step_prices(runs)),
   }
+
+
+def stacking_comparison(
+  config,
+  data: PretrainingData,
+  train,
+  *,
+  shallow: int,
+  shallow_steps: int,
+  repeats: int,
+  window: int,
+  rounds: int,
+  judge: Callable[[Sequence[float | None]], str],
+  log=None,
+) -> dict[str, Any]:
+  """The whole stacking comparison: `abba_runs` of a baseline at `config`'s depth and a run
+  stacked from `shallow` layers after `shallow_steps` steps, `time_ratio_estimates` of its time
+  ratio, and, unless `judge` (the estimates' ratios -> "yes", "partly", ...) says "yes", one
+  `stage_variation` judged the same way.
+
+  Returns:
+    `runs` (every run, the variation's last), `schedule`, `estimates`, `verdict` and
+    `variation` (None, or `stage_variation`'s result with its own `verdict`).
+  """
+  schedule = f"{shallow}:{shallow_steps},{config.num_hidden_layers}"
+  runs = abba_runs(config, data, train, schedule, repeats=repeats, log=log)
+  depths = (shallow, config.num_hidden_layers)
+  kw = {"window": window, "depths": depths, "rounds": rounds, "log": log}
+  est = time_ratio_estimates(runs, config, data, train, **kw)
+  verdict, variation = judge(est["ratios"]), None
+  if verdict != "yes":
+    variation = stage_variation(
+      runs, est["per_repeat"], config, data, train, shallow=shallow, window=window, log=log
+    )
+    measured = [c["ratio"] for c in variation["vs_each_baseline"]]
+    variation["verdict"] = judge([*measured, variation["priced"]["ratio"]])
+  return {
+    "runs": runs,
+    "schedule": schedule,
+    "estimates": est,
+    "verdict": verdict,
+    "variation": variation,
+  }
