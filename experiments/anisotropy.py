@@ -124,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
+  stem = common.results_stem(NAME, args.model)
   figs = anisotropy_figures(
-    args.out, m, model_name, args.mev_definition, common.results_stem(NAME, args.model)
+    m, args.out, stem, model_name=model_name, definition=args.mev_definition
   )
   settings = {
     "model": model_name,

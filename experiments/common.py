@@ -476,7 +476,7 @@ class PretrainScale(Scale):
 
   def bert_config(self, vocab_size: int, **fields: Any):
     """The `BertConfig` of this model over `vocab_size` tokens (its positions: `seq_len`);
-    `fields` set or override any other `BertConfig` field."""
+    `fields` set the `BertConfig` fields that the scale does not."""
     import bertjax
 
     return bertjax.BertConfig(

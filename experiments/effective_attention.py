@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   }
   stem = common.results_stem(NAME, args.model)
   figs = effective_attention_figures(
-    args.out, stem, model_name, sweep, head_dim, main_r, lib, example
+    sweep, main_r, lib, example, args.out, stem, model=model_name, head_dim=head_dim
   )
   settings = {
     "model": model_name,

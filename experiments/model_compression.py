@@ -43,6 +43,9 @@ class Scale(common.Scale):
 
 
 FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
+# The tiny random teacher of --smoke: 4 layers of 4 heads, 32 wide.
+SMOKE_TEACHER = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
+SMOKE_TEACHER["max_position_embeddings"] = 64
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -81,17 +84,10 @@ def run_experiment(args) -> int:
       seed=args.seed,
       **{k: getattr(sc, k) for k in ("max_len", "eval_fraction", "max_sentences")},
     )
-  words = int((held["labels"] >= 0).sum())
   common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
   hp = sc.finetune_config(args.seed)
-  tiny = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
   t_config, t_params, _, teacher = common.finetune_model(
-    args,
-    "token_classification",
-    len(tags),
-    smoke={**tiny, "max_position_embeddings": 64},
-    seed=args.seed,
-    label_names=tags,
+    args, "token_classification", len(tags), smoke=SMOKE_TEACHER, seed=args.seed, label_names=tags
   )
   if not 1 <= args.shared_layer <= t_config.depth:  # before any training
     raise common.UsageError(
@@ -143,7 +139,7 @@ def run_experiment(args) -> int:
     "data": {
       "train_sentences": len(train["labels"]),
       "heldout_sentences": len(held["labels"]),
-      "heldout_words": words,
+      "heldout_words": int((held["labels"] >= 0).sum()),
       "tags": tags,
       "file": str(ud.name),
     },

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   expected = summary["expected_layer"]
 
   stem = common.results_stem(NAME, args.model)
-  figs = probing_layers_figures(curves, expected, r, model_name, args.out, stem)
+  figs = probing_layers_figures(curves, expected, r, args.out, stem, model_name=model_name)
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),

@@ -159,7 +159,7 @@ def example_maps(raw, effective, layer: int, head: int, path) -> pathlib.Path:
 
 
 def effective_attention_figures(
-  out, stem: str, model: str, sweep, head_dim: int, analysis, statistics, example
+  sweep, analysis, statistics, example, out, stem: str, *, model: str, head_dim: int
 ) -> list[str]:
   """The four figures of the `effective_attention` experiment, saved in `out` as
   `STEM_null_space.png` (`null_space_by_length` of `sweep`), `_special` (`class_mass_by_layer`

@@ -79,7 +79,9 @@ def centred_similarity(m: Mapping, path) -> pathlib.Path:
   return save_png(fig, path)
 
 
-def anisotropy_figures(out, m: Mapping, model_name: str, definition: str, stem: str) -> list[str]:
+def anisotropy_figures(
+  m: Mapping, out, stem: str, *, model_name: str, definition: str
+) -> list[str]:
   """The two figures of the `anisotropy` experiment from its measures `m`, saved in `out`:
   `STEM_by_layer.png` (`contextuality_by_layer`, with the MEV `definition`) and
   `STEM_centred.png` (`centred_similarity`).

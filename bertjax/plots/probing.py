@@ -352,7 +352,7 @@ PROBING_LAYERS_LABELS = {
 }
 
 
-def probing_layers_figures(curves, expected, r, model_name: str, out, stem: str) -> list[str]:
+def probing_layers_figures(curves, expected, r, out, stem: str, *, model_name: str) -> list[str]:
   """The three figures of the `probing_layers` experiment, saved in `out`: the scores by layer
   (`curves`) with the best layer marked, the selectivity against the control tasks (the
   results `r`) and the expected layers (`expected`), as `STEM_scores.png`, `_selectivity` and
