@@ -72,6 +72,8 @@ class IndexSource:
 
   @property
   def revision(self) -> str:
+    """The snapshot's name in the Hugging Face cache layout: the zip's SHA-256, cut to 40
+    characters as a commit hash is."""
     return self.zip_sha256[:40]
 
 

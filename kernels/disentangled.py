@@ -90,6 +90,7 @@ class DisentangledBias:
 
   @property
   def heads(self) -> int:
+    """The heads of the position tables (their second axis)."""
     table = self.pos_key if self.pos_key is not None else self.pos_query
     return jnp.shape(table)[1]
 

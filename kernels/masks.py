@@ -62,6 +62,7 @@ class Mask:
     return None if self.window is None else self.window // 2
 
   def replace(self, **changes) -> Mask:
+    """A copy with `changes` applied (`dataclasses.replace`)."""
     return dataclasses.replace(self, **changes)
 
   def validate(self, batch: int, seq_q: int, seq_k: int) -> None:

@@ -90,6 +90,7 @@ class PositionBias:
 
   @property
   def heads(self) -> int:
+    """The query heads the table holds: its last axis for buckets, its length for ALiBi slopes."""
     return jnp.shape(self.table)[-1] if self.kind == "buckets" else jnp.shape(self.table)[0]
 
   def validate(self, heads: int) -> None:

@@ -96,18 +96,22 @@ class KernelConfig:
 
   @property
   def uniform(self) -> bool:
+    """Whether a head mask mixes the attention with the uniform one (`ablation` "uniform")."""
     return self.ablation == "uniform"
 
   @property
   def dropout(self) -> bool:
+    """Whether the kernels drop attention weights (`dropout_rate` > 0)."""
     return self.dropout_rate > 0
 
   @property
   def drop_threshold(self) -> int:
+    """`drop.threshold(dropout_rate)`: entries whose random bits fall below it are dropped."""
     return drop.threshold(self.dropout_rate)
 
   @property
   def keep_scale(self) -> float:
+    """The kept weights' scale, `1 / (1 - dropout_rate)`."""
     return 1.0 / (1.0 - self.dropout_rate)
 
 

@@ -264,3 +264,45 @@ def test_pyproject_lists_every_package():
   )
   found = {name for name, path in _module_files(LIBRARY).items() if path.name == "__init__.py"}
   assert listed == found, (sorted(found - listed), sorted(listed - found))
+
+
+def undocumented(root: pathlib.Path) -> list[str]:
+  """Every public module, function, class and method under `root` without a docstring of its
+  own (what the API reference shows): names starting with "_" and `__main__` are private."""
+  missing = []
+  for path in sorted(root.rglob("*.py")):
+    if path.name == "__main__.py" or (path.name.startswith("_") and path.name != "__init__.py"):
+      continue
+    tree = ast.parse(path.read_text())
+    where = str(path.relative_to(root.parent))
+    if not ast.get_docstring(tree):
+      missing.append(f"{where}: the module")
+    for node in tree.body:
+      kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+      if not isinstance(node, kinds) or node.name.startswith("_"):
+        continue
+      members = [node] + [
+        sub
+        for sub in getattr(node, "body", [])
+        if isinstance(node, ast.ClassDef)
+        if isinstance(sub, kinds[:2]) and not sub.name.startswith("_")
+      ]
+      for m in members:
+        if not ast.get_docstring(m):
+          name = m.name if m is node else f"{node.name}.{m.name}"
+          missing.append(f"{where}:{m.lineno} {name}")
+  return missing
+
+
+def test_every_public_name_has_a_docstring(tmp_path):
+  for root, _ in LIBRARY:
+    assert not undocumented(root), undocumented(root)
+  # The check finds a bare module, function, class and method, and passes private ones.
+  pkg = tmp_path / "pkg"
+  pkg.mkdir()
+  (pkg / "a.py").write_text(
+    "def f():\n  pass\n\nclass C:\n  '''Doc.'''\n  def m(self):\n    pass\n"
+    "  def _p(self):\n    pass\n\ndef _g():\n  pass\n"
+  )
+  (pkg / "_private.py").write_text("def h():\n  pass\n")
+  assert undocumented(pkg) == ["pkg/a.py: the module", "pkg/a.py:1 f", "pkg/a.py:6 C.m"]

@@ -87,6 +87,7 @@ class Checkpoint:
   tokenizer: str | None = None
 
   def describe(self) -> dict[str, Any]:
+    """The checkpoint's fields as a dict (what a result file records of it)."""
     return dataclasses.asdict(self)
 
 
@@ -469,6 +470,8 @@ def write_json_atomic(path: PathLike, obj: Any) -> pathlib.Path:
 
 
 def result_path(out_dir: PathLike, ck: Checkpoint, analysis: str) -> pathlib.Path:
+  """Where analysis `analysis` of checkpoint `ck` writes its JSON:
+  `OUT_DIR/results/LABEL/ANALYSIS.json`."""
   return pathlib.Path(out_dir) / "results" / ck.label / f"{analysis}.json"
 
 

@@ -62,6 +62,7 @@ class Sentence:
 
   @property
   def num_words(self) -> int:
+    """Syntactic words (multi-word tokens split, empty nodes left out)."""
     return len(self.forms)
 
   @property
@@ -72,6 +73,7 @@ class Sentence:
 
   @property
   def num_fused(self) -> int:
+    """Multi-word tokens (e.g. "don't" for "do" + "n't")."""
     return len(self.multiword)
 
   def heads_array(self) -> np.ndarray:
@@ -235,6 +237,7 @@ class LabelVocab:
 
   @property
   def index(self) -> dict[str, int]:
+    """Label -> id."""
     return {lab: i for i, lab in enumerate(self.labels)}
 
   def __len__(self) -> int:
@@ -254,6 +257,7 @@ class LabelVocab:
     return np.asarray(out, dtype=np.int32)
 
   def decode(self, ids: Iterable[int]) -> list[str]:
+    """Maps ids back to their labels."""
     return [self.labels[int(i)] for i in ids]
 
 

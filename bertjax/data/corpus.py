@@ -522,14 +522,17 @@ class TokenizedCorpus:
 
   @property
   def num_tokens(self) -> int:
+    """Tokens in the corpus."""
     return int(self.ids.shape[0])
 
   @property
   def num_sentences(self) -> int:
+    """Sentences in the corpus."""
     return int(self.sentence_offsets.shape[0] - 1)
 
   @property
   def num_documents(self) -> int:
+    """Documents in the corpus."""
     return int(self.doc_offsets.shape[0] - 1)
 
   @property

@@ -72,6 +72,7 @@ class DataFile:
 
   @property
   def src(self) -> str:
+    """Its path under the set's `base_url` or in its archive: `source`, else `path`."""
     return self.source or self.path
 
 

@@ -313,6 +313,7 @@ class PretrainingIterator:
 
   @property
   def steps_per_epoch(self) -> int:
+    """Whole batches per pass over the examples (the last partial batch is dropped)."""
     return len(self.examples) // self.batch_size
 
   @property
@@ -322,6 +323,7 @@ class PretrainingIterator:
 
   @property
   def epoch(self) -> int:
+    """The epoch of the next batch (each epoch reshuffles the examples)."""
     return self._step // self.steps_per_epoch
 
   def _permutation(self, epoch: int) -> np.ndarray:

@@ -429,10 +429,12 @@ class BertConfig:
 
   @property
   def head_dim(self) -> int:
+    """Each head's width: `hidden_size / num_attention_heads`."""
     return self.hidden_size // self.num_attention_heads
 
   @property
   def groups(self) -> int:
+    """Stacked parameter groups: ALBERT's `num_hidden_groups`, else one per layer."""
     return self.num_hidden_groups or self.num_hidden_layers
 
   @property
@@ -456,6 +458,7 @@ class BertConfig:
 
   @property
   def is_pruned(self) -> bool:
+    """Whether any layer has heads physically removed (`pruned_heads`)."""
     return any(heads for _, heads in self.pruned_heads)
 
   def kept_heads(self, layer: int) -> tuple[int, ...]:
@@ -473,6 +476,7 @@ class BertConfig:
     return self.hidden_dropout_prob if p is None else p
 
   def replace(self, **changes: Any) -> BertConfig:
+    """A copy with `changes` applied (`dataclasses.replace`)."""
     return dataclasses.replace(self, **changes)
 
   @classmethod
@@ -547,6 +551,7 @@ class BertConfig:
     return cls(**kwargs)
 
   def label_name(self, i: int) -> str:
+    """Class `i`'s name: `label_names[i]`, else Hugging Face's default `LABEL_i`."""
     return self.label_names[i] if self.label_names else f"LABEL_{i}"
 
   def to_hf_dict(self, architectures: list[str] | None = None) -> dict[str, Any]:

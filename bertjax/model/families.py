@@ -183,6 +183,7 @@ class Head:
 
   @property
   def names(self) -> tuple[str, ...]:
+    """The names of the head's tensors, in order."""
     return tuple(name for _, name, _, _ in self.tensors)
 
   def has(self, sub: str) -> bool:
@@ -347,6 +348,10 @@ class Family:
         )
 
   def architecture(self, heads: tuple[str, ...]) -> str:
+    """The Hugging Face class name for a model with these `heads` (e.g. "BertForMaskedLM").
+
+    Raises:
+      ValueError: the family has no class with exactly these heads."""
     key = tuple(sorted(heads))
     if key not in self.architectures:
       raise ValueError(

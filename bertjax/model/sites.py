@@ -248,9 +248,13 @@ class Sites:
     self.captured: dict[str, jax.Array] = {}
 
   def needs(self, name: str) -> bool:
+    """Whether site `name` is captured, patched or edited by a function in this pass."""
     return name in self.capture or name in self.patch or name in self.functions
 
   def visit(self, name: str, value):
+    """Site `name`'s value after this pass's edits: a function patch, then a (value, weight)
+    patch (read at the block's rows when it runs on some); records it when captured (a pruned
+    block's removed heads as zeros)."""
     restricted = self.rows is not None and name in ROW_AXIS
     if name in self.functions:
       new = self.functions[name](value, self.layer)

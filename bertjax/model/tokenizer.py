@@ -124,14 +124,17 @@ class Tokenizer:
 
   @property
   def cls_token(self) -> str | None:
+    """The sequence-start token ("[CLS]", "<s>"), None if the tokenizer has none."""
     return self.roles.get("cls")
 
   @property
   def mask_token(self) -> str | None:
+    """The mask token ("[MASK]", "<mask>"), None if the tokenizer has none."""
     return self.roles.get("mask")
 
   @property
   def vocab_size(self) -> int:
+    """Tokens in the vocabulary, added tokens included."""
     return self.tokenizer.get_vocab_size()
 
   @classmethod
@@ -388,12 +391,18 @@ class Tokenizer:
     return directory
 
   def decode(self, ids: Sequence[int]) -> str:
+    """The text of `ids` (the tokenizer's decoder joins the pieces)."""
     return self.tokenizer.decode(list(map(int, ids)))
 
   def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+    """The token string of each id."""
     return [self.tokenizer.id_to_token(int(i)) for i in ids]
 
   def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    """The id of each token string.
+
+    Raises:
+      ValueError: a token is not in the vocabulary."""
     out = []
     for t in tokens:
       i = self.tokenizer.token_to_id(t)

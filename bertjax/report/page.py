@@ -68,6 +68,7 @@ _WIDE = {"pattern_examples", "effective"}
 
 
 def html_escape(text: str) -> str:
+  """`text` (any value, as `str`) escaped for HTML, quotes included."""
   return html.escape(str(text), quote=True)
 
 

@@ -178,6 +178,7 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def latest_step(self) -> int | None:
+    """The last finalised step, None before the first save."""
     steps = self.all_steps()
     return steps[-1] if steps else None
 

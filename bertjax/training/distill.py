@@ -215,20 +215,25 @@ class Distillation(Objective):
 
   @property
   def heads(self):
+    """The student's MLM head."""
     return ("mlm",)
 
   @property
   def fields(self):
+    """The MLM fields: masked positions, original ids, weights."""
     return ("mlm_positions", "mlm_ids", "mlm_weights")
 
   @property
   def weights(self):
+    """`alpha_mlm`, `alpha_ce` and `alpha_cos` for the hard MLM, soft cross-entropy and
+    cosine terms; with `tinybert`, `alpha_hidden` and `alpha_attn` for the layer terms too."""
     w = {"mlm": self.alpha_mlm, "distill_ce": self.alpha_ce, "cos": self.alpha_cos}
     if self.tinybert:
       w.update(hidden=self.alpha_hidden, attn=self.alpha_attn)
     return w
 
   def counts(self, batch):
+    """Masked tokens for the MLM and soft cross-entropy terms, real tokens for the others."""
     masked = jnp.sum(batch["mlm_weights"].astype(jnp.float32))
     tokens = jnp.sum(batch["attention_mask"].astype(jnp.float32))
     out = {"mlm": masked, "distill_ce": masked, "cos": tokens}
@@ -237,6 +242,8 @@ class Distillation(Objective):
     return out
 
   def init_params(self, config, rng):
+    """With `tinybert`, the projection `distill_proj` from the student's width to the
+    teacher's (initialised as the model's dense layers); else none."""
     if not self.tinybert:
       return {}
     h_s, h_t = config.hidden_size, self.teacher_config.hidden_size
@@ -254,6 +261,10 @@ class Distillation(Objective):
     return [m * (lt // ls) for m in range(ls + 1)]
 
   def terms(self, ctx: Context):
+    """The student's MLM loss, the soft cross-entropy against the teacher's tempered MLM
+    distribution, 1 - the cosine of the two models' final states per real token and, with
+    `tinybert`, the mapped layers' hidden-state and attention terms (the teacher runs
+    without gradient)."""
     b, cfg = ctx.batch, ctx.config
     t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
     student = {k: v for k, v in ctx.params.items() if k != "distill_proj"}
@@ -362,6 +373,7 @@ class TaskDistillation(Objective):
 
   @property
   def head(self) -> str:
+    """The task head both models have: "classifier" or "token_classifier"."""
     return "classifier" if self.task == "classification" else "token_classifier"
 
   @property
@@ -370,17 +382,21 @@ class TaskDistillation(Objective):
 
   @property
   def heads(self):
+    """The student's task head."""
     return (self.head,)
 
   @property
   def fields(self):
+    """The hard labels."""
     return ("labels",)
 
   @property
   def weights(self):
+    """`1 - alpha` for the hard labels' term, `alpha` for the soft one."""
     return {self._hard: 1.0 - self.alpha, "distill_ce": self.alpha}
 
   def counts(self, batch):
+    """Sequences (classification) or labelled tokens (token classification), for both terms."""
     if self.task == "classification":
       n = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
     else:
@@ -388,6 +404,8 @@ class TaskDistillation(Objective):
     return {self._hard: n, "distill_ce": n}
 
   def terms(self, ctx: Context):
+    """The hard-label loss of the student's head and the soft cross-entropy against the
+    teacher's tempered logits (the teacher runs without gradient)."""
     b, cfg = ctx.batch, ctx.config
     t_cfg = self.teacher_config.replace(dtype=cfg.dtype)
     s = head_logits(

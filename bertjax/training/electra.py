@@ -242,13 +242,16 @@ class Electra(Objective):
 
   @property
   def fields(self):
+    """The generator's MLM fields: masked positions, original ids, weights."""
     return ("mlm_positions", "mlm_ids", "mlm_weights")
 
   @property
   def weights(self):
+    """`mlm_weight` for the generator's MLM, `rtd_weight` for replaced-token detection."""
     return {"mlm": self.mlm_weight, "rtd": self.rtd_weight}
 
   def counts(self, batch):
+    """Masked tokens for the generator's MLM, real tokens for replaced-token detection."""
     return {
       "mlm": jnp.sum(batch["mlm_weights"].astype(jnp.float32)),
       "rtd": jnp.sum(batch["attention_mask"].astype(jnp.float32)),
@@ -272,6 +275,8 @@ class Electra(Objective):
     return init_electra(self.generator, config, rng)
 
   def terms(self, ctx: Context):
+    """The generator's MLM terms and the discriminator's replaced-token detection terms
+    over the real tokens, from one `run`."""
     run = self.run(ctx.params, ctx.config, ctx.batch, ctx.rng, ctx.deterministic)
     return {
       "mlm": run["mlm"],

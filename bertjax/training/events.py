@@ -100,4 +100,5 @@ class EventWriter:
     self._file.flush()
 
   def close(self) -> None:
+    """Closes the event file."""
     self._file.close()

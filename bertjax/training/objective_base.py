@@ -69,23 +69,31 @@ class Objective:
 
   @property
   def heads(self) -> tuple[str, ...]:
+    """The family heads the objective reads (`bertjax.init(..., heads=)`); none by default."""
     return ()
 
   @property
   def fields(self) -> tuple[str, ...]:
+    """The batch keys the objective reads (`check_batch` names any missing); none by default."""
     return ()
 
   @property
   def weights(self) -> dict[str, float]:
+    """Each term's weight in the total loss: `{name: weight}` for a one-term objective."""
     return {self.name: self.weight}
 
   def counts(self, batch: dict) -> dict[str, jax.Array]:
+    """Each term's denominator over the whole (accumulated) batch: by default, its sequences."""
     return {self.name: jnp.asarray(batch["input_ids"].shape[0], jnp.float32)}
 
   def terms(self, ctx: Context) -> dict[str, dict[str, jax.Array]]:
+    """Each term's `loss_sum` (and `correct_sum` where it predicts something countable) for
+    one micro-batch, from `ctx`; every subclass defines it."""
     raise NotImplementedError
 
   def init_params(self, config: BertConfig, rng: jax.Array) -> dict[str, Any]:
+    """Parameters the objective owns beyond the family's heads (merged into the model's);
+    none by default."""
     return {}
 
   def check_batch(self, batch: dict) -> None:

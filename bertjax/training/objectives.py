@@ -45,16 +45,20 @@ class MaskedLM(Objective):
 
   @property
   def heads(self):
+    """The MLM head."""
     return ("mlm",)
 
   @property
   def fields(self):
+    """The masked positions, their original ids and their weights (0 for padding)."""
     return ("mlm_positions", "mlm_ids", "mlm_weights")
 
   def counts(self, batch):
+    """The masked tokens (the sum of `mlm_weights`)."""
     return {self.name: jnp.sum(batch["mlm_weights"].astype(jnp.float32))}
 
   def terms(self, ctx):
+    """The weighted cross-entropy and correct predictions at the masked positions."""
     b = ctx.batch
     return {
       self.name: losses.mlm_loss_terms(
@@ -80,13 +84,17 @@ class SentencePair(Objective):
 
   @property
   def heads(self):
+    """The NSP or SOP head (the term's name)."""
     return (self.name,)
 
   @property
   def fields(self):
+    """`next_sentence_labels` (NSP) or `sop_labels` (SOP)."""
     return ("next_sentence_labels",) if self.name == "nsp" else ("sop_labels",)
 
   def terms(self, ctx):
+    """The two-way cross-entropy and correct predictions of the head on the pooler output
+    (SOP's head applies its dropout in training)."""
     pooled = ctx.out.pooler_output
     if self.name == "nsp":
       logits = nsp_logits(ctx.params, ctx.config, pooled)
@@ -105,13 +113,17 @@ class Classification(Objective):
 
   @property
   def heads(self):
+    """The sequence classifier."""
     return ("classifier",)
 
   @property
   def fields(self):
+    """The sequence labels."""
     return ("labels",)
 
   def terms(self, ctx):
+    """The classifier's loss (cross-entropy, or squared error with one output) and correct
+    predictions."""
     logits = head_logits(
       ctx.params,
       ctx.config,
@@ -131,16 +143,20 @@ class TokenClassification(Objective):
 
   @property
   def heads(self):
+    """The token classifier."""
     return ("token_classifier",)
 
   @property
   def fields(self):
+    """The per-token labels (-100 where a token has none)."""
     return ("labels",)
 
   def counts(self, batch):
+    """The labelled tokens (labels != -100)."""
     return {self.name: jnp.sum((batch["labels"] != losses.IGNORE_INDEX).astype(jnp.float32))}
 
   def terms(self, ctx):
+    """The token classifier's cross-entropy and correct predictions over the labelled tokens."""
     logits = token_classify(
       ctx.params,
       ctx.config,

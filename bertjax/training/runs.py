@@ -138,14 +138,27 @@ class TimedIterator:
     self.exit: list[float] = []
     self.tokens: list[int] = []
 
-  config = property(lambda self: self.inner.config)
-  batch_size = property(lambda self: self.inner.batch_size)
-  step = property(lambda self: self.inner.step)
+  @property
+  def config(self):
+    """The wrapped iterator's `config`."""
+    return self.inner.config
+
+  @property
+  def batch_size(self) -> int:
+    """The wrapped iterator's batch size."""
+    return self.inner.batch_size
+
+  @property
+  def step(self) -> int:
+    """The wrapped iterator's step (of the next batch)."""
+    return self.inner.step
 
   def state(self) -> dict:
+    """The wrapped iterator's resumable state."""
     return self.inner.state()
 
   def set_state(self, state: dict) -> None:
+    """Restores the wrapped iterator's state."""
     self.inner.set_state(state)
 
   def __iter__(self) -> Iterator[dict]:

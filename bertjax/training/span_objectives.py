@@ -110,15 +110,20 @@ class SpanBoundary(Objective):
 
   @property
   def fields(self):
+    """The MLM fields and each masked token's span boundaries (`span_left`, `span_right`)."""
     return ("mlm_positions", "mlm_ids", "mlm_weights", "span_left", "span_right")
 
   def counts(self, batch):
+    """The masked tokens (the sum of `mlm_weights`)."""
     return {self.name: jnp.sum(batch["mlm_weights"].astype(jnp.float32))}
 
   def init_params(self, config, rng):
+    """The `sbo` head: its relative position table (`max_positions` rows) and MLP."""
     return {"sbo": init_sbo_params(config, rng, self.max_positions)}
 
   def terms(self, ctx: Context):
+    """The cross-entropy and correct predictions of each masked token from its span's
+    boundary states and relative position (the decoder shares the word embeddings)."""
     b = ctx.batch
     if "sbo" not in ctx.params:
       raise ValueError(
@@ -146,16 +151,20 @@ class WordOrder(Objective):
 
   @property
   def heads(self):
+    """The MLM head, which predicts the original tokens."""
     return ("mlm",)
 
   @property
   def fields(self):
+    """The shuffled positions, their original ids and their weights."""
     return ("word_order_positions", "word_order_ids", "word_order_weights")
 
   def counts(self, batch):
+    """The shuffled tokens (the sum of `word_order_weights`)."""
     return {self.name: jnp.sum(batch["word_order_weights"].astype(jnp.float32))}
 
   def terms(self, ctx: Context):
+    """The MLM head's cross-entropy and correct predictions at the shuffled positions."""
     b = ctx.batch
     t = losses.mlm_loss_terms(
       ctx.params,

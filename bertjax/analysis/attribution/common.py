@@ -21,16 +21,20 @@ Params = dict[str, Any]
 
 
 def analysis_dtype(config: BertConfig):
+  """The dtype the attribution methods compute in: the model's compute dtype, at least float32."""
   return jnp.promote_types(compute_dtype(config), jnp.float32)
 
 
 def real_tokens(input_ids, attention_mask):
+  """(B, T) bool: the real tokens of a batch (all of them when `attention_mask` is None)."""
   if attention_mask is None:
     return jnp.ones(np.shape(input_ids), bool)
   return jnp.asarray(attention_mask) > 0
 
 
 def captured_sites(params, config, input_ids, attention_mask, token_type_ids, sites):
+  """The named `sites` of one forward pass (`forward(..., capture=sites)`), each (L, ...) in
+  `analysis_dtype`; with "embeddings" and "out" captured, "x" too: each block's input."""
   out = forward(params, config, input_ids, attention_mask, token_type_ids, capture=sites)
   dtype = analysis_dtype(config)
   cache = {k: v.astype(dtype) for k, v in out.cache.items()}

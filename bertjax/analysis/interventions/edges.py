@@ -140,10 +140,12 @@ class Graph:
 
   @property
   def n_senders(self) -> int:
+    """How many senders: the input, then each layer's heads and its FFN."""
     return 1 + self.depth * (self.heads + 1)
 
   @property
   def n_receivers(self) -> int:
+    """How many receivers: each head's q, k and v inputs and each FFN's input, then the logits."""
     return self.depth * (3 * self.heads + 1) + 1
 
   def sender(self, layer: int, head: int | None = None) -> int:
@@ -157,6 +159,8 @@ class Graph:
 
   @functools.cached_property
   def senders(self) -> tuple[str, ...]:
+    """Each sender's name, by index: "input", then per layer its heads "aL.hH" and its
+    FFN "mL"."""
     names = ["input"]
     for layer in range(self.depth):
       names += [f"a{layer}.h{h}" for h in range(self.heads)] + [f"m{layer}"]
@@ -164,6 +168,8 @@ class Graph:
 
   @functools.cached_property
   def receivers(self) -> tuple[str, ...]:
+    """Each receiver's name, by index: per layer the heads' q, k and v inputs "aL.hH<q>" ...
+    and the FFN "mL", then "logits"."""
     names = []
     for layer in range(self.depth):
       for letter in "qkv":
@@ -173,6 +179,8 @@ class Graph:
 
   @functools.cached_property
   def sender_stage(self) -> np.ndarray:
+    """(n_senders,) when each sender writes: the input at 0, layer l's heads at 2l, its FFN
+    at 2l + 1."""
     stage = [0]
     for layer in range(self.depth):
       stage += [2 * layer] * self.heads + [2 * layer + 1]
@@ -180,6 +188,8 @@ class Graph:
 
   @functools.cached_property
   def receiver_stage(self) -> np.ndarray:
+    """(n_receivers,) when each receiver reads: layer l's heads at 2l, its FFN at 2l + 1, the
+    logits after every layer (2L)."""
     stage = []
     for layer in range(self.depth):
       stage += [2 * layer] * (3 * self.heads) + [2 * layer + 1]
@@ -204,6 +214,7 @@ class Graph:
     return out
 
   def edge_name(self, s: int, r: int) -> str:
+    """The edge from sender `s` to receiver `r` as EAP-IG names it, e.g. 'a0.h1->m2'."""
     return f"{self.senders[s]}->{self.receivers[r]}"
 
   def edge(self, name: str) -> tuple[int, int]:

@@ -76,6 +76,7 @@ class WordFeatures:
 
   @property
   def num_layers(self) -> int:
+    """How many layers the features hold (the embeddings and each block: L + 1)."""
     return self.features.shape[0]
 
   @property

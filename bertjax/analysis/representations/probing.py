@@ -44,11 +44,17 @@ PROBE_KINDS = ("linear", "mlp")
 class LayerModel(Protocol):
   """A hashable model description for ``fit_layerwise`` (one layer's probe)."""
 
-  def init(self, key: jax.Array, x: jax.Array, t: Any) -> Any: ...
+  def init(self, key: jax.Array, x: jax.Array, t: Any) -> Any:
+    """The parameters of one layer's model for inputs `x` and targets `t`, from `key`."""
+    ...
 
-  def loss(self, params: Any, x: jax.Array, t: Any) -> jax.Array: ...
+  def loss(self, params: Any, x: jax.Array, t: Any) -> jax.Array:
+    """The scalar training loss of `params` on (`x`, `t`), regularisation included."""
+    ...
 
-  def score(self, params: Any, x: jax.Array, t: Any) -> jax.Array: ...
+  def score(self, params: Any, x: jax.Array, t: Any) -> jax.Array:
+    """The scalar held-out score of `params` on (`x`, `t`) (higher is better)."""
+    ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +251,8 @@ class ClassifierProbe:
       raise ValueError(f"{self.l2=} must be >= 0")
 
   def init(self, key, x, t):
+    """Zeros for a linear probe; for the MLP, weights ~ N(0, 1/fan_in) and zero biases; with
+    `scalar_mix`, uniform layer weights and gamma 1."""
     dim, c = x.shape[-1], self.num_classes
     params = {}
     if self.scalar_mix:
@@ -260,6 +268,7 @@ class ClassifierProbe:
     return params
 
   def logits(self, params, x):
+    """(n, classes) logits of features `x` (n, dim), or (n, layers, dim) with `scalar_mix`."""
     if self.scalar_mix:  # x: (n, layers, dim) -> (n, dim)
       w = jax.nn.softmax(params["mix"]["s"])
       x = params["mix"]["gamma"] * jnp.einsum("nld,l->nd", x, w)
@@ -269,11 +278,13 @@ class ClassifierProbe:
     return h @ params["w2"] + params["b2"]
 
   def loss(self, params, x, t):
+    """The mean cross-entropy plus `l2` / 2 times the squared weights (biases not penalised)."""
     ce = optax.softmax_cross_entropy_with_integer_labels(self.logits(params, x), t).mean()
     weights = [params["w"]] if self.kind == "linear" else [params["w1"], params["w2"]]
     return ce + 0.5 * self.l2 * sum(jnp.sum(w * w) for w in weights)
 
   def score(self, params, x, t):
+    """The accuracy of the argmax class against the labels `t`."""
     return jnp.mean(jnp.argmax(self.logits(params, x), -1) == t)
 
 
@@ -333,6 +344,7 @@ class Probe:
 
   @property
   def model(self) -> ClassifierProbe:
+    """The `ClassifierProbe` of this probe's settings (needs `num_classes`, known after `fit`)."""
     if self.num_classes is None:
       raise ValueError("num_classes is unknown before fit")
     c = self.config
@@ -448,6 +460,10 @@ POOLINGS = ("first", "mean", "last")
 
 @functools.partial(jax.jit, static_argnames=("num_words", "reduce"))
 def pool_words(hidden_states, word_ids, num_words, reduce):
+  """The jitted core of `pool_subwords` for a static `num_words`: each word's subword states
+  (`word_ids` -1 for none) reduced by `reduce` ("first", "mean" or "last"). Returns
+  (layers, batch, num_words, hidden) vectors, zero for an absent word, and the (batch,
+  num_words) mask of the words present."""
   seq = hidden_states.shape[2]
   seg = jnp.where(word_ids < 0, num_words, word_ids)  # (batch, seq); -1 -> dump segment
   pos = jnp.broadcast_to(jnp.arange(seq), word_ids.shape)

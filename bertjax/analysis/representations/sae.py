@@ -82,6 +82,8 @@ class SAEConfig:
 
   @property
   def auxk_latents(self) -> int | None:
+    """The dead latents the auxiliary loss reconstructs with: `auxk`, at most `latents`; None
+    without the auxiliary loss."""
     return None if self.auxk is None else min(self.auxk, self.latents)
 
 

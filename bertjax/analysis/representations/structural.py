@@ -118,6 +118,7 @@ class StructuralBatch:
   heads: list[np.ndarray]
 
   def targets(self) -> dict[str, jax.Array]:
+    """The gold distances, depths and word mask as the probes' float32 (mask: bool) targets."""
     return {
       "dist": jnp.asarray(self.distances, jnp.float32),
       "depth": jnp.asarray(self.depths, jnp.float32),
