@@ -111,12 +111,12 @@ def _tasks(shape: str, args) -> dict:
     params, config, clean, corrupted, metric, targets=targets
   )
   src, dst, tg = patching.checked_pair(config, clean, corrupted, targets, "denoise")
-  weights = jnp.asarray(patching._block_weights(config, "head_out", args.seq, "heads", None))
+  weights = jnp.asarray(patching.sweep_weights(config, "head_out", args.seq, "heads", None))
 
   @jax.jit
   def clean_run(params, src):
     batch = {**src, **tg}
-    _, run = patching._run(
+    _, run = patching.sweep_forward(
       params,
       config,
       src,

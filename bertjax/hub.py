@@ -194,10 +194,10 @@ def install_model(
     try:
       import huggingface_hub
 
-      from bertjax.model.hf import _HUB_FILES
+      from bertjax.model.hf import HUB_FILES
 
       path = pathlib.Path(
-        huggingface_hub.snapshot_download(hub_id, allow_patterns=_HUB_FILES, cache_dir=str(cache))
+        huggingface_hub.snapshot_download(hub_id, allow_patterns=HUB_FILES, cache_dir=str(cache))
       )
       log(f"[models] {hub_id} downloaded from the hub: {path}")
       return path

@@ -53,9 +53,9 @@ from .position_bias import PositionBias
 from .reference import (
   ABLATIONS,
   Ablation,
-  _validate_dropout,
   reference_attention,
   reference_statistics,
+  validate_dropout,
 )
 from .tiling import BlockSizes
 from .xla_attention import attention_probs as _xla_probs
@@ -238,7 +238,7 @@ def attention(
   """
   mask = mask_of(mask, kv_lengths, segment_ids, key_mask)
   head_mask = _validate(q, k, v, mask, head_mask, ablation, impl)
-  dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
+  dropout_rate, dropout_seed = validate_dropout(dropout_rate, dropout_seed)
   impl = _resolve_impl(impl, return_probs)
   _check_combination(impl, dropout_rate, return_probs, backward)
   if impl == "xla":

@@ -173,7 +173,7 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
       count_ref[...] = count
 
 
-def _table_spec(cfg: KernelConfig):
+def table_spec(cfg: KernelConfig):
   """The bias table (heads, entries) as each (batch, head, block) program reads it."""
   width = 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
   return pl.BlockSpec((None, width), lambda b, h, i: (h, 0))
@@ -196,7 +196,7 @@ def forward_call(
     in_specs.append(pl.BlockSpec((None, None), lambda b, h, i: (b, h)))
     args.append(drop.stream_keys(seed, batch, heads))
   if cfg.bias_kind:
-    in_specs.append(_table_spec(cfg))
+    in_specs.append(table_spec(cfg))
     args.append(table)
   row_spec = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
   tile_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
@@ -473,7 +473,7 @@ def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
   if cfg.bias_kind:
     extra_args.append(table)
-    dq_specs.append(_table_spec(cfg))
+    dq_specs.append(table_spec(cfg))
     width = table.shape[-1]
     blocks = seq_pad // bs.block_q_bwd
     out_specs.append(pl.BlockSpec((None, None, None, width), lambda b, h, i: (b, h, i, 0)))

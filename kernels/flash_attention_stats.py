@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .flash_attention import _table_spec, bias_table, forward_call, kernel_config
+from .flash_attention import bias_table, forward_call, kernel_config, table_spec
 from .masks import Mask
 from .position_bias import PositionBias
 from .reference import STAT_NAMES, Ablation
@@ -165,7 +165,7 @@ def attention_statistics_pallas(
     in_specs.append(row_spec)
   if cfg.bias_kind:
     args.append(lax.stop_gradient(table))
-    in_specs.append(_table_spec(cfg))
+    in_specs.append(table_spec(cfg))
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
   per_row = pallas_call(
     functools.partial(_stats_kernel, cfg=cfg, has_special=special is not None),

@@ -125,7 +125,7 @@ def reference_attention(
   Returns:
     out `(batch, seq_q, heads, head_dim)` in q's dtype, or `(out, probs)`.
   """
-  dropout_rate, dropout_seed = _validate_dropout(dropout_rate, dropout_seed)
+  dropout_rate, dropout_seed = validate_dropout(dropout_rate, dropout_seed)
   _, mixed, _, _ = _attention_distributions(
     q,
     k,
@@ -194,7 +194,7 @@ def reference_statistics(
   return {name: (x * real).sum(-1) / denom for name, x in per_row.items()}
 
 
-def _validate_dropout(rate, seed):
+def validate_dropout(rate, seed):
   """(rate as a float, seed as an int32 scalar or None); errors name the bad value."""
   rate = drop.check_rate(rate)
   if rate == 0.0:

@@ -20,6 +20,7 @@ from conftest import FAST_COMPILE
 import bertjax
 from bertjax.data import corpus as C
 from bertjax.data import pretraining as P
+from bertjax.data import pretraining_examples as PE
 from bertjax.training import electra as E
 from bertjax.training import objectives as O
 from bertjax.training import span_objectives as S
@@ -212,7 +213,7 @@ def smoke_corpus():
 
 
 def test_span_boundaries_and_word_order_batches(smoke_corpus):
-  pc = P.PretrainingConfig(max_seq_len=48, objective="none", masking="span", mask_prob=0.2)
+  pc = PE.PretrainingConfig(max_seq_len=48, objective="none", masking="span", mask_prob=0.2)
   it = P.WordOrderIterator(smoke_corpus, pc, batch_size=8, seed=1, word_order_prob=0.15)
   plain = P.PretrainingIterator(smoke_corpus, pc, batch_size=8, seed=1)
   special = [smoke_corpus.special_ids[t] for t in C.SPECIAL_TOKENS]
@@ -254,7 +255,7 @@ def test_span_boundaries_and_word_order_batches(smoke_corpus):
 
 
 def _spm_batch(smoke_corpus):
-  pc = P.PretrainingConfig(max_seq_len=32, objective="none", masking="span", mask_prob=0.2)
+  pc = PE.PretrainingConfig(max_seq_len=32, objective="none", masking="span", mask_prob=0.2)
   it = P.WordOrderIterator(smoke_corpus, pc, batch_size=4, seed=0, word_order_prob=0.2)
   return it.batch(0)
 
@@ -411,13 +412,13 @@ def test_rtd_loss_matches_transformers_and_export_loads_strict(tmp_path):
 RUNNER = textwrap.dedent("""
     import json, sys, time
     import bertjax
-    from bertjax.data import corpus as C, pretraining as P
+    from bertjax.data import corpus as C, pretraining as P, pretraining_examples as PE
     from bertjax.training import electra as E, loop
 
     args = json.loads(sys.argv[1])
     tok = C.load_tokenizer(bertjax.minilm_path() / "vocab.txt")
     corpus = C.load_corpus(args["text"], tok, format="wikitext")
-    pc = P.PretrainingConfig(max_seq_len=24, objective="none", mask_token_prob=1.0,
+    pc = PE.PretrainingConfig(max_seq_len=24, objective="none", mask_token_prob=1.0,
                              random_token_prob=0.0)
 
     class Data(P.PretrainingIterator):

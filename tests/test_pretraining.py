@@ -9,6 +9,7 @@ import pytest
 
 from bertjax.data import corpus as C
 from bertjax.data import pretraining as P
+from bertjax.data import pretraining_examples as PE
 
 T = 128
 SPECIAL = [0, 100, 101, 102, 103]  # [PAD] [UNK] [CLS] [SEP] [MASK] of the BERT vocabulary
@@ -48,25 +49,25 @@ def _maskable(raw):
 
 def test_config_validation():
   with pytest.raises(ValueError, match="mask_prob=1.5"):
-    P.PretrainingConfig(mask_prob=1.5)
+    PE.PretrainingConfig(mask_prob=1.5)
   with pytest.raises(ValueError, match="objective='mlm'"):
-    P.PretrainingConfig(objective="mlm")
+    PE.PretrainingConfig(objective="mlm")
   with pytest.raises(ValueError, match="masking='words'"):
-    P.PretrainingConfig(masking="words")
+    PE.PretrainingConfig(masking="words")
   with pytest.raises(ValueError, match="random_token_prob"):
-    P.PretrainingConfig(mask_token_prob=0.9, random_token_prob=0.2)
+    PE.PretrainingConfig(mask_token_prob=0.9, random_token_prob=0.2)
   with pytest.raises(ValueError, match="max_seq_len=4"):
-    P.PretrainingConfig(max_seq_len=4)
-  assert P.PretrainingConfig(max_seq_len=128).num_predictions == 20
-  assert P.PretrainingConfig(max_seq_len=512, max_predictions_per_seq=80).num_predictions == 80
-  probs = P.PretrainingConfig().span_length_probs()
+    PE.PretrainingConfig(max_seq_len=4)
+  assert PE.PretrainingConfig(max_seq_len=128).num_predictions == 20
+  assert PE.PretrainingConfig(max_seq_len=512, max_predictions_per_seq=80).num_predictions == 80
+  probs = PE.PretrainingConfig().span_length_probs()
   assert probs.shape == (10,) and np.isclose(probs.sum(), 1)
   assert abs(probs @ np.arange(1, 11) - 3.8) < 0.05  # SpanBERT's mean span length
 
 
 @pytest.mark.parametrize("objective", ["nsp", "sop", "none"])
 def test_batch_layout(corpus, objective):
-  config = P.PretrainingConfig(max_seq_len=T, objective=objective, short_seq_prob=0.2)
+  config = PE.PretrainingConfig(max_seq_len=T, objective=objective, short_seq_prob=0.2)
   it, batches = _batches(corpus, config, 4, batch_size=16)
   ex = it.examples
   for raw, b in batches:
@@ -79,7 +80,7 @@ def test_batch_layout(corpus, objective):
       "mlm_weights": ((16, 20), np.float32),
     }
     if objective != "none":
-      expect[P.LABEL_KEYS[objective]] = ((16,), np.int32)
+      expect[PE.LABEL_KEYS[objective]] = ((16,), np.int32)
     assert {k: (v.shape, v.dtype) for k, v in b.items()} == expect
     for r in range(16):
       ids, types, attn = raw["input_ids"][r], b["token_type_ids"][r], b["attention_mask"][r]
@@ -109,7 +110,7 @@ def test_batch_layout(corpus, objective):
 
 
 def test_token_masking_statistics(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, masking="token")
+  config = PE.PretrainingConfig(max_seq_len=T, masking="token")
   _, batches = _batches(corpus, config, 30)
   n_maskable = n_selected = n_mask = n_same = 0
   for raw, b in batches:
@@ -129,7 +130,7 @@ def test_token_masking_statistics(corpus):
 
 
 def test_configured_rates(corpus):
-  config = P.PretrainingConfig(
+  config = PE.PretrainingConfig(
     max_seq_len=64,
     objective="none",
     mask_prob=0.3,
@@ -149,7 +150,7 @@ def test_configured_rates(corpus):
 
 
 def test_max_predictions_caps_the_count(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, mask_prob=0.5, max_predictions_per_seq=7)
+  config = PE.PretrainingConfig(max_seq_len=T, mask_prob=0.5, max_predictions_per_seq=7)
   _, batches = _batches(corpus, config, 2, batch_size=8)
   for raw, b in batches:
     assert b["mlm_positions"].shape == (8, 7)
@@ -158,7 +159,7 @@ def test_max_predictions_caps_the_count(corpus):
 
 
 def test_whole_word_masking_never_splits_a_word(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, masking="whole_word")
+  config = PE.PretrainingConfig(max_seq_len=T, masking="whole_word")
   _, batches = _batches(corpus, config, 20)
   n_maskable = n_selected = multi = 0
   for raw, b in batches:
@@ -184,7 +185,7 @@ def _runs(mask: np.ndarray):
 
 
 def test_span_masking(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, masking="span")
+  config = PE.PretrainingConfig(max_seq_len=T, masking="span")
   _, batches = _batches(corpus, config, 20)
   n_maskable = n_selected = 0
   run_words = []
@@ -224,8 +225,8 @@ def _assert_consecutive(corpus, first, second):
 
 
 def test_nsp_examples(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, objective="nsp")
-  ex = P.build_examples(corpus, config, seed=3)
+  config = PE.PretrainingConfig(max_seq_len=T, objective="nsp")
+  ex = PE.build_examples(corpus, config, seed=3)
   seg, labels, docs = ex.segments, ex.labels, ex.documents
   assert len(ex) > 500 and _balanced(labels)
   assert np.all(corpus.document_of_token(seg[:, 0]) == docs[:, 0])
@@ -243,8 +244,8 @@ def test_nsp_examples(corpus):
 
 
 def test_sop_examples(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, objective="sop")
-  ex = P.build_examples(corpus, config, seed=4)
+  config = PE.PretrainingConfig(max_seq_len=T, objective="sop")
+  ex = PE.build_examples(corpus, config, seed=4)
   seg, labels, docs = ex.segments, ex.labels, ex.documents
   assert len(ex) > 400 and _balanced(labels)
   assert np.all(docs[:, 0] == docs[:, 1])
@@ -257,8 +258,8 @@ def test_sop_examples(corpus):
 
 
 def test_full_sentences(corpus):
-  config = P.PretrainingConfig(max_seq_len=T, objective="none", short_seq_prob=0.0)
-  ex = P.build_examples(corpus, config, seed=0)
+  config = PE.PretrainingConfig(max_seq_len=T, objective="none", short_seq_prob=0.0)
+  ex = PE.build_examples(corpus, config, seed=0)
   seg = ex.segments
   assert np.all(seg[1:, 0] == seg[:-1, 1]) and seg[0, 0] == 0 and seg[-1, 1] == ex.ids.shape[0]
   lengths = seg[:, 1] - seg[:, 0]
@@ -273,7 +274,7 @@ def test_full_sentences(corpus):
 
 def test_short_seq_prob(corpus):
   def lengths(p):
-    ex = P.build_examples(corpus, P.PretrainingConfig(max_seq_len=T, short_seq_prob=p), seed=0)
+    ex = PE.build_examples(corpus, PE.PretrainingConfig(max_seq_len=T, short_seq_prob=p), seed=0)
     return (ex.segments[:, 1] - ex.segments[:, 0]) + (ex.segments[:, 3] - ex.segments[:, 2])
 
   full, short = lengths(0.0), lengths(0.5)
@@ -289,7 +290,7 @@ def _assert_same(b1, b2):
 
 @pytest.mark.parametrize("masking", ["token", "span"])
 def test_determinism_and_restore(corpus, masking):
-  config = P.PretrainingConfig(max_seq_len=64, objective="sop", masking=masking)
+  config = PE.PretrainingConfig(max_seq_len=64, objective="sop", masking=masking)
   it = P.PretrainingIterator(corpus, config, batch_size=256, seed=7)
   spe = it.steps_per_epoch
   assert 2 <= spe <= 6
@@ -320,7 +321,7 @@ def test_determinism_and_restore(corpus, masking):
 
 
 def test_restore_rejects_a_different_iterator(corpus):
-  config = P.PretrainingConfig(max_seq_len=64)
+  config = PE.PretrainingConfig(max_seq_len=64)
   state = P.PretrainingIterator(corpus, config, batch_size=8, seed=1).state()
   with pytest.raises(ValueError, match="seed"):
     P.PretrainingIterator(corpus, config, batch_size=8, seed=2).set_state(state)
@@ -329,7 +330,7 @@ def test_restore_rejects_a_different_iterator(corpus):
 
 
 def test_shards_are_slices_of_the_global_batch(corpus):
-  config = P.PretrainingConfig(max_seq_len=64, objective="nsp", masking="whole_word")
+  config = PE.PretrainingConfig(max_seq_len=64, objective="nsp", masking="whole_word")
   whole = P.PretrainingIterator(corpus, config, batch_size=12, seed=5)
   shards = [
     P.PretrainingIterator(corpus, config, batch_size=12, seed=5, shard_index=i, num_shards=3)
@@ -353,7 +354,7 @@ def test_one_sentence_documents_split_at_words(data_dir):
     data_dir / "wikitext2_tokens" / "valid.txt", format="wikitext", max_lines=300
   )
   c = C.tokenize_documents([[s] for d in docs for s in d], tok)  # one sentence per document
-  ex = P.build_examples(c, P.PretrainingConfig(max_seq_len=T, objective="sop"), seed=0)
+  ex = PE.build_examples(c, PE.PretrainingConfig(max_seq_len=T, objective="sop"), seed=0)
   seg, labels = ex.segments, ex.labels
   assert _balanced(labels)
   first = np.where(labels[:, None] == 0, seg[:, :2], seg[:, 2:])
@@ -374,17 +375,17 @@ def test_bad_corpora(corpus):
     corpus.special_ids,
   )
   with pytest.raises(ValueError, match="at least 2 documents"):
-    P.build_examples(one_doc, P.PretrainingConfig(objective="nsp"), seed=0)
+    PE.build_examples(one_doc, PE.PretrainingConfig(objective="nsp"), seed=0)
   with pytest.raises(ValueError, match="batch_size=64 exceeds"):
     P.PretrainingIterator(
-      one_doc, P.PretrainingConfig(objective="sop", max_seq_len=64), batch_size=64
+      one_doc, PE.PretrainingConfig(objective="sop", max_seq_len=64), batch_size=64
     )
   with pytest.raises(ValueError, match="seed=-1"):
-    P.PretrainingIterator(corpus, P.PretrainingConfig(), batch_size=8, seed=-1)
+    P.PretrainingIterator(corpus, PE.PretrainingConfig(), batch_size=8, seed=-1)
 
 
 def test_span_lengths_and_span_level_replacement(monkeypatch):
-  config = P.PretrainingConfig(masking="span", max_seq_len=512, max_predictions_per_seq=80)
+  config = PE.PretrainingConfig(masking="span", max_seq_len=512, max_predictions_per_seq=80)
   # The drawn spans' lengths, before touching spans are merged (merging is tested below).
   monkeypatch.setattr(P, "merge_touching", lambda groups: groups)
   rng = np.random.default_rng(0)
@@ -432,7 +433,7 @@ def test_span_boundaries_are_never_masked(mask_prob, length, rows):
   # (44 of 200 rows at 0.25): SpanBERT merges them first, so boundaries are unmasked tokens.
   left, right = P.span_boundaries([np.array([15]), np.array([16])], np.array([15, 16]))
   assert left.tolist() == [14, 14] and right.tolist() == [17, 17]
-  config = P.PretrainingConfig(masking="span", mask_prob=mask_prob, max_seq_len=length)
+  config = PE.PretrainingConfig(masking="span", mask_prob=mask_prob, max_seq_len=length)
   rng = np.random.default_rng(7)
   for _ in range(rows):
     words, maskable, ids = _random_sequence(rng, length)

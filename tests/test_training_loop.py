@@ -22,13 +22,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RUNNER = textwrap.dedent('''
     import json, sys, time
     import bertjax
-    from bertjax.data import corpus as C, pretraining as P
+    from bertjax.data import corpus as C, pretraining as P, pretraining_examples as PE
     from bertjax.training import loop
 
     args = json.loads(sys.argv[1])
     tok = C.load_tokenizer(args["vocab"])
     corpus = C.load_corpus(args["text"], tok, format="wikitext", max_lines=args["max_lines"])
-    pc = P.PretrainingConfig(max_seq_len=args["seq_len"], objective=args["objective"])
+    pc = PE.PretrainingConfig(max_seq_len=args["seq_len"], objective=args["objective"])
 
     class Data(P.PretrainingIterator):
       """Optionally slow after a step (to be killed there) or poisoned with NaN at one step."""
@@ -174,6 +174,7 @@ def test_short_wikitext_pretraining_lowers_mlm_loss(setup, tmp_path):
   import bertjax
   from bertjax.data import corpus as C
   from bertjax.data import pretraining as P
+  from bertjax.data import pretraining_examples as PE
   from bertjax.training import loop
 
   text = setup[1]
@@ -181,7 +182,7 @@ def test_short_wikitext_pretraining_lowers_mlm_loss(setup, tmp_path):
   tok = C.train_wordpiece((s for d in docs for s in d), 200)
   corpus = C.tokenize_documents(docs, tok)
   data = P.PretrainingIterator(
-    corpus, P.PretrainingConfig(max_seq_len=64, objective="none"), batch_size=16, seed=0
+    corpus, PE.PretrainingConfig(max_seq_len=64, objective="none"), batch_size=16, seed=0
   )
   cfg = bertjax.BertConfig.preset("tiny", vocab_size=corpus.vocab_size)
   train = loop.TrainConfig(

@@ -392,7 +392,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   """
   args = parse_args(pretrain_parser(), argv)
   from bertjax import mesh as mesh_lib
-  from bertjax.data import pretraining as P
+  from bertjax.data import pretraining_examples as PE
   from bertjax.training import loop
 
   out = pathlib.Path(args.output_dir)
@@ -428,7 +428,7 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
 
     fresh = bertjax.init(config, args.seed, heads)  # a checkpoint without these heads
     params = {**params, **{h: fresh[h] for h in heads if h not in params}}
-  pc = P.PretrainingConfig(
+  pc = PE.PretrainingConfig(
     max_seq_len=args.seq_len,
     objective=args.objective,
     masking=args.masking,

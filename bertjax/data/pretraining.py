@@ -1,7 +1,7 @@
 """Dynamically masked MLM batches of pretraining examples (`PretrainingIterator`).
 
 The examples (NSP, SOP, full sentences) and `PretrainingConfig` are built in
-`bertjax.data.pretraining_examples`, whose names are importable from here too.
+`bertjax.data.pretraining_examples`.
 
 Masking is dynamic: `PretrainingIterator` masks each batch when it is drawn, with
 a generator seeded by (seed, step, row), so batch k is a pure function of (seed,
@@ -25,17 +25,15 @@ import math
 import numpy as np
 
 from bertjax.data.corpus import SPECIAL_TOKENS, TokenizedCorpus
-from bertjax.data.pretraining_examples import (  # noqa: F401 (importable here, as before)
-  _MASK,
-  _SHUFFLE,
-  _WORD_ORDER,
+from bertjax.data.pretraining_examples import (
   LABEL_KEYS,
-  MASKINGS,
-  OBJECTIVES,
+  MASK_STREAM,
+  SHUFFLE_STREAM,
+  WORD_ORDER_STREAM,
   PretrainingConfig,
   PretrainingExamples,
-  _rng,
   build_examples,
+  seeded_rng,
 )
 
 # ---------------------------------------------------------------------------
@@ -328,7 +326,10 @@ class PretrainingIterator:
 
   def _permutation(self, epoch: int) -> np.ndarray:
     if self._perm_cache is None or self._perm_cache[0] != epoch:
-      self._perm_cache = (epoch, _rng(self.seed, _SHUFFLE, epoch).permutation(len(self.examples)))
+      self._perm_cache = (
+        epoch,
+        seeded_rng(self.seed, SHUFFLE_STREAM, epoch).permutation(len(self.examples)),
+      )
     return self._perm_cache[1]
 
   def example_indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
@@ -386,7 +387,7 @@ class PretrainingIterator:
     spans = self.config.masking == "span"
     left, right = np.zeros((b, p), np.int32), np.zeros((b, p), np.int32)
     for r in range(b):
-      rng = _rng(self.seed, _MASK, step, raw["global_row"][r])
+      rng = seeded_rng(self.seed, MASK_STREAM, step, raw["global_row"][r])
       groups: list = []
       masked[r], pos = mask_sequence(
         ids[r],
@@ -509,7 +510,7 @@ class WordOrderIterator(PretrainingIterator):
     originals = np.zeros((b, q), np.int32)
     weights = np.zeros((b, q), np.float32)
     for r in range(b):
-      rng = _rng(self.seed, _WORD_ORDER, step, rows[r])
+      rng = seeded_rng(self.seed, WORD_ORDER_STREAM, step, rows[r])
       shuffled, pos = shuffle_trigrams(ids[r], eligible[r], self.word_order_prob, rng, q // 3)
       positions[r, : pos.shape[0]] = pos
       originals[r, : pos.shape[0]] = ids[r, pos]

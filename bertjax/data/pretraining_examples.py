@@ -43,10 +43,12 @@ MASKINGS = ("token", "whole_word", "span")
 LABEL_KEYS = {"nsp": "next_sentence_labels", "sop": "sop_labels"}
 
 # Stream tags for np.random.SeedSequence, so that each use gets independent numbers.
-_BUILD, _SHUFFLE, _MASK, _WORD_ORDER = 0, 1, 2, 3
+BUILD_STREAM, SHUFFLE_STREAM, MASK_STREAM, WORD_ORDER_STREAM = 0, 1, 2, 3
 
 
-def _rng(*keys: int) -> np.random.Generator:
+def seeded_rng(*keys: int) -> np.random.Generator:
+  """A generator seeded by the keys (seed, stream, then e.g. step and row): the same keys give
+  the same numbers on every host, and different streams independent ones."""
   return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) for k in keys])))
 
 
@@ -268,7 +270,7 @@ def build_examples(
   """
   if corpus.num_tokens == 0:
     raise ValueError("corpus has no tokens")
-  rng = _rng(seed, _BUILD)
+  rng = seeded_rng(seed, BUILD_STREAM)
   if config.objective == "none":
     rows, docs, ids, word_ids = _full_sentence_examples(corpus, config, rng)
     labels = np.full(len(rows), -1, np.int32)

@@ -29,7 +29,7 @@ import numpy as np
 
 from bertjax import kernels
 from bertjax.model.config import BertConfig
-from bertjax.model.heads import Pooler, _head_module, pool
+from bertjax.model.heads import Pooler, head_module, pool
 from bertjax.model.input_checks import (
   as_array,
   capture_tuple,
@@ -130,9 +130,9 @@ def _init(config: BertConfig, key: jax.Array, heads: tuple[str, ...]) -> Params:
   for head, k in zip(heads, jax.random.split(k_heads, max(len(heads), 1))):
     if head == "mlm":
       word = params["embeddings"]["word_embeddings"]["embedding"]
-      params[head] = _head_module(config, head).init(k, x, word)["params"]
+      params[head] = head_module(config, head).init(k, x, word)["params"]
     else:
-      params[head] = _head_module(config, head).init(k, x[:, 0])["params"]
+      params[head] = head_module(config, head).init(k, x[:, 0])["params"]
   return params
 
 

@@ -20,12 +20,12 @@ from bertjax.model.config import BertConfig
 from bertjax.model.families import HEADS
 from bertjax.model.layers import (
   Params,
-  _dense_kw,
-  _init,
-  _layer_norm,
   accum_dtype,
   activation_of,
   compute_dtype,
+  dense_kwargs,
+  family_norm,
+  normal_init,
 )
 
 # `out` arguments are `forward.BertOutput`s (not imported: forward imports this module).
@@ -43,8 +43,8 @@ class Pooler(nn.Module):
     x = hidden[:, 0]
     x = nn.Dense(
       cfg.hidden_size,
-      kernel_init=_init(cfg),
-      **_dense_kw(cfg),
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
       dtype=compute_dtype(cfg),
       name="dense",
     )(x)
@@ -75,17 +75,17 @@ class MLMHead(nn.Module):
       x = nn.Dense(
         cfg.embed_dim,
         use_bias=spec.has_tensor(cfg, ("dense", "bias")),
-        kernel_init=_init(cfg),
-        **_dense_kw(cfg),
+        kernel_init=normal_init(cfg),
+        **dense_kwargs(cfg),
         dtype=dtype,
         name="dense",
       )(x)
       x = activation_of(cfg, head_activation(cfg, spec.act))(x)
-      x = _layer_norm(
+      x = family_norm(
         cfg, "LayerNorm", kind="layernorm", use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias"))
       )(x)
     if spec.has_tensor(cfg, ("decoder",)):
-      decoder = self.param("decoder", _init(cfg), (cfg.embed_dim, cfg.vocab_size))
+      decoder = self.param("decoder", normal_init(cfg), (cfg.embed_dim, cfg.vocab_size))
       logits = jnp.einsum("...e,ev->...v", x, decoder.astype(dtype))
     else:
       logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(dtype))
@@ -119,19 +119,19 @@ class Classifier(nn.Module):
       x = nn.Dense(
         cfg.hidden_size,
         use_bias=spec.has_tensor(cfg, ("pre", "bias")),
-        kernel_init=_init(cfg),
-        **_dense_kw(cfg),
+        kernel_init=normal_init(cfg),
+        **dense_kwargs(cfg),
         dtype=dtype,
         name="pre",
       )(x)
       x = activation_of(cfg, head_activation(cfg, spec.act))(x)
       if spec.has("norm"):
-        x = _layer_norm(
+        x = family_norm(
           cfg, "norm", kind="layernorm", use_bias=spec.has_tensor(cfg, ("norm", "bias"))
         )(x)
     x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
     x = nn.Dense(
-      self.num_outputs, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense"
+      self.num_outputs, kernel_init=normal_init(cfg), **dense_kwargs(cfg), dtype=dtype, name="dense"
     )(x)
     return x.astype(accum_dtype(cfg))
 
@@ -149,16 +149,18 @@ class RTDHead(nn.Module):
     cfg = self.config
     dtype = compute_dtype(cfg)
     if cfg.family.heads["rtd"].has("norm"):
-      hidden = _layer_norm(cfg, "norm", kind="layernorm")(hidden + hidden[..., :1, :])
+      hidden = family_norm(cfg, "norm", kind="layernorm")(hidden + hidden[..., :1, :])
     x = nn.Dense(
-      cfg.hidden_size, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="dense"
+      cfg.hidden_size, kernel_init=normal_init(cfg), **dense_kwargs(cfg), dtype=dtype, name="dense"
     )(hidden)
     x = activation_of(cfg, cfg.hidden_act)(x)
-    x = nn.Dense(1, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name="out")(x)
+    x = nn.Dense(1, kernel_init=normal_init(cfg), **dense_kwargs(cfg), dtype=dtype, name="out")(x)
     return x[..., 0].astype(accum_dtype(cfg))
 
 
-def _head_module(config: BertConfig, head: str):
+def head_module(config: BertConfig, head: str):
+  """The flax module of `head` ("mlm", "rtd", "nsp" or one of the family's task heads)
+  for `config`, with the dropout its family spec names."""
   spec = config.family.heads[head]
   if head == "mlm":
     return MLMHead(config)
@@ -199,7 +201,7 @@ def _apply_head(
 ) -> jax.Array:
   head_reads(config, head)  # a head the family has
   rngs = None if deterministic else {"dropout": rng}
-  module = _head_module(config, head)
+  module = head_module(config, head)
   if head == "mlm":
     word = params["embeddings"]["word_embeddings"]["embedding"]
     return module.apply({"params": _head_params(params, head)}, x, word)

@@ -275,7 +275,7 @@ def _normalise_name(name: str) -> str:
   return name
 
 
-_HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "merges.txt"]
+HUB_FILES = ["*.json", "*.safetensors", "*.bin", "*.txt", "*.model", "merges.txt"]
 
 
 def resolve_model_path(
@@ -312,7 +312,7 @@ def resolve_model_path(
   try:
     return pathlib.Path(
       huggingface_hub.snapshot_download(
-        text, allow_patterns=_HUB_FILES, cache_dir=None if cache_dir is None else str(cache_dir)
+        text, allow_patterns=HUB_FILES, cache_dir=None if cache_dir is None else str(cache_dir)
       )
     )
   except Exception as e:  # noqa: BLE001 (offline, not cached, unknown repo, no network)

@@ -159,11 +159,12 @@ def accum_dtype(config: BertConfig):
   return jnp.promote_types(compute_dtype(config), jnp.float32)
 
 
-def _init(config: BertConfig):
+def normal_init(config: BertConfig):
+  """The family's weight initialiser: normal with standard deviation `initializer_range`."""
   return nn.initializers.normal(stddev=config.initializer_range)
 
 
-def _dense_kw(config: BertConfig) -> dict:
+def dense_kwargs(config: BertConfig) -> dict:
   """Extra `nn.Dense`/`nn.DenseGeneral` arguments: the int8 matmul when `config.quantize`."""
   return {"dot_general": int8_dot_general} if config.quantize == "int8" else {}
 
@@ -219,7 +220,7 @@ class Norm(nn.Module):
 LayerNorm = Norm  # the BERT families' norm
 
 
-def _layer_norm(
+def family_norm(
   config: BertConfig, name: str, kind: str | None = None, use_bias: bool | None = None
 ) -> Norm:
   """The family's norm (its kind, `config.norm_bias`) under `name`."""
@@ -307,7 +308,7 @@ class Embeddings(nn.Module):
     fam = cfg.family
     dtype = compute_dtype(cfg)
     embed = lambda n, name, init=None: nn.Embed(
-      n, cfg.embed_dim, embedding_init=init or _init(cfg), dtype=accum_dtype(cfg), name=name
+      n, cfg.embed_dim, embedding_init=init or normal_init(cfg), dtype=accum_dtype(cfg), name=name
     )
     # Same summation order as Hugging Face: (word + type) + position.
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
@@ -328,15 +329,15 @@ class Embeddings(nn.Module):
     project = lambda x: nn.Dense(
       cfg.hidden_size,
       use_bias=fam.projection_bias,
-      kernel_init=_init(cfg),
-      **_dense_kw(cfg),
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
       dtype=dtype,
       name="projection",
     )(x)
     if cfg.has_embedding_projection and fam.project_before_norm:  # DeBERTa: E -> H, then norm
       x = project(x)
     if "norm" in fam.embedding_names:
-      x = _layer_norm(cfg, "LayerNorm", kind="layernorm")(x)
+      x = family_norm(cfg, "LayerNorm", kind="layernorm")(x)
     x = nn.Dropout(cfg.hidden_dropout_prob)(x, deterministic=deterministic)
     if cfg.has_embedding_projection and not fam.project_before_norm:  # ALBERT, ELECTRA
       x = project(x)
@@ -345,7 +346,7 @@ class Embeddings(nn.Module):
 
 def final_norm_module(config: BertConfig) -> Norm | None:
   """The norm after the last block of a pre-LN family (`params["encoder"]["LayerNorm"]`)."""
-  return _layer_norm(config, "LayerNorm") if config.family.final_norm else None
+  return family_norm(config, "LayerNorm") if config.family.final_norm else None
 
 
 def _mix_values(probs, v):
@@ -398,12 +399,12 @@ class SelfAttention(nn.Module):
     proj = lambda heads, name: nn.DenseGeneral(
       (heads, d),
       use_bias=cfg.attention_bias,
-      kernel_init=_init(cfg),
-      **_dense_kw(cfg),
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
       dtype=dtype,
       name=name,
     )
-    norm = _layer_norm(cfg, "LayerNorm")
+    norm = family_norm(cfg, "LayerNorm")
     q_proj, k_proj = proj(n, "query"), None
     a_in = x
     if fam.norm == "pre":
@@ -482,8 +483,8 @@ class SelfAttention(nn.Module):
       cfg.hidden_size,
       axis=(-2, -1),
       use_bias=cfg.attention_bias,
-      kernel_init=_init(cfg),
-      **_dense_kw(cfg),
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
       dtype=dtype,
       name="output",
     )(head_out)  # (B, T, H)
@@ -695,9 +696,14 @@ class EncoderLayer(nn.Module):
       layer,
       bias_table,
     )
-    norm = _layer_norm(cfg, "LayerNorm")
+    norm = family_norm(cfg, "LayerNorm")
     dense = lambda n, name: nn.Dense(
-      n, use_bias=cfg.mlp_bias, kernel_init=_init(cfg), **_dense_kw(cfg), dtype=dtype, name=name
+      n,
+      use_bias=cfg.mlp_bias,
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
+      dtype=dtype,
+      name=name,
     )
     f_in = sites.visit("ffn_in", norm(h) if fam.norm == "pre" else h)
     a = dense(cfg.intermediate_size, "intermediate")(f_in)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import head_logits, nsp_logits, sop_logits, token_classify
 from bertjax.training import losses, span_objectives
-from bertjax.training.objective_base import Context, Objective  # noqa: F401 (re-exported)
+from bertjax.training.objective_base import Objective
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,6 +89,7 @@ def load_wikitext(
   """
   from bertjax.data import corpus as C
   from bertjax.data import pretraining as P
+  from bertjax.data import pretraining_examples as PE
 
   root = data_dir / "wikitext2_tokens"
   train_path, test_path = root / "valid.txt", root / "test.txt"
@@ -101,8 +102,8 @@ def load_wikitext(
   held = C.tokenize_documents(
     C.read_documents(test_path, format="wikitext", max_lines=max_lines), tokenizer
   )
-  config = P.PretrainingConfig(max_seq_len=seq_len, objective="none")
-  examples = P.build_examples(corpus, config, seed)
+  config = PE.PretrainingConfig(max_seq_len=seq_len, objective="none")
+  examples = PE.build_examples(corpus, config, seed)
   held_it = P.PretrainingIterator(held, config, batch_size=batch, seed=seed + 1)
   n_eval = min(eval_batches, held_it.steps_per_epoch)
   if n_eval < 1:

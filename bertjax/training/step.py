@@ -20,6 +20,7 @@ import optax
 
 from bertjax.model.config import BertConfig
 from bertjax.training import objectives as objectives_lib
+from bertjax.training.objective_base import Context
 from bertjax.training.state import TrainState
 
 TASKS = ("pretrain", "classification", "token_classification")
@@ -47,7 +48,7 @@ def make_loss_and_grad(
     config: the architecture; its `dtype` is the compute dtype.
     task: "pretrain", "classification" or "token_classification".
     objective: for pretraining, "nsp", "sop" or "none" (MLM only), "+"-joined objective
-      names ("mlm+sbo"), or `objectives.Objective` components (see `objectives.resolve`);
+      names ("mlm+sbo"), or `objective_base.Objective` components (see `objectives.resolve`);
       the loss is the sum of their terms, each over its whole-batch count, times its weight.
     accumulation_steps: k; the batch's leading size must be divisible by k.
     deterministic: disable dropout.
@@ -57,7 +58,7 @@ def make_loss_and_grad(
   k = accumulation_steps
 
   def micro_terms(p, mb, key):
-    ctx = objectives_lib.Context(p, config, mb, key, deterministic)
+    ctx = Context(p, config, mb, key, deterministic)
     terms = {}
     for o in objs:
       terms.update(o.terms(ctx))

@@ -66,11 +66,11 @@ import numpy as np
 
 from bertjax.analysis.interventions.metrics import Metric
 from bertjax.analysis.interventions.patching import (
-  _block_weights,
-  _metrics,
-  _run,
   checked_pair,
+  clean_and_corrupted,
   metric_of,
+  sweep_forward,
+  sweep_weights,
 )
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import embed, run_layers
@@ -118,8 +118,8 @@ def _head_sum(x):
 def _runs(params, config, src, dst, targets, *, site, metric):
   """The source and destination runs: (source site, own site, block inputs (L, B, T, H),
   src_m, dst_m)."""
-  _, src_run = _run(params, config, src, capture=(site,))
-  x, dst_run = _run(params, config, dst, capture=(site,), output_hidden_states=True)
+  _, src_run = sweep_forward(params, config, src, capture=(site,))
+  x, dst_run = sweep_forward(params, config, dst, capture=(site,), output_hidden_states=True)
   inputs = jnp.concatenate([x[None], dst_run.hidden_states[:-1]])  # inputs[l]: block l's input
   src_m = metric_of(params, config, metric, src_run.last, {**src, **targets}, None)
   dst_m = metric_of(params, config, metric, dst_run.last, {**dst, **targets}, None)
@@ -232,7 +232,7 @@ def atp_star(
   )  # (D, L, ...)
   if fix:
     seq = dst["input_ids"].shape[1]
-    weights = jnp.asarray(_block_weights(config, site, seq, "heads", None), src_value.dtype)
+    weights = jnp.asarray(sweep_weights(config, site, seq, "heads", None), src_value.dtype)
     deltas = _qk_fixed(
       params, config, inputs, dst["attention_mask"], src_value, weights, grads, site=site
     )
@@ -241,7 +241,7 @@ def atp_star(
   deltas = np.asarray(deltas, np.float64)
   by_drop = deltas[1:] if grad_drop else None
   scores = np.abs(by_drop).sum(0) / (config.depth - 1) if grad_drop else deltas[0]
-  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  clean_m, corrupted_m = clean_and_corrupted(src_m, dst_m, direction)
   return AtPStarResult(
     site, ("layer", "head"), scores, by_drop, clean_m, corrupted_m, direction, qk_fix, grad_drop
   )

@@ -24,13 +24,13 @@ from bertjax.analysis.interventions.edges import (
   EdgeScores,
   Graph,
   Params,
-  _add_at,
-  _baselines,
-  _ln_linear,
-  _run,
-  _sigma,
-  _weights,
+  add_at_layer,
+  embed_and_run,
+  frozen_layer_norm,
   graph,
+  layer_norm_scale,
+  metric_baselines,
+  stacked_weights,
 )
 from bertjax.analysis.interventions.metrics import Metric
 from bertjax.analysis.interventions.patching import checked_pair, metric_of
@@ -108,12 +108,12 @@ def greedy_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.n
 def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, chunk):
   """metric with every edge outside each circuit (C, n_s, n_r) patched: (C,)."""
   g = Graph(config.depth, config.num_attention_heads)
-  w = _weights(params, config)
+  w = stacked_weights(params, config)
   depth, n = config.depth, config.num_attention_heads
   cb = {**clean, **targets}
   mask = clean["attention_mask"]
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
-  x_corr, corr = _run(params, config, corrupted, capture=("head_out", "ffn_out"))
+  x_corr, corr = embed_and_run(params, config, corrupted, capture=("head_out", "ffn_out"))
   acc = accum_dtype(config)
   valid = jnp.asarray(g.valid, acc)
   eps = config.layer_norm_eps
@@ -127,7 +127,7 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
       into = jnp.einsum("sbth,sr->rbth", carried, out_w[:, base : base + 3 * n])
       patch = {
         s: functools.partial(
-          _add_at,
+          add_at_layer,
           layer=layer,
           rows=None,
           add=jnp.einsum("nbth,hnd->btnd", into[i * n : (i + 1) * n], w[s][layer]),
@@ -151,11 +151,13 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
       )
       lo = 1 + layer * (n + 1)
       carried = carried.at[lo : lo + n].set(heads)
-      carried = _ln_linear(
-        carried, w["gammas"][2 * layer], _sigma(first.cache["resid_mid"][0], eps)
+      carried = frozen_layer_norm(
+        carried, w["gammas"][2 * layer], layer_norm_scale(first.cache["resid_mid"][0], eps)
       )
       ffn_add = jnp.einsum("sbth,s->bth", carried, out_w[:, base + 3 * n])
-      patch = dict(patch, ffn_in=functools.partial(_add_at, layer=layer, rows=None, add=ffn_add))
+      patch = dict(
+        patch, ffn_in=functools.partial(add_at_layer, layer=layer, rows=None, add=ffn_add)
+      )
       second = run_layers(
         params,
         config,
@@ -169,8 +171,8 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
       carried = carried.at[lo + n].set(
         (corr.cache["ffn_out"][layer] - second.cache["ffn_out"][0]).astype(acc)
       )
-      carried = _ln_linear(
-        carried, w["gammas"][2 * layer + 1], _sigma(second.cache["resid_out"][0], eps)
+      carried = frozen_layer_norm(
+        carried, w["gammas"][2 * layer + 1], layer_norm_scale(second.cache["resid_out"][0], eps)
       )
       x = second.last
     last = x + jnp.einsum("sbth,s->bth", carried, out_w[:, -1]).astype(x.dtype)
@@ -253,7 +255,7 @@ def faithfulness(
   )
   values = circuit_metric(params, config, clean, corrupted, metric, masks, targets=targets)
   src, dst, tg = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
-  clean_m, corr_m = _baselines(params, config, src, dst, tg, metric)
+  clean_m, corr_m = metric_baselines(params, config, src, dst, tg, metric)
   span = clean_m - corr_m
   return {
     "sizes": [int(k) for k in sizes],

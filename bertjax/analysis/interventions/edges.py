@@ -262,7 +262,7 @@ class EdgeScores:
 # Pieces shared by the scores, the exact patches and circuits ----------------------
 
 
-def _weights(params, config: BertConfig) -> dict:
+def stacked_weights(params, config: BertConfig) -> dict:
   """Per-depth projection kernels and LayerNorm scales (ALBERT's shared layers indexed)."""
   idx = np.asarray(config.layer_param_index)
   layers = params["encoder"]["layers"]
@@ -279,7 +279,7 @@ def _weights(params, config: BertConfig) -> dict:
   )  # LN 2l: attention's, 2l+1: FFN's
 
 
-def _sigma(r, eps: float):
+def layer_norm_scale(r, eps: float):
   """(B, T) LayerNorm scale sqrt(var + eps) of (B, T, H), as the model's Norm computes it."""
   r = r.astype(jnp.promote_types(r.dtype, jnp.float32))
   c = r - r.mean(-1, keepdims=True)
@@ -289,14 +289,16 @@ def _sigma(r, eps: float):
 def _sigmas(config: BertConfig, resid_mid, resid_out):
   """(K, B, T): every LayerNorm's sigma in stream order (1 where a block ran at some rows)."""
   eps = config.layer_norm_eps
-  sig = jnp.stack([_sigma(resid_mid, eps), _sigma(resid_out, eps)], 1)  # (L, 2, B, T)
+  sig = jnp.stack(
+    [layer_norm_scale(resid_mid, eps), layer_norm_scale(resid_out, eps)], 1
+  )  # (L, 2, B, T)
   sig = sig.reshape((-1,) + sig.shape[2:])
   # Rows a final block did not compute are zeros there: their sigma is sqrt(eps); any finite
   # value serves, since nothing there reaches the metric.
   return jnp.where(sig <= np.sqrt(eps) * 1.0001, 1.0, sig)
 
 
-def _ln_linear(x, gamma, sigma):
+def frozen_layer_norm(x, gamma, sigma):
   """The frozen-sigma LayerNorm without its bias, `gamma (x - mean x) / sigma`, on (..., B, T, H)."""
   return gamma * (x - x.mean(-1, keepdims=True)) / sigma[..., None]
 
@@ -315,7 +317,7 @@ def _sender_deltas(config, d_emb, d_head_out, d_ffn, wo):
   )
 
 
-def _run(params, config, batch, x=None, **kwargs):
+def embed_and_run(params, config, batch, x=None, **kwargs):
   """The embeddings (or `x`) and `run_layers` on a checked batch."""
   if x is None:
     x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
@@ -355,7 +357,7 @@ def _gradients(params, config, batch, metric, x, rows):
 
   def f(eps):
     fns = {s: _adder(eps[s], rows) for s in ("q", "k", "v", "ffn_in")}
-    _, run = _run(
+    _, run = embed_and_run(
       params,
       config,
       batch,
@@ -434,13 +436,13 @@ def _score_matrix(config, g: Graph, w, deltas, sigma, grads):
 @functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps"))
 def _attribute(params, config, clean, corrupted, targets, *, metric, method, steps):
   g = Graph(config.depth, config.num_attention_heads)
-  w = _weights(params, config)
+  w = stacked_weights(params, config)
   cb, xb = {**clean, **targets}, {**corrupted, **targets}
   rows = metric_rows(metric, config, cb)
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
   x_corr = embed(params, config, corrupted["input_ids"], corrupted["token_type_ids"])
   if method == "eap":
-    _, corr = _run(
+    _, corr = embed_and_run(
       params,
       config,
       corrupted,
@@ -461,7 +463,7 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
 
     grads, _ = jax.lax.scan(step, grads, jnp.arange(1, steps, dtype=x_clean.dtype))
     grads = jax.tree.map(lambda a: a / steps, grads)
-    _, run = _run(
+    _, run = embed_and_run(
       params,
       config,
       clean,
@@ -548,13 +550,13 @@ def _patch_edges(
   One program for every kind of edge: each patch is gated by the receiver's layer and kind,
   and the whole model runs per edge (so a single block is compiled)."""
   g = Graph(config.depth, config.num_attention_heads)
-  w = _weights(params, config)
+  w = stacked_weights(params, config)
   cb = {**clean, **targets}
   rows = metric_rows(metric, config, cb)
-  x_clean, run = _run(
+  x_clean, run = embed_and_run(
     params, config, clean, capture=("head_out", "ffn_out", "resid_mid", "resid_out")
   )
-  x_corr, corr = _run(params, config, corrupted, capture=("head_out", "ffn_out"))
+  x_corr, corr = embed_and_run(params, config, corrupted, capture=("head_out", "ffn_out"))
   deltas = _sender_deltas(
     config,
     x_corr - x_clean,
@@ -574,7 +576,7 @@ def _patch_edges(
     delta = deltas[s] * weight
     for k in range(2 * config.depth):  # LayerNorm k acts between the sender and the receiver
       delta = jnp.where(
-        (k >= stage[s]) & (k < t), _ln_linear(delta, w["gammas"][k], sigma[k]), delta
+        (k >= stage[s]) & (k < t), frozen_layer_norm(delta, w["gammas"][k], sigma[k]), delta
       )
     layer, j = r // (3 * n + 1), r % (3 * n + 1)
     which = jnp.where(r == g.n_receivers - 1, 4, jnp.where(j == 3 * n, 3, j // n))
@@ -586,10 +588,12 @@ def _patch_edges(
       * onehot
     )
     patch = {
-      site: functools.partial(_add_at, add=proj * (which == i), layer=layer, rows=rows)
+      site: functools.partial(add_at_layer, add=proj * (which == i), layer=layer, rows=rows)
       for i, site in enumerate("qkv")
     }
-    patch["ffn_in"] = functools.partial(_add_at, add=delta * (which == 3), layer=layer, rows=rows)
+    patch["ffn_in"] = functools.partial(
+      add_at_layer, add=delta * (which == 3), layer=layer, rows=rows
+    )
     out = run_layers(params, config, x_clean, mask, patch=patch, final_rows=rows).last
     out = out + (delta * (which == 4)).astype(out.dtype)
     return metric_of(params, config, metric, out, cb, None)
@@ -601,7 +605,9 @@ def _rows_like(delta, value, rows):
   return delta if delta.shape[1] == value.shape[1] else take_rows(delta, rows)
 
 
-def _add_at(value, lyr, *, add, layer, rows):
+def add_at_layer(value, lyr, *, add, layer, rows):
+  """A function patch: `value` plus `add` in block `layer` only (`lyr` is the block being
+  run), `add` read at the block's `rows` when the block runs on some."""
   return value + jnp.where(lyr == layer, _rows_like(add, value, rows), 0).astype(value.dtype)
 
 
@@ -667,7 +673,7 @@ def edge_patching(
   src, dst, targets = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
   values = np.full(mask.shape, np.nan)
   s, r = np.nonzero(mask)
-  clean_m, corr_m = _baselines(params, config, src, dst, targets, metric)
+  clean_m, corr_m = metric_baselines(params, config, src, dst, targets, metric)
   if s.size:
     got = _patch_edges(
       params,
@@ -690,11 +696,12 @@ def _baseline_metrics(params, config, clean, corrupted, targets, *, metric):
   out = []
   for batch in (clean, corrupted):
     b = {**batch, **targets}
-    _, run = _run(params, config, batch, final_rows=metric_rows(metric, config, b))
+    _, run = embed_and_run(params, config, batch, final_rows=metric_rows(metric, config, b))
     out.append(metric_of(params, config, metric, run.last, b, None))
   return out
 
 
-def _baselines(params, config, clean, corrupted, targets, metric):
+def metric_baselines(params, config, clean, corrupted, targets, metric):
+  """The metric on the clean and on the corrupted batch (each with `targets`), as floats."""
   c, x = _baseline_metrics(params, config, clean, corrupted, targets, metric=metric)
   return float(c), float(x)

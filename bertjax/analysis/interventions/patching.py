@@ -254,7 +254,9 @@ def _chunk(chunk_size):
   return chunk_size
 
 
-def _metrics(src_m, dst_m, direction):
+def clean_and_corrupted(src_m, dst_m, direction):
+  """The (clean, corrupted) metric values of a patching run's source and destination: the
+  source is clean when denoising, corrupted when noising."""
   clean, corrupted = (src_m, dst_m) if direction == "denoise" else (dst_m, src_m)
   return float(clean), float(corrupted)
 
@@ -325,7 +327,7 @@ def _patch_set(patches, mesh):
   return sharded.place_interventions(jax.tree.map(np.asarray, patches), mesh)
 
 
-def _run(params, config, batch, **kwargs):
+def sweep_forward(params, config, batch, **kwargs):
   """A forward pass inside the sweeps' programs (inputs checked once, outside): the
   embeddings, `run_layers` (kwargs: capture, patch of block sites, output_hidden_states,
   final_rows)."""
@@ -386,7 +388,7 @@ def patched_forward(
 # Exact sweeps ---------------------------------------------------------------
 
 
-def _block_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
+def sweep_weights(config, site, seq_len, over: str, positions) -> np.ndarray:
   """(P, 1, *site axes) block-local 0/1 weights, one per patch of a sweep."""
   if over == "heads":
     ws = [
@@ -415,10 +417,10 @@ def _sweep(
   # The last block runs only at the rows the metric reads (`metric_rows`), in every run.
   read = metric_rows(metric, config, dst_batch)
   src_read = metric_rows(metric, config, {**src, **targets})
-  _, src_run = _run(params, config, src, capture=(site,), final_rows=src_read)
+  _, src_run = sweep_forward(params, config, src, capture=(site,), final_rows=src_read)
   value = src_run.cache[site]  # (L, ...)
   mask = dst["attention_mask"]
-  x, dst_run = _run(params, config, dst, output_hidden_states=True, final_rows=read)
+  x, dst_run = sweep_forward(params, config, dst, output_hidden_states=True, final_rows=read)
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])  # inputs[l] = input of block l
   src_m = metric_of(params, config, metric, src_run.last, {**src, **targets}, row_weight)
   dst_m = metric_of(params, config, metric, dst_run.last, dst_batch, row_weight)
@@ -467,7 +469,7 @@ def _run_sweep(
 ):
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
-  block_weights = _block_weights(config, site, seq, over, positions)
+  block_weights = sweep_weights(config, site, seq, over, positions)
   weights, set_sharding = _patch_set(block_weights, mesh)
   row_weight = None
   if mesh is not None:
@@ -488,7 +490,9 @@ def _run_sweep(
     set_sharding=set_sharding,
   )
   values = sharded.flat_interventions(values, len(block_weights), axis=1)
-  clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
+  clean_m, corrupted_m = clean_and_corrupted(
+    mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction
+  )
   return PatchingResult(
     site,
     ("layer", "head" if over == "heads" else "position"),
@@ -607,7 +611,7 @@ def _attribution_forward(params, config, src, dst, targets, weights, row_weight,
   """The source run, and the destination run keeping what its backward pass needs:
   `(src_m, dst_m, backward)`, `backward` the metric's VJP w.r.t. per-layer patch weights."""
   src_batch, dst_batch = {**src, **targets}, {**dst, **targets}
-  _, src_run = _run(
+  _, src_run = sweep_forward(
     params, config, src, capture=(site,), final_rows=metric_rows(metric, config, src_batch)
   )
   src_m = metric_of(params, config, metric, src_run.last, src_batch, row_weight)
@@ -615,7 +619,9 @@ def _attribution_forward(params, config, src, dst, targets, weights, row_weight,
   read = metric_rows(metric, config, dst_batch)
 
   def patched(w):  # blocks unrolled: no stacked residual buffers (`run_layers(unroll=)`)
-    _, run = _run(params, config, dst, patch={site: (value, w)}, final_rows=read, unroll=True)
+    _, run = sweep_forward(
+      params, config, dst, patch={site: (value, w)}, final_rows=read, unroll=True
+    )
     return metric_of(params, config, metric, run.last, dst_batch, row_weight)
 
   # One weight per layer and patch axis (as the sweep's block weights): zero, the destination.
@@ -680,7 +686,7 @@ def attribution_patching(
   src, dst, targets = checked_pair(config, clean, corrupted, targets, direction, params, metric)
   seq = dst["input_ids"].shape[1]
   weights = jnp.asarray(
-    _block_weights(config, site, seq, over, positions if over == "heads" else None)
+    sweep_weights(config, site, seq, over, positions if over == "heads" else None)
   )
   row_weight = None
   if mesh is not None:
@@ -697,7 +703,7 @@ def attribution_patching(
   values, src_m, dst_m = mesh_lib.to_host(
     (_attribution_backward(backward, weights, dst_m), src_m, dst_m)
   )
-  clean_m, corrupted_m = _metrics(src_m, dst_m, direction)
+  clean_m, corrupted_m = clean_and_corrupted(src_m, dst_m, direction)
   return PatchingResult(
     site,
     ("layer", "head" if over == "heads" else "position"),
@@ -737,7 +743,7 @@ def _path(
   depth, n = config.depth, config.num_attention_heads
   dst_batch = {**dst, **targets}
   read = metric_rows(metric, config, dst_batch)  # the last block's rows the metric reads
-  _, src_run = _run(
+  _, src_run = sweep_forward(
     params,
     config,
     src,
@@ -745,7 +751,7 @@ def _path(
     final_rows=metric_rows(metric, config, {**src, **targets}),
   )
   mask = dst["attention_mask"]
-  x, dst_run = _run(
+  x, dst_run = sweep_forward(
     params, config, dst, output_hidden_states=True, capture=("head_out",), final_rows=read
   )
   inputs = jnp.concatenate([x[None], dst_run.hidden_states])
@@ -877,7 +883,9 @@ def path_patching(
   )
   values = np.full((config.depth, n), np.nan)
   values[: pairs[0][0]] = sharded.flat_interventions(rows, n, axis=1)
-  clean_m, corrupted_m = _metrics(mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction)
+  clean_m, corrupted_m = clean_and_corrupted(
+    mesh_lib.to_host(src_m), mesh_lib.to_host(dst_m), direction
+  )
   return PatchingResult(
     "head_out",
     ("layer", "head"),
