@@ -351,6 +351,26 @@ def test_refresh_rewrites_rows_from_the_numbers(tmp_path):
   assert not findings.refresh(path)  # already current
 
 
+def test_sizes_are_data_with_none_where_a_scale_leaves_one_out():
+  """`experiments/sizes.toml`: one table per (experiment, scale), for scripts that exist; a size
+  one scale gives and another leaves out is None in the latter (TOML has no null)."""
+  import common
+  import tomllib
+
+  tables = tomllib.loads((REPO / "experiments" / "sizes.toml").read_text())
+  assert set(tables) <= set(SCRIPTS)
+  for name, scales in tables.items():
+    sizes = common.sizes(name)
+    assert set(sizes) == set(scales) and {"full", "smoke"} <= set(scales), name
+    keys = {k for table in scales.values() for k in table}
+    for scale, table in scales.items():
+      assert sizes[scale] == {k: table.get(k) for k in keys}, (name, scale)
+  stacking = common.sizes("stacking")
+  assert stacking["full"]["max_lines"] is None and stacking["smoke"]["max_lines"] == 400
+  with pytest.raises(KeyError):
+    common.sizes("no_such_experiment")
+
+
 def test_rules_are_data_that_findings_applies():
   T = findings.Test
   both = findings.Rule("P", "C", yes=(T("a", ">", 0.8), T("a", ">", "b")), missing="n/a")
