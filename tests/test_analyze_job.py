@@ -246,7 +246,6 @@ def test_patterns_and_effective_attention_results(tmp_path):
     ["patterns", "effective_attention"],
     out,
     max_sentences=6,
-    plots=False,
     progress=False,
   )
   assert summary["computed"] == 2
@@ -294,17 +293,17 @@ def _result(tmp_path, label, kind, path, step, seed, run, metrics):
 
 
 def _figures(tmp_path, monkeypatch):
-  """plot_results's matplotlib figures (captured at savefig) for the results in tmp_path."""
+  """results_figures' matplotlib figures (captured at savefig) for the results in tmp_path."""
   from matplotlib.figure import Figure
 
-  from bertjax.analysis import jobs
+  from bertjax.plots.jobs import results_figures
 
   drawn = []
   save = Figure.savefig
   monkeypatch.setattr(
     Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))[1]
   )
-  assert jobs.plot_results(tmp_path, ["attention"]) == [tmp_path / "figures" / "attention.png"]
+  assert results_figures(tmp_path, ["attention"]) == [tmp_path / "figures" / "attention.png"]
   assert len(drawn) == 1
   return drawn[0]
 

@@ -9,10 +9,10 @@ its saved steps (``RUN@8`` or ``RUN@8,16`` for some). Each (checkpoint, analysis
 one JSON file, ``OUT/results/<checkpoint>/<analysis>.json``, written under a temporary name
 and renamed when complete: a job started again skips the results present, so an
 interrupted job resumes where it stopped, and a killed one leaves no half-written file.
-At the end ``OUT/figures/<analysis>.png`` draws every scalar metric of every checkpoint
-(against training step when every checkpoint has one, else one place per checkpoint), a line
-only over the steps of one training run, other models as points, with a legend naming each
-(matplotlib, the ``plots`` extra), and ``OUT/summary.json`` lists the checkpoints and files.
+At the end the figures are drawn (`bertjax analyze` passes `bertjax.plots.jobs.results_figures`:
+``OUT/figures/<analysis>.png``, every scalar metric of every checkpoint, a line only over the
+steps of one training run; matplotlib, the ``plots`` extra), and ``OUT/summary.json`` lists
+the checkpoints and files.
 
 The analyses (`ANALYSES`), all on the same sentences (the shipped UD sample, or UD English
 EWT's dev set with ``--data-dir``):
@@ -490,15 +490,6 @@ def _check_analyses(analyses: Sequence[str]) -> tuple[str, ...]:
   return analyses
 
 
-def _require_matplotlib() -> None:
-  try:
-    import matplotlib  # noqa: F401
-  except ImportError:
-    raise ImportError(
-      "the figures need matplotlib: pip install 'bertjax[plots]', or pass --no-plots (plots=False)"
-    ) from None
-
-
 def analyze_checkpoints(
   checkpoints: Sequence[str],
   analyses: Sequence[str] = DEFAULT_ANALYSES,
@@ -509,7 +500,7 @@ def analyze_checkpoints(
   tokenizer: str | None = None,
   mesh=None,
   batch_size: int = 16,
-  plots: bool = True,
+  figures: Callable[[pathlib.Path, Sequence[str]], list[pathlib.Path]] | None = None,
   progress: bool = True,
   callback: Callable[[pathlib.Path], None] | None = None,
 ) -> dict[str, Any]:
@@ -524,7 +515,9 @@ def analyze_checkpoints(
     tokenizer: one tokenizer for every checkpoint (default: each one's own).
     mesh: a device mesh for every analysis (`bertjax.mesh.make_mesh`), or None.
     batch_size: rows per batch of the ablation and attention analyses.
-    plots: draw ``figures/<analysis>.png`` (needs matplotlib).
+    figures: draws the figures once the results are written, `figures(out_dir, analyses)`
+      returning the files (`bertjax.plots.jobs.results_figures`: ``figures/<analysis>.png``,
+      what `bertjax analyze` draws unless ``--no-plots``); None: no figures.
     progress: a progress bar over (checkpoint, analysis) pairs.
     callback: called with each result file's path once it is written.
 
@@ -535,8 +528,6 @@ def analyze_checkpoints(
   from bertjax import mesh as mesh_lib
 
   analyses = _check_analyses(analyses)
-  if plots:
-    _require_matplotlib()
   if batch_size < 1:
     raise ValueError(f"{batch_size=} must be >= 1")
   specs = expand_checkpoints(checkpoints, tokenizer=tokenizer)
@@ -595,7 +586,7 @@ def analyze_checkpoints(
     "figures": [],
   }
   if primary:
-    _write_summary(out_dir, summary, analyses, plots)
+    _write_summary(out_dir, summary, analyses, figures)
   return summary
 
 
@@ -614,12 +605,10 @@ def _results_present(
   return np.asarray(mesh_lib.broadcast_from_primary(done), bool)
 
 
-def _write_summary(
-  out_dir: pathlib.Path, summary: dict[str, Any], analyses: Sequence[str], plots: bool
-) -> None:
-  """Draws the figures (listed in `summary`) and writes ``summary.json``."""
-  if plots:
-    summary["figures"] = [str(p.relative_to(out_dir)) for p in plot_results(out_dir, analyses)]
+def _write_summary(out_dir: pathlib.Path, summary: dict[str, Any], analyses, figures) -> None:
+  """Draws the figures with `figures` (listed in `summary`) and writes ``summary.json``."""
+  if figures is not None:
+    summary["figures"] = [str(p.relative_to(out_dir)) for p in figures(out_dir, analyses)]
   write_json_atomic(
     out_dir / "summary.json", {k: v for k, v in summary.items() if k not in ("computed", "found")}
   )
@@ -686,73 +675,3 @@ def figure_series(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         }
       )
   return series
-
-
-def plot_results(out_dir: PathLike, analyses: Sequence[str] = ANALYSES) -> list[pathlib.Path]:
-  """``figures/<analysis>.png``: every scalar metric of every checkpoint, one panel per metric.
-
-  When every checkpoint has a training step, the x-axis is the step. Otherwise each
-  checkpoint gets its own place on the x-axis, labelled by name (the steps of a run side by
-  side, in order). Either way a line joins only the checkpoints of one training run (one
-  run and seed), other models are single points, and a legend names every series
-  (`figure_series`). Returns the files written.
-  """
-  from matplotlib.figure import Figure
-
-  written = []
-  for analysis in analyses:
-    results = read_results(out_dir, analysis)
-    if not results:
-      continue
-    names = sorted(results[0]["metrics"])
-    series = figure_series(results)
-    by_step = all(p[0] is not None for s in series for p in s["points"])
-    slots = [p[1] for s in series for p in s["points"]]  # the x-axis when not by step
-    starts = np.cumsum([0] + [len(s["points"]) for s in series])
-    fig = Figure(
-      figsize=(
-        max(3.4 * len(names), 6.0),
-        3.0 + (0 if by_step else 0.12 * max(len(x) for x in slots)) + 0.22 * len(series),
-      ),
-      layout="constrained",
-    )
-    axes = fig.subplots(1, len(names), squeeze=False)[0]
-    colours = [f"C{i % 10}" for i in range(len(series))]
-    for ax, name in zip(axes, names):
-      for s, colour, start in zip(series, colours, starts):
-        xs = [p[0] for p in s["points"]] if by_step else start + np.arange(len(s["points"]))
-        ys = [p[2].get(name, np.nan) for p in s["points"]]
-        ax.plot(
-          xs,
-          ys,
-          marker="o",
-          markersize=4,
-          linestyle="-" if s["line"] else "none",
-          color=colour,
-          label=s["name"],
-        )
-      ax.set_title(name, fontsize=9)
-      if by_step:
-        ax.set_xlabel("training step")
-      else:
-        ax.set_xticks(range(len(slots)), slots, rotation=35, ha="right", fontsize=7)
-        ax.set_xlabel("checkpoint")
-      ax.grid(alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(
-      handles,
-      labels,
-      loc="outside lower center",
-      fontsize=7,
-      ncol=min(len(series), 3),
-      title="models (a line: one run's steps)",
-      title_fontsize=7,
-    )
-    fig.suptitle(analysis)
-    path = pathlib.Path(out_dir) / "figures" / f"{analysis}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
-    os.replace(tmp, path)
-    written.append(path)
-  return written

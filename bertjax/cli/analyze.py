@@ -99,6 +99,12 @@ def analyze_main(argv: Sequence[str] | None = None) -> int:
 
   mesh_lib.initialize_distributed()  # before any other JAX call
   mesh = mesh_lib.make_mesh(*mesh_lib.parse_mesh(args.mesh)) if args.mesh else None
+  figures = None
+  if not args.no_plots:
+    from bertjax.plots.jobs import require_matplotlib, results_figures
+
+    require_matplotlib()
+    figures = results_figures
   t0 = time.perf_counter()
   summary = analyze_checkpoints(
     args.checkpoints,
@@ -109,7 +115,7 @@ def analyze_main(argv: Sequence[str] | None = None) -> int:
     tokenizer=args.tokenizer,
     mesh=mesh,
     batch_size=args.batch_size,
-    plots=not args.no_plots,
+    figures=figures,
     progress=not args.no_progress,
   )
   if mesh_lib.is_primary():
