@@ -378,6 +378,11 @@ def finetune_model(
     config, params = ft.prepare_model(task, num_labels, init_from=source, **kw)
   except (OSError, ValueError) as e:  # no such directory, no network, an unknown family, ...
     raise UsageError(f"--model {args.model}: {e}") from e
+  if tok.vocab_size > config.vocab_size:  # as `pretrained` checks
+    raise UsageError(
+      f"--model {args.model}: its tokenizer has {tok.vocab_size} tokens but the "
+      f"model's vocab_size={config.vocab_size}"
+    )
   return config, params, tok, str(args.model or DEFAULT_MODEL)
 
 
