@@ -157,6 +157,12 @@ def test_mlm_nsp_sop_losses_bitwise_as_before_components():
   assert run.returncode == 0 and f"ok {len(BEFORE)}" in run.stdout, run.stderr[-3000:]
 
 
+def _ulps(value, recorded: str) -> int:
+  """How many float32 steps apart `value` and a recorded float's hex are."""
+  a, b = np.float32(value), np.float32(float.fromhex(recorded))
+  return abs(int(a.view(np.int32)) - int(b.view(np.int32)))
+
+
 def check_bitwise_as_before(key):
   """The string-matched and the component objectives give BEFORE's bits for one case."""
   import optax
@@ -171,7 +177,10 @@ def check_bitwise_as_before(key):
   expected, grad_norm = BEFORE[key]
   for name, value in expected.items():
     assert float(metrics[name]).hex() == value, name
-  assert float(optax.global_norm(grads)).hex() == grad_norm
+  # The gradient's norm, within one float32 ulp: XLA:CPU's backward code depends on the ISA.
+  # BEFORE was recorded on an Intel Sapphire Rapids; on an AMD Zen 4 two cases (albert/sop/1
+  # and bert/none/1) land one ulp away, while every metric keeps its bits on both.
+  assert _ulps(optax.global_norm(grads), grad_norm) <= 1, (key, grad_norm)
   # The same objectives given as components (with a weight of 1) give the same bits.
   comps = (O.MaskedLM(),) + ((O.SentencePair(objective),) if objective != "none" else ())
   f2 = St.make_loss_and_grad(cfg, objective=comps, accumulation_steps=k, deterministic=det)
