@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref  # float64 NumPy LayerNorm and GELU (tests/reference_numpy.py)
-from conftest import FAST_COMPILE
+from conftest import CHEAP_COMPILE, FAST_COMPILE
 
 import bertjax
 from bertjax.data import corpus as C
@@ -135,12 +135,15 @@ BEFORE = {
 @pytest.mark.slow
 def test_mlm_nsp_sop_losses_bitwise_as_before_components():
   """BEFORE was recorded under XLA's default CPU options; `import bertjax` changes one of
-  them (bertjax/xla_options.py), which moves some sums by an ulp. So the bits are checked in
-  a process that keeps XLA's defaults, for every recorded case."""
+  them (bertjax/xla_options.py), which moves some sums by an ulp, and the suite compiles
+  cheaply (conftest). So the bits are checked in a process that keeps XLA's defaults, for
+  every recorded case."""
   from bertjax import xla_options
 
   flags = xla_options.without_cpu_options(os.environ.get("XLA_FLAGS", ""))
-  env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags}
+  flags = " ".join(f for f in flags.split() if f not in CHEAP_COMPILE.split())
+  # BERTJAX_TEST_XLA: importing test_objectives imports conftest, which would add them back.
+  env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags, "BERTJAX_TEST_XLA": "default"}
   code = (
     "import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
     "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))"

@@ -124,12 +124,14 @@ def test_head_sweep_equals_loop_of_patched_forwards(site, positions, direction):
   np.testing.assert_allclose(got.values, want, atol=1e-5, rtol=0)
   # The unpatched runs' metrics: a weight-0 forward of each input. A "probs" sweep runs the
   # map path, the plain forward the fused attention (on the CPU a YNNPACK fusion of the
-  # softmax and the values, bertjax/xla_options.py): float32 rounding apart, as above.
+  # softmax and the values, bertjax/xla_options.py): float32 rounding apart, as above. The
+  # other sites' sweeps run the fused path too; two programs still round differently, by a
+  # few ulps of the logits the metric subtracts (1.1e-6 under the suite's cheap compile).
   for run, value in ((clean, got.clean), (corrupted, got.corrupted)):
     out = bertjax.forward(params, config, run["input_ids"], run["attention_mask"])
     batch = {**{k: jnp.asarray(v) for k, v in run.items()}, **targets}
     np.testing.assert_allclose(
-      value, float(metric(params, config, out, batch)), atol=1e-5 if site == "probs" else 1e-6
+      value, float(metric(params, config, out, batch)), atol=1e-5 if site == "probs" else 3e-6
     )
 
 
