@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import importlib
 import json
 import operator
@@ -595,13 +596,22 @@ UNCERTAINTY = {
 }
 
 
+_UNCERTAINTIES: dict[str, list[Uncertainty]] = {}
+
+
 def uncertainty(doc: dict) -> list[Uncertainty]:
-  """One `Uncertainty` per row of a result document (see the section's comment)."""
-  make = UNCERTAINTY.get(doc["experiment"])
-  rows = make(doc) if make is not None else []
-  if len(rows) != len(doc["findings"]):  # a new experiment, or rows added since
-    rows = [_rerun("per-item values this table knows how to resample")] * len(doc["findings"])
-  return rows
+  """One `Uncertainty` per row of a result document (see the section's comment).
+
+  Kept per document content for the process: the summary and the full table read the same
+  rows, and their bootstrap intervals are most of the time `targets` takes."""
+  key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+  if key not in _UNCERTAINTIES:
+    make = UNCERTAINTY.get(doc["experiment"])
+    rows = make(doc) if make is not None else []
+    if len(rows) != len(doc["findings"]):  # a new experiment, or rows added since
+      rows = [_rerun("per-item values this table knows how to resample")] * len(doc["findings"])
+    _UNCERTAINTIES[key] = rows
+  return list(_UNCERTAINTIES[key])
 
 
 def _holds(holds: str, u: Uncertainty) -> str:
