@@ -23,8 +23,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # 177 s to 112 s and of test_modern_downstream, test_experiments_mpnet and test_lrp from
 # 314 s to 209 s (2-core AMD EPYC, Zen 4). XLA's graph passes (fusion, layout) are unchanged;
 # only the generated loops are less optimised, so a result may differ from a default build
-# in its last bits, and every tolerance still holds. `BERTJAX_TEST_XLA=default` runs the
-# suite under XLA's default settings instead.
+# in its last bits. One tolerance was widened for it (test_patching's unpatched metric,
+# 1e-6 -> 3e-6). `BERTJAX_TEST_XLA=default` runs the suite under XLA's default settings
+# instead.
 CHEAP_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 FAST_COMPILE = "" if os.environ.get("BERTJAX_TEST_XLA") == "default" else CHEAP_COMPILE
 if FAST_COMPILE:
