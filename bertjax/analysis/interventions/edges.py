@@ -387,69 +387,46 @@ def _scaled_chain(config, gammas, sigma):
   return sign * jnp.exp(log_g), sign * jnp.exp(-log_g), jnp.exp(log_s), jnp.exp(-log_s)
 
 
-def _score_matrix(config, g: Graph, w, senders, sigma, grads):
-  """(n_senders, n_receivers) EAP scores from the senders' corrupted - clean differences
-  `(d_emb, d_head_out, d_ffn)`, the sigmas of the run the edges are patched in and the
-  receivers' input gradients (the closed form above)."""
-  d_emb, d_head_out, d_ffn = senders
-  depth, n, hid = config.depth, config.num_attention_heads, config.hidden_size
+def _score_matrix(config, g: Graph, w, deltas, sigma, grads):
+  """(n_senders, n_receivers) EAP scores from the sender differences, the sigmas of the run
+  the edges are patched in and the receivers' input gradients (the closed form above)."""
+  depth, n = config.depth, config.num_attention_heads
   k_ln = 2 * depth
   G, Ginv, S, Sinv = _scaled_chain(config, w["gammas"], sigma)
-  stage, ks = np.asarray(g.sender_stage), np.arange(k_ln)
-  t_heads = 2 * np.arange(depth)
-  t_ffn = t_heads + 1
-  # Senders' differences divided by Lambda at the stage where they enter. A head's is its
-  # context difference through its slice of W_O: Lambda's per-token part scales the context,
-  # its per-dimension part W_O, so the (n_senders, B, T, H) tensor is written once.
-  ctx = d_head_out.astype(w["o"].dtype) * Sinv[t_heads][..., None, None]  # (L, B, T, N, d)
-  wo = w["o"] * Ginv[t_heads][:, None, None, :]  # (L, N, d, H)
-  z_in = d_emb.astype(wo.dtype) * Ginv[0] * Sinv[0][..., None]
-  z_ffn = d_ffn.astype(wo.dtype) * Ginv[t_ffn][:, None, None, :] * Sinv[t_ffn][..., None]
-
-  def in_sender_order(inp, heads, ffn):  # heads (L, N, ...), ffn (L, ...) -> (n_senders, ...)
-    per_layer = jnp.concatenate([heads, ffn[:, None]], 1)
-    return jnp.concatenate([inp[None], per_layer.reshape((-1,) + per_layer.shape[2:])])
-
-  z = in_sender_order(z_in, jnp.einsum("lbtnd,lndh->lnbth", ctx, wo), z_ffn)
-  # The running means of each sender's carried difference: mu (I + Gamma) = P, P = z . G_k / H
-  # (for heads from the context difference, through W_O G_k: (d, K), not (H, K) per token).
-  gk = G[:k_ln] / hid
-  p = in_sender_order(
-    z_in @ gk.T,
-    jnp.einsum("lbtnd,lndk->lnbtk", ctx, jnp.einsum("lndh,kh->lndk", wo, gk)),
-    z_ffn @ gk.T,
-  )
-  p = p * (ks[None, :] >= stage[:, None])[:, None, None, :]
-  gamma = jnp.triu(Ginv[:k_ln] @ gk.T, 1)  # (j, k): mean(G_k / G_j), j < k
+  stage = np.asarray(g.sender_stage)
+  # Senders' differences divided by Lambda at the stage where they enter.
+  z = deltas * Ginv[stage][:, None, None, :] * Sinv[stage][..., None]  # (n_s, B, T, H)
+  # The running means of each sender's carried difference: mu (I + Gamma) = P.
+  p = jnp.einsum("sbth,kh->sbtk", z, G[:k_ln]) / G.shape[1]
+  p = p * (np.arange(k_ln)[None, :] >= stage[:, None])[:, None, None, :]
+  gamma = jnp.triu(Ginv[:k_ln] @ G[:k_ln].T / G.shape[1], 1)  # (j, k): mean(G_k / G_j), j < k
   a = jnp.eye(k_ln) + gamma
   flat = p.reshape(-1, k_ln)
   mu = jax.scipy.linalg.solve_triangular(a.T, flat.T, lower=True).T.reshape(p.shape)
 
   flat_z, flat_mu = z.reshape(z.shape[0], -1), mu.reshape(mu.shape[0], -1)
 
-  def scores(gh, nu):  # gh (R, B, T, H): input gradients times Lambda; nu (R, B, T, K)
+  def scores(gh, stages):  # gh (R, B, T, H): input gradients times Lambda at their `stages`
+    nu = (
+      jnp.einsum("rbth,kh->rbtk", gh, Ginv[:k_ln])
+      * (np.arange(k_ln) < stages[:, None])[:, None, None, :]
+    )
     # One product over every sender: the pairs off the graph are computed too and zeroed
     # below, which is faster than a product per receiver stage on its senders alone.
     return flat_z @ gh.reshape(gh.shape[0], -1).T - flat_mu @ nu.reshape(nu.shape[0], -1).T
 
-  def nu_of(gh, stages):  # gh's running-mean part: gh / G_k for the LayerNorms k it reads after
-    return gh @ Ginv[:k_ln].T * (ks < stages[:, None])[:, None, None, :]
-
   # The heads' query, key and value inputs, (L, 3, N) receivers: each one's Lambda is folded
-  # into its projection (per dimension) and its gradient (per token) before the projection;
-  # their nu comes from the (B, T, d) gradients through W G / G_k: (d, K) per receiver.
+  # into its projection (per dimension) and its gradient (per token) before the projection.
+  t_heads = 2 * np.arange(depth)
   w_qkv = jnp.stack([w[s] for s in "qkv"], 1) * G[t_heads][:, None, :, None, None]
   g_qkv = jnp.stack([jnp.stack(grads[s]) for s in "qkv"], 1)  # (L, 3, B, T, N, d)
   g_qkv = g_qkv * S[t_heads][:, None, :, :, None, None].astype(g_qkv.dtype)
   gh = jnp.einsum("lsbtnd,lshnd->lsnbth", g_qkv, w_qkv)
-  m_qkv = jnp.einsum("lshnd,kh->lsndk", w_qkv, Ginv[:k_ln])
-  m_qkv = m_qkv * (ks[None, :] < t_heads[:, None])[:, None, None, None, :]
-  nu = jnp.einsum("lsbtnd,lsndk->lsnbtk", g_qkv, m_qkv)
-  heads = scores(gh.reshape((-1,) + gh.shape[3:]), nu.reshape((-1,) + nu.shape[3:]))
+  heads = scores(gh.reshape((-1,) + gh.shape[3:]), np.repeat(t_heads, 3 * n))
+  t_ffn = t_heads + 1
   ffn_in = jnp.stack(grads["ffn_in"]) * G[t_ffn][:, None, None, :] * S[t_ffn][..., None]
-  ffn = scores(ffn_in, nu_of(ffn_in, t_ffn))
-  g_out = (grads["out"] * G[k_ln] * S[k_ln][..., None])[None]
-  logits = scores(g_out, nu_of(g_out, np.asarray([k_ln])))
+  ffn = scores(ffn_in, t_ffn)
+  logits = scores((grads["out"] * G[k_ln] * S[k_ln][..., None])[None], np.asarray([k_ln]))
   # The columns in receiver order: per layer its 3N head inputs and its FFN, the logits last.
   per_layer = jnp.concatenate([heads.reshape(-1, depth, 3 * n), ffn[:, :, None]], 2)
   out = jnp.concatenate([per_layer.reshape(per_layer.shape[0], -1), logits], 1)
@@ -496,13 +473,15 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
     )
     cache = run.cache
     clean_m = metric_of(params, config, metric, run.last, cb, None)
-  senders = (
+  deltas = _sender_deltas(
+    config,
     x_corr - x_clean,
     corr_cache["head_out"] - cache["head_out"],
     corr_cache["ffn_out"] - cache["ffn_out"],
+    w["o"],
   )
   sigma = _sigmas(config, cache["resid_mid"], cache["resid_out"])
-  return _score_matrix(config, g, w, senders, sigma, grads), clean_m, corr_m
+  return _score_matrix(config, g, w, deltas, sigma, grads), clean_m, corr_m
 
 
 def edge_attribution(
