@@ -36,9 +36,11 @@ RULE = (
 # Verdict --------------------------------------------------------------------------------
 
 
-def summarise(runs: list[dict], baselines: list[dict]) -> dict[str, Any]:
+def summarise(
+  runs: list[dict], baselines: list[dict], splits: list[dict] | None = None
+) -> dict[str, Any]:
   """`init_control.summarise` of one task's runs with the verdict of `rules.LEXICAL` (`holds`)."""
-  summary = init_control.summarise(runs, baselines)
+  summary = init_control.summarise(runs, baselines, splits)
   return {**summary, "holds": rules.LEXICAL.verdict({rules.R: summary["gain_ratio"]})}
 
 
@@ -73,24 +75,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     "--seeds",
     type=int,
     default=None,
-    help=f"seeds per task (default: {SIZES['full']['seeds']}; --smoke: {SIZES['smoke']['seeds']})",
+    help=f"seeds of every task (default: sizes.toml's, {SIZES['full']['seeds']}, fewer for some "
+    f"tasks of a 12-layer model; --smoke: {SIZES['smoke']['seeds']})",
   )
   args = p.parse_args(argv)
   t_start = time.perf_counter()
-  size = dict(SIZES["smoke" if args.smoke else "full"])
-  if args.seeds is not None:
-    size["seeds"] = args.seeds
   wanted = [t for t in args.tasks.split(",") if t]
-  if not wanted or set(wanted) - set(TASKS) or size["seeds"] < 1:
-    p.error(
-      f"--tasks {args.tasks!r} must name some of {TASKS} and --seeds {size['seeds']} must be >= 1"
-    )
+  if not wanted or set(wanted) - set(TASKS) or (args.seeds is not None and args.seeds < 1):
+    p.error(f"--tasks {args.tasks!r} must name some of {TASKS} and --seeds {args.seeds} >= 1")
   timings: dict[str, float] = {}
+  layers = 6  # all-MiniLM-L6-v2
   if args.model:
-    _, _, tok, model_name = common.pretrained(args.model)
+    config, _, tok, model_name = common.pretrained(args.model)
+    layers = config.num_hidden_layers
   else:
     tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
     model_name = "tiny random BERT (smoke stand-in)" if args.smoke else "all-MiniLM-L6-v2"
+  # A 12-layer model (BERT-base's shape) runs at its own committed size: sizes.toml says why.
+  scale = "smoke" if args.smoke else "base" if layers >= 12 else "full"
+  size = {**SIZES[scale], "scale": scale}
+  if args.seeds is not None:
+    size["seeds"], size["task_seeds"] = args.seeds, None
+  task_seeds = {t: (size["task_seeds"] or {}).get(t, size["seeds"]) for t in wanted}
+  common.log(f"sizes: [{NAME}.{scale}] of experiments/sizes.toml; seeds per task {task_seeds}")
   with common.timed(timings, "load"):
     need = [d for t, d in (("upos", "ud_english_ewt"), ("blimp", "blimp")) if t in wanted]
     root = common.data_dir(args.data_dir, *need) if need else None
@@ -109,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       done = init_control.compare_inits(
         task,
         lambda seed, task=task: _models(args, task["num_labels"], task["kind"], seed),
-        seeds=[args.seed + s for s in range(size["seeds"])],
+        seeds=[args.seed + s for s in range(task_seeds[name])],
         rule=rule,
         special_ids=special,
         bow_steps=size["bow_steps"],
@@ -119,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       "what": task["what"],
       "kind": task["kind"],
       **done,
-      "summary": summarise(done["runs"], done["baselines"]),
+      "summary": summarise(done["runs"], done["baselines"], done["splits"]),
     }
     common.log(f"{name}: {results[name]['summary']}")
 

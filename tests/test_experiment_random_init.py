@@ -51,7 +51,30 @@ def test_verdict_rule_on_synthetic_numbers():
   assert s["gain_ratio"] == pytest.approx(0.22 / 0.27) and s["holds"] == "yes"
   assert s["converged"] == {"pretrained": 3, "random": 3}
   low = ri.summarise([run(0.97, 0.75)], [{"majority": 0.7, "lexical": 0.9}])
-  assert low["holds"] == "no" and low["random_sd"] == 0.0
+  assert low["holds"] == "no" and low["random_sd"] == 0.0 and "random_se" not in low
+  # The test-sampling standard error of the seeds' mean: binomial per seed, independent seeds.
+  splits = [{"test_items": n} for n in (100, 400, 50)]
+  se = ri.summarise(runs, [{"majority": 0.7, "lexical": 0.9}] * 3, splits)
+  p = np.array([0.95, 0.90, 0.91])
+  assert se["random_se"] == pytest.approx(np.sqrt(np.sum(p * (1 - p) / [100, 400, 50])) / 3)
+  one = ri.summarise([run(0.97, 0.75)], [{"majority": 0.7, "lexical": 0.9}], splits[:1])
+  assert one["pretrained_se"] == pytest.approx(np.sqrt(0.97 * 0.03 / 100))
+  row = rules.findings(
+    {
+      "tasks": {
+        "upos": {
+          "what": "UPOS",
+          "kind": "token_classification",
+          "summary": one,
+          "runs": [run(0.97, 0.75)],
+          "splits": splits[:1],
+        }
+      }
+    },
+    {"max_steps": 600, "batch_size": 16},
+  )[0]["measured"]
+  assert "random init 75.0 vs pre-trained 97.0 (1 seed; gap 22.0)" in row
+  assert "test-sampling SE 4.3 and 1.7 (binomial, 100 test tokens)" in row
 
 
 def check_smoke(doc: dict, out: pathlib.Path) -> None:

@@ -20,6 +20,7 @@ from bertjax.tasks.acceptability import load_blimp_task, split_groups, subset
 from bertjax.tasks.baselines import bag_of_words_accuracy, majority_accuracy, word_tag_accuracy
 from bertjax.tasks.sentences import labelled_sentences
 from bertjax.training.early_stopping import EarlyStopping, train_early_stopping
+from bertjax.training.losses import IGNORE_INDEX
 
 INITS = ("pretrained", "random")
 TASKS = ("negation", "question", "upos", "blimp")
@@ -127,7 +128,8 @@ def compare_inits(
     log: called with one line per fine-tuning.
 
   Returns:
-    `splits` (sizes per seed), `baselines` (`majority` and `lexical` test accuracy per seed:
+    `splits` (sizes per seed; `test_items`: the test accuracy's denominator, sentences or
+    labelled tokens), `baselines` (`majority` and `lexical` test accuracy per seed:
     the lexical one is the commonest tag of a word for token tasks, a logistic regression on
     the set of subwords for sentence tasks) and `runs` (per seed: `seed` and, per
     initialisation, `train_early_stopping`'s result).
@@ -136,7 +138,8 @@ def compare_inits(
   for seed in seeds:
     tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed, strata=task["strata"])
     train, dev, test = (subset(task["data"], i) for i in (tr, dv, te))
-    out["splits"].append({"train": len(tr), "dev": len(dv), "test": len(te)})
+    scored = int((test["labels"] != IGNORE_INDEX).sum())  # sentences, or labelled tokens
+    out["splits"].append({"train": len(tr), "dev": len(dv), "test": len(te), "test_items": scored})
     if task["kind"] == "token_classification":
       lexical = word_tag_accuracy(train, test)
     else:
@@ -165,13 +168,23 @@ def gain_ratio(random: float, pretrained: float, majority: float) -> float | Non
   return None if gain <= 0 else float((random - majority) / gain)
 
 
-def summarise(runs: Sequence[dict], baselines: Sequence[dict]) -> dict[str, Any]:
+def summarise(
+  runs: Sequence[dict], baselines: Sequence[dict], splits: Sequence[dict] | None = None
+) -> dict[str, Any]:
   """Means and spreads (sample SD; 0 for one seed) of one task's `compare_inits` runs: each
   initialisation's test accuracy, the baselines, the per-seed gap, `gain_ratio` of the means,
   `score_ratio` (random's mean over the pre-trained one's), how many runs converged before
-  the step budget, and each run's steps."""
+  the step budget, and each run's steps. With `splits` (`test_items` per seed), also each
+  mean's test-sampling standard error, `pretrained_se` and `random_se`: the binomial
+  sqrt(sum_s p_s (1 - p_s) / n_s) / seeds over the seeds' test accuracies p_s on n_s items
+  (it ignores that a sentence's tokens are not independent, and the seed-to-seed spread)."""
   pre = np.asarray([r["pretrained"]["test"] for r in runs])
   rnd = np.asarray([r["random"]["test"] for r in runs])
+  se = {}
+  if splits is not None:
+    n = np.asarray([s["test_items"] for s in splits], dtype=np.float64)
+    for init, p in (("pretrained", pre), ("random", rnd)):
+      se[f"{init}_se"] = float(np.sqrt(np.sum(p * (1 - p) / n)) / len(p))
   majority = float(np.mean([b["majority"] for b in baselines]))
   gap = pre - rnd
   sd = lambda x: float(x.std(ddof=1)) if len(x) > 1 else 0.0
@@ -190,4 +203,5 @@ def summarise(runs: Sequence[dict], baselines: Sequence[dict]) -> dict[str, Any]
     "score_ratio": float(rnd.mean() / pre.mean()),
     "converged": {init: sum(r[init]["converged"] for r in runs) for init in INITS},
     "steps": {init: [r[init]["steps"] for r in runs] for init in INITS},
+    **se,
   }

@@ -46,10 +46,25 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
   pct = lambda x: f"{100 * x:.1f}"
   conv = s["converged"]
   ratio = "n/a" if s["gain_ratio"] is None else f"{s['gain_ratio']:.2f}"
+  if n > 1:
+    scores = (
+      f"random init {pct(s['random'])} ± {pct(s['random_sd'])} vs pre-trained "
+      f"{pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; gap "
+      f"{pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])})"
+    )
+  else:
+    scores = (
+      f"random init {pct(s['random'])} vs pre-trained {pct(s['pretrained'])} (1 seed; gap "
+      f"{pct(s['gap'])})"
+    )
+  if "random_se" in s:  # runs since the standard errors were added
+    items = "/".join(str(x["test_items"]) for x in res["splits"])
+    scores += (
+      f"; test-sampling SE {pct(s['random_se'])} and {pct(s['pretrained_se'])} "
+      f"(binomial, {items} test {'tokens' if res['kind'] == 'token_classification' else 'sentences'})"
+    )
   measured = (
-    f"{name}: {res['what']}, test: random init {pct(s['random'])} ± {pct(s['random_sd'])} vs "
-    f"pre-trained {pct(s['pretrained'])} ± {pct(s['pretrained_sd'])} (mean ± sd, {n} seeds; "
-    f"gap {pct(s['gap'])}, range {pct(s['gap_min'])} to {pct(s['gap_max'])}); majority "
+    f"{name}: {res['what']}, test: {scores}; majority "
     f"{pct(s['majority'])}, lexical baseline {pct(s['lexical_baseline'])}; r = {ratio}; "
     f"early stopping on dev within {size['max_steps']} steps x {size['batch_size']} "
     f"(converged: pre-trained {conv['pretrained']}/{n}, random {conv['random']}/{n})."
