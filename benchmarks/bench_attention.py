@@ -27,6 +27,14 @@ Writes `attention_<device>.json` and `.md` under `--out`.
 `Mask(window=W)`, which skips key blocks outside the band, against cuDNN's
 `local_window_size=(W // 2, W // 2)`; FLOPs count the band only. Writes
 `attention_window<W>_<device>.*`.
+
+`--deberta` times DeBERTa-v3-base's disentangled attention instead (both position terms,
+log buckets 256, span 256, max_position 512, scale `1/sqrt(3 d)`) at 256 x 128 x 12 and
+64 x 512 x 12: `bertjax_pallas`, the fused kernels that gather c2p and p2c per tile from
+the per-row position scores, against `xla`, bertjax's XLA path (one (T, rows) product per
+term and a gather, then the T x T scores); no other library has a fused version to compare.
+The backward gives q, k and v's gradients (and through the scores the tables'). FLOPs
+count the content products only. Writes `attention_deberta_<device>.*`.
 """
 
 from __future__ import annotations
@@ -82,6 +90,11 @@ def parse_args(argv=None):
     help="sliding-window attention with this window (default shape 8x8192x12; smoke 2x256x2)",
   )
   parser.add_argument(
+    "--deberta",
+    action="store_true",
+    help="DeBERTa-v3's disentangled attention, fused against bertjax's XLA path",
+  )
+  parser.add_argument(
     "--blocks",
     default=None,
     help="bertjax BlockSizes as block_q,block_k,block_q_bwd,block_k_bwd (default: per backend)",
@@ -112,12 +125,19 @@ def matmul_peak(n, warmup, iters):
   return 2 * n**3 / median / 1e12
 
 
-def make_attention(impl, seq, lengths, padded, interpret, blocks=None, window=None):
+def make_attention(impl, seq, lengths, padded, interpret, blocks=None, window=None, bias=None):
   """fn(q, k, v) -> out for one implementation, or raises if unavailable here."""
   on_gpu = jax.default_backend() == "gpu"
   lens = jnp.asarray(lengths, jnp.int32) if padded else None
   if window is not None:
     return _windowed(impl, lens, interpret, blocks, window, on_gpu)
+  if bias is not None:
+    if impl not in ("bertjax_pallas", "xla"):
+      raise ValueError(f"--deberta compares bertjax_pallas and xla, not {impl!r}")
+    kw = {"impl": "xla"}
+    if impl == "bertjax_pallas":
+      kw = {"impl": "pallas", "interpret": interpret, "block_sizes": blocks}
+    return lambda q, k, v: kernels.attention(q, k, v, kv_lengths=lens, bias=bias, **kw)
   if impl in ("bertjax_pallas", "bertjax_pallas_dropout"):
     dropout = {}
     if impl == "bertjax_pallas_dropout":
@@ -196,6 +216,10 @@ def run(args):
     shapes = [(2, 256, 2)] if smoke else [(8, 8192, 12)]
     if args.impls == ",".join(IMPLS):
       args.impls = "bertjax_pallas,cudnn"
+  if args.deberta:
+    shapes = [(2, 64, 2)] if smoke else [(256, 128, 12), (64, 512, 12)]
+    if args.impls == ",".join(IMPLS):
+      args.impls = "bertjax_pallas,xla"
   if args.shapes:
     shapes = [tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(",")]
   interpret = jax.default_backend() == "cpu"
@@ -220,6 +244,15 @@ def run(args):
       for kk in jax.random.split(key, 4)
     )
     cot = cot.astype(jnp.float32)
+    bias = None
+    if args.deberta:  # DeBERTa-v3-base's layout; the tables are the layer's Kr and Qr
+      kr, qr = (
+        jax.random.normal(kk, (512, heads, HEAD_DIM), jnp.bfloat16)
+        for kk in jax.random.split(jax.random.key(args.seed + 1))
+      )
+      bias = kernels.DisentangledBias(
+        kr, qr, span=256, buckets=256, max_position=512, scale=1 / (3 * HEAD_DIM) ** 0.5
+      )
     padded_lengths = rng.integers(seq // 4, seq + 1, size=batch)
     for padded in (False, True):
       lengths = padded_lengths if padded else np.full(batch, seq)
@@ -241,7 +274,7 @@ def run(args):
             "real_tokens": int(lengths.sum()),
           }
           try:
-            fn = make_attention(impl, seq, lengths, padded, interpret, blocks, args.window)
+            fn = make_attention(impl, seq, lengths, padded, interpret, blocks, args.window, bias)
             args_ = (q, k, v)
             if mode == "fwd+bwd":  # the cotangent is an argument, not a folded constant
               fn, args_ = with_backward(fn), (q, k, v, cot)
@@ -263,6 +296,7 @@ def run(args):
     "warmup": warmup,
     "bertjax_block_sizes": str(blocks or kernels.BlockSizes.get_default()),
     "window": args.window,
+    "deberta": args.deberta,
     "matmul_peak_tflops": peak,
     "flop_formula": "fwd = 4*H*D*sum_b len_b^2 (real tokens only); fwd+bwd = 3.5*fwd",
     "rows": rows,
@@ -318,6 +352,7 @@ def main(argv=None):
   stem = (
     "attention_"
     + (f"window{result['window']}_" if result["window"] else "")
+    + ("deberta_" if result["deberta"] else "")
     + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower()
   )
   if result["smoke"]:

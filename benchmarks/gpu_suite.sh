@@ -6,7 +6,8 @@
 # 1. the compiled kernel tests (every variant: windows, position biases, grouped heads, dropout,
 #    head masks; the fused-kernel sites); 2. fwd and fwd+bwd at 256 x 128 and 64 x 512, full and
 #    padded, against cuDNN (and XLA, JAX's Pallas mha); 3. windowed attention at 8 x 8192
-#    (w = 128) against cuDNN's local window; 4. the BERT-base train step's MFU with BERT's
+#    (w = 128) against cuDNN's local window, and DeBERTa-v3's disentangled attention (fused
+#    against bertjax's XLA path; the kernel tests compile it too); 4. the BERT-base train step's MFU with BERT's
 #    dropout (hidden 0.1 and attention 0.1) beside hidden-only; 5. a ModernBERT-base train step.
 # Each step's log is $OUT/<step>.log; a failed step is reported and the next one still runs.
 set -uo pipefail
@@ -38,6 +39,7 @@ step kernel_tests "$PY" -m pytest -q -p no:cacheprovider "${TEST_FILTER[@]}" \
   tests/test_kernel_variants.py
 step attention "$PY" benchmarks/bench_attention.py "${SMOKE[@]}" --out "$OUT"
 step attention_window "$PY" benchmarks/bench_attention.py "${SMOKE[@]}" --window 128 --out "$OUT"
+step attention_deberta "$PY" benchmarks/bench_attention.py "${SMOKE[@]}" --deberta --out "$OUT"
 step mfu_bert_base "$PY" benchmarks/bench_train_step.py "${SMOKE[@]}" --mfu --out "$OUT" \
   --variants pallas:threefry:256,pallas:threefry:256:attndrop
 step mfu_modernbert_base "$PY" benchmarks/bench_train_step.py "${SMOKE[@]}" --mfu --out "$OUT" \

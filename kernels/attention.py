@@ -290,10 +290,10 @@ def _check_fused_variants(impl, q, k, mask: Mask, bias, variant=None):
   """Rejects what the fused implementations do not compute (never a silent fallback): cuDNN
   and the TPU kernels have no window, position bias or grouped heads; the Triton-layout
   Pallas kernels have all three."""
-  if isinstance(bias, DisentangledBias) and impl in ("pallas", "cudnn"):
+  if isinstance(bias, DisentangledBias) and impl == "cudnn":
     raise ValueError(
-      f"impl={impl!r} does not support DeBERTa's disentangled position terms (c2p/p2c) yet; "
-      "use impl='xla'"
+      "impl='cudnn' does not support DeBERTa's disentangled position terms (c2p/p2c); use "
+      "impl='xla', or impl='pallas' with the Triton-layout kernels"
     )
   if impl == "pallas" and variant == "triton":
     return

@@ -55,14 +55,15 @@ mode. Inputs are padded to a multiple of the blocks along the sequence and to a 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from . import dropout as drop
+from .disentangled import DisentangledBias, default_scale, log_bucket
 from .masks import Mask
 from .position_bias import PositionBias
 from .reference import Ablation, reference_attention
@@ -71,16 +72,21 @@ from .tiling import (
   BlockSizes,
   KernelConfig,
   allowed_tile,
+  bias_args,
   bias_grad_tile,
+  bias_specs,
   bias_tile,
   block_slice,
   common_specs,
+  disentangled_grad,
   dot,
   key_blocks,
   pad_head_dim,
   pallas_call,
   prepare,
   query_blocks,
+  relative_rows,
+  take_bias,
 )
 
 
@@ -103,7 +109,7 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
   key_ref = refs.pop(0) if cfg.dropout else None
-  table = refs.pop(0)[...] if cfg.bias_kind else None  # this head's bias table
+  table = take_bias(cfg, refs)  # this head's bias table (or DeBERTa's refs)
   o_ref = refs.pop(0)
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k
@@ -173,18 +179,13 @@ def _fwd_kernel(*refs, cfg: KernelConfig, with_residuals: bool):
       count_ref[...] = count
 
 
-def table_spec(cfg: KernelConfig):
-  """The bias table (heads, entries) as each (batch, head, block) program reads it."""
-  width = 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
-  return pl.BlockSpec((None, width), lambda b, h, i: (h, 0))
-
-
 def forward_call(
   cfg: KernelConfig, q, k, v, lengths, seg, xi, with_residuals: bool, seed=None, table=None
 ):
   """Runs the forward kernel on padded inputs (the statistics pass reuses it for the lse).
 
-  `table` (heads, entries): the position bias table when `cfg.bias_kind`.
+  `table`: the position bias table (heads, entries) when `cfg.bias_kind`, or for
+  "disentangled" `(lut, c2p scores or None, p2c scores or None)` (`disentangled_inputs`).
   Returns `[out]`, or with residuals `[out, lse, o_attn]` and in uniform mode `[v_mean, count]`.
   """
   batch, seq_pad, heads, head_dim = q.shape
@@ -195,9 +196,8 @@ def forward_call(
   if cfg.dropout:
     in_specs.append(pl.BlockSpec((None, None), lambda b, h, i: (b, h)))
     args.append(drop.stream_keys(seed, batch, heads))
-  if cfg.bias_kind:
-    in_specs.append(table_spec(cfg))
-    args.append(table)
+  in_specs += bias_specs(cfg, seq_pad)
+  args += bias_args(cfg, table)
   row_spec = pl.BlockSpec((None, None, block_q), lambda b, h, i: (b, h, i))
   tile_spec = pl.BlockSpec((None, block_q, None, head_dim), lambda b, h, i: (b, i, h, 0))
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
@@ -261,9 +261,12 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
     coef_ref = refs.pop(0)
   if cfg.dropout:
     key_ref = refs.pop(0)
-  if cfg.bias_kind:
+  disentangled = cfg.bias_kind == "disentangled"
+  if disentangled:  # one query head per key head: the refs serve the one loop below
+    table_ref = take_bias(cfg, refs)
+  elif cfg.bias_kind:
     table_ref = refs.pop(0)
-  dk_ref, dv_ref = refs
+  dk_ref, dv_ref, *dp2c_ref = refs  # dp2c: DeBERTa's p2c scores' gradient, this key block
   block_k, head_dim = k_ref.shape
   block_q = cfg.block_sizes.block_q_bwd
   length = len_ref[()]
@@ -276,11 +279,13 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
   lo, hi = query_blocks(cfg, k_start, block_k, block_q, length)
   zeros = jnp.zeros((block_k, head_dim), jnp.float32)
   dk_total, dv_total = zeros, zeros
+  if dp2c_ref:
+    dp2c_ref[0][...] = jnp.zeros(dp2c_ref[0].shape, jnp.float32)
 
   for r in range(cfg.groups):  # the query heads of this key/value head
     xi = xi_ref[r]
     key = key_ref[r] if cfg.dropout else None
-    table = table_ref[r, :] if cfg.bias_kind else None
+    table = table_ref if disentangled else table_ref[r, :] if cfg.bias_kind else None
 
     def body(i, carry, r=r, xi=xi, key=key, table=table):
       dk, dv = carry
@@ -308,6 +313,9 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
         dp = jnp.where(kept, dp * cfg.keep_scale, 0.0)
       dv = dv + dot(p_mix, do, trans_a=True)
       ds = p * (dp - delta_ref[r, q_slice][:, None])
+      if dp2c_ref:  # dL/dS = xi * ds, summed into key k's row of P at r(q, k)
+        rel = relative_rows(cfg, table[0], q_idx, k_idx)
+        disentangled_grad(cfg, dp2c_ref[0], (k_idx - k_start)[None, :], rel, xi * ds)
       dk = dk + dot(ds, q, trans_a=True)
       return dk, dv
 
@@ -330,9 +338,12 @@ def _dq_kernel(*refs, cfg: KernelConfig):
     segq_ref, segk_ref = refs[:2]
     refs = refs[2:]
   key_ref = refs.pop(0) if cfg.dropout else None
-  table = refs.pop(0)[...] if cfg.bias_kind else None
+  table = take_bias(cfg, refs)
   dq_ref = refs.pop(0)
-  dtable_ref = refs.pop(0) if cfg.bias_kind else None
+  disentangled = cfg.bias_kind == "disentangled"
+  tabled = cfg.bias_kind is not None and not disentangled  # a (heads, entries) table
+  dtable_ref = refs.pop(0) if tabled else None
+  dc2p_ref = refs.pop(0) if disentangled and "c2p" in cfg.terms else None
   block_q, head_dim = q_ref.shape
   block_k = cfg.block_sizes.block_k_bwd
   length = len_ref[()]
@@ -346,6 +357,8 @@ def _dq_kernel(*refs, cfg: KernelConfig):
   seg_q = segq_ref[...] if cfg.has_segments else None
   row_real = (q_idx < length)[:, None]
   rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
+  if dc2p_ref is not None:
+    dc2p_ref[...] = jnp.zeros(dc2p_ref.shape, jnp.float32)
 
   def body(j, carry):
     dq, dtable = carry
@@ -362,16 +375,19 @@ def _dq_kernel(*refs, cfg: KernelConfig):
     if cfg.dropout:
       dp = jnp.where(_keep(cfg, rows, drop.col_hash(k_idx)), dp * cfg.keep_scale, 0.0)
     ds = p * (dp - delta[:, None])
-    if cfg.bias_kind:  # dL/dS = xi * ds: the bias table's share, reduced per tile
+    if tabled:  # dL/dS = xi * ds: the bias table's share, reduced per tile
       dtable = dtable + bias_grad_tile(cfg, xi * ds, q_idx, k_idx)
+    if dc2p_ref is not None:  # ... and query q's row of C at r(q, k)
+      rel = relative_rows(cfg, table[0], q_idx, k_idx)
+      disentangled_grad(cfg, dc2p_ref, (q_idx - q_start)[:, None], rel, xi * ds)
     return dq + dot(ds, k), dtable
 
   lo, hi = key_blocks(cfg, q_start, block_q, block_k, length)
-  width = 0 if not cfg.bias_kind else 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
+  width = 0 if not tabled else 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
   init = (jnp.zeros((block_q, head_dim), jnp.float32), jnp.zeros((max(width, 1),), jnp.float32))
   dq, dtable = lax.fori_loop(lo, hi, body, init)
   dq_ref[...] = (dq * (xi * cfg.scale)).astype(dq_ref.dtype)
-  if cfg.bias_kind:
+  if tabled:
     dtable_ref[...] = dtable
 
 
@@ -401,8 +417,10 @@ def _bwd_call(cfg: KernelConfig, residuals, dout):
   )(*pre_args)
   dxi = dxi_rows.sum(axis=-1)
 
-  dk, dv = _bwd_dkv(cfg, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table, count)
+  dk, dv, dp2c = _bwd_dkv(cfg, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table, count)
   dq, dtable = _bwd_dq(cfg, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table)
+  if cfg.bias_kind == "disentangled":  # the relative-row table's is None (integers)
+    dtable = (None, dtable, dp2c)
   return dq, dk, dv, dxi.astype(xi.dtype), dtable
 
 
@@ -434,24 +452,34 @@ def _bwd_dkv(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, key
   if cfg.dropout:
     dkv_args.append(group(keys))
     dkv_specs.append(group_xi)
-  if cfg.bias_kind:
+  out_specs = [tile_k, tile_k]
+  out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  if cfg.bias_kind == "disentangled":  # g == 1: the (b, h, i) specs fit this grid
+    dkv_args += bias_args(cfg, table)
+    dkv_specs += bias_specs(cfg, seq_pad)
+    if "p2c" in cfg.terms:
+      rows = (None, None, bs.block_k_bwd, cfg.rel_width)
+      out_specs.append(pl.BlockSpec(rows, lambda b, h, j: (b, h, j, 0)))
+      out_shape.append(jax.ShapeDtypeStruct(table[2].shape, jnp.float32))
+  elif cfg.bias_kind:
     dkv_args.append(table.reshape(kv_heads, g, -1))
     dkv_specs.append(pl.BlockSpec((None, g, table.shape[-1]), lambda b, h, j: (h, 0, 0)))
-  dk, dv = pallas_call(
+  dk, dv, *dp2c = pallas_call(
     functools.partial(_dkv_kernel, cfg=cfg),
     cfg,
     head_dim,
     grid=(batch, kv_heads, seq_pad // bs.block_k_bwd),
     in_specs=dkv_specs,
-    out_specs=[tile_k, tile_k],
-    out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+    out_specs=out_specs,
+    out_shape=out_shape,
     name="bertjax_attention_bwd_dkv",
   )(*dkv_args)
-  return dk, dv
+  return dk, dv, (dp2c[0] if dp2c else None)
 
 
 def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys, table):
-  """dQ and the bias table's gradient: grid over query blocks, loop over key blocks."""
+  """dQ and the bias table's gradient (DeBERTa: the c2p scores'): grid over query blocks,
+  loop over key blocks."""
   batch, seq_pad, heads, head_dim = q.shape
   g, bs = cfg.groups, cfg.block_sizes
   seg_args = [seg, seg] if cfg.has_segments else []
@@ -471,9 +499,13 @@ def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys
     dq_specs.append(xi_spec)
   out_specs = [tile_q]
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
-  if cfg.bias_kind:
-    extra_args.append(table)
-    dq_specs.append(table_spec(cfg))
+  extra_args += bias_args(cfg, table)
+  dq_specs += bias_specs(cfg, seq_pad)
+  if cfg.bias_kind == "disentangled" and "c2p" in cfg.terms:
+    rows = (None, None, bs.block_q_bwd, cfg.rel_width)
+    out_specs.append(pl.BlockSpec(rows, lambda b, h, i: (b, h, i, 0)))
+    out_shape.append(jax.ShapeDtypeStruct(table[1].shape, jnp.float32))
+  elif cfg.bias_kind and cfg.bias_kind != "disentangled":
     width = table.shape[-1]
     blocks = seq_pad // bs.block_q_bwd
     out_specs.append(pl.BlockSpec((None, None, None, width), lambda b, h, i: (b, h, i, 0)))
@@ -488,6 +520,8 @@ def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys
     out_shape=out_shape,
     name="bertjax_attention_bwd_dq",
   )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *extra_args)
+  if cfg.bias_kind == "disentangled":
+    return dq, (dtable[0] if dtable else None)  # (batch, heads, seq_pad, rel_width)
   return dq, (dtable[0].sum((0, 2)) if cfg.bias_kind else None)  # (heads, entries)
 
 
@@ -569,7 +603,7 @@ def flash_attention(
   backward: str = "pallas",
   dropout_rate: float = 0.0,
   dropout_seed=None,
-  bias: PositionBias | None = None,
+  bias: PositionBias | DisentangledBias | None = None,
 ):
   """Fused attention on `(batch, seq, heads, head_dim)` inputs (validated by the caller).
 
@@ -582,29 +616,36 @@ def flash_attention(
       folds one in); None means no padding.
     head_mask: float `(batch, heads)` xi, or None (all ones).
     ablation: "scale" or "uniform" (see the module docstring).
-    scale: logit scale; None means `1 / sqrt(head_dim)`.
+    scale: logit scale; None means `1 / sqrt(head_dim)` (a DisentangledBias' own scale).
     block_sizes: tile sizes; None means `BlockSizes.get_default()`.
     interpret: run the kernels in Pallas interpret mode.
-    backward: "pallas" (default) or "reference" (`jax.vjp` of the pure-jnp reference).
+    backward: "pallas" (default) or "reference" (`jax.vjp` of the pure-jnp reference; not
+      with a DisentangledBias).
     dropout_rate: static attention dropout rate in [0, 1) (see the module docstring).
     dropout_seed: int32/uint32 scalar seed (`kernels.dropout.seed_to_int32`), needed when
       dropout_rate > 0.
-    bias: a `PositionBias` formed inside each tile, or None.
+    bias: a `PositionBias` formed inside each tile, a `DisentangledBias` (DeBERTa's c2p
+      and p2c terms, gathered inside each tile from `disentangled_inputs`' per-row scores;
+      one key head per query head, no window), or None.
 
   Returns:
     `(batch, seq, heads, head_dim)` in the dtype of q; rows at or past kv_length are zero.
   """
   seq, head_dim = q.shape[1], q.shape[3]
   mask = Mask() if mask is None else mask
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  scale = default_scale(bias, head_dim, scale)
+  if isinstance(bias, DisentangledBias) and backward != "pallas":
+    raise ValueError(f"{backward=} with a DisentangledBias is not supported; use 'pallas'")
   block_sizes = block_sizes or BlockSizes.get_default()
+  q_in, k_in = q, k
   q, k, v = (pad_head_dim(x) for x in (q, k, v))
-  bs, _, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
+  bs, seq_pad, lengths, xi, (qp, kp, vp, seg) = prepare(q, k, v, mask, head_mask, block_sizes)
   cfg = kernel_config(
     q,
     k,
     mask,
     bias,
+    seq_pad=seq_pad,
     scale=scale,
     ablation=ablation,
     block_sizes=bs,
@@ -613,27 +654,75 @@ def flash_attention(
     dropout_rate=drop.check_rate(dropout_rate),
   )
   seed = drop.seed_to_int32(dropout_seed) if cfg.dropout else None
-  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed, bias_table(bias))
+  table = bias_table(bias, q_in, k_in, seq_pad)
+  out = _flash(cfg, qp, kp, vp, lengths, seg, xi.astype(jnp.float32), seed, table)
   return out[:, :seq, :, :head_dim]
 
 
-def kernel_config(q, k, mask: Mask, bias: PositionBias | None, **fields) -> KernelConfig:
-  """The static configuration of a call: its fields plus the window, bias kind and groups."""
+def kernel_config(
+  q, k, mask: Mask, bias: PositionBias | DisentangledBias | None, seq_pad: int = 0, **fields
+) -> KernelConfig:
+  """The static configuration of a call: its fields plus the window, the bias kind (and a
+  DisentangledBias' layout on `seq_pad` rows) and the groups."""
+  extra = {}
+  if isinstance(bias, DisentangledBias):
+    _, _, width = disentangled_layout(bias, seq_pad)
+    terms = tuple(t for t, x in (("c2p", bias.pos_key), ("p2c", bias.pos_query)) if x is not None)
+    extra = dict(terms=terms, lut_offset=seq_pad - 1, rel_width=width)
+  elif bias is not None:
+    extra = dict(num_buckets=bias.num_buckets, max_distance=bias.max_distance)
   return KernelConfig(
     has_segments=mask.segment_ids is not None,
     half_window=mask.half_window,
     bias_kind=None if bias is None else bias.kind,
-    num_buckets=32 if bias is None else bias.num_buckets,
-    max_distance=128 if bias is None else bias.max_distance,
     groups=q.shape[2] // k.shape[2],
+    **extra,
     **fields,
   )
 
 
-def bias_table(bias: PositionBias | None):
+def disentangled_layout(bias: DisentangledBias, seq_pad: int) -> tuple[np.ndarray, int, int]:
+  """`(lut, lo, width)`: `lut[q - k + seq_pad - 1]` is the relative row `r(q, k) - lo` that a
+  query and key among `seq_pad` positions read (`(2 seq_pad,)` int32, the last entry
+  unused), `lo` the first table row any pair reads, and `width` the rows read, padded to a
+  power of two >= 16 (Triton tiles)."""
+  rel = np.arange(-(seq_pad - 1), seq_pad)  # q - k
+  if bias.buckets > 0 and bias.max_position > 0:
+    rel = log_bucket(rel, bias.buckets, bias.max_position)
+  rows = np.clip(rel + bias.span, 0, 2 * bias.span - 1)
+  lo = int(rows.min())
+  lut = np.zeros(2 * seq_pad, np.int32)
+  lut[: 2 * seq_pad - 1] = rows - lo
+  return lut, lo, max(16, pl.next_power_of_2(int(rows.max()) - lo + 1))
+
+
+def disentangled_inputs(bias: DisentangledBias, q, k, seq_pad: int):
+  """`(lut, c2p, p2c)` as the kernels read DeBERTa's terms: the relative-row table of
+  `disentangled_layout` and, per term present (else None), the per-row position scores
+  `(batch, heads, seq_pad, width)` float32: c2p `scale q Kr[lo:]^T`, p2c `scale k Qr[lo:]^T`
+  (FlashDeBERTa's layout; zero rows past the sequence, zero columns past the rows read).
+  Autodiff carries the kernels' gradients of the scores to q, k and the tables."""
+  lut, lo, width = disentangled_layout(bias, seq_pad)
+  used = int(lut.max()) + 1
+
+  def scores(x, table):
+    if table is None:
+      return None
+    table = jnp.asarray(table, jnp.float32)[lo : lo + used]
+    s = jnp.einsum("bthd,rhd->bhtr", x.astype(jnp.float32), table, precision=lax.Precision.HIGHEST)
+    s = s * jnp.float32(bias.scale)
+    return jnp.pad(s, ((0, 0), (0, 0), (0, seq_pad - x.shape[1]), (0, width - used)))
+
+  return jnp.asarray(lut), scores(q, bias.pos_key), scores(k, bias.pos_query)
+
+
+def bias_table(bias, q=None, k=None, seq_pad: int = 0):
   """The bias as the kernels read it: (heads, entries) float32 (the first `num_buckets` rows
-  of a bucket table, transposed; ALiBi's slopes as one column), or None."""
+  of a bucket table, transposed; ALiBi's slopes as one column), a DisentangledBias'
+  `disentangled_inputs` of q and k (unpadded), or None."""
   if bias is None:
     return None
+  if isinstance(bias, DisentangledBias):
+    return disentangled_inputs(bias, q, k, seq_pad)
   table = jnp.asarray(bias.table, jnp.float32)
   return table[:, None] if bias.kind == "alibi" else table[: bias.num_buckets].T

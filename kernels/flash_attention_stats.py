@@ -12,14 +12,14 @@ forward and the Triton layout of `kernels.tiling`); there is no TPU statistics p
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from .flash_attention import bias_table, forward_call, kernel_config, table_spec
+from .disentangled import DisentangledBias, default_scale
+from .flash_attention import bias_table, forward_call, kernel_config
 from .masks import Mask
 from .position_bias import PositionBias
 from .reference import STAT_NAMES, Ablation
@@ -27,6 +27,8 @@ from .tiling import (
   BlockSizes,
   KernelConfig,
   allowed_tile,
+  bias_args,
+  bias_specs,
   bias_tile,
   block_slice,
   common_specs,
@@ -35,6 +37,7 @@ from .tiling import (
   pad_head_dim,
   pallas_call,
   prepare,
+  take_bias,
 )
 
 
@@ -51,7 +54,7 @@ def _stats_kernel(*refs, cfg: KernelConfig, has_special: bool):
     special_ref = refs.pop(0)
   if cfg.uniform:
     count_ref = refs.pop(0)
-  table = refs.pop(0)[...] if cfg.bias_kind else None
+  table = take_bias(cfg, refs)
   out_refs = refs
   block_q = q_ref.shape[0]
   block_k = cfg.block_sizes.block_k
@@ -113,11 +116,12 @@ def attention_statistics_pallas(
   scale: float | None = None,
   block_sizes: BlockSizes | None = None,
   interpret: bool = False,
-  bias: PositionBias | None = None,
+  bias: PositionBias | DisentangledBias | None = None,
 ):
   """Attention output and per-(batch, head) statistics without a T x T map.
 
-  Args: as `flash_attention` (windows, position biases and grouped heads too), plus
+  Args: as `flash_attention` (windows, position biases, DeBERTa's terms and grouped heads
+    too), plus
     `special_mask` bool `(batch, seq)` (None: no special keys).
 
   Returns:
@@ -126,7 +130,8 @@ def attention_statistics_pallas(
   """
   batch, seq, heads, head_dim = q.shape
   mask = Mask() if mask is None else mask
-  scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+  scale = default_scale(bias, head_dim, scale)
+  q_in, k_in = q, k
   block_sizes = block_sizes or BlockSizes.get_default()
   special = None if special_mask is None else jnp.asarray(special_mask, jnp.float32)
   q, k, v = (pad_head_dim(x) for x in (q, k, v))
@@ -140,13 +145,14 @@ def attention_statistics_pallas(
     k,
     mask,
     bias,
+    seq_pad=seq_pad,
     scale=scale,
     ablation=ablation,
     block_sizes=bs,
     interpret=interpret,
     backward="pallas",
   )
-  table = bias_table(bias)
+  table = bias_table(bias, q_in, k_in, seq_pad)
   out, lse, _, *uniform_res = forward_call(
     cfg, qp, kp, vp, lengths, seg, xi, with_residuals=True, table=table
   )
@@ -163,9 +169,8 @@ def attention_statistics_pallas(
   if cfg.uniform:
     args.append(uniform_res[1])
     in_specs.append(row_spec)
-  if cfg.bias_kind:
-    args.append(lax.stop_gradient(table))
-    in_specs.append(table_spec(cfg))
+  args += bias_args(cfg, jax.tree.map(lax.stop_gradient, table))
+  in_specs += bias_specs(cfg, seq_pad)
   rows = jax.ShapeDtypeStruct((batch, heads, seq_pad), jnp.float32)
   per_row = pallas_call(
     functools.partial(_stats_kernel, cfg=cfg, has_special=special is not None),

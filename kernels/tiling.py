@@ -89,9 +89,15 @@ class KernelConfig:
   backward: str  # "pallas" | "reference"
   dropout_rate: float = 0.0
   half_window: int | None = None  # a sliding window: keys with |q - k| <= half_window
-  bias_kind: str | None = None  # a position bias inside the tile: "buckets" | "alibi"
+  bias_kind: str | None = None  # inside the tile: "buckets" | "alibi" | "disentangled"
   num_buckets: int = 32
   max_distance: int = 128
+  # "disentangled" (DeBERTa): the terms present ("c2p", "p2c"), the offset that turns
+  # `q - k` into an index of the relative-row table, and the padded width of the per-row
+  # position scores (see `disentangled_tile`).
+  terms: tuple[str, ...] = ()
+  lut_offset: int = 0
+  rel_width: int = 0
   groups: int = 1  # query heads per key/value head (grouped heads)
 
   @property
@@ -209,14 +215,78 @@ def query_blocks(cfg: KernelConfig, k_start, block_k: int, block_q: int, length)
   return lo, jnp.maximum(hi, lo)
 
 
+def bias_specs(cfg: KernelConfig, seq_pad: int) -> list:
+  """The BlockSpecs of the bias inputs on a (batch, heads, blocks) grid: a table kind's
+  (heads, entries) table; for "disentangled" the relative-row table and the (batch, heads,
+  seq_pad, rel_width) position scores of each term present, whole per (batch, head)."""
+  if cfg.bias_kind is None:
+    return []
+  if cfg.bias_kind != "disentangled":
+    width = 1 if cfg.bias_kind == "alibi" else cfg.num_buckets
+    return [pl.BlockSpec((None, width), lambda b, h, i: (h, 0))]
+  rows = pl.BlockSpec((None, None, seq_pad, cfg.rel_width), lambda b, h, i: (b, h, 0, 0))
+  return [pl.BlockSpec((2 * seq_pad,), lambda b, h, i: (0,))] + [rows] * len(cfg.terms)
+
+
+def bias_args(cfg: KernelConfig, table) -> list:
+  """The bias inputs `bias_specs` describes, from the kernels' table (see `take_bias`)."""
+  if cfg.bias_kind is None:
+    return []
+  if cfg.bias_kind != "disentangled":
+    return [table]
+  lut, c2p, p2c = table
+  return [lut] + [x for x in (c2p, p2c) if x is not None]
+
+
+def take_bias(cfg: KernelConfig, refs: list):
+  """Pops the bias inputs off a kernel's `refs`: a table kind's table as a value, or for
+  "disentangled" the refs `(lut, c2p or None, p2c or None)`; None without a bias."""
+  if cfg.bias_kind is None:
+    return None
+  if cfg.bias_kind != "disentangled":
+    return refs.pop(0)[...]
+  lut = refs.pop(0)
+  return (lut, *(refs.pop(0) if t in cfg.terms else None for t in ("c2p", "p2c")))
+
+
+def relative_rows(cfg: KernelConfig, lut_ref, q_idx, k_idx):
+  """(bq, bk) int32: the row of the relative tables that query q_idx[i] and key k_idx[j]
+  read, `lut[q - k + lut_offset]` (a gather from a ref: pointer loads on Triton)."""
+  return lut_ref[q_idx[:, None] - k_idx[None, :] + cfg.lut_offset]
+
+
+def disentangled_tile(cfg: KernelConfig, refs, q_idx, k_idx):
+  """DeBERTa's position terms of a (bq, bk) tile, gathered from the per-row position scores
+  (as FlashDeBERTa): c2p `C[q, r(q, k)]` with `C = scale q Kr^T` and p2c `P[k, r(q, k)]` with
+  `P = scale k Qr^T`, both `(seq_pad, rel_width)` per (batch, head). No T x T bias exists."""
+  lut_ref, c2p_ref, p2c_ref = refs
+  r = relative_rows(cfg, lut_ref, q_idx, k_idx)
+  out = jnp.zeros(r.shape, jnp.float32)
+  if c2p_ref is not None:
+    out = out + c2p_ref[jnp.broadcast_to(q_idx[:, None], r.shape), r]
+  if p2c_ref is not None:
+    out = out + p2c_ref[jnp.broadcast_to(k_idx[None, :], r.shape), r]
+  return out
+
+
+def disentangled_grad(cfg: KernelConfig, out_ref, rows, r, ds) -> None:
+  """Adds a tile's `ds = dL/dS` to the position scores' gradient `out_ref` at (rows, r):
+  a scatter-add (`jax.ref.addupdate`, atomic adds on Triton) that sums the keys (or
+  queries) sharing a relative row, as clipping and log buckets make them."""
+  jax.ref.addupdate(out_ref, (jnp.broadcast_to(rows, r.shape), r), ds)
+
+
 def bias_tile(cfg: KernelConfig, bias_ref, q_idx, k_idx):
   """The position bias of a (bq, bk) tile from this head's small table, or None.
 
-  "buckets": T5/MPNet buckets of `k - q`, looked up by a select per bucket (a gather
-  lowers nowhere but in interpret mode); "alibi": `-slope * |k - q|`. No T x T bias exists.
+  "buckets": T5/MPNet buckets of `k - q`, looked up by a select per bucket (a gather from a
+  value lowers nowhere but in interpret mode); "alibi": `-slope * |k - q|`; "disentangled":
+  `disentangled_tile`, `bias_ref` the refs of `take_bias`. No T x T bias exists.
   """
   if cfg.bias_kind is None:
     return None
+  if cfg.bias_kind == "disentangled":
+    return disentangled_tile(cfg, bias_ref, q_idx, k_idx)
   rel = k_idx[None, :] - q_idx[:, None]
   if cfg.bias_kind == "alibi":
     return -bias_ref[0] * jnp.abs(rel).astype(jnp.float32)

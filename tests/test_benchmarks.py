@@ -179,12 +179,15 @@ def test_gpu_suite_smoke(tmp_path):
     "kernel_tests",
     "attention",
     "attention_window",
+    "attention_deberta",
     "mfu_bert_base",
     "mfu_modernbert_base",
   ):
     assert f"== {step}" in proc.stdout and (tmp_path / f"{step}.log").is_file()
   window = json.loads(next(tmp_path.glob("attention_window128_*_smoke.json")).read_text())
   assert window["window"] == 128 and {r["impl"] for r in window["rows"]} >= {"bertjax_pallas"}
+  deberta = json.loads(next(tmp_path.glob("attention_deberta_*_smoke.json")).read_text())
+  assert deberta["deberta"] and all("ms" in r for r in deberta["rows"])
 
 
 @pytest.mark.parametrize(

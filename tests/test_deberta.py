@@ -254,14 +254,22 @@ def test_disentangled_kernel_terms_match_numpy_and_gradients():
       np.testing.assert_allclose(float((g_xla[i] * d).sum()), fd, rtol=1e-6)
 
 
-def test_fused_implementations_refuse_it_by_name():
+def test_implementations_without_it_refuse_it_by_name():
   config = bertjax.BertConfig.for_family(
     "deberta-v2", **{**SIZES, **V3, "pos_att_type": ("p2c", "c2p")}
   )
   params = bertjax.init(config, 0)
   ids = np.arange(5, 13)[None]
-  with pytest.raises(ValueError, match="impl='pallas' does not support DeBERTa"):
-    bertjax.forward(params, config.replace(attention_impl="pallas"), ids)
+  with pytest.raises(ValueError, match="impl='cudnn' does not support DeBERTa"):
+    bertjax.forward(params, config.replace(attention_impl="cudnn"), ids)
+  q = jnp.ones((1, 8, 5, 12))
+  bias = kernels.DisentangledBias(jnp.ones((64, 5, 12)), span=32)
+  with pytest.raises(
+    ValueError, match=r"kernel_variant='tpu' does not support a position bias \(disentangled\)"
+  ):
+    kernels.attention(q, q, q, bias=bias, impl="pallas", kernel_variant="tpu", interpret=True)
+  with pytest.raises(ValueError, match="backward='reference' with a DisentangledBias"):
+    kernels.attention(q, q, q, bias=bias, impl="pallas", backward="reference")
   with pytest.raises(ValueError, match="pos_att_type=.*p2p"):
     config.replace(pos_att_type=("p2p",))
   with pytest.raises(ValueError, match="share_att_key=True is a DeBERTa option"):

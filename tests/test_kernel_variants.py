@@ -1,10 +1,13 @@
-"""Modern attention in every implementation: windows, position biases, grouped heads.
+"""Modern attention in every implementation: windows, position biases, grouped heads, and
+DeBERTa's disentangled terms.
 
 The fused Pallas kernels (Triton layout, interpret mode here; compiled on a GPU with the
 `gpu` marker's suite), the XLA path (whole and banded) and the statistics pass, each against
 the float64 reference: the forward and every gradient (q, k, v, the head mask, the bias
-table), with head masks in both modes, dropout and padding combined. Key blocks outside a
-window are skipped, not masked. Implementations without a variant refuse it by name.
+table; DeBERTa's position keys and queries), with head masks in both modes, dropout and
+padding combined. Key blocks outside a window are skipped, not masked. Implementations
+without a variant refuse it by name. A model of each modern family (DeBERTa-v3 included)
+gives the same outputs, gradients and statistics on the fused kernel as on the XLA path.
 """
 
 import jax
@@ -83,6 +86,96 @@ def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate
     assert np.abs(want[4]).max() > 1e-2  # the bias table really gets a gradient
 
 
+# DeBERTa: (terms, log buckets, ablation, dropout). T = 37 > the span of 8, so rows clip,
+# and with buckets several keys of a query share a row: the scatter-add must sum them.
+DEBERTA_CASES = [
+  (("c2p", "p2c"), True, "scale", 0.0),
+  (("c2p", "p2c"), False, "uniform", 0.3),
+  (("c2p",), True, "uniform", 0.0),
+  (("p2c",), False, "scale", 0.25),
+]
+
+
+def _deberta_case(terms, buckets, seed=0):
+  """q, k, v (B, 37, H, D), xi, the position keys and queries, and a maker of the bias."""
+  rng = np.random.default_rng(seed)
+  span, seq = 8, 37
+  q, k, v = (rng.normal(size=(B, seq, H, D)).astype(np.float32) for _ in range(3))
+  kr, qr = (rng.normal(size=(2 * span, H, D)).astype(np.float32) for _ in range(2))
+  xi = rng.uniform(size=(B, H)).astype(np.float32)
+
+  def make(kr, qr):
+    return kernels.DisentangledBias(
+      kr if "c2p" in terms else None,
+      qr if "p2c" in terms else None,
+      span=span,
+      buckets=span if buckets else -1,
+      max_position=24,
+      scale=1 / np.sqrt((1 + len(terms)) * D),
+    )
+
+  return q, k, v, xi, kr, qr, make
+
+
+@pytest.mark.parametrize("terms,buckets,ablation,rate", DEBERTA_CASES)
+def test_fused_disentangled_attention_equals_float64_reference(terms, buckets, ablation, rate):
+  """The Triton-layout kernels gather c2p and p2c per tile from the per-row position scores;
+  the forward and the gradients of q, k, v, the head mask and both position tables equal
+  the float64 reference (whose terms are formed by the XLA path's gather)."""
+  q, k, v, xi, kr, qr, make = _deberta_case(terms, buckets)
+  mask = kernels.Mask(kv_lengths=jnp.asarray([37, 23]))
+  kw = dict(
+    mask=mask, ablation=ablation, dropout_rate=rate, dropout_seed=jnp.int32(7) if rate else None
+  )
+  probe = np.cos(np.arange(D))
+  loss = lambda fn: (
+    lambda q, k, v, xi, kr, qr: (fn(q, k, v, head_mask=xi, bias=make(kr, qr), **kw) * probe).sum()
+  )
+  fused = lambda q, k, v, **a: kernels.attention(q, k, v, impl="pallas", **a)
+  out = fused(q, k, v, head_mask=jnp.asarray(xi), bias=make(kr, qr), **kw)
+  grads = jax.grad(loss(fused), argnums=range(6))(q, k, v, xi, kr, qr)
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, kr, qr)]
+    ref = kernels.reference_attention(*f64[:3], head_mask=f64[3], bias=make(*f64[4:]), **kw)
+    want = jax.grad(loss(kernels.reference_attention), argnums=range(6))(*f64)
+  np.testing.assert_allclose(out, np.asarray(ref), atol=2e-6)
+  names = ("dq", "dk", "dv", "dxi", "dpos_key", "dpos_query")
+  for name, got, w in zip(names, grads, want):
+    np.testing.assert_allclose(got, np.asarray(w), atol=2e-5, err_msg=name)
+  for term, got in zip(("c2p", "p2c"), grads[4:]):  # a term present really gets a gradient
+    assert (np.abs(np.asarray(got)).max() > 1e-2) == (term in terms)
+
+
+@pytest.mark.parametrize("terms,buckets,ablation,rate", DEBERTA_CASES[:2])
+def test_disentangled_statistics_pass_equals_reference(terms, buckets, ablation, rate):
+  q, k, v, xi, kr, qr, make = _deberta_case(terms, buckets, seed=1)
+  mask = kernels.Mask(kv_lengths=jnp.asarray([37, 23]))
+  special = np.zeros((B, 37), bool)
+  special[:, [0, 7]] = True
+  kw = dict(mask=mask, ablation=ablation, special_mask=special)
+  _, got = kernels.attention_with_stats(
+    q, k, v, head_mask=xi, impl="pallas", bias=make(kr, qr), **kw
+  )
+  with jax.enable_x64(True):
+    f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, kr, qr)]
+    want = kernels.reference_statistics(*f64[:3], head_mask=f64[3], bias=make(*f64[4:]), **kw)
+  for name in kernels.STAT_NAMES:
+    np.testing.assert_allclose(got[name], np.asarray(want[name]), atol=2e-6, err_msg=name)
+
+
+def test_disentangled_layout_reads_the_reference_rows():
+  """The kernels' relative-row table gives, for every (query, key), the row the reference's
+  `DisentangledBias.index` gives, shifted by the first row read."""
+  from bertjax.kernels.flash_attention import disentangled_layout
+
+  for buckets, seq_pad in ((-1, 48), (8, 48), (256, 512)):
+    bias = kernels.DisentangledBias(span=8 if buckets < 256 else 256, buckets=buckets)
+    lut, lo, width = disentangled_layout(bias, seq_pad)
+    i, j = np.meshgrid(np.arange(seq_pad), np.arange(seq_pad), indexing="ij")
+    np.testing.assert_array_equal(lut[i - j + seq_pad - 1] + lo, bias.index(seq_pad, seq_pad))
+    assert width >= lut.max() + 1 and width & (width - 1) == 0
+
+
 @pytest.mark.parametrize("kv,window,kind,ablation,rate", CASES)
 def test_statistics_pass_equals_reference(kv, window, kind, ablation, rate):
   q, k, v, xi, table, mask = _case(kv, window, kind, seed=1)
@@ -154,7 +247,7 @@ def test_implementations_without_a_variant_refuse_it(variant):
     kernels.attention(q, k, v, impl="pallas", kernel_variant="tpu", interpret=True, **kw)
 
 
-@pytest.mark.parametrize("family", ["modernbert", "mpnet", "eurobert"])
+@pytest.mark.parametrize("family", ["modernbert", "mpnet", "eurobert", "deberta-v2"])
 def test_model_on_the_fused_kernel_equals_the_xla_path(family):
   """A model of each family runs on the fused kernel (interpret mode): outputs, statistics,
   and the gradients of its parameters (MPNet's bias table included) equal the XLA path's."""
@@ -162,6 +255,16 @@ def test_model_on_the_fused_kernel_equals_the_xla_path(family):
     "modernbert": dict(layer_types=("full_attention", "sliding_attention"), sliding_window=6),
     "mpnet": dict(pad_token_id=1, type_vocab_size=0),
     "eurobert": dict(num_key_value_heads=2),
+    "deberta-v2": dict(  # v3's layout: log buckets, shared keys, both terms
+      relative_attention=True,
+      position_buckets=8,
+      max_relative_positions=32,
+      norm_rel_ebd="layer_norm",
+      share_att_key=True,
+      pos_att_type=("p2c", "c2p"),
+      position_biased_input=False,
+      type_vocab_size=0,
+    ),
   }[family]
   config = bertjax.BertConfig.for_family(
     family,
