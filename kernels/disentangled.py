@@ -19,7 +19,9 @@ the same index. Both index functions are transformers' (`make_log_bucket_positio
 The XLA path forms each term with one `(T, 2 s)` product per head (over the table rows the
 sequence reads) and a gather (`terms`): never a `(B, H, T, T, D)` tensor. The bias is added
 to the scaled logits like a `PositionBias`, but per batch row (it depends on the inputs),
-and autodiff of `terms` gives the gradients of q, k and the position projections.
+and autodiff of `terms` gives the gradients of q, k and the position projections. The fused
+Triton-layout kernels gather the same per-row products inside each tile instead
+(`flash_attention.disentangled_inputs`).
 
 This module imports only `position_bias`, so every kernel file can use it.
 """

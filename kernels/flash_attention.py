@@ -42,7 +42,13 @@ Modern attention, inside the same kernels (`KernelConfig`):
   (`tiling.bias_grad_tile`), in the dQ kernel, so no T x T bias exists in either pass;
 * grouped key/value heads: query head h reads key/value head `h // groups` through the
   BlockSpecs, and the dK/dV kernel runs per key/value head, looping over its query heads,
-  so K and V are never repeated.
+  so K and V are never repeated;
+* DeBERTa's disentangled terms (`DisentangledBias`), as FlashDeBERTa: the per-row position
+  scores `scale q Kr^T` and `scale k Qr^T` are formed outside (`disentangled_inputs`, T x
+  rows read per head); each tile gathers its c2p and p2c entries at the relative row of
+  each (query, key), read from a `(2 T,)` table (`tiling.disentangled_tile`), and the dQ and
+  dK/dV kernels scatter-add `dS` into the scores' gradients (`tiling.disentangled_grad`:
+  atomic adds on Triton), from which autodiff reaches q, k and the tables.
 
 The kernels target the Triton lowering on GPU (compiled calls always pass Triton compiler
 params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
