@@ -47,6 +47,12 @@ def summarise(
 # The run --------------------------------------------------------------------------------
 
 
+def scale_of(smoke: bool, layers: int) -> str:
+  """The table of sizes.toml a run uses: "smoke", "base" for a model of 12 or more layers
+  (BERT-base's shape runs at its own committed size: sizes.toml says why), else "full"."""
+  return "smoke" if smoke else "base" if layers >= 12 else "full"
+
+
 def _models(args, num_labels: int, kind: str, seed: int):
   """(config, pre-trained params, random params of the same architecture), fresh heads; the
   smoke run's stand-in for the pre-trained model is drawn with another seed than the random one."""
@@ -91,8 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   else:
     tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
     model_name = "tiny random BERT (smoke stand-in)" if args.smoke else "all-MiniLM-L6-v2"
-  # A 12-layer model (BERT-base's shape) runs at its own committed size: sizes.toml says why.
-  scale = "smoke" if args.smoke else "base" if layers >= 12 else "full"
+  scale = scale_of(args.smoke, layers)
   size = {**SIZES[scale], "scale": scale}
   if args.seeds is not None:
     size["seeds"], size["task_seeds"] = args.seeds, None

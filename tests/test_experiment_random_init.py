@@ -77,6 +77,18 @@ def test_verdict_rule_on_synthetic_numbers():
   assert "test-sampling SE 4.3 and 1.7 (binomial, 100 test tokens)" in row
 
 
+def test_a_12_layer_model_runs_at_its_own_size():
+  """MPNet (12 layers) takes [random_init.base]: full's sizes with fewer seeds on the tasks
+  whose seeds agreed, so its run fits the hour; MiniLM (6) keeps full's."""
+  assert [ri.scale_of(False, n) for n in (6, 12, 24)] == ["full", "base", "base"]
+  assert ri.scale_of(True, 12) == "smoke"
+  base, full = ri.SIZES["base"], ri.SIZES["full"]
+  assert {k: v for k, v in base.items() if k != "task_seeds"} == {
+    k: v for k, v in full.items() if k != "task_seeds"
+  }
+  assert base["task_seeds"] == {"question": 1, "upos": 1} and full["task_seeds"] is None
+
+
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
   """The smoke run's JSON and verdicts follow its own numbers (run by `test_experiments.py`)."""
   assert doc["smoke"] is True and doc["experiment"] == "random_init"
