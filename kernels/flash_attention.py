@@ -321,7 +321,7 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
       ds = p * (dp - delta_ref[r, q_slice][:, None])
       if dp2c_ref:  # dL/dS = xi * ds, summed into key k's row of P at r(q, k)
         rel = relative_rows(cfg, table[0], q_idx, k_idx)
-        disentangled_grad(cfg, dp2c_ref[0], (k_idx - k_start)[None, :], rel, xi * ds)
+        disentangled_grad(dp2c_ref[0], (k_idx - k_start)[None, :], rel, xi * ds)
       dk = dk + dot(ds, q, trans_a=True)
       return dk, dv
 
@@ -385,7 +385,7 @@ def _dq_kernel(*refs, cfg: KernelConfig):
       dtable = dtable + bias_grad_tile(cfg, xi * ds, q_idx, k_idx)
     if dc2p_ref is not None:  # ... and query q's row of C at r(q, k)
       rel = relative_rows(cfg, table[0], q_idx, k_idx)
-      disentangled_grad(cfg, dc2p_ref, (q_idx - q_start)[:, None], rel, xi * ds)
+      disentangled_grad(dc2p_ref, (q_idx - q_start)[:, None], rel, xi * ds)
     return dq + dot(ds, k), dtable
 
   lo, hi = key_blocks(cfg, q_start, block_q, block_k, length)

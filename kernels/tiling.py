@@ -269,7 +269,7 @@ def disentangled_tile(cfg: KernelConfig, refs, q_idx, k_idx):
   return out
 
 
-def disentangled_grad(cfg: KernelConfig, out_ref, rows, r, ds) -> None:
+def disentangled_grad(out_ref, rows, r, ds) -> None:
   """Adds a tile's `ds = dL/dS` to the position scores' gradient `out_ref` at (rows, r):
   a scatter-add (`jax.ref.addupdate`, atomic adds on Triton) that sums the keys (or
   queries) sharing a relative row, as clipping and log buckets make them."""
