@@ -270,6 +270,8 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
   disentangled = cfg.bias_kind == "disentangled"
   if disentangled:  # one query head per key head: the refs serve the one loop below
     table_ref = take_bias(cfg, refs)
+    if "p2c" in cfg.terms:
+      refs.pop(0)  # the zeros the p2c scores' gradient starts from (aliased to it)
   elif cfg.bias_kind:
     table_ref = refs.pop(0)
   dk_ref, dv_ref, *dp2c_ref = refs  # dp2c: DeBERTa's p2c scores' gradient, this key block
@@ -285,8 +287,6 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
   lo, hi = query_blocks(cfg, k_start, block_k, block_q, length)
   zeros = jnp.zeros((block_k, head_dim), jnp.float32)
   dk_total, dv_total = zeros, zeros
-  if dp2c_ref:
-    dp2c_ref[0][...] = jnp.zeros(dp2c_ref[0].shape, jnp.float32)
 
   for r in range(cfg.groups):  # the query heads of this key/value head
     xi = xi_ref[r]
@@ -345,9 +345,11 @@ def _dq_kernel(*refs, cfg: KernelConfig):
     refs = refs[2:]
   key_ref = refs.pop(0) if cfg.dropout else None
   table = take_bias(cfg, refs)
-  dq_ref = refs.pop(0)
   disentangled = cfg.bias_kind == "disentangled"
   tabled = cfg.bias_kind is not None and not disentangled  # a (heads, entries) table
+  if disentangled and "c2p" in cfg.terms:
+    refs.pop(0)  # the zeros the c2p scores' gradient starts from (aliased to it)
+  dq_ref = refs.pop(0)
   dtable_ref = refs.pop(0) if tabled else None
   dc2p_ref = refs.pop(0) if disentangled and "c2p" in cfg.terms else None
   block_q, head_dim = q_ref.shape
@@ -363,8 +365,6 @@ def _dq_kernel(*refs, cfg: KernelConfig):
   seg_q = segq_ref[...] if cfg.has_segments else None
   row_real = (q_idx < length)[:, None]
   rows = drop.row_hash(key_ref[()], q_idx) if cfg.dropout else None
-  if dc2p_ref is not None:
-    dc2p_ref[...] = jnp.zeros(dc2p_ref.shape, jnp.float32)
 
   def body(j, carry):
     dq, dtable = carry
@@ -460,12 +460,16 @@ def _bwd_dkv(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, key
     dkv_specs.append(group_xi)
   out_specs = [tile_k, tile_k]
   out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  aliases = {}
   if cfg.bias_kind == "disentangled":  # g == 1: the (b, h, i) specs fit this grid
     dkv_args += bias_args(cfg, table)
     dkv_specs += bias_specs(cfg, seq_pad)
-    if "p2c" in cfg.terms:
-      rows = (None, None, bs.block_k_bwd, cfg.rel_width)
-      out_specs.append(pl.BlockSpec(rows, lambda b, h, j: (b, h, j, 0)))
+    if "p2c" in cfg.terms:  # atomic adds into zeros passed in: no store races an add
+      rows = pl.BlockSpec((None, None, bs.block_k_bwd, cfg.rel_width), lambda b, h, j: (b, h, j, 0))
+      aliases = {len(dkv_args): 2}
+      dkv_args.append(jnp.zeros(table[2].shape, jnp.float32))
+      dkv_specs.append(rows)
+      out_specs.append(rows)
       out_shape.append(jax.ShapeDtypeStruct(table[2].shape, jnp.float32))
   elif cfg.bias_kind:
     dkv_args.append(table.reshape(kv_heads, g, -1))
@@ -478,6 +482,7 @@ def _bwd_dkv(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, key
     in_specs=dkv_specs,
     out_specs=out_specs,
     out_shape=out_shape,
+    input_output_aliases=aliases,
     name="bertjax_attention_bwd_dkv",
   )(*dkv_args)
   return dk, dv, (dp2c[0] if dp2c else None)
@@ -507,9 +512,13 @@ def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys
   out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype)]
   extra_args += bias_args(cfg, table)
   dq_specs += bias_specs(cfg, seq_pad)
-  if cfg.bias_kind == "disentangled" and "c2p" in cfg.terms:
-    rows = (None, None, bs.block_q_bwd, cfg.rel_width)
-    out_specs.append(pl.BlockSpec(rows, lambda b, h, i: (b, h, i, 0)))
+  aliases = {}
+  if cfg.bias_kind == "disentangled" and "c2p" in cfg.terms:  # zeros passed in, as dK/dV's
+    rows = pl.BlockSpec((None, None, bs.block_q_bwd, cfg.rel_width), lambda b, h, i: (b, h, i, 0))
+    aliases = {8 + len(seg_args) + len(extra_args): 1}
+    extra_args.append(jnp.zeros(table[1].shape, jnp.float32))
+    dq_specs.append(rows)
+    out_specs.append(rows)
     out_shape.append(jax.ShapeDtypeStruct(table[1].shape, jnp.float32))
   elif cfg.bias_kind and cfg.bias_kind != "disentangled":
     width = table.shape[-1]
@@ -524,6 +533,7 @@ def _bwd_dq(cfg: KernelConfig, q, k, v, dout, lse, delta, lengths, seg, xi, keys
     in_specs=dq_specs,
     out_specs=out_specs,
     out_shape=out_shape,
+    input_output_aliases=aliases,
     name="bertjax_attention_bwd_dq",
   )(q, k, v, dout, lse, delta, lengths, xi, *seg_args, *extra_args)
   if cfg.bias_kind == "disentangled":
