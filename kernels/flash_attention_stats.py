@@ -120,8 +120,10 @@ def attention_statistics_pallas(
 ):
   """Attention output and per-(batch, head) statistics without a T x T map.
 
-  Args: as `flash_attention` (windows, position biases, DeBERTa's terms and grouped heads
-    too), plus
+  Takes what `flash_attention` takes (windows, position biases, DeBERTa's terms and grouped
+  heads too).
+
+  Args: as `flash_attention`, plus
     `special_mask` bool `(batch, seq)` (None: no special keys).
 
   Returns:
