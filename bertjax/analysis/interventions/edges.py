@@ -541,20 +541,18 @@ def edge_attribution(
 # Exact edge patching ------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric", "chunk"))
-def _patch_edges(
-  params, config, clean, corrupted, targets, senders, receivers, weight, *, metric, chunk
-):
-  """metric(clean run with each edge (senders[e] -> receivers[e]) patched): (E,).
-
-  One program for every kind of edge: each patch is gated by the receiver's layer and kind,
-  and the whole model runs per edge (so a single block is compiled)."""
-  g = Graph(config.depth, config.num_attention_heads)
+@functools.partial(jax.jit, static_argnames=("config", "metric"))
+def _edge_inputs(params, config, clean, corrupted, targets, *, metric):
+  """What every edge's patched run starts from: the clean run's input to each block
+  `(L + 1, B, T, H)` (the embeddings, then every block's output), the senders' corrupted -
+  clean differences and the clean run's sigmas."""
   w = stacked_weights(params, config)
-  cb = {**clean, **targets}
-  rows = metric_rows(metric, config, cb)
   x_clean, run = embed_and_run(
-    params, config, clean, capture=("head_out", "ffn_out", "resid_mid", "resid_out")
+    params,
+    config,
+    clean,
+    capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+    output_hidden_states=True,
   )
   x_corr, corr = embed_and_run(params, config, corrupted, capture=("head_out", "ffn_out"))
   deltas = _sender_deltas(
@@ -565,6 +563,25 @@ def _patch_edges(
     w["o"],
   )
   sigma = _sigmas(config, run.cache["resid_mid"], run.cache["resid_out"])
+  states = jnp.concatenate([x_clean[None].astype(run.hidden_states.dtype), run.hidden_states])
+  return states, deltas, sigma
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric", "start", "chunk"))
+def _patch_edges(
+  params, config, clean, targets, inputs, senders, receivers, weight, *, metric, start, chunk
+):
+  """metric(clean run with each edge (senders[e] -> receivers[e]) patched): (E,), for edges
+  whose receiver reads block `start`'s input (`config.depth`: the final state).
+
+  One program per receiving block: the blocks before it run as in the clean run, so each
+  edge's run starts from the clean input of block `start` (`_edge_inputs`); within it, each
+  patch is gated by the receiver's kind."""
+  g = Graph(config.depth, config.num_attention_heads)
+  w = stacked_weights(params, config)
+  cb = {**clean, **targets}
+  rows = metric_rows(metric, config, cb)
+  states, deltas, sigma = inputs
   stage, t_of = jnp.asarray(g.sender_stage), jnp.asarray(g.receiver_stage)
   n = config.num_attention_heads
   w_qkv = jnp.stack([w["q"], w["k"], w["v"]], 1)  # (L, 3, H, N, D)
@@ -578,24 +595,23 @@ def _patch_edges(
       delta = jnp.where(
         (k >= stage[s]) & (k < t), frozen_layer_norm(delta, w["gammas"][k], sigma[k]), delta
       )
-    layer, j = r // (3 * n + 1), r % (3 * n + 1)
-    which = jnp.where(r == g.n_receivers - 1, 4, jnp.where(j == 3 * n, 3, j // n))
+    if start == config.depth:  # the final state, read by the metric
+      out = states[start] + delta.astype(states.dtype)
+      return metric_of(params, config, metric, out, cb, None)
+    j = r % (3 * n + 1)
+    which = jnp.where(j == 3 * n, 3, j // n)
     onehot = (jnp.arange(n) == j % n)[None, None, :, None]
-    proj = (
-      jnp.einsum(
-        "bth,hnd->btnd", delta, w_qkv[jnp.minimum(layer, config.depth - 1), jnp.minimum(which, 2)]
-      )
-      * onehot
-    )
+    proj = jnp.einsum("bth,hnd->btnd", delta, w_qkv[start, jnp.minimum(which, 2)]) * onehot
     patch = {
-      site: functools.partial(add_at_layer, add=proj * (which == i), layer=layer, rows=rows)
+      site: functools.partial(add_at_layer, add=proj * (which == i), layer=start, rows=rows)
       for i, site in enumerate("qkv")
     }
     patch["ffn_in"] = functools.partial(
-      add_at_layer, add=delta * (which == 3), layer=layer, rows=rows
+      add_at_layer, add=delta * (which == 3), layer=start, rows=rows
     )
-    out = run_layers(params, config, x_clean, mask, patch=patch, final_rows=rows).last
-    out = out + (delta * (which == 4)).astype(out.dtype)
+    out = run_layers(
+      params, config, states[start], mask, start=start, patch=patch, final_rows=rows
+    ).last
     return metric_of(params, config, metric, out, cb, None)
 
   return jax.lax.map(one, (senders, receivers), batch_size=chunk)
@@ -654,8 +670,11 @@ def edge_patching(
   carried through the LayerNorms between them (module docstring), one LayerNorm at a time;
   the value is `metric(patched) - metric(clean)`, the quantity `edge_attribution`
   estimates. Every patch is a function patch of a site (`q`, `k`, `v` through the
-  receiver's slice of the projection, which is linear in its input; `ffn_in`), gated by the
-  receiver's layer, so one compiled program serves every edge.
+  receiver's slice of the projection, which is linear in its input; `ffn_in`). The blocks
+  before the receiver's are the clean run's, so each edge's run starts at the receiver's
+  block from the clean run's input to it: one compiled program per receiving block, with
+  the patch gated by the receiver's kind (on all-MiniLM-L6-v2 this takes 60% of the time
+  a full run per edge took).
 
   Args:
     params, config, clean, corrupted, metric, targets: as `edge_attribution`.
@@ -675,19 +694,24 @@ def edge_patching(
   s, r = np.nonzero(mask)
   clean_m, corr_m = metric_baselines(params, config, src, dst, targets, metric)
   if s.size:
-    got = _patch_edges(
-      params,
-      config,
-      src,
-      dst,
-      targets,
-      jnp.asarray(s),
-      jnp.asarray(r),
-      jnp.asarray(weight),
-      metric=metric,
-      chunk=chunk_size,
-    )
-    values[s, r] = np.asarray(got, np.float64) - clean_m
+    inputs = _edge_inputs(params, config, src, dst, targets, metric=metric)
+    block = np.minimum(r // (3 * config.num_attention_heads + 1), config.depth)
+    for start in np.unique(block):  # the receiver's block: the ones before it run clean
+      e = block == start
+      got = _patch_edges(
+        params,
+        config,
+        src,
+        targets,
+        inputs,
+        jnp.asarray(s[e]),
+        jnp.asarray(r[e]),
+        jnp.asarray(weight),
+        metric=metric,
+        start=int(start),
+        chunk=chunk_size,
+      )
+      values[s[e], r[e]] = np.asarray(got, np.float64) - clean_m
   return EdgeScores(g, values, clean_m, corr_m, "exact")
 
 
