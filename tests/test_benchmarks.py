@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -204,3 +206,46 @@ def test_a_bad_count_is_a_usage_error(option, said):
     check=False,
   )
   assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
+  """`bench_edges.product_flops` (the floor its table prints) against XLA's own count of the
+  lowered programs at BERT-base 8 x 128: an unrolled forward pass and EAP's clean run with
+  its gradient (`edges._gradients`). XLA also counts the elementwise work and the MLM head,
+  so its count may only be a little higher."""
+  monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+  import bench_edges
+  from bench_tl import make_inputs
+
+  import bertjax
+  from bertjax.analysis.interventions import edges, metrics
+  from bertjax.model.forward import embed, run_layers
+
+  config = bertjax.BertConfig(vocab_size=30522, **bench_edges.BERT_BASE)
+  params = jax.eval_shape(lambda: bertjax.init(config, 0, heads=("mlm",)))
+  inputs = make_inputs(8, 128)
+  batch = {
+    "input_ids": jnp.asarray(inputs["clean"]),
+    "attention_mask": jnp.asarray(inputs["mask"]),
+    "token_type_ids": jnp.zeros((8, 128), jnp.int32),
+  }
+  batch.update({k: jnp.asarray(inputs[k]) for k in ("position", "answer", "distractor")})
+  metric = metrics.LogitDiff("mlm")
+
+  def forward(p, b):
+    x = embed(p, config, b["input_ids"], b["token_type_ids"])
+    return run_layers(p, config, x, b["attention_mask"], unroll=True).last
+
+  def gradient_pass(p, b):
+    x = embed(p, config, b["input_ids"], b["token_type_ids"])
+    rows = metrics.metric_rows(metric, config, b)
+    return edges._gradients(p, config, b, metric, x, rows)[:2]
+
+  ours = bench_edges.product_flops(config, 8, 128)
+  for name, fn in (("forward", forward), ("gradient_pass", gradient_pass)):
+    cost = jax.jit(fn).lower(params, batch).cost_analysis()
+    xla = (cost if isinstance(cost, dict) else cost[0])["flops"]
+    assert 1.0 <= xla / ours[name] < 1.01, (name, xla, ours[name])
+  # The floors the benchmark's docstring and the manual quote.
+  assert round(ours["eap"] / ours["forward"], 2) == 3.41
+  assert round(ours["eap_ig_5"] / ours["forward"], 2) == 10.87
