@@ -592,8 +592,9 @@ def from_json(x: Any) -> Any:
   so a script's `findings(results, settings)` computes the same from the file as in the run."""
   if isinstance(x, dict):
     return {k: from_json(v) for k, v in x.items()}
-  if isinstance(x, list):
-    return [from_json(v) for v in x]
+  if isinstance(x, list):  # leaves inline: the Findings' bootstraps convert results 1000s of times
+    nan = float("nan")
+    return [from_json(v) if isinstance(v, (dict, list)) else nan if v is None else v for v in x]
   return float("nan") if x is None else x
 
 
