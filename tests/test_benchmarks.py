@@ -47,17 +47,14 @@ def test_gpu_ablation_benchmark_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_mfu_benchmark_smoke(tmp_path):
+  """The XLA variant's options (test_gpu_suite_smoke runs the fused kernel's variants)."""
   out = _run(
-    "bench_train_step.py",
-    "--mfu",
-    "--smoke",
-    "--variants",
-    "pallas:threefry:4,xla:unsafe_rbg:4:nodrop:unroll2",
+    "bench_train_step.py", "--mfu", "--smoke", "--variants", "xla:unsafe_rbg:4:nodrop:unroll2"
   )
   doc = json.loads(out[out.index("{") :])
   rows = doc["variants"]
-  assert [r["variant"] for r in rows] == ["pallas:threefry:4", "xla:unsafe_rbg:4:nodrop:unroll2"]
-  assert rows[1]["scan_unroll"] == 2 and rows[1]["hidden_dropout"] == 0.0
+  assert [r["variant"] for r in rows] == ["xla:unsafe_rbg:4:nodrop:unroll2"]
+  assert rows[0]["scan_unroll"] == 2 and rows[0]["hidden_dropout"] == 0.0
   for r in rows:
     assert 0 < r["mfu"] < 1
     np.testing.assert_allclose(r["model_tflops"], r["model_tflop_per_step"] / r["median_step_s"])
@@ -186,6 +183,10 @@ def test_gpu_suite_smoke(tmp_path):
     "mfu_modernbert_base",
   ):
     assert f"== {step}" in proc.stdout and (tmp_path / f"{step}.log").is_file()
+  for step in ("mfu_bert_base", "mfu_modernbert_base"):  # the fused kernel's MFU variants
+    log = (tmp_path / f"{step}.log").read_text()
+    doc = json.loads(log[log.index("{") :])
+    assert all(0 < r["mfu"] < 1 for r in doc["variants"]) and len(doc["variants"]) == 2, step
   window = json.loads(next(tmp_path.glob("attention_window128_*_smoke.json")).read_text())
   assert window["window"] == 128 and {r["impl"] for r in window["rows"]} >= {"bertjax_pallas"}
   deberta = json.loads(next(tmp_path.glob("attention_deberta_*_smoke.json")).read_text())
