@@ -264,7 +264,7 @@ def _rerun(what: str) -> Uncertainty:
 
 def _attribution(doc: dict) -> list[Uncertainty]:
   """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
-  r, s, mod = doc["results"], doc["settings"], module("attribution")
+  r, s, mod = common.from_json(doc["results"]), doc["settings"], module("attribution")
   names = list(r["ranks"])
   ranks = np.asarray([r["ranks"][k] for k in names], float).T  # (sentences, methods)
   mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing")]
@@ -274,7 +274,7 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     stats_ = {
       k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
     }
-    return mod.findings({**r, "stats": stats_}, s)
+    return mod.rows({**r, "stats": stats_}, s)
 
   def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
     mrr = (1 / rr).mean(1)  # best attention-weight method's
@@ -291,7 +291,7 @@ def _attribution(doc: dict) -> list[Uncertainty]:
 
   def with_pearson(x, y):
     agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
-    return mod.findings({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
+    return mod.rows({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
 
   lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
   second = Uncertainty(
@@ -389,7 +389,7 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
 
 def _sixteen_heads(doc: dict) -> list[Uncertainty]:
   """The speed rounds (interleaved, paired by round); the per-head tests of the first row."""
-  r, s, mod = doc["results"], doc["settings"], module("sixteen_heads")
+  r, s, mod = common.from_json(doc["results"]), doc["settings"], module("sixteen_heads")
   sp = r["speed"]
   names = ["unpruned"] + [f"pruned_{f:.1f}" for f in sp["targets"]]  # as pruned_speedups names them
   times = np.asarray([sp["times"][k]["times_s"] for k in names], float).T  # (rounds, models)
@@ -400,7 +400,7 @@ def _sixteen_heads(doc: dict) -> list[Uncertainty]:
 
   def holds(t):
     med = np.median(t, 0)
-    return mod.findings({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
+    return mod.rows({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
 
   cis = _ci(times, speedups, "{:.2f}x")
   n = r["ablation"]["num_test"]

@@ -52,7 +52,12 @@ def findings(r: dict, s: dict) -> list[dict]:
   rollout); the second's, attribution with exact patching; the third's (where the results
   have them), the whole-model decompositions (DecompX, AttnLRP) with every other method.
   """
-  r = common.from_json(r)
+  return rows(common.from_json(r), s)
+
+
+def rows(r: dict, s: dict) -> list[dict]:
+  """`findings` on results already read back (`common.from_json`); the Findings' bootstrap
+  intervals call it once per resample."""
   name, stats = r["model"], r["stats"]
   mixing = {k: stats[k]["mrr"] for k in ("norm", "globenc", "alti", "value_zeroing") if k in stats}
   weights = {k: stats[k]["mrr"] for k in ("attention", "rollout") if k in stats}

@@ -162,7 +162,12 @@ def findings(r: dict, s: dict) -> list[dict]:
   Michel et al.'s setting (a fixed probe on a frozen encoder, a small held-out set, a task the
   embeddings already solve).
   """
-  r = common.from_json(r)
+  return rows(common.from_json(r), s)
+
+
+def rows(r: dict, s: dict) -> list[dict]:
+  """`findings` on results already read back (`common.from_json`); the Findings' bootstrap
+  intervals call it once per resample."""
   ab, pr = r["ablation"], r["pruning"]
   layer_acc = np.asarray(r["task"]["probe_accuracy_by_layer"])
   lower = int(np.argmax(layer_acc[:-1]))
