@@ -274,7 +274,7 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     stats_ = {
       k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
     }
-    return mod.rows({**r, "stats": stats_}, s)
+    return mod.rows_of({**r, "stats": stats_}, s)
 
   def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
     mrr = (1 / rr).mean(1)  # best attention-weight method's
@@ -291,7 +291,7 @@ def _attribution(doc: dict) -> list[Uncertainty]:
 
   def with_pearson(x, y):
     agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
-    return mod.rows({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
+    return mod.rows_of({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
 
   lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
   second = Uncertainty(
@@ -400,7 +400,7 @@ def _sixteen_heads(doc: dict) -> list[Uncertainty]:
 
   def holds(t):
     med = np.median(t, 0)
-    return mod.rows({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
+    return mod.rows_of({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
 
   cis = _ci(times, speedups, "{:.2f}x")
   n = r["ablation"]["num_test"]

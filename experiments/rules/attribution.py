@@ -52,10 +52,10 @@ def findings(r: dict, s: dict) -> list[dict]:
   rollout); the second's, attribution with exact patching; the third's (where the results
   have them), the whole-model decompositions (DecompX, AttnLRP) with every other method.
   """
-  return rows(common.from_json(r), s)
+  return rows_of(common.from_json(r), s)
 
 
-def rows(r: dict, s: dict) -> list[dict]:
+def rows_of(r: dict, s: dict) -> list[dict]:
   """`findings` on results already read back (`common.from_json`); the Findings' bootstrap
   intervals call it once per resample."""
   name, stats = r["model"], r["stats"]

@@ -162,10 +162,10 @@ def findings(r: dict, s: dict) -> list[dict]:
   Michel et al.'s setting (a fixed probe on a frozen encoder, a small held-out set, a task the
   embeddings already solve).
   """
-  return rows(common.from_json(r), s)
+  return rows_of(common.from_json(r), s)
 
 
-def rows(r: dict, s: dict) -> list[dict]:
+def rows_of(r: dict, s: dict) -> list[dict]:
   """`findings` on results already read back (`common.from_json`); the Findings' bootstrap
   intervals call it once per resample."""
   ab, pr = r["ablation"], r["pruning"]
