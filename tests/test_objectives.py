@@ -84,6 +84,9 @@ def _batch(objective, seed=0, b=4, t=16, p=4, vocab=97):
 # as the family's row says), every metric again kept its bits and two gradient norms moved
 # by one ulp (ALBERT sop k=1: 0x1.35c868p+1 -> 0x1.35c866p+1; BERT MLM-only k=1:
 # 0x1.58d710p+1 -> 0x1.58d712p+1); those two are re-recorded.
+# Four of the six recorded cases are kept (each compiles for ~13 s under XLA's default
+# options): every objective, accumulation 1 and 2, deterministic and not; BERT NSP with 2
+# steps and BERT MLM-only with 1 step were dropped.
 BEFORE = {
   ("bert", "nsp", 1, True): (
     {
@@ -93,15 +96,6 @@ BEFORE = {
       "nsp_loss": "0x1.61ccbe0000000p-1",
     },
     "0x1.5a1b240000000p+1",
-  ),
-  ("bert", "nsp", 2, False): (
-    {
-      "loss": "0x1.53c7d00000000p+2",
-      "mlm_loss": "0x1.2781480000000p+2",
-      "nsp_accuracy": "0x1.0000000000000p-1",
-      "nsp_loss": "0x1.6234340000000p-1",
-    },
-    "0x1.512ec00000000p+1",
   ),
   ("albert", "sop", 1, True): (
     {
@@ -120,10 +114,6 @@ BEFORE = {
       "sop_loss": "0x1.649cca0000000p-1",
     },
     "0x1.3590bc0000000p+1",
-  ),
-  ("bert", "none", 1, True): (
-    {"loss": "0x1.2702140000000p+2", "mlm_loss": "0x1.2702140000000p+2"},
-    "0x1.58d7120000000p+1",
   ),
   ("bert", "none", 2, False): (
     {"loss": "0x1.2781480000000p+2", "mlm_loss": "0x1.2781480000000p+2"},
@@ -182,7 +172,7 @@ def check_bitwise_as_before(key):
     assert float(metrics[name]).hex() == value, name
   # The gradient's norm, within one float32 ulp: XLA:CPU's backward code depends on the ISA.
   # BEFORE was recorded on an Intel Sapphire Rapids; on an AMD Zen 4 two cases (albert/sop/1
-  # and bert/none/1) land one ulp away, while every metric keeps its bits on both.
+  # and bert/none/1, since dropped) land one ulp away, while every metric keeps its bits.
   assert _ulps(optax.global_norm(grads), grad_norm) <= 1, (key, grad_norm)
   # The same objectives given as components (with a weight of 1) give the same bits.
   comps = (O.MaskedLM(),) + ((O.SentencePair(objective),) if objective != "none" else ())
