@@ -541,8 +541,8 @@ def edge_attribution(
 # Exact edge patching ------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric"))
-def _edge_inputs(params, config, clean, corrupted, targets, *, metric):
+@functools.partial(jax.jit, static_argnames=("config",))
+def _edge_inputs(params, config, clean, corrupted):
   """What every edge's patched run starts from: the clean run's input to each block
   `(L + 1, B, T, H)` (the embeddings, then every block's output), the senders' corrupted -
   clean differences and the clean run's sigmas."""
@@ -694,7 +694,7 @@ def edge_patching(
   s, r = np.nonzero(mask)
   clean_m, corr_m = metric_baselines(params, config, src, dst, targets, metric)
   if s.size:
-    inputs = _edge_inputs(params, config, src, dst, targets, metric=metric)
+    inputs = _edge_inputs(params, config, src, dst)
     block = np.minimum(r // (3 * config.num_attention_heads + 1), config.depth)
     for start in np.unique(block):  # the receiver's block: the ones before it run clean
       e = block == start
