@@ -169,8 +169,7 @@ case "$cmd" in
     setup
     cd "$HERE"
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-    # loadgroup: the tests sharing a slow module fixture run on one worker (tests/conftest.py)
-    exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
+    exec "$PY" -m pytest -q -n "${BERTJAX_TEST_WORKERS:-2}" "$@" ;;
   demo) setup; exec "$PY" -m bertjax.cli report "$@" ;;
   bench) run_script benchmarks Benchmarks benchmark bench "$@" ;;
   experiment) run_script experiments Experiments experiment experiment "$@" ;;

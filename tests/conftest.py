@@ -69,28 +69,11 @@ def _bounded_compiled_programs():
     utils.release_compiled_programs()
 
 
-# Module fixtures that take a minute or more, each shared by several tests. `./run.sh test`
-# runs pytest-xdist with `--dist loadgroup`, and these tests are grouped per fixture, so one
-# worker builds each fixture once. Plain load distribution could split the tests between the
-# workers: in one CI run, both workers built `minilm_report`, a 95 s setup each.
-SHARED_SLOW_FIXTURES = {
-  "test_report.py": "minilm_report",
-  "test_docs.py": "site",
-  "test_sharded_patching.py": "report",
-  "test_sharded_analyses.py": "mesh_report",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-  """Marks `data` every test that needs the real data sets (`data_dir` among its fixtures),
-  and groups the tests of each of `SHARED_SLOW_FIXTURES` on one xdist worker."""
+  """Marks `data` every test that needs the real data sets (`data_dir` among its fixtures)."""
   for item in items:
-    names = getattr(item, "fixturenames", ())
-    if "data_dir" in names:
+    if "data_dir" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.data)
-    shared = SHARED_SLOW_FIXTURES.get(item.path.name)
-    if shared in names:
-      item.add_marker(pytest.mark.xdist_group(f"{item.path.name}::{shared}"))
 
 
 @pytest.fixture(scope="session")
