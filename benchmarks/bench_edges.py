@@ -85,8 +85,12 @@ def product_flops(config, batch: int, seq: int, *, steps: int = 5, rows: int = 1
   }
 
 
+def _config(args) -> bertjax.BertConfig:
+  return bertjax.BertConfig(vocab_size=30522, **(SMOKE if args.smoke else BERT_BASE))
+
+
 def _tasks(args) -> dict:
-  config = bertjax.BertConfig(vocab_size=30522, **(SMOKE if args.smoke else BERT_BASE))
+  config = _config(args)
   params = bertjax.init(config, 0, heads=("mlm",))
   inputs = make_inputs(args.batch, args.seq)
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
@@ -191,8 +195,7 @@ def main(argv=None) -> int:
     "rounds": args.rounds,
     "results": measure(args),
   }
-  config = bertjax.BertConfig(vocab_size=30522, **(SMOKE if args.smoke else BERT_BASE))
-  flops = product_flops(config, args.batch, args.seq)
+  flops = product_flops(_config(args), args.batch, args.seq)
   report["gflop"] = {k: v / 1e9 for k, v in flops.items()}
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "edges_cpu" + ("_smoke" if args.smoke else "")
