@@ -346,6 +346,21 @@ def test_pruning_topn_and_greedy_on_hand_examples():
   assert scores.top(2)[0] == ("input->a0.h0<q>", 5.0)
 
 
+def test_token_chunked_score_products_equal_one_einsum():
+  assert edges._token_chunk(1024, 768) == 16
+  assert edges._token_chunk(37, 768) == 1 and edges._token_chunk(37, 32) == 37
+  rng = np.random.default_rng(0)
+  x, dim, tok = rng.normal(size=(5, 12, 2000)), rng.normal(size=(5, 2000)), rng.normal(size=(5, 12))
+  ys = (rng.normal(size=(7, 12, 2000)), rng.normal(size=(2, 12, 2000)))
+  assert edges._token_chunk(12, 2000) == 6  # two chunks
+  got = jax.jit(edges._token_products)(
+    *map(jnp.asarray, (x, dim, tok)), tuple(map(jnp.asarray, ys))
+  )
+  for g, y in zip(got, ys):
+    want = np.einsum("sth,sh,st,rth->sr", x, dim, tok, y)
+    np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-3)
+
+
 def test_families_outside_the_derivation_are_refused_by_name():
   modern = bertjax.BertConfig.preset(
     "modernbert-base",
