@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax.analysis.interventions import circuits, edges, metrics
+from bertjax.analysis.interventions import circuits, edge_scores, edges, metrics
 from tests.reference_numpy import gelu, layer_norm
 
 B, T = 3, 7
@@ -347,13 +347,13 @@ def test_pruning_topn_and_greedy_on_hand_examples():
 
 
 def test_token_chunked_score_products_equal_one_einsum():
-  assert edges._token_chunk(1024, 768) == 16
-  assert edges._token_chunk(37, 768) == 1 and edges._token_chunk(37, 32) == 37
+  assert edge_scores.token_chunk(1024, 768) == 16
+  assert edge_scores.token_chunk(37, 768) == 1 and edge_scores.token_chunk(37, 32) == 37
   rng = np.random.default_rng(0)
   x, dim, tok = rng.normal(size=(5, 12, 2000)), rng.normal(size=(5, 2000)), rng.normal(size=(5, 12))
   ys = (rng.normal(size=(7, 12, 2000)), rng.normal(size=(2, 12, 2000)))
-  assert edges._token_chunk(12, 2000) == 6  # two chunks
-  got = jax.jit(edges._token_products)(
+  assert edge_scores.token_chunk(12, 2000) == 6  # two chunks
+  got = jax.jit(edge_scores.token_products)(
     *map(jnp.asarray, (x, dim, tok)), tuple(map(jnp.asarray, ys))
   )
   for g, y in zip(got, ys):
