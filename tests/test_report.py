@@ -1,5 +1,6 @@
 """The main job: `bertjax report` in reduced mode, on MiniLM and on random-weight checkpoints."""
 
+import fcntl
 import functools
 import http.server
 import json
@@ -156,10 +157,8 @@ def _check_consistency(r: dict) -> None:
   assert r["timing"]["total_seconds"] >= sum(stages.values()) - 1e-3
 
 
-@pytest.fixture(scope="module")
-def minilm_report(minilm_dir, tmp_path_factory):
-  """`bertjax report --reduced` as a user runs it: a subprocess in a fresh directory."""
-  cwd = tmp_path_factory.mktemp("user")
+def _build_report(minilm_dir, cwd: pathlib.Path) -> pathlib.Path:
+  """`bertjax report --reduced` as a user runs it: a subprocess in the fresh directory `cwd`."""
   env = dict(
     os.environ,
     JAX_PLATFORMS="cpu",
@@ -177,9 +176,32 @@ def minilm_report(minilm_dir, tmp_path_factory):
     check=False,
   )
   assert proc.returncode == 0, proc.stderr[-4000:]
-  out = cwd / "report"
   assert f"report: {pathlib.Path('report') / 'index.html'}" in proc.stdout
   assert "[report" in proc.stdout  # progress lines
+  return cwd / "report"
+
+
+@pytest.fixture(scope="module")
+def minilm_report(minilm_dir, tmp_path_factory):
+  """The reduced report on MiniLM, built once per test session: under pytest-xdist the first
+  worker to ask builds it in the session's shared temporary directory while the others wait
+  on a lock, then read it."""
+  if "PYTEST_XDIST_WORKER" not in os.environ:
+    out = _build_report(minilm_dir, tmp_path_factory.mktemp("user"))
+  else:
+    shared = tmp_path_factory.getbasetemp().parent  # the session's, above every worker's
+    cwd, done = shared / "minilm-report", shared / "minilm-report.done"
+    with open(shared / "minilm-report.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      try:
+        if not done.exists():
+          shutil.rmtree(cwd, ignore_errors=True)  # a failed build's leftovers
+          cwd.mkdir()
+          _build_report(minilm_dir, cwd)
+          done.touch()
+      finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out = cwd / "report"
   return out, json.loads((out / "report.json").read_text())
 
 
