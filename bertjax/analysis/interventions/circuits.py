@@ -25,7 +25,6 @@ from bertjax.analysis.interventions.edges import (
   Graph,
   Params,
   add_at_layer,
-  embed_and_run,
   frozen_layer_norm,
   graph,
   layer_norm_scale,
@@ -33,7 +32,7 @@ from bertjax.analysis.interventions.edges import (
   stacked_weights,
 )
 from bertjax.analysis.interventions.metrics import Metric
-from bertjax.analysis.interventions.patching import checked_pair, metric_of
+from bertjax.analysis.interventions.patching import checked_pair, metric_of, sweep_forward
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import embed, run_layers
 from bertjax.model.layers import accum_dtype
@@ -113,7 +112,7 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
   cb = {**clean, **targets}
   mask = clean["attention_mask"]
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
-  x_corr, corr = embed_and_run(params, config, corrupted, capture=("head_out", "ffn_out"))
+  x_corr, corr = sweep_forward(params, config, corrupted, capture=("head_out", "ffn_out"))
   acc = accum_dtype(config)
   valid = jnp.asarray(g.valid, acc)
   eps = config.layer_norm_eps

@@ -64,7 +64,7 @@ import numpy as np
 
 from bertjax.analysis.interventions.edge_scores import score_matrix
 from bertjax.analysis.interventions.metrics import Metric, metric_rows
-from bertjax.analysis.interventions.patching import checked_pair, metric_of
+from bertjax.analysis.interventions.patching import checked_pair, metric_of, sweep_forward
 from bertjax.model.config import BertConfig
 from bertjax.model.families import FAMILIES
 from bertjax.model.forward import embed, run_layers
@@ -313,13 +313,6 @@ def _sender_deltas(config, d_emb, d_head_out, d_ffn, wo):
   )
 
 
-def embed_and_run(params, config, batch, x=None, **kwargs):
-  """The embeddings (or `x`) and `run_layers` on a checked batch."""
-  if x is None:
-    x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
-  return x, run_layers(params, config, x, batch["attention_mask"], **kwargs)
-
-
 def _adder(deltas, rows):
   """A function patch adding `deltas[layer]` (full length; read at `rows` where a block runs
   at some rows only) to a site, in an unrolled run (`layer` a Python int)."""
@@ -353,11 +346,11 @@ def _gradients(params, config, batch, metric, x, rows):
 
   def f(eps):
     fns = {s: _adder(eps[s], rows) for s in ("q", "k", "v", "ffn_in")}
-    _, run = embed_and_run(
+    run = run_layers(
       params,
       config,
-      batch,
       x,
+      batch["attention_mask"],
       patch=fns,
       final_rows=rows,
       unroll=True,
@@ -380,11 +373,11 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
   x_corr = embed(params, config, corrupted["input_ids"], corrupted["token_type_ids"])
   if method == "eap":
-    _, corr = embed_and_run(
+    corr = run_layers(
       params,
       config,
-      corrupted,
       x_corr,
+      corrupted["attention_mask"],
       capture=("head_out", "ffn_out"),
       final_rows=metric_rows(metric, config, xb),
     )
@@ -401,11 +394,11 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
 
     grads, _ = jax.lax.scan(step, grads, jnp.arange(1, steps, dtype=x_clean.dtype))
     grads = jax.tree.map(lambda a: a / steps, grads)
-    _, run = embed_and_run(
+    run = run_layers(
       params,
       config,
-      clean,
       x_clean,
+      clean["attention_mask"],
       final_rows=rows,
       capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
     )
@@ -485,14 +478,14 @@ def _edge_inputs(params, config, clean, corrupted):
   `(L + 1, B, T, H)` (the embeddings, then every block's output), the senders' corrupted -
   clean differences and the clean run's sigmas."""
   w = stacked_weights(params, config)
-  x_clean, run = embed_and_run(
+  x_clean, run = sweep_forward(
     params,
     config,
     clean,
     capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
     output_hidden_states=True,
   )
-  x_corr, corr = embed_and_run(params, config, corrupted, capture=("head_out", "ffn_out"))
+  x_corr, corr = sweep_forward(params, config, corrupted, capture=("head_out", "ffn_out"))
   deltas = _sender_deltas(
     config,
     x_corr - x_clean,
@@ -658,7 +651,7 @@ def _baseline_metrics(params, config, clean, corrupted, targets, *, metric):
   out = []
   for batch in (clean, corrupted):
     b = {**batch, **targets}
-    _, run = embed_and_run(params, config, batch, final_rows=metric_rows(metric, config, b))
+    _, run = sweep_forward(params, config, batch, final_rows=metric_rows(metric, config, b))
     out.append(metric_of(params, config, metric, run.last, b, None))
   return out
 
