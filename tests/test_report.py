@@ -157,7 +157,7 @@ def _check_consistency(r: dict) -> None:
   assert r["timing"]["total_seconds"] >= sum(stages.values()) - 1e-3
 
 
-def _build_report(minilm_dir, cwd: pathlib.Path) -> pathlib.Path:
+def _build_report(cwd: pathlib.Path) -> pathlib.Path:
   """`bertjax report --reduced` as a user runs it: a subprocess in the fresh directory `cwd`."""
   env = dict(
     os.environ,
@@ -187,7 +187,7 @@ def minilm_report(minilm_dir, tmp_path_factory):
   worker to ask builds it in the session's shared temporary directory while the others wait
   on a lock, then read it."""
   if "PYTEST_XDIST_WORKER" not in os.environ:
-    out = _build_report(minilm_dir, tmp_path_factory.mktemp("user"))
+    out = _build_report(tmp_path_factory.mktemp("user"))
   else:
     shared = tmp_path_factory.getbasetemp().parent  # the session's, above every worker's
     cwd, done = shared / "minilm-report", shared / "minilm-report.done"
@@ -197,7 +197,7 @@ def minilm_report(minilm_dir, tmp_path_factory):
         if not done.exists():
           shutil.rmtree(cwd, ignore_errors=True)  # a failed build's leftovers
           cwd.mkdir()
-          _build_report(minilm_dir, cwd)
+          _build_report(cwd)
           done.touch()
       finally:
         fcntl.flock(lock, fcntl.LOCK_UN)
