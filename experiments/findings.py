@@ -335,7 +335,43 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
       ),
     ),
   )
-  return [first, _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")]
+  return [first, _circuit_share(r, mod)]
+
+
+def _circuit_share(r: dict, mod) -> Uncertainty:
+  """The smallest faithful circuit's share of the edges, over resampled pairs: each circuit's
+  normalised metric is recomputed from its per-pair values on each resample."""
+  from bertjax.analysis.interventions.circuits import smallest_faithful
+
+  faith = r["faithfulness"]
+  if any(f.get("rows") is None for f in faith.values()):
+    return _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")
+  names, total = list(faith), r["graph"]["edges"]
+  rows = faith[names[0]]["rows"]
+  items = [np.asarray(rows[k], float) for k in ("clean", "corrupted")]
+  items += [np.asarray(faith[m]["rows"]["metric"], float).T for m in names]  # (pairs, circuits)
+
+  def share(clean, corrupted, *metrics):  # one resample of the pairs
+    c, x = clean.mean(), corrupted.mean()
+    kept = [
+      smallest_faithful(
+        {"edges": faith[m]["edges"], "normalized": (v.mean(0) - x) / (c - x)}, mod.FAITHFUL
+      )
+      for m, v in zip(names, metrics)
+    ]
+    kept = [k for k in kept if k is not None]
+    return min(kept) / total if kept else None
+
+  def verdict(*a):
+    return mod.CIRCUIT.verdict({mod.SHARE: share(*a)})
+
+  # No faithful circuit among those asked counts as the whole graph (a share of 1).
+  lo, hi = stats.bootstrap_ci(tuple(items), lambda *a: share(*a) or 1.0, n_resamples=RESAMPLES)
+  return Uncertainty(
+    f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
+    f"edges [{lo:.1%}, {hi:.1%}]",
+    _span(tuple(items), verdict),
+  )
 
 
 def _outlier_dimensions(doc: dict) -> list[Uncertainty]:

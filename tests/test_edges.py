@@ -282,6 +282,44 @@ def test_circuit_without_one_edge_is_its_exact_patch(bert):
   np.testing.assert_allclose(res["corrupted"], bert["exact"].corrupted)
 
 
+def test_circuit_metric_per_row_is_each_row_run_alone(bert):
+  """Each pair's circuit metric (what the Findings resample) is the circuit run on that pair
+  alone, and the pairs' mean is the batch's metric; `faithfulness` keeps them."""
+  g = bert["eap"].graph
+  masks = np.stack([circuits.top_k_circuit(bert["eap"], k) for k in (10, 60)])
+  rows = bert["run"](circuits.circuit_metric, circuits=masks, per_row=True)
+  assert rows.shape == (2, bert["clean"]["input_ids"].shape[0])
+  np.testing.assert_allclose(
+    rows.mean(1), bert["run"](circuits.circuit_metric, circuits=masks), atol=1e-12
+  )
+  for i in range(rows.shape[1]):
+    one = lambda b, i=i: {k: np.asarray(v)[i : i + 1] for k, v in b.items()}
+    alone = circuits.circuit_metric(
+      bert["params"],
+      bert["config"],
+      one(bert["clean"]),
+      one(bert["corrupted"]),
+      PROBE,
+      masks,
+      targets=one(LABELS),
+    )
+    np.testing.assert_allclose(rows[:, i], alone, atol=1e-12, err_msg=f"row {i}")
+  res = bert["run"](circuits.faithfulness, scores=bert["eap"], sizes=[10, 60, int(g.valid.sum())])
+  np.testing.assert_allclose(res["rows"]["metric"][:2], rows, atol=1e-12)
+  np.testing.assert_allclose(np.mean(res["rows"]["metric"], 1), res["metric"], atol=1e-12)
+  np.testing.assert_allclose(np.mean(res["rows"]["clean"]), bert["exact"].clean, atol=1e-10)
+  with pytest.raises(ValueError, match="not a mean over the batch's rows"):
+    circuits.circuit_metric(
+      bert["params"],
+      bert["config"],
+      bert["clean"],
+      bert["corrupted"],
+      lambda params, config, out, batch: out.last_hidden_state.sum(),
+      masks,
+      per_row=True,
+    )
+
+
 def test_discover_is_the_pieces_it_runs(bert):
   """`circuits.discover`: its scores are `edge_attribution`'s, its exact sample is
   `edge_patching`'s on a seeded set of edges, its agreement is computed on that sample, and its

@@ -10,6 +10,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
+import findings
 from rules import negation_circuit as rules
 
 from bertjax.analysis.interventions import circuits
@@ -53,6 +54,13 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   assert len(r["faithfulness"]["topk"]["normalized"]) == len(doc["settings"]["sizes"])
   # The full graph is the full model: every edge kept restores the clean logit difference.
   assert r["faithfulness"]["topk"]["normalized"][-1] == pytest.approx(1.0, abs=1e-3)
+  # Each pair's circuit metric is kept, so the Findings resample the pairs.
+  top = r["faithfulness"]["topk"]
+  per_pair = np.asarray(top["rows"]["metric"])
+  assert per_pair.shape == (len(top["sizes"]), r["pairs"])
+  np.testing.assert_allclose(per_pair.mean(1), top["metric"], rtol=1e-6)
+  u = findings.uncertainty(doc)[1]
+  assert u.text.startswith(f"95% CI over the {r['pairs']} pairs: the smallest faithful") and u.span
   assert (out / "negation_circuit_circuit.png").stat().st_size > 10_000
 
 

@@ -32,7 +32,12 @@ from bertjax.analysis.interventions.edges import (
   stacked_weights,
 )
 from bertjax.analysis.interventions.metrics import Metric
-from bertjax.analysis.interventions.patching import checked_pair, metric_of, sweep_forward
+from bertjax.analysis.interventions.patching import (
+  checked_pair,
+  metric_of,
+  row_values,
+  sweep_forward,
+)
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import embed, run_layers
 from bertjax.model.layers import accum_dtype
@@ -103,9 +108,10 @@ def greedy_circuit(scores: EdgeScores, k: int, *, absolute: bool = True) -> np.n
   return prune(g, mask)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric", "chunk"))
-def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, chunk):
-  """metric with every edge outside each circuit (C, n_s, n_r) patched: (C,)."""
+@functools.partial(jax.jit, static_argnames=("config", "metric", "chunk", "per_row"))
+def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, chunk, per_row):
+  """metric with every edge outside each circuit (C, n_s, n_r) patched: (C,), or each row's
+  value (C, B) with `per_row`."""
   g = Graph(config.depth, config.num_attention_heads)
   w = stacked_weights(params, config)
   depth, n = config.depth, config.num_attention_heads
@@ -175,6 +181,8 @@ def _circuits(params, config, clean, corrupted, targets, circuits, *, metric, ch
       )
       x = second.last
     last = x + jnp.einsum("sbth,s->bth", carried, out_w[:, -1]).astype(x.dtype)
+    if per_row:
+      return row_values(params, config, metric, last, cb)
     return metric_of(params, config, metric, last, cb, None)
 
   return jax.lax.map(one, circuits, batch_size=chunk)
@@ -190,6 +198,7 @@ def circuit_metric(
   *,
   targets: Mapping | None = None,
   chunk_size: int = 4,
+  per_row: bool = False,
 ) -> np.ndarray:
   """The metric of the clean run with every edge outside each circuit carrying the
   corrupted run's activation (EAP-IG's `evaluate_graph`).
@@ -202,9 +211,11 @@ def circuit_metric(
     params, config, clean, corrupted, metric, targets: as `edge_attribution`.
     circuits: (n_senders, n_receivers) bool, or a stack (C, n_s, n_r) of them.
     chunk_size: circuits run at once.
+    per_row: each row's value instead of the batch's (`patching.row_values`: `row_mean`
+      metrics only; their mean over the rows is the metric).
 
   Returns:
-    float64 (C,) (or a float for one circuit).
+    float64 (C,) (or a float for one circuit); with `per_row`, (C, B) (or (B,)).
   """
   g = graph(config)
   c = np.asarray(circuits, bool)
@@ -217,11 +228,21 @@ def circuit_metric(
   src, dst, targets = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
   got = np.asarray(
     _circuits(
-      params, config, src, dst, targets, jnp.asarray(c & g.valid), metric=metric, chunk=chunk_size
+      params,
+      config,
+      src,
+      dst,
+      targets,
+      jnp.asarray(c & g.valid),
+      metric=metric,
+      chunk=chunk_size,
+      per_row=per_row,
     ),
     np.float64,
   )
-  return float(got[0]) if single else got
+  if single:
+    return got[0] if per_row else float(got[0])
+  return got
 
 
 def faithfulness(
@@ -243,7 +264,9 @@ def faithfulness(
     "sizes" (asked), "edges" (kept after pruning), "metric", "normalized" ((circuit -
     corrupted) / (clean - corrupted), EAP-IG's normalised faithfulness), "clean",
     "corrupted", "empty" (the metric with every edge corrupted: in a post-LN model this
-    is not exactly the corrupted run, whose sigmas differ), "method".
+    is not exactly the corrupted run, whose sigmas differ), "method", and "rows": for a
+    `row_mean` metric each row's values ({"metric": (sizes, B), "clean", "corrupted",
+    "empty": (B,)}, lists; the means above are their means over the rows), else None.
   """
   if method not in ("topk", "greedy"):
     raise ValueError(f"{method=!r} must be 'topk' or 'greedy'")
@@ -252,9 +275,21 @@ def faithfulness(
   masks = np.stack(
     [pick(scores, int(k), absolute=absolute) for k in sizes] + [np.zeros(g.valid.shape, bool)]
   )
-  values = circuit_metric(params, config, clean, corrupted, metric, masks, targets=targets)
+  per_row = bool(getattr(metric, "row_mean", False))
+  values = circuit_metric(
+    params, config, clean, corrupted, metric, masks, targets=targets, per_row=per_row
+  )
   src, dst, tg = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
-  clean_m, corr_m = metric_baselines(params, config, src, dst, tg, metric)
+  clean_m, corr_m = metric_baselines(params, config, src, dst, tg, metric, per_row=per_row)
+  rows = None
+  if per_row:
+    rows = {
+      "metric": values[:-1].tolist(),
+      "clean": clean_m.tolist(),
+      "corrupted": corr_m.tolist(),
+      "empty": values[-1].tolist(),
+    }
+    values, clean_m, corr_m = values.mean(1), float(clean_m.mean()), float(corr_m.mean())
   span = clean_m - corr_m
   return {
     "sizes": [int(k) for k in sizes],
@@ -265,6 +300,7 @@ def faithfulness(
     "corrupted": corr_m,
     "empty": float(values[-1]),
     "method": method,
+    "rows": rows,
   }
 
 

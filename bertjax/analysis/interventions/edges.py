@@ -64,7 +64,12 @@ import numpy as np
 
 from bertjax.analysis.interventions.edge_scores import score_matrix
 from bertjax.analysis.interventions.metrics import Metric, metric_rows
-from bertjax.analysis.interventions.patching import checked_pair, metric_of, sweep_forward
+from bertjax.analysis.interventions.patching import (
+  checked_pair,
+  metric_of,
+  row_values,
+  sweep_forward,
+)
 from bertjax.model.config import BertConfig
 from bertjax.model.families import FAMILIES
 from bertjax.model.forward import embed, run_layers
@@ -646,17 +651,23 @@ def edge_patching(
   return EdgeScores(g, values, clean_m, corr_m, "exact")
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric"))
-def _baseline_metrics(params, config, clean, corrupted, targets, *, metric):
+@functools.partial(jax.jit, static_argnames=("config", "metric", "per_row"))
+def _baseline_metrics(params, config, clean, corrupted, targets, *, metric, per_row):
   out = []
   for batch in (clean, corrupted):
     b = {**batch, **targets}
     _, run = sweep_forward(params, config, batch, final_rows=metric_rows(metric, config, b))
-    out.append(metric_of(params, config, metric, run.last, b, None))
+    value = row_values if per_row else functools.partial(metric_of, row_weight=None)
+    out.append(value(params, config, metric, run.last, b))
   return out
 
 
-def metric_baselines(params, config, clean, corrupted, targets, metric):
-  """The metric on the clean and on the corrupted batch (each with `targets`), as floats."""
-  c, x = _baseline_metrics(params, config, clean, corrupted, targets, metric=metric)
+def metric_baselines(params, config, clean, corrupted, targets, metric, *, per_row=False):
+  """The metric on the clean and on the corrupted batch (each with `targets`), as floats;
+  with `per_row`, each row's value (`patching.row_values`) as float64 `(B,)` arrays."""
+  c, x = _baseline_metrics(
+    params, config, clean, corrupted, targets, metric=metric, per_row=per_row
+  )
+  if per_row:
+    return np.asarray(c, np.float64), np.asarray(x, np.float64)
   return float(c), float(x)

@@ -270,6 +270,23 @@ def metric_of(params, config, metric, last, batch, row_weight):
   of its values on batches of one row, vmapped (`row_mean` metrics only)."""
   if row_weight is None:
     return _scalar(metric(params, config, _output(params, config, last), batch), metric)
+  values = row_values(params, config, metric, last, batch)
+  keep = row_weight > 0
+  return jnp.where(keep, values, 0).sum() / keep.sum().astype(values.dtype)
+
+
+def row_values(params, config, metric, last, batch) -> jax.Array:
+  """The metric of each row of a run alone, `(B,)` (at least float32): the metric on batches
+  of one row, vmapped. For a `row_mean` metric their mean is the metric of the whole batch.
+
+  Raises:
+    ValueError: for a metric that is not a mean over rows.
+  """
+  if not getattr(metric, "row_mean", False):
+    raise ValueError(
+      f"metric {metric!r} is not a mean over the batch's rows (row_mean = True, as "
+      "LogitDiff, AnswerLogProb and ProbeLogitDiff are), so it has no value per row"
+    )
 
   def one(h, row):
     return _scalar(
@@ -279,9 +296,7 @@ def metric_of(params, config, metric, last, batch, row_weight):
       metric,
     )
 
-  values = at_least_f32(jax.vmap(one)(last, batch))
-  keep = row_weight > 0
-  return jnp.where(keep, values, 0).sum() / keep.sum().astype(values.dtype)
+  return at_least_f32(jax.vmap(one)(last, batch))
 
 
 def _scalar(value, metric):
