@@ -728,3 +728,96 @@ def load_wikitext(args, sc: PretrainScale, timings: dict[str, float]):
       seed=args.seed,
       max_lines=sc.max_lines,
     )
+
+
+def wikitext_windows(
+  tok, config, data: pathlib.Path, split: str, limit: int, batch_size: int, length: int = 128
+):
+  """The first `limit` windows of up to `length` tokens (at most the model's) of WikiText-2's
+  `split` ("valid" or "test") paragraphs, in batches (`text_batches.window_batches`)."""
+  from bertjax.tasks import passages, text_batches
+
+  texts = passages.wikitext_paragraphs(data / "wikitext2_tokens" / f"{split}.txt")
+  return text_batches.window_batches(
+    tok, texts, max_length=min(length, config.max_length), batch_size=batch_size, limit=limit
+  )
+
+
+def masked_windows(tok, config, batches, seed: int):
+  """BERT's masking of `batches` with the tokenizer's ids (`mlm_head.mask_batches`)."""
+  from bertjax.training import mlm_head
+
+  if tok.mask_id is None:
+    raise UsageError("the tokenizer has no mask token, so nothing can be masked")
+  return mlm_head.mask_batches(
+    batches,
+    mask_id=tok.mask_id,
+    special_ids=tok.special_ids,
+    vocab_size=config.vocab_size,
+    seed=seed,
+  )
+
+
+MLM_HEAD_CACHE = 1  # the fitted heads' cache version: raise it when the fit changes
+
+
+def _mlm_head_cache(args, windows: int, steps: int) -> pathlib.Path | None:
+  """Where a fitted head of a full run is kept (the user cache), so the experiments that read
+  the same model's head fit it once; None for a smoke run."""
+  if args.smoke:
+    return None
+  from bertjax.data.fetch import user_cache_dir
+
+  tag = model_tag(args.model) or "all-MiniLM-L6-v2"
+  name = f"{tag}-w{windows}-s{steps}-seed{args.seed}-v{MLM_HEAD_CACHE}.npz"
+  return user_cache_dir().parent / "mlm_heads" / name
+
+
+def with_mlm_head(args, params, config, tok, data: pathlib.Path, timings, *, windows, steps):
+  """`(params, head)`: the model with the checkpoint's MLM head, or, for a checkpoint that
+  ships none, with one fitted to its frozen body on `windows` WikiText-2 validation windows
+  for `steps` steps (`bertjax.training.mlm_head.fit_mlm_head`, timed as "MLM head fit"; a full
+  run's fitted head is kept in the user cache and read back by the next run). `head` says
+  which ("source") and, for a fitted one, on how many predictions and its loss there."""
+  import json
+
+  import numpy as np
+  from flax import traverse_util
+
+  from bertjax.training import mlm_head
+
+  if "mlm" in params:
+    return params, {"source": "the checkpoint's"}
+  if "mlm" not in config.family.heads:
+    raise UsageError(f"a {config.model_type} model has no masked-LM head")
+  cache = _mlm_head_cache(args, windows, steps)
+  if cache is not None and cache.exists():
+    with np.load(cache) as f:
+      head = traverse_util.unflatten_dict({tuple(k.split("/")): f[k] for k in f.files if k != "_"})
+      info = json.loads(str(f["_"]))
+    log(f"MLM head read from {cache}")
+    return {**params, "mlm": head}, info
+  with timed(timings, "MLM head fit"):
+    fit = wikitext_windows(tok, config, data, "valid", windows, 32)
+    params, fitted = mlm_head.fit_mlm_head(
+      params,
+      config,
+      masked_windows(tok, config, fit, args.seed),
+      steps=steps,
+      seed=args.seed,
+      progress=sys.stderr.isatty(),
+    )
+  info = {
+    "source": "fitted to the frozen body",
+    "fit_predictions": fitted["fit"]["predictions"],
+    "fit_loss": fitted["fit"]["loss"],
+    "steps": steps,
+  }
+  log(f"MLM head fitted: loss {info['fit_loss']:.3f} on {info['fit_predictions']:,} predictions")
+  if cache is not None:
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    flat = traverse_util.flatten_dict(params["mlm"], sep="/")
+    part = cache.with_suffix(".part.npz")
+    np.savez(part, _=json.dumps(info), **{k: np.asarray(v) for k, v in flat.items()})
+    os.replace(part, cache)
+  return params, info

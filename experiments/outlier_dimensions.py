@@ -37,13 +37,50 @@ def parse_args(argv: Sequence[str] | None = None):
     help="draws of as many random dimensions, the ablation's control (default: 5)",
   )
   p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
+  p.add_argument(
+    "--mlm-windows",
+    type=int,
+    default=1024,
+    help="128-token WikiText-2 windows an MLM head is fitted on when the checkpoint has "
+    "none; a quarter as many are held out for the loss (default: 1024; --smoke: 16)",
+  )
+  p.add_argument(
+    "--mlm-steps",
+    type=int,
+    default=600,
+    help="optimiser steps of that fit, 512 predictions each (default: 600; --smoke: 20)",
+  )
   args = p.parse_args(argv)
-  for name in ("sentences", "random_draws", "batch_size"):
+  for name in ("sentences", "random_draws", "batch_size", "mlm_windows", "mlm_steps"):
     if getattr(args, name) < 1:
       raise common.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
   if args.smoke:
     args.sentences, args.random_draws = min(args.sentences, 60), min(args.random_draws, 2)
+    args.mlm_windows, args.mlm_steps = min(args.mlm_windows, 16), min(args.mlm_steps, 20)
   return args
+
+
+def masked_lm(args, params, config, tok, data: pathlib.Path, dims_sets, timings) -> dict:
+  """The masked-LM loss on held-out WikiText-2 test windows, intact and with each set of
+  dimensions disabled, read by the checkpoint's MLM head or one fitted to the frozen body
+  (`common.with_mlm_head`)."""
+  from bertjax.analysis.representations import outliers
+
+  params, head = common.with_mlm_head(
+    args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
+  )
+  test = common.wikitext_windows(
+    tok, config, data, "test", max(1, args.mlm_windows // 4), args.batch_size
+  )
+  with common.timed(timings, "MLM loss"):
+    r = outliers.mlm_loss_without_dimensions(
+      params, config, common.masked_windows(tok, config, test, args.seed + 1), dims_sets
+    )
+  common.log(
+    f"masked-LM loss (head {head['source']}): "
+    + ", ".join(f"{k} {v:.3f}" for k, v in r["loss"].items())
+  )
+  return {**r, "head": head}
 
 
 @common.one_blas_thread
@@ -108,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
   r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
   r["random_dims"] = {k: v for k, v in dims_sets.items() if k != "outliers"}
+  r["mlm"] = masked_lm(args, params, config, tok, data, dims_sets, timings)
   sinks = lambda p: statistics.special_mass_by_layer(p, config, batches, tok.sep_id)
   with common.timed(timings, "frequency and sinks"):
     texts = [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")]

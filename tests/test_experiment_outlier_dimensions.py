@@ -39,6 +39,18 @@ def test_rules():
   ]
 
 
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """This script's own checks of its `--smoke` run (run by `test_experiments.py`): the tiny
+  model ships no MLM head, so one is fitted, and every condition's loss is reported."""
+  m = doc["results"]["mlm"]
+  assert m["head"]["source"] == "fitted to the frozen body" and m["head"]["steps"] == 20
+  assert set(m["loss"]) == {"intact", "outliers", "random_0", "random_1"} or (
+    not doc["results"]["dims"] and set(m["loss"]) == {"intact"}
+  )
+  assert m["predictions"] > 20 and all(np.isfinite(v) for v in m["loss"].values())
+  assert "Masked-LM loss on" in doc["findings"][0]["measured"]
+
+
 @pytest.mark.parametrize("stem", ["outlier_dimensions", "outlier_dimensions_all-mpnet-base-v2"])
 def test_committed_results_are_consistent(stem):
   path = RESULTS / f"{stem}.json"

@@ -91,6 +91,24 @@ def test_disabling_a_dimension_zeroes_it_in_every_block_output():
     outliers.disable_dimensions(params, config, [32])
 
 
+def test_mlm_loss_without_dimensions_is_the_loss_of_the_disabled_model():
+  """Each condition's masked-LM loss is `mlm_head.mlm_loss` of `disable_dimensions`' model on
+  the same predictions; disabling the planted outlier costs more than a random dimension."""
+  from bertjax.training import mlm_head
+
+  config, params = _planted()
+  params = {**params, "mlm": bertjax.init(config, 1, heads=("mlm",))["mlm"]}
+  batches = [{**b, "token_type_ids": np.zeros_like(b["input_ids"])} for b in _batches(config)]
+  masked = mlm_head.mask_batches(batches, mask_id=4, special_ids=(0,), vocab_size=90, seed=3)
+  got = outliers.mlm_loss_without_dimensions(params, config, masked, {"outliers": [7], "r": [6]})
+  for name, dims in (("intact", []), ("outliers", [7]), ("r", [6])):
+    want = mlm_head.mlm_loss(outliers.disable_dimensions(params, config, dims), config, masked)
+    assert got["loss"][name] == pytest.approx(want["loss"], rel=1e-6), name
+    assert got["accuracy"][name] == want["accuracy"]
+  assert got["predictions"] == want["predictions"] > 0
+  assert got["loss"]["outliers"] != got["loss"]["intact"]
+
+
 def test_int8_error_by_layer_equals_its_definition():
   config, params = _planted(beta_all=3.0)
   batches = _batches(config)

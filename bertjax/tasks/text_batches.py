@@ -72,6 +72,32 @@ def batches(
   return out
 
 
+def window_batches(
+  tok: bertjax.Tokenizer,
+  texts,
+  *,
+  max_length: int,
+  batch_size: int,
+  limit: int | None = None,
+) -> list[dict]:
+  """Long texts (paragraphs) cut into windows of at most `max_length` tokens, special tokens
+  included (`Tokenizer.encode_windows`, no overlap), the first `limit` windows (all when None)
+  in batches of `batch_size`, each padded to its longest window."""
+  windows = tok.encode_windows(list(texts), max_length=max_length).batch
+  n = len(windows.input_ids) if limit is None else min(limit, len(windows.input_ids))
+  out = []
+  for start in range(0, n, batch_size):
+    part = slice(start, min(start + batch_size, n))
+    width = int(windows.attention_mask[part].sum(-1).max())
+    out.append(
+      {
+        k: np.asarray(getattr(windows, k)[part, :width])
+        for k in ("input_ids", "attention_mask", "token_type_ids")
+      }
+    )
+  return out
+
+
 def plain(batch: dict) -> dict:
   """The model inputs (and labels) of a batch, without `word_ids`."""
   return {k: v for k, v in batch.items() if k != "word_ids"}

@@ -54,6 +54,27 @@ def ablation_margin(drop: float, random_drops: Sequence[float]) -> float:
   return 100 * (drop - max(random_drops, default=0.0))
 
 
+def masked_lm(m: dict | None, dims: bool) -> str:
+  """The masked-LM loss sentence of the ablation row (`m`: the results' "mlm")."""
+  if m is None:
+    return "The paper's MLM loss is not measured: the checkpoint ships no MLM head."
+  loss, head = m["loss"], m["head"]
+  randoms = [v for k, v in loss.items() if k.startswith("random")]
+  source = (
+    "the checkpoint's head"
+    if head["source"] == "the checkpoint's"
+    else f"a head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
+    "validation predictions, as the checkpoint ships none"
+  )
+  return (
+    f"Masked-LM loss on {m['predictions']:,} held-out WikiText-2 test predictions ({source}): "
+    f"intact {loss['intact']:.2f} nats"
+    + (f", outliers disabled {loss['outliers']:.2f}" if dims else "")
+    + (f", random draws {min(randoms):.2f}-{max(randoms):.2f}" if randoms else "")
+    + "."
+  )
+
+
 def findings(r: dict, s: dict) -> list[dict]:
   """The four rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
   r = common.from_json(r)
@@ -81,7 +102,7 @@ def findings(r: dict, s: dict) -> list[dict]:
   census = (
     f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
     f"{', '.join(map(str, per_layer))}; the model's (in >= 25% of layers): {dim_text}. "
-    f"{probe}. The paper's MLM loss is not measured: the checkpoint ships no MLM head."
+    f"{probe}. {masked_lm(r.get('mlm'), bool(dims))}"
   )
   frequency = (
     f"Spearman over {freq['types']:,} token types between the activation in each outlier "

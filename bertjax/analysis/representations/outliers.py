@@ -9,7 +9,9 @@
   of the layers -- Puccetti et al.'s reading of Kovaleva et al.'s criterion, on block outputs
   (`hidden_states[1:]`). `disable_dimensions` is Kovaleva et al.'s test of what they carry:
   the scale and bias of every LayerNorm (and RMSNorm) set to zero at those dimensions, so
-  no block output carries them, to be scored with any loss.
+  no block output carries them, to be scored with any loss: a probe's accuracy
+  (`probe_without_dimensions`) or the masked-LM loss (`mlm_loss_without_dimensions`, with the
+  checkpoint's head or one fitted to the frozen body, `bertjax.training.mlm_head`).
 * **Massive activations** (Sun et al. 2024, "Massive Activations in Large Language
   Models"): hidden-state entries whose magnitude exceeds both `threshold` (100) and `ratio`
   (1000) times the median magnitude of that layer's hidden state; reported per layer with
@@ -320,4 +322,32 @@ def probe_without_dimensions(
     "tags": len(tags),
     "correct": {k: v.astype(np.int8) for k, v in right.items()},
     "accuracy": {k: v.mean(1) for k, v in right.items()},
+  }
+
+
+def mlm_loss_without_dimensions(
+  params: Params, config: BertConfig, masked, dims_sets
+) -> dict[str, Any]:
+  """Kovaleva et al.'s measure: the masked-LM loss intact and with each set of `dims_sets`
+  disabled (`disable_dimensions`, the MLM head's transform norm included).
+
+  Args:
+    params, config: a model with an "mlm" head (the checkpoint's, or one fitted to the frozen
+      body by `bertjax.training.mlm_head.fit_mlm_head`).
+    masked: `mlm_head.mask_batches`' output, the same predictions for every condition.
+    dims_sets: name -> dimensions to disable.
+
+  Returns:
+    "loss" and "accuracy": condition ("intact" and each name) -> mean over the predictions;
+    "predictions": their count.
+  """
+  from bertjax.training import mlm_head
+
+  got = {"intact": mlm_head.mlm_loss(params, config, masked)}
+  for name, dims in dims_sets.items():
+    got[name] = mlm_head.mlm_loss(disable_dimensions(params, config, dims), config, masked)
+  return {
+    "loss": {k: v["loss"] for k, v in got.items()},
+    "accuracy": {k: v["accuracy"] for k, v in got.items()},
+    "predictions": got["intact"]["predictions"],
   }
