@@ -64,6 +64,7 @@ ORDER = (
   "attribution",
   "negation_circuit",
   "outlier_dimensions",
+  "tuned_lens",
   "stacking",
   "albert_sharing",
   "model_compression",
@@ -336,6 +337,26 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
     ),
   )
   return [first, _circuit_share(r, mod)]
+
+
+def _tuned_lens(doc: dict) -> Uncertainty:
+  """Held-out KL by layer per batch of windows: the layers' share where the tuned lens is
+  closer, over resampled batches (each batch weighted by its tokens)."""
+  mod, per = module("tuned_lens"), doc["results"]["per_batch"]
+  n = np.asarray(per["tokens"], float)
+  items = (n, np.asarray(per["tuned"], float), np.asarray(per["logit"], float))
+
+  def smallest_gap(n, tuned, logit):  # (R, batches, ...) -> (R,): the least logit - tuned KL
+    w = n[..., None] / n.sum(1)[:, None, None]
+    return ((logit - tuned) * w).sum(1).min(-1)
+
+  lo, hi = stats.bootstrap_ci(items, smallest_gap, n_resamples=RESAMPLES, vectorized=True)
+  share = lambda n, t, g: mod.closer(*(np.asarray(n) @ x / np.sum(n) for x in (t, g)))
+  return Uncertainty(
+    f"95% CI over the {len(n)} held-out batches: the logit lens's KL minus the tuned lens's "
+    f"at the layer where it is least [{lo:.2f}, {hi:.2f}] nats",
+    _span(items, lambda *a: mod.LENS.verdict({mod.CLOSER: share(*a)})),
+  )
 
 
 def _circuit_share(r: dict, mod) -> Uncertainty:
@@ -628,6 +649,7 @@ UNCERTAINTY = {
   "stacking": lambda doc: (
     [_rerun("repeated runs' times or per-token held-out losses")] * len(doc["findings"])
   ),
+  "tuned_lens": lambda doc: [_tuned_lens(doc)],
   "sae_scaling": lambda doc: [
     _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
     Uncertainty(

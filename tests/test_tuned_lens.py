@@ -99,6 +99,13 @@ def test_training_beats_the_logit_lens_on_held_out_text(model):
   tuned, logit = np.asarray(got["tuned"]), np.asarray(got["logit"])
   assert (tuned < logit).all(), (tuned, logit)
   assert np.isfinite(tuned).all() and (tuned >= 0).all()
+  # The means are the token-weighted means of each batch's, which each batch alone gives.
+  per = got["per_batch"]
+  n = np.asarray(per["tokens"], float)
+  np.testing.assert_allclose(n @ np.asarray(per["tuned"]) / n.sum(), tuned, rtol=1e-12)
+  one = tuned_lens.evaluate(model, CONFIG, lens, _batches(5, 3)[1:2])
+  np.testing.assert_allclose(one["tuned"], per["tuned"][1], rtol=1e-12)
+  assert one["tokens"] == per["tokens"][1] and sum(per["tokens"]) == got["tokens"]
 
 
 def test_refuses_a_model_without_an_mlm_head():

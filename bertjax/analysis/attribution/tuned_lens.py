@@ -122,22 +122,25 @@ def evaluate(params: Params, config: BertConfig, lens: TunedLens, batches) -> di
 
   Returns:
     "tuned" and "logit": (depth,) lists, layer 0 the embedding output; "tokens": the real
-    tokens averaged over.
+    tokens averaged over; "per_batch": each batch's {"tokens": (n,), "tuned", "logit":
+    (n, depth)} lists (what an interval over the batches resamples).
   """
   _check(params, config)
-  tuned = logit = 0.0
-  tokens = 0
+  per = {"tokens": [], "tuned": [], "logit": []}
   for b in batches:
-    b = as_batch(b)
-    t, lg, n = _evaluate_batch(params, config, lens, b)
-    n = float(n)
-    tuned, logit, tokens = tuned + np.asarray(t) * n, logit + np.asarray(lg) * n, tokens + n
-  if not tokens:
+    t, lg, n = _evaluate_batch(params, config, lens, as_batch(b))
+    per["tokens"].append(int(n))
+    per["tuned"].append(np.asarray(t, np.float64).tolist())
+    per["logit"].append(np.asarray(lg, np.float64).tolist())
+  tokens = np.asarray(per["tokens"], np.float64)
+  if not tokens.sum():
     raise ValueError("the batches have no real tokens")
+  mean = lambda k: (tokens @ np.asarray(per[k]) / tokens.sum()).tolist()
   return {
-    "tuned": (tuned / tokens).tolist(),
-    "logit": (logit / tokens).tolist(),
-    "tokens": int(tokens),
+    "tuned": mean("tuned"),
+    "logit": mean("logit"),
+    "tokens": int(tokens.sum()),
+    "per_batch": per,
   }
 
 

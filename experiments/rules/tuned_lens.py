@@ -1,0 +1,49 @@
+"""The Findings rules of `experiments/tuned_lens.py` (The tuned lens against the logit lens:
+Belrose et al. 2023 on a masked-LM encoder): the claim, the measured quantity and its
+thresholds, and `findings(results, settings)`, the rows from a results JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import common
+import numpy as np
+from findings import Rule, Test
+
+CLOSER = "the share of layers where the tuned lens's KL is below the logit lens's"
+LENS = Rule(
+  "Belrose et al. 2023",
+  "A tuned lens (an affine translator per layer, trained to match the final layer's "
+  "distribution) reads every layer's prediction closer to the final layer's than the logit "
+  "lens does (lower KL).",
+  yes=(Test(CLOSER, ">=", 1),),
+  partly=(Test(CLOSER, ">=", 0.5),),
+)
+
+
+def closer(tuned: Sequence[float], logit: Sequence[float]) -> float:
+  """The share of layers where the tuned lens's KL is below the logit lens's."""
+  return float(np.mean(np.asarray(tuned) < np.asarray(logit)))
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The row, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  r = common.from_json(r)
+  head = r["head"]
+  source = (
+    "its own MLM head"
+    if head["source"] == "the checkpoint's"
+    else f"an MLM head fitted to the frozen body ({head['fit_predictions']:,} WikiText-2 "
+    f"validation predictions, loss {head['fit_loss']:.2f} nats), as the checkpoint ships none"
+  )
+  layers = len(r["tuned"])
+  by_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
+  measured = (
+    f"{s['model']}, read by {source}; the lens trained {s['steps']} steps on "
+    f"{r['train_tokens']:,} WikiText-2 validation tokens; KL(final || lens) in nats on "
+    f"{r['tokens']:,} held-out test tokens, layers 0-{layers - 1} (0 the embeddings): tuned "
+    f"{by_layer(r['tuned'])}; logit {by_layer(r['logit'])}. Differs from the paper: decoders "
+    "with next-token heads trained on far more tokens; here a masked-LM head read at every "
+    "token of unmasked text."
+  )
+  return [LENS.row(measured, {CLOSER: closer(r["tuned"], r["logit"])})]

@@ -1,0 +1,52 @@
+"""Checks of `experiments/tuned_lens.py`: its verdict rule, its smoke run (`check_smoke`, run
+by `test_experiments.py`) and the committed results (their rows are what the rule gives for
+their numbers); the lens itself is checked in test_tuned_lens.py."""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "experiments"))
+import findings
+from rules import tuned_lens as rules
+
+RESULTS = REPO / "experiments" / "results"
+
+
+def test_rule():
+  lens = lambda tuned, logit: rules.LENS.verdict({rules.CLOSER: rules.closer(tuned, logit)})
+  assert lens([0.1, 0.2, 0.3], [1.0, 0.5, 0.4]) == "yes"
+  assert lens([0.1, 0.6, 0.3], [1.0, 0.5, 0.4]) == "partly"  # 2 of 3 layers
+  assert lens([1.1, 0.6, 0.3], [1.0, 0.5, 0.4]) == "no"
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """This script's own checks of its `--smoke` run: a head is fitted to the tiny model, one
+  KL per lens layer (the embeddings and every block below the last), finite, and the
+  uncertainty resamples the held-out batches."""
+  r = doc["results"]
+  assert r["head"]["source"] == "fitted to the frozen body"
+  assert len(r["tuned"]) == len(r["logit"]) == doc["settings"]["depth"]
+  assert np.isfinite(r["tuned"]).all() and min(r["tuned"]) >= 0
+  assert len(r["train_loss"]) == doc["settings"]["steps"] == 10
+  assert sum(r["per_batch"]["tokens"]) == r["tokens"] > 100
+  u = findings.uncertainty(doc)[0]
+  assert u.text.startswith("95% CI over the") and u.span
+  assert (out / "tuned_lens_kl.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("stem", ["tuned_lens", "tuned_lens_all-mpnet-base-v2"])
+def test_committed_rows_follow_the_rule(stem):
+  path = RESULTS / f"{stem}.json"
+  if not path.exists():
+    pytest.skip(f"{path.name} is not committed")
+  doc = json.loads(path.read_text())
+  assert not doc["smoke"] and doc["findings"] == rules.findings(doc["results"], doc["settings"])
+  r = doc["results"]
+  assert len(r["tuned"]) == doc["settings"]["depth"] and r["tokens"] > 10_000
+  n = np.asarray(r["per_batch"]["tokens"], float)
+  np.testing.assert_allclose(n @ np.asarray(r["per_batch"]["tuned"]) / n.sum(), r["tuned"])
