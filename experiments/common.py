@@ -761,15 +761,24 @@ def masked_windows(tok, config, batches, seed: int):
 MLM_HEAD_CACHE = 1  # the fitted heads' cache version: raise it when the fit changes
 
 
-def _mlm_head_cache(args, windows: int, steps: int) -> pathlib.Path | None:
-  """Where a fitted head of a full run is kept (the user cache), so the experiments that read
-  the same model's head fit it once; None for a smoke run."""
+def _mlm_head_cache(args, params, windows: int, steps: int) -> pathlib.Path | None:
+  """Where a fitted head of a full run is kept (the user cache), named by the model, a hash
+  of its weights and the fit's settings, so the experiments that read the same model's head
+  fit it once; None for a smoke run."""
   if args.smoke:
     return None
+  import hashlib
+
+  import jax
+  import numpy as np
+
   from bertjax.data.fetch import user_cache_dir
 
+  digest = hashlib.blake2b(digest_size=8)
+  for leaf in jax.tree.leaves(params):
+    digest.update(np.ascontiguousarray(leaf).tobytes())
   tag = model_tag(args.model) or "all-MiniLM-L6-v2"
-  name = f"{tag}-w{windows}-s{steps}-seed{args.seed}-v{MLM_HEAD_CACHE}.npz"
+  name = f"{tag}-{digest.hexdigest()}-w{windows}-s{steps}-seed{args.seed}-v{MLM_HEAD_CACHE}.npz"
   return user_cache_dir().parent / "mlm_heads" / name
 
 
@@ -790,7 +799,7 @@ def with_mlm_head(args, params, config, tok, data: pathlib.Path, timings, *, win
     return params, {"source": "the checkpoint's"}
   if "mlm" not in config.family.heads:
     raise UsageError(f"a {config.model_type} model has no masked-LM head")
-  cache = _mlm_head_cache(args, windows, steps)
+  cache = _mlm_head_cache(args, params, windows, steps)
   if cache is not None and cache.exists():
     with np.load(cache) as f:
       head = traverse_util.unflatten_dict({tuple(k.split("/")): f[k] for k in f.files if k != "_"})

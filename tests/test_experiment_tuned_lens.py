@@ -50,3 +50,32 @@ def test_committed_rows_follow_the_rule(stem):
   assert len(r["tuned"]) == doc["settings"]["depth"] and r["tokens"] > 10_000
   n = np.asarray(r["per_batch"]["tokens"], float)
   np.testing.assert_allclose(n @ np.asarray(r["per_batch"]["tuned"]) / n.sum(), r["tuned"])
+
+
+def test_a_fitted_head_is_cached_by_weights_and_read_back(tmp_path, monkeypatch):
+  """`common.with_mlm_head`: a full run fits the head once and keeps it in the user cache
+  under the model's weights' hash; the next run reads the same head, another model's weights
+  fit their own, and a checkpoint with a head keeps it."""
+  import types
+
+  import common
+  import jax
+
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  config, params, tok, _ = common.tiny_model(0)
+  args = types.SimpleNamespace(smoke=False, model=None, seed=0)
+  data = common.smoke_data_dir()
+  fit = lambda p, t: common.with_mlm_head(args, p, config, tok, data, t, windows=8, steps=3)
+  timings = {}
+  first, info = fit(params, timings)
+  assert "MLM head fit" in timings and info["source"] == "fitted to the frozen body"
+  (cached,) = (tmp_path / "bertjax" / "mlm_heads").glob("all-MiniLM-L6-v2-*-w8-s3-seed0-v1.npz")
+  again = {}
+  second, info2 = fit(params, again)
+  assert "MLM head fit" not in again and info2 == info
+  jax.tree.map(np.testing.assert_array_equal, first["mlm"], second["mlm"])
+  other = common.tiny_model(1)[1]
+  fit(other, {})
+  assert len(list(cached.parent.glob("*.npz"))) == 2
+  kept, info3 = fit(first, {})
+  assert kept is first and info3 == {"source": "the checkpoint's"}
