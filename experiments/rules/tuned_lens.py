@@ -39,11 +39,12 @@ def findings(r: dict, s: dict) -> list[dict]:
   layers = len(r["tuned"])
   by_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
   measured = (
-    f"{s['model']}, read by {source}; the lens trained {s['steps']} steps on "
-    f"{r['train_tokens']:,} WikiText-2 validation tokens; KL(final || lens) in nats on "
+    f"{s['model']}, read by {source}; the lens trained {s['steps']} steps (lr_scale "
+    f"{s.get('lr_scale', 1.0):g}) on {r['train_tokens']:,} WikiText-2 validation tokens; "
+    "KL(final || lens) in nats on "
     f"{r['tokens']:,} held-out test tokens, layers 0-{layers - 1} (0 the embeddings): tuned "
     f"{by_layer(r['tuned'])}; logit {by_layer(r['logit'])}. Differs from the paper: decoders "
-    "with next-token heads trained on far more tokens; here a masked-LM head read at every "
-    "token of unmasked text."
+    "with next-token heads, lenses trained on 2^18 tokens a step at lr_scale 1; here a "
+    "masked-LM head read at every token of unmasked text, and at most 256 tokens a step."
   )
   return [LENS.row(measured, {CLOSER: closer(r["tuned"], r["logit"])})]
