@@ -33,8 +33,9 @@ def findings(r: dict, s: dict) -> list[dict]:
   source = (
     "its own MLM head"
     if head["source"] == "the checkpoint's"
-    else f"an MLM head fitted to the frozen body ({head['fit_predictions']:,} WikiText-2 "
-    f"validation predictions, loss {head['fit_loss']:.2f} nats), as the checkpoint ships none"
+    else f"an MLM head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
+    f"validation predictions (its loss on them {head['fit_loss']:.2f} nats; on held-out text "
+    "see outlier_dimensions), as the checkpoint ships none"
   )
   layers = len(r["tuned"])
   by_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
