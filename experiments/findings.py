@@ -340,8 +340,9 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
 
 
 def _tuned_lens(doc: dict) -> Uncertainty:
-  """Held-out KL by layer per batch of windows: the layers' share where the tuned lens is
-  closer, over resampled batches (each batch weighted by its tokens)."""
+  """Held-out KL by layer per batch of windows, over resampled batches (each weighted by its
+  tokens): the interval of the smallest logit - tuned gap over the layers, and the verdict on
+  the layers' share where the tuned lens is closer."""
   mod, per = module("tuned_lens"), doc["results"]["per_batch"]
   n = np.asarray(per["tokens"], float)
   items = (n, np.asarray(per["tuned"], float), np.asarray(per["logit"], float))
