@@ -387,8 +387,11 @@ def _circuit_share(r: dict, mod) -> Uncertainty:
   def verdict(*a):
     return mod.CIRCUIT.verdict({mod.SHARE: share(*a)})
 
-  # No faithful circuit among those asked counts as the whole graph (a share of 1).
-  lo, hi = stats.bootstrap_ci(tuple(items), lambda *a: share(*a) or 1.0, n_resamples=RESAMPLES)
+  def share_or_whole(*a):  # no faithful circuit among those asked: the whole graph, 1
+    s = share(*a)
+    return 1.0 if s is None else s
+
+  lo, hi = stats.bootstrap_ci(tuple(items), share_or_whole, n_resamples=RESAMPLES)
   return Uncertainty(
     f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
     f"edges [{lo:.1%}, {hi:.1%}]",

@@ -147,9 +147,10 @@ def _word(params):
 
 def _evaluate(head, params, config, states, targets, chunk=2048) -> dict[str, float]:
   ce = right = 0.0
+  word = _word(params)
   for i in range(0, len(targets), chunk):
     part = slice(i, i + chunk)
-    c, r = _eval_chunk(head, _word(params), config, states[part], targets[part])
+    c, r = _eval_chunk(head, word, config, states[part], targets[part])
     ce, right = ce + float(c), right + float(r)
   n = len(targets)
   return {"loss": ce / n, "accuracy": right / n, "predictions": n}
