@@ -758,7 +758,24 @@ def masked_windows(tok, config, batches, seed: int):
   )
 
 
-MLM_HEAD_CACHE = 1  # the fitted heads' cache version: raise it when the fit changes
+def head_source(head: dict) -> str:
+  """Which MLM head a result read, in words (`with_mlm_head`'s `head`)."""
+  if head["source"] == "the checkpoint's":
+    return "the checkpoint's own MLM head"
+  stopped = (
+    f", early-stopped on {head['stop_predictions']:,} held-out ones (loss "
+    f"{head['stop_loss']:.2f} nats; step {head['best_step']} of {head['steps']} kept)"
+    if "best_step" in head
+    else ""
+  )
+  return (
+    f"an MLM head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
+    f"validation predictions (loss {head['fit_loss']:.2f} nats on them){stopped}, as the "
+    "checkpoint ships none"
+  )
+
+
+MLM_HEAD_CACHE = 2  # the fitted heads' cache version: raise it when the fit changes
 
 
 def _mlm_head_cache(args, params, windows: int, steps: int) -> pathlib.Path | None:
@@ -784,10 +801,12 @@ def _mlm_head_cache(args, params, windows: int, steps: int) -> pathlib.Path | No
 
 def with_mlm_head(args, params, config, tok, data: pathlib.Path, timings, *, windows, steps):
   """`(params, head)`: the model with the checkpoint's MLM head, or, for a checkpoint that
-  ships none, with one fitted to its frozen body on `windows` WikiText-2 validation windows
-  for `steps` steps (`bertjax.training.mlm_head.fit_mlm_head`, timed as "MLM head fit"; a full
-  run's fitted head is kept in the user cache and read back by the next run). `head` says
-  which ("source") and, for a fitted one, on how many predictions and its loss there."""
+  ships none, with one fitted to its frozen body (`bertjax.training.mlm_head.fit_mlm_head`,
+  timed as "MLM head fit"; a full run's fitted head is kept in the user cache and read back by
+  the next run). Of `windows` WikiText-2 validation windows, the last eighth is held out for
+  early stopping (the loss checked every 50 of the `steps` steps, the best head kept) and the
+  rest is fitted. `head` says which ("source") and, for a fitted one, on how many predictions,
+  its loss there and on the held-out ones, and the step kept."""
   import json
 
   import numpy as np
@@ -807,12 +826,19 @@ def with_mlm_head(args, params, config, tok, data: pathlib.Path, timings, *, win
     log(f"MLM head read from {cache}")
     return {**params, "mlm": head}, info
   with timed(timings, "MLM head fit"):
-    fit = wikitext_windows(tok, config, data, "valid", windows, 32)
+    size = min(32, max(1, windows // 8))  # at least 8 batches, one of them held out
+    batches = wikitext_windows(tok, config, data, "valid", windows, size)
+    masked = masked_windows(tok, config, batches, args.seed)
+    if len(masked) < 2:
+      raise UsageError(f"--mlm-windows={windows} leaves no held-out windows to stop on")
+    stop = max(1, len(masked) // 8)
     params, fitted = mlm_head.fit_mlm_head(
       params,
       config,
-      masked_windows(tok, config, fit, args.seed),
+      masked[:-stop],
+      held_out=masked[-stop:],
       steps=steps,
+      eval_every=min(50, steps),
       seed=args.seed,
       progress=sys.stderr.isatty(),
     )
@@ -820,9 +846,16 @@ def with_mlm_head(args, params, config, tok, data: pathlib.Path, timings, *, win
     "source": "fitted to the frozen body",
     "fit_predictions": fitted["fit"]["predictions"],
     "fit_loss": fitted["fit"]["loss"],
+    "stop_predictions": fitted["held_out"]["predictions"],
+    "stop_loss": fitted["held_out"]["loss"],
+    "best_step": fitted["best_step"],
     "steps": steps,
   }
-  log(f"MLM head fitted: loss {info['fit_loss']:.3f} on {info['fit_predictions']:,} predictions")
+  log(
+    f"MLM head fitted: loss {info['fit_loss']:.3f} on {info['fit_predictions']:,} predictions, "
+    f"{info['stop_loss']:.3f} on {info['stop_predictions']:,} held out (step "
+    f"{info['best_step']} of {steps} kept)"
+  )
   if cache is not None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     flat = traverse_util.flatten_dict(params["mlm"], sep="/")

@@ -143,3 +143,23 @@ def test_fitting_recovers_a_teacher_head():
     mlm_head.fit_mlm_head(params, CONFIG, fit)
   with pytest.raises(ValueError, match="no 'mlm' head"):
     mlm_head.mlm_loss(body, CONFIG, held)
+
+
+def test_early_stopping_keeps_the_best_held_out_head():
+  """With `eval_every`, the head returned is the checked one with the lowest held-out loss;
+  its last check is the head a fixed schedule ends with. Random targets on few sequences: the
+  head memorises them, so the held-out loss turns up before the end."""
+  body = bertjax.init(CONFIG, 2)
+  fit, held = _mask(_batches(4, n=3)), _mask(_batches(5, n=6), seed=1)
+  kw = dict(held_out=held, steps=120, batch_size=64, learning_rate=3e-2)
+  params, log = mlm_head.fit_mlm_head(body, CONFIG, fit, eval_every=10, **kw)
+  _, plain = mlm_head.fit_mlm_head(body, CONFIG, fit, **kw)
+  steps, losses = np.asarray(log["curve"]).T
+  np.testing.assert_array_equal(steps, np.arange(10, 121, 10))
+  assert log["best_step"] == steps[np.argmin(losses)] < 120, log["curve"]
+  assert log["held_out"]["loss"] == pytest.approx(losses.min(), rel=1e-6)
+  assert losses[-1] == pytest.approx(plain["held_out"]["loss"], rel=1e-5)
+  assert log["held_out"]["loss"] < plain["held_out"]["loss"] - 0.05
+  assert mlm_head.mlm_loss(params, CONFIG, held) == pytest.approx(log["held_out"], rel=1e-6)
+  with pytest.raises(ValueError, match="eval_every=5"):
+    mlm_head.fit_mlm_head(body, CONFIG, fit, eval_every=5)

@@ -60,12 +60,7 @@ def masked_lm(m: dict | None, dims: bool) -> str:
     return "The paper's MLM loss is not measured: the checkpoint ships no MLM head."
   loss, head = m["loss"], m["head"]
   randoms = [v for k, v in loss.items() if k.startswith("random")]
-  source = (
-    "the checkpoint's head"
-    if head["source"] == "the checkpoint's"
-    else f"a head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
-    "validation predictions, as the checkpoint ships none"
-  )
+  source = common.head_source(head)
   return (
     f"Masked-LM loss on {m['predictions']:,} held-out WikiText-2 test predictions ({source}): "
     f"intact {loss['intact']:.2f} nats"

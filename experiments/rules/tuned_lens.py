@@ -29,14 +29,7 @@ def closer(tuned: Sequence[float], logit: Sequence[float]) -> float:
 def findings(r: dict, s: dict) -> list[dict]:
   """The row, from the results and settings as written to JSON (`findings.py --refresh`)."""
   r = common.from_json(r)
-  head = r["head"]
-  source = (
-    "its own MLM head"
-    if head["source"] == "the checkpoint's"
-    else f"an MLM head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
-    f"validation predictions (its loss on them {head['fit_loss']:.2f} nats; on held-out text "
-    "see outlier_dimensions), as the checkpoint ships none"
-  )
+  source = common.head_source(r["head"])
   layers = len(r["tuned"])
   by_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
   measured = (
