@@ -20,6 +20,7 @@ import numpy as np
 
 NAME = "outlier_dimensions"
 PROBE_LAYERS = ("middle", "last")
+MLM_TEST_WINDOWS = 256  # held-out WikiText-2 test windows the masked-LM loss is taken on
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -40,9 +41,10 @@ def parse_args(argv: Sequence[str] | None = None):
   p.add_argument(
     "--mlm-windows",
     type=int,
-    default=1024,
-    help="128-token WikiText-2 windows an MLM head is fitted on when the checkpoint has "
-    "none; a quarter as many are held out for the loss (default: 1024; --smoke: 16)",
+    default=3000,
+    help="128-token WikiText-2 validation windows an MLM head is fitted on when the "
+    "checkpoint has none, an eighth of them held out to stop on (default: 3000, every one of "
+    f"the 2,876; --smoke: 16); the loss is taken on {MLM_TEST_WINDOWS} test windows",
   )
   p.add_argument(
     "--mlm-steps",
@@ -69,9 +71,8 @@ def masked_lm(args, params, config, tok, data: pathlib.Path, dims_sets, timings)
   params, head = common.with_mlm_head(
     args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
   )
-  test = common.wikitext_windows(
-    tok, config, data, "test", max(1, args.mlm_windows // 4), args.batch_size
-  )
+  count = 4 if args.smoke else MLM_TEST_WINDOWS
+  test = common.wikitext_windows(tok, config, data, "test", count, args.batch_size)
   with common.timed(timings, "MLM loss"):
     r = outliers.mlm_loss_without_dimensions(
       params, config, common.masked_windows(tok, config, test, args.seed + 1), dims_sets

@@ -48,9 +48,9 @@ def parse_args(argv: Sequence[str] | None = None):
   p.add_argument(
     "--mlm-windows",
     type=int,
-    default=1024,
+    default=3000,
     help="128-token windows an MLM head is fitted on when the checkpoint has none "
-    "(default: 1024, as outlier_dimensions, which reads the same cached head; --smoke: 16)",
+    "(default: 3000, as outlier_dimensions, which reads the same cached head; --smoke: 16)",
   )
   p.add_argument(
     "--mlm-steps",
