@@ -401,14 +401,20 @@ def load_model(args, smoke=None):
 
 def sizes(name: str) -> dict[str, dict[str, Any]]:
   """The sizes of experiment `name`'s runs, by scale ("full", "smoke", maybe "gpu"), read
-  from `experiments/sizes.toml`; a size that another of its scales gives and this one leaves
-  out is None (TOML has no null).
+  from `experiments/sizes.toml`. A table with `like = "other"` takes every size it leaves out
+  from that scale's table; a size that another of its scales gives and this one leaves out
+  is None (TOML has no null).
 
   Raises:
-    KeyError: `sizes.toml` has no table for `name`.
+    KeyError: `sizes.toml` has no table for `name`, or a `like` names no scale of it.
   """
   with open(pathlib.Path(__file__).with_name("sizes.toml"), "rb") as f:
     tables = tomllib.load(f)[name]
+  tables = {
+    scale: {**tables[table["like"]], **table} if "like" in table else table
+    for scale, table in tables.items()
+  }
+  tables = {scale: {k: v for k, v in t.items() if k != "like"} for scale, t in tables.items()}
   keys = dict.fromkeys(k for table in tables.values() for k in table)
   return {scale: {k: table.get(k) for k in keys} for scale, table in tables.items()}
 
