@@ -354,12 +354,19 @@ def tiny_stand_in(name: str) -> Callable[[], tuple]:
 
 
 def finetune_model(
-  args, task: str, num_labels: int, *, smoke: dict[str, Any], seed: int, label_names=None
+  args,
+  task: str,
+  num_labels: int,
+  *,
+  smoke: dict[str, Any],
+  seed: int,
+  label_names=None,
+  tok=None,
 ):
   """(config, params, tokenizer, name): the model a fine-tuning experiment starts from, with a
   fresh `task` head of `num_labels` outputs (`finetune.prepare_model`): `--model` when given,
   else with `--smoke` a random BERT of the `smoke` fields over all-MiniLM-L6-v2's vocabulary,
-  else all-MiniLM-L6-v2.
+  else all-MiniLM-L6-v2. `tok`: that model's tokenizer when the caller has already loaded it.
 
   Raises:
     UsageError: `--model` cannot be loaded.
@@ -370,7 +377,7 @@ def finetune_model(
   source = args.model or bertjax.minilm_path()
   kw = {"seed": seed, "label_names": label_names}
   try:
-    tok = bertjax.Tokenizer.from_pretrained(source)
+    tok = bertjax.Tokenizer.from_pretrained(source) if tok is None else tok
     if args.smoke and not args.model:
       tiny = bertjax.BertConfig(vocab_size=tok.vocab_size, **smoke)
       config, params = ft.prepare_model(task, num_labels, config=tiny, **kw)

@@ -87,7 +87,13 @@ def run_experiment(args) -> int:
   common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
   hp = sc.finetune_config(args.seed)
   t_config, t_params, _, teacher = common.finetune_model(
-    args, "token_classification", len(tags), smoke=SMOKE_TEACHER, seed=args.seed, label_names=tags
+    args,
+    "token_classification",
+    len(tags),
+    smoke=SMOKE_TEACHER,
+    seed=args.seed,
+    label_names=tags,
+    tok=tok,
   )
   if not 1 <= args.shared_layer <= t_config.depth:  # before any training
     raise common.UsageError(

@@ -19,6 +19,7 @@ import numpy as np
 from bertjax.tasks.acceptability import load_blimp_task, split_groups, subset
 from bertjax.tasks.baselines import bag_of_words_accuracy, majority_accuracy, word_tag_accuracy
 from bertjax.tasks.sentences import labelled_sentences
+from bertjax.training import finetune as ft
 from bertjax.training.early_stopping import EarlyStopping, train_early_stopping
 from bertjax.training.losses import IGNORE_INDEX
 
@@ -56,8 +57,6 @@ def control_tasks(
     raise ValueError(
       f"tasks {unknown} are not among {TASKS}" if unknown else f"tasks {missing} need their data"
     )
-  from bertjax.training import finetune as ft
-
   limit = size.get("sentence_limit")
   tasks = {}
   for name, field in (("negation", "negated"), ("question", "question")):
