@@ -776,15 +776,15 @@ def head_source(head: dict) -> str:
   if head["source"] == "the checkpoint's":
     return "the checkpoint's own MLM head"
   stopped = (
-    f", early-stopped on {head['stop_predictions']:,} held-out ones (loss "
-    f"{head['stop_loss']:.2f} nats; step {head['best_step']} of {head['steps']} kept)"
+    f" and {head['stop_loss']:.2f} on {head['stop_predictions']:,} held out to stop on, step "
+    f"{head['best_step']} of {head['steps']} kept"
     if "best_step" in head
     else ""
   )
   return (
-    f"an MLM head fitted to the frozen body on {head['fit_predictions']:,} WikiText-2 "
-    f"validation predictions (loss {head['fit_loss']:.2f} nats on them){stopped}, as the "
-    "checkpoint ships none"
+    "an MLM head fitted to the frozen body, as the checkpoint ships none: "
+    f"{head['fit_predictions']:,} WikiText-2 validation predictions, loss "
+    f"{head['fit_loss']:.2f} nats on them{stopped}"
   )
 
 
