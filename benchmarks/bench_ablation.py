@@ -44,8 +44,8 @@ import json
 import pathlib
 import platform
 import resource
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -191,12 +191,12 @@ def time_importance(params, config, batches, warm, loss_fn, repeats):
   )
   fwd_pass = lambda data: [fwd(params, b) for b in data]
   imp = lambda data: ablation.head_importance(params, config, data, loss_fn)
-  _, fwd_warm = timed(lambda: fwd_pass(warm))
-  _, imp_warm = timed(lambda: imp(warm))
+  _, fwd_warm = common.timed(lambda: fwd_pass(warm))
+  _, imp_warm = common.timed(lambda: imp(warm))
   fwd_s, imp_s = [], []
   for _ in range(repeats):  # interleaved, so machine-load drift hits both alike
-    fwd_s.append(timed(lambda: fwd_pass(batches))[1])
-    importance, t = timed(lambda: imp(batches))
+    fwd_s.append(common.timed(lambda: fwd_pass(batches))[1])
+    importance, t = common.timed(lambda: imp(batches))
     imp_s.append(t)
   f, i = float(np.median(fwd_s)), float(np.median(imp_s))
   share = sum(int(np.prod(b["input_ids"].shape)) for b in warm) / sum(
@@ -216,13 +216,6 @@ def time_importance(params, config, batches, warm, loss_fn, repeats):
 
 def rss_mib():
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed(fn):
-  start = time.perf_counter()
-  out = fn()
-  jax.block_until_ready(out)
-  return out, time.perf_counter() - start
 
 
 def main(argv=None):
@@ -277,10 +270,10 @@ def main(argv=None):
   warm_ids = {id(b) for b in warm}
   for method in methods:
     strategy = method[0]
-    _, warm_s = timed(lambda m=method: run(m, warm))  # compile + one run of each shape
+    _, warm_s = common.timed(lambda m=method: run(m, warm))  # compile + one run of each shape
     total, count, steady_warm, wall = 0.0, 0.0, 0.0, 0.0
     for b in batches:  # one batch at a time, to time the warm batches again, compiled
-      result, t = timed(lambda m=method, b=b: run(m, [b]))
+      result, t = common.timed(lambda m=method, b=b: run(m, [b]))
       n = b["input_ids"].shape[0]  # the metric's count: one cosine per sentence
       total, count, wall = total + n * result.heads, count + n, wall + t
       steady_warm += t if id(b) in warm_ids else 0.0

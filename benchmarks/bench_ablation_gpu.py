@@ -39,8 +39,8 @@ import json
 import pathlib
 import platform
 import re
-import time
 
+import common
 import jax
 import numpy as np
 
@@ -127,12 +127,6 @@ def make_batches(seqs, batch_size, multiple=32):
   return batches
 
 
-def timed(fn):
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - start
-
-
 def prepare(args) -> None:
   """`--prepare`: packs WikiText-2 with MiniLM's vocabulary and writes the ids."""
   tok = bertjax.Tokenizer.from_pretrained(bertjax.minilm_path())
@@ -183,8 +177,8 @@ def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
   def forward_all(data):
     return [forward_metric(params, b) for b in data]
 
-  _, fwd_warm = timed(lambda: forward_all(warm))
-  fwd_times = [timed(lambda: forward_all(batches))[1] for _ in range(repeats)]
+  _, fwd_warm = common.timed(lambda: forward_all(warm))
+  fwd_times = [common.timed(lambda: forward_all(batches))[1] for _ in range(repeats)]
   return {"wall_s": float(np.median(fwd_times)), "all_s": fwd_times, "compile_s": fwd_warm}
 
 
@@ -203,8 +197,10 @@ def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, repo
   )["scale"]
   results = {}
   for name, strategy, chunk in methods:
-    _, warm_s = timed(lambda chunk=chunk, strategy=strategy: sweep(warm, chunk, strategy))
-    result, wall = timed(lambda chunk=chunk, strategy=strategy: sweep(batches, chunk, strategy))
+    _, warm_s = common.timed(lambda chunk=chunk, strategy=strategy: sweep(warm, chunk, strategy))
+    result, wall = common.timed(
+      lambda chunk=chunk, strategy=strategy: sweep(batches, chunk, strategy)
+    )
     results[name] = result
     report[name] = {"wall_s": wall, "vs_forward": wall / fwd, "warm_pass_s": warm_s}
     print(
@@ -221,8 +217,8 @@ def time_importance(params, config, warm, batches, repeats: int) -> dict:
   importance = lambda data: ablation.head_importance(
     params, config, data, ablation.token_reconstruction_loss
   )
-  _, imp_warm = timed(lambda: importance(warm))
-  imp_times = [timed(lambda: importance(batches))[1] for _ in range(repeats)]
+  _, imp_warm = common.timed(lambda: importance(warm))
+  imp_times = [common.timed(lambda: importance(batches))[1] for _ in range(repeats)]
   fwd_recon = jax.jit(
     lambda p, b: ablation.token_reconstruction_loss(
       p,
@@ -237,8 +233,10 @@ def time_importance(params, config, warm, batches, repeats: int) -> dict:
       None,
     )
   )
-  timed(lambda: [fwd_recon(params, b) for b in warm])
-  recon_times = [timed(lambda: [fwd_recon(params, b) for b in batches])[1] for _ in range(repeats)]
+  common.timed(lambda: [fwd_recon(params, b) for b in warm])
+  recon_times = [
+    common.timed(lambda: [fwd_recon(params, b) for b in batches])[1] for _ in range(repeats)
+  ]
   imp, rec = float(np.median(imp_times)), float(np.median(recon_times))
   return {
     "criterion": "token_reconstruction",

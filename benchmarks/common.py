@@ -57,6 +57,17 @@ def machine(*, torch: bool = False, **extra: Any) -> dict[str, Any]:
   return {**info, **extra}
 
 
+def timed(fn) -> tuple[Any, float]:
+  """`(fn(), seconds)`: one call, timed until its JAX arrays are ready."""
+  import time
+
+  import jax
+
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - start
+
+
 def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
   """Seconds of each zero-argument call over `rounds` rounds in a rotating order, after at
   least one untimed call each (`warmup` of them when more); `bertjax.utils.interleaved_times`
