@@ -139,8 +139,8 @@ def main(argv=None) -> dict:
   rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
   # The peak is the best of runs before and after the rows, so that a neighbour's
   # burst during one of them cannot understate it (and overstate every share).
-  peak_size, peak_repeats = (512, 10) if args.smoke else (2048, 10)
-  peak_before = matmul_peak(torch, peak_size, peak_repeats)
+  peak_size = 512 if args.smoke else 2048
+  peak_before = matmul_peak(torch, peak_size, 10)
   with tempfile.TemporaryDirectory() as tmp:
     models = [
       ("all-MiniLM-L6-v2", bertjax.minilm_path()),
@@ -151,7 +151,7 @@ def main(argv=None) -> dict:
       for name, path in models
       for b, t in shapes
     ]
-  peak_after = matmul_peak(torch, peak_size, peak_repeats)
+  peak_after = matmul_peak(torch, peak_size, 10)
   peak = {k: max(peak_before[k], peak_after[k]) for k in peak_before}
   for row in rows:
     row["bertjax"]["fraction_of_peak"] = row["bertjax"]["gflops"] / peak["jax_gflops"]

@@ -259,13 +259,13 @@ def fit_mlm_head(
   if bar is not None:
     bar.close()
   if eval_every:
-    head = best[2]
+    head = best[2]  # the checked head with the lowest held-out loss
   log = {
     "loss": losses,
     "fit": _evaluate(head, params, config, states, targets),
     "held_out": _evaluate(head, params, config, *held) if held else None,
     "initial": initial,
   }
-  if eval_every:
+  if curve:
     log |= {"curve": curve, "best_step": best[1]}
   return {**params, "mlm": head}, log
