@@ -162,7 +162,7 @@ setup() {
 }
 
 # The demo, the bertjax commands and the experiments keep freed host memory for reuse
-# (bertjax/host_memory.py: no page faulted twice; the process keeps its peak until it exits).
+# (bertjax/host_memory.py: fewer pages faulted afresh; the process keeps its peak until exit).
 reuse_host_memory() {
   local t="glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
   export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}$t"
