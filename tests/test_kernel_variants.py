@@ -81,7 +81,9 @@ def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate
     ]
   np.testing.assert_allclose(out, ref, atol=2e-6)
   for name, got, w in zip(("dq", "dk", "dv", "dxi", "dtable"), grads, want):
-    np.testing.assert_allclose(got, w, atol=2e-5, err_msg=name)
+    # float32 sums of a few hundred terms: dxi reached 3.04 with an error of 2.1e-5 (6.8e-6
+    # relative) on a Zen 3 without AVX-512, so the bound scales with the value too.
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=2e-5, err_msg=name)
   if kind is not None:
     assert np.abs(want[4]).max() > 1e-2  # the bias table really gets a gradient
 
