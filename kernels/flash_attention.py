@@ -92,6 +92,7 @@ from .tiling import (
   prepare,
   query_blocks,
   relative_rows,
+  table_row,
   take_bias,
 )
 
@@ -291,7 +292,7 @@ def _dkv_kernel(*refs, cfg: KernelConfig):
   for r in range(cfg.groups):  # the query heads of this key/value head
     xi = xi_ref[r]
     key = key_ref[r] if cfg.dropout else None
-    table = table_ref if disentangled else table_ref[r, :] if cfg.bias_kind else None
+    table = table_ref if disentangled else table_row(cfg, table_ref, r) if cfg.bias_kind else None
 
     def body(i, carry, r=r, xi=xi, key=key, table=table):
       dk, dv = carry

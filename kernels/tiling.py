@@ -239,12 +239,15 @@ def bias_args(cfg: KernelConfig, table) -> list:
 
 
 def take_bias(cfg: KernelConfig, refs: list):
-  """Pops the bias inputs off a kernel's `refs`: a table kind's table as a value, or for
-  "disentangled" the refs `(lut, c2p or None, p2c or None)`; None without a bias."""
+  """Pops the bias inputs off a kernel's `refs`: ALiBi's slope as a value, a buckets table as
+  its ref (`bias_tile` gathers from it), or for "disentangled" the refs `(lut, c2p or None,
+  p2c or None)`; None without a bias."""
   if cfg.bias_kind is None:
     return None
-  if cfg.bias_kind != "disentangled":
+  if cfg.bias_kind == "alibi":
     return refs.pop(0)[...]
+  if cfg.bias_kind == "buckets":
+    return refs.pop(0)
   lut = refs.pop(0)
   return (lut, *(refs.pop(0) if t in cfg.terms else None for t in ("c2p", "p2c")))
 
@@ -276,12 +279,20 @@ def disentangled_grad(out_ref, rows, r, ds) -> None:
   jax.ref.addupdate(out_ref, (jnp.broadcast_to(rows, r.shape), r), ds)
 
 
+def table_row(cfg: KernelConfig, table_ref, r: int):
+  """Query head `r`'s bias from a `(heads, entries)` table ref, in `take_bias`'s form: ALiBi's
+  slope as a value, a buckets table as `(ref, r)`."""
+  return table_ref[r, :] if cfg.bias_kind == "alibi" else (table_ref, r)
+
+
 def bias_tile(cfg: KernelConfig, bias_ref, q_idx, k_idx):
   """The position bias of a (bq, bk) tile from this head's small table, or None.
 
-  "buckets": T5/MPNet buckets of `k - q`, looked up by a select per bucket (a gather from a
-  value lowers nowhere but in interpret mode); "alibi": `-slope * |k - q|`; "disentangled":
-  `disentangled_tile`, `bias_ref` the refs of `take_bias`. No T x T bias exists.
+  "buckets": T5/MPNet buckets of `k - q`, gathered from the table's ref (`bias_ref`, or
+  `(ref, row)` of a table of several heads): pointer loads on Triton, where indexing a loaded
+  table lowers to `slice` or `gather` on a value, which Pallas' Triton lowering lacks (seen on
+  an H200, jax 0.11.2); "alibi": `-slope * |k - q|`; "disentangled": `disentangled_tile`,
+  `bias_ref` the refs of `take_bias`. No T x T bias exists.
   """
   if cfg.bias_kind is None:
     return None
@@ -293,10 +304,10 @@ def bias_tile(cfg: KernelConfig, bias_ref, q_idx, k_idx):
   from .position_bias import relative_position_bucket
 
   bucket = relative_position_bucket(rel, cfg.num_buckets, cfg.max_distance)
-  out = jnp.zeros(rel.shape, jnp.float32)
-  for n in range(cfg.num_buckets):
-    out = jnp.where(bucket == n, bias_ref[n], out)
-  return out
+  if isinstance(bias_ref, tuple):
+    ref, row = bias_ref
+    return ref[jnp.full(bucket.shape, row, jnp.int32), bucket].astype(jnp.float32)
+  return bias_ref[bucket].astype(jnp.float32)
 
 
 def bias_grad_tile(cfg: KernelConfig, ds, q_idx, k_idx):
@@ -308,7 +319,13 @@ def bias_grad_tile(cfg: KernelConfig, ds, q_idx, k_idx):
   from .position_bias import relative_position_bucket
 
   bucket = relative_position_bucket(rel, cfg.num_buckets, cfg.max_distance)
-  return jnp.stack([jnp.where(bucket == n, ds, 0.0).sum() for n in range(cfg.num_buckets)])
+  # Each bucket's sum placed by a select (stacking scalars lowers to `concatenate`, which
+  # Pallas' Triton lowering lacks).
+  lanes = jnp.arange(cfg.num_buckets)
+  out = jnp.zeros((cfg.num_buckets,), jnp.float32)
+  for n in range(cfg.num_buckets):
+    out = out + jnp.where(lanes == n, jnp.where(bucket == n, ds, 0.0).sum(), 0.0)
+  return out
 
 
 def pallas_call(kernel, cfg: KernelConfig, head_dim: int, **kwargs):
