@@ -1,7 +1,8 @@
 """Edge attribution (EAP, EAP-IG) against one forward pass, on the CPU.
 
 Run (full, CPU):  JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_edges.py
-                  (about 5 minutes on 2 cores; writes benchmarks/results/edges_cpu.{json,md})
+                  (about 5 minutes on 2 cores; writes benchmarks/results/edges_cpu.{json,md};
+                  on a GPU the files are named by the device, edges_nvidia_h200.*)
 Check (tiny):     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/bench_edges.py --smoke --out /tmp/b
 
 Issue 34's targets, BERT-base shape, batch 8 x 128: scores for every edge of the graph
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -141,7 +143,9 @@ def markdown(report: dict) -> str:
   m, r = report["machine"], report["results"]
   lines = [
     (
-      f"# Edge attribution against one forward pass ({m['cpu']}, {m['cpus']} cores, "
+      f"# Edge attribution against one forward pass ({m['accelerator']}; jax {report['jax']})"
+      if "accelerator" in m
+      else f"# Edge attribution against one forward pass ({m['cpu']}, {m['cpus']} cores, "
       f"ISA: {', '.join(m['isa_flags'])}; jax {report['jax']})"
     ),
     "",
@@ -198,7 +202,9 @@ def main(argv=None) -> int:
   flops = product_flops(_config(args), args.batch, args.seq)
   report["gflop"] = {k: v / 1e9 for k, v in flops.items()}
   args.out.mkdir(parents=True, exist_ok=True)
-  stem = "edges_cpu" + ("_smoke" if args.smoke else "")
+  where = report["machine"].get("accelerator", "cpu")
+  stem = "edges_" + re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_").lower()
+  stem += "_smoke" if args.smoke else ""
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
   (args.out / f"{stem}.md").write_text(markdown(report))
   print(markdown(report))
