@@ -319,8 +319,9 @@ def bias_grad_tile(cfg: KernelConfig, ds, q_idx, k_idx):
   from .position_bias import relative_position_bucket
 
   bucket = relative_position_bucket(rel, cfg.num_buckets, cfg.max_distance)
-  # Each bucket's sum placed by a select (stacking scalars lowers to `concatenate`, which
-  # Pallas' Triton lowering lacks).
+  # Each bucket's sum placed by a select: stacking scalars would lower to `concatenate`, not
+  # checked compiled (the run that found the forward's `slice` stopped there); selects and
+  # sums are what ALiBi's gradient, which compiled, uses.
   lanes = jnp.arange(cfg.num_buckets)
   out = jnp.zeros((cfg.num_buckets,), jnp.float32)
   for n in range(cfg.num_buckets):
