@@ -251,7 +251,7 @@ def write_report(report: dict, out, scan_unroll: int, smoke: bool) -> None:
   """Writes `ablation_gpu_<device>[_unrollN][_smoke].json` and `.md` and prints the table."""
   out = pathlib.Path(out)
   out.mkdir(parents=True, exist_ok=True)
-  stem = "ablation_gpu_" + re.sub(r"[^a-z0-9]+", "_", report["device"].lower()).strip("_")
+  stem = "ablation_gpu_" + common.slug(report["device"])
   stem += f"_unroll{scan_unroll}" if scan_unroll > 1 else ""
   stem += "_smoke" if smoke else ""
   (out / f"{stem}.json").write_text(json.dumps(report, indent=1))

@@ -43,10 +43,10 @@ import argparse
 import json
 import pathlib
 import platform
-import re
 import statistics
 import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -353,7 +353,7 @@ def main(argv=None):
     "attention_"
     + (f"window{result['window']}_" if result["window"] else "")
     + ("deberta_" if result["deberta"] else "")
-    + re.sub(r"[^A-Za-z0-9]+", "_", result["device_kind"]).strip("_").lower()
+    + common.slug(result["device_kind"])
   )
   if result["smoke"]:
     stem += "_smoke"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import statistics
 import sys
 import time
@@ -203,7 +202,7 @@ def main(argv=None) -> int:
   report["gflop"] = {k: v / 1e9 for k, v in flops.items()}
   args.out.mkdir(parents=True, exist_ok=True)
   where = report["machine"].get("accelerator", "cpu")
-  stem = "edges_" + re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_").lower()
+  stem = "edges_" + common.slug(where)
   stem += "_smoke" if args.smoke else ""
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1))
   (args.out / f"{stem}.md").write_text(markdown(report))

@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -108,6 +109,12 @@ def parser(
   if "warmup" in rounds:
     p.add_argument("--warmup", type=_count(0), default=rounds["warmup"], help="untimed calls first")
   return p
+
+
+def slug(name: str) -> str:
+  """A device's name as part of a file name: lower case, each run of other characters than
+  letters and digits one `_` ("NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3")."""
+  return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
