@@ -194,9 +194,11 @@ def stage(
 ) -> pathlib.Path:
   """Writes what MkDocs reads into `src` (replaced); returns the config to build with. With
   `api=False`, no API reference; with `run_tutorials=False`, the tutorials' code without its
-  output."""
+  output. Relative `src` and `site` are the caller's (the current directory's)."""
   import yaml
 
+  # MkDocs reads a relative path in the config against the config's own folder, src/.
+  src, site = src.resolve(), site.resolve()
   if src.exists():
     shutil.rmtree(src)
   docs = src / "docs"
@@ -221,7 +223,7 @@ def stage(
   config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
   config.update(
     docs_dir=str(docs),
-    site_dir=str(site.resolve()),
+    site_dir=str(site),
     nav=[
       *({title: page} for _, page, title in PAGES),
       *(
@@ -243,7 +245,8 @@ def stage(
 def build(site: pathlib.Path, api: bool = True, run_tutorials: bool = True) -> dict[str, int]:
   """Stages and builds the site into `site` (replaced), strictly; returns how many pages of
   each kind. Raises RuntimeError with MkDocs' warnings when the build fails, or naming the
-  tutorial and cell that failed."""
+  tutorial and cell that failed. A relative `site` is the current directory's."""
+  site = site.resolve()  # `.` or `out/..` has no name of its own to add `.src` to
   config = stage(site.with_name(site.name + ".src"), site, api, run_tutorials)
   env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
   run = subprocess.run(

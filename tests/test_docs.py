@@ -128,6 +128,22 @@ def test_tutorials_run_and_show_their_output(site):
   assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
 
 
+def test_a_relative_out_is_the_callers_folder(tmp_path, monkeypatch):
+  """`./run.sh docs` (default `--out out/site`) from the checkout or any folder: a relative
+  folder is the caller's, not the staged `mkdocs.yml`'s."""
+  (tmp_path / "README.md").write_text("# Title\n")
+  monkeypatch.setattr(build, "PAGES", (("README.md", "index.md", "Overview"),))
+  monkeypatch.setattr(build, "REPO_PAGES", tmp_path)
+  monkeypatch.setattr(build, "TUTORIALS", ())
+  caller = tmp_path / "caller"
+  caller.mkdir()
+  monkeypatch.chdir(caller)
+  assert build.main(["--no-api", "--no-run"]) == 0
+  assert (caller / "out/site/index.html").is_file()
+  assert build.main(["--out", "site", "--no-api", "--no-run"]) == 0
+  assert (caller / "site/index.html").is_file()
+
+
 def test_a_failing_tutorial_fails_the_build(tmp_path, monkeypatch):
   (tmp_path / "README.md").write_text("# Title\n")
   (tmp_path / "bad.py").write_text(
