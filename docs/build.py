@@ -12,7 +12,8 @@ The site's settings are in `mkdocs.yml`. This script stages what MkDocs reads in
 
 * the pages, their links rewritten for the site: a link to another page keeps its anchor, a
   link to a file of the repository (a script, a result) becomes its path in code type, since
-  the site holds only the pages, and links to the web stay as they are;
+  the site holds only the pages, and links to the web stay as they are; images stay images,
+  their targets as written (the tutorials' figures are written beside their pages);
 * `api/<module>.md` for every module of `bertjax` and of `bertjax.kernels` (the `__main__`
   entry points aside), each a mkdocstrings `::: module` directive, found by reading the
   source tree (nothing is imported);
@@ -66,14 +67,16 @@ def page_of(source: str) -> str | None:
 def rewrite_links(text: str, source: str, page: str = "") -> str:
   """`text`'s Markdown links rewritten for the site: to another page (with its anchor), to a
   repository file as its path in code type, web links unchanged. `page` is where the text goes
-  on the site (links from `tutorials/x.md` climb one folder). A bracketed list right after
-  a bracketed word (`[CLS] [0.29, 0.36]`) is escaped, or Markdown would read a reference link."""
+  on the site (links from `tutorials/x.md` climb one folder). Images (`![alt](x.png)`) stay as
+  written: the only ones are the tutorials' figures, which `_markdown` writes beside the page
+  (a target the site lacks fails the strict build). A bracketed list right after a bracketed
+  word (`[CLS] [0.29, 0.36]`) is escaped, or Markdown would read a reference link."""
   base = pathlib.PurePosixPath(source).parent
   up = "../" * page.count("/")
 
   def one(m: re.Match) -> str:
-    label, target = m.group(1), m.group(2)
-    if re.match(r"[a-z]+:", target) or target.startswith("#"):
+    image, label, target = m.group(1), m.group(2), m.group(3)
+    if image or re.match(r"[a-z]+:", target) or target.startswith("#"):
       return m.group(0)
     path, _, anchor = target.partition("#")
     resolved = _normalise(f"{base}/{path}") if path else source
@@ -84,7 +87,7 @@ def rewrite_links(text: str, source: str, page: str = "") -> str:
     return shown if label.strip("`") == resolved else f"{shown} (`{resolved}`)"
 
   def prose(part: str) -> str:
-    part = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", one, part)
+    part = re.sub(r"(!?)\[([^\]]+)\]\(([^)\s]+)\)", one, part)
     return re.sub(r"\] \[(?=[^\]]*\](?!\())", r"] \\[", part)
 
   parts = re.split(r"(```.*?```)", text, flags=re.DOTALL)  # code blocks stay as written

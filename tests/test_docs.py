@@ -24,7 +24,7 @@ pytest.importorskip("nbclient")
 class _Links(html.parser.HTMLParser):
   def __init__(self):
     super().__init__()
-    self.hrefs, self.ids = [], set()
+    self.hrefs, self.ids, self.images = [], set(), []
 
   def handle_starttag(self, tag, attrs):
     a = dict(attrs)
@@ -32,6 +32,8 @@ class _Links(html.parser.HTMLParser):
       self.ids.add(a["id"])
     if tag == "a" and a.get("href"):
       self.hrefs.append(a["href"])
+    if tag == "img" and a.get("src"):
+      self.images.append(a["src"])
 
 
 def _text(page: pathlib.Path) -> str:
@@ -126,6 +128,13 @@ def test_tutorials_run_and_show_their_output(site):
   figures = sorted((out / "tutorials").glob("*.png"))
   assert {f.name.rsplit("-", 1)[0] for f in figures} == {"clark_attention", "negation_patching"}
   assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
+  # The figures are on the pages, not only beside them: one <img> per figure, each at its file.
+  for source, _ in build.TUTORIALS:
+    page = out / build.tutorial_page(source).replace(".md", ".html")
+    shown = [(page.parent / src).resolve() for src in _parse(page).images]
+    assert all(path.is_file() for path in shown), (source, shown)
+    drawn = [f.resolve() for f in figures if f.name.startswith(pathlib.Path(source).stem + "-")]
+    assert sorted(p for p in shown if p.suffix == ".png") == drawn, (source, shown, drawn)
 
 
 def test_a_relative_out_is_the_callers_folder(tmp_path, monkeypatch):
@@ -173,3 +182,10 @@ def test_links_are_rewritten_for_the_site():
   assert build.rewrite_links(code, "README.md") == code  # code blocks are left alone
   # A bracketed list after a bracketed word is no reference link.
   assert build.rewrite_links("[CLS] [0.29, 0.36]", "README.md") == "[CLS] \\[0.29, 0.36]"
+
+
+def test_images_stay_images():
+  """A tutorial's figure, written beside its page, stays an image of that file."""
+  figure = "![clark_attention, figure 1](clark_attention-1.png)"
+  source, page = "docs/tutorials/clark_attention.py", "tutorials/clark_attention.md"
+  assert build.rewrite_links(f"Text.\n\n{figure}\n", source, page) == f"Text.\n\n{figure}\n"
