@@ -10,14 +10,12 @@ and `compression_table` writes the rows as Markdown under each row's `row_labels
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
+from bertjax import timing
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import count_params, forward
 from bertjax.model.heads import head_logits
@@ -127,7 +125,7 @@ def time_logits(
   warmup: int = 1,
 ) -> dict[str, dict[str, Any]]:
   """Each model's forward to its `head`'s logits on one batch, compiled ahead of time and then
-  timed side by side (`utils.interleaved_times`).
+  timed side by side (`timing.compiled_side_by_side`).
 
   Args:
     models: name -> (config, params).
@@ -138,27 +136,20 @@ def time_logits(
   Returns:
     name -> `{"compile_s", "median_s", "min_s", "rounds_s"}`.
   """
-  from bertjax import utils
-
   args = tuple(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids"))
-  calls, compile_s = {}, {}
-  for name, (config, params) in models.items():
 
-    def logits(p, ids, mask, types, config=config):
-      return head_logits(p, config, forward(p, config, ids, mask, types), head)
+  def logits(config):
+    return lambda p, ids, mask, types: head_logits(
+      p, config, forward(p, config, ids, mask, types), head
+    )
 
-    t0 = time.perf_counter()
-    compiled = jax.jit(logits).lower(params, *args).compile()
-    compile_s[name] = time.perf_counter() - t0
-    calls[name] = functools.partial(compiled, params, *args)
-  times = utils.interleaved_times(calls, rounds, warmup=max(warmup - 1, 0))
+  times = timing.compiled_side_by_side(
+    {name: (logits(config), (params, *args)) for name, (config, params) in models.items()},
+    rounds,
+    warmup=max(warmup - 1, 0),
+  )
   return {
-    name: {
-      "compile_s": compile_s[name],
-      "median_s": t["median_s"],
-      "min_s": t["min_s"],
-      "rounds_s": t["times_s"],
-    }
+    name: {k: t[k] for k in ("compile_s", "median_s", "min_s")} | {"rounds_s": t["times_s"]}
     for name, t in times.items()
   }
 

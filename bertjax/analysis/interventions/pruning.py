@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import stats, utils
+from bertjax import stats, timing
 from bertjax.analysis.interventions import ablation
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import count_params, forward
@@ -239,8 +239,8 @@ def time_forwards(
   models: Mapping[str, tuple], ids, attention_mask, repeats: int
 ) -> dict[str, dict]:
   """Forward-pass times of `name -> (config, params, head_mask or None)`, side by side
-  (`utils.interleaved_times`: compile apart in `first_call_s`, one warm-up, `repeats`
-  rounds in a rotating order).
+  (`timing.interleaved`: compile apart in `first_call_s`, one warm-up, `repeats` rounds in a
+  rotating order).
 
   Returns:
     `{name: {"first_call_s", "times_s": [one per round], "median_s", "min_s"}}`.
@@ -251,7 +251,7 @@ def time_forwards(
       forward(params, config, ids, attention_mask, head_mask=head_mask).last_hidden_state
     )
 
-  return utils.interleaved_times({k: call(*m) for k, m in models.items()}, repeats)
+  return timing.interleaved({k: call(*m) for k, m in models.items()}, repeats)
 
 
 def pruned_speedups(
