@@ -271,6 +271,35 @@ def test_distilling_a_three_layer_teacher_from_the_hub(tmp_path, monkeypatch, ca
     assert not (tmp_path / "other").exists()
 
 
+def test_distilling_with_the_default_objective_from_an_mlm_only_teacher(tmp_path, capsys):
+  # The issue: without --objective the run asked for NSP, which a student built from a
+  # masked-LM teacher has no head for, and failed in the loop ("initial params lack the heads
+  # ['nsp']") without saying that --objective none works. Now the default follows the
+  # teacher's heads, and an explicit head the teacher lacks is refused by name, up front.
+  cfg = bertjax.BertConfig(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=64,
+  )
+  teacher = tmp_path / "teacher"
+  bertjax.to_hf(cfg, bertjax.init(cfg, 0, ("mlm",)), teacher)
+  assert train.pretrain_main(_argv(tmp_path / "student", "--teacher", str(teacher))) == 0
+  out = capsys.readouterr().out
+  assert f"--objective none (MLM and distillation): the teacher {teacher} has no NSP" in out
+  rows = _metrics(tmp_path / "student")
+  assert {"distill_ce_loss", "cos_loss"} <= set(rows[0]) and "nsp_loss" not in rows[0]
+  with pytest.raises(
+    ValueError,
+    match=r"--objective nsp with --teacher .* no NSP head \(its "
+    r"heads: \['mlm'\]\); leave out --objective \(with this teacher: none\)",
+  ):
+    train.pretrain_main(_argv(tmp_path / "other", "--objective", "nsp", "--teacher", str(teacher)))
+  assert not (tmp_path / "other").exists()
+
+
 def test_finetune_with_a_teacher(tmp_path):
   teacher_cfg = bertjax.BertConfig(
     vocab_size=30522,

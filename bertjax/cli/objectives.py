@@ -71,8 +71,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
   g.add_argument("--temperature", type=float, default=2.0, help="distillation temperature")
 
 
-def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
-  """`(config, params, data, objective)` for `loop.pretrain` from the parsed options."""
+def setup(args, config, params, corpus, pc, teacher=None) -> tuple[Any, Any, Any, Any]:
+  """`(config, params, data, objective)` for `loop.pretrain` from the parsed options;
+  `teacher`: `(config, params)` of --teacher when the caller has read it already."""
   from bertjax.data import pretraining as P
   from bertjax.training import objectives as O
 
@@ -118,7 +119,7 @@ def setup(args, config, params, corpus, pc) -> tuple[Any, Any, Any, Any]:
     import bertjax
     from bertjax.training import distill
 
-    t_config, t_params = bertjax.from_hf(args.teacher)
+    t_config, t_params = bertjax.from_hf(args.teacher) if teacher is None else teacher
     if t_config.vocab_size != config.vocab_size:
       raise ValueError(
         f"the teacher's vocab_size={t_config.vocab_size} differs from the "

@@ -213,9 +213,11 @@ def pretrain_parser() -> argparse.ArgumentParser:
   )
   g.add_argument(
     "--objective",
-    default="nsp",
+    default=None,
     choices=("nsp", "sop", "none"),
-    help="sentence-level objective besides MLM",
+    help="sentence-level objective besides MLM (default: nsp); a student built from "
+    "--teacher (without --init-from) has the teacher's heads, so there the default is the "
+    "teacher's own NSP or SOP head, else none",
   )
   g.add_argument(
     "--masking", default="token", choices=("token", "whole_word", "span"), help="MLM masking unit"
@@ -311,6 +313,34 @@ def _check_pretrainable(args) -> None:
     )
 
 
+def _sentence_objective(args, teacher) -> str:
+  """The NSP/SOP objective of the run: --objective, else NSP. A student built from a --teacher
+  (no --init-from) starts with the teacher's heads only, so there the default is the teacher's
+  own sentence head, else none (said on the console), and a head it lacks is refused by name
+  before anything is read or written."""
+  if teacher is None or args.init_from:
+    return args.objective or "nsp"
+  t_config, t_params = teacher
+  own = [h for h in ("nsp", "sop") if h in t_params]
+  if args.objective is None:
+    if not own:
+      print(
+        f"pretrain: --objective none (MLM and distillation): the teacher {args.teacher} has "
+        "no NSP or SOP head for the student to start from",
+        flush=True,
+      )
+    return own[0] if own else "none"
+  if args.objective != "none" and args.objective not in t_params:
+    heads = sorted(h for h in t_params if h in t_config.family.heads)
+    raise ValueError(
+      f"--objective {args.objective} with --teacher {args.teacher}: the student starts from "
+      f"the teacher's heads, and it has no {args.objective.upper()} head (its heads: {heads}); "
+      f"leave out --objective (with this teacher: {own[0] if own else 'none'}), or start the "
+      "student from a model with that head: --init-from DIR"
+    )
+  return args.objective
+
+
 PRETRAIN_FILES = ("checkpoints", "vocab", "metrics.jsonl", "summary.json", "tensorboard")
 
 
@@ -402,9 +432,9 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   mesh_lib.initialize_distributed()
   import jax  # after the distributed start, which must come first
 
-  if args.init_from:
-    _check_pretrainable(args)
+  teacher = None
   if args.teacher:
+    import bertjax
     from bertjax.model import hf
 
     if args.train_vocab:
@@ -414,6 +444,10 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
         "--train-vocab"
       )
     args.teacher = str(hf.resolve_model_path(args.teacher))
+    teacher = bertjax.from_hf(args.teacher)  # read once: its heads set the default objective
+  args.objective = _sentence_objective(args, teacher)
+  if args.init_from:
+    _check_pretrainable(args)
   tokenizer, corpus, new_vocab = _pretrain_corpus(args, out / "vocab")
   config, params = _model_config(args, None if args.init_from else corpus.vocab_size)
   config = config.replace(**_program(args))
@@ -436,7 +470,9 @@ def pretrain_main(argv: Sequence[str] | None = None) -> int:
   )
   from bertjax.cli import objectives
 
-  config, params, data, objective = objectives.setup(args, config, params, corpus, pc)
+  config, params, data, objective = objectives.setup(
+    args, config, params, corpus, pc, teacher=teacher
+  )
   train = loop.TrainConfig(
     steps=args.steps,
     batch_size=args.batch_size,
