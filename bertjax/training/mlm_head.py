@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import timing
 from bertjax.data.pretraining import mask_sequence
 from bertjax.data.pretraining_examples import PretrainingConfig
 from bertjax.model.config import BertConfig
@@ -235,12 +236,11 @@ def fit_mlm_head(
   size = min(batch_size, len(targets))
   order, at, losses = rng.permutation(len(targets)), 0, []
   curve, best = [], (np.inf, 0, head)
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
 
-    bar = tqdm(total=steps, desc="MLM head", unit="step")
-  for _ in range(steps):
+  def shown():  # the bar's postfix: the last loss, and the best held-out one once checked
+    return {"loss": f"{losses[-1]:.3f}"} | ({"held_out": f"{best[0]:.3f}"} if curve else {})
+
+  for _ in timing.steps(steps, "MLM head", show=progress, postfix=shown):
     if at + size > len(order):
       order, at = rng.permutation(len(targets)), 0
     idx = order[at : at + size]
@@ -253,11 +253,6 @@ def fit_mlm_head(
       curve.append([done, checked])
       if checked < best[0]:
         best = (checked, done, head)
-    if bar is not None:
-      bar.update(1)
-      bar.set_postfix(loss=f"{losses[-1]:.3f}", **({"held_out": f"{best[0]:.3f}"} if curve else {}))
-  if bar is not None:
-    bar.close()
   if eval_every:
     head = best[2]  # the checked head with the lowest held-out loss
   log = {

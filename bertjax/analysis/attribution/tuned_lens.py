@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import timing
 from bertjax.analysis.batching import as_batch
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import forward
@@ -198,17 +199,9 @@ def train(
     return optax.apply_updates(lens, updates), state, loss
 
   log = []
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, desc="tuned lens", unit="step")
-  for i in range(steps):
+  for i in timing.steps(
+    steps, "tuned lens", show=progress, postfix=lambda: {"loss": f"{log[-1]:.3f}"}
+  ):
     lens, state, loss = step(lens, state, batches[i % len(batches)])
     log.append(float(loss))
-    if bar is not None:
-      bar.update(1)
-      bar.set_postfix(loss=f"{log[-1]:.3f}")
-  if bar is not None:
-    bar.close()
   return lens, log

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import timing
 from bertjax.analysis.batching import as_batch
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import forward
@@ -415,12 +416,7 @@ def train(
   state = start(params, config)
   step = make_step(config)
   order, cursor, log = rng.permutation(len(acts)), 0, []
-  bar = None
-  if progress:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=steps, unit="step", desc="sae", leave=False)
-  for i in range(steps):
+  for i in timing.steps(steps, "sae", show=progress, leave=False):
     if cursor + batch_tokens > len(order):
       order, cursor = rng.permutation(len(acts)), 0
     x = place(acts[order[cursor : cursor + batch_tokens]])
@@ -428,10 +424,6 @@ def train(
     state, metrics = step(state, x, scale)
     if (log_every and i % log_every == 0) or i == steps - 1:
       log.append((i, {k: float(v) for k, v in metrics.items()}))
-    if bar is not None:
-      bar.update(1)
-  if bar is not None:
-    bar.close()
   return state, log
 
 
