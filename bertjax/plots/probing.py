@@ -1,8 +1,7 @@
 """PNG figures for probing, structural-probe, geometry and CKA results.
 
-Figures are built on ``matplotlib.figure.Figure`` (the Agg canvas, no pyplot),
-so nothing touches global backend state and they render headless. Every
-function writes one PNG and returns its path.
+Figures are built on ``matplotlib.figure.Figure`` and render headless; every function
+writes one PNG through the package's one writer (`charts.save_png`) and returns its path.
 
 Layers are numbered as everywhere in bertjax: transformer blocks 1..L, the embedding
 output 0. A per-layer vector with the embeddings first (`embeddings_first=True`, length
@@ -20,6 +19,7 @@ import numpy as np
 
 from bertjax import utils
 from bertjax.analysis.representations import probing_run
+from bertjax.plots.charts import save_png
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
@@ -42,13 +42,7 @@ def _figure(**kwargs) -> Figure:
   return Figure(**kwargs)
 
 
-def _save(fig: Figure, path: PathLike) -> pathlib.Path:
-  path = pathlib.Path(path)
-  if path.suffix.lower() != ".png":
-    raise ValueError(f"{path=} must end in .png")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
-  return path
+_save = save_png  # the plots package's one PNG writer (120 dpi, closes the figure)
 
 
 def _layers(num_layers: int, embeddings_first: bool) -> np.ndarray:
