@@ -492,7 +492,7 @@ def _zero_head_3_of_layer_2(value, layer):
 
 
 def test_a_function_patch_is_a_traced_edit():
-  """patch={site: fn} applies fn(value, layer) in every block, equal to the same edit as a
+  """patch={site: fn} applies fn(value, index) in every block, equal to the same edit as a
   head mask; it composes with jit, vmap and grad; a wrong shape is named."""
   config, params, ids, mask = _tiny()
   xi = np.ones((config.depth, config.num_attention_heads), np.float32)
@@ -532,3 +532,27 @@ def test_a_function_patch_is_a_traced_edit():
 
 def _first_row_only(value, layer):
   return value[:1]
+
+
+def _index_as_value(value, index):
+  """A function patch whose new value is the block index it receives, everywhere."""
+  return jnp.zeros_like(value) + jnp.asarray(index, value.dtype)
+
+
+def test_a_function_patch_receives_the_0_based_block_index():
+  """fn(value, index) gets each block's 0-based index (index i is layer i + 1 in the README's
+  numbering), in the scanned and the unrolled loop, and the block's own index when
+  `run_layers` starts past block 0; a patch that is neither kind names `fn(value, index)`."""
+  config, params, ids, mask = _tiny()
+  emb = bertjax.embed(params, config, ids)
+  patch = {"ffn_out": _index_as_value}
+  for unroll in (False, True):
+    for start in (0, 1):
+      hidden = emb if start == 0 else bertjax.run_layers(params, config, emb, mask, stop=1).last
+      got = bertjax.run_layers(
+        params, config, hidden, mask, start=start, capture=("ffn_out",), patch=patch, unroll=unroll
+      ).cache["ffn_out"]
+      want = np.arange(start, config.depth, dtype=np.float32)[:, None, None, None]
+      np.testing.assert_array_equal(got, np.broadcast_to(want, got.shape), f"{unroll=} {start=}")
+  with pytest.raises(ValueError, match=r"patch\['mid'\] must be .* a function fn\(value, index\)"):
+    bertjax.forward(params, config, ids, mask, patch={"mid": 0.5})

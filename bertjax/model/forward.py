@@ -274,11 +274,11 @@ def forward(
       value and weight broadcast to the site's stacked shape (`bertjax.site_shape`).
       Differentiable in both; vmap over them for sweeps. Applied after head masks.
       Weights are not clipped: outside [0, 1] they extrapolate (2 doubles the edit,
-      -1 pushes away from `value`). Or {site: fn}: a block site becomes `fn(value, layer)`,
-      with `value` the site in one block (batch first, no depth axis) and `layer` the
-      block's index (a traced int under the layer scan); traced under jit, vmap and grad
-      like the rest. The function is a static argument: define it once (not a new lambda
-      per call) so that it compiles once.
+      -1 pushes away from `value`). Or {site: fn}: a block site becomes `fn(value, index)`,
+      with `value` the site in one block (batch first, no depth axis) and `index` the
+      block's 0-based index (a traced int under the layer scan; index i is layer i + 1);
+      traced under jit, vmap and grad like the rest. The function is a static argument:
+      define it once (not a new lambda per call) so that it compiles once.
     deterministic: False enables dropout; then `rng` is required.
     rng: PRNG key for dropout.
     packed: True removes the padding before the blocks: the sequences are laid end to end
@@ -727,7 +727,7 @@ def _run_blocks(
       num_heads=config.num_attention_heads,
       rows=None if fused else rows,
       functions=functions,
-      layer=layer,
+      index=layer,
       packing=packing,
     )
     n = None if kept is None else len(kept)

@@ -57,7 +57,7 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
       f"({'; '.join(dict.fromkeys(why))}); its sites: {model_sites(config)}"
     )
   for site, entry in (patch or {}).items():
-    if callable(entry):  # a function patch: fn(value, layer) -> the new value
+    if callable(entry):  # a function patch: fn(value, index) -> the new value
       if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):
         raise ValueError(
           f"patch[{site!r}] is a function, which a pruned model's per-head "
@@ -72,7 +72,7 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
       raise ValueError(
         f"patch[{site!r}] must be a (value, weight) pair or a function "
-        f"fn(value, layer); got {type(entry).__name__}"
+        f"fn(value, index); got {type(entry).__name__}"
       )
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):

@@ -211,9 +211,10 @@ class Sites:
     num_heads: the unpruned head count (captures are scattered back to it).
     rows: int (B, R) when the block runs at these query positions only (`ROW_AXIS`
       sites: patches are read there, captures are zero elsewhere), else None.
-    functions: (site, fn) pairs: `fn(value, layer)` returns the site's new value (applied
+    functions: (site, fn) pairs: `fn(value, index)` returns the site's new value (applied
       before any (value, weight) patch of the same site).
-    layer: the block's index in [0, depth), the `layer` a function patch receives.
+    index: the block's 0-based index in [0, depth) (index i is layer i + 1), the `index`
+      a function patch receives.
     packing: a `packing.Packing` when the block runs on packed rows (its segments bound
       the attention and the "uniform" ablation; a head mask is then per token, (B, T, N)),
       else None.
@@ -230,13 +231,13 @@ class Sites:
     num_heads=None,
     rows=None,
     functions=(),
-    layer=None,
+    index=None,
     packing=None,
   ):
     self.capture = frozenset(capture)
     self.patch = patch or {}
-    self.functions = dict(functions)  # site -> fn(value, layer): a function patch
-    self.layer = layer  # the block's index (traced under the layer scan)
+    self.functions = dict(functions)  # site -> fn(value, index): a function patch
+    self.index = index  # the block's 0-based index (traced under the layer scan)
     self.head_mask = head_mask
     self.head_ablation = head_ablation
     self.layer_mask = layer_mask
@@ -257,7 +258,7 @@ class Sites:
     block's removed heads as zeros)."""
     restricted = self.rows is not None and name in ROW_AXIS
     if name in self.functions:
-      new = self.functions[name](value, self.layer)
+      new = self.functions[name](value, self.index)
       if jnp.shape(new) != value.shape:
         raise ValueError(
           f"patch[{name!r}] function returned shape {jnp.shape(new)}; the site "
