@@ -368,3 +368,35 @@ def test_figures_of_runs_with_steps_are_against_the_step(tmp_path, monkeypatch):
     "run-b (seed 1): steps 10-30",
   ]
   assert [list(line.get_xdata()) for line in ax.get_lines()] == [[10, 20, 30]] * 2
+
+
+def test_analyze_keeps_the_order_the_checkpoints_are_given_in(tmp_path, monkeypatch):
+  """`bertjax analyze zeta alpha`: the summary, the result list and the figure's x-axis keep
+  the order given (they were alphabetical in the figures). The model loading and the analysis
+  are stubbed: this is about the job's bookkeeping."""
+  from matplotlib.figure import Figure
+
+  from bertjax.analysis import jobs
+  from bertjax.cli import analyze
+
+  names = ["zeta-model", "alpha-model", "mid-model"]
+  for name in names:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text("{}")
+  monkeypatch.setattr(jobs, "load_checkpoint", lambda ck: (None, None, None, ck))
+  monkeypatch.setitem(jobs.RUNNERS, "attention", lambda ctx: ({"mean_cls": 0.5}, {}))
+  drawn = []
+  save = Figure.savefig
+  monkeypatch.setattr(
+    Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))[1]
+  )
+  out = tmp_path / "out"
+  argv = [*(str(tmp_path / n) for n in names), "--out", str(out), "--analyses", "attention"]
+  assert analyze.analyze_main([*argv, "--max-sentences", "5", "--no-progress"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["checkpoints"] == names
+  assert summary["results"] == [f"results/{n}/attention.json" for n in names]
+  assert summary["figures"] == ["figures/attention.png"]
+  assert [r["checkpoint"]["label"] for r in jobs.read_results(out, "attention")] == names
+  (ax,) = drawn[0].axes
+  assert [t.get_text() for t in ax.get_xticklabels()] == names

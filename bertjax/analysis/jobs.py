@@ -606,20 +606,33 @@ def _results_present(
 
 
 def _write_summary(out_dir: pathlib.Path, summary: dict[str, Any], analyses, figures) -> None:
-  """Draws the figures with `figures` (listed in `summary`) and writes ``summary.json``."""
+  """Writes ``summary.json``, then draws the figures with `figures` (which read the job's
+  checkpoint order from it, `read_results`) and writes it again listing them."""
+
+  def write():
+    kept = {k: v for k, v in summary.items() if k not in ("computed", "found")}
+    write_json_atomic(out_dir / "summary.json", kept)
+
+  write()
   if figures is not None:
     summary["figures"] = [str(p.relative_to(out_dir)) for p in figures(out_dir, analyses)]
-  write_json_atomic(
-    out_dir / "summary.json", {k: v for k, v in summary.items() if k not in ("computed", "found")}
-  )
+    write()
 
 
 # Figures -----------------------------------------------------------------------------------
 
 
 def read_results(out_dir: PathLike, analysis: str) -> list[dict[str, Any]]:
-  """Every result file of one analysis under ``out_dir/results``."""
-  files = sorted((pathlib.Path(out_dir) / "results").glob(f"*/{analysis}.json"))
+  """Every result file of one analysis under ``out_dir/results``: the last job's checkpoints
+  in the order it was given them (its ``summary.json``), then any others by name."""
+  out_dir = pathlib.Path(out_dir)
+  summary = out_dir / "summary.json"
+  order = json.loads(summary.read_text()).get("checkpoints", []) if summary.is_file() else []
+  rank = {label: i for i, label in enumerate(order)}
+  files = sorted(
+    (out_dir / "results").glob(f"*/{analysis}.json"),
+    key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name),
+  )
   return [json.loads(p.read_text()) for p in files]
 
 

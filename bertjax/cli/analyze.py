@@ -38,7 +38,8 @@ def analyze_parser() -> argparse.ArgumentParser:
     nargs="+",
     metavar="CHECKPOINT",
     help="a Hugging Face model directory, a hub id, or a `bertjax pretrain` "
-    "output folder (all its saved steps; RUN@8,16 for some)",
+    "output folder (all its saved steps; RUN@8,16 for some); the results and "
+    "figures keep the order given",
   )
   p.add_argument("--out", required=True, metavar="DIR", help="output directory")
   p.add_argument(
