@@ -487,7 +487,7 @@ def _alti(params, config, input_ids, mask, token_type_ids):
       t = res
       y = t.sum(2) + bo  # = the mid site
     # (B, T, T) ||T_i(x_j) - y_i + eps||_1: the released code's F.pairwise_distance(p=1),
-    # whose default eps = 1e-6 is added inside the norm (up to ~1e-4 on MiniLM's contributions)
+    # whose default eps = 1e-6 is added inside the norm (up to ~1.4e-4 on MiniLM's contributions)
     distance = jnp.abs(t - y[:, :, None, :] + ALTI_EPS).sum(-1)
     c = jnp.maximum(jnp.abs(y).sum(-1)[:, :, None] - distance, 0) * pairs
     return _safe_normalize(c)
