@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.model.config import BertConfig
+from bertjax.model.forward import embed
 
 BASELINE_KEY = "baseline_last_hidden_state"
 
@@ -81,6 +82,14 @@ def model_token_types(config: BertConfig, token_type_ids):
   is 0); a batch keeps them (Kovaleva's "block" pattern reads them), the model gets none.
   """
   return token_type_ids if config.type_vocab_size else None
+
+
+def embed_batch(params, config: BertConfig, batch) -> jax.Array:
+  """The embedding output (B, T, H) of a batch (`as_batch`): the input of block 0, with the
+  token types as the model takes them (`model_token_types`). The one-device and the mesh
+  paths of the analyses both start here, so they feed the model the same inputs."""
+  types = model_token_types(config, batch["token_type_ids"])
+  return embed(params, config, batch["input_ids"], types)
 
 
 def first_modified_layer(head_masks, layer_masks=None) -> np.ndarray:

@@ -36,11 +36,12 @@ from bertjax import mesh as mesh_lib
 from bertjax.analysis.batching import (
   BASELINE_KEY,
   as_batch,
+  embed_batch,
   first_modified_layer,
   model_token_types,
 )
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import attention_statistics, embed, forward, run_layers
+from bertjax.model.forward import attention_statistics, forward, run_layers
 from bertjax.model.heads import pool
 from bertjax.model.input_checks import check_inputs
 
@@ -122,7 +123,7 @@ def _weighted(weight, t, c):
 @functools.partial(jax.jit, static_argnames=("config", "metric_fn"))
 def _baseline(params, config, batch, weight, *, metric_fn):
   """Intact forward: block inputs (depth + 1, B, T, H), last state, summed metric."""
-  x = embed(params, config, batch["input_ids"], model_token_types(config, batch["token_type_ids"]))
+  x = embed_batch(params, config, batch)
   layers = run_layers(params, config, x, batch["attention_mask"], output_hidden_states=True)
   last = layers.last
   inputs = jnp.concatenate([x[None], layers.hidden_states])  # inputs[l] = input of block l
@@ -245,9 +246,7 @@ def _importance_batch(params, config, batch, weight, xi, *, loss_fn, head_ablati
   batch_size = batch["input_ids"].shape[0]
 
   def loss(mask):
-    x = embed(
-      params, config, batch["input_ids"], model_token_types(config, batch["token_type_ids"])
-    )
+    x = embed_batch(params, config, batch)
     last = run_layers(
       params, config, x, batch["attention_mask"], head_mask=mask, head_ablation=head_ablation
     ).last

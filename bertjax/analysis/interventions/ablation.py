@@ -41,11 +41,12 @@ from bertjax.analysis.batching import (
   BASELINE_KEY,
   as_batch,
   default_chunk_size,
+  embed_batch,
   first_modified_layer,
 )
 from bertjax.kernels import ABLATIONS  # the head_ablation values, defined once in kernels
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import BertOutput, embed, run_layers
+from bertjax.model.forward import BertOutput, run_layers
 from bertjax.model.heads import head_logits, pool
 from bertjax.model.layers import compute_dtype
 
@@ -164,7 +165,7 @@ def _metric(params, config, batch, last, metric_fn):
 @functools.partial(jax.jit, static_argnames=("config", "metric_fn"))
 def _baseline(params, config, batch, *, metric_fn):
   """Intact forward: block inputs (depth + 1, B, T, H), last state, metric."""
-  x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+  x = embed_batch(params, config, batch)
   layers = run_layers(params, config, x, batch["attention_mask"], output_hidden_states=True)
   last, hidden = layers.last, layers.hidden_states
   inputs = jnp.concatenate([x[None], hidden])  # inputs[l] = input of block l
@@ -210,7 +211,7 @@ def _suffix_metrics(
 @functools.partial(jax.jit, static_argnames=("config", "metric_fn", "head_ablation"))
 def _full_metric(params, config, batch, head_mask, layer_mask, *, head_ablation, metric_fn):
   """One full forward pass with one mask (the naive loop's step)."""
-  x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+  x = embed_batch(params, config, batch)
   last = run_layers(
     params,
     config,
@@ -656,7 +657,7 @@ def _importance_batch(params, config, batch, xi, *, loss_fn, head_ablation, per_
   batch_size = batch["input_ids"].shape[0]
 
   def loss(mask):
-    x = embed(params, config, batch["input_ids"], batch["token_type_ids"])
+    x = embed_batch(params, config, batch)
     last = run_layers(
       params, config, x, batch["attention_mask"], head_mask=mask, head_ablation=head_ablation
     ).last
