@@ -54,6 +54,7 @@ def interleaved(
   outputs: dict[str, Any] | None = None,
   on_round: Callable[[int, dict[str, float]], None] | None = None,
   log: Callable[[str], None] | None = None,
+  cpu_time: bool = False,
 ) -> dict[str, dict[str, Any]]:
   """Wall times of several calls measured side by side, so that machine load falls on all
   alike.
@@ -77,10 +78,13 @@ def interleaved(
     outputs: a dict that receives each call's first result.
     on_round: called after each round with (round index, {name: seconds}).
     log: given one line per call once timed ("name: first call 1.23 s, then 0.0456 s").
+    cpu_time: also record this process's CPU time of each timed call (all its threads;
+      less disturbed than wall time by other processes on a shared machine).
 
   Returns:
     `{name: {"first_call_s", "times_s": [one per round], "median_s", "min_s"}}`, in the
-    order of `calls`; `times_s[r]` of every call come from the same round r.
+    order of `calls`, with `"cpu_times_s"` and `"cpu_min_s"` when `cpu_time`; `times_s[r]`
+    of every call come from the same round r.
   """
   if rounds < 1 or warmup < 0:
     raise ValueError(f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0")
@@ -105,8 +109,11 @@ def interleaved(
     k = r % len(names) if rotate else 0
     this_round = {}
     for name in names[k:] + names[:k]:
+      cpu0 = time.process_time()
       out, this_round[name] = run(name)
       times[name]["times_s"].append(this_round[name])
+      if cpu_time:
+        times[name].setdefault("cpu_times_s", []).append(time.process_time() - cpu0)
       if not first_call and r == 0 and outputs is not None:
         outputs[name] = out
     if on_round is not None:
@@ -115,6 +122,8 @@ def interleaved(
     if t["first_call_s"] is None:
       t["first_call_s"] = t["times_s"][0]
     t["median_s"], t["min_s"] = statistics.median(t["times_s"]), min(t["times_s"])
+    if cpu_time:
+      t["cpu_min_s"] = min(t["cpu_times_s"])
     if log is not None:
       log(f"{name}: first call {t['first_call_s']:.2f} s, then {t['median_s']:.4f} s")
   return times
@@ -214,9 +223,13 @@ def _isa(flags: Collection[str]) -> str:
 
 
 def describe(m: Mapping[str, Any]) -> str:
-  """`machine`'s record in one line: "2-core AMD EPYC (AVX2, AVX-512), jax 0.10.2" on a CPU,
+  """`machine`'s record in one line: "2-core AMD EPYC (family 25 model 17; AVX2, AVX-512),
+  jax 0.10.2" on a CPU (family and model tell apart CPUs that a virtual machine names alike),
   "NVIDIA H200 (host: 16-core ...), jax ..." with an accelerator."""
-  cpu = f"{m.get('cpus', '?')}-core {m.get('cpu', '?')} ({_isa(m.get('isa_flags', ()))})"
+  family, model = (list(m.get("cpu_family_model_stepping") or ()) + [None, None])[:2]
+  kind = f"family {family} model {model}; " if family and model else ""
+  isa = _isa(m.get("isa_flags", ()))
+  cpu = f"{m.get('cpus', '?')}-core {m.get('cpu', '?')} ({kind}{isa})"
   where = f"{m['accelerator']} (host: {cpu})" if m.get("accelerator") else cpu
   return where + (f", jax {m['jax']}" if m.get("jax") else "")
 

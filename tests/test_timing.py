@@ -32,6 +32,8 @@ def test_without_rotation_or_first_call_the_order_is_as_given():
   )
   assert log == list("abab") and outputs == {"a": "a", "b": "b"}
   assert all(t["first_call_s"] == t["times_s"][0] for t in got.values())
+  got = timing.interleaved(_recording("ab", log), 3, cpu_time=True, wait=lambda x: x)
+  assert all(len(t["cpu_times_s"]) == 3 and t["cpu_min_s"] >= 0 for t in got.values())
 
 
 def test_rounds_are_reported_together_and_ratios_pair_them():
@@ -85,6 +87,8 @@ def test_the_machine_is_named():
   assert m["cpu"] in line and f"jax {jax.__version__}" in line
   cpu = {"cpu": "AMD EPYC", "cpus": 2, "isa_flags": ["avx2", "avx512f"], "jax": "0.10.2"}
   assert timing.describe(cpu) == "2-core AMD EPYC (AVX2, AVX-512), jax 0.10.2"
+  zen4 = {**cpu, "cpu_family_model_stepping": ["25", "17", "1"]}
+  assert timing.describe(zen4) == "2-core AMD EPYC (family 25 model 17; AVX2, AVX-512), jax 0.10.2"
   gpu = {**cpu, "isa_flags": [], "accelerator": "NVIDIA H200"}
   assert timing.describe(gpu) == "NVIDIA H200 (host: 2-core AMD EPYC (no AVX2)), jax 0.10.2"
 
