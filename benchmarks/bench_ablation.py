@@ -18,11 +18,13 @@ the same batches in one process, CPU float32:
 
 Compile time is measured separately: a warm-up pass over one batch of each shape
 (compile + one run), minus the same batches' compiled time in the timed pass
-(batches are timed one by one; per-batch values are combined by sentence count). Peak memory is
-`resource.getrusage(RUSAGE_SELF).ru_maxrss` after each phase (monotone).
+(batches are timed one by one; per-batch values are combined by sentence count). The methods
+run one after the other, so that peak memory, `resource.getrusage(RUSAGE_SELF).ru_maxrss`
+after each phase (monotone), is each method's.
 
 Head importance (`head_importance`, per-example |dL/dxi|, Michel et al.) is timed
-against one forward pass over the same data computing the same loss, for two criteria:
+against one forward pass over the same data computing the same loss, in interleaved rounds
+(`bertjax.timing`; compile apart: the first call less the median), for two criteria:
 
 * `task`: Michel et al. score heads by a fine-tuned task's loss. MiniLM has no task
   head, so the task is one read from the treebank: does the sentence contain a
@@ -52,7 +54,7 @@ import numpy as np
 import optax
 
 import bertjax
-from bertjax import stats
+from bertjax import stats, timing
 from bertjax.analysis import batching
 from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
@@ -173,8 +175,9 @@ def negation_probe(params, config, batches, steps=300):
   }
 
 
-def time_importance(params, config, batches, warm, loss_fn, repeats):
-  """Median seconds of head importance and of a forward pass with the same loss, and compile."""
+def time_importance(params, config, batches, loss_fn, repeats):
+  """Median seconds of head importance and of a forward pass with the same loss, side by side
+  (`bertjax.timing.interleaved`), and each one's compile (first call minus the median)."""
   fwd = jax.jit(
     lambda p, b: loss_fn(
       p,
@@ -189,28 +192,22 @@ def time_importance(params, config, batches, warm, loss_fn, repeats):
       None,
     )
   )
-  fwd_pass = lambda data: [fwd(params, b) for b in data]
-  imp = lambda data: ablation.head_importance(params, config, data, loss_fn)
-  _, fwd_warm = common.timed(lambda: fwd_pass(warm))
-  _, imp_warm = common.timed(lambda: imp(warm))
-  fwd_s, imp_s = [], []
-  for _ in range(repeats):  # interleaved, so machine-load drift hits both alike
-    fwd_s.append(common.timed(lambda: fwd_pass(batches))[1])
-    importance, t = common.timed(lambda: imp(batches))
-    imp_s.append(t)
-  f, i = float(np.median(fwd_s)), float(np.median(imp_s))
-  share = sum(int(np.prod(b["input_ids"].shape)) for b in warm) / sum(
-    int(np.prod(b["input_ids"].shape)) for b in batches
-  )
+  calls = {
+    "forward": lambda: [fwd(params, b) for b in batches],
+    "importance": lambda: ablation.head_importance(params, config, batches, loss_fn),
+  }
+  outputs = {}
+  t = timing.interleaved(calls, repeats, warmup=0, outputs=outputs)
+  f, i = t["forward"]["median_s"], t["importance"]["median_s"]
   return {
     "forward_s": f,
     "importance_s": i,
     "ratio": i / f,
-    "forward_all_s": fwd_s,
-    "importance_all_s": imp_s,
-    "forward_compile_s": max(fwd_warm - f * share, 0.0),
-    "importance_compile_s": max(imp_warm - i * share, 0.0),
-    "importance": np.asarray(importance).tolist(),
+    "forward_all_s": t["forward"]["times_s"],
+    "importance_all_s": t["importance"]["times_s"],
+    "forward_compile_s": max(t["forward"]["first_call_s"] - f, 0.0),
+    "importance_compile_s": max(t["importance"]["first_call_s"] - i, 0.0),
+    "importance": np.asarray(outputs["importance"]).tolist(),
   }
 
 
@@ -251,6 +248,7 @@ def main(argv=None):
     strategy=method[1],
   )["scale"]
   report = {
+    "machine": timing.machine(),
     "device": jax.devices()[0].device_kind,
     "platform": platform.platform(),
     "cpu_count": jax.local_device_count(),
@@ -268,12 +266,14 @@ def main(argv=None):
   }
   results = {}
   warm_ids = {id(b) for b in warm}
+  # The methods run one after the other, not interleaved: each one's peak memory is recorded
+  # after it (a wide vmap's buffers would otherwise count against the next).
   for method in methods:
     strategy = method[0]
-    _, warm_s = common.timed(lambda m=method: run(m, warm))  # compile + one run of each shape
+    _, warm_s = timing.timed(lambda m=method: run(m, warm))  # compile + one run of each shape
     total, count, steady_warm, wall = 0.0, 0.0, 0.0, 0.0
     for b in batches:  # one batch at a time, to time the warm batches again, compiled
-      result, t = common.timed(lambda m=method, b=b: run(m, [b]))
+      result, t = timing.timed(lambda m=method, b=b: run(m, [b]))
       n = b["input_ids"].shape[0]  # the metric's count: one cosine per sentence
       total, count, wall = total + n * result.heads, count + n, wall + t
       steady_warm += t if id(b) in warm_ids else 0.0
@@ -312,7 +312,7 @@ def main(argv=None):
     ("task", task_loss),
     ("token_reconstruction", ablation.token_reconstruction_loss),
   ):
-    r = time_importance(params, config, batches, warm, loss_fn, args.repeats)
+    r = time_importance(params, config, batches, loss_fn, args.repeats)
     report["importance"][name] = r
     print(
       f"importance ({name}): {r['importance_s']:.2f} s vs forward {r['forward_s']:.2f} s "
@@ -341,6 +341,8 @@ def markdown(r):
       f"{r['real_tokens']} real / {r['padded_tokens']} padded tokens; device {r['device']}"
       + (f"; metric: {r['metric']} (baseline {r['baseline']:.4f})." if "baseline" in r else ".")
     ),
+    "",
+    common.measured_on(r["machine"]),
   ]
   keys = [k for k in r if k.startswith("prefix_chunk")] + ["loop"]
   if any(k in r for k in keys):  # not --importance-only
@@ -374,7 +376,8 @@ def markdown(r):
     "",
     (
       "Head importance (per-example |dL/dxi|) against one forward pass over the same "
-      "data computing the same loss (medians of interleaved repeats; compile apart). "
+      "data computing the same loss (medians of interleaved rounds; compile apart: the first "
+      "call less the median). "
       f"Task: negation probe ({probe['positives']} of {probe['sentences']} sentences "
       f"negated; train accuracy {probe['train_accuracy']:.3f})."
     ),

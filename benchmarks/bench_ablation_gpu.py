@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 import bertjax
+from bertjax import timing
 from bertjax.analysis import batching
 from bertjax.analysis.interventions import ablation
 from bertjax.data import fetch
@@ -174,12 +175,14 @@ def time_forward(params, config, metric, warm, batches, repeats: int) -> dict:
     last = bertjax.run_layers(p, config, x, b["attention_mask"])[0]
     return metric(p, config, {**b, batching.BASELINE_KEY: last}, last, None)
 
-  def forward_all(data):
-    return [forward_metric(params, b) for b in data]
-
-  _, fwd_warm = common.timed(lambda: forward_all(warm))
-  fwd_times = [common.timed(lambda: forward_all(batches))[1] for _ in range(repeats)]
-  return {"wall_s": float(np.median(fwd_times)), "all_s": fwd_times, "compile_s": fwd_warm}
+  _, fwd_warm = timing.timed(lambda: [forward_metric(params, b) for b in warm])
+  all_batches = {"forward": lambda: [forward_metric(params, b) for b in batches]}
+  t = timing.interleaved(all_batches, repeats, warmup=0)
+  return {
+    "wall_s": t["forward"]["median_s"],
+    "all_s": t["forward"]["times_s"],
+    "compile_s": fwd_warm,
+  }
 
 
 def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, report: dict) -> dict:
@@ -196,9 +199,9 @@ def time_sweeps(params, config, metric, warm, batches, methods, fwd: float, repo
     strategy=strategy,
   )["scale"]
   results = {}
-  for name, strategy, chunk in methods:
-    _, warm_s = common.timed(lambda chunk=chunk, strategy=strategy: sweep(warm, chunk, strategy))
-    result, wall = common.timed(
+  for name, strategy, chunk in methods:  # one after the other: each sweep is timed once
+    _, warm_s = timing.timed(lambda chunk=chunk, strategy=strategy: sweep(warm, chunk, strategy))
+    result, wall = timing.timed(
       lambda chunk=chunk, strategy=strategy: sweep(batches, chunk, strategy)
     )
     results[name] = result
@@ -217,8 +220,6 @@ def time_importance(params, config, warm, batches, repeats: int) -> dict:
   importance = lambda data: ablation.head_importance(
     params, config, data, ablation.token_reconstruction_loss
   )
-  _, imp_warm = common.timed(lambda: importance(warm))
-  imp_times = [common.timed(lambda: importance(batches))[1] for _ in range(repeats)]
   fwd_recon = jax.jit(
     lambda p, b: ablation.token_reconstruction_loss(
       p,
@@ -233,11 +234,17 @@ def time_importance(params, config, warm, batches, repeats: int) -> dict:
       None,
     )
   )
-  common.timed(lambda: [fwd_recon(params, b) for b in warm])
-  recon_times = [
-    common.timed(lambda: [fwd_recon(params, b) for b in batches])[1] for _ in range(repeats)
-  ]
-  imp, rec = float(np.median(imp_times)), float(np.median(recon_times))
+  _, imp_warm = timing.timed(lambda: importance(warm))
+  timing.timed(lambda: [fwd_recon(params, b) for b in warm])
+  t = timing.interleaved(
+    {
+      "importance": lambda: importance(batches),
+      "forward": lambda: [fwd_recon(params, b) for b in batches],
+    },
+    repeats,
+    warmup=0,
+  )
+  imp, rec = t["importance"]["median_s"], t["forward"]["median_s"]
   return {
     "criterion": "token_reconstruction",
     "importance_s": imp,

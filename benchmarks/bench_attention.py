@@ -18,8 +18,9 @@ heads; forward and forward+backward; full batches and padded batches (lengths un
 FLOPs count only real tokens: forward = 4 * heads * head_dim * sum_b len_b**2 (QK^T and PV,
 2 flops per multiply-add); forward+backward = 3.5 x forward (the backward's five matmuls:
 QK^T recomputed, dV, dP, dQ, dK). Each timing is the median of `--iters` runs after
-`--warmup` runs, every run blocked on its result; compile time is measured separately
-(lower + compile). The fraction of peak divides by a measured bf16 matmul rate.
+`--warmup` runs, every run blocked on its result, the implementations side by side in
+rotating rounds (`bertjax.timing`); compile time is measured separately (lower + compile).
+The fraction of peak divides by a measured bf16 matmul rate.
 Writes `attention_<device>.json` and `.md` under `--out`.
 
 `--window W` times sliding-window attention instead (ModernBERT's local layers: keys with
@@ -43,15 +44,13 @@ import argparse
 import json
 import pathlib
 import platform
-import statistics
-import time
 
 import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import kernels
+from bertjax import kernels, timing
 
 FULL_SHAPES = [(256, 128, 12), (256, 128, 16), (64, 512, 12), (64, 512, 16)]  # (B, T, H)
 SMOKE_SHAPES = [(2, 64, 2)]
@@ -102,27 +101,34 @@ def parse_args(argv=None):
   return parser.parse_args(argv)
 
 
-def _time(fn, args, warmup, iters):
-  """(compile seconds, median run seconds, all run seconds) of a jitted fn."""
-  start = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
-  compile_s = time.perf_counter() - start
-  for _ in range(warmup):
-    jax.block_until_ready(compiled(*args))
-  runs = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(*args))
-    runs.append(time.perf_counter() - start)
-  return compile_s, statistics.median(runs), runs
-
-
 def matmul_peak(n, warmup, iters):
   """Measured bf16 matmul TFLOP/s on an n x n x n product."""
   a = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
   b = jax.random.normal(jax.random.key(2), (n, n), jnp.bfloat16)
-  _, median, _ = _time(lambda x, y: x @ y, (a, b), warmup, iters)
-  return 2 * n**3 / median / 1e12
+  call, _ = timing.compile_ahead(lambda x, y: x @ y, a, b)
+  t = timing.interleaved({"matmul": call}, iters, warmup=max(warmup - 1, 0))
+  return 2 * n**3 / t["matmul"]["median_s"] / 1e12
+
+
+def _time_impls(fns: dict, warmup: int, iters: int) -> dict[str, dict]:
+  """Each implementation's `fn(*args)` of `name -> (fn, args)` compiled apart and run once (an
+  implementation unavailable here gets `{"error"}`), then the rest timed side by side
+  (`bertjax.timing.interleaved`: `warmup` untimed calls, this first run among them, then
+  `iters` rounds in a rotating order); each gets `{"compile_s", "median_s"}`."""
+  out, calls = {}, {}
+  for name, (fn, args) in fns.items():
+    try:
+      calls[name], compile_s = timing.compile_ahead(fn, *args)
+      jax.block_until_ready(calls[name]())
+      out[name] = {"compile_s": compile_s}
+    except Exception as e:  # noqa: BLE001 (one unavailable impl must not stop the run)
+      calls.pop(name, None)
+      out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+  if calls:
+    times = timing.interleaved(calls, iters, warmup=max(warmup - 1, 0), first_call=False)
+    for name, t in times.items():
+      out[name]["median_s"] = t["median_s"]
+  return out
 
 
 def make_attention(impl, seq, lengths, padded, interpret, blocks=None, window=None, bias=None):
@@ -261,6 +267,19 @@ def run(args):
         fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths * reach))
       else:
         fwd_flops = 4 * heads * HEAD_DIM * float(np.sum(lengths.astype(np.float64) ** 2))
+      timed = {}
+      for mode in ("fwd", "fwd+bwd"):  # the implementations side by side, per mode
+        fns = {}
+        for impl in impls:
+          try:
+            fn = make_attention(impl, seq, lengths, padded, interpret, blocks, args.window, bias)
+          except Exception as e:  # noqa: BLE001 (one unavailable impl must not stop the run)
+            timed[impl, mode] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            continue
+          fns[impl] = (fn, (q, k, v))
+          if mode == "fwd+bwd":  # the cotangent is an argument, not a folded constant
+            fns[impl] = (with_backward(fn), (q, k, v, cot))
+        timed |= {(impl, mode): t for impl, t in _time_impls(fns, warmup, iters).items()}
       for impl in impls:
         for mode in ("fwd", "fwd+bwd"):
           row = {
@@ -273,17 +292,18 @@ def run(args):
             "mode": mode,
             "real_tokens": int(lengths.sum()),
           }
-          try:
-            fn = make_attention(impl, seq, lengths, padded, interpret, blocks, args.window, bias)
-            args_ = (q, k, v)
-            if mode == "fwd+bwd":  # the cotangent is an argument, not a folded constant
-              fn, args_ = with_backward(fn), (q, k, v, cot)
-            compile_s, median, _ = _time(fn, args_, warmup, iters)
+          t = timed[impl, mode]
+          if "error" in t:
+            row.update(error=t["error"])
+          else:
             flops = fwd_flops * (3.5 if mode == "fwd+bwd" else 1.0)
-            tflops = flops / median / 1e12
-            row.update(ms=median * 1e3, compile_s=compile_s, tflops=tflops, frac_peak=tflops / peak)
-          except Exception as e:  # noqa: BLE001 (one unavailable impl must not stop the run)
-            row.update(error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            tflops = flops / t["median_s"] / 1e12
+            row.update(
+              ms=t["median_s"] * 1e3,
+              compile_s=t["compile_s"],
+              tflops=tflops,
+              frac_peak=tflops / peak,
+            )
           rows.append(row)
           print(_row_line(row), flush=True)
   return {

@@ -35,20 +35,16 @@ import argparse
 import functools
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import common
 import jax
 import jax.numpy as jnp
 
 import bertjax
+from bertjax import timing
 from bertjax.analysis.interventions import metrics, patching
 from bertjax.model.forward import run_layers
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_tl import make_inputs
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {
@@ -91,7 +87,7 @@ def _tasks(shape: str, args) -> dict:
     vocab_size=30522, num_attention_heads=4 if args.smoke else 12, **sizes
   )
   params = bertjax.init(config, 0, heads=("mlm",))
-  inputs = make_inputs(args.batch, args.seq)
+  inputs = common.make_inputs(args.batch, args.seq)
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
   corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
@@ -208,32 +204,9 @@ def _dense_floor(config, rows: int):
 
 
 def measure(shape: str, args) -> dict:
-  tasks = _tasks(shape, args)
-  for f in tasks.values():  # compile and warm up
-    f()
-    f()
-  times = {name: [] for name in tasks}
-  rounds = 2 if args.smoke else args.rounds
-  for r in range(rounds):
-    for name, f in tasks.items():
-      t0 = time.perf_counter()
-      f()
-      times[name].append(time.perf_counter() - t0)
-    print(
-      f"[{shape}] round {r + 1}/{rounds}: forward {times['forward'][-1] * 1e3:.0f} ms, "
-      f"attribution {times['attribution_patching'][-1] * 1e3:.0f} ms",
-      file=sys.stderr,
-      flush=True,
-    )
-  forward = times["forward"]
-  return {
-    name: {
-      "median_ms": 1e3 * statistics.median(ts),
-      "over_forward": statistics.median(a / f for a, f in zip(ts, forward)),
-      "times_ms": [1e3 * x for x in ts],
-    }
-    for name, ts in times.items()
-  }
+  return common.against_forward(
+    _tasks(shape, args), 2 if args.smoke else args.rounds, f"[{shape}] "
+  )
 
 
 ROWS = [
@@ -284,7 +257,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
   args = _parse(argv)
   report = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "jax": jax.__version__,
     "backend": jax.default_backend(),
     "batch": args.batch,

@@ -26,19 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import sys
-import time
 
 import common
 import jax
 import jax.numpy as jnp
 
 import bertjax
+from bertjax import timing
 from bertjax.analysis.interventions import edges, metrics
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_tl import make_inputs
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BERT_BASE = dict(
@@ -93,7 +89,7 @@ def _config(args) -> bertjax.BertConfig:
 def _tasks(args) -> dict:
   config = _config(args)
   params = bertjax.init(config, 0, heads=("mlm",))
-  inputs = make_inputs(args.batch, args.seq)
+  inputs = common.make_inputs(args.batch, args.seq)
   clean = {"input_ids": jnp.asarray(inputs["clean"]), "attention_mask": jnp.asarray(inputs["mask"])}
   corrupted = dict(clean, input_ids=jnp.asarray(inputs["corrupted"]))
   targets = {k: inputs[k] for k in ("position", "answer", "distractor")}
@@ -111,31 +107,7 @@ def _tasks(args) -> dict:
 
 
 def measure(args) -> dict:
-  tasks = _tasks(args)
-  for f in tasks.values():  # compile and warm up
-    f()
-    f()
-  times = {name: [] for name in tasks}
-  for r in range(args.rounds):
-    for name, f in tasks.items():
-      t0 = time.perf_counter()
-      f()
-      times[name].append(time.perf_counter() - t0)
-    print(
-      f"round {r + 1}/{args.rounds}: "
-      + ", ".join(f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()),
-      file=sys.stderr,
-      flush=True,
-    )
-  fwd = times["forward"]
-  return {
-    name: {
-      "median_ms": 1e3 * statistics.median(ts),
-      "over_forward": statistics.median(a / f for a, f in zip(ts, fwd)),
-      "times_ms": [1e3 * x for x in ts],
-    }
-    for name, ts in times.items()
-  }
+  return common.against_forward(_tasks(args), args.rounds)
 
 
 def markdown(report: dict) -> str:
@@ -189,7 +161,7 @@ def main(argv=None) -> int:
   if args.smoke:
     args.rounds = 2
   report = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "jax": jax.__version__,
     "backend": jax.default_backend(),
     "shape": "smoke" if args.smoke else "BERT-base",

@@ -32,19 +32,17 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 import common
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax import xla_options
+from bertjax import timing, xla_options
 
 REPO, RESULTS = common.REPO, common.RESULTS
 KERAS_PYTHON = REPO / ".venv" / "keras" / "bin" / "python"
@@ -189,12 +187,9 @@ def bench_case(
     "sizes": _sizes(config),
   }
 
-  fwd = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state)
-  ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
-  t0 = time.perf_counter()
-  ours_out = np.asarray(jax.block_until_ready(fwd(params, ids_j, mask_j)))
-  compile_s = time.perf_counter() - t0
-  calls = {"bertjax": lambda: jax.block_until_ready(fwd(params, ids_j, mask_j))}
+  fwd = lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state
+  ours, compile_s = timing.compile_ahead(fwd, params, jnp.asarray(ids), jnp.asarray(mask))
+  calls = {"bertjax": ours}
   info = {"bertjax": {"compile_s": compile_s, "params": bertjax.count_params(params)}}
 
   with tempfile.TemporaryDirectory() as tmp:
@@ -207,13 +202,7 @@ def bench_case(
     with torch.inference_mode():
       return model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
 
-  t0 = time.perf_counter()
-  theirs = torch_call().numpy()
-  info["torch_sdpa"] = {
-    "first_call_s": time.perf_counter() - t0,
-    "params": sum(p.numel() for p in model.parameters()),
-  }
-  row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(ours_out - theirs).max())
+  info["torch_sdpa"] = {"params": sum(p.numel() for p in model.parameters())}
   calls["torch_sdpa"] = torch_call
 
   if keras is not None:
@@ -223,34 +212,27 @@ def bench_case(
   else:
     row["keras_hub_skipped"] = keras_reason
 
-  for _ in range(args.warmup):
-    for call in calls.values():
-      call()
-  names = list(calls)
-  times = {n: [] for n in names}
-  for r in range(args.rounds):
-    for n in names[r % len(names) :] + names[: r % len(names)]:  # rotate the order
-      t0 = time.perf_counter()
-      reported = calls[n]()
-      elapsed = time.perf_counter() - t0
-      # The worker times its own call; the pipe's round trip is not the model's.
-      times[n].append(reported if n == "keras_hub" else elapsed)
-  for n in names:
-    med = statistics.median(times[n])
-    row[n] = {
-      **info[n],
-      "median_s": med,
-      "min_s": min(times[n]),
-      "times_s": times[n],
-      "tokens_per_s": batch * seq / med,
-    }
+  # The worker times its own call; the pipe's round trip is not the model's.
+  outputs = {}
+  times = timing.interleaved(
+    calls,
+    args.rounds,
+    warmup=args.warmup,
+    own_clock=("keras_hub",) if "keras_hub" in calls else (),
+    outputs=outputs,
+  )
+  row["max_abs_diff_bertjax_vs_torch"] = float(
+    np.abs(np.asarray(outputs["bertjax"]) - outputs["torch_sdpa"].numpy()).max()
+  )
+  for n, t in times.items():
+    row[n] = common.entry(t, **info[n], tokens_per_s=batch * seq / t["median_s"])
   ours = row["bertjax"]["median_s"]
-  for n in names:
+  for n in times:
     if n != "bertjax":
       row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
   print(
     f"{name:>12} {batch:>3} x {seq}: "
-    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in names),
+    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times),
     file=sys.stderr,
     flush=True,
   )
@@ -412,7 +394,7 @@ def main(argv=None) -> dict:
   result = {
     "benchmark": "bench_families",
     "smoke": args.smoke,
-    "machine": common.machine(torch=True),
+    "machine": timing.machine(torch=True),
     "versions": versions,
     "dtype": "float32",
     "rounds": args.rounds,

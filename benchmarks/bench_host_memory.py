@@ -19,14 +19,13 @@ import json
 import os
 import pathlib
 import resource
-import statistics
 import subprocess
 import sys
 import time
 
 import common
 
-from bertjax import host_memory
+from bertjax import host_memory, timing
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -41,22 +40,15 @@ def one_process(mode: str, smoke: bool, rounds: int) -> dict:
 
   tasks = bench_edges._tasks(SimpleNamespace(smoke=smoke, batch=8, seq=128))
   del tasks["eap_ig_5"]
-  for f in tasks.values():
-    f()
-    f()
-  times = {k: [] for k in tasks}
-  for _ in range(rounds):
-    for k, f in tasks.items():
-      _, seconds = common.timed(f)
-      times[k].append(seconds)
+  times = timing.interleaved(tasks, rounds)
   faults = {}
   for k, f in tasks.items():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f()
     faults[k] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
   return {
-    k: {"median_s": statistics.median(ts), "times_s": ts, "page_faults": faults[k]}
-    for k, ts in times.items()
+    k: {"median_s": t["median_s"], "times_s": t["times_s"], "page_faults": faults[k]}
+    for k, t in times.items()
   }
 
 
@@ -143,7 +135,7 @@ def main(argv=None) -> int:
   import jax
 
   report = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "jax": jax.__version__,
     "shape": "smoke" if args.smoke else "BERT-base",
     "pairs": args.pairs,

@@ -35,15 +35,16 @@ import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import timing
 from bertjax.quantize import int8_matmul
-from bertjax.utils import interleaved_times
 
 RESULTS = common.RESULTS
 
 
 def _interleaved(fns: dict, rounds: int, warmup: int) -> dict:
-  """Median and min seconds of each zero-argument function, side by side."""
-  times = interleaved_times(fns, rounds, warmup=max(warmup - 1, 0))
+  """Median and min seconds of each zero-argument function, side by side (`warmup` untimed
+  calls each, the first among them)."""
+  times = timing.interleaved(fns, rounds, warmup=max(warmup - 1, 0))
   return {k: {"median_s": v["median_s"], "min_s": v["min_s"]} for k, v in times.items()}
 
 
@@ -145,7 +146,7 @@ def main(argv=None) -> dict:
   rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
   t0 = time.perf_counter()
   result = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "model": "all-MiniLM-L6-v2",
     "smoke": args.smoke,
     "forward": speed(config, params, shapes, rounds, warmup),

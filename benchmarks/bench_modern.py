@@ -18,23 +18,22 @@ windows. Side by side in one run:
   `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same weights (the
   difference of the outputs is recorded).
 
-Each implementation is called once first (compile or first call reported apart), warmed up,
-then timed in interleaved rounds with a rotating order. Results name the CPU and its ISA.
+bertjax's programs are compiled ahead (compile time apart); each implementation is called once
+first (first call reported apart), warmed up, then timed in interleaved rounds with a rotating
+order (`bertjax.timing`). Results name the CPU and its ISA.
 """
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
-import time
 
 import common
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import timing
 
 # (model, bertjax preset, batch, seq, variant): "model" as it is, "global" every layer full.
 CASES = [
@@ -91,16 +90,13 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
     "windows": sorted({w for w in config.layer_windows if w}),
   }
   ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
-  calls, info, outputs = {}, {}, {}
+  calls, compile_s, outputs = {}, {}, {}
   configs = {"bertjax": config}
   if "global" in variant:
     configs["bertjax_global"] = config.replace(layer_types=None, local_rope_theta=None)
   for key, c in configs.items():
-    fwd = jax.jit(lambda p, x, m, c=c: bertjax.forward(p, c, x, m).last_hidden_state)
-    t0 = time.perf_counter()
-    outputs[key] = np.asarray(jax.block_until_ready(fwd(params, ids_j, mask_j)))
-    info[key] = {"compile_s": time.perf_counter() - t0}
-    calls[key] = lambda fwd=fwd: jax.block_until_ready(fwd(params, ids_j, mask_j))
+    fwd = lambda p, x, m, c=c: bertjax.forward(p, c, x, m).last_hidden_state
+    calls[key], compile_s[key] = timing.compile_ahead(fwd, params, ids_j, mask_j)
 
   with tempfile.TemporaryDirectory() as tmp:
     bertjax.to_hf(config, params, tmp)
@@ -116,21 +112,15 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
     with torch.inference_mode():
       return model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
 
-  t0 = time.perf_counter()
-  theirs = torch_call().numpy()
-  info["torch_sdpa"] = {"first_call_s": time.perf_counter() - t0}
-  row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(outputs["bertjax"] - theirs).max())
   calls["torch_sdpa"] = torch_call
-  times = common.interleaved(calls, args.warmup, args.rounds)
+  times = common.interleaved(calls, args, outputs=outputs)
+  row["max_abs_diff_bertjax_vs_torch"] = float(
+    np.abs(np.asarray(outputs["bertjax"]) - outputs["torch_sdpa"].numpy()).max()
+  )
+  for n, seconds in compile_s.items():
+    times[n]["compile_s"] = seconds
   for n, t in times.items():
-    med = statistics.median(t)
-    row[n] = {
-      **info[n],
-      "median_s": med,
-      "min_s": min(t),
-      "times_s": t,
-      "tokens_per_s": batch * seq / med,
-    }
+    row[n] = common.entry(t, tokens_per_s=batch * seq / t["median_s"])
   ours = row["bertjax"]["median_s"]
   for n in times:
     if n != "bertjax":
@@ -203,7 +193,7 @@ def main(argv=None) -> dict:
     cases = [(n, pr, 2, {128: 16, 512: 24, 2048: 40}[s], v) for n, pr, _, s, v in cases]
   rows = [bench_case(*case, args) for case in cases]
   result = {
-    "machine": common.machine(torch=True),
+    "machine": timing.machine(torch=True),
     "transformers": transformers.__version__,
     "rows": rows,
     "rounds": args.rounds,

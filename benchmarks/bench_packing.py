@@ -15,23 +15,23 @@ of every three layers). Side by side in one run, per model:
   first-fit decreasing fills them). The number of rows is fixed per run (the most any batch
   needs) so that one program serves every batch.
 
-Each timed round runs every batch once; the first call of each (compile) is reported apart,
-then `--warmup` untimed rounds, then `--rounds` interleaved rounds with a rotating order.
+Each timed round runs every batch once; the first call of each (compile) is reported apart
+and counts among the `--warmup` untimed calls, then `--rounds` interleaved rounds with a
+rotating order (`bertjax.timing.interleaved`).
 The outputs of the two are compared at real tokens. Results name the CPU and its ISA.
 """
 
 from __future__ import annotations
 
 import pathlib
-import statistics
 import sys
-import time
 
 import common
 import jax
 import numpy as np
 
 import bertjax
+from bertjax import timing
 
 REPO = common.REPO
 MODELS = ("all-MiniLM-L6-v2", "modernbert-base")
@@ -111,16 +111,12 @@ def bench_model(name: str, data: list, args) -> dict:
       for ids, m in data
     ]
 
-  calls, info, outs = {"padded": padded, "packed": packed}, {}, {}
-  for n, call in calls.items():
-    t0 = time.perf_counter()
-    outs[n] = call()
-    info[n] = {"first_call_s": time.perf_counter() - t0}
+  outs = {}
+  times = common.interleaved({"padded": padded, "packed": packed}, args, outputs=outs)
   diff = max(
     float(np.abs(np.asarray(a) - np.asarray(b))[m.astype(bool)].max())
     for a, b, (_, m) in zip(outs["padded"], outs["packed"], data)
   )
-  times = common.interleaved(calls, args.warmup, args.rounds)
   real = sum(int(m.sum()) for _, m in data)
   padded_tokens = sum(m.size for _, m in data)
   row = {
@@ -137,14 +133,7 @@ def bench_model(name: str, data: list, args) -> dict:
     "max_abs_diff_real_tokens": diff,
   }
   for n, t in times.items():
-    med = statistics.median(t)
-    row[n] = {
-      **info[n],
-      "median_s": med,
-      "min_s": min(t),
-      "times_s": t,
-      "real_tokens_per_s": real / med,
-    }
+    row[n] = common.entry(t, real_tokens_per_s=real / t["median_s"])
   row["packed_speedup"] = row["padded"]["median_s"] / row["packed"]["median_s"]
   print(
     f"{name}: padded {row['padded']['median_s']:.2f} s, packed "
@@ -203,7 +192,7 @@ def main(argv=None) -> dict:
   data = batches(tok, texts, args.batch)
   rows = [bench_model(name, data, args) for name in MODELS]
   result = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "data": source,
     "sentences": len(texts),
     "batch": args.batch,

@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import time
 
 import common
 import numpy as np
 
 import bertjax
+from bertjax import timing
 from bertjax.analysis.representations import features, probing, probing_run
 from bertjax.data import conllu, fetch
 
@@ -34,15 +34,22 @@ RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def bench_features(params, config, tok, sents, repeats: int) -> dict:
-  t0 = time.perf_counter()
-  wf = features.extract_word_features(params, config, tok, sents, progress=False)
-  first = time.perf_counter() - t0
-  # Compiled now. Extraction and the plain forward alternate, best of `repeats`
-  # each, so that load from other processes hits both alike.
+  extract = lambda: features.extract_word_features(params, config, tok, sents, progress=False)
+  wf, first = timing.timed(extract)
+  # Compiled now. Extraction and the plain forward alternate (each reports its own seconds),
+  # best of `repeats` each, so that load from other processes hits both alike.
   ext, fwd = [], []
-  for _ in range(repeats):
-    ext.append(features.extract_word_features(params, config, tok, sents, progress=False))
+
+  def extraction():  # its own seconds: the model's part, as extraction reports it
+    ext.append(extract())
+    return ext[-1].seconds
+
+  def forward():
     fwd.append(features.forward_throughput(params, config, tok, sents, repeats=1))
+    return fwd[-1]["seconds"]
+
+  calls = {"extraction": extraction, "forward": forward}
+  timing.interleaved(calls, repeats, warmup=0, first_call=False, own_clock=tuple(calls))
   best = min(ext, key=lambda w: w.seconds)
   plain = min(fwd, key=lambda r: r["seconds"])
   return {
@@ -76,18 +83,16 @@ def bench_probes(
     p = probing.Probe(cfg, num_classes).fit(xtr, ytr)
     return p, p.accuracy(xte, yte)
 
-  t0 = time.perf_counter()
-  ours()
-  first = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  _, acc = ours()
-  steady = time.perf_counter() - t0
+  _, first = timing.timed(ours)
+  (_, acc), steady = timing.timed(ours)
 
   sk_acc, sk_iter, sk_times = [], [], []
   for layer in range(feats.shape[0]):
-    t0 = time.perf_counter()
-    clf = LogisticRegression(C=C, max_iter=max_iter, tol=1e-4).fit(xtr[layer], ytr)
-    sk_times.append(time.perf_counter() - t0)
+    fit = lambda layer=layer: LogisticRegression(C=C, max_iter=max_iter, tol=1e-4).fit(
+      xtr[layer], ytr
+    )
+    clf, seconds = timing.timed(fit, wait=lambda x: x)
+    sk_times.append(seconds)
     sk_acc.append(float(clf.score(xte[layer], yte)))
     sk_iter.append(int(np.max(clf.n_iter_)))
   sk_total = float(sum(sk_times))
@@ -120,8 +125,8 @@ def markdown(res: dict) -> str:
     "# Probing benchmark: UPOS probes on all-MiniLM-L6-v2, UD EWT dev",
     "",
     (
-      f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['device']}, jax {m['jax']}; "
-      f"{res['sentences']} sentences, {f['extraction']['words']} words; smoke={res['smoke']}."
+      f"{common.measured_on(m)} {res['sentences']} sentences, {f['extraction']['words']} words; "
+      f"smoke={res['smoke']}."
     ),
     "",
     "## Feature extraction (all 7 layers, first subword)",
@@ -212,7 +217,7 @@ def main(argv=None) -> dict:
   test = np.flatnonzero(np.isin(wf.sentence_index, split["test"]))
   pres = bench_probes(feats, labels, len(vocab), train, test, args.C, steps, args.batch, max_iter)
   res = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "smoke": args.smoke,
     "sentences": len(sents),
     "features": fres,

@@ -21,15 +21,13 @@ with a rotating order. Results name the CPU and its ISA.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import timing
 from bertjax.analysis.representations import sae
 
 
@@ -80,21 +78,14 @@ def main(argv=None) -> dict:
     "sae_step": run_step("sae_step"),
     "sae_step_all_dead": run_step("sae_step_all_dead"),
   }
-  info = {}
-  for n, call in calls.items():
-    t0 = time.perf_counter()
-    out = call()
-    info[n] = {"first_call_s": time.perf_counter() - t0}
-    if n != "forward":
-      info[n]["dead_share"] = float(out["dead"])
-  times = common.interleaved(calls, args.warmup, args.rounds)
-  rows = {
-    n: {**info[n], "median_s": statistics.median(t), "min_s": min(t), "times_s": t}
-    for n, t in times.items()
-  }
+  first = {}
+  times = common.interleaved(calls, args, outputs=first)
+  rows = {n: common.entry(t) for n, t in times.items()}
+  for n in ("sae_step", "sae_step_all_dead"):
+    rows[n]["dead_share"] = float(first[n]["dead"])
   fwd = rows["forward"]["median_s"]
   result = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "model": "bert-base (random)" if not args.smoke else "tiny",
     "batch": batch,
     "seq": seq,

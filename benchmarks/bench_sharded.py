@@ -40,8 +40,6 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8 " + os.envir
 import argparse
 import json
 import pathlib
-import statistics
-import time
 
 import common
 import jax
@@ -49,6 +47,7 @@ import numpy as np
 
 import bertjax
 from bertjax import mesh as mesh_lib
+from bertjax import timing
 from bertjax.analysis.interventions import ablation, metrics, patching
 
 MESHES = {
@@ -163,30 +162,29 @@ def time_meshes(sweep, args, config) -> dict[str, dict]:
   for name, shape in MESHES.items():  # compile (and check) each first
     devices = jax.devices()[: int(np.prod(shape))] if shape else None
     meshes[name] = None if shape is None else mesh_lib.make_mesh(*shape, devices=devices)
-    t0 = time.perf_counter()
-    values = sweep(meshes[name])
+    values, first = timing.timed(lambda mesh=meshes[name]: sweep(mesh))
     ref = values if ref is None else ref
     per_device, total = predicted_work(config, args.batch_size, shape, args.analysis)
     rows[name] = {
-      "first_call_s": time.perf_counter() - t0,
-      "runs_s": [],
-      "cpu_runs_s": [],
+      "first_call_s": first,
       "max_abs_diff": float(np.abs(values - ref).max()),
       "model_work_per_device": per_device * args.batches,
       "model_work_total": total * args.batches,
     }
   # Rounds that time every run once, interleaved, so that load from other processes on a
   # shared machine falls on all of them alike; the minimum is the least disturbed.
-  for _ in range(args.repeats):
-    for name, mesh in meshes.items():
-      t0, c0 = time.perf_counter(), time.process_time()
-      sweep(mesh)
-      rows[name]["runs_s"].append(time.perf_counter() - t0)
-      rows[name]["cpu_runs_s"].append(time.process_time() - c0)
+  calls = {name: lambda mesh=mesh: sweep(mesh) for name, mesh in meshes.items()}
+  times = timing.interleaved(calls, args.repeats, warmup=0, first_call=False, cpu_time=True)
+  for name, t in times.items():
+    rows[name] |= {
+      "runs_s": t["times_s"],
+      "cpu_runs_s": t["cpu_times_s"],
+      "min_s": t["min_s"],
+      "median_s": t["median_s"],
+      "cpu_min_s": t["cpu_min_s"],
+    }
   base, work = None, None
   for name, r in rows.items():
-    r["min_s"], r["median_s"] = min(r["runs_s"]), statistics.median(r["runs_s"])
-    r["cpu_min_s"] = min(r["cpu_runs_s"])
     base, work = base or (r["min_s"], r["cpu_min_s"]), work or r["model_work_total"]
     r["overhead"] = r["min_s"] / base[0] - 1
     r["cpu_overhead"] = r["cpu_min_s"] / base[1] - 1
@@ -200,7 +198,7 @@ def time_meshes(sweep, args, config) -> dict[str, dict]:
   return rows
 
 
-def markdown(args, masks: int, rows: dict[str, dict]) -> str:
+def markdown(args, masks: int, rows: dict[str, dict], machine: dict) -> str:
   """The Markdown table of the runs."""
   what = "Ablation sweep" if args.analysis == "ablation" else "Head patching sweep"
   title = f"# {what} on a mesh vs one device (CPU, 8 simulated devices, {os.cpu_count()} cores)"
@@ -218,6 +216,8 @@ def markdown(args, masks: int, rows: dict[str, dict]) -> str:
     title,
     "",
     setting,
+    "",
+    common.measured_on(machine),
     "",
     (
       "| run | first call (s) | wall min (s) | wall median (s) | wall vs 1 device | CPU "
@@ -265,7 +265,7 @@ def main(argv=None) -> int:
     "batch_size": args.batch_size,
     "seq_len": args.seq_len,
     "repeats": args.repeats,
-    **common.machine(),
+    **timing.machine(),
     "jax": jax.__version__,
     "xla_flags": os.environ["XLA_FLAGS"],
     "rows": rows,
@@ -274,7 +274,7 @@ def main(argv=None) -> int:
   out.mkdir(parents=True, exist_ok=True)
   stem = "sharded_cpu" if args.analysis == "ablation" else "sharded_patching_cpu"
   (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-  text = markdown(args, masks, rows)
+  text = markdown(args, masks, rows, result)
   (out / f"{stem}.md").write_text(text + "\n")
   print(text)
   return 0

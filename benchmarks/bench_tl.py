@@ -70,6 +70,8 @@ what it measured; progress lines give each bertjax task's first-call and steady 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -105,7 +107,6 @@ SHAPES = {
     "intermediate_size": 64,
   },
 }
-CLS, SEP, MASK = 101, 102, 103
 
 
 def parse_args(argv=None):
@@ -152,24 +153,22 @@ def parse_args(argv=None):
   return args
 
 
-# Machine --------------------------------------------------------------------
+# Timing -----------------------------------------------------------------------
 
 
-def timed(fn, repeats: int, label: str | None = None):
-  """(result, first-call seconds, steady seconds per call: a list of `repeats`); with a
-  `label`, a progress line once done."""
-  t0 = time.perf_counter()
-  out = fn()
-  first = time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  if label:
-    steady = f", then {statistics.median(times):.4f} s" if times else ""
-    print(f"  {label}: first call {first:.2f} s{steady}", flush=True)
-  return out, first, times
+@functools.cache
+def _peer_timing():
+  """`bertjax/timing.py` loaded by its path: the TransformerLens side's environment has
+  neither JAX nor bertjax, and the module needs neither (the side waits on torch itself)."""
+  spec = importlib.util.spec_from_file_location("bertjax_timing", REPO / "bertjax" / "timing.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _entries(times: dict) -> dict:
+  """`timing.interleaved`'s records as this report keeps them: first call and rounds."""
+  return {k: {"first_s": t["first_call_s"], "times_s": t["times_s"]} for k, t in times.items()}
 
 
 # The shared model and inputs ------------------------------------------------
@@ -194,29 +193,6 @@ def make_model(shape: dict, directory: pathlib.Path, seed: int = 0) -> None:
   model.save_pretrained(directory)
 
 
-def make_inputs(batch: int, seq: int, vocab: int = 30522, seed: int = 0) -> dict:
-  """Clean and corrupted ids (no padding), [MASK] positions, answer and distractor ids."""
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(1000, vocab, (batch, seq)).astype(np.int32)
-  ids[:, 0], ids[:, -1] = CLS, SEP
-  position = rng.integers(1, seq - 1, batch).astype(np.int32)
-  ids[np.arange(batch), position] = MASK
-  corrupted = ids.copy()
-  for b in range(batch):
-    free = np.setdiff1d(np.arange(1, seq - 1), [position[b]])
-    pick = rng.choice(free, min(16, free.size), replace=False)
-    corrupted[b, pick] = rng.integers(1000, vocab, pick.size)
-  answer, distractor = rng.choice(np.arange(1000, vocab), (2, batch), replace=True)
-  return {
-    "clean": ids,
-    "corrupted": corrupted,
-    "mask": np.ones_like(ids),
-    "position": position,
-    "answer": answer.astype(np.int32),
-    "distractor": distractor.astype(np.int32),
-  }
-
-
 # bertjax --------------------------------------------------------------------
 
 
@@ -237,6 +213,7 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   import jax
 
   import bertjax
+  from bertjax import timing
   from bertjax.analysis.interventions import ablation as interventions_ablation
   from bertjax.analysis.interventions import metrics
   from bertjax.analysis.interventions import patching as interventions_patching
@@ -250,67 +227,65 @@ def run_bertjax(directory: pathlib.Path, inputs: dict, args) -> tuple[dict, dict
   clean = {"input_ids": ids, "attention_mask": mask}
   corr = {"input_ids": corrupted, "attention_mask": mask}
   metric = metrics.LogitDiff("mlm")
-  times, results = {}, {}
+  results, outputs = {}, {}
+  say = lambda line: print(f"  bertjax {line}", flush=True)
 
-  # bertjax.forward as users call it: input checks, then its jitted program.
+  # The single passes side by side (`bertjax.timing.interleaved`): bertjax.forward as users
+  # call it (input checks, then its jitted program), every attention map, the clean run
+  # alone (what attribution patching adds to the gradient pass; exact patching needs it
+  # too) and attribution patching, all before the sweeps.
   fwd = lambda: bertjax.forward(params, config, ids, mask).last_hidden_state
-  _, first, t = timed(lambda: jax.block_until_ready(fwd()), args.repeats, "bertjax forward")
-  times["forward"] = {"first_s": first, "times_s": t}
-
-  maps = lambda: bertjax.forward(params, config, ids, mask, output_attentions=True).attentions
-  out, first, t = timed(
-    lambda: jax.block_until_ready(maps()), args.repeats, "bertjax attention maps"
-  )
-  times["attention_maps"] = {"first_s": first, "times_s": t}
-  results["attention_maps"] = np.asarray(out)
-
-  # The clean run alone (what attribution patching adds to the gradient pass; exact
-  # patching needs it too), then attribution patching: both beside the forward pass, before
-  # the sweeps.
-  capture = lambda: bertjax.forward(params, config, ids, mask, capture=("head_out",)).cache
-  _, first, t = timed(lambda: jax.block_until_ready(capture()), args.repeats, "bertjax clean run")
-  times["capture_forward"] = {"first_s": first, "times_s": t}
-
   attr = lambda: interventions_patching.attribution_patching(
     params, config, clean, corr, metric, targets=targets
   )
-  approx, first, t = timed(attr, args.repeats, "bertjax attribution patching")
-  times["attribution"] = {"first_s": first, "times_s": t}
+  single = {
+    "forward": fwd,
+    "attention_maps": lambda: (
+      bertjax.forward(params, config, ids, mask, output_attentions=True).attentions
+    ),
+    "capture_forward": lambda: (
+      bertjax.forward(params, config, ids, mask, capture=("head_out",)).cache
+    ),
+    "attribution": attr,
+  }
+  times = _entries(timing.interleaved(single, args.repeats, warmup=0, outputs=outputs, log=say))
+  results["attention_maps"] = np.asarray(outputs["attention_maps"])
+  approx = outputs["attribution"]
   results["attribution"] = approx.values
-  # Its ratio to one forward pass from interleaved calls (forward, attribution, forward, ...),
-  # so a slow spell of the machine falls on both: the median of the per-round ratios.
-  rounds = [
-    (timed(lambda: jax.block_until_ready(fwd()), 1)[2][0], timed(attr, 1)[2][0])
-    for _ in range(2 * args.repeats + 1)
-  ]
+  # Its ratio to one forward pass from more rounds of the two alone: the median of the
+  # per-round ratios (`compare`).
+  pair = timing.interleaved(
+    {"forward": fwd, "attribution": attr}, 2 * args.repeats + 1, warmup=0, first_call=False
+  )
   times["attribution_rounds"] = {
     "first_s": float("nan"),
-    "times_s": [a for _, a in rounds],
-    "forward_s": [f for f, _ in rounds],
+    "times_s": pair["attribution"]["times_s"],
+    "forward_s": pair["forward"]["times_s"],
   }
 
   batch = {**clean, **targets}
-  sweep = lambda: interventions_ablation.ablation_sweep(
-    params, config, [batch], mlm_logit_diff_sum, head_ablations=("scale",), include=("heads",)
-  )["scale"]
-  res, first, t = timed(sweep, args.sweep_repeats, "bertjax ablation sweep")
-  times["ablation_sweep"] = {"first_s": first, "times_s": t}
+  sweeps = {
+    "ablation_sweep": lambda: interventions_ablation.ablation_sweep(
+      params, config, [batch], mlm_logit_diff_sum, head_ablations=("scale",), include=("heads",)
+    )["scale"],
+    "patching_sweep": lambda: interventions_patching.head_patching(
+      params, config, clean, corr, metric, targets=targets
+    ),
+  }
+  times |= _entries(
+    timing.interleaved(sweeps, args.sweep_repeats, warmup=0, outputs=outputs, log=say)
+  )
+  res, exact = outputs["ablation_sweep"], outputs["patching_sweep"]
   results["ablation"] = res.heads
   results["ablation_baseline"] = np.asarray(res.baseline)
-
-  patch = lambda: interventions_patching.head_patching(
-    params, config, clean, corr, metric, targets=targets
-  )
-  exact, first, t = timed(patch, args.sweep_repeats, "bertjax patching sweep")
-  times["patching_sweep"] = {"first_s": first, "times_s": t}
   results["patching"] = exact.values
   results["patching_clean_corrupted"] = np.asarray([exact.clean, exact.corrupted])
 
   # Attribution patching again after the sweeps, in the process state they leave (the same
   # program measured slower there: 3.75x a forward pass on the MiniLM shape against 3.14x
   # in a fresh process, 2026-11-25).
-  _, _, t = timed(attr, args.repeats)
-  times["attribution_after_sweeps"] = {"first_s": float("nan"), "times_s": t}
+  after = timing.interleaved({"attribution_after_sweeps": attr}, args.repeats, warmup=0)
+  times |= _entries(after)
   info = {
     "agreement": metrics.agreement(exact, approx),
     "clean": exact.clean,
@@ -474,30 +449,41 @@ def _tl_forward_and_maps(t: _TLRuns, repeats: int, times: dict, results: dict) -
   import torch
 
   model, ids = t.model, t.ids
-  _, first, ts = timed(lambda: t.done(t.encoder(ids)), repeats)
-  times["forward"] = {"first_s": first, "times_s": ts}
 
   def maps_docs():
     cache = t.cache(ids)
-    return t.done(torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(t.n_layers)]))
+    return torch.stack([cache[f"blocks.{l}.attn.hook_pattern"] for l in range(t.n_layers)])
 
   def maps_lean():  # only the patterns cached, and no logits
     cache = {}
     keep = lambda x, hook: cache.__setitem__(_layer(hook), x)
     with model.hooks(fwd_hooks=[(lambda name: name.endswith("hook_pattern"), keep)]):
       t.encoder(ids)
-    return t.done(torch.stack([cache[l] for l in range(t.n_layers)]))
+    return torch.stack([cache[l] for l in range(t.n_layers)])
 
-  out, first, ts = timed(maps_docs, repeats)
-  times["attention_maps_docs"] = {"first_s": first, "times_s": ts}
-  results["attention_maps"] = out.cpu().numpy()
-  _, first, ts = timed(maps_lean, repeats)
-  times["attention_maps_lean"] = {"first_s": first, "times_s": ts}
+  calls = {
+    "forward": lambda: t.encoder(ids),
+    "attention_maps_docs": maps_docs,
+    "attention_maps_lean": maps_lean,
+  }
+  outputs = {}
+  times |= _entries(
+    _peer_timing().interleaved(calls, repeats, warmup=0, wait=t.done, outputs=outputs)
+  )
+  results["attention_maps"] = outputs["attention_maps_docs"].cpu().numpy()
+
+
+def _sweeps(t: _TLRuns, calls: dict, sweep_repeats: int, outputs: dict) -> dict:
+  """The docs and lean variants of one sweep side by side: `sweep_repeats` rounds, no call
+  apart (eager torch compiles nothing, and a sweep is too slow to run more often)."""
+  took = _peer_timing().interleaved(
+    calls, sweep_repeats, warmup=0, first_call=False, wait=t.done, outputs=outputs
+  )
+  return _entries(took)
 
 
 def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> None:
   """(b) single-head ablation: the docs' hook zeroing one head's values."""
-  import functools
 
   def ablate_head(v, hook, head):
     v[:, :, head, :] = 0.0
@@ -512,16 +498,16 @@ def _tl_ablation(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
         values[layer, head] = float(t.run(t.ids, [hook], variant))
     return base, values
 
+  calls = {f"ablation_sweep_{v}": functools.partial(ablation, v) for v in ("docs", "lean")}
+  outputs = {}
+  times |= _sweeps(t, calls, sweep_repeats, outputs)
   for variant in ("docs", "lean"):
-    (base, values), first, ts = timed(lambda v=variant: ablation(v), sweep_repeats - 1)
-    times[f"ablation_sweep_{variant}"] = {"first_s": first, "times_s": ts or [first]}
-    results[f"ablation_{variant}"] = values
+    base, results[f"ablation_{variant}"] = outputs[f"ablation_sweep_{variant}"]
     results["ablation_baseline"] = np.asarray(base)
 
 
 def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> None:
   """(c) activation patching of each head's z, clean into corrupted (the docs' loop)."""
-  import functools
 
   def patch_head(z, hook, head, clean_cache):
     z[:, :, head, :] = clean_cache[_layer(hook)][:, :, head, :]
@@ -541,10 +527,11 @@ def _tl_patching(t: _TLRuns, sweep_repeats: int, times: dict, results: dict) -> 
         values[layer, head] = float(t.run(t.corrupted, [hook], variant))
     return clean_m, corrupted_m, values
 
+  calls = {f"patching_sweep_{v}": functools.partial(patching, v) for v in ("docs", "lean")}
+  outputs = {}
+  times |= _sweeps(t, calls, sweep_repeats, outputs)
   for variant in ("docs", "lean"):
-    (cm, xm, values), first, ts = timed(lambda v=variant: patching(v), sweep_repeats - 1)
-    times[f"patching_sweep_{variant}"] = {"first_s": first, "times_s": ts or [first]}
-    results[f"patching_{variant}"] = values
+    cm, xm, results[f"patching_{variant}"] = outputs[f"patching_sweep_{variant}"]
     results["patching_clean_corrupted"] = np.asarray([cm, xm])
 
 
@@ -576,9 +563,12 @@ def _tl_attribution(t: _TLRuns, repeats: int, times: dict, results: dict) -> Non
       .numpy()
     )
 
-  out, first, ts = timed(attribution, repeats)
-  times["attribution"] = {"first_s": first, "times_s": ts}
-  results["attribution_delta"] = out
+  outputs = {}
+  took = _peer_timing().interleaved(
+    {"attribution": attribution}, repeats, warmup=0, wait=t.done, outputs=outputs
+  )
+  times |= _entries(took)
+  results["attribution_delta"] = outputs["attribution"]
 
 
 def tl_peer(spec_path: pathlib.Path) -> None:
@@ -872,6 +862,8 @@ def main(argv=None) -> dict:
     )
   import jax
 
+  from bertjax import timing
+
   backend = jax.default_backend()
   if (backend == "gpu") != (args.device == "cuda") or backend not in ("cpu", "gpu"):
     # Both sides on the same kind of device, or the comparison means nothing.
@@ -880,7 +872,7 @@ def main(argv=None) -> dict:
       "with a CUDA jax, or --device cpu with JAX_PLATFORMS=cpu"
     )
   report = {
-    "machine": common.machine(),
+    "machine": timing.machine(),
     "batch": args.batch,
     "seq": args.seq,
     "models": {},
@@ -894,7 +886,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
       work = pathlib.Path(tmp)
       make_model(SHAPES[name], work / "model")
-      inputs = make_inputs(args.batch, args.seq)
+      inputs = common.make_inputs(args.batch, args.seq)
       np.savez(work / "inputs.npz", **inputs)
       ours, ours_res = run_bertjax(work / "model", inputs, args)
       print(f"[{name}] bertjax done at {time.perf_counter() - start:.0f} s", flush=True)
@@ -935,9 +927,7 @@ def write_report(args, report: dict, start: float) -> pathlib.Path:
   args.out.mkdir(parents=True, exist_ok=True)
   stem = "bench_tl_smoke" if args.smoke else "bench_tl"
   if "accelerator" in report["machine"]:
-    stem += "_gpu_" + "".join(
-      c if c.isalnum() else "_" for c in report["machine"]["accelerator"].lower()
-    )
+    stem += "_gpu_" + common.slug(report["machine"]["accelerator"])
   (args.out / f"{stem}.json").write_text(json.dumps(report, indent=1) + "\n")
   page = args.out / f"{stem}.md"
   page.write_text(markdown(report))

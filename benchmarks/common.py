@@ -1,82 +1,29 @@
-"""What every benchmark shares: the machine a figure comes from, the side-by-side timer, the
-options every script takes, Markdown tables, and where results go.
+"""What every benchmark shares besides timing: the options every script takes, Markdown
+tables, where results go, and the inputs and per-round ratios of the attribution benchmarks.
+Timing and the machine a figure comes from are `bertjax.timing`'s (`interleaved`,
+`compile_ahead`, `machine`, `describe`), as for the library's own timings.
 
 Benchmarks import it as `common` (each script's folder is on its path when run as a script).
+It imports neither JAX nor bertjax until asked, so that bench_tl's TransformerLens peer, in an
+environment without them, can import it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import platform
 import re
+import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-
-
-def machine(*, torch: bool = False, **extra: Any) -> dict[str, Any]:
-  """What a figure comes from: the CPU (`bertjax.utils.cpu_info`: model, ISA flags, cores),
-  Python, the platform, JAX and its backend and device, the accelerator if any, the thread and
-  XLA settings of the environment, and PyTorch's version and threads when it is loaded (or
-  `torch`: load it); `extra` entries are added."""
-  import jax
-
-  if torch:
-    import torch as _  # noqa: F401  (its version and threads are recorded)
-
-  from bertjax.utils import cpu_info
-
-  info = {
-    **cpu_info(),
-    "python": platform.python_version(),
-    "platform": platform.platform(),
-    "jax": jax.__version__,
-    "backend": jax.default_backend(),
-    "device": str(jax.devices()[0].device_kind),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "env": {
-      k: os.environ[k]
-      for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS")
-      if k in os.environ
-    },
-  }
-  if jax.default_backend() != "cpu":
-    info["accelerator"] = jax.devices()[0].device_kind
-  loaded = sys.modules.get("torch")
-  if loaded is not None:
-    info.update(
-      torch=loaded.__version__,
-      torch_threads=loaded.get_num_threads(),
-      torch_interop_threads=loaded.get_num_interop_threads(),
-    )
-  return {**info, **extra}
-
-
-def timed(fn) -> tuple[Any, float]:
-  """`(fn(), seconds)`: one call, timed until its JAX arrays are ready."""
-  import time
-
-  import jax
-
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - start
-
-
-def interleaved(calls: dict, warmup: int, rounds: int) -> dict[str, list[float]]:
-  """Seconds of each zero-argument call over `rounds` rounds in a rotating order, after at
-  least one untimed call each (`warmup` of them when more); `bertjax.utils.interleaved_times`
-  times them."""
-  from bertjax.utils import interleaved_times
-
-  times = interleaved_times(calls, rounds, warmup=max(warmup - 1, 0))
-  return {name: t["times_s"] for name, t in times.items()}
+CLS, SEP, MASK = 101, 102, 103  # BERT's ids, as make_inputs places them
 
 
 def _count(minimum: int):
@@ -111,6 +58,24 @@ def parser(
   return p
 
 
+def interleaved(
+  calls: dict[str, Callable[[], Any]], args: argparse.Namespace, **kwargs: Any
+) -> dict:
+  """`bertjax.timing.interleaved` with the options of `parser`: `args.rounds` rounds after
+  `args.warmup` untimed calls of each (the first call, timed apart, counted among them)."""
+  from bertjax import timing
+
+  return timing.interleaved(calls, args.rounds, warmup=max(args.warmup - 1, 0), **kwargs)
+
+
+def entry(t: dict[str, Any], **extra: Any) -> dict[str, Any]:
+  """One timed call's entry in a result file, from `bertjax.timing`'s record: its compile time
+  (when compiled apart), first call, median, minimum and every round's seconds; `extra`
+  entries added."""
+  keys = ("compile_s", "first_call_s", "median_s", "min_s", "times_s")
+  return {k: t[k] for k in keys if k in t} | extra
+
+
 def slug(name: str) -> str:
   """A device's name as part of a file name: lower case, each run of other characters than
   letters and digits one `_` ("NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3")."""
@@ -133,3 +98,60 @@ def write(result: dict, md: str, out: pathlib.Path | str, stem: str, *, files: b
     (out / f"{stem}.md").write_text(md)
   print(md, file=sys.stderr)
   print(json.dumps(result))
+
+
+def measured_on(m: dict[str, Any]) -> str:
+  """The line a result page names its machine with ("Measured on: 2-core AMD EPYC (AVX2,
+  AVX-512), jax 0.10.2"), from `bertjax.timing.machine`'s record."""
+  from bertjax import timing
+
+  return f"Measured on: {timing.describe(m)}."
+
+
+def make_inputs(batch: int, seq: int, vocab: int = 30522, seed: int = 0) -> dict:
+  """The attribution benchmarks' batch: clean and corrupted ids (no padding; [CLS] first,
+  [SEP] last, one [MASK] per sequence; the corrupted twin resamples 16 other tokens), the
+  [MASK] positions, answer and distractor ids."""
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(1000, vocab, (batch, seq)).astype(np.int32)
+  ids[:, 0], ids[:, -1] = CLS, SEP
+  position = rng.integers(1, seq - 1, batch).astype(np.int32)
+  ids[np.arange(batch), position] = MASK
+  corrupted = ids.copy()
+  for b in range(batch):
+    free = np.setdiff1d(np.arange(1, seq - 1), [position[b]])
+    pick = rng.choice(free, min(16, free.size), replace=False)
+    corrupted[b, pick] = rng.integers(1000, vocab, pick.size)
+  answer, distractor = rng.choice(np.arange(1000, vocab), (2, batch), replace=True)
+  return {
+    "clean": ids,
+    "corrupted": corrupted,
+    "mask": np.ones_like(ids),
+    "position": position,
+    "answer": answer.astype(np.int32),
+    "distractor": distractor.astype(np.int32),
+  }
+
+
+def against_forward(
+  tasks: dict[str, Callable[[], Any]], rounds: int, label: str = ""
+) -> dict[str, dict[str, Any]]:
+  """Each task timed in `rounds` interleaved rounds (`bertjax.timing.interleaved`: first call
+  and one warm-up apart), a progress line per round on stderr (after `label`); per task its
+  median milliseconds, every round's, and `over_forward`: the median over rounds of its time
+  over the same round's "forward" task (a slow spell of the machine falls on both)."""
+  from bertjax import timing
+
+  def line(r: int, seconds: dict[str, float]) -> None:
+    done = ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in seconds.items())
+    print(f"{label}round {r + 1}/{rounds}: {done}", file=sys.stderr, flush=True)
+
+  times = timing.interleaved(tasks, rounds, on_round=line)
+  return {
+    name: {
+      "median_ms": 1e3 * t["median_s"],
+      "over_forward": statistics.median(timing.ratios(t, times["forward"])),
+      "times_ms": [1e3 * x for x in t["times_s"]],
+    }
+    for name, t in times.items()
+  }

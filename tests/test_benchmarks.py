@@ -216,7 +216,7 @@ def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
   so its count may only be a little higher."""
   monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
   import bench_edges
-  from bench_tl import make_inputs
+  from common import make_inputs
 
   import bertjax
   from bertjax.analysis.interventions import edges, metrics
