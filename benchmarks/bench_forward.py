@@ -16,45 +16,35 @@ the CPU model, its vector ISA flags (AVX2, AVX-512, AMX) and the thread counts.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import pathlib
-import statistics
-import sys
 import tempfile
-import time
 
-import jax
+import common
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
-from bertjax.utils import cpu_info
-
-RESULTS = pathlib.Path(__file__).parent / "results"
-
-
-def _time(fn) -> float:
-  t0 = time.perf_counter()
-  fn()
-  return time.perf_counter() - t0
+from bertjax import timing
 
 
 def matmul_peak(torch, size: int, repeats: int) -> dict:
-  """Best float32 GFLOP/s of a (size x size) @ (size x size) matmul in JAX and in PyTorch."""
+  """Best float32 GFLOP/s of a (size x size) @ (size x size) matmul in JAX and in PyTorch,
+  the two timed side by side."""
   a = np.random.default_rng(0).standard_normal((size, size)).astype(np.float32)
-  ja = jnp.asarray(a)
-  mm = jax.jit(lambda x: x @ x)
-  jax.block_until_ready(mm(ja))
   ta = torch.from_numpy(a)
-  with torch.inference_mode():
-    torch.mm(ta, ta)
+
+  def torch_mm():
+    with torch.inference_mode():
+      return torch.mm(ta, ta)
+
+  jax_mm, _ = timing.compile_ahead(lambda x: x @ x, jnp.asarray(a))
+  best = timing.interleaved({"jax": jax_mm, "torch": torch_mm}, repeats)
   flops = 2 * size**3
-  t_jax = min(_time(lambda: jax.block_until_ready(mm(ja))) for _ in range(repeats))
-  with torch.inference_mode():
-    t_torch = min(_time(lambda: torch.mm(ta, ta)) for _ in range(repeats))
-  return {"size": size, "jax_gflops": flops / t_jax / 1e9, "torch_gflops": flops / t_torch / 1e9}
+  return {
+    "size": size,
+    "jax_gflops": flops / best["jax"]["min_s"] / 1e9,
+    "torch_gflops": flops / best["torch"]["min_s"] / 1e9,
+  }
 
 
 def forward_flops(config, batch: int, seq: int) -> float:
@@ -81,15 +71,13 @@ def _bert_base_dir(transformers, torch, root: pathlib.Path, smoke: bool) -> path
   return root / "bert-base-random"
 
 
-def measure(transformers, torch, path, name, batch, seq, rounds, warmup) -> dict:
+def measure(transformers, torch, path, name, batch, seq, args) -> dict:
   config, params = bertjax.from_hf(path)
   rng = np.random.default_rng(0)
   ids = rng.integers(1000, config.vocab_size, (batch, seq)).astype(np.int32)
   mask = np.ones_like(ids)
-  fwd = jax.jit(lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state)
-  ids_j, mask_j = jnp.asarray(ids), jnp.asarray(mask)
-  compile_s = _time(lambda: jax.block_until_ready(fwd(params, ids_j, mask_j)))
-  ours = lambda: jax.block_until_ready(fwd(params, ids_j, mask_j))
+  fwd = lambda p, x, m: bertjax.forward(p, config, x, m).last_hidden_state
+  ours, compile_s = timing.compile_ahead(fwd, params, jnp.asarray(ids), jnp.asarray(mask))
   model = transformers.BertModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
   ids_t, mask_t = torch.tensor(ids).long(), torch.tensor(mask).long()
 
@@ -97,15 +85,11 @@ def measure(transformers, torch, path, name, batch, seq, rounds, warmup) -> dict
     with torch.inference_mode():
       return model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
 
-  # Same numbers first: a speed comparison of different functions means nothing.
-  diff = float(np.abs(np.asarray(ours()) - theirs().numpy()).max())
-  for _ in range(warmup):
-    ours(), theirs()
-  t_ours, t_torch = [], []
-  for _ in range(rounds):  # interleaved rounds
-    t_ours.append(_time(ours))
-    t_torch.append(_time(theirs))
-  med = statistics.median
+  first = {}
+  times = common.interleaved({"bertjax": ours, "torch_sdpa": theirs}, args, outputs=first)
+  # Same numbers: a speed comparison of different functions means nothing.
+  diff = float(np.abs(np.asarray(first["bertjax"]) - first["torch_sdpa"].numpy()).max())
+  t_ours, t_torch = times["bertjax"]["median_s"], times["torch_sdpa"]["median_s"]
   flops = forward_flops(config, batch, seq)
   return {
     "model": name,
@@ -113,30 +97,20 @@ def measure(transformers, torch, path, name, batch, seq, rounds, warmup) -> dict
     "seq": seq,
     "max_abs_diff_vs_torch": diff,
     "gflop": flops / 1e9,
-    "bertjax": {
-      "median_s": med(t_ours),
-      "gflops": flops / med(t_ours) / 1e9,
-      "compile_s": compile_s,
-    },
-    "torch_sdpa": {"median_s": med(t_torch), "gflops": flops / med(t_torch) / 1e9},
-    "speedup_vs_torch": med(t_torch) / med(t_ours),
+    "bertjax": {"median_s": t_ours, "gflops": flops / t_ours / 1e9, "compile_s": compile_s},
+    "torch_sdpa": {"median_s": t_torch, "gflops": flops / t_torch / 1e9},
+    "speedup_vs_torch": t_torch / t_ours,
   }
 
 
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(
-    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
-  parser.add_argument("--rounds", type=int, default=11, help="timed rounds per implementation")
-  parser.add_argument("--warmup", type=int, default=2)
-  parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
-  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-  args = parser.parse_args(argv)
+  args = common.parser(__doc__, rounds=11, warmup=3).parse_args(argv)
   import torch
   import transformers
 
   shapes = [(2, 16)] if args.smoke else [(32, 128), (8, 512)]
-  rounds, warmup = (2, 1) if args.smoke else (args.rounds, args.warmup)
+  if args.smoke:
+    args.rounds, args.warmup = 2, 2
   # The peak is the best of runs before and after the rows, so that a neighbour's
   # burst during one of them cannot understate it (and overstate every share).
   peak_size = 512 if args.smoke else 2048
@@ -147,7 +121,7 @@ def main(argv=None) -> dict:
       ("bert-base (random)", _bert_base_dir(transformers, torch, pathlib.Path(tmp), args.smoke)),
     ]
     rows = [
-      measure(transformers, torch, path, name, b, t, rounds, warmup)
+      measure(transformers, torch, path, name, b, t, args)
       for name, path in models
       for b, t in shapes
     ]
@@ -157,24 +131,11 @@ def main(argv=None) -> dict:
     row["bertjax"]["fraction_of_peak"] = row["bertjax"]["gflops"] / peak["jax_gflops"]
     row["torch_sdpa"]["fraction_of_peak"] = row["torch_sdpa"]["gflops"] / peak["torch_gflops"]
   result = {
-    "machine": {
-      **cpu_info(),
-      "torch_threads": torch.get_num_threads(),
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "jax": jax.__version__,
-      "torch": torch.__version__,
-      "transformers": transformers.__version__,
-      "backend": jax.default_backend(),
-      "python": sys.version.split()[0],
-    },
+    "machine": timing.machine(transformers=transformers.__version__),
     "matmul_peak_float32": peak,
     "rows": rows,
   }
-  print(json.dumps(result, indent=2))
-  if not args.smoke:
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "forward_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "forward_cpu.md").write_text(markdown(result))
+  common.write(result, markdown(result), args.out, "forward_cpu", files=not args.smoke)
   return result
 
 

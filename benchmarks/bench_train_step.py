@@ -21,21 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import statistics
-import time
 
+import common
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bertjax
+from bertjax import timing
 from bertjax.training.optim import make_optimizer
 from bertjax.training.state import create_train_state
 from bertjax.training.step import make_train_step
-
-RESULTS = pathlib.Path(__file__).parent / "results"
 
 
 def make_batch(config, batch: int, seq: int, predictions: int, seed: int = 0) -> dict:
@@ -70,11 +67,9 @@ def ours_step(config, batch, prng_impl=None):
 
   def run():
     holder["state"], metrics = step(holder["state"], device_batch)
-    jax.block_until_ready(metrics["loss"])
+    return metrics["loss"]
 
-  t0 = time.perf_counter()
-  run()
-  return run, time.perf_counter() - t0
+  return run
 
 
 def torch_step(config, batch):
@@ -113,14 +108,8 @@ def matmul_peak_tflops(
   a = jax.random.normal(jax.random.key(0), (n, n), dtype)
   b = jax.random.normal(jax.random.key(1), (n, n), dtype)
   f = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(f(a, b))
-  times = []
-  for _ in range(trials):
-    t0 = time.perf_counter()
-    outs = [f(a, b) for _ in range(calls)]
-    jax.block_until_ready(outs)
-    times.append((time.perf_counter() - t0) / calls)
-  return 2 * n**3 / statistics.median(times) / 1e12
+  t = timing.interleaved({"matmul": lambda: [f(a, b) for _ in range(calls)]}, trials)
+  return 2 * n**3 / (t["matmul"]["median_s"] / calls) / 1e12
 
 
 def profile(run, out: pathlib.Path, steps: int = 3) -> None:
@@ -153,14 +142,10 @@ def model_flops(config, batch: int, seq: int, predictions: int) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
-    description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-  )
+  parser = common.parser(__doc__, rounds=10, warmup=3)
   parser.add_argument("--batch", type=int, default=32)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--predictions", type=int, default=20)
-  parser.add_argument("--rounds", type=int, default=10)
-  parser.add_argument("--warmup", type=int, default=2)
   parser.add_argument(
     "--mfu",
     action="store_true",
@@ -177,13 +162,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     default=None,
     help="--mfu: write a profiler trace of the last variant to this folder",
   )
-  parser.add_argument("--smoke", action="store_true", help="tiny sizes, no result files")
   parser.add_argument(
     "--preset",
     default="bert-base",
     help="--mfu: the model (a BertConfig preset, e.g. modernbert-base)",
   )
-  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
   return parser.parse_args(argv)
 
 
@@ -192,7 +175,6 @@ def mfu_variant(spec: str, args, profile_it: bool) -> dict:
   timed: its step time and model TFLOP/s (MFU is added once the peak is known). `attndrop`
   adds BERT's attention dropout (0.1) to its hidden dropout; `--preset` picks the model
   (a family without an NSP head trains MLM alone)."""
-  med = statistics.median
   impl, prng, size, *rest = spec.split(":")
   dropout = 0.0 if "nodrop" in rest else 0.1
   unroll = next((int(r.removeprefix("unroll")) for r in rest if r.startswith("unroll")), 1)
@@ -221,14 +203,9 @@ def mfu_variant(spec: str, args, profile_it: bool) -> dict:
     config = bertjax.BertConfig.preset(args.preset, dtype="bfloat16", **overrides)
     batch_size, seq = int(size), args.seq
   batch = make_batch(config, batch_size, seq, args.predictions)
-  run, compile_s = ours_step(config, batch, None if prng == "threefry" else prng)
-  for _ in range(args.warmup):
-    run()
-  times = []
-  for _ in range(args.rounds):
-    t0 = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - t0)
+  run = ours_step(config, batch, None if prng == "threefry" else prng)
+  t = common.interleaved({spec: run}, args)[spec]
+  compile_s = t["first_call_s"]  # the first step: its compile and one run
   if profile_it:
     profile(run, pathlib.Path(args.profile))
   flops = model_flops(config, batch_size, seq, args.predictions)
@@ -240,12 +217,12 @@ def mfu_variant(spec: str, args, profile_it: bool) -> dict:
     "seq": seq,
     "hidden_dropout": dropout,
     "scan_unroll": unroll,
-    "median_step_s": med(times),
-    "min_step_s": min(times),
+    "median_step_s": t["median_s"],
+    "min_step_s": t["min_s"],
     "compile_s": compile_s,
     "model_tflop_per_step": flops / 1e12,
-    "model_tflops": flops / med(times) / 1e12,
-    "tokens_per_s": batch_size * seq / med(times),
+    "model_tflops": flops / t["median_s"] / 1e12,
+    "tokens_per_s": batch_size * seq / t["median_s"],
   }
   print(
     f"{spec:>28}: step {1e3 * row['median_step_s']:.1f} ms, "
@@ -286,22 +263,15 @@ def run_mfu(args, machine: dict) -> dict:
 
 def run_cpu(args, machine: dict) -> dict:
   """CPU mode: our train step against transformers' `BertForPreTraining`, interleaved."""
-  med = statistics.median
   config = bertjax.BertConfig.preset("bert-mini", vocab_size=30522)
   if args.smoke:
     config = bertjax.BertConfig.preset("tiny")
     args.batch, args.seq, args.rounds, args.predictions = 2, 16, 2, 3
   batch = make_batch(config, args.batch, args.seq, args.predictions)
-  ours, compile_s = ours_step(config, batch)
-  theirs = torch_step(config, batch)
-  for _ in range(args.warmup):
-    ours(), theirs()
-  t_ours, t_torch = [], []
-  for _ in range(args.rounds):
-    for fn, acc in ((ours, t_ours), (theirs, t_torch)):
-      t0 = time.perf_counter()
-      fn()
-      acc.append(time.perf_counter() - t0)
+  times = common.interleaved(
+    {"bertjax": ours_step(config, batch), "torch": torch_step(config, batch)}, args
+  )
+  t_ours, t_torch = times["bertjax"]["median_s"], times["torch"]["median_s"]
   import torch
 
   tokens = args.batch * args.seq
@@ -312,28 +282,18 @@ def run_cpu(args, machine: dict) -> dict:
     "seq": args.seq,
     "predictions": args.predictions,
     "bertjax": {
-      "median_step_s": med(t_ours),
-      "tokens_per_s": tokens / med(t_ours),
-      "compile_s": compile_s,
+      "median_step_s": t_ours,
+      "tokens_per_s": tokens / t_ours,
+      "compile_s": times["bertjax"]["first_call_s"],  # the first step: compile and one run
     },
-    "torch_BertForPreTraining": {
-      "median_step_s": med(t_torch),
-      "tokens_per_s": tokens / med(t_torch),
-    },
-    "speedup_vs_torch": med(t_torch) / med(t_ours),
+    "torch_BertForPreTraining": {"median_step_s": t_torch, "tokens_per_s": tokens / t_torch},
+    "speedup_vs_torch": t_torch / t_ours,
   }
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
-  from bertjax.utils import cpu_info  # CPU model, ISA flags, cores
-
-  machine = {
-    **cpu_info(),
-    "xla_flags": os.environ.get("XLA_FLAGS", ""),
-    "jax": jax.__version__,
-    "device": jax.devices()[0].device_kind,
-  }
+  machine = timing.machine()
   if args.mfu:
     result = run_mfu(args, machine)
     name = "train_step_gpu_mfu" + ("" if args.preset == "bert-base" else f"_{args.preset}")
@@ -341,8 +301,9 @@ def main(argv=None) -> dict:
     result, name = run_cpu(args, machine), "train_step_cpu"
   print(json.dumps(result, indent=2))
   if not args.smoke:
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
   return result
 
 
