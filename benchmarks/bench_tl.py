@@ -35,7 +35,9 @@ sequence; the corrupted twin resamples 16 other tokens per sequence. Metric:
 the MLM logit difference between an answer and a distractor token at the [MASK]
 position, averaged over the batch.
 
-Tasks, each timed warmed up (compile time apart) and checked for equal numbers:
+Tasks, each timed warmed up (the first call, with any compile, apart) and checked for equal
+numbers; on each side the single passes run side by side in rotating rounds, and so do the
+sweeps (`bertjax.timing.interleaved`; the TransformerLens side loads that file by its path):
 
 * forward: one forward pass (no logits) on each side: the unit.
 * (a) every attention map: `bertjax.forward(..., output_attentions=True)` vs
