@@ -221,22 +221,7 @@ def bench_case(
     own_clock=("keras_hub",) if "keras_hub" in calls else (),
     outputs=outputs,
   )
-  row["max_abs_diff_bertjax_vs_torch"] = float(
-    np.abs(np.asarray(outputs["bertjax"]) - outputs["torch_sdpa"].numpy()).max()
-  )
-  for n, t in times.items():
-    row[n] = common.entry(t, **info[n], tokens_per_s=batch * seq / t["median_s"])
-  ours = row["bertjax"]["median_s"]
-  for n in times:
-    if n != "bertjax":
-      row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
-  print(
-    f"{name:>12} {batch:>3} x {seq}: "
-    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times),
-    file=sys.stderr,
-    flush=True,
-  )
-  return row
+  return common.against_torch(row, times, outputs, f"{name:>12} {batch:>3} x {seq}", **info)
 
 
 def markdown(r: dict) -> str:

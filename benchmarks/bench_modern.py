@@ -25,7 +25,6 @@ order (`bertjax.timing`). Results name the CPU and its ISA.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 
 import common
@@ -114,24 +113,8 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
 
   calls["torch_sdpa"] = torch_call
   times = common.interleaved(calls, args, outputs=outputs)
-  row["max_abs_diff_bertjax_vs_torch"] = float(
-    np.abs(np.asarray(outputs["bertjax"]) - outputs["torch_sdpa"].numpy()).max()
-  )
-  for n, seconds in compile_s.items():
-    times[n]["compile_s"] = seconds
-  for n, t in times.items():
-    row[n] = common.entry(t, tokens_per_s=batch * seq / t["median_s"])
-  ours = row["bertjax"]["median_s"]
-  for n in times:
-    if n != "bertjax":
-      row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / ours
-  print(
-    f"{name:>16} {batch} x {seq}: "
-    + ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times),
-    file=sys.stderr,
-    flush=True,
-  )
-  return row
+  info = {n: {"compile_s": seconds} for n, seconds in compile_s.items()}
+  return common.against_torch(row, times, outputs, f"{name:>16} {batch} x {seq}", **info)
 
 
 def markdown(r: dict) -> str:

@@ -76,6 +76,23 @@ def entry(t: dict[str, Any], **extra: Any) -> dict[str, Any]:
   return {k: t[k] for k in keys if k in t} | extra
 
 
+def against_torch(row: dict, times: dict, outputs: dict, label: str, **info: dict) -> dict:
+  """`row` (one model at one shape, `row["tokens"]` of them) completed from `bertjax.timing.
+  interleaved`'s `times` and first `outputs` of "bertjax", "torch_sdpa" and any others: the
+  largest difference of bertjax's and PyTorch's outputs, each call's `entry` (with `info[name]`
+  and tokens/s), bertjax's speed-up against each other, and a progress line after `label`."""
+  ours, theirs = np.asarray(outputs["bertjax"]), outputs["torch_sdpa"].numpy()
+  row["max_abs_diff_bertjax_vs_torch"] = float(np.abs(ours - theirs).max())
+  for n, t in times.items():
+    row[n] = entry(t, **info.get(n, {}), tokens_per_s=row["tokens"] / t["median_s"])
+  for n in times:
+    if n != "bertjax":
+      row[f"bertjax_speedup_vs_{n}"] = row[n]["median_s"] / row["bertjax"]["median_s"]
+  done = ", ".join(f"{n} {row[n]['median_s'] * 1e3:.0f} ms" for n in times)
+  print(f"{label}: {done}", file=sys.stderr, flush=True)
+  return row
+
+
 def slug(name: str) -> str:
   """A device's name as part of a file name: lower case, each run of other characters than
   letters and digits one `_` ("NVIDIA H100 80GB HBM3" -> "nvidia_h100_80gb_hbm3")."""
