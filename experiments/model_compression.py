@@ -11,6 +11,7 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -22,7 +23,7 @@ import common
 import numpy as np
 
 from bertjax.plots import training as plots
-from bertjax.training import compression
+from bertjax.training import compression, distill
 
 NAME = "model_compression"
 ROWS = compression.ROLES
@@ -46,6 +47,10 @@ FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 # The tiny random teacher of --smoke: 4 layers of 4 heads, 32 wide.
 SMOKE_TEACHER = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
 SMOKE_TEACHER["max_position_embeddings"] = 64
+# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older fusion
+# emitters, which compile a train step ~2.5x faster at that setting. XLA reads XLA_FLAGS when
+# it starts, so a process that has already compiled keeps its own emitters.
+SMOKE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,7 +66,57 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  return run_experiment(parse_args(argv))
+  args = parse_args(argv)
+  with quick_compiles(args.smoke):
+    return run_experiment(args)
+
+
+@contextlib.contextmanager
+def quick_compiles(enabled: bool):
+  """For --smoke: XLA with most optimisations off and `SMOKE_XLA_FLAG`, then the process's
+  settings back. Compiling is most of a smoke run (five models, a few steps each); the
+  unoptimised programs give the same numbers to float32 rounding."""
+  import jax
+
+  if not enabled:
+    yield
+    return
+  flags, off = os.environ.get("XLA_FLAGS"), jax.config.values["jax_disable_most_optimizations"]
+  if SMOKE_XLA_FLAG.split("=")[0] not in (flags or ""):  # the user's setting wins
+    os.environ["XLA_FLAGS"] = f"{flags or ''} {SMOKE_XLA_FLAG}".strip()
+  jax.config.update("jax_disable_most_optimizations", True)
+  common.log("--smoke: XLA compiles with most optimisations off (the programs run a few steps)")
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", off)
+    if flags is None:
+      os.environ.pop("XLA_FLAGS", None)
+    else:
+      os.environ["XLA_FLAGS"] = flags
+
+
+def model_labels(t_config, teacher: str) -> dict[str, str]:
+  """Each role's label in the log and the table, with the layer counts of the models
+  `compression.compress` makes from `t_config` (the role keys are all-MiniLM-L6-v2's:
+  `distilled_3l`, `shared_6l`)."""
+  half = len(distill.default_student_layers(t_config))
+  short = common.model_tag(teacher) or teacher
+  labels = compression.row_labels({"distilled_3l": {"depth": half}}, teacher, short)
+  if compression.can_share(t_config):
+    labels["shared_6l"] = f"ALBERT-style shared {t_config.depth}L"
+  return labels
+
+
+def labelled_log(labels: dict[str, str]):
+  """`common.log` with the role that starts `compression.compress`'s progress lines
+  ("distilled_3l: accuracy ...") replaced by its label."""
+
+  def log(line: str) -> None:
+    role, sep, rest = line.partition(": ")
+    common.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
+
+  return log
 
 
 @common.smoke_cached
@@ -100,6 +155,7 @@ def run_experiment(args) -> int:
       f"--shared-layer {args.shared_layer} must be in 1..{t_config.depth} "
       "(the teacher's blocks, counted from 1)"
     )
+  labels = model_labels(t_config, teacher)
   with common.timed(timings, "train"):
     runs, models = compression.compress(
       t_config,
@@ -110,7 +166,7 @@ def run_experiment(args) -> int:
       hp=hp,
       **{k: getattr(sc, k) for k in ("temperature", "alpha")},
       shared_layer=args.shared_layer - 1,
-      log=common.log,
+      log=labelled_log(labels),
     )
 
   timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
@@ -125,7 +181,8 @@ def run_experiment(args) -> int:
   caption = compression.timing_caption(
     cpu, batch=sc.time_batch, length=sc.max_len, rounds=sc.rounds, load=load
   )
-  labels = compression.row_labels(rows, teacher, common.model_tag(teacher) or teacher)
+  if args.smoke:
+    caption += ", XLA's optimisations off (--smoke)"
   md = compression.compression_table(rows, caption, labels)
   common.log("\n" + md)
   stem = common.results_stem(NAME, args.model)
@@ -155,6 +212,7 @@ def run_experiment(args) -> int:
     **dataclasses.asdict(sc),
     "seed": args.seed,
     "shared_layer": args.shared_layer,
+    "xla_optimised": not args.smoke,  # --smoke: `quick_compiles`
     "teacher": teacher,
     "finetune": dataclasses.asdict(hp),
     "configs": {k: dataclasses.asdict(models[k][0]) for k in models},

@@ -1,8 +1,14 @@
 """Checks of `experiments/model_compression.py`: the shared-layer model, weight bytes, the table's
-columns against the models they describe, and the findings' rules."""
+columns against the models they describe, the names the log gives the models, and the findings'
+rules."""
 
+import contextlib
 import dataclasses
+import io
+import json
+import os
 import pathlib
+import re
 import sys
 
 import jax
@@ -48,6 +54,16 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   assert rows["distilled_3l"]["depth"] == teacher["depth"] // 2 == 2
   assert rows["shared_6l"]["stored_layers"] == 1
   assert rows["shared_6l"]["depth"] == teacher["depth"]
+  # The table (logged as it is) names each model by its own layer count.
+  half, depth, md = (
+    rows["distilled_3l"]["depth"],
+    teacher["depth"],
+    doc["results"]["table_markdown"],
+  )
+  assert f"| DistilBERT-style {half}L | {half} ({half}) |" in md
+  assert f"| {half}L, labels only | {half} ({half}) |" in md
+  assert f"| ALBERT-style shared {depth}L | {depth} (1) |" in md
+  assert doc["settings"]["xla_optimised"] is False and "optimisations off (--smoke)" in md
   assert rows["int8"]["params"] == teacher["params"]
   assert rows["int8"]["bytes"] < teacher["bytes"] == 4 * teacher["params"]
   assert configs["int8"]["quantize"] == "int8" and configs["teacher"]["quantize"] is None
@@ -56,6 +72,62 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   # --shared-layer counts blocks from 1; its default, block 3, is what 0-based 2 named.
   assert doc["settings"]["shared_layer"] == 3
   assert "from teacher block 3," in doc["findings"][1]["measured"]
+
+
+@pytest.fixture(scope="module")
+def quick_smoke(tmp_path_factory):
+  """The --smoke run in this process with training and timing stubbed out (its log, the
+  tokenizer loads, its JSON): the log's names, not the numbers, are under test."""
+  from bertjax.training import compression
+  from bertjax.training import finetune as F
+
+  def finetune(config, params, train, held, **kw):
+    done = {"final_loss": 1.0, "wall_time_s": 0.0, "history": [{"loss": 1.0}]}
+    return {**done, "metrics": {"accuracy": 0.5}, "config": config, "params": params}
+
+  def time_logits(models, batch, **kw):
+    return {k: {"compile_s": 0.1, "median_s": 0.01, "min_s": 0.01, "rounds_s": []} for k in models}
+
+  loads = []
+  load = bertjax.Tokenizer.from_pretrained.__func__
+  out, err = tmp_path_factory.mktemp("smoke"), io.StringIO()
+  with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
+    mp.setattr(F, "finetune", finetune)
+    mp.setattr(F, "evaluate", lambda *a, **kw: {"accuracy": 0.5})
+    mp.setattr(compression, "time_logits", time_logits)
+    mp.setattr(
+      bertjax.Tokenizer,
+      "from_pretrained",
+      classmethod(lambda *a, **kw: loads.append(a) or load(*a, **kw)),
+    )
+    assert C.main(["--smoke", "--out", str(out)]) == 0
+  return err.getvalue(), loads, json.loads((out / "model_compression.json").read_text())
+
+
+def test_the_smoke_log_names_models_by_their_layer_counts(quick_smoke):
+  log, _, doc = quick_smoke
+  rows = doc["results"]["rows"]
+  half, depth = rows["distilled_3l"]["depth"], rows["teacher"]["depth"]
+  assert (half, depth) == (2, 4)  # not all-MiniLM-L6-v2's 3 and 6, which the role keys name
+  for name in (
+    f"DistilBERT-style {half}L",
+    f"{half}L, labels only",
+    f"ALBERT-style shared {depth}L",
+  ):
+    assert f"] {name}: accuracy 0.5000" in log, log
+    assert f"| {name} |" in log
+  assert not re.search(r"_3l|_6l|\b[36]L\b", log), log
+
+
+def test_the_smoke_run_loads_its_tokenizer_once(quick_smoke):
+  assert len(quick_smoke[1]) == 1
+
+
+def test_smoke_compiles_quickly_and_gives_the_settings_back(quick_smoke):
+  log, _, doc = quick_smoke
+  assert "XLA compiles with most optimisations off" in log and not doc["settings"]["xla_optimised"]
+  assert jax.config.values["jax_disable_most_optimizations"] is False
+  assert C.SMOKE_XLA_FLAG not in os.environ.get("XLA_FLAGS", "")
 
 
 def test_shared_layer_out_of_range_fails_before_training(tmp_path):
