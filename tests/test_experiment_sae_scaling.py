@@ -1,7 +1,9 @@
-"""Checks of `experiments/sae_scaling.py`: its verdict rules and the committed results (their
-rows are what the rules give for their numbers); its fit is `stats.power_law_fit`."""
+"""Checks of `experiments/sae_scaling.py`: its verdict rules, its smoke run (`check_smoke`, run
+by `test_experiments.py`) and the committed results (their rows are what the rules give for
+their numbers); its fit is `stats.power_law_fit`."""
 
 import json
+import os
 import pathlib
 import sys
 
@@ -25,6 +27,23 @@ def test_rules():
   assert dead([0.0, 0.05, 0.1]) == "yes"
   assert dead([0.0, 0.2]) == "partly"
   assert dead([0.3, 0.2]) == "no"
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run's sizes, and its programs compiled unoptimised (`quick_compiles`)."""
+  assert doc["settings"]["expansions"] == [2, 4] and doc["settings"]["steps"] == 20
+  assert doc["settings"]["xla_optimised"] is False
+
+
+def test_smoke_compiles_unoptimised_then_gives_the_settings_back():
+  import jax
+
+  flags = os.environ.get("XLA_FLAGS")
+  with ss.quick_compiles(True):
+    assert jax.config.values["jax_disable_most_optimizations"] is True
+    assert ss.SMOKE_XLA_FLAG in os.environ["XLA_FLAGS"]
+  assert jax.config.values["jax_disable_most_optimizations"] is False
+  assert os.environ.get("XLA_FLAGS") == flags
 
 
 def test_committed_rows_follow_the_rules():
