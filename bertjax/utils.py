@@ -21,9 +21,23 @@ import math
 import os
 import pathlib
 import platform
+import sys
 from typing import Any
 
 import numpy as np
+
+
+def user_cache_root() -> pathlib.Path:
+  """bertjax's per-user cache folder: `~/.cache/bertjax` on Linux (`$XDG_CACHE_HOME`),
+  `~/Library/Caches/bertjax` on macOS, `%LOCALAPPDATA%/bertjax/Cache` on Windows. The data
+  sets (`bertjax.data.fetch`) and compiled programs (`bertjax.compile_cache`) go below it."""
+  if sys.platform == "win32":
+    base = pathlib.Path(os.environ.get("LOCALAPPDATA") or pathlib.Path.home() / "AppData/Local")
+    return base / "bertjax" / "Cache"
+  if sys.platform == "darwin":
+    return pathlib.Path.home() / "Library" / "Caches" / "bertjax"
+  base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+  return pathlib.Path(base) / "bertjax"
 
 
 def to_json(x: Any, *, digits: int | None = None) -> Any:
@@ -166,9 +180,9 @@ def _on_duration_event(name: str, _seconds: float, **_kw) -> None:
 
 
 def compiled_programs() -> int:
-  """How many XLA programs this process has compiled since the first call (JAX's
-  backend-compile events; a program read from the persistent compilation cache is not
-  counted). Differences between two calls count a stage's compilations."""
+  """How many XLA programs this process has built since the first call (JAX's
+  backend-compile events, which also cover a program read from the persistent compilation
+  cache instead of compiled). Differences between two calls count a stage's new programs."""
   if not _compiles["listening"]:
     import jax
 

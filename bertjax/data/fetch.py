@@ -44,6 +44,8 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from bertjax.utils import user_cache_root
+
 ENV_DIR = "BERTJAX_DATA_DIR"
 ENV_MIRROR = "BERTJAX_DATA_MIRROR"
 ENV_NO_SHARED = "BERTJAX_NO_SHARED_DATA"
@@ -221,13 +223,7 @@ def user_cache_dir() -> pathlib.Path:
 
   `$XDG_CACHE_HOME` on Linux, `~/Library/Caches` on macOS, `%LOCALAPPDATA%` on Windows.
   """
-  if sys.platform == "win32":
-    base = pathlib.Path(os.environ.get("LOCALAPPDATA") or pathlib.Path.home() / "AppData/Local")
-    return base / "bertjax" / "Cache" / "data"
-  if sys.platform == "darwin":
-    return pathlib.Path.home() / "Library" / "Caches" / "bertjax" / "data"
-  base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-  return pathlib.Path(base) / "bertjax" / "data"
+  return user_cache_root() / "data"
 
 
 def default_dir() -> pathlib.Path:
