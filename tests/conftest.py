@@ -31,6 +31,31 @@ FAST_COMPILE = "" if os.environ.get("BERTJAX_TEST_XLA") == "default" else CHEAP_
 if FAST_COMPILE:
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
+# JAX's persistent compilation cache for every test and every process a test starts (smoke
+# runs, the CLI, the docs' tutorials): a program compiled once, by either worker or any
+# subprocess, is read from disk afterwards (`bertjax.compile_cache`: the user cache, one folder
+# per jaxlib and CPU; each program keyed by its StableHLO, jaxlib, XLA_FLAGS and compile
+# options, so a change of code, jax or flags never reads a stale one). What it saves, cold and
+# warm, is in docs/testing.md. `BERTJAX_TEST_COMPILE_CACHE=0` turns it off, `=DIR` puts it in
+# DIR (a fresh DIR measures a cold cache).
+_CACHE = os.environ.get("BERTJAX_TEST_COMPILE_CACHE", "")
+if _CACHE != "0":
+  from bertjax import compile_cache
+
+  compile_cache.enable(pathlib.Path(_CACHE) if _CACHE else None, min_compile_s=0.0)
+
+# Where the suite's time goes, per test and per file (`BERTJAX_SUITE_PROFILE=DIR`,
+# `--suite-profile`): tests/suite_profile.py.
+from suite_profile import (  # noqa: F401 (pytest reads the hooks from this module)
+  pytest_addoption,
+  pytest_configure,
+  pytest_runtest_logfinish,
+  pytest_runtest_logreport,
+  pytest_runtest_logstart,
+  pytest_sessionfinish,
+  pytest_terminal_summary,
+)
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> pathlib.Path:
