@@ -333,8 +333,10 @@ def test_score_term_sites(tmp_path):
   )
   before, after = np.asarray(out.attentions), np.asarray(patched.attentions)
   changed = np.abs(after - before).max((1, 3, 4))  # (depth, heads)
-  assert changed[layer, 2] > 1e-3 and np.delete(changed[layer], 2).max() == 0
-  assert changed[:layer].max() == 0
+  # The other heads, and the layers before, keep their maps to float32 rounding (the patched
+  # program may round differently: 3e-8 with XLA:CPU's loop emitters).
+  assert changed[layer, 2] > 1e-3 and np.delete(changed[layer], 2).max() < 1e-6
+  assert changed[:layer].max() < 1e-6
   content = np.where(real[:, None, :], c2c[:, 2], -np.inf)
   content = np.exp(content - content.max(-1, keepdims=True))
   _close(
