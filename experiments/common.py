@@ -565,6 +565,38 @@ def smoke_cached(run):
   return wrapper
 
 
+# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older fusion
+# emitters, which compile ~2.5x faster at that setting. XLA reads XLA_FLAGS when it starts, so
+# a process that has already compiled keeps its own emitters.
+SMOKE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+@contextlib.contextmanager
+def quick_compiles(enabled: bool = True):
+  """For --smoke: XLA with most optimisations off and `SMOKE_XLA_FLAG`, then the process's
+  settings back. Compiling is most of a smoke run (each program runs a few steps or a few
+  times); the unoptimised programs give the same numbers to float32 rounding. A script that
+  uses it records `"xla_optimised": not args.smoke` in its settings."""
+  import jax
+
+  if not enabled:
+    yield
+    return
+  flags, off = os.environ.get("XLA_FLAGS"), jax.config.values["jax_disable_most_optimizations"]
+  if SMOKE_XLA_FLAG.split("=")[0] not in (flags or ""):  # the user's setting wins
+    os.environ["XLA_FLAGS"] = f"{flags or ''} {SMOKE_XLA_FLAG}".strip()
+  jax.config.update("jax_disable_most_optimizations", True)
+  log("--smoke: XLA compiles with most optimisations off (the programs run only a few times)")
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", off)
+    if flags is None:
+      os.environ.pop("XLA_FLAGS", None)
+    else:
+      os.environ["XLA_FLAGS"] = flags
+
+
 def one_blas_thread(main):
   """Decorates a script's `main` to run with NumPy's BLAS on one thread
   (`bertjax.utils.single_thread_blas`: its pool thrashes small SVDs on a shared machine)."""

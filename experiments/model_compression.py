@@ -11,7 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import pathlib
@@ -47,10 +46,6 @@ FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 # The tiny random teacher of --smoke: 4 layers of 4 heads, 32 wide.
 SMOKE_TEACHER = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
 SMOKE_TEACHER["max_position_embeddings"] = 64
-# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older fusion
-# emitters, which compile a train step ~2.5x faster at that setting. XLA reads XLA_FLAGS when
-# it starts, so a process that has already compiled keeps its own emitters.
-SMOKE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -67,33 +62,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  with quick_compiles(args.smoke):
+  with common.quick_compiles(args.smoke):
     return run_experiment(args)
-
-
-@contextlib.contextmanager
-def quick_compiles(enabled: bool):
-  """For --smoke: XLA with most optimisations off and `SMOKE_XLA_FLAG`, then the process's
-  settings back. Compiling is most of a smoke run (five models, a few steps each); the
-  unoptimised programs give the same numbers to float32 rounding."""
-  import jax
-
-  if not enabled:
-    yield
-    return
-  flags, off = os.environ.get("XLA_FLAGS"), jax.config.values["jax_disable_most_optimizations"]
-  if SMOKE_XLA_FLAG.split("=")[0] not in (flags or ""):  # the user's setting wins
-    os.environ["XLA_FLAGS"] = f"{flags or ''} {SMOKE_XLA_FLAG}".strip()
-  jax.config.update("jax_disable_most_optimizations", True)
-  common.log("--smoke: XLA compiles with most optimisations off (the programs run a few steps)")
-  try:
-    yield
-  finally:
-    jax.config.update("jax_disable_most_optimizations", off)
-    if flags is None:
-      os.environ.pop("XLA_FLAGS", None)
-    else:
-      os.environ["XLA_FLAGS"] = flags
 
 
 def model_labels(t_config, teacher: str) -> dict[str, str]:
@@ -212,7 +182,7 @@ def run_experiment(args) -> int:
     **dataclasses.asdict(sc),
     "seed": args.seed,
     "shared_layer": args.shared_layer,
-    "xla_optimised": not args.smoke,  # --smoke: `quick_compiles`
+    "xla_optimised": not args.smoke,  # --smoke: `common.quick_compiles`
     "teacher": teacher,
     "finetune": dataclasses.asdict(hp),
     "configs": {k: dataclasses.asdict(models[k][0]) for k in models},

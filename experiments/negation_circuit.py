@@ -11,8 +11,6 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pathlib
 import sys
 import time
@@ -24,10 +22,6 @@ from rules import negation_circuit as rules
 
 NAME = "negation_circuit"
 SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 128}
-# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older fusion
-# emitters, which compile ~2.5x faster at that setting. XLA reads XLA_FLAGS when it starts, so
-# a process that has already compiled keeps its own emitters.
-SMOKE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
 def parse_args(argv: Sequence[str] | None = None):
@@ -75,33 +69,8 @@ def figure(out, r: dict, graph, circuit: np.ndarray | None, stem: str) -> list[s
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  with quick_compiles(args.smoke):
+  with common.quick_compiles(args.smoke):
     return run_experiment(args)
-
-
-@contextlib.contextmanager
-def quick_compiles(enabled: bool):
-  """For --smoke: XLA with most optimisations off and `SMOKE_XLA_FLAG`, then the process's
-  settings back. Compiling is most of a smoke run (a dozen programs, each run a few times);
-  the unoptimised programs give the same numbers to float32 rounding."""
-  import jax
-
-  if not enabled:
-    yield
-    return
-  flags, off = os.environ.get("XLA_FLAGS"), jax.config.values["jax_disable_most_optimizations"]
-  if SMOKE_XLA_FLAG.split("=")[0] not in (flags or ""):  # the user's setting wins
-    os.environ["XLA_FLAGS"] = f"{flags or ''} {SMOKE_XLA_FLAG}".strip()
-  jax.config.update("jax_disable_most_optimizations", True)
-  common.log("--smoke: XLA compiles with most optimisations off (the programs run a few times)")
-  try:
-    yield
-  finally:
-    jax.config.update("jax_disable_most_optimizations", off)
-    if flags is None:
-      os.environ.pop("XLA_FLAGS", None)
-    else:
-      os.environ["XLA_FLAGS"] = flags
 
 
 def run_experiment(args) -> int:
@@ -171,7 +140,7 @@ def run_experiment(args) -> int:
     "sizes": faith["topk"]["sizes"],
     "seed": args.seed,
     "faithful": rules.FAITHFUL,
-    "xla_optimised": not args.smoke,  # --smoke: `quick_compiles`
+    "xla_optimised": not args.smoke,  # --smoke: `common.quick_compiles`
     "probe": "L2 logistic regression on mean-pooled final states of the 385 "
     "project sentences (bertjax.tasks.negation.fit_probe)",
   }

@@ -21,6 +21,8 @@ sys.path.insert(0, str(REPO / "experiments"))
 import model_compression as C
 from rules import model_compression as rules
 
+XLA_FLAGS = os.environ.get("XLA_FLAGS")  # this process's own (conftest's), before any run
+
 
 def test_verdict_rules():
   distil = lambda kept, speed: rules.DISTIL.verdict({rules.RETAINED: kept, rules.SPEEDUP: speed})
@@ -127,7 +129,7 @@ def test_smoke_compiles_quickly_and_gives_the_settings_back(quick_smoke):
   log, _, doc = quick_smoke
   assert "XLA compiles with most optimisations off" in log and not doc["settings"]["xla_optimised"]
   assert jax.config.values["jax_disable_most_optimizations"] is False
-  assert C.SMOKE_XLA_FLAG not in os.environ.get("XLA_FLAGS", "")
+  assert os.environ.get("XLA_FLAGS") == XLA_FLAGS
 
 
 def test_shared_layer_out_of_range_fails_before_training(tmp_path):

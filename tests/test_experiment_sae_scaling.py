@@ -11,6 +11,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
+import common
 import sae_scaling as ss
 from rules import sae_scaling as rules
 
@@ -30,20 +31,28 @@ def test_rules():
 
 
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
-  """The smoke run's sizes, and its programs compiled unoptimised (`quick_compiles`)."""
+  """The smoke run's sizes, and its programs compiled unoptimised (`common.quick_compiles`)."""
   assert doc["settings"]["expansions"] == [2, 4] and doc["settings"]["steps"] == 20
   assert doc["settings"]["xla_optimised"] is False
 
 
-def test_smoke_compiles_unoptimised_then_gives_the_settings_back():
+def test_quick_compiles_sets_then_gives_the_settings_back(monkeypatch):
+  """`common.quick_compiles`, which the smoke runs of sae_scaling and others compile under."""
   import jax
 
-  flags = os.environ.get("XLA_FLAGS")
-  with ss.quick_compiles(True):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  with common.quick_compiles(True):
     assert jax.config.values["jax_disable_most_optimizations"] is True
-    assert ss.SMOKE_XLA_FLAG in os.environ["XLA_FLAGS"]
+    assert os.environ["XLA_FLAGS"] == common.SMOKE_XLA_FLAG
   assert jax.config.values["jax_disable_most_optimizations"] is False
-  assert os.environ.get("XLA_FLAGS") == flags
+  assert "XLA_FLAGS" not in os.environ
+  mine = "--xla_cpu_use_fusion_emitters=true --xla_cpu_enable_fast_math=false"
+  monkeypatch.setenv("XLA_FLAGS", mine)
+  with common.quick_compiles(True):  # the user's own setting of the flag wins
+    assert os.environ["XLA_FLAGS"] == mine
+  assert os.environ["XLA_FLAGS"] == mine
+  with common.quick_compiles(False):
+    assert jax.config.values["jax_disable_most_optimizations"] is False
 
 
 def test_committed_rows_follow_the_rules():
