@@ -70,7 +70,7 @@ def base_size_counts() -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
   parser = common.parser(__doc__, model=False, steps=FULL.steps)
   args = parser.parse_args(argv)
-  with common.smoke_compilation_cache(args.smoke):
+  with common.quick_compiles(args.smoke), common.smoke_compilation_cache(args.smoke):
     return run_experiment(args)
 
 
@@ -123,6 +123,7 @@ def run_experiment(args) -> int:
   settings = {
     **dataclasses.asdict(sc),
     "seed": args.seed,
+    "xla_optimised": not args.smoke,  # --smoke: `common.quick_compiles`
     "objective": "none (MLM only, RoBERTa FULL-SENTENCES)",
     "train": dataclasses.asdict(train),
     "model_configs": {v: dataclasses.asdict(c) for v, c in configs.items()},

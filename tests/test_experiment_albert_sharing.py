@@ -89,3 +89,9 @@ def test_verdict_rules():
   )
   assert params(0.107, 0.2) == "yes" and params(0.3, 0.5) == "partly"
   assert params(0.9, 0.95) == "no"
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run's programs compiled unoptimised (`common.quick_compiles`; run by
+  `test_experiments.py` on its smoke run)."""
+  assert doc["settings"]["xla_optimised"] is False
