@@ -72,6 +72,32 @@ def _listed(text: str, scripts: dict[str, str]) -> None:
     assert any(row.split(None, 1) == [name, line] for row in text.splitlines()), (name, line)
 
 
+# How ./run.sh help names each family (a new row of bertjax.model.families needs its name here).
+FAMILY_NAMES = {
+  "bert": "BERT",
+  "albert": "ALBERT",
+  "roberta": "RoBERTa",
+  "xlm-roberta": "XLM-R",
+  "electra": "ELECTRA",
+  "distilbert": "DistilBERT",
+  "mpnet": "MPNet",
+  "nomic_bert": "NomicBERT",
+  "modernbert": "ModernBERT",
+  "eurobert": "EuroBERT",
+  "deberta-v2": "DeBERTa-v2",
+}
+
+
+def test_help_names_every_family_for_report():
+  from bertjax.model.families import MODEL_TYPES
+
+  assert set(FAMILY_NAMES) == set(MODEL_TYPES)
+  usage = (REPO / "run.sh").read_text().split("<<'EOF'")[1].split("\nEOF")[0]
+  entry = usage.split("\n  report [ARGS]")[1].split("\n  pretrain")[0]
+  missing = [name for name in FAMILY_NAMES.values() if name not in " ".join(entry.split())]
+  assert not missing, f"./run.sh help's report entry lacks {missing}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arg", ["help", "--help", "-h", None])
 def test_help_lists_every_command_experiment_and_benchmark(arg):
