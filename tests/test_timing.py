@@ -25,6 +25,14 @@ def test_first_calls_and_warm_up_come_before_rounds_whose_order_rotates():
     assert t["median_s"] == np.median(t["times_s"]) and t["min_s"] == min(t["times_s"])
 
 
+def test_each_clock_times_its_own_call():
+  import time
+
+  calls = {"fast": lambda: None, "slow": lambda: time.sleep(0.05), "fast2": lambda: None}
+  got = timing.interleaved(calls, 3, warmup=0, wait=None)
+  assert got["slow"]["min_s"] >= 0.05 > max(got["fast"]["median_s"], got["fast2"]["median_s"])
+
+
 def test_without_rotation_or_first_call_the_order_is_as_given():
   log, outputs = [], {}
   got = timing.interleaved(
