@@ -215,6 +215,10 @@ def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
   its gradient (`edges._gradients`). XLA also counts the elementwise work and the MLM head,
   so its count may only be a little higher."""
   monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+  # `common` is also experiments/common.py, which a test of this worker may have imported:
+  # the benchmarks' own is imported afresh here, and the other one put back afterwards.
+  for name in ("common", "bench_edges"):
+    monkeypatch.delitem(sys.modules, name, raising=False)
   import bench_edges
   from common import make_inputs
 

@@ -144,9 +144,9 @@ def test_a_cached_executable_with_the_reduce_fusion_reads_back(tmp_path):
 
 def test_the_smoke_runs_cache_is_private_and_off_afterwards():
   """`experiments/common.smoke_compilation_cache`: inside, a cache of its own that a second
-  compile writes to; afterwards JAX's cache is off for the process (JAX keeps its cache
-  object once built, so restoring the config value alone would not turn it off) and the
-  directory is gone."""
+  compile writes to; afterwards the process's own cache setting is back (JAX keeps its cache
+  object once built, so restoring the config value alone would not do it) and the directory
+  is gone."""
   sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
   import common
   from jax._src import compilation_cache as cc
@@ -163,10 +163,14 @@ def test_the_smoke_runs_cache_is_private_and_off_afterwards():
     assert list(path.glob("*-cache")), "the program was written to the private cache"
     assert pathlib.Path(cc._get_cache(backend)._path) == path
   assert jax.config.jax_compilation_cache_dir == before
-  # JAX's cache object would keep the old path after the config value went back.
-  assert not path.exists() and cc._get_cache(backend) is None
+  # JAX's cache object would keep the private path after the config value went back: it is
+  # gone, and the process's own cache (the suite's, tests/conftest.py) is built afresh.
+  assert not path.exists()
+  own = cc._get_cache(backend)
+  assert (own is None) == (not before)
+  assert own is None or pathlib.Path(own._path) == pathlib.Path(before)
   with common.smoke_compilation_cache(enabled=False):
-    assert cc._get_cache(backend) is None
+    assert jax.config.jax_compilation_cache_dir == before
 
 
 def test_release_compiled_programs_frees_their_memory_mappings():
