@@ -530,18 +530,18 @@ def smoke_compilation_cache(enabled: bool = True):
   The smoke runs train several variants of one shape, so later ones read the first one's
   compiled steps. JAX keeps its cache object once built (restoring the config value alone
   does not turn it off), so it is reset on the way in and out: a script's `main` called
-  in-process (a test) leaves no cache on for the rest of that process. The directory is
-  private because a CI test worker once aborted reading a shared one (see
-  `bertjax/xla_options.py`).
+  in-process (a test) leaves no cache on for the rest of that process. A process that has
+  a cache already (the test suite's, `bertjax.compile_cache`, or the user's own) keeps it,
+  so a later run, or another process, reads this one's programs.
   """
   import jax
   from jax.experimental.compilation_cache import compilation_cache
 
-  if not enabled:
-    yield
-    return
   names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
   before = {name: getattr(jax.config, name) for name in names}
+  if not enabled or before[names[0]]:
+    yield
+    return
   path = tempfile.mkdtemp(prefix="bertjax-smoke-jax-cache-")
   compilation_cache.reset_cache()
   jax.config.update(names[0], path)

@@ -154,6 +154,21 @@ def test_the_smoke_runs_cache_is_private_and_off_afterwards():
   backend = jax.extend.backend.get_backend()
   fn = lambda x: jnp.tanh(x) @ x.T
   x = jnp.ones((64, 64))
+  suite_cache = jax.config.jax_compilation_cache_dir
+  if suite_cache:  # the suite's cache (tests/conftest.py) stays in place
+    with common.smoke_compilation_cache():
+      assert jax.config.jax_compilation_cache_dir == suite_cache
+    # Without a cache of the process's own, the smoke run makes a private one.
+    jax.config.update("jax_compilation_cache_dir", None)
+    cc.reset_cache()
+  try:
+    _check_private_smoke_cache(common, cc, backend, fn, x)
+  finally:
+    jax.config.update("jax_compilation_cache_dir", suite_cache)
+    cc.reset_cache()
+
+
+def _check_private_smoke_cache(common, cc, backend, fn, x):
   before = jax.config.jax_compilation_cache_dir
   with common.smoke_compilation_cache():
     path = pathlib.Path(jax.config.jax_compilation_cache_dir)
