@@ -42,6 +42,7 @@ PAGES = (
   ("README.md", "index.md", "Overview"),
   ("docs/manual.md", "manual.md", "Manual"),
   ("docs/results.md", "results.md", "Measured results"),
+  ("docs/testing.md", "testing.md", "The test suite"),
   ("docs/findings.md", "findings.md", "Findings"),
   ("docs/experiments.md", "experiments.md", "Experiments"),
 )
