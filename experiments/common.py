@@ -566,8 +566,8 @@ def smoke_cached(run):
   return wrapper
 
 
-# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older fusion
-# emitters, which compile ~2.5x faster at that setting. XLA reads XLA_FLAGS when it starts, so
+# What --smoke asks of XLA:CPU (besides `jax_disable_most_optimizations`): its older loop
+# emitters instead of its fusion emitters, which compile ~2.5x faster at that setting. XLA reads XLA_FLAGS when it starts, so
 # a process that has already compiled keeps its own emitters.
 SMOKE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
