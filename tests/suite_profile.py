@@ -67,6 +67,7 @@ _RECORDER = _Recorder()
 _PER_TEST: dict[str, dict] = {}
 _START: dict[str, tuple] = {}
 _CONFIG: list = []
+_OUTCOMES: dict[str, str] = {}
 
 
 def _recording() -> bool:
@@ -100,8 +101,8 @@ def pytest_configure(config):
 def pytest_runtest_logstart(nodeid, location):
   if not _recording():
     return
-  # jax is imported by the first test module that needs it; listen from then on (a test that
-  # imports it first has its own compiles counted from its next phase on).
+  # From the moment jax is imported (tests/conftest.py imports it unless the cache is off; else
+  # the first test that needs it, whose compiles count from its next phase on).
   _RECORDER.listen()
   _START[nodeid] = (
     time.perf_counter(),
@@ -124,12 +125,14 @@ def pytest_runtest_logfinish(nodeid, location):
   for key in (*EVENTS.values(), "compiles", "cache_hits"):
     row[key] = _RECORDER.totals.get(key, 0) - before.get(key, 0)
   row["programs"] = dict(_RECORDER.names - names0)
+  row["outcome"] = _OUTCOMES.pop(nodeid, None)
   _PER_TEST[nodeid] = row
 
 
 def pytest_runtest_logreport(report):
-  if report.when == "call" and report.nodeid in _PER_TEST:
-    _PER_TEST[report.nodeid]["outcome"] = report.outcome
+  # A test's reports come before its logfinish: keep the outcome until its row is made.
+  if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+    _OUTCOMES[report.nodeid] = report.outcome
 
 
 def _out_dir() -> pathlib.Path | None:
