@@ -90,12 +90,18 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
   _CONFIG.append(config)
-  # `--suite-profile` alone: a fresh folder, named in the environment before the workers start.
-  asked = config.getoption("--suite-profile") and not os.environ.get("PYTEST_XDIST_WORKER")
-  if asked and not os.environ.get("BERTJAX_SUITE_PROFILE"):
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    return
+  # Before the workers start: `--suite-profile` alone names a fresh folder in the environment;
+  # a folder given holds this run's rows only (an earlier run's would be summed in).
+  if config.getoption("--suite-profile") and not os.environ.get("BERTJAX_SUITE_PROFILE"):
     import tempfile
 
     os.environ["BERTJAX_SUITE_PROFILE"] = tempfile.mkdtemp(prefix="bertjax-suite-profile-")
+  out = _out_dir()
+  if out is not None and out.is_dir():
+    for old in out.glob("*.jsonl"):
+      old.unlink()
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -146,7 +152,7 @@ def pytest_sessionfinish(session):
     return
   out.mkdir(parents=True, exist_ok=True)
   worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-  with open(out / f"{worker}.jsonl", "a") as f:
+  with open(out / f"{worker}.jsonl", "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in _PER_TEST.values())
 
 
