@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bertjax.model.config import BertConfig
@@ -446,16 +445,17 @@ def _params_from_state(
         arrays[i] = np.full(
           _shape(abstract, path, i), 1.0 if path[-1] == "scale" else 0.0, np.float32
         )
-  params = _unflatten({k: jnp.asarray(v) for k, v in flat.items()})
-  layer_trees = [
-    _unflatten({path[2:]: jnp.asarray(arrays[i]) for path, arrays in per_layer.items()})
-    for i in range(config.num_param_layers)
-  ]
-  encoder = params.setdefault("encoder", {})
+  # Stacked in NumPy and placed with device_put: `jnp.asarray` and `jnp.stack` would each
+  # compile a program per shape (about 40 for a BERT).
+  params = _unflatten({k: jax.device_put(v) for k, v in flat.items()})
   if config.is_pruned:  # head counts differ between layers: a list, not a stack
-    encoder["layers"] = layer_trees
+    layers = [
+      _unflatten({path[2:]: jax.device_put(arrays[i]) for path, arrays in per_layer.items()})
+      for i in range(config.num_param_layers)
+    ]
   else:
-    encoder["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *layer_trees)
+    layers = _unflatten({path[2:]: jax.device_put(np.stack(a)) for path, a in per_layer.items()})
+  params.setdefault("encoder", {})["layers"] = layers
   return params
 
 
