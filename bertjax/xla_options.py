@@ -12,7 +12,7 @@ off: 8 x 128 0.96x the time, 32 x 128 0.94x, all-MiniLM-L6-v2-shaped 8 x 128 0.8
 attention maps 8 x 128 0.93x, the head-mask gradient 1.00x; outputs equal to 3e-6.
 (Earlier, with every type at XLA's default: 4 BERT-base blocks, forward 32 x 128 1693 ms vs
 1351 ms with every type off.) LayerNorm statistics on the CPU are matrix-vector products,
-not reductions (`bertjax.model.LayerNorm`), so the reduce fusions take the attention only.
+not reductions (`bertjax.model.layers.Norm`), so the reduce fusions take the attention only.
 
 `import bertjax` therefore adds `CPU_OPTIONS` to the `XLA_FLAGS` environment variable,
 which XLA reads when it compiles, so every program compiled afterwards in the process uses

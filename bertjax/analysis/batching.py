@@ -3,7 +3,7 @@
 The analyses (`ablation`, `attention`, `patching`) and their mesh path (`sharded`) both read
 batches the same way; these helpers live here so that the dependencies run one way:
 `ablation`, `attention` and `patching` import `sharded`, and `sharded` imports only this
-module (and `bertjax.functional`), never an analysis.
+module (and `bertjax.model`), never an analysis.
 """
 
 from __future__ import annotations

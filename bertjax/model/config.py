@@ -1,7 +1,7 @@
 """One frozen config for every encoder family, with presets and the Hugging Face mapping.
 
 The family (`model_type`: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet,
-NomicBERT, ModernBERT, EuroBERT) is a row of `bertjax.families` that fixes the block's
+NomicBERT, ModernBERT, EuroBERT) is a row of `bertjax.model.families` that fixes the block's
 structure; this config holds the sizes, numerics and the options a checkpoint may switch
 (biases, grouped key/value heads, rotary thetas, which layers use a sliding window), and
 its Hugging Face mapping reads the row's key names.
@@ -40,7 +40,7 @@ _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (fo
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-  """Architecture and numerics of an encoder of any family in `bertjax.families`.
+  """Architecture and numerics of an encoder of any family in `bertjax.model.families`.
 
   Hashable, so it can be passed to `jax.jit` as a static argument.
   `embedding_size=None` means `hidden_size`; `num_hidden_groups=None` means one

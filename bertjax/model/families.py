@@ -1,6 +1,6 @@
 """The encoder families as data: one row per Hugging Face `model_type`.
 
-A row describes the whole block, so the one layer in `model.py` reads the row and never
+A row describes the whole block, so the one layer in `layers.py` reads the row and never
 `model_type`: where the norms sit (after each sublayer's residual, BERT; or before it, with
 a final norm after the last block, ModernBERT/EuroBERT), which norm (LayerNorm, RMSNorm),
 how positions enter (a learned table counted from 0 or after the padding index, a fixed
@@ -8,11 +8,11 @@ sinusoidal table, rotary q/k, a relative-position bias shared by every layer), t
 feed-forward kind (dense, or gated: GeGLU/SwiGLU), and the names of every tensor. What a
 config may switch (biases, grouped key/value heads, the per-layer window and rope theta) are
 config fields (`config.py`) whose Hugging Face keys the row names. `config.py` (config
-keys), `hf.py` (tensor names, fused tensors, architectures), `model.py`/`functional.py`
-(block, heads, positions) and `tokenization.py` (special-token roles) read this table;
+keys), `hf.py` (tensor names, fused tensors, architectures), `layers.py` (block,
+positions), `heads.py` (heads) and `tokenizer.py` (special-token roles) read this table;
 adding the next family is a new row plus its parity tests.
 
-Our parameter tree has the same paths for every family (see `model.py`); the tables below
+Our parameter tree has the same paths for every family (see `layers.py`); the tables below
 map its roles to each family's Hugging Face names.
 """
 

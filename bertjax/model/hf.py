@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out, for every family in `bertjax.families`.
+"""Hugging Face checkpoints in and out, for every family in `bertjax.model.families`.
 
 `config.json` + `model.safetensors` (or `pytorch_model.bin`, or either sharded
 with an `.index.json`), from a directory or a hub id through the
@@ -326,7 +326,7 @@ def resolve_model_path(
 def from_hf(
   path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, **config_overrides: Any
 ) -> tuple[BertConfig, Params]:
-  """Loads a Hugging Face model of any family in `bertjax.families`.
+  """Loads a Hugging Face model of any family in `bertjax.model.families`.
 
   Reads `config.json` and `model.safetensors` (or `pytorch_model.bin`, or their
   shards), with or without the base-model prefix (`bert.`, `roberta.` ...) and

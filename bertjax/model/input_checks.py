@@ -2,8 +2,9 @@
 
 `check_inputs` checks shapes always and values (token ids, token types, padding side) where
 the arrays are concrete, i.e. outside a user's `jit`; `value_checks` states the value checks
-as `jax.experimental.checkify` checks, which `functional.checked_forward` compiles into the
-program. Both are importable from `bertjax.functional` (and `bertjax`) as before.
+as `jax.experimental.checkify` checks, which `bertjax.model.forward.checked_forward` compiles
+into the program. Both are importable from `bertjax.model.forward` too, and `check_inputs`
+from `bertjax`.
 """
 
 from __future__ import annotations

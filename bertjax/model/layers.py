@@ -5,7 +5,7 @@ model whose layer parameters are stacked on a leading axis and run under
 `lax.scan`. Attention goes through `kernels.attention`, so the same layer runs
 on the reference einsum or the fused Pallas kernel.
 
-The block reads its family's row (`bertjax.families`), never `model_type`: norm placement
+The block reads its family's row (`bertjax.model.families`), never `model_type`: norm placement
 (post-LN `LN(x + f(x))`, or pre-LN `x + f(LN(x))`), LayerNorm or RMSNorm, biases, rotary
 q/k, a relative-position bias, grouped key/value heads, a dense or gated FFN. What differs
 per layer (the sliding window, the rotary theta, ModernBERT's missing first attention norm)
