@@ -18,10 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from bertjax.kernels import IMPLS as _ATTENTION_IMPLS
-from bertjax.model.families import FAMILIES, LAYER_TYPES, Family, family
+from bertjax.model.families import (
+  FAMILIES,
+  IGNORED_CONFIG_KEYS,
+  INERT_CONFIG_VALUES,
+  LAYER_TYPES,
+  Family,
+  family,
+)
 
 _ACTIVATIONS = (
   "gelu",
@@ -508,8 +516,22 @@ class BertConfig:
   # Hugging Face mapping ----------------------------------------------------
 
   @classmethod
-  def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> BertConfig:
-    """Builds a config from a Hugging Face `config.json` dictionary of any supported family."""
+  def from_hf_dict(
+    cls, hf: dict[str, Any], *, allow_unknown_keys: Iterable[str] = (), **overrides: Any
+  ) -> BertConfig:
+    """Builds a config from a Hugging Face `config.json` dictionary of any supported family.
+
+    Args:
+      hf: the `config.json` dictionary.
+      allow_unknown_keys: keys to load without, although bertjax neither reads them nor
+        knows them to change nothing (`families.IGNORED_CONFIG_KEYS`, `Family.ignored_keys`).
+      **overrides: `BertConfig` fields to set.
+
+    Raises:
+      ValueError: an unsupported `model_type`, a key whose value bertjax does not implement,
+        or keys it does not know (all named).
+    """
+    hf = _ReadKeys(hf)
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
       raise ValueError(
@@ -547,6 +569,7 @@ class BertConfig:
         kwargs["label_names"] = names
     pruned = {int(k): tuple(sorted(set(v))) for k, v in (hf.get("pruned_heads") or {}).items()}
     kwargs["pruned_heads"] = tuple(sorted((k, v) for k, v in pruned.items() if v))
+    _check_keys(fam, hf, allow_unknown_keys)
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -617,6 +640,50 @@ class BertConfig:
     if "tie_word_embeddings" not in fam.config_fields:
       hf["tie_word_embeddings"] = True
     return hf
+
+
+class _ReadKeys(dict):
+  """A `config.json` dictionary that records the keys looked up in it: those are the keys
+  bertjax reads. A key its layout leaves unread (`rope_theta` beside `rope_parameters`) is
+  not, and is refused like any other unknown key unless the row ignores it."""
+
+  def __init__(self, hf: dict[str, Any]):
+    super().__init__(hf)
+    self.read: set[str] = set()
+
+  def get(self, key, default=None):
+    self.read.add(key)
+    return super().get(key, default)
+
+  def __getitem__(self, key):
+    self.read.add(key)
+    return super().__getitem__(key)
+
+  def __contains__(self, key):
+    self.read.add(key)
+    return super().__contains__(key)
+
+
+def _check_keys(fam: Family, hf: _ReadKeys, allowed: Iterable[str]) -> None:
+  """Refuses a key set to a value bertjax does not implement, and every key it neither read
+  nor knows to change nothing (it might change the block: loading without it would quietly
+  compute another model)."""
+  for key, inert in INERT_CONFIG_VALUES.items():
+    if hf.get(key) not in (None, inert):
+      raise ValueError(
+        f"{key}={hf[key]!r} in config.json of a {fam.model_type!r} model is not supported; "
+        f"bertjax implements {key}={inert!r} only"
+      )
+  if isinstance(allowed, str):
+    allowed = (allowed,)
+  known = hf.read | IGNORED_CONFIG_KEYS | set(fam.ignored_keys) | set(allowed)
+  unknown = sorted(set(hf) - known)
+  if unknown:
+    raise ValueError(
+      f"config.json has keys that bertjax's {fam.model_type!r} family does not know: "
+      f"{unknown}; they may change the model, and loading without them would compute "
+      f"another one. If they change nothing, pass allow_unknown_keys={unknown} to from_hf"
+    )
 
 
 # DeBERTa's config fields and their values on every other family.
@@ -734,6 +801,12 @@ def _hf_disentangled_options(hf: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(
       f"attention_head_size={hf['attention_head_size']} differs from hidden_size"
       " / num_attention_heads; bertjax needs head_dim = hidden_size / heads"
+    )
+  pooler, hidden = hf.get("pooler_hidden_size"), hf.get("hidden_size")
+  if pooler is not None and hidden is not None and pooler != hidden:
+    raise ValueError(
+      f"pooler_hidden_size={pooler} differs from hidden_size={hidden}; bertjax's "
+      "DeBERTa classifier pools to hidden_size"
     )
   return out
 

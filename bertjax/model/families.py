@@ -154,6 +154,90 @@ COMMON_FIELDS = (
 )
 _BERT_FIELDS = COMMON_FIELDS + ("type_vocab_size", "layer_norm_eps")
 
+# `config.json` keys that change nothing bertjax computes, whatever their value, in every
+# family (a family's own are `Family.ignored_keys`). `BertConfig.from_hf_dict` refuses by name
+# any other key it does not read: a checkpoint whose block differs from its row never loads
+# without a word. These are what transformers' `PretrainedConfig` (4.x and 5.x) writes besides
+# the block, and what released checkpoints carry from the code that trained them.
+IGNORED_CONFIG_KEYS = frozenset(
+  {
+    # bookkeeping; `auto_map` names remote code, whose transformers class is the reference
+    "_name_or_path",
+    "_commit_hash",
+    "transformers_version",
+    "architectures",  # read by `from_hf` to tell the heads apart, never needed
+    "auto_map",
+    # the dtype the weights were saved in (bertjax's own is the `dtype` override)
+    "torch_dtype",
+    "dtype",
+    "use_bfloat16",
+    # labels, tasks and losses (`id2label` and `num_labels` are read)
+    "label2id",
+    "problem_type",
+    "finetuning_task",
+    "tf_legacy_loss",
+    # the tokenizer's (`pad_token_id` is read: positions count from it in some families)
+    "tokenizer_class",
+    "bos_token_id",
+    "eos_token_id",
+    "sep_token_id",
+    "cls_token_id",
+    "mask_token_id",
+    "unk_token_id",
+    "decoder_start_token_id",
+    # what a call returns, not what it computes
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "torchscript",
+    "output_scores",
+    "return_dict_in_generate",
+    # how transformers runs it, with the same numbers: activation checkpointing, the FFN in
+    # chunks, a decoder's cache, the attention implementation
+    "gradient_checkpointing",
+    "chunk_size_feed_forward",
+    "use_cache",
+    "output_past",
+    "_attn_implementation_autoset",
+    # encoder-decoder settings, inert without cross-attention (see INERT_CONFIG_VALUES)
+    "tie_encoder_decoder",
+    "cross_attention_hidden_size",
+    # generation
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "prefix",
+    "task_specific_params",
+  }
+)
+# `PretrainedConfig` keys that change the computation at any value but this one, the only one
+# bertjax implements (a causal mask, cross-attention): another value is refused by name.
+INERT_CONFIG_VALUES: dict[str, object] = {
+  "is_decoder": False,
+  "add_cross_attention": False,
+  "is_encoder_decoder": False,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Head:
@@ -264,6 +348,8 @@ class Family:
       over H), rather than following its dropout (ALBERT, ELECTRA: the norm is over E).
     ignored_prefixes: tensors a checkpoint may hold that no transformers class reads
       (DeBERTa-v3's replaced-token-detection head `mask_predictions.*`).
+    ignored_keys: `config.json` keys of this family that change nothing bertjax computes,
+      beyond `IGNORED_CONFIG_KEYS`; any other key bertjax does not read is refused by name.
     positions: "absolute" (0, 1, ...), "after_padding" (RoBERTa, MPNet: real tokens
       count from `pad_token_id + 1`, padding sits at `pad_token_id`) or "rotary" (no
       position table; q and k rotated in every layer).
@@ -323,6 +409,7 @@ class Family:
   project_before_norm: bool = False
   optional_token_types: bool = False
   ignored_prefixes: tuple[str, ...] = ()
+  ignored_keys: tuple[str, ...] = ()
   position_bias: str | None = None
   norm: str = "post"
   norm_kind: str = "layernorm"
@@ -481,6 +568,9 @@ FAMILIES: dict[str, Family] = {
     ),
     projection="encoder.embedding_hidden_mapping_in",
     always_project=True,
+    # The original TF code's research options, at their defaults in the released
+    # checkpoints' config.json; transformers reads none of them.
+    ignored_keys=("down_scale_factor", "gap_size", "net_structure_type", "num_memory_blocks"),
     pooler="pooler",
     positions="absolute",
     token_types=True,
@@ -519,6 +609,15 @@ FAMILIES: dict[str, Family] = {
     config_keys={"classifier_dropout_prob": "classifier_dropout"},
     config_defaults=dict(embedding_size=128),
     projection="embeddings_project",
+    # The sequence summary of ElectraForMultipleChoice, a class bertjax has not.
+    ignored_keys=(
+      "summary_type",
+      "summary_use_proj",
+      "summary_proj_to_labels",
+      "summary_activation",
+      "summary_first_dropout",
+      "summary_last_dropout",
+    ),
     pooler=None,
     positions="absolute",
     token_types=True,
@@ -578,6 +677,9 @@ FAMILIES: dict[str, Family] = {
       num_attention_heads=12,
       intermediate_size=3072,
     ),
+    # The question-answering head's dropout (bertjax has no such head); an old flag that
+    # transformers no longer reads (the decoder is tied by `tie_word_embeddings`).
+    ignored_keys=("qa_dropout", "tie_weights_"),
     projection=None,
     pooler=None,
     positions="absolute",
@@ -745,6 +847,20 @@ FAMILIES: dict[str, Family] = {
       rope_theta=160000.0,
       local_rope_theta=10000.0,
     ),
+    # transformers' ModernBERT reads `norm_eps`, not the `layer_norm_eps` the released files
+    # also carry, and derives `layer_types` from `global_attn_every_n_layers` (bertjax does
+    # too; transformers 5 writes both, and `layer_types` wins); the rest set initialisation,
+    # torch.compile, flash-attention determinism and an MLM loss over masked tokens only.
+    ignored_keys=(
+      "layer_norm_eps",
+      "global_attn_every_n_layers",
+      "initializer_cutoff_factor",
+      "reference_compile",
+      "repad_logits_with_grad",
+      "deterministic_flash_attn",
+      "sparse_prediction",
+      "sparse_pred_ignore_index",
+    ),
     embedding_names=dict(word="embeddings.tok_embeddings", norm="embeddings.norm"),
     projection=None,
     pooler=None,
@@ -823,6 +939,7 @@ FAMILIES: dict[str, Family] = {
       tie_word_embeddings=False,
       classifier_pooling="late",
     ),
+    ignored_keys=("pretraining_tp",),  # kept by transformers' EuroBERT config, never read
     embedding_names=dict(word="embed_tokens"),
     projection=None,
     pooler=None,
@@ -887,6 +1004,9 @@ FAMILIES: dict[str, Family] = {
       classifier_dropout_prob="cls_dropout", classifier_activation="pooler_hidden_act"
     ),
     config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-7, classifier_activation="gelu"),
+    # The convolution's settings, inert without `conv_kernel_size` (which bertjax refuses);
+    # the dropout before the classifier's pooler (training only; bertjax uses `cls_dropout`).
+    ignored_keys=("conv_act", "conv_groups", "pooler_dropout"),
     projection="embeddings.embed_proj",
     projection_bias=False,
     project_before_norm=True,

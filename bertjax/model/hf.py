@@ -14,7 +14,7 @@ import json
 import os
 import pathlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -324,7 +324,11 @@ def resolve_model_path(
 
 
 def from_hf(
-  path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None, **config_overrides: Any
+  path: str | os.PathLike,
+  *,
+  cache_dir: str | os.PathLike | None = None,
+  allow_unknown_keys: Iterable[str] = (),
+  **config_overrides: Any,
 ) -> tuple[BertConfig, Params]:
   """Loads a Hugging Face model of any family in `bertjax.model.families`.
 
@@ -336,6 +340,9 @@ def from_hf(
     path: a model directory, or a hub id resolved through the `huggingface_hub`
       cache (see `resolve_model_path`).
     cache_dir: the hub cache to use instead of `$HF_HOME/hub`.
+    allow_unknown_keys: `config.json` keys to load without. Any key the family's row
+      neither reads nor knows to change nothing is refused by name, since it may change
+      the model; name one here only once you know it does not.
     **config_overrides: fields of `BertConfig` to set, e.g. `dtype="bfloat16"`,
       `attention_impl="pallas"`.
 
@@ -343,8 +350,8 @@ def from_hf(
     `(config, params)`.
 
   Raises:
-    ValueError: unknown `model_type`, or missing, unexpected or mis-shaped
-      tensors (all of them listed).
+    ValueError: unknown `model_type`, `config.json` keys bertjax does not know or values it
+      does not implement, or missing, unexpected or mis-shaped tensors (all of them listed).
   """
   path = resolve_model_path(path, cache_dir)
   config_file = path / "config.json"
@@ -354,7 +361,7 @@ def from_hf(
     hf_config = json.loads(config_file.read_text())
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"{config_file} is not valid JSON ({e}); is it truncated or edited?") from None
-  config = BertConfig.from_hf_dict(hf_config)
+  config = BertConfig.from_hf_dict(hf_config, allow_unknown_keys=allow_unknown_keys)
   fam = config.family
   state = {_normalise_name(k): v for k, v in _read_state_dict(path).items()}
 
