@@ -462,6 +462,7 @@ def _negation_task(minilm_dir, n_pairs):
   )
 
 
+@pytest.mark.optimized
 @pytest.mark.slow
 def test_eap_and_eap_ig_agree_with_exact_edge_patches_on_minilm_negation(minilm_dir):
   """Issue 34's check: 10 pairs and a seeded random quarter of the edges (1,886; all of them

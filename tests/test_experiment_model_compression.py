@@ -22,6 +22,7 @@ import model_compression as C
 from rules import model_compression as rules
 
 XLA_FLAGS = os.environ.get("XLA_FLAGS")  # this process's own (conftest's), before any run
+DISABLED = jax.config.values["jax_disable_most_optimizations"]  # conftest's: True
 
 
 def test_verdict_rules():
@@ -102,12 +103,20 @@ def quick_smoke(tmp_path_factory):
       "from_pretrained",
       classmethod(lambda *a, **kw: loads.append(a) or load(*a, **kw)),
     )
-    assert C.main(["--smoke", "--out", str(out)]) == 0
-  return err.getvalue(), loads, json.loads((out / "model_compression.json").read_text())
+    # The suite compiles with most optimisations off (conftest): start from XLA's default to
+    # see the smoke run turn them off and give the setting back.
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+      assert C.main(["--smoke", "--out", str(out)]) == 0
+      optimised_after = jax.config.values["jax_disable_most_optimizations"] is False
+    finally:
+      jax.config.update("jax_disable_most_optimizations", DISABLED)
+  doc = json.loads((out / "model_compression.json").read_text())
+  return err.getvalue(), loads, doc, optimised_after
 
 
 def test_the_smoke_log_names_models_by_their_layer_counts(quick_smoke):
-  log, _, doc = quick_smoke
+  log, _, doc, _ = quick_smoke
   rows = doc["results"]["rows"]
   half, depth = rows["distilled_3l"]["depth"], rows["teacher"]["depth"]
   assert (half, depth) == (2, 4)  # not all-MiniLM-L6-v2's 3 and 6, which the role keys name
@@ -126,9 +135,9 @@ def test_the_smoke_run_loads_its_tokenizer_once(quick_smoke):
 
 
 def test_smoke_compiles_quickly_and_gives_the_settings_back(quick_smoke):
-  log, _, doc = quick_smoke
+  log, _, doc, _ = quick_smoke
   assert "XLA compiles with most optimisations off" in log and not doc["settings"]["xla_optimised"]
-  assert jax.config.values["jax_disable_most_optimizations"] is False
+  assert quick_smoke[3]  # XLA's optimisations back on after the run
   assert os.environ.get("XLA_FLAGS") == XLA_FLAGS
 
 

@@ -133,7 +133,13 @@ def test_mlm_nsp_sop_losses_bitwise_as_before_components():
   flags = xla_options.without_cpu_options(os.environ.get("XLA_FLAGS", ""))
   flags = " ".join(f for f in flags.split() if f not in CHEAP_COMPILE.split())
   # BERTJAX_TEST_XLA: importing test_objectives imports conftest, which would add them back.
-  env = {**os.environ, xla_options.OPT_OUT: "0", "XLA_FLAGS": flags, "BERTJAX_TEST_XLA": "default"}
+  env = {
+    **os.environ,
+    xla_options.OPT_OUT: "0",
+    "XLA_FLAGS": flags,
+    "BERTJAX_TEST_XLA": "default",
+    "JAX_DISABLE_MOST_OPTIMIZATIONS": "0",
+  }
   code = (
     "import sys; sys.path.insert(0, 'tests'); import test_objectives as t\n"
     "for key in t.BEFORE: t.check_bitwise_as_before(key)\nprint('ok', len(t.BEFORE))"

@@ -13,6 +13,7 @@ from bertjax.data import conllu
 MARGIN = 0.03
 
 
+@pytest.mark.optimized
 @pytest.mark.data
 def test_upos_probe_by_layer_on_minilm(minilm_dir, data_dir, tmp_path):
   config, params = bertjax.from_hf(minilm_dir)

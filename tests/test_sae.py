@@ -169,6 +169,7 @@ def test_exact_and_zero_saes_bound_the_loss_recovered(minilm_dir):
   np.testing.assert_allclose(r0["zero"], float(pooled(out, None)), rtol=1e-5)
 
 
+@pytest.mark.optimized
 def test_sae_on_minilm_residual_stream(minilm_dir, data_dir):
   """A real run: WikiText-2's validation paragraphs (64 tokens each) at layer 4's block output of all-MiniLM-L6-v2 (384
   wide), 8x latents, k = 32: held-out variance explained, few dead latents, the loss

@@ -169,6 +169,7 @@ def test_nan_stops_with_clear_error_and_keeps_last_checkpoint(setup):
   assert len(_losses(out)) == 4
 
 
+@pytest.mark.optimized
 @pytest.mark.slow
 def test_short_wikitext_pretraining_lowers_mlm_loss(setup, tmp_path):
   import bertjax
