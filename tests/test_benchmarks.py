@@ -13,6 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyrunner
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFF
 
 
 def _run(script, *args):
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [sys.executable, str(REPO / "benchmarks" / script), *args],
     cwd=REPO,
     env=ENV,
@@ -198,7 +199,7 @@ def test_gpu_suite_smoke(tmp_path):
 )
 def test_a_bad_count_is_a_usage_error(option, said):
   """benchmarks/common.py's options refuse a count they cannot time, before any work."""
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [sys.executable, str(REPO / "benchmarks" / "bench_sae.py"), option],
     env=ENV,
     capture_output=True,

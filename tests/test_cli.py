@@ -19,6 +19,7 @@ import sys
 import termios
 
 import numpy as np
+import pyrunner
 import pytest
 
 import bertjax
@@ -47,7 +48,7 @@ def env(tmp_path_factory):
 
 def bertjax_cmd(*args, cwd, env, timeout=600, extra_env=None):
   """`bertjax ARGS` in `cwd`, as the console script runs it."""
-  return subprocess.run(
+  return pyrunner.run(
     [sys.executable, "-m", "bertjax.cli", *map(str, args)],
     cwd=cwd,
     env=dict(env, **(extra_env or {})),

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pyrunner
 import pytest
 from test_report import _check_png, _numbers
 
@@ -55,7 +56,7 @@ def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
 def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.Path]:
   """Runs `experiments/NAME.py --smoke` in `cwd` with no data; returns its JSON and folder."""
   cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", *extra]
-  proc = subprocess.run(
+  proc = pyrunner.run(
     cmd, cwd=cwd, env=no_data_env(cwd), capture_output=True, text=True, timeout=600, check=False
   )
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
@@ -200,7 +201,7 @@ def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
 @pytest.mark.slow
 def test_smoke_refuses_to_write_committed_results(tmp_path):
   before = _committed()
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [
       sys.executable,
       str(REPO / "experiments" / "probing_layers.py"),
@@ -220,7 +221,7 @@ def test_smoke_refuses_to_write_committed_results(tmp_path):
 
 @pytest.mark.slow
 def test_missing_data_is_a_one_line_error(tmp_path):
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [sys.executable, str(REPO / "experiments" / "probing_layers.py")],
     cwd=tmp_path,
     env=no_data_env(tmp_path),

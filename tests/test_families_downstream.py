@@ -21,12 +21,12 @@ import csv
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyrunner
 import pytest
 from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
@@ -498,7 +498,7 @@ def test_finetune_command_from_any_family_exports_for_transformers(family, tmp_p
     source = "bertology/tiny-roberta"
     _hub_cache(directory, tmp_path / "hf_home", source)
     env = _env(HF_HOME=str(tmp_path / "hf_home"))
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [
       sys.executable,
       "-m",
@@ -566,7 +566,7 @@ def test_pretrain_resolves_a_hub_id_and_refuses_a_family_it_cannot_continue(mode
   _hub_cache(model_dirs["roberta"], tmp_path / "hf_home", "bertology/tiny-roberta")
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(SENTENCES) + "\n")
-  run = lambda model: subprocess.run(
+  run = lambda model: pyrunner.run(
     [
       sys.executable,
       "-m",
@@ -628,7 +628,7 @@ def test_report_runs_on_the_family(family, tmp_path):
     source = "bertology/tiny-electra"
     _hub_cache(directory, tmp_path / "hf_home", source)
     env = _env(HF_HOME=str(tmp_path / "hf_home"))
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [
       sys.executable,
       "-m",

@@ -17,12 +17,12 @@ report on ModernBERT.
 
 import json
 import pathlib
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pyrunner
 import pytest
 from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
@@ -525,7 +525,7 @@ def test_finetune_exports_what_transformers_loads(model_dirs, name, tmp_path):
     + "".join(f"{r['sentence']}\t{'negated' if r['negated'] == '1' else 'plain'}\n" for r in rows)
   )
   out = tmp_path / "run"
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [
       sys.executable,
       "-m",
@@ -593,7 +593,7 @@ def test_experiment_smoke_runs_on_modernbert(model_dirs, tmp_path):
 def test_report_runs_on_modernbert(model_dirs, tmp_path):
   """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)."""
   out = tmp_path / "report"
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [
       sys.executable,
       "-m",
@@ -631,7 +631,7 @@ def test_pretrain_continues_mlm_and_exports(model_dirs, name, tmp_path):
   The default NSP objective is refused by name (the family has no NSP head)."""
   corpus = tmp_path / "corpus.txt"
   corpus.write_text("\n".join(SENTENCES * 8) + "\n")
-  run = lambda *extra: subprocess.run(
+  run = lambda *extra: pyrunner.run(
     [
       sys.executable,
       "-m",
@@ -662,7 +662,7 @@ def test_pretrain_continues_mlm_and_exports(model_dirs, name, tmp_path):
   assert refused.returncode != 0 and "no NSP head" in refused.stderr, refused.stderr[-2000:]
   proc = run("--objective", "none")
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-  exported = subprocess.run(
+  exported = pyrunner.run(
     [
       sys.executable,
       "-m",

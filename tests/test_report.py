@@ -9,12 +9,12 @@ import os
 import pathlib
 import shutil
 import struct
-import subprocess
 import sys
 import threading
 import zlib
 
 import numpy as np
+import pyrunner
 import pytest
 
 import bertjax
@@ -166,7 +166,7 @@ def _build_report(cwd: pathlib.Path) -> pathlib.Path:
     BERTJAX_NO_SHARED_DATA="1",
     BERTJAX_DATA_DIR=str(cwd / "no-data"),
   )
-  proc = subprocess.run(
+  proc = pyrunner.run(
     [sys.executable, "-m", "bertjax.cli", "report", "--reduced", "--out", "report"],
     cwd=cwd,
     env=env,
