@@ -10,6 +10,8 @@ without a variant refuse it by name. A model of each modern family (DeBERTa-v3 i
 gives the same outputs, gradients and statistics on the fused kernel as on the XLA path.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,6 +64,12 @@ def _bias(kind, table):
   return None if kind is None else kernels.PositionBias(table, kind)
 
 
+def _jitted(outputs, fn):
+  """`outputs(fn, *arrays)` as one program: op by op, the forward and gradients of each case
+  compiled a program per operation (about 25 per test)."""
+  return jax.jit(functools.partial(outputs, fn))
+
+
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("kv,window,kind,ablation,rate", CASES)
 def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate):
@@ -75,18 +83,17 @@ def test_variant_equals_float64_reference(impl, kv, window, kind, ablation, rate
   loss = lambda fn: (
     lambda q, k, v, xi, t: (fn(q, k, v, head_mask=xi, bias=_bias(kind, t), **kw) * probe).sum()
   )
-  fn = IMPLS[impl]
-  out = fn(q, k, v, head_mask=jnp.asarray(xi), bias=_bias(kind, table), **kw)
-  grads = jax.grad(loss(fn), argnums=(0, 1, 2, 3, 4))(q, k, v, xi, table)
+
+  def outputs(fn, q, k, v, xi, t):
+    return fn(q, k, v, head_mask=xi, bias=_bias(kind, t), **kw), jax.grad(
+      loss(fn), argnums=(0, 1, 2, 3, 4)
+    )(q, k, v, xi, t)
+
+  out, grads = _jitted(outputs, IMPLS[impl])(q, k, v, xi, table)
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, table)]
-    ref = np.asarray(
-      kernels.reference_attention(*f64[:3], head_mask=f64[3], bias=_bias(kind, f64[4]), **kw)
-    )
-    want = [
-      np.asarray(g)
-      for g in jax.grad(loss(kernels.reference_attention), argnums=(0, 1, 2, 3, 4))(*f64)
-    ]
+    ref, want = _jitted(outputs, kernels.reference_attention)(*f64)
+  ref, want = np.asarray(ref), [np.asarray(g) for g in want]
   np.testing.assert_allclose(out, ref, atol=2e-6)
   for name, got, w in zip(("dq", "dk", "dv", "dxi", "dtable"), grads, want):
     # float32 sums of a few hundred terms: dxi reached 3.04 with an error of 2.1e-5 (6.8e-6
@@ -142,12 +149,15 @@ def test_fused_disentangled_attention_equals_float64_reference(terms, buckets, a
     lambda q, k, v, xi, kr, qr: (fn(q, k, v, head_mask=xi, bias=make(kr, qr), **kw) * probe).sum()
   )
   fused = lambda q, k, v, **a: kernels.attention(q, k, v, impl="pallas", **a)
-  out = fused(q, k, v, head_mask=jnp.asarray(xi), bias=make(kr, qr), **kw)
-  grads = jax.grad(loss(fused), argnums=range(6))(q, k, v, xi, kr, qr)
+
+  def outputs(fn, q, k, v, xi, kr, qr):
+    out = fn(q, k, v, head_mask=xi, bias=make(kr, qr), **kw)
+    return out, jax.grad(loss(fn), argnums=range(6))(q, k, v, xi, kr, qr)
+
+  out, grads = _jitted(outputs, fused)(q, k, v, xi, kr, qr)
   with jax.enable_x64(True):
     f64 = [jnp.asarray(np.asarray(a, np.float64)) for a in (q, k, v, xi, kr, qr)]
-    ref = kernels.reference_attention(*f64[:3], head_mask=f64[3], bias=make(*f64[4:]), **kw)
-    want = jax.grad(loss(kernels.reference_attention), argnums=range(6))(*f64)
+    ref, want = _jitted(outputs, kernels.reference_attention)(*f64)
   np.testing.assert_allclose(out, np.asarray(ref), atol=2e-6)
   names = ("dq", "dk", "dv", "dxi", "dpos_key", "dpos_query")
   for name, got, w in zip(names, grads, want):
