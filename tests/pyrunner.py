@@ -208,13 +208,24 @@ def _restore_jax(before: dict) -> None:
         jax.config.update(name, value)
 
 
+def _forget_local_modules(before: set[str]) -> None:
+  """Drops the modules a command imported from outside the installed packages and bertjax
+  (its own folder's: `experiments/common.py` and `benchmarks/common.py` are both `common`),
+  so that the next command imports its own, as a new interpreter would."""
+  installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+  for name in set(sys.modules) - before:
+    path = getattr(sys.modules[name], "__file__", None) or ""
+    if name != "bertjax" and not name.startswith("bertjax.") and not path.startswith(installed):
+      del sys.modules[name]
+
+
 def _one(request: dict) -> int:
   import warnings
 
   env, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
   argv, streams, filters = list(sys.argv), (sys.stdout, sys.stderr), list(warnings.filters)
   hook = sys.excepthook
-  settings = _jax_settings()
+  settings, modules = _jax_settings(), set(sys.modules)
   warnings.filters[:] = filters
   warnings._filters_mutated()  # a warning shown by an earlier command is shown again
   with open(request["out"], "wb") as out, open(request["err"], "wb") as err:
@@ -240,6 +251,7 @@ def _one(request: dict) -> int:
       sys.path[:], sys.argv[:] = path, argv
       warnings.filters[:] = filters
       _restore_jax(settings)
+      _forget_local_modules(modules)
       if "jax" in sys.modules:
         from bertjax import utils
 

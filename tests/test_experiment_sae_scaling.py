@@ -40,19 +40,25 @@ def test_quick_compiles_sets_then_gives_the_settings_back(monkeypatch):
   """`common.quick_compiles`, which the smoke runs of sae_scaling and others compile under."""
   import jax
 
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
-  with common.quick_compiles(True):
-    assert jax.config.values["jax_disable_most_optimizations"] is True
-    assert os.environ["XLA_FLAGS"] == common.SMOKE_XLA_FLAG
-  assert jax.config.values["jax_disable_most_optimizations"] is False
-  assert "XLA_FLAGS" not in os.environ
-  mine = "--xla_cpu_use_fusion_emitters=true --xla_cpu_enable_fast_math=false"
-  monkeypatch.setenv("XLA_FLAGS", mine)
-  with common.quick_compiles(True):  # the user's own setting of the flag wins
-    assert os.environ["XLA_FLAGS"] == mine
-  assert os.environ["XLA_FLAGS"] == mine
-  with common.quick_compiles(False):
+  # The suite compiles with most optimisations off (conftest): start from XLA's default.
+  before = jax.config.values["jax_disable_most_optimizations"]
+  jax.config.update("jax_disable_most_optimizations", False)
+  try:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    with common.quick_compiles(True):
+      assert jax.config.values["jax_disable_most_optimizations"] is True
+      assert os.environ["XLA_FLAGS"] == common.SMOKE_XLA_FLAG
     assert jax.config.values["jax_disable_most_optimizations"] is False
+    assert "XLA_FLAGS" not in os.environ
+    mine = "--xla_cpu_use_fusion_emitters=true --xla_cpu_enable_fast_math=false"
+    monkeypatch.setenv("XLA_FLAGS", mine)
+    with common.quick_compiles(True):  # the user's own setting of the flag wins
+      assert os.environ["XLA_FLAGS"] == mine
+    assert os.environ["XLA_FLAGS"] == mine
+    with common.quick_compiles(False):
+      assert jax.config.values["jax_disable_most_optimizations"] is False
+  finally:
+    jax.config.update("jax_disable_most_optimizations", before)
 
 
 def test_committed_rows_follow_the_rules():
