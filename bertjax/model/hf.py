@@ -527,6 +527,7 @@ def hf_state_dict(config: BertConfig, params: Params) -> tuple[dict[str, np.ndar
   if "pooler" in params and not pooler:
     warnings.warn(f"{arch} has no pooler in Hugging Face; the pooler is not written")
   with_prefix = bool(heads)
+  params = jax.device_get(params)  # one copy to NumPy: slicing device arrays compiles programs
   state = {}
   for name, paths, layer, kind in _name_map(config, heads, pooler):
     arrays = [np.asarray(_leaf(params, path, layer), np.float32) for path in paths]
