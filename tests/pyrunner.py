@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,7 @@ class _Child:
         self.proc.wait(timeout=30)
       except subprocess.TimeoutExpired:
         self.proc.kill()
+    shutil.rmtree(self.folder, ignore_errors=True)
 
   def run(self, argv: list[str], cwd: str, env: dict[str, str], timeout: float | None):
     self.count += 1
@@ -226,7 +228,6 @@ def _one(request: dict) -> int:
   argv, streams, filters = list(sys.argv), (sys.stdout, sys.stderr), list(warnings.filters)
   hook = sys.excepthook
   settings, modules = _jax_settings(), set(sys.modules)
-  warnings.filters[:] = filters
   warnings._filters_mutated()  # a warning shown by an earlier command is shown again
   with open(request["out"], "wb") as out, open(request["err"], "wb") as err:
     sys.stdout.flush()
