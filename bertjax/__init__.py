@@ -39,6 +39,7 @@ from bertjax.model.heads import (
 )
 from bertjax.model.hf import from_hf, hf_state_dict, resolve_model_path, to_hf
 from bertjax.model.input_checks import check_inputs
+from bertjax.model.intervention import Intervention
 from bertjax.model.packing import Packing
 from bertjax.model.prune import heads_of_mask, prune_heads
 from bertjax.model.sites import SITES, model_sites, site_shape
@@ -54,6 +55,7 @@ __all__ = [
   "Batch",
   "BertConfig",
   "BertOutput",
+  "Intervention",
   "LayersOutput",
   "Packing",
   "Tokenizer",

@@ -2,7 +2,8 @@
 
 * `families`: the family table (one row per Hugging Face `model_type`, the whole block);
 * `config`: one frozen `BertConfig` for every family, presets, the `config.json` mapping;
-* `sites`: the named sites (`SITES`) and `Sites`, which captures, patches and masks them;
+* `intervention`: one `Intervention` value: the masks, patches and captures of a pass;
+* `sites`: the named sites (`SITES`) and `Sites`, one block's view of the intervention;
 * `layers`: the Flax modules of the block, which read the family's row, never `model_type`;
 * `heads`: the task heads and what each reads (`head_logits`);
 * `forward`: the pure API (`init`, `forward`, `embed`, `run_layers`, `attention_statistics`);

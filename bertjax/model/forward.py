@@ -4,9 +4,10 @@
 (layer parameters stacked on a leading axis; ALBERT blocks index their shared
 group), then the pooler. Interventions are data: a head mask `(depth, heads)`
 or `(batch, depth, heads)`, a layer mask `(depth,)` and patches of named sites
-(`capture=` / `patch=`, see `bertjax.model.sites.SITES`) are scanned inputs, so
-`jax.grad` gives head importance and attribution patching, and `jax.vmap`
-gives ablation and patching sweeps.
+(`capture=` / `patch=`, see `bertjax.model.sites.SITES`) make one
+`bertjax.Intervention`, built at the entry and scanned with the blocks, so `jax.grad`
+gives head importance and attribution patching, and `jax.vmap` gives ablation and
+patching sweeps.
 
 The lower-level pieces (`embed`, `run_layers`, `pool`) are public too: analyses
 that intervene at block `l` reuse the activations below it instead of
@@ -30,15 +31,8 @@ import numpy as np
 from bertjax import kernels
 from bertjax.model.config import BertConfig
 from bertjax.model.heads import Pooler, head_module, pool
-from bertjax.model.input_checks import (
-  as_array,
-  capture_tuple,
-  check_block_sites,
-  check_inputs,
-  patch_arrays,
-  split_patch_functions,
-  value_checks,
-)
+from bertjax.model.input_checks import check_block_sites, check_inputs, value_checks
+from bertjax.model.intervention import KEYWORDS, Intervention, as_array, intervention_of
 from bertjax.model.layers import (
   Embeddings,
   EncoderLayer,
@@ -49,7 +43,7 @@ from bertjax.model.layers import (
 )
 from bertjax.model.packing import Packing, pack, pack_site, unpack, unpack_site
 from bertjax.model.prune import prune_heads
-from bertjax.model.sites import BLOCK_SITES, ROW_AXIS, SITES, Sites, mix, put_rows
+from bertjax.model.sites import ROW_AXIS, SITES, Sites, mix, put_rows
 
 ABLATIONS = kernels.ABLATIONS  # the head_ablation values, defined once in kernels
 
@@ -165,13 +159,7 @@ def _init_position_table(config: BertConfig, key) -> Params:
 # Checked forward ------------------------------------------------------------
 
 
-_STATIC_FORWARD_ARGS = (
-  "head_ablation",
-  "output_hidden_states",
-  "output_attentions",
-  "capture",
-  "deterministic",
-)
+_STATIC_FORWARD_ARGS = ("output_hidden_states", "output_attentions", "deterministic")
 
 
 def checked_forward(
@@ -187,8 +175,12 @@ def checked_forward(
   """
   from jax.experimental import checkify
 
+  intervention = intervention_of(
+    kwargs.pop("intervention", None), **{k: kwargs.pop(k) for k in KEYWORDS if k in kwargs}
+  )
   static = tuple(sorted((k, v) for k, v in kwargs.items() if k in _STATIC_FORWARD_ARGS))
   dynamic = {k: v for k, v in kwargs.items() if k not in _STATIC_FORWARD_ARGS}
+  dynamic["intervention"] = intervention  # a pytree: its static part rides in the treedef
   if "packed" in dynamic and not isinstance(dynamic["packed"], Packing):
     # The layout needs the concrete mask, outside the jit; False is no packing.
     packed = dynamic.pop("packed")
@@ -198,8 +190,6 @@ def checked_forward(
       )
     elif packed not in (False, None):
       raise TypeError(f"packed={type(packed).__name__} must be True, False or a Packing")
-  if "capture" in kwargs:
-    static = tuple((k, capture_tuple(v) if k == "capture" else v) for k, v in static)
   err, out = _checked_forward(
     params,
     config,
@@ -252,6 +242,7 @@ def forward(
   deterministic: bool = True,
   rng: jax.Array | None = None,
   packed: bool | Packing = False,
+  intervention: Intervention | None = None,
 ) -> BertOutput:
   """Runs the encoder (and pooler) on a batch.
 
@@ -294,46 +285,41 @@ def forward(
       from the mask here, from `input_ids != pad_token_id` in the padded run (the same
       unless a real token is the pad id). Not with attention_impl "cudnn" (no segments
       there). A `Packing` passed in must be of this batch's mask (checked when concrete).
+    intervention: a `bertjax.Intervention` holding `head_mask`, `head_ablation`,
+      `layer_mask`, `capture` and `patch` as one value, instead of those keywords (not
+      with them). It is a pytree: build it once and pass it through `jit`, `vmap` a stack
+      of them for a sweep, or take `grad` with respect to it.
 
   Returns:
     A `BertOutput`.
   """
-  capture = capture_tuple(capture)
-  input_ids, attention_mask, token_type_ids, head_mask, layer_mask = map(
-    as_array, (input_ids, attention_mask, token_type_ids, head_mask, layer_mask)
-  )
-  check_inputs(
-    config,
-    input_ids,
-    attention_mask,
-    token_type_ids,
-    head_mask,
-    layer_mask,
-    head_ablation,
+  intervention = intervention_of(
+    intervention,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
     capture=capture,
     patch=patch,
   )
-  patch, functions = split_patch_functions(patch_arrays(patch))
+  input_ids, attention_mask, token_type_ids = map(
+    as_array, (input_ids, attention_mask, token_type_ids)
+  )
+  check_inputs(config, input_ids, attention_mask, token_type_ids, intervention=intervention)
   if not deterministic and rng is None:
     raise ValueError("deterministic=False (dropout) needs an rng key")
-  packing = _packing_of(config, packed, input_ids, attention_mask, functions)
+  packing = _packing_of(config, packed, input_ids, attention_mask, intervention.functions)
   return _forward(
     params,
     config,
     input_ids,
     attention_mask,
     token_type_ids,
-    head_mask,
-    layer_mask,
+    intervention,
     rng,
-    patch,
-    head_ablation,
+    packing,
     output_hidden_states,
     output_attentions,
     deterministic,
-    capture,
-    functions,
-    packing,
   )
 
 
@@ -373,24 +359,19 @@ def _packing_of(config, packed, input_ids, attention_mask, functions) -> Packing
   return packed
 
 
-@functools.partial(jax.jit, static_argnums=(1, 9, 10, 11, 12, 13, 14))
+@functools.partial(jax.jit, static_argnums=(1, 8, 9, 10))
 def _forward(
   params,
   config,
   input_ids,
   attention_mask,
   token_type_ids,
-  head_mask,
-  layer_mask,
+  intervention: Intervention,
   rng,
-  patch,
-  head_ablation,
+  packing,
   output_hidden_states,
   output_attentions,
   deterministic,
-  capture,
-  functions=(),
-  packing=None,
 ):
   rng_embed, rng_layers = (None, None) if rng is None else jax.random.split(rng)
   if packing is not None:
@@ -400,17 +381,12 @@ def _forward(
       packing,
       input_ids,
       token_type_ids,
-      head_mask,
-      layer_mask,
+      intervention,
       (rng_embed, rng_layers),
-      patch or {},
-      head_ablation,
       output_hidden_states,
       output_attentions,
       deterministic,
-      capture,
     )
-  patch = {**(patch or {}), **dict(functions)}
   x = embed(
     params,
     config,
@@ -418,23 +394,20 @@ def _forward(
     token_type_ids,
     deterministic=deterministic,
     rng=rng_embed,
-    patch=patch.get("embeddings"),
+    patch=intervention.patch.get("embeddings"),
   )
-  layers = run_layers(
+  layers = _run_blocks(
     params,
     config,
     x,
     attention_mask,
-    head_mask=head_mask,
-    head_ablation=head_ablation,
-    layer_mask=layer_mask,
+    intervention.without("embeddings"),
     output_hidden_states=output_hidden_states,
     output_attentions=output_attentions,
-    capture=tuple(c for c in capture if c != "embeddings"),
-    patch={k: v for k, v in patch.items() if k != "embeddings"},
     deterministic=deterministic,
     rng=rng_layers,
   )
+  capture = intervention.capture
   cache = dict(layers.cache)
   if "embeddings" in capture:
     cache["embeddings"] = x
@@ -455,15 +428,11 @@ def _packed_forward(
   packing: Packing,
   input_ids,
   token_type_ids,
-  head_mask,
-  layer_mask,
+  intervention: Intervention,
   rngs,
-  patch,
-  head_ablation,
   output_hidden_states,
   output_attentions,
   deterministic,
-  capture,
 ) -> BertOutput:
   """`_forward` on packed rows: inputs, head masks and patches packed, every block run on
   the rows, every output unpacked (`forward(packed=)`)."""
@@ -472,12 +441,14 @@ def _packed_forward(
   types = None if token_type_ids is None else pack(token_type_ids, packing)
   patch = {
     site: tuple(pack_site(a, SITES[site][0], packing, depth=site != "embeddings") for a in entry)
-    for site, entry in patch.items()
+    for site, entry in intervention.patch.items()
   }
+  head_mask = intervention.head_mask
   if head_mask is not None and head_mask.ndim == 3:  # (B, L, N): per token, (R, P, L, N)
     head_mask = pack(
       jnp.broadcast_to(head_mask[:, None], (batch, seq) + head_mask.shape[1:]), packing
     )
+  intervention = intervention.replace(patch=patch, head_mask=head_mask)
   x = embed(
     params,
     config,
@@ -493,17 +464,14 @@ def _packed_forward(
     config,
     x,
     packing.key_mask,
-    head_mask=head_mask,
-    head_ablation=head_ablation,
-    layer_mask=layer_mask,
+    intervention.without("embeddings"),
     output_hidden_states=output_hidden_states,
     output_attentions=output_attentions,
-    capture=tuple(c for c in capture if c != "embeddings"),
-    patch={k: v for k, v in patch.items() if k != "embeddings"},
     deterministic=deterministic,
     rng=rngs[1],
     packing=packing,
   )
+  capture = intervention.capture
   cache = {site: unpack_site(v, SITES[site][0], packing) for site, v in layers.cache.items()}
   if "embeddings" in capture:
     cache["embeddings"] = unpack(x, packing)
@@ -559,28 +527,6 @@ def embed(
   return x if patch is None else mix(x, *patch)
 
 
-def _split_patch(config: BertConfig, patch, start: int, stop: int):
-  """Block-site patches as (scanned, constant) dicts keyed by (site, 0 value | 1 weight).
-
-  Arrays whose leading (depth) axis has size `config.depth` are sliced to the
-  blocks run and scanned; those broadcast over depth (leading size 1 or fewer
-  axes) stay constant, so a weight like `(1, 1, 1, N, 1)` is never copied per block.
-  """
-  scanned, const = {}, {}
-  for site, entry in patch.items():
-    if site not in BLOCK_SITES:
-      raise ValueError(f"run_layers patches block sites {BLOCK_SITES}; got {site!r}")
-    rank = len(SITES[site][0].split()) + 1
-    for i, array in enumerate(entry):
-      array = jnp.asarray(array)
-      array = array.reshape((1,) * (rank - array.ndim) + array.shape)
-      if array.shape[0] == config.depth and config.depth > 1:
-        scanned[(site, i)] = array[start:stop]
-      else:
-        const[(site, i)] = array[0]
-  return scanned, const
-
-
 def run_layers(
   params: Params,
   config: BertConfig,
@@ -600,12 +546,14 @@ def run_layers(
   rng: jax.Array | None = None,
   final_rows=None,
   unroll: bool = False,
+  intervention: Intervention | None = None,
 ) -> LayersOutput:
   """Runs encoder blocks `start .. stop-1` on `hidden` (the input of block `start`).
 
   `head_mask`, `layer_mask` and `patch` cover all `config.depth` blocks (as in
   `forward`); only the slice for the blocks run is used. `capture` and `patch`
-  take block sites (every site but "embeddings").
+  take block sites (every site but "embeddings"). `intervention` (a
+  `bertjax.Intervention`) holds them as one value instead, as in `forward`.
 
   `final_rows` int (B, R): the positions a caller reads from the model's last block
   (block `config.depth - 1`). When that block is run, it computes its queries and
@@ -626,21 +574,25 @@ def run_layers(
     block `stop-1`; when asked, every block's output `(stop-start, B, T, H)` and
     attention maps `(stop-start, B, N, T, T)`, else None; the captured sites.
   """
-  capture, patch = check_block_sites(config, hidden, capture, patch)  # functions kept
+  intervention = intervention_of(
+    intervention,
+    head_mask=head_mask,
+    head_ablation=head_ablation,
+    layer_mask=layer_mask,
+    capture=capture,
+    patch=patch,
+  )
+  check_block_sites(config, hidden, intervention)
   return _run_blocks(
     params,
     config,
     hidden,
     attention_mask,
+    intervention,
     start=start,
     stop=stop,
-    head_mask=head_mask,
-    head_ablation=head_ablation,
-    layer_mask=layer_mask,
     output_hidden_states=output_hidden_states,
     output_attentions=output_attentions,
-    capture=capture,
-    patch=patch,
     deterministic=deterministic,
     rng=rng,
     final_rows=final_rows,
@@ -652,17 +604,13 @@ def _run_blocks(
   params,
   config,
   hidden,
-  attention_mask=None,
+  attention_mask,
+  intervention: Intervention,
   *,
   start=0,
   stop=None,
-  head_mask=None,
-  head_ablation="scale",
-  layer_mask=None,
   output_hidden_states=False,
   output_attentions=False,
-  capture=(),
-  patch=None,
   deterministic=True,
   rng=None,
   stats=False,
@@ -672,7 +620,7 @@ def _run_blocks(
   packing=None,
 ) -> LayersOutput:
   """The one loop over blocks: a scan over stacked layers, unrolled for pruned ones (and
-  with `unroll`).
+  with `unroll`). Each block reads its slice of `intervention` through `Sites`.
 
   With `stats`, each block returns per-head attention statistics (the
   `attentions` field holds their dict) instead of maps. With `final_rows`, the
@@ -698,35 +646,20 @@ def _run_blocks(
     key_mask = jnp.ones((batch, seq_len), bool)
   else:
     key_mask = attention_mask.astype(bool)
-  if head_mask is not None:
-    # Blocks lead the scanned axis: (L, N) or (L, B, N).
-    head_mask = jnp.asarray(head_mask)
-    if head_mask.ndim > 2:  # (B, L, N) or, packed, per token (R, P, L, N)
-      head_mask = jnp.moveaxis(head_mask, head_mask.ndim - 2, 0)
-    head_mask = head_mask[start:stop]
-  if layer_mask is not None:
-    layer_mask = jnp.asarray(layer_mask)[start:stop]
+  scanned, constant = intervention.blocks(config, start, stop)
   keys = None if deterministic else jax.random.split(rng, stop - start)
-  patch, functions = split_patch_functions(patch)
-  scanned, const = _split_patch(config, patch, start, stop)
   want_maps = output_attentions or stats
+  rows_ok = _rows_attention(config, output_attentions, intervention)
 
   bias_table = relative_embeddings(params, config)  # computed once, read by every block
 
-  def block(layer, layer_params, h, hm, lm, key, patch_slices, kept=None, rows=None):
-    arrays = {**const, **patch_slices}  # (site, 0) value, (site, 1) weight
-    block_patch = {site: (arrays[(site, 0)], arrays[(site, 1)]) for site in (patch or {})}
-    fused = rows is not None and not _rows_attention(config, output_attentions, capture, patch)
+  def block(layer, layer_params, h, block_slice, key, kept=None, rows=None):
+    fused = rows is not None and not rows_ok
     sites = Sites(
-      capture,
-      block_patch,
-      hm,
-      head_ablation,
-      lm,
+      block_slice.join(constant),
       kept=kept,
       num_heads=config.num_attention_heads,
       rows=None if fused else rows,
-      functions=functions,
       index=layer,
       packing=packing,
     )
@@ -752,13 +685,9 @@ def _run_blocks(
   if config.is_pruned or unroll:
     if stats:
       raise ValueError("attention statistics do not support pruned models; use head masks")
-    out = _run_unrolled(
-      params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block, final_rows
-    )
+    out = _run_unrolled(params, config, hidden, start, stop, scanned, keys, block, final_rows)
   else:
-    out = _run_scanned(
-      params, config, hidden, start, stop, (head_mask, layer_mask, keys, scanned), block, final_rows
-    )
+    out = _run_scanned(params, config, hidden, start, stop, (scanned, keys), block, final_rows)
   if stop == config.depth and stop > start and config.family.final_norm:
     out = _final_norm(params, config, out, final_rows)
   return out
@@ -789,17 +718,17 @@ def final_norm(params: Params, config: BertConfig, hidden) -> jax.Array:
 
 
 def _run_scanned(params, config, hidden, start, stop, per_block, block, final_rows):
-  """The blocks under `lax.scan` (`per_block`: head masks, layer masks, dropout keys and patch
-  slices, each leading with the blocks run); with `final_rows`, the last block after it."""
+  """The blocks under `lax.scan` (`per_block`: the intervention's scanned part and the dropout
+  keys, each leading with the blocks run); with `final_rows`, the last block after it."""
   stacked = params["encoder"]["layers"]
   index = np.asarray(config.layer_param_index)
   shared = not np.array_equal(index, np.arange(config.num_param_layers))
 
   def body(h, xs):
-    block_index, layer_params, hm, lm, key, patch_slices = xs
+    block_index, layer_params, block_slice, key = xs
     if layer_params is None:  # ALBERT (or a part of the stack): index the weights.
       layer_params = jax.tree.map(lambda a: a[jnp.asarray(index)[block_index]], stacked)
-    return block(block_index, layer_params, h, hm, lm, key, patch_slices)
+    return block(block_index, layer_params, h, block_slice, key)
 
   scan_stop = stop if final_rows is None else stop - 1
   at = lambda tree, i: None if tree is None else jax.tree.map(lambda a: a[i], tree)
@@ -823,7 +752,7 @@ def _run_scanned(params, config, hidden, start, stop, per_block, block, final_ro
   return LayersOutput(last, *jax.tree.map(join, ys, y, is_leaf=lambda a: a is None))
 
 
-def _rows_attention(config, output_attentions, capture, patch) -> bool:
+def _rows_attention(config, output_attentions, intervention: Intervention) -> bool:
   """Whether a block can run at chosen rows: the attention it uses takes q and k of different
   lengths (the XLA implementation; the map path always is), and nothing in it depends on the
   query's position (rotary q, a relative-position bias, a sliding window: those blocks run
@@ -831,7 +760,7 @@ def _rows_attention(config, output_attentions, capture, patch) -> bool:
   fam = config.family
   if fam.positions == "rotary" or fam.position_bias or any(config.layer_windows):
     return False
-  if output_attentions or "probs" in capture or "probs" in (patch or {}):
+  if output_attentions or "probs" in intervention.capture or "probs" in intervention.patch:
     return True
   return kernels.attention_impl(config.attention_impl) == "xla"
 
@@ -861,9 +790,7 @@ def _at_final_rows(y, maps, captured, rows, seq_len, full: bool):
   return y, maps, captured  # captures were placed by `Sites.visit`
 
 
-def _run_unrolled(
-  params, config, hidden, start, stop, head_mask, layer_mask, keys, scanned, block, final_rows=None
-):
+def _run_unrolled(params, config, hidden, start, stop, scanned, keys, block, final_rows=None):
   """The same block in a Python loop: a pruned model's blocks (different head counts cannot
   share a scan), or any model's on request (`run_layers(unroll=True)`)."""
   layers = params["encoder"]["layers"]
@@ -871,25 +798,16 @@ def _run_unrolled(
   h, outs = hidden, []
   for i, d in enumerate(range(start, stop)):
     kept = config.kept_heads(d) if config.is_pruned else None
+    block_slice = jax.tree.map(lambda a, i=i: a[i], scanned)
     if kept is None:  # stacked parameters: this block's (its group's, for ALBERT) slice
-      layer_params, hm = jax.tree.map(lambda a, i=index[d]: a[i], layers), head_mask
+      layer_params = jax.tree.map(lambda a, i=index[d]: a[i], layers)
     else:
-      layer_params, hm = layers[d], head_mask
-      hm = None if hm is None else hm[..., np.asarray(kept, np.int32)]
-    hm = None if hm is None else hm[i]
-    lm = None if layer_mask is None else layer_mask[i]
+      layer_params, hm = layers[d], block_slice.head_mask
+      if hm is not None:
+        block_slice = block_slice.replace(head_mask=hm[..., np.asarray(kept, np.int32)])
     rows = final_rows if d == stop - 1 else None
-    h, out = block(
-      d,
-      layer_params,
-      h,
-      hm,
-      lm,
-      None if keys is None else keys[i],
-      {k: v[i] for k, v in scanned.items()},
-      kept=kept,
-      rows=rows,
-    )
+    key = None if keys is None else keys[i]
+    h, out = block(d, layer_params, h, block_slice, key, kept=kept, rows=rows)
     states, maps, cache = out
     if maps is not None and kept is not None:  # pruned heads show as all-zero maps
       full = jnp.zeros(maps.shape[:1] + (config.num_attention_heads,) + maps.shape[2:], maps.dtype)
@@ -936,32 +854,19 @@ def attention_statistics(
       f"special_mask shape {tuple(np.shape(special_mask))} must equal input_ids "
       f"shape {tuple(np.shape(input_ids))}"
     )
+  intervention = Intervention(head_mask=head_mask, head_ablation=head_ablation)
   return _attention_statistics(
-    params,
-    config,
-    input_ids,
-    attention_mask,
-    token_type_ids,
-    special_mask,
-    head_mask,
-    head_ablation,
+    params, config, input_ids, attention_mask, token_type_ids, special_mask, intervention
   )
 
 
-@functools.partial(jax.jit, static_argnums=(1, 7))
+@functools.partial(jax.jit, static_argnums=(1,))
 def _attention_statistics(
-  params, config, input_ids, attention_mask, token_type_ids, special_mask, head_mask, head_ablation
+  params, config, input_ids, attention_mask, token_type_ids, special_mask, intervention
 ):
   x = embed(params, config, input_ids, token_type_ids)
   return _run_blocks(
-    params,
-    config,
-    x,
-    attention_mask,
-    head_mask=head_mask,
-    head_ablation=head_ablation,
-    stats=True,
-    special_mask=special_mask,
+    params, config, x, attention_mask, intervention, stats=True, special_mask=special_mask
   ).attentions
 
 

@@ -9,14 +9,12 @@ from `bertjax`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.kernels import ABLATIONS
 from bertjax.model.config import BertConfig
+from bertjax.model.intervention import Intervention, intervention_of
 from bertjax.model.sites import SITES, model_sites, site_shape
 
 
@@ -27,22 +25,15 @@ def _concrete(x) -> bool:
   return not (isinstance(x, jax.Array) and not x.is_fully_addressable)
 
 
-def as_array(x):
-  """Lists, tuples and other array-likes (NumPy, torch CPU tensors) as NumPy; JAX arrays as is."""
-  if x is None or isinstance(x, (jax.Array, jax.core.Tracer)):
-    return x
-  return np.asarray(x)
-
-
-def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) -> None:
-  """Raises ValueError, naming the site, for unknown site names and patch entries that are
-  not (value, weight) pairs of numbers broadcasting to the site's stacked shape."""
-  if patch is not None and not isinstance(patch, Mapping):
-    raise ValueError(f"patch must be a dict {{site: (value, weight)}}; got {type(patch).__name__}")
-  unknown = [s for s in tuple(capture) + tuple(patch or {}) if s not in SITES]
+def check_sites(config: BertConfig, intervention: Intervention, batch: int, seq_len: int) -> None:
+  """Raises ValueError, naming the site, for site names the model lacks, function patches it
+  cannot take and patch arrays that do not broadcast to the site's stacked shape (the
+  `Intervention` itself checked that they are pairs of numbers)."""
+  capture, patch = intervention.capture, intervention.patches
+  unknown = [s for s in capture + tuple(patch) if s not in SITES]
   if unknown:
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
-  absent = [s for s in tuple(capture) + tuple(patch or {}) if s not in model_sites(config)]
+  absent = [s for s in capture + tuple(patch) if s not in model_sites(config)]
   if absent:
     why = [
       f"its feed-forward is {config.family.ffn}"
@@ -57,38 +48,20 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
       f"sites {absent} do not exist on a {config.model_type} block "
       f"({'; '.join(dict.fromkeys(why))}); its sites: {model_sites(config)}"
     )
-  for site, entry in (patch or {}).items():
-    if callable(entry):  # a function patch: fn(value, index) -> the new value
-      if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):
-        raise ValueError(
-          f"patch[{site!r}] is a function, which a pruned model's per-head "
-          "sites do not take (their head axes differ by layer); give a "
-          "(value, weight) pair"
-        )
-      if site == "embeddings":
-        raise ValueError(
-          "patch['embeddings'] is a function; the embeddings site takes a (value, weight) pair"
-        )
-      continue
-    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+  for site, _ in intervention.functions:  # fn(value, index) -> the new value
+    if config.is_pruned and site in ("q", "k", "v", "probs", "head_out"):
       raise ValueError(
-        f"patch[{site!r}] must be a (value, weight) pair or a function "
-        f"fn(value, index); got {type(entry).__name__}"
+        f"patch[{site!r}] is a function, which a pruned model's per-head "
+        "sites do not take (their head axes differ by layer); give a "
+        "(value, weight) pair"
       )
+    if site == "embeddings":
+      raise ValueError(
+        "patch['embeddings'] is a function; the embeddings site takes a (value, weight) pair"
+      )
+  for site, entry in intervention.patch.items():
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
-      try:
-        dtype = (np.asarray(array) if array is None else as_array(array)).dtype
-      except (TypeError, RuntimeError) as e:  # e.g. a torch tensor on a GPU or needing grad
-        raise ValueError(
-          f"patch[{site!r}] {what} cannot be read as an array ({e}); pass a "
-          "NumPy or JAX array (a torch tensor: .detach().cpu())"
-        ) from None
-      if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
-        raise ValueError(
-          f"patch[{site!r}] {what} must be a number or an array of numbers; "
-          f"got {type(array).__name__}"
-        )
       got = tuple(np.shape(array))
       try:
         ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
@@ -102,55 +75,35 @@ def check_sites(config: BertConfig, capture, patch, batch: int, seq_len: int) ->
         )
 
 
-def patch_arrays(patch):
-  """A checked patch with its values and weights as arrays (torch and NumPy as NumPy, as
-  the inputs are; JAX arrays and tracers as they are)."""
-  if not patch:
-    return patch
-  return {
-    site: entry if callable(entry) else tuple(as_array(a) for a in entry)
-    for site, entry in patch.items()
-  }
+def check_intervention(
+  config: BertConfig, intervention: Intervention, batch: int, seq_len: int
+) -> None:
+  """Raises ValueError, naming the value, for an `Intervention` that does not fit a
+  (batch, seq_len) input of this model: mask shapes, sites, patch shapes."""
+  depth, heads = config.depth, config.num_attention_heads
+  if intervention.head_mask is not None:
+    shape = tuple(np.shape(intervention.head_mask))
+    if shape not in ((depth, heads), (batch, depth, heads)):
+      raise ValueError(
+        f"head_mask shape {shape} must be (layers, heads)=({depth}, {heads}) or "
+        f"(batch, layers, heads)=({batch}, {depth}, {heads})"
+      )
+  layer_mask = intervention.layer_mask
+  if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
+    raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
+  check_sites(config, intervention, batch, seq_len)
 
 
-def split_patch_functions(patch) -> tuple[dict, tuple]:
-  """`(array patches, function patches)`: the functions as a sorted tuple of (site, fn)
-  pairs, static under `jit` (a function defined once compiles once)."""
-  patch = patch or {}
-  fns = tuple(sorted(((s, e) for s, e in patch.items() if callable(e)), key=lambda p: p[0]))
-  return {s: e for s, e in patch.items() if not callable(e)}, fns
-
-
-def capture_tuple(capture) -> tuple[str, ...]:
-  """`capture` as a sorted tuple of names (None: none; one string: that site)."""
-  if capture is None:
-    return ()
-  if isinstance(capture, str):
-    capture = (capture,)
-  try:
-    names = tuple(capture)
-  except TypeError:
-    raise ValueError(f"capture={capture!r} must be site names (a tuple of str)") from None
-  bad = [c for c in names if not isinstance(c, str)]
-  if bad:
-    raise ValueError(
-      f"capture entries {bad!r} are not site names (str); expected names from {tuple(SITES)}"
-    )
-  return tuple(sorted(set(names)))
-
-
-def check_block_sites(config: BertConfig, hidden, capture, patch):
-  """`run_layers`' sites checked as `forward`'s are: `(capture tuple, patch of arrays)`."""
-  capture = capture_tuple(capture)
-  if "embeddings" in capture or "embeddings" in (patch or {}):
+def check_block_sites(config: BertConfig, hidden, intervention: Intervention) -> None:
+  """`run_layers`' intervention checked as `forward`'s is, against its hidden state."""
+  if "embeddings" in intervention.touched:
     raise ValueError(
       "run_layers captures and patches block sites; 'embeddings' is the "
       "hidden state you pass it (forward captures and patches it)"
     )
   if jnp.ndim(hidden) != 3:
     raise ValueError(f"hidden shape {jnp.shape(hidden)} must be (batch, seq, hidden)")
-  check_sites(config, capture, patch, *jnp.shape(hidden)[:2])
-  return capture, patch_arrays(patch)
+  check_intervention(config, intervention, *jnp.shape(hidden)[:2])
 
 
 def check_inputs(
@@ -164,13 +117,23 @@ def check_inputs(
   *,
   capture=(),
   patch=None,
+  intervention: Intervention | None = None,
 ) -> None:
   """Raises ValueError, naming the value, for inputs the model would silently mishandle.
 
   Shapes are always checked; values (token ids, token types, padding side) when
   the arrays are concrete, i.e. outside a user's `jit` (see `checked_forward`
-  for the same checks under `jit`).
+  for the same checks under `jit`). The masks, captures and patches are checked as
+  `forward` takes them: as keywords, or as one `intervention` (not both).
   """
+  intervention = intervention_of(
+    intervention,
+    head_mask=head_mask,
+    layer_mask=layer_mask,
+    head_ablation=head_ablation,
+    capture=capture,
+    patch=patch,
+  )
   ids_shape = tuple(np.shape(input_ids))
   if len(ids_shape) != 2:
     raise ValueError(f"input_ids must be (batch, seq); got shape {ids_shape}")
@@ -194,19 +157,7 @@ def check_inputs(
       raise ValueError(
         f"{name} shape {tuple(np.shape(value))} must equal input_ids shape {ids_shape}"
       )
-  if head_ablation not in ABLATIONS:
-    raise ValueError(f"{head_ablation=!r} must be one of {ABLATIONS}")
-  depth, heads = config.depth, config.num_attention_heads
-  if head_mask is not None:
-    shape = tuple(np.shape(head_mask))
-    if shape not in ((depth, heads), (batch, depth, heads)):
-      raise ValueError(
-        f"head_mask shape {shape} must be (layers, heads)=({depth}, {heads}) or "
-        f"(batch, layers, heads)=({batch}, {depth}, {heads})"
-      )
-  if layer_mask is not None and tuple(np.shape(layer_mask)) != (depth,):
-    raise ValueError(f"layer_mask shape {tuple(np.shape(layer_mask))} must be (layers,)=({depth},)")
-  check_sites(config, capture, patch, batch, seq_len)
+  check_intervention(config, intervention, batch, seq_len)
   if _concrete(input_ids):
     ids = np.asarray(input_ids)
     lo, hi = int(ids.min()), int(ids.max())

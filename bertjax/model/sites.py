@@ -195,52 +195,45 @@ def put_rows(x, rows, seq_len: int, axis: int = 1):
 
 
 class Sites:
-  """One block's view of the interventions: what to capture, patch and mask.
+  """One block's view of the pass's `Intervention`: what to capture, patch and mask.
 
-  Built fresh for each traced block (inside the layer scan); `visit` returns the
-  site's (possibly replaced) value and records it when captured.
+  Built fresh for each traced block (inside the layer scan) from the block's slice of the
+  intervention (`Intervention.blocks`); `visit` returns the site's (possibly replaced)
+  value and records it when captured.
 
-  Attributes:
-    capture: names of sites to record.
-    patch: site -> (value, weight), already sliced to this block.
-    head_mask: float (N,) or (B, N) for this block, or None.
-    head_ablation: "scale" (head_out * xi) or "uniform" (the attention becomes
-      xi * A + (1 - xi) * U, i.e. head_out mixes with the mean value of the real keys).
-    layer_mask: float scalar for this block, or None (out = m * out + (1 - m) * x).
+  Args:
+    intervention: this block's `bertjax.Intervention` (None: nothing): its patch arrays,
+      head mask (N,), (B, N) or per packed token (R, P, N), and layer mask (a scalar) are
+      this block's slices.
     kept: original indices of this block's heads when it is pruned, else None.
     num_heads: the unpruned head count (captures are scattered back to it).
     rows: int (B, R) when the block runs at these query positions only (`ROW_AXIS`
       sites: patches are read there, captures are zero elsewhere), else None.
-    functions: (site, fn) pairs: `fn(value, index)` returns the site's new value (applied
-      before any (value, weight) patch of the same site).
     index: the block's 0-based index in [0, depth) (index i is layer i + 1), the `index`
       a function patch receives.
     packing: a `packing.Packing` when the block runs on packed rows (its segments bound
-      the attention and the "uniform" ablation; a head mask is then per token, (B, T, N)),
-      else None.
+      the attention and the "uniform" ablation), else None.
+
+  Attributes:
+    capture, patch, functions, head_mask, head_ablation, layer_mask: the intervention's,
+      as `capture` (a frozenset), `patch` {site: (value, weight)} and `functions`
+      {site: fn(value, index)} (applied before any (value, weight) patch of the site).
   """
 
   def __init__(
-    self,
-    capture=(),
-    patch=None,
-    head_mask=None,
-    head_ablation="scale",
-    layer_mask=None,
-    kept=None,
-    num_heads=None,
-    rows=None,
-    functions=(),
-    index=None,
-    packing=None,
+    self, intervention=None, *, kept=None, num_heads=None, rows=None, index=None, packing=None
   ):
-    self.capture = frozenset(capture)
-    self.patch = patch or {}
-    self.functions = dict(functions)  # site -> fn(value, index): a function patch
+    if intervention is not None:
+      self.capture = frozenset(intervention.capture)
+      self.patch = intervention.patch
+      self.functions = dict(intervention.functions)
+      self.head_mask = intervention.head_mask
+      self.head_ablation = intervention.head_ablation
+      self.layer_mask = intervention.layer_mask
+    else:
+      self.capture, self.patch, self.functions = frozenset(), {}, {}
+      self.head_mask, self.head_ablation, self.layer_mask = None, "scale", None
     self.index = index  # the block's 0-based index (traced under the layer scan)
-    self.head_mask = head_mask
-    self.head_ablation = head_ablation
-    self.layer_mask = layer_mask
     self.kept = kept
     self.num_heads = num_heads
     self.rows = rows

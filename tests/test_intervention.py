@@ -1,0 +1,157 @@
+"""One intervention value: `bertjax.Intervention` through `forward`, `run_layers` and the
+checked forward.
+
+An intervention passed whole gives bitwise the output of the same keywords; its arrays
+are the pytree's leaves and its static part the treedef's (new arrays reuse the compiled
+program, a new capture list compiles another); a stack of them vmaps to the loop over
+them; its gradient equals the keywords' gradient; wrong input is refused by name.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.model import forward as forward_module
+
+CONFIG = bertjax.BertConfig(
+  vocab_size=99,
+  hidden_size=32,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=37,
+  max_position_embeddings=64,
+)
+PARAMS = bertjax.init(CONFIG, 0)
+RNG = np.random.RandomState(0)
+IDS = RNG.randint(5, 99, (2, 9))
+MASK = np.ones((2, 9), np.int32)
+MASK[1, 7:] = 0
+HEAD_MASK = RNG.uniform(size=(3, 4)).astype(np.float32)
+LAYER_MASK = np.array([1.0, 0.3, 1.0], np.float32)
+MID = RNG.normal(size=(3, 2, 9, 32)).astype(np.float32)
+
+
+def double(value, index):
+  return value * (index + 1.0)
+
+
+KEYWORDS = dict(
+  head_mask=HEAD_MASK,
+  head_ablation="uniform",
+  layer_mask=LAYER_MASK,
+  capture=("embeddings", "q", "out"),
+  patch={"mid": (MID, 0.25), "embeddings": (0.0, 0.5), "ffn_act": double},
+)
+
+
+def _same(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_an_intervention_gives_its_keywords_output_bitwise():
+  by_keywords = bertjax.forward(PARAMS, CONFIG, IDS, MASK, output_hidden_states=True, **KEYWORDS)
+  intervention = bertjax.Intervention(**KEYWORDS)
+  whole = bertjax.forward(
+    PARAMS, CONFIG, IDS, MASK, output_hidden_states=True, intervention=intervention
+  )
+  _same(by_keywords, whole)
+  assert sorted(whole.cache) == ["embeddings", "out", "q"]
+  # The edits happened: the unedited pass differs.
+  plain = bertjax.forward(PARAMS, CONFIG, IDS, MASK)
+  assert not np.allclose(plain.last_hidden_state, whole.last_hidden_state, atol=1e-3)
+
+  block = dict(KEYWORDS, capture=("q",), patch={"mid": (MID, 0.25)})
+  hidden = by_keywords.hidden_states[1]
+  rest = bertjax.run_layers(PARAMS, CONFIG, hidden, MASK, start=1, **block)
+  rest_whole = bertjax.run_layers(
+    PARAMS, CONFIG, hidden, MASK, start=1, intervention=bertjax.Intervention(**block)
+  )
+  _same(rest, rest_whole)
+
+  checked = bertjax.checked_forward(PARAMS, CONFIG, IDS, MASK, intervention=intervention)
+  np.testing.assert_allclose(checked.last_hidden_state, whole.last_hidden_state, atol=1e-6)
+
+
+def test_its_arrays_are_leaves_and_the_rest_is_static():
+  intervention = bertjax.Intervention(**KEYWORDS)
+  leaves, treedef = jax.tree.flatten(intervention)
+  # head mask, layer mask, then each array patch's value and weight, sites sorted
+  assert [np.shape(a) for a in leaves] == [(3, 4), (3,), (), (), (3, 2, 9, 32), ()]
+  assert intervention.functions == (("ffn_act", double),)
+  assert intervention.capture == ("embeddings", "out", "q")
+  other = bertjax.Intervention(**dict(KEYWORDS, head_mask=HEAD_MASK * 0.5))
+  assert jax.tree.structure(other) == treedef
+  changed = bertjax.Intervention(**dict(KEYWORDS, capture=("out",)))
+  assert jax.tree.structure(changed) != treedef
+  assert "head_ablation='uniform'" in repr(intervention)
+
+  forward = forward_module._forward
+  bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=intervention)
+  compiled = forward._cache_size()
+  bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=other)  # new arrays: same program
+  assert forward._cache_size() == compiled
+  bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=changed)  # new capture: a new one
+  assert forward._cache_size() == compiled + 1
+
+
+def test_a_stack_of_interventions_vmaps_to_the_loop():
+  masks = RNG.uniform(size=(4, 3, 4)).astype(np.float32)
+  weights = np.linspace(0, 1, 4, dtype=np.float32)
+  values = np.stack([MID, -MID, 2 * MID, MID[::-1]])  # vmap maps every leaf
+  stack = bertjax.Intervention(head_mask=masks, patch={"mid": (values, weights)})
+  jit_forward = jax.jit(
+    lambda iv: bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=iv).last_hidden_state
+  )
+  swept = jax.vmap(jit_forward)(stack)
+  looped = jnp.stack([jit_forward(jax.tree.map(lambda a, i=i: a[i], stack)) for i in range(4)])
+  np.testing.assert_allclose(swept, looped, atol=2e-6)
+
+
+def test_its_gradient_is_the_keywords_gradient():
+  def loss_of(intervention):
+    out = bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=intervention)
+    return jnp.sum(out.last_hidden_state[:, 0] ** 2)
+
+  def loss_by_keywords(head_mask, weight):
+    out = bertjax.forward(
+      PARAMS, CONFIG, IDS, MASK, head_mask=head_mask, patch={"mid": (MID, weight)}
+    )
+    return jnp.sum(out.last_hidden_state[:, 0] ** 2)
+
+  weight = jnp.float32(0.25)
+  grad = jax.jit(jax.grad(loss_of))(
+    bertjax.Intervention(head_mask=HEAD_MASK, patch={"mid": (MID, weight)})
+  )
+  assert isinstance(grad, bertjax.Intervention)
+  head, w = jax.jit(jax.grad(loss_by_keywords, argnums=(0, 1)))(HEAD_MASK, weight)
+  np.testing.assert_allclose(grad.head_mask, head, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grad.patch["mid"][1], w, rtol=1e-5, atol=1e-6)
+  assert float(jnp.abs(head).sum()) > 0 and float(jnp.abs(w)) > 0
+
+
+def test_wrong_interventions_are_refused_by_name():
+  intervention = bertjax.Intervention(head_mask=HEAD_MASK)
+  with pytest.raises(ValueError, match=r"either intervention= or its keywords \['layer_mask'\]"):
+    bertjax.forward(PARAMS, CONFIG, IDS, intervention=intervention, layer_mask=LAYER_MASK)
+  with pytest.raises(TypeError, match="must be a bertjax.Intervention; got dict"):
+    bertjax.forward(PARAMS, CONFIG, IDS, intervention={"head_mask": HEAD_MASK})
+  with pytest.raises(ValueError, match="head_ablation='zero' must be one of"):
+    bertjax.Intervention(head_ablation="zero")
+  with pytest.raises(ValueError, match=r"patch\['mid'\] must be a \(value, weight\) pair"):
+    bertjax.Intervention(patch={"mid": MID})
+  with pytest.raises(ValueError, match=r"patch\['mid'\] weight must be a number .* got str"):
+    bertjax.Intervention(patch={"mid": (MID, "half")})
+  with pytest.raises(ValueError, match=r"head_mask shape \(4, 3\) must be \(layers, heads\)"):
+    bertjax.forward(PARAMS, CONFIG, IDS, intervention=bertjax.Intervention(head_mask=HEAD_MASK.T))
+  with pytest.raises(ValueError, match="run_layers captures and patches block sites"):
+    bertjax.run_layers(
+      PARAMS,
+      CONFIG,
+      jnp.zeros((2, 9, 32)),
+      intervention=bertjax.Intervention(capture="embeddings"),
+    )
+  with pytest.raises(ValueError, match=r"sites \['nope'\] are unknown"):
+    bertjax.forward(PARAMS, CONFIG, IDS, intervention=bertjax.Intervention(capture="nope"))
