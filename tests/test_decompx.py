@@ -1,7 +1,8 @@
 """DecompX (`bertjax.analysis.attribution.decompx`): the released algorithm, completeness, refusals.
 
 The reference is a NumPy transliteration of the released code (`mohsenfayyaz/DecompX`,
-`src/modeling_bert.py`: `BertLayer.forward` with a `DecompXConfig()`, `bias_decomposer`,
+`src/modeling_bert.py`: `BertLayer.forward` with `DecompXConfig(aggregation="vector")`
+(the released default is `aggregation=None`, which carries nothing across blocks), `bias_decomposer`,
 `ln_decomposer`, `ffn_decomposer` with "GeLU_ZO", the pooler's and the classifier's
 `ffn_decomposer`), run on transformers' `BertForSequenceClassification` with its internals
 read by hooks (random weights, norms and biases randomised, a padded batch with token types).

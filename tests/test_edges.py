@@ -209,7 +209,17 @@ def test_eap_is_the_derivative_of_exact_edge_patching(bert):
   assert np.abs(eap[g.valid] - bert["exact"].values[g.valid]).max() > 1e-4
 
 
-def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
+def _np_embedding_block(params, config, words, types):
+  """The embedding block (float64 NumPy) on given token embeddings (B, T, E): positions and
+  token types added, then the LayerNorm (BERT)."""
+  e = jax.tree.map(lambda a: np.asarray(a, np.float64), params["embeddings"])
+  x = words + e["position_embeddings"]["embedding"][: words.shape[1]]
+  x = x + e["token_type_embeddings"]["embedding"][types]
+  return layer_norm(x, e["LayerNorm"], config.layer_norm_eps)
+
+
+@pytest.mark.parametrize("ig_input", ["embeddings", "tokens"])
+def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert, ig_input):
   params, config, clean, corrupted = (
     bert["params"],
     bert["config"],
@@ -217,7 +227,21 @@ def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
     bert["corrupted"],
   )
   steps = 2
-  ig = bert["run"](edges.edge_attribution, method="eap-ig", steps=steps)
+  ig = bert["run"](edges.edge_attribution, method="eap-ig", steps=steps, ig_input=ig_input)
+  words = np.asarray(params["embeddings"]["word_embeddings"]["embedding"], np.float64)
+  w_clean, w_corr = words[clean["input_ids"]], words[corrupted["input_ids"]]
+  types = np.zeros_like(clean["input_ids"])
+
+  def point(alpha, x_clean, x_corr):
+    """EAP-IG's point: on the embedding block's output, or that block on moved tokens."""
+    if ig_input == "embeddings":
+      return x_corr + alpha * (x_clean - x_corr)
+    return _np_embedding_block(params, config, w_corr + alpha * (w_clean - w_corr), types)
+
+  if ig_input == "tokens":  # the two paths give different scores on a model with an LN
+    other = bert["run"](edges.edge_attribution, method="eap-ig", steps=steps).values
+    assert np.nanmax(np.abs(ig.values - other)) > 1e-4
+
   g, mask = ig.graph, clean["attention_mask"]
   x_clean, x_corr = _embeddings(params, config, clean), _embeddings(params, config, corrupted)
   _, outs, sig = _np_run(params, config, x_clean, mask, {})
@@ -237,8 +261,7 @@ def test_eap_ig_equals_averaged_gradients_through_forward_patches(bert):
     )
     grads = []
     for k in range(steps):
-      x = x_corr + k / steps * (x_clean - x_corr)
-      emb = {"embeddings": (x, 1.0)}
+      emb = {"embeddings": (point(k / steps, x_clean, x_corr), 1.0)}
       if child == "logits":
         site, layer, add = "out", config.depth - 1, delta
       elif child.startswith("m"):

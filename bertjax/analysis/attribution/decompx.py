@@ -4,7 +4,11 @@ Modarressi, Fayyaz, Aghazadeh, Yaghoobzadeh & Pilehvar 2023 ("DecompX: Explainin
 Transformers Decisions by Propagating Token Decomposition", ACL). Each token's state is kept
 as a sum of one vector per input token, `x_i = sum_k x_{i<-k}`, and every operation of the
 block is applied to the parts (the released code, `mohsenfayyaz/DecompX`, `src/
-modeling_bert.py` with `DecompXConfig()`'s defaults, is the reference):
+modeling_bert.py` with `DecompXConfig(aggregation="vector")`, is the reference: the
+parts carried from block to block, as the paper describes; the released default,
+`aggregation=None`, decomposes each block on its own input and carries nothing across
+blocks, so its last-layer parts are not this function's; every other field at its
+default):
 
 - attention: the value projection and the heads' output projection are linear and the
   attention weights are the model's own, `a_{i<-k} = sum_h sum_j alpha_hij x_{j<-k} W_V^h W_O^h`,

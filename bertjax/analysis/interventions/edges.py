@@ -8,7 +8,8 @@ exact values are `metric(clean run with the edge carrying the corrupted activati
 metric(clean)`; the activation difference is corrupted - clean, the gradient is taken at
 the clean run), EAP-IG's path (the `embeddings` site moved from the corrupted run's to the
 clean run's in `steps` left Riemann points `corrupted + k / steps (clean - corrupted)`,
-k = 0 .. steps - 1, the gradients averaged), and, in `bertjax.analysis.interventions.circuits`, top-n and
+k = 0 .. steps - 1, the gradients averaged; `ig_input="tokens"` runs it over the token
+embeddings instead, where the released code does), and, in `bertjax.analysis.interventions.circuits`, top-n and
 greedy circuits, their pruning and circuit evaluation (an edge outside the circuit carries
 the corrupted run's activation, an edge inside it the patched run's own). Where bertjax differs: the metric is already a
 mean over the batch (EAP-IG divides its summed scores by the batch size instead), so a
@@ -78,6 +79,8 @@ from bertjax.model.sites import take_rows
 
 Params = dict[str, Any]
 METHODS = ("eap", "eap-ig")
+# Where EAP-IG's path from the corrupted to the clean input runs (`edge_attribution(ig_input=)`).
+IG_INPUTS = ("embeddings", "tokens")
 
 
 def covered(family) -> bool:
@@ -369,8 +372,21 @@ def _gradients(params, config, batch, metric, x, rows):
   return value, grads, cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps"))
-def _attribute(params, config, clean, corrupted, targets, *, metric, method, steps):
+def _corrupted_run(params, config, x_corr, corrupted, xb, metric):
+  """The corrupted run's metric and its senders' outputs."""
+  corr = run_layers(
+    params,
+    config,
+    x_corr,
+    corrupted["attention_mask"],
+    capture=("head_out", "ffn_out"),
+    final_rows=metric_rows(metric, config, xb),
+  )
+  return metric_of(params, config, metric, corr.last, xb, None), corr.cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps", "ig_input"))
+def _attribute(params, config, clean, corrupted, targets, *, metric, method, steps, ig_input):
   g = Graph(config.depth, config.num_attention_heads)
   w = stacked_weights(params, config)
   cb, xb = {**clean, **targets}, {**corrupted, **targets}
@@ -378,22 +394,23 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
   x_corr = embed(params, config, corrupted["input_ids"], corrupted["token_type_ids"])
   if method == "eap":
-    corr = run_layers(
-      params,
-      config,
-      x_corr,
-      corrupted["attention_mask"],
-      capture=("head_out", "ffn_out"),
-      final_rows=metric_rows(metric, config, xb),
-    )
-    corr_m = metric_of(params, config, metric, corr.last, xb, None)
+    corr_m, corr_cache = _corrupted_run(params, config, x_corr, corrupted, xb, metric)
     clean_m, grads, cache = _gradients(params, config, cb, metric, x_clean, rows)
-    corr_cache = corr.cache
-  else:  # EAP-IG: step 0 is the corrupted run itself
-    corr_m, grads, corr_cache = _gradients(params, config, cb, metric, x_corr, rows)
+  else:
+    if ig_input == "embeddings":  # step 0 is the corrupted run itself
+      point = lambda alpha: x_corr + alpha * (x_clean - x_corr)
+      corr_m, grads, corr_cache = _gradients(params, config, cb, metric, x_corr, rows)
+    else:  # the token embeddings move; the clean run's positions, types and norm follow
+      words = params["embeddings"]["word_embeddings"]["embedding"]
+      shift = words[corrupted["input_ids"]] - words[clean["input_ids"]]  # (B, T, E)
+      point = lambda alpha: embed(
+        params, config, clean["input_ids"], clean["token_type_ids"], offset=(1 - alpha) * shift
+      )
+      corr_m, corr_cache = _corrupted_run(params, config, x_corr, corrupted, xb, metric)
+      _, grads, _ = _gradients(params, config, cb, metric, point(0.0), rows)
 
     def step(acc, k):
-      x = x_corr + (k / steps) * (x_clean - x_corr)
+      x = point(k / steps)
       _, gk, _ = _gradients(params, config, cb, metric, x, rows)
       return jax.tree.map(jnp.add, acc, gk), None
 
@@ -430,6 +447,7 @@ def edge_attribution(
   targets: Mapping | None = None,
   method: str = "eap",
   steps: int = 5,
+  ig_input: str = "embeddings",
 ) -> EdgeScores:
   """Every edge's attribution score: EAP, or EAP-IG along the embeddings path.
 
@@ -445,6 +463,15 @@ def edge_attribution(
     targets: the metric's targets (each (batch,)).
     method: "eap" or "eap-ig".
     steps: EAP-IG's points (at least 1; "eap" ignores it).
+    ig_input: where EAP-IG's path runs. "embeddings" (default): the embedding block's
+      output, after its LayerNorm (the `input` node's own activation, the `embeddings`
+      site). "tokens": the token embeddings before the positions, token types, the
+      embedding LayerNorm and ALBERT's projection, as the released EAP-IG code
+      interpolates (TransformerLens's `hook_embed`; its models have no embedding
+      LayerNorm): point k is the embedding block applied to `W[corrupted] + k / steps
+      (W[clean] - W[corrupted])` with the clean run's positions and token types. The two
+      paths differ on BERT-like models; the input node's difference and the corrupted run
+      are the same for both.
 
   Returns:
     `EdgeScores` with values (n_senders, n_receivers), NaN off the graph.
@@ -453,6 +480,8 @@ def edge_attribution(
     raise ValueError(f"{method=!r} must be one of {METHODS}")
   if not isinstance(steps, int) or steps < 1:
     raise ValueError(f"{steps=!r} must be a positive int")
+  if ig_input not in IG_INPUTS:
+    raise ValueError(f"{ig_input=!r} must be one of {IG_INPUTS}")
   g = graph(config)
   src, dst, targets = checked_pair(config, clean, corrupted, targets, "denoise", params, metric)
   values, clean_m, corr_m = _attribute(
@@ -464,6 +493,7 @@ def edge_attribution(
     metric=metric,
     method=method,
     steps=steps if method == "eap-ig" else 1,
+    ig_input=ig_input if method == "eap-ig" else "embeddings",
   )
   values = np.asarray(values, np.float64)
   if not np.isfinite(values[g.valid]).all():
