@@ -98,7 +98,7 @@ def setup(args, config, params, corpus, pc, teacher=None) -> tuple[Any, Any, Any
     f = args.electra_generator_size
     if not 0 < f <= 1:
       raise ValueError(f"--electra-generator-size {f} must be in (0, 1]")
-    if config.model_type != "electra":
+    if config.family.training.get("rtd") != "tables":
       raise ValueError(
         f"ELECTRA needs model_type='electra', got {config.model_type!r} "
         "(e.g. --preset electra-small)"
@@ -231,7 +231,7 @@ def _gdes(args, config, params, data, extra, pc):
       "--rtd-generator-layers trains DeBERTa-v3's RTD alone: use --objective "
       "none and no --add-objective, --teacher or --electra-generator-size"
     )
-  if config.model_type != "deberta-v2":
+  if config.family.training.get("rtd") != "gdes":
     raise ValueError(
       f"--rtd-generator-layers needs model_type='deberta-v2', got "
       f"{config.model_type!r} (e.g. --preset deberta-v3-base)"

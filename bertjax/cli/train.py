@@ -154,8 +154,11 @@ def _model_config(args, vocab_size: int | None):
       d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
       raise ValueError(f"--config-json {path} is not valid JSON: {e}") from e
-    fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)}
-    config = bertjax.BertConfig(**d) if set(d) <= fields else bertjax.BertConfig.from_hf_dict(d)
+    from bertjax.model.config import config_from_json
+    from bertjax.model.options import OWNER
+
+    fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)} | set(OWNER)
+    config = config_from_json(d) if set(d) <= fields else bertjax.BertConfig.from_hf_dict(d)
   else:
     config = bertjax.BertConfig.preset(args.preset or "tiny")
   if vocab_size is not None and vocab_size != config.vocab_size:

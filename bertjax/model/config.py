@@ -3,8 +3,9 @@
 The family (`model_type`: BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet,
 NomicBERT, ModernBERT, EuroBERT) is a row of `bertjax.model.families` that fixes the block's
 structure; this config holds the sizes, numerics and the options a checkpoint may switch
-(biases, grouped key/value heads, rotary thetas, which layers use a sliding window), and
-its Hugging Face mapping reads the row's key names.
+(biases, grouped key/value heads, rotary thetas, which layers use a sliding window), the
+options of its family alone in one group (`options`, `bertjax.model.options`), and its
+Hugging Face mapping reads the row's key names.
 
 A model is a stack of `depth = num_hidden_layers * inner_group_num` transformer
 blocks. BERT gives every block its own weights. ALBERT shares them: there are
@@ -30,6 +31,15 @@ from bertjax.model.families import (
   Family,
   family,
 )
+from bertjax.model.options import (
+  OPTION_CLASSES,
+  POS_ATT_TYPES,
+  DebertaOptions,
+  DistilBertOptions,
+  MPNetOptions,
+)
+from bertjax.model.options import OWNER as OPTION_OWNER
+from bertjax.model.options import field_names as option_names
 
 _ACTIVATIONS = (
   "gelu",
@@ -41,19 +51,18 @@ _ACTIVATIONS = (
   "swish",
   "tanh",
 )
-# `classifier_pooling` values per family (ModernBERT's and EuroBERT's names).
-_POOLINGS = {"modernbert": ("cls", "mean"), "eurobert": ("bos", "mean", "late")}
 _DTYPES = ("float32", "bfloat16", "float64")  # float64 needs jax_enable_x64 (for exact checks)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class BertConfig:
   """Architecture and numerics of an encoder of any family in `bertjax.model.families`.
 
   Hashable, so it can be passed to `jax.jit` as a static argument.
   `embedding_size=None` means `hidden_size`; `num_hidden_groups=None` means one
   group per layer (no sharing, BERT); `type_vocab_size=0` means no token-type
-  embeddings (DistilBERT).
+  embeddings (DistilBERT). `options` holds what only this model's family has (DeBERTa's
+  `pos_att_type`, ...; `bertjax.model.options`), given and read as flat fields.
   """
 
   vocab_size: int = 30522
@@ -74,8 +83,6 @@ class BertConfig:
   inner_group_num: int = 1
   model_type: str = "bert"
   use_pooler: bool = True
-  # DistilBERT's fixed sinusoidal position table (not trained).
-  sinusoidal_positions: bool = False
   num_labels: int = 2
   # Class names of the classifier heads, index -> name (Hugging Face `id2label`).
   label_names: tuple[str, ...] | None = None
@@ -104,8 +111,6 @@ class BertConfig:
   # with |q - k| <= sliding_window // 2 (ModernBERT's local_attention).
   layer_types: tuple[str, ...] | None = None
   sliding_window: int | None = None
-  # MPNet's relative-position bias table rows.
-  relative_attention_num_buckets: int = 32
   # Heads: classifier pooling ("cls", "mean"; EuroBERT "bos", "mean", "late"), ModernBERT's
   # head and decoder biases, activation (None: hidden_act), MLM decoder tied (not EuroBERT's).
   classifier_pooling: str = "cls"
@@ -113,21 +118,54 @@ class BertConfig:
   classifier_activation: str | None = None
   decoder_bias: bool = True
   tie_word_embeddings: bool = True
-  # DeBERTa-v2/v3 ("deberta-v2"): `pos_att_type` names the position terms of the scores
-  # ("c2p" content-to-position, "p2c" position-to-content); relative distances are
-  # log-bucketed into `position_buckets` (<= 0: no buckets) up to `max_relative_positions`
-  # (<= 0: max_position_embeddings); `share_att_key` projects the relative embeddings with
-  # the content query/key projections; `norm_rel_ebd` "layer_norm" norms them;
-  # `position_biased_input=False` (v3) drops the absolute position table; `legacy` picks
-  # transformers' MLM head layout (BERT's `cls.predictions`, or `lm_predictions.lm_head`).
-  relative_attention: bool = False
-  pos_att_type: tuple[str, ...] = ()
-  position_buckets: int = -1
-  max_relative_positions: int = -1
-  share_att_key: bool = False
-  norm_rel_ebd: str = "none"
-  position_biased_input: bool = True
-  legacy: bool = True
+  # The options this family alone has (`Family.options`, `bertjax.model.options`: DeBERTa's
+  # disentangled attention, MPNet's bias buckets, DistilBERT's sinusoidal table); None for
+  # a family without any. Given as flat keywords, read through as attributes.
+  options: Any = None
+
+  def __init__(self, **fields: Any):
+    """Takes every field by keyword, and a family's own options flat among them
+    (`pos_att_type=...`) or whole (`options=DebertaOptions(...)`)."""
+    model_type = fields.get("model_type", "bert")
+    kind = FAMILIES[model_type].options if model_type in FAMILIES else None
+    flat = {k: fields.pop(k) for k in list(fields) if k in OPTION_OWNER}
+    options = fields.pop("options", None)
+    if isinstance(options, dict):  # as `config_to_json` writes it
+      flat, options = {**options, **flat}, None
+    foreign = {
+      k: v
+      for k, v in flat.items()
+      if OPTION_OWNER[k] is not kind and v != _OPTION_DEFAULTS[k]  # defaults carry nothing
+    }
+    if foreign:
+      name, value = next(iter(foreign.items()))
+      label = _OPTION_LABELS[OPTION_OWNER[name]]
+      raise ValueError(
+        f"{name}={value!r} is a {label} option; model_type={model_type!r} does not have it"
+      )
+    if kind is not None and (options is None or isinstance(options, kind)):
+      own = {k: v for k, v in flat.items() if OPTION_OWNER[k] is kind}
+      options = dataclasses.replace(options or kind(), **own)
+    for f in dataclasses.fields(self):
+      if f.name != "options":
+        object.__setattr__(self, f.name, fields.pop(f.name, f.default))
+    object.__setattr__(self, "options", options)
+    if fields:
+      raise TypeError(f"BertConfig got unknown fields {sorted(fields)}")
+    self.__post_init__()
+
+  def __getattr__(self, name: str) -> Any:
+    """A family's own option, read through `options` (only called when `name` is no field
+    or property)."""
+    options = self.__dict__.get("options")
+    if options is not None and name in option_names(options):
+      return getattr(options, name)
+    if name in OPTION_OWNER:
+      raise AttributeError(
+        f"{name!r} is a {_OPTION_LABELS[OPTION_OWNER[name]]} option; a "
+        f"{self.__dict__.get('model_type')} config does not have it"
+      )
+    raise AttributeError(f"'BertConfig' object has no attribute {name!r}")
 
   def __post_init__(self):
     for name in (
@@ -147,6 +185,14 @@ class BertConfig:
     if self.model_type not in FAMILIES:
       raise ValueError(f"model_type={self.model_type!r} must be one of {tuple(FAMILIES)}")
     fam = self.family
+    if (fam.options is None) != (self.options is None) or (
+      fam.options is not None and not isinstance(self.options, fam.options)
+    ):
+      want = "None" if fam.options is None else fam.options.__name__
+      raise ValueError(
+        f"options={self.options!r}: a {self.model_type} config holds {want} (its family's "
+        "own options, `Family.options`)"
+      )
     least = int(fam.token_types and not fam.optional_token_types)
     if not isinstance(self.type_vocab_size, int) or self.type_vocab_size < least:
       raise ValueError(
@@ -264,13 +310,9 @@ class BertConfig:
     w = self.sliding_window
     if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
       raise ValueError(f"sliding_window={w!r} must be an int >= 2")
-    self._check_disentangled(fam)
-    if fam.position_bias == "relative_buckets" and self.relative_attention_num_buckets < 32:
-      raise ValueError(
-        f"relative_attention_num_buckets={self.relative_attention_num_buckets} "
-        f"must be >= 32 ({self.model_type} buckets distances into 32)"
-      )
-    poolings = _POOLINGS.get(self.model_type, ("cls",))
+    if isinstance(self.options, DebertaOptions):
+      self._check_disentangled()
+    poolings = fam.poolings
     if self.classifier_pooling not in poolings:
       raise ValueError(
         f"classifier_pooling={self.classifier_pooling!r} must be one of "
@@ -289,39 +331,8 @@ class BertConfig:
         f"{self.attention_probs_dropout_prob} must be equal"
       )
 
-  def _check_disentangled(self, fam: Family) -> None:
-    """DeBERTa's options: only on its family, each value checked by name."""
-    if fam.position_bias != "disentangled":
-      for name, default in _DISENTANGLED_DEFAULTS.items():
-        if getattr(self, name) != default:
-          raise ValueError(
-            f"{name}={getattr(self, name)!r} is a DeBERTa option; "
-            f"model_type={self.model_type!r} has no disentangled attention"
-          )
-      return
-    terms = self.pos_att_type
-    if isinstance(terms, (str, list)):  # config.json's "p2c|c2p" or a list, as a tuple
-      terms = tuple(
-        t.strip().lower()
-        for t in (terms.split("|") if isinstance(terms, str) else terms)
-        if str(t).strip()
-      )
-      object.__setattr__(self, "pos_att_type", terms)
-    if (
-      not isinstance(terms, tuple)
-      or any(t not in _POS_ATT_TYPES for t in terms)
-      or len(set(terms)) != len(terms)
-    ):
-      raise ValueError(
-        f"pos_att_type={terms!r} must be a tuple of distinct terms from {_POS_ATT_TYPES}"
-      )
-    if self.norm_rel_ebd not in ("none", "layer_norm"):
-      raise ValueError(f"norm_rel_ebd={self.norm_rel_ebd!r} must be 'none' or 'layer_norm'")
-    for name in ("position_buckets", "max_relative_positions"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool):
-        # ValueError, as every other bad config field gets.
-        raise ValueError(f"{name}={value!r} must be an int (<= 0: unset)")  # noqa: TRY004
+  def _check_disentangled(self) -> None:
+    """DeBERTa's options against the rest of the config (each checks its own values)."""
     if self.position_buckets == 1 or (
       0 < self.position_buckets and self.rel_max_position <= self.position_buckets // 2
     ):
@@ -358,7 +369,7 @@ class BertConfig:
     relative attention (or for other families)."""
     if self.family.position_bias != "disentangled" or not self.relative_attention:
       return ()
-    return tuple(t for t in _POS_ATT_TYPES if t in self.pos_att_type)
+    return tuple(t for t in POS_ATT_TYPES if t in self.pos_att_type)
 
   @property
   def attention_scale(self) -> float | None:
@@ -367,13 +378,24 @@ class BertConfig:
     transformers does). None otherwise."""
     if self.family.position_bias != "disentangled":
       return None
-    factor = 1 + sum(t in self.pos_att_type for t in _POS_ATT_TYPES)
+    factor = 1 + sum(t in self.pos_att_type for t in POS_ATT_TYPES)
     return 1.0 / math.sqrt(self.head_dim * factor)
 
   @property
   def lm_head_layout(self) -> bool:
     """DeBERTa's MLM head in its own layout (`lm_predictions.lm_head`, `legacy=False`)."""
-    return not self.legacy
+    return isinstance(self.options, DebertaOptions) and not self.options.legacy
+
+  @property
+  def position_table(self) -> str | None:
+    """The absolute position embedding the input adds: "learned", "sinusoidal" (DistilBERT's
+    fixed table, `sinusoidal_positions`) or None (rotary families; DeBERTa-v3 without
+    `position_biased_input`)."""
+    if self.family.positions == "rotary" or not getattr(
+      self.options, "position_biased_input", True
+    ):
+      return None
+    return "sinusoidal" if getattr(self.options, "sinusoidal_positions", False) else "learned"
 
   @property
   def family(self) -> Family:
@@ -484,7 +506,7 @@ class BertConfig:
     return self.hidden_dropout_prob if p is None else p
 
   def replace(self, **changes: Any) -> BertConfig:
-    """A copy with `changes` applied (`dataclasses.replace`)."""
+    """A copy with `changes` applied (`dataclasses.replace`; a family's options flat too)."""
     return dataclasses.replace(self, **changes)
 
   @classmethod
@@ -625,7 +647,7 @@ class BertConfig:
     hf: dict[str, Any] = {}
     if fam.positions == "rotary":
       hf["head_dim"] = self.head_dim
-      if self.model_type == "modernbert" or self.layer_types is not None:
+      if fam.layer_typed or self.layer_types is not None:
         local = self.local_rope_theta if self.local_rope_theta is not None else self.rope_theta
         hf["rope_parameters"] = {
           "full_attention": {"rope_type": "default", "rope_theta": self.rope_theta},
@@ -633,7 +655,7 @@ class BertConfig:
         }
       else:
         hf["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
-    if self.layer_types is not None or self.model_type == "modernbert":
+    if self.layer_types is not None or fam.layer_typed:
       hf["layer_types"] = list(self.layer_types or ("full_attention",) * self.num_hidden_layers)
     if fam.ffn_dropout == "inside":  # ModernBERT's embedding dropout is the one rate too
       hf["embedding_dropout"] = self.hidden_dropout_prob
@@ -686,18 +708,9 @@ def _check_keys(fam: Family, hf: _ReadKeys, allowed: Iterable[str]) -> None:
     )
 
 
-# DeBERTa's config fields and their values on every other family.
-_DISENTANGLED_DEFAULTS = dict(
-  relative_attention=False,
-  pos_att_type=(),
-  position_buckets=-1,
-  max_relative_positions=-1,
-  share_att_key=False,
-  norm_rel_ebd="none",
-  position_biased_input=True,
-  legacy=True,
-)
-_POS_ATT_TYPES = ("c2p", "p2c")
+# Each option's default (what a family without it has), and how errors name its family.
+_OPTION_DEFAULTS = {f.name: f.default for kind in OPTION_CLASSES for f in dataclasses.fields(kind)}
+_OPTION_LABELS = {DebertaOptions: "DeBERTa", MPNetOptions: "MPNet", DistilBertOptions: "DistilBERT"}
 
 # Block fields a family may fix (in its config_defaults, not read from config.json).
 _FIXED_BLOCK_FIELDS = (
@@ -759,7 +772,7 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
       out["rope_theta"] = float(full)
     if local is not None:
       out["local_rope_theta"] = float(local)
-  if fam.model_type == "modernbert" or hf.get("layer_types") is not None:
+  if fam.layer_typed or hf.get("layer_types") is not None:
     types = hf.get("layer_types")
     if types is None:
       every = hf.get("global_attn_every_n_layers", 3)
@@ -962,7 +975,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config_to_json(config: BertConfig) -> dict[str, Any]:
-  """The config as a JSON-serialisable dict of its fields."""
+  """The config as a JSON-serialisable dict of its fields (the family's options as a dict)."""
   return dataclasses.asdict(config)
 
 
@@ -972,7 +985,7 @@ def config_from_json(d: dict[str, Any]) -> BertConfig:
   def tuples(v):
     return tuple(tuples(x) for x in v) if isinstance(v, list) else v
 
-  fields = {f.name for f in dataclasses.fields(BertConfig)}
+  fields = {f.name for f in dataclasses.fields(BertConfig)} | set(OPTION_OWNER)
   unknown = sorted(set(d) - fields)
   if unknown:
     raise ValueError(f"config has unknown fields {unknown}")

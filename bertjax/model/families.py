@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from bertjax.model.options import DebertaOptions, DistilBertOptions, MPNetOptions
+
 # Roles of a layer's tensors -> our parameter path (under encoder/layers). Each role is a
 # linear module (kernel + optional bias) or a norm (scale + optional bias).
 LAYER_ROLES: dict[str, tuple[str, ...]] = {
@@ -375,6 +377,18 @@ class Family:
       (the checkpoint's tokenizer files override these).
     wordpiece_class: the transformers class that turns a bare `vocab.txt` into the family's
       tokenizer (MPNet's `<s> A </s></s> B </s>` template), where BERT's does not fit.
+    options: the frozen dataclass of the options this family alone has
+      (`bertjax.model.options`), held by `BertConfig.options`; None: it has none.
+    poolings: the `classifier_pooling` values its classifier takes (ModernBERT's and
+      EuroBERT's names).
+    layer_typed: its `config.json` gives `layer_types` and one rotary theta per layer type
+      even when every layer is full (ModernBERT's layout), and an older file without them
+      a global layer every `global_attn_every_n_layers`.
+    training: what bertjax's trainers do with the family beyond MLM: "stacking" (progressive
+      stacking copies its layers), "shared_student" (the family whose block a shared-layer
+      student of it is, `distill.shared_student_from_teacher`), "rtd" (how a replaced-token
+      detection pair shares embeddings: "tables", ELECTRA's one copy, or "gdes", DeBERTa-v3's
+      gradient-disentangled sharing).
     what_differs: one line for the README's families table.
   """
 
@@ -418,6 +432,10 @@ class Family:
   ffn_dropout: str = "after"
   always_project: bool = False
   wordpiece_class: str | None = None
+  options: type | None = None
+  poolings: tuple[str, ...] = ("cls",)
+  layer_typed: bool = False
+  training: Mapping[str, str] = dataclasses.field(default_factory=dict)
   what_differs: str = ""
 
   def __post_init__(self):
@@ -550,6 +568,7 @@ FAMILIES: dict[str, Family] = {
     },
     no_pooler=frozenset({"BertForMaskedLM", "BertForTokenClassification"}),
     special_tokens=_BERT_TOKENS,
+    training=dict(stacking="copy layers", shared_student="albert"),
     what_differs="the reference block: post-LN, learned absolute positions, GELU FFN",
   ),
   "albert": Family(
@@ -608,6 +627,7 @@ FAMILIES: dict[str, Family] = {
     config_fields=_BERT_FIELDS + ("embedding_size",),
     config_keys={"classifier_dropout_prob": "classifier_dropout"},
     config_defaults=dict(embedding_size=128),
+    training=dict(rtd="tables"),
     projection="embeddings_project",
     # The sequence summary of ElectraForMultipleChoice, a class bertjax has not.
     ignored_keys=(
@@ -706,6 +726,7 @@ FAMILIES: dict[str, Family] = {
     },
     no_pooler=frozenset(),
     special_tokens=_BERT_TOKENS,
+    options=DistilBertOptions,
     what_differs="no token types; optional fixed sinusoidal positions",
   ),
   "mpnet": Family(
@@ -715,6 +736,7 @@ FAMILIES: dict[str, Family] = {
     layer_names=MPNET_LAYER,
     config_fields=COMMON_FIELDS + ("layer_norm_eps", "relative_attention_num_buckets"),
     config_keys={},
+    options=MPNetOptions,
     config_defaults=dict(pad_token_id=1, type_vocab_size=0, classifier_dropout_prob=None),
     projection=None,
     pooler="pooler.dense",
@@ -795,6 +817,8 @@ FAMILIES: dict[str, Family] = {
   ),
   "modernbert": Family(
     model_type="modernbert",
+    poolings=("cls", "mean"),
+    layer_typed=True,
     prefix="model",
     layer_prefix="layers.{i}.",
     layer_names=MODERNBERT_LAYER,
@@ -901,6 +925,7 @@ FAMILIES: dict[str, Family] = {
   ),
   "eurobert": Family(
     model_type="eurobert",
+    poolings=("bos", "mean", "late"),
     prefix="model",
     layer_prefix="layers.{i}.",
     layer_names=dict(LLAMA_LAYER, attn_norm="input_layernorm", ffn_norm="post_attention_layernorm"),
@@ -1004,9 +1029,11 @@ FAMILIES: dict[str, Family] = {
       classifier_dropout_prob="cls_dropout", classifier_activation="pooler_hidden_act"
     ),
     config_defaults=dict(type_vocab_size=0, layer_norm_eps=1e-7, classifier_activation="gelu"),
+    options=DebertaOptions,
     # The convolution's settings, inert without `conv_kernel_size` (which bertjax refuses);
     # the dropout before the classifier's pooler (training only; bertjax uses `cls_dropout`).
     ignored_keys=("conv_act", "conv_groups", "pooler_dropout"),
+    training=dict(rtd="gdes"),
     projection="embeddings.embed_proj",
     projection_bias=False,
     project_before_norm=True,

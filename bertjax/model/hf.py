@@ -112,7 +112,7 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
   entries = []
   names = fam.embedding_names
   tables = [("word", "word_embeddings")]
-  if fam.positions != "rotary" and config.position_biased_input:
+  if config.position_table is not None:
     tables.append(("position", "position_embeddings"))
   if config.type_vocab_size:
     tables.append(("token_type", "token_type_embeddings"))
@@ -371,7 +371,7 @@ def from_hf(
     state = {(k if k in head_names else base + k): v for k, v in state.items()}
   if (
     fam.heads.get("mlm")
-    and config.legacy
+    and getattr(config.options, "legacy", False)
     and "lm_predictions.lm_head.dense.weight" in state
     and "cls.predictions.transform.dense.weight" not in state
   ):

@@ -314,8 +314,8 @@ class Embeddings(nn.Module):
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
     if cfg.type_vocab_size:
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
-    if fam.positions != "rotary" and cfg.position_biased_input:
-      if cfg.sinusoidal_positions:
+    if cfg.position_table is not None:
+      if cfg.position_table == "sinusoidal":
         fixed = lambda *_: jnp.asarray(sinusoidal_table(cfg.max_position_embeddings, cfg.embed_dim))
         table = embed(cfg.max_position_embeddings, "position_embeddings", fixed)
         x = x + jax.lax.stop_gradient(table(position_ids(cfg, input_ids, positions)))  # fixed

@@ -39,10 +39,10 @@ LABELS = {
 
 
 def can_share(config: BertConfig) -> bool:
-  """Whether `distill.shared_student_from_teacher` can make the ALBERT-style model: a BERT
-  without shared layers (another family's block, e.g. MPNet's relative-position bias, has no
-  ALBERT counterpart)."""
-  return config.model_type == "bert" and config.num_param_layers == config.depth
+  """Whether `distill.shared_student_from_teacher` can make the ALBERT-style model: a family
+  whose row names a shared-layer counterpart (`Family.training["shared_student"]`: BERT's is
+  ALBERT; MPNet's relative-position bias has none), without shared layers itself."""
+  return "shared_student" in config.family.training and config.num_param_layers == config.depth
 
 
 def retained(score: float, teacher_score: float) -> float:

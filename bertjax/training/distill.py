@@ -109,16 +109,18 @@ def shared_student_from_teacher(
     ``(student_config, student_params)``.
   """
   n = teacher_config.num_hidden_layers
-  if teacher_config.model_type != "bert" or teacher_config.num_param_layers != n:
+  counterpart = teacher_config.family.training.get("shared_student")
+  if counterpart is None or teacher_config.num_param_layers != n:
     raise ValueError(
-      "a shared-layer student is built from a BERT teacher without sharing; got "
+      "a shared-layer student is built from a teacher without sharing whose family has a "
+      "shared-layer counterpart (BERT's is ALBERT); got "
       f"model_type={teacher_config.model_type!r}, "
       f"num_param_layers={teacher_config.num_param_layers}"
     )
   if not 0 <= layer < n:
     raise ValueError(f"{layer=} must be a teacher layer in [0, {n})")
   config = teacher_config.replace(
-    model_type="albert",
+    model_type=counterpart,
     embedding_size=teacher_config.hidden_size,
     num_hidden_groups=1,
     inner_group_num=1,

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.model.config import BertConfig, config_from_json
+from bertjax.model.families import FAMILIES
 from bertjax.model.forward import forward, init
 from bertjax.model.heads import mlm_logits, rtd_logits
 from bertjax.model.layers import Params
@@ -58,7 +59,17 @@ from bertjax.training.objective_base import Context, Objective
 
 SHARED_TABLES = ("word_embeddings", "position_embeddings", "token_type_embeddings")
 ROLES = ("generator", "discriminator")  # the pair tree's keys; the export's folder names
-SHARING = {"electra": "tables", "deberta-v2": "gdes"}  # model_type -> how embeddings are shared
+
+
+def _sharing_of(config: BertConfig) -> str | None:
+  """How an RTD pair of this family shares embeddings (its row's `training["rtd"]`), or None."""
+  return config.family.training.get("rtd")
+
+
+def _rtd_families() -> list[str]:
+  return sorted(name for name, row in FAMILIES.items() if "rtd" in row.training)
+
+
 DEFAULT_RTD_WEIGHT = {"tables": 50.0, "gdes": 10.0}  # ELECTRA's lambda; DeBERTa's --rtd_lambda
 
 
@@ -69,17 +80,17 @@ def sharing(generator: BertConfig, discriminator: BertConfig) -> str:
     ValueError: a model_type without an RTD pretraining recipe, or two different ones.
   """
   for c, role in ((generator, "generator"), (discriminator, "discriminator")):
-    if c.model_type not in SHARING:
+    if _sharing_of(c) is None:
       raise ValueError(
         f"the {role} config has model_type={c.model_type!r}; replaced-token "
-        f"detection is trained for {sorted(SHARING)}"
+        f"detection is trained for {_rtd_families()}"
       )
   if generator.model_type != discriminator.model_type:
     raise ValueError(
       f"generator model_type={generator.model_type!r} differs from the "
       f"discriminator's {discriminator.model_type!r}"
     )
-  return SHARING[discriminator.model_type]
+  return _sharing_of(discriminator)
 
 
 def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str, ...]:
@@ -95,18 +106,18 @@ def shared_tables(generator: BertConfig, discriminator: BertConfig) -> tuple[str
       f"{[getattr(discriminator, k) for k in keys[1:]]}"
     )
   if mode == "gdes":
-    if (generator.embed_dim, generator.position_biased_input) != (
+    if (generator.embed_dim, generator.position_table) != (
       discriminator.embed_dim,
-      discriminator.position_biased_input,
+      discriminator.position_table,
     ):
       raise ValueError(
         "GDES shares the embedding tables: generator and discriminator must "
-        "agree on embedding_size and position_biased_input; got "
-        f"{(generator.embed_dim, generator.position_biased_input)} vs "
-        f"{(discriminator.embed_dim, discriminator.position_biased_input)}"
+        "agree on embedding_size and their position table (position_biased_input); got "
+        f"{(generator.embed_dim, generator.position_table)} vs "
+        f"{(discriminator.embed_dim, discriminator.position_table)}"
       )
     return ("word_embeddings",) + (
-      ("position_embeddings",) if discriminator.position_biased_input else ()
+      ("position_embeddings",) if discriminator.position_table is not None else ()
     )
   if generator.embed_dim != discriminator.embed_dim:
     return ()
@@ -214,7 +225,8 @@ class Electra(Objective):
   `init_electra`.
 
   Attributes:
-    generator: the generator's config (its model_type picks the sharing, `SHARING`).
+    generator: the generator's config (its family's row picks the sharing,
+      `Family.training["rtd"]`).
     rtd_weight: lambda, the weight of the RTD term; None: 50 for ELECTRA (the paper), 10
       for DeBERTa-v3 (`DEFAULT_RTD_WEIGHT`).
     mlm_weight: the weight of the generator's MLM term.
@@ -232,13 +244,13 @@ class Electra(Objective):
       raise TypeError(f"Electra needs the generator's BertConfig, got {self.generator!r}")
     if not self.temperature > 0:
       raise ValueError(f"{self.temperature=} must be > 0")
-    if self.generator.model_type not in SHARING:
+    if _sharing_of(self.generator) is None:
       raise ValueError(
         f"generator model_type={self.generator.model_type!r}: replaced-token "
-        f"detection is trained for {sorted(SHARING)}"
+        f"detection is trained for {_rtd_families()}"
       )
     if self.rtd_weight is None:
-      object.__setattr__(self, "rtd_weight", DEFAULT_RTD_WEIGHT[SHARING[self.generator.model_type]])
+      object.__setattr__(self, "rtd_weight", DEFAULT_RTD_WEIGHT[_sharing_of(self.generator)])
 
   @property
   def fields(self):
@@ -263,7 +275,7 @@ class Electra(Objective):
     return {
       "electra": {
         "generator": dataclasses.asdict(self.generator),
-        "sharing": SHARING[self.generator.model_type],
+        "sharing": _sharing_of(self.generator),
         "rtd_weight": self.rtd_weight,
         "mlm_weight": self.mlm_weight,
         "temperature": self.temperature,

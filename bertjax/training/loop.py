@@ -126,9 +126,9 @@ def _stage_configs(config: BertConfig, train: TrainConfig):
       f"layers but the model config has num_hidden_layers="
       f"{config.num_hidden_layers}"
     )
-  if config.model_type != "bert":
+  if "stacking" not in config.family.training:
     raise ValueError(
-      f"progressive stacking needs model_type='bert', got "
+      f"progressive stacking is trained for {stacking.stacking_families()}, got model_type="
       f"{config.model_type!r} (ALBERT shares its layers)"
     )
   return stages, [config.replace(num_hidden_layers=s.layers) for s in stages]

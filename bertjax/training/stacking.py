@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.model.config import BertConfig
+from bertjax.model.families import FAMILIES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +97,11 @@ def stage_at(stages: list[Stage], step: int) -> int:
   return sum(step >= b for b in stage_boundaries(stages))
 
 
+def stacking_families() -> list[str]:
+  """The families progressive stacking trains (`Family.training["stacking"]` in their rows)."""
+  return sorted(name for name, row in FAMILIES.items() if "stacking" in row.training)
+
+
 def _grow_layers(a: jax.Array, new_layers: int) -> jax.Array:
   """Concatenates the stacked axis with itself until it holds `new_layers`."""
   reps = -(-new_layers // a.shape[0])
@@ -133,9 +139,11 @@ def grow(
       f"grow takes (config, params, opt_state, new_layers); its first argument "
       f"is a {type(config).__name__}, not a BertConfig"
     )
-  if config.model_type != "bert" or config.num_param_layers != config.num_hidden_layers:
+  stacks = "stacking" in config.family.training
+  if not stacks or config.num_param_layers != config.num_hidden_layers:
     raise ValueError(
-      f"progressive stacking needs one parameter set per layer (BERT); got model_type="
+      f"progressive stacking needs one parameter set per layer ({stacking_families()}); "
+      f"got model_type="
       f"{config.model_type!r} with {config.num_param_layers} parameter layers for "
       f"{config.depth} blocks: ALBERT shares its layers, so copying them changes nothing"
     )

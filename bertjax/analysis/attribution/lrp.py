@@ -194,7 +194,7 @@ def _embedding_parts(params, config: BertConfig, input_ids, token_type_ids):
     else zeros
   )
   positions = zeros
-  if "position_embeddings" in emb and config.position_biased_input:
+  if "position_embeddings" in emb and config.position_table is not None:
     positions = emb["position_embeddings"]["embedding"][position_ids(config, input_ids)].astype(
       dtype
     )
