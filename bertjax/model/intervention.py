@@ -85,11 +85,14 @@ class Intervention:
   # The pytree: arrays as children, the rest as static auxiliary data.
 
   def tree_flatten(self):
+    """`((head_mask, layer_mask, patch), (head_ablation, capture, functions))`: the arrays
+    as children, the rest as the treedef's static data."""
     children = (self.head_mask, self.layer_mask, self.patch)
     return children, (self.head_ablation, self.capture, self.functions)
 
   @classmethod
   def tree_unflatten(cls, static, children):
+    """The inverse of `tree_flatten` (no checks: the leaves may be tracers or placeholders)."""
     new = object.__new__(cls)  # leaves may be tracers or placeholders: no checks here
     new.head_mask, new.layer_mask, new.patch = children
     new.head_ablation, new.capture, new.functions = static
@@ -129,6 +132,7 @@ class Intervention:
 
   @property
   def is_empty(self) -> bool:
+    """Whether this intervention does nothing (no mask, patch or capture)."""
     return self.head_mask is None and self.layer_mask is None and not self.touched
 
   def without(self, site: str) -> Intervention:
