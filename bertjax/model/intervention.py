@@ -130,11 +130,6 @@ class Intervention:
     """The sites this intervention captures, patches or edits by a function."""
     return frozenset(self.capture) | frozenset(self.patch) | {s for s, _ in self.functions}
 
-  @property
-  def is_empty(self) -> bool:
-    """Whether this intervention does nothing (no mask, patch or capture)."""
-    return self.head_mask is None and self.layer_mask is None and not self.touched
-
   def without(self, site: str) -> Intervention:
     """This intervention with nothing at `site` (the embeddings, which `embed` applies)."""
     return self.replace(
