@@ -3,16 +3,19 @@
 Run: ./run.sh bench bench_modern            (writes benchmarks/results/bench_modern.{json,md})
      ./run.sh bench bench_modern --smoke    (tiny shapes, one round; checks the script runs)
 
-ModernBERT-base (22 x 768, a 128-token window in two of every three layers) and
-MPNet-base (12 x 768, the relative-position bias on every layer) and DeBERTa-v3-base (12 x
-768, disentangled attention: c2p and p2c with 256 log buckets) with random weights,
+ModernBERT-base (22 x 768, a 128-token window in two of every three layers),
+MPNet-base (12 x 768, the relative-position bias on every layer), DeBERTa-v3-base (12 x
+768, disentangled attention: c2p and p2c with 256 log buckets) and UltraBERT at
+EuroBERT-210m's sizes (12 x 768, 4 key/value heads, a window of radius 128 in two of every
+three layers) with random weights,
 float32, no padding, batches of 8 x 128 and 8 x 512; and ModernBERT-base at 8 x 2048, where
 a window layer's cost should grow with T x window: bertjax as the model is, bertjax with
 every layer global (the same weights, `layer_types` all full), and PyTorch on the same
 windows. Side by side in one run:
 
 * bertjax: `jax.jit` of `bertjax.forward` (XLA attention; window layers banded);
-* transformers PyTorch: `ModernBertModel` with `attn_implementation="sdpa"`, `MPNetModel`
+* transformers PyTorch: `ModernBertModel` and `UltrabertModel` with
+  `attn_implementation="sdpa"`, `MPNetModel`
   and `DebertaV2Model` with their only implementation ("eager": transformers has no sdpa
   for them), under
   `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same weights (the
@@ -43,7 +46,25 @@ CASES = [
   ("modernbert-base", "modernbert-base", 8, 2048, "model+global"),
   ("deberta-v3-base", "deberta-v3-base", 8, 128, "model"),
   ("deberta-v3-base", "deberta-v3-base", 8, 512, "model"),
+  ("ultrabert-12x768", "ultrabert-12x768", 8, 128, "model"),
+  ("ultrabert-12x768", "ultrabert-12x768", 8, 512, "model"),
 ]
+# Shapes that are no preset: UltraBERT at EuroBERT-210m's sizes (12 x 768, SwiGLU 3072, 4 key/
+# value heads), with its own windows (radius 128) in two of every three layers.
+SHAPES = {
+  "ultrabert-12x768": dict(
+    model_type="ultrabert",
+    vocab_size=32000,
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    intermediate_size=3072,
+    max_position_embeddings=8192,
+    layer_types=tuple("sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(12)),
+    sliding_window=256,
+  ),
+}
 SMOKE = dict(
   vocab_size=1000,
   hidden_size=64,
@@ -52,18 +73,29 @@ SMOKE = dict(
   intermediate_size=96,
   pad_token_id=1,
 )
-HF_CLASS = {"modernbert": "ModernBertModel", "mpnet": "MPNetModel", "deberta-v2": "DebertaV2Model"}
+HF_CLASS = {
+  "modernbert": "ModernBertModel",
+  "mpnet": "MPNetModel",
+  "deberta-v2": "DebertaV2Model",
+  "ultrabert": "UltrabertModel",
+}
 # transformers' attention for each: sdpa where it has one (MPNet and DeBERTa have only eager).
-HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager"}
+HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager", "ultrabert": "sdpa"}
 
 
 def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
   sizes = dict(SMOKE) if smoke else {}
-  if smoke and preset.startswith("modernbert"):
+  if smoke and preset.startswith(("modernbert", "ultrabert")):
     sizes.update(
       layer_types=("full_attention", "sliding_attention", "sliding_attention"), sliding_window=16
     )
-  config = bertjax.BertConfig.preset(preset, **sizes)
+  if preset in SHAPES:
+    fields = {**SHAPES[preset], **sizes}
+    if smoke:
+      fields.pop("num_key_value_heads")
+    config = bertjax.BertConfig.for_family(fields.pop("model_type"), **fields)
+  else:
+    config = bertjax.BertConfig.preset(preset, **sizes)
   if config.max_length < seq:
     config = config.replace(max_position_embeddings=seq + config.position_offset)
   return config
@@ -164,7 +196,7 @@ def main(argv=None) -> dict:
     default=None,
     metavar="MODEL",
     help="only the cases of this model (modernbert-base, mpnet-base, "
-    "deberta-v3-base); results go to bench_modern_MODEL.{json,md}",
+    "deberta-v3-base, ultrabert-12x768); results go to bench_modern_MODEL.{json,md}",
   )
   args = p.parse_args(argv)
   if args.smoke:

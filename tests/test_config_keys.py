@@ -30,6 +30,7 @@ REFERENCE_CONFIGS = {
   "nomic_bert": ("NomicBertConfig", {}),
   "modernbert": ("ModernBertConfig", dict(global_attn_every_n_layers=2, local_attention=4)),
   "eurobert": ("EuroBertConfig", dict(num_key_value_heads=2, mask_token_id=3)),
+  "ultrabert": ("UltrabertConfig", dict(num_key_value_heads=2, sliding_window=2)),
   "deberta-v2": (
     "DebertaV2Config",
     dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8, legacy=False),

@@ -111,7 +111,7 @@ def test_no_library_code_branches_on_a_familys_name():
   literal = re.compile(
     r"model_type\s*(==|!=)\s*[\"']|model_type\s+(not\s+)?in\s*[\(\[\{]\s*[\"']|"
     r"\{\s*[\"'](bert|albert|roberta|electra|distilbert|mpnet|modernbert|eurobert|"
-    r"nomic_bert|deberta-v2)[\"']\s*:"
+    r"nomic_bert|deberta-v2|ultrabert)[\"']\s*:"
   )
   found = [
     f"{path.relative_to(REPO)}:{i}: {line.strip()}"

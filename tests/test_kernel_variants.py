@@ -267,7 +267,7 @@ def test_implementations_without_a_variant_refuse_it(variant):
     kernels.attention(q, k, v, impl="pallas", kernel_variant="tpu", interpret=True, **kw)
 
 
-@pytest.mark.parametrize("family", ["modernbert", "mpnet", "eurobert", "deberta-v2"])
+@pytest.mark.parametrize("family", ["modernbert", "mpnet", "eurobert", "deberta-v2", "ultrabert"])
 def test_model_on_the_fused_kernel_equals_the_xla_path(family):
   """A model of each family runs on the fused kernel (interpret mode): outputs, statistics,
   and the gradients of its parameters (MPNet's bias table included) equal the XLA path's."""
@@ -275,6 +275,9 @@ def test_model_on_the_fused_kernel_equals_the_xla_path(family):
     "modernbert": dict(layer_types=("full_attention", "sliding_attention"), sliding_window=6),
     "mpnet": dict(pad_token_id=1, type_vocab_size=0),
     "eurobert": dict(num_key_value_heads=2),
+    "ultrabert": dict(
+      num_key_value_heads=2, layer_types=("sliding_attention", "full_attention"), sliding_window=6
+    ),
     "deberta-v2": dict(  # v3's layout: log buckets, shared keys, both terms
       relative_attention=True,
       position_buckets=8,

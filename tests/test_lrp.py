@@ -45,6 +45,12 @@ FAMILIES = {
     "sliding_window": 4,
   },
   "eurobert": {"preset": "eurobert-210m", "pad_token_id": 0, "num_key_value_heads": 2},
+  "ultrabert": {
+    "model_type": "ultrabert",
+    "num_key_value_heads": 2,
+    "layer_types": WINDOWS,
+    "sliding_window": 4,
+  },
   "nomic_bert": {"preset": "nomic-bert"},
   "mpnet": {"preset": "mpnet-base"},
 }
@@ -146,7 +152,7 @@ def test_cp_lrp_conserves_exactly_and_attnlrp_leaves_softmax_part(family):
   assert np.isfinite(attn.absorbed).all() and not np.asarray(attn.tokens)[mask == 0].any()
   if family in ("bert", "roberta", "albert", "distilbert", "mpnet"):
     assert np.abs(np.asarray(cp.positions)).max() > 0  # an absolute or bias table
-  if family in ("modernbert", "eurobert", "nomic_bert"):
+  if family in ("modernbert", "eurobert", "nomic_bert", "ultrabert"):
     assert not np.asarray(cp.positions).any()  # rotary: no position vectors
 
 

@@ -1,4 +1,5 @@
-"""Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet, NomicBERT, DeBERTa.
+"""Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet, NomicBERT, DeBERTa,
+UltraBERT.
 
 Each family gets a random model (ModernBERT with a 4-token window in two of three layers,
 EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` beside a
@@ -41,7 +42,7 @@ tokenizers = pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.hf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert", "deberta-v2")
+FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert", "deberta-v2", "ultrabert")
 SIZES = dict(
   hidden_size=40,
   num_hidden_layers=3,
@@ -58,6 +59,15 @@ EXTRA = {
   ),
   "eurobert": dict(
     num_attention_heads=4, num_key_value_heads=2, hidden_size=48, classifier_pooling="mean"
+  ),
+  "ultrabert": dict(
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=48,
+    sliding_window=4,
+    layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+    classifier_pooling="mean",
+    prediction_head_size=20,
   ),
   "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
   "nomic_bert": dict(),
@@ -79,6 +89,7 @@ EXTRA = {
 SPECIALS = {
   "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
   "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
+  "ultrabert": ("<s>", "</s>", "<mask>"),
   "mpnet": ("<s>", "</s>", "<mask>"),
   "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
   "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
@@ -86,6 +97,7 @@ SPECIALS = {
 CLASSES = {
   "modernbert": "ModernBertForSequenceClassification",
   "eurobert": "EuroBertForSequenceClassification",
+  "ultrabert": "UltrabertForSequenceClassification",
 }
 
 
@@ -116,9 +128,11 @@ def _byte_level(texts, specials, single, pair, roles):
 def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
   """A random model with an MLM head and a tokenizer in the family's own files."""
   directory.mkdir(parents=True)
-  if family in ("modernbert", "eurobert"):
+  if family in ("modernbert", "eurobert", "ultrabert"):
     cls, sep, mask = SPECIALS[family]
-    pad, unk = ("[PAD]", "[UNK]") if family == "modernbert" else ("<|pad|>", "<|unk|>")
+    pad, unk = {"modernbert": ("[PAD]", "[UNK]"), "ultrabert": ("<pad>", "<unk>")}.get(
+      family, ("<|pad|>", "<|unk|>")
+    )
     roles = dict(cls=cls, sep=sep, mask=mask, pad=pad, unk=unk)
     tok = _byte_level(
       texts, [cls, sep, pad, mask, unk], f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1", roles
@@ -513,7 +527,7 @@ def _env(**extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["modernbert", "eurobert"])
+@pytest.mark.parametrize("name", ["modernbert", "eurobert", "ultrabert"])
 def test_finetune_exports_what_transformers_loads(model_dirs, name, tmp_path):
   import csv
 
@@ -591,8 +605,10 @@ def test_experiment_smoke_runs_on_modernbert(model_dirs, tmp_path):
 
 
 @pytest.mark.slow
-def test_report_runs_on_modernbert(model_dirs, tmp_path):
-  """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)."""
+@pytest.mark.parametrize("name", ["modernbert", "ultrabert"])
+def test_report_runs_on_a_modern_family(model_dirs, name, tmp_path):
+  """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)
+  and UltraBERT (windows by radius, grouped heads, SwiGLU, its two-layer MLM head)."""
   out = tmp_path / "report"
   proc = pyrunner.run(
     [
@@ -601,7 +617,7 @@ def test_report_runs_on_modernbert(model_dirs, tmp_path):
       "bertjax.cli",
       "report",
       "--model",
-      str(model_dirs["modernbert"]),
+      str(model_dirs[name]),
       "--reduced",
       "--sections",
       "clark,attribution",
@@ -617,7 +633,7 @@ def test_report_runs_on_modernbert(model_dirs, tmp_path):
   )
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   doc = json.loads((out / "report.json").read_text())
-  assert doc["model"]["model_type"] == "modernbert" and doc["model"]["layers"] == 3
+  assert doc["model"]["model_type"] == name and doc["model"]["layers"] == 3
   assert np.isfinite(np.asarray(doc["clark"]["sep"], float)).all()
   assert doc["attribution"]["available"], doc["attribution"].get("reason")
   page = (out / "index.html").read_text()

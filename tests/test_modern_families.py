@@ -2,8 +2,9 @@
 
 ModernBERT (both config.json layouts: transformers 5's `layer_types` + `rope_parameters`, and
 the released `global_attn_every_n_layers` / `global_rope_theta` / `local_rope_theta`), EuroBERT
-(grouped key/value heads, untied decoder), MPNet (relative-position bias) and NomicBERT
-(rotary, SwiGLU, the hub's fused Wqkv layout), each with every class bertjax maps: odd
+(grouped key/value heads, untied decoder), MPNet (relative-position bias), NomicBERT
+(rotary, SwiGLU, the hub's fused Wqkv layout) and UltraBERT (windows by radius, a rotary
+theta per layer type, a two-layer MLM head), each with every class bertjax maps: odd
 sizes, every parameter randomised (norms and biases too), padded batches on the right and
 on the left: every hidden state, every attention map (local layers included) and the
 head's logits within 1e-4 at real tokens; `to_hf` output loaded by transformers strictly
@@ -85,6 +86,30 @@ CONFIGS = {
   ),
   "mpnet": ("mpnet", "MPNet", dict(pad_token_id=1)),
   "nomic_bert": ("nomic_bert", "NomicBert", {}),
+  # A window of radius 2 in three of four layers, a rotary theta per layer type, the
+  # two-layer MLM head (24 wide) and its own decoder; then grouped heads, biases, tied.
+  "ultrabert": (
+    "ultrabert",
+    "Ultrabert",
+    dict(
+      sliding_window=2,
+      prediction_head_size=24,
+      layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+      classifier_pooling="mean",
+    ),
+  ),
+  "ultrabert_gqa": (
+    "ultrabert",
+    "Ultrabert",
+    dict(
+      num_attention_heads=6,
+      num_key_value_heads=2,
+      sliding_window=3,
+      attention_bias=True,
+      mlp_bias=True,
+      tie_word_embeddings=True,
+    ),
+  ),
 }
 CLASSES = {
   "Model": None,
@@ -249,6 +274,15 @@ def test_block_options_are_named_errors():
     )
   with pytest.raises(ValueError, match="classifier_pooling='late'"):
     bertjax.BertConfig.for_family("modernbert", classifier_pooling="late")
+  with pytest.raises(ValueError, match="sliding_window=5 must be even for model_type='ultrabert'"):
+    bertjax.BertConfig.for_family("ultrabert", sliding_window=5)
+  # UltraBERT's older released layout (a window per layer, a theta list) is refused by name.
+  hf = bertjax.BertConfig.for_family("ultrabert").to_hf_dict()
+  old = {k: v for k, v in hf.items() if k not in ("layer_types", "rope_parameters")}
+  with pytest.raises(ValueError, match="rope_theta=\\[10000.0, 2560000.0\\] in config.json is not one"):
+    bertjax.BertConfig.from_hf_dict(dict(old, rope_theta=[10000.0, 2560000.0]))
+  with pytest.raises(ValueError, match="'ultrabert' model gives no layer_types"):
+    bertjax.BertConfig.from_hf_dict(old)
   with pytest.raises(ValueError, match="ffn_gate.*does not exist on a bert block"):
     bertjax.site_shape(bertjax.BertConfig(), "ffn_gate", 1, 4)
 

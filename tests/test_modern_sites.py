@@ -1,8 +1,9 @@
 """Sites, patches and masks on the modern blocks, against PyTorch forward hooks.
 
 For ModernBERT (pre-LN, windows, GeGLU), EuroBERT (pre-RMSNorm, grouped heads, SwiGLU),
-NomicBERT (post-LN, rotary, SwiGLU), MPNet (relative-position bias) and DeBERTa-v2
-(disentangled attention), tiny models with random weights loaded from transformers: every
+NomicBERT (post-LN, rotary, SwiGLU), MPNet (relative-position bias), DeBERTa-v2
+(disentangled attention) and UltraBERT (EuroBERT's block with windows and a rotary theta
+per layer type), tiny models with random weights loaded from transformers: every
 site equals the same quantity read with forward hooks on the transformers model (q and k
 after transformers' own rotary function; DeBERTa's position terms as the sum its
 `disentangled_attention_bias` returns, its content logit from the hooked q and k);
@@ -24,7 +25,7 @@ from test_modern_families import _batch, _hf_model
 
 pytestmark = pytest.mark.hf
 
-FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet", "deberta")
+FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet", "deberta", "ultrabert_gqa")
 
 # Per family: the layers, and site -> (module path in a layer, "out" output | "in" input).
 # q, k, v come from the projections' outputs (then transformers' rotary function).
@@ -44,6 +45,23 @@ HOOKS = {
     out=("", "out"),
   ),
   "eurobert": dict(
+    layers="layers",
+    attn_in=("input_layernorm", "out"),
+    q=("self_attn.q_proj", "out"),
+    k=("self_attn.k_proj", "out"),
+    v=("self_attn.v_proj", "out"),
+    head_out=("self_attn.o_proj", "in"),
+    attn_out=("self_attn.o_proj", "out"),
+    mid=("post_attention_layernorm", "in"),
+    resid_mid=("post_attention_layernorm", "in"),
+    ffn_in=("post_attention_layernorm", "out"),
+    ffn_gate=("mlp.act_fn", "out"),
+    ffn_act=("mlp.down_proj", "in"),
+    ffn_out=("mlp.down_proj", "out"),
+    resid_out=("", "out"),
+    out=("", "out"),
+  ),
+  "ultrabert": dict(
     layers="layers",
     attn_in=("input_layernorm", "out"),
     q=("self_attn.q_proj", "out"),
@@ -187,7 +205,8 @@ def _torch_sites(model, family, ids, mask):
     positions = torch.arange(ids.shape[1])[None]
     x = torch.zeros(1, ids.shape[1], config.hidden_size)
     for i in range(len(layers)):
-      args = (x, positions) + ((config.layer_types[i],) if family == "modernbert" else ())
+      typed = family in ("modernbert", "ultrabert_gqa")  # a rotary theta per layer type
+      args = (x, positions) + ((config.layer_types[i],) if typed else ())
       cos, sin = base.rotary_emb(*args)
       q, k = (torch.tensor(sites[s][i]) for s in ("q", "k"))
       q, k = module.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)

@@ -34,6 +34,13 @@ CONFIGS = {
     preset="modernbert-base", pad_token_id=0, layer_types=WINDOWS, sliding_window=6
   ),
   "eurobert": dict(preset="eurobert-210m", pad_token_id=0, num_key_value_heads=2),
+  "ultrabert": dict(
+    model_type="ultrabert",
+    num_hidden_layers=3,
+    num_key_value_heads=2,
+    layer_types=WINDOWS,
+    sliding_window=6,
+  ),
   "nomic_bert": dict(preset="nomic-bert"),
   "mpnet": dict(preset="mpnet-base"),
   "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),

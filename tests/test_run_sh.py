@@ -85,6 +85,7 @@ FAMILY_NAMES = {
   "modernbert": "ModernBERT",
   "eurobert": "EuroBERT",
   "deberta-v2": "DeBERTa-v2",
+  "ultrabert": "UltraBERT",
 }
 
 

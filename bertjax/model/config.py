@@ -310,6 +310,11 @@ class BertConfig:
     w = self.sliding_window
     if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 2):
       raise ValueError(f"sliding_window={w!r} must be an int >= 2")
+    if w is not None and fam.window_radius and w % 2:
+      raise ValueError(
+        f"sliding_window={w} must be even for model_type={self.model_type!r}: its "
+        "config.json holds the radius, sliding_window // 2"
+      )
     if isinstance(self.options, DebertaOptions):
       self._check_disentangled()
     poolings = fam.poolings
@@ -657,6 +662,8 @@ class BertConfig:
         hf["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
     if self.layer_types is not None or fam.layer_typed:
       hf["layer_types"] = list(self.layer_types or ("full_attention",) * self.num_hidden_layers)
+    if fam.window_radius and self.sliding_window is not None:
+      hf["sliding_window"] = self.sliding_window // 2
     if fam.ffn_dropout == "inside":  # ModernBERT's embedding dropout is the one rate too
       hf["embedding_dropout"] = self.hidden_dropout_prob
     if "tie_word_embeddings" not in fam.config_fields:
@@ -723,7 +730,7 @@ _FIXED_BLOCK_FIELDS = (
 
 # Config fields read from (and written to) config.json in a family's own layout
 # (`_hf_block_options`), not as a plain key.
-_BLOCK_KEYS = ("rope_theta", "local_rope_theta", "layer_types")
+_BLOCK_KEYS = ("rope_theta", "local_rope_theta", "layer_types", "sliding_window")
 
 
 def _rope_theta(params: Any, where: str) -> float | None:
@@ -768,14 +775,27 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
       full, local = _rope_theta(rope, "rope_parameters"), None
     full = full if full is not None else hf.get("global_rope_theta", hf.get("rope_theta"))
     local = local if local is not None else hf.get("local_rope_theta")
+    for name, theta in (("rope_theta", full), ("local_rope_theta", local)):
+      if theta is not None and (isinstance(theta, bool) or not isinstance(theta, (int, float))):
+        raise ValueError(
+          f"{name}={theta!r} in config.json is not one number; bertjax reads transformers "
+          "5's layout (rope_parameters, one per layer type)"
+        )
     if full is not None:
       out["rope_theta"] = float(full)
     if local is not None:
       out["local_rope_theta"] = float(local)
+  if fam.window_radius and hf.get("sliding_window") is not None:
+    out["sliding_window"] = 2 * hf["sliding_window"]  # the radius r: |q - k| <= r
   if fam.layer_typed or hf.get("layer_types") is not None:
     types = hf.get("layer_types")
+    if types is None and fam.global_every is None:
+      raise ValueError(
+        f"config.json of a {fam.model_type!r} model gives no layer_types; bertjax reads "
+        "the layout transformers 5 writes (layer_types and rope_parameters per layer type)"
+      )
     if types is None:
-      every = hf.get("global_attn_every_n_layers", 3)
+      every = hf.get("global_attn_every_n_layers", fam.global_every)
       types = [
         "sliding_attention" if i % every else "full_attention"
         for i in range(hf.get("num_hidden_layers", 22))

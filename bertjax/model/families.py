@@ -21,7 +21,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from bertjax.model.options import DebertaOptions, DistilBertOptions, MPNetOptions
+from bertjax.model.options import (
+  DebertaOptions,
+  DistilBertOptions,
+  MPNetOptions,
+  UltraBertOptions,
+)
 
 # Roles of a layer's tensors -> our parameter path (under encoder/layers). Each role is a
 # linear module (kernel + optional bias) or a norm (scale + optional bias).
@@ -258,6 +263,8 @@ class Head:
     pre_dropout: whether dropout precedes the first dense layer of a two-layer head.
     dropout: the config rate its dropout uses: "classifier" (`classifier_dropout`),
       "hidden" (`hidden_dropout_prob`: DistilBERT's token classifier) or "none".
+    width: the config attribute that sizes an MLM transform's first layer when it is not
+      the embedding width (UltraBERT's `prediction_head_size`); None: the embedding width.
   """
 
   reads: str
@@ -266,6 +273,7 @@ class Head:
   act: str | None = None
   pre_dropout: bool = True
   dropout: str = "classifier"
+  width: str | None = None
 
   @property
   def names(self) -> tuple[str, ...]:
@@ -382,8 +390,12 @@ class Family:
     poolings: the `classifier_pooling` values its classifier takes (ModernBERT's and
       EuroBERT's names).
     layer_typed: its `config.json` gives `layer_types` and one rotary theta per layer type
-      even when every layer is full (ModernBERT's layout), and an older file without them
-      a global layer every `global_attn_every_n_layers`.
+      even when every layer is full (ModernBERT's and UltraBERT's layout).
+    global_every: where a `config.json` of the family gives no `layer_types`, a global
+      layer every this many layers from the first (ModernBERT's older files, or their
+      `global_attn_every_n_layers`); None: such a file is refused.
+    window_radius: its `config.json` gives the sliding window as the radius r (keys with
+      |q - k| <= r: UltraBERT), which bertjax holds as `sliding_window` = 2 r.
     training: what bertjax's trainers do with the family beyond MLM: "stacking" (progressive
       stacking copies its layers), "shared_student" (the family whose block a shared-layer
       student of it is, `distill.shared_student_from_teacher`), "rtd" (how a replaced-token
@@ -435,6 +447,8 @@ class Family:
   options: type | None = None
   poolings: tuple[str, ...] = ("cls",)
   layer_typed: bool = False
+  global_every: int | None = None
+  window_radius: bool = False
   training: Mapping[str, str] = dataclasses.field(default_factory=dict)
   what_differs: str = ""
 
@@ -819,6 +833,7 @@ FAMILIES: dict[str, Family] = {
     model_type="modernbert",
     poolings=("cls", "mean"),
     layer_typed=True,
+    global_every=3,
     prefix="model",
     layer_prefix="layers.{i}.",
     layer_names=MODERNBERT_LAYER,
@@ -1006,6 +1021,91 @@ FAMILIES: dict[str, Family] = {
     ),
     what_differs="Llama-like: pre-RMSNorm, SwiGLU, rotary q/k, grouped key/value heads, no "
     "biases; an untied MLM decoder",
+  ),
+  "ultrabert": Family(
+    model_type="ultrabert",
+    # The layout on disk, as transformers saves it and the released files hold it (its
+    # classes rename `ultrabert.` to `model.` and `cls` to `head.decoder` as they load).
+    prefix="ultrabert",
+    layer_prefix="layers.{i}.",
+    layer_names=dict(LLAMA_LAYER, attn_norm="input_layernorm", ffn_norm="post_attention_layernorm"),
+    config_fields=(
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "hidden_act",
+      "attention_probs_dropout_prob",
+      "max_position_embeddings",
+      "initializer_range",
+      "pad_token_id",
+      "layer_norm_eps",
+      "attention_bias",
+      "mlp_bias",
+      "num_key_value_heads",
+      "tie_word_embeddings",
+      "classifier_pooling",
+      "classifier_dropout_prob",
+      "prediction_head_size",
+    ),
+    config_keys=dict(
+      layer_norm_eps="rms_norm_eps",
+      attention_probs_dropout_prob="attention_dropout",
+      classifier_dropout_prob="classifier_dropout",
+    ),
+    config_defaults=dict(
+      type_vocab_size=0,
+      norm_bias=False,
+      attention_bias=False,
+      mlp_bias=False,
+      hidden_act="silu",
+      layer_norm_eps=1e-6,
+      hidden_dropout_prob=0.0,
+      attention_probs_dropout_prob=0.0,
+      classifier_dropout_prob=0.0,
+      rope_theta=2560000.0,
+      local_rope_theta=10000.0,
+      sliding_window=256,
+      tie_word_embeddings=False,
+      classifier_pooling="cls",
+    ),
+    options=UltraBertOptions,
+    poolings=("cls", "mean"),
+    layer_typed=True,
+    window_radius=True,
+    embedding_names=dict(word="embed_tokens"),
+    projection=None,
+    pooler=None,
+    final_norm="norm",
+    positions="rotary",
+    norm="pre",
+    norm_kind="rmsnorm",
+    ffn="gated",
+    token_types=False,
+    shared_layers=False,
+    heads={
+      # Two layers without biases, each followed by tanh-GELU, then its own decoder.
+      "mlm": Head(
+        "tokens",
+        (
+          (("dense", "kernel"), "head.linear1.weight", "linear", None),
+          (("dense2", "kernel"), "head.linear2.weight", "linear", None),
+          (("decoder",), "cls.weight", "linear", "untied"),
+        ),
+        tied=("cls.weight",),
+        act="gelu_pytorch_tanh",
+        width="prediction_head_size",
+      ),
+      "classifier": _linear("pooling", "classifier"),
+      "token_classifier": _linear("tokens", "classifier"),
+    },
+    architectures=_standard("ultrabert", "Ultrabert", ("mlm", "classifier", "token_classifier")),
+    no_pooler=frozenset(),
+    # Its tokenizer's files name the special tokens (transformers' classes fix none).
+    special_tokens={},
+    what_differs="EuroBERT's Llama-like block with a sliding window (radius `sliding_window`) "
+    "in two of every three layers and a rotary theta per layer type; a two-layer MLM head",
   ),
   "deberta-v2": Family(
     model_type="deberta-v2",

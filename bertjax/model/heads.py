@@ -59,8 +59,9 @@ def head_activation(config: BertConfig, act: str | None) -> str:
 
 
 class MLMHead(nn.Module):
-  """Masked-LM logits: a transform (dense H->E, activation, norm) where the family has one,
-  then the decoder: the word embeddings (tied) or its own matrix, plus a bias where present.
+  """Masked-LM logits: a transform (dense H->E, activation, norm) where the family has one
+  (UltraBERT's: dense H->P, activation, dense P->E, activation, no norm), then the decoder:
+  the word embeddings (tied) or its own matrix, plus a bias where present.
   """
 
   config: BertConfig
@@ -71,16 +72,20 @@ class MLMHead(nn.Module):
     spec = cfg.family.heads["mlm"]
     dtype = compute_dtype(cfg)
     x = hidden
+    dense = lambda width, name: nn.Dense(
+      width,
+      use_bias=spec.has_tensor(cfg, (name, "bias")),
+      kernel_init=normal_init(cfg),
+      **dense_kwargs(cfg),
+      dtype=dtype,
+      name=name,
+    )
+    act = activation_of(cfg, head_activation(cfg, spec.act))
     if spec.has("dense"):
-      x = nn.Dense(
-        cfg.embed_dim,
-        use_bias=spec.has_tensor(cfg, ("dense", "bias")),
-        kernel_init=normal_init(cfg),
-        **dense_kwargs(cfg),
-        dtype=dtype,
-        name="dense",
-      )(x)
-      x = activation_of(cfg, head_activation(cfg, spec.act))(x)
+      x = act(dense(getattr(cfg, spec.width) if spec.width else cfg.embed_dim, "dense")(x))
+    if spec.has("dense2"):
+      x = act(dense(cfg.embed_dim, "dense2")(x))
+    if spec.has("LayerNorm"):
       x = family_norm(
         cfg, "LayerNorm", kind="layernorm", use_bias=spec.has_tensor(cfg, ("LayerNorm", "bias"))
       )(x)

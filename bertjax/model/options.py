@@ -88,7 +88,19 @@ class DistilBertOptions:
   sinusoidal_positions: bool = False
 
 
-OPTION_CLASSES = (DebertaOptions, MPNetOptions, DistilBertOptions)
+@dataclasses.dataclass(frozen=True)
+class UltraBertOptions:
+  """UltraBERT's MLM prediction head (`ultrabert`): the width between its two layers."""
+
+  prediction_head_size: int = 768
+
+  def __post_init__(self):
+    n = self.prediction_head_size
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+      raise ValueError(f"prediction_head_size={n!r} must be a positive int")
+
+
+OPTION_CLASSES = (DebertaOptions, MPNetOptions, DistilBertOptions, UltraBertOptions)
 
 
 def field_names(kind) -> tuple[str, ...]:
