@@ -279,7 +279,9 @@ def test_block_options_are_named_errors():
   # UltraBERT's older released layout (a window per layer, a theta list) is refused by name.
   hf = bertjax.BertConfig.for_family("ultrabert").to_hf_dict()
   old = {k: v for k, v in hf.items() if k not in ("layer_types", "rope_parameters")}
-  with pytest.raises(ValueError, match="rope_theta=\\[10000.0, 2560000.0\\] in config.json is not one"):
+  with pytest.raises(
+    ValueError, match="rope_theta=\\[10000.0, 2560000.0\\] in config.json is not one"
+  ):
     bertjax.BertConfig.from_hf_dict(dict(old, rope_theta=[10000.0, 2560000.0]))
   with pytest.raises(ValueError, match="'ultrabert' model gives no layer_types"):
     bertjax.BertConfig.from_hf_dict(old)
