@@ -1,6 +1,6 @@
-"""Configs grouped by concern: a family's own options in `config.options`, what the trainers
-and the heads may do with a family in its row, and no branch on a family's name outside the
-table.
+"""Configs grouped by concern: how a model runs in `config.runtime`, its task heads in
+`config.task`, a family's own options in `config.options`; what the trainers and the heads
+may do with a family in its row; and no branch on a family's name outside the table.
 """
 
 import dataclasses
@@ -14,6 +14,7 @@ import bertjax
 from bertjax.model import options
 from bertjax.model.config import config_from_json, config_to_json
 from bertjax.model.families import FAMILIES
+from bertjax.model.settings import GROUP_OF, Runtime, TaskHeads
 from bertjax.training import compression, electra, stacking
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -41,6 +42,26 @@ def test_a_config_carries_only_its_own_familys_options():
     bertjax.BertConfig(options=options.MPNetOptions())
   with pytest.raises(TypeError, match=r"unknown fields \['nonsense'\]"):
     bertjax.BertConfig(nonsense=1)
+
+
+def test_runtime_and_task_fields_live_in_their_groups():
+  fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)}
+  assert not fields & set(GROUP_OF)
+  assert {"dtype", "attention_impl", "scan_unroll", "num_labels", "classifier_pooling"} <= set(
+    GROUP_OF
+  )
+  config = bertjax.BertConfig.preset("tiny", attention_impl="pallas", num_labels=3)
+  assert config.runtime == Runtime(attention_impl="pallas") and config.attention_impl == "pallas"
+  assert config.task == TaskHeads(num_labels=3) and config.num_labels == 3
+  again = config.replace(dtype="bfloat16", label_names=("a", "b", "c"))
+  assert again.runtime == Runtime(dtype="bfloat16", attention_impl="pallas")
+  assert again.task.label_names == ("a", "b", "c") and again.options is None
+  assert bertjax.BertConfig(runtime=Runtime(scan_unroll=2)).scan_unroll == 2
+  assert config_from_json(json.loads(json.dumps(config_to_json(again)))) == again
+  with pytest.raises(ValueError, match="dtype='float16' must be one of"):
+    bertjax.BertConfig(dtype="float16")
+  with pytest.raises(ValueError, match="label_names=\\('a',\\) must name num_labels=2"):
+    bertjax.BertConfig(label_names=("a",))
 
 
 def test_options_are_given_and_read_flat_on_their_family():

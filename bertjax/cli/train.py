@@ -13,7 +13,6 @@ checks the output directory and prints progress. Run them as `bertjax pretrain .
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -154,11 +153,11 @@ def _model_config(args, vocab_size: int | None):
       d = json.loads(path.read_text())
     except json.JSONDecodeError as e:
       raise ValueError(f"--config-json {path} is not valid JSON: {e}") from e
-    from bertjax.model.config import config_from_json
-    from bertjax.model.options import OWNER
+    from bertjax.model.config import config_from_json, field_names
 
-    fields = {f.name for f in dataclasses.fields(bertjax.BertConfig)} | set(OWNER)
-    config = config_from_json(d) if set(d) <= fields else bertjax.BertConfig.from_hf_dict(d)
+    config = (
+      config_from_json(d) if set(d) <= set(field_names()) else bertjax.BertConfig.from_hf_dict(d)
+    )
   else:
     config = bertjax.BertConfig.preset(args.preset or "tiny")
   if vocab_size is not None and vocab_size != config.vocab_size:

@@ -1,7 +1,9 @@
 """The ground floor: the encoder of every family, its named sites and its checkpoints.
 
-* `families`: the family table (one row per Hugging Face `model_type`, the whole block);
-* `config`: one frozen `BertConfig` for every family, presets, the `config.json` mapping;
+* `families`: the family table (one row per Hugging Face `model_type`, the whole block), whose
+  rows `family_schema` describes (`Family`, `Head`);
+* `config`: one frozen `BertConfig` for every family, presets, the `config.json` mapping, with
+  its groups in `settings` (`Runtime`, `TaskHeads`) and `options` (each family's own);
 * `intervention`: one `Intervention` value: the masks, patches and captures of a pass;
 * `sites`: the named sites (`SITES`) and `Sites`, one block's view of the intervention;
 * `layers`: the Flax modules of the block, which read the family's row, never `model_type`;

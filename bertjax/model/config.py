@@ -40,6 +40,7 @@ from bertjax.model.options import (
 )
 from bertjax.model.options import OWNER as OPTION_OWNER
 from bertjax.model.options import field_names as option_names
+from bertjax.model.settings import GROUP_OF, GROUPS, Runtime, TaskHeads
 
 _ACTIVATIONS = (
   "gelu",
@@ -74,7 +75,6 @@ class BertConfig:
   hidden_act: str = "gelu"
   hidden_dropout_prob: float = 0.1
   attention_probs_dropout_prob: float = 0.1
-  classifier_dropout_prob: float | None = None
   max_position_embeddings: int = 512
   type_vocab_size: int = 2
   layer_norm_eps: float = 1e-12
@@ -82,22 +82,9 @@ class BertConfig:
   num_hidden_groups: int | None = None
   inner_group_num: int = 1
   model_type: str = "bert"
-  use_pooler: bool = True
-  num_labels: int = 2
-  # Class names of the classifier heads, index -> name (Hugging Face `id2label`).
-  label_names: tuple[str, ...] | None = None
   pad_token_id: int = 0
-  dtype: str = "float32"
-  attention_impl: str = "xla"
-  # Blocks per iteration of the layer scan (1: a rolled loop, compile time flat in depth;
-  # depth: fully unrolled, which lets XLA fuse across blocks). Numerics are unchanged.
-  scan_unroll: int = 1
   # Physically removed heads, as sorted (layer, (head, ...)) pairs in original head indices.
   pruned_heads: tuple[tuple[int, tuple[int, ...]], ...] = ()
-  # Linear layers None (float) or "int8" (`bertjax.quantize`); backward rules None (the
-  # gradient), "attnlrp" or "cp-lrp" (`bertjax.analysis.attribution.lrp`): the forward values are the same.
-  quantize: str | None = None
-  relevance_rules: str | None = None
   # Block options a checkpoint may switch (the family row fixes the rest; BERT's defaults).
   norm_bias: bool = True
   attention_bias: bool = True
@@ -111,21 +98,24 @@ class BertConfig:
   # with |q - k| <= sliding_window // 2 (ModernBERT's local_attention).
   layer_types: tuple[str, ...] | None = None
   sliding_window: int | None = None
-  # Heads: classifier pooling ("cls", "mean"; EuroBERT "bos", "mean", "late"), ModernBERT's
-  # head and decoder biases, activation (None: hidden_act), MLM decoder tied (not EuroBERT's).
-  classifier_pooling: str = "cls"
-  classifier_bias: bool = True
-  classifier_activation: str | None = None
-  decoder_bias: bool = True
-  tie_word_embeddings: bool = True
-  # The options this family alone has (`Family.options`, `bertjax.model.options`: DeBERTa's
-  # disentangled attention, MPNet's bias buckets, DistilBERT's sinusoidal table); None for
-  # a family without any. Given as flat keywords, read through as attributes.
+  # How it runs and its task heads (`bertjax.model.settings`), and the options this family
+  # alone has (`Family.options`, `bertjax.model.options`: DeBERTa's disentangled attention,
+  # MPNet's bias buckets, ...; None for a family without any). Given as flat keywords too,
+  # and read through as attributes (`config.dtype`, `config.pos_att_type`).
+  runtime: Runtime = dataclasses.field(default_factory=Runtime)
+  task: TaskHeads = dataclasses.field(default_factory=TaskHeads)
   options: Any = None
 
   def __init__(self, **fields: Any):
-    """Takes every field by keyword, and a family's own options flat among them
-    (`pos_att_type=...`) or whole (`options=DebertaOptions(...)`)."""
+    """Takes every field by keyword; the groups' fields flat among them (`dtype=...`,
+    `pos_att_type=...`) or whole (`runtime=Runtime(...)`, `options=DebertaOptions(...)`)."""
+    groups = {}
+    for attr, group in GROUPS.items():
+      given = fields.pop(attr, None)
+      flat = {k: fields.pop(k) for k in list(fields) if GROUP_OF.get(k) == attr}
+      if isinstance(given, dict):  # as `config_to_json` writes it
+        given, flat = None, {**given, **flat}
+      groups[attr] = dataclasses.replace(given if given is not None else group(), **flat)
     model_type = fields.get("model_type", "bert")
     kind = FAMILIES[model_type].options if model_type in FAMILIES else None
     flat = {k: fields.pop(k) for k in list(fields) if k in OPTION_OWNER}
@@ -147,16 +137,21 @@ class BertConfig:
       own = {k: v for k, v in flat.items() if OPTION_OWNER[k] is kind}
       options = dataclasses.replace(options or kind(), **own)
     for f in dataclasses.fields(self):
-      if f.name != "options":
+      if f.name != "options" and f.name not in groups:
         object.__setattr__(self, f.name, fields.pop(f.name, f.default))
+    for attr, value in groups.items():
+      object.__setattr__(self, attr, value)
     object.__setattr__(self, "options", options)
     if fields:
       raise TypeError(f"BertConfig got unknown fields {sorted(fields)}")
     self.__post_init__()
 
   def __getattr__(self, name: str) -> Any:
-    """A family's own option, read through `options` (only called when `name` is no field
-    or property)."""
+    """A field of a group (`runtime`, `task`) or of the family's own `options`, read
+    through (only called when `name` is no field or property)."""
+    attr = GROUP_OF.get(name)
+    if attr is not None and attr in self.__dict__:
+      return getattr(self.__dict__[attr], name)
     options = self.__dict__.get("options")
     if options is not None and name in option_names(options):
       return getattr(options, name)
@@ -999,14 +994,22 @@ def config_to_json(config: BertConfig) -> dict[str, Any]:
   return dataclasses.asdict(config)
 
 
+def field_names() -> tuple[str, ...]:
+  """Every name `BertConfig` takes: its fields, its groups' fields and every family's options."""
+  return (
+    tuple(f.name for f in dataclasses.fields(BertConfig)) + tuple(GROUP_OF) + tuple(OPTION_OWNER)
+  )
+
+
 def config_from_json(d: dict[str, Any]) -> BertConfig:
   """Inverse of `config_to_json` (JSON lists become the tuples the frozen config needs)."""
 
-  def tuples(v):
+  def tuples(v):  # the groups' dicts too
+    if isinstance(v, dict):
+      return {k: tuples(x) for k, x in v.items()}
     return tuple(tuples(x) for x in v) if isinstance(v, list) else v
 
-  fields = {f.name for f in dataclasses.fields(BertConfig)} | set(OPTION_OWNER)
-  unknown = sorted(set(d) - fields)
+  unknown = sorted(set(d) - set(field_names()))
   if unknown:
     raise ValueError(f"config has unknown fields {unknown}")
   return BertConfig(**{k: tuples(v) for k, v in d.items()})
