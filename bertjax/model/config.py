@@ -108,7 +108,9 @@ class BertConfig:
 
   def __init__(self, **fields: Any):
     """Takes every field by keyword; the groups' fields flat among them (`dtype=...`,
-    `pos_att_type=...`) or whole (`runtime=Runtime(...)`, `options=DebertaOptions(...)`)."""
+    `pos_att_type=...`) or whole (`runtime=Runtime(...)`, `options=DebertaOptions(...)`).
+    Lists (a config read from JSON) become the tuples a hashable config needs."""
+    fields = {k: _frozen(v) for k, v in fields.items()}
     groups = {}
     for attr, group in GROUPS.items():
       given = fields.pop(attr, None)
@@ -994,6 +996,13 @@ def config_to_json(config: BertConfig) -> dict[str, Any]:
   return dataclasses.asdict(config)
 
 
+def _frozen(v):
+  """Lists as tuples, inside dicts too (JSON's arrays in a config that must hash)."""
+  if isinstance(v, dict):
+    return {k: _frozen(x) for k, x in v.items()}
+  return tuple(_frozen(x) for x in v) if isinstance(v, list) else v
+
+
 def field_names() -> tuple[str, ...]:
   """Every name `BertConfig` takes: its fields, its groups' fields and every family's options."""
   return (
@@ -1003,13 +1012,7 @@ def field_names() -> tuple[str, ...]:
 
 def config_from_json(d: dict[str, Any]) -> BertConfig:
   """Inverse of `config_to_json` (JSON lists become the tuples the frozen config needs)."""
-
-  def tuples(v):  # the groups' dicts too
-    if isinstance(v, dict):
-      return {k: tuples(x) for k, x in v.items()}
-    return tuple(tuples(x) for x in v) if isinstance(v, list) else v
-
   unknown = sorted(set(d) - set(field_names()))
   if unknown:
     raise ValueError(f"config has unknown fields {unknown}")
-  return BertConfig(**{k: tuples(v) for k, v in d.items()})
+  return BertConfig(**d)
