@@ -61,23 +61,6 @@ HOOKS = {
     resid_out=("", "out"),
     out=("", "out"),
   ),
-  "ultrabert": dict(
-    layers="layers",
-    attn_in=("input_layernorm", "out"),
-    q=("self_attn.q_proj", "out"),
-    k=("self_attn.k_proj", "out"),
-    v=("self_attn.v_proj", "out"),
-    head_out=("self_attn.o_proj", "in"),
-    attn_out=("self_attn.o_proj", "out"),
-    mid=("post_attention_layernorm", "in"),
-    resid_mid=("post_attention_layernorm", "in"),
-    ffn_in=("post_attention_layernorm", "out"),
-    ffn_gate=("mlp.act_fn", "out"),
-    ffn_act=("mlp.down_proj", "in"),
-    ffn_out=("mlp.down_proj", "out"),
-    resid_out=("", "out"),
-    out=("", "out"),
-  ),
   "nomic_bert": dict(
     layers="layers",
     attn_in=("", "in"),
@@ -128,6 +111,9 @@ HOOKS = {
     out=("", "out"),
   ),
 }
+
+
+HOOKS["ultrabert"] = HOOKS["eurobert"]  # the same Llama-like modules
 
 
 def _recorded(value, record):
