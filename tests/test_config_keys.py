@@ -31,6 +31,11 @@ REFERENCE_CONFIGS = {
   "modernbert": ("ModernBertConfig", dict(global_attn_every_n_layers=2, local_attention=4)),
   "eurobert": ("EuroBertConfig", dict(num_key_value_heads=2, mask_token_id=3)),
   "ultrabert": ("UltrabertConfig", dict(num_key_value_heads=2, sliding_window=2)),
+  "gemma3_text": (
+    "Gemma3TextConfig",
+    # head_dim = hidden / heads, as EmbeddingGemma's (Gemma 3's default 256 is not)
+    dict(num_key_value_heads=2, head_dim=288, sliding_window=4, use_bidirectional_attention=True),
+  ),
   "deberta-v2": (
     "DebertaV2Config",
     dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8, legacy=False),

@@ -51,6 +51,13 @@ FAMILIES = {
     "layer_types": WINDOWS,
     "sliding_window": 4,
   },
+  "gemma3_text": {
+    "model_type": "gemma3_text",
+    "num_key_value_heads": 2,
+    "layer_types": WINDOWS,
+    "sliding_window": 4,
+    "query_pre_attn_scalar": 5,
+  },
   "nomic_bert": {"preset": "nomic-bert"},
   "mpnet": {"preset": "mpnet-base"},
 }
@@ -64,7 +71,8 @@ def _config(name: str, **extra) -> bertjax.BertConfig:
 
 def _randomised(config, seed=1):
   """Random weights with norm scales and every bias away from 1 and 0."""
-  params = bertjax.init(config, seed, heads=("classifier",))
+  heads = tuple(h for h in ("classifier",) if h in config.family.heads)  # EmbeddingGemma: none
+  params = bertjax.init(config, seed, heads=heads)
   leaves, tree = jax.tree_util.tree_flatten_with_path(params)
   rng = np.random.default_rng(seed)
   out = []
@@ -147,12 +155,15 @@ def test_cp_lrp_conserves_exactly_and_attnlrp_leaves_softmax_part(family):
   np.testing.assert_allclose(cp.absorbed, cp.biases, rtol=1e-4, atol=1e-4)
   assert not np.asarray(cp.tokens)[mask == 0].any()  # padding gets nothing
   attn = got["attnlrp"]
-  np.testing.assert_allclose(attn.target, cp.target, rtol=1e-6)  # the forward is the model's
+  # The forward is the model's, in another program: float32 rounding of the targets' size
+  # (4.8e-7 on 2.5 on an Intel Xeon with AMX, where the rules' programs fuse differently).
+  scale = float(np.abs(np.asarray(cp.target)).max())
+  np.testing.assert_allclose(attn.target, cp.target, rtol=1e-6, atol=1e-6 * scale)
   assert np.abs(np.asarray(attn.tokens) - np.asarray(cp.tokens)).max() > 1e-4
   assert np.isfinite(attn.absorbed).all() and not np.asarray(attn.tokens)[mask == 0].any()
   if family in ("bert", "roberta", "albert", "distilbert", "mpnet"):
     assert np.abs(np.asarray(cp.positions)).max() > 0  # an absolute or bias table
-  if family in ("modernbert", "eurobert", "nomic_bert", "ultrabert"):
+  if family in ("modernbert", "eurobert", "nomic_bert", "ultrabert", "gemma3_text"):
     assert not np.asarray(cp.positions).any()  # rotary: no position vectors
 
 

@@ -1,5 +1,5 @@
 """Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet, NomicBERT, DeBERTa,
-UltraBERT.
+UltraBERT, EmbeddingGemma.
 
 Each family gets a random model (ModernBERT with a 4-token window in two of three layers,
 EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` beside a
@@ -10,7 +10,9 @@ ModernBERT (`[CLS] A [SEP]`) and EuroBERT (`<|begin_of_text|> A <|end_of_text|>`
 `test_families_downstream` run on each: sweeps equal loops of masked forwards, importance is
 the mask gradient, pruning equals masking, Clark's statistics on both paths equal NumPy on
 the maps (windows included), word features align to transformers' subwords, cloze and PLL
-come from the MLM head; then token attribution (norm analysis and ALTI decompose pre-norm
+come from the MLM head (EmbeddingGemma has none: its importance reads each token's
+reconstruction through the tied embeddings, its gradients and patching a probe on the final
+states, and cloze refuses it); then token attribution (norm analysis and ALTI decompose pre-norm
 blocks, GlobEnc refuses them by family, integrated gradients is complete), attribution
 patching against exact patching, and, in subprocesses, `finetune`, an experiment and the
 report on ModernBERT.
@@ -42,7 +44,15 @@ tokenizers = pytest.importorskip("tokenizers")
 pytestmark = pytest.mark.hf
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FAMILIES = ("modernbert", "eurobert", "mpnet", "nomic_bert", "deberta-v2", "ultrabert")
+FAMILIES = (
+  "modernbert",
+  "eurobert",
+  "mpnet",
+  "nomic_bert",
+  "deberta-v2",
+  "ultrabert",
+  "gemma3_text",
+)
 SIZES = dict(
   hidden_size=40,
   num_hidden_layers=3,
@@ -69,6 +79,14 @@ EXTRA = {
     classifier_pooling="mean",
     prediction_head_size=20,
   ),
+  "gemma3_text": dict(
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=48,
+    sliding_window=4,
+    layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+    query_pre_attn_scalar=10,
+  ),
   "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
   "nomic_bert": dict(),
   "deberta-v2": dict(
@@ -90,6 +108,7 @@ SPECIALS = {
   "modernbert": ("[CLS]", "[SEP]", "[MASK]"),
   "eurobert": ("<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"),
   "ultrabert": ("<s>", "</s>", "<mask>"),
+  "gemma3_text": ("<bos>", "<eos>", "<mask>"),
   "mpnet": ("<s>", "</s>", "<mask>"),
   "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
   "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
@@ -128,11 +147,13 @@ def _byte_level(texts, specials, single, pair, roles):
 def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
   """A random model with an MLM head and a tokenizer in the family's own files."""
   directory.mkdir(parents=True)
-  if family in ("modernbert", "eurobert", "ultrabert"):
+  if family in ("modernbert", "eurobert", "ultrabert", "gemma3_text"):
     cls, sep, mask = SPECIALS[family]
-    pad, unk = {"modernbert": ("[PAD]", "[UNK]"), "ultrabert": ("<pad>", "<unk>")}.get(
-      family, ("<|pad|>", "<|unk|>")
-    )
+    pad, unk = {
+      "modernbert": ("[PAD]", "[UNK]"),
+      "ultrabert": ("<pad>", "<unk>"),
+      "gemma3_text": ("<pad>", "<unk>"),
+    }.get(family, ("<|pad|>", "<|unk|>"))
     roles = dict(cls=cls, sep=sep, mask=mask, pad=pad, unk=unk)
     tok = _byte_level(
       texts, [cls, sep, pad, mask, unk], f"{cls} $A {sep}", f"{cls} $A {sep} $B:1 {sep}:1", roles
@@ -186,8 +207,20 @@ def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
   config = bertjax.BertConfig.for_family(
     family, vocab_size=vocab, use_pooler=False, **{**SIZES, "pad_token_id": pad_id, **EXTRA[family]}
   )
-  bertjax.to_hf(config, bertjax.init(config, 3, heads=("mlm",)), directory)
+  heads = ("mlm",) if "mlm" in config.family.heads else ()  # EmbeddingGemma: the encoder only
+  bertjax.to_hf(config, bertjax.init(config, 3, heads=heads), directory)
   return directory
+
+
+def _mlm(config) -> bool:
+  return "mlm" in config.family.heads
+
+
+def _state_target(config):
+  """A gradient target on the final states (families without an MLM head): token 1's state
+  on a fixed direction."""
+  d = jnp.asarray(np.random.default_rng(5).standard_normal(config.hidden_size), jnp.float32)
+  return lambda params, out: out.last_hidden_state[:, 1] @ d.astype(out.last_hidden_state.dtype)
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +244,7 @@ def _types(config, batch):
 
 def test_models_are_what_the_family_ships(family):
   name, directory, config, params, tok = family
-  assert config.model_type == name and "mlm" in params
+  assert config.model_type == name and ("mlm" in params) == _mlm(config)
   assert tuple(tok.convert_ids_to_tokens([tok.cls_id, tok.sep_id, tok.mask_id])) == SPECIALS[name]
   theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
   b = _pairs(tok)[0]
@@ -261,8 +294,10 @@ def test_ablation_sweep_equals_loop_of_masked_forwards(family):
 def test_head_importance_is_the_mask_gradient(family):
   _, _, config, params, tok = family
   batches = _mlm_batches(tok)[:1]
+  mlm = _mlm(config)  # without an MLM head: each real token from its own state, tied decoder
+  loss_fn = ablation.mlm_batch_loss if mlm else ablation.token_reconstruction_loss
   got = ablation.head_importance(
-    params, config, batches, ablation.mlm_batch_loss, per_example=False, normalize_layers=False
+    params, config, batches, loss_fn, per_example=False, normalize_layers=False
   )
   b = batches[0]
 
@@ -275,9 +310,15 @@ def test_head_importance_is_the_mask_gradient(family):
       b["token_type_ids"] if config.type_vocab_size else None,
       head_mask=xi,
     )
-    logp = jax.nn.log_softmax(bertjax.head_logits(params, config, out, "mlm"))
-    keep = b["labels"] >= 0
-    nll = -jnp.take_along_axis(logp, np.where(keep, b["labels"], 0)[..., None], -1)[..., 0]
+    if mlm:
+      logits, labels = bertjax.head_logits(params, config, out, "mlm"), b["labels"]
+    else:
+      word = params["embeddings"]["word_embeddings"]["embedding"]
+      logits = out.last_hidden_state @ word.T
+      labels = np.where(b["attention_mask"] > 0, b["input_ids"], -100)
+    logp = jax.nn.log_softmax(logits)
+    keep = labels >= 0
+    nll = -jnp.take_along_axis(logp, np.where(keep, labels, 0)[..., None], -1)[..., 0]
     return jnp.where(keep, nll, 0).sum() / keep.sum()
 
   want = np.abs(jax.grad(loss)(jnp.ones((config.depth, config.num_attention_heads))))
@@ -376,6 +417,10 @@ def test_word_features_align_as_transformers_tokenizers(family):
 
 def test_cloze_and_pll_come_from_the_mlm_head(family):
   _, _, config, params, tok = family
+  if not _mlm(config):
+    with pytest.raises(ValueError, match="mlm"):  # refused by name, not run on another head
+      cloze.score_queries((config, params), tok, ["The [MASK] ."], [["table"]], k=5)
+    return
   texts = ["The keys to the [MASK] are on the table."]
   scores = cloze.score_queries((config, params), tok, texts, [["table", "keys"]], k=5)
   enc = tok.encode([cloze.mask_text(tok, texts[0])])
@@ -398,26 +443,31 @@ def test_token_attribution_methods(family):
   args = (params, config, b.input_ids, b.attention_mask, _types(config, b))
   real = b.attention_mask > 0
   pairs = real[:, :, None] & real[:, None, :]
-  alti = propagation.alti(*args)
-  rows = np.asarray(alti.layer).sum(-1)[:, real]
-  np.testing.assert_allclose(rows, 1.0, atol=1e-5)  # shares of each real token
-  norms = propagation.norm_analysis(*args)
-  assert ("attnresln" in norms) == (config.family.norm == "post")
-  # The decomposition is the block's own: summed over sources (plus b_O), the attention
-  # vectors give the attn_out site.
-  cache = bertjax.forward(*args, capture=("attn_out",)).cache
-  assert np.isfinite(np.asarray(norms["attn"])[:, pairs]).all()
-  assert np.asarray(cache["attn_out"]).shape[0] == config.depth
+  if config.family.norm == "sandwich":  # the attention output is normed before the residual
+    for method in (propagation.alti, propagation.norm_analysis):
+      with pytest.raises(ValueError, match=f"a {name} block norms that output"):
+        method(*args)
+  else:
+    alti = propagation.alti(*args)
+    rows = np.asarray(alti.layer).sum(-1)[:, real]
+    np.testing.assert_allclose(rows, 1.0, atol=1e-5)  # shares of each real token
+    norms = propagation.norm_analysis(*args)
+    assert ("attnresln" in norms) == (config.family.norm == "post")
+    assert np.isfinite(np.asarray(norms["attn"])[:, pairs]).all()
   if config.family.norm == "post":
     assert np.isfinite(np.asarray(propagation.globenc(*args).rollout)).all()
   else:
-    with pytest.raises(ValueError, match=f"a {name} block is pre-norm"):
+    with pytest.raises(ValueError, match=f"a {name} block is {config.family.norm}-norm"):
       propagation.globenc(*args)
   rollout = propagation.attention_rollout(*args)
   np.testing.assert_allclose(np.asarray(rollout).sum(-1)[:, real], 1.0, atol=1e-5)
   vz = propagation.value_zeroing(*args)
   assert np.isfinite(np.asarray(vz.rollout)).all()
-  target = gradients.mlm_target(config, np.array([1, 2, 1]), np.array([7, 9, 11]))
+  target = (
+    gradients.mlm_target(config, np.array([1, 2, 1]), np.array([7, 9, 11]))
+    if _mlm(config)
+    else _state_target(config)
+  )
   grads = gradients.gradient_x_input(*args, target_fn=target)
   assert np.isfinite(np.asarray(grads)).all()
 
@@ -437,6 +487,8 @@ def test_gradients_through_the_block_match_finite_differences(family):
       out = bertjax.forward(
         p64, c64, b.input_ids, b.attention_mask, patch={"embeddings": (x + eps * probe, 1.0)}
       )
+      if not _mlm(c64):  # the final states themselves
+        return out.last_hidden_state[:, 1, 7].sum()
       return bertjax.head_logits(p64, c64, out, "mlm")[:, 1, 7].sum()
 
     # Fourth-order central differences: truncation ~h^4, and these random models are peaked
@@ -451,12 +503,21 @@ def test_attribution_patching_tracks_exact_patching(family):
   _, _, config, params, tok = family
   clean = tok.encode(["She did not like it at all .", "The keys to the cabinet are here ."])
   corrupted = dataclasses_replace(clean, 3)
-  metric = metrics.LogitDiff("mlm")
   targets = {
     "position": np.array([2, 4]),
     "answer": np.array([7, 8]),
     "distractor": np.array([9, 10]),
   }
+  if _mlm(config):
+    metric = metrics.LogitDiff("mlm")
+  else:  # a linear probe on the mean final state, over 11 classes
+    rng = np.random.default_rng(2)
+    metric = metrics.ProbeLogitDiff(
+      rng.standard_normal((config.hidden_size, 11)).astype(np.float32),
+      np.zeros(11, np.float32),
+      pooling="mean",
+    )
+    targets = {k: v for k, v in targets.items() if k != "position"}
   exact = patching.head_patching(params, config, clean, corrupted, metric, targets=targets)
   approx = patching.attribution_patching(params, config, clean, corrupted, metric, targets=targets)
   assert np.asarray(exact.values).shape == (config.depth, config.num_attention_heads)
@@ -605,10 +666,11 @@ def test_experiment_smoke_runs_on_modernbert(model_dirs, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["modernbert", "ultrabert"])
+@pytest.mark.parametrize("name", ["modernbert", "ultrabert", "gemma3_text"])
 def test_report_runs_on_a_modern_family(model_dirs, name, tmp_path):
-  """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU)
-  and UltraBERT (windows by radius, grouped heads, SwiGLU, its two-layer MLM head)."""
+  """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU),
+  UltraBERT (windows by radius, grouped heads, SwiGLU, its two-layer MLM head) and
+  EmbeddingGemma (sandwich norms, QK-norm, no MLM head)."""
   out = tmp_path / "report"
   proc = pyrunner.run(
     [

@@ -3,8 +3,9 @@
 ModernBERT (both config.json layouts: transformers 5's `layer_types` + `rope_parameters`, and
 the released `global_attn_every_n_layers` / `global_rope_theta` / `local_rope_theta`), EuroBERT
 (grouped key/value heads, untied decoder), MPNet (relative-position bias), NomicBERT
-(rotary, SwiGLU, the hub's fused Wqkv layout) and UltraBERT (windows by radius, a rotary
-theta per layer type, a two-layer MLM head), each with every class bertjax maps: odd
+(rotary, SwiGLU, the hub's fused Wqkv layout), UltraBERT (windows by radius, a rotary
+theta per layer type, a two-layer MLM head) and EmbeddingGemma (Gemma 3's bidirectional
+block: sandwich norms, QK-norm, a query scale of its own), each with every class bertjax maps: odd
 sizes, every parameter randomised (norms and biases too), padded batches on the right and
 on the left: every hidden state, every attention map (local layers included) and the
 head's logits within 1e-4 at real tokens; `to_hf` output loaded by transformers strictly
@@ -110,6 +111,26 @@ CONFIGS = {
       tie_word_embeddings=True,
     ),
   ),
+  # EmbeddingGemma: Gemma 3's bidirectional block (sandwich norms as `1 + w`, QK-norm,
+  # sqrt(H) embedding scale) with a query scale of its own, a window of radius 2 in three
+  # of four layers, a rotary theta per layer type, grouped heads; the base model only.
+  "embeddinggemma": (
+    "gemma3_text",
+    "Gemma3Text",
+    dict(
+      head_dim=10,
+      num_attention_heads=6,
+      num_key_value_heads=2,
+      query_pre_attn_scalar=7,
+      sliding_window=4,
+      use_bidirectional_attention=True,
+      layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+      rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 5000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 300.0},
+      },
+    ),
+  ),
 }
 CLASSES = {
   "Model": None,
@@ -117,7 +138,8 @@ CLASSES = {
   "ForSequenceClassification": "classifier",
   "ForTokenClassification": "token_classifier",
 }
-CASES = [(key, cls) for key in CONFIGS for cls in CLASSES]
+BASE_ONLY = ("embeddinggemma",)  # families whose row maps the base model alone
+CASES = [(key, cls) for key in CONFIGS for cls in CLASSES if key not in BASE_ONLY or cls == "Model"]
 
 
 def _hf_model(key, cls, seed=0):
@@ -300,3 +322,19 @@ def test_preset_depth_keeps_the_layer_pattern():
     "sliding_attention",
   )
   assert len(bertjax.BertConfig.preset("modernbert-base").layer_types) == 22
+
+
+def test_embeddinggemma_refuses_what_it_does_not_implement():
+  """A causal Gemma 3, logit soft-capping, or a head width that is not H / heads: refused by
+  name in config.json, never loaded as another model."""
+  hf = bertjax.BertConfig.for_family("gemma3_text", hidden_size=64, num_attention_heads=4)
+  hf = hf.to_hf_dict(["Gemma3TextModel"])
+  assert hf["use_bidirectional_attention"] is True and hf["attn_logit_softcapping"] is None
+  assert bertjax.BertConfig.from_hf_dict(hf).attention_scale == 256**-0.5
+  for key, value in (("use_bidirectional_attention", False), ("attn_logit_softcapping", 50.0)):
+    with pytest.raises(ValueError, match=f"{key}={value!r} in config.json of a 'gemma3_text'"):
+      bertjax.BertConfig.from_hf_dict(dict(hf, **{key: value}))
+  with pytest.raises(ValueError, match="head_dim=256 with num_attention_heads=4"):
+    bertjax.BertConfig.from_hf_dict(dict(hf, head_dim=256))
+  with pytest.raises(ValueError, match="query_pre_attn_scalar=0 must be a positive number"):
+    bertjax.BertConfig.for_family("gemma3_text", query_pre_attn_scalar=0)

@@ -2,8 +2,9 @@
 
 For ModernBERT (pre-LN, windows, GeGLU), EuroBERT (pre-RMSNorm, grouped heads, SwiGLU),
 NomicBERT (post-LN, rotary, SwiGLU), MPNet (relative-position bias), DeBERTa-v2
-(disentangled attention) and UltraBERT (EuroBERT's block with windows and a rotary theta
-per layer type), tiny models with random weights loaded from transformers: every
+(disentangled attention), UltraBERT (EuroBERT's block with windows and a rotary theta
+per layer type) and EmbeddingGemma (sandwich norms: `attn_out` and `ffn_out` are the
+normed outputs the residual adds; q and k after QK-norm and rotary), tiny models with random weights loaded from transformers: every
 site equals the same quantity read with forward hooks on the transformers model (q and k
 after transformers' own rotary function; DeBERTa's position terms as the sum its
 `disentangled_attention_bias` returns, its content logit from the hooked q and k);
@@ -25,7 +26,15 @@ from test_modern_families import _batch, _hf_model
 
 pytestmark = pytest.mark.hf
 
-FAMILIES = ("modernbert", "eurobert_gqa", "nomic_bert", "mpnet", "deberta", "ultrabert_gqa")
+FAMILIES = (
+  "modernbert",
+  "eurobert_gqa",
+  "nomic_bert",
+  "mpnet",
+  "deberta",
+  "ultrabert_gqa",
+  "embeddinggemma",
+)
 
 # Per family: the layers, and site -> (module path in a layer, "out" output | "in" input).
 # q, k, v come from the projections' outputs (then transformers' rotary function).
@@ -114,6 +123,17 @@ HOOKS = {
 
 
 HOOKS["ultrabert"] = HOOKS["eurobert"]  # the same Llama-like modules
+# Gemma 3: q and k after their norms (heads first there), the sublayers' outputs after theirs.
+HOOKS["embeddinggemma"] = dict(
+  HOOKS["eurobert"],
+  q=("self_attn.q_norm", "out"),
+  k=("self_attn.k_norm", "out"),
+  attn_out=("post_attention_layernorm", "out"),
+  mid=("pre_feedforward_layernorm", "in"),
+  resid_mid=("pre_feedforward_layernorm", "in"),
+  ffn_in=("pre_feedforward_layernorm", "out"),
+  ffn_out=("post_feedforward_layernorm", "out"),
+)
 
 
 def _recorded(value, record):
@@ -135,7 +155,7 @@ def _torch_sites(model, family, ids, mask):
   config = model.config
   heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
   kv = kv or heads
-  d = config.hidden_size // heads
+  d = getattr(config, "head_dim", None) or config.hidden_size // heads
   got, hooks = {}, []
 
   def record(site, value):
@@ -176,6 +196,9 @@ def _torch_sites(model, family, ids, mask):
     for layer in layers:
       vars(layer.attention.self).pop("disentangled_attention_bias")
   sites = {k: np.stack(v) for k, v in got.items()}
+  if family == "embeddinggemma":  # the norms' outputs (L, B, N, T, D) -> (L, B, T, N D)
+    for s in ("q", "k"):
+      sites[s] = np.swapaxes(sites[s], 2, 3).reshape(*sites[s].shape[:2], ids.shape[1], -1)
   if "qkv" in sites:  # ModernBERT's fused projection
     qkv = sites.pop("qkv")
     sites["q"], sites["k"], sites["v"] = np.split(qkv, 3, axis=-1)
@@ -191,7 +214,8 @@ def _torch_sites(model, family, ids, mask):
     positions = torch.arange(ids.shape[1])[None]
     x = torch.zeros(1, ids.shape[1], config.hidden_size)
     for i in range(len(layers)):
-      typed = family in ("modernbert", "ultrabert_gqa")  # a rotary theta per layer type
+      # a rotary theta per layer type
+      typed = family in ("modernbert", "ultrabert_gqa", "embeddinggemma")
       args = (x, positions) + ((config.layer_types[i],) if typed else ())
       cos, sin = base.rotary_emb(*args)
       q, k = (torch.tensor(sites[s][i]) for s in ("q", "k"))

@@ -41,6 +41,13 @@ CONFIGS = {
     layer_types=WINDOWS,
     sliding_window=6,
   ),
+  "gemma3_text": dict(
+    model_type="gemma3_text",
+    num_key_value_heads=2,
+    layer_types=WINDOWS,
+    sliding_window=6,
+    query_pre_attn_scalar=5,
+  ),
   "nomic_bert": dict(preset="nomic-bert"),
   "mpnet": dict(preset="mpnet-base"),
   "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),

@@ -86,6 +86,7 @@ FAMILY_NAMES = {
   "eurobert": "EuroBERT",
   "deberta-v2": "DeBERTa-v2",
   "ultrabert": "UltraBERT",
+  "gemma3_text": "EmbeddingGemma",
 }
 
 

@@ -36,7 +36,9 @@ from bertjax.model.options import (
   POS_ATT_TYPES,
   DebertaOptions,
   DistilBertOptions,
+  Gemma3Options,
   MPNetOptions,
+  UltraBertOptions,
 )
 from bertjax.model.options import OWNER as OPTION_OWNER
 from bertjax.model.options import field_names as option_names
@@ -377,7 +379,10 @@ class BertConfig:
   def attention_scale(self) -> float | None:
     """The logit scale when it is not `1 / sqrt(head_dim)`: DeBERTa's `1 / sqrt(f d)`, f = 1
     + the number of `pos_att_type` terms (counted even without relative attention, as
-    transformers does). None otherwise."""
+    transformers does); Gemma 3's `query_pre_attn_scalar ** -0.5`. None otherwise."""
+    scalar = getattr(self.options, "query_pre_attn_scalar", None)
+    if scalar is not None:  # Gemma 3
+      return scalar**-0.5
     if self.family.position_bias != "disentangled":
       return None
     factor = 1 + sum(t in self.pos_att_type for t in POS_ATT_TYPES)
@@ -665,6 +670,7 @@ class BertConfig:
       hf["embedding_dropout"] = self.hidden_dropout_prob
     if "tie_word_embeddings" not in fam.config_fields:
       hf["tie_word_embeddings"] = True
+    hf.update(fam.required_values)
     return hf
 
 
@@ -700,6 +706,12 @@ def _check_keys(fam: Family, hf: _ReadKeys, allowed: Iterable[str]) -> None:
         f"{key}={hf[key]!r} in config.json of a {fam.model_type!r} model is not supported; "
         f"bertjax implements {key}={inert!r} only"
       )
+  for key, only in fam.required_values.items():
+    if hf.get(key, only) != only:
+      raise ValueError(
+        f"{key}={hf[key]!r} in config.json of a {fam.model_type!r} model is not supported; "
+        f"bertjax implements {key}={only!r} only"
+      )
   if isinstance(allowed, str):
     allowed = (allowed,)
   known = hf.read | IGNORED_CONFIG_KEYS | set(fam.ignored_keys) | set(allowed)
@@ -714,7 +726,13 @@ def _check_keys(fam: Family, hf: _ReadKeys, allowed: Iterable[str]) -> None:
 
 # Each option's default (what a family without it has), and how errors name its family.
 _OPTION_DEFAULTS = {f.name: f.default for kind in OPTION_CLASSES for f in dataclasses.fields(kind)}
-_OPTION_LABELS = {DebertaOptions: "DeBERTa", MPNetOptions: "MPNet", DistilBertOptions: "DistilBERT"}
+_OPTION_LABELS = {
+  DebertaOptions: "DeBERTa",
+  MPNetOptions: "MPNet",
+  DistilBertOptions: "DistilBERT",
+  UltraBertOptions: "UltraBERT",
+  Gemma3Options: "Gemma 3",
+}
 
 # Block fields a family may fix (in its config_defaults, not read from config.json).
 _FIXED_BLOCK_FIELDS = (

@@ -43,6 +43,7 @@ from bertjax.model.family_schema import (
 from bertjax.model.options import (
   DebertaOptions,
   DistilBertOptions,
+  Gemma3Options,
   MPNetOptions,
   UltraBertOptions,
 )
@@ -850,6 +851,64 @@ FAMILIES: dict[str, Family] = {
     special_tokens={},
     what_differs="EuroBERT's Llama-like block with a sliding window (radius `sliding_window`) "
     "in two of every three layers and a rotary theta per layer type; a two-layer MLM head",
+  ),
+  "gemma3_text": Family(
+    # EmbeddingGemma: Gemma 3's text block with bidirectional attention. transformers'
+    # Gemma3TextModel saves it bare (`layers.0...`), its causal LM under `model.`.
+    model_type="gemma3_text",
+    prefix="model",
+    layer_prefix="layers.{i}.",
+    layer_names=dict(
+      LLAMA_LAYER,
+      q_norm="self_attn.q_norm",
+      k_norm="self_attn.k_norm",
+      attn_norm="input_layernorm",
+      attn_post_norm="post_attention_layernorm",
+      ffn_norm="pre_feedforward_layernorm",
+      ffn_post_norm="post_feedforward_layernorm",
+    ),
+    config_fields=tuple(f for f in _LLAMA_FIELDS if f not in ("mlp_bias", "classifier_pooling"))
+    + ("query_pre_attn_scalar", "sliding_window"),
+    config_keys=dict(_LLAMA_KEYS, hidden_act="hidden_activation"),
+    config_defaults=dict(
+      _LLAMA_DEFAULTS,
+      hidden_act="gelu_pytorch_tanh",
+      layer_norm_eps=1e-6,
+      rope_theta=1000000.0,
+      local_rope_theta=10000.0,
+      sliding_window=4096,
+      query_pre_attn_scalar=256,
+      tie_word_embeddings=True,
+      classifier_pooling="cls",
+    ),
+    options=Gemma3Options,
+    layer_typed=True,
+    # Only the bidirectional encoder, without logit soft-capping (EmbeddingGemma's); the
+    # final logits' cap and the pattern's period belong to the causal LM and to the layer
+    # types transformers writes beside them.
+    required_values={"use_bidirectional_attention": True, "attn_logit_softcapping": None},
+    ignored_keys=("final_logit_softcapping", "_sliding_window_pattern", "sliding_window_pattern"),
+    embedding_names=dict(word="embed_tokens"),
+    embedding_scale=True,
+    projection=None,
+    pooler=None,
+    final_norm="norm",
+    positions="rotary",
+    norm="sandwich",
+    norm_kind="rmsnorm",
+    norm_offset=1.0,
+    ffn="gated",
+    token_types=False,
+    shared_layers=False,
+    heads={},
+    architectures={(): "Gemma3TextModel"},
+    no_pooler=frozenset(),
+    special_tokens=dict(
+      cls="<bos>", sep="<eos>", pad="<pad>", mask="<mask>", unk="<unk>", bos="<bos>", eos="<eos>"
+    ),
+    what_differs="EmbeddingGemma: Gemma 3's bidirectional block, pre- and post-sublayer "
+    "RMSNorms (`1 + w`), QK-norm, GeGLU, embeddings times sqrt(H), windows in five of six "
+    "layers with a rotary theta per layer type",
   ),
   "deberta-v2": Family(
     model_type="deberta-v2",

@@ -21,15 +21,21 @@ LAYER_ROLES: dict[str, tuple[str, ...]] = {
   "ffn_gate": ("gate",),
   "ffn_out": ("output",),
   "ffn_norm": ("LayerNorm",),
+  # Sandwich blocks (Gemma 3): the norms of each sublayer's output, before the residual.
+  "attn_post_norm": ("attention", "post_LayerNorm"),
+  "ffn_post_norm": ("post_LayerNorm",),
+  # QK-norm: each head's query and key normed over the head dimension, before rotary.
+  "q_norm": ("attention", "q_norm"),
+  "k_norm": ("attention", "k_norm"),
   # DeBERTa: the projections of the shared relative embeddings (absent with share_att_key).
   "pos_key": ("attention", "pos_key"),
   "pos_query": ("attention", "pos_query"),
 }
-NORM_ROLES = ("attn_norm", "ffn_norm")
+NORM_ROLES = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "q_norm", "k_norm")
 # Fused Hugging Face tensors -> the roles they hold, in order along the output axis.
 FUSED = {"qkv": ("query", "key", "value"), "gate_in": ("ffn_gate", "ffn_in")}
 
-NORMS = ("post", "pre")
+NORMS = ("post", "pre", "sandwich")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITIONS = ("absolute", "after_padding", "rotary")
 POSITION_BIASES = (None, "relative_buckets", "disentangled")
@@ -158,9 +164,16 @@ class Family:
       table shared by every layer) or "disentangled" (DeBERTa: content-to-position and
       position-to-content terms from relative embeddings shared by every layer, projected
       by each; `kernels.DisentangledBias`).
-    norm: "post" (BERT: `LN(x + sublayer(x))`) or "pre" (`x + sublayer(LN(x))`, and the
-      final norm after the last block).
+    norm: "post" (BERT: `LN(x + sublayer(x))`), "pre" (`x + sublayer(LN(x))`, and the
+      final norm after the last block) or "sandwich" (Gemma 3: `x + LN'(sublayer(LN(x)))`,
+      each sublayer's output normed too before the residual; the final norm too).
     norm_kind: "layernorm" or "rmsnorm".
+    norm_offset: a norm multiplies by `offset + scale` (Gemma's `1 + w`: its weights are
+      stored as `w`, initialised to 0); 0 for every other family.
+    embedding_scale: the word embeddings are multiplied by `sqrt(hidden_size)` (Gemma).
+    required_values: `config.json` keys whose only value bertjax implements is this one
+      (EmbeddingGemma's `use_bidirectional_attention: true`); another value is refused by
+      name, and `to_hf` writes them.
     ffn: "dense" (`act(x W1) W2`) or "gated" (`(act(x Wg) * (x W1)) W2`: GeGLU, SwiGLU).
     first_attn_norm: False when block 0 has no attention norm (ModernBERT: the embedding
       norm precedes it).
@@ -230,6 +243,9 @@ class Family:
   position_bias: str | None = None
   norm: str = "post"
   norm_kind: str = "layernorm"
+  norm_offset: float = 0.0
+  embedding_scale: bool = False
+  required_values: Mapping[str, object] = dataclasses.field(default_factory=dict)
   ffn: str = "dense"
   first_attn_norm: bool = True
   ffn_dropout: str = "after"
@@ -269,6 +285,16 @@ class Family:
         f"class; supported: {sorted(self.architectures)}"
       )
     return self.architectures[key]
+
+  @property
+  def pre_norm(self) -> bool:
+    """Whether each sublayer reads its input through a norm (pre-LN and sandwich blocks)."""
+    return self.norm != "post"
+
+  @property
+  def qk_norm(self) -> bool:
+    """Whether queries and keys are normed per head before rotary (Gemma 3's QK-norm)."""
+    return "q_norm" in self.layer_names
 
   @property
   def roles(self) -> tuple[str, ...]:

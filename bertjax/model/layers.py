@@ -25,6 +25,9 @@ explicit so that head masks, pruning and effective attention index heads directl
                                           before it, pre-LN)
   intermediate/kernel (H, I)   gate/kernel (H, I) (gated FFN: act(x Wg) * (x W1))
   output/kernel (I, H)         LayerNorm/{scale,bias} (H,)   the FFN sublayer's norm
+  attention/{q_norm,k_norm}/scale (D,)   QK-norm (Gemma 3)
+  attention/post_LayerNorm/scale (H,)    post_LayerNorm/scale (H,)   sandwich blocks (Gemma 3):
+                                         the norms of the sublayers' outputs
 """
 
 from __future__ import annotations
@@ -190,12 +193,17 @@ class Norm(nn.Module):
   # The identity rule of AttnLRP: the 1 / std (1 / rms) factor is a constant in the backward
   # pass, so the norm is linear there.
   detach_scale: bool = False
+  # Gemma's norms multiply by `1 + scale` (`Family.norm_offset`), their weights initialised to 0.
+  offset: float = 0.0
 
   @nn.compact
   def __call__(self, x):
     n = x.shape[-1]
-    scale = self.param("scale", nn.initializers.ones, (n,))
+    init = nn.initializers.zeros if self.offset else nn.initializers.ones
+    scale = self.param("scale", init, (n,))
     acc = jnp.promote_types(x.dtype, jnp.float32)
+    if self.offset:
+      scale = self.offset + scale.astype(acc)
     x = x.astype(acc)
     if jax.default_backend() == "cpu":
       ones = jnp.ones((n, 1), acc)
@@ -223,13 +231,14 @@ LayerNorm = Norm  # the BERT families' norm
 def family_norm(
   config: BertConfig, name: str, kind: str | None = None, use_bias: bool | None = None
 ) -> Norm:
-  """The family's norm (its kind, `config.norm_bias`) under `name`."""
+  """The family's norm (its kind, offset, `config.norm_bias`) under `name`."""
   return Norm(
     epsilon=config.layer_norm_eps,
     dtype=compute_dtype(config),
     kind=kind or config.family.norm_kind,
     use_bias=config.norm_bias if use_bias is None else use_bias,
     detach_scale=relevance_rules(config),
+    offset=config.family.norm_offset,
     name=name,
   )
 
@@ -290,6 +299,12 @@ def rotate(x, inv_freq, positions):
   return (xa * cos + rotated * sin).astype(x.dtype)
 
 
+def word_scale(config: BertConfig) -> np.float32:
+  """The factor on the word vectors as the embedding sum adds them: `sqrt(hidden_size)`
+  rounded to float32, as transformers' Gemma (`Family.embedding_scale`); 1 elsewhere."""
+  return np.float32(np.sqrt(config.hidden_size) if config.family.embedding_scale else 1.0)
+
+
 class Embeddings(nn.Module):
   """Word (+ token-type) (+ position) embeddings, norm, dropout, and E->H projection.
 
@@ -312,6 +327,8 @@ class Embeddings(nn.Module):
     )
     # Same summation order as Hugging Face: (word + type) + position.
     x = embed(cfg.vocab_size, "word_embeddings")(input_ids)  # (B, T, E)
+    if fam.embedding_scale:  # Gemma
+      x = x * word_scale(cfg).astype(x.dtype)
     if cfg.type_vocab_size:
       x = x + embed(cfg.type_vocab_size, "token_type_embeddings")(token_type_ids)
     if cfg.position_table is not None:
@@ -407,7 +424,7 @@ class SelfAttention(nn.Module):
     norm = family_norm(cfg, "LayerNorm")
     q_proj, k_proj = proj(n, "query"), None
     a_in = x
-    if fam.norm == "pre":
+    if fam.pre_norm:
       a_in = norm(x)
       if not fam.first_attn_norm:  # block 0 reads the (already normed) embeddings
         a_in = jnp.where(jnp.asarray(layer) == 0, x, a_in)
@@ -423,6 +440,8 @@ class SelfAttention(nn.Module):
     k_proj = proj(kv, "key")
     k = k_proj(a_in)  # (B, T, G, D)
     v = proj(kv, "value")(a_in)
+    if fam.qk_norm:  # each head's query and key normed over its width, before rotary
+      q, k = family_norm(cfg, "q_norm")(q), family_norm(cfg, "k_norm")(k)
     if fam.positions == "rotary":
       inv_freq = jnp.asarray(rotary_inv_freq(cfg))[layer]  # this block's theta
       seq = jnp.arange(x.shape[1]) if sites.packing is None else sites.packing.positions
@@ -488,6 +507,8 @@ class SelfAttention(nn.Module):
       dtype=dtype,
       name="output",
     )(head_out)  # (B, T, H)
+    if fam.norm == "sandwich":  # attn_out is what the residual adds: the normed output
+      y = family_norm(cfg, "post_LayerNorm")(y)
     y = sites.visit("attn_out", y)
     y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     resid = sites.visit("resid_mid", x_q + y)
@@ -654,7 +675,8 @@ class EncoderLayer(nn.Module):
   """One transformer block: the attention sublayer, then the feed-forward sublayer.
 
   Post-LN (BERT): `mid = LN(x + attn(x))`, `out = LN(mid + ffn(mid))`. Pre-LN (ModernBERT,
-  EuroBERT): `mid = x + attn(LN(x))`, `out = mid + ffn(LN(mid))`. The FFN is
+  EuroBERT): `mid = x + attn(LN(x))`, `out = mid + ffn(LN(mid))`. Sandwich (Gemma 3):
+  `mid = x + LN'(attn(LN(x)))`, `out = mid + LN'(ffn(LN(mid)))`. The FFN is
   `W2 act(W1 x)` or gated, `W2 (act(Wg x) * W1 x)`.
 
   With `sites.rows` (B, R) the block runs at those query positions only: keys and
@@ -705,7 +727,7 @@ class EncoderLayer(nn.Module):
       dtype=dtype,
       name=name,
     )
-    f_in = sites.visit("ffn_in", norm(h) if fam.norm == "pre" else h)
+    f_in = sites.visit("ffn_in", norm(h) if fam.pre_norm else h)
     a = dense(cfg.intermediate_size, "intermediate")(f_in)
     if fam.ffn == "gated":
       gate = sites.visit(
@@ -721,7 +743,10 @@ class EncoderLayer(nn.Module):
     a = sites.visit("ffn_act", a)
     if fam.ffn_dropout == "inside":
       a = nn.Dropout(cfg.hidden_dropout_prob)(a, deterministic=deterministic)
-    y = sites.visit("ffn_out", dense(cfg.hidden_size, "output")(a))
+    y = dense(cfg.hidden_size, "output")(a)
+    if fam.norm == "sandwich":  # ffn_out is what the residual adds: the normed output
+      y = family_norm(cfg, "post_LayerNorm")(y)
+    y = sites.visit("ffn_out", y)
     if fam.ffn_dropout == "after":
       y = nn.Dropout(cfg.hidden_dropout_prob)(y, deterministic=deterministic)
     y = sites.visit("resid_out", h + y)

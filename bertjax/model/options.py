@@ -100,7 +100,26 @@ class UltraBertOptions:
       raise ValueError(f"prediction_head_size={n!r} must be a positive int")
 
 
-OPTION_CLASSES = (DebertaOptions, MPNetOptions, DistilBertOptions, UltraBertOptions)
+@dataclasses.dataclass(frozen=True)
+class Gemma3Options:
+  """Gemma 3's attention scale (`gemma3_text`, EmbeddingGemma): logits times
+  `query_pre_attn_scalar ** -0.5`, not `1 / sqrt(head_dim)`."""
+
+  query_pre_attn_scalar: float = 256
+
+  def __post_init__(self):
+    s = self.query_pre_attn_scalar
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or s <= 0:
+      raise ValueError(f"query_pre_attn_scalar={s!r} must be a positive number")
+
+
+OPTION_CLASSES = (
+  DebertaOptions,
+  MPNetOptions,
+  DistilBertOptions,
+  UltraBertOptions,
+  Gemma3Options,
+)
 
 
 def field_names(kind) -> tuple[str, ...]:

@@ -53,7 +53,10 @@ SITES = {
     "batch seq heads head_dim",
     "each head's context sum_j probs_ij v_j after any head mask",
   ),
-  "attn_out": ("batch seq hidden", "attention output projection (with bias), before residual"),
+  "attn_out": (
+    "batch seq hidden",
+    "attention output projection (with bias), before residual (normed first in sandwich blocks)",
+  ),
   "resid_mid": (
     "batch seq hidden",
     (
@@ -74,7 +77,10 @@ SITES = {
     "batch seq intermediate",
     "the FFN's hidden activation (gated: ffn_gate * ffn_in W1), as the output projection reads it",
   ),
-  "ffn_out": ("batch seq hidden", "the FFN's output projection, before residual"),
+  "ffn_out": (
+    "batch seq hidden",
+    "the FFN's output projection, before residual (normed first in sandwich blocks)",
+  ),
   "resid_out": (
     "batch seq hidden",
     (

@@ -54,7 +54,8 @@ METHODS = (
 
 def methods_for(config, methods=METHODS) -> tuple[str, ...]:
   """`methods` less those whose derivation does not cover this block: GlobEnc needs post-LN
-  LayerNorm blocks (`attribution.globenc` refuses the others by family), DecompX those with an
+  LayerNorm blocks (`attribution.globenc` refuses the others by family), norm analysis and
+  ALTI blocks without norms on the sublayers' outputs (not Gemma's), DecompX those with an
   ungated FFN too (`decompx.check_supported`), AttnLRP's rules do not cover DeBERTa's
   disentangled attention (`lrp.check_supported`)."""
   fam = config.family
@@ -63,6 +64,7 @@ def methods_for(config, methods=METHODS) -> tuple[str, ...]:
     m
     for m in methods
     if (post_ln or m != "globenc")
+    and (fam.norm != "sandwich" or m not in ("norm", "alti"))
     and (post_ln and fam.ffn != "gated" or m != "decompx")
     and (not config.disentangled_terms or m != "attnlrp")
   )

@@ -51,7 +51,7 @@ from bertjax.model.config import BertConfig
 from bertjax.model.forward import BertOutput, embed, forward
 from bertjax.model.heads import head_logits, mlm_logits
 from bertjax.model.input_checks import check_inputs
-from bertjax.model.layers import accum_dtype, position_ids
+from bertjax.model.layers import accum_dtype, position_ids, word_scale
 from bertjax.model.sites import HEAD_AXIS, block_sites, site_shape
 
 Params = dict[str, Any]
@@ -186,7 +186,7 @@ def _embedding_parts(params, config: BertConfig, input_ids, token_type_ids):
   (zeros for a part the family does not have)."""
   emb = params["embeddings"]
   dtype = accum_dtype(config)
-  word = emb["word_embeddings"]["embedding"][input_ids].astype(dtype)
+  word = emb["word_embeddings"]["embedding"][input_ids].astype(dtype) * word_scale(config)
   zeros = jnp.zeros_like(word)
   types = (
     emb["token_type_embeddings"]["embedding"][token_type_ids].astype(dtype)

@@ -197,6 +197,18 @@ def _require_post_ln(config: BertConfig, method: str) -> None:
     )
 
 
+def _refuse_sandwich(config: BertConfig, method: str) -> None:
+  """Refuses a block that norms the attention output before the residual (Gemma 3's
+  sandwich norms): the method splits that output by source token, and its authors define
+  no split through a norm of the sum there."""
+  if config.family.norm == "sandwich":
+    raise ValueError(
+      f"{method} decomposes the attention output by source token before the residual; a "
+      f"{config.model_type} block norms that output first (sandwich norms), for which its "
+      "authors define no decomposition"
+    )
+
+
 # Abnar & Zuidema 2020: attention rollout and attention flow ---------------------
 
 
@@ -369,6 +381,7 @@ def norm_analysis(
     "attn", "attnres", "attnresln" (depth, batch, seq, seq) indexed [query i, source j],
     and the mixing ratios (depth, batch, seq). Padded queries and sources are 0.
   """
+  _refuse_sandwich(config, "norm_analysis")
   check_inputs(config, input_ids, attention_mask, token_type_ids)
   return _norm_analysis(
     params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids
@@ -462,6 +475,7 @@ def alti(
     `Contributions(layer, rollout)`, each (depth, batch, seq, seq); rows of real
     tokens sum to 1 in `layer`.
   """
+  _refuse_sandwich(config, "alti")
   check_inputs(config, input_ids, attention_mask, token_type_ids)
   return _alti(params, config, input_ids, real_tokens(input_ids, attention_mask), token_type_ids)
 
