@@ -25,7 +25,7 @@ Commands:
   report [ARGS]           bertjax report: the HTML report on a Hugging Face checkpoint of any
                           family (BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet,
                           NomicBERT, ModernBERT, EuroBERT, DeBERTa-v2/v3, UltraBERT,
-                          EmbeddingGemma)
+                          EmbeddingGemma, NeoBERT)
   pretrain [ARGS]         bertjax pretrain: pre-train BERT or ALBERT (MLM + NSP/SOP, SBO, word
                           order), ELECTRA (replaced-token detection) or a distilled student
   finetune [ARGS]         bertjax finetune: fine-tune a model on a classification task

@@ -48,6 +48,8 @@ CASES = [
   ("deberta-v3-base", "deberta-v3-base", 8, 512, "model"),
   ("ultrabert-12x768", "ultrabert-12x768", 8, 128, "model"),
   ("ultrabert-12x768", "ultrabert-12x768", 8, 512, "model"),
+  ("embeddinggemma-300m", "embeddinggemma-300m", 8, 128, "model"),
+  ("embeddinggemma-300m", "embeddinggemma-300m", 8, 512, "model"),
 ]
 # Shapes that are no preset: UltraBERT at EuroBERT-210m's sizes (12 x 768, SwiGLU 3072, 4 key/
 # value heads), with its own windows (radius 128) in two of every three layers.
@@ -64,6 +66,22 @@ SHAPES = {
     layer_types=tuple("sliding_attention" if (i + 1) % 3 else "full_attention" for i in range(12)),
     sliding_window=256,
   ),
+  # EmbeddingGemma-300m's shape (google/embeddinggemma-300m's config.json): 24 x 768, 3 heads
+  # of 256 on 1 key/value head, GeGLU 1152, windows of 512 (|q - k| <= 256) in five of six
+  # layers, the 262,144-token vocabulary.
+  "embeddinggemma-300m": dict(
+    model_type="gemma3_text",
+    vocab_size=262144,
+    hidden_size=768,
+    num_hidden_layers=24,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    intermediate_size=1152,
+    max_position_embeddings=2048,
+    query_pre_attn_scalar=256,
+    layer_types=tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(24)),
+    sliding_window=512,
+  ),
 }
 SMOKE = dict(
   vocab_size=1000,
@@ -78,14 +96,21 @@ HF_CLASS = {
   "mpnet": "MPNetModel",
   "deberta-v2": "DebertaV2Model",
   "ultrabert": "UltrabertModel",
+  "gemma3_text": "Gemma3TextModel",
 }
 # transformers' attention for each: sdpa where it has one (MPNet and DeBERTa have only eager).
-HF_ATTENTION = {"modernbert": "sdpa", "mpnet": "eager", "deberta-v2": "eager", "ultrabert": "sdpa"}
+HF_ATTENTION = {
+  "modernbert": "sdpa",
+  "mpnet": "eager",
+  "deberta-v2": "eager",
+  "ultrabert": "sdpa",
+  "gemma3_text": "sdpa",
+}
 
 
 def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
   sizes = dict(SMOKE) if smoke else {}
-  if smoke and preset.startswith(("modernbert", "ultrabert")):
+  if smoke and preset.startswith(("modernbert", "ultrabert", "embeddinggemma")):
     sizes.update(
       layer_types=("full_attention", "sliding_attention", "sliding_attention"), sliding_window=16
     )
@@ -93,6 +118,7 @@ def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
     fields = {**SHAPES[preset], **sizes}
     if smoke:
       fields.pop("num_key_value_heads")
+      fields.pop("query_pre_attn_scalar", None)
     config = bertjax.BertConfig.for_family(fields.pop("model_type"), **fields)
   else:
     config = bertjax.BertConfig.preset(preset, **sizes)
@@ -196,7 +222,7 @@ def main(argv=None) -> dict:
     default=None,
     metavar="MODEL",
     help="only the cases of this model (modernbert-base, mpnet-base, "
-    "deberta-v3-base, ultrabert-12x768); results go to bench_modern_MODEL.{json,md}",
+    "deberta-v3-base, ultrabert-12x768, embeddinggemma-300m); results go to bench_modern_MODEL.{json,md}",
   )
   args = p.parse_args(argv)
   if args.smoke:

@@ -131,6 +131,7 @@ def test_modern_families_benchmark_smoke():
     "mpnet-base",
     "deberta-v3-base",
     "ultrabert-12x768",
+    "embeddinggemma-300m",
   }
   for r in rows.values():
     assert r["max_abs_diff_bertjax_vs_torch"] < 1e-4  # the same function is being timed

@@ -31,6 +31,8 @@ REFERENCE_CONFIGS = {
   "modernbert": ("ModernBertConfig", dict(global_attn_every_n_layers=2, local_attention=4)),
   "eurobert": ("EuroBertConfig", dict(num_key_value_heads=2, mask_token_id=3)),
   "ultrabert": ("UltrabertConfig", dict(num_key_value_heads=2, sliding_window=2)),
+  # Remote code only: the config.json its released code writes (tests/reference_neobert.py).
+  "neobert": ("reference_neobert", {}),
   "gemma3_text": (
     "Gemma3TextConfig",
     # head_dim = hidden / heads, as EmbeddingGemma's (Gemma 3's default 256 is not)
@@ -110,10 +112,16 @@ def test_a_value_bertjax_does_not_implement_is_refused_by_name():
 def test_every_config_transformers_writes_for_a_family_loads(model_type, tmp_path):
   transformers = pytest.importorskip("transformers")
   name, options = REFERENCE_CONFIGS[model_type]
-  reference = getattr(transformers, name)(num_labels=3, **options)
-  reference.save_pretrained(tmp_path)  # transformers' own file: its defaults written out
-  saved = json.loads((tmp_path / "config.json").read_text())
-  everything = json.loads(json.dumps(reference.to_dict()))  # every attribute it has
+  if name == "reference_neobert":
+    import reference_neobert
+
+    hf = reference_neobert.config_json(reference_neobert.NeoBERTConfig(num_labels=3), "NeoBERT")
+    saved = everything = hf
+  else:
+    reference = getattr(transformers, name)(num_labels=3, **options)
+    reference.save_pretrained(tmp_path)  # transformers' own file: its defaults written out
+    saved = json.loads((tmp_path / "config.json").read_text())
+    everything = json.loads(json.dumps(reference.to_dict()))  # every attribute it has
   for hf in (saved, everything):
     config = bertjax.BertConfig.from_hf_dict(hf)
     assert (config.model_type, config.num_labels) == (model_type, 3)

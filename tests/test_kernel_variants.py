@@ -268,7 +268,8 @@ def test_implementations_without_a_variant_refuse_it(variant):
 
 
 @pytest.mark.parametrize(
-  "family", ["modernbert", "mpnet", "eurobert", "deberta-v2", "ultrabert", "gemma3_text"]
+  "family",
+  ["modernbert", "mpnet", "eurobert", "deberta-v2", "ultrabert", "gemma3_text", "neobert"],
 )
 def test_model_on_the_fused_kernel_equals_the_xla_path(family):
   """A model of each family runs on the fused kernel (interpret mode): outputs, statistics,
@@ -286,6 +287,7 @@ def test_model_on_the_fused_kernel_equals_the_xla_path(family):
       sliding_window=6,
       query_pre_attn_scalar=5,
     ),
+    "neobert": dict(),  # rotary on interleaved pairs, q/k/v fused head by head
     "deberta-v2": dict(  # v3's layout: log buckets, shared keys, both terms
       relative_attention=True,
       position_buckets=8,

@@ -58,6 +58,7 @@ FAMILIES = {
     "sliding_window": 4,
     "query_pre_attn_scalar": 5,
   },
+  "neobert": {"model_type": "neobert"},
   "nomic_bert": {"preset": "nomic-bert"},
   "mpnet": {"preset": "mpnet-base"},
 }
@@ -163,7 +164,7 @@ def test_cp_lrp_conserves_exactly_and_attnlrp_leaves_softmax_part(family):
   assert np.isfinite(attn.absorbed).all() and not np.asarray(attn.tokens)[mask == 0].any()
   if family in ("bert", "roberta", "albert", "distilbert", "mpnet"):
     assert np.abs(np.asarray(cp.positions)).max() > 0  # an absolute or bias table
-  if family in ("modernbert", "eurobert", "nomic_bert", "ultrabert", "gemma3_text"):
+  if family in ("modernbert", "eurobert", "nomic_bert", "ultrabert", "gemma3_text", "neobert"):
     assert not np.asarray(cp.positions).any()  # rotary: no position vectors
 
 

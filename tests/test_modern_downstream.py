@@ -1,5 +1,5 @@
 """Everything downstream of the encoder on ModernBERT, EuroBERT, MPNet, NomicBERT, DeBERTa,
-UltraBERT, EmbeddingGemma.
+UltraBERT, EmbeddingGemma, NeoBERT.
 
 Each family gets a random model (ModernBERT with a 4-token window in two of three layers,
 EuroBERT with grouped key/value heads) with an MLM head, saved with `to_hf` beside a
@@ -52,6 +52,7 @@ FAMILIES = (
   "deberta-v2",
   "ultrabert",
   "gemma3_text",
+  "neobert",
 )
 SIZES = dict(
   hidden_size=40,
@@ -89,6 +90,7 @@ EXTRA = {
   ),
   "mpnet": dict(pad_token_id=1, max_position_embeddings=130, type_vocab_size=0),
   "nomic_bert": dict(),
+  "neobert": dict(intermediate_size=72),  # a SwiGLU 48 wide
   "deberta-v2": dict(
     relative_attention=True,
     pos_att_type=("p2c", "c2p"),
@@ -111,6 +113,7 @@ SPECIALS = {
   "gemma3_text": ("<bos>", "<eos>", "<mask>"),
   "mpnet": ("<s>", "</s>", "<mask>"),
   "nomic_bert": ("[CLS]", "[SEP]", "[MASK]"),
+  "neobert": ("[CLS]", "[SEP]", "[MASK]"),
   "deberta-v2": ("[CLS]", "[SEP]", "[MASK]"),
 }
 CLASSES = {
@@ -192,6 +195,8 @@ def _build(family: str, directory: pathlib.Path, texts) -> pathlib.Path:
     tok.train_from_iterator(texts, vocab_size=600, show_progress=False, special_tokens=specials)
     tok.save_model(str(directory))
     settings = {"do_lower_case": True}
+    if family == "neobert":  # bert-base-uncased's tokenizer; transformers has no NeoBERT
+      settings["tokenizer_class"] = "BertTokenizer"
     if family == "mpnet":
       settings.update(
         bos_token="<s>",
@@ -666,11 +671,11 @@ def test_experiment_smoke_runs_on_modernbert(model_dirs, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["modernbert", "ultrabert", "gemma3_text"])
+@pytest.mark.parametrize("name", ["modernbert", "ultrabert", "gemma3_text", "neobert"])
 def test_report_runs_on_a_modern_family(model_dirs, name, tmp_path):
   """`bertjax report --model DIR --reduced` on a random ModernBERT (windows, pre-LN, GeGLU),
-  UltraBERT (windows by radius, grouped heads, SwiGLU, its two-layer MLM head) and
-  EmbeddingGemma (sandwich norms, QK-norm, no MLM head)."""
+  UltraBERT (windows by radius, grouped heads, SwiGLU, its two-layer MLM head),
+  EmbeddingGemma (sandwich norms, QK-norm, no MLM head) and NeoBERT (interleaved rotary)."""
   out = tmp_path / "report"
   proc = pyrunner.run(
     [

@@ -49,6 +49,7 @@ CONFIGS = {
     query_pre_attn_scalar=5,
   ),
   "nomic_bert": dict(preset="nomic-bert"),
+  "neobert": dict(model_type="neobert"),
   "mpnet": dict(preset="mpnet-base"),
   "deberta": dict(preset="deberta-v3-base", position_buckets=8, max_relative_positions=16),
 }

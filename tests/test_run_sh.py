@@ -87,6 +87,7 @@ FAMILY_NAMES = {
   "deberta-v2": "DeBERTa-v2",
   "ultrabert": "UltraBERT",
   "gemma3_text": "EmbeddingGemma",
+  "neobert": "NeoBERT",
 }
 
 

@@ -465,6 +465,13 @@ class BertConfig:
     return self.family.always_project or self.embed_dim != self.hidden_size
 
   @property
+  def ffn_size(self) -> int:
+    """The FFN's width: `intermediate_size`, or the family's rule on it (NeoBERT's SwiGLU
+    is two thirds of it, rounded up to a multiple of 8: `Family.ffn_width`)."""
+    rule = self.family.ffn_width
+    return self.intermediate_size if rule is None else rule(self.intermediate_size)
+
+  @property
   def head_dim(self) -> int:
     """Each head's width: `hidden_size / num_attention_heads`."""
     return self.hidden_size // self.num_attention_heads
@@ -616,7 +623,7 @@ class BertConfig:
         "'electra'"
       )
     for field in sorted(set(fam.config_defaults) - set(fam.config_fields)):
-      if field in _BLOCK_KEYS:
+      if field in _BLOCK_KEYS and fam.rope_keys:
         continue  # written below in the family's own layout
       if getattr(self, field) != fam.config_defaults[field]:
         raise ValueError(
@@ -625,6 +632,7 @@ class BertConfig:
           f"{fam.config_defaults[field]!r})"
         )
     values = dict(
+      num_key_value_heads=self.kv_heads,  # a number: Gemma 3's config class takes no null
       embedding_size=self.embed_dim,
       num_hidden_groups=self.groups,
       classifier_dropout_prob=(
@@ -652,7 +660,7 @@ class BertConfig:
     """The rotary, layer-type and head-size keys, in transformers 5's layout."""
     fam = self.family
     hf: dict[str, Any] = {}
-    if fam.positions == "rotary":
+    if fam.positions == "rotary" and fam.rope_keys:
       hf["head_dim"] = self.head_dim
       if fam.layer_typed or self.layer_types is not None:
         local = self.local_rope_theta if self.local_rope_theta is not None else self.rope_theta
@@ -781,7 +789,7 @@ def _hf_block_options(fam: Family, hf: dict[str, Any]) -> dict[str, Any]:
       f"head_dim={head_dim} with num_attention_heads={heads} does not give "
       f"hidden_size={hidden}; bertjax needs head_dim = hidden_size / heads"
     )
-  if fam.positions == "rotary":
+  if fam.positions == "rotary" and fam.rope_keys:
     rope = hf.get("rope_parameters") or hf.get("rope_scaling")
     if isinstance(rope, dict) and ("full_attention" in rope or "sliding_attention" in rope):
       full = _rope_theta(rope.get("full_attention"), "rope_parameters['full_attention']")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from bertjax.model.family_schema import (
+  swiglu_width,
   FFNS,
   FUSED,
   LAYER_ROLES,
@@ -909,6 +910,94 @@ FAMILIES: dict[str, Family] = {
     what_differs="EmbeddingGemma: Gemma 3's bidirectional block, pre- and post-sublayer "
     "RMSNorms (`1 + w`), QK-norm, GeGLU, embeddings times sqrt(H), windows in five of six "
     "layers with a rotary theta per layer type",
+  ),
+  "neobert": Family(
+    # NeoBERT (Le Breton et al. 2025): remote code only (`NeoBERT`, `NeoBERTLMHead`,
+    # `NeoBERTForSequenceClassification` of chandar-lab/NeoBERT's model.py); tensors under
+    # `model.` in its task models, as its released checkpoint holds them.
+    model_type="neobert",
+    prefix="model",
+    layer_prefix="transformer_encoder.{i}.",
+    layer_names=dict(
+      qkv_per_head="qkv",
+      attn_output="wo",
+      attn_norm="attention_norm",
+      gate_in="ffn.w12",
+      ffn_out="ffn.w3",
+      ffn_norm="ffn_norm",
+    ),
+    config_fields=(
+      "vocab_size",
+      "hidden_size",
+      "num_hidden_layers",
+      "num_attention_heads",
+      "intermediate_size",
+      "max_position_embeddings",
+      "initializer_range",
+      "pad_token_id",
+      "layer_norm_eps",
+      "classifier_dropout_prob",
+      "tie_word_embeddings",
+    ),
+    config_keys=dict(
+      layer_norm_eps="norm_eps",
+      max_position_embeddings="max_length",
+      initializer_range="embedding_init_range",
+      classifier_dropout_prob="classifier_dropout",
+    ),
+    config_defaults=dict(
+      _LLAMA_DEFAULTS,
+      vocab_size=30522,
+      max_position_embeddings=1024,
+      layer_norm_eps=1e-6,
+      rope_theta=10000.0,
+      classifier_dropout_prob=0.1,
+      classifier_pooling="cls",
+    ),
+    # Its config class derives `dim_head` from the sizes and keeps the initialisers' ranges,
+    # its constructor's leftover keyword arguments and where the tokenizer came from.
+    ignored_keys=(
+      "dim_head",
+      "decoder_init_range",
+      "classifier_init_range",
+      "kwargs",
+      "pretrained_model_name_or_path",
+      "trust_remote_code",
+    ),
+    embedding_names=dict(word="encoder"),
+    projection=None,
+    pooler=None,
+    final_norm="layer_norm",
+    positions="rotary",
+    rotary_layout="pairs",
+    rope_keys=False,
+    norm="pre",
+    norm_kind="rmsnorm",
+    ffn="gated",
+    ffn_width=swiglu_width,
+    token_types=False,
+    shared_layers=False,
+    heads={
+      # The final states straight into its own decoder, with a bias.
+      "mlm": Head(
+        "tokens",
+        (
+          (("decoder",), "decoder.weight", "linear", "untied"),
+          (("bias",), "decoder.bias", "plain", None),
+        ),
+        tied=("decoder.weight",),
+      ),
+      "classifier": _two_layer("dense", "classifier", "tanh"),
+    },
+    architectures={
+      (): "NeoBERT",
+      ("mlm",): "NeoBERTLMHead",
+      ("classifier",): "NeoBERTForSequenceClassification",
+    },
+    no_pooler=frozenset(),
+    special_tokens=_BERT_TOKENS,
+    what_differs="pre-RMSNorm without biases, rotary q/k on interleaved pairs, SwiGLU two "
+    "thirds of intermediate_size wide, q/k/v fused head by head; an untied MLM decoder",
   ),
   "deberta-v2": Family(
     model_type="deberta-v2",

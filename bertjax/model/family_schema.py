@@ -7,7 +7,7 @@ says what each field of a row means, with the role names and value sets the rows
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 # Roles of a layer's tensors -> our parameter path (under encoder/layers). Each role is a
 # linear module (kernel + optional bias) or a norm (scale + optional bias).
@@ -33,7 +33,12 @@ LAYER_ROLES: dict[str, tuple[str, ...]] = {
 }
 NORM_ROLES = ("attn_norm", "ffn_norm", "attn_post_norm", "ffn_post_norm", "q_norm", "k_norm")
 # Fused Hugging Face tensors -> the roles they hold, in order along the output axis.
-FUSED = {"qkv": ("query", "key", "value"), "gate_in": ("ffn_gate", "ffn_in")}
+FUSED = {
+  "qkv": ("query", "key", "value"),
+  "gate_in": ("ffn_gate", "ffn_in"),
+  # NeoBERT's qkv: per head, that head's query, key and value rows (H q_h k_h v_h blocks).
+  "qkv_per_head": ("query", "key", "value"),
+}
 
 NORMS = ("post", "pre", "sandwich")
 NORM_KINDS = ("layernorm", "rmsnorm")
@@ -41,6 +46,13 @@ POSITIONS = ("absolute", "after_padding", "rotary")
 POSITION_BIASES = (None, "relative_buckets", "disentangled")
 FFNS = ("dense", "gated")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+ROTARY_LAYOUTS = ("halves", "pairs")
+
+
+def swiglu_width(intermediate_size: int) -> int:
+  """NeoBERT's FFN width from its `intermediate_size`: two thirds of it, rounded up to a
+  multiple of 8 (3072 -> 2048), as its released code sizes xformers' SwiGLU."""
+  return 8 * ((int(2 * intermediate_size / 3) + 7) // 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +183,13 @@ class Family:
     norm_offset: a norm multiplies by `offset + scale` (Gemma's `1 + w`: its weights are
       stored as `w`, initialised to 0); 0 for every other family.
     embedding_scale: the word embeddings are multiplied by `sqrt(hidden_size)` (Gemma).
+    rotary_layout: how q and k are rotated: "halves" (transformers' `rotate_half`: dimension i
+      pairs with i + D/2) or "pairs" (NeoBERT: dimensions 2i and 2i + 1, as complex numbers).
+    rope_keys: its `config.json` carries the rotary theta (`rope_parameters`) and `head_dim`;
+      False where the family's code fixes the theta (NeoBERT: 10000), which is then refused
+      at any other value.
+    ffn_width: the FFN's width from `config.intermediate_size` where they differ
+      (`swiglu_width`: NeoBERT); None: the FFN is `intermediate_size` wide.
     required_values: `config.json` keys whose only value bertjax implements is this one
       (EmbeddingGemma's `use_bidirectional_attention: true`); another value is refused by
       name, and `to_hf` writes them.
@@ -245,6 +264,9 @@ class Family:
   norm_kind: str = "layernorm"
   norm_offset: float = 0.0
   embedding_scale: bool = False
+  rotary_layout: str = "halves"
+  rope_keys: bool = True
+  ffn_width: Callable[[int], int] | None = None
   required_values: Mapping[str, object] = dataclasses.field(default_factory=dict)
   ffn: str = "dense"
   first_attn_norm: bool = True
@@ -267,6 +289,7 @@ class Family:
       ("position_bias", POSITION_BIASES),
       ("ffn", FFNS),
       ("ffn_dropout", ("after", "inside")),
+      ("rotary_layout", ROTARY_LAYOUTS),
     ):
       if getattr(self, name) not in allowed:
         raise ValueError(

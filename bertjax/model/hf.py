@@ -97,6 +97,8 @@ def _layer_entries(config: BertConfig, layer: int):
     if name in FUSED:
       parts = [_role_tensors(config, role) for role in FUSED[name]]
       for i, (_, suffix, kind) in enumerate(parts[0]):
+        if name == "qkv_per_head":  # interleaved by head, not concatenated
+          kind = f"per_head:{kind}"
         entries.append((f"{hf}.{suffix}", [part[i][0] for part in parts], kind))
     else:
       entries += [
@@ -178,17 +180,29 @@ def _name_map(config: BertConfig, heads: tuple[str, ...], pooler: bool):
 
 
 def _to_torch(kind: str, arrays: list[np.ndarray], config: BertConfig) -> np.ndarray:
-  """Our arrays (one, or the parts of a fused tensor) as one torch-layout array."""
+  """Our arrays (one, or the parts of a fused tensor) as one torch-layout array; a
+  "per_head:" kind interleaves the parts head by head (NeoBERT: q_0 k_0 v_0 q_1 ...)."""
+  per_head = kind.startswith("per_head:")
+  kind = kind.removeprefix("per_head:")
   parts = [_KINDS[kind][0](a, config) for a in arrays]
+  if per_head:  # (N D, ...) each -> (N, parts, D, ...) -> (N parts D, ...)
+    split = [p.reshape(-1, config.head_dim, *p.shape[1:]) for p in parts]
+    return np.stack(split, axis=1).reshape(-1, *parts[0].shape[1:])
   return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
 def _from_torch(
   kind: str, array: np.ndarray, config: BertConfig, sizes: list[int]
 ) -> list[np.ndarray]:
-  """A torch-layout array as our arrays; a fused one split into parts of `sizes` rows."""
-  cuts = np.cumsum(sizes)[:-1]
-  return [_KINDS[kind][1](part, config) for part in np.split(array, cuts, axis=0)]
+  """A torch-layout array as our arrays; a fused one split into parts of `sizes` rows (or,
+  for a "per_head:" kind, into its parts head by head)."""
+  if kind.startswith("per_head:"):
+    kind = kind.removeprefix("per_head:")
+    grouped = array.reshape(-1, len(sizes), config.head_dim, *array.shape[1:])
+    parts = [grouped[:, i].reshape(-1, *array.shape[1:]) for i in range(len(sizes))]
+  else:
+    parts = np.split(array, np.cumsum(sizes)[:-1], axis=0)
+  return [_KINDS[kind][1](part, config) for part in parts]
 
 
 def _tied_names(config: BertConfig) -> set[str]:
@@ -481,7 +495,7 @@ def _shape(abstract, path, layer) -> tuple[int, ...]:
 
 
 def _torch_rows(kind: str, shape: tuple[int, ...], config: BertConfig) -> int:
-  return _KINDS[kind][0](np.zeros(shape, np.float32), config).shape[0]
+  return _KINDS[kind.removeprefix("per_head:")][0](np.zeros(shape, np.float32), config).shape[0]
 
 
 def _expected_shapes(config: BertConfig, heads: tuple[str, ...]) -> dict[str, tuple[int, ...]]:

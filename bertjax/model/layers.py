@@ -283,19 +283,28 @@ def rotary_inv_freq(config: BertConfig) -> np.ndarray | None:
   return np.stack([(1.0 / (np.float32(t) ** exponent)).astype(np.float32) for t in thetas])
 
 
-def rotate(x, inv_freq, positions):
-  """x (B, T, N, D) rotated at `positions` ((T,) or (B, T)): `x cos + rotate_half(x) sin`
-  with `cos, sin` of `cat(f, f)`, `f = position * inv_freq` (transformers' layout)."""
+def rotate(x, inv_freq, positions, layout: str = "halves"):
+  """x (B, T, N, D) rotated at `positions` ((T,) or (B, T)), `f = position * inv_freq`.
+
+  "halves" (transformers' layout): `x cos + rotate_half(x) sin` with `cos, sin` of
+  `cat(f, f)`. "pairs" (NeoBERT's complex product): dimensions 2i and 2i + 1 turn by `f_i`,
+  `x cos + (-x_{2i+1}, x_{2i}) sin` with `cos, sin` of `f` repeated pairwise."""
   freqs = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # (.., T, D/2)
-  emb = jnp.concatenate([freqs, freqs], -1)
+  if layout == "pairs":
+    emb = jnp.repeat(freqs, 2, axis=-1)
+  else:
+    emb = jnp.concatenate([freqs, freqs], -1)
   cos, sin = jnp.cos(emb), jnp.sin(emb)
   if cos.ndim == 2:
     cos, sin = cos[None], sin[None]
   cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (1 | B, T, 1, D)
   acc = jnp.promote_types(x.dtype, jnp.float32)
   xa = x.astype(acc)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-xa[..., half:], xa[..., :half]], -1)
+  if layout == "pairs":
+    rotated = jnp.stack([-xa[..., 1::2], xa[..., 0::2]], -1).reshape(xa.shape)
+  else:
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xa[..., half:], xa[..., :half]], -1)
   return (xa * cos + rotated * sin).astype(x.dtype)
 
 
@@ -445,8 +454,9 @@ class SelfAttention(nn.Module):
     if fam.positions == "rotary":
       inv_freq = jnp.asarray(rotary_inv_freq(cfg))[layer]  # this block's theta
       seq = jnp.arange(x.shape[1]) if sites.packing is None else sites.packing.positions
-      q = rotate(q, inv_freq, seq if sites.rows is None else sites.rows)
-      k = rotate(k, inv_freq, seq)
+      layout = fam.rotary_layout
+      q = rotate(q, inv_freq, seq if sites.rows is None else sites.rows, layout)
+      k = rotate(k, inv_freq, seq, layout)
     q, k, v = sites.visit("q", q), sites.visit("k", k), sites.visit("v", v)
     if cfg.relevance_rules == "attnlrp":  # the uniform rule on the product q k^T
       q, k = divide_gradient(q, 2.0), divide_gradient(k, 2.0)
@@ -728,10 +738,10 @@ class EncoderLayer(nn.Module):
       name=name,
     )
     f_in = sites.visit("ffn_in", norm(h) if fam.pre_norm else h)
-    a = dense(cfg.intermediate_size, "intermediate")(f_in)
+    a = dense(cfg.ffn_size, "intermediate")(f_in)
     if fam.ffn == "gated":
       gate = sites.visit(
-        "ffn_gate", activation_of(cfg, cfg.hidden_act)(dense(cfg.intermediate_size, "gate")(f_in))
+        "ffn_gate", activation_of(cfg, cfg.hidden_act)(dense(cfg.ffn_size, "gate")(f_in))
       )
       if cfg.relevance_rules == "cp-lrp":  # the gate is a constant
         gate = jax.lax.stop_gradient(gate)

@@ -168,7 +168,7 @@ def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int
     heads=config.num_attention_heads,
     kv_heads=config.kv_heads,
     head_dim=config.head_dim,
-    intermediate=config.intermediate_size,
+    intermediate=config.ffn_size,
   )
   shape = tuple(sizes[a] for a in SITES[site][0].split())
   return shape if site == "embeddings" else (config.depth,) + shape

@@ -323,7 +323,7 @@ def site_width(config: BertConfig, site: str) -> int:
     heads=config.num_attention_heads,
     kv_heads=config.kv_heads,
     head_dim=config.head_dim,
-    intermediate=config.intermediate_size,
+    intermediate=config.ffn_size,
   )
   return int(np.prod([sizes[a] for a in axes]))
 
