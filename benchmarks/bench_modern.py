@@ -28,6 +28,7 @@ order (`bertjax.timing`). Results name the CPU and its ISA.
 
 from __future__ import annotations
 
+import pathlib
 import tempfile
 
 import common
@@ -50,6 +51,8 @@ CASES = [
   ("ultrabert-12x768", "ultrabert-12x768", 8, 512, "model"),
   ("embeddinggemma-300m", "embeddinggemma-300m", 8, 128, "model"),
   ("embeddinggemma-300m", "embeddinggemma-300m", 8, 512, "model"),
+  ("neobert", "neobert", 8, 128, "model"),
+  ("neobert", "neobert", 8, 512, "model"),
 ]
 # Shapes that are no preset: UltraBERT at EuroBERT-210m's sizes (12 x 768, SwiGLU 3072, 4 key/
 # value heads), with its own windows (radius 128) in two of every three layers.
@@ -69,6 +72,16 @@ SHAPES = {
   # EmbeddingGemma-300m's shape (google/embeddinggemma-300m's config.json): 24 x 768, 3 heads
   # of 256 on 1 key/value head, GeGLU 1152, windows of 512 (|q - k| <= 256) in five of six
   # layers, the 262,144-token vocabulary.
+  # NeoBERT's released shape (chandar-lab/NeoBERT's config.json): 28 x 768, SwiGLU 2048.
+  "neobert": dict(
+    model_type="neobert",
+    hidden_size=768,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    max_position_embeddings=4096,
+    layer_norm_eps=1e-5,
+  ),
   "embeddinggemma-300m": dict(
     model_type="gemma3_text",
     vocab_size=262144,
@@ -105,7 +118,36 @@ HF_ATTENTION = {
   "deberta-v2": "eager",
   "ultrabert": "sdpa",
   "gemma3_text": "sdpa",
+  "neobert": "sdpa",  # its released code's path: scaled_dot_product_attention, a boolean mask
 }
+
+
+def _neobert_reference(config: bertjax.BertConfig, directory: str):
+  """NeoBERT's released computation in PyTorch (`tests/reference_neobert.py`; transformers
+  has no NeoBERT), loaded strictly from the `to_hf` export."""
+  import sys
+
+  import safetensors.torch
+
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+  import reference_neobert as ref
+
+  model = ref.NeoBERT(
+    ref.NeoBERTConfig(
+      hidden_size=config.hidden_size,
+      num_hidden_layers=config.num_hidden_layers,
+      num_attention_heads=config.num_attention_heads,
+      intermediate_size=config.intermediate_size,
+      vocab_size=config.vocab_size,
+      pad_token_id=config.pad_token_id,
+      max_length=config.max_position_embeddings,
+      norm_eps=config.layer_norm_eps,
+    )
+  )
+  model.load_state_dict(
+    safetensors.torch.load_file(pathlib.Path(directory) / "model.safetensors"), strict=True
+  )
+  return model.eval()
 
 
 def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
@@ -117,7 +159,7 @@ def _config(preset: str, smoke: bool, seq: int) -> bertjax.BertConfig:
   if preset in SHAPES:
     fields = {**SHAPES[preset], **sizes}
     if smoke:
-      fields.pop("num_key_value_heads")
+      fields.pop("num_key_value_heads", None)
       fields.pop("query_pre_attn_scalar", None)
     config = bertjax.BertConfig.for_family(fields.pop("model_type"), **fields)
   else:
@@ -157,17 +199,21 @@ def bench_case(name, preset, batch, seq, variant, args) -> dict:
 
   with tempfile.TemporaryDirectory() as tmp:
     bertjax.to_hf(config, params, tmp)
-    model = (
-      getattr(transformers, HF_CLASS[config.model_type])
-      .from_pretrained(tmp, attn_implementation=HF_ATTENTION[config.model_type])
-      .eval()
-    )
+    if config.model_type == "neobert":
+      model = _neobert_reference(config, tmp)
+    else:
+      model = (
+        getattr(transformers, HF_CLASS[config.model_type])
+        .from_pretrained(tmp, attn_implementation=HF_ATTENTION[config.model_type])
+        .eval()
+      )
   row["torch_attention"] = HF_ATTENTION[config.model_type]
   ids_t, mask_t = torch.tensor(ids).long(), torch.tensor(mask).long()
 
   def torch_call():
     with torch.inference_mode():
-      return model(input_ids=ids_t, attention_mask=mask_t).last_hidden_state
+      out = model(input_ids=ids_t, attention_mask=mask_t)
+      return out["last_hidden_state"] if isinstance(out, dict) else out.last_hidden_state
 
   calls["torch_sdpa"] = torch_call
   times = common.interleaved(calls, args, outputs=outputs)
@@ -222,7 +268,7 @@ def main(argv=None) -> dict:
     default=None,
     metavar="MODEL",
     help="only the cases of this model (modernbert-base, mpnet-base, "
-    "deberta-v3-base, ultrabert-12x768, embeddinggemma-300m); results go to bench_modern_MODEL.{json,md}",
+    "deberta-v3-base, ultrabert-12x768, embeddinggemma-300m, neobert); results go to bench_modern_MODEL.{json,md}",
   )
   args = p.parse_args(argv)
   if args.smoke:

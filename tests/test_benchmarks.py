@@ -132,6 +132,7 @@ def test_modern_families_benchmark_smoke():
     "deberta-v3-base",
     "ultrabert-12x768",
     "embeddinggemma-300m",
+    "neobert",
   }
   for r in rows.values():
     assert r["max_abs_diff_bertjax_vs_torch"] < 1e-4  # the same function is being timed
