@@ -21,7 +21,7 @@ from bertjax.model.layers import rotate
 
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-import reference_neobert as ref  # noqa: E402
+import reference_neobert as ref
 
 ATOL = 1e-4
 SIZES = dict(
@@ -34,7 +34,11 @@ SIZES = dict(
   norm_eps=1e-5,
   num_labels=3,
 )
-CLASSES = {"NeoBERT": None, "NeoBERTLMHead": "mlm", "NeoBERTForSequenceClassification": "classifier"}
+CLASSES = {
+  "NeoBERT": None,
+  "NeoBERTLMHead": "mlm",
+  "NeoBERTForSequenceClassification": "classifier",
+}
 
 
 def _reference(cls: str, seed: int = 0):
@@ -82,7 +86,9 @@ def _close(ours, theirs, name):
 def _compare(model, config, params, head, left=False):
   ids, mask = _batch(left)
   theirs = _run(model, ids, mask)
-  out = bertjax.forward(params, config, ids, mask, output_hidden_states=True, output_attentions=True)
+  out = bertjax.forward(
+    params, config, ids, mask, output_hidden_states=True, output_attentions=True
+  )
   real = mask.astype(bool)
   # The reference's hidden states are the blocks' outputs, before the final norm; bertjax's
   # last one is after it, as transformers' pre-LN encoders give it (the last block's own
@@ -129,7 +135,7 @@ def test_neobert_matches_its_released_computation(tmp_path, cls):
 
 
 def test_interleaved_rotary_is_the_complex_product():
-  """"pairs": dimensions (2i, 2i + 1) as one complex number times exp(i t f_i)."""
+  """ "pairs": dimensions (2i, 2i + 1) as one complex number times exp(i t f_i)."""
   rng = np.random.default_rng(1)
   x = rng.standard_normal((2, 7, 3, 8)).astype(np.float32)
   inv_freq = (1.0 / 10000 ** (np.arange(0, 8, 2) / 8)).astype(np.float32)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 
 from bertjax.model.family_schema import (
-  swiglu_width,
   FFNS,
   FUSED,
   LAYER_ROLES,
@@ -40,6 +39,7 @@ from bertjax.model.family_schema import (
   _mlm,
   _norm,
   _two_layer,
+  swiglu_width,
 )
 from bertjax.model.options import (
   DebertaOptions,
