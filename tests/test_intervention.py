@@ -155,3 +155,68 @@ def test_wrong_interventions_are_refused_by_name():
     )
   with pytest.raises(ValueError, match=r"sites \['nope'\] are unknown"):
     bertjax.forward(PARAMS, CONFIG, IDS, intervention=bertjax.Intervention(capture="nope"))
+
+
+# Subspace interchanges ------------------------------------------------------------------------
+
+SOURCE = RNG.normal(size=(3, 2, 9, 32)).astype(np.float32)
+BASIS = np.linalg.qr(RNG.normal(size=(32, 5)))[0].T.astype(np.float32)  # (5, 32) orthonormal
+
+
+def _interchanged(basis, weight, site="mid", source=SOURCE, **kw):
+  iv = bertjax.Intervention(subspace={site: (source, basis, weight)})
+  return bertjax.forward(PARAMS, CONFIG, IDS, MASK, intervention=iv, **kw).last_hidden_state
+
+
+def test_a_subspace_interchange_is_the_projection_of_a_patch():
+  """On the whole space (any orthonormal basis of it) weight w is the patch of weight w; on
+  k rows it moves exactly those coordinates (a function patch computing the same formula);
+  weight 0 is bitwise the plain forward; k rows at 1, then their complement, give the patch."""
+  full = np.linalg.qr(RNG.normal(size=(32, 32)))[0].T.astype(np.float32)
+  weight = np.zeros((3, 1, 1, 1), np.float32)
+  weight[1] = 0.7
+  patched = bertjax.forward(PARAMS, CONFIG, IDS, MASK, patch={"mid": (SOURCE, weight)})
+  np.testing.assert_allclose(_interchanged(full, weight), patched.last_hidden_state, atol=2e-6)
+  plain = bertjax.forward(PARAMS, CONFIG, IDS, MASK).last_hidden_state
+  np.testing.assert_array_equal(np.asarray(_interchanged(BASIS, 0.0)), np.asarray(plain))
+
+  def by_hand(value, index):
+    moved = ((jnp.asarray(SOURCE)[index] - value) @ BASIS.T) @ BASIS
+    return value + jnp.where(index == 1, 1.0, 0.0) * moved
+
+  hand = bertjax.forward(PARAMS, CONFIG, IDS, MASK, patch={"mid": by_hand}).last_hidden_state
+  at_one = np.zeros((3, 1, 1, 5), np.float32)
+  at_one[1] = 1.0
+  np.testing.assert_allclose(_interchanged(BASIS, at_one), hand, atol=2e-6)
+  assert np.abs(np.asarray(hand) - np.asarray(plain)).max() > 1e-2  # the swap matters
+
+
+def test_a_subspace_interchange_is_differentiable_and_vmaps():
+  weight = np.zeros((3, 2, 9, 5), np.float32)
+  weight[1, :, 4] = 1.0
+  f = jax.jit(lambda b, w: _interchanged(b, w)[:, 0, :6].sum())
+  grad_b, grad_w = jax.grad(f, argnums=(0, 1))(BASIS, weight)
+  probe = RNG.normal(size=BASIS.shape).astype(np.float32)
+  for eps in (1e-2,):
+    fd = (f(BASIS + eps * probe, weight) - f(BASIS - eps * probe, weight)) / (2 * eps)
+    np.testing.assert_allclose(float((grad_b * probe).sum()), float(fd), rtol=2e-3, atol=1e-4)
+  # Position 4 of block 2's mid reaches position 0's output only through block 3's attention.
+  grad_w = np.asarray(grad_w)
+  assert np.abs(grad_w[1, :, 4]).max() > 0 and not grad_w[2, :, 4].any()
+  stack = np.stack([weight * s for s in (0.0, 0.5, 1.0)])
+  many = jax.vmap(lambda w: _interchanged(BASIS, w))(stack)
+  for i, s in enumerate((0.0, 0.5, 1.0)):
+    np.testing.assert_allclose(many[i], _interchanged(BASIS, weight * s), atol=2e-6)
+
+
+def test_wrong_subspaces_are_refused_by_name():
+  with pytest.raises(ValueError, match=r"subspace\['mid'\] basis shape \(5, 31\) must be"):
+    _interchanged(BASIS[:, :31], 1.0)
+  with pytest.raises(ValueError, match=r"subspace\['mid'\] weight shape \(3, 1, 1, 4\) does not"):
+    _interchanged(BASIS, np.ones((3, 1, 1, 4), np.float32))
+  with pytest.raises(ValueError, match=r"subspace\['embeddings'\]: interchanges act on block"):
+    _interchanged(BASIS, 1.0, site="embeddings", source=SOURCE[0])
+  with pytest.raises(ValueError, match=r"subspace\['mid'\] must be a \(source, basis, weight\)"):
+    bertjax.Intervention(subspace={"mid": (SOURCE, BASIS)})
+  with pytest.raises(ValueError, match=r"sites \['middle'\] are unknown"):
+    _interchanged(BASIS, 1.0, site="middle")

@@ -30,10 +30,11 @@ def check_sites(config: BertConfig, intervention: Intervention, batch: int, seq_
   cannot take and patch arrays that do not broadcast to the site's stacked shape (the
   `Intervention` itself checked that they are pairs of numbers)."""
   capture, patch = intervention.capture, intervention.patches
-  unknown = [s for s in capture + tuple(patch) if s not in SITES]
+  named = capture + tuple(patch) + tuple(intervention.subspace)
+  unknown = [s for s in named if s not in SITES]
   if unknown:
     raise ValueError(f"sites {unknown} are unknown; expected names from {tuple(SITES)}")
-  absent = [s for s in capture + tuple(patch) if s not in model_sites(config)]
+  absent = [s for s in named if s not in model_sites(config)]
   if absent:
     why = [
       f"its feed-forward is {config.family.ffn}"
@@ -59,6 +60,8 @@ def check_sites(config: BertConfig, intervention: Intervention, batch: int, seq_
       raise ValueError(
         "patch['embeddings'] is a function; the embeddings site takes a (value, weight) pair"
       )
+  for site, entry in intervention.subspace.items():
+    _check_subspace(config, site, entry, batch, seq_len)
   for site, entry in intervention.patch.items():
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
@@ -73,6 +76,43 @@ def check_sites(config: BertConfig, intervention: Intervention, batch: int, seq_
           f"stacked shape {shape} ({SITES[site][0]}"
           f"{'' if site == 'embeddings' else ', after depth'})"
         )
+
+
+def _check_subspace(config: BertConfig, site: str, entry, batch: int, seq_len: int) -> None:
+  # (source, basis, weight) against the site's stacked shape (depth, ..., D).
+  if site == "embeddings":
+    raise ValueError(
+      "subspace['embeddings']: interchanges act on block sites; patch the embeddings with a "
+      "(value, weight) pair, or interchange at the first block's attn_in"
+    )
+  shape = site_shape(config, site, batch, seq_len)
+  source, basis, weight = (tuple(np.shape(a)) for a in entry)
+  width = shape[-1]
+  if (
+    len(basis) not in (2, 3)
+    or basis[-1] != width
+    or len(basis) == 3
+    and basis[0]
+    not in (
+      1,
+      config.depth,
+    )
+  ):
+    raise ValueError(
+      f"subspace[{site!r}] basis shape {basis} must be (k, {width}) or (depth, k, {width}) with "
+      f"depth {config.depth}: k rows over the site's last axis ({SITES[site][0].split()[-1]})"
+    )
+  k = basis[-2]
+  for what, got, want in (("source", source, shape), ("weight", weight, shape[:-1] + (k,))):
+    try:
+      ok = len(got) <= len(want) and np.broadcast_shapes(got, want) == want
+    except ValueError:
+      ok = False
+    if not ok:
+      raise ValueError(
+        f"subspace[{site!r}] {what} shape {got} does not broadcast to {want} (the site's "
+        f"stacked shape{', with the basis size k=' + str(k) + ' last' if what == 'weight' else ''})"
+      )
 
 
 def check_intervention(

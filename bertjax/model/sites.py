@@ -174,6 +174,17 @@ def site_shape(config: BertConfig, site: str, batch: int, seq: int) -> tuple[int
   return shape if site == "embeddings" else (config.depth,) + shape
 
 
+def interchange(own, source, basis, weight):
+  """`own + (((source - own) @ basis.T) * weight) @ basis` in `own`'s dtype (at least float32
+  inside): `own`'s coordinates on the basis rows (k, D) moved to `source`'s by `weight`
+  (..., k), the rest of `own` kept (`Intervention.subspace`)."""
+  acc = jnp.promote_types(own.dtype, jnp.float32)
+  basis = jnp.asarray(basis).astype(acc)
+  delta = (jnp.asarray(source).astype(acc) - own.astype(acc)) @ basis.T  # (..., k)
+  moved = (delta * jnp.asarray(weight).astype(acc)) @ basis
+  return (own.astype(acc) + moved).astype(own.dtype)
+
+
 def mix(own, value, weight):
   """`weight * value + (1 - weight) * own` in `own`'s dtype."""
   dtype = own.dtype
@@ -232,12 +243,13 @@ class Sites:
     if intervention is not None:
       self.capture = frozenset(intervention.capture)
       self.patch = intervention.patch
+      self.subspace = intervention.subspace
       self.functions = dict(intervention.functions)
       self.head_mask = intervention.head_mask
       self.head_ablation = intervention.head_ablation
       self.layer_mask = intervention.layer_mask
     else:
-      self.capture, self.patch, self.functions = frozenset(), {}, {}
+      self.capture, self.patch, self.functions, self.subspace = frozenset(), {}, {}, {}
       self.head_mask, self.head_ablation, self.layer_mask = None, "scale", None
     self.index = index  # the block's 0-based index (traced under the layer scan)
     self.kept = kept
@@ -248,13 +260,15 @@ class Sites:
     self.captured: dict[str, jax.Array] = {}
 
   def needs(self, name: str) -> bool:
-    """Whether site `name` is captured, patched or edited by a function in this pass."""
-    return name in self.capture or name in self.patch or name in self.functions
+    """Whether site `name` is captured, patched, edited by a function or interchanged."""
+    return (
+      name in self.capture or name in self.patch or name in self.functions or name in self.subspace
+    )
 
   def visit(self, name: str, value):
-    """Site `name`'s value after this pass's edits: a function patch, then a (value, weight)
-    patch (read at the block's rows when it runs on some); records it when captured (a pruned
-    block's removed heads as zeros)."""
+    """Site `name`'s value after this pass's edits: a function patch, a subspace interchange,
+    then a (value, weight) patch (read at the block's rows when it runs on some); records it
+    when captured (a pruned block's removed heads as zeros)."""
     restricted = self.rows is not None and name in ROW_AXIS
     if name in self.functions:
       new = self.functions[name](value, self.index)
@@ -264,6 +278,13 @@ class Sites:
           f"is {value.shape} in each block (it must return the same shape)"
         )
       value = jnp.asarray(new).astype(value.dtype)
+    if name in self.subspace:
+      source, basis, weight = self.subspace[name]
+      if self.kept is not None and name in HEAD_AXIS:
+        source, weight = self._kept_heads(name, source), self._kept_heads(name, weight)
+      if restricted:
+        source, weight = (self._at_rows(name, a, value.ndim) for a in (source, weight))
+      value = interchange(value, source, basis, weight)
     if name in self.patch:
       target, weight = self.patch[name]
       if self.kept is not None and name in HEAD_AXIS:

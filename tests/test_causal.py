@@ -1,0 +1,166 @@
+"""Causal variables (`bertjax.analysis.causal.interchange`) on a planted variable.
+
+A small random BERT with an MLM head; the variable is planted: each pair's counterfactual
+label is the model's own prediction when the base run's residual stream at block 2, token 3
+takes the source's coordinate on one direction u (the top principal direction there), and
+only pairs whose prediction that swap changes are kept. Distributed alignment search with
+k = 1 must find u (|cos| > 0.85) and reach a held-out IIA far above a random direction's and
+the full vector's; the layer search (one program over every layer) must pick block 2 and
+equal `train_subspace` there; DBM over a PCA basis must keep u's row; boundless DAS must beat
+a random direction; steering must equal the same step made by a function patch; the PCA
+basis must equal scikit-learn's (up to sign).
+"""
+
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax.analysis.causal import interchange as ci
+
+CONFIG = bertjax.BertConfig.preset(
+  "tiny",
+  vocab_size=60,
+  hidden_size=32,
+  num_hidden_layers=3,
+  num_attention_heads=4,
+  intermediate_size=64,
+  max_position_embeddings=32,
+  initializer_range=0.4,  # large weights: a one-dimensional swap changes predictions
+)
+B, T, LAYER, STEPS = 1024, 8, 1, 300
+
+
+@pytest.fixture(scope="module")
+def planted():
+  params = bertjax.init(CONFIG, 0, heads=("mlm",))
+  rng = np.random.default_rng(0)
+  base, source = rng.integers(5, 60, (B, T)), rng.integers(5, 60, (B, T))
+  unlabelled = ci.CounterfactualPairs(
+    base_ids=base,
+    source_ids=source,
+    attention_mask=np.ones((B, T), np.int32),
+    positions=np.full((B, 1), 3),
+    target=np.full((B,), 6),
+    candidates=np.array([10, 11, 12, 13]),
+    label=np.zeros(B, np.int64),
+  )
+  u = ci.pca_basis(params, CONFIG, unlabelled, "out", LAYER, 1)[0]
+  w = ci.position_weight(CONFIG, "out", LAYER, unlabelled.positions, T, 1)
+  swapped = np.asarray(ci.interchange_logits(params, CONFIG, unlabelled, "out", u[None], w))
+  plain = np.asarray(ci.interchange_logits(params, CONFIG, unlabelled, "out", u[None], 0 * w))
+  keep = np.flatnonzero(swapped.argmax(-1) != plain.argmax(-1))
+  assert len(keep) > 80, len(keep)  # enough pairs that the swap decides
+  import dataclasses
+
+  pairs = dataclasses.replace(unlabelled, label=swapped.argmax(-1)).take(keep)
+  half = len(keep) // 2
+  return params, u, pairs.take(np.arange(half)), pairs.take(np.arange(half, len(keep)))
+
+
+def _random_direction_iia(params, held, seed):
+  r = np.random.default_rng(seed).standard_normal(CONFIG.hidden_size).astype(np.float32)
+  w = ci.position_weight(CONFIG, "out", LAYER, held.positions, T, 1)
+  return ci.iia(
+    ci.interchange_logits(params, CONFIG, held, "out", r[None] / np.linalg.norm(r), w), held.label
+  )
+
+
+def test_das_finds_the_planted_direction(planted):
+  params, u, train, held = planted
+  fit = ci.train_subspace(
+    params, CONFIG, train, "out", LAYER, k=1, steps=STEPS, lr=0.05, heldout=held
+  )
+  assert abs(float(fit.basis[0] @ u)) > 0.85
+  assert fit.losses[-1] < 0.6 * fit.losses[0]
+  chance = max(_random_direction_iia(params, held, s) for s in range(3))
+  full = ci.iia(
+    ci.interchange_logits(
+      params,
+      CONFIG,
+      held,
+      "out",
+      np.eye(32, dtype=np.float32),
+      ci.position_weight(CONFIG, "out", LAYER, held.positions, T, 32),
+    ),
+    held.label,
+  )
+  assert fit.heldout_iia > 0.75 and fit.heldout_iia > chance + 0.5 and fit.heldout_iia > full + 0.2
+  # The layer search: one program over the layers, the planted block on top, the same fit.
+  fits = ci.layer_search(params, CONFIG, train, held, "out", k=1, steps=STEPS, lr=0.05)
+  assert [f.layer for f in fits] == [0, 1, 2]
+  assert max(fits, key=lambda f: f.heldout_iia).layer == LAYER
+  assert abs(float(fits[LAYER].basis[0] @ u)) > 0.85
+  assert abs(fits[LAYER].heldout_iia - fit.heldout_iia) <= 0.05
+
+
+def test_dbm_and_boundless_das(planted):
+  params, u, train, held = planted
+  pcs = ci.pca_basis(params, CONFIG, train, "out", LAYER, 8)
+  dbm = ci.train_subspace(
+    params, CONFIG, train, "out", LAYER, method="dbm", basis=pcs, steps=STEPS, lr=0.05, heldout=held
+  )
+  top = int(np.argmax(np.abs(pcs @ u)))  # the PCA row closest to u
+  assert dbm.mask[top] > 0.9 and dbm.mask.sum() < 4
+  boundless = ci.train_subspace(
+    params, CONFIG, train, "out", LAYER, method="boundless", steps=STEPS, lr=0.05, heldout=held
+  )
+  assert boundless.basis.shape == (32, 32) and 0 < boundless.mask.sum() < 32
+  assert boundless.heldout_iia > _random_direction_iia(params, held, 0) + 0.3
+
+
+def test_steering_adds_the_step(planted):
+  params, u, _, held = planted
+  few = held.take(np.arange(6))
+  got = np.asarray(ci.steer(params, CONFIG, few, "out", LAYER, 3 * u, [0.0, 0.5, -1.0]))
+
+  def stepped(strength):
+    def fn(value, index):
+      at = np.zeros((6, T, 1), np.float32)
+      at[:, 3] = 1.0
+      return value + (index == LAYER) * strength * 3 * at * u
+
+    out = bertjax.forward(params, CONFIG, few.base_ids, few.attention_mask, patch={"out": fn})
+    h = np.asarray(out.last_hidden_state)[np.arange(6), few.target]
+    return np.asarray(bertjax.mlm_logits(params, CONFIG, h[:, None]))[:, 0][:, few.candidates]
+
+  for i, s in enumerate((0.0, 0.5, -1.0)):
+    np.testing.assert_allclose(got[i], stepped(s), atol=2e-4)
+  assert np.abs(got[2] - got[0]).max() > 1e-2
+
+
+def test_pca_basis_is_scikit_learns(planted):
+  sklearn = pytest.importorskip("sklearn.decomposition")
+  params, _, train, _ = planted
+  pcs = ci.pca_basis(params, CONFIG, train, "out", LAYER, 4)
+  acts = []
+  for ids in (train.base_ids, train.source_ids):
+    out = bertjax.forward(params, CONFIG, ids, train.attention_mask, capture=("out",))
+    acts.append(np.asarray(out.cache["out"])[LAYER][np.arange(len(ids)), 3])
+  theirs = sklearn.PCA(4).fit(np.concatenate(acts)).components_
+  np.testing.assert_allclose(np.abs((pcs * theirs).sum(-1)), 1.0, atol=1e-4)
+
+
+def test_bad_requests_are_refused(planted):
+  params, u, train, _ = planted
+  with pytest.raises(ValueError, match="method='pca' must be one of"):
+    ci.train_subspace(params, CONFIG, train, "out", LAYER, method="pca")
+  with pytest.raises(ValueError, match="layer=3 must be in"):
+    ci.train_subspace(params, CONFIG, train, "out", 3)
+  with pytest.raises(ValueError, match="k=40 must be in"):
+    ci.train_subspace(params, CONFIG, train, "out", LAYER, k=40)
+  with pytest.raises(ValueError, match="pass basis="):
+    ci.train_subspace(params, CONFIG, train, "out", LAYER, method="dbm")
+  with pytest.raises(ValueError, match="params have no 'mlm'"):
+    ci.train_subspace({k: v for k, v in params.items() if k != "mlm"}, CONFIG, train, "out", 1)
+  with pytest.raises(ValueError, match="direction shape"):
+    ci.steer(params, CONFIG, train, "out", LAYER, u[:5], [1.0])
+  with pytest.raises(ValueError, match="positions shape"):
+    ci.CounterfactualPairs(
+      train.base_ids,
+      train.source_ids,
+      train.attention_mask,
+      train.positions[:, 0],
+      train.target,
+      train.candidates,
+      train.label,
+    )
