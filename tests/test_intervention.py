@@ -209,6 +209,22 @@ def test_a_subspace_interchange_is_differentiable_and_vmaps():
     np.testing.assert_allclose(many[i], _interchanged(BASIS, weight * s), atol=2e-6)
 
 
+def test_a_subspace_interchange_on_packed_rows_is_the_padded_one():
+  """Two sentences of 4 and 5 tokens share one packed row; each keeps its own source and
+  weight (at token 2 of the first in block 2, token 3 of the second in block 3)."""
+  mask = (np.arange(9)[None] < np.array([[4], [5]])).astype(np.int32)
+  assert bertjax.Packing.of(mask).shape == (1, 9)
+  weight = np.zeros((3, 2, 9, 5), np.float32)
+  weight[1, 0, 2] = weight[2, 1, 3] = 1.0
+  iv = bertjax.Intervention(subspace={"mid": (SOURCE, BASIS, weight)})
+  run = lambda **kw: bertjax.forward(PARAMS, CONFIG, IDS, mask, intervention=iv, **kw)
+  padded, packed = run().last_hidden_state, run(packed=True).last_hidden_state
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(packed)[real], np.asarray(padded)[real], atol=1e-5)
+  plain = bertjax.forward(PARAMS, CONFIG, IDS, mask).last_hidden_state
+  assert np.abs(np.asarray(padded) - np.asarray(plain))[real].max() > 1e-3
+
+
 def test_wrong_subspaces_are_refused_by_name():
   with pytest.raises(ValueError, match=r"subspace\['mid'\] basis shape \(5, 31\) must be"):
     _interchanged(BASIS[:, :31], 1.0)

@@ -448,7 +448,15 @@ def _packed_forward(
     head_mask = pack(
       jnp.broadcast_to(head_mask[:, None], (batch, seq) + head_mask.shape[1:]), packing
     )
-  intervention = intervention.replace(patch=patch, head_mask=head_mask)
+  subspace = {  # source and weight per token, the basis as it is
+    site: (
+      pack_site(source, SITES[site][0], packing),
+      basis,
+      pack_site(weight, SITES[site][0], packing),
+    )
+    for site, (source, basis, weight) in intervention.subspace.items()
+  }
+  intervention = intervention.replace(patch=patch, head_mask=head_mask, subspace=subspace)
   x = embed(
     params,
     config,
@@ -760,7 +768,8 @@ def _rows_attention(config, output_attentions, intervention: Intervention) -> bo
   fam = config.family
   if fam.positions == "rotary" or fam.position_bias or any(config.layer_windows):
     return False
-  if output_attentions or "probs" in intervention.capture or "probs" in intervention.patch:
+  probs = "probs" in intervention.capture or "probs" in intervention.patch
+  if output_attentions or probs or "probs" in intervention.subspace:
     return True
   return kernels.attention_impl(config.attention_impl) == "xla"
 
