@@ -11,6 +11,8 @@ a random direction; steering must equal the same step made by a function patch; 
 basis must equal scikit-learn's (up to sign).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -50,8 +52,6 @@ def planted():
   plain = np.asarray(ci.interchange_logits(params, CONFIG, unlabelled, "out", u[None], 0 * w))
   keep = np.flatnonzero(swapped.argmax(-1) != plain.argmax(-1))
   assert len(keep) > 80, len(keep)  # enough pairs that the swap decides
-  import dataclasses
-
   pairs = dataclasses.replace(unlabelled, label=swapped.argmax(-1)).take(keep)
   half = len(keep) // 2
   return params, u, pairs.take(np.arange(half)), pairs.take(np.arange(half, len(keep)))
@@ -128,6 +128,33 @@ def test_steering_adds_the_step(planted):
   assert np.abs(got[2] - got[0]).max() > 1e-2
 
 
+def test_a_probe_reads_out_where_there_is_no_mlm_head(planted):
+  """`with_probe`: the logits are the probe's on the masked mean of the intervened final
+  states, and DAS trains through it (the loss falls)."""
+  params, u, train, _ = planted
+  rng = np.random.default_rng(4)
+  weight, bias = rng.standard_normal((32, 3)).astype(np.float32), np.zeros(3, np.float32)
+  body = {k: v for k, v in params.items() if k != "mlm"}
+  probed = ci.with_probe(body, weight, bias)
+  few = dataclasses.replace(
+    train.take(np.arange(16)), candidates=np.arange(3), label=np.arange(16) % 3
+  )
+  w = ci.position_weight(CONFIG, "out", LAYER, few.positions, T, 1)
+  got = np.asarray(ci.interchange_logits(probed, CONFIG, few, "out", u[None], w))
+  src = bertjax.forward(params, CONFIG, few.source_ids, few.attention_mask, capture=("out",))
+  iv = bertjax.Intervention(subspace={"out": (src.cache["out"], u[None], w)})
+  h = np.asarray(
+    bertjax.forward(
+      params, CONFIG, few.base_ids, few.attention_mask, intervention=iv
+    ).last_hidden_state
+  )
+  np.testing.assert_allclose(got, h.mean(1) @ weight + bias, atol=1e-4)  # no padding here
+  fit = ci.train_subspace(probed, CONFIG, few, "out", LAYER, k=2, steps=30, lr=0.05)
+  assert fit.losses[-1] < fit.losses[0]
+  with pytest.raises(ValueError, match=r"probe weight \(32,\) and bias"):
+    ci.with_probe(body, weight[:, 0], bias)
+
+
 def test_pca_basis_is_scikit_learns(planted):
   sklearn = pytest.importorskip("sklearn.decomposition")
   params, _, train, _ = planted
@@ -150,7 +177,7 @@ def test_bad_requests_are_refused(planted):
     ci.train_subspace(params, CONFIG, train, "out", LAYER, k=40)
   with pytest.raises(ValueError, match="pass basis="):
     ci.train_subspace(params, CONFIG, train, "out", LAYER, method="dbm")
-  with pytest.raises(ValueError, match="params have no 'mlm'"):
+  with pytest.raises(ValueError, match="params have no 'mlm'.*and no 'probe'"):
     ci.train_subspace({k: v for k, v in params.items() if k != "mlm"}, CONFIG, train, "out", 1)
   with pytest.raises(ValueError, match="direction shape"):
     ci.steer(params, CONFIG, train, "out", LAYER, u[:5], [1.0])

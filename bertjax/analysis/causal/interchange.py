@@ -27,6 +27,8 @@ positions `weight` selects, and leaves the rest. Here:
 * `pca_basis`: the top principal directions of a site's activations (a baseline basis).
 * `steer`: add `strength * direction` to one site at one layer and positions, as a sweep
   over strengths, and read the candidates' logits.
+* The readout: the MLM head's logits over the candidates at the target position, or, for a
+  model without one, a linear probe on the pooled final states (`with_probe`).
 
 Everything is one jitted program per shape; the frozen model's parameters are arguments.
 """
@@ -123,8 +125,24 @@ def position_weight(config: BertConfig, site: str, layer, positions, seq_len: in
   return jnp.broadcast_to(w[..., None], w.shape + (k,))
 
 
-def _readout(params, config, out, pairs_target, candidates):
-  # The candidates' MLM logits at each row's target position: (B, C).
+def with_probe(params: Params, weight, bias) -> Params:
+  """`params` with a linear probe (weight (H, C), bias (C,)) as the readout: the pairs'
+  labels then index its C classes (give `candidates=np.arange(C)`), read from the masked
+  mean of the final states (a sentence encoder's pooled embedding) instead of an MLM head."""
+  weight, bias = np.asarray(weight, np.float32), np.asarray(bias, np.float32)
+  if weight.ndim != 2 or bias.shape != weight.shape[1:]:
+    raise ValueError(f"probe weight {weight.shape} and bias {bias.shape} must be (H, C), (C,)")
+  return {**params, "probe": {"weight": weight, "bias": bias}}
+
+
+def _readout(params, config, out, pairs_target, candidates, mask=None):
+  # (B, C): the probe's logits on the pooled final states when params hold one, else the
+  # candidates' MLM logits at each row's target position.
+  if "probe" in params:
+    h, p = out.last_hidden_state, params["probe"]
+    m = jnp.asarray(mask, h.dtype)[..., None]
+    pooled = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
+    return pooled @ p["weight"] + p["bias"]
   rows = jnp.arange(out.last_hidden_state.shape[0])
   h = out.last_hidden_state[rows, jnp.asarray(pairs_target)]  # (B, H)
   return mlm_logits(params, config, h[:, None])[:, 0][:, jnp.asarray(candidates)]
@@ -133,10 +151,10 @@ def _readout(params, config, out, pairs_target, candidates):
 def _check(params, config: BertConfig, site: str):
   if site not in SITES or site == "embeddings":
     raise ValueError(f"site {site!r} must be a block site; expected one of {tuple(SITES)[1:]}")
-  if "mlm" not in params:
+  if "mlm" not in params and "probe" not in params:
     raise ValueError(
-      "the counterfactual label is read from the MLM head: params have no 'mlm' "
-      "(bertjax.training.mlm_head fits one for a checkpoint without it)"
+      "the counterfactual label is read from the MLM head or a probe: params have no 'mlm' "
+      "(bertjax.training.mlm_head fits one) and no 'probe' (with_probe adds one)"
     )
 
 
@@ -149,7 +167,7 @@ def _source(params, config, pairs_src, mask, *, site):
 def _intervened(params, config, base, mask, source, basis, weight, target, candidates, *, site):
   iv = Intervention(subspace={site: (source, basis, weight)})
   out = forward(params, config, base, mask, intervention=iv)
-  return _readout(params, config, out, target, candidates)
+  return _readout(params, config, out, target, candidates, mask)
 
 
 def interchange_logits(params, config, pairs: CounterfactualPairs, site: str, basis, weight):
@@ -255,7 +273,7 @@ def _train(
     weight = position_weight(config, site, layer, positions, seq, basis.shape[0]) * row_mask
     iv = Intervention(subspace={site: (src, basis, weight)})
     out = forward(params, config, base, mask, intervention=iv)
-    logits = _readout(params, config, out, target, candidates)
+    logits = _readout(params, config, out, target, candidates, mask)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, label).mean()
     return ce + penalty * extra
 
