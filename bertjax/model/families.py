@@ -2,10 +2,11 @@
 
 A row describes the whole block, so the one layer in `layers.py` reads the row and never
 `model_type`: where the norms sit (after each sublayer's residual, BERT; or before it, with
-a final norm after the last block, ModernBERT/EuroBERT), which norm (LayerNorm, RMSNorm),
-how positions enter (a learned table counted from 0 or after the padding index, a fixed
-sinusoidal table, rotary q/k, a relative-position bias shared by every layer), the
-feed-forward kind (dense, or gated: GeGLU/SwiGLU), and the names of every tensor. What a
+a final norm after the last block, ModernBERT/EuroBERT; or both, Gemma 3), which norm
+(LayerNorm, RMSNorm, Gemma's `1 + w`), how positions enter (a learned table counted from 0 or
+after the padding index, a fixed sinusoidal table, rotary q/k on halves or on interleaved
+pairs, a relative-position bias shared by every layer), the feed-forward kind (dense, or
+gated: GeGLU/SwiGLU) and its width rule, and the names of every tensor. What a
 config may switch (biases, grouped key/value heads, the per-layer window and rope theta) are
 config fields (`config.py`) whose Hugging Face keys the row names. `config.py` (config
 keys), `hf.py` (tensor names, fused tensors, architectures), `layers.py` (block,
