@@ -66,16 +66,20 @@ def check_sites(config: BertConfig, intervention: Intervention, batch: int, seq_
     shape = site_shape(config, site, batch, seq_len)
     for what, array in zip(("value", "weight"), entry):
       got = tuple(np.shape(array))
-      try:
-        ok = len(got) <= len(shape) and np.broadcast_shapes(got, shape) == shape
-      except ValueError:
-        ok = False
-      if not ok:
+      if not _broadcasts(got, shape):
         raise ValueError(
           f"patch[{site!r}] {what} shape {got} does not broadcast to the site's "
           f"stacked shape {shape} ({SITES[site][0]}"
           f"{'' if site == 'embeddings' else ', after depth'})"
         )
+
+
+def _broadcasts(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+  """Whether an array of shape `got` broadcasts to `want` without growing it."""
+  try:
+    return len(got) <= len(want) and np.broadcast_shapes(got, want) == want
+  except ValueError:
+    return False
 
 
 def _check_subspace(config: BertConfig, site: str, entry, batch: int, seq_len: int) -> None:
@@ -104,11 +108,7 @@ def _check_subspace(config: BertConfig, site: str, entry, batch: int, seq_len: i
     )
   k = basis[-2]
   for what, got, want in (("source", source, shape), ("weight", weight, shape[:-1] + (k,))):
-    try:
-      ok = len(got) <= len(want) and np.broadcast_shapes(got, want) == want
-    except ValueError:
-      ok = False
-    if not ok:
+    if not _broadcasts(got, want):
       raise ValueError(
         f"subspace[{site!r}] {what} shape {got} does not broadcast to {want} (the site's "
         f"stacked shape{', with the basis size k=' + str(k) + ' last' if what == 'weight' else ''})"

@@ -299,6 +299,35 @@ def _fixed_basis(method, k, basis, dim):
   return jnp.zeros((k if method == "das" else dim, dim), jnp.float32)  # only its shape is read
 
 
+def _trainer(params, config, pairs, site, *, method, k, basis, steps, lr, penalty):
+  """The checks both entry points make, then `fit(key, layer) -> (basis, mask, losses)` on
+  `pairs` (the source's site captured once; vmappable over keys and layers)."""
+  _check(params, config, site)
+  if method not in METHODS:
+    raise ValueError(f"method={method!r} must be one of {METHODS}")
+  fixed = _fixed_basis(method, k, basis, site_shape(config, site, 1, 1)[-1])
+  src = _source(params, config, pairs.source_ids, pairs.attention_mask, site=site)
+  return lambda key, layer: _train(
+    params,
+    config,
+    pairs.base_ids,
+    pairs.attention_mask,
+    src,
+    pairs.positions,
+    pairs.target,
+    pairs.candidates,
+    pairs.label,
+    fixed,
+    key,
+    layer,
+    site=site,
+    method=method,
+    steps=steps,
+    lr=lr,
+    penalty=penalty,
+  )
+
+
 def train_subspace(
   params: Params,
   config: BertConfig,
@@ -332,33 +361,21 @@ def train_subspace(
   Returns:
     A `SubspaceFit`.
   """
-  _check(params, config, site)
-  if method not in METHODS:
-    raise ValueError(f"method={method!r} must be one of {METHODS}")
   if not 0 <= layer < config.depth:
     raise ValueError(f"layer={layer} must be in [0, {config.depth})")
-  dim = site_shape(config, site, 1, 1)[-1]
-  fixed = _fixed_basis(method, k, basis, dim)
-  src = _source(params, config, pairs.source_ids, pairs.attention_mask, site=site)
-  got_basis, mask, losses = _train(
+  fit = _trainer(
     params,
     config,
-    pairs.base_ids,
-    pairs.attention_mask,
-    src,
-    pairs.positions,
-    pairs.target,
-    pairs.candidates,
-    pairs.label,
-    fixed,
-    jax.random.key(seed),
-    layer,
-    site=site,
+    pairs,
+    site,
     method=method,
+    k=k,
+    basis=basis,
     steps=steps,
     lr=lr,
     penalty=penalty,
   )
+  got_basis, mask, losses = fit(jax.random.key(seed), layer)
   score = None
   if heldout is not None:
     w = position_weight(
@@ -389,30 +406,20 @@ def layer_search(
 ) -> list[SubspaceFit]:
   """`train_subspace` at every layer at once (one program: the layers vmapped), each fit
   scored by IIA on `heldout`. Returns one `SubspaceFit` per layer."""
-  _check(params, config, site)
-  if method not in METHODS:
-    raise ValueError(f"method={method!r} must be one of {METHODS}")
-  dim = site_shape(config, site, 1, 1)[-1]
-  fixed = _fixed_basis(method, k, basis, dim)
-  src = _source(params, config, pairs.source_ids, pairs.attention_mask, site=site)
+  fit = _trainer(
+    params,
+    config,
+    pairs,
+    site,
+    method=method,
+    k=k,
+    basis=basis,
+    steps=steps,
+    lr=lr,
+    penalty=penalty,
+  )
   keys = jax.random.split(jax.random.key(seed), config.depth)
-  train = functools.partial(_train, site=site, method=method, steps=steps, lr=lr, penalty=penalty)
-  bases, masks, losses = jax.vmap(
-    lambda key, layer: train(
-      params,
-      config,
-      pairs.base_ids,
-      pairs.attention_mask,
-      src,
-      pairs.positions,
-      pairs.target,
-      pairs.candidates,
-      pairs.label,
-      fixed,
-      key,
-      layer,
-    )
-  )(keys, jnp.arange(config.depth))
+  bases, masks, losses = jax.vmap(fit)(keys, jnp.arange(config.depth))
   hsrc = _source(params, config, heldout.source_ids, heldout.attention_mask, site=site)
   seq = heldout.base_ids.shape[1]
   logits = jax.vmap(
