@@ -681,7 +681,7 @@ def write_results(
     name: the experiment's name (its script's stem).
     out: the output directory (created if missing).
     results: every measured number (NumPy arrays become lists; NaN/inf become null).
-    findings: rows made with `findings.Rule.row`, or the script's `findings(results,
+    findings: rows made with `bertjax.claims.Claim.row`, or the script's `findings(results,
       settings)`: then the rows are made from the results and settings as the JSON holds them,
       as `findings.py --refresh` makes them, and logged.
     settings: the run's settings (sizes, steps, model), so the run can be repeated.
@@ -706,7 +706,7 @@ def write_results(
       log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   for f in findings:
     if set(f) != {"paper", "claim", "measured", "holds"} or f["holds"] not in HOLDS:
-      raise ValueError(f"malformed finding {f!r}: make it with findings.Rule.row")
+      raise ValueError(f"malformed finding {f!r}: make it with bertjax.claims.Claim.row")
   stem = stem or results_stem(name, model)
   wrong = [f for f in figures if not f.startswith(f"{stem}_")]
   if wrong:

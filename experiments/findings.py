@@ -1,11 +1,11 @@
 """The Findings: the rules every experiment's verdicts follow, and the tables generated from
 the committed experiment results.
 
-A rule is data (`Rule`): the paper's claim and the tests its verdict reads, each a measured
-quantity against a threshold (`Test`). Each experiment's rules live in `rules/NAME.py`,
-apart from the script that measures the quantities they name, and `Rule.row` applies the
-rule and states it in the row; the
-uncertainty below applies the same rules to resampled quantities.
+A rule is data (`bertjax.claims.Claim`, the engine the report's readings use too): the
+paper's claim and the tests its verdict reads, each a measured quantity against a threshold
+(`Test`). Each experiment's claims live in `rules/NAME.py`, apart from the script that
+measures the quantities they name, and `Claim.row` applies the rule and states it in the row;
+the uncertainty below applies the same rules to resampled quantities.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
 scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
@@ -34,20 +34,17 @@ Run:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import hashlib
 import importlib
 import json
-import operator
 import pathlib
 import sys
-from collections.abc import Mapping, Sequence
 
 import common
 import numpy as np
 
-from bertjax import stats
+from bertjax import claims, stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"  # docs/findings.md
@@ -69,7 +66,6 @@ ORDER = (
   "albert_sharing",
   "model_compression",
 )
-MARK = {"yes": "✅ yes", "partly": "◐ partly", "no": "❌ no", "n/a": "— n/a"}
 
 
 def _cell(text: str) -> str:
@@ -91,135 +87,6 @@ def load(results_dir: pathlib.Path) -> list[dict]:
   )
 
 
-# Rules -------------------------------------------------------------------------------------
-#
-# A Findings row's rule is data: the paper's claim and the tests its verdict reads, each a
-# measured quantity compared with a threshold (a number, or another quantity). An experiment
-# names its quantities and measures them; `Rule.row` applies the rule and states it in the
-# row, and the uncertainty below applies the same rule to resampled quantities.
-
-OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-VERDICTS = common.HOLDS  # "yes", "partly", "no", "n/a"
-
-
-@dataclasses.dataclass(frozen=True)
-class Test:
-  """`quantity op threshold`: a measured quantity against a number or another quantity's
-  name, with `op` one of >=, >, <=, <."""
-
-  quantity: str
-  op: str
-  threshold: float | str
-
-  def __post_init__(self):
-    if self.op not in OPS:
-      raise ValueError(f"op={self.op!r} not understood: expected one of {', '.join(OPS)}")
-
-  def names(self) -> tuple[str, ...]:
-    """The quantities the test reads."""
-    return (self.quantity,) + ((self.threshold,) if isinstance(self.threshold, str) else ())
-
-  def holds(self, quantities: Mapping[str, float]) -> bool:
-    """Whether the test holds on `quantities` (which must name every quantity it reads)."""
-    missing = [n for n in self.names() if n not in quantities]
-    if missing:
-      raise KeyError(f"the rule reads {missing}, which the quantities {sorted(quantities)} lack")
-    right = self.threshold
-    if isinstance(right, str):
-      right = quantities[right]
-    return bool(OPS[self.op](float(quantities[self.quantity]), float(right)))
-
-  def text(self, after: str | None = None) -> str:
-    """The test in words; the quantity's name is left out when it is `after`, the quantity
-    the text just named ("x > 0.8 and > y")."""
-    right = self.threshold if isinstance(self.threshold, str) else f"{self.threshold:.3g}"
-    left = "" if self.quantity == after else f"{self.quantity} "
-    return f"{left}{self.op} {right}"
-
-
-def _joined(tests: Sequence[Test], word: str, after: str | None) -> str:
-  texts = []
-  for t in tests:
-    texts.append(t.text(after))
-    after = t.quantity
-  return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + f" {word} " + texts[-1]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  """A Findings row's rule: the `claim` of `paper` and how its verdict is read.
-
-  "yes" when every `yes` test holds. Else "partly" when the `partly` tests hold: every one
-  with `partly_if="all"`, at least one with `"any"` (without `partly` tests, some but not
-  all of the `yes` tests), never with `"never"`. Else "no". Where an `applies` test fails,
-  the claim cannot be judged yet: "n/a". A quantity measured as None (not measured, or never
-  reached) gives `missing` (`missing_when` says when, in words); with no `missing`, None is
-  an error.
-  """
-
-  paper: str
-  claim: str
-  yes: tuple[Test, ...]
-  partly: tuple[Test, ...] = ()
-  partly_if: str = "any"
-  missing: str | None = None
-  missing_when: str = "a quantity has no value"
-  applies: tuple[Test, ...] = ()
-
-  def __post_init__(self):
-    ok = self.partly_if == "any" or (
-      self.partly_if in ("all", "never") and (self.partly_if == "all") == bool(self.partly)
-    )
-    if not self.yes or not ok or self.missing not in (None, *VERDICTS):
-      raise ValueError(
-        f"Rule({self.claim[:40]!r}...) not understood: it needs yes tests, partly_if "
-        f"'any', 'never' (no partly tests) or 'all' (with them) (got {self.partly_if!r}) and "
-        f"missing one of {VERDICTS} (got {self.missing!r})"
-      )
-
-  def verdict(self, quantities: Mapping[str, float | None]) -> str:
-    """The verdict ("yes", "partly", "no", or `missing`) on the measured `quantities`."""
-    names = {n for t in self.yes + self.partly + self.applies for n in t.names()}
-    none = sorted(n for n in names if n in quantities and quantities[n] is None)
-    if none and self.missing is None:
-      raise ValueError(f"{none} measured as None, and the rule gives no verdict without them")
-    if none:
-      return self.missing
-    if not all(t.holds(quantities) for t in self.applies):
-      return "n/a"
-    if all(t.holds(quantities) for t in self.yes):
-      return "yes"
-    if self.partly_if == "never":
-      return "no"
-    partly = [t.holds(quantities) for t in (self.partly or self.yes)]
-    return "partly" if (any if self.partly_if == "any" else all)(partly) else "no"
-
-  def text(self) -> str:
-    """The rule in words, as the row states it."""
-    last = self.yes[-1].quantity
-    out = "Rule: "
-    if self.applies:
-      out += f"n/a unless {_joined(self.applies, 'and', None)}; "
-    out += f"yes if {_joined(self.yes, 'and', None)}"
-    if self.partly:
-      word = "or" if self.partly_if == "any" else "and"
-      out += f"; partly if {_joined(self.partly, word, last)}"
-    elif self.partly_if == "any" and len(self.yes) > 1:
-      out += "; partly if some of these hold"
-    if self.missing is not None:
-      out += f"; {self.missing} if {self.missing_when}"
-    return out + "; else no."
-
-  def row(self, measured: str, quantities: Mapping[str, float | None]) -> dict[str, str]:
-    """The Findings row: paper, claim, `measured` followed by the rule, and the verdict."""
-    return {
-      "paper": self.paper,
-      "claim": self.claim,
-      "measured": f"{measured.rstrip()} {self.text()}",
-      "holds": self.verdict(quantities),
-    }
-
-
 # Uncertainty -------------------------------------------------------------------------------
 #
 # Every row states the uncertainty of its verdict: a 95% percentile bootstrap interval
@@ -227,43 +94,17 @@ class Rule:
 # (sentences, arcs, timing rounds or steps; heads where the statistic is a correlation across
 # heads), the test the rule itself applies, "exact" where nothing was sampled, or "CI: rerun
 # needed" where the JSON lacks the per-item values (no interval is made up). The rule is applied
-# to every resample (through the experiment's own `findings` or its `Rule`); where the
+# to every resample (through the experiment's own `findings` or its `Claim`); where the
 # verdicts at the two ends of the interval differ, the row's verdict is "inconclusive".
 
-LEVEL = {"no": 0, "partly": 1, "yes": 2}
-RESAMPLES = 2000
+RESAMPLES = claims.RESAMPLES
 
 
-@dataclasses.dataclass(frozen=True)
-class Uncertainty:
-  """A row's uncertainty: `text` for the table, and the verdicts at the two ends of its 95%
-  interval (`span`; None where no interval was computed)."""
-
-  text: str
-  span: tuple[str, str] | None = None
+def _rerun(what: str) -> claims.Judgement:
+  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
 
 
-def _span(items, verdict) -> tuple[str, str]:
-  """The verdicts at the two ends of the 95% interval of `verdict(*resampled items)`."""
-  lo, hi = stats.bootstrap_ci(items, lambda *a: LEVEL[verdict(*a)], n_resamples=RESAMPLES)
-  names = {v: k for k, v in LEVEL.items()}
-  return names[int(np.floor(lo))], names[int(np.ceil(hi))]
-
-
-def _ci(items, statistic, fmt: str = "{:.2f}") -> list[str]:
-  """`[low, high]` for each value of a vectorized `statistic` of the resampled items (it maps
-  `(R, n, ...)` resamples to `(R,)` or `(R, k)` values)."""
-  lo, hi = stats.bootstrap_ci(items, statistic, n_resamples=RESAMPLES, vectorized=True)
-  return [
-    f"[{fmt.format(a)}, {fmt.format(b)}]" for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))
-  ]
-
-
-def _rerun(what: str) -> Uncertainty:
-  return Uncertainty(f"CI: rerun needed (the JSON keeps no {what})")
-
-
-def _attribution(doc: dict) -> list[Uncertainty]:
+def _attribution(doc: dict) -> list[claims.Judgement]:
   """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
   r, s, mod = common.from_json(doc["results"]), doc["settings"], module("attribution")
   names = list(r["ranks"])
@@ -281,11 +122,11 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     mrr = (1 / rr).mean(1)  # best attention-weight method's
     return mrr[:, mixing] - mrr[:, weights].max(1, keepdims=True)
 
-  cis = _ci(ranks, margins, "{:+.2f}")
-  first = Uncertainty(
+  cis = claims.interval_text(ranks, margins, "{:+.2f}")
+  first = claims.note(
     f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
     + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
-    _span(ranks, lambda rr: rows(rr)[0]["holds"]),
+    claims.span_of(ranks, lambda rr: rows(rr)[0]["holds"]),
   )
   p = r["patching"]
   pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
@@ -295,9 +136,9 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     return mod.rows_of({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
 
   lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
-  second = Uncertainty(
+  second = claims.note(
     f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
-    _span(pairs, with_pearson),
+    claims.span_of(pairs, with_pearson),
   )
   decomp = [names.index(k) for k in mod.DECOMPOSITIONS if k in names]
   if not decomp:
@@ -308,16 +149,16 @@ def _attribution(doc: dict) -> list[Uncertainty]:
     mrr = (1 / rr).mean(1)
     return mrr[:, decomp] - mrr[:, others].max(1, keepdims=True)
 
-  cis = _ci(ranks, decomp_margins, "{:+.2f}")
-  third = Uncertainty(
+  cis = claims.interval_text(ranks, decomp_margins, "{:+.2f}")
+  third = claims.note(
     f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
     + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
-    _span(ranks, lambda rr: rows(rr)[2]["holds"]),
+    claims.span_of(ranks, lambda rr: rows(rr)[2]["holds"]),
   )
   return [first, second, third]
 
 
-def _negation_circuit(doc: dict) -> list[Uncertainty]:
+def _negation_circuit(doc: dict) -> list[claims.Judgement]:
   """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
   r, mod = doc["results"], module("negation_circuit")
   ex = np.asarray(r["exact_scores"], float)
@@ -326,10 +167,10 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
   items = (ex[ok], eap[ok], ig[ok])
   ci = lambda score: stats.bootstrap_ci((items[0], score), stats.pearson, n_resamples=RESAMPLES)
   (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
-  first = Uncertainty(
+  first = claims.note(
     f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
     f"[{lo_i:.2f}, {hi_i:.2f}]",
-    _span(
+    claims.span_of(
       items,
       lambda x, e, i: mod.SCORES.verdict(
         {mod.EAP: stats.pearson(e, x), mod.EAP_IG: stats.pearson(i, x)}
@@ -339,7 +180,7 @@ def _negation_circuit(doc: dict) -> list[Uncertainty]:
   return [first, _circuit_share(r, mod)]
 
 
-def _tuned_lens(doc: dict) -> Uncertainty:
+def _tuned_lens(doc: dict) -> claims.Judgement:
   """Held-out KL by layer per batch of windows, over resampled batches (each weighted by its
   tokens): the interval of the smallest logit - tuned gap over the layers, and the verdict on
   the layers' share where the tuned lens is closer."""
@@ -353,14 +194,14 @@ def _tuned_lens(doc: dict) -> Uncertainty:
 
   lo, hi = stats.bootstrap_ci(items, smallest_gap, n_resamples=RESAMPLES, vectorized=True)
   share = lambda n, t, g: mod.closer(*(np.asarray(n) @ x / np.sum(n) for x in (t, g)))
-  return Uncertainty(
+  return claims.note(
     f"95% CI over the {len(n)} held-out batches: the logit lens's KL minus the tuned lens's "
     f"at the layer where it is least [{lo:.2f}, {hi:.2f}] nats",
-    _span(items, lambda *a: mod.LENS.verdict({mod.CLOSER: share(*a)})),
+    claims.span_of(items, lambda *a: mod.LENS.verdict({mod.CLOSER: share(*a)})),
   )
 
 
-def _circuit_share(r: dict, mod) -> Uncertainty:
+def _circuit_share(r: dict, mod) -> claims.Judgement:
   """The smallest faithful circuit's share of the edges, over resampled pairs: each circuit's
   normalised metric is recomputed from its per-pair values on each resample."""
   from bertjax.analysis.interventions.circuits import smallest_faithful
@@ -392,20 +233,20 @@ def _circuit_share(r: dict, mod) -> Uncertainty:
     return 1.0 if s is None else s
 
   lo, hi = stats.bootstrap_ci(tuple(items), share_or_whole, n_resamples=RESAMPLES)
-  return Uncertainty(
+  return claims.note(
     f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
     f"edges [{lo:.1%}, {hi:.1%}]",
-    _span(tuple(items), verdict),
+    claims.span_of(tuple(items), verdict),
   )
 
 
-def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
+def _outlier_dimensions(doc: dict) -> list[claims.Judgement]:
   """Held-out words (the probe's right or wrong, paired across conditions); token types (the
   frequency correlations); the census and the int8 errors are exact counts."""
   r, mod = doc["results"], module("outlier_dimensions")
-  exact = Uncertainty("exact: counted over every token read, nothing sampled")
+  exact = claims.note("exact: counted over every token read, nothing sampled")
   if not r["dims"]:
-    return [exact, Uncertainty("n/a: no outlier dimensions"), exact, exact]
+    return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
   names = list(r["probe"]["correct"])
   right = np.stack([np.asarray(r["probe"]["correct"][k], float)[-1] for k in names], 1)
 
@@ -418,8 +259,8 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
     return mod.ABLATION.verdict({mod.MARGIN: mod.ablation_margin(cost[0], cost[1:].tolist())})
 
   lo, hi = stats.bootstrap_ci(right, drops, n_resamples=RESAMPLES, vectorized=True)
-  ablation = _span(right, verdict)
-  first = Uncertainty(
+  ablation = claims.span_of(right, verdict)
+  first = claims.note(
     f"95% CI over the {len(right):,} held-out words: drop with the outliers "
     f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
     f"draw up to {100 * hi[1:].max():.1f}",
@@ -430,7 +271,7 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
   mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
   lo_r, hi_r = stats.bootstrap_ci((per_type, log_count), mean_rho, n_resamples=RESAMPLES // 4)
   sinks = r["sink_share"]
-  second = Uncertainty(
+  second = claims.note(
     f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
     f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
     tuple(
@@ -442,13 +283,13 @@ def _outlier_dimensions(doc: dict) -> list[Uncertainty]:
     first,
     second,
     exact,
-    Uncertainty(
+    claims.note(
       f"exact: every token's error; the Spearman is over {len(r['int8']['max_abs'])} layers"
     ),
   ]
 
 
-def _sixteen_heads(doc: dict) -> list[Uncertainty]:
+def _sixteen_heads(doc: dict) -> list[claims.Judgement]:
   """The speed rounds (interleaved, paired by round); the per-head tests of the first row."""
   r, s, mod = common.from_json(doc["results"]), doc["settings"], module("sixteen_heads")
   sp = r["speed"]
@@ -463,24 +304,24 @@ def _sixteen_heads(doc: dict) -> list[Uncertainty]:
     med = np.median(t, 0)
     return mod.rows_of({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
 
-  cis = _ci(times, speedups, "{:.2f}x")
+  cis = claims.interval_text(times, speedups, "{:.2f}x")
   n = r["ablation"]["num_test"]
   return [
-    Uncertainty(
+    claims.note(
       f"test the rule applies: exact McNemar per head at p < 0.01 (n = {n}); no interval"
     ),
     _rerun("per-example correctness under each keep-one mask"),
     _rerun("per-example correctness along the pruning curve"),
     _rerun("per-example correctness along the pruning curves"),
-    Uncertainty(
+    claims.note(
       f"95% CI over the {len(times)} interleaved rounds: speed-up at "
       + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
-      _span(times, holds),
+      claims.span_of(times, holds),
     ),
   ]
 
 
-def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
+def _what_bert_looks_at(doc: dict) -> list[claims.Judgement]:
   """Only the overall-syntax row has what an interval needs: a share of held-out arcs."""
   r, s, mod = doc["results"], doc["settings"], module("what_bert_looks_at")
   best = r["probe"]["relations"]["all"]["dep_to_head"]
@@ -494,7 +335,7 @@ def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
     at = {**relations, "all": {**relations["all"], "dep_to_head": {**best, "accuracy": accuracy}}}
     return mod.findings({**r, "probe": {**r["probe"], "relations": at}}, s)[3]["holds"]
 
-  overall = Uncertainty(
+  overall = claims.note(
     f"95% CI over the {n} held-out arcs: [{lo:.3f}, {hi:.3f}]", (holds(hi), holds(lo))
   )
   if "per_sentence" not in r:  # written before the run kept them
@@ -511,7 +352,7 @@ def _what_bert_looks_at(doc: dict) -> list[Uncertainty]:
   ]
 
 
-def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
+def _clark_intervals(r: dict, s: dict, mod) -> list[claims.Judgement]:
   """The sink and entropy rows of `what_bert_looks_at` over its sentences: intervals of the
   statistics their rules compare (`mod.SINK`, `mod.ENTROPY`, each monotone in
   both), and the verdicts at the intervals' two ends."""
@@ -539,7 +380,7 @@ def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
     ps["entropy"], entropy, n_resamples=RESAMPLES, vectorized=True
   )
   return [
-    Uncertainty(
+    claims.note(
       f"95% CI over the {n} sentences: layers {lo}-{hi}'s mass on [CLS], "
       f"[SEP] and punctuation [{t_lo:.2f}, {t_hi:.2f}]; [SEP] minus the larger "
       f"of the other two [{m_lo:+.2f}, {m_hi:+.2f}]",
@@ -548,7 +389,7 @@ def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
         for t, m in ((t_lo, m_lo), (t_hi, m_hi))
       ),
     ),
-    Uncertainty(
+    claims.note(
       f"95% CI over the {n} sentences: layer 1's entropy minus the highest "
       f"other layer's [{f_lo:+.2f}, {f_hi:+.2f}] nats; first half minus second "
       f"half [{h_lo:+.2f}, {h_hi:+.2f}]",
@@ -559,7 +400,7 @@ def _clark_intervals(r: dict, s: dict, mod) -> list[Uncertainty]:
   ]
 
 
-def _albert_sharing(doc: dict) -> list[Uncertainty]:
+def _albert_sharing(doc: dict) -> list[claims.Judgement]:
   """Parameter counts are exact; the step-time ratio over the runs' steps."""
   r, s, mod = doc["results"], doc["settings"], module("albert_sharing")
   steps = np.asarray(
@@ -572,37 +413,41 @@ def _albert_sharing(doc: dict) -> list[Uncertainty]:
     step = {**r["median_step_s"], "bert": med[0], "shared_only": med[1]}
     return mod.findings({**slim, "median_step_s": step}, s)[2]["holds"]
 
-  (ci,) = _ci(steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x")
+  (ci,) = claims.interval_text(
+    steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x"
+  )
   return [
-    Uncertainty("exact: parameter counts, nothing sampled"),
+    claims.note("exact: parameter counts, nothing sampled"),
     _rerun("per-token held-out losses"),
-    Uncertainty(f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", _span(steps, holds)),
+    claims.note(
+      f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", claims.span_of(steps, holds)
+    ),
   ]
 
 
-def _model_compression(doc: dict) -> list[Uncertainty]:
+def _model_compression(doc: dict) -> list[claims.Judgement]:
   """The speed rounds (interleaved); the retained scores need per-word predictions."""
   r, mod = doc["results"], module("model_compression")
   rows, sp = r["rows"], r["speed"]
   names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
   rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
-  d_ci, *sh_ci = _ci(
+  d_ci, *sh_ci = claims.interval_text(
     rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
   )
   speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
   d, sh = rows["distilled_3l"], rows.get("shared_6l")
-  distil = _span(
+  distil = claims.span_of(
     rounds, lambda t: mod.DISTIL.verdict({mod.RETAINED: d["retained"], mod.SPEEDUP: speed(t, 1)})
   )
   words = "per-word predictions of each model (paired with the teacher's)"
-  first = Uncertainty(
+  first = claims.note(
     f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
     f"retained: rerun needed (the JSON keeps no {words})",
     distil,
   )
   if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
-    return [first, Uncertainty("n/a: nothing measured"), _rerun(words)]
-  sharing = _span(
+    return [first, claims.note("n/a: nothing measured"), _rerun(words)]
+  sharing = claims.span_of(
     rounds,
     lambda t: mod.SHARING.verdict(
       {mod.PARAMS: sh["param_ratio"], mod.SPEEDUP: speed(t, 2), mod.RETAINED: sh["retained"]}
@@ -610,7 +455,7 @@ def _model_compression(doc: dict) -> list[Uncertainty]:
   )
   return [
     first,
-    Uncertainty(
+    claims.note(
       f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
       f"{sh_ci[0]}; retained: rerun needed (no {words})",
       sharing,
@@ -646,8 +491,8 @@ UNCERTAINTY = {
   ),
   "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(doc["findings"]),
   "effective_attention": lambda doc: [
-    Uncertainty("exact: linear algebra (null-space dimensions), nothing sampled"),
-    Uncertainty("exact: float64 reconstruction errors, nothing sampled"),
+    claims.note("exact: linear algebra (null-space dimensions), nothing sampled"),
+    claims.note("exact: float64 reconstruction errors, nothing sampled"),
     _rerun("per-passage attention masses"),
   ],
   "stacking": lambda doc: (
@@ -656,7 +501,7 @@ UNCERTAINTY = {
   "tuned_lens": lambda doc: [_tuned_lens(doc)],
   "sae_scaling": lambda doc: [
     _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
-    Uncertainty(
+    claims.note(
       "exact: counted over every held-out token, nothing sampled; one training "
       "run per size (seed 0), seeds not repeated"
     ),
@@ -664,11 +509,11 @@ UNCERTAINTY = {
 }
 
 
-_UNCERTAINTIES: dict[str, list[Uncertainty]] = {}
+_UNCERTAINTIES: dict[str, list[claims.Judgement]] = {}
 
 
-def uncertainty(doc: dict) -> list[Uncertainty]:
-  """One `Uncertainty` per row of a result document (see the section's comment).
+def uncertainty(doc: dict) -> list[claims.Judgement]:
+  """One `claims.Judgement` per row of a result document (see the section's comment).
 
   Kept per document content for the process: the summary and the full table read the same
   rows, and their bootstrap intervals are most of the time `targets` takes."""
@@ -682,10 +527,8 @@ def uncertainty(doc: dict) -> list[Uncertainty]:
   return list(_UNCERTAINTIES[key])
 
 
-def _holds(holds: str, u: Uncertainty) -> str:
-  if u.span is not None and u.span[0] != u.span[1]:
-    return f"❔ inconclusive ({' to '.join(sorted(set(u.span), key=LEVEL.get))} within the CI)"
-  return MARK[holds]
+def _holds(holds: str, u: claims.Judgement) -> str:
+  return claims.mark(holds, u.span)
 
 
 # Models ------------------------------------------------------------------------------------
@@ -790,9 +633,9 @@ def _matched(default: dict | None, others: dict[str, dict]) -> list[dict[str, in
   return rows
 
 
-def _verdict(holds: str, u: Uncertainty) -> str:
+def _verdict(holds: str, u: claims.Judgement) -> str:
   """The verdict as the table states it: inconclusive where its interval straddles."""
-  return "inconclusive" if u.span is not None and u.span[0] != u.span[1] else holds
+  return holds if u.conclusive else "inconclusive"
 
 
 def _compare(verdicts: dict[str, str], cause: str | None) -> str:

@@ -401,60 +401,6 @@ def test_sizes_are_data_with_none_where_a_scale_leaves_one_out():
     common.sizes("no_such_experiment")
 
 
-def test_rules_are_data_that_findings_applies():
-  T = findings.Test
-  both = findings.Rule("P", "C", yes=(T("a", ">", 0.8), T("a", ">", "b")), missing="n/a")
-  assert [both.verdict({"a": a, "b": 0.5}) for a in (0.9, 0.7, 0.4)] == ["yes", "partly", "no"]
-  assert both.verdict({"a": 0.9, "b": None}) == "n/a"  # a quantity without a value
-  assert both.text() == (
-    "Rule: yes if a > 0.8 and > b; partly if some of these hold; n/a if a quantity has no "
-    "value; else no."
-  )
-  graded = findings.Rule(
-    "P",
-    "C",
-    yes=(T("s", "<=", 0.05),),
-    partly=(T("s", "<=", 0.2),),
-    missing="no",
-    missing_when="none is found",
-  )
-  verdicts = [graded.verdict({"s": s}) for s in (0.05, 0.2, 0.21, None)]
-  assert verdicts == ["yes", "partly", "no", "no"]
-  assert graded.text() == "Rule: yes if s <= 0.05; partly if <= 0.2; no if none is found; else no."
-  gate = findings.Rule(
-    "P", "C", yes=(T("x", ">=", 1),), partly=(T("y", ">=", 1), T("z", "<", 0)), partly_if="all"
-  )
-  assert gate.verdict({"x": 0, "y": 1, "z": -1}) == "partly"
-  assert gate.verdict({"x": 0, "y": 1, "z": 1}) == "no"
-  assert gate.text() == "Rule: yes if x >= 1; partly if y >= 1 and z < 0; else no."
-  early = findings.Rule("P", "C", yes=(T("x", ">=", 1),), applies=(T("lead", ">=", 0.1),))
-  assert [early.verdict({"x": 2, "lead": v}) for v in (0.05, 0.1)] == ["n/a", "yes"]
-  assert early.text() == "Rule: n/a unless lead >= 0.1; yes if x >= 1; else no."
-  row = graded.row("measured 3%.", {"s": 0.03})
-  assert row == {
-    "paper": "P",
-    "claim": "C",
-    "measured": "measured 3%. " + graded.text(),
-    "holds": "yes",
-  }
-  with pytest.raises(KeyError, match=r"the rule reads \['s'\]"):
-    graded.verdict({"t": 1.0})
-  with pytest.raises(ValueError, match=r"\['y'\] measured as None"):
-    gate.verdict({"x": 0, "y": None, "z": 1})
-  with pytest.raises(ValueError, match="op='=>' not understood"):
-    T("s", "=>", 1)
-  strict = findings.Rule("P", "C", yes=(T("a", "<", 1), T("b", "<", 1)), partly_if="never")
-  assert strict.verdict({"a": 0, "b": 2}) == "no" and strict.verdict({"a": 0, "b": 0}) == "yes"
-  assert strict.text() == "Rule: yes if a < 1 and b < 1; else no."
-  for bad in (
-    {"partly_if": "all"},
-    {"partly_if": "never", "partly": (T("s", "<", 2),)},
-    {"partly_if": "some"},
-  ):
-    with pytest.raises(ValueError, match=r"partly_if 'any', 'never' \(no partly tests\)"):
-      findings.Rule("P", "C", yes=(T("s", "<", 1),), **bad)
-
-
 def test_scripts_measure_and_their_rules_modules_judge():
   """Each script has its rules module and defines no rule or `findings` itself; no script
   imports another script (a rules module is not one) or touches sys.path."""
@@ -468,7 +414,7 @@ def test_scripts_measure_and_their_rules_modules_judge():
     calls = {
       n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
     }
-    assert not calls & {"Rule", "Test"}, f"{name}.py makes a Rule: it belongs in rules/{name}.py"
+    assert not calls & {"Claim", "Test"}, f"{name}.py makes a Claim: it belongs in rules/{name}.py"
     imported = {
       a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
     }

@@ -127,6 +127,7 @@ FLOORS = (
     "bertjax.host_memory",
     "bertjax.hub",
   ),
+  ("bertjax.claims",),
   ("bertjax",),
   ("bertjax.data",),
   ("bertjax.training",),

@@ -10,10 +10,12 @@ Layers are numbered as everywhere in the report: blocks 1..L, the embedding outp
 Verdicts are one of "agrees", "partly agrees" and "disagrees" (with the model's name before
 them), or a sentence saying why the section cannot test the claim. Each rule is written out in
 the sentence that applies it, so a reader can check it against the tables. Each verdict also
-states how sure it is (`intervals`): the 95% bootstrap interval of the rule's statistics over
-the items report.json keeps (sentences, inputs, passages; heads for correlations across
-heads), with the rule applied to every resample; where the verdicts at the interval's two ends
-differ, the verdict is "inconclusive" ("the verdict on <model> is inconclusive").
+states how sure it is: each rule is a `bertjax.claims.Claim`, judged on the 95% bootstrap
+interval of its statistics over the items report.json keeps (sentences, inputs, passages;
+heads for correlations across heads), with the rule applied to every resample; where the
+verdicts at the interval's two ends differ, the verdict is "inconclusive" ("the verdict on
+<model> is inconclusive"). The Findings of `experiments/` take their rules and verdicts from
+the same module.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax import stats
-from bertjax.report.intervals import RESAMPLES, interval, levels, verdict
+from bertjax.claims import Claim, Test
 from bertjax.report.reading_representations import (
+  NO_ITEMS,
+  RESAMPLES,
   anisotropy_sentences,
+  judged,
   outlier_sentences,
   pos_sentences,
   sae_sentences,
@@ -50,24 +55,44 @@ def _block_range(s: slice) -> str:
   return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
 
 
-def _sink_stats(cls, sep, punct, middle: slice):
+TOTAL, LEAD = "middle-layer total", "[SEP]'s lead"
+SINK = Claim(
+  "Clark et al. 2019",
+  "Most attention in the middle layers goes to [CLS], [SEP] and punctuation, [SEP] above all.",
+  yes=(Test(TOTAL, ">", 0.5), Test(LEAD, ">", 0)),
+  partly=(Test(TOTAL, ">", 0.5),),
+  partly_if="all",
+  unit="sentences",
+)
+
+
+def _sink_stats(cls, sep, punct, middle: slice) -> dict:
   """Clark's sink rule's statistics from by-layer masses (..., L): the middle layers' total
   mass on [CLS], [SEP] and punctuation, and [SEP]'s lead over the larger of the others."""
   m = [np.asarray(x, float)[..., middle].mean(-1) for x in (cls, sep, punct)]
-  return np.stack([m[0] + m[1] + m[2], m[1] - np.maximum(m[0], m[2])], -1)
+  return {TOTAL: m[0] + m[1] + m[2], LEAD: m[1] - np.maximum(m[0], m[2])}
 
 
-def _sink_level(v):
-  return levels((v[..., 0] > 0.5) & (v[..., 1] > 0), v[..., 0] > 0.5)
+HALVES, PEAK = "first half minus second", "the highest-entropy layer's index"
 
 
-def _entropy_stats(ent, n: int):
+def _entropy_claim(third: int) -> Claim:
+  """Clark's broad-attention-early claim; `third` blocks make the first third."""
+  return Claim(
+    "Clark et al. 2019",
+    "Early layers attend broadly (high entropy); later heads focus.",
+    yes=(Test(PEAK, "<", third), Test(HALVES, ">", 0)),
+    unit="sentences",
+  )
+
+
+def _entropy_stats(ent, n: int) -> dict:
   """The entropy rule's statistics from by-layer entropy (..., L): the first half's mean minus
   the second's, and the layer index of the highest entropy."""
   ent = np.asarray(ent, float)
   half = max(1, n // 2)
   late = ent[..., half:].mean(-1) if n > half else np.full(ent.shape[:-1], np.nan)
-  return np.stack([ent[..., :half].mean(-1) - late, np.argmax(ent, -1)], -1)
+  return {HALVES: ent[..., :half].mean(-1) - late, PEAK: np.argmax(ent, -1)}
 
 
 def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -86,20 +111,14 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
   top = max(sinks, key=sinks.get)
   sep_peak = int(np.argmax(bl["sep"]))
   per = c.get("per_sentence")
-  over = f"the {len(per['sep'])} sentences" if per else ""
-  sink = (
-    interval(
-      np.stack([np.asarray(per[k], float) for k in ("cls", "sep", "punct")], 1),
-      lambda a: _sink_stats(*np.moveaxis(a.mean(1), 1, 0), middle),
-      _sink_level,
-      over=over,
-      shown=[("middle-layer total", 0, "{:.2f}"), ("[SEP]'s lead", 1, "{:+.2f}")],
-      resamples=resamples,
-    )
-    if per
-    else None
+  sink = judged(
+    SINK,
+    per and np.stack([np.asarray(per[k], float) for k in ("cls", "sep", "punct")], 1),
+    lambda a: _sink_stats(*np.moveaxis(a.mean(1), 1, 0), middle),
+    point=_sink_stats(bl["cls"], bl["sep"], bl["punct"], middle),
+    shown={TOTAL: "{:.2f}", LEAD: "{:+.2f}"},
+    resamples=resamples,
   )
-  point = int(_sink_level(_sink_stats(bl["cls"], bl["sep"], bl["punct"], middle)))
   first = (
     "Clark et al. (2019) found that BERT-base's heads put most of their attention on a few "
     "tokens, [SEP] above all (over half of layers 6-10's patterns, read as a no-op when a "
@@ -108,40 +127,39 @@ def clark_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str
     f"goes to {top} ({sinks[top]:.2f}); [SEP] peaks at layer {sep_peak + 1} "
     f"({bl['sep'][sep_peak]:.2f}). Rule: agrees if these tokens take over half of the middle "
     "layers' attention with [SEP] the largest, partly if over half goes to them but another "
-    f"token is the sink; so {verdict(model, point == 2, point >= 1, sink)}."
+    f"token is the sink; so {sink.sentence(model)}."
   )
   ent = bl["entropy"]
   top_ent = int(np.argmax(ent))
   half = max(1, n // 2)
   early, late = float(ent[:half].mean()), float(ent[half:].mean()) if n > half else float("nan")
   later = late if np.isfinite(late) else early
-  third = max(1, round(n / 3))
-
-  def entropy_level(v):  # v (..., 2): first half minus second, index of the highest entropy
-    return levels((v[..., 1] < third) & (v[..., 0] > 0), (v[..., 1] < third) | (v[..., 0] > 0))
-
-  spread = (
-    interval(
-      np.asarray(per["entropy"], float),
-      lambda a: _entropy_stats(a.mean(1), n),
-      entropy_level,
-      over=over,
-      shown=[("first half minus second", 0, "{:+.2f}")],
-      resamples=resamples,
-    )
-    if per
-    else None
+  spread = judged(
+    _entropy_claim(max(1, round(n / 3))),
+    per and np.asarray(per["entropy"], float),
+    lambda a: _entropy_stats(a.mean(1), n),
+    point=_entropy_stats(ent, n),
+    shown={HALVES: "{:+.2f}"},
+    resamples=resamples,
   )
-  point = int(entropy_level(_entropy_stats(ent, n)))
   second = (
     "They also found the early layers attending broadly (high entropy) and later heads "
     f"focusing: here the highest mean entropy is at layer {top_ent + 1} ({ent[top_ent]:.2f} "
     f"nats), and the first half of the layers averages {early:.2f} against {later:.2f} for "
     "the second. Rule: agrees if the highest entropy is in the first third of the layers and "
     "the first half exceeds the second, partly if one of the two; so "
-    f"{verdict(model, point == 2, point >= 1, spread)}."
+    f"{spread.sentence(model)}."
   )
   return [first, second]
+
+
+REPEATED, VERTICAL = "repeated share", "vertical's lead"
+PATTERNS = Claim(
+  "Kovaleva et al. 2019",
+  "Most attention maps are of a few repeated types, vertical the commonest.",
+  yes=(Test(REPEATED, ">=", 0.5), Test(VERTICAL, ">=", 0)),
+  unit="inputs",
+)
 
 
 def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -155,30 +173,20 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
   common = max(kinds, key=kinds.get)
   other = [names.index(k) for k in kinds if k != "vertical"]
 
-  def shares(a):  # (R, inputs, types) -> (R, 2): repeated share, vertical's lead
+  def shares(a):  # (R, inputs, types): repeated share, vertical's lead over the others
     m = a.mean(1)
-    return np.stack(
-      [1 - m[:, names.index("heterogeneous")], m[:, names.index("vertical")] - m[:, other].max(-1)],
-      -1,
-    )
-
-  def level(v):  # v (..., 2): repeated share, vertical's lead over the other repeated types
-    return levels((v[..., 0] >= 0.5) & (v[..., 1] >= 0), (v[..., 0] >= 0.5) | (v[..., 1] >= 0))
+    heterogeneous, vertical = m[:, names.index("heterogeneous")], m[:, names.index("vertical")]
+    return {REPEATED: 1 - heterogeneous, VERTICAL: vertical - m[:, other].max(-1)}
 
   per = p.get("per_input")
-  evidence = (
-    interval(
-      np.asarray(per, float),
-      shares,
-      level,
-      over=f"the {len(per)} inputs",
-      shown=[("repeated share", 0, "{:.2f}"), ("vertical's lead", 1, "{:+.2f}")],
-      resamples=resamples,
-    )
-    if per is not None
-    else None
+  evidence = judged(
+    PATTERNS,
+    per is not None and np.asarray(per, float),
+    shares,
+    point={k: float(v[0]) for k, v in shares(np.asarray(p["overall"], float)[None, None]).items()},
+    shown={REPEATED: "{:.2f}", VERTICAL: "{:+.2f}"},
+    resamples=resamples,
   )
-  point = int(level(shares(np.asarray(p["overall"], float)[None, None])[0]))
   first = (
     "Kovaleva et al. (2019) found that BERT's attention maps fall mostly into a few repeated "
     "types (vertical, diagonal, both, block), vertical being the commonest, which they read "
@@ -186,7 +194,7 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
     f"repeated type and the commonest of these is {common} ({kinds[common]:.0%}; "
     f"heterogeneous {overall['heterogeneous']:.0%}). Rule: agrees if repeated types make up "
     "at least half of the maps and vertical leads them, partly if one of the two; so "
-    + verdict(model, point == 2, point >= 1, evidence)
+    + evidence.sentence(model)
     + "."
   )
   out = [first]
@@ -199,17 +207,21 @@ def pattern_sentences(p: dict, model: str, resamples: int = RESAMPLES) -> list[s
   return out
 
 
-def _readable_stats(acc):
+LOWEST, FINAL = "layer 0 minus the best layer", "final minus the best"
+READABLE = Claim(
+  "Tenney et al. 2019; Liu et al. 2019",
+  "Lexical properties are readable in the lowest layers; the last layers are not the best.",
+  yes=(Test(LOWEST, ">=", -TOLERANCE), Test(FINAL, "<", -TOLERANCE)),
+  unit="held-out sentences",
+)
+
+
+def _readable_stats(acc) -> dict:
   """The task rule's statistics from accuracy by layer (..., L + 1): layer 0 and the final
   layer, each minus the best layer."""
   acc = np.asarray(acc, float)
   best = acc.max(-1)
-  return np.stack([acc[..., 0] - best, acc[..., -1] - best], -1)
-
-
-def _readable_level(v):
-  low, not_last = v[..., 0] >= -TOLERANCE, v[..., 1] < -TOLERANCE
-  return levels(low & not_last, low | not_last)
+  return {LOWEST: acc[..., 0] - best, FINAL: acc[..., -1] - best}
 
 
 def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -218,22 +230,14 @@ def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]
   best = int(np.argmax(acc))
   final = float(acc[-1])
   not_last = final < acc[best] - TOLERANCE
-  point = int(_readable_level(_readable_stats(acc)))
   correct = t.get("probe_correct_by_layer")
-  evidence = (
-    interval(
-      np.asarray(correct, float).T,
-      lambda c: _readable_stats(c.mean(1)),
-      _readable_level,
-      over=f"the {len(correct[0])} held-out sentences",
-      shown=[
-        ("layer 0 minus the best layer", 0, "{:+.3f}"),
-        ("final minus the best", 1, "{:+.3f}"),
-      ],
-      resamples=resamples,
-    )
-    if correct
-    else None
+  evidence = judged(
+    READABLE,
+    correct and np.asarray(correct, float).T,
+    lambda c: _readable_stats(c.mean(1)),
+    point=_readable_stats(acc),
+    shown={LOWEST: "{:+.3f}", FINAL: "{:+.3f}"},
+    resamples=resamples,
   )
   first = (
     "Probing studies (Tenney et al. 2019; Liu et al. 2019) find lexical properties readable "
@@ -244,7 +248,7 @@ def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]
     f"{len(acc) - 1} (majority class {t['majority_accuracy']:.3f}). Rule (within "
     f"{TOLERANCE:.2f}): agrees if layer 0 is about as good as the best layer and the final "
     "layer is worse, partly if one of the two; so "
-    f"{verdict(model, point == 2, point >= 1, evidence)}."
+    f"{evidence.sentence(model)}."
   )
   out = [first]
   if not_last:
@@ -261,17 +265,30 @@ def task_sentences(t: dict, model: str, resamples: int = RESAMPLES) -> list[str]
   return out
 
 
-def _within_share(means):
+WITHIN, BEST_LAYER = "share of heads within it", "the best layer's loss change"
+HEADS = Claim(
+  "Michel et al. 2019",
+  "Most heads can be removed one at a time with no significant loss.",
+  yes=(Test(WITHIN, ">=", 0.75),),
+  partly=(Test(WITHIN, ">=", 0.5),),
+  unit="held-out sentences",
+)
+LAYERS = Claim(
+  "Kovaleva et al. 2019",
+  "Disabling all heads of some layer can improve the model.",
+  yes=(Test(BEST_LAYER, "<", 0),),
+  partly_if="never",
+  unit="held-out sentences",
+)
+
+
+def _within_share(means) -> dict:
   """The head rule's statistic from mean losses (..., 1 + heads), the baseline first: the share
   of heads whose removal moves the loss by at most max(10% of the baseline, 0.01)."""
   means = np.asarray(means, float)
   base = means[..., :1]
   limit = np.maximum(0.1 * base, 0.01)
-  return (np.abs(means[..., 1:] - base) <= limit).mean(-1, keepdims=True)
-
-
-def _share_level(v):
-  return levels(v[..., 0] >= 0.75, v[..., 0] >= 0.5)
+  return {WITHIN: (np.abs(means[..., 1:] - base) <= limit).mean(-1)}
 
 
 def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -279,26 +296,22 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
   base = float(ab["baseline_loss"])
   delta = np.asarray(ab["head_loss"], float) - base
   limit = max(0.1 * base, 0.01)
-  small = float(_within_share(np.r_[base, delta.ravel() + base])[0])
+  small = float(_within_share(np.r_[base, delta.ravel() + base])[WITHIN])
   ex = ab.get("per_example")
-  over = f"the {len(ex['loss_baseline'])} held-out sentences" if ex else ""
-  heads_ci = (
-    interval(
-      np.concatenate(
-        [
-          np.asarray(ex["loss_baseline"], float)[:, None],
-          np.asarray(ex["loss_heads"], float).reshape(delta.size, -1).T,
-        ],
-        1,
-      ),
-      lambda a: _within_share(a.mean(1)),
-      _share_level,
-      over=over,
-      shown=[("share of heads within it", 0, "{:.2f}")],
-      resamples=resamples,
-    )
-    if ex
-    else None
+  heads_ci = judged(
+    HEADS,
+    ex
+    and np.concatenate(
+      [
+        np.asarray(ex["loss_baseline"], float)[:, None],
+        np.asarray(ex["loss_heads"], float).reshape(delta.size, -1).T,
+      ],
+      1,
+    ),
+    lambda a: _within_share(a.mean(1)),
+    point={WITHIN: small},
+    shown={WITHIN: "{:.2f}"},
+    resamples=resamples,
   )
   worst = np.unravel_index(int(np.argmax(delta)), delta.shape)
   first = (
@@ -313,24 +326,20 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
       f"{delta[worst]:+.3f})"
     )
     + ". Rule: agrees if at least 75% of heads stay within that, partly if at least half; so "
-    f"{verdict(model, small >= 0.75, small >= 0.5, heads_ci)}."
+    f"{heads_ci.sentence(model)}."
   )
   heads_off = np.asarray(ab["layer_heads_loss"], float) - base
-  best_gain = lambda means: (means[..., 1:] - means[..., :1]).min(-1, keepdims=True)
-  improves = lambda v: levels(v[..., 0] < 0)
-  layers_ci = (
-    interval(
-      np.concatenate(
-        [np.asarray(ex["loss_baseline"], float)[:, None], np.asarray(ex["loss_layers"], float).T], 1
-      ),
-      lambda a: best_gain(a.mean(1)),
-      improves,
-      over=over,
-      shown=[("the best layer's loss change", 0, "{:+.3f}")],
-      resamples=resamples,
-    )
-    if ex
-    else None
+  best_gain = lambda means: {BEST_LAYER: (means[..., 1:] - means[..., :1]).min(-1)}
+  layers_ci = judged(
+    LAYERS,
+    ex
+    and np.concatenate(
+      [np.asarray(ex["loss_baseline"], float)[:, None], np.asarray(ex["loss_layers"], float).T], 1
+    ),
+    lambda a: best_gain(a.mean(1)),
+    point={BEST_LAYER: float(heads_off.min())},
+    shown={BEST_LAYER: "{:+.3f}"},
+    resamples=resamples,
   )
   better = [i + 1 for i in np.flatnonzero(heads_off < 0)]
   worst_layer = int(np.argmax(heads_off))
@@ -349,7 +358,7 @@ def ablation_sentences(ab: dict, model: str, resamples: int = RESAMPLES) -> list
     + (f" (layer{'s' if len(better) > 1 else ''} {', '.join(map(str, better))})" if better else "")
     + cost
     + ". Rule: agrees if any layer improves; so "
-    + verdict(model, bool(better), evidence=layers_ci)
+    + layers_ci.sentence(model)
     + "."
   )
   return [first, second]
@@ -374,6 +383,23 @@ def importance_vs_ablation(ab: dict) -> dict[str, float]:
   }
 
 
+KEPT, RHO = "heads masked within the tolerance", "Spearman"
+PRUNING = Claim(
+  "Michel et al. 2019",
+  "Pruning 20-40% of heads by importance leaves accuracy about the same.",
+  yes=(Test(KEPT, ">=", 0.35),),
+  partly=(Test(KEPT, ">=", 0.15),),
+  unit="held-out sentences",
+)
+IMPORTANCE = Claim(
+  "Michel et al. 2019",
+  "Head importance predicts how much removing the head changes the loss.",
+  yes=(Test(RHO, ">=", 0.5),),
+  partly=(Test(RHO, ">", 0),),
+  unit="heads",
+)
+
+
 def _kept(accuracy, fractions):
   """The pruning rule's statistic from accuracies (..., 1 + steps), the intact model's first:
   the largest fraction of heads masked before accuracy first falls more than `TOLERANCE`
@@ -394,23 +420,20 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
   drop = None if ok.all() else int(np.argmin(ok))  # the first step below the tolerance
   keep = float(_kept(np.r_[base, acc], fractions)[0])
   ex = ab.get("per_example")
-  kept_ci = (
-    interval(
-      np.concatenate(
-        [
-          np.asarray(ex["correct_baseline"], float)[:, None],
-          np.asarray(ex["correct_pruning"], float).T,
-        ],
-        1,
-      ),
-      lambda c: _kept(c.mean(1), fractions),
-      lambda v: levels(v[..., 0] >= 0.35, v[..., 0] >= 0.15),
-      over=f"the {len(ex['correct_baseline'])} held-out sentences",
-      shown=[("heads masked within the tolerance", 0, "{:.0%}")],
-      resamples=resamples,
-    )
-    if ex
-    else None
+  kept_ci = judged(
+    PRUNING,
+    ex
+    and np.concatenate(
+      [
+        np.asarray(ex["correct_baseline"], float)[:, None],
+        np.asarray(ex["correct_pruning"], float).T,
+      ],
+      1,
+    ),
+    lambda c: {KEPT: _kept(c.mean(1), fractions)[..., 0]},
+    point={KEPT: keep},
+    shown={KEPT: "{:.0%}"},
+    resamples=resamples,
   )
   first = (
     "Michel et al. (2019) pruned 20-40% of heads (40% in BERT on MNLI) by importance with no "
@@ -418,7 +441,7 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
     f"{base:.3f} up to {keep:.0%} of heads masked"
     + ("" if drop is None else f" and falls below it at {fractions[drop]:.0%}")
     + ". Rule: agrees if at least 35%, partly if at least 15%; so "
-    f"{verdict(model, keep >= 0.35, keep >= 0.15, kept_ci)}."
+    f"{kept_ci.sentence(model)}."
   )
   out = [first]
   peak = int(np.argmax(acc))
@@ -440,12 +463,10 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
   rho = importance_vs_ablation(ab)
   importance = np.asarray(ab["importance"], float).ravel()
   size = np.abs(np.asarray(ab["head_loss"], float) - float(ab["baseline_loss"])).ravel()
-  rho_ci = interval(
+  rho_ci = IMPORTANCE.judge(
     (importance, size),
-    lambda i, d: stats.spearman_rows(i, d)[:, None],
-    lambda v: levels(v[..., 0] >= 0.5, v[..., 0] > 0),
-    over=f"the {importance.size} heads",
-    shown=[("Spearman", 0, "{:.2f}")],
+    lambda i, d: {RHO: stats.spearman_rows(i, d)},
+    point={RHO: rho["spearman_abs"]},
     resamples=resamples,
   )
   out.append(
@@ -455,9 +476,19 @@ def pruning_sentences(ab: dict, task: dict, model: str, resamples: int = RESAMPL
     f"heads ({rho['spearman_abs_within_layer']:.2f} within a layer, averaged; against the "
     f"signed delta L, which importance does not estimate, {rho['spearman_signed']:.2f}). Rule "
     "(all heads, |delta L|): agrees if at least 0.5, partly if positive; so "
-    f"{verdict(model, rho['spearman_abs'] >= 0.5, rho['spearman_abs'] > 0, rho_ci)}."
+    f"{rho_ci.sentence(model)}."
   )
   return out
+
+
+RATIO, FALL = "effective / raw", "effective minus raw"
+EFFECTIVE = Claim(
+  "Brunner et al. 2020",
+  "Past the head dimension, effective attention puts much less weight on [CLS] and [SEP].",
+  yes=(Test(RATIO, "<=", 0.5),),
+  partly=(Test(FALL, "<", 0),),
+  unit="passages",
+)
 
 
 def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -469,21 +500,17 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
   longer = eff["mean_passage_tokens"] > eff["head_dim"]
   per = eff.get("per_passage")
 
-  def masses(t, raw_, eff_):  # (R, P) each -> (R, 2): effective / raw, and both token-weighted
+  def masses(t, raw_, eff_):  # (R, P) each: effective / raw, and both token-weighted
     raw_m, eff_m = (t * raw_).sum(-1) / t.sum(-1), (t * eff_).sum(-1) / t.sum(-1)
-    return np.stack([eff_m / raw_m, eff_m - raw_m], -1)
+    return {RATIO: eff_m / raw_m, FALL: eff_m - raw_m}
 
-  evidence = (
-    interval(
-      tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")),
-      masses,
-      lambda v: levels(v[..., 0] <= 0.5, v[..., 1] < 0),
-      over=f"the {len(per['tokens'])} passages",
-      shown=[("effective / raw", 0, "{:.2f}")],
-      resamples=resamples,
-    )
-    if per
-    else None
+  evidence = judged(
+    EFFECTIVE,
+    per and tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")),
+    masses,
+    point={RATIO: effective / raw, FALL: effective - raw},
+    shown={RATIO: "{:.2f}"},
+    resamples=resamples,
   )
   first = (
     "Brunner et al. (2020) found that once sequences are longer than the head dimension, "
@@ -492,7 +519,7 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
     f"{model}'s passages of about {eff['mean_passage_tokens']:.0f} tokens (head dimension "
     f"{eff['head_dim']}), the mean mass on [CLS] + [SEP] is {raw:.3f} raw and {effective:.3f} "
     "effective. Rule: agrees if effective is at most half of raw, partly if lower; so "
-    f"{verdict(model, effective <= raw / 2, effective < raw, evidence)}."
+    f"{evidence.sentence(model)}."
   )
   second = (
     f"Raw and effective maps correlate {corr:.2f} on average over heads"
@@ -505,6 +532,38 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
     + ": the lower, the more of what raw attention shows changes nothing downstream."
   )
   return [first, second]
+
+
+AHEAD = "share of the methods ahead"
+VALUES_COUNT = Claim(
+  "Kobayashi et al. 2020; Ferrando et al. 2022; Mohebbi et al. 2023",
+  "Methods that count value vectors, residual and LayerNorm find important tokens better than "
+  "attention weights.",
+  yes=(Test(AHEAD, ">=", 1),),
+  partly=(Test(AHEAD, ">", 0),),
+  unit="sentences",
+)
+PEARSON = "Pearson"
+PATCHING = Claim(
+  "Nanda 2023; Syed et al. 2023",
+  "Attribution patching is a good first-order estimate of activation patching.",
+  yes=(Test(PEARSON, ">", 0.8),),
+  partly_if="never",
+  unit="heads",
+)
+DECOMPOSITION = Claim(
+  "Modarressi et al. 2023; Achtibat et al. 2024",
+  "Decomposing the whole model (DecompX, AttnLRP) is more faithful than attention-level methods.",
+  yes=(Test(AHEAD, ">=", 1),),
+  partly=(Test(AHEAD, ">", 0),),
+  unit="sentences",
+)
+
+
+def _ahead(mrr_margins: dict) -> dict:
+  """Margins of MRR by method (name -> (R,)) and the share of them above 0."""
+  share = np.mean([np.asarray(v) > 0 for v in mrr_margins.values()], 0)
+  return {**mrr_margins, AHEAD: share}
 
 
 def attribution_sentences(
@@ -521,23 +580,24 @@ def attribution_sentences(
   }
   above = [k for k, v in mixing.items() if v > weights]
   ranks = a["cues"].get("ranks")
-  evidence = None
+  point = _ahead({k: v - weights for k, v in mixing.items()})
+  evidence = VALUES_COUNT.unsampled(point, NO_ITEMS)
   if ranks:
     names = [k for k in ("attention", "rollout", *mixing) if k in ranks]
     n_weights = sum(k in ranks for k in ("attention", "rollout"))
 
-    def margins(r):  # (R, sentences, methods) -> (R, counting methods): MRR over the best weight
+    def margins(r):  # (R, sentences, methods): each counting method's MRR over the best weight
       mrr = (1 / r).mean(1)
-      return mrr[:, n_weights:] - mrr[:, :n_weights].max(-1, keepdims=True)
+      over = mrr[:, n_weights:] - mrr[:, :n_weights].max(-1, keepdims=True)
+      return _ahead({m: over[:, i] for i, m in enumerate(names[n_weights:])})
 
-    k = len(names) - n_weights
-    evidence = interval(
+    evidence = VALUES_COUNT.judge(
       np.asarray([ranks[m] for m in names], float).T,
       margins,
-      lambda v: levels((v > 0).sum(-1) == k, (v > 0).sum(-1) > 0),
+      point=point,
       over=f"the {len(ranks[names[0]])} sentences, each method's MRR minus the best "
       "attention-weight method's",
-      shown=[(m, i, "{:+.2f}") for i, m in enumerate(names[n_weights:])],
+      shown={m: "{:+.2f}" for m in names[n_weights:]},
       resamples=resamples,
     )
   first = (
@@ -547,9 +607,7 @@ def attribution_sentences(
     f"best method is {best} (mean reciprocal rank of the cue {stats_[best]['mrr']:.2f}; "
     f"chance {chance:.2f}); raw attention and rollout reach at most {weights:.2f}, and "
     f"{len(above)} of the {len(mixing)} methods that count values do better (rule: "
-    "agrees with them if all do, partly if some), so "
-    + verdict(model, len(above) == len(mixing), bool(above), evidence)
-    + "."
+    "agrees with them if all do, partly if some), so " + evidence.sentence(model) + "."
   )
   patch = a["patching"]
   exact = np.asarray(patch["exact"], float)
@@ -561,18 +619,16 @@ def attribution_sentences(
   approx = np.asarray(patch.get("attribution", np.full(exact.shape, np.nan)), float)
   fine = np.isfinite(exact.ravel()) & np.isfinite(approx.ravel())
   sure = (
-    interval(
+    PATCHING.judge(
       (exact.ravel()[fine], approx.ravel()[fine]),
-      lambda x, y: stats.pearson_rows(x, y)[:, None],
-      lambda v: levels(v[..., 0] > 0.8),
-      over=f"the {int(fine.sum())} heads",
-      shown=[("Pearson", 0, "{:.2f}")],
+      lambda x, y: {PEARSON: stats.pearson_rows(x, y)},
+      point={PEARSON: pearson},
       resamples=resamples,
     )
     if fine.sum() > 2
     else None
   )
-  straddles = sure is not None and sure.levels[0] != sure.levels[1]
+  straddles = sure is not None and not sure.conclusive
   second = (
     f"Patching one head's output from {pairs} into its affirmative twin, "
     f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "
@@ -603,16 +659,23 @@ def _decomposition_sentence(
     return None
   others = [k for k in stats_ if k not in decomp]
   rival = max(others, key=lambda k: stats_[k]["mrr"])
-  beat = [k for k in decomp if stats_[k]["mrr"] > stats_[rival]["mrr"]]
-  evidence, n = None, len(decomp)
+  n = len(decomp)
+  point = _ahead({k: stats_[k]["mrr"] - stats_[rival]["mrr"] for k in decomp})
+  evidence = DECOMPOSITION.unsampled(point, NO_ITEMS)
   if ranks and all(k in ranks for k in decomp + others):
-    evidence = interval(  # (R, sentences, methods) -> each decomposition's MRR over the rival's
+
+    def margins(r):  # (R, sentences, methods): each decomposition's MRR over the best other's
+      mrr = (1 / r).mean(1)
+      over = mrr[:, :n] - mrr[:, n:].max(-1, keepdims=True)
+      return _ahead({m: over[:, i] for i, m in enumerate(decomp)})
+
+    evidence = DECOMPOSITION.judge(
       np.asarray([ranks[m] for m in decomp + others], float).T,
-      lambda r: (1 / r).mean(1)[:, :n] - (1 / r).mean(1)[:, n:].max(-1, keepdims=True),
-      lambda v: levels((v > 0).sum(-1) == n, (v > 0).sum(-1) > 0),
+      margins,
+      point=point,
       over=f"the {len(ranks[decomp[0]])} sentences, each decomposition's MRR minus the best "
       "other method's",
-      shown=[(m, i, "{:+.2f}") for i, m in enumerate(decomp)],
+      shown={m: "{:+.2f}" for m in decomp},
       resamples=resamples,
     )
   return (
@@ -622,9 +685,26 @@ def _decomposition_sentence(
     + ", ".join(f"{k} {stats_[k]['mrr']:.2f}" for k in decomp)
     + f" against the best other method, {rival} ({stats_[rival]['mrr']:.2f}) (rule: "
     "agrees if both beat every other method, partly if one does), so "
-    + verdict(model, len(beat) == n, bool(beat), evidence)
+    + evidence.sentence(model)
     + "."
   )
+
+
+EAP, EAP_IG, SHARE = "EAP", "EAP-IG", "the circuit's share of the edges"
+EDGES = Claim(
+  "Syed et al. 2023; Hanna et al. 2024",
+  "Edge attribution patching approximates exact edge patching, EAP-IG better than EAP.",
+  yes=(Test(EAP_IG, ">", 0.8), Test(EAP_IG, ">", EAP)),
+  unit="edges patched exactly",
+)
+CIRCUIT = Claim(
+  "Conmy et al. 2023; Hanna et al. 2024",
+  "Circuits of a few percent of the edges keep most of the behaviour.",
+  yes=(Test(SHARE, "<=", 0.05),),
+  partly=(Test(SHARE, "<=", 0.2),),
+  missing="no",
+  missing_when="no circuit keeps 80%",
+)
 
 
 def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[str]:
@@ -643,21 +723,13 @@ def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[s
     np.asarray(v, float) for v in (c["exact_scores"], c["scores"]["eap"], c["scores"]["eap_ig"])
   )
   ok = np.isfinite(items[0]) & np.isfinite(items[1]) & np.isfinite(items[2])
-  both = lambda ex, e, i: np.stack([stats.pearson_rows(e, ex), stats.pearson_rows(i, ex)], -1)
-  rule = lambda v: levels(
-    (v[..., 1] > 0.8) & (v[..., 1] > v[..., 0]), (v[..., 1] > v[..., 0]) | (v[..., 1] > 0.8)
-  )
+  both = lambda ex, e, i: {EAP: stats.pearson_rows(e, ex), EAP_IG: stats.pearson_rows(i, ex)}
   ci = (
-    interval(
-      tuple(x[ok] for x in items),
-      both,
-      rule,
-      over=f"the {int(ok.sum())} edges patched exactly",
-      shown=[("EAP", 0, "{:.2f}"), ("EAP-IG", 1, "{:.2f}")],
-      resamples=resamples,
+    EDGES.judge(
+      tuple(x[ok] for x in items), both, point={EAP: eap, EAP_IG: ig}, resamples=resamples
     )
     if ok.sum() > 2
-    else None
+    else EDGES.unsampled({EAP: eap, EAP_IG: ig}, NO_ITEMS)
   )
   first = (
     "Syed et al. (2023) and Hanna et al. (2024) found that edge attribution patching "
@@ -665,7 +737,7 @@ def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[s
     f"than plain EAP. On {model}'s negation pairs, over {int(ok.sum())} edges patched "
     f"exactly, EAP's scores correlate {eap:.2f} with the exact effects and EAP-IG's "
     f"{ig:.2f}. Rule: agrees if EAP-IG's Pearson is above 0.8 and above EAP's, partly if "
-    f"one of the two holds; so {verdict(model, ig > 0.8 and ig > eap, ig > eap or ig > 0.8, ci)}."
+    f"one of the two holds; so {ci.sentence(model)}."
   )
   k, total = c["smallest"], c["edges"]
   share = None if k is None else k / total
@@ -679,9 +751,20 @@ def circuit_sentences(c: dict, model: str, resamples: int = RESAMPLES) -> list[s
       f"has {k:,} of the {total:,} edges ({share:.1%})"
     )
     + ". Rule: agrees within 5% of the edges, partly within 20%; so "
-    f"{verdict(model, share is not None and share <= 0.05, share is not None and share <= 0.2)}."
+    f"{CIRCUIT.unsampled({SHARE: share}, NO_ITEMS).sentence(model)}."
   )
   return [first, second]
+
+
+RATE, OTHER = "positional share of the positional-pattern heads", "of the other heads"
+POSITION = Claim(
+  "He et al. 2021",
+  "DeBERTa's position terms drive the heads that attend by position.",
+  yes=(Test(RATE, ">", 0.5), Test(RATE, ">", OTHER)),
+  partly=(Test(RATE, ">", OTHER),),
+  partly_if="all",
+  unit="heads",
+)
 
 
 def disentangled_sentences(d: dict, model: str) -> list[str]:
@@ -741,7 +824,7 @@ def disentangled_sentences(d: dict, model: str) -> list[str]:
     f"({names(sorted(found))}), {int(positional[grid].sum())} are ({rate:.0%}), against "
     f"{other:.0%} of the other heads. Rule: agrees if over half of them are and more often "
     "than the other heads, partly if more often only; so "
-    f"{verdict(model, rate > 0.5 and rate > other, rate > other)}."
+    f"{POSITION.unsampled({RATE: rate, OTHER: other}, NO_ITEMS).sentence(model)}."
   )
   return [first, second]
 

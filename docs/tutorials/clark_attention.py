@@ -127,6 +127,50 @@ for name in statistics.CLARK_NAMES:
   assert gap < (2e-3 if name == "entropy" else 1e-5), name
 
 # %% [markdown]
+# ## A claim of your own, with how sure it is
+#
+# A verdict needs a rule stated before looking, and an interval over the items that vary.
+# `bertjax.claims` holds both: a `Claim` names the paper, the statement and tests of named
+# statistics against thresholds; `judge` computes the statistics on per-item arrays, their
+# 95% bootstrap interval and the rule on every resample, so the verdict is "inconclusive"
+# where the interval straddles a threshold. The report's readings and the Findings are
+# written with it. Here the items are the sentences, one value each: the attention its query
+# rows put on `[CLS]` in layers 3-4, averaged over their heads.
+
+# %%
+from bertjax import claims
+
+masses = []
+for b in batches:
+  out = bertjax.forward(params, config, b.input_ids, b.attention_mask, output_attentions=True)
+  on_cls = np.asarray(out.attentions)[2:4, ..., 0].mean((0, 2))  # (batch, T): layers 3-4, heads
+  rows = np.asarray(b.attention_mask, bool)  # each sentence's real query rows
+  masses += [m[r].mean() for m, r in zip(on_cls, rows)]
+masses = np.asarray(masses)
+
+MASS = "mass on [CLS]"
+sink = claims.Claim(
+  "Clark et al. 2019",
+  "Most of the middle layers' attention goes to one special token.",
+  yes=(claims.Test(MASS, ">", 0.5),),
+  partly=(claims.Test(MASS, ">", 0.25),),
+  unit="sentences",
+)
+print(sink.text())
+mean = lambda m: {MASS: m.mean(-1)}  # (resamples, sentences) -> one value per resample
+verdict = sink.judge(masses, mean, shown={MASS: "{:.3f}"})
+print(verdict.shown, "|", verdict.text)
+print(verdict.sentence("all-MiniLM-L6-v2"))
+few = sink.judge(masses[:12], mean, shown={MASS: "{:.3f}"})  # 12 sentences: a wider interval
+print(few.mark, "|", few.text)
+
+# %% [markdown]
+# `judge` takes a tuple of arrays where items are paired (a clean and a corrupted run per
+# sentence), `point=` where a table's number is computed otherwise, and `Claim.exact`,
+# `Claim.tested` or `Claim.unsampled` where nothing was sampled, the rule is itself an exact
+# test, or the items were not kept. `claims.Judgement.mark` is the Findings' cell.
+
+# %% [markdown]
 # ## Where to go next
 #
 # - `./run.sh experiment what_bert_looks_at` runs the full experiment on UD English EWT, with

@@ -5,7 +5,8 @@ thresholds, and `findings(results, settings)`, the rows from a results JSON."""
 from __future__ import annotations
 
 import common
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPER = "Lan et al. 2020"
 
@@ -21,7 +22,7 @@ LEAD = "the best model's lead over the unigram loss (nats)"
 ALBERT_COST = "ALBERT's held-out loss minus BERT's"
 SHARING_EXTRA = "sharing's cost minus factorising's"
 STEP = "the sharing-only step time over BERT's"
-PARAMS = Rule(
+PARAMS = Claim(
   PAPER,
   "ALBERT has far fewer parameters than BERT of the same depth and width "
   "(ALBERT-base 12M vs BERT-base 108M, ~1/9).",
@@ -29,14 +30,14 @@ PARAMS = Rule(
   partly=(Test(BASE, "<", 0.5),),
   partly_if="all",
 )
-QUALITY = Rule(
+QUALITY = Claim(
   PAPER,
   "At the same depth and width ALBERT is somewhat worse than BERT; sharing "
   "layers costs more than factorising the embedding (Tables 3-4).",
   yes=(Test(ALBERT_COST, ">", 0), Test(SHARING_EXTRA, ">", 0)),
   applies=(Test(LEAD, ">=", 0.1),),  # before that, the models know only token frequencies
 )
-COMPUTE = Rule(
+COMPUTE = Claim(
   PAPER,
   "Sharing parameters does not reduce per-step compute (every layer still runs).",
   yes=(Test(STEP, ">=", 0.85),),

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from findings import Rule, Test
 
 from bertjax import stats
 from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
+from bertjax.claims import Claim, Test
 
 PAPER = "Ethayarajh 2019"
 MEV_LABELS = {
@@ -63,27 +63,27 @@ FALL, FALL_TREND, FALL_STEPS = (
   "the share of steps that fall",
 )
 MEV_HIGHEST, MEV_LOWEST = "the highest layer's adjusted MEV", "the lowest layer's"
-ANISOTROPIC = Rule(
+ANISOTROPIC = Claim(
   PAPER,
   "Contextual word representations are anisotropic: two random words have a mean "
   "cosine similarity well above 0.",
   yes=(Test(LOWEST, ">=", 0.1),),
   partly=(Test(HIGHEST, ">=", 0.1),),
 )
-RISES = Rule(
+RISES = Claim(
   PAPER,
   "Representations grow more anisotropic in upper layers.",
   yes=(Test(RISE, ">", 0), Test(RISE_TREND, ">=", 0.5)),
   partly=(Test(RISE, ">", 0), Test(RISE_STEPS, ">", 0.5)),
 )
-FALLS = Rule(
+FALLS = Claim(
   PAPER,
   "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
   "a word across contexts falls with depth.",
   yes=(Test(FALL, ">", 0), Test(FALL_TREND, "<=", -0.5)),
   partly=(Test(FALL, ">", 0), Test(FALL_STEPS, ">", 0.5)),
 )
-MEV = Rule(
+MEV = Claim(
   PAPER,
   "A static embedding explains little of a word's contextual representations: on "
   "average < 5% of their variance (the maximum explainable variance, MEV).",

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPER_NORM = "Kobayashi et al. 2020; Ferrando et al. 2022; Mohebbi et al. 2023"
 PAPER_PATCH = "Nanda 2023; Syed et al. 2023"
@@ -20,7 +21,7 @@ BEST_MIXING = "the highest's"
 PEARSON = "attribution vs exact patching Pearson"
 WORST_DECOMP = "the lower decomposition's MRR minus the best other method's"
 BEST_DECOMP = "the higher's"
-VALUE_COUNTING = Rule(
+VALUE_COUNTING = Claim(
   PAPER_NORM,
   "Attention weights alone misplace token importance; methods that also "
   "count value vectors, the residual and LayerNorm (norm-based, GlobEnc, ALTI, value "
@@ -28,14 +29,14 @@ VALUE_COUNTING = Rule(
   yes=(Test(WORST_MIXING, ">", 0),),
   partly=(Test(BEST_MIXING, ">", 0),),
 )
-PATCHING = Rule(
+PATCHING = Claim(
   PAPER_PATCH,
   "Attribution patching (a first-order gradient estimate) approximates "
   "activation patching of attention heads well enough to rank them",
   yes=(Test(PEARSON, ">", 0.8),),
   partly=(Test(PEARSON, ">", 0.5),),
 )
-DECOMPOSITION = Rule(
+DECOMPOSITION = Claim(
   PAPER_DECOMP,
   "Decomposing the whole model (every block with its FFN and norms, to "
   "the output) attributes more faithfully than attention-level methods and gradients",

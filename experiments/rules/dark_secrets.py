@@ -5,7 +5,8 @@ and their thresholds, and `findings(results, settings)`, the rows from a results
 from __future__ import annotations
 
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPER = "Kovaleva et al. 2019"
 
@@ -19,7 +20,7 @@ HEADS, LAYERS = "the heads that improve when disabled", "the layers"
 OVER_SE = "the best gain minus one standard error"
 LAST_LOWEST = "the least-similar layer lies in the last third (1 or 0)"
 LAST_GAP = "the last third's mean cosine minus the rest's"
-PATTERNS = Rule(
+PATTERNS = Claim(
   PAPER,
   "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
   "vertical is the commonest.",
@@ -27,13 +28,13 @@ PATTERNS = Rule(
   partly=(Test(MOST, ">=", 0.25),),
   partly_if="all",
 )
-DISABLING = Rule(
+DISABLING = Claim(
   PAPER,
   "Disabling some single heads or whole layers improves the fine-tuned model.",
   yes=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0), Test(OVER_SE, ">", 0)),
   partly=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0)),
 )
-CHANGE = Rule(
+CHANGE = Claim(
   PAPER,
   "Fine-tuning changes the attention of the last layers most.",
   yes=(Test(LAST_LOWEST, ">=", 1), Test(LAST_GAP, "<", 0)),

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from findings import Rule, Test
 
 from bertjax.analysis.attention import effective
+from bertjax.claims import Claim, Test
 
 PAPER = "Brunner et al. 2020"
 
@@ -18,21 +18,21 @@ MATCH = "the share of heads x passages whose null-space dimension is max(0, n - 
 LONG_NULL = "the share with n > d_head that have a null space"
 OUTPUT_ERROR, BLOCK_ERROR = "the head outputs' relative error", "the block outputs' error"
 SPECIAL_RATIO = "effective over raw mass on [CLS] and [SEP]"
-NULL_SPACE = Rule(
+NULL_SPACE = Claim(
   PAPER,
   "Attention weights are not identifiable once the sequence is longer than the head "
   "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
   yes=(Test(MATCH, ">=", 1),),
   partly=(Test(LONG_NULL, ">=", 1),),
 )
-SAME_OUTPUT = Rule(
+SAME_OUTPUT = Claim(
   PAPER,
   "Attention can change without changing the output: effective attention (raw minus "
   "its null-space part) gives the same head output.",
   yes=(Test(OUTPUT_ERROR, "<", 1e-4), Test(BLOCK_ERROR, "<", 1e-4)),
   partly_if="never",
 )
-SPECIAL = Rule(
+SPECIAL = Claim(
   PAPER,
   "Effective attention puts much less weight on [CLS] and [SEP] than raw attention.",
   yes=(Test(SPECIAL_RATIO, "<=", 0.5),),

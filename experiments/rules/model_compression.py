@@ -5,18 +5,18 @@ JSON."""
 
 from __future__ import annotations
 
-from findings import Rule, Test
+from bertjax.claims import Claim, Test
 
 RETAINED = "the score retained"
 SPEEDUP = "the forward speed-up"
 PARAMS = "the parameters over the teacher's"
-DISTIL = Rule(
+DISTIL = Claim(
   "Sanh et al. 2019",
   "A student with half the teacher's layers, initialised from every other layer and "
   "distilled, keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
   yes=(Test(RETAINED, ">=", 0.95), Test(SPEEDUP, ">=", 1.3)),
 )
-SHARING = Rule(
+SHARING = Claim(
   "Lan et al. 2020",
   "Sharing one layer's parameters across all layers divides the parameter count (ALBERT) "
   "but not the compute, at some cost in score.",
@@ -26,7 +26,7 @@ SHARING = Rule(
   missing="n/a",
   missing_when="the teacher has no ALBERT counterpart",
 )
-INT8 = Rule(
+INT8 = Claim(
   "Zafrir et al. 2019",
   "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
   yes=(Test(RETAINED, ">=", 0.99),),

@@ -5,18 +5,19 @@ their thresholds, and `findings(results, settings)`, the rows from a results JSO
 from __future__ import annotations
 
 import common
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 FAITHFUL = 0.8  # the share of the logit difference a circuit must keep
 EAP, EAP_IG = "EAP's Pearson", "EAP-IG's Pearson"  # each against exact patching, over edges
 SHARE = "the smallest faithful circuit's share of the edges"
-SCORES = Rule(
+SCORES = Claim(
   "Syed et al. 2023; Hanna et al. 2024",
   "Edge attribution patching approximates exact edge patching, and its "
   "integrated-gradients variant (EAP-IG) better than plain EAP",
   yes=(Test(EAP_IG, ">", 0.8), Test(EAP_IG, ">", EAP)),
 )
-CIRCUIT = Rule(
+CIRCUIT = Claim(
   "Conmy et al. 2023; Hanna et al. 2024",
   "A circuit of a few percent of the edges, found from attribution scores, "
   "keeps most of the model's behaviour",

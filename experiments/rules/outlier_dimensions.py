@@ -8,14 +8,15 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 MARGIN = "the outliers' cost minus the worst random draw's (points)"
 RHO = "the mean Spearman with log frequency"
 SINK_FALL = "the fall in special-token attention without them"
 MASSIVE_SHARE = "the share of layers with massive activations"
 INT8_RHO = "the Spearman of int8 error and largest magnitude over layers"
-ABLATION = Rule(
+ABLATION = Claim(
   "Kovaleva et al. 2021",
   "A few LayerNorm output dimensions are outliers in most layers; disabling them (their "
   "LayerNorm scale and bias zero) degrades the model far more than disabling as many random "
@@ -25,7 +26,7 @@ ABLATION = Rule(
   missing="no",
   missing_when="there are no outlier dimensions",
 )
-FREQUENCY = Rule(
+FREQUENCY = Claim(
   "Puccetti et al. 2022",
   "Outlier dimensions are driven by token frequency (frequent tokens activate them most) and "
   "they drive the attention heads' focus on special tokens.",
@@ -33,14 +34,14 @@ FREQUENCY = Rule(
   missing="n/a",
   missing_when="there are no outlier dimensions",
 )
-MASSIVE = Rule(
+MASSIVE = Claim(
   "Sun et al. 2024",
   "A few activations are massive (> 100 and > 1000x the median magnitude), at fixed "
   "dimensions, in most layers.",
   yes=(Test(MASSIVE_SHARE, ">=", 0.5),),
   partly=(Test(MASSIVE_SHARE, ">", 0),),
 )
-INT8 = Rule(
+INT8 = Claim(
   "Bondarenko et al. 2021",
   "Outlier activations are what makes transformer activations hard to quantise: the int8 "
   "error is largest where activations are largest.",

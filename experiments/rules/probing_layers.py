@@ -8,7 +8,8 @@ import pathlib
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
 # The syntactic measures whose peak layer is compared with the middle of the network.
@@ -29,14 +30,14 @@ MEAN_GAP = "their mean minus UPOS's"
 LEAST, MOST = "the lower task's selectivity (pts)", "the higher task's"
 LESS_SELECTIVE = "linear minus MLP selectivity (pts)"
 ACCURACY = "MLP minus linear accuracy (pts)"
-PEAKS = Rule(
+PEAKS = Claim(
   PAPERS,
   "Syntactic information (dependency labels, tree distance and depth) peaks in the "
   "middle layers, not the last.",
   yes=(Test(IN_MIDDLE, ">=", 1),),
   partly=(Test(BEFORE_LAST, ">", 0.5),),
 )
-POS_LOWER = Rule(
+POS_LOWER = Claim(
   "Tenney et al. 2019",
   "POS (surface) information sits lower in the network than "
   "syntactic structure (expected layer of POS < that of parsing tasks).",
@@ -45,14 +46,14 @@ POS_LOWER = Rule(
   missing="no",
   missing_when="an expected layer is not finite",
 )
-SELECTIVE = Rule(
+SELECTIVE = Claim(
   "Hewitt & Liang 2019",
   "Linear probes are selective: high accuracy on the linguistic task, "
   "much lower on a control task of random word-type labels.",
   yes=(Test(LEAST, ">=", 20),),
   partly=(Test(MOST, ">=", 5),),
 )
-MLP = Rule(
+MLP = Claim(
   "Hewitt & Liang 2019",
   "MLP probes reach similar accuracy but are less selective than linear probes.",
   yes=(Test(LESS_SELECTIVE, ">", 0), Test(ACCURACY, ">=", -2)),

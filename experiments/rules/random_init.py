@@ -4,13 +4,13 @@ thresholds, and `findings(results, settings)`, the rows from a results JSON."""
 
 from __future__ import annotations
 
-from findings import Rule, Test
+from bertjax.claims import Claim, Test
 
 PAPER = "Kovaleva et al. 2019"
 
 
 R = "r"  # random's share of the pre-trained gain over the majority class (`gain_ratio`)
-LEXICAL = Rule(
+LEXICAL = Claim(
   PAPER,
   "Fine-tuning the same architecture from random initialisation does disturbingly well "
   "next to the pre-trained weights on tasks with lexical cues (their Table 2, GLUE).",
@@ -22,7 +22,7 @@ LEXICAL = Rule(
 # The control: Kovaleva et al. put the random model's success down to lexical cues, so where
 # no lexical cue decides the task it should fall far short. Its row holds when r is low.
 CONTROL_TASKS = ("blimp",)
-CONTROL = Rule(
+CONTROL = Claim(
   PAPER,
   "(control for the row above) Where no lexical cue decides the task, random "
   "initialisation falls far short of the pre-trained weights, as the paper's "

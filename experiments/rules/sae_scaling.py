@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPER = "Gao et al. 2024"
 
@@ -20,14 +21,14 @@ FALLS = "the share of doublings that lower the FVU"
 R2 = "the power law's R^2"
 CHANGE = "the largest's FVU minus the smallest's"
 MOST_DEAD, LEAST_DEAD = "the most dead latents at a size", "the fewest dead latents at a size"
-SCALING = Rule(
+SCALING = Claim(
   PAPER,
   "Reconstruction error of top-k SAEs falls as a power law in the number of latents.",
   yes=(Test(FALLS, ">=", 1), Test(R2, ">=", 0.95)),
   partly=(Test(CHANGE, "<", 0),),
   partly_if="all",
 )
-DEAD = Rule(
+DEAD = Claim(
   PAPER,
   "With TopK, the AuxK loss and the tied initialisation few latents die, even at "
   "large sizes (their 16M-latent GPT-4 SAE: 7% dead).",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import common
 import numpy as np
-from findings import Rule, Test
 
 from bertjax import stats
+from bertjax.claims import Claim, Test
 
 PAPER = "Michel et al. 2019"
 
@@ -27,32 +27,32 @@ OVER_ALL = "importance's mean accuracy minus the best random order's"
 OVER_MEAN = "minus their mean"
 DIFF = "pruned vs masked outputs' largest difference"
 AT40, AT60, FASTEST = "the speed-up with 40% removed", "with 60%", "the largest speed-up"
-SINGLE = Rule(
+SINGLE = Claim(
   PAPER,
   "Most attention heads can be removed individually at test time without a "
   "statistically significant drop in performance.",
   yes=(Test(REMOVABLE, ">=", 0.75),),
   partly=(Test(REMOVABLE, ">=", 0.5),),
 )
-ONE_HEAD = Rule(
+ONE_HEAD = Claim(
   PAPER,
   "In many layers a single head is enough: all heads but one can be removed with little loss.",
   yes=(Test(LAYERS_OK, ">=", 2 / 3),),
   partly=(Test(LAYERS_OK, ">=", 1 / 3),),
 )
-PRUNING = Rule(
+PRUNING = Claim(
   PAPER,
   "Iterative importance pruning removes 20-40% of heads with no noticeable drop (BERT: 40%).",
   yes=(Test(KEPT, ">=", 0.35),),
   partly=(Test(KEPT, ">=", 0.15),),
 )
-ORDER = Rule(
+ORDER = Claim(
   PAPER,
   "Pruning by head importance degrades the model far more slowly than pruning in random order.",
   yes=(Test(OVER_ALL, ">", 0),),
   partly=(Test(OVER_MEAN, ">", 0),),
 )
-SPEED = Rule(
+SPEED = Claim(
   PAPER,
   "Physically pruning heads speeds up inference (BERT, 50% of heads pruned: up to 17.5% faster).",
   yes=(Test(DIFF, "<", 1e-4), Test(AT40, ">=", 1.05), Test(AT60, ">=", 1.10)),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from findings import Rule, Test
+from bertjax.claims import Claim, Test
 
 PAPER = "Gong et al. 2019"
 TARGET_RATIO = 0.8
@@ -16,7 +16,7 @@ TARGET_RATIO = 0.8
 SLOWEST, FASTEST = "the largest estimate of the time ratio", "the smallest"
 GAP = "stacked minus full-depth held-out loss (nats)"
 LEAD = "the baseline's lead over the unigram loss (nats)"
-TIME = Rule(
+TIME = Claim(
   PAPER,
   "Progressive stacking reaches the full-depth model's loss in less wall-clock "
   f"time (issue #6: <= {TARGET_RATIO}x the baseline's time).",
@@ -25,7 +25,7 @@ TIME = Rule(
   missing="no",
   missing_when="a run never reaches the loss",
 )
-QUALITY = Rule(
+QUALITY = Claim(
   PAPER,
   "The stacked model ends as good as the one trained at full depth.",
   yes=(Test(GAP, "<=", 0.05), Test(LEAD, ">=", 0.1)),  # before 0.1, the test is weak
@@ -107,7 +107,7 @@ def findings(r: dict, s: dict) -> list[dict]:
     )
     ratios = [c["ratio"] for c in variation["vs_each_baseline"]] + [variation["priced"]["ratio"]]
     rows.append(
-      dataclasses.replace(TIME, claim=claim).row(
+      dataclasses.replace(TIME, statement=claim).row(
         f"{vr}; priced {_fmt(variation['priced']['ratio'])}; held-out MLM loss "
         f"{runs[-1]['heldout']['mlm_loss']:.3f} vs {hb:.3f}.",
         time_quantities(ratios),

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 CLOSER = "the share of layers where the tuned lens's KL is below the logit lens's"
-LENS = Rule(
+LENS = Claim(
   "Belrose et al. 2023",
   "A tuned lens (an affine translator per layer, trained to match the final layer's "
   "distribution) reads every layer's prediction closer to the final layer's than the logit "

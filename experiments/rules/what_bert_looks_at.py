@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import common
 import numpy as np
-from findings import Rule, Test
+
+from bertjax.claims import Claim, Test
 
 PAPER = "Clark et al. 2019"
 INDEXING = (
@@ -28,7 +29,7 @@ FIRST = "layer 1's entropy minus the highest other layer's"
 HALVES = "the first half's mean entropy minus the second's"
 BEATEN = "the share of frequent relations where a head beats the offset by 5 points"
 OVERALL = "the best head's accuracy over all arcs"
-SINK = Rule(
+SINK = Claim(
   PAPER,
   "Heads in the middle layers put most of their attention on a few tokens, [SEP] "
   "above all (BERT-base: layers 6-10 give [SEP] over half), which Clark reads as a no-op "
@@ -36,19 +37,19 @@ SINK = Rule(
   yes=(Test(MIDDLE, ">", 0.5), Test(SEP_MARGIN, ">", 0)),
   partly=(Test(MIDDLE, ">", 0.5),),
 )
-ENTROPY = Rule(
+ENTROPY = Claim(
   PAPER,
   "Early layers attend broadly (high attention entropy); later heads focus.",
   yes=(Test(FIRST, ">=", 0), Test(HALVES, ">", 0)),
 )
-RELATIONS = Rule(
+RELATIONS = Claim(
   PAPER,
   "Particular heads track particular dependency relations well, well above a "
   "fixed-offset baseline.",
   yes=(Test(BEATEN, ">=", 2 / 3),),
   partly=(Test(BEATEN, ">=", 1 / 3),),
 )
-NO_SYNTAX_HEAD = Rule(
+NO_SYNTAX_HEAD = Claim(
   PAPER,
   "No single head does well at syntax overall.",
   yes=(Test(OVERALL, "<", 0.5),),
