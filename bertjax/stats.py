@@ -194,6 +194,9 @@ def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:
   return (c[i] - c[lo]) / (i - lo)
 
 
+_GATHERED = 1 << 25  # values a vectorized bootstrap gathers at once (256 MiB of float64)
+
+
 def bootstrap_ci(
   data,
   statistic,
@@ -218,8 +221,9 @@ def bootstrap_ci(
       of such arrays with the same number of items, resampled together (paired: item i of
       every array goes with item i of the others).
     statistic: `statistic(*arrays)` -> a number or an array of numbers. With `vectorized`, it
-      gets the arrays with a leading resample axis, `(n_resamples, n, ...)`, and returns
-      `(n_resamples, ...)`.
+      gets the arrays with a leading resample axis, `(R, n, ...)`, and returns `(R, ...)`:
+      R is `n_resamples`, or fewer at a time where the resamples would hold over 2^25 values
+      (the same resamples, evaluated in chunks).
     n_resamples: how many resamples (>= 1).
     confidence: the interval's coverage, in (0, 1).
     seed: the resamples' seed: the same seed, data and statistic give the same interval.
@@ -245,8 +249,14 @@ def bootstrap_ci(
     raise ValueError(f"{confidence=} must be in (0, 1)")
   n = sizes.pop()
   idx = np.random.default_rng(seed).integers(0, n, (n_resamples, n))
-  if vectorized:
-    values = np.asarray(statistic(*(a[idx] for a in arrays)), np.float64)
+  if vectorized:  # in chunks of resamples that gather at most _GATHERED values at once
+    step = max(1, _GATHERED // max(1, n * sum(a[0].size for a in arrays)))
+    values = np.concatenate(
+      [
+        np.asarray(statistic(*(a[idx[i : i + step]] for a in arrays)), np.float64)
+        for i in range(0, n_resamples, step)
+      ]
+    )
   else:
     values = np.asarray([statistic(*(a[i] for a in arrays)) for i in idx], np.float64)
   alpha = (1 - confidence) / 2

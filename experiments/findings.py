@@ -289,117 +289,6 @@ def _outlier_dimensions(doc: dict) -> list[claims.Judgement]:
   ]
 
 
-def _sixteen_heads(doc: dict) -> list[claims.Judgement]:
-  """The speed rounds (interleaved, paired by round); the per-head tests of the first row."""
-  r, s, mod = common.from_json(doc["results"]), doc["settings"], module("sixteen_heads")
-  sp = r["speed"]
-  names = ["unpruned"] + [f"pruned_{f:.1f}" for f in sp["targets"]]  # as pruned_speedups names them
-  times = np.asarray([sp["times"][k]["times_s"] for k in names], float).T  # (rounds, models)
-
-  def speedups(t):  # (R, n, models) -> (R, models - 1)
-    med = np.median(t, 1)
-    return med[:, :1] / med[:, 1:]
-
-  def holds(t):
-    med = np.median(t, 0)
-    return mod.rows_of({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
-
-  cis = claims.interval_text(times, speedups, "{:.2f}x")
-  n = r["ablation"]["num_test"]
-  return [
-    claims.note(
-      f"test the rule applies: exact McNemar per head at p < 0.01 (n = {n}); no interval"
-    ),
-    _rerun("per-example correctness under each keep-one mask"),
-    _rerun("per-example correctness along the pruning curve"),
-    _rerun("per-example correctness along the pruning curves"),
-    claims.note(
-      f"95% CI over the {len(times)} interleaved rounds: speed-up at "
-      + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
-      claims.span_of(times, holds),
-    ),
-  ]
-
-
-def _what_bert_looks_at(doc: dict) -> list[claims.Judgement]:
-  """Only the overall-syntax row has what an interval needs: a share of held-out arcs."""
-  r, s, mod = doc["results"], doc["settings"], module("what_bert_looks_at")
-  best = r["probe"]["relations"]["all"]["dep_to_head"]
-  n = r["probe"]["relations"]["all"]["count_eval"]
-  hits = round(best["accuracy"] * n)
-  correct = np.r_[np.ones(hits), np.zeros(n - hits)]  # a share is its 0/1 items, exactly
-  lo, hi = stats.bootstrap_ci(correct, lambda c: c.mean(-1), n_resamples=RESAMPLES, vectorized=True)
-
-  def holds(accuracy):  # the rule is monotone in the share: its verdicts at the two ends
-    relations = r["probe"]["relations"]
-    at = {**relations, "all": {**relations["all"], "dep_to_head": {**best, "accuracy": accuracy}}}
-    return mod.findings({**r, "probe": {**r["probe"], "relations": at}}, s)[3]["holds"]
-
-  overall = claims.note(
-    f"95% CI over the {n} held-out arcs: [{lo:.3f}, {hi:.3f}]", (holds(hi), holds(lo))
-  )
-  if "per_sentence" not in r:  # written before the run kept them
-    return [
-      _rerun("per-sentence attention masses"),
-      _rerun("per-sentence attention entropies"),
-      _rerun("per-arc correctness of heads and offsets (paired)"),
-      overall,
-    ]
-  return [
-    *_clark_intervals(r, s, mod),
-    _rerun("per-arc correctness of heads and offsets (paired)"),
-    overall,
-  ]
-
-
-def _clark_intervals(r: dict, s: dict, mod) -> list[claims.Judgement]:
-  """The sink and entropy rows of `what_bert_looks_at` over its sentences: intervals of the
-  statistics their rules compare (`mod.SINK`, `mod.ENTROPY`, each monotone in
-  both), and the verdicts at the intervals' two ends."""
-  ps = {k: np.asarray(r["per_sentence"][k], float) for k in ("cls", "sep", "punct", "entropy")}
-  n, depth = ps["entropy"].shape
-  lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
-  inner = slice(lo - 1, max(hi, lo))
-  # Per sentence: the middle third's mean mass on [CLS], [SEP] and punctuation, (n, 3).
-  middle = np.stack([ps[k][:, inner].mean(1) for k in ("cls", "sep", "punct")], -1)
-
-  def sink(x):  # (R, n, 3) -> (R, 2): the total; [SEP] minus the larger of the other two
-    m = x.mean(1)
-    return np.stack([m.sum(-1), m[:, 1] - np.maximum(m[:, 0], m[:, 2])], -1)
-
-  def entropy(e):  # (R, n, L) -> (R, 2): layer 1 minus the highest other layer; the halves
-    e = e.mean(1)
-    return np.stack(
-      [e[:, 0] - e[:, 1:].max(-1), e[:, : depth // 2].mean(-1) - e[:, depth // 2 :].mean(-1)], -1
-    )
-
-  (t_lo, m_lo), (t_hi, m_hi) = stats.bootstrap_ci(
-    middle, sink, n_resamples=RESAMPLES, vectorized=True
-  )
-  (f_lo, h_lo), (f_hi, h_hi) = stats.bootstrap_ci(
-    ps["entropy"], entropy, n_resamples=RESAMPLES, vectorized=True
-  )
-  return [
-    claims.note(
-      f"95% CI over the {n} sentences: layers {lo}-{hi}'s mass on [CLS], "
-      f"[SEP] and punctuation [{t_lo:.2f}, {t_hi:.2f}]; [SEP] minus the larger "
-      f"of the other two [{m_lo:+.2f}, {m_hi:+.2f}]",
-      tuple(
-        mod.SINK.verdict({mod.MIDDLE: t, mod.SEP_MARGIN: m})
-        for t, m in ((t_lo, m_lo), (t_hi, m_hi))
-      ),
-    ),
-    claims.note(
-      f"95% CI over the {n} sentences: layer 1's entropy minus the highest "
-      f"other layer's [{f_lo:+.2f}, {f_hi:+.2f}] nats; first half minus second "
-      f"half [{h_lo:+.2f}, {h_hi:+.2f}]",
-      tuple(
-        mod.ENTROPY.verdict({mod.FIRST: f, mod.HALVES: h}) for f, h in ((f_lo, h_lo), (f_hi, h_hi))
-      ),
-    ),
-  ]
-
-
 def _albert_sharing(doc: dict) -> list[claims.Judgement]:
   """Parameter counts are exact; the step-time ratio over the runs' steps."""
   r, s, mod = doc["results"], doc["settings"], module("albert_sharing")
@@ -468,8 +357,6 @@ UNCERTAINTY = {
   "attribution": _attribution,
   "negation_circuit": _negation_circuit,
   "outlier_dimensions": _outlier_dimensions,
-  "sixteen_heads": _sixteen_heads,
-  "what_bert_looks_at": _what_bert_looks_at,
   "albert_sharing": _albert_sharing,
   "model_compression": _model_compression,
   "dark_secrets": lambda doc: [
@@ -519,8 +406,15 @@ def uncertainty(doc: dict) -> list[claims.Judgement]:
   rows, and their bootstrap intervals are most of the time `targets` takes."""
   key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
   if key not in _UNCERTAINTIES:
+    own = getattr(module(doc["experiment"]), "uncertainty", None)  # the experiment's claims
     make = UNCERTAINTY.get(doc["experiment"])
-    rows = make(doc) if make is not None else []
+    rows = (
+      own(doc["results"], doc["settings"])
+      if own is not None
+      else make(doc)
+      if make is not None
+      else []
+    )
     if len(rows) != len(doc["findings"]):  # a new experiment, or rows added since
       rows = [_rerun("per-item values this table knows how to resample")] * len(doc["findings"])
     _UNCERTAINTIES[key] = rows

@@ -83,6 +83,34 @@ def test_offset_baseline_matches_numpy():
     assert table[rel]["baseline"]["accuracy"] == (offsets[held] == k).mean()
 
 
+def test_held_out_hits_are_what_the_accuracies_average():
+  """With `sentences`, each row keeps its held-out arcs' sentences and the 0/1 hits of each
+  direction's best head and of the offset; `probe_results` moves them to `held_out`, the head
+  of the direction chosen on the selection half beside the offset's."""
+  rng = np.random.default_rng(3)
+  n = 300
+  rels, split = rng.choice(["x", "y"], n), rng.integers(0, 2, n)
+  offsets = rng.choice([-1, 1, 2], n)
+  dep, head = rng.random((n, 4)) < 0.4, rng.random((n, 4)) < 0.6
+  sentences = np.arange(n) // 3
+  table = syntax.probe_table(rels, offsets, split, dep, head, ["x", "y"], (2, 2), sentences)
+  for rel in ("x", "y"):
+    row, held = table[rel], (rels == rel) & (split == 1)
+    assert row["held_out_sentence"].tolist() == sentences[held].tolist()
+    for name in ("dep_to_head", "head_to_dep", "baseline"):
+      assert row[name]["held_out_hits"].mean() == row[name]["accuracy"]
+  out = syntax.probe_results(table, ["x", "y"], [])
+  assert "held_out_hits" not in out["relations"]["x"]["baseline"]
+  for rel in ("x", "y"):
+    kept, chosen = out["held_out"][rel], out["direction_chosen"][rel]
+    assert kept["head"].mean() == out["accuracy_chosen_direction"][rel]
+    assert chosen == "head_to_dep"  # its hits are likelier on the selection half too
+    assert kept["offset"].mean() == table[rel]["baseline"]["accuracy"]
+  assert "held_out" not in syntax.probe_results(
+    syntax.probe_table(rels, offsets, split, dep, head, ["x"], (2, 2)), ["x"], []
+  )
+
+
 def test_relation_labels():
   assert syntax.relation("nmod:poss") == "poss"
   assert syntax.relation("obl:tmod") == "obl"

@@ -96,7 +96,7 @@ def test_judge_is_the_percentile_bootstrap_with_the_rule_on_every_resample():
     np.mean,
     n_resamples=999,
     method="percentile",
-    random_state=np.random.default_rng(3),
+    rng=np.random.default_rng(3),
   ).confidence_interval
   np.testing.assert_allclose(j.intervals["mean"], (ref.low, ref.high), rtol=1e-12)
   assert j.values["mean"] == pytest.approx(x.mean())

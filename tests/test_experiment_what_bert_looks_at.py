@@ -33,3 +33,23 @@ def test_committed_results_record_clark_s_definition():
     np.testing.assert_allclose(clark["by_layer"][name], np.mean(clark[name], -1), atol=1e-12)
   sep = np.asarray(clark["by_layer"]["sep"])
   assert f"{sep.argmax() + 1} ({sep.max():.2f})" in doc["findings"][0]["measured"]
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run keeps what every row's interval resamples, and each row's point value is
+  the statistic on all the items (the per-sentence masses average to the by-layer ones)."""
+  from rules import what_bert_looks_at as rules
+
+  r = doc["results"]
+  for name in ("cls", "sep", "punct", "entropy"):
+    np.testing.assert_allclose(
+      np.mean(r["per_sentence"][name], 0), r["clark"]["by_layer"][name], atol=2e-5
+    )
+  held = r["probe"]["held_out"]
+  for rel in r["probe"]["frequent"]:  # (the smoke's few sentences leave some relation none)
+    accuracy = r["probe"]["accuracy_chosen_direction"][rel]
+    assert (np.mean(held[rel]["head"]) if held[rel]["head"] else None) == accuracy
+  judged = rules.uncertainty(r, doc["settings"])
+  assert len(judged) == len(doc["findings"]) == 4
+  for j, row in zip(judged, doc["findings"]):
+    assert j.text.startswith("95% CI over the") and j.verdict == row["holds"], (j.text, row)

@@ -94,7 +94,9 @@ def test_head_ablation_tests_are_each_mask_run_and_scipy_tests(params, tmp_path)
       one = np.zeros(SHAPE)
       one[l, h] = 1
       one[1 - l] = 1
-      keep_one_acc.append(reference(params, one)[1].mean())
+      keep_one_ok = reference(params, one)[1]
+      keep_one_acc.append(keep_one_ok.mean())
+      assert got["per_example"]["correct_keep_one"][l, h].tolist() == keep_one_ok.tolist()
     np.testing.assert_allclose(got["keep_one_accuracy"][l], keep_one_acc)
     layer = np.ones(SHAPE)
     layer[l] = 0
@@ -102,6 +104,7 @@ def test_head_ablation_tests_are_each_mask_run_and_scipy_tests(params, tmp_path)
   assert drops + rises > 0, "the fixture should make some head matter"
   assert got["significant_accuracy_drops"] == drops and got["significant_loss_rises"] == rises
   assert got["heads_removable_alone"] == SHAPE[0] * SHAPE[1] - drops
+  assert got["per_example"]["correct_baseline"].tolist() == base_ok.tolist()
   imp = {"normalized": np.ones(SHAPE), "raw": np.arange(8.0).reshape(SHAPE)}
   assert plots.importance_and_ablation(imp, got, tmp_path / "h.png").stat().st_size > 10_000
   assert plots.layer_ablation(got, tmp_path / "l.png").stat().st_size > 10_000
@@ -128,13 +131,17 @@ def test_pruning_curves_score_every_order_on_the_test_batches(params, tmp_path):
   for i, k in enumerate(got["heads_masked"]):
     mask = np.ones(SHAPE)
     mask.ravel()[flat[:k]] = 0
-    assert got["accuracy"]["static_raw"][i] == reference(params, mask, test)[1].mean()
+    ok = reference(params, mask, test)[1]
+    assert got["accuracy"]["static_raw"][i] == ok.mean()
+    assert got["per_example"]["correct"]["static_raw"][i].tolist() == ok.tolist()
     loss = reference(params, got["masks_iterative"][i], test)[0]
     np.testing.assert_allclose(got["loss"]["iterative"][i], loss.mean(), atol=1e-6)
   rng = np.random.default_rng(7)  # the random orders are the seeded permutations
   for j in range(2):
     m = ablation.order_masks(rng.permutation(8), got["heads_masked"], SHAPE)[-1]
     assert got["accuracy"]["random"][j][-1] == reference(params, m, test)[1].mean()
+  for name, per in got["per_example"]["correct"].items():  # their means are the curves
+    np.testing.assert_array_equal(np.mean(per, -1), got["accuracy"][name])
   acc, fractions = got["accuracy"]["iterative"], got["fractions"]
   ok = np.cumprod(acc >= acc[0] - 0.02).astype(bool)  # within the tolerance at every step so far
   assert got["max_fraction_within_tolerance"] == fractions[ok][-1]

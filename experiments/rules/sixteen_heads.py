@@ -7,7 +7,7 @@ from __future__ import annotations
 import common
 import numpy as np
 
-from bertjax import stats
+from bertjax import claims, stats
 from bertjax.claims import Claim, Test
 
 PAPER = "Michel et al. 2019"
@@ -186,3 +186,102 @@ def rows_of(r: dict, s: dict) -> list[dict]:
     _row_importance_order(pr, r["importance"]),
     _row_speedup(r["speed"]),
   ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def _first_left(accuracy, fractions, tolerance):
+  """`max_fraction_within_tolerance` on accuracies (..., steps), the intact model first."""
+  ok = accuracy >= accuracy[..., :1] - tolerance
+  first_out = np.where(ok.all(-1), ok.shape[-1], np.argmin(ok, -1))
+  return np.asarray(fractions)[first_out - 1]
+
+
+def _area(fractions, accuracy):
+  """`stats.curve_area` over the last axis."""
+  x = np.asarray(fractions, np.float64)
+  return ((accuracy[..., 1:] + accuracy[..., :-1]) / 2 * np.diff(x)).sum(-1) / (x[-1] - x[0])
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: the per-head tests the first rule applies; 95% intervals over the
+  test sentences for the keep-one, pruning and order rows (each example's correctness under
+  every mask, resampled together); over the interleaved timing rounds for the speed row."""
+  r = common.from_json(r)
+  ab, pr = r["ablation"], r["pruning"]
+  n = ab["num_test"]
+  single = SINGLE.tested(
+    {REMOVABLE: ab["heads_removable_alone"] / np.size(ab["head_loss"])},
+    f"exact McNemar per head at p < {s['alpha']} (n = {n})",
+  )
+  return [single, *_per_sentence(ab, pr), _speed(r, s)]
+
+
+def _per_sentence(ab: dict, pr: dict) -> list[claims.Judgement]:
+  """The keep-one, pruning-curve and importance-order rows over the test sentences."""
+  ex, curves = ab.get("per_example"), pr.get("per_example")
+  missing = "per-example correctness under each mask"
+  if ex is None or curves is None:
+    return [_rerun(missing)] * 3
+  tolerance, fractions = pr["tolerance"], np.asarray(pr["fractions"], float)
+  base = np.asarray(ex["correct_baseline"], float)[:, None]
+  keep_one = np.asarray(ex["correct_keep_one"], float)
+  depth, heads, _ = keep_one.shape
+  one = np.concatenate([base, keep_one.reshape(depth * heads, -1).T], 1)  # (n, 1 + L*H)
+
+  def layers_ok(x):  # (R, n, 1 + L*H): the share of layers whose best kept head is near
+    acc = x.mean(1)
+    best = acc[:, 1:].reshape(len(acc), depth, heads).max(-1)
+    return {LAYERS_OK: (best >= acc[:, :1] - tolerance).mean(-1)}
+
+  c = curves["correct"]
+  iterative = np.asarray(c["iterative"], float).T  # (n, steps)
+  random = np.asarray(c["random"], float)  # (orders, steps, n)
+  orders = np.concatenate([iterative, random.transpose(2, 0, 1).reshape(len(iterative), -1)], 1)
+  steps = iterative.shape[1]
+
+  def over_random(x):  # (R, n, steps * (1 + orders)): importance's area minus random orders'
+    area = _area(fractions, x.mean(1).reshape(len(x), -1, steps))
+    return {
+      OVER_ALL: area[:, 0] - area[:, 1:].max(-1),
+      OVER_MEAN: area[:, 0] - area[:, 1:].mean(-1),
+    }
+
+  over = f"the {len(one)} test sentences"
+  return [
+    ONE_HEAD.judge(one, layers_ok, over=over),
+    PRUNING.judge(
+      iterative,
+      lambda x: {KEPT: _first_left(x.mean(1), fractions, tolerance)},
+      over=over,
+      shown={KEPT: "{:.0%}"},
+    ),
+    ORDER.judge(orders, over_random, over=over, shown={OVER_ALL: "{:+.3f}", OVER_MEAN: "{:+.3f}"}),
+  ]
+
+
+def _rerun(what: str) -> claims.Judgement:
+  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
+
+
+def _speed(r: dict, s: dict) -> claims.Judgement:
+  """The speed row over the interleaved timing rounds (paired by round)."""
+  sp = r["speed"]
+  names = ["unpruned"] + [f"pruned_{f:.1f}" for f in sp["targets"]]  # as pruned_speedups names them
+  times = np.asarray([sp["times"][k]["times_s"] for k in names], float).T  # (rounds, models)
+
+  def speedups(t):  # (R, n, models) -> (R, models - 1)
+    med = np.median(t, 1)
+    return med[:, :1] / med[:, 1:]
+
+  def holds(t):
+    med = np.median(t, 0)
+    return rows_of({**r, "speed": {**sp, "speedup": list(med[0] / med[1:])}}, s)[4]["holds"]
+
+  cis = claims.interval_text(times, speedups, "{:.2f}x")
+  return claims.note(
+    f"95% CI over the {len(times)} interleaved rounds: speed-up at "
+    + ", ".join(f"{f:.0%} {c}" for f, c in zip(sp["fractions"], cis)),
+    claims.span_of(times, holds),
+  )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import common
 import numpy as np
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Clark et al. 2019"
@@ -150,3 +151,79 @@ def findings(r: dict, s: dict) -> list[dict]:
   )
   rows.append(NO_SYNTAX_HEAD.row(measured, {OVERALL: overall}))
   return rows
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def _rerun(what: str) -> claims.Judgement:
+  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row, each a 95% interval over the held-out items the JSON keeps: the
+  sentences for the sink, the entropy and the relations (each held-out arc's hits, summed per
+  sentence), the arcs for the overall accuracy."""
+  r = common.from_json(r)
+  return [*_clark(r), _relations(r["probe"]), _overall(r["probe"])]
+
+
+def _clark(r: dict) -> list[claims.Judgement]:
+  """The sink and entropy rows over the sentences (their per-sentence masses and entropies)."""
+  if "per_sentence" not in r:  # written before the run kept them
+    return [_rerun("per-sentence attention masses"), _rerun("per-sentence attention entropies")]
+  ps = {k: np.asarray(r["per_sentence"][k], float) for k in ("cls", "sep", "punct", "entropy")}
+  n, depth = ps["entropy"].shape
+  lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
+  inner = slice(lo - 1, max(hi, lo))
+  # Per sentence: the middle third's mean mass on [CLS], [SEP] and punctuation, (n, 3).
+  middle = np.stack([ps[k][:, inner].mean(1) for k in ("cls", "sep", "punct")], -1)
+
+  def sink(x):  # (R, n, 3): the total; [SEP] minus the larger of the other two
+    m = x.mean(1)
+    return {MIDDLE: m.sum(-1), SEP_MARGIN: m[:, 1] - np.maximum(m[:, 0], m[:, 2])}
+
+  def entropy(e):  # (R, n, L): layer 1 minus the highest other layer; the halves
+    e = e.mean(1)
+    half = depth // 2
+    return {FIRST: e[:, 0] - e[:, 1:].max(-1), HALVES: e[:, :half].mean(-1) - e[:, half:].mean(-1)}
+
+  over = f"the {n} sentences"
+  return [
+    SINK.judge(middle, sink, over=over, shown={MIDDLE: "{:.2f}", SEP_MARGIN: "{:+.2f}"}),
+    ENTROPY.judge(ps["entropy"], entropy, over=over, shown={FIRST: "{:+.2f}", HALVES: "{:+.2f}"}),
+  ]
+
+
+def _relations(probe: dict) -> claims.Judgement:
+  """The relations row over the held-out sentences: per sentence and frequent relation, its
+  held-out arcs and the hits of the chosen head and of the offset, summed on each resample."""
+  held, frequent = probe.get("held_out"), probe["frequent"]
+  if held is None or not frequent:
+    return _rerun("per-arc correctness of heads and offsets (paired)")
+  sentences = np.unique(np.concatenate([np.asarray(held[x]["sentence"]) for x in frequent]))
+  counts = np.zeros((len(sentences), len(frequent), 3))
+  for j, x in enumerate(frequent):
+    at = np.searchsorted(sentences, np.asarray(held[x]["sentence"]))
+    for c, hits in enumerate((1, held[x]["head"], held[x]["offset"])):
+      np.add.at(counts[:, j, c], at, np.broadcast_to(np.asarray(hits, float), at.shape))
+
+  def beaten(c):  # (R, sentences, relations, 3): the share with a 5-point margin
+    t = c.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+      margin = (t[..., 1] - t[..., 2]) / t[..., 0]
+    return {BEATEN: (margin >= 0.05).mean(-1)}
+
+  return RELATIONS.judge(counts, beaten, over=f"the {len(sentences)} held-out sentences")
+
+
+def _overall(probe: dict) -> claims.Judgement:
+  """The overall row over the held-out arcs: a share is its 0/1 items, exactly."""
+  best = probe["relations"]["all"]["dep_to_head"]
+  n = probe["relations"]["all"]["count_eval"]
+  hits = round(best["accuracy"] * n)
+  correct = np.r_[np.ones(hits), np.zeros(n - hits)]
+  share = lambda c: {OVERALL: c.mean(-1)}
+  return NO_SYNTAX_HEAD.judge(
+    correct, share, over=f"the {n} held-out arcs", shown={OVERALL: "{:.3f}"}
+  )

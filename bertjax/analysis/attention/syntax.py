@@ -168,7 +168,14 @@ def layer_head(flat: int, config_shape: tuple[int, int]) -> list[int]:
 
 
 def probe_table(
-  rels, offsets, split, dep_hits, head_hits, relations: Sequence[str], config_shape: tuple[int, int]
+  rels,
+  offsets,
+  split,
+  dep_hits,
+  head_hits,
+  relations: Sequence[str],
+  config_shape: tuple[int, int],
+  sentences=None,
 ) -> dict[str, dict]:
   """Best head (each direction) and best offset per relation, held out and in sample.
 
@@ -179,6 +186,9 @@ def probe_table(
     dep_hits, head_hits: bool (A, layers * heads) from `arc_hits`.
     relations: the relations to report ("all" means every arc given).
     config_shape: (layers, heads).
+    sentences: (A,) the sentence of each arc; given, each row keeps its held-out arcs'
+      sentences (`held_out_sentence`) and the 0/1 hits of each direction's best head and of
+      the offset on them (`held_out_hits`): what an interval over the sentences resamples.
 
   Returns:
     Per relation, each direction's best head as `[layer, head]` (layers 1..L, heads 0..H-1),
@@ -190,6 +200,8 @@ def probe_table(
     sel = np.ones(len(rels), bool) if rel == "all" else rels == rel
     a, b = sel & (split == 0), sel & (split == 1)
     row = {"count": int(sel.sum()), "count_select": int(a.sum()), "count_eval": int(b.sum())}
+    if sentences is not None:
+      row["held_out_sentence"] = np.asarray(sentences)[b].astype(np.int32)
     for name, hits in (("dep_to_head", dep_hits), ("head_to_dep", head_hits)):
       acc_all = hits[sel].mean(0)
       acc_sel = hits[a].mean(0) if a.any() else np.zeros(hits.shape[1])
@@ -202,6 +214,8 @@ def probe_table(
         "in_sample_accuracy": float(acc_all.max()),
         "per_head_in_sample": acc_all.reshape(config_shape),
       }
+      if sentences is not None:
+        row[name]["held_out_hits"] = hits[b, best].astype(np.int8)
     k, _ = best_offset(offsets, a)
     k_all, share_all = best_offset(offsets, sel)
     row["baseline"] = {
@@ -210,6 +224,8 @@ def probe_table(
       "in_sample_offset": k_all,
       "in_sample_accuracy": share_all,
     }
+    if sentences is not None:
+      row["baseline"]["held_out_hits"] = (offsets[b] == k).astype(np.int8)
     out[rel] = row
   return out
 
@@ -243,7 +259,7 @@ def dependency_probe(
     `per_sentence` (name -> (sentences, L), in the order of the sentences' indices).
   """
   depth, n_heads = config.depth, config.num_attention_heads
-  rels, offsets, split, dep_hits, head_hits = [], [], [], [], []
+  rels, offsets, split, dep_hits, head_hits, arc_sentence = [], [], [], [], [], []
   check = []  # word_maps vs bertjax's word_attention on a few sentences
   per_sentence: dict[int, dict[str, np.ndarray]] = {}
   for idx, b in batches:
@@ -274,10 +290,12 @@ def dependency_probe(
       rels += [relation(sent.deprels[a]) for a in arcs]
       offsets.append(heads[arcs] - 1 - arcs)
       split.append(np.full(len(arcs), i % 2))
+      arc_sentence.append(np.full(len(arcs), i))
       dep_hits.append(dh)
       head_hits.append(hd)
   rels = np.asarray(rels)
   offsets, split = np.concatenate(offsets), np.concatenate(split)
+  arc_sentence = np.concatenate(arc_sentence)
   dep_hits, head_hits = np.concatenate(dep_hits), np.concatenate(head_hits)
   counts = {r: int(c) for r, c in zip(*np.unique(rels, return_counts=True))}
   frequent = [
@@ -304,6 +322,7 @@ def dependency_probe(
       head_hits,
       [*frequent, *(["punct"] if "punct" in counts else [])],
       (depth, n_heads),
+      sentences=arc_sentence,
     )
   )
   if log is not None:
@@ -327,7 +346,20 @@ def dependency_probe(
 
 def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
   """The result file's `probe` entry: the table, and each frequent relation's margin over the
-  best fixed offset, for dependent -> head and for the direction chosen on the selection half."""
+  best fixed offset, for dependent -> head and for the direction chosen on the selection half.
+
+  Where the table keeps held-out hits (`probe_table(..., sentences=)`), they leave it for
+  `held_out`: per frequent relation, the sentence of each held-out arc and the 0/1 hits of the
+  head of the chosen direction (`head`) and of the offset (`offset`) on it."""
+  held = {}
+  table = {rel: dict(row) for rel, row in table.items()}
+  for rel, row in table.items():
+    sentence = row.pop("held_out_sentence", None)
+    hits = {k: row[k].get("held_out_hits") for k in ("dep_to_head", "head_to_dep", "baseline")}
+    for k in hits:
+      row[k] = {n: v for n, v in row[k].items() if n != "held_out_hits"}
+    if sentence is not None:
+      held[rel] = {"sentence": sentence, **hits}
   margins = {
     x: table[x]["dep_to_head"]["accuracy"] - table[x]["baseline"]["accuracy"] for x in frequent
   }
@@ -338,6 +370,15 @@ def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[
   }
   chosen = {x: table[x][direction[x]]["accuracy"] for x in frequent}
   margins_any = {x: chosen[x] - table[x]["baseline"]["accuracy"] for x in frequent}
+  kept = {
+    x: {
+      "sentence": held[x]["sentence"],
+      "head": held[x][direction[x]],
+      "offset": held[x]["baseline"],
+    }
+    for x in frequent
+    if x in held
+  }
   return {
     "relations": table,
     "frequent": frequent,
@@ -346,4 +387,5 @@ def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[
     "accuracy_chosen_direction": chosen,
     "margin_chosen_direction_vs_offset": margins_any,
     "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0,
+    **({"held_out": kept} if kept else {}),
   }

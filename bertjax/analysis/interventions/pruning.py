@@ -76,7 +76,9 @@ def head_ablation_tests(
     `head_accuracy_p_mcnemar`, `head_loss_p_wilcoxon`; (layers,) `layer_heads_loss`,
     `layer_heads_accuracy`; the counts `significant_accuracy_drops`,
     `significant_loss_rises`, `heads_removable_alone` (heads without a significant drop),
-    `heads_improving_accuracy`; `max_single_head_accuracy_drop` and `num_test`.
+    `heads_improving_accuracy`; `max_single_head_accuracy_drop` and `num_test`; and
+    `per_example`, each test example's correctness (0/1): `correct_baseline` (n,) and
+    `correct_keep_one` (layers, heads, n).
   """
   if not 0 < alpha < 1:
     raise ValueError(f"alpha={alpha} must be in (0, 1)")
@@ -115,6 +117,10 @@ def head_ablation_tests(
     "heads_improving_accuracy": int((mean_acc[heads] > base_acc).sum()),
     "max_single_head_accuracy_drop": float(base_acc - mean_acc[heads].min()),
     "num_test": int(correct.shape[1]),
+    "per_example": {  # 0/1 per test example: what an interval over the examples resamples
+      "correct_baseline": correct[0].astype(np.int8),
+      "correct_keep_one": correct[keep_one].reshape(*shape, -1).astype(np.int8),
+    },
   }
 
 
@@ -160,7 +166,9 @@ def pruning_curves(
     "random": (orders, steps)}`), `masks_iterative`, `tolerance`,
     `max_fraction_within_tolerance` (the largest fraction with the iterative accuracy within
     `tolerance` of the intact model at every step so far), and the mean accuracy over the
-    curve, `mean_accuracy_over_curve` (per named curve) and `mean_accuracy_over_curve_random`.
+    curve, `mean_accuracy_over_curve` (per named curve) and `mean_accuracy_over_curve_random`;
+    `per_example["correct"]`, each test example's correctness (0/1) along every curve, shaped
+    as `accuracy` with the examples last.
   """
   if random_orders < 1:
     raise ValueError(f"random_orders={random_orders} must be at least 1")
@@ -196,7 +204,7 @@ def pruning_curves(
 
   def split(values):
     named = {name: values[i * k : (i + 1) * k] for i, name in enumerate(curves)}
-    named["random"] = values[len(curves) * k :].reshape(random_orders, k)
+    named["random"] = values[len(curves) * k :].reshape(random_orders, k, *values.shape[1:])
     return named
 
   acc, losses = split(correct.mean(1)), split(loss.mean(1))
@@ -215,6 +223,9 @@ def pruning_curves(
       name: stats.curve_area(run.fractions, v) for name, v in acc.items() if name != "random"
     },
     "mean_accuracy_over_curve_random": [stats.curve_area(run.fractions, v) for v in acc["random"]],
+    "per_example": {  # 0/1 per test example along each curve: (steps, n), random (orders, steps, n)
+      "correct": {k: v.astype(np.int8) for k, v in split(correct).items()},
+    },
   }
 
 
