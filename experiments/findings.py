@@ -359,11 +359,6 @@ UNCERTAINTY = {
   "outlier_dimensions": _outlier_dimensions,
   "albert_sharing": _albert_sharing,
   "model_compression": _model_compression,
-  "dark_secrets": lambda doc: [
-    _rerun("per-sentence pattern types"),
-    _rerun("per-sentence correctness under each mask"),
-    _rerun("per-sentence attention maps' cosines"),
-  ],
   "random_init": lambda doc: (
     [
       _rerun(

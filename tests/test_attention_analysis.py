@@ -339,6 +339,7 @@ def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
   )
   result = patterns.pattern_types(params, CONFIG, BATCHES, special_ids=[CLS, SEP], thresholds=t)
   want = np.zeros((CONFIG.depth, CONFIG.num_attention_heads, 5), np.int64)
+  per_sequence = []  # each sequence's maps of each type
   for b in BATCHES:
     maps = np.asarray(
       bertjax.forward(
@@ -352,13 +353,17 @@ def test_pattern_types_counts_match_classifying_each_map_by_hand(params, loose):
       np.float64,
     )  # (L, B, N, T, T)
     for i, n in enumerate(b["attention_mask"].sum(-1)):
+      before = want.sum((0, 1))
       for layer in range(CONFIG.depth):
         for head in range(CONFIG.num_attention_heads):
           kind = _pattern_type_by_hand(
             maps[layer, i, head, :n, :n], b["input_ids"][i, :n], b["token_type_ids"][i, :n], t
           )
           want[layer, head, patterns.PATTERN_TYPES.index(kind)] += 1
+      per_sequence.append(want.sum((0, 1)) - before)
   np.testing.assert_array_equal(result.counts, want)
+  np.testing.assert_array_equal(result.per_sequence, per_sequence)
+  assert result.summary()["per_sequence"] is result.per_sequence
   if loose:
     assert (want.sum((0, 1)) > 0).sum() >= 3, want.sum((0, 1))  # the check tells types apart
   np.testing.assert_allclose(result.per_layer, want.sum(1) / want.sum((1, 2))[:, None])
@@ -398,6 +403,10 @@ def test_attention_change(params):
   np.testing.assert_allclose(
     one.cosine[1, 2], x @ y / np.linalg.norm(x) / np.linalg.norm(y), atol=1e-6
   )  # float32 maps of a batch of 1 vs 3
+  # Each sequence's layer means (over heads), in order; their mean is the cosine's.
+  np.testing.assert_allclose(change.per_sequence[1], one.per_sequence[0], atol=1e-6)
+  assert change.per_sequence.shape == (sum(len(b["input_ids"]) for b in BATCHES), CONFIG.depth)
+  np.testing.assert_allclose(change.per_sequence.mean(0), change.cosine.mean(-1), atol=1e-12)
 
 
 def test_effective_attention_preserves_output_and_leaves_null_space(params):

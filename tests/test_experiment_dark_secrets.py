@@ -198,3 +198,43 @@ def test_effects_record_keeps_the_summaries_and_counts_changed_heads():
     "accuracy_standard_error": 0.01,
   }
   np.testing.assert_allclose(r["attention_change"]["layer_cosine"], [0.75, 0.3])
+
+
+def test_pattern_and_change_intervals_resample_the_sentences():
+  """The pattern row's interval resamples each sentence's maps per type, before and after
+  together; the change row's, each sentence's cosine by layer. Planted: every sentence has
+  mostly vertical maps before and after, and layer 3 of 3 changes most."""
+  rng = np.random.default_rng(0)
+  n = 50
+  types = rng.multinomial(12, [0.5, 0.1, 0.1, 0.1, 0.2], size=(n, 2))
+  cos = np.stack([rng.normal(0.9, 0.02, n), rng.normal(0.85, 0.02, n), rng.normal(0.4, 0.1, n)], 1)
+  r = {
+    "patterns": {"before": {"per_sequence": types[:, 0]}, "after": {"per_sequence": types[:, 1]}},
+    "attention_change": {"per_sentence_layer_cosine": cos},
+  }
+  kinds, disabled, change = rules.uncertainty(r, {})
+  share = types[..., :4].sum((0, 2)) / types.sum((0, 2))  # each model's repeated share
+  assert kinds.values[rules.FEWEST] == pytest.approx(share.min())
+  assert kinds.values[rules.VERTICAL] == 2 and kinds.verdict == "yes" and kinds.conclusive
+  assert kinds.text.startswith("95% CI over the 50 analysed sentences: ")
+  assert disabled.text.startswith("CI: rerun needed")
+  assert change.values[rules.LAST_GAP] == pytest.approx(cos[:, 2].mean() - cos[:, :2].mean())
+  assert change.verdict == "yes" and change.span == ("yes", "yes")
+  old = {"patterns": {"before": {}, "after": {}}, "attention_change": {}}  # an older JSON
+  assert [j.text.split(" (")[0] for j in rules.uncertainty(old, {})] == ["CI: rerun needed"] * 3
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run keeps each analysed sentence's pattern types and cosines: they add up to
+  the counts and average to the layer cosines the rows read."""
+  r = doc["results"]
+  for k in ("before", "after"):
+    per = np.asarray(r["patterns"][k]["per_sequence"])
+    np.testing.assert_allclose(per.sum(0) / per.sum(), r["patterns"][k]["overall"], atol=1e-12)
+  change = r["attention_change"]
+  np.testing.assert_allclose(
+    np.mean(change["per_sentence_layer_cosine"], 0), change["layer_cosine"], atol=1e-9
+  )
+  judged = rules.uncertainty(r, doc["settings"])
+  for j in (judged[0], judged[2]):
+    assert j.text.startswith("95% CI over the") and j.span is not None

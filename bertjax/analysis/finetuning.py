@@ -118,9 +118,10 @@ def fine_tuning_effects(
 def effects_record(m: dict[str, Any]) -> dict[str, Any]:
   """`fine_tuning_effects`' result `m` as a result file records it: "patterns" (the pattern
   types before and after without their per-head counts, each head's dominant type before
-  and after, and how many heads changed it), "ablation" (the sweeps' accuracies with the
-  intact accuracy's standard error) and "attention_change" (cosine and CKA per head, the
-  cosine's layer means)."""
+  and after, and how many heads changed it; each sentence's maps per type, `per_sequence`),
+  "ablation" (the sweeps' accuracies with the intact accuracy's standard error) and
+  "attention_change" (cosine and CKA per head, the cosine's layer means, and each sentence's
+  layer means, `per_sentence_layer_cosine`: what the Findings' intervals resample)."""
   before, after, change = m["before"], m["after"], m["change"]
   drop = ("counts", "dominant")
   return {
@@ -136,5 +137,6 @@ def effects_record(m: dict[str, Any]) -> dict[str, Any]:
       "cosine": change.cosine,
       "layer_cosine": layer_means(change.cosine),
       "cka": change.cka,
+      "per_sentence_layer_cosine": change.per_sequence,
     },
   }

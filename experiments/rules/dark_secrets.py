@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Kovaleva et al. 2019"
@@ -111,3 +112,46 @@ def findings(r: dict, s: dict) -> list[dict]:
       change_quantities(layer_cos),
     ),
   ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def _rerun(what: str) -> claims.Judgement:
+  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: 95% intervals over the analysed sentences for the pattern types
+  (each sentence's maps of each type, before and after, resampled together) and for what
+  fine-tuning changes (each sentence's cosine by layer); the disabling row's per-example
+  correctness is not kept."""
+  p, change = r["patterns"], r["attention_change"]
+  over = lambda n: f"the {n} analysed sentences"
+  patterns = _rerun("per-sentence pattern types")
+  if p["before"].get("per_sequence") is not None:
+    types = np.stack([np.asarray(p[k]["per_sequence"], float) for k in ("before", "after")], 1)
+
+    def shares(x):  # (R, n, 2, 5): each model's repeated share and commonest repeated type
+      c = x.sum(1)
+      share = c / c.sum(-1, keepdims=True)
+      repeated = share[..., :4].sum(-1)
+      vertical = (share[..., :4].argmax(-1) == 0).sum(-1)
+      return {FEWEST: repeated.min(-1), MOST: repeated.max(-1), VERTICAL: vertical}
+
+    shown = {FEWEST: "{:.2f}", MOST: "{:.2f}"}
+    patterns = PATTERNS.judge(types, shares, over=over(len(types)), shown=shown)
+  moved = _rerun("per-sentence attention maps' cosines")
+  if change.get("per_sentence_layer_cosine") is not None:
+    cos = np.asarray(change["per_sentence_layer_cosine"], float)
+    k = max(1, round(cos.shape[1] * LAST_FRACTION))
+
+    def last(x):  # (R, n, L): where the least similar layer is, the last third's gap
+      c = x.mean(1)
+      return {
+        LAST_LOWEST: (c.argmin(-1) >= c.shape[-1] - k).astype(float),
+        LAST_GAP: c[:, -k:].mean(-1) - c[:, :-k].mean(-1),
+      }
+
+    moved = CHANGE.judge(cos, last, over=over(len(cos)), shown={LAST_GAP: "{:+.3f}"})
+  return [patterns, _rerun("per-sentence correctness under each mask"), moved]

@@ -101,6 +101,7 @@ class PatternCounts:
   """Per-head counts of each pattern type over the sequences of a data set."""
 
   counts: np.ndarray  # (layers, heads, 5)
+  per_sequence: np.ndarray | None = None  # (sequences, 5): each sequence's maps of each type
 
   @property
   def per_layer(self) -> np.ndarray:
@@ -132,6 +133,7 @@ class PatternCounts:
       "dominant": self.dominant,
       "repeated_share": float(overall[:4].sum()),
       "commonest_repeated": PATTERN_TYPES[int(np.argmax(overall[:4]))],
+      **({} if self.per_sequence is None else {"per_sequence": self.per_sequence}),
     }
 
 
@@ -160,6 +162,7 @@ def pattern_types(
   """
   special_ids = np.asarray(list(special_ids), np.int32)
   counts = np.zeros((config.depth, config.num_attention_heads, len(PATTERN_TYPES)), np.int64)
+  per_sequence = []
   run = maps_runner(params, config, mesh)
   for batch in batches:
     b = as_batch(batch)
@@ -168,8 +171,10 @@ def pattern_types(
     codes = classify_patterns(
       pattern_features(maps, special, b["attention_mask"], b["token_type_ids"]), thresholds
     )  # (L, B, N)
-    counts += (codes[..., None] == np.arange(len(PATTERN_TYPES))).sum(1)
-  return PatternCounts(counts)
+    onehot = codes[..., None] == np.arange(len(PATTERN_TYPES))  # (L, B, N, 5)
+    counts += onehot.sum(1)
+    per_sequence.append(onehot.sum((0, 2)))
+  return PatternCounts(counts, np.concatenate(per_sequence) if per_sequence else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,7 @@ class AttentionChange:
 
   cosine: np.ndarray  # (layers, heads): mean over sequences of the maps' cosine
   cka: np.ndarray  # (layers + 1,): linear CKA of hidden states, embeddings first
+  per_sequence: np.ndarray | None = None  # (sequences, layers): each one's cosine, head mean
 
 
 def attention_change(
@@ -225,7 +231,7 @@ def attention_change(
       f"{config_b.depth}x{config_b.num_attention_heads}"
     )
   cos_sum = np.zeros((config.depth, config.num_attention_heads))
-  sequences = 0
+  sequences, per_sequence = 0, []
   reps_a, reps_b, kept = [], [], 0
   run_a, run_b = maps_runner(params_a, config, mesh), maps_runner(params_b, config_b, mesh)
   for batch in batches:
@@ -234,7 +240,9 @@ def attention_change(
     ma, mb = ma.astype(np.float64), mb.astype(np.float64)  # (L, B, N, T, T)
     dot = (ma * mb).sum((-1, -2))
     norm = np.sqrt((ma * ma).sum((-1, -2)) * (mb * mb).sum((-1, -2)))
-    cos_sum += (dot / np.maximum(norm, 1e-30)).sum(1)
+    cos = dot / np.maximum(norm, 1e-30)  # (L, B, N)
+    cos_sum += cos.sum(1)
+    per_sequence.append(cos.mean(-1).T)
     sequences += ma.shape[1]
     if kept < max_tokens:
       real = np.asarray(b["attention_mask"], bool)
@@ -246,4 +254,4 @@ def attention_change(
     raise ValueError("batches is empty")
   ra, rb = np.concatenate(reps_a, 1), np.concatenate(reps_b, 1)
   cka = np.asarray(stats.cka_same_layers(ra, rb), np.float64)
-  return AttentionChange(cos_sum / sequences, cka)
+  return AttentionChange(cos_sum / sequences, cka, np.concatenate(per_sequence))
