@@ -372,11 +372,6 @@ UNCERTAINTY = {
     [_rerun("per-word (per-sentence) probe predictions")] * len(doc["findings"])
   ),
   "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(doc["findings"]),
-  "effective_attention": lambda doc: [
-    claims.note("exact: linear algebra (null-space dimensions), nothing sampled"),
-    claims.note("exact: float64 reconstruction errors, nothing sampled"),
-    _rerun("per-passage attention masses"),
-  ],
   "stacking": lambda doc: (
     [_rerun("repeated runs' times or per-token held-out losses")] * len(doc["findings"])
   ),

@@ -82,3 +82,20 @@ def test_committed_results_are_consistent():
   assert holds[2] == rules.SPECIAL.verdict({rules.SPECIAL_RATIO: ratio})
   # Same passages, batched by 8 in the library and all at once here: float32 maps differ ~1e-7.
   assert s["library_vs_direct_max_difference"] < 1e-6
+
+
+def check_smoke(doc: dict, out: pathlib.Path) -> None:
+  """The smoke run keeps each passage's mass on [CLS] + [SEP] (its mean over the heads); they
+  average to the mass the row reads, and its interval resamples them."""
+  summary = doc["results"]["summary"]
+  per = summary["special_mass_per_passage"]
+  for kind in ("raw", "effective"):
+    assert len(per[kind]) == doc["settings"]["main_passages"]
+    assert np.mean(per[kind]) == pytest.approx(summary["special_mass"][kind], rel=1e-9)
+  null, same, special = rules.uncertainty(doc["results"], doc["settings"])
+  assert null.text.startswith("exact:") and same.text.startswith("exact:")
+  assert (
+    special.text.startswith("95% CI over the") and special.verdict == doc["findings"][2]["holds"]
+  )
+  low, high = special.intervals[rules.SPECIAL_RATIO]
+  assert low <= special.values[rules.SPECIAL_RATIO] <= high

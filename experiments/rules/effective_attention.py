@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax import claims
 from bertjax.analysis.attention import effective
 from bertjax.claims import Claim, Test
 
@@ -97,3 +98,29 @@ def findings(r: dict, s: dict) -> list[dict]:
       {SPECIAL_RATIO: special["effective"] / special["raw"]},
     ),
   ]
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: the null space and the reconstruction are exact (nothing is
+  sampled); the mass on [CLS] and [SEP], a 95% interval over the main set's passages."""
+  summary = r["summary"]
+  ratio = {SPECIAL_RATIO: summary["special_mass"]["effective"] / summary["special_mass"]["raw"]}
+  sweep = {int(n): v for n, v in r["sweep"].items()}
+  lengths = summary["lengths"]
+  null_dims = {n: np.asarray(sweep[n]["null_dim"]) for n in lengths}
+  null = null_space_quantities(lengths, null_dims, summary["head_dim"])
+  errors = {
+    OUTPUT_ERROR: summary["max_relative_head_output_error"],
+    BLOCK_ERROR: summary["max_block_output_error"]["effective"],
+  }
+  rows = [
+    NULL_SPACE.exact(null, "linear algebra (null-space dimensions), nothing sampled"),
+    SAME_OUTPUT.exact(errors, "float64 reconstruction errors, nothing sampled"),
+    claims.note("CI: rerun needed (the JSON keeps no per-passage attention masses)"),
+  ]
+  per = summary.get("special_mass_per_passage")
+  if per is not None:
+    masses = np.stack([np.asarray(per[k], float) for k in ("raw", "effective")], 1)
+    mean_ratio = lambda x: {SPECIAL_RATIO: x[..., 1].mean(1) / x[..., 0].mean(1)}
+    rows[2] = SPECIAL.judge(masses, mean_ratio, point=ratio, over=f"the {len(masses)} passages")
+  return rows

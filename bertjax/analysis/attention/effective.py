@@ -288,7 +288,8 @@ def summarise(
     `null_dim_matches` (the share of heads x passages that match it) and
     `corr_raw_effective_by_length`; the checks' largest errors
     (`max_null_residual`, `max_relative_head_output_error`, `max_block_output_error` by
-    kind); the main set's `special_mass` ([CLS] + [SEP]) and `mass` per kind and class,
+    kind); the main set's `special_mass` ([CLS] + [SEP]; `special_mass_per_passage`, each
+    passage's mean over the heads) and `mass` per kind and class,
     `heads_with_lower_effective_special`, `position_corr_mean`, `raw_effective_corr_mean`; and
     `library_vs_direct_max_difference`: `statistics` (the batched, jitted pass) against
     `analysis` (per head, float64) on the [CLS] and [SEP] masses, two paths to one quantity.
@@ -314,6 +315,9 @@ def summarise(
     },
     "corr_raw_effective_by_length": {n: float(sweep[n]["corr"].mean()) for n in lengths},
     "special_mass": {k: float(special[k].mean()) for k in KINDS},
+    "special_mass_per_passage": {
+      k: special[k].reshape(len(special[k]), -1).mean(-1) for k in KINDS
+    },  # each passage's mean over heads: what an interval over the passages resamples
     "mass": {
       f"{k}_{c}": float(analysis[f"{k}_{c}"].mean()) for k in KINDS for c in ("cls", "sep", "punct")
     },
