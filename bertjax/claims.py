@@ -102,7 +102,10 @@ class Claim:
   all of the `yes` tests), never with `"never"`. Else "no". Where an `applies` test fails,
   the claim cannot be judged: "n/a". A statistic measured as None (not measured, or never
   reached) gives `missing` (`missing_when` says when, in words); with no `missing`, None is
-  an error. `unit` names the items `judge` resamples ("sentences", "heads", "rounds").
+  an error. `unit` names the items `judge` resamples ("sentences", "heads", "rounds");
+  `short` is the statement in at most 20 words, for a table (`brief`: the statement where it
+  is that short), and `headline` the statistic a table shows (by default the first `yes`
+  test's).
   """
 
   paper: str
@@ -114,6 +117,8 @@ class Claim:
   missing_when: str = "a quantity has no value"
   applies: tuple[Test, ...] = ()
   unit: str = "items"
+  short: str = ""
+  headline: str = ""
 
   def __post_init__(self):
     ok = self.partly_if == "any" or (
@@ -125,6 +130,18 @@ class Claim:
         f"'any', 'never' (no partly tests) or 'all' (with them) (got {self.partly_if!r}) and "
         f"missing one of {VERDICTS} (got {self.missing!r})"
       )
+    if len(self.short.split()) > 20:
+      raise ValueError(f"short={self.short!r} has {len(self.short.split())} words: at most 20")
+
+  @property
+  def brief(self) -> str:
+    """The statement in at most 20 words: `short`, or the statement itself."""
+    return self.short or self.statement
+
+  @property
+  def lead(self) -> str:
+    """The statistic a table shows beside the verdict: `headline`, or the first `yes` test's."""
+    return self.headline or self.yes[0].quantity
 
   @property
   def reads(self) -> tuple[str, ...]:
@@ -170,13 +187,17 @@ class Claim:
       out += f"; {self.missing} if {self.missing_when}"
     return out + "; else no."
 
-  def row(self, measured: str, quantities: Mapping[str, float | None]) -> dict[str, str]:
-    """A Findings row: paper, claim, `measured` followed by the rule, and the verdict."""
+  def row(self, measured: str, quantities: Mapping[str, float | None]) -> dict:
+    """A Findings row: paper, claim, `measured` followed by the rule, and the verdict; with
+    the claim in brief (`short`) and the statistic a table shows (`value`: name and value)."""
+    value = quantities.get(self.lead)
     return {
       "paper": self.paper,
       "claim": self.statement,
       "measured": f"{measured.rstrip()} {self.text()}",
       "holds": self.verdict(quantities),
+      "short": self.brief,
+      "value": {"name": self.lead, "value": None if value is None else float(value)},
     }
 
   # Judging ---------------------------------------------------------------------------------

@@ -705,7 +705,10 @@ def write_results(
     for f in findings:
       log(f"[{f['holds']}] {f['claim']} -- {f['measured']}")
   for f in findings:
-    if set(f) != {"paper", "claim", "measured", "holds"} or f["holds"] not in HOLDS:
+    if (
+      set(f) - {"short", "value"} != {"paper", "claim", "measured", "holds"}
+      or f["holds"] not in HOLDS
+    ):
       raise ValueError(f"malformed finding {f!r}: make it with bertjax.claims.Claim.row")
   stem = stem or results_stem(name, model)
   wrong = [f for f in figures if not f.startswith(f"{stem}_")]

@@ -48,6 +48,7 @@ from bertjax import claims, stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"  # docs/findings.md
+PAGES = "findings"  # each experiment's page, docs/findings/NAME.md
 SUMMARY_START, SUMMARY_END = "<!-- findings-summary:start -->", "<!-- findings-summary:end -->"
 # The order of the experiments in the table (the issue's order); others follow by name.
 ORDER = (
@@ -396,7 +397,10 @@ def uncertainty(doc: dict) -> list[claims.Judgement]:
   rows, and their bootstrap intervals are most of the time `targets` takes."""
   key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
   if key not in _UNCERTAINTIES:
-    own = getattr(module(doc["experiment"]), "uncertainty", None)  # the experiment's claims
+    try:  # the experiment's own claims' intervals
+      own = getattr(module(doc["experiment"]), "uncertainty", None)
+    except ModuleNotFoundError:  # results of an experiment without a rules module
+      own = None
     make = UNCERTAINTY.get(doc["experiment"])
     rows = (
       own(doc["results"], doc["settings"])
@@ -551,77 +555,154 @@ def _rows(docs: list[dict], tags: list[str]):
       yield first["experiment"], first.get("stem", first["experiment"]), k, f0, got
 
 
-def render_summary(docs: list[dict], link_prefix: str = "") -> str:
-  """The short table: per claim, each model's verdict (the full rows, with what was measured
-  and how sure it is, follow it in docs/findings.md)."""
-  tags = _tags(docs)
-  heads = [DEFAULT_COLUMN.split(" (")[0] if t == "" else t for t in tags]
-  lines = [
-    f"| experiment | paper | claim | {' | '.join(heads)} |",
-    "|---|---|---|" + "---|" * len(tags),
-  ]
-  for name, _, _, f0, got in _rows(docs, tags):
-    marks = [_holds(got[t][0]["holds"], got[t][1]) if t in got else "—" for t in tags]
-    lines.append(
-      f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
-      f"{_cell(f0['claim'])} | {' | '.join(marks)} |"
+def _number(x) -> str:
+  return "—" if x is None else f"{x:.3g}"
+
+
+def _value_cell(f: dict, u: claims.Judgement) -> str:
+  """A model's cell of the short table: the row's headline statistic with its 95% interval
+  (or what stands for one: exact, the rule's own test, no interval yet) and the verdict."""
+  value = f.get("value") or {}
+  name, x = value.get("name"), value.get("value")
+  if f["holds"] == "n/a":
+    return claims.MARK["n/a"]
+  if name in u.intervals:
+    lo, hi = u.intervals[name]
+    how = f"[{_number(lo)}, {_number(hi)}]"
+  else:
+    how = next(
+      (
+        word
+        for start, word in (
+          ("exact", "(exact)"),
+          ("test the rule applies", "(the rule's test)"),
+          ("CI: rerun needed", "(no CI yet)"),
+        )
+        if u.text.startswith(start)
+      ),
+      "(CI: see the page)",
     )
-  return "\n".join(lines)
+  return f"{_number(x)} {how} {_holds(f['holds'], u)}"
 
 
-def render(docs: list[dict], link_prefix: str = "") -> str:
-  """The Markdown table (with a line saying where each row comes from): per claim, each
-  model's measurement, uncertainty and verdict, and whether the models agree. Links to the
-  scripts start with `link_prefix` (`"../"` from docs/)."""
-  tags = _tags(docs)
-  heads = [DEFAULT_COLUMN if t == "" else t for t in tags]
-  cols = [f"{h}: measured here | uncertainty | holds?" for h in heads]
-  lines = [
-    f"| experiment | paper | claim | {' | '.join(cols)} | the models |",
-    "|---|---|---|" + "---|---|---|" * len(tags) + "---|",
-  ]
+def _claim_rows(docs: list[dict], tags: list[str]):
+  """Per claim row: `(experiment, stem, row index, the first model's finding, {tag: (finding,
+  uncertainty)}, verdicts to compare, the models' comparison)`."""
   for name, stem, k, f0, got in _rows(docs, tags):
-    cells, verdicts = [], {}
-    for t in tags:
-      if t not in got:
-        why = NOT_RUN.get((name, t)) if t else None
-        cells.append(f"{_cell(why or 'not measured')} | — | —")
-        continue
-      f, u = got[t]
-      if f["holds"] != "n/a":  # a claim the model cannot test is not a verdict to compare
-        verdicts[t] = _verdict(f["holds"], u)
-      cells.append(f"{_cell(f['measured'])} | {_cell(u.text)} | {_holds(f['holds'], u)}")
+    verdicts = {
+      t: _verdict(f["holds"], u) for t, (f, u) in got.items() if f["holds"] != "n/a"
+    }  # a claim a model cannot test is not a verdict to compare
     cause = CAUSES.get((stem, k, next((t for t in verdicts if t), "")))
     if len(verdicts) < 2 and cause is None:
       cause = next((NOT_RUN[(name, t)] for t in tags if t and (name, t) in NOT_RUN), None)
       cause = "only one model measured" + (f" ({cause.split(':')[0]})" if cause else "")
+    yield name, stem, k, f0, got, _compare(verdicts, cause)
+
+
+def render_summary(docs: list[dict], link_prefix: str = "") -> str:
+  """The table read in a minute: per claim, the experiment (linked to its page), the paper,
+  the claim in at most 20 words, each model's headline value with its 95% interval and
+  verdict, and whether the models agree (the cause where they differ is on the page)."""
+  tags = _tags(docs)
+  heads = [DEFAULT_COLUMN.split(" (")[0] if t == "" else t for t in tags]
+  lines = [
+    f"| experiment | paper | claim | value | {' | '.join(heads)} | the models |",
+    "|---|---|---|---|" + "---|" * len(tags) + "---|",
+  ]
+  for name, _, _, f0, got, compared in _claim_rows(docs, tags):
+    cells = [_value_cell(*got[t]) if t in got else "—" for t in tags]
+    agree = compared.split(" (")[0].replace("**", "") if "(" in compared else compared
+    value = (f0.get("value") or {}).get("name", "")
     lines.append(
-      f"| [`{name}`]({link_prefix}experiments/{name}.py) | {_cell(f0['paper'])} | "
-      f"{_cell(f0['claim'])} | {' | '.join(cells)} | "
-      f"{_cell(_compare(verdicts, cause))} |"
+      f"| [`{name}`]({link_prefix}{PAGES}/{name}.md) | {_cell(f0['paper'])} | "
+      f"{_cell(f0.get('short', f0['claim']))} | {_cell(value)} | {' | '.join(cells)} | "
+      f"{_cell(agree)} |"
     )
-  if not docs:
-    lines.append(
-      "| — | — | no experiment results committed yet | "
-      + " | ".join("— | — | —" for _ in tags)
-      + " | — |"
-    )
-  lines.append("")
-  lines.append(
-    "Generated by `experiments/findings.py` from `experiments/results/*.json` "
-    "(machine, settings and time taken are in each file; `NAME.json` is the default "
-    "run, `NAME_all-mpnet-base-v2.json` the run with `--model "
-    "sentence-transformers/all-mpnet-base-v2`). Each model's verdict follows the "
-    "same rule. Uncertainty: a 95% "
-    "percentile bootstrap interval (`bertjax.stats.bootstrap_ci`, 2,000 resamples, "
-    "seed 0) over the items the JSON keeps one value per, with the row's rule applied "
-    "to every resample; a verdict that differs between the interval's two ends is "
-    'inconclusive. "CI: rerun needed" marks a row whose JSON lacks those values '
-    '(the experiment must be rerun to keep them); "exact" a row with nothing '
-    "sampled. The last column says whether the models' verdicts agree and, where "
-    "they differ, the likely cause the numbers show."
-  )
   return "\n".join(lines)
+
+
+def render(docs: list[dict]) -> str:
+  """The list of the experiments' pages (`render_page`), each with its papers and claims."""
+  names = list(dict.fromkeys(d["experiment"] for d in docs))
+  if not names:
+    return "No experiment results committed yet."
+  lines = []
+  for n in names:
+    rows = [
+      f for d in docs if d["experiment"] == n and not d.get("model_tag") for f in d["findings"]
+    ]
+    rows = rows or [f for d in docs if d["experiment"] == n for f in d["findings"]]
+    papers = ", ".join(dict.fromkeys(f["paper"] for f in rows))
+    lines.append(f"- [`{n}`]({PAGES}/{n}.md) ({papers}): {len(rows)} claims")
+  return "\n".join(lines)
+
+
+def _settings(doc: dict) -> list[str]:
+  """A model's run as the page states it: file, machine, time, command and settings."""
+  m = doc.get("machine") or {}
+  cpu = m.get("cpu") or "a CPU not recorded by this older run"
+  if m.get("cpu_family_model_stepping"):
+    family, model, _ = m["cpu_family_model_stepping"]
+    isa = "AVX-512" if "avx512f" in m.get("isa_flags", ()) else "AVX2"
+    cpu += f" (family {family}, model {model}; {isa})"
+  lines = [
+    (
+      f"`experiments/results/{doc['stem']}.json`, {doc.get('date', '')}: {doc.get('seconds', 0):.0f} s "
+      f"on {cpu} ({m.get('cpus', '?')} CPUs, jax {m.get('jax', '?')}); "
+      f"`{doc.get('command', '')}`"
+    ),
+    "",
+    "| setting | value |",
+    "|---|---|",
+  ]
+  for key, value in doc["settings"].items():
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    lines.append(f"| `{key}` | {_cell(text)} |")
+  return lines
+
+
+def render_page(name: str, docs: list[dict]) -> str:
+  """An experiment's page: each claim in full with each model's measurement, rule, interval
+  and verdict, the models' comparison with its likely cause, then each run's settings."""
+  mine = [d for d in docs if d["experiment"] == name]
+  tags = _tags(mine)
+  label = {t: DEFAULT_COLUMN if t == "" else t for t in tags}
+  papers = ", ".join(dict.fromkeys(f["paper"] for d in mine for f in d["findings"]))
+  out = [
+    f"# `{name}`: {papers}",
+    "",
+    (
+      f"The claims of `experiments/{name}.py` (its rules: `experiments/rules/{name}.py`; its "
+      "method: [Experiments](../experiments.md)), as the [Findings](../findings.md) table sums "
+      "them up. Generated by `experiments/findings.py` from the committed results."
+    ),
+  ]
+  for i, (_, _, _, f0, got, compared) in enumerate(_claim_rows(mine, tags), 1):
+    brief = f0.get("short", f0["claim"])
+    out += [
+      "",
+      f"## {i}. {brief}",
+      "",
+      f"{f0['paper']}" + (f": {f0['claim']}" if brief != f0["claim"] else "."),
+    ]
+    for t in tags:
+      if t not in got:
+        why = NOT_RUN.get((name, t)) if t else None
+        out += ["", f"**{label[t]}**: {why or 'not measured'}."]
+        continue
+      f, u = got[t]
+      out += [
+        "",
+        f"**{label[t]}**: {_holds(f['holds'], u)}",
+        "",
+        f"- measured: {f['measured']}",
+        f"- how sure: {u.text}",
+      ]
+    out += ["", f"The models: {compared}"]
+  out += ["", "## The runs"]
+  for d in mine:
+    out += ["", f"### {label.get(d.get('model_tag', ''), d.get('model_tag'))}", "", *_settings(d)]
+  return "\n".join(out) + "\n"
 
 
 def module(name: str):
@@ -673,12 +754,19 @@ def update(text: str, table: str, markers: tuple[str, str] = (START, END)) -> st
 
 def targets(results: pathlib.Path, findings_page: pathlib.Path):
   """`[(file, its text now, its text generated from the results)]`: docs/findings.md with its
-  verdicts-only summary and its full table."""
+  short table and the list of pages, and each experiment's page beside it (`docs/findings/`;
+  a page no experiment has any more is generated as "" and removed)."""
   docs = load(results)
   text = findings_page.read_text()
-  new = update(text, render_summary(docs, link_prefix="../"), (SUMMARY_START, SUMMARY_END))
-  new = update(new, render(docs, link_prefix="../"), (START, END))
-  return [(findings_page, text, new)]
+  new = update(text, render_summary(docs), (SUMMARY_START, SUMMARY_END))
+  new = update(new, render(docs), (START, END))
+  folder = findings_page.parent / PAGES
+  pages = {
+    folder / f"{n}.md": render_page(n, docs) for n in dict.fromkeys(d["experiment"] for d in docs)
+  }
+  pages.update({p: "" for p in folder.glob("*.md") if p not in pages})
+  now = lambda p: p.read_text() if p.exists() else None
+  return [(findings_page, text, new), *((p, now(p), t) for p, t in sorted(pages.items()))]
 
 
 def main(argv=None) -> int:
@@ -720,11 +808,15 @@ def main(argv=None) -> int:
     if new == text:
       continue
     if args.check:
-      print(f"{path}: the Findings table is stale; run experiments/findings.py", file=sys.stderr)
+      print(f"{path}: the Findings are stale; run experiments/findings.py", file=sys.stderr)
       stale = 1
+    elif not new:
+      path.unlink()
+      print(f"removed {path}: no experiment's results name it")
     else:
+      path.parent.mkdir(parents=True, exist_ok=True)
       path.write_text(new)
-      print(f"updated the Findings table in {path}")
+      print(f"updated the Findings in {path}")
   return stale
 
 

@@ -88,7 +88,8 @@ def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
   assert doc["seconds"] > 0 and doc["settings"]
   assert doc["findings"], "an experiment must state at least one finding"
   for f in doc["findings"]:
-    assert set(f) == {"paper", "claim", "measured", "holds"}
+    assert set(f) == {"paper", "claim", "measured", "holds", "short", "value"}
+    assert len(f["short"].split()) <= 20 and set(f["value"]) == {"name", "value"}
     assert f["holds"] in ("yes", "partly", "no", "n/a")
   bad = [(w, v) for w, v in _numbers(doc["results"]) if not math.isfinite(v)]
   assert not bad, bad[:5]
@@ -270,34 +271,47 @@ def test_smoke_samples_parse_with_the_project_readers():
 
 
 def test_findings_tables_are_generated_from_committed_results():
-  """docs/findings.md's verdicts and full table are what the results give."""
+  """docs/findings.md's short table and its list of pages, and each experiment's page
+  (docs/findings/NAME.md), are what the results give."""
   got = findings.targets(REPO / "experiments" / "results", REPO / "docs" / "findings.md")
-  assert [p.name for p, _, _ in got] == ["findings.md"]
-  ((path, text, new),) = got
-  assert new == text, f"{path} is stale: run experiments/findings.py"
+  names = {d["experiment"] for d in findings.load(REPO / "experiments" / "results")}
+  assert [p.name for p, _, _ in got] == ["findings.md", *sorted(f"{n}.md" for n in names)]
+  for path, text, new in got:
+    assert new == text, f"{path} is stale: run experiments/findings.py"
+  text = got[0][1]
   summary = text[text.index(findings.SUMMARY_START) : text.index(findings.SUMMARY_END)]
-  assert "| [`sixteen_heads`](../experiments/sixteen_heads.py) | Michel et al. 2019 |" in summary
+  assert "| [`sixteen_heads`](findings/sixteen_heads.md) | Michel et al. 2019 |" in summary
   full = text[text.index(findings.START) : text.index(findings.END)]
-  assert "](../experiments/sixteen_heads.py)" in full and "uncertainty" in full
+  assert "- [`sixteen_heads`](findings/sixteen_heads.md) (Michel et al. 2019): 5 claims" in full
+  for line in summary.splitlines()[3:]:  # every claim in at most 20 words
+    assert len(line.split(" | ")[2].split()) <= 20, line
 
 
 def test_findings_render_and_ignore_smoke_runs(tmp_path):
   row = {"paper": "P 2020", "claim": "a | b", "measured": "0.5", "holds": "partly"}
   (tmp_path / "x.json").write_text(
-    json.dumps({"experiment": "x", "smoke": False, "findings": [row]})
+    json.dumps({"experiment": "x", "smoke": False, "findings": [row], "settings": {"k": 1}})
   )
   (tmp_path / "y.json").write_text(
-    json.dumps({"experiment": "y", "smoke": True, "findings": [row]})
+    json.dumps({"experiment": "y", "smoke": True, "findings": [row], "settings": {}})
   )
-  table = findings.render(findings.load(tmp_path))
-  assert "[`x`](experiments/x.py)" in table and "`y`" not in table
-  assert "a \\| b" in table and "◐ partly" in table
+  docs = findings.load(tmp_path)
+  listed = findings.render(docs)
+  assert listed == "- [`x`](findings/x.md) (P 2020): 1 claims"
   text = f"intro\n{findings.START}\nold\n{findings.END}\nrest\n"
-  assert findings.update(text, table) == f"intro\n{findings.START}\n{table}\n{findings.END}\nrest\n"
+  assert (
+    findings.update(text, listed) == f"intro\n{findings.START}\n{listed}\n{findings.END}\nrest\n"
+  )
   with pytest.raises(ValueError, match="markers"):
-    findings.update("no markers", table)
-  summary = findings.render_summary(findings.load(tmp_path))
-  assert summary.splitlines()[2] == "| [`x`](experiments/x.py) | P 2020 | a \\| b | ◐ partly | — |"
+    findings.update("no markers", listed)
+  summary = findings.render_summary(docs)
+  assert summary.splitlines()[2] == (
+    "| [`x`](findings/x.md) | P 2020 | a \\| b |  | — (no CI yet) ◐ partly | — | "
+    "only one model measured |"
+  )
+  page = findings.render_page("x", docs)
+  assert page.startswith("# `x`: P 2020\n") and "## 1. a | b" in page and "◐ partly" in page
+  assert "| `k` | 1 |" in page  # the run's settings
 
 
 def test_findings_state_each_verdict_s_uncertainty():
@@ -306,31 +320,16 @@ def test_findings_state_each_verdict_s_uncertainty():
   JSON lacks the per-item values; a verdict whose interval straddles its rule's threshold is
   "inconclusive"."""
   docs = findings.load(REPO / "experiments" / "results")
-  table = findings.render(docs)
-  rows = [line for line in table.splitlines() if line.startswith("| [`")]
-  groups = findings._groups(docs)
-  assert len(rows) == sum(len(findings._matched(d, o)) for d, o in groups)
-  head = table.splitlines()[0].split(" | ")
-  models = len(findings.MODELS) + 1  # the default run's column group, then each model's
-  assert [head[3 + 3 * k] for k in range(models)] == [
-    f"{m}: measured here" for m in (findings.DEFAULT_COLUMN, *findings.MODELS)
-  ], head
-  assert [head[3 + 3 * k + 1] for k in range(models)] == ["uncertainty"] * models, head
-  assert [head[3 + 3 * k + 2] for k in range(models)] == ["holds?"] * models, head
-  assert head[-1] == "the models |"
-  cells = [row.split(" | ")[3 + 3 * k + 1] for row in rows for k in range(models)]
-  assert all(
-    c.startswith(("95% CI", "CI: rerun needed", "exact", "test the rule applies", "n/a: "))
-    or c == "—"
-    for c in cells
-  ), cells
-  # Every committed row of every model is in the table, in its model's column.
+  pages = {n: findings.render_page(n, docs) for n in {d["experiment"] for d in docs}}
+  sure = [line for page in pages.values() for line in page.splitlines() if "how sure:" in line]
+  assert len(sure) == sum(len(d["findings"]) for d in docs)
+  prefixes = ("95% CI", "CI: rerun needed", "exact", "test the rule applies", "n/a: ")
+  assert all(line.removeprefix("- how sure: ").startswith(prefixes) for line in sure), sure
+  # Every committed row of every model is on its experiment's page, under its model.
   for doc in docs:
-    k = ([""] + list(findings.MODELS)).index(doc["model_tag"])
-    column = [row.split(" | ")[3 + 3 * k] for row in rows]
     for f in doc["findings"]:
-      assert findings._cell(f["measured"]) in column, (doc["stem"], f["measured"][:80])
-  assert "95% CI over the 72 heads: Pearson [0.99, 1.00]" in table  # attribution patching
+      assert f"- measured: {f['measured']}" in pages[doc["experiment"]], doc["stem"]
+  assert "95% CI over the 72 heads: Pearson [0.99, 1.00]" in pages["attribution"]
   # The same patching row with a weaker agreement (Pearson ~0.8 over 72 heads): its interval
   # straddles the rule's 0.8, so the verdict is inconclusive, whatever the point value says.
   doc = json.loads((REPO / "experiments" / "results" / "attribution.json").read_text())
@@ -341,8 +340,9 @@ def test_findings_state_each_verdict_s_uncertainty():
   u = findings.uncertainty(doc)[1]
   assert u.span == ("partly", "yes"), u
   assert findings._holds("yes", u) == "❔ inconclusive (partly to yes within the CI)"
-  row = findings.render([doc]).splitlines()[3]
-  assert row.split(" | ")[5] == "❔ inconclusive (partly to yes within the CI)", row
+  doc = {**doc, "stem": "attribution", "model_tag": ""}
+  row = findings.render_summary([doc]).splitlines()[3]
+  assert row.split(" | ")[4].endswith("❔ inconclusive (partly to yes within the CI)"), row
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,7 @@ QUALITY = Claim(
   "layers costs more than factorising the embedding (Tables 3-4).",
   yes=(Test(ALBERT_COST, ">", 0), Test(SHARING_EXTRA, ">", 0)),
   applies=(Test(LEAD, ">=", 0.1),),  # before that, the models know only token frequencies
+  short="ALBERT is somewhat worse than BERT at the same size; sharing layers costs more than factorising embeddings.",
 )
 COMPUTE = Claim(
   PAPER,

@@ -89,6 +89,7 @@ MEV = Claim(
   "average < 5% of their variance (the maximum explainable variance, MEV).",
   yes=(Test(MEV_HIGHEST, "<", 0.05),),
   partly=(Test(MEV_LOWEST, "<", 0.05),),
+  short="A static embedding explains under 5% of the variance of a word's contextual representations (MEV).",
 )
 
 

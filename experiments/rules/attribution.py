@@ -28,6 +28,7 @@ VALUE_COUNTING = Claim(
   "zeroing) attribute to the tokens that matter",
   yes=(Test(WORST_MIXING, ">", 0),),
   partly=(Test(BEST_MIXING, ">", 0),),
+  short="Counting value vectors, residual and LayerNorm finds the tokens that matter better than attention weights alone.",
 )
 PATCHING = Claim(
   PAPER_PATCH,
@@ -42,6 +43,7 @@ DECOMPOSITION = Claim(
   "the output) attributes more faithfully than attention-level methods and gradients",
   yes=(Test(WORST_DECOMP, ">", 0),),
   partly=(Test(BEST_DECOMP, ">", 0),),
+  short="Decomposing the whole model to its output attributes more faithfully than attention-level methods and gradients.",
 )
 
 

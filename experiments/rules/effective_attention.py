@@ -25,6 +25,7 @@ NULL_SPACE = Claim(
   "dimension: the left null space of T_h has dimension n - rank(T_h) = n - d_head > 0.",
   yes=(Test(MATCH, ">=", 1),),
   partly=(Test(LONG_NULL, ">=", 1),),
+  short="Attention weights are not identifiable past the head dimension: their null space has dimension n - d_head.",
 )
 SAME_OUTPUT = Claim(
   PAPER,

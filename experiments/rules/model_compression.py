@@ -15,6 +15,7 @@ DISTIL = Claim(
   "A student with half the teacher's layers, initialised from every other layer and "
   "distilled, keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
   yes=(Test(RETAINED, ">=", 0.95), Test(SPEEDUP, ">=", 1.3)),
+  short="A half-depth distilled student keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
 )
 SHARING = Claim(
   "Lan et al. 2020",
@@ -25,6 +26,7 @@ SHARING = Claim(
   partly_if="all",
   missing="n/a",
   missing_when="the teacher has no ALBERT counterpart",
+  short="Sharing one layer's parameters across all layers divides parameters but not compute, at some cost.",
 )
 INT8 = Claim(
   "Zafrir et al. 2019",

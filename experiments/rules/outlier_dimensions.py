@@ -25,6 +25,7 @@ ABLATION = Claim(
   partly=(Test(MARGIN, ">", 0),),
   missing="no",
   missing_when="there are no outlier dimensions",
+  short="A few LayerNorm dimensions are outliers in most layers; disabling them hurts far more than random ones.",
 )
 FREQUENCY = Claim(
   "Puccetti et al. 2022",
@@ -33,6 +34,7 @@ FREQUENCY = Claim(
   yes=(Test(RHO, ">=", 0.3), Test(SINK_FALL, ">", 0)),
   missing="n/a",
   missing_when="there are no outlier dimensions",
+  short="Token frequency drives outlier dimensions, and they drive the heads' focus on special tokens.",
 )
 MASSIVE = Claim(
   "Sun et al. 2024",

@@ -19,6 +19,7 @@ LENS = Claim(
   "lens does (lower KL).",
   yes=(Test(CLOSER, ">=", 1),),
   partly=(Test(CLOSER, ">=", 0.5),),
+  short="A tuned lens reads every layer's prediction closer to the final layer's than the logit lens.",
 )
 
 

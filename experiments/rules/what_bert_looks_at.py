@@ -37,6 +37,7 @@ SINK = Claim(
   "when a head's function does not apply.",
   yes=(Test(MIDDLE, ">", 0.5), Test(SEP_MARGIN, ">", 0)),
   partly=(Test(MIDDLE, ">", 0.5),),
+  short="Middle-layer heads put most attention on a few tokens, [SEP] above all: a no-op.",
 )
 ENTROPY = Claim(
   PAPER,
