@@ -283,6 +283,7 @@ def build(site: pathlib.Path, api: bool = True, run_tutorials: bool = True) -> d
     raise RuntimeError(f"mkdocs build --strict failed:\n{run.stdout}{run.stderr}"[-6000:])
   return {
     "pages": len(PAGES),
+    "finding_pages": len(finding_pages()),
     "tutorials": len(TUTORIALS),
     "api_pages": len(api_modules()) if api else 0,
   }
@@ -323,7 +324,8 @@ def main(argv=None) -> int:
     print(f"docs: {e}", file=sys.stderr)
     return 1
   print(
-    f"wrote {counts['pages']} pages, {counts['tutorials']} tutorials and {counts['api_pages']} "
+    f"wrote {counts['pages']} pages, {counts['finding_pages']} experiments' Findings pages, "
+    f"{counts['tutorials']} tutorials and {counts['api_pages']} "
     f"API pages to {out}; open "
     f"{out / 'index.html'}"
   )

@@ -58,8 +58,11 @@ def site(tmp_path_factory, minilm_dir):
 def test_every_page_and_module_is_built(site):
   out, counts = site
   assert counts["pages"] == len(build.PAGES)
-  for _, page, _ in build.PAGES:
+  assert counts["finding_pages"] == len(build.finding_pages()) >= 15  # one per experiment
+  for _, page, _ in (*build.PAGES, *build.finding_pages()):
     assert (out / page.replace(".md", ".html")).is_file(), page
+  # The Findings' rows link to the experiments' pages.
+  assert 'href="findings/sixteen_heads.html"' in (out / "findings.html").read_text()
   modules = build.api_modules()
   assert {
     "bertjax",
