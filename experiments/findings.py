@@ -8,14 +8,18 @@ measures the quantities they name, and `Claim.row` applies the rule and states i
 the uncertainty below applies the same rules to resampled quantities.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
-scripts, and renders their `findings` rows (paper, claim, what we measured, how sure that is,
-whether it holds) as a Markdown table between docs/findings.md's `<!-- findings:start -->`
-and `<!-- findings:end -->` markers, and each claim's verdicts alone, above it, between the
-`<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers. The
-uncertainty of each verdict (`uncertainty`) is computed here from the committed numbers: a
-bootstrap interval where the JSON keeps per-item values (the verdict "inconclusive" where it
-differs across the interval), else what the row has instead ("CI: rerun needed" where the
-experiment must be rerun to keep those values).
+scripts and renders their `findings` rows: between docs/findings.md's
+`<!-- findings-summary:start -->` and `<!-- findings-summary:end -->` markers, the table read
+in a minute (per claim, in at most 20 words: each model's headline value, its 95% interval
+and the verdict, and whether the models agree); between `<!-- findings:start -->` and
+`<!-- findings:end -->`, the list of the experiments' pages; and each page,
+`docs/findings/NAME.md` (every claim in full, what was measured on each model, the rule, how
+sure, the likely cause where the models differ, each run's settings). The uncertainty of
+each verdict (`uncertainty`) is computed from the committed numbers: the experiment's own
+`rules/NAME.py` `uncertainty(results, settings)` where it has one (`bertjax.claims`
+judgements), else this module's; a bootstrap interval where the JSON keeps per-item values
+(the verdict "inconclusive" where it differs across the interval), else what the row has
+instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
 
 Every experiment's rules module `rules/NAME.py` defines `findings(results, settings)` (rows
 from the numbers as written to JSON; a run passes it to `common.write_results`, which calls
@@ -26,8 +30,8 @@ a rule or a row's wording: `--refresh NAME` rewrites `NAME.json`'s `findings` (a
 `findings_refreshed`; the measured numbers are untouched.
 
 Run:
-  .venv/bin/python experiments/findings.py            # rewrite both tables
-  .venv/bin/python experiments/findings.py --check    # exit 1 if a table is stale
+  .venv/bin/python experiments/findings.py            # rewrite the table and the pages
+  .venv/bin/python experiments/findings.py --check    # exit 1 if one is stale
   .venv/bin/python experiments/findings.py --refresh sixteen_heads   # rows from the JSON
 """
 
