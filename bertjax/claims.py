@@ -359,6 +359,12 @@ def note(text: str, span: tuple[str, str] | None = None) -> Judgement:
   return Judgement(None, {}, "", span, {}, text)
 
 
+def rerun_needed(what: str) -> Judgement:
+  """The judgement of a row whose results keep no per-item values (`what` names them): "CI:
+  rerun needed", no interval made up."""
+  return note(f"CI: rerun needed (the JSON keeps no {what})")
+
+
 def span_of(items, verdict: Callable[..., str], *, resamples: int = RESAMPLES, seed: int = SEED):
   """The verdicts at the two ends of the 95% interval of `verdict(*resampled items)`, a rule
   applied to one resample at a time (where a row is recomputed whole on each resample)."""

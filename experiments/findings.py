@@ -45,10 +45,7 @@ import json
 import pathlib
 import sys
 
-import common
-import numpy as np
-
-from bertjax import claims, stats
+from bertjax import claims
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"  # docs/findings.md
@@ -105,316 +102,25 @@ def load(results_dir: pathlib.Path) -> list[dict]:
 RESAMPLES = claims.RESAMPLES
 
 
-def _rerun(what: str) -> claims.Judgement:
-  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
-
-
-def _attribution(doc: dict) -> list[claims.Judgement]:
-  """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
-  r, s, mod = common.from_json(doc["results"]), doc["settings"], module("attribution")
-  names = list(r["ranks"])
-  ranks = np.asarray([r["ranks"][k] for k in names], float).T  # (sentences, methods)
-  mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing")]
-  weights = [names.index(k) for k in ("attention", "rollout")]
-
-  def rows(rr):
-    stats_ = {
-      k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
-    }
-    return mod.rows_of({**r, "stats": stats_}, s)
-
-  def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
-    mrr = (1 / rr).mean(1)  # best attention-weight method's
-    return mrr[:, mixing] - mrr[:, weights].max(1, keepdims=True)
-
-  cis = claims.interval_text(ranks, margins, "{:+.2f}")
-  first = claims.note(
-    f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
-    + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
-    claims.span_of(ranks, lambda rr: rows(rr)[0]["holds"]),
-  )
-  p = r["patching"]
-  pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
-
-  def with_pearson(x, y):
-    agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
-    return mod.rows_of({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
-
-  lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=RESAMPLES)
-  second = claims.note(
-    f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
-    claims.span_of(pairs, with_pearson),
-  )
-  decomp = [names.index(k) for k in mod.DECOMPOSITIONS if k in names]
-  if not decomp:
-    return [first, second]
-  others = [i for i in range(len(names)) if i not in decomp]
-
-  def decomp_margins(rr):  # each decomposition's MRR minus the best other method's
-    mrr = (1 / rr).mean(1)
-    return mrr[:, decomp] - mrr[:, others].max(1, keepdims=True)
-
-  cis = claims.interval_text(ranks, decomp_margins, "{:+.2f}")
-  third = claims.note(
-    f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
-    + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
-    claims.span_of(ranks, lambda rr: rows(rr)[2]["holds"]),
-  )
-  return [first, second, third]
-
-
-def _negation_circuit(doc: dict) -> list[claims.Judgement]:
-  """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
-  r, mod = doc["results"], module("negation_circuit")
-  ex = np.asarray(r["exact_scores"], float)
-  eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
-  ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
-  items = (ex[ok], eap[ok], ig[ok])
-  ci = lambda score: stats.bootstrap_ci((items[0], score), stats.pearson, n_resamples=RESAMPLES)
-  (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
-  first = claims.note(
-    f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
-    f"[{lo_i:.2f}, {hi_i:.2f}]",
-    claims.span_of(
-      items,
-      lambda x, e, i: mod.SCORES.verdict(
-        {mod.EAP: stats.pearson(e, x), mod.EAP_IG: stats.pearson(i, x)}
-      ),
-    ),
-  )
-  return [first, _circuit_share(r, mod)]
-
-
-def _tuned_lens(doc: dict) -> claims.Judgement:
-  """Held-out KL by layer per batch of windows, over resampled batches (each weighted by its
-  tokens): the interval of the smallest logit - tuned gap over the layers, and the verdict on
-  the layers' share where the tuned lens is closer."""
-  mod, per = module("tuned_lens"), doc["results"]["per_batch"]
-  n = np.asarray(per["tokens"], float)
-  items = (n, np.asarray(per["tuned"], float), np.asarray(per["logit"], float))
-
-  def smallest_gap(n, tuned, logit):  # (R, batches, ...) -> (R,): the least logit - tuned KL
-    w = n[..., None] / n.sum(1)[:, None, None]
-    return ((logit - tuned) * w).sum(1).min(-1)
-
-  lo, hi = stats.bootstrap_ci(items, smallest_gap, n_resamples=RESAMPLES, vectorized=True)
-  share = lambda n, t, g: mod.closer(*(np.asarray(n) @ x / np.sum(n) for x in (t, g)))
-  return claims.note(
-    f"95% CI over the {len(n)} held-out batches: the logit lens's KL minus the tuned lens's "
-    f"at the layer where it is least [{lo:.2f}, {hi:.2f}] nats",
-    claims.span_of(items, lambda *a: mod.LENS.verdict({mod.CLOSER: share(*a)})),
-  )
-
-
-def _circuit_share(r: dict, mod) -> claims.Judgement:
-  """The smallest faithful circuit's share of the edges, over resampled pairs: each circuit's
-  normalised metric is recomputed from its per-pair values on each resample."""
-  from bertjax.analysis.interventions.circuits import smallest_faithful
-
-  faith = r["faithfulness"]
-  if any(f.get("rows") is None for f in faith.values()):
-    return _rerun("per-pair circuit metrics (each circuit's metric is the pairs' mean)")
-  names, total = list(faith), r["graph"]["edges"]
-  rows = faith[names[0]]["rows"]
-  items = [np.asarray(rows[k], float) for k in ("clean", "corrupted")]
-  items += [np.asarray(faith[m]["rows"]["metric"], float).T for m in names]  # (pairs, circuits)
-
-  def share(clean, corrupted, *metrics):  # one resample of the pairs
-    c, x = clean.mean(), corrupted.mean()
-    kept = [
-      smallest_faithful(
-        {"edges": faith[m]["edges"], "normalized": (v.mean(0) - x) / (c - x)}, mod.FAITHFUL
-      )
-      for m, v in zip(names, metrics)
-    ]
-    kept = [k for k in kept if k is not None]
-    return min(kept) / total if kept else None
-
-  def verdict(*a):
-    return mod.CIRCUIT.verdict({mod.SHARE: share(*a)})
-
-  def share_or_whole(*a):  # no faithful circuit among those asked: the whole graph, 1
-    s = share(*a)
-    return 1.0 if s is None else s
-
-  lo, hi = stats.bootstrap_ci(tuple(items), share_or_whole, n_resamples=RESAMPLES)
-  return claims.note(
-    f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
-    f"edges [{lo:.1%}, {hi:.1%}]",
-    claims.span_of(tuple(items), verdict),
-  )
-
-
-def _outlier_dimensions(doc: dict) -> list[claims.Judgement]:
-  """Held-out words (the probe's right or wrong, paired across conditions); token types (the
-  frequency correlations); the census and the int8 errors are exact counts."""
-  r, mod = doc["results"], module("outlier_dimensions")
-  exact = claims.note("exact: counted over every token read, nothing sampled")
-  if not r["dims"]:
-    return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
-  names = list(r["probe"]["correct"])
-  right = np.stack([np.asarray(r["probe"]["correct"][k], float)[-1] for k in names], 1)
-
-  def drops(x):  # (R, words, conditions) -> (R, conditions - 1): each disabled set's cost
-    acc = x.mean(1)
-    return acc[:, :1] - acc[:, 1:]
-
-  def verdict(x):  # one resample (words, conditions)
-    cost = x[:, 0].mean() - x[:, 1:].mean(0)
-    return mod.ABLATION.verdict({mod.MARGIN: mod.ablation_margin(cost[0], cost[1:].tolist())})
-
-  lo, hi = stats.bootstrap_ci(right, drops, n_resamples=RESAMPLES, vectorized=True)
-  ablation = claims.span_of(right, verdict)
-  first = claims.note(
-    f"95% CI over the {len(right):,} held-out words: drop with the outliers "
-    f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
-    f"draw up to {100 * hi[1:].max():.1f}",
-    ablation,
-  )
-  f = r["frequency"]
-  per_type, log_count = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
-  mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
-  lo_r, hi_r = stats.bootstrap_ci((per_type, log_count), mean_rho, n_resamples=RESAMPLES // 4)
-  sinks = r["sink_share"]
-  second = claims.note(
-    f"95% CI over the {len(log_count):,} token types ({RESAMPLES // 4} resamples): mean "
-    f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
-    tuple(
-      mod.FREQUENCY.verdict({mod.RHO: v, mod.SINK_FALL: sinks["intact"] - sinks["disabled"]})
-      for v in (lo_r, hi_r)
-    ),
-  )
-  return [
-    first,
-    second,
-    exact,
-    claims.note(
-      f"exact: every token's error; the Spearman is over {len(r['int8']['max_abs'])} layers"
-    ),
-  ]
-
-
-def _albert_sharing(doc: dict) -> list[claims.Judgement]:
-  """Parameter counts are exact; the step-time ratio over the runs' steps."""
-  r, s, mod = doc["results"], doc["settings"], module("albert_sharing")
-  steps = np.asarray(
-    [r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")], float
-  ).T  # (steps, 2); the first step compiles
-  slim = {k: v for k, v in r.items() if k != "runs"}
-
-  def holds(t):
-    med = np.median(t, 0)
-    step = {**r["median_step_s"], "bert": med[0], "shared_only": med[1]}
-    return mod.findings({**slim, "median_step_s": step}, s)[2]["holds"]
-
-  (ci,) = claims.interval_text(
-    steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x"
-  )
-  return [
-    claims.note("exact: parameter counts, nothing sampled"),
-    _rerun("per-token held-out losses"),
-    claims.note(
-      f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", claims.span_of(steps, holds)
-    ),
-  ]
-
-
-def _model_compression(doc: dict) -> list[claims.Judgement]:
-  """The speed rounds (interleaved); the retained scores need per-word predictions."""
-  r, mod = doc["results"], module("model_compression")
-  rows, sp = r["rows"], r["speed"]
-  names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
-  rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
-  d_ci, *sh_ci = claims.interval_text(
-    rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
-  )
-  speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
-  d, sh = rows["distilled_3l"], rows.get("shared_6l")
-  distil = claims.span_of(
-    rounds, lambda t: mod.DISTIL.verdict({mod.RETAINED: d["retained"], mod.SPEEDUP: speed(t, 1)})
-  )
-  words = "per-word predictions of each model (paired with the teacher's)"
-  first = claims.note(
-    f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
-    f"retained: rerun needed (the JSON keeps no {words})",
-    distil,
-  )
-  if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
-    return [first, claims.note("n/a: nothing measured"), _rerun(words)]
-  sharing = claims.span_of(
-    rounds,
-    lambda t: mod.SHARING.verdict(
-      {mod.PARAMS: sh["param_ratio"], mod.SPEEDUP: speed(t, 2), mod.RETAINED: sh["retained"]}
-    ),
-  )
-  return [
-    first,
-    claims.note(
-      f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
-      f"{sh_ci[0]}; retained: rerun needed (no {words})",
-      sharing,
-    ),
-    _rerun(words),
-  ]
-
-
-UNCERTAINTY = {
-  "attribution": _attribution,
-  "negation_circuit": _negation_circuit,
-  "outlier_dimensions": _outlier_dimensions,
-  "albert_sharing": _albert_sharing,
-  "model_compression": _model_compression,
-  "random_init": lambda doc: (
-    [
-      _rerun(
-        "per-example predictions; 1-2 seeds are too few to resample; a row gives its "
-        "test-sampling SE where the run recorded it"
-      )
-    ]
-    * len(doc["findings"])
-  ),
-  "probing_layers": lambda doc: (
-    [_rerun("per-word (per-sentence) probe predictions")] * len(doc["findings"])
-  ),
-  "anisotropy": lambda doc: [_rerun("per-pair cosines or per-type values")] * len(doc["findings"]),
-  "stacking": lambda doc: (
-    [_rerun("repeated runs' times or per-token held-out losses")] * len(doc["findings"])
-  ),
-  "tuned_lens": lambda doc: [_tuned_lens(doc)],
-  "sae_scaling": lambda doc: [
-    _rerun("per-paragraph reconstruction errors or repeated seeds of each size"),
-    claims.note(
-      "exact: counted over every held-out token, nothing sampled; one training "
-      "run per size (seed 0), seeds not repeated"
-    ),
-  ],
-}
-
-
 _UNCERTAINTIES: dict[str, list[claims.Judgement]] = {}
 
 
 def uncertainty(doc: dict) -> list[claims.Judgement]:
-  """One `claims.Judgement` per row of a result document (see the section's comment).
+  """One `claims.Judgement` per row of a result document: the experiment's own
+  `rules/NAME.py` `uncertainty(results, settings)`, applied to the committed numbers.
 
-  Kept per document content for the process: the summary and the full table read the same
-  rows, and their bootstrap intervals are most of the time `targets` takes."""
+  Kept per document content for the process: the summary and the pages read the same rows,
+  and their bootstrap intervals are most of the time `targets` takes."""
   key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
   if key not in _UNCERTAINTIES:
-    try:  # the experiment's own claims' intervals
+    try:
       own = getattr(module(doc["experiment"]), "uncertainty", None)
     except ModuleNotFoundError:  # results of an experiment without a rules module
       own = None
-    make = UNCERTAINTY.get(doc["experiment"])
-    rows = (
-      own(doc["results"], doc["settings"])
-      if own is not None
-      else make(doc)
-      if make is not None
-      else []
-    )
+    rows = own(doc["results"], doc["settings"]) if own is not None else []
     if len(rows) != len(doc["findings"]):  # a new experiment, or rows added since
-      rows = [_rerun("per-item values this table knows how to resample")] * len(doc["findings"])
+      what = "per-item values this table knows how to resample"
+      rows = [claims.rerun_needed(what)] * len(doc["findings"])
     _UNCERTAINTIES[key] = rows
   return list(_UNCERTAINTIES[key])
 

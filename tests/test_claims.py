@@ -47,7 +47,16 @@ def test_rules_are_data():
     "claim": "C",
     "measured": "measured 3%. " + graded.text(),
     "holds": "yes",
+    "short": "C",
+    "value": {"name": "s", "value": 0.03},
   }
+  named = Claim(
+    "P", "a long statement", yes=(T("s", "<", 1), T("t", "<", 1)), headline="t", short="S"
+  )
+  assert named.row("m", {"s": 0.5, "t": 0.25})["value"] == {"name": "t", "value": 0.25}
+  assert (named.brief, named.lead, graded.lead) == ("S", "t", "s")
+  with pytest.raises(ValueError, match="21 words: at most 20"):
+    Claim("P", "C", yes=(T("s", "<", 1),), short=" ".join(["w"] * 21))
   with pytest.raises(KeyError, match=r"the rule reads \['s'\]"):
     graded.verdict({"t": 1.0})
   with pytest.raises(ValueError, match=r"\['y'\] measured as None"):

@@ -5,7 +5,9 @@ thresholds, and `findings(results, settings)`, the rows from a results JSON."""
 from __future__ import annotations
 
 import common
+import numpy as np
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Lan et al. 2020"
@@ -106,5 +108,32 @@ def findings(r: dict, s: dict) -> list[dict]:
       f"only {step['factorized_only'] * 1e3:.0f} ms; shared CPU, load "
       f"{load['start'][0]:.1f}->{load['end'][0]:.1f}.",
       {STEP: shared_step},
+    ),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Parameter counts are exact; the step-time ratio over the runs' steps."""
+  steps = np.asarray(
+    [r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")], float
+  ).T  # (steps, 2); the first step compiles
+  slim = {k: v for k, v in r.items() if k != "runs"}
+
+  def holds(t):
+    med = np.median(t, 0)
+    step = {**r["median_step_s"], "bert": med[0], "shared_only": med[1]}
+    return findings({**slim, "median_step_s": step}, s)[2]["holds"]
+
+  (ci,) = claims.interval_text(
+    steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x"
+  )
+  return [
+    claims.note("exact: parameter counts, nothing sampled"),
+    claims.rerun_needed("per-token held-out losses"),
+    claims.note(
+      f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", claims.span_of(steps, holds)
     ),
   ]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import common
 import numpy as np
 
-from bertjax import stats
+from bertjax import claims, stats
 from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
 from bertjax.claims import Claim, Test
 
@@ -166,3 +166,12 @@ def findings(r: dict, s: dict) -> list[dict]:
     ),
     MEV.row(mev_text, mev_quantities(m["mev_adjusted"][ctx])),
   ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
+  what = "per-pair cosines or per-type values"
+  return [claims.rerun_needed(what)] * len(findings(r, s))

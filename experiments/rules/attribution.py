@@ -7,6 +7,7 @@ from __future__ import annotations
 import common
 import numpy as np
 
+from bertjax import claims, stats
 from bertjax.claims import Claim, Test
 
 PAPER_NORM = "Kobayashi et al. 2020; Ferrando et al. 2022; Mohebbi et al. 2023"
@@ -112,3 +113,60 @@ def rows_of(r: dict, s: dict) -> list[dict]:
       )
     )
   return rows
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
+  r = common.from_json(r)
+  names = list(r["ranks"])
+  ranks = np.asarray([r["ranks"][k] for k in names], float).T  # (sentences, methods)
+  mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing")]
+  weights = [names.index(k) for k in ("attention", "rollout")]
+
+  def rows(rr):
+    stats_ = {
+      k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
+    }
+    return rows_of({**r, "stats": stats_}, s)
+
+  def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
+    mrr = (1 / rr).mean(1)  # best attention-weight method's
+    return mrr[:, mixing] - mrr[:, weights].max(1, keepdims=True)
+
+  cis = claims.interval_text(ranks, margins, "{:+.2f}")
+  first = claims.note(
+    f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
+    + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
+    claims.span_of(ranks, lambda rr: rows(rr)[0]["holds"]),
+  )
+  p = r["patching"]
+  pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
+
+  def with_pearson(x, y):
+    agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
+    return rows_of({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
+
+  lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=claims.RESAMPLES)
+  second = claims.note(
+    f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
+    claims.span_of(pairs, with_pearson),
+  )
+  decomp = [names.index(k) for k in DECOMPOSITIONS if k in names]
+  if not decomp:
+    return [first, second]
+  others = [i for i in range(len(names)) if i not in decomp]
+
+  def decomp_margins(rr):  # each decomposition's MRR minus the best other method's
+    mrr = (1 / rr).mean(1)
+    return mrr[:, decomp] - mrr[:, others].max(1, keepdims=True)
+
+  cis = claims.interval_text(ranks, decomp_margins, "{:+.2f}")
+  third = claims.note(
+    f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
+    + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
+    claims.span_of(ranks, lambda rr: rows(rr)[2]["holds"]),
+  )
+  return [first, second, third]

@@ -117,10 +117,6 @@ def findings(r: dict, s: dict) -> list[dict]:
 # How sure each row is ------------------------------------------------------------------------
 
 
-def _rerun(what: str) -> claims.Judgement:
-  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
-
-
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """One judgement per row: 95% intervals over the analysed sentences for the pattern types
   (each sentence's maps of each type, before and after, resampled together) and for what
@@ -128,7 +124,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   correctness is not kept."""
   p, change = r["patterns"], r["attention_change"]
   over = lambda n: f"the {n} analysed sentences"
-  patterns = _rerun("per-sentence pattern types")
+  patterns = claims.rerun_needed("per-sentence pattern types")
   if p["before"].get("per_sequence") is not None:
     types = np.stack([np.asarray(p[k]["per_sequence"], float) for k in ("before", "after")], 1)
 
@@ -141,7 +137,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
 
     shown = {FEWEST: "{:.2f}", MOST: "{:.2f}"}
     patterns = PATTERNS.judge(types, shares, over=over(len(types)), shown=shown)
-  moved = _rerun("per-sentence attention maps' cosines")
+  moved = claims.rerun_needed("per-sentence attention maps' cosines")
   if change.get("per_sentence_layer_cosine") is not None:
     cos = np.asarray(change["per_sentence_layer_cosine"], float)
     k = max(1, round(cos.shape[1] * LAST_FRACTION))
@@ -154,4 +150,4 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
       }
 
     moved = CHANGE.judge(cos, last, over=over(len(cos)), shown={LAST_GAP: "{:+.3f}"})
-  return [patterns, _rerun("per-sentence correctness under each mask"), moved]
+  return [patterns, claims.rerun_needed("per-sentence correctness under each mask"), moved]

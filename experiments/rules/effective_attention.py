@@ -117,7 +117,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   rows = [
     NULL_SPACE.exact(null, "linear algebra (null-space dimensions), nothing sampled"),
     SAME_OUTPUT.exact(errors, "float64 reconstruction errors, nothing sampled"),
-    claims.note("CI: rerun needed (the JSON keeps no per-passage attention masses)"),
+    claims.rerun_needed("per-passage attention masses"),
   ]
   per = summary.get("special_mass_per_passage")
   if per is not None:

@@ -5,6 +5,9 @@ JSON."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 RETAINED = "the score retained"
@@ -78,4 +81,45 @@ def findings(r: dict, s: dict) -> list[dict]:
       "integer dot; no fused int8 kernel).",
       {RETAINED: q["retained"]},
     ),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """The speed rounds (interleaved); the retained scores need per-word predictions."""
+  rows, sp = r["rows"], r["speed"]
+  names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
+  rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
+  d_ci, *sh_ci = claims.interval_text(
+    rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
+  )
+  speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
+  d, sh = rows["distilled_3l"], rows.get("shared_6l")
+  distil = claims.span_of(
+    rounds, lambda t: DISTIL.verdict({RETAINED: d["retained"], SPEEDUP: speed(t, 1)})
+  )
+  words = "per-word predictions of each model (paired with the teacher's)"
+  first = claims.note(
+    f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
+    f"retained: rerun needed (the JSON keeps no {words})",
+    distil,
+  )
+  if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
+    return [first, claims.note("n/a: nothing measured"), claims.rerun_needed(words)]
+  sharing = claims.span_of(
+    rounds,
+    lambda t: SHARING.verdict(
+      {PARAMS: sh["param_ratio"], SPEEDUP: speed(t, 2), RETAINED: sh["retained"]}
+    ),
+  )
+  return [
+    first,
+    claims.note(
+      f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
+      f"{sh_ci[0]}; retained: rerun needed (no {words})",
+      sharing,
+    ),
+    claims.rerun_needed(words),
   ]

@@ -5,7 +5,9 @@ their thresholds, and `findings(results, settings)`, the rows from a results JSO
 from __future__ import annotations
 
 import common
+import numpy as np
 
+from bertjax import claims, stats
 from bertjax.claims import Claim, Test
 
 FAITHFUL = 0.8  # the share of the logit difference a circuit must keep
@@ -63,3 +65,68 @@ def findings(r: dict, s: dict) -> list[dict]:
   )
   rows.append(CIRCUIT.row(measured, {SHARE: None if best is None else best / total}))
   return rows
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
+  ex = np.asarray(r["exact_scores"], float)
+  eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
+  ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
+  items = (ex[ok], eap[ok], ig[ok])
+  ci = lambda score: stats.bootstrap_ci(
+    (items[0], score), stats.pearson, n_resamples=claims.RESAMPLES
+  )
+  (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
+  first = claims.note(
+    f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
+    f"[{lo_i:.2f}, {hi_i:.2f}]",
+    claims.span_of(
+      items,
+      lambda x, e, i: SCORES.verdict({EAP: stats.pearson(e, x), EAP_IG: stats.pearson(i, x)}),
+    ),
+  )
+  return [first, _circuit_share(r)]
+
+
+def _circuit_share(r: dict) -> claims.Judgement:
+  """The smallest faithful circuit's share of the edges, over resampled pairs: each circuit's
+  normalised metric is recomputed from its per-pair values on each resample."""
+  from bertjax.analysis.interventions.circuits import smallest_faithful
+
+  faith = r["faithfulness"]
+  if any(f.get("rows") is None for f in faith.values()):
+    return claims.rerun_needed(
+      "per-pair circuit metrics (each circuit's metric is the pairs' mean)"
+    )
+  names, total = list(faith), r["graph"]["edges"]
+  rows = faith[names[0]]["rows"]
+  items = [np.asarray(rows[k], float) for k in ("clean", "corrupted")]
+  items += [np.asarray(faith[m]["rows"]["metric"], float).T for m in names]  # (pairs, circuits)
+
+  def share(clean, corrupted, *metrics):  # one resample of the pairs
+    c, x = clean.mean(), corrupted.mean()
+    kept = [
+      smallest_faithful(
+        {"edges": faith[m]["edges"], "normalized": (v.mean(0) - x) / (c - x)}, FAITHFUL
+      )
+      for m, v in zip(names, metrics)
+    ]
+    kept = [k for k in kept if k is not None]
+    return min(kept) / total if kept else None
+
+  def verdict(*a):
+    return CIRCUIT.verdict({SHARE: share(*a)})
+
+  def share_or_whole(*a):  # no faithful circuit among those asked: the whole graph, 1
+    x = share(*a)
+    return 1.0 if x is None else x
+
+  lo, hi = stats.bootstrap_ci(tuple(items), share_or_whole, n_resamples=claims.RESAMPLES)
+  return claims.note(
+    f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
+    f"edges [{lo:.1%}, {hi:.1%}]",
+    claims.span_of(tuple(items), verdict),
+  )

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import common
 import numpy as np
 
+from bertjax import claims, stats
 from bertjax.claims import Claim, Test
 
 MARGIN = "the outliers' cost minus the worst random draw's (points)"
@@ -132,4 +133,57 @@ def findings(r: dict, s: dict) -> list[dict]:
     FREQUENCY.row(frequency, {RHO: mean_rho if dims else None, SINK_FALL: sink_fall}),
     MASSIVE.row(massive_text, {MASSIVE_SHARE: float(np.mean(np.asarray(massive["count"]) > 0))}),
     INT8.row(int8, {INT8_RHO: q["spearman"]}),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Held-out words (the probe's right or wrong, paired across conditions); token types (the
+  frequency correlations); the census and the int8 errors are exact counts."""
+  exact = claims.note("exact: counted over every token read, nothing sampled")
+  if not r["dims"]:
+    return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
+  names = list(r["probe"]["correct"])
+  right = np.stack([np.asarray(r["probe"]["correct"][k], float)[-1] for k in names], 1)
+
+  def drops(x):  # (R, words, conditions) -> (R, conditions - 1): each disabled set's cost
+    acc = x.mean(1)
+    return acc[:, :1] - acc[:, 1:]
+
+  def verdict(x):  # one resample (words, conditions)
+    cost = x[:, 0].mean() - x[:, 1:].mean(0)
+    return ABLATION.verdict({MARGIN: ablation_margin(cost[0], cost[1:].tolist())})
+
+  lo, hi = stats.bootstrap_ci(right, drops, n_resamples=claims.RESAMPLES, vectorized=True)
+  ablation = claims.span_of(right, verdict)
+  first = claims.note(
+    f"95% CI over the {len(right):,} held-out words: drop with the outliers "
+    f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
+    f"draw up to {100 * hi[1:].max():.1f}",
+    ablation,
+  )
+  f = r["frequency"]
+  per_type, log_count = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
+  mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
+  lo_r, hi_r = stats.bootstrap_ci(
+    (per_type, log_count), mean_rho, n_resamples=claims.RESAMPLES // 4
+  )
+  sinks = r["sink_share"]
+  second = claims.note(
+    f"95% CI over the {len(log_count):,} token types ({claims.RESAMPLES // 4} resamples): mean "
+    f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
+    tuple(
+      FREQUENCY.verdict({RHO: v, SINK_FALL: sinks["intact"] - sinks["disabled"]})
+      for v in (lo_r, hi_r)
+    ),
+  )
+  return [
+    first,
+    second,
+    exact,
+    claims.note(
+      f"exact: every token's error; the Spearman is over {len(r['int8']['max_abs'])} layers"
+    ),
   ]

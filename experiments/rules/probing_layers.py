@@ -9,6 +9,7 @@ import pathlib
 import common
 import numpy as np
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
@@ -147,3 +148,12 @@ def findings(r: dict, s: dict) -> list[dict]:
       )
     )
   return rows
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
+  what = "per-word (per-sentence) probe predictions"
+  return [claims.rerun_needed(what)] * len(findings(r, s))

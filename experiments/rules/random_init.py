@@ -4,6 +4,7 @@ thresholds, and `findings(results, settings)`, the rows from a results JSON."""
 
 from __future__ import annotations
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Kovaleva et al. 2019"
@@ -74,3 +75,15 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
   if name in CONTROL_TASKS:
     measured += " (The task's summary in the JSON applies the row above's rule.)"
   return (CONTROL if name in CONTROL_TASKS else LEXICAL).row(measured, {R: s["gain_ratio"]})
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
+  what = (
+    "per-example predictions; 1-2 seeds are too few to resample; a row gives its "
+    "test-sampling SE where the run recorded it"
+  )
+  return [claims.rerun_needed(what)] * len(findings(r, s))

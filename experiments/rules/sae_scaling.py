@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import common
 import numpy as np
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Gao et al. 2024"
@@ -76,4 +77,18 @@ def findings(r: dict, s: dict) -> list[dict]:
   return [
     SCALING.row(scaling, scaling_quantities(fvu, fit["r2"])),
     DEAD.row(dead_text, dead_quantities(dead)),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """The scaling row needs per-paragraph errors or repeated seeds; the dead latents are exact."""
+  return [
+    claims.rerun_needed("per-paragraph reconstruction errors or repeated seeds of each size"),
+    claims.note(
+      "exact: counted over every held-out token, nothing sampled; one training "
+      "run per size (seed 0), seeds not repeated"
+    ),
   ]

@@ -224,7 +224,7 @@ def _per_sentence(ab: dict, pr: dict) -> list[claims.Judgement]:
   ex, curves = ab.get("per_example"), pr.get("per_example")
   missing = "per-example correctness under each mask"
   if ex is None or curves is None:
-    return [_rerun(missing)] * 3
+    return [claims.rerun_needed(missing)] * 3
   tolerance, fractions = pr["tolerance"], np.asarray(pr["fractions"], float)
   base = np.asarray(ex["correct_baseline"], float)[:, None]
   keep_one = np.asarray(ex["correct_keep_one"], float)
@@ -260,10 +260,6 @@ def _per_sentence(ab: dict, pr: dict) -> list[claims.Judgement]:
     ),
     ORDER.judge(orders, over_random, over=over, shown={OVER_ALL: "{:+.3f}", OVER_MEAN: "{:+.3f}"}),
   ]
-
-
-def _rerun(what: str) -> claims.Judgement:
-  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
 
 
 def _speed(r: dict, s: dict) -> claims.Judgement:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from bertjax import claims
 from bertjax.claims import Claim, Test
 
 PAPER = "Gong et al. 2019"
@@ -114,3 +115,12 @@ def findings(r: dict, s: dict) -> list[dict]:
       )
     )
   return rows
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
+  what = "repeated runs' times or per-token held-out losses"
+  return [claims.rerun_needed(what)] * len(findings(r, s))

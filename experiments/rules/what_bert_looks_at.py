@@ -157,10 +157,6 @@ def findings(r: dict, s: dict) -> list[dict]:
 # How sure each row is ------------------------------------------------------------------------
 
 
-def _rerun(what: str) -> claims.Judgement:
-  return claims.note(f"CI: rerun needed (the JSON keeps no {what})")
-
-
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """One judgement per row, each a 95% interval over the held-out items the JSON keeps: the
   sentences for the sink, the entropy and the relations (each held-out arc's hits, summed per
@@ -172,7 +168,10 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
 def _clark(r: dict) -> list[claims.Judgement]:
   """The sink and entropy rows over the sentences (their per-sentence masses and entropies)."""
   if "per_sentence" not in r:  # written before the run kept them
-    return [_rerun("per-sentence attention masses"), _rerun("per-sentence attention entropies")]
+    return [
+      claims.rerun_needed("per-sentence attention masses"),
+      claims.rerun_needed("per-sentence attention entropies"),
+    ]
   ps = {k: np.asarray(r["per_sentence"][k], float) for k in ("cls", "sep", "punct", "entropy")}
   n, depth = ps["entropy"].shape
   lo, hi = max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
@@ -201,7 +200,7 @@ def _relations(probe: dict) -> claims.Judgement:
   held-out arcs and the hits of the chosen head and of the offset, summed on each resample."""
   held, frequent = probe.get("held_out"), probe["frequent"]
   if held is None or not frequent:
-    return _rerun("per-arc correctness of heads and offsets (paired)")
+    return claims.rerun_needed("per-arc correctness of heads and offsets (paired)")
   sentences = np.unique(np.concatenate([np.asarray(held[x]["sentence"]) for x in frequent]))
   counts = np.zeros((len(sentences), len(frequent), 3))
   for j, x in enumerate(frequent):
