@@ -120,20 +120,12 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   steps = np.asarray(
     [r["runs"][k]["loop_step_s"][1:] for k in ("bert", "shared_only")], float
   ).T  # (steps, 2); the first step compiles
-  slim = {k: v for k, v in r.items() if k != "runs"}
-
-  def holds(t):
-    med = np.median(t, 0)
-    step = {**r["median_step_s"], "bert": med[0], "shared_only": med[1]}
-    return findings({**slim, "median_step_s": step}, s)[2]["holds"]
-
-  (ci,) = claims.interval_text(
-    steps, lambda t: np.median(t[..., 1], 1) / np.median(t[..., 0], 1), "{:.2f}x"
-  )
+  step = findings(r, s)[2]["value"]["value"]  # the row's own ratio, of the runs' medians
+  ratio = lambda t: {STEP: np.median(t[..., 1], 1) / np.median(t[..., 0], 1)}
   return [
     claims.note("exact: parameter counts, nothing sampled"),
     claims.rerun_needed("per-token held-out losses"),
-    claims.note(
-      f"95% CI over {len(steps)} steps: sharing-only / BERT {ci}", claims.span_of(steps, holds)
+    COMPUTE.judge(
+      steps, ratio, point={STEP: step}, over=f"{len(steps)} steps", shown={STEP: "{:.2f}"}
     ),
   ]

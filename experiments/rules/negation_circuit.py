@@ -76,18 +76,10 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
   ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
   items = (ex[ok], eap[ok], ig[ok])
-  ci = lambda score: stats.bootstrap_ci(
-    (items[0], score), stats.pearson, n_resamples=claims.RESAMPLES
-  )
-  (lo_e, hi_e), (lo_i, hi_i) = ci(items[1]), ci(items[2])
-  first = claims.note(
-    f"95% CI over the {int(ok.sum())} edges: Pearson EAP [{lo_e:.2f}, {hi_e:.2f}], EAP-IG "
-    f"[{lo_i:.2f}, {hi_i:.2f}]",
-    claims.span_of(
-      items,
-      lambda x, e, i: SCORES.verdict({EAP: stats.pearson(e, x), EAP_IG: stats.pearson(i, x)}),
-    ),
-  )
+  pearsons = lambda x, e, i: {EAP: stats.pearson_rows(e, x), EAP_IG: stats.pearson_rows(i, x)}
+  a = r["agreement"]
+  point = {EAP: a["eap"]["pearson"], EAP_IG: a["eap_ig"]["pearson"]}
+  first = SCORES.judge(items, pearsons, point=point, over=f"the {int(ok.sum())} edges")
   return [first, _circuit_share(r)]
 
 
