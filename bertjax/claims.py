@@ -197,7 +197,7 @@ class Claim:
       "measured": f"{measured.rstrip()} {self.text()}",
       "holds": self.verdict(quantities),
       "short": self.brief,
-      "value": {"name": self.lead, "value": None if value is None else float(value)},
+      "value": {"name": self.lead, "value": _finite(value)},
     }
 
   # Judging ---------------------------------------------------------------------------------
@@ -299,6 +299,11 @@ class Claim:
 _NAMES = {-1: "n/a", 0: "no", 1: "partly", 2: "yes"}
 
 
+def _finite(x) -> float | None:
+  """`x` as a float, None where it has no finite value (JSON keeps no NaN)."""
+  return None if x is None or not np.isfinite(x) else float(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class Judgement:
   """A claim judged: the `values` of its statistics, the rule's `verdict` on them, and how sure
@@ -348,7 +353,8 @@ def mark(verdict: str, span: tuple[str, str] | None = None) -> str:
   """A verdict as a Findings cell states it: with its mark, or "inconclusive" with what the
   interval spans where its two ends differ."""
   if span is not None and span[0] != span[1]:
-    return f"❔ inconclusive ({' to '.join(sorted(set(span), key=LEVEL.get))} within the CI)"
+    order = sorted(set(span), key=lambda v: LEVEL.get(v, -1))
+    return f"❔ inconclusive ({' to '.join(order)} within the CI)"
   return MARK.get(verdict, verdict)
 
 
@@ -367,9 +373,10 @@ def rerun_needed(what: str) -> Judgement:
 
 def span_of(items, verdict: Callable[..., str], *, resamples: int = RESAMPLES, seed: int = SEED):
   """The verdicts at the two ends of the 95% interval of `verdict(*resampled items)`, a rule
-  applied to one resample at a time (where a row is recomputed whole on each resample)."""
+  applied to one resample at a time (where a row is recomputed whole on each resample); "n/a"
+  and a `missing` verdict other than a level count below "no"."""
   lo, hi = stats.bootstrap_ci(
-    items, lambda *a: LEVEL[verdict(*a)], n_resamples=resamples, seed=seed
+    items, lambda *a: LEVEL.get(verdict(*a), -1), n_resamples=resamples, seed=seed
   )
   return _NAMES[int(np.floor(lo))], _NAMES[int(np.ceil(hi))]
 

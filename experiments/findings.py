@@ -5,7 +5,7 @@ A rule is data (`bertjax.claims.Claim`, the engine the report's readings use too
 paper's claim and the tests its verdict reads, each a measured quantity against a threshold
 (`Test`). Each experiment's claims live in `rules/NAME.py`, apart from the script that
 measures the quantities they name, and `Claim.row` applies the rule and states it in the row;
-the uncertainty below applies the same rules to resampled quantities.
+the module's `uncertainty` applies the same rules to resampled quantities.
 
 Reads every full (non-smoke) `experiments/results/*.json` written by the experiment
 scripts and renders their `findings` rows: between docs/findings.md's
@@ -15,11 +15,11 @@ and the verdict, and whether the models agree); between `<!-- findings:start -->
 `<!-- findings:end -->`, the list of the experiments' pages; and each page,
 `docs/findings/NAME.md` (every claim in full, what was measured on each model, the rule, how
 sure, the likely cause where the models differ, each run's settings). The uncertainty of
-each verdict (`uncertainty`) is computed from the committed numbers: the experiment's own
-`rules/NAME.py` `uncertainty(results, settings)` where it has one (`bertjax.claims`
-judgements), else this module's; a bootstrap interval where the JSON keeps per-item values
-(the verdict "inconclusive" where it differs across the interval), else what the row has
-instead ("CI: rerun needed" where the experiment must be rerun to keep those values).
+each verdict (`uncertainty`) is computed from the committed numbers by the experiment's own
+`rules/NAME.py` `uncertainty(results, settings)` (`bertjax.claims` judgements): a bootstrap
+interval where the JSON keeps per-item values (the verdict "inconclusive" where it differs
+across the interval), else what the row has instead ("CI: rerun needed" where the experiment
+must be rerun to keep those values, or without such a function).
 
 Every experiment's rules module `rules/NAME.py` defines `findings(results, settings)` (rows
 from the numbers as written to JSON; a run passes it to `common.write_results`, which calls
@@ -98,9 +98,6 @@ def load(results_dir: pathlib.Path) -> list[dict]:
 # needed" where the JSON lacks the per-item values (no interval is made up). The rule is applied
 # to every resample (through the experiment's own `findings` or its `Claim`); where the
 # verdicts at the two ends of the interval differ, the row's verdict is "inconclusive".
-
-RESAMPLES = claims.RESAMPLES
-
 
 _UNCERTAINTIES: dict[str, list[claims.Judgement]] = {}
 
@@ -493,7 +490,7 @@ def main(argv=None) -> int:
     "--findings",
     default=str(REPO / "docs" / "findings.md"),
     metavar="FILE",
-    help="the page of the two tables (default: docs/findings.md)",
+    help="the Findings page, with the experiments' pages in findings/ beside it (default: docs/findings.md)",
   )
   p.add_argument(
     "--check", action="store_true", help="do not write; exit 1 if a table differs from the results"

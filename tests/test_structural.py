@@ -104,7 +104,10 @@ def test_bootstrap_ci_is_scipy_s_percentile_interval():
   # Evaluated in chunks of resamples where they would gather too much: the same draws.
   with pytest.MonkeyPatch.context() as m:
     m.setattr(stats, "_GATHERED", 40 * 7)  # 7 resamples of 40 at a time
-    chunked = stats.bootstrap_ci(x, lambda a: a.mean(-1), n_resamples=999, seed=3, vectorized=True)
+    seen = []
+    mean = lambda a: seen.append(len(a)) or a.mean(-1)
+    chunked = stats.bootstrap_ci(x, mean, n_resamples=999, seed=3, vectorized=True)
+  assert max(seen) == 7 and sum(seen) == 999
   assert chunked == ours
   ours = stats.bootstrap_ci((x, y), stats.spearman, n_resamples=300, seed=1, confidence=0.9)
   theirs = scipy_stats.bootstrap(

@@ -508,7 +508,7 @@ def effective_sentences(eff: dict, model: str, resamples: int = RESAMPLES) -> li
     EFFECTIVE,
     per and tuple(np.asarray(per[k], float) for k in ("tokens", "raw", "effective")),
     masses,
-    point={RATIO: effective / raw, FALL: effective - raw},
+    point={RATIO: effective / raw if raw > 0 else float("nan"), FALL: effective - raw},
     shown={RATIO: "{:.2f}"},
     resamples=resamples,
   )
@@ -628,7 +628,7 @@ def attribution_sentences(
     if fine.sum() > 2
     else None
   )
-  straddles = sure is not None and not sure.conclusive
+  straddles = sure is not None and sure.intervals[PEARSON][0] <= 0.8 < sure.intervals[PEARSON][1]
   second = (
     f"Patching one head's output from {pairs} into its affirmative twin, "
     f"layer {top[0] + 1} head {top[1]} alone restores {exact[top]:.2f} of the "

@@ -72,6 +72,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
+  r = common.from_json(r)
   ex = np.asarray(r["exact_scores"], float)
   eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
   ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)

@@ -202,6 +202,8 @@ def _relations(probe: dict) -> claims.Judgement:
   if held is None or not frequent:
     return claims.rerun_needed("per-arc correctness of heads and offsets (paired)")
   sentences = np.unique(np.concatenate([np.asarray(held[x]["sentence"]) for x in frequent]))
+  if not len(sentences):
+    return claims.note("n/a: no frequent relation has held-out arcs")
   counts = np.zeros((len(sentences), len(frequent), 3))
   for j, x in enumerate(frequent):
     at = np.searchsorted(sentences, np.asarray(held[x]["sentence"]))
