@@ -184,7 +184,7 @@ def test_effects_record_keeps_the_summaries_and_counts_changed_heads():
   m = {
     "before": before,
     "after": after,
-    "change": SimpleNamespace(cosine=cos, cka=cos * 0),
+    "change": SimpleNamespace(cosine=cos, cka=cos * 0, per_sequence=cos.T),
     "acc": {"uniform": {"baseline": 0.8}},
     "se": 0.01,
   }
@@ -198,6 +198,7 @@ def test_effects_record_keeps_the_summaries_and_counts_changed_heads():
     "accuracy_standard_error": 0.01,
   }
   np.testing.assert_allclose(r["attention_change"]["layer_cosine"], [0.75, 0.3])
+  assert r["attention_change"]["per_sentence_layer_cosine"] is m["change"].per_sequence
 
 
 def test_pattern_and_change_intervals_resample_the_sentences():
