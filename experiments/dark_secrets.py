@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment dark_secrets
-  .venv/bin/python experiments/dark_secrets.py [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
+  .venv/bin/python -m experiments.dark_secrets [--smoke] [--model DIR_OR_HUB_ID] [--out DIR]
       [--data-dir DIR] [--seed N]
 
 The method, the data and what differs from the paper: docs/experiments.md, section
@@ -18,16 +18,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import common
-from rules import dark_secrets as rules
+import numpy as np
 
+from bertjax import claims, study
 from bertjax.analysis.finetuning import effects_record, fine_tuning_effects
+from bertjax.claims import Claim, Test
 from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import PairSplit, batches, finetune_classifier, load_pair_split
+from experiments import common
 
 NAME = "dark_secrets"
 SIZES = common.sizes(NAME)  # experiments/sizes.toml
-SMOKE_MODEL = {**common.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
+SMOKE_MODEL = {**study.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny smoke BERT
 
 
 # The run --------------------------------------------------------------------------------
@@ -37,7 +39,7 @@ def results_of(task: PairSplit, run: dict, m: dict[str, Any], config) -> dict[st
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
   held_phen, names, labels = task.held_phenomenon, task.phenomena, task.held["labels"]
   r = effects_record(m)
-  r["attention_change"]["last_layers"] = max(1, round(config.depth * rules.LAST_FRACTION))
+  r["attention_change"]["last_layers"] = max(1, round(config.depth * LAST_FRACTION))
   task_record = {
     "name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
     "phenomena": names,
@@ -58,10 +60,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
   size = SIZES["smoke" if args.smoke else "full"]
   timings: dict[str, float] = {}
-  data_root = common.data_dir(args.data_dir, "blimp")
+  data_root = study.data_dir(args.data_dir, "blimp")
 
-  with common.timed(timings, "load"):
-    config, pre_params, tok, model_name = common.finetune_model(
+  with study.timed(timings, "load"):
+    config, pre_params, tok, model_name = study.finetune_model(
       args, "classification", 2, smoke=SMOKE_MODEL, seed=args.seed
     )
     task = load_pair_split(
@@ -72,16 +74,16 @@ def main(argv: Sequence[str] | None = None) -> None:
       train_pairs=size["train_pairs"],
       seed=args.seed,
     )
-  common.log(
+  study.log(
     f"{model_name}; BLiMP {task.phenomena}: {len(task.train['labels'])} train / "
     f"{len(task.held['labels'])} held-out sentences, length "
     f"{task.held['input_ids'].shape[1]}"
   )
   budget = {k: size[k] for k in ("steps", "batch_size", "learning_rate", "warmup_steps")}
   hp = ft.FinetuneConfig(**budget, seed=args.seed, eval_batch_size=size["eval_batch"])
-  with common.timed(timings, "finetune"):
+  with study.timed(timings, "finetune"):
     params, run = finetune_classifier(config, pre_params, task, hp)
-  common.log(f"fine-tuned: held-out {run['metrics']}")
+  study.log(f"fine-tuned: held-out {run['metrics']}")
   held = batches(task.held, size["eval_batch"])
   m = fine_tuning_effects(
     pre_params,
@@ -94,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> None:
   )
   timings.update(m.pop("seconds"))
   change = m["change"]
-  stem = common.results_stem(NAME, args.model)  # the file names' start
-  with common.timed(timings, "figures"):
+  stem = study.results_stem(NAME, args.model)  # the file names' start
+  with study.timed(timings, "figures"):
     out = pathlib.Path(args.out)
     figures = [
       plots.pattern_types_before_after(m["before"], m["after"], out / f"{stem}_patterns.png"),
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
       k: getattr(config, k)
       for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     },
-    "special_tokens": common.special_tokens(tok),
+    "special_tokens": study.special_tokens(tok),
     "task": "BLiMP acceptability, split by minimal pair",
     **size,
     "seed": args.seed,
@@ -119,8 +121,156 @@ def main(argv: Sequence[str] | None = None) -> None:
     "pattern_thresholds": dataclasses.asdict(patterns.PatternThresholds()),
     "analysis": f"held-out sentences (patterns and change: the first {size['analysis_sentences']})",
   }
-  common.finish(NAME, args, results, settings, started=t_start, figures=figures)
+  study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figures)
+
+
+# The claims ---------------------------------------------------------------------------------------
+# `findings(results, settings)`: the Findings rows, made from the numbers as the JSON holds
+# them; `uncertainty(results, settings)`: each claim's interval and verdict.
+
+PAPER = "Kovaleva et al. 2019"
+
+
+LAST_FRACTION = 1 / 3  # "the last layers": the top third of the stack (layers 4-5 of 6)
+
+
+FEWEST, MOST = "the lower of the two models' repeated-type shares", "the higher"
+VERTICAL = "the models whose commonest repeated type is vertical"
+HEADS, LAYERS = "the heads that improve when disabled", "the layers"
+OVER_SE = "the best gain minus one standard error"
+LAST_LOWEST = "the least-similar layer lies in the last third (1 or 0)"
+LAST_GAP = "the last third's mean cosine minus the rest's"
+PATTERNS = Claim(
+  PAPER,
+  "Attention maps fall into a few repeated types (vertical, diagonal, both, block); "
+  "vertical is the commonest.",
+  yes=(Test(FEWEST, ">=", 0.5), Test(VERTICAL, ">=", 2)),
+  partly=(Test(MOST, ">=", 0.25),),
+  partly_if="all",
+)
+DISABLING = Claim(
+  PAPER,
+  "Disabling some single heads or whole layers improves the fine-tuned model.",
+  yes=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0), Test(OVER_SE, ">", 0)),
+  partly=(Test(HEADS, ">", 0), Test(LAYERS, ">", 0)),
+)
+CHANGE = Claim(
+  PAPER,
+  "Fine-tuning changes the attention of the last layers most.",
+  yes=(Test(LAST_LOWEST, ">=", 1), Test(LAST_GAP, "<", 0)),
+)
+
+
+def pattern_quantities(before: dict, after: dict) -> dict[str, float]:
+  """What `PATTERNS` reads from the two models' `PatternCounts.summary`."""
+  shares = [p["repeated_share"] for p in (before, after)]
+  vertical = sum(p["commonest_repeated"] == "vertical" for p in (before, after))
+  return {FEWEST: min(shares), MOST: max(shares), VERTICAL: vertical}
+
+
+def disabling_quantities(acc: dict, standard_error: float) -> dict[str, float]:
+  """What `DISABLING` reads from one mode's `AblationResult.improvements`."""
+  best = max(acc["best_head_delta"], acc["best_layer_delta"])
+  return {
+    HEADS: acc["heads_improving"],
+    LAYERS: acc["layers_improving"],
+    OVER_SE: best - standard_error,
+  }
+
+
+def change_quantities(layer_cosine) -> dict[str, float]:
+  """What `CHANGE` reads from the mean cosine of each layer's maps before and after."""
+  cos = np.asarray(layer_cosine, np.float64)
+  k = max(1, round(len(cos) * LAST_FRACTION))
+  return {
+    LAST_LOWEST: float(int(np.argmin(cos)) >= len(cos) - k),
+    LAST_GAP: float(cos[-k:].mean() - cos[:-k].mean()),
+  }
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (pattern types, disabling heads and layers, what fine-tuning changes)
+  from the results and settings as written to JSON."""
+  before, after = r["patterns"]["before"], r["patterns"]["after"]
+  change = r["attention_change"]
+  layer_cos = np.asarray(change["layer_cosine"], np.float64)
+  depth, heads = len(layer_cos), len(change["cosine"][0])
+  k_last = max(1, round(depth * LAST_FRACTION))
+  u, sc, se = (
+    r["ablation"]["uniform"],
+    r["ablation"]["scale"],
+    r["ablation"]["accuracy_standard_error"],
+  )
+  pct = lambda x: f"{100 * x:.0f}%"
+  return [
+    PATTERNS.row(
+      f"{s['model']} on BLiMP sentences: repeated types "
+      f"{pct(before['repeated_share'])} of maps before fine-tuning, "
+      f"{pct(after['repeated_share'])} after (vertical "
+      f"{pct(before['overall'][0])} -> {pct(after['overall'][0])}; heterogeneous "
+      f"{pct(before['overall'][4])} -> {pct(after['overall'][4])}); commonest repeated type "
+      f"{before['commonest_repeated']} / {after['commonest_repeated']}; no block type with "
+      "single sentences.",
+      pattern_quantities(before, after),
+    ),
+    DISABLING.row(
+      f"uniform mode: {u['heads_improving']}/{depth * heads} heads and {u['layers_improving']}/"
+      f"{depth} layers beat the baseline accuracy {100 * u['baseline']:.1f}% (best "
+      f"{100 * u['best_head_delta']:+.1f} / {100 * u['best_layer_delta']:+.1f} points; 1 SE = "
+      f"{100 * se:.1f}, {r['task']['eval_sentences']} sentences); {sc['layers_improving']} "
+      f"layers in scale mode, {u['layer_skips_improving']} skipped blocks.",
+      disabling_quantities(u, se),
+    ),
+    CHANGE.row(
+      "mean cosine of attention maps before/after by layer "
+      + ", ".join(f"{c:.2f}" for c in layer_cos)
+      + f" (last {k_last} layers {layer_cos[-k_last:].mean():.2f} vs "
+      f"{layer_cos[:-k_last].mean():.2f}); hidden-state CKA, embeddings then layers, "
+      + ", ".join(f"{c:.2f}" for c in change["cka"])
+      + ".",
+      change_quantities(layer_cos),
+    ),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """One judgement per row: 95% intervals over the analysed sentences for the pattern types
+  (each sentence's maps of each type, before and after, resampled together) and for what
+  fine-tuning changes (each sentence's cosine by layer); the disabling row's per-example
+  correctness is not kept."""
+  p, change = r["patterns"], r["attention_change"]
+  over = lambda n: f"the {n} analysed sentences"
+  patterns = claims.rerun_needed("per-sentence pattern types")
+  if p["before"].get("per_sequence") is not None:
+    types = np.stack([np.asarray(p[k]["per_sequence"], float) for k in ("before", "after")], 1)
+
+    def shares(x):  # (R, n, 2, 5): each model's repeated share and commonest repeated type
+      c = x.sum(1)
+      share = c / c.sum(-1, keepdims=True)
+      repeated = share[..., :4].sum(-1)
+      vertical = (share[..., :4].argmax(-1) == 0).sum(-1)
+      return {FEWEST: repeated.min(-1), MOST: repeated.max(-1), VERTICAL: vertical}
+
+    shown = {FEWEST: "{:.2f}", MOST: "{:.2f}"}
+    patterns = PATTERNS.judge(types, shares, over=over(len(types)), shown=shown)
+  moved = claims.rerun_needed("per-sentence attention maps' cosines")
+  if change.get("per_sentence_layer_cosine") is not None:
+    cos = np.asarray(change["per_sentence_layer_cosine"], float)
+    k = max(1, round(cos.shape[1] * LAST_FRACTION))
+
+    def last(x):  # (R, n, L): where the least similar layer is, the last third's gap
+      c = x.mean(1)
+      return {
+        LAST_LOWEST: (c.argmin(-1) >= c.shape[-1] - k).astype(float),
+        LAST_GAP: c[:, -k:].mean(-1) - c[:, :-k].mean(-1),
+      }
+
+    moved = CHANGE.judge(cos, last, over=over(len(cos)), shown={LAST_GAP: "{:+.3f}"})
+  return [patterns, claims.rerun_needed("per-sentence correctness under each mask"), moved]
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  sys.exit(main())

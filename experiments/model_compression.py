@@ -1,7 +1,7 @@
 """Compressing a fine-tuned 6-layer model: distillation, layer sharing and int8 (the slides' table).
 
     ./run.sh experiment model_compression
-    .venv/bin/python experiments/model_compression.py [--smoke] [--out DIR] [--data-dir DIR]
+    .venv/bin/python -m experiments.model_compression [--smoke] [--out DIR] [--data-dir DIR]
         [--model DIR_OR_HUB_ID]
 
 The method, the data and what differs from the paper: docs/experiments.md, section
@@ -18,19 +18,21 @@ import sys
 import time
 from collections.abc import Sequence
 
-import common
 import numpy as np
 
+from bertjax import claims, study
+from bertjax.claims import Claim, Test
 from bertjax.plots import training as plots
 from bertjax.training import compression, distill
+from experiments import common
 
 NAME = "model_compression"
 ROWS = compression.ROLES
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale(common.Scale):
-  """Data, training and timing sizes of one run (the budget: `common.Scale`)."""
+class Scale(study.Scale):
+  """Data, training and timing sizes of one run (the budget: `study.Scale`)."""
 
   max_len: int
   eval_fraction: float
@@ -44,7 +46,7 @@ class Scale(common.Scale):
 
 FULL, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "smoke"))
 # The tiny random teacher of --smoke: 4 layers of 4 heads, 32 wide.
-SMOKE_TEACHER = {**common.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
+SMOKE_TEACHER = {**study.SMOKE_MODEL, "num_hidden_layers": 4, "num_attention_heads": 4}
 SMOKE_TEACHER["max_position_embeddings"] = 64
 
 
@@ -62,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  with common.quick_compiles(args.smoke):
+  with study.quick_compiles(args.smoke):
     return run_experiment(args)
 
 
@@ -71,7 +73,7 @@ def model_labels(t_config, teacher: str) -> dict[str, str]:
   `compression.compress` makes from `t_config` (the role keys are all-MiniLM-L6-v2's:
   `distilled_3l`, `shared_6l`)."""
   half = len(distill.default_student_layers(t_config))
-  short = common.model_tag(teacher) or teacher
+  short = study.model_tag(teacher) or teacher
   labels = compression.row_labels({"distilled_3l": {"depth": half}}, teacher, short)
   if compression.can_share(t_config):
     labels["shared_6l"] = f"ALBERT-style shared {t_config.depth}L"
@@ -79,17 +81,17 @@ def model_labels(t_config, teacher: str) -> dict[str, str]:
 
 
 def labelled_log(labels: dict[str, str]):
-  """`common.log` with the role that starts `compression.compress`'s progress lines
+  """`study.log` with the role that starts `compression.compress`'s progress lines
   ("distilled_3l: accuracy ...") replaced by its label."""
 
   def log(line: str) -> None:
     role, sep, rest = line.partition(": ")
-    common.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
+    study.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
 
   return log
 
 
-@common.smoke_cached
+@study.smoke_cached
 def run_experiment(args) -> int:
   """The experiment on parsed arguments."""
   t_start = time.perf_counter()
@@ -100,8 +102,8 @@ def run_experiment(args) -> int:
   sc = (SMOKE if args.smoke else FULL).with_steps(args.steps, minimum=1, min_warmup=0)
   timings: dict[str, float] = {}
   tok = bertjax.Tokenizer.from_pretrained(args.model or bertjax.minilm_path())
-  with common.timed(timings, "data"):
-    ud = common.ud_file(common.data_dir(args.data_dir, "ud_english_ewt"), "dev")
+  with study.timed(timings, "data"):
+    ud = study.ud_file(study.data_dir(args.data_dir, "ud_english_ewt"), "dev")
     train, held, tags = F.load_ud_pos(
       ud,
       tok,
@@ -109,9 +111,9 @@ def run_experiment(args) -> int:
       seed=args.seed,
       **{k: getattr(sc, k) for k in ("max_len", "eval_fraction", "max_sentences")},
     )
-  common.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
+  study.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
   hp = sc.finetune_config(args.seed)
-  t_config, t_params, _, teacher = common.finetune_model(
+  t_config, t_params, _, teacher = study.finetune_model(
     args,
     "token_classification",
     len(tags),
@@ -121,12 +123,12 @@ def run_experiment(args) -> int:
     tok=tok,
   )
   if not 1 <= args.shared_layer <= t_config.depth:  # before any training
-    raise common.UsageError(
+    raise study.UsageError(
       f"--shared-layer {args.shared_layer} must be in 1..{t_config.depth} "
       "(the teacher's blocks, counted from 1)"
     )
   labels = model_labels(t_config, teacher)
-  with common.timed(timings, "train"):
+  with study.timed(timings, "train"):
     runs, models = compression.compress(
       t_config,
       t_params,
@@ -141,7 +143,7 @@ def run_experiment(args) -> int:
 
   timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
   load_start = os.getloadavg()
-  with common.timed(timings, "forward timing"):
+  with study.timed(timings, "forward timing"):
     speed = compression.time_logits(models, timed_batch, rounds=sc.rounds, warmup=sc.warmup_rounds)
   load_end = os.getloadavg()
   threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
@@ -154,8 +156,8 @@ def run_experiment(args) -> int:
   if args.smoke:
     caption += ", XLA's optimisations off (--smoke)"
   md = compression.compression_table(rows, caption, labels)
-  common.log("\n" + md)
-  stem = common.results_stem(NAME, args.model)
+  study.log("\n" + md)
+  stem = study.results_stem(NAME, args.model)
   figures = [
     plots.compression_bars(rows, labels, pathlib.Path(args.out) / f"{stem}_table.png").name
   ]
@@ -182,13 +184,132 @@ def run_experiment(args) -> int:
     **dataclasses.asdict(sc),
     "seed": args.seed,
     "shared_layer": args.shared_layer,
-    "xla_optimised": not args.smoke,  # --smoke: `common.quick_compiles`
+    "xla_optimised": not args.smoke,  # --smoke: `study.quick_compiles`
     "teacher": teacher,
     "finetune": dataclasses.asdict(hp),
     "configs": {k: dataclasses.asdict(models[k][0]) for k in models},
   }
-  common.finish(NAME, args, results, settings, started=t_start, figures=figures)
+  study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figures)
   return 0
+
+
+# The claims ---------------------------------------------------------------------------------------
+# `findings(results, settings)`: the Findings rows, made from the numbers as the JSON holds
+# them; `uncertainty(results, settings)`: each claim's interval and verdict.
+
+RETAINED = "the score retained"
+SPEEDUP = "the forward speed-up"
+PARAMS = "the parameters over the teacher's"
+DISTIL = Claim(
+  "Sanh et al. 2019",
+  "A student with half the teacher's layers, initialised from every other layer and "
+  "distilled, keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
+  yes=(Test(RETAINED, ">=", 0.95), Test(SPEEDUP, ">=", 1.3)),
+  short="A half-depth distilled student keeps ~97% of the score and runs ~1.6x faster (DistilBERT).",
+)
+SHARING = Claim(
+  "Lan et al. 2020",
+  "Sharing one layer's parameters across all layers divides the parameter count (ALBERT) "
+  "but not the compute, at some cost in score.",
+  yes=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25), Test(RETAINED, ">=", 0.9)),
+  partly=(Test(PARAMS, "<=", 0.7), Test(SPEEDUP, "<", 1.25)),
+  partly_if="all",
+  missing="n/a",
+  missing_when="the teacher has no ALBERT counterpart",
+  short="Sharing one layer's parameters across all layers divides parameters but not compute, at some cost.",
+)
+INT8 = Claim(
+  "Zafrir et al. 2019",
+  "Int8 linear layers (Q8BERT) keep ~99% of the score with 4x smaller linear weights.",
+  yes=(Test(RETAINED, ">=", 0.99),),
+  partly=(Test(RETAINED, ">=", 0.97),),
+)
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the results and settings as written to
+  JSON (`findings.py --refresh`)."""
+  rows, majority, cpu = r["rows"], r["majority_tag_accuracy"], r["cpu"]["cpu"]
+  teacher = rows["teacher"]
+  d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
+  lab = rows["labels_3l"]
+  if sh is None:
+    sharing = SHARING.row(
+      "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
+      "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
+      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.",
+      {PARAMS: None, SPEEDUP: None, RETAINED: None},
+    )
+  else:
+    sharing = SHARING.row(
+      f"{sh['depth']} layers sharing one set (from teacher block {s['shared_layer']}, "
+      "distilled): "
+      f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
+      f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
+      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed.",
+      {PARAMS: sh["param_ratio"], SPEEDUP: sh["speedup"], RETAINED: sh["retained"]},
+    )
+  return [
+    DISTIL.row(
+      f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
+      f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
+      "retained "
+      f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
+      f"forward on the CPU; trained on labels only {lab['score']:.2%} "
+      f"({lab['retained']:.1%}).",
+      {RETAINED: d["retained"], SPEEDUP: d["speedup"]},
+    ),
+    sharing,
+    INT8.row(
+      f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
+      f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
+      f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
+      f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
+      "integer dot; no fused int8 kernel).",
+      {RETAINED: q["retained"]},
+    ),
+  ]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """The speed rounds (interleaved); the retained scores need per-word predictions."""
+  rows, sp = r["rows"], r["speed"]
+  names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
+  rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
+  d_ci, *sh_ci = claims.interval_text(
+    rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
+  )
+  speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
+  d, sh = rows["distilled_3l"], rows.get("shared_6l")
+  distil = claims.span_of(
+    rounds, lambda t: DISTIL.verdict({RETAINED: d["retained"], SPEEDUP: speed(t, 1)})
+  )
+  words = "per-word predictions of each model (paired with the teacher's)"
+  first = claims.note(
+    f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
+    f"retained: rerun needed (the JSON keeps no {words})",
+    distil,
+  )
+  if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
+    return [first, claims.note("n/a: nothing measured"), claims.rerun_needed(words)]
+  sharing = claims.span_of(
+    rounds,
+    lambda t: SHARING.verdict(
+      {PARAMS: sh["param_ratio"], SPEEDUP: speed(t, 2), RETAINED: sh["retained"]}
+    ),
+  )
+  return [
+    first,
+    claims.note(
+      f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
+      f"{sh_ci[0]}; retained: rerun needed (no {words})",
+      sharing,
+    ),
+    claims.rerun_needed(words),
+  ]
 
 
 if __name__ == "__main__":

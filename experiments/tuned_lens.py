@@ -2,7 +2,7 @@
 
 Run:
   ./run.sh experiment tuned_lens
-  .venv/bin/python experiments/tuned_lens.py [--smoke] [--model DIR_OR_HUB_ID]
+  .venv/bin/python -m experiments.tuned_lens [--smoke] [--model DIR_OR_HUB_ID]
       [--steps N] [--windows N] [--out DIR | --update-results]
 
 The method, the data and what differs from the paper: docs/experiments.md, section
@@ -16,7 +16,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-import common
+import numpy as np
+
+from bertjax import claims, study
+from bertjax.claims import Claim, Test
+from experiments import common
 
 NAME = "tuned_lens"
 LENGTH = 64  # tokens per window the lens trains and is scored on
@@ -61,9 +65,9 @@ def parse_args(argv: Sequence[str] | None = None):
   args = p.parse_args(argv)
   for name in ("steps", "windows", "mlm_windows", "mlm_steps"):
     if getattr(args, name) < 1:
-      raise common.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+      raise study.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
   if not args.lr_scale > 0:
-    raise common.UsageError(f"--lr-scale={args.lr_scale} must be > 0")
+    raise study.UsageError(f"--lr-scale={args.lr_scale} must be > 0")
   if args.smoke:
     args.steps, args.windows = min(args.steps, 10), min(args.windows, 16)
     args.mlm_windows, args.mlm_steps = min(args.mlm_windows, 16), min(args.mlm_steps, 20)
@@ -90,21 +94,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   timings: dict[str, float] = {}
   from bertjax.analysis.attribution import tuned_lens
 
-  data = common.data_dir(args.data_dir, "wikitext2_tokens")
-  with common.timed(timings, "load model"):
-    config, params, tok, model_name = common.load_model(args)
-  params, head = common.with_mlm_head(
+  data = study.data_dir(args.data_dir, "wikitext2_tokens")
+  with study.timed(timings, "load model"):
+    config, params, tok, model_name = study.load_model(args)
+  params, head = study.with_mlm_head(
     args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
   )
-  windows = lambda split, n: common.wikitext_windows(tok, config, data, split, n, 4, LENGTH)
+  windows = lambda split, n: study.wikitext_windows(tok, config, data, split, n, 4, LENGTH)
   train, held = windows("valid", args.windows), windows("test", max(1, args.windows // 4))
-  with common.timed(timings, "train"):
+  with study.timed(timings, "train"):
     lens, losses = tuned_lens.train(
       params, config, train, steps=args.steps, lr_scale=args.lr_scale, progress=sys.stderr.isatty()
     )
-  with common.timed(timings, "evaluate"):
+  with study.timed(timings, "evaluate"):
     ev = tuned_lens.evaluate(params, config, lens, held)
-  common.log(
+  study.log(
     "KL by layer, tuned: "
     + ", ".join(f"{v:.2f}" for v in ev["tuned"])
     + "; logit: "
@@ -132,9 +136,72 @@ def main(argv: Sequence[str] | None = None) -> int:
     f"(held out); {LENGTH}-token windows",
     "indexing": "layer 0 is the embedding output, layer l the output of block l",
   }
-  figures = figure(args.out, r, model_name, common.results_stem(NAME, args.model))
-  common.finish(NAME, args, r, settings, started=t_start, figures=figures)
+  figures = figure(args.out, r, model_name, study.results_stem(NAME, args.model))
+  study.finish(NAME, args, r, settings, findings=findings, started=t_start, figures=figures)
   return 0
+
+
+# The claims ---------------------------------------------------------------------------------------
+# `findings(results, settings)`: the Findings rows, made from the numbers as the JSON holds
+# them; `uncertainty(results, settings)`: each claim's interval and verdict.
+
+CLOSER = "the share of layers where the tuned lens's KL is below the logit lens's"
+GAP = "the logit lens's KL minus the tuned lens's where it is least (nats)"
+LENS = Claim(
+  "Belrose et al. 2023",
+  "A tuned lens (an affine translator per layer, trained to match the final layer's "
+  "distribution) reads every layer's prediction closer to the final layer's than the logit "
+  "lens does (lower KL).",
+  yes=(Test(CLOSER, ">=", 1),),
+  partly=(Test(CLOSER, ">=", 0.5),),
+  short="A tuned lens reads every layer's prediction closer to the final layer's than the logit lens.",
+)
+
+
+def closer(tuned: Sequence[float], logit: Sequence[float]) -> float:
+  """The share of layers where the tuned lens's KL is below the logit lens's."""
+  return float(np.mean(np.asarray(tuned) < np.asarray(logit)))
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The row, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  r = study.from_json(r)
+  source = study.head_source(r["head"])
+  layers = len(r["tuned"])
+  by_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
+  measured = (
+    f"{s['model']}, read by {source}; the lens trained {s['steps']} steps (lr_scale "
+    f"{s.get('lr_scale', 1.0):g}) on {r['train_tokens']:,} WikiText-2 validation tokens; "
+    "KL(final || lens) in nats on "
+    f"{r['tokens']:,} held-out test tokens, layers 0-{layers - 1} (0 the embeddings): tuned "
+    f"{by_layer(r['tuned'])}; logit {by_layer(r['logit'])}. Differs from the paper: decoders "
+    "with next-token heads, lenses trained on 2^18 tokens a step at lr_scale 1; here a "
+    "masked-LM head read at every token of unmasked text, and at most 256 tokens a step."
+  )
+  return [LENS.row(measured, {CLOSER: closer(r["tuned"], r["logit"])})]
+
+
+# How sure each row is ------------------------------------------------------------------------
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Held-out KL by layer per batch of windows, over resampled batches (each weighted by its
+  tokens): the share of layers where the tuned lens is closer, and the smallest logit - tuned
+  gap over the layers."""
+  per = r["per_batch"]
+  n = np.asarray(per["tokens"], float)
+  items = (n, np.asarray(per["tuned"], float), np.asarray(per["logit"], float))
+
+  def kl(n, tuned, logit):  # (R, batches, layers): token-weighted KL per layer, each lens
+    w = n[..., None] / n.sum(1)[:, None, None]
+    t, g = (tuned * w).sum(1), (logit * w).sum(1)
+    return {CLOSER: (t < g).mean(-1), GAP: (g - t).min(-1)}
+
+  shown = {CLOSER: "{:.2f}", GAP: "{:.2f}"}
+  over = f"the {len(n)} held-out batches"
+  return [
+    LENS.judge(items, kl, point={CLOSER: closer(r["tuned"], r["logit"])}, over=over, shown=shown)
+  ]
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ IMPORT_TIME = (
 
 
 def _import_time(env: Mapping[str, str]) -> dict[str, str]:
-  return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME)}
+  """The settings of `env` read at import; not PYTHONPATH, which `_main` applies itself."""
+  return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k != "PYTHONPATH"}
 
 
 class _Child:
@@ -171,13 +172,15 @@ def _main(argv: list[str]) -> int:
   """Runs `python ARGV` in this interpreter; its exit status."""
   import runpy
 
+  # PYTHONPATH's folders follow the command's own, as a new interpreter puts them.
+  extra = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
   try:
     if argv[0] == "-m":
-      sys.path.insert(0, os.getcwd())
+      sys.path[:0] = [os.getcwd(), *extra]
       sys.argv[:] = [argv[1], *argv[2:]]
       runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
-      sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+      sys.path[:0] = [os.path.dirname(os.path.abspath(argv[0])), *extra]
       sys.argv[:] = list(argv)
       runpy.run_path(argv[0], run_name="__main__")
     return 0

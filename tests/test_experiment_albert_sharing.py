@@ -1,16 +1,15 @@
 """Checks of `experiments/albert_sharing.py`: parameter counts and the findings' rules."""
 
 import pathlib
-import sys
 
 import pytest
 
 import bertjax
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import albert_sharing as A
-from rules import albert_sharing as rules
+
+from experiments import albert_sharing as rules
 
 
 def _formula(config) -> int:
@@ -92,6 +91,6 @@ def test_verdict_rules():
 
 
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
-  """The smoke run's programs compiled unoptimised (`common.quick_compiles`; run by
+  """The smoke run's programs compiled unoptimised (`study.quick_compiles`; run by
   `test_experiments.py` on its smoke run)."""
   assert doc["settings"]["xla_optimised"] is False

@@ -3,15 +3,14 @@ measures it runs, `geometry.ethayarajh_measures`, are checked in test_geometry.p
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import anisotropy as an
-from rules import anisotropy as rules
+
+from experiments import anisotropy as rules
 
 RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 

@@ -8,7 +8,6 @@ masked forward pass, the pattern ratios, and the verdict rules.
 """
 
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,15 +17,14 @@ import pytest
 from bertjax.tasks import acceptability
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import dark_secrets as ds
-from rules import dark_secrets as rules
 
 import bertjax
 from bertjax.analysis import finetuning
 from bertjax.analysis.attention import patterns
 from bertjax.analysis.interventions.ablation import AblationResult
 from bertjax.training import finetune as ft
+from experiments import dark_secrets as rules
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ runs, `effective.head_analysis`, is checked in tests/test_attention_analysis.py)
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from bertjax import stats
 from bertjax.analysis.attention import effective
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import effective_attention as ea
-from rules import effective_attention as rules
+
+from experiments import effective_attention as rules
 
 RESULTS = REPO / "experiments" / "results" / "effective_attention.json"
 

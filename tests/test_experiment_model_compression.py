@@ -17,9 +17,9 @@ import pytest
 import bertjax
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import model_compression as C
-from rules import model_compression as rules
+
+from experiments import model_compression as rules
 
 XLA_FLAGS = os.environ.get("XLA_FLAGS")  # this process's own (conftest's), before any run
 DISABLED = jax.config.values["jax_disable_most_optimizations"]  # conftest's: True

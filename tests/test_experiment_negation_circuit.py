@@ -3,17 +3,14 @@ by `test_experiments.py`), and the committed results (their rows are what the ru
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import findings
-from rules import negation_circuit as rules
-
 from bertjax.analysis.interventions import circuits
+from experiments import findings_pages
+from experiments import negation_circuit as rules
 
 RESULTS = REPO / "experiments" / "results"
 
@@ -60,7 +57,7 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   per_pair = np.asarray(top["rows"]["metric"])
   assert per_pair.shape == (len(top["sizes"]), r["pairs"])
   np.testing.assert_allclose(per_pair.mean(1), top["metric"], rtol=1e-6)
-  u = findings.uncertainty(doc)[1]
+  u = findings_pages.uncertainty(doc)[1]
   assert u.text.startswith(f"95% CI over the {r['pairs']} pairs: the smallest faithful") and u.span
   assert (out / "negation_circuit_circuit.png").stat().st_size > 10_000
 

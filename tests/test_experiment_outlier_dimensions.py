@@ -4,14 +4,12 @@ numbers); what it runs is checked in test_outliers.py."""
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-from rules import outlier_dimensions as rules
+from experiments import outlier_dimensions as rules
 
 RESULTS = REPO / "experiments" / "results"
 

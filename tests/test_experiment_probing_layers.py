@@ -4,7 +4,6 @@ the smoke run is in test_experiments.py)."""
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -12,8 +11,7 @@ import pytest
 from bertjax import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-from rules import probing_layers as rules
+from experiments import probing_layers as rules
 
 RESULTS = REPO / "experiments" / "results" / "probing_layers.json"
 

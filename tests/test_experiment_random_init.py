@@ -6,7 +6,6 @@ smoke run without data) for the JSON's structure and for verdicts that follow it
 """
 
 import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -14,9 +13,9 @@ import pytest
 from bertjax.tasks import init_control
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
 import random_init as ri
-from rules import random_init as rules
+
+from experiments import random_init as rules
 
 
 def test_verdict_rule_on_synthetic_numbers():

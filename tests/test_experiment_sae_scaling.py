@@ -5,15 +5,14 @@ their numbers); its fit is `stats.power_law_fit`."""
 import json
 import os
 import pathlib
-import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import common
 import sae_scaling as ss
-from rules import sae_scaling as rules
+
+from bertjax import study
+from experiments import sae_scaling as rules
 
 RESULTS = REPO / "experiments" / "results" / "sae_scaling.json"
 
@@ -31,13 +30,13 @@ def test_rules():
 
 
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
-  """The smoke run's sizes, and its programs compiled unoptimised (`common.quick_compiles`)."""
+  """The smoke run's sizes, and its programs compiled unoptimised (`study.quick_compiles`)."""
   assert doc["settings"]["expansions"] == [2, 4] and doc["settings"]["steps"] == 20
   assert doc["settings"]["xla_optimised"] is False
 
 
 def test_quick_compiles_sets_then_gives_the_settings_back(monkeypatch):
-  """`common.quick_compiles`, which the smoke runs of sae_scaling and others compile under."""
+  """`study.quick_compiles`, which the smoke runs of sae_scaling and others compile under."""
   import jax
 
   # The suite compiles with most optimisations off (conftest): start from XLA's default.
@@ -45,17 +44,17 @@ def test_quick_compiles_sets_then_gives_the_settings_back(monkeypatch):
   jax.config.update("jax_disable_most_optimizations", False)
   try:
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    with common.quick_compiles(True):
+    with study.quick_compiles(True):
       assert jax.config.values["jax_disable_most_optimizations"] is True
-      assert os.environ["XLA_FLAGS"] == common.SMOKE_XLA_FLAG
+      assert os.environ["XLA_FLAGS"] == study.SMOKE_XLA_FLAG
     assert jax.config.values["jax_disable_most_optimizations"] is False
     assert "XLA_FLAGS" not in os.environ
     mine = "--xla_cpu_use_fusion_emitters=true --xla_cpu_enable_fast_math=false"
     monkeypatch.setenv("XLA_FLAGS", mine)
-    with common.quick_compiles(True):  # the user's own setting of the flag wins
+    with study.quick_compiles(True):  # the user's own setting of the flag wins
       assert os.environ["XLA_FLAGS"] == mine
     assert os.environ["XLA_FLAGS"] == mine
-    with common.quick_compiles(False):
+    with study.quick_compiles(False):
       assert jax.config.values["jax_disable_most_optimizations"] is False
   finally:
     jax.config.update("jax_disable_most_optimizations", before)

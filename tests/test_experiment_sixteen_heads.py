@@ -4,15 +4,13 @@
 test_pruning_study.py."""
 
 import pathlib
-import sys
 
 import numpy as np
 
 from bertjax import stats
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-from rules import sixteen_heads as rules
+from experiments import sixteen_heads as rules
 
 
 def _planted(n: int, rng) -> tuple[dict, dict]:

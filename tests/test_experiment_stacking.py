@@ -3,12 +3,10 @@ docs/experiments.md states it (the library pieces it runs are checked in
 `test_training_runs.py`)."""
 
 import pathlib
-import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import stacking
-from rules import stacking as rules
+from experiments import stacking
+from experiments import stacking as rules
 
 
 def test_holds_rule():

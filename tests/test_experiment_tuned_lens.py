@@ -4,15 +4,13 @@ their numbers); the lens itself is checked in test_tuned_lens.py."""
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "experiments"))
-import findings
-from rules import tuned_lens as rules
+from experiments import findings_pages
+from experiments import tuned_lens as rules
 
 RESULTS = REPO / "experiments" / "results"
 
@@ -34,7 +32,7 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   assert np.isfinite(r["tuned"]).all() and min(r["tuned"]) >= 0
   assert len(r["train_loss"]) == doc["settings"]["steps"] == 10
   assert sum(r["per_batch"]["tokens"]) == r["tokens"] > 100
-  u = findings.uncertainty(doc)[0]
+  u = findings_pages.uncertainty(doc)[0]
   assert u.text.startswith("95% CI over the") and u.span
   assert (out / "tuned_lens_kl.png").stat().st_size > 10_000
 
@@ -53,19 +51,20 @@ def test_committed_rows_follow_the_rule(stem):
 
 
 def test_a_fitted_head_is_cached_by_weights_and_read_back(tmp_path, monkeypatch):
-  """`common.with_mlm_head`: a full run fits the head once and keeps it in the user cache
+  """`study.with_mlm_head`: a full run fits the head once and keeps it in the user cache
   under the model's weights' hash; the next run reads the same head, another model's weights
   fit their own, and a checkpoint with a head keeps it."""
   import types
 
-  import common
   import jax
 
+  from bertjax import study
+
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-  config, params, tok, _ = common.tiny_model(0)
+  config, params, tok, _ = study.tiny_model(0)
   args = types.SimpleNamespace(smoke=False, model=None, seed=0)
-  data = common.smoke_data_dir()
-  fit = lambda p, t: common.with_mlm_head(args, p, config, tok, data, t, windows=8, steps=3)
+  data = study.smoke_data_dir()
+  fit = lambda p, t: study.with_mlm_head(args, p, config, tok, data, t, windows=8, steps=3)
   timings = {}
   first, info = fit(params, timings)
   assert "MLM head fit" in timings and info["source"] == "fitted to the frozen body"
@@ -76,7 +75,7 @@ def test_a_fitted_head_is_cached_by_weights_and_read_back(tmp_path, monkeypatch)
   second, info2 = fit(params, again)
   assert "MLM head fit" not in again and info2 == info
   jax.tree.map(np.testing.assert_array_equal, first["mlm"], second["mlm"])
-  other = common.tiny_model(1)[1]
+  other = study.tiny_model(1)[1]
   fit(other, {})
   assert len(list(cached.parent.glob("*.npz"))) == 2
   kept, info3 = fit(first, {})

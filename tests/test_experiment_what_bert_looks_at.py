@@ -1,11 +1,8 @@
 """Script-specific checks of `experiments/what_bert_looks_at.py` (Clark et al.'s probe)."""
 
 import pathlib
-import sys
 
 import numpy as np
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
 import what_bert_looks_at as wbl
 
 
@@ -38,7 +35,7 @@ def test_committed_results_record_clark_s_definition():
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
   """The smoke run keeps what every row's interval resamples, and each row's point value is
   the statistic on all the items (the per-sentence masses average to the by-layer ones)."""
-  from rules import what_bert_looks_at as rules
+  from experiments import what_bert_looks_at as rules
 
   r = doc["results"]
   for name in ("cls", "sep", "punct", "entropy"):

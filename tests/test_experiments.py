@@ -1,7 +1,8 @@
 """Every experiment script's `--smoke` run, its output directory, and the Findings table.
 
-Each script in `experiments/` (other than the shared `common.py` and `findings.py`) is run
-as a new user runs it: in a subprocess, in a fresh directory, with `--smoke` and no data at
+Each experiment module in `experiments/` (not the shared `common`, `findings` and
+`findings_pages`) is run as a new user runs it, `python -m experiments.NAME` with the checkout
+on PYTHONPATH (as `./run.sh experiment NAME` runs it), in a fresh directory, with `--smoke` and no data at
 all (`$BERTJAX_DATA_DIR` empty, the `../shared/data` fallback turned off), so it reads only
 the samples shipped in `bertjax/resources/smoke/`. It must write a well-formed `NAME.json`
 (finite numbers, Findings rows of the right shape, `smoke: true`) and valid PNG figures into
@@ -29,11 +30,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(
   p.stem
   for p in (REPO / "experiments").glob("*.py")
-  if p.stem not in ("common", "findings") and not p.stem.startswith("_")
+  if p.stem not in ("common", "findings", "findings_pages") and not p.stem.startswith("_")
 )
 
-sys.path.insert(0, str(REPO / "experiments"))
-import findings
+from experiments import findings, findings_pages
 
 READ_NO_DATA = {"attribution", "negation_circuit"}  # built with common.parser(data=False)
 
@@ -54,10 +54,12 @@ def no_data_env(cwd: pathlib.Path) -> dict[str, str]:
 
 
 def run_smoke(name: str, cwd: pathlib.Path, *extra: str) -> tuple[dict, pathlib.Path]:
-  """Runs `experiments/NAME.py --smoke` in `cwd` with no data; returns its JSON and folder."""
-  cmd = [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--smoke", *extra]
+  """Runs `python -m experiments.NAME --smoke` in `cwd` with no data; returns its JSON and
+  folder."""
+  cmd = [sys.executable, "-m", f"experiments.{name}", "--smoke", *extra]
+  env = {**no_data_env(cwd), "PYTHONPATH": str(REPO)}
   proc = pyrunner.run(
-    cmd, cwd=cwd, env=no_data_env(cwd), capture_output=True, text=True, timeout=600, check=False
+    cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
   )
   assert proc.returncode == 0, f"{name} --smoke failed:\n{proc.stderr[-4000:]}"
   out = cwd / "out" / "experiments"
@@ -105,16 +107,13 @@ def test_smoke_run_without_data_writes_valid_results(name, tmp_path):
 
 HELP_DRIVER = """
 import contextlib, io, json, runpy, sys
-folder, names = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, folder)
 helps = {}
-for name in names:
-  path = f"{folder}/{name}.py"
-  sys.argv[:] = [path, "--help"]
+for name in sys.argv[1:]:
+  sys.argv[:] = [f"experiments/{name}.py", "--help"]
   out, code = io.StringIO(), None
   with contextlib.redirect_stdout(out):
     try:
-      runpy.run_path(path, run_name="__main__")
+      runpy.run_module(f"experiments.{name}", run_name="__main__", alter_sys=True)
     except SystemExit as e:
       code = e.code
   helps[name] = [code, out.getvalue()]
@@ -124,10 +123,10 @@ print(json.dumps(helps))
 
 @pytest.fixture(scope="module")
 def helps():
-  """Every script's `--help`, each run as `__main__` (as `python experiments/NAME.py --help`
-  runs it), in one interpreter: 15 interpreters took 24 s of the suite."""
+  """Every experiment's `--help`, each run as `__main__` (as `python -m experiments.NAME
+  --help` runs it, from the checkout), in one interpreter: 15 interpreters took 24 s."""
   proc = subprocess.run(
-    [sys.executable, "-c", HELP_DRIVER, str(REPO / "experiments"), *SCRIPTS],
+    [sys.executable, "-c", HELP_DRIVER, *SCRIPTS],
     cwd=REPO,
     capture_output=True,
     text=True,
@@ -147,16 +146,17 @@ def test_help_names_the_run_command(helps, name):
 
 
 def test_output_directory_rules(tmp_path, monkeypatch):
-  import common
+  from bertjax import study
+  from experiments import common
 
   monkeypatch.chdir(tmp_path)
   parse = lambda *a: common.parser(None).parse_args(list(a))
   results = str(common.RESULTS)
-  assert parse().out == str(common.SCRATCH)
+  assert parse().out == str(study.SCRATCH)
   assert parse("--out", "mine").out == "mine"
   assert parse("--update-results").out == results
   assert parse("--out", results).out == results  # an explicit --out experiments/results
-  assert parse("--smoke").data_dir == str(common.smoke_data_dir())
+  assert parse("--smoke").data_dir == str(study.smoke_data_dir())
   assert parse("--smoke", "--data-dir", "d").data_dir == "d"
   assert parse().data_dir is None
   (tmp_path / "afile").write_text("")
@@ -177,23 +177,23 @@ def test_output_directory_rules(tmp_path, monkeypatch):
 
 
 def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
-  import common
+  from bertjax import study
 
-  with pytest.raises(common.UsageError, match=f"--model {tmp_path / 'none'}: "):
-    common.pretrained(tmp_path / "none")
+  with pytest.raises(study.UsageError, match=f"--model {tmp_path / 'none'}: "):
+    study.pretrained(tmp_path / "none")
   args = argparse.Namespace(model=str(tmp_path / "none"), smoke=True)
-  with pytest.raises(common.UsageError, match=f"--model {tmp_path / 'none'}: "):
-    common.finetune_model(args, "classification", 2, smoke={}, seed=0)
+  with pytest.raises(study.UsageError, match=f"--model {tmp_path / 'none'}: "):
+    study.finetune_model(args, "classification", 2, smoke={}, seed=0)
   # Without --model: all-MiniLM-L6-v2 with a fresh head, or with --smoke the tiny random BERT.
   args = argparse.Namespace(model=None, smoke=False)
-  config, params, _, name = common.finetune_model(
+  config, params, _, name = study.finetune_model(
     args, "token_classification", 3, smoke={}, seed=0, label_names=["a", "b", "c"]
   )
   assert name == "all-MiniLM-L6-v2" and config.depth == 6
   assert params["token_classifier"]["dense"]["kernel"].shape == (384, 3)
   args.smoke = True
-  config, _, tok, name = common.finetune_model(
-    args, "classification", 2, smoke=common.SMOKE_MODEL, seed=0
+  config, _, tok, name = study.finetune_model(
+    args, "classification", 2, smoke=study.SMOKE_MODEL, seed=0
   )
   assert (config.depth, config.hidden_size, config.vocab_size) == (2, 32, tok.vocab_size)
   assert "smoke" in name
@@ -203,14 +203,9 @@ def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
 def test_smoke_refuses_to_write_committed_results(tmp_path):
   before = _committed()
   proc = pyrunner.run(
-    [
-      sys.executable,
-      str(REPO / "experiments" / "probing_layers.py"),
-      "--smoke",
-      "--update-results",
-    ],
+    [sys.executable, "-m", "experiments.probing_layers", "--smoke", "--update-results"],
     cwd=tmp_path,
-    env=no_data_env(tmp_path),
+    env={**no_data_env(tmp_path), "PYTHONPATH": str(REPO)},
     capture_output=True,
     text=True,
     timeout=300,
@@ -223,9 +218,9 @@ def test_smoke_refuses_to_write_committed_results(tmp_path):
 @pytest.mark.slow
 def test_missing_data_is_a_one_line_error(tmp_path):
   proc = pyrunner.run(
-    [sys.executable, str(REPO / "experiments" / "probing_layers.py")],
+    [sys.executable, "-m", "experiments.probing_layers"],
     cwd=tmp_path,
-    env=no_data_env(tmp_path),
+    env={**no_data_env(tmp_path), "PYTHONPATH": str(REPO)},
     capture_output=True,
     text=True,
     timeout=300,
@@ -277,7 +272,7 @@ def test_findings_tables_are_generated_from_committed_results():
   names = {d["experiment"] for d in findings.load(REPO / "experiments" / "results")}
   assert [p.name for p, _, _ in got] == ["findings.md", *sorted(f"{n}.md" for n in names)]
   for path, text, new in got:
-    assert new == text, f"{path} is stale: run experiments/findings.py"
+    assert new == text, f"{path} is stale: run python -m experiments.findings"
   text = got[0][1]
   summary = text[text.index(findings.SUMMARY_START) : text.index(findings.SUMMARY_END)]
   assert "| [`sixteen_heads`](findings/sixteen_heads.md) | Michel et al. 2019 |" in summary
@@ -296,7 +291,7 @@ def test_findings_render_and_ignore_smoke_runs(tmp_path):
     json.dumps({"experiment": "y", "smoke": True, "findings": [row], "settings": {}})
   )
   docs = findings.load(tmp_path)
-  listed = findings.render(docs)
+  listed = findings_pages.render(docs)
   assert listed == "- [`x`](findings/x.md) (P 2020): 1 claims"
   text = f"intro\n{findings.START}\nold\n{findings.END}\nrest\n"
   assert (
@@ -304,12 +299,12 @@ def test_findings_render_and_ignore_smoke_runs(tmp_path):
   )
   with pytest.raises(ValueError, match="markers"):
     findings.update("no markers", listed)
-  summary = findings.render_summary(docs)
+  summary = findings_pages.render_summary(docs)
   assert summary.splitlines()[2] == (
     "| [`x`](findings/x.md) | P 2020 | a \\| b |  | — (no CI yet) ◐ partly | — | "
     "only one model measured |"
   )
-  page = findings.render_page("x", docs)
+  page = findings_pages.render_page("x", docs)
   assert page.startswith("# `x`: P 2020\n") and "## 1. a | b" in page and "◐ partly" in page
   assert "| `k` | 1 |" in page  # the run's settings
 
@@ -320,7 +315,7 @@ def test_findings_state_each_verdict_s_uncertainty():
   JSON lacks the per-item values; a verdict whose interval straddles its rule's threshold is
   "inconclusive"."""
   docs = findings.load(REPO / "experiments" / "results")
-  pages = {n: findings.render_page(n, docs) for n in {d["experiment"] for d in docs}}
+  pages = {n: findings_pages.render_page(n, docs) for n in {d["experiment"] for d in docs}}
   sure = [line for page in pages.values() for line in page.splitlines() if "how sure:" in line]
   assert len(sure) == sum(len(d["findings"]) for d in docs)
   prefixes = ("95% CI", "CI: rerun needed", "exact", "test the rule applies", "n/a: ")
@@ -337,11 +332,11 @@ def test_findings_state_each_verdict_s_uncertainty():
   exact = rng.normal(size=(6, 12))
   doc["results"]["patching"]["exact"] = exact.tolist()
   doc["results"]["patching"]["attribution"] = (exact + 0.75 * rng.normal(size=(6, 12))).tolist()
-  u = findings.uncertainty(doc)[1]
+  u = findings_pages.uncertainty(doc)[1]
   assert u.span == ("partly", "yes"), u
-  assert findings._holds("yes", u) == "❔ inconclusive (partly to yes within the CI)"
+  assert findings_pages._holds("yes", u) == "❔ inconclusive (partly to yes within the CI)"
   doc = {**doc, "stem": "attribution", "model_tag": ""}
-  row = findings.render_summary([doc]).splitlines()[3]
+  row = findings_pages.render_summary([doc]).splitlines()[3]
   assert row.split(" | ")[4].endswith("❔ inconclusive (partly to yes within the CI)"), row
 
 
@@ -356,7 +351,7 @@ def test_committed_rows_follow_the_current_rules(stem):
   make_rows = getattr(findings.module(doc["experiment"]), "findings", None)
   assert make_rows is not None, f"experiments/{doc['experiment']}.py has no findings(r, s)"
   assert make_rows(doc["results"], doc["settings"]) == doc["findings"], (
-    f"run experiments/findings.py --refresh {stem}"
+    f"run python -m experiments.findings --refresh {stem}"
   )
 
 
@@ -382,8 +377,9 @@ def test_refresh_rewrites_rows_from_the_numbers(tmp_path):
 def test_sizes_are_data_with_none_where_a_scale_leaves_one_out():
   """`experiments/sizes.toml`: one table per (experiment, scale), for scripts that exist; a size
   one scale gives and another leaves out is None in the latter (TOML has no null)."""
-  import common
   import tomllib
+
+  from experiments import common
 
   tables = tomllib.loads((REPO / "experiments" / "sizes.toml").read_text())
   assert set(tables) <= set(SCRIPTS)
@@ -401,23 +397,29 @@ def test_sizes_are_data_with_none_where_a_scale_leaves_one_out():
     common.sizes("no_such_experiment")
 
 
-def test_scripts_measure_and_their_rules_modules_judge():
-  """Each script has its rules module and defines no rule or `findings` itself; no script
-  imports another script (a rules module is not one) or touches sys.path."""
+def test_an_experiment_is_one_module_of_at_most_300_lines():
+  """Issue #59: each experiment is one module, its measurement (`main`) and its claims
+  (`findings`, `uncertainty`); no file in experiments/ passes 300 lines; no module imports
+  another experiment or touches sys.path; each runs as `python -m experiments.NAME`."""
   import ast
 
+  long = {
+    p.name: n
+    for p in (REPO / "experiments").glob("*.py")
+    if (n := len(p.read_text().splitlines())) > 300
+  }
+  assert not long, f"over 300 lines: {long}"
+  assert not (REPO / "experiments" / "rules").exists()
   for name in SCRIPTS:
     tree = ast.parse((REPO / "experiments" / f"{name}.py").read_text())
-    assert (REPO / "experiments" / "rules" / f"{name}.py").is_file(), name
     top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert "findings" not in top, f"{name}.py defines findings(): it belongs in rules/{name}.py"
-    calls = {
-      n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    assert {"main", "findings", "uncertainty"} <= top, name
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+      f"{n.module}.{a.name}"
+      for n in ast.walk(tree)
+      if isinstance(n, ast.ImportFrom) and n.module
+      for a in n.names
     }
-    assert not calls & {"Claim", "Test"}, f"{name}.py makes a Claim: it belongs in rules/{name}.py"
-    imported = {
-      a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    }
-    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert not imported & (set(SCRIPTS) - {name}), f"{name}.py imports another experiment"
+    others = {f"experiments.{s}" for s in SCRIPTS} - {f"experiments.{name}"}
+    assert not imported & others, f"{name}.py imports another experiment"
     assert "sys.path" not in ast.unparse(tree), f"{name}.py touches sys.path"

@@ -142,6 +142,7 @@ FLOORS = (
   ("bertjax.analysis", "bertjax.analysis.jobs"),
   ("bertjax.tasks",),
   ("bertjax.plots",),
+  ("bertjax.study",),
   ("bertjax.report",),
   ("bertjax.cli",),
 )

@@ -143,34 +143,34 @@ def test_a_cached_executable_with_the_reduce_fusion_reads_back(tmp_path):
 
 
 def test_the_smoke_runs_cache_is_private_and_off_afterwards():
-  """`experiments/common.smoke_compilation_cache`: inside, a cache of its own that a second
+  """`bertjax.study.smoke_compilation_cache`: inside, a cache of its own that a second
   compile writes to; afterwards the process's own cache setting is back (JAX keeps its cache
   object once built, so restoring the config value alone would not do it) and the directory
   is gone."""
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "experiments"))
-  import common
   from jax._src import compilation_cache as cc
+
+  from bertjax import study
 
   backend = jax.extend.backend.get_backend()
   fn = lambda x: jnp.tanh(x) @ x.T
   x = jnp.ones((64, 64))
   suite_cache = jax.config.jax_compilation_cache_dir
   if suite_cache:  # the suite's cache (tests/conftest.py) stays in place
-    with common.smoke_compilation_cache():
+    with study.smoke_compilation_cache():
       assert jax.config.jax_compilation_cache_dir == suite_cache
     # Without a cache of the process's own, the smoke run makes a private one.
     jax.config.update("jax_compilation_cache_dir", None)
     cc.reset_cache()
   try:
-    _check_private_smoke_cache(common, cc, backend, fn, x)
+    _check_private_smoke_cache(study, cc, backend, fn, x)
   finally:
     jax.config.update("jax_compilation_cache_dir", suite_cache)
     cc.reset_cache()
 
 
-def _check_private_smoke_cache(common, cc, backend, fn, x):
+def _check_private_smoke_cache(study, cc, backend, fn, x):
   before = jax.config.jax_compilation_cache_dir
-  with common.smoke_compilation_cache():
+  with study.smoke_compilation_cache():
     path = pathlib.Path(jax.config.jax_compilation_cache_dir)
     assert path.name.startswith("bertjax-smoke-jax-cache-")
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # restored below
@@ -184,7 +184,7 @@ def _check_private_smoke_cache(common, cc, backend, fn, x):
   own = cc._get_cache(backend)
   assert (own is None) == (not before)
   assert own is None or pathlib.Path(own._path) == pathlib.Path(before)
-  with common.smoke_compilation_cache(enabled=False):
+  with study.smoke_compilation_cache(enabled=False):
     assert jax.config.jax_compilation_cache_dir == before
 
 
