@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax import claims, stats, study
-from bertjax.analysis.representations.geometry import MEV_DEFINITIONS
+from bertjax import claims, study
+from bertjax.analysis.representations import geometry
 from bertjax.claims import Claim, Test
 from experiments import common
 
 NAME = "anisotropy"
+TRENDED = "anisotropy self_similarity self_similarity_adjusted intra_sentence_adjusted mev_adjusted"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -32,7 +33,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument(
     "--sentences",
     type=int,
-    default=None,
     help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)",
   )
   p.add_argument(
@@ -47,7 +47,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   )
   p.add_argument(
     "--mev-definition",
-    choices=MEV_DEFINITIONS,
+    choices=geometry.MEV_DEFINITIONS,
     default="truncated_svd",
     help="the MEV definition of the Findings row (all three are measured; "
     "default: truncated_svd, the code behind the paper's released numbers)",
@@ -55,7 +55,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   p.add_argument(
     "--mev-max-occurrences",
     type=int,
-    default=None,
     help="at most this many occurrences per type for MEV (a seeded sample; "
     "default: all, as Ethayarajh)",
   )
@@ -69,31 +68,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def summarise(
-  m: dict[str, np.ndarray], mv: dict, type_counts: np.ndarray, min_count: int, definition: str
-) -> dict:
-  """Depth trends (Spearman over layers 1..L) of the measures, and the word-type counts."""
-  ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
-  return {
-    "trend_anisotropy": trend(m["anisotropy"][ctx]),
-    "trend_self_similarity": trend(m["self_similarity"][ctx]),
-    "trend_self_similarity_adjusted": trend(m["self_similarity_adjusted"][ctx]),
-    "trend_intra_sentence_adjusted": trend(m["intra_sentence_adjusted"][ctx]),
-    "trend_mev_adjusted": trend(m["mev_adjusted"][ctx]),
-    "types_min_count": int((type_counts >= min_count).sum()),
-    "mev_types": mv["types"],
-    "mev_occurrences": mv["occurrences"],
-    "mev_definition": definition,
-  }
-
-
 @study.one_blas_thread
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis.representations import features, geometry
+  from bertjax.analysis.representations import features
   from bertjax.data import conllu
   from bertjax.plots.geometry import anisotropy_figures
 
@@ -101,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   path = study.ud_file(data, "dev")
   sentences = conllu.read_conllu(path, max_sentences=args.sentences or (40 if args.smoke else None))
   min_count = 2 if args.smoke else args.min_count
+  definition = args.mev_definition  # the MEV definition of the verdict (all three are measured)
   with study.timed(timings, "load model"):
     config, params, tok, model_name = study.load_model(args)
   study.log(f"features of {model_name} on {len(sentences)} sentences of {path.name}")
@@ -108,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     wf = features.extract_word_features(params, config, tok, sentences, progress=False)
     reps = np.asarray(wf.features, np.float32)  # (L+1, n_words, H)
   types = np.asarray([w.lower() for s in sentences for w in s.forms])
-  measured = np.ones(len(types), bool)
-  if args.punctuation == "exclude":
-    measured = np.asarray([u != "PUNCT" for s in sentences for u in s.upos])
+  upos = np.asarray([u for s in sentences for u in s.upos])
+  measured = (upos != "PUNCT") | (args.punctuation == "include")
   with study.timed(timings, "measures"):
     m, mevs = geometry.ethayarajh_measures(
       reps,
@@ -122,14 +103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
       max_occurrences=args.mev_max_occurrences,
       seed=args.seed,
     )
-  mv = mevs[args.mev_definition]  # the verdict's definition
+  mv = mevs[definition]
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
-  counts = np.unique(types[measured], return_counts=True)[1]
-  summary = summarise(m, mv, counts, min_count, args.mev_definition)
+  counts = np.unique(types[measured], return_counts=True)[1]  # per measured word type
+  summary = {  # depth trends (Spearman over layers 1..L, not the embeddings) and type counts
+    **{f"trend_{k}": geometry.depth_trend(m[k][1:]) for k in TRENDED.split()},
+    "types_min_count": int((counts >= min_count).sum()),
+    **{f"mev_{k}": mv[k] for k in ("types", "occurrences", "definition")},
+  }
   stem = study.results_stem(NAME, args.model)
-  figs = anisotropy_figures(
-    m, args.out, stem, model_name=model_name, definition=args.mev_definition
-  )
+  figs = anisotropy_figures(m, args.out, stem, model_name=model_name, definition=definition)
   settings = {
     "model": model_name,
     "data": str(path.relative_to(data)),
@@ -141,9 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     "mev_definitions": geometry.MEV_SOURCES,
     "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
     "drawn uniformly from all words; averaged over types",
-    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {min(1000, len(sentences)):,} "
-    "words, one from each of as many random sentences (kawine/contextual "
-    "explore_embedding_space)",
+    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {min(1000, len(sentences)):,} words, "
+    "one from each of as many random sentences (kawine/contextual explore_embedding_space)",
     "punctuation": args.punctuation,
     "word_types": "lower-cased UD word forms"
     + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
@@ -167,44 +149,31 @@ MEV_LABELS = {
 
 def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
   """What differs from Ethayarajh's setting, and the likely cause of a falling last layer."""
-  a = np.asarray(anisotropy, float)
-  blocks = a[1:]
+  blocks, name = np.asarray(anisotropy, float)[1:], model.lower()
   note = (
     f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
     "GPT-2 on SemEval STS sentences"
   )
-  if "mpnet" in model.lower():
+  if "mpnet" in name:
     note += (
       "; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
       "relative-position bias in every layer's attention"
     )
   # Both real models here are sentence-transformers checkpoints trained with that loss.
-  if ("minilm" in model.lower() or "mpnet" in model.lower()) and blocks.argmax() < len(blocks) - 1:
+  if ("minilm" in name or "mpnet" in name) and blocks.argmax() < len(blocks) - 1:
     note += (
-      f"; {model} was trained further for sentence embeddings with a contrastive loss "
-      "on its mean-pooled last layer, which rewards spread-out (isotropic) outputs: the "
-      f"likely cause of the fall from {blocks.max():.2f} at layer "
-      f"{int(blocks.argmax()) + 1} to {blocks[-1]:.2f} at layer {len(blocks)}"
+      f"; {model} was trained further for sentence embeddings with a contrastive loss on its "
+      "mean-pooled last layer, which rewards spread-out (isotropic) outputs: the likely cause of "
+      f"the fall from {blocks.max():.2f} at layer {int(blocks.argmax()) + 1} to {blocks[-1]:.2f} "
+      f"at layer {len(blocks)}"
     )
   return note + ". "
 
 
-def trend(values: Sequence[float]) -> float:
-  """Spearman rank correlation between layer index and value; nan if constant."""
-  return stats.spearman(np.arange(len(values)), values)
-
-
 LOWEST, HIGHEST = "the lowest layer's mean cosine", "the highest layer's"
-RISE, RISE_TREND, RISE_STEPS = (
-  "the last layer's minus layer 1's",
-  "the Spearman with depth",
-  "the share of steps that rise",
-)
-FALL, FALL_TREND, FALL_STEPS = (
-  "layer 1's adjusted self-similarity minus the last layer's",
-  "the Spearman with depth",
-  "the share of steps that fall",
-)
+RISE, TREND = "the last layer's minus layer 1's", "the Spearman with depth"  # TREND: `depth_trend`
+FALL = "layer 1's adjusted self-similarity minus the last layer's"
+RISE_STEPS, FALL_STEPS = "the share of steps that rise", "the share of steps that fall"
 MEV_HIGHEST, MEV_LOWEST = "the highest layer's adjusted MEV", "the lowest layer's"
 ANISOTROPIC = Claim(
   PAPER,
@@ -216,14 +185,14 @@ ANISOTROPIC = Claim(
 RISES = Claim(
   PAPER,
   "Representations grow more anisotropic in upper layers.",
-  yes=(Test(RISE, ">", 0), Test(RISE_TREND, ">=", 0.5)),
+  yes=(Test(RISE, ">", 0), Test(TREND, ">=", 0.5)),
   partly=(Test(RISE, ">", 0), Test(RISE_STEPS, ">", 0.5)),
 )
 FALLS = Claim(
   PAPER,
   "Upper layers are more context-specific: the anisotropy-adjusted self-similarity of "
   "a word across contexts falls with depth.",
-  yes=(Test(FALL, ">", 0), Test(FALL_TREND, "<=", -0.5)),
+  yes=(Test(FALL, ">", 0), Test(TREND, "<=", -0.5)),
   partly=(Test(FALL, ">", 0), Test(FALL_STEPS, ">", 0.5)),
 )
 MEV = Claim(
@@ -245,8 +214,8 @@ def trend_quantities(values: Sequence[float], falls: bool = False) -> dict[str, 
   """What `RISES` (or with `falls`, `FALLS`) reads from a value of layers 1-L."""
   v = np.asarray(values, np.float64)
   if falls:
-    return {FALL: v[0] - v[-1], FALL_TREND: trend(v), FALL_STEPS: np.mean(np.diff(v) < 0)}
-  return {RISE: v[-1] - v[0], RISE_TREND: trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
+    return {FALL: v[0] - v[-1], TREND: geometry.depth_trend(v), FALL_STEPS: np.mean(np.diff(v) < 0)}
+  return {RISE: v[-1] - v[0], TREND: geometry.depth_trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
 
 
 def mev_quantities(adjusted: Sequence[float]) -> dict[str, float]:
@@ -258,56 +227,52 @@ def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows (anisotropy, its rise with depth, self-similarity's fall, MEV) from the
   results and settings as written to JSON (`findings.py --refresh` recomputes them)."""
   r = study.from_json(r)
-  m = {k: np.asarray(v, np.float64) for k, v in r["per_layer"].items()}
   summary, definition, min_count = r["summary"], s["mev_definition"], s["min_count"]
-  ctx = slice(1, None)  # the transformer layers; layer 0 is the embedding output
-  last = len(m["anisotropy"]) - 1
-  a, ss = m["anisotropy"], m["self_similarity_adjusted"]
+  full = np.asarray(r["per_layer"]["anisotropy"], np.float64)  # layer 0: the embedding output
+  m = {k: np.asarray(v, np.float64)[1:] for k, v in r["per_layer"].items()}  # layers 1..L
+  a, ss, last = m["anisotropy"], m["self_similarity_adjusted"], len(m["anisotropy"])
   per_layer = lambda v: ", ".join(f"{x:.2f}" for x in v)
-  other = [d for d in MEV_DEFINITIONS if d != definition]
-  n_paper = f"{min(1000, s['sentences']):,}"
+  rising = lambda v: int(np.sum(np.diff(v) > 0))  # how many steps from layer to layer rise
   kinds = "non-punctuation types" if s["punctuation"] == "exclude" else "types"
-  differs = differs_note(s["model"], pathlib.PurePath(s["data"]).name, a)
-  peak = int(np.argmax(a[ctx]))  # the block (0-based) where anisotropy peaks
+  differs = differs_note(s["model"], pathlib.PurePath(s["data"]).name, full)
+  peak = int(np.argmax(a))  # the block (0-based) where anisotropy peaks
   cap = (f"<= {s['mev_max_occurrences']}" if s["mev_max_occurrences"] else "all") + " occurrences"
-  paper_mev = m[f"mev_{definition}_adjusted_paper"][ctx]
+  paper_mev = m[f"mev_{definition}_adjusted_paper"]
   mev_text = (
-    f"MEV ({MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'][ctx])}; "
-    f"minus the MEV of as many random words: {per_layer(m['mev_adjusted'][ctx])} "
-    f"({summary['mev_types']} {kinds} seen >= {min_count} times, {cap}). "
+    f"MEV ({MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'])}; minus the MEV of "
+    f"as many random words: {per_layer(m['mev_adjusted'])} ({summary['mev_types']} {kinds} "
+    f"seen >= {min_count} times, {cap}). "
     + "; ".join(
-      f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'][ctx])}, adjusted "
-      f"{per_layer(m[f'mev_{d}_adjusted'][ctx])}"
-      for d in other
+      f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'])}, adjusted {per_layer(m[f'mev_{d}_adjusted'])}"
+      for d in geometry.MEV_DEFINITIONS
+      if d != definition
     )
-    + f". Differs from the paper: its baseline is one MEV of {n_paper} random words from "
-    "distinct sentences; ours, per type, the MEV of as many random words as the type has "
-    f"occurrences. With the paper's baseline the adjusted {definition} MEV is "
+    + f". Differs from the paper: its baseline is one MEV of {min(1000, s['sentences']):,} random "
+    "words from distinct sentences; ours, per type, the MEV of as many random words as the type "
+    f"has occurrences. With the paper's baseline the adjusted {definition} MEV is "
     f"{per_layer(paper_mev)} (rule: {MEV.verdict(mev_quantities(paper_mev))}). The rule reads "
     f"the adjusted {definition} MEV with the same-count baseline."
   )
   return [
     ANISOTROPIC.row(
-      f"mean cosine of {s['pairs']} random word pairs, layers 1-{last}: {per_layer(a[ctx])} "
-      f"(embeddings {a[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'][ctx])}). "
-      f"{differs}",
-      anisotropy_quantities(a[ctx]),
+      f"mean cosine of {s['pairs']} random word pairs, layers 1-{last}: {per_layer(a)} "
+      f"(embeddings {full[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'])}). {differs}",
+      anisotropy_quantities(a),
     ),
     RISES.row(
-      f"anisotropy layer 1 {a[1]:.3f} -> layer {last} {a[last]:.3f}, peak {a[ctx].max():.3f} at "
-      f"layer {int(np.argmax(a[ctx])) + 1}; {int(np.sum(np.diff(a[ctx]) > 0))} of {last - 1} "
-      f"steps rise; Spearman with depth {summary['trend_anisotropy']:.2f}; over layers "
-      f"1-{peak + 1}, up to the peak, {int(np.sum(np.diff(a[1 : peak + 2]) > 0))} of {peak} steps "
-      f"rise. {differs}",
-      trend_quantities(a[ctx]),
+      f"anisotropy layer 1 {a[0]:.3f} -> layer {last} {a[-1]:.3f}, peak {a[peak]:.3f} at layer "
+      f"{peak + 1}; {rising(a)} of {last - 1} steps rise; Spearman with depth "
+      f"{summary['trend_anisotropy']:.2f}; over layers 1-{peak + 1}, up to the peak, "
+      f"{rising(a[: peak + 1])} of {peak} steps rise. {differs}",
+      trend_quantities(a),
     ),
     FALLS.row(
-      f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'][ctx])}; adjusted: "
-      f"{per_layer(ss[ctx])} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
+      f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'])}; adjusted: "
+      f"{per_layer(ss)} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
       f"{summary['types_min_count']} {kinds} seen >= {min_count} times).",
-      trend_quantities(ss[ctx], falls=True),
+      trend_quantities(ss, falls=True),
     ),
-    MEV.row(mev_text, mev_quantities(m["mev_adjusted"][ctx])),
+    MEV.row(mev_text, mev_quantities(m["mev_adjusted"])),
   ]
 
 
@@ -316,8 +281,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
-  what = "per-pair cosines or per-type values"
-  return [claims.rerun_needed(what)] * len(findings(r, s))
+  return [claims.rerun_needed("per-pair cosines or per-type values")] * len(findings(r, s))
 
 
 # The likely cause where the models' verdicts differ (or agree for different reasons), as

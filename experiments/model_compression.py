@@ -28,6 +28,7 @@ from experiments import common
 
 NAME = "model_compression"
 ROWS = compression.ROLES
+TASK = "token_classification"  # UPOS: one tag per word, for the teacher and every student
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +81,11 @@ def model_labels(t_config, teacher: str) -> dict[str, str]:
   return labels
 
 
-def labelled_log(labels: dict[str, str]):
-  """`study.log` with the role that starts `compression.compress`'s progress lines
-  ("distilled_3l: accuracy ...") replaced by its label."""
-
-  def log(line: str) -> None:
-    role, sep, rest = line.partition(": ")
-    study.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
-
-  return log
+def log_labelled(labels: dict[str, str], line: str) -> None:
+  """`study.log` of a progress line of `compression.compress` ("distilled_3l: accuracy ...")
+  with the role that starts it replaced by its label."""
+  role, sep, rest = line.partition(": ")
+  study.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
 
 
 @study.smoke_cached
@@ -114,13 +111,7 @@ def run_experiment(args) -> int:
   study.log(f"UPOS: {len(train['labels'])} train / {len(held['labels'])} held-out sentences")
   hp = sc.finetune_config(args.seed)
   t_config, t_params, _, teacher = study.finetune_model(
-    args,
-    "token_classification",
-    len(tags),
-    smoke=SMOKE_TEACHER,
-    seed=args.seed,
-    label_names=tags,
-    tok=tok,
+    args, TASK, len(tags), smoke=SMOKE_TEACHER, seed=args.seed, label_names=tags, tok=tok
   )
   if not 1 <= args.shared_layer <= t_config.depth:  # before any training
     raise study.UsageError(
@@ -134,11 +125,11 @@ def run_experiment(args) -> int:
       t_params,
       train,
       held,
-      task="token_classification",
+      task=TASK,
       hp=hp,
       **{k: getattr(sc, k) for k in ("temperature", "alpha")},
       shared_layer=args.shared_layer - 1,
-      log=labelled_log(labels),
+      log=lambda line: log_labelled(labels, line),
     )
 
   timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
@@ -146,7 +137,6 @@ def run_experiment(args) -> int:
   with study.timed(timings, "forward timing"):
     speed = compression.time_logits(models, timed_batch, rounds=sc.rounds, warmup=sc.warmup_rounds)
   load_end = os.getloadavg()
-  threads = {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")}
   rows = compression.compression_rows(models, runs, speed)
   tag_counts = np.bincount(held["labels"][held["labels"] >= 0])
   cpu, load = cpu_info(), (load_start[0], load_end[0])
@@ -157,10 +147,8 @@ def run_experiment(args) -> int:
     caption += ", XLA's optimisations off (--smoke)"
   md = compression.compression_table(rows, caption, labels)
   study.log("\n" + md)
-  stem = study.results_stem(NAME, args.model)
-  figures = [
-    plots.compression_bars(rows, labels, pathlib.Path(args.out) / f"{stem}_table.png").name
-  ]
+  png = pathlib.Path(args.out) / f"{study.results_stem(NAME, args.model)}_table.png"
+  figures = [plots.compression_bars(rows, labels, png).name]
   results = {
     "rows": rows,
     "table_markdown": md,
@@ -169,7 +157,7 @@ def run_experiment(args) -> int:
     "runs": runs,
     "speed": speed,
     "cpu": cpu,
-    "threads": threads,
+    "threads": {k: os.environ.get(k, "") for k in ("XLA_FLAGS", "OMP_NUM_THREADS")},
     "loadavg": {"start": load_start, "end": load_end},
     "data": {
       "train_sentences": len(train["labels"]),
@@ -224,6 +212,13 @@ INT8 = Claim(
   yes=(Test(RETAINED, ">=", 0.99),),
   partly=(Test(RETAINED, ">=", 0.97),),
 )
+# Each quantity the claims test: its column in a row of `compression.compression_rows`.
+COLUMNS = {RETAINED: "retained", SPEEDUP: "speedup", PARAMS: "param_ratio"}
+
+
+def measured(claim: Claim, row: dict | None) -> dict[str, float | None]:
+  """The quantities `claim` reads, from a table row (None: not measured, every one None)."""
+  return {q: None if row is None else row[COLUMNS[q]] for q in claim.reads}
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -234,39 +229,33 @@ def findings(r: dict, s: dict) -> list[dict]:
   d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]
   lab = rows["labels_3l"]
   if sh is None:
-    sharing = SHARING.row(
+    sharing = (
       "not measured: the teacher is not a BERT, and only BERT's family row has an ALBERT "
       "counterpart with shared layers (this family's block, e.g. MPNet's relative-position "
-      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's.",
-      {PARAMS: None, SPEEDUP: None, RETAINED: None},
+      "bias, has none); the row for sharing is the all-MiniLM-L6-v2 run's."
     )
   else:
-    sharing = SHARING.row(
-      f"{sh['depth']} layers sharing one set (from teacher block {s['shared_layer']}, "
-      "distilled): "
+    sharing = (
+      f"{sh['depth']} layers sharing one set (from teacher block {s['shared_layer']}, distilled): "
       f"{sh['params'] / 1e6:.2f}M vs {teacher['params'] / 1e6:.2f}M parameters "
       f"({sh['param_ratio']:.0%}; the embeddings dominate), {sh['score']:.2%} = "
-      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed.",
-      {PARAMS: sh["param_ratio"], SPEEDUP: sh["speedup"], RETAINED: sh["retained"]},
+      f"{sh['retained']:.1%} retained, forward {sh['speedup']:.2f}x the teacher's speed."
     )
   return [
     DISTIL.row(
       f"UPOS (UD EWT dev, held-out words): teacher {teacher['score']:.2%} (majority tag "
       f"{majority:.1%}); {d['depth']}-layer student {d['score']:.2%} = {d['retained']:.1%} "
-      "retained "
-      f"with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
-      f"forward on the CPU; trained on labels only {lab['score']:.2%} "
-      f"({lab['retained']:.1%}).",
-      {RETAINED: d["retained"], SPEEDUP: d["speedup"]},
+      f"retained with {1 - d['param_ratio']:.0%} fewer parameters, {d['speedup']:.2f}x faster "
+      f"forward on the CPU; trained on labels only {lab['score']:.2%} ({lab['retained']:.1%}).",
+      measured(DISTIL, d),
     ),
-    sharing,
+    SHARING.row(sharing, measured(SHARING, sh)),
     INT8.row(
       f"dynamic int8 of the fine-tuned teacher: {q['score']:.2%} = {q['retained']:.2%} "
-      f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB "
-      f"({q['compression']:.2f}x smaller; the float32 embedding table is most of what is "
-      f"left); forward {q['speedup']:.2f}x the float32 speed on {cpu} (XLA's "
-      "integer dot; no fused int8 kernel).",
-      {RETAINED: q["retained"]},
+      f"retained; weights {q['mb']:.1f} MB vs {teacher['mb']:.1f} MB ({q['compression']:.2f}x "
+      "smaller; the float32 embedding table is most of what is left); forward "
+      f"{q['speedup']:.2f}x the float32 speed on {cpu} (XLA's integer dot; no fused int8 kernel).",
+      measured(INT8, q),
     ),
   ]
 
@@ -283,33 +272,26 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
     rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
   )
   speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
-  d, sh = rows["distilled_3l"], rows.get("shared_6l")
-  distil = claims.span_of(
-    rounds, lambda t: DISTIL.verdict({RETAINED: d["retained"], SPEEDUP: speed(t, 1)})
+  # `claim`'s verdicts over resampled rounds, with model `i`'s speed-up from each resample
+  span = lambda claim, row, i: claims.span_of(
+    rounds, lambda t: claim.verdict({**measured(claim, row), SPEEDUP: speed(t, i)})
   )
   words = "per-word predictions of each model (paired with the teacher's)"
   first = claims.note(
     f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
     f"retained: rerun needed (the JSON keeps no {words})",
-    distil,
+    span(DISTIL, rows["distilled_3l"], 1),
   )
+  sh = rows.get("shared_6l")
   if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
-    return [first, claims.note("n/a: nothing measured"), claims.rerun_needed(words)]
-  sharing = claims.span_of(
-    rounds,
-    lambda t: SHARING.verdict(
-      {PARAMS: sh["param_ratio"], SPEEDUP: speed(t, 2), RETAINED: sh["retained"]}
-    ),
-  )
-  return [
-    first,
-    claims.note(
+    sharing = claims.note("n/a: nothing measured")
+  else:
+    sharing = claims.note(
       f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
       f"{sh_ci[0]}; retained: rerun needed (no {words})",
-      sharing,
-    ),
-    claims.rerun_needed(words),
-  ]
+      span(SHARING, sh, 2),
+    )
+  return [first, sharing, claims.rerun_needed(words)]
 
 
 if __name__ == "__main__":

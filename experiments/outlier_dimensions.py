@@ -18,42 +18,37 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax import claims, stats, study
+from bertjax.analysis.attention import statistics
+from bertjax.analysis.representations import outliers
 from bertjax.claims import Claim, Test
+from bertjax.data import conllu
+from bertjax.plots import outliers as plots
+from bertjax.tasks import text_batches
 from experiments import common
 
 NAME = "outlier_dimensions"
-PROBE_LAYERS = ("middle", "last")
 MLM_TEST_WINDOWS = 256  # held-out WikiText-2 test windows the masked-LM loss is taken on
 
 
 def parse_args(argv: Sequence[str] | None = None):
   p = common.parser(__doc__)
-  p.add_argument(
-    "--sentences",
-    type=int,
-    default=1000,
-    help="EWT dev sentences read (default: 1000; --smoke: 60)",
+  opt = lambda flag, default, text: p.add_argument(flag, type=int, default=default, help=text)
+  opt("--sentences", 1000, "EWT dev sentences read (default: 1000; --smoke: 60)")
+  opt(
+    "--random-draws", 5, "draws of as many random dimensions, the ablation's control (default: 5)"
   )
-  p.add_argument(
-    "--random-draws",
-    type=int,
-    default=5,
-    help="draws of as many random dimensions, the ablation's control (default: 5)",
-  )
-  p.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
-  p.add_argument(
+  opt("--batch-size", 32, "sentences per batch (default: 32)")
+  opt(
     "--mlm-windows",
-    type=int,
-    default=3000,
-    help="128-token WikiText-2 validation windows an MLM head is fitted on when the "
+    3000,
+    "128-token WikiText-2 validation windows an MLM head is fitted on when the "
     "checkpoint has none, an eighth of them held out to stop on (default: 3000, every one of "
     f"the 2,876; --smoke: 16); the loss is taken on {MLM_TEST_WINDOWS} test windows",
   )
-  p.add_argument(
+  opt(
     "--mlm-steps",
-    type=int,
-    default=600,
-    help="optimiser steps of that fit, 512 predictions each (default: 600; --smoke: 20)",
+    600,
+    "optimiser steps of that fit, 512 predictions each (default: 600; --smoke: 20)",
   )
   args = p.parse_args(argv)
   for name in ("sentences", "random_draws", "batch_size", "mlm_windows", "mlm_steps"):
@@ -69,21 +64,16 @@ def masked_lm(args, params, config, tok, data: pathlib.Path, dims_sets, timings)
   """The masked-LM loss on held-out WikiText-2 test windows, intact and with each set of
   dimensions disabled, read by the checkpoint's MLM head or one fitted to the frozen body
   (`study.with_mlm_head`)."""
-  from bertjax.analysis.representations import outliers
-
   params, head = study.with_mlm_head(
     args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
   )
   count = 4 if args.smoke else MLM_TEST_WINDOWS
   test = study.wikitext_windows(tok, config, data, "test", count, args.batch_size)
   with study.timed(timings, "MLM loss"):
-    r = outliers.mlm_loss_without_dimensions(
-      params, config, study.masked_windows(tok, config, test, args.seed + 1), dims_sets
-    )
-  study.log(
-    f"masked-LM loss (head {head['source']}): "
-    + ", ".join(f"{k} {v:.3f}" for k, v in r["loss"].items())
-  )
+    masked = study.masked_windows(tok, config, test, args.seed + 1)
+    r = outliers.mlm_loss_without_dimensions(params, config, masked, dims_sets)
+  losses = ", ".join(f"{k} {v:.3f}" for k, v in r["loss"].items())
+  study.log(f"masked-LM loss (head {head['source']}): {losses}")
   return {**r, "head": head}
 
 
@@ -92,82 +82,43 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
-  from bertjax.analysis.attention import statistics
-  from bertjax.analysis.representations import outliers
-  from bertjax.data import conllu
-  from bertjax.tasks import text_batches
-
   data = study.data_dir(args.data_dir, "ud_english_ewt", "wikitext2_tokens")
   path = study.ud_file(data, "dev")
   with study.timed(timings, "load model"):
     config, params, tok, model_name = study.load_model(args)
-  sentences = conllu.read_conllu(path, max_sentences=args.sentences)
-  sentences = [
-    sentences[i]
-    for i in text_batches.fitting(tok, [s.forms for s in sentences], min(config.max_length, 128))
-  ]
+  ud = conllu.read_conllu(path, max_sentences=args.sentences)
+  keep = text_batches.fitting(tok, [s.forms for s in ud], min(config.max_length, 128))
+  sentences = [ud[i] for i in keep]  # those read whole
   batches = [
     tok.encode_words([s.forms for s in sentences[i : i + args.batch_size]])
     for i in range(0, len(sentences), args.batch_size)
   ]
   study.log(f"{model_name}: {len(sentences)} sentences of {path.name}")
-  r: dict = {}
   with study.timed(timings, "census"):
     census = outliers.outlier_dimensions(params, config, batches)
-  dims = list(census.dims)
-  r.update(
-    z=census.z,
-    outliers_per_layer=census.is_outlier.sum(1),
-    dims=dims,
-    max_abs_z=[float(np.abs(census.z[:, d]).max()) for d in dims],
-  )
+  r: dict = census.summary()
+  dims = r["dims"]
   study.log(f"outlier dimensions {dims}; per layer {r['outliers_per_layer'].tolist()}")
   with study.timed(timings, "massive activations"):
-    m = outliers.massive_activations(params, config, batches)
-  r["massive"] = {
-    "count": m.count,
-    "max_abs": m.max_abs,
-    "median_abs": m.median_abs,
-    "dims": sorted({w[0] for layer in m.where for w in layer}),
-    "where": m.where,
-  }
+    r["massive"] = outliers.massive_activations(params, config, batches).summary()
   with study.timed(timings, "int8 error"):
     r["int8"] = outliers.int8_error_by_layer(params, config, batches)
-  rng = np.random.default_rng(args.seed)
-  others = np.setdiff1d(np.arange(config.hidden_size), dims)
-  dims_sets = (
-    {"outliers": dims}
-    | {
-      f"random_{i}": rng.choice(others, len(dims), replace=False) for i in range(args.random_draws)
-    }
-    if dims
-    else {}
-  )
+  dims_sets = outliers.ablation_sets(dims, config.hidden_size, args.random_draws, args.seed)
   with study.timed(timings, "probe ablation"):
     r["probe"] = outliers.probe_without_dimensions(
       params, config, tok, sentences, dims_sets, args.seed
     )
-  r["probe"]["test_words"] = int(r["probe"]["correct"]["intact"].shape[-1])
   r["random_dims"] = {k: v for k, v in dims_sets.items() if k != "outliers"}
   r["mlm"] = masked_lm(args, params, config, tok, data, dims_sets, timings)
-  sinks = lambda p: statistics.special_mass_by_layer(p, config, batches, tok.sep_id)
   with study.timed(timings, "frequency and sinks"):
     texts = [data / "wikitext2_tokens" / f for f in ("valid.txt", "test.txt")]
     counts = outliers.token_frequencies(tok, texts)
+    r["frequency"] = {"rho": [], "types": 0}
     if dims:
       acts, ids = outliers.dimension_activations(params, config, batches, dims, tok.special_ids)
       r["frequency"] = outliers.frequency_correlation(acts, ids, counts, census, dims)
-      off = outliers.disable_dimensions(params, config, dims)
-      r["sink_share"] = {
-        "intact": float(sinks(params).mean()),
-        "disabled": float(sinks(off).mean()),
-      }
-    else:
-      r["frequency"] = {"rho": [], "types": 0}
-      r["sink_share"] = {
-        "intact": float(sinks(params).mean()),
-        "disabled": float("nan"),
-      }
+    mass = lambda p: statistics.special_mass_by_layer(p, config, batches, tok.sep_id).mean()
+    r["sink_share"] = outliers.with_and_without(params, config, dims, mass)
   r["timings"] = timings
   settings = {
     "model": model_name,
@@ -181,11 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     "min_fraction": 0.25,
     "indexing": "layers 1..L are the block outputs; dimensions count from 0",
   }
-  from bertjax.plots import outliers as plots
-
-  stem = study.results_stem(NAME, args.model)
-  path = pathlib.Path(args.out) / f"{stem}_census.png"
-  figures = [plots.outlier_census(r, path, title=f"Outlier dimensions: {model_name}").name]
+  png = pathlib.Path(args.out) / f"{study.results_stem(NAME, args.model)}_census.png"
+  figures = [plots.outlier_census(r, png, title=f"Outlier dimensions: {model_name}").name]
   study.finish(NAME, args, r, settings, findings=findings, started=t_start, figures=figures)
   return 0
 
@@ -244,12 +192,11 @@ def _mlm_sentence(m: dict | None, dims: bool) -> str:
   """The masked-LM loss sentence of the ablation row (`m`: the results' "mlm")."""
   if m is None:
     return "The paper's MLM loss is not measured: the checkpoint ships no MLM head."
-  loss, head = m["loss"], m["head"]
+  loss = m["loss"]
   randoms = [v for k, v in loss.items() if k.startswith("random")]
-  source = study.head_source(head)
   return (
-    f"Masked-LM loss on {m['predictions']:,} held-out WikiText-2 test predictions ({source}): "
-    f"intact {loss['intact']:.2f} nats"
+    f"Masked-LM loss on {m['predictions']:,} held-out WikiText-2 test predictions "
+    f"({study.head_source(m['head'])}): intact {loss['intact']:.2f} nats"
     + (f", outliers disabled {loss['outliers']:.2f}" if dims else "")
     + (f", random draws {min(randoms):.2f}-{max(randoms):.2f}" if randoms else "")
     + "."
@@ -259,29 +206,23 @@ def _mlm_sentence(m: dict | None, dims: bool) -> str:
 def findings(r: dict, s: dict) -> list[dict]:
   """The four rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
   r = study.from_json(r)
-  dims, per_layer = r["dims"], r["outliers_per_layer"]
-  acc, last = r["probe"]["accuracy"], -1
-  randoms = [k for k in acc if k.startswith("random")]
-  drop = acc["intact"][last] - acc["outliers"][last] if dims else 0.0
-  random_drops = [acc["intact"][last] - acc[k][last] for k in randoms]
-  model, layers = s["model"], len(per_layer)
+  dims, per_layer, layers = r["dims"], r["outliers_per_layer"], len(r["outliers_per_layer"])
+  acc = {k: v[-1] for k, v in r["probe"]["accuracy"].items()}  # at the last probed layer
+  randoms = [v for k, v in acc.items() if k.startswith("random")]
   dim_text = ", ".join(f"{d} (|z| up to {z:.1f})" for d, z in zip(dims, r["max_abs_z"])) or "none"
   probe = (
-    f"UPOS probe on layer {r['probe']['layers'][last]} (fitted on the intact model, "
-    f"{r['probe']['test_words']:,} held-out words): intact {100 * acc['intact'][last]:.1f}%"
-    + (f", outliers disabled {100 * acc['outliers'][last]:.1f}%" if dims else "")
-    + (
-      f", {len(randoms)} draws of as many random dimensions "
-      f"{100 * min(acc[k][last] for k in randoms):.1f}-"
-      f"{100 * max(acc[k][last] for k in randoms):.1f}%"
-      if dims
-      else ""
-    )
+    f"UPOS probe on layer {r['probe']['layers'][-1]} (fitted on the intact model, "
+    f"{r['probe']['test_words']:,} held-out words): intact {100 * acc['intact']:.1f}%"
   )
+  if dims:
+    probe += (
+      f", outliers disabled {100 * acc['outliers']:.1f}%, {len(randoms)} draws of as many "
+      f"random dimensions {100 * min(randoms):.1f}-{100 * max(randoms):.1f}%"
+    )
   freq, sinks, massive, q = r["frequency"], r["sink_share"], r["massive"], r["int8"]
-  mean_rho = float(np.mean(freq["rho"])) if dims else float("nan")
+  mean_rho = float(np.mean(freq["rho"])) if dims else None
   census = (
-    f"{model}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
+    f"{s['model']}, {s['tokens']:,} EWT tokens: outlier dimensions per layer 1-{layers}: "
     f"{', '.join(map(str, per_layer))}; the model's (in >= 25% of layers): {dim_text}. "
     f"{probe}. {_mlm_sentence(r.get('mlm'), bool(dims))}"
   )
@@ -301,74 +242,57 @@ def findings(r: dict, s: dict) -> list[dict]:
     + f"; dimensions holding them: {massive['dims'] or 'none'}. Differs from the paper: "
     "measured on LLMs (LLaMA2, Mixtral), here an encoder."
   )
+  largest = ", ".join(f"{m:.0f}" for m in q["max_abs"])
   int8 = (
     "dynamic int8 (per-token activations, per-channel weights) block-output error by layer: "
     + ", ".join(f"{100 * e:.1f}%" for e in q["relative_error"])
-    + "; largest magnitude: "
-    + ", ".join(f"{m:.0f}" for m in q["max_abs"])
-    + f"; Spearman over layers {q['spearman']:.2f}. Differs from the paper: per-tensor "
-    "static int8 there; the error here accumulates over the layers below."
+    + f"; largest magnitude: {largest}; Spearman over layers {q['spearman']:.2f}. Differs from "
+    "the paper: per-tensor static int8 there; the error here accumulates over the layers below."
   )
+  drops = [acc["intact"] - v for k, v in acc.items() if k != "intact"]  # outliers', then draws'
+  margin = ablation_margin(drops[0], drops[1:]) if dims else None
   sink_fall = sinks["intact"] - sinks["disabled"] if dims else None
   return [
-    ABLATION.row(census, {MARGIN: ablation_margin(drop, random_drops) if dims else None}),
-    FREQUENCY.row(frequency, {RHO: mean_rho if dims else None, SINK_FALL: sink_fall}),
+    ABLATION.row(census, {MARGIN: margin}),
+    FREQUENCY.row(frequency, {RHO: mean_rho, SINK_FALL: sink_fall}),
     MASSIVE.row(massive_text, {MASSIVE_SHARE: float(np.mean(np.asarray(massive["count"]) > 0))}),
     INT8.row(int8, {INT8_RHO: q["spearman"]}),
   ]
 
 
 # How sure each row is ------------------------------------------------------------------------
-
-
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """Held-out words (the probe's right or wrong, paired across conditions); token types (the
   frequency correlations); the census and the int8 errors are exact counts."""
   exact = claims.note("exact: counted over every token read, nothing sampled")
   if not r["dims"]:
     return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
-  names = list(r["probe"]["correct"])
-  right = np.stack([np.asarray(r["probe"]["correct"][k], float)[-1] for k in names], 1)
-
-  def drops(x):  # (R, words, conditions) -> (R, conditions - 1): each disabled set's cost
-    acc = x.mean(1)
-    return acc[:, :1] - acc[:, 1:]
+  # (words, conditions): each held-out word right (1) or not at the last layer, "intact" first
+  right = np.stack([np.asarray(v, float)[-1] for v in r["probe"]["correct"].values()], 1)
 
   def verdict(x):  # one resample (words, conditions)
-    cost = x[:, 0].mean() - x[:, 1:].mean(0)
+    cost = outliers.ablation_costs(x)
     return ABLATION.verdict({MARGIN: ablation_margin(cost[0], cost[1:].tolist())})
 
-  lo, hi = stats.bootstrap_ci(right, drops, n_resamples=claims.RESAMPLES, vectorized=True)
-  ablation = claims.span_of(right, verdict)
+  n = claims.RESAMPLES
+  lo, hi = stats.bootstrap_ci(right, outliers.ablation_costs, n_resamples=n, vectorized=True)
   first = claims.note(
     f"95% CI over the {len(right):,} held-out words: drop with the outliers "
     f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
     f"draw up to {100 * hi[1:].max():.1f}",
-    ablation,
+    claims.span_of(right, verdict),
   )
-  f = r["frequency"]
-  per_type, log_count = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
-  mean_rho = lambda p, c: float(np.mean([stats.spearman(p[:, j], c) for j in range(p.shape[1])]))
-  lo_r, hi_r = stats.bootstrap_ci(
-    (per_type, log_count), mean_rho, n_resamples=claims.RESAMPLES // 4
-  )
-  sinks = r["sink_share"]
+  f, fall = r["frequency"], r["sink_share"]["intact"] - r["sink_share"]["disabled"]
+  by_type = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
+  lo_r, hi_r = stats.bootstrap_ci(by_type, outliers.mean_frequency_correlation, n_resamples=n // 4)
   second = claims.note(
-    f"95% CI over the {len(log_count):,} token types ({claims.RESAMPLES // 4} resamples): mean "
+    f"95% CI over the {len(f['log_count']):,} token types ({n // 4} resamples): mean "
     f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
-    tuple(
-      FREQUENCY.verdict({RHO: v, SINK_FALL: sinks["intact"] - sinks["disabled"]})
-      for v in (lo_r, hi_r)
-    ),
+    tuple(FREQUENCY.verdict({RHO: v, SINK_FALL: fall}) for v in (lo_r, hi_r)),
   )
-  return [
-    first,
-    second,
-    exact,
-    claims.note(
-      f"exact: every token's error; the Spearman is over {len(r['int8']['max_abs'])} layers"
-    ),
-  ]
+  layers = len(r["int8"]["max_abs"])
+  int8 = claims.note(f"exact: every token's error; the Spearman is over {layers} layers")
+  return [first, second, exact, int8]
 
 
 if __name__ == "__main__":

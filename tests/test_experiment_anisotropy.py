@@ -1,5 +1,6 @@
-"""Checks of `experiments/anisotropy.py`: the verdict rules and the committed results (the
-measures it runs, `geometry.ethayarajh_measures`, are checked in test_geometry.py)."""
+"""Checks of `experiments/anisotropy.py`: the verdict rules, with the depth trend they read
+(`geometry.depth_trend`), and the committed results (the measures it runs,
+`geometry.ethayarajh_measures`, are checked in test_geometry.py)."""
 
 import json
 import pathlib
@@ -7,25 +8,22 @@ import pathlib
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-import anisotropy as an
-
+from bertjax.analysis.representations import geometry
 from experiments import anisotropy as rules
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 
 
 def test_every_mev_definition_is_labelled_and_documented():
-  from bertjax.analysis.representations import geometry
-
   assert set(rules.MEV_LABELS) == set(geometry.MEV_SOURCES) == set(geometry.MEV_DEFINITIONS)
 
 
 def test_trend_and_rules():
   rises = lambda v: rules.RISES.verdict(rules.trend_quantities(v))
-  assert rules.trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
-  assert rules.trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
-  assert np.isnan(rules.trend([0.2, 0.2]))
+  assert geometry.depth_trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
+  assert geometry.depth_trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
+  assert np.isnan(geometry.depth_trend([0.2, 0.2]))
   assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.2, 0.3])) == "yes"
   assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.3])) == "partly"
   assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.0])) == "no"
@@ -49,7 +47,7 @@ def test_committed_results_are_consistent():
   np.testing.assert_allclose(m["mev_adjusted"], m["mev"] - m["mev_baseline"], atol=1e-9)
   definition = doc["settings"]["mev_definition"]
   assert definition == doc["results"]["summary"]["mev_definition"]
-  for d in an.MEV_DEFINITIONS:
+  for d in geometry.MEV_DEFINITIONS:
     np.testing.assert_allclose(
       m[f"mev_{d}_adjusted"], m[f"mev_{d}"] - m[f"mev_{d}_baseline"], atol=1e-9
     )

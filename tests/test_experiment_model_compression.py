@@ -15,26 +15,24 @@ import jax
 import pytest
 
 import bertjax
+from experiments import model_compression as C
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import model_compression as C
-
-from experiments import model_compression as rules
 
 XLA_FLAGS = os.environ.get("XLA_FLAGS")  # this process's own (conftest's), before any run
 DISABLED = jax.config.values["jax_disable_most_optimizations"]  # conftest's: True
 
 
 def test_verdict_rules():
-  distil = lambda kept, speed: rules.DISTIL.verdict({rules.RETAINED: kept, rules.SPEEDUP: speed})
+  distil = lambda kept, speed: C.DISTIL.verdict({C.RETAINED: kept, C.SPEEDUP: speed})
   assert distil(0.97, 1.8) == "yes" and distil(0.9, 1.8) == "partly" and distil(0.9, 1.1) == "no"
-  sharing = lambda params, speed, kept: rules.SHARING.verdict(
-    {rules.PARAMS: params, rules.SPEEDUP: speed, rules.RETAINED: kept}
+  sharing = lambda params, speed, kept: C.SHARING.verdict(
+    {C.PARAMS: params, C.SPEEDUP: speed, C.RETAINED: kept}
   )
   assert sharing(0.6, 1.0, 0.95) == "yes" and sharing(0.6, 1.0, 0.8) == "partly"
   assert sharing(0.9, 1.0, 0.95) == "no" and sharing(0.6, 2.0, 0.95) == "no"
   assert sharing(None, None, None) == "n/a"  # a teacher without an ALBERT counterpart
-  int8 = lambda kept: rules.INT8.verdict({rules.RETAINED: kept})
+  int8 = lambda kept: C.INT8.verdict({C.RETAINED: kept})
   assert int8(0.995) == "yes" and int8(0.98) == "partly" and int8(0.9) == "no"
 
 
@@ -153,7 +151,8 @@ def test_a_bad_shared_layer_is_one_line_without_a_traceback(tmp_path):
   run = subprocess.run(
     [
       sys.executable,
-      str(REPO / "experiments" / "model_compression.py"),
+      "-m",
+      "experiments.model_compression",
       "--smoke",
       "--out",
       str(tmp_path),
@@ -164,6 +163,7 @@ def test_a_bad_shared_layer_is_one_line_without_a_traceback(tmp_path):
     text=True,
     timeout=600,
     cwd=tmp_path,
+    env={**os.environ, "PYTHONPATH": str(REPO)},
     check=False,
   )
   assert run.returncode == 1, run.stderr[-2000:]

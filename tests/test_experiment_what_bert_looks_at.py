@@ -3,7 +3,8 @@
 import pathlib
 
 import numpy as np
-import what_bert_looks_at as wbl
+
+from experiments import what_bert_looks_at as wbl
 
 
 def test_committed_results_record_clark_s_definition():
@@ -35,8 +36,6 @@ def test_committed_results_record_clark_s_definition():
 def check_smoke(doc: dict, out: pathlib.Path) -> None:
   """The smoke run keeps what every row's interval resamples, and each row's point value is
   the statistic on all the items (the per-sentence masses average to the by-layer ones)."""
-  from experiments import what_bert_looks_at as rules
-
   r = doc["results"]
   for name in ("cls", "sep", "punct", "entropy"):
     np.testing.assert_allclose(
@@ -46,7 +45,7 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   for rel in r["probe"]["frequent"]:  # (the smoke's few sentences leave some relation none)
     accuracy = r["probe"]["accuracy_chosen_direction"][rel]
     assert (np.mean(held[rel]["head"]) if held[rel]["head"] else None) == accuracy
-  judged = rules.uncertainty(r, doc["settings"])
+  judged = wbl.uncertainty(r, doc["settings"])
   assert len(judged) == len(doc["findings"]) == 4
   for j, row in zip(judged, doc["findings"]):
     assert j.text.startswith("95% CI over the") and j.verdict == row["holds"], (j.text, row)

@@ -7,13 +7,21 @@ each word's most-attended other word, `arc_hits` scores those per gold arc in bo
 directions (dependent -> head, head -> dependent), and `probe_table` picks each relation's
 best head and best fixed offset (Clark's Table 1) on one half of the sentences and scores
 them on the other. `dependency_probe` runs it all over a model's batches of UD sentences,
-with Clark's per-sentence statistics (`sentence_statistics`) from the same maps;
+with Clark's per-sentence statistics (`sentence_statistics`) from the same maps, and
+`clark_study` runs Clark's whole study (these and `statistics.clark_summary`);
 `experiments/what_bert_looks_at.py` reports it.
+
+What Clark's claims read from those numbers, on all the items or on resampled ones: the
+middle layers' attention sinks (`middle_masses`, `sep_margin`), broad attention early on
+(`entropy_trend`), and the held-out hits of heads and offsets (`held_out_counts` per
+sentence, `held_out_margins`; `held_out_correct` per arc).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +60,21 @@ CLARK_RELATIONS = (
   "parataxis",
 )
 MAX_OFFSET = 20  # fixed-offset baseline: offsets -20 .. 20
+# How `dependency_probe` chooses and predicts, in words: for a run's settings.
+PROBE_METHOD = {
+  "max_offset": MAX_OFFSET,
+  "selection": "best head / offset chosen on even-numbered sentences, scored on odd ones",
+  "prediction": "argmax of word-level attention over the sentence's other words "
+  "([CLS], [SEP] and the word itself excluded)",
+  "clark_relations_of_interest": CLARK_RELATIONS,
+}
+# How `clark_study`'s results number layers and heads, as `clark_figures` and the rows read
+# from them do: for a run's settings.
+INDEXING = (
+  "layers are numbered 1..L (blocks; 0 would be the embeddings) and heads 0..H-1 in "
+  "results, figures and findings: a best head is [layer, head]; per-layer arrays hold "
+  "layers 1..L in order, (L, H) arrays layer by head"
+)
 
 
 def relation(deprel: str) -> str:
@@ -122,6 +145,59 @@ def sentence_statistics(
     "entropy": -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1),
   }
   return {k: v.mean((-1, -2)) for k, v in per_row.items()}
+
+
+# Where Clark's heads sink their attention: name -> the statistic of `sentence_statistics`.
+SINKS = {"[CLS]": "cls", "[SEP]": "sep", "punctuation": "punct"}
+
+
+def middle_third(depth: int) -> tuple[int, int]:
+  """The middle third of `depth` blocks as 1-based layers `lo..hi`: where Clark's BERT-base
+  (layers 6-10 of 12) puts its [SEP] mass. At least layer 1; `middle_masses` reads layers
+  `lo..max(hi, lo)`."""
+  return max(1, round(depth / 3) + 1), max(1, round(2 * depth / 3))
+
+
+def middle_masses(by_layer: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The mean attention mass on [CLS], [SEP] and punctuation over the middle third's layers.
+
+  Args:
+    by_layer: "cls", "sep" and "punct" masses by layer, (..., L) each: `clark_summary`'s
+      `by_layer`, or `dependency_probe`'s `per_sentence` (sentences, L).
+
+  Returns:
+    name of `SINKS` -> (...) mean over the layers of `middle_third(L)`.
+  """
+  lo, hi = middle_third(np.shape(by_layer["sep"])[-1])
+  return {
+    name: np.asarray(by_layer[k], float)[..., lo - 1 : max(hi, lo)].mean(-1)
+    for name, k in SINKS.items()
+  }
+
+
+def sep_margin(masses: Mapping[str, np.ndarray]) -> np.ndarray:
+  """[SEP]'s mass minus the larger of [CLS]'s and punctuation's (`middle_masses`' names):
+  positive where [SEP] is the main sink, as in Clark's BERT-base."""
+  return masses["[SEP]"] - np.maximum(masses["[CLS]"], masses["punctuation"])
+
+
+def entropy_trend(entropy) -> dict[str, np.ndarray]:
+  """Whether attention is broad early and focused later, from mean entropy by layer.
+
+  Args:
+    entropy: (..., L), e.g. `clark_summary`'s `by_layer["entropy"]`.
+
+  Returns:
+    (...) each: "first_vs_rest", layer 1's entropy minus the highest other layer's;
+    "first_half" and "second_half", the mean over layers 1..L//2 and over the others.
+  """
+  e = np.asarray(entropy, float)
+  half = e.shape[-1] // 2
+  return {
+    "first_vs_rest": e[..., 0] - e[..., 1:].max(-1),
+    "first_half": e[..., :half].mean(-1),
+    "second_half": e[..., half:].mean(-1),
+  }
 
 
 def predictions(maps) -> np.ndarray:
@@ -344,6 +420,74 @@ def dependency_probe(
   }
 
 
+def clark_study(
+  params,
+  config,
+  tokenizer,
+  batches,
+  ud,
+  *,
+  min_count: int,
+  weighting: str = "document",
+  punctuation: str = "clark",
+  smoothing: float = statistics.CLARK_ENTROPY_SMOOTHING,
+  stage: Callable[[str], contextlib.AbstractContextManager] | None = None,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+  """Clark et al.'s study of what a model's heads attend to, on UD sentences, in three stages:
+  `statistics.clark_summary` of the given definition ("clark"), the same of the earlier one
+  for comparison ("clark token-weighted": over all tokens, every punctuation id, unsmoothed
+  entropy), and `dependency_probe` with each sentence's `sentence_statistics` ("probe").
+
+  Args:
+    params, config, tokenizer: the model and its tokenizer.
+    batches, ud, min_count: as `dependency_probe`.
+    weighting, punctuation, smoothing: the statistics' definition (`clark_summary`); the
+      per-sentence statistics count the same punctuation with the same smoothing.
+    stage: `stage(name)` gives a context manager around each stage, "clark", "clark
+      token-weighted" and "probe" (as `bertjax.study.timed` to time them); None: none.
+    log: where lines on the [SEP] mass, the probe's accuracies and the per-sentence
+      statistics' agreement with "clark" go; None: nowhere.
+
+  Returns:
+    `data` (the sentences used, their tokens, their arcs and the arcs by relation), `clark`
+    and `clark_token_all_punct` (the two `clark_summary`s), `probe` (`probe_results`),
+    `per_sentence` (`dependency_probe`'s) and `per_sentence_vs_clark_max_diff`
+    (`per_sentence_gap` against `clark`: 0 up to rounding where document-weighted, for each
+    sentence's statistics averaged over sentences are the document-weighted ones; else NaN).
+  """
+  stage = stage or (lambda name: contextlib.nullcontext())
+  log = log or (lambda line: None)
+  plain = [{k: v for k, v in b.items() if k != "word_ids"} for _, b in batches]  # the inputs
+  summary = functools.partial(statistics.clark_summary, params, config, tokenizer, plain)
+  with stage("clark"):
+    clark = summary(weighting=weighting, punctuation=punctuation, smoothing=smoothing)
+    log("[SEP] mass by layer: " + str(np.round(clark["by_layer"]["sep"], 3).tolist()))
+  with stage("clark token-weighted"):
+    variant = summary(weighting="token", punctuation="all", smoothing=0.0)
+  with stage("probe"):
+    definition = (tokenizer.sep_id, statistics.punctuation_of(tokenizer, punctuation), smoothing)
+    probe = dependency_probe(params, config, batches, ud, min_count, definition, log)
+  per_sentence = probe["per_sentence"]
+  document = weighting == "document"
+  gap = per_sentence_gap(per_sentence, clark["by_layer"]) if document else float("nan")
+  log(f"per-sentence statistics vs clark_statistics: max |diff| {gap:.1e}")
+  data = {
+    "sentences_used": sum(len(idx) for idx, _ in batches),
+    "tokens": sum(int(b["attention_mask"].sum()) for b in plain),
+    "arcs": probe["arcs"],
+    "relation_counts": probe["counts"],
+  }
+  return {
+    "data": data,
+    "clark": clark,
+    "clark_token_all_punct": variant,
+    "probe": probe_results(probe["table"], probe["frequent"], probe["check"]),
+    "per_sentence": per_sentence,
+    "per_sentence_vs_clark_max_diff": gap,
+  }
+
+
 def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[str, Any]:
   """The result file's `probe` entry: the table, and each frequent relation's margin over the
   best fixed offset, for dependent -> head and for the direction chosen on the selection half.
@@ -389,3 +533,46 @@ def probe_results(table: dict, frequent: list[str], check: list[float]) -> dict[
     "word_maps_vs_word_attention_max_diff": max(check) if check else 0.0,
     **({"held_out": kept} if kept else {}),
   }
+
+
+def held_out_counts(
+  held: Mapping[str, dict], relations: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+  """Per held-out sentence and relation: its arcs and the hits of the chosen head and of the
+  offset, what an interval over the sentences resamples (`held_out_margins` sums them).
+
+  Args:
+    held: `probe_results(...)["held_out"]`: per relation, each held-out arc's `sentence` and
+      the 0/1 hits on it of the head of the chosen direction (`head`) and of the offset
+      (`offset`).
+    relations: the relations to count, each a key of `held`.
+
+  Returns:
+    `(sentences, counts)`: the sentences with a held-out arc of any of `relations`, sorted,
+    (S,); and (S, len(relations), 3) counts: arcs, head hits, offset hits.
+  """
+  sentences = np.unique(np.concatenate([np.asarray(held[x]["sentence"]) for x in relations]))
+  counts = np.zeros((len(sentences), len(relations), 3))
+  for j, x in enumerate(relations):
+    at = np.searchsorted(sentences, np.asarray(held[x]["sentence"]))
+    for c, hits in enumerate((1, held[x]["head"], held[x]["offset"])):
+      np.add.at(counts[:, j, c], at, np.broadcast_to(np.asarray(hits, float), at.shape))
+  return sentences, counts
+
+
+def held_out_correct(row: Mapping[str, Any], direction: str = "dep_to_head") -> np.ndarray:
+  """The 0/1 held-out hits of a `probe_table` row's best head in `direction`: as many ones as
+  its accuracy on the row's `count_eval` held-out arcs makes, in no particular order. What an
+  interval over the held-out arcs resamples where the row keeps no per-arc hits (as "all")."""
+  n = row["count_eval"]
+  hits = round(row[direction]["accuracy"] * n)
+  return np.r_[np.ones(hits), np.zeros(n - hits)]
+
+
+def held_out_margins(counts) -> np.ndarray:
+  """Each relation's held-out accuracy of the chosen head minus the offset's, from
+  `held_out_counts`' counts (..., S, relations, 3) summed over the sentences: (...,
+  relations), NaN for a relation with no arcs among them."""
+  t = np.asarray(counts).sum(-3)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return (t[..., 1] - t[..., 2]) / t[..., 0]

@@ -7,9 +7,16 @@
   the same examples (exact McNemar for correctness, Wilcoxon signed-rank for the loss);
 * `pruning_curves`: held-out loss and accuracy against the fraction of heads masked, by
   iterative importance pruning, by static importance orders and by random orders;
+* `head_study`: the three stages on one task (importance, `head_ablation_tests`,
+  `pruning_curves`), as `experiments/sixteen_heads.py` runs them;
 * `pruned_speedups`: the measured speed-up of physically pruned models (`prune_heads`)
   over the intact one, timed side by side, with the check that each pruned model's
   outputs equal the head-masked model's.
+
+The statistics the claims read (`one_head_enough`, `max_fraction_within_tolerance`,
+`curve_areas`, `median_speedups`) take any leading axes, so an interval over the test
+examples (`per_example_correct`) or the timing rounds (`round_times`) computes them on every
+resample at once.
 
 A **row function** `row_fn(params, config, batch, last_hidden_state, pooled) -> (B, 2)` gives
 each example's loss and correctness (1.0 or 0.0), as `bertjax.tasks.negation_probe.task_rows`
@@ -18,6 +25,7 @@ does; it is what `ablation.evaluate_masks_per_row` evaluates under every mask.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -208,8 +216,7 @@ def pruning_curves(
     return named
 
   acc, losses = split(correct.mean(1)), split(loss.mean(1))
-  ok = acc["iterative"] >= acc["iterative"][0] - tolerance
-  keep = float(run.fractions[-1] if ok.all() else run.fractions[np.argmin(ok) - 1])
+  keep = float(max_fraction_within_tolerance(run.fractions, acc["iterative"], tolerance))
   return {
     "fractions": run.fractions,
     "heads_masked": counts,
@@ -226,6 +233,162 @@ def pruning_curves(
     "per_example": {  # 0/1 per test example along each curve: (steps, n), random (orders, steps, n)
       "correct": {k: v.astype(np.int8) for k, v in split(correct).items()},
     },
+  }
+
+
+def importance_agreement(importance_raw, importance_normalized, tests: Mapping) -> dict:
+  """Head importance, raw and normalised, and how far the two and the single-head ablations
+  rank the heads alike (Michel et al. use importance as a cheap stand-in for ablating heads).
+
+  Args:
+    importance_raw, importance_normalized: (layers, heads) scores (`ablation.head_importance`,
+      `ablation.layer_normalized`).
+    tests: `head_ablation_tests` on the same model.
+
+  Returns:
+    `normalized`, `raw`, and the Spearman correlations of the normalised scores with the raw
+    ones, `spearman_normalized_vs_raw`, and with each head's held-out loss change when removed
+    alone, `spearman_vs_single_ablation_loss`.
+  """
+  loss_change = tests["head_loss"] - tests["baseline_loss"]
+  return {
+    "normalized": importance_normalized,
+    "raw": importance_raw,
+    "spearman_normalized_vs_raw": stats.spearman(importance_normalized, importance_raw),
+    "spearman_vs_single_ablation_loss": stats.spearman(importance_normalized, loss_change),
+  }
+
+
+def head_study(
+  params: Params,
+  config: BertConfig,
+  train: Sequence,
+  test: Sequence,
+  loss_fn: Callable,
+  row_fn: Callable,
+  *,
+  alpha: float = 0.01,
+  step: float = 0.1,
+  max_fraction: float = 0.9,
+  random_orders: int = 8,
+  seed: int = 0,
+  chunk_size: int | None = None,
+  stage: Callable[[str], contextlib.AbstractContextManager] | None = None,
+  log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+  """Michel et al.'s study of a model's heads on one task, in three stages: head importance on
+  `train` (`ablation.head_importance`, raw and normalised per layer), the single-head tests on
+  `test` (`head_ablation_tests`) and the pruning curves (`pruning_curves`).
+
+  Args:
+    params, config, train, test, loss_fn, row_fn: as `pruning_curves`.
+    alpha: as `head_ablation_tests`.
+    step, max_fraction, random_orders, seed, chunk_size: as `pruning_curves`.
+    stage: `stage(name)` gives a context manager around each stage, "importance", "ablation"
+      and "pruning" (as `bertjax.study.timed` to time them); None: none.
+    log: where a line on the ablation's and the pruning's outcome goes; None: nowhere.
+
+  Returns:
+    `importance` (`importance_agreement`), `ablation` (`head_ablation_tests`) and `pruning`
+    (`pruning_curves`).
+  """
+  stage = stage or (lambda name: contextlib.nullcontext())
+  log = log or (lambda line: None)
+  with stage("importance"):
+    raw = ablation.head_importance(params, config, train, loss_fn, normalize_layers=False)
+    normalized = ablation.layer_normalized(raw)  # Michel's per-layer L2 normalisation
+  with stage("ablation"):
+    tests = head_ablation_tests(params, config, test, row_fn, alpha=alpha, chunk_size=chunk_size)
+    log(f"single heads: {tests['significant_accuracy_drops']} significant accuracy drops")
+  with stage("pruning"):
+    curves = pruning_curves(
+      params,
+      config,
+      train,
+      test,
+      loss_fn,
+      row_fn,
+      raw,
+      normalized,
+      step=step,
+      max_fraction=max_fraction,
+      random_orders=random_orders,
+      seed=seed,
+      chunk_size=chunk_size,
+    )
+    log(f"pruning: iterative accuracy {np.round(curves['accuracy']['iterative'], 3).tolist()}")
+  importance = importance_agreement(raw, normalized, tests)
+  return {"importance": importance, "ablation": tests, "pruning": curves}
+
+
+# Statistics of the results --------------------------------------------------------------------
+# On the arrays the studies above return, over any leading axes: a Findings interval computes
+# them on every bootstrap resample at once (`bertjax.claims.Claim.judge`).
+
+
+def one_head_enough(baseline_accuracy, keep_one_accuracy, tolerance: float) -> np.ndarray:
+  """Michel et al.'s Table 2 per layer: whether keeping only the layer's best head stays within
+  `tolerance` of the intact model's accuracy.
+
+  Args:
+    baseline_accuracy: (...) the intact model's accuracy.
+    keep_one_accuracy: (..., layers, heads) the accuracy with all heads of layer l but h
+      removed (`head_ablation_tests`' `keep_one_accuracy`).
+    tolerance: the accuracy drop that still counts as none.
+
+  Returns:
+    (..., layers) booleans.
+  """
+  best = np.max(keep_one_accuracy, -1)
+  return best >= np.asarray(baseline_accuracy)[..., None] - tolerance
+
+
+def max_fraction_within_tolerance(fractions, accuracy, tolerance: float) -> np.ndarray:
+  """How far pruning goes before its first noticeable drop: the largest fraction of heads
+  masked with the accuracy within `tolerance` of the intact model's at every step so far.
+
+  Args:
+    fractions: (steps,) the fractions masked, 0 (the intact model) first.
+    accuracy: (..., steps) the accuracy along each curve.
+    tolerance: the accuracy drop that still counts as none.
+
+  Returns:
+    (...) fractions, one per curve.
+  """
+  accuracy = np.asarray(accuracy)
+  ok = accuracy >= accuracy[..., :1] - tolerance
+  first_out = np.where(ok.all(-1), ok.shape[-1], np.argmin(ok, -1))
+  return np.asarray(fractions)[first_out - 1]
+
+
+def curve_areas(fractions, values) -> np.ndarray:
+  """`stats.curve_area` of every curve along the last axis of `values` (..., steps): each
+  curve's mean height over `fractions`, (...)."""
+  x, y = np.asarray(fractions, np.float64), np.asarray(values, np.float64)
+  return ((y[..., 1:] + y[..., :-1]) / 2 * np.diff(x)).sum(-1) / (x[-1] - x[0])
+
+
+def per_example_correct(tests: Mapping, curves: Mapping) -> dict[str, np.ndarray] | None:
+  """Each test example's correctness (0.0 or 1.0) under every mask, the examples first, as an
+  interval over the examples resamples them.
+
+  Args:
+    tests: a `head_ablation_tests` result (as read back from JSON, too).
+    curves: a `pruning_curves` result.
+
+  Returns:
+    `baseline` (n,) and `keep_one` (n, layers, heads) from `tests`; `iterative` (n, steps)
+    and `random` (n, orders, steps) from `curves`; None where either keeps no `per_example`
+    (results written before they did).
+  """
+  ex, c = tests.get("per_example"), curves.get("per_example")
+  if ex is None or c is None:
+    return None
+  return {
+    "baseline": np.asarray(ex["correct_baseline"], np.float64),
+    "keep_one": np.moveaxis(np.asarray(ex["correct_keep_one"], np.float64), -1, 0),
+    "iterative": np.asarray(c["correct"]["iterative"], np.float64).T,
+    "random": np.moveaxis(np.asarray(c["correct"]["random"], np.float64), -1, 0),
   }
 
 
@@ -306,7 +469,7 @@ def pruned_speedups(
   for f in (*targets, masked_fraction):
     if not 0 < f < 1:
       raise ValueError(f"every fraction must be in (0, 1), got {f}")
-  if len({f"{t:.1f}" for t in targets}) < len(targets):
+  if len({_pruned(t) for t in targets}) < len(targets):
     raise ValueError(
       f"targets={tuple(targets)} must differ at one decimal (models are named by it)"
     )
@@ -316,7 +479,7 @@ def pruned_speedups(
     k = round(target * total)
     mask = ablation.order_masks(order, [k], shape)[0]
     pconfig, pparams, diff = pruned_vs_masked(params, config, mask, ids, attention_mask)
-    models[f"pruned_{target:.1f}"] = (pconfig, pparams, None)
+    models[_pruned(target)] = (pconfig, pparams, None)
     fractions.append(k / total)
     removed.append(k)
     diffs.append(diff)
@@ -329,7 +492,7 @@ def pruned_speedups(
   times = time_forwards(models, ids, attention_mask, repeats)
   median = {name: v["median_s"] for name, v in times.items()}
   fastest = {name: v["min_s"] for name, v in times.items()}  # the least disturbed round
-  pruned = [f"pruned_{t:.1f}" for t in targets]
+  pruned = [_pruned(t) for t in targets]
   return {
     "fractions": fractions,
     "heads_removed": removed,
@@ -345,3 +508,23 @@ def pruned_speedups(
     "parameters": {name: int(count_params(p)) for name, (_, p, _) in models.items()},
     "real_tokens": int(np.asarray(attention_mask).sum()),
   }
+
+
+def _pruned(target: float) -> str:
+  """The name of the model with fraction `target` of its heads removed, in `pruned_speedups`."""
+  return f"pruned_{target:.1f}"
+
+
+def round_times(speedups: Mapping[str, Any]) -> np.ndarray:
+  """The seconds of every timed round of a `pruned_speedups` result, (rounds, 1 + targets): the
+  unpruned model first, then each pruned one. The models ran side by side, round by round, so
+  a round is one paired sample: an interval over them resamples whole rounds."""
+  names = ["unpruned", *(_pruned(t) for t in speedups["targets"])]
+  return np.asarray([speedups["times"][k]["times_s"] for k in names], np.float64).T
+
+
+def median_speedups(times) -> np.ndarray:
+  """Each pruned model's speed-up over the unpruned one, the ratio of their median times, from
+  `round_times` (..., rounds, 1 + targets): (..., targets)."""
+  median = np.median(times, -2)
+  return median[..., :1] / median[..., 1:]

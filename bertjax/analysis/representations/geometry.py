@@ -6,7 +6,8 @@ type across its contexts and intra-sentence similarity, each also adjusted by
 the anisotropy baseline (raw - baseline) and computed again after mean-centring
 each layer; the maximum explainable variance (MEV) of a word's occurrences under
 the three definitions found in the paper and its released code (`mev`,
-`max_explainable_variance`). Kornblith et al. (2019): linear CKA between feature
+`max_explainable_variance`), and how steadily any of these changes with depth
+(`depth_trend`). Kornblith et al. (2019): linear CKA between feature
 matrices, between all layer pairs of one model, and between the same layers of
 two models.
 
@@ -25,6 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from bertjax import stats
 
 _HI = jax.lax.Precision.HIGHEST
 _EPS = 1e-12
@@ -248,6 +251,25 @@ def contextuality(
     out["intra_sentence" + suffix] = intra
     out["intra_sentence_adjusted" + suffix] = intra - base
   return out
+
+
+def depth_trend(values: Sequence[float]) -> float:
+  """How steadily a per-layer measure changes with depth: the Spearman rank correlation
+  between layer index and value, +1 if it rises at every step and -1 if it falls at every one.
+
+  Ethayarajh's findings are trends of this kind ("more anisotropic in upper layers"); ranks
+  rather than a fitted slope make it depend only on the order of the values, so measures of
+  different scales (cosines, MEV) compare, and an outlying layer counts by its rank, not by
+  how far out it lies.
+
+  Args:
+    values: ``(layers,)`` one value per layer, shallowest first (pass ``values[1:]`` to leave
+      out the embedding output).
+
+  Returns:
+    A float in ``[-1, 1]``; nan when the values are constant (no rank order).
+  """
+  return stats.spearman(np.arange(len(values)), values)
 
 
 # ----------------------------------------------------------------------------

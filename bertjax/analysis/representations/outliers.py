@@ -11,7 +11,8 @@
   the scale and bias of every LayerNorm (and RMSNorm) set to zero at those dimensions, so
   no block output carries them, to be scored with any loss: a probe's accuracy
   (`probe_without_dimensions`) or the masked-LM loss (`mlm_loss_without_dimensions`, with the
-  checkpoint's head or one fitted to the frozen body, `bertjax.training.mlm_head`).
+  checkpoint's head or one fitted to the frozen body, `bertjax.training.mlm_head`), each set
+  against as many random dimensions (`ablation_sets`).
 * **Massive activations** (Sun et al. 2024, "Massive Activations in Large Language
   Models"): hidden-state entries whose magnitude exceeds both `threshold` (100) and `ratio`
   (1000) times the median magnitude of that layer's hidden state; reported per layer with
@@ -22,13 +23,14 @@
   (how far an outlier stretches a per-token quantisation step).
 
 The attention-sink share of each head (its mass on [CLS]/<s> and [SEP]) is
-`attention.clark_statistics`.
+`attention.clark_statistics`; its mean over heads and layers, intact and with dimensions
+disabled, is `with_and_without` of `attention.statistics.special_mass_by_layer`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,17 @@ class OutlierDimensions:
   dims: tuple[int, ...]
   tokens: int
 
+  def summary(self) -> dict[str, Any]:
+    """The census as results: `z`, `outliers_per_layer` (L,), `dims` (a list) and `max_abs_z`,
+    each outlier dimension's largest |z| over the layers."""
+    dims = list(self.dims)
+    return {
+      "z": self.z,
+      "outliers_per_layer": self.is_outlier.sum(1),
+      "dims": dims,
+      "max_abs_z": [float(np.abs(self.z[:, d]).max()) for d in dims],
+    }
+
 
 @dataclasses.dataclass(frozen=True)
 class MassiveActivations:
@@ -76,6 +89,18 @@ class MassiveActivations:
   median_abs: np.ndarray
   count: np.ndarray
   where: list[list[tuple[int, int, int, float]]]
+
+  def summary(self) -> dict[str, Any]:
+    """As results: `count`, `max_abs`, `median_abs`, `where` and `dims`, the sorted
+    dimensions of the entries listed in `where` (Sun et al.: massive activations sit at a few
+    fixed dimensions)."""
+    return {
+      "count": self.count,
+      "max_abs": self.max_abs,
+      "median_abs": self.median_abs,
+      "dims": sorted({w[0] for layer in self.where for w in layer}),
+      "where": self.where,
+    }
 
 
 def _hidden(params, config, batch) -> tuple[np.ndarray, np.ndarray]:
@@ -167,6 +192,19 @@ def disable_dimensions(params: Params, config: BertConfig, dims) -> Params:
     return tree
 
   return visit(params)
+
+
+def ablation_sets(dims, hidden_size: int, draws: int, seed: int = 0) -> dict[str, Any]:
+  """Kovaleva et al.'s ablation and its control, as `dims_sets` for `probe_without_dimensions`
+  and `mlm_loss_without_dimensions`: "outliers" -> `dims`, and "random_0", "random_1", ... ->
+  `draws` draws of as many other dimensions (each without repeats), so that disabling the
+  outliers is set against disabling as many dimensions that are not. Empty when `dims` is."""
+  if not len(dims):
+    return {}
+  rng = np.random.default_rng(seed)
+  others = np.setdiff1d(np.arange(hidden_size), dims)
+  randoms = {f"random_{i}": rng.choice(others, len(dims), replace=False) for i in range(draws)}
+  return {"outliers": dims} | randoms
 
 
 def int8_error_by_layer(params: Params, config: BertConfig, batches: Iterable) -> dict:
@@ -270,6 +308,29 @@ def frequency_correlation(acts, ids, counts, census: OutlierDimensions, dims) ->
   return {"rho": rho, "types": len(types), "per_type": per_type, "log_count": log_count}
 
 
+def with_and_without(
+  params: Params, config: BertConfig, dims, measure: Callable[[Params], float]
+) -> dict[str, float]:
+  """`measure(params)` of the model "intact" and with `dims` disabled ("disabled", by
+  `disable_dimensions`; NaN when `dims` is empty). Puccetti et al. ask this of the heads'
+  attention mass on [CLS] and [SEP] (`attention.statistics.special_mass_by_layer`): do the
+  outlier dimensions drive the focus on special tokens?"""
+  return {
+    "intact": float(measure(params)),
+    "disabled": float(measure(disable_dimensions(params, config, dims)))
+    if len(dims)
+    else float("nan"),
+  }
+
+
+def mean_frequency_correlation(per_type, log_count) -> float:
+  """The mean over the dimensions of `frequency_correlation`'s `rho`, from its `per_type`
+  (types, k) and `log_count` (types,): Puccetti et al.'s claim in one number, a function of
+  the token types so that it can be bootstrapped over them (`stats.bootstrap_ci`)."""
+  rho = [stats.spearman(per_type[:, j], log_count) for j in range(per_type.shape[1])]
+  return float(np.mean(rho))
+
+
 def probe_without_dimensions(
   params: Params, config: BertConfig, tokenizer, sentences, dims_sets, seed: int = 0
 ) -> dict[str, Any]:
@@ -288,7 +349,7 @@ def probe_without_dimensions(
 
   Returns:
     `layers`, `tags`; `correct`: condition ("intact" and each name) -> (2, test words) int8
-    marks; `accuracy`: condition -> (2,).
+    marks; `accuracy`: condition -> (2,); `test_words`: how many words it is scored on.
   """
   from bertjax.analysis.representations import features, probing
 
@@ -322,7 +383,17 @@ def probe_without_dimensions(
     "tags": len(tags),
     "correct": {k: v.astype(np.int8) for k, v in right.items()},
     "accuracy": {k: v.mean(1) for k, v in right.items()},
+    "test_words": len(test),
   }
+
+
+def ablation_costs(correct) -> np.ndarray:
+  """(..., conditions - 1) the accuracy each disabled set costs against the intact model, from
+  per-word marks (..., words, conditions) whose first condition is "intact" (e.g. the stacked
+  `probe_without_dimensions` `correct` of one layer); leading axes, such as resamples for a
+  vectorised `stats.bootstrap_ci`, are kept."""
+  acc = np.mean(correct, -2)
+  return acc[..., :1] - acc[..., 1:]
 
 
 def mlm_loss_without_dimensions(
