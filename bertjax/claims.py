@@ -2,7 +2,7 @@
 how sure the verdict is.
 
 One engine for every verdict bertjax states: the report's readings (`bertjax.report.reading`)
-and the experiments' Findings (`experiments/findings.py`) both write their rules as `Claim`s
+and the experiments' Findings (`experiments.findings`) both write their rules as `Claim`s
 and take their intervals and verdict words from here.
 
 A `Claim` is the paper, the statement, and the rule: tests of named statistics against

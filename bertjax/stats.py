@@ -139,7 +139,7 @@ def wilcoxon_p(base, other) -> float:
   return float(wilcoxon(d).pvalue)
 
 
-def expected_layer(scores: Sequence[float]) -> float:
+def expected_layer(scores) -> float | np.ndarray:
   """Tenney et al.'s expected layer of a task, from per-layer probe scores.
 
   Tenney et al. use the score differences Δ_l = s_l - s_{l-1} of cumulative (scalar-mixed)
@@ -148,19 +148,22 @@ def expected_layer(scores: Sequence[float]) -> float:
   s_k (the best layer so far), Δ_l = s*_l - s*_{l-1} >= 0 for l = 1..L.
 
   Args:
-    scores: (layers,) scores, layer 0 first (the embeddings).
+    scores: (layers,) scores, layer 0 first (the embeddings); or (..., layers), layers last
+      (a bootstrap's resamples), for one E[l] each.
 
   Returns:
-    E[l] in [1, L]; nan when no layer improves on layer 0.
+    E[l] in [1, L] (a float, or an array of the leading shape); nan when no layer improves on
+    layer 0.
   """
   s = np.asarray(scores, np.float64)
-  if s.ndim != 1 or s.size < 2:
-    raise ValueError(f"scores must be a per-layer vector of >= 2 layers, got shape {s.shape}")
-  delta = np.diff(np.maximum.accumulate(s))  # (L,) for layers 1..L
-  total = delta.sum()
-  if total <= 0:
-    return float("nan")
-  return float(np.sum(np.arange(1, s.size) * delta) / total)
+  if s.ndim < 1 or s.shape[-1] < 2:
+    raise ValueError(f"scores must hold >= 2 layers on their last axis, got shape {s.shape}")
+  delta = np.diff(np.maximum.accumulate(s, axis=-1), axis=-1)  # (..., L) for layers 1..L
+  total = delta.sum(-1)
+  weighted = np.sum(np.arange(1, s.shape[-1]) * delta, -1)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    e = np.where(total > 0, weighted / np.where(total > 0, total, 1.0), np.nan)
+  return float(e) if s.ndim == 1 else e
 
 
 def power_law_fit(sizes, values) -> dict[str, float]:

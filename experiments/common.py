@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 from typing import Any
 
 from bertjax import study
@@ -15,8 +16,11 @@ SIZES = REPO / "experiments" / "sizes.toml"  # every experiment's full, smoke an
 
 
 def parser(doc: str | None, **options: Any) -> argparse.ArgumentParser:
-  """`bertjax.study.parser` whose `--update-results` writes `experiments/results`."""
-  return study.parser(doc, results=RESULTS, **options)
+  """`bertjax.study.parser` whose `--update-results` writes `experiments/results`, and whose
+  usage line names the command that runs the experiment, `python -m experiments.NAME`."""
+  script = pathlib.Path(sys.argv[0]).resolve()
+  prog = f"python -m experiments.{script.stem}" if script.parent == REPO / "experiments" else None
+  return study.parser(doc, results=RESULTS, prog=prog, **options)
 
 
 def sizes(name: str) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax import claims, study
+from bertjax import claims, stats, study
 from bertjax.claims import Claim, Test
 from experiments import common
 
@@ -26,28 +26,24 @@ NAME = "probing_layers"
 
 
 def _suite(args):
+  """The probes of a run: every probe as the library fits it, or, for --smoke, a few steps."""
   from bertjax.analysis.representations import probing, probing_run, structural
 
-  if not args.smoke:
-    return probing_run.SuiteConfig(
-      tasks=("upos", "deprel"),
-      mlp=args.mlp,
-      control=True,
-      structural=True,
-      structural_max_sentences=args.structural_sentences,
-      seed=args.seed,
-    )
+  quick = {
+    "probe": probing.ProbeConfig(learning_rate=1e-2, max_steps=20, batch_size=256, eval_every=10),
+    "structural_config": structural.StructuralConfig(
+      rank=8, max_steps=20, batch_size=8, eval_every=10
+    ),
+    "anisotropy_pairs": 200,
+  }
   return probing_run.SuiteConfig(
     tasks=("upos", "deprel"),
     mlp=args.mlp,
     control=True,
     structural=True,
-    probe=probing.ProbeConfig(learning_rate=1e-2, max_steps=20, batch_size=256, eval_every=10),
-    structural_config=structural.StructuralConfig(
-      rank=8, max_steps=20, batch_size=8, eval_every=10
-    ),
-    anisotropy_pairs=200,
+    structural_max_sentences=args.structural_sentences,
     seed=args.seed,
+    **(quick if args.smoke else {}),
   )
 
 
@@ -95,10 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
   curves = probing_run.layer_curves(r)
-  summary = {
-    **probing_run.layer_summary(r, curves),
-    "middle_layers": list(middle_layers(len(curves["upos"]))),
-  }
+  summary = probing_run.layer_summary(r, curves)
   expected = summary["expected_layer"]
 
   stem = study.results_stem(NAME, args.model)
@@ -114,24 +107,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   results = {
     "summary": summary,
     "curves": curves,
-    "upos": _strip(r["upos"]),
-    "deprel": _strip(r["deprel"]),
-    "structural": r["structural"],
-    "anisotropy": r["anisotropy"],
-    "features": r["features"],
-    "splits": r["splits"],
+    # Each probe's results without its label list (`num_classes` stays).
+    **{t: {k: v for k, v in r[t].items() if k != "labels"} for t in probing_run.PROBES if t in r},
+    **{k: r[k] for k in ("structural", "anisotropy", "features", "splits")},
     "suite_seconds": r["seconds"],
     "timings": timings,
   }
-  if "upos_mlp" in r:
-    results["upos_mlp"] = _strip(r["upos_mlp"])
   study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figs)
   return 0
-
-
-def _strip(task: dict) -> dict:
-  """A task's results without its label list (`num_classes` stays)."""
-  return {k: v for k, v in task.items() if k != "labels"}
 
 
 # The claims ---------------------------------------------------------------------------------------
@@ -141,13 +124,6 @@ def _strip(task: dict) -> dict:
 PAPERS = "Tenney et al. 2019; Lin et al. 2019; Hewitt & Manning 2019"
 # The syntactic measures whose peak layer is compared with the middle of the network.
 SYNTACTIC = ("deprel", "uuas", "dspr", "root_acc", "nspr")
-
-
-def middle_layers(num_layers: int) -> tuple[int, int]:
-  """The middle third of the transformer blocks 1..L (inclusive bounds), at least one layer."""
-  last = num_layers - 1
-  lo, hi = max(1, round(last / 3)), max(1, round(2 * last / 3))
-  return lo, hi
 
 
 IN_MIDDLE = "the share of syntactic measures peaking in the middle third"
@@ -191,27 +167,30 @@ MLP = Claim(
 
 def peak_quantities(peaks: dict[str, int], num_layers: int) -> dict[str, float]:
   """What `PEAKS` reads from each syntactic measure's best layer (0 = the embeddings)."""
+  from bertjax.analysis.representations.probing_run import middle_layers
+
   lo, hi = middle_layers(num_layers)
-  p = np.asarray(list(peaks.values()))
-  return {IN_MIDDLE: np.mean((lo <= p) & (p <= hi)), BEFORE_LAST: np.mean(p < num_layers - 1)}
+  p = np.asarray(list(peaks.values()))  # (measures,) or (measures, resamples)
+  return {
+    IN_MIDDLE: np.mean((lo <= p) & (p <= hi), 0),
+    BEFORE_LAST: np.mean(p < num_layers - 1, 0),
+  }
 
 
-def pos_quantities(e_pos: float, e_syntax: dict[str, float]) -> dict[str, float | None]:
-  """What `POS_LOWER` reads from the expected layers (None where one is not finite)."""
-  values = [v for v in e_syntax.values() if np.isfinite(v)]
-  if not np.isfinite(e_pos) or not values:
-    return {LOWEST_GAP: None, MEAN_GAP: None}
-  return {LOWEST_GAP: min(values) - e_pos, MEAN_GAP: float(np.mean(values)) - e_pos}
+def pos_quantities(e_pos, e_syntax: dict) -> dict:
+  """What `POS_LOWER` reads from the expected layers (arrays: one value per resample); nan
+  where one is not finite, which the rule reads as "no"."""
+  syntax = np.stack(list(e_syntax.values()))
+  return {LOWEST_GAP: syntax.min(0) - e_pos, MEAN_GAP: syntax.mean(0) - e_pos}
 
 
 def selectivity_quantities(selectivity: dict[str, float]) -> dict[str, float]:
   """What `SELECTIVE` reads from each task's selectivity at its best layer (fractions)."""
-  return {LEAST: 100 * min(selectivity.values()), MOST: 100 * max(selectivity.values())}
+  values = np.stack(list(selectivity.values()))  # (tasks,) or (tasks, resamples)
+  return {LEAST: 100 * values.min(0), MOST: 100 * values.max(0)}
 
 
-def mlp_quantities(
-  linear_sel: float, mlp_sel: float, linear_acc: float, mlp_acc: float
-) -> dict[str, float]:
+def mlp_quantities(linear_sel, mlp_sel, linear_acc, mlp_acc) -> dict:
   """What `MLP` reads from the two probes' selectivity and accuracy (fractions)."""
   return {LESS_SELECTIVE: 100 * (linear_sel - mlp_sel), ACCURACY: 100 * (mlp_acc - linear_acc)}
 
@@ -276,13 +255,31 @@ def findings(r: dict, s: dict) -> list[dict]:
   return rows
 
 
-# How sure each row is ------------------------------------------------------------------------
-
-
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
-  what = "per-word (per-sentence) probe predictions"
-  return [claims.rerun_needed(what)] * len(findings(r, s))
+  """One judgement per row, over the test sentences: each probe's correct words (edges) and
+  the structural probes' metrics per sentence (`probing_run.sentence_items`), resampled
+  together, every rule applied to every resample."""
+  from bertjax.analysis.representations import probing_run
+
+  rows = findings(r, s)
+  items = probing_run.sentence_items(study.from_json(r))
+  layers = len(r["curves"]["upos"])
+
+  sel = lambda c, t: probing_run.at_best_layer(c[t], c[t] - c[f"{t}_control"])
+  best = lambda c, t: np.max(c[t], -1)
+  e = lambda c, t: stats.expected_layer(c[t])
+  rules = (  # each claim, what it reads of the curves, and the probes whose values it resamples
+    (PEAKS, lambda c: peak_quantities({k: np.argmax(c[k], -1) for k in SYNTACTIC}, layers)),
+    (POS_LOWER, lambda c: pos_quantities(e(c, "upos"), {"deprel": e(c, "deprel")})),
+    (SELECTIVE, lambda c: selectivity_quantities({t: sel(c, t) for t in ("upos", "deprel")})),
+    (MLP, lambda c: mlp_quantities(*(f(c, t) for f in (sel, best) for t in ("upos", "upos_mlp")))),
+  )
+  words = ("upos", "deprel")
+  reads = (("deprel", "distance", "depth"), words, words, ("upos", "upos_mlp"))
+  return [
+    probing_run.judge_by_sentence(claim, items, quantities, probes, row["value"])
+    for (claim, quantities), row, probes in zip(rules, rows, reads)
+  ]
 
 
 # The likely cause where the models' verdicts differ (or agree for different reasons), as
@@ -291,7 +288,7 @@ CAUSES = {
   (0, "all-mpnet-base-v2"): (
     "one probe: MPNet's four other measures peak in its middle (L4-L6 of 12), but root "
     "accuracy from the depth probe peaks at L1 (0.550, with 0.48-0.52 through L2-L7); "
-    "that probe is weak and flat in both models (MiniLM at most 0.53)"
+    "that probe is weak and flat in both models (MiniLM at most 0.51)"
   ),
 }
 

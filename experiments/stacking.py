@@ -145,7 +145,14 @@ def run_experiment(args) -> int:
     "device": jax.devices()[0].device_kind if args.scale == "gpu" else None,
   }
   study.finish(
-    NAME, args, results, settings, started=t_start, figures=[p.name for p in figs], stem=prefix
+    NAME,
+    args,
+    results,
+    settings,
+    findings=findings,
+    started=t_start,
+    figures=[p.name for p in figs],
+    stem=prefix,
   )
   return 0
 

@@ -7,8 +7,7 @@ import pytest
 import bertjax
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import albert_sharing as A
-
+from experiments import albert_sharing as A
 from experiments import albert_sharing as rules
 
 

@@ -17,13 +17,12 @@ import pytest
 from bertjax.tasks import acceptability
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import dark_secrets as ds
-
 import bertjax
 from bertjax.analysis import finetuning
 from bertjax.analysis.attention import patterns
 from bertjax.analysis.interventions.ablation import AblationResult
 from bertjax.training import finetune as ft
+from experiments import dark_secrets as ds
 from experiments import dark_secrets as rules
 
 

@@ -12,8 +12,7 @@ from bertjax import stats
 from bertjax.analysis.attention import effective
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import effective_attention as ea
-
+from experiments import effective_attention as ea
 from experiments import effective_attention as rules
 
 RESULTS = REPO / "experiments" / "results" / "effective_attention.json"

@@ -13,8 +13,7 @@ import pytest
 from bertjax.tasks import init_control
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import random_init as ri
-
+from experiments import random_init as ri
 from experiments import random_init as rules
 
 

@@ -9,10 +9,9 @@ import pathlib
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-import sae_scaling as ss
-
 from bertjax import study
 from experiments import sae_scaling as rules
+from experiments import sae_scaling as ss
 
 RESULTS = REPO / "experiments" / "results" / "sae_scaling.json"
 

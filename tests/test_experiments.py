@@ -141,7 +141,7 @@ def helps():
 def test_help_names_the_run_command(helps, name):
   code, text = helps[name]
   assert code in (0, None), (name, code)
-  assert "--smoke" in text and f"{name}.py" in text
+  assert "--smoke" in text and f"usage: python -m experiments.{name} " in text
   assert "--update-results" in text
 
 

@@ -48,6 +48,7 @@ def test_summary_reads_every_measure_by_layer(mlp):
   assert got["selectivity_at_best_layer"] == {"upos": 0.3, "deprel": 0.4}
   assert got["max_selectivity"] == {"upos": 0.3, "deprel": 0.4}
   assert got["max_selectivity_layer"] == {"upos": 1, "deprel": 2}
+  assert got["middle_layers"] == [1, 2]  # 3 blocks: the middle third is 1-2
   assert ("mlp_selectivity_at_best_layer" in got) == mlp
   if mlp:
     assert got["mlp_selectivity_at_best_layer"] == 0.1

@@ -94,7 +94,18 @@ def test_expected_layer_rejects_bad_shapes():
   with pytest.raises(ValueError, match="scores"):
     stats.expected_layer([0.5])
   with pytest.raises(ValueError, match="scores"):
-    stats.expected_layer(np.zeros((2, 3)))
+    stats.expected_layer(np.zeros((2, 1)))
+
+
+def test_expected_layer_of_many_is_each_one_s():
+  """Layers last, leading axes (a bootstrap's resamples): one E[l] each, nan where no layer
+  improves on layer 0."""
+  rows = np.array([[0.5, 0.7, 0.9, 0.8], [0.0, 1.0, 2.0, 3.0], [0.9, 0.5, 0.4, 0.1]])
+  got = stats.expected_layer(rows)
+  want = [stats.expected_layer(r) for r in rows]
+  np.testing.assert_allclose(got, want)
+  assert got.shape == (3,) and np.isnan(got[2])
+  assert stats.expected_layer(rows[None]).shape == (1, 3)
 
 
 def test_power_law_fit_against_scipy():

@@ -215,6 +215,7 @@ def test_distance_probe_learns_tree_from_structured_layer_only(synthetic):
   assert metrics["uuas"][1] > 0.97, metrics
   assert metrics["uuas"][0] < 0.5, metrics
   assert metrics["spearman"][1] > 0.9 and metrics["spearman"][1] > metrics["spearman"][0] + 0.3
+  check_per_sentence(probe, test)
 
 
 def test_depth_probe_learns_depth(synthetic):
@@ -224,6 +225,38 @@ def test_depth_probe_learns_depth(synthetic):
   metrics = structural.evaluate(probe, test)
   assert metrics["root_accuracy"][1] > 0.95 and metrics["spearman"][1] > 0.9, metrics
   assert metrics["root_accuracy"][0] < 0.5, metrics
+  check_per_sentence(probe, test)
+
+
+def check_per_sentence(probe, batch):
+  """`per_sentence` gives `evaluate`'s numbers back through `from_per_sentence`, with and
+  without punctuation left out and with sentences outside the Spearman's lengths; with a
+  resample axis in front, each resample's numbers are the metrics of its sentences."""
+  rng = np.random.default_rng(0)
+  punct = [rng.random(len(h)) < 0.2 for h in batch.heads]
+  pred = np.asarray(probe.predict(batch.features))
+  for kw in ({}, {"punct": punct, "min_len": 8, "max_len": 12}):
+    lengths = {k: v for k, v in kw.items() if k != "punct"}
+    want = structural.evaluate(probe, batch, **kw)
+    per = structural.per_sentence(probe, batch, **kw)
+    got = structural.from_per_sentence(per, **lengths)
+    assert set(got) == set(want)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-12)
+    picks = rng.integers(0, len(batch.heads), size=(2, len(batch.heads)))
+    resampled = structural.from_per_sentence({k: v[picks] for k, v in per.items()}, **lengths)
+    for r, idx in enumerate(picks):
+      heads = [batch.heads[i] for i in idx]
+      marks = None if "punct" not in kw else [punct[i] for i in idx]
+      if probe.kind == "distance":
+        want = [structural.uuas(p[idx], heads, marks) for p in pred]
+        rho = [structural.distance_spearman(p[idx], heads, **lengths) for p in pred]
+      else:
+        want = [structural.root_accuracy(p[idx], heads, marks) for p in pred]
+        rho = [structural.depth_spearman(p[idx], heads, **lengths) for p in pred]
+      first = "uuas" if probe.kind == "distance" else "root_accuracy"
+      np.testing.assert_allclose(resampled[first][r], want, rtol=1e-12)
+      np.testing.assert_allclose(resampled["spearman"][r], rho, rtol=1e-12)
 
 
 def test_bad_input_is_named(synthetic):

@@ -125,4 +125,5 @@ __all__ = [
   "ud_file",
   "wikitext_windows",
   "with_mlm_head",
+  "write_results",
 ]

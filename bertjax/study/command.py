@@ -92,6 +92,7 @@ def parser(
   model: bool = True,
   data: bool = True,
   steps: int | None = None,
+  prog: str | None = None,
 ) -> argparse.ArgumentParser:
   """An argument parser with the shared options; the study's docstring is its help text.
 
@@ -108,9 +109,10 @@ def parser(
     data: add `--data-dir DIR`; False for experiments that read no data set.
     steps: the default optimizer steps of each model a script trains: add `--steps N`
       (`args.steps`, None when not given; see `Scale.with_steps`).
+    prog: the command its usage line names (default: the script's file name).
   """
   sys.excepthook = _excepthook
-  p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = _Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.results = pathlib.Path(results)
   p.add_argument(
     "--out",

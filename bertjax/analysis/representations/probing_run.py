@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from bertjax import stats, utils
+from bertjax import claims, stats, utils
 from bertjax.analysis.representations import features, geometry, probing
 from bertjax.analysis.representations import structural as representations_structural
 from bertjax.data import conllu
@@ -102,7 +102,11 @@ def _by_sentence(correct, sentence_of_row) -> dict[str, list]:
   ids, group = np.unique(sentence_of_row, return_inverse=True)
   sums = np.zeros((correct.shape[0], len(ids)), np.int64)
   np.add.at(sums.T, group, correct.T.astype(np.int64))
-  return {"rows": np.bincount(group, minlength=len(ids)).tolist(), "correct": sums.tolist()}
+  return {
+    "sentences": ids.tolist(),
+    "rows": np.bincount(group, minlength=len(ids)).tolist(),
+    "correct": sums.tolist(),
+  }
 
 
 def _fit_classifier(
@@ -169,13 +173,15 @@ def _structural(wf, sentences, split, suite):
   )
   train, val, test = (batch(chosen[k]) for k in ("train", "val", "test"))
   punct = representations_structural.punctuation_masks([sentences[i] for i in chosen["test"]])
-  out = {"sentences": {k: len(v) for k, v in chosen.items()}}
+  out = {"sentences": {k: len(v) for k, v in chosen.items()}, "test_sentences": chosen["test"]}
   for kind in ("distance", "depth"):
     probe = representations_structural.fit_structural_probe(
       kind, train, val, suite.structural_config
     )
     metrics = representations_structural.evaluate(probe, test, punct)
     out[kind] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
+    each = representations_structural.per_sentence(probe, test, punct)
+    out[kind]["per_sentence"] = {k: np.asarray(v).tolist() for k, v in each.items()}
   return out
 
 
@@ -250,8 +256,9 @@ def run_probing_suite(
     one entry per task (per-layer ``accuracy``, ``control_accuracy``,
     ``selectivity``, ``best_layer`` ..., and ``test_by_sentence``: per test sentence its test
     rows and how many of them the probe and the control probe get right, per layer, for
-    confidence intervals over sentences), ``upos_mlp``, ``structural``,
-    ``anisotropy``, ``seconds`` per stage and ``figures``.
+    confidence intervals over sentences), ``upos_mlp``, ``structural`` (with each probe's
+    metrics per test sentence, ``per_sentence``), ``anisotropy``, ``seconds`` per stage and
+    ``figures``. ``sentence_items`` lines the per-sentence values up for a bootstrap.
   """
   sentences = list(sentences)
   if len(sentences) < 10:
@@ -333,11 +340,109 @@ def layer_curves(r: dict[str, Any]) -> dict[str, np.ndarray]:
   return {k: np.asarray(v, np.float64) for k, v in curves.items()}
 
 
+PROBES = ("upos", "deprel", "upos_mlp")  # the classifier probes `sentence_items` lines up
+
+
+def sentence_items(r: dict[str, Any]) -> dict[str, np.ndarray]:
+  """The per-sentence values of `run_probing_suite`'s results, lined up on the test
+  sentences (the first axis of every array), so that a bootstrap resamples sentences: per
+  classifier probe `TASK/rows`, `TASK/correct` and `TASK/control` (counts; the last two per
+  layer), and per structural probe (`distance/...`, `depth/...`) `structural.per_sentence`'s
+  arrays. A sentence a probe did not test counts nothing in it. `item_curves` gives the
+  per-layer measures back.
+
+  Raises:
+    KeyError: results from before the suite kept per-sentence values.
+  """
+  ids = sorted(
+    {i for t in PROBES if t in r for i in r[t]["test_by_sentence"]["sentences"]}
+    | set(r["structural"]["test_sentences"])
+  )
+  where = {s: k for k, s in enumerate(ids)}
+  items: dict[str, np.ndarray] = {}
+  for t in (t for t in PROBES if t in r):
+    each = r[t]["test_by_sentence"]
+    at = [where[s] for s in each["sentences"]]
+    layers = len(each["correct"])
+    kept = {"rows": np.asarray(each["rows"], np.float64)[:, None]}
+    kept["correct"] = np.asarray(each["correct"], np.float64).T
+    if "control_correct" in each:  # a suite run with control tasks
+      kept["control"] = np.asarray(each["control_correct"], np.float64).T
+    for key, values in kept.items():
+      items[f"{t}/{key}"] = np.zeros((len(ids), values.shape[1]))
+      items[f"{t}/{key}"][at] = values
+    items[f"{t}/rows"] = np.broadcast_to(items[f"{t}/rows"], (len(ids), layers)).copy()
+  at = [where[s] for s in r["structural"]["test_sentences"]]
+  for kind in ("distance", "depth"):
+    for key, values in r["structural"][kind]["per_sentence"].items():
+      values = np.asarray(values, np.float64)
+      fill = np.nan if key == "root_hit" else 0.0
+      items[f"{kind}/{key}"] = np.full((len(ids), *values.shape[1:]), fill)
+      items[f"{kind}/{key}"][at] = values
+  return items
+
+
+def item_curves(items: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """`layer_curves`' measures, with each classifier probe's control accuracy (`TASK_control`;
+  `upos_mlp` and its control too where run), from `sentence_items`' arrays, which may carry a
+  resample axis in front: each `(..., layers)`."""
+  out = {}
+  for t in (t for t in PROBES if f"{t}/rows" in items):
+    rows = items[f"{t}/rows"].sum(-2)
+    out[t] = items[f"{t}/correct"].sum(-2) / rows
+    if f"{t}/control" in items:
+      out[f"{t}_control"] = items[f"{t}/control"].sum(-2) / rows
+  strip = lambda kind: {k.split("/")[1]: v for k, v in items.items() if k.startswith(f"{kind}/")}
+  if "distance/length" in items:
+    distance = representations_structural.from_per_sentence(strip("distance"))
+    out.update(uuas=distance["uuas"], dspr=distance["spearman"])
+  if "depth/length" in items:
+    depth = representations_structural.from_per_sentence(strip("depth"))
+    out.update(root_acc=depth["root_accuracy"], nspr=depth["spearman"])
+  return out
+
+
+def judge_by_sentence(
+  claim: claims.Claim,
+  items: dict[str, np.ndarray],
+  quantities: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+  probes: Sequence[str],
+  value: dict[str, Any] | None = None,
+) -> claims.Judgement:
+  """`claim` judged over the test sentences: `quantities` reads the statistics its rule
+  names from `item_curves` of each bootstrap resample of the sentences' `sentence_items`
+  values of `probes` (e.g. "upos", "distance"), resampled together.
+
+  Args:
+    value: `{"name", "value"}` of a row (`Claim.row`'s), the point the table shows.
+  """
+  names = [k for k in items if k.split("/")[0] in probes]
+  statistics = lambda *arrays: quantities(item_curves(dict(zip(names, arrays))))
+  point = {value["name"]: value["value"]} if value and value["value"] is not None else None
+  over = f"the {len(items[names[0]])} test sentences"
+  return claim.judge(tuple(items[k] for k in names), statistics, over=over, point=point)
+
+
+def at_best_layer(accuracy: np.ndarray, other: np.ndarray) -> np.ndarray:
+  """`other` at the layer where `accuracy` peaks (the first such), both `(..., layers)`: a
+  probe's selectivity or control accuracy at its best layer, per resample."""
+  best = np.argmax(accuracy, -1)[..., None]
+  return np.take_along_axis(np.asarray(other), best, -1)[..., 0]
+
+
+def middle_layers(num_layers: int) -> tuple[int, int]:
+  """The middle third of the transformer blocks 1..L of `num_layers` layers (0 the
+  embeddings), as inclusive bounds, at least one layer."""
+  last = num_layers - 1
+  return max(1, round(last / 3)), max(1, round(2 * last / 3))
+
+
 def layer_summary(r: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[str, Any]:
   """Where each measure of `curves` (`layer_curves`) peaks (`peak_layer`), its expected layer
   (`expected_layer`, Tenney et al. 2019: `stats.expected_layer`), how far it falls from the
-  peak to the last layer, and the UPOS and relation probes' selectivity (Hewitt & Liang 2019)
-  at their best layer and at most (with the MLP UPOS probe's at its best layer when run)."""
+  peak to the last layer, the UPOS and relation probes' selectivity (Hewitt & Liang 2019)
+  at their best layer and at most (with the MLP UPOS probe's at its best layer when run), and
+  the middle third of the blocks (`middle_layers`)."""
 
   peaks = {k: int(np.argmax(v)) for k, v in curves.items()}
   probes = ("upos", "deprel")
@@ -350,6 +455,7 @@ def layer_summary(r: dict[str, Any], curves: dict[str, np.ndarray]) -> dict[str,
     },
     "max_selectivity": {t: float(np.max(r[t]["selectivity"])) for t in probes},
     "max_selectivity_layer": {t: int(np.argmax(r[t]["selectivity"])) for t in probes},
+    "middle_layers": list(middle_layers(len(curves["upos"]))),
   }
   if "upos_mlp" in r:
     mlp = r["upos_mlp"]

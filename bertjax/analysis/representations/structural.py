@@ -344,18 +344,22 @@ def uuas(pred_distances, heads: Sequence[Any], punct: Sequence[Any] | None = Non
     UUAS in [0, 1] (nan when there are no gold edges).
   """
   pred_distances = np.asarray(pred_distances)
-  correct = total = 0
-  for i, h in enumerate(heads):
-    h = np.asarray(h)
-    keep = _keep(len(h), None if punct is None else punct[i])
-    if len(keep) < 2:
-      continue
-    gold = tree_distances(h)[np.ix_(keep, keep)]
-    pred = pred_distances[i][np.ix_(keep, keep)]
-    gold_edges = set(minimum_spanning_tree(gold))
-    correct += len(gold_edges & set(minimum_spanning_tree(pred)))
-    total += len(gold_edges)
+  counts = [
+    _uuas_counts(pred_distances[i], h, None if punct is None else punct[i])
+    for i, h in enumerate(heads)
+  ]
+  correct, total = (sum(c) for c in zip(*counts)) if counts else (0, 0)
   return correct / total if total else float("nan")
+
+
+def _uuas_counts(pred: np.ndarray, heads, punct) -> tuple[int, int]:
+  """One sentence's (correct, gold) MST edges of `uuas`; (0, 0) with fewer than 2 words kept."""
+  h = np.asarray(heads)
+  keep = _keep(len(h), punct)
+  if len(keep) < 2:
+    return 0, 0
+  gold_edges = set(minimum_spanning_tree(tree_distances(h)[np.ix_(keep, keep)]))
+  return len(gold_edges & set(minimum_spanning_tree(pred[np.ix_(keep, keep)]))), len(gold_edges)
 
 
 def _length_average(per_length: dict[int, list[float]], min_len: int, max_len: int) -> float:
@@ -398,16 +402,21 @@ def depth_spearman(pred_depths, heads: Sequence[Any], min_len: int = 5, max_len:
 def root_accuracy(pred_depths, heads: Sequence[Any], punct: Sequence[Any] | None = None) -> float:
   """Share of sentences whose shallowest predicted word is the root (punctuation optionally skipped)."""
   pred_depths = np.asarray(pred_depths)
-  hits = count = 0
-  for i, h in enumerate(heads):
-    h = np.asarray(h)
-    keep = _keep(len(h), None if punct is None else punct[i])
-    if len(keep) == 0:
-      continue
-    guess = keep[np.argmin(pred_depths[i][keep])]
-    hits += int(h[guess] == 0)
-    count += 1
-  return hits / count if count else float("nan")
+  hits = [
+    _root_hit(pred_depths[i], h, None if punct is None else punct[i]) for i, h in enumerate(heads)
+  ]
+  hits = [x for x in hits if not np.isnan(x)]
+  return sum(hits) / len(hits) if hits else float("nan")
+
+
+def _root_hit(pred: np.ndarray, heads, punct) -> float:
+  """1.0 where a sentence's shallowest predicted (kept) word is its root, else 0.0; nan when
+  no word is kept."""
+  h = np.asarray(heads)
+  keep = _keep(len(h), punct)
+  if len(keep) == 0:
+    return float("nan")
+  return float(h[keep[np.argmin(pred[keep])]] == 0)
 
 
 def punctuation_masks(
@@ -416,6 +425,78 @@ def punctuation_masks(
 ) -> list[np.ndarray]:
   """Per-sentence bool masks of punctuation words from ``sentence.upos``."""
   return [np.asarray([u in tags for u in s.upos], bool) for s in sentences]
+
+
+def per_sentence(
+  probe: StructuralProbe,
+  batch: StructuralBatch,
+  punct: Sequence[Any] | None = None,
+  min_len: int = 5,
+  max_len: int = 50,
+) -> dict[str, np.ndarray]:
+  """`evaluate`'s metrics kept per sentence and layer, sentences first, so a bootstrap can
+  resample sentences (a sentence's words and edges are not independent); `from_per_sentence`
+  gives `evaluate`'s numbers back.
+
+  Returns:
+    `length` (n,) words per sentence, and per sentence and layer (n, layers):
+    `spearman_sum` and `spearman_count` (the sum and number of its defined Spearman values:
+    each word's row for a distance probe, the sentence's one for a depth probe; 0 outside
+    `[min_len, max_len]`); for a distance probe `uuas_correct` and `uuas_edges` (its MST's
+    correct and gold edges), for a depth probe `root_hit` (1 or 0; nan with no word kept).
+  """
+  pred = np.asarray(probe.predict(batch.features))  # (layers, n, max_len[, max_len])
+  marks = [None if punct is None else punct[i] for i in range(len(batch.heads))]
+  lengths = np.asarray([len(h) for h in batch.heads])
+  inside = (min_len <= lengths) & (lengths <= max_len)
+  total = np.zeros((len(lengths), len(pred)))
+  count = np.zeros_like(total)
+  out: dict[str, np.ndarray] = {"length": lengths}
+  if probe.kind == "distance":
+    edges = np.asarray(
+      [[_uuas_counts(p[i], h, marks[i]) for p in pred] for i, h in enumerate(batch.heads)]
+    )
+    out.update(uuas_correct=edges[..., 0], uuas_edges=edges[..., 1])
+    for i, h in enumerate(batch.heads):
+      n = len(h)
+      if inside[i]:
+        rows = np.asarray([spearman_rows(p[i, :n, :n], tree_distances(h)) for p in pred])
+        total[i], count[i] = np.nansum(rows, -1), np.sum(~np.isnan(rows), -1)
+  else:
+    out["root_hit"] = np.asarray(
+      [[_root_hit(p[i], h, marks[i]) for p in pred] for i, h in enumerate(batch.heads)]
+    )
+    for i, h in enumerate(batch.heads):
+      n = len(h)
+      if inside[i]:
+        rho = np.asarray([spearman(p[i, :n], tree_depths(h)) for p in pred])
+        total[i], count[i] = np.nan_to_num(rho), ~np.isnan(rho)
+  return {**out, "spearman_sum": total, "spearman_count": count}
+
+
+def from_per_sentence(values: dict[str, Any], min_len: int = 5, max_len: int = 50) -> dict:
+  """`evaluate`'s per-layer metrics from `per_sentence`'s arrays, which may carry leading axes
+  (a bootstrap's resamples: `(..., n, layers)`, lengths `(..., n)`); each `(..., layers)`.
+  The Spearman metrics average per sentence length, then over the lengths present."""
+  v = {k: np.asarray(x, np.float64) for k, x in values.items()}
+  lengths = np.arange(min_len, max_len + 1)
+  onehot = (v["length"][..., None] == lengths).astype(np.float64)  # (..., n, lengths)
+  by_length = lambda x: np.einsum("...nl,...nk->...kl", x, onehot)
+  total, count = by_length(v["spearman_sum"]), by_length(v["spearman_count"])
+  with np.errstate(divide="ignore", invalid="ignore"):
+    per_length = np.where(count > 0, total / np.where(count > 0, count, 1), np.nan)
+    present = ~np.isnan(per_length)
+    spearman_ = np.where(
+      present.any(-2), np.nansum(per_length, -2) / np.maximum(present.sum(-2), 1), np.nan
+    )
+    if "uuas_correct" in v:
+      edges = v["uuas_edges"].sum(-2)
+      uuas_ = np.where(edges > 0, v["uuas_correct"].sum(-2) / np.where(edges > 0, edges, 1), np.nan)
+      return {"uuas": uuas_, "spearman": spearman_}
+    hit = v["root_hit"]
+    kept = (~np.isnan(hit)).sum(-2)
+    root = np.where(kept > 0, np.nansum(hit, -2) / np.maximum(kept, 1), np.nan)
+  return {"root_accuracy": root, "spearman": spearman_}
 
 
 def evaluate(
