@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bertjax import claims, study
-from bertjax.analysis.representations import geometry
+from bertjax.analysis.representations import features, geometry
 from bertjax.claims import Claim, Test
 from experiments import common
 
@@ -74,7 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   t_start = time.perf_counter()
   timings: dict[str, float] = {}
 
-  from bertjax.analysis.representations import features
   from bertjax.data import conllu
   from bertjax.plots.geometry import anisotropy_figures
 
@@ -93,15 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   upos = np.asarray([u for s in sentences for u in s.upos])
   measured = (upos != "PUNCT") | (args.punctuation == "include")
   with study.timed(timings, "measures"):
+    sizes = dict(
+      num_pairs=args.pairs, min_count=min_count, max_occurrences=args.mev_max_occurrences
+    )
     m, mevs = geometry.ethayarajh_measures(
-      reps,
-      types,
-      wf.sentence_index,
-      measured=measured,
-      num_pairs=args.pairs,
-      min_count=min_count,
-      max_occurrences=args.mev_max_occurrences,
-      seed=args.seed,
+      reps, types, wf.sentence_index, measured=measured, seed=args.seed, **sizes
     )
   mv = mevs[definition]
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
@@ -131,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
   }
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
+  results["mev_per_type"] = mv.get("per_type")  # each measured type's MEV and baseline
   study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figs)
   return 0
 
@@ -140,11 +136,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 # them; `uncertainty(results, settings)`: each claim's interval and verdict.
 
 PAPER = "Ethayarajh 2019"
-MEV_LABELS = {
-  "truncated_svd": "TruncatedSVD, the paper's released code",
-  "pca": "centred PCA",
-  "uncentred": "uncentred sigma_1^2 / sum sigma_i^2",
-}
 
 
 def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
@@ -218,9 +209,9 @@ def trend_quantities(values: Sequence[float], falls: bool = False) -> dict[str, 
   return {RISE: v[-1] - v[0], TREND: geometry.depth_trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
 
 
-def mev_quantities(adjusted: Sequence[float]) -> dict[str, float]:
-  """What `MEV` reads from the adjusted MEV of layers 1-L."""
-  return {MEV_HIGHEST: float(np.max(adjusted)), MEV_LOWEST: float(np.min(adjusted))}
+def mev_quantities(adjusted) -> dict[str, float]:
+  """What `MEV` reads from the adjusted MEV of layers 1-L (`(..., L)`: one per resample)."""
+  return {MEV_HIGHEST: np.max(adjusted, -1), MEV_LOWEST: np.min(adjusted, -1)}
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -239,11 +230,11 @@ def findings(r: dict, s: dict) -> list[dict]:
   cap = (f"<= {s['mev_max_occurrences']}" if s["mev_max_occurrences"] else "all") + " occurrences"
   paper_mev = m[f"mev_{definition}_adjusted_paper"]
   mev_text = (
-    f"MEV ({MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'])}; minus the MEV of "
+    f"MEV ({geometry.MEV_LABELS[definition]}) layers 1-{last}: {per_layer(m['mev'])}; minus the MEV of "
     f"as many random words: {per_layer(m['mev_adjusted'])} ({summary['mev_types']} {kinds} "
     f"seen >= {min_count} times, {cap}). "
     + "; ".join(
-      f"{MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'])}, adjusted {per_layer(m[f'mev_{d}_adjusted'])}"
+      f"{geometry.MEV_LABELS[d]}: {per_layer(m[f'mev_{d}'])}, adjusted {per_layer(m[f'mev_{d}_adjusted'])}"
       for d in geometry.MEV_DEFINITIONS
       if d != definition
     )
@@ -280,8 +271,17 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
-  return [claims.rerun_needed("per-pair cosines or per-type values")] * len(findings(r, s))
+  """The MEV row over the word types (each type's MEV and same-count baseline, resampled
+  together); the others need the sentences resampled, which the JSON does not keep."""
+  rows, per = findings(r, s), r.get("mev_per_type")
+  why = "per-sentence values (the random pairs and the types share them)"
+  judged = [claims.rerun_needed(why)] * len(rows)
+  if per:  # absent from a run before they were kept, or with no type measured
+    m, b = (np.asarray(per[k], np.float64)[:, 1:] for k in ("mev", "baseline"))
+    adjusted = lambda m, b: mev_quantities(np.nanmean(m, -2) - np.nanmean(b, -2))
+    point = {rows[3]["value"]["name"]: rows[3]["value"]["value"]}
+    judged[3] = MEV.judge((m, b), adjusted, point=point, over=f"the {len(m)} word types")
+  return judged
 
 
 # The likely cause where the models' verdicts differ (or agree for different reasons), as

@@ -16,7 +16,7 @@ RESULTS = REPO / "experiments" / "results" / "anisotropy.json"
 
 
 def test_every_mev_definition_is_labelled_and_documented():
-  assert set(rules.MEV_LABELS) == set(geometry.MEV_SOURCES) == set(geometry.MEV_DEFINITIONS)
+  assert set(geometry.MEV_LABELS) == set(geometry.MEV_SOURCES) == set(geometry.MEV_DEFINITIONS)
 
 
 def test_trend_and_rules():
@@ -63,3 +63,20 @@ def test_committed_results_are_consistent():
     rules.FALLS.verdict(rules.trend_quantities(m["self_similarity_adjusted"][1:], falls=True)),
     rules.MEV.verdict(rules.mev_quantities(m["mev_adjusted"][1:])),
   ]
+  _check_mev_items(doc)
+
+
+def _check_mev_items(doc):
+  """Each type's MEV and baseline, kept for the MEV row's interval over the types, give the
+  per-layer numbers back, and the row's interval comes from them."""
+  per, m = doc["results"]["mev_per_type"], doc["results"]["per_layer"]
+  for key, mean in (("mev", m["mev"]), ("baseline", m["mev_baseline"])):
+    np.testing.assert_allclose(np.nanmean(np.asarray(per[key], float), 0), mean, rtol=1e-9)
+  u = rules.uncertainty(doc["results"], doc["settings"])[3]
+  assert u.text.startswith(f"95% CI over the {len(per['mev'])} word types"), u.text
+  lo, hi = u.intervals[rules.MEV_HIGHEST]
+  assert lo <= hi
+
+
+def check_smoke(doc, out):
+  _check_mev_items(doc)

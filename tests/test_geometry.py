@@ -244,6 +244,10 @@ def test_max_explainable_variance_types_and_baseline_counts(monkeypatch):
     ]
     np.testing.assert_allclose(got["baseline"], np.mean(base, 0), rtol=1e-12)
     np.testing.assert_allclose(got["adjusted"], got["mev"] - got["baseline"])
+    # Kept per type too (what an interval over the types resamples): their means are the above.
+    for key in ("mev", "baseline"):
+      assert got["per_type"][key].shape == (2, layers)
+      np.testing.assert_allclose(got["per_type"][key].mean(0), got[key], rtol=1e-12)
   capped = geometry.max_explainable_variance(reps, ids, min_count=5, max_occurrences=6)
   assert capped["occurrences"] == 6 + 6 + 6  # "p" measured now; "b" and "p" sampled down to 6
   empty = geometry.max_explainable_variance(reps, ids, min_count=50)

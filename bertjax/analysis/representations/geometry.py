@@ -136,7 +136,10 @@ def unit_sums(reps, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def anisotropy(
-  reps, num_pairs: int | None = 1000, seed: int = 0, centered: bool = False
+  reps,
+  num_pairs: int | None = 1000,
+  seed: int = 0,
+  centered: bool = False,
 ) -> np.ndarray:
   """Mean cosine similarity between random pairs of distinct tokens, per layer.
 
@@ -286,6 +289,11 @@ MEV_SOURCES = {
   "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
   "Definition 3 as written)",
 }
+MEV_LABELS = {  # each definition in a few words, for a table or a figure
+  "truncated_svd": "TruncatedSVD, the paper's released code",
+  "pca": "centred PCA",
+  "uncentred": "uncentred sigma_1^2 / sum sigma_i^2",
+}
 
 
 def mev(occurrences, definition: str = "truncated_svd") -> np.ndarray:
@@ -382,7 +390,9 @@ def max_explainable_variance(
   Returns:
     ``{"mev", "baseline", "adjusted"}``: ``(layers,)`` float64 each (nan-aware
     means over types); ``"types"``: how many types; ``"occurrences"``: their
-    total occurrences used; ``"definition"``.
+    total occurrences used; ``"definition"``; ``"per_type"``: ``{"mev", "baseline"}``,
+    ``(types, layers)`` each (the items of an interval over the types; absent when no
+    type is measured).
   """
   reps = np.asarray(reps)
   if reps.ndim != 3:
@@ -421,6 +431,7 @@ def max_explainable_variance(
     "types": len(values),
     "occurrences": used,
     "definition": definition,
+    "per_type": {"mev": np.asarray(values), "baseline": np.asarray(baseline)},
   }
 
 
