@@ -215,8 +215,8 @@ def mev_quantities(adjusted) -> dict[str, float]:
 
 
 def findings(r: dict, s: dict) -> list[dict]:
-  """The Findings rows (anisotropy, its rise with depth, self-similarity's fall, MEV) from the
-  results and settings as written to JSON (`findings.py --refresh` recomputes them)."""
+  """The rows (anisotropy, its rise with depth, self-similarity's fall, MEV) from the results
+  and settings as written to JSON (`python -m experiments.findings --refresh` does too)."""
   r = study.from_json(r)
   summary, definition, min_count = r["summary"], s["mev_definition"], s["min_count"]
   full = np.asarray(r["per_layer"]["anisotropy"], np.float64)  # layer 0: the embedding output

@@ -202,7 +202,7 @@ def null_space_quantities(
 
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows (the null space, the unchanged output, the mass on [CLS] and [SEP])
-  from the results and settings as written to JSON (`findings.py --refresh`)."""
+  from the results and settings as written to JSON (`python -m experiments.findings --refresh`)."""
   summary = dict(r["summary"])
   summary["corr_raw_effective_by_length"] = {
     int(n): v for n, v in summary["corr_raw_effective_by_length"].items()

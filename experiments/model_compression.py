@@ -223,7 +223,7 @@ def measured(claim: Claim, row: dict | None) -> dict[str, float | None]:
 
 def findings(r: dict, s: dict) -> list[dict]:
   """The Findings rows (DistilBERT, ALBERT, Q8BERT) from the results and settings as written to
-  JSON (`findings.py --refresh`)."""
+  JSON (`python -m experiments.findings --refresh`)."""
   rows, majority, cpu = r["rows"], r["majority_tag_accuracy"], r["cpu"]["cpu"]
   teacher = rows["teacher"]
   d, sh, q = rows["distilled_3l"], rows.get("shared_6l"), rows["int8"]

@@ -204,7 +204,8 @@ def _mlm_sentence(m: dict | None, dims: bool) -> str:
 
 
 def findings(r: dict, s: dict) -> list[dict]:
-  """The four rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  """The four rows, from the results and settings as written to JSON (`python -m
+  experiments.findings --refresh` recomputes them)."""
   r = study.from_json(r)
   dims, per_layer, layers = r["dims"], r["outliers_per_layer"], len(r["outliers_per_layer"])
   acc = {k: v[-1] for k, v in r["probe"]["accuracy"].items()}  # at the last probed layer

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax import claims, study
+from bertjax import claims, stats, study
 from bertjax.claims import Claim, Test
 from experiments import common
 
@@ -66,6 +66,7 @@ def run_experiment(args) -> int:
   timings: dict[str, float] = {}
   import jax.numpy as jnp
 
+  from bertjax.analysis.batching import as_batch
   from bertjax.analysis.representations import sae
   from bertjax.tasks import passages
 
@@ -83,6 +84,10 @@ def run_experiment(args) -> int:
   with study.timed(timings, "activations"):
     train = sae.activations(params, config, train_batches, "out", layer)
     held = sae.activations(params, config, test_batches, "out", layer)
+  # Each held-out token's paragraph (the activations run row-major over real tokens): the
+  # items of the scaling row's interval.
+  real = np.concatenate([np.asarray(as_batch(b)["attention_mask"]).sum(1) for b in test_batches])
+  paragraphs = np.repeat(np.arange(len(real)), real)
   study.log(f"{len(train):,} training and {len(held):,} held-out tokens of block {layer}")
   expansions = (2, 4) if args.smoke else EXPANSIONS
   with study.timed(timings, "train"):
@@ -92,6 +97,7 @@ def run_experiment(args) -> int:
       expansions,
       **{k: getattr(args, k) for k in ("k", "lr", "steps", "batch_tokens", "seed")},
       log=study.log,
+      groups=paragraphs,
     )
   clean: dict[bytes, object] = {}
 
@@ -169,10 +175,15 @@ DEAD = Claim(
 )
 
 
-def scaling_quantities(fvu: Sequence[float], r2: float) -> dict[str, float]:
-  """What `SCALING` reads from the FVU by size (smallest first) and the fit's R^2."""
+def scaling_quantities(fvu, r2) -> dict[str, float]:
+  """What `SCALING` reads from the FVU by size (smallest first; `(..., sizes)`: one per
+  resample) and the fit's R^2."""
   fvu = np.asarray(fvu, float)
-  return {FALLS: float(np.mean(np.diff(fvu) < 0)), R2: r2, CHANGE: float(fvu[-1] - fvu[0])}
+  return {
+    FALLS: np.mean(np.diff(fvu) < 0, -1),
+    R2: r2,
+    CHANGE: fvu[..., -1] - fvu[..., 0],
+  }
 
 
 def dead_quantities(dead: Sequence[float]) -> dict[str, float]:
@@ -181,7 +192,8 @@ def dead_quantities(dead: Sequence[float]) -> dict[str, float]:
 
 
 def findings(r: dict, s: dict) -> list[dict]:
-  """The two rows, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  """The two rows, from the results and settings as written to JSON (`python -m
+  experiments.findings --refresh` recomputes them)."""
   r = study.from_json(r)
   sizes, fvu, dead = r["latents"], r["fvu"], r["dead"]
   fit = r["fit"]
@@ -214,14 +226,33 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """The scaling row needs per-paragraph errors or repeated seeds; the dead latents are exact."""
-  return [
-    claims.rerun_needed("per-paragraph reconstruction errors or repeated seeds of each size"),
-    claims.note(
-      "exact: counted over every held-out token, nothing sampled; one training "
-      "run per size (seed 0), seeds not repeated"
-    ),
-  ]
+  """The scaling row over the held-out paragraphs (each one's squared error per size and its
+  squared deviation from the held-out mean, resampled together; the power law refitted to
+  every resample); the dead latents are exact. One training run per size: the SAEs' own
+  seeds are not resampled."""
+  dead = claims.note(
+    "exact: counted over every held-out token, nothing sampled; one training "
+    "run per size (seed 0), seeds not repeated"
+  )
+  per = r.get("per_group")
+  if not per:  # a run from before they were kept
+    return [claims.rerun_needed("per-paragraph reconstruction errors of each size"), dead]
+  error, variance = np.asarray(per["error"], float).T, np.asarray(per["variance"], float)
+  log_n = np.log(np.asarray(r["latents"], float))
+
+  def statistics(error, variance):
+    fvu = error.sum(-2) / variance.sum(-1)[..., None]  # (resamples, sizes)
+    r2 = stats.pearson_rows(np.broadcast_to(log_n, fvu.shape), np.log(fvu)) ** 2
+    return scaling_quantities(fvu, r2)
+
+  row = findings(r, s)[0]["value"]
+  scaling = SCALING.judge(
+    (error, variance),
+    statistics,
+    point={row["name"]: row["value"]},
+    over=f"the {len(variance)} held-out paragraphs, one SAE per size",
+  )
+  return [scaling, dead]
 
 
 if __name__ == "__main__":

@@ -164,7 +164,8 @@ def closer(tuned: Sequence[float], logit: Sequence[float]) -> float:
 
 
 def findings(r: dict, s: dict) -> list[dict]:
-  """The row, from the results and settings as written to JSON (`findings.py --refresh`)."""
+  """The row, from the results and settings as written to JSON (`python -m
+  experiments.findings --refresh` recomputes it)."""
   r = study.from_json(r)
   source = study.head_source(r["head"])
   layers = len(r["tuned"])

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 
+import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -32,6 +33,23 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   """The smoke run's sizes, and its programs compiled unoptimised (`study.quick_compiles`)."""
   assert doc["settings"]["expansions"] == [2, 4] and doc["settings"]["steps"] == 20
   assert doc["settings"]["xla_optimised"] is False
+  _check_paragraphs(doc["results"], doc["settings"])
+
+
+def _check_paragraphs(r: dict, s: dict) -> None:
+  """The per-paragraph sums give each size's FVU back, and the statistics on all the
+  paragraphs are the row's: the FVU by size, and the power law's R^2 (`stats.power_law_fit`)."""
+  per = r["per_group"]
+  error, variance = np.asarray(per["error"], float), np.asarray(per["variance"], float)
+  assert error.shape == (len(r["latents"]), len(variance))
+  np.testing.assert_allclose(error.sum(1) / variance.sum(), r["fvu"], rtol=1e-9)
+  scaling, _ = rules.uncertainty(r, s)
+  assert scaling.text.startswith(f"95% CI over the {len(variance)} held-out paragraphs"), scaling
+  lo, hi = scaling.intervals[rules.R2]
+  assert 0 <= lo <= hi <= 1 + 1e-12
+  want = rules.scaling_quantities(r["fvu"], r["fit"]["r2"])
+  got = rules.scaling_quantities(error.sum(1) / variance.sum(), r["fit"]["r2"])
+  assert got == pytest.approx(want)
 
 
 def test_quick_compiles_sets_then_gives_the_settings_back(monkeypatch):
@@ -68,3 +86,4 @@ def test_committed_rows_follow_the_rules():
   assert r["latents"] == [e * 384 for e in ss.EXPANSIONS] and len(r["fvu"]) == 5
   assert all(0 < v < 1 for v in r["fvu"]) and r["held_out_tokens"] > 10000
   assert 0 < r["loss_recovered"]["recovered"] <= 1
+  _check_paragraphs(r, doc["settings"])

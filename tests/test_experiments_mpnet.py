@@ -1,7 +1,7 @@
 """The committed all-mpnet-base-v2 findings, recomputed on held-out text (issue #33).
 
 Each experiment's run on the real 12 x 12 all-mpnet-base-v2 (`NAME_all-mpnet-base-v2.json`,
-written by `experiments/NAME.py --model sentence-transformers/all-mpnet-base-v2`) is checked
+written by `python -m experiments.NAME --model sentence-transformers/all-mpnet-base-v2`) is checked
 here against an independent computation on text the run did not read: WikiText-2 test
 sentences (Wikipedia, Clark et al.'s own domain; the runs read UD EWT dev or BLiMP), through
 `transformers.MPNetModel` and NumPy rather than bertjax's analyses where the statistic is simple

@@ -191,9 +191,18 @@ def test_sae_on_minilm_residual_stream(minilm_dir, data_dir):
   cfg = sae.SAEConfig(d_model=384, latents=8 * 384, k=32, lr=1e-3, dead_tokens=200_000)
   state, log = sae.train(train, cfg, steps=100, batch_tokens=1024, progress=False, log_every=50)
   assert log[-1][1]["loss"] < log[0][1]["loss"]
-  ev = sae.evaluate(state.params, cfg, held)
+  groups = np.arange(len(held)) % 7  # the FVU's sums kept per group: their ratio is the FVU
+  ev = sae.evaluate(state.params, cfg, held, groups=groups)
   assert ev["fvu"] < 0.4, ev["fvu"]  # 0.30 on the Xeon (Sapphire Rapids)
   assert ev["l0"] <= 32 and ev["dead"] < 0.5
+  per = ev["per_group"]
+  assert per["error"].shape == per["variance"].shape == (7,)
+  assert per["error"].sum() / per["variance"].sum() == pytest.approx(ev["fvu"], rel=1e-12)
+  x = np.asarray(held, np.float64)
+  want = np.sum((x[groups == 3] - x.mean(0)) ** 2)  # deviations from the whole set's mean
+  assert per["variance"][3] == pytest.approx(want, rel=1e-9)
+  with pytest.raises(ValueError, match="groups shape"):
+    sae.evaluate(state.params, cfg, held, groups=groups[1:])
   clean = {}
 
   def emb(out, b):

@@ -16,22 +16,22 @@ package is one). With these pieces it:
 * prints progress lines to stderr (`log`, `timed`); a `UsageError` or a missing data set
   prints one line, with no traceback.
 
-A new study in a few lines::
+A new study in a few lines:
 
-  import time
-  from bertjax import study
-  from bertjax.claims import Claim, Test
+    import time
+    from bertjax import study
+    from bertjax.claims import Claim, Test
 
-  CLAIM = Claim("Me 2026", "Most heads attend to [CLS].", yes=(Test("share", ">=", 0.5),))
+    CLAIM = Claim("Me 2026", "Most heads attend to [CLS].", yes=(Test("share", ">=", 0.5),))
 
-  def findings(results, settings):
-    return [CLAIM.row(f"{results['share']:.2f} of heads", {"share": results["share"]})]
+    def findings(results, settings):
+      return [CLAIM.row(f"{results['share']:.2f} of heads", {"share": results["share"]})]
 
-  def main(argv=None):
-    args = study.parser(__doc__, results="results").parse_args(argv)
-    start, (config, params, tok, name) = time.perf_counter(), study.load_model(args)
-    results = {"share": ...}  # measured
-    study.finish("mine", args, results, {"model": name}, findings=findings, started=start)
+    def main(argv=None):
+      args = study.parser(__doc__, results="results").parse_args(argv)
+      start, (config, params, tok, name) = time.perf_counter(), study.load_model(args)
+      results = {"share": ...}  # measured
+      study.finish("mine", args, results, {"model": name}, findings=findings, started=start)
 """
 
 from bertjax.study.command import (

@@ -105,7 +105,7 @@ def write_results(
     results: every measured number (NumPy arrays become lists; NaN/inf become null).
     findings: rows made with `bertjax.claims.Claim.row`, or the script's `findings(results,
       settings)`: then the rows are made from the results and settings as the JSON holds them,
-      as `findings.py --refresh` makes them, and logged.
+      as `python -m experiments.findings --refresh` makes them, and logged.
     settings: the run's settings (sizes, steps, model), so the run can be repeated.
     smoke: whether this was a `--smoke` run (such files never reach the README).
     seconds: the wall time of the whole run.

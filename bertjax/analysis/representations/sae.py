@@ -428,32 +428,56 @@ def train(
 
 
 def evaluate(
-  params: Params, config: SAEConfig, acts, *, dense_above: float = 0.1, chunk: int = 8192
+  params: Params,
+  config: SAEConfig,
+  acts,
+  *,
+  dense_above: float = 0.1,
+  chunk: int = 8192,
+  groups=None,
 ) -> dict[str, Any]:
   """How well the SAE explains held-out activations `acts` (n, d).
+
+  Args:
+    groups: optional `(n,)` group of each token (its passage, 0..G-1): the sums of the FVU
+      are kept per group too, the items of an interval over the groups (a passage's tokens
+      are not independent).
 
   Returns:
     "fvu": sum |x - x_hat|^2 / sum |x - mean x|^2 (fraction of variance unexplained);
     "l0": mean active latents per token; "frequency" (latents,): the share of tokens each
     fires on; "dead": the share of latents firing on none; "dense": the share firing on
-    more than `dense_above` of the tokens.
+    more than `dense_above` of the tokens; with `groups`, "per_group": {"error", "variance"},
+    `(G,)` each, the FVU's numerator and denominator summed per group (their sums' ratio is
+    the FVU).
   """
   acts = np.asarray(acts, np.float32)
   run = jax.jit(encode, static_argnums=2)
-  err = 0.0
+  token_err = np.zeros(len(acts))
   counts = np.zeros(config.latents, np.int64)
   l0 = 0
   for i in range(0, len(acts), chunk):
     x = acts[i : i + chunk]
     values, indices = run(params, x, config.k)
     recon = np.asarray(decode(params, values, indices), np.float64)
-    err += float(np.sum((recon - x) ** 2))
+    token_err[i : i + len(x)] = np.sum((recon - x) ** 2, -1)
     on = np.asarray(values) > 0
     np.add.at(counts, np.asarray(indices)[on], 1)
     l0 += int(on.sum())
-  var = float(np.sum((acts.astype(np.float64) - acts.mean(0, dtype=np.float64)) ** 2))
+  token_var = np.sum((acts.astype(np.float64) - acts.mean(0, dtype=np.float64)) ** 2, -1)
+  err, var = float(np.sum(token_err)), float(np.sum(token_var))
   freq = counts / max(len(acts), 1)
+  out = {}
+  if groups is not None:
+    groups = np.asarray(groups)
+    if groups.shape != (len(acts),):
+      raise ValueError(f"groups shape {groups.shape} must be ({len(acts)},), one per token")
+    out["per_group"] = {
+      "error": np.bincount(groups, token_err),
+      "variance": np.bincount(groups, token_var),
+    }
   return {
+    **out,
     "fvu": err / var,
     "l0": l0 / max(len(acts), 1),
     "frequency": freq,
@@ -474,6 +498,7 @@ def scaling_sweep(
   batch_tokens: int,
   seed: int = 0,
   log: Callable[[str], None] | None = None,
+  groups=None,
 ) -> tuple[dict[str, Any], tuple[TrainState, SAEConfig, dict[str, Any]]]:
   """One top-k SAE per expansion e (e x d latents, k kept, at most all), trained on
   `train_acts` (`train`) and evaluated on `held_acts` (`evaluate`), with the power law
@@ -482,8 +507,9 @@ def scaling_sweep(
 
   Returns:
     `(r, last)`: `r` holds, per size in order, "latents", "fvu", "dead", "dense", "l0" and
-    "train_log", with "fit", "train_tokens" and "held_out_tokens"; `last` is the largest
-    SAE's (state, config, evaluation).
+    "train_log", with "fit", "train_tokens" and "held_out_tokens" (and with `groups`, the
+    held-out tokens' passages as `evaluate` takes them, "per_group": "error" per size and
+    group, "variance" per group); `last` is the largest SAE's (state, config, evaluation).
   """
   from bertjax import stats
 
@@ -505,13 +531,16 @@ def scaling_sweep(
       progress=False,
       log_every=max(steps // 10, 1),
     )
-    ev = evaluate(state.params, cfg, held_acts)
+    ev = evaluate(state.params, cfg, held_acts, groups=groups)
     if log is not None:
       log(f"{e * d} latents: FVU {ev['fvu']:.4f}, dead {ev['dead']:.3f}, dense {ev['dense']:.3f}")
     for key in keys:
       r[key].append(ev[key])
     r["latents"].append(e * d)
     r["train_log"].append(train_log)
+    if groups is not None:
+      per = r.setdefault("per_group", {"error": [], "variance": ev["per_group"]["variance"]})
+      per["error"].append(ev["per_group"]["error"])
     last = (state, cfg, ev)
   r["fit"] = stats.power_law_fit(r["latents"], r["fvu"])
   return r, last
