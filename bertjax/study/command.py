@@ -13,14 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 SCRATCH = pathlib.Path("out") / "experiments"  # relative to the working directory
-
-
 DEFAULT_MODEL = "all-MiniLM-L6-v2"  # what the experiments analyse without --model
-
-
 MPNET = "sentence-transformers/all-mpnet-base-v2"  # `bertjax models install` puts it in the cache
-
-
 MODEL_FAMILIES = (
   "BERT, ALBERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, MPNet, NomicBERT, "
   "ModernBERT or EuroBERT"
