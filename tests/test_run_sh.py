@@ -59,7 +59,7 @@ def _scripts(folder: str) -> dict[str, str]:
   """Each script's name and the first line of its docstring."""
   out = {}
   for path in sorted((REPO / folder).glob("*.py")):
-    if path.stem in ("common", "findings") or path.stem.startswith("_"):
+    if path.stem in ("common", "findings", "findings_pages") or path.stem.startswith("_"):
       continue
     doc = ast.get_docstring(ast.parse(path.read_text()))
     assert doc, f"{path} has no docstring"
@@ -167,7 +167,8 @@ def _fake_venv(tmp_path) -> pathlib.Path:
 
 _RECORDING_PYTHON = """#!/usr/bin/env bash
 # A stand-in for the venv's python that records where and how it was run.
-{ echo "cwd=$PWD"; echo "offline=${HF_HUB_OFFLINE:-unset}"; printf 'arg=%s\\n' "$@"; } >"$FAKE_RECORD"
+{ echo "cwd=$PWD"; echo "offline=${HF_HUB_OFFLINE:-unset}"; echo "path=${PYTHONPATH:-}";
+  printf 'arg=%s\\n' "$@"; } >"$FAKE_RECORD"
 """
 
 
@@ -185,7 +186,8 @@ def _recording_venv(tmp_path) -> pathlib.Path:
 
 
 def _recorded(tmp_path, *args, env=None) -> dict:
-  """Runs `REPO/run.sh ARGS` from tmp_path/work; returns the python's cwd, args, offline."""
+  """Runs `REPO/run.sh ARGS` from tmp_path/work; returns the python's cwd, args, offline and
+  PYTHONPATH."""
   work = tmp_path / "work"
   work.mkdir(exist_ok=True)
   record = tmp_path / "record.txt"
@@ -211,7 +213,8 @@ def _recorded(tmp_path, *args, env=None) -> dict:
   return {
     "cwd": pathlib.Path(lines[0].removeprefix("cwd=")),
     "offline": lines[1].removeprefix("offline="),
-    "args": [line.removeprefix("arg=") for line in lines[2:]],
+    "path": lines[2].removeprefix("path="),
+    "args": [line.removeprefix("arg=") for line in lines[3:]],
   }
 
 
@@ -228,10 +231,11 @@ def test_commands_run_in_the_callers_directory(tmp_path):
   assert got["offline"] == "1"  # the user's setting is kept
   got = _recorded(tmp_path, "demo", "--out", "rep")
   assert got["cwd"] == work and got["args"] == ["-m", "bertjax.cli", "report", "--out", "rep"]
-  # Experiments and benchmarks: the script from the checkout, run in the caller's directory.
+  # Experiments (a package, run as a module with the checkout on the module path) and
+  # benchmarks (the script from the checkout), run in the caller's directory.
   got = _recorded(tmp_path, "experiment", "sixteen_heads", "--out", "o")
-  assert got["args"] == [str(REPO / "experiments" / "sixteen_heads.py"), "--out", "o"]
-  assert got["cwd"] == work
+  assert got["args"] == ["-m", "experiments.sixteen_heads", "--out", "o"]
+  assert got["cwd"] == work and got["path"].split(":")[0] == str(REPO)
   got = _recorded(tmp_path, "bench", "bench_forward", "--smoke")
   assert got["args"] == [str(REPO / "benchmarks" / "bench_forward.py"), "--smoke"]
   assert got["cwd"] == work
