@@ -11,9 +11,11 @@ else "no". `Claim.judge` reads the statistics from per-item arrays (sentences, h
 passages, seeds, interleaved timing rounds): the value on all items, its 95% percentile
 bootstrap interval, and the rule applied to every resample. The verdict is "inconclusive"
 where the rule's verdicts at the interval's two ends differ (the interval straddles a
-threshold). Where nothing was sampled, `Claim.exact` judges the values as they are; where the
-rule itself is an exact test, `Claim.tested` says so; where the items were not kept,
-`Claim.unsampled` says that no interval could be computed.
+threshold). Where the statistics were computed on each resample during a run (items too large
+to keep), `Claim.resampled` takes those values instead. Where nothing was sampled,
+`Claim.exact` judges the values as they are; where the rule itself is an exact test,
+`Claim.tested` says so; where the items were not kept, `Claim.unsampled` says that no interval
+could be computed.
 
 A claim about one's own model takes a few lines:
 
@@ -251,6 +253,29 @@ class Claim:
     intervals = {k: (float(low[i]), float(high[i])) for i, k in enumerate(names)}
     return self._judgement(point, intervals, ends, over or f"the {n} {self.unit}", shown)
 
+  def resampled(
+    self,
+    point: Mapping[str, float],
+    values: Mapping[str, np.ndarray],
+    *,
+    over: str,
+    shown: Mapping[str, str] | None = None,
+  ) -> Judgement:
+    """The verdict where the statistics were computed on each resample during the run (items too
+    large to keep, as every word's vector): `values` maps each statistic the rule reads to its
+    `(R,)` values on the resamples; the 95% percentile interval and the verdicts at its ends are
+    `judge`'s, from these values (NaN resamples left out), and `point` the values on all items."""
+    names = list(values)
+    cols = np.stack([np.asarray(values[k], np.float64) for k in names], -1)
+    levels = self.levels({k: cols[:, i] for i, k in enumerate(names)}).astype(np.float64)
+    levels[np.isnan(cols).any(-1)] = np.nan  # no verdict on a resample with a missing value
+    cols = np.concatenate([cols, levels[:, None]], -1)
+    with np.errstate(invalid="ignore"):
+      low, high = np.nanquantile(cols, [0.025, 0.975], axis=0)
+    ends = (int(np.floor(low[-1])), int(np.ceil(high[-1])))
+    intervals = {k: (float(low[i]), float(high[i])) for i, k in enumerate(names)}
+    return self._judgement(dict(point), intervals, ends, over, shown)
+
   def at_ends(
     self,
     point: Mapping[str, float],
@@ -261,10 +286,23 @@ class Claim:
     shown: Mapping[str, str] | None = None,
   ) -> Judgement:
     """The verdict where the statistics' intervals were computed elsewhere (items too large to
-    keep): the rule, monotone in each statistic, applied at both ends."""
-    ends = sorted(int(self.levels(x)) for x in (low, high))
+    keep): the rule applied across the box the intervals span, at both ends of each and on
+    both sides of every threshold within it, so a rule that is not monotone ("yes" for 1 to a
+    few, "partly" above) is seen whole. Statistics without an interval keep their `point`
+    value; a test of one statistic against another is checked where the grid puts them."""
+    grid = {}
+    for k in low:
+      lo, hi = float(low[k]), float(high[k])
+      at = {lo, hi}
+      for t in self.applies + self.yes + self.partly:
+        if t.quantity == k and not isinstance(t.threshold, str) and lo <= t.threshold <= hi:
+          x = float(t.threshold)
+          at |= {x, float(np.nextafter(x, -np.inf)), float(np.nextafter(x, np.inf))}
+      grid[k] = sorted(v for v in at if lo <= v <= hi)
+    mesh = np.meshgrid(*grid.values(), indexing="ij")
+    levels = self.levels({**point, **{k: m.ravel() for k, m in zip(grid, mesh)}})
     intervals = {k: (float(low[k]), float(high[k])) for k in low}
-    return self._judgement(point, intervals, (ends[0], ends[1]), over, shown)
+    return self._judgement(point, intervals, (int(levels.min()), int(levels.max())), over, shown)
 
   def exact(
     self, quantities: Mapping[str, float | None], why: str = "nothing sampled"

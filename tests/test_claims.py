@@ -116,6 +116,20 @@ def test_judge_is_the_percentile_bootstrap_with_the_rule_on_every_resample():
   assert j.shown == ("yes" if expect == ("yes", "yes") else "inconclusive")
 
 
+def test_resampled_values_give_the_judgement_judge_gives():
+  """Statistics computed on each resample during a run (`Claim.resampled`) give `judge`'s
+  interval and span when they are the same resamples' values."""
+  rng = np.random.default_rng(4)
+  x = rng.normal(0.1, 1.0, 50)
+  claim = Claim("P", "the mean is positive", yes=(Test("mean", ">", 0),), unit="sentences")
+  j = claim.judge(x, lambda a: {"mean": a.mean(-1)}, resamples=500, seed=5)
+  idx = np.random.default_rng(5).integers(0, 50, (500, 50))
+  values = {"mean": np.append(x[idx].mean(1), np.nan)}  # a resample with no value is left out
+  got = claim.resampled({"mean": x.mean()}, values, over="the 50 sentences")
+  np.testing.assert_allclose(got.intervals["mean"], j.intervals["mean"], rtol=1e-12)
+  assert (got.span, got.text, got.verdict) == (j.span, j.text, j.verdict)
+
+
 def test_a_straddling_interval_is_inconclusive_and_a_clear_one_is_not():
   """Planted: a mean of 0.05 +- 1 over 40 items straddles a threshold of 0; 3 +- 1 does not."""
   rng = np.random.default_rng(2)
@@ -171,6 +185,12 @@ def test_judgements_without_an_interval():
     ends.span == ("partly", "yes") and ends.text == "95% CI over the 9 sentences: s [0.06, 0.20]"
   )
   assert claims.mark("n/a") == "— n/a" and claims.mark("yes", ("no", "yes")).startswith("❔")
+  yes, partly = (Test("n", ">=", 1), Test("n", "<=", 5)), (Test("n", ">", 5),)
+  few = Claim("P", "a few", yes=yes, partly=partly, partly_if="all")
+  # Not monotone: "no" at 0, "partly" at 9, and "yes" between them.
+  assert few.at_ends({"n": 9}, {"n": 0}, {"n": 9}, over="x").span == ("no", "yes")
+  assert few.at_ends({"n": 9}, {"n": 5.5}, {"n": 9}, over="x").span == ("partly", "partly")
+  assert few.at_ends({"n": 3}, {"n": 2}, {"n": 5}, over="x").span == ("yes", "yes")
 
 
 def test_span_of_applies_a_whole_rule_to_each_resample():
