@@ -21,6 +21,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import sys
 from typing import Any
 
@@ -72,6 +73,28 @@ def to_json(x: Any, *, digits: int | None = None) -> Any:
   return x
 
 
+_LIST_START, _LIST_END, _ITEM = (
+  re.compile(r"\[\n\s*"),
+  re.compile(r"\n\s*\]"),
+  re.compile(r",\n\s*"),
+)
+_FLAT_LIST = re.compile(r"\[[^\[\]{}]*\]")  # a list with no list or object inside
+
+
+def json_text(obj: Any, *, indent: int | None = 1, sort_keys: bool = False) -> str:
+  """`obj` (plain JSON values, no NaN) as JSON text, indented, with every list of numbers or
+  strings on one line: a result's arrays take a line each, not a line per number.
+
+  Only whitespace between values changes (a JSON string holds no raw newline), so the text
+  reads back as `json.dumps` would give it.
+  """
+  text = json.dumps(obj, indent=indent, sort_keys=sort_keys, allow_nan=False)
+  if indent is None:
+    return text
+  flat = lambda m: _ITEM.sub(", ", _LIST_END.sub("]", _LIST_START.sub("[", m.group(0))))
+  return _FLAT_LIST.sub(flat, text)
+
+
 def write_json(
   path: str | os.PathLike,
   obj: Any,
@@ -85,14 +108,13 @@ def write_json(
   Args:
     path: the file to write; its directory must exist.
     obj: the value (see `to_json`).
-    indent: JSON indentation (None: one line).
+    indent: JSON indentation (None: one line); lists of numbers or strings stay on one line
+      (`json_text`).
     digits: round floats to this many decimals (None: keep them whole).
     sort_keys: sort object keys.
   """
   path = pathlib.Path(path)
-  text = json.dumps(
-    to_json(obj, digits=digits), indent=indent, sort_keys=sort_keys, allow_nan=False
-  )
+  text = json_text(to_json(obj, digits=digits), indent=indent, sort_keys=sort_keys)
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text(text + "\n")
   tmp.replace(path)

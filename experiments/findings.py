@@ -36,6 +36,7 @@ import json
 import pathlib
 import sys
 
+from bertjax.utils import json_text
 from experiments.findings_pages import PAGES, module, render, render_page, render_summary
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -110,7 +111,7 @@ def refresh(path: pathlib.Path) -> bool:
   doc["findings_refreshed"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
     timespec="seconds"
   )
-  path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+  path.write_text(json_text(doc) + "\n")
   return True
 
 
