@@ -237,11 +237,14 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
     }
     return rows_of({**r, "stats": stats_}, s)
 
-  def margins(rr):  # (R, n, methods) -> (R, 4): each value-counting method's MRR minus the
-    mrr = (1 / rr).mean(1)  # best attention-weight method's
-    return mrr[:, mixing] - mrr[:, weights].max(1, keepdims=True)
+  def margins(these, rest):  # (R, n, methods) -> (R, len(these)): each of `these` methods'
+    def of(rr):  # MRR minus the best of the `rest`'s
+      mrr = (1 / rr).mean(1)
+      return mrr[:, these] - mrr[:, rest].max(1, keepdims=True)
 
-  cis = claims.interval_text(ranks, margins, "{:+.2f}")
+    return of
+
+  cis = claims.interval_text(ranks, margins(mixing, weights), "{:+.2f}")
   first = claims.note(
     f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
     + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
@@ -264,11 +267,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
     return [first, second]
   others = [i for i in range(len(names)) if i not in decomp]
 
-  def decomp_margins(rr):  # each decomposition's MRR minus the best other method's
-    mrr = (1 / rr).mean(1)
-    return mrr[:, decomp] - mrr[:, others].max(1, keepdims=True)
-
-  cis = claims.interval_text(ranks, decomp_margins, "{:+.2f}")
+  cis = claims.interval_text(ranks, margins(decomp, others), "{:+.2f}")
   third = claims.note(
     f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
     + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
