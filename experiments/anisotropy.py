@@ -25,45 +25,35 @@ from experiments import common
 
 NAME = "anisotropy"
 TRENDED = "anisotropy self_similarity self_similarity_adjusted intra_sentence_adjusted mev_adjusted"
+RESAMPLES = 1000  # of the sentences, for the intervals of the anisotropy and self-similarity rows
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options and the measures' sizes and definitions."""
   p = common.parser(__doc__)
-  p.add_argument(
-    "--sentences",
-    type=int,
-    help="use only the first N EWT dev sentences (default: all 2,001; --smoke: 40)",
-  )
-  p.add_argument(
-    "--pairs", type=int, default=20000, help="random word pairs for anisotropy (default: 20000)"
-  )
-  p.add_argument(
+  add = p.add_argument
+  add("--sentences", type=int, help="the first N EWT dev sentences (default: all; --smoke: 40)")
+  add("--pairs", type=int, default=20000, help="random word pairs for anisotropy (default: 20000)")
+  add(
     "--min-count",
     type=int,
     default=5,
-    help="a word type needs this many occurrences for self-similarity and MEV "
-    "(default: 5, as Ethayarajh)",
+    help="occurrences a word type needs for self-similarity and MEV (default: 5, as Ethayarajh)",
   )
-  p.add_argument(
+  add(
     "--mev-definition",
     choices=geometry.MEV_DEFINITIONS,
     default="truncated_svd",
-    help="the MEV definition of the Findings row (all three are measured; "
-    "default: truncated_svd, the code behind the paper's released numbers)",
+    help="the MEV definition of the Findings row (all three are measured; default: "
+    "truncated_svd, the code behind the paper's released numbers)",
   )
-  p.add_argument(
-    "--mev-max-occurrences",
-    type=int,
-    help="at most this many occurrences per type for MEV (a seeded sample; "
-    "default: all, as Ethayarajh)",
-  )
-  p.add_argument(
+  add("--mev-max-occurrences", type=int, help="MEV on a seeded sample of <= N occurrences a type")
+  add(
     "--punctuation",
     choices=("exclude", "include"),
     default="exclude",
-    help="whether punctuation words (UPOS PUNCT) are word types of self-similarity "
-    "and MEV (default: exclude, as Ethayarajh's word index)",
+    help="whether punctuation words (UPOS PUNCT) are word types of self-similarity and MEV "
+    "(default: exclude, as Ethayarajh's word index)",
   )
   return p.parse_args(argv)
 
@@ -91,13 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   types = np.asarray([w.lower() for s in sentences for w in s.forms])
   upos = np.asarray([u for s in sentences for u in s.upos])
   measured = (upos != "PUNCT") | (args.punctuation == "include")
+  words = (reps, types, wf.sentence_index)
+  both = dict(measured=measured, min_count=min_count, seed=args.seed)
   with study.timed(timings, "measures"):
-    sizes = dict(
-      num_pairs=args.pairs, min_count=min_count, max_occurrences=args.mev_max_occurrences
-    )
-    m, mevs = geometry.ethayarajh_measures(
-      reps, types, wf.sentence_index, measured=measured, seed=args.seed, **sizes
-    )
+    sizes = dict(num_pairs=args.pairs, max_occurrences=args.mev_max_occurrences)
+    m, mevs = geometry.ethayarajh_measures(*words, **sizes, **both)
+  with study.timed(timings, "sentence resamples"):  # for the first three rows' intervals
+    resampled = geometry.sentence_resamples(*words, resamples=RESAMPLES, **both)
   mv = mevs[definition]
   m["mev"], m["mev_baseline"], m["mev_adjusted"] = mv["mev"], mv["baseline"], mv["adjusted"]
   counts = np.unique(types[measured], return_counts=True)[1]  # per measured word type
@@ -116,17 +106,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     "pooling": wf.pooling,
     "min_count": min_count,
     **{k: getattr(args, k) for k in ("pairs", "mev_max_occurrences", "mev_definition", "seed")},
+    "sentence_resamples": RESAMPLES,
     "mev_definitions": geometry.MEV_SOURCES,
-    "mev_baseline": "per measured type, the MEV (same definition) of as many tokens "
-    "drawn uniformly from all words; averaged over types",
-    "mev_baseline_paper": f"mev_*_baseline_paper: one MEV of {min(1000, len(sentences)):,} words, "
-    "one from each of as many random sentences (kawine/contextual explore_embedding_space)",
+    "mev_baseline": geometry.MEV_BASELINES["same_count"],
+    "mev_baseline_paper": geometry.MEV_BASELINES["paper"].replace(
+      "`paper_samples`", f"{min(1000, len(sentences)):,}"
+    ),
     "punctuation": args.punctuation,
     "word_types": "lower-cased UD word forms"
     + (", UPOS PUNCT left out" if args.punctuation == "exclude" else ""),
   }
   results = {"summary": summary, "per_layer": m, "features": wf.summary(), "timings": timings}
   results["mev_per_type"] = mv.get("per_type")  # each measured type's MEV and baseline
+  # Per resample of the sentences and per layer: the all-pairs anisotropy and self-similarity.
+  results["sentence_resamples"] = {k: np.round(v, 5) for k, v in resampled.items()}
   study.finish(NAME, args, results, settings, findings=findings, started=t_start, figures=figs)
   return 0
 
@@ -141,21 +134,15 @@ PAPER = "Ethayarajh 2019"
 def differs_note(model: str, data: str, anisotropy: Sequence[float]) -> str:
   """What differs from Ethayarajh's setting, and the likely cause of a falling last layer."""
   blocks, name = np.asarray(anisotropy, float)[1:], model.lower()
-  note = (
-    f"Differs from Ethayarajh: {model} on UD EWT {data} words, not BERT-base, ELMo or "
-    "GPT-2 on SemEval STS sentences"
+  what = study.describe_model(model, len(blocks))
+  note = f"Differs from Ethayarajh: UD EWT {data} words, not SemEval STS sentences" + (
+    f"; {what} (nor ELMo or GPT-2)" if what else ""
   )
-  if "mpnet" in name:
-    note += (
-      "; MPNet is not BERT either: pre-trained by permuted language modelling, with a "
-      "relative-position bias in every layer's attention"
-    )
   # Both real models here are sentence-transformers checkpoints trained with that loss.
   if ("minilm" in name or "mpnet" in name) and blocks.argmax() < len(blocks) - 1:
     note += (
-      f"; {model} was trained further for sentence embeddings with a contrastive loss on its "
-      "mean-pooled last layer, which rewards spread-out (isotropic) outputs: the likely cause of "
-      f"the fall from {blocks.max():.2f} at layer {int(blocks.argmax()) + 1} to {blocks[-1]:.2f} "
+      "; the contrastive loss rewards spread-out (isotropic) outputs: the likely cause of the "
+      f"fall from {blocks.max():.2f} at layer {int(blocks.argmax()) + 1} to {blocks[-1]:.2f} "
       f"at layer {len(blocks)}"
     )
   return note + ". "
@@ -196,22 +183,19 @@ MEV = Claim(
 )
 
 
-def anisotropy_quantities(raw: Sequence[float]) -> dict[str, float]:
-  """What `ANISOTROPIC` reads from the mean cosine of layers 1-L."""
-  return {LOWEST: float(np.min(raw)), HIGHEST: float(np.max(raw))}
+# What each claim reads from a measure of layers 1-L (`geometry.layer_statistics`' names).
+READS = {
+  ANISOTROPIC: {"lowest": LOWEST, "highest": HIGHEST},
+  RISES: {"rise": RISE, "trend": TREND, "rising": RISE_STEPS},
+  FALLS: {"fall": FALL, "trend": TREND, "falling": FALL_STEPS},
+  MEV: {"highest": MEV_HIGHEST, "lowest": MEV_LOWEST},
+}
 
 
-def trend_quantities(values: Sequence[float], falls: bool = False) -> dict[str, float]:
-  """What `RISES` (or with `falls`, `FALLS`) reads from a value of layers 1-L."""
-  v = np.asarray(values, np.float64)
-  if falls:
-    return {FALL: v[0] - v[-1], TREND: geometry.depth_trend(v), FALL_STEPS: np.mean(np.diff(v) < 0)}
-  return {RISE: v[-1] - v[0], TREND: geometry.depth_trend(v), RISE_STEPS: np.mean(np.diff(v) > 0)}
-
-
-def mev_quantities(adjusted) -> dict[str, float]:
-  """What `MEV` reads from the adjusted MEV of layers 1-L (`(..., L)`: one per resample)."""
-  return {MEV_HIGHEST: np.max(adjusted, -1), MEV_LOWEST: np.min(adjusted, -1)}
+def quantities(claim: Claim, values) -> dict[str, float]:
+  """What `claim` reads from a measure of layers 1-L (`(..., L)`: one per resample)."""
+  stats = geometry.layer_statistics(values)
+  return {name: stats[k] for k, name in READS[claim].items()}
 
 
 def findings(r: dict, s: dict) -> list[dict]:
@@ -241,29 +225,29 @@ def findings(r: dict, s: dict) -> list[dict]:
     + f". Differs from the paper: its baseline is one MEV of {min(1000, s['sentences']):,} random "
     "words from distinct sentences; ours, per type, the MEV of as many random words as the type "
     f"has occurrences. With the paper's baseline the adjusted {definition} MEV is "
-    f"{per_layer(paper_mev)} (rule: {MEV.verdict(mev_quantities(paper_mev))}). The rule reads "
+    f"{per_layer(paper_mev)} (rule: {MEV.verdict(quantities(MEV, paper_mev))}). The rule reads "
     f"the adjusted {definition} MEV with the same-count baseline."
   )
   return [
     ANISOTROPIC.row(
       f"mean cosine of {s['pairs']} random word pairs, layers 1-{last}: {per_layer(a)} "
       f"(embeddings {full[0]:.2f}; mean-centred: {per_layer(m['anisotropy_centered'])}). {differs}",
-      anisotropy_quantities(a),
+      quantities(ANISOTROPIC, a),
     ),
     RISES.row(
       f"anisotropy layer 1 {a[0]:.3f} -> layer {last} {a[-1]:.3f}, peak {a[peak]:.3f} at layer "
       f"{peak + 1}; {rising(a)} of {last - 1} steps rise; Spearman with depth "
       f"{summary['trend_anisotropy']:.2f}; over layers 1-{peak + 1}, up to the peak, "
       f"{rising(a[: peak + 1])} of {peak} steps rise. {differs}",
-      trend_quantities(a),
+      quantities(RISES, a),
     ),
     FALLS.row(
       f"self-similarity (raw) layers 1-{last}: {per_layer(m['self_similarity'])}; adjusted: "
       f"{per_layer(ss)} (Spearman {summary['trend_self_similarity_adjusted']:.2f}; "
       f"{summary['types_min_count']} {kinds} seen >= {min_count} times).",
-      trend_quantities(ss, falls=True),
+      quantities(FALLS, ss),
     ),
-    MEV.row(mev_text, mev_quantities(m["mev_adjusted"])),
+    MEV.row(mev_text, quantities(MEV, m["mev_adjusted"])),
   ]
 
 
@@ -271,14 +255,30 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """The MEV row over the word types (each type's MEV and same-count baseline, resampled
-  together); the others need the sentences resampled, which the JSON does not keep."""
+  """The anisotropy and self-similarity rows over resamples of the sentences, computed in the
+  run (`geometry.sentence_resamples`: every word's vectors are too large to keep); the MEV row
+  over the word types (each type's MEV and same-count baseline, resampled together)."""
   rows, per = findings(r, s), r.get("mev_per_type")
   why = "per-sentence values (the random pairs and the types share them)"
   judged = [claims.rerun_needed(why)] * len(rows)
+  boot = r.get("sentence_resamples")
+  if boot:  # absent from a run before they were kept
+    a, ss = (np.asarray(boot[k], np.float64)[:, 1:] for k in ("anisotropy", "self_similarity"))
+    layers = lambda k: np.asarray(r["per_layer"][k], np.float64)[1:]
+    pa, pss = layers("anisotropy"), layers("self_similarity_adjusted")
+    over = f"{len(a)} resamples of the {s['sentences']:,} sentences (all their word pairs)"
+    trend = lambda name: {name: "{:+.3f}", TREND: "{:.2f}"}
+    judged[:3] = [
+      claim.resampled(quantities(claim, p), quantities(claim, v), over=over, shown=shown)
+      for claim, p, v, shown in (
+        (ANISOTROPIC, pa, a, {LOWEST: "{:.3f}"}),
+        (RISES, pa, a, trend(RISE)),
+        (FALLS, pss, ss - a, trend(FALL)),
+      )
+    ]
   if per:  # absent from a run before they were kept, or with no type measured
     m, b = (np.asarray(per[k], np.float64)[:, 1:] for k in ("mev", "baseline"))
-    adjusted = lambda m, b: mev_quantities(np.nanmean(m, -2) - np.nanmean(b, -2))
+    adjusted = lambda m, b: quantities(MEV, np.nanmean(m, -2) - np.nanmean(b, -2))
     point = {rows[3]["value"]["name"]: rows[3]["value"]["value"]}
     judged[3] = MEV.judge((m, b), adjusted, point=point, over=f"the {len(m)} word types")
   return judged

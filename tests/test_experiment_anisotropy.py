@@ -20,20 +20,20 @@ def test_every_mev_definition_is_labelled_and_documented():
 
 
 def test_trend_and_rules():
-  rises = lambda v: rules.RISES.verdict(rules.trend_quantities(v))
+  rises = lambda v: rules.RISES.verdict(rules.quantities(rules.RISES, v))
   assert geometry.depth_trend([0.1, 0.2, 0.3]) == pytest.approx(1.0)
   assert geometry.depth_trend([0.3, 0.2, 0.1]) == pytest.approx(-1.0)
   assert np.isnan(geometry.depth_trend([0.2, 0.2]))
-  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.2, 0.3])) == "yes"
-  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.3])) == "partly"
-  assert rules.ANISOTROPIC.verdict(rules.anisotropy_quantities([0.05, 0.0])) == "no"
+  assert rules.ANISOTROPIC.verdict(rules.quantities(rules.ANISOTROPIC, [0.2, 0.3])) == "yes"
+  assert rules.ANISOTROPIC.verdict(rules.quantities(rules.ANISOTROPIC, [0.05, 0.3])) == "partly"
+  assert rules.ANISOTROPIC.verdict(rules.quantities(rules.ANISOTROPIC, [0.05, 0.0])) == "no"
   assert rises([0.1, 0.2, 0.3]) == "yes"
   assert rises([0.1, 0.3, 0.25, 0.2, 0.15, 0.12]) == "partly"  # last > first, trend < 0.5
   assert rises([0.3, 0.2, 0.1]) == "no"
   assert rises([0.12, 0.13, 0.15, 0.17, 0.21, 0.03]) == "partly"  # 4 of 5 steps rise
-  assert rules.FALLS.verdict(rules.trend_quantities([0.3, 0.2, 0.1], falls=True)) == "yes"
-  assert rules.MEV.verdict(rules.mev_quantities([0.01, 0.04])) == "yes"
-  assert rules.MEV.verdict(rules.mev_quantities([0.01, 0.2])) == "partly"
+  assert rules.FALLS.verdict(rules.quantities(rules.FALLS, [0.3, 0.2, 0.1])) == "yes"
+  assert rules.MEV.verdict(rules.quantities(rules.MEV, [0.01, 0.04])) == "yes"
+  assert rules.MEV.verdict(rules.quantities(rules.MEV, [0.01, 0.2])) == "partly"
 
 
 def test_committed_results_are_consistent():
@@ -58,12 +58,13 @@ def test_committed_results_are_consistent():
   np.testing.assert_array_equal(m["mev"], m[f"mev_{definition}"])
   holds = [f["holds"] for f in doc["findings"]]
   assert holds == [
-    rules.ANISOTROPIC.verdict(rules.anisotropy_quantities(m["anisotropy"][1:])),
-    rules.RISES.verdict(rules.trend_quantities(m["anisotropy"][1:])),
-    rules.FALLS.verdict(rules.trend_quantities(m["self_similarity_adjusted"][1:], falls=True)),
-    rules.MEV.verdict(rules.mev_quantities(m["mev_adjusted"][1:])),
+    rules.ANISOTROPIC.verdict(rules.quantities(rules.ANISOTROPIC, m["anisotropy"][1:])),
+    rules.RISES.verdict(rules.quantities(rules.RISES, m["anisotropy"][1:])),
+    rules.FALLS.verdict(rules.quantities(rules.FALLS, m["self_similarity_adjusted"][1:])),
+    rules.MEV.verdict(rules.quantities(rules.MEV, m["mev_adjusted"][1:])),
   ]
   _check_mev_items(doc)
+  _check_sentence_resamples(doc)
 
 
 def _check_mev_items(doc):
@@ -78,5 +79,18 @@ def _check_mev_items(doc):
   assert lo <= hi
 
 
+def _check_sentence_resamples(doc):
+  """The first three rows' intervals come from the resamples of the sentences the run kept
+  (each resample's anisotropy and self-similarity per layer)."""
+  boot, s = doc["results"]["sentence_resamples"], doc["settings"]
+  layers = len(doc["results"]["per_layer"]["anisotropy"])
+  for key in ("anisotropy", "self_similarity"):
+    assert np.shape(boot[key]) == (s["sentence_resamples"], layers)
+  for u in rules.uncertainty(doc["results"], s)[:3]:
+    assert u.text.startswith(f"95% CI over {s['sentence_resamples']} resamples of the "), u.text
+    assert u.span is not None and all(lo <= hi for lo, hi in u.intervals.values())
+
+
 def check_smoke(doc, out):
   _check_mev_items(doc)
+  _check_sentence_resamples(doc)

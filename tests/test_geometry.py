@@ -86,6 +86,30 @@ def test_anisotropy_of_resampled_sentences(reps):
   np.testing.assert_allclose(both[0], want, atol=1e-5)
 
 
+def test_sentence_resamples_copy_the_drawn_sentences(reps):
+  """`sentence_resamples` (the anisotropy experiment's interval): each resample is its drawn
+  sentences' tokens copied, no token paired with its own copies, self-similarity over the types
+  counted in all the sentences (the measured ones) that are drawn at least twice."""
+  x, words, sents = reps
+  measured = np.arange(x.shape[1]) % 7 != 0  # some tokens are not measured (punctuation)
+  got = geometry.sentence_resamples(x, words, sents, measured=measured, min_count=3, resamples=4)
+  idx = np.random.default_rng(0).integers(0, 12, (4, 12))  # the resamples bootstrap_ci draws
+  for r, take in enumerate(idx):
+    tokens = np.concatenate([np.flatnonzero(sents == g) for g in take])
+    counted = [w for w in np.unique(words) if (words[measured] == w).sum() >= 3]
+    for l in range(L):
+      u = x[l, tokens] / np.linalg.norm(x[l, tokens], axis=-1, keepdims=True)
+      cos, own = u @ u.T, tokens[:, None] == tokens[None, :]
+      np.testing.assert_allclose(got["anisotropy"][r, l], cos[~own].mean(), atol=1e-5)
+      per_type = []
+      for w in counted:
+        of = (words[tokens] == w) & measured[tokens]
+        pairs = (of[:, None] & of[None, :]) & ~own
+        if pairs.any():
+          per_type.append(cos[pairs].mean())
+      np.testing.assert_allclose(got["self_similarity"][r, l], np.mean(per_type), atol=1e-5)
+
+
 def test_self_and_intra_sentence_similarity_match_numpy(reps):
   x, words, sents = reps
   for centered in (False, True):

@@ -20,6 +20,7 @@ unless stated.
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -256,6 +257,69 @@ def contextuality(
   return out
 
 
+def sentence_resamples(
+  reps,
+  word_ids: Sequence[Any],
+  sentence_ids: Sequence[Any],
+  *,
+  measured=None,
+  min_count: int = 5,
+  resamples: int = 1000,
+  seed: int = 0,
+) -> dict[str, np.ndarray]:
+  """Anisotropy and self-similarity per layer on bootstrap resamples of the sentences.
+
+  Resample i takes the sentences `np.random.default_rng(seed).integers(0, S, (resamples,
+  S))[i]` (the resamples `bertjax.stats.bootstrap_ci` draws), each token as many times as its
+  sentence is drawn, and a token is never paired with its own copies:
+  - `anisotropy`: the mean cosine over all pairs of distinct tokens (`anisotropy_of_groups`;
+    the point estimate draws random pairs instead, which this replaces by their expectation);
+  - `self_similarity`: per word type seen at least `min_count` times in all the sentences (of
+    the `measured` tokens, as `ethayarajh_measures`), the mean cosine over pairs of its
+    distinct drawn occurrences, averaged over the types drawn at least twice. Drawn once
+    each, it is `self_similarity(reps, word_ids, min_count)` exactly.
+
+  Args:
+    reps: `(layers, n_tokens, dim)`.
+    word_ids: `(n_tokens,)` each token's word type.
+    sentence_ids: `(n_tokens,)` each token's sentence.
+    measured: optional bool `(n_tokens,)`: the tokens whose types self-similarity counts.
+    min_count: occurrences a type needs in all the sentences.
+    resamples: how many resamples.
+    seed: the resamples' seed.
+
+  Returns:
+    `{"anisotropy": (resamples, layers), "self_similarity": (resamples, layers)}`, float64.
+  """
+  reps = _check_reps(reps)
+  n = reps.shape[1]
+  sent, num_sent = _group_ids(sentence_ids, n, "sentence_ids")
+  idx = np.random.default_rng(seed).integers(0, num_sent, (resamples, num_sent))
+  weights = np.zeros((resamples, num_sent), np.float32)
+  np.add.at(weights, (np.arange(resamples)[:, None], idx), 1)
+  sums, squares, counts = unit_sums(reps, sent)
+  aniso = np.asarray(anisotropy_of_groups(sums, squares, counts, weights), np.float64)
+  keep = np.ones(n, bool) if measured is None else np.asarray(measured, bool)
+  ids, k = _group_ids(word_ids, n, "word_ids")
+  counted = np.bincount(ids[keep], minlength=k) >= min_count
+  u = np.asarray(_unit(reps), np.float32)
+  per_type = []
+  for t in np.flatnonzero(counted):
+    tokens = np.flatnonzero((ids == t) & keep)
+    ut = u[:, tokens]  # (layers, k, dim)
+    gram = np.matmul(ut, ut.transpose(0, 2, 1))  # (layers, k, k)
+    c = weights[:, sent[tokens]]  # (resamples, k): how many times each occurrence is drawn
+    pairs = (np.matmul(c[None], gram) * c[None]).sum(-1)  # (layers, resamples)
+    own = (c * c) @ np.diagonal(gram, axis1=1, axis2=2).T  # (resamples, layers)
+    drawn = c.sum(1) ** 2 - (c * c).sum(1)  # ordered pairs of distinct draws
+    with np.errstate(invalid="ignore", divide="ignore"):
+      per_type.append(np.where(drawn[:, None] > 0, (pairs.T - own) / drawn[:, None], np.nan))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # a resample with no type drawn twice
+    selfsim = np.nanmean(np.stack(per_type), 0) if per_type else np.full(aniso.shape, np.nan)
+  return {"anisotropy": aniso, "self_similarity": np.asarray(selfsim, np.float64)}
+
+
 def depth_trend(values: Sequence[float]) -> float:
   """How steadily a per-layer measure changes with depth: the Spearman rank correlation
   between layer index and value, +1 if it rises at every step and -1 if it falls at every one.
@@ -266,13 +330,44 @@ def depth_trend(values: Sequence[float]) -> float:
   how far out it lies.
 
   Args:
-    values: ``(layers,)`` one value per layer, shallowest first (pass ``values[1:]`` to leave
-      out the embedding output).
+    values: ``(..., layers)`` one value per layer, shallowest first (pass ``values[1:]`` to
+      leave out the embedding output); leading axes (resamples) are kept.
 
   Returns:
-    A float in ``[-1, 1]``; nan when the values are constant (no rank order).
+    A float in ``[-1, 1]`` (an array shaped as the leading axes); nan when the values are
+    constant (no rank order).
   """
-  return stats.spearman(np.arange(len(values)), values)
+  values = np.asarray(values, np.float64)
+  trend = stats.spearman_rows(np.arange(values.shape[-1]), values)
+  return float(trend) if values.ndim == 1 else trend
+
+
+def layer_statistics(values) -> dict[str, np.ndarray]:
+  """How a per-layer measure changes with depth, the statistics a claim about its trend reads:
+  `first`, `last`, `lowest`, `highest`, `rise` (last minus first), `fall` (first minus last),
+  `trend` (`depth_trend`), `rising` and `falling` (the share of steps from one layer to the
+  next that rise, that fall).
+
+  Args:
+    values: `(..., layers)`, shallowest first; leading axes (resamples) are kept.
+
+  Returns:
+    A dict of arrays shaped as the leading axes (floats for one curve).
+  """
+  v = np.asarray(values, np.float64)
+  steps = np.diff(v, axis=-1)
+  out = {
+    "first": v[..., 0],
+    "last": v[..., -1],
+    "lowest": v.min(-1),
+    "highest": v.max(-1),
+    "rise": v[..., -1] - v[..., 0],
+    "fall": v[..., 0] - v[..., -1],
+    "trend": depth_trend(v),
+    "rising": np.mean(steps > 0, -1),
+    "falling": np.mean(steps < 0, -1),
+  }
+  return {k: float(x) if v.ndim == 1 else np.asarray(x) for k, x in out.items()}
 
 
 # ----------------------------------------------------------------------------
@@ -288,6 +383,12 @@ MEV_SOURCES = {
   "analyze.py, commit c10c992)",
   "uncentred": "sigma_1^2 / sum_i sigma_i^2 of the raw occurrence matrix (the paper's "
   "Definition 3 as written)",
+}
+MEV_BASELINES = {  # what `ethayarajh_measures`' two MEV baselines are, in words
+  "same_count": "per measured type, the MEV (same definition) of as many tokens drawn "
+  "uniformly from all words; averaged over types",
+  "paper": "one MEV of `paper_samples` words, one from each of as many random sentences "
+  "(kawine/contextual explore_embedding_space)",
 }
 MEV_LABELS = {  # each definition in a few words, for a table or a figure
   "truncated_svd": "TruncatedSVD, the paper's released code",
