@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import scipy.stats
 from scipy.stats import ortho_group
 
 from bertjax import stats
@@ -340,3 +341,18 @@ def test_ethayarajh_measures_count_only_measured_types():
     np.testing.assert_allclose(m[f"mev_{d}_adjusted_paper"], m[f"mev_{d}"] - paper)
   with pytest.raises(ValueError, match=r"measured shape \(3,\)"):
     geometry.ethayarajh_measures(reps, words, sentences, measured=np.ones(3, bool))
+
+
+def test_layer_statistics_per_resample_equal_each_curve_alone():
+  """`layer_statistics` on (resamples, layers) is each row's own, and `depth_trend` its
+  Spearman with depth (SciPy)."""
+  rng = np.random.default_rng(3)
+  curves = rng.normal(size=(5, 7))
+  both = geometry.layer_statistics(curves)
+  for i, c in enumerate(curves):
+    one = geometry.layer_statistics(c)
+    assert one["trend"] == pytest.approx(scipy.stats.spearmanr(np.arange(7), c)[0])
+    assert one["rising"] == pytest.approx(np.mean(np.diff(c) > 0))
+    assert one["fall"] == pytest.approx(c[0] - c[-1]) and one["highest"] == c.max()
+    for k, v in one.items():
+      assert both[k][i] == pytest.approx(v), k
