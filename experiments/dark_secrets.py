@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from bertjax import claims, study
-from bertjax.analysis.finetuning import effects_record, fine_tuning_effects
+from bertjax.analysis import finetuning as ftx
 from bertjax.claims import Claim, Test
 from bertjax.plots import finetuning as plots
 from bertjax.tasks.acceptability import PairSplit, batches, finetune_classifier, load_pair_split
@@ -38,7 +38,9 @@ SMOKE_MODEL = {**study.SMOKE_MODEL, "max_position_embeddings": 64}  # the tiny s
 def results_of(task: PairSplit, run: dict, m: dict[str, Any], config) -> dict[str, Any]:
   """The result file's `results`: the task, the fine-tuning run and every measurement."""
   held_phen, names, labels = task.held_phenomenon, task.phenomena, task.held["labels"]
-  r = effects_record(m)
+  r = ftx.effects_record(m)
+  if task.held_pair is not None:  # each held-out sentence's minimal pair, for the interval
+    r["ablation"]["per_example"]["pair"] = task.held_pair
   r["attention_change"]["last_layers"] = max(1, round(config.depth * LAST_FRACTION))
   task_record = {
     "name": "BLiMP acceptability (grammatical=1 vs ungrammatical=0)",
@@ -85,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     params, run = finetune_classifier(config, pre_params, task, hp)
   study.log(f"fine-tuned: held-out {run['metrics']}")
   held = batches(task.held, size["eval_batch"])
-  m = fine_tuning_effects(
+  m = ftx.fine_tuning_effects(
     pre_params,
     params,
     config,
@@ -169,8 +171,9 @@ def pattern_quantities(before: dict, after: dict) -> dict[str, float]:
 
 
 def disabling_quantities(acc: dict, standard_error: float) -> dict[str, float]:
-  """What `DISABLING` reads from one mode's `AblationResult.improvements`."""
-  best = max(acc["best_head_delta"], acc["best_layer_delta"])
+  """What `DISABLING` reads from one mode's `AblationResult.improvements` (or from
+  `finetuning.disabling_gains`, one value per resample)."""
+  best = np.maximum(acc["best_head_delta"], acc["best_layer_delta"])
   return {
     HEADS: acc["heads_improving"],
     LAYERS: acc["layers_improving"],
@@ -239,8 +242,9 @@ def findings(r: dict, s: dict) -> list[dict]:
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   """One judgement per row: 95% intervals over the analysed sentences for the pattern types
   (each sentence's maps of each type, before and after, resampled together) and for what
-  fine-tuning changes (each sentence's cosine by layer); the disabling row's per-example
-  correctness is not kept."""
+  fine-tuning changes (each sentence's cosine by layer); over the held-out minimal pairs for
+  disabling (each sentence's correctness intact and under every uniform mask, a pair's two
+  sentences resampled together; every count recomputed on each resample)."""
   p, change = r["patterns"], r["attention_change"]
   over = lambda n: f"the {n} analysed sentences"
   patterns = claims.rerun_needed("per-sentence pattern types")
@@ -269,7 +273,25 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
       }
 
     moved = CHANGE.judge(cos, last, over=over(len(cos)), shown={LAST_GAP: "{:+.3f}"})
-  return [patterns, claims.rerun_needed("per-sentence correctness under each mask"), moved]
+  return [patterns, _disabling(r["ablation"]), moved]
+
+
+def _disabling(ab: dict) -> claims.Judgement:
+  """The disabling row over the held-out minimal pairs."""
+  c = ftx.disabling_correct(ab)
+  if c is None:
+    return claims.rerun_needed("per-sentence correctness under each mask")
+  n = len(c["baseline"])
+  items = tuple(ftx.by_group(c[k], c["pair"]) for k in ("baseline", "heads", "layers"))
+
+  def gains(*x):  # (R, pairs, 2, ...): each mask's accuracy on a resample of the pairs
+    g = ftx.disabling_gains(*(a.mean((1, 2)) for a in x), n=n)
+    return disabling_quantities(g, g["standard_error"])
+
+  over = f"the {len(items[0])} held-out minimal pairs ({n} sentences)"
+  point = disabling_quantities(ab["uniform"], ab["accuracy_standard_error"])
+  shown = {HEADS: "{:.0f}", LAYERS: "{:.0f}", OVER_SE: "{:+.3f}"}
+  return DISABLING.judge(items, gains, point=point, over=over, shown=shown)
 
 
 if __name__ == "__main__":

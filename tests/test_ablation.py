@@ -233,6 +233,63 @@ def test_per_row_values_are_what_the_sums_add_up(params):
     ablation.evaluate_masks_per_row(params, CONFIG, [], _row_losses, masks)
 
 
+def test_sweep_per_row_keeps_the_rows_of_ablation_sweep(params):
+  """`sweep_per_row` with `classification_correct`: each sentence's correctness under every
+  mask of the sweep is the argmax of `bertjax.forward`'s logits with that mask, and the
+  rows' means are `ablation_sweep`'s `classification_accuracy` values."""
+  include = ("heads", "layers", "layer_skip")
+  want = ablation.ablation_sweep(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.classification_accuracy,
+    head_ablations=("uniform",),
+    include=include,
+    chunk_size=2,
+  )["uniform"]
+  base, rows = ablation.sweep_per_row(
+    params,
+    CONFIG,
+    BATCHES,
+    ablation.classification_correct,
+    head_ablation="uniform",
+    include=include,
+    chunk_size=2,
+  )
+  assert list(rows) == list(include) and base.shape == (6,)
+  assert rows["heads"].shape == (DEPTH * HEADS, 6) and rows["layer_skip"].shape == (DEPTH, 6)
+  assert base.mean() == pytest.approx(want.baseline)
+  np.testing.assert_allclose(rows["heads"].mean(1), want.heads.reshape(-1))
+  np.testing.assert_allclose(rows["layers"].mean(1), want.layers)
+  np.testing.assert_allclose(rows["layer_skip"].mean(1), want.layer_skip)
+
+  def correct(head_mask, layer_mask):  # through bertjax.forward itself
+    got = []
+    for b in BATCHES:
+      out = bertjax.forward(
+        params,
+        CONFIG,
+        b["input_ids"],
+        b["attention_mask"],
+        b["token_type_ids"],
+        head_mask=head_mask,
+        head_ablation="uniform",
+        layer_mask=layer_mask,
+      )
+      logits = np.asarray(bertjax.classify(params, CONFIG, out.pooler_output))
+      got.append(logits.argmax(-1) == b["labels"])
+    return np.concatenate(got).astype(np.float64)
+
+  ones, lay = np.ones((DEPTH, HEADS), np.float32), np.ones(DEPTH, np.float32)
+  np.testing.assert_array_equal(base, correct(ones, lay))
+  head = ones.copy()
+  head[1, 2] = 0
+  np.testing.assert_array_equal(rows["heads"][1 * HEADS + 2], correct(head, lay))
+  skip = lay.copy()
+  skip[2] = 0
+  np.testing.assert_array_equal(rows["layer_skip"][2], correct(ones, skip))
+
+
 def test_embedding_cosine_metric_needs_no_head(params):
   result = ablation.ablation_sweep(
     params,

@@ -73,11 +73,16 @@ def test_split_keeps_minimal_pairs_together(task):
   assert split.phenomena == task["names"] and len(split.train["labels"]) == 32
   assert all(np.array_equal(split.held[k], task["held"][k]) for k in task["held"])
   assert np.array_equal(split.held_phenomenon, task["held_phenomenon"])
+  # Each held-out sentence's pair, numbered from 0: the two sentences of a pair share it.
+  _, held_idx = acceptability.split_by_pair(pairs, 8, 16, seed=3)
+  same = pairs[held_idx][:, None] == pairs[held_idx][None]
+  assert np.array_equal(split.held_pair[:, None] == split.held_pair[None], same)
+  assert sorted(np.bincount(split.held_pair)) == [2] * 8
 
 
 def test_ablation_matches_direct_computation(task):
   config, params, held = task["config"], task["params"], task["held"]
-  sweeps = finetuning.disabling_sweeps(
+  sweeps, correct = finetuning.disabling_sweeps(
     params, config, acceptability.batches(held, 8), strategy="vmap"
   )
   u, s = sweeps["uniform"], sweeps["scale"]
@@ -98,11 +103,25 @@ def test_ablation_matches_direct_computation(task):
       head_ablation=mode,
     )
     logits = bertjax.classify(params, config, out.pooler_output)
-    return float((np.asarray(logits).argmax(-1) == held["labels"]).mean())
+    return np.asarray(logits).argmax(-1) == held["labels"]
 
   ones = jnp.ones((config.depth, config.num_attention_heads))
-  assert u.heads[1, 0] == pytest.approx(accuracy(ones.at[1, 0].set(0.0), "uniform"), abs=1e-7)
-  assert s.layers[0] == pytest.approx(accuracy(ones.at[0].set(0.0), "scale"), abs=1e-7)
+  assert u.heads[1, 0] == pytest.approx(accuracy(ones.at[1, 0].set(0.0), "uniform").mean())
+  assert s.layers[0] == pytest.approx(accuracy(ones.at[0].set(0.0), "scale").mean())
+  # Each sentence's correctness under each mask, and the accuracies as their means.
+  n, heads = len(held["labels"]), config.num_attention_heads
+  np.testing.assert_array_equal(correct["baseline"], accuracy(ones, "uniform"))
+  np.testing.assert_array_equal(
+    correct["uniform"]["heads"][heads + 0], accuracy(ones.at[1, 0].set(0.0), "uniform")
+  )
+  np.testing.assert_array_equal(
+    correct["scale"]["layers"][0], accuracy(ones.at[0].set(0.0), "scale")
+  )
+  assert correct["uniform"]["heads"].shape == (config.depth * heads, n)
+  assert set(correct["scale"]) == {"layers"} and correct["baseline"].dtype == np.uint8
+  np.testing.assert_allclose(u.heads.reshape(-1), correct["uniform"]["heads"].mean(1))
+  np.testing.assert_allclose(u.layer_skip, correct["uniform"]["layer_skip"].mean(1))
+  assert u.baseline == correct["baseline"].mean()
   acc = s.improvements()
   assert "delta_heads" not in acc and acc["delta_layers"].shape == (config.depth,)
 
@@ -196,6 +215,100 @@ def test_effects_record_keeps_the_summaries_and_counts_changed_heads():
   }
   np.testing.assert_allclose(r["attention_change"]["layer_cosine"], [0.75, 0.3])
   assert r["attention_change"]["per_sentence_layer_cosine"] is m["change"].per_sequence
+  # With the sweeps' correctness: one string of 0s and 1s per mask, read back as it was.
+  rng = np.random.default_rng(0)
+  c = lambda *shape: rng.integers(0, 2, shape).astype(np.uint8)
+  correct = {"baseline": c(5), "uniform": {"heads": c(4, 5), "layers": c(2, 5)}}
+  m["correct"] = {**correct, "scale": {"layers": c(2, 5)}}
+  m["acc"]["uniform"]["delta_heads"] = np.zeros((2, 2))
+  ex = effects_record(m)["ablation"]["per_example"]
+  assert len(ex["correct_uniform_heads"]) == 2 and len(ex["correct_uniform_heads"][0][1]) == 5
+  assert ex["correct_baseline"] == "".join(str(x) for x in correct["baseline"])
+  got = finetuning.disabling_correct({"per_example": ex})
+  np.testing.assert_array_equal(got["baseline"], correct["baseline"])
+  np.testing.assert_array_equal(got["heads"], correct["uniform"]["heads"].T.reshape(5, 2, 2))
+  np.testing.assert_array_equal(got["layers"], correct["uniform"]["layers"].T)
+  np.testing.assert_array_equal(
+    finetuning.from_bits(ex["correct_scale_layers"]), m["correct"]["scale"]["layers"]
+  )
+  assert finetuning.disabling_correct({}) is None
+
+
+def test_by_group_gathers_each_group():
+  group = np.array([3, 0, 3, 1, 0, 1])
+  x = np.arange(12).reshape(6, 2)
+  got = finetuning.by_group(x, group)
+  assert got.shape == (3, 2, 2)
+  for k, g in enumerate(np.unique(group)):
+    np.testing.assert_array_equal(got[k], x[group == g])
+  with pytest.raises(ValueError, match="groups of one size"):
+    finetuning.by_group(x, [0, 0, 0, 1, 1, 2])
+
+
+def _disabling_record(rng, pairs=60, depth=2, heads=2):
+  """An "ablation" record as `effects_record` writes it, planted: head (0, 1) disabled fixes
+  some errors, the other masks flip a few sentences at random; sentences in shuffled order."""
+  n = 2 * pairs
+  base = (rng.uniform(size=n) < 0.8).astype(np.uint8)
+  flip = lambda p: np.where(rng.uniform(size=n) < p, 1 - base, base).astype(np.uint8)
+  h = np.stack([flip(0.03) for _ in range(depth * heads)])
+  h[1] = np.maximum(base, rng.uniform(size=n) < 0.3)
+  lay = np.stack([flip(0.05) for _ in range(depth)])
+  result = AblationResult(
+    "uniform",
+    base.mean(),
+    h.mean(1).reshape(depth, heads),
+    lay.mean(1),
+    np.full((depth, heads), np.nan),
+    np.full(depth, np.nan),
+  )
+  pair = rng.permutation(np.repeat(np.arange(pairs), 2))
+  acc = result.improvements()
+  ex = {
+    "correct_baseline": finetuning.bits(base),
+    "correct_uniform_heads": finetuning.bits(h.reshape(depth, heads, n)),
+    "correct_uniform_layers": finetuning.bits(lay),
+    "pair": pair,
+  }
+  se = float(np.sqrt(base.mean() * (1 - base.mean()) / n))
+  return {"uniform": acc, "accuracy_standard_error": se, "per_example": ex}, (base, h, lay, pair)
+
+
+def test_disabling_interval_recounts_every_resample_of_the_pairs():
+  """The disabling row's interval, against an independent loop: each bootstrap resample of the
+  minimal pairs (the indices `bertjax.stats.bootstrap_ci` draws) gathered sentence by
+  sentence, its accuracies counted by `AblationResult.improvements` and read by the rule."""
+  rng = np.random.default_rng(4)
+  ab, (base, h, lay, pair) = _disabling_record(rng)
+  judged = rules._disabling(ab)
+  assert judged.values == rules.disabling_quantities(ab["uniform"], ab["accuracy_standard_error"])
+  assert judged.text.startswith("95% CI over the 60 held-out minimal pairs (120 sentences): ")
+  n, depth, heads = len(base), 2, 2
+  values = []
+  for idx in np.random.default_rng(0).integers(0, 60, (2000, 60)):
+    rows = np.concatenate([np.flatnonzero(pair == p) for p in idx])
+    b = base[rows].mean()
+    res = AblationResult(
+      "uniform",
+      b,
+      h[:, rows].mean(1).reshape(depth, heads),
+      lay[:, rows].mean(1),
+      np.full((depth, heads), np.nan),
+      np.full(depth, np.nan),
+    )
+    q = rules.disabling_quantities(res.improvements(), np.sqrt(b * (1 - b) / n))
+    values.append([q[k] for k in (rules.HEADS, rules.LAYERS, rules.OVER_SE)])
+  low, high = np.quantile(np.asarray(values, float), [0.025, 0.975], axis=0)
+  for k, name in enumerate((rules.HEADS, rules.LAYERS, rules.OVER_SE)):
+    assert judged.intervals[name] == pytest.approx((low[k], high[k]), abs=1e-12)
+  levels = [
+    rules.DISABLING.levels(dict(zip((rules.HEADS, rules.LAYERS, rules.OVER_SE), v))) for v in values
+  ]
+  ends = np.quantile(np.asarray(levels, float), [0.025, 0.975])
+  point = {"no": 0, "partly": 1, "yes": 2}[judged.verdict]
+  lo, hi = min(int(np.floor(ends[0])), point), max(int(np.ceil(ends[1])), point)
+  assert judged.span == (["no", "partly", "yes"][lo], ["no", "partly", "yes"][hi])
+  assert judged.values[rules.HEADS] >= 1 and judged.intervals[rules.HEADS][0] >= 1  # planted
 
 
 def test_pattern_and_change_intervals_resample_the_sentences():
@@ -209,6 +322,7 @@ def test_pattern_and_change_intervals_resample_the_sentences():
   r = {
     "patterns": {"before": {"per_sequence": types[:, 0]}, "after": {"per_sequence": types[:, 1]}},
     "attention_change": {"per_sentence_layer_cosine": cos},
+    "ablation": {},  # an older JSON's: no per-sentence correctness
   }
   kinds, disabled, change = rules.uncertainty(r, {})
   share = types[..., :4].sum((0, 2)) / types.sum((0, 2))  # each model's repeated share
@@ -218,7 +332,7 @@ def test_pattern_and_change_intervals_resample_the_sentences():
   assert disabled.text.startswith("CI: rerun needed")
   assert change.values[rules.LAST_GAP] == pytest.approx(cos[:, 2].mean() - cos[:, :2].mean())
   assert change.verdict == "yes" and change.span == ("yes", "yes")
-  old = {"patterns": {"before": {}, "after": {}}, "attention_change": {}}  # an older JSON
+  old = {"patterns": {"before": {}, "after": {}}, "attention_change": {}, "ablation": {}}
   assert [j.text.split(" (")[0] for j in rules.uncertainty(old, {})] == ["CI: rerun needed"] * 3
 
 
@@ -234,5 +348,28 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
     np.mean(change["per_sentence_layer_cosine"], 0), change["layer_cosine"], atol=1e-9
   )
   judged = rules.uncertainty(r, doc["settings"])
-  for j in (judged[0], judged[2]):
+  for j in judged:
     assert j.text.startswith("95% CI over the") and j.span is not None
+  # The disabling row: each held-out sentence's correctness under each mask averages to the
+  # accuracies the row counts, and its statistics on all the pairs are the row's own.
+  ab, n = r["ablation"], r["task"]["eval_sentences"]
+  c = finetuning.disabling_correct(ab)
+  assert c["baseline"].shape == (n,) and sorted(np.bincount(c["pair"])) == [2] * (n // 2)
+  u = ab["uniform"]
+  np.testing.assert_allclose(
+    c["heads"].mean(0) - c["baseline"].mean(), u["delta_heads"], atol=1e-12
+  )
+  np.testing.assert_allclose(
+    c["layers"].mean(0) - c["baseline"].mean(), u["delta_layers"], atol=1e-12
+  )
+  skips = finetuning.from_bits(ab["per_example"]["correct_uniform_layer_skip"]).mean(1)
+  np.testing.assert_allclose(skips - u["baseline"], u["delta_layer_skips"], atol=1e-12)
+  scale = finetuning.from_bits(ab["per_example"]["correct_scale_layers"]).mean(1)
+  np.testing.assert_allclose(
+    scale - ab["scale"]["baseline"], ab["scale"]["delta_layers"], atol=1e-12
+  )
+  g = finetuning.disabling_gains(
+    c["baseline"].mean()[None], c["heads"].mean(0)[None], c["layers"].mean(0)[None], n=n
+  )
+  on_all = rules.disabling_quantities(g, g["standard_error"])
+  assert {k: float(v[0]) for k, v in on_all.items()} == pytest.approx(judged[1].values)

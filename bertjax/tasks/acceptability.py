@@ -67,6 +67,9 @@ class PairSplit:
   held: dict[str, np.ndarray]
   held_phenomenon: np.ndarray  # (held,) phenomenon index of each held-out sentence
   phenomena: list[str]
+  # (held,) each held-out sentence's minimal pair, numbered 0 .. pairs - 1 (an interval over
+  # the held-out data resamples whole pairs); None where the split was made without it.
+  held_pair: np.ndarray | None = None
 
 
 def load_pair_split(
@@ -82,7 +85,10 @@ def load_pair_split(
   and `train_pairs` (None: the rest) to train on, drawn by `split_by_pair` with `seed`."""
   data, pair_ids, phen, names = load_blimp_task(blimp_dir, tokenizer, max_len=max_len)
   train_idx, eval_idx = split_by_pair(pair_ids, eval_pairs, train_pairs, seed=seed)
-  return PairSplit(subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names)
+  held_pair = np.unique(pair_ids[eval_idx], return_inverse=True)[1].reshape(-1)
+  return PairSplit(
+    subset(data, train_idx), subset(data, eval_idx), phen[eval_idx], names, held_pair
+  )
 
 
 def split_groups(

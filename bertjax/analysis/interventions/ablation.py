@@ -103,6 +103,13 @@ def classification_accuracy(params, config, batch, last_hidden_state, pooled):
   return correct.sum(), jnp.asarray(correct.shape[0], jnp.float32)
 
 
+def classification_correct(params, config, batch, last_hidden_state, pooled):
+  """Row function: 1.0 where the `classifier` head's prediction is `batch["labels"]` (B,), else
+  0.0; the rows `classification_accuracy` sums (`evaluate_masks_per_row`, `sweep_per_row`)."""
+  pred = _classifier_logits(params, config, last_hidden_state, pooled).argmax(-1)
+  return (pred == batch["labels"]).astype(jnp.float32)
+
+
 def mlm_batch_loss(params, config, batch, last_hidden_state, pooled):
   """Metric function: masked-LM cross-entropy on `batch["labels"]` (B, T), summed.
 
@@ -647,6 +654,47 @@ def ablation_sweep(
     )
     for kind in head_ablations
   }
+
+
+def sweep_per_row(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  row_fn,
+  *,
+  head_ablation: str = "scale",
+  include: Sequence[str] = ("heads", "layers", "layer_skip"),
+  chunk_size: int | None = None,
+  strategy: str = "prefix",
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """`ablation_sweep` in one head-ablation kind that keeps every row (sentence): the masks of
+  `sweep_masks(config, include)` in one `evaluate_masks_per_row` pass, so the same programs.
+
+  Args:
+    params, config, batches, head_ablation, chunk_size, strategy: as `evaluate_masks`.
+    row_fn: `(params, config, batch, last_hidden_state, pooled) -> (rows, ...)` values, as
+      `evaluate_masks_per_row`'s (`classification_correct`).
+    include: the families of `sweep_masks` ("pairs" of every head included).
+
+  Returns:
+    `(baseline, values)`: the intact model's rows `(rows, ...)`, and family -> its masks'
+    rows `(M, rows, ...)` in `sweep_masks`' order (heads: layer-major, `heads[l * N + h]`).
+    Their means over the rows are `ablation_sweep`'s values.
+  """
+  sets = sweep_masks(config, include)
+  base, rows = evaluate_masks_per_row(
+    params,
+    config,
+    batches,
+    row_fn,
+    np.concatenate([hm for hm, _ in sets.values()]),
+    np.concatenate([lm for _, lm in sets.values()]),
+    head_ablation=head_ablation,
+    chunk_size=chunk_size,
+    strategy=strategy,
+  )
+  ends = np.cumsum([0] + [len(hm) for hm, _ in sets.values()])
+  return base, {k: rows[a:b] for k, a, b in zip(sets, ends[:-1], ends[1:])}
 
 
 # Head importance (Michel et al. 2019) ----------------------------------------
