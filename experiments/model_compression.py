@@ -23,7 +23,7 @@ import numpy as np
 from bertjax import claims, study
 from bertjax.claims import Claim, Test
 from bertjax.plots import training as plots
-from bertjax.training import compression, distill
+from bertjax.training import compression
 from experiments import common
 
 NAME = "model_compression"
@@ -69,25 +69,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_experiment(args)
 
 
-def model_labels(t_config, teacher: str) -> dict[str, str]:
-  """Each role's label in the log and the table, with the layer counts of the models
-  `compression.compress` makes from `t_config` (the role keys are all-MiniLM-L6-v2's:
-  `distilled_3l`, `shared_6l`)."""
-  half = len(distill.default_student_layers(t_config))
-  short = study.model_tag(teacher) or teacher
-  labels = compression.row_labels({"distilled_3l": {"depth": half}}, teacher, short)
-  if compression.can_share(t_config):
-    labels["shared_6l"] = f"ALBERT-style shared {t_config.depth}L"
-  return labels
-
-
-def log_labelled(labels: dict[str, str], line: str) -> None:
-  """`study.log` of a progress line of `compression.compress` ("distilled_3l: accuracy ...")
-  with the role that starts it replaced by its label."""
-  role, sep, rest = line.partition(": ")
-  study.log(f"{labels[role]}{sep}{rest}" if sep and role in labels else line)
-
-
 @study.smoke_cached
 def run_experiment(args) -> int:
   """The experiment on parsed arguments."""
@@ -118,7 +99,7 @@ def run_experiment(args) -> int:
       f"--shared-layer {args.shared_layer} must be in 1..{t_config.depth} "
       "(the teacher's blocks, counted from 1)"
     )
-  labels = model_labels(t_config, teacher)
+  labels = compression.model_labels(t_config, teacher, study.model_tag(teacher) or teacher)
   with study.timed(timings, "train"):
     runs, models = compression.compress(
       t_config,
@@ -129,7 +110,7 @@ def run_experiment(args) -> int:
       hp=hp,
       **{k: getattr(sc, k) for k in ("temperature", "alpha")},
       shared_layer=args.shared_layer - 1,
-      log=lambda line: log_labelled(labels, line),
+      log=lambda line: study.log(compression.relabelled(labels, line)),
     )
 
   timed_batch = {k: v[: sc.time_batch] for k, v in held.items()}
@@ -163,6 +144,7 @@ def run_experiment(args) -> int:
       "train_sentences": len(train["labels"]),
       "heldout_sentences": len(held["labels"]),
       "heldout_words": int((held["labels"] >= 0).sum()),
+      "words_per_sentence": (held["labels"] >= 0).sum(1).tolist(),  # runs' "correct": of these
       "tags": tags,
       "file": str(ud.name),
     },
@@ -214,6 +196,8 @@ INT8 = Claim(
 )
 # Each quantity the claims test: its column in a row of `compression.compression_rows`.
 COLUMNS = {RETAINED: "retained", SPEEDUP: "speedup", PARAMS: "param_ratio"}
+SHOWN = {RETAINED: "{:.3f}", SPEEDUP: "{:.2f}x"}  # the intervals a row's text states
+SHOWN_Q8 = {RETAINED: SHOWN[RETAINED]}
 
 
 def measured(claim: Claim, row: dict | None) -> dict[str, float | None]:
@@ -264,34 +248,43 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """The speed rounds (interleaved); the retained scores need per-word predictions."""
-  rows, sp = r["rows"], r["speed"]
-  names = [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
-  rounds = np.asarray([sp[k]["rounds_s"] for k in names], float).T  # (rounds, models)
-  d_ci, *sh_ci = claims.interval_text(
-    rounds, lambda t: np.median(t[..., :1], 1) / np.median(t[..., 1:], 1), "{:.2f}x"
-  )
-  speed = lambda t, i: float(np.median(t[:, 0]) / np.median(t[:, i]))
-  # `claim`'s verdicts over resampled rounds, with model `i`'s speed-up from each resample
-  span = lambda claim, row, i: claims.span_of(
-    rounds, lambda t: claim.verdict({**measured(claim, row), SPEEDUP: speed(t, i)})
-  )
-  words = "per-word predictions of each model (paired with the teacher's)"
-  first = claims.note(
-    f"95% CI over the {len(rounds)} interleaved rounds: speed-up {d_ci}; "
-    f"retained: rerun needed (the JSON keeps no {words})",
-    span(DISTIL, rows["distilled_3l"], 1),
-  )
+  """The retained scores over the held-out sentences (each model's correct words over the
+  teacher's on the same resample), the speed-ups over the interleaved timing rounds; the first
+  two rows resample the two, independent samples, jointly (`compression.judge_joint`)."""
+  rows, sp, runs = r["rows"], r["speed"], r["runs"]
+  names, timed = list(runs), [k for k in ("teacher", "distilled_3l", "shared_6l") if k in sp]
+  rounds = np.asarray([sp[k]["rounds_s"] for k in timed], float).T  # (rounds, models)
+  kept = lambda c, k: c[..., names.index(k)].sum(-1) / c[..., names.index("teacher")].sum(-1)
+  speed = lambda t, k: np.median(t[..., 0], -1) / np.median(t[..., timed.index(k)], -1)
+  words = "per-sentence correct counts of each model (paired with the teacher's)"
+  constant = [PARAMS]  # what nothing samples: the row's value on every resample
+  if "correct" in runs["teacher"]:  # each model's correctly tagged words in each sentence
+    correct = np.asarray([runs[k]["correct"] for k in names]).T  # (sentences, models)
+    held = f"the {len(correct)} held-out sentences (each model's correct words paired)"
+    q8 = lambda c: {RETAINED: kept(c, "int8")}
+    int8 = INT8.judge(correct, q8, point=measured(INT8, rows["int8"]), over=held, shown=SHOWN_Q8)
+    samples, over = (correct, rounds), f"{held} and the {len(rounds)} interleaved rounds"
+    over += " (independent, resampled jointly)"
+    stat = lambda k: lambda c, t: {RETAINED: kept(c, k), SPEEDUP: speed(t, k)}
+  else:  # a run that kept none: the retained scores as measured, only the rounds resampled
+    int8, samples, constant = claims.rerun_needed(words), (rounds,), [PARAMS, RETAINED]
+    over = f"the {len(rounds)} interleaved rounds (retained: rerun needed, no {words})"
+    stat = lambda k: lambda t: {SPEEDUP: speed(t, k)}
+
+  def judged(claim, k, before=""):
+    point = measured(claim, rows[k])
+    fixed = {q: point[q] for q in constant if q in point}
+    return compression.judge_joint(
+      claim, samples, stat(k), point=point, over=over, shown=SHOWN, fixed=fixed, before=before
+    )
+
   sh = rows.get("shared_6l")
   if sh is None:  # a teacher without an ALBERT counterpart: the sharing row is n/a
     sharing = claims.note("n/a: nothing measured")
   else:
-    sharing = claims.note(
-      f"exact: parameters; 95% CI over the {len(rounds)} rounds: speed "
-      f"{sh_ci[0]}; retained: rerun needed (no {words})",
-      span(SHARING, sh, 2),
-    )
-  return [first, sharing, claims.rerun_needed(words)]
+    before = f"exact: parameters ({sh['param_ratio']:.0%} of the teacher's); "
+    sharing = judged(SHARING, "shared_6l", before)
+  return [judged(DISTIL, "distilled_3l"), sharing, int8]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import re
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 import bertjax
@@ -72,6 +73,18 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   # --shared-layer counts blocks from 1; its default, block 3, is what 0-based 2 named.
   assert doc["settings"]["shared_layer"] == 3
   assert "from teacher block 3," in doc["findings"][1]["measured"]
+  # Each model's correct words per held-out sentence give its score again, and the rows'
+  # intervals resample them (paired with the teacher's) and the timing rounds.
+  words = np.asarray(doc["results"]["data"]["words_per_sentence"])
+  assert words.sum() == doc["results"]["data"]["heldout_words"]
+  for name, run in doc["results"]["runs"].items():
+    correct = np.asarray(run["correct"])
+    assert correct.shape == words.shape and (correct <= words).all(), name
+    assert correct.sum() / words.sum() == pytest.approx(rows[name]["score"]), name
+  judged = C.uncertainty(doc["results"], doc["settings"])
+  assert [j.claim for j in judged] == [C.DISTIL, C.SHARING, C.INT8]
+  assert all(C.RETAINED in j.intervals for j in judged) and C.SPEEDUP in judged[0].intervals
+  assert judged[1].text.startswith("exact: parameters (") and "95% CI over the " in judged[0].text
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +98,9 @@ def quick_smoke(tmp_path_factory):
     done = {"final_loss": 1.0, "wall_time_s": 0.0, "history": [{"loss": 1.0}]}
     return {**done, "metrics": {"accuracy": 0.5}, "config": config, "params": params}
 
+  def score_held_out(params, config, data, task, **kw):
+    return {"accuracy": 0.5}, np.zeros(len(data["labels"]), np.int32)
+
   def time_logits(models, batch, **kw):
     return {k: {"compile_s": 0.1, "median_s": 0.01, "min_s": 0.01, "rounds_s": []} for k in models}
 
@@ -94,6 +110,7 @@ def quick_smoke(tmp_path_factory):
   with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stderr(err):
     mp.setattr(F, "finetune", finetune)
     mp.setattr(F, "evaluate", lambda *a, **kw: {"accuracy": 0.5})
+    mp.setattr(compression, "score_held_out", score_held_out)
     mp.setattr(compression, "time_logits", time_logits)
     mp.setattr(
       bertjax.Tokenizer,
