@@ -11,6 +11,7 @@ The method, the data and what differs from the paper: docs/experiments.md, secti
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 import time
@@ -192,8 +193,20 @@ CONTROL = Claim(
   partly=(Test(R, "<", 0.75),),
   missing="n/a",
   missing_when="the pre-trained model does not beat the majority class",
-  short="(control) Without a lexical cue, random initialisation falls far short of the pre-trained weights.",
+  short="(control) On BLiMP, without a lexical cue, random initialisation falls far short of "
+  "the pre-trained weights.",
 )
+# Each lexical row's claim in brief names its task.
+CUED = {"negation": "negation detection", "question": "question detection", "upos": "UPOS tagging"}
+
+
+def claim_of(name: str) -> Claim:
+  """The claim a task's row judges: `CONTROL`, or `LEXICAL` with the task named in brief."""
+  cue = CUED.get(name, name)
+  short = (
+    f"From random initialisation, fine-tuning does disturbingly well on {cue}, a lexical-cue task."
+  )
+  return CONTROL if name in CONTROL_TASKS else dataclasses.replace(LEXICAL, short=short)
 
 
 def findings(results: dict, settings: dict) -> list[dict[str, str]]:
@@ -233,19 +246,36 @@ def _finding(name: str, res: dict, size: dict) -> dict[str, str]:
   )
   if name in CONTROL_TASKS:
     measured += " (The task's summary in the JSON applies the row above's rule.)"
-  return (CONTROL if name in CONTROL_TASKS else LEXICAL).row(measured, {R: s["gain_ratio"]})
+  return claim_of(name).row(measured, {R: s["gain_ratio"]})
 
 
 # How sure each row is ------------------------------------------------------------------------
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
-  what = (
-    "per-example predictions; 1-2 seeds are too few to resample; a row gives its "
-    "test-sampling SE where the run recorded it"
-  )
-  return [claims.rerun_needed(what)] * len(findings(r, s))
+  """One judgement per row: r's 95% interval over the test examples (BLiMP's minimal pairs,
+  UPOS's sentences with their tokens) of every seed's split, pooled and resampled with both
+  models' and the majority class's correctness; test sampling only, as 1-2 seeds are too
+  few to resample."""
+  return [_judged(name, res) for name, res in r["tasks"].items()]
+
+
+def _judged(name: str, res: dict) -> claims.Judgement:
+  """The judgement of one task's row."""
+  claim, ratio = claim_of(name), res["summary"]["gain_ratio"]
+  counts = init_control.pooled_counts(res)
+  if counts is None:
+    return claims.rerun_needed("per-example test correctness; a row gives its binomial SE")
+  if ratio is None:
+    return claim.exact({R: None}, "the pre-trained model does not beat the majority class")
+  n = len(res["runs"])
+  unit = {"upos": "sentences (with their tokens)", "blimp": "minimal pairs"}.get(name, "sentences")
+  seeds = "1 seed's split" if n == 1 else f"{n} seeds' splits, pooled"
+  over = f"the {len(counts)} test {unit} of the {seeds} (test sampling only; seeds not resampled)"
+  # A resample where the pre-trained model does not beat the majority class has no r: n/a.
+  judged = dataclasses.replace(claim, applies=(Test("gain", ">", 0),))
+  stat = lambda c: {k: init_control.pooled_scores(c)[k] for k in (R, "gain")}
+  return judged.judge(counts, stat, point={R: ratio}, over=over, shown={R: "{:.2f}"})
 
 
 # The likely cause where the models' verdicts differ (or agree for different reasons), as

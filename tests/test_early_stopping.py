@@ -12,7 +12,12 @@ from bertjax.tasks import acceptability, baselines
 from bertjax.tasks.acceptability import split_groups
 from bertjax.tasks.sentences import labelled_sentences
 from bertjax.training import finetune as ft
-from bertjax.training.early_stopping import EarlyStopping, padded_accuracy, train_early_stopping
+from bertjax.training.early_stopping import (
+  EarlyStopping,
+  padded_accuracy,
+  padded_correct,
+  train_early_stopping,
+)
 
 SMALL = dict(
   hidden_size=32,
@@ -90,6 +95,9 @@ def test_accuracy_matches_finetune_evaluate(tiny):
   )
   want = ft.evaluate(params, config, data, "classification")["accuracy"]
   assert padded_accuracy(params, config, data, "classification", 16) == pytest.approx(want)
+  pred = ft.predict(params, config, data, "classification").argmax(-1)
+  got = padded_correct(params, config, data, "classification", 16)  # 48 rows: the last wraps
+  assert got.tolist() == (pred == data["labels"]).tolist()
   words = [["Dogs", "bark", "."], ["It", "is", "n't", "raining", "today", "."]]
   enc = tok.encode_words(words, max_length=16)
   labels = np.full(enc.input_ids.shape, -100)
@@ -108,6 +116,11 @@ def test_accuracy_matches_finetune_evaluate(tiny):
   )
   want = ft.evaluate(params, config, tokens, "token_classification")["accuracy"]
   assert padded_accuracy(params, config, tokens, "token_classification", 1) == pytest.approx(want)
+  # Each labelled token's correctness, row by row, as `finetune.predict`'s argmax gives it.
+  pred = ft.predict(params, config, tokens, "token_classification").argmax(-1)
+  keep = labels != -100
+  got = padded_correct(params, config, tokens, "token_classification", 1)
+  assert got.tolist() == (pred == labels)[keep].tolist()
 
 
 def test_early_stopping_follows_its_rule(tiny):
@@ -131,6 +144,7 @@ def test_early_stopping_follows_its_rule(tiny):
   else:
     assert run["steps"] == 40
   assert 0.0 <= run["test"] <= 1.0 and all(np.isfinite(p["train_loss"]) for p in run["curve"])
+  assert len(run["test_correct"]) == len(te) and run["test"] == run["test_correct"].mean()
 
 
 def test_bad_settings_are_refused_by_name(tiny):

@@ -107,6 +107,20 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
     assert s["holds"] == rules.LEXICAL.verdict({rules.R: ratio}) and s["gain_ratio"] == ratio
     assert f["holds"] == rule.verdict({rules.R: ratio})
     assert f["measured"].startswith(f"{name}: ") and f["paper"] == rules.PAPER
+    # The per-example correctness the interval resamples gives the summary's numbers.
+    for split, run, base in zip(res["splits"], res["runs"], res["baselines"]):
+      n = split["test_items"]
+      assert sum(split["test_scored"]) == n and len(split["test_groups"]) == split["test"]
+      assert base["majority"] == pytest.approx(base["majority_correct"].count("1") / n)
+      for init in ("pretrained", "random"):
+        marks = run[init]["test_correct"]
+        assert len(marks) == n and run[init]["test"] == pytest.approx(marks.count("1") / n)
+    pooled = init_control.pooled_scores(init_control.pooled_counts(res))
+    for k in ("pretrained", "random", "majority"):
+      assert pooled[k] == pytest.approx(s[k])
+  judged = ri.uncertainty(doc["results"], doc["settings"])
+  assert len(judged) == len(doc["findings"])
+  assert all(j.text.startswith(("95% CI over the ", "exact: ")) for j in judged)
   for fig in doc["figures"]:
     assert (out / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -130,3 +144,110 @@ def test_control_tasks_load_the_sentences_and_name_missing_data():
     init_control.control_tasks(tok, size, wanted=("upos",))
   with pytest.raises(ValueError, match="'parsing'"):
     init_control.control_tasks(tok, size, wanted=("parsing",))
+
+
+def _synthetic_task(rng):
+  """Two seeds' test splits from one pool of 10 groups, overlapping, with 1-3 scored items a
+  row and two rows in some groups (as BLiMP's pairs), and random correctness strings."""
+  groups = [np.array([0, 1, 2, 3, 4, 5, 5, 6, 7]), np.array([2, 3, 4, 6, 6, 7, 8, 9])]
+  scored = [rng.integers(1, 4, len(g)) for g in groups]
+  mark = lambda n, p: "".join("1" if x else "0" for x in rng.random(n) < p)
+  splits, runs, base = [], [], []
+  for g, n in zip(groups, scored):
+    k = int(n.sum())
+    splits.append({"test_items": k, "test_groups": g.tolist(), "test_scored": n.tolist()})
+    runs.append(
+      {"pretrained": {"test_correct": mark(k, 0.9)}, "random": {"test_correct": mark(k, 0.6)}}
+    )
+    base.append({"majority_correct": mark(k, 0.3)})
+  return {"splits": splits, "runs": runs, "baselines": base}
+
+
+def _r_by_hand(task, drawn):
+  """r on the groups `drawn` (with repeats), from the rows' marks one item at a time."""
+  acc = {"pretrained": [], "random": [], "majority": []}
+  for split, run, b in zip(task["splits"], task["runs"], task["baselines"]):
+    ends = np.cumsum([0, *split["test_scored"]])
+    marks = {
+      "pretrained": run["pretrained"]["test_correct"],
+      "random": run["random"]["test_correct"],
+    }
+    marks["majority"] = b["majority_correct"]
+    for init, m in marks.items():
+      items = [
+        int(c)
+        for g in drawn
+        for row, gr in enumerate(split["test_groups"])
+        if gr == g
+        for c in m[ends[row] : ends[row + 1]]
+      ]
+      acc[init].append(np.mean(items))
+  pre, rnd, maj = (np.mean(acc[k]) for k in ("pretrained", "random", "majority"))
+  return (rnd - maj) / (pre - maj)
+
+
+def test_pooled_counts_give_r_and_its_bootstrap_interval():
+  """`pooled_counts` pools the seeds' overlapping test splits by group; `pooled_scores` gives
+  the seeds' mean accuracies and r as counting the marks by hand does, on all the groups and
+  on a resample with repeats; a row's interval is SciPy's percentile bootstrap over the groups
+  of r computed by hand."""
+  import scipy.stats
+
+  task = _synthetic_task(np.random.default_rng(0))
+  counts = init_control.pooled_counts(task)
+  assert counts.shape == (10, 4, 2)
+  assert (counts[:, 0].sum(0) == [s["test_items"] for s in task["splits"]]).all()
+  scores = init_control.pooled_scores(counts)
+  for k, init in ((1, "pretrained"), (2, "random")):
+    per_seed = [np.mean([int(c) for c in r[init]["test_correct"]]) for r in task["runs"]]
+    assert scores[init] == pytest.approx(np.mean(per_seed))
+  maj = np.mean([np.mean([int(c) for c in b["majority_correct"]]) for b in task["baselines"]])
+  assert scores["majority"] == pytest.approx(maj)
+  assert scores["r"] == pytest.approx(_r_by_hand(task, range(10)))
+  assert scores["r"] == pytest.approx(
+    init_control.gain_ratio(scores["random"], scores["pretrained"], maj)
+  )
+  drawn = [3, 3, 5, 6, 0, 9, 9, 9, 1, 4]
+  assert init_control.pooled_scores(counts[drawn])["r"] == pytest.approx(_r_by_hand(task, drawn))
+  # No gain over the majority class: no r.
+  flat = counts.copy()
+  flat[:, 3] = flat[:, 1]
+  assert np.isnan(init_control.pooled_scores(flat)["r"])
+  # A seed none of whose test groups was drawn has no accuracy: no r.
+  assert np.isnan(init_control.pooled_scores(counts[[0, 1, 0]])["random"])
+  # The row's judgement: SciPy's percentile bootstrap of r by hand, on the same draws.
+  task["summary"] = {"gain_ratio": float(scores["r"])}
+  j = ri._judged("negation", task)
+  ref = scipy.stats.bootstrap(
+    (np.arange(10),),
+    lambda idx: _r_by_hand(task, idx),
+    n_resamples=2000,
+    method="percentile",
+    vectorized=False,
+    rng=np.random.default_rng(0),
+  ).confidence_interval
+  np.testing.assert_allclose(j.intervals[ri.R], (ref.low, ref.high), rtol=1e-9)
+  assert j.values[ri.R] == pytest.approx(scores["r"])
+  assert j.text.startswith("95% CI over the 10 test sentences of the 2 seeds' splits, pooled")
+  with pytest.raises(ValueError, match="correctness marks"):
+    task["runs"][0]["random"]["test_correct"] += "1"
+    init_control.pooled_counts(task)
+  old = {"splits": [{"test_items": 5}], "runs": [], "baselines": [], "summary": task["summary"]}
+  assert ri._judged("negation", old).text.startswith("CI: rerun needed")
+
+
+def test_each_lexical_row_names_its_task():
+  shorts = [ri.claim_of(t).brief for t in ri.TASKS]
+  assert len(set(shorts)) == len(shorts) and "UPOS tagging" in shorts[2]
+  assert ri.claim_of("blimp") is ri.CONTROL and ri.claim_of("upos").yes == ri.LEXICAL.yes
+
+
+def test_majority_correct_marks_the_items_majority_accuracy_averages():
+  from bertjax.tasks import baselines
+
+  train = {"labels": np.array([[-100, 2, 2], [1, 2, -100]])}
+  test = {"labels": np.array([[2, -100, 1], [-100, 2, 2]])}
+  right = init_control.majority_correct(train, test)
+  assert right.tolist() == [True, False, True, True]
+  assert right.mean() == baselines.majority_accuracy(train, test)
+  assert init_control.bits(right) == "1011"

@@ -5,7 +5,8 @@ train / dev / test splits per seed, beside a majority-class and a lexical baseli
 `control_tasks` loads the four tasks (negation and questions from the shipped sentences, UD
 EWT UPOS, BLiMP's minimal pairs), `compare_inits` runs one task over its seeds, and
 `summarise` gives the means, spreads and the gain ratio r, random's share of the pre-trained
-model's gain over the majority class.
+model's gain over the majority class. `pooled_counts` and `pooled_scores` give the same means
+and r from each test example's correctness, for a bootstrap over the test examples.
 """
 
 from __future__ import annotations
@@ -128,29 +129,49 @@ def compare_inits(
 
   Returns:
     `splits` (sizes per seed; `test_items`: the test accuracy's denominator, sentences or
-    labelled tokens), `baselines` (`majority` and `lexical` test accuracy per seed:
-    the lexical one is the commonest tag of a word for token tasks, a logistic regression on
-    the set of subwords for sentence tasks) and `runs` (per seed: `seed` and, per
-    initialisation, `train_early_stopping`'s result).
+    labelled tokens; `test_groups` and `test_scored`: each test row's group and how many
+    items it scores), `baselines` (`majority` and `lexical` test accuracy per seed: the
+    lexical one is the commonest tag of a word for token tasks, a logistic regression on the
+    set of subwords for sentence tasks; `majority_correct`: the majority class's correctness
+    on each test item) and `runs` (per seed: `seed` and, per initialisation,
+    `train_early_stopping`'s result, its `test_correct` as a string). A correctness is a
+    string of "0" and "1", one per scored item (sentences, or labelled tokens row by row).
   """
   out: dict[str, list] = {"splits": [], "baselines": [], "runs": []}
   for seed in seeds:
     tr, dv, te = split_groups(task["groups"], *task["counts"], seed=seed, strata=task["strata"])
     train, dev, test = (subset(task["data"], i) for i in (tr, dv, te))
-    scored = int((test["labels"] != IGNORE_INDEX).sum())  # sentences, or labelled tokens
-    out["splits"].append({"train": len(tr), "dev": len(dv), "test": len(te), "test_items": scored})
+    keep = test["labels"] != IGNORE_INDEX
+    per_row = keep.reshape(len(te), -1).sum(1)  # 1 per sentence, or its labelled tokens
+    out["splits"].append(
+      {
+        "train": len(tr),
+        "dev": len(dv),
+        "test": len(te),
+        "test_items": int(per_row.sum()),  # sentences, or labelled tokens
+        "test_groups": np.asarray(task["groups"])[te].tolist(),
+        "test_scored": per_row.tolist(),
+      }
+    )
     if task["kind"] == "token_classification":
       lexical = word_tag_accuracy(train, test)
     else:
       lexical = bag_of_words_accuracy(train, test, special_ids, steps=bow_steps)
-    out["baselines"].append({"majority": majority_accuracy(train, test), "lexical": lexical})
+    majority = majority_correct(train, test)
+    out["baselines"].append(
+      {
+        "majority": majority_accuracy(train, test),
+        "lexical": lexical,
+        "majority_correct": bits(majority),
+      }
+    )
     config, pre, rnd = models(seed)
     run: dict[str, Any] = {"seed": seed}
     for init, params in zip(INITS, (pre, rnd), strict=True):
       r = train_early_stopping(
         config, params, train, dev, test, kind=task["kind"], rule=rule, seed=seed
       )
-      run[init] = r
+      run[init] = {**r, "test_correct": bits(r["test_correct"])}
       if log:
         log(
           f"seed {seed} {init}: test {r['test']:.3f} (dev {r['dev']:.3f} at step "
@@ -158,6 +179,19 @@ def compare_inits(
         )
     out["runs"].append(run)
   return out
+
+
+def bits(correct) -> str:
+  """Booleans as a string of "0" and "1" (compact in JSON)."""
+  return "".join("1" if c else "0" for c in np.asarray(correct, bool).tolist())
+
+
+def majority_correct(train: dict, test: dict) -> np.ndarray:
+  """Whether `train`'s commonest label (tag) is right on each scored item of `test` (-100
+  marks no label; row by row): the items `baselines.majority_accuracy` averages."""
+  y_train, y_test = train["labels"], test["labels"]
+  y_train, y_test = y_train[y_train != IGNORE_INDEX], y_test[y_test != IGNORE_INDEX]
+  return y_test == np.bincount(y_train).argmax()
 
 
 def gain_ratio(random: float, pretrained: float, majority: float) -> float | None:
@@ -204,3 +238,51 @@ def summarise(
     "steps": {init: [r[init]["steps"] for r in runs] for init in INITS},
     **se,
   }
+
+
+def pooled_counts(task: Mapping[str, Any]) -> np.ndarray | None:
+  """Each test group's counts per seed, the items a bootstrap over test examples resamples.
+
+  The seeds' test splits are drawn from one pool and may overlap, so the items are the groups
+  (sentences; BLiMP's minimal pairs) in any seed's test split, and a group drawn k times
+  counts k times in every seed whose test split holds it: the seeds stay paired.
+
+  Args:
+    task: one task's `compare_inits` result (`splits`, `baselines`, `runs`, with the
+      per-example fields).
+
+  Returns:
+    (groups, 4, seeds) counts: scored items, then the pre-trained model's, the random one's
+    and the majority class's correct items (0 where a seed's test split lacks the group); or
+    None where the result keeps no per-example correctness (runs before it was kept).
+  """
+  splits, runs, base = task["splits"], task["runs"], task["baselines"]
+  if any("test_groups" not in s for s in splits):
+    return None
+  groups = np.unique(np.concatenate([s["test_groups"] for s in splits]))
+  out = np.zeros((len(groups), 4, len(splits)), np.int64)
+  for k, (split, run, b) in enumerate(zip(splits, runs, base, strict=True)):
+    rows = np.searchsorted(groups, split["test_groups"])
+    item_rows = np.repeat(rows, split["test_scored"])  # each scored item's group
+    out[:, 0, k] = np.bincount(item_rows, minlength=len(groups))
+    marks = (run["pretrained"]["test_correct"], run["random"]["test_correct"])
+    for j, m in enumerate((*marks, b["majority_correct"]), 1):
+      if len(m) != len(item_rows):
+        raise ValueError(f"{len(m)=} correctness marks for the {len(item_rows)} scored items")
+      right = np.frombuffer(m.encode(), np.uint8) == ord("1")
+      out[:, j, k] = np.bincount(item_rows, weights=right, minlength=len(groups))
+  return out
+
+
+def pooled_scores(counts: np.ndarray) -> dict[str, np.ndarray]:
+  """The seeds' mean test accuracy of each initialisation and of the majority class, the
+  pre-trained model's gain over the majority class, and `gain_ratio` of them, "r" (NaN where
+  the gain is not positive), from `pooled_counts` with any leading axes:
+  `(..., groups, 4, seeds)` -> `(...)` each. All are NaN where a seed scores no item."""
+  c = np.asarray(counts, np.float64).sum(-3)  # (..., 4, seeds)
+  n = np.broadcast_to(c[..., :1, :], c[..., 1:, :].shape)
+  acc = np.divide(c[..., 1:, :], n, out=np.full(n.shape, np.nan), where=n > 0).mean(-1)
+  pre, rnd, maj = acc[..., 0], acc[..., 1], acc[..., 2]
+  gain = pre - maj
+  r = np.where(gain > 0, (rnd - maj) / np.where(gain > 0, gain, 1), np.nan)
+  return {"pretrained": pre, "random": rnd, "majority": maj, "gain": gain, "r": r}

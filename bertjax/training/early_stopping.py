@@ -1,6 +1,7 @@
 """Fine-tuning until the dev score stops improving, as Kovaleva et al. (2019) train their
 pre-trained and randomly initialised BERTs: `EarlyStopping` (the schedule and the patience
-rule), `padded_accuracy` (sentence or token accuracy in batches of one shape) and
+rule), `padded_correct` and `padded_accuracy` (each prediction's correctness, and the
+accuracy, over sentences or tokens in batches of one shape) and
 `train_early_stopping` (the loop, scored on test at the best dev step)."""
 
 from __future__ import annotations
@@ -71,15 +72,16 @@ def _logits(params, ids, mask, types, *, config, kind: str):
   return head_logits(params, config, out, head)
 
 
-def padded_accuracy(params, config, data: dict, kind: str, batch_size: int) -> float:
-  """Sentence accuracy ("classification"), or token accuracy over the labelled tokens
-  ("token_classification", -100 marks no label), of `data`'s "labels".
+def padded_correct(params, config, data: dict, kind: str, batch_size: int) -> np.ndarray:
+  """Whether each prediction is right: one bool per sentence ("classification"), or per
+  labelled token ("token_classification", -100 marks no label; row by row, left to right),
+  of `data`'s "labels".
 
   Every batch has `batch_size` rows (the last one wraps around to the first rows, whose
   predictions are dropped), so the model compiles once whatever the data's length.
   """
   _check_kind(kind)
-  n, correct, total = len(data["labels"]), 0, 0
+  n, right = len(data["labels"]), []
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size) % n
     real = min(batch_size, n - start)
@@ -93,10 +95,15 @@ def padded_accuracy(params, config, data: dict, kind: str, batch_size: int) -> f
     )
     pred = np.asarray(logits).argmax(-1)[:real]
     labels = data["labels"][idx][:real]
-    keep = labels != IGNORE_INDEX
-    correct += int((pred == labels)[keep].sum())
-    total += int(keep.sum())
-  return correct / total
+    right.append((pred == labels)[labels != IGNORE_INDEX])
+  return np.concatenate(right)
+
+
+def padded_accuracy(params, config, data: dict, kind: str, batch_size: int) -> float:
+  """Sentence accuracy ("classification"), or token accuracy over the labelled tokens
+  ("token_classification", -100 marks no label), of `data`'s "labels": the mean of
+  `padded_correct`."""
+  return float(padded_correct(params, config, data, kind, batch_size).mean())
 
 
 @functools.cache
@@ -151,11 +158,13 @@ def train_early_stopping(
     if stale >= rule.patience and k + 1 >= rule.min_steps:
       converged = True
       break
+  right = padded_correct(best_params, config, test, kind, rule.eval_batch)
   return {
     "curve": curve,
     "best_step": best_step,
     "steps": k + 1,
     "converged": converged,
     "dev": best,
-    "test": padded_accuracy(best_params, config, test, kind, rule.eval_batch),
+    "test": float(right.mean()),
+    "test_correct": right,
   }
