@@ -23,7 +23,7 @@ import numpy as np
 from bertjax import claims, study
 from bertjax.claims import Claim, Test
 from bertjax.plots import training as plots
-from bertjax.training.runs import estimates_record, stacking_comparison
+from bertjax.training import runs as run_lib
 from experiments import common
 
 NAME = "stacking"
@@ -55,20 +55,11 @@ FULL, GPU, SMOKE = (Scale(**common.sizes(NAME)[k]) for k in ("full", "gpu", "smo
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   """The shared experiment options, `--steps`, `--repeats` and `--scale`."""
   parser = common.parser(__doc__, model=False, steps=FULL.steps)
-  parser.add_argument(
-    "--repeats",
-    type=int,
-    choices=(1, 2),
-    default=None,
-    help=f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})",
-  )
-  parser.add_argument(
-    "--scale",
-    choices=("cpu", "gpu"),
-    default="cpu",
-    help="cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked "
-    "6 -> 12 (results and figures named stacking_gpu*)",
-  )
+  repeats = f"1: baseline, stacked; 2: ABBA (default: {FULL.repeats})"
+  parser.add_argument("--repeats", type=int, choices=(1, 2), default=None, help=repeats)
+  scale = "cpu: the 6-layer run above; gpu: a 12-layer 256-wide BERT stacked 6 -> 12 "
+  scale += "(results and figures named stacking_gpu*)"
+  parser.add_argument("--scale", choices=("cpu", "gpu"), default="cpu", help=scale)
   return parser.parse_args(argv)
 
 
@@ -93,7 +84,7 @@ def run_experiment(args) -> int:
   train = sc.train_config(args.seed)
   load_start = os.getloadavg()
   with study.timed(timings, "runs and timing"):
-    c = stacking_comparison(
+    c = run_lib.stacking_comparison(
       config,
       data,
       train,
@@ -110,23 +101,16 @@ def run_experiment(args) -> int:
 
   per_repeat = est["per_repeat"]
   base_total = float(np.mean([r["total_s"] for r in runs if r["label"].startswith("baseline")]))
-  figs = plots.stacking_figures(
-    runs,
-    args.out,
-    prefix,
-    window=sc.window,
-    target=per_repeat[0]["target_smoothed_mlm_loss"],
-    deadline=(TARGET_RATIO * base_total, f"{TARGET_RATIO}x baseline time (mean)"),
-  )
+  target, deadline = per_repeat[0]["target_smoothed_mlm_loss"], TARGET_RATIO * base_total
+  deadline = (deadline, f"{TARGET_RATIO}x baseline time (mean)")
+  kw = {"window": sc.window, "target": target, "deadline": deadline}
+  figs = plots.stacking_figures(runs, args.out, prefix, **kw)
+  n = bertjax.param_counts(config, ("mlm",))["total"]
   results = {
     "data": data.stats,
-    "model": {
-      "layers": config.num_hidden_layers,
-      "hidden": config.hidden_size,
-      "params": bertjax.param_counts(config, ("mlm",))["total"],
-    },
+    "model": {"layers": config.num_hidden_layers, "hidden": config.hidden_size, "params": n},
     "schedule": c["schedule"],
-    **estimates_record(runs, est, sc.window),
+    **run_lib.estimates_record(runs, est, sc.window),
     "ratio_target": TARGET_RATIO,
     "verdict": c["verdict"],
     "variation": c["variation"],
@@ -144,16 +128,9 @@ def run_experiment(args) -> int:
     "model_config": dataclasses.asdict(config),
     "device": jax.devices()[0].device_kind if args.scale == "gpu" else None,
   }
-  study.finish(
-    NAME,
-    args,
-    results,
-    settings,
-    findings=findings,
-    started=t_start,
-    figures=[p.name for p in figs],
-    stem=prefix,
-  )
+  figs = [p.name for p in figs]
+  kw = {"findings": findings, "started": t_start, "figures": figs, "stem": prefix}
+  study.finish(NAME, args, results, settings, **kw)
   return 0
 
 
@@ -272,9 +249,40 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """One judgement per row: none has an interval yet, as the JSON keeps no per-item values."""
-  what = "repeated runs' times or per-token held-out losses"
-  return [claims.rerun_needed(what)] * len(findings(r, s))
+  """The time rows over resampled step times (`run_lib.resampled_estimates`), the quality row
+  over the held-out sequences (the two models' losses paired)."""
+  rounds = len(r["interleaved_step_s"][str(s["layers"])])
+  steps = "each depth's steps of the runs (the per-repeat ratios, one run each, as measured)"
+  est = run_lib.resampled_estimates(r, s["window"], resamples=claims.RESAMPLES)
+  time = [_time(e, o) for e, o in zip(est, [f"the {rounds} interleaved rounds and {steps}", steps])]
+  return [time[0], _quality(r, *r["runs"][:2]), *time[1:]]
+
+
+def _time(e: dict, over: str) -> claims.Judgement:
+  """A time row's judgement on one of `run_lib.resampled_estimates`' dicts."""
+  point = time_quantities(e["measured"] + list(e["priced"].values()))
+  if point[SLOWEST] is None or any(x is None for x in e["resampled"].values()):
+    return TIME.exact(point, "a run never reaches the loss, whatever the step times")
+  ratios = np.stack(np.broadcast_arrays(*e["measured"], *e["resampled"].values()))  # (k, R)
+  qs = {SLOWEST: ratios.max(0), FASTEST: ratios.min(0), **e["resampled"]}
+  low, high = ({k: float(np.percentile(x, q)) for k, x in qs.items()} for q in (2.5, 97.5))
+  return TIME.at_ends(point, low, high, over=over, shown=dict.fromkeys(qs, "{:.2f}"))
+
+
+def _quality(r: dict, base: dict, stacked: dict) -> claims.Judgement:
+  """The quality row over the held-out sequences (`run_lib.heldout_sequence_items`)."""
+  items = run_lib.heldout_sequence_items([base, stacked], r["data"])
+  if items is None:
+    return claims.rerun_needed("per-sequence held-out MLM losses: the run predates them")
+  h = (base["heldout"]["mlm_loss"], stacked["heldout"]["mlm_loss"])
+  point = {GAP: h[1] - h[0], LEAD: r["data"]["unigram_heldout_mlm_loss"] - h[0]}
+
+  def gap(x):  # (R, n, 4) -> stacked's and the unigram's loss minus the baseline's
+    base, stacked, unigram = run_lib.heldout_losses(x)
+    return {GAP: stacked - base, LEAD: unigram - base}
+
+  shown, over = {GAP: "{:+.3f}", LEAD: "{:.2f}"}, f"the {len(items)} held-out sequences (paired)"
+  return QUALITY.judge(items, gap, point=point, over=over, shown=shown)
 
 
 # Why a model has no run of this experiment (model tag -> the sentence).

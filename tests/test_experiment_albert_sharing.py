@@ -93,3 +93,14 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
   """The smoke run's programs compiled unoptimised (`study.quick_compiles`; run by
   `test_experiments.py` on its smoke run)."""
   assert doc["settings"]["xla_optimised"] is False
+  # The quality row's interval over the held-out sequences, the four models paired.
+  quality = rules.uncertainty(doc["results"], doc["settings"])[1]
+  assert quality.span is not None and "held-out sequences" in quality.text
+  assert quality.values[rules.ALBERT_COST] == pytest.approx(doc["findings"][1]["value"]["value"])
+  r = doc["results"]
+  for v in A.VARIANTS:  # each model's per-sequence losses add up to its held-out loss
+    seq = r["runs"][v]["heldout_sequences"]
+    mean = sum(seq["loss_sum"]) / sum(seq["masked"])
+    assert mean == pytest.approx(r["heldout"][v]["mlm_loss"], abs=1e-4)
+  del r["data"]["heldout_sequence_unigram_loss_sum"]  # as in a run that predates them
+  assert "rerun needed" in rules.uncertainty(r, doc["settings"])[1].text

@@ -57,6 +57,25 @@ def test_mlm_loss_matches_full_vocabulary_reference():
   assert 0.0 <= float(acc) <= 1.0
 
 
+def test_mlm_sequence_terms_are_each_sequences_share_of_the_sums():
+  params = bertjax.init(CFG, 0, heads=("mlm",))
+  batch = _batch(np.random.default_rng(1))
+  hidden = bertjax.forward(params, CFG, batch["input_ids"], batch["attention_mask"])
+  hidden = hidden.last_hidden_state
+  args = (batch["mlm_positions"], batch["mlm_ids"], batch["mlm_weights"])
+  per = losses.mlm_sequence_terms(params, CFG, hidden, *args)
+  whole = losses.mlm_loss_terms(params, CFG, hidden, *args)
+  full = np.asarray(jax.nn.log_softmax(bertjax.mlm_logits(params, CFG, hidden), -1), np.float64)
+  at_pos = np.take_along_axis(full, batch["mlm_positions"][..., None], 1)  # (B, P, V)
+  nll = -np.take_along_axis(at_pos, batch["mlm_ids"][..., None], -1)[..., 0]  # (B, P)
+  w = batch["mlm_weights"]
+  assert per["loss_sum"].shape == (8,)
+  np.testing.assert_allclose(per["loss_sum"], (nll * w).sum(-1), rtol=1e-5)
+  np.testing.assert_allclose(per["count"], w.sum(-1))
+  for k in ("loss_sum", "correct_sum", "count"):
+    np.testing.assert_allclose(np.sum(per[k]), whole[k], rtol=1e-5)
+
+
 def test_classification_and_token_losses():
   logits = jnp.array([[2.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
   labels = jnp.array([0, 1, 1])

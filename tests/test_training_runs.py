@@ -124,6 +124,12 @@ def test_abba_runs_in_order_and_estimates_every_ratio(monkeypatch):
   assert record["median_step_s_by_depth"] == runs.median_step_prices(done)
   assert list(record["compile_s"]) == [r["label"] for r in done]
   assert record["heldout_mlm_loss"]["stacked#2"] == {"mlm_loss": 2.0}
+  # Every step of a depth takes the same time here, so every resample prices them alike.
+  again = runs.resampled_estimates({**record, "runs": timed}, window=1, resamples=50)
+  assert len(again) == 1 and again[0]["measured"] == [c["ratio"] for c in est["per_repeat"]]
+  assert again[0]["priced"] == {"priced": est["ratios"][2], "interleaved": est["ratios"][3]}
+  np.testing.assert_allclose(again[0]["resampled"]["priced"], [est["ratios"][2]] * 50)
+  np.testing.assert_allclose(again[0]["resampled"]["interleaved"], [0.625] * 50)
 
   # A stacked run that reached the target too late is tried with a longer shallow stage (70%
   # of 10 steps), one that never reached it with a shorter one (30%).
@@ -190,3 +196,89 @@ def test_sorted_ids_fixes_the_vocabulary_order_and_keeps_the_tokenisation():
   assert set(tokens) == set(trained.get_vocab())
   for s in ("the cats sat on a mat", "dogs log"):
     assert fixed.encode(s).tokens == trained.encode(s).tokens
+
+
+def test_heldout_sequence_losses_split_the_heldout_loss_by_sequence():
+  import bertjax
+
+  config = bertjax.BertConfig.preset("tiny", hidden_dropout_prob=0.0)
+  params = bertjax.init(config, 0, heads=("mlm",))
+  rng = np.random.default_rng(0)
+
+  def batch(b=4, t=16, p=3):
+    weights = (rng.random((b, p)) < 0.7).astype(np.float32)
+    weights[0] = 0.0  # a sequence without masked tokens counts 0 of each
+    return {
+      "input_ids": rng.integers(5, 500, (b, t)).astype(np.int32),
+      "attention_mask": np.ones((b, t), np.int32),
+      "token_type_ids": np.zeros((b, t), np.int32),
+      "mlm_positions": np.stack([rng.permutation(t)[:p] for _ in range(b)]).astype(np.int32),
+      "mlm_ids": rng.integers(5, 500, (b, p)).astype(np.int32),
+      "mlm_weights": weights,
+    }
+
+  batches = [batch(), batch()]
+  seq = runs.heldout_sequence_losses(params, config, batches)
+  whole = runs.heldout_mlm_loss(params, config, batches)
+  assert seq["loss_sum"].shape == seq["masked"].shape == (8,)
+  assert seq["masked"].tolist() == [int(w.sum()) for b in batches for w in b["mlm_weights"]]
+  assert seq["loss_sum"][0] == seq["loss_sum"][4] == 0.0
+  assert seq["loss_sum"].sum() / seq["masked"].sum() == pytest.approx(whole["mlm_loss"], abs=1e-4)
+
+
+def test_priced_ratio_is_compare_runs_ratio_at_each_price():
+  losses = np.linspace(10, 1, 10)
+  base = _run(losses, [6.0] + [1.0] * 9, [6] * 10, [5.0])
+  stacked = _run(losses, [3.5] + [0.5] * 4 + [3.0] + [1.0] * 4, [3] * 5 + [6] * 5, [3.0, 2.0])
+  prices = {3: np.array([0.25, 0.5, 0.1]), 6: np.array([1.0, 2.0, 0.3])}
+  got = runs.priced_ratio(base, stacked, 1, prices)
+  for i in range(3):
+    price = {n: float(p[i]) for n, p in prices.items()}
+    assert got[i] == pytest.approx(runs.compare_runs(base, stacked, 1, step_price=price)["ratio"])
+  assert runs.priced_ratio(base, stacked, 1, {3: 0.25, 6: 1.0}) == pytest.approx(0.625)
+  never = _run(losses + 5, [1.0] * 10, [3] * 5 + [6] * 5, [0.0, 0.0])
+  assert runs.priced_ratio(base, never, 1, prices) is None
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_resampled_medians_give_scipys_percentile_bootstrap(paired):
+  """Each depth's steps resampled on their own (or the rounds together, `paired`): the
+  percentile interval of the ratio of medians is `scipy.stats.bootstrap`'s."""
+  scipy_stats = pytest.importorskip("scipy.stats")
+  rng = np.random.default_rng(5)
+  shallow, full = rng.gamma(5, 0.02, 30), rng.gamma(5, 0.04, 30 if paired else 12)
+  m = runs.resampled_medians({3: shallow, 6: full}, paired=paired, resamples=500, seed=2)
+  assert m[3].shape == m[6].shape == (500,)
+
+  def ratio(a, b, axis=-1):
+    return np.median(a, axis=axis) / np.median(b, axis=axis)
+
+  ci = scipy_stats.bootstrap(
+    (shallow, full),
+    ratio,
+    paired=paired,
+    vectorized=True,
+    n_resamples=500,
+    method="percentile",
+    random_state=np.random.default_rng(2),
+  ).confidence_interval
+  np.testing.assert_allclose(np.percentile(m[3] / m[6], [2.5, 97.5]), [ci.low, ci.high])
+  with pytest.raises(ValueError, match="one size per depth"):
+    runs.resampled_medians({3: shallow, 6: full[:5]}, paired=True)
+
+
+def test_heldout_sequence_items_pair_the_runs_losses_by_sequence():
+  def run(loss_sum, masked=(2, 3, 1)):
+    return {"heldout_sequences": {"loss_sum": loss_sum, "masked": list(masked)}}
+
+  stats_ = {"heldout_sequence_unigram_loss_sum": [14.0, 21.0, 7.0]}
+  a, b = run([12.0, 15.0, 6.0]), run([10.0, 18.0, 3.0])
+  items = runs.heldout_sequence_items([a, b], stats_)
+  assert items.shape == (3, 4)
+  np.testing.assert_allclose(runs.heldout_losses(items), [33 / 6, 31 / 6, 7.0])
+  resampled = items[np.array([[0, 0, 2], [1, 2, 2]])]  # (2 resamples, 3, 4)
+  np.testing.assert_allclose(runs.heldout_losses(resampled)[1], [23 / 5, 24 / 5])
+  assert runs.heldout_sequence_items([a, {}], stats_) is None
+  assert runs.heldout_sequence_items([a, b], {}) is None
+  with pytest.raises(ValueError, match="different held-out sequences"):
+    runs.heldout_sequence_items([a, run([1.0, 1.0, 1.0], (2, 3, 2))], stats_)

@@ -55,16 +55,45 @@ def mlm_loss_terms(
   Returns:
     Dict with "loss_sum", "correct_sum" and "count" (sum of weights), float32 scalars.
   """
-  logits = mlm_logits(params, config, gather_positions(hidden, positions))  # (B, P, V)
-  logits = logits.astype(jnp.float32)
-  weights = weights.astype(jnp.float32)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, ids.astype(jnp.int32))
-  correct = (jnp.argmax(logits, -1) == ids).astype(jnp.float32)
+  ce, correct, weights = _mlm_token_terms(params, config, hidden, positions, ids, weights)
   return {
     "loss_sum": jnp.sum(ce * weights),
     "correct_sum": jnp.sum(correct * weights),
     "count": jnp.sum(weights),
   }
+
+
+def mlm_sequence_terms(
+  params: Params,
+  config: BertConfig,
+  hidden: jax.Array,
+  positions: jax.Array,
+  ids: jax.Array,
+  weights: jax.Array,
+) -> dict[str, jax.Array]:
+  """`mlm_loss_terms` per sequence: the same sums, each of one sequence's masked positions,
+  for statistics that resample sequences (a held-out loss's bootstrap interval).
+
+  Returns:
+    Dict with "loss_sum", "correct_sum" and "count", float32 (B,); their sums over the batch
+    are `mlm_loss_terms`' values.
+  """
+  ce, correct, weights = _mlm_token_terms(params, config, hidden, positions, ids, weights)
+  return {
+    "loss_sum": jnp.sum(ce * weights, -1),
+    "correct_sum": jnp.sum(correct * weights, -1),
+    "count": jnp.sum(weights, -1),
+  }
+
+
+def _mlm_token_terms(params, config, hidden, positions, ids, weights):
+  """Cross-entropy, correctness and weights at each masked position, float32 (B, P)."""
+  logits = mlm_logits(params, config, gather_positions(hidden, positions))  # (B, P, V)
+  logits = logits.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, ids.astype(jnp.int32))
+  correct = (jnp.argmax(logits, -1) == ids).astype(jnp.float32)
+  return ce, correct, weights
 
 
 def mlm_loss(

@@ -5,7 +5,9 @@ one `loop.pretrain` run that returns all of it, and the comparison of two runs b
 one takes to reach the other's final loss (Gong et al. 2019's measure for stacking): run in
 ABBA order (`abba_runs`), estimated three ways (`time_ratio_estimates`, whose method
 `TIMING_METHOD` states) and, where the stacked run misses, tried once more with another
-shallow stage (`stage_variation`)."""
+shallow stage (`stage_variation`). For the intervals of the experiments' claims: each held-out
+sequence's loss, paired across runs (`heldout_sequence_items`), and the priced estimates on
+bootstrap resamples of their step times (`resampled_estimates`)."""
 
 from __future__ import annotations
 
@@ -113,7 +115,12 @@ def load_wikitext(
   # probabilities (add-one) of the held-out masked tokens.
   counts = np.bincount(corpus.ids, minlength=corpus.vocab_size).astype(np.float64) + 1.0
   masked = np.concatenate([b["mlm_ids"][b["mlm_weights"] > 0] for b in evals])
-  unigram = float(-np.mean(np.log(counts / counts.sum())[masked]))
+  surprise = -np.log(counts / counts.sum())
+  unigram = float(np.mean(surprise[masked]))
+  # Per held-out sequence (as `heldout_sequence_losses`), for intervals over sequences.
+  per_sequence = np.concatenate(
+    [(surprise[b["mlm_ids"]] * b["mlm_weights"]).sum(-1) for b in evals]
+  )
   stats = {
     "train_file": str(train_path),
     "heldout_file": str(test_path),
@@ -126,6 +133,7 @@ def load_wikitext(
     "vocab_size": corpus.vocab_size,
     "unk_rate": corpus.unk_rate(),
     "unigram_heldout_mlm_loss": unigram,
+    "heldout_sequence_unigram_loss_sum": np.round(per_sequence, 4),
   }
   return PretrainingData(corpus, examples, config, evals, stats)
 
@@ -220,6 +228,65 @@ def heldout_mlm_loss(params: Any, config, batches: Sequence[dict]) -> dict[str, 
   return {"mlm_loss": loss / count, "mlm_accuracy": acc / count, "masked_tokens": count}
 
 
+@functools.cache
+def _sequence_terms(config):
+  from bertjax.model.forward import forward
+  from bertjax.training.losses import mlm_sequence_terms
+
+  def terms(params, b):
+    out = forward(params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"])
+    h = out.last_hidden_state
+    return mlm_sequence_terms(params, config, h, b["mlm_positions"], b["mlm_ids"], b["mlm_weights"])
+
+  return jax.jit(terms)
+
+
+def heldout_sequence_losses(params: Any, config, batches: Sequence[dict]) -> dict[str, Any]:
+  """Each held-out sequence's summed MLM loss and masked-token count, in batch order.
+
+  The items a bootstrap over held-out sequences resamples: a model's loss on a resample is
+  its `loss_sum` over the resampled sequences divided by their `masked` tokens (on all of
+  them, `heldout_mlm_loss`'s value up to float rounding); runs scored on the same batches are
+  paired sequence by sequence.
+
+  Returns:
+    `loss_sum` (nats, rounded to 4 decimals, which keeps the result files small) and
+    `masked` (ints), one per sequence.
+  """
+  fn = _sequence_terms(config.replace(dtype="float32"))
+  got = [jax.device_get(fn(params, b)) for b in batches]
+  loss = np.concatenate([np.asarray(g["loss_sum"], np.float64) for g in got])
+  masked = np.concatenate([np.asarray(b["mlm_weights"]).sum(-1) for b in batches])
+  return {"loss_sum": np.round(loss, 4), "masked": np.rint(masked).astype(np.int64)}
+
+
+def heldout_sequence_items(runs: Sequence[dict], data_stats: dict) -> np.ndarray | None:
+  """Per held-out sequence, each run's summed MLM loss, the unigram loss's and the masked
+  tokens, (sequences, len(runs) + 2): the items a bootstrap over held-out sequences resamples
+  (`heldout_losses` makes the losses of a resample); None where the runs or `data_stats`
+  (`load_wikitext`'s `stats`) predate keeping them.
+
+  Raises:
+    ValueError: the runs were scored on different held-out sequences.
+  """
+  unigram = data_stats.get("heldout_sequence_unigram_loss_sum")
+  if unigram is None or any("heldout_sequences" not in r for r in runs):
+    return None
+  masked = [np.asarray(r["heldout_sequences"]["masked"]) for r in runs]
+  if any(m.shape != masked[0].shape or np.any(m != masked[0]) for m in masked):
+    raise ValueError("the runs were scored on different held-out sequences")
+  sums = [r["heldout_sequences"]["loss_sum"] for r in runs]
+  return np.asarray([*sums, unigram, masked[0]], np.float64).T
+
+
+def heldout_losses(items: np.ndarray) -> np.ndarray:
+  """The held-out losses of `heldout_sequence_items`' runs, then the unigram loss, on
+  resampled items `(..., sequences, k + 2)`: `(k + 1, ...)`, each a sum over the sequences
+  divided by their masked tokens."""
+  total = np.asarray(items, np.float64).sum(-2)
+  return np.moveaxis(total[..., :-1] / total[..., -1:], -1, 0)
+
+
 def final_params(out_dir: pathlib.Path, train, heads: tuple[str, ...]) -> Any:
   """The parameters of the newest checkpoint the loop wrote in `out_dir`."""
   from bertjax.model.forward import init
@@ -262,8 +329,9 @@ def train_run(
 
   Returns:
     Per-step `mlm_loss`, `layers`, `cost_s` (compile excluded), `raw_cost_s`,
-    `loop_step_s` (the loop's own step time), `compile_s` per stage, totals, load averages
-    and `heldout`.
+    `loop_step_s` (the loop's own step time), `compile_s` per stage, totals, load averages,
+    `heldout` and `heldout_sequences` (`heldout_sequence_losses`, paired across runs on
+    the same `eval_batches`).
   """
   from bertjax.training import loop
 
@@ -287,6 +355,7 @@ def train_run(
   layers = [r["layers"] for r in hist]
   split = step_costs(raw, layers)
   heldout = heldout_mlm_loss(params, config, eval_batches)
+  sequences = heldout_sequence_losses(params, config, eval_batches)
   data_s = float(np.sum(np.asarray(it.exit) - np.asarray(it.enter)))
   res = {
     "label": label,
@@ -307,6 +376,7 @@ def train_run(
     "loadavg_before": load_before,
     "loadavg_after": load_after,
     "heldout": heldout,
+    "heldout_sequences": sequences,
     "final_train_mlm_loss": hist[-1]["mlm_loss"],
   }
   if log is not None:
@@ -423,13 +493,128 @@ def compare_runs(
   return out
 
 
-def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
-  """Load-robust pricing: the median compile-free step time of each depth over `runs`."""
+def step_times_by_depth(runs: Sequence[dict]) -> dict[int, list[float]]:
+  """The compile-free step times of `runs`, grouped by the depth each step ran at."""
   by_depth: dict[int, list[float]] = {}
   for r in runs:
     for n, c in zip(r["layers"], r["cost_s"]):
-      by_depth.setdefault(n, []).append(c)
-  return {n: float(np.median(v)) for n, v in by_depth.items()}
+      by_depth.setdefault(int(n), []).append(float(c))
+  return by_depth
+
+
+def median_step_prices(runs: Sequence[dict]) -> dict[int, float]:
+  """Load-robust pricing: the median compile-free step time of each depth over `runs`."""
+  return {n: float(np.median(v)) for n, v in step_times_by_depth(runs).items()}
+
+
+def priced_ratio(baseline: dict, stacked: dict, window: int, prices: dict[int, Any]):
+  """`compare_runs`' ratio with `step_price` (compile excluded), vectorized over prices.
+
+  Args:
+    baseline, stacked: `train_run` results (their losses and depth per step).
+    window: trailing-mean window of the training MLM loss.
+    prices: seconds per step by depth, each a number or an array (one per resample).
+
+  Returns:
+    The time the stacked run takes to reach the baseline's final smoothed loss over the
+    baseline's, each step at its depth's price (a float or an array shaped as the prices),
+    or None where it never reaches it (which step it reaches it at does not depend on the
+    prices).
+  """
+  target = stats.trailing_mean(baseline["mlm_loss"], window)[-1]
+  hit = np.flatnonzero(stats.trailing_mean(stacked["mlm_loss"], window) <= target)
+  if not hit.size:
+    return None
+
+  def spent(layers):
+    depths, steps = np.unique(np.asarray(layers, int), return_counts=True)
+    return sum(np.asarray(prices[int(n)], np.float64) * k for n, k in zip(depths, steps))
+
+  return spent(stacked["layers"][: hit[0] + 1]) / spent(baseline["layers"])
+
+
+def priced_resamples(
+  baseline: dict,
+  stacked: dict,
+  window: int,
+  samples: dict[int, Sequence[float]],
+  *,
+  paired: bool = False,
+  resamples: int = 2000,
+  seed: int = 0,
+):
+  """`priced_ratio` on bootstrap resamples of the step times that price it: each depth's
+  median of `samples` on each resample (`resampled_medians`, which says what `paired` does).
+
+  Returns:
+    (resamples,) ratios, or None where the stacked run never reaches the baseline's loss.
+  """
+  prices = resampled_medians(samples, paired=paired, resamples=resamples, seed=seed)
+  return priced_ratio(baseline, stacked, window, prices)
+
+
+def resampled_estimates(record: dict, window: int, *, resamples: int = 2000) -> list[dict]:
+  """The stacking comparison's time ratios as `record` holds them (`estimates_record`'s fields,
+  `runs` and `variation`), the priced ones also on bootstrap resamples of their step times.
+
+  Returns:
+    One dict per stacked run compared (the first stacked run; the variation's, where one ran)
+    with `measured`, its ratios as measured (one run each: nothing to resample), `priced`,
+    `{name: the ratio as recorded}`, and `resampled`, `{name: (resamples,) ratios}` (None
+    where never reached): "priced" over each depth's steps of the runs it was priced at,
+    resampled on their own (`median_step_prices`), "interleaved" over the interleaved
+    rounds, resampled together.
+  """
+  runs, v = record["runs"], record.get("variation")
+  abba = runs[:-1] if v is not None else runs
+  turns = {int(k): x for k, x in record["interleaved_step_s"].items()}
+  boot = functools.partial(priced_resamples, runs[0], window=window, resamples=resamples)
+  out = [
+    {
+      "measured": [c["ratio"] for c in record["ratio_per_repeat"]],
+      "priced": {k: record[f"ratio_{k}"]["ratio"] for k in ("priced", "interleaved")},
+      "resampled": {
+        "priced": boot(runs[1], samples=step_times_by_depth(abba), seed=1),
+        "interleaved": boot(runs[1], samples=turns, paired=True),
+      },
+    }
+  ]
+  if v is not None:
+    out.append(
+      {
+        "measured": [c["ratio"] for c in v["vs_each_baseline"]],
+        "priced": {"priced": v["priced"]["ratio"]},
+        "resampled": {"priced": boot(runs[-1], samples=step_times_by_depth(runs), seed=1)},
+      }
+    )
+  return out
+
+
+def resampled_medians(
+  samples: dict[int, Sequence[float]], *, paired: bool, resamples: int = 2000, seed: int = 0
+) -> dict[int, np.ndarray]:
+  """Each depth's median step time on bootstrap resamples of its timed steps.
+
+  Args:
+    samples: `{depth: seconds of each timed step}`.
+    paired: resample the steps of every depth together (step i of each depth timed in one
+      round, as `interleaved_step_times` times them; `stats.bootstrap_ci`'s resamples);
+      else each depth's steps on their own (independent samples, in the order given).
+    resamples, seed: how many resamples, and their seed.
+
+  Returns:
+    `{depth: (resamples,) medians}`.
+  """
+  rng = np.random.default_rng(seed)
+  x = {n: np.asarray(v, np.float64) for n, v in samples.items()}
+  if paired:
+    sizes = {len(v) for v in x.values()}
+    if len(sizes) != 1:
+      raise ValueError(f"paired samples need one size per depth, got {sizes}")
+    n = sizes.pop()
+    idx = rng.integers(0, n, (resamples, n))
+    return {n: np.median(v[idx], 1) for n, v in x.items()}
+  return {n: np.median(v[rng.integers(0, len(v), (resamples, len(v)))], 1) for n, v in x.items()}
 
 
 def abba_runs(
