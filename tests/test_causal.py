@@ -6,7 +6,8 @@ takes the source's coordinate on one direction u (the top principal direction th
 only pairs whose prediction that swap changes are kept. Distributed alignment search with
 k = 1 must find u (|cos| > 0.85) and reach a held-out IIA far above a random direction's and
 the full vector's; the layer search (one program over every layer) must pick block 2 and
-equal `train_subspace` there; DBM over a PCA basis must keep u's row; boundless DAS must beat
+equal `train_subspace` there, and train each layer from its block's input as it trains the
+whole model; DBM over a PCA basis must keep u's row; boundless DAS must beat
 a random direction; steering must equal the same step made by a function patch; the PCA
 basis must equal scikit-learn's (up to sign).
 """
@@ -86,8 +87,15 @@ def test_das_finds_the_planted_direction(planted):
   )
   assert fit.heldout_iia > 0.75 and fit.heldout_iia > chance + 0.5 and fit.heldout_iia > full + 0.2
   # The layer search: one program over the layers, the planted block on top, the same fit.
-  fits = ci.layer_search(params, CONFIG, train, held, "out", k=1, steps=STEPS, lr=0.05)
+  fits = ci.layer_search(
+    params, CONFIG, train, held, "out", k=1, steps=STEPS, lr=0.05, truncate=False
+  )
   assert [f.layer for f in fits] == [0, 1, 2]
+  # Each layer trained from its block's input (a program per layer): the same training.
+  cut = ci.layer_search(params, CONFIG, train, held, "out", k=1, steps=STEPS, lr=0.05)
+  for a, b in zip(fits, cut):
+    np.testing.assert_allclose(b.losses[:50], a.losses[:50], rtol=1e-4, err_msg=f"{a.layer}")
+    assert abs(float(a.basis[0] @ b.basis[0])) > 0.99 and abs(a.heldout_iia - b.heldout_iia) <= 0.02
   assert max(fits, key=lambda f: f.heldout_iia).layer == LAYER
   assert abs(float(fits[LAYER].basis[0] @ u)) > 0.85
   assert abs(fits[LAYER].heldout_iia - fit.heldout_iia) <= 0.05
@@ -126,6 +134,31 @@ def test_steering_adds_the_step(planted):
   for i, s in enumerate((0.0, 0.5, -1.0)):
     np.testing.assert_allclose(got[i], stepped(s), atol=2e-4)
   assert np.abs(got[2] - got[0]).max() > 1e-2
+
+
+def test_each_pair_has_its_own_candidates(planted):
+  """Candidates (B, C): each pair's logits are the shared candidates' in its own order, `take`
+  keeps each row's, and `answers` is the unintervened argmax of base and source runs."""
+  params, u, _, held = planted
+  few = held.take(np.arange(6))
+  order = np.stack([np.roll(np.arange(4), i) for i in range(6)])  # row i's candidate order
+  own = dataclasses.replace(
+    few, candidates=few.candidates[order], label=np.argmax(order == few.label[:, None], 1)
+  )
+  w = ci.position_weight(CONFIG, "out", LAYER, few.positions, T, 1)
+  shared = np.asarray(ci.interchange_logits(params, CONFIG, few, "out", u[None], w))
+  got = np.asarray(ci.interchange_logits(params, CONFIG, own, "out", u[None], w))
+  np.testing.assert_allclose(got, np.take_along_axis(shared, order, 1), atol=1e-5)
+  assert ci.iia(got, own.label) == ci.iia(shared, few.label)
+  np.testing.assert_array_equal(own.take([4, 1]).candidates, few.candidates[order[[4, 1]]])
+  base, source = ci.answers(params, CONFIG, own)
+  plain = np.asarray(ci.interchange_logits(params, CONFIG, own, "out", u[None], 0 * w))
+  np.testing.assert_array_equal(base, plain.argmax(-1))
+  src = dataclasses.replace(own, base_ids=own.source_ids)
+  full = np.asarray(ci.interchange_logits(params, CONFIG, src, "out", u[None], 0 * w))
+  np.testing.assert_array_equal(source, full.argmax(-1))
+  with pytest.raises(ValueError, match=r"candidates shape \(5, 4\) must be"):
+    dataclasses.replace(own, candidates=own.candidates[:5])
 
 
 def test_a_probe_reads_out_where_there_is_no_mlm_head(planted):

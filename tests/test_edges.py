@@ -305,6 +305,58 @@ def test_circuit_without_one_edge_is_its_exact_patch(bert):
   np.testing.assert_allclose(res["corrupted"], bert["exact"].corrupted)
 
 
+def _mib_loop(percentages, faith):
+  # MIB's `evaluate_area_under_curve` summaries, as its loop writes them (linear axis).
+  under = from_1 = 0.0
+  for i in range(len(faith) - 1):
+    dx = percentages[i + 1] - percentages[i]
+    from_1 += dx * (abs(1.0 - faith[i]) + abs(1.0 - faith[i + 1])) / 2
+    under += dx * (faith[i] + faith[i + 1]) / 2
+  return under, from_1
+
+
+def test_mib_areas_on_hand_made_curves():
+  """CPR and CMD follow MIB's definitions: closed forms on flat and linear curves, its loop on
+  a curve that overshoots 1 (CMD counts the overshoot), resamples on a leading axis."""
+  x = np.asarray(circuits.MIB_PERCENTAGES)
+  flat = circuits.mib_areas(x, np.ones(10))
+  assert flat["cpr"] == pytest.approx(0.999) and flat["cmd"] == pytest.approx(0.0)
+  line = circuits.mib_areas(x, x)  # the trapezoid rule is exact on a line
+  assert line["cpr"] == pytest.approx((1 - 0.001**2) / 2)
+  assert line["cmd"] == pytest.approx(0.999 - (1 - 0.001**2) / 2)
+  curve = np.array([-0.2, 0.1, 0.4, 0.9, 1.3, 1.1, 0.95, 1.0, 1.02, 1.0])
+  got = circuits.mib_areas(x, curve)
+  under, from_1 = _mib_loop(list(x), list(curve))
+  assert got["cpr"] == pytest.approx(under, abs=1e-15) and got["cmd"] == pytest.approx(from_1)
+  assert got["average"] == pytest.approx(curve.mean())
+  stacked = circuits.mib_areas(x, np.stack([curve, x]))
+  np.testing.assert_allclose(stacked["cpr"], [under, line["cpr"]])
+  with pytest.raises(ValueError, match="must increase"):
+    circuits.mib_areas(x[::-1], curve)
+  # Normalised against the empty circuit: empty -> 0, clean -> 1.
+  np.testing.assert_allclose(circuits.mib_faithfulness([2.0, 5.0, 3.5], 5.0, 2.0), [0, 1, 0.5])
+
+
+def test_mib_curve_scores_edges_as_mib_does(bert):
+  """`mib_curve`: sizes int(p * edges), the full graph's faithfulness exactly 1, each point
+  (circuit - empty) / (clean - empty) of the same circuits `faithfulness` runs."""
+  g = bert["eap"].graph
+  n = int(g.valid.sum())
+  pct = (0.05, 0.3, 1.0)  # four circuits with the empty one: the program the tests above ran
+  got = bert["run"](circuits.mib_curve, scores=bert["eap"], percentages=pct)
+  assert got["sizes"] == [int(p * n) for p in pct] and got["edges"][-1] == n
+  c = got["curve"]
+  want = (np.asarray(c["metric"]) - c["empty"]) / (c["clean"] - c["empty"])
+  np.testing.assert_allclose(got["faithfulness"], want, atol=1e-12)
+  assert got["faithfulness"][-1] == pytest.approx(1.0, abs=1e-9)
+  under, from_1 = _mib_loop(pct, want)
+  assert got["cpr"] == pytest.approx(under) and got["cmd"] == pytest.approx(from_1)
+  masks = np.stack([circuits.top_k_circuit(bert["eap"], int(p * n)) for p in pct[:2]])
+  np.testing.assert_allclose(
+    c["metric"][:2], bert["run"](circuits.circuit_metric, circuits=masks), atol=1e-12
+  )
+
+
 def test_circuit_metric_per_row_is_each_row_run_alone(bert):
   """Each pair's circuit metric (what the Findings resample) is the circuit run on that pair
   alone, and the pairs' mean is the batch's metric; `faithfulness` keeps them."""

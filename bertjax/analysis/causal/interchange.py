@@ -9,8 +9,9 @@ coordinates of the site on the rows of `basis` (k, D) to the source's, at the la
 positions `weight` selects, and leaves the rest. Here:
 
 * `CounterfactualPairs`: base and source batches of one shape, the positions to interchange,
-  the position whose answer is read, the candidate answers and each pair's counterfactual
-  label (an index into the candidates).
+  the position whose answer is read, the candidate answers (shared, or each pair's own) and
+  each pair's counterfactual label (an index into the candidates); `for_patching` gives the
+  same pairs to the circuit tools (base clean, source corrupted).
 * `interchange_logits`: the candidates' logits of the intervened base run (the source's site
   captured in one pass, the base run with the interchange in another); `iia`: the
   interchange-intervention accuracy, the share of pairs whose intervened prediction is the
@@ -24,6 +25,8 @@ positions `weight` selects, and leaves the rest. Here:
   or a PCA's: MIB's desiderata-based masking, with an L1 penalty on the mask).
 * `layer_search`: `train_subspace` at every layer at once, one compiled program (the
   layers' parameters vmapped), scored by IIA on held-out pairs.
+* `answers`: the model's own answers on the base and source runs (to keep the pairs it
+  gets right).
 * `pca_basis`: the top principal directions of a site's activations (a baseline basis).
 * `steer`: add `strength * direction` to one site at one layer and positions, as a sweep
   over strengths, and read the candidates' logits.
@@ -46,7 +49,7 @@ import numpy as np
 import optax
 
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import forward
+from bertjax.model.forward import forward, run_layers
 from bertjax.model.heads import mlm_logits
 from bertjax.model.intervention import Intervention
 from bertjax.model.sites import SITES, site_shape
@@ -65,8 +68,9 @@ class CounterfactualPairs:
     positions: int (B, P): the token positions whose site is interchanged (the same in
       base and source: the pairs are aligned), P >= 1.
     target: int (B,): the position whose masked-token prediction is read.
-    candidates: int (C,): the token ids the answer is chosen among.
-    label: int (B,): each pair's counterfactual answer, an index into `candidates`.
+    candidates: int (C,): the token ids the answer is chosen among, the same for every pair;
+      or (B, C): each pair's own (names in an indirect-object task, antonyms in negation).
+    label: int (B,): each pair's counterfactual answer, an index into its candidates.
   """
 
   base_ids: np.ndarray
@@ -93,8 +97,10 @@ class CounterfactualPairs:
         f"positions shape {pos.shape} must be (B, P)=({b}, P) with values in [0, {t})"
       )
     c = np.shape(self.candidates)
+    if len(c) not in (1, 2) or (len(c) == 2 and c[0] != b):
+      raise ValueError(f"candidates shape {c} must be (C,) or (B, C)=({b}, C)")
     label = np.asarray(self.label)
-    if len(c) != 1 or (label < 0).any() or (label >= c[0]).any():
+    if (label < 0).any() or (label >= c[-1]).any():
       raise ValueError(f"label values must index candidates {c}; got {np.unique(label)}")
 
   def take(self, rows) -> CounterfactualPairs:
@@ -108,8 +114,32 @@ class CounterfactualPairs:
       attention_mask=pick(self.attention_mask),
       positions=pick(self.positions),
       target=pick(self.target),
+      candidates=pick(self.candidates) if np.ndim(self.candidates) == 2 else self.candidates,
       label=pick(self.label),
     )
+
+  def token_ids(self, index) -> np.ndarray:
+    """int (B,): each pair's candidate token at `index` (B,) (labels are indices)."""
+    c, index = np.asarray(self.candidates), np.asarray(index)
+    return c[np.arange(len(index)), index] if c.ndim == 2 else c[index]
+
+  def for_patching(self, base_label) -> tuple[dict, dict, dict]:
+    """`(clean, corrupted, targets)` for the patching and edge tools
+    (`bertjax.analysis.interventions`: `edges.edge_attribution`, `circuits.mib_curve`, ...)
+    with `metrics.LogitDiff("mlm")`: the base sentences clean, the source sentences
+    corrupted, the answer the base's own (`base_label` (B,)), the distractor the source's
+    (the counterfactual label), read at the target position."""
+    base_label = np.asarray(base_label)
+    if base_label.shape != np.shape(self.label):
+      raise ValueError(f"base_label shape {base_label.shape} must be {np.shape(self.label)}")
+    mask = np.asarray(self.attention_mask)
+    targets = {
+      "answer": self.token_ids(base_label),
+      "distractor": self.token_ids(self.label),
+      "position": np.asarray(self.target),
+    }
+    clean = {"input_ids": np.asarray(self.base_ids), "attention_mask": mask}
+    return clean, {"input_ids": np.asarray(self.source_ids), "attention_mask": mask}, targets
 
 
 def position_weight(config: BertConfig, site: str, layer, positions, seq_len: int, k: int):
@@ -135,17 +165,21 @@ def with_probe(params: Params, weight, bias) -> Params:
   return {**params, "probe": {"weight": weight, "bias": bias}}
 
 
-def _readout(params, config, out, pairs_target, candidates, mask=None):
-  # (B, C): the probe's logits on the pooled final states when params hold one, else the
-  # candidates' MLM logits at each row's target position.
+def _readout(params, config, last, pairs_target, candidates, mask=None):
+  # (B, C): the probe's logits on the pooled final states `last` (B, T, H) when params hold
+  # one, else the candidates' MLM logits at each row's target position.
   if "probe" in params:
-    h, p = out.last_hidden_state, params["probe"]
+    h, p = last, params["probe"]
     m = jnp.asarray(mask, h.dtype)[..., None]
     pooled = (h * m).sum(1) / jnp.maximum(m.sum(1), 1)
     return pooled @ p["weight"] + p["bias"]
-  rows = jnp.arange(out.last_hidden_state.shape[0])
-  h = out.last_hidden_state[rows, jnp.asarray(pairs_target)]  # (B, H)
-  return mlm_logits(params, config, h[:, None])[:, 0][:, jnp.asarray(candidates)]
+  rows = jnp.arange(last.shape[0])
+  h = last[rows, jnp.asarray(pairs_target)]  # (B, H)
+  logits = mlm_logits(params, config, h[:, None])[:, 0]  # (B, V)
+  candidates = jnp.asarray(candidates)
+  if candidates.ndim == 2:  # each pair's own candidates
+    return jnp.take_along_axis(logits, candidates, axis=1)
+  return logits[:, candidates]
 
 
 def _check(params, config: BertConfig, site: str):
@@ -167,7 +201,7 @@ def _source(params, config, pairs_src, mask, *, site):
 def _intervened(params, config, base, mask, source, basis, weight, target, candidates, *, site):
   iv = Intervention(subspace={site: (source, basis, weight)})
   out = forward(params, config, base, mask, intervention=iv)
-  return _readout(params, config, out, target, candidates, mask)
+  return _readout(params, config, out.last_hidden_state, target, candidates, mask)
 
 
 def interchange_logits(params, config, pairs: CounterfactualPairs, site: str, basis, weight):
@@ -188,6 +222,25 @@ def interchange_logits(params, config, pairs: CounterfactualPairs, site: str, ba
     pairs.candidates,
     site=site,
   )
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _plain(params, config, ids, mask, target, candidates):
+  out = forward(params, config, ids, mask)
+  return _readout(params, config, out.last_hidden_state, target, candidates, mask)
+
+
+def answers(params: Params, config: BertConfig, pairs: CounterfactualPairs):
+  """The model's own answers, without intervention: int (B,) indices into each pair's
+  candidates for the base runs and for the source runs. An analysis of a variable keeps the
+  pairs the model answers right on both (as MIB does), else a failed interchange and a
+  model that cannot do the task look alike."""
+  _check(params, config, "out")  # a readout is there
+  got = [
+    np.asarray(_plain(params, config, ids, pairs.attention_mask, pairs.target, pairs.candidates))
+    for ids in (pairs.base_ids, pairs.source_ids)
+  ]
+  return got[0].argmax(-1), got[1].argmax(-1)
 
 
 def iia(logits, label) -> float:
@@ -241,7 +294,9 @@ def _basis(method, theta, fixed):
   return fixed if method == "dbm" else orthonormal_rows(theta["raw"])
 
 
-@functools.partial(jax.jit, static_argnames=("config", "site", "method", "steps", "lr", "penalty"))
+@functools.partial(
+  jax.jit, static_argnames=("config", "site", "method", "steps", "lr", "penalty", "start")
+)
 def _train(
   params,
   config,
@@ -261,7 +316,10 @@ def _train(
   steps,
   lr,
   penalty,
+  start=None,
 ):
+  # `base`: the base ids (B, T), or with `start` the base run's input to block `start` (B, T,
+  # H), `layer` then being `start`.
   dim = site_shape(config, site, 1, 1)[-1]
   theta = _init(method, key, dim, fixed.shape[0], fixed)  # fixed: (k, D), only its shape for DAS
   opt = optax.adam(lr)
@@ -272,8 +330,14 @@ def _train(
     row_mask, extra = _mask(method, theta, step, steps, basis.shape[0])
     weight = position_weight(config, site, layer, positions, seq, basis.shape[0]) * row_mask
     iv = Intervention(subspace={site: (src, basis, weight)})
-    out = forward(params, config, base, mask, intervention=iv)
-    logits = _readout(params, config, out, target, candidates, mask)
+    if start is None:
+      last = forward(params, config, base, mask, intervention=iv).last_hidden_state
+    else:  # from block `start`'s input: the blocks before it cannot see the interchange
+      rows = None if "probe" in params else jnp.asarray(target)[:, None]
+      last = run_layers(
+        params, config, base, mask, start=start, intervention=iv, final_rows=rows, unroll=True
+      ).last
+    logits = _readout(params, config, last, target, candidates, mask)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, label).mean()
     return ce + penalty * extra
 
@@ -299,33 +363,47 @@ def _fixed_basis(method, k, basis, dim):
   return jnp.zeros((k if method == "das" else dim, dim), jnp.float32)  # only its shape is read
 
 
-def _trainer(params, config, pairs, site, *, method, k, basis, steps, lr, penalty):
+@functools.partial(jax.jit, static_argnames=("config",))
+def _block_inputs(params, config, ids, mask):
+  # (depth + 1, B, T, H): the embeddings, then every block's output (block l's input at l).
+  return forward(params, config, ids, mask, output_hidden_states=True).hidden_states
+
+
+def _trainer(params, config, pairs, site, *, method, k, basis, steps, lr, penalty, truncate):
   """The checks both entry points make, then `fit(key, layer) -> (basis, mask, losses)` on
-  `pairs` (the source's site captured once; vmappable over keys and layers)."""
+  `pairs` (the source's site captured once). Vmappable over keys and layers; with `truncate`,
+  `layer` is an int and the fit runs from that block's input (the base run's, computed once):
+  a program per layer, each running only the blocks the interchange reaches."""
   _check(params, config, site)
   if method not in METHODS:
     raise ValueError(f"method={method!r} must be one of {METHODS}")
   fixed = _fixed_basis(method, k, basis, site_shape(config, site, 1, 1)[-1])
   src = _source(params, config, pairs.source_ids, pairs.attention_mask, site=site)
-  return lambda key, layer: _train(
-    params,
-    config,
-    pairs.base_ids,
-    pairs.attention_mask,
-    src,
-    pairs.positions,
-    pairs.target,
-    pairs.candidates,
-    pairs.label,
-    fixed,
-    key,
-    layer,
-    site=site,
-    method=method,
-    steps=steps,
-    lr=lr,
-    penalty=penalty,
-  )
+  inputs = _block_inputs(params, config, pairs.base_ids, pairs.attention_mask) if truncate else None
+
+  def fit(key, layer):
+    return _train(
+      params,
+      config,
+      pairs.base_ids if inputs is None else inputs[layer],
+      pairs.attention_mask,
+      src,
+      pairs.positions,
+      pairs.target,
+      pairs.candidates,
+      pairs.label,
+      fixed,
+      key,
+      layer,
+      site=site,
+      method=method,
+      steps=steps,
+      lr=lr,
+      penalty=penalty,
+      start=None if inputs is None else int(layer),
+    )
+
+  return fit
 
 
 def train_subspace(
@@ -343,6 +421,7 @@ def train_subspace(
   penalty: float = 1e-2,
   seed: int = 0,
   heldout: CounterfactualPairs | None = None,
+  truncate: bool = True,
 ) -> SubspaceFit:
   """Learns where a causal variable lives at one site and layer (see the module docstring).
 
@@ -357,6 +436,9 @@ def train_subspace(
     steps, lr: full-batch Adam steps and rate; penalty: the weight of the boundary's or
       mask's size in the loss ("boundless", "dbm").
     seed: the initial rotation's key.
+    truncate: train from block `layer`'s input (the base run's), running only the blocks
+      the interchange reaches; False: the whole forward each step (the same fit to float32
+      rounding).
 
   Returns:
     A `SubspaceFit`.
@@ -374,6 +456,7 @@ def train_subspace(
     steps=steps,
     lr=lr,
     penalty=penalty,
+    truncate=truncate,
   )
   got_basis, mask, losses = fit(jax.random.key(seed), layer)
   score = None
@@ -403,9 +486,16 @@ def layer_search(
   lr: float = 1e-2,
   penalty: float = 1e-2,
   seed: int = 0,
+  truncate: bool = True,
 ) -> list[SubspaceFit]:
-  """`train_subspace` at every layer at once (one program: the layers vmapped), each fit
-  scored by IIA on `heldout`. Returns one `SubspaceFit` per layer."""
+  """`train_subspace` at every layer, each fit scored by IIA on `heldout`. Returns one
+  `SubspaceFit` per layer.
+
+  By default each layer trains from its block's input (the base run's), a program per layer
+  that runs only the blocks the interchange reaches: about (depth + 1) / (2 depth) of the
+  work, and `depth` compilations. `truncate=False` trains every layer in one program (the
+  layers vmapped, each running the whole model): the same fits to float32 rounding, one
+  compilation, about 1.8x the time a step on all-MiniLM-L6-v2 (`docs/manual.md`)."""
   fit = _trainer(
     params,
     config,
@@ -417,9 +507,14 @@ def layer_search(
     steps=steps,
     lr=lr,
     penalty=penalty,
+    truncate=truncate,
   )
   keys = jax.random.split(jax.random.key(seed), config.depth)
-  bases, masks, losses = jax.vmap(fit)(keys, jnp.arange(config.depth))
+  if truncate:
+    each = [fit(key, layer) for layer, key in enumerate(keys)]
+    bases, masks, losses = (jnp.stack(parts) for parts in zip(*each))
+  else:
+    bases, masks, losses = jax.vmap(fit)(keys, jnp.arange(config.depth))
   hsrc = _source(params, config, heldout.source_ids, heldout.attention_mask, site=site)
   seq = heldout.base_ids.shape[1]
   logits = jax.vmap(

@@ -7,7 +7,8 @@ and `greedy_circuit` pick one from `edges.EdgeScores` (EAP-IG's `apply_topn`,
 the clean run with every edge outside the circuit carrying the corrupted run's activation
 (`evaluate_graph`), with the post-LN edges of `bertjax.analysis.interventions.edges`' docstring, so the
 full circuit is the clean run and a circuit missing one edge is that edge's exact patch
-(`edges.edge_patching`; tested); `faithfulness` sweeps circuit sizes.
+(`edges.edge_patching`; tested); `faithfulness` sweeps circuit sizes; `mib_curve` scores
+edge scores as the Mechanistic Interpretability Benchmark's circuit track does (CPR, CMD).
 """
 
 from __future__ import annotations
@@ -301,6 +302,86 @@ def faithfulness(
     "empty": float(values[-1]),
     "method": method,
     "rows": rows,
+  }
+
+
+# MIB's grid: the share of the graph's edges a circuit keeps (hannamw/MIB-circuit-track,
+# MIB_circuit_track/evaluation.py, `evaluate_area_under_curve`).
+MIB_PERCENTAGES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def mib_areas(percentages, faith) -> dict:
+  """MIB's summaries of a faithfulness curve over `percentages` (P,): "cpr" (the area under
+  it: circuit performance ratio, higher is better), "cmd" (the area between it and 1:
+  circuit-model difference, lower is better), both by the trapezoid rule on the linear
+  share axis as `evaluate_area_under_curve` computes them, and "average" (its mean).
+  `faith` is (..., P): leading axes (bootstrap resamples) give arrays of each."""
+  x = np.asarray(percentages, np.float64)
+  f = np.asarray(faith, np.float64)
+  if x.ndim != 1 or f.shape[-1:] != x.shape or len(x) < 2 or (np.diff(x) <= 0).any():
+    raise ValueError(
+      f"percentages {x.shape} must increase and faith {f.shape} end in the same length (>= 2)"
+    )
+  width = np.diff(x)
+  trapezoid = lambda y: ((y[..., :-1] + y[..., 1:]) / 2 * width).sum(-1)
+  return {"cpr": trapezoid(f), "cmd": trapezoid(np.abs(1.0 - f)), "average": f.mean(-1)}
+
+
+def mib_faithfulness(metric, clean, empty):
+  """MIB's normalised faithfulness: (circuit - empty) / (clean - empty), where "empty" is the
+  circuit with no edge (every edge corrupted) and not the corrupted run. Arrays broadcast:
+  `metric` (..., P) against `clean` and `empty` (...)."""
+  clean, empty = np.asarray(clean, np.float64), np.asarray(empty, np.float64)
+  return (np.asarray(metric, np.float64) - empty[..., None]) / (clean - empty)[..., None]
+
+
+def mib_curve(
+  params: Params,
+  config: BertConfig,
+  clean,
+  corrupted,
+  metric: Metric,
+  scores: EdgeScores,
+  *,
+  targets: Mapping | None = None,
+  percentages: Sequence[float] = MIB_PERCENTAGES,
+  method: str = "topk",
+  absolute: bool = True,
+) -> dict:
+  """MIB's circuit-localisation score of `scores`: circuits keeping `int(p * edges)` of the
+  graph's edges for each share p (top-n or greedy, pruned, as MIB's `apply_topn(prune=True)`),
+  their faithfulness normalised against the empty circuit (`mib_faithfulness`), and the
+  curve's CPR and CMD (`mib_areas`). MIB reports CPR from signed scores (`absolute=False`)
+  and CMD from absolute ones.
+
+  Returns:
+    `mib_areas`' "cpr", "cmd", "average" (floats), "percentages", "sizes" (edges asked),
+    "edges" (kept after pruning), "faithfulness" (P,), and "curve": `faithfulness`'s result
+    (its "rows" hold each pair's values for a `row_mean` metric, what an interval resamples).
+  """
+  n = int(scores.graph.valid.sum())
+  sizes = [int(p * n) for p in percentages]
+  curve = faithfulness(
+    params,
+    config,
+    clean,
+    corrupted,
+    metric,
+    scores,
+    sizes,
+    targets=targets,
+    method=method,
+    absolute=absolute,
+  )
+  faith = mib_faithfulness(curve["metric"], curve["clean"], curve["empty"])
+  areas = {k: float(v) for k, v in mib_areas(percentages, faith).items()}
+  return {
+    **areas,
+    "percentages": [float(p) for p in percentages],
+    "sizes": sizes,
+    "edges": curve["edges"],
+    "faithfulness": faith.tolist(),
+    "curve": curve,
   }
 
 
