@@ -131,10 +131,14 @@ install_playwright() {
   touch "$VENV/.playwright-installed"
 }
 
+# The reference implementations installed beside bertjax in $VENV/hf4 (not on sys.path).
+SIDE_PINS=("transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" "lxt==2.1"
+  "pyvene==0.1.8")
+
 setup() {
-  # Reinstall only when the package metadata changed.
+  # Reinstall only when the package metadata or the side pins changed.
   local stamp="$VENV/.bertjax-installed" want t0=$SECONDS
-  want=$(sha256sum "$HERE/pyproject.toml" | cut -d' ' -f1)
+  want=$(cat "$HERE/pyproject.toml" <(printf '%s\n' "${SIDE_PINS[@]}") | sha256sum | cut -d' ' -f1)
   if [ ! -x "$PY" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     if [ ! -x "$PY" ]; then
       printf '[setup] creating the virtual environment %s ...' "$VENV" >&2
@@ -155,11 +159,10 @@ setup() {
     stage "installing bertjax and its extras (jax, flax, transformers, tensorflow-cpu, ...)" \
       "${pip[@]}" -e "$HERE[hf,data,plots,models,dev,docs]"
     # transformers 4.57 (the last with head pruning and Flax BERT) beside it, for the
-    # pruned-checkpoint test, the Flax peer benchmark and AttnLRP's released code (lxt, whose
-    # BERT patch is transformers 4's); not on sys.path.
-    stage "installing transformers 4.57 and lxt beside it in $VENV/hf4 (for comparisons)" \
-      "${pip[@]}" --no-deps --upgrade --target "$VENV/hf4" \
-      "transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" "lxt==2.1"
+    # pruned-checkpoint test, the Flax peer benchmark, AttnLRP's released code (lxt, whose
+    # BERT patch is transformers 4's) and pyvene's interchange interventions; not on sys.path.
+    stage "installing transformers 4.57, lxt and pyvene beside it in $VENV/hf4 (for comparisons)" \
+      "${pip[@]}" --no-deps --upgrade --target "$VENV/hf4" "${SIDE_PINS[@]}"
     install_playwright
     echo "$want" >"$stamp"
     echo "[setup] done in $((SECONDS - t0))s" >&2

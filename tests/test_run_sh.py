@@ -9,6 +9,7 @@ import ast
 import hashlib
 import os
 import pathlib
+import re
 import subprocess
 
 import pytest
@@ -172,6 +173,17 @@ _RECORDING_PYTHON = """#!/usr/bin/env bash
 """
 
 
+def _stamp() -> str:
+  """What `./run.sh setup` keeps once it has installed: the SHA-256 of pyproject.toml followed
+  by the side environment's pins (run.sh's SIDE_PINS), one a line."""
+  text = (REPO / "run.sh").read_text()
+  start = text.index("SIDE_PINS=(")
+  pins = re.findall(r'"([^"\s]+==[^"\s]+)"', text[start : text.index(")", start)])
+  assert "pyvene==0.1.8" in pins, pins
+  body = (REPO / "pyproject.toml").read_bytes() + "".join(p + "\n" for p in pins).encode()
+  return hashlib.sha256(body).hexdigest()
+
+
 def _recording_venv(tmp_path) -> pathlib.Path:
   """A virtual environment that `./run.sh` finds set up, whose python records its runs."""
   venv = tmp_path / "venv"
@@ -179,8 +191,7 @@ def _recording_venv(tmp_path) -> pathlib.Path:
   py = venv / "bin" / "python"
   py.write_text(_RECORDING_PYTHON)
   py.chmod(0o755)
-  want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
-  (venv / ".bertjax-installed").write_text(want + "\n")
+  (venv / ".bertjax-installed").write_text(_stamp() + "\n")
   (venv / ".playwright-installed").touch()
   return venv
 
@@ -265,8 +276,7 @@ def test_setup_is_quiet_and_staged(tmp_path):
   assert "WARNING" not in proc.stderr and "Collecting" not in proc.stdout
   log = (venv / "setup.log").read_text()
   assert log.count("WARNING: a warning") == 5 and "Collecting" in log
-  want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
-  assert (venv / ".bertjax-installed").read_text().strip() == want
+  assert (venv / ".bertjax-installed").read_text().strip() == _stamp()
   # Up to date: nothing to do, nothing printed.
   again = _run("setup", env={"BERTJAX_VENV": str(venv)})
   assert again.returncode == 0 and again.stdout == again.stderr == ""
