@@ -34,6 +34,7 @@ positions `weight` selects, and leaves the rest. Here:
   model without one, a linear probe on the pooled final states (`with_probe`).
 
 Everything is one jitted program per shape; the frozen model's parameters are arguments.
+`bertjax.analysis.causal.sae_features` interchanges a sparse autoencoder's features instead.
 """
 
 from __future__ import annotations
