@@ -58,6 +58,7 @@ ORDER = (
   "stacking",
   "albert_sharing",
   "model_compression",
+  "causal_variables",
 )
 
 

@@ -133,3 +133,36 @@ def edge_agreement(
     fig.suptitle(title, fontsize=11)
   fig.tight_layout()
   return save_png(fig, path)
+
+
+def localisation(tasks: Mapping[str, Mapping], path, *, title: str = "") -> pathlib.Path:
+  """Both MIB tracks, a column per task: above, interchange-intervention accuracy by layer
+  (layers 1..L) of each method; below, the faithfulness of circuits by share of the edges
+  (log axis) of each scoring method, with its CPR.
+
+  Args:
+    tasks: `{task: {"iia": {method: (L,)}, "circuits": {method: {"percentages": (P,),
+      "faithfulness": (P,), "cpr": float}}}}`.
+    path: output .png path.
+    title: the figure's title.
+  """
+  plt = pyplot()
+  fig, axes = plt.subplots(2, len(tasks), figsize=(4.2 * len(tasks), 6.4), squeeze=False)
+  for col, (task, t) in enumerate(tasks.items()):
+    top, bottom = axes[0, col], axes[1, col]
+    for method, iia in t["iia"].items():
+      layers = 1 + np.arange(len(iia))
+      top.plot(layers, iia, marker="o", ms=3, label=method)
+    top.set(title=task, xlabel="layer", ylabel="held-out IIA", ylim=(-0.02, 1.02))
+    top.set_xticks(layers)
+    for method, c in t["circuits"].items():
+      label = f"{method.upper().replace('_', '-')} (CPR {c['cpr']:.2f})"
+      bottom.plot(c["percentages"], c["faithfulness"], "-o", ms=3, label=label)
+    bottom.axhline(1.0, color="gray", lw=0.8)
+    bottom.set(xscale="log", xlabel="share of the edges", ylabel="faithfulness")
+    for ax in (top, bottom):
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.suptitle(title)
+  fig.tight_layout()
+  return save_png(fig, path)

@@ -15,7 +15,8 @@ from the source flips the answer at the masked position:
   "mary" as the second subject: the answer is the name not repeated. A pair's candidates are
   its two names in order and its label the index of the source's answer.
 
-Both return `CounterfactualTask`: `CounterfactualPairs` whose `positions` are the one column
+`task(name, tok, n, seed)` builds any of `TASKS` by name (agreement's pairs from
+`bertjax.tasks.agreement`). Both return `CounterfactualTask`: `CounterfactualPairs` whose `positions` are the one column
 where base and source differ (the polarity word, the repeated name) and whose `target` is the
 mask, plus the base's own label and the sentences. Words that are not one token in the
 tokenizer's vocabulary are left out, so a template tokenises to one length everywhere.
@@ -178,3 +179,18 @@ def ioi_pairs(tok, n: int, seed: int = 0) -> CounterfactualTask:
     base_label.append(1 - repeated)
     label.append(repeated)
   return _task(tok, base, source, candidates, label, base_label)
+
+
+TASKS = ("agreement", "negation", "ioi")
+
+
+def task(name: str, tok, n: int, seed: int = 0):
+  """`n` pairs of the task `name` (one of `TASKS`): `agreement.agreement_pairs`,
+  `negation_pairs` or `ioi_pairs`; each result has `pairs`, `base_label`, `base_text` and
+  `source_text`."""
+  from bertjax.tasks import agreement
+
+  make = {"agreement": agreement.agreement_pairs, "negation": negation_pairs, "ioi": ioi_pairs}
+  if name not in make:
+    raise ValueError(f"task {name!r} must be one of {TASKS}")
+  return make[name](tok, n, seed=seed)

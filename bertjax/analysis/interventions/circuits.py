@@ -335,6 +335,16 @@ def mib_faithfulness(metric, clean, empty):
   return (np.asarray(metric, np.float64) - empty[..., None]) / (clean - empty)[..., None]
 
 
+def mib_resampled(percentages, rows: Mapping, draws) -> dict:
+  """`mib_areas` of a curve on resampled pairs: `rows` is a `row_mean` metric's per-pair
+  values as `faithfulness` keeps them ({"metric": (P, B), "clean", "empty": (B,)}), `draws`
+  int (R, n) the pairs of each resample. Returns arrays (R,) of "cpr", "cmd", "average"."""
+  idx = np.asarray(draws)
+  metric = np.asarray(rows["metric"], np.float64)[:, idx].mean(-1).T  # (R, P)
+  clean, empty = (np.asarray(rows[k], np.float64)[idx].mean(-1) for k in ("clean", "empty"))
+  return mib_areas(percentages, mib_faithfulness(metric, clean, empty))
+
+
 def mib_curve(
   params: Params,
   config: BertConfig,

@@ -1,0 +1,297 @@
+"""Causal variables in an encoder: both tracks of the interpretability benchmark (MIB).
+
+Run:
+  ./run.sh experiment causal_variables
+  .venv/bin/python -m experiments.causal_variables [--smoke] [--model DIR_OR_HUB_ID]
+      [--pairs N] [--steps N] [--out DIR | --update-results]
+
+The method, the data and what differs from the paper: docs/experiments.md, section
+`causal_variables` (the site's Experiments page).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax import claims, study
+from bertjax.claims import Claim, Test
+from experiments import common
+
+NAME = "causal_variables"
+METHODS = ("full", "das", "dbm", "pca")  # full vector; DAS k=1; DBM over neurons; top PC
+SITE = "out"  # the residual stream after each block, at the variable's token
+
+
+def parse_args(argv: Sequence[str] | None = None):
+  p = common.parser(__doc__)
+  p.add_argument(
+    "--pairs", type=int, default=256, help="pairs built per task (default: 256; --smoke: 24)"
+  )
+  p.add_argument(
+    "--train",
+    type=int,
+    default=64,
+    help="of the pairs the model answers right, at most this many train; the rest are held out (default: 64; --smoke: 6)",
+  )
+  p.add_argument(
+    "--steps",
+    type=int,
+    default=100,
+    help="full-batch Adam steps of DAS and DBM (default: 100; --smoke: 3)",
+  )
+  p.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps (default: 5)")
+  p.add_argument(
+    "--mlm-windows",
+    type=int,
+    default=3000,
+    help="128-token windows an MLM head is fitted on when the checkpoint has none (default: 3000, as tuned_lens, which reads the same cached head; --smoke: 16)",
+  )
+  p.add_argument(
+    "--mlm-steps",
+    type=int,
+    default=600,
+    help="optimiser steps of that fit (default: 600; --smoke: 20)",
+  )
+  args = p.parse_args(argv)
+  for name in ("pairs", "train", "steps", "ig_steps", "mlm_windows", "mlm_steps"):
+    if getattr(args, name) < 1:
+      raise study.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+  if args.smoke:
+    args.pairs, args.train, args.steps = min(args.pairs, 24), min(args.train, 6), min(args.steps, 3)
+    args.mlm_windows, args.mlm_steps = min(args.mlm_windows, 16), min(args.mlm_steps, 20)
+  return args
+
+
+def solved(params, config, t, smoke: bool, train: int):
+  """(train pairs, held-out pairs, the model's accuracy on base and source): the pairs the
+  model answers right on both runs, split; a smoke run's random model keeps every pair."""
+  from bertjax.analysis.causal import interchange as ci
+
+  base, source = ci.answers(params, config, t.pairs)
+  ok = (base == t.base_label) & (source == t.pairs.label)
+  keep = np.arange(len(ok)) if smoke else np.flatnonzero(ok)
+  if len(keep) < 8:
+    raise study.UsageError(f"the model answers only {len(keep)} pairs right on both runs")
+  cut = min(train, len(keep) // 2)
+  acc = {
+    "base": float(np.mean(base == t.base_label)),
+    "source": float(np.mean(source == t.pairs.label)),
+  }
+  return t.pairs.take(keep[:cut]), t.pairs.take(keep[cut:]), keep, acc
+
+
+def variable_track(params, config, train, held, args) -> dict:
+  """Per method, each held-out pair's correctness at every layer (layers, pairs)."""
+  from bertjax.analysis.causal import interchange as ci
+
+  dim, seq = config.hidden_size, held.base_ids.shape[1]
+  weight = lambda layer, k: ci.position_weight(config, SITE, layer, held.positions, seq, k)
+  right = lambda logits: np.argmax(np.asarray(logits), -1) == held.label
+  fixed = lambda layer, basis: right(
+    ci.interchange_logits(params, config, held, SITE, basis, weight(layer, len(basis)))
+  )
+  out = {"full": [fixed(layer, np.eye(dim, dtype=np.float32)) for layer in range(config.depth)]}
+  out["pca"] = [
+    fixed(layer, ci.pca_basis(params, config, train, SITE, layer, 1))
+    for layer in range(config.depth)
+  ]
+  for method, kw in (("das", {"k": 1}), ("dbm", {"basis": np.eye(dim, dtype=np.float32)})):
+    fits = ci.layer_search(
+      params, config, train, held, SITE, method=method, steps=args.steps, seed=args.seed, **kw
+    )
+    out[method] = [
+      right(
+        ci.interchange_logits(
+          params, config, held, SITE, f.basis, weight(f.layer, len(f.mask)) * f.mask
+        )
+      )
+      for f in fits
+    ]
+  return {m: np.asarray(out[m], np.int8) for m in METHODS}
+
+
+def circuit_track(params, config, t, held_rows, args) -> dict:
+  """MIB's circuit scores of EAP and EAP-IG on the held-out pairs: CPR from signed scores,
+  CMD from absolute ones, each with its curve's per-pair values."""
+  from bertjax.analysis.interventions import circuits, edges, metrics
+
+  pairs = t.pairs.take(held_rows)
+  clean, corrupted, targets = pairs.for_patching(t.base_label[held_rows])
+  run = (params, config, clean, corrupted, metrics.LogitDiff("mlm"))
+  got = {}
+  for method, kw in (("eap", {}), ("eap_ig", {"method": "eap-ig", "steps": args.ig_steps})):
+    scores = edges.edge_attribution(*run, targets=targets, **kw)
+    cpr = circuits.mib_curve(*run, scores, targets=targets, absolute=False)
+    cmd = circuits.mib_curve(*run, scores, targets=targets, absolute=True)
+    got[method] = {"cpr": _curve(cpr), "cmd": _curve(cmd)}
+  return got
+
+
+def _curve(c: dict) -> dict:
+  keep = ("cpr", "cmd", "percentages", "edges", "faithfulness")
+  return {**{k: c[k] for k in keep}, "rows": c["curve"]["rows"]}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  with study.quick_compiles(args.smoke):
+    return run_experiment(args)
+
+
+def run_experiment(args) -> int:
+  """The experiment on parsed arguments."""
+  t_start = time.perf_counter()
+  timings: dict[str, float] = {}
+  data = study.data_dir(args.data_dir, "wikitext2_tokens")
+  with study.timed(timings, "load model"):
+    config, params, tok, name = study.load_model(args)
+  params, head = study.with_mlm_head(
+    args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
+  )
+  r = {"model": name, "head": head, "tasks": {}, "timings": timings}
+  from bertjax.tasks import counterfactual
+
+  for task in counterfactual.TASKS:
+    t = counterfactual.task(task, tok, args.pairs, args.seed)
+    train, held, keep, acc = solved(params, config, t, args.smoke, args.train)
+    with study.timed(timings, f"{task}: variables"):
+      correct = variable_track(params, config, train, held, args)
+    with study.timed(timings, f"{task}: circuits"):
+      circuit = circuit_track(params, config, t, keep[len(train.label) :], args)
+    iia = {m: v.mean(1).round(4).tolist() for m, v in correct.items()}
+    study.log(
+      f"{task}: accuracy {acc}, {len(train.label)} train / {len(held.label)} held out; IIA by layer {iia}"
+    )
+    study.log(
+      f"{task}: CPR/CMD "
+      + ", ".join(f"{m} {c['cpr']['cpr']:.3f}/{c['cmd']['cmd']:.3f}" for m, c in circuit.items())
+    )
+    r["tasks"][task] = {
+      "built": len(t.base_label),
+      "accuracy": acc,
+      "train": len(train.label),
+      "held_out": len(held.label),
+      "iia": iia,
+      "correct": {m: v.tolist() for m, v in correct.items()},
+      "circuits": circuit,
+      "example": {"base": t.base_text[int(keep[0])], "source": t.source_text[int(keep[0])]},
+    }
+  settings = {
+    "model": name,
+    "depth": config.depth,
+    "site": SITE,
+    "pairs": args.pairs,
+    "train": args.train,
+    "steps": args.steps,
+    "ig_steps": args.ig_steps,
+    "mlm_windows": args.mlm_windows,
+    "mlm_steps": args.mlm_steps,
+    "seed": args.seed,
+    "methods": "full: the whole vector; das: a learned 1-d rotation (k=1); dbm: a learned "
+    "mask over the neurons; pca: the top principal direction of the training pairs",
+    "indexing": "per-layer arrays hold layers 1..L (the blocks' outputs)",
+  }
+  from bertjax.plots import circuits as plots
+
+  stem = study.results_stem(NAME, args.model)
+  shown = {
+    k: {"iia": v["iia"], "circuits": {m: c["cpr"] for m, c in v["circuits"].items()}}
+    for k, v in r["tasks"].items()
+  }
+  fig = plots.localisation(shown, pathlib.Path(args.out) / f"{stem}_localisation.png", title=name)
+  study.finish(NAME, args, r, settings, findings=findings, started=t_start, figures=[fig.name])
+  return 0
+
+
+# The claims ---------------------------------------------------------------------------------------
+
+DAS_GAP = "DAS's mean IIA over layers minus the best baseline's (PCA, DBM), mean over tasks"
+CPR_GAP = "EAP-IG's CPR minus EAP's, mean over tasks"
+DAS = Claim(
+  "Geiger et al. 2024; Mueller et al. 2025 (MIB)",
+  "A learned rotation (DAS) localises causal variables better than unsupervised or "
+  "neuron-level bases (PCA, DBM over neurons)",
+  yes=(Test(DAS_GAP, ">=", 0.05),),
+  partly=(Test(DAS_GAP, ">", 0.0),),
+  unit="pairs",
+  short="DAS localises causal variables better than PCA or masks over neurons.",
+)
+CIRCUIT = Claim(
+  "Hanna et al. 2024; Mueller et al. 2025 (MIB)",
+  "EAP-IG finds more faithful circuits than EAP (a higher circuit performance ratio)",
+  yes=(Test(CPR_GAP, ">", 0.0),),
+  unit="pairs",
+  short="EAP-IG's circuits are more faithful than EAP's (higher CPR).",
+)
+
+
+def gaps(tasks: dict) -> dict[str, float]:
+  """Both rows' statistics on all the held-out pairs, from the results' "tasks"."""
+  das, cpr = [], []
+  for v in tasks.values():
+    iia = {m: float(np.mean(v["correct"][m])) for m in METHODS}
+    das.append(iia["das"] - max(iia["pca"], iia["dbm"]))
+    cpr.append(v["circuits"]["eap_ig"]["cpr"]["cpr"] - v["circuits"]["eap"]["cpr"]["cpr"])
+  return {DAS_GAP: float(np.mean(das)), CPR_GAP: float(np.mean(cpr))}
+
+
+def findings(r: dict, s: dict) -> list[dict]:
+  """The rows, from the results and settings as written to JSON."""
+  r = study.from_json(r)
+  tasks = r["tasks"]
+  per = "; ".join(
+    f"{k}: {v['train']} train / {v['held_out']} held-out pairs, base accuracy "
+    f"{v['accuracy']['base']:.2f}, best-layer IIA "
+    + ", ".join(f"{m} {max(v['iia'][m]):.2f}" for m in METHODS)
+    for k, v in tasks.items()
+  )
+  g = gaps(tasks)
+  measured = (
+    f"{s['model']}, read by {study.head_source(r['head'])}; the residual stream at the "
+    f"variable's token, every layer; {per}. Differs from MIB: decoders and their own tasks; "
+    "here masked prediction on agreement, negation and indirect objects."
+  )
+  rows = [DAS.row(measured, {DAS_GAP: g[DAS_GAP]})]
+  cpr = lambda v, m: v["circuits"][m]["cpr"]["cpr"]
+  measured = (
+    f"{s['model']}, the same held-out pairs, the masked answer's logit difference; CPR "
+    + "; ".join(
+      f"{k}: EAP {cpr(v, 'eap'):.3f}, EAP-IG {cpr(v, 'eap_ig'):.3f}" for k, v in tasks.items()
+    )
+    + ". Differs from MIB: decoders; here an encoder's masked answer."
+  )
+  rows.append(CIRCUIT.row(measured, {CPR_GAP: g[CPR_GAP]}))
+  return rows
+
+
+def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
+  """Both gaps over resampled held-out pairs, each task's pairs resampled on their own."""
+  from bertjax.analysis.interventions.circuits import mib_resampled
+
+  r = study.from_json(r)
+  rng = np.random.default_rng(0)
+  das, cpr = [], []
+  for v in r["tasks"].values():
+    idx = rng.integers(0, v["held_out"], (claims.RESAMPLES, v["held_out"]))
+    c = {m: np.asarray(v["correct"][m], float)[:, idx].mean((0, 2)) for m in METHODS}  # (R,)
+    das.append(c["das"] - np.maximum(c["pca"], c["dbm"]))
+    area = {
+      m: mib_resampled(v["circuits"][m]["cpr"]["percentages"], v["circuits"][m]["cpr"]["rows"], idx)
+      for m in ("eap", "eap_ig")
+    }
+    cpr.append(area["eap_ig"]["cpr"] - area["eap"]["cpr"])
+  over = "the held-out pairs, each task's resampled on its own"
+  point = gaps(r["tasks"])
+  return [
+    DAS.resampled({DAS_GAP: point[DAS_GAP]}, {DAS_GAP: np.mean(das, 0)}, over=over),
+    CIRCUIT.resampled({CPR_GAP: point[CPR_GAP]}, {CPR_GAP: np.mean(cpr, 0)}, over=over),
+  ]
+
+
+if __name__ == "__main__":
+  sys.exit(main())
