@@ -23,8 +23,9 @@ positions `weight` selects, and leaves the rest. Here:
   and a learned soft boundary `sigmoid((b - i) / t)` over its rows, the temperature annealed,
   the boundary's size penalised), "dbm" (a learned mask over a given basis, the standard one
   or a PCA's: MIB's desiderata-based masking, with an L1 penalty on the mask).
-* `layer_search`: `train_subspace` at every layer at once, one compiled program (the
-  layers' parameters vmapped), scored by IIA on held-out pairs.
+* `layer_search`: `train_subspace` at every layer, scored by IIA on held-out pairs: each
+  layer trained from its block's input (a program per layer, only the blocks after it run),
+  or with `truncate=False` every layer in one compiled program (the layers vmapped).
 * `answers`: the model's own answers on the base and source runs (to keep the pairs it
   gets right).
 * `pca_basis`: the top principal directions of a site's activations (a baseline basis).
