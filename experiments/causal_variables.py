@@ -27,62 +27,39 @@ METHODS = ("full", "das", "dbm", "pca")  # full vector; DAS k=1; DBM over neuron
 SITE = "out"  # the residual stream after each block, at the variable's token
 
 
+OPTIONS = (  # --name, its default and help
+  ("pairs", 1024, "pairs built per task (default: 1024; --smoke: 24)"),
+  ("train", 64, ("of the pairs the model answers right on both runs, at most this many "
+                 "train; the rest are held out (default: 64; --smoke: 6)")),
+  ("min-pairs", 40, ("a task with fewer pairs answered right is reported, not analysed "
+                     "(default: 40; --smoke: 8)")),
+  ("steps", 100, "full-batch Adam steps of DAS and DBM (default: 100; --smoke: 3)"),
+  ("ig-steps", 5, "EAP-IG's steps (default: 5)"),
+  ("mlm-windows", 3000, ("128-token windows an MLM head is fitted on when the checkpoint has "
+                         "none (default: 3000, as tuned_lens, which reads the same cached "
+                         "head; --smoke: 16)")),
+  ("mlm-steps", 600, "optimiser steps of that fit (default: 600; --smoke: 20)"),
+)  # fmt: skip
+
+
 def parse_args(argv: Sequence[str] | None = None):
   p = common.parser(__doc__)
-  p.add_argument(
-    "--pairs", type=int, default=256, help="pairs built per task (default: 256; --smoke: 24)"
-  )
-  p.add_argument(
-    "--train",
-    type=int,
-    default=64,
-    help="of the pairs the model answers right, at most this many train; the rest are held out (default: 64; --smoke: 6)",
-  )
-  p.add_argument(
-    "--steps",
-    type=int,
-    default=100,
-    help="full-batch Adam steps of DAS and DBM (default: 100; --smoke: 3)",
-  )
-  p.add_argument("--ig-steps", type=int, default=5, help="EAP-IG's steps (default: 5)")
-  p.add_argument(
-    "--mlm-windows",
-    type=int,
-    default=3000,
-    help="128-token windows an MLM head is fitted on when the checkpoint has none (default: 3000, as tuned_lens, which reads the same cached head; --smoke: 16)",
-  )
-  p.add_argument(
-    "--mlm-steps",
-    type=int,
-    default=600,
-    help="optimiser steps of that fit (default: 600; --smoke: 20)",
-  )
+  for name, default, text in OPTIONS:
+    p.add_argument(f"--{name}", type=int, default=default, help=text)
   args = p.parse_args(argv)
-  for name in ("pairs", "train", "steps", "ig_steps", "mlm_windows", "mlm_steps"):
-    if getattr(args, name) < 1:
-      raise study.UsageError(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
+  for name, _, _ in OPTIONS:
+    if getattr(args, name.replace("-", "_")) < 1:
+      raise study.UsageError(f"--{name}={getattr(args, name.replace('-', '_'))} must be >= 1")
   if args.smoke:
     args.pairs, args.train, args.steps = min(args.pairs, 24), min(args.train, 6), min(args.steps, 3)
     args.mlm_windows, args.mlm_steps = min(args.mlm_windows, 16), min(args.mlm_steps, 20)
+    args.min_pairs = min(args.min_pairs, 8)
   return args
 
 
-def solved(params, config, t, smoke: bool, train: int):
-  """(train pairs, held-out pairs, the model's accuracy on base and source): the pairs the
-  model answers right on both runs, split; a smoke run's random model keeps every pair."""
-  from bertjax.analysis.causal import interchange as ci
-
-  base, source = ci.answers(params, config, t.pairs)
-  ok = (base == t.base_label) & (source == t.pairs.label)
-  keep = np.arange(len(ok)) if smoke else np.flatnonzero(ok)
-  if len(keep) < 8:
-    raise study.UsageError(f"the model answers only {len(keep)} pairs right on both runs")
-  cut = min(train, len(keep) // 2)
-  acc = {
-    "base": float(np.mean(base == t.base_label)),
-    "source": float(np.mean(source == t.pairs.label)),
-  }
-  return t.pairs.take(keep[:cut]), t.pairs.take(keep[cut:]), keep, acc
+def analysed(tasks: dict) -> dict:
+  """The tasks with enough pairs the model answers right."""
+  return {k: v for k, v in tasks.items() if "skipped" not in v}
 
 
 def variable_track(params, config, train, held, args) -> dict:
@@ -158,35 +135,45 @@ def run_experiment(args) -> int:
 
   for task in counterfactual.TASKS:
     t = counterfactual.task(task, tok, args.pairs, args.seed)
-    train, held, keep, acc = solved(params, config, t, args.smoke, args.train)
+    keep, acc = counterfactual.solved(params, config, t)
+    keep = np.arange(len(t.base_label)) if args.smoke else keep  # a random model: keep all
+    entry = r["tasks"][task] = {"built": len(t.base_label), "accuracy": acc, "solved": len(keep)}
+    if len(keep) < args.min_pairs:
+      entry["skipped"] = (
+        f"the model answers {len(keep)} of its {len(t.base_label)} pairs right on both runs "
+        f"(base accuracy {acc['base']:.2f}, source {acc['source']:.2f}): fewer than {args.min_pairs}"
+      )
+      study.log(f"{task}: not analysed: {entry['skipped']}")
+      continue
+    cut = min(args.train, len(keep) // 2)
+    train, held = t.pairs.take(keep[:cut]), t.pairs.take(keep[cut:])
     with study.timed(timings, f"{task}: variables"):
       correct = variable_track(params, config, train, held, args)
     with study.timed(timings, f"{task}: circuits"):
-      circuit = circuit_track(params, config, t, keep[len(train.label) :], args)
+      circuit = circuit_track(params, config, t, keep[cut:], args)
     iia = {m: v.mean(1).round(4).tolist() for m, v in correct.items()}
     study.log(
-      f"{task}: accuracy {acc}, {len(train.label)} train / {len(held.label)} held out; IIA by layer {iia}"
+      f"{task}: accuracy {acc}, {cut} train / {len(held.label)} held out; IIA by layer {iia}"
     )
     study.log(
       f"{task}: CPR/CMD "
       + ", ".join(f"{m} {c['cpr']['cpr']:.3f}/{c['cmd']['cmd']:.3f}" for m, c in circuit.items())
     )
-    r["tasks"][task] = {
-      "built": len(t.base_label),
-      "accuracy": acc,
-      "train": len(train.label),
-      "held_out": len(held.label),
-      "iia": iia,
-      "correct": {m: v.tolist() for m, v in correct.items()},
-      "circuits": circuit,
-      "example": {"base": t.base_text[int(keep[0])], "source": t.source_text[int(keep[0])]},
-    }
+    entry.update(
+      train=cut,
+      held_out=len(held.label),
+      iia=iia,
+      correct={m: v.tolist() for m, v in correct.items()},
+      circuits=circuit,
+      example={"base": t.base_text[int(keep[0])], "source": t.source_text[int(keep[0])]},
+    )
   settings = {
     "model": name,
     "depth": config.depth,
     "site": SITE,
     "pairs": args.pairs,
     "train": args.train,
+    "min_pairs": args.min_pairs,
     "steps": args.steps,
     "ig_steps": args.ig_steps,
     "mlm_windows": args.mlm_windows,
@@ -201,7 +188,7 @@ def run_experiment(args) -> int:
   stem = study.results_stem(NAME, args.model)
   shown = {
     k: {"iia": v["iia"], "circuits": {m: c["cpr"] for m, c in v["circuits"].items()}}
-    for k, v in r["tasks"].items()
+    for k, v in analysed(r["tasks"]).items()
   }
   fig = plots.localisation(shown, pathlib.Path(args.out) / f"{stem}_localisation.png", title=name)
   study.finish(NAME, args, r, settings, findings=findings, started=t_start, figures=[fig.name])
@@ -212,12 +199,15 @@ def run_experiment(args) -> int:
 
 DAS_GAP = "DAS's mean IIA over layers minus the best baseline's (PCA, DBM), mean over tasks"
 CPR_GAP = "EAP-IG's CPR minus EAP's, mean over tasks"
+NONE = "the model answers too few pairs of every task right"
 DAS = Claim(
   "Geiger et al. 2024; Mueller et al. 2025 (MIB)",
   "A learned rotation (DAS) localises causal variables better than unsupervised or "
   "neuron-level bases (PCA, DBM over neurons)",
   yes=(Test(DAS_GAP, ">=", 0.05),),
   partly=(Test(DAS_GAP, ">", 0.0),),
+  missing="n/a",
+  missing_when=NONE,
   unit="pairs",
   short="DAS localises causal variables better than PCA or masks over neurons.",
 )
@@ -225,30 +215,34 @@ CIRCUIT = Claim(
   "Hanna et al. 2024; Mueller et al. 2025 (MIB)",
   "EAP-IG finds more faithful circuits than EAP (a higher circuit performance ratio)",
   yes=(Test(CPR_GAP, ">", 0.0),),
+  missing="n/a",
+  missing_when=NONE,
   unit="pairs",
   short="EAP-IG's circuits are more faithful than EAP's (higher CPR).",
 )
 
 
-def gaps(tasks: dict) -> dict[str, float]:
-  """Both rows' statistics on all the held-out pairs, from the results' "tasks"."""
+def gaps(tasks: dict) -> dict[str, float | None]:
+  """Both rows' statistics on all the held-out pairs of the analysed tasks (None: none)."""
   das, cpr = [], []
-  for v in tasks.values():
+  for v in analysed(tasks).values():
     iia = {m: float(np.mean(v["correct"][m])) for m in METHODS}
     das.append(iia["das"] - max(iia["pca"], iia["dbm"]))
     cpr.append(v["circuits"]["eap_ig"]["cpr"]["cpr"] - v["circuits"]["eap"]["cpr"]["cpr"])
-  return {DAS_GAP: float(np.mean(das)), CPR_GAP: float(np.mean(cpr))}
+  mean = lambda x: float(np.mean(x)) if x else None
+  return {DAS_GAP: mean(das), CPR_GAP: mean(cpr)}
 
 
 def findings(r: dict, s: dict) -> list[dict]:
   """The rows, from the results and settings as written to JSON."""
   r = study.from_json(r)
-  tasks = r["tasks"]
+  tasks = analysed(r["tasks"])
   per = "; ".join(
-    f"{k}: {v['train']} train / {v['held_out']} held-out pairs, base accuracy "
-    f"{v['accuracy']['base']:.2f}, best-layer IIA "
+    f"{k}: not analysed, {v['skipped']}"
+    if "skipped" in v
+    else f"{k}: {v['train']} train / {v['held_out']} held-out pairs, best-layer IIA "
     + ", ".join(f"{m} {max(v['iia'][m]):.2f}" for m in METHODS)
-    for k, v in tasks.items()
+    for k, v in r["tasks"].items()
   )
   g = gaps(tasks)
   measured = (
@@ -263,7 +257,7 @@ def findings(r: dict, s: dict) -> list[dict]:
     + "; ".join(
       f"{k}: EAP {cpr(v, 'eap'):.3f}, EAP-IG {cpr(v, 'eap_ig'):.3f}" for k, v in tasks.items()
     )
-    + ". Differs from MIB: decoders; here an encoder's masked answer."
+    + ". Differs from MIB: decoders; here an encoder's masked answer (tasks as above)."
   )
   rows.append(CIRCUIT.row(measured, {CPR_GAP: g[CPR_GAP]}))
   return rows
@@ -274,9 +268,12 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   from bertjax.analysis.interventions.circuits import mib_resampled
 
   r = study.from_json(r)
+  point = gaps(r["tasks"])
+  if not analysed(r["tasks"]):
+    return [c.unsampled(point, "no task analysed") for c in (DAS, CIRCUIT)]
   rng = np.random.default_rng(0)
   das, cpr = [], []
-  for v in r["tasks"].values():
+  for v in analysed(r["tasks"]).values():
     idx = rng.integers(0, v["held_out"], (claims.RESAMPLES, v["held_out"]))
     c = {m: np.asarray(v["correct"][m], float)[:, idx].mean((0, 2)) for m in METHODS}  # (R,)
     das.append(c["das"] - np.maximum(c["pca"], c["dbm"]))
@@ -286,7 +283,6 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
     }
     cpr.append(area["eap_ig"]["cpr"] - area["eap"]["cpr"])
   over = "the held-out pairs, each task's resampled on its own"
-  point = gaps(r["tasks"])
   return [
     DAS.resampled({DAS_GAP: point[DAS_GAP]}, {DAS_GAP: np.mean(das, 0)}, over=over),
     CIRCUIT.resampled({CPR_GAP: point[CPR_GAP]}, {CPR_GAP: np.mean(cpr, 0)}, over=over),

@@ -16,7 +16,8 @@ from the source flips the answer at the masked position:
   its two names in order and its label the index of the source's answer.
 
 `task(name, tok, n, seed)` builds any of `TASKS` by name (agreement's pairs from
-`bertjax.tasks.agreement`). Both return `CounterfactualTask`: `CounterfactualPairs` whose `positions` are the one column
+`bertjax.tasks.agreement`); `solved(params, config, task)` gives the pairs a model answers
+right on both runs. Both return `CounterfactualTask`: `CounterfactualPairs` whose `positions` are the one column
 where base and source differ (the polarity word, the repeated name) and whose `target` is the
 mask, plus the base's own label and the sentences. Words that are not one token in the
 tokenizer's vocabulary are left out, so a template tokenises to one length everywhere.
@@ -194,3 +195,14 @@ def task(name: str, tok, n: int, seed: int = 0):
   if name not in make:
     raise ValueError(f"task {name!r} must be one of {TASKS}")
   return make[name](tok, n, seed=seed)
+
+
+def solved(params, config, task) -> tuple[np.ndarray, dict[str, float]]:
+  """(the rows of `task`'s pairs the model answers right on both runs, its accuracy on the
+  base and on the source runs): an analysis of the variable keeps those rows, as MIB does."""
+  from bertjax.analysis.causal.interchange import answers
+
+  base, source = answers(params, config, task.pairs)
+  right_base, right_source = base == task.base_label, source == task.pairs.label
+  acc = {"base": float(right_base.mean()), "source": float(right_source.mean())}
+  return np.flatnonzero(right_base & right_source), acc
