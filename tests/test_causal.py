@@ -13,6 +13,7 @@ basis must equal scikit-learn's (up to sign).
 """
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
@@ -157,6 +158,14 @@ def test_each_pair_has_its_own_candidates(planted):
   src = dataclasses.replace(own, base_ids=own.source_ids)
   full = np.asarray(ci.interchange_logits(params, CONFIG, src, "out", u[None], 0 * w))
   np.testing.assert_array_equal(source, full.argmax(-1))
+  # `counterfactual.solved`: the rows answered right on both runs (here every base run is).
+  from bertjax.tasks import counterfactual
+
+  rows, acc = counterfactual.solved(
+    params, CONFIG, types.SimpleNamespace(pairs=own, base_label=base)
+  )
+  np.testing.assert_array_equal(rows, np.flatnonzero(source == own.label))
+  assert acc == {"base": 1.0, "source": float(np.mean(source == own.label))}
   with pytest.raises(ValueError, match=r"candidates shape \(5, 4\) must be"):
     dataclasses.replace(own, candidates=own.candidates[:5])
 
