@@ -169,6 +169,21 @@ def test_sae_benchmark_smoke():
   )
 
 
+def test_transcoder_benchmark_smoke():
+  out = _run("bench_transcoders.py", "--smoke")
+  doc = json.loads(out[out.index("{") :])
+  assert doc["smoke"] and doc["machine"]["cpu"]
+  row = doc["models"]["tiny"]
+  assert row["latents"] == 8 * 32 and row["tokens"] == 2 * 16
+  for kind in ("forward", "PLT top-k", "PLT JumpReLU", "CLT top-k"):
+    assert row[kind]["flops"] > 0
+    np.testing.assert_allclose(
+      row[kind]["over_forward"], row[kind]["median_s"] / row["forward"]["median_s"]
+    )
+  # A CLT's layer 0 writes to both layers: its decoder does more than a PLT's.
+  assert row["CLT top-k"]["flops"] > row["PLT top-k"]["flops"]
+
+
 @pytest.mark.slow
 def test_gpu_suite_smoke(tmp_path):
   """benchmarks/gpu_suite.sh, the one device call of the modern kernels, runs every step."""
