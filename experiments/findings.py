@@ -59,6 +59,7 @@ ORDER = (
   "albert_sharing",
   "model_compression",
   "causal_variables",
+  "transcoders",
 )
 
 

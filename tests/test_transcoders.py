@@ -76,7 +76,11 @@ def test_the_ffn_as_a_transcoder_is_the_model(model):
   r = rep.replacement_effect(params, CONFIG, tc, cfg, [batch])
   assert r["sentences"] == 3 and r["tokens"] == int(batch["attention_mask"].sum())
   np.testing.assert_allclose(r["cosines"], 1, atol=1e-6)
-  assert abs(r["kl"]) < 1e-6
+  assert abs(r["kl"]) < 1e-6 and r["agreement"] == 1
+  mask = batch["attention_mask"]
+  np.testing.assert_array_equal(r["token_sentence"], np.repeat(np.arange(3), mask.sum(1)))
+  assert r["agreements"].shape == r["ablated_kls"].shape == (mask.sum(),)
+  assert r["ablated_agreement"] == pytest.approx(r["ablated_agreements"].mean())
   assert r["ablated_kl"] > 1e-2 and r["ablated_cosine"] < 0.999  # the baseline moves it
 
 
@@ -193,12 +197,20 @@ def test_evaluate_is_the_numpy_statistics():
   tc["b_enc"] = tc["b_enc"].at[:, :5].set(-100.0)  # five latents per layer never fire
   rng = np.random.default_rng(8)
   x, y = (rng.normal(size=(300, 3, 32)).astype(np.float32) for _ in range(2))
-  ev = tcs.evaluate(tc, cfg, x, y, chunk=128, dense_above=0.05)
+  groups = np.arange(300) % 7
+  ev = tcs.evaluate(tc, cfg, x, y, chunk=128, dense_above=0.05, groups=groups)
   z = np.stack([np.asarray(tcs.latents_at(tc, cfg, i, x[:, i])) for i in range(3)], 1)
   pred = np.asarray(tcs.predict(tc, cfg, x), np.float64)
   y64 = y.astype(np.float64)
   fvu = ((pred - y64) ** 2).sum((0, 2)) / ((y64 - y64.mean(0)) ** 2).sum((0, 2))
   np.testing.assert_allclose(ev["fvu"], fvu, rtol=1e-6)
+  per = ev["per_group"]
+  assert per["error"].shape == per["variance"].shape == (7, 3)
+  np.testing.assert_allclose(per["error"].sum(0) / per["variance"].sum(0), fvu, rtol=1e-6)
+  want = ((y64[groups == 2] - y64.mean(0)) ** 2).sum((0, 2))  # deviations from the whole mean
+  np.testing.assert_allclose(per["variance"][2], want, rtol=1e-9)
+  with pytest.raises(ValueError, match="groups shape"):
+    tcs.evaluate(tc, cfg, x, y, groups=groups[1:])
   freq = (z > 0).mean(0)
   np.testing.assert_allclose(ev["l0"], (z > 0).sum(2).mean(0))
   np.testing.assert_allclose(ev["frequency"], freq)

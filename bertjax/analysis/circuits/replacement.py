@@ -116,18 +116,30 @@ def replacement_effect(
     mean-pooled last hidden state and the replacement's (and the ablation's); with the
     masked-LM head in `params` (a checkpoint's, or one fitted to the frozen body),
     "kl" and "ablated_kl": KL(model || replacement) of the head's predictions, in nats, the
-    mean over real tokens; "sentences", "tokens"; per sentence "cosines" and per token
-    "kls" (the items of an interval).
+    mean over real tokens, and "agreement" and "ablated_agreement": the share of real tokens
+    whose top prediction is the model's; "sentences", "tokens"; per sentence "cosines" (and
+    "ablated_cosines"), per token "kls" and "agreements" (and their "ablated_" ones) with
+    "token_sentence", each token's sentence (0..sentences-1, in batch order): the items of
+    an interval.
   """
   layers = _check_layers(tc_config, config, layers)
   mlm = "mlm" in params
-  rows: dict[str, list] = {"cosines": [], "ablated_cosines": [], "kls": [], "ablated_kls": []}
+  rows: dict[str, list] = {
+    f"{prefix}{name}": []
+    for prefix in ("", "ablated_")
+    for name in ("cosines", "kls", "agreements")
+  }
+  rows["token_sentence"] = []
+  seen = 0
   for batch in batches:
     b = as_batch(batch)
     args = (b["input_ids"], b["attention_mask"], b["token_type_ids"])
     clean = forward(params, config, *args)
     real = np.asarray(b["attention_mask"]) > 0
     pooled = stats.mean_pool(clean.last_hidden_state, b["attention_mask"])
+    rows["token_sentence"].append(np.nonzero(real)[0] + seen)
+    seen += len(real)
+    clean_logits = head_logits(params, config, clean, "mlm") if mlm else None
     for prefix, ablate in (("", False), ("ablated_", True)):
       out = replace(params, config, tc, tc_config, *args, layers=layers, mean_ablate=ablate)
       other = stats.mean_pool(out.last_hidden_state, b["attention_mask"])
@@ -136,8 +148,10 @@ def replacement_effect(
       )
       rows[f"{prefix}cosines"].append(np.asarray(cos, np.float64))
       if mlm:
-        kl = _kl(head_logits(params, config, clean, "mlm"), head_logits(params, config, out, "mlm"))
-        rows[f"{prefix}kls"].append(np.asarray(kl, np.float64)[real])
+        logits = head_logits(params, config, out, "mlm")
+        rows[f"{prefix}kls"].append(np.asarray(_kl(clean_logits, logits), np.float64)[real])
+        same = jnp.argmax(logits, -1) == jnp.argmax(clean_logits, -1)
+        rows[f"{prefix}agreements"].append(np.asarray(same, np.float64)[real])
   if not rows["cosines"]:
     raise ValueError("replacement_effect needs at least one batch")
   result: dict[str, Any] = {k: np.concatenate(v) for k, v in rows.items() if v}
@@ -145,7 +159,8 @@ def replacement_effect(
   result["ablated_cosine"] = float(result["ablated_cosines"].mean())
   result["sentences"] = len(result["cosines"])
   if mlm:
-    result["kl"] = float(result["kls"].mean())
-    result["ablated_kl"] = float(result["ablated_kls"].mean())
+    for prefix in ("", "ablated_"):
+      result[f"{prefix}kl"] = float(result[f"{prefix}kls"].mean())
+      result[f"{prefix}agreement"] = float(result[f"{prefix}agreements"].mean())
     result["tokens"] = len(result["kls"])
   return result

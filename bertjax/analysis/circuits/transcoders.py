@@ -500,26 +500,47 @@ def _predict_dense(params, config, x):
 
 
 def evaluate(
-  params: Params, config: TranscoderConfig, x, y, *, dense_above: float = 0.1, chunk: int = 2048
+  params: Params,
+  config: TranscoderConfig,
+  x,
+  y,
+  *,
+  dense_above: float = 0.1,
+  chunk: int = 2048,
+  groups=None,
 ) -> dict[str, Any]:
   """How well the transcoder predicts held-out FFN outputs `y` from inputs `x` (n, L, d).
+
+  Args:
+    groups: optional `(n,)` group of each token (its passage, 0..G-1): the FVU's sums are
+      kept per group and layer too, the items of an interval over the groups.
 
   Returns, per layer (arrays of length L): "fvu" (sum |y - y_hat|^2 / sum |y - mean y|^2),
   "l0" (active latents per token), "dead" (the share of the layer's latents active on no
   token), "dense" (the share active on more than `dense_above` of the tokens); "frequency"
-  (L, m): the share of tokens each latent is active on; "tokens".
+  (L, m): the share of tokens each latent is active on; "tokens"; with `groups`,
+  "per_group": {"error", "variance"}, (G, L) each, whose sums' ratio is the FVU.
   """
   x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
-  err = np.zeros(config.layers)
+  token_err = np.zeros((len(x), config.layers))
   counts = np.zeros((config.layers, config.latents), np.int64)
   for i in range(0, len(x), chunk):
     recon, z = _predict_dense(params, config, x[i : i + chunk])
-    err += np.sum((np.asarray(recon, np.float64) - y[i : i + chunk]) ** 2, axis=(0, 2))
+    token_err[i : i + chunk] = np.sum((np.asarray(recon, np.float64) - y[i : i + chunk]) ** 2, 2)
     counts += np.sum(np.asarray(z) > 0, axis=0)
   y64 = y.astype(np.float64)
-  var = np.sum((y64 - y64.mean(0)) ** 2, axis=(0, 2))
+  token_var = np.sum((y64 - y64.mean(0)) ** 2, axis=2)
+  err, var = token_err.sum(0), token_var.sum(0)
   freq = counts / max(len(x), 1)
+  out = {}
+  if groups is not None:
+    groups = np.asarray(groups)
+    if groups.shape != (len(x),):
+      raise ValueError(f"groups shape {groups.shape} must be ({len(x)},), one per token")
+    per = lambda a: np.stack([np.bincount(groups, a[:, i]) for i in range(config.layers)], 1)
+    out["per_group"] = {"error": per(token_err), "variance": per(token_var)}
   return {
+    **out,
     "fvu": err / var,
     "l0": counts.sum(1) / max(len(x), 1),
     "dead": np.mean(counts == 0, axis=1),
