@@ -240,7 +240,9 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
     return fvu_quantities(pe.sum(-2) / v.sum(-2), ce.sum(-2) / v.sum(-2))
 
   over = f"the {len(var)} held-out paragraphs, one transcoder of each kind"
-  out = [RECONSTRUCTS.judge(items, fvu_stats, point={GAP: rows[0]["value"]["value"]}, over=over)]
+  shown = {GAP: "{:.4f}", SHARE: "{:.2f}"}
+  point = {GAP: rows[0]["value"]["value"]}
+  out = [RECONSTRUCTS.judge(items, fvu_stats, point=point, over=over, shown=shown)]
   rp, rc = p["replacement"], c["replacement"]
   if "sentence_agreements" in rc:
     tokens = np.asarray(rc["sentence_tokens"], float)
@@ -251,7 +253,8 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
 
     over = f"the {len(tokens)} held-out paragraphs' tokens"
     point = {AGREE: rows[1]["value"]["value"]}
-    out.append(AGREES.judge((*both, tokens), agree_stats, point=point, over=over))
+    shown = {AGREE: "{:.3f}"}
+    out.append(AGREES.judge((*both, tokens), agree_stats, point=point, over=over, shown=shown))
   return out
 
 
