@@ -15,6 +15,7 @@ import pytest
 import bertjax
 from bertjax.analysis.circuits import replacement as rep
 from bertjax.analysis.circuits import transcoders as tcs
+from bertjax.tasks import passages
 
 # One small post-LN BERT with a ReLU FFN (so that a transcoder can be the FFN itself) and an
 # MLM head, shared by every test here: its programs compile once.
@@ -286,11 +287,7 @@ def test_transcoders_on_minilm(minilm_dir, data_dir, tmp_path):
   steps, 0.92 after 80)."""
   config, params = bertjax.from_hf(minilm_dir)
   tok = bertjax.Tokenizer.from_pretrained(minilm_dir)
-  lines = [
-    ln.strip()
-    for ln in (data_dir / "wikitext2_tokens" / "valid.txt").open()
-    if len(ln.split()) > 12 and not ln.strip().startswith("=")
-  ][:256]
+  lines = passages.wikitext_paragraphs(data_dir / "wikitext2_tokens" / "valid.txt", 256)
   batches = [
     tok.encode(lines[i : i + 32], max_length=64, truncation=True) for i in range(0, len(lines), 32)
   ]
