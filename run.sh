@@ -133,7 +133,7 @@ install_playwright() {
 
 # The reference implementations installed beside bertjax in $VENV/hf4 (not on sys.path).
 SIDE_PINS=("transformers==4.57.1" "huggingface_hub==0.36.0" "tokenizers==0.22.1" "lxt==2.1"
-  "pyvene==0.1.8")
+  "pyvene==0.1.8" "circuit-tracer==0.5.0")
 
 setup() {
   # Reinstall only when the package metadata or the side pins changed.

@@ -1,0 +1,428 @@
+"""Attribution graphs over transcoders (Ameisen et al. 2025, "Circuit Tracing"), for encoders.
+
+For one input and its targets, the *local replacement model* puts a transcoder
+(`bertjax.analysis.circuits.transcoders`) in place of every FFN and freezes, at this input's
+values, everything else that is not linear: the attention patterns, every norm's 1/std and
+the masked-LM head's activation (as its ratio act(u)/u). Each FFN output is then the sum of
+its latents' decoder rows, `b_dec` and an *error* (the model's FFN output less the
+transcoder's), so the replacement reproduces the model exactly at this input, and every
+target is an affine function of the nodes:
+
+* features: each active latent at (layer, position), its value its activation;
+* errors: one per (layer, position);
+* embeddings: the embedding block's output at each position (what block 0 reads);
+* targets: a masked-token logit (or a difference of two) through the model's MLM head, or
+  the mean-pooled last hidden state projected on a direction.
+
+An edge s -> t is s's *direct effect* on t: the change in t's input (a feature's
+pre-activation, a target's value) when s is removed while every other feature, error and
+embedding stays fixed. The model is affine in the nodes, so this is exact: `a_s dt/da_s`,
+computed for all sources of a batch of targets by one backward pass of the frozen model
+(`config.relevance_rules = "cp-lrp"` makes the backward pass exactly that of the frozen
+model; every FFN output is patched, so no FFN is differentiated).
+
+Attention is bidirectional: a source may feed a target at any position, earlier or later.
+Edges still only rise in layer (a feature of layer l reads the FFN input of block l, which
+only earlier layers' features write to), so the graph is acyclic and influence sums over at
+most depth + 1 steps. The pruning is circuit-tracer's (0.5.0) unchanged: it never assumes an
+order of positions.
+
+The nodes are in circuit-tracer's order: features, errors (layer-major), embeddings,
+targets; `adjacency[t, s]` is the edge s -> t. `influence`, `prune` and `scores` follow
+circuit-tracer's `compute_influence`, `prune_graph` and `compute_graph_scores`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import timing
+from bertjax.analysis.circuits.transcoders import Params, TranscoderConfig, latents_at
+from bertjax.model.config import BertConfig
+from bertjax.model.forward import embed, forward, run_layers
+from bertjax.model.heads import mlm_logits
+
+
+@dataclasses.dataclass(frozen=True)
+class Logit:
+  """A target: the MLM head's logit of `token` at `position` (less that of `minus`)."""
+
+  position: int
+  token: int
+  minus: int | None = None
+  label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+  """A target: the mean-pooled last hidden state (real tokens) dotted with `direction` (H,),
+  e.g. a probe's weight vector."""
+
+  direction: tuple[float, ...]
+  label: str = ""
+
+
+@dataclasses.dataclass
+class Graph:
+  """An attribution graph (see the module's docstring for its nodes and edges).
+
+  Attributes:
+    adjacency: (n, n) float32; `adjacency[t, s]` is the direct effect of node s on node t.
+    features: (N, 3) int (layer, position, latent) of the active features, layer-major.
+    activations: (N,) their activations; `preactivations` (N,) their encoders' outputs.
+    input_ids: (T,) the tokens; `layers`: the model's depth.
+    targets: the `Logit`/`Projection` targets; `target_values` (K,); `target_weights` (K,)
+      each target's weight in influence (default 1/K).
+    constants: (N + K,) each feature's pre-activation and each target's value less the sum
+      of its row: what biases contribute (0 edges can change it).
+  """
+
+  adjacency: np.ndarray
+  features: np.ndarray
+  activations: np.ndarray
+  preactivations: np.ndarray
+  input_ids: np.ndarray
+  layers: int
+  targets: tuple
+  target_values: np.ndarray
+  target_weights: np.ndarray
+  constants: np.ndarray
+
+  @property
+  def n_features(self) -> int:
+    return len(self.features)
+
+  @property
+  def n_pos(self) -> int:
+    return len(self.input_ids)
+
+  def slices(self) -> dict[str, slice]:
+    """Where each kind of node sits in the node order."""
+    n, e = self.n_features, self.layers * self.n_pos
+    return {
+      "features": slice(0, n),
+      "errors": slice(n, n + e),
+      "embeddings": slice(n + e, n + e + self.n_pos),
+      "targets": slice(n + e + self.n_pos, n + e + self.n_pos + len(self.targets)),
+    }
+
+  def node(self, i: int) -> dict[str, Any]:
+    """Node `i` as {"kind", "layer", "position", ...}."""
+    s = self.slices()
+    if i < s["features"].stop:
+      layer, pos, latent = (int(v) for v in self.features[i])
+      return {"kind": "feature", "layer": layer, "position": pos, "latent": latent}
+    if i < s["errors"].stop:
+      layer, pos = divmod(i - s["errors"].start, self.n_pos)
+      return {"kind": "error", "layer": layer, "position": pos}
+    if i < s["embeddings"].stop:
+      return {"kind": "embedding", "layer": -1, "position": i - s["embeddings"].start}
+    k = i - s["targets"].start
+    return {"kind": "target", "layer": self.layers, "index": k}
+
+  def save(self, path) -> pathlib.Path:
+    """Writes the graph as one .npz (the targets as JSON inside)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {
+      f.name: getattr(self, f.name)
+      for f in dataclasses.fields(self)
+      if isinstance(getattr(self, f.name), np.ndarray)
+    }
+    targets = [{"kind": type(t).__name__, **dataclasses.asdict(t)} for t in self.targets]
+    np.savez_compressed(path, layers=self.layers, targets=json.dumps(targets), **arrays)
+    return path
+
+  @classmethod
+  def load(cls, path) -> Graph:
+    with np.load(path) as f:
+      data = {k: f[k] for k in f.files}
+    kinds = {"Logit": Logit, "Projection": Projection}
+    targets = []
+    for t in json.loads(str(data.pop("targets"))):
+      kind = kinds[t.pop("kind")]
+      if kind is Projection:
+        t["direction"] = tuple(t["direction"])
+      targets.append(kind(**t))
+    return cls(layers=int(data.pop("layers")), targets=tuple(targets), **data)
+
+
+# The frozen local replacement model ----------------------------------------------------------
+
+
+def _check(config: BertConfig, tc_config: TranscoderConfig, input_ids, targets, params):
+  if tc_config.layers != config.depth or tc_config.d_model != config.hidden_size:
+    raise ValueError(
+      f"a transcoder of {tc_config.layers} layers x {tc_config.d_model} does not fit a model "
+      f"of depth {config.depth} and hidden size {config.hidden_size}"
+    )
+  ids = np.asarray(input_ids)
+  if ids.ndim != 1 or not len(ids):
+    raise ValueError(f"input_ids must be one sequence (T,) of token ids, got shape {ids.shape}")
+  if not targets:
+    raise ValueError("an attribution graph needs at least one target (Logit or Projection)")
+  for t in targets:
+    if isinstance(t, Logit):
+      if "mlm" not in params:
+        raise ValueError("a Logit target needs a masked-LM head in params (fit one: bertjax.fit)")
+      if not 0 <= t.position < len(ids):
+        raise ValueError(f"Logit position {t.position} is outside the {len(ids)} tokens")
+      for tok in (t.token, t.minus):
+        if tok is not None and not 0 <= tok < config.vocab_size:
+          raise ValueError(f"Logit token {tok} is outside [0, {config.vocab_size})")
+    elif isinstance(t, Projection):
+      if len(t.direction) != config.hidden_size:
+        raise ValueError(
+          f"a Projection direction has {len(t.direction)} entries; the model's hidden size "
+          f"is {config.hidden_size}"
+        )
+    else:
+      raise TypeError(f"targets must be Logit or Projection, got {type(t).__name__}")
+  return ids
+
+
+def _target_values(params, config, targets, last):
+  # (K,) each target's value from the last hidden state (T, H).
+  values = []
+  for t in targets:
+    if isinstance(t, Logit):
+      logits = mlm_logits(params, config, last[t.position][None, None])[0, 0]
+      v = logits[t.token] - (0.0 if t.minus is None else logits[t.minus])
+    else:
+      v = last.mean(0) @ jnp.asarray(t.direction, jnp.float32)
+    values.append(v.astype(jnp.float32))
+  return jnp.stack(values)
+
+
+def _local_model(params, config, tc, tc_config, ids, features, acts, errors, targets):
+  """The frozen local replacement model as a function of the nodes' scales (1 = as is):
+  `(s_embed (T,), s_features (N,), s_errors (L, T)) -> (pre-activations (N,), targets (K,))`.
+  Under cp-lrp its gradient is that of the model with attention patterns and norm scales
+  frozen; its value at all-ones is the model's."""
+  frozen_cfg = dataclasses.replace(config, relevance_rules="cp-lrp")
+  emb = embed(params, config, ids[None])[0]  # (T, H)
+  depth, t = config.depth, len(ids)
+  layer_of, pos, latent = (np.asarray(features[:, i]) for i in range(3))
+  bounds = np.searchsorted(layer_of, np.arange(depth + 1))
+
+  def run(s_embed, s_features, s_errors):
+    written = tc["b_dec"][:, None, :] + errors * s_errors[..., None]  # (L, T, H)
+    for layer in range(depth):
+      lo, hi = bounds[layer], bounds[layer + 1]
+      if lo == hi:
+        continue
+      w = tc["W_dec"][layer][latent[lo:hi]]  # (n, R, H)
+      write = (acts[lo:hi] * s_features[lo:hi])[:, None, None] * w
+      rows = layer + np.arange(w.shape[1])[:, None]
+      written = written.at[rows, pos[lo:hi][None, :]].add(jnp.swapaxes(write, 0, 1))
+    hidden = (emb * s_embed[:, None])[None]
+    out = run_layers(
+      params,
+      frozen_cfg,
+      hidden,
+      jnp.ones((1, t), jnp.int32),
+      capture=("ffn_in",),
+      patch={"ffn_out": lambda v, i: written[i][None].astype(v.dtype)},
+      unroll=True,
+    )
+    x = out.cache["ffn_in"][:, 0]  # (L, T, H)
+    enc = tc["W_enc"][layer_of, :, latent]  # (N, H)
+    pre = jnp.sum((x[layer_of, pos] - tc["b_in"][layer_of]) * enc, -1)
+    pre = pre + tc["b_enc"][layer_of, latent]
+    return pre, _target_values(params, frozen_cfg, targets, out.last[0])
+
+  return run
+
+
+@functools.partial(jax.jit, static_argnames=("config", "tc_config", "targets"))
+def _clean(params, config, tc, tc_config, ids, targets):
+  # The model's own run: every block's FFN output, the latents, the targets.
+  out = forward(params, config, ids[None], capture=("ffn_in", "ffn_out"))
+  x, y = out.cache["ffn_in"][:, 0], out.cache["ffn_out"][:, 0]  # (L, T, H)
+  z = jnp.stack([latents_at(tc, tc_config, layer, x[layer]) for layer in range(config.depth)])
+  values = _target_values(params, config, targets, out.last_hidden_state[0])
+  return y, z, values
+
+
+def _decode_all(tc, tc_config, z):
+  # (L, T, H) each layer's predicted FFN output from dense latents z (L, T, m).
+  out = tc["b_dec"][:, None, :] + jnp.zeros(z.shape[:2] + tc["b_dec"].shape[-1:])
+  for layer, w in enumerate(tc["W_dec"]):
+    write = jnp.einsum("tm,mrh->rth", z[layer], w)
+    out = out.at[layer : layer + w.shape[1]].add(write)
+  return out
+
+
+def attribute(
+  params: Params,
+  config: BertConfig,
+  tc: Params,
+  tc_config: TranscoderConfig,
+  input_ids,
+  targets,
+  *,
+  target_weights=None,
+  batch: int = 128,
+  progress: bool = False,
+) -> Graph:
+  """The attribution graph of `input_ids` (one sequence, no padding) for `targets` (a list of
+  `Logit` and `Projection`), with every active feature's row computed.
+
+  Args:
+    target_weights: (K,) each target's weight in influence and pruning (default 1/K).
+    batch: target rows per backward pass (one compiled program).
+    progress: a progress bar over the batches.
+  """
+  targets = tuple(targets)
+  ids = jnp.asarray(_check(config, tc_config, input_ids, targets, params), jnp.int32)
+  y, z, values = _clean(params, config, tc, tc_config, ids, targets)
+  errors = y - _decode_all(tc, tc_config, z)
+  z = np.asarray(z)
+  layer, pos, latent = np.nonzero(z)  # layer-major
+  features = np.stack([layer, pos, latent], 1).astype(np.int32)
+  acts = jnp.asarray(z[layer, pos, latent], jnp.float32)
+  run = _local_model(params, config, tc, tc_config, ids, features, acts, errors, targets)
+  depth, t, n, k = config.depth, len(ids), len(features), len(targets)
+  ones = (jnp.ones(t), jnp.ones(n), jnp.ones((depth, t)))
+  rows = _row_fn(run, ones, n, k)
+  out_rows = n + k
+  adjacency = np.zeros((n + depth * t + t + k,) * 2, np.float32)
+  for step in timing.steps(-(-out_rows // batch), "graph rows", show=progress):
+    start = step * batch
+    which = np.arange(start, min(start + batch, out_rows))
+    padded = np.pad(which, (0, batch - len(which)), constant_values=which[-1])
+    g_emb, g_feat, g_err = (np.asarray(a) for a in rows(jnp.asarray(padded)))
+    got = np.concatenate([g_feat, g_err.reshape(batch, -1), g_emb], 1)[: len(which)]
+    node_rows = np.where(which < n, which, which + depth * t + t)
+    adjacency[node_rows, : got.shape[1]] = got
+  pre, target_values = (np.asarray(a) for a in jax.jit(run)(*ones))
+  node_in = np.concatenate([pre, target_values])
+  row_sums = adjacency[np.r_[0:n, adjacency.shape[0] - k : adjacency.shape[0]]].sum(1)
+  weights = np.full(k, 1 / k, np.float32) if target_weights is None else np.asarray(target_weights)
+  if weights.shape != (k,):
+    raise ValueError(f"target_weights must be ({k},), one per target, got {weights.shape}")
+  return Graph(
+    adjacency=adjacency,
+    features=features,
+    activations=np.asarray(acts),
+    preactivations=pre,
+    input_ids=np.asarray(ids),
+    layers=depth,
+    targets=targets,
+    target_values=np.asarray(values),
+    target_weights=weights.astype(np.float32),
+    constants=(node_in - row_sums).astype(np.float32),
+  )
+
+
+def _row_fn(run, ones, n, k):
+  # A jitted (B,) output indices -> the gradients of those outputs w.r.t. every node scale.
+  @jax.jit
+  def rows(which):
+    _, vjp = jax.vjp(run, *ones)
+    cot = jax.nn.one_hot(which, n + k, dtype=jnp.float32)
+    return jax.vmap(lambda c: vjp((c[:n], c[n:])))(cot)
+
+  return rows
+
+
+# Influence, pruning and scores (circuit-tracer 0.5.0's definitions) --------------------------
+
+
+def normalized(adjacency) -> np.ndarray:
+  """|A| with each row scaled to sum to 1 (rows of zeros stay zero)."""
+  a = np.abs(np.asarray(adjacency, np.float64))
+  return a / np.maximum(a.sum(1, keepdims=True), 1e-10)
+
+
+def influence(matrix, weights, max_iter: int = 1000) -> np.ndarray:
+  """`weights @ (A + A^2 + ...)`: each node's total influence on the weighted targets through
+  the (normalised) graph `matrix`."""
+  current = np.asarray(weights, np.float64) @ matrix
+  total = current.copy()
+  for _ in range(max_iter):
+    if not current.any():
+      return total
+    current = current @ matrix
+    total += current
+  raise RuntimeError(f"influence did not converge in {max_iter} steps: the graph has a cycle")
+
+
+def _weights(graph: Graph) -> np.ndarray:
+  w = np.zeros(graph.adjacency.shape[0])
+  w[graph.slices()["targets"]] = graph.target_weights
+  return w
+
+
+def _threshold(scores, keep: float):
+  ordered = np.sort(np.ravel(scores))[::-1]
+  cumulative = np.cumsum(ordered) / ordered.sum()
+  return ordered[min(int(np.searchsorted(cumulative, keep)), len(ordered) - 1)]
+
+
+class Pruned(NamedTuple):
+  node_mask: np.ndarray  # (n,) bool: nodes kept
+  edge_mask: np.ndarray  # (n, n) bool: edges kept
+  cumulative: np.ndarray  # (n,) each node's cumulative share of influence, in rank order
+
+
+def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
+  """Keeps the nodes that carry `node_threshold` of the total influence on the targets, then
+  the edges that carry `edge_threshold` of the kept graph's, then drops features and errors
+  left without an outgoing edge and features without an incoming one (circuit-tracer's
+  `prune_graph`). Embeddings and targets are always kept."""
+  for name, v in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+    if not 0.0 <= v <= 1.0:
+      raise ValueError(f"{name}={v} must be in [0, 1]")
+  weights = _weights(graph)
+  s = graph.slices()
+  fixed = s["embeddings"].start  # features and errors come before it
+  node_influence = influence(normalized(graph.adjacency), weights)
+  nodes = node_influence >= _threshold(node_influence, node_threshold)
+  nodes[fixed:] = True
+  kept = np.where(nodes[:, None] & nodes[None, :], graph.adjacency, 0.0)
+  norm = normalized(kept)
+  edge_scores = norm * (influence(norm, weights) + weights)[:, None]
+  edges = edge_scores >= _threshold(edge_scores, edge_threshold)
+  n = graph.n_features
+
+  def drop_loose():  # features and errors need an outgoing edge; features an incoming one
+    nodes[:fixed] &= edges[:, :fixed].any(0)
+    nodes[:n] &= edges[:n].any(1)
+
+  before = nodes.copy()
+  drop_loose()
+  while (nodes != before).any():  # each pass may strand more (at most depth + 1 passes)
+    before = nodes.copy()
+    edges &= nodes[:, None] & nodes[None, :]
+    drop_loose()
+  order = np.argsort(-node_influence, kind="stable")
+  cumulative = np.zeros_like(node_influence)
+  cumulative[order] = np.cumsum(node_influence[order]) / node_influence.sum()
+  return Pruned(nodes, edges, cumulative)
+
+
+def scores(graph: Graph) -> dict[str, float]:
+  """circuit-tracer's graph scores: "replacement", the share of the embeddings' and errors'
+  influence on the targets that is the embeddings'; "completeness", the influence-weighted
+  share of every node's input that comes from non-error nodes."""
+  weights = _weights(graph)
+  s = graph.slices()
+  norm = normalized(graph.adjacency)
+  node_influence = influence(norm, weights)
+  token = node_influence[s["embeddings"]].sum()
+  error = node_influence[s["errors"]].sum()
+  non_error = 1 - norm[:, s["errors"]].sum(1)
+  out = node_influence + weights
+  return {
+    "replacement": float(token / (token + error)),
+    "completeness": float((non_error * out).sum() / out.sum()),
+  }

@@ -1,0 +1,313 @@
+"""Attribution graphs (`bertjax.analysis.circuits.graphs`) against independent references.
+
+* Edges: a float64 NumPy post-LN BERT written here, with its FFNs replaced by the transcoder
+  plus errors and its attention patterns, norm scales and head activation frozen at the
+  input's values: removing one node (its scale set to 0) changes every target's input by
+  exactly that node's column of the adjacency matrix, and each row plus its constant is the
+  node's input.
+* Pruning and scores: circuit-tracer 0.5.0's `prune_graph` and `compute_graph_scores`, run on
+  a hand-made graph in `.venv/hf4` (`tests/reference_circuit_tracer.py`).
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+import bertjax
+from bertjax.analysis.circuits import graphs as G
+from bertjax.analysis.circuits import transcoders as T
+
+HF4 = pathlib.Path(sys.prefix) / "hf4"
+H, L, HEADS, M, K = 16, 3, 2, 24, 4
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = bertjax.BertConfig(
+    vocab_size=50,
+    hidden_size=H,
+    num_hidden_layers=L,
+    num_attention_heads=HEADS,
+    intermediate_size=32,
+    max_position_embeddings=16,
+  )
+  params = bertjax.init(config, 0, heads=("mlm",))
+  rng = np.random.default_rng(0)
+  # Norms and biases away from their initial values, so that a frozen norm matters.
+  params = _jitter(params, rng)
+  tc_config = T.TranscoderConfig(d_model=H, layers=L, latents=M, cross_layer=True, k=K)
+  x = rng.standard_normal((64, L, H)).astype(np.float32)
+  tc = T.init(1, tc_config, x, x)
+  ids = np.array([2, 5, 7, 9, 11, 4, 3])
+  direction = tuple(float(v) for v in rng.standard_normal(H))
+  targets = [G.Logit(2, 7, minus=9), G.Projection(direction)]
+  graph = G.attribute(params, config, tc, tc_config, ids, targets, batch=32)
+  return params, config, tc, tc_config, ids, targets, graph
+
+
+def _jitter(params, rng):
+  import jax
+
+  def f(path, v):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return v * (1 + 0.3 * rng.standard_normal(v.shape)).astype(np.float32)
+    if "bias" in name:
+      return v + 0.1 * rng.standard_normal(v.shape).astype(np.float32)
+    return v
+
+  return jax.tree_util.tree_map_with_path(f, params)
+
+
+def _np(tree):
+  import jax
+
+  return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def _gelu(u):
+  return 0.5 * u * (1 + erf(u / np.sqrt(2)))
+
+
+class Reference:
+  """The tiny BERT in float64 NumPy: run once live (recording patterns, scales, latents,
+  errors), then replayed frozen with any node scaled."""
+
+  def __init__(self, params, tc, ids, targets, eps=1e-12):
+    self.p, self.tc, self.ids, self.targets, self.eps = _np(params), _np(tc), ids, targets, eps
+    self.frozen = None
+    self.live = self._run(None, None, None)
+    self.live_record = dict(self.record)
+
+  def _norm(self, x, scale, bias, key):
+    mu = x.mean(-1, keepdims=True)
+    if self.frozen is None:
+      self.record[key] = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + self.eps)
+    return (x - mu) / self.frozen_or_record(key) * scale + bias
+
+  def frozen_or_record(self, key):
+    return (self.frozen or self.record)[key]
+
+  def _run(self, s_emb, s_feat, s_err):
+    p, tc = self.p, self.tc
+    e = p["embeddings"]
+    T_ = len(self.ids)
+    self.record = {}
+    raw = e["word_embeddings"]["embedding"][self.ids] + e["position_embeddings"]["embedding"][:T_]
+    raw = raw + e["token_type_embeddings"]["embedding"][0]
+    emb = self._norm(raw, e["LayerNorm"]["scale"], e["LayerNorm"]["bias"], "emb")
+    h = emb if s_emb is None else emb * s_emb[:, None]
+    lay = p["encoder"]["layers"]
+    latents, pre_all, xs = [], [], []
+    written = np.zeros((L, T_, H)) + tc["b_dec"][:, None]
+    if self.frozen is not None:
+      written += self.errors * s_err[..., None]
+      for i, (layer, pos, f) in enumerate(self.features):
+        w = tc["W_dec"][layer][f]  # (R, H)
+        written[layer : layer + len(w), pos] += self.acts[i] * s_feat[i] * w
+    for l in range(L):
+      a = lay["attention"]
+      q = np.einsum("th,hnd->tnd", h, a["query"]["kernel"][l]) + a["query"]["bias"][l]
+      k = np.einsum("th,hnd->tnd", h, a["key"]["kernel"][l]) + a["key"]["bias"][l]
+      v = np.einsum("th,hnd->tnd", h, a["value"]["kernel"][l]) + a["value"]["bias"][l]
+      if self.frozen is None:
+        s = np.einsum("tnd,snd->nts", q, k) / np.sqrt(q.shape[-1])
+        s = np.exp(s - s.max(-1, keepdims=True))
+        self.record[f"probs{l}"] = s / s.sum(-1, keepdims=True)
+      probs = self.frozen_or_record(f"probs{l}")
+      ctx = np.einsum("nts,snd->tnd", probs, v)
+      attn = np.einsum("tnd,ndh->th", ctx, a["output"]["kernel"][l]) + a["output"]["bias"][l]
+      x = self._norm(h + attn, a["LayerNorm"]["scale"][l], a["LayerNorm"]["bias"][l], f"n1{l}")
+      xs.append(x)
+      pre = (x - tc["b_in"][l]) @ tc["W_enc"][l] + tc["b_enc"][l]  # (T, M)
+      pre_all.append(pre)
+      if self.frozen is None:  # the model's FFN; the latents the transcoder reads from it
+        z = np.zeros_like(pre)
+        top = np.argsort(-pre, -1)[:, :K]
+        np.put_along_axis(z, top, np.maximum(np.take_along_axis(pre, top, -1), 0), -1)
+        latents.append(z)
+        written[l] = self._ffn(x, l)  # the model's own: the error makes up the difference
+      h = self._norm(
+        x + written[l], lay["LayerNorm"]["scale"][l], lay["LayerNorm"]["bias"][l], f"n2{l}"
+      )
+    if self.frozen is None:
+      self.latents = np.stack(latents)
+      layer, pos, f = np.nonzero(self.latents)
+      self.features = list(zip(layer, pos, f))
+      self.acts = self.latents[layer, pos, f]
+      pred = np.zeros((L, T_, H)) + tc["b_dec"][:, None]
+      for l in range(L):
+        write = np.einsum("tm,mrh->rth", self.latents[l], tc["W_dec"][l])
+        pred[l : l + write.shape[0]] += write
+      self.errors = np.stack([self._ffn(xs[l], l) for l in range(L)]) - pred
+    pre = np.array([pre_all[layer][pos, f] for layer, pos, f in self.features])
+    return np.concatenate([pre, self._targets(h)])
+
+  def _ffn(self, x, l):
+    lay = self.p["encoder"]["layers"]
+    y = _gelu(x @ lay["intermediate"]["kernel"][l] + lay["intermediate"]["bias"][l])
+    return y @ lay["output"]["kernel"][l] + lay["output"]["bias"][l]
+
+  def _targets(self, h):
+    m = self.p["mlm"]
+    out = []
+    for t in self.targets:
+      if isinstance(t, G.Logit):
+        u = h[t.position] @ m["dense"]["kernel"] + m["dense"]["bias"]
+        if self.frozen is None:
+          self.record["ratio"] = _gelu(u) / u
+        u = u * self.frozen_or_record("ratio")
+        u = self._norm(u, m["LayerNorm"]["scale"], m["LayerNorm"]["bias"], "head")
+        logits = u @ self.p["embeddings"]["word_embeddings"]["embedding"].T + m["bias"]
+        out.append(logits[t.token] - logits[t.minus])
+      else:
+        out.append(h.mean(0) @ np.asarray(t.direction))
+    return np.array(out)
+
+  def frozen_run(self, s_emb, s_feat, s_err):
+    self.frozen = self.live_record
+    return self._run(s_emb, s_feat, s_err)
+
+
+def test_edges_are_the_frozen_models_exact_differences(tiny):
+  params, _, tc, _, ids, targets, graph = tiny
+  ref = Reference(params, tc, ids, targets)
+  assert [tuple(f) for f in graph.features] == [tuple(int(v) for v in f) for f in ref.features]
+  np.testing.assert_allclose(graph.activations, ref.acts, rtol=1e-5, atol=1e-6)
+  n, t = graph.n_features, len(ids)
+  ones = (np.ones(t), np.ones(n), np.ones((L, t)))
+  base = ref.frozen_run(*ones)
+  # The frozen replay at all-ones is the live model (the errors close the gap).
+  np.testing.assert_allclose(base, ref.live, rtol=1e-9, atol=1e-9)
+  np.testing.assert_allclose(base[:n], graph.preactivations, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(base[n:], graph.target_values, rtol=1e-4, atol=1e-4)
+  s = graph.slices()
+  rows = np.r_[0:n, s["targets"]]
+  a = graph.adjacency
+  # Each row plus its constant is the node's input.
+  np.testing.assert_allclose(a[rows].sum(1) + graph.constants, base, rtol=1e-4, atol=1e-4)
+  rng = np.random.default_rng(1)
+  columns = np.concatenate(
+    [
+      rng.choice(n, 12, replace=False),
+      rng.choice(np.arange(s["errors"].start, s["errors"].stop), 6, replace=False),
+      np.arange(s["embeddings"].start, s["embeddings"].stop),
+    ]
+  )
+  checked = 0
+  for col in columns:
+    s_emb, s_feat, s_err = (o.copy() for o in ones)
+    node = graph.node(col)
+    if node["kind"] == "feature":
+      s_feat[col] = 0
+    elif node["kind"] == "error":
+      s_err[node["layer"], node["position"]] = 0
+    else:
+      s_emb[node["position"]] = 0
+    effect = base - ref.frozen_run(s_emb, s_feat, s_err)
+    np.testing.assert_allclose(a[rows, col], effect, rtol=2e-4, atol=2e-5)
+    checked += np.abs(effect).max() > 1e-3
+  assert checked >= len(columns) - 2  # the removals moved something
+  # Edges only rise in layer; errors and embeddings have no inputs.
+  layer_of = np.array([graph.node(i)["layer"] for i in range(len(a))])
+  src, dst = np.nonzero(a.T)
+  assert (layer_of[src] < layer_of[dst]).all()
+  assert not a[s["errors"].start : s["embeddings"].stop].any()
+
+
+def test_edges_cross_positions_both_ways(tiny):
+  *_, graph = tiny
+  f = graph.features
+  a = graph.adjacency[: graph.n_features, : graph.n_features]
+  dst, src = np.nonzero(a)
+  assert (f[src, 1] < f[dst, 1]).any() and (f[src, 1] > f[dst, 1]).any()
+
+
+def test_graph_round_trips(tiny, tmp_path):
+  *_, graph = tiny
+  back = G.Graph.load(graph.save(tmp_path / "g.npz"))
+  np.testing.assert_array_equal(back.adjacency, graph.adjacency)
+  assert back.targets == graph.targets and back.layers == graph.layers
+
+
+def test_bad_input_is_named(tiny):
+  params, config, tc, tc_config, ids, targets, _ = tiny
+  with pytest.raises(ValueError, match="position 9 is outside the 7 tokens"):
+    G.attribute(params, config, tc, tc_config, ids, [G.Logit(9, 3)])
+  with pytest.raises(ValueError, match="hidden size is 16"):
+    G.attribute(params, config, tc, tc_config, ids, [G.Projection((1.0, 2.0))])
+  with pytest.raises(ValueError, match="one sequence"):
+    G.attribute(params, config, tc, tc_config, ids[None], targets)
+  with pytest.raises(ValueError, match=r"node_threshold=1.5 must be in \[0, 1\]"):
+    G.prune(tiny[-1], node_threshold=1.5)
+
+
+def _hand_made(rng, n_features=40, n_pos=5, layers=3, n_targets=2):
+  # A random layered graph in circuit-tracer's node order, with its nodes' layers.
+  layer = np.sort(rng.integers(0, layers, n_features))
+  g = G.Graph(
+    adjacency=np.zeros(1, np.float32),
+    features=np.stack([layer, rng.integers(0, n_pos, n_features), np.arange(n_features)], 1),
+    activations=np.ones(n_features, np.float32),
+    preactivations=np.ones(n_features, np.float32),
+    input_ids=np.arange(n_pos),
+    layers=layers,
+    targets=tuple(G.Logit(0, i) for i in range(n_targets)),
+    target_values=np.zeros(n_targets, np.float32),
+    target_weights=np.array([0.7, 0.3], np.float32),
+    constants=np.zeros(n_features + n_targets, np.float32),
+  )
+  n = n_features + layers * n_pos + n_pos + n_targets
+  node_layer = np.array([g.node(i)["layer"] for i in range(n)])
+  rises = node_layer[None, :] < node_layer[:, None]
+  rises[g.slices()["errors"].start : g.slices()["targets"].start] = False
+  weights = rng.standard_normal((n, n)) * (rng.random((n, n)) < 0.35)
+  g.adjacency = np.where(rises, weights, 0).astype(np.float32)
+  return g
+
+
+def test_pruning_and_scores_are_circuit_tracers(tmp_path):
+  if not (HF4 / "circuit_tracer").is_dir():
+    pytest.skip(f"circuit-tracer expected at {HF4} (./run.sh setup installs it)")
+  rng = np.random.default_rng(3)
+  graphs = [_hand_made(rng) for _ in range(3)]
+  # (Not 1.0: there circuit-tracer keeps or drops zero-influence nodes by float32 rounding.)
+  thresholds = [(0.8, 0.98), (0.5, 0.9), (0.95, 0.999)]
+  np.savez(
+    tmp_path / "in.npz",
+    **{f"adjacency{i}": g.adjacency for i, g in enumerate(graphs)},
+    weights=graphs[0].target_weights,
+    thresholds=np.array(thresholds),
+    n_features=graphs[0].n_features,
+    n_pos=graphs[0].n_pos,
+    layers=graphs[0].layers,
+  )
+  env = {**os.environ, "PYTHONPATH": str(HF4), "HF_HUB_OFFLINE": "1", "USE_TF": "0"}
+  script = pathlib.Path(__file__).parent / "reference_circuit_tracer.py"
+  result = subprocess.run(
+    [sys.executable, str(script), str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  ref = dict(np.load(tmp_path / "out.npz"))
+  assert str(ref["version"]) == "0.5.0"
+  for i, g in enumerate(graphs):
+    got = G.scores(g)
+    assert got["replacement"] == pytest.approx(float(ref[f"replacement{i}"]), rel=1e-5)
+    assert got["completeness"] == pytest.approx(float(ref[f"completeness{i}"]), rel=1e-5)
+    for j, (node_t, edge_t) in enumerate(thresholds):
+      pruned = G.prune(g, node_t, edge_t)
+      np.testing.assert_array_equal(pruned.node_mask, ref[f"nodes{i}_{j}"], err_msg=f"{i} {j}")
+      np.testing.assert_array_equal(pruned.edge_mask, ref[f"edges{i}_{j}"])
+      np.testing.assert_allclose(pruned.cumulative, ref[f"cumulative{i}_{j}"], rtol=1e-5)
+    kept = G.prune(g)
+    assert 0 < kept.node_mask[: g.n_features].sum() < g.n_features
