@@ -47,7 +47,7 @@ import numpy as np
 from bertjax import timing
 from bertjax.analysis.circuits.transcoders import Params, TranscoderConfig, latents_at
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import embed, forward, run_layers
+from bertjax.model.forward import forward, run_layers
 from bertjax.model.heads import mlm_logits
 
 
@@ -202,54 +202,86 @@ def _target_values(params, config, targets, last):
   return jnp.stack(values)
 
 
-def _local_model(params, config, tc, tc_config, ids, features, acts, errors, targets):
+def _groups(features, acts, depth: int, t: int, width: int):
+  """The active features by layer and position, `width` slots each: (slot (L, T, width) into
+  the feature list, -1 for an empty one; latent; activation, 0 for an empty one). The decoder
+  then writes by batched products, with no scatter or gather of the residual."""
+  slot = np.full((depth, t, width), -1, np.int32)
+  cell = features[:, 0] * t + features[:, 1]  # features are sorted by layer, then position
+  rank = np.arange(len(features)) - np.searchsorted(cell, cell)
+  slot[features[:, 0], features[:, 1], rank] = np.arange(len(features))
+  latent = np.where(slot >= 0, features[np.maximum(slot, 0), 2], 0)
+  return slot, latent, np.where(slot >= 0, acts[np.maximum(slot, 0)], 0.0).astype(np.float32)
+
+
+def _local_model(params, config, tc, emb, groups, errors, targets):
   """The frozen local replacement model as a function of the nodes' scales (1 = as is):
-  `(s_embed (T,), s_features (N,), s_errors (L, T)) -> (pre-activations (N,), targets (K,))`.
+  `(s_embed (T,), s_features (N,), s_errors (L, T)) -> (FFN inputs (L, T, H), targets (K,))`.
   Under cp-lrp its gradient is that of the model with attention patterns and norm scales
   frozen; its value at all-ones is the model's."""
   frozen_cfg = dataclasses.replace(config, relevance_rules="cp-lrp")
-  emb = embed(params, config, ids[None])[0]  # (T, H)
-  depth, t = config.depth, len(ids)
-  layer_of, pos, latent = (np.asarray(features[:, i]) for i in range(3))
-  bounds = np.searchsorted(layer_of, np.arange(depth + 1))
+  slot, latent, act = groups
+  t = emb.shape[0]
 
   def run(s_embed, s_features, s_errors):
     written = tc["b_dec"][:, None, :] + errors * s_errors[..., None]  # (L, T, H)
-    for layer in range(depth):
-      lo, hi = bounds[layer], bounds[layer + 1]
-      if lo == hi:
-        continue
-      w = tc["W_dec"][layer][latent[lo:hi]]  # (n, R, H)
-      write = (acts[lo:hi] * s_features[lo:hi])[:, None, None] * w
-      rows = layer + np.arange(w.shape[1])[:, None]
-      written = written.at[rows, pos[lo:hi][None, :]].add(jnp.swapaxes(write, 0, 1))
-    hidden = (emb * s_embed[:, None])[None]
+    scale = jnp.concatenate([s_features, jnp.zeros(1)])  # slot -1: the empty one
+    for layer, w in enumerate(tc["W_dec"]):
+      rows = w[latent[layer]]  # (T, c, R, H)
+      write = jnp.einsum("tc,tcrh->rth", act[layer] * scale[slot[layer]], rows)
+      written = written.at[layer : layer + w.shape[1]].add(write)
     out = run_layers(
       params,
       frozen_cfg,
-      hidden,
+      (emb * s_embed[:, None])[None],
       jnp.ones((1, t), jnp.int32),
       capture=("ffn_in",),
       patch={"ffn_out": lambda v, i: written[i][None].astype(v.dtype)},
       unroll=True,
     )
-    x = out.cache["ffn_in"][:, 0]  # (L, T, H)
-    enc = tc["W_enc"][layer_of, :, latent]  # (N, H)
-    pre = jnp.sum((x[layer_of, pos] - tc["b_in"][layer_of]) * enc, -1)
-    pre = pre + tc["b_enc"][layer_of, latent]
-    return pre, _target_values(params, frozen_cfg, targets, out.last[0])
+    return out.cache["ffn_in"][:, 0], _target_values(params, frozen_cfg, targets, out.last[0])
 
   return run
 
 
+@functools.partial(jax.jit, static_argnames=("config", "targets"))
+def _rows(params, config, tc, emb, groups, errors, features, targets, which):
+  """(B,) row indices (features, then targets) -> each row's gradients w.r.t. every node
+  scale. A feature's row is its encoder column put on its FFN input (the only place its
+  pre-activation reads), so one backward pass serves any mix of rows. `features` (N, 3) may
+  be padded (a padded row is never asked for)."""
+  n, k, t = features.shape[0], len(targets), emb.shape[0]
+  run = _local_model(params, config, tc, emb, groups, errors, targets)
+  ones = (jnp.ones(t), jnp.ones(n), jnp.ones((config.depth, t)))
+  (x, values), vjp = jax.vjp(run, *ones)
+  layer, pos, latent = features[:, 0], features[:, 1], features[:, 2]
+
+  def one(i):
+    f = jnp.minimum(i, n - 1)
+    cot_x = jnp.zeros_like(x).at[layer[f], pos[f]].set(tc["W_enc"][layer[f], :, latent[f]])
+    cot_x = jnp.where(i < n, cot_x, 0.0)
+    cot_t = jnp.where(i < n, 0.0, jax.nn.one_hot(i - n, k, dtype=values.dtype))
+    return vjp((cot_x, cot_t))
+
+  return jax.vmap(one)(which)
+
+
+def _preactivations(tc, features, x):
+  # (N,) each feature's encoder output from the FFN inputs x (L, T, H).
+  layer, pos, latent = (features[:, i] for i in range(3))
+  pre = jnp.sum((x[layer, pos] - tc["b_in"][layer]) * tc["W_enc"][layer, :, latent], -1)
+  return pre + tc["b_enc"][layer, latent]
+
+
 @functools.partial(jax.jit, static_argnames=("config", "tc_config", "targets"))
 def _clean(params, config, tc, tc_config, ids, targets):
-  # The model's own run: every block's FFN output, the latents, the targets.
-  out = forward(params, config, ids[None], capture=("ffn_in", "ffn_out"))
+  # The model's own run: every block's FFN input and output, the latents, the targets and
+  # the embedding block's output.
+  out = forward(params, config, ids[None], capture=("embeddings", "ffn_in", "ffn_out"))
   x, y = out.cache["ffn_in"][:, 0], out.cache["ffn_out"][:, 0]  # (L, T, H)
   z = jnp.stack([latents_at(tc, tc_config, layer, x[layer]) for layer in range(config.depth)])
   values = _target_values(params, config, targets, out.last_hidden_state[0])
-  return y, z, values
+  return x, y, z, values, out.cache["embeddings"][0]
 
 
 def _decode_all(tc, tc_config, z):
@@ -270,68 +302,116 @@ def attribute(
   targets,
   *,
   target_weights=None,
+  max_features: int | None = None,
   batch: int = 128,
   progress: bool = False,
 ) -> Graph:
   """The attribution graph of `input_ids` (one sequence, no padding) for `targets` (a list of
-  `Logit` and `Projection`), with every active feature's row computed.
+  `Logit` and `Projection`).
 
   Args:
     target_weights: (K,) each target's weight in influence and pruning (default 1/K).
-    batch: target rows per backward pass (one compiled program).
+    max_features: keep at most this many features, chosen as circuit-tracer does: the
+      targets' rows first, then, a batch at a time, the rows of the not yet chosen features of
+      most influence on the targets through the rows computed so far. The graph then holds
+      the chosen features only (their edges from the others dropped). Default: every active
+      feature.
+    batch: rows per backward pass (one compiled program).
     progress: a progress bar over the batches.
   """
   targets = tuple(targets)
   ids = jnp.asarray(_check(config, tc_config, input_ids, targets, params), jnp.int32)
-  y, z, values = _clean(params, config, tc, tc_config, ids, targets)
+  k = len(targets)
+  weights = np.full(k, 1 / k) if target_weights is None else np.asarray(target_weights)
+  if weights.shape != (k,):
+    raise ValueError(f"target_weights must be ({k},), one per target, got {weights.shape}")
+  if max_features is not None and max_features < 1:
+    raise ValueError(f"max_features={max_features} must be at least 1 (or None: all)")
+  x, y, z, values, emb = _clean(params, config, tc, tc_config, ids, targets)
   errors = y - _decode_all(tc, tc_config, z)
   z = np.asarray(z)
   layer, pos, latent = np.nonzero(z)  # layer-major
   features = np.stack([layer, pos, latent], 1).astype(np.int32)
-  acts = jnp.asarray(z[layer, pos, latent], jnp.float32)
-  run = _local_model(params, config, tc, tc_config, ids, features, acts, errors, targets)
-  depth, t, n, k = config.depth, len(ids), len(features), len(targets)
-  ones = (jnp.ones(t), jnp.ones(n), jnp.ones((depth, t)))
-  rows = _row_fn(run, ones, n, k)
-  out_rows = n + k
-  adjacency = np.zeros((n + depth * t + t + k,) * 2, np.float32)
-  for step in timing.steps(-(-out_rows // batch), "graph rows", show=progress):
-    start = step * batch
-    which = np.arange(start, min(start + batch, out_rows))
-    padded = np.pad(which, (0, batch - len(which)), constant_values=which[-1])
-    g_emb, g_feat, g_err = (np.asarray(a) for a in rows(jnp.asarray(padded)))
-    got = np.concatenate([g_feat, g_err.reshape(batch, -1), g_emb], 1)[: len(which)]
-    node_rows = np.where(which < n, which, which + depth * t + t)
-    adjacency[node_rows, : got.shape[1]] = got
-  pre, target_values = (np.asarray(a) for a in jax.jit(run)(*ones))
-  node_in = np.concatenate([pre, target_values])
-  row_sums = adjacency[np.r_[0:n, adjacency.shape[0] - k : adjacency.shape[0]]].sum(1)
-  weights = np.full(k, 1 / k, np.float32) if target_weights is None else np.asarray(target_weights)
-  if weights.shape != (k,):
-    raise ValueError(f"target_weights must be ({k},), one per target, got {weights.shape}")
+  acts = z[layer, pos, latent].astype(np.float32)
+  depth, t, n = config.depth, len(ids), len(features)
+  # Shapes padded so that sentences of one length share compiled programs: the features to
+  # a multiple of 256, the slots per (layer, position) to k (top-k) or a multiple of 8.
+  counts = np.bincount(features[:, 0] * t + features[:, 1], minlength=depth * t)
+  width = tc_config.k if tc_config.activation == "topk" else -(-max(counts.max(), 1) // 8) * 8
+  groups = tuple(jnp.asarray(a) for a in _groups(features, acts, depth, t, width))
+  padded = jnp.asarray(np.pad(features, ((0, -n % 256 or 0), (0, 0))))
+  n_pad = padded.shape[0]
+
+  def compute(which):  # rows (features, then targets) -> (len, sources) edges
+    which = np.where(which < n, which, which - n + n_pad)  # targets after the padded features
+    asked = jnp.asarray(np.pad(which, (0, batch - len(which)), mode="edge"))
+    got = _rows(params, config, tc, emb, groups, errors, padded, targets, asked)
+    g_emb, g_feat, g_err = (np.asarray(a) for a in got)
+    return np.concatenate([g_feat[:, :n], g_err.reshape(batch, -1), g_emb], 1)[: len(which)]
+
+  limit = n if max_features is None else min(max_features, n)
+  bar = timing.steps(1 + -(-limit // batch), "graph rows", show=progress)
+  next(bar, None)
+  target_rows = compute(n + np.arange(k))
+  chosen: list[np.ndarray] = []
+  feature_rows: list[np.ndarray] = []
+  while sum(map(len, chosen)) < limit:
+    done = sum(map(len, chosen))
+    if limit == n:  # every feature: no ranking needed
+      which = np.arange(done, min(done + batch, n))
+    else:
+      ranked = _partial_influence(target_rows, feature_rows, chosen, n, weights)
+      if chosen:
+        ranked[np.concatenate(chosen)] = -np.inf
+      which = np.sort(np.argsort(-ranked, kind="stable")[: min(batch, limit - done)])
+    chosen.append(which)
+    feature_rows.append(compute(which))
+    next(bar, None)
+  for _ in bar:
+    pass
+  keep = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+  order = np.argsort(keep, kind="stable")
+  keep, edges = keep[order], np.concatenate(feature_rows or [target_rows[:0]])[order]
+  pre = np.asarray(_preactivations(tc, features, x))
+  node_in = np.concatenate([pre[keep], np.asarray(values)])
+  all_rows = np.concatenate([edges, target_rows])
+  constants = node_in - all_rows.sum(1)  # the biases' share: no node's edge
+  columns = np.concatenate([keep, np.arange(n, all_rows.shape[1])])
+  m = len(keep) + depth * t + t + k
+  adjacency = np.zeros((m, m), np.float32)
+  adjacency[: len(keep), : len(columns)] = edges[:, columns]
+  adjacency[m - k :, : len(columns)] = target_rows[:, columns]
   return Graph(
     adjacency=adjacency,
-    features=features,
-    activations=np.asarray(acts),
-    preactivations=pre,
+    features=features[keep],
+    activations=acts[keep],
+    preactivations=pre[keep],
     input_ids=np.asarray(ids),
     layers=depth,
     targets=targets,
     target_values=np.asarray(values),
     target_weights=weights.astype(np.float32),
-    constants=(node_in - row_sums).astype(np.float32),
+    constants=constants.astype(np.float32),
   )
 
 
-def _row_fn(run, ones, n, k):
-  # A jitted (B,) output indices -> the gradients of those outputs w.r.t. every node scale.
-  @jax.jit
-  def rows(which):
-    _, vjp = jax.vjp(run, *ones)
-    cot = jax.nn.one_hot(which, n + k, dtype=jnp.float32)
-    return jax.vmap(lambda c: vjp((c[:n], c[n:])))(cot)
-
-  return rows
+def _partial_influence(target_rows, feature_rows, chosen, n, weights, max_iter=1000):
+  """(n,) each feature's influence on the targets through the rows computed so far
+  (circuit-tracer's `compute_partial_influences`): rows normalised over all sources."""
+  rows = np.concatenate([target_rows, *feature_rows]).astype(np.float64)
+  norm = np.abs(rows) / np.maximum(np.abs(rows).sum(1, keepdims=True), 1e-8)
+  k = len(target_rows)
+  # Where each row's node sits in the sources' order (targets are no source: index -1).
+  row_node = np.concatenate([np.full(k, -1), *chosen]).astype(np.int64)
+  prod = np.concatenate([weights, np.zeros(len(rows) - k)])
+  total = np.zeros(rows.shape[1])
+  for _ in range(max_iter):
+    flow = prod @ norm  # (sources,)
+    if not flow.any():
+      return total[:n]
+    total += flow
+    prod = np.where(row_node >= 0, flow[np.maximum(row_node, 0)], 0.0)
+  raise RuntimeError("influence did not converge: the graph has a cycle")
 
 
 # Influence, pruning and scores (circuit-tracer 0.5.0's definitions) --------------------------
