@@ -75,38 +75,58 @@ def _gelu(u):
 
 
 class Reference:
-  """The tiny BERT in float64 NumPy: run once live (recording patterns, scales, latents,
-  errors), then replayed frozen with any node scaled."""
+  """The tiny BERT in float64 NumPy. Run live once (recording attention patterns, norm scales,
+  the head's activation ratio, latents and errors); then `frozen` replays it with those
+  frozen: each node scaled (`scales`), or, with `clamp` ({feature: factor}), the latents
+  recomputed from their frozen inputs except the clamped ones; `steered` runs it live with
+  `delta` (L, T, H) added to the FFN outputs."""
 
   def __init__(self, params, tc, ids, targets, eps=1e-12):
     self.p, self.tc, self.ids, self.targets, self.eps = _np(params), _np(tc), ids, targets, eps
     self.frozen = None
-    self.live = self._run(None, None, None)
+    self.live = self._run()
     self.live_record = dict(self.record)
+
+  def frozen_run(self, s_emb, s_feat, s_err):
+    self.frozen = self.live_record
+    return self._run(s_emb, s_feat, s_err)
+
+  def clamped(self, clamp):
+    self.frozen = self.live_record
+    return self._run(clamp=clamp)[len(self.features) :]
+
+  def steered(self, delta):
+    self.frozen = None
+    return self._run(delta=delta)[len(self.features) :]
 
   def _norm(self, x, scale, bias, key):
     mu = x.mean(-1, keepdims=True)
     if self.frozen is None:
       self.record[key] = np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + self.eps)
-    return (x - mu) / self.frozen_or_record(key) * scale + bias
+    return (x - mu) / (self.frozen or self.record)[key] * scale + bias
 
-  def frozen_or_record(self, key):
-    return (self.frozen or self.record)[key]
+  def _latents(self, pre):
+    z = np.zeros_like(pre)
+    top = np.argsort(-pre, -1)[:, :K]
+    np.put_along_axis(z, top, np.maximum(np.take_along_axis(pre, top, -1), 0), -1)
+    return z
 
-  def _run(self, s_emb, s_feat, s_err):
-    p, tc = self.p, self.tc
-    e = p["embeddings"]
-    T_ = len(self.ids)
+  def _run(self, s_emb=None, s_feat=None, s_err=None, *, clamp=None, delta=None):
+    p, tc, n_pos = self.p, self.tc, len(self.ids)
+    e, lay = p["embeddings"], p["encoder"]["layers"]
+    first = not hasattr(self, "features")
     self.record = {}
-    raw = e["word_embeddings"]["embedding"][self.ids] + e["position_embeddings"]["embedding"][:T_]
+    raw = (
+      e["word_embeddings"]["embedding"][self.ids] + e["position_embeddings"]["embedding"][:n_pos]
+    )
     raw = raw + e["token_type_embeddings"]["embedding"][0]
-    emb = self._norm(raw, e["LayerNorm"]["scale"], e["LayerNorm"]["bias"], "emb")
-    h = emb if s_emb is None else emb * s_emb[:, None]
-    lay = p["encoder"]["layers"]
+    h = self._norm(raw, e["LayerNorm"]["scale"], e["LayerNorm"]["bias"], "emb")
+    h = h if s_emb is None else h * s_emb[:, None]
     latents, pre_all, xs = [], [], []
-    written = np.zeros((L, T_, H)) + tc["b_dec"][:, None]
+    written = np.zeros((L, n_pos, H)) + tc["b_dec"][:, None]
     if self.frozen is not None:
-      written += self.errors * s_err[..., None]
+      written += self.errors * (1 if s_err is None else s_err[..., None])
+    if self.frozen is not None and clamp is None:  # the graph's features, scaled
       for i, (layer, pos, f) in enumerate(self.features):
         w = tc["W_dec"][layer][f]  # (R, H)
         written[layer : layer + len(w), pos] += self.acts[i] * s_feat[i] * w
@@ -119,28 +139,33 @@ class Reference:
         s = np.einsum("tnd,snd->nts", q, k) / np.sqrt(q.shape[-1])
         s = np.exp(s - s.max(-1, keepdims=True))
         self.record[f"probs{l}"] = s / s.sum(-1, keepdims=True)
-      probs = self.frozen_or_record(f"probs{l}")
+      probs = (self.frozen or self.record)[f"probs{l}"]
       ctx = np.einsum("nts,snd->tnd", probs, v)
       attn = np.einsum("tnd,ndh->th", ctx, a["output"]["kernel"][l]) + a["output"]["bias"][l]
       x = self._norm(h + attn, a["LayerNorm"]["scale"][l], a["LayerNorm"]["bias"][l], f"n1{l}")
       xs.append(x)
       pre = (x - tc["b_in"][l]) @ tc["W_enc"][l] + tc["b_enc"][l]  # (T, M)
       pre_all.append(pre)
-      if self.frozen is None:  # the model's FFN; the latents the transcoder reads from it
-        z = np.zeros_like(pre)
-        top = np.argsort(-pre, -1)[:, :K]
-        np.put_along_axis(z, top, np.maximum(np.take_along_axis(pre, top, -1), 0), -1)
-        latents.append(z)
-        written[l] = self._ffn(x, l)  # the model's own: the error makes up the difference
+      if self.frozen is None:  # the model's own FFN (the error makes up the difference)
+        latents.append(self._latents(pre))
+        written[l] = self._ffn(x, l) + (0 if delta is None else delta[l])
+      elif clamp is not None:  # the local replacement model: latents recomputed
+        z = self._latents(pre)
+        for i, factor in clamp.items():
+          layer, pos, f = self.features[i]
+          if layer == l:
+            z[pos, f] = factor * self.acts[i]
+        write = np.einsum("tm,mrh->rth", z, tc["W_dec"][l])
+        written[l : l + len(write)] += write
       h = self._norm(
         x + written[l], lay["LayerNorm"]["scale"][l], lay["LayerNorm"]["bias"][l], f"n2{l}"
       )
-    if self.frozen is None:
+    if first:
       self.latents = np.stack(latents)
       layer, pos, f = np.nonzero(self.latents)
       self.features = list(zip(layer, pos, f))
       self.acts = self.latents[layer, pos, f]
-      pred = np.zeros((L, T_, H)) + tc["b_dec"][:, None]
+      pred = np.zeros((L, n_pos, H)) + tc["b_dec"][:, None]
       for l in range(L):
         write = np.einsum("tm,mrh->rth", self.latents[l], tc["W_dec"][l])
         pred[l : l + write.shape[0]] += write
@@ -161,17 +186,13 @@ class Reference:
         u = h[t.position] @ m["dense"]["kernel"] + m["dense"]["bias"]
         if self.frozen is None:
           self.record["ratio"] = _gelu(u) / u
-        u = u * self.frozen_or_record("ratio")
+        u = u * (self.frozen or self.record)["ratio"]
         u = self._norm(u, m["LayerNorm"]["scale"], m["LayerNorm"]["bias"], "head")
         logits = u @ self.p["embeddings"]["word_embeddings"]["embedding"].T + m["bias"]
         out.append(logits[t.token] - logits[t.minus])
       else:
         out.append(h.mean(0) @ np.asarray(t.direction))
     return np.array(out)
-
-  def frozen_run(self, s_emb, s_feat, s_err):
-    self.frozen = self.live_record
-    return self._run(s_emb, s_feat, s_err)
 
 
 def test_edges_are_the_frozen_models_exact_differences(tiny):
@@ -311,3 +332,31 @@ def test_pruning_and_scores_are_circuit_tracers(tmp_path):
       np.testing.assert_allclose(pruned.cumulative, ref[f"cumulative{i}_{j}"], rtol=1e-5)
     kept = G.prune(g)
     assert 0 < kept.node_mask[: g.n_features].sum() < g.n_features
+
+
+def test_graph_predicts_the_local_replacement_models_response(tiny):
+  """Steering features by a little in the local replacement model (latents recomputed from
+  their frozen inputs, NumPy) moves the targets by what `predict` reads off the graph; the
+  model itself (`steer`, against the NumPy model run live with the same FFN-output change)
+  moves them by something else, as attention and norms respond."""
+  params, config, tc, _, ids, targets, graph = tiny
+  ref = Reference(params, tc, ids, targets)
+  live = ref.live[graph.n_features :]
+  influence = G.influence(G.normalized(graph.adjacency), G._weights(graph))[: graph.n_features]
+  top = np.argsort(-influence)[:4]
+  differs = 0
+  for nodes in ([int(top[0])], [int(top[1])], [int(i) for i in top]):
+    for factor in (1.002, 0.997):
+      want = ref.clamped(dict.fromkeys(nodes, factor)) - live
+      got = G.predict(graph, nodes, factor)
+      np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)
+    delta = np.zeros((L, len(ids), H))
+    for i in nodes:
+      layer, pos, latent = graph.features[i]
+      rows = np.asarray(tc["W_dec"][layer][latent], np.float64)
+      delta[layer : layer + len(rows), pos] -= graph.activations[i] * rows
+    model = G.steer(params, config, tc, graph, nodes, 0.0)
+    np.testing.assert_allclose(model, ref.steered(delta) - live, rtol=1e-3, atol=2e-5)
+    differs += np.abs(model - G.predict(graph, nodes, 0.0)).max() > 1e-3
+  assert differs  # the frozen linearisation is not the model
+  np.testing.assert_allclose(G.steer(params, config, tc, graph, top[:1], 1.0), 0, atol=1e-5)

@@ -506,3 +506,60 @@ def scores(graph: Graph) -> dict[str, float]:
     "replacement": float(token / (token + error)),
     "completeness": float((non_error * out).sum() / out.sum()),
   }
+
+
+# Interventions: what the graph predicts, what the model does ---------------------------------
+
+
+def predict(graph: Graph, nodes, factor: float) -> np.ndarray:
+  """(K,) the change in each target that the graph predicts when features `nodes` (indices
+  into `graph.features`) have their activations multiplied by `factor` (0: ablated): the
+  change flows along the graph's edges, each other feature passing on the change in its
+  pre-activation as its own (the linearisation at this input: a feature stays active)."""
+  nodes = np.asarray(nodes, np.int64).ravel()
+  n = graph.n_features
+  if not len(nodes) or nodes.min() < 0 or nodes.max() >= n:
+    raise ValueError(f"nodes must index the graph's {n} features, got {nodes.tolist()}")
+  acts = graph.activations.astype(np.float64)
+  # J[t, s] = d pre_t / d a_s: the edges per unit of activation.
+  jac = graph.adjacency[:n, :n].astype(np.float64) / np.where(acts == 0, 1, acts)[None]
+  fixed = np.zeros(n)
+  fixed[nodes] = (factor - 1) * acts[nodes]
+  clamped = np.zeros(n, bool)
+  clamped[nodes] = True
+  delta = fixed.copy()
+  for _ in range(graph.layers):  # edges rise in layer: depth passes reach every feature
+    delta = np.where(clamped, fixed, jac @ delta)
+  to_target = graph.adjacency[graph.slices()["targets"], :n].astype(np.float64)
+  return (to_target / np.where(acts == 0, 1, acts)[None]) @ delta
+
+
+def steer(
+  params: Params,
+  config: BertConfig,
+  tc: Params,
+  graph: Graph,
+  nodes,
+  factor: float,
+) -> np.ndarray:
+  """(K,) the change in each target when the model itself runs with features `nodes` of
+  `graph` multiplied by `factor`: each feature's decoder rows times (factor - 1) times its
+  activation are added to the FFN outputs it writes to (at its position), and everything
+  else, attention, norms and the model's own FFNs, responds as it will."""
+  nodes = np.asarray(nodes, np.int64).ravel()
+  if not len(nodes) or nodes.min() < 0 or nodes.max() >= graph.n_features:
+    raise ValueError(f"nodes must index the graph's {graph.n_features} features")
+  delta = np.zeros((graph.layers, graph.n_pos, tc["b_dec"].shape[-1]), np.float32)
+  for i in nodes:
+    layer, pos, latent = (int(v) for v in graph.features[i])
+    rows = np.asarray(tc["W_dec"][layer][latent])  # (R, H)
+    delta[layer : layer + len(rows), pos] += (factor - 1) * graph.activations[i] * rows
+  got = _steered(params, config, jnp.asarray(graph.input_ids), jnp.asarray(delta), graph.targets)
+  return np.asarray(got) - graph.target_values
+
+
+@functools.partial(jax.jit, static_argnames=("config", "targets"))
+def _steered(params, config, ids, delta, targets):
+  patch = {"ffn_out": lambda v, i: v + delta[i][None].astype(v.dtype)}
+  out = forward(params, config, ids[None], patch=patch)
+  return _target_values(params, config, targets, out.last_hidden_state[0])
