@@ -60,6 +60,7 @@ ORDER = (
   "model_compression",
   "causal_variables",
   "transcoders",
+  "attribution_graphs",
 )
 
 

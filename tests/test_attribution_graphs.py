@@ -360,3 +360,39 @@ def test_graph_predicts_the_local_replacement_models_response(tiny):
     differs += np.abs(model - G.predict(graph, nodes, 0.0)).max() > 1e-3
   assert differs  # the frozen linearisation is not the model
   np.testing.assert_allclose(G.steer(params, config, tc, graph, top[:1], 1.0), 0, atol=1e-5)
+
+
+def test_view_holds_the_pruned_graph(tiny):
+  *_, graph = tiny
+  pruned = G.prune(graph, 0.5, 0.9)
+  view = G.view(graph, pruned)
+  assert len(view["nodes"]) == pruned.node_mask.sum()
+  kept = np.nonzero(pruned.node_mask)[0]
+  for s, t, w in view["edges"]:
+    assert pruned.edge_mask[kept[t], kept[s]]
+    assert w == pytest.approx(float(graph.adjacency[kept[t], kept[s]]), rel=1e-3)
+  assert view["scores"] == G.scores(graph)
+  logit, projection = view["nodes"][-2:]
+  assert logit["kind"] == projection["kind"] == "target"
+  assert logit["position"] == 2 and projection["position"] is None  # a Logit's, the pooled
+
+
+def test_max_features_keeps_the_full_graphs_rows_of_the_chosen(tiny):
+  """`max_features` chooses features as circuit-tracer does and keeps their rows as the full
+  graph has them; the first batch is the features of most direct influence on the targets."""
+  params, config, tc, tc_config, ids, targets, full = tiny
+  part = G.attribute(params, config, tc, tc_config, ids, targets, max_features=20, batch=8)
+  index = {tuple(f): i for i, f in enumerate(full.features.tolist())}
+  chosen = np.array([index[tuple(f)] for f in part.features.tolist()])
+  assert len(chosen) == 20 and (np.diff(chosen) > 0).all()
+  n = full.n_features
+  a = full.adjacency
+  cols = np.concatenate([chosen, np.arange(n, a.shape[0])])
+  rows = np.concatenate([chosen, np.arange(a.shape[0] - len(targets), a.shape[0])])
+  np.testing.assert_allclose(part.adjacency[:20], a[chosen][:, cols], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(part.adjacency[-2:], a[rows[-2:]][:, cols], rtol=1e-5, atol=1e-6)
+  assert not part.adjacency[20 : -len(targets)].any()  # errors and embeddings: no inputs
+  direct = G.normalized(a[a.shape[0] - 2 :])[:, :n].T @ full.target_weights  # (n,)
+  assert set(np.argsort(-direct, kind="stable")[:8]) <= set(chosen)
+  const = full.constants[np.concatenate([chosen, n + np.arange(len(targets))])]
+  np.testing.assert_allclose(part.constants, const, rtol=1e-4, atol=1e-4)

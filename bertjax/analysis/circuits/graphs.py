@@ -355,17 +355,26 @@ def attribute(
   target_rows = compute(n + np.arange(k))
   chosen: list[np.ndarray] = []
   feature_rows: list[np.ndarray] = []
-  while sum(map(len, chosen)) < limit:
-    done = sum(map(len, chosen))
-    if limit == n:  # every feature: no ranking needed
+  # For the selection: the rows so far, normalised, and which feature each row is (-1: a
+  # target), filled a batch at a time.
+  ranking = limit < n
+  norm = np.zeros((k + limit, target_rows.shape[1]) if ranking else (0, 0), np.float32)
+  row_node = np.full(k + limit, -1, np.int64)
+  filled = _normalise_into(norm, 0, target_rows) if ranking else 0
+  done = 0
+  while done < limit:
+    if not ranking:  # every feature: no ranking needed
       which = np.arange(done, min(done + batch, n))
     else:
-      ranked = _partial_influence(target_rows, feature_rows, chosen, n, weights)
-      if chosen:
-        ranked[np.concatenate(chosen)] = -np.inf
+      ranked = _partial_influence(norm[:filled], row_node[:filled], weights, n)
+      ranked[row_node[k:filled]] = -np.inf
       which = np.sort(np.argsort(-ranked, kind="stable")[: min(batch, limit - done)])
     chosen.append(which)
     feature_rows.append(compute(which))
+    if ranking:
+      row_node[filled : filled + len(which)] = which
+      filled = _normalise_into(norm, filled, feature_rows[-1])
+    done += len(which)
     next(bar, None)
   for _ in bar:
     pass
@@ -395,22 +404,27 @@ def attribute(
   )
 
 
-def _partial_influence(target_rows, feature_rows, chosen, n, weights, max_iter=1000):
-  """(n,) each feature's influence on the targets through the rows computed so far
-  (circuit-tracer's `compute_partial_influences`): rows normalised over all sources."""
-  rows = np.concatenate([target_rows, *feature_rows]).astype(np.float64)
-  norm = np.abs(rows) / np.maximum(np.abs(rows).sum(1, keepdims=True), 1e-8)
-  k = len(target_rows)
-  # Where each row's node sits in the sources' order (targets are no source: index -1).
-  row_node = np.concatenate([np.full(k, -1), *chosen]).astype(np.int64)
-  prod = np.concatenate([weights, np.zeros(len(rows) - k)])
-  total = np.zeros(rows.shape[1])
+def _normalise_into(norm, start: int, rows) -> int:
+  """Writes |rows| / their sums into `norm[start:]`; returns the next free row."""
+  a = np.abs(rows)
+  norm[start : start + len(rows)] = a / np.maximum(a.sum(1, keepdims=True), 1e-8)
+  return start + len(rows)
+
+
+def _partial_influence(norm, row_node, weights, n, max_iter=1000):
+  """(n,) each feature's influence on the targets through the normalised rows computed so
+  far, `norm`, whose nodes are `row_node` (-1: a target) (circuit-tracer's
+  `compute_partial_influences`)."""
+  k = len(weights)
+  prod = np.zeros(len(norm), np.float32)
+  prod[:k] = weights
+  total = np.zeros(norm.shape[1], np.float64)
   for _ in range(max_iter):
     flow = prod @ norm  # (sources,)
     if not flow.any():
       return total[:n]
     total += flow
-    prod = np.where(row_node >= 0, flow[np.maximum(row_node, 0)], 0.0)
+    prod = np.where(row_node >= 0, flow[np.maximum(row_node, 0)], 0).astype(np.float32)
   raise RuntimeError("influence did not converge: the graph has a cycle")
 
 
@@ -505,6 +519,36 @@ def scores(graph: Graph) -> dict[str, float]:
   return {
     "replacement": float(token / (token + error)),
     "completeness": float((non_error * out).sum() / out.sum()),
+  }
+
+
+def view(graph: Graph, pruned: Pruned, tokens=None) -> dict[str, Any]:
+  """The pruned graph as plain data (JSON-ready): "tokens", "targets", "scores" and the kept
+  "nodes" (kind, layer, position, latent, activation, influence) and "edges", each
+  `[source, target, weight]` with source and target indices into "nodes"."""
+  node_influence = influence(normalized(graph.adjacency), _weights(graph))
+  keep = np.nonzero(pruned.node_mask)[0]
+  index = {int(n): i for i, n in enumerate(keep)}
+  nodes = []
+  for n in keep:
+    node = {**graph.node(int(n)), "influence": float(node_influence[n])}
+    if node["kind"] == "feature":
+      node["activation"] = float(graph.activations[n])
+    if node["kind"] == "target":
+      node["value"] = float(graph.target_values[node["index"]])
+      node["position"] = getattr(graph.targets[node["index"]], "position", None)
+    nodes.append(node)
+  dst, src = np.nonzero(pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None])
+  edges = [
+    [index[int(s)], index[int(t)], float(f"{graph.adjacency[t, s]:.4g}")] for t, s in zip(dst, src)
+  ]
+  ids = graph.input_ids.tolist()
+  return {
+    "tokens": list(tokens) if tokens is not None else ids,
+    "targets": [getattr(t, "label", "") or type(t).__name__ for t in graph.targets],
+    "scores": scores(graph),
+    "nodes": nodes,
+    "edges": edges,
   }
 
 
