@@ -52,6 +52,7 @@ TUTORIALS = (
   ("docs/tutorials/clark_attention.py", "Clark et al.'s attention statistics"),
   ("docs/tutorials/negation_patching.py", "Patching and attribution on negation"),
   ("docs/tutorials/adding_a_family.py", "Adding a family"),
+  ("docs/tutorials/attribution_graphs.py", "An attribution graph of negation"),
 )
 TUTORIAL_TIMEOUT = 900  # seconds a tutorial's cell may run
 # Where each package's source lies: the top-level kernels/ installs as bertjax.kernels.

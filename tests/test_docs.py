@@ -116,11 +116,12 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path, monkeypatch):
 def test_tutorials_run_and_show_their_output(site):
   """Each tutorial's page holds its prose, its code and what the code printed and drew."""
   out, counts = site
-  assert counts["tutorials"] == len(build.TUTORIALS) == 3
+  assert counts["tutorials"] == len(build.TUTORIALS) == 4
   expected = {
     "clark_attention": ("most to [CLS]", "largest difference"),
     "negation_patching": ("held-out accuracy", "exact against attribution patching", "attnlrp"),
     "adding_a_family": ("camembert", "MLM logits: largest difference", "CamembertForMaskedLM"),
+    "attribution_graphs": ("FVU by layer", "active features", "completeness", "sign agreement"),
   }
   for source, title in build.TUTORIALS:
     page = out / build.tutorial_page(source).replace(".md", ".html")
@@ -129,7 +130,8 @@ def test_tutorials_run_and_show_their_output(site):
     for shown in expected[pathlib.Path(source).stem]:
       assert shown in text, (source, shown)
   figures = sorted((out / "tutorials").glob("*.png"))
-  assert {f.name.rsplit("-", 1)[0] for f in figures} == {"clark_attention", "negation_patching"}
+  drew = {"clark_attention", "negation_patching", "attribution_graphs"}
+  assert {f.name.rsplit("-", 1)[0] for f in figures} == drew
   assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
   # The figures are on the pages, not only beside them: one <img> per figure, each at its file.
   for source, _ in build.TUTORIALS:
