@@ -224,12 +224,15 @@ def _local_model(params, config, tc, emb, groups, errors, targets):
   t = emb.shape[0]
 
   def run(s_embed, s_features, s_errors):
-    written = tc["b_dec"][:, None, :] + errors * s_errors[..., None]  # (L, T, H)
+    # Each block's FFN output as its own array: a stacked one updated in place would make
+    # the backward pass copy a (rows, L, T, H) cotangent at every block.
+    written = [tc["b_dec"][j] + errors[j] * s_errors[j][:, None] for j in range(len(errors))]
     scale = jnp.concatenate([s_features, jnp.zeros(1)])  # slot -1: the empty one
     for layer, w in enumerate(tc["W_dec"]):
       rows = w[latent[layer]]  # (T, c, R, H)
-      write = jnp.einsum("tc,tcrh->rth", act[layer] * scale[slot[layer]], rows)
-      written = written.at[layer : layer + w.shape[1]].add(write)
+      a = act[layer] * scale[slot[layer]]
+      for r in range(w.shape[1]):  # one product per layer written (a slice would pad)
+        written[layer + r] = written[layer + r] + jnp.einsum("tc,tch->th", a, rows[:, :, r])
     out = run_layers(
       params,
       frozen_cfg,
@@ -237,7 +240,7 @@ def _local_model(params, config, tc, emb, groups, errors, targets):
       jnp.ones((1, t), jnp.int32),
       capture=("ffn_in",),
       patch={"ffn_out": lambda v, i: written[i][None].astype(v.dtype)},
-      unroll=True,
+      unroll=True,  # so that i is the block's index as an int
     )
     return out.cache["ffn_in"][:, 0], _target_values(params, frozen_cfg, targets, out.last[0])
 
@@ -257,10 +260,10 @@ def _rows(params, config, tc, emb, groups, errors, features, targets, which):
   layer, pos, latent = features[:, 0], features[:, 1], features[:, 2]
 
   def one(i):
-    f = jnp.minimum(i, n - 1)
-    cot_x = jnp.zeros_like(x).at[layer[f], pos[f]].set(tc["W_enc"][layer[f], :, latent[f]])
-    cot_x = jnp.where(i < n, cot_x, 0.0)
-    cot_t = jnp.where(i < n, 0.0, jax.nn.one_hot(i - n, k, dtype=values.dtype))
+    f, is_feature = jnp.minimum(i, n - 1), (i < n).astype(x.dtype)
+    column = tc["W_enc"][layer[f], :, latent[f]] * is_feature  # (masked, not selected:
+    cot_x = jnp.zeros_like(x).at[layer[f], pos[f]].set(column)  # no pass over the zeros)
+    cot_t = jax.nn.one_hot(i - n, k, dtype=values.dtype) * (1 - is_feature)
     return vjp((cot_x, cot_t))
 
   return jax.vmap(one)(which)
