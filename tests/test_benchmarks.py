@@ -277,3 +277,13 @@ def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
   # The floors the benchmark's docstring and the manual quote.
   assert round(ours["eap"] / ours["forward"], 2) == 3.41
   assert round(ours["eap_ig_5"] / ours["forward"], 2) == 10.87
+
+
+def test_graph_benchmark_smoke():
+  out = _run("bench_graphs.py", "--smoke")
+  doc = json.loads(out[out.index("{") :])
+  assert doc["smoke"] and doc["machine"]["cpu"]
+  row = doc["models"]["tiny"]
+  full, chosen = row["all features"], row["max_features=64"]
+  assert len(full["seconds"]) == 2 and full["features"] > chosen["features"] == 64
+  assert full["rows"] == full["features"] + 1 and full["flops"] > chosen["flops"] > 0

@@ -44,7 +44,7 @@ direction = tuple(float(v) for v in weight[:, 1] - weight[:, 0])
 # The features of layer l read that block's FFN input and write to the FFN outputs of l and
 # every later layer. A real one is trained on many more tokens (`experiments/transcoders.py`
 # trains on 102k WikiText-2 tokens); this one sees the project's 385 sentences, a few
-# thousand tokens, for 120 steps.
+# thousand tokens, for 100 steps.
 
 # %%
 batches = [
@@ -52,7 +52,7 @@ batches = [
 ]
 x, y = tcs.activations(params, config, batches)  # (tokens, 6, 384) FFN inputs and outputs
 cfg = tcs.TranscoderConfig(d_model=384, layers=6, latents=1536, k=16, cross_layer=True, lr=2e-3)
-state, log = tcs.train(x, y, cfg, steps=120, batch_tokens=512, progress=False)
+state, log = tcs.train(x, y, cfg, steps=100, batch_tokens=512, progress=False)
 print("FVU by layer", np.round(tcs.evaluate(state.params, cfg, x, y)["fvu"], 3))
 
 # %% [markdown]
