@@ -82,7 +82,10 @@ class Graph:
     targets: the `Logit`/`Projection` targets; `target_values` (K,); `target_weights` (K,)
       each target's weight in influence (default 1/K).
     constants: (N + K,) each feature's pre-activation and each target's value less the sum
-      of its row: what biases contribute (0 edges can change it).
+      of its edges from every active feature, error and embedding: what the biases (b_dec,
+      the attention and norm biases, the head's) contribute, which no node carries. With
+      `max_features`, a row of `adjacency` lacks the edges from the features left out, so
+      it and its constant fall short of the input by theirs.
   """
 
   adjacency: np.ndarray
