@@ -217,11 +217,12 @@ def _groups(features, acts, depth: int, t: int, width: int):
   return slot, latent, np.where(slot >= 0, acts[np.maximum(slot, 0)], 0.0).astype(np.float32)
 
 
-def _local_model(params, config, tc, emb, groups, errors, targets):
+def _local_model(params, config, tc, emb, groups, errors, targets, stop: int):
   """The frozen local replacement model as a function of the nodes' scales (1 = as is):
-  `(s_embed (T,), s_features (N,), s_errors (L, T)) -> (FFN inputs (L, T, H), targets (K,))`.
-  Under cp-lrp its gradient is that of the model with attention patterns and norm scales
-  frozen; its value at all-ones is the model's."""
+  `(s_embed (T,), s_features (N,), s_errors (L, T)) -> (FFN inputs (stop, T, H), targets
+  (K,))`, run through blocks 0 .. stop - 1 only (the targets, zeros below full depth, need
+  all). Under cp-lrp its gradient is that of the model with attention patterns and norm
+  scales frozen; its value at all-ones is the model's."""
   frozen_cfg = dataclasses.replace(config, relevance_rules="cp-lrp")
   slot, latent, act = groups
   t = emb.shape[0]
@@ -229,35 +230,39 @@ def _local_model(params, config, tc, emb, groups, errors, targets):
   def run(s_embed, s_features, s_errors):
     # Each block's FFN output as its own array: a stacked one updated in place would make
     # the backward pass copy a (rows, L, T, H) cotangent at every block.
-    written = [tc["b_dec"][j] + errors[j] * s_errors[j][:, None] for j in range(len(errors))]
+    written = [tc["b_dec"][j] + errors[j] * s_errors[j][:, None] for j in range(stop)]
     scale = jnp.concatenate([s_features, jnp.zeros(1)])  # slot -1: the empty one
-    for layer, w in enumerate(tc["W_dec"]):
+    for layer, w in enumerate(tc["W_dec"][:stop]):
       rows = w[latent[layer]]  # (T, c, R, H)
       a = act[layer] * scale[slot[layer]]
-      for r in range(w.shape[1]):  # one product per layer written (a slice would pad)
+      for r in range(min(w.shape[1], stop - layer)):  # one product per layer written
         written[layer + r] = written[layer + r] + jnp.einsum("tc,tch->th", a, rows[:, :, r])
     out = run_layers(
       params,
       frozen_cfg,
       (emb * s_embed[:, None])[None],
       jnp.ones((1, t), jnp.int32),
+      stop=stop,
       capture=("ffn_in",),
       patch={"ffn_out": lambda v, i: written[i][None].astype(v.dtype)},
       unroll=True,  # so that i is the block's index as an int
     )
+    if stop < config.depth:
+      return out.cache["ffn_in"][:, 0], jnp.zeros(len(targets))
     return out.cache["ffn_in"][:, 0], _target_values(params, frozen_cfg, targets, out.last[0])
 
   return run
 
 
-@functools.partial(jax.jit, static_argnames=("config", "targets"))
-def _rows(params, config, tc, emb, groups, errors, features, targets, which):
+@functools.partial(jax.jit, static_argnames=("config", "targets", "stop"))
+def _rows(params, config, tc, emb, groups, errors, features, targets, which, stop):
   """(B,) row indices (features, then targets) -> each row's gradients w.r.t. every node
   scale. A feature's row is its encoder column put on its FFN input (the only place its
-  pre-activation reads), so one backward pass serves any mix of rows. `features` (N, 3) may
-  be padded (a padded row is never asked for)."""
+  pre-activation reads), so one backward pass serves any mix of rows; it runs blocks
+  0 .. stop - 1, which must hold every asked feature's layer (all of them for a target).
+  `features` (N, 3) may be padded (a padded row is never asked for)."""
   n, k, t = features.shape[0], len(targets), emb.shape[0]
-  run = _local_model(params, config, tc, emb, groups, errors, targets)
+  run = _local_model(params, config, tc, emb, groups, errors, targets, stop)
   ones = (jnp.ones(t), jnp.ones(n), jnp.ones((config.depth, t)))
   (x, values), vjp = jax.vjp(run, *ones)
   layer, pos, latent = features[:, 0], features[:, 1], features[:, 2]
@@ -350,8 +355,11 @@ def attribute(
 
   def compute(which):  # rows (features, then targets) -> (len, sources) edges
     which = np.where(which < n, which, which - n + n_pad)  # targets after the padded features
-    asked = jnp.asarray(np.pad(which, (0, batch - len(which)), mode="edge"))
-    got = _rows(params, config, tc, emb, groups, errors, padded, targets, asked)
+    asked = np.pad(which, (0, batch - len(which)), mode="edge")
+    # Only the blocks up to the batch's highest feature: a batch of layer-l features needs
+    # blocks 0 .. l (one compiled program per depth used; about half the FLOPs of a graph).
+    stop = depth if (which >= n_pad).any() else int(features[which, 0].max()) + 1
+    got = _rows(params, config, tc, emb, groups, errors, padded, targets, jnp.asarray(asked), stop)
     g_emb, g_feat, g_err = (np.asarray(a) for a in got)
     return np.concatenate([g_feat[:, :n], g_err.reshape(batch, -1), g_emb], 1)[: len(which)]
 
