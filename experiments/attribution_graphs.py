@@ -130,8 +130,7 @@ def run_experiment(args) -> int:
     graph = G.attribute(params, config, tc, tc_cfg, ids, [target], progress=sys.stderr.isatty())
     seconds = time.perf_counter() - started
     pruned = G.prune(graph)
-    node_influence = G.influence(G.normalized(graph.adjacency), G._weights(graph))
-    top = np.argsort(-node_influence[: graph.n_features], kind="stable")[: args.top]
+    top = np.argsort(-G.node_influence(graph)[: graph.n_features], kind="stable")[: args.top]
     predicted, real = [], []
     for i in top:
       for factor in (0.0, 2.0):

@@ -342,8 +342,7 @@ def test_graph_predicts_the_local_replacement_models_response(tiny):
   params, config, tc, _, ids, targets, graph = tiny
   ref = Reference(params, tc, ids, targets)
   live = ref.live[graph.n_features :]
-  influence = G.influence(G.normalized(graph.adjacency), G._weights(graph))[: graph.n_features]
-  top = np.argsort(-influence)[:4]
+  top = np.argsort(-G.node_influence(graph)[: graph.n_features])[:4]
   differs = 0
   for nodes in ([int(top[0])], [int(top[1])], [int(i) for i in top]):
     for factor in (1.002, 0.997):

@@ -95,8 +95,7 @@ plt.show()
 # diagonal, the better the frozen linear picture holds.
 
 # %%
-influence = G.influence(G.normalized(graph.adjacency), G._weights(graph))[: graph.n_features]
-top = np.argsort(-influence)[:12]
+top = np.argsort(-G.node_influence(graph)[: graph.n_features])[:12]
 predicted = [G.predict(graph, [i], 0.0)[0] for i in top]
 real = [G.steer(params, config, state.params, graph, [i], 0.0)[0] for i in top]
 for i, p, r in list(zip(top, predicted, real))[:5]:

@@ -101,10 +101,12 @@ class Graph:
 
   @property
   def n_features(self) -> int:
+    """N, the graph's active features."""
     return len(self.features)
 
   @property
   def n_pos(self) -> int:
+    """T, the sequence's positions."""
     return len(self.input_ids)
 
   def slices(self) -> dict[str, slice]:
@@ -146,6 +148,7 @@ class Graph:
 
   @classmethod
   def load(cls, path) -> Graph:
+    """A graph `save` wrote."""
     with np.load(path) as f:
       data = {k: f[k] for k in f.files}
     kinds = {"Logit": Logit, "Projection": Projection}
@@ -350,7 +353,7 @@ def attribute(
   counts = np.bincount(features[:, 0] * t + features[:, 1], minlength=depth * t)
   width = tc_config.k if tc_config.activation == "topk" else -(-max(counts.max(), 1) // 8) * 8
   groups = tuple(jnp.asarray(a) for a in _groups(features, acts, depth, t, width))
-  padded = jnp.asarray(np.pad(features, ((0, -n % 256 or 0), (0, 0))))
+  padded = jnp.asarray(np.pad(features, ((0, max(256, -(-n // 256) * 256) - n), (0, 0))))
   n_pad = padded.shape[0]
 
   def compute(which):  # rows (features, then targets) -> (len, sources) edges
@@ -464,6 +467,11 @@ def influence(matrix, weights, max_iter: int = 1000) -> np.ndarray:
   raise RuntimeError(f"influence did not converge in {max_iter} steps: the graph has a cycle")
 
 
+def node_influence(graph: Graph) -> np.ndarray:
+  """(n,) each node's total influence on the weighted targets (circuit-tracer's ranking)."""
+  return influence(normalized(graph.adjacency), _weights(graph))
+
+
 def _weights(graph: Graph) -> np.ndarray:
   w = np.zeros(graph.adjacency.shape[0])
   w[graph.slices()["targets"]] = graph.target_weights
@@ -477,6 +485,8 @@ def _threshold(scores, keep: float):
 
 
 class Pruned(NamedTuple):
+  """What `prune` keeps: node and edge masks, and each node's cumulative influence share."""
+
   node_mask: np.ndarray  # (n,) bool: nodes kept
   edge_mask: np.ndarray  # (n, n) bool: edges kept
   cumulative: np.ndarray  # (n,) each node's cumulative share of influence, in rank order
@@ -493,8 +503,8 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
   weights = _weights(graph)
   s = graph.slices()
   fixed = s["embeddings"].start  # features and errors come before it
-  node_influence = influence(normalized(graph.adjacency), weights)
-  nodes = node_influence >= _threshold(node_influence, node_threshold)
+  ranking = influence(normalized(graph.adjacency), weights)
+  nodes = ranking >= _threshold(ranking, node_threshold)
   nodes[fixed:] = True
   kept = np.where(nodes[:, None] & nodes[None, :], graph.adjacency, 0.0)
   norm = normalized(kept)
@@ -512,9 +522,9 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
     before = nodes.copy()
     edges &= nodes[:, None] & nodes[None, :]
     drop_loose()
-  order = np.argsort(-node_influence, kind="stable")
-  cumulative = np.zeros_like(node_influence)
-  cumulative[order] = np.cumsum(node_influence[order]) / node_influence.sum()
+  order = np.argsort(-ranking, kind="stable")
+  cumulative = np.zeros_like(ranking)
+  cumulative[order] = np.cumsum(ranking[order]) / ranking.sum()
   return Pruned(nodes, edges, cumulative)
 
 
@@ -525,11 +535,11 @@ def scores(graph: Graph) -> dict[str, float]:
   weights = _weights(graph)
   s = graph.slices()
   norm = normalized(graph.adjacency)
-  node_influence = influence(norm, weights)
-  token = node_influence[s["embeddings"]].sum()
-  error = node_influence[s["errors"]].sum()
+  ranking = influence(norm, weights)
+  token = ranking[s["embeddings"]].sum()
+  error = ranking[s["errors"]].sum()
   non_error = 1 - norm[:, s["errors"]].sum(1)
-  out = node_influence + weights
+  out = ranking + weights
   return {
     "replacement": float(token / (token + error)),
     "completeness": float((non_error * out).sum() / out.sum()),
@@ -540,12 +550,12 @@ def view(graph: Graph, pruned: Pruned, tokens=None) -> dict[str, Any]:
   """The pruned graph as plain data (JSON-ready): "tokens", "targets", "scores" and the kept
   "nodes" (kind, layer, position, latent, activation, influence) and "edges", each
   `[source, target, weight]` with source and target indices into "nodes"."""
-  node_influence = influence(normalized(graph.adjacency), _weights(graph))
+  ranking = node_influence(graph)
   keep = np.nonzero(pruned.node_mask)[0]
   index = {int(n): i for i, n in enumerate(keep)}
   nodes = []
   for n in keep:
-    node = {**graph.node(int(n)), "influence": float(node_influence[n])}
+    node = {**graph.node(int(n)), "influence": float(ranking[n])}
     if node["kind"] == "feature":
       node["activation"] = float(graph.activations[n])
     if node["kind"] == "target":
