@@ -14,10 +14,12 @@ a projection of the pooled state as the target:
 * the graph with every active feature's row, first call (compiling) and second call;
 * the graph with `max_features` (circuit-tracer's selection by influence), second call.
 
-Beside each graph: its rows, and the FLOPs of their backward passes through the frozen model
-(per row and block, the value and output projections' input gradients and the two products
-with the frozen pattern; the decoder's transposed writes), the floor a row-by-row graph
-cannot go below. Results name the CPU and its ISA.
+Beside each graph: its rows, and the FLOPs of their backward passes if every row ran
+through every block of the frozen model (per row and block, the value and output
+projections' input gradients and the two products with the frozen pattern; the decoder's
+transposed writes). `attribute` runs a batch of layer-l features through blocks 0 .. l
+only, so its work is about (l + 1) / depth of that, half on average; "GFLOP/s" divides the
+full-depth count. Results name the CPU and its ISA.
 """
 
 from __future__ import annotations
