@@ -52,9 +52,7 @@ def draw(view: Mapping, ax, *, title: str = "") -> None:
   ax.set_xticks(range(len(tokens)))
   ax.set_xticklabels(tokens, rotation=60, ha="right", fontsize=8)
   ax.set_yticks(range(-1, layers + 1))
-  ax.set_yticklabels(
-    ["emb"] + [str(i + 1) for i in range(layers)] + ["target"][: layers + 1 - layers]
-  )
+  ax.set_yticklabels(["emb"] + [str(i + 1) for i in range(layers)] + ["target"])
   ax.set(ylabel="layer", title=title)
   ax.legend(loc="upper left", fontsize=7, markerscale=0.5)
 
