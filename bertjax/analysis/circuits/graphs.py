@@ -46,6 +46,7 @@ import numpy as np
 
 from bertjax import timing
 from bertjax.analysis.circuits.transcoders import Params, TranscoderConfig, latents_at
+from bertjax.analysis.circuits.transcoders import predict as predict_ffn
 from bertjax.model.config import BertConfig
 from bertjax.model.forward import forward, run_layers
 from bertjax.model.heads import mlm_logits
@@ -298,15 +299,6 @@ def _clean(params, config, tc, tc_config, ids, targets):
   return x, y, z, values, out.cache["embeddings"][0]
 
 
-def _decode_all(tc, tc_config, z):
-  # (L, T, H) each layer's predicted FFN output from dense latents z (L, T, m).
-  out = tc["b_dec"][:, None, :] + jnp.zeros(z.shape[:2] + tc["b_dec"].shape[-1:])
-  for layer, w in enumerate(tc["W_dec"]):
-    write = jnp.einsum("tm,mrh->rth", z[layer], w)
-    out = out.at[layer : layer + w.shape[1]].add(write)
-  return out
-
-
 def attribute(
   params: Params,
   config: BertConfig,
@@ -342,7 +334,7 @@ def attribute(
   if max_features is not None and max_features < 1:
     raise ValueError(f"max_features={max_features} must be at least 1 (or None: all)")
   x, y, z, values, emb = _clean(params, config, tc, tc_config, ids, targets)
-  errors = y - _decode_all(tc, tc_config, z)
+  errors = y - jnp.swapaxes(predict_ffn(tc, tc_config, jnp.swapaxes(x, 0, 1)), 0, 1)
   z = np.asarray(z)
   layer, pos, latent = np.nonzero(z)  # layer-major
   features = np.stack([layer, pos, latent], 1).astype(np.int32)
