@@ -285,7 +285,9 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   )
   f, fall = r["frequency"], r["sink_share"]["intact"] - r["sink_share"]["disabled"]
   by_type = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
-  lo_r, hi_r = stats.bootstrap_ci(by_type, outliers.mean_frequency_correlation, n_resamples=n // 4)
+  lo_r, hi_r = stats.bootstrap_ci(
+    by_type, outliers.mean_frequency_correlation, n_resamples=n // 4, vectorized=True
+  )
   second = claims.note(
     f"95% CI over the {len(f['log_count']):,} token types ({n // 4} resamples): mean "
     f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",

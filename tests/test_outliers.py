@@ -194,6 +194,17 @@ def test_frequency_correlation_against_a_loop():
     want = sps.spearmanr(per_type, np.log1p(counts[uniq])).statistic
     assert got["rho"][j] == pytest.approx(want, abs=1e-12), d
   assert got["types"] == len(uniq)
+  # The claim's one number, unbatched and over a leading axis of resamples (as bootstrapped).
+  per_type, log_count = np.asarray(got["per_type"]), np.log1p(counts[uniq])
+  mean = outliers.mean_frequency_correlation(per_type, log_count)
+  assert mean == pytest.approx(np.mean(got["rho"]), abs=1e-12)
+  idx = rng.integers(0, len(uniq), (3, len(uniq)))
+  batched = outliers.mean_frequency_correlation(per_type[idx], log_count[idx])
+  want = [
+    np.mean([sps.spearmanr(p, c).statistic for p in per_type[i].T])
+    for i, c in zip(idx, log_count[idx])
+  ]
+  np.testing.assert_allclose(batched, want, atol=1e-12)
 
 
 def test_dimension_activations_are_the_hidden_states_of_real_ordinary_tokens():

@@ -128,6 +128,29 @@ def test_a_per_layer_transcoder_writes_to_its_own_layer_only():
   np.testing.assert_allclose(np.linalg.norm(np.asarray(tc["W_dec"][0]), axis=(1, 2)), 1, atol=1e-6)
 
 
+def test_sparse_write_and_its_gradients_are_the_dense_products():
+  # Repeated latents in a row (index 3 twice) must add up, in the write and the scatter-add.
+  rng = np.random.default_rng(5)
+  values = rng.normal(size=(6, 4)).astype(np.float32)
+  indices = rng.integers(0, 9, (6, 4)).astype(np.int32)
+  indices[0, :2] = 3
+  w = rng.normal(size=(9, 3, 5)).astype(np.float32)
+  g = rng.normal(size=(6, 3, 5))
+  z = np.zeros((6, 9))
+  np.add.at(z, (np.arange(6)[:, None], indices), values)  # the dense latents, float64
+  dense = np.einsum("nm,mrd->nrd", z, w)
+  np.testing.assert_allclose(tcs.sparse_write(values, indices, w), dense, rtol=1e-5, atol=1e-5)
+
+  @jax.jit
+  def grads(values, w):
+    return jax.grad(lambda v, w: jnp.sum(tcs.sparse_write(v, indices, w) * g), (0, 1))(values, w)
+
+  d_values, d_w = grads(values, w)
+  want_values = np.einsum("nrd,nkrd->nk", g, w[indices])
+  np.testing.assert_allclose(d_values, want_values, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(d_w, np.einsum("nm,nrd->mrd", z, g), rtol=1e-5, atol=1e-5)
+
+
 def test_jumprelu_and_its_estimators_are_the_closed_forms():
   rng = np.random.default_rng(5)
   pre = rng.normal(size=(40, 6)).astype(np.float32)

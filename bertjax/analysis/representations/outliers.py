@@ -323,12 +323,15 @@ def with_and_without(
   }
 
 
-def mean_frequency_correlation(per_type, log_count) -> float:
+def mean_frequency_correlation(per_type, log_count):
   """The mean over the dimensions of `frequency_correlation`'s `rho`, from its `per_type`
-  (types, k) and `log_count` (types,): Puccetti et al.'s claim in one number, a function of
-  the token types so that it can be bootstrapped over them (`stats.bootstrap_ci`)."""
-  rho = [stats.spearman(per_type[:, j], log_count) for j in range(per_type.shape[1])]
-  return float(np.mean(rho))
+  (..., types, k) and `log_count` (..., types): Puccetti et al.'s claim in one number, a
+  function of the token types so that it can be bootstrapped over them (`stats.bootstrap_ci`,
+  vectorized: leading axes are resamples). A float for unbatched arrays."""
+  per_type, log_count = np.asarray(per_type), np.asarray(log_count)
+  rho = stats.spearman_rows(np.swapaxes(per_type, -1, -2), log_count[..., None, :])
+  mean = np.mean(rho, -1)
+  return float(mean) if mean.ndim == 0 else mean
 
 
 def probe_without_dimensions(
