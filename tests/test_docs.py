@@ -1,6 +1,6 @@
 """The documentation site (`docs/build.py`, `./run.sh docs`): MkDocs builds it strictly, every
 module has its API page from its docstrings, every link inside the site resolves to a page and
-an anchor that exist, links to repository files become their paths, and the three tutorials
+an anchor that exist, links to repository files become their paths, and the four tutorials
 run (on the real MiniLM, in a fresh kernel) with their output on their pages."""
 
 import html
@@ -49,9 +49,13 @@ def _parse(path: pathlib.Path) -> _Links:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, minilm_dir):
-  """The whole site, tutorials run (they read the real MiniLM)."""
+  """The whole site, tutorials run (they read the real MiniLM) as a user runs them: with
+  XLA's optimisations, not the suite's cheap compiles (`tests/conftest.py`), under which the
+  attribution-graph tutorial's transcoder training ran for minutes instead of a minute."""
   out = tmp_path_factory.mktemp("docs") / "site"
-  counts = build.build(out)
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "0")
+    counts = build.build(out)
   return out, counts
 
 
