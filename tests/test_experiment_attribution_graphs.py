@@ -1,6 +1,7 @@
 """Checks of `experiments/attribution_graphs.py`: its verdict rule, and its smoke run's graphs
 and intervention pairs (`check_smoke`, run by `test_experiments.py` on that run)."""
 
+import json
 import pathlib
 
 import numpy as np
@@ -35,3 +36,13 @@ def check_smoke(doc: dict, out: pathlib.Path) -> None:
     assert len(e["top"]) == min(s["top"], e["features"])
   assert doc["findings"] == A.findings(r, s)
   assert (out / "attribution_graphs_checks.png").is_file()
+  # One interactive page per example (`bertjax.report.graph_page`), its features' contexts in.
+  assert len(r["pages"]) == len(A.EXAMPLES) and len(set(r["pages"])) == len(r["pages"])
+  for page, e in zip(r["pages"], r["examples"].values()):
+    text = (out / page).read_text()
+    assert page.startswith("attribution_graphs_") and page.endswith(".html")
+    assert text.count('class="node ') == len(e["graph"]["nodes"])
+    blob = text[text.index('"application/json">') + 19 : text.index("</script>")]
+    drawn = json.loads(blob.replace("<\\/", "</"))["nodes"]
+    assert all(isinstance(n["contexts"], list) for n in drawn)
+    assert all(n["kind"] == "feature" for n in drawn if n["contexts"])

@@ -75,6 +75,15 @@ def _report_parser(sub) -> None:
     "anisotropy, pos, effective, attribution, circuit, outliers, sae, disentangled "
     "(DeBERTa) (default: all)",
   )
+  p.add_argument(
+    "--transcoders",
+    default=None,
+    metavar="DIR",
+    help="a transcoder of this model saved by bertjax.analysis.circuits.transcoders.save "
+    "(python -m experiments.transcoders --save-transcoders DIR writes one): the report also "
+    "writes graph.html, the interactive attribution graph of a negated sentence for the "
+    "task's probe, with each feature's top WikiText-2 contexts (default: no graph page)",
+  )
   p.add_argument("--quiet", action="store_true", help="no progress lines")
   _debug_argument(p)
   p.set_defaults(run=_run_report)
@@ -90,6 +99,7 @@ def _run_report(args) -> int:
     reduced=args.reduced,
     progress=not args.quiet,
     sections=None if args.sections is None else args.sections.split(","),
+    transcoders=args.transcoders,
   )
   print(f"report: {results['files'][0]} ({results['timing']['total_seconds']:.1f}s)")
   return 0

@@ -21,7 +21,7 @@ import bertjax
 from bertjax import utils
 from bertjax.analysis.attention import patterns as attention_patterns
 from bertjax.hub import DEFAULT_MODEL
-from bertjax.report import figures, inputs, page, reading, sections
+from bertjax.report import figures, graph_page, inputs, page, reading, sections
 from bertjax.report.settings import LAYER_NUMBERING, ReportSettings
 from bertjax.tasks import passages as tasks_passages
 from bertjax.tasks import text_batches
@@ -328,10 +328,12 @@ def _run_sections(
   ud_files: Sequence[pathlib.Path],
   data_dir,
   data_path,
+  graph=None,
 ) -> dict:
   """Sections 1-12, and 13 on DeBERTa (timed and logged one by one), keyed as in
   `report.json`; a section that fails is `{"failed": True, "error": ...}` and the others
-  still run (`_guarded`); one left out by `run.sections` is `{"skipped": True, ...}`."""
+  still run (`_guarded`); one left out by `run.sections` is `{"skipped": True, ...}`.
+  `graph(task, fitted task)`, when given, is the last stage: "graph"."""
   params, config, tok = run.params, run.config, run.tok
   fitted = _guarded(
     run,
@@ -348,8 +350,31 @@ def _run_sections(
     # Only the task is a hard need: section 13 still runs when 1 or 2 failed (it says so).
     needs = {"task": found["task"]} if "task" in NEEDS.get(name, ()) else None
     found[name] = _guarded(run, name, what, compute, needs)
+  if graph is not None:
+    found["graph"] = graph(found["task"], found["task_state"])
   # report.json's order: sections 1-2, then the task, then the rest.
-  return {k: found[k] for k in ("clark", "patterns", "task", *(s[0] for s in stages[2:]))}
+  keys = ("clark", "patterns", "task", *(s[0] for s in stages[2:]), "graph")
+  return {k: found[k] for k in keys if k in found}
+
+
+def _graph(run: _Run, transcoders, own, out: pathlib.Path, data_path):
+  """The attribution graph page's stage (`graph_page.report_graph`), guarded as a section
+  is: it reads the fitted task's probe, so it runs where the task ran."""
+
+  def stage(task: dict, fitted: dict | None) -> dict:
+    if skipped(task):
+      return {"skipped": True, "reason": "not run: it reads the task section, not asked for"}
+    return _guarded(
+      dataclasses.replace(run, sections=None),
+      "graph",
+      "attribution graph",
+      lambda: graph_page.report_graph(
+        run.params, run.config, run.tok, transcoders, fitted, own, out, data_dir=data_path
+      ),
+      needs={"task": task},
+    )
+
+  return stage
 
 
 def _model_section(run: _Run, model_path: pathlib.Path, name: str) -> dict:
@@ -397,6 +422,7 @@ def build_report(
   progress: bool = True,
   settings: ReportSettings | None = None,
   sections: Sequence[str] | None = None,
+  transcoders: str | os.PathLike | None = None,
 ) -> dict:
   """Analyses a checkpoint of any family and writes the HTML report.
 
@@ -414,6 +440,9 @@ def build_report(
     sections: compute only these sections (`COMPUTED` ids; `pruning` is computed with
       `ablation`) and the sections they read (`NEEDS`); the others are on the page and in
       `report.json` as not run (`{"skipped": True, "reason": ...}`). None: every section.
+    transcoders: a transcoder of this model saved by `transcoders.save`: the report then
+      also writes `graph.html`, the interactive attribution graph of a negated sentence for
+      the task's probe (`bertjax.report.graph_page.report_graph`), linked from the page.
 
   Returns:
     The results (as written to `report.json`), with `files`: the paths written.
@@ -424,6 +453,8 @@ def build_report(
       `sections` names a section the report does not compute.
   """
   chosen = chosen_sections(sections)
+  if transcoders is not None and not (pathlib.Path(transcoders) / "transcoder.json").is_file():
+    raise FileNotFoundError(f"transcoders={str(transcoders)!r}: no saved transcoder there")
   clock = _Clock(progress)
   settings = settings or (ReportSettings.reduced() if reduced else ReportSettings())
   model_path, name = _resolve_model(model_dir)
@@ -449,7 +480,8 @@ def build_report(
       clock.log(f"no ud_english_ewt/*.conllu under {data_path}; using the built-in sentences")
     texts, batches, text = _read_text(run, own, ud_files if explicit_data else [])
     clock.lap("setup")
-    found = _run_sections(run, own, texts, batches, ud_files, data_dir, data_path)
+    graph = None if transcoders is None else _graph(run, transcoders, own, out, data_path)
+    found = _run_sections(run, own, texts, batches, ud_files, data_dir, data_path, graph)
     results = {
       "layer_numbering": LAYER_NUMBERING,
       "model": _model_section(run, model_path, name),

@@ -748,6 +748,21 @@ def _section(r: dict, figs: dict, reads: dict, section: str, source: str, helper
   return parts
 
 
+def _graph_link(g: dict | None) -> str:
+  """A line linking the attribution graph page, when the report wrote one (`--transcoders`)."""
+  if not g:
+    return ""
+  if g.get("failed") or g.get("skipped"):
+    return f"<p class='note'>Attribution graph: {html_escape(g.get('error') or g['reason'])}</p>"
+  scores = ", ".join(f"{k} {v:.2f}" for k, v in g["scores"].items())
+  return (
+    f"<p>The <a href='{html_escape(g['page'])}'>attribution graph</a> of "
+    f"&ldquo;{html_escape(g['sentence'])}&rdquo; for the task's probe: {g['features']} "
+    f"features and {g['edges']} edges kept ({scores}); hover a feature for its top "
+    f"contexts in {html_escape(g['contexts'])}.</p>"
+  )
+
+
 def render_html(r: dict, figs: dict[str, str]) -> str:
   """The report page from the results of `build_report` and its figure file names.
 
@@ -763,7 +778,7 @@ def render_html(r: dict, figs: dict[str, str]) -> str:
   reads = r.get("readings") or reading.readings(r)
   present = [key for key, _ in SECTIONS if key != "text" or r["text"].get("phenomena")]
   present += [key for key, _, _ in MODEL_SECTIONS if r.get(key)]
-  parts = [*_header(r), _contents(present)]
+  parts = [*_header(r), _graph_link(r.get("graph")), _contents(present)]
   for section, source, helper in _SECTION_HTML:
     parts.extend(_section(r, figs, reads, section, source, helper))
   parts.append("</body></html>")
