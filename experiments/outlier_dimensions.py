@@ -263,8 +263,7 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 # How sure each row is ------------------------------------------------------------------------
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """Held-out words (the probe's right or wrong, paired across conditions); token types (the
-  frequency correlations); the census and the int8 errors are exact counts."""
+  """Held-out words (right or wrong, paired across conditions); token types; the rest exact."""
   exact = claims.note("exact: counted over every token read, nothing sampled")
   if not r["dims"]:
     return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
@@ -285,9 +284,8 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   )
   f, fall = r["frequency"], r["sink_share"]["intact"] - r["sink_share"]["disabled"]
   by_type = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
-  lo_r, hi_r = stats.bootstrap_ci(
-    by_type, outliers.mean_frequency_correlation, n_resamples=n // 4, vectorized=True
-  )
+  rho = outliers.mean_frequency_correlation  # vectorised over resamples
+  lo_r, hi_r = stats.bootstrap_ci(by_type, rho, n_resamples=n // 4, vectorized=True)
   second = claims.note(
     f"95% CI over the {len(f['log_count']):,} token types ({n // 4} resamples): mean "
     f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",

@@ -118,6 +118,10 @@ def test_the_page_in_a_real_browser(setup, tmp_path):
         "() => Array.from(document.querySelectorAll('#detail mark')).map(m => m.textContent)"
       )
       lit = page.evaluate("() => document.querySelectorAll('line.on').length")
+      reached = []  # every node can be hovered: nothing drawn over it takes the pointer
+      for i in range(len(view["nodes"])):
+        page.hover(f"#n{i}", timeout=2000)
+        reached.append(page.evaluate("() => document.querySelector('.node.on').id"))
       page.focus(f"#n{embedding}")
       focused = page.inner_text("#detail h2")
       page.screenshot(path=str(tmp_path / "graph.png"), full_page=True)
@@ -127,6 +131,7 @@ def test_the_page_in_a_real_browser(setup, tmp_path):
     server.server_close()
   assert not problems, problems
   assert counts == [len(view["nodes"]), len(view["edges"])]
+  assert reached == [f"n{i}" for i in range(len(view["nodes"]))]
   node = view["nodes"][feature]
   assert f"feature {node['latent']}, layer {node['layer'] + 1}" in shown
   assert marked == [c["token"] for c in contexts[feature]] and "Top contexts" in shown

@@ -110,9 +110,11 @@ def feature_contexts(
   return out
 
 
-def _layout(view: Mapping) -> list[tuple[float, float]]:
-  # (x, y) of each node: its position's column, its layer's row (the embeddings at the
-  # bottom, the targets on top); nodes sharing a cell spread across it.
+def _layout(view: Mapping) -> list[tuple[float, float, float]]:
+  # (x, y, largest radius) of each node: its position's column, its layer's row (the
+  # embeddings at the bottom, the targets on top). Nodes sharing a cell spread across its
+  # 84 x 48 px in rows of at most 8, each small enough not to cover its neighbours (a
+  # covered node could not be hovered).
   nodes = view["nodes"]
   top = max(n["layer"] for n in nodes)
   cells: dict[tuple, list[int]] = {}
@@ -120,12 +122,21 @@ def _layout(view: Mapping) -> list[tuple[float, float]]:
     pos = n.get("position")
     column = len(view["tokens"]) if pos is None else pos  # a pooled target: its own column
     cells.setdefault((column, n["layer"]), []).append(i)
-  where = [(0.0, 0.0)] * len(nodes)
+  where = [(0.0, 0.0, 0.0)] * len(nodes)
   for (column, layer), members in cells.items():
+    per_row = min(len(members), 8)
+    rows = -(-len(members) // per_row)
+    dx, dy = 84.0 / (per_row + 1), 48.0 / (rows + 1)
+    cap = max(1.5, min(14.0, dx / 2 - 0.5, dy / 2 - 0.5 if rows > 1 else 14.0))
     for k, i in enumerate(members):
-      spread = (k + 1) / (len(members) + 1) - 0.5
-      where[i] = (90.0 * column + 45 + 70 * spread, 60.0 * (top - layer) + 40)
+      row, slot = divmod(k, per_row)
+      x = _LEFT + 90.0 * column + 3 + dx * (slot + 1)
+      y = 60.0 * (top - layer) + 40 + (dy * (row + 1) - 24 if rows > 1 else 0)
+      where[i] = (x, y, cap)
   return where
+
+
+_LEFT = 50  # room for the layer labels, left of the first column
 
 
 def write(
@@ -155,23 +166,24 @@ def write(
   tokens = [str(t) for t in view["tokens"]]
   influence = np.asarray([max(n.get("influence", 0.0), 0.0) for n in nodes])
   radius = 4 + 10 * np.sqrt(influence / max(influence.max(), 1e-12))
+  radius = np.minimum(radius, [cap for _, _, cap in where])
   weights = np.abs([w for _, _, w in view["edges"]]) if view["edges"] else np.ones(1)
   scale = max(float(weights.max()), 1e-12)
-  width = 90 * (len(tokens) + 1) + 40
+  width = _LEFT + 90 * (len(tokens) + 1) + 40
   height = 60 * (top + 1) + 110
   data = {
     "tokens": tokens,
     "targets": list(view.get("targets", [])),
     "nodes": [
       {**n, "x": x, "y": y, "r": float(r), "contexts": contexts.get(i, [])}
-      for i, (n, (x, y), r) in enumerate(zip(nodes, where, radius))
+      for i, (n, (x, y, _), r) in enumerate(zip(nodes, where, radius))
     ],
     "edges": [[int(s), int(t), float(w)] for s, t, w in view["edges"]],
   }
   svg = [f'<svg id="graph" viewBox="0 0 {width} {height}" width="{width}" height="{height}">']
-  svg.append('<g id="edges">')
+  svg.append('<g id="edges" pointer-events="none">')
   for k, (s, t, w) in enumerate(data["edges"]):
-    (x1, y1), (x2, y2) = where[s], where[t]
+    (x1, y1, _), (x2, y2, _) = where[s], where[t]
     colour = "#2166ac" if w > 0 else "#b2182b"
     svg.append(
       f'<line id="e{k}" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
@@ -185,11 +197,10 @@ def write(
       f'cx="{n["x"]:.1f}" cy="{n["y"]:.1f}" r="{n["r"]:.1f}" fill="{fills[n["kind"]]}" '
       f'stroke="#333" stroke-width="0.6"/>'
     )
-  svg.append("</g><g id='axes' font-size='11' fill='#333'>")
+  svg.append("</g><g id='axes' font-size='11' fill='#333' pointer-events='none'>")
   for p, token in enumerate(tokens):
-    svg.append(
-      f'<text x="{90 * p + 45}" y="{height - 30}" text-anchor="middle">{html.escape(token)}</text>'
-    )
+    x = _LEFT + 90 * p + 45
+    svg.append(f'<text x="{x}" y="{height - 30}" text-anchor="middle">{html.escape(token)}</text>')
   for layer in range(-1, top + 1):
     name = "emb" if layer == -1 else ("target" if layer == top else f"L{layer + 1}")
     svg.append(f'<text x="2" y="{60 * (top - layer) + 44}">{name}</text>')
