@@ -302,8 +302,8 @@ def report_graph(
   `sentences` for the report's negation probe (section 3: its negated-minus-affirmative
   logit as a `Projection` of the pooled state), pruned as circuit-tracer does (node
   threshold 0.8, edge 0.98), written to `out_dir/graph.html` with each feature's top
-  contexts in `contexts_windows` windows of WikiText-2's validation text when `data_dir`
-  holds it, else in `sentences`.
+  contexts in the first `contexts_windows` paragraphs of WikiText-2's validation text (their
+  first 128 tokens) when `data_dir` holds it, else in `sentences`.
 
   Args:
     transcoders: a directory written by `transcoders.save` (a CLT or PLT of this model).
@@ -338,7 +338,10 @@ def report_graph(
   else:
     windows = [s.text for s in sentences]
     source = f"the report's {len(windows)} sentences (no WikiText-2 found)"
-  batches = [tokenizer.encode(windows[i : i + 16]) for i in range(0, len(windows), 16)]
+  batches = [
+    tokenizer.encode(windows[i : i + 16], max_length=128, truncation=True)
+    for i in range(0, len(windows), 16)
+  ]
   feats = [i for i, n in enumerate(view["nodes"]) if n["kind"] == "feature"]
   found = feature_contexts(
     params,
