@@ -80,8 +80,10 @@ def feature_contexts(
     rows.append(ids)
     x, _ = tcs.activations(params, config, [batch])  # (real tokens, L, d), row-major
     seq, pos = np.nonzero(mask)
+    n = len(x)  # padded to a multiple of 512 rows, so that batches share compiled programs
+    x = np.concatenate([x, np.zeros((-n % 512, *x.shape[1:]), x.dtype)])
     for layer, latents in by_layer.items():
-      z = np.asarray(_latents(tc, tc_config, layer, x[:, layer], np.asarray(latents)))
+      z = np.asarray(_latents(tc, tc_config, layer, x[:, layer], np.asarray(latents)))[:n]
       for j, latent in enumerate(latents):
         keep = best[(layer, latent)]
         for i in np.argsort(-z[:, j], kind="stable")[:top]:
