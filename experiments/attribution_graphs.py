@@ -188,16 +188,13 @@ def pages(params, config, tok, tc, tc_cfg, data, examples, out_dir, stem, args) 
   batches = [
     tok.encode(texts[i : i + 32], max_length=128, truncation=True) for i in range(0, len(texts), 32)
   ]
-  nodes = {label: ex["graph"]["nodes"] for label, ex in examples.items()}
-  feats = {k: [i for i, n in enumerate(v) if n["kind"] == "feature"] for k, v in nodes.items()}
-  wanted = sorted({(nodes[k][i]["layer"], nodes[k][i]["latent"]) for k in feats for i in feats[k]})
+  feats = {label: graph_page.view_features(ex["graph"]) for label, ex in examples.items()}
+  wanted = sorted({f for by_node in feats.values() for f in by_node.values()})
   found = graph_page.feature_contexts(params, config, tc, tc_cfg, tok, batches, wanted)
   by_feature = dict(zip(wanted, found))
   written = []
   for label, ex in examples.items():
-    contexts = {
-      i: by_feature[nodes[label][i]["layer"], nodes[label][i]["latent"]] for i in feats[label]
-    }
+    contexts = {i: by_feature[f] for i, f in feats[label].items()}
     slug = "_".join("".join(c if c.isalnum() else " " for c in label).split())
     path = graph_page.write(
       out_dir / f"{stem}_{slug}.html", ex["graph"], contexts, title=f"{label}: {ex['text']}",

@@ -88,6 +88,9 @@ def test_the_page_in_a_real_browser(setup, tmp_path):
     [(view["nodes"][i]["layer"], view["nodes"][i]["latent"]) for i in feats],
   )
   contexts = dict(zip(feats, found))
+  assert graph_page.view_features(view) == {
+    i: (view["nodes"][i]["layer"], view["nodes"][i]["latent"]) for i in feats
+  }
   path = graph_page.write(tmp_path / "graph.html", view, contexts, note="the built-in sentences")
   with pytest.raises(ValueError, match="not features"):
     embedding = next(i for i, n in enumerate(view["nodes"]) if n["kind"] == "embedding")

@@ -42,7 +42,7 @@ def feature_contexts(
   tc_config: tcs.TranscoderConfig,
   tokenizer,
   batches: Iterable,
-  features: Sequence[tuple[int, int]],
+  features: Iterable[tuple[int, int]],
   *,
   top: int = 5,
   width: int = 8,
@@ -110,6 +110,14 @@ def feature_contexts(
       )
     out.append(found)
   return out
+
+
+def view_features(view: Mapping) -> dict[int, tuple[int, int]]:
+  """The features of a pruned graph's `view`: {index into view["nodes"]: (layer, latent)},
+  what `feature_contexts` reads and `write`'s contexts are keyed by."""
+  return {
+    i: (n["layer"], n["latent"]) for i, n in enumerate(view["nodes"]) if n["kind"] == "feature"
+  }
 
 
 def _layout(view: Mapping) -> list[tuple[float, float, float]]:
@@ -344,16 +352,8 @@ def report_graph(
     tokenizer.encode(windows[i : i + 16], max_length=128, truncation=True)
     for i in range(0, len(windows), 16)
   ]
-  feats = [i for i, n in enumerate(view["nodes"]) if n["kind"] == "feature"]
-  found = feature_contexts(
-    params,
-    config,
-    tc,
-    tc_config,
-    tokenizer,
-    batches,
-    [(view["nodes"][i]["layer"], view["nodes"][i]["latent"]) for i in feats],
-  )
+  feats = view_features(view)
+  found = feature_contexts(params, config, tc, tc_config, tokenizer, batches, feats.values())
   page = write(
     pathlib.Path(out_dir) / "graph.html",
     view,
