@@ -211,7 +211,19 @@ def pytest_terminal_summary(terminalreporter, config):
     return
   rows = read_rows(out) if out.exists() else list(_PER_TEST.values())
   if rows:
+    from bertjax.utils import cpu_info
+
+    cpu = cpu_info()
+    fms = ", ".join(
+      f"{k} {v}" for k, v in zip(("family", "model"), cpu["cpu_family_model_stepping"])
+    )
+    kinds = [("AVX2", "avx2"), ("AVX-512", "avx512f"), ("AMX", "amx_tile")]
+    isa = ", ".join(name for name, flag in kinds if flag in cpu["isa_flags"]) or "no AVX2"
     terminalreporter.write_sep("=", "time per test file (tests/suite_profile.py)")
+    terminalreporter.write_line(
+      f"on {cpu['cpu']} ({cpu['cpu_vendor']}, {fms}; {isa}),"
+      f" {cpu['cpus_usable']} of {cpu['cpus']} CPUs"
+    )
     terminalreporter.write_line(markdown(rows, top=40))
 
 
