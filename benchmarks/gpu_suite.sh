@@ -25,11 +25,8 @@ if [ "${1:-}" = "--smoke" ]; then
   SMOKE=(--smoke)
   TEST_FILTER=(-k "window_tiles or refuse")
 fi
-# bertjax from this checkout, laid out as `pip install` lays it out (kernels/ is bertjax.kernels):
-# the device machine has JAX and Flax but no install of this repository.
-if ! "$PY" -c "import bertjax.kernels" 2>/dev/null; then
-  [ -e bertjax/kernels ] || ln -s ../kernels bertjax/kernels
-fi
+# bertjax from this checkout (on PYTHONPATH below): the device machine has JAX and Flax but no
+# install of this repository.
 # XLA's GEMM autotuning stays on: with --xla_gpu_autotune_level=0 (jax 0.11.2, an H200,
 # 2026-11-29) an 8192^3 bf16 product ran at 10.5 TFLOP/s against 789 with the default.
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

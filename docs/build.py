@@ -17,8 +17,7 @@ The site's settings are in `mkdocs.yml`. This script stages what MkDocs reads in
 * `api/<module>.md` for every module of `bertjax` and of `bertjax.kernels` (the `__main__`
   entry points aside), each a mkdocstrings `::: module` directive, found by reading the
   source tree (nothing is imported);
-* a package tree that puts the top-level `kernels/` where the installed package has it
-  (`bertjax/kernels`), for mkdocstrings to read;
+* a package tree of `bertjax` (links to its entries), for mkdocstrings to read;
 * `tutorials/<name>.md` for every tutorial of `TUTORIALS` (jupytext percent scripts in
   `docs/tutorials/`): executed in a fresh Python kernel (nbclient) and rendered with what each
   cell printed and drew, so a tutorial that fails fails the build (`--no-run`: the code
@@ -55,8 +54,8 @@ TUTORIALS = (
   ("docs/tutorials/attribution_graphs.py", "An attribution graph of negation"),
 )
 TUTORIAL_TIMEOUT = 900  # seconds a tutorial's cell may run
-# Where each package's source lies: the top-level kernels/ installs as bertjax.kernels.
-SOURCES = (("bertjax", REPO / "bertjax"), ("bertjax.kernels", REPO / "kernels"))
+# Where the package's source lies (bertjax.kernels is bertjax/kernels/).
+SOURCES = (("bertjax", REPO / "bertjax"),)
 
 
 def finding_pages() -> list[tuple[str, str, str]]:
@@ -238,7 +237,6 @@ def stage(
   for entry in (REPO / "bertjax").iterdir():
     if entry.name != "__pycache__":
       (tree / entry.name).symlink_to(entry)
-  (tree / "kernels").symlink_to(REPO / "kernels")
   config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
   config.update(
     docs_dir=str(docs),

@@ -18,7 +18,7 @@ class NoMatplotlib(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoMatplotlib())
 import bertjax
-from bertjax import kernels  # installed from the top-level kernels/ directory
+from bertjax import kernels  # bertjax/kernels/
 
 names = sorted({m.name for pkg in (bertjax, kernels)
                 for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")})

@@ -54,7 +54,7 @@ The kernels target the Triton lowering on GPU (compiled calls always pass Triton
 params, since JAX's default Pallas GPU backend is Mosaic GPU) and run anywhere in interpret
 mode. Inputs are padded to a multiple of the blocks along the sequence and to a power of two
 (>= 16) along head_dim (`kernels.tiling`, which holds what the variants share). The TPU
-(Mosaic) variant is `kernels/flash_attention_tpu.py`, which `kernels.attention` picks on TPU;
+(Mosaic) variant is `bertjax/kernels/flash_attention_tpu.py`, which `kernels.attention` picks on TPU;
 `kernels.attention` refuses to compile this Triton variant on TPU with a clear error.
 """
 

@@ -1,7 +1,7 @@
 """Pallas kernels, each with its pure-jnp reference beside it.
 
-`kernels.attention` (module `kernels/attention.py`) is the entry point that validates inputs
-and dispatches between implementations; the padding is one `Mask` (`kernels/masks.py`). The
+`kernels.attention` (module `bertjax/kernels/attention.py`) is the entry point that validates inputs
+and dispatches between implementations; the padding is one `Mask` (`bertjax/kernels/masks.py`). The
 kernels live in the submodules `kernels.flash_attention` (Triton layout: forward, backward),
 `kernels.flash_attention_stats` (its statistics pass) and `kernels.flash_attention_tpu`
 (Mosaic layout), sharing `kernels.tiling` (`BlockSizes`, padding, helpers); the plain-XLA
