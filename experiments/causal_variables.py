@@ -23,7 +23,8 @@ from bertjax.claims import Claim, Test
 from experiments import common
 
 NAME = "causal_variables"
-METHODS = ("full", "das", "dbm", "pca")  # full vector; DAS k=1; DBM over neurons; top PC
+METHODS = ("full", "das", "dbm", "pca", "sae")  # full vector; DAS k=1; DBM; top PC; SAE mask
+BASELINES = ("pca", "dbm", "sae")  # what DAS is compared with
 SITE = "out"  # the residual stream after each block, at the variable's token
 
 
@@ -39,6 +40,8 @@ OPTIONS = (  # --name, its default and help
                          "none (default: 3000, as tuned_lens, which reads the same cached "
                          "head; --smoke: 16)")),
   ("mlm-steps", 600, "optimiser steps of that fit (default: 600; --smoke: 20)"),
+  ("sae-steps", 300, ("steps of each layer's top-k SAE (8x, k=32, 1,024 WikiText-2 tokens a "
+                      "step; default: 300; --smoke: 5)")),
 )  # fmt: skip
 
 
@@ -53,43 +56,13 @@ def parse_args(argv: Sequence[str] | None = None):
   if args.smoke:
     args.pairs, args.train, args.steps = min(args.pairs, 24), min(args.train, 6), min(args.steps, 3)
     args.mlm_windows, args.mlm_steps = min(args.mlm_windows, 16), min(args.mlm_steps, 20)
-    args.min_pairs = min(args.min_pairs, 8)
+    args.min_pairs, args.sae_steps = min(args.min_pairs, 8), min(args.sae_steps, 5)
   return args
 
 
 def analysed(tasks: dict) -> dict:
   """The tasks with enough pairs the model answers right."""
   return {k: v for k, v in tasks.items() if "skipped" not in v}
-
-
-def variable_track(params, config, train, held, args) -> dict:
-  """Per method, each held-out pair's correctness at every layer (layers, pairs)."""
-  from bertjax.analysis.causal import interchange as ci
-
-  dim, seq = config.hidden_size, held.base_ids.shape[1]
-  weight = lambda layer, k: ci.position_weight(config, SITE, layer, held.positions, seq, k)
-  right = lambda logits: np.argmax(np.asarray(logits), -1) == held.label
-  fixed = lambda layer, basis: right(
-    ci.interchange_logits(params, config, held, SITE, basis, weight(layer, len(basis)))
-  )
-  out = {"full": [fixed(layer, np.eye(dim, dtype=np.float32)) for layer in range(config.depth)]}
-  out["pca"] = [
-    fixed(layer, ci.pca_basis(params, config, train, SITE, layer, 1))
-    for layer in range(config.depth)
-  ]
-  for method, kw in (("das", {"k": 1}), ("dbm", {"basis": np.eye(dim, dtype=np.float32)})):
-    fits = ci.layer_search(
-      params, config, train, held, SITE, method=method, steps=args.steps, seed=args.seed, **kw
-    )
-    out[method] = [
-      right(
-        ci.interchange_logits(
-          params, config, held, SITE, f.basis, weight(f.layer, len(f.mask)) * f.mask
-        )
-      )
-      for f in fits
-    ]
-  return {m: np.asarray(out[m], np.int8) for m in METHODS}
 
 
 def circuit_track(params, config, t, held_rows, args) -> dict:
@@ -114,6 +87,20 @@ def _curve(c: dict) -> dict:
   return {**{k: c[k] for k in keep}, "rows": c["curve"]["rows"]}
 
 
+def layer_saes(params, config, tok, data, args) -> list:
+  """An SAE per layer at SITE, on WikiText-2 validation paragraphs (64 tokens each)."""
+  from bertjax.analysis.causal import localisation
+  from bertjax.tasks import passages
+
+  texts = passages.wikitext_paragraphs(data / "wikitext2_tokens" / "valid.txt")
+  batches = [
+    tok.encode(texts[i : i + 32], max_length=64, truncation=True) for i in range(0, len(texts), 32)
+  ]
+  return localisation.layer_saes(
+    params, config, batches, SITE, steps=args.sae_steps, seed=args.seed
+  )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   with study.quick_compiles(args.smoke):
@@ -131,8 +118,11 @@ def run_experiment(args) -> int:
     args, params, config, tok, data, timings, windows=args.mlm_windows, steps=args.mlm_steps
   )
   r = {"model": name, "head": head, "tasks": {}, "timings": timings}
+  from bertjax.analysis.causal import localisation
   from bertjax.tasks import counterfactual
 
+  with study.timed(timings, "SAEs"):
+    saes = layer_saes(params, config, tok, data, args)
   for task in counterfactual.TASKS:
     t = counterfactual.task(task, tok, args.pairs, args.seed)
     keep, acc = counterfactual.solved(params, config, t)
@@ -148,7 +138,9 @@ def run_experiment(args) -> int:
     cut = min(args.train, len(keep) // 2)
     train, held = t.pairs.take(keep[:cut]), t.pairs.take(keep[cut:])
     with study.timed(timings, f"{task}: variables"):
-      correct = variable_track(params, config, train, held, args)
+      correct = localisation.correctness(
+        params, config, train, held, SITE, steps=args.steps, seed=args.seed, saes=saes
+      )
     with study.timed(timings, f"{task}: circuits"):
       circuit = circuit_track(params, config, t, keep[cut:], args)
     iia = {m: v.mean(1).round(4).tolist() for m, v in correct.items()}
@@ -179,8 +171,11 @@ def run_experiment(args) -> int:
     "mlm_windows": args.mlm_windows,
     "mlm_steps": args.mlm_steps,
     "seed": args.seed,
+    "sae_steps": args.sae_steps,
     "methods": "full: the whole vector; das: a learned 1-d rotation (k=1); dbm: a learned "
-    "mask over the neurons; pca: the top principal direction of the training pairs",
+    "mask over the neurons; pca: the top principal direction of the training pairs; sae: a "
+    "learned mask over the latents of a top-k SAE per layer (8x, k=32, trained on up to "
+    "65,536 WikiText-2 validation tokens, 64-token paragraphs)",
     "indexing": "per-layer arrays hold layers 1..L (the blocks' outputs)",
   }
   from bertjax.plots import circuits as plots
@@ -197,19 +192,19 @@ def run_experiment(args) -> int:
 
 # The claims ---------------------------------------------------------------------------------------
 
-DAS_GAP = "DAS's mean IIA over layers minus the best baseline's (PCA, DBM), mean over tasks"
+DAS_GAP = "DAS's mean IIA over layers minus the best baseline's (PCA, DBM, SAE), mean over tasks"
 CPR_GAP = "EAP-IG's CPR minus EAP's, mean over tasks"
 NONE = "the model answers too few pairs of every task right"
 DAS = Claim(
   "Geiger et al. 2024; Mueller et al. 2025 (MIB)",
   "A learned rotation (DAS) localises causal variables better than unsupervised or "
-  "neuron-level bases (PCA, DBM over neurons)",
+  "neuron-level bases (PCA, DBM over neurons, SAE features)",
   yes=(Test(DAS_GAP, ">=", 0.05),),
   partly=(Test(DAS_GAP, ">", 0.0),),
   missing="n/a",
   missing_when=NONE,
   unit="pairs",
-  short="DAS localises causal variables better than PCA or masks over neurons.",
+  short="DAS localises causal variables better than PCA, neuron masks or SAE features.",
 )
 CIRCUIT = Claim(
   "Hanna et al. 2024; Mueller et al. 2025 (MIB)",
@@ -227,7 +222,7 @@ def gaps(tasks: dict) -> dict[str, float | None]:
   das, cpr = [], []
   for v in analysed(tasks).values():
     iia = {m: float(np.mean(v["correct"][m])) for m in METHODS}
-    das.append(iia["das"] - max(iia["pca"], iia["dbm"]))
+    das.append(iia["das"] - max(iia[m] for m in BASELINES))
     cpr.append(v["circuits"]["eap_ig"]["cpr"]["cpr"] - v["circuits"]["eap"]["cpr"]["cpr"])
   mean = lambda x: float(np.mean(x)) if x else None
   return {DAS_GAP: mean(das), CPR_GAP: mean(cpr)}
@@ -276,7 +271,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   for v in analysed(r["tasks"]).values():
     idx = rng.integers(0, v["held_out"], (claims.RESAMPLES, v["held_out"]))
     c = {m: np.asarray(v["correct"][m], float)[:, idx].mean((0, 2)) for m in METHODS}  # (R,)
-    das.append(c["das"] - np.maximum(c["pca"], c["dbm"]))
+    das.append(c["das"] - np.max([c[m] for m in BASELINES], 0))
     area = {
       m: mib_resampled(v["circuits"][m]["cpr"]["percentages"], v["circuits"][m]["cpr"]["rows"], idx)
       for m in ("eap", "eap_ig")

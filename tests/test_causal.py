@@ -293,3 +293,39 @@ def test_sae_feature_interchange(planted):
     sf.sae_interchange_logits(params, CONFIG, few, "out", LAYER, sae, 9)
   with pytest.raises(ValueError, match="site 'head_out' has shape"):
     sf.sae_interchange_logits(params, CONFIG, few, "head_out", LAYER, sae, 8)
+
+
+def test_localisation_scores_every_method_pair_by_pair(planted):
+  """`localisation.correctness`: per method a (layers, pairs) table of 0/1 whose rows are the
+  IIA its building block reports (DAS through `layer_search`, the SAE mask through
+  `train_sae_mask`); SAEs from `layer_saes` reconstruct their layer's activations; bad
+  requests are refused by name."""
+  from bertjax.analysis.causal import localisation as loc
+  from bertjax.analysis.causal import sae_features as sf
+  from bertjax.analysis.representations import sae as sae_lib
+
+  params, _, train, held = planted
+  train, held = train.take(np.arange(16)), held.take(np.arange(24))
+  ids = np.random.default_rng(3).integers(5, 60, (64, T))
+  batches = [{"input_ids": ids, "attention_mask": np.ones_like(ids)}]
+  saes = loc.layer_saes(
+    params, CONFIG, batches, "out", expansion=2, k=8, steps=60, batch_tokens=256
+  )
+  assert len(saes) == CONFIG.depth and saes[0]["W_dec"].shape == (64, 32)
+  acts = sae_lib.activations(params, CONFIG, batches, "out", LAYER)
+  err = np.asarray(sae_lib.reconstruct(saes[LAYER], acts, 8)) - acts
+  assert (err**2).sum() < 0.5 * ((acts - acts.mean(0)) ** 2).sum()  # FVU under 0.5
+  got = loc.correctness(params, CONFIG, train, held, "out", steps=5, saes=saes, sae_k=8)
+  assert set(got) == set(loc.METHODS)
+  for table in got.values():
+    assert table.shape == (CONFIG.depth, 24) and set(np.unique(table)) <= {0, 1}
+  fits = ci.layer_search(params, CONFIG, train, held, "out", k=1, steps=5)
+  np.testing.assert_allclose(got["das"].mean(1), [f.heldout_iia for f in fits], atol=1e-6)
+  fit = sf.train_sae_mask(
+    params, CONFIG, train, "out", LAYER, saes[LAYER], 8, steps=5, heldout=held
+  )
+  assert got["sae"][LAYER].mean() == pytest.approx(fit.heldout_iia)
+  with pytest.raises(ValueError, match=r"methods \['lda'\] are not among"):
+    loc.correctness(params, CONFIG, train, held, "out", methods=("das", "lda"))
+  with pytest.raises(ValueError, match='"sae" needs one SAE per layer \\(3\\); got none'):
+    loc.correctness(params, CONFIG, train, held, "out", methods=("sae",))

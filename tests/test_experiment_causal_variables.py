@@ -15,20 +15,27 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 
 
-def _task(das, pca, dbm, eap, eap_ig):
+def _task(das, pca, dbm, sae, eap, eap_ig):
   rows = lambda n: np.ones((2, n), np.int8)
-  correct = {"full": rows(4), "das": das, "pca": pca, "dbm": dbm}
+  correct = {"full": rows(4), "das": das, "pca": pca, "dbm": dbm, "sae": sae}
   curve = lambda cpr: {"cpr": {"cpr": cpr}}
   return {"correct": correct, "circuits": {"eap": curve(eap), "eap_ig": curve(eap_ig)}}
 
 
 def test_rules():
-  """The gaps average over tasks: DAS against the better of PCA and DBM, EAP-IG's CPR
-  against EAP's; the verdicts follow the thresholds."""
+  """The gaps average over tasks: DAS against the best of PCA, DBM and the SAE mask, EAP-IG's
+  CPR against EAP's; the verdicts follow the thresholds."""
   one, half, zero = np.ones((2, 4)), np.array([[1, 1, 0, 0]] * 2), np.zeros((2, 4))
-  tasks = {"a": _task(one, half, zero, 0.5, 0.7), "b": _task(half, zero, half, 0.6, 0.5)}
+  quarter = np.array([[1, 0, 0, 0]] * 2)
+  tasks = {
+    "a": _task(one, half, zero, quarter, 0.5, 0.7),
+    "b": _task(half, zero, quarter, one, 0.6, 0.5),
+  }
   g = rules.gaps(tasks)
-  assert g[rules.DAS_GAP] == pytest.approx((0.5 + 0.0) / 2)
+  assert g[rules.DAS_GAP] == pytest.approx((0.5 - 0.5) / 2)
+  tasks["b"]["correct"]["sae"] = quarter  # now DBM's quarter is b's best baseline
+  g = rules.gaps(tasks)
+  assert g[rules.DAS_GAP] == pytest.approx((0.5 + 0.25) / 2)
   assert g[rules.CPR_GAP] == pytest.approx((0.2 - 0.1) / 2)
   assert rules.DAS.verdict(g) == "yes" and rules.CIRCUIT.verdict(g) == "yes"
   assert rules.DAS.verdict({rules.DAS_GAP: 0.02}) == "partly"
