@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref  # the float64 NumPy encoder block (tests/reference_numpy.py)
-from bertjax.kernels import ABLATIONS
 
 import bertjax
 from bertjax.analysis import batching
 from bertjax.analysis.attention import overrides
 from bertjax.analysis.interventions import ablation
+from bertjax.kernels import ABLATIONS
 
 CONFIG = bertjax.BertConfig.preset("tiny", num_hidden_layers=3, vocab_size=101, num_labels=3)
 DEPTH, HEADS = CONFIG.depth, CONFIG.num_attention_heads

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 import numpy as np
 import pyrunner
 import pytest
-from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
 
 import bertjax
@@ -36,6 +35,7 @@ from bertjax.analysis.attention import patterns, statistics
 from bertjax.analysis.interventions import ablation
 from bertjax.analysis.representations import cloze, features
 from bertjax.data import conllu
+from bertjax.kernels import ABLATIONS
 from bertjax.tasks import negation
 
 torch = pytest.importorskip("torch")

@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from bertjax import kernels
 from bertjax.kernels import BlockSizes
 from bertjax.kernels import dropout as drop
 from bertjax.kernels.flash_attention import flash_attention
 from bertjax.kernels.flash_attention_tpu import flash_attention_tpu
-
-from bertjax import kernels
 
 # Forward block 32, backward q block 16: the three kernels tile differently.
 BLOCKS = BlockSizes(block_q=32, block_k=32, block_q_bwd=16, block_k_bwd=32)

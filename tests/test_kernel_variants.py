@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bertjax.kernels.tiling import KernelConfig, key_blocks, query_blocks
-from bertjax.kernels.xla_banded import banded_attention
 
 import bertjax
 from bertjax import kernels
+from bertjax.kernels.tiling import KernelConfig, key_blocks, query_blocks
+from bertjax.kernels.xla_banded import banded_attention
 
 B, T, H, D = 2, 45, 4, 8
 # (kv heads, window, bias kind, ablation, dropout)

@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 import pyrunner
 import pytest
-from bertjax.kernels import ABLATIONS
 from conftest import FAST_COMPILE
 from test_families_downstream import SENTENCES, _mlm_batches, _pairs, _texts, _ud
 
@@ -36,6 +35,7 @@ from bertjax.analysis.attention import statistics
 from bertjax.analysis.attribution import gradients, propagation
 from bertjax.analysis.interventions import ablation, metrics, patching
 from bertjax.analysis.representations import cloze, features
+from bertjax.kernels import ABLATIONS
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

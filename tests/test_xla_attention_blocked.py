@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bertjax.kernels import reference, xla_attention
 
 from bertjax import kernels
+from bertjax.kernels import reference, xla_attention
 
 
 def _inputs(batch=3, seq=24, heads=6, dim=16, seed=0):
