@@ -287,3 +287,20 @@ def test_graph_benchmark_smoke():
   full, chosen = row["all features"], row["max_features=64"]
   assert len(full["seconds"]) == 2 and full["features"] > chosen["features"] == 64
   assert full["rows"] == full["features"] + 1 and full["flops"] > chosen["flops"] > 0
+
+
+def test_das_benchmark_smoke():
+  """bench_das: per-step times from the timed calls, the search's time from them, and the
+  floor of a truncated search (block l runs L - l of L blocks, forward and back)."""
+  out = _run("bench_das.py", "--smoke")
+  doc = json.loads(out[out.index("{") :])
+  row = doc["models"]["tiny"]
+  assert doc["smoke"] and doc["machine"]["cpu"] and (row["pairs"], row["seq"]) == (4, 8)
+  blocks = [row["block 0"], row["block 1"]]
+  assert [b["floor_over_forward"] for b in blocks] == [2.0, 1.0]
+  for b in blocks:
+    np.testing.assert_allclose(b["step_s"], b["median_s"] / doc["steps_timed"])
+  steps = doc["steps"] * sum(b["step_s"] for b in blocks)
+  np.testing.assert_allclose(row["search_steps_s"], steps)
+  np.testing.assert_allclose(row["search_s"], steps + row["search_compile_s"])
+  np.testing.assert_allclose(row["floor_s"], doc["steps"] * 3 * row["forward"]["median_s"])
