@@ -52,6 +52,7 @@ TUTORIALS = (
   ("docs/tutorials/negation_patching.py", "Patching and attribution on negation"),
   ("docs/tutorials/adding_a_family.py", "Adding a family"),
   ("docs/tutorials/attribution_graphs.py", "An attribution graph of negation"),
+  ("docs/tutorials/das_agreement.py", "A DAS search and a steering sweep"),
 )
 TUTORIAL_TIMEOUT = 900  # seconds a tutorial's cell may run
 # Where the package's source lies (bertjax.kernels is bertjax/kernels/).

@@ -1,6 +1,6 @@
 """The documentation site (`docs/build.py`, `./run.sh docs`): MkDocs builds it strictly, every
 module has its API page from its docstrings, every link inside the site resolves to a page and
-an anchor that exist, links to repository files become their paths, and the four tutorials
+an anchor that exist, links to repository files become their paths, and the five tutorials
 run (on the real MiniLM, in a fresh kernel) with their output on their pages."""
 
 import html
@@ -120,12 +120,13 @@ def test_a_broken_link_or_reference_fails_the_build(tmp_path, monkeypatch):
 def test_tutorials_run_and_show_their_output(site):
   """Each tutorial's page holds its prose, its code and what the code printed and drew."""
   out, counts = site
-  assert counts["tutorials"] == len(build.TUTORIALS) == 4
+  assert counts["tutorials"] == len(build.TUTORIALS) == 5
   expected = {
     "clark_attention": ("most to [CLS]", "largest difference"),
     "negation_patching": ("held-out accuracy", "exact against attribution patching", "attnlrp"),
     "adding_a_family": ("camembert", "MLM logits: largest difference", "CamembertForMaskedLM"),
     "attribution_graphs": ("FVU by layer", "active features", "completeness", "sign agreement"),
+    "das_agreement": ("the probe reads the number right", "DAS (one direction) IIA", "by strength"),
   }
   for source, title in build.TUTORIALS:
     page = out / build.tutorial_page(source).replace(".md", ".html")
@@ -134,7 +135,7 @@ def test_tutorials_run_and_show_their_output(site):
     for shown in expected[pathlib.Path(source).stem]:
       assert shown in text, (source, shown)
   figures = sorted((out / "tutorials").glob("*.png"))
-  drew = {"clark_attention", "negation_patching", "attribution_graphs"}
+  drew = {"clark_attention", "negation_patching", "attribution_graphs", "das_agreement"}
   assert {f.name.rsplit("-", 1)[0] for f in figures} == drew
   assert all(f.read_bytes().startswith(b"\x89PNG") for f in figures)
   # The figures are on the pages, not only beside them: one <img> per figure, each at its file.
