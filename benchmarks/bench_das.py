@@ -114,8 +114,10 @@ def time_model(shape: dict, args, n: int, seq: int) -> dict:
 
 def main(argv=None) -> dict:
   p = common.parser(__doc__, rounds=3, warmup=1)
-  p.add_argument("--steps", type=int, default=100, help="steps of the search (each layer)")
-  p.add_argument("--steps-timed", type=int, default=4, help="steps each timed call runs")
+  p.add_argument("--steps", type=common.at_least(1), default=100, help="search steps a layer")
+  p.add_argument(
+    "--steps-timed", type=common.at_least(1), default=4, help="steps a timed call runs"
+  )
   args = p.parse_args(argv)
   n, seq, shapes = 64, 13, SHAPES
   if args.smoke:

@@ -26,7 +26,7 @@ RESULTS = REPO / "benchmarks" / "results"
 CLS, SEP, MASK = 101, 102, 103  # BERT's ids, as make_inputs places them
 
 
-def _count(minimum: int):
+def at_least(minimum: int):
   """An argparse type: an integer of at least `minimum` (else a usage error naming it)."""
 
   def parse(text: str) -> int:
@@ -52,9 +52,11 @@ def parser(
   p.add_argument("--smoke", action="store_true", help="tiny shapes, one round, no files")
   p.add_argument("--out", default=str(out), metavar="DIR", help="where results go")
   if "rounds" in rounds:
-    p.add_argument("--rounds", type=_count(1), default=rounds["rounds"], help="timed rounds")
+    p.add_argument("--rounds", type=at_least(1), default=rounds["rounds"], help="timed rounds")
   if "warmup" in rounds:
-    p.add_argument("--warmup", type=_count(0), default=rounds["warmup"], help="untimed calls first")
+    p.add_argument(
+      "--warmup", type=at_least(0), default=rounds["warmup"], help="untimed calls first"
+    )
   return p
 
 

@@ -120,6 +120,9 @@ def view_features(view: Mapping) -> dict[int, tuple[int, int]]:
   }
 
 
+_LEFT = 50  # room for the layer labels, left of the first column
+
+
 def _layout(view: Mapping) -> list[tuple[float, float, float]]:
   # (x, y, largest radius) of each node: its position's column, its layer's row (the
   # embeddings at the bottom, the targets on top). Nodes sharing a cell spread across its
@@ -144,9 +147,6 @@ def _layout(view: Mapping) -> list[tuple[float, float, float]]:
       y = 60.0 * (top - layer) + 40 + (dy * (row + 1) - 24 if rows > 1 else 0)
       where[i] = (x, y, cap)
   return where
-
-
-_LEFT = 50  # room for the layer labels, left of the first column
 
 
 def write(

@@ -19,6 +19,7 @@ import numpy as np
 import bertjax
 from bertjax import stats
 from bertjax.analysis.causal import interchange as ci
+from bertjax.analysis.causal import localisation
 from bertjax.tasks import agreement, negation
 
 path = bertjax.minilm_path()
@@ -68,21 +69,8 @@ print(
 keep = np.flatnonzero(right[128:]) + 128
 train, held = pairs.take(keep[:48]), pairs.take(keep[48:])
 fits = ci.layer_search(probed, config, train, held, "out", k=1, steps=40, lr=5e-2)
-seq = held.base_ids.shape[1]
-full = [
-  ci.iia(
-    ci.interchange_logits(
-      probed,
-      config,
-      held,
-      "out",
-      np.eye(config.hidden_size, dtype=np.float32),
-      ci.position_weight(config, "out", layer, held.positions, seq, config.hidden_size),
-    ),
-    held.label,
-  )
-  for layer in range(config.depth)
-]
+full = localisation.correctness(probed, config, train, held, "out", methods=("full",))["full"]
+full = full.mean(1)  # each layer's IIA: the share of held-out pairs it gets right
 for f, v in zip(fits, full):
   print(f"layer {f.layer + 1}: DAS (one direction) IIA {f.heldout_iia:.2f}, full vector {v:.2f}")
 
