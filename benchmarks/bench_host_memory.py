@@ -101,7 +101,7 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
   p = common.parser(__doc__, rounds=5)
-  p.add_argument("--pairs", type=common._count(1), default=2, help="process pairs")
+  p.add_argument("--pairs", type=common.at_least(1), default=2, help="process pairs")
   p.add_argument("--one-process", choices=("reuse", "default"), help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.smoke:
