@@ -38,6 +38,17 @@ from collections.abc import MutableMapping
 # reduce fusions on, every other YNNPACK fusion type off.
 CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE"}
 OPT_OUT = "BERTJAX_XLA_DEFAULTS"
+# An explicit option for bfloat16 programs (never a default): YNNPACK's dot fusions beside its
+# reduce fusions, `jax.jit(f, compiler_options=BF16_CPU_OPTIONS)`. A bfloat16 x bfloat16 ->
+# float32 product (`config.dtype="bfloat16"`: `bertjax.model.layers.float32_sum_dot_general`)
+# then runs in YNNPACK, on AMX tiles where the CPU has them. BERT-base's forward on a 2-core
+# Intel Xeon with AMX (`benchmarks/results/bench_gemm.md`): 8 x 128 267 ms, against PyTorch's
+# 698 ms in float32 and 279 ms under bfloat16 autocast; 8 x 512 1767 ms against 3001 and 782 ms
+# (the attention's own products stay float32 in bertjax). float32 products stay XLA's own,
+# which are faster for them, so it is for bfloat16 programs only.
+BF16_CPU_OPTIONS = {
+  "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+}
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> list[str]:

@@ -167,9 +167,34 @@ def normal_init(config: BertConfig):
   return nn.initializers.normal(stddev=config.initializer_range)
 
 
+def float32_sum_dot_general(
+  lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None, preferred_element_type=None
+) -> jax.Array:
+  """`jax.lax.dot_general` summing in float32, its result in the inputs' dtype (or
+  `preferred_element_type`): a drop-in `dot_general` for `flax.linen.Dense`/`DenseGeneral`.
+
+  bfloat16 compute (`config.dtype="bfloat16"`) multiplies through it. The sums are float32, as
+  on a GPU's tensor cores and in PyTorch's bfloat16 autocast, and the product is the form that
+  XLA:CPU's YNNPACK dot fusions take (bfloat16 x bfloat16 -> float32): a bfloat16 -> bfloat16
+  product it turns into a float32 one, so a bfloat16 forward ran no faster than float32 (BERT-
+  base 8 x 128 on a 2-core Intel Xeon with AMX: 771 ms against 713 ms). Summed in float32 and
+  compiled with `bertjax.xla_options.BF16_CPU_OPTIONS`, it runs in 267 ms
+  (`benchmarks/results/bench_gemm.md`).
+  """
+  out = jax.lax.dot_general(
+    lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=jnp.float32
+  )
+  return out.astype(preferred_element_type or jnp.result_type(lhs, rhs))
+
+
 def dense_kwargs(config: BertConfig) -> dict:
-  """Extra `nn.Dense`/`nn.DenseGeneral` arguments: the int8 matmul when `config.quantize`."""
-  return {"dot_general": int8_dot_general} if config.quantize == "int8" else {}
+  """Extra `nn.Dense`/`nn.DenseGeneral` arguments: the int8 matmul when `config.quantize`;
+  with bfloat16 compute, products summed in float32 (`float32_sum_dot_general`)."""
+  if config.quantize == "int8":
+    return {"dot_general": int8_dot_general}
+  if config.dtype == "bfloat16":
+    return {"dot_general": float32_sum_dot_general}
+  return {}
 
 
 class Norm(nn.Module):
