@@ -55,22 +55,6 @@ def forward_flops(config, batch: int, seq: int) -> float:
   return float(layers * per_layer)
 
 
-def _bert_base_dir(transformers, torch, root: pathlib.Path, smoke: bool) -> pathlib.Path:
-  sizes = (
-    dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-    if smoke
-    else {}
-  )
-  config = transformers.BertConfig(**sizes)
-  torch.manual_seed(0)
-  model = transformers.BertModel(config)
-  with torch.no_grad():  # every parameter random, LayerNorms included
-    for name, p in model.named_parameters():
-      p.normal_(1.0 if name.endswith("LayerNorm.weight") else 0.0, 0.05)
-  model.save_pretrained(root / "bert-base-random")
-  return root / "bert-base-random"
-
-
 def measure(transformers, torch, path, name, batch, seq, args) -> dict:
   config, params = bertjax.from_hf(path)
   rng = np.random.default_rng(0)
@@ -118,7 +102,10 @@ def main(argv=None) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     models = [
       ("all-MiniLM-L6-v2", bertjax.minilm_path()),
-      ("bert-base (random)", _bert_base_dir(transformers, torch, pathlib.Path(tmp), args.smoke)),
+      (
+        "bert-base (random)",
+        common.bert_base_dir(transformers, torch, pathlib.Path(tmp), args.smoke),
+      ),
     ]
     rows = [
       measure(transformers, torch, path, name, b, t, args)

@@ -127,6 +127,24 @@ def measured_on(m: dict[str, Any]) -> str:
   return f"Measured on: {timing.describe(m)}."
 
 
+def bert_base_dir(transformers, torch, root: pathlib.Path, smoke: bool = False) -> pathlib.Path:
+  """A BERT-base `BertModel` (a 2-layer 64-wide one with `smoke`) with every parameter random,
+  LayerNorms included, saved by transformers under `root`: both implementations load it."""
+  sizes = (
+    dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    if smoke
+    else {}
+  )
+  config = transformers.BertConfig(**sizes)
+  torch.manual_seed(0)
+  model = transformers.BertModel(config)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      p.normal_(1.0 if name.endswith("LayerNorm.weight") else 0.0, 0.05)
+  model.save_pretrained(root / "bert-base-random")
+  return root / "bert-base-random"
+
+
 def make_inputs(batch: int, seq: int, vocab: int = 30522, seed: int = 0) -> dict:
   """The attribution benchmarks' batch: clean and corrupted ids (no padding; [CLS] first,
   [SEP] last, one [MASK] per sequence; the corrupted twin resamples 16 other tokens), the

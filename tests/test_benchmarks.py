@@ -304,3 +304,30 @@ def test_das_benchmark_smoke():
   np.testing.assert_allclose(row["search_steps_s"], steps)
   np.testing.assert_allclose(row["search_s"], steps + row["search_compile_s"])
   np.testing.assert_allclose(row["floor_s"], doc["steps"] * 3 * row["forward"]["median_s"])
+
+
+def test_gemm_benchmark_smoke():
+  """bench_gemm: every path's rate is its FLOPs over its median, each speed is PyTorch's
+  float32 median over the path's, and every product and forward is right (bfloat16 to its
+  rounding)."""
+  out = _run("bench_gemm.py", "--smoke")
+  doc = json.loads(out[out.index("{") :])
+  row = doc["shapes"]["smoke"]
+  assert doc["smoke"] and doc["machine"]["cpu"] and doc["machine"]["torch"]
+  flop = 2.0 * row["m"] * row["k"] * row["n"]
+  paths = ("xla", "xla, YNNPACK dot", "xla, oneDNN", "xla bf16", "xla bf16, YNNPACK dot")
+  paths += ("torch", "torch bf16 autocast")
+  for path in paths:
+    e = row[path]
+    np.testing.assert_allclose(e["gflop_s"], flop / e["median_s"] / 1e9)
+    np.testing.assert_allclose(e["speed_vs_torch_f32"], row["torch"]["median_s"] / e["median_s"])
+    assert e["rel_error"] < (2e-2 if "bf16" in path else 1e-5), (path, e["rel_error"])
+  forward = doc["forward"]["2 x 16"]
+  for name in ("bertjax", "bertjax bf16", "bertjax bf16, YNNPACK dot", "torch bf16 autocast"):
+    f = forward[name]
+    np.testing.assert_allclose(
+      f["speed_vs_torch_f32"], forward["torch"]["median_s"] / f["median_s"]
+    )
+    # float32 is PyTorch's output to rounding; bfloat16 really computed in bfloat16, within 3%
+    assert (f["rel_error_vs_torch_f32"] < 1e-5) == ("bf16" not in name), (name, f)
+    assert f["rel_error_vs_torch_f32"] < 3e-2, (name, f)
