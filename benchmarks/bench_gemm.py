@@ -62,9 +62,9 @@ SHAPES = (
   ("8 x 512: 3072 -> 768", 4096, 3072, 768),
 )
 SMOKE_SHAPES = (("smoke", 64, 48, 32),)
-# Path name -> XLA:CPU options of its program (None: the process's own).
-YNN_DOT = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 FORWARD_SHAPES = ((8, 128), (8, 512))
+YNN_DOT = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+# Path name -> XLA:CPU options of its float32 program (None: the process's own).
 XLA_PATHS = {"xla": None, "xla, YNNPACK dot": YNN_DOT, "xla, oneDNN": {"xla_cpu_use_onednn": True}}
 
 

@@ -37,7 +37,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # machine code generated in one piece, not split into parts for threads that two busy workers
 # leave no core to run (a 2-layer model's gradient programs: 4.0 s -> 2.9 s of compiling with
 # two processes at once; six compile-bound files, cache off: 124 s -> 104 s, 2-core Intel Xeon,
-# docs/testing.md); the machine code is the same, only where it is cut differs.
+# docs/testing.md); the optimised programs are the same, only how XLA splits their code
+# generation differs.
 # `BERTJAX_TEST_XLA=default` runs the suite under XLA's default settings instead.
 CHEAP = os.environ.get("BERTJAX_TEST_XLA") != "default"
 CHEAP_COMPILE = ""  # the XLA_FLAGS part
