@@ -38,6 +38,7 @@ relative to PyTorch's float32 output (Frobenius norm). Results name the CPU and 
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import sys
 import tempfile
@@ -78,11 +79,10 @@ def _bf16(a, b):
   )
 
 
-def _compiled(fn, options, a, b):
-  """`fn` compiled for (a, b) with `options`; its optimised program's text."""
-  jitted = jax.jit(fn, compiler_options=options) if options else jax.jit(fn)
-  compiled = jitted.lower(a, b).compile()
-  return compiled, compiled.as_text() or ""
+def _float64(out, torch) -> np.ndarray:
+  """A JAX or PyTorch result (bfloat16 included) as a float64 array."""
+  out = out.float().numpy() if isinstance(out, torch.Tensor) else out
+  return np.asarray(out, np.float64)
 
 
 def time_shape(name: str, m: int, k: int, n: int, args, torch) -> dict:
@@ -93,16 +93,17 @@ def time_shape(name: str, m: int, k: int, n: int, args, torch) -> dict:
   exact = a_np.astype(np.float64) @ b_np.astype(np.float64)
   a, b = jnp.asarray(a_np), jnp.asarray(b_np)
   ta, tb = torch.from_numpy(a_np), torch.from_numpy(b_np)
-  calls, info = {}, {}
-  for path, options in XLA_PATHS.items():
-    compiled, text = _compiled(_float32, options, a, b)
-    calls[path] = lambda c=compiled: c(a, b)
-    info[path] = {"dtype": "float32", "onednn_in_program": "onednn" in text.lower()}
-    info[path]["same_program_as_xla"] = text == info.get("xla", {}).get("program", text)
-    info[path]["program"] = text
+  calls, info, texts = {}, {}, {}
+  for path, options in XLA_PATHS.items():  # "xla" first: the others' programs are read against it
+    compiled = jax.jit(_float32, compiler_options=options).lower(a, b).compile()
+    calls[path], texts[path] = functools.partial(compiled, a, b), compiled.as_text() or ""
+    info[path] = {
+      "dtype": "float32",
+      "onednn_in_program": "onednn" in texts[path].lower(),
+      "same_program_as_xla": texts[path] == texts["xla"],
+    }
   for path, options in (("xla bf16", None), ("xla bf16, YNNPACK dot", YNN_DOT)):
-    compiled, _ = _compiled(_bf16, options, a, b)
-    calls[path] = lambda c=compiled: c(a, b)
+    calls[path], _ = timing.compile_ahead(jax.jit(_bf16, compiler_options=options), a, b)
     info[path] = {"dtype": "bfloat16 inputs, float32 accumulation"}
   calls["torch"] = lambda: ta @ tb
   info["torch"] = {"dtype": "float32"}
@@ -114,16 +115,12 @@ def time_shape(name: str, m: int, k: int, n: int, args, torch) -> dict:
   calls["torch bf16 autocast"] = torch_bf16
   info["torch bf16 autocast"] = {"dtype": "bfloat16 (autocast)"}
   outputs = {}
-  times = common.interleaved(calls, args, wait=_wait, outputs=outputs)
+  times = common.interleaved(calls, args, outputs=outputs)
   flop = 2.0 * m * k * n
   scale = float(np.abs(exact).max())
   row = {"m": m, "k": k, "n": n, "gflop": flop / 1e9}
-  for path in XLA_PATHS:
-    del info[path]["program"]
   for path, t in times.items():
-    out = outputs[path]
-    out = out.float().numpy() if isinstance(out, torch.Tensor) else out
-    error = float(np.abs(np.asarray(out, np.float64) - exact).max() / scale)
+    error = float(np.abs(_float64(outputs[path], torch) - exact).max() / scale)
     row[path] = common.entry(t, **info[path], gflop_s=flop / t["median_s"] / 1e9, rel_error=error)
   torch_s = row["torch"]["median_s"]
   for path in times:
@@ -146,9 +143,8 @@ def time_forward(path: pathlib.Path, batch: int, seq: int, args, torch, transfor
     ("bertjax bf16, YNNPACK dot", bf16, xla_options.BF16_CPU_OPTIONS),
   ):
     fn = lambda p, x, m, cfg=cfg: bertjax.forward(p, cfg, x, m).last_hidden_state
-    jitted = jax.jit(fn, compiler_options=options) if options else jax.jit(fn)
-    compiled = jitted.lower(params, ids, mask).compile()
-    calls[name] = lambda c=compiled: c(params, ids, mask)
+    jitted = jax.jit(fn, compiler_options=options)
+    calls[name], _ = timing.compile_ahead(jitted, params, ids, mask)
   model = transformers.BertModel.from_pretrained(str(path), attn_implementation="sdpa").eval()
   ids_t, mask_t = torch.tensor(ids_np).long(), torch.ones((batch, seq), dtype=torch.long)
 
@@ -159,23 +155,16 @@ def time_forward(path: pathlib.Path, batch: int, seq: int, args, torch, transfor
   calls["torch"] = lambda: torch_forward(False)
   calls["torch bf16 autocast"] = lambda: torch_forward(True)
   outputs = {}
-  times = common.interleaved(calls, args, wait=_wait, outputs=outputs)
-  as64 = lambda o: (o.float().numpy() if isinstance(o, torch.Tensor) else np.asarray(o)).astype(
-    np.float64
-  )
-  ref = as64(outputs["torch"])
+  times = common.interleaved(calls, args, outputs=outputs)
+  ref = _float64(outputs["torch"], torch)
   row = {"batch": batch, "seq": seq}
   for name, t in times.items():
-    error = float(np.linalg.norm(as64(outputs[name]) - ref) / np.linalg.norm(ref))
+    error = float(np.linalg.norm(_float64(outputs[name], torch) - ref) / np.linalg.norm(ref))
     row[name] = common.entry(t, rel_error_vs_torch_f32=error)
     row[name]["speed_vs_torch_f32"] = times["torch"]["median_s"] / t["median_s"]
   done = ", ".join(f"{n} {t['median_s'] * 1e3:.0f} ms" for n, t in times.items())
   print(f"forward {batch} x {seq}: {done}", file=sys.stderr, flush=True)
   return row
-
-
-def _wait(out):
-  return out.block_until_ready() if isinstance(out, jax.Array) else out
 
 
 def main(argv=None) -> dict:
