@@ -74,6 +74,7 @@ from suite_profile import (  # noqa: F401 (pytest reads the hooks from this modu
   pytest_runtest_logstart,
   pytest_sessionfinish,
   pytest_terminal_summary,
+  slow_by_duration,
 )
 
 
@@ -132,10 +133,14 @@ def _optimised_compiles(request, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-  """Marks `data` every test that needs the real data sets (`data_dir` among its fixtures)."""
+  """Marks `data` every test that needs the real data sets (`data_dir` among its fixtures),
+  and `slow` every test `tests/durations.json` lists (it took 2 s or more in a full run)."""
+  slow = slow_by_duration()
   for item in items:
     if "data_dir" in getattr(item, "fixturenames", ()):
       item.add_marker(pytest.mark.data)
+    if item.nodeid in slow:
+      item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

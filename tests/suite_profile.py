@@ -11,6 +11,11 @@ temporary folder when `BERTJAX_SUITE_PROFILE` is not set). CI prints it. A
 program compiled by a fixture is charged to the first test that asked for the fixture.
 `python tests/suite_profile.py DIR` prints the Markdown table of `docs/testing.md` from a
 run's files.
+
+The quick subset (`./run.sh test -m "not slow"`) leaves out, besides the tests marked `slow`
+in their files, every test listed in `tests/durations.json`: those that took `QUICK_LIMIT_S`
+or more in a full run. `python tests/suite_profile.py --durations DIR [DIR ...]` writes that
+file from runs' profiles (a test's longest time among them); `tests/conftest.py` marks them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ EVENTS = {
 }
 COUNTED = {"/jax/core/compile/backend_compile_duration": "compiles"}
 CACHE_HITS = "/jax/compilation_cache/cache_hits"
+# A test that took this long in a full run is left out of the quick subset.
+QUICK_LIMIT_S = 2.0
+DURATIONS = pathlib.Path(__file__).with_name("durations.json")
 
 
 class _Recorder:
@@ -227,5 +235,46 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(markdown(rows, top=40))
 
 
+def durations(runs: list[list[dict]], limit_s: float = QUICK_LIMIT_S) -> dict[str, float]:
+  """The tests whose wall time reached `limit_s` in any of `runs` (each a run's rows), with
+  their longest time in seconds, by test id."""
+  longest: dict[str, float] = {}
+  for rows in runs:
+    for row in rows:
+      longest[row["test"]] = max(longest.get(row["test"], 0.0), row["wall_s"])
+  return {t: round(s, 1) for t, s in sorted(longest.items()) if s >= limit_s}
+
+
+def slow_by_duration(path: pathlib.Path = DURATIONS) -> set[str]:
+  """The test ids `tests/durations.json` lists (none when there is no such file)."""
+  if not path.exists():
+    return set()
+  return set(json.loads(path.read_text())["seconds"])
+
+
+def main(argv: list[str]) -> None:
+  """`DIR`: the per-file table of a run; `--durations DIR [DIR ...]`: write
+  `tests/durations.json` from runs' profiles, naming the machine they ran on."""
+  if not argv or argv[0] in ("-h", "--help"):
+    print(main.__doc__)
+    return
+  if argv[0] != "--durations":
+    print(markdown(read_rows(pathlib.Path(argv[0]))))
+    return
+  runs = [read_rows(pathlib.Path(d)) for d in argv[1:]]
+  if not runs or not all(runs):
+    sys.exit(f"--durations needs folders of a run's <worker>.jsonl files, got {argv[1:]}")
+  from bertjax.utils import cpu_info
+
+  table = {
+    "limit_s": QUICK_LIMIT_S,
+    "cpu": cpu_info()["cpu"],
+    "runs": len(runs),
+    "seconds": durations(runs),
+  }
+  DURATIONS.write_text(json.dumps(table, indent=1) + "\n")
+  print(f"{len(table['seconds'])} tests at or over {QUICK_LIMIT_S} s -> {DURATIONS}")
+
+
 if __name__ == "__main__":
-  print(markdown(read_rows(pathlib.Path(sys.argv[1]))))
+  main(sys.argv[1:])
