@@ -175,13 +175,22 @@ def test_transcoder_benchmark_smoke():
   assert doc["smoke"] and doc["machine"]["cpu"]
   row = doc["models"]["tiny"]
   assert row["latents"] == 8 * 32 and row["tokens"] == 2 * 16
-  for kind in ("forward", "PLT top-k", "PLT JumpReLU", "CLT top-k"):
-    assert row[kind]["flops"] > 0
-    np.testing.assert_allclose(
-      row[kind]["over_forward"], row[kind]["median_s"] / row["forward"]["median_s"]
-    )
+  assert row["forward"] == row["PLT top-k: forward"]
+  for kind in ("PLT top-k", "PLT JumpReLU", "CLT top-k"):
+    # Each kind is timed beside a forward pass in rounds of its own, and compared with it.
+    for call in (kind, f"{kind}: forward"):
+      assert row[call]["flops"] > 0
+      np.testing.assert_allclose(
+        row[call]["over_forward"], row[call]["median_s"] / row[f"{kind}: forward"]["median_s"]
+      )
   # A CLT's layer 0 writes to both layers: its decoder does more than a PLT's.
   assert row["CLT top-k"]["flops"] > row["PLT top-k"]["flops"]
+  # The floor's parts: the encoder's two products per layer (2 x 2 x tokens x d x m FLOPs
+  # each layer), a top-k where the kind keeps k, and the Adam update of every kind.
+  for kind in ("PLT top-k", "PLT JumpReLU", "CLT top-k"):
+    assert row[f"{kind}: encoder products"]["flops"] == 2 * 2 * 32 * 32 * 256 * 2
+    assert row[f"{kind}: Adam update"]["median_s"] > 0
+    assert (f"{kind}: top-k" in row) == kind.endswith("top-k")
 
 
 @pytest.mark.slow
