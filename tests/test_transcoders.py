@@ -151,6 +151,43 @@ def test_sparse_write_and_its_gradients_are_the_dense_products():
   np.testing.assert_allclose(d_w, np.einsum("nm,nrd->mrd", z, g), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cross_layer", [False, True], ids=["plt", "clt"])
+def test_loss_gradients_are_the_plain_formulas(cross_layer):
+  # The training loss's gradients (b_in's through its zero-valued term, the layers split off
+  # their stacks, the decoder's sparse writes) against the loss written plainly: a layer
+  # indexed out of each stack, (x - b_in) W_enc + b_enc, dense latents times the decoder.
+  layers, d, m, k, n = 3, 8, 256, 4, 16
+  cfg = tcs.TranscoderConfig(
+    d_model=d, layers=layers, latents=m, k=k, cross_layer=cross_layer, auxk=None
+  )
+  rng = np.random.default_rng(7)
+  x, y = (rng.normal(size=(n, layers, d)).astype(np.float32) for _ in range(2))
+  params = tcs.init(0, cfg, x, y)
+  for key in ("b_in", "b_enc", "b_dec"):
+    params[key] = params[key] + rng.normal(size=params[key].shape).astype(np.float32)
+  scale = jnp.asarray(tcs.target_scale(y))
+
+  def plain(p):
+    outs = [p["b_dec"][j] for j in range(layers)]
+    for layer in range(layers):
+      pre = (x[:, layer] - p["b_in"][layer]) @ p["W_enc"][layer] + p["b_enc"][layer]
+      v, i = jax.lax.top_k(pre, k)
+      z = jnp.zeros((n, m)).at[jnp.arange(n)[:, None], i].set(jax.nn.relu(v))
+      for r in range(cfg.reach(layer)):
+        outs[layer + r] = outs[layer + r] + z @ p["W_dec"][layer][:, r]
+    return jnp.mean(jnp.stack([jnp.mean((o - y[:, j]) ** 2) for j, o in enumerate(outs)]) * scale)
+
+  since = jnp.zeros((layers, m), jnp.int32)
+  loss = lambda p: tcs.loss_terms(p, cfg, x, y, scale, since)["loss"]
+  assert 64 * k <= m  # the decoder writes sparsely
+  got, want = jax.jit(jax.grad(loss))(params), jax.jit(jax.grad(plain))(params)
+  assert set(got) == set(want) and float(loss(params)) == pytest.approx(float(plain(params)))
+  for key in got:
+    for a, b in zip(jax.tree.leaves(got[key]), jax.tree.leaves(want[key]), strict=True):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=key)
+    assert any(np.abs(np.asarray(a)).max() > 0 for a in jax.tree.leaves(got[key])), key
+
+
 def test_jumprelu_and_its_estimators_are_the_closed_forms():
   rng = np.random.default_rng(5)
   pre = rng.normal(size=(40, 6)).astype(np.float32)

@@ -360,6 +360,21 @@ def target_scale(y) -> np.ndarray:
   return (1 / np.mean((y - y.mean(0)) ** 2, axis=(0, 2))).astype(np.float32)
 
 
+_STACKED = ("b_in", "W_enc", "b_enc", "b_dec", "log_threshold")
+
+
+def _by_layer(params: Params) -> Params:
+  # `params` with each stacked (L, ...) array as the list of its layers, for code that is
+  # differentiated: a layer of a list is free under autodiff, where a layer indexed out of a
+  # stacked array transposes to a pad to the whole stack, summed over the layers (twelve pads
+  # of 226 MB for W_enc each step at all-mpnet-base-v2's shape); a split transposes to one
+  # concatenation.
+  return {
+    key: [jnp.squeeze(a, 0) for a in jnp.split(v, v.shape[0])] if key in _STACKED else v
+    for key, v in params.items()
+  }
+
+
 def loss_terms(params: Params, config: TranscoderConfig, x, y, scale, tokens_since):
   """The loss and its parts for a batch of inputs `x` and targets `y` (N, L, d).
 
@@ -374,6 +389,7 @@ def loss_terms(params: Params, config: TranscoderConfig, x, y, scale, tokens_sin
     "dead" (L, m) and the updated "tokens_since".
   """
   n = x.shape[0]
+  params = _by_layer(params)
   pres = [layer_pre(params, layer, x[:, layer]) for layer in range(config.layers)]
   acts = [_activate(params, config, layer, pre) for layer, pre in enumerate(pres)]
   if config.activation == "topk":
@@ -411,7 +427,7 @@ def loss_terms(params: Params, config: TranscoderConfig, x, y, scale, tokens_sin
       )
     loss = mse + config.auxk_coef * penalty
   else:
-    theta = jnp.exp(params["log_threshold"])
+    theta = [jnp.exp(t) for t in params["log_threshold"]]
     penalty = sum(jnp.sum(heaviside(pre, theta[i], config.bandwidth)) for i, pre in enumerate(pres))
     penalty = penalty / n
     l0 = penalty
