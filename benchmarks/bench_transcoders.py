@@ -178,8 +178,12 @@ def main(argv=None) -> dict:
   )
   args = p.parse_args(argv)
   if args.page_from is not None:
+    if not args.page_from.is_file():
+      p.error(f"--page-from {args.page_from}: no such result file")
     result = json.loads(args.page_from.read_text())
-    (pathlib.Path(args.out) / "bench_transcoders.md").write_text(markdown(result))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_transcoders.md").write_text(markdown(result))
     return result
   batch, seq, shapes = 8, 128, SHAPES
   if args.smoke:

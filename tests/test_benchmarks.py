@@ -169,9 +169,14 @@ def test_sae_benchmark_smoke():
   )
 
 
-def test_transcoder_benchmark_smoke():
+def test_transcoder_benchmark_smoke(tmp_path):
   out = _run("bench_transcoders.py", "--smoke")
   doc = json.loads(out[out.index("{") :])
+  # The page again from the result file: the floor of every kind, against its own forward.
+  (tmp_path / "r.json").write_text(json.dumps(doc))
+  _run("bench_transcoders.py", "--page-from", str(tmp_path / "r.json"), "--out", str(tmp_path))
+  page = (tmp_path / "bench_transcoders.md").read_text()
+  assert page.count(": floor ") == 3 and "the step is" in page
   assert doc["smoke"] and doc["machine"]["cpu"]
   row = doc["models"]["tiny"]
   assert row["latents"] == 8 * 32 and row["tokens"] == 2 * 16
