@@ -85,6 +85,23 @@ def test_the_ffn_as_a_transcoder_is_the_model(model):
   assert r["ablated_kl"] > 1e-2 and r["ablated_cosine"] < 0.999  # the baseline moves it
 
 
+def test_activations_are_the_captured_sites_at_real_tokens(model):
+  """Each batch's real tokens in row-major order, and `max_tokens` cutting inside a batch."""
+  params, batch = model
+  out = bertjax.forward(
+    params, CONFIG, batch["input_ids"], batch["attention_mask"], capture=("ffn_in", "ffn_out")
+  )
+  real = batch["attention_mask"] > 0
+  want = [np.moveaxis(np.asarray(out.cache[s]), 0, 2)[real] for s in ("ffn_in", "ffn_out")]
+  x, y = tcs.activations(params, CONFIG, [batch, batch])
+  np.testing.assert_array_equal(x, np.concatenate([want[0]] * 2))
+  np.testing.assert_array_equal(y, np.concatenate([want[1]] * 2))
+  n = int(real.sum()) + 5
+  x, y = tcs.activations(params, CONFIG, [batch, batch, batch], max_tokens=n)
+  assert x.shape == (n, 3, 32)
+  np.testing.assert_array_equal(y[-5:], want[1][:5])
+
+
 @pytest.mark.parametrize("activation", ["topk", "jumprelu"])
 def test_a_cross_layer_replacement_is_patching_to_its_fixed_point(model, activation):
   """An independent reference through the public patching: the model run with the chosen

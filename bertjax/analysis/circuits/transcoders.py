@@ -515,8 +515,21 @@ def activations(
       break
   if not xs:
     raise ValueError("activations needs at least one batch")
-  x, y = np.concatenate(xs), np.concatenate(ys)
-  return (x[:max_tokens], y[:max_tokens]) if max_tokens is not None else (x, y)
+  n = min(total, max_tokens) if max_tokens is not None else total
+  return _joined(xs, n), _joined(ys, n)
+
+
+def _joined(parts: list[np.ndarray], n: int) -> np.ndarray:
+  """The first `n` rows of `parts` end to end, each part freed once copied, so memory peaks
+  near one copy of the result rather than two (all-mpnet-base-v2's WikiText-2 validation
+  activations are 7.5 GB)."""
+  out, at = np.empty((n, *parts[0].shape[1:]), parts[0].dtype), 0
+  while parts and at < n:
+    part = parts.pop(0)[: n - at]
+    out[at : at + len(part)] = part
+    at += len(part)
+  parts.clear()
+  return out
 
 
 def train(
