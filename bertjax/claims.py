@@ -154,13 +154,15 @@ class Claim:
   def levels(self, quantities: Mapping[str, float | np.ndarray]) -> np.ndarray:
     """The verdict as a level, 2 yes, 1 partly, 0 no, -1 n/a; elementwise where the
     statistics are arrays (one value per resample)."""
-    every = lambda tests: np.logical_and.reduce([np.asarray(t.holds(quantities)) for t in tests])
+    # a statistic given one value beside others given per resample holds on every resample
+    held = lambda tests: np.broadcast_arrays(*(np.asarray(t.holds(quantities)) for t in tests))
+    every = lambda tests: np.logical_and.reduce(held(tests))
     yes = every(self.yes)
     if self.partly_if == "never":
       part = np.zeros_like(yes)
     else:
-      held = [np.asarray(t.holds(quantities)) for t in self.partly or self.yes]
-      part = (np.logical_or if self.partly_if == "any" else np.logical_and).reduce(held)
+      how = np.logical_or if self.partly_if == "any" else np.logical_and
+      part = how.reduce(held(self.partly or self.yes))
     level = np.where(yes, 2, np.where(part, 1, 0))
     return np.where(every(self.applies), level, -1) if self.applies else level
 

@@ -224,56 +224,52 @@ def rows_of(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """Cue ranks per sentence (MRR per method); exact vs attribution patching per head."""
+  """Over the sentences, each method's cue ranks (MRR per method, every rule on every
+  resample); over the heads, exact against attribution patching (paired)."""
   r = study.from_json(r)
+  rows = rows_of(r, s)
   names = list(r["ranks"])
   ranks = np.asarray([r["ranks"][k] for k in names], float).T  # (sentences, methods)
-  mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing")]
-  weights = [names.index(k) for k in ("attention", "rollout")]
+  over = f"the {len(ranks)} sentences"
 
-  def rows(rr):
-    stats_ = {
-      k: {**r["stats"][k], "mrr": float(np.mean(1 / rr[:, i]))} for i, k in enumerate(names)
-    }
-    return rows_of({**r, "stats": stats_}, s)
-
-  def margins(these, rest):  # (R, n, methods) -> (R, len(these)): each of `these` methods'
-    def of(rr):  # MRR minus the best of the `rest`'s
-      mrr = (1 / rr).mean(1)
-      return mrr[:, these] - mrr[:, rest].max(1, keepdims=True)
+  def margins(these, rest, worst, best):  # each of `these` methods' MRR minus the best of
+    def of(rr):  # the `rest`'s, on (R, sentences, methods) resamples
+      mrr = (1 / rr).mean(-2)
+      m = mrr[..., these] - mrr[..., rest].max(-1, keepdims=True)
+      return {
+        worst: m.min(-1),
+        best: m.max(-1),
+        **{names[i]: m[..., j] for j, i in enumerate(these)},
+      }
 
     return of
 
-  cis = claims.interval_text(ranks, margins(mixing, weights), "{:+.2f}")
-  first = claims.note(
-    f"95% CI over the {len(ranks)} sentences, MRR minus the best attention-weight method's: "
-    + ", ".join(f"{names[i]} {c}" for i, c in zip(mixing, cis)),
-    claims.span_of(ranks, lambda rr: rows(rr)[0]["holds"]),
-  )
+  def judged(claim, row, these, rest, worst, best):
+    shown = {worst: "{:+.3f}", best: "{:+.3f}", **{names[i]: "{:+.2f}" for i in these}}
+    q = row["value"]["value"]
+    return claim.judge(
+      ranks, margins(these, rest, worst, best), point={worst: q}, over=over, shown=shown
+    )
+
+  mixing = [names.index(k) for k in ("norm", "globenc", "alti", "value_zeroing") if k in names]
+  weights = [names.index(k) for k in ("attention", "rollout") if k in names]
+  out = [judged(VALUE_COUNTING, rows[0], mixing, weights, WORST_MIXING, BEST_MIXING)]
   p = r["patching"]
   pairs = (np.ravel(p["exact"]).astype(float), np.ravel(p["attribution"]).astype(float))
-
-  def with_pearson(x, y):
-    agreement = {**p["agreement"], "pearson": stats.pearson(x, y)}
-    return rows_of({**r, "patching": {**p, "agreement": agreement}}, s)[1]["holds"]
-
-  lo, hi = stats.bootstrap_ci(pairs, stats.pearson, n_resamples=claims.RESAMPLES)
-  second = claims.note(
-    f"95% CI over the {pairs[0].size} heads: Pearson [{lo:.2f}, {hi:.2f}]",
-    claims.span_of(pairs, with_pearson),
+  ok = np.isfinite(pairs[0]) & np.isfinite(pairs[1])
+  out.append(
+    PATCHING.judge(
+      tuple(a[ok] for a in pairs),
+      lambda x, y: {PEARSON: stats.pearson_rows(x, y)},
+      point={PEARSON: rows[1]["value"]["value"]},
+      over=f"the {int(ok.sum())} heads",
+    )
   )
   decomp = [names.index(k) for k in DECOMPOSITIONS if k in names]
-  if not decomp:
-    return [first, second]
-  others = [i for i in range(len(names)) if i not in decomp]
-
-  cis = claims.interval_text(ranks, margins(decomp, others), "{:+.2f}")
-  third = claims.note(
-    f"95% CI over the {len(ranks)} sentences, MRR minus the best other method's: "
-    + ", ".join(f"{names[i]} {c}" for i, c in zip(decomp, cis)),
-    claims.span_of(ranks, lambda rr: rows(rr)[2]["holds"]),
-  )
-  return [first, second, third]
+  if decomp:
+    others = [i for i in range(len(names)) if i not in decomp]
+    out.append(judged(DECOMPOSITION, rows[2], decomp, others, WORST_DECOMP, BEST_DECOMP))
+  return out
 
 
 if __name__ == "__main__":

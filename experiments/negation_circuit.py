@@ -216,8 +216,10 @@ def findings(r: dict, s: dict) -> list[dict]:
 
 
 def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
-  """Exact vs EAP and EAP-IG scores per edge; the circuits' metric is kept as a mean only."""
+  """Exact vs EAP and EAP-IG scores over the edges (paired); the circuit's share over the
+  pairs."""
   r = study.from_json(r)
+  rows = findings(r, s)
   ex = np.asarray(r["exact_scores"], float)
   eap, ig = (np.asarray(r["edge_scores"][k], float) for k in ("eap", "eap_ig"))
   ok = np.isfinite(ex) & np.isfinite(eap) & np.isfinite(ig)
@@ -226,14 +228,13 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   a = r["agreement"]
   point = {EAP: a["eap"]["pearson"], EAP_IG: a["eap_ig"]["pearson"]}
   first = SCORES.judge(items, pearsons, point=point, over=f"the {int(ok.sum())} edges")
-  return [first, _circuit_share(r)]
+  return [first, _circuit_share(r, rows[1]["value"]["value"])]
 
 
-def _circuit_share(r: dict) -> claims.Judgement:
+def _circuit_share(r: dict, point: float | None) -> claims.Judgement:
   """The smallest faithful circuit's share of the edges, over resampled pairs: each circuit's
-  normalised metric is recomputed from its per-pair values on each resample."""
-  from bertjax.analysis.interventions.circuits import smallest_faithful
-
+  normalised metric is recomputed from its per-pair values on each resample (the whole graph,
+  1, where no circuit asked for is faithful: the rule's "no", as for no circuit at all)."""
   faith = r["faithfulness"]
   if any(f.get("rows") is None for f in faith.values()):
     return claims.rerun_needed(
@@ -244,29 +245,22 @@ def _circuit_share(r: dict) -> claims.Judgement:
   items = [np.asarray(rows[k], float) for k in ("clean", "corrupted")]
   items += [np.asarray(faith[m]["rows"]["metric"], float).T for m in names]  # (pairs, circuits)
 
-  def share(clean, corrupted, *metrics):  # one resample of the pairs
-    c, x = clean.mean(), corrupted.mean()
-    kept = [
-      smallest_faithful(
-        {"edges": faith[m]["edges"], "normalized": (v.mean(0) - x) / (c - x)}, FAITHFUL
-      )
-      for m, v in zip(names, metrics)
-    ]
-    kept = [k for k in kept if k is not None]
-    return min(kept) / total if kept else None
+  def share(clean, corrupted, *metrics):  # (R, pairs) and (R, pairs, circuits) -> (R,)
+    c, x = clean.mean(-1)[:, None], corrupted.mean(-1)[:, None]
+    best = np.ones(len(c))
+    for m, v in zip(names, metrics):
+      with np.errstate(invalid="ignore", divide="ignore"):
+        faithful = (v.mean(-2) - x) / (c - x) >= FAITHFUL  # (R, circuits)
+      edges = np.where(faithful, np.asarray(faith[m]["edges"], float) / total, 1.0)
+      best = np.minimum(best, edges.min(-1))
+    return {SHARE: best}
 
-  def verdict(*a):
-    return CIRCUIT.verdict({SHARE: share(*a)})
-
-  def share_or_whole(*a):  # no faithful circuit among those asked: the whole graph, 1
-    x = share(*a)
-    return 1.0 if x is None else x
-
-  lo, hi = stats.bootstrap_ci(tuple(items), share_or_whole, n_resamples=claims.RESAMPLES)
-  return claims.note(
-    f"95% CI over the {len(items[0])} pairs: the smallest faithful circuit's share of the "
-    f"edges [{lo:.1%}, {hi:.1%}]",
-    claims.span_of(tuple(items), verdict),
+  return CIRCUIT.judge(
+    tuple(items),
+    share,
+    point={SHARE: point},
+    over=f"the {len(items[0])} pairs",
+    shown={SHARE: "{:.1%}"},
   )
 
 

@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # them; `uncertainty(results, settings)`: each claim's interval and verdict.
 
 MARGIN = "the outliers' cost minus the worst random draw's (points)"
+DROP, WORST = "the drop with the outliers disabled", "the worst random draw's"
 RHO = "the mean Spearman with log frequency"
 SINK_FALL = "the fall in special-token attention without them"
 MASSIVE_SHARE = "the share of layers with massive activations"
@@ -267,29 +268,30 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   exact = claims.note("exact: counted over every token read, nothing sampled")
   if not r["dims"]:
     return [exact, claims.note("n/a: no outlier dimensions"), exact, exact]
+  rows = findings(r, s)
   # (words, conditions): each held-out word right (1) or not at the last layer, "intact" first
   right = np.stack([np.asarray(v, float)[-1] for v in r["probe"]["correct"].values()], 1)
 
-  def verdict(x):  # one resample (words, conditions)
+  def margins(x):  # (R, words, conditions) -> the row's margin, the drops it compares
     cost = outliers.ablation_costs(x)
-    return ABLATION.verdict({MARGIN: ablation_margin(cost[0], cost[1:].tolist())})
+    worst = cost[..., 1:].max(-1) if cost.shape[-1] > 1 else np.zeros(cost.shape[:-1])
+    return {MARGIN: 100 * (cost[..., 0] - worst), DROP: 100 * cost[..., 0], WORST: 100 * worst}
 
-  n = claims.RESAMPLES
-  lo, hi = stats.bootstrap_ci(right, outliers.ablation_costs, n_resamples=n, vectorized=True)
-  first = claims.note(
-    f"95% CI over the {len(right):,} held-out words: drop with the outliers "
-    f"disabled [{100 * lo[0]:.1f}, {100 * hi[0]:.1f}] points; worst random "
-    f"draw up to {100 * hi[1:].max():.1f}",
-    claims.span_of(right, verdict),
-  )
+  point = {MARGIN: rows[0]["value"]["value"]}
+  shown = {MARGIN: "{:.1f}", DROP: "{:.1f}", WORST: "{:.1f}"}
+  over = f"the {len(right):,} held-out words"
+  first = ABLATION.judge(right, margins, point=point, over=over, shown=shown)
   f, fall = r["frequency"], r["sink_share"]["intact"] - r["sink_share"]["disabled"]
   by_type = np.asarray(f["per_type"], float), np.asarray(f["log_count"], float)
   rho = outliers.mean_frequency_correlation  # vectorised over resamples
-  lo_r, hi_r = stats.bootstrap_ci(by_type, rho, n_resamples=n // 4, vectorized=True)
-  second = claims.note(
-    f"95% CI over the {len(f['log_count']):,} token types ({n // 4} resamples): mean "
-    f"Spearman [{lo_r:.2f}, {hi_r:.2f}]; the attention masses are exact",
-    tuple(FREQUENCY.verdict({RHO: v, SINK_FALL: fall}) for v in (lo_r, hi_r)),
+  n = claims.RESAMPLES // 4
+  lo, hi = stats.bootstrap_ci(by_type, rho, n_resamples=n, vectorized=True)
+  second = FREQUENCY.at_ends(
+    {RHO: rows[1]["value"]["value"], SINK_FALL: fall},
+    {RHO: lo},
+    {RHO: hi},
+    over=f"the {len(f['log_count']):,} token types ({n} resamples; the attention masses exact)",
+    shown={RHO: "{:.2f}"},
   )
   layers = len(r["int8"]["max_abs"])
   int8 = claims.note(f"exact: every token's error; the Spearman is over {layers} layers")

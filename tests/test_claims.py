@@ -91,6 +91,9 @@ def test_levels_on_arrays_equal_the_verdict_on_each_value():
     each = [rule.verdict({k: v[i] for k, v in q.items()}) for i in range(200)]
     assert [claims.LEVEL.get(v, -1) for v in each] == levels.tolist()
     assert len(set(each)) > 1  # the draw reaches more than one verdict
+    one_b = {**q, "b": 0.25}  # one value of a statistic beside per-resample values of others
+    each = [rule.verdict({**{k: v[i] for k, v in q.items()}, "b": 0.25}) for i in range(200)]
+    assert [claims.LEVEL.get(v, -1) for v in each] == rule.levels(one_b).tolist()
 
 
 def test_judge_is_the_percentile_bootstrap_with_the_rule_on_every_resample():

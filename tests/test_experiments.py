@@ -280,6 +280,7 @@ def test_findings_tables_are_generated_from_committed_results():
   assert "- [`sixteen_heads`](findings/sixteen_heads.md) (Michel et al. 2019): 5 claims" in full
   for line in summary.splitlines()[3:]:  # every claim in at most 20 words
     assert len(line.split(" | ")[2].split()) <= 20, line
+  assert "(CI: see the page)" not in summary  # every sampled value's interval is in its cell
 
 
 def test_findings_render_and_ignore_smoke_runs(tmp_path):
@@ -324,7 +325,10 @@ def test_findings_state_each_verdict_s_uncertainty():
   for doc in docs:
     for f in doc["findings"]:
       assert f"- measured: {f['measured']}" in pages[doc["experiment"]], doc["stem"]
-  assert "95% CI over the 72 heads: Pearson [0.99, 1.00]" in pages["attribution"]
+  assert (
+    "95% CI over the 72 heads: attribution vs exact patching Pearson [0.99, 1.00]"
+    in (pages["attribution"])
+  )
   # The same patching row with a weaker agreement (Pearson ~0.8 over 72 heads): its interval
   # straddles the rule's 0.8, so the verdict is inconclusive, whatever the point value says.
   doc = json.loads((REPO / "experiments" / "results" / "attribution.json").read_text())
