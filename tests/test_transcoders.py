@@ -270,6 +270,25 @@ def test_training_recovers_planted_maps_and_only_a_clt_reads_across_layers():
   assert fvu["CLT"][1] < 0.2 and fvu["PLT"][1] > 0.4 and fvu["JumpReLU"][1] > 0.4, fvu
 
 
+def test_a_clt_starts_at_each_layers_scale():
+  """Layers whose FFN outputs differ in size by 10^4 (as MPNet's differ by far less and still
+  swamped a CLT's later layers): every layer of a fresh CLT starts with a normalised error of
+  order one, as a per-layer transcoder does (with the blocks drawn alike: about 10^8 at the
+  last layer)."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4096, 4, 16)).astype(np.float32)
+  y = (rng.normal(size=(4096, 4, 16)) * np.array([10.0, 1.0, 0.1, 0.001])[:, None]).astype(
+    np.float32
+  )
+  scale = tcs.target_scale(y)
+  for cross in (False, True):
+    cfg = tcs.TranscoderConfig(d_model=16, layers=4, latents=64, k=4, cross_layer=cross)
+    p = tcs.init(0, cfg, x, y)
+    rec = np.asarray(tcs.decode(p, cfg, tcs.encode(p, cfg, x[:2048])))
+    err = ((rec - y[:2048]) ** 2).mean((0, 2)) * scale
+    assert (err < 4).all(), (cross, err)
+
+
 def test_evaluate_is_the_numpy_statistics():
   tc, cfg = random_transcoder(7)
   tc["b_enc"] = tc["b_enc"].at[:, :5].set(-100.0)  # five latents per layer never fire
