@@ -258,5 +258,16 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   return out
 
 
+# The likely cause where the models' verdicts differ, as the committed numbers show it: (row
+# index, model tag) -> the sentence on the Findings page.
+UNDERTRAINED = (
+  "the same 400 steps leave MPNet's CLT short of its PLT: a last training loss of 0.208 "
+  "against 0.117, still falling, where MiniLM's six layers reach 0.052 and 0.055; its FVU is "
+  "above the PLT's at every layer, most at layers 9-12 (0.27, 0.27, 0.10 and 1.15), whose "
+  "outputs it predicts from every earlier layer's latents"
+)
+CAUSES = {(0, "all-mpnet-base-v2"): UNDERTRAINED, (1, "all-mpnet-base-v2"): UNDERTRAINED}
+
+
 if __name__ == "__main__":
   sys.exit(main())
