@@ -286,13 +286,9 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
   rho = outliers.mean_frequency_correlation  # vectorised over resamples
   n = claims.RESAMPLES // 4
   lo, hi = stats.bootstrap_ci(by_type, rho, n_resamples=n, vectorized=True)
-  second = FREQUENCY.at_ends(
-    {RHO: rows[1]["value"]["value"], SINK_FALL: fall},
-    {RHO: lo},
-    {RHO: hi},
-    over=f"the {len(f['log_count']):,} token types ({n} resamples; the attention masses exact)",
-    shown={RHO: "{:.2f}"},
-  )
+  types = f"the {len(f['log_count']):,} token types ({n} resamples; the attention masses exact)"
+  point = {RHO: rows[1]["value"]["value"], SINK_FALL: fall}
+  second = FREQUENCY.at_ends(point, {RHO: lo}, {RHO: hi}, over=types, shown={RHO: "{:.2f}"})
   layers = len(r["int8"]["max_abs"])
   int8 = claims.note(f"exact: every token's error; the Spearman is over {layers} layers")
   return [first, second, exact, int8]
