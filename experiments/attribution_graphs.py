@@ -54,6 +54,12 @@ def parse_args(argv: Sequence[str] | None = None):
     help="a cross-layer transcoder saved by `transcoders.save` (experiments.transcoders "
     "--save-transcoders writes NAME_CLT there); default: train one on WikiText-2",
   )
+  p.add_argument(
+    "--save-transcoders",
+    metavar="DIR",
+    help="save the CLT trained here in DIR, under the name experiments.transcoders gives it "
+    "(a later run's --transcoders reads it back)",
+  )
   args = p.parse_args(argv)
   for name, _, _ in OPTIONS:
     if getattr(args, name.replace("-", "_")) < 1:
@@ -101,6 +107,9 @@ def transcoder(args, params, config, tok, data, timings):
       x, y, cfg, steps=args.steps, batch_tokens=args.batch_tokens, seed=args.seed,
       progress=sys.stderr.isatty(),
     )  # fmt: skip
+  if args.save_transcoders:  # saved before the graphs, so a crash there loses no training
+    stem = study.results_stem("transcoders", args.model)
+    tcs.save(pathlib.Path(args.save_transcoders) / f"{stem}_CLT", state.params, cfg)
   return state.params, cfg, f"trained here: {args.steps} steps x {args.batch_tokens} tokens"
 
 
