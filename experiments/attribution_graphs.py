@@ -31,6 +31,7 @@ EXAMPLES = (
   ("negation", "A robin is not a [MASK].", "tree", "bird"),
   ("affirmation", "A robin is a [MASK].", "bird", "tree"),
 )
+MAX_EDGES = 3000  # the edges a graph's page draws and its JSON keeps (the rest are counted)
 OPTIONS = (  # --name, its default and help
   ("top", 20, "features of most influence ablated one at a time per example (default: 20)"),
   ("steps", 400, ("training steps of the CLT when --transcoders is not given (default: 400; "
@@ -160,7 +161,7 @@ def run_experiment(args) -> int:
       "factors": [0.0, 2.0],
       "predicted": predicted,
       "real": real,
-      "graph": G.view(graph, pruned, tok.convert_ids_to_tokens(ids)),
+      "graph": G.view(graph, pruned, tok.convert_ids_to_tokens(ids), max_edges=MAX_EDGES),
     }
     study.log(
       f"{label}: {graph.n_features} features in {seconds:.1f} s; "
@@ -177,7 +178,7 @@ def run_experiment(args) -> int:
     "transcoder": {"latents": tc_cfg.latents, "k": tc_cfg.k, "cross_layer": tc_cfg.cross_layer},
     **{k.replace("-", "_"): getattr(args, k.replace("-", "_")) for k, _, _ in OPTIONS},
     "seed": args.seed,
-    "pruning": {"node_threshold": 0.8, "edge_threshold": 0.98},
+    "pruning": {"node_threshold": 0.8, "edge_threshold": 0.98, "drawn_edges": MAX_EDGES},
     "xla_optimised": not args.smoke,
   }
   from bertjax.plots import graphs as plots

@@ -376,6 +376,39 @@ def test_view_holds_the_pruned_graph(tiny):
   assert logit["position"] == 2 and projection["position"] is None  # a Logit's, the pooled
 
 
+def test_a_capped_view_keeps_the_edges_pruning_scores_highest(tiny):
+  *_, graph = tiny
+  pruned = G.prune(graph, 0.5, 0.9)
+  full = G.view(graph, pruned)
+  m = len(full["edges"]) // 3
+  view = G.view(graph, pruned, max_edges=m)
+  assert len(view["edges"]) == m and view["kept_edges"] == len(full["edges"]) > m
+  assert view["kept_nodes"] == len(full["nodes"]) > len(view["nodes"])
+  nodes = pruned.node_mask  # the reference score: circuit-tracer's, within the pruned graph
+  norm = G.normalized(np.where(nodes[:, None] & nodes[None], graph.adjacency, 0.0))
+  weights = np.zeros(len(nodes))
+  weights[graph.slices()["targets"]] = graph.target_weights
+  score = norm * (G.influence(norm, weights) + weights)[:, None]
+  kept = np.nonzero(pruned.edge_mask & nodes[:, None] & nodes[None])
+  cut = np.sort(score[kept])[::-1][m - 1]
+  key = [(n["kind"], n.get("layer"), n.get("position"), n.get("latent")) for n in view["nodes"]]
+  index = {k: i for i, k in enumerate(key)}
+  where = [index.get((n["kind"], n.get("layer"), n.get("position"), n.get("latent"))) for n in full["nodes"]]  # fmt: skip
+  chosen = set()
+  for (s, t, w), src, dst in zip(full["edges"], *reversed(kept)):
+    if score[dst, src] > cut:
+      chosen.add((where[s], where[t]))
+      assert w == pytest.approx(graph.adjacency[dst, src], rel=1e-3)
+  assert chosen <= {(s, t) for s, t, _ in view["edges"]}
+  joined = {i for s, t, _ in view["edges"] for i in (s, t)}
+  assert joined | {i for i, n in enumerate(view["nodes"]) if n["kind"] == "target"} == set(
+    range(len(view["nodes"]))
+  )
+  assert G.view(graph, pruned, max_edges=len(full["edges"])) == full
+  with pytest.raises(ValueError, match="max_edges=0"):
+    G.view(graph, pruned, max_edges=0)
+
+
 def test_max_features_keeps_the_full_graphs_rows_of_the_chosen(tiny):
   """`max_features` chooses features as circuit-tracer does and keeps their rows as the full
   graph has them; the first batch is the features of most direct influence on the targets."""

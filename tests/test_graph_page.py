@@ -92,6 +92,10 @@ def test_the_page_in_a_real_browser(setup, tmp_path):
     i: (view["nodes"][i]["layer"], view["nodes"][i]["latent"]) for i in feats
   }
   path = graph_page.write(tmp_path / "graph.html", view, contexts, note="the built-in sentences")
+  assert "Drawn:" not in path.read_text()
+  capped = {**view, "edges": view["edges"][:2], "kept_edges": 40, "kept_nodes": 50}
+  page = graph_page.write(tmp_path / "capped.html", capped, note="Contexts: none.").read_text()
+  assert "Contexts: none. Drawn: the 2 edges the pruning scores highest of its 40, and the " in page
   with pytest.raises(ValueError, match="not features"):
     embedding = next(i for i, n in enumerate(view["nodes"]) if n["kind"] == "embedding")
     graph_page.write(tmp_path / "bad.html", view, {embedding: []})

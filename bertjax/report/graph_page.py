@@ -162,9 +162,16 @@ def write(
   Args:
     contexts: {index into view["nodes"]: `feature_contexts`' list} for the features whose
       contexts the hover shows.
-    note: a line under the title (what the contexts were read from, the settings).
+    note: a line under the title (what the contexts were read from, the settings); the
+      page adds how much of the pruned graph a capped view (`graphs.view`'s `max_edges`) shows.
   """
   nodes = list(view["nodes"])
+  if view.get("kept_edges", 0) > len(view["edges"]):
+    note = (
+      f"{note} Drawn: the {len(view['edges']):,} edges the pruning scores highest of its "
+      f"{view['kept_edges']:,}, and the {len(nodes):,} nodes they join of its "
+      f"{view['kept_nodes']:,}."
+    ).strip()
   if not nodes:
     raise ValueError("the graph has no nodes to draw (was everything pruned?)")
   contexts = {int(k): list(v) for k, v in (contexts or {}).items()}

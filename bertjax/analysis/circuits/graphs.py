@@ -476,6 +476,14 @@ def _threshold(scores, keep: float):
   return ordered[min(int(np.searchsorted(cumulative, keep)), len(ordered) - 1)]
 
 
+def _edge_scores(graph: Graph, nodes, weights) -> np.ndarray:
+  """(n, n) each edge's score among `nodes`: its share of its target's input times the
+  target's influence plus its weight (circuit-tracer's edge ranking)."""
+  kept = np.where(nodes[:, None] & nodes[None, :], graph.adjacency, 0.0)
+  norm = normalized(kept)
+  return norm * (influence(norm, weights) + weights)[:, None]
+
+
 class Pruned(NamedTuple):
   """What `prune` keeps: node and edge masks, and each node's cumulative influence share."""
 
@@ -498,9 +506,7 @@ def prune(graph: Graph, node_threshold: float = 0.8, edge_threshold: float = 0.9
   ranking = influence(normalized(graph.adjacency), weights)
   nodes = ranking >= _threshold(ranking, node_threshold)
   nodes[fixed:] = True
-  kept = np.where(nodes[:, None] & nodes[None, :], graph.adjacency, 0.0)
-  norm = normalized(kept)
-  edge_scores = norm * (influence(norm, weights) + weights)[:, None]
+  edge_scores = _edge_scores(graph, nodes, weights)
   edges = edge_scores >= _threshold(edge_scores, edge_threshold)
   n = graph.n_features
 
@@ -538,12 +544,32 @@ def scores(graph: Graph) -> dict[str, float]:
   }
 
 
-def view(graph: Graph, pruned: Pruned, tokens=None) -> dict[str, Any]:
+def view(graph: Graph, pruned: Pruned, tokens=None, max_edges: int | None = None) -> dict:
   """The pruned graph as plain data (JSON-ready): "tokens", "targets", "scores" and the kept
   "nodes" (kind, layer, position, latent, activation, influence) and "edges", each
-  `[source, target, weight]` with source and target indices into "nodes"."""
+  `[source, target, weight]` with source and target indices into "nodes"; "kept_nodes" and
+  "kept_edges" count the pruned graph's.
+
+  Args:
+    max_edges: at most this many edges: of the kept ones, those `prune` scores highest
+      within the pruned graph, with the nodes they join and every target (a page stays
+      readable, and small, where the pruning keeps hundreds of thousands).
+  """
+  if max_edges is not None and max_edges < 1:
+    raise ValueError(f"max_edges={max_edges} must be >= 1 (None: every kept edge)")
   ranking = node_influence(graph)
-  keep = np.nonzero(pruned.node_mask)[0]
+  mask = pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None]
+  total = (int(pruned.node_mask.sum()), int(mask.sum()))
+  if max_edges is not None and total[1] > max_edges:
+    score = np.where(mask, _edge_scores(graph, pruned.node_mask, _weights(graph)), -np.inf)
+    best = np.argsort(-score, axis=None, kind="stable")[:max_edges]
+    mask = np.zeros_like(mask)
+    mask.flat[best] = True
+  shown = pruned.node_mask.copy()
+  if total[1] > mask.sum():  # capped: the nodes the edges left join, and the targets
+    shown &= mask.any(0) | mask.any(1)
+    shown[graph.slices()["targets"]] = True
+  keep = np.nonzero(shown)[0]
   index = {int(n): i for i, n in enumerate(keep)}
   nodes = []
   for n in keep:
@@ -554,7 +580,7 @@ def view(graph: Graph, pruned: Pruned, tokens=None) -> dict[str, Any]:
       node["value"] = float(graph.target_values[node["index"]])
       node["position"] = getattr(graph.targets[node["index"]], "position", None)
     nodes.append(node)
-  dst, src = np.nonzero(pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None])
+  dst, src = np.nonzero(mask)
   edges = [
     [index[int(s)], index[int(t)], float(f"{graph.adjacency[t, s]:.4g}")] for t, s in zip(dst, src)
   ]
@@ -565,6 +591,8 @@ def view(graph: Graph, pruned: Pruned, tokens=None) -> dict[str, Any]:
     "scores": scores(graph),
     "nodes": nodes,
     "edges": edges,
+    "kept_nodes": total[0],
+    "kept_edges": total[1],
   }
 
 
