@@ -262,7 +262,7 @@ def uncertainty(r: dict, s: dict) -> list[claims.Judgement]:
 # index, model tag) -> the sentence on the Findings page.
 UNDERTRAINED = (
   "the same 400 steps leave MPNet's CLT short of its PLT: a last training loss of 0.208 "
-  "against 0.117, still falling, where MiniLM's six layers reach 0.052 and 0.055; its FVU is "
+  "against 0.117, still falling, where MiniLM's six layers reach 0.050 and 0.055; its FVU is "
   "above the PLT's at every layer, most at layers 9-12 (0.27, 0.27, 0.10 and 1.15), whose "
   "outputs it predicts from every earlier layer's latents"
 )
