@@ -391,9 +391,12 @@ def test_a_capped_view_keeps_the_edges_pruning_scores_highest(tiny):
   score = norm * (G.influence(norm, weights) + weights)[:, None]
   kept = np.nonzero(pruned.edge_mask & nodes[:, None] & nodes[None])
   cut = np.sort(score[kept])[::-1][m - 1]
-  key = [(n["kind"], n.get("layer"), n.get("position"), n.get("latent")) for n in view["nodes"]]
-  index = {k: i for i, k in enumerate(key)}
-  where = [index.get((n["kind"], n.get("layer"), n.get("position"), n.get("latent"))) for n in full["nodes"]]  # fmt: skip
+
+  def key(n):  # a node's identity, the same in both views
+    return n["kind"], n.get("layer"), n.get("position"), n.get("latent"), n.get("index")
+
+  index = {key(n): i for i, n in enumerate(view["nodes"])}
+  where = [index.get(key(n)) for n in full["nodes"]]  # None: not in the capped view
   chosen = set()
   for (s, t, w), src, dst in zip(full["edges"], *reversed(kept)):
     if score[dst, src] > cut:

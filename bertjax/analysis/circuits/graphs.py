@@ -478,7 +478,7 @@ def _threshold(scores, keep: float):
 
 def _edge_scores(graph: Graph, nodes, weights) -> np.ndarray:
   """(n, n) each edge's score among `nodes`: its share of its target's input times the
-  target's influence plus its weight (circuit-tracer's edge ranking)."""
+  target's influence plus the target's weight (circuit-tracer's edge ranking)."""
   kept = np.where(nodes[:, None] & nodes[None, :], graph.adjacency, 0.0)
   norm = normalized(kept)
   return norm * (influence(norm, weights) + weights)[:, None]
