@@ -65,6 +65,8 @@ def parse_args(argv: Sequence[str] | None = None):
   for name, _, _ in OPTIONS:
     if getattr(args, name.replace("-", "_")) < 1:
       raise study.UsageError(f"--{name}={getattr(args, name.replace('-', '_'))} must be >= 1")
+  if args.transcoders and args.save_transcoders:
+    raise study.UsageError("--save-transcoders saves a CLT trained here: not with --transcoders")
   if args.transcoders and not (pathlib.Path(args.transcoders) / "transcoder.json").is_file():
     raise study.UsageError(f"--transcoders={args.transcoders}: no saved transcoder there")
   if args.smoke:

@@ -176,6 +176,15 @@ def test_output_directory_rules(tmp_path, monkeypatch):
   assert common.parser(None, data=False).parse_args(["--smoke"]).smoke
 
 
+def test_a_transcoder_read_back_is_not_saved_again(tmp_path):
+  from bertjax import study
+  from experiments import attribution_graphs
+
+  both = ["--transcoders", str(tmp_path), "--save-transcoders", str(tmp_path)]
+  with pytest.raises(study.UsageError, match="not with --transcoders"):
+    attribution_graphs.parse_args(both)
+
+
 def test_a_model_that_cannot_be_loaded_is_a_usage_error(tmp_path):
   from bertjax import study
 

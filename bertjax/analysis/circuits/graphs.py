@@ -560,13 +560,12 @@ def view(graph: Graph, pruned: Pruned, tokens=None, max_edges: int | None = None
   ranking = node_influence(graph)
   mask = pruned.edge_mask & pruned.node_mask[:, None] & pruned.node_mask[None]
   total = (int(pruned.node_mask.sum()), int(mask.sum()))
-  if max_edges is not None and total[1] > max_edges:
+  shown = pruned.node_mask.copy()
+  if max_edges is not None and total[1] > max_edges:  # the nodes they join, and the targets
     score = np.where(mask, _edge_scores(graph, pruned.node_mask, _weights(graph)), -np.inf)
     best = np.argsort(-score, axis=None, kind="stable")[:max_edges]
     mask = np.zeros_like(mask)
     mask.flat[best] = True
-  shown = pruned.node_mask.copy()
-  if total[1] > mask.sum():  # capped: the nodes the edges left join, and the targets
     shown &= mask.any(0) | mask.any(1)
     shown[graph.slices()["targets"]] = True
   keep = np.nonzero(shown)[0]
