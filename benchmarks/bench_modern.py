@@ -1,25 +1,27 @@
-"""Forward pass of the modern encoders on the CPU: bertjax vs transformers PyTorch (sdpa).
+"""Forward pass of every encoder family on the CPU: bertjax vs transformers PyTorch (sdpa).
 
 Run: ./run.sh bench bench_modern            (writes benchmarks/results/bench_modern.{json,md})
-     ./run.sh bench bench_modern --smoke    (tiny shapes, one round; checks the script runs)
+     ./run.sh bench bench_modern --only bert-base,albert-base --tag zen4
+                                            (those models; bench_modern_zen4.{json,md})
+     ./run.sh bench bench_modern --smoke    (tiny shapes, each model once, one round)
 
 ModernBERT-base (22 x 768, a 128-token window in two of every three layers),
 MPNet-base (12 x 768, the relative-position bias on every layer), DeBERTa-v3-base (12 x
-768, disentangled attention: c2p and p2c with 256 log buckets) and UltraBERT at
+768, disentangled attention: c2p and p2c with 256 log buckets), UltraBERT at
 EuroBERT-210m's sizes (12 x 768, 4 key/value heads, a window of radius 128 in two of every
-three layers) with random weights,
-float32, no padding, batches of 8 x 128 and 8 x 512; and ModernBERT-base at 8 x 2048, where
-a window layer's cost should grow with T x window: bertjax as the model is, bertjax with
-every layer global (the same weights, `layer_types` all full), and PyTorch on the same
-windows. Side by side in one run:
+three layers), EmbeddingGemma-300m's and NeoBERT's shapes, and the base sizes of BERT,
+RoBERTa, XLM-RoBERTa, ALBERT, ELECTRA, DistilBERT, EuroBERT-210m and NomicBERT, with
+random weights, float32, no padding, batches of 8 x 128 and 8 x 512; and ModernBERT-base at
+8 x 2048, where a window layer's cost should grow with T x window: bertjax as the model is,
+bertjax with every layer global (the same weights, `layer_types` all full), and PyTorch on
+the same windows. Side by side in one run:
 
 * bertjax: `jax.jit` of `bertjax.forward` (XLA attention; window layers banded);
-* transformers PyTorch: `ModernBertModel` and `UltrabertModel` with
-  `attn_implementation="sdpa"`, `MPNetModel`
-  and `DebertaV2Model` with their only implementation ("eager": transformers has no sdpa
-  for them), under
-  `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same weights (the
-  difference of the outputs is recorded).
+* transformers PyTorch: each family's `...Model` with `attn_implementation="sdpa"`, but
+  `MPNetModel` and `DebertaV2Model` with their only implementation ("eager": transformers
+  has no sdpa for them) and NeoBERT as its released code computes it (transformers has
+  none), under `torch.inference_mode`, loaded from bertjax's `to_hf` export of the same
+  weights (the difference of the outputs is recorded).
 
 bertjax's programs are compiled ahead (compile time apart); each implementation is called once
 first (first call reported apart), warmed up, then timed in interleaved rounds with a rotating
@@ -53,6 +55,20 @@ CASES = [
   ("embeddinggemma-300m", "embeddinggemma-300m", 8, 512, "model"),
   ("neobert", "neobert", 8, 128, "model"),
   ("neobert", "neobert", 8, 512, "model"),
+  *(
+    (name, name, 8, seq, "model")
+    for name in (
+      "bert-base",
+      "roberta-base",
+      "albert-base",
+      "electra-base",
+      "distilbert-base",
+      "eurobert-210m",
+      "nomic-bert",
+      "xlm-roberta-base",
+    )
+    for seq in (128, 512)
+  ),
 ]
 # Shapes that are no preset: UltraBERT at EuroBERT-210m's sizes (12 x 768, SwiGLU 3072, 4 key/
 # value heads), with its own windows (radius 128) in two of every three layers.
@@ -73,6 +89,15 @@ SHAPES = {
   # of 256 on 1 key/value head, GeGLU 1152, windows of 512 (|q - k| <= 256) in five of six
   # layers, the 262,144-token vocabulary.
   # NeoBERT's released shape (chandar-lab/NeoBERT's config.json): 28 x 768, SwiGLU 2048.
+  # XLM-RoBERTa-base (FacebookAI/xlm-roberta-base's config.json): RoBERTa-base's block, a
+  # 250,002-token SentencePiece vocabulary.
+  "xlm-roberta-base": dict(
+    model_type="xlm-roberta",
+    vocab_size=250002,
+    max_position_embeddings=514,
+    layer_norm_eps=1e-5,
+    type_vocab_size=1,
+  ),
   "neobert": dict(
     model_type="neobert",
     hidden_size=768,
@@ -110,6 +135,14 @@ HF_CLASS = {
   "deberta-v2": "DebertaV2Model",
   "ultrabert": "UltrabertModel",
   "gemma3_text": "Gemma3TextModel",
+  "bert": "BertModel",
+  "roberta": "RobertaModel",
+  "albert": "AlbertModel",
+  "electra": "ElectraModel",
+  "distilbert": "DistilBertModel",
+  "eurobert": "EuroBertModel",
+  "nomic_bert": "NomicBertModel",
+  "xlm-roberta": "XLMRobertaModel",
 }
 # transformers' attention for each: sdpa where it has one (MPNet and DeBERTa have only eager).
 HF_ATTENTION = {
@@ -119,6 +152,8 @@ HF_ATTENTION = {
   "ultrabert": "sdpa",
   "gemma3_text": "sdpa",
   "neobert": "sdpa",  # its released code's path: scaled_dot_product_attention, a boolean mask
+  **dict.fromkeys(("bert", "roberta", "xlm-roberta", "albert", "electra", "distilbert"), "sdpa"),
+  **dict.fromkeys(("eurobert", "nomic_bert"), "sdpa"),
 }
 
 
@@ -225,7 +260,7 @@ def markdown(r: dict) -> str:
   m = r["machine"]
   lines = [
     (
-      f"Forward pass of the modern encoders on the CPU, float32, random weights, no "
+      f"Forward pass of encoder families on the CPU, float32, random weights, no "
       f"padding: {m['cpu']}, {m['cpus_usable']} usable CPUs; ISA: "
       f"{', '.join(m['isa_flags'])}; torch threads {m['torch_threads']}; jax {m['jax']}, "
       f"torch {m['torch']}, transformers {r['transformers']}. Medians of {r['rounds']} "
@@ -266,17 +301,24 @@ def main(argv=None) -> dict:
   p.add_argument(
     "--only",
     default=None,
-    metavar="MODEL",
-    help="only the cases of this model (modernbert-base, mpnet-base, "
-    "deberta-v3-base, ultrabert-12x768, embeddinggemma-300m, neobert); results go to bench_modern_MODEL.{json,md}",
+    metavar="MODEL[,MODEL...]",
+    help=f"only the cases of these models ({', '.join(dict.fromkeys(c[0] for c in CASES))}); "
+    "results go to bench_modern_MODEL[+MODEL...].{json,md}",
   )
+  p.add_argument("--tag", default=None, help="name the results bench_modern_TAG.{json,md} instead")
   args = p.parse_args(argv)
+  only = args.only.split(",") if args.only else None
+  unknown = sorted(set(only or ()) - {c[0] for c in CASES})
+  if unknown:
+    p.error(f"--only: unknown models {unknown}; expected some of {sorted({c[0] for c in CASES})}")
   if args.smoke:
     args.rounds, args.warmup = 1, 0
   import transformers
 
-  cases = [c for c in CASES if args.only in (None, c[0])]
-  if args.smoke:
+  cases = [c for c in CASES if only is None or c[0] in only]
+  if args.smoke:  # each model once (its first length) and the every-layer-global variant
+    first = {c[0]: c for c in reversed(cases)}
+    cases = [c for c in cases if c is first[c[0]] or "global" in c[4]]
     cases = [(n, pr, 2, {128: 16, 512: 24, 2048: 40}[s], v) for n, pr, _, s, v in cases]
   rows = [bench_case(*case, args) for case in cases]
   result = {
@@ -287,7 +329,9 @@ def main(argv=None) -> dict:
     "warmup": args.warmup,
     "smoke": args.smoke,
   }
-  stem = f"bench_modern_{args.only}" if args.only else "bench_modern"
+  stem = "bench_modern"
+  if args.tag or only:
+    stem += f"_{args.tag or '+'.join(only)}"
   common.write(result, markdown(result), args.out, stem, files=not args.smoke)
   return result
 
