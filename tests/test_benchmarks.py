@@ -290,6 +290,42 @@ def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
   assert round(ours["eap_ig_5"] / ours["forward"], 2) == 10.87
 
 
+def test_edges_benchmark_floor_is_the_passes_plus_the_score_products(monkeypatch):
+  """Issue 61's floor in `bench_edges`' table: the method's own passes as timed (a ratio to
+  the same rounds' forward pass) plus its score products at the forward pass's FLOP rate;
+  the verdict reads the method's ratio over that floor against 1.2."""
+  monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+  for name in ("common", "bench_edges"):
+    monkeypatch.delitem(sys.modules, name, raising=False)
+  import bench_edges
+
+  timed = lambda ratio: {"median_ms": 100.0 * ratio, "over_forward": ratio}
+  report = {
+    "machine": {"cpu": "a CPU", "cpus": 2, "isa_flags": ["avx2"]},
+    "jax": "0",
+    "shape": "BERT-base",
+    "batch": 8,
+    "seq": 128,
+    "rounds": 3,
+    "results": {
+      "forward": timed(1.0),
+      "eap": timed(5.0),
+      "eap_passes": timed(4.0),
+      "eap_ig_5": timed(13.0),
+      "eap_ig_5_passes": timed(10.0),
+    },
+    "gflop": {"forward": 200.0, "scores": 40.0, "eap": 600.0, "eap_ig_5": 2000.0},
+  }
+  assert bench_edges.floor(report, "eap") == {
+    "passes_over_forward": 4.0,
+    "scores_over_forward": 0.2,
+    "over_forward": 4.2,
+  }
+  rows = {line.split(" |")[0]: line for line in bench_edges.markdown(report).splitlines()}
+  assert "| 4.20x | **1.19x** (<= 1.2x: met) |" in rows["| EAP, every edge"]
+  assert "| 10.20x | **1.27x** (<= 1.2x: NOT met) |" in rows["| EAP-IG, 5 steps, every edge"]
+
+
 def test_graph_benchmark_smoke():
   out = _run("bench_graphs.py", "--smoke")
   doc = json.loads(out[out.index("{") :])

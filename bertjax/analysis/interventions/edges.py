@@ -385,10 +385,8 @@ def _corrupted_run(params, config, x_corr, corrupted, xb, metric):
   return metric_of(params, config, metric, corr.last, xb, None), corr.cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps", "ig_input"))
-def _attribute(params, config, clean, corrupted, targets, *, metric, method, steps, ig_input):
-  g = Graph(config.depth, config.num_attention_heads)
-  w = stacked_weights(params, config)
+def _passes(params, config, clean, corrupted, targets, *, metric, method, steps, ig_input):
+  """`_attribute`'s model runs without its scores (`benchmarks/bench_edges.py` times them)."""
   cb, xb = {**clean, **targets}, {**corrupted, **targets}
   rows = metric_rows(metric, config, cb)
   x_clean = embed(params, config, clean["input_ids"], clean["token_type_ids"])
@@ -396,36 +394,53 @@ def _attribute(params, config, clean, corrupted, targets, *, metric, method, ste
   if method == "eap":
     corr_m, corr_cache = _corrupted_run(params, config, x_corr, corrupted, xb, metric)
     clean_m, grads, cache = _gradients(params, config, cb, metric, x_clean, rows)
-  else:
-    if ig_input == "embeddings":  # step 0 is the corrupted run itself
-      point = lambda alpha: x_corr + alpha * (x_clean - x_corr)
-      corr_m, grads, corr_cache = _gradients(params, config, cb, metric, x_corr, rows)
-    else:  # the token embeddings move; the clean run's positions, types and norm follow
-      words = params["embeddings"]["word_embeddings"]["embedding"]
-      shift = words[corrupted["input_ids"]] - words[clean["input_ids"]]  # (B, T, E)
-      point = lambda alpha: embed(
-        params, config, clean["input_ids"], clean["token_type_ids"], offset=(1 - alpha) * shift
-      )
-      corr_m, corr_cache = _corrupted_run(params, config, x_corr, corrupted, xb, metric)
-      _, grads, _ = _gradients(params, config, cb, metric, point(0.0), rows)
-
-    def step(acc, k):
-      x = point(k / steps)
-      _, gk, _ = _gradients(params, config, cb, metric, x, rows)
-      return jax.tree.map(jnp.add, acc, gk), None
-
-    grads, _ = jax.lax.scan(step, grads, jnp.arange(1, steps, dtype=x_clean.dtype))
-    grads = jax.tree.map(lambda a: a / steps, grads)
-    run = run_layers(
-      params,
-      config,
-      x_clean,
-      clean["attention_mask"],
-      final_rows=rows,
-      capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+    return x_clean, x_corr, clean_m, corr_m, grads, cache, corr_cache
+  if ig_input == "embeddings":  # step 0 is the corrupted run itself
+    point = lambda alpha: x_corr + alpha * (x_clean - x_corr)
+    corr_m, grads, corr_cache = _gradients(params, config, cb, metric, x_corr, rows)
+  else:  # the token embeddings move; the clean run's positions, types and norm follow
+    words = params["embeddings"]["word_embeddings"]["embedding"]
+    shift = words[corrupted["input_ids"]] - words[clean["input_ids"]]  # (B, T, E)
+    point = lambda alpha: embed(
+      params, config, clean["input_ids"], clean["token_type_ids"], offset=(1 - alpha) * shift
     )
-    cache = run.cache
-    clean_m = metric_of(params, config, metric, run.last, cb, None)
+    corr_m, corr_cache = _corrupted_run(params, config, x_corr, corrupted, xb, metric)
+    _, grads, _ = _gradients(params, config, cb, metric, point(0.0), rows)
+
+  def step(acc, k):
+    x = point(k / steps)
+    _, gk, _ = _gradients(params, config, cb, metric, x, rows)
+    return jax.tree.map(jnp.add, acc, gk), None
+
+  grads, _ = jax.lax.scan(step, grads, jnp.arange(1, steps, dtype=x_clean.dtype))
+  grads = jax.tree.map(lambda a: a / steps, grads)
+  run = run_layers(
+    params,
+    config,
+    x_clean,
+    clean["attention_mask"],
+    final_rows=rows,
+    capture=("head_out", "ffn_out", "resid_mid", "resid_out"),
+  )
+  clean_m = metric_of(params, config, metric, run.last, cb, None)
+  return x_clean, x_corr, clean_m, corr_m, grads, run.cache, corr_cache
+
+
+@functools.partial(jax.jit, static_argnames=("config", "metric", "method", "steps", "ig_input"))
+def _attribute(params, config, clean, corrupted, targets, *, metric, method, steps, ig_input):
+  g = Graph(config.depth, config.num_attention_heads)
+  w = stacked_weights(params, config)
+  x_clean, x_corr, clean_m, corr_m, grads, cache, corr_cache = _passes(
+    params,
+    config,
+    clean,
+    corrupted,
+    targets,
+    metric=metric,
+    method=method,
+    steps=steps,
+    ig_input=ig_input,
+  )
   deltas = _sender_deltas(
     config,
     x_corr - x_clean,
