@@ -540,16 +540,16 @@ def _negation_task(minilm_dir, n_pairs):
 @pytest.mark.optimized
 @pytest.mark.slow
 def test_eap_and_eap_ig_agree_with_exact_edge_patches_on_minilm_negation(minilm_dir):
-  """Issue 34's check: 10 pairs and a seeded random quarter of the edges (1,886; all of them
-  took 377 s on 2 cores). Pearson 0.93 for EAP and 0.98 for EAP-IG (AMD EPYC); 16 pairs gave
-  0.84 and 0.99 in 40 s of exact patching against these 29 s."""
+  """Issue 34's check: 10 pairs and a seeded random eighth of the edges (978; all of them
+  took 377 s on 2 cores). Pearson 0.92 for EAP and 0.99 for EAP-IG (Zen 4 EPYC, 39 s in all);
+  a quarter of the edges gave 0.93 and 0.98 in 44 s, and 16 pairs 0.84 and 0.99."""
   config, params, clean, corrupted, probe, targets = _negation_task(minilm_dir, 10)
   run = lambda fn, **kw: fn(params, config, clean, corrupted, probe, targets=targets, **kw)
   first = run(edges.edge_attribution)
   assert first.clean - first.corrupted > 0.3  # the probe reads the negation
   g = first.graph
-  v = g.valid & (np.random.default_rng(1).random(g.valid.shape) < 0.25)
-  assert v.sum() > 1500
+  v = g.valid & (np.random.default_rng(1).random(g.valid.shape) < 0.125)
+  assert v.sum() > 900
   exact = run(edges.edge_patching, edges=v, chunk_size=64)
   for method, floor in (("eap", 0.8), ("eap-ig", 0.9)):
     got = run(edges.edge_attribution, method=method)
