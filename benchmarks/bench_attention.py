@@ -29,6 +29,12 @@ Writes `attention_<device>.json` and `.md` under `--out`.
 `local_window_size=(W // 2, W // 2)`; FLOPs count the band only. Writes
 `attention_window<W>_<device>.*`.
 
+`--peak-only` measures the bf16 matmul peak alone and stops with an error when it is below
+half the device's datasheet figure (`DATASHEET_BF16_TFLOPS`; a device without one, the CPU,
+is not checked): `benchmarks/gpu_suite.sh` runs it first, so that a machine running far
+below its specification (XLA's GEMM autotuning off gave 10.5 of 989 TFLOP/s on an H200)
+spends no device time on tables that would not mean anything. Writes `peak_<device>.json`.
+
 `--deberta` times DeBERTa-v3-base's disentangled attention instead (both position terms,
 log buckets 256, span 256, max_position 512, scale `1/sqrt(3 d)`) at 256 x 128 x 12 and
 64 x 512 x 12: `bertjax_pallas`, the fused kernels that gather c2p and p2c per tile from
@@ -57,6 +63,13 @@ SMOKE_SHAPES = [(2, 64, 2)]
 HEAD_DIM = 64
 IMPLS = ("bertjax_pallas", "bertjax_pallas_dropout", "cudnn", "xla", "jax_pallas_mha")
 DROPOUT_RATE = 0.1  # bertjax_pallas_dropout: BERT's attention_probs_dropout_prob
+# Dense bfloat16 tensor-core TFLOP/s (no sparsity) in NVIDIA's datasheets, by `device_kind`.
+DATASHEET_BF16_TFLOPS = {
+  "NVIDIA H100 80GB HBM3": 989.4,  # H100 SXM5
+  "NVIDIA H100 PCIe": 756.0,
+  "NVIDIA H100 NVL": 835.0,
+  "NVIDIA H200": 989.4,
+}
 
 
 def parse_args(argv=None):
@@ -87,6 +100,11 @@ def parse_args(argv=None):
     type=int,
     default=None,
     help="sliding-window attention with this window (default shape 8x8192x12; smoke 2x256x2)",
+  )
+  parser.add_argument(
+    "--peak-only",
+    action="store_true",
+    help="only the bf16 matmul peak; fail below half the device's datasheet figure",
   )
   parser.add_argument(
     "--deberta",
@@ -364,8 +382,43 @@ def markdown(result):
   return "\n".join(lines) + "\n"
 
 
+def peak_verdict(kind: str, peak: float) -> tuple[bool, str]:
+  """(ok, a line saying so): a measured peak of at least half `kind`'s datasheet figure is
+  ok; a device without one is not checked (ok)."""
+  sheet = DATASHEET_BF16_TFLOPS.get(kind)
+  if sheet is None:
+    return True, f"{kind}: bf16 matmul peak {peak:.3g} TFLOP/s; no datasheet figure, not checked"
+  line = f"{kind}: bf16 matmul peak {peak:.1f} TFLOP/s, {peak / sheet:.0%} of its datasheet {sheet}"
+  if peak < sheet / 2:
+    return False, (
+      f"{line}: below half of it, so no table here would mean anything; look at XLA_FLAGS "
+      "(GEMM autotuning off?) and at what else runs on the device"
+    )
+  return True, line
+
+
+def peak_only(args) -> int:
+  """`--peak-only`: the peak, its verdict printed and written; 1 when it is too low."""
+  kind = jax.devices()[0].device_kind
+  n = args.matmul_size or (256 if args.smoke else 8192)
+  peak = matmul_peak(
+    n, args.warmup or (1 if args.smoke else 5), args.iters or (3 if args.smoke else 20)
+  )
+  ok, line = peak_verdict(kind, peak)
+  print(line, flush=True)
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  doc = dict(device_kind=kind, jax=jax.__version__, matmul_n=n, matmul_peak_tflops=peak)
+  doc.update(datasheet_tflops=DATASHEET_BF16_TFLOPS.get(kind), ok=ok, verdict=line)
+  stem = "peak_" + common.slug(kind) + ("_smoke" if args.smoke else "")
+  (out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+  return 0 if ok else 1
+
+
 def main(argv=None):
   args = parse_args(argv)
+  if args.peak_only:
+    raise SystemExit(peak_only(args))
   result = run(args)
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)

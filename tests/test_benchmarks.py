@@ -209,14 +209,20 @@ def test_gpu_suite_smoke(tmp_path):
   )
   assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
   for step in (
+    "peak",
     "kernel_tests",
     "attention",
     "attention_window",
     "attention_deberta",
     "mfu_bert_base",
     "mfu_modernbert_base",
+    "edges",
   ):
     assert f"== {step}" in proc.stdout and (tmp_path / f"{step}.log").is_file()
+  peak = json.loads((tmp_path / "peak_cpu_smoke.json").read_text())
+  assert peak["ok"] and peak["datasheet_tflops"] is None and peak["matmul_peak_tflops"] > 0
+  edges = json.loads((tmp_path / "edges_cpu_smoke.json").read_text())
+  assert {"eap_passes", "eap_ig_5_passes"} <= set(edges["results"]) and edges["gflop"]["scores"]
   for step in ("mfu_bert_base", "mfu_modernbert_base"):  # the fused kernel's MFU variants
     log = (tmp_path / f"{step}.log").read_text()
     doc = json.loads(log[log.index("{") :])
@@ -288,6 +294,26 @@ def test_edges_benchmark_counts_the_products_xla_counts(monkeypatch):
   # The floors the benchmark's docstring and the manual quote.
   assert round(ours["eap"] / ours["forward"], 2) == 3.41
   assert round(ours["eap_ig_5"] / ours["forward"], 2) == 10.87
+
+
+def test_a_device_far_below_its_datasheet_stops_the_gpu_suite(monkeypatch):
+  """`bench_attention.peak_verdict`, the check `gpu_suite.sh` runs first: at least half the
+  datasheet's dense bf16 figure passes (an H100's measured 748 of 989 TFLOP/s), below it the
+  suite stops with a message naming the figures (10.5 on an H200 with autotuning off), and a
+  device without a datasheet figure is not checked."""
+  monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+  for name in ("common", "bench_attention"):
+    monkeypatch.delitem(sys.modules, name, raising=False)
+  import bench_attention
+
+  ok, line = bench_attention.peak_verdict("NVIDIA H100 80GB HBM3", 748.4)
+  assert ok and "76% of its datasheet 989.4" in line
+  ok, line = bench_attention.peak_verdict("NVIDIA H200", 10.5)
+  assert not ok and "10.5 TFLOP/s, 1% of its datasheet 989.4" in line and "below half" in line
+  assert bench_attention.peak_verdict("cpu", 0.04) == (
+    True,
+    "cpu: bf16 matmul peak 0.04 TFLOP/s; no datasheet figure, not checked",
+  )
 
 
 def test_edges_benchmark_floor_is_the_passes_plus_the_score_products(monkeypatch):
