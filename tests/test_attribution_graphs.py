@@ -1,6 +1,7 @@
 """Attribution graphs (`bertjax.analysis.circuits.graphs`) against independent references.
 
-* Edges: a float64 NumPy post-LN BERT written here, with its FFNs replaced by the transcoder
+* Edges: a float64 NumPy post-LN BERT written here (and MPNet: the same block with its
+  relative-position bias), with its FFNs replaced by the transcoder
   plus errors and its attention patterns, norm scales and head activation frozen at the
   input's values: removing one node (its scale set to 0) changes every target's input by
   exactly that node's column of the adjacency matrix, and each row plus its constant is the
@@ -26,9 +27,9 @@ HF4 = pathlib.Path(sys.prefix) / "hf4"
 H, L, HEADS, M, K = 16, 3, 2, 24, 4
 
 
-@pytest.fixture(scope="module")
-def tiny():
-  config = bertjax.BertConfig(
+def _tiny(family):
+  config = bertjax.BertConfig.for_family(
+    family,
     vocab_size=50,
     hidden_size=H,
     num_hidden_layers=L,
@@ -48,6 +49,18 @@ def tiny():
   targets = [G.Logit(2, 7, minus=9), G.Projection(direction)]
   graph = G.attribute(params, config, tc, tc_config, ids, targets, batch=32)
   return params, config, tc, tc_config, ids, targets, graph
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return _tiny("bert")
+
+
+@pytest.fixture(scope="module")
+def tiny_mpnet():
+  """MPNet: BERT's block with a relative-position bias on the scores, positions after the
+  padding id, no token types (the family of the committed all-mpnet-base-v2 graphs)."""
+  return _tiny("mpnet")
 
 
 def _jitter(params, rng):
@@ -74,6 +87,19 @@ def _gelu(u):
   return 0.5 * u * (1 + erf(u / np.sqrt(2)))
 
 
+def _mpnet_buckets(t, buckets, max_distance=128):
+  """(t, t) bucket of each query-key offset, as transformers' MPNet computes it (T5's
+  bidirectional buckets: half for each sign, exact below a quarter, log-spaced above)."""
+  n = np.arange(t)[:, None] - np.arange(t)[None, :]  # query - key
+  half = buckets // 2
+  exact = half // 2
+  far = exact + (
+    np.log(np.maximum(np.abs(n), 1) / exact) / np.log(max_distance / exact) * (half - exact)
+  ).astype(int)
+  far = np.minimum(far, half - 1)
+  return (n < 0) * half + np.where(np.abs(n) < exact, np.abs(n), far)
+
+
 class Reference:
   """The tiny BERT in float64 NumPy. Run live once (recording attention patterns, norm scales,
   the head's activation ratio, latents and errors); then `frozen` replays it with those
@@ -81,8 +107,9 @@ class Reference:
   recomputed from their frozen inputs except the clamped ones; `steered` runs it live with
   `delta` (L, T, H) added to the FFN outputs."""
 
-  def __init__(self, params, tc, ids, targets, eps=1e-12):
+  def __init__(self, params, tc, ids, targets, eps=1e-12, family="bert"):
     self.p, self.tc, self.ids, self.targets, self.eps = _np(params), _np(tc), ids, targets, eps
+    self.family = family
     self.frozen = None
     self.live = self._run()
     self.live_record = dict(self.record)
@@ -116,10 +143,11 @@ class Reference:
     e, lay = p["embeddings"], p["encoder"]["layers"]
     first = not hasattr(self, "features")
     self.record = {}
-    raw = (
-      e["word_embeddings"]["embedding"][self.ids] + e["position_embeddings"]["embedding"][:n_pos]
-    )
-    raw = raw + e["token_type_embeddings"]["embedding"][0]
+    start = 2 if self.family == "mpnet" else 0  # MPNet's positions start after padding id 1
+    positions = e["position_embeddings"]["embedding"][start : start + n_pos]
+    raw = e["word_embeddings"]["embedding"][self.ids] + positions
+    if self.family == "bert":
+      raw = raw + e["token_type_embeddings"]["embedding"][0]
     h = self._norm(raw, e["LayerNorm"]["scale"], e["LayerNorm"]["bias"], "emb")
     h = h if s_emb is None else h * s_emb[:, None]
     latents, pre_all, xs = [], [], []
@@ -137,6 +165,9 @@ class Reference:
       v = np.einsum("th,hnd->tnd", h, a["value"]["kernel"][l]) + a["value"]["bias"][l]
       if self.frozen is None:
         s = np.einsum("tnd,snd->nts", q, k) / np.sqrt(q.shape[-1])
+        if self.family == "mpnet":
+          table = p["encoder"]["relative_attention_bias"]["embedding"]  # (buckets, N)
+          s = s + table[_mpnet_buckets(n_pos, len(table))].transpose(2, 0, 1)
         s = np.exp(s - s.max(-1, keepdims=True))
         self.record[f"probs{l}"] = s / s.sum(-1, keepdims=True)
       probs = (self.frozen or self.record)[f"probs{l}"]
@@ -195,9 +226,12 @@ class Reference:
     return np.array(out)
 
 
-def test_edges_are_the_frozen_models_exact_differences(tiny):
-  params, _, tc, _, ids, targets, graph = tiny
-  ref = Reference(params, tc, ids, targets)
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_edges_are_the_frozen_models_exact_differences(family, request):
+  params, _, tc, _, ids, targets, graph = request.getfixturevalue(
+    "tiny" if family == "bert" else "tiny_mpnet"
+  )
+  ref = Reference(params, tc, ids, targets, family=family)
   assert [tuple(f) for f in graph.features] == [tuple(int(v) for v in f) for f in ref.features]
   np.testing.assert_allclose(graph.activations, ref.acts, rtol=1e-5, atol=1e-6)
   n, t = graph.n_features, len(ids)
