@@ -89,15 +89,6 @@ SHAPES = {
   # of 256 on 1 key/value head, GeGLU 1152, windows of 512 (|q - k| <= 256) in five of six
   # layers, the 262,144-token vocabulary.
   # NeoBERT's released shape (chandar-lab/NeoBERT's config.json): 28 x 768, SwiGLU 2048.
-  # XLM-RoBERTa-base (FacebookAI/xlm-roberta-base's config.json): RoBERTa-base's block, a
-  # 250,002-token SentencePiece vocabulary.
-  "xlm-roberta-base": dict(
-    model_type="xlm-roberta",
-    vocab_size=250002,
-    max_position_embeddings=514,
-    layer_norm_eps=1e-5,
-    type_vocab_size=1,
-  ),
   "neobert": dict(
     model_type="neobert",
     hidden_size=768,
@@ -119,6 +110,15 @@ SHAPES = {
     query_pre_attn_scalar=256,
     layer_types=tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(24)),
     sliding_window=512,
+  ),
+  # XLM-RoBERTa-base (FacebookAI/xlm-roberta-base's config.json): RoBERTa-base's block, a
+  # 250,002-token SentencePiece vocabulary.
+  "xlm-roberta-base": dict(
+    model_type="xlm-roberta",
+    vocab_size=250002,
+    max_position_embeddings=514,
+    layer_norm_eps=1e-5,
+    type_vocab_size=1,
   ),
 }
 SMOKE = dict(
