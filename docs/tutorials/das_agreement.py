@@ -61,14 +61,14 @@ print(
 #
 # Of the pairs the probe reads right on both sentences (as the interpretability benchmark
 # MIB keeps them), 48 train and the rest are held out. `layer_search` trains a one-dimensional
-# rotation at the residual stream after each block (`out`), at the subject's token, for 40
+# rotation at the residual stream after each block (`out`), at the subject's token, for 30
 # full-batch Adam steps, each layer from its block's input; the full vector (every
 # coordinate moved) is the baseline.
 
 # %%
 keep = np.flatnonzero(right[128:]) + 128
 train, held = pairs.take(keep[:48]), pairs.take(keep[48:])
-fits = ci.layer_search(probed, config, train, held, "out", k=1, steps=40, lr=5e-2)
+fits = ci.layer_search(probed, config, train, held, "out", k=1, steps=30)
 full = localisation.correctness(probed, config, train, held, "out", methods=("full",))["full"]
 full = full.mean(1)  # each layer's IIA: the share of held-out pairs it gets right
 for f, v in zip(fits, full):
@@ -112,7 +112,7 @@ plt.show()
 # `steer` adds `strength * direction` (the direction DAS found at the best layer, unit norm)
 # at the subject's token and reads the probe, for a sweep of strengths: the same edit as a
 # one-row interchange whose source is the run's own value moved along the direction. Where
-# the curve rises through zero, the direction carries the number the way the interchange
+# the curve crosses zero, the direction carries the number the way the interchange
 # said. `experiments/causal_variables.py` runs the same search with DBM, PCA and SAE features
 # beside it, on three tasks, with intervals over the pairs.
 
