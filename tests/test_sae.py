@@ -261,6 +261,18 @@ def test_bad_sites_and_shapes():
   with pytest.raises(ValueError, match="is an attention map"):
     sae.activations(params, config, [batch], "probs", 0)
   assert sae.activations(params, config, [batch], "q", 1).shape == (4, 64)
+  mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.int32)
+  two = [{"input_ids": np.arange(8, dtype=np.int32).reshape(2, 4) + 5, "attention_mask": mask}]
+  both = sae.activations_by_layer(params, config, two * 3, "q", [1, 0], max_tokens=12)
+  assert both.shape == (2, 12, 64)  # 5 real tokens a batch, cut at 12
+  for row, layer in zip(both, (1, 0)):
+    np.testing.assert_array_equal(
+      row, sae.activations(params, config, two * 3, "q", layer, max_tokens=12)
+    )
+  with pytest.raises(ValueError, match=r"layer=2 must be a block index"):
+    sae.activations_by_layer(params, config, [batch], "out", [0, 2])
+  with pytest.raises(ValueError, match="layers is empty"):
+    sae.activations_by_layer(params, config, [batch], "out", [])
   with pytest.raises(ValueError, match=r"must be \(n, d_model=8\)"):
     sae.train(np.zeros((10, 3)), sae.SAEConfig(d_model=8, latents=16, k=2), steps=1)
 

@@ -51,9 +51,13 @@ def layer_saes(
   if expansion < 1:
     raise ValueError(f"expansion={expansion} must be >= 1")
   width = sae_lib.site_width(config, site)
-  out = []
-  for layer in range(config.depth):
-    acts = sae_lib.activations(params, config, batches, site, layer, max_tokens=max_tokens)
+  out, by_layer = (
+    [],
+    sae_lib.activations_by_layer(
+      params, config, batches, site, range(config.depth), max_tokens=max_tokens
+    ),
+  )
+  for acts in by_layer:
     cfg = sae_lib.SAEConfig(d_model=width, latents=expansion * width, k=k, lr=lr)
     state, _ = sae_lib.train(
       acts, cfg, steps=steps, batch_tokens=min(batch_tokens, len(acts)), seed=seed, progress=False

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -334,8 +334,11 @@ def _site_rows(params: Params, config: BertConfig, b: dict, site: str, layer: in
   o = forward(
     params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"], capture=(site,)
   )
-  value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
   ids, real = np.asarray(b["input_ids"]), np.asarray(b["attention_mask"]) > 0
+  if isinstance(layer, tuple):  # (layers, tokens, width), from the one pass
+    rows = np.asarray(o.cache[site][np.asarray(layer)], np.float32)[:, real]
+    return rows.reshape(*rows.shape[:2], -1), ids, real
+  value = o.cache[site] if site == "embeddings" else o.cache[site][layer]
   rows = np.asarray(value, np.float32)[real]
   return rows.reshape(len(rows), -1), ids, real
 
@@ -358,15 +361,41 @@ def activations(
     max_tokens: stop after this many tokens.
   """
   _check_site(config, site, layer)
+  return _gather(params, config, batches, site, layer, max_tokens)[0]
+
+
+def activations_by_layer(
+  params: Params,
+  config: BertConfig,
+  batches: Iterable,
+  site: str,
+  layers: Sequence[int],
+  *,
+  max_tokens: int | None = None,
+) -> np.ndarray:
+  """`activations` at each of the block site's `layers`, (len(layers), n_tokens, width)
+  float32, from one forward pass per batch (not one per layer)."""
+  layers = tuple(int(i) for i in layers)
+  if not layers:
+    raise ValueError("layers is empty: name at least one block")
+  for layer in layers:
+    _check_site(config, site, layer)
+  return _gather(params, config, batches, site, layers, max_tokens)
+
+
+def _gather(params, config, batches, site, layer, max_tokens) -> np.ndarray:
+  # (layers, n, width): one layer (an int or None) as a single row of layers.
   out, total = [], 0
   for batch in batches:
     rows, _, _ = _site_rows(params, config, as_batch(batch), site, layer)
+    rows = rows if isinstance(layer, tuple) else rows[None]
     out.append(rows)
-    total += len(rows)
+    total += rows.shape[1]
     if max_tokens is not None and total >= max_tokens:
       break
-  x = np.concatenate(out) if out else np.zeros((0, site_width(config, site)), np.float32)
-  return x[:max_tokens] if max_tokens is not None else x
+  width, count = site_width(config, site), len(layer) if isinstance(layer, tuple) else 1
+  x = np.concatenate(out, 1) if out else np.zeros((count, 0, width), np.float32)
+  return x[:, :max_tokens] if max_tokens is not None else x
 
 
 def train(
