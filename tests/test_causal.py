@@ -325,6 +325,12 @@ def test_localisation_scores_every_method_pair_by_pair(planted):
     params, CONFIG, train, "out", LAYER, saes[LAYER], 8, steps=5, heldout=held
   )
   assert got["sae"][LAYER].mean() == pytest.approx(fit.heldout_iia)
+  whole = sf.train_sae_mask(
+    params, CONFIG, train, "out", LAYER, saes[LAYER], 8, steps=5, truncate=False
+  )  # every block each step: the same fit as from the block's input (the last step's
+  # temperature, 0.01, scales the logits' float32 rounding by 100 in the mask)
+  np.testing.assert_allclose(whole.mask, fit.mask, atol=1e-4)
+  np.testing.assert_allclose(whole.losses, fit.losses, rtol=1e-5)
   with pytest.raises(ValueError, match=r"methods \['lda'\] are not among"):
     loc.correctness(params, CONFIG, train, held, "out", methods=("das", "lda"))
   with pytest.raises(ValueError, match='"sae" needs one SAE per layer \\(3\\); got none'):

@@ -31,6 +31,7 @@ from bertjax.analysis.causal.interchange import (
   CounterfactualPairs,
   Params,
   SubspaceFit,
+  _block_inputs,
   _check,
   _readout,
   _source,
@@ -38,7 +39,7 @@ from bertjax.analysis.causal.interchange import (
 )
 from bertjax.analysis.representations import sae as sae_lib
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import forward
+from bertjax.model.forward import forward, run_layers
 from bertjax.model.sites import site_shape
 
 
@@ -57,7 +58,12 @@ def _patch(sae, k, layer, at, z_source, mask):
     delta = ((z_source - _latents(sae, v, k)) * mask) @ sae["W_dec"]
     return (v + at[..., None] * delta).astype(value.dtype)
 
-  return lambda value, block: jax.lax.cond(block == layer, edit, lambda v: v, value)
+  def apply(value, block):
+    if isinstance(block, int) and isinstance(layer, int):  # unrolled blocks: known here
+      return edit(value) if block == layer else value
+    return jax.lax.cond(block == layer, edit, lambda v: v, value)
+
+  return apply
 
 
 def _positions(pairs: CounterfactualPairs):
@@ -129,9 +135,16 @@ def sae_interchange_logits(
   )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "site", "k", "steps", "lr", "penalty"))
-def _train(params, config, pairs_arrays, sae, z_source, at, layer, *, site, k, steps, lr, penalty):
+@functools.partial(
+  jax.jit, static_argnames=("config", "site", "k", "steps", "lr", "penalty", "start")
+)
+def _train(
+  params, config, pairs_arrays, sae, z_source, at, layer, *, site, k, steps, lr, penalty, start
+):
+  # `base`: the base ids (B, T), or with `start` the base run's input to block `start` (B, T,
+  # H), `layer` then being `start`.
   base, mask, target, cands, label = pairs_arrays
+  layer = layer if start is None else start
   opt = optax.adam(lr)
 
   def latent_mask(theta, step):
@@ -141,8 +154,16 @@ def _train(params, config, pairs_arrays, sae, z_source, at, layer, *, site, k, s
   def loss_fn(theta, step):
     lm = latent_mask(theta, step)
     patch = {site: _patch(sae, k, layer, at, z_source, lm)}
-    out = forward(params, config, base, mask, patch=patch)
-    logits = _readout(params, config, out.last_hidden_state, target, cands, mask)
+    if start is None:
+      last = forward(params, config, base, mask, patch=patch).last_hidden_state
+    else:  # from block `start`'s input: the blocks before it cannot see the interchange
+      # The last block's rows cut to the read one would not match the patch's (B, T) rows.
+      last_block = start == config.depth - 1
+      rows = None if "probe" in params or last_block else jnp.asarray(target)[:, None]
+      last = run_layers(
+        params, config, base, mask, start=start, patch=patch, final_rows=rows, unroll=True
+      ).last
+    logits = _readout(params, config, last, target, cands, mask)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, label).mean()
     return ce + penalty * lm.mean()
 
@@ -170,15 +191,21 @@ def train_sae_mask(
   lr: float = 1e-2,
   penalty: float = 1e-2,
   heldout: CounterfactualPairs | None = None,
+  truncate: bool = True,
 ) -> SubspaceFit:
   """Learns which of the SAE's latents carry the variable (see the module docstring).
+  `truncate`: train from block `layer`'s input (the base run's), running only the blocks the
+  interchange reaches; False: the whole forward each step (the same fit to float32 rounding).
 
   Returns:
     A `SubspaceFit` with method "sae", `basis` the SAE's decoder rows (m, D), `mask` the
     learned weight per latent, the training losses, and the IIA on `heldout` (None without).
   """
   sae_j, z_source, at = _prepare(params, config, pairs, site, layer, sae, k)
-  arrays = (pairs.base_ids, pairs.attention_mask, pairs.target, pairs.candidates, pairs.label)
+  base = pairs.base_ids
+  if truncate:  # the base run's input to block `layer`: only the blocks after it train
+    base = _block_inputs(params, config, pairs.base_ids, pairs.attention_mask)[layer]
+  arrays = (base, pairs.attention_mask, pairs.target, pairs.candidates, pairs.label)
   mask, losses = _train(
     params,
     config,
@@ -192,6 +219,7 @@ def train_sae_mask(
     steps=steps,
     lr=lr,
     penalty=penalty,
+    start=int(layer) if truncate else None,
   )
   score = None
   if heldout is not None:
