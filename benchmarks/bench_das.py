@@ -8,7 +8,8 @@ under 10 minutes on 2 CPU cores. The search (`interchange.layer_search`, `trunca
 `experiments/causal_variables.py` runs it) trains each layer's rotation from that block's
 input, so a step at block l runs blocks l..L-1 forward and back, activation gradients only
 (the model is frozen). At the experiment's sizes (64 training pairs of 13 tokens, k = 1,
-`--steps` 100 full-batch steps), all-MiniLM-L6-v2's shape and all-mpnet-base-v2's, random
+`--steps` 30 full-batch steps, the experiment's default: where MiniLM's held-out IIA has
+settled, `docs/experiments.md`), all-MiniLM-L6-v2's shape and all-mpnet-base-v2's, random
 weights, float32, side by side in one run:
 
 * forward: a jitted forward pass of the 64 base inputs (the unit);
@@ -114,7 +115,9 @@ def time_model(shape: dict, args, n: int, seq: int) -> dict:
 
 def main(argv=None) -> dict:
   p = common.parser(__doc__, rounds=3, warmup=1)
-  p.add_argument("--steps", type=common.at_least(1), default=100, help="search steps a layer")
+  p.add_argument(
+    "--steps", type=common.at_least(1), default=30, help="search steps a layer (default: 30)"
+  )
   p.add_argument(
     "--steps-timed", type=common.at_least(1), default=4, help="steps a timed call runs"
   )
