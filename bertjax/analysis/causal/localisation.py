@@ -51,12 +51,10 @@ def layer_saes(
   if expansion < 1:
     raise ValueError(f"expansion={expansion} must be >= 1")
   width = sae_lib.site_width(config, site)
-  out, by_layer = (
-    [],
-    sae_lib.activations_by_layer(
-      params, config, batches, site, range(config.depth), max_tokens=max_tokens
-    ),
+  by_layer = sae_lib.activations_by_layer(
+    params, config, batches, site, range(config.depth), max_tokens=max_tokens
   )
+  out = []
   for acts in by_layer:
     cfg = sae_lib.SAEConfig(d_model=width, latents=expansion * width, k=k, lr=lr)
     state, _ = sae_lib.train(

@@ -328,9 +328,12 @@ def site_width(config: BertConfig, site: str) -> int:
   return int(np.prod([sizes[a] for a in axes]))
 
 
-def _site_rows(params: Params, config: BertConfig, b: dict, site: str, layer: int | None):
+def _site_rows(
+  params: Params, config: BertConfig, b: dict, site: str, layer: int | tuple[int, ...] | None
+):
   """One batch's site at its real tokens, (tokens, width) float32 (row-major over the
-  batch's real positions), with the batch's ids and real-token mask as NumPy."""
+  batch's real positions; (layers, tokens, width) for a tuple of layers), with the batch's ids
+  and real-token mask as NumPy."""
   o = forward(
     params, config, b["input_ids"], b["attention_mask"], b["token_type_ids"], capture=(site,)
   )
