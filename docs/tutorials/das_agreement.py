@@ -79,7 +79,10 @@ for f, v in zip(fits, full):
 # the full vector, the number is carried along it at the subject's token; where even the full
 # vector scores low, later blocks have already copied the number to other tokens, and moving
 # the subject's state alone no longer decides the reading. At the last layer an interchange
-# moves only the subject's share of the mean-pooled embedding.
+# moves only the subject's share of the mean-pooled embedding; there one direction can score
+# above the full vector, since an interchange along a direction between the source-minus-base
+# difference and the probe's weights moves the probe's reading more than the whole difference
+# does.
 
 # %%
 best = max(fits, key=lambda f: f.heldout_iia)
