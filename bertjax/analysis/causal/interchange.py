@@ -339,10 +339,7 @@ def _train(
     if start is None:
       last = forward(params, config, base, mask, intervention=iv).last_hidden_state
     else:  # from block `start`'s input: the blocks before it cannot see the interchange
-      rows = None if "probe" in params else jnp.asarray(target)[:, None]
-      last = run_layers(
-        params, config, base, mask, start=start, intervention=iv, final_rows=rows, unroll=True
-      ).last
+      last = _final_states(params, config, base, mask, target, start, intervention=iv)
     logits = _readout(params, config, last, target, candidates, mask)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, label).mean()
     return ce + penalty * extra
@@ -357,6 +354,18 @@ def _train(
   basis = _basis(method, theta, fixed)
   row_mask, _ = _mask(method, theta, steps - 1, steps, basis.shape[0])
   return basis, row_mask, losses
+
+
+def _final_states(params, config, hidden, mask, target, start, *, full_last=False, **run):
+  """The final states of a base run from block `start`'s input `hidden` (B, T, H), the blocks
+  unrolled (`run_layers`, with `run`'s intervention or patch): the last block computes only
+  each pair's read row (`target`), unless a probe reads every row or `full_last` (a patch of
+  (B, T) rows applied at that block)."""
+  cut = "probe" not in params and not (full_last and start == config.depth - 1)
+  rows = jnp.asarray(target)[:, None] if cut else None
+  return run_layers(
+    params, config, hidden, mask, start=start, final_rows=rows, unroll=True, **run
+  ).last
 
 
 def _fixed_basis(method, k, basis, dim):

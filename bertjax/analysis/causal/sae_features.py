@@ -33,13 +33,14 @@ from bertjax.analysis.causal.interchange import (
   SubspaceFit,
   _block_inputs,
   _check,
+  _final_states,
   _readout,
   _source,
   iia,
 )
 from bertjax.analysis.representations import sae as sae_lib
 from bertjax.model.config import BertConfig
-from bertjax.model.forward import forward, run_layers
+from bertjax.model.forward import forward
 from bertjax.model.sites import site_shape
 
 
@@ -157,12 +158,7 @@ def _train(
     if start is None:
       last = forward(params, config, base, mask, patch=patch).last_hidden_state
     else:  # from block `start`'s input: the blocks before it cannot see the interchange
-      # The last block's rows cut to the read one would not match the patch's (B, T) rows.
-      last_block = start == config.depth - 1
-      rows = None if "probe" in params or last_block else jnp.asarray(target)[:, None]
-      last = run_layers(
-        params, config, base, mask, start=start, patch=patch, final_rows=rows, unroll=True
-      ).last
+      last = _final_states(params, config, base, mask, target, start, full_last=True, patch=patch)
     logits = _readout(params, config, last, target, cands, mask)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, label).mean()
     return ce + penalty * lm.mean()
